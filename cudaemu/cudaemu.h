@@ -1,0 +1,71 @@
+/*
+ * cudaemu control interface: what a test can do to the emulated driver beyond the CUDA API.
+ *
+ * cudaemu is a libcuda.so.1 stand-in over host memory (see docs/design.md). These functions are
+ * exported by libcudaemu.so next to the cu* entry points. Tests reach them with dlsym() on the
+ * library xseg loaded ($XSEG_LIBCUDA), so the same test binary runs on a real driver, where the
+ * symbols are absent and emulator-only checks are skipped.
+ *
+ * Environment variables (read once, at cuInit; a malformed value stops the process with a
+ * message naming the variable):
+ *   CUDAEMU_DEVICES      number of devices (default 1)
+ *   CUDAEMU_TOTAL_MEM    memory per device: bytes, or with K/M/G/T suffix ("80G", "81920M")
+ *   CUDAEMU_GRANULARITY  VMM granularity (default 2M); a power of two, multiple of the host page
+ *   CUDAEMU_VMM          1 (default) or 0: the device reports no VMM support
+ *   CUDAEMU_FAIL         comma list entry:N:CUresult — fail the Nth call of entry point `entry`
+ *                        (API or ABI name: cuMemMap, cuMemAlloc, cuMemAlloc_v2) with that code,
+ *                        e.g. "cuMemMap:3:CUDA_ERROR_OUT_OF_MEMORY"
+ *   CUDAEMU_LATENCY      comma list entry:duration — busy-wait that long in each call
+ *                        ("cuMemMap:12us,cuMemCreate:30us"; units ns, us, ms)
+ *   CUDAEMU_REPORT       1: print call counters and live handles / mapped bytes / reservations /
+ *                        cuMemAlloc blocks at exit, on stderr
+ */
+#ifndef CUDAEMU_H
+#define CUDAEMU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Hold a stream: work recorded on it from now on stays pending, so events recorded on it return
+ * CUDA_ERROR_NOT_READY from cuEventQuery, until cudaemu_stream_release() or a synchronize of the
+ * stream (or context). The NULL stream may be held too. */
+void cudaemu_stream_hold(CUstream stream);
+void cudaemu_stream_release(CUstream stream);
+
+/* Fail the @p nth call from now (1 = the next call) of @p entry with @p result. Several may be
+ * armed at once. @return 0, or -1 when @p entry is not an emulated entry point. */
+int cudaemu_fail(const char *entry, unsigned long nth, CUresult result);
+/* Disarm every pending failure. */
+void cudaemu_fail_clear(void);
+
+/* Calls made to @p entry since start or the last reset (0 for unknown names). */
+unsigned long cudaemu_call_count(const char *entry);
+void cudaemu_counts_reset(void);
+
+/* Live state, for leak checks. */
+struct cudaemu_live {
+    size_t handles;        /* cuMemCreate/import handles not yet fully freed (memory still held) */
+    size_t mapped_bytes;   /* bytes of VA currently mapped */
+    size_t reservations;   /* cuMemAddressReserve ranges not freed */
+    size_t allocs;         /* cuMemAlloc blocks not freed */
+    size_t used_bytes[8];  /* device memory in use per device (first 8 devices) */
+};
+void cudaemu_live_get(struct cudaemu_live *live);
+
+/* Set the busy-wait latency of @p entry in nanoseconds (0: none). -1 for an unknown name. */
+int cudaemu_set_latency(const char *entry, uint64_t ns);
+
+/* Print the report CUDAEMU_REPORT=1 prints at exit. */
+void cudaemu_report(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs the build tools it lacks (Debian packages),
+# builds, and runs every meson test suite three times — plain, under AddressSanitizer +
+# UndefinedBehaviorSanitizer, and under ThreadSanitizer. Exits non-zero if any test fails.
+#   tools/test.sh            everything
+#   tools/test.sh --quick    the plain build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+need=()
+command -v meson >/dev/null || need+=(meson)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v cc >/dev/null || need+=(gcc)
+pkg-config --exists cmocka 2>/dev/null || need+=(libcmocka-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need[*]}"
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+  $sudo_ apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# build dir, extra meson options, test setup
+configs=("build||")
+if [ $quick = 0 ]; then
+  configs+=("build-asan|-Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=false|sanitize")
+  configs+=("build-tsan|-Db_sanitize=thread -Db_lundef=false -Dbenchmarks=false|tsan")
+fi
+
+total_pass=0; total_fail=0; total_skip=0; rc=0
+for c in "${configs[@]}"; do
+  IFS='|' read -r dir opts setup <<<"$c"
+  if [ ! -f "$dir/build.ninja" ]; then
+    # shellcheck disable=SC2086
+    meson setup "$dir" $opts >/dev/null
+  fi
+  ninja -C "$dir" >/dev/null
+  echo "=== meson test in $dir${setup:+ (setup $setup)}"
+  args=(-C "$dir" --print-errorlogs --num-processes 2)
+  [ -n "$setup" ] && args+=(--setup "$setup")
+  if ! meson test "${args[@]}"; then rc=1; fi
+  log="$dir/meson-logs/testlog${setup:+-$setup}.json"
+  if [ -f "$log" ]; then
+    read -r p f s < <(python3 - "$log" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"): p += 1
+    elif r == "SKIP": s += 1
+    else: f += 1
+print(p, f, s)
+PY
+)
+    total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
+  fi
+done
+echo "tests: ${total_pass} passed, ${total_fail} failed, ${total_skip} skipped"
+exit $rc

@@ -1,0 +1,118 @@
+/*
+ * The CUDA driver, loaded at run time.
+ *
+ * Nothing links libcuda: drv_load() dlopens $XSEG_LIBCUDA (tests point it at cudaemu) or
+ * libcuda.so.1 and resolves every entry point below under the ABI name cuda.h maps it to
+ * (cuMemAlloc is cuMemAlloc_v2, and so on). The table's fields carry those ABI names too, because
+ * cuda.h's macros rename both the field and the use: `drv->cuMemAlloc(&p, n)` reads naturally and
+ * calls cuMemAlloc_v2.
+ */
+#ifndef XSEG_VMM_DRIVER_H
+#define XSEG_VMM_DRIVER_H
+
+#include <cuda.h>
+
+#include "src/common.h"
+
+/* Every driver entry point xseg (and its tests) uses. Adding one here is all it takes. */
+#define DRV_FOREACH_ENTRY(X)                                                                      \
+    X(cuInit)                                                                                     \
+    X(cuDriverGetVersion)                                                                         \
+    X(cuGetErrorName)                                                                             \
+    X(cuGetErrorString)                                                                           \
+    X(cuDeviceGetCount)                                                                           \
+    X(cuDeviceGet)                                                                                \
+    X(cuDeviceGetName)                                                                            \
+    X(cuDeviceGetAttribute)                                                                       \
+    X(cuDeviceTotalMem)                                                                           \
+    X(cuDeviceCanAccessPeer)                                                                      \
+    X(cuDevicePrimaryCtxRetain)                                                                   \
+    X(cuDevicePrimaryCtxRelease)                                                                  \
+    X(cuCtxSetCurrent)                                                                            \
+    X(cuCtxGetCurrent)                                                                            \
+    X(cuCtxGetDevice)                                                                             \
+    X(cuCtxPushCurrent)                                                                           \
+    X(cuCtxPopCurrent)                                                                            \
+    X(cuCtxSynchronize)                                                                           \
+    X(cuMemGetInfo)                                                                               \
+    X(cuMemAlloc)                                                                                 \
+    X(cuMemFree)                                                                                  \
+    X(cuMemcpyHtoD)                                                                               \
+    X(cuMemcpyDtoH)                                                                               \
+    X(cuMemsetD8)                                                                                 \
+    X(cuMemGetAllocationGranularity)                                                              \
+    X(cuMemAddressReserve)                                                                        \
+    X(cuMemAddressFree)                                                                           \
+    X(cuMemCreate)                                                                                \
+    X(cuMemRelease)                                                                               \
+    X(cuMemMap)                                                                                   \
+    X(cuMemUnmap)                                                                                 \
+    X(cuMemSetAccess)                                                                             \
+    X(cuMemGetAccess)                                                                             \
+    X(cuMemRetainAllocationHandle)                                                                \
+    X(cuMemExportToShareableHandle)                                                               \
+    X(cuMemImportFromShareableHandle)                                                             \
+    X(cuStreamCreate)                                                                             \
+    X(cuStreamDestroy)                                                                            \
+    X(cuStreamSynchronize)                                                                        \
+    X(cuStreamQuery)                                                                              \
+    X(cuStreamWaitEvent)                                                                          \
+    X(cuStreamBeginCapture)                                                                       \
+    X(cuStreamEndCapture)                                                                         \
+    X(cuStreamIsCapturing)                                                                        \
+    X(cuStreamGetCaptureInfo)                                                                     \
+    X(cuThreadExchangeStreamCaptureMode)                                                          \
+    X(cuGraphDestroy)                                                                             \
+    X(cuEventCreate)                                                                              \
+    X(cuEventDestroy)                                                                             \
+    X(cuEventRecord)                                                                              \
+    X(cuEventQuery)                                                                               \
+    X(cuEventSynchronize)
+
+/* The resolved entry points. Field names are the ABI names (see the top of this file). */
+struct drv_api {
+#define DRV_FIELD(fn) __typeof__(fn) *fn;
+    DRV_FOREACH_ENTRY(DRV_FIELD)
+#undef DRV_FIELD
+};
+
+/* The loaded driver, or NULL before a successful drv_load(). Read-only after load. */
+extern XSEG_HIDDEN const struct drv_api *drv;
+
+/*
+ * Load and initialize the driver once (thread-safe; later calls return the first result).
+ * Tries $XSEG_LIBCUDA when set, else "libcuda.so.1". Resolves every entry point, then cuInit(0).
+ * @return XSEG_SUCCESS, or XSEG_ERROR_DRIVER with a message naming the library path tried, the
+ *         missing symbol, or the failing call and its CUresult name.
+ */
+xseg_status drv_load(void);
+
+/* The CUresult's name ("CUDA_ERROR_OUT_OF_MEMORY"), through cuGetErrorName when loaded.
+ * Never NULL; unknown codes give "CUDA_ERROR_<number>" from a thread-local buffer. */
+const char *drv_error_name(CUresult res);
+
+/*
+ * Turn a failed driver call into an xseg status with a message: "cuMemMap(...) failed:
+ * CUDA_ERROR_OUT_OF_MEMORY". CUDA_ERROR_OUT_OF_MEMORY maps to XSEG_ERROR_OUT_OF_MEMORY,
+ * everything else to XSEG_ERROR_DRIVER. @p what names the call and, ideally, its arguments.
+ */
+xseg_status drv_fail(CUresult res, const char *what);
+
+/* Device facts xseg reads once per device. */
+struct drv_device_info {
+    CUdevice dev;
+    CUcontext primary_ctx;   /* retained primary context */
+    size_t total_mem;
+    size_t granularity;      /* minimum VMM granularity for a pinned device allocation */
+    int vmm_supported;       /* CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    char name[256];
+};
+
+/* Query @p ordinal: handle, primary context (retained), memory, VMM support and granularity.
+ * @return XSEG_ERROR_INVALID_DEVICE naming the index and the device count when out of range. */
+xseg_status drv_device_query(int ordinal, struct drv_device_info *info);
+
+/* Make @p ctx current on this thread if it is not already (cheap when it is). */
+xseg_status drv_ctx_ensure(CUcontext ctx);
+
+#endif

@@ -1,0 +1,79 @@
+/*
+ * Expandable segments: one virtual-address range per (device, stream, pool) into which physical
+ * pages are mapped on demand.
+ *
+ * A segment is a contiguous VA range [base, base + va_size) made of one or more driver
+ * reservations laid end to end. Each page (page_size bytes, a multiple of the device's
+ * granularity) is either unmapped, or mapped to its own cuMemCreate handle so that any page can
+ * be unmapped alone. The block allocator above decides which byte ranges are live; this module
+ * only maps and unmaps whole pages and never reads device memory. Metadata lives in host memory.
+ *
+ * Locking: a segment belongs to one device allocator; callers hold that device's lock.
+ * Errors: every function returns XSEG_SUCCESS or an xseg status with the message set; on failure
+ * nothing has changed (all driver work of the failed call is rolled back).
+ */
+#ifndef XSEG_VMM_SEGMENT_H
+#define XSEG_VMM_SEGMENT_H
+
+#include <cuda.h>
+
+#include "src/common.h"
+
+struct seg;
+
+struct seg_params {
+    int device;             /* xseg device index (also the CUDA ordinal) */
+    CUdevice cudev;
+    CUstream stream;        /* synchronized before pages are unmapped */
+    size_t page_size;       /* 2 MiB small pool, large_segment_size_mb for the large pool */
+    const int *peers;       /* devices given read-write access as well (copied) */
+    int npeers;
+};
+
+/*
+ * Create a segment able to hold at least @p min_size bytes (rounded up to pages) without moving.
+ * Reserves VA only; maps nothing. The reservation policy (initial size, growth) is documented in
+ * docs/design.md; it never reserves a multiple of device memory up front.
+ */
+xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out);
+
+/* Unmap and release every page still mapped (after synchronizing the stream), free every
+ * reservation, free the metadata. NULL is a no-op. Never fails visibly: driver errors are
+ * reported through the return value but the segment is gone either way. */
+xseg_status seg_destroy(struct seg *seg);
+
+/*
+ * Make sure the VA range covers [0, @p size) of the segment, reserving more address space
+ * directly after the current end. Fails with XSEG_ERROR_OUT_OF_MEMORY (message says the
+ * address space could not be had contiguously) when the driver places the new range elsewhere;
+ * the caller then starts a new segment. Never moves base.
+ */
+xseg_status seg_grow(struct seg *seg, size_t size);
+
+/*
+ * Map every unmapped page in [offset, offset + size): offset and size are multiples of
+ * page_size and lie inside the current VA range. Creates one handle per page, maps it, and grants
+ * access with one cuMemSetAccess per contiguous newly mapped run (and per peer). On any failure
+ * every page mapped by this call is unmapped and released again. Pages already mapped are left
+ * alone. @p mapped (optional) receives the bytes newly mapped.
+ */
+xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped);
+
+/*
+ * Unmap and release every mapped page in [offset, offset + size) (page multiples), after
+ * synchronizing the segment's stream. @p unmapped (optional) receives the bytes unmapped.
+ * On a driver failure the pages not yet unmapped stay mapped and usable.
+ */
+xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped);
+
+/* Grant @p peer read-write access to every mapped page, and to pages mapped from now on. */
+xseg_status seg_add_peer(struct seg *seg, int peer);
+
+/* Accessors. */
+CUdeviceptr seg_base(const struct seg *seg);
+size_t seg_va_size(const struct seg *seg);      /* bytes of VA reserved, a page multiple */
+size_t seg_page_size(const struct seg *seg);
+size_t seg_mapped_bytes(const struct seg *seg); /* bytes currently mapped */
+int seg_page_is_mapped(const struct seg *seg, size_t page_index);
+
+#endif
