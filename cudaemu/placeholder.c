@@ -1,0 +1,1 @@
+int cudaemu_placeholder(void); int cudaemu_placeholder(void) { return 0; }
