@@ -9,6 +9,9 @@
  * only maps and unmaps whole pages and never reads device memory. Metadata lives in host memory.
  *
  * Locking: a segment belongs to one device allocator; callers hold that device's lock.
+ * Context: the segment retains its device's primary context at seg_create and makes it current
+ * (drv_ctx_ensure) on the calling thread in every function that calls the driver; callers need
+ * not set one, and find it current afterwards.
  * Errors: every function returns XSEG_SUCCESS or an xseg status with the message set; on failure
  * nothing has changed (all driver work of the failed call is rolled back).
  */
@@ -20,6 +23,12 @@
 #include "src/common.h"
 
 struct seg;
+
+/* Reservation policy (vmm/README.md): a new segment reserves max(min_size, SEG_INITIAL_PAGES
+ * pages) of VA; seg_grow reserves directly after the end a piece of max(needed, min(VA so far,
+ * SEG_GROW_STEP_MAX)) bytes, so a segment holds at most about twice its extent in O(log) pieces. */
+#define SEG_INITIAL_PAGES 8
+#define SEG_GROW_STEP_MAX ((size_t)16 << 30)
 
 struct seg_params {
     int device;             /* xseg device index (also the CUDA ordinal) */

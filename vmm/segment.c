@@ -1,0 +1,609 @@
+/*
+ * Expandable segments: VA reservations laid end to end, one cuMemCreate handle per mapped page.
+ *
+ * Reservation policy (see vmm/README.md for the reasoning): a segment starts with
+ * max(min_size, SEG_INITIAL_PAGES pages) of VA and grows by reserving the next piece directly
+ * after its current end, each piece at least as large as everything reserved so far (capped at
+ * SEG_GROW_STEP_MAX bytes), so a segment of extent E holds at most about 2E of VA in
+ * O(log E) pieces. PyTorch instead reserves 1 1/8 x device memory per segment up front, which
+ * runs a process with many streams or pools out of the 128 TiB address space.
+ *
+ * Every entry point that calls the driver first makes the device's primary context current on
+ * the calling thread (drv_ctx_ensure): the real driver resolves cuMemMap, cuMemSetAccess and the
+ * stream synchronize against the current context, and the allocator may run on any thread with
+ * any device current (pytorch #196258 synchronized the wrong device's stream that way). The
+ * segment retains the primary context for its lifetime.
+ */
+#include "vmm/segment.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/error.h"
+#include "vmm/driver.h"
+
+/* One cuMemAddressReserve range. Pieces are page multiples and sorted by address, each starting
+ * where the previous one ends, so a page never straddles two pieces. */
+struct seg_piece {
+    CUdeviceptr base;
+    size_t size;
+    size_t first_page; /* index of the piece's first page within the segment */
+};
+
+struct seg {
+    int device;
+    CUdevice cudev;
+    CUcontext ctx; /* retained primary context of cudev, released in seg_destroy */
+    CUstream stream;
+    size_t page_size;
+    CUmemAllocationProp prop; /* cuMemCreate properties, fixed at creation */
+
+    CUdeviceptr base;
+    size_t va_size; /* sum of the pieces' sizes */
+    size_t npages;  /* va_size / page_size */
+
+    /* Per page, [npages] valid of [cap_pages] allocated. handles[i] == 0: page i unmapped.
+     * fresh[i] is scratch for seg_map's rollback: 1 while the running call mapped page i, 0
+     * between calls. */
+    CUmemGenericAllocationHandle *handles;
+    unsigned char *fresh;
+    size_t cap_pages;
+    size_t mapped_bytes;
+
+    struct seg_piece *pieces;
+    size_t npieces, cap_pieces;
+
+    /* access[0] is the owning device, access[1..naccess) the peers; all READWRITE. */
+    CUmemAccessDesc *access;
+    int naccess, cap_access;
+};
+
+/* ---- small helpers ---- */
+
+static CUmemAccessDesc seg_access_desc(int device)
+{
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof(d));
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = device;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return d;
+}
+
+/* Round @p n up to a multiple of @p unit (not necessarily a power of two: 20 MiB pages).
+ * @return 0 on overflow. */
+static int seg_round_up(size_t n, size_t unit, size_t *out)
+{
+    size_t q = n / unit + (n % unit != 0);
+    if (q > SIZE_MAX / unit)
+        return 0;
+    *out = q * unit;
+    return 1;
+}
+
+static xseg_status seg_failf(CUresult res, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* drv_fail with a formatted description of the call. */
+static xseg_status seg_failf(CUresult res, const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return drv_fail(res, what);
+}
+
+static int seg_has_access(const struct seg *seg, int device)
+{
+    for (int i = 0; i < seg->naccess; i++)
+        if (seg->access[i].location.id == device)
+            return 1;
+    return 0;
+}
+
+static xseg_status seg_push_access(struct seg *seg, int device)
+{
+    if (seg->naccess == seg->cap_access) {
+        int cap = seg->cap_access ? 2 * seg->cap_access : 4;
+        CUmemAccessDesc *a = realloc(seg->access, (size_t)cap * sizeof(*a));
+        if (!a)
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the peer list");
+        seg->access = a;
+        seg->cap_access = cap;
+    }
+    seg->access[seg->naccess++] = seg_access_desc(device);
+    return XSEG_SUCCESS;
+}
+
+/* Make room for @p npages page entries and one more piece, before any driver work, so that a
+ * host allocation failure never has to undo a reservation. New entries are zero (unmapped). */
+static xseg_status seg_reserve_meta(struct seg *seg, size_t npages)
+{
+    if (npages > seg->cap_pages) {
+        size_t cap = XSEG_MAX(npages, seg->cap_pages * 2);
+        CUmemGenericAllocationHandle *h = realloc(seg->handles, cap * sizeof(*h));
+        if (!h)
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
+        seg->handles = h;
+        unsigned char *f = realloc(seg->fresh, cap);
+        if (!f)
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
+        seg->fresh = f;
+        memset(h + seg->cap_pages, 0, (cap - seg->cap_pages) * sizeof(*h));
+        memset(f + seg->cap_pages, 0, cap - seg->cap_pages);
+        seg->cap_pages = cap;
+    }
+    if (seg->npieces == seg->cap_pieces) {
+        size_t cap = seg->cap_pieces ? 2 * seg->cap_pieces : 4;
+        struct seg_piece *p = realloc(seg->pieces, cap * sizeof(*p));
+        if (!p)
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the piece list");
+        seg->pieces = p;
+        seg->cap_pieces = cap;
+    }
+    return XSEG_SUCCESS;
+}
+
+static void seg_add_piece(struct seg *seg, CUdeviceptr base, size_t size)
+{
+    struct seg_piece *p = &seg->pieces[seg->npieces++];
+    p->base = base;
+    p->size = size;
+    p->first_page = seg->npages;
+    seg->va_size += size;
+    seg->npages = seg->va_size / seg->page_size;
+}
+
+/* Index of the piece holding page @p page (< npages). Pieces are few (logarithmic). */
+static size_t seg_piece_of(const struct seg *seg, size_t page)
+{
+    size_t i = seg->npieces - 1;
+    while (seg->pieces[i].first_page > page)
+        i--;
+    return i;
+}
+
+/* First page index after the piece holding @p page. */
+static size_t seg_piece_end(const struct seg *seg, size_t piece)
+{
+    const struct seg_piece *p = &seg->pieces[piece];
+    return p->first_page + p->size / seg->page_size;
+}
+
+/* Check that [offset, offset + size) is a page-multiple range inside the VA; on success writes
+ * the page range [*first, *last). */
+static xseg_status seg_check_range(const struct seg *seg, const char *fn, size_t offset, size_t size,
+                                   size_t *first, size_t *last)
+{
+    if (offset % seg->page_size || size % seg->page_size)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "%s: offset %zu and size %zu must be multiples of the page size %zu", fn, offset, size,
+                       seg->page_size);
+    if (offset > seg->va_size || size > seg->va_size - offset)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "%s: range [%zu, +%zu) lies outside the segment's %zu bytes of VA", fn, offset, size,
+                       seg->va_size);
+    *first = offset / seg->page_size;
+    *last = *first + size / seg->page_size;
+    return XSEG_SUCCESS;
+}
+
+/* Unmap and release page @p i (mapped). On a failed unmap the page stays mapped and counted. */
+static xseg_status seg_unmap_page(struct seg *seg, size_t i)
+{
+    CUdeviceptr addr = seg->base + i * seg->page_size;
+    CUresult res = drv->cuMemUnmap(addr, seg->page_size);
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "cuMemUnmap(0x%llx, %zu) of page %zu", (unsigned long long)addr, seg->page_size,
+                         i);
+    CUmemGenericAllocationHandle h = seg->handles[i];
+    seg->handles[i] = 0;
+    seg->mapped_bytes -= seg->page_size;
+    res = drv->cuMemRelease(h);
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "cuMemRelease of page %zu's handle (page already unmapped)", i);
+    return XSEG_SUCCESS;
+}
+
+/* ---- create / destroy ---- */
+
+xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out)
+{
+    if (!params || !out)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: params and out must not be NULL");
+    *out = NULL;
+    if (!drv)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_create: the driver is not loaded (drv_load)");
+    if (params->page_size == 0)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: page_size must not be 0");
+    if (params->npeers < 0 || (params->npeers > 0 && !params->peers))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: npeers %d with peers %p", params->npeers,
+                       (const void *)params->peers);
+    if (params->device < 0)
+        return err_set(XSEG_ERROR_INVALID_DEVICE, "seg_create: device %d", params->device);
+
+    size_t P = params->page_size;
+    size_t need;
+    if (!seg_round_up(XSEG_MAX(min_size, (size_t)1), P, &need))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_create: min_size %zu overflows when rounded to pages",
+                       min_size);
+    size_t initial = need;
+    if (need / P < SEG_INITIAL_PAGES && P <= SIZE_MAX / SEG_INITIAL_PAGES)
+        initial = (size_t)SEG_INITIAL_PAGES * P;
+
+    struct seg *seg = calloc(1, sizeof(*seg));
+    if (!seg)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_create: out of host memory");
+    seg->device = params->device;
+    seg->cudev = params->cudev;
+    seg->stream = params->stream;
+    seg->page_size = P;
+
+    xseg_status st = seg_push_access(seg, params->device);
+    for (int i = 0; st == XSEG_SUCCESS && i < params->npeers; i++) {
+        int peer = params->peers[i];
+        if (peer < 0)
+            st = err_set(XSEG_ERROR_INVALID_DEVICE, "seg_create: peer %d (index %d) is not a device", peer, i);
+        else if (!seg_has_access(seg, peer))
+            st = seg_push_access(seg, peer);
+    }
+    if (st != XSEG_SUCCESS)
+        goto fail_meta;
+
+    CUresult res = drv->cuDevicePrimaryCtxRetain(&seg->ctx, seg->cudev);
+    if (res != CUDA_SUCCESS) {
+        st = seg_failf(res, "cuDevicePrimaryCtxRetain(device %d)", seg->device);
+        goto fail_meta;
+    }
+    st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        goto fail_ctx;
+
+    seg->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    seg->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    seg->prop.location.id = seg->device;
+    seg->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    size_t gran = 0;
+    res = drv->cuMemGetAllocationGranularity(&gran, &seg->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (res != CUDA_SUCCESS) {
+        st = seg_failf(res, "cuMemGetAllocationGranularity(device %d)", seg->device);
+        goto fail_ctx;
+    }
+    if (gran == 0 || P % gran != 0) {
+        st = err_set(XSEG_ERROR_INVALID_VALUE,
+                     "seg_create: page_size %zu is not a multiple of device %d's VMM granularity %zu", P,
+                     seg->device, gran);
+        goto fail_ctx;
+    }
+    /* Optional: RDMA-capable pages where the device supports it (as PyTorch does), so NICs can
+     * register them. A failed query just leaves the flag off. */
+    int rdma = 0;
+    if (drv->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                  seg->cudev) == CUDA_SUCCESS &&
+        rdma)
+        seg->prop.allocFlags.gpuDirectRDMACapable = 1;
+
+    st = seg_reserve_meta(seg, initial / P);
+    if (st != XSEG_SUCCESS)
+        goto fail_ctx;
+    CUdeviceptr base = 0;
+    res = drv->cuMemAddressReserve(&base, initial, 0, 0, 0);
+    if (res != CUDA_SUCCESS) {
+        st = seg_failf(res, "cuMemAddressReserve(%zu bytes) for a segment on device %d", initial, seg->device);
+        goto fail_ctx;
+    }
+    seg->base = base;
+    seg_add_piece(seg, base, initial);
+    *out = seg;
+    return XSEG_SUCCESS;
+
+fail_ctx:
+    drv->cuDevicePrimaryCtxRelease(seg->cudev);
+fail_meta:
+    free(seg->access);
+    free(seg->handles);
+    free(seg->fresh);
+    free(seg->pieces);
+    free(seg);
+    return st;
+}
+
+xseg_status seg_destroy(struct seg *seg)
+{
+    if (!seg)
+        return XSEG_SUCCESS;
+    xseg_status first = drv_ctx_ensure(seg->ctx);
+    if (seg->mapped_bytes) {
+        CUresult res = drv->cuStreamSynchronize(seg->stream);
+        if (res != CUDA_SUCCESS && first == XSEG_SUCCESS)
+            first = seg_failf(res, "cuStreamSynchronize before destroying the segment at 0x%llx",
+                              (unsigned long long)seg->base);
+    }
+    /* Keep going past failures: the segment is gone either way, and every page and reservation
+     * that can still be given back should be. */
+    for (size_t i = 0; i < seg->npages; i++) {
+        if (!seg->handles[i])
+            continue;
+        xseg_status st = seg_unmap_page(seg, i);
+        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+            first = st;
+    }
+    for (size_t i = 0; i < seg->npieces; i++) {
+        CUresult res = drv->cuMemAddressFree(seg->pieces[i].base, seg->pieces[i].size);
+        if (res != CUDA_SUCCESS && first == XSEG_SUCCESS)
+            first = seg_failf(res, "cuMemAddressFree(0x%llx, %zu)", (unsigned long long)seg->pieces[i].base,
+                              seg->pieces[i].size);
+    }
+    drv->cuDevicePrimaryCtxRelease(seg->cudev);
+    free(seg->access);
+    free(seg->handles);
+    free(seg->fresh);
+    free(seg->pieces);
+    free(seg);
+    return first;
+}
+
+/* ---- grow ---- */
+
+/* Reserve @p size bytes exactly at @p hint. @return XSEG_SUCCESS, or OUT_OF_MEMORY (the driver
+ * refused, or placed the range elsewhere: then it is freed again). */
+static xseg_status seg_reserve_at(struct seg *seg, CUdeviceptr hint, size_t size)
+{
+    CUdeviceptr got = 0;
+    CUresult res = drv->cuMemAddressReserve(&got, size, 0, hint, 0);
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "cuMemAddressReserve(%zu bytes at 0x%llx) to grow a segment", size,
+                         (unsigned long long)hint);
+    if (got != hint) {
+        res = drv->cuMemAddressFree(got, size);
+        if (res != CUDA_SUCCESS)
+            return seg_failf(res, "cuMemAddressFree(0x%llx, %zu) of a misplaced growth reservation",
+                             (unsigned long long)got, size);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY,
+                       "seg_grow: the address space after the segment at 0x%llx (0x%llx, %zu bytes) is not "
+                       "free; the driver placed the reservation at 0x%llx",
+                       (unsigned long long)seg->base, (unsigned long long)hint, size, (unsigned long long)got);
+    }
+    return XSEG_SUCCESS;
+}
+
+xseg_status seg_grow(struct seg *seg, size_t size)
+{
+    if (!seg)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_grow: segment is NULL");
+    if (size <= seg->va_size)
+        return XSEG_SUCCESS;
+    size_t P = seg->page_size;
+    size_t target;
+    if (!seg_round_up(size, P, &target) || target > SIZE_MAX - seg->base)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_grow: %zu bytes do not fit in the address space", size);
+    size_t need = target - seg->va_size;
+
+    /* Geometric step: at least the VA held so far (capped), so pieces stay logarithmic. */
+    size_t step = XSEG_MIN(seg->va_size, (size_t)SEG_GROW_STEP_MAX);
+    step = step / P * P;
+    size_t want = XSEG_MAX(need, step);
+    if (want > SIZE_MAX - seg->base - seg->va_size)
+        want = need;
+
+    xseg_status st = seg_reserve_meta(seg, (seg->va_size + want) / P);
+    if (st != XSEG_SUCCESS)
+        return st;
+    st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    CUdeviceptr hint = seg->base + seg->va_size;
+    st = seg_reserve_at(seg, hint, want);
+    if (st != XSEG_SUCCESS && want > need) {
+        /* The hole after the segment may hold what is needed but not the geometric step. */
+        st = seg_reserve_at(seg, hint, need);
+        want = need;
+    }
+    if (st != XSEG_SUCCESS)
+        return st;
+    seg_add_piece(seg, hint, want);
+    return XSEG_SUCCESS;
+}
+
+/* ---- map ---- */
+
+/* Grant the owner and every peer access to pages [first, last), which lie in one piece. */
+static xseg_status seg_set_access(struct seg *seg, size_t first, size_t last, int from_access)
+{
+    CUdeviceptr addr = seg->base + first * seg->page_size;
+    size_t len = (last - first) * seg->page_size;
+    for (int k = from_access; k < seg->naccess; k++) {
+        CUresult res = drv->cuMemSetAccess(addr, len, &seg->access[k], 1);
+        if (res != CUDA_SUCCESS)
+            return seg_failf(res, "cuMemSetAccess(0x%llx, %zu, device %d READWRITE)", (unsigned long long)addr,
+                             len, seg->access[k].location.id);
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Undo the pages of [first, last) that the running seg_map mapped. A page whose unmap fails
+ * stays mapped (and counted), so the bookkeeping matches the driver. */
+static void seg_map_rollback(struct seg *seg, size_t first, size_t last)
+{
+    for (size_t i = first; i < last; i++) {
+        if (!seg->fresh[i])
+            continue;
+        seg->fresh[i] = 0;
+        (void)seg_unmap_page(seg, i);
+    }
+}
+
+xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
+{
+    if (mapped)
+        *mapped = 0;
+    if (!seg)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_map: segment is NULL");
+    size_t first, last;
+    xseg_status st = seg_check_range(seg, "seg_map", offset, size, &first, &last);
+    if (st != XSEG_SUCCESS || first == last)
+        return st;
+    st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+
+    size_t P = seg->page_size;
+    size_t before = seg->mapped_bytes;
+    size_t piece = seg_piece_of(seg, first);
+    size_t piece_end = seg_piece_end(seg, piece);
+    size_t run = SIZE_MAX; /* first page of the current run of newly mapped pages, SIZE_MAX: none */
+    size_t i = first;
+    CUresult res;
+
+    for (; i < last; i++) {
+        if (i == piece_end) {
+            /* Never let a cuMemSetAccess span two reservations. */
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+                goto fail;
+            run = SIZE_MAX;
+            piece++;
+            piece_end = seg_piece_end(seg, piece);
+        }
+        if (seg->handles[i]) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+                goto fail;
+            run = SIZE_MAX;
+            continue;
+        }
+        CUmemGenericAllocationHandle h = 0;
+        res = drv->cuMemCreate(&h, P, &seg->prop, 0);
+        if (res != CUDA_SUCCESS) {
+            st = seg_failf(res, "cuMemCreate(%zu bytes) for page %zu of the segment at 0x%llx on device %d", P,
+                           i, (unsigned long long)seg->base, seg->device);
+            goto fail;
+        }
+        if (h == 0) {
+            /* 0 marks an unmapped page here; no driver is known to return it. */
+            drv->cuMemRelease(h);
+            st = err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle for page %zu", i);
+            goto fail;
+        }
+        CUdeviceptr addr = seg->base + i * P;
+        res = drv->cuMemMap(addr, P, 0, h, 0);
+        if (res != CUDA_SUCCESS) {
+            drv->cuMemRelease(h);
+            st = seg_failf(res, "cuMemMap(0x%llx, %zu) of page %zu", (unsigned long long)addr, P, i);
+            goto fail;
+        }
+        seg->handles[i] = h;
+        seg->fresh[i] = 1;
+        seg->mapped_bytes += P;
+        if (run == SIZE_MAX)
+            run = i;
+    }
+    if (run != SIZE_MAX && (st = seg_set_access(seg, run, last, 0)) != XSEG_SUCCESS)
+        goto fail;
+
+    for (size_t j = first; j < last; j++)
+        seg->fresh[j] = 0;
+    if (mapped)
+        *mapped = seg->mapped_bytes - before;
+    return XSEG_SUCCESS;
+
+fail:
+    /* Pages [i, last) were never touched by this call; everything before may hold fresh pages,
+     * the current run included (mapped, access not or only partly granted). */
+    seg_map_rollback(seg, first, XSEG_MIN(i + 1, last));
+    return st;
+}
+
+/* ---- unmap ---- */
+
+xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped)
+{
+    if (unmapped)
+        *unmapped = 0;
+    if (!seg)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_unmap: segment is NULL");
+    size_t first, last;
+    xseg_status st = seg_check_range(seg, "seg_unmap", offset, size, &first, &last);
+    if (st != XSEG_SUCCESS)
+        return st;
+    size_t i = first;
+    while (i < last && !seg->handles[i])
+        i++;
+    if (i == last)
+        return XSEG_SUCCESS; /* nothing mapped: no need to wait for the stream */
+    st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    /* Work queued on the stream may still use these pages, and unmap/release are not known to
+     * wait for it in every case (PyTorch synchronizes here for the same reason). */
+    CUresult res = drv->cuStreamSynchronize(seg->stream);
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "cuStreamSynchronize before unmapping pages of the segment at 0x%llx",
+                         (unsigned long long)seg->base);
+    size_t before = seg->mapped_bytes;
+    for (; i < last; i++) {
+        if (!seg->handles[i])
+            continue;
+        xseg_status pst = seg_unmap_page(seg, i);
+        if (pst == XSEG_SUCCESS)
+            continue;
+        if (st == XSEG_SUCCESS)
+            st = pst;
+        if (seg->handles[i])
+            break; /* the unmap failed: leave this page and the rest mapped and usable */
+        /* else only the release failed: the page is unmapped, go on */
+    }
+    if (unmapped)
+        *unmapped = before - seg->mapped_bytes;
+    if (st != XSEG_SUCCESS)
+        return err_prefix(st, "seg_unmap: %zu bytes unmapped before the failure", before - seg->mapped_bytes);
+    return XSEG_SUCCESS;
+}
+
+/* ---- peers ---- */
+
+xseg_status seg_add_peer(struct seg *seg, int peer)
+{
+    if (!seg)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_add_peer: segment is NULL");
+    if (peer < 0)
+        return err_set(XSEG_ERROR_INVALID_DEVICE, "seg_add_peer: peer %d is not a device", peer);
+    if (seg_has_access(seg, peer))
+        return XSEG_SUCCESS;
+    xseg_status st = seg_push_access(seg, peer);
+    if (st != XSEG_SUCCESS)
+        return st;
+    int k = seg->naccess - 1;
+    if (seg->mapped_bytes) {
+        st = drv_ctx_ensure(seg->ctx);
+        for (size_t piece = 0; st == XSEG_SUCCESS && piece < seg->npieces; piece++) {
+            size_t end = seg_piece_end(seg, piece);
+            size_t i = seg->pieces[piece].first_page;
+            while (st == XSEG_SUCCESS && i < end) {
+                while (i < end && !seg->handles[i])
+                    i++;
+                size_t run = i;
+                while (i < end && seg->handles[i])
+                    i++;
+                if (run < i)
+                    st = seg_set_access(seg, run, i, k);
+            }
+        }
+    }
+    if (st != XSEG_SUCCESS)
+        seg->naccess--; /* runs granted before the failure keep the (harmless) extra access */
+    return st;
+}
+
+/* ---- accessors ---- */
+
+CUdeviceptr seg_base(const struct seg *seg) { return seg->base; }
+size_t seg_va_size(const struct seg *seg) { return seg->va_size; }
+size_t seg_page_size(const struct seg *seg) { return seg->page_size; }
+size_t seg_mapped_bytes(const struct seg *seg) { return seg->mapped_bytes; }
+
+int seg_page_is_mapped(const struct seg *seg, size_t page_index)
+{
+    return page_index < seg->npages && seg->handles[page_index] != 0;
+}
