@@ -1,0 +1,373 @@
+/* src/config: the grammar, every key's validation, the reset rule, round trip through
+ * cfg_format, and roundup_power2_divisions bucket semantics. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "src/config.h"
+#include "src/error.h"
+
+#define MiB ((size_t)1 << 20)
+
+static struct cfg parse_ok(const char *s)
+{
+    struct cfg base, out;
+    cfg_default(&base);
+    xseg_status st = cfg_parse(s, &base, &out);
+    if (st != XSEG_SUCCESS)
+        fail_msg("cfg_parse(\"%s\") failed: %s", s, xseg_last_error());
+    return out;
+}
+
+/* Parse must fail, leave out untouched, and produce a message containing every needle. */
+static void parse_bad(const char *s, const char *needle1, const char *needle2)
+{
+    struct cfg base, out;
+    cfg_default(&base);
+    memset(&out, 0xA5, sizeof out);
+    struct cfg before = out;
+    err_clear();
+    xseg_status st = cfg_parse(s, &base, &out);
+    if (st != XSEG_ERROR_INVALID_VALUE)
+        fail_msg("cfg_parse(\"%s\") returned %d, expected INVALID_VALUE", s, (int)st);
+    assert_memory_equal(&out, &before, sizeof out);
+    const char *msg = xseg_last_error();
+    if (needle1 && !strstr(msg, needle1))
+        fail_msg("message for \"%s\" lacks '%s': %s", s, needle1, msg);
+    if (needle2 && !strstr(msg, needle2))
+        fail_msg("message for \"%s\" lacks '%s': %s", s, needle2, msg);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    struct cfg c;
+    cfg_default(&c);
+    assert_true(c.max_split_size == SIZE_MAX);
+    assert_int_equal(c.max_non_split_rounding, 20 * MiB);
+    assert_int_equal(c.large_segment_size, 20 * MiB);
+    assert_true(c.garbage_collection_threshold == 0.0);
+    for (int b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
+        assert_int_equal(c.roundup_power2_divisions[b], 0);
+    assert_true(c.expandable_segments);
+    assert_false(c.release_lock_on_cudamalloc);
+    assert_true(c.per_process_memory_fraction == 1.0);
+    assert_false(c.graph_capture_record_stream_reuse);
+    /* The empty string (and only whitespace) changes nothing. */
+    struct cfg e = parse_ok("");
+    assert_memory_equal(&e, &c, sizeof c);
+    e = parse_ok("   ");
+    assert_memory_equal(&e, &c, sizeof c);
+}
+
+static void test_accepted(void **state)
+{
+    (void)state;
+    struct cfg c = parse_ok("expandable_segments:False,max_split_size_mb:128");
+    assert_false(c.expandable_segments);
+    assert_int_equal(c.max_split_size, 128 * MiB);
+
+    c = parse_ok("max_split_size_mb:20");
+    assert_int_equal(c.max_split_size, 20 * MiB);
+    c = parse_ok("max_non_split_rounding_mb:64");
+    assert_int_equal(c.max_non_split_rounding, 64 * MiB);
+    c = parse_ok("garbage_collection_threshold:0.8");
+    assert_true(c.garbage_collection_threshold == 0.8);
+    c = parse_ok("release_lock_on_cudamalloc:True");
+    assert_true(c.release_lock_on_cudamalloc);
+    c = parse_ok("release_lock_on_hipmalloc:True");
+    assert_true(c.release_lock_on_cudamalloc);
+    c = parse_ok("per_process_memory_fraction:0");
+    assert_true(c.per_process_memory_fraction == 0.0);
+    c = parse_ok("per_process_memory_fraction:1.0");
+    assert_true(c.per_process_memory_fraction == 1.0);
+    c = parse_ok("per_process_memory_fraction:0.5");
+    assert_true(c.per_process_memory_fraction == 0.5);
+    c = parse_ok("graph_capture_record_stream_reuse:True");
+    assert_true(c.graph_capture_record_stream_reuse);
+    c = parse_ok("backend:native");
+    c = parse_ok("expandable_segments:True,");  /* trailing comma, as PyTorch accepts */
+    assert_true(c.expandable_segments);
+    /* A value too large for bytes means unlimited. */
+    c = parse_ok("max_split_size_mb:99999999999999999999999");
+    assert_true(c.max_split_size == SIZE_MAX);
+}
+
+static void test_large_segment_order(void **state)
+{
+    (void)state;
+    /* large_segment_size_mb governs the minimum of the others wherever it appears. */
+    struct cfg c = parse_ok("max_split_size_mb:40,large_segment_size_mb:40");
+    assert_int_equal(c.large_segment_size, 40 * MiB);
+    assert_int_equal(c.max_split_size, 40 * MiB);
+    /* max_non_split_rounding follows large_segment_size while it is at its default. */
+    assert_int_equal(c.max_non_split_rounding, 40 * MiB);
+    parse_bad("max_split_size_mb:30,large_segment_size_mb:40", "max_split_size_mb", ">= 40");
+    parse_bad("max_non_split_rounding_mb:30,large_segment_size_mb:40", "max_non_split_rounding_mb",
+              ">= 40");
+    c = parse_ok("large_segment_size_mb:12,max_split_size_mb:12");
+    assert_int_equal(c.max_split_size, 12 * MiB);
+    parse_bad("large_segment_size_mb:10", "large_segment_size_mb", "> 10");
+    parse_bad("large_segment_size_mb:21", "large_segment_size_mb", "multiple of 2");
+    parse_bad("large_segment_size_mb:x", "large_segment_size_mb", "whole number");
+}
+
+/* Every rejected form of PyTorch's test_allocator_settings, and more. */
+static void test_rejected(void **state)
+{
+    (void)state;
+    parse_bad("foo:1", "unrecognized key 'foo' in allocator config", "index 0");
+    parse_bad("expandable_segments:True,foo:1", "unrecognized key 'foo'", "index 25");
+    parse_bad("garbage_collection_threshold:1.2", "garbage_collection_threshold", "(0.0, 1.0)");
+    parse_bad("garbage_collection_threshold:0", "garbage_collection_threshold", "(0.0, 1.0)");
+    parse_bad("garbage_collection_threshold:1", "garbage_collection_threshold", NULL);
+    parse_bad("garbage_collection_threshold:abc", "garbage_collection_threshold", "'abc'");
+    parse_bad("max_split_size_mb:2", "max_split_size_mb", ">= 20");
+    parse_bad("max_split_size_mb:-1", "max_split_size_mb", "whole number");
+    parse_bad("max_split_size_mb:1.5", "max_split_size_mb", "whole number");
+    parse_bad("max_non_split_rounding_mb:5", "max_non_split_rounding_mb", ">= 20");
+    parse_bad("release_lock_on_cudamalloc:none", "release_lock_on_cudamalloc",
+              "expected True or False, got 'none'");
+    parse_bad("release_lock_on_cudamalloc:1", "release_lock_on_cudamalloc", "True or False");
+    parse_bad("expandable_segments:yes", "expandable_segments: expected True or False, got 'yes'",
+              "index 20");
+    parse_bad("expandable_segments:true", "expandable_segments", "'true'");
+    parse_bad("per_process_memory_fraction:-0.1", "per_process_memory_fraction", "[0.0, 1.0]");
+    parse_bad("per_process_memory_fraction:1.1", "per_process_memory_fraction", "[0.0, 1.0]");
+    parse_bad("per_process_memory_fraction:nan", "per_process_memory_fraction", NULL);
+    parse_bad("backend:cudaMallocAsync", "backend:cudaMallocAsync is not supported",
+              "xseg is itself");
+    parse_bad("backend:foo", "backend", "native");
+    /* Grammar errors name the key and the form, with a position. */
+    parse_bad("expandable_segments", "expandable_segments", "':'");
+    parse_bad("expandable_segments:", "expandable_segments", "end of string");
+    parse_bad("expandable_segments:True:False", "expandable_segments", "','");
+    parse_bad(":True", "expected a key", "index 0");
+    parse_bad(",expandable_segments:True", "expected a key", NULL);
+    parse_bad("expandable_segments:True,,", "expected a key", NULL);
+    parse_bad("garbage_collection_threshold:[0.5]", "garbage_collection_threshold", "'['");
+}
+
+static void test_pinned_ignored(void **state)
+{
+    (void)state;
+    struct cfg def;
+    cfg_default(&def);
+    struct cfg c = parse_ok("pinned_use_cuda_host_register:True,pinned_num_register_threads:8,"
+                            "pinned_use_background_threads:False,pinned_reserve_segment_size_mb:64,"
+                            "pinned_free_catch_all:True,pinned_use_hip_host_register:False");
+    assert_memory_equal(&c, &def, sizeof c);
+    parse_bad("pinned_num_register_threads:3", "pinned_num_register_threads", "power of 2");
+    parse_bad("pinned_num_register_threads:256", "pinned_num_register_threads", "128");
+    parse_bad("pinned_use_cuda_host_register:1", "pinned_use_cuda_host_register", "True or False");
+    parse_bad("pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb", "> 0");
+}
+
+static void test_whitespace(void **state)
+{
+    (void)state;
+    struct cfg c = parse_ok("  expandable_segments : False ,\tmax_split_size_mb: 256 ,"
+                            " roundup_power2_divisions : [ 256 : 1 , > : 4 ] ");
+    assert_false(c.expandable_segments);
+    assert_int_equal(c.max_split_size, 256 * MiB);
+    assert_int_equal(c.roundup_power2_divisions[8], 1);
+    assert_int_equal(c.roundup_power2_divisions[9], 4);
+    assert_int_equal(c.roundup_power2_divisions[0], 1);
+}
+
+static void test_reset_rule(void **state)
+{
+    (void)state;
+    struct cfg a = parse_ok("max_split_size_mb:128,garbage_collection_threshold:0.5,"
+                            "roundup_power2_divisions:4,expandable_segments:False,"
+                            "release_lock_on_cudamalloc:True,per_process_memory_fraction:0.25");
+    struct cfg b;
+    assert_int_equal(cfg_parse("graph_capture_record_stream_reuse:True", &a, &b), XSEG_SUCCESS);
+    /* The three reset keys go back to their defaults... */
+    assert_true(b.max_split_size == SIZE_MAX);
+    assert_true(b.garbage_collection_threshold == 0.0);
+    for (int k = 0; k < CFG_ROUNDUP_BUCKETS; k++)
+        assert_int_equal(b.roundup_power2_divisions[k], 0);
+    /* ...the rest keep the base's value. */
+    assert_false(b.expandable_segments);
+    assert_true(b.release_lock_on_cudamalloc);
+    assert_true(b.per_process_memory_fraction == 0.25);
+    assert_true(b.graph_capture_record_stream_reuse);
+    /* out may alias base. */
+    assert_int_equal(cfg_parse("expandable_segments:True", &a, &a), XSEG_SUCCESS);
+    assert_true(a.expandable_segments);
+    assert_true(a.max_split_size == SIZE_MAX);
+    /* A failed parse leaves an aliased out untouched too. */
+    struct cfg keep = b;
+    assert_int_equal(cfg_parse("max_split_size_mb:64,foo:1", &b, &b), XSEG_ERROR_INVALID_VALUE);
+    assert_memory_equal(&b, &keep, sizeof b);
+}
+
+static void test_roundup_single(void **state)
+{
+    (void)state;
+    struct cfg c = parse_ok("roundup_power2_divisions:4");
+    /* The documented example: 1200 B with 4 divisions (rounds to 1280 in the allocator). */
+    assert_int_equal(cfg_roundup_divisions(&c, 1200), 4);
+    assert_int_equal(cfg_roundup_divisions(&c, 512 * MiB), 4);
+    assert_int_equal(cfg_roundup_divisions(&c, (size_t)1 << 40), 4);
+    c = parse_ok("roundup_power2_divisions:0");
+    assert_int_equal(cfg_roundup_divisions(&c, 1200), 0);
+    c = parse_ok("roundup_power2_divisions:1");
+    assert_int_equal(cfg_roundup_divisions(&c, 1200), 1);
+    parse_bad("roundup_power2_divisions:3", "roundup_power2_divisions", "power of 2 or 0");
+    parse_bad("roundup_power2_divisions:-4", "roundup_power2_divisions", "power of 2 or 0");
+    struct cfg d;
+    cfg_default(&d);
+    assert_int_equal(cfg_roundup_divisions(&d, 1200), 0);
+}
+
+static void test_roundup_list(void **state)
+{
+    (void)state;
+    struct cfg c = parse_ok("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
+    const unsigned *d = c.roundup_power2_divisions;
+    /* The first entry (256 MB = bucket 8) also fills buckets 0..7. */
+    for (int b = 0; b <= 8; b++)
+        assert_int_equal(d[b], 1);
+    assert_int_equal(d[9], 2);
+    assert_int_equal(d[10], 4);
+    for (int b = 11; b < CFG_ROUNDUP_BUCKETS; b++)
+        assert_int_equal(d[b], 8);
+    assert_int_equal(cfg_roundup_divisions(&c, 1200), 1);
+    assert_int_equal(cfg_roundup_divisions(&c, 255 * MiB), 1);
+    assert_int_equal(cfg_roundup_divisions(&c, 256 * MiB), 1);
+    assert_int_equal(cfg_roundup_divisions(&c, 511 * MiB), 1);
+    assert_int_equal(cfg_roundup_divisions(&c, 512 * MiB), 2);
+    assert_int_equal(cfg_roundup_divisions(&c, 1024 * MiB), 4);
+    assert_int_equal(cfg_roundup_divisions(&c, 2048 * MiB - 1), 4);
+    assert_int_equal(cfg_roundup_divisions(&c, 2048 * MiB), 8);
+    assert_int_equal(cfg_roundup_divisions(&c, SIZE_MAX), 8);
+
+    /* PyTorch's test_allocator_settings list. */
+    c = parse_ok("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]");
+    assert_int_equal(cfg_roundup_divisions(&c, 1 * MiB), 8);
+    assert_int_equal(cfg_roundup_divisions(&c, 100 * MiB), 8);
+    assert_int_equal(cfg_roundup_divisions(&c, 128 * MiB), 2);
+    assert_int_equal(cfg_roundup_divisions(&c, 1536 * MiB), 1);
+    assert_int_equal(cfg_roundup_divisions(&c, 40 * XSEG_GiB), 1);
+
+    /* Buckets not named stay 0; intervals beyond 32 GiB clamp to the last bucket. */
+    c = parse_ok("roundup_power2_divisions:[2:4,65536:16]");
+    assert_int_equal(c.roundup_power2_divisions[0], 4);
+    assert_int_equal(c.roundup_power2_divisions[1], 4);
+    assert_int_equal(c.roundup_power2_divisions[2], 0);
+    assert_int_equal(c.roundup_power2_divisions[15], 16);
+    /* '>' alone fills everything. */
+    c = parse_ok("roundup_power2_divisions:[>:2]");
+    for (int b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
+        assert_int_equal(c.roundup_power2_divisions[b], 2);
+
+    parse_bad("roundup_power2_divisions:[100:4]", "roundup_power2_divisions", "'100'");
+    parse_bad("roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "power of 2 or 0");
+    parse_bad("roundup_power2_divisions:[256:4", "roundup_power2_divisions", "end of string");
+    parse_bad("roundup_power2_divisions:[256,4]", "roundup_power2_divisions", "':'");
+    parse_bad("roundup_power2_divisions:[]", "roundup_power2_divisions", "']'");
+    parse_bad("roundup_power2_divisions:[256:4,]", "roundup_power2_divisions", NULL);
+}
+
+static void round_trip(const char *s)
+{
+    struct cfg a = parse_ok(s), b, def;
+    char buf[1024];
+    size_t len = 0;
+    cfg_format(&a, buf, sizeof buf, &len);
+    assert_int_equal(len, strlen(buf));
+    /* Read back on top of a different base: the string must carry every non-reset key. */
+    cfg_default(&def);
+    def.expandable_segments = !a.expandable_segments;
+    def.release_lock_on_cudamalloc = !a.release_lock_on_cudamalloc;
+    def.per_process_memory_fraction = 0.125;
+    if (cfg_parse(buf, &def, &b) != XSEG_SUCCESS)
+        fail_msg("canonical '%s' does not parse: %s", buf, xseg_last_error());
+    if (memcmp(&a, &b, sizeof a))
+        fail_msg("round trip of '%s' through '%s' differs", s, buf);
+}
+
+static void test_format_round_trip(void **state)
+{
+    (void)state;
+    round_trip("");
+    round_trip("expandable_segments:False");
+    round_trip("max_split_size_mb:128,garbage_collection_threshold:0.8");
+    round_trip("roundup_power2_divisions:4");
+    round_trip("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
+    round_trip("large_segment_size_mb:64,max_non_split_rounding_mb:100,per_process_memory_fraction:"
+               "0.3333333333333333");
+    round_trip("release_lock_on_cudamalloc:True,graph_capture_record_stream_reuse:True,"
+               "garbage_collection_threshold:0.1234567890123");
+
+    /* snprintf semantics: truncated output is NUL-terminated and len is the full length. */
+    struct cfg c = parse_ok("roundup_power2_divisions:[256:1,>:8]");
+    char full[1024], small[16];
+    size_t flen, slen;
+    cfg_format(&c, full, sizeof full, &flen);
+    cfg_format(&c, small, sizeof small, &slen);
+    assert_int_equal(flen, slen);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_memory_equal(small, full, sizeof small - 1);
+    cfg_format(&c, NULL, 0, &slen);
+    assert_int_equal(flen, slen);
+    assert_non_null(strstr(full, "expandable_segments:True"));
+}
+
+static void test_env_order(void **state)
+{
+    (void)state;
+    const char *var = "x";
+    unsetenv("XSEG_ALLOC_CONF");
+    unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+    unsetenv("PYTORCH_ALLOC_CONF");
+    assert_null(cfg_from_env(&var));
+    assert_null(var);
+    setenv("PYTORCH_ALLOC_CONF", "c", 1);
+    assert_string_equal(cfg_from_env(&var), "c");
+    assert_string_equal(var, "PYTORCH_ALLOC_CONF");
+    setenv("PYTORCH_CUDA_ALLOC_CONF", "b", 1);
+    assert_string_equal(cfg_from_env(&var), "b");
+    assert_string_equal(var, "PYTORCH_CUDA_ALLOC_CONF");
+    setenv("XSEG_ALLOC_CONF", "", 1); /* set, even if empty, wins */
+    assert_string_equal(cfg_from_env(NULL), "");
+    unsetenv("XSEG_ALLOC_CONF");
+    unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+    unsetenv("PYTORCH_ALLOC_CONF");
+}
+
+static void test_null_args(void **state)
+{
+    (void)state;
+    struct cfg c;
+    cfg_default(&c);
+    assert_int_equal(cfg_parse(NULL, &c, &c), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(cfg_parse("", NULL, &c), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(cfg_parse("", &c, NULL), XSEG_ERROR_INVALID_VALUE);
+    /* Over-long words are an error, not an overflow. */
+    char big[600];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    assert_int_equal(cfg_parse(big, &c, &c), XSEG_ERROR_INVALID_VALUE);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),        cmocka_unit_test(test_accepted),
+        cmocka_unit_test(test_large_segment_order), cmocka_unit_test(test_rejected),
+        cmocka_unit_test(test_pinned_ignored),  cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_reset_rule),      cmocka_unit_test(test_roundup_single),
+        cmocka_unit_test(test_roundup_list),    cmocka_unit_test(test_format_round_trip),
+        cmocka_unit_test(test_env_order),       cmocka_unit_test(test_null_args),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
