@@ -1,0 +1,188 @@
+/*
+ * Per-entry bookkeeping (call counters, latency, injected failures) and the control API of
+ * cudaemu.h. Counters and latencies are atomics, updated outside emu.lock; the armed-failure
+ * list is under emu.lock.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cudaemu/emu.h"
+
+const char *const emu_api_names[EMU_E_COUNT] = {
+#define EMU_API(fn) #fn,
+    EMU_FOREACH_ENTRY(EMU_API)
+#undef EMU_API
+};
+const char *const emu_abi_names[EMU_E_COUNT] = {
+#define EMU_ABI(fn) EMU_ABI_NAME(fn),
+    EMU_FOREACH_ENTRY(EMU_ABI)
+#undef EMU_ABI
+};
+
+int emu_entry_lookup(const char *name)
+{
+    if (!name)
+        return -1;
+    for (int i = 0; i < EMU_E_COUNT; i++)
+        if (!strcmp(name, emu_api_names[i]) || !strcmp(name, emu_abi_names[i]))
+            return i;
+    return -1;
+}
+
+static atomic_ulong ctl_calls[EMU_E_COUNT];
+static _Atomic uint64_t ctl_latency_ns[EMU_E_COUNT];
+
+/* Armed failures; under emu.lock. A short list: tests arm a handful at a time. */
+struct ctl_fail {
+    enum emu_entry entry;
+    unsigned long remaining;   /* calls until it fires; 1 = the next call */
+    CUresult result;
+};
+static struct ctl_fail *ctl_fails;
+static size_t ctl_nfails, ctl_capfails;
+/* Fast path: no lock taken on calls while nothing is armed. */
+static atomic_size_t ctl_armed;
+
+void emu_fail_arm(enum emu_entry e, unsigned long nth, CUresult res)
+{
+    if (ctl_nfails == ctl_capfails) {
+        size_t ncap = ctl_capfails ? ctl_capfails * 2 : 8;
+        struct ctl_fail *n = realloc(ctl_fails, ncap * sizeof *n);
+        if (!n) {
+            fprintf(stderr, "cudaemu: out of host memory arming a failure\n");
+            abort();
+        }
+        ctl_fails = n;
+        ctl_capfails = ncap;
+    }
+    ctl_fails[ctl_nfails++] = (struct ctl_fail){e, nth, res};
+    atomic_store(&ctl_armed, ctl_nfails);
+}
+
+void emu_latency_set(enum emu_entry e, uint64_t ns) { atomic_store(&ctl_latency_ns[e], ns); }
+
+static uint64_t ctl_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+CUresult emu_enter(enum emu_entry e)
+{
+    emu_env_once();
+    atomic_fetch_add_explicit(&ctl_calls[e], 1, memory_order_relaxed);
+    uint64_t lat = atomic_load_explicit(&ctl_latency_ns[e], memory_order_relaxed);
+    if (lat) {
+        /* Busy-wait, like a driver call that spins in the kernel: sleeping would hand the core
+         * to another thread and model a different cost. */
+        uint64_t until = ctl_now_ns() + lat;
+        while (ctl_now_ns() < until)
+            ;
+    }
+    if (!atomic_load_explicit(&ctl_armed, memory_order_relaxed))
+        return CUDA_SUCCESS;
+    CUresult res = CUDA_SUCCESS;
+    emu_lock();
+    /* Every armed failure of this entry counts the call; the first that reaches zero fires, and
+     * all that reached zero are disarmed. */
+    size_t kept = 0;
+    for (size_t i = 0; i < ctl_nfails; i++) {
+        struct ctl_fail f = ctl_fails[i];
+        if (f.entry == e && --f.remaining == 0) {
+            if (res == CUDA_SUCCESS)
+                res = f.result;
+            continue;
+        }
+        ctl_fails[kept++] = f;
+    }
+    ctl_nfails = kept;
+    atomic_store(&ctl_armed, kept);
+    emu_unlock();
+    return res;
+}
+
+/* ---- control API ---- */
+
+int cudaemu_fail(const char *entry, unsigned long nth, CUresult result)
+{
+    emu_env_once();
+    int e = emu_entry_lookup(entry);
+    if (e < 0 || nth == 0)
+        return -1;
+    emu_lock();
+    emu_fail_arm((enum emu_entry)e, nth, result);
+    emu_unlock();
+    return 0;
+}
+
+void cudaemu_fail_clear(void)
+{
+    emu_env_once();
+    emu_lock();
+    ctl_nfails = 0;
+    atomic_store(&ctl_armed, 0);
+    emu_unlock();
+}
+
+unsigned long cudaemu_call_count(const char *entry)
+{
+    int e = emu_entry_lookup(entry);
+    return e < 0 ? 0 : atomic_load(&ctl_calls[e]);
+}
+
+void cudaemu_counts_reset(void)
+{
+    for (int i = 0; i < EMU_E_COUNT; i++)
+        atomic_store(&ctl_calls[i], 0);
+}
+
+int cudaemu_set_latency(const char *entry, uint64_t ns)
+{
+    emu_env_once();
+    int e = emu_entry_lookup(entry);
+    if (e < 0)
+        return -1;
+    emu_latency_set((enum emu_entry)e, ns);
+    return 0;
+}
+
+void cudaemu_live_get(struct cudaemu_live *live)
+{
+    if (!live)
+        return;
+    memset(live, 0, sizeof *live);
+    emu_lock();
+    live->handles = emu.nphys;
+    live->mapped_bytes = emu.mapped_bytes;
+    live->reservations = emu.nresv;
+    live->allocs = emu.allocs.count;
+    for (int d = 0; d < 8 && d < EMU_MAX_DEVICES; d++)
+        live->used_bytes[d] = emu.used[d];
+    emu_unlock();
+}
+
+void emu_report_print(void)
+{
+    struct cudaemu_live live;
+    cudaemu_live_get(&live);
+    fprintf(stderr, "cudaemu report: %zu live handle(s), %zu mapped byte(s), %zu reservation(s), "
+            "%zu cuMemAlloc block(s)\n", live.handles, live.mapped_bytes, live.reservations,
+            live.allocs);
+    for (int d = 0; d < emu.cfg.devices && d < 8; d++)
+        fprintf(stderr, "cudaemu report: device %d: %zu byte(s) in use of %zu\n", d,
+                live.used_bytes[d], emu.cfg.total_mem);
+    for (int i = 0; i < EMU_E_COUNT; i++) {
+        unsigned long n = atomic_load(&ctl_calls[i]);
+        if (n)
+            fprintf(stderr, "cudaemu report: %-34s %lu call(s)\n", emu_api_names[i], n);
+    }
+}
+
+void cudaemu_report(void)
+{
+    emu_env_once();
+    emu_report_print();
+}

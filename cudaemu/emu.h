@@ -1,0 +1,222 @@
+/*
+ * cudaemu internals shared by its files. Not installed, not used outside cudaemu/.
+ *
+ * Locking: one process-wide mutex, emu.lock, guards every piece of emulator state below except
+ * the per-entry call counters and latencies (atomics, touched outside the lock so that a latency
+ * busy-wait never serializes other threads) and the thread-locals (current context, capture
+ * interaction mode). Functions named *_locked expect the caller to hold emu.lock.
+ */
+#ifndef CUDAEMU_EMU_H
+#define CUDAEMU_EMU_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The cu* declarations from cuda.h and the control API are the library's exports; everything
+ * declared after the pop is internal (the build hides symbols by default). */
+#pragma GCC visibility push(default)
+#include <cuda.h>
+#include "cudaemu/cudaemu.h"
+#pragma GCC visibility pop
+
+#define EMU_MAX_DEVICES 64
+
+/* Every entry point cudaemu exports. The API name is the token; its ABI name (cuMemAlloc_v2) is
+ * what cuda.h's macros expand the token to, so EMU_ABI_NAME(cuMemAlloc) is "cuMemAlloc_v2". */
+#define EMU_FOREACH_ENTRY(X)                                                                      \
+    X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                         \
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
+    X(cuDeviceTotalMem) X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain)                      \
+    X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice)          \
+    X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxSynchronize)                                    \
+    X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD8)      \
+    X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)   \
+    X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                 \
+    X(cuMemRetainAllocationHandle) X(cuMemExportToShareableHandle)                                \
+    X(cuMemImportFromShareableHandle)                                                             \
+    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                  \
+    X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)     \
+    X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)              \
+    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)
+
+#define EMU_STR2(x) #x
+#define EMU_ABI_NAME(fn) EMU_STR2(fn)
+
+enum emu_entry {
+#define EMU_ENUM(fn) EMU_E_##fn,
+    EMU_FOREACH_ENTRY(EMU_ENUM)
+#undef EMU_ENUM
+    EMU_E_COUNT
+};
+
+/* API and ABI names of entry @p e. */
+extern const char *const emu_api_names[EMU_E_COUNT];
+extern const char *const emu_abi_names[EMU_E_COUNT];
+/* Entry by API or ABI name, or -1. */
+int emu_entry_lookup(const char *name);
+/* CUresult by name ("CUDA_ERROR_OUT_OF_MEMORY"), or by decimal number; -1 if unknown. */
+int emu_result_lookup(const char *name);
+
+/* ---- configuration (env.c) ---- */
+struct emu_config {
+    int devices;
+    size_t total_mem;
+    size_t granularity;
+    bool vmm;
+    bool report;
+};
+
+/* ---- open-addressed map from nonzero 64-bit keys to pointers (map.c) ---- */
+struct emu_map {
+    uint64_t *keys;   /* 0 = empty slot */
+    void **vals;
+    size_t cap, count;
+};
+void *emu_map_get(const struct emu_map *m, uint64_t key);
+/* @return 0, or -1 when out of host memory. */
+int emu_map_put(struct emu_map *m, uint64_t key, void *val);
+void *emu_map_del(struct emu_map *m, uint64_t key);
+void emu_map_free(struct emu_map *m);
+/* Iterate: start with *pos = 0; returns the next value or NULL at the end. */
+void *emu_map_next(const struct emu_map *m, size_t *pos, uint64_t *key);
+
+/* ---- objects ---- */
+struct CUctx_st {
+    int ordinal;
+};
+
+/* Physical memory: one sparse memfd. Lives while any handle object refers to it. */
+struct emu_phys {
+    int fd;
+    int dev;
+    size_t size;
+    bool counted;       /* counted in the device's used bytes (not for foreign imports) */
+    bool exportable;    /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    unsigned handles;   /* live handle objects pointing here */
+};
+
+/* A CUmemGenericAllocationHandle value. user_refs: cuMemCreate/Import/Retain minus cuMemRelease;
+ * map_refs: mappings made through it. It is destroyed when both reach 0. */
+struct emu_handle {
+    uint64_t id;
+    struct emu_phys *phys;
+    unsigned user_refs;
+    unsigned map_refs;
+};
+
+struct emu_mapping {
+    uintptr_t base;
+    size_t size;
+    size_t offset;
+    struct emu_handle *handle;
+    unsigned char access[EMU_MAX_DEVICES]; /* CUmemAccess_flags per device */
+};
+
+struct emu_resv {
+    uintptr_t base;
+    size_t size;
+    struct emu_mapping *maps;   /* sorted by base, non-overlapping */
+    size_t nmaps, capmaps;
+};
+
+struct emu_alloc {
+    uintptr_t base;
+    size_t size;      /* requested */
+    size_t mapped;    /* mmap length (host-page multiple) */
+    int dev;
+};
+
+enum emu_capture { EMU_CAP_NONE, EMU_CAP_ACTIVE, EMU_CAP_INVALIDATED };
+
+struct CUstream_st {
+    unsigned flags;
+    bool held;
+    uint64_t submitted;   /* sequence number of the last work recorded while held */
+    uint64_t completed;   /* work up to this sequence number has finished */
+    enum emu_capture capture;
+    CUstreamCaptureMode capture_mode;
+    const void *capture_thread;  /* identity of the thread that began the capture */
+    uint64_t capture_id;
+};
+
+struct CUevent_st {
+    unsigned flags;
+    CUstream stream;      /* stream of the last record, or NULL when complete at record time */
+    uint64_t seq;
+};
+
+struct CUgraph_st {
+    uint64_t capture_id;
+};
+
+struct emu_state {
+    pthread_mutex_t lock;
+    bool initialized;             /* cuInit succeeded */
+    struct emu_config cfg;
+    size_t used[EMU_MAX_DEVICES];
+    unsigned primary_refs[EMU_MAX_DEVICES];
+    struct CUctx_st ctx[EMU_MAX_DEVICES];
+
+    struct emu_map handles;       /* id -> emu_handle */
+    uint64_t next_handle;
+    size_t nphys;                 /* live emu_phys objects */
+    struct emu_resv **resv;       /* sorted by base */
+    size_t nresv, capresv;
+    size_t mapped_bytes;
+    struct emu_map allocs;        /* base -> emu_alloc */
+    struct emu_map streams;       /* pointer -> stream */
+    struct emu_map events;
+    struct emu_map graphs;
+    struct CUstream_st null_stream;
+    uint64_t capture_seq;
+    size_t captures_active;       /* streams with capture != NONE */
+};
+extern struct emu_state emu;
+
+/* ---- entry bookkeeping (control.c) ---- */
+/* Count the call, apply its latency, and take an armed failure: returns the injected result or
+ * CUDA_SUCCESS. Takes emu.lock briefly. Parses the environment on first use. */
+CUresult emu_enter(enum emu_entry e);
+/* Env parsing once (env.c); exits the process on a bad CUDAEMU_* variable. */
+void emu_env_once(void);
+void emu_fail_arm(enum emu_entry e, unsigned long nth, CUresult res);  /* lock held */
+void emu_latency_set(enum emu_entry e, uint64_t ns);
+
+/* Entry prologue: count/latency/injection, then the initialized check. */
+#define EMU_ENTER(fn)                                                                             \
+    do {                                                                                          \
+        CUresult emu_r_ = emu_enter(EMU_E_##fn);                                                  \
+        if (emu_r_ != CUDA_SUCCESS)                                                               \
+            return emu_r_;                                                                        \
+        if (!atomic_load_explicit(&emu_initialized, memory_order_acquire))                        \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                    \
+    } while (0)
+extern atomic_bool emu_initialized;
+
+/* ---- shared helpers ---- */
+static inline bool emu_is_pow2(size_t x) { return x && !(x & (x - 1)); }
+static inline void emu_lock(void) { pthread_mutex_lock(&emu.lock); }
+static inline void emu_unlock(void) { pthread_mutex_unlock(&emu.lock); }
+
+/* Current context of this thread (device.c), or NULL. */
+CUcontext emu_ctx_current(void);
+/* Valid device ordinal? (after init) */
+bool emu_dev_valid(int dev);
+
+/* Capture rules (stream.c). The "potentially unsafe" call check: when the calling thread may
+ * not make unsafe calls, invalidate the captures that forbid it and return
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. Lock held. */
+CUresult emu_capture_unsafe_call_locked(void);
+/* Complete every held stream's pending work (cuCtxSynchronize). Lock held. */
+void emu_streams_complete_all_locked(void);
+/* Resolve a CUstream argument (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD -> the NULL stream);
+ * NULL when it is not a live stream. Lock held. */
+CUstream emu_stream_resolve_locked(CUstream s);
+
+/* Free all state at exit (teardown.c); registered by cuInit. */
+void emu_report_print(void);
+
+#endif

@@ -1,0 +1,199 @@
+/*
+ * The CUDAEMU_* environment, read once on the first call into the emulator. A malformed value or
+ * an unknown CUDAEMU_ name stops the process with a message naming the variable: a test that
+ * misspells CUDAEMU_TOTAL_MEM must not silently run on an 80 GiB device.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cudaemu/emu.h"
+
+extern char **environ;
+
+static const char *const env_known[] = {
+    "CUDAEMU_DEVICES", "CUDAEMU_TOTAL_MEM", "CUDAEMU_GRANULARITY", "CUDAEMU_VMM",
+    "CUDAEMU_FAIL",    "CUDAEMU_LATENCY",   "CUDAEMU_REPORT",
+};
+
+static _Noreturn __attribute__((format(printf, 2, 3))) void env_die(const char *var, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "cudaemu: bad environment variable %s: %s\n", var, msg);
+    fflush(stderr);
+    _exit(2);
+}
+
+/* "80G", "81920M", "2MiB", "4096": bytes with an optional binary K/M/G/T suffix. */
+static int env_parse_size(const char *s, size_t *out)
+{
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return -1;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'B' || end[1] == 'b'))
+        end += 2;
+    else if (shift && (end[0] == 'B' || end[0] == 'b'))
+        end++;
+    if (*end || (shift && v > (~0ULL >> shift)))
+        return -1;
+    *out = (size_t)(v << shift);
+    return 0;
+}
+
+/* "12us", "3ms", "500ns", "500" (ns). */
+static int env_parse_duration(const char *s, uint64_t *ns)
+{
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return -1;
+    uint64_t mul = 1;
+    if (!strcmp(end, "us"))
+        mul = 1000;
+    else if (!strcmp(end, "ms"))
+        mul = 1000000;
+    else if (!strcmp(end, "s"))
+        mul = 1000000000;
+    else if (*end && strcmp(end, "ns"))
+        return -1;
+    if (v > UINT64_MAX / mul)
+        return -1;
+    *ns = v * mul;
+    return 0;
+}
+
+static long env_int(const char *var, const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        env_die(var, "'%s' is not an integer in [%ld, %ld]", s, lo, hi);
+    return v;
+}
+
+/* Call @p fn on each comma-separated item of a writable copy of @p list. */
+static void env_each(const char *var, const char *list, void (*fn)(const char *var, char *item))
+{
+    char *copy = strdup(list);
+    if (!copy)
+        env_die(var, "out of host memory");
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save))
+        fn(var, item);
+    free(copy);
+}
+
+static void env_fail_item(const char *var, char *item)
+{
+    /* entry:N:RESULT */
+    char *n = strchr(item, ':');
+    char *r = n ? strchr(n + 1, ':') : NULL;
+    if (!n || !r)
+        env_die(var, "'%s' is not entry:N:CUresult", item);
+    *n++ = '\0';
+    *r++ = '\0';
+    int e = emu_entry_lookup(item);
+    if (e < 0)
+        env_die(var, "'%s' is not an emulated entry point", item);
+    long nth = env_int(var, n, 1, __LONG_MAX__);
+    int res = emu_result_lookup(r);
+    if (res < 0)
+        env_die(var, "'%s' is not a CUresult name", r);
+    emu_fail_arm((enum emu_entry)e, (unsigned long)nth, (CUresult)res);
+}
+
+static void env_latency_item(const char *var, char *item)
+{
+    char *d = strchr(item, ':');
+    if (!d)
+        env_die(var, "'%s' is not entry:duration", item);
+    *d++ = '\0';
+    int e = emu_entry_lookup(item);
+    if (e < 0)
+        env_die(var, "'%s' is not an emulated entry point", item);
+    uint64_t ns;
+    if (env_parse_duration(d, &ns))
+        env_die(var, "'%s' is not a duration (e.g. 12us, 3ms, 500ns)", d);
+    emu_latency_set((enum emu_entry)e, ns);
+}
+
+static void env_report_atexit(void) { emu_report_print(); }
+
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
+static void env_load(void)
+{
+    for (char **ep = environ; ep && *ep; ep++) {
+        if (strncmp(*ep, "CUDAEMU_", 8))
+            continue;
+        size_t len = strcspn(*ep, "=");
+        bool known = false;
+        for (size_t i = 0; i < sizeof env_known / sizeof env_known[0]; i++)
+            known |= strlen(env_known[i]) == len && !strncmp(env_known[i], *ep, len);
+        if (!known) {
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100), *ep);
+            env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
+                          "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
+                          "CUDAEMU_REPORT)");
+        }
+    }
+
+    struct emu_config *c = &emu.cfg;
+    c->devices = 1;
+    c->total_mem = (size_t)80 << 30;
+    c->granularity = (size_t)2 << 20;
+    c->vmm = true;
+    c->report = false;
+    const char *v;
+    if ((v = getenv("CUDAEMU_DEVICES")))
+        c->devices = (int)env_int("CUDAEMU_DEVICES", v, 0, EMU_MAX_DEVICES);
+    if ((v = getenv("CUDAEMU_TOTAL_MEM")) && env_parse_size(v, &c->total_mem))
+        env_die("CUDAEMU_TOTAL_MEM", "'%s' is not a size (bytes, or with K/M/G/T: 80G, 81920M)", v);
+    if ((v = getenv("CUDAEMU_GRANULARITY"))) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        if (env_parse_size(v, &c->granularity) || !emu_is_pow2(c->granularity) ||
+            c->granularity % page)
+            env_die("CUDAEMU_GRANULARITY", "'%s' is not a power of two multiple of the host page "
+                    "size (%zu)", v, page);
+    }
+    if ((v = getenv("CUDAEMU_VMM")))
+        c->vmm = env_int("CUDAEMU_VMM", v, 0, 1);
+    if ((v = getenv("CUDAEMU_REPORT")))
+        c->report = env_int("CUDAEMU_REPORT", v, 0, 1);
+    if ((v = getenv("CUDAEMU_FAIL"))) {
+        emu_lock();
+        env_each("CUDAEMU_FAIL", v, env_fail_item);
+        emu_unlock();
+    }
+    if ((v = getenv("CUDAEMU_LATENCY")))
+        env_each("CUDAEMU_LATENCY", v, env_latency_item);
+    if (c->report)
+        atexit(env_report_atexit);
+}
+
+void emu_env_once(void) { pthread_once(&env_once, env_load); }

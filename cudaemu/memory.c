@@ -1,0 +1,138 @@
+/*
+ * The classic path: cuMemAlloc / cuMemFree over private anonymous mappings (MAP_NORESERVE, so
+ * sparse like the VMM memory), sharing the per-device capacity with cuMemCreate; cuMemGetInfo;
+ * and the synchronous copies and memset, which are plain memcpy/memset on the device address:
+ * touching unmapped or inaccessible memory faults (SIGSEGV), as a kernel would fault the GPU.
+ */
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <stdlib.h>
+
+#include "cudaemu/emu.h"
+
+CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    EMU_ENTER(cuMemGetInfo);
+    if (!free_bytes || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = emu_ctx_current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    emu_lock();
+    *total = emu.cfg.total_mem;
+    *free_bytes = emu.cfg.total_mem - emu.used[c->ordinal];
+    emu_unlock();
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
+{
+    EMU_ENTER(cuMemAlloc);
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = emu_ctx_current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytesize > SIZE_MAX - page)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t len = (bytesize + page - 1) & ~(page - 1);
+    struct emu_alloc *a = calloc(1, sizeof *a);
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int dev = c->ordinal;
+    emu_lock();
+    CUresult r = emu_capture_unsafe_call_locked();
+    if (r != CUDA_SUCCESS)
+        goto fail;
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+    /* Accounting counts whole host pages, what the mapping really takes. */
+    if (len > emu.cfg.total_mem - emu.used[dev])
+        goto fail;
+    /* Page-aligned, so the driver's 256-byte alignment holds. */
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        goto fail;
+    a->base = (uintptr_t)p;
+    a->size = bytesize;
+    a->mapped = len;
+    a->dev = dev;
+    if (emu_map_put(&emu.allocs, a->base, a)) {
+        munmap(p, len);
+        goto fail;
+    }
+    emu.used[dev] += len;
+    emu_unlock();
+    *dptr = (CUdeviceptr)a->base;
+    return CUDA_SUCCESS;
+fail:
+    emu_unlock();
+    free(a);
+    return r;
+}
+
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
+{
+    EMU_ENTER(cuMemFree);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    emu_lock();
+    CUresult r = emu_capture_unsafe_call_locked();
+    if (r != CUDA_SUCCESS) {
+        emu_unlock();
+        return r;
+    }
+    struct emu_alloc *a = emu_map_del(&emu.allocs, (uint64_t)dptr);
+    if (!a) {
+        emu_unlock();
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    munmap((void *)a->base, a->mapped);
+    emu.used[a->dev] -= a->mapped;
+    emu_unlock();
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    EMU_ENTER(cuMemcpyHtoD);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ByteCount)
+        return CUDA_SUCCESS;
+    if (!dstDevice || !srcHost)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    EMU_ENTER(cuMemcpyDtoH);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ByteCount)
+        return CUDA_SUCCESS;
+    if (!dstHost || !srcDevice)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    EMU_ENTER(cuMemsetD8);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!N)
+        return CUDA_SUCCESS;
+    if (!dstDevice)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset((void *)(uintptr_t)dstDevice, uc, N);
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,337 @@
+/* testutil: see testutil.h for the contracts. */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "src/error.h"
+#include "tests/common/testutil.h"
+
+/* ---- emulator detection and controls ---- */
+
+struct tu_emu_api {
+    void (*stream_hold)(CUstream);
+    void (*stream_release)(CUstream);
+    int (*fail_nth)(const char *, unsigned long, CUresult);
+    void (*fail_clear)(void);
+    unsigned long (*call_count)(const char *);
+    void (*counts_reset)(void);
+    void (*live_get)(struct cudaemu_live *);
+    int (*set_latency)(const char *, uint64_t);
+};
+
+/* Resolved once the emulator is seen loaded; a negative answer is not cached, because the test
+ * may load the driver later. */
+static const struct tu_emu_api *tu_emu(void)
+{
+    static struct tu_emu_api api;
+    static _Atomic(const struct tu_emu_api *) ready;
+    const struct tu_emu_api *p = ready;
+    if (p)
+        return p;
+    const char *path = getenv("XSEG_LIBCUDA");
+    if (!path || !*path)
+        return NULL;
+    void *lib = dlopen(path, RTLD_NOLOAD | RTLD_NOW);
+    if (!lib)
+        return NULL;
+    struct tu_emu_api a;
+#define TU_SYM(field, name) *(void **)&a.field = dlsym(lib, name)
+    TU_SYM(stream_hold, "cudaemu_stream_hold");
+    TU_SYM(stream_release, "cudaemu_stream_release");
+    TU_SYM(fail_nth, "cudaemu_fail");
+    TU_SYM(fail_clear, "cudaemu_fail_clear");
+    TU_SYM(call_count, "cudaemu_call_count");
+    TU_SYM(counts_reset, "cudaemu_counts_reset");
+    TU_SYM(live_get, "cudaemu_live_get");
+    TU_SYM(set_latency, "cudaemu_set_latency");
+#undef TU_SYM
+    /* dlopen(RTLD_NOLOAD) took a reference; the library stays loaded by its first opener. */
+    dlclose(lib);
+    if (!a.stream_hold || !a.stream_release || !a.fail_nth || !a.fail_clear || !a.call_count ||
+        !a.counts_reset || !a.live_get || !a.set_latency)
+        return NULL;
+    api = a;
+    ready = &api;
+    return &api;
+}
+
+bool tu_emulated(void) { return tu_emu() != NULL; }
+
+bool tu_stream_hold(CUstream s)
+{
+    const struct tu_emu_api *e = tu_emu();
+    if (e)
+        e->stream_hold(s);
+    return e != NULL;
+}
+
+bool tu_stream_release(CUstream s)
+{
+    const struct tu_emu_api *e = tu_emu();
+    if (e)
+        e->stream_release(s);
+    return e != NULL;
+}
+
+bool tu_fail(const char *entry, unsigned long nth, CUresult res)
+{
+    const struct tu_emu_api *e = tu_emu();
+    return e && e->fail_nth(entry, nth, res) == 0;
+}
+
+void tu_fail_clear(void)
+{
+    const struct tu_emu_api *e = tu_emu();
+    if (e)
+        e->fail_clear();
+}
+
+unsigned long tu_call_count(const char *entry)
+{
+    const struct tu_emu_api *e = tu_emu();
+    return e ? e->call_count(entry) : 0;
+}
+
+void tu_counts_reset(void)
+{
+    const struct tu_emu_api *e = tu_emu();
+    if (e)
+        e->counts_reset();
+}
+
+bool tu_live(struct cudaemu_live *live)
+{
+    const struct tu_emu_api *e = tu_emu();
+    memset(live, 0, sizeof *live);
+    if (e)
+        e->live_get(live);
+    return e != NULL;
+}
+
+bool tu_set_latency(const char *entry, uint64_t ns)
+{
+    const struct tu_emu_api *e = tu_emu();
+    return e && e->set_latency(entry, ns) == 0;
+}
+
+/* ---- driver and device ---- */
+
+static pthread_once_t tu_gpu_once = PTHREAD_ONCE_INIT;
+static bool tu_gpu_ok;
+static char tu_gpu_msg[1024];
+static CUcontext tu_primary;
+
+static void tu_gpu_probe(void)
+{
+    if (drv_load() != XSEG_SUCCESS) {
+        snprintf(tu_gpu_msg, sizeof tu_gpu_msg, "%s", xseg_last_error());
+        return;
+    }
+    int n = 0;
+    if (drv->cuDeviceGetCount(&n) != CUDA_SUCCESS || n == 0) {
+        snprintf(tu_gpu_msg, sizeof tu_gpu_msg, "the driver reports no device");
+        return;
+    }
+    struct drv_device_info info;
+    if (drv_device_query(0, &info) != XSEG_SUCCESS) {
+        snprintf(tu_gpu_msg, sizeof tu_gpu_msg, "%s", xseg_last_error());
+        return;
+    }
+    tu_primary = info.primary_ctx;
+    tu_gpu_ok = true;
+}
+
+bool tu_gpu_available(void)
+{
+    pthread_once(&tu_gpu_once, tu_gpu_probe);
+    if (tu_gpu_ok)
+        tu_ctx_set();
+    return tu_gpu_ok;
+}
+
+const char *tu_last_load_error(void)
+{
+    pthread_once(&tu_gpu_once, tu_gpu_probe);
+    return tu_gpu_msg;
+}
+
+void tu_exit_skip_without_gpu(void)
+{
+    if (!tu_gpu_available()) {
+        fprintf(stderr, "SKIP: no usable CUDA driver or device: %s\n", tu_gpu_msg);
+        exit(77);
+    }
+}
+
+CUcontext tu_ctx(void)
+{
+    if (!tu_gpu_available())
+        return NULL;
+    return tu_primary;
+}
+
+void tu_ctx_set(void)
+{
+    if (tu_primary)
+        drv_ctx_ensure(tu_primary);
+}
+
+double tu_scale(void)
+{
+    const char *s = getenv("XSEG_TEST_SCALE");
+    if (!s || !*s)
+        return 1.0;
+    char *end;
+    double v = strtod(s, &end);
+    return (*end || !(v > 0)) ? 1.0 : v;
+}
+
+size_t tu_scaled(size_t n, size_t min)
+{
+    double v = (double)n * tu_scale();
+    size_t r = v < 1.0 ? 0 : (size_t)v;
+    return r < min ? min : r;
+}
+
+/* ---- data through the driver ---- */
+
+#define TU_PROBE 64
+#define TU_FULL_SET_MAX ((size_t)64 << 20)
+#define TU_FULL_CHECK_MAX ((size_t)4 << 20)
+
+static unsigned char tu_background(uint32_t tag) { return (unsigned char)(0x5a ^ (tag * 0x9e3779b1u) >> 24); }
+
+static void tu_probe_bytes(uint32_t tag, size_t off, unsigned char *out, size_t n)
+{
+    uint64_t x = ((uint64_t)tag << 32) ^ off ^ 0x243f6a8885a308d3ULL;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out[i] = (unsigned char)((x * 0x2545f4914f6cdd1dULL) >> 56);
+    }
+}
+
+/* Probe i of n: non-overlapping, the first at 0 and the last ending at size. */
+static void tu_probe_at(size_t size, size_t i, size_t n, size_t *off, size_t *len)
+{
+    *len = size < TU_PROBE ? size : TU_PROBE;
+    *off = i + 1 == n ? size - *len : i * (size / n);
+}
+
+static size_t tu_probe_count(size_t size)
+{
+    size_t n = size / TU_PROBE;
+    return n == 0 ? 1 : n > 16 ? 16 : n;
+}
+
+CUresult tu_fill(CUdeviceptr ptr, size_t size, uint32_t tag)
+{
+    CUresult r;
+    if (!size)
+        return CUDA_SUCCESS;
+    if (size <= TU_FULL_SET_MAX && (r = drv->cuMemsetD8(ptr, tu_background(tag), size)) != CUDA_SUCCESS)
+        return r;
+    size_t n = tu_probe_count(size);
+    for (size_t i = 0; i < n; i++) {
+        size_t off, len;
+        unsigned char buf[TU_PROBE];
+        tu_probe_at(size, i, n, &off, &len);
+        tu_probe_bytes(tag, off, buf, len);
+        if ((r = drv->cuMemcpyHtoD(ptr + off, buf, len)) != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+bool tu_check(CUdeviceptr ptr, size_t size, uint32_t tag)
+{
+    if (!size)
+        return true;
+    size_t n = tu_probe_count(size);
+    unsigned char *all = NULL;
+    if (size <= TU_FULL_CHECK_MAX) {
+        all = malloc(size);
+        if (!all || drv->cuMemcpyDtoH(all, ptr, size) != CUDA_SUCCESS) {
+            free(all);
+            return false;
+        }
+    }
+    bool ok = true;
+    size_t prev_end = 0;
+    for (size_t i = 0; i < n && ok; i++) {
+        size_t off, len;
+        unsigned char want[TU_PROBE], got[TU_PROBE];
+        tu_probe_at(size, i, n, &off, &len);
+        tu_probe_bytes(tag, off, want, len);
+        if (all)
+            memcpy(got, all + off, len);
+        else if (drv->cuMemcpyDtoH(got, ptr + off, len) != CUDA_SUCCESS)
+            ok = false;
+        ok = ok && !memcmp(want, got, len);
+        /* The background between probes, where we have the whole range. */
+        for (size_t k = prev_end; all && ok && k < off; k++)
+            ok = all[k] == tu_background(tag);
+        prev_end = off + len;
+    }
+    for (size_t k = prev_end; all && ok && k < size; k++)
+        ok = all[k] == tu_background(tag);
+    if (ok && !all && size <= TU_FULL_SET_MAX) {
+        /* Background samples between the probes. */
+        unsigned char b;
+        for (size_t i = 0; i + 1 < n && ok; i++) {
+            size_t off = i * (size / n) + TU_PROBE + 1;
+            ok = drv->cuMemcpyDtoH(&b, ptr + off, 1) == CUDA_SUCCESS && b == tu_background(tag);
+        }
+    }
+    free(all);
+    return ok;
+}
+
+/* ---- child processes ---- */
+
+enum tu_child_outcome tu_run_child(int (*fn)(void *arg), void *arg, int *detail)
+{
+    int dummy;
+    if (!detail)
+        detail = &dummy;
+    *detail = 0;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return TU_CHILD_ERROR;
+    if (pid == 0) {
+        /* The child is expected to crash: no core file, no sanitizer report on the test's
+         * output, and the default action for the fault signals (a sanitizer's handler would
+         * turn the fault into an exit code, which the caller also accepts). */
+        struct rlimit nocore = {0, 0};
+        setrlimit(RLIMIT_CORE, &nocore);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, 2);
+            close(devnull);
+        }
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGBUS, SIG_DFL);
+        _exit(fn(arg) & 0xff);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        ;
+    if (WIFSIGNALED(status)) {
+        *detail = WTERMSIG(status);
+        return TU_CHILD_SIGNAL;
+    }
+    if (WIFEXITED(status)) {
+        *detail = WEXITSTATUS(status);
+        return *detail ? TU_CHILD_EXIT : TU_CHILD_OK;
+    }
+    return TU_CHILD_ERROR;
+}

@@ -1,0 +1,129 @@
+/*
+ * testutil: helpers shared by every test suite (link `testutil_dep`).
+ *
+ * The same test binaries run on cudaemu (XSEG_LIBCUDA points at it: CI, machines without a GPU)
+ * and on the real libcuda.so.1 (-Demulator=false on a GPU machine). Emulator-only controls are
+ * reached with dlsym() on the library xseg loaded, so nothing here links cudaemu.
+ *
+ * Contract for the emulator controls (tu_stream_hold, tu_fail, tu_call_count, tu_live, ...): on
+ * the real driver they do nothing and report it (return false / 0); a test that depends on one
+ * must call tu_require_emulator_or_skip() first (cmocka skip()), never assert through them.
+ *
+ * Device memory is touched only through driver calls (tu_fill / tu_check use cuMemsetD8 and
+ * cuMemcpyDtoH), so the same test checks data on a GPU too.
+ */
+#ifndef XSEG_TESTS_TESTUTIL_H
+#define XSEG_TESTS_TESTUTIL_H
+
+#include <setjmp.h>   /* cmocka.h needs these first */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <cuda.h>
+
+#include "cudaemu/cudaemu.h"
+#include "vmm/driver.h"
+
+/* True when the loaded driver ($XSEG_LIBCUDA, already loaded by drv_load or the test) is cudaemu:
+ * it exports cudaemu_stream_hold. False on the real driver or when nothing is loaded. */
+bool tu_emulated(void);
+
+/* cmocka skip() unless running on cudaemu. Use at the top of emulator-only tests. */
+#define tu_require_emulator_or_skip()                                                             \
+    do {                                                                                          \
+        if (!tu_emulated()) {                                                                     \
+            print_message("[  SKIPPED ] needs cudaemu (emulator-only check)\n");                 \
+            skip();                                                                               \
+        }                                                                                         \
+    } while (0)
+
+/* Load the driver and make device 0's primary context current. @return true on success; false
+ * when there is no usable driver or device (no GPU, no libcuda): then the test should skip. */
+bool tu_gpu_available(void);
+
+/* cmocka skip() when no driver/device is usable (tu_gpu_available() is false). */
+#define tu_require_gpu_or_skip()                                                                  \
+    do {                                                                                          \
+        if (!tu_gpu_available()) {                                                                \
+            print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());            \
+            skip();                                                                               \
+        }                                                                                         \
+    } while (0)
+
+/* For a main(): exit(77) (meson's "skipped") when no driver/device is usable. */
+void tu_exit_skip_without_gpu(void);
+
+/* Why tu_gpu_available() failed ("" if it did not). */
+const char *tu_last_load_error(void);
+
+/* The retained primary context of device 0 (after tu_gpu_available()), made current on the
+ * calling thread. Other threads call tu_ctx_set() before driver calls that need a context. */
+CUcontext tu_ctx(void);
+void tu_ctx_set(void);
+
+/* XSEG_TEST_SCALE (default 1.0; sanitizer setups use 0.25 / 0.1). */
+double tu_scale(void);
+/* n scaled, at least @p min. */
+size_t tu_scaled(size_t n, size_t min);
+
+/* ---- emulator controls (no-ops returning false / 0 on the real driver) ---- */
+
+/* Hold / release a stream (cudaemu_stream_hold): events recorded on a held stream stay
+ * CUDA_ERROR_NOT_READY until released or synchronized. @return false when not emulated. */
+bool tu_stream_hold(CUstream s);
+bool tu_stream_release(CUstream s);
+
+/* Fail the nth call from now of @p entry (API or ABI name) with @p res. @return false when not
+ * emulated or when @p entry is unknown to cudaemu. */
+bool tu_fail(const char *entry, unsigned long nth, CUresult res);
+/* Disarm every injected failure (no-op when not emulated). */
+void tu_fail_clear(void);
+
+/* Calls of @p entry since start or tu_counts_reset() (0 when not emulated). */
+unsigned long tu_call_count(const char *entry);
+void tu_counts_reset(void);
+
+/* Fill *live with cudaemu's live state. @return false (and *live zeroed) when not emulated. */
+bool tu_live(struct cudaemu_live *live);
+
+/* Set the latency of @p entry in ns. @return false when not emulated or unknown. */
+bool tu_set_latency(const char *entry, uint64_t ns);
+
+/* ---- device data through driver calls ---- */
+
+/* Fill [ptr, ptr + size) with a pattern derived from @p tag (cuMemsetD8 of whole range, then a
+ * few tagged 64-byte probes written with cuMemcpyHtoD at sampled offsets). @return the first
+ * failing CUresult, CUDA_SUCCESS otherwise. Ranges over 64 MiB are sampled, not fully set. */
+CUresult tu_fill(CUdeviceptr ptr, size_t size, uint32_t tag);
+/* Check what tu_fill(ptr, size, tag) wrote, reading sampled spots with cuMemcpyDtoH. @return
+ * true when every sampled spot matches. */
+bool tu_check(CUdeviceptr ptr, size_t size, uint32_t tag);
+
+/* ---- child processes (fault checks) ---- */
+
+enum tu_child_outcome {
+    TU_CHILD_OK,        /* exited 0 */
+    TU_CHILD_EXIT,      /* exited with a nonzero status (*detail = status) */
+    TU_CHILD_SIGNAL,    /* killed by a signal (*detail = signal number) */
+    TU_CHILD_ERROR,     /* fork/wait failed */
+};
+/* Run fn(arg) in a forked child; the child exits with fn's return value (0 = fine). Core dumps
+ * are disabled and sanitizer reports silenced in the child, which is expected to crash. */
+enum tu_child_outcome tu_run_child(int (*fn)(void *arg), void *arg, int *detail);
+/* Did the child die by a signal or exit nonzero (the "it faulted or failed" outcome)? */
+static inline bool tu_child_failed(enum tu_child_outcome o) { return o == TU_CHILD_SIGNAL || o == TU_CHILD_EXIT; }
+
+/* Assert a driver call's result with its name in the message: tu_assert_cu(drv->cuMemMap(...)). */
+#define tu_assert_cu_eq(call, expected)                                                           \
+    do {                                                                                          \
+        CUresult tu_r_ = (call);                                                                  \
+        if (tu_r_ != (expected))                                                                  \
+            fail_msg("%s returned %s, expected %s", #call, drv_error_name(tu_r_),                \
+                     drv_error_name(expected));                                                   \
+    } while (0)
+#define tu_assert_cu(call) tu_assert_cu_eq(call, CUDA_SUCCESS)
+
+#endif

@@ -1,0 +1,179 @@
+/*
+ * The CUDA driver, loaded at run time (contract in vmm/driver.h).
+ *
+ * drv_load() runs once per process under pthread_once; its status and message are kept so that
+ * every later caller, on any thread, gets the same answer and the same text. The table is filled
+ * before `drv` is published and never written again, so readers need no lock.
+ */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/error.h"
+#include "vmm/driver.h"
+
+#define DRV_STR2(x) #x
+#define DRV_STR(x) DRV_STR2(x)
+
+XSEG_HIDDEN const struct drv_api *drv;
+
+static struct drv_api drv_table;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+static xseg_status drv_load_status;
+static char drv_load_msg[1024];
+
+static xseg_status drv_load_fail(xseg_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static xseg_status drv_load_fail(xseg_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(drv_load_msg, sizeof drv_load_msg, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static xseg_status drv_do_load(void)
+{
+    const char *env = getenv("XSEG_LIBCUDA");
+    const char *path = env && *env ? env : "libcuda.so.1";
+    dlerror();
+    /* RTLD_LOCAL: the driver's symbols must not satisfy anyone else's lookups (a test binary
+     * may dlopen the same library itself). The handle is kept for the life of the process. */
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        return drv_load_fail(XSEG_ERROR_DRIVER, "cannot load the CUDA driver %s%s: %s", path,
+                             env && *env ? " (from XSEG_LIBCUDA)" : "", e ? e : "unknown error");
+    }
+    /* Each entry under its ABI name: the stringified expansion of cuda.h's macro. */
+#define DRV_RESOLVE(fn)                                                                           \
+    do {                                                                                          \
+        void *sym = dlsym(lib, DRV_STR(fn));                                                      \
+        if (!sym)                                                                                 \
+            return drv_load_fail(XSEG_ERROR_DRIVER,                                               \
+                                 "the CUDA driver %s lacks entry point %s (%s); it is too old "   \
+                                 "or not a CUDA driver", path, DRV_STR(fn), #fn);                 \
+        memcpy(&drv_table.fn, &sym, sizeof sym);                                                  \
+    } while (0);
+    DRV_FOREACH_ENTRY(DRV_RESOLVE)
+#undef DRV_RESOLVE
+    CUresult res = drv_table.cuInit(0);
+    if (res != CUDA_SUCCESS) {
+        const char *name = NULL;
+        if (drv_table.cuGetErrorName(res, &name) != CUDA_SUCCESS || !name)
+            name = NULL;
+        if (name)
+            return drv_load_fail(XSEG_ERROR_DRIVER, "cuInit(0) failed in the CUDA driver %s: %s%s",
+                                 path, name,
+                                 res == CUDA_ERROR_NO_DEVICE ? " (no CUDA device found)" : "");
+        return drv_load_fail(XSEG_ERROR_DRIVER, "cuInit(0) failed in the CUDA driver %s: "
+                             "CUDA_ERROR_%d", path, (int)res);
+    }
+    drv = &drv_table;
+    return XSEG_SUCCESS;
+}
+
+static void drv_once_fn(void) { drv_load_status = drv_do_load(); }
+
+xseg_status drv_load(void)
+{
+    pthread_once(&drv_once, drv_once_fn);
+    if (drv_load_status != XSEG_SUCCESS)
+        return err_set(drv_load_status, "%s", drv_load_msg);
+    return XSEG_SUCCESS;
+}
+
+const char *drv_error_name(CUresult res)
+{
+    static _Thread_local char buf[32];
+    const char *name = NULL;
+    if (drv && drv->cuGetErrorName(res, &name) == CUDA_SUCCESS && name)
+        return name;
+    if (res == CUDA_SUCCESS)
+        return "CUDA_SUCCESS";
+    snprintf(buf, sizeof buf, "CUDA_ERROR_%d", (int)res);
+    return buf;
+}
+
+xseg_status drv_fail(CUresult res, const char *what)
+{
+    xseg_status st = res == CUDA_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_OUT_OF_MEMORY : XSEG_ERROR_DRIVER;
+    return err_set(st, "%s failed: %s", what ? what : "a CUDA driver call", drv_error_name(res));
+}
+
+xseg_status drv_device_query(int ordinal, struct drv_device_info *info)
+{
+    if (!info)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "drv_device_query: info is NULL");
+    xseg_status st = drv_load();
+    if (st != XSEG_SUCCESS)
+        return st;
+    memset(info, 0, sizeof *info);
+    int count = 0;
+    CUresult res = drv->cuDeviceGetCount(&count);
+    if (res != CUDA_SUCCESS)
+        return drv_fail(res, "cuDeviceGetCount()");
+    if (ordinal < 0 || ordinal >= count)
+        return err_set(XSEG_ERROR_INVALID_DEVICE,
+                       "device %d is out of range: the driver reports %d device(s)", ordinal, count);
+    char what[96];
+    if ((res = drv->cuDeviceGet(&info->dev, ordinal)) != CUDA_SUCCESS) {
+        snprintf(what, sizeof what, "cuDeviceGet(ordinal %d)", ordinal);
+        return drv_fail(res, what);
+    }
+    if ((res = drv->cuDevicePrimaryCtxRetain(&info->primary_ctx, info->dev)) != CUDA_SUCCESS) {
+        snprintf(what, sizeof what, "cuDevicePrimaryCtxRetain(device %d)", ordinal);
+        return drv_fail(res, what);
+    }
+    /* From here a failure must give the retained context back. */
+    if ((res = drv->cuDeviceTotalMem(&info->total_mem, info->dev)) != CUDA_SUCCESS) {
+        snprintf(what, sizeof what, "cuDeviceTotalMem(device %d)", ordinal);
+        goto fail;
+    }
+    if ((res = drv->cuDeviceGetAttribute(&info->vmm_supported,
+                                         CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                         info->dev)) != CUDA_SUCCESS) {
+        snprintf(what, sizeof what, "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "
+                 "device %d)", ordinal);
+        goto fail;
+    }
+    if (info->vmm_supported) {
+        CUmemAllocationProp prop = {0};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = info->dev;
+        if ((res = drv->cuMemGetAllocationGranularity(&info->granularity, &prop,
+                                                      CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS) {
+            snprintf(what, sizeof what, "cuMemGetAllocationGranularity(MINIMUM, device %d)", ordinal);
+            goto fail;
+        }
+    }
+    if ((res = drv->cuDeviceGetName(info->name, (int)sizeof info->name, info->dev)) != CUDA_SUCCESS) {
+        snprintf(what, sizeof what, "cuDeviceGetName(device %d)", ordinal);
+        goto fail;
+    }
+    return XSEG_SUCCESS;
+fail:
+    drv->cuDevicePrimaryCtxRelease(info->dev);
+    info->primary_ctx = NULL;
+    return drv_fail(res, what);
+}
+
+xseg_status drv_ctx_ensure(CUcontext ctx)
+{
+    xseg_status st = drv_load();
+    if (st != XSEG_SUCCESS)
+        return st;
+    CUcontext cur = NULL;
+    CUresult res = drv->cuCtxGetCurrent(&cur);
+    if (res != CUDA_SUCCESS)
+        return drv_fail(res, "cuCtxGetCurrent()");
+    if (cur == ctx)
+        return XSEG_SUCCESS;
+    if ((res = drv->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS)
+        return drv_fail(res, "cuCtxSetCurrent()");
+    return XSEG_SUCCESS;
+}
