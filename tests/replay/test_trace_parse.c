@@ -1,0 +1,261 @@
+/* The trace language parser, the RMM CSV importer and the workload generators (no driver). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tools/replay/trace.h"
+#include "tools/replay/workloads.h"
+
+static char err[TRACE_ERR_MAX];
+
+static xseg_status parse(struct trace *t, const char *text)
+{
+    assert_int_equal(trace_init(t, "t.trace"), XSEG_SUCCESS);
+    err[0] = '\0';
+    return trace_parse_text(t, text, strlen(text), err, sizeof err);
+}
+
+static void test_every_action(void **state)
+{
+    (void)state;
+    struct trace t;
+    const char *text =
+        "# a comment line\n"
+        "\n"
+        "stream s1\n"
+        "alloc x1 4GiB\n"
+        "alloc x2 1.5MiB @s1   # trailing comment\n"
+        "record x1 @s1\n"
+        "hold @s1\n"
+        "free x1\n"
+        "release @s1\n"
+        "sync @s1\n"
+        "sync\n"
+        "empty_cache\n"
+        "config expandable_segments:True,max_split_size_mb:128\n"
+        "pool_begin p1 @s1\n"
+        "pool_end p1\n"
+        "pool_release p1\n"
+        "capture_begin @s1 p2\n"
+        "capture_end @s1\n"
+        "mark After alloc x1, del x#2\n"
+        "alloc x1 512\n"
+        "hold @default\n";
+    assert_int_equal(parse(&t, text), XSEG_SUCCESS);
+    enum trace_op want[] = {TRACE_STREAM, TRACE_ALLOC, TRACE_ALLOC, TRACE_RECORD, TRACE_HOLD,
+                            TRACE_FREE, TRACE_RELEASE, TRACE_SYNC, TRACE_SYNC, TRACE_EMPTY_CACHE,
+                            TRACE_CONFIG, TRACE_POOL_BEGIN, TRACE_POOL_END, TRACE_POOL_RELEASE,
+                            TRACE_CAPTURE_BEGIN, TRACE_CAPTURE_END, TRACE_MARK, TRACE_ALLOC, TRACE_HOLD};
+    assert_int_equal(t.count, sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < t.count; i++)
+        assert_int_equal(t.actions[i].op, want[i]);
+    const struct trace_action *a = t.actions;
+    assert_int_equal(a[0].stream, 0);
+    assert_int_equal(a[0].line, 3);
+    assert_int_equal(a[1].size, 4ull << 30);
+    assert_int_equal(a[1].stream, TRACE_DEFAULT_STREAM);
+    assert_int_equal(a[2].size, 3ull << 19);
+    assert_int_equal(a[2].stream, 0);
+    assert_int_equal(a[3].buf, a[1].buf);
+    assert_int_equal(a[7].stream, 0);
+    assert_int_equal(a[8].stream, TRACE_ALL_STREAMS);
+    assert_string_equal(trace_text(&t, a[10].text), "expandable_segments:True,max_split_size_mb:128");
+    assert_int_equal(a[11].pool, 0);
+    assert_int_equal(a[11].stream, 0);
+    assert_int_equal(a[14].pool, 1);
+    assert_string_equal(trace_text(&t, a[16].text), "After alloc x1, del x#2");
+    assert_int_equal(a[17].buf, a[1].buf); /* a freed name can be allocated again */
+    assert_int_equal(a[17].size, 512);
+    assert_int_equal(a[18].stream, TRACE_DEFAULT_STREAM);
+    assert_int_equal(t.bufs.count, 2);
+    assert_int_equal(t.nallocs, 3);
+    trace_destroy(&t);
+}
+
+static void test_sizes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        uint64_t v;
+    } ok[] = {{"0", 0}, {"512", 512}, {"512B", 512}, {"2KiB", 2048}, {"3M", 3 << 20}, {"3MB", 3 << 20},
+              {"4GiB", 4ull << 30}, {"1.5GiB", 3ull << 29}, {"2TiB", 2ull << 40}, {"0.5KiB", 512},
+              {"18446744073709551615", UINT64_MAX}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        uint64_t v = 1;
+        assert_int_equal(trace_parse_size(ok[i].s, strlen(ok[i].s), &v, err, sizeof err), XSEG_SUCCESS);
+        assert_int_equal(v, ok[i].v);
+    }
+    static const char *const bad[] = {"", "GiB", "4XB", "-1", "1.5", "4GiBs", "4 GiB", "0x10",
+                                      "18446744073709551616", "99999999999TiB"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t v;
+        err[0] = '\0';
+        assert_int_equal(trace_parse_size(bad[i], strlen(bad[i]), &v, err, sizeof err), XSEG_ERROR_INVALID_VALUE);
+        assert_true(strlen(err) > 0);
+    }
+    char buf[32];
+    assert_string_equal(trace_format_size(4ull << 30, buf, sizeof buf), "4GiB");
+    assert_string_equal(trace_format_size(1536 << 10, buf, sizeof buf), "1536KiB");
+    assert_string_equal(trace_format_size(1000, buf, sizeof buf), "1000");
+    assert_string_equal(trace_format_size(0, buf, sizeof buf), "0");
+}
+
+/* Every error names the source and line and says what is wrong. */
+static void test_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *want; /* a substring of the message */
+    } cases[] = {
+        {"allocate x1 4GiB\n", "t.trace:1: unknown action 'allocate'"},
+        {"alloc x1\n", "t.trace:1: alloc: missing argument (usage: alloc NAME SIZE [@STREAM])"},
+        {"alloc x1 1 @s1 extra\n", "t.trace:1: alloc: too many arguments"},
+        {"alloc x1 4QB\n", "t.trace:1: alloc x1: bad size '4QB'"},
+        {"alloc x1 1GiB @s1\n", "t.trace:1: stream 's1' is not declared"},
+        {"alloc x1 1GiB s1\n", "t.trace:1: expected a stream '@NAME', got 's1'"},
+        {"alloc x1 1\nalloc x1 2\n", "t.trace:2: alloc x1: 'x1' is still allocated (line 1)"},
+        {"free x9\n", "t.trace:1: free x9: no buffer 'x9' was allocated"},
+        {"alloc x1 1\nfree x1\nfree x1\n", "t.trace:3: free x1: 'x1' was already freed (line 2)"},
+        {"stream s\nalloc x1 1\nfree x1\nrecord x1 @s\n", "t.trace:4: record x1: 'x1' was already freed"},
+        {"record x1\n", "t.trace:1: record: missing argument"},
+        {"free\n", "t.trace:1: free: missing argument"},
+        {"hold\n", "t.trace:1: hold: missing argument"},
+        {"release @nope\n", "t.trace:1: stream 'nope' is not declared"},
+        {"sync @a @b\n", "t.trace:1: sync: too many arguments"},
+        {"empty_cache now\n", "t.trace:1: empty_cache: too many arguments"},
+        {"config\n", "t.trace:1: config: missing the config string"},
+        {"config expandable_segments: True\n", "t.trace:1: config: the config string has a blank"},
+        {"mark   \n", "t.trace:1: mark: missing the label"},
+        {"stream s1\nstream s1\n", "t.trace:2: stream 's1' is declared twice"},
+        {"stream default\n", "t.trace:1: stream: 'default' is the legacy default stream"},
+        {"stream a/b\n", "t.trace:1: bad stream name 'a/b'"},
+        {"alloc @x 1\n", "t.trace:1: bad buffer name '@x'"},
+        {"pool_end p1\n", "t.trace:1: pool_end p1: no pool 'p1' was begun"},
+        {"pool_begin p1\npool_begin p1\n", "t.trace:2: pool_begin p1: pool already begun"},
+        {"pool_begin p1\npool_release p1\n", "t.trace:2: pool_release p1: end the pool first"},
+        {"pool_begin p1\npool_end p1\npool_end p1\n", "t.trace:3: pool_end p1: the pool is not begun"},
+        {"capture_begin @default\n", "t.trace:1: capture_begin: the legacy default stream cannot be captured"},
+        {"stream s\ncapture_end @s\n", "t.trace:2: capture_end: stream 's' is not capturing"},
+        {"stream s\ncapture_begin @s\ncapture_begin @s\n", "t.trace:3: capture_begin: stream 's' is already capturing"},
+        {"\n\n# ok\nfrob\n", "t.trace:4: unknown action 'frob'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct trace t;
+        assert_int_equal(parse(&t, cases[i].text), XSEG_ERROR_INVALID_VALUE);
+        if (!strstr(err, cases[i].want))
+            fail_msg("case %zu: message '%s' lacks '%s'", i, err, cases[i].want);
+        trace_destroy(&t);
+    }
+    /* A NUL byte: a binary file, not a crash. */
+    struct trace t;
+    assert_int_equal(trace_init(&t, "bin"), XSEG_SUCCESS);
+    assert_int_equal(trace_parse_text(&t, "alloc x 1\0\n", 11, err, sizeof err), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(err, "bin:1: a NUL byte"));
+    trace_destroy(&t);
+}
+
+static void test_rmm_csv(void **state)
+{
+    (void)state;
+    const char *csv =
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,09:00:00.000001,allocate,0x7f0000000000,1048576,0x0\n"
+        "1,09:00:00.000002,allocate,0x7f0000100000,4096,0x55aa\n"
+        "1,09:00:00.000003,allocate failure,0x0,999999999999,0x0\n"
+        "2,09:00:00.000004,free,0x7f0000000000,1048576,0x0\n"
+        "2,09:00:00.000005,free,0x7f00dead0000,2048,0x0\n"      /* allocated before the log */
+        "1,09:00:00.000006,allocate,0x7f0000000000,512,0x0\r\n" /* the address again, CRLF */
+        "1,09:00:00.000007,free,0x7f0000100000,4096,0x55aa\n";
+    struct trace t;
+    assert_int_equal(trace_init(&t, "log.csv"), XSEG_SUCCESS);
+    assert_int_equal(trace_import_rmm_csv(&t, csv, strlen(csv), err, sizeof err), XSEG_SUCCESS);
+    /* stream decl, seed, then the log: alloc, alloc@s, free, free(seed), alloc, free */
+    enum trace_op want[] = {TRACE_STREAM, TRACE_ALLOC, TRACE_ALLOC, TRACE_ALLOC, TRACE_FREE,
+                            TRACE_FREE, TRACE_ALLOC, TRACE_FREE};
+    assert_int_equal(t.count, sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < t.count; i++)
+        assert_int_equal(t.actions[i].op, want[i]);
+    assert_string_equal(t.streams.names[0], "s55aa");
+    assert_int_equal(t.actions[1].size, 2048); /* the seed */
+    assert_int_equal(t.actions[1].line, 0);
+    assert_int_equal(t.actions[2].size, 1048576);
+    assert_int_equal(t.actions[3].stream, 0);
+    assert_int_equal(t.actions[4].buf, t.actions[2].buf);
+    assert_int_equal(t.actions[5].buf, t.actions[1].buf);
+    assert_int_not_equal(t.actions[6].buf, t.actions[2].buf); /* a new buffer at an old address */
+    assert_int_equal(t.actions[6].size, 512);
+    assert_int_equal(t.actions[7].buf, t.actions[3].buf);
+    trace_destroy(&t);
+
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10\n", "log.csv:2: expected 6 fields"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,grab,0x10,1,0\n", "log.csv:2: unknown action 'grab'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,zz,1,0\n", "log.csv:2: bad pointer 'zz'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,-5,0\n", "log.csv:2: bad size '-5'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,1,0\n1,0,allocate,0x10,1,0\n",
+         "log.csv:3: pointer 0x10 allocated again without a free"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(trace_init(&t, "log.csv"), XSEG_SUCCESS);
+        assert_int_equal(trace_import_rmm_csv(&t, bad[i].text, strlen(bad[i].text), err, sizeof err),
+                         XSEG_ERROR_INVALID_VALUE);
+        if (!strstr(err, bad[i].want))
+            fail_msg("case %zu: message '%s' lacks '%s'", i, err, bad[i].want);
+        trace_destroy(&t);
+    }
+}
+
+static void test_workloads_parse(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < wl_count; i++) {
+        char *text;
+        size_t len;
+        assert_int_equal(wl_generate(wl_list[i].name, 1, &text, &len, err, sizeof err), XSEG_SUCCESS);
+        struct trace t;
+        assert_int_equal(trace_init(&t, wl_list[i].name), XSEG_SUCCESS);
+        if (trace_parse_text(&t, text, len, err, sizeof err) != XSEG_SUCCESS)
+            fail_msg("builtin:%s does not parse: %s", wl_list[i].name, err);
+        assert_true(t.nallocs > 1000);
+        int marks = 0;
+        for (size_t k = 0; k < t.count; k++)
+            marks += t.actions[k].op == TRACE_MARK;
+        assert_true(marks >= 2);
+        /* Deterministic: the same seed gives the same text, another seed another text. */
+        char *again, *other;
+        size_t len2, len3;
+        assert_int_equal(wl_generate(wl_list[i].name, 1, &again, &len2, err, sizeof err), XSEG_SUCCESS);
+        assert_int_equal(wl_generate(wl_list[i].name, 2, &other, &len3, err, sizeof err), XSEG_SUCCESS);
+        assert_true(len == len2 && memcmp(text, again, len) == 0);
+        assert_false(len == len3 && memcmp(text, other, len) == 0);
+        free(text);
+        free(again);
+        free(other);
+        trace_destroy(&t);
+    }
+    char *text;
+    size_t len;
+    assert_int_equal(wl_generate("nope", 1, &text, &len, err, sizeof err), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(err, "unknown workload 'nope' (known: training inference)"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_action),
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_rmm_csv),
+        cmocka_unit_test(test_workloads_parse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,579 @@
+/*
+ * xseg-replay: what would xseg do for this workload? Replays an allocation trace through xseg on
+ * the real driver, or on cudaemu where there is no GPU, and prints the statistics at each mark,
+ * a summary, and optionally a plot. See usage() for the command line.
+ *
+ * One replay per process: xseg cannot be reset in-process (caches, statistics and the mode of
+ * existing segments persist), so comparing modes or replaying several traces re-executes this
+ * program once per (trace, mode) with --child, reading back its JSON lines and timeline file.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tools/replay/plot.h"
+#include "tools/replay/report.h"
+#include "tools/replay/runner.h"
+#include "tools/replay/trace.h"
+#include "tools/replay/workloads.h"
+
+#ifndef XSEG_REPLAY_CUDAEMU_BUILD
+#define XSEG_REPLAY_CUDAEMU_BUILD ""
+#endif
+#ifndef XSEG_REPLAY_LIBDIR
+#define XSEG_REPLAY_LIBDIR "/usr/local/lib"
+#endif
+
+struct cli {
+    const char *config;
+    int compare;
+    enum run_marks marks;
+    int pool;
+    enum { SUM_TEXT, SUM_JSON, SUM_NONE } summary;
+    const char *plot;
+    const char *device_mem;
+    unsigned long long seed;
+    int progress; /* -1 auto */
+    int child, check, dump;
+    const char *timeline_out;
+    const char **traces;
+    int ntraces;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: xseg-replay [options] [TRACE...]\n"
+        "Replay allocation traces through xseg and show what the memory did.\n"
+        "With no TRACE: the bundled workloads, classic and expandable mode side by side.\n"
+        "\n"
+        "TRACE is a file in the trace language, an RMM CSV log (Thread,Time,Action,Pointer,Size,Stream),\n"
+        "or builtin:NAME for a bundled workload (see --list). PyTorch snapshots convert with\n"
+        "tools/snapshot2trace.py SNAPSHOT.pickle > FILE.trace.\n"
+        "\n"
+        "options:\n"
+        "  --config STRING      config string applied before the trace (e.g. expandable_segments:False)\n"
+        "  --compare            classic and expandable mode side by side (one child process each)\n"
+        "  --marks=table|jsonl|none  statistics at each `mark`: a table (default), or one JSON object\n"
+        "                       per line with every statistic under its PyTorch key, in bytes\n"
+        "  --pool all|large|small    the pool the mark table shows (default all)\n"
+        "  --summary=text|json|none  the summary (default text); json: one object per mode\n"
+        "  --plot FILE.svg      allocated and reserved over the trace, one line per mode\n"
+        "  --device-mem SIZE    device memory on the emulator (default 80G)\n"
+        "  --seed N             seed of the bundled workload generators (default 1)\n"
+        "  --check              parse the traces, report errors, replay nothing\n"
+        "  --dump               print a trace (e.g. builtin:training) in the trace language\n"
+        "  --list               list the bundled workloads\n"
+        "  --progress, --no-progress  progress on stderr (default: when stderr is a terminal)\n"
+        "  -h, --help           this text\n"
+        "\n"
+        "trace language (one action per line, # comments):\n"
+        "  stream s1 | alloc x1 4GiB [@s1] | free x1 | record x1 @s1 | hold @s1 | release @s1\n"
+        "  sync [@s1] | empty_cache | config expandable_segments:True,max_split_size_mb:128\n"
+        "  pool_begin p1 [@s1] | pool_end p1 | pool_release p1 | capture_begin @s1 [p1] | capture_end @s1\n"
+        "  mark After alloc x1\n"
+        "Sizes: bytes, or B, KiB, MiB, GiB, TiB (binary). @default is the legacy default stream.\n"
+        "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "xseg-replay: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(xseg-replay --help for usage)\n");
+    return 2;
+}
+
+/* "--name=value" or "--name value": the value, advancing *i; NULL when absent. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (argv[*i][n] == '\0' && *i + 1 < argc)
+        return argv[++*i];
+    return NULL;
+}
+
+static int is_opt(const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+static int parse_cli(int argc, char **argv, struct cli *c)
+{
+    memset(c, 0, sizeof *c);
+    c->seed = 1;
+    c->progress = -1;
+    c->traces = calloc((size_t)argc + 1, sizeof *c->traces);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--list")) {
+            for (size_t w = 0; w < wl_count; w++)
+                printf("builtin:%-12s %s\n", wl_list[w].name, wl_list[w].description);
+            exit(0);
+        } else if (!strcmp(a, "--compare")) {
+            c->compare = 1;
+        } else if (!strcmp(a, "--check")) {
+            c->check = 1;
+        } else if (!strcmp(a, "--dump")) {
+            c->dump = 1;
+        } else if (!strcmp(a, "--child")) {
+            c->child = 1;
+        } else if (!strcmp(a, "--progress")) {
+            c->progress = 1;
+        } else if (!strcmp(a, "--no-progress")) {
+            c->progress = 0;
+        } else if (is_opt(a, "--config")) {
+            if (!(c->config = opt_value(argc, argv, &i, "--config")))
+                return usage_error("%s needs a config string", a);
+        } else if (is_opt(a, "--marks")) {
+            if (!(v = opt_value(argc, argv, &i, "--marks")))
+                return usage_error("%s needs table, jsonl or none", a);
+            if (!strcmp(v, "table")) c->marks = RUN_MARKS_TABLE;
+            else if (!strcmp(v, "jsonl")) c->marks = RUN_MARKS_JSONL;
+            else if (!strcmp(v, "none")) c->marks = RUN_MARKS_NONE;
+            else return usage_error("--marks: '%s' is not table, jsonl or none", v);
+        } else if (is_opt(a, "--summary")) {
+            if (!(v = opt_value(argc, argv, &i, "--summary")))
+                return usage_error("%s needs text, json or none", a);
+            if (!strcmp(v, "text")) c->summary = SUM_TEXT;
+            else if (!strcmp(v, "json")) c->summary = SUM_JSON;
+            else if (!strcmp(v, "none")) c->summary = SUM_NONE;
+            else return usage_error("--summary: '%s' is not text, json or none", v);
+        } else if (is_opt(a, "--pool")) {
+            if (!(v = opt_value(argc, argv, &i, "--pool")))
+                return usage_error("%s needs all, large or small", a);
+            if (!strcmp(v, "all")) c->pool = XSEG_STAT_ALL;
+            else if (!strcmp(v, "large")) c->pool = XSEG_STAT_LARGE_POOL;
+            else if (!strcmp(v, "small")) c->pool = XSEG_STAT_SMALL_POOL;
+            else return usage_error("--pool: '%s' is not all, large or small", v);
+        } else if (is_opt(a, "--plot")) {
+            if (!(c->plot = opt_value(argc, argv, &i, "--plot")))
+                return usage_error("%s needs a file name", a);
+        } else if (is_opt(a, "--device-mem")) {
+            if (!(c->device_mem = opt_value(argc, argv, &i, "--device-mem")))
+                return usage_error("%s needs a size (e.g. 80G)", a);
+            uint64_t b;
+            char e[TRACE_ERR_MAX];
+            char norm[64];
+            if (trace_parse_size(c->device_mem, strlen(c->device_mem), &b, e, sizeof e) || b == 0)
+                return usage_error("--device-mem: bad size '%s' (e.g. 80G, 81920MiB)", c->device_mem);
+            snprintf(norm, sizeof norm, "%llu", (unsigned long long)b);
+            c->device_mem = strdup(norm); /* cudaemu reads bytes or K/M/G/T */
+        } else if (is_opt(a, "--seed")) {
+            char *end;
+            if (!(v = opt_value(argc, argv, &i, "--seed")))
+                return usage_error("%s needs a number", a);
+            errno = 0;
+            c->seed = strtoull(v, &end, 0);
+            if (*end || errno)
+                return usage_error("--seed: '%s' is not a number", v);
+        } else if (is_opt(a, "--timeline-out")) {
+            if (!(c->timeline_out = opt_value(argc, argv, &i, "--timeline-out")))
+                return usage_error("%s needs a file name", a);
+        } else if (a[0] == '-' && a[1] != '\0') {
+            return usage_error("unknown option '%s'", a);
+        } else {
+            c->traces[c->ntraces++] = a;
+        }
+    }
+    return 0;
+}
+
+static xseg_status load_trace(const char *spec, unsigned long long seed, struct trace *t, char *err, size_t errlen)
+{
+    if (!strncmp(spec, "builtin:", 8)) {
+        char *text;
+        size_t len;
+        xseg_status st = wl_generate(spec + 8, seed, &text, &len, err, errlen);
+        if (st)
+            return st;
+        if ((st = trace_init(t, spec)) == XSEG_SUCCESS && (st = trace_parse_text(t, text, len, err, errlen)))
+            trace_destroy(t);
+        free(text);
+        return st;
+    }
+    return trace_load_file(t, spec, err, errlen);
+}
+
+static void exe_dir(char *buf, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+    if (n <= 0) {
+        snprintf(buf, len, ".");
+        return;
+    }
+    buf[n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash)
+        *slash = '\0';
+}
+
+static int find_driver(const struct cli *c)
+{
+    char dir[PATH_MAX], c1[PATH_MAX + 64], c2[PATH_MAX + 64];
+    exe_dir(dir, sizeof dir);
+    snprintf(c1, sizeof c1, "%s/../cudaemu/libcudaemu.so", dir);   /* the build tree */
+    snprintf(c2, sizeof c2, "%s/../lib/xseg/libcudaemu.so", dir);  /* an installed tree */
+    const char *cands[] = {XSEG_REPLAY_CUDAEMU_BUILD, c1, c2, XSEG_REPLAY_LIBDIR "/xseg/libcudaemu.so"};
+    char err[TRACE_ERR_MAX];
+    int emu;
+    if (run_find_driver(cands, sizeof cands / sizeof cands[0], c->device_mem, &emu, err, sizeof err)) {
+        fprintf(stderr, "xseg-replay: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* One (trace, mode) replay in this process. */
+static int replay_here(const struct cli *c, const char *spec)
+{
+    char err[TRACE_ERR_MAX];
+    struct trace t;
+    if (load_trace(spec, c->seed, &t, err, sizeof err)) {
+        fprintf(stderr, "xseg-replay: %s\n", err);
+        return 1;
+    }
+    if (run_init(c->config, err, sizeof err)) {
+        fprintf(stderr, "xseg-replay: %s\n", err);
+        trace_destroy(&t);
+        return 1;
+    }
+    struct run_options o = {.pool = c->pool, .marks = c->marks};
+    o.progress = c->progress >= 0 ? c->progress : (isatty(2) && t.count > 20000);
+    o.timeline = c->plot || c->timeline_out;
+    struct run_summary sum;
+    struct run_timeline tl = {0};
+    xseg_status st = run_trace(&t, &o, stdout, &sum, o.timeline ? &tl : NULL, err, sizeof err);
+    int rc = 0;
+    if (st) {
+        fprintf(stderr, "xseg-replay: %s\n", err);
+        rc = 1;
+    } else {
+        if (c->summary == SUM_TEXT) {
+            if (c->marks == RUN_MARKS_TABLE)
+                putchar('\n');
+            report_summary_text(stdout, &sum);
+        } else if (c->summary == SUM_JSON) {
+            report_summary_json(stdout, &sum);
+        }
+    }
+    if (c->timeline_out) {
+        FILE *f = fopen(c->timeline_out, "w");
+        if (!f || plot_timeline_write(f, &tl, 2000) || fclose(f)) {
+            fprintf(stderr, "xseg-replay: cannot write %s\n", c->timeline_out);
+            rc = 1;
+        }
+    }
+    if (!st && c->plot) {
+        struct plot_series s = {sum.mode, &tl};
+        struct plot_panel p = {t.source, t.count, &s, 1};
+        if (plot_write_svg(c->plot, &p, 1, err, sizeof err)) {
+            fprintf(stderr, "xseg-replay: %s\n", err);
+            rc = 1;
+        }
+    }
+    run_timeline_free(&tl);
+    trace_destroy(&t);
+    fflush(stdout);
+    return rc;
+}
+
+struct child_result {
+    struct run_summary sum;
+    int have_summary;
+    struct report_mark *marks;
+    size_t nmarks, capmarks;
+    struct run_timeline tl;
+    int rc;
+};
+
+/* Run one (trace, mode) in a child process and collect its JSON lines. */
+static void run_child(const struct cli *c, const char *spec, const char *mode_cfg, const char *tl_path,
+                      struct child_result *r)
+{
+    memset(r, 0, sizeof *r);
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        r->rc = -1;
+        return;
+    }
+    self[n] = '\0';
+    char cfg[1024], seed[32], pool[16];
+    if (c->config && mode_cfg)
+        snprintf(cfg, sizeof cfg, "%s,%s", c->config, mode_cfg);
+    else
+        snprintf(cfg, sizeof cfg, "%s", mode_cfg ? mode_cfg : c->config ? c->config : "");
+    snprintf(seed, sizeof seed, "%llu", c->seed);
+    snprintf(pool, sizeof pool, "%s", c->pool == XSEG_STAT_LARGE_POOL ? "large" : c->pool == XSEG_STAT_SMALL_POOL ? "small" : "all");
+    const char *argv[24];
+    int k = 0;
+    argv[k++] = self;
+    argv[k++] = "--child";
+    argv[k++] = "--marks=jsonl";
+    argv[k++] = "--summary=json";
+    argv[k++] = "--pool";
+    argv[k++] = pool;
+    argv[k++] = "--seed";
+    argv[k++] = seed;
+    if (c->progress >= 0)
+        argv[k++] = c->progress ? "--progress" : "--no-progress";
+    if (cfg[0]) {
+        argv[k++] = "--config";
+        argv[k++] = cfg;
+    }
+    if (tl_path) {
+        argv[k++] = "--timeline-out";
+        argv[k++] = tl_path;
+    }
+    argv[k++] = spec;
+    argv[k] = NULL;
+    int fds[2];
+    if (pipe(fds)) {
+        r->rc = -1;
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        r->rc = -1;
+        close(fds[0]);
+        close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(self, (char *const *)argv);
+        fprintf(stderr, "xseg-replay: cannot run %s: %m\n", self);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *in = fdopen(fds[0], "r");
+    char *line = NULL;
+    size_t cap = 0;
+    while (in && getline(&line, &cap, in) > 0) {
+        if (c->marks == RUN_MARKS_JSONL && !strncmp(line, "{\"mark\"", 7))
+            fputs(line, stdout); /* forwarded as they come */
+        struct report_mark m = {{0}};
+        struct report_mark_reader mr = {.m = &m, .pool = c->pool};
+        if (report_json_parse(line, report_mark_from_json, &mr) != 0)
+            continue;
+        if (mr.is_mark) {
+            if (r->nmarks == r->capmarks) {
+                size_t nc = r->capmarks ? r->capmarks * 2 : 16;
+                struct report_mark *nm = realloc(r->marks, nc * sizeof *nm);
+                if (!nm)
+                    continue;
+                r->marks = nm;
+                r->capmarks = nc;
+            }
+            r->marks[r->nmarks++] = m;
+        } else {
+            report_json_parse(line, report_summary_from_json, &r->sum);
+            r->have_summary = 1;
+        }
+    }
+    free(line);
+    if (in)
+        fclose(in);
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (tl_path && r->have_summary) {
+        char err[TRACE_ERR_MAX];
+        if (plot_timeline_read(tl_path, &r->tl, err, sizeof err))
+            fprintf(stderr, "xseg-replay: %s\n", err);
+    }
+}
+
+static int replay_children(const struct cli *c)
+{
+    static const char *const cmp_modes[2][2] = {{"classic", "expandable_segments:False"},
+                                                {"expandable", "expandable_segments:True"}};
+    size_t nmodes = c->compare ? 2 : 1;
+    size_t nt = (size_t)c->ntraces;
+    struct child_result *res = calloc(nt * nmodes, sizeof *res);
+    struct plot_panel *panels = calloc(nt, sizeof *panels);
+    struct plot_series *series = calloc(nt * nmodes, sizeof *series);
+    char tmpdir[] = "/tmp/xseg-replay-XXXXXX";
+    if (!res || !panels || !series || (c->plot && !mkdtemp(tmpdir))) {
+        fprintf(stderr, "xseg-replay: out of host memory (or no /tmp)\n");
+        return 1;
+    }
+    int rc = 0;
+    for (size_t ti = 0; ti < nt; ti++) {
+        for (size_t m = 0; m < nmodes; m++) {
+            char tl_path[PATH_MAX];
+            snprintf(tl_path, sizeof tl_path, "%s/t%zu-m%zu.txt", tmpdir, ti, m);
+            struct child_result *r = &res[ti * nmodes + m];
+            run_child(c, c->traces[ti], c->compare ? cmp_modes[m][1] : NULL, c->plot ? tl_path : NULL, r);
+            if (r->rc != 0 || !r->have_summary) {
+                fprintf(stderr, "xseg-replay: %s%s%s: the replay stopped (exit status %d)\n", c->traces[ti],
+                        c->compare ? " in " : "", c->compare ? cmp_modes[m][0] : "", r->rc);
+                rc = 1;
+            }
+            if (!r->have_summary) {
+                snprintf(r->sum.mode, sizeof r->sum.mode, "%s", c->compare ? cmp_modes[m][0] : "?");
+                snprintf(r->sum.trace, sizeof r->sum.trace, "%s", c->traces[ti]);
+            }
+            if (c->summary == SUM_JSON && r->have_summary)
+                report_summary_json(stdout, &r->sum);
+            if (c->plot)
+                unlink(tl_path);
+            series[ti * nmodes + m] = (struct plot_series){res[ti * nmodes + m].sum.mode, &res[ti * nmodes + m].tl};
+        }
+        struct child_result *row = &res[ti * nmodes];
+        if (c->summary == SUM_TEXT || (c->summary == SUM_NONE && c->marks == RUN_MARKS_TABLE)) {
+            struct run_summary sums[2];
+            struct report_mark *marks[2];
+            size_t nmarks[2];
+            for (size_t m = 0; m < nmodes; m++) {
+                sums[m] = row[m].sum;
+                marks[m] = row[m].marks;
+                nmarks[m] = c->marks == RUN_MARKS_TABLE ? row[m].nmarks : 0;
+            }
+            report_compare_text(stdout, c->traces[ti], sums, marks, nmarks, nmodes, c->pool);
+        }
+        panels[ti] = (struct plot_panel){c->traces[ti], row[0].sum.actions, &series[ti * nmodes], nmodes};
+        for (size_t m = 1; m < nmodes; m++)
+            if (row[m].sum.actions > panels[ti].xmax)
+                panels[ti].xmax = row[m].sum.actions;
+        fflush(stdout);
+    }
+    if (c->plot) {
+        char err[TRACE_ERR_MAX];
+        rmdir(tmpdir);
+        if (plot_write_svg(c->plot, panels, nt, err, sizeof err)) {
+            fprintf(stderr, "xseg-replay: %s\n", err);
+            rc = 1;
+        } else {
+            fprintf(stderr, "xseg-replay: wrote %s\n", c->plot);
+        }
+    }
+    for (size_t i = 0; i < nt * nmodes; i++) {
+        free(res[i].marks);
+        run_timeline_free(&res[i].tl);
+    }
+    free(res);
+    free(panels);
+    free(series);
+    return rc;
+}
+
+static int dump_trace(const struct trace *t)
+{
+    char sz[32];
+    for (size_t i = 0; i < t->count; i++) {
+        const struct trace_action *a = &t->actions[i];
+        const char *sname = a->stream >= 0 ? t->streams.names[a->stream] : "default";
+        switch (a->op) {
+        case TRACE_STREAM: printf("stream %s\n", sname); break;
+        case TRACE_ALLOC:
+            printf("alloc %s %s", t->bufs.names[a->buf], trace_format_size(a->size, sz, sizeof sz));
+            if (a->stream >= 0)
+                printf(" @%s", sname);
+            putchar('\n');
+            break;
+        case TRACE_FREE: printf("free %s\n", t->bufs.names[a->buf]); break;
+        case TRACE_RECORD: printf("record %s @%s\n", t->bufs.names[a->buf], sname); break;
+        case TRACE_HOLD:
+        case TRACE_RELEASE: printf("%s @%s\n", trace_op_name(a->op), sname); break;
+        case TRACE_SYNC:
+            if (a->stream == TRACE_ALL_STREAMS)
+                printf("sync\n");
+            else
+                printf("sync @%s\n", sname);
+            break;
+        case TRACE_EMPTY_CACHE: printf("empty_cache\n"); break;
+        case TRACE_CONFIG:
+        case TRACE_MARK: printf("%s %s\n", trace_op_name(a->op), trace_text(t, a->text)); break;
+        case TRACE_POOL_BEGIN:
+            printf("pool_begin %s", t->pools.names[a->pool]);
+            if (a->stream >= 0)
+                printf(" @%s", sname);
+            putchar('\n');
+            break;
+        case TRACE_POOL_END:
+        case TRACE_POOL_RELEASE: printf("%s %s\n", trace_op_name(a->op), t->pools.names[a->pool]); break;
+        case TRACE_CAPTURE_BEGIN:
+            printf("capture_begin @%s", sname);
+            if (a->pool >= 0)
+                printf(" %s", t->pools.names[a->pool]);
+            putchar('\n');
+            break;
+        case TRACE_CAPTURE_END: printf("capture_end @%s\n", sname); break;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct cli c;
+    int rc = parse_cli(argc, argv, &c);
+    if (rc)
+        return rc;
+    if (c.ntraces == 0) {
+        if (c.check || c.dump)
+            return usage_error("%s needs a TRACE", c.check ? "--check" : "--dump");
+        static const char *defaults[] = {"builtin:training", "builtin:inference"};
+        c.traces = defaults;
+        c.ntraces = 2;
+        c.compare = 1;
+    }
+    if (c.check || c.dump) {
+        for (int i = 0; i < c.ntraces; i++) {
+            struct trace t;
+            char err[TRACE_ERR_MAX];
+            if (load_trace(c.traces[i], c.seed, &t, err, sizeof err)) {
+                fprintf(stderr, "xseg-replay: %s\n", err);
+                rc = 1;
+                continue;
+            }
+            if (c.dump)
+                dump_trace(&t);
+            else
+                printf("%s: ok, %zu actions, %llu allocations, %zu buffers, %zu streams\n", t.source, t.count,
+                       (unsigned long long)t.nallocs, t.bufs.count, t.streams.count);
+            trace_destroy(&t);
+        }
+        return rc;
+    }
+    if (c.child && c.ntraces != 1)
+        return usage_error("%s", "--child takes exactly one trace");
+    /* Validate every trace before starting any replay: a typo should cost nothing. */
+    if (!c.child) {
+        for (int i = 0; i < c.ntraces; i++) {
+            struct trace t;
+            char err[TRACE_ERR_MAX];
+            if (load_trace(c.traces[i], c.seed, &t, err, sizeof err)) {
+                fprintf(stderr, "xseg-replay: %s\n", err);
+                return 1;
+            }
+            trace_destroy(&t);
+        }
+    }
+    if (find_driver(&c))
+        return 1;
+    if (c.child || (!c.compare && c.ntraces == 1))
+        return replay_here(&c, c.traces[0]);
+    return replay_children(&c);
+}

@@ -1,0 +1,420 @@
+/*
+ * The trace language, one action per line:
+ *
+ *   stream s1                   alloc x1 4GiB [@s1]       free x1
+ *   record x1 @s1               hold @s1                  release @s1
+ *   sync [@s1]                  empty_cache               config expandable_segments:True
+ *   pool_begin p1 [@s1]         pool_end p1               pool_release p1
+ *   capture_begin @s1 [p1]      capture_end @s1           mark After alloc x1
+ *
+ * '#' starts a comment (at the start of a line or after a blank). `@default` names the legacy
+ * default stream. The whole file is checked before anything runs, so a typo on line 9000 never
+ * costs a half-finished replay: buffers must be live to be freed or recorded and free to be
+ * allocated, streams declared before use, pools and captures balanced.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/replay/trace.h"
+
+struct parser {
+    struct trace *t;
+    uint32_t line;
+    char *err;
+    size_t errlen;
+    /* Per buffer: live now, and the line that last allocated or freed it (for messages). */
+    unsigned char *live;
+    uint32_t *last_line;
+    size_t track_cap;
+    /* Per pool: 1 between pool_begin and pool_end. Per stream: capturing. */
+    unsigned char *pool_open;
+    size_t pool_cap;
+    unsigned char *capturing;
+    size_t cap_cap;
+};
+
+__attribute__((format(printf, 2, 3))) static xseg_status perr(struct parser *p, const char *fmt, ...)
+{
+    int n = snprintf(p->err, p->errlen, "%s:%u: ", p->t->source, p->line);
+    if (n < 0 || (size_t)n >= p->errlen)
+        return XSEG_ERROR_INVALID_VALUE;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->err + n, p->errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return XSEG_ERROR_INVALID_VALUE;
+}
+
+static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+static int valid_name(const char *s, size_t len)
+{
+    if (!len)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.' || c == ':'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Grow a byte array to hold index @p need; new bytes are zero. */
+static xseg_status grow_bytes(unsigned char **arr, size_t *cap, size_t need)
+{
+    if (need < *cap)
+        return XSEG_SUCCESS;
+    size_t ncap = *cap ? *cap : 64;
+    while (ncap <= need)
+        ncap *= 2;
+    unsigned char *a = realloc(*arr, ncap);
+    if (!a)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    memset(a + *cap, 0, ncap - *cap);
+    *arr = a;
+    *cap = ncap;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status track_buf(struct parser *p, int32_t buf)
+{
+    if ((size_t)buf < p->track_cap)
+        return XSEG_SUCCESS;
+    size_t old = p->track_cap;
+    if (grow_bytes(&p->live, &p->track_cap, (size_t)buf) != XSEG_SUCCESS)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    uint32_t *ll = realloc(p->last_line, p->track_cap * sizeof *ll);
+    if (!ll)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    memset(ll + old, 0, (p->track_cap - old) * sizeof *ll);
+    p->last_line = ll;
+    return XSEG_SUCCESS;
+}
+
+struct tok {
+    const char *s;
+    size_t len;
+};
+
+/* Split [s, end) into at most @p max blank-separated tokens; *n receives how many. */
+static void tokenize(const char *s, const char *end, struct tok *toks, int max, int *n)
+{
+    *n = 0;
+    while (s < end) {
+        while (s < end && is_blank(*s))
+            s++;
+        if (s >= end)
+            break;
+        const char *b = s;
+        while (s < end && !is_blank(*s))
+            s++;
+        if (*n < max) {
+            toks[*n].s = b;
+            toks[*n].len = (size_t)(s - b);
+        }
+        (*n)++;
+    }
+}
+
+static int tok_is(const struct tok *t, const char *word)
+{
+    return t->len == strlen(word) && memcmp(t->s, word, t->len) == 0;
+}
+
+/* Resolve "@name" to a declared stream index (or the default stream). */
+static xseg_status stream_ref(struct parser *p, const struct tok *tk, int32_t *stream)
+{
+    if (tk->len < 2 || tk->s[0] != '@')
+        return perr(p, "expected a stream '@NAME', got '%.*s'", (int)tk->len, tk->s);
+    if (tk->len == 8 && memcmp(tk->s, "@default", 8) == 0) {
+        *stream = TRACE_DEFAULT_STREAM;
+        return XSEG_SUCCESS;
+    }
+    trace_name_find(&p->t->streams, tk->s + 1, tk->len - 1, stream);
+    if (*stream < 0)
+        return perr(p, "stream '%.*s' is not declared (add a line 'stream %.*s' before it)",
+                    (int)tk->len - 1, tk->s + 1, (int)tk->len - 1, tk->s + 1);
+    return XSEG_SUCCESS;
+}
+
+static xseg_status want_args(struct parser *p, const char *verb, int n, int min, int max,
+                             const char *usage)
+{
+    if (n - 1 < min)
+        return perr(p, "%s: missing argument (usage: %s)", verb, usage);
+    if (n - 1 > max)
+        return perr(p, "%s: too many arguments (usage: %s)", verb, usage);
+    return XSEG_SUCCESS;
+}
+
+static xseg_status buf_name(struct parser *p, const struct tok *tk)
+{
+    if (!valid_name(tk->s, tk->len) || tk->s[0] == '@')
+        return perr(p, "bad buffer name '%.*s' (letters, digits, _ - . :)", (int)tk->len, tk->s);
+    return XSEG_SUCCESS;
+}
+
+static xseg_status pool_ref(struct parser *p, const struct tok *tk, int32_t *pool)
+{
+    if (!valid_name(tk->s, tk->len))
+        return perr(p, "bad pool name '%.*s' (letters, digits, _ - . :)", (int)tk->len, tk->s);
+    if (trace_name_intern(&p->t->pools, tk->s, tk->len, pool) != XSEG_SUCCESS ||
+        grow_bytes(&p->pool_open, &p->pool_cap, (size_t)*pool) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    return XSEG_SUCCESS;
+}
+
+/* The rest of the line after the verb, trimmed: config strings and mark labels keep blanks. */
+static void rest_of_line(const char *after_verb, const char *end, const char **b, size_t *len)
+{
+    while (after_verb < end && is_blank(*after_verb))
+        after_verb++;
+    while (end > after_verb && is_blank(end[-1]))
+        end--;
+    *b = after_verb;
+    *len = (size_t)(end - after_verb);
+}
+
+static xseg_status parse_line(struct parser *p, const char *s, const char *end)
+{
+    struct tok tk[5];
+    int n;
+    tokenize(s, end, tk, 5, &n);
+    if (n == 0)
+        return XSEG_SUCCESS;
+    struct trace_action a = {.line = p->line, .buf = -1, .stream = TRACE_DEFAULT_STREAM, .pool = -1};
+    const struct tok *verb = &tk[0];
+    xseg_status st;
+
+    if (tok_is(verb, "stream")) {
+        if ((st = want_args(p, "stream", n, 1, 1, "stream NAME")))
+            return st;
+        if (!valid_name(tk[1].s, tk[1].len))
+            return perr(p, "bad stream name '%.*s' (letters, digits, _ - . :)", (int)tk[1].len, tk[1].s);
+        if (tok_is(&tk[1], "default"))
+            return perr(p, "stream: 'default' is the legacy default stream's name; pick another");
+        int32_t idx;
+        trace_name_find(&p->t->streams, tk[1].s, tk[1].len, &idx);
+        if (idx >= 0)
+            return perr(p, "stream '%.*s' is declared twice", (int)tk[1].len, tk[1].s);
+        if (trace_name_intern(&p->t->streams, tk[1].s, tk[1].len, &idx) != XSEG_SUCCESS ||
+            grow_bytes(&p->capturing, &p->cap_cap, (size_t)idx) != XSEG_SUCCESS)
+            return perr(p, "out of host memory");
+        a.op = TRACE_STREAM;
+        a.stream = idx;
+    } else if (tok_is(verb, "alloc")) {
+        if ((st = want_args(p, "alloc", n, 2, 3, "alloc NAME SIZE [@STREAM]")))
+            return st;
+        if ((st = buf_name(p, &tk[1])))
+            return st;
+        char msg[TRACE_ERR_MAX];
+        if (trace_parse_size(tk[2].s, tk[2].len, &a.size, msg, sizeof msg) != XSEG_SUCCESS)
+            return perr(p, "alloc %.*s: %s", (int)tk[1].len, tk[1].s, msg);
+        if (n == 4 && (st = stream_ref(p, &tk[3], &a.stream)))
+            return st;
+        if (trace_name_intern(&p->t->bufs, tk[1].s, tk[1].len, &a.buf) != XSEG_SUCCESS ||
+            track_buf(p, a.buf) != XSEG_SUCCESS)
+            return perr(p, "out of host memory");
+        if (p->live[a.buf])
+            return perr(p, "alloc %.*s: '%.*s' is still allocated (line %u); free it first",
+                        (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s, p->last_line[a.buf]);
+        p->live[a.buf] = 1;
+        p->last_line[a.buf] = p->line;
+        a.op = TRACE_ALLOC;
+    } else if (tok_is(verb, "free") || tok_is(verb, "record")) {
+        int is_free = tok_is(verb, "free");
+        if (is_free ? (st = want_args(p, "free", n, 1, 1, "free NAME"))
+                    : (st = want_args(p, "record", n, 2, 2, "record NAME @STREAM")))
+            return st;
+        if ((st = buf_name(p, &tk[1])))
+            return st;
+        trace_name_find(&p->t->bufs, tk[1].s, tk[1].len, &a.buf);
+        if (a.buf < 0)
+            return perr(p, "%s %.*s: no buffer '%.*s' was allocated", is_free ? "free" : "record",
+                        (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s);
+        if (!p->live[a.buf])
+            return perr(p, "%s %.*s: '%.*s' was already freed (line %u)", is_free ? "free" : "record",
+                        (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s, p->last_line[a.buf]);
+        if (is_free) {
+            p->live[a.buf] = 0;
+            p->last_line[a.buf] = p->line;
+            a.op = TRACE_FREE;
+        } else {
+            if ((st = stream_ref(p, &tk[2], &a.stream)))
+                return st;
+            a.op = TRACE_RECORD;
+        }
+    } else if (tok_is(verb, "hold") || tok_is(verb, "release")) {
+        int hold = tok_is(verb, "hold");
+        if ((st = want_args(p, hold ? "hold" : "release", n, 1, 1, hold ? "hold @STREAM" : "release @STREAM")))
+            return st;
+        if ((st = stream_ref(p, &tk[1], &a.stream)))
+            return st;
+        a.op = hold ? TRACE_HOLD : TRACE_RELEASE;
+    } else if (tok_is(verb, "sync")) {
+        if ((st = want_args(p, "sync", n, 0, 1, "sync [@STREAM]")))
+            return st;
+        a.stream = TRACE_ALL_STREAMS;
+        if (n == 2 && (st = stream_ref(p, &tk[1], &a.stream)))
+            return st;
+        a.op = TRACE_SYNC;
+    } else if (tok_is(verb, "empty_cache")) {
+        if ((st = want_args(p, "empty_cache", n, 0, 0, "empty_cache")))
+            return st;
+        a.op = TRACE_EMPTY_CACHE;
+    } else if (tok_is(verb, "config") || tok_is(verb, "mark")) {
+        int config = tok_is(verb, "config");
+        const char *b;
+        size_t len;
+        rest_of_line(verb->s + verb->len, end, &b, &len);
+        if (!len)
+            return perr(p, config ? "config: missing the config string (e.g. config expandable_segments:True)"
+                                  : "mark: missing the label (e.g. mark After alloc x1)");
+        if (config && memchr(b, ' ', len))
+            return perr(p, "config: the config string has a blank in it ('%.*s'); write key:value,key:value",
+                        (int)len, b);
+        if (trace_add_text(p->t, b, len, &a.text) != XSEG_SUCCESS)
+            return perr(p, "out of host memory");
+        a.op = config ? TRACE_CONFIG : TRACE_MARK;
+    } else if (tok_is(verb, "pool_begin")) {
+        if ((st = want_args(p, "pool_begin", n, 1, 2, "pool_begin POOL [@STREAM]")))
+            return st;
+        if ((st = pool_ref(p, &tk[1], &a.pool)))
+            return st;
+        if (n == 3 && (st = stream_ref(p, &tk[2], &a.stream)))
+            return st;
+        if (p->pool_open[a.pool])
+            return perr(p, "pool_begin %.*s: pool already begun and not ended", (int)tk[1].len, tk[1].s);
+        p->pool_open[a.pool] = 1;
+        a.op = TRACE_POOL_BEGIN;
+    } else if (tok_is(verb, "pool_end") || tok_is(verb, "pool_release")) {
+        int end_ = tok_is(verb, "pool_end");
+        const char *v = end_ ? "pool_end" : "pool_release";
+        if ((st = want_args(p, v, n, 1, 1, end_ ? "pool_end POOL" : "pool_release POOL")))
+            return st;
+        trace_name_find(&p->t->pools, tk[1].s, tk[1].len, &a.pool);
+        if (a.pool < 0)
+            return perr(p, "%s %.*s: no pool '%.*s' was begun", v, (int)tk[1].len, tk[1].s,
+                        (int)tk[1].len, tk[1].s);
+        if (end_ && !p->pool_open[a.pool])
+            return perr(p, "pool_end %.*s: the pool is not begun", (int)tk[1].len, tk[1].s);
+        if (!end_ && p->pool_open[a.pool])
+            return perr(p, "pool_release %.*s: end the pool first (pool_end %.*s)", (int)tk[1].len,
+                        tk[1].s, (int)tk[1].len, tk[1].s);
+        if (end_)
+            p->pool_open[a.pool] = 0;
+        a.op = end_ ? TRACE_POOL_END : TRACE_POOL_RELEASE;
+    } else if (tok_is(verb, "capture_begin") || tok_is(verb, "capture_end")) {
+        int begin = tok_is(verb, "capture_begin");
+        if ((st = want_args(p, begin ? "capture_begin" : "capture_end", n, 1, begin ? 2 : 1,
+                            begin ? "capture_begin @STREAM [POOL]" : "capture_end @STREAM")))
+            return st;
+        if ((st = stream_ref(p, &tk[1], &a.stream)))
+            return st;
+        if (a.stream < 0)
+            return perr(p, "%s: the legacy default stream cannot be captured; declare a stream",
+                        begin ? "capture_begin" : "capture_end");
+        if (begin && n == 3 && (st = pool_ref(p, &tk[2], &a.pool)))
+            return st;
+        if (begin && p->capturing[a.stream])
+            return perr(p, "capture_begin: stream '%.*s' is already capturing", (int)tk[1].len - 1, tk[1].s + 1);
+        if (!begin && !p->capturing[a.stream])
+            return perr(p, "capture_end: stream '%.*s' is not capturing", (int)tk[1].len - 1, tk[1].s + 1);
+        p->capturing[a.stream] = (unsigned char)begin;
+        a.op = begin ? TRACE_CAPTURE_BEGIN : TRACE_CAPTURE_END;
+    } else {
+        return perr(p, "unknown action '%.*s' (expected stream, alloc, free, record, hold, release, "
+                       "sync, empty_cache, config, pool_begin, pool_end, pool_release, "
+                       "capture_begin, capture_end, mark)", (int)(verb->len > 40 ? 40 : verb->len), verb->s);
+    }
+    if (trace_push(p->t, &a) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    return XSEG_SUCCESS;
+}
+
+xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char *err, size_t errlen)
+{
+    struct parser p = {.t = t, .err = err, .errlen = errlen};
+    xseg_status st = XSEG_SUCCESS;
+    const char *s = text, *end = text + len;
+    while (s < end && st == XSEG_SUCCESS) {
+        const char *eol = memchr(s, '\n', (size_t)(end - s));
+        if (!eol)
+            eol = end;
+        p.line++;
+        /* A comment starts at '#' at the line start or after a blank. */
+        const char *stop = s;
+        while (stop < eol && !(*stop == '#' && (stop == s || is_blank(stop[-1]))))
+            stop++;
+        if (memchr(s, '\0', (size_t)(stop - s)))
+            st = perr(&p, "a NUL byte in the line (is this a binary file?)");
+        else
+            st = parse_line(&p, s, stop);
+        s = eol + 1;
+    }
+    free(p.live);
+    free(p.last_line);
+    free(p.pool_open);
+    free(p.capturing);
+    return st;
+}
+
+static int looks_like_rmm_csv(const char *text, size_t len)
+{
+    /* Skip a UTF-8 byte-order mark; compare the header's first fields. */
+    if (len >= 3 && (unsigned char)text[0] == 0xEF && (unsigned char)text[1] == 0xBB &&
+        (unsigned char)text[2] == 0xBF) {
+        text += 3;
+        len -= 3;
+    }
+    static const char hdr[] = "Thread,Time,Action,Pointer,Size";
+    return len >= sizeof hdr - 1 && memcmp(text, hdr, sizeof hdr - 1) == 0;
+}
+
+xseg_status trace_load_file(struct trace *t, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open: %m", path);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int ioerr = ferror(f);
+    fclose(f);
+    if (!buf) {
+        snprintf(err, errlen, "%s: out of host memory reading it", path);
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    }
+    if (ioerr) {
+        free(buf);
+        snprintf(err, errlen, "%s: read error", path);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    xseg_status st = trace_init(t, path);
+    if (st == XSEG_SUCCESS) {
+        st = looks_like_rmm_csv(buf, len) ? trace_import_rmm_csv(t, buf, len, err, errlen)
+                                          : trace_parse_text(t, buf, len, err, errlen);
+        if (st != XSEG_SUCCESS)
+            trace_destroy(t);
+    }
+    free(buf);
+    return st;
+}

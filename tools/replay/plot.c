@@ -1,0 +1,219 @@
+/* The --plot SVG. See plot.h. Plain SVG 1.1 with inline attributes: any browser renders it. */
+#include "tools/replay/plot.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PANEL_W = 960, PANEL_H = 380, MARGIN_L = 80, MARGIN_R = 190, MARGIN_T = 40, MARGIN_B = 56 };
+
+static const char *mode_color(const char *mode, size_t i)
+{
+    if (!strcmp(mode, "classic"))
+        return "#d62728";
+    if (!strcmp(mode, "expandable"))
+        return "#1f77b4";
+    static const char *const others[] = {"#2ca02c", "#9467bd", "#8c564b", "#e377c2"};
+    return others[i % 4];
+}
+
+/* A "nice" tick step (1, 2, 5 x 10^k) giving about @p want ticks over @p range. */
+static double nice_step(double range, int want)
+{
+    if (range <= 0)
+        return 1;
+    double raw = range / want, mag = pow(10, floor(log10(raw))), f = raw / mag;
+    return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
+}
+
+static void xml_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '<') fputs("&lt;", f);
+        else if (*s == '>') fputs("&gt;", f);
+        else if (*s == '&') fputs("&amp;", f);
+        else if (*s == '"') fputs("&quot;", f);
+        else fputc(*s, f);
+    }
+}
+
+/* One polyline of @p v over the plot area, reduced to the min and max per horizontal pixel. */
+static void polyline(FILE *f, const struct run_timeline *tl, const int64_t *v, double x0, double y0,
+                     double w, double h, double xmax, double ymax, const char *color, const char *dash)
+{
+    if (!tl->n)
+        return;
+    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"%s%s%s points=\"", color,
+            dash ? " stroke-dasharray=\"" : "", dash ? dash : "", dash ? "\"" : "");
+    size_t i = 0;
+    int64_t prev = 0; /* the value holds until the next sample: draw steps */
+    double prev_px = x0;
+    fprintf(f, "%.1f,%.1f ", x0, y0 + h);
+    while (i < tl->n) {
+        int px = (int)((double)tl->x[i] / xmax * w);
+        int64_t lo = v[i], hi = v[i], last = v[i];
+        size_t j = i;
+        while (j < tl->n && (int)((double)tl->x[j] / xmax * w) == px) {
+            lo = v[j] < lo ? v[j] : lo;
+            hi = v[j] > hi ? v[j] : hi;
+            last = v[j];
+            j++;
+        }
+        double X = x0 + px;
+        fprintf(f, "%.1f,%.1f ", X, y0 + h - (double)prev / ymax * h);
+        fprintf(f, "%.1f,%.1f %.1f,%.1f %.1f,%.1f ", X, y0 + h - (double)lo / ymax * h, X,
+                y0 + h - (double)hi / ymax * h, X, y0 + h - (double)last / ymax * h);
+        prev = last;
+        prev_px = X;
+        i = j;
+    }
+    (void)prev_px;
+    fprintf(f, "%.1f,%.1f\"/>\n", x0 + w, y0 + h - (double)prev / ymax * h);
+}
+
+xseg_status plot_write_svg(const char *path, const struct plot_panel *panels, size_t npanels,
+                           char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        snprintf(err, errlen, "--plot %s: cannot write: %m", path);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    const double GiB = 1073741824.0;
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%zu\" "
+               "font-family=\"sans-serif\" font-size=\"12\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            PANEL_W, PANEL_H * (npanels ? npanels : 1));
+    for (size_t p = 0; p < npanels; p++) {
+        const struct plot_panel *pn = &panels[p];
+        double top = (double)(p * PANEL_H);
+        double x0 = MARGIN_L, y0 = top + MARGIN_T;
+        double w = PANEL_W - MARGIN_L - MARGIN_R, h = PANEL_H - MARGIN_T - MARGIN_B;
+        double xmax = pn->xmax ? (double)pn->xmax : 1;
+        int64_t vmax = 0;
+        for (size_t s = 0; s < pn->n; s++)
+            for (size_t i = 0; i < pn->series[s].tl->n; i++) {
+                vmax = pn->series[s].tl->reserved[i] > vmax ? pn->series[s].tl->reserved[i] : vmax;
+                vmax = pn->series[s].tl->allocated[i] > vmax ? pn->series[s].tl->allocated[i] : vmax;
+            }
+        double ystep = nice_step((double)vmax / GiB * 1.05, 5);
+        double ytop = ceil(((double)vmax / GiB * 1.05) / ystep) * ystep;
+        if (ytop <= 0)
+            ytop = ystep;
+        double ymax = ytop * GiB;
+
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"15\" font-weight=\"bold\">", x0, top + 24);
+        xml_text(f, pn->title);
+        fputs("</text>\n", f);
+        /* Grid and y axis in GiB. */
+        for (double yv = 0; yv <= ytop + ystep / 2; yv += ystep) {
+            double Y = y0 + h - yv / ytop * h;
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e0e0e0\"/>\n", x0, Y, x0 + w, Y);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", x0 - 6, Y + 4, yv);
+        }
+        double xstep = nice_step(xmax, 8);
+        for (double xv = 0; xv <= xmax + xstep / 2; xv += xstep) {
+            double X = x0 + xv / xmax * w;
+            if (X > x0 + w + 0.5)
+                break;
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\"/>\n", X, y0 + h, X, y0 + h + 5);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", X, y0 + h + 18, xv);
+        }
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n",
+                x0, y0, w, h);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">trace action (index)</text>\n",
+                x0 + w / 2, y0 + h + 40);
+        fprintf(f, "<text transform=\"translate(%.1f,%.1f) rotate(-90)\" text-anchor=\"middle\">memory (GiB)</text>\n",
+                x0 - 50, y0 + h / 2);
+        /* Allocated first (dashed) so the reserved lines draw on top. */
+        for (size_t s = 0; s < pn->n; s++)
+            polyline(f, pn->series[s].tl, pn->series[s].tl->allocated, x0, y0, w, h, xmax, ymax,
+                     mode_color(pn->series[s].mode, s), "5,3");
+        for (size_t s = 0; s < pn->n; s++)
+            polyline(f, pn->series[s].tl, pn->series[s].tl->reserved, x0, y0, w, h, xmax, ymax,
+                     mode_color(pn->series[s].mode, s), NULL);
+        /* Legend. */
+        double lx = x0 + w + 16, ly = y0 + 8;
+        for (size_t s = 0; s < pn->n; s++) {
+            const char *c = mode_color(pn->series[s].mode, s);
+            for (int k = 0; k < 2; k++) {
+                fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>\n",
+                        lx, ly, lx + 26, ly, c, k ? " stroke-dasharray=\"5,3\"" : "");
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s (", lx + 32, ly + 4, k ? "allocated" : "reserved");
+                xml_text(f, pn->series[s].mode);
+                fputs(")</text>\n", f);
+                ly += 20;
+            }
+        }
+    }
+    fputs("</svg>\n", f);
+    if (fclose(f) != 0) {
+        snprintf(err, errlen, "--plot %s: write failed", path);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    return XSEG_SUCCESS;
+}
+
+xseg_status plot_timeline_write(FILE *f, const struct run_timeline *tl, size_t buckets)
+{
+    if (!tl->n)
+        return XSEG_SUCCESS;
+    uint64_t span = tl->x[tl->n - 1] + 1;
+    size_t i = 0;
+    while (i < tl->n) {
+        uint64_t b = tl->x[i] * buckets / span;
+        size_t lo = i, hi = i, j = i;
+        while (j < tl->n && tl->x[j] * buckets / span == b) {
+            if (tl->reserved[j] < tl->reserved[lo]) lo = j;
+            if (tl->reserved[j] > tl->reserved[hi]) hi = j;
+            j++;
+        }
+        /* Keep the bucket's extremes in their order, and its last sample (the level that holds). */
+        size_t keep[3] = {lo < hi ? lo : hi, lo < hi ? hi : lo, j - 1};
+        for (int k = 0; k < 3; k++) {
+            if (k && keep[k] == keep[k - 1])
+                continue;
+            fprintf(f, "%" PRIu64 " %" PRId64 " %" PRId64 "\n", tl->x[keep[k]], tl->allocated[keep[k]],
+                    tl->reserved[keep[k]]);
+        }
+        i = j;
+    }
+    return ferror(f) ? XSEG_ERROR_INVALID_VALUE : XSEG_SUCCESS;
+}
+
+xseg_status plot_timeline_read(const char *path, struct run_timeline *tl, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open: %m", path);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    memset(tl, 0, sizeof *tl);
+    uint64_t x;
+    int64_t a, r;
+    while (fscanf(f, "%" SCNu64 " %" SCNd64 " %" SCNd64, &x, &a, &r) == 3) {
+        if (tl->n == tl->cap) {
+            size_t cap = tl->cap ? tl->cap * 2 : 1024;
+            uint64_t *nx = realloc(tl->x, cap * sizeof *nx);
+            if (nx) tl->x = nx;
+            int64_t *na = realloc(tl->allocated, cap * sizeof *na);
+            if (na) tl->allocated = na;
+            int64_t *nr = realloc(tl->reserved, cap * sizeof *nr);
+            if (nr) tl->reserved = nr;
+            if (!nx || !na || !nr) {
+                fclose(f);
+                snprintf(err, errlen, "out of host memory");
+                return XSEG_ERROR_OUT_OF_MEMORY;
+            }
+            tl->cap = cap;
+        }
+        tl->x[tl->n] = x;
+        tl->allocated[tl->n] = a;
+        tl->reserved[tl->n] = r;
+        tl->n++;
+    }
+    fclose(f);
+    return XSEG_SUCCESS;
+}

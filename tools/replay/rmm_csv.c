@@ -1,0 +1,273 @@
+/*
+ * RMM's logging_resource_adaptor CSV (header Thread,Time,Action,Pointer,Size,Stream; actions
+ * allocate, free, "allocate failure") read into a trace. Rows are replayed in file order on one
+ * thread; the Thread column is ignored because replay order, not concurrency, decides what the
+ * allocator does. "allocate failure" rows are skipped: that request failed in the original run
+ * too, and nothing refers to it later.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/replay/trace.h"
+
+/* Pointer -> buffer index. Entries are never deleted: a freed pointer keeps pointing at its old
+ * buffer, whose live flag says it is gone, and a new allocation at that address overwrites it. */
+struct ptr_map {
+    uint64_t *keys;
+    int32_t *vals;
+    size_t n, nslots;
+};
+
+static size_t ptr_slot(const struct ptr_map *m, uint64_t key)
+{
+    uint64_t h = key * 0x9E3779B97F4A7C15ull;
+    size_t s = (size_t)(h >> 20) & (m->nslots - 1);
+    while (m->vals[s] >= 0 && m->keys[s] != key)
+        s = (s + 1) & (m->nslots - 1);
+    return s;
+}
+
+static int ptr_map_put(struct ptr_map *m, uint64_t key, int32_t val)
+{
+    if ((m->n + 1) * 2 > m->nslots) {
+        struct ptr_map nm = {.nslots = m->nslots ? m->nslots * 2 : 1024};
+        nm.keys = malloc(nm.nslots * sizeof *nm.keys);
+        nm.vals = malloc(nm.nslots * sizeof *nm.vals);
+        if (!nm.keys || !nm.vals) {
+            free(nm.keys);
+            free(nm.vals);
+            return -1;
+        }
+        for (size_t i = 0; i < nm.nslots; i++)
+            nm.vals[i] = -1;
+        for (size_t i = 0; i < m->nslots; i++)
+            if (m->vals[i] >= 0) {
+                size_t s = ptr_slot(&nm, m->keys[i]);
+                nm.keys[s] = m->keys[i];
+                nm.vals[s] = m->vals[i];
+                nm.n++;
+            }
+        free(m->keys);
+        free(m->vals);
+        *m = nm;
+    }
+    size_t s = ptr_slot(m, key);
+    if (m->vals[s] < 0)
+        m->n++;
+    m->keys[s] = key;
+    m->vals[s] = val;
+    return 0;
+}
+
+static int32_t ptr_map_get(const struct ptr_map *m, uint64_t key)
+{
+    if (!m->nslots)
+        return -1;
+    return m->vals[ptr_slot(m, key)];
+}
+
+struct action_vec {
+    struct trace_action *a;
+    size_t n, cap;
+};
+
+static int vec_push(struct action_vec *v, const struct trace_action *a)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 1024;
+        struct trace_action *p = realloc(v->a, cap * sizeof *p);
+        if (!p)
+            return -1;
+        v->a = p;
+        v->cap = cap;
+    }
+    v->a[v->n++] = *a;
+    return 0;
+}
+
+struct csv_state {
+    struct trace *t;
+    char *err;
+    size_t errlen;
+    uint32_t row;
+};
+
+__attribute__((format(printf, 2, 3))) static xseg_status cerr(struct csv_state *c, const char *fmt, ...)
+{
+    int n = snprintf(c->err, c->errlen, "%s:%u: ", c->t->source, c->row);
+    if (n < 0 || (size_t)n >= c->errlen)
+        return XSEG_ERROR_INVALID_VALUE;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return XSEG_ERROR_INVALID_VALUE;
+}
+
+static int parse_u64(const char *s, size_t len, uint64_t *v)
+{
+    while (len && (*s == ' ' || *s == '"')) {
+        s++;
+        len--;
+    }
+    while (len && (s[len - 1] == ' ' || s[len - 1] == '"' || s[len - 1] == '\r'))
+        len--;
+    if (!len || len > 40)
+        return -1;
+    char tmp[48];
+    memcpy(tmp, s, len);
+    tmp[len] = '\0';
+    char *endp;
+    unsigned long long x = strtoull(tmp, &endp, 0); /* 0x... pointers, decimal sizes */
+    if (*endp || tmp[0] == '-')
+        return -1;
+    *v = x;
+    return 0;
+}
+
+xseg_status trace_import_rmm_csv(struct trace *t, const char *text, size_t len, char *err, size_t errlen)
+{
+    struct csv_state c = {.t = t, .err = err, .errlen = errlen};
+    struct ptr_map map = {0};
+    struct action_vec seeds = {0}, body = {0};
+    unsigned char *live = NULL;
+    size_t live_cap = 0;
+    uint64_t buf_counter = 0;
+    xseg_status st = XSEG_SUCCESS;
+    const char *s = text, *end = text + len;
+
+    while (s < end && st == XSEG_SUCCESS) {
+        const char *eol = memchr(s, '\n', (size_t)(end - s));
+        if (!eol)
+            eol = end;
+        c.row++;
+        const char *line = s;
+        s = eol + 1;
+        if (c.row == 1)
+            continue; /* the header, checked by the caller */
+        if (eol == line || (eol - line == 1 && line[0] == '\r'))
+            continue;
+        const char *f[7];
+        size_t fl[7];
+        int nf = 0;
+        const char *p = line;
+        while (nf < 7) {
+            const char *comma = memchr(p, ',', (size_t)(eol - p));
+            f[nf] = p;
+            fl[nf] = (size_t)((comma ? comma : eol) - p);
+            nf++;
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+        if (nf < 5 || nf > 6) {
+            st = cerr(&c, "expected 6 fields (Thread,Time,Action,Pointer,Size,Stream), got %d", nf);
+            break;
+        }
+        const char *act = f[2];
+        size_t alen = fl[2];
+        while (alen && act[alen - 1] == '\r')
+            alen--;
+        int is_alloc = alen == 8 && memcmp(act, "allocate", 8) == 0;
+        int is_free = alen == 4 && memcmp(act, "free", 4) == 0;
+        if (alen == 16 && memcmp(act, "allocate failure", 16) == 0)
+            continue;
+        if (!is_alloc && !is_free) {
+            st = cerr(&c, "unknown action '%.*s' (allocate, free, allocate failure)", (int)(alen > 40 ? 40 : alen), act);
+            break;
+        }
+        uint64_t ptr, size, stream = 0;
+        if (parse_u64(f[3], fl[3], &ptr)) {
+            st = cerr(&c, "bad pointer '%.*s'", (int)(fl[3] > 40 ? 40 : fl[3]), f[3]);
+            break;
+        }
+        if (parse_u64(f[4], fl[4], &size)) {
+            st = cerr(&c, "bad size '%.*s'", (int)(fl[4] > 40 ? 40 : fl[4]), f[4]);
+            break;
+        }
+        if (nf == 6 && fl[5] && parse_u64(f[5], fl[5], &stream)) {
+            st = cerr(&c, "bad stream '%.*s'", (int)(fl[5] > 40 ? 40 : fl[5]), f[5]);
+            break;
+        }
+        struct trace_action a = {.line = c.row, .buf = -1, .stream = TRACE_DEFAULT_STREAM, .pool = -1};
+        if (stream) {
+            char name[32];
+            int nl = snprintf(name, sizeof name, "s%" PRIx64, stream);
+            int32_t idx;
+            trace_name_find(&t->streams, name, (size_t)nl, &idx);
+            if (idx < 0 && trace_name_intern(&t->streams, name, (size_t)nl, &idx) != XSEG_SUCCESS) {
+                st = cerr(&c, "out of host memory");
+                break;
+            }
+            a.stream = idx;
+        }
+        int32_t buf = ptr_map_get(&map, ptr);
+        int buf_live = buf >= 0 && (size_t)buf < live_cap && live[buf];
+        if (is_alloc && buf_live) {
+            st = cerr(&c, "pointer 0x%" PRIx64 " allocated again without a free", ptr);
+            break;
+        }
+        if (is_alloc || !buf_live) {
+            /* A new buffer: either this allocation, or the seed of a free whose allocation
+             * happened before the log started. */
+            char name[32];
+            int nl = snprintf(name, sizeof name, "p%" PRIu64, buf_counter++);
+            if (trace_name_intern(&t->bufs, name, (size_t)nl, &buf) != XSEG_SUCCESS ||
+                ptr_map_put(&map, ptr, buf) != 0) {
+                st = cerr(&c, "out of host memory");
+                break;
+            }
+            if ((size_t)buf >= live_cap) {
+                size_t ncap = live_cap ? live_cap * 2 : 1024;
+                unsigned char *nl2 = realloc(live, ncap);
+                if (!nl2) {
+                    st = cerr(&c, "out of host memory");
+                    break;
+                }
+                memset(nl2 + live_cap, 0, ncap - live_cap);
+                live = nl2;
+                live_cap = ncap;
+            }
+            struct trace_action al = a;
+            al.op = TRACE_ALLOC;
+            al.buf = buf;
+            al.size = size;
+            if (is_free)
+                al.line = 0; /* seeded: not from a row of the log */
+            if (vec_push(is_alloc ? &body : &seeds, &al)) {
+                st = cerr(&c, "out of host memory");
+                break;
+            }
+            live[buf] = 1;
+        }
+        if (is_free) {
+            struct trace_action fr = a;
+            fr.op = TRACE_FREE;
+            fr.buf = buf;
+            fr.stream = TRACE_DEFAULT_STREAM;
+            live[buf] = 0;
+            if (vec_push(&body, &fr)) {
+                st = cerr(&c, "out of host memory");
+                break;
+            }
+        }
+    }
+    /* Streams first (declared before use), then the seeds, then the log in order. */
+    for (size_t i = 0; st == XSEG_SUCCESS && i < t->streams.count; i++) {
+        struct trace_action sa = {.op = TRACE_STREAM, .buf = -1, .stream = (int32_t)i, .pool = -1};
+        st = trace_push(t, &sa);
+    }
+    for (size_t i = 0; st == XSEG_SUCCESS && i < seeds.n; i++)
+        st = trace_push(t, &seeds.a[i]);
+    for (size_t i = 0; st == XSEG_SUCCESS && i < body.n; i++)
+        st = trace_push(t, &body.a[i]);
+    free(map.keys);
+    free(map.vals);
+    free(seeds.a);
+    free(body.a);
+    free(live);
+    return st;
+}

@@ -1,0 +1,360 @@
+/* Replaying a trace through xseg. See runner.h. */
+#define _GNU_SOURCE
+#include "tools/replay/runner.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools/replay/report.h"
+#include "vmm/driver.h"
+
+const char *const run_entry_names[RUN_NENTRIES] = {
+#define RUN_NAME(n) #n,
+    RUN_ENTRIES(RUN_NAME)
+#undef RUN_NAME
+};
+
+/* The emulator's control entry points, found with dlsym on the loaded driver; NULL on a real
+ * driver, where hold/release and call counts are unavailable. */
+static struct {
+    void (*hold)(CUstream);
+    void (*release)(CUstream);
+    unsigned long (*count)(const char *);
+} emu;
+
+xseg_status run_find_driver(const char *const *candidates, size_t ncandidates,
+                            const char *device_mem, int *using_emulator, char *err, size_t errlen)
+{
+    *using_emulator = 0;
+    if (device_mem)
+        setenv("CUDAEMU_TOTAL_MEM", device_mem, 1);
+    else
+        setenv("CUDAEMU_TOTAL_MEM", "80G", 0);
+    const char *env = getenv("XSEG_LIBCUDA");
+    if (env && *env)
+        return XSEG_SUCCESS;
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h) {
+        dlclose(h);
+        return XSEG_SUCCESS;
+    }
+    for (size_t i = 0; i < ncandidates; i++) {
+        if (candidates[i] && access(candidates[i], R_OK) == 0) {
+            setenv("XSEG_LIBCUDA", candidates[i], 1);
+            *using_emulator = 1;
+            fprintf(stderr, "xseg-replay: no GPU driver found, using the emulator (cudaemu)\n");
+            return XSEG_SUCCESS;
+        }
+    }
+    snprintf(err, errlen, "no GPU driver (libcuda.so.1) and no cudaemu library found; set "
+                          "XSEG_LIBCUDA to a libcuda.so.1 or to build/cudaemu/libcudaemu.so");
+    return XSEG_ERROR_DRIVER;
+}
+
+xseg_status run_init(const char *config, char *err, size_t errlen)
+{
+    xseg_status st = xseg_init(config);
+    if (st != XSEG_SUCCESS) {
+        snprintf(err, errlen, "xseg_init(%s%s%s): %s", config ? "\"" : "", config ? config : "NULL",
+                 config ? "\"" : "", xseg_last_error());
+        return st;
+    }
+    const char *lib = getenv("XSEG_LIBCUDA");
+    void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (h) {
+        emu.hold = (void (*)(CUstream))dlsym(h, "cudaemu_stream_hold");
+        emu.release = (void (*)(CUstream))dlsym(h, "cudaemu_stream_release");
+        emu.count = (unsigned long (*)(const char *))dlsym(h, "cudaemu_call_count");
+        dlclose(h); /* xseg keeps its own reference: the library stays loaded */
+    }
+    return XSEG_SUCCESS;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void read_calls(uint64_t calls[RUN_NENTRIES])
+{
+    for (int i = 0; i < RUN_NENTRIES; i++) {
+        /* cudaemu counts under the API or the ABI name (cuMemAlloc vs cuMemAlloc_v2); take both. */
+        char abi[64];
+        snprintf(abi, sizeof abi, "%s_v2", run_entry_names[i]);
+        calls[i] = emu.count ? (uint64_t)emu.count(run_entry_names[i]) + emu.count(abi) : 0;
+    }
+}
+
+static xseg_status timeline_push(struct run_timeline *tl, uint64_t x, int64_t a, int64_t r)
+{
+    if (tl->n == tl->cap) {
+        size_t cap = tl->cap ? tl->cap * 2 : 4096;
+        uint64_t *nx = realloc(tl->x, cap * sizeof *nx);
+        if (nx)
+            tl->x = nx;
+        int64_t *na = realloc(tl->allocated, cap * sizeof *na);
+        if (na)
+            tl->allocated = na;
+        int64_t *nr = realloc(tl->reserved, cap * sizeof *nr);
+        if (nr)
+            tl->reserved = nr;
+        if (!nx || !na || !nr)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        tl->cap = cap;
+    }
+    tl->x[tl->n] = x;
+    tl->allocated[tl->n] = a;
+    tl->reserved[tl->n] = r;
+    tl->n++;
+    return XSEG_SUCCESS;
+}
+
+void run_timeline_free(struct run_timeline *tl)
+{
+    free(tl->x);
+    free(tl->allocated);
+    free(tl->reserved);
+    memset(tl, 0, sizeof *tl);
+}
+
+static void mode_of_config(char *mode, size_t len)
+{
+    char cfg[1024];
+    snprintf(mode, len, "unknown");
+    if (xseg_get_config(cfg, sizeof cfg, NULL) != XSEG_SUCCESS)
+        return;
+    snprintf(mode, len, "%s", strstr(cfg, "expandable_segments:True") ? "expandable" : "classic");
+}
+
+struct runstate {
+    void **ptrs;          /* per buffer: the live pointer, NULL when failed or freed */
+    unsigned char *failed;/* per buffer: its last alloc failed */
+    CUstream *streams;
+    unsigned char *held;
+    size_t label_width;
+};
+
+static CUstream stream_of(const struct runstate *rs, int32_t s) { return s >= 0 ? rs->streams[s] : NULL; }
+
+xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
+                      struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen)
+{
+    struct runstate rs = {0};
+    xseg_status st = XSEG_SUCCESS;
+    memset(sum, 0, sizeof *sum);
+    snprintf(sum->trace, sizeof sum->trace, "%s", t->source);
+    rs.ptrs = calloc(t->bufs.count + 1, sizeof *rs.ptrs);
+    rs.failed = calloc(t->bufs.count + 1, 1);
+    rs.streams = calloc(t->streams.count + 1, sizeof *rs.streams);
+    rs.held = calloc(t->streams.count + 1, 1);
+    if (!rs.ptrs || !rs.failed || !rs.streams || !rs.held) {
+        snprintf(err, errlen, "out of host memory");
+        st = XSEG_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    /* The mark table's label column fits the longest label. */
+    rs.label_width = 24;
+    for (size_t i = 0; i < t->count; i++)
+        if (t->actions[i].op == TRACE_MARK && strlen(trace_text(t, t->actions[i].text)) > rs.label_width)
+            rs.label_width = strlen(trace_text(t, t->actions[i].text));
+
+    struct drv_device_info info;
+    if (t->streams.count) {
+        if ((st = drv_device_query(0, &info)) != XSEG_SUCCESS || (st = drv_ctx_ensure(info.primary_ctx))) {
+            snprintf(err, errlen, "device 0: %s", xseg_last_error());
+            goto out;
+        }
+    }
+    uint64_t calls0[RUN_NENTRIES];
+    read_calls(calls0);
+    mode_of_config(sum->mode, sizeof sum->mode);
+    uint64_t ns_alloc = 0, ns_free = 0;
+    int table_started = 0;
+    size_t progress_step = t->count / 100 + 1;
+
+    for (size_t i = 0; i < t->count; i++) {
+        const struct trace_action *a = &t->actions[i];
+        int moved = 0; /* allocated or reserved may have changed: sample the timeline */
+        if (o->progress && i % progress_step == 0)
+            fprintf(stderr, "\rxseg-replay: %s [%s] %3zu%%", t->source, sum->mode, i * 100 / t->count);
+        switch (a->op) {
+        case TRACE_STREAM: {
+            CUresult r = drv->cuStreamCreate(&rs.streams[a->stream], CU_STREAM_NON_BLOCKING);
+            if (r != CUDA_SUCCESS) {
+                snprintf(err, errlen, "%s:%u: stream %s: cuStreamCreate failed: %s", t->source, a->line,
+                         t->streams.names[a->stream], drv_error_name(r));
+                st = XSEG_ERROR_DRIVER;
+                goto out;
+            }
+            break;
+        }
+        case TRACE_ALLOC: {
+            void *p = NULL;
+            uint64_t t0 = now_ns();
+            xseg_status as = xseg_malloc(&p, (size_t)a->size, 0, stream_of(&rs, a->stream));
+            ns_alloc += now_ns() - t0;
+            sum->allocs++;
+            if (as != XSEG_SUCCESS) {
+                char sz[32];
+                sum->failed_allocs++;
+                rs.failed[a->buf] = 1;
+                fprintf(stderr, "%s:%u: alloc %s %s failed (%s): %s\n", t->source, a->line,
+                        t->bufs.names[a->buf], trace_format_size(a->size, sz, sizeof sz),
+                        xseg_status_name(as), xseg_last_error());
+            } else {
+                rs.failed[a->buf] = 0;
+                rs.ptrs[a->buf] = p;
+            }
+            moved = 1;
+            break;
+        }
+        case TRACE_FREE: {
+            void *p = rs.ptrs[a->buf];
+            if (rs.failed[a->buf])
+                break; /* its allocation failed: nothing to free */
+            uint64_t t0 = now_ns();
+            xseg_status fs = xseg_free(p);
+            ns_free += now_ns() - t0;
+            sum->frees++;
+            rs.ptrs[a->buf] = NULL;
+            if (fs != XSEG_SUCCESS) {
+                snprintf(err, errlen, "%s:%u: free %s: %s", t->source, a->line, t->bufs.names[a->buf],
+                         xseg_last_error());
+                st = fs;
+                goto out;
+            }
+            moved = 1;
+            break;
+        }
+        case TRACE_RECORD:
+            if (rs.failed[a->buf] || !rs.ptrs[a->buf])
+                break;
+            if ((st = xseg_record_stream(rs.ptrs[a->buf], stream_of(&rs, a->stream)))) {
+                snprintf(err, errlen, "%s:%u: record %s: %s", t->source, a->line, t->bufs.names[a->buf],
+                         xseg_last_error());
+                goto out;
+            }
+            break;
+        case TRACE_HOLD:
+        case TRACE_RELEASE:
+            if (!emu.hold || !emu.release) {
+                static int warned;
+                if (!warned++)
+                    fprintf(stderr, "%s:%u: %s: only the emulator can hold a stream; ignored on this driver\n",
+                            t->source, a->line, trace_op_name(a->op));
+                break;
+            }
+            if (a->op == TRACE_HOLD)
+                emu.hold(stream_of(&rs, a->stream));
+            else
+                emu.release(stream_of(&rs, a->stream));
+            if (a->stream >= 0)
+                rs.held[a->stream] = a->op == TRACE_HOLD;
+            break;
+        case TRACE_SYNC: {
+            CUresult r = a->stream == TRACE_ALL_STREAMS ? drv->cuCtxSynchronize()
+                                                        : drv->cuStreamSynchronize(stream_of(&rs, a->stream));
+            if (r != CUDA_SUCCESS) {
+                snprintf(err, errlen, "%s:%u: sync: %s", t->source, a->line, drv_error_name(r));
+                st = XSEG_ERROR_DRIVER;
+                goto out;
+            }
+            break;
+        }
+        case TRACE_EMPTY_CACHE:
+            if ((st = xseg_empty_cache(-1))) {
+                snprintf(err, errlen, "%s:%u: empty_cache: %s", t->source, a->line, xseg_last_error());
+                goto out;
+            }
+            moved = 1;
+            break;
+        case TRACE_CONFIG:
+            if ((st = xseg_set_config(trace_text(t, a->text)))) {
+                snprintf(err, errlen, "%s:%u: config: %s", t->source, a->line, xseg_last_error());
+                goto out;
+            }
+            mode_of_config(sum->mode, sizeof sum->mode);
+            break;
+        case TRACE_POOL_BEGIN:
+        case TRACE_POOL_END:
+        case TRACE_POOL_RELEASE:
+        case TRACE_CAPTURE_BEGIN:
+        case TRACE_CAPTURE_END:
+            snprintf(err, errlen, "%s:%u: %s: not supported yet: private pools are a later issue",
+                     t->source, a->line, trace_op_name(a->op));
+            st = XSEG_ERROR_NOT_SUPPORTED;
+            goto out;
+        case TRACE_MARK: {
+            xseg_device_stats ds;
+            if ((st = xseg_get_stats(0, &ds))) {
+                snprintf(err, errlen, "%s:%u: mark: %s", t->source, a->line, xseg_last_error());
+                goto out;
+            }
+            if (o->marks == RUN_MARKS_TABLE) {
+                if (!table_started++)
+                    report_mark_header(out, rs.label_width, o->pool);
+                report_mark_row(out, rs.label_width, trace_text(t, a->text), &ds, o->pool);
+            } else if (o->marks == RUN_MARKS_JSONL) {
+                report_mark_jsonl(out, trace_text(t, a->text), sum->mode, 0);
+            }
+            fflush(out);
+            break;
+        }
+        }
+        if (moved && tl) {
+            xseg_device_stats ds;
+            if (xseg_get_stats(0, &ds) == XSEG_SUCCESS &&
+                timeline_push(tl, i, ds.allocated_bytes[XSEG_STAT_ALL].current,
+                              ds.reserved_bytes[XSEG_STAT_ALL].current) != XSEG_SUCCESS) {
+                snprintf(err, errlen, "out of host memory for the timeline");
+                st = XSEG_ERROR_OUT_OF_MEMORY;
+                goto out;
+            }
+        }
+    }
+    if (o->progress)
+        fprintf(stderr, "\r%*s\r", (int)strlen(t->source) + 40, "");
+
+    /* Held streams would keep deferred frees pending forever: let them finish first. */
+    for (size_t s = 0; s < t->streams.count; s++)
+        if (rs.held[s] && emu.release)
+            emu.release(rs.streams[s]);
+    xseg_device_stats ds;
+    if ((st = xseg_get_stats(0, &ds))) {
+        snprintf(err, errlen, "xseg_get_stats: %s", xseg_last_error());
+        goto out;
+    }
+    sum->actions = t->count;
+    sum->peak_allocated = ds.allocated_bytes[XSEG_STAT_ALL].peak;
+    sum->peak_reserved = ds.reserved_bytes[XSEG_STAT_ALL].peak;
+    sum->utilization = sum->peak_reserved ? (double)sum->peak_allocated / (double)sum->peak_reserved : 0;
+    sum->reserved_end = ds.reserved_bytes[XSEG_STAT_ALL].current;
+    sum->host_ns_per_alloc = sum->allocs ? (double)ns_alloc / (double)sum->allocs : 0;
+    sum->host_ns_per_free = sum->frees ? (double)ns_free / (double)sum->frees : 0;
+    if ((st = xseg_empty_cache(-1)) || (st = xseg_get_stats(0, &ds))) {
+        snprintf(err, errlen, "final empty_cache: %s", xseg_last_error());
+        goto out;
+    }
+    sum->reserved_after_empty_cache = ds.reserved_bytes[XSEG_STAT_ALL].current;
+    if (emu.count) {
+        uint64_t calls1[RUN_NENTRIES];
+        read_calls(calls1);
+        sum->have_calls = 1;
+        for (int e = 0; e < RUN_NENTRIES; e++) {
+            sum->calls[e] = calls1[e] - calls0[e];
+            if (e < RUN_MEMORY_ENTRIES)
+                sum->memory_calls += sum->calls[e];
+        }
+    }
+out:
+    free(rs.ptrs);
+    free(rs.failed);
+    free(rs.streams);
+    free(rs.held);
+    return st;
+}

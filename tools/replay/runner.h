@@ -1,0 +1,83 @@
+/*
+ * Replaying a trace through xseg on device 0: streams, allocations, marks, the summary, and the
+ * timeline of allocated / reserved bytes for the plot. One replay per process: xseg's state
+ * (caches, statistics, mode of existing segments) cannot be fully reset in-process, so
+ * `--compare` runs each mode in a child (see main.c).
+ */
+#ifndef XSEG_TOOLS_REPLAY_RUNNER_H
+#define XSEG_TOOLS_REPLAY_RUNNER_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tools/replay/trace.h"
+
+/* Driver entry points counted for the summary (cudaemu only; the real driver has no counters). */
+#define RUN_ENTRIES(X)                                                                            \
+    X(cuMemAlloc) X(cuMemFree) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)         \
+    X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuEventRecord)                  \
+    X(cuEventQuery) X(cuStreamSynchronize)
+enum run_entry {
+#define RUN_ENUM(n) RUN_E_##n,
+    RUN_ENTRIES(RUN_ENUM)
+#undef RUN_ENUM
+    RUN_NENTRIES
+};
+/* The entries above that create or destroy device memory or mappings: "driver calls per GiB". */
+#define RUN_MEMORY_ENTRIES 9
+extern const char *const run_entry_names[RUN_NENTRIES];
+
+enum run_marks { RUN_MARKS_TABLE, RUN_MARKS_JSONL, RUN_MARKS_NONE };
+
+struct run_options {
+    int pool;               /* XSEG_STAT_ALL, _SMALL_POOL or _LARGE_POOL for the mark table */
+    enum run_marks marks;
+    int progress;           /* progress on stderr (main decides: a terminal, a long trace) */
+    int timeline;           /* keep allocated/reserved after every action, for the plot */
+};
+
+struct run_summary {
+    char mode[32];          /* "classic" or "expandable": from the config in force at the end */
+    char trace[256];
+    int64_t peak_allocated, peak_reserved;
+    double utilization;     /* peak allocated / peak reserved; 0 when nothing was reserved */
+    int64_t reserved_end, reserved_after_empty_cache;
+    uint64_t actions, allocs, frees, failed_allocs;
+    double host_ns_per_alloc, host_ns_per_free; /* mean wall time of xseg_malloc / xseg_free */
+    int have_calls;         /* 1 on cudaemu: calls[] are valid */
+    uint64_t calls[RUN_NENTRIES];
+    uint64_t memory_calls;  /* sum of the first RUN_MEMORY_ENTRIES */
+};
+
+/* allocated and reserved bytes (all pools) after each allocating / freeing action. */
+struct run_timeline {
+    size_t n, cap;
+    uint64_t *x;            /* action index */
+    int64_t *allocated, *reserved;
+};
+
+/*
+ * Make sure a driver is there before xseg_init: when $XSEG_LIBCUDA is unset and libcuda.so.1
+ * cannot be opened, point XSEG_LIBCUDA at a cudaemu from @p candidates (first readable one) and
+ * say so on stderr. Sets CUDAEMU_TOTAL_MEM to @p device_mem (or 80G when unset) either way; the
+ * real driver ignores it. @p using_emulator receives 1 when the emulator was chosen here.
+ */
+xseg_status run_find_driver(const char *const *candidates, size_t ncandidates,
+                            const char *device_mem, int *using_emulator, char *err, size_t errlen);
+
+/* Initialize xseg with @p config (NULL: the environment) and load the emulator controls. */
+xseg_status run_init(const char *config, char *err, size_t errlen);
+
+/*
+ * Replay @p t. Marks go to @p out as they happen (a table or JSON lines, per @p o). An allocation
+ * that fails is reported on stderr and counted; the replay goes on, and later frees of that
+ * buffer are skipped. Pool and capture actions stop the replay with "not supported yet".
+ * At the end, held streams are released, the summary is filled, then a final empty_cache gives
+ * reserved_after_empty_cache.
+ */
+xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
+                      struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen);
+
+void run_timeline_free(struct run_timeline *tl);
+
+#endif

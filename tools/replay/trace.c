@@ -1,0 +1,262 @@
+/* The trace model: name interning, the action array, sizes. See trace.h. */
+#include "tools/replay/trace.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t name_hash(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static xseg_status names_grow(struct trace_names *n)
+{
+    size_t nslots = n->nslots ? n->nslots * 2 : 64;
+    int32_t *slots = malloc(nslots * sizeof *slots);
+    if (!slots)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < nslots; i++)
+        slots[i] = -1;
+    for (size_t i = 0; i < n->count; i++) {
+        size_t s = name_hash(n->names[i], strlen(n->names[i])) & (nslots - 1);
+        while (slots[s] >= 0)
+            s = (s + 1) & (nslots - 1);
+        slots[s] = (int32_t)i;
+    }
+    free(n->slots);
+    n->slots = slots;
+    n->nslots = nslots;
+    return XSEG_SUCCESS;
+}
+
+void trace_name_find(const struct trace_names *n, const char *name, size_t len, int32_t *index)
+{
+    *index = -1;
+    if (!n->nslots)
+        return;
+    size_t s = name_hash(name, len) & (n->nslots - 1);
+    while (n->slots[s] >= 0) {
+        const char *cand = n->names[n->slots[s]];
+        if (strlen(cand) == len && memcmp(cand, name, len) == 0) {
+            *index = n->slots[s];
+            return;
+        }
+        s = (s + 1) & (n->nslots - 1);
+    }
+}
+
+xseg_status trace_name_intern(struct trace_names *n, const char *name, size_t len, int32_t *index)
+{
+    trace_name_find(n, name, len, index);
+    if (*index >= 0)
+        return XSEG_SUCCESS;
+    if (n->count >= INT32_MAX)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    /* Keep the load factor under one half so probes stay short. */
+    if ((n->count + 1) * 2 > n->nslots && names_grow(n) != XSEG_SUCCESS)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    if (n->count == n->cap) {
+        size_t cap = n->cap ? n->cap * 2 : 64;
+        char **names = realloc(n->names, cap * sizeof *names);
+        if (!names)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        n->names = names;
+        n->cap = cap;
+    }
+    char *copy = malloc(len + 1);
+    if (!copy)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    memcpy(copy, name, len);
+    copy[len] = '\0';
+    size_t s = name_hash(name, len) & (n->nslots - 1);
+    while (n->slots[s] >= 0)
+        s = (s + 1) & (n->nslots - 1);
+    n->slots[s] = (int32_t)n->count;
+    n->names[n->count] = copy;
+    *index = (int32_t)n->count++;
+    return XSEG_SUCCESS;
+}
+
+static void names_destroy(struct trace_names *n)
+{
+    for (size_t i = 0; i < n->count; i++)
+        free(n->names[i]);
+    free(n->names);
+    free(n->slots);
+    memset(n, 0, sizeof *n);
+}
+
+xseg_status trace_init(struct trace *t, const char *source)
+{
+    memset(t, 0, sizeof *t);
+    t->source = strdup(source ? source : "trace");
+    t->strings = malloc(256);
+    if (!t->source || !t->strings) {
+        trace_destroy(t);
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    }
+    t->strings[0] = '\0';
+    t->strings_len = 1;
+    t->strings_cap = 256;
+    return XSEG_SUCCESS;
+}
+
+void trace_destroy(struct trace *t)
+{
+    free(t->source);
+    free(t->actions);
+    free(t->strings);
+    names_destroy(&t->bufs);
+    names_destroy(&t->streams);
+    names_destroy(&t->pools);
+    memset(t, 0, sizeof *t);
+}
+
+xseg_status trace_push(struct trace *t, const struct trace_action *a)
+{
+    if (t->count == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 1024;
+        struct trace_action *p = realloc(t->actions, cap * sizeof *p);
+        if (!p)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        t->actions = p;
+        t->cap = cap;
+    }
+    t->actions[t->count++] = *a;
+    if (a->op == TRACE_ALLOC) {
+        t->nallocs++;
+        t->total_alloc_bytes += a->size;
+    }
+    return XSEG_SUCCESS;
+}
+
+xseg_status trace_add_text(struct trace *t, const char *text, size_t len, size_t *off)
+{
+    if (t->strings_len + len + 1 > t->strings_cap) {
+        size_t cap = t->strings_cap * 2;
+        while (cap < t->strings_len + len + 1)
+            cap *= 2;
+        char *p = realloc(t->strings, cap);
+        if (!p)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        t->strings = p;
+        t->strings_cap = cap;
+    }
+    memcpy(t->strings + t->strings_len, text, len);
+    t->strings[t->strings_len + len] = '\0';
+    *off = t->strings_len;
+    t->strings_len += len + 1;
+    return XSEG_SUCCESS;
+}
+
+const char *trace_op_name(enum trace_op op)
+{
+    switch (op) {
+    case TRACE_STREAM: return "stream";
+    case TRACE_ALLOC: return "alloc";
+    case TRACE_FREE: return "free";
+    case TRACE_RECORD: return "record";
+    case TRACE_HOLD: return "hold";
+    case TRACE_RELEASE: return "release";
+    case TRACE_SYNC: return "sync";
+    case TRACE_EMPTY_CACHE: return "empty_cache";
+    case TRACE_CONFIG: return "config";
+    case TRACE_POOL_BEGIN: return "pool_begin";
+    case TRACE_POOL_END: return "pool_end";
+    case TRACE_POOL_RELEASE: return "pool_release";
+    case TRACE_CAPTURE_BEGIN: return "capture_begin";
+    case TRACE_CAPTURE_END: return "capture_end";
+    case TRACE_MARK: return "mark";
+    }
+    return "?";
+}
+
+xseg_status trace_parse_size(const char *s, size_t len, uint64_t *bytes, char *err, size_t errlen)
+{
+    size_t i = 0;
+    uint64_t whole = 0;
+    int digits = 0;
+    while (i < len && s[i] >= '0' && s[i] <= '9') {
+        unsigned d = (unsigned)(s[i] - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            goto overflow;
+        whole = whole * 10 + d;
+        i++;
+        digits++;
+    }
+    /* Up to 9 fraction digits, kept as an integer numerator over 10^fdigits so "1.5GiB" is exact. */
+    uint64_t frac = 0, fscale = 1;
+    if (i < len && s[i] == '.') {
+        i++;
+        while (i < len && s[i] >= '0' && s[i] <= '9') {
+            if (fscale < 1000000000ull) {
+                frac = frac * 10 + (uint64_t)(s[i] - '0');
+                fscale *= 10;
+            }
+            i++;
+            digits++;
+        }
+    }
+    if (!digits)
+        goto bad;
+    const char *u = s + i;
+    size_t ulen = len - i;
+    unsigned shift;
+    if (ulen == 0 || (ulen == 1 && (u[0] == 'B' || u[0] == 'b')))
+        shift = 0;
+    else {
+        char c = u[0];
+        if (c == 'k' || c == 'K') shift = 10;
+        else if (c == 'm' || c == 'M') shift = 20;
+        else if (c == 'g' || c == 'G') shift = 30;
+        else if (c == 't' || c == 'T') shift = 40;
+        else goto bad;
+        const char *rest = u + 1;
+        size_t rlen = ulen - 1;
+        if (!(rlen == 0 || (rlen == 1 && (rest[0] == 'B' || rest[0] == 'b')) ||
+              (rlen == 2 && (rest[0] == 'i' || rest[0] == 'I') && (rest[1] == 'B' || rest[1] == 'b'))))
+            goto bad;
+    }
+    if (shift && whole > (UINT64_MAX >> shift))
+        goto overflow;
+    uint64_t v = whole << shift;
+    if (fscale > 1) {
+        if (!shift)
+            goto bad; /* a fraction of a byte */
+        uint64_t fpart = (uint64_t)(((unsigned __int128)frac << shift) / fscale);
+        if (v > UINT64_MAX - fpart)
+            goto overflow;
+        v += fpart;
+    }
+    *bytes = v;
+    return XSEG_SUCCESS;
+bad:
+    snprintf(err, errlen, "bad size '%.*s' (bytes, or a number with B, KiB, MiB, GiB, TiB)",
+             (int)(len > 64 ? 64 : len), s);
+    return XSEG_ERROR_INVALID_VALUE;
+overflow:
+    snprintf(err, errlen, "size '%.*s' does not fit in 64 bits", (int)(len > 64 ? 64 : len), s);
+    return XSEG_ERROR_INVALID_VALUE;
+}
+
+const char *trace_format_size(uint64_t bytes, char *buf, size_t buflen)
+{
+    static const char *units[] = {"TiB", "GiB", "MiB", "KiB"};
+    static const unsigned shifts[] = {40, 30, 20, 10};
+    for (int i = 0; i < 4; i++) {
+        uint64_t m = (1ull << shifts[i]) - 1;
+        if (bytes && (bytes & m) == 0) {
+            snprintf(buf, buflen, "%" PRIu64 "%s", bytes >> shifts[i], units[i]);
+            return buf;
+        }
+    }
+    snprintf(buf, buflen, "%" PRIu64, bytes);
+    return buf;
+}

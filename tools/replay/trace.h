@@ -1,0 +1,123 @@
+/*
+ * The replay trace: a list of actions over named buffers, streams and pools, built by the text
+ * parser (parse.c), the RMM CSV importer (rmm_csv.c) and the workload generators (workloads.c),
+ * and consumed by the runner. Names are interned into dense indices at build time so the runner
+ * works on arrays, never on strings.
+ *
+ * Not thread-safe: one trace is built and replayed by one thread.
+ */
+#ifndef XSEG_TOOLS_REPLAY_TRACE_H
+#define XSEG_TOOLS_REPLAY_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xseg.h"
+
+/* Longest message any trace function writes (file:line: what was wrong). */
+#define TRACE_ERR_MAX 512
+
+enum trace_op {
+    TRACE_STREAM,        /* declare a stream: created when the replay starts */
+    TRACE_ALLOC,         /* buf, size, stream */
+    TRACE_FREE,          /* buf */
+    TRACE_RECORD,        /* buf, stream (record_stream) */
+    TRACE_HOLD,          /* stream: work stays pending (cudaemu only) */
+    TRACE_RELEASE,       /* stream: pending work completes */
+    TRACE_SYNC,          /* stream, or TRACE_ALL_STREAMS */
+    TRACE_EMPTY_CACHE,
+    TRACE_CONFIG,        /* text = config string */
+    TRACE_POOL_BEGIN,    /* pool, stream */
+    TRACE_POOL_END,      /* pool */
+    TRACE_POOL_RELEASE,  /* pool */
+    TRACE_CAPTURE_BEGIN, /* stream, pool (or -1) */
+    TRACE_CAPTURE_END,   /* stream */
+    TRACE_MARK,          /* text = label */
+};
+
+/* Stream index of the legacy default stream, and of "every stream" for sync. */
+#define TRACE_DEFAULT_STREAM (-1)
+#define TRACE_ALL_STREAMS (-2)
+
+struct trace_action {
+    enum trace_op op;
+    uint32_t line;   /* 1-based source line (or CSV row); 0 for generated actions */
+    int32_t buf;     /* buffer index, or -1 */
+    int32_t stream;  /* stream index, TRACE_DEFAULT_STREAM or TRACE_ALL_STREAMS */
+    int32_t pool;    /* pool index, or -1 */
+    uint64_t size;   /* bytes (alloc) */
+    size_t text;     /* offset into trace.strings (config, mark), or 0 */
+};
+
+/* A name table: interned strings to dense indices (open addressing over a power-of-two table). */
+struct trace_names {
+    char **names;   /* index -> name (owned) */
+    size_t count, cap;
+    int32_t *slots; /* hash slot -> index, -1 empty */
+    size_t nslots;
+};
+
+struct trace {
+    char *source;   /* file name or "builtin:NAME", for messages */
+    struct trace_action *actions;
+    size_t count, cap;
+    struct trace_names bufs, streams, pools;
+    char *strings;  /* NUL-separated texts; offset 0 is the empty string */
+    size_t strings_len, strings_cap;
+    uint64_t nallocs, total_alloc_bytes;
+};
+
+/* Start an empty trace; @p source names it in messages. */
+xseg_status trace_init(struct trace *t, const char *source);
+void trace_destroy(struct trace *t);
+
+/* Intern @p name (length @p len) in @p names; @p index receives its index. */
+xseg_status trace_name_intern(struct trace_names *names, const char *name, size_t len,
+                              int32_t *index);
+/* Look a name up without adding it; @p index receives -1 when absent. */
+void trace_name_find(const struct trace_names *names, const char *name, size_t len,
+                     int32_t *index);
+
+/* Append an action (copied). */
+xseg_status trace_push(struct trace *t, const struct trace_action *a);
+/* Store a text and return its offset in @p off. */
+xseg_status trace_add_text(struct trace *t, const char *text, size_t len, size_t *off);
+
+static inline const char *trace_text(const struct trace *t, size_t off) { return t->strings + off; }
+
+/* Name of an action's operation as the trace language spells it ("empty_cache"). */
+const char *trace_op_name(enum trace_op op);
+
+/*
+ * Parse a size: digits with an optional unit B, KiB, MiB, GiB, TiB (binary; also K/M/G/T and
+ * KB/MB/GB/TB taken as binary), and an optional fraction ("1.5GiB"). @return
+ * XSEG_ERROR_INVALID_VALUE with a message in @p err for anything else or an overflow.
+ */
+xseg_status trace_parse_size(const char *s, size_t len, uint64_t *bytes, char *err, size_t errlen);
+
+/* Format a byte count the way the trace language reads it back exactly ("4GiB", "1536KiB",
+ * "1000"). @p buf holds at least 32 bytes. */
+const char *trace_format_size(uint64_t bytes, char *buf, size_t buflen);
+
+/*
+ * Parse the trace language (see tools/replay/README in docs or xseg-replay --help) from @p text.
+ * Checks the whole file before anything runs: unknown actions, bad sizes, a buffer allocated
+ * twice or freed while not live, undeclared streams, unbalanced pools. On error returns
+ * XSEG_ERROR_INVALID_VALUE and writes "SOURCE:LINE: message" to @p err.
+ */
+xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char *err, size_t errlen);
+
+/* Read @p path and parse it: as an RMM CSV log when its first line is the RMM header
+ * (Thread,Time,Action,Pointer,Size,Stream), else as the trace language. */
+xseg_status trace_load_file(struct trace *t, const char *path, char *err, size_t errlen);
+
+/*
+ * Import an RMM logging_resource_adaptor CSV log. Rows: allocate, free, "allocate failure"
+ * (skipped: it failed in the original run too). Pointers are mapped to buffer names, streams to
+ * declared streams (0 is the default stream). A free of a pointer never allocated in the log is
+ * seeded as an allocation at the start, as for a snapshot window.
+ */
+xseg_status trace_import_rmm_csv(struct trace *t, const char *text, size_t len, char *err,
+                                 size_t errlen);
+
+#endif
