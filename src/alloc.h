@@ -1,0 +1,121 @@
+/*
+ * The device allocator: one per device, one mutex each. PyTorch's DeviceCachingAllocator
+ * semantics (rounding, best fit per stream, split/merge, deferred frees, OOM path, statistics)
+ * over classic cuMemAlloc segments and expandable VMM segments (vmm/segment.h).
+ *
+ * Locking: every field of struct dev_alloc is guarded by `lock` unless marked otherwise. The lock
+ * is released only around user callbacks (free-memory callbacks, OOM observers) and, with
+ * release_lock_on_cudamalloc, around cuMemAlloc; code that drops it re-reads any state it uses.
+ */
+#ifndef XSEG_SRC_ALLOC_H
+#define XSEG_SRC_ALLOC_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "src/block.h"
+#include "src/config.h"
+#include "vmm/driver.h"
+
+#define ALLOC_MAX_DEVICES 64
+
+/* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
+struct ev_item {
+    CUevent event;
+    struct block *block;
+};
+struct ev_queue {
+    CUstream stream;
+    struct ev_item *items;
+    size_t head, count, cap; /* ring buffer */
+};
+
+struct dev_alloc {
+    pthread_mutex_t lock;
+    int device;
+    struct drv_device_info info; /* read-only after creation */
+
+    /* Configuration in force on this device: a copy of the global one, refreshed at the start
+     * of each operation when the global generation moved (one relaxed load on the fast path). */
+    struct cfg cfg;
+    unsigned cfg_gen;
+    bool roundup_any;    /* some roundup_power2_divisions bucket is > 1 */
+    bool use_expandable; /* cfg.expandable_segments && the device supports VMM */
+
+    struct bpool small, large;
+    struct ptrmap live;      /* allocated blocks by address */
+    struct segrec *segs;     /* every segment, both kinds */
+    struct block *spare;     /* recycled block structs (linked through next) */
+
+    xseg_device_stats stats;
+    size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
+    size_t allowed_memory_maximum;
+    bool set_fraction;
+    double fraction;
+
+    /* Deferred frees (events.c). */
+    struct ev_queue *evq;
+    size_t nevq, capevq;
+    size_t pending_events;    /* events in all queues: the fast path polls only when > 0 */
+    CUevent *event_pool;
+    size_t nevent_pool, capevent_pool;
+    struct block **deferred;  /* freed during a capture: events recorded once it ends */
+    size_t ndeferred, capdeferred;
+
+    /* Streams seen capturing. While non-empty every malloc re-checks them (and its own stream):
+     * this is how the allocator "knows a capture might be underway" without a driver call on
+     * the fast path otherwise. */
+    CUstream *capturing;
+    size_t ncapturing, capcapturing;
+
+    int peers[ALLOC_MAX_DEVICES]; /* devices given access to new expandable segments */
+    int npeers;
+};
+
+/* Create the allocator of @p device (drv loaded; device index validated by drv_device_query). */
+xseg_status alloc_create(int device, struct dev_alloc **out);
+
+xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out);
+/* Free @p ptr if this device owns it: *owned = false (and nothing happens) when it does not. */
+xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned);
+xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned);
+xseg_status alloc_empty_cache(struct dev_alloc *d);
+xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction);
+void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out);
+void alloc_reset_peaks(struct dev_alloc *d);
+xseg_status alloc_enable_peer(struct dev_alloc *d, int peer);
+/* Append this device's segments to (*segs, *n, *cap) (malloc'd; blocks malloc'd per segment). */
+xseg_status alloc_snapshot(struct dev_alloc *d, xseg_segment_info **segs, size_t *n, size_t *cap);
+
+/* ---- shared between alloc.c, events.c and expandable.c (lock held) ---------------------- */
+
+struct block *alloc_block_new(struct dev_alloc *d);
+void alloc_block_delete(struct dev_alloc *d, struct block *b);
+/* Return a block whose events are done to its pool: merge, index, statistics. */
+void alloc_free_block(struct dev_alloc *d, struct block *b);
+/* Is a capture underway on any stream the allocator knows of? Re-checks the streams seen
+ * capturing (dropping finished ones); with @p all_streams also every stream owning a segment. */
+bool alloc_capture_underway(struct dev_alloc *d, bool all_streams);
+/* Absorb @p src (a neighbour of @p dst) into dst when both are free and equally mapped. dst must
+ * not be in an index; src is removed from its index and deleted. Returns bytes absorbed. */
+size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
+
+/* events.c */
+xseg_status ev_insert(struct dev_alloc *d, struct block *b);
+void ev_process(struct dev_alloc *d);
+void ev_synchronize_all(struct dev_alloc *d);
+void ev_destroy(struct dev_alloc *d);
+
+/* expandable.c */
+/* Find or make room for @p size bytes (a rounded request) in an expandable segment of
+ * (@p pool, @p stream), map what is missing, and return the free block at its start (removed
+ * from the free index). XSEG_ERROR_OUT_OF_MEMORY when the fraction limit or the device is
+ * exhausted; XSEG_ERROR_DRIVER on another driver failure. Bookkeeping stays consistent. */
+xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
+                         struct block **out);
+/* Unmap every whole page inside free block @p b (in the free index). */
+xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b);
+/* Destroy expandable segments left with nothing mapped. */
+void exp_release_empty_segments(struct dev_alloc *d);
+
+#endif

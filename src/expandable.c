@@ -1,0 +1,375 @@
+/*
+ * Expandable segments beneath the block pools (PyTorch's find_expandable_block, map_block,
+ * unmap_block, release_expandable_segment), over vmm/segment.h.
+ *
+ * Invariants, for every expandable segment (all under the device lock):
+ *   - its blocks tile [base, base + VA size); unmapped blocks start and end on page boundaries;
+ *   - two neighbours are never both free-and-mapped, nor both unmapped (they merge);
+ *   - a block is mapped iff every page it overlaps is mapped;
+ *   - reserved_bytes counts exactly the mapped bytes; each page mapped (unmapped) counts one
+ *     num_device_alloc (num_device_free); segment.* and inactive_split* ignore these blocks.
+ * Growth first reuses unmapped holes (lowest address first, with a free block just before them),
+ * then grows a segment of the same (pool, stream) at its end (seg_grow), then creates a segment.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "src/alloc.h"
+#include "src/error.h"
+#include "src/stats.h"
+#include "vmm/segment.h"
+
+static inline bool allocatable(const struct block *b)
+{
+    return b && !b->allocated && b->event_count == 0 && b->uses.n == 0;
+}
+
+static inline size_t seg_page(const struct segrec *s) { return seg_page_size(s->vseg); }
+
+/* Page sizes need not be powers of two (20 MiB): plain division, not masks. */
+static inline size_t page_up(size_t n, size_t page) { return (n + page - 1) / page * page; }
+static inline size_t page_down(size_t n, size_t page) { return n / page * page; }
+
+/* Bytes available from @p c on through allocatable blocks (stops once @p size is reached). */
+static size_t chain_bytes(const struct block *c, size_t size)
+{
+    size_t bytes = 0;
+    while (bytes < size && allocatable(c)) {
+        bytes += c->size;
+        c = c->next;
+    }
+    return bytes;
+}
+
+static struct block *new_unmapped(struct dev_alloc *d, struct segrec *s, uintptr_t addr, size_t size)
+{
+    struct block *b = alloc_block_new(d);
+    if (!b)
+        return NULL;
+    b->addr = addr;
+    b->size = size;
+    b->stream = s->stream;
+    b->pool = s->pool;
+    b->seg = s;
+    b->expandable = true;
+    b->mapped = false;
+    return b;
+}
+
+/* Link @p n after @p b in b's segment. */
+static void link_after(struct block *b, struct block *n)
+{
+    n->prev = b;
+    n->next = b->next;
+    if (n->next)
+        n->next->prev = n;
+    else
+        b->seg->last = n;
+    b->next = n;
+}
+
+/* An unmapped hole with room for @p size (PyTorch's search of pool->unmapped). */
+static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
+{
+    (void)d;
+    for (struct block *u = bpool_unmapped_lower_bound(pool, stream, 0); u && u->stream == stream;
+         u = bpool_unmapped_lower_bound(pool, stream, u->addr + 1)) {
+        struct block *c = u;
+        if (allocatable(c->prev))
+            c = c->prev;
+        if (chain_bytes(c, size) >= size)
+            return c;
+    }
+    return NULL;
+}
+
+/* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. */
+static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
+{
+    for (struct segrec *s = d->segs; s; s = s->next_seg) {
+        if (!s->vseg || s->pool != pool || s->stream != stream || s->first == NULL)
+            continue;
+        if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.large_segment_size))
+            continue;
+        struct block *t = s->last, *c = NULL;
+        size_t avail = 0;
+        for (struct block *b = t; allocatable(b); b = b->prev) {
+            c = b;
+            avail += b->size;
+        }
+        size_t page = seg_page(s);
+        size_t old_va = seg_va_size(s->vseg);
+        size_t want = old_va + page_up(size - XSEG_MIN(avail, size), page);
+        struct block *tail_new = NULL;
+        if (!(allocatable(t) && !t->mapped)) {
+            tail_new = new_unmapped(d, s, 0, 0);
+            if (!tail_new)
+                return NULL;
+        }
+        if (seg_grow(s->vseg, want) != XSEG_SUCCESS) {
+            if (tail_new)
+                alloc_block_delete(d, tail_new);
+            continue;
+        }
+        size_t delta = seg_va_size(s->vseg) - old_va;
+        s->size += delta;
+        if (!tail_new) {
+            t->size += delta; /* the unmapped index key (stream, addr) does not change */
+        } else {
+            tail_new->addr = (uintptr_t)seg_base(s->vseg) + old_va;
+            tail_new->size = delta;
+            link_after(t, tail_new);
+            bpool_insert_unmapped(pool, tail_new);
+            if (!c)
+                c = tail_new;
+        }
+        return c;
+    }
+    return NULL;
+}
+
+static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
+                                  struct block **out)
+{
+    size_t page = pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.large_segment_size;
+    struct seg_params params = {
+        .device = d->device,
+        .cudev = d->info.dev,
+        .stream = stream,
+        .page_size = page,
+        .peers = d->peers,
+        .npeers = d->npeers,
+    };
+    struct segrec *s = calloc(1, sizeof *s);
+    if (!s)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
+    struct seg *vseg = NULL;
+    xseg_status st = seg_create(&params, page_up(size, page), &vseg);
+    if (st != XSEG_SUCCESS) {
+        free(s);
+        return st;
+    }
+    s->vseg = vseg;
+    s->pool = pool;
+    s->stream = stream;
+    s->size = seg_va_size(vseg);
+    struct block *b = new_unmapped(d, s, (uintptr_t)seg_base(vseg), s->size);
+    if (!b) {
+        (void)seg_destroy(vseg);
+        free(s);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
+    }
+    s->first = s->last = b;
+    bpool_insert_unmapped(pool, b);
+    /* Link into the device list (alloc.c owns the list; it is a plain doubly linked list). */
+    s->prev_seg = NULL;
+    s->next_seg = d->segs;
+    if (d->segs)
+        d->segs->prev_seg = s;
+    d->segs = s;
+    *out = b;
+    return XSEG_SUCCESS;
+}
+
+/* Map the first @p len bytes (a page multiple, or the whole block) of unmapped block @p b. */
+static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len)
+{
+    struct segrec *s = b->seg;
+    struct bpool *pool = b->pool;
+    size_t page = seg_page(s);
+    struct block *r = NULL;
+    if (len < b->size) {
+        r = new_unmapped(d, s, b->addr + len, b->size - len);
+        if (!r)
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
+    }
+    size_t mapped = 0;
+    xseg_status st = seg_map(s->vseg, b->addr - (uintptr_t)seg_base(s->vseg), len, &mapped);
+    if (st != XSEG_SUCCESS) {
+        if (r)
+            alloc_block_delete(d, r);
+        return st;
+    }
+    bpool_remove_unmapped(pool, b);
+    if (r) {
+        link_after(b, r);
+        bpool_insert_unmapped(pool, r);
+    }
+    b->size = len;
+    b->mapped = true;
+    alloc_try_merge(d, b, b->prev);
+    alloc_try_merge(d, b, b->next);
+    b->gc_count_base = pool->get_free_blocks_call_count;
+    bpool_insert_free(pool, b);
+    d->total_allocated_memory += mapped;
+    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, (int64_t)mapped);
+    d->stats.num_device_alloc += (int64_t)(mapped / page);
+    return XSEG_SUCCESS;
+}
+
+xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
+                         struct block **out)
+{
+    struct block *c = find_hole(d, pool, stream, size);
+    if (!c)
+        c = grow_segment(d, pool, stream, size);
+    if (!c) {
+        xseg_status st = create_segment(d, pool, stream, size, &c);
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
+    size_t page = seg_page(c->seg);
+
+    /* What would be mapped, for the fraction limit (checked before touching the driver). */
+    size_t need = 0, covered = 0;
+    for (const struct block *b = c; covered < size; b = b->next) {
+        if (b->mapped) {
+            covered += b->size;
+        } else {
+            size_t len = XSEG_MIN(b->size, page_up(size - covered, page));
+            need += len;
+            covered += len;
+        }
+    }
+    if (d->set_fraction && d->total_allocated_memory + need > d->allowed_memory_maximum) {
+        exp_release_empty_segments(d);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction limit reached");
+    }
+
+    struct block *cur = c;
+    while (!cur->mapped || cur->size < size) {
+        struct block *to_map = cur->mapped ? cur->next : cur;
+        size_t remaining = size - (cur->mapped ? cur->size : 0);
+        size_t len = XSEG_MIN(to_map->size, page_up(remaining, page));
+        xseg_status st = map_block(d, to_map, len);
+        if (st != XSEG_SUCCESS) {
+            /* What was mapped so far stays as cached free pages; a segment that never got a
+             * page goes away again. */
+            exp_release_empty_segments(d);
+            return st;
+        }
+        cur = to_map;
+    }
+    bpool_remove_free(pool, cur);
+    *out = cur;
+    return XSEG_SUCCESS;
+}
+
+xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b)
+{
+    struct segrec *s = b->seg;
+    struct bpool *pool = b->pool;
+    size_t page = seg_page(s);
+    uintptr_t base = (uintptr_t)seg_base(s->vseg);
+    size_t off = b->addr - base;
+    size_t lo = page_up(off, page), hi = page_down(off + b->size, page);
+    if (lo >= hi)
+        return XSEG_SUCCESS;
+
+    /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
+     * host allocation failure cannot strike after the driver has unmapped. */
+    struct block *spare[2] = {alloc_block_new(d), alloc_block_new(d)};
+    if (!spare[0] || !spare[1]) {
+        for (int i = 0; i < 2; i++)
+            if (spare[i])
+                alloc_block_delete(d, spare[i]);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
+    }
+    int nspare = 2;
+
+    bpool_remove_free(pool, b);
+    size_t unmapped = 0;
+    xseg_status st = seg_unmap(s->vseg, lo, hi - lo, &unmapped);
+    if (unmapped) {
+        d->total_allocated_memory -= unmapped;
+        stat_add_pool(d->stats.reserved_bytes, pool->stat_index, -(int64_t)unmapped);
+        d->stats.num_device_free += (int64_t)(unmapped / page);
+    }
+
+    /* Re-tile [b->addr, end) by mapped state: head (mapped), pages lo..hi as the driver left
+     * them (all unmapped on success), tail (mapped). b becomes the first piece. */
+    uintptr_t end = b->addr + b->size;
+    struct block *orig_prev = b->prev, *orig_next = b->next;
+    struct block *cur = NULL;
+    uintptr_t pos = b->addr;
+    while (pos < end) {
+        size_t poff = pos - base;
+        bool m;
+        uintptr_t run_end;
+        if (poff < lo) {
+            m = true;
+            run_end = base + lo;
+        } else if (poff >= hi) {
+            m = true;
+            run_end = end;
+        } else {
+            m = seg_page_is_mapped(s->vseg, poff / page) != 0;
+            size_t q = poff + page;
+            while (q < hi && (seg_page_is_mapped(s->vseg, q / page) != 0) == m)
+                q += page;
+            run_end = base + q;
+        }
+        struct block *piece;
+        if (!cur) {
+            piece = b;
+        } else {
+            piece = nspare ? spare[--nspare] : alloc_block_new(d);
+            if (!piece)
+                abort(); /* host memory exhausted after a partial driver unmap: cannot recover */
+            piece->stream = b->stream;
+            piece->pool = pool;
+            piece->seg = s;
+            piece->expandable = true;
+            link_after(cur, piece);
+        }
+        piece->addr = pos;
+        piece->size = run_end - pos;
+        piece->mapped = m;
+        piece->requested_size = 0;
+        cur = piece;
+        pos = run_end;
+    }
+    while (nspare)
+        alloc_block_delete(d, spare[--nspare]);
+
+    /* Pieces merge with the original neighbours where the states match (an unmapped hole next
+     * to an unmapped neighbour); then everything goes into its index. */
+    struct block *first = b, *last = cur;
+    if (orig_prev)
+        alloc_try_merge(d, first, orig_prev);
+    if (orig_next)
+        alloc_try_merge(d, last, orig_next);
+    for (struct block *p = first;; p = p->next) {
+        if (p->mapped) {
+            p->gc_count_base = pool->get_free_blocks_call_count;
+            bpool_insert_free(pool, p);
+        } else {
+            bpool_insert_unmapped(pool, p);
+        }
+        if (p == last)
+            break;
+    }
+    return st;
+}
+
+void exp_release_empty_segments(struct dev_alloc *d)
+{
+    struct segrec *s = d->segs;
+    while (s) {
+        struct segrec *next = s->next_seg;
+        struct block *b = s->first;
+        if (s->vseg && b && !b->mapped && !b->next) {
+            bpool_unindex(b);
+            alloc_block_delete(d, b);
+            (void)seg_destroy(s->vseg);
+            if (s->prev_seg)
+                s->prev_seg->next_seg = s->next_seg;
+            else
+                d->segs = s->next_seg;
+            if (s->next_seg)
+                s->next_seg->prev_seg = s->prev_seg;
+            free(s);
+        }
+        s = next;
+    }
+}
