@@ -290,7 +290,19 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     if (st != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;
-    res = drv->cuMemAddressReserve(&base, initial, 0, 0, 0);
+    /* Leave room to grow into: find a hole of initial + SEG_GROW_ROOM bytes, give it back, and
+     * reserve only the initial piece at its start. The rest stays unreserved (free for anyone),
+     * but an allocator that fills the highest or a best-fitting hole, as the kernel's mmap does
+     * under cudaemu, tends to leave it alone. Any failure here just means no room is sought. */
+    CUdeviceptr probe = 0;
+    if (initial <= SIZE_MAX - SEG_GROW_ROOM &&
+        drv->cuMemAddressReserve(&probe, initial + SEG_GROW_ROOM, 0, 0, 0) == CUDA_SUCCESS) {
+        if (drv->cuMemAddressFree(probe, initial + SEG_GROW_ROOM) != CUDA_SUCCESS)
+            probe = 0; /* keep the probe's slot out of the hint; the probe itself is lost VA */
+    } else {
+        probe = 0;
+    }
+    res = drv->cuMemAddressReserve(&base, initial, 0, probe, 0);
     if (res != CUDA_SUCCESS) {
         st = seg_failf(res, "cuMemAddressReserve(%zu bytes) for a segment on device %d", initial, seg->device);
         goto fail_ctx;

@@ -29,6 +29,9 @@ struct seg;
  * SEG_GROW_STEP_MAX)) bytes, so a segment holds at most about twice its extent in O(log) pieces. */
 #define SEG_INITIAL_PAGES 8
 #define SEG_GROW_STEP_MAX ((size_t)16 << 30)
+/* seg_create places the initial piece at the start of a free hole of at least this many bytes
+ * more (found by a probe reservation given straight back), so that growth has room. */
+#define SEG_GROW_ROOM ((size_t)16 << 30)
 
 struct seg_params {
     int device;             /* xseg device index (also the CUDA ordinal) */
