@@ -1,0 +1,952 @@
+/*
+ * VMM conformance suite, written against the driver API only (drv_load / drv), mirroring the
+ * cases of ROCm hip-tests' catch/unit/virtualMemoryManagement: success paths and each misuse with
+ * the CUresult the driver documents. It runs on cudaemu in CI and, unchanged, on a real GPU
+ * (-Demulator=false); emulator-only checks skip themselves there, and the whole program exits 77
+ * when no driver or device is found.
+ *
+ * The misuse and capture tables print one line per row ("row -> got X, expected Y"), so a run on
+ * a real GPU records where the emulator and the driver differ; a mismatch fails the test.
+ *
+ * Fault checks (touching unmapped or inaccessible memory) run in a fresh process (this binary
+ * re-executed with --fault=KIND), because a CUDA context does not survive fork and a real fault
+ * poisons the context: on cudaemu the child touches the memory directly and must die by SIGSEGV;
+ * on a GPU it uses cuMemsetD8 + cuCtxSynchronize and must fail or crash.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/common/testutil.h"
+
+static size_t G;   /* minimum granularity of device 0 */
+
+static CUmemAllocationProp prop_dev(int dev, CUmemAllocationHandleType types)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = dev;
+    p.requestedHandleTypes = types;
+    return p;
+}
+
+static CUdeviceptr reserve(size_t size)
+{
+    CUdeviceptr va = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&va, size, 0, 0, 0));
+    return va;
+}
+
+static CUmemGenericAllocationHandle create(size_t size)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemGenericAllocationHandle h = 0;
+    tu_assert_cu(drv->cuMemCreate(&h, size, &p, 0));
+    return h;
+}
+
+static CUresult set_rw(CUdeviceptr va, size_t size)
+{
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = 0;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return drv->cuMemSetAccess(va, size, &d, 1);
+}
+
+static size_t free_mem(void)
+{
+    size_t f = 0, t = 0;
+    tu_assert_cu(drv->cuMemGetInfo(&f, &t));
+    return f;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    tu_ctx_set();
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Misuse table: each row sets up what it needs, makes the one bad call, cleans up, and returns
+ * the bad call's result. Cleanup ignores results: on the real driver a row that unexpectedly
+ * succeeded may leave a different state.
+ * ------------------------------------------------------------------------------------------- */
+
+struct misuse {
+    const char *what;
+    CUresult expected;
+    bool emu_only;          /* undefined behaviour on the real driver (e.g. an unknown handle) */
+    CUresult (*run)(void);
+};
+
+static CUresult m_reserve_size0(void) { CUdeviceptr p; return drv->cuMemAddressReserve(&p, 0, 0, 0, 0); }
+static CUresult m_reserve_flags(void)
+{
+    CUdeviceptr p = 0;
+    CUresult r = drv->cuMemAddressReserve(&p, G, 0, 0, 1);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemAddressFree(p, G);
+    return r;
+}
+static CUresult m_reserve_align3(void)
+{
+    CUdeviceptr p = 0;
+    CUresult r = drv->cuMemAddressReserve(&p, G, 3, 0, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemAddressFree(p, G);
+    return r;
+}
+static CUresult m_reserve_unaligned_size(void)
+{
+    CUdeviceptr p = 0;
+    CUresult r = drv->cuMemAddressReserve(&p, G + 4096, 0, 0, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemAddressFree(p, G + 4096);
+    return r;
+}
+static CUresult m_create_size0(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemGenericAllocationHandle h;
+    return drv->cuMemCreate(&h, 0, &p, 0);
+}
+static CUresult m_create_half(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemGenericAllocationHandle h;
+    CUresult r = drv->cuMemCreate(&h, G / 2, &p, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    return r;
+}
+static CUresult m_create_baddev(void)
+{
+    CUmemAllocationProp p = prop_dev(4242, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemGenericAllocationHandle h;
+    return drv->cuMemCreate(&h, G, &p, 0);
+}
+static CUresult m_create_flags(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemGenericAllocationHandle h;
+    CUresult r = drv->cuMemCreate(&h, G, &p, 1);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    return r;
+}
+static CUresult m_create_badtype(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    p.type = CU_MEM_ALLOCATION_TYPE_INVALID;
+    CUmemGenericAllocationHandle h;
+    return drv->cuMemCreate(&h, G, &p, 0);
+}
+
+/* Map rows share a fixture: 4G of VA and a 2G handle. */
+static CUresult map_row(CUdeviceptr (*where)(CUdeviceptr va), size_t size, size_t offset,
+                        unsigned long long flags, bool premap)
+{
+    CUdeviceptr va = reserve(4 * G);
+    CUmemGenericAllocationHandle h = create(2 * G);
+    if (premap)
+        tu_assert_cu(drv->cuMemMap(va, 2 * G, 0, h, 0));
+    CUdeviceptr at = where(va);
+    CUresult r = drv->cuMemMap(at, size, offset, h, flags);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemUnmap(at, size);
+    if (premap)
+        drv->cuMemUnmap(va, 2 * G);
+    drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, 4 * G);
+    return r;
+}
+static CUdeviceptr at_base(CUdeviceptr va) { return va; }
+static CUdeviceptr at_plus_page(CUdeviceptr va) { return va + 4096; }
+static CUdeviceptr at_end(CUdeviceptr va) { return va + 3 * G; }
+static CUdeviceptr at_g(CUdeviceptr va) { return va + G; }
+static CUdeviceptr at_outside(CUdeviceptr va) { return va + 64 * G; }
+
+static CUresult m_map_unaligned_ptr(void) { return map_row(at_plus_page, G, 0, 0, false); }
+static CUresult m_map_unaligned_size(void) { return map_row(at_base, G / 2, 0, 0, false); }
+static CUresult m_map_past_handle(void) { return map_row(at_base, 2 * G, G, 0, false); }
+static CUresult m_map_too_big(void) { return map_row(at_base, 3 * G, 0, 0, false); }
+static CUresult m_map_straddle(void) { return map_row(at_end, 2 * G, 0, 0, false); }
+static CUresult m_map_outside(void) { return map_row(at_outside, G, 0, 0, false); }
+static CUresult m_map_over_mapped(void) { return map_row(at_g, 2 * G, 0, 0, true); }
+static CUresult m_map_flags(void) { return map_row(at_base, G, 0, 1, false); }
+static CUresult m_map_offset(void) { return map_row(at_base, G, G, 0, false); }
+static CUresult m_map_unknown_handle(void)
+{
+    CUdeviceptr va = reserve(G);
+    CUresult r = drv->cuMemMap(va, G, 0, (CUmemGenericAllocationHandle)0x1234560, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemUnmap(va, G);
+    drv->cuMemAddressFree(va, G);
+    return r;
+}
+
+/* Unmap rows: 4G of VA, two adjacent G mappings at [0, 2G) of one 2G handle... as separate
+ * mappings of two handles, so "whole mappings" are G each. */
+static CUresult unmap_row(size_t off, size_t size)
+{
+    CUdeviceptr va = reserve(4 * G);
+    CUmemGenericAllocationHandle a = create(G), b = create(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, a, 0));
+    tu_assert_cu(drv->cuMemMap(va + G, G, 0, b, 0));
+    CUresult r = drv->cuMemUnmap(va + off, size);
+    /* Clean up whatever is still mapped. */
+    drv->cuMemUnmap(va, G);
+    drv->cuMemUnmap(va + G, G);
+    drv->cuMemRelease(a);
+    drv->cuMemRelease(b);
+    drv->cuMemAddressFree(va, 4 * G);
+    return r;
+}
+static CUresult m_unmap_partial(void) { return unmap_row(0, G / 2); }
+static CUresult m_unmap_size0(void) { return unmap_row(0, 0); }
+static CUresult m_unmap_unmapped(void) { return unmap_row(2 * G, G); }
+static CUresult m_unmap_plus_unmapped(void) { return unmap_row(G, 2 * G); }
+static CUresult m_unmap_two_whole(void) { return unmap_row(0, 2 * G); }
+static CUresult m_unmap_mid_start(void) { return unmap_row(G / 2, G); }
+
+static CUresult m_access_unmapped(void)
+{
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    CUresult r = set_rw(va, 2 * G);
+    drv->cuMemUnmap(va, G);
+    drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, 2 * G);
+    return r;
+}
+static CUresult access_desc_row(int dev, size_t count)
+{
+    CUdeviceptr va = reserve(G);
+    CUmemGenericAllocationHandle h = create(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = dev;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r = drv->cuMemSetAccess(va, G, &d, count);
+    drv->cuMemUnmap(va, G);
+    drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, G);
+    return r;
+}
+static CUresult m_access_count0(void) { return access_desc_row(0, 0); }
+static CUresult m_access_baddev(void) { return access_desc_row(4242, 1); }
+
+static CUresult m_free_mapped(void)
+{
+    CUdeviceptr va = reserve(G);
+    CUmemGenericAllocationHandle h = create(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    CUresult r = drv->cuMemAddressFree(va, G);
+    drv->cuMemUnmap(va, G);
+    drv->cuMemRelease(h);
+    if (r != CUDA_SUCCESS)
+        drv->cuMemAddressFree(va, G);
+    return r;
+}
+static CUresult m_free_wrong_size(void)
+{
+    CUdeviceptr va = reserve(2 * G);
+    CUresult r = drv->cuMemAddressFree(va, G);
+    if (r != CUDA_SUCCESS)
+        drv->cuMemAddressFree(va, 2 * G);
+    return r;
+}
+static CUresult m_free_interior(void)
+{
+    CUdeviceptr va = reserve(2 * G);
+    CUresult r = drv->cuMemAddressFree(va + G, G);
+    drv->cuMemAddressFree(va, 2 * G);
+    return r;
+}
+static CUresult m_retain_unmapped(void)
+{
+    CUdeviceptr va = reserve(G);
+    CUmemGenericAllocationHandle h;
+    CUresult r = drv->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)va);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, G);
+    return r;
+}
+static CUresult m_export_not_requested(void)
+{
+    CUmemGenericAllocationHandle h = create(G);
+    int fd = -1;
+    CUresult r = drv->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r == CUDA_SUCCESS)
+        close(fd);
+    drv->cuMemRelease(h);
+    return r;
+}
+static CUresult m_release_twice(void)
+{
+    CUmemGenericAllocationHandle h = create(G);
+    drv->cuMemRelease(h);
+    return drv->cuMemRelease(h);
+}
+static CUresult m_alloc_size0(void) { CUdeviceptr p; return drv->cuMemAlloc(&p, 0); }
+static CUresult m_free_interior_alloc(void)
+{
+    CUdeviceptr p = 0;
+    tu_assert_cu(drv->cuMemAlloc(&p, 4096));
+    CUresult r = drv->cuMemFree(p + 256);
+    drv->cuMemFree(p);
+    return r;
+}
+static CUresult m_free_twice(void)
+{
+    CUdeviceptr p = 0;
+    tu_assert_cu(drv->cuMemAlloc(&p, 4096));
+    drv->cuMemFree(p);
+    return drv->cuMemFree(p);
+}
+static CUresult m_free_null(void) { return drv->cuMemFree(0); }
+
+static void *no_ctx_thread(void *arg)
+{
+    CUresult *r = arg;
+    CUdeviceptr p = 0;
+    r[0] = drv->cuMemAlloc(&p, 4096);
+    if (r[0] == CUDA_SUCCESS)
+        drv->cuMemFree(p);
+    size_t f, t;
+    r[1] = drv->cuMemGetInfo(&f, &t);
+    return NULL;
+}
+static CUresult m_alloc_no_ctx(void)
+{
+    CUresult r[2];
+    pthread_t th;
+    pthread_create(&th, NULL, no_ctx_thread, r);
+    pthread_join(th, NULL);
+    return r[0];
+}
+static CUresult m_meminfo_no_ctx(void)
+{
+    CUresult r[2];
+    pthread_t th;
+    pthread_create(&th, NULL, no_ctx_thread, r);
+    pthread_join(th, NULL);
+    return r[1];
+}
+
+/* "misuse -> expected CUresult". Rows marked [uncertain] follow documentation or a peer project,
+ * not a measured driver; a real-GPU run prints the driver's answer next to them. */
+static const struct misuse misuse_table[] = {
+    {"reserve: size 0", CUDA_ERROR_INVALID_VALUE, false, m_reserve_size0},
+    {"reserve: flags != 0", CUDA_ERROR_INVALID_VALUE, false, m_reserve_flags},
+    {"reserve: alignment 3 (not a power of two)", CUDA_ERROR_INVALID_VALUE, false, m_reserve_align3},
+    {"reserve: size granularity + 4 KiB [uncertain]", CUDA_ERROR_INVALID_VALUE, false, m_reserve_unaligned_size},
+    {"create: size 0", CUDA_ERROR_INVALID_VALUE, false, m_create_size0},
+    {"create: size granularity / 2", CUDA_ERROR_INVALID_VALUE, false, m_create_half},
+    {"create: device 4242", CUDA_ERROR_INVALID_DEVICE, false, m_create_baddev},
+    {"create: flags != 0", CUDA_ERROR_INVALID_VALUE, false, m_create_flags},
+    {"create: allocation type INVALID", CUDA_ERROR_INVALID_VALUE, false, m_create_badtype},
+    {"map: ptr not a granularity multiple", CUDA_ERROR_INVALID_VALUE, false, m_map_unaligned_ptr},
+    {"map: size not a granularity multiple", CUDA_ERROR_INVALID_VALUE, false, m_map_unaligned_size},
+    {"map: offset + size > handle size", CUDA_ERROR_INVALID_VALUE, false, m_map_past_handle},
+    {"map: size > handle size", CUDA_ERROR_INVALID_VALUE, false, m_map_too_big},
+    {"map: range straddles the reservation end", CUDA_ERROR_INVALID_VALUE, false, m_map_straddle},
+    {"map: outside any reservation", CUDA_ERROR_INVALID_VALUE, false, m_map_outside},
+    {"map: over already-mapped VA [uncertain]", CUDA_ERROR_INVALID_VALUE, false, m_map_over_mapped},
+    {"map: flags != 0", CUDA_ERROR_INVALID_VALUE, false, m_map_flags},
+    {"map: offset = granularity into a 2G handle (legal) [uncertain]", CUDA_SUCCESS, false, m_map_offset},
+    {"map: unknown handle (UB on the driver)", CUDA_ERROR_INVALID_VALUE, true, m_map_unknown_handle},
+    {"unmap: half of a mapping", CUDA_ERROR_INVALID_VALUE, false, m_unmap_partial},
+    {"unmap: size 0", CUDA_ERROR_INVALID_VALUE, false, m_unmap_size0},
+    {"unmap: VA never mapped", CUDA_ERROR_INVALID_VALUE, false, m_unmap_unmapped},
+    {"unmap: a mapping plus unmapped VA", CUDA_ERROR_INVALID_VALUE, false, m_unmap_plus_unmapped},
+    {"unmap: starts inside a mapping", CUDA_ERROR_INVALID_VALUE, false, m_unmap_mid_start},
+    {"unmap: two adjacent whole mappings (legal) [uncertain]", CUDA_SUCCESS, false, m_unmap_two_whole},
+    {"set access: range not fully mapped", CUDA_ERROR_INVALID_VALUE, false, m_access_unmapped},
+    {"set access: count 0", CUDA_ERROR_INVALID_VALUE, false, m_access_count0},
+    {"set access: device 4242", CUDA_ERROR_INVALID_DEVICE, false, m_access_baddev},
+    {"address free: still mapped", CUDA_ERROR_INVALID_VALUE, false, m_free_mapped},
+    {"address free: wrong size", CUDA_ERROR_INVALID_VALUE, false, m_free_wrong_size},
+    {"address free: interior pointer", CUDA_ERROR_INVALID_VALUE, false, m_free_interior},
+    {"retain: unmapped address", CUDA_ERROR_INVALID_VALUE, false, m_retain_unmapped},
+    {"export: POSIX fd not requested at create [uncertain]", CUDA_ERROR_INVALID_VALUE, false, m_export_not_requested},
+    {"release: twice (UB on the driver)", CUDA_ERROR_INVALID_VALUE, true, m_release_twice},
+    {"cuMemAlloc: size 0", CUDA_ERROR_INVALID_VALUE, false, m_alloc_size0},
+    {"cuMemAlloc: no current context", CUDA_ERROR_INVALID_CONTEXT, false, m_alloc_no_ctx},
+    {"cuMemGetInfo: no current context", CUDA_ERROR_INVALID_CONTEXT, false, m_meminfo_no_ctx},
+    {"cuMemFree: interior pointer", CUDA_ERROR_INVALID_VALUE, false, m_free_interior_alloc},
+    {"cuMemFree: twice", CUDA_ERROR_INVALID_VALUE, false, m_free_twice},
+    {"cuMemFree: NULL [uncertain]", CUDA_ERROR_INVALID_VALUE, false, m_free_null},
+};
+
+static void test_misuse_table(void **state)
+{
+    (void)state;
+    bool emu = tu_emulated();
+    int mismatches = 0;
+    for (size_t i = 0; i < sizeof misuse_table / sizeof misuse_table[0]; i++) {
+        const struct misuse *m = &misuse_table[i];
+        if (m->emu_only && !emu) {
+            print_message("misuse: %-60s skipped (emulator only)\n", m->what);
+            continue;
+        }
+        CUresult got = m->run();
+        bool ok = got == m->expected;
+        mismatches += !ok;
+        print_message("misuse: %-60s -> %s%s%s\n", m->what, drv_error_name(got),
+                      ok ? "" : ", expected ", ok ? "" : drv_error_name(m->expected));
+    }
+    struct cudaemu_live live;
+    if (tu_live(&live)) {
+        assert_int_equal(live.mapped_bytes, 0);
+        assert_int_equal(live.reservations, 0);
+        assert_int_equal(live.handles, 0);
+        assert_int_equal(live.allocs, 0);
+    }
+    if (mismatches)
+        fail_msg("%d misuse row(s) differ from the expected CUresult (see above)", mismatches);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Success paths
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_granularity(void **state)
+{
+    (void)state;
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    size_t min = 0, rec = 0;
+    tu_assert_cu(drv->cuMemGetAllocationGranularity(&min, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    tu_assert_cu(drv->cuMemGetAllocationGranularity(&rec, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    print_message("granularity: minimum %zu, recommended %zu\n", min, rec);
+    assert_true(min > 0 && (min & (min - 1)) == 0);
+    assert_true(rec >= min && rec % min == 0);
+    p.location.id = 4242;
+    tu_assert_cu_eq(drv->cuMemGetAllocationGranularity(&min, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                    CUDA_ERROR_INVALID_DEVICE);
+}
+
+static void test_reserve_align_hint(void **state)
+{
+    (void)state;
+    CUdeviceptr a = 0, b = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&a, 4 * G, 16 * G, 0, 0));
+    assert_int_equal(a % (16 * G), 0);
+    tu_assert_cu(drv->cuMemAddressFree(a, 4 * G));
+    /* The address is a hint: honoured when free (cudaemu guarantees it), else placed elsewhere. */
+    tu_assert_cu(drv->cuMemAddressReserve(&b, 4 * G, 0, a, 0));
+    if (tu_emulated())
+        assert_int_equal(b, a);
+    CUdeviceptr c = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&c, 4 * G, 0, b, 0));
+    assert_true(c + 4 * G <= b || c >= b + 4 * G);
+    tu_assert_cu(drv->cuMemAddressFree(c, 4 * G));
+    tu_assert_cu(drv->cuMemAddressFree(b, 4 * G));
+}
+
+static void test_map_rw_roundtrip(void **state)
+{
+    (void)state;
+    size_t before = free_mem();
+    CUdeviceptr va = reserve(4 * G);
+    CUmemGenericAllocationHandle h = create(4 * G);
+    assert_int_equal(before - free_mem(), 4 * G);
+    tu_assert_cu(drv->cuMemMap(va, 4 * G, 0, h, 0));
+    tu_assert_cu(set_rw(va, 4 * G));
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    unsigned long long fl = 0;
+    tu_assert_cu(drv->cuMemGetAccess(&fl, &loc, va + G));
+    assert_int_equal(fl, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    tu_assert_cu(tu_fill(va, 4 * G, 11));
+    assert_true(tu_check(va, 4 * G, 11));
+    assert_false(tu_check(va, 4 * G, 12));
+    tu_assert_cu(drv->cuMemUnmap(va, 4 * G));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemAddressFree(va, 4 * G));
+    assert_int_equal(free_mem(), before);
+}
+
+/* hip-tests Map2MultVMMs: one handle at two VAs; data written through one reads through the
+ * other. */
+static void test_two_mappings_alias(void **state)
+{
+    (void)state;
+    CUdeviceptr a = reserve(2 * G), b = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(2 * G);
+    tu_assert_cu(drv->cuMemMap(a, 2 * G, 0, h, 0));
+    tu_assert_cu(drv->cuMemMap(b, 2 * G, 0, h, 0));
+    tu_assert_cu(set_rw(a, 2 * G));
+    tu_assert_cu(set_rw(b, 2 * G));
+    tu_assert_cu(tu_fill(a, 2 * G, 21));
+    assert_true(tu_check(b, 2 * G, 21));
+    tu_assert_cu(tu_fill(b + G, G, 22));
+    assert_true(tu_check(a + G, G, 22));
+    tu_assert_cu(drv->cuMemUnmap(a, 2 * G));
+    tu_assert_cu(drv->cuMemUnmap(b, 2 * G));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemAddressFree(a, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(b, 2 * G));
+}
+
+/* Release is legal while mapped; the memory goes with the last mapping. */
+static void test_release_while_mapped(void **state)
+{
+    (void)state;
+    size_t before = free_mem();
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(2 * G);
+    tu_assert_cu(drv->cuMemMap(va, 2 * G, 0, h, 0));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(set_rw(va, 2 * G));
+    tu_assert_cu(tu_fill(va, 2 * G, 31));
+    assert_true(tu_check(va, 2 * G, 31));
+    assert_int_equal(before - free_mem(), 2 * G);
+    tu_assert_cu(drv->cuMemUnmap(va, 2 * G));
+    assert_int_equal(free_mem(), before);
+    struct cudaemu_live live;
+    if (tu_live(&live))
+        assert_int_equal(live.handles, 0);
+    tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
+}
+
+static void test_retain_handle(void **state)
+{
+    (void)state;
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(2 * G), r = 0;
+    tu_assert_cu(drv->cuMemMap(va, 2 * G, 0, h, 0));
+    tu_assert_cu(drv->cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(va + G + 4096)));
+    assert_int_equal(r, h);
+    tu_assert_cu(drv->cuMemRelease(h));
+    /* The retained reference keeps the handle usable: map it a second time. */
+    CUdeviceptr vb = reserve(2 * G);
+    tu_assert_cu(drv->cuMemMap(vb, 2 * G, 0, r, 0));
+    tu_assert_cu(drv->cuMemRelease(r));
+    tu_assert_cu(drv->cuMemUnmap(vb, 2 * G));
+    tu_assert_cu(drv->cuMemUnmap(va, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(vb, 2 * G));
+}
+
+static void test_export_import_fd(void **state)
+{
+    (void)state;
+    size_t before = free_mem();
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle h = 0, imp = 0;
+    tu_assert_cu(drv->cuMemCreate(&h, 2 * G, &p, 0));
+    int fd = -1;
+    tu_assert_cu(drv->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    assert_true(fd >= 0);
+    tu_assert_cu(drv->cuMemImportFromShareableHandle(&imp, (void *)(uintptr_t)fd,
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    close(fd);
+    /* The same memory, counted once. */
+    assert_int_equal(before - free_mem(), 2 * G);
+    CUdeviceptr a = reserve(2 * G), b = reserve(2 * G);
+    tu_assert_cu(drv->cuMemMap(a, 2 * G, 0, h, 0));
+    tu_assert_cu(drv->cuMemMap(b, 2 * G, 0, imp, 0));
+    tu_assert_cu(set_rw(a, 2 * G));
+    tu_assert_cu(set_rw(b, 2 * G));
+    tu_assert_cu(tu_fill(a, 2 * G, 41));
+    assert_true(tu_check(b, 2 * G, 41));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemRelease(imp));
+    tu_assert_cu(drv->cuMemUnmap(a, 2 * G));
+    tu_assert_cu(drv->cuMemUnmap(b, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(a, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(b, 2 * G));
+    assert_int_equal(free_mem(), before);
+}
+
+/* Capacity: cuMemCreate and cuMemAlloc draw on the same device memory. */
+static void test_capacity_oom(void **state)
+{
+    (void)state;
+    size_t total = 0, f = 0;
+    tu_assert_cu(drv->cuMemGetInfo(&f, &total));
+    const size_t chunk = XSEG_GiB;
+    size_t max = total / chunk + 2, n = 0;
+    CUmemGenericAllocationHandle *hs = calloc(max, sizeof *hs);
+    assert_non_null(hs);
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUresult r = CUDA_SUCCESS;
+    while (n < max && (r = drv->cuMemCreate(&hs[n], chunk, &p, 0)) == CUDA_SUCCESS)
+        n++;
+    print_message("capacity: %zu x 1 GiB handles of %zu bytes total, then %s\n", n, total,
+                  drv_error_name(r));
+    assert_int_equal(r, CUDA_ERROR_OUT_OF_MEMORY);
+    CUdeviceptr d = 0;
+    tu_assert_cu_eq(drv->cuMemAlloc(&d, chunk), CUDA_ERROR_OUT_OF_MEMORY);
+    CUmemGenericAllocationHandle big;
+    tu_assert_cu_eq(drv->cuMemCreate(&big, xseg_align_up(total, G) + G, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    for (size_t i = 0; i < n; i++)
+        tu_assert_cu(drv->cuMemRelease(hs[i]));
+    free(hs);
+    tu_assert_cu(drv->cuMemAlloc(&d, chunk));
+    tu_assert_cu(drv->cuMemFree(d));
+}
+
+static void test_classic_alloc(void **state)
+{
+    (void)state;
+    size_t before = free_mem();
+    CUdeviceptr a = 0, b = 0;
+    tu_assert_cu(drv->cuMemAlloc(&a, 1000));
+    tu_assert_cu(drv->cuMemAlloc(&b, 3 * XSEG_MiB + 1));
+    assert_int_equal(a % 256, 0);
+    assert_int_equal(b % 256, 0);
+    assert_true(free_mem() < before);
+    tu_assert_cu(tu_fill(a, 1000, 51));
+    tu_assert_cu(tu_fill(b, 3 * XSEG_MiB + 1, 52));
+    assert_true(tu_check(a, 1000, 51));
+    assert_true(tu_check(b, 3 * XSEG_MiB + 1, 52));
+    tu_assert_cu(drv->cuMemFree(a));
+    tu_assert_cu(drv->cuMemFree(b));
+    assert_int_equal(free_mem(), before);
+}
+
+/* ---- faults, in a fresh process ---- */
+
+static char self_path[4096];
+
+static int exec_fault_child(void *arg)
+{
+    char opt[64];
+    snprintf(opt, sizeof opt, "--fault=%s", (const char *)arg);
+    char *argv[] = {self_path, opt, NULL};
+    execv(self_path, argv);
+    return 120;
+}
+
+/* The child: set up the memory, then touch it. Exit 0 means "no fault" (a test failure). */
+static int fault_child_main(const char *kind)
+{
+    if (!tu_gpu_available())
+        return 3;
+    struct drv_device_info info;
+    if (drv_device_query(0, &info) != XSEG_SUCCESS)
+        return 4;
+    G = info.granularity;
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    if (drv->cuMemAddressReserve(&va, 2 * G, 0, 0, 0) || drv->cuMemCreate(&h, G, &p, 0))
+        return 5;
+    if (!strcmp(kind, "noaccess") || !strcmp(kind, "after-unmap")) {
+        if (drv->cuMemMap(va, G, 0, h, 0))
+            return 6;
+    }
+    if (!strcmp(kind, "after-unmap")) {
+        if (set_rw(va, G) || drv->cuMemsetD8(va, 1, G) || drv->cuMemUnmap(va, G))
+            return 7;
+    }
+    if (tu_emulated()) {
+        *(volatile char *)(uintptr_t)va = 1;
+        return 0;
+    }
+    CUresult r = drv->cuMemsetD8(va, 1, 4096);
+    CUresult s = drv->cuCtxSynchronize();
+    fprintf(stderr, "fault child %s: cuMemsetD8 %s, cuCtxSynchronize %s\n", kind,
+            drv_error_name(r), drv_error_name(s));
+    return r != CUDA_SUCCESS || s != CUDA_SUCCESS ? 1 : 0;
+}
+
+static void fault_check(const char *kind)
+{
+    int detail = 0;
+    enum tu_child_outcome o = tu_run_child(exec_fault_child, (void *)kind, &detail);
+    print_message("fault %s: child %s %d\n", kind,
+                  o == TU_CHILD_SIGNAL ? "killed by signal" : o == TU_CHILD_EXIT ? "exited" : "ok", detail);
+    if (tu_emulated())
+        assert_int_equal(o, TU_CHILD_SIGNAL);
+    else
+        assert_true(tu_child_failed(o) && detail < 3);
+}
+static void test_fault_unmapped(void **state) { (void)state; fault_check("unmapped"); }
+static void test_fault_noaccess(void **state) { (void)state; fault_check("noaccess"); }
+static void test_fault_after_unmap(void **state) { (void)state; fault_check("after-unmap"); }
+
+/* ---- streams and events ---- */
+
+static void test_events(void **state)
+{
+    (void)state;
+    CUstream s = NULL;
+    CUevent e = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, 0));
+    tu_assert_cu(drv->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    tu_assert_cu(drv->cuEventRecord(e, s));
+    tu_assert_cu(drv->cuEventSynchronize(e));
+    tu_assert_cu(drv->cuEventQuery(e));
+    tu_assert_cu(drv->cuStreamWaitEvent(NULL, e, 0));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    tu_assert_cu(drv->cuStreamQuery(s));
+    tu_assert_cu(drv->cuEventRecord(e, NULL));
+    tu_assert_cu(drv->cuCtxSynchronize());
+    tu_assert_cu(drv->cuEventQuery(e));
+    tu_assert_cu(drv->cuEventDestroy(e));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+static void test_stream_hold(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    CUstream s = NULL;
+    CUevent e1 = NULL, e2 = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuEventCreate(&e1, 0));
+    tu_assert_cu(drv->cuEventCreate(&e2, 0));
+    assert_true(tu_stream_hold(s));
+    tu_assert_cu(drv->cuEventRecord(e1, s));
+    tu_assert_cu(drv->cuEventRecord(e2, s));
+    tu_assert_cu_eq(drv->cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    tu_assert_cu_eq(drv->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    /* Waiting for e1 completes the work up to e1 only. */
+    tu_assert_cu(drv->cuEventSynchronize(e1));
+    tu_assert_cu(drv->cuEventQuery(e1));
+    tu_assert_cu_eq(drv->cuEventQuery(e2), CUDA_ERROR_NOT_READY);
+    /* The legacy stream does not wait for a non-blocking stream. */
+    tu_assert_cu(drv->cuStreamSynchronize(NULL));
+    tu_assert_cu_eq(drv->cuEventQuery(e2), CUDA_ERROR_NOT_READY);
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    tu_assert_cu(drv->cuEventQuery(e2));
+    /* The hold outlives a wait: new work is pending again. */
+    tu_assert_cu(drv->cuEventRecord(e1, s));
+    tu_assert_cu_eq(drv->cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    tu_assert_cu(drv->cuCtxSynchronize());
+    tu_assert_cu(drv->cuEventQuery(e1));
+    tu_assert_cu(drv->cuEventRecord(e1, s));
+    assert_true(tu_stream_release(s));
+    tu_assert_cu(drv->cuEventQuery(e1));
+    tu_assert_cu(drv->cuStreamQuery(s));
+    /* The NULL stream can be held too; destroying a held stream completes its work. */
+    assert_true(tu_stream_hold(NULL));
+    tu_assert_cu(drv->cuEventRecord(e1, NULL));
+    tu_assert_cu_eq(drv->cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    assert_true(tu_stream_release(NULL));
+    tu_assert_cu(drv->cuEventQuery(e1));
+    assert_true(tu_stream_hold(s));
+    tu_assert_cu(drv->cuEventRecord(e2, s));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    tu_assert_cu(drv->cuEventQuery(e2));
+    tu_assert_cu(drv->cuEventDestroy(e1));
+    tu_assert_cu(drv->cuEventDestroy(e2));
+}
+
+/* ---- capture ---- */
+
+struct cap_fx {
+    CUstream s;
+    CUevent e;
+    CUdeviceptr dptr;   /* a cuMemAlloc block made before the capture */
+    CUdeviceptr va;     /* G of VA with a mapping made before the capture */
+    CUmemGenericAllocationHandle h;
+    bool unmapped, freed;
+};
+
+static CUresult c_alloc(struct cap_fx *f)
+{
+    CUdeviceptr p = 0;
+    CUresult r = drv->cuMemAlloc(&p, 4096);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemFree(p);
+    return r;
+}
+static CUresult c_free(struct cap_fx *f)
+{
+    CUresult r = drv->cuMemFree(f->dptr);
+    f->freed = r == CUDA_SUCCESS;
+    return r;
+}
+static CUresult c_unmap(struct cap_fx *f)
+{
+    CUresult r = drv->cuMemUnmap(f->va, G);
+    f->unmapped = r == CUDA_SUCCESS;
+    return r;
+}
+static CUresult c_event_query(struct cap_fx *f) { return drv->cuEventQuery(f->e); }
+static CUresult c_stream_sync(struct cap_fx *f) { return drv->cuStreamSynchronize(f->s); }
+static CUresult c_stream_query(struct cap_fx *f) { return drv->cuStreamQuery(f->s); }
+static CUresult c_ctx_sync(struct cap_fx *f) { return drv->cuCtxSynchronize(); }
+static CUresult c_event_record(struct cap_fx *f) { return drv->cuEventRecord(f->e, f->s); }
+static CUresult c_map(struct cap_fx *f)
+{
+    CUdeviceptr va = 0;
+    CUresult r = drv->cuMemAddressReserve(&va, G, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = drv->cuMemMap(va, G, 0, f->h, 0);
+    if (r == CUDA_SUCCESS)
+        r = set_rw(va, G);
+    /* Undo after the capture ends would be cleaner; unmapping here would itself be unsafe. */
+    if (r == CUDA_SUCCESS) {
+        CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+        drv->cuThreadExchangeStreamCaptureMode(&m);
+        drv->cuMemUnmap(va, G);
+        drv->cuThreadExchangeStreamCaptureMode(&m);
+    }
+    drv->cuMemAddressFree(va, G);
+    return r;
+}
+
+struct capture_row {
+    const char *what;
+    CUstreamCaptureMode mode;        /* of the capture */
+    CUstreamCaptureMode thread_mode; /* of the calling thread */
+    CUresult expected;
+    CUresult expected_end;           /* of cuStreamEndCapture */
+    CUresult (*run)(struct cap_fx *f);
+};
+
+static const struct capture_row capture_table[] = {
+    {"cuMemAlloc in GLOBAL capture", CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_alloc},
+    {"cuMemFree in GLOBAL capture", CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_free},
+    {"cuMemUnmap in GLOBAL capture [uncertain]", CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_unmap},
+    {"cuEventQuery in GLOBAL capture", CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_event_query},
+    {"cuStreamSynchronize of the capturing stream", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_stream_sync},
+    {"cuStreamQuery of the capturing stream", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_stream_query},
+    {"cuCtxSynchronize during capture", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_ctx_sync},
+    {"cuEventRecord on the capturing stream", CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_SUCCESS, CUDA_SUCCESS, c_event_record},
+    {"cuMemMap + cuMemSetAccess in GLOBAL capture [uncertain]", CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_SUCCESS, CUDA_SUCCESS, c_map},
+    {"cuMemAlloc in RELAXED capture", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_SUCCESS, CUDA_SUCCESS, c_alloc},
+    {"cuMemAlloc, thread mode RELAXED, GLOBAL capture", CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CU_STREAM_CAPTURE_MODE_RELAXED, CUDA_SUCCESS, CUDA_SUCCESS, c_alloc},
+    {"cuMemFree in THREAD_LOCAL capture", CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_free},
+};
+
+static void test_capture_table(void **state)
+{
+    (void)state;
+    int mismatches = 0;
+    for (size_t i = 0; i < sizeof capture_table / sizeof capture_table[0]; i++) {
+        const struct capture_row *row = &capture_table[i];
+        struct cap_fx f = {0};
+        tu_assert_cu(drv->cuStreamCreate(&f.s, CU_STREAM_NON_BLOCKING));
+        tu_assert_cu(drv->cuEventCreate(&f.e, 0));
+        tu_assert_cu(drv->cuEventRecord(f.e, NULL));
+        tu_assert_cu(drv->cuMemAlloc(&f.dptr, 4096));
+        f.va = reserve(G);
+        f.h = create(G);
+        tu_assert_cu(drv->cuMemMap(f.va, G, 0, f.h, 0));
+
+        tu_assert_cu(drv->cuStreamBeginCapture(f.s, row->mode));
+        CUstreamCaptureMode tm = row->thread_mode;
+        tu_assert_cu(drv->cuThreadExchangeStreamCaptureMode(&tm));
+        CUresult got = row->run(&f);
+        tu_assert_cu(drv->cuThreadExchangeStreamCaptureMode(&tm));
+        CUgraph g = NULL;
+        CUresult end = drv->cuStreamEndCapture(f.s, &g);
+        if (g)
+            tu_assert_cu(drv->cuGraphDestroy(g));
+        bool ok = got == row->expected && end == row->expected_end;
+        mismatches += !ok;
+        if (ok)
+            print_message("capture: %-55s -> %s, end %s\n", row->what, drv_error_name(got),
+                          drv_error_name(end));
+        else
+            print_message("capture: %-55s -> %s, end %s; expected %s, end %s\n", row->what,
+                          drv_error_name(got), drv_error_name(end), drv_error_name(row->expected),
+                          drv_error_name(row->expected_end));
+
+        if (!f.unmapped)
+            tu_assert_cu(drv->cuMemUnmap(f.va, G));
+        tu_assert_cu(drv->cuMemRelease(f.h));
+        tu_assert_cu(drv->cuMemAddressFree(f.va, G));
+        if (!f.freed)
+            tu_assert_cu(drv->cuMemFree(f.dptr));
+        tu_assert_cu(drv->cuEventDestroy(f.e));
+        tu_assert_cu(drv->cuStreamDestroy(f.s));
+    }
+    if (mismatches)
+        fail_msg("%d capture row(s) differ from the expected CUresult (see above)", mismatches);
+}
+
+static void test_capture_state(void **state)
+{
+    (void)state;
+    CUstream s = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    tu_assert_cu(drv->cuStreamIsCapturing(s, &st));
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    tu_assert_cu_eq(drv->cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    tu_assert_cu(drv->cuStreamIsCapturing(s, &st));
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    cuuint64_t id = 0;
+    tu_assert_cu(drv->cuStreamGetCaptureInfo(s, &st, &id, NULL, NULL, NULL, NULL));
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_true(id != 0);
+    CUgraph g = NULL;
+    tu_assert_cu(drv->cuStreamEndCapture(s, &g));
+    assert_non_null(g);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    tu_assert_cu(drv->cuStreamGetCaptureInfo(s, &st, &id, NULL, NULL, NULL, NULL));
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    tu_assert_cu_eq(drv->cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+int main(int argc, char **argv)
+{
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (n > 0)
+        self_path[n] = '\0';
+    if (argc > 1 && !strncmp(argv[1], "--fault=", 8))
+        return fault_child_main(argv[1] + 8);
+    tu_exit_skip_without_gpu();
+    struct drv_device_info info;
+    if (drv_device_query(0, &info) != XSEG_SUCCESS || !info.vmm_supported) {
+        fprintf(stderr, "SKIP: device 0 has no VMM support\n");
+        return 77;
+    }
+    G = info.granularity;
+    print_message("device 0: %s, %zu bytes, granularity %zu, %s\n", info.name, info.total_mem, G,
+                  tu_emulated() ? "cudaemu" : "real driver");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_granularity, setup),
+        cmocka_unit_test_setup(test_reserve_align_hint, setup),
+        cmocka_unit_test_setup(test_map_rw_roundtrip, setup),
+        cmocka_unit_test_setup(test_two_mappings_alias, setup),
+        cmocka_unit_test_setup(test_release_while_mapped, setup),
+        cmocka_unit_test_setup(test_retain_handle, setup),
+        cmocka_unit_test_setup(test_export_import_fd, setup),
+        cmocka_unit_test_setup(test_classic_alloc, setup),
+        cmocka_unit_test_setup(test_capacity_oom, setup),
+        cmocka_unit_test_setup(test_misuse_table, setup),
+        cmocka_unit_test_setup(test_fault_unmapped, setup),
+        cmocka_unit_test_setup(test_fault_noaccess, setup),
+        cmocka_unit_test_setup(test_fault_after_unmap, setup),
+        cmocka_unit_test_setup(test_events, setup),
+        cmocka_unit_test_setup(test_stream_hold, setup),
+        cmocka_unit_test_setup(test_capture_state, setup),
+        cmocka_unit_test_setup(test_capture_table, setup),
+    };
+    return cmocka_run_group_tests_name("driver-vmm", tests, NULL, NULL);
+}
