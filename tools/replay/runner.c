@@ -83,10 +83,12 @@ static uint64_t now_ns(void)
 static void read_calls(uint64_t calls[RUN_NENTRIES])
 {
     for (int i = 0; i < RUN_NENTRIES; i++) {
-        /* cudaemu counts under the API or the ABI name (cuMemAlloc vs cuMemAlloc_v2); take both. */
+        /* cudaemu may count under the API or the ABI name (cuMemAlloc vs cuMemAlloc_v2), or answer
+         * both with one counter: take the larger, never the sum. */
         char abi[64];
         snprintf(abi, sizeof abi, "%s_v2", run_entry_names[i]);
-        calls[i] = emu.count ? (uint64_t)emu.count(run_entry_names[i]) + emu.count(abi) : 0;
+        uint64_t api = emu.count ? emu.count(run_entry_names[i]) : 0, v2 = emu.count ? emu.count(abi) : 0;
+        calls[i] = api > v2 ? api : v2;
     }
 }
 

@@ -1,0 +1,468 @@
+/*
+ * xseg-replay end to end: the seed 003 tables, --marks=jsonl parsed back, --summary=json (and
+ * with --compare), an OOM that the replay survives, errors naming file and line, pools reported
+ * as not supported yet, an RMM CSV log, and the plot written.
+ * argv[1] = the xseg-replay executable, argv[2] = tools/workloads.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tools/replay/report.h"
+
+static const char *exe, *workloads;
+static char tmpdir[64];
+
+struct result {
+    char *out, *err;
+    int rc;
+};
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return strdup("");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        fwrite(chunk, 1, n, m);
+    fclose(f);
+    fclose(m);
+    return buf;
+}
+
+/* Run xseg-replay with @p args (a shell fragment), capturing stdout, stderr and the status. */
+static struct result run(const char *args)
+{
+    char cmd[4096], errpath[128];
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", tmpdir);
+    snprintf(cmd, sizeof cmd, "'%s' --no-progress %s 2>'%s'", exe, args, errpath);
+    struct result r = {0};
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
+        fwrite(chunk, 1, n, m);
+    fclose(m);
+    int st = pclose(p);
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.out = buf;
+    r.err = slurp(errpath);
+    return r;
+}
+
+static void result_free(struct result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static char *write_tmp(const char *name, const char *text)
+{
+    char *path;
+    assert_true(asprintf(&path, "%s/%s", tmpdir, name) > 0);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* Is the replay on cudaemu? (The summary has driver call counts only there.) */
+static int emulated(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        char *t = write_tmp("probe.trace", "alloc a 1MiB\n");
+        char args[512];
+        snprintf(args, sizeof args, "--marks=none --summary=json '%s'", t);
+        struct result r = run(args);
+        cached = r.rc == 0 && !strstr(r.out, "\"driver_calls\": null");
+        result_free(&r);
+        free(t);
+    }
+    return cached;
+}
+
+struct expect_row {
+    char label[512];
+    double v[4];
+};
+
+/* Compare one scenario file under each of its "# expect CONFIG" tables. */
+static void check_seed_file(const char *path, int *checked_rows)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[512];
+    char configs[4][512];
+    struct expect_row rows[4][32];
+    size_t nrows[4] = {0};
+    int ncfg = 0, uses_hold = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (!strncmp(line, "# expect ", 9) && ncfg < 4) {
+            snprintf(configs[ncfg++], sizeof configs[0], "%s", line + 9);
+        } else if (!strncmp(line, "#= ", 3) && ncfg > 0) {
+            struct expect_row *er = &rows[ncfg - 1][nrows[ncfg - 1]++];
+            /* The label is everything before the last four numbers. */
+            char *p = line + strlen(line);
+            for (int k = 3; k >= 0; k--) {
+                while (p > line + 3 && p[-1] == ' ')
+                    p--;
+                *p = '\0';
+                while (p > line + 3 && p[-1] != ' ')
+                    p--;
+                er->v[k] = strtod(p, NULL);
+            }
+            while (p > line + 3 && p[-1] == ' ')
+                p--;
+            *p = '\0';
+            snprintf(er->label, sizeof er->label, "%.500s", line + 3);
+        } else if (!strncmp(line, "hold ", 5)) {
+            uses_hold = 1;
+        }
+    }
+    fclose(f);
+    assert_true(ncfg > 0);
+    if (uses_hold && !emulated()) {
+        print_message("[  SKIPPED ] %s: holds a stream, which needs cudaemu\n", path);
+        return;
+    }
+    for (int c = 0; c < ncfg; c++) {
+        char args[4096];
+        snprintf(args, sizeof args, "--pool large --marks=jsonl --summary=none --config '%s' '%s'",
+                 configs[c], path);
+        struct result r = run(args);
+        size_t got = 0;
+        char *save = NULL;
+        for (char *l = strtok_r(r.out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+            struct report_mark m = {{0}};
+            struct report_mark_reader mr = {.m = &m, .pool = XSEG_STAT_LARGE_POOL};
+            if (report_json_parse(l, report_mark_from_json, &mr) != 0 || !mr.is_mark)
+                fail_msg("%s: not a mark line: %s", path, l);
+            if (got >= nrows[c])
+                fail_msg("%s [%s]: more marks than expected rows", path, configs[c]);
+            const struct expect_row *er = &rows[c][got];
+            if (strcmp(m.label, er->label))
+                fail_msg("%s [%s]: mark %zu is '%s', expected '%s'", path, configs[c], got, m.label, er->label);
+            for (int k = 0; k < 4; k++) {
+                double gib = (double)m.v[k] / 1073741824.0;
+                if (fabs(round(gib * 1000) / 1000 - er->v[k]) > 0.0005)
+                    fail_msg("%s [%s] '%s' column %d: %.3f GiB, expected %.3f", path, configs[c], er->label,
+                             k, gib, er->v[k]);
+            }
+            got++;
+        }
+        if (got < nrows[c]) {
+            /* Only a replay stopped at a pool/capture line may come short, until pools land. */
+            if (r.rc == 0 || !strstr(r.err, "not supported yet: private pools are a later issue"))
+                fail_msg("%s [%s]: %zu of %zu marks, exit %d, stderr: %s", path, configs[c], got, nrows[c],
+                         r.rc, r.err);
+            print_message("[     NOTE ] %s [%s]: %zu of %zu rows checked (needs private pools)\n", path,
+                          configs[c], got, nrows[c]);
+        } else {
+            assert_int_equal(r.rc, 0);
+        }
+        *checked_rows += (int)got;
+        result_free(&r);
+    }
+}
+
+static void test_seed_tables(void **state)
+{
+    (void)state;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/seed003", workloads);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int files = 0, rows = 0;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n < 7 || strcmp(e->d_name + n - 6, ".trace"))
+            continue;
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        check_seed_file(path, &rows);
+        files++;
+    }
+    closedir(d);
+    assert_true(files >= 8);
+    assert_true(rows >= 20); /* the pool-free scenarios alone give more */
+}
+
+static const char *const stat_keys_sample[] = {
+    "allocated_bytes.all.current", "reserved_bytes.large_pool.peak", "active_bytes.small_pool.current",
+    "inactive_split_bytes.all.current", "requested_bytes.all.allocated", "segment.all.current",
+    "num_alloc_retries", "num_ooms", "num_device_alloc", "max_split_size"};
+
+struct key_check {
+    int seen[sizeof stat_keys_sample / sizeof stat_keys_sample[0]];
+    int nkeys;
+    char mark[128];
+};
+
+static void key_cb(const char *key, double num, const char *str, void *user)
+{
+    struct key_check *kc = user;
+    kc->nkeys++;
+    if (!strcmp(key, "mark") && str)
+        snprintf(kc->mark, sizeof kc->mark, "%s", str);
+    for (size_t i = 0; i < sizeof stat_keys_sample / sizeof stat_keys_sample[0]; i++)
+        if (!strcmp(key, stat_keys_sample[i]) && !isnan(num))
+            kc->seen[i] = 1;
+}
+
+static void test_marks_jsonl(void **state)
+{
+    (void)state;
+    char *t = write_tmp("marks.trace", "alloc a 3GiB\nmark one \"quoted\" \\ label\nfree a\nalloc b 1KiB\nmark two\n");
+    char args[512];
+    snprintf(args, sizeof args, "--marks=jsonl --summary=none '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    int lines = 0;
+    char *save = NULL;
+    for (char *l = strtok_r(r.out, "\n", &save); l; l = strtok_r(NULL, "\n", &save), lines++) {
+        struct key_check kc = {{0}};
+        assert_int_equal(report_json_parse(l, key_cb, &kc), 0);
+        assert_string_equal(kc.mark, lines == 0 ? "one \"quoted\" \\ label" : "two");
+        for (size_t i = 0; i < sizeof stat_keys_sample / sizeof stat_keys_sample[0]; i++)
+            if (!kc.seen[i])
+                fail_msg("mark %d lacks %s", lines, stat_keys_sample[i]);
+        assert_true(kc.nkeys > 100); /* every statistic, not a sample */
+        struct report_mark m = {{0}};
+        struct report_mark_reader mr = {.m = &m, .pool = XSEG_STAT_ALL};
+        assert_int_equal(report_json_parse(l, report_mark_from_json, &mr), 0);
+        if (lines == 0) {
+            assert_int_equal(m.v[0], 3ll << 30);
+            assert_true(m.v[3] >= 3ll << 30);
+        } else {
+            assert_int_equal(m.v[0], 1024 > 512 ? 1024 : 512); /* 1 KiB rounds to itself */
+        }
+    }
+    assert_int_equal(lines, 2);
+    result_free(&r);
+    free(t);
+}
+
+static void test_summary_json_and_compare(void **state)
+{
+    (void)state;
+    char *t = write_tmp("sum.trace", "alloc a 100MiB\nalloc b 30MiB\nfree a\nalloc c 50MiB\nmark m\n");
+    char args[512];
+    snprintf(args, sizeof args, "--marks=none --summary=json --config expandable_segments:True '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    static const char *const keys[] = {"\"peak_allocated_bytes\": ", "\"peak_reserved_bytes\": ",
+                                       "\"utilization\": ", "\"reserved_end_bytes\": ",
+                                       "\"reserved_after_empty_cache_bytes\": ", "\"failed_allocs\": 0",
+                                       "\"driver_calls\": ", "\"mode\": \"expandable\""};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strstr(r.out, keys[i]))
+            fail_msg("summary lacks %s: %s", keys[i], r.out);
+    struct run_summary s = {0};
+    assert_int_equal(report_json_parse(r.out, report_summary_from_json, &s), 0);
+    assert_int_equal(s.peak_allocated, 130ll << 20);
+    assert_true(s.peak_reserved >= s.peak_allocated);
+    assert_true(s.utilization > 0 && s.utilization <= 1.0);
+    assert_int_equal(s.allocs, 3);
+    assert_int_equal(s.frees, 1);
+    if (emulated())
+        assert_true(s.have_calls && s.calls[RUN_E_cuMemMap] > 0);
+    result_free(&r);
+
+    snprintf(args, sizeof args, "--compare --marks=none --summary=json '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    char *classic = strstr(r.out, "\"mode\": \"classic\"");
+    char *expandable = strstr(r.out, "\"mode\": \"expandable\"");
+    assert_non_null(classic);
+    assert_non_null(expandable);
+    result_free(&r);
+
+    /* The text table side by side. */
+    snprintf(args, sizeof args, "--compare '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "classic"));
+    assert_non_null(strstr(r.out, "expandable"));
+    assert_non_null(strstr(r.out, "utilization"));
+    assert_non_null(strstr(r.out, "peak reserved (GiB)"));
+    result_free(&r);
+    free(t);
+}
+
+static void test_oom_goes_on(void **state)
+{
+    (void)state;
+    char *t = write_tmp("oom.trace", "alloc a 64MiB\nalloc huge 1024TiB\nrecord huge @default\nfree huge\n"
+                                     "alloc b 64MiB\nfree a\nmark after\n");
+    char args[512];
+    snprintf(args, sizeof args, "--marks=none --summary=json '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    struct run_summary s = {0};
+    assert_int_equal(report_json_parse(r.out, report_summary_from_json, &s), 0);
+    assert_int_equal(s.failed_allocs, 1);
+    assert_int_equal(s.allocs, 3);
+    assert_int_equal(s.frees, 1); /* the failed buffer's free is skipped */
+    if (!strstr(r.err, "oom.trace:2: alloc huge 1024TiB failed (XSEG_ERROR_OUT_OF_MEMORY)"))
+        fail_msg("stderr: %s", r.err);
+    result_free(&r);
+    free(t);
+}
+
+static void test_errors_and_pools(void **state)
+{
+    (void)state;
+    char *t = write_tmp("bad.trace", "alloc a 1GiB\n\nfree b\n");
+    char args[512];
+    snprintf(args, sizeof args, "'%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 1);
+    if (!strstr(r.err, "bad.trace:3: free b: no buffer 'b' was allocated"))
+        fail_msg("stderr: %s", r.err);
+    assert_string_equal(r.out, ""); /* checked before anything ran */
+    result_free(&r);
+    free(t);
+
+    t = write_tmp("pool.trace", "stream s\nalloc a 1MiB\nmark before\npool_begin p1 @s\nalloc b 1MiB\npool_end p1\n");
+    snprintf(args, sizeof args, "--marks=jsonl '%s'", t);
+    r = run(args);
+    assert_int_not_equal(r.rc, 0);
+    if (!strstr(r.err, "pool.trace:4: pool_begin: not supported yet: private pools are a later issue"))
+        fail_msg("stderr: %s", r.err);
+    assert_non_null(strstr(r.out, "\"mark\": \"before\""));
+    result_free(&r);
+    free(t);
+
+    r = run("--bogus");
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "unknown option '--bogus'"));
+    result_free(&r);
+    r = run("--marks=xml x.trace");
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "--marks: 'xml' is not table, jsonl or none"));
+    result_free(&r);
+    r = run("/nonexistent/file.trace");
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "/nonexistent/file.trace: cannot open"));
+    result_free(&r);
+}
+
+static void test_rmm_csv_file(void **state)
+{
+    (void)state;
+    char *t = write_tmp("log.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                                   "1,10:00:00.1,allocate,0x1000,2097152,0x0\n"
+                                   "1,10:00:00.2,allocate,0x400000,33554432,0x0\n"
+                                   "1,10:00:00.3,free,0x1000,2097152,0x0\n"
+                                   "1,10:00:00.4,allocate failure,0x0,99999,0x0\n"
+                                   "1,10:00:00.5,free,0x9000,4096,0x0\n");
+    char args[512];
+    snprintf(args, sizeof args, "--marks=none --summary=json '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    struct run_summary s = {0};
+    assert_int_equal(report_json_parse(r.out, report_summary_from_json, &s), 0);
+    assert_int_equal(s.allocs, 3); /* two allocations and one seed */
+    assert_int_equal(s.frees, 2);
+    assert_true(s.peak_allocated >= (2097152 + 33554432));
+    result_free(&r);
+    free(t);
+}
+
+static void test_plot_written(void **state)
+{
+    (void)state;
+    char *t = write_tmp("plot.trace", "alloc a 100MiB\nalloc b 300MiB\nfree a\nalloc c 90MiB\nfree b\nempty_cache\n");
+    char svg[128], args[512];
+    snprintf(svg, sizeof svg, "%s/out.svg", tmpdir);
+    snprintf(args, sizeof args, "--compare --summary=none --plot '%s' '%s'", svg, t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    char *text = slurp(svg);
+    assert_true(!strncmp(text, "<?xml", 5));
+    static const char *const parts[] = {"<svg", "<polyline", "reserved (classic)", "allocated (expandable)",
+                                        "memory (GiB)", "trace action", "plot.trace", "</svg>"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (!strstr(text, parts[i]))
+            fail_msg("the plot lacks '%s'", parts[i]);
+    free(text);
+    result_free(&r);
+    unlink(svg);
+    /* Single mode in-process, too. */
+    snprintf(args, sizeof args, "--summary=none --plot '%s' '%s'", svg, t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    text = slurp(svg);
+    assert_non_null(strstr(text, "<polyline"));
+    free(text);
+    result_free(&r);
+    unlink(svg);
+    free(t);
+}
+
+static void test_check_builtins(void **state)
+{
+    (void)state;
+    struct result r = run("--check builtin:training builtin:inference");
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "builtin:training: ok"));
+    assert_non_null(strstr(r.out, "builtin:inference: ok"));
+    result_free(&r);
+    r = run("--list");
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "builtin:training"));
+    result_free(&r);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s XSEG_REPLAY WORKLOADS_DIR\n", argv[0]);
+        return 1;
+    }
+    exe = argv[1];
+    workloads = argv[2];
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/xseg-replay-test-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seed_tables),
+        cmocka_unit_test(test_marks_jsonl),
+        cmocka_unit_test(test_summary_json_and_compare),
+        cmocka_unit_test(test_oom_goes_on),
+        cmocka_unit_test(test_errors_and_pools),
+        cmocka_unit_test(test_rmm_csv_file),
+        cmocka_unit_test(test_plot_written),
+        cmocka_unit_test(test_check_builtins),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpdir);
+    return rc;
+}
