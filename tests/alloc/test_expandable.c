@@ -1,0 +1,361 @@
+/*
+ * Expandable segments beneath the pools: page-level reclaim, stream isolation, mixed mode, the
+ * fault-injection sweep, many streams, peer access. Stats are checked against a snapshot walk
+ * (reserved = mapped ranges, allocated/active/requested = block sums) after every scenario.
+ * argv[1] = "peer" runs the two-device test (CUDAEMU_DEVICES=2 set before the driver loads).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tests/common/testutil.h"
+#include "xseg.h"
+
+#define MiB ((size_t)1 << 20)
+#define PAGE (20 * MiB)
+
+static int64_t stat_of(const char *key)
+{
+    int64_t v = -1;
+    assert_int_equal(xseg_stat(0, key, &v), XSEG_SUCCESS);
+    return v;
+}
+
+static void start(const char *config)
+{
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    if (!tu_gpu_available())
+        skip();
+}
+
+/* Stats that a snapshot determines must match it (PyTorch's _check_memory_stat_consistency). */
+static void check_consistent(void)
+{
+    xseg_snapshot *s = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
+    int64_t reserved = 0, allocated = 0, active = 0, requested = 0, nalloc = 0, segs = 0;
+    for (size_t i = 0; i < s->nsegments; i++) {
+        const xseg_segment_info *g = &s->segments[i];
+        reserved += (int64_t)g->total_size;
+        if (!g->is_expandable)
+            segs++;
+        uint64_t at = g->address;
+        for (size_t j = 0; j < g->nblocks; j++) {
+            const xseg_block_info *b = &g->blocks[j];
+            assert_int_equal(b->address, at); /* blocks tile the range */
+            at += b->size;
+            if (b->state == XSEG_BLOCK_ACTIVE_ALLOCATED) {
+                allocated += (int64_t)b->size;
+                nalloc++;
+            }
+            if (b->state != XSEG_BLOCK_INACTIVE) {
+                active += (int64_t)b->size;
+                requested += (int64_t)b->requested_size;
+            }
+        }
+        assert_int_equal(at, g->address + g->total_size);
+    }
+    xseg_snapshot_free(s);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), reserved);
+    assert_int_equal(stat_of("allocated_bytes.all.current"), allocated);
+    assert_int_equal(stat_of("active_bytes.all.current"), active);
+    assert_int_equal(stat_of("requested_bytes.all.current"), requested);
+    assert_int_equal(stat_of("allocation.all.current"), nalloc);
+    assert_int_equal(stat_of("segment.all.current"), segs);
+}
+
+static void check_no_leaks(void)
+{
+    struct cudaemu_live live;
+    if (!tu_live(&live))
+        return;
+    if (live.handles || live.mapped_bytes || live.reservations || live.allocs)
+        fail_msg("leak: %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks",
+                 live.handles, live.mapped_bytes, live.reservations, live.allocs);
+}
+
+static void *must_malloc(size_t size, CUstream s)
+{
+    void *p = NULL;
+    if (xseg_malloc(&p, size, 0, s) != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(%zu): %s", size, xseg_last_error());
+    return p;
+}
+
+static int touch(void *arg)
+{
+    volatile char *p = arg;
+    p[0] = 1;
+    return p[0] == 1 ? 0 : 2;
+}
+
+/* A live block in the middle keeps exactly the pages it touches. */
+static void test_page_reclaim(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    void *big = must_malloc(10 * PAGE, NULL);
+    char *base = big;
+    assert_int_equal(xseg_free(big), XSEG_SUCCESS);
+    void *front = must_malloc(70 * MiB, NULL);  /* [0, 70) MiB */
+    void *mid = must_malloc(30 * MiB, NULL);    /* [70, 100) MiB: pages 3 and 4 */
+    assert_ptr_equal(front, base);
+    assert_ptr_equal(mid, base + 70 * MiB);
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)mid, 30 * MiB, 0xbeef));
+    assert_int_equal(xseg_free(front), XSEG_SUCCESS);
+    int64_t frees = stat_of("num_device_free");
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(2 * PAGE));
+    assert_int_equal(stat_of("num_device_free"), frees + 8);
+    assert_true(tu_check((CUdeviceptr)(uintptr_t)mid, 30 * MiB, 0xbeef));
+    check_consistent();
+    if (tu_emulated()) {
+        int detail = 0;
+        assert_true(tu_child_failed(tu_run_child(touch, base, &detail)));          /* page 0: gone */
+        assert_true(tu_child_failed(tu_run_child(touch, base + 9 * PAGE, &detail))); /* page 9 */
+        assert_int_equal(tu_run_child(touch, base + 3 * PAGE, &detail), TU_CHILD_OK); /* shared page */
+    }
+    /* The hole refills by mapping again, at the same addresses. */
+    void *again = must_malloc(60 * MiB, NULL);
+    assert_ptr_equal(again, base);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(5 * PAGE));
+    check_consistent();
+    assert_int_equal(xseg_free(again), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(mid), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* Another stream gets its own segment; growth extends the tail in place. */
+static void test_stream_isolation_and_growth(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    char *a = must_malloc(30 * MiB, NULL);
+    char *b = must_malloc(30 * MiB, NULL);
+    assert_ptr_equal(b, a + 30 * MiB); /* contiguous in one segment */
+    char *c = must_malloc(30 * MiB, s);
+    assert_true(c < a || c >= a + 1024 * MiB); /* elsewhere */
+    xseg_snapshot *snap = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &snap), XSEG_SUCCESS);
+    int on_null = 0, on_s = 0;
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        assert_true(snap->segments[i].is_expandable);
+        if (snap->segments[i].stream == NULL)
+            on_null++;
+        else if (snap->segments[i].stream == s)
+            on_s++;
+    }
+    xseg_snapshot_free(snap);
+    assert_int_equal(on_null, 1);
+    assert_int_equal(on_s, 1);
+    /* Grow well past the first reservation: still contiguous after b. */
+    char *d = must_malloc(400 * MiB, NULL);
+    assert_ptr_equal(d, b + 30 * MiB);
+    check_consistent();
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(d), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_consistent();
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* expandable_segments switched mid-run: both kinds side by side, never merged or confused. */
+static void test_mixed_mode(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    void *e = must_malloc(30 * MiB, NULL);
+    void *e2 = must_malloc(100 * 1024, NULL);
+    assert_int_equal(xseg_set_config("expandable_segments:False"), XSEG_SUCCESS);
+    void *c = must_malloc(30 * MiB, NULL);
+    assert_int_equal(stat_of("segment.all.current"), 1);
+    assert_int_equal(xseg_free(e), XSEG_SUCCESS);
+    void *c2 = must_malloc(12 * MiB, NULL); /* must not take the cached expandable block */
+    assert_int_equal(stat_of("segment.all.current"), 2);
+    check_consistent();
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* classic segment freed, pages unmapped */
+    check_consistent();
+    assert_int_equal(xseg_set_config("expandable_segments:True"), XSEG_SUCCESS);
+    void *e3 = must_malloc(30 * MiB, NULL);
+    check_consistent();
+    assert_int_equal(xseg_free(e2), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(e3), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c2), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* ---- fault-injection sweep ---- */
+
+#define NLIVE 12
+
+struct scen {
+    void *p[NLIVE];
+    size_t size[NLIVE];
+};
+
+static void scen_alloc(struct scen *sc, int i, size_t size, CUstream s)
+{
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, size, 0, s);
+    if (st == XSEG_SUCCESS) {
+        sc->p[i] = p;
+        sc->size[i] = size;
+        tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p, size, 1000u + (unsigned)i));
+    } else if (st != XSEG_ERROR_OUT_OF_MEMORY && st != XSEG_ERROR_DRIVER) {
+        fail_msg("malloc failed with %s: %s", xseg_status_name(st), xseg_last_error());
+    }
+}
+
+static void scen_free(struct scen *sc, int i)
+{
+    if (!sc->p[i])
+        return;
+    assert_true(tu_check((CUdeviceptr)(uintptr_t)sc->p[i], sc->size[i], 1000u + (unsigned)i));
+    assert_int_equal(xseg_free(sc->p[i]), XSEG_SUCCESS);
+    sc->p[i] = NULL;
+}
+
+static void scenario(struct scen *sc, CUstream s)
+{
+    scen_alloc(sc, 0, 50 * MiB, NULL);
+    scen_alloc(sc, 1, 3 * MiB, NULL);
+    scen_alloc(sc, 2, 700 * 1024, NULL);
+    scen_alloc(sc, 3, 64 * MiB, s);
+    scen_alloc(sc, 4, 5 * MiB, NULL);
+    scen_free(sc, 1);
+    scen_free(sc, 0);
+    (void)xseg_empty_cache(0);
+    scen_alloc(sc, 5, 90 * MiB, NULL);
+    scen_alloc(sc, 6, 4 * 1024, NULL);
+    scen_alloc(sc, 7, 30 * MiB, s);
+    scen_free(sc, 3);
+    (void)xseg_empty_cache(0);
+    scen_alloc(sc, 8, 45 * MiB, s);
+    scen_alloc(sc, 9, 2 * MiB + 512, NULL);
+}
+
+static void test_fault_sweep(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    const char *entries[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemAddressReserve"};
+    unsigned runs = 0;
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        for (unsigned long n = 1;; n++) {
+            struct scen sc;
+            memset(&sc, 0, sizeof sc);
+            tu_counts_reset();
+            CUresult res = n % 2 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
+            assert_true(tu_fail(entries[e], n, res));
+            scenario(&sc, s);
+            unsigned long calls = tu_call_count(entries[e]);
+            tu_fail_clear();
+            check_consistent();
+            for (int i = 0; i < NLIVE; i++)
+                scen_free(&sc, i);
+            check_consistent();
+            assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+            assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+            check_no_leaks();
+            runs++;
+            if (calls < n)
+                break; /* the scenario never reached the Nth call: done with this entry */
+        }
+    }
+    print_message("fault sweep: %u runs\n", runs);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* 1,000 streams with a few MiB each: one segment (one reservation) per stream, all released. */
+static void test_many_streams(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    size_t n = tu_scaled(1000, 50);
+    CUstream *ss = calloc(n, sizeof *ss);
+    void **ps = calloc(n, sizeof *ps);
+    assert_non_null(ss);
+    assert_non_null(ps);
+    for (size_t i = 0; i < n; i++) {
+        tu_assert_cu(drv->cuStreamCreate(&ss[i], CU_STREAM_NON_BLOCKING));
+        ps[i] = must_malloc((2 + i % 3) * MiB, ss[i]);
+    }
+    struct cudaemu_live live;
+    if (tu_live(&live))
+        assert_true(live.reservations <= n);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(n * PAGE));
+    check_consistent();
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(xseg_free(ps[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+    for (size_t i = 0; i < n; i++)
+        tu_assert_cu(drv->cuStreamDestroy(ss[i]));
+    free(ss);
+    free(ps);
+}
+
+static void test_peer_access(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    int n = 0;
+    assert_int_equal(xseg_device_count(&n), XSEG_SUCCESS);
+    if (n < 2)
+        skip();
+    void *before = must_malloc(30 * MiB, NULL); /* segment exists before access is enabled */
+    xseg_status st = xseg_enable_peer_access(0, 1);
+    if (st == XSEG_ERROR_NOT_SUPPORTED)
+        skip();
+    assert_int_equal(st, XSEG_SUCCESS);
+    void *after = must_malloc(30 * MiB, NULL);
+    void *small = must_malloc(4096, NULL); /* a new (small-pool) segment inherits the peer */
+    void *ptrs[3] = {before, after, small};
+    for (int i = 0; i < 3; i++) {
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1};
+        unsigned long long flags = 0;
+        tu_assert_cu(drv->cuMemGetAccess(&flags, &loc, (CUdeviceptr)(uintptr_t)ptrs[i]));
+        assert_int_equal(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(xseg_free(ptrs[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(-1), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "peer") == 0) {
+        setenv("CUDAEMU_DEVICES", "2", 0);
+        const struct CMUnitTest peer[] = {cmocka_unit_test(test_peer_access)};
+        return cmocka_run_group_tests(peer, NULL, NULL);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_page_reclaim),
+        cmocka_unit_test(test_stream_isolation_and_growth),
+        cmocka_unit_test(test_mixed_mode),
+        cmocka_unit_test(test_fault_sweep),
+        cmocka_unit_test(test_many_streams),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
