@@ -82,7 +82,7 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
         return CUDA_ERROR_INVALID_CONTEXT;
     emu_lock();
     CUresult r = emu_capture_unsafe_call_locked();
-    if (r != CUDA_SUCCESS) {
+    if (r != CUDA_SUCCESS || !dptr) {   /* cuMemFree(0) succeeds (H100, driver 580.159.04) */
         emu_unlock();
         return r;
     }

@@ -19,8 +19,9 @@
  *     thread has a GLOBAL capture. Such a call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
  *     invalidates those captures (cuStreamEndCapture then returns
  *     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph).
- *   - cudaemu's unsafe calls: cuMemAlloc, cuMemFree, cuMemUnmap, cuEventQuery (what PyTorch's
- *     allocator avoids during capture).
+ *   - cudaemu's unsafe calls: cuMemAlloc, cuMemFree, cuEventQuery. Measured on an H100 (driver
+ *     580.159.04, tests/driver/test_vmm.c capture table): those three are rejected in GLOBAL
+ *     mode; cuMemUnmap, cuMemMap and cuMemSetAccess are not.
  *   - synchronizing or querying a capturing stream, or cuCtxSynchronize while any stream
  *     captures, is invalid whatever the modes: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the
  *     capture is invalidated. Synchronizing the legacy NULL stream while a blocking stream

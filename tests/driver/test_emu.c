@@ -1,0 +1,432 @@
+/*
+ * cudaemu's own checks (emulator only; the program exits 77 on a real driver): CUDAEMU_*
+ * parsing, fault injection, latency, counters, the exit report, calls before cuInit, error
+ * names, several devices, and a multi-threaded VMM workout for the TSan build.
+ *
+ * Environment cases need a fresh process (the environment is read once): this binary
+ * re-executes itself with --child=CASE and extra variables, and checks its exit status and
+ * stderr.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/common/testutil.h"
+
+extern char **environ;
+static char self_path[4096];
+#define MiB2 ((size_t)2 << 20)
+
+/* Run this binary with --child=@p mode and @p extra ("NAME=value", NULL-terminated) added to
+ * the environment; stderr (and stdout) go to @p out. @return the exit status, or 128 + signal. */
+static int run_self(const char *mode, const char *const *extra, char *out, size_t outsz)
+{
+    size_t n = 0, k = 0;
+    while (environ[n])
+        n++;
+    while (extra && extra[k])
+        k++;
+    char **envp = calloc(n + k + 1, sizeof *envp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool overridden = false;
+        for (size_t j = 0; j < k; j++) {
+            size_t len = strcspn(extra[j], "=");
+            overridden |= !strncmp(environ[i], extra[j], len + 1);
+        }
+        if (!overridden)
+            envp[m++] = environ[i];
+    }
+    for (size_t j = 0; j < k; j++)
+        envp[m++] = (char *)extra[j];
+    int fds[2];
+    if (pipe(fds))
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    char opt[64];
+    snprintf(opt, sizeof opt, "--child=%s", mode);
+    char *argv[] = {self_path, opt, NULL};
+    pid_t pid;
+    int rc = posix_spawn(&pid, self_path, &fa, NULL, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    free(envp);
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t r;
+    while ((r = read(fds[0], out + got, outsz - 1 - got)) > 0 && got + 1 < outsz)
+        got += (size_t)r;
+    out[got] = '\0';
+    close(fds[0]);
+    if (rc)
+        return -1;
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void *child_open(void)
+{
+    void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        fprintf(stderr, "child: %s\n", dlerror());
+        exit(90);
+    }
+    return lib;
+}
+
+static int child_main(const char *mode)
+{
+    if (!strcmp(mode, "init"))
+        return drv_load() == XSEG_SUCCESS ? 0 : 10;
+    if (!strcmp(mode, "before-init")) {
+        /* Straight to the library: drv_load would call cuInit. */
+        void *lib = child_open();
+        CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(lib, "cuMemAlloc_v2");
+        CUresult (*count)(int *) = (CUresult(*)(int *))dlsym(lib, "cuDeviceGetCount");
+        CUdeviceptr p;
+        int n;
+        printf("alloc=%d count=%d\n", (int)alloc(&p, 16), (int)count(&n));
+        return 0;
+    }
+    if (!tu_gpu_available())
+        return 11;
+    if (!strcmp(mode, "total")) {
+        struct drv_device_info info;
+        if (drv_device_query(0, &info))
+            return 12;
+        printf("total=%zu granularity=%zu\n", info.total_mem, info.granularity);
+        return 0;
+    }
+    if (!strcmp(mode, "fail-env")) {
+        CUdeviceptr p[3];
+        CUresult r[3];
+        for (int i = 0; i < 3; i++)
+            r[i] = drv->cuMemAlloc(&p[i], 4096);
+        printf("results=%d,%d,%d\n", (int)r[0], (int)r[1], (int)r[2]);
+        for (int i = 0; i < 3; i++)
+            if (r[i] == CUDA_SUCCESS)
+                drv->cuMemFree(p[i]);
+        return 0;
+    }
+    if (!strcmp(mode, "latency-env")) {
+        struct timespec a, b;
+        size_t f, t;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        drv->cuMemGetInfo(&f, &t);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        long ns = (b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec);
+        printf("elapsed_ns=%ld\n", ns);
+        return ns >= 3000000 ? 0 : 13;
+    }
+    if (!strcmp(mode, "report")) {
+        CUdeviceptr va;
+        drv->cuMemAddressReserve(&va, MiB2, 0, 0, 0);   /* left reserved on purpose */
+        return 0;
+    }
+    if (!strcmp(mode, "two-devices")) {
+        int n = 0, peer = 0;
+        drv->cuDeviceGetCount(&n);
+        drv->cuDeviceCanAccessPeer(&peer, 0, 1);
+        CUmemAllocationProp p = {0};
+        p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        p.location.id = 1;
+        CUmemGenericAllocationHandle h;
+        CUresult r = drv->cuMemCreate(&h, MiB2, &p, 0);
+        struct cudaemu_live live;
+        tu_live(&live);
+        printf("count=%d peer=%d create1=%d used0=%zu used1=%zu\n", n, peer, (int)r, live.used_bytes[0],
+               live.used_bytes[1]);
+        /* Device 1's context: cuMemGetInfo reports its own use. */
+        CUcontext c1;
+        drv->cuDevicePrimaryCtxRetain(&c1, 1);
+        drv->cuCtxSetCurrent(c1);
+        size_t f, t;
+        drv->cuMemGetInfo(&f, &t);
+        printf("free1=%zu total1=%zu\n", f, t);
+        drv->cuMemRelease(h);
+        drv->cuDevicePrimaryCtxRelease(1);
+        return 0;
+    }
+    return 99;
+}
+
+/* ---- environment parsing ---- */
+
+static void expect_bad_env(const char *assignment)
+{
+    char out[4096];
+    const char *extra[] = {assignment, NULL};
+    int rc = run_self("init", extra, out, sizeof out);
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(assignment, "="), assignment);
+    print_message("%s: exit %d: %s", assignment, rc, out);
+    assert_true(rc != 0);
+    if (!strstr(out, name))
+        fail_msg("the message for %s does not name %s: %s", assignment, name, out);
+}
+
+static void test_env_errors(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "CUDAEMU_DEVICES=abc", "CUDAEMU_DEVICES=-1", "CUDAEMU_DEVICES=65",
+        "CUDAEMU_TOTAL_MEM=80X", "CUDAEMU_TOTAL_MEM=", "CUDAEMU_TOTAL_MEM=99999999999T",
+        "CUDAEMU_GRANULARITY=3000", "CUDAEMU_GRANULARITY=1K", "CUDAEMU_VMM=2", "CUDAEMU_VMM=yes",
+        "CUDAEMU_FAIL=cuMemMap", "CUDAEMU_FAIL=cuMemMap:x:CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDAEMU_FAIL=cuMemMap:0:CUDA_ERROR_OUT_OF_MEMORY", "CUDAEMU_FAIL=cuNope:1:CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDAEMU_FAIL=cuMemMap:1:CUDA_ERROR_BOGUS", "CUDAEMU_LATENCY=cuMemMap:12parsecs",
+        "CUDAEMU_LATENCY=cuMemMap", "CUDAEMU_REPORT=on", "CUDAEMU_TYPO=1",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_bad_env(bad[i]);
+}
+
+static void test_env_sizes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *a, *b, *want;
+    } ok[] = {
+        {"CUDAEMU_TOTAL_MEM=81920M", NULL, "total=85899345920 granularity=2097152"},
+        {"CUDAEMU_TOTAL_MEM=1G", "CUDAEMU_GRANULARITY=64K", "total=1073741824 granularity=65536"},
+        {"CUDAEMU_TOTAL_MEM=268435456", "CUDAEMU_GRANULARITY=2MiB", "total=268435456 granularity=2097152"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char out[4096];
+        const char *extra[] = {ok[i].a, ok[i].b, NULL};
+        assert_int_equal(run_self("total", extra, out, sizeof out), 0);
+        if (!strstr(out, ok[i].want))
+            fail_msg("%s: got \"%s\", want \"%s\"", ok[i].a, out, ok[i].want);
+    }
+}
+
+static void test_env_fail_latency_report(void **state)
+{
+    (void)state;
+    char out[8192];
+    /* API and ABI names both work; the second call fails, the others succeed. */
+    const char *f1[] = {"CUDAEMU_FAIL=cuMemAlloc:2:CUDA_ERROR_OUT_OF_MEMORY", NULL};
+    assert_int_equal(run_self("fail-env", f1, out, sizeof out), 0);
+    assert_non_null(strstr(out, "results=0,2,0"));
+    const char *f2[] = {"CUDAEMU_FAIL=cuMemAlloc_v2:1:999,cuMemAlloc:3:CUDA_ERROR_INVALID_VALUE", NULL};
+    assert_int_equal(run_self("fail-env", f2, out, sizeof out), 0);
+    assert_non_null(strstr(out, "results=999,0,1"));
+    const char *l[] = {"CUDAEMU_LATENCY=cuMemGetInfo:3ms,cuMemMap:12us", NULL};
+    assert_int_equal(run_self("latency-env", l, out, sizeof out), 0);
+    const char *r[] = {"CUDAEMU_REPORT=1", NULL};
+    assert_int_equal(run_self("report", r, out, sizeof out), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "cudaemu report: 0 live handle(s), 0 mapped byte(s), 1 reservation(s)"));
+    assert_non_null(strstr(out, "cuMemAddressReserve"));
+    const char *d[] = {"CUDAEMU_DEVICES=2", "CUDAEMU_TOTAL_MEM=1G", NULL};
+    assert_int_equal(run_self("two-devices", d, out, sizeof out), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "count=2 peer=1 create1=0 used0=0 used1=2097152"));
+    assert_non_null(strstr(out, "free1=1071644672 total1=1073741824"));
+}
+
+static void test_before_init(void **state)
+{
+    (void)state;
+    char out[4096];
+    assert_int_equal(run_self("before-init", NULL, out, sizeof out), 0);
+    assert_non_null(strstr(out, "alloc=3 count=3"));   /* CUDA_ERROR_NOT_INITIALIZED */
+}
+
+/* ---- in-process controls ---- */
+
+static CUmemAllocationProp prop0(void)
+{
+    CUmemAllocationProp p = {0};
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    return p;
+}
+
+static void test_fault_injection(void **state)
+{
+    (void)state;
+    tu_ctx_set();
+    CUmemAllocationProp p = prop0();
+    struct cudaemu_live before, after;
+    tu_live(&before);
+    /* A failed injected call does nothing else. */
+    assert_true(tu_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    CUmemGenericAllocationHandle h = 0;
+    tu_assert_cu_eq(drv->cuMemCreate(&h, MiB2, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(h, 0);
+    tu_live(&after);
+    assert_int_equal(after.handles, before.handles);
+    assert_int_equal(after.used_bytes[0], before.used_bytes[0]);
+    tu_assert_cu(drv->cuMemCreate(&h, MiB2, &p, 0));
+
+    CUdeviceptr va;
+    tu_assert_cu(drv->cuMemAddressReserve(&va, 2 * MiB2, 0, 0, 0));
+    CUmemGenericAllocationHandle h2;
+    tu_assert_cu(drv->cuMemCreate(&h2, MiB2, &p, 0));
+    assert_true(tu_fail("cuMemMap", 2, CUDA_ERROR_OUT_OF_MEMORY));
+    tu_assert_cu(drv->cuMemMap(va, MiB2, 0, h, 0));
+    tu_assert_cu_eq(drv->cuMemMap(va + MiB2, MiB2, 0, h2, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    tu_live(&after);
+    assert_int_equal(after.mapped_bytes, before.mapped_bytes + MiB2);
+    tu_assert_cu(drv->cuMemMap(va + MiB2, MiB2, 0, h2, 0));   /* the VA was left unmapped */
+    /* ABI names, several armed at once, and clearing. */
+    assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
+    assert_true(tu_fail("cuMemAlloc_v2", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_false(tu_fail("cuNotAnEntry", 1, CUDA_ERROR_UNKNOWN));
+    tu_assert_cu_eq(drv->cuMemUnmap(va, 2 * MiB2), CUDA_ERROR_UNKNOWN);
+    tu_fail_clear();
+    CUdeviceptr d;
+    tu_assert_cu(drv->cuMemAlloc(&d, 100));
+    tu_assert_cu(drv->cuMemFree(d));
+    tu_assert_cu(drv->cuMemUnmap(va, 2 * MiB2));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemRelease(h2));
+    tu_assert_cu(drv->cuMemAddressFree(va, 2 * MiB2));
+    tu_live(&after);
+    assert_int_equal(after.handles, before.handles);
+    assert_int_equal(after.mapped_bytes, before.mapped_bytes);
+    assert_int_equal(after.reservations, before.reservations);
+}
+
+static void test_counters_latency(void **state)
+{
+    (void)state;
+    tu_ctx_set();
+    tu_counts_reset();
+    size_t f, t;
+    for (int i = 0; i < 3; i++)
+        tu_assert_cu(drv->cuMemGetInfo(&f, &t));
+    assert_int_equal(tu_call_count("cuMemGetInfo"), 3);
+    assert_int_equal(tu_call_count("cuMemGetInfo_v2"), 3);
+    assert_int_equal(tu_call_count("cuMemMap"), 0);
+    assert_int_equal(tu_call_count("nope"), 0);
+    /* The busy-wait is a lower bound, so this is not a timing race. */
+    assert_true(tu_set_latency("cuMemGetInfo", 2000000));
+    assert_false(tu_set_latency("nope", 1));
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    tu_assert_cu(drv->cuMemGetInfo(&f, &t));
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    long ns = (b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec);
+    assert_true(ns >= 2000000);
+    assert_true(tu_set_latency("cuMemGetInfo", 0));
+}
+
+static void test_error_names(void **state)
+{
+    (void)state;
+    static const CUresult codes[] = {
+        CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_INITIALIZED,
+        CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_CONTEXT,
+        CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_NOT_READY,
+        CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, CUDA_ERROR_UNKNOWN,
+    };
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        const char *n = NULL, *s = NULL;
+        tu_assert_cu(drv->cuGetErrorName(codes[i], &n));
+        tu_assert_cu(drv->cuGetErrorString(codes[i], &s));
+        assert_non_null(n);
+        assert_non_null(s);
+        assert_true(!strncmp(n, "CUDA_", 5));
+    }
+    const char *n = "x";
+    tu_assert_cu_eq(drv->cuGetErrorName((CUresult)12345, &n), CUDA_ERROR_INVALID_VALUE);
+    assert_null(n);
+    assert_string_equal(drv_error_name(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED");
+}
+
+/* Threads hammer the VMM paths on their own reservations, plus cuMemAlloc and events; TSan and
+ * the final leak check do the judging. */
+static void *worker(void *arg)
+{
+    (void)arg;
+    tu_ctx_set();
+    CUmemAllocationProp p = prop0();
+    size_t rounds = tu_scaled(200, 10);
+    CUdeviceptr va;
+    if (drv->cuMemAddressReserve(&va, 4 * MiB2, 0, 0, 0))
+        return (void *)1;
+    CUevent e;
+    CUstream s;
+    if (drv->cuEventCreate(&e, 0) || drv->cuStreamCreate(&s, 0))
+        return (void *)1;
+    for (size_t i = 0; i < rounds; i++) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr d;
+        if (drv->cuMemCreate(&h, 2 * MiB2, &p, 0) || drv->cuMemMap(va + (i % 2) * 2 * MiB2, 2 * MiB2, 0, h, 0) ||
+            drv->cuMemRelease(h))
+            return (void *)2;
+        CUmemAccessDesc a = {.location = p.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        if (drv->cuMemSetAccess(va + (i % 2) * 2 * MiB2, 2 * MiB2, &a, 1) ||
+            drv->cuMemsetD8(va + (i % 2) * 2 * MiB2, (unsigned char)i, 4096) ||
+            drv->cuMemUnmap(va + (i % 2) * 2 * MiB2, 2 * MiB2))
+            return (void *)3;
+        if (drv->cuMemAlloc(&d, 4096 + i) || drv->cuMemFree(d))
+            return (void *)4;
+        if (drv->cuEventRecord(e, s) || drv->cuEventQuery(e))
+            return (void *)5;
+    }
+    drv->cuEventDestroy(e);
+    drv->cuStreamDestroy(s);
+    return drv->cuMemAddressFree(va, 4 * MiB2) ? (void *)6 : NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    struct cudaemu_live before, after;
+    tu_live(&before);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, worker, NULL);
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        assert_null(r);
+    }
+    tu_live(&after);
+    assert_int_equal(after.handles, before.handles);
+    assert_int_equal(after.mapped_bytes, before.mapped_bytes);
+    assert_int_equal(after.reservations, before.reservations);
+    assert_int_equal(after.allocs, before.allocs);
+}
+
+int main(int argc, char **argv)
+{
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (n > 0)
+        self_path[n] = '\0';
+    if (argc > 1 && !strncmp(argv[1], "--child=", 8))
+        return child_main(argv[1] + 8);
+    tu_exit_skip_without_gpu();
+    if (!tu_emulated()) {
+        fprintf(stderr, "SKIP: cudaemu's own checks need cudaemu\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_env_errors),
+        cmocka_unit_test(test_env_sizes),
+        cmocka_unit_test(test_env_fail_latency_report),
+        cmocka_unit_test(test_before_init),
+        cmocka_unit_test(test_fault_injection),
+        cmocka_unit_test(test_counters_latency),
+        cmocka_unit_test(test_error_names),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests_name("driver-cudaemu", tests, NULL, NULL);
+}
