@@ -354,7 +354,7 @@ static CUresult m_meminfo_no_ctx(void)
 }
 
 /* "misuse -> expected CUresult". Measured on an H100 80GB HBM3, driver 580.159.04 (CUDA 13.0)
- * except rows marked [uncertain] (documentation only; a real-GPU run prints the answer). Where
+ * (every row; rerun on a new driver to refresh: each run prints the answers). Where
  * cudaemu is deliberately stricter than the driver (ROW_STRICTER), the driver's answer is the
  * second code: the allocator must never depend on that leniency. */
 static const struct misuse misuse_table[] = {
@@ -373,9 +373,9 @@ static const struct misuse misuse_table[] = {
     ROW("map: offset G into a 2G handle", CUDA_ERROR_NOT_SUPPORTED, m_map_offset),
     ROW("map: offset G, size 2G of a 2G handle", CUDA_ERROR_NOT_SUPPORTED, m_map_past_handle),
     ROW("map: size > handle size", CUDA_ERROR_NOT_SUPPORTED, m_map_too_big),
-    ROW("map: whole handle, ptr not a granularity multiple [uncertain]", CUDA_ERROR_INVALID_VALUE, m_map_unaligned_ptr),
+    ROW("map: whole handle, ptr not a granularity multiple", CUDA_ERROR_INVALID_VALUE, m_map_unaligned_ptr),
     ROW_STRICTER("map: whole handle straddling the reservation end", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, m_map_straddle),
-    ROW("map: whole handle outside any reservation [uncertain]", CUDA_ERROR_INVALID_VALUE, m_map_outside),
+    ROW("map: whole handle outside any reservation", CUDA_ERROR_INVALID_VALUE, m_map_outside),
     ROW("map: over already-mapped VA", CUDA_ERROR_INVALID_VALUE, m_map_over_mapped),
     ROW_EMU_ONLY("map: unknown handle (UB on the driver)", CUDA_ERROR_INVALID_VALUE, m_map_unknown_handle),
     ROW("unmap: half of a mapping", CUDA_ERROR_INVALID_VALUE, m_unmap_partial),
