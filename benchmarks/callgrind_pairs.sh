@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Instructions per cached malloc+free pair, repeatable on a noisy machine: run bench_host_path
+# under callgrind at two pair counts and divide the difference of the total instruction counts
+# by the difference of the counts (start-up, driver loading and warm-up cancel out).
+#   benchmarks/callgrind_pairs.sh [BUILD_DIR]      (default build)
+# Needs valgrind. Prints one table: allocator, mode, size, instructions per pair.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+bench="$build/benchmarks/bench_host_path"
+[ -x "$bench" ] || { echo "callgrind_pairs.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
+command -v valgrind >/dev/null || { echo "callgrind_pairs.sh: valgrind is not installed" >&2; exit 1; }
+n1=20000; n2=120000
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+count() { # args...: total instructions (Ir) of one run
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/out" "$bench" --reps 1 "$@" >/dev/null 2>"$tmp/log" \
+    || { cat "$tmp/log" >&2; exit 1; }
+  callgrind_annotate "$tmp/out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }'
+}
+
+printf "%-12s %-11s %10s %18s\n" allocator mode size "instructions/pair"
+for size in 512 4194304; do
+  for run in "xseg classic" "xseg expandable" "glibc -" "mimalloc -"; do
+    read -r who mode <<<"$run"
+    args=(--only "$who" --size "$size")
+    [ "$mode" != - ] && args+=(--mode "$mode")
+    a=$(count --pairs $n1 "${args[@]}")
+    b=$(count --pairs $n2 "${args[@]}")
+    printf "%-12s %-11s %10s %18.1f\n" "$who" "$mode" "$size" "$(echo "($b - $a) / ($n2 - $n1)" | bc -l)"
+  done
+done
