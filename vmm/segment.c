@@ -33,6 +33,7 @@ struct seg_piece {
 };
 
 struct seg {
+    size_t unit; /* every piece is a multiple of this: lcm(page_size, SEG_VA_ALIGN) */
     int device;
     CUdevice cudev;
     CUcontext ctx; /* retained primary context of cudev, released in seg_destroy */
@@ -81,6 +82,16 @@ static int seg_round_up(size_t n, size_t unit, size_t *out)
         return 0;
     *out = q * unit;
     return 1;
+}
+
+static size_t seg_gcd(size_t a, size_t b)
+{
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
 }
 
 static xseg_status seg_failf(CUresult res, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -226,13 +237,18 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         return err_set(XSEG_ERROR_INVALID_DEVICE, "seg_create: device %d", params->device);
 
     size_t P = params->page_size;
-    size_t need;
-    if (!seg_round_up(XSEG_MAX(min_size, (size_t)1), P, &need))
+    /* P is at most 16 times smaller than the unit, so this cannot overflow unless P is absurd. */
+    size_t unit = P / seg_gcd(P, SEG_VA_ALIGN);
+    if (unit > SIZE_MAX / SEG_VA_ALIGN)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: page_size %zu is too large", P);
+    unit *= SEG_VA_ALIGN;
+    size_t initial;
+    if (!seg_round_up(XSEG_MAX(min_size, (size_t)1), unit, &initial))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_create: min_size %zu overflows when rounded to pages",
                        min_size);
-    size_t initial = need;
-    if (need / P < SEG_INITIAL_PAGES && P <= SIZE_MAX / SEG_INITIAL_PAGES)
-        initial = (size_t)SEG_INITIAL_PAGES * P;
+    if (initial / P < SEG_INITIAL_PAGES && P <= SIZE_MAX / SEG_INITIAL_PAGES &&
+        !seg_round_up((size_t)SEG_INITIAL_PAGES * P, unit, &initial))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: page_size %zu is too large", P);
 
     struct seg *seg = calloc(1, sizeof(*seg));
     if (!seg)
@@ -241,6 +257,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     seg->cudev = params->cudev;
     seg->stream = params->stream;
     seg->page_size = P;
+    seg->unit = unit;
 
     xseg_status st = seg_push_access(seg, params->device);
     for (int i = 0; st == XSEG_SUCCESS && i < params->npeers; i++) {
@@ -388,15 +405,15 @@ xseg_status seg_grow(struct seg *seg, size_t size)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_grow: segment is NULL");
     if (size <= seg->va_size)
         return XSEG_SUCCESS;
-    size_t P = seg->page_size;
+    size_t P = seg->page_size, U = seg->unit;
     size_t target;
-    if (!seg_round_up(size, P, &target) || target > SIZE_MAX - seg->base)
+    if (!seg_round_up(size, U, &target) || target > SIZE_MAX - seg->base)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_grow: %zu bytes do not fit in the address space", size);
-    size_t need = target - seg->va_size;
+    size_t need = target - seg->va_size; /* a multiple of U: va_size is one too */
 
     /* Geometric step: at least the VA held so far (capped), so pieces stay logarithmic. */
     size_t step = XSEG_MIN(seg->va_size, (size_t)SEG_GROW_STEP_MAX);
-    step = step / P * P;
+    step = step / U * U;
     size_t want = XSEG_MAX(need, step);
     if (want > SIZE_MAX - seg->base - seg->va_size)
         want = need;

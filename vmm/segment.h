@@ -26,8 +26,11 @@ struct seg;
 
 /* Reservation policy (vmm/README.md): a new segment reserves max(min_size, SEG_INITIAL_PAGES
  * pages) of VA; seg_grow reserves directly after the end a piece of max(needed, min(VA so far,
- * SEG_GROW_STEP_MAX)) bytes, so a segment holds at most about twice its extent in O(log) pieces. */
-#define SEG_INITIAL_PAGES 8
+ * SEG_GROW_STEP_MAX)) bytes, so a segment holds at most about twice its extent in O(log) pieces.
+ * Every piece is a multiple of lcm(page_size, SEG_VA_ALIGN): the H100's driver (13.0) honours an
+ * address hint for a reservation of 32 MiB or more only at a 32 MiB-aligned address. */
+#define SEG_INITIAL_PAGES 16
+#define SEG_VA_ALIGN ((size_t)32 << 20)
 #define SEG_GROW_STEP_MAX ((size_t)16 << 30)
 /* seg_create places the initial piece at the start of a free hole of at least this many bytes
  * more (found by a probe reservation given straight back), so that growth has room. */

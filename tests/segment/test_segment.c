@@ -146,8 +146,9 @@ static void test_create_policy(void **state)
     assert_int_equal(seg_page_size(a), G);
     assert_int_equal(seg_mapped_bytes(a), 0);
     assert_int_equal(seg_base(a) % G, 0);
-    struct seg *b = mkseg(SEG_INITIAL_PAGES * G + G / 2); /* rounds up to whole pages */
-    assert_int_equal(seg_va_size(b), (SEG_INITIAL_PAGES + 1) * G);
+    struct seg *b = mkseg(SEG_INITIAL_PAGES * G + G / 2); /* rounds up to the 32 MiB unit */
+    assert_int_equal(seg_va_size(b), xseg_align_up(SEG_INITIAL_PAGES * G + G / 2, SEG_VA_ALIGN));
+    assert_int_equal(seg_va_size(b) % SEG_VA_ALIGN, 0);
     struct seg *c = mkseg_on(0, 10 * G, 1, NULL, 0); /* a 20 MiB-style page */
     assert_int_equal(seg_va_size(c), SEG_INITIAL_PAGES * 10 * G);
     assert_live_delta(&before, 0, 0, 3);
@@ -353,7 +354,7 @@ static void test_grow_blocked(void **state)
     struct seg *s = mkseg(G);
     size_t P = SEG_INITIAL_PAGES;
     CUdeviceptr base = seg_base(s);
-    CUdeviceptr blocker = reserve_exactly(base + P * G, G);
+    CUdeviceptr blocker = reserve_exactly(base + P * G, SEG_VA_ALIGN);
     if (!blocker) {
         destroy_ok(s);
         print_message("[  SKIPPED ] the driver did not honour the address hint for the blocker\n");
@@ -369,19 +370,23 @@ static void test_grow_blocked(void **state)
     live(&after);
     assert_live_eq(&after, &before);
     map_ok(s, 0, P, P); /* still usable */
-    tu_assert_cu(drv->cuMemAddressFree(blocker, G));
+    tu_assert_cu(drv->cuMemAddressFree(blocker, SEG_VA_ALIGN));
 
-    /* A hole big enough for the need but not for the geometric step: the exact need is taken. */
-    blocker = reserve_exactly(base + (P + 2) * G, G);
+    /* A hole big enough for the need (one 32 MiB unit) but not for the geometric step: the need
+     * is taken. Pages are 2 MiB here, so the unit is P pages. */
+    assert_int_equal(P * G, SEG_VA_ALIGN);
+    assert_int_equal(seg_grow(s, 2 * P * G), XSEG_SUCCESS);
+    assert_int_equal(seg_va_size(s), 2 * P * G);
+    blocker = reserve_exactly(base + 3 * P * G, SEG_VA_ALIGN);
     if (blocker) {
-        assert_int_equal(seg_grow(s, (P + 1) * G), XSEG_SUCCESS);
-        assert_int_equal(seg_va_size(s), (P + 1) * G);
-        map_ok(s, P, 1, 1);
-        assert_int_equal(seg_grow(s, (P + 3) * G), XSEG_ERROR_OUT_OF_MEMORY);
-        assert_int_equal(seg_va_size(s), (P + 1) * G);
-        tu_assert_cu(drv->cuMemAddressFree(blocker, G));
-        assert_int_equal(seg_grow(s, (P + 3) * G), XSEG_SUCCESS);
-        assert_int_equal(seg_va_size(s), 2 * (P + 1) * G);
+        assert_int_equal(seg_grow(s, 2 * P * G + 1), XSEG_SUCCESS);
+        assert_int_equal(seg_va_size(s), 3 * P * G);
+        map_ok(s, 2 * P, 1, 1);
+        assert_int_equal(seg_grow(s, 3 * P * G + 1), XSEG_ERROR_OUT_OF_MEMORY);
+        assert_int_equal(seg_va_size(s), 3 * P * G);
+        tu_assert_cu(drv->cuMemAddressFree(blocker, SEG_VA_ALIGN));
+        assert_int_equal(seg_grow(s, 3 * P * G + 1), XSEG_SUCCESS);
+        assert_int_equal(seg_va_size(s), 6 * P * G);
     }
     destroy_ok(s);
 }
@@ -424,14 +429,14 @@ static void test_fault_sweep_map(void **state)
     int ndev = 0;
     tu_assert_cu(drv->cuDeviceGetCount(&ndev));
     int peer = 1;
-    /* Two pieces of 8 pages; pages 3 and 12 mapped beforehand, so the new pages form the runs
-     * [0,3) [4,8) | [8,12) [13,16): a run split by a mapped page and one split by a piece edge. */
+    /* Two pieces of P pages; pages 3 and P + P/2 mapped beforehand, so the new pages form the
+     * runs [0,3) [4,P) | [P,P+P/2) [P+P/2+1,2P): split by mapped pages and by a piece edge. */
     struct seg *s = mkseg_on(0, G, G, &peer, ndev > 1 ? 1 : 0);
     enum { NP = 2 * SEG_INITIAL_PAGES };
     assert_int_equal(seg_grow(s, NP * G), XSEG_SUCCESS);
     assert_int_equal(seg_va_size(s), NP * G);
     map_ok(s, 3, 1, 1);
-    map_ok(s, 12, 1, 1);
+    map_ok(s, SEG_INITIAL_PAGES + SEG_INITIAL_PAGES / 2, 1, 1);
     tu_assert_cu(tu_fill(page_addr(s, 3), G, 33));
     bool initial[NP];
     snapshot_pages(s, initial, NP);
@@ -530,11 +535,13 @@ static void test_fault_sweep_reserve(void **state)
 
     s = mkseg(G);
     map_ok(s, 0, 2, 2);
-    /* The geometric step fails: the exact need is reserved instead. */
+    assert_int_equal(P * G, SEG_VA_ALIGN); /* 2 MiB pages: the unit is P pages */
+    assert_int_equal(seg_grow(s, 2 * P * G), XSEG_SUCCESS);
+    /* The geometric step fails: the need (one unit) is reserved instead. */
     assert_true(tu_fail("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
-    assert_int_equal(seg_grow(s, (P + 1) * G), XSEG_SUCCESS);
+    assert_int_equal(seg_grow(s, 2 * P * G + 1), XSEG_SUCCESS);
     tu_fail_clear();
-    assert_int_equal(seg_va_size(s), (P + 1) * G);
+    assert_int_equal(seg_va_size(s), 3 * P * G);
     /* The step and the exact need both fail: nothing changes, the segment stays usable, and a
      * retry grows it. */
     for (int code = 0; code < 2; code++) {
@@ -543,20 +550,20 @@ static void test_fault_sweep_reserve(void **state)
         tu_counts_reset();
         assert_true(tu_fail("cuMemAddressReserve", 1, res));
         assert_true(tu_fail("cuMemAddressReserve", 2, res));
-        xseg_status st = seg_grow(s, (P + 2) * G);
+        xseg_status st = seg_grow(s, 3 * P * G + 1);
         assert_int_equal(tu_call_count("cuMemAddressReserve"), 2);
         tu_fail_clear();
         assert_int_equal(st, code ? XSEG_ERROR_DRIVER : XSEG_ERROR_OUT_OF_MEMORY);
         assert_msg_has("cuMemAddressReserve");
-        assert_int_equal(seg_va_size(s), (P + 1) * G);
+        assert_int_equal(seg_va_size(s), 3 * P * G);
         live(&after);
         assert_live_eq(&after, &before);
-        map_ok(s, 0, P + 1, P - 1);
-        unmap_ok(s, 2, P - 1, P - 1);
+        map_ok(s, 0, 3 * P, 3 * P - 2);
+        unmap_ok(s, 2, 3 * P - 2, 3 * P - 2);
     }
-    assert_int_equal(seg_grow(s, 4 * P * G), XSEG_SUCCESS);
-    assert_int_equal(seg_va_size(s), 4 * P * G);
-    map_ok(s, 0, 4 * P, 4 * P - 2);
+    assert_int_equal(seg_grow(s, 3 * P * G + 1), XSEG_SUCCESS);
+    assert_int_equal(seg_va_size(s), 6 * P * G);
+    map_ok(s, 0, 6 * P, 6 * P - 2);
     destroy_ok(s);
 }
 
