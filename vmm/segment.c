@@ -16,6 +16,7 @@
  */
 #include "vmm/segment.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -221,6 +222,75 @@ static xseg_status seg_unmap_page(struct seg *seg, size_t i)
 
 /* ---- create / destroy ---- */
 
+/* Where the next segment should start, so that every segment has SEG_GROW_ROOM of unreserved
+ * address space after it to grow into in place. Process-wide (segments of all devices share one
+ * address space); 0 until the first segment is placed.
+ *
+ * Why a cursor and not only a probe: drivers place reservations differently. The H100's driver
+ * (13.0) hands out rising addresses, so the hole right after a segment is exactly where the next
+ * segment would land, and a probe for a large hole finds that same hole; cudaemu (the kernel's
+ * mmap) hands out falling addresses. A hint past the previous segment's room works for both: the
+ * driver honours a free, aligned hint and otherwise places the range where it likes. */
+static pthread_mutex_t seg_cursor_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUdeviceptr seg_cursor;
+static int seg_cursor_off; /* set once the driver placed a hinted range elsewhere */
+
+/* Find a hole of @p size + SEG_GROW_ROOM bytes, give it back, and return its start (0 if none):
+ * reserving at its start leaves the rest free to grow into, on a driver that fills the highest
+ * hole first (cudaemu). A failure here only means no room is sought. */
+static CUdeviceptr seg_probe_room(size_t size)
+{
+    CUdeviceptr probe = 0;
+    if (size > SIZE_MAX - SEG_GROW_ROOM ||
+        drv->cuMemAddressReserve(&probe, size + SEG_GROW_ROOM, 0, 0, 0) != CUDA_SUCCESS)
+        return 0;
+    if (drv->cuMemAddressFree(probe, size + SEG_GROW_ROOM) != CUDA_SUCCESS)
+        return 0; /* keep the probe's slot out of the hint; the probe itself is lost VA */
+    return probe;
+}
+
+/* Reserve @p size bytes where a segment can later grow in place, and move the cursor past the
+ * room. Any placement is acceptable: without room the segment just grows into a further one. */
+static CUresult seg_reserve_with_room(size_t size, CUdeviceptr *out)
+{
+    pthread_mutex_lock(&seg_cursor_lock);
+    CUdeviceptr hint = seg_cursor_off ? 0 : seg_cursor;
+    pthread_mutex_unlock(&seg_cursor_lock);
+    CUdeviceptr base = 0;
+    CUresult res;
+    if (hint) {
+        res = drv->cuMemAddressReserve(&base, size, 0, hint, 0);
+        if (res == CUDA_SUCCESS && base != hint) {
+            /* This driver does not place ranges where the cursor points (falling addresses, or
+             * the space above is taken): stop using the cursor and probe for room instead. */
+            if (drv->cuMemAddressFree(base, size) != CUDA_SUCCESS) {
+                *out = base; /* cannot give it back: use it, room or not */
+                return CUDA_SUCCESS;
+            }
+            base = 0;
+        }
+        if (base == 0) {
+            pthread_mutex_lock(&seg_cursor_lock);
+            seg_cursor_off = 1;
+            pthread_mutex_unlock(&seg_cursor_lock);
+        }
+    }
+    if (base == 0) {
+        res = drv->cuMemAddressReserve(&base, size, 0, seg_probe_room(size), 0);
+        if (res != CUDA_SUCCESS)
+            return res;
+    }
+    if (base <= UINT64_MAX - size - SEG_GROW_ROOM - SEG_VA_ALIGN) {
+        CUdeviceptr next = (CUdeviceptr)xseg_align_up((size_t)(base + size + SEG_GROW_ROOM), SEG_VA_ALIGN);
+        pthread_mutex_lock(&seg_cursor_lock);
+        if (next > seg_cursor)
+            seg_cursor = next;
+        pthread_mutex_unlock(&seg_cursor_lock);
+    }
+    *out = base;
+    return CUDA_SUCCESS;
+}
+
 xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out)
 {
     if (!params || !out)
@@ -307,19 +377,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     if (st != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;
-    /* Leave room to grow into: find a hole of initial + SEG_GROW_ROOM bytes, give it back, and
-     * reserve only the initial piece at its start. The rest stays unreserved (free for anyone),
-     * but an allocator that fills the highest or a best-fitting hole, as the kernel's mmap does
-     * under cudaemu, tends to leave it alone. Any failure here just means no room is sought. */
-    CUdeviceptr probe = 0;
-    if (initial <= SIZE_MAX - SEG_GROW_ROOM &&
-        drv->cuMemAddressReserve(&probe, initial + SEG_GROW_ROOM, 0, 0, 0) == CUDA_SUCCESS) {
-        if (drv->cuMemAddressFree(probe, initial + SEG_GROW_ROOM) != CUDA_SUCCESS)
-            probe = 0; /* keep the probe's slot out of the hint; the probe itself is lost VA */
-    } else {
-        probe = 0;
-    }
-    res = drv->cuMemAddressReserve(&base, initial, 0, probe, 0);
+    res = seg_reserve_with_room(initial, &base);
     if (res != CUDA_SUCCESS) {
         st = seg_failf(res, "cuMemAddressReserve(%zu bytes) for a segment on device %d", initial, seg->device);
         goto fail_ctx;

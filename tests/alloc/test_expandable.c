@@ -144,7 +144,9 @@ static void test_stream_isolation_and_growth(void **state)
     char *b = must_malloc(30 * MiB, NULL);
     assert_ptr_equal(b, a + 30 * MiB); /* contiguous in one segment */
     char *c = must_malloc(30 * MiB, s);
-    assert_true(c < a || c >= a + 1024 * MiB); /* elsewhere */
+    /* Not among the default stream's blocks; which segment it is in is checked below. Where it
+     * lies is the driver's choice: the H100's driver places the next reservation right after. */
+    assert_true(c + 30 * MiB <= a || c >= b + 30 * MiB);
     xseg_snapshot *snap = NULL;
     assert_int_equal(xseg_take_snapshot(0, &snap), XSEG_SUCCESS);
     int on_null = 0, on_s = 0;
