@@ -1,0 +1,339 @@
+/*
+ * Threads: workers allocate, fill, check and free on several streams of two devices, and hand
+ * some blocks to each other to be freed on another thread; alongside, one thread empties the
+ * cache of every device and one reads statistics, summaries and snapshots. Checks data
+ * integrity, the invariants that hold at any instant, and that everything drains to zero.
+ * Meant to be clean under ThreadSanitizer (meson test --setup tsan).
+ * main() sets CUDAEMU_DEVICES=2 (unless already set); on a real machine it uses up to two GPUs.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "tests/common/testutil.h"
+#include "vmm/driver.h"
+#include "xseg.h"
+
+#define MiB ((size_t)1 << 20)
+#define NWORKERS 4
+#define STREAMS_PER_DEV 2
+#define MAX_DEVS 2
+#define WORKER_LIVE 24
+#define MAILBOX 64
+
+struct blk {
+    void *ptr;
+    size_t size;
+    uint32_t tag;
+    int dev;
+};
+
+static int ndev;
+static CUcontext ctxs[MAX_DEVS];
+static CUstream streams[MAX_DEVS][STREAMS_PER_DEV + 1]; /* [d][0] = NULL (default stream) */
+static atomic_bool stop;
+static atomic_int failures;
+static atomic_uint_fast32_t next_tag;
+
+/* Blocks handed from one worker to another, to be checked and freed there. */
+static pthread_mutex_t mailbox_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct blk mailbox[MAILBOX];
+static size_t nmail;
+
+static char first_failure[512];
+static pthread_mutex_t failure_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void tfail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void tfail(const char *fmt, ...)
+{
+    pthread_mutex_lock(&failure_lock);
+    if (!atomic_load(&failures)) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(first_failure, sizeof first_failure, fmt, ap);
+        va_end(ap);
+    }
+    atomic_fetch_add(&failures, 1);
+    pthread_mutex_unlock(&failure_lock);
+    atomic_store(&stop, true);
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+/* Driver calls on a device's memory run with that device's context current. */
+static bool use_dev(int d)
+{
+    if (drv->cuCtxSetCurrent(ctxs[d]) != CUDA_SUCCESS) {
+        tfail("cuCtxSetCurrent(device %d) failed", d);
+        return false;
+    }
+    return true;
+}
+
+static void check_and_free(struct blk *b, const char *who)
+{
+    if (!use_dev(b->dev))
+        return;
+    if (!tu_check((CUdeviceptr)(uintptr_t)b->ptr, b->size, b->tag))
+        tfail("%s: block %p (%zu bytes, device %d, tag %" PRIu32 ") lost its content", who, b->ptr,
+              b->size, b->dev, b->tag);
+    xseg_status st = xseg_free(b->ptr);
+    if (st != XSEG_SUCCESS)
+        tfail("%s: xseg_free(%p): %s", who, b->ptr, xseg_last_error());
+}
+
+static void *worker(void *arg)
+{
+    uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)((intptr_t)arg + 1);
+    struct blk live[WORKER_LIVE];
+    size_t nlive = 0;
+    size_t iters = tu_scaled(3000, 100);
+    for (size_t it = 0; it < iters && !atomic_load(&stop); it++) {
+        uint64_t r = rnd(&rng) % 100;
+        if (r < 45 && nlive < WORKER_LIVE) {
+            int d = (int)(rnd(&rng) % (uint64_t)ndev);
+            int s = (int)(rnd(&rng) % (STREAMS_PER_DEV + 1));
+            size_t size = rnd(&rng) % 4 ? 1 + rnd(&rng) % MiB : MiB + rnd(&rng) % (8 * MiB);
+            void *p = NULL;
+            xseg_status st = xseg_malloc(&p, size, d, (struct CUstream_st *)streams[d][s]);
+            if (st == XSEG_ERROR_OUT_OF_MEMORY)
+                continue;
+            if (st != XSEG_SUCCESS || !p) {
+                tfail("xseg_malloc(%zu, device %d): %s", size, d, xseg_last_error());
+                break;
+            }
+            struct blk b = {p, size, (uint32_t)atomic_fetch_add(&next_tag, 1) + 1, d};
+            if (!use_dev(d))
+                break;
+            CUresult cr = tu_fill((CUdeviceptr)(uintptr_t)p, size, b.tag);
+            if (cr != CUDA_SUCCESS) {
+                tfail("tu_fill(%p, %zu): %s", p, size, drv_error_name(cr));
+                break;
+            }
+            if (rnd(&rng) % 8 == 0) {
+                /* Used on another stream of the same device before it is freed. */
+                int other = 1 + (int)(rnd(&rng) % STREAMS_PER_DEV);
+                if (xseg_record_stream(p, (struct CUstream_st *)streams[d][other]) != XSEG_SUCCESS)
+                    tfail("xseg_record_stream: %s", xseg_last_error());
+            }
+            live[nlive++] = b;
+        } else if (r < 85 && nlive) {
+            size_t i = rnd(&rng) % nlive;
+            struct blk b = live[i];
+            live[i] = live[--nlive];
+            check_and_free(&b, "worker");
+        } else if (r < 92 && nlive) {
+            /* Hand a block to whichever worker empties the mailbox next. */
+            pthread_mutex_lock(&mailbox_lock);
+            if (nmail < MAILBOX) {
+                size_t i = rnd(&rng) % nlive;
+                mailbox[nmail++] = live[i];
+                live[i] = live[--nlive];
+            }
+            pthread_mutex_unlock(&mailbox_lock);
+        } else {
+            struct blk b;
+            bool got = false;
+            pthread_mutex_lock(&mailbox_lock);
+            if (nmail) {
+                b = mailbox[--nmail];
+                got = true;
+            }
+            pthread_mutex_unlock(&mailbox_lock);
+            if (got)
+                check_and_free(&b, "mailbox");
+        }
+    }
+    while (nlive)
+        check_and_free(&live[--nlive], "worker drain");
+    return NULL;
+}
+
+static void *emptier(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        xseg_status st = xseg_empty_cache(-1);
+        if (st != XSEG_SUCCESS)
+            tfail("xseg_empty_cache(-1): %s", xseg_last_error());
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* What must hold in any copy of the stats, whatever the other threads are doing. */
+static void check_instant(const xseg_device_stats *st, int d)
+{
+    const xseg_stat_counter *c = (const xseg_stat_counter *)(const void *)st;
+    size_t n = offsetof(xseg_device_stats, num_alloc_retries) / sizeof(xseg_stat_counter);
+    for (size_t i = 0; i < n; i++) {
+        if (c[i].allocated - c[i].freed != c[i].current || c[i].peak < c[i].current ||
+            c[i].current < 0)
+            tfail("device %d counter %zu torn: cur %" PRId64 " peak %" PRId64 " alloc %" PRId64
+                  " freed %" PRId64,
+                  d, i, c[i].current, c[i].peak, c[i].allocated, c[i].freed);
+    }
+    if (st->allocated_bytes[0].current > st->active_bytes[0].current ||
+        st->active_bytes[0].current > st->reserved_bytes[0].current)
+        tfail("device %d: allocated %" PRId64 " / active %" PRId64 " / reserved %" PRId64
+              " out of order",
+              d, st->allocated_bytes[0].current, st->active_bytes[0].current,
+              st->reserved_bytes[0].current);
+}
+
+static void *reader(void *arg)
+{
+    (void)arg;
+    char *buf = malloc(8192);
+    if (!buf)
+        return NULL;
+    while (!atomic_load(&stop)) {
+        for (int d = 0; d < ndev; d++) {
+            xseg_device_stats st;
+            if (xseg_get_stats(d, &st) != XSEG_SUCCESS) {
+                tfail("xseg_get_stats(%d): %s", d, xseg_last_error());
+                break;
+            }
+            check_instant(&st, d);
+            int64_t v;
+            if (xseg_stat(d, "allocated_bytes.all.current", &v) != XSEG_SUCCESS)
+                tfail("xseg_stat: %s", xseg_last_error());
+            size_t len;
+            if (xseg_memory_summary(d, buf, 8192, &len) != XSEG_SUCCESS)
+                tfail("xseg_memory_summary: %s", xseg_last_error());
+            xseg_snapshot *snap = NULL;
+            if (xseg_take_snapshot(d, &snap) != XSEG_SUCCESS) {
+                tfail("xseg_take_snapshot: %s", xseg_last_error());
+                break;
+            }
+            /* A snapshot is consistent in itself: blocks tile each segment. */
+            for (size_t s = 0; s < snap->nsegments; s++) {
+                const xseg_segment_info *seg = &snap->segments[s];
+                uint64_t at = seg->address;
+                for (size_t b = 0; b < seg->nblocks; b++) {
+                    if (seg->blocks[b].address != at)
+                        tfail("snapshot of device %d: segment 0x%" PRIx64 " not tiled", d,
+                              seg->address);
+                    at += seg->blocks[b].size;
+                }
+                if (at != seg->address + seg->total_size)
+                    tfail("snapshot of device %d: segment 0x%" PRIx64 " blocks cover %" PRIu64
+                          " of %zu",
+                          d, seg->address, at - seg->address, seg->total_size);
+            }
+            xseg_snapshot_free(snap);
+        }
+        if (xseg_reset_peak_stats(-1) != XSEG_SUCCESS)
+            tfail("xseg_reset_peak_stats: %s", xseg_last_error());
+    }
+    free(buf);
+    return NULL;
+}
+
+static void run(const char *config)
+{
+    if (!tu_gpu_available()) {
+        print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
+        skip();
+    }
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
+    assert_int_equal(xseg_device_count(&ndev), XSEG_SUCCESS);
+    if (ndev > MAX_DEVS)
+        ndev = MAX_DEVS;
+    assert_true(ndev >= 1);
+    if (tu_emulated() && !strcmp(getenv("CUDAEMU_DEVICES"), "2"))
+        assert_int_equal(ndev, 2);
+    for (int d = 0; d < ndev; d++) {
+        CUdevice dev;
+        tu_assert_cu(drv->cuDeviceGet(&dev, d));
+        tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&ctxs[d], dev));
+        tu_assert_cu(drv->cuCtxSetCurrent(ctxs[d]));
+        streams[d][0] = NULL;
+        for (int s = 1; s <= STREAMS_PER_DEV; s++)
+            tu_assert_cu(drv->cuStreamCreate(&streams[d][s], CU_STREAM_NON_BLOCKING));
+    }
+    atomic_store(&stop, false);
+    atomic_store(&failures, 0);
+    nmail = 0;
+
+    pthread_t w[NWORKERS], e, r;
+    for (intptr_t i = 0; i < NWORKERS; i++)
+        assert_int_equal(pthread_create(&w[i], NULL, worker, (void *)i), 0);
+    assert_int_equal(pthread_create(&e, NULL, emptier, NULL), 0);
+    assert_int_equal(pthread_create(&r, NULL, reader, NULL), 0);
+    for (int i = 0; i < NWORKERS; i++)
+        pthread_join(w[i], NULL);
+    atomic_store(&stop, true);
+    pthread_join(e, NULL);
+    pthread_join(r, NULL);
+    while (nmail)
+        check_and_free(&mailbox[--nmail], "main drain");
+    if (atomic_load(&failures))
+        fail_msg("%d failure(s); first: %s", atomic_load(&failures), first_failure);
+
+    /* Everything was freed: after empty_cache nothing is allocated or reserved. */
+    assert_int_equal(xseg_empty_cache(-1), XSEG_SUCCESS);
+    for (int d = 0; d < ndev; d++) {
+        xseg_device_stats st;
+        assert_int_equal(xseg_get_stats(d, &st), XSEG_SUCCESS);
+        if (st.allocation[0].current || st.active[0].current || st.reserved_bytes[0].current)
+            fail_msg("device %d after drain: %" PRId64 " allocations, %" PRId64
+                     " active, %" PRId64 " bytes reserved",
+                     d, st.allocation[0].current, st.active[0].current,
+                     st.reserved_bytes[0].current);
+    }
+    for (int d = 0; d < ndev; d++) {
+        tu_assert_cu(drv->cuCtxSetCurrent(ctxs[d]));
+        for (int s = 1; s <= STREAMS_PER_DEV; s++)
+            drv->cuStreamDestroy(streams[d][s]);
+        CUdevice dev;
+        drv->cuDeviceGet(&dev, d);
+        drv->cuDevicePrimaryCtxRelease(dev);
+    }
+    tu_ctx_set();
+}
+
+static void test_threads_expandable(void **state)
+{
+    (void)state;
+    run("expandable_segments:True");
+}
+
+static void test_threads_classic(void **state)
+{
+    (void)state;
+    run("expandable_segments:False");
+}
+
+/* `test_threads NAME` runs one test (each is its own meson test); no argument runs both. */
+int main(int argc, char **argv)
+{
+    /* Two emulated devices; read by cudaemu at cuInit, ignored by a real driver. */
+    setenv("CUDAEMU_DEVICES", "2", 0);
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_threads_expandable),
+        cmocka_unit_test(test_threads_classic),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
