@@ -31,6 +31,7 @@ extern "C" {
 #define XSEG_API_VERSION_PATCH 0
 
 struct CUstream_st;
+struct CUgraph_st;
 
 /** Result of every fallible call. */
 typedef enum xseg_status {
@@ -264,6 +265,101 @@ typedef int (*xseg_free_memory_callback)(int device, size_t requested, void *use
 XSEG_API xseg_status xseg_attach_free_memory_callback(xseg_free_memory_callback fn, void *user);
 
 /* ---------------------------------------------------------------------------------------------
+ * Private memory pools and CUDA-graph capture (PyTorch's graph pools)
+ *
+ * A CUDA graph replays at the addresses it captured, so the memory used during a capture must
+ * stay reserved for the graph. While a pool "records" (xseg_begin_allocate_to_pool until
+ * xseg_end_allocate_to_pool), allocations on the streams it matches come from the pool's own
+ * small and large free lists and segments (expandable or classic, as configured): they never
+ * reuse the default pools' cached blocks, and the default pools never reuse theirs. Several
+ * captures may share one pool (begin it again after ending it); graphs that share a pool must be
+ * replayed in the order they were captured.
+ *
+ * While any pool records on a device (a capture is taken to be underway), xseg queries no event,
+ * defers the frees of blocks used on other streams (xseg_record_stream) until recording ends,
+ * unmaps and frees nothing (xseg_empty_cache releases nothing, the OOM path does not release),
+ * and refuses an allocation on a capturing stream that no pool matches.
+ *
+ * Lifetime: each begin adds a use; xseg_release_pool drops one. A pool with no users keeps its
+ * live blocks valid; its cached memory returns to the driver at the next xseg_empty_cache (or
+ * OOM recovery), and the pool is forgotten once it holds no memory. Statistics count private
+ * pools' blocks with the default pools' (as torch.cuda.memory_stats() does); snapshots name each
+ * segment's pool (xseg_segment_info.pool_id).
+ * ------------------------------------------------------------------------------------------- */
+
+/**
+ * A pool id: two 64-bit words, like PyTorch's MempoolId_t (std::pair<unsigned long long,
+ * unsigned long long>, the same layout and calling convention). {0, 0} is the default pool.
+ */
+typedef struct xseg_pool_id {
+    uint64_t first;
+    uint64_t second;
+} xseg_pool_id;
+
+/** A fresh process-unique pool id (like torch.cuda.graph_pool_handle()); nothing is allocated. */
+XSEG_API xseg_status xseg_pool_create(xseg_pool_id *id);
+
+/**
+ * Chooses which streams' allocations go to a pool: return nonzero for "this stream".
+ * Called with xseg's device lock held, during xseg_malloc: it must not call xseg.
+ */
+typedef int (*xseg_stream_filter)(struct CUstream_st *stream, void *user);
+
+/**
+ * Start routing allocations on @p device to @p pool (created on first use; a use is added).
+ * Routes are checked newest first, so a nested begin takes precedence for the streams it matches.
+ * @param pool   any id but {0, 0} (xseg_pool_create, or PyTorch's ids through the torch hooks).
+ * @param filter the streams to route; NULL routes every stream.
+ * @return XSEG_ERROR_INVALID_VALUE for the {0, 0} pool; XSEG_ERROR_ILLEGAL_STATE when the pool is
+ *         already recording (nothing changes then).
+ */
+XSEG_API xseg_status xseg_begin_allocate_to_pool(int device, xseg_pool_id pool, xseg_stream_filter filter,
+                                                 void *user);
+
+/**
+ * Stop routing allocations to @p pool. Its blocks stay where they are; the use stays until
+ * xseg_release_pool. @return XSEG_ERROR_ILLEGAL_STATE when the pool is not recording.
+ */
+XSEG_API xseg_status xseg_end_allocate_to_pool(int device, xseg_pool_id pool);
+
+/**
+ * Drop one use of @p pool (a graph that used it was destroyed). With no users left, its cached
+ * memory is released by the next xseg_empty_cache; blocks still allocated from it stay valid and
+ * return to it when freed. A pool that holds no memory is forgotten at once.
+ * @return XSEG_ERROR_INVALID_VALUE for a pool unknown on @p device or with no users left;
+ *         XSEG_ERROR_ILLEGAL_STATE when that would drop the last use of a recording pool.
+ */
+XSEG_API xseg_status xseg_release_pool(int device, xseg_pool_id pool);
+
+/** Current users of @p pool on @p device (0 when unknown), like PyTorch's getPoolUseCount. */
+XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *count);
+
+/**
+ * Begin capturing @p stream into a CUDA graph (cuStreamBeginCapture with @p capture_mode, a
+ * CUstreamCaptureMode / cudaStreamCaptureMode value) and route the allocations of that capture
+ * to a private pool: those on @p stream and on every stream that joins the same capture.
+ * @param pool in: the pool to use ({0, 0}: a new one); out: the pool used. Release it with
+ *             xseg_release_pool once the graph is destroyed, whether the capture succeeded or not.
+ * The cache is not emptied here (torch.cuda.graph() calls empty_cache before it begins: call
+ * xseg_empty_cache first to do the same).
+ * @return XSEG_ERROR_INVALID_VALUE for a NULL stream (the legacy stream cannot capture) or pool,
+ *         or a bad mode; XSEG_ERROR_ILLEGAL_STATE when the pool is already recording;
+ *         XSEG_ERROR_DRIVER when cuStreamBeginCapture fails (nothing changes then).
+ */
+XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, xseg_pool_id *pool,
+                                        int capture_mode);
+
+/**
+ * End the capture begun with xseg_capture_begin on @p stream (cuStreamEndCapture) and stop
+ * routing its allocations. Routing stops even when the driver reports the capture invalidated.
+ * @param graph receives the captured graph (NULL when the capture failed); destroy it with
+ *              cuGraphDestroy / cudaGraphDestroy.
+ * @return XSEG_ERROR_ILLEGAL_STATE when @p stream has no capture begun by xseg_capture_begin;
+ *         XSEG_ERROR_DRIVER when cuStreamEndCapture fails.
+ */
+XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, struct CUgraph_st **graph);
+
+/* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable-allocator entry points:
  *   torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free")
  * They report failures through xseg_last_error() and return NULL / nothing.
@@ -275,6 +371,23 @@ XSEG_API void xseg_torch_init(int device_count);
 XSEG_API void xseg_torch_empty_cache(void);
 XSEG_API void xseg_torch_set_memory_fraction(double fraction, int device);
 XSEG_API void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
+
+/*
+ * Private-pool hooks, for allocator.set_end_allocate_to_pool_fn / set_release_pool. They take
+ * (int, MempoolId_t): a struct of two 64-bit integers passed by value has the same calling
+ * convention as std::pair<unsigned long long, unsigned long long> (Itanium C++ ABI).
+ *
+ * set_begin_allocate_to_pool takes a std::function<void(int, MempoolId_t,
+ * std::function<bool(cudaStream_t)>)>, which no C function can be. Without it, xseg refuses
+ * allocations on a capturing stream (XSEG_ERROR_ILLEGAL_STATE), so torch.cuda.graph() fails
+ * cleanly instead of capturing into the default pool. To capture graphs through the pluggable
+ * allocator, register a small C++ adapter as the begin hook: keep the std::function filter alive
+ * (e.g. in a map keyed by the pool id, erased by the end hook) and call
+ * xseg_begin_allocate_to_pool(device, {id.first, id.second}, trampoline, &filter), where
+ * trampoline(stream, user) returns (*(std::function<bool(cudaStream_t)> *)user)(stream).
+ */
+XSEG_API void xseg_torch_end_allocate_to_pool(int device, xseg_pool_id id);
+XSEG_API void xseg_torch_release_pool(int device, xseg_pool_id id);
 
 #ifdef __cplusplus
 }

@@ -202,6 +202,8 @@ bool alloc_capture_underway(struct dev_alloc *d, bool all_streams)
 {
     xseg_status st;
     bool any = false;
+    if (d->nroutes)
+        return true; /* a pool records: take a capture to be underway without asking the driver */
     for (size_t i = 0; i < d->ncapturing;) {
         if (stream_capturing(d, d->capturing[i], &st)) {
             any = true;
@@ -370,6 +372,13 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     }
     CUdeviceptr ptr = 0;
     CUresult r;
+    /* During a GLOBAL-mode capture the driver rejects cuMemAlloc (and invalidates the capture)
+     * unless this thread is in relaxed mode: switch around the call, as PyTorch's
+     * cudaMallocMaybeCapturing does. The mode is per thread, so dropping the lock is fine. */
+    bool relax = d->nroutes || d->ncapturing;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (relax && drv->cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        relax = false;
     if (d->cfg.release_lock_on_cudamalloc) {
         pthread_mutex_unlock(&d->lock);
         r = drv->cuMemAlloc(&ptr, size);
@@ -377,6 +386,8 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     } else {
         r = drv->cuMemAlloc(&ptr, size);
     }
+    if (relax)
+        (void)drv->cuThreadExchangeStreamCaptureMode(&mode);
     if (r != CUDA_SUCCESS) {
         free(sr);
         alloc_block_delete(d, b);
@@ -477,8 +488,11 @@ static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
     return first;
 }
 
-/* PyTorch's release_cached_blocks for the default pools. Nothing is released while a capture
- * is underway on a stream the allocator knows. */
+xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool) { return release_blocks(d, pool); }
+
+/* PyTorch's release_cached_blocks: the default pools, then the private pools nobody uses any
+ * more. Nothing is released while a capture is underway on a stream the allocator knows (or a
+ * pool records). */
 static xseg_status release_cached_blocks(struct dev_alloc *d)
 {
     if (alloc_capture_underway(d, true))
@@ -486,8 +500,11 @@ static xseg_status release_cached_blocks(struct dev_alloc *d)
     ev_synchronize_all(d);
     xseg_status st1 = release_blocks(d, &d->large);
     xseg_status st2 = release_blocks(d, &d->small);
+    xseg_status st3 = d->pools ? pools_release_freeable(d) : XSEG_SUCCESS;
     exp_release_empty_segments(d);
-    return st1 != XSEG_SUCCESS ? st1 : st2;
+    if (d->pools)
+        pools_reap(d);
+    return st1 != XSEG_SUCCESS ? st1 : st2 != XSEG_SUCCESS ? st2 : st3;
 }
 
 /* PyTorch's release_available_cached_blocks: with a max_split_size, free one oversize cached
@@ -643,6 +660,9 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     d->stats.num_ooms++;
     size_t allocated = (size_t)d->stats.allocated_bytes[XSEG_STAT_ALL].current;
     size_t reserved = (size_t)d->stats.reserved_bytes[XSEG_STAT_ALL].current;
+    /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
+     * replays, not releasable), counted with the allocated memory rather than the unallocated. */
+    size_t in_private = d->pools ? pools_cached_bytes(d) : 0;
     bool set_fraction = d->set_fraction;
     size_t allowed = d->allowed_memory_maximum;
     bool expandable = d->use_expandable;
@@ -652,8 +672,11 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     /* Observers run first: they may call xseg (and overwrite this thread's message). */
     rt_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
 
-    char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32];
-    char allowed_info[64] = "", over[128] = "";
+    char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32];
+    char allowed_info[64] = "", over[128] = "", private_info[96] = "";
+    if (in_private)
+        snprintf(private_info, sizeof private_info, "with %s allocated in private pools (e.g., CUDA Graphs), ",
+                 err_format_size(in_private, s_priv));
     if (set_fraction)
         snprintf(allowed_info, sizeof allowed_info, "%s allowed; ", err_format_size(allowed, s_allowed));
     if (size > dtotal)
@@ -662,11 +685,11 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     (void)why;
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of "
-                   "which %s is free. %sOf the allocated memory %s is allocated by xseg, and %s is "
+                   "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
                    "reserved by xseg but unallocated.%s%s",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
-                   err_format_size(dfree, s_free), allowed_info, err_format_size(allocated, s_alloc),
-                   err_format_size(reserved - allocated, s_unalloc), over,
+                   err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
+                   private_info, err_format_size(reserved - allocated - in_private, s_unalloc), over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.");
 }
@@ -675,8 +698,9 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
  * (the OOM path drops it to run observers), on success it is still held. */
 static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size_t orig_size)
 {
-    xseg_status st;
-    if (stream_capturing(d, p->stream, &st)) {
+    xseg_status st = XSEG_SUCCESS;
+    /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
+    if (!alloc_pool_owner(d, p->pool) && stream_capturing(d, p->stream, &st)) {
         capture_note(d, p->stream);
         pthread_mutex_unlock(&d->lock);
         return capture_error(p->stream);
@@ -697,9 +721,11 @@ static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size
         garbage_collect_cached_blocks(d);
 
     st = alloc_block(d, p, false);
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && release_available_cached_blocks(d, p))
+    /* Nothing is freed during a capture: cuMemFree would invalidate it. */
+    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d, true);
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p))
         st = alloc_block(d, p, false);
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !alloc_capture_underway(d, true)) {
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
         xseg_status rs = release_cached_blocks(d);
         if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
             st = alloc_block(d, p, true);
@@ -719,20 +745,27 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     bool huge = size > ((size_t)1 << 62);
     pthread_mutex_lock(&d->lock);
     refresh_cfg(d);
-    if (XSEG_UNLIKELY(d->ncapturing)) {
-        xseg_status st;
-        int cap = alloc_capture_underway(d, false);
-        if (cap && stream_capturing(d, stream, &st)) {
+    struct priv_pool *priv = NULL;
+    if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
+        xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
+        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d, false) &&
+            stream_capturing(d, stream, &ignored)) {
+            capture_note(d, stream);
+            st = capture_error(stream);
+        }
+        if (st != XSEG_SUCCESS) {
             pthread_mutex_unlock(&d->lock);
-            return capture_error(stream);
+            return st;
         }
     }
-    if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing)
+    if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes)
         ev_process(d);
 
     struct alloc_params p;
     p.size = huge ? size : round_size(d, size);
     p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
+    if (XSEG_UNLIKELY(priv))
+        p.pool = p.size <= BLOCK_SMALL_SIZE ? &priv->small : &priv->large;
     p.alloc_size = huge ? size : allocation_size(d, p.size);
     p.stream = stream;
     p.block = NULL;
@@ -889,6 +922,11 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
     si.stream = s->stream;
     si.is_large = !s->pool->is_small;
     si.is_expandable = s->vseg != NULL;
+    const struct priv_pool *owner = alloc_pool_owner(d, s->pool);
+    if (owner) {
+        si.pool_id[0] = owner->id.first;
+        si.pool_id[1] = owner->id.second;
+    }
     for (struct block *b = from; b != to; b = b->next) {
         xseg_block_info *bi = &si.blocks[si.nblocks++];
         bi->address = b->addr;

@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "src/block.h"
 #include "src/config.h"
@@ -70,7 +71,44 @@ struct dev_alloc {
 
     int peers[ALLOC_MAX_DEVICES]; /* devices given access to new expandable segments */
     int npeers;
+
+    /* Private pools (pools.c) and the allocate-to-pool routes in force, oldest first (PyTorch's
+     * graph_pools and captures_underway). While nroutes > 0 a capture is taken to be underway:
+     * no event is queried, frees with recorded streams are deferred, nothing is released. */
+    struct priv_pool *pools;
+    struct pool_route *routes;
+    size_t nroutes, caproutes;
 };
+
+/* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
+ * its blocks are never reused by the default pools or other private pools, and theirs never by
+ * it. Statistics count its blocks in the same counters as the default pools (PyTorch does). */
+struct priv_pool {
+    xseg_pool_id id;
+    struct bpool small, large;
+    int use_count;          /* begins (captures, graphs) not yet released */
+    struct priv_pool *next; /* device's list */
+};
+
+/* One allocate-to-pool in progress: allocations on streams it matches go to its pool. */
+struct pool_route {
+    struct priv_pool *pool;
+    xseg_stream_filter filter; /* NULL: every stream (unless by_capture) */
+    void *user;
+    bool by_capture;           /* xseg_capture_begin: streams of capture `capture_id` */
+    CUstream capture_stream;
+    unsigned long long capture_id; /* 0 until cuStreamBeginCapture returned */
+};
+
+/* The private pool that owns @p p, or NULL for the default pools. */
+static inline struct priv_pool *alloc_pool_owner(const struct dev_alloc *d, const struct bpool *p)
+{
+    if (p == &d->small || p == &d->large)
+        return NULL;
+    return (struct priv_pool *)(void *)((char *)(uintptr_t)p -
+                                        (p->is_small ? offsetof(struct priv_pool, small)
+                                                     : offsetof(struct priv_pool, large)));
+}
 
 /* Create the allocator of @p device (drv loaded; device index validated by drv_device_query). */
 xseg_status alloc_create(int device, struct dev_alloc **out);
@@ -99,6 +137,21 @@ bool alloc_capture_underway(struct dev_alloc *d, bool all_streams);
 /* Absorb @p src (a neighbour of @p dst) into dst when both are free and equally mapped. dst must
  * not be in an index; src is removed from its index and deleted. Returns bytes absorbed. */
 size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
+
+/* cuMemFree-or-unmap every releasable free block of @p pool (PyTorch's release_blocks). */
+xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool);
+
+/* pools.c */
+/* The private pool for an allocation on @p stream: the newest route that matches it (PyTorch's
+ * get_pool checks captures_underway in LIFO order), or NULL for the default pools. Fails only
+ * when the driver cannot tell a stream's capture. */
+xseg_status pools_select(struct dev_alloc *d, CUstream stream, struct priv_pool **out);
+/* Release the cached blocks of every pool with no users (no capture underway; lock held). */
+xseg_status pools_release_freeable(struct dev_alloc *d);
+/* Free the structs of pools with no users and no segments left. */
+void pools_reap(struct dev_alloc *d);
+/* Bytes cached free in private pools (the OOM message's "allocated in private pools"). */
+size_t pools_cached_bytes(struct dev_alloc *d);
 
 /* events.c */
 xseg_status ev_insert(struct dev_alloc *d, struct block *b);

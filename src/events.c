@@ -136,7 +136,7 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b)
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return XSEG_ERROR_DRIVER;
     /* During a capture, event queries are illegal: defer recording until it ends. */
-    if (d->ncapturing && alloc_capture_underway(d, false) && defer(d, b))
+    if ((d->ncapturing || d->nroutes) && alloc_capture_underway(d, false) && defer(d, b))
         return XSEG_SUCCESS;
     return record_events(d, b);
 }
