@@ -1,7 +1,8 @@
 /*
  * xseg-replay end to end: the seed 003 tables, --marks=jsonl parsed back, --summary=json (and
- * with --compare), an OOM that the replay survives, errors naming file and line, pools reported
- * as not supported yet, an RMM CSV log, and the plot written.
+ * with --compare), an OOM that the replay survives, errors naming file and line, pools and
+ * captures through xseg's private pools (misuse reported with file and line), an RMM CSV log,
+ * and the plot written.
  * argv[1] = the xseg-replay executable, argv[2] = tools/workloads.
  */
 #define _GNU_SOURCE
@@ -173,16 +174,10 @@ static void check_seed_file(const char *path, int *checked_rows)
             }
             got++;
         }
-        if (got < nrows[c]) {
-            /* Only a replay stopped at a pool/capture line may come short, until pools land. */
-            if (r.rc == 0 || !strstr(r.err, "not supported yet: private pools are a later issue"))
-                fail_msg("%s [%s]: %zu of %zu marks, exit %d, stderr: %s", path, configs[c], got, nrows[c],
-                         r.rc, r.err);
-            print_message("[     NOTE ] %s [%s]: %zu of %zu rows checked (needs private pools)\n", path,
-                          configs[c], got, nrows[c]);
-        } else {
-            assert_int_equal(r.rc, 0);
-        }
+        if (got < nrows[c])
+            fail_msg("%s [%s]: %zu of %zu marks, exit %d, stderr: %s", path, configs[c], got, nrows[c], r.rc,
+                     r.err);
+        assert_int_equal(r.rc, 0);
         *checked_rows += (int)got;
         result_free(&r);
     }
@@ -207,8 +202,8 @@ static void test_seed_tables(void **state)
         files++;
     }
     closedir(d);
-    assert_true(files >= 8);
-    assert_true(rows >= 20); /* the pool-free scenarios alone give more */
+    assert_true(files >= 11);
+    assert_true(rows >= 67); /* every row of every table, pools and captures included */
 }
 
 static const char *const stat_keys_sample[] = {
@@ -347,13 +342,28 @@ static void test_errors_and_pools(void **state)
     result_free(&r);
     free(t);
 
-    t = write_tmp("pool.trace", "stream s\nalloc a 1MiB\nmark before\npool_begin p1 @s\nalloc b 1MiB\npool_end p1\n");
+    /* Pools run through xseg's private pools; a misuse stops the replay with xseg's message. */
+    t = write_tmp("pool.trace", "stream s\nalloc a 1MiB\nmark before\npool_begin p1 @s\nalloc b 1MiB @s\n"
+                                "pool_end p1\nmark after\npool_release p1\npool_release p1\n");
     snprintf(args, sizeof args, "--marks=jsonl '%s'", t);
     r = run(args);
     assert_int_not_equal(r.rc, 0);
-    if (!strstr(r.err, "pool.trace:4: pool_begin: not supported yet: private pools are a later issue"))
+    if (!strstr(r.err, "pool.trace:9: pool_release: xseg_release_pool: pool") || !strstr(r.err, "no users left"))
         fail_msg("stderr: %s", r.err);
     assert_non_null(strstr(r.out, "\"mark\": \"before\""));
+    assert_non_null(strstr(r.out, "\"mark\": \"after\""));
+    result_free(&r);
+    free(t);
+
+    /* An allocation on a capturing stream outside the capture's pool cannot happen in a trace
+     * (capture_begin always routes its stream), but a second capture into a recording pool can. */
+    t = write_tmp("cap.trace", "stream s\nstream u\ncapture_begin @s g\nalloc a 1MiB @s\ncapture_begin @u g\n"
+                               "capture_end @u\ncapture_end @s\n");
+    snprintf(args, sizeof args, "'%s'", t);
+    r = run(args);
+    assert_int_not_equal(r.rc, 0);
+    if (!strstr(r.err, "cap.trace:5: capture_begin: xseg_capture_begin: pool") || !strstr(r.err, "already recording"))
+        fail_msg("stderr: %s", r.err);
     result_free(&r);
     free(t);
 

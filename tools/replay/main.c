@@ -507,7 +507,7 @@ static int dump_trace(const struct trace *t)
         case TRACE_MARK: printf("%s %s\n", trace_op_name(a->op), trace_text(t, a->text)); break;
         case TRACE_POOL_BEGIN:
             printf("pool_begin %s", t->pools.names[a->pool]);
-            if (a->stream >= 0)
+            if (a->stream != TRACE_ALL_STREAMS)
                 printf(" @%s", sname);
             putchar('\n');
             break;

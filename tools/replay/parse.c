@@ -286,6 +286,8 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
             return st;
         if (n == 3 && (st = stream_ref(p, &tk[2], &a.stream)))
             return st;
+        if (n == 2)
+            a.stream = TRACE_ALL_STREAMS; /* no stream named: the pool takes every stream's */
         if (p->pool_open[a.pool])
             return perr(p, "pool_begin %.*s: pool already begun and not ended", (int)tk[1].len, tk[1].s);
         p->pool_open[a.pool] = 1;

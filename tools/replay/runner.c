@@ -3,6 +3,7 @@
 #include "tools/replay/runner.h"
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -139,7 +140,19 @@ struct runstate {
     CUstream *streams;
     unsigned char *held;
     size_t label_width;
+    xseg_pool_id *pools;  /* per trace pool: its xseg id, made on first use ({0,0} before) */
+    CUgraph *graphs;      /* per stream: the graph its last capture made (destroyed at the end) */
 };
+
+/* pool_begin p @s: the pool takes the allocations of stream s only. */
+static int run_only_stream(struct CUstream_st *stream, void *user) { return stream == (CUstream)user; }
+
+static xseg_pool_id run_pool_id(struct runstate *rs, int32_t pool)
+{
+    if (rs->pools[pool].first == 0 && rs->pools[pool].second == 0)
+        (void)xseg_pool_create(&rs->pools[pool]);
+    return rs->pools[pool];
+}
 
 static CUstream stream_of(const struct runstate *rs, int32_t s) { return s >= 0 ? rs->streams[s] : NULL; }
 
@@ -154,7 +167,9 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
     rs.failed = calloc(t->bufs.count + 1, 1);
     rs.streams = calloc(t->streams.count + 1, sizeof *rs.streams);
     rs.held = calloc(t->streams.count + 1, 1);
-    if (!rs.ptrs || !rs.failed || !rs.streams || !rs.held) {
+    rs.pools = calloc(t->pools.count + 1, sizeof *rs.pools);
+    rs.graphs = calloc(t->streams.count + 1, sizeof *rs.graphs);
+    if (!rs.ptrs || !rs.failed || !rs.streams || !rs.held || !rs.pools || !rs.graphs) {
         snprintf(err, errlen, "out of host memory");
         st = XSEG_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -282,15 +297,28 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
             }
             mode_of_config(sum->mode, sizeof sum->mode);
             break;
-        case TRACE_POOL_BEGIN:
-        case TRACE_POOL_END:
-        case TRACE_POOL_RELEASE:
-        case TRACE_CAPTURE_BEGIN:
-        case TRACE_CAPTURE_END:
-            snprintf(err, errlen, "%s:%u: %s: not supported yet: private pools are a later issue",
-                     t->source, a->line, trace_op_name(a->op));
-            st = XSEG_ERROR_NOT_SUPPORTED;
-            goto out;
+        case TRACE_POOL_BEGIN: {
+            bool every = a->stream == TRACE_ALL_STREAMS;
+            st = xseg_begin_allocate_to_pool(0, run_pool_id(&rs, a->pool), every ? NULL : run_only_stream,
+                                             every ? NULL : stream_of(&rs, a->stream));
+            break;
+        }
+        case TRACE_POOL_END: st = xseg_end_allocate_to_pool(0, run_pool_id(&rs, a->pool)); break;
+        case TRACE_POOL_RELEASE: st = xseg_release_pool(0, run_pool_id(&rs, a->pool)); break;
+        case TRACE_CAPTURE_BEGIN: {
+            /* Without a pool named, the capture gets a pool of its own, kept to the end. */
+            xseg_pool_id id = a->pool >= 0 ? run_pool_id(&rs, a->pool) : (xseg_pool_id){0, 0};
+            st = xseg_capture_begin(0, stream_of(&rs, a->stream), &id, CU_STREAM_CAPTURE_MODE_GLOBAL);
+            break;
+        }
+        case TRACE_CAPTURE_END: {
+            CUgraph g = NULL;
+            st = xseg_capture_end(0, stream_of(&rs, a->stream), &g);
+            if (rs.graphs[a->stream])
+                (void)drv->cuGraphDestroy(rs.graphs[a->stream]);
+            rs.graphs[a->stream] = g;
+            break;
+        }
         case TRACE_MARK: {
             xseg_device_stats ds;
             if ((st = xseg_get_stats(0, &ds))) {
@@ -307,6 +335,10 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
             fflush(out);
             break;
         }
+        }
+        if (st != XSEG_SUCCESS) { /* only the pool and capture actions get here with an error */
+            snprintf(err, errlen, "%s:%u: %s: %s", t->source, a->line, trace_op_name(a->op), xseg_last_error());
+            goto out;
         }
         if (moved && tl) {
             xseg_device_stats ds;
@@ -354,6 +386,12 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         }
     }
 out:
+    /* The graphs live to the end of the replay, as the program's would. */
+    for (size_t s = 0; rs.graphs && s < t->streams.count; s++)
+        if (rs.graphs[s])
+            (void)drv->cuGraphDestroy(rs.graphs[s]);
+    free(rs.pools);
+    free(rs.graphs);
     free(rs.ptrs);
     free(rs.failed);
     free(rs.streams);

@@ -71,8 +71,10 @@ xseg_status run_init(const char *config, char *err, size_t errlen);
 /*
  * Replay @p t. Marks go to @p out as they happen (a table or JSON lines, per @p o). An allocation
  * that fails is reported on stderr and counted; the replay goes on, and later frees of that
- * buffer are skipped. Pool and capture actions stop the replay with "not supported yet".
- * At the end, held streams are released, the summary is filled, then a final empty_cache gives
+ * buffer are skipped. Pool and capture actions go through xseg's private pools (pool_begin
+ * without a stream routes every stream; capture_begin without a pool gets a new one; captures
+ * are GLOBAL mode and their graphs live to the end); a failed one stops the replay with xseg's
+ * message. At the end, held streams are released, the summary is filled, then a final empty_cache gives
  * reserved_after_empty_cache.
  */
 xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,

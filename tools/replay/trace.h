@@ -27,7 +27,7 @@ enum trace_op {
     TRACE_SYNC,          /* stream, or TRACE_ALL_STREAMS */
     TRACE_EMPTY_CACHE,
     TRACE_CONFIG,        /* text = config string */
-    TRACE_POOL_BEGIN,    /* pool, stream */
+    TRACE_POOL_BEGIN,    /* pool, stream (TRACE_ALL_STREAMS: every stream) */
     TRACE_POOL_END,      /* pool */
     TRACE_POOL_RELEASE,  /* pool */
     TRACE_CAPTURE_BEGIN, /* stream, pool (or -1) */
