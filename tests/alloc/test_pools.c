@@ -649,6 +649,17 @@ static void test_bad_use(void **state)
     assert_true(failp.first == 0 && failp.second == 0);
     tu_assert_cu(drv->cuStreamEndCapture(s2, &g));
     tu_assert_cu(drv->cuGraphDestroy(g));
+    /* A capture the program invalidated (an unsafe call of its own): ending it reports the
+     * driver's error, still stops routing, and leaves the use to release. */
+    xseg_pool_id ip = NO_POOL;
+    capture_begin(s, &ip);
+    CUdeviceptr raw = 0;
+    tu_assert_cu_eq(drv->cuMemAlloc(&raw, 1 << 20), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    g = (CUgraph)(uintptr_t)1;
+    expect_error(xseg_capture_end(0, s, &g), XSEG_ERROR_DRIVER, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED");
+    assert_null(g);
+    expect_error(xseg_end_allocate_to_pool(0, ip), XSEG_ERROR_ILLEGAL_STATE, "not recording");
+    assert_int_equal(xseg_release_pool(0, ip), XSEG_SUCCESS);
     check_all_returned();
     tu_assert_cu(drv->cuStreamDestroy(s));
     tu_assert_cu(drv->cuStreamDestroy(s2));
