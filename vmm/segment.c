@@ -260,7 +260,9 @@ static CUresult seg_reserve_with_room(size_t size, CUdeviceptr *out)
     CUresult res;
     if (hint) {
         res = drv->cuMemAddressReserve(&base, size, 0, hint, 0);
-        if (res == CUDA_SUCCESS && base != hint) {
+        if (res != CUDA_SUCCESS)
+            return res; /* a hint never makes the call fail: this is a real failure */
+        if (base != hint) {
             /* This driver does not place ranges where the cursor points (falling addresses, or
              * the space above is taken): stop using the cursor and probe for room instead. */
             if (drv->cuMemAddressFree(base, size) != CUDA_SUCCESS) {
