@@ -40,6 +40,7 @@ void cfg_default(struct cfg *cfg)
     cfg->large_segment_size = CFG_DEFAULT_LARGE_SEGMENT;
     cfg->garbage_collection_threshold = 0.0;
     cfg->expandable_segments = true;
+    cfg->expandable_segments_recycle = true;
     cfg->release_lock_on_cudamalloc = false;
     cfg->per_process_memory_fraction = 1.0;
     cfg->graph_capture_record_stream_reuse = false;
@@ -407,6 +408,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
     static const char *const keys[] = {
         "max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
         "garbage_collection_threshold", "roundup_power2_divisions", "expandable_segments",
+        "expandable_segments_recycle",
         "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
         "graph_capture_record_stream_reuse", "backend",
     };
@@ -461,6 +463,8 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
         return cfg_parse_roundup(p, key);
     if (!strcmp(key, "expandable_segments"))
         return cfg_parse_bool(p, key, &c->expandable_segments);
+    if (!strcmp(key, "expandable_segments_recycle"))
+        return cfg_parse_bool(p, key, &c->expandable_segments_recycle);
     if (!strcmp(key, "release_lock_on_cudamalloc") || !strcmp(key, "release_lock_on_hipmalloc"))
         return cfg_parse_bool(p, key, &c->release_lock_on_cudamalloc);
     if (!strcmp(key, "graph_capture_record_stream_reuse"))
@@ -597,6 +601,7 @@ void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
     if (size)
         buf[0] = '\0';
     cfg_put(&o, "expandable_segments:%s", cfg->expandable_segments ? "True" : "False");
+    cfg_put(&o, ",expandable_segments_recycle:%s", cfg->expandable_segments_recycle ? "True" : "False");
     cfg_put(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
     if (cfg->max_split_size != SIZE_MAX)
         cfg_put(&o, ",max_split_size_mb:%zu", cfg->max_split_size / XSEG_MiB);

@@ -21,6 +21,7 @@ struct cfg {
     double garbage_collection_threshold; /* 0 = off, else in (0, 1) */
     unsigned roundup_power2_divisions[CFG_ROUNDUP_BUCKETS]; /* 0 or 1 = plain 512 B rounding */
     bool expandable_segments;           /* default true; falls back where VMM is unsupported */
+    bool expandable_segments_recycle;   /* default true: growth first unmaps free pages elsewhere */
     bool release_lock_on_cudamalloc;
     double per_process_memory_fraction; /* [0, 1]; 1 = no cap */
     bool graph_capture_record_stream_reuse; /* accepted for compatibility */

@@ -207,6 +207,93 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len)
     return XSEG_SUCCESS;
 }
 
+static size_t whole_page_bytes(const struct block *b);
+static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes);
+
+/* A free block whose whole pages may be recycled, with its sort keys. */
+struct victim {
+    struct block *b;
+    size_t bytes;   /* whole-page bytes inside it */
+    bool same_page; /* same page size as the pages about to be mapped */
+};
+
+/* Same page size first (exact exchange, no rounding); then the largest free runs first: each
+ * costs one stream synchronization, and small gaps between live blocks are the likeliest to be
+ * filled again by the next small request. Address order breaks ties (deterministic). */
+static int victim_cmp(const void *pa, const void *pb)
+{
+    const struct victim *a = pa, *b = pb;
+    if (a->same_page != b->same_page)
+        return a->same_page ? -1 : 1;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    return a->b->addr < b->b->addr ? -1 : a->b->addr > b->b->addr;
+}
+
+/* May free block @p v give up pages while the chain [first, last] is about to be mapped?
+ * Unmapping re-tiles v and merges its unmapped pieces into unmapped neighbours (deleting them),
+ * so v must be neither in the chain nor next to it. */
+static bool victim_ok(const struct block *v, const struct block *first, const struct block *last)
+{
+    if (!v->expandable || v->seg != first->seg)
+        return v->expandable;
+    if (v->addr >= first->addr && v->addr <= last->addr)
+        return false;
+    return v->next != first && v->prev != last;
+}
+
+/*
+ * Recycling (expandable_segments_recycle): reserved memory should be the pages in use, so before
+ * @p need bytes of @p page-sized pages get mapped for the chain [first, last], unmap as many
+ * bytes of fully free pages elsewhere on the device (any stream, either default pool): pages of
+ * the same size first, then smaller pages (never a larger page than what is still needed, so
+ * reserved never drops below the live data's pages plus what is mapped now). Nothing happens
+ * while a capture is underway. Failures only end the recycling early: unmap_pages leaves
+ * correct bookkeeping, and the caller maps new pages as it would have anyway.
+ */
+static void recycle_pages(struct dev_alloc *d, const struct block *first, const struct block *last,
+                          size_t page, size_t need)
+{
+    struct block **arr[2] = {NULL, NULL};
+    size_t n[2] = {0, 0};
+    struct bpool *pools[2] = {&d->large, &d->small};
+    for (int k = 0; k < 2; k++)
+        if (!bpool_collect_free(pools[k], &arr[k], &n[k]))
+            goto out; /* host memory is short: simply map new pages */
+    struct victim *v = malloc((n[0] + n[1] + 1) * sizeof *v);
+    if (!v)
+        goto out;
+    size_t nv = 0;
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < n[k]; i++) {
+            struct block *b = arr[k][i];
+            if (!victim_ok(b, first, last))
+                continue;
+            size_t bytes = whole_page_bytes(b);
+            size_t vpage = seg_page(b->seg);
+            if (bytes == 0 || (vpage != page && vpage > need))
+                continue;
+            v[nv++] = (struct victim){b, bytes, vpage == page};
+        }
+    }
+    if (nv && !alloc_capture_underway(d, true)) {
+        qsort(v, nv, sizeof *v, victim_cmp);
+        size_t got = 0;
+        for (size_t i = 0; i < nv && got < need; i++) {
+            size_t before = d->total_allocated_memory;
+            if (unmap_pages(d, v[i].b, need - got) != XSEG_SUCCESS) {
+                got += before - d->total_allocated_memory;
+                break;
+            }
+            got += before - d->total_allocated_memory;
+        }
+    }
+    free(v);
+out:
+    free(arr[0]);
+    free(arr[1]);
+}
+
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
                          struct block **out)
 {
@@ -222,7 +309,9 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
 
     /* What would be mapped, for the fraction limit (checked before touching the driver). */
     size_t need = 0, covered = 0;
+    const struct block *chain_last = c;
     for (const struct block *b = c; covered < size; b = b->next) {
+        chain_last = b;
         if (b->mapped) {
             covered += b->size;
         } else {
@@ -231,6 +320,8 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
             covered += len;
         }
     }
+    if (need && d->cfg.expandable_segments_recycle)
+        recycle_pages(d, c, chain_last, page, need);
     if (d->set_fraction && d->total_allocated_memory + need > d->allowed_memory_maximum) {
         exp_release_empty_segments(d);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction limit reached");
@@ -255,7 +346,23 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
     return XSEG_SUCCESS;
 }
 
-xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b)
+/* Bytes of whole pages inside free expandable block @p b (pages that share no byte with
+ * another block). */
+static size_t whole_page_bytes(const struct block *b)
+{
+    size_t page = seg_page(b->seg);
+    size_t off = b->addr - (uintptr_t)seg_base(b->seg->vseg);
+    size_t lo = page_up(off, page), hi = page_down(off + b->size, page);
+    return lo < hi ? hi - lo : 0;
+}
+
+/*
+ * Unmap whole pages inside free block @p b (in the free index): all of them, or only the highest
+ * ones covering at most @p max_bytes (rounded down to pages; SIZE_MAX = all). The block is
+ * re-tiled by the pages' actual state afterwards, so a partly failed unmap leaves correct
+ * bookkeeping. Only unmapped neighbours of @p b can be merged away (and deleted) here.
+ */
+static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes)
 {
     struct segrec *s = b->seg;
     struct bpool *pool = b->pool;
@@ -265,6 +372,11 @@ xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b)
     size_t lo = page_up(off, page), hi = page_down(off + b->size, page);
     if (lo >= hi)
         return XSEG_SUCCESS;
+    if (max_bytes / page * page < hi - lo) {
+        if (max_bytes < page)
+            return XSEG_SUCCESS;
+        lo = hi - max_bytes / page * page;
+    }
 
     /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
      * host allocation failure cannot strike after the driver has unmapped. */
@@ -350,6 +462,11 @@ xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b)
             break;
     }
     return st;
+}
+
+xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b)
+{
+    return unmap_pages(d, b, SIZE_MAX);
 }
 
 void exp_release_empty_segments(struct dev_alloc *d)

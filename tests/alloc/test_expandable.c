@@ -345,6 +345,115 @@ static void test_peer_access(void **state)
     check_no_leaks();
 }
 
+/* ---- recycling (expandable_segments_recycle) ---- */
+
+#define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
+
+/* a | gap | c, 100 MiB each, page-aligned (the segment starts on a page): a 120 MiB request
+ * fits no free block, so the segment grows. With recycling the gap's 5 whole pages are unmapped
+ * first: reserved goes 300 -> 320 MiB instead of 420 MiB. When @p fail_entry is set, its Nth
+ * call fails during that growth: the malloc still succeeds and everything stays consistent.
+ * Returns the calls of fail_entry made by the growth (to end a sweep). */
+static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsigned long nth)
+{
+    start(recycle ? "expandable_segments:True,expandable_segments_recycle:True"
+                  : "expandable_segments:True,expandable_segments_recycle:False");
+    struct cudaemu_live before = {0};
+    (void)tu_live(&before);
+    void *a = must_malloc(100 * MiB, NULL), *b = must_malloc(100 * MiB, NULL), *c = must_malloc(100 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(a), 100 * MiB, 1));
+    tu_assert_cu(tu_fill(DPTR(c), 100 * MiB, 3));
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(300 * MiB));
+    int64_t frees = stat_of("num_device_free"), retries = stat_of("num_alloc_retries");
+    unsigned long calls = 0;
+    if (fail_entry) {
+        tu_counts_reset();
+        assert_true(tu_fail(fail_entry, nth, CUDA_ERROR_UNKNOWN));
+    }
+    void *d = must_malloc(120 * MiB, NULL);
+    if (fail_entry) {
+        calls = tu_call_count(fail_entry);
+        tu_fail_clear();
+    }
+    check_consistent();
+    if (!fail_entry) {
+        assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)((recycle ? 320 : 420) * MiB));
+        assert_int_equal(stat_of("num_device_free"), frees + (recycle ? 5 : 0));
+    }
+    assert_int_equal(stat_of("num_alloc_retries"), retries); /* no OOM path involved */
+    tu_assert_cu(tu_fill(DPTR(d), 120 * MiB, 4));
+    assert_true(tu_check(DPTR(a), 100 * MiB, 1));
+    assert_true(tu_check(DPTR(c), 100 * MiB, 3));
+    /* The recycled VA is a hole now: a 100 MiB request maps it again, in place. */
+    void *e = must_malloc(100 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(e), 100 * MiB, 5));
+    check_consistent();
+    assert_true(tu_check(DPTR(a), 100 * MiB, 1) && tu_check(DPTR(c), 100 * MiB, 3) &&
+                tu_check(DPTR(d), 120 * MiB, 4));
+    void *all[] = {a, c, d, e};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(xseg_free(all[i]), XSEG_SUCCESS);
+    check_consistent();
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    /* Leak-free, except a handle whose cuMemRelease failed: the driver's to keep (at most one
+     * per run; earlier runs' such handles are in @p before). */
+    struct cudaemu_live live;
+    if (tu_live(&live)) {
+        size_t kept = fail_entry && strcmp(fail_entry, "cuMemRelease") == 0 ? 1 : 0;
+        if (live.handles > before.handles + kept || live.mapped_bytes || live.reservations || live.allocs)
+            fail_msg("leak: %zu handles (%zu before), %zu bytes mapped, %zu reservations, %zu allocs",
+                     live.handles, before.handles, live.mapped_bytes, live.reservations, live.allocs);
+    }
+    return calls;
+}
+
+static void test_recycle_gap(void **state)
+{
+    (void)state;
+    recycle_scenario(true, NULL, 0);
+    recycle_scenario(false, NULL, 0);
+}
+
+/* Pages cached by one stream serve another stream's growth without the OOM path. */
+static void test_recycle_across_streams(void **state)
+{
+    (void)state;
+    start("expandable_segments:True,expandable_segments_recycle:True");
+    CUstream s1, s2;
+    tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    size_t n = tu_scaled(20, 4);
+    int64_t retries = stat_of("num_alloc_retries");
+    for (size_t i = 0; i < n; i++) {
+        void *p = must_malloc(200 * MiB, i % 2 ? s2 : s1);
+        tu_assert_cu(tu_fill(DPTR(p), 200 * MiB, (uint32_t)i));
+        assert_true(tu_check(DPTR(p), 200 * MiB, (uint32_t)i));
+        assert_int_equal(xseg_free(p), XSEG_SUCCESS);
+        /* The other stream's 10 cached pages moved here: never more than one block's pages. */
+        assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(200 * MiB));
+        check_consistent();
+    }
+    assert_int_equal(stat_of("num_alloc_retries"), retries);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s1));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+}
+
+/* Fail the Nth cuMemUnmap / cuMemRelease / cuStreamSynchronize while recycling. */
+static void test_recycle_faults(void **state)
+{
+    (void)state;
+    start("expandable_segments:True,expandable_segments_recycle:True");
+    tu_require_emulator_or_skip();
+    const char *entries[] = {"cuMemUnmap", "cuMemRelease", "cuStreamSynchronize"};
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
+        for (unsigned long n = 1; recycle_scenario(true, entries[e], n) >= n; n++)
+            ;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "peer") == 0) {
@@ -358,6 +467,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_mixed_mode),
         cmocka_unit_test(test_fault_sweep),
         cmocka_unit_test(test_many_streams),
+        cmocka_unit_test(test_recycle_gap),
+        cmocka_unit_test(test_recycle_across_streams),
+        cmocka_unit_test(test_recycle_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,7 @@ static void test_defaults(void **state)
     for (int b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
         assert_int_equal(c.roundup_power2_divisions[b], 0);
     assert_true(c.expandable_segments);
+    assert_true(c.expandable_segments_recycle);
     assert_false(c.release_lock_on_cudamalloc);
     assert_true(c.per_process_memory_fraction == 1.0);
     assert_false(c.graph_capture_record_stream_reuse);
@@ -79,6 +80,9 @@ static void test_accepted(void **state)
     assert_int_equal(c.max_non_split_rounding, 64 * MiB);
     c = parse_ok("garbage_collection_threshold:0.8");
     assert_true(c.garbage_collection_threshold == 0.8);
+    c = parse_ok("expandable_segments_recycle:False");
+    assert_false(c.expandable_segments_recycle);
+    assert_true(c.expandable_segments);
     c = parse_ok("release_lock_on_cudamalloc:True");
     assert_true(c.release_lock_on_cudamalloc);
     c = parse_ok("release_lock_on_hipmalloc:True");
@@ -138,6 +142,8 @@ static void test_rejected(void **state)
     parse_bad("expandable_segments:yes", "expandable_segments: expected True or False, got 'yes'",
               "index 20");
     parse_bad("expandable_segments:true", "expandable_segments", "'true'");
+    parse_bad("expandable_segments_recycle:1", "expandable_segments_recycle: expected True or False, got '1'",
+              NULL);
     parse_bad("per_process_memory_fraction:-0.1", "per_process_memory_fraction", "[0.0, 1.0]");
     parse_bad("per_process_memory_fraction:1.1", "per_process_memory_fraction", "[0.0, 1.0]");
     parse_bad("per_process_memory_fraction:nan", "per_process_memory_fraction", NULL);
