@@ -203,7 +203,12 @@ static void test_seed_tables(void **state)
     }
     closedir(d);
     assert_true(files >= 11);
-    assert_true(rows >= 67); /* every row of every table, pools and captures included */
+    /* Every row of every table, pools and captures included. On a real driver the files that
+     * hold a stream (cudaemu only) are skipped, so only the rest is required there. */
+    if (emulated())
+        assert_true(rows >= 67);
+    else
+        assert_true(rows >= 52); /* 67 less the 15 rows of the two files that hold a stream */
 }
 
 static const char *const stat_keys_sample[] = {
