@@ -27,6 +27,35 @@ static inline void stat_add_pool(xseg_stat_counter arr[XSEG_STAT_POOLS], int poo
     stat_add(&arr[pool], delta);
 }
 
+/* The same with the sign known, for the fast path: an increase by @p n >= 0 (current, allocated,
+ * peak) or a decrease by @p n >= 0 (current, freed). Identical results to stat_add(±n). */
+static inline void stat_up(xseg_stat_counter *s, int64_t n)
+{
+    int64_t c = s->current + n;
+    s->current = c;
+    s->allocated += n;
+    if (c > s->peak)
+        s->peak = c;
+}
+
+static inline void stat_down(xseg_stat_counter *s, int64_t n)
+{
+    s->current -= n;
+    s->freed += n;
+}
+
+static inline void stat_up_pool(xseg_stat_counter arr[XSEG_STAT_POOLS], int pool, int64_t n)
+{
+    stat_up(&arr[XSEG_STAT_ALL], n);
+    stat_up(&arr[pool], n);
+}
+
+static inline void stat_down_pool(xseg_stat_counter arr[XSEG_STAT_POOLS], int pool, int64_t n)
+{
+    stat_down(&arr[XSEG_STAT_ALL], n);
+    stat_down(&arr[pool], n);
+}
+
 /* Number of keys, and the i-th key ("allocation.all.current", ...), in a stable order. */
 size_t stats_key_count(void);
 const char *stats_key_name(size_t index);
