@@ -357,7 +357,7 @@ static inline bool can_merge(const struct block *dst, const struct block *src)
     return src && !src->allocated && src->event_count == 0 && !src->uses.n && dst->mapped == src->mapped;
 }
 
-void alloc_free_block(struct dev_alloc *d, struct block *b)
+static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
 {
     struct bpool *pool = b->pool;
     int si = pool->stat_index;
@@ -418,6 +418,8 @@ account:
     stat_down_pool(d->stats.active_bytes, si, (int64_t)orig_size);
     stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
 }
+
+void alloc_free_block(struct dev_alloc *d, struct block *b) { free_block(d, b); }
 
 /* ---- classic segments -------------------------------------------------------------------- */
 
@@ -638,7 +640,7 @@ static void garbage_collect_cached_blocks(struct dev_alloc *d)
 
 /* Hand out p->block: split off the remainder, account. @p indexed: the block is still in the free
  * index with index predecessor @p pred (the fast path); else it was taken out of the index. */
-static struct block *alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
+static inline __attribute__((always_inline)) struct block *alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
                                        bool indexed, const struct block *pred)
 {
     struct block *b = p->block;
@@ -650,18 +652,17 @@ static struct block *alloc_found_block(struct dev_alloc *d, struct alloc_params 
         /* The allocated front gets a new block struct; b stays the free remainder after it. An
          * indexed b keeps its place in the free index unless its smaller key crosses its
          * predecessor's (bpool_free_take_front): no treap remove/insert in the common case. */
-        struct block *a = alloc_block_new(d);
+        struct block *a = d->spare;
+        if (XSEG_LIKELY(a))
+            d->spare = a->next;
+        else
+            a = malloc(sizeof *a);
         if (a) {
             whole = false;
-            a->addr = b->addr;
-            a->size = p->size;
-            a->stream = b->stream;
-            a->pool = pool;
-            a->seg = b->seg;
-            a->mapped = true;
-            a->expandable = b->expandable;
-            a->prev = b->prev;
-            a->next = b;
+            /* Every field, so a recycled struct needs no memset first. */
+            *a = (struct block){.addr = b->addr, .size = p->size, .stream = b->stream, .pool = pool,
+                                .seg = b->seg, .prev = b->prev, .next = b, .mapped = true,
+                                .expandable = b->expandable};
             if (a->prev)
                 a->prev->next = a;
             else
@@ -726,8 +727,8 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv->cuMemGetInfo(&dfree, &dtotal);
     d->stats.num_ooms++;
-    size_t allocated = (size_t)d->stats.allocated_bytes[XSEG_STAT_ALL].current;
-    size_t reserved = (size_t)d->stats.reserved_bytes[XSEG_STAT_ALL].current;
+    size_t allocated = (size_t)stats_all_current(d->stats.allocated_bytes);
+    size_t reserved = (size_t)stats_all_current(d->stats.reserved_bytes);
     bool set_fraction = d->set_fraction;
     size_t allowed = d->allowed_memory_maximum;
     bool expandable = d->use_expandable;
@@ -798,11 +799,45 @@ static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size
     return out_of_memory(d, p->size, p->alloc_size, st);
 }
 
-xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+/* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
+ * split, account, record the pointer, unlock. */
+static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
+                                                                       size_t size, bool indexed,
+                                                                       const struct block *pred, void **out)
 {
-    /* Sizes near SIZE_MAX cannot be rounded; no device holds them anyway. */
-    bool huge = size > ((size_t)1 << 62);
-    pthread_mutex_lock(&d->lock);
+    struct block *b = alloc_found_block(d, p, size, indexed, pred);
+    if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
+        undo_alloc(d, b);
+        pthread_mutex_unlock(&d->lock);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
+    }
+    pthread_mutex_unlock(&d->lock);
+    *out = (void *)b->addr;
+    return XSEG_SUCCESS;
+}
+
+/* A malloc after the first search (lock held): @p b is the block it found with *pred_ok false,
+ * or NULL when the cache missed. */
+static __attribute__((noinline)) xseg_status malloc_rest(struct dev_alloc *d, struct alloc_params *p,
+                                                         struct block *b, size_t size, void **out)
+{
+    if (b) {
+        bpool_remove_free(p->pool, b);
+        p->block = b;
+    } else {
+        p->alloc_size = allocation_size(d, p->size);
+        xseg_status st = malloc_slow(d, p, size);
+        if (st != XSEG_SUCCESS)
+            return st; /* lock already released */
+    }
+    return malloc_finish(d, p, size, false, NULL, out);
+}
+
+/* Everything before the search that a plain malloc does not need (lock held): a new config,
+ * streams seen capturing, pending events, roundup_power2_divisions, sizes too large to round. */
+static __attribute__((noinline)) xseg_status malloc_general(struct dev_alloc *d, size_t size, CUstream stream,
+                                                            void **out)
+{
     refresh_cfg(d);
     if (XSEG_UNLIKELY(d->ncapturing)) {
         xseg_status st;
@@ -815,39 +850,46 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing)
         ev_process(d);
 
+    /* Sizes near SIZE_MAX cannot be rounded; no device holds them anyway. */
+    if (XSEG_UNLIKELY(size > ((size_t)1 << 62)))
+        return out_of_memory(d, size, size, XSEG_ERROR_OUT_OF_MEMORY);
     struct alloc_params p;
-    p.size = huge ? size : round_size(d, size);
+    p.size = round_size(d, size);
     p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
-    p.alloc_size = huge ? size : allocation_size(d, p.size);
     p.stream = stream;
     p.block = NULL;
-    if (XSEG_UNLIKELY(huge)) {
-        return out_of_memory(d, size, size, XSEG_ERROR_OUT_OF_MEMORY);
-    }
     struct block *pred;
     bool pred_ok;
     struct block *b = find_free_block(d, &p, &pred, &pred_ok);
-    bool indexed = b != NULL;
-    if (XSEG_LIKELY(b)) {
-        p.block = b;
-        if (XSEG_UNLIKELY(!pred_ok)) {
-            bpool_remove_free(p.pool, b);
-            indexed = false;
-        }
-    } else {
-        xseg_status st = malloc_slow(d, &p, size);
-        if (st != XSEG_SUCCESS)
-            return st; /* lock already released */
-    }
-    b = alloc_found_block(d, &p, size, indexed, pred);
-    if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
-        undo_alloc(d, b);
-        pthread_mutex_unlock(&d->lock);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
-    }
-    pthread_mutex_unlock(&d->lock);
-    *out = (void *)b->addr;
-    return XSEG_SUCCESS;
+    if (XSEG_UNLIKELY(!b || !pred_ok))
+        return malloc_rest(d, &p, b, size, out);
+    p.block = b;
+    return malloc_finish(d, &p, size, true, pred, out);
+}
+
+/*
+ * The fast path is the general one minus its rare conditions, which malloc_general handles: a
+ * best-fit search, a split that leaves the remainder in its index place, statistics, one hash
+ * insert. No driver call, no allocation (block structs come from the spare list), no atomic
+ * read-modify-write besides the mutex.
+ */
+xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    pthread_mutex_lock(&d->lock);
+    if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen || d->ncapturing || d->pending_events || d->ndeferred ||
+                      d->roundup_any || size > ((size_t)1 << 62)))
+        return malloc_general(d, size, stream, out);
+    struct alloc_params p;
+    p.size = size < BLOCK_MIN_SIZE ? BLOCK_MIN_SIZE : xseg_align_up(size, BLOCK_MIN_SIZE);
+    p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
+    p.stream = stream;
+    struct block *pred;
+    bool pred_ok;
+    struct block *b = find_free_block(d, &p, &pred, &pred_ok);
+    if (XSEG_UNLIKELY(!b || !pred_ok))
+        return malloc_rest(d, &p, b, size, out);
+    p.block = b;
+    return malloc_finish(d, &p, size, true, pred, out);
 }
 
 /* ---- free / record_stream ---------------------------------------------------------------- */
@@ -874,7 +916,7 @@ xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned)
         refresh_cfg(d);
         st = ev_insert(d, b);
     } else {
-        alloc_free_block(d, b);
+        free_block(d, b);
     }
     pthread_mutex_unlock(&d->lock);
     return st;
@@ -923,11 +965,13 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
     refresh_cfg(d);
     *out = d->stats;
     pthread_mutex_unlock(&d->lock);
+    stats_fill_all(out);
 }
 
 void alloc_reset_peaks(struct dev_alloc *d)
 {
     pthread_mutex_lock(&d->lock);
+    stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
     pthread_mutex_unlock(&d->lock);
 }

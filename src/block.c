@@ -157,34 +157,6 @@ void bpool_rekey_free(struct bpool *p, struct block *b, uintptr_t addr, size_t s
     treap_insert(&p->free, b, false);
 }
 
-void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t addr, size_t size)
-{
-    /* The successor: the leftmost block of the right subtree, else the last ancestor where the
-     * descent to b turns left. */
-    struct block *succ = NULL;
-    if (b->right) {
-        for (succ = b->right; succ->left;)
-            succ = succ->left;
-    } else {
-        for (struct block *t = p->free; t != b;) {
-            if (!t)
-                abort(); /* index corrupted: the block is not where its key says */
-            if (key_cmp(BKEY(b, false), BKEY(t, false)) < 0) {
-                succ = t;
-                t = t->left;
-            } else {
-                t = t->right;
-            }
-        }
-    }
-    if (!succ || bkey_less((uintptr_t)b->stream, size, addr, BKEY(succ, false))) {
-        b->addr = addr;
-        b->size = size;
-    } else {
-        bpool_rekey_free(p, b, addr, size);
-    }
-}
-
 static void collect(struct block *t, struct block **arr, size_t *n)
 {
     while (t) {

@@ -168,7 +168,33 @@ static inline void bpool_free_take_front(struct bpool *p, struct block *b, size_
  * with a neighbour being freed). Its key only increases, so only the successor can be crossed:
  * in place while the new key stays below it, else re-inserted.
  */
-void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t addr, size_t size);
+static inline void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t addr, size_t size)
+{
+    /* The successor: the leftmost block of the right subtree, else the last ancestor where the
+     * descent to b turns left. */
+    struct block *succ = NULL;
+    if (b->right) {
+        for (succ = b->right; succ->left;)
+            succ = succ->left;
+    } else {
+        for (struct block *t = p->free; t != b;) {
+            if (XSEG_UNLIKELY(!t))
+                abort(); /* index corrupted: the block is not where its key says */
+            if (bkey_less((uintptr_t)b->stream, b->size, b->addr, (uintptr_t)t->stream, t->size, t->addr)) {
+                succ = t;
+                t = t->left;
+            } else {
+                t = t->right;
+            }
+        }
+    }
+    if (!succ || bkey_less((uintptr_t)b->stream, size, addr, (uintptr_t)succ->stream, succ->size, succ->addr)) {
+        b->addr = addr;
+        b->size = size;
+    } else {
+        bpool_rekey_free(p, b, addr, size);
+    }
+}
 
 /* Every free block, in index order, into a malloc'd array (*out, *n). Returns false on ENOMEM. */
 bool bpool_collect_free(const struct bpool *p, struct block ***out, size_t *n);
