@@ -27,6 +27,17 @@ XSEG_API unsigned xseg_version_api(void)
  * the device of the previous one. Only used with several devices (api_free handles one). */
 static _Thread_local int api_last_device;
 
+xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream)
+{
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (size == 0)
+        return XSEG_SUCCESS;
+    return alloc_malloc(d, size, stream, ptr);
+}
+
 XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {
     return api_malloc(ptr, size, device, stream);

@@ -14,17 +14,20 @@ xseg_status api_free_multi(void *ptr, int ndevices);
 /* The error of xseg_free for a pointer no device owns. */
 xseg_status api_free_unknown(void *ptr);
 
+/* api_malloc when the device's allocator is not at hand (first use, bad index) or size is 0. */
+xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream);
+
 static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {
     if (XSEG_UNLIKELY(!ptr))
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_malloc: ptr is NULL");
     *ptr = NULL;
-    struct dev_alloc *d;
-    xseg_status st = rt_device(device, &d);
-    if (XSEG_UNLIKELY(st != XSEG_SUCCESS))
-        return st;
-    if (XSEG_UNLIKELY(size == 0))
-        return XSEG_SUCCESS;
+    /* rt_ndevices is written once, before rt_ready is released. */
+    struct dev_alloc *d = NULL;
+    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire) && (unsigned)device < (unsigned)rt_ndevices))
+        d = atomic_load_explicit(&rt_devs[device], memory_order_acquire);
+    if (XSEG_UNLIKELY(!d || size == 0))
+        return api_malloc_slow(ptr, size, device, stream);
     return alloc_malloc(d, size, stream, ptr);
 }
 
