@@ -268,8 +268,8 @@ static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_al
 /* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules. The block
  * found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
  * false when the search moved past the first fit and the predecessor is unknown. */
-static inline __attribute__((always_inline)) struct block *find_free_block(struct dev_alloc *d, const struct alloc_params *p,
-                                            struct block **pred, bool *pred_ok)
+static inline __attribute__((always_inline)) struct block *
+find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block **pred, bool *pred_ok)
 {
     struct bpool *pool = p->pool;
     if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
@@ -640,8 +640,8 @@ static void garbage_collect_cached_blocks(struct dev_alloc *d)
 
 /* Hand out p->block: split off the remainder, account. @p indexed: the block is still in the free
  * index with index predecessor @p pred (the fast path); else it was taken out of the index. */
-static inline __attribute__((always_inline)) struct block *alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
-                                       bool indexed, const struct block *pred)
+static inline __attribute__((always_inline)) struct block *
+alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size, bool indexed, const struct block *pred)
 {
     struct block *b = p->block;
     struct bpool *pool = p->pool;

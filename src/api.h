@@ -24,7 +24,8 @@ static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct
     *ptr = NULL;
     /* rt_ndevices is written once, before rt_ready is released. */
     struct dev_alloc *d = NULL;
-    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire) && (unsigned)device < (unsigned)rt_ndevices))
+    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire) &&
+                    (unsigned)device < (unsigned)rt_ndevices))
         d = atomic_load_explicit(&rt_devs[device], memory_order_acquire);
     if (XSEG_UNLIKELY(!d || size == 0))
         return api_malloc_slow(ptr, size, device, stream);

@@ -39,7 +39,8 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out);
 static inline xseg_status rt_device(int device, struct dev_alloc **out)
 {
     /* rt_ndevices is written once, before rt_ready is released. */
-    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire) && (unsigned)device < (unsigned)rt_ndevices)) {
+    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire) &&
+                    (unsigned)device < (unsigned)rt_ndevices)) {
         struct dev_alloc *d = atomic_load_explicit(&rt_devs[device], memory_order_acquire);
         if (XSEG_LIKELY(d != NULL)) {
             *out = d;
