@@ -3,11 +3,13 @@
  * with glibc malloc and mimalloc measured in the same run as the floor.
  *
  *   bench_host_path [--pairs N] [--reps R] [--only xseg|glibc|mimalloc] [--mode classic|expandable]
- *                   [--size BYTES]
+ *                   [--size BYTES] [--api xseg|torch]
  *
  * Each measurement warms up (the first malloc creates the segment; 1000 pairs fill caches), then
  * times N malloc+free pairs of one size on the default stream; the figure is the median of R
  * repetitions (ns per pair). Sizes: 512 B (small pool) and 4 MiB (large pool), both modes.
+ * --api torch times xseg_torch_malloc/xseg_torch_free (PyTorch's pluggable-allocator entry points)
+ * instead of xseg_malloc/xseg_free.
  * Instruction counts: benchmarks/callgrind_pairs.sh runs this under callgrind at two values of N
  * and divides the difference, so start-up cost cancels out.
  * Without a GPU (no libcuda.so.1, $XSEG_LIBCUDA unset) it runs on the cudaemu built here.
@@ -15,6 +17,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +58,20 @@ static int xseg_pairs(size_t size, size_t n)
         }
         sink = p;
         xseg_free(p);
+    }
+    return 0;
+}
+
+static int torch_pairs(size_t size, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        void *p = xseg_torch_malloc(size, 0, NULL);
+        if (!p) {
+            fprintf(stderr, "bench_host_path: xseg_torch_malloc(%zu): %s\n", size, xseg_last_error());
+            return -1;
+        }
+        sink = p;
+        xseg_torch_free(p, size, 0, NULL);
     }
     return 0;
 }
@@ -120,7 +137,7 @@ static void find_driver(void)
 static int usage(const char *why)
 {
     fprintf(stderr, "bench_host_path: %s\nusage: bench_host_path [--pairs N] [--reps R] "
-                    "[--only xseg|glibc|mimalloc] [--mode classic|expandable] [--size BYTES]\n", why);
+                    "[--only xseg|glibc|mimalloc] [--mode classic|expandable] [--size BYTES] [--api xseg|torch]\n", why);
     return 2;
 }
 
@@ -129,13 +146,14 @@ int main(int argc, char **argv)
     size_t pairs = 1000000, only_size = 0;
     int reps = 7;
     const char *only = NULL, *mode = NULL;
+    bool torch = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("bench_host_path [--pairs N] [--reps R] [--only xseg|glibc|mimalloc] "
-                   "[--mode classic|expandable] [--size BYTES]\n"
+                   "[--mode classic|expandable] [--size BYTES] [--api xseg|torch]\n"
                    "ns per cached malloc+free pair (median of R runs of N pairs), xseg in both modes\n"
                    "at 512 B and 4 MiB, with glibc malloc and mimalloc in the same run.\n");
             return 0;
@@ -161,6 +179,11 @@ int main(int argc, char **argv)
             if (strcmp(v, "xseg") && strcmp(v, "glibc") && strcmp(v, "mimalloc"))
                 return usage("--only takes xseg, glibc or mimalloc");
             i++;
+        } else if (!strcmp(a, "--api") && v) {
+            if (strcmp(v, "xseg") && strcmp(v, "torch"))
+                return usage("--api takes xseg or torch");
+            torch = !strcmp(v, "torch");
+            i++;
         } else if (!strcmp(a, "--mode") && v) {
             mode = v;
             if (strcmp(v, "classic") && strcmp(v, "expandable"))
@@ -183,8 +206,8 @@ int main(int argc, char **argv)
         mi_malloc_p = (void *(*)(size_t))dlsym(mi, "mi_malloc");
         mi_free_p = (void (*)(void *))dlsym(mi, "mi_free");
     }
-    printf("%-22s %10s %14s\n", "allocator", "size", "ns per pair");
-    printf("------------------------------------------------\n");
+    printf("%-28s %10s %14s\n", "allocator", "size", "ns per pair");
+    printf("------------------------------------------------------\n");
     if (!only || !strcmp(only, "xseg")) {
         find_driver();
         static const char *const modes[2][2] = {{"classic", "expandable_segments:False"},
@@ -199,24 +222,24 @@ int main(int argc, char **argv)
                 return 1;
             }
             for (size_t s = 0; s < nsizes; s++) {
-                double ns = measure(xseg_pairs, sizes[s], pairs, reps);
+                double ns = measure(torch ? torch_pairs : xseg_pairs, sizes[s], pairs, reps);
                 if (ns < 0)
                     return 1;
                 char name[40];
-                snprintf(name, sizeof name, "xseg (%s)", modes[m][0]);
-                printf("%-22s %10zu %14.1f\n", name, sizes[s], ns);
+                snprintf(name, sizeof name, "%s (%s)", torch ? "xseg torch API" : "xseg", modes[m][0]);
+                printf("%-28s %10zu %14.1f\n", name, sizes[s], ns);
             }
         }
     }
     if (!only || !strcmp(only, "glibc"))
         for (size_t s = 0; s < nsizes; s++)
-            printf("%-22s %10zu %14.1f\n", "glibc malloc", sizes[s], measure(glibc_pairs, sizes[s], pairs, reps));
+            printf("%-28s %10zu %14.1f\n", "glibc malloc", sizes[s], measure(glibc_pairs, sizes[s], pairs, reps));
     if (!only || !strcmp(only, "mimalloc")) {
         if (!mi_malloc_p || !mi_free_p)
-            printf("%-22s %10s %14s\n", "mimalloc", "-", "n/a (libmimalloc.so.2 not found)");
+            printf("%-28s %10s %14s\n", "mimalloc", "-", "n/a (libmimalloc.so.2 not found)");
         else
             for (size_t s = 0; s < nsizes; s++)
-                printf("%-22s %10zu %14.1f\n", "mimalloc", sizes[s], measure(mimalloc_pairs, sizes[s], pairs, reps));
+                printf("%-28s %10zu %14.1f\n", "mimalloc", sizes[s], measure(mimalloc_pairs, sizes[s], pairs, reps));
     }
     return 0;
 }

@@ -3,7 +3,8 @@
 # under callgrind at two pair counts and divide the difference of the total instruction counts
 # by the difference of the counts (start-up, driver loading and warm-up cancel out).
 #   benchmarks/callgrind_pairs.sh [BUILD_DIR]      (default build)
-# Needs valgrind. Prints one table: allocator, mode, size, instructions per pair.
+# Needs valgrind. Prints one table: allocator (torch: xseg through xseg_torch_malloc/free), mode,
+# size, instructions per pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -21,9 +22,10 @@ count() { # args...: total instructions (Ir) of one run
 
 printf "%-12s %-11s %10s %18s\n" allocator mode size "instructions/pair"
 for size in 512 4194304; do
-  for run in "xseg classic" "xseg expandable" "glibc -" "mimalloc -"; do
+  for run in "xseg classic" "xseg expandable" "torch classic" "torch expandable" "glibc -" "mimalloc -"; do
     read -r who mode <<<"$run"
-    args=(--only "$who" --size "$size")
+    # "torch": xseg through PyTorch's entry points (xseg_torch_malloc/free)
+    if [ "$who" = torch ]; then args=(--only xseg --api torch --size "$size"); else args=(--only "$who" --size "$size"); fi
     [ "$mode" != - ] && args+=(--mode "$mode")
     a=$(count --pairs $n1 "${args[@]}")
     b=$(count --pairs $n2 "${args[@]}")

@@ -244,38 +244,69 @@ static inline size_t expandable_size(const struct block *b)
     return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
 }
 
-/* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules. */
-static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
+/* get_free_block's search past the first fit @p b when it is expandable; NULL when none fits. */
+static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_alloc *d, const struct alloc_params *p,
+                                                                   struct block *b)
+{
+    struct bpool *pool = p->pool;
+    if (d->use_expandable) {
+        /* For best fit, an expandable block counts with the unmapped space after it. */
+        struct block *n = bpool_next_free(pool, b);
+        while (b->expandable && n && n->stream == p->stream && expandable_size(n) < expandable_size(b)) {
+            b = n;
+            n = bpool_next_free(pool, b);
+        }
+    } else {
+        /* Expandable segments turned off: honour it by using classic blocks only. */
+        do {
+            b = bpool_next_free(pool, b);
+        } while (b && b->expandable && b->stream == p->stream);
+        if (!b || b->stream != p->stream)
+            return NULL;
+    }
+    return b;
+}
+
+/* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules. The block
+ * found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
+ * false when the search moved past the first fit and the predecessor is unknown. */
+static inline __attribute__((always_inline)) struct block *
+find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block **pred, bool *pred_ok)
 {
     struct bpool *pool = p->pool;
     if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
         pool->get_free_blocks_call_count++;
-    struct block *b = bpool_lower_bound(pool, p->stream, p->size, 0);
+    struct block *next;
+    struct block *b = bpool_fit(pool, p->stream, p->size, pred, &next);
+    *pred_ok = true;
     if (!b || b->stream != p->stream)
-        return false;
-    if (XSEG_UNLIKELY(b->expandable)) {
-        if (d->use_expandable) {
-            /* For best fit, an expandable block counts with the unmapped space after it. */
-            struct block *n = bpool_next_free(pool, b);
-            while (b->expandable && n && n->stream == p->stream && expandable_size(n) < expandable_size(b)) {
-                b = n;
-                n = bpool_next_free(pool, b);
-            }
-        } else {
-            /* Expandable segments turned off: honour it by using classic blocks only. */
-            do {
-                b = bpool_next_free(pool, b);
-            } while (b && b->expandable && b->stream == p->stream);
-            if (!b || b->stream != p->stream)
-                return false;
-        }
+        return NULL;
+    /* An expandable first fit stays the choice unless the next block of the stream counts less
+     * with its unmapped tail (find_expandable_fit goes on from there). */
+    if (b->expandable &&
+        (!d->use_expandable || (next && next->stream == p->stream && expandable_size(next) < expandable_size(b)))) {
+        struct block *first = b;
+        b = find_expandable_fit(d, p, b);
+        if (!b)
+            return NULL;
+        *pred_ok = b == first;
     }
     size_t msplit = d->cfg.max_split_size;
     if (p->size < msplit && b->size >= msplit)
-        return false;
+        return NULL;
     if (p->size >= msplit && b->size >= p->size + d->cfg.max_non_split_rounding)
+        return NULL;
+    return b;
+}
+/* get_free_block for the slow path: the block found is taken out of the free index. */
+static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
+{
+    struct block *pred;
+    bool pred_ok;
+    struct block *b = find_free_block(d, p, &pred, &pred_ok);
+    if (!b)
         return false;
-    bpool_remove_free(pool, b);
+    bpool_remove_free(p->pool, b);
     p->block = b;
     return true;
 }
@@ -322,11 +353,47 @@ size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src
     return sub;
 }
 
-void alloc_free_block(struct dev_alloc *d, struct block *b)
+/* alloc_try_merge's rule: can free block @p src merge with @p dst? */
+static inline bool can_merge(const struct block *dst, const struct block *src)
+{
+    return src && !src->allocated && src->event_count == 0 && !src->uses.n && dst->mapped == src->mapped;
+}
+
+static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
 {
     struct bpool *pool = b->pool;
+    int si = pool->stat_index;
     size_t orig_size = b->size, requested = b->requested_size;
     int64_t net_blocks = 0, net_bytes = 0;
+    struct block *prev = b->prev, *next = b->next;
+    bool mp = can_merge(b, prev), mn = can_merge(b, next);
+    struct block *keep = mn && !mp ? next : mp && !mn ? prev : NULL;
+    if (keep && keep->in_index && keep->mapped) {
+        /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
+         * unless its larger key crosses its successor's (bpool_free_grow). Same result as the
+         * general path below (the merged block is the same range), with no treap remove/insert. */
+        net_blocks = -1;
+        net_bytes = -(int64_t)keep->size;
+        if (keep == next) {
+            bpool_free_grow(pool, next, b->addr, next->size + b->size);
+            next->prev = prev;
+            if (prev)
+                prev->next = next;
+            else
+                next->seg->first = next;
+        } else {
+            bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
+            prev->next = next;
+            if (next)
+                next->prev = prev;
+            else
+                prev->seg->last = prev;
+        }
+        keep->gc_count_base = pool->get_free_blocks_call_count;
+        alloc_block_delete(d, b);
+        b = keep;
+        goto account;
+    }
     struct block *cands[2] = {b->prev, b->next};
     for (int i = 0; i < 2; i++) {
         size_t sub = alloc_try_merge(d, b, cands[i]);
@@ -337,6 +404,7 @@ void alloc_free_block(struct dev_alloc *d, struct block *b)
     }
     b->requested_size = 0;
     pool_insert_free(pool, b);
+account:
     if (block_is_split(b)) {
         net_blocks += 1;
         net_bytes += (int64_t)b->size;
@@ -348,10 +416,12 @@ void alloc_free_block(struct dev_alloc *d, struct block *b)
         if (net_bytes)
             stat_pool(d->stats.inactive_split_bytes, pool, net_bytes);
     }
-    stat_pool(d->stats.active, pool, -1);
-    stat_pool(d->stats.active_bytes, pool, -(int64_t)orig_size);
-    stat_pool(d->stats.requested_bytes, pool, -(int64_t)requested);
+    stat_down_pool(d->stats.active, si, 1);
+    stat_down_pool(d->stats.active_bytes, si, (int64_t)orig_size);
+    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
 }
+
+void alloc_free_block(struct dev_alloc *d, struct block *b) { free_block(d, b); }
 
 /* ---- classic segments -------------------------------------------------------------------- */
 
@@ -585,58 +655,74 @@ static void garbage_collect_cached_blocks(struct dev_alloc *d)
 
 /* ---- malloc ------------------------------------------------------------------------------ */
 
-/* Hand out p->block (removed from the index): split off the remainder, account. */
-static struct block *alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size)
+/* Hand out p->block: split off the remainder, account. @p indexed: the block is still in the free
+ * index with index predecessor @p pred (the fast path); else it was taken out of the index. */
+static inline __attribute__((always_inline)) struct block *
+alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size, bool indexed, const struct block *pred)
 {
     struct block *b = p->block;
     struct bpool *pool = p->pool;
+    int si = pool->stat_index;
     bool already_split = block_is_split(b);
+    bool whole = true;
     if (should_split(d, b, p->size)) {
-        /* The front keeps the block struct; the remainder is a new block after it. */
-        struct block *r = alloc_block_new(d);
-        if (r) {
-            r->addr = b->addr + p->size;
-            r->size = b->size - p->size;
-            r->stream = b->stream;
-            r->pool = pool;
-            r->seg = b->seg;
-            r->mapped = true;
-            r->expandable = b->expandable;
-            r->prev = b;
-            r->next = b->next;
-            if (r->next)
-                r->next->prev = r;
+        /* The allocated front gets a new block struct; b stays the free remainder after it. An
+         * indexed b keeps its place in the free index unless its smaller key crosses its
+         * predecessor's (bpool_free_take_front): no treap remove/insert in the common case. */
+        struct block *a = d->spare;
+        if (XSEG_LIKELY(a))
+            d->spare = a->next;
+        else
+            a = malloc(sizeof *a);
+        if (a) {
+            whole = false;
+            /* Every field, so a recycled struct needs no memset first. */
+            *a = (struct block){.addr = b->addr, .size = p->size, .stream = b->stream, .pool = pool,
+                                .seg = b->seg, .prev = b->prev, .next = b, .mapped = true,
+                                .expandable = b->expandable};
+            if (a->prev)
+                a->prev->next = a;
             else
-                r->seg->last = r;
-            b->next = r;
-            b->size = p->size;
-            pool_insert_free(pool, r);
+                a->seg->first = a;
+            b->prev = a;
+            b->gc_count_base = pool->get_free_blocks_call_count;
+            if (indexed) {
+                bpool_free_take_front(pool, b, p->size, pred);
+            } else {
+                b->addr += p->size;
+                b->size -= p->size;
+                bpool_insert_free(pool, b);
+            }
             if (!b->expandable) {
                 if (already_split) {
-                    stat_pool(d->stats.inactive_split_bytes, pool, -(int64_t)b->size);
+                    stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)a->size);
                 } else {
-                    stat_pool(d->stats.inactive_split_bytes, pool, (int64_t)r->size);
-                    stat_pool(d->stats.inactive_split, pool, 1);
+                    stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
+                    stat_up_pool(d->stats.inactive_split, si, 1);
                 }
             }
-        } else if (already_split && !b->expandable) {
-            goto whole; /* no host memory for a split: hand out the whole block */
+            b = a;
         }
-    } else if (already_split && !b->expandable) {
-    whole:
-        stat_pool(d->stats.inactive_split_bytes, pool, -(int64_t)b->size);
-        stat_pool(d->stats.inactive_split, pool, -1);
+        /* else no host memory for a split: hand out the whole block */
+    }
+    if (whole) {
+        if (indexed)
+            bpool_remove_free(pool, b);
+        if (already_split && !b->expandable) {
+            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
+            stat_down_pool(d->stats.inactive_split, si, 1);
+        }
     }
     b->allocated = true;
     b->requested_size = orig_size;
-    stat_pool(d->stats.allocation, pool, 1);
-    stat_pool(d->stats.allocated_bytes, pool, (int64_t)b->size);
-    stat_pool(d->stats.active, pool, 1);
-    stat_pool(d->stats.active_bytes, pool, (int64_t)b->size);
-    stat_pool(d->stats.requested_bytes, pool, (int64_t)orig_size);
+    stat_up_pool(d->stats.allocation, si, 1);
+    stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->stats.active, si, 1);
+    stat_up_pool(d->stats.active_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
     b->oversize = b->size >= d->cfg.max_split_size;
     if (b->oversize)
-        stat_add(&d->stats.oversize_allocations, 1);
+        stat_up(&d->stats.oversize_allocations, 1);
     return b;
 }
 
@@ -658,8 +744,8 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv->cuMemGetInfo(&dfree, &dtotal);
     d->stats.num_ooms++;
-    size_t allocated = (size_t)d->stats.allocated_bytes[XSEG_STAT_ALL].current;
-    size_t reserved = (size_t)d->stats.reserved_bytes[XSEG_STAT_ALL].current;
+    size_t allocated = (size_t)stats_all_current(d->stats.allocated_bytes);
+    size_t reserved = (size_t)stats_all_current(d->stats.reserved_bytes);
     /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
      * replays, not releasable), counted with the allocated memory rather than the unallocated. */
     size_t in_private = d->pools ? pools_cached_bytes(d) : 0;
@@ -739,11 +825,46 @@ static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size
     return out_of_memory(d, p->size, p->alloc_size, st);
 }
 
-xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+/* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
+ * split, account, record the pointer, unlock. */
+static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
+                                                                       size_t size, bool indexed,
+                                                                       const struct block *pred, void **out)
 {
-    /* Sizes near SIZE_MAX cannot be rounded; no device holds them anyway. */
-    bool huge = size > ((size_t)1 << 62);
-    pthread_mutex_lock(&d->lock);
+    struct block *b = alloc_found_block(d, p, size, indexed, pred);
+    if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
+        undo_alloc(d, b);
+        pthread_mutex_unlock(&d->lock);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
+    }
+    pthread_mutex_unlock(&d->lock);
+    *out = (void *)b->addr;
+    return XSEG_SUCCESS;
+}
+
+/* A malloc after the first search (lock held): @p b is the block it found with *pred_ok false,
+ * or NULL when the cache missed. */
+static __attribute__((noinline)) xseg_status malloc_rest(struct dev_alloc *d, struct alloc_params *p,
+                                                         struct block *b, size_t size, void **out)
+{
+    if (b) {
+        bpool_remove_free(p->pool, b);
+        p->block = b;
+    } else {
+        p->alloc_size = allocation_size(d, p->size);
+        xseg_status st = malloc_slow(d, p, size);
+        if (st != XSEG_SUCCESS)
+            return st; /* lock already released */
+    }
+    return malloc_finish(d, p, size, false, NULL, out);
+}
+
+/* Everything before the search that a plain malloc does not need (lock held): a new config,
+ * streams seen capturing, routes to private pools, pending events, roundup_power2_divisions,
+ * sizes too large to round. */
+static __attribute__((noinline)) xseg_status malloc_general(struct dev_alloc *d, size_t size, CUstream stream,
+                                                            void **out)
+{
     refresh_cfg(d);
     struct priv_pool *priv = NULL;
     if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
@@ -761,31 +882,48 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes)
         ev_process(d);
 
+    /* Sizes near SIZE_MAX cannot be rounded; no device holds them anyway. */
+    if (XSEG_UNLIKELY(size > ((size_t)1 << 62)))
+        return out_of_memory(d, size, size, XSEG_ERROR_OUT_OF_MEMORY);
     struct alloc_params p;
-    p.size = huge ? size : round_size(d, size);
+    p.size = round_size(d, size);
     p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
     if (XSEG_UNLIKELY(priv))
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &priv->small : &priv->large;
-    p.alloc_size = huge ? size : allocation_size(d, p.size);
     p.stream = stream;
     p.block = NULL;
-    if (XSEG_UNLIKELY(huge)) {
-        return out_of_memory(d, size, size, XSEG_ERROR_OUT_OF_MEMORY);
-    }
-    if (XSEG_UNLIKELY(!get_free_block(d, &p))) {
-        xseg_status st = malloc_slow(d, &p, size);
-        if (st != XSEG_SUCCESS)
-            return st; /* lock already released */
-    }
-    struct block *b = alloc_found_block(d, &p, size);
-    if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
-        undo_alloc(d, b);
-        pthread_mutex_unlock(&d->lock);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
-    }
-    pthread_mutex_unlock(&d->lock);
-    *out = (void *)b->addr;
-    return XSEG_SUCCESS;
+    struct block *pred;
+    bool pred_ok;
+    struct block *b = find_free_block(d, &p, &pred, &pred_ok);
+    if (XSEG_UNLIKELY(!b || !pred_ok))
+        return malloc_rest(d, &p, b, size, out);
+    p.block = b;
+    return malloc_finish(d, &p, size, true, pred, out);
+}
+
+/*
+ * The fast path is the general one minus its rare conditions, which malloc_general handles: a
+ * best-fit search, a split that leaves the remainder in its index place, statistics, one hash
+ * insert. No driver call, no allocation (block structs come from the spare list), no atomic
+ * read-modify-write besides the mutex.
+ */
+xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    pthread_mutex_lock(&d->lock);
+    if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen || d->ncapturing || d->nroutes || d->pending_events ||
+                      d->ndeferred || d->roundup_any || size > ((size_t)1 << 62)))
+        return malloc_general(d, size, stream, out);
+    struct alloc_params p;
+    p.size = size < BLOCK_MIN_SIZE ? BLOCK_MIN_SIZE : xseg_align_up(size, BLOCK_MIN_SIZE);
+    p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
+    p.stream = stream;
+    struct block *pred;
+    bool pred_ok;
+    struct block *b = find_free_block(d, &p, &pred, &pred_ok);
+    if (XSEG_UNLIKELY(!b || !pred_ok))
+        return malloc_rest(d, &p, b, size, out);
+    p.block = b;
+    return malloc_finish(d, &p, size, true, pred, out);
 }
 
 /* ---- free / record_stream ---------------------------------------------------------------- */
@@ -801,10 +939,10 @@ xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned)
     }
     *owned = true;
     b->allocated = false;
-    stat_pool(d->stats.allocation, b->pool, -1);
-    stat_pool(d->stats.allocated_bytes, b->pool, -(int64_t)b->size);
+    stat_down_pool(d->stats.allocation, b->pool->stat_index, 1);
+    stat_down_pool(d->stats.allocated_bytes, b->pool->stat_index, (int64_t)b->size);
     if (b->oversize) {
-        stat_add(&d->stats.oversize_allocations, -1);
+        stat_down(&d->stats.oversize_allocations, 1);
         b->oversize = false;
     }
     xseg_status st = XSEG_SUCCESS;
@@ -812,7 +950,7 @@ xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned)
         refresh_cfg(d);
         st = ev_insert(d, b);
     } else {
-        alloc_free_block(d, b);
+        free_block(d, b);
     }
     pthread_mutex_unlock(&d->lock);
     return st;
@@ -861,11 +999,13 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
     refresh_cfg(d);
     *out = d->stats;
     pthread_mutex_unlock(&d->lock);
+    stats_fill_all(out);
 }
 
 void alloc_reset_peaks(struct dev_alloc *d)
 {
     pthread_mutex_lock(&d->lock);
+    stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
     pthread_mutex_unlock(&d->lock);
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "src/alloc.h"
+#include "src/api.h"
 #include "src/error.h"
 #include "src/runtime.h"
 #include "src/stats.h"
@@ -23,14 +24,11 @@ XSEG_API unsigned xseg_version_api(void)
 }
 
 /* The device that served the last free on this thread: tried first, since frees usually hit
- * the device of the previous one. */
+ * the device of the previous one. Only used with several devices (api_free handles one). */
 static _Thread_local int api_last_device;
 
-XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
+xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {
-    if (!ptr)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_malloc: ptr is NULL");
-    *ptr = NULL;
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
@@ -40,29 +38,37 @@ XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUs
     return alloc_malloc(d, size, stream, ptr);
 }
 
-XSEG_API xseg_status xseg_free(void *ptr)
+XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {
-    if (!ptr)
-        return XSEG_SUCCESS;
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    int n = rt_device_count(), first = api_last_device;
+    return api_malloc(ptr, size, device, stream);
+}
+
+xseg_status api_free_multi(void *ptr, int n)
+{
+    int first = n > 1 ? api_last_device : 0;
     for (int i = 0; i < n; i++) {
         int dev = (first + i) % n;
         struct dev_alloc *d = rt_device_peek(dev);
         if (!d)
             continue;
         bool owned = false;
-        st = alloc_free(d, ptr, &owned);
+        xseg_status st = alloc_free(d, ptr, &owned);
         if (owned) {
-            api_last_device = dev;
+            if (dev != first)
+                api_last_device = dev;
             return st;
         }
     }
+    return api_free_unknown(ptr);
+}
+
+xseg_status api_free_unknown(void *ptr)
+{
     return err_set(XSEG_ERROR_INVALID_VALUE,
                    "xseg_free: pointer %p was not returned by xseg_malloc or was freed already", ptr);
 }
+
+XSEG_API xseg_status xseg_free(void *ptr) { return api_free(ptr); }
 
 XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream)
 {

@@ -149,6 +149,14 @@ struct block *bpool_prev_free(const struct bpool *p, CUstream stream, size_t siz
     return res;
 }
 
+void bpool_rekey_free(struct bpool *p, struct block *b, uintptr_t addr, size_t size)
+{
+    treap_remove(&p->free, b, false);
+    b->addr = addr;
+    b->size = size;
+    treap_insert(&p->free, b, false);
+}
+
 static void collect(struct block *t, struct block **arr, size_t *n)
 {
     while (t) {
@@ -226,21 +234,9 @@ bool stream_set_add(struct stream_set *s, CUstream st)
     return true;
 }
 
-void stream_set_clear(struct stream_set *s)
-{
-    free(s->heap);
-    memset(s, 0, sizeof *s);
-}
-
 /* ---- live pointer map ------------------------------------------------------------------ */
 
-static inline size_t ptr_hash(uintptr_t key, size_t mask)
-{
-    uint64_t h = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 29) & mask;
-}
-
-static bool ptrmap_grow(struct ptrmap *m)
+bool ptrmap_grow(struct ptrmap *m)
 {
     size_t ncap = m->cap ? m->cap * 2 : 256;
     uintptr_t *keys = calloc(ncap, sizeof *keys);
@@ -253,7 +249,7 @@ static bool ptrmap_grow(struct ptrmap *m)
     for (size_t i = 0; i < m->cap; i++) {
         if (!m->keys[i])
             continue;
-        size_t j = ptr_hash(m->keys[i], ncap - 1);
+        size_t j = ptrmap_hash(m->keys[i], ncap - 1);
         while (keys[j])
             j = (j + 1) & (ncap - 1);
         keys[j] = m->keys[i];
@@ -265,64 +261,6 @@ static bool ptrmap_grow(struct ptrmap *m)
     m->vals = vals;
     m->cap = ncap;
     return true;
-}
-
-bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
-{
-    if ((m->count + 1) * 2 > m->cap && !ptrmap_grow(m))
-        return false;
-    size_t mask = m->cap - 1, i = ptr_hash(key, mask);
-    while (m->keys[i] && m->keys[i] != key)
-        i = (i + 1) & mask;
-    if (!m->keys[i])
-        m->count++;
-    m->keys[i] = key;
-    m->vals[i] = b;
-    return true;
-}
-
-struct block *ptrmap_get(const struct ptrmap *m, uintptr_t key)
-{
-    if (!m->cap || !key)
-        return NULL;
-    size_t mask = m->cap - 1, i = ptr_hash(key, mask);
-    while (m->keys[i]) {
-        if (m->keys[i] == key)
-            return m->vals[i];
-        i = (i + 1) & mask;
-    }
-    return NULL;
-}
-
-struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
-{
-    if (!m->cap || !key)
-        return NULL;
-    size_t mask = m->cap - 1, i = ptr_hash(key, mask);
-    while (m->keys[i] != key) {
-        if (!m->keys[i])
-            return NULL;
-        i = (i + 1) & mask;
-    }
-    struct block *b = m->vals[i];
-    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (!m->keys[j])
-            break;
-        size_t home = ptr_hash(m->keys[j], mask);
-        /* Move entry j into the hole at i unless its home lies cyclically in (i, j]. */
-        bool in_range = i <= j ? (home > i && home <= j) : (home > i || home <= j);
-        if (!in_range) {
-            m->keys[i] = m->keys[j];
-            m->vals[i] = m->vals[j];
-            i = j;
-        }
-    }
-    m->keys[i] = 0;
-    m->count--;
-    return b;
 }
 
 void ptrmap_destroy(struct ptrmap *m)

@@ -23,6 +23,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cuda.h>
 
@@ -90,6 +91,16 @@ struct bpool {
 
 static inline bool block_is_split(const struct block *b) { return b->prev || b->next; }
 
+/* Key order of the free index: (stream, size, addr). */
+static inline bool bkey_less(uintptr_t s1, size_t z1, uintptr_t a1, uintptr_t s2, size_t z2, uintptr_t a2)
+{
+    if (s1 != s2)
+        return s1 < s2;
+    if (z1 != z2)
+        return z1 < z2;
+    return a1 < a2;
+}
+
 /* Free index. */
 void bpool_insert_free(struct bpool *p, struct block *b);
 void bpool_remove_free(struct bpool *p, struct block *b);
@@ -99,6 +110,92 @@ struct block *bpool_lower_bound(const struct bpool *p, CUstream stream, size_t s
 struct block *bpool_next_free(const struct bpool *p, const struct block *b);
 /* The last free block with key < (stream, size, addr), or NULL. */
 struct block *bpool_prev_free(const struct bpool *p, CUstream stream, size_t size, uintptr_t addr);
+/*
+ * Best fit for the fast path: the first free block with key >= (stream, size, 0), as
+ * bpool_lower_bound, with its index neighbours: *pred the last block with a smaller key (NULL:
+ * none), and *next the block after it in index order (NULL: none). One descent: the last node
+ * where it turns right is the predecessor; the successor is the leftmost block of the result's
+ * right subtree or else the last node where the descent turned left before reaching the result.
+ */
+static inline struct block *bpool_fit(const struct bpool *p, CUstream stream, size_t size, struct block **pred,
+                                      struct block **next)
+{
+    struct block *t = p->free, *res = NULL, *lo = NULL, *up = NULL;
+    while (t) {
+        /* key(t) < (stream, size, 0): addresses are never below 0. */
+        if ((uintptr_t)t->stream < (uintptr_t)stream || (t->stream == stream && t->size < size)) {
+            lo = t;
+            t = t->right;
+        } else {
+            up = res;
+            res = t;
+            t = t->left;
+        }
+    }
+    *pred = lo;
+    if (res && res->right) {
+        for (up = res->right; up->left;)
+            up = up->left;
+    }
+    *next = up;
+    return res;
+}
+
+/* Give free block @p b (in the free index) the key (stream, @p size, @p addr): removed and
+ * re-inserted (the general case of the two functions below). */
+void bpool_rekey_free(struct bpool *p, struct block *b, uintptr_t addr, size_t size);
+
+/*
+ * Free block @p b (in the free index; @p pred its index predecessor or NULL, as bpool_fit gives
+ * it) hands its first @p n bytes out (n < b->size): it becomes [addr + n, addr + size). Its key
+ * only decreases (same stream, smaller size), so only the predecessor can be crossed: while the
+ * new key stays above it, the block keeps its place in the index and nothing is re-linked.
+ */
+static inline void bpool_free_take_front(struct bpool *p, struct block *b, size_t n, const struct block *pred)
+{
+    uintptr_t na = b->addr + n;
+    size_t nz = b->size - n;
+    if (!pred || bkey_less((uintptr_t)pred->stream, pred->size, pred->addr, (uintptr_t)b->stream, nz, na)) {
+        b->addr = na;
+        b->size = nz;
+    } else {
+        bpool_rekey_free(p, b, na, nz);
+    }
+}
+
+/*
+ * Free block @p b (in the free index) grows to [addr, addr + size) with size > b->size (a merge
+ * with a neighbour being freed). Its key only increases, so only the successor can be crossed:
+ * in place while the new key stays below it, else re-inserted.
+ */
+static inline void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t addr, size_t size)
+{
+    /* The successor: the leftmost block of the right subtree, else the last ancestor where the
+     * descent to b turns left. */
+    struct block *succ = NULL;
+    if (b->right) {
+        for (succ = b->right; succ->left;)
+            succ = succ->left;
+    } else {
+        for (struct block *t = p->free; t != b;) {
+            if (XSEG_UNLIKELY(!t))
+                abort(); /* index corrupted: the block is not where its key says */
+            if (bkey_less((uintptr_t)b->stream, b->size, b->addr, (uintptr_t)t->stream, t->size, t->addr)) {
+                succ = t;
+                t = t->left;
+            } else {
+                t = t->right;
+            }
+        }
+    }
+    if (!succ || bkey_less((uintptr_t)b->stream, size, addr, (uintptr_t)succ->stream, succ->size, succ->addr)) {
+        b->addr = addr;
+        b->size = size;
+    } else {
+        bpool_rekey_free(p, b, addr, size);
+    }
+}
+
 /* Every free block, in index order, into a malloc'd array (*out, *n). Returns false on ENOMEM. */
 bool bpool_collect_free(const struct bpool *p, struct block ***out, size_t *n);
 
@@ -113,7 +210,12 @@ void bpool_unindex(struct block *b);
 
 /* Stream sets. */
 bool stream_set_add(struct stream_set *s, CUstream st); /* false on ENOMEM */
-void stream_set_clear(struct stream_set *s);
+static inline void stream_set_clear(struct stream_set *s)
+{
+    if (XSEG_UNLIKELY(s->cap > 2))
+        free(s->heap);
+    *s = (struct stream_set){0};
+}
 static inline CUstream stream_set_get(const struct stream_set *s, unsigned i)
 {
     return s->cap > 2 ? s->heap[i] : s->inl[i];
@@ -130,9 +232,75 @@ struct ptrmap {
     size_t count;
 };
 
-bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b); /* false on ENOMEM */
-struct block *ptrmap_get(const struct ptrmap *m, uintptr_t key);
-struct block *ptrmap_take(struct ptrmap *m, uintptr_t key); /* removes; NULL when absent */
+static inline size_t ptrmap_hash(uintptr_t key, size_t mask)
+{
+    uint64_t h = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 29) & mask;
+}
+
+/* Double the table (or create it). False on ENOMEM, the map unchanged. */
+bool ptrmap_grow(struct ptrmap *m);
+
+/* Map @p key to @p b (replacing an existing entry). False on ENOMEM, the map unchanged. */
+static inline bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
+{
+    if (XSEG_UNLIKELY((m->count + 1) * 2 > m->cap) && !ptrmap_grow(m))
+        return false;
+    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
+    while (m->keys[i] && m->keys[i] != key)
+        i = (i + 1) & mask;
+    if (!m->keys[i])
+        m->count++;
+    m->keys[i] = key;
+    m->vals[i] = b;
+    return true;
+}
+
+static inline struct block *ptrmap_get(const struct ptrmap *m, uintptr_t key)
+{
+    if (!m->cap || !key)
+        return NULL;
+    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
+    while (m->keys[i]) {
+        if (m->keys[i] == key)
+            return m->vals[i];
+        i = (i + 1) & mask;
+    }
+    return NULL;
+}
+
+/* Remove @p key; its block, or NULL when absent. */
+static inline struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
+{
+    if (!m->cap || !key)
+        return NULL;
+    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
+    while (m->keys[i] != key) {
+        if (!m->keys[i])
+            return NULL;
+        i = (i + 1) & mask;
+    }
+    struct block *b = m->vals[i];
+    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!m->keys[j])
+            break;
+        size_t home = ptrmap_hash(m->keys[j], mask);
+        /* Move entry j into the hole at i unless its home lies cyclically in (i, j]. */
+        bool in_range = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!in_range) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->keys[i] = 0;
+    m->count--;
+    return b;
+}
+
 void ptrmap_destroy(struct ptrmap *m);
 
 #endif

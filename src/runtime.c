@@ -10,10 +10,10 @@
 XSEG_HIDDEN _Atomic unsigned rt_cfg_generation;
 
 static pthread_mutex_t rt_lock = PTHREAD_MUTEX_INITIALIZER; /* init, config, device creation */
-static _Atomic int rt_ready;
+XSEG_HIDDEN _Atomic int rt_ready;
 static struct cfg rt_cfg;
-static int rt_ndevices;
-static struct dev_alloc *_Atomic rt_devs[ALLOC_MAX_DEVICES];
+XSEG_HIDDEN int rt_ndevices;
+XSEG_HIDDEN struct dev_alloc *_Atomic rt_devs[ALLOC_MAX_DEVICES];
 
 /* Callbacks: append-only arrays, guarded by cb_lock; callers copy and call without it. */
 struct cb_entry {
@@ -60,7 +60,7 @@ static xseg_status init_locked(const char *config, bool explicit_config)
     return XSEG_SUCCESS;
 }
 
-xseg_status rt_ensure(void)
+xseg_status rt_ensure_slow(void)
 {
     if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire)))
         return XSEG_SUCCESS;
@@ -78,7 +78,7 @@ void rt_cfg_copy(struct cfg *out, unsigned *gen)
     pthread_mutex_unlock(&rt_lock);
 }
 
-xseg_status rt_device(int device, struct dev_alloc **out)
+xseg_status rt_device_slow(int device, struct dev_alloc **out)
 {
     xseg_status st = rt_ensure();
     if (st != XSEG_SUCCESS)
@@ -117,14 +117,6 @@ xseg_status rt_device(int device, struct dev_alloc **out)
     return XSEG_SUCCESS;
 }
 
-struct dev_alloc *rt_device_peek(int device)
-{
-    if (device < 0 || device >= ALLOC_MAX_DEVICES)
-        return NULL;
-    return atomic_load_explicit(&rt_devs[device], memory_order_acquire);
-}
-
-int rt_device_count(void) { return rt_ndevices; }
 
 /* ---- public: init and config (here because they own the config state) ------------------- */
 

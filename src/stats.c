@@ -6,6 +6,7 @@
  * a caller's copy of the struct; the device lock is the caller's business (stats.h).
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -84,6 +85,28 @@ xseg_status stats_lookup(const xseg_device_stats *stats, const char *key, int64_
                    "unknown statistic key '%s' (expected a torch.cuda.memory_stats() key such as "
                    "'reserved_bytes.all.current'; xseg_stat_key lists them)",
                    key);
+}
+
+void stats_fill_all(xseg_device_stats *stats)
+{
+    xseg_stat_counter *arrs[] = {stats->allocation,      stats->segment,        stats->active,
+                                 stats->inactive_split,  stats->allocated_bytes, stats->reserved_bytes,
+                                 stats->active_bytes,    stats->inactive_split_bytes,
+                                 stats->requested_bytes};
+    for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++) {
+        xseg_stat_counter *a = arrs[i];
+        const xseg_stat_counter *sm = &a[XSEG_STAT_SMALL_POOL], *lg = &a[XSEG_STAT_LARGE_POOL];
+        a[XSEG_STAT_ALL].current = sm->current + lg->current;
+        a[XSEG_STAT_ALL].allocated = sm->allocated + lg->allocated;
+    }
+    /* freed = allocated - current, for every counter (the scalars after them are not counters). */
+    _Static_assert(offsetof(xseg_device_stats, num_alloc_retries) ==
+                       offsetof(xseg_device_stats, oversize_segments) + sizeof(xseg_stat_counter),
+                   "the counters end with oversize_segments");
+    xseg_stat_counter *c = (xseg_stat_counter *)(void *)stats;
+    size_t ncounters = offsetof(xseg_device_stats, oversize_segments) / sizeof *c + 1;
+    for (size_t i = 0; i < ncounters; i++)
+        c[i].freed = c[i].allocated - c[i].current;
 }
 
 void stats_reset_peaks(xseg_device_stats *stats)

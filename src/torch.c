@@ -1,13 +1,14 @@
 /* PyTorch's CUDAPluggableAllocator entry points. PyTorch keeps size/device/stream per pointer
  * itself and turns a NULL from malloc into its own OutOfMemoryError, so these only forward;
  * failures are left in xseg_last_error() and never printed. */
+#include "src/api.h"
 #include "src/common.h"
 #include "src/runtime.h"
 
 XSEG_API void *xseg_torch_malloc(size_t size, int device, struct CUstream_st *stream)
 {
     void *p = NULL;
-    if (xseg_malloc(&p, size, device, stream) != XSEG_SUCCESS)
+    if (api_malloc(&p, size, device, stream) != XSEG_SUCCESS)
         return NULL;
     return p;
 }
@@ -17,7 +18,7 @@ XSEG_API void xseg_torch_free(void *ptr, size_t size, int device, struct CUstrea
     (void)size;
     (void)device;
     (void)stream;
-    (void)xseg_free(ptr);
+    (void)api_free(ptr);
 }
 
 XSEG_API void xseg_torch_init(int device_count)

@@ -2,6 +2,7 @@
  * peak reset, stat_add semantics, and the memory_summary table for a hand-filled struct. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -139,6 +140,10 @@ static void test_stat_add_and_reset(void **state)
     stat_add_pool(s.allocated_bytes, XSEG_STAT_LARGE_POOL, 100);
     stat_add_pool(s.allocated_bytes, XSEG_STAT_SMALL_POOL, 30);
     stat_add_pool(s.allocated_bytes, XSEG_STAT_LARGE_POOL, -60);
+    /* The allocator's counters keep "all" lazily: its peak at once, the rest when filled in. */
+    assert_int_equal(s.allocated_bytes[XSEG_STAT_ALL].peak, 130);
+    assert_int_equal(stats_all_current(s.allocated_bytes), 70);
+    stats_fill_all(&s);
     xseg_stat_counter *all = &s.allocated_bytes[XSEG_STAT_ALL];
     assert_int_equal(all->current, 70);
     assert_int_equal(all->peak, 130);
@@ -169,6 +174,50 @@ static void test_stat_add_and_reset(void **state)
             assert_int_equal(v1, v0);
         }
     }
+}
+
+/* The allocator's lazy "all" entries (stat_up_pool / stat_down_pool / stat_add_pool, then
+ * stats_fill_all) against the eager reference: stat_add on "all" and on the pool at every change,
+ * over a random walk of both pools, with peak resets in between. */
+static void test_lazy_all_matches_eager(void **state)
+{
+    (void)state;
+    xseg_stat_counter lazy[XSEG_STAT_POOLS], eager[XSEG_STAT_POOLS];
+    memset(lazy, 0, sizeof lazy);
+    memset(eager, 0, sizeof eager);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 20000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int pool = (x & 1) ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL;
+        int64_t n = (int64_t)((x >> 8) % 1000);
+        bool up = ((x >> 4) & 3) != 0 || eager[pool].current < n; /* drifts upwards, never below 0 */
+        int how = (int)((x >> 40) % 3);
+        if (how == 0)
+            stat_add_pool(lazy, pool, up ? n : -n);
+        else if (up)
+            stat_up_pool(lazy, pool, n);
+        else
+            stat_down_pool(lazy, pool, n);
+        stat_add(&eager[XSEG_STAT_ALL], up ? n : -n);
+        stat_add(&eager[pool], up ? n : -n);
+        assert_int_equal(stats_all_current(lazy), eager[XSEG_STAT_ALL].current);
+        if (i % 997 == 0) { /* alloc_reset_peaks: fill, then reset */
+            xseg_device_stats s;
+            memset(&s, 0, sizeof s);
+            memcpy(s.active, lazy, sizeof lazy);
+            stats_fill_all(&s);
+            stats_reset_peaks(&s);
+            memcpy(lazy, s.active, sizeof lazy);
+            for (int k = 0; k < XSEG_STAT_POOLS; k++)
+                eager[k].peak = eager[k].current;
+        }
+    }
+    xseg_device_stats s;
+    memset(&s, 0, sizeof s);
+    memcpy(s.requested_bytes, lazy, sizeof lazy);
+    stats_fill_all(&s);
+    assert_memory_equal(s.requested_bytes, eager, sizeof eager);
+    assert_true(eager[XSEG_STAT_ALL].peak > eager[XSEG_STAT_SMALL_POOL].peak);
 }
 
 /* The line of the table whose label is @p label, after the first line containing @p after. */
@@ -276,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_lookup),
         cmocka_unit_test(test_unknown_key),
         cmocka_unit_test(test_stat_add_and_reset),
+        cmocka_unit_test(test_lazy_all_matches_eager),
         cmocka_unit_test(test_summary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
