@@ -176,8 +176,11 @@ void emu_report_print(void)
                 live.used_bytes[d], emu.cfg.total_mem);
     for (int i = 0; i < EMU_E_COUNT; i++) {
         unsigned long n = atomic_load(&ctl_calls[i]);
-        if (n)
-            fprintf(stderr, "cudaemu report: %-34s %lu call(s)\n", emu_api_names[i], n);
+        uint64_t lat = atomic_load(&ctl_latency_ns[i]);
+        if (n || lat)
+            fprintf(stderr, "cudaemu report: %-34s %lu call(s)%s", emu_api_names[i], n, lat ? "" : "\n");
+        if (lat)
+            fprintf(stderr, ", latency %llu ns\n", (unsigned long long)lat);
     }
 }
 

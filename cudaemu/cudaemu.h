@@ -16,7 +16,9 @@
  *                        (API or ABI name: cuMemMap, cuMemAlloc, cuMemAlloc_v2) with that code,
  *                        e.g. "cuMemMap:3:CUDA_ERROR_OUT_OF_MEMORY"
  *   CUDAEMU_LATENCY      comma list entry:duration — busy-wait that long in each call
- *                        ("cuMemMap:12us,cuMemCreate:30us"; units ns, us, ms)
+ *                        ("cuMemMap:12us,cuMemCreate:30us"; units ns, us, ms); the item
+ *                        "h100" sets the per-call medians measured on an H100 (20 MiB pages),
+ *                        and later items override single entries ("h100,cuMemMap:2us")
  *   CUDAEMU_REPORT       1: print call counters and live handles / mapped bytes / reservations /
  *                        cuMemAlloc blocks at exit, on stderr
  */

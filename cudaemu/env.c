@@ -126,11 +126,29 @@ static void env_fail_item(const char *var, char *item)
     emu_fail_arm((enum emu_entry)e, (unsigned long)nth, (CUresult)res);
 }
 
+/* Per-call medians measured on an NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0) by
+ * benchmarks/bench_vmm_costs with 20 MiB pages, the large pool's page size (docs/gpu-h100/
+ * vmm_costs.txt; docs/benchmarks.md). cuMemAddressReserve/Free were not measured and stay 0. */
+static const struct {
+    const char *entry;
+    uint64_t ns;
+} env_latency_h100[] = {
+    {"cuMemCreate", 8600},    {"cuMemMap", 700},     {"cuMemSetAccess", 21900},
+    {"cuMemUnmap", 15500},    {"cuMemRelease", 20400}, {"cuMemAlloc", 39000},
+    {"cuMemFree", 42800},
+};
+
 static void env_latency_item(const char *var, char *item)
 {
+    if (!strcmp(item, "h100")) { /* the preset; later items may override single entries */
+        for (size_t i = 0; i < sizeof env_latency_h100 / sizeof env_latency_h100[0]; i++)
+            emu_latency_set((enum emu_entry)emu_entry_lookup(env_latency_h100[i].entry),
+                            env_latency_h100[i].ns);
+        return;
+    }
     char *d = strchr(item, ':');
     if (!d)
-        env_die(var, "'%s' is not entry:duration", item);
+        env_die(var, "'%s' is neither entry:duration nor the preset h100", item);
     *d++ = '\0';
     int e = emu_entry_lookup(item);
     if (e < 0)

@@ -187,7 +187,7 @@ static void test_env_errors(void **state)
         "CUDAEMU_FAIL=cuMemMap", "CUDAEMU_FAIL=cuMemMap:x:CUDA_ERROR_OUT_OF_MEMORY",
         "CUDAEMU_FAIL=cuMemMap:0:CUDA_ERROR_OUT_OF_MEMORY", "CUDAEMU_FAIL=cuNope:1:CUDA_ERROR_OUT_OF_MEMORY",
         "CUDAEMU_FAIL=cuMemMap:1:CUDA_ERROR_BOGUS", "CUDAEMU_LATENCY=cuMemMap:12parsecs",
-        "CUDAEMU_LATENCY=cuMemMap", "CUDAEMU_REPORT=on", "CUDAEMU_TYPO=1",
+        "CUDAEMU_LATENCY=cuMemMap", "CUDAEMU_LATENCY=h200", "CUDAEMU_REPORT=on", "CUDAEMU_TYPO=1",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         expect_bad_env(bad[i]);
@@ -225,6 +225,12 @@ static void test_env_fail_latency_report(void **state)
     assert_non_null(strstr(out, "results=999,0,1"));
     const char *l[] = {"CUDAEMU_LATENCY=cuMemGetInfo:3ms,cuMemMap:12us", NULL};
     assert_int_equal(run_self("latency-env", l, out, sizeof out), 0);
+    /* The h100 preset, with one entry overridden after it; the report lists what is in force. */
+    const char *lp[] = {"CUDAEMU_LATENCY=h100,cuMemMap:2us", "CUDAEMU_REPORT=1", NULL};
+    assert_int_equal(run_self("report", lp, out, sizeof out), 0);
+    assert_non_null(strstr(out, ", latency 21900 ns")); /* cuMemSetAccess from the preset */
+    assert_non_null(strstr(out, ", latency 2000 ns"));  /* cuMemMap, overridden */
+    assert_null(strstr(out, ", latency 700 ns"));
     const char *r[] = {"CUDAEMU_REPORT=1", NULL};
     assert_int_equal(run_self("report", r, out, sizeof out), 0);
     print_message("%s", out);
