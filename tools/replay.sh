@@ -8,18 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-command -v meson >/dev/null || need+=(meson)
-command -v ninja >/dev/null || need+=(ninja-build)
-command -v pkg-config >/dev/null || need+=(pkg-config)
-command -v cc >/dev/null || need+=(gcc)
-pkg-config --exists cmocka 2>/dev/null || need+=(libcmocka-dev)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "replay.sh: installing ${need[*]}"
-  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
-  $sudo_ apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+. tools/ensure-build-tools.sh
+ensure_build_tools replay.sh
 
 if [ ! -f build/build.ninja ]; then
   meson setup build >/dev/null
