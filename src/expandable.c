@@ -105,7 +105,7 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
         if (!s->vseg || s->pool != pool || s->stream != stream || s->first == NULL)
             continue;
-        if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.large_segment_size))
+        if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size))
             continue;
         struct block *t = s->last, *c = NULL;
         size_t avail = 0;
@@ -147,7 +147,7 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
 static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
                                   struct block **out)
 {
-    size_t page = pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.large_segment_size;
+    size_t page = pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size;
     struct seg_params params = {
         .device = d->device,
         .cudev = d->info.dev,
