@@ -46,6 +46,7 @@ struct dev_alloc {
     struct bpool small, large;
     struct ptrmap live;      /* allocated blocks by address */
     struct segrec *segs;     /* every segment, both kinds */
+    uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     struct block *spare;     /* recycled block structs (linked through next) */
 
     xseg_device_stats stats;

@@ -77,6 +77,8 @@ struct segrec {
     size_t size;         /* classic: bytes; expandable: VA bytes covered by blocks */
     bool oversize;       /* counted in oversize_segments */
     struct segrec *prev_seg, *next_seg; /* device's segment list */
+    uint64_t seq;        /* expandable: creation order on its device (1, 2, ...), a stable
+                          * order where virtual addresses differ from run to run */
 };
 
 /* One block pool: small or large (private pools will add more). */

@@ -31,6 +31,9 @@
  * granularity (2 MiB on NVIDIA GPUs); an odd large_segment_size_mb could never be mapped. */
 #define CFG_LARGE_SEGMENT_MULTIPLE_MB 2
 #define CFG_MAX_LARGE_SEGMENT_MB (1024ull * 1024) /* 1 TiB pages: far beyond any device */
+/* expandable_page_size_mb: pages are created with cuMemCreate, in multiples of the driver's 2 MiB
+ * granularity. */
+#define CFG_PAGE_MULTIPLE_MB 2
 
 void cfg_default(struct cfg *cfg)
 {
@@ -38,6 +41,7 @@ void cfg_default(struct cfg *cfg)
     cfg->max_split_size = SIZE_MAX;
     cfg->max_non_split_rounding = CFG_DEFAULT_LARGE_SEGMENT;
     cfg->large_segment_size = CFG_DEFAULT_LARGE_SEGMENT;
+    cfg->expandable_page_size = CFG_DEFAULT_LARGE_SEGMENT;
     cfg->garbage_collection_threshold = 0.0;
     cfg->expandable_segments = true;
     cfg->expandable_segments_recycle = true;
@@ -115,9 +119,9 @@ struct cfg_parser {
     struct cfg cfg;
     /* Checks that depend on large_segment_size run after the whole string is read, so the key
      * may come in any order; remember where the dependent values were. */
-    bool have_max_split, have_non_split, have_large_segment;
-    size_t max_split_pos, non_split_pos;
-    unsigned long long max_split_mb, non_split_mb;
+    bool have_max_split, have_non_split, have_large_segment, have_page;
+    size_t max_split_pos, non_split_pos, page_pos, large_pos;
+    unsigned long long max_split_mb, non_split_mb, page_mb;
     bool saw_pinned;
 };
 
@@ -407,6 +411,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
     bool known = false;
     static const char *const keys[] = {
         "max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
+        "expandable_page_size_mb",
         "garbage_collection_threshold", "roundup_power2_divisions", "expandable_segments",
         "expandable_segments_recycle",
         "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
@@ -450,7 +455,20 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
                            CFG_MIN_LARGE_SEGMENT_MB, CFG_LARGE_SEGMENT_MULTIPLE_MB,
                            CFG_MAX_LARGE_SEGMENT_MB, mb, pos);
         p->have_large_segment = true;
+        p->large_pos = pos;
         c->large_segment_size = (size_t)mb * XSEG_MiB;
+        return XSEG_SUCCESS;
+    }
+    if (!strcmp(key, "expandable_page_size_mb")) {
+        if ((st = cfg_parse_mb(p, key, &p->page_mb, &p->page_pos)))
+            return st;
+        if (p->page_mb < CFG_PAGE_MULTIPLE_MB || p->page_mb % CFG_PAGE_MULTIPLE_MB)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: expandable_page_size_mb must be an even number of MB "
+                           ">= %d (a multiple of the driver's %d MB page granularity); got %llu at "
+                           "index %zu",
+                           CFG_PAGE_MULTIPLE_MB, CFG_PAGE_MULTIPLE_MB, p->page_mb, p->page_pos);
+        p->have_page = true;
         return XSEG_SUCCESS;
     }
     if (!strcmp(key, "garbage_collection_threshold"))
@@ -497,6 +515,25 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
     } else if (p->have_large_segment && base->max_non_split_rounding == base->large_segment_size) {
         /* It was following its default (= large_segment_size): keep following it. */
         c->max_non_split_rounding = c->large_segment_size;
+    }
+    /* A page larger than large_segment_size would map more for a 1-10 MiB request than the
+     * classic segment PyTorch gives it, and fewer, larger pages never help utilization: the
+     * default (PyTorch's page) is the largest page. */
+    if (p->have_page) {
+        if (p->page_mb > large_mb)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: expandable_page_size_mb too large: must be <= %llu "
+                           "(large_segment_size_mb), got %llu at index %zu",
+                           large_mb, p->page_mb, p->page_pos);
+        c->expandable_page_size = (size_t)p->page_mb * XSEG_MiB;
+    } else if (p->have_large_segment && base->expandable_page_size == base->large_segment_size) {
+        c->expandable_page_size = c->large_segment_size; /* following it, as by default */
+    } else if (c->expandable_page_size > c->large_segment_size) {
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: large_segment_size_mb %llu is below expandable_page_size_mb "
+                       "%zu in force; set expandable_page_size_mb too (<= large_segment_size_mb), "
+                       "at index %zu",
+                       large_mb, c->expandable_page_size / XSEG_MiB, p->large_pos);
     }
     return XSEG_SUCCESS;
 }
@@ -603,6 +640,7 @@ void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
     cfg_put(&o, "expandable_segments:%s", cfg->expandable_segments ? "True" : "False");
     cfg_put(&o, ",expandable_segments_recycle:%s", cfg->expandable_segments_recycle ? "True" : "False");
     cfg_put(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
+    cfg_put(&o, ",expandable_page_size_mb:%zu", cfg->expandable_page_size / XSEG_MiB);
     if (cfg->max_split_size != SIZE_MAX)
         cfg_put(&o, ",max_split_size_mb:%zu", cfg->max_split_size / XSEG_MiB);
     cfg_put(&o, ",max_non_split_rounding_mb:%zu", cfg->max_non_split_rounding / XSEG_MiB);

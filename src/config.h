@@ -17,7 +17,10 @@
 struct cfg {
     size_t max_split_size;              /* bytes; SIZE_MAX when unlimited (the default) */
     size_t max_non_split_rounding;      /* bytes; defaults to large_segment_size */
-    size_t large_segment_size;          /* bytes; page size of large-pool expandable segments */
+    size_t large_segment_size;          /* bytes; classic segment size for 1-10 MiB requests */
+    size_t expandable_page_size;        /* bytes; page size of large-pool expandable segments, an
+                                         * even MiB count <= large_segment_size; follows
+                                         * large_segment_size while equal to it (the default) */
     double garbage_collection_threshold; /* 0 = off, else in (0, 1) */
     unsigned roundup_power2_divisions[CFG_ROUNDUP_BUCKETS]; /* 0 or 1 = plain 512 B rounding */
     bool expandable_segments;           /* default true; falls back where VMM is unsupported */

@@ -8,8 +8,8 @@
  *   - a block is mapped iff every page it overlaps is mapped;
  *   - reserved_bytes counts exactly the mapped bytes; each page mapped (unmapped) counts one
  *     num_device_alloc (num_device_free); segment.* and inactive_split* ignore these blocks.
- * Growth first reuses unmapped holes (lowest address first, with a free block just before them),
- * then grows a segment of the same (pool, stream) at its end (seg_grow), then creates a segment.
+ * Growth first reuses unmapped holes (oldest segment, lowest offset first, with a free block just
+ * before them), then grows a segment of the same (pool, stream) at its end (seg_grow), then creates a segment.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,19 +68,35 @@ static void link_after(struct block *b, struct block *n)
     b->next = n;
 }
 
-/* An unmapped hole with room for @p size (PyTorch's search of pool->unmapped). */
+/* Stable order of blocks of expandable segments: older segment first, then lower offset in it.
+ * Virtual addresses are not stable: the driver (and cudaemu's mmap) places segments
+ * differently from run to run and from driver to driver (rising or falling addresses). */
+static bool seg_order_less(const struct block *a, const struct block *b)
+{
+    if (a->seg->seq != b->seg->seq)
+        return a->seg->seq < b->seg->seq;
+    return a->addr - (uintptr_t)seg_base(a->seg->vseg) < b->addr - (uintptr_t)seg_base(b->seg->vseg);
+}
+
+/* An unmapped hole with room for @p size (PyTorch's search of pool->unmapped), the first in
+ * seg_order_less order, so the choice is the same on every run and every driver. */
 static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
 {
     (void)d;
+    struct block *best = NULL, *best_hole = NULL;
     for (struct block *u = bpool_unmapped_lower_bound(pool, stream, 0); u && u->stream == stream;
          u = bpool_unmapped_lower_bound(pool, stream, u->addr + 1)) {
+        if (best_hole && !seg_order_less(u, best_hole))
+            continue;
         struct block *c = u;
         if (allocatable(c->prev))
             c = c->prev;
-        if (chain_bytes(c, size) >= size)
-            return c;
+        if (chain_bytes(c, size) >= size) {
+            best = c;
+            best_hole = u;
+        }
     }
-    return NULL;
+    return best;
 }
 
 /* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. */
@@ -89,7 +105,7 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
         if (!s->vseg || s->pool != pool || s->stream != stream || s->first == NULL)
             continue;
-        if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.large_segment_size))
+        if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size))
             continue;
         struct block *t = s->last, *c = NULL;
         size_t avail = 0;
@@ -131,7 +147,7 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
 static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
                                   struct block **out)
 {
-    size_t page = pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.large_segment_size;
+    size_t page = pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size;
     struct seg_params params = {
         .device = d->device,
         .cudev = d->info.dev,
@@ -153,6 +169,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     s->pool = pool;
     s->stream = stream;
     s->size = seg_va_size(vseg);
+    s->seq = ++d->seg_seq;
     struct block *b = new_unmapped(d, s, (uintptr_t)seg_base(vseg), s->size);
     if (!b) {
         (void)seg_destroy(vseg);
@@ -219,7 +236,9 @@ struct victim {
 
 /* Same page size first (exact exchange, no rounding); then the largest free runs first: each
  * costs one stream synchronization, and small gaps between live blocks are the likeliest to be
- * filled again by the next small request. Address order breaks ties (deterministic). */
+ * filled again by the next small request. Ties go to the older segment, then the lower offset in
+ * it: never to the virtual address, which the driver (and the emulator's mmap) places
+ * differently from run to run, so a replay would not repeat its own figures. */
 static int victim_cmp(const void *pa, const void *pb)
 {
     const struct victim *a = pa, *b = pb;
@@ -227,7 +246,9 @@ static int victim_cmp(const void *pa, const void *pb)
         return a->same_page ? -1 : 1;
     if (a->bytes != b->bytes)
         return a->bytes > b->bytes ? -1 : 1;
-    return a->b->addr < b->b->addr ? -1 : a->b->addr > b->b->addr;
+    if (a->b == b->b)
+        return 0;
+    return seg_order_less(a->b, b->b) ? -1 : 1;
 }
 
 /* May free block @p v give up pages while the chain [first, last] is about to be mapped?

@@ -237,12 +237,16 @@ static int seg_cursor_off; /* set once the driver placed a hinted range elsewher
 
 /* Find a hole of @p size + SEG_GROW_ROOM bytes, give it back, and return its start (0 if none):
  * reserving at its start leaves the rest free to grow into, on a driver that fills the highest
- * hole first (cudaemu). A failure here only means no room is sought. */
+ * hole first (cudaemu). A failure here only means no room is sought. The probe asks for
+ * SEG_VA_ALIGN alignment so that the room a segment gets (up to the cursor, which is aligned)
+ * does not depend on where the driver happened to place it: otherwise it varies by up to 32 MiB
+ * from run to run (address-space randomization), and so does the moment a segment runs out of
+ * room and a new one starts, which changed replay figures between identical runs. */
 static CUdeviceptr seg_probe_room(size_t size)
 {
     CUdeviceptr probe = 0;
     if (size > SIZE_MAX - SEG_GROW_ROOM ||
-        drv->cuMemAddressReserve(&probe, size + SEG_GROW_ROOM, 0, 0, 0) != CUDA_SUCCESS)
+        drv->cuMemAddressReserve(&probe, size + SEG_GROW_ROOM, SEG_VA_ALIGN, 0, 0) != CUDA_SUCCESS)
         return 0;
     if (drv->cuMemAddressFree(probe, size + SEG_GROW_ROOM) != CUDA_SUCCESS)
         return 0; /* keep the probe's slot out of the hint; the probe itself is lost VA */

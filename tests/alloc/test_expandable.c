@@ -345,6 +345,80 @@ static void test_peer_access(void **state)
     check_no_leaks();
 }
 
+/* ---- expandable_page_size_mb ---- */
+
+#define GiB ((size_t)1 << 30)
+#define TEST_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* Reserved bytes and pages mapped by one @p size allocation on a fresh allocator with
+ * @p config (everything freed and given back afterwards). */
+static void reserve_one(const char *config, size_t size, int64_t *reserved, int64_t *pages)
+{
+    start(config);
+    int64_t allocs = stat_of("num_device_alloc");
+    void *p = must_malloc(size, NULL);
+    *reserved = stat_of("reserved_bytes.all.current");
+    *pages = stat_of("num_device_alloc") - allocs;
+    /* Usable at both ends. */
+    size_t n = TEST_MIN(size, (size_t)4096);
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p, n, 7));
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p + size - n, n, 8));
+    assert_true(tu_check((CUdeviceptr)(uintptr_t)p + size - n, n, 8));
+    if (size >= 2 * n)
+        assert_true(tu_check((CUdeviceptr)(uintptr_t)p, n, 7));
+    check_consistent();
+    assert_int_equal(xseg_free(p), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* The large pool's page follows expandable_page_size_mb; the default stays PyTorch's 20 MiB
+ * (seed 003: 8 GiB reserves 8.008 GiB); small-pool pages and classic segments do not change. */
+static void test_page_size(void **state)
+{
+    (void)state;
+    int64_t reserved, pages;
+    reserve_one("expandable_segments:True", 8 * GiB, &reserved, &pages);
+    assert_int_equal(pages, 410);
+    assert_int_equal(reserved, (int64_t)(410 * 20 * MiB)); /* 8.008 GiB */
+    reserve_one("expandable_segments:True", 8 * GiB - MiB, &reserved, &pages);
+    assert_int_equal(reserved, (int64_t)(410 * 20 * MiB));
+    reserve_one("expandable_segments:True,expandable_page_size_mb:4", 8 * GiB - MiB, &reserved, &pages);
+    assert_int_equal(pages, 2048);
+    assert_int_equal(reserved, (int64_t)(8 * GiB));
+    reserve_one("expandable_segments:True,expandable_page_size_mb:2", 8 * GiB - MiB, &reserved, &pages);
+    assert_int_equal(reserved, (int64_t)(8 * GiB));
+    reserve_one("expandable_segments:True,expandable_page_size_mb:10", 8 * GiB - MiB, &reserved, &pages);
+    assert_int_equal(reserved, (int64_t)(820 * 10 * MiB));
+    /* A 5 MiB request maps two 4 MiB pages, not a 20 MiB one. */
+    reserve_one("expandable_segments:True,expandable_page_size_mb:4", 5 * MiB, &reserved, &pages);
+    assert_int_equal(reserved, (int64_t)(8 * MiB));
+    assert_int_equal(pages, 2);
+    /* Small pool: 2 MiB pages whatever the key says. */
+    reserve_one("expandable_segments:True,expandable_page_size_mb:4", 512, &reserved, &pages);
+    assert_int_equal(reserved, (int64_t)(2 * MiB));
+    /* Classic segments keep large_segment_size_mb. */
+    reserve_one("expandable_segments:False,expandable_page_size_mb:4", 5 * MiB, &reserved, &pages);
+    assert_int_equal(reserved, (int64_t)(20 * MiB));
+    /* The page set in force shows in the configuration string. */
+    start("expandable_segments:True,expandable_page_size_mb:6");
+    char buf[512];
+    size_t len = 0;
+    assert_int_equal(xseg_get_config(buf, sizeof buf, &len), XSEG_SUCCESS);
+    assert_non_null(strstr(buf, "expandable_page_size_mb:6,"));
+    /* A bad value is refused with the key named, and the allocator keeps working. */
+    assert_int_equal(xseg_set_config("expandable_page_size_mb:5"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_page_size_mb"));
+    void *p = must_malloc(7 * MiB, NULL);
+    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(12 * MiB));
+    assert_int_equal(xseg_free(p), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    /* Keys not named keep their value: give the next tests the default page back. */
+    start("expandable_page_size_mb:20");
+}
+
 /* ---- recycling (expandable_segments_recycle) ---- */
 
 #define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
@@ -467,6 +541,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_mixed_mode),
         cmocka_unit_test(test_fault_sweep),
         cmocka_unit_test(test_many_streams),
+        cmocka_unit_test(test_page_size),
         cmocka_unit_test(test_recycle_gap),
         cmocka_unit_test(test_recycle_across_streams),
         cmocka_unit_test(test_recycle_faults),

@@ -52,6 +52,7 @@ static void test_defaults(void **state)
     assert_true(c.max_split_size == SIZE_MAX);
     assert_int_equal(c.max_non_split_rounding, 20 * MiB);
     assert_int_equal(c.large_segment_size, 20 * MiB);
+    assert_int_equal(c.expandable_page_size, 20 * MiB);
     assert_true(c.garbage_collection_threshold == 0.0);
     for (int b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
         assert_int_equal(c.roundup_power2_divisions[b], 0);
@@ -120,6 +121,64 @@ static void test_large_segment_order(void **state)
     parse_bad("large_segment_size_mb:10", "large_segment_size_mb", "> 10");
     parse_bad("large_segment_size_mb:21", "large_segment_size_mb", "multiple of 2");
     parse_bad("large_segment_size_mb:x", "large_segment_size_mb", "whole number");
+}
+
+/* expandable_page_size_mb: an even number of MiB >= 2, at most large_segment_size_mb; follows
+ * large_segment_size_mb while equal to it; changes nothing else. */
+static void test_expandable_page_size(void **state)
+{
+    (void)state;
+    struct cfg def;
+    cfg_default(&def);
+    struct cfg c = parse_ok("expandable_page_size_mb:4");
+    assert_int_equal(c.expandable_page_size, 4 * MiB);
+    /* Nothing else moves: classic segment size and the non-split rounding stay PyTorch's. */
+    c.expandable_page_size = def.expandable_page_size;
+    assert_memory_equal(&c, &def, sizeof c);
+    c = parse_ok("expandable_page_size_mb:2");
+    assert_int_equal(c.expandable_page_size, 2 * MiB);
+    c = parse_ok("expandable_page_size_mb:20");
+    assert_int_equal(c.expandable_page_size, 20 * MiB);
+    /* The bound follows large_segment_size_mb wherever that key appears. */
+    c = parse_ok("expandable_page_size_mb:40,large_segment_size_mb:40");
+    assert_int_equal(c.expandable_page_size, 40 * MiB);
+    assert_int_equal(c.max_non_split_rounding, 40 * MiB);
+    c = parse_ok("large_segment_size_mb:64,expandable_page_size_mb:10");
+    assert_int_equal(c.expandable_page_size, 10 * MiB);
+    assert_int_equal(c.large_segment_size, 64 * MiB);
+    assert_int_equal(c.max_non_split_rounding, 64 * MiB);
+    /* While equal to large_segment_size (the default), the page follows it. */
+    c = parse_ok("large_segment_size_mb:40");
+    assert_int_equal(c.expandable_page_size, 40 * MiB);
+
+    parse_bad("expandable_page_size_mb:0", "expandable_page_size_mb", "even number of MB >= 2");
+    parse_bad("expandable_page_size_mb:3", "expandable_page_size_mb", "2 MB page granularity");
+    parse_bad("expandable_page_size_mb:1", "expandable_page_size_mb", "got 1 at index 24");
+    parse_bad("expandable_page_size_mb:22", "expandable_page_size_mb too large", "<= 20");
+    parse_bad("expandable_page_size_mb:48,large_segment_size_mb:40", "<= 40", "got 48 at index 24");
+    parse_bad("expandable_page_size_mb:4MB", "expandable_page_size_mb", "whole number");
+    parse_bad("expandable_page_size_mb:-4", "expandable_page_size_mb", "whole number");
+    parse_bad("expandable_page_size_mb:", "expandable_page_size_mb", "end of string");
+    parse_bad("expandable_page_size_mb:99999999999999999999999", "expandable_page_size_mb", NULL);
+
+    /* Not reset by a later parse, and it stops following once set apart from the segment size. */
+    struct cfg base = parse_ok("expandable_page_size_mb:8"), out;
+    assert_int_equal(cfg_parse("expandable_segments:False", &base, &out), XSEG_SUCCESS);
+    assert_int_equal(out.expandable_page_size, 8 * MiB);
+    assert_int_equal(cfg_parse("large_segment_size_mb:40", &base, &out), XSEG_SUCCESS);
+    assert_int_equal(out.expandable_page_size, 8 * MiB);
+    assert_int_equal(out.large_segment_size, 40 * MiB);
+    /* A segment size below the page in force is refused and names both keys. */
+    base = parse_ok("large_segment_size_mb:40,expandable_page_size_mb:32");
+    struct cfg before = base;
+    err_clear();
+    assert_int_equal(cfg_parse("large_segment_size_mb:20", &base, &out), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_page_size_mb 32"));
+    assert_non_null(strstr(xseg_last_error(), "large_segment_size_mb 20"));
+    assert_memory_equal(&base, &before, sizeof base);
+    assert_int_equal(cfg_parse("large_segment_size_mb:20,expandable_page_size_mb:4", &base, &out),
+                     XSEG_SUCCESS);
+    assert_int_equal(out.expandable_page_size, 4 * MiB);
 }
 
 /* Every rejected form of PyTorch's test_allocator_settings, and more. */
@@ -312,6 +371,8 @@ static void test_format_round_trip(void **state)
     round_trip("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
     round_trip("large_segment_size_mb:64,max_non_split_rounding_mb:100,per_process_memory_fraction:"
                "0.3333333333333333");
+    round_trip("expandable_page_size_mb:4");
+    round_trip("large_segment_size_mb:64,expandable_page_size_mb:10");
     round_trip("release_lock_on_cudamalloc:True,graph_capture_record_stream_reuse:True,"
                "garbage_collection_threshold:0.1234567890123");
 
@@ -371,6 +432,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_large_segment_order), cmocka_unit_test(test_rejected),
+        cmocka_unit_test(test_expandable_page_size),
         cmocka_unit_test(test_pinned_ignored),  cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_reset_rule),      cmocka_unit_test(test_roundup_single),
         cmocka_unit_test(test_roundup_list),    cmocka_unit_test(test_format_round_trip),
