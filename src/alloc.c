@@ -91,7 +91,7 @@ xseg_status alloc_create(int device, struct dev_alloc **out)
         free(d);
         return st;
     }
-    pthread_mutex_init(&d->lock, NULL);
+    lock_init(&d->lock);
     d->device = device;
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
@@ -450,9 +450,9 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     if (relax && drv->cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
         relax = false;
     if (d->cfg.release_lock_on_cudamalloc) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         r = drv->cuMemAlloc(&ptr, size);
-        pthread_mutex_lock(&d->lock);
+        lock_acquire(&d->lock);
     } else {
         r = drv->cuMemAlloc(&ptr, size);
     }
@@ -753,7 +753,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     size_t allowed = d->allowed_memory_maximum;
     bool expandable = d->use_expandable;
     int device = d->device;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
 
     /* Observers run first: they may call xseg (and overwrite this thread's message). */
     rt_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
@@ -788,18 +788,18 @@ static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size
     /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
     if (!alloc_pool_owner(d, p->pool) && stream_capturing(d, p->stream, &st)) {
         capture_note(d, p->stream);
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return capture_error(p->stream);
     }
     if (st != XSEG_SUCCESS) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return st;
     }
     /* Free-memory callbacks, with the lock released; then search the cache again. */
     if (rt_have_free_memory_callbacks()) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         int freed = rt_run_free_memory_callbacks(d->device, p->size);
-        pthread_mutex_lock(&d->lock);
+        lock_acquire(&d->lock);
         if (freed && get_free_block(d, p))
             return XSEG_SUCCESS;
     }
@@ -819,7 +819,7 @@ static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size
     if (st == XSEG_SUCCESS)
         return XSEG_SUCCESS;
     if (st != XSEG_ERROR_OUT_OF_MEMORY) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return st;
     }
     return out_of_memory(d, p->size, p->alloc_size, st);
@@ -834,10 +834,10 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
     if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -875,7 +875,7 @@ static __attribute__((noinline)) xseg_status malloc_general(struct dev_alloc *d,
             st = capture_error(stream);
         }
         if (st != XSEG_SUCCESS) {
-            pthread_mutex_unlock(&d->lock);
+            lock_release(&d->lock);
             return st;
         }
     }
@@ -909,7 +909,7 @@ static __attribute__((noinline)) xseg_status malloc_general(struct dev_alloc *d,
  */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen || d->ncapturing || d->nroutes || d->pending_events ||
                       d->ndeferred || d->roundup_any || size > ((size_t)1 << 62)))
         return malloc_general(d, size, stream, out);
@@ -930,10 +930,10 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
 
 xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -952,16 +952,16 @@ xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned)
     } else {
         free_block(d, b);
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     if (!b) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -969,7 +969,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
     xseg_status st = XSEG_SUCCESS;
     if (stream != b->stream && !stream_set_add(&b->uses, stream))
         st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
@@ -977,45 +977,45 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
 
 xseg_status alloc_empty_cache(struct dev_alloc *d)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     refresh_cfg(d);
     xseg_status st = release_cached_blocks(d);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     refresh_cfg(d);
     apply_fraction(d, fraction);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return XSEG_SUCCESS;
 }
 
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     refresh_cfg(d);
     *out = d->stats;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     stats_fill_all(out);
 }
 
 void alloc_reset_peaks(struct dev_alloc *d)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
 }
 
 xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     for (int i = 0; i < d->npeers; i++) {
         if (d->peers[i] == peer) {
-            pthread_mutex_unlock(&d->lock);
+            lock_release(&d->lock);
             return XSEG_SUCCESS;
         }
     }
@@ -1025,7 +1025,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
             st = seg_add_peer(s->vseg, peer);
     if (st == XSEG_SUCCESS && d->npeers < ALLOC_MAX_DEVICES)
         d->peers[d->npeers++] = peer;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
@@ -1096,7 +1096,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
 xseg_status alloc_snapshot(struct dev_alloc *d, xseg_segment_info **segs, size_t *n, size_t *cap)
 {
     xseg_status st = XSEG_SUCCESS;
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
         if (!s->vseg) {
             st = snap_range(d, s, s->first, NULL, segs, n, cap);
@@ -1116,6 +1116,6 @@ xseg_status alloc_snapshot(struct dev_alloc *d, xseg_segment_info **segs, size_t
             b = e;
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }

@@ -10,12 +10,12 @@
 #ifndef XSEG_SRC_ALLOC_H
 #define XSEG_SRC_ALLOC_H
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "src/block.h"
 #include "src/config.h"
+#include "src/lock.h"
 #include "vmm/driver.h"
 
 #define ALLOC_MAX_DEVICES 64
@@ -32,7 +32,7 @@ struct ev_queue {
 };
 
 struct dev_alloc {
-    pthread_mutex_t lock;
+    struct lock lock;
     int device;
     struct drv_device_info info; /* read-only after creation */
 
