@@ -216,6 +216,7 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory for pool %s", fn, id_text(id, buf));
     pp->use_count++;
     struct pool_route *r = &d->routes[d->nroutes++];
+    alloc_fast_off(d);
     *r = *tmpl;
     r->pool = pp;
     return XSEG_SUCCESS;
