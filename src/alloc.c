@@ -940,7 +940,7 @@ static __attribute__((noinline)) xseg_status malloc_general(struct dev_alloc *d,
  * The fast path is the general one minus its rare conditions, which malloc_general handles: a
  * best-fit search, a split that leaves the remainder in its index place, statistics, one hash
  * insert. No driver call, no allocation (block structs come from the spare list), no atomic
- * read-modify-write besides the mutex.
+ * read-modify-write besides the lock's compare-exchange.
  */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {

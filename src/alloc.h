@@ -1,5 +1,5 @@
 /*
- * The device allocator: one per device, one mutex each. PyTorch's DeviceCachingAllocator
+ * The device allocator: one per device, one lock each (src/lock.h). PyTorch's DeviceCachingAllocator
  * semantics (rounding, best fit per stream, split/merge, deferred frees, OOM path, statistics)
  * over classic cuMemAlloc segments and expandable VMM segments (vmm/segment.h).
  *
