@@ -36,6 +36,8 @@ struct block *alloc_block_new(struct dev_alloc *d)
     return calloc(1, sizeof *b);
 }
 
+/* @p b must be in no index and have no pending events; its stream set is cleared here. The
+ * split on the fast path relies on this to reuse a spare struct without clearing it. */
 void alloc_block_delete(struct dev_alloc *d, struct block *b)
 {
     stream_set_clear(&b->uses);
@@ -91,7 +93,7 @@ xseg_status alloc_create(int device, struct dev_alloc **out)
         free(d);
         return st;
     }
-    pthread_mutex_init(&d->lock, NULL);
+    lock_init(&d->lock);
     d->device = device;
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
@@ -196,6 +198,7 @@ static void capture_note(struct dev_alloc *d, CUstream stream)
         d->capcapturing = ncap;
     }
     d->capturing[d->ncapturing++] = stream;
+    alloc_fast_off(d);
 }
 
 bool alloc_capture_underway(struct dev_alloc *d, bool all_streams)
@@ -353,47 +356,21 @@ size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src
     return sub;
 }
 
-/* alloc_try_merge's rule: can free block @p src merge with @p dst? */
-static inline bool can_merge(const struct block *dst, const struct block *src)
+/* The active counters of a block that stops being active (all paths of free_block). */
+static inline void account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
 {
-    return src && !src->allocated && src->event_count == 0 && !src->uses.n && dst->mapped == src->mapped;
+    stat_down_pool(d->stats.active, si, 1);
+    stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
+    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
 }
 
-static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
+/* free_block when b has no free neighbour or two: merge through alloc_try_merge, re-index. Out
+ * of line so that the common case keeps few registers live. */
+static __attribute__((noinline)) void free_block_general(struct dev_alloc *d, struct block *b)
 {
     struct bpool *pool = b->pool;
-    int si = pool->stat_index;
     size_t orig_size = b->size, requested = b->requested_size;
     int64_t net_blocks = 0, net_bytes = 0;
-    struct block *prev = b->prev, *next = b->next;
-    bool mp = can_merge(b, prev), mn = can_merge(b, next);
-    struct block *keep = mn && !mp ? next : mp && !mn ? prev : NULL;
-    if (keep && keep->in_index && keep->mapped) {
-        /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
-         * unless its larger key crosses its successor's (bpool_free_grow). Same result as the
-         * general path below (the merged block is the same range), with no treap remove/insert. */
-        net_blocks = -1;
-        net_bytes = -(int64_t)keep->size;
-        if (keep == next) {
-            bpool_free_grow(pool, next, b->addr, next->size + b->size);
-            next->prev = prev;
-            if (prev)
-                prev->next = next;
-            else
-                next->seg->first = next;
-        } else {
-            bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
-            prev->next = next;
-            if (next)
-                next->prev = prev;
-            else
-                prev->seg->last = prev;
-        }
-        keep->gc_count_base = pool->get_free_blocks_call_count;
-        alloc_block_delete(d, b);
-        b = keep;
-        goto account;
-    }
     struct block *cands[2] = {b->prev, b->next};
     for (int i = 0; i < 2; i++) {
         size_t sub = alloc_try_merge(d, b, cands[i]);
@@ -404,7 +381,6 @@ static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d
     }
     b->requested_size = 0;
     pool_insert_free(pool, b);
-account:
     if (block_is_split(b)) {
         net_blocks += 1;
         net_bytes += (int64_t)b->size;
@@ -416,9 +392,58 @@ account:
         if (net_bytes)
             stat_pool(d->stats.inactive_split_bytes, pool, net_bytes);
     }
-    stat_down_pool(d->stats.active, si, 1);
-    stat_down_pool(d->stats.active_bytes, si, (int64_t)orig_size);
-    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
+    account_inactive(d, pool->stat_index, orig_size, requested);
+}
+
+static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
+{
+    struct block *prev = b->prev, *next = b->next;
+    /* A neighbour in the free index (in_index && mapped) is free, mapped, with no events and no
+     * recorded streams: alloc_try_merge's rule holds for it (b is mapped). A mergeable neighbour
+     * outside every index does not exist while free_block runs, so "exactly one neighbour in the
+     * free index" is "exactly one can merge". */
+    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
+    if (XSEG_UNLIKELY(fp == fn)) {
+        free_block_general(d, b);
+        return;
+    }
+    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
+     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
+     * path (the merged block is the same range), with no treap remove/insert. */
+    struct bpool *pool = b->pool;
+    int si = pool->stat_index;
+    size_t orig_size = b->size, requested = b->requested_size;
+    struct block *keep = fn ? next : prev;
+    size_t keep_size = keep->size;
+    if (keep == next) {
+        bpool_free_grow(pool, next, b->addr, next->size + b->size);
+        next->prev = prev;
+        if (prev)
+            prev->next = next;
+        else
+            next->seg->first = next;
+    } else {
+        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
+        prev->next = next;
+        if (next)
+            next->prev = prev;
+        else
+            prev->seg->last = prev;
+    }
+    keep->gc_count_base = pool->get_free_blocks_call_count;
+    alloc_block_delete(d, b);
+    /* free_block_general's accounting with its signs known: keep was an inactive split block of
+     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
+     * spans its whole segment. */
+    if (!keep->expandable) {
+        if (XSEG_LIKELY(block_is_split(keep))) {
+            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)orig_size);
+        } else {
+            stat_down_pool(d->stats.inactive_split, si, 1);
+            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
+        }
+    }
+    account_inactive(d, si, orig_size, requested);
 }
 
 void alloc_free_block(struct dev_alloc *d, struct block *b) { free_block(d, b); }
@@ -450,9 +475,9 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     if (relax && drv->cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
         relax = false;
     if (d->cfg.release_lock_on_cudamalloc) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         r = drv->cuMemAlloc(&ptr, size);
-        pthread_mutex_lock(&d->lock);
+        lock_acquire(&d->lock);
     } else {
         r = drv->cuMemAlloc(&ptr, size);
     }
@@ -673,13 +698,22 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         if (XSEG_LIKELY(a))
             d->spare = a->next;
         else
-            a = malloc(sizeof *a);
+            a = calloc(1, sizeof *a);
         if (a) {
             whole = false;
-            /* Every field, so a recycled struct needs no memset first. */
-            *a = (struct block){.addr = b->addr, .size = p->size, .stream = b->stream, .pool = pool,
-                                .seg = b->seg, .prev = b->prev, .next = b, .mapped = true,
-                                .expandable = b->expandable};
+            /* A spare struct (or a calloc'd one) is in no index, has no events and an empty
+             * stream set (alloc_block_delete's contract); the index links and GC clock are
+             * written when it enters an index, and allocated / requested_size / oversize below.
+             * So only the range and its neighbours need writing here. */
+            a->addr = b->addr;
+            a->size = p->size;
+            a->stream = b->stream;
+            a->pool = pool;
+            a->seg = b->seg;
+            a->prev = b->prev;
+            a->next = b;
+            a->mapped = true;
+            a->expandable = b->expandable;
             if (a->prev)
                 a->prev->next = a;
             else
@@ -753,7 +787,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     size_t allowed = d->allowed_memory_maximum;
     bool expandable = d->use_expandable;
     int device = d->device;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
 
     /* Observers run first: they may call xseg (and overwrite this thread's message). */
     rt_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
@@ -788,18 +822,18 @@ static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size
     /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
     if (!alloc_pool_owner(d, p->pool) && stream_capturing(d, p->stream, &st)) {
         capture_note(d, p->stream);
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return capture_error(p->stream);
     }
     if (st != XSEG_SUCCESS) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return st;
     }
     /* Free-memory callbacks, with the lock released; then search the cache again. */
     if (rt_have_free_memory_callbacks()) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         int freed = rt_run_free_memory_callbacks(d->device, p->size);
-        pthread_mutex_lock(&d->lock);
+        lock_acquire(&d->lock);
         if (freed && get_free_block(d, p))
             return XSEG_SUCCESS;
     }
@@ -819,7 +853,7 @@ static xseg_status malloc_slow(struct dev_alloc *d, struct alloc_params *p, size
     if (st == XSEG_SUCCESS)
         return XSEG_SUCCESS;
     if (st != XSEG_ERROR_OUT_OF_MEMORY) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return st;
     }
     return out_of_memory(d, p->size, p->alloc_size, st);
@@ -834,10 +868,10 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
     if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -875,12 +909,13 @@ static __attribute__((noinline)) xseg_status malloc_general(struct dev_alloc *d,
             st = capture_error(stream);
         }
         if (st != XSEG_SUCCESS) {
-            pthread_mutex_unlock(&d->lock);
+            lock_release(&d->lock);
             return st;
         }
     }
     if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes)
         ev_process(d);
+    alloc_fast_update(d);
 
     /* Sizes near SIZE_MAX cannot be rounded; no device holds them anyway. */
     if (XSEG_UNLIKELY(size > ((size_t)1 << 62)))
@@ -905,13 +940,13 @@ static __attribute__((noinline)) xseg_status malloc_general(struct dev_alloc *d,
  * The fast path is the general one minus its rare conditions, which malloc_general handles: a
  * best-fit search, a split that leaves the remainder in its index place, statistics, one hash
  * insert. No driver call, no allocation (block structs come from the spare list), no atomic
- * read-modify-write besides the mutex.
+ * read-modify-write besides the lock's compare-exchange.
  */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    pthread_mutex_lock(&d->lock);
-    if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen || d->ncapturing || d->nroutes || d->pending_events ||
-                      d->ndeferred || d->roundup_any || size > ((size_t)1 << 62)))
+    lock_acquire(&d->lock);
+    /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
+    if (XSEG_UNLIKELY(rt_cfg_gen() != d->fast_gen || size > ((size_t)1 << 62)))
         return malloc_general(d, size, stream, out);
     struct alloc_params p;
     p.size = size < BLOCK_MIN_SIZE ? BLOCK_MIN_SIZE : xseg_align_up(size, BLOCK_MIN_SIZE);
@@ -928,12 +963,12 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
 
 /* ---- free / record_stream ---------------------------------------------------------------- */
 
-xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned)
+static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -952,16 +987,33 @@ xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned)
     } else {
         free_block(d, b);
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
+    return st;
+}
+
+xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned) { return free_ptr(d, ptr, owned); }
+
+xseg_status alloc_free_unknown(void *ptr)
+{
+    return err_set(XSEG_ERROR_INVALID_VALUE,
+                   "xseg_free: pointer %p was not returned by xseg_malloc or was freed already", ptr);
+}
+
+xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr)
+{
+    bool owned;
+    xseg_status st = free_ptr(d, ptr, &owned);
+    if (XSEG_UNLIKELY(!owned))
+        return alloc_free_unknown(ptr);
     return st;
 }
 
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     if (!b) {
-        pthread_mutex_unlock(&d->lock);
+        lock_release(&d->lock);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -969,7 +1021,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
     xseg_status st = XSEG_SUCCESS;
     if (stream != b->stream && !stream_set_add(&b->uses, stream))
         st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
@@ -977,45 +1029,45 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
 
 xseg_status alloc_empty_cache(struct dev_alloc *d)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     refresh_cfg(d);
     xseg_status st = release_cached_blocks(d);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     refresh_cfg(d);
     apply_fraction(d, fraction);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return XSEG_SUCCESS;
 }
 
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     refresh_cfg(d);
     *out = d->stats;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     stats_fill_all(out);
 }
 
 void alloc_reset_peaks(struct dev_alloc *d)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
 }
 
 xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
 {
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     for (int i = 0; i < d->npeers; i++) {
         if (d->peers[i] == peer) {
-            pthread_mutex_unlock(&d->lock);
+            lock_release(&d->lock);
             return XSEG_SUCCESS;
         }
     }
@@ -1025,7 +1077,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
             st = seg_add_peer(s->vseg, peer);
     if (st == XSEG_SUCCESS && d->npeers < ALLOC_MAX_DEVICES)
         d->peers[d->npeers++] = peer;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
@@ -1096,7 +1148,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
 xseg_status alloc_snapshot(struct dev_alloc *d, xseg_segment_info **segs, size_t *n, size_t *cap)
 {
     xseg_status st = XSEG_SUCCESS;
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
         if (!s->vseg) {
             st = snap_range(d, s, s->first, NULL, segs, n, cap);
@@ -1116,6 +1168,6 @@ xseg_status alloc_snapshot(struct dev_alloc *d, xseg_segment_info **segs, size_t
             b = e;
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }

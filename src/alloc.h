@@ -1,5 +1,5 @@
 /*
- * The device allocator: one per device, one mutex each. PyTorch's DeviceCachingAllocator
+ * The device allocator: one per device, one lock each (src/lock.h). PyTorch's DeviceCachingAllocator
  * semantics (rounding, best fit per stream, split/merge, deferred frees, OOM path, statistics)
  * over classic cuMemAlloc segments and expandable VMM segments (vmm/segment.h).
  *
@@ -10,12 +10,12 @@
 #ifndef XSEG_SRC_ALLOC_H
 #define XSEG_SRC_ALLOC_H
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "src/block.h"
 #include "src/config.h"
+#include "src/lock.h"
 #include "vmm/driver.h"
 
 #define ALLOC_MAX_DEVICES 64
@@ -32,7 +32,7 @@ struct ev_queue {
 };
 
 struct dev_alloc {
-    pthread_mutex_t lock;
+    struct lock lock;
     int device;
     struct drv_device_info info; /* read-only after creation */
 
@@ -40,6 +40,12 @@ struct dev_alloc {
      * of each operation when the global generation moved (one relaxed load on the fast path). */
     struct cfg cfg;
     unsigned cfg_gen;
+    /* The fast path's permit: equal to cfg_gen while none of the rare conditions it skips holds
+     * (streams seen capturing, routes, pending events, deferred frees, roundup divisions), else
+     * 0 (no generation is 0). alloc_malloc compares it with the global generation: one test for
+     * all of them. Every place that starts a rare condition calls alloc_fast_off; malloc_general
+     * grants it again once they are all over (alloc_fast_update). */
+    unsigned fast_gen;
     bool roundup_any;    /* some roundup_power2_divisions bucket is > 1 */
     bool use_expandable; /* cfg.expandable_segments && the device supports VMM */
 
@@ -111,12 +117,27 @@ static inline struct priv_pool *alloc_pool_owner(const struct dev_alloc *d, cons
                                                      : offsetof(struct priv_pool, large)));
 }
 
+/* A rare condition begins (see fast_gen): malloc takes the general path until it is over. */
+static inline void alloc_fast_off(struct dev_alloc *d) { d->fast_gen = 0; }
+
+/* Grant the fast path again when no rare condition holds (lock held, config current). */
+static inline void alloc_fast_update(struct dev_alloc *d)
+{
+    bool rare = d->ncapturing || d->nroutes || d->pending_events || d->ndeferred || d->roundup_any;
+    d->fast_gen = rare ? 0 : d->cfg_gen;
+}
+
 /* Create the allocator of @p device (drv loaded; device index validated by drv_device_query). */
 xseg_status alloc_create(int device, struct dev_alloc **out);
 
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out);
 /* Free @p ptr if this device owns it: *owned = false (and nothing happens) when it does not. */
 xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned);
+/* alloc_free for the only device: a pointer it does not own is alloc_free_unknown's error. One
+ * call with no out-parameter, for xseg_free's common case. */
+xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr);
+/* The error of xseg_free for a pointer no device owns (XSEG_ERROR_INVALID_VALUE naming it). */
+xseg_status alloc_free_unknown(void *ptr);
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned);
 xseg_status alloc_empty_cache(struct dev_alloc *d);
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction);

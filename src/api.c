@@ -29,6 +29,9 @@ static _Thread_local int api_last_device;
 
 xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {
+    if (!ptr)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_malloc: ptr is NULL");
+    *ptr = NULL;
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
@@ -59,13 +62,7 @@ xseg_status api_free_multi(void *ptr, int n)
             return st;
         }
     }
-    return api_free_unknown(ptr);
-}
-
-xseg_status api_free_unknown(void *ptr)
-{
-    return err_set(XSEG_ERROR_INVALID_VALUE,
-                   "xseg_free: pointer %p was not returned by xseg_malloc or was freed already", ptr);
+    return alloc_free_unknown(ptr);
 }
 
 XSEG_API xseg_status xseg_free(void *ptr) { return api_free(ptr); }

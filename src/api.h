@@ -11,24 +11,22 @@
 
 /* xseg_free on a machine with several devices: tries the device of the thread's last free first. */
 xseg_status api_free_multi(void *ptr, int ndevices);
-/* The error of xseg_free for a pointer no device owns. */
-xseg_status api_free_unknown(void *ptr);
 
-/* api_malloc when the device's allocator is not at hand (first use, bad index) or size is 0. */
+/* api_malloc when ptr is NULL, the device's allocator is not at hand (first use, bad index) or
+ * size is 0: the full checks, in the documented order. */
 xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream);
 
 static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {
-    if (XSEG_UNLIKELY(!ptr))
-        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_malloc: ptr is NULL");
-    *ptr = NULL;
-    /* rt_ndevices is written once, before rt_ready is released. */
+    /* Every rare case goes to one out-of-line call with the same arguments, so this needs no
+     * stack frame. rt_ndevices is written once, before rt_ready is released. */
     struct dev_alloc *d = NULL;
-    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire) &&
+    if (XSEG_LIKELY(ptr && size && atomic_load_explicit(&rt_ready, memory_order_acquire) &&
                     (unsigned)device < (unsigned)rt_ndevices))
         d = atomic_load_explicit(&rt_devs[device], memory_order_acquire);
-    if (XSEG_UNLIKELY(!d || size == 0))
+    if (XSEG_UNLIKELY(!d))
         return api_malloc_slow(ptr, size, device, stream);
+    *ptr = NULL;
     return alloc_malloc(d, size, stream, ptr);
 }
 
@@ -43,10 +41,9 @@ static inline xseg_status api_free(void *ptr)
     /* One device (the common case): no search, no thread-local hint. */
     if (XSEG_LIKELY(n == 1)) {
         struct dev_alloc *d = rt_device_peek(0);
-        bool owned = false;
-        if (d && ((st = alloc_free(d, ptr, &owned)), owned))
-            return st;
-        return api_free_unknown(ptr);
+        if (XSEG_LIKELY(d))
+            return alloc_free_sole(d, ptr);
+        return alloc_free_unknown(ptr);
     }
     return api_free_multi(ptr, n);
 }

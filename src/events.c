@@ -90,6 +90,7 @@ static bool defer(struct dev_alloc *d, struct block *b)
         d->capdeferred = ncap;
     }
     d->deferred[d->ndeferred++] = b;
+    alloc_fast_off(d);
     return true;
 }
 
@@ -116,6 +117,7 @@ static xseg_status record_events(struct dev_alloc *d, struct block *b)
                 if (q && queue_push(q, ev, b)) {
                     b->event_count++;
                     d->pending_events++;
+                    alloc_fast_off(d);
                     continue;
                 }
                 event_put(d, ev);

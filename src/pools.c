@@ -216,6 +216,7 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory for pool %s", fn, id_text(id, buf));
     pp->use_count++;
     struct pool_route *r = &d->routes[d->nroutes++];
+    alloc_fast_off(d);
     *r = *tmpl;
     r->pool = pp;
     return XSEG_SUCCESS;
@@ -250,9 +251,9 @@ XSEG_API xseg_status xseg_begin_allocate_to_pool(int device, xseg_pool_id pool, 
     if (st != XSEG_SUCCESS)
         return st;
     struct pool_route tmpl = {.filter = filter, .user = user};
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     st = begin_locked(d, "xseg_begin_allocate_to_pool", pool, &tmpl);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
@@ -263,7 +264,7 @@ XSEG_API xseg_status xseg_end_allocate_to_pool(int device, xseg_pool_id pool)
     if (st != XSEG_SUCCESS)
         return st;
     char buf[48];
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     struct priv_pool *pp = pool_find(d, pool);
     ptrdiff_t i = pp ? route_of_pool(d, pp) : -1;
     if (i < 0) {
@@ -276,7 +277,7 @@ XSEG_API xseg_status xseg_end_allocate_to_pool(int device, xseg_pool_id pool)
     } else {
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
@@ -287,7 +288,7 @@ XSEG_API xseg_status xseg_release_pool(int device, xseg_pool_id pool)
     if (st != XSEG_SUCCESS)
         return st;
     char buf[48];
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     struct priv_pool *pp = pool_find(d, pool);
     if (!pp) {
         st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_release_pool: no pool %s on device %d", id_text(pool, buf),
@@ -302,7 +303,7 @@ XSEG_API xseg_status xseg_release_pool(int device, xseg_pool_id pool)
         pp->use_count--;
         pool_maybe_forget(d, pp); /* holds no memory: nothing to wait for */
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return st;
 }
 
@@ -314,10 +315,10 @@ XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *cou
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
         return st;
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     struct priv_pool *pp = pool_find(d, pool);
     *count = pp ? pp->use_count : 0;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     return XSEG_SUCCESS;
 }
 
@@ -348,9 +349,9 @@ XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, 
     /* Route first, then begin: nothing can allocate on the stream in between, and undoing a
      * route is simpler than undoing a capture. */
     struct pool_route tmpl = {.by_capture = true, .capture_stream = stream};
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     st = begin_locked(d, "xseg_capture_begin", id, &tmpl);
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     if (st != XSEG_SUCCESS)
         return st;
 
@@ -362,7 +363,7 @@ XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, 
         if (r == CUDA_SUCCESS)
             (void)drv->cuStreamGetCaptureInfo(stream, &cs, &cid, NULL, NULL, NULL, NULL);
     }
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     ptrdiff_t i = route_of_capture(d, stream);
     if (r != CUDA_SUCCESS) {
         if (i >= 0)
@@ -370,7 +371,7 @@ XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, 
     } else if (i >= 0) {
         d->routes[i].capture_id = cid;
     }
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     if (r != CUDA_SUCCESS) {
         char what[96];
         snprintf(what, sizeof what, "xseg_capture_begin: cuStreamBeginCapture(stream %p) on device %d",
@@ -391,9 +392,9 @@ XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, st
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
         return st;
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     bool known = route_of_capture(d, stream) >= 0;
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     if (!known)
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_capture_end: stream %p on device %d has no capture begun by xseg_capture_begin",
@@ -403,11 +404,11 @@ XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, st
         r = drv->cuStreamEndCapture(stream, graph);
     /* Stop routing whatever the driver said: the capture is over either way, and a route left
      * behind would keep the device in capture mode (PyTorch's capture_end leaks it there). */
-    pthread_mutex_lock(&d->lock);
+    lock_acquire(&d->lock);
     ptrdiff_t i = route_of_capture(d, stream);
     if (i >= 0)
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
-    pthread_mutex_unlock(&d->lock);
+    lock_release(&d->lock);
     if (r != CUDA_SUCCESS) {
         *graph = NULL;
         char what[112];

@@ -52,8 +52,14 @@ static inline void stat_down(xseg_stat_counter *s, int64_t n)
  * entry's peak follows the sum of the pools (see above). */
 static inline void stat_up_pool(xseg_stat_counter arr[XSEG_STAT_POOLS], int pool, int64_t n)
 {
-    stat_up(&arr[pool], n);
-    int64_t total = arr[XSEG_STAT_SMALL_POOL].current + arr[XSEG_STAT_LARGE_POOL].current;
+    int64_t c = arr[pool].current + n;
+    arr[pool].current = c;
+    arr[pool].allocated += n;
+    if (c > arr[pool].peak)
+        arr[pool].peak = c;
+    /* The sum of the pools from the value at hand plus the other pool's (1 + 2 - pool): the
+     * compiler cannot tell arr[pool] from arr[1] or arr[2], so re-reading both costs a load. */
+    int64_t total = c + arr[XSEG_STAT_SMALL_POOL + XSEG_STAT_LARGE_POOL - pool].current;
     if (total > arr[XSEG_STAT_ALL].peak)
         arr[XSEG_STAT_ALL].peak = total;
 }
