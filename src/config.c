@@ -21,6 +21,7 @@
 
 #include "src/config.h"
 #include "src/error.h"
+#include "src/strbuf.h"
 
 #define CFG_DEFAULT_LARGE_SEGMENT (20 * XSEG_MiB)
 /* PyTorch requires large_segment_size_mb > 10 (kMinLargeAlloc). */
@@ -594,27 +595,9 @@ const char *cfg_from_env(const char **var)
 
 /* ---- formatting ------------------------------------------------------------------------ */
 
-struct cfg_out {
-    char *buf;
-    size_t size;
-    size_t len;
-};
-
-static void cfg_put(struct cfg_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void cfg_put(struct cfg_out *o, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *dst = o->len < o->size ? o->buf + o->len : NULL;
-    size_t room = o->len < o->size ? o->size - o->len : 0;
-    int n = vsnprintf(dst, room, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        o->len += (size_t)n;
-}
 
 /* The shortest decimal that reads back as the same double. */
-static void cfg_put_double(struct cfg_out *o, double v)
+static void cfg_put_double(struct strbuf *o, double v)
 {
     char tmp[40];
     for (int prec = 1; prec <= 17; prec++) {
@@ -622,7 +605,7 @@ static void cfg_put_double(struct cfg_out *o, double v)
         if (strtod(tmp, NULL) == v)
             break;
     }
-    cfg_put(o, "%s", tmp);
+    strbuf_printf(o, "%s", tmp);
 }
 
 /*
@@ -634,18 +617,18 @@ static void cfg_put_double(struct cfg_out *o, double v)
  */
 void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
 {
-    struct cfg_out o = {buf, size, 0};
+    struct strbuf o = {buf, size, 0};
     if (size)
         buf[0] = '\0';
-    cfg_put(&o, "expandable_segments:%s", cfg->expandable_segments ? "True" : "False");
-    cfg_put(&o, ",expandable_segments_recycle:%s", cfg->expandable_segments_recycle ? "True" : "False");
-    cfg_put(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
-    cfg_put(&o, ",expandable_page_size_mb:%zu", cfg->expandable_page_size / XSEG_MiB);
+    strbuf_printf(&o, "expandable_segments:%s", cfg->expandable_segments ? "True" : "False");
+    strbuf_printf(&o, ",expandable_segments_recycle:%s", cfg->expandable_segments_recycle ? "True" : "False");
+    strbuf_printf(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
+    strbuf_printf(&o, ",expandable_page_size_mb:%zu", cfg->expandable_page_size / XSEG_MiB);
     if (cfg->max_split_size != SIZE_MAX)
-        cfg_put(&o, ",max_split_size_mb:%zu", cfg->max_split_size / XSEG_MiB);
-    cfg_put(&o, ",max_non_split_rounding_mb:%zu", cfg->max_non_split_rounding / XSEG_MiB);
+        strbuf_printf(&o, ",max_split_size_mb:%zu", cfg->max_split_size / XSEG_MiB);
+    strbuf_printf(&o, ",max_non_split_rounding_mb:%zu", cfg->max_non_split_rounding / XSEG_MiB);
     if (cfg->garbage_collection_threshold > 0.0) {
-        cfg_put(&o, ",garbage_collection_threshold:");
+        strbuf_printf(&o, ",garbage_collection_threshold:");
         cfg_put_double(&o, cfg->garbage_collection_threshold);
     }
     const unsigned *div = cfg->roundup_power2_divisions;
@@ -655,17 +638,17 @@ void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
         any = any || div[b];
     }
     if (uniform && any) {
-        cfg_put(&o, ",roundup_power2_divisions:%u", div[0]);
+        strbuf_printf(&o, ",roundup_power2_divisions:%u", div[0]);
     } else if (any) {
-        cfg_put(&o, ",roundup_power2_divisions:[");
+        strbuf_printf(&o, ",roundup_power2_divisions:[");
         for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
-            cfg_put(&o, "%s%llu:%u", b ? "," : "", 1ull << b, div[b]);
-        cfg_put(&o, "]");
+            strbuf_printf(&o, "%s%llu:%u", b ? "," : "", 1ull << b, div[b]);
+        strbuf_printf(&o, "]");
     }
-    cfg_put(&o, ",release_lock_on_cudamalloc:%s", cfg->release_lock_on_cudamalloc ? "True" : "False");
-    cfg_put(&o, ",per_process_memory_fraction:");
+    strbuf_printf(&o, ",release_lock_on_cudamalloc:%s", cfg->release_lock_on_cudamalloc ? "True" : "False");
+    strbuf_printf(&o, ",per_process_memory_fraction:");
     cfg_put_double(&o, cfg->per_process_memory_fraction);
-    cfg_put(&o, ",graph_capture_record_stream_reuse:%s",
+    strbuf_printf(&o, ",graph_capture_record_stream_reuse:%s",
             cfg->graph_capture_record_stream_reuse ? "True" : "False");
     if (len)
         *len = o.len;

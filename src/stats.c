@@ -13,6 +13,7 @@
 
 #include "src/error.h"
 #include "src/stats.h"
+#include "src/strbuf.h"
 
 struct stats_row {
     const char *name;
@@ -126,33 +127,15 @@ void stats_reset_peaks(xseg_device_stats *stats)
 
 /* ---- memory_summary -------------------------------------------------------------------- */
 
-struct stats_out {
-    char *buf;
-    size_t size;
-    size_t len;
-};
-
-static void stats_put(struct stats_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void stats_put(struct stats_out *o, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *dst = o->len < o->size ? o->buf + o->len : NULL;
-    size_t room = o->len < o->size ? o->size - o->len : 0;
-    int n = vsnprintf(dst, room, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        o->len += (size_t)n;
-}
 
 #define STATS_WIDTH 75 /* characters between the table's outer bars */
 
-static void stats_rule(struct stats_out *o, char c)
+static void stats_rule(struct strbuf *o, char c)
 {
     char line[STATS_WIDTH + 1];
     memset(line, c, STATS_WIDTH);
     line[STATS_WIDTH] = '\0';
-    stats_put(o, "|%s|\n", line);
+    strbuf_printf(o, "|%s|\n", line);
 }
 
 /* A 10-character cell. The unit is chosen from @p pref (the "all" row's value in the same
@@ -187,7 +170,7 @@ static void stats_cell_count(char cell[16], int64_t v, int64_t pref)
 
 typedef void (*stats_cell_fn)(char cell[16], int64_t v, int64_t pref);
 
-static void stats_row_line(struct stats_out *o, const char *label, const xseg_stat_counter *c,
+static void stats_row_line(struct strbuf *o, const char *label, const xseg_stat_counter *c,
                            const xseg_stat_counter *pref, stats_cell_fn cell)
 {
     char cur[16], peak[16], alloc[16], freed[16];
@@ -195,13 +178,13 @@ static void stats_row_line(struct stats_out *o, const char *label, const xseg_st
     cell(peak, c->peak, pref->peak);
     cell(alloc, c->allocated, pref->allocated);
     cell(freed, c->freed, pref->freed);
-    stats_put(o, "| %-21s | %s | %s | %s | %s |\n", label, cur, peak, alloc, freed);
+    strbuf_printf(o, "| %-21s | %s | %s | %s | %s |\n", label, cur, peak, alloc, freed);
 }
 
 void stats_format_summary(const xseg_device_stats *stats, int device, char *buf, size_t size,
                           size_t *len)
 {
-    struct stats_out o = {buf, size, 0};
+    struct strbuf o = {buf, size, 0};
     if (size)
         buf[0] = '\0';
 
@@ -225,14 +208,14 @@ void stats_format_summary(const xseg_device_stats *stats, int device, char *buf,
     int tn = snprintf(title, sizeof title, "xseg memory summary, device ID %d", device);
     int pad = tn > 0 && tn < STATS_WIDTH ? (STATS_WIDTH - tn) / 2 : 0;
     stats_rule(&o, '=');
-    stats_put(&o, "|%*s%-*s|\n", pad, "", STATS_WIDTH - pad, title);
+    strbuf_printf(&o, "|%*s%-*s|\n", pad, "", STATS_WIDTH - pad, title);
     stats_rule(&o, '-');
     char left[40], right[40];
     snprintf(left, sizeof left, "CUDA OOMs: %lld", (long long)stats->num_ooms);
     snprintf(right, sizeof right, "alloc retries: %lld", (long long)stats->num_alloc_retries);
-    stats_put(&o, "| %-35s| %-37s|\n", left, right);
+    strbuf_printf(&o, "| %-35s| %-37s|\n", left, right);
     stats_rule(&o, '=');
-    stats_put(&o, "| %-21s | %-10s | %-10s | %-10s | %-10s |\n", "       Metric", "Cur Usage",
+    strbuf_printf(&o, "| %-21s | %-10s | %-10s | %-10s | %-10s |\n", "       Metric", "Cur Usage",
               "Peak Usage", "Tot Alloc", "Tot Freed");
 
     for (size_t m = 0; m < sizeof pooled / sizeof pooled[0]; m++) {
