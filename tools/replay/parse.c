@@ -37,14 +37,11 @@ struct parser {
 
 __attribute__((format(printf, 2, 3))) static xseg_status perr(struct parser *p, const char *fmt, ...)
 {
-    int n = snprintf(p->err, p->errlen, "%s:%u: ", p->t->source, p->line);
-    if (n < 0 || (size_t)n >= p->errlen)
-        return XSEG_ERROR_INVALID_VALUE;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(p->err + n, p->errlen - (size_t)n, fmt, ap);
+    xseg_status st = trace_verror(p->err, p->errlen, p->t->source, p->line, fmt, ap);
     va_end(ap);
-    return XSEG_ERROR_INVALID_VALUE;
+    return st;
 }
 
 static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }

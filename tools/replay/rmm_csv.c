@@ -97,14 +97,11 @@ struct csv_state {
 
 __attribute__((format(printf, 2, 3))) static xseg_status cerr(struct csv_state *c, const char *fmt, ...)
 {
-    int n = snprintf(c->err, c->errlen, "%s:%u: ", c->t->source, c->row);
-    if (n < 0 || (size_t)n >= c->errlen)
-        return XSEG_ERROR_INVALID_VALUE;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
+    xseg_status st = trace_verror(c->err, c->errlen, c->t->source, c->row, fmt, ap);
     va_end(ap);
-    return XSEG_ERROR_INVALID_VALUE;
+    return st;
 }
 
 static int parse_u64(const char *s, size_t len, uint64_t *v)

@@ -260,3 +260,12 @@ const char *trace_format_size(uint64_t bytes, char *buf, size_t buflen)
     snprintf(buf, buflen, "%" PRIu64, bytes);
     return buf;
 }
+
+xseg_status trace_verror(char *err, size_t errlen, const char *source, unsigned line, const char *fmt,
+                         va_list ap)
+{
+    int n = snprintf(err, errlen, "%s:%u: ", source, line);
+    if (n >= 0 && (size_t)n < errlen)
+        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    return XSEG_ERROR_INVALID_VALUE;
+}

@@ -9,6 +9,7 @@
 #ifndef XSEG_TOOLS_REPLAY_TRACE_H
 #define XSEG_TOOLS_REPLAY_TRACE_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -87,6 +88,11 @@ static inline const char *trace_text(const struct trace *t, size_t off) { return
 
 /* Name of an action's operation as the trace language spells it ("empty_cache"). */
 const char *trace_op_name(enum trace_op op);
+
+/* Format "SOURCE:LINE: message" into err (errlen bytes) for the parsers; returns
+ * XSEG_ERROR_INVALID_VALUE so a parser can `return` it. */
+xseg_status trace_verror(char *err, size_t errlen, const char *source, unsigned line, const char *fmt,
+                         va_list ap);
 
 /*
  * Parse a size: digits with an optional unit B, KiB, MiB, GiB, TiB (binary; also K/M/G/T and
