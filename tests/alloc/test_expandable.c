@@ -20,13 +20,6 @@
 #define MiB ((size_t)1 << 20)
 #define PAGE (20 * MiB)
 
-static int64_t stat_of(const char *key)
-{
-    int64_t v = -1;
-    assert_int_equal(xseg_stat(0, key, &v), XSEG_SUCCESS);
-    return v;
-}
-
 static void start(const char *config)
 {
     assert_int_equal(xseg_init(config), XSEG_SUCCESS);
@@ -62,12 +55,12 @@ static void check_consistent(void)
         assert_int_equal(at, g->address + g->total_size);
     }
     xseg_snapshot_free(s);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), reserved);
-    assert_int_equal(stat_of("allocated_bytes.all.current"), allocated);
-    assert_int_equal(stat_of("active_bytes.all.current"), active);
-    assert_int_equal(stat_of("requested_bytes.all.current"), requested);
-    assert_int_equal(stat_of("allocation.all.current"), nalloc);
-    assert_int_equal(stat_of("segment.all.current"), segs);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), allocated);
+    assert_int_equal(tu_stat("active_bytes.all.current"), active);
+    assert_int_equal(tu_stat("requested_bytes.all.current"), requested);
+    assert_int_equal(tu_stat("allocation.all.current"), nalloc);
+    assert_int_equal(tu_stat("segment.all.current"), segs);
 }
 
 static void check_no_leaks(void)
@@ -109,10 +102,10 @@ static void test_page_reclaim(void **state)
     assert_ptr_equal(mid, base + 70 * MiB);
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)mid, 30 * MiB, 0xbeef));
     assert_int_equal(xseg_free(front), XSEG_SUCCESS);
-    int64_t frees = stat_of("num_device_free");
+    int64_t frees = tu_stat("num_device_free");
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(2 * PAGE));
-    assert_int_equal(stat_of("num_device_free"), frees + 8);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(2 * PAGE));
+    assert_int_equal(tu_stat("num_device_free"), frees + 8);
     assert_true(tu_check((CUdeviceptr)(uintptr_t)mid, 30 * MiB, 0xbeef));
     check_consistent();
     if (tu_emulated()) {
@@ -124,12 +117,12 @@ static void test_page_reclaim(void **state)
     /* The hole refills by mapping again, at the same addresses. */
     void *again = must_malloc(60 * MiB, NULL);
     assert_ptr_equal(again, base);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(5 * PAGE));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(5 * PAGE));
     check_consistent();
     assert_int_equal(xseg_free(again), XSEG_SUCCESS);
     assert_int_equal(xseg_free(mid), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     check_no_leaks();
 }
 
@@ -183,10 +176,10 @@ static void test_mixed_mode(void **state)
     void *e2 = must_malloc(100 * 1024, NULL);
     assert_int_equal(xseg_set_config("expandable_segments:False"), XSEG_SUCCESS);
     void *c = must_malloc(30 * MiB, NULL);
-    assert_int_equal(stat_of("segment.all.current"), 1);
+    assert_int_equal(tu_stat("segment.all.current"), 1);
     assert_int_equal(xseg_free(e), XSEG_SUCCESS);
     void *c2 = must_malloc(12 * MiB, NULL); /* must not take the cached expandable block */
-    assert_int_equal(stat_of("segment.all.current"), 2);
+    assert_int_equal(tu_stat("segment.all.current"), 2);
     check_consistent();
     assert_int_equal(xseg_free(c), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* classic segment freed, pages unmapped */
@@ -198,7 +191,7 @@ static void test_mixed_mode(void **state)
     assert_int_equal(xseg_free(e3), XSEG_SUCCESS);
     assert_int_equal(xseg_free(c2), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     check_no_leaks();
 }
 
@@ -276,7 +269,7 @@ static void test_fault_sweep(void **state)
                 scen_free(&sc, i);
             check_consistent();
             assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-            assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+            assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
             check_no_leaks();
             runs++;
             if (calls < n)
@@ -304,12 +297,12 @@ static void test_many_streams(void **state)
     struct cudaemu_live live;
     if (tu_live(&live))
         assert_true(live.reservations <= n);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(n * PAGE));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(n * PAGE));
     check_consistent();
     for (size_t i = 0; i < n; i++)
         assert_int_equal(xseg_free(ps[i]), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     check_no_leaks();
     for (size_t i = 0; i < n; i++)
         tu_assert_cu(drv->cuStreamDestroy(ss[i]));
@@ -355,10 +348,10 @@ static void test_peer_access(void **state)
 static void reserve_one(const char *config, size_t size, int64_t *reserved, int64_t *pages)
 {
     start(config);
-    int64_t allocs = stat_of("num_device_alloc");
+    int64_t allocs = tu_stat("num_device_alloc");
     void *p = must_malloc(size, NULL);
-    *reserved = stat_of("reserved_bytes.all.current");
-    *pages = stat_of("num_device_alloc") - allocs;
+    *reserved = tu_stat("reserved_bytes.all.current");
+    *pages = tu_stat("num_device_alloc") - allocs;
     /* Usable at both ends. */
     size_t n = TEST_MIN(size, (size_t)4096);
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p, n, 7));
@@ -369,7 +362,7 @@ static void reserve_one(const char *config, size_t size, int64_t *reserved, int6
     check_consistent();
     assert_int_equal(xseg_free(p), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     check_no_leaks();
 }
 
@@ -411,7 +404,7 @@ static void test_page_size(void **state)
     assert_int_equal(xseg_set_config("expandable_page_size_mb:5"), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "expandable_page_size_mb"));
     void *p = must_malloc(7 * MiB, NULL);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(12 * MiB));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(12 * MiB));
     assert_int_equal(xseg_free(p), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     check_no_leaks();
@@ -438,8 +431,8 @@ static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsi
     tu_assert_cu(tu_fill(DPTR(a), 100 * MiB, 1));
     tu_assert_cu(tu_fill(DPTR(c), 100 * MiB, 3));
     assert_int_equal(xseg_free(b), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(300 * MiB));
-    int64_t frees = stat_of("num_device_free"), retries = stat_of("num_alloc_retries");
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(300 * MiB));
+    int64_t frees = tu_stat("num_device_free"), retries = tu_stat("num_alloc_retries");
     unsigned long calls = 0;
     if (fail_entry) {
         tu_counts_reset();
@@ -452,10 +445,10 @@ static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsi
     }
     check_consistent();
     if (!fail_entry) {
-        assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)((recycle ? 320 : 420) * MiB));
-        assert_int_equal(stat_of("num_device_free"), frees + (recycle ? 5 : 0));
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)((recycle ? 320 : 420) * MiB));
+        assert_int_equal(tu_stat("num_device_free"), frees + (recycle ? 5 : 0));
     }
-    assert_int_equal(stat_of("num_alloc_retries"), retries); /* no OOM path involved */
+    assert_int_equal(tu_stat("num_alloc_retries"), retries); /* no OOM path involved */
     tu_assert_cu(tu_fill(DPTR(d), 120 * MiB, 4));
     assert_true(tu_check(DPTR(a), 100 * MiB, 1));
     assert_true(tu_check(DPTR(c), 100 * MiB, 3));
@@ -470,7 +463,7 @@ static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsi
         assert_int_equal(xseg_free(all[i]), XSEG_SUCCESS);
     check_consistent();
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     /* Leak-free, except a handle whose cuMemRelease failed: the driver's to keep (at most one
      * per run; earlier runs' such handles are in @p before). */
     struct cudaemu_live live;
@@ -499,17 +492,17 @@ static void test_recycle_across_streams(void **state)
     tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
     size_t n = tu_scaled(20, 4);
-    int64_t retries = stat_of("num_alloc_retries");
+    int64_t retries = tu_stat("num_alloc_retries");
     for (size_t i = 0; i < n; i++) {
         void *p = must_malloc(200 * MiB, i % 2 ? s2 : s1);
         tu_assert_cu(tu_fill(DPTR(p), 200 * MiB, (uint32_t)i));
         assert_true(tu_check(DPTR(p), 200 * MiB, (uint32_t)i));
         assert_int_equal(xseg_free(p), XSEG_SUCCESS);
         /* The other stream's 10 cached pages moved here: never more than one block's pages. */
-        assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(200 * MiB));
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(200 * MiB));
         check_consistent();
     }
-    assert_int_equal(stat_of("num_alloc_retries"), retries);
+    assert_int_equal(tu_stat("num_alloc_retries"), retries);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     check_no_leaks();
     tu_assert_cu(drv->cuStreamDestroy(s1));

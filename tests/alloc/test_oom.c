@@ -21,13 +21,6 @@
 
 static size_t total;
 
-static int64_t stat_of(const char *key)
-{
-    int64_t v = -1;
-    assert_int_equal(xseg_stat(0, key, &v), XSEG_SUCCESS);
-    return v;
-}
-
 static void must_contain(const char *what)
 {
     if (!strstr(xseg_last_error(), what))
@@ -47,7 +40,7 @@ static void start(const char *config)
 static void finish(void)
 {
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
 }
 
 /* 60% cached on one stream, 60% wanted on another: only a release-and-retry can serve it. */
@@ -61,14 +54,14 @@ static void retry_after_release(const char *config)
     assert_int_equal(xseg_malloc(&a, big, 0, NULL), XSEG_SUCCESS);
     tu_assert_cu(drv->cuMemsetD8((CUdeviceptr)(uintptr_t)a, 0x5a, 4096));
     assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    int64_t retries = stat_of("num_alloc_retries"), ooms = stat_of("num_ooms");
+    int64_t retries = tu_stat("num_alloc_retries"), ooms = tu_stat("num_ooms");
     assert_int_equal(xseg_malloc(&b, big, 0, s), XSEG_SUCCESS);
-    assert_int_equal(stat_of("num_alloc_retries"), retries + 1);
-    assert_int_equal(stat_of("num_ooms"), ooms);
+    assert_int_equal(tu_stat("num_alloc_retries"), retries + 1);
+    assert_int_equal(tu_stat("num_ooms"), ooms);
     tu_assert_cu(drv->cuMemsetD8((CUdeviceptr)(uintptr_t)b, 0x33, 4096));
     /* Both can never be live together. */
     assert_int_equal(xseg_malloc(&a, big, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
-    assert_int_equal(stat_of("num_ooms"), ooms + 1);
+    assert_int_equal(tu_stat("num_ooms"), ooms + 1);
     must_contain("CUDA out of memory. Tried to allocate");
     assert_int_equal(xseg_free(b), XSEG_SUCCESS);
     finish();
@@ -179,15 +172,15 @@ static void test_free_memory_callback(void **state)
     assert_int_equal(xseg_attach_free_memory_callback(free_memory_callback, NULL), XSEG_SUCCESS);
     size_t big = total / 10 * 6;
     assert_int_equal(xseg_malloc(&held_by_user, big, 0, NULL), XSEG_SUCCESS);
-    int64_t retries = stat_of("num_alloc_retries"), allocs = stat_of("num_device_alloc");
+    int64_t retries = tu_stat("num_alloc_retries"), allocs = tu_stat("num_device_alloc");
     void *p = NULL;
     int calls = callback_calls;
     assert_int_equal(xseg_malloc(&p, big, 0, NULL), XSEG_SUCCESS);
     assert_true(callback_calls > calls);
     assert_null(held_by_user);
     /* Served from the block the callback freed: no retry, no new segment. */
-    assert_int_equal(stat_of("num_alloc_retries"), retries);
-    assert_int_equal(stat_of("num_device_alloc"), allocs);
+    assert_int_equal(tu_stat("num_alloc_retries"), retries);
+    assert_int_equal(tu_stat("num_device_alloc"), allocs);
     assert_int_equal(xseg_free(p), XSEG_SUCCESS);
     finish();
 }

@@ -32,55 +32,6 @@
 
 static const xseg_pool_id NO_POOL = {0, 0};
 
-static int64_t stat_of(const char *key)
-{
-    int64_t v = -1;
-    xseg_status st = xseg_stat(0, key, &v);
-    if (st != XSEG_SUCCESS)
-        fail_msg("xseg_stat(%s): %s", key, xseg_last_error());
-    return v;
-}
-
-/* Compare one table row, as the seed prints it: "%.3f" of GiB, large pool. */
-static void row(const char *tag, const char *alloc, const char *active, const char *split, const char *reserved)
-{
-    const char *keys[4] = {"allocated_bytes.large_pool.current", "active_bytes.large_pool.current",
-                           "inactive_split_bytes.large_pool.current", "reserved_bytes.large_pool.current"};
-    const char *want[4] = {alloc, active, split, reserved};
-    for (int i = 0; i < 4; i++) {
-        char got[32];
-        snprintf(got, sizeof got, "%.3f", (double)stat_of(keys[i]) / (double)GiB);
-        if (strcmp(got, want[i]) != 0)
-            fail_msg("%s: %s is %s GiB, the seed's table says %s", tag, keys[i], got, want[i]);
-    }
-}
-
-static void *xmalloc(size_t size, CUstream stream)
-{
-    void *p = NULL;
-    xseg_status st = xseg_malloc(&p, size, 0, stream);
-    if (st != XSEG_SUCCESS)
-        fail_msg("xseg_malloc(%zu, stream %p): %s", size, (void *)stream, xseg_last_error());
-    assert_non_null(p);
-    return p;
-}
-
-static void xfree(void *p)
-{
-    xseg_status st = xseg_free(p);
-    if (st != XSEG_SUCCESS)
-        fail_msg("xseg_free(%p): %s", p, xseg_last_error());
-}
-
-static void setup_mode(const char *config)
-{
-    xseg_status st = xseg_init(config);
-    if (st != XSEG_SUCCESS)
-        fail_msg("xseg_init(%s): %s", config, xseg_last_error());
-    if (!tu_gpu_available())
-        skip();
-}
-
 static CUstream new_stream(void)
 {
     CUstream s;
@@ -140,8 +91,8 @@ static bool in_pool(void *ptr, xseg_pool_id pool)
 static void check_all_returned(void)
 {
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
-    assert_int_equal(stat_of("allocated_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), 0);
     struct cudaemu_live live;
     if (tu_live(&live)) {
         assert_int_equal(live.handles, 0);
@@ -157,30 +108,30 @@ static void check_all_returned(void)
 static void test_separate_pools(void **state)
 {
     (void)state;
-    setup_mode("expandable_segments:False");
+    tu_xseg_init_or_skip("expandable_segments:False");
     CUstream cs = new_stream();
-    void *x1 = xmalloc(4 * GiB, NULL), *x2 = xmalloc(4 * GiB, NULL);
-    row("After alloc x1, x2", "8.000", "8.000", "0.000", "8.000");
+    void *x1 = tu_malloc(4 * GiB, NULL), *x2 = tu_malloc(4 * GiB, NULL);
+    tu_seed_row("After alloc x1, x2", "8.000", "8.000", "0.000", "8.000");
     xseg_pool_id p1 = NO_POOL, p2 = NO_POOL;
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     capture_begin(cs, &p1);
-    void *intermediate1 = xmalloc(4 * GiB, cs), *out1 = xmalloc(4 * GiB, cs);
-    xfree(intermediate1);
-    row("After del intermediate1", "12.000", "12.000", "0.000", "16.000");
+    void *intermediate1 = tu_malloc(4 * GiB, cs), *out1 = tu_malloc(4 * GiB, cs);
+    tu_free(intermediate1);
+    tu_seed_row("After del intermediate1", "12.000", "12.000", "0.000", "16.000");
     CUgraph g1 = capture_end(cs);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     capture_begin(cs, &p2);
     assert_false(p1.first == p2.first && p1.second == p2.second);
-    void *intermediate2 = xmalloc(4 * GiB, cs), *out2 = xmalloc(4 * GiB, cs);
+    void *intermediate2 = tu_malloc(4 * GiB, cs), *out2 = tu_malloc(4 * GiB, cs);
     assert_ptr_not_equal(intermediate2, intermediate1); /* graph 1's pool keeps it */
-    xfree(intermediate2);
-    row("After del intermediate2", "16.000", "16.000", "0.000", "24.000");
+    tu_free(intermediate2);
+    tu_seed_row("After del intermediate2", "16.000", "16.000", "0.000", "24.000");
     CUgraph g2 = capture_end(cs);
     assert_true(in_pool(out1, p1) && in_pool(out2, p2) && in_pool(x1, NO_POOL));
-    xfree(out1);
-    xfree(out2);
-    xfree(x1);
-    xfree(x2);
+    tu_free(out1);
+    tu_free(out2);
+    tu_free(x1);
+    tu_free(x2);
     graph_destroy(g1, p1);
     graph_destroy(g2, p2);
     check_all_returned();
@@ -190,15 +141,15 @@ static void test_separate_pools(void **state)
 static void test_shared_pool(void **state)
 {
     (void)state;
-    setup_mode("expandable_segments:False");
+    tu_xseg_init_or_skip("expandable_segments:False");
     CUstream cs = new_stream();
-    void *x1 = xmalloc(4 * GiB, NULL), *x2 = xmalloc(4 * GiB, NULL);
+    void *x1 = tu_malloc(4 * GiB, NULL), *x2 = tu_malloc(4 * GiB, NULL);
     xseg_pool_id p1 = NO_POOL;
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     capture_begin(cs, &p1);
-    void *intermediate1 = xmalloc(4 * GiB, cs), *out1 = xmalloc(4 * GiB, cs);
-    xfree(intermediate1);
-    row("After del intermediate1", "12.000", "12.000", "0.000", "16.000");
+    void *intermediate1 = tu_malloc(4 * GiB, cs), *out1 = tu_malloc(4 * GiB, cs);
+    tu_free(intermediate1);
+    tu_seed_row("After del intermediate1", "12.000", "12.000", "0.000", "16.000");
     CUgraph g1 = capture_end(cs);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     xseg_pool_id shared = p1;
@@ -207,23 +158,23 @@ static void test_shared_pool(void **state)
     int uses = 0;
     assert_int_equal(xseg_pool_use_count(0, p1, &uses), XSEG_SUCCESS);
     assert_int_equal(uses, 2);
-    void *intermediate2 = xmalloc(4 * GiB, cs), *out2 = xmalloc(4 * GiB, cs);
+    void *intermediate2 = tu_malloc(4 * GiB, cs), *out2 = tu_malloc(4 * GiB, cs);
     assert_ptr_equal(intermediate2, intermediate1); /* reuses intermediate1's memory */
-    xfree(intermediate2);
-    row("After del intermediate2", "16.000", "16.000", "0.000", "20.000");
+    tu_free(intermediate2);
+    tu_seed_row("After del intermediate2", "16.000", "16.000", "0.000", "20.000");
     CUgraph g2 = capture_end(cs);
     /* Destroying graph 1 leaves the pool to graph 2: nothing is released. */
     graph_destroy(g1, p1);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    row("After del graph1, empty cache", "16.000", "16.000", "0.000", "20.000");
+    tu_seed_row("After del graph1, empty cache", "16.000", "16.000", "0.000", "20.000");
     graph_destroy(g2, p1);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     /* intermediate's 4 GiB goes; out1 and out2 stay valid in the pool until freed. */
-    row("After del graph2, empty cache", "16.000", "16.000", "0.000", "16.000");
-    xfree(out1);
-    xfree(out2);
-    xfree(x1);
-    xfree(x2);
+    tu_seed_row("After del graph2, empty cache", "16.000", "16.000", "0.000", "16.000");
+    tu_free(out1);
+    tu_free(out2);
+    tu_free(x1);
+    tu_free(x2);
     check_all_returned();
     assert_int_equal(xseg_pool_use_count(0, p1, &uses), XSEG_SUCCESS);
     assert_int_equal(uses, 0);
@@ -234,24 +185,24 @@ static void test_shared_pool(void **state)
 static void test_after_capture_graph(void **state)
 {
     (void)state;
-    setup_mode("expandable_segments:False");
+    tu_xseg_init_or_skip("expandable_segments:False");
     CUstream cs = new_stream();
-    void *x1 = xmalloc(4 * GiB, NULL), *t1 = xmalloc(4 * GiB, NULL);
-    xfree(t1);
-    row("After alloc x1, del t1", "4.000", "4.000", "0.000", "8.000");
+    void *x1 = tu_malloc(4 * GiB, NULL), *t1 = tu_malloc(4 * GiB, NULL);
+    tu_free(t1);
+    tu_seed_row("After alloc x1, del t1", "4.000", "4.000", "0.000", "8.000");
     xseg_pool_id pool = NO_POOL;
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* torch.cuda.graph() on entry */
     capture_begin(cs, &pool);
-    row("After enter context", "4.000", "4.000", "0.000", "4.000");
-    void *t2 = xmalloc(4 * GiB, cs), *out1 = xmalloc(4 * GiB, cs);
-    xfree(t2);
-    row("After alloc out1, del t2", "8.000", "8.000", "0.000", "12.000");
+    tu_seed_row("After enter context", "4.000", "4.000", "0.000", "4.000");
+    void *t2 = tu_malloc(4 * GiB, cs), *out1 = tu_malloc(4 * GiB, cs);
+    tu_free(t2);
+    tu_seed_row("After alloc out1, del t2", "8.000", "8.000", "0.000", "12.000");
     CUgraph g = capture_end(cs);
-    void *t3 = xmalloc(4 * GiB, NULL);
-    xfree(t3);
-    row("After alloc t3, del t3", "8.000", "8.000", "0.000", "16.000");
-    xfree(out1);
-    xfree(x1);
+    void *t3 = tu_malloc(4 * GiB, NULL);
+    tu_free(t3);
+    tu_seed_row("After alloc t3, del t3", "8.000", "8.000", "0.000", "16.000");
+    tu_free(out1);
+    tu_free(x1);
     graph_destroy(g, pool);
     check_all_returned();
 }
@@ -260,44 +211,44 @@ static void test_after_capture_graph(void **state)
 static void test_after_capture_no_graph(void **state)
 {
     (void)state;
-    setup_mode("expandable_segments:False");
-    void *x1 = xmalloc(4 * GiB, NULL), *t1 = xmalloc(4 * GiB, NULL);
-    xfree(t1);
-    row("After alloc x1, del t1", "4.000", "4.000", "0.000", "8.000");
-    row("After enter context", "4.000", "4.000", "0.000", "8.000");
-    void *t2 = xmalloc(4 * GiB, NULL), *out1 = xmalloc(4 * GiB, NULL);
-    xfree(t2);
-    row("After alloc out1, del t2", "8.000", "8.000", "0.000", "12.000");
-    void *t3 = xmalloc(4 * GiB, NULL);
-    xfree(t3);
-    row("After alloc t3, del t3", "8.000", "8.000", "0.000", "12.000");
-    xfree(out1);
-    xfree(x1);
+    tu_xseg_init_or_skip("expandable_segments:False");
+    void *x1 = tu_malloc(4 * GiB, NULL), *t1 = tu_malloc(4 * GiB, NULL);
+    tu_free(t1);
+    tu_seed_row("After alloc x1, del t1", "4.000", "4.000", "0.000", "8.000");
+    tu_seed_row("After enter context", "4.000", "4.000", "0.000", "8.000");
+    void *t2 = tu_malloc(4 * GiB, NULL), *out1 = tu_malloc(4 * GiB, NULL);
+    tu_free(t2);
+    tu_seed_row("After alloc out1, del t2", "8.000", "8.000", "0.000", "12.000");
+    void *t3 = tu_malloc(4 * GiB, NULL);
+    tu_free(t3);
+    tu_seed_row("After alloc t3, del t3", "8.000", "8.000", "0.000", "12.000");
+    tu_free(out1);
+    tu_free(x1);
     check_all_returned();
 }
 
 /* "Memory Fragmentation Across Pools" in the three configurations the seed prints. */
 static void fragmentation(const char *config, const char *const rows[4][4])
 {
-    setup_mode(config);
+    tu_xseg_init_or_skip(config);
     CUstream cs = new_stream();
-    void *temp = xmalloc(8 * GiB, NULL);
-    xfree(temp);
-    row("After del temp", rows[0][0], rows[0][1], rows[0][2], rows[0][3]);
-    void *small = xmalloc(1 * GiB, NULL), *x = xmalloc(1 * GiB, NULL);
-    row("After alloc x", rows[1][0], rows[1][1], rows[1][2], rows[1][3]);
+    void *temp = tu_malloc(8 * GiB, NULL);
+    tu_free(temp);
+    tu_seed_row("After del temp", rows[0][0], rows[0][1], rows[0][2], rows[0][3]);
+    void *small = tu_malloc(1 * GiB, NULL), *x = tu_malloc(1 * GiB, NULL);
+    tu_seed_row("After alloc x", rows[1][0], rows[1][1], rows[1][2], rows[1][3]);
     xseg_pool_id pool = NO_POOL;
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* torch.cuda.graph() on entry */
-    row("After empty cache", rows[2][0], rows[2][1], rows[2][2], rows[2][3]);
+    tu_seed_row("After empty cache", rows[2][0], rows[2][1], rows[2][2], rows[2][3]);
     capture_begin(cs, &pool);
-    void *intermediate = xmalloc(1 * GiB, cs), *out = xmalloc(1 * GiB, cs);
-    xfree(intermediate);
-    row("After del intermediate", rows[3][0], rows[3][1], rows[3][2], rows[3][3]);
+    void *intermediate = tu_malloc(1 * GiB, cs), *out = tu_malloc(1 * GiB, cs);
+    tu_free(intermediate);
+    tu_seed_row("After del intermediate", rows[3][0], rows[3][1], rows[3][2], rows[3][3]);
     CUgraph g = capture_end(cs);
     assert_true(in_pool(out, pool) && in_pool(x, NO_POOL));
-    xfree(out);
-    xfree(small);
-    xfree(x);
+    tu_free(out);
+    tu_free(small);
+    tu_free(x);
     graph_destroy(g, pool);
     check_all_returned();
 }
@@ -337,71 +288,71 @@ static void test_fragmentation_expandable(void **state)
 static void test_capture_expandable(void **state)
 {
     (void)state;
-    setup_mode("expandable_segments:True");
+    tu_xseg_init_or_skip("expandable_segments:True");
     CUstream cs = new_stream();
     xseg_pool_id pool = NO_POOL;
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     capture_begin(cs, &pool);
-    void *temp = xmalloc(8 * GiB, cs);
-    xfree(temp);
-    row("After del temp", "0.000", "0.000", "0.000", "8.008");
-    void *x = xmalloc(2 * GiB, cs);
-    row("After alloc x", "2.000", "2.000", "0.000", "8.008");
-    void *y = xmalloc(8 * GiB, cs);
-    row("After alloc y", "10.000", "10.000", "0.000", "10.000");
-    xfree(x);
-    xfree(y);
-    row("After del x, y", "0.000", "0.000", "0.000", "10.000");
-    void *z = xmalloc(16 * GiB, cs);
-    row("After alloc z", "16.000", "16.000", "0.000", "16.016");
-    xfree(z);
-    row("After del z", "0.000", "0.000", "0.000", "16.016");
-    int64_t frees = stat_of("num_device_free");
+    void *temp = tu_malloc(8 * GiB, cs);
+    tu_free(temp);
+    tu_seed_row("After del temp", "0.000", "0.000", "0.000", "8.008");
+    void *x = tu_malloc(2 * GiB, cs);
+    tu_seed_row("After alloc x", "2.000", "2.000", "0.000", "8.008");
+    void *y = tu_malloc(8 * GiB, cs);
+    tu_seed_row("After alloc y", "10.000", "10.000", "0.000", "10.000");
+    tu_free(x);
+    tu_free(y);
+    tu_seed_row("After del x, y", "0.000", "0.000", "0.000", "10.000");
+    void *z = tu_malloc(16 * GiB, cs);
+    tu_seed_row("After alloc z", "16.000", "16.000", "0.000", "16.016");
+    tu_free(z);
+    tu_seed_row("After del z", "0.000", "0.000", "0.000", "16.016");
+    int64_t frees = tu_stat("num_device_free");
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    row("After empty cache", "0.000", "0.000", "0.000", "16.016");
-    assert_int_equal(stat_of("num_device_free"), frees); /* nothing unmapped */
+    tu_seed_row("After empty cache", "0.000", "0.000", "0.000", "16.016");
+    assert_int_equal(tu_stat("num_device_free"), frees); /* nothing unmapped */
     CUgraph g = capture_end(cs);
     graph_destroy(g, pool);
-    row("After del graph", "0.000", "0.000", "0.000", "16.016");
+    tu_seed_row("After del graph", "0.000", "0.000", "0.000", "16.016");
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    row("After empty cache", "0.000", "0.000", "0.000", "0.000");
+    tu_seed_row("After empty cache", "0.000", "0.000", "0.000", "0.000");
     check_all_returned();
 }
 
 /* "Deferred Memory Recycling": x1 is used on a side stream (record_stream) and freed. */
 static void deferred(bool graph)
 {
-    setup_mode("expandable_segments:False");
+    tu_xseg_init_or_skip("expandable_segments:False");
     CUstream stream = new_stream(), side = new_stream();
     xseg_pool_id pool = NO_POOL;
     if (graph) {
         assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
         capture_begin(stream, &pool);
     }
-    void *x1 = xmalloc(4 * GiB, stream);
-    row("After alloc x1", "4.000", "4.000", "0.000", "4.000");
+    void *x1 = tu_malloc(4 * GiB, stream);
+    tu_seed_row("After alloc x1", "4.000", "4.000", "0.000", "4.000");
     assert_int_equal(xseg_record_stream(x1, side), XSEG_SUCCESS);
-    xfree(x1);
-    row("After del x1", "0.000", "4.000", "0.000", "4.000");
-    void *t1 = xmalloc(1, stream); /* polls events, unless capturing */
-    xfree(t1);
+    tu_free(x1);
+    tu_seed_row("After del x1", "0.000", "4.000", "0.000", "4.000");
+    void *t1 = tu_malloc(1, stream); /* polls events, unless capturing */
+    tu_free(t1);
     if (graph)
-        row("After alloc t1", "0.000", "4.000", "0.000", "4.000");
+        tu_seed_row("After alloc t1", "0.000", "4.000", "0.000", "4.000");
     else
-        row("After alloc t1", "0.000", "0.000", "0.000", "4.000");
-    void *x2 = xmalloc(4 * GiB, stream);
+        tu_seed_row("After alloc t1", "0.000", "0.000", "0.000", "4.000");
+    void *x2 = tu_malloc(4 * GiB, stream);
     if (graph)
-        row("After alloc x2", "4.000", "8.000", "0.000", "8.000");
+        tu_seed_row("After alloc x2", "4.000", "8.000", "0.000", "8.000");
     else
-        row("After alloc x2", "4.000", "4.000", "0.000", "4.000");
+        tu_seed_row("After alloc x2", "4.000", "4.000", "0.000", "4.000");
     CUgraph g = graph ? capture_end(stream) : NULL;
-    void *t2 = xmalloc(1, NULL); /* after the capture: deferred frees are processed */
+    void *t2 = tu_malloc(1, NULL); /* after the capture: deferred frees are processed */
     if (graph)
-        row("After alloc t2", "4.000", "4.000", "0.000", "8.000");
+        tu_seed_row("After alloc t2", "4.000", "4.000", "0.000", "8.000");
     else
-        row("After alloc t2", "4.000", "4.000", "0.000", "4.000");
-    xfree(t2);
-    xfree(x2);
+        tu_seed_row("After alloc t2", "4.000", "4.000", "0.000", "4.000");
+    tu_free(t2);
+    tu_free(x2);
     if (graph)
         graph_destroy(g, pool);
     check_all_returned();
@@ -422,32 +373,32 @@ static void test_deferred_no_graph(void **state)
 /* "cudaFree Is Suppressed During Capture": x1 freed inside the context. */
 static void free_during(bool graph)
 {
-    setup_mode("expandable_segments:False");
+    tu_xseg_init_or_skip("expandable_segments:False");
     CUstream stream = new_stream();
     xseg_pool_id pool = NO_POOL;
-    void *x1 = xmalloc(4 * GiB, NULL);
-    row("After alloc x1", "4.000", "4.000", "0.000", "4.000");
+    void *x1 = tu_malloc(4 * GiB, NULL);
+    tu_seed_row("After alloc x1", "4.000", "4.000", "0.000", "4.000");
     if (graph) {
         assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
         capture_begin(stream, &pool);
     }
-    void *x2 = xmalloc(4 * GiB, stream);
-    row("After alloc x2", "8.000", "8.000", "0.000", "8.000");
-    xfree(x1);
-    row("After del x1", "4.000", "4.000", "0.000", "8.000");
+    void *x2 = tu_malloc(4 * GiB, stream);
+    tu_seed_row("After alloc x2", "8.000", "8.000", "0.000", "8.000");
+    tu_free(x1);
+    tu_seed_row("After del x1", "4.000", "4.000", "0.000", "8.000");
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     if (graph)
-        row("After empty cache", "4.000", "4.000", "0.000", "8.000");
+        tu_seed_row("After empty cache", "4.000", "4.000", "0.000", "8.000");
     else
-        row("After empty cache", "4.000", "4.000", "0.000", "4.000");
-    void *x3 = xmalloc(4 * GiB, stream);
+        tu_seed_row("After empty cache", "4.000", "4.000", "0.000", "4.000");
+    void *x3 = tu_malloc(4 * GiB, stream);
     if (graph)
-        row("After alloc x3", "8.000", "8.000", "0.000", "12.000");
+        tu_seed_row("After alloc x3", "8.000", "8.000", "0.000", "12.000");
     else
-        row("After alloc x3", "8.000", "8.000", "0.000", "8.000");
+        tu_seed_row("After alloc x3", "8.000", "8.000", "0.000", "8.000");
     CUgraph g = graph ? capture_end(stream) : NULL;
-    xfree(x2);
-    xfree(x3);
+    tu_free(x2);
+    tu_free(x3);
     if (graph)
         graph_destroy(g, pool);
     check_all_returned();
@@ -488,8 +439,8 @@ static void released_while_live(const char *config)
     CUstream cs = new_stream();
     xseg_pool_id pool = NO_POOL;
     capture_begin(cs, &pool);
-    void *a = xmalloc(24 * MiB, cs), *b = xmalloc(64 * 1024, cs), *t = xmalloc(40 * MiB, cs);
-    xfree(t);
+    void *a = tu_malloc(24 * MiB, cs), *b = tu_malloc(64 * 1024, cs), *t = tu_malloc(40 * MiB, cs);
+    tu_free(t);
     CUgraph g = capture_end(cs);
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)a, 24 * MiB, 0xa11));
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)b, 64 * 1024, 0xb22));
@@ -497,22 +448,22 @@ static void released_while_live(const char *config)
     int uses = -1;
     assert_int_equal(xseg_pool_use_count(0, pool, &uses), XSEG_SUCCESS);
     assert_int_equal(uses, 0);
-    int64_t reserved = stat_of("reserved_bytes.all.current");
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
     /* The default pool never takes the released pool's cached 40 MiB. */
-    void *c = xmalloc(40 * MiB, cs);
+    void *c = tu_malloc(40 * MiB, cs);
     assert_true(in_pool(c, NO_POOL));
-    assert_true(stat_of("reserved_bytes.all.current") > reserved);
-    xfree(c);
+    assert_true(tu_stat("reserved_bytes.all.current") > reserved);
+    tu_free(c);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     /* Only the live tensors' memory (and pages they share) is left. */
     assert_true(tu_check((CUdeviceptr)(uintptr_t)a, 24 * MiB, 0xa11));
     assert_true(tu_check((CUdeviceptr)(uintptr_t)b, 64 * 1024, 0xb22));
     assert_true(in_pool(a, pool) && in_pool(b, pool));
-    assert_true(stat_of("reserved_bytes.all.current") < reserved);
-    assert_true(stat_of("reserved_bytes.all.current") >= (int64_t)(24 * MiB + 64 * 1024));
-    xfree(a);
+    assert_true(tu_stat("reserved_bytes.all.current") < reserved);
+    assert_true(tu_stat("reserved_bytes.all.current") >= (int64_t)(24 * MiB + 64 * 1024));
+    tu_free(a);
     assert_true(tu_check((CUdeviceptr)(uintptr_t)b, 64 * 1024, 0xb22));
-    xfree(b);
+    tu_free(b);
     check_all_returned();
     assert_int_equal(xseg_release_pool(0, pool), XSEG_ERROR_INVALID_VALUE); /* forgotten */
     tu_assert_cu(drv->cuStreamDestroy(cs));
@@ -543,30 +494,30 @@ static void test_stream_filters(void **state)
     assert_int_equal(xseg_pool_create(&pb), XSEG_SUCCESS);
     assert_false(pa.first == pb.first && pa.second == pb.second);
     assert_int_equal(xseg_begin_allocate_to_pool(0, pa, only_stream, s1), XSEG_SUCCESS);
-    void *a1 = xmalloc(3 * MiB, s1), *d2 = xmalloc(3 * MiB, s2), *d0 = xmalloc(1000, NULL);
+    void *a1 = tu_malloc(3 * MiB, s1), *d2 = tu_malloc(3 * MiB, s2), *d0 = tu_malloc(1000, NULL);
     assert_true(in_pool(a1, pa));
     assert_true(in_pool(d2, NO_POOL) && in_pool(d0, NO_POOL));
     /* A newer route for every stream takes precedence, also over s1. */
     assert_int_equal(xseg_begin_allocate_to_pool(0, pb, NULL, NULL), XSEG_SUCCESS);
-    void *b1 = xmalloc(3 * MiB, s1), *b0 = xmalloc(1000, NULL);
+    void *b1 = tu_malloc(3 * MiB, s1), *b0 = tu_malloc(1000, NULL);
     assert_true(in_pool(b1, pb) && in_pool(b0, pb));
     assert_int_equal(xseg_end_allocate_to_pool(0, pb), XSEG_SUCCESS);
-    void *a1b = xmalloc(1000, s1), *d2b = xmalloc(1000, s2);
+    void *a1b = tu_malloc(1000, s1), *d2b = tu_malloc(1000, s2);
     assert_true(in_pool(a1b, pa) && in_pool(d2b, NO_POOL));
     assert_int_equal(xseg_end_allocate_to_pool(0, pa), XSEG_SUCCESS);
-    void *d1 = xmalloc(3 * MiB, s1);
+    void *d1 = tu_malloc(3 * MiB, s1);
     assert_true(in_pool(d1, NO_POOL));
     /* A freed block of a pool is reused by that pool only: a1's 3 MiB goes back to pa. */
-    xfree(a1);
-    void *d1b = xmalloc(3 * MiB, s1);
+    tu_free(a1);
+    void *d1b = tu_malloc(3 * MiB, s1);
     assert_ptr_not_equal(d1b, a1);
     assert_int_equal(xseg_begin_allocate_to_pool(0, pa, only_stream, s1), XSEG_SUCCESS);
-    void *a1c = xmalloc(3 * MiB, s1);
+    void *a1c = tu_malloc(3 * MiB, s1);
     assert_ptr_equal(a1c, a1);
     assert_int_equal(xseg_end_allocate_to_pool(0, pa), XSEG_SUCCESS);
     void *all[] = {d2, d0, b1, b0, a1b, d2b, d1, d1b, a1c};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        xfree(all[i]);
+        tu_free(all[i]);
     /* pa was begun twice: two uses. */
     assert_int_equal(xseg_release_pool(0, pa), XSEG_SUCCESS);
     assert_int_equal(xseg_release_pool(0, pa), XSEG_SUCCESS);
@@ -608,14 +559,14 @@ static void test_bad_use(void **state)
     assert_int_equal(xseg_pool_use_count(0, p, &uses), XSEG_SUCCESS);
     assert_int_equal(uses, 1);
     /* The failed begin added no route: the only route still matches s only. */
-    void *q = xmalloc(1000, NULL), *r = xmalloc(1000, s);
+    void *q = tu_malloc(1000, NULL), *r = tu_malloc(1000, s);
     assert_true(in_pool(q, NO_POOL) && in_pool(r, p));
     assert_int_equal(xseg_end_allocate_to_pool(0, p), XSEG_SUCCESS);
     expect_error(xseg_end_allocate_to_pool(0, p), XSEG_ERROR_ILLEGAL_STATE, "not recording");
     assert_int_equal(xseg_release_pool(0, p), XSEG_SUCCESS);
     expect_error(xseg_release_pool(0, p), XSEG_ERROR_INVALID_VALUE, "no users left"); /* r is alive */
-    xfree(q);
-    xfree(r);
+    tu_free(q);
+    tu_free(r);
 
     /* The capture pair. */
     xseg_pool_id cp = NO_POOL;
@@ -672,8 +623,8 @@ static void test_capturing_stream_without_pool(void **state)
     (void)state;
     use_mode("expandable_segments:False");
     CUstream s = new_stream(), other = new_stream();
-    void *warm = xmalloc(5 * MiB, s); /* leaves a cached block on s */
-    xfree(warm);
+    void *warm = tu_malloc(5 * MiB, s); /* leaves a cached block on s */
+    tu_free(warm);
     tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     void *p = NULL;
     /* A cache miss asks the driver and remembers the capture... */
@@ -686,16 +637,16 @@ static void test_capturing_stream_without_pool(void **state)
     assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
     assert_int_equal(xseg_begin_allocate_to_pool(0, pool, only_stream, other), XSEG_SUCCESS);
     expect_error(xseg_malloc(&p, 5 * MiB, 0, s), XSEG_ERROR_ILLEGAL_STATE, "private pool");
-    void *q = xmalloc(5 * MiB, other);
+    void *q = tu_malloc(5 * MiB, other);
     assert_true(in_pool(q, pool));
-    xfree(q);
+    tu_free(q);
     assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
     assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
     CUgraph g = NULL;
     tu_assert_cu(drv->cuStreamEndCapture(s, &g)); /* still valid: nothing unsafe ran */
     tu_assert_cu(drv->cuGraphDestroy(g));
-    void *after = xmalloc(5 * MiB, s);
-    xfree(after);
+    void *after = tu_malloc(5 * MiB, s);
+    tu_free(after);
     check_all_returned();
     tu_assert_cu(drv->cuStreamDestroy(s));
     tu_assert_cu(drv->cuStreamDestroy(other));
@@ -708,24 +659,24 @@ static void test_oom_during_capture(void **state)
     (void)state;
     use_mode("expandable_segments:False");
     CUstream s = new_stream();
-    void *g4 = xmalloc(4 * GiB, NULL);
-    xfree(g4); /* 4 GiB cached in the global pool */
+    void *g4 = tu_malloc(4 * GiB, NULL);
+    tu_free(g4); /* 4 GiB cached in the global pool */
     assert_int_equal(xseg_set_memory_fraction(6.0 / 80.0, 0), XSEG_SUCCESS); /* 6 GiB of 80 */
     xseg_pool_id pool = NO_POOL;
     capture_begin(s, &pool);
-    void *a = xmalloc(1 * GiB, s);
-    xfree(a); /* 1 GiB cached in the pool */
+    void *a = tu_malloc(1 * GiB, s);
+    tu_free(a); /* 1 GiB cached in the pool */
     void *p = NULL;
-    int64_t reserved = stat_of("reserved_bytes.all.current");
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
     expect_error(xseg_malloc(&p, 2 * GiB, 0, s), XSEG_ERROR_OUT_OF_MEMORY,
                  "with 1.00 GiB allocated in private pools (e.g., CUDA Graphs), and 4.00 GiB is reserved");
-    assert_int_equal(stat_of("reserved_bytes.all.current"), reserved);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
     CUgraph g = capture_end(s);
     /* Outside the capture, a request the cache cannot serve succeeds by releasing the global
      * cache (the pool's block stays: its graph is alive). */
-    void *b = xmalloc(4 * GiB + GiB / 2, NULL);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), (int64_t)(5 * GiB + GiB / 2));
-    xfree(b);
+    void *b = tu_malloc(4 * GiB + GiB / 2, NULL);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(5 * GiB + GiB / 2));
+    tu_free(b);
     assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
     graph_destroy(g, pool);
     check_all_returned();
@@ -808,13 +759,13 @@ static void oracle(const char *config, unsigned seed)
                     break;
                 }
             }
-            void *p = xmalloc(size, stream);
+            void *p = tu_malloc(size, stream);
             assert_true(in_pool(p, expect < 0 ? NO_POOL : pools[expect]));
             live[nlive++] = (struct live){p, size, expect};
         } else if (op < 80 && nlive) {
             what = "free";
             size_t k = (size_t)rand() % nlive;
-            xfree(live[k].p);
+            tu_free(live[k].p);
             live[k] = live[--nlive];
         } else if (op < 88) {
             what = "begin";
@@ -855,10 +806,10 @@ static void oracle(const char *config, unsigned seed)
             }
         } else {
             what = "empty_cache";
-            int64_t before = stat_of("reserved_bytes.all.current");
+            int64_t before = tu_stat("reserved_bytes.all.current");
             assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
             if (nroutes)
-                assert_int_equal(stat_of("reserved_bytes.all.current"), before); /* capture underway */
+                assert_int_equal(tu_stat("reserved_bytes.all.current"), before); /* capture underway */
         }
         for (int i = 0; i < ORACLE_POOLS; i++) {
             int u = -1;
@@ -874,7 +825,7 @@ static void oracle(const char *config, unsigned seed)
         while (uses[i]--)
             assert_int_equal(xseg_release_pool(0, pools[i]), XSEG_SUCCESS);
     while (nlive)
-        xfree(live[--nlive].p);
+        tu_free(live[--nlive].p);
     free(live);
     oracle_check("end", steps);
     check_all_returned();

@@ -15,13 +15,6 @@
 
 #define MiB ((size_t)1 << 20)
 
-static int64_t stat_of(const char *key)
-{
-    int64_t v = -1;
-    assert_int_equal(xseg_stat(0, key, &v), XSEG_SUCCESS);
-    return v;
-}
-
 static void run(const char *config, size_t size)
 {
     assert_int_equal(xseg_init(config), XSEG_SUCCESS);
@@ -35,17 +28,17 @@ static void run(const char *config, size_t size)
     assert_true(tu_stream_hold(side));
     assert_int_equal(xseg_record_stream(a, side), XSEG_SUCCESS);
     assert_int_equal(xseg_record_stream(a, NULL), XSEG_SUCCESS); /* own stream: no-op */
-    int64_t alloc0 = stat_of("allocated_bytes.all.current"), active0 = stat_of("active_bytes.all.current");
+    int64_t alloc0 = tu_stat("allocated_bytes.all.current"), active0 = tu_stat("active_bytes.all.current");
     assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    assert_true(stat_of("allocated_bytes.all.current") < alloc0);
-    assert_int_equal(stat_of("active_bytes.all.current"), active0); /* still active */
+    assert_true(tu_stat("allocated_bytes.all.current") < alloc0);
+    assert_int_equal(tu_stat("active_bytes.all.current"), active0); /* still active */
     /* Pending: the same size on the same stream must not get a's memory. */
     for (int i = 0; i < 3; i++) {
         assert_int_equal(xseg_malloc(&b, size, 0, NULL), XSEG_SUCCESS);
         assert_ptr_not_equal(a, b);
         assert_int_equal(xseg_free(b), XSEG_SUCCESS);
     }
-    int64_t device_allocs = stat_of("num_device_alloc");
+    int64_t device_allocs = tu_stat("num_device_alloc");
     xseg_snapshot *snap = NULL;
     assert_int_equal(xseg_take_snapshot(0, &snap), XSEG_SUCCESS);
     int pending = 0;
@@ -63,23 +56,23 @@ static void run(const char *config, size_t size)
     /* Best fit by (size, address): a's block is free again; b's may sit lower. Either way no
      * new device memory, and a is not pending any more. */
     assert_true(c == a || c == b);
-    assert_int_equal(stat_of("num_device_alloc"), device_allocs);
+    assert_int_equal(tu_stat("num_device_alloc"), device_allocs);
     void *d2 = NULL;
     assert_int_equal(xseg_malloc(&d2, size, 0, NULL), XSEG_SUCCESS);
-    assert_true((c == a && d2 == b) || (c == b && d2 == a) || stat_of("num_device_alloc") == device_allocs);
+    assert_true((c == a && d2 == b) || (c == b && d2 == a) || tu_stat("num_device_alloc") == device_allocs);
     assert_int_equal(xseg_free(d2), XSEG_SUCCESS);
-    assert_int_equal(stat_of("active_bytes.all.current"), active0);
+    assert_int_equal(tu_stat("active_bytes.all.current"), active0);
     assert_int_equal(xseg_free(c), XSEG_SUCCESS);
 
     /* empty_cache waits for pending frees (num_sync_all_streams). */
     assert_int_equal(xseg_malloc(&a, size, 0, NULL), XSEG_SUCCESS);
     assert_int_equal(xseg_record_stream(a, side), XSEG_SUCCESS);
     assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    int64_t syncs = stat_of("num_sync_all_streams");
+    int64_t syncs = tu_stat("num_sync_all_streams");
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    assert_int_equal(stat_of("num_sync_all_streams"), syncs + 1);
-    assert_int_equal(stat_of("active_bytes.all.current"), 0);
-    assert_int_equal(stat_of("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("num_sync_all_streams"), syncs + 1);
+    assert_int_equal(tu_stat("active_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     tu_assert_cu(drv->cuStreamDestroy(side));
 }
 

@@ -12,6 +12,7 @@
 
 #include "src/error.h"
 #include "tests/common/testutil.h"
+#include "xseg.h"
 
 /* ---- emulator detection and controls ---- */
 
@@ -334,4 +335,55 @@ enum tu_child_outcome tu_run_child(int (*fn)(void *arg), void *arg, int *detail)
         return *detail ? TU_CHILD_EXIT : TU_CHILD_OK;
     }
     return TU_CHILD_ERROR;
+}
+
+/* ---- xseg through its public API ---- */
+
+void tu_xseg_init_or_skip(const char *config)
+{
+    xseg_status st = xseg_init(config);
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_init(%s): %s", config, xseg_last_error());
+    if (!tu_gpu_available())
+        skip();
+}
+
+int64_t tu_stat(const char *key)
+{
+    int64_t v = -1;
+    xseg_status st = xseg_stat(0, key, &v);
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_stat(%s): %s", key, xseg_last_error());
+    return v;
+}
+
+void *tu_malloc(size_t size, CUstream stream)
+{
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, size, 0, stream);
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(%zu, stream %p): %s", size, (void *)stream, xseg_last_error());
+    assert_non_null(p);
+    return p;
+}
+
+void tu_free(void *p)
+{
+    xseg_status st = xseg_free(p);
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_free(%p): %s", p, xseg_last_error());
+}
+
+void tu_seed_row(const char *tag, const char *alloc, const char *active, const char *split,
+                 const char *reserved)
+{
+    const char *keys[4] = {"allocated_bytes.large_pool.current", "active_bytes.large_pool.current",
+                           "inactive_split_bytes.large_pool.current", "reserved_bytes.large_pool.current"};
+    const char *want[4] = {alloc, active, split, reserved};
+    for (int i = 0; i < 4; i++) {
+        char got[32];
+        snprintf(got, sizeof got, "%.3f", (double)tu_stat(keys[i]) / (double)(1u << 30));
+        if (strcmp(got, want[i]) != 0)
+            fail_msg("%s: %s is %s GiB, the seed's table says %s", tag, keys[i], got, want[i]);
+    }
 }

@@ -126,4 +126,20 @@ static inline bool tu_child_failed(enum tu_child_outcome o) { return o == TU_CHI
     } while (0)
 #define tu_assert_cu(call) tu_assert_cu_eq(call, CUDA_SUCCESS)
 
+/* ---- xseg through its public API, on device 0: each helper fails the test with xseg's
+ * message (xseg_last_error) when the call does not succeed. ---- */
+
+/* xseg_init(config); skips the test when no driver with a device can be loaded. */
+void tu_xseg_init_or_skip(const char *config);
+/* The statistic @p key of device 0. */
+int64_t tu_stat(const char *key);
+/* xseg_malloc on device 0; never returns NULL. */
+void *tu_malloc(size_t size, CUstream stream);
+/* xseg_free. */
+void tu_free(void *p);
+/* Compare one row of a seed 003 table with the large pool's Allocated / Active / InactiveSplit /
+ * Reserved, each as the seed prints it ("%.3f" of GiB). */
+void tu_seed_row(const char *tag, const char *alloc, const char *active, const char *split,
+                 const char *reserved);
+
 #endif
