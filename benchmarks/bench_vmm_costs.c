@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "src/error.h"
+#include "base/error.h"
 #include "vmm/driver.h"
 
 enum { OP_CREATE, OP_MAP, OP_SETACCESS, OP_UNMAP, OP_RELEASE, OP_ALLOC, OP_FREE, OP_COUNT };

@@ -21,6 +21,7 @@
  *                        and later items override single entries ("h100,cuMemMap:2us")
  *   CUDAEMU_REPORT       1: print call counters and live handles / mapped bytes / reservations /
  *                        cuMemAlloc blocks at exit, on stderr
+ *   CUDAEMU_FABRIC       1: emulate CU_MEM_HANDLE_TYPE_FABRIC (default 0: reported unsupported)
  */
 #ifndef CUDAEMU_H
 #define CUDAEMU_H
@@ -39,6 +40,15 @@ extern "C" {
  * stream (or context). The NULL stream may be held too. */
 void cudaemu_stream_hold(CUstream stream);
 void cudaemu_stream_release(CUstream stream);
+
+/* Enqueue a unit of work on @p stream, standing for a kernel launch, so that tests can express
+ * forks and joins in a capture. While @p stream captures: a kernel node that depends on the
+ * stream's capture dependencies is added to the capture's graph and becomes its only dependency.
+ * Otherwise, on a held stream, the work stays pending (cuStreamQuery: CUDA_ERROR_NOT_READY)
+ * until released or waited for; on other streams it completes at once.
+ * @return 0, or -1 for an unknown stream, an invalidated capture (nothing is added) or out of
+ *         host memory. */
+int cudaemu_stream_work(CUstream stream);
 
 /* Fail the @p nth call from now (1 = the next call) of @p entry with @p result. Several may be
  * armed at once. @return 0, or -1 when @p entry is not an emulated entry point. */
@@ -65,6 +75,10 @@ int cudaemu_set_latency(const char *entry, uint64_t ns);
 
 /* Print the report CUDAEMU_REPORT=1 prints at exit. */
 void cudaemu_report(void);
+
+/* Services (issue 14): live pinned host allocations (cuMemHostAlloc not yet cuMemFreeHost'd) and
+ * their bytes (host-page multiples). Either pointer may be NULL. */
+void cudaemu_host_live(size_t *count, size_t *bytes);
 
 #ifdef __cplusplus
 }

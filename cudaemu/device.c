@@ -40,7 +40,7 @@ CUresult CUDAAPI cuInit(unsigned int Flags)
     if (!emu.initialized) {
         for (int d = 0; d < emu.cfg.devices; d++)
             emu.ctx[d].ordinal = d;
-        /* One memfd per physical handle: make room for many pages. */
+        /* Exportable handles and imports hold a memfd each: make room for many. */
         struct rlimit rl;
         if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
             rl.rlim_cur = rl.rlim_max;
@@ -120,6 +120,8 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = emu.cfg.vmm; break;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = emu.cfg.vmm; break;
+    /* Off unless CUDAEMU_FABRIC=1, like a GPU outside an NVLink/IMEX fabric. */
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: v = emu.cfg.vmm && emu.cfg.fabric; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
@@ -251,8 +253,8 @@ CUresult CUDAAPI cuCtxSynchronize(void)
         size_t pos = 0;
         CUstream s;
         while ((s = emu_map_next(&emu.streams, &pos, NULL)))
-            if (s->capture == EMU_CAP_ACTIVE)
-                s->capture = EMU_CAP_INVALIDATED;
+            if (s->cap)
+                s->cap->invalidated = true;
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     } else {
         emu_streams_complete_all_locked();

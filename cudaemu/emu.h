@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* The cu* declarations from cuda.h and the control API are the library's exports; everything
  * declared after the pop is internal (the build hides symbols by default). */
@@ -40,7 +41,12 @@
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                  \
     X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)     \
     X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphDestroy)              \
-    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)
+    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)    \
+    /* the capture graph (graph.c) */                                                             \
+    X(cuStreamUpdateCaptureDependencies) X(cuGraphAddEmptyNode) X(cuGraphNodeGetDependencies)     \
+    X(cuGraphGetNodes) X(cuGraphNodeGetType)                                                     \
+    /* pinned host memory, async copies and memset (host.c; services, issue 14) */                \
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async)
 
 #define EMU_STR2(x) #x
 #define EMU_ABI_NAME(fn) EMU_STR2(fn)
@@ -67,6 +73,7 @@ struct emu_config {
     size_t granularity;
     bool vmm;
     bool report;
+    bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC (issue 15) */
 };
 
 /* ---- open-addressed map from nonzero 64-bit keys to pointers (map.c) ---- */
@@ -88,13 +95,17 @@ struct CUctx_st {
     int ordinal;
 };
 
-/* Physical memory: one sparse memfd. Lives while any handle object refers to it. */
+/* Physical memory: a range of its device's sparse memory file (offset off), or, for handles
+ * exported (vmm_phys_promote) and for imports, a sparse memfd of its own (off 0). Lives while any handle
+ * object refers to it. */
 struct emu_phys {
     int fd;
+    bool own_fd;        /* fd is this object's own memfd (closed with it), not the device file */
+    off_t off;          /* offset of the memory in fd */
     int dev;
     size_t size;
     bool counted;       /* counted in the device's used bytes (not for foreign imports) */
-    bool exportable;    /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    unsigned handle_types; /* CUmemAllocationHandleType bits requested at create (or imported) */
     unsigned handles;   /* live handle objects pointing here */
 };
 
@@ -129,27 +140,54 @@ struct emu_alloc {
     int dev;
 };
 
-enum emu_capture { EMU_CAP_NONE, EMU_CAP_ACTIVE, EMU_CAP_INVALIDATED };
+/* A graph node: its graph, type and the nodes it depends on (fixed at creation). */
+struct CUgraphNode_st {
+    CUgraph graph;
+    CUgraphNodeType type;
+    CUgraphNode *deps;
+    size_t ndeps;
+    uint64_t mark;      /* traversal stamp (emu_graph_ancestors_locked) */
+};
+
+struct CUgraph_st {
+    struct emu_capseq *capture;  /* the capture still building it, or NULL */
+    CUgraphNode *nodes;          /* in creation order */
+    size_t nnodes, capnodes;
+};
+
+/* A capture sequence: begun on `origin`; other streams join it by waiting on an event recorded
+ * in it. It builds `graph`, which becomes the caller's at cuStreamEndCapture. */
+struct emu_capseq {
+    uint64_t id;
+    CUgraph graph;
+    CUstream origin;
+    CUstreamCaptureMode mode;
+    const void *thread;   /* identity of the thread that began the capture */
+    bool invalidated;
+};
+
+/* A set of nodes (a stream's capture dependencies, an event's captured ones). */
+struct emu_nodeset {
+    CUgraphNode *v;
+    CUgraphEdgeData *edges;  /* as many zeroed edge records, for cuStreamGetCaptureInfo */
+    size_t n, cap;
+};
 
 struct CUstream_st {
     unsigned flags;
     bool held;
     uint64_t submitted;   /* sequence number of the last work recorded while held */
     uint64_t completed;   /* work up to this sequence number has finished */
-    enum emu_capture capture;
-    CUstreamCaptureMode capture_mode;
-    const void *capture_thread;  /* identity of the thread that began the capture */
-    uint64_t capture_id;
+    struct emu_capseq *cap;    /* the capture this stream takes part in, or NULL */
+    struct emu_nodeset deps;   /* while capturing: what the next captured node depends on */
 };
 
 struct CUevent_st {
     unsigned flags;
     CUstream stream;      /* stream of the last record, or NULL when complete at record time */
     uint64_t seq;
-};
-
-struct CUgraph_st {
-    uint64_t capture_id;
+    uint64_t cap_id;      /* recorded in this capture (0: not in a capture) */
+    struct emu_nodeset deps;  /* the recording stream's dependencies at that point */
 };
 
 struct emu_state {
@@ -163,16 +201,30 @@ struct emu_state {
     struct emu_map handles;       /* id -> emu_handle */
     uint64_t next_handle;
     size_t nphys;                 /* live emu_phys objects */
-    struct emu_resv **resv;       /* sorted by base */
+    struct emu_resv **resv;       /* sorted by base, all inside the arena */
+    /* Address arena (vmm.c): one PROT_NONE range from which every reservation is carved, handed
+     * out rising from arena_next like the real driver, so placements repeat from run to run. */
+    uintptr_t arena_base;
+    size_t arena_size;
+    uintptr_t arena_next;
+    /* Device memory files (vmm.c): one sparse memfd per device, created on first use; each
+     * non-exportable cuMemCreate takes the next dev_off[dev] bytes (never reused: released
+     * ranges are punched out, so the file stays sparse). No descriptor per handle. */
+    int dev_fd[EMU_MAX_DEVICES];
+    bool dev_fd_open[EMU_MAX_DEVICES];
+    off_t dev_off[EMU_MAX_DEVICES];
     size_t nresv, capresv;
     size_t mapped_bytes;
     struct emu_map allocs;        /* base -> emu_alloc */
     struct emu_map streams;       /* pointer -> stream */
     struct emu_map events;
     struct emu_map graphs;
+    struct emu_map nodes;         /* every live graph node (handle validation) */
+    struct emu_map captures;      /* capture id -> live emu_capseq */
+    uint64_t mark_seq;            /* traversal stamps */
     struct CUstream_st null_stream;
     uint64_t capture_seq;
-    size_t captures_active;       /* streams with capture != NONE */
+    size_t captures_active;       /* streams taking part in a capture (cap != NULL) */
 };
 extern struct emu_state emu;
 
@@ -215,6 +267,30 @@ void emu_streams_complete_all_locked(void);
 /* Resolve a CUstream argument (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD -> the NULL stream);
  * NULL when it is not a live stream. Lock held. */
 CUstream emu_stream_resolve_locked(CUstream s);
+
+/* ---- graphs (graph.c); lock held ---- */
+/* A new empty graph, registered in emu.graphs; NULL when out of host memory. */
+CUgraph emu_graph_new_locked(void);
+/* Free @p g and its nodes (unregistered). */
+void emu_graph_free_locked(CUgraph g);
+/* Add a node of @p type depending on @p deps (valid nodes of @p g, no duplicates); NULL when out
+ * of host memory. */
+CUgraphNode emu_graph_add_locked(CUgraph g, CUgraphNodeType type, const CUgraphNode *deps, size_t n);
+/* Stamp every node reachable backwards from @p from (included) with a fresh mark; returns it. */
+uint64_t emu_graph_ancestors_locked(const CUgraphNode *from, size_t n);
+/* Replace (add = false) or extend (add = true) @p set with @p nodes, without duplicates.
+ * @return 0, or -1 when out of host memory (set unchanged). */
+int emu_nodeset_update(struct emu_nodeset *set, const CUgraphNode *nodes, size_t n, bool add);
+void emu_nodeset_free(struct emu_nodeset *set);
+/* A valid node handle (of a live graph), or NULL. */
+CUgraphNode emu_node_resolve_locked(CUgraphNode n);
+
+/* Per-device access check for a copy or memset by the current device (vmm.c): every VMM
+ * mapping overlapping [addr, addr + size) must grant @p dev at least @p need
+ * (CU_MEM_ACCESS_FLAGS_PROT_READ or _READWRITE). Ranges outside reservations, and unmapped VA
+ * inside them, are not checked here (the touch itself faults). @return CUDA_SUCCESS or
+ * CUDA_ERROR_ILLEGAL_ADDRESS. Takes emu.lock. */
+CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need);
 
 /* Free all state at exit (teardown.c); registered by cuInit. */
 void emu_report_print(void);

@@ -18,6 +18,7 @@ extern char **environ;
 static const char *const env_known[] = {
     "CUDAEMU_DEVICES", "CUDAEMU_TOTAL_MEM", "CUDAEMU_GRANULARITY", "CUDAEMU_VMM",
     "CUDAEMU_FAIL",    "CUDAEMU_LATENCY",   "CUDAEMU_REPORT",
+    "CUDAEMU_FABRIC", /* issue 15: emulated fabric handles */
 };
 
 static _Noreturn __attribute__((format(printf, 2, 3))) void env_die(const char *var, const char *fmt, ...)
@@ -177,7 +178,7 @@ static void env_load(void)
             snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100), *ep);
             env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
                           "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
-                          "CUDAEMU_REPORT)");
+                          "CUDAEMU_REPORT, CUDAEMU_FABRIC)");
         }
     }
 
@@ -187,6 +188,7 @@ static void env_load(void)
     c->granularity = (size_t)2 << 20;
     c->vmm = true;
     c->report = false;
+    c->fabric = false;
     const char *v;
     if ((v = getenv("CUDAEMU_DEVICES")))
         c->devices = (int)env_int("CUDAEMU_DEVICES", v, 0, EMU_MAX_DEVICES);
@@ -203,6 +205,8 @@ static void env_load(void)
         c->vmm = env_int("CUDAEMU_VMM", v, 0, 1);
     if ((v = getenv("CUDAEMU_REPORT")))
         c->report = env_int("CUDAEMU_REPORT", v, 0, 1);
+    if ((v = getenv("CUDAEMU_FABRIC")))
+        c->fabric = env_int("CUDAEMU_FABRIC", v, 0, 1);
     if ((v = getenv("CUDAEMU_FAIL"))) {
         emu_lock();
         env_each("CUDAEMU_FAIL", v, env_fail_item);

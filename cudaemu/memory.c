@@ -107,6 +107,11 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t
         return CUDA_SUCCESS;
     if (!dstDevice || !srcHost)
         return CUDA_ERROR_INVALID_VALUE;
+    /* The current device must have been granted access (cuMemSetAccess) to VMM memory. */
+    CUresult acc = emu_vmm_access_check((uintptr_t)dstDevice, ByteCount, emu_ctx_current()->ordinal,
+                                        CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
     return CUDA_SUCCESS;
 }
@@ -120,6 +125,11 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
         return CUDA_SUCCESS;
     if (!dstHost || !srcDevice)
         return CUDA_ERROR_INVALID_VALUE;
+    /* The current device must have been granted access (cuMemSetAccess) to VMM memory. */
+    CUresult acc = emu_vmm_access_check((uintptr_t)srcDevice, ByteCount, emu_ctx_current()->ordinal,
+                                        CU_MEM_ACCESS_FLAGS_PROT_READ);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
     return CUDA_SUCCESS;
 }
@@ -133,6 +143,11 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
         return CUDA_SUCCESS;
     if (!dstDevice)
         return CUDA_ERROR_INVALID_VALUE;
+    /* The current device must have been granted access (cuMemSetAccess) to VMM memory. */
+    CUresult acc = emu_vmm_access_check((uintptr_t)dstDevice, N, emu_ctx_current()->ordinal,
+                                        CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     memset((void *)(uintptr_t)dstDevice, uc, N);
     return CUDA_SUCCESS;
 }

@@ -9,7 +9,24 @@
  * legacy NULL stream (which waits for every blocking stream), or cuEventSynchronize of the event
  * (completes the stream's work up to that event). Waiting does not end the hold: work recorded
  * afterwards is pending again, so a test can keep a stream stalled across several waits.
- * cuStreamWaitEvent is treated as satisfied at once (cross-stream ordering is not modelled).
+ * cuStreamWaitEvent is treated as satisfied at once (cross-stream ordering is not modelled
+ * outside capture).
+ *
+ * Capture graph. A capture builds a graph (graph.c) as the driver does: each stream taking part
+ * has a dependency set, the nodes its next captured node will depend on. Captured work
+ * (cudaemu_stream_work) adds a node depending on that set and becomes the set;
+ * cuStreamUpdateCaptureDependencies replaces or extends it. cuEventRecord on a capturing stream
+ * copies the set into the event; cuStreamWaitEvent on such an event merges the event's set into
+ * the waiting stream's, and a stream that was not capturing thereby joins the capture (fork).
+ * cuStreamEndCapture must be called on the stream that began it
+ * (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED otherwise) and fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNJOINED, invalidating the capture, when another stream of it has a
+ * dependency that does not precede the origin stream's dependencies (it was never joined back).
+ * On success every stream of the capture leaves it and the graph is the caller's. Waiting in a
+ * capturing stream on an event recorded outside any capture, without CU_EVENT_WAIT_EXTERNAL, is
+ * invalid (CUDA_ERROR_STREAM_CAPTURE_ISOLATION; the capture is invalidated); so is waiting on an
+ * event of another capture (CUDA_ERROR_STREAM_CAPTURE_MERGE) or of a capture that has ended
+ * (CUDA_ERROR_STREAM_CAPTURE_ISOLATION, cudaemu's choice: the driver documents no code for it).
  *
  * Capture. Following the driver API's documentation of cuStreamBeginCapture and
  * cuThreadExchangeStreamCaptureMode ("potentially unsafe API calls"), and the CUDA Programming
@@ -57,8 +74,55 @@ void emu_streams_complete_all_locked(void)
 
 static void capture_invalidate(CUstream s)
 {
-    if (s->capture == EMU_CAP_ACTIVE)
-        s->capture = EMU_CAP_INVALIDATED;
+    if (s->cap)
+        s->cap->invalidated = true;
+}
+
+static CUstreamCaptureStatus capture_status(CUstream s)
+{
+    return !s->cap                ? CU_STREAM_CAPTURE_STATUS_NONE
+           : s->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+
+/* @p s leaves its capture. */
+static void capture_leave(CUstream s)
+{
+    s->cap = NULL;
+    s->deps.n = 0;
+    emu.captures_active--;
+}
+
+/* End capture sequence @p seq: every stream leaves it; the graph goes to the caller (@p keep)
+ * or is freed. */
+static void capture_finish(struct emu_capseq *seq, bool keep)
+{
+    size_t pos = 0;
+    CUstream o;
+    while ((o = emu_map_next(&emu.streams, &pos, NULL)))
+        if (o->cap == seq)
+            capture_leave(o);
+    emu_map_del(&emu.captures, seq->id);
+    seq->graph->capture = NULL;
+    if (!keep)
+        emu_graph_free_locked(seq->graph);
+    free(seq);
+}
+
+/* Does every other stream of @p seq have its dependencies before the origin's (joined)? */
+static bool capture_joined(struct emu_capseq *seq)
+{
+    uint64_t mark = emu_graph_ancestors_locked(seq->origin->deps.v, seq->origin->deps.n);
+    size_t pos = 0;
+    CUstream o;
+    while ((o = emu_map_next(&emu.streams, &pos, NULL))) {
+        if (o->cap != seq || o == seq->origin)
+            continue;
+        for (size_t i = 0; i < o->deps.n; i++)
+            if (o->deps.v[i]->mark != mark)
+                return false;
+    }
+    return true;
 }
 
 CUresult emu_capture_unsafe_call_locked(void)
@@ -69,11 +133,11 @@ CUresult emu_capture_unsafe_call_locked(void)
     size_t pos = 0;
     CUstream s;
     while ((s = emu_map_next(&emu.streams, &pos, NULL))) {
-        if (s->capture != EMU_CAP_ACTIVE || s->capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        if (!s->cap || s->cap->invalidated || s->cap->mode == CU_STREAM_CAPTURE_MODE_RELAXED)
             continue;
-        bool own = s->capture_thread == &thread_token;
+        bool own = s->cap->thread == &thread_token;
         if (own || (thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
-                    s->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+                    s->cap->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
             capture_invalidate(s);
             prohibited = true;
         }
@@ -106,7 +170,7 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
 }
 
 /* Like the driver, destroying a stream lets its pending work complete (a held stream's events
- * become complete) and ends a capture on it. */
+ * become complete). A capture it takes part in is invalidated; one it began is dropped. */
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
 {
     EMU_ENTER(cuStreamDestroy);
@@ -118,8 +182,16 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
         emu_unlock();
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    if (s->capture != EMU_CAP_NONE)
-        emu.captures_active--;
+    if (s->cap) {
+        /* Without its origin a capture can never end: it is dropped with its graph. */
+        struct emu_capseq *seq = s->cap;
+        capture_leave(s);
+        if (seq->origin == s)
+            capture_finish(seq, false);
+        else
+            seq->invalidated = true;
+    }
+    emu_nodeset_free(&s->deps);
     size_t pos = 0;
     CUevent e;
     while ((e = emu_map_next(&emu.events, &pos, NULL)))
@@ -137,7 +209,7 @@ static CUresult stream_legacy_capture_check(void)
     size_t pos = 0;
     CUstream s;
     while ((s = emu_map_next(&emu.streams, &pos, NULL))) {
-        if (s->capture != EMU_CAP_NONE && !(s->flags & CU_STREAM_NON_BLOCKING)) {
+        if (s->cap && !(s->flags & CU_STREAM_NON_BLOCKING)) {
             capture_invalidate(s);
             r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
         }
@@ -153,7 +225,7 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
     CUstream s = emu_stream_resolve_locked(hStream);
     if (!s) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (s->capture != EMU_CAP_NONE) {
+    } else if (s->cap) {
         capture_invalidate(s);
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     } else if (s == &emu.null_stream) {
@@ -182,7 +254,7 @@ CUresult CUDAAPI cuStreamQuery(CUstream hStream)
     CUstream s = emu_stream_resolve_locked(hStream);
     if (!s) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (s->capture != EMU_CAP_NONE) {
+    } else if (s->cap) {
         capture_invalidate(s);
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     } else if (s->completed < s->submitted) {
@@ -197,10 +269,34 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
     EMU_ENTER(cuStreamWaitEvent);
     emu_lock();
     CUresult r = CUDA_SUCCESS;
-    if (!emu_stream_resolve_locked(hStream) || !emu_map_get(&emu.events, (uint64_t)(uintptr_t)hEvent))
+    CUstream s = emu_stream_resolve_locked(hStream);
+    CUevent e = emu_map_get(&emu.events, (uint64_t)(uintptr_t)hEvent);
+    if (!s || !e) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    else if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
+    } else if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) {
         r = CUDA_ERROR_INVALID_VALUE;
+    } else if (e->cap_id && !(Flags & CU_EVENT_WAIT_EXTERNAL)) {
+        /* A captured event: the waiting stream takes its dependencies (and joins the capture). */
+        struct emu_capseq *seq = emu_map_get(&emu.captures, e->cap_id);
+        if (!seq) {
+            capture_invalidate(s);
+            r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        } else if (s->cap && s->cap != seq) {
+            r = CUDA_ERROR_STREAM_CAPTURE_MERGE;
+        } else if (s == &emu.null_stream) {
+            capture_invalidate(seq->origin);
+            r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        } else if (emu_nodeset_update(&s->deps, e->deps.v, e->deps.n, s->cap != NULL)) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (!s->cap) {
+            s->cap = seq;
+            emu.captures_active++;
+        }
+    } else if (s->cap && !(Flags & CU_EVENT_WAIT_EXTERNAL)) {
+        /* An event from outside the capture would be a dependency across its boundary. */
+        capture_invalidate(s);
+        r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    }
     emu_unlock();
     return r;
 }
@@ -220,14 +316,27 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode
         r = CUDA_ERROR_INVALID_HANDLE;
     } else if (s == &emu.null_stream) {
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    } else if (s->capture != EMU_CAP_NONE) {
+    } else if (s->cap) {
         r = CUDA_ERROR_ILLEGAL_STATE;
     } else {
-        s->capture = EMU_CAP_ACTIVE;
-        s->capture_mode = mode;
-        s->capture_thread = &thread_token;
-        s->capture_id = ++emu.capture_seq;
-        emu.captures_active++;
+        struct emu_capseq *seq = calloc(1, sizeof *seq);
+        CUgraph g = seq ? emu_graph_new_locked() : NULL;
+        if (!g || emu_map_put(&emu.captures, emu.capture_seq + 1, seq)) {
+            if (g)
+                emu_graph_free_locked(g);
+            free(seq);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            seq->id = ++emu.capture_seq;
+            seq->graph = g;
+            seq->origin = s;
+            seq->mode = mode;
+            seq->thread = &thread_token;
+            g->capture = seq;
+            s->cap = seq;
+            s->deps.n = 0;
+            emu.captures_active++;
+        }
     }
     emu_unlock();
     return r;
@@ -241,30 +350,25 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     emu_lock();
     CUresult r = CUDA_SUCCESS;
     CUstream s = emu_stream_resolve_locked(hStream);
+    struct emu_capseq *seq = s ? s->cap : NULL;
     if (!s) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (s->capture == EMU_CAP_NONE) {
+    } else if (!seq) {
         r = CUDA_ERROR_ILLEGAL_STATE;
-    } else if (s->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->capture_thread != &thread_token) {
+    } else if (seq->origin != s) {
+        r = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    } else if (seq->mode != CU_STREAM_CAPTURE_MODE_RELAXED && seq->thread != &thread_token) {
         r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     } else {
-        bool invalid = s->capture == EMU_CAP_INVALIDATED;
-        uint64_t id = s->capture_id;
-        s->capture = EMU_CAP_NONE;
-        emu.captures_active--;
         *phGraph = NULL;
-        if (invalid) {
+        if (seq->invalidated) {
             r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else if (!capture_joined(seq)) {
+            r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
         } else {
-            CUgraph g = calloc(1, sizeof *g);
-            if (!g || emu_map_put(&emu.graphs, (uint64_t)(uintptr_t)g, g)) {
-                free(g);
-                r = CUDA_ERROR_OUT_OF_MEMORY;
-            } else {
-                g->capture_id = id;
-                *phGraph = g;
-            }
+            *phGraph = seq->graph;
         }
+        capture_finish(seq, r == CUDA_SUCCESS);
     }
     emu_unlock();
     return r;
@@ -285,9 +389,7 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *ca
          * dependency on the capture. */
         r = stream_legacy_capture_check();
     } else {
-        *captureStatus = s->capture == EMU_CAP_ACTIVE        ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                         : s->capture == EMU_CAP_INVALIDATED ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                                                             : CU_STREAM_CAPTURE_STATUS_NONE;
+        *captureStatus = capture_status(s);
     }
     if (r == CUDA_SUCCESS && s == &emu.null_stream)
         *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -295,6 +397,8 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *ca
     return r;
 }
 
+/* The dependency array handed out stays valid until the next call on the stream, as documented;
+ * edge data is always the default (zeroed). */
 CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
                                         cuuint64_t *id_out, CUgraph *graph_out,
                                         const CUgraphNode **dependencies_out,
@@ -302,7 +406,7 @@ CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus 
                                         size_t *numDependencies_out)
 {
     EMU_ENTER(cuStreamGetCaptureInfo);
-    if (!captureStatus_out)
+    if (!captureStatus_out || (edgeData_out && !dependencies_out))
         return CUDA_ERROR_INVALID_VALUE;
     emu_lock();
     CUstream s = emu_stream_resolve_locked(hStream);
@@ -310,21 +414,26 @@ CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus 
         emu_unlock();
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    enum emu_capture c = s->capture;
-    *captureStatus_out = c == EMU_CAP_ACTIVE        ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                         : c == EMU_CAP_INVALIDATED ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                                                    : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (s == &emu.null_stream && emu.captures_active) {
+        CUresult r = stream_legacy_capture_check();
+        if (r != CUDA_SUCCESS) {
+            emu_unlock();
+            return r;
+        }
+    }
+    CUstreamCaptureStatus st = capture_status(s);
+    bool active = st == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    *captureStatus_out = st;
     if (id_out)
-        *id_out = c != EMU_CAP_NONE ? s->capture_id : 0;
-    /* No graph is built while capturing: the graph only exists after cuStreamEndCapture. */
+        *id_out = s->cap ? s->cap->id : 0;
     if (graph_out)
-        *graph_out = NULL;
+        *graph_out = active ? s->cap->graph : NULL;
     if (dependencies_out)
-        *dependencies_out = NULL;
+        *dependencies_out = active && s->deps.n ? s->deps.v : NULL;
     if (edgeData_out)
-        *edgeData_out = NULL;
+        *edgeData_out = active && s->deps.n ? s->deps.edges : NULL;
     if (numDependencies_out)
-        *numDependencies_out = 0;
+        *numDependencies_out = active ? s->deps.n : 0;
     emu_unlock();
     return CUDA_SUCCESS;
 }
@@ -338,18 +447,6 @@ CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
     CUstreamCaptureMode old = thread_capture_mode;
     thread_capture_mode = *mode;
     *mode = old;
-    return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
-{
-    EMU_ENTER(cuGraphDestroy);
-    emu_lock();
-    CUgraph g = emu_map_del(&emu.graphs, (uint64_t)(uintptr_t)hGraph);
-    emu_unlock();
-    if (!g)
-        return CUDA_ERROR_INVALID_VALUE;
-    free(g);
     return CUDA_SUCCESS;
 }
 
@@ -386,10 +483,13 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent)
     emu_unlock();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
+    emu_nodeset_free(&e->deps);
     free(e);
     return CUDA_SUCCESS;
 }
 
+/* On a capturing stream the event takes the stream's capture dependencies (for waits in the
+ * capture) and is complete for queries. */
 CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
 {
     EMU_ENTER(cuEventRecord);
@@ -399,11 +499,22 @@ CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
     CUstream s = emu_stream_resolve_locked(hStream);
     if (!e || !s) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (s->held && s->capture == EMU_CAP_NONE) {
+    } else if (s->cap) {
+        if (s->cap->invalidated) {
+            r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else if (emu_nodeset_update(&e->deps, s->deps.v, s->deps.n, false)) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            e->cap_id = s->cap->id;
+            e->stream = NULL;
+        }
+    } else if (s->held) {
         e->stream = s;
         e->seq = ++s->submitted;
+        e->cap_id = 0;
     } else {
         e->stream = NULL;
+        e->cap_id = 0;
     }
     emu_unlock();
     return r;
@@ -459,4 +570,25 @@ void cudaemu_stream_release(CUstream stream)
         stream_complete(s);
     }
     emu_unlock();
+}
+
+int cudaemu_stream_work(CUstream stream)
+{
+    emu_env_once();
+    emu_lock();
+    int rc = 0;
+    CUstream s = emu_stream_resolve_locked(stream);
+    if (!s) {
+        rc = -1;
+    } else if (s->cap) {
+        CUgraphNode n = NULL;
+        if (s->cap->invalidated ||
+            !(n = emu_graph_add_locked(s->cap->graph, CU_GRAPH_NODE_TYPE_KERNEL, s->deps.v, s->deps.n)) ||
+            emu_nodeset_update(&s->deps, &n, 1, false))
+            rc = -1;
+    } else if (s->held) {
+        s->submitted++;
+    }
+    emu_unlock();
+    return rc;
 }

@@ -1,21 +1,27 @@
 /*
  * Virtual memory management over host memory.
  *
- *   reserve     mmap(PROT_NONE, MAP_NORESERVE) at the hint when that range is free, else anywhere
- *   create      memfd_create + ftruncate: sparse, so a large device costs nothing until touched
- *   map         mmap(MAP_FIXED|MAP_SHARED, memfd, offset), left PROT_NONE: no access until
+ *   reserve     a range of the address arena: one PROT_NONE, MAP_NORESERVE mapping made once,
+ *               from which reservations are handed out rising (next fit from the end of the last
+ *               one), at the hint when it is free and allowed (the H100's rules, below)
+ *   create      a range of the device's sparse memory file (one memfd per device, so no file
+ *               descriptor per handle); a handle gets a sparse memfd of its own when first
+ *               exported (vmm_phys_promote), so an exported descriptor names that memory only
+ *   map         mmap(MAP_FIXED|MAP_SHARED, fd, offset), left PROT_NONE: no access until
  *               cuMemSetAccess, as on the device
  *   set access  mprotect(PROT_READ[|PROT_WRITE])
  *   unmap       mmap(MAP_FIXED, anonymous, PROT_NONE, MAP_NORESERVE) over the range: reserved again
- *   release     drops the caller's reference; the memfd closes when no handle and no mapping is left
+ *   release     drops the caller's reference; the memory goes (its file range punched out, or its
+ *               own memfd closed) when no handle and no mapping is left
  *
- * The rules and error codes follow the driver's documentation (shared/reference/testing-and-vmm.md
- * §3); where the driver leaves behaviour undefined (an unknown handle) cudaemu returns
+ * The rules and error codes follow the driver's documentation of the VMM calls, checked against an
+ * H100 (cudaemu/README.md); where the driver leaves behaviour undefined (an unknown handle) cudaemu returns
  * CUDA_ERROR_INVALID_VALUE. All state is under emu.lock.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -23,10 +29,6 @@
 #include <unistd.h>
 
 #include "cudaemu/emu.h"
-
-#ifndef MAP_FIXED_NOREPLACE
-#define MAP_FIXED_NOREPLACE 0x100000
-#endif
 
 /* ---- allocation properties ---- */
 
@@ -40,8 +42,11 @@ static CUresult vmm_prop_check(const CUmemAllocationProp *prop, int *dev)
         return CUDA_ERROR_INVALID_DEVICE;
     if (!emu.cfg.vmm)
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
-        prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    /* A bit mask: POSIX file descriptors always, fabric handles only when emulated
+     * (CUDAEMU_FABRIC=1); any other type (Win32, KMT) is not supported. */
+    unsigned types = (unsigned)prop->requestedHandleTypes;
+    unsigned ok = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (emu.cfg.fabric ? CU_MEM_HANDLE_TYPE_FABRIC : 0);
+    if (types & ~ok)
         return CUDA_ERROR_NOT_SUPPORTED;
     *dev = prop->location.id;
     return CUDA_SUCCESS;
@@ -132,31 +137,84 @@ static struct emu_mapping *vmm_mapping_at(uintptr_t addr, struct emu_resv **resv
     return &r->maps[i];
 }
 
-/* PROT_NONE, MAP_NORESERVE address space: at @p hint when that range is free, else anywhere
- * aligned to @p align. The kernel keeps these apart from cuMemAlloc blocks and each other. */
-static void *vmm_mmap_reserve(void *hint, size_t size, size_t align)
+/* ---- the address arena ---- */
+
+/* Measured on an H100 (driver 13.0): a reservation of 32 MiB or more is placed at its address
+ * hint only when the hint is 32 MiB-aligned, and such reservations come back 32 MiB-aligned. */
+#define EMU_VA_BIG ((size_t)32 << 20)
+
+/* Arena size: most of the 128 TiB user address space is free, but sanitizers claim fixed parts
+ * of it (ThreadSanitizer leaves a few TiB of application memory), so ask for less there and
+ * halve on refusal. */
+#if defined(__SANITIZE_THREAD__)
+#define EMU_ARENA_MAX ((size_t)1 << 40)
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_ARENA_MAX ((size_t)1 << 40)
+#endif
+#endif
+#ifndef EMU_ARENA_MAX
+#define EMU_ARENA_MAX ((size_t)32 << 40)
+#endif
+#define EMU_ARENA_MIN ((size_t)1 << 30)
+
+static bool vmm_arena_ready_locked(void)
 {
-    int fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
-    if (hint) {
-        void *p = mmap(hint, size, PROT_NONE, fl | MAP_FIXED_NOREPLACE, -1, 0);
-        if (p == hint)
-            return p;
-        if (p != MAP_FAILED)   /* a kernel without MAP_FIXED_NOREPLACE placed it elsewhere */
-            munmap(p, size);
+    if (emu.arena_size)
+        return true;
+    for (size_t sz = EMU_ARENA_MAX; sz >= EMU_ARENA_MIN; sz /= 2) {
+        /* One extra EMU_VA_BIG so that the arena can start 32 MiB-aligned. */
+        void *p = mmap(NULL, sz + EMU_VA_BIG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            continue;
+        uintptr_t start = ((uintptr_t)p + EMU_VA_BIG - 1) & ~(uintptr_t)(EMU_VA_BIG - 1);
+        if (start != (uintptr_t)p)
+            munmap(p, start - (uintptr_t)p);
+        uintptr_t end = (uintptr_t)p + sz + EMU_VA_BIG;
+        if (end != start + sz)
+            munmap((void *)(start + sz), end - (start + sz));
+        emu.arena_base = emu.arena_next = start;
+        emu.arena_size = sz;
+        return true;
     }
-    /* Over-reserve by the alignment and trim both ends. */
-    if (size + align < size)
-        return NULL;
-    char *p = mmap(NULL, size + align, PROT_NONE, fl, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    uintptr_t start = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
-    size_t head = start - (uintptr_t)p, tail = align - head;
-    if (head)
-        munmap(p, head);
-    if (tail)
-        munmap((char *)start + size, tail);
-    return (void *)start;
+    return false;
+}
+
+static inline uintptr_t vmm_align_up(uintptr_t x, size_t align)
+{
+    return (x + align - 1) & ~(uintptr_t)(align - 1);
+}
+
+/* Is [addr, addr + size) inside the arena and free of reservations? Lock held. */
+static bool vmm_arena_free(uintptr_t addr, size_t size)
+{
+    uintptr_t lo = emu.arena_base, hi = emu.arena_base + emu.arena_size;
+    if (addr < lo || addr >= hi || size > hi - addr)
+        return false;
+    long i = vmm_resv_floor(addr + size - 1);
+    return i < 0 || emu.resv[i]->base + emu.resv[i]->size <= addr;
+}
+
+/* The lowest @p align-aligned start at or above @p from where @p size bytes fit in the arena
+ * between reservations, or 0. Lock held. */
+static uintptr_t vmm_arena_fit(uintptr_t from, size_t size, size_t align)
+{
+    uintptr_t hi = emu.arena_base + emu.arena_size;
+    uintptr_t a = vmm_align_up(from, align);
+    long i = vmm_resv_floor(a);
+    if (i >= 0 && emu.resv[i]->base + emu.resv[i]->size > a)
+        a = vmm_align_up(emu.resv[i]->base + emu.resv[i]->size, align);
+    for (size_t j = (size_t)(i + 1); j < emu.nresv; j++) {
+        if (a >= hi || size > hi - a)
+            return 0;
+        if (emu.resv[j]->base >= a + size)
+            break;
+        if (emu.resv[j]->base + emu.resv[j]->size > a)
+            a = vmm_align_up(emu.resv[j]->base + emu.resv[j]->size, align);
+    }
+    if (a >= hi || size > hi - a)
+        return 0;
+    return a;
 }
 
 CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
@@ -167,6 +225,8 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
         (alignment && !emu_is_pow2(alignment)))
         return CUDA_ERROR_INVALID_VALUE;
     size_t align = alignment > emu.cfg.granularity ? alignment : emu.cfg.granularity;
+    if (size >= EMU_VA_BIG && align < EMU_VA_BIG)
+        align = EMU_VA_BIG;
     if (addr & (align - 1))
         addr = 0;   /* a hint that breaks the alignment is not honoured */
     struct emu_resv *r = calloc(1, sizeof *r);
@@ -184,13 +244,22 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
         emu.resv = n;
         emu.capresv = ncap;
     }
-    void *p = vmm_mmap_reserve((void *)(uintptr_t)addr, size, align);
+    uintptr_t p = 0;
+    if (vmm_arena_ready_locked()) {
+        if (addr && vmm_arena_free((uintptr_t)addr, size))
+            p = (uintptr_t)addr;
+        if (!p)
+            p = vmm_arena_fit(emu.arena_next, size, align);
+        if (!p)
+            p = vmm_arena_fit(emu.arena_base, size, align);
+    }
     if (!p) {
         emu_unlock();
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    r->base = (uintptr_t)p;
+    emu.arena_next = p + size;
+    r->base = p;
     r->size = size;
     long at = vmm_resv_floor(r->base) + 1;
     memmove(&emu.resv[at + 1], &emu.resv[at], (emu.nresv - (size_t)at) * sizeof *emu.resv);
@@ -209,12 +278,12 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
     emu_lock();
     long i = vmm_resv_floor((uintptr_t)ptr);
     struct emu_resv *r = i >= 0 ? emu.resv[i] : NULL;
-    /* Only a whole reservation with nothing mapped. */
+    /* Only a whole reservation with nothing mapped. Its range is PROT_NONE arena again already
+     * (unmap put anonymous PROT_NONE memory back), so only the bookkeeping goes. */
     if (!r || r->base != (uintptr_t)ptr || r->size != size || r->nmaps) {
         emu_unlock();
         return CUDA_ERROR_INVALID_VALUE;
     }
-    munmap((void *)r->base, r->size);
     memmove(&emu.resv[i], &emu.resv[i + 1], (emu.nresv - (size_t)i - 1) * sizeof *emu.resv);
     emu.nresv--;
     emu_unlock();
@@ -241,7 +310,10 @@ static void vmm_handle_maybe_free(struct emu_handle *hd)
     free(hd);
     if (--ph->handles)
         return;
-    close(ph->fd);
+    if (ph->own_fd)
+        close(ph->fd);
+    else   /* give the pages back; the range itself is never handed out again */
+        (void)fallocate(ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ph->off, (off_t)ph->size);
     if (ph->counted)
         emu.used[ph->dev] -= ph->size;
     emu.nphys--;
@@ -277,6 +349,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     CUresult r = vmm_prop_check(prop, &dev);
     if (r != CUDA_SUCCESS)
         return r;
+    unsigned types = (unsigned)prop->requestedHandleTypes;
     if (size == 0 || !vmm_aligned(size))
         return CUDA_ERROR_INVALID_VALUE;
     struct emu_phys *ph = calloc(1, sizeof *ph);
@@ -287,23 +360,37 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto fail;
     }
-    ph->fd = memfd_create("cudaemu", MFD_CLOEXEC);
-    if (ph->fd < 0) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-        goto fail;
-    }
-    if (ftruncate(ph->fd, (off_t)size)) {
-        close(ph->fd);
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-        goto fail;
+    /* Every handle starts as a range of the device file, exportable or not: xseg asks for
+     * shareable pages by default (expandable_segments_ipc), and a descriptor per page would hit
+     * the descriptor limit on large traces. A handle gets a memfd of its own when it is first
+     * exported (vmm_phys_promote). */
+    ph->handle_types = types;
+    {
+        if (!emu.dev_fd_open[dev]) {
+            int fd = memfd_create("cudaemu-device", MFD_CLOEXEC);
+            if (fd < 0) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                goto fail;
+            }
+            emu.dev_fd[dev] = fd;
+            emu.dev_fd_open[dev] = true;
+        }
+        off_t off = emu.dev_off[dev];
+        if (ftruncate(emu.dev_fd[dev], off + (off_t)size)) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        ph->fd = emu.dev_fd[dev];
+        ph->off = off;
+        emu.dev_off[dev] = off + (off_t)size;
     }
     ph->dev = dev;
     ph->size = size;
     ph->counted = true;
-    ph->exportable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     r = vmm_handle_new(ph, handle);
     if (r != CUDA_SUCCESS) {
-        close(ph->fd);
+        if (ph->own_fd)
+            close(ph->fd);
         goto fail;
     }
     emu.used[dev] += size;
@@ -348,6 +435,91 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
     return CUDA_SUCCESS;
 }
 
+static int vmm_prot(const struct emu_mapping *m);
+
+/* Give @p ph a memfd of its own, so that an exported descriptor (or fabric handle) names this
+ * memory only: its bytes are copied over from the device file (all-zero chunks skipped, so the
+ * copy stays sparse), every mapping of it is moved onto the new file in place (MAP_FIXED replaces
+ * the old mapping atomically, with the same protection), and its range of the device file is
+ * punched out. Lock held. A store by another thread into the memory during the copy may be lost;
+ * the driver has no such window (cudaemu's infidelity, README). */
+static CUresult vmm_phys_promote(struct emu_phys *ph)
+{
+    if (ph->own_fd)
+        return CUDA_SUCCESS;
+    int fd = memfd_create("cudaemu", MFD_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ftruncate(fd, (off_t)ph->size)) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(CHUNK);
+    if (!buf) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (size_t at = 0; at < ph->size; at += CHUNK) {
+        size_t n = ph->size - at < CHUNK ? ph->size - at : CHUNK;
+        ssize_t got = pread(ph->fd, buf, n, ph->off + (off_t)at);
+        if (got != (ssize_t)n) {
+            free(buf);
+            close(fd);
+            return CUDA_ERROR_UNKNOWN;
+        }
+        size_t k = 0;
+        while (k < n && !buf[k])
+            k++;
+        if (k < n && pwrite(fd, buf, n, (off_t)at) != (ssize_t)n) {
+            free(buf);
+            close(fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    free(buf);
+    for (size_t i = 0; i < emu.nresv; i++) {
+        struct emu_resv *rv = emu.resv[i];
+        for (size_t j = 0; j < rv->nmaps; j++) {
+            struct emu_mapping *m = &rv->maps[j];
+            if (m->handle->phys != ph)
+                continue;
+            if (mmap((void *)m->base, m->size, vmm_prot(m), MAP_SHARED | MAP_FIXED, fd, (off_t)m->offset) ==
+                MAP_FAILED) {
+                /* Mappings moved so far already use the new file: keep it (no data is lost, the
+                 * old range stays in the device file until release). */
+                close(fd);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+    }
+    (void)fallocate(ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ph->off, (off_t)ph->size);
+    ph->fd = fd;
+    ph->off = 0;
+    ph->own_fd = true;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * Emulated fabric handle (CUDAEMU_FABRIC=1). A real CUmemFabricHandle is 64 opaque bytes that
+ * any process in the same NVLink/IMEX domain can import, with no descriptor passing. Here it
+ * names the exporter's memfd through /proc: the exporting process id, the descriptor number of
+ * the physical memory's memfd (open while the memory lives, as a fabric handle is valid while its
+ * allocation is), and the file's device and inode, which the importer checks so that a stale
+ * handle whose descriptor number was reused is refused rather than mapping other memory.
+ */
+#define EMU_FABRIC_MAGIC 0x4642434d55454443ULL /* "CDEUMCBF" */
+struct emu_fabric {
+    uint64_t magic;
+    int32_t pid;
+    int32_t fd;
+    uint64_t st_dev;
+    uint64_t st_ino;
+    uint64_t size;
+    unsigned char pad[64 - 40];
+};
+_Static_assert(sizeof(struct emu_fabric) == sizeof(CUmemFabricHandle), "fabric handle layout");
+
 CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
                                               CUmemAllocationHandleType handleType,
                                               unsigned long long flags)
@@ -355,14 +527,38 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneri
     EMU_ENTER(cuMemExportToShareableHandle);
     if (!shareableHandle || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+        !(handleType == CU_MEM_HANDLE_TYPE_FABRIC && emu.cfg.fabric))
         return CUDA_ERROR_NOT_SUPPORTED;
     emu_lock();
     struct emu_handle *hd = vmm_handle_get(handle);
     /* Export needs the handle type requested at create time. */
-    if (!hd || !hd->phys->exportable) {
+    if (!hd || !(hd->phys->handle_types & (unsigned)handleType)) {
         emu_unlock();
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUresult pr = vmm_phys_promote(hd->phys);
+    if (pr != CUDA_SUCCESS) {
+        emu_unlock();
+        return pr;
+    }
+    if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) {
+        struct stat st;
+        if (fstat(hd->phys->fd, &st)) {
+            emu_unlock();
+            return CUDA_ERROR_UNKNOWN;
+        }
+        struct emu_fabric f;
+        memset(&f, 0, sizeof f);
+        f.magic = EMU_FABRIC_MAGIC;
+        f.pid = (int32_t)getpid();
+        f.fd = hd->phys->fd;
+        f.st_dev = (uint64_t)st.st_dev;
+        f.st_ino = (uint64_t)st.st_ino;
+        f.size = hd->phys->size;
+        emu_unlock();
+        memcpy(shareableHandle, &f, sizeof f);
+        return CUDA_SUCCESS;
     }
     int fd = fcntl(hd->phys->fd, F_DUPFD_CLOEXEC, 0);
     emu_unlock();
@@ -372,19 +568,54 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneri
     return CUDA_SUCCESS;
 }
 
+/* Open the memfd an emulated fabric handle names (another process's, through /proc). @return a
+ * new descriptor, or -1 when the handle is malformed, its process is gone, or the descriptor
+ * there is no longer that memory. */
+static int vmm_fabric_open(const void *handle)
+{
+    struct emu_fabric f;
+    memcpy(&f, handle, sizeof f);
+    if (f.magic != EMU_FABRIC_MAGIC || f.pid <= 0 || f.fd < 0)
+        return -1;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)f.pid, (int)f.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) || (uint64_t)st.st_dev != f.st_dev || (uint64_t)st.st_ino != f.st_ino ||
+        (uint64_t)st.st_size != f.size) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
                                                 CUmemAllocationHandleType shHandleType)
 {
     EMU_ENTER(cuMemImportFromShareableHandle);
     if (!handle)
         return CUDA_ERROR_INVALID_VALUE;
-    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    int fd, owned = -1; /* owned: a descriptor this call opened (fabric), closed before return */
+    if (shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        fd = (int)(intptr_t)osHandle;
+    } else if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC && emu.cfg.fabric) {
+        if (!osHandle)
+            return CUDA_ERROR_INVALID_VALUE;
+        fd = owned = vmm_fabric_open(osHandle);
+        if (fd < 0)
+            return CUDA_ERROR_INVALID_VALUE;
+    } else {
         return CUDA_ERROR_NOT_SUPPORTED;
-    int fd = (int)(intptr_t)osHandle;
+    }
     struct stat st;
     if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
-        !vmm_aligned((uintptr_t)st.st_size))
+        !vmm_aligned((uintptr_t)st.st_size)) {
+        if (owned >= 0)
+            close(owned);
         return CUDA_ERROR_INVALID_VALUE;
+    }
     CUresult r;
     emu_lock();
     /* An fd exported by this process names memory we already track: share it, so the device's
@@ -394,7 +625,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     struct emu_phys *ph = NULL;
     while ((hd = emu_map_next(&emu.handles, &pos, NULL))) {
         struct stat hs;
-        if (!fstat(hd->phys->fd, &hs) && hs.st_dev == st.st_dev && hs.st_ino == st.st_ino) {
+        if (hd->phys->own_fd && !fstat(hd->phys->fd, &hs) && hs.st_dev == st.st_dev && hs.st_ino == st.st_ino) {
             ph = hd->phys;
             break;
         }
@@ -402,20 +633,32 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     if (ph) {
         r = vmm_handle_new(ph, handle);
         emu_unlock();
+        if (owned >= 0)
+            close(owned);
         return r;
     }
     /* Memory of another process: held here through our own descriptor, not counted on our
      * device (its owner counts it). */
     ph = calloc(1, sizeof *ph);
-    int nfd = ph ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    int nfd = -1;
+    if (ph && owned >= 0) {
+        nfd = owned; /* the descriptor opened through /proc becomes ours */
+        owned = -1;
+    } else if (ph) {
+        nfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    }
     if (nfd < 0) {
         emu_unlock();
         free(ph);
+        if (owned >= 0)
+            close(owned);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     ph->fd = nfd;
+    ph->own_fd = true;
     ph->size = (size_t)st.st_size;
-    ph->exportable = true;
+    /* Re-exportable as the type it came in (a fabric import exports a fabric handle again). */
+    ph->handle_types = (unsigned)shHandleType;
     r = vmm_handle_new(ph, handle);
     if (r != CUDA_SUCCESS) {
         close(nfd);
@@ -471,7 +714,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         rv->capmaps = ncap;
     }
     if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, hd->phys->fd,
-             (off_t)offset) == MAP_FAILED) {
+             hd->phys->off + (off_t)offset) == MAP_FAILED) {
         /* Out of kernel map entries, most likely; the range is still our PROT_NONE reserve. */
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -612,4 +855,42 @@ CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *
         *flags = m->access[location->id];
     emu_unlock();
     return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- per-device access (issue 15) ---- */
+
+CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need)
+{
+    if (size == 0 || addr + size < addr)
+        return CUDA_SUCCESS;
+    uintptr_t end = addr + size;
+    CUresult r = CUDA_SUCCESS;
+    emu_lock();
+    /* Every reservation overlapping the range, then every mapping of it overlapping the range. */
+    long i = vmm_resv_floor(addr);
+    if (i < 0)
+        i = 0;
+    for (; (size_t)i < emu.nresv && emu.resv[i]->base < end && r == CUDA_SUCCESS; i++) {
+        struct emu_resv *rv = emu.resv[i];
+        if (rv->base + rv->size <= addr)
+            continue;
+        long j = vmm_map_floor(rv, addr);
+        if (j < 0)
+            j = 0;
+        for (; (size_t)j < rv->nmaps && rv->maps[j].base < end; j++) {
+            const struct emu_mapping *m = &rv->maps[j];
+            if (m->base + m->size <= addr)
+                continue;
+            /* READWRITE includes READ; READ does not satisfy a write. */
+            unsigned have = m->access[dev];
+            bool ok = need == CU_MEM_ACCESS_FLAGS_PROT_READ ? have != CU_MEM_ACCESS_FLAGS_PROT_NONE
+                                                           : have == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            if (!ok) {
+                r = CUDA_ERROR_ILLEGAL_ADDRESS;
+                break;
+            }
+        }
+    }
+    emu_unlock();
+    return r;
 }

@@ -110,7 +110,9 @@ XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUs
 /**
  * Return memory from xseg_malloc to the cache. NULL is a no-op.
  * @return XSEG_ERROR_INVALID_VALUE (pointer in the message) for a pointer xseg did not return or
- *         freed already; nothing changes then.
+ *         freed already; nothing changes then. Otherwise the pointer is freed: a driver failure
+ *         while recording the work of streams given to xseg_record_stream only keeps the memory
+ *         pending (retried at the next xseg_malloc or xseg_empty_cache, never reused early).
  */
 XSEG_API xseg_status xseg_free(void *ptr);
 
@@ -118,6 +120,8 @@ XSEG_API xseg_status xseg_free(void *ptr);
  * Mark @p ptr as used on @p stream: when it is freed, its memory is reused only after the work
  * queued on @p stream up to the free has completed. Recording the allocation's own stream is a
  * no-op.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation, or a @p stream
+ *         the driver does not know (destroyed, or not a stream); nothing is recorded then.
  */
 XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream);
 
@@ -135,7 +139,13 @@ XSEG_API xseg_status xseg_empty_cache(int device);
  */
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device);
 
-/** Enable access to @p device's memory from @p peer (existing and future segments). */
+/**
+ * Enable access to @p device's memory from @p peer: every page mapped now and every page mapped
+ * later, in one cuMemSetAccess per contiguous run (expandable segments; new runs get one call for
+ * the owner and all peers). Classic cuMemAlloc segments are not covered (they need
+ * cuCtxEnablePeerAccess in the peer's context). Enabling twice is a no-op; @p peer == @p device too.
+ * @return XSEG_ERROR_NOT_SUPPORTED when the driver says @p peer cannot access @p device.
+ */
 XSEG_API xseg_status xseg_enable_peer_access(int device, int peer);
 
 /* ---------------------------------------------------------------------------------------------
@@ -241,6 +251,103 @@ typedef struct xseg_snapshot {
 /** Take a consistent snapshot of @p device (-1: all devices). Free with xseg_snapshot_free(). */
 XSEG_API xseg_status xseg_take_snapshot(int device, xseg_snapshot **snapshot);
 XSEG_API void xseg_snapshot_free(xseg_snapshot *snapshot);
+
+/* ---------------------------------------------------------------------------------------------
+ * Allocation history and snapshots in PyTorch's format (issue 13)
+ *
+ * With history on, xseg records what it does as events with PyTorch's action names (alloc,
+ * free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap,
+ * snapshot, oom) in a bounded ring, and each live block remembers the stack of its allocation.
+ * xseg_dump_snapshot writes both, with the allocator's segments and blocks, as the pickle that
+ * torch.cuda.memory._dump_snapshot writes: drop it on https://pytorch.org/memory_viz or read it
+ * with torch/cuda/_memory_viz.py. Off by default; off, it costs the malloc/free path nothing.
+ * ------------------------------------------------------------------------------------------- */
+
+/** What history records (PyTorch's `enabled`: "state" or "all"). */
+typedef enum xseg_history_record {
+    XSEG_HISTORY_ALL = 0,   /**< events and block state (the default) */
+    XSEG_HISTORY_STATE = 1, /**< block state only: live blocks remember their allocation's stack */
+    XSEG_HISTORY_TRACE = 2, /**< trace events only (the snapshot's device_traces) */
+} xseg_history_record;
+
+/** Which stacks events and blocks carry: bit flags (PyTorch's `stacks`: "python" / "all"). */
+enum xseg_history_stacks {
+    XSEG_STACKS_NONE = 0,     /**< no frames */
+    XSEG_STACKS_C = 1,        /**< the C call stack (return addresses, symbolized at dump time) */
+    XSEG_STACKS_CALLBACK = 2, /**< frames from xseg_history_options.callback (e.g. Python's) */
+};
+
+/** One frame, as the snapshot shows it: {'filename', 'name', 'line'}. */
+typedef struct xseg_frame {
+    const char *filename; /**< file of the code (NULL: "") */
+    const char *name;     /**< function (NULL: "") */
+    int line;             /**< line number (0: unknown) */
+} xseg_frame;
+
+/**
+ * Supplies frames for an allocation (XSEG_STACKS_CALLBACK): fill @p frames[0 .. max_frames-1],
+ * innermost first, and return how many were filled (0 .. max_frames; anything else counts as 0).
+ * Called in the thread that calls xseg_malloc, before the allocation, with no xseg lock held; it
+ * must not allocate or free through xseg. xseg copies the strings before it returns (identical
+ * frames and stacks are stored once), so they need to stay valid only during the call.
+ * With XSEG_STACKS_C as well, the C frames come first (they are inner to the caller's frames).
+ * A Python binding walks the interpreter's frames here (code filename, function name, line).
+ */
+typedef int (*xseg_stack_callback)(xseg_frame *frames, int max_frames, void *user);
+
+/** Options of xseg_record_memory_history (zero-initialize, then set what you need). */
+typedef struct xseg_history_options {
+    int enabled;                  /**< 0 stops recording (events and stacks recorded so far stay) */
+    xseg_history_record record;   /**< what to record (default: everything) */
+    int stacks;                   /**< xseg_history_stacks bits (0: none) */
+    size_t max_entries;           /**< ring capacity in events (0: 100000); the oldest are dropped */
+    int max_frames;               /**< frames per stack (0: 16; at most 256) */
+    xseg_stack_callback callback; /**< required with XSEG_STACKS_CALLBACK */
+    void *user;                   /**< passed to callback */
+    int clear;                    /**< nonzero: drop the events recorded so far first */
+} xseg_history_options;
+
+/**
+ * Start, change or stop recording allocation history (process-wide, every device), like
+ * torch.cuda.memory._record_memory_history. Blocks live when recording starts get their frees
+ * recorded (without an allocation stack). Changing max_entries keeps the newest events that fit.
+ * @param opts the options, or NULL to stop.
+ * @return XSEG_ERROR_INVALID_VALUE for a bad option (named in the message); nothing changes then.
+ */
+XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts);
+
+/**
+ * Write a snapshot of @p device (-1: every device) to @p path as a pickle (protocol 2, only
+ * dicts, lists, strings, numbers, booleans and tuples: torch.cuda.memory._dump_snapshot's
+ * format): `segments` (each with its blocks, their state, requested size and allocation frames),
+ * `device_traces` (the history's events, one list per device), `allocator_settings`. An expandable
+ * segment appears as one segment per contiguous mapped range, as PyTorch shows them. The file is
+ * written to a temporary name and renamed, so readers never see half a file. Records a `snapshot`
+ * event when history is on.
+ * @return XSEG_ERROR_INVALID_VALUE for a NULL path, or naming the path and the system's reason
+ *         when it cannot be written; XSEG_ERROR_OUT_OF_MEMORY when host memory runs out.
+ */
+XSEG_API xseg_status xseg_dump_snapshot(int device, const char *path);
+
+/** xseg_dump_snapshot as JSON (the same keys and values; tuples become arrays). */
+XSEG_API xseg_status xseg_dump_snapshot_json(int device, const char *path);
+
+/**
+ * Write a snapshot to @p path when an out-of-memory error surfaces to a caller (after the
+ * recovery path and the OOM observers), at most once every 10 seconds; the OOM message then names
+ * the file. @p path NULL turns it off; without a call, the environment variable XSEG_OOM_SNAPSHOT
+ * names the path. Record history first to see how memory got there.
+ */
+XSEG_API xseg_status xseg_set_oom_snapshot(const char *path);
+
+/**
+ * Write the recorded events of @p device (-1: all, each device's own streams) as an xseg-replay
+ * trace (tools/replay: alloc/free lines with declared streams), so a live program's allocations
+ * can be replayed under other settings. Allocations whose alloc event the ring dropped are seeded
+ * at the start; blocks still live are left allocated.
+ * @return XSEG_ERROR_ILLEGAL_STATE when history has never recorded trace events.
+ */
+XSEG_API xseg_status xseg_dump_trace(int device, const char *path);
 
 /* ---------------------------------------------------------------------------------------------
  * Callbacks
@@ -360,6 +467,193 @@ XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, 
 XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, struct CUgraph_st **graph);
 
 /* ---------------------------------------------------------------------------------------------
+ * Issue 15: many processes and many GPUs.
+ *
+ * IPC of expandable memory. Every page of an expandable segment is its own physical allocation,
+ * created shareable (config key expandable_segments_ipc, on by default where the driver supports
+ * a handle type): CU_MEM_HANDLE_TYPE_FABRIC where the device reports fabric support and a probe
+ * allocation with it succeeds (NVLink/IMEX systems), else POSIX file descriptors. A handle
+ * describes a live block as the shareable handles of the pages under it, the block's offset in
+ * the first page and its size.
+ *
+ * Moving a handle: xseg_ipc_send / xseg_ipc_recv over a connected AF_UNIX socket (file
+ * descriptors travel as SCM_RIGHTS ancillary data: no pidfd_getfd, no ptrace rights, so it works
+ * in unprivileged containers). Fabric handles are plain bytes and also have a flat form,
+ * xseg_ipc_serialize / xseg_ipc_deserialize, for any transport.
+ *
+ * Lifetime rules:
+ *  - The importer maps whole pages: bytes of other blocks that share the first or last page are
+ *    visible to it too (as with cudaIpcGetMemHandle, which shares a whole allocation).
+ *  - A POSIX-fd handle holds a reference to each page's physical memory from export until
+ *    xseg_ipc_handle_free; an import holds one from xseg_ipc_import until xseg_ipc_close. So when
+ *    the exporter frees the block (and even unmaps its pages with xseg_empty_cache) while an
+ *    importer has it mapped, the physical pages live on until the importer closes: the importer
+ *    never faults. But the exporter's allocator may hand the same pages to a new allocation as
+ *    long as they stay mapped in the exporter, and the importer then sees that allocation's data:
+ *    keep the block allocated until every importer is done (PyTorch's producer keeps the tensor
+ *    alive the same way).
+ *  - A fabric handle names the memory without holding it: import it while the exporter still has
+ *    the block allocated; afterwards the import fails (XSEG_ERROR_DRIVER) or may map reused pages.
+ *  - Importing twice (in the same or another process) creates two independent mappings at
+ *    different addresses; each must be closed. A process may import its own export.
+ *  - Imports are not blocks of the allocator: xseg_free refuses them, statistics ignore them,
+ *    xseg_enable_peer_access does not reach them (the importing device and its peers enabled at
+ *    import time get access).
+ * ------------------------------------------------------------------------------------------- */
+
+/** An exported block (opaque). Free with xseg_ipc_handle_free. */
+typedef struct xseg_ipc_handle xseg_ipc_handle;
+
+/** How the pages of a handle are shared. */
+typedef enum xseg_ipc_handle_type {
+    XSEG_IPC_POSIX_FD = 1, /**< one file descriptor per page (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) */
+    XSEG_IPC_FABRIC = 2,   /**< one 64-byte fabric handle per page (CU_MEM_HANDLE_TYPE_FABRIC) */
+} xseg_ipc_handle_type;
+
+/** What a handle describes. */
+typedef struct xseg_ipc_info {
+    xseg_ipc_handle_type type;
+    int device;        /**< the exporter's device index */
+    size_t size;       /**< the block's size in bytes (what xseg_malloc returned: a rounded size) */
+    size_t offset;     /**< the block's offset in its first page */
+    size_t page_size;  /**< bytes per page */
+    size_t npages;     /**< pages under the block: the importer reserves npages * page_size */
+} xseg_ipc_info;
+
+/**
+ * Export the live block at @p ptr (the address xseg_malloc returned).
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
+ *         XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) block, or a block of a segment
+ *         created without a shareable handle type (expandable_segments_ipc:False, or no driver
+ *         support); XSEG_ERROR_DRIVER when an export call fails (nothing is left open then).
+ */
+XSEG_API xseg_status xseg_ipc_export(void *ptr, xseg_ipc_handle **out);
+
+/** Describe @p handle. */
+XSEG_API xseg_status xseg_ipc_handle_info(const xseg_ipc_handle *handle, xseg_ipc_info *info);
+
+/**
+ * Send @p handle over the connected AF_UNIX socket @p unix_socket (stream or seqpacket): a
+ * header, then the descriptors as SCM_RIGHTS (several messages past 250 pages). The descriptors
+ * stay open in @p handle. Blocks until sent. @return XSEG_ERROR_DRIVER is never used;
+ * XSEG_ERROR_INVALID_VALUE when the socket refuses (errno text in the message).
+ */
+XSEG_API xseg_status xseg_ipc_send(int unix_socket, const xseg_ipc_handle *handle);
+
+/**
+ * Receive a handle sent by xseg_ipc_send. Blocks until it has arrived.
+ * @return XSEG_ERROR_INVALID_VALUE for a closed socket, malformed data or missing descriptors
+ *         (every descriptor received is closed then).
+ */
+XSEG_API xseg_status xseg_ipc_recv(int unix_socket, xseg_ipc_handle **out);
+
+/**
+ * The flat form of a fabric handle (snprintf-style: @p len receives the bytes needed; nothing is
+ * written when @p size is smaller). @return XSEG_ERROR_NOT_SUPPORTED for a POSIX-fd handle
+ * (descriptors cannot travel as bytes: use xseg_ipc_send).
+ */
+XSEG_API xseg_status xseg_ipc_serialize(const xseg_ipc_handle *handle, void *buf, size_t size, size_t *len);
+
+/** Rebuild a fabric handle from its flat form. @return XSEG_ERROR_INVALID_VALUE for bad bytes. */
+XSEG_API xseg_status xseg_ipc_deserialize(const void *buf, size_t len, xseg_ipc_handle **out);
+
+/**
+ * Map the block of @p handle on @p device: a reservation of exactly npages * page_size bytes
+ * (never a multiple of device memory), each page imported and mapped in order, read-write access
+ * for @p device and the peers enabled on it in one cuMemSetAccess. *ptr receives the block's
+ * address (reservation + offset). Every failure is rolled back (nothing stays reserved, mapped
+ * or imported) and reported with the failing driver call.
+ */
+XSEG_API xseg_status xseg_ipc_import(const xseg_ipc_handle *handle, int device, void **ptr);
+
+/** Unmap an import (the pointer xseg_ipc_import returned). @return XSEG_ERROR_INVALID_VALUE
+ *  for any other pointer, or one already closed. */
+XSEG_API xseg_status xseg_ipc_close(void *ptr);
+
+/** Close the handle's descriptors and free it. NULL is a no-op. */
+XSEG_API void xseg_ipc_handle_free(xseg_ipc_handle *handle);
+
+/**
+ * Registration hooks (NCCL, RDMA). One physical piece behind a range of device addresses:
+ * @p handle is the CUmemGenericAllocationHandle (0 for classic cuMemAlloc memory, which has none),
+ * @p offset the range's offset inside that handle's memory.
+ */
+typedef struct xseg_phys_range {
+    uint64_t address;
+    size_t length;
+    uint64_t handle;
+    size_t offset;
+} xseg_phys_range;
+
+typedef enum xseg_segment_event_kind {
+    XSEG_SEGMENT_MAP = 1,   /**< the range was just mapped and is accessible */
+    XSEG_SEGMENT_UNMAP = 2, /**< the range is about to be unmapped (still accessible now) */
+} xseg_segment_event_kind;
+
+/** One map or unmap: [address, address + size) on @p device, made of @p nranges ranges in
+ *  address order that tile it exactly (one per page; one for a classic segment). */
+typedef struct xseg_segment_event {
+    xseg_segment_event_kind kind;
+    int device;
+    uint64_t address;
+    size_t size;
+    int is_expandable;
+    size_t nranges;
+    const xseg_phys_range *ranges; /**< valid during the call only */
+} xseg_segment_event;
+
+/**
+ * Called on every map and unmap of device memory by xseg (expandable pages, classic segments),
+ * with the device lock held: it must not call xseg (NCCL's ncclMemRegister / ibv_reg_mr are
+ * fine). A run of pages is reported in events of at most 64 ranges. If an unmap announced with
+ * XSEG_SEGMENT_UNMAP fails, the pages left mapped are reported again with XSEG_SEGMENT_MAP.
+ */
+typedef void (*xseg_segment_observer)(const xseg_segment_event *event, void *user);
+
+/**
+ * Attach @p fn: it is called at once with XSEG_SEGMENT_MAP for every mapping that exists now (on
+ * every initialized device), then for every change. Several may be attached; called in order.
+ */
+XSEG_API xseg_status xseg_attach_segment_observer(xseg_segment_observer fn, void *user);
+
+/** Detach an observer attached with the same (fn, user). @return XSEG_ERROR_INVALID_VALUE when
+ *  none is attached. */
+XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void *user);
+
+/**
+ * The physical pieces under the live block at @p ptr, in address order: for an expandable block
+ * one range per page it overlaps (clipped to the block), for a classic block one range with
+ * handle 0. snprintf-style: at most @p cap ranges are written, @p n receives how many there are.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation.
+ */
+XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n);
+
+/* --- end of issue 15 --- */
+
+/* ---------------------------------------------------------------------------------------------
+ * Long-running services: giving cached memory back (docs/services.md)
+ *
+ * "Cached" memory is reserved minus allocated bytes. What can be given back: whole pages inside
+ * free expandable blocks (unmapped; the virtual addresses stay reserved) and unsplit free classic
+ * segments (cuMemFree). Pages shared with a live block, blocks waiting for record_stream events,
+ * and the cache of private pools still used by a graph stay. Nothing is released while a stream
+ * capture is underway. The config key release_threshold_mb does the same automatically, without
+ * ever waiting for the GPU (docs/configuration.md).
+ * ------------------------------------------------------------------------------------------- */
+
+/**
+ * Give cached memory of @p device back to the driver until at most @p keep_bytes of cache remain
+ * (or nothing more can go): the largest free runs first, ties to the older segment; only the
+ * pages needed are unmapped. Synchronizes the stream of each segment it unmaps pages of (as
+ * xseg_empty_cache does); frees waiting for record_stream events that have not completed are not
+ * waited for. xseg_trim(device, 0) releases what xseg_empty_cache releases, except those.
+ * @param device a device index, or -1 for every initialized device (each keeps @p keep_bytes).
+ * @return XSEG_ERROR_INVALID_DEVICE for a bad index; XSEG_ERROR_DRIVER when an unmap fails (what
+ *         was given back before the failure stays given back; the allocator stays usable).
+ */
+XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes);
+
+/* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable-allocator entry points:
  *   torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free")
  * They report failures through xseg_last_error() and return NULL / nothing.
@@ -371,6 +665,16 @@ XSEG_API void xseg_torch_init(int device_count);
 XSEG_API void xseg_torch_empty_cache(void);
 XSEG_API void xseg_torch_set_memory_fraction(double fraction, int device);
 XSEG_API void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
+
+/**
+ * Tell xseg that every hook of the pluggable allocator is wired (record_stream, empty_cache,
+ * memory fraction, the pool hooks), as the Python package's adapter (xseg.torch.enable) does.
+ * Without it, the first xseg_torch_malloc prints one warning on stderr: a bare
+ * CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free") drops
+ * Tensor.record_stream() silently. XSEG_NO_TORCH_WARNING=1 in the environment silences it too.
+ * Call it before the first allocation. @p attached 0 re-arms the warning.
+ */
+XSEG_API void xseg_torch_adapter_attached(int attached);
 
 /*
  * Private-pool hooks, for allocator.set_end_allocate_to_pool_fn / set_release_pool. They take

@@ -1,17 +1,32 @@
 # Sourced by tools/test.sh and tools/replay.sh: install, from Debian's packages, whatever build
-# tool a fresh machine lacks (meson, ninja, pkg-config, a C compiler, cmocka for the tests).
-# Uses sudo when not root. $1 names the calling script, for the message.
+# tool a fresh machine lacks (meson, ninja, pkg-config, a C compiler; cmocka and the Python test
+# packages only for the tests).
+# Nothing is installed (and no root needed) when the tools are present. Uses sudo when not root.
+#   ensure_build_tools NAME          the build tools ($1 names the calling script, for messages)
+#   ensure_build_tools NAME --tests  and what only the test suites need (cmocka, pytest, ...)
 ensure_build_tools() {
   local need=()
   command -v meson >/dev/null || need+=(meson)
   command -v ninja >/dev/null || need+=(ninja-build)
   command -v pkg-config >/dev/null || need+=(pkg-config)
   command -v cc >/dev/null || need+=(gcc)
-  pkg-config --exists cmocka 2>/dev/null || need+=(libcmocka-dev)
+  if [ "${2:-}" = "--tests" ]; then
+    pkg-config --exists cmocka 2>/dev/null || need+=(libcmocka-dev)
+    # The Python package's suite (tests/python): pytest, and pip + meson-python for `pip install .`
+    /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
+    /usr/bin/python3 -c 'import mesonpy' 2>/dev/null || need+=(python3-mesonpy)
+    /usr/bin/python3 -c 'import pip' 2>/dev/null || need+=(python3-pip)
+  fi
   [ ${#need[@]} -gt 0 ] || return 0
   echo "$1: installing ${need[*]}"
   local sudo_=""
-  [ "$(id -u)" = 0 ] || sudo_=sudo
+  if [ "$(id -u)" != 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      echo "$1: missing ${need[*]} and not root (no sudo): install them (Debian: apt-get install ${need[*]})" >&2
+      return 1
+    fi
+    sudo_=sudo
+  fi
   $sudo_ apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need[@]}" >/dev/null
 }

@@ -15,29 +15,428 @@ The header carries what PyTorch's own allocator did in the window, from the segm
 peak allocated, peak reserved (counting what was reserved before the window), utilization, as
 `# pytorch:` comment lines that tools can read back.
 
+Safe on files from anyone: the pickle is read by a small reader of our own that builds plain
+data (dicts, lists, strings, numbers) and refuses every opcode that would import or call code,
+with bounds on the memory a crafted file can make it use. Anything malformed ends with a
+one-line message and exit status 1.
+
 Python standard library only.
 """
 import argparse
-import pickle
 import sys
 
 
-class _Stub:
-    """Stands in for any class the pickle names (a snapshot written by a newer torch may
-    reference one); the plain dicts and lists we need are unaffected."""
-
-    def __init__(self, *args, **kwargs):
-        self.args = args
-
-    def __setstate__(self, state):
-        self.state = state
+class SnapshotError(ValueError):
+    """A snapshot that cannot be read or converted; the message is one line for the user."""
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if module in ("builtins", "collections", "copyreg", "_codecs"):
-            return super().find_class(module, name)
-        return _Stub
+# ---- a pickle reader that builds data and nothing else ---------------------------------------
+#
+# pickle.Unpickler can call any importable function a crafted file names (find_class gates it,
+# but the REDUCE, BUILD, NEWOBJ and INST opcodes then call what it returns). A PyTorch snapshot is
+# plain data: dicts, lists, tuples, strings, numbers, booleans, None. So this reader implements
+# only the opcodes that build those, and refuses every opcode that names or calls a global
+# (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID): nothing in a file can
+# make it import or run anything. It also bounds what a small file can make it allocate (an
+# estimate of the memory built, the stack, integer sizes), so a crafted file fails with a message
+# instead of exhausting the host.
+
+_MAX_INT_BYTES = 16          # snapshots hold 64-bit addresses, sizes, stream ids, times
+_MAX_INT_DIGITS = 40
+_MAX_STACK = 1 << 20         # items on the stack at once (PyTorch's pickles batch by 1000)
+_COST_CONTAINER = 64         # rough bytes per container / item / scalar, for the memory budget
+_COST_ITEM = 8
+_COST_SCALAR = 32
+
+
+class _Reader:
+    def __init__(self, data, max_memory):
+        self.data = data
+        self.pos = 0
+        self.stack = []
+        self.marks = []      # stack lengths at each MARK
+        self.memo = {}
+        self.budget = max_memory
+
+    def fail(self, msg):
+        raise SnapshotError("byte %d: %s" % (self.pos, msg))
+
+    def spend(self, cost):
+        self.budget -= cost
+        if self.budget < 0:
+            self.fail("the snapshot would need more than the memory limit to load "
+                      "(raise it with --max-memory-mib if the file is genuine)")
+
+    def take(self, n):
+        if n < 0 or self.pos + n > len(self.data):
+            self.fail("truncated (wanted %d bytes, %d left)" % (n, len(self.data) - self.pos))
+        b = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def uint(self, n):
+        return int.from_bytes(self.take(n), "little")
+
+    def line(self):
+        end = self.data.find(b"\n", self.pos)
+        if end < 0:
+            self.fail("truncated (a text argument without its newline)")
+        b = self.data[self.pos:end]
+        self.pos = end + 1
+        return b
+
+    def push(self, v):
+        if len(self.stack) >= _MAX_STACK:
+            self.fail("more than %d items on the pickle stack" % _MAX_STACK)
+        self.stack.append(v)
+
+    def pop(self):
+        if not self.stack or (self.marks and len(self.stack) == self.marks[-1]):
+            self.fail("stack underflow")
+        return self.stack.pop()
+
+    def top(self):
+        if not self.stack or (self.marks and len(self.stack) == self.marks[-1]):
+            self.fail("stack underflow")
+        return self.stack[-1]
+
+    def pop_mark(self):
+        if not self.marks:
+            self.fail("no mark on the stack")
+        at = self.marks.pop()
+        items = self.stack[at:]
+        del self.stack[at:]
+        return items
+
+    def text_int(self, b):
+        s = b.strip().rstrip(b"L")
+        if len(s) > _MAX_INT_DIGITS:
+            self.fail("integer literal longer than %d digits" % _MAX_INT_DIGITS)
+        try:
+            return int(s, 10)
+        except ValueError:
+            self.fail("bad integer literal %r" % b[:20])
+
+    def bin_long(self, n):
+        if n > _MAX_INT_BYTES:
+            self.fail("integer of %d bytes (more than %d)" % (n, _MAX_INT_BYTES))
+        self.spend(_COST_SCALAR)
+        return int.from_bytes(self.take(n), "little", signed=True)
+
+    def string(self, b, what):
+        self.spend(_COST_SCALAR + len(b))
+        try:
+            return b.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            self.fail("%s is not valid UTF-8" % what)
+
+    def hashable(self, k):
+        if not isinstance(k, (str, int, float, bool, bytes, type(None), tuple, frozenset)):
+            self.fail("a %s used as a dict key or set item" % type(k).__name__)
+        if isinstance(k, tuple):
+            try:
+                hash(k)
+            except TypeError:
+                self.fail("an unhashable tuple used as a dict key or set item")
+        return k
+
+    def set_items(self, d, items):
+        if len(items) % 2:
+            self.fail("an odd number of items for a dict")
+        self.spend(_COST_ITEM * len(items))
+        for i in range(0, len(items), 2):
+            d[self.hashable(items[i])] = items[i + 1]
+
+    def load(self):
+        ops = _OPS
+        data = self.data
+        while True:
+            if self.pos >= len(data):
+                self.fail("truncated (no STOP opcode)")
+            op = data[self.pos]
+            self.pos += 1
+            handler = ops.get(op)
+            if handler is None:
+                name = _REFUSED.get(op)
+                self.pos -= 1
+                if name:
+                    self.fail("refused: opcode %s would import or call code (a snapshot holds "
+                              "plain data only; is this a PyTorch memory snapshot?)" % name)
+                self.fail("unknown pickle opcode 0x%02x" % op)
+            if handler is _stop:
+                if len(self.stack) != 1 or self.marks:
+                    self.fail("STOP with %d items on the stack" % len(self.stack))
+                return self.stack[0]
+            handler(self)
+
+
+def _stop(r):
+    pass
+
+
+def _proto(r):
+    v = r.uint(1)
+    if v > 5:
+        r.fail("pickle protocol %d is newer than this reader (0-5)" % v)
+
+
+def _frame(r):
+    r.uint(8)  # frames only batch reads; the data follows inline
+
+
+def _mark(r):
+    if len(r.marks) >= _MAX_STACK:
+        r.fail("more than %d nested marks" % _MAX_STACK)
+    r.marks.append(len(r.stack))  # marks are kept aside, not on the value stack
+
+
+def _memo_put(r, idx):
+    r.spend(_COST_ITEM * 4)
+    r.memo[idx] = r.top()
+
+
+def _memo_get(r, idx):
+    if idx not in r.memo:
+        r.fail("memo entry %d used before it was stored" % idx)
+    r.spend(_COST_ITEM)
+    r.push(r.memo[idx])
+
+
+def _append(r):
+    v = r.pop()
+    lst = r.top()
+    if not isinstance(lst, list):
+        r.fail("APPEND to a %s" % type(lst).__name__)
+    r.spend(_COST_ITEM)
+    lst.append(v)
+
+
+def _appends(r):
+    items = r.pop_mark()
+    lst = r.top()
+    if not isinstance(lst, list):
+        r.fail("APPENDS to a %s" % type(lst).__name__)
+    r.spend(_COST_ITEM * len(items))
+    lst.extend(items)
+
+
+def _setitem(r):
+    v = r.pop()
+    k = r.pop()
+    d = r.top()
+    if not isinstance(d, dict):
+        r.fail("SETITEM on a %s" % type(d).__name__)
+    r.set_items(d, [k, v])
+
+
+def _setitems(r):
+    items = r.pop_mark()
+    d = r.top()
+    if not isinstance(d, dict):
+        r.fail("SETITEMS on a %s" % type(d).__name__)
+    r.set_items(d, items)
+
+
+def _additems(r):
+    items = r.pop_mark()
+    s = r.top()
+    if not isinstance(s, set):
+        r.fail("ADDITEMS on a %s" % type(s).__name__)
+    r.spend(_COST_ITEM * len(items))
+    for it in items:
+        s.add(r.hashable(it))
+
+
+def _dict_from_mark(r):
+    items = r.pop_mark()
+    r.spend(_COST_CONTAINER)
+    d = {}
+    r.set_items(d, items)
+    r.push(d)
+
+
+def _container(kind):
+    def h(r):
+        r.spend(_COST_CONTAINER)
+        r.push(kind())
+    return h
+
+
+def _from_mark(kind):
+    def h(r):
+        items = r.pop_mark()
+        r.spend(_COST_CONTAINER + _COST_ITEM * len(items))
+        if kind is frozenset:
+            items = [r.hashable(i) for i in items]
+        r.push(kind(items))
+    return h
+
+
+def _tuple_n(n):
+    def h(r):
+        items = [r.pop() for _ in range(n)][::-1]
+        r.spend(_COST_CONTAINER)
+        r.push(tuple(items))
+    return h
+
+
+def _bytes_op(lenbytes, kind):
+    def h(r):
+        n = r.uint(lenbytes)
+        b = r.take(n)
+        r.spend(_COST_SCALAR + n)
+        r.push(kind(b))
+    return h
+
+
+def _unicode_op(lenbytes):
+    def h(r):
+        n = r.uint(lenbytes)
+        r.push(r.string(r.take(n), "a string"))
+    return h
+
+
+def _py2_string(r, b):
+    # Protocol 0-2 STRING / BINSTRING (Python 2 str): taken as text, like pickle's default.
+    r.spend(_COST_SCALAR + len(b))
+    try:
+        return b.decode("ascii")
+    except UnicodeDecodeError:
+        r.fail("a Python 2 string that is not ASCII")
+
+
+def _string(r):
+    b = r.line().rstrip(b"\r")
+    if len(b) < 2 or b[0] != b[-1] or b[:1] not in (b"'", b'"'):
+        r.fail("STRING argument is not quoted")
+    try:
+        raw = b[1:-1].decode("ascii").encode("latin-1").decode("unicode_escape").encode("latin-1")
+    except (UnicodeError, ValueError):
+        r.fail("bad STRING escape")
+    r.push(_py2_string(r, raw))
+
+
+def _unicode_line(r):
+    b = r.line()
+    try:
+        s = b.decode("raw_unicode_escape")
+    except UnicodeDecodeError:
+        r.fail("bad UNICODE argument")
+    r.push(r.string(s.encode("utf-8", "surrogatepass"), "a string"))
+
+
+def _int_line(r):
+    b = r.line()
+    if b == b"00":
+        r.push(False)
+    elif b == b"01":
+        r.push(True)
+    else:
+        r.spend(_COST_SCALAR)
+        r.push(r.text_int(b))
+
+
+def _long_line(r):
+    r.spend(_COST_SCALAR)
+    r.push(r.text_int(r.line()))
+
+
+def _float_line(r):
+    b = r.line()
+    if len(b) > 64:
+        r.fail("float literal too long")
+    try:
+        r.push(float(b))
+    except ValueError:
+        r.fail("bad float literal")
+    r.spend(_COST_SCALAR)
+
+
+def _binfloat(r):
+    import struct
+    r.spend(_COST_SCALAR)
+    r.push(struct.unpack(">d", r.take(8))[0])
+
+
+def _pop(r):
+    if r.marks and len(r.stack) == r.marks[-1]:
+        r.pop_mark()  # POP of a bare mark discards it (as pickle does)
+    else:
+        r.pop()
+
+
+def _dup(r):
+    r.push(r.top())
+
+
+_OPS = {
+    ord("."): _stop,
+    0x80: _proto,
+    0x95: _frame,
+    ord("("): _mark,
+    ord("0"): _pop,
+    ord("1"): lambda r: r.pop_mark(),
+    ord("2"): _dup,
+    ord("N"): lambda r: r.push(None),
+    0x88: lambda r: r.push(True),
+    0x89: lambda r: r.push(False),
+    ord("I"): _int_line,
+    ord("L"): _long_line,
+    ord("J"): lambda r: (r.spend(_COST_SCALAR), r.push(int.from_bytes(r.take(4), "little", signed=True))),
+    ord("K"): lambda r: r.push(r.uint(1)),
+    ord("M"): lambda r: (r.spend(_COST_SCALAR), r.push(r.uint(2))),
+    0x8a: lambda r: r.push(r.bin_long(r.uint(1))),
+    0x8b: lambda r: r.push(r.bin_long(r.uint(4))),
+    ord("F"): _float_line,
+    ord("G"): _binfloat,
+    ord("S"): _string,
+    ord("T"): lambda r: r.push(_py2_string(r, r.take(r.uint(4)))),
+    ord("U"): lambda r: r.push(_py2_string(r, r.take(r.uint(1)))),
+    ord("V"): _unicode_line,
+    ord("X"): _unicode_op(4),
+    0x8c: _unicode_op(1),
+    0x8d: _unicode_op(8),
+    ord("B"): _bytes_op(4, bytes),
+    ord("C"): _bytes_op(1, bytes),
+    0x8e: _bytes_op(8, bytes),
+    0x96: _bytes_op(8, bytearray),
+    ord("]"): _container(list),
+    ord("}"): _container(dict),
+    0x8f: _container(set),
+    ord(")"): lambda r: r.push(()),
+    ord("l"): _from_mark(list),
+    ord("t"): _from_mark(tuple),
+    ord("d"): _dict_from_mark,
+    0x91: _from_mark(frozenset),
+    0x85: _tuple_n(1),
+    0x86: _tuple_n(2),
+    0x87: _tuple_n(3),
+    ord("a"): _append,
+    ord("e"): _appends,
+    ord("s"): _setitem,
+    ord("u"): _setitems,
+    0x90: _additems,
+    ord("p"): lambda r: _memo_put(r, r.text_int(r.line())),
+    ord("q"): lambda r: _memo_put(r, r.uint(1)),
+    ord("r"): lambda r: _memo_put(r, r.uint(4)),
+    0x94: lambda r: _memo_put(r, len(r.memo)),
+    ord("g"): lambda r: _memo_get(r, r.text_int(r.line())),
+    ord("h"): lambda r: _memo_get(r, r.uint(1)),
+    ord("j"): lambda r: _memo_get(r, r.uint(4)),
+}
+
+_REFUSED = {
+    ord("c"): "GLOBAL", 0x93: "STACK_GLOBAL", ord("R"): "REDUCE", ord("b"): "BUILD",
+    ord("i"): "INST", ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x82: "EXT1",
+    0x83: "EXT2", 0x84: "EXT4", ord("P"): "PERSID", ord("Q"): "BINPERSID",
+    0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER",
+}
+
+
+def load_snapshot(data, max_memory=4 << 30):
+    """Read a pickle of plain data (bytes) without importing or calling anything.
+    Raises SnapshotError with a one-line message for anything else."""
+    return _Reader(data, max_memory).load()
 
 
 def round_block(size):
@@ -45,19 +444,96 @@ def round_block(size):
     return max(512, (size + 511) // 512 * 512)
 
 
-def convert(snapshot, device, out, source="snapshot"):
-    """Write the trace for `device` of the loaded `snapshot` to `out`. Returns a dict of figures."""
+def _where(path):
+    return "".join("[%r]" % p if isinstance(p, str) else "[%d]" % p for p in path)
+
+
+def _dict(v, path):
+    if not isinstance(v, dict):
+        raise SnapshotError("%s: expected a dict, found %s" % (_where(path) or "the top level",
+                                                               type(v).__name__))
+    return v
+
+
+def _list(v, path):
+    if not isinstance(v, (list, tuple)):
+        raise SnapshotError("%s: expected a list, found %s" % (_where(path), type(v).__name__))
+    return v
+
+
+def _uint(d, key, path, default=None):
+    """d[key] as an integer in [0, 2^64), or default when absent (None: required)."""
+    if key not in d:
+        if default is None:
+            raise SnapshotError("%s: missing '%s'" % (_where(path), key))
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 64:
+        raise SnapshotError("%s['%s']: expected an integer in [0, 2^64), found %s"
+                            % (_where(path), key, repr(v)[:40] if isinstance(v, (int, float, str))
+                               else type(v).__name__))
+    return v
+
+
+def _short(v):
+    """A setting for a comment line: repr of a scalar (one line, at most 200 characters)."""
+    if not isinstance(v, (str, int, float, bool, type(None))):
+        return "(%s)" % type(v).__name__
+    r = repr(v)
+    return r if len(r) <= 200 else r[:197] + "..."
+
+
+class _Work:
+    """Bounds the items convert() visits by the file size: a pickle can reference one list from
+    many places (memo), so a small file could otherwise name billions of events."""
+
+    def __init__(self, limit):
+        self.left = limit
+
+    def __call__(self, n=1):
+        self.left -= n
+        if self.left < 0:
+            raise SnapshotError("the snapshot references the same data over and over (more items "
+                                "than the file could hold); refusing to expand it")
+
+
+def _frame_file(s):
+    """A frame's filename as one token of the trace language (%XX for blanks, '#', '%')."""
+    if not s:
+        return "-"
+    if s == "-":
+        return "%2d"
+    return "".join(c if (c.isprintable() and c not in " \t#%") else
+                   "".join("%%%02x" % b for b in c.encode("utf-8")) for c in s)
+
+
+def _frame_name(s):
+    """A function name as the rest of a trace line (one line; ' #' would start a comment)."""
+    s = "".join(c if c.isprintable() else " " for c in s).replace(" #", " ?").strip()
+    return s or "??"
+
+
+def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=True):
+    """Write the trace for `device` of the loaded `snapshot` to `out`. Returns a dict of figures.
+    Raises SnapshotError (a ValueError) with a one-line message when the snapshot is malformed."""
+    work = _Work(work_limit if work_limit is not None else float("inf"))
     if isinstance(snapshot, list):
-        raise ValueError("%s holds only segments (a bare list): record it with "
-                         "torch.cuda.memory._record_memory_history() to get device_traces" % source)
+        raise SnapshotError("%s holds only segments (a bare list): record it with "
+                            "torch.cuda.memory._record_memory_history() to get device_traces" % source)
     if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
-        raise ValueError("%s is not a PyTorch memory snapshot (no 'device_traces' key)" % source)
-    traces = snapshot["device_traces"]
+        raise SnapshotError("%s is not a PyTorch memory snapshot (no 'device_traces' key)" % source)
+    traces = _list(snapshot["device_traces"], ["device_traces"])
     if device < 0 or device >= len(traces):
-        raise ValueError("%s has traces for %d device(s); device %d is out of range"
-                         % (source, len(traces), device))
-    events = traces[device]
-    segments = [s for s in snapshot.get("segments", []) if s.get("device", 0) == device]
+        raise SnapshotError("%s has traces for %d device(s); device %d is out of range"
+                            % (source, len(traces), device))
+    events = _list(traces[device], ["device_traces", device])
+    work(len(events))
+    segments = []
+    for i, s in enumerate(_list(snapshot.get("segments", []), ["segments"])):
+        work()
+        s = _dict(s, ["segments", i])
+        if _uint(s, "device", ["segments", i], 0) == device:
+            segments.append((i, s))
 
     streams = {}  # stream id -> name
 
@@ -68,16 +544,55 @@ def convert(snapshot, device, out, source="snapshot"):
             streams[sid] = "s%x" % sid
         return " @" + streams[sid]
 
+    # Frames (issue 13): each distinct stack becomes `frame kN ...` lines and allocations refer
+    # to it with `^kN`, so xseg-replay --history --snapshot shows the program's own stacks.
+    stack_names = {}   # tuple of (filename, name, line) -> "kN"
+    stack_lines = []
+    by_id = {}         # id(frames list) -> " ^kN" or "": lists a pickle shares are read once
+
+    def stack_ref(frames_list, path):
+        if not frames or not isinstance(frames_list, list) or not frames_list:
+            return ""
+        key = id(frames_list)
+        if key in by_id:
+            return by_id[key][0]
+        work(len(frames_list))
+        fr = []
+        for f in frames_list:
+            if not isinstance(f, dict):
+                continue
+            fname, func, line = f.get("filename", ""), f.get("name", ""), f.get("line", 0)
+            if not isinstance(fname, str) or not isinstance(func, str):
+                continue
+            if not isinstance(line, int) or isinstance(line, bool) or not 0 <= line < 2**31:
+                line = 0
+            fr.append((fname, func, line))
+        ref = ""
+        if fr:
+            t = tuple(fr)
+            if t not in stack_names:
+                stack_names[t] = "k%d" % len(stack_names)
+                for fname, func, line in t:
+                    stack_lines.append("frame %s %d %s %s" % (stack_names[t], line, _frame_file(fname),
+                                                             _frame_name(func)))
+            ref = " ^" + stack_names[t]
+        by_id[key] = (ref, frames_list)  # keep the list alive: its id stays its own
+        return ref
+
     live = {}       # addr -> (name, size, stream)
-    seeds = []      # (addr, name, size, stream)
+    seeds = []      # (addr, name, size, stream, block size, stack ref)
     body = []
     counter = 0
     seg_delta = 0   # reserved bytes added during the window
     for i, e in enumerate(events):
+        path = ["device_traces", device, i]
+        e = _dict(e, path)
         action = e.get("action")
-        addr = e.get("addr", 0)
-        size = e.get("size", 0)
-        sid = e.get("stream", 0)
+        if action in ("alloc", "free_completed", "segment_alloc", "segment_map", "segment_free",
+                      "segment_unmap"):
+            addr = _uint(e, "addr", path)
+            size = _uint(e, "size", path)
+            sid = _uint(e, "stream", path, 0)
         if action == "alloc":
             if addr in live:
                 # The window lost this block's free (a ring buffer can): free it here.
@@ -85,14 +600,14 @@ def convert(snapshot, device, out, source="snapshot"):
             name = "a%d" % counter
             counter += 1
             live[addr] = (name, size, sid)
-            body.append("alloc %s %d%s" % (name, size, stream_ref(sid)))
+            body.append("alloc %s %d%s%s" % (name, size, stream_ref(sid), stack_ref(e.get("frames"), path)))
         elif action == "free_completed":
             if addr in live:
                 body.append("free %s" % live.pop(addr)[0])
             else:
                 name = "pre%d" % counter
                 counter += 1
-                seeds.append((addr, name, size, sid, round_block(size)))
+                seeds.append((addr, name, size, sid, round_block(size), stack_ref(e.get("frames"), path)))
                 body.append("free %s" % name)
         elif action in ("segment_alloc", "segment_map"):
             seg_delta += size
@@ -101,27 +616,37 @@ def convert(snapshot, device, out, source="snapshot"):
             seg_delta -= size
             body.append(("#seg- %d" % size))
         elif action == "oom":
-            body.append("# the original run hit an OOM here (device free: %s)" % e.get("device_free", "?"))
+            body.append("# the original run hit an OOM here (device free: %s)"
+                        % _uint(e, "device_free", path, "?"))
         # free_requested, snapshot, user annotations: nothing to replay
     # Blocks alive when the snapshot was written that the window never allocated: live all along.
-    for s in segments:
-        for b in s.get("blocks", []):
-            if b.get("state") in ("active_allocated", "active_pending_free") and b["address"] not in live:
+    for si, s in segments:
+        blocks = _list(s.get("blocks", []), ["segments", si, "blocks"])
+        work(len(blocks))
+        for bi, b in enumerate(blocks):
+            path = ["segments", si, "blocks", bi]
+            b = _dict(b, path)
+            if b.get("state") in ("active_allocated", "active_pending_free"):
+                baddr = _uint(b, "address", path)
+                if baddr in live:
+                    continue
                 name = "pre%d" % counter
                 counter += 1
-                size = b.get("requested_size") or b["size"]
+                bsize = _uint(b, "size", path)
+                size = _uint(b, "requested_size", path, 0) or bsize
                 # The program asked for requested_size; PyTorch counted the whole block.
-                seeds.append((b["address"], name, size, s.get("stream", 0), b["size"]))
+                seeds.append((baddr, name, size, _uint(s, "stream", ["segments", si], 0), bsize,
+                              stack_ref(b.get("frames"), path)))
     seeds.sort()
 
     # PyTorch's figures: reserved at the window's start is what the segments hold now minus what
     # the window added; allocated at the start is the seeds (rounded as PyTorch rounds blocks).
-    reserved = sum(s["total_size"] for s in segments) - seg_delta
-    allocated = sum(blk for _, _, _, _, blk in seeds)
+    reserved = sum(_uint(s, "total_size", ["segments", si]) for si, s in segments) - seg_delta
+    allocated = sum(seed[4] for seed in seeds)
     peak_res, peak_alloc = reserved, allocated
     sizes = {}
-    for _, name, _, _, blk in seeds:
-        sizes[name] = blk
+    for seed in seeds:
+        sizes[seed[1]] = seed[4]
     lines = []
     for line in body:
         if line.startswith("#seg+ "):
@@ -147,20 +672,27 @@ def convert(snapshot, device, out, source="snapshot"):
         "utilization": peak_alloc / peak_res if peak_res else 0.0,
     }
     settings = snapshot.get("allocator_settings") or {}
+    if not isinstance(settings, dict):
+        settings = {}
     w = out.write
     w("# xseg-replay trace converted from the PyTorch snapshot %s (device %d) by tools/snapshot2trace.py\n"
-      % (source, device))
+      % ("".join(c if c.isprintable() else "?" for c in source), device))
     w("# %d events; %d allocations seeded from before the window\n" % (len(events), len(seeds)))
     if settings:
-        w("# recorded with expandable_segments=%s PYTORCH_CUDA_ALLOC_CONF=%r\n"
-          % (settings.get("expandable_segments"), settings.get("PYTORCH_CUDA_ALLOC_CONF", "")))
+        # repr, bounded: a crafted value must not add lines (actions) to the trace.
+        w("# recorded with expandable_segments=%s PYTORCH_CUDA_ALLOC_CONF=%s\n"
+          % (_short(settings.get("expandable_segments")), _short(settings.get("PYTORCH_CUDA_ALLOC_CONF", ""))))
     for k in ("peak_allocated_bytes", "peak_reserved_bytes"):
         w("# pytorch: %s=%d (%.2f GiB)\n" % (k, figures[k], figures[k] / 2**30))
     w("# pytorch: utilization=%.4f\n" % figures["utilization"])
+    if stack_lines:
+        w("# the allocations' frames (xseg-replay --history --snapshot FILE shows them)\n")
+    for line in stack_lines:
+        w(line + "\n")
     for sid, name in sorted(streams.items()):
         w("stream %s\n" % name)
-    for _, name, sz, sid, _ in seeds:
-        w("alloc %s %d%s\n" % (name, sz, stream_ref(sid)))
+    for _, name, sz, sid, _, ref in seeds:
+        w("alloc %s %d%s%s\n" % (name, sz, stream_ref(sid), ref))
     w("mark window start (seeded)\n")
     for line in lines:
         w(line + "\n")
@@ -173,17 +705,30 @@ def main(argv=None):
                                  epilog="Writes the trace on standard output.")
     ap.add_argument("snapshot", help="a pickle written by torch.cuda.memory._dump_snapshot")
     ap.add_argument("--device", type=int, default=0, help="which device's trace (default 0)")
+    ap.add_argument("--no-frames", action="store_true",
+                    help="leave out the allocations' frames (`frame` lines and ^STACK references)")
+    ap.add_argument("--max-memory-mib", type=int, default=4096, metavar="MIB",
+                    help="refuse snapshots that would need more host memory than this to load "
+                         "(an estimate; default 4096)")
     args = ap.parse_args(argv)
+    name = args.snapshot
     try:
         with open(args.snapshot, "rb") as f:
-            snap = _Unpickler(f).load()
-    except (OSError, pickle.UnpicklingError, EOFError) as e:
-        print("snapshot2trace: %s: %s" % (args.snapshot, e), file=sys.stderr)
+            data = f.read()
+    except OSError as e:
+        print("snapshot2trace: %s: %s" % (name, e.strerror or e), file=sys.stderr)
         return 1
     try:
-        convert(snap, args.device, sys.stdout, source=args.snapshot.rsplit("/", 1)[-1])
-    except ValueError as e:
-        print("snapshot2trace: %s" % e, file=sys.stderr)
+        snap = load_snapshot(data, max_memory=args.max_memory_mib << 20)
+        # Every item visited costs at least one byte of the file unless the pickle shares it.
+        convert(snap, args.device, sys.stdout, source=name.rsplit("/", 1)[-1],
+                work_limit=len(data) + 1024, frames=not args.no_frames)
+    except SnapshotError as e:
+        print("snapshot2trace: %s: %s" % (name, e), file=sys.stderr)
+        return 1
+    except (RecursionError, MemoryError) as e:
+        print("snapshot2trace: %s: too large or too deeply nested to convert (%s)"
+              % (name, type(e).__name__), file=sys.stderr)
         return 1
     return 0
 

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/error.h"
+#include "base/error.h"
 #include "vmm/driver.h"
 
 #define DRV_STR2(x) #x
@@ -104,6 +104,29 @@ xseg_status drv_fail(CUresult res, const char *what)
     return err_set(st, "%s failed: %s", what ? what : "a CUDA driver call", drv_error_name(res));
 }
 
+/* The one granularity query (drv_granularity); the raw CUresult for drv_device_query's rollback. */
+static CUresult drv_granularity_raw(CUdevice dev, unsigned handle_types, size_t *out)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = (CUmemAllocationHandleType)handle_types;
+    *out = 0;
+    return drv->cuMemGetAllocationGranularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+}
+
+xseg_status drv_granularity(CUdevice dev, unsigned handle_types, size_t *out)
+{
+    CUresult res = drv_granularity_raw(dev, handle_types, out);
+    if (res == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    char what[96];
+    snprintf(what, sizeof what, "cuMemGetAllocationGranularity(MINIMUM, device %d)", (int)dev);
+    return drv_fail(res, what);
+}
+
 xseg_status drv_device_query(int ordinal, struct drv_device_info *info)
 {
     if (!info)
@@ -141,12 +164,7 @@ xseg_status drv_device_query(int ordinal, struct drv_device_info *info)
         goto fail;
     }
     if (info->vmm_supported) {
-        CUmemAllocationProp prop = {0};
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = info->dev;
-        if ((res = drv->cuMemGetAllocationGranularity(&info->granularity, &prop,
-                                                      CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS) {
+        if ((res = drv_granularity_raw(info->dev, 0, &info->granularity)) != CUDA_SUCCESS) {
             snprintf(what, sizeof what, "cuMemGetAllocationGranularity(MINIMUM, device %d)", ordinal);
             goto fail;
         }
@@ -176,4 +194,24 @@ xseg_status drv_ctx_ensure(CUcontext ctx)
     if ((res = drv->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS)
         return drv_fail(res, "cuCtxSetCurrent()");
     return XSEG_SUCCESS;
+}
+
+xseg_status drv_can_access_peer(CUdevice dev, CUdevice peer, int *can)
+{
+    *can = 0;
+    CUresult res = drv->cuDeviceCanAccessPeer(can, dev, peer);
+    return res == CUDA_SUCCESS ? XSEG_SUCCESS : drv_fail(res, "cuDeviceCanAccessPeer");
+}
+
+xseg_status drv_device_count(int *count)
+{
+    *count = 0;
+    CUresult res = drv->cuDeviceGetCount(count);
+    return res == CUDA_SUCCESS ? XSEG_SUCCESS : drv_fail(res, "cuDeviceGetCount");
+}
+
+xseg_status drv_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    CUresult res = drv->cuMemGetInfo(free_bytes, total_bytes);
+    return res == CUDA_SUCCESS ? XSEG_SUCCESS : drv_fail(res, "cuMemGetInfo");
 }

@@ -12,7 +12,7 @@
 
 #include <cuda.h>
 
-#include "src/common.h"
+#include "base/common.h"
 
 /* Every driver entry point xseg (and its tests) uses. Adding one here is all it takes. */
 #define DRV_FOREACH_ENTRY(X)                                                                      \
@@ -67,7 +67,19 @@
     X(cuEventDestroy)                                                                             \
     X(cuEventRecord)                                                                              \
     X(cuEventQuery)                                                                               \
-    X(cuEventSynchronize)
+    X(cuEventSynchronize)                                                                         \
+    /* pinned host memory, async copies and memset (services, issue 14: sleep offload, wake) */   \
+    X(cuMemHostAlloc)                                                                             \
+    X(cuMemFreeHost)                                                                              \
+    X(cuMemcpyHtoDAsync)                                                                          \
+    X(cuMemcpyDtoHAsync)                                                                          \
+    X(cuMemsetD8Async)                                                                            \
+    /* capture graph: graph_capture_record_stream_reuse (vmm/capture.c) */                       \
+    X(cuStreamUpdateCaptureDependencies)                                                          \
+    X(cuGraphAddEmptyNode)                                                                        \
+    X(cuGraphNodeGetDependencies)                                                                 \
+    X(cuGraphGetNodes)                                                                            \
+    X(cuGraphNodeGetType)
 
 /* The resolved entry points. Field names are the ABI names (see the top of this file). */
 struct drv_api {
@@ -111,6 +123,19 @@ struct drv_device_info {
 /* Query @p ordinal: handle, primary context (retained), memory, VMM support and granularity.
  * @return XSEG_ERROR_INVALID_DEVICE naming the index and the device count when out of range. */
 xseg_status drv_device_query(int ordinal, struct drv_device_info *info);
+
+/* The minimum VMM granularity of a pinned allocation on @p dev with @p handle_types requested
+ * (0: none): the one place it is asked (device query, segments, IPC probes). */
+xseg_status drv_granularity(CUdevice dev, unsigned handle_types, size_t *out);
+
+/* Devices the driver reports (cuDeviceGetCount). Driver loaded. */
+xseg_status drv_device_count(int *count);
+
+/* Free and total memory of the current context's device (cuMemGetInfo). Context current. */
+xseg_status drv_mem_info(size_t *free_bytes, size_t *total_bytes);
+
+/* Can @p dev access the memory of @p peer (cuDeviceCanAccessPeer)? Driver loaded. */
+xseg_status drv_can_access_peer(CUdevice dev, CUdevice peer, int *can);
 
 /* Make @p ctx current on this thread if it is not already (cheap when it is). */
 xseg_status drv_ctx_ensure(CUcontext ctx);

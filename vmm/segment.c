@@ -17,13 +17,16 @@
 #include "vmm/segment.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/error.h"
+#include "base/error.h"
 #include "vmm/driver.h"
+#include "vmm/stream.h"
 
 /* One cuMemAddressReserve range. Pieces are page multiples and sorted by address, each starting
  * where the previous one ends, so a page never straddles two pieces. */
@@ -47,22 +50,43 @@ struct seg {
     size_t npages;  /* va_size / page_size */
 
     /* Per page, [npages] valid of [cap_pages] allocated. handles[i] == 0: page i unmapped.
-     * fresh[i] is scratch for seg_map's rollback: 1 while the running call mapped page i, 0
-     * between calls. */
+     * pflags[i]: PAGE_FRESH is scratch for seg_map's rollback (set while the running call
+     * mapped page i); PAGE_STRANDED marks a page whose rollback unmap failed: the driver still
+     * maps handles[i] there, perhaps without access, so it counts as unmapped to callers (not
+     * in mapped_bytes, seg_page_is_mapped is 0) until seg_reclaim unmaps it or seg_map reuses it
+     * (granting access then). */
     CUmemGenericAllocationHandle *handles;
-    unsigned char *fresh;
+    unsigned char *pflags;
     size_t cap_pages;
     size_t mapped_bytes;
+    size_t stranded_bytes;
 
     struct seg_piece *pieces;
     size_t npieces, cap_pieces;
+
+    /* Issue 15: the observer of map/unmap (seg_params.observe), or NULL. */
+    void (*observe)(void *user, struct seg *seg, size_t first, size_t last, int mapped);
+    void *observe_user;
 
     /* access[0] is the owning device, access[1..naccess) the peers; all READWRITE. */
     CUmemAccessDesc *access;
     int naccess, cap_access;
 };
 
+#define PAGE_FRESH 1
+#define PAGE_STRANDED 2
+
 /* ---- small helpers ---- */
+
+/* Page @p i is mapped as far as callers know: a handle, and not stranded. */
+static inline int page_live(const struct seg *seg, size_t i)
+{
+    return seg->handles[i] != 0 && !(seg->pflags[i] & PAGE_STRANDED);
+}
+
+/* Call @p fn for every run of mapped pages, one piece at a time. */
+static void seg_runs(const struct seg *seg, void (*fn)(void *, struct seg *, size_t, size_t, int), void *user,
+                     int mapped);
 
 static CUmemAccessDesc seg_access_desc(int device)
 {
@@ -140,10 +164,10 @@ static xseg_status seg_reserve_meta(struct seg *seg, size_t npages)
         if (!h)
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
         seg->handles = h;
-        unsigned char *f = realloc(seg->fresh, cap);
+        unsigned char *f = realloc(seg->pflags, cap);
         if (!f)
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
-        seg->fresh = f;
+        seg->pflags = f;
         memset(h + seg->cap_pages, 0, (cap - seg->cap_pages) * sizeof(*h));
         memset(f + seg->cap_pages, 0, cap - seg->cap_pages);
         seg->cap_pages = cap;
@@ -203,7 +227,122 @@ static xseg_status seg_check_range(const struct seg *seg, const char *fn, size_t
     return XSEG_SUCCESS;
 }
 
-/* Unmap and release page @p i (mapped). On a failed unmap the page stays mapped and counted. */
+/* ---- leftovers: driver resources a failed call could not give back ----
+ *
+ * A handle whose cuMemRelease failed, a page of a destroyed segment whose cuMemUnmap failed, a
+ * reservation whose cuMemAddressFree failed: forgetting them would leak device memory (or address
+ * space) for good, so they are kept here, process-wide (segments of every device share one
+ * address space), and retried by seg_leftovers_retry, which the allocator runs on every reclaim
+ * (empty_cache and the OOM path). Order of a retry: unmaps, then releases, then address frees (a
+ * range cannot be freed while mapped). */
+enum leftover_kind { LEFT_UNMAP, LEFT_RELEASE, LEFT_ADDRESS_FREE };
+struct leftover {
+    enum leftover_kind kind;
+    CUdevice dev;                        /* its primary context is made current for the retry */
+    CUdeviceptr addr;                    /* LEFT_UNMAP, LEFT_ADDRESS_FREE */
+    size_t size;                         /* LEFT_UNMAP (then released), LEFT_ADDRESS_FREE */
+    CUmemGenericAllocationHandle handle; /* LEFT_UNMAP, LEFT_RELEASE */
+};
+static pthread_mutex_t left_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct leftover *left;
+static size_t nleft, capleft;
+
+/* Keep @p l for a retry. Only a host allocation failure loses it (the leak it was before). */
+static void left_push(struct leftover l)
+{
+    pthread_mutex_lock(&left_lock);
+    if (nleft == capleft) {
+        size_t cap = capleft ? 2 * capleft : 16;
+        struct leftover *p = realloc(left, cap * sizeof *p);
+        if (!p) {
+            pthread_mutex_unlock(&left_lock);
+            return;
+        }
+        left = p;
+        capleft = cap;
+    }
+    left[nleft++] = l;
+    pthread_mutex_unlock(&left_lock);
+}
+
+size_t seg_leftovers_pending(void)
+{
+    pthread_mutex_lock(&left_lock);
+    size_t n = nleft;
+    pthread_mutex_unlock(&left_lock);
+    return n;
+}
+
+/* One driver call for @p l, with its device's primary context current (retained around the call:
+ * the segment that held it may be gone; the allocator keeps it retained, so this is cheap).
+ * A LEFT_UNMAP that succeeds becomes a LEFT_RELEASE. @return the call's result. */
+static CUresult left_try(struct leftover *l, const char **what)
+{
+    CUcontext ctx = NULL;
+    CUresult res = drv->cuDevicePrimaryCtxRetain(&ctx, l->dev);
+    if (res != CUDA_SUCCESS) {
+        *what = "cuDevicePrimaryCtxRetain";
+        return res;
+    }
+    if (drv_ctx_ensure(ctx) != XSEG_SUCCESS) {
+        *what = "making the primary context current";
+        res = CUDA_ERROR_INVALID_CONTEXT;
+    } else if (l->kind == LEFT_UNMAP) {
+        *what = "cuMemUnmap";
+        res = drv->cuMemUnmap(l->addr, l->size);
+        if (res == CUDA_SUCCESS)
+            l->kind = LEFT_RELEASE;
+    } else if (l->kind == LEFT_RELEASE) {
+        *what = "cuMemRelease";
+        res = drv->cuMemRelease(l->handle);
+    } else {
+        *what = "cuMemAddressFree";
+        res = drv->cuMemAddressFree(l->addr, l->size);
+    }
+    (void)drv->cuDevicePrimaryCtxRelease(l->dev);
+    return res;
+}
+
+xseg_status seg_leftovers_retry(void)
+{
+    pthread_mutex_lock(&left_lock);
+    if (nleft == 0 || !drv) {
+        pthread_mutex_unlock(&left_lock);
+        return XSEG_SUCCESS;
+    }
+    xseg_status first = XSEG_SUCCESS;
+    /* Unmaps first (their handles then get released in the next pass), address frees last. */
+    for (int pass = LEFT_UNMAP; pass <= LEFT_ADDRESS_FREE; pass++) {
+        size_t keep = 0;
+        for (size_t i = 0; i < nleft; i++) {
+            struct leftover l = left[i];
+            if ((int)l.kind == pass) {
+                const char *what = "";
+                CUresult res = left_try(&l, &what);
+                if (res == CUDA_SUCCESS && l.kind == (enum leftover_kind)pass)
+                    continue; /* released or freed: done */
+                if (res != CUDA_SUCCESS && first == XSEG_SUCCESS)
+                    first = seg_failf(res, "%s of 0x%llx (%zu bytes), kept from an earlier failure", what,
+                                      (unsigned long long)l.addr, l.size);
+            }
+            left[keep++] = l;
+        }
+        nleft = keep;
+    }
+    pthread_mutex_unlock(&left_lock);
+    return first;
+}
+
+/* Release handle @p h of a page already unmapped; on failure it is kept for a retry. */
+static void seg_release_handle(struct seg *seg, CUmemGenericAllocationHandle h)
+{
+    if (drv->cuMemRelease(h) != CUDA_SUCCESS)
+        left_push((struct leftover){.kind = LEFT_RELEASE, .dev = seg->cudev, .handle = h});
+}
+
+/* Unmap and release page @p i (mapped, or stranded). On a failed unmap the page stays as it was
+ * (mapped and counted, or stranded). A failed release is no failure here: the page is unmapped
+ * and its handle kept for a retry (seg_leftovers_retry). */
 static xseg_status seg_unmap_page(struct seg *seg, size_t i)
 {
     CUdeviceptr addr = seg->base + i * seg->page_size;
@@ -213,11 +352,23 @@ static xseg_status seg_unmap_page(struct seg *seg, size_t i)
                          i);
     CUmemGenericAllocationHandle h = seg->handles[i];
     seg->handles[i] = 0;
-    seg->mapped_bytes -= seg->page_size;
-    res = drv->cuMemRelease(h);
-    if (res != CUDA_SUCCESS)
-        return seg_failf(res, "cuMemRelease of page %zu's handle (page already unmapped)", i);
+    if (seg->pflags[i] & PAGE_STRANDED)
+        seg->stranded_bytes -= seg->page_size;
+    else
+        seg->mapped_bytes -= seg->page_size;
+    seg->pflags[i] = 0;
+    seg_release_handle(seg, h);
     return XSEG_SUCCESS;
+}
+
+/* Wait for the work queued on the segment's stream before its pages are unmapped. A destroyed
+ * stream falls back to a context synchronize (vstream_wait): otherwise memory cached for a
+ * destroyed stream could never be released. */
+static xseg_status seg_sync(struct seg *seg, const char *why)
+{
+    char what[128];
+    snprintf(what, sizeof what, "%s of the segment at 0x%llx", why, (unsigned long long)seg->base);
+    return vstream_wait(seg->stream, what);
 }
 
 /* ---- create / destroy ---- */
@@ -242,20 +393,24 @@ static int seg_cursor_off; /* set once the driver placed a hinted range elsewher
  * does not depend on where the driver happened to place it: otherwise it varies by up to 32 MiB
  * from run to run (address-space randomization), and so does the moment a segment runs out of
  * room and a new one starts, which changed replay figures between identical runs. */
-static CUdeviceptr seg_probe_room(size_t size)
+static CUdeviceptr seg_probe_room(CUdevice dev, size_t size)
 {
     CUdeviceptr probe = 0;
     if (size > SIZE_MAX - SEG_GROW_ROOM ||
         drv->cuMemAddressReserve(&probe, size + SEG_GROW_ROOM, SEG_VA_ALIGN, 0, 0) != CUDA_SUCCESS)
         return 0;
-    if (drv->cuMemAddressFree(probe, size + SEG_GROW_ROOM) != CUDA_SUCCESS)
-        return 0; /* keep the probe's slot out of the hint; the probe itself is lost VA */
+    if (drv->cuMemAddressFree(probe, size + SEG_GROW_ROOM) != CUDA_SUCCESS) {
+        /* Keep the probe's slot out of the hint; the probe is freed by a later retry. */
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = dev, .addr = probe,
+                                    .size = size + SEG_GROW_ROOM});
+        return 0;
+    }
     return probe;
 }
 
 /* Reserve @p size bytes where a segment can later grow in place, and move the cursor past the
  * room. Any placement is acceptable: without room the segment just grows into a further one. */
-static CUresult seg_reserve_with_room(size_t size, CUdeviceptr *out)
+static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *out)
 {
     pthread_mutex_lock(&seg_cursor_lock);
     CUdeviceptr hint = seg_cursor_off ? 0 : seg_cursor;
@@ -282,7 +437,7 @@ static CUresult seg_reserve_with_room(size_t size, CUdeviceptr *out)
         }
     }
     if (base == 0) {
-        res = drv->cuMemAddressReserve(&base, size, 0, seg_probe_room(size), 0);
+        res = drv->cuMemAddressReserve(&base, size, 0, seg_probe_room(dev, size), 0);
         if (res != CUDA_SUCCESS)
             return res;
     }
@@ -334,6 +489,8 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     seg->stream = params->stream;
     seg->page_size = P;
     seg->unit = unit;
+    seg->observe = params->observe;
+    seg->observe_user = params->observe_user;
 
     xseg_status st = seg_push_access(seg, params->device);
     for (int i = 0; st == XSEG_SUCCESS && i < params->npeers; i++) {
@@ -358,13 +515,11 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     seg->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     seg->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     seg->prop.location.id = seg->device;
-    seg->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    seg->prop.requestedHandleTypes = (CUmemAllocationHandleType)params->handle_types;
     size_t gran = 0;
-    res = drv->cuMemGetAllocationGranularity(&gran, &seg->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (res != CUDA_SUCCESS) {
-        st = seg_failf(res, "cuMemGetAllocationGranularity(device %d)", seg->device);
+    st = drv_granularity((CUdevice)seg->device, params->handle_types, &gran);
+    if (st != XSEG_SUCCESS)
         goto fail_ctx;
-    }
     if (gran == 0 || P % gran != 0) {
         st = err_set(XSEG_ERROR_INVALID_VALUE,
                      "seg_create: page_size %zu is not a multiple of device %d's VMM granularity %zu", P,
@@ -383,7 +538,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     if (st != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;
-    res = seg_reserve_with_room(initial, &base);
+    res = seg_reserve_with_room(seg->cudev, initial, &base);
     if (res != CUDA_SUCCESS) {
         st = seg_failf(res, "cuMemAddressReserve(%zu bytes) for a segment on device %d", initial, seg->device);
         goto fail_ctx;
@@ -398,7 +553,7 @@ fail_ctx:
 fail_meta:
     free(seg->access);
     free(seg->handles);
-    free(seg->fresh);
+    free(seg->pflags);
     free(seg->pieces);
     free(seg);
     return st;
@@ -410,30 +565,40 @@ xseg_status seg_destroy(struct seg *seg)
         return XSEG_SUCCESS;
     xseg_status first = drv_ctx_ensure(seg->ctx);
     if (seg->mapped_bytes) {
-        CUresult res = drv->cuStreamSynchronize(seg->stream);
-        if (res != CUDA_SUCCESS && first == XSEG_SUCCESS)
-            first = seg_failf(res, "cuStreamSynchronize before destroying the segment at 0x%llx",
-                              (unsigned long long)seg->base);
+        xseg_status st = seg_sync(seg, "before destroying the pages");
+        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+            first = st;
     }
     /* Keep going past failures: the segment is gone either way, and every page and reservation
      * that can still be given back should be. */
+    if (seg->observe)
+        seg_runs(seg, seg->observe, seg->observe_user, 0); /* every page goes below */
     for (size_t i = 0; i < seg->npages; i++) {
         if (!seg->handles[i])
             continue;
         xseg_status st = seg_unmap_page(seg, i);
-        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+        if (st == XSEG_SUCCESS)
+            continue;
+        if (first == XSEG_SUCCESS)
             first = st;
+        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev,
+                                    .addr = seg->base + i * seg->page_size, .size = seg->page_size,
+                                    .handle = seg->handles[i]});
     }
     for (size_t i = 0; i < seg->npieces; i++) {
         CUresult res = drv->cuMemAddressFree(seg->pieces[i].base, seg->pieces[i].size);
-        if (res != CUDA_SUCCESS && first == XSEG_SUCCESS)
+        if (res == CUDA_SUCCESS)
+            continue;
+        if (first == XSEG_SUCCESS)
             first = seg_failf(res, "cuMemAddressFree(0x%llx, %zu)", (unsigned long long)seg->pieces[i].base,
                               seg->pieces[i].size);
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = seg->pieces[i].base,
+                                    .size = seg->pieces[i].size});
     }
     drv->cuDevicePrimaryCtxRelease(seg->cudev);
     free(seg->access);
     free(seg->handles);
-    free(seg->fresh);
+    free(seg->pflags);
     free(seg->pieces);
     free(seg);
     return first;
@@ -452,9 +617,11 @@ static xseg_status seg_reserve_at(struct seg *seg, CUdeviceptr hint, size_t size
                          (unsigned long long)hint);
     if (got != hint) {
         res = drv->cuMemAddressFree(got, size);
-        if (res != CUDA_SUCCESS)
+        if (res != CUDA_SUCCESS) {
+            left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = got, .size = size});
             return seg_failf(res, "cuMemAddressFree(0x%llx, %zu) of a misplaced growth reservation",
                              (unsigned long long)got, size);
+        }
         return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                        "seg_grow: the address space after the segment at 0x%llx (0x%llx, %zu bytes) is not "
                        "free; the driver placed the reservation at 0x%llx",
@@ -503,29 +670,55 @@ xseg_status seg_grow(struct seg *seg, size_t size)
 
 /* ---- map ---- */
 
-/* Grant the owner and every peer access to pages [first, last), which lie in one piece. */
+/* Grant access[from_access..] to pages [first, last), which lie in one piece. */
 static xseg_status seg_set_access(struct seg *seg, size_t first, size_t last, int from_access)
 {
     CUdeviceptr addr = seg->base + first * seg->page_size;
     size_t len = (last - first) * seg->page_size;
-    for (int k = from_access; k < seg->naccess; k++) {
-        CUresult res = drv->cuMemSetAccess(addr, len, &seg->access[k], 1);
-        if (res != CUDA_SUCCESS)
-            return seg_failf(res, "cuMemSetAccess(0x%llx, %zu, device %d READWRITE)", (unsigned long long)addr,
-                             len, seg->access[k].location.id);
-    }
+    /* One call for the owner and every peer (the descriptor array), not one per device: each
+     * cuMemSetAccess costs ~22 us on an H100 (docs/gpu-h100/vmm_costs.txt). */
+    int n = seg->naccess - from_access;
+    if (n <= 0)
+        return XSEG_SUCCESS;
+    CUresult res = drv->cuMemSetAccess(addr, len, &seg->access[from_access], (size_t)n);
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "cuMemSetAccess(0x%llx, %zu, %d device(s) from device %d, READWRITE)",
+                         (unsigned long long)addr, len, n, seg->access[from_access].location.id);
     return XSEG_SUCCESS;
 }
 
-/* Undo the pages of [first, last) that the running seg_map mapped. A page whose unmap fails
- * stays mapped (and counted), so the bookkeeping matches the driver. */
+/* Report the runs of pages of [first, last) this seg_map mapped (fresh), split at pieces. */
+static void seg_observe_fresh(struct seg *seg, size_t first, size_t last)
+{
+    size_t i = first;
+    while (i < last) {
+        while (i < last && !(seg->pflags[i] & PAGE_FRESH))
+            i++;
+        if (i == last)
+            break;
+        size_t end = XSEG_MIN(last, seg_piece_end(seg, seg_piece_of(seg, i)));
+        size_t run = i;
+        while (i < end && (seg->pflags[i] & PAGE_FRESH))
+            i++;
+        seg->observe(seg->observe_user, seg, run, i, 1);
+    }
+}
+
+/* Undo the pages of [first, last) that the running seg_map mapped. A page whose unmap fails is
+ * stranded (PAGE_STRANDED): the driver still maps it, perhaps without access rights, so it must
+ * never be handed out as mapped; it leaves mapped_bytes (the caller never counted it) and waits
+ * for seg_reclaim, or for a later seg_map of that page to grant access and use it. */
 static void seg_map_rollback(struct seg *seg, size_t first, size_t last)
 {
     for (size_t i = first; i < last; i++) {
-        if (!seg->fresh[i])
+        if (!(seg->pflags[i] & PAGE_FRESH))
             continue;
-        seg->fresh[i] = 0;
-        (void)seg_unmap_page(seg, i);
+        seg->pflags[i] &= (unsigned char)~PAGE_FRESH;
+        if (seg_unmap_page(seg, i) != XSEG_SUCCESS) {
+            seg->pflags[i] |= PAGE_STRANDED;
+            seg->mapped_bytes -= seg->page_size;
+            seg->stranded_bytes += seg->page_size;
+        }
     }
 }
 
@@ -560,6 +753,15 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
             piece++;
             piece_end = seg_piece_end(seg, piece);
         }
+        if (seg->handles[i] && (seg->pflags[i] & PAGE_STRANDED)) {
+            /* Left mapped by an earlier failed rollback: use it, granting access with the run. */
+            seg->pflags[i] = PAGE_FRESH;
+            seg->stranded_bytes -= P;
+            seg->mapped_bytes += P;
+            if (run == SIZE_MAX)
+                run = i;
+            continue;
+        }
         if (seg->handles[i]) {
             if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
                 goto fail;
@@ -575,19 +777,19 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
         }
         if (h == 0) {
             /* 0 marks an unmapped page here; no driver is known to return it. */
-            drv->cuMemRelease(h);
+            seg_release_handle(seg, h);
             st = err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle for page %zu", i);
             goto fail;
         }
         CUdeviceptr addr = seg->base + i * P;
         res = drv->cuMemMap(addr, P, 0, h, 0);
         if (res != CUDA_SUCCESS) {
-            drv->cuMemRelease(h);
+            seg_release_handle(seg, h);
             st = seg_failf(res, "cuMemMap(0x%llx, %zu) of page %zu", (unsigned long long)addr, P, i);
             goto fail;
         }
         seg->handles[i] = h;
-        seg->fresh[i] = 1;
+        seg->pflags[i] = PAGE_FRESH;
         seg->mapped_bytes += P;
         if (run == SIZE_MAX)
             run = i;
@@ -595,8 +797,10 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
     if (run != SIZE_MAX && (st = seg_set_access(seg, run, last, 0)) != XSEG_SUCCESS)
         goto fail;
 
+    if (seg->observe)
+        seg_observe_fresh(seg, first, last);
     for (size_t j = first; j < last; j++)
-        seg->fresh[j] = 0;
+        seg->pflags[j] &= (unsigned char)~PAGE_FRESH;
     if (mapped)
         *mapped = seg->mapped_bytes - before;
     return XSEG_SUCCESS;
@@ -610,7 +814,19 @@ fail:
 
 /* ---- unmap ---- */
 
+static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, bool sync);
+
 xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped)
+{
+    return seg_unmap_impl(seg, offset, size, unmapped, true);
+}
+
+xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped)
+{
+    return seg_unmap_impl(seg, offset, size, unmapped, false);
+}
+
+static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, bool sync)
 {
     if (unmapped)
         *unmapped = 0;
@@ -621,7 +837,7 @@ xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmap
     if (st != XSEG_SUCCESS)
         return st;
     size_t i = first;
-    while (i < last && !seg->handles[i])
+    while (i < last && !page_live(seg, i))
         i++;
     if (i == last)
         return XSEG_SUCCESS; /* nothing mapped: no need to wait for the stream */
@@ -630,28 +846,68 @@ xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmap
         return st;
     /* Work queued on the stream may still use these pages, and unmap/release are not known to
      * wait for it in every case (PyTorch synchronizes here for the same reason). */
-    CUresult res = drv->cuStreamSynchronize(seg->stream);
-    if (res != CUDA_SUCCESS)
-        return seg_failf(res, "cuStreamSynchronize before unmapping pages of the segment at 0x%llx",
-                         (unsigned long long)seg->base);
+    if (sync) {
+        st = seg_sync(seg, "before unmapping pages");
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
     size_t before = seg->mapped_bytes;
-    for (; i < last; i++) {
-        if (!seg->handles[i])
-            continue;
-        xseg_status pst = seg_unmap_page(seg, i);
-        if (pst == XSEG_SUCCESS)
-            continue;
-        if (st == XSEG_SUCCESS)
-            st = pst;
-        if (seg->handles[i])
-            break; /* the unmap failed: leave this page and the rest mapped and usable */
-        /* else only the release failed: the page is unmapped, go on */
+    bool stop = false;
+    while (i < last && !stop) {
+        /* The next run of mapped pages inside one piece: announced to the observer before the
+         * driver unmaps it, so a registration can be dropped while the memory is still there. */
+        while (i < last && !page_live(seg, i))
+            i++;
+        if (i == last)
+            break;
+        size_t end = XSEG_MIN(last, seg_piece_end(seg, seg_piece_of(seg, i)));
+        size_t run_end = i;
+        while (run_end < end && page_live(seg, run_end))
+            run_end++;
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, i, run_end, 0);
+        for (; i < run_end; i++) {
+            xseg_status pst = seg_unmap_page(seg, i);
+            if (pst == XSEG_SUCCESS)
+                continue;
+            if (st == XSEG_SUCCESS)
+                st = pst;
+            if (seg->handles[i]) {
+                /* The unmap failed: leave this page and the rest mapped and usable, and tell the
+                 * observer the part of the run announced as unmapped is mapped after all. */
+                if (seg->observe)
+                    seg->observe(seg->observe_user, seg, i, run_end, 1);
+                stop = true;
+                break;
+            }
+            /* else only the release failed: the page is unmapped, go on */
+        }
     }
     if (unmapped)
         *unmapped = before - seg->mapped_bytes;
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "seg_unmap: %zu bytes unmapped before the failure", before - seg->mapped_bytes);
     return XSEG_SUCCESS;
+}
+
+/* ---- reclaim ---- */
+
+xseg_status seg_reclaim(struct seg *seg)
+{
+    if (!seg || !seg->stranded_bytes)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    /* No synchronize: a stranded page was never handed out, so no work can use it. */
+    for (size_t i = 0; i < seg->npages && seg->stranded_bytes; i++) {
+        if (!(seg->pflags[i] & PAGE_STRANDED))
+            continue;
+        xseg_status pst = seg_unmap_page(seg, i);
+        if (pst != XSEG_SUCCESS && st == XSEG_SUCCESS)
+            st = pst;
+    }
+    return st;
 }
 
 /* ---- peers ---- */
@@ -674,10 +930,10 @@ xseg_status seg_add_peer(struct seg *seg, int peer)
             size_t end = seg_piece_end(seg, piece);
             size_t i = seg->pieces[piece].first_page;
             while (st == XSEG_SUCCESS && i < end) {
-                while (i < end && !seg->handles[i])
+                while (i < end && !page_live(seg, i))
                     i++;
                 size_t run = i;
-                while (i < end && seg->handles[i])
+                while (i < end && page_live(seg, i))
                     i++;
                 if (run < i)
                     st = seg_set_access(seg, run, i, k);
@@ -695,8 +951,44 @@ CUdeviceptr seg_base(const struct seg *seg) { return seg->base; }
 size_t seg_va_size(const struct seg *seg) { return seg->va_size; }
 size_t seg_page_size(const struct seg *seg) { return seg->page_size; }
 size_t seg_mapped_bytes(const struct seg *seg) { return seg->mapped_bytes; }
+size_t seg_stranded_bytes(const struct seg *seg) { return seg->stranded_bytes; }
 
 int seg_page_is_mapped(const struct seg *seg, size_t page_index)
 {
-    return page_index < seg->npages && seg->handles[page_index] != 0;
+    return page_index < seg->npages && page_live(seg, page_index);
+}
+
+/* ---- issue 15: handles and observers ---- */
+
+CUmemGenericAllocationHandle seg_page_handle(const struct seg *seg, size_t page_index)
+{
+    return page_index < seg->npages && page_live(seg, page_index) ? seg->handles[page_index] : 0;
+}
+
+unsigned seg_handle_types(const struct seg *seg) { return (unsigned)seg->prop.requestedHandleTypes; }
+int seg_device(const struct seg *seg) { return seg->device; }
+size_t seg_npages(const struct seg *seg) { return seg->npages; }
+
+static void seg_runs(const struct seg *seg, void (*fn)(void *, struct seg *, size_t, size_t, int), void *user,
+                     int mapped)
+{
+    for (size_t piece = 0; piece < seg->npieces; piece++) {
+        size_t end = seg_piece_end(seg, piece);
+        size_t i = seg->pieces[piece].first_page;
+        while (i < end) {
+            while (i < end && !page_live(seg, i))
+                i++;
+            size_t run = i;
+            while (i < end && page_live(seg, i))
+                i++;
+            if (run < i)
+                fn(user, (struct seg *)(uintptr_t)seg, run, i, mapped);
+        }
+    }
+}
+
+void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg *seg, size_t first, size_t last, int mapped),
+                       void *user)
+{
+    seg_runs(seg, fn, user, 1);
 }

@@ -20,7 +20,7 @@
 
 #include <cuda.h>
 
-#include "src/common.h"
+#include "base/common.h"
 
 struct seg;
 
@@ -43,6 +43,15 @@ struct seg_params {
     size_t page_size;       /* 2 MiB small pool, large_segment_size_mb for the large pool */
     const int *peers;       /* devices given read-write access as well (copied) */
     int npeers;
+    /* Issue 15: shareable handle types every page is created with (CUmemAllocationHandleType
+     * bits; CU_MEM_HANDLE_TYPE_NONE: not exportable). Chosen by ipc_handle_types (vmm/ipc.h). */
+    unsigned handle_types;
+    /* Issue 15: called after pages [first, last) of the segment were mapped (access granted), and
+     * before they are unmapped (then again with mapped = 1 for pages a failed unmap left mapped),
+     * so that memory registrations can follow the mappings. Runs never span two reservation
+     * pieces. NULL: no calls. It must not call into the segment. */
+    void (*observe)(void *user, struct seg *seg, size_t first, size_t last, int mapped);
+    void *observe_user;
 };
 
 /*
@@ -81,14 +90,50 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
  */
 xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped);
 
-/* Grant @p peer read-write access to every mapped page, and to pages mapped from now on. */
+/*
+ * Driver failures that leave memory with the driver (issue 11). Nothing is forgotten:
+ *  - a page whose unmap fails while seg_map rolls back is "stranded": the driver still maps it,
+ *    perhaps without access rights, so it counts as unmapped (seg_page_is_mapped is 0, not in
+ *    seg_mapped_bytes: it was never handed out); a later seg_map of that page reuses it and
+ *    grants access, and seg_reclaim unmaps and releases it;
+ *  - a handle whose cuMemRelease fails (the page is unmapped all the same), a page of a destroyed
+ *    segment whose unmap fails, a reservation whose cuMemAddressFree fails: kept in a
+ *    process-wide list and retried by seg_leftovers_retry.
+ * The allocator runs both on every reclaim (empty_cache, the OOM path).
+ */
+/* Unmap and release the stranded pages of @p seg. On a failure they stay stranded. */
+xseg_status seg_reclaim(struct seg *seg);
+/* Retry every leftover (unmaps, then releases, then address frees), with each one's device's
+ * primary context made current (the calling thread's current context may change). What fails
+ * again stays for the next retry; the first failure is reported. Thread-safe. */
+xseg_status seg_leftovers_retry(void);
+/* Leftovers waiting for a retry (tests, diagnostics). */
+size_t seg_leftovers_pending(void);
+/* seg_unmap without the synchronize, for callers that know every use of these pages on the GPU
+ * has completed (services, core/trim.c: the stream was queried idle). */
+xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped);
+
+/* Grant @p peer read-write access to every mapped page, and to pages mapped from now on: one
+ * cuMemSetAccess per run of mapped pages (new mappings get one call for the owner and every peer
+ * together). */
 xseg_status seg_add_peer(struct seg *seg, int peer);
 
 /* Accessors. */
+/* Issue 15: the cuMemCreate handle of page @p page_index (0 when unmapped or out of range). It
+ * stays owned by the segment: export or retain it, never release it. */
+CUmemGenericAllocationHandle seg_page_handle(const struct seg *seg, size_t page_index);
+unsigned seg_handle_types(const struct seg *seg);
+int seg_device(const struct seg *seg);
+size_t seg_npages(const struct seg *seg);
+/* Call params.observe for every run of mapped pages (within a piece), as if just mapped:
+ * a new observer learns the current mappings. */
+void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg *seg, size_t first, size_t last, int mapped),
+                       void *user);
 CUdeviceptr seg_base(const struct seg *seg);
 size_t seg_va_size(const struct seg *seg);      /* bytes of VA reserved, a page multiple */
 size_t seg_page_size(const struct seg *seg);
 size_t seg_mapped_bytes(const struct seg *seg); /* bytes currently mapped */
+size_t seg_stranded_bytes(const struct seg *seg); /* bytes of stranded pages (see seg_reclaim) */
 int seg_page_is_mapped(const struct seg *seg, size_t page_index);
 
 #endif

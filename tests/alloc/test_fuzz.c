@@ -144,7 +144,7 @@ static void run(const char *mode, const char *config, uint64_t default_seed, siz
     f->streams[0] = NULL;
     tu_assert_cu(drv->cuStreamCreate(&f->streams[1], CU_STREAM_NON_BLOCKING));
 
-    unsigned steps = (unsigned)tu_scaled(base_steps, 300);
+    unsigned steps = (unsigned)tu_steps(base_steps, 300);
     for (f->step = 0; f->step < steps; f->step++) {
         /* PyTorch's weights: allocate 1, free 1, empty_cache 0.1. */
         uint64_t r = rnd_below(f, 21);

@@ -485,7 +485,7 @@ static void run(enum mode mode, uint64_t default_seed)
     ocheck(o, xseg_get_stats(0, &o->prev) == XSEG_SUCCESS, "xseg_get_stats");
     check(o);
 
-    unsigned steps = (unsigned)tu_scaled(20000, 1000);
+    unsigned steps = (unsigned)tu_steps(20000, 1000);
     for (o->step = 0; o->step < steps; o->step++) {
         uint64_t r = rnd_below(o, 1000);
         if (r < 420) {

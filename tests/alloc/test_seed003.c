@@ -129,16 +129,235 @@ static void test_fragmentation_expandable(void **state)
     }
 }
 
+/* ---- Deferred memory recycling during capture and graph_capture_record_stream_reuse ----
+ * The seed's example: x1 (allocated in the capture) is used on a side stream that forks from the
+ * capture stream (side_stream.wait_stream(current_stream)), marked with record_stream, and the
+ * side stream joins back (current_stream.wait_stream(side_stream)) before x1 is deleted. */
+
+static CUstream new_stream(void)
+{
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    return s;
+}
+
+/* b.wait_stream(a): b waits on an event recorded on a (in a capture: a fork or a join). */
+static void wait_stream(CUstream b, CUstream a)
+{
+    CUevent e;
+    tu_assert_cu(drv->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    tu_assert_cu(drv->cuEventRecord(e, a));
+    tu_assert_cu(drv->cuStreamWaitEvent(b, e, 0));
+    tu_assert_cu(drv->cuEventDestroy(e));
+}
+
+static xseg_pool_id capture_begin(CUstream s)
+{
+    xseg_pool_id pool = {0, 0};
+    if (xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL) != XSEG_SUCCESS)
+        fail_msg("xseg_capture_begin: %s", xseg_last_error());
+    return pool;
+}
+
+/* Leave the graph context (the capture must have stayed valid), destroy the graph later. */
+static CUgraph capture_end(CUstream s)
+{
+    CUgraph g = NULL;
+    if (xseg_capture_end(0, s, &g) != XSEG_SUCCESS)
+        fail_msg("xseg_capture_end: %s", xseg_last_error());
+    assert_non_null(g);
+    return g;
+}
+
+static void graph_done(CUgraph g, xseg_pool_id pool)
+{
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+}
+
+/* Nodes of type @p type in @p g. */
+static size_t graph_nodes_of(CUgraph g, CUgraphNodeType type)
+{
+    size_t n = 0;
+    tu_assert_cu(drv->cuGraphGetNodes(g, NULL, &n));
+    CUgraphNode *v = calloc(n ? n : 1, sizeof *v);
+    assert_non_null(v);
+    tu_assert_cu(drv->cuGraphGetNodes(g, v, &n));
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        CUgraphNodeType t;
+        tu_assert_cu(drv->cuGraphNodeGetType(v[i], &t));
+        k += t == type;
+    }
+    free(v);
+    return k;
+}
+
+/* @p join: the side stream joins back before x1 is deleted (the seed's example); otherwise only
+ * after x2, just before the capture ends (the streams "remain diverged" while it matters). */
+static void deferred_capture(bool reuse, bool join)
+{
+    tu_xseg_init_or_skip(reuse ? "expandable_segments:False,graph_capture_record_stream_reuse:True"
+                               : "expandable_segments:False,graph_capture_record_stream_reuse:False");
+    CUstream s = new_stream(), side = new_stream();
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    xseg_pool_id pool = capture_begin(s);
+    void *x1 = tu_malloc(4 * GiB, s);
+    tu_seed_row("After alloc x1", "4.000", "4.000", "0.000", "4.000");
+    wait_stream(side, s); /* fork */
+    assert_int_equal(xseg_record_stream(x1, side), XSEG_SUCCESS);
+    assert_true(tu_stream_work(side)); /* x1.fill_(1) on side */
+    if (join)
+        wait_stream(s, side);
+    tu_free(x1);
+    tu_seed_row("After del x1", "0.000", "4.000", "0.000", "4.000");
+    void *t1 = tu_malloc(1, s);
+    tu_free(t1);
+    bool reused = reuse && join;
+    tu_seed_row("After alloc t1", "0.000", reused ? "0.000" : "4.000", "0.000", "4.000");
+    void *x2 = tu_malloc(4 * GiB, s);
+    tu_seed_row("After alloc x2", "4.000", reused ? "4.000" : "8.000", "0.000", reused ? "4.000" : "8.000");
+    if (!join) {
+        /* Joined at last, still in the capture: with the option, the next allocation frees x1. */
+        wait_stream(s, side);
+        void *t3 = tu_malloc(1, s);
+        tu_free(t3);
+        tu_seed_row("After join, alloc t3", "4.000", reuse ? "4.000" : "8.000", "0.000", "8.000");
+    }
+    CUgraph g = capture_end(s);
+    /* With the option, a free in the capture leaves its marker: an empty node on x1's stream. */
+    assert_int_equal(graph_nodes_of(g, CU_GRAPH_NODE_TYPE_EMPTY) > 0, reuse);
+    void *t2 = tu_malloc(1, NULL); /* after the capture: deferred frees are processed */
+    tu_seed_row("After alloc t2", "4.000", "4.000", "0.000", reused ? "4.000" : "8.000");
+    tu_free(t2);
+    tu_free(x2);
+    graph_done(g, pool);
+    tu_assert_cu(drv->cuStreamDestroy(side));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* USE_GRAPH=1 without the option: x1 waits for the end of the capture; Reserved doubles. */
+static void test_deferred_graph(void **state)
+{
+    (void)state;
+    deferred_capture(false, true);
+}
+
+/* With graph_capture_record_stream_reuse:True: Reserved stays at 4.000 through t2. */
+static void test_deferred_graph_reuse(void **state)
+{
+    (void)state;
+    deferred_capture(true, true);
+}
+
+/* Streams that do not rejoin: the graph gives no order, so no reuse (as without the option). */
+static void test_deferred_graph_unjoined(void **state)
+{
+    (void)state;
+    deferred_capture(true, false);
+}
+
+/* ---- Gradient accumulator cross-stream memory growth ----
+ * The seed's example as the allocation sequence it explains: x (4 GiB) on the current stream;
+ * step() = accum (5) backward passes, each allocating the intermediate x * 2 (4 GiB), freeing it,
+ * and allocating the gradient in its place; the first gradient becomes x.grad, later ones are
+ * accumulated into it and freed; x.grad = None at the end. Warmup runs on side_stream (the
+ * AccumulateGrad node's canonical stream): producer and consumer agree, nothing is recorded.
+ * The capture runs on another stream (torch.cuda.graph's own) into a private pool: gradients are
+ * produced there and consumed on side_stream, so each one (and x.grad, accumulated into there)
+ * is record_stream'ed on side_stream, which never takes part in the capture. */
+static void grad_step(CUstream produce, CUstream consume, bool record, int accum, const char *const rows[][4])
+{
+    void *grad = NULL;
+    for (int i = 0; i < accum; i++) {
+        void *tmp = tu_malloc(4 * GiB, produce); /* x * 2 */
+        tu_free(tmp);
+        void *g = tu_malloc(4 * GiB, produce);  /* the gradient, in the intermediate's place */
+        if (!grad) {
+            grad = g; /* x.grad = g: no accumulation, nothing crosses streams */
+        } else {
+            if (record) {
+                assert_int_equal(xseg_record_stream(g, consume), XSEG_SUCCESS);
+                assert_int_equal(xseg_record_stream(grad, consume), XSEG_SUCCESS);
+            }
+            tu_free(g); /* accumulated into x.grad */
+        }
+        char tag[16];
+        snprintf(tag, sizeof tag, "Step %d", i);
+        tu_seed_row(tag, rows[i][0], rows[i][1], rows[i][2], rows[i][3]);
+    }
+    tu_free(grad); /* x.grad = None */
+}
+
+/* @p reuse: graph_capture_record_stream_reuse on changes nothing here: side_stream is outside the
+ * capture, so the graph cannot order its uses. */
+static void gradient_accumulator(bool reuse)
+{
+    tu_xseg_init_or_skip(reuse ? "expandable_segments:False,graph_capture_record_stream_reuse:True"
+                               : "expandable_segments:False");
+    CUstream side = new_stream(), cap = new_stream();
+    void *x = tu_malloc(4 * GiB, NULL);
+    tu_seed_row("Before warmup", "4.000", "4.000", "0.000", "4.000");
+    static const char *const warm[][4] = {
+        {"8.000", "8.000", "0.000", "8.000"},  {"8.000", "8.000", "0.000", "12.000"},
+        {"8.000", "8.000", "0.000", "12.000"}, {"8.000", "8.000", "0.000", "12.000"},
+        {"8.000", "8.000", "0.000", "12.000"},
+    };
+    grad_step(side, side, false, 5, warm);
+    tu_seed_row("After warmup", "4.000", "4.000", "0.000", "12.000");
+    wait_stream(NULL, side); /* torch.cuda.current_stream().wait_stream(side_stream) */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* torch.cuda.graph() on entry */
+    tu_seed_row("Before capture", "4.000", "4.000", "0.000", "4.000");
+    xseg_pool_id pool = capture_begin(cap);
+    static const char *const captured[][4] = {
+        {"8.000", "8.000", "0.000", "8.000"},   {"8.000", "12.000", "0.000", "12.000"},
+        {"8.000", "16.000", "0.000", "16.000"}, {"8.000", "20.000", "0.000", "20.000"},
+        {"8.000", "24.000", "0.000", "24.000"},
+    };
+    grad_step(cap, side, true, 5, captured);
+    CUgraph g = capture_end(cap);
+    tu_seed_row("After capture", "4.000", "24.000", "0.000", "24.000");
+    /* The deferred gradients are recycled after the capture, into the graph's pool. */
+    void *t = tu_malloc(1, NULL);
+    tu_free(t);
+    assert_int_equal(tu_stat("active_bytes.large_pool.current"), (int64_t)(4 * GiB));
+    assert_int_equal(tu_stat("reserved_bytes.large_pool.current"), (int64_t)(24 * GiB));
+    tu_free(x);
+    graph_done(g, pool);
+    tu_assert_cu(drv->cuStreamDestroy(cap));
+    tu_assert_cu(drv->cuStreamDestroy(side));
+}
+
+static void test_gradient_accumulator(void **state)
+{
+    (void)state;
+    gradient_accumulator(false);
+}
+
+static void test_gradient_accumulator_reuse(void **state)
+{
+    (void)state;
+    gradient_accumulator(true);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_statistics_table),
         cmocka_unit_test(test_fragmentation_classic),
         cmocka_unit_test(test_fragmentation_expandable),
+        /* capture: deferred recycling, graph_capture_record_stream_reuse, gradient accumulator */
+        cmocka_unit_test(test_deferred_graph),
+        cmocka_unit_test(test_deferred_graph_reuse),
+        cmocka_unit_test(test_deferred_graph_unjoined),
+        cmocka_unit_test(test_gradient_accumulator),
+        cmocka_unit_test(test_gradient_accumulator_reuse),
     };
     const char *only = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (only && !strstr(all[i].name, only))
+        if (only && strcmp(all[i].name + strlen("test_"), only) != 0)
             continue;
         const struct CMUnitTest one[] = {all[i]};
         int rc = _cmocka_run_group_tests(all[i].name, one, 1, NULL, NULL);

@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "src/error.h"
+#include "base/error.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
 
@@ -25,6 +25,7 @@ struct tu_emu_api {
     void (*counts_reset)(void);
     void (*live_get)(struct cudaemu_live *);
     int (*set_latency)(const char *, uint64_t);
+    int (*stream_work)(CUstream);
 };
 
 /* Resolved once the emulator is seen loaded; a negative answer is not cached, because the test
@@ -52,11 +53,12 @@ static const struct tu_emu_api *tu_emu(void)
     TU_SYM(counts_reset, "cudaemu_counts_reset");
     TU_SYM(live_get, "cudaemu_live_get");
     TU_SYM(set_latency, "cudaemu_set_latency");
+    TU_SYM(stream_work, "cudaemu_stream_work");
 #undef TU_SYM
     /* dlopen(RTLD_NOLOAD) took a reference; the library stays loaded by its first opener. */
     dlclose(lib);
     if (!a.stream_hold || !a.stream_release || !a.fail_nth || !a.fail_clear || !a.call_count ||
-        !a.counts_reset || !a.live_get || !a.set_latency)
+        !a.counts_reset || !a.live_get || !a.set_latency || !a.stream_work)
         return NULL;
     api = a;
     ready = &api;
@@ -120,6 +122,28 @@ bool tu_set_latency(const char *entry, uint64_t ns)
 {
     const struct tu_emu_api *e = tu_emu();
     return e && e->set_latency(entry, ns) == 0;
+}
+
+/* capture graph (graph_capture_record_stream_reuse) */
+bool tu_stream_work(CUstream s)
+{
+    const struct tu_emu_api *e = tu_emu();
+    if (e)
+        return e->stream_work(s) == 0;
+    /* Real driver: outside a capture, work would complete on its own; inside, an empty node
+     * orders the graph exactly as a kernel node would. */
+    CUstreamCaptureStatus st;
+    CUgraph g = NULL;
+    const CUgraphNode *deps = NULL;
+    size_t n = 0;
+    if (drv->cuStreamGetCaptureInfo(s, &st, NULL, &g, &deps, NULL, &n) != CUDA_SUCCESS)
+        return false;
+    if (st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return st == CU_STREAM_CAPTURE_STATUS_NONE;
+    CUgraphNode node;
+    return drv->cuGraphAddEmptyNode(&node, g, deps, n) == CUDA_SUCCESS &&
+           drv->cuStreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
+               CUDA_SUCCESS;
 }
 
 /* ---- driver and device ---- */
@@ -199,6 +223,18 @@ size_t tu_scaled(size_t n, size_t min)
     double v = (double)n * tu_scale();
     size_t r = v < 1.0 ? 0 : (size_t)v;
     return r < min ? min : r;
+}
+
+size_t tu_steps(size_t n, size_t min)
+{
+    const char *s = getenv("XSEG_TEST_STEPS");
+    if (s && *s) {
+        char *end;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (!*end && v > 0)
+            return (size_t)v;
+    }
+    return tu_scaled(n, min);
 }
 
 /* ---- data through the driver ---- */

@@ -68,6 +68,9 @@ void tu_ctx_set(void);
 double tu_scale(void);
 /* n scaled, at least @p min. */
 size_t tu_scaled(size_t n, size_t min);
+/* Operation count of a randomized test: $XSEG_TEST_STEPS when set (the `long` test setup sets
+ * 10^6), else tu_scaled(n, min). */
+size_t tu_steps(size_t n, size_t min);
 
 /* ---- emulator controls (no-ops returning false / 0 on the real driver) ---- */
 
@@ -91,6 +94,12 @@ bool tu_live(struct cudaemu_live *live);
 
 /* Set the latency of @p entry in ns. @return false when not emulated or unknown. */
 bool tu_set_latency(const char *entry, uint64_t ns);
+
+/* Enqueue a unit of work on @p s (a kernel launch, for the capture graph): on cudaemu
+ * cudaemu_stream_work (a kernel node while capturing; pending work on a held stream); on the real
+ * driver, while @p s captures, an empty node after its dependencies (same ordering), else
+ * nothing. @return false when the driver refused. */
+bool tu_stream_work(CUstream s);
 
 /* ---- device data through driver calls ---- */
 

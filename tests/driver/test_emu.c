@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -412,6 +413,99 @@ static void test_threads(void **state)
     assert_int_equal(after.allocs, before.allocs);
 }
 
+/* ---- frag (issue 12): address arena and device memory files ---- */
+
+/* Reservations come back rising and repeat: the same sequence of calls gets the same relative
+ * placement; a 32 MiB-or-larger reservation honours only a 32 MiB-aligned hint (H100 rule) and
+ * comes back 32 MiB-aligned; a free aligned hint is honoured. */
+static void test_arena_rising(void **state)
+{
+    (void)state;
+    tu_ctx_set();
+    const size_t M32 = (size_t)32 << 20;
+    CUdeviceptr a = 0, b = 0, c = 0, d = 0, e = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&a, M32, 0, 0, 0));
+    tu_assert_cu(drv->cuMemAddressReserve(&b, MiB2, 0, 0, 0));
+    tu_assert_cu(drv->cuMemAddressReserve(&c, 3 * M32, 0, 0, 0));
+    assert_int_equal(a % M32, 0);
+    assert_int_equal(c % M32, 0);
+    assert_true(b >= a + M32);
+    assert_true(c >= b + MiB2);
+    assert_int_equal(c, a + 2 * M32); /* b's 2 MiB, then c at the next 32 MiB boundary */
+    /* A 2 MiB-aligned (not 32 MiB-aligned) free hint for 32 MiB is refused... */
+    CUdeviceptr hint = c + 3 * M32 + MiB2;
+    tu_assert_cu(drv->cuMemAddressReserve(&d, M32, 0, hint, 0));
+    assert_int_not_equal(d, hint);
+    assert_int_equal(d % M32, 0);
+    /* ...a 32 MiB-aligned one is honoured, and so is a 2 MiB hint for a small range. */
+    CUdeviceptr hint2 = d + 4 * M32;
+    tu_assert_cu(drv->cuMemAddressReserve(&e, M32, 0, hint2, 0));
+    assert_int_equal(e, hint2);
+    CUdeviceptr f = 0, hint3 = e + M32 + MiB2;
+    tu_assert_cu(drv->cuMemAddressReserve(&f, MiB2, 0, hint3, 0));
+    assert_int_equal(f, hint3);
+    tu_assert_cu(drv->cuMemAddressFree(f, MiB2));
+    tu_assert_cu(drv->cuMemAddressFree(e, M32));
+    tu_assert_cu(drv->cuMemAddressFree(d, M32));
+    tu_assert_cu(drv->cuMemAddressFree(c, 3 * M32));
+    tu_assert_cu(drv->cuMemAddressFree(b, MiB2));
+    tu_assert_cu(drv->cuMemAddressFree(a, M32));
+    /* The next reservation keeps rising (next fit from the last one), it does not reuse a's. */
+    CUdeviceptr g = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&g, M32, 0, 0, 0));
+    assert_true(g > a);
+    tu_assert_cu(drv->cuMemAddressFree(g, M32));
+}
+
+/* Physical handles take no file descriptor each: with the descriptor limit at what is open now
+ * plus a few, thousands of 2 MiB pages are still created, mapped, written and read back. */
+static void test_handles_without_descriptors(void **state)
+{
+    (void)state;
+    tu_ctx_set();
+    size_t n = (size_t)(2000 * tu_scale());
+    if (n < 200)
+        n = 200;
+    struct rlimit old, rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    rl = old;
+    rl.rlim_cur = 64;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    CUdeviceptr va = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&va, n * MiB2, 0, 0, 0));
+    CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
+    CUmemAllocationProp p = {0};
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemAccessDesc acc = {0};
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (size_t i = 0; i < n; i++) {
+        tu_assert_cu(drv->cuMemCreate(&h[i], MiB2, &p, 0));
+        tu_assert_cu(drv->cuMemMap(va + i * MiB2, MiB2, 0, h[i], 0));
+    }
+    tu_assert_cu(drv->cuMemSetAccess(va, n * MiB2, &acc, 1));
+    for (size_t i = 0; i < n; i++)
+        ((unsigned char *)(uintptr_t)va)[i * MiB2 + 7] = (unsigned char)i;
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(((unsigned char *)(uintptr_t)va)[i * MiB2 + 7], (unsigned char)i);
+    /* Unmapped and mapped again elsewhere, a page keeps its data. */
+    tu_assert_cu(drv->cuMemUnmap(va, MiB2));
+    tu_assert_cu(drv->cuMemUnmap(va + MiB2, MiB2));
+    tu_assert_cu(drv->cuMemMap(va, MiB2, 0, h[1], 0));
+    tu_assert_cu(drv->cuMemSetAccess(va, MiB2, &acc, 1));
+    assert_int_equal(((unsigned char *)(uintptr_t)va)[7], 1);
+    tu_assert_cu(drv->cuMemUnmap(va, MiB2));
+    for (size_t i = 2; i < n; i++)
+        tu_assert_cu(drv->cuMemUnmap(va + i * MiB2, MiB2));
+    for (size_t i = 0; i < n; i++)
+        tu_assert_cu(drv->cuMemRelease(h[i]));
+    tu_assert_cu(drv->cuMemAddressFree(va, n * MiB2));
+    free(h);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+}
+/* ---- end frag ---- */
+
 int main(int argc, char **argv)
 {
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
@@ -433,6 +527,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_counters_latency),
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_arena_rising),               /* frag */
+        cmocka_unit_test(test_handles_without_descriptors), /* frag */
     };
     return cmocka_run_group_tests_name("driver-cudaemu", tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
  * on a GPU it uses cuMemsetD8 + cuCtxSynchronize and must fail or crash.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -88,9 +89,11 @@ struct misuse {
     bool differs;           /* cudaemu is deliberately stricter than the driver here */
     bool emu_only;          /* undefined behaviour on the real driver (e.g. an unknown handle) */
     CUresult (*run)(void);
+    bool needs_no_fabric;   /* issue 15: only where the device reports no fabric handles */
 };
 #define ROW(what, exp, fn) {what, exp, exp, false, false, fn}
 #define ROW_EMU_ONLY(what, exp, fn) {what, exp, exp, false, true, fn}
+#define ROW_EMU_NO_FABRIC(what, exp, fn) {what, exp, exp, false, true, fn, true}
 /* cudaemu stricter than the driver: the allocator must not rely on the driver's leniency. */
 #define ROW_STRICTER(what, exp, real_res, fn) {what, exp, real_res, true, false, fn}
 
@@ -354,6 +357,55 @@ static CUresult m_meminfo_no_ctx(void)
     return r[1];
 }
 
+/* ---- issue 15: shareable handles (fabric off: the default) ---- */
+static CUresult m_create_fabric_unsupported(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_FABRIC);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = drv->cuMemCreate(&h, G, &p, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    return r;
+}
+static CUresult m_export_fabric_unsupported(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle h = 0;
+    if (drv->cuMemCreate(&h, G, &p, 0) != CUDA_SUCCESS)
+        return CUDA_ERROR_UNKNOWN;
+    CUmemFabricHandle fh;
+    CUresult r = drv->cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    drv->cuMemRelease(h);
+    return r;
+}
+static CUresult m_import_pipe_fd(void)
+{
+    int fds[2];
+    if (pipe(fds))
+        return CUDA_ERROR_UNKNOWN;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = drv->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[0],
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    close(fds[0]);
+    close(fds[1]);
+    return r;
+}
+static CUresult m_export_bad_type(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle h = 0;
+    if (drv->cuMemCreate(&h, G, &p, 0) != CUDA_SUCCESS)
+        return CUDA_ERROR_UNKNOWN;
+    int fd = -1;
+    CUresult r = drv->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_WIN32, 0);
+    if (r == CUDA_SUCCESS)
+        close(fd);
+    drv->cuMemRelease(h);
+    return r;
+}
+
 /* "misuse -> expected CUresult". Measured on an H100 80GB HBM3, driver 580.159.04 (CUDA 13.0)
  * (every row; rerun on a new driver to refresh: each run prints the answers). Where
  * cudaemu is deliberately stricter than the driver (ROW_STRICTER), the driver's answer is the
@@ -400,7 +452,22 @@ static const struct misuse misuse_table[] = {
     ROW("cuMemFree: interior pointer", CUDA_ERROR_INVALID_VALUE, m_free_interior_alloc),
     ROW("cuMemFree: twice", CUDA_ERROR_INVALID_VALUE, m_free_twice),
     ROW("cuMemFree: NULL", CUDA_SUCCESS, m_free_null),
+    /* Issue 15. Fabric support depends on the system (NVLink, IMEX channel), so these rows are
+     * the emulator's (CUDAEMU_FABRIC unset); test_fabric checks what the device reports. */
+    ROW_EMU_NO_FABRIC("create: FABRIC handle type, fabric unsupported", CUDA_ERROR_NOT_SUPPORTED, m_create_fabric_unsupported),
+    ROW_EMU_NO_FABRIC("export: FABRIC, fabric unsupported", CUDA_ERROR_NOT_SUPPORTED, m_export_fabric_unsupported),
+    ROW_EMU_ONLY("import: a pipe as a POSIX fd (UB on the driver)", CUDA_ERROR_INVALID_VALUE, m_import_pipe_fd),
+    ROW("export: WIN32 handle type on Linux", CUDA_ERROR_NOT_SUPPORTED, m_export_bad_type),
 };
+
+static bool fabric_reported(void)
+{
+    CUdevice d0;
+    int attr = 0;
+    return drv->cuDeviceGet(&d0, 0) == CUDA_SUCCESS &&
+           drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, d0) == CUDA_SUCCESS &&
+           attr;
+}
 
 static void test_misuse_table(void **state)
 {
@@ -411,6 +478,10 @@ static void test_misuse_table(void **state)
         const struct misuse *m = &misuse_table[i];
         if (m->emu_only && !emu) {
             print_message("misuse: %-60s skipped (emulator only)\n", m->what);
+            continue;
+        }
+        if (m->needs_no_fabric && fabric_reported()) {
+            print_message("misuse: %-60s skipped (the device reports fabric handles)\n", m->what);
             continue;
         }
         CUresult got = m->run();
@@ -631,6 +702,63 @@ static void test_classic_alloc(void **state)
     tu_assert_cu(drv->cuMemFree(a));
     tu_assert_cu(drv->cuMemFree(b));
     assert_int_equal(free_mem(), before);
+}
+
+/* ---- pinned host memory, async copies and memset (services, issue 14) ---- */
+
+/* Round trip through pinned buffers on a stream: the bytes arrive, memset zeroes, zero-byte
+ * calls succeed, bad arguments are INVALID_VALUE. On cudaemu also: async work on a held stream is
+ * pending until released, injected failures come back, a pointer cuMemHostAlloc did not give is
+ * refused by cuMemFreeHost. */
+static void test_host_copies(void **state)
+{
+    (void)state;
+    const size_t n = 3 * XSEG_MiB + 1;
+    void *h1 = NULL, *h2 = NULL, *bad = (void *)&state;
+    tu_assert_cu(drv->cuMemHostAlloc(&h1, n, CU_MEMHOSTALLOC_PORTABLE));
+    tu_assert_cu(drv->cuMemHostAlloc(&h2, n, 0));
+    tu_assert_cu_eq(drv->cuMemHostAlloc(NULL, n, 0), CUDA_ERROR_INVALID_VALUE);
+    tu_assert_cu_eq(drv->cuMemHostAlloc(&bad, n, 0x80u), CUDA_ERROR_INVALID_VALUE);
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr d = 0;
+    tu_assert_cu(drv->cuMemAlloc(&d, n));
+    for (size_t i = 0; i < n; i++)
+        ((unsigned char *)h1)[i] = (unsigned char)(i * 7 + 3);
+    tu_assert_cu(drv->cuMemcpyHtoDAsync(d, h1, n, s));
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(h2, d, n, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_memory_equal(h1, h2, n);
+    tu_assert_cu(drv->cuMemsetD8Async(d + 1, 0, n - 1, s));
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(h2, d, n, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(((unsigned char *)h2)[0], 3);
+    for (size_t i = 1; i < n; i++)
+        if (((unsigned char *)h2)[i])
+            fail_msg("byte %zu is %d after cuMemsetD8Async(0)", i, ((unsigned char *)h2)[i]);
+    tu_assert_cu(drv->cuMemcpyHtoDAsync(d, h1, 0, s));
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(h2, d, 0, s));
+    tu_assert_cu(drv->cuMemsetD8Async(d, 0, 0, s));
+    tu_assert_cu_eq(drv->cuMemcpyHtoDAsync(d, NULL, n, s), CUDA_ERROR_INVALID_VALUE);
+    tu_assert_cu_eq(drv->cuMemcpyDtoHAsync(NULL, d, n, s), CUDA_ERROR_INVALID_VALUE);
+    if (tu_emulated()) {
+        assert_true(tu_stream_hold(s));
+        tu_assert_cu(drv->cuMemcpyHtoDAsync(d, h1, n, s));
+        tu_assert_cu_eq(drv->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        assert_true(tu_stream_release(s));
+        tu_assert_cu(drv->cuStreamQuery(s));
+        assert_true(tu_fail("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY));
+        tu_assert_cu_eq(drv->cuMemHostAlloc(&bad, n, 0), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_true(tu_fail("cuMemcpyDtoHAsync", 1, CUDA_ERROR_UNKNOWN));
+        tu_assert_cu_eq(drv->cuMemcpyDtoHAsync(h2, d, n, s), CUDA_ERROR_UNKNOWN);
+        tu_assert_cu_eq(drv->cuMemFreeHost((char *)h1 + 4096), CUDA_ERROR_INVALID_VALUE);
+    }
+    tu_assert_cu(drv->cuMemFree(d));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    tu_assert_cu(drv->cuMemFreeHost(h1));
+    tu_assert_cu(drv->cuMemFreeHost(h2));
+    if (tu_emulated())
+        tu_assert_cu_eq(drv->cuMemFreeHost(h1), CUDA_ERROR_INVALID_VALUE); /* freed already */
 }
 
 /* ---- faults, in a fresh process ---- */
@@ -931,6 +1059,482 @@ static void test_capture_state(void **state)
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 
+/* ---- capture graph (graph_capture_record_stream_reuse): the nodes a capture builds, forks and
+ * joins through events, and the graph queries. Portable: "work" is tu_stream_work (a kernel
+ * node on cudaemu, an empty node on the real driver, which order the graph alike). ---- */
+
+/* The capture dependencies of @p s (count in *n; up to 8 copied to @p out). */
+static CUstreamCaptureStatus cap_deps(CUstream s, cuuint64_t *id, CUgraph *g, CUgraphNode *out, size_t *n)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUgraphNode *deps = NULL;
+    const CUgraphEdgeData *edges = NULL;
+    tu_assert_cu(drv->cuStreamGetCaptureInfo(s, &st, id, g, &deps, &edges, n));
+    for (size_t i = 0; i < *n && i < 8; i++) {
+        out[i] = deps[i];
+        assert_int_equal(edges[i].type, 0); /* default edges only */
+    }
+    return st;
+}
+
+static void test_capture_graph(void **state)
+{
+    (void)state;
+    CUstream s = NULL, side = NULL;
+    CUevent e = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    CUgraphNode d[8], sd[8];
+    size_t n = 99, sn = 99;
+    cuuint64_t id = 0, sid = 0;
+    CUgraph g = NULL, sg = NULL;
+
+    /* Not capturing: status NONE, no graph, no dependencies. */
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_null(g);
+    assert_int_equal(n, 0);
+
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_non_null(g);
+    assert_int_equal(n, 0);
+    size_t count = 99;
+    tu_assert_cu(drv->cuGraphGetNodes(g, NULL, &count));
+    assert_int_equal(count, 0);
+
+    /* An empty node made the stream's only dependency. */
+    CUgraphNode a = NULL;
+    tu_assert_cu(drv->cuGraphAddEmptyNode(&a, g, NULL, 0));
+    tu_assert_cu(drv->cuStreamUpdateCaptureDependencies(s, &a, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(n, 1);
+    assert_ptr_equal(d[0], a);
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_KERNEL;
+    tu_assert_cu(drv->cuGraphNodeGetType(a, &type));
+    assert_int_equal(type, CU_GRAPH_NODE_TYPE_EMPTY);
+
+    /* Fork: side waits on an event recorded in the capture and joins it with s's dependencies. */
+    tu_assert_cu(drv->cuEventRecord(e, s));
+    tu_assert_cu(drv->cuStreamWaitEvent(side, e, 0));
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_true(sid == id);
+    assert_ptr_equal(sg, g);
+    assert_int_equal(sn, 1);
+    assert_ptr_equal(sd[0], a);
+
+    /* Work on side: one node after a; side depends on it alone. */
+    assert_true(tu_stream_work(side));
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(sn, 1);
+    CUgraphNode b = sd[0];
+    assert_ptr_not_equal(b, a);
+    CUgraphNode deps[4] = {NULL, NULL, NULL, NULL};
+    size_t nd = 0;
+    tu_assert_cu(drv->cuGraphNodeGetDependencies(b, NULL, NULL, &nd));
+    assert_int_equal(nd, 1);
+    nd = 4; /* more room than needed: the rest is NULL, the count comes back */
+    tu_assert_cu(drv->cuGraphNodeGetDependencies(b, deps, NULL, &nd));
+    assert_int_equal(nd, 1);
+    assert_ptr_equal(deps[0], a);
+    assert_null(deps[1]);
+    CUgraphNode all[4] = {NULL, NULL, NULL, NULL};
+    count = 4;
+    tu_assert_cu(drv->cuGraphGetNodes(g, all, &count));
+    assert_int_equal(count, 2);
+    assert_true((all[0] == a && all[1] == b) || (all[0] == b && all[1] == a));
+    assert_null(all[2]);
+
+    /* ADD extends the set without duplicates. */
+    CUgraphNode both[2] = {a, b};
+    tu_assert_cu(drv->cuStreamUpdateCaptureDependencies(s, both, NULL, 2, CU_STREAM_ADD_CAPTURE_DEPENDENCIES));
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(n, 2);
+    tu_assert_cu(drv->cuStreamUpdateCaptureDependencies(s, &a, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+
+    /* side's work was never joined back into s: the capture cannot end. */
+    CUgraph out = (CUgraph)(uintptr_t)1;
+    tu_assert_cu_eq(drv->cuStreamEndCapture(side, &out), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    tu_assert_cu_eq(drv->cuStreamEndCapture(s, &out), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    assert_null(out);
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* Again, joined: s waits on an event recorded on side after its work. */
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    assert_true(tu_stream_work(s));
+    tu_assert_cu(drv->cuEventRecord(e, s));
+    tu_assert_cu(drv->cuStreamWaitEvent(side, e, 0));
+    assert_true(tu_stream_work(side));
+    assert_true(tu_stream_work(s));
+    tu_assert_cu(drv->cuEventRecord(e, side));
+    tu_assert_cu(drv->cuStreamWaitEvent(s, e, 0));
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(n, 2); /* s's last node and side's */
+    tu_assert_cu(drv->cuStreamEndCapture(s, &out));
+    assert_non_null(out);
+    count = 0;
+    tu_assert_cu(drv->cuGraphGetNodes(out, NULL, &count));
+    assert_int_equal(count, 3);
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_NONE);
+    tu_assert_cu(drv->cuGraphDestroy(out));
+
+    tu_assert_cu(drv->cuEventDestroy(e));
+    tu_assert_cu(drv->cuStreamDestroy(side));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* Misuse of the capture-graph calls: one printed line per row, as the capture table. */
+struct graph_fx {
+    CUstream s, other;
+    CUevent e;
+    CUgraph g;
+    CUgraphNode a;
+};
+
+static CUresult g_update_not_capturing(struct graph_fx *f)
+{
+    return drv->cuStreamUpdateCaptureDependencies(f->other, &f->a, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+}
+static CUresult g_update_flags(struct graph_fx *f)
+{
+    return drv->cuStreamUpdateCaptureDependencies(f->s, &f->a, NULL, 1, 7);
+}
+static CUresult g_update_null_deps(struct graph_fx *f)
+{
+    return drv->cuStreamUpdateCaptureDependencies(f->s, NULL, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+}
+static CUresult g_add_null_out(struct graph_fx *f) { return drv->cuGraphAddEmptyNode(NULL, f->g, &f->a, 1); }
+static CUresult g_add_duplicates(struct graph_fx *f)
+{
+    CUgraphNode n, two[2] = {f->a, f->a};
+    return drv->cuGraphAddEmptyNode(&n, f->g, two, 2);
+}
+static CUresult g_add_null_deps(struct graph_fx *f)
+{
+    CUgraphNode n;
+    return drv->cuGraphAddEmptyNode(&n, f->g, NULL, 1);
+}
+static CUresult g_nodes_null_count(struct graph_fx *f) { return drv->cuGraphGetNodes(f->g, NULL, NULL); }
+static CUresult g_deps_null_count(struct graph_fx *f)
+{
+    return drv->cuGraphNodeGetDependencies(f->a, NULL, NULL, NULL);
+}
+static CUresult g_deps_edges_without_nodes(struct graph_fx *f)
+{
+    CUgraphEdgeData ed[2];
+    size_t n = 2;
+    return drv->cuGraphNodeGetDependencies(f->a, NULL, ed, &n);
+}
+static CUresult g_type_null(struct graph_fx *f) { return drv->cuGraphNodeGetType(f->a, NULL); }
+static CUresult g_info_null_status(struct graph_fx *f)
+{
+    return drv->cuStreamGetCaptureInfo(f->s, NULL, NULL, NULL, NULL, NULL, NULL);
+}
+static CUresult g_info_edges_without_deps(struct graph_fx *f)
+{
+    CUstreamCaptureStatus st;
+    const CUgraphEdgeData *ed;
+    return drv->cuStreamGetCaptureInfo(f->s, &st, NULL, NULL, NULL, &ed, NULL);
+}
+static CUresult g_wait_outside_event(struct graph_fx *f)
+{
+    tu_assert_cu(drv->cuEventRecord(f->e, f->other)); /* recorded outside any capture */
+    return drv->cuStreamWaitEvent(f->s, f->e, 0);
+}
+
+struct graph_row {
+    const char *what;
+    CUresult expected;
+    CUresult expected_end;
+    CUresult (*run)(struct graph_fx *f);
+};
+
+static const struct graph_row graph_table[] = {
+    {"cuStreamUpdateCaptureDependencies, stream not capturing", CUDA_ERROR_ILLEGAL_STATE, CUDA_SUCCESS,
+     g_update_not_capturing},
+    {"cuStreamUpdateCaptureDependencies, flags 7", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_update_flags},
+    {"cuStreamUpdateCaptureDependencies, NULL nodes, count 1", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
+     g_update_null_deps},
+    {"cuGraphAddEmptyNode, NULL node out", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_add_null_out},
+    {"cuGraphAddEmptyNode, duplicate dependencies", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_add_duplicates},
+    {"cuGraphAddEmptyNode, NULL dependencies, count 1", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_add_null_deps},
+    {"cuGraphGetNodes, NULL count", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_nodes_null_count},
+    {"cuGraphNodeGetDependencies, NULL count", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_deps_null_count},
+    {"cuGraphNodeGetDependencies, edge data without nodes", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
+     g_deps_edges_without_nodes},
+    {"cuGraphNodeGetType, NULL type", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_type_null},
+    {"cuStreamGetCaptureInfo, NULL status", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_info_null_status},
+    {"cuStreamGetCaptureInfo, edge data without dependencies", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
+     g_info_edges_without_deps},
+    {"cuStreamWaitEvent in capture on an outside event", CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, g_wait_outside_event},
+};
+
+static void test_capture_graph_table(void **state)
+{
+    (void)state;
+    int mismatches = 0;
+    for (size_t i = 0; i < sizeof graph_table / sizeof graph_table[0]; i++) {
+        const struct graph_row *row = &graph_table[i];
+        struct graph_fx f = {0};
+        tu_assert_cu(drv->cuStreamCreate(&f.s, CU_STREAM_NON_BLOCKING));
+        tu_assert_cu(drv->cuStreamCreate(&f.other, CU_STREAM_NON_BLOCKING));
+        tu_assert_cu(drv->cuEventCreate(&f.e, CU_EVENT_DISABLE_TIMING));
+        tu_assert_cu(drv->cuStreamBeginCapture(f.s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        CUstreamCaptureStatus st;
+        tu_assert_cu(drv->cuStreamGetCaptureInfo(f.s, &st, NULL, &f.g, NULL, NULL, NULL));
+        tu_assert_cu(drv->cuGraphAddEmptyNode(&f.a, f.g, NULL, 0));
+        tu_assert_cu(drv->cuStreamUpdateCaptureDependencies(f.s, &f.a, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+        CUresult got = row->run(&f);
+        CUgraph g = NULL;
+        CUresult end = drv->cuStreamEndCapture(f.s, &g);
+        if (g)
+            tu_assert_cu(drv->cuGraphDestroy(g));
+        bool ok = got == row->expected && end == row->expected_end;
+        mismatches += !ok;
+        if (ok)
+            print_message("graph: %-57s -> %s, end %s\n", row->what, drv_error_name(got), drv_error_name(end));
+        else
+            print_message("graph: %-57s -> %s, end %s; expected %s, end %s\n", row->what, drv_error_name(got),
+                          drv_error_name(end), drv_error_name(row->expected), drv_error_name(row->expected_end));
+        tu_assert_cu(drv->cuEventDestroy(f.e));
+        tu_assert_cu(drv->cuStreamDestroy(f.other));
+        tu_assert_cu(drv->cuStreamDestroy(f.s));
+    }
+    if (mismatches)
+        fail_msg("%d graph row(s) differ from the expected CUresult (see above)", mismatches);
+}
+
+/* cudaemu_stream_work outside a capture: pending on a held stream, done once released. */
+static void test_stream_work_held(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    CUstream s = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    assert_true(tu_stream_work(s));
+    tu_assert_cu(drv->cuStreamQuery(s));
+    assert_true(tu_stream_hold(s));
+    assert_true(tu_stream_work(s));
+    tu_assert_cu_eq(drv->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    assert_true(tu_stream_release(s));
+    tu_assert_cu(drv->cuStreamQuery(s));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Issue 15: shareable handles across processes, fabric handles, per-device access rights
+ * ------------------------------------------------------------------------------------------- */
+
+/* The importing child: import, map, check what the parent wrote (tag 61), write tag 62, unmap.
+ * Exit 0 on success; 100 and up name the step that failed. */
+static int ipc_child_main(const char *arg)
+{
+    if (!tu_gpu_available())
+        return 100;
+    struct drv_device_info info;
+    if (drv_device_query(0, &info) != XSEG_SUCCESS || drv_ctx_ensure(info.primary_ctx) != XSEG_SUCCESS)
+        return 101;
+    G = info.granularity;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r;
+    if (!strncmp(arg, "posix:", 6)) {
+        int fd = atoi(arg + 6);
+        r = drv->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+    } else if (!strncmp(arg, "fabric:", 7)) {
+        CUmemFabricHandle fh;
+        const char *hex = arg + 7;
+        if (strlen(hex) != 2 * sizeof fh)
+            return 102;
+        for (size_t i = 0; i < sizeof fh; i++) {
+            unsigned v;
+            if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+                return 102;
+            ((unsigned char *)&fh)[i] = (unsigned char)v;
+        }
+        r = drv->cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+    } else {
+        return 102;
+    }
+    if (r != CUDA_SUCCESS)
+        return 103;
+    CUdeviceptr va = 0;
+    if (drv->cuMemAddressReserve(&va, 2 * G, 0, 0, 0) || drv->cuMemMap(va, 2 * G, 0, h, 0) ||
+        drv->cuMemRelease(h) || set_rw(va, 2 * G))
+        return 104;
+    if (!tu_check(va, 2 * G, 61))
+        return 105;
+    if (tu_fill(va, 2 * G, 62) || drv->cuMemUnmap(va, 2 * G) || drv->cuMemAddressFree(va, 2 * G))
+        return 106;
+    return 0;
+}
+
+struct ipc_exec_arg {
+    char opt[256];
+    int keep_fd; /* descriptor to pass across exec, or -1 */
+};
+
+static int exec_ipc_child(void *p)
+{
+    struct ipc_exec_arg *a = p;
+    if (a->keep_fd >= 0)
+        fcntl(a->keep_fd, F_SETFD, 0); /* exported descriptors are close-on-exec */
+    char *argv[] = {self_path, a->opt, NULL};
+    execv(self_path, argv);
+    return 120;
+}
+
+/* Export a 2G handle of @p type, write tag 61, let a fresh process import and rewrite it, and
+ * check its tag 62 here. */
+static void ipc_roundtrip(CUmemAllocationHandleType type)
+{
+    CUmemAllocationProp p = prop_dev(0, type | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle h = 0;
+    tu_assert_cu(drv->cuMemCreate(&h, 2 * G, &p, 0));
+    CUdeviceptr va = reserve(2 * G);
+    tu_assert_cu(drv->cuMemMap(va, 2 * G, 0, h, 0));
+    tu_assert_cu(set_rw(va, 2 * G));
+    tu_assert_cu(tu_fill(va, 2 * G, 61));
+    struct ipc_exec_arg a = {.keep_fd = -1};
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+        CUmemFabricHandle fh;
+        tu_assert_cu(drv->cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0));
+        int k = snprintf(a.opt, sizeof a.opt, "--ipc-child=fabric:");
+        for (size_t i = 0; i < sizeof fh; i++)
+            k += snprintf(a.opt + k, sizeof a.opt - (size_t)k, "%02x", ((unsigned char *)&fh)[i]);
+    } else {
+        tu_assert_cu(drv->cuMemExportToShareableHandle(&a.keep_fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        snprintf(a.opt, sizeof a.opt, "--ipc-child=posix:%d", a.keep_fd);
+    }
+    int detail = 0;
+    enum tu_child_outcome o = tu_run_child(exec_ipc_child, &a, &detail);
+    if (a.keep_fd >= 0)
+        close(a.keep_fd);
+    if (o != TU_CHILD_OK)
+        fail_msg("importing child (%s): outcome %d, detail %d", a.opt, (int)o, detail);
+    assert_true(tu_check(va, 2 * G, 62));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemUnmap(va, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
+}
+
+static void test_export_import_fd_process(void **state)
+{
+    (void)state;
+    ipc_roundtrip(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+}
+
+/* Fabric handles: on cudaemu only with CUDAEMU_FABRIC=1 (the driver-vmm-fabric test); on a GPU
+ * where the device reports support and an allocation with it succeeds (an IMEX channel). */
+static void test_fabric(void **state)
+{
+    (void)state;
+    CUdevice d0;
+    tu_assert_cu(drv->cuDeviceGet(&d0, 0));
+    int attr = -1;
+    tu_assert_cu(drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, d0));
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_FABRIC);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = drv->cuMemCreate(&h, 2 * G, &p, 0);
+    print_message("fabric: device attribute %d, cuMemCreate(FABRIC) -> %s\n", attr, drv_error_name(r));
+    if (!attr || r != CUDA_SUCCESS) {
+        if (tu_emulated()) {
+            assert_int_equal(attr, 0);
+            tu_assert_cu_eq(r, CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if (r == CUDA_SUCCESS)
+            drv->cuMemRelease(h);
+        skip();
+    }
+    /* Same process: the import is the same memory, counted once. */
+    size_t before = free_mem();
+    CUmemFabricHandle fh;
+    tu_assert_cu(drv->cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0));
+    CUmemGenericAllocationHandle imp = 0;
+    tu_assert_cu(drv->cuMemImportFromShareableHandle(&imp, &fh, CU_MEM_HANDLE_TYPE_FABRIC));
+    assert_int_equal(before, free_mem());
+    CUdeviceptr a = reserve(2 * G), b = reserve(2 * G);
+    tu_assert_cu(drv->cuMemMap(a, 2 * G, 0, h, 0));
+    tu_assert_cu(drv->cuMemMap(b, 2 * G, 0, imp, 0));
+    tu_assert_cu(set_rw(a, 2 * G));
+    tu_assert_cu(set_rw(b, 2 * G));
+    tu_assert_cu(tu_fill(a, 2 * G, 71));
+    assert_true(tu_check(b, 2 * G, 71));
+    /* A POSIX fd was not requested: exporting one is refused. */
+    int fd = -1;
+    tu_assert_cu_eq(drv->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                    CUDA_ERROR_INVALID_VALUE);
+    if (tu_emulated()) {
+        /* A corrupted fabric handle names no memory (undefined on the driver). */
+        CUmemFabricHandle bad = fh;
+        bad.data[20] ^= 0x5a;
+        CUmemGenericAllocationHandle x = 0;
+        tu_assert_cu_eq(drv->cuMemImportFromShareableHandle(&x, &bad, CU_MEM_HANDLE_TYPE_FABRIC),
+                        CUDA_ERROR_INVALID_VALUE);
+    }
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemRelease(imp));
+    tu_assert_cu(drv->cuMemUnmap(a, 2 * G));
+    tu_assert_cu(drv->cuMemUnmap(b, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(a, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(b, 2 * G));
+    assert_int_equal(free_mem(), before + 2 * G); /* h was created before `before` */
+    /* Across processes, no descriptor passing. */
+    ipc_roundtrip(CU_MEM_HANDLE_TYPE_FABRIC);
+}
+
+/* Access is per device: a copy by a device that was not granted access fails (cudaemu returns
+ * CUDA_ERROR_ILLEGAL_ADDRESS; a GPU faults and loses its context, so this runs on the emulator
+ * only), READ allows reads only, READWRITE both. Needs two devices. */
+static void test_access_per_device(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    int ndev = 0;
+    tu_assert_cu(drv->cuDeviceGetCount(&ndev));
+    if (ndev < 2) {
+        print_message("[  SKIPPED ] needs two devices (CUDAEMU_DEVICES=2: the driver-vmm-fabric test)\n");
+        skip();
+    }
+    CUmemGenericAllocationHandle h = create(G);
+    CUdeviceptr va = reserve(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(set_rw(va, G)); /* device 0 only */
+    tu_assert_cu(tu_fill(va, G, 81));
+    CUdevice d1;
+    CUcontext c1;
+    tu_assert_cu(drv->cuDeviceGet(&d1, 1));
+    tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&c1, d1));
+    tu_assert_cu(drv->cuCtxSetCurrent(c1));
+    char buf[64];
+    memset(buf, 0, sizeof buf);
+    tu_assert_cu_eq(drv->cuMemcpyDtoH(buf, va, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
+    tu_assert_cu_eq(drv->cuMemcpyHtoD(va, buf, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
+    tu_assert_cu_eq(drv->cuMemsetD8(va, 1, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = 1;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+    tu_assert_cu(drv->cuMemSetAccess(va, G, &d, 1));
+    tu_assert_cu(drv->cuMemcpyDtoH(buf, va, sizeof buf));
+    tu_assert_cu_eq(drv->cuMemsetD8(va, 1, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    tu_assert_cu(drv->cuMemSetAccess(va, G, &d, 1));
+    tu_assert_cu(drv->cuMemsetD8(va, 1, sizeof buf));
+    /* Device 1 wrote; device 0 (unchanged rights) reads it. */
+    tu_assert_cu(drv->cuDevicePrimaryCtxRelease(d1));
+    tu_ctx_set();
+    unsigned char one = 0;
+    tu_assert_cu(drv->cuMemcpyDtoH(&one, va, 1));
+    assert_int_equal(one, 1);
+    tu_assert_cu(drv->cuMemUnmap(va, G));
+    tu_assert_cu(drv->cuMemAddressFree(va, G));
+}
+
 int main(int argc, char **argv)
 {
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
@@ -938,6 +1542,8 @@ int main(int argc, char **argv)
         self_path[n] = '\0';
     if (argc > 1 && !strncmp(argv[1], "--fault=", 8))
         return fault_child_main(argv[1] + 8);
+    if (argc > 1 && !strncmp(argv[1], "--ipc-child=", 12))
+        return ipc_child_main(argv[1] + 12);
     tu_exit_skip_without_gpu();
     struct drv_device_info info;
     if (drv_device_query(0, &info) != XSEG_SUCCESS || !info.vmm_supported) {
@@ -965,6 +1571,14 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_stream_hold, setup),
         cmocka_unit_test_setup(test_capture_state, setup),
         cmocka_unit_test_setup(test_capture_table, setup),
+        /* capture graph */
+        cmocka_unit_test_setup(test_capture_graph, setup),
+        cmocka_unit_test_setup(test_capture_graph_table, setup),
+        cmocka_unit_test_setup(test_stream_work_held, setup),
+        cmocka_unit_test_setup(test_export_import_fd_process, setup), /* issue 15 */
+        cmocka_unit_test_setup(test_fabric, setup),
+        cmocka_unit_test_setup(test_access_per_device, setup),
+        cmocka_unit_test_setup(test_host_copies, setup), /* services, issue 14 */
     };
     return cmocka_run_group_tests_name("driver-vmm", tests, NULL, NULL);
 }

@@ -110,5 +110,155 @@ class Convert(unittest.TestCase):
             self.assertIn("snapshot2trace: %s:" % bad, r.stderr)
 
 
+def run_cli(path, *args):
+    return subprocess.run([sys.executable, CONVERTER, path] + list(args), capture_output=True, text=True)
+
+
+def one_line_error(test, r, path, want):
+    """The converter failed cleanly: exit 1, one stderr line naming the file, no traceback."""
+    test.assertEqual(r.returncode, 1, r.stderr)
+    test.assertEqual(r.stdout, "")
+    lines = r.stderr.splitlines()
+    test.assertEqual(len(lines), 1, r.stderr)
+    test.assertTrue(lines[0].startswith("snapshot2trace: %s: " % path), lines[0])
+    test.assertRegex(lines[0], want)
+    test.assertNotIn("Traceback", r.stderr)
+
+
+class Reader(unittest.TestCase):
+    """The pickle reader: plain data in every protocol, nothing that names or calls code."""
+
+    def test_plain_data_every_protocol(self):
+        shared = [1, 2]
+        values = [None, True, False, 0, 255, 65536, -2**31, 2**63, 2**64 - 1, -2**64, 1.5, "",
+                  "é€😀", "x" * 300, b"abc", (), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), [], {},
+                  {"a": 1, 2: "b", (1, 2): [3]}, [shared, shared], snapshot()]
+        for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+            for v in values:
+                if isinstance(v, bytes) and proto < 3:
+                    continue  # bytes need a global (codecs.encode) before protocol 3
+                got = s2t.load_snapshot(pickle.dumps(v, protocol=proto))
+                self.assertEqual(got, v, (proto, v))
+                self.assertIs(type(got), type(v))
+            got = s2t.load_snapshot(pickle.dumps([shared, shared], protocol=proto))
+            self.assertIs(got[0], got[1])  # the memo keeps shared references shared
+
+    def test_refuses_code(self):
+        """Every way a pickle can name or call a function is refused before anything runs."""
+        class Evil:
+            def __reduce__(self):
+                return (eval, ("1+1",))
+        crafted = [pickle.dumps(Evil(), protocol=p) for p in range(pickle.HIGHEST_PROTOCOL + 1)]
+        crafted += [
+            b"cbuiltins\neval\n(S'1+1'\ntR.",                  # GLOBAL + REDUCE, protocol 0
+            b"\x80\x04\x8c\x08builtins\x8c\x04eval\x93.",      # STACK_GLOBAL
+            b"\x80\x02cbuiltins\ngetattr\nq\x00.",             # a global alone
+            b"(cos\nsystem\nS'true'\no.",                      # OBJ
+            b"(S'true'\nios\nsystem\n.",                       # INST
+            b"\x80\x02}b.",                                    # BUILD (calls __setstate__)
+            b"\x80\x02\x82\x01.",                              # EXT1 (the copyreg registry)
+            b"P0\n.",                                          # PERSID
+        ]
+        for data in crafted:
+            with self.assertRaisesRegex(s2t.SnapshotError, "refused: opcode [A-Z_0-9]+ would import or call code"):
+                s2t.load_snapshot(data)
+
+    def test_malformed_pickles(self):
+        good = pickle.dumps(snapshot(), protocol=4)
+        # Every truncation of a real snapshot: a SnapshotError, never another exception.
+        for n in range(0, len(good), 7):
+            with self.assertRaises(s2t.SnapshotError):
+                s2t.load_snapshot(good[:n])
+        cases = {
+            b"": "truncated",
+            b"\x80\x09N.": "protocol 9",
+            b"\xff": "unknown pickle opcode 0xff",
+            b"a.": "stack underflow",
+            b"NN.": "STOP with 2 items",
+            b"\x80\x02h\x05.": "memo entry 5 used before it was stored",
+            b"\x80\x02\x8b\x00\x00\x00\x40" + b"\x01" * 8 + b".": "integer of 1073741824 bytes",
+            b"L" + b"9" * 5000 + b"\n.": "longer than 40 digits",
+            b"\x80\x04\x8d" + (1 << 60).to_bytes(8, "little") + b"x.": "truncated",
+            b"\x80\x02}](s.": "stack underflow",
+            b"\x80\x02}]]s.": "a list used as a dict key",
+            b"\x80\x02NK\x01a.": "APPEND to a NoneType",
+            b"(.": "STOP with 0 items",
+            b"\x80\x02X\x02\x00\x00\x00\xff\xfe.": "not valid UTF-8",
+        }
+        for data, want in cases.items():
+            with self.assertRaisesRegex(s2t.SnapshotError, want, msg=data[:20]):
+                s2t.load_snapshot(data)
+
+    def test_bombs(self):
+        # A memo index of 2^32-1 costs one entry, not a 32 GiB table.
+        self.assertEqual(s2t.load_snapshot(b"\x80\x02Nr\xff\xff\xff\xff0j\xff\xff\xff\xff."), None)
+        # Many empty containers from one byte each: the memory estimate stops it.
+        bomb = b"\x80\x02]" + b"}a" * 200000 + b"."
+        with self.assertRaisesRegex(s2t.SnapshotError, "memory limit"):
+            s2t.load_snapshot(bomb, max_memory=4 << 20)
+        # The stack is bounded too (values pushed and never consumed).
+        with self.assertRaisesRegex(s2t.SnapshotError, "items on the pickle stack"):
+            s2t.load_snapshot(b"N" * ((1 << 20) + 10) + b".")
+        # One segment referenced a million times from a few bytes: convert refuses to expand it.
+        seg = {"device": 0, "address": 0, "total_size": 512, "stream": 0,
+               "blocks": [{"address": 0, "size": 512, "state": "active_allocated"}] * 1000}
+        snap = {"device_traces": [[]], "segments": [seg] * 1000}
+        data = pickle.dumps(snap, protocol=4)
+        self.assertLess(len(data), 20000)
+        with self.assertRaisesRegex(s2t.SnapshotError, "over and over"):
+            s2t.convert(s2t.load_snapshot(data), 0, io.StringIO(), work_limit=len(data))
+
+    def test_malformed_snapshots(self):
+        """Wrong types or ranges inside a well-formed pickle: one message naming where."""
+        def bad(mutate, want):
+            snap = snapshot()
+            mutate(snap)
+            with self.assertRaisesRegex(s2t.SnapshotError, want):
+                s2t.convert(snap, 0, io.StringIO(), source="x")
+        bad(lambda s: s.update(device_traces=5), r"\['device_traces'\]: expected a list")
+        bad(lambda s: s["device_traces"][0].append([1]), r"\['device_traces'\]\[0\]\[8\]: expected a dict, found list")
+        bad(lambda s: s["device_traces"][0][2].update(addr="0x10"), r"\['addr'\]: expected an integer")
+        bad(lambda s: s["device_traces"][0][2].update(size=-5), r"\['size'\]: expected an integer .* found -5")
+        bad(lambda s: s["device_traces"][0][2].update(size=2**64), r"expected an integer in \[0, 2\^64\)")
+        bad(lambda s: s["device_traces"][0][2].pop("addr"), r"\[2\]: missing 'addr'")
+        bad(lambda s: s["segments"][0]["blocks"].append(None), r"\['blocks'\]\[2\]: expected a dict")
+        bad(lambda s: s["segments"][0].pop("total_size"), r"\['segments'\]\[0\]: missing 'total_size'")
+        bad(lambda s: s["segments"][0].update(device=[0]), r"\['device'\]: expected an integer")
+        # A crafted setting cannot add lines to the trace.
+        snap = snapshot()
+        snap["allocator_settings"] = {"expandable_segments": "x\nalloc evil 1TiB", "PYTORCH_CUDA_ALLOC_CONF": ["y"]}
+        out = io.StringIO()
+        s2t.convert(snap, 0, out)
+        self.assertNotIn("\nalloc evil", out.getvalue())
+
+    def test_cli_refuses_code_without_running_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            flag = os.path.join(d, "ran")
+
+            class Evil:
+                def __reduce__(self):
+                    return (os.system, ("touch " + flag,))
+            for proto in (0, 2, 4, 5):
+                pk = os.path.join(d, "evil%d.pickle" % proto)
+                with open(pk, "wb") as f:
+                    pickle.dump({"device_traces": [[]], "x": Evil()}, f, protocol=proto)
+                one_line_error(self, run_cli(pk), pk, "refused: opcode")
+                self.assertFalse(os.path.exists(flag), "the crafted pickle ran a command")
+            for name, data in [("trunc.pickle", pickle.dumps(snapshot())[:-40]),
+                               ("empty.pickle", b""),
+                               ("list.pickle", pickle.dumps({"device_traces": [[{"action": "alloc"}]]}))]:
+                pk = os.path.join(d, name)
+                with open(pk, "wb") as f:
+                    f.write(data)
+                one_line_error(self, run_cli(pk), pk, "truncated|missing 'addr'")
+            one_line_error(self, run_cli(os.path.join(d, "absent.pickle")),
+                           os.path.join(d, "absent.pickle"), "No such file")
+            one_line_error(self, run_cli(d), d, "Is a directory")
+            pk = os.path.join(d, "big.pickle")
+            with open(pk, "wb") as f:
+                f.write(b"\x80\x02]" + b"}a" * 300000 + b".")
+            one_line_error(self, run_cli(pk, "--max-memory-mib", "1"), pk, "memory limit")
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1])

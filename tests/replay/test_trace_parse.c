@@ -77,6 +77,55 @@ static void test_every_action(void **state)
     trace_destroy(&t);
 }
 
+/* wait / work: stream order for forks and joins in a capture. */
+static void test_wait_work(void **state)
+{
+    (void)state;
+    struct trace t;
+    assert_int_equal(parse(&t, "stream a\nstream b\nwait @b @a\nwork @b\nwait @default @b\n"), XSEG_SUCCESS);
+    assert_int_equal(t.count, 5);
+    assert_int_equal(t.actions[2].op, TRACE_WAIT);
+    assert_int_equal(t.actions[2].stream, 1);
+    assert_int_equal(t.actions[2].stream2, 0);
+    assert_int_equal(t.actions[3].op, TRACE_WORK);
+    assert_int_equal(t.actions[3].stream, 1);
+    assert_int_equal(t.actions[4].stream, TRACE_DEFAULT_STREAM);
+    assert_int_equal(t.actions[4].stream2, 1);
+    trace_destroy(&t);
+}
+
+/* Issue 13: `frame` lines build named stacks (no action), `alloc ... ^NAME` refers to one,
+ * `snapshot LABEL` is an action. */
+static void test_frames_and_snapshot(void **state)
+{
+    (void)state;
+    struct trace t;
+    const char *text = "stream s1\n"
+                       "frame k1 42 model%20dir/model.py forward (x) -> y\n"
+                       "frame k1 7 train.py main\n"
+                       "frame k2 0 - <module>\n"
+                       "alloc x1 3MiB ^k1\n"
+                       "alloc x2 1000 @s1 ^k2\n"
+                       "alloc x3 5MiB @s1\n"
+                       "snapshot at the peak\n";
+    assert_int_equal(parse(&t, text), XSEG_SUCCESS);
+    assert_int_equal(t.count, 5);
+    assert_int_equal(t.actions[1].stack, 1);
+    assert_int_equal(t.actions[2].stack, 2);
+    assert_int_equal(t.actions[2].stream, 0);
+    assert_int_equal(t.actions[3].stack, 0);
+    assert_int_equal(t.actions[4].op, TRACE_SNAPSHOT);
+    assert_string_equal(trace_text(&t, t.actions[4].text), "at the peak");
+    assert_int_equal(t.stacks[0].n, 2);
+    assert_string_equal(trace_text(&t, t.stacks[0].f[0].file), "model dir/model.py");
+    assert_string_equal(trace_text(&t, t.stacks[0].f[0].name), "forward (x) -> y");
+    assert_int_equal(t.stacks[0].f[0].line, 42);
+    assert_string_equal(trace_text(&t, t.stacks[0].f[1].name), "main");
+    assert_string_equal(trace_text(&t, t.stacks[1].f[0].file), "");
+    assert_string_equal(trace_op_name(TRACE_SNAPSHOT), "snapshot");
+    trace_destroy(&t);
+}
+
 static void test_sizes(void **state)
 {
     (void)state;
@@ -107,6 +156,22 @@ static void test_sizes(void **state)
 }
 
 /* Every error names the source and line and says what is wrong. */
+/* services (issue 14): trim KEEP parses to xseg_trim(-1, KEEP). */
+static void test_trim(void **state)
+{
+    (void)state;
+    struct trace t;
+    assert_int_equal(parse(&t, "alloc x 1GiB\nfree x\ntrim 256MiB\ntrim 0\n"), XSEG_SUCCESS);
+    assert_int_equal(t.count, 4);
+    assert_int_equal(t.actions[2].op, TRACE_TRIM);
+    assert_int_equal(t.actions[2].size, 256ull << 20);
+    assert_int_equal(t.actions[2].line, 3);
+    assert_int_equal(t.actions[3].op, TRACE_TRIM);
+    assert_int_equal(t.actions[3].size, 0);
+    assert_string_equal(trace_op_name(TRACE_TRIM), "trim");
+    trace_destroy(&t);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -115,8 +180,15 @@ static void test_errors(void **state)
         const char *want; /* a substring of the message */
     } cases[] = {
         {"allocate x1 4GiB\n", "t.trace:1: unknown action 'allocate'"},
-        {"alloc x1\n", "t.trace:1: alloc: missing argument (usage: alloc NAME SIZE [@STREAM])"},
-        {"alloc x1 1 @s1 extra\n", "t.trace:1: alloc: too many arguments"},
+        {"alloc x1\n", "t.trace:1: alloc: missing argument (usage: alloc NAME SIZE [@STREAM] [^STACK])"},
+        {"alloc x1 1 @s1 ^k extra\n", "t.trace:1: alloc: too many arguments"},
+        /* Frames and snapshots (issue 13): */
+        {"alloc x1 1 ^k9\n", "t.trace:1: alloc x1: no stack 'k9' (define it with 'frame k9 LINE FILE FUNCTION'"},
+        {"stream s\nalloc x1 1 @s junk\n", "t.trace:2: alloc x1: expected '^STACK', got 'junk'"},
+        {"frame k1 x f.py g\n", "t.trace:1: frame k1: bad line number 'x'"},
+        {"frame k1 1 f.py\n", "t.trace:1: frame: missing argument (usage: frame STACK LINE FILE FUNCTION)"},
+        {"frame k/1 1 f.py g\n", "t.trace:1: bad stack name 'k/1'"},
+        {"snapshot\n", "t.trace:1: snapshot: missing the label"},
         {"alloc x1 4QB\n", "t.trace:1: alloc x1: bad size '4QB'"},
         {"alloc x1 1GiB @s1\n", "t.trace:1: stream 's1' is not declared"},
         {"alloc x1 1GiB s1\n", "t.trace:1: expected a stream '@NAME', got 's1'"},
@@ -130,6 +202,9 @@ static void test_errors(void **state)
         {"release @nope\n", "t.trace:1: stream 'nope' is not declared"},
         {"sync @a @b\n", "t.trace:1: sync: too many arguments"},
         {"empty_cache now\n", "t.trace:1: empty_cache: too many arguments"},
+        {"trim\n", "t.trace:1: trim: missing argument"},               /* services, issue 14 */
+        {"trim 1GiB 2\n", "t.trace:1: trim: too many arguments"},
+        {"trim lots\n", "t.trace:1: trim: "},
         {"config\n", "t.trace:1: config: missing the config string"},
         {"config expandable_segments: True\n", "t.trace:1: config: the config string has a blank"},
         {"mark   \n", "t.trace:1: mark: missing the label"},
@@ -142,10 +217,50 @@ static void test_errors(void **state)
         {"pool_begin p1\npool_release p1\n", "t.trace:2: pool_release p1: end the pool first"},
         {"pool_begin p1\npool_end p1\npool_end p1\n", "t.trace:3: pool_end p1: the pool is not begun"},
         {"capture_begin @default\n", "t.trace:1: capture_begin: the legacy default stream cannot be captured"},
+        /* stream order (wait / work) */
+        {"stream s\nwait @s @s\n", "t.trace:2: wait: a stream cannot wait for itself"},
+        {"stream s\nwait @s\n", "t.trace:2: wait: missing argument"},
+        {"stream s\nwait @s @u\n", "t.trace:2: stream 'u' is not declared"},
+        {"work\n", "t.trace:1: work: missing argument"},
         {"stream s\ncapture_end @s\n", "t.trace:2: capture_end: stream 's' is not capturing"},
         {"stream s\ncapture_begin @s\ncapture_begin @s\n", "t.trace:3: capture_begin: stream 's' is already capturing"},
         {"\n\n# ok\nfrob\n", "t.trace:4: unknown action 'frob'"},
+        /* What a replay refuses, --check refuses first (issue 11): */
+        {"pool_begin p\npool_end p\npool_release p\npool_release p\n",
+         "t.trace:4: pool_release p: the pool has no users left (every pool_begin and capture_begin into it "
+         "is released already; last release line 3)"},
+        {"stream s\ncapture_begin @s g\ncapture_end @s\ncapture_begin @s g\ncapture_end @s\n"
+         "pool_release g\npool_release g\npool_release g\n", "t.trace:8: pool_release g: the pool has no users left"},
+        {"stream s\npool_begin p\ncapture_begin @s p\n",
+         "t.trace:3: capture_begin: pool 'p' is already recording (pool_begin, line 2)"},
+        {"stream s\nstream u\ncapture_begin @s p\ncapture_begin @u p\n",
+         "t.trace:4: capture_begin: pool 'p' is already recording (a capture on stream 's', line 3)"},
+        {"stream s\ncapture_begin @s p\npool_begin p\n",
+         "t.trace:3: pool_begin p: a capture on stream 's' records into this pool (line 2)"},
+        {"stream s\ncapture_begin @s p\npool_release p\n",
+         "t.trace:3: pool_release p: a capture on stream 's' still records into it (line 2)"},
+        {"stream s\nstream u\ncapture_begin @s\ncapture_begin @u q\ncapture_end @u\nalloc x 1\n",
+         "t.trace:3: capture_begin: the capture on stream 's' is never ended (add 'capture_end @s')"},
     };
+    /* ... and what a replay accepts, --check accepts: a pool used again after its release, one
+     * pool captured into by two streams in turn, a pool_begin left open to the end. */
+    static const char *const fine[] = {
+        "pool_begin p\npool_end p\npool_release p\npool_begin p\nalloc x 1\npool_end p\nfree x\npool_release p\n",
+        "stream s\nstream u\ncapture_begin @s p\ncapture_end @s\ncapture_begin @u p\ncapture_end @u\n"
+        "pool_release p\n",
+        "pool_begin p\nalloc x 1\n",
+        /* two captures into one pool: two uses, two releases (seed 003's shared graph pool) */
+        "stream s\ncapture_begin @s g\ncapture_end @s\ncapture_begin @s g\ncapture_end @s\n"
+        "pool_release g\npool_release g\n",
+        /* an older use released while the pool records again */
+        "pool_begin p\npool_end p\npool_begin p\npool_release p\npool_end p\npool_release p\n",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        struct trace t;
+        if (parse(&t, fine[i]) != XSEG_SUCCESS)
+            fail_msg("fine case %zu rejected: %s", i, err);
+        trace_destroy(&t);
+    }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct trace t;
         assert_int_equal(parse(&t, cases[i].text), XSEG_ERROR_INVALID_VALUE);
@@ -194,6 +309,20 @@ static void test_rmm_csv(void **state)
     assert_int_equal(t.actions[7].buf, t.actions[3].buf);
     trace_destroy(&t);
 
+    /* Blanks and quotes around a number are fine; a leading 0 is decimal, not octal; the largest
+     * pointer and size still fit; two pointers differing only above bit 60 stay distinct. */
+    const char *edge =
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,0,allocate,\t0xffffffffffffffff ,\"010\",0\n"
+        "1,0,allocate,0x0fffffffffffffff,18446744073709551615,0\n";
+    assert_int_equal(trace_init(&t, "log.csv"), XSEG_SUCCESS);
+    assert_int_equal(trace_import_rmm_csv(&t, edge, strlen(edge), err, sizeof err), XSEG_SUCCESS);
+    assert_int_equal(t.count, 2);
+    assert_int_equal(t.actions[0].size, 10);
+    assert_true(t.actions[1].size == UINT64_MAX);
+    assert_int_not_equal(t.actions[0].buf, t.actions[1].buf);
+    trace_destroy(&t);
+
     static const struct {
         const char *text, *want;
     } bad[] = {
@@ -203,6 +332,16 @@ static void test_rmm_csv(void **state)
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,-5,0\n", "log.csv:2: bad size '-5'"},
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,1,0\n1,0,allocate,0x10,1,0\n",
          "log.csv:3: pointer 0x10 allocated again without a free"},
+        /* Out of range: strtoull would wrap a tab-led "-5" to 2^64-5 and clamp wide pointers. */
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,\t-5,0\n", "log.csv:2: bad size '\t-5'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10, +5,0\n", "log.csv:2: bad size ' +5'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,18446744073709551616,0\n",
+         "log.csv:2: bad size '18446744073709551616'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x1ffffffffffffffff,1,0\n",
+         "log.csv:2: bad pointer '0x1ffffffffffffffff'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x,1,0\n", "log.csv:2: bad pointer '0x'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,1 2,0\n", "log.csv:2: bad size '1 2'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,1,-0x1\n", "log.csv:2: bad stream '-0x1'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(trace_init(&t, "log.csv"), XSEG_SUCCESS);
@@ -252,8 +391,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_action),
+        cmocka_unit_test(test_wait_work),
         cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_frames_and_snapshot),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_trim), /* services, issue 14 */
         cmocka_unit_test(test_rmm_csv),
         cmocka_unit_test(test_workloads_parse),
     };

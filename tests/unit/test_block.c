@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "src/block.h"
+#include "core/block.h"
 #include "tests/common/testutil.h"
 
 #define NB 64

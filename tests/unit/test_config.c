@@ -10,8 +10,8 @@
 
 #include <cmocka.h>
 
-#include "src/config.h"
-#include "src/error.h"
+#include "core/config.h"
+#include "base/error.h"
 
 #define MiB ((size_t)1 << 20)
 

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "src/lock.h"
+#include "base/lock.h"
 #include "tests/common/testutil.h"
 
 #define NTHREADS 4

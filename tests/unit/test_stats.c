@@ -11,8 +11,8 @@
 
 #include <cmocka.h>
 
-#include "src/error.h"
-#include "src/stats.h"
+#include "base/error.h"
+#include "core/stats.h"
 
 static const char *const pooled_names[] = {
     "allocation",      "segment",      "active",

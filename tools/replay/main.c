@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -42,7 +43,10 @@ struct cli {
     unsigned long long seed;
     int progress; /* -1 auto */
     int child, check, dump;
+    int min_device;         /* --min-device: bisect the smallest device each (trace, mode) fits on */
     const char *timeline_out;
+    const char *snapshot; /* --snapshot FILE (issue 13) */
+    int history;          /* --history */
     const char **traces;
     int ntraces;
 };
@@ -56,7 +60,8 @@ static void usage(FILE *f)
         "\n"
         "TRACE is a file in the trace language, an RMM CSV log (Thread,Time,Action,Pointer,Size,Stream),\n"
         "or builtin:NAME for a bundled workload (see --list). PyTorch snapshots convert with\n"
-        "tools/snapshot2trace.py SNAPSHOT.pickle > FILE.trace.\n"
+        "xseg-snapshot2trace SNAPSHOT.pickle > FILE.trace (tools/snapshot2trace.py in the source tree).\n"
+        "The trace language in full: docs/trace-format.md.\n"
         "\n"
         "options:\n"
         "  --config STRING      config string applied before the trace (e.g. expandable_segments:False)\n"
@@ -66,7 +71,16 @@ static void usage(FILE *f)
         "  --pool all|large|small    the pool the mark table shows (default all)\n"
         "  --summary=text|json|none  the summary (default text); json: one object per mode\n"
         "  --plot FILE.svg      allocated and reserved over the trace, one line per mode\n"
+        "  --history            record allocation history while replaying (events, and each alloc's\n"
+        "                       frames from the trace's `frame` lines), for --snapshot\n"
+        "  --snapshot FILE      write a snapshot in PyTorch's format (torch.cuda.memory._dump_snapshot;\n"
+        "                       open it on pytorch.org/memory_viz) at the end of the replay, and at\n"
+        "                       each `snapshot LABEL` action to FILE with .LABEL before its extension;\n"
+        "                       with several replays, .MODE (and .N for the Nth trace) is inserted\n"
         "  --device-mem SIZE    device memory on the emulator (default 80G)\n"
+        "  --min-device         the smallest emulated device (64 MiB steps, up to --device-mem) on\n"
+        "                       which the trace replays with no failed allocation, per mode (with\n"
+        "                       --compare: classic and expandable); bisection, one child per probe\n"
         "  --seed N             seed of the bundled workload generators (default 1)\n"
         "  --check              parse the traces, report errors, replay nothing\n"
         "  --dump               print a trace (e.g. builtin:training) in the trace language\n"
@@ -76,9 +90,10 @@ static void usage(FILE *f)
         "\n"
         "trace language (one action per line, # comments):\n"
         "  stream s1 | alloc x1 4GiB [@s1] | free x1 | record x1 @s1 | hold @s1 | release @s1\n"
-        "  sync [@s1] | empty_cache | config expandable_segments:True,max_split_size_mb:128\n"
+        "  sync [@s1] | empty_cache | trim 1GiB | config expandable_segments:True,max_split_size_mb:128\n"
         "  pool_begin p1 [@s1] | pool_end p1 | pool_release p1 | capture_begin @s1 [p1] | capture_end @s1\n"
-        "  mark After alloc x1\n"
+        "  mark After alloc x1 | wait @s1 @s2 (s1 waits for s2's work so far) | work @s1 (a kernel)\n"
+        "  snapshot peak | frame k1 42 model.py forward | alloc x2 1MiB ^k1\n"
         "Sizes: bytes, or B, KiB, MiB, GiB, TiB (binary). @default is the legacy default stream.\n"
         "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n");
 }
@@ -131,6 +146,8 @@ static int parse_cli(int argc, char **argv, struct cli *c)
             c->check = 1;
         } else if (!strcmp(a, "--dump")) {
             c->dump = 1;
+        } else if (!strcmp(a, "--min-device")) {
+            c->min_device = 1;
         } else if (!strcmp(a, "--child")) {
             c->child = 1;
         } else if (!strcmp(a, "--progress")) {
@@ -161,6 +178,11 @@ static int parse_cli(int argc, char **argv, struct cli *c)
             else if (!strcmp(v, "large")) c->pool = XSEG_STAT_LARGE_POOL;
             else if (!strcmp(v, "small")) c->pool = XSEG_STAT_SMALL_POOL;
             else return usage_error("--pool: '%s' is not all, large or small", v);
+        } else if (!strcmp(a, "--history")) {
+            c->history = 1;
+        } else if (is_opt(a, "--snapshot")) {
+            if (!(c->snapshot = opt_value(argc, argv, &i, "--snapshot")))
+                return usage_error("%s needs a file name", a);
         } else if (is_opt(a, "--plot")) {
             if (!(c->plot = opt_value(argc, argv, &i, "--plot")))
                 return usage_error("%s needs a file name", a);
@@ -256,6 +278,8 @@ static int replay_here(const struct cli *c, const char *spec)
     struct run_options o = {.pool = c->pool, .marks = c->marks};
     o.progress = c->progress >= 0 ? c->progress : (isatty(2) && t.count > 20000);
     o.timeline = c->plot || c->timeline_out;
+    o.history = c->history;
+    o.snapshot = c->snapshot;
     struct run_summary sum;
     struct run_timeline tl = {0};
     xseg_status st = run_trace(&t, &o, stdout, &sum, o.timeline ? &tl : NULL, err, sizeof err);
@@ -304,7 +328,7 @@ struct child_result {
 
 /* Run one (trace, mode) in a child process and collect its JSON lines. */
 static void run_child(const struct cli *c, const char *spec, const char *mode_cfg, const char *tl_path,
-                      struct child_result *r)
+                      const char *device_mem, int quiet, const char *snap_path, struct child_result *r)
 {
     memset(r, 0, sizeof *r);
     char self[PATH_MAX];
@@ -321,7 +345,7 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
         snprintf(cfg, sizeof cfg, "%s", mode_cfg ? mode_cfg : c->config ? c->config : "");
     snprintf(seed, sizeof seed, "%llu", c->seed);
     snprintf(pool, sizeof pool, "%s", c->pool == XSEG_STAT_LARGE_POOL ? "large" : c->pool == XSEG_STAT_SMALL_POOL ? "small" : "all");
-    const char *argv[24];
+    const char *argv[32];
     int k = 0;
     argv[k++] = self;
     argv[k++] = "--child";
@@ -340,6 +364,16 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
     if (tl_path) {
         argv[k++] = "--timeline-out";
         argv[k++] = tl_path;
+    }
+    if (device_mem) {
+        argv[k++] = "--device-mem";
+        argv[k++] = device_mem;
+    }
+    if (c->history)
+        argv[k++] = "--history";
+    if (snap_path) {
+        argv[k++] = "--snapshot";
+        argv[k++] = snap_path;
     }
     argv[k++] = spec;
     argv[k] = NULL;
@@ -360,6 +394,11 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
+        if (quiet) { /* a probe's failed allocations are expected: only the count matters */
+            int nul = open("/dev/null", O_WRONLY);
+            if (nul >= 0)
+                dup2(nul, 2);
+        }
         execv(self, (char *const *)argv);
         fprintf(stderr, "xseg-replay: cannot run %s: %m\n", self);
         _exit(127);
@@ -404,11 +443,106 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
     }
 }
 
+static const char *const cmp_modes[2][2] = {{"classic", "expandable_segments:False"},
+                                            {"expandable", "expandable_segments:True"}};
+
+#define MIN_DEVICE_STEP ((uint64_t)64 << 20)
+
+/* Does @p spec replay with no failed allocation on a device of @p bytes? 1 yes, 0 no, -1 the
+ * replay itself stopped (a bad trace, a crash): no answer. */
+static int fits_on(const struct cli *c, const char *spec, const char *mode_cfg, uint64_t bytes,
+                   struct child_result *r)
+{
+    char mem[32];
+    snprintf(mem, sizeof mem, "%llu", (unsigned long long)bytes);
+    struct cli q = *c;
+    q.marks = RUN_MARKS_NONE;
+    q.progress = 0;
+    q.history = 0; /* a fit probe records nothing and writes no snapshot */
+    run_child(&q, spec, mode_cfg, NULL, mem, 1, NULL, r);
+    free(r->marks);
+    r->marks = NULL;
+    if (r->rc != 0 || !r->have_summary)
+        return -1;
+    return r->sum.failed_allocs == 0;
+}
+
+/*
+ * --min-device: for each trace and mode, the smallest device (a multiple of 64 MiB, at most
+ * --device-mem) on which the replay has no failed allocation. A first run on the largest device
+ * gives the peak allocated (no device below it can fit, so bisection starts at the 64 MiB
+ * multiple under it); then bisection. Fitting is assumed monotonic in the device size, which
+ * holds for these policies in practice but is not guaranteed: the answer is the smallest size
+ * the bisection found to fit, with the next step below it found not to fit.
+ */
+static int min_device_children(const struct cli *c)
+{
+    size_t nmodes = c->compare ? 2 : 1;
+    uint64_t top = 80ULL << 30;
+    if (c->device_mem)
+        top = strtoull(c->device_mem, NULL, 10);
+    top = top / MIN_DEVICE_STEP * MIN_DEVICE_STEP;
+    int rc = 0;
+    if (c->summary == SUM_TEXT)
+        printf("%-40s %-11s %14s %14s %7s %7s\n", "trace", "mode", "peak alloc", "min device", "ratio", "probes");
+    for (int ti = 0; ti < c->ntraces; ti++) {
+        for (size_t m = 0; m < nmodes; m++) {
+            const char *mode_cfg = c->compare ? cmp_modes[m][1] : NULL;
+            struct child_result r;
+            int probes = 1;
+            int f = top ? fits_on(c, c->traces[ti], mode_cfg, top, &r) : -1;
+            if (f <= 0) {
+                fprintf(stderr, "xseg-replay: %s%s%s: %s\n", c->traces[ti], c->compare ? " in " : "",
+                        c->compare ? cmp_modes[m][0] : "",
+                        f < 0 ? "the replay stopped" : "does not fit on --device-mem (raise it)");
+                run_timeline_free(&r.tl);
+                rc = 1;
+                continue;
+            }
+            struct run_summary full = r.sum;
+            run_timeline_free(&r.tl);
+            uint64_t peak = full.peak_allocated > 0 ? (uint64_t)full.peak_allocated : 0;
+            /* lo: known (or certain) not to fit; hi: known to fit. */
+            uint64_t lo = peak ? (peak - 1) / MIN_DEVICE_STEP * MIN_DEVICE_STEP : 0, hi = top;
+            int broken = 0;
+            while (hi - lo > MIN_DEVICE_STEP) {
+                uint64_t mid = lo + (hi - lo) / MIN_DEVICE_STEP / 2 * MIN_DEVICE_STEP;
+                probes++;
+                f = fits_on(c, c->traces[ti], mode_cfg, mid, &r);
+                run_timeline_free(&r.tl);
+                if (f < 0) {
+                    broken = 1;
+                    break;
+                }
+                if (f)
+                    hi = mid;
+                else
+                    lo = mid;
+            }
+            if (broken) {
+                fprintf(stderr, "xseg-replay: %s: a probe's replay stopped\n", c->traces[ti]);
+                rc = 1;
+                continue;
+            }
+            double ratio = peak ? (double)hi / (double)peak : 0;
+            const char *mode = full.mode[0] ? full.mode : "?";
+            if (c->summary == SUM_TEXT) {
+                printf("%-40s %-11s %10.3f GiB %10.3f GiB %7.3f %7d\n", c->traces[ti], mode,
+                       (double)peak / (1 << 30), (double)hi / (1 << 30), ratio, probes);
+            } else if (c->summary == SUM_JSON) {
+                printf("{\"trace\":\"%s\",\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,"
+                       "\"ratio\":%.4f,\"probes\":%d}\n",
+                       full.trace, mode, (unsigned long long)peak, (unsigned long long)hi, ratio, probes);
+            }
+            fflush(stdout);
+        }
+    }
+    return rc;
+}
+
 static int replay_children(const struct cli *c)
 {
-    static const char *const cmp_modes[2][2] = {{"classic", "expandable_segments:False"},
-                                                {"expandable", "expandable_segments:True"}};
-    size_t nmodes = c->compare ? 2 : 1;
+        size_t nmodes = c->compare ? 2 : 1;
     size_t nt = (size_t)c->ntraces;
     struct child_result *res = calloc(nt * nmodes, sizeof *res);
     struct plot_panel *panels = calloc(nt, sizeof *panels);
@@ -424,7 +558,14 @@ static int replay_children(const struct cli *c)
             char tl_path[PATH_MAX];
             snprintf(tl_path, sizeof tl_path, "%s/t%zu-m%zu.txt", tmpdir, ti, m);
             struct child_result *r = &res[ti * nmodes + m];
-            run_child(c, c->traces[ti], c->compare ? cmp_modes[m][1] : NULL, c->plot ? tl_path : NULL, r);
+            /* One snapshot file per replay: .MODE, and .N when several traces run. */
+            char snap[PATH_MAX + 64], tag[64];
+            snprintf(tag, sizeof tag, "%s%s%.0zu", c->compare ? cmp_modes[m][0] : "", c->compare && nt > 1 ? "." : "",
+                     nt > 1 ? ti + 1 : 0);
+            if (c->snapshot)
+                run_snapshot_path(c->snapshot, tag, snap, sizeof snap);
+            run_child(c, c->traces[ti], c->compare ? cmp_modes[m][1] : NULL, c->plot ? tl_path : NULL, NULL, 0,
+                      c->snapshot ? (tag[0] ? snap : c->snapshot) : NULL, r);
             if (r->rc != 0 || !r->have_summary) {
                 fprintf(stderr, "xseg-replay: %s%s%s: the replay stopped (exit status %d)\n", c->traces[ti],
                         c->compare ? " in " : "", c->compare ? cmp_modes[m][0] : "", r->rc);
@@ -487,9 +628,37 @@ static int dump_trace(const struct trace *t)
         switch (a->op) {
         case TRACE_STREAM: printf("stream %s\n", sname); break;
         case TRACE_ALLOC:
+            if (a->stack) { /* its frames first, once per stack */
+                static unsigned char *shown;
+                static size_t nshown;
+                if (!shown) {
+                    nshown = t->stack_names.count;
+                    shown = calloc(nshown + 1, 1);
+                }
+                size_t si = a->stack - 1;
+                if (shown && si < nshown && !shown[si]) {
+                    shown[si] = 1;
+                    for (size_t f = 0; f < t->stacks[si].n; f++) {
+                        const struct trace_frame *fr = &t->stacks[si].f[f];
+                        const char *file = trace_text(t, fr->file);
+                        printf("frame %s %d ", t->stack_names.names[si], (int)fr->line);
+                        if (!*file)
+                            putchar('-');
+                        for (const char *q = file; *q; q++) {
+                            if (*q == ' ' || *q == '\t' || *q == '%' || *q == '#')
+                                printf("%%%02x", (unsigned char)*q);
+                            else
+                                putchar(*q);
+                        }
+                        printf(" %s\n", trace_text(t, fr->name));
+                    }
+                }
+            }
             printf("alloc %s %s", t->bufs.names[a->buf], trace_format_size(a->size, sz, sizeof sz));
             if (a->stream >= 0)
                 printf(" @%s", sname);
+            if (a->stack)
+                printf(" ^%s", t->stack_names.names[a->stack - 1]);
             putchar('\n');
             break;
         case TRACE_FREE: printf("free %s\n", t->bufs.names[a->buf]); break;
@@ -503,8 +672,10 @@ static int dump_trace(const struct trace *t)
                 printf("sync @%s\n", sname);
             break;
         case TRACE_EMPTY_CACHE: printf("empty_cache\n"); break;
+        case TRACE_TRIM: printf("trim %llu\n", (unsigned long long)a->size); break;
         case TRACE_CONFIG:
-        case TRACE_MARK: printf("%s %s\n", trace_op_name(a->op), trace_text(t, a->text)); break;
+        case TRACE_MARK:
+        case TRACE_SNAPSHOT: printf("%s %s\n", trace_op_name(a->op), trace_text(t, a->text)); break;
         case TRACE_POOL_BEGIN:
             printf("pool_begin %s", t->pools.names[a->pool]);
             if (a->stream != TRACE_ALL_STREAMS)
@@ -520,6 +691,10 @@ static int dump_trace(const struct trace *t)
             putchar('\n');
             break;
         case TRACE_CAPTURE_END: printf("capture_end @%s\n", sname); break;
+        case TRACE_WAIT:
+            printf("wait @%s @%s\n", sname, a->stream2 >= 0 ? t->streams.names[a->stream2] : "default");
+            break;
+        case TRACE_WORK: printf("work @%s\n", sname); break;
         }
     }
     return 0;
@@ -575,6 +750,8 @@ int main(int argc, char **argv)
     }
     if (find_driver(&c))
         return 1;
+    if (c.min_device && !c.child)
+        return min_device_children(&c);
     if (c.child || (!c.compare && c.ntraces == 1))
         return replay_here(&c, c.traces[0]);
     return replay_children(&c);

@@ -6,11 +6,20 @@
  *   sync [@s1]                  empty_cache               config expandable_segments:True
  *   pool_begin p1 [@s1]         pool_end p1               pool_release p1
  *   capture_begin @s1 [p1]      capture_end @s1           mark After alloc x1
+ *   wait @s1 @s2                work @s1
+ *   snapshot peak               frame k1 42 model.py forward    alloc x2 1MiB ^k1
+ *   trim 1GiB                   (xseg_trim(-1, KEEP): give cache back down to KEEP; issue 14)
+ *
+ * `snapshot LABEL` is where xseg-replay --snapshot writes a snapshot; `frame` lines build a named
+ * stack (innermost first) that `alloc ... ^NAME` hands to xseg's history (--history), so the
+ * snapshot shows, for each block, the frames the original program recorded for it (issue 13).
  *
  * '#' starts a comment (at the start of a line or after a blank). `@default` names the legacy
  * default stream. The whole file is checked before anything runs, so a typo on line 9000 never
  * costs a half-finished replay: buffers must be live to be freed or recorded and free to be
- * allocated, streams declared before use, pools and captures balanced.
+ * allocated, streams declared before use, pools and captures balanced: a pool has one recorder
+ * at a time (pool_begin's or one capture's), is released at most once per pool_begin or
+ * capture_begin into it, and every capture ends.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,11 +37,25 @@ struct parser {
     unsigned char *live;
     uint32_t *last_line;
     size_t track_cap;
-    /* Per pool: 1 between pool_begin and pool_end. Per stream: capturing. */
-    unsigned char *pool_open;
+    /* Per pool and per stream: what --check must know to reject what a replay would refuse. */
+    struct pool_state *pools;
     size_t pool_cap;
-    unsigned char *capturing;
-    size_t cap_cap;
+    struct stream_state *streams;
+    size_t stream_cap;
+};
+
+struct pool_state {
+    unsigned char open;     /* between pool_begin and pool_end */
+    uint32_t uses;          /* each pool_begin and capture_begin into it adds one, pool_release
+                             * takes one (xseg's use count) */
+    int32_t capture;        /* stream index + 1 of the capture recording into it, or 0 */
+    uint32_t line;          /* line of the last pool_begin / capture_begin / pool_release */
+};
+
+struct stream_state {
+    unsigned char capturing;
+    int32_t pool;           /* pool index the capture records into, or -1 (a pool of its own) */
+    uint32_t line;          /* line of its capture_begin */
 };
 
 __attribute__((format(printf, 2, 3))) static xseg_status perr(struct parser *p, const char *fmt, ...)
@@ -45,6 +68,18 @@ __attribute__((format(printf, 2, 3))) static xseg_status perr(struct parser *p, 
 }
 
 static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* The value of one hexadecimal digit, or -1 (a bounded decoder: the input has no terminating NUL). */
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
 
 static int valid_name(const char *s, size_t len)
 {
@@ -71,6 +106,23 @@ static xseg_status grow_bytes(unsigned char **arr, size_t *cap, size_t need)
     if (!a)
         return XSEG_ERROR_OUT_OF_MEMORY;
     memset(a + *cap, 0, ncap - *cap);
+    *arr = a;
+    *cap = ncap;
+    return XSEG_SUCCESS;
+}
+
+/* Grow an array of @p elem-byte records to hold index @p need; new records are zero. */
+static xseg_status grow_array(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need < *cap)
+        return XSEG_SUCCESS;
+    size_t ncap = *cap ? *cap : 16;
+    while (ncap <= need)
+        ncap *= 2;
+    unsigned char *a = realloc(*arr, ncap * elem);
+    if (!a)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    memset(a + *cap * elem, 0, (ncap - *cap) * elem);
     *arr = a;
     *cap = ncap;
     return XSEG_SUCCESS;
@@ -159,7 +211,7 @@ static xseg_status pool_ref(struct parser *p, const struct tok *tk, int32_t *poo
     if (!valid_name(tk->s, tk->len))
         return perr(p, "bad pool name '%.*s' (letters, digits, _ - . :)", (int)tk->len, tk->s);
     if (trace_name_intern(&p->t->pools, tk->s, tk->len, pool) != XSEG_SUCCESS ||
-        grow_bytes(&p->pool_open, &p->pool_cap, (size_t)*pool) != XSEG_SUCCESS)
+        grow_array((void **)&p->pools, &p->pool_cap, (size_t)*pool, sizeof *p->pools) != XSEG_SUCCESS)
         return perr(p, "out of host memory");
     return XSEG_SUCCESS;
 }
@@ -198,20 +250,35 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         if (idx >= 0)
             return perr(p, "stream '%.*s' is declared twice", (int)tk[1].len, tk[1].s);
         if (trace_name_intern(&p->t->streams, tk[1].s, tk[1].len, &idx) != XSEG_SUCCESS ||
-            grow_bytes(&p->capturing, &p->cap_cap, (size_t)idx) != XSEG_SUCCESS)
+            grow_array((void **)&p->streams, &p->stream_cap, (size_t)idx, sizeof *p->streams) != XSEG_SUCCESS)
             return perr(p, "out of host memory");
         a.op = TRACE_STREAM;
         a.stream = idx;
     } else if (tok_is(verb, "alloc")) {
-        if ((st = want_args(p, "alloc", n, 2, 3, "alloc NAME SIZE [@STREAM]")))
+        if ((st = want_args(p, "alloc", n, 2, 4, "alloc NAME SIZE [@STREAM] [^STACK]")))
             return st;
         if ((st = buf_name(p, &tk[1])))
             return st;
         char msg[TRACE_ERR_MAX];
         if (trace_parse_size(tk[2].s, tk[2].len, &a.size, msg, sizeof msg) != XSEG_SUCCESS)
             return perr(p, "alloc %.*s: %s", (int)tk[1].len, tk[1].s, msg);
-        if (n == 4 && (st = stream_ref(p, &tk[3], &a.stream)))
-            return st;
+        for (int k = 3; k < n; k++) {
+            if (tk[k].len > 1 && tk[k].s[0] == '^' && !a.stack) {
+                /* The allocation's frames: a stack built by earlier `frame` lines. */
+                int32_t si;
+                trace_name_find(&p->t->stack_names, tk[k].s + 1, tk[k].len - 1, &si);
+                if (si < 0)
+                    return perr(p, "alloc %.*s: no stack '%.*s' (define it with 'frame %.*s LINE FILE FUNCTION' "
+                                   "lines first)", (int)tk[1].len, tk[1].s, (int)tk[k].len - 1, tk[k].s + 1,
+                                (int)tk[k].len - 1, tk[k].s + 1);
+                a.stack = (uint32_t)si + 1;
+            } else if (k == 3 && (st = stream_ref(p, &tk[k], &a.stream))) {
+                return st;
+            } else if (k == 4) {
+                return perr(p, "alloc %.*s: expected '^STACK', got '%.*s' (usage: alloc NAME SIZE [@STREAM] "
+                               "[^STACK])", (int)tk[1].len, tk[1].s, (int)tk[k].len, tk[k].s);
+            }
+        }
         if (trace_name_intern(&p->t->bufs, tk[1].s, tk[1].len, &a.buf) != XSEG_SUCCESS ||
             track_buf(p, a.buf) != XSEG_SUCCESS)
             return perr(p, "out of host memory");
@@ -262,20 +329,63 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         if ((st = want_args(p, "empty_cache", n, 0, 0, "empty_cache")))
             return st;
         a.op = TRACE_EMPTY_CACHE;
-    } else if (tok_is(verb, "config") || tok_is(verb, "mark")) {
+    } else if (tok_is(verb, "trim")) {
+        /* services (issue 14): trim KEEP -> xseg_trim(-1, KEEP), KEEP a size as in alloc. */
+        if ((st = want_args(p, "trim", n, 1, 1, "trim KEEP_BYTES")))
+            return st;
+        char msg[160];
+        if (trace_parse_size(tk[1].s, tk[1].len, &a.size, msg, sizeof msg) != XSEG_SUCCESS)
+            return perr(p, "trim: %s", msg);
+        a.op = TRACE_TRIM;
+    } else if (tok_is(verb, "frame")) {
+        /* frame STACK LINE FILE FUNCTION...: FILE has %XX escapes for blanks ('-' is empty). */
+        if (n < 5)
+            return perr(p, "frame: missing argument (usage: frame STACK LINE FILE FUNCTION)");
+        if (!valid_name(tk[1].s, tk[1].len))
+            return perr(p, "bad stack name '%.*s' (letters, digits, _ - . :)", (int)tk[1].len, tk[1].s);
+        char *e;
+        char num[16];
+        snprintf(num, sizeof num, "%.*s", (int)(tk[2].len < 15 ? tk[2].len : 15), tk[2].s);
+        long line = strtol(num, &e, 10);
+        if (*e || tk[2].len > 10 || line < 0 || line > INT32_MAX)
+            return perr(p, "frame %.*s: bad line number '%.*s'", (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s);
+        char file[1024];
+        size_t fl = 0;
+        if (!(tk[3].len == 1 && tk[3].s[0] == '-')) {
+            for (size_t i = 0; i < tk[3].len && fl < sizeof file; i++) {
+                int hi, lo;
+                if (tk[3].s[i] == '%' && i + 2 < tk[3].len && (hi = hex_digit(tk[3].s[i + 1])) >= 0 &&
+                    (lo = hex_digit(tk[3].s[i + 2])) >= 0) {
+                    file[fl++] = (char)(hi << 4 | lo);
+                    i += 2;
+                } else {
+                    file[fl++] = tk[3].s[i];
+                }
+            }
+        }
+        const char *b;
+        size_t len;
+        rest_of_line(tk[3].s + tk[3].len, end, &b, &len);
+        int32_t si;
+        if (trace_add_frame(p->t, tk[1].s, tk[1].len, (int32_t)line, file, fl, b, len, &si) != XSEG_SUCCESS)
+            return perr(p, "out of host memory");
+        return XSEG_SUCCESS; /* no action: frames only describe allocations */
+    } else if (tok_is(verb, "config") || tok_is(verb, "mark") || tok_is(verb, "snapshot")) {
+        int snap = tok_is(verb, "snapshot");
         int config = tok_is(verb, "config");
         const char *b;
         size_t len;
         rest_of_line(verb->s + verb->len, end, &b, &len);
         if (!len)
             return perr(p, config ? "config: missing the config string (e.g. config expandable_segments:True)"
-                                  : "mark: missing the label (e.g. mark After alloc x1)");
+                        : snap  ? "snapshot: missing the label (e.g. snapshot peak)"
+                                : "mark: missing the label (e.g. mark After alloc x1)");
         if (config && memchr(b, ' ', len))
             return perr(p, "config: the config string has a blank in it ('%.*s'); write key:value,key:value",
                         (int)len, b);
         if (trace_add_text(p->t, b, len, &a.text) != XSEG_SUCCESS)
             return perr(p, "out of host memory");
-        a.op = config ? TRACE_CONFIG : TRACE_MARK;
+        a.op = config ? TRACE_CONFIG : snap ? TRACE_SNAPSHOT : TRACE_MARK;
     } else if (tok_is(verb, "pool_begin")) {
         if ((st = want_args(p, "pool_begin", n, 1, 2, "pool_begin POOL [@STREAM]")))
             return st;
@@ -285,9 +395,16 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
             return st;
         if (n == 2)
             a.stream = TRACE_ALL_STREAMS; /* no stream named: the pool takes every stream's */
-        if (p->pool_open[a.pool])
-            return perr(p, "pool_begin %.*s: pool already begun and not ended", (int)tk[1].len, tk[1].s);
-        p->pool_open[a.pool] = 1;
+        struct pool_state *ps = &p->pools[a.pool];
+        if (ps->open)
+            return perr(p, "pool_begin %.*s: pool already begun (line %u) and not ended", (int)tk[1].len,
+                        tk[1].s, ps->line);
+        if (ps->capture)
+            return perr(p, "pool_begin %.*s: a capture on stream '%s' records into this pool (line %u); "
+                           "end it first", (int)tk[1].len, tk[1].s, p->t->streams.names[ps->capture - 1], ps->line);
+        ps->open = 1;
+        ps->uses++;
+        ps->line = p->line;
         a.op = TRACE_POOL_BEGIN;
     } else if (tok_is(verb, "pool_end") || tok_is(verb, "pool_release")) {
         int end_ = tok_is(verb, "pool_end");
@@ -298,13 +415,26 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         if (a.pool < 0)
             return perr(p, "%s %.*s: no pool '%.*s' was begun", v, (int)tk[1].len, tk[1].s,
                         (int)tk[1].len, tk[1].s);
-        if (end_ && !p->pool_open[a.pool])
+        struct pool_state *ps = &p->pools[a.pool];
+        if (end_ && !ps->open)
             return perr(p, "pool_end %.*s: the pool is not begun", (int)tk[1].len, tk[1].s);
-        if (!end_ && p->pool_open[a.pool])
+        if (!end_ && !ps->uses)
+            return perr(p, "pool_release %.*s: the pool has no users left (every pool_begin and "
+                           "capture_begin into it is released already; last release line %u)",
+                        (int)tk[1].len, tk[1].s, ps->line);
+        /* Releasing the last use of a pool that still records is refused; an older use is not. */
+        if (!end_ && ps->uses == 1 && ps->open)
             return perr(p, "pool_release %.*s: end the pool first (pool_end %.*s)", (int)tk[1].len,
                         tk[1].s, (int)tk[1].len, tk[1].s);
-        if (end_)
-            p->pool_open[a.pool] = 0;
+        if (!end_ && ps->uses == 1 && ps->capture)
+            return perr(p, "pool_release %.*s: a capture on stream '%s' still records into it (line %u); "
+                           "end it first", (int)tk[1].len, tk[1].s, p->t->streams.names[ps->capture - 1], ps->line);
+        if (end_) {
+            ps->open = 0;
+        } else {
+            ps->uses--;
+            ps->line = p->line;
+        }
         a.op = end_ ? TRACE_POOL_END : TRACE_POOL_RELEASE;
     } else if (tok_is(verb, "capture_begin") || tok_is(verb, "capture_end")) {
         int begin = tok_is(verb, "capture_begin");
@@ -318,16 +448,52 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
                         begin ? "capture_begin" : "capture_end");
         if (begin && n == 3 && (st = pool_ref(p, &tk[2], &a.pool)))
             return st;
-        if (begin && p->capturing[a.stream])
-            return perr(p, "capture_begin: stream '%.*s' is already capturing", (int)tk[1].len - 1, tk[1].s + 1);
-        if (!begin && !p->capturing[a.stream])
+        struct stream_state *ss = &p->streams[a.stream];
+        if (begin && ss->capturing)
+            return perr(p, "capture_begin: stream '%.*s' is already capturing (line %u)", (int)tk[1].len - 1,
+                        tk[1].s + 1, ss->line);
+        if (!begin && !ss->capturing)
             return perr(p, "capture_end: stream '%.*s' is not capturing", (int)tk[1].len - 1, tk[1].s + 1);
-        p->capturing[a.stream] = (unsigned char)begin;
+        if (begin && a.pool >= 0) {
+            /* One recorder per pool at a time: pool_begin's or one capture's. */
+            struct pool_state *ps = &p->pools[a.pool];
+            if (ps->open)
+                return perr(p, "capture_begin: pool '%.*s' is already recording (pool_begin, line %u); "
+                               "pool_end it first", (int)tk[2].len, tk[2].s, ps->line);
+            if (ps->capture)
+                return perr(p, "capture_begin: pool '%.*s' is already recording (a capture on stream '%s', "
+                               "line %u); capture_end it first", (int)tk[2].len, tk[2].s,
+                            p->t->streams.names[ps->capture - 1], ps->line);
+            ps->capture = a.stream + 1;
+            ps->uses++;
+            ps->line = p->line;
+        }
+        if (!begin && ss->pool >= 0)
+            p->pools[ss->pool].capture = 0;
+        ss->capturing = (unsigned char)begin;
+        ss->pool = begin ? a.pool : -1;
+        ss->line = p->line;
         a.op = begin ? TRACE_CAPTURE_BEGIN : TRACE_CAPTURE_END;
+    } else if (tok_is(verb, "wait")) {
+        /* stream order (forks and joins in a capture) */
+        if ((st = want_args(p, "wait", n, 2, 2, "wait @STREAM @WAITED_FOR")))
+            return st;
+        if ((st = stream_ref(p, &tk[1], &a.stream)) || (st = stream_ref(p, &tk[2], &a.stream2)))
+            return st;
+        if (a.stream == a.stream2)
+            return perr(p, "wait: a stream cannot wait for itself ('%.*s')", (int)tk[1].len, tk[1].s);
+        a.op = TRACE_WAIT;
+    } else if (tok_is(verb, "work")) {
+        if ((st = want_args(p, "work", n, 1, 1, "work @STREAM")))
+            return st;
+        if ((st = stream_ref(p, &tk[1], &a.stream)))
+            return st;
+        a.op = TRACE_WORK;
     } else {
         return perr(p, "unknown action '%.*s' (expected stream, alloc, free, record, hold, release, "
                        "sync, empty_cache, config, pool_begin, pool_end, pool_release, "
-                       "capture_begin, capture_end, mark)", (int)(verb->len > 40 ? 40 : verb->len), verb->s);
+                       "capture_begin, capture_end, mark, wait, work, snapshot, frame, trim)",
+                    (int)(verb->len > 40 ? 40 : verb->len), verb->s);
     }
     if (trace_push(p->t, &a) != XSEG_SUCCESS)
         return perr(p, "out of host memory");
@@ -354,10 +520,17 @@ xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char
             st = parse_line(&p, s, stop);
         s = eol + 1;
     }
+    /* A capture left open would leave its stream capturing past the end of the replay. */
+    for (size_t i = 0; st == XSEG_SUCCESS && i < t->streams.count; i++)
+        if (p.streams[i].capturing) {
+            p.line = p.streams[i].line;
+            st = perr(&p, "capture_begin: the capture on stream '%s' is never ended (add 'capture_end @%s')",
+                      t->streams.names[i], t->streams.names[i]);
+        }
     free(p.live);
     free(p.last_line);
-    free(p.pool_open);
-    free(p.capturing);
+    free(p.pools);
+    free(p.streams);
     return st;
 }
 

@@ -104,23 +104,42 @@ __attribute__((format(printf, 2, 3))) static xseg_status cerr(struct csv_state *
     return st;
 }
 
+/* One CSV field as an unsigned 64-bit number: blanks and quotes around it are dropped; "0x"
+ * digits are hexadecimal (pointers), anything else decimal (a leading 0 is not octal). A sign,
+ * inner blanks, other characters or a value above 2^64-1 are errors: strtoull would skip a tab
+ * before "-5" and wrap it to 2^64-5, and clamp over-wide pointers so that distinct ones collapse. */
 static int parse_u64(const char *s, size_t len, uint64_t *v)
 {
-    while (len && (*s == ' ' || *s == '"')) {
+    while (len && (*s == ' ' || *s == '\t' || *s == '"')) {
         s++;
         len--;
     }
-    while (len && (s[len - 1] == ' ' || s[len - 1] == '"' || s[len - 1] == '\r'))
+    while (len && (s[len - 1] == ' ' || s[len - 1] == '\t' || s[len - 1] == '"' || s[len - 1] == '\r'))
         len--;
-    if (!len || len > 40)
+    unsigned base = 10;
+    if (len > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        base = 16;
+        s += 2;
+        len -= 2;
+    }
+    if (!len)
         return -1;
-    char tmp[48];
-    memcpy(tmp, s, len);
-    tmp[len] = '\0';
-    char *endp;
-    unsigned long long x = strtoull(tmp, &endp, 0); /* 0x... pointers, decimal sizes */
-    if (*endp || tmp[0] == '-')
-        return -1;
+    uint64_t x = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned d;
+        char ch = s[i];
+        if (ch >= '0' && ch <= '9')
+            d = (unsigned)(ch - '0');
+        else if (base == 16 && ch >= 'a' && ch <= 'f')
+            d = (unsigned)(ch - 'a' + 10);
+        else if (base == 16 && ch >= 'A' && ch <= 'F')
+            d = (unsigned)(ch - 'A' + 10);
+        else
+            return -1;
+        if (x > (UINT64_MAX - d) / base)
+            return -1; /* over 2^64-1 */
+        x = x * base + d;
+    }
     *v = x;
     return 0;
 }
@@ -178,15 +197,17 @@ xseg_status trace_import_rmm_csv(struct trace *t, const char *text, size_t len, 
         }
         uint64_t ptr, size, stream = 0;
         if (parse_u64(f[3], fl[3], &ptr)) {
-            st = cerr(&c, "bad pointer '%.*s'", (int)(fl[3] > 40 ? 40 : fl[3]), f[3]);
+            st = cerr(&c, "bad pointer '%.*s' (0x and up to 16 hex digits, or decimal below 2^64)",
+                      (int)(fl[3] > 40 ? 40 : fl[3]), f[3]);
             break;
         }
         if (parse_u64(f[4], fl[4], &size)) {
-            st = cerr(&c, "bad size '%.*s'", (int)(fl[4] > 40 ? 40 : fl[4]), f[4]);
+            st = cerr(&c, "bad size '%.*s' (a byte count: decimal digits, below 2^64)",
+                      (int)(fl[4] > 40 ? 40 : fl[4]), f[4]);
             break;
         }
         if (nf == 6 && fl[5] && parse_u64(f[5], fl[5], &stream)) {
-            st = cerr(&c, "bad stream '%.*s'", (int)(fl[5] > 40 ? 40 : fl[5]), f[5]);
+            st = cerr(&c, "bad stream '%.*s' (a number below 2^64)", (int)(fl[5] > 40 ? 40 : fl[5]), f[5]);
             break;
         }
         struct trace_action a = {.line = c.row, .buf = -1, .stream = TRACE_DEFAULT_STREAM, .pool = -1};

@@ -9,8 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cuda.h>
+
 #include "tools/replay/report.h"
-#include "vmm/driver.h"
 
 const char *const run_entry_names[RUN_NENTRIES] = {
 #define RUN_NAME(n) #n,
@@ -24,7 +25,48 @@ static struct {
     void (*hold)(CUstream);
     void (*release)(CUstream);
     unsigned long (*count)(const char *);
+    int (*work)(CUstream);
 } emu;
+
+/* The few driver calls a replay makes itself (streams, syncs, graphs), resolved with dlsym on the
+ * driver xseg loaded (xseg's own driver table is internal to the library). Each under its ABI
+ * name: the stringified expansion of cuda.h's macro. */
+#define RUN_DRV_ENTRIES(X)                                                                        \
+    X(cuGetErrorName)                                                                             \
+    X(cuDeviceGet)                                                                                \
+    X(cuDeviceGetAttribute)                                                                       \
+    X(cuDevicePrimaryCtxRetain)                                                                   \
+    X(cuDevicePrimaryCtxRelease)                                                                  \
+    X(cuCtxSetCurrent)                                                                            \
+    X(cuCtxSynchronize)                                                                           \
+    X(cuStreamCreate)                                                                             \
+    X(cuStreamSynchronize)                                                                        \
+    X(cuGraphDestroy)                                                                             \
+    /* wait / work: stream order in a capture */                                                  \
+    X(cuEventCreate)                                                                              \
+    X(cuEventDestroy)                                                                             \
+    X(cuEventRecord)                                                                              \
+    X(cuStreamWaitEvent)                                                                          \
+    X(cuStreamGetCaptureInfo)                                                                     \
+    X(cuGraphAddEmptyNode)                                                                        \
+    X(cuStreamUpdateCaptureDependencies)
+static struct {
+#define RUN_DRV_FIELD(fn) __typeof__(fn) *fn;
+    RUN_DRV_ENTRIES(RUN_DRV_FIELD)
+#undef RUN_DRV_FIELD
+} rdrv;
+#define RUN_STR2(x) #x
+#define RUN_STR(x) RUN_STR2(x)
+
+static const char *rdrv_error_name(CUresult r)
+{
+    static _Thread_local char buf[32];
+    const char *name = NULL;
+    if (rdrv.cuGetErrorName && rdrv.cuGetErrorName(r, &name) == CUDA_SUCCESS && name)
+        return name;
+    snprintf(buf, sizeof buf, "CUDA_ERROR_%d", (int)r);
+    return buf;
+}
 
 xseg_status run_find_driver(const char *const *candidates, size_t ncandidates,
                             const char *device_mem, int *using_emulator, char *err, size_t errlen)
@@ -65,12 +107,28 @@ xseg_status run_init(const char *config, char *err, size_t errlen)
     }
     const char *lib = getenv("XSEG_LIBCUDA");
     void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (h) {
-        emu.hold = (void (*)(CUstream))dlsym(h, "cudaemu_stream_hold");
-        emu.release = (void (*)(CUstream))dlsym(h, "cudaemu_stream_release");
-        emu.count = (unsigned long (*)(const char *))dlsym(h, "cudaemu_call_count");
-        dlclose(h); /* xseg keeps its own reference: the library stays loaded */
+    if (!h) {
+        snprintf(err, errlen, "the CUDA driver %s is not loaded after xseg_init: %s",
+                 lib && *lib ? lib : "libcuda.so.1", dlerror());
+        return XSEG_ERROR_DRIVER;
     }
+    emu.hold = (void (*)(CUstream))dlsym(h, "cudaemu_stream_hold");
+    emu.release = (void (*)(CUstream))dlsym(h, "cudaemu_stream_release");
+    emu.count = (unsigned long (*)(const char *))dlsym(h, "cudaemu_call_count");
+    emu.work = (int (*)(CUstream))dlsym(h, "cudaemu_stream_work");
+#define RUN_DRV_RESOLVE(fn)                                                                       \
+    {                                                                                             \
+        void *sym = dlsym(h, RUN_STR(fn));                                                        \
+        if (!sym) {                                                                               \
+            snprintf(err, errlen, "the CUDA driver lacks entry point %s", RUN_STR(fn));           \
+            dlclose(h);                                                                           \
+            return XSEG_ERROR_DRIVER;                                                             \
+        }                                                                                         \
+        memcpy(&rdrv.fn, &sym, sizeof sym);                                                       \
+    }
+    RUN_DRV_ENTRIES(RUN_DRV_RESOLVE)
+#undef RUN_DRV_RESOLVE
+    dlclose(h); /* xseg keeps its own reference: the library stays loaded */
     return XSEG_SUCCESS;
 }
 
@@ -125,13 +183,29 @@ void run_timeline_free(struct run_timeline *tl)
     memset(tl, 0, sizeof *tl);
 }
 
+/* The mode the allocator actually uses on device 0: the config asks for expandable segments,
+ * but a device without virtual memory management falls back to classic ones. */
 static void mode_of_config(char *mode, size_t len)
 {
+    static int vmm = -1; /* device 0 supports VMM: 1, 0, or -1 not asked yet */
     char cfg[1024];
     snprintf(mode, len, "unknown");
     if (xseg_get_config(cfg, sizeof cfg, NULL) != XSEG_SUCCESS)
         return;
-    snprintf(mode, len, "%s", strstr(cfg, "expandable_segments:True") ? "expandable" : "classic");
+    if (!strstr(cfg, "expandable_segments:True")) {
+        snprintf(mode, len, "classic");
+        return;
+    }
+    if (vmm < 0) {
+        CUdevice dev = 0;
+        int supported = 1;
+        if (rdrv.cuDeviceGet && rdrv.cuDeviceGet(&dev, 0) == CUDA_SUCCESS &&
+            rdrv.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                      dev) != CUDA_SUCCESS)
+            supported = 1;
+        vmm = supported != 0;
+    }
+    snprintf(mode, len, "%s", vmm ? "expandable" : "classic (no VMM)");
 }
 
 struct runstate {
@@ -142,7 +216,28 @@ struct runstate {
     size_t label_width;
     xseg_pool_id *pools;  /* per trace pool: its xseg id, made on first use ({0,0} before) */
     CUgraph *graphs;      /* per stream: the graph its last capture made (destroyed at the end) */
+    CUevent wait_event;   /* wait: recorded on the stream waited for (made on first use) */
 };
+
+/* work @s: on cudaemu, cudaemu_stream_work (a kernel node while capturing, pending work on a held
+ * stream); on a real driver, while s captures, an empty node after its dependencies, which
+ * orders the graph as a kernel would; outside a capture nothing is needed. */
+static CUresult run_work(CUstream s)
+{
+    if (emu.work)
+        return emu.work(s) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureStatus st;
+    CUgraph g = NULL;
+    const CUgraphNode *deps = NULL;
+    size_t n = 0;
+    CUresult r = rdrv.cuStreamGetCaptureInfo(s, &st, NULL, &g, &deps, NULL, &n);
+    if (r != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return r;
+    CUgraphNode node;
+    if ((r = rdrv.cuGraphAddEmptyNode(&node, g, deps, n)) != CUDA_SUCCESS)
+        return r;
+    return rdrv.cuStreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+}
 
 /* pool_begin p @s: the pool takes the allocations of stream s only. */
 static int run_only_stream(struct CUstream_st *stream, void *user) { return stream == (CUstream)user; }
@@ -156,11 +251,49 @@ static xseg_pool_id run_pool_id(struct runstate *rs, int32_t pool)
 
 static CUstream stream_of(const struct runstate *rs, int32_t s) { return s >= 0 ? rs->streams[s] : NULL; }
 
+/* The frames of the allocation being replayed, for xseg's history (one replay per process). */
+static const struct trace *hist_trace;
+static const struct trace_stack *hist_stack;
+
+static int replay_frames(xseg_frame *frames, int max, void *user)
+{
+    (void)user;
+    const struct trace_stack *s = hist_stack;
+    int n = 0;
+    for (; s && n < max && (size_t)n < s->n; n++) {
+        frames[n].filename = trace_text(hist_trace, s->f[n].file);
+        frames[n].name = trace_text(hist_trace, s->f[n].name);
+        frames[n].line = s->f[n].line;
+    }
+    return n;
+}
+
+void run_snapshot_path(const char *path, const char *tag, char *buf, size_t size)
+{
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (!dot || (slash && dot < slash) || dot == path || (slash && dot == slash + 1))
+        snprintf(buf, size, "%s.%s", path, tag);
+    else
+        snprintf(buf, size, "%.*s.%s%s", (int)(dot - path), path, tag, dot);
+}
+
+static xseg_status write_snapshot(const char *path, const char *source, char *err, size_t errlen)
+{
+    if (xseg_dump_snapshot(-1, path) != XSEG_SUCCESS) {
+        snprintf(err, errlen, "%s: %s", source, xseg_last_error());
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    fprintf(stderr, "xseg-replay: snapshot written to %s\n", path);
+    return XSEG_SUCCESS;
+}
+
 xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
                       struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen)
 {
     struct runstate rs = {0};
     xseg_status st = XSEG_SUCCESS;
+    CUdevice dev0 = 0;
+    CUcontext ctx0 = NULL; /* device 0's primary context, retained while streams exist */
     memset(sum, 0, sizeof *sum);
     snprintf(sum->trace, sizeof sum->trace, "%s", t->source);
     rs.ptrs = calloc(t->bufs.count + 1, sizeof *rs.ptrs);
@@ -180,10 +313,32 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         if (t->actions[i].op == TRACE_MARK && strlen(trace_text(t, t->actions[i].text)) > rs.label_width)
             rs.label_width = strlen(trace_text(t, t->actions[i].text));
 
-    struct drv_device_info info;
+    /* Streams are created in device 0's primary context, the one xseg allocates in. */
     if (t->streams.count) {
-        if ((st = drv_device_query(0, &info)) != XSEG_SUCCESS || (st = drv_ctx_ensure(info.primary_ctx))) {
-            snprintf(err, errlen, "device 0: %s", xseg_last_error());
+        CUresult r = rdrv.cuDeviceGet(&dev0, 0);
+        if (r == CUDA_SUCCESS && (r = rdrv.cuDevicePrimaryCtxRetain(&ctx0, dev0)) == CUDA_SUCCESS &&
+            (r = rdrv.cuCtxSetCurrent(ctx0)) != CUDA_SUCCESS) {
+            (void)rdrv.cuDevicePrimaryCtxRelease(dev0);
+            ctx0 = NULL;
+        }
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "device 0: its primary context: %s", rdrv_error_name(r));
+            st = XSEG_ERROR_DRIVER;
+            goto out;
+        }
+    }
+    if (o->history) {
+        /* Every event of the replay fits: 3 per allocation (alloc, free_requested,
+         * free_completed) plus segment events. */
+        xseg_history_options ho = {0};
+        ho.enabled = 1;
+        ho.stacks = XSEG_STACKS_CALLBACK;
+        ho.max_frames = 256;
+        ho.callback = replay_frames;
+        ho.max_entries = t->nallocs * 4 + 1000;
+        hist_trace = t;
+        if ((st = xseg_record_memory_history(&ho))) {
+            snprintf(err, errlen, "--history: %s", xseg_last_error());
             goto out;
         }
     }
@@ -201,10 +356,10 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
             fprintf(stderr, "\rxseg-replay: %s [%s] %3zu%%", t->source, sum->mode, i * 100 / t->count);
         switch (a->op) {
         case TRACE_STREAM: {
-            CUresult r = drv->cuStreamCreate(&rs.streams[a->stream], CU_STREAM_NON_BLOCKING);
+            CUresult r = rdrv.cuStreamCreate(&rs.streams[a->stream], CU_STREAM_NON_BLOCKING);
             if (r != CUDA_SUCCESS) {
                 snprintf(err, errlen, "%s:%u: stream %s: cuStreamCreate failed: %s", t->source, a->line,
-                         t->streams.names[a->stream], drv_error_name(r));
+                         t->streams.names[a->stream], rdrv_error_name(r));
                 st = XSEG_ERROR_DRIVER;
                 goto out;
             }
@@ -212,6 +367,7 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         }
         case TRACE_ALLOC: {
             void *p = NULL;
+            hist_stack = a->stack ? &t->stacks[a->stack - 1] : NULL;
             uint64_t t0 = now_ns();
             xseg_status as = xseg_malloc(&p, (size_t)a->size, 0, stream_of(&rs, a->stream));
             ns_alloc += now_ns() - t0;
@@ -274,10 +430,10 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
                 rs.held[a->stream] = a->op == TRACE_HOLD;
             break;
         case TRACE_SYNC: {
-            CUresult r = a->stream == TRACE_ALL_STREAMS ? drv->cuCtxSynchronize()
-                                                        : drv->cuStreamSynchronize(stream_of(&rs, a->stream));
+            CUresult r = a->stream == TRACE_ALL_STREAMS ? rdrv.cuCtxSynchronize()
+                                                        : rdrv.cuStreamSynchronize(stream_of(&rs, a->stream));
             if (r != CUDA_SUCCESS) {
-                snprintf(err, errlen, "%s:%u: sync: %s", t->source, a->line, drv_error_name(r));
+                snprintf(err, errlen, "%s:%u: sync: %s", t->source, a->line, rdrv_error_name(r));
                 st = XSEG_ERROR_DRIVER;
                 goto out;
             }
@@ -286,6 +442,13 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         case TRACE_EMPTY_CACHE:
             if ((st = xseg_empty_cache(-1))) {
                 snprintf(err, errlen, "%s:%u: empty_cache: %s", t->source, a->line, xseg_last_error());
+                goto out;
+            }
+            moved = 1;
+            break;
+        case TRACE_TRIM: /* services (issue 14) */
+            if ((st = xseg_trim(-1, (size_t)a->size))) {
+                snprintf(err, errlen, "%s:%u: trim: %s", t->source, a->line, xseg_last_error());
                 goto out;
             }
             moved = 1;
@@ -315,10 +478,37 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
             CUgraph g = NULL;
             st = xseg_capture_end(0, stream_of(&rs, a->stream), &g);
             if (rs.graphs[a->stream])
-                (void)drv->cuGraphDestroy(rs.graphs[a->stream]);
+                (void)rdrv.cuGraphDestroy(rs.graphs[a->stream]);
             rs.graphs[a->stream] = g;
             break;
         }
+        case TRACE_WAIT:
+        case TRACE_WORK: {
+            /* a.stream.wait_stream(a.stream2): an event recorded on stream2 (a fork or a join
+             * when a capture is involved). */
+            CUresult r = CUDA_SUCCESS;
+            if (a->op == TRACE_WORK)
+                r = run_work(stream_of(&rs, a->stream));
+            else if (!rs.wait_event)
+                r = rdrv.cuEventCreate(&rs.wait_event, CU_EVENT_DISABLE_TIMING);
+            if (a->op == TRACE_WAIT && r == CUDA_SUCCESS &&
+                (r = rdrv.cuEventRecord(rs.wait_event, stream_of(&rs, a->stream2))) == CUDA_SUCCESS)
+                r = rdrv.cuStreamWaitEvent(stream_of(&rs, a->stream), rs.wait_event, 0);
+            if (r != CUDA_SUCCESS) {
+                snprintf(err, errlen, "%s:%u: %s: %s", t->source, a->line, trace_op_name(a->op), rdrv_error_name(r));
+                st = XSEG_ERROR_DRIVER;
+                goto out;
+            }
+            break;
+        }
+        case TRACE_SNAPSHOT:
+            if (o->snapshot) {
+                char path[4096];
+                run_snapshot_path(o->snapshot, trace_text(t, a->text), path, sizeof path);
+                if ((st = write_snapshot(path, t->source, err, errlen)))
+                    goto out;
+            }
+            break;
         case TRACE_MARK: {
             xseg_device_stats ds;
             if ((st = xseg_get_stats(0, &ds))) {
@@ -368,6 +558,8 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
     sum->peak_reserved = ds.reserved_bytes[XSEG_STAT_ALL].peak;
     sum->utilization = sum->peak_reserved ? (double)sum->peak_allocated / (double)sum->peak_reserved : 0;
     sum->reserved_end = ds.reserved_bytes[XSEG_STAT_ALL].current;
+    if (o->snapshot && (st = write_snapshot(o->snapshot, t->source, err, errlen)))
+        goto out;
     sum->host_ns_per_alloc = sum->allocs ? (double)ns_alloc / (double)sum->allocs : 0;
     sum->host_ns_per_free = sum->frees ? (double)ns_free / (double)sum->frees : 0;
     if ((st = xseg_empty_cache(-1)) || (st = xseg_get_stats(0, &ds))) {
@@ -386,10 +578,15 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         }
     }
 out:
+    hist_stack = NULL;
     /* The graphs live to the end of the replay, as the program's would. */
     for (size_t s = 0; rs.graphs && s < t->streams.count; s++)
         if (rs.graphs[s])
-            (void)drv->cuGraphDestroy(rs.graphs[s]);
+            (void)rdrv.cuGraphDestroy(rs.graphs[s]);
+    if (rs.wait_event)
+        (void)rdrv.cuEventDestroy(rs.wait_event);
+    if (ctx0)
+        (void)rdrv.cuDevicePrimaryCtxRelease(dev0);
     free(rs.pools);
     free(rs.graphs);
     free(rs.ptrs);

@@ -34,10 +34,20 @@ struct run_options {
     enum run_marks marks;
     int progress;           /* progress on stderr (main decides: a terminal, a long trace) */
     int timeline;           /* keep allocated/reserved after every action, for the plot */
+    /* Issue 13: record allocation history (with the trace's `^STACK` frames) while replaying,
+     * and write a snapshot (PyTorch's format) to `snapshot` at the end, before the final
+     * empty_cache, and at each `snapshot LABEL` action (to snapshot with ".LABEL" inserted). */
+    int history;
+    const char *snapshot;
 };
 
+/* @p path with ".@p tag" inserted before its extension ("out.pickle", "peak" ->
+ * "out.peak.pickle") into @p buf. */
+void run_snapshot_path(const char *path, const char *tag, char *buf, size_t size);
+
 struct run_summary {
-    char mode[32];          /* "classic" or "expandable": from the config in force at the end */
+    char mode[32];          /* "classic", "expandable", or "classic (no VMM)" when the config asks
+                             * for expandable segments on a device without VMM: the mode used */
     char trace[256];
     int64_t peak_allocated, peak_reserved;
     double utilization;     /* peak allocated / peak reserved; 0 when nothing was reserved */

@@ -116,6 +116,10 @@ void trace_destroy(struct trace *t)
     names_destroy(&t->bufs);
     names_destroy(&t->streams);
     names_destroy(&t->pools);
+    names_destroy(&t->stack_names);
+    for (size_t i = 0; i < t->stacks_cap; i++)
+        free(t->stacks[i].f);
+    free(t->stacks);
     memset(t, 0, sizeof *t);
 }
 
@@ -156,6 +160,42 @@ xseg_status trace_add_text(struct trace *t, const char *text, size_t len, size_t
     return XSEG_SUCCESS;
 }
 
+xseg_status trace_add_frame(struct trace *t, const char *name, size_t len, int32_t line, const char *file,
+                            size_t file_len, const char *func, size_t func_len, int32_t *index)
+{
+    xseg_status st = trace_name_intern(&t->stack_names, name, len, index);
+    if (st != XSEG_SUCCESS)
+        return st;
+    size_t i = (size_t)*index;
+    if (i >= t->stacks_cap) {
+        size_t cap = t->stacks_cap ? t->stacks_cap * 2 : 16;
+        while (cap <= i)
+            cap *= 2;
+        struct trace_stack *p = realloc(t->stacks, cap * sizeof *p);
+        if (!p)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        memset(p + t->stacks_cap, 0, (cap - t->stacks_cap) * sizeof *p);
+        t->stacks = p;
+        t->stacks_cap = cap;
+    }
+    struct trace_stack *s = &t->stacks[i];
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 8;
+        struct trace_frame *p = realloc(s->f, cap * sizeof *p);
+        if (!p)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        s->f = p;
+        s->cap = cap;
+    }
+    struct trace_frame *f = &s->f[s->n];
+    if ((st = trace_add_text(t, file, file_len, &f->file)) != XSEG_SUCCESS ||
+        (st = trace_add_text(t, func, func_len, &f->name)) != XSEG_SUCCESS)
+        return st;
+    f->line = line;
+    s->n++;
+    return XSEG_SUCCESS;
+}
+
 const char *trace_op_name(enum trace_op op)
 {
     switch (op) {
@@ -167,6 +207,7 @@ const char *trace_op_name(enum trace_op op)
     case TRACE_RELEASE: return "release";
     case TRACE_SYNC: return "sync";
     case TRACE_EMPTY_CACHE: return "empty_cache";
+    case TRACE_TRIM: return "trim";
     case TRACE_CONFIG: return "config";
     case TRACE_POOL_BEGIN: return "pool_begin";
     case TRACE_POOL_END: return "pool_end";
@@ -174,6 +215,9 @@ const char *trace_op_name(enum trace_op op)
     case TRACE_CAPTURE_BEGIN: return "capture_begin";
     case TRACE_CAPTURE_END: return "capture_end";
     case TRACE_MARK: return "mark";
+    case TRACE_WAIT: return "wait";
+    case TRACE_WORK: return "work";
+    case TRACE_SNAPSHOT: return "snapshot";
     }
     return "?";
 }

@@ -34,6 +34,12 @@ enum trace_op {
     TRACE_CAPTURE_BEGIN, /* stream, pool (or -1) */
     TRACE_CAPTURE_END,   /* stream */
     TRACE_MARK,          /* text = label */
+    /* stream order, for forks and joins in a capture (graph_capture_record_stream_reuse) */
+    TRACE_WAIT,          /* stream waits for stream2 (an event recorded on stream2) */
+    TRACE_WORK,          /* stream: a unit of work (a kernel; a graph node while capturing) */
+    TRACE_SNAPSHOT,      /* text = label: xseg-replay --snapshot writes one here (issue 13) */
+    /* services (issue 14) */
+    TRACE_TRIM,          /* size: xseg_trim(-1, size) */
 };
 
 /* Stream index of the legacy default stream, and of "every stream" for sync. */
@@ -46,8 +52,21 @@ struct trace_action {
     int32_t buf;     /* buffer index, or -1 */
     int32_t stream;  /* stream index, TRACE_DEFAULT_STREAM or TRACE_ALL_STREAMS */
     int32_t pool;    /* pool index, or -1 */
+    int32_t stream2; /* wait: the stream waited for */
     uint64_t size;   /* bytes (alloc) */
     size_t text;     /* offset into trace.strings (config, mark), or 0 */
+    uint32_t stack;  /* alloc: 1 + index into trace.stacks (the `^NAME` given), 0 for none */
+};
+
+/* Frames of an allocation (issue 13): `frame NAME LINE FILE FUNCTION` lines build stack NAME,
+ * innermost first; `alloc ... ^NAME` hands it to xseg's history when replaying with --history. */
+struct trace_frame {
+    size_t file, name; /* offsets into trace.strings */
+    int32_t line;
+};
+struct trace_stack {
+    struct trace_frame *f;
+    size_t n, cap;
 };
 
 /* A name table: interned strings to dense indices (open addressing over a power-of-two table). */
@@ -63,6 +82,9 @@ struct trace {
     struct trace_action *actions;
     size_t count, cap;
     struct trace_names bufs, streams, pools;
+    struct trace_names stack_names; /* stacks[i] is named stack_names.names[i] */
+    struct trace_stack *stacks;
+    size_t stacks_cap;
     char *strings;  /* NUL-separated texts; offset 0 is the empty string */
     size_t strings_len, strings_cap;
     uint64_t nallocs, total_alloc_bytes;
@@ -81,6 +103,10 @@ void trace_name_find(const struct trace_names *names, const char *name, size_t l
 
 /* Append an action (copied). */
 xseg_status trace_push(struct trace *t, const struct trace_action *a);
+/* Append a frame to stack @p name (made on first use); @p index receives its index. */
+xseg_status trace_add_frame(struct trace *t, const char *name, size_t len, int32_t line, const char *file,
+                            size_t file_len, const char *func, size_t func_len, int32_t *index);
+
 /* Store a text and return its offset in @p off. */
 xseg_status trace_add_text(struct trace *t, const char *text, size_t len, size_t *off);
 

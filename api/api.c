@@ -1,0 +1,228 @@
+/* Public entry points (include/xseg.h): argument checks, lazy initialization, device lookup.
+ * The work happens in alloc.c under each device's lock. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/alloc.h"
+#include "api/api.h"
+#include "base/error.h"
+#include "core/runtime.h"
+#include "core/stats.h"
+
+#define XSEG_STR2(x) #x
+#define XSEG_STR(x) XSEG_STR2(x)
+
+XSEG_API const char *xseg_version(void)
+{
+    return XSEG_STR(XSEG_API_VERSION_MAJOR) "." XSEG_STR(XSEG_API_VERSION_MINOR) "." XSEG_STR(XSEG_API_VERSION_PATCH);
+}
+
+XSEG_API unsigned xseg_version_api(void)
+{
+    return ((unsigned)XSEG_API_VERSION_MAJOR << 16) | ((unsigned)XSEG_API_VERSION_MINOR << 8) |
+           (unsigned)XSEG_API_VERSION_PATCH;
+}
+
+/* The device that served the last free on this thread: tried first, since frees usually hit
+ * the device of the previous one. Only used with several devices (api_free handles one). */
+static _Thread_local int api_last_device;
+
+xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream)
+{
+    if (!ptr)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_malloc: ptr is NULL");
+    *ptr = NULL;
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (size == 0)
+        return XSEG_SUCCESS;
+    return alloc_malloc(d, size, stream, ptr);
+}
+
+XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
+{
+    return api_malloc(ptr, size, device, stream);
+}
+
+xseg_status api_free_multi(void *ptr, int n)
+{
+    int first = n > 1 ? api_last_device : 0;
+    for (int i = 0; i < n; i++) {
+        int dev = (first + i) % n;
+        struct dev_alloc *d = rt_device_peek(dev);
+        if (!d)
+            continue;
+        bool owned = false;
+        xseg_status st = alloc_free(d, ptr, &owned);
+        if (owned) {
+            if (dev != first)
+                api_last_device = dev;
+            return st;
+        }
+    }
+    return alloc_free_unknown(ptr);
+}
+
+XSEG_API xseg_status xseg_free(void *ptr) { return api_free(ptr); }
+
+XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream)
+{
+    if (!ptr)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_record_stream: ptr is NULL");
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (int dev = 0; dev < rt_device_count(); dev++) {
+        struct dev_alloc *d = rt_device_peek(dev);
+        if (!d)
+            continue;
+        bool owned = false;
+        st = alloc_record_stream(d, ptr, stream, &owned);
+        if (owned)
+            return st;
+    }
+    return err_set(XSEG_ERROR_INVALID_VALUE,
+                   "xseg_record_stream: pointer %p is not a live allocation of xseg", ptr);
+}
+
+/* Run @p fn on @p device, or on every device created so far when it is -1. */
+static xseg_status each_device(int device, xseg_status (*fn)(struct dev_alloc *, void *), void *arg)
+{
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (device != -1) {
+        struct dev_alloc *d;
+        st = rt_device(device, &d);
+        return st != XSEG_SUCCESS ? st : fn(d, arg);
+    }
+    xseg_status first = XSEG_SUCCESS;
+    for (int i = 0; i < rt_device_count(); i++) {
+        struct dev_alloc *d = rt_device_peek(i);
+        if (d && (st = fn(d, arg)) != XSEG_SUCCESS && first == XSEG_SUCCESS)
+            first = st;
+    }
+    return first;
+}
+
+static xseg_status do_empty(struct dev_alloc *d, void *arg)
+{
+    (void)arg;
+    return alloc_empty_cache(d);
+}
+
+XSEG_API xseg_status xseg_empty_cache(int device) { return each_device(device, do_empty, NULL); }
+
+XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
+{
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "invalid fraction: %g. Please set within [0, 1].", fraction);
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : alloc_set_fraction(d, fraction);
+}
+
+XSEG_API xseg_status xseg_enable_peer_access(int device, int peer)
+{
+    struct dev_alloc *d, *p;
+    xseg_status st = rt_device(device, &d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if ((st = rt_device(peer, &p)) != XSEG_SUCCESS)
+        return st;
+    if (peer == device)
+        return XSEG_SUCCESS;
+    int can = 0;
+    if ((st = drv_can_access_peer(p->info.dev, d->info.dev, &can)) != XSEG_SUCCESS)
+        return st;
+    if (!can)
+        return err_set(XSEG_ERROR_NOT_SUPPORTED, "device %d cannot access the memory of device %d", peer, device);
+    return alloc_enable_peer(d, peer);
+}
+
+/* ---- statistics ---------------------------------------------------------------------------- */
+
+XSEG_API xseg_status xseg_get_stats(int device, xseg_device_stats *stats)
+{
+    if (!stats)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_get_stats: stats is NULL");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    alloc_get_stats(d, stats);
+    return XSEG_SUCCESS;
+}
+
+XSEG_API xseg_status xseg_stat(int device, const char *key, int64_t *value)
+{
+    if (!key || !value)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_stat: %s is NULL", key ? "value" : "key");
+    xseg_device_stats s;
+    xseg_status st = xseg_get_stats(device, &s);
+    return st != XSEG_SUCCESS ? st : stats_lookup(&s, key, value);
+}
+
+XSEG_API xseg_status xseg_stat_key(size_t index, const char **key)
+{
+    if (!key)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_stat_key: key is NULL");
+    *key = stats_key_name(index);
+    return XSEG_SUCCESS;
+}
+
+static xseg_status do_reset(struct dev_alloc *d, void *arg)
+{
+    (void)arg;
+    alloc_reset_peaks(d);
+    return XSEG_SUCCESS;
+}
+
+XSEG_API xseg_status xseg_reset_peak_stats(int device) { return each_device(device, do_reset, NULL); }
+
+XSEG_API xseg_status xseg_memory_summary(int device, char *buf, size_t size, size_t *len)
+{
+    if (!buf && size)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_memory_summary: buf is NULL but size is %zu", size);
+    xseg_device_stats s;
+    xseg_status st = xseg_get_stats(device, &s);
+    if (st != XSEG_SUCCESS)
+        return st;
+    stats_format_summary(&s, device, buf, size, len);
+    return XSEG_SUCCESS;
+}
+
+/* ---- snapshots ----------------------------------------------------------------------------- */
+
+static xseg_status do_snap(struct dev_alloc *d, void *arg) { return alloc_snapshot(d, arg); }
+
+XSEG_API xseg_status xseg_take_snapshot(int device, xseg_snapshot **snapshot)
+{
+    if (!snapshot)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_take_snapshot: snapshot is NULL");
+    *snapshot = NULL;
+    struct snap_acc a = {0};
+    xseg_status st = each_device(device, do_snap, &a);
+    xseg_snapshot *s = calloc(1, sizeof *s);
+    if (st != XSEG_SUCCESS || !s) {
+        snap_acc_free(&a);
+        free(s);
+        return st != XSEG_SUCCESS ? st : err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+    }
+    s->nsegments = a.n;
+    s->segments = a.segs;
+    *snapshot = s;
+    return XSEG_SUCCESS;
+}
+
+XSEG_API void xseg_snapshot_free(xseg_snapshot *snapshot)
+{
+    if (!snapshot)
+        return;
+    for (size_t i = 0; i < snapshot->nsegments; i++)
+        free(snapshot->segments[i].blocks);
+    free(snapshot->segments);
+    free(snapshot);
+}

@@ -1,0 +1,51 @@
+/*
+ * The bodies of xseg_malloc and xseg_free, inline so that the public entry points and PyTorch's
+ * (torch.c) run the same code at the same cost: no call through the PLT, no extra layer.
+ */
+#ifndef XSEG_API_API_H
+#define XSEG_API_API_H
+
+#include "core/alloc.h"
+#include "base/error.h"
+#include "core/runtime.h"
+
+/* xseg_free on a machine with several devices: tries the device of the thread's last free first. */
+xseg_status api_free_multi(void *ptr, int ndevices);
+
+/* api_malloc when ptr is NULL, the device's allocator is not at hand (first use, bad index) or
+ * size is 0: the full checks, in the documented order. */
+xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream);
+
+static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
+{
+    /* Every rare case goes to one out-of-line call with the same arguments, so this needs no
+     * stack frame. rt_ndevices is written once, before rt_ready is released. */
+    struct dev_alloc *d = NULL;
+    if (XSEG_LIKELY(ptr && size && atomic_load_explicit(&rt_ready, memory_order_acquire) &&
+                    (unsigned)device < (unsigned)rt_ndevices))
+        d = atomic_load_explicit(&rt_devs[device], memory_order_acquire);
+    if (XSEG_UNLIKELY(!d))
+        return api_malloc_slow(ptr, size, device, stream);
+    *ptr = NULL;
+    return alloc_malloc(d, size, stream, ptr);
+}
+
+static inline xseg_status api_free(void *ptr)
+{
+    if (!ptr)
+        return XSEG_SUCCESS;
+    xseg_status st = rt_ensure();
+    if (XSEG_UNLIKELY(st != XSEG_SUCCESS))
+        return st;
+    int n = rt_device_count();
+    /* One device (the common case): no search, no thread-local hint. */
+    if (XSEG_LIKELY(n == 1)) {
+        struct dev_alloc *d = rt_device_peek(0);
+        if (XSEG_LIKELY(d))
+            return alloc_free_sole(d, ptr);
+        return alloc_free_unknown(ptr);
+    }
+    return api_free_multi(ptr, n);
+}
+
+#endif

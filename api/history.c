@@ -1,0 +1,39 @@
+/* Public entry points of allocation history and snapshots (include/xseg.h, issue 13): argument
+ * checks and device iteration; the work is in core/history.c and core/snapshot.c. */
+#include "api/api.h"
+#include "base/error.h"
+#include "core/alloc.h"
+#include "core/history.h"
+#include "core/runtime.h"
+#include "core/snapshot.h"
+
+XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts)
+{
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    unsigned before = hist_mode();
+    if ((st = hist_configure(opts)) != XSEG_SUCCESS)
+        return st;
+    /* Starting: every device's live blocks get their frees recorded, and malloc leaves its fast
+     * path (devices created later start without the permit and see the mode themselves). */
+    if (!before && hist_mode()) {
+        for (int i = 0; i < rt_device_count(); i++) {
+            struct dev_alloc *d = rt_device_peek(i);
+            if (d)
+                alloc_history_start(d);
+        }
+    }
+    return XSEG_SUCCESS;
+}
+
+XSEG_API xseg_status xseg_dump_snapshot(int device, const char *path) { return snapshot_write(device, path, false); }
+
+XSEG_API xseg_status xseg_dump_snapshot_json(int device, const char *path)
+{
+    return snapshot_write(device, path, true);
+}
+
+XSEG_API xseg_status xseg_set_oom_snapshot(const char *path) { return snapshot_set_oom_path(path); }
+
+XSEG_API xseg_status xseg_dump_trace(int device, const char *path) { return snapshot_write_trace(device, path); }

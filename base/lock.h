@@ -1,0 +1,89 @@
+/*
+ * The per-device mutex: one int word driven by C11 atomics, with the kernel's futex for sleeping
+ * (the three-state protocol: 0 unlocked, 1 locked, 2 locked and maybe waited on).
+ *
+ * Why not pthread_mutex_t: the cached malloc+free pair takes the device lock twice, and glibc's
+ * uncontended lock + unlock cost ~55 instructions (type dispatch, owner/count bookkeeping, elision
+ * checks); this lock costs one compare-exchange to take and one exchange to give back. It is a
+ * plain (non-recursive, non-error-checking) mutex: taking it twice on one thread deadlocks, and
+ * only the holder may release it, exactly as the allocator already uses PTHREAD_MUTEX_NORMAL.
+ * Memory order: acquire on every successful take, release on every give-back, so everything
+ * written under the lock is visible to the next holder (TSan sees the same edges).
+ *
+ * The global (non-hot) locks of runtime.c stay pthread mutexes.
+ */
+#ifndef XSEG_BASE_LOCK_H
+#define XSEG_BASE_LOCK_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "base/assert.h"
+#include "base/common.h"
+
+struct lock {
+    atomic_int word; /* 0 unlocked, 1 locked, 2 locked with possible sleepers */
+#if XSEG_DEBUG_LEVEL >= 1
+    /* Debug builds only: the holder (lock_self() of its thread), for lock_assert_held. Written by
+     * the holder alone, read by threads that claim to hold the lock: relaxed is enough. */
+    _Atomic(const void *) owner;
+#endif
+};
+
+#define LOCK_INIT {0}
+
+#if XSEG_DEBUG_LEVEL >= 1
+/* A per-thread address that names the calling thread. */
+const void *lock_self(void);
+static inline void lock_set_owner(struct lock *l, const void *who)
+{
+    atomic_store_explicit(&l->owner, who, memory_order_relaxed);
+}
+/* The calling thread holds @p l: what the "(lock held)" of a contract means, checked. */
+#define lock_assert_held(l) xseg_assert(atomic_load_explicit(&(l)->owner, memory_order_relaxed) == lock_self())
+#else
+#define lock_set_owner(l, who) ((void)0)
+#define lock_assert_held(l) ((void)sizeof(l))
+#endif
+
+static inline void lock_init(struct lock *l)
+{
+    atomic_init(&l->word, 0);
+    lock_set_owner(l, NULL);
+}
+
+/* Contended halves, out of line (base/lock.c). */
+void lock_acquire_slow(struct lock *l);
+void lock_wake(struct lock *l);
+
+static inline void lock_acquire(struct lock *l)
+{
+    int expected = 0;
+    if (XSEG_UNLIKELY(!atomic_compare_exchange_strong_explicit(&l->word, &expected, 1, memory_order_acquire,
+                                                              memory_order_relaxed)))
+        lock_acquire_slow(l);
+    lock_set_owner(l, lock_self());
+}
+
+/* Non-blocking take: true when the lock was free and is now held by the caller. */
+static inline bool lock_try(struct lock *l)
+{
+    int expected = 0;
+    bool taken = atomic_compare_exchange_strong_explicit(&l->word, &expected, 1, memory_order_acquire,
+                                                         memory_order_relaxed);
+    if (taken)
+        lock_set_owner(l, lock_self());
+    return taken;
+}
+
+static inline void lock_release(struct lock *l)
+{
+    lock_assert_held(l);
+    lock_set_owner(l, NULL);
+    /* 2 means a thread may be sleeping in the kernel: wake one. It will set 2 again when it
+     * takes the lock, so any further sleeper is woken by its release in turn. */
+    if (XSEG_UNLIKELY(atomic_exchange_explicit(&l->word, 0, memory_order_release) == 2))
+        lock_wake(l);
+}
+
+#endif

@@ -1,0 +1,1439 @@
+/*
+ * The device allocator (see alloc.h): malloc, free, empty_cache, the OOM path, garbage
+ * collection, the memory fraction, snapshots. Statistics follow PyTorch's DeviceCachingAllocator
+ * exactly, including what it leaves out for expandable blocks (segment.*, inactive_split*).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ipc.h"
+#include "core/alloc.h"
+#include "core/snapshot.h"
+#include "base/error.h"
+#include "core/runtime.h"
+#include "core/stats.h"
+#include "vmm/capture.h"
+#include "vmm/classic.h"
+#include "core/trim.h"
+#include "vmm/segment.h"
+#include "vmm/stream.h"
+
+/* Everything the slow path needs about one request (PyTorch's AllocParams). */
+struct alloc_params {
+    size_t size;       /* rounded request */
+    size_t alloc_size; /* size of a new classic segment */
+    CUstream stream;
+    struct bpool *pool;
+    struct block *block; /* the block found or made */
+};
+
+/* ---- block structs ----------------------------------------------------------------------- */
+
+struct block *alloc_block_new(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    struct block *b = d->spare;
+    if (b) {
+        d->spare = b->next;
+        memset(b, 0, sizeof *b);
+        return b;
+    }
+    return calloc(1, sizeof *b);
+}
+
+/* @p b must be in no index and have no pending events; its stream set is cleared here. The
+ * split on the fast path relies on this to reuse a spare struct without clearing it. */
+void alloc_block_delete(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    stream_set_clear(&b->uses);
+    b->next = d->spare;
+    d->spare = b;
+}
+
+/* ---- accounting for the other modules (alloc.h) ----------------------------------------- */
+
+void alloc_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
+{
+    lock_assert_held(&d->lock);
+    d->total_allocated_memory += bytes;
+    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
+    d->stats.num_device_alloc += (int64_t)pages;
+}
+
+void alloc_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
+{
+    lock_assert_held(&d->lock);
+    xseg_assert(bytes <= d->total_allocated_memory);
+    d->total_allocated_memory -= bytes;
+    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
+    d->stats.num_device_free += (int64_t)pages;
+}
+
+bool alloc_fraction_allows(const struct dev_alloc *d, size_t more)
+{
+    return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
+}
+
+void alloc_count_sync_all(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->stats.num_sync_all_streams++;
+}
+
+/* ---- configuration ----------------------------------------------------------------------- */
+
+static void apply_fraction(struct dev_alloc *d, double fraction)
+{
+    d->fraction = fraction;
+    if (fraction < 1.0) {
+        d->set_fraction = true;
+        d->allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
+    } else {
+        d->set_fraction = false;
+        d->allowed_memory_maximum = d->info.total_mem;
+    }
+}
+
+/* Device lock held, or @p d not yet published (alloc_create). */
+static void refresh_cfg_slow(struct dev_alloc *d)
+{
+    double old_fraction = d->cfg.per_process_memory_fraction;
+    bool first = d->cfg_gen == 0;
+    rt_cfg_copy(&d->cfg, &d->cfg_gen);
+    d->roundup_any = false;
+    for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++)
+        if (d->cfg.roundup_power2_divisions[i] > 1)
+            d->roundup_any = true;
+    d->use_expandable = d->cfg.expandable_segments && d->info.vmm_supported;
+    /* The config key sets the fraction when it changes; xseg_set_memory_fraction overrides it
+     * until the key changes again. */
+    if (first || d->cfg.per_process_memory_fraction != old_fraction)
+        apply_fraction(d, d->cfg.per_process_memory_fraction);
+    d->stats.max_split_size =
+        d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
+}
+
+static inline void refresh_cfg(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen))
+        refresh_cfg_slow(d);
+}
+
+xseg_status alloc_create(int device, struct dev_alloc **out)
+{
+    struct dev_alloc *d = calloc(1, sizeof *d);
+    if (!d)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d", device);
+    xseg_status st = drv_device_query(device, &d->info);
+    if (st != XSEG_SUCCESS) {
+        free(d);
+        return st;
+    }
+    lock_init(&d->lock);
+    d->device = device;
+    d->small.is_small = true;
+    d->small.stat_index = XSEG_STAT_SMALL_POOL;
+    d->large.stat_index = XSEG_STAT_LARGE_POOL;
+    refresh_cfg_slow(d);
+    if (d->cfg.expandable_segments && !d->info.vmm_supported)
+        fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
+                device);
+    *out = d;
+    return XSEG_SUCCESS;
+}
+
+/* ---- sizes ------------------------------------------------------------------------------- */
+
+static size_t roundup_power2_next_division(size_t size, unsigned divisions)
+{
+    if ((size & (size - 1)) == 0)
+        return size;
+    size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
+    size_t step = floor2 >> (31 - __builtin_clz(divisions));
+    if (step == 0)
+        return floor2 << 1;
+    size_t f = size & ~(step - 1);
+    return f == size ? size : f + step;
+}
+
+static inline size_t round_size(const struct dev_alloc *d, size_t size)
+{
+    if (size < BLOCK_MIN_SIZE)
+        return BLOCK_MIN_SIZE;
+    if (XSEG_UNLIKELY(d->roundup_any)) {
+        unsigned div = cfg_roundup_divisions(&d->cfg, size);
+        if (div > 1 && size > BLOCK_MIN_SIZE * div)
+            return roundup_power2_next_division(size, div);
+    }
+    return xseg_align_up(size, BLOCK_MIN_SIZE);
+}
+
+static size_t allocation_size(const struct dev_alloc *d, size_t size)
+{
+    if (size <= BLOCK_SMALL_SIZE)
+        return BLOCK_SMALL_BUFFER;
+    if (size < BLOCK_MIN_LARGE_ALLOC)
+        return d->cfg.large_segment_size;
+    return xseg_align_up(size, BLOCK_ROUND_LARGE);
+}
+
+/* ---- segments list ----------------------------------------------------------------------- */
+
+void alloc_seglist_add(struct dev_alloc *d, struct segrec *s)
+{
+    lock_assert_held(&d->lock);
+    s->prev_seg = NULL;
+    s->next_seg = d->segs;
+    if (d->segs)
+        d->segs->prev_seg = s;
+    d->segs = s;
+}
+
+void alloc_seglist_remove(struct dev_alloc *d, struct segrec *s)
+{
+    lock_assert_held(&d->lock);
+    if (s->prev_seg)
+        s->prev_seg->next_seg = s->next_seg;
+    else
+        d->segs = s->next_seg;
+    if (s->next_seg)
+        s->next_seg->prev_seg = s->prev_seg;
+}
+
+/* ---- capture ----------------------------------------------------------------------------- */
+
+static int stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st)
+{
+    lock_assert_held(&d->lock);
+    bool capturing = false;
+    if ((*st = drv_ctx_ensure(d->info.primary_ctx)) == XSEG_SUCCESS)
+        *st = vmm_stream_capturing(stream, d->device, &capturing);
+    return capturing;
+}
+
+static void capture_note(struct dev_alloc *d, CUstream stream)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < d->ncapturing; i++)
+        if (d->capturing[i] == stream)
+            return;
+    if (d->ncapturing == d->capcapturing) {
+        size_t ncap = d->capcapturing ? d->capcapturing * 2 : 4;
+        CUstream *p = realloc(d->capturing, ncap * sizeof *p);
+        if (!p)
+            return; /* only a hint; the slow path re-checks anyway */
+        d->capturing = p;
+        d->capcapturing = ncap;
+    }
+    d->capturing[d->ncapturing++] = stream;
+    alloc_fast_off(d);
+}
+
+bool alloc_capture_underway(struct dev_alloc *d, bool all_streams)
+{
+    lock_assert_held(&d->lock);
+    xseg_status st;
+    bool any = false;
+    if (d->nroutes)
+        return true; /* a pool records: take a capture to be underway without asking the driver */
+    for (size_t i = 0; i < d->ncapturing;) {
+        if (stream_capturing(d, d->capturing[i], &st)) {
+            any = true;
+            i++;
+        } else {
+            d->capturing[i] = d->capturing[--d->ncapturing];
+        }
+    }
+    if (!all_streams)
+        return any;
+    for (struct segrec *s = d->segs; s; s = s->next_seg) {
+        if (stream_capturing(d, s->stream, &st)) {
+            capture_note(d, s->stream);
+            any = true;
+        }
+    }
+    return any;
+}
+
+static xseg_status capture_error(CUstream stream)
+{
+    return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                   "allocation on stream %p during stream capture needs a private pool "
+                   "(xseg_begin_allocate_to_pool)", (void *)stream);
+}
+
+/* ---- statistics helpers ------------------------------------------------------------------ */
+
+static inline void stat_pool(xseg_stat_counter *arr, const struct bpool *p, int64_t delta)
+{
+    stat_add_pool(arr, p->stat_index, delta);
+}
+
+/* ---- free index lookups ------------------------------------------------------------------ */
+
+static inline size_t expandable_size(const struct block *b)
+{
+    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
+/* get_free_block's search past the first fit @p b when it is expandable; NULL when none fits. */
+static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_alloc *d, const struct alloc_params *p,
+                                                                   struct block *b)
+{
+    struct bpool *pool = p->pool;
+    if (d->use_expandable) {
+        /* For best fit, an expandable block counts with the unmapped space after it. */
+        struct block *n = bpool_next_free(pool, b);
+        while (b->expandable && n && n->stream == p->stream && expandable_size(n) < expandable_size(b)) {
+            b = n;
+            n = bpool_next_free(pool, b);
+        }
+    } else {
+        /* Expandable segments turned off: honour it by using classic blocks only. */
+        do {
+            b = bpool_next_free(pool, b);
+        } while (b && b->expandable && b->stream == p->stream);
+        if (!b || b->stream != p->stream)
+            return NULL;
+    }
+    return b;
+}
+
+/* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules. The block
+ * found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
+ * false when the search moved past the first fit and the predecessor is unknown. */
+static inline __attribute__((always_inline)) struct block *
+find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block **pred, bool *pred_ok)
+{
+    struct bpool *pool = p->pool;
+    if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
+        pool->get_free_blocks_call_count++;
+    struct block *next;
+    struct block *b = bpool_fit(pool, p->stream, p->size, pred, &next);
+    *pred_ok = true;
+    if (!b || b->stream != p->stream)
+        return NULL;
+    /* An expandable first fit stays the choice unless the next block of the stream counts less
+     * with its unmapped tail (find_expandable_fit goes on from there). */
+    if (b->expandable &&
+        (!d->use_expandable || (next && next->stream == p->stream && expandable_size(next) < expandable_size(b)))) {
+        struct block *first = b;
+        b = find_expandable_fit(d, p, b);
+        if (!b)
+            return NULL;
+        *pred_ok = b == first;
+    }
+    size_t msplit = d->cfg.max_split_size;
+    if (p->size < msplit && b->size >= msplit)
+        return NULL;
+    if (p->size >= msplit && b->size >= p->size + d->cfg.max_non_split_rounding)
+        return NULL;
+    return b;
+}
+/* get_free_block for the slow path: the block found is taken out of the free index. */
+static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
+{
+    struct block *pred;
+    bool pred_ok;
+    struct block *b = find_free_block(d, p, &pred, &pred_ok);
+    if (!b)
+        return false;
+    bpool_remove_free(p->pool, b);
+    p->block = b;
+    return true;
+}
+
+static inline bool should_split(const struct dev_alloc *d, const struct block *b, size_t size)
+{
+    size_t remaining = b->size - size;
+    if (b->pool->is_small || d->use_expandable)
+        return remaining >= BLOCK_MIN_SIZE;
+    return size < d->cfg.max_split_size && remaining > BLOCK_SMALL_SIZE;
+}
+
+/* Insert a free block into its pool's free index (resetting its GC clock). */
+static inline void pool_insert_free(struct bpool *pool, struct block *b)
+{
+    b->gc_count_base = pool->get_free_blocks_call_count;
+    bpool_insert_free(pool, b);
+}
+
+/* ---- merge / free ------------------------------------------------------------------------ */
+
+size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
+{
+    lock_assert_held(&d->lock);
+    if (!src || src->allocated || src->event_count > 0 || src->uses.n || dst->mapped != src->mapped)
+        return 0;
+    bpool_unindex(src);
+    if (dst->prev == src)
+        dst->addr = src->addr;
+    block_splice_out(src->seg, src->prev, src->next);
+    size_t sub = src->size;
+    dst->size += sub;
+    alloc_block_delete(d, src);
+    return sub;
+}
+
+/* The active counters of a block that stops being active (all paths of free_block). */
+static inline void account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
+{
+    stat_down_pool(d->stats.active, si, 1);
+    stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
+    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
+}
+
+/* free_block when b has no free neighbour or two: merge through alloc_try_merge, re-index. Out
+ * of line so that the common case keeps few registers live. */
+static __attribute__((noinline)) void free_block_general(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = b->pool;
+    size_t orig_size = b->size, requested = b->requested_size;
+    int64_t net_blocks = 0, net_bytes = 0;
+    struct block *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        size_t sub = alloc_try_merge(d, b, cands[i]);
+        if (sub) {
+            net_blocks -= 1;
+            net_bytes -= (int64_t)sub;
+        }
+    }
+    b->requested_size = 0;
+    pool_insert_free(pool, b);
+    if (block_is_split(b)) {
+        net_blocks += 1;
+        net_bytes += (int64_t)b->size;
+    }
+    /* inactive_split leaves expandable blocks out: their free pages can always be released. */
+    if (!b->expandable) {
+        if (net_blocks)
+            stat_pool(d->stats.inactive_split, pool, net_blocks);
+        if (net_bytes)
+            stat_pool(d->stats.inactive_split_bytes, pool, net_bytes);
+    }
+    account_inactive(d, pool->stat_index, orig_size, requested);
+}
+
+static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
+{
+    struct block *prev = b->prev, *next = b->next;
+    /* A neighbour in the free index (in_index && mapped) is free, mapped, with no events and no
+     * recorded streams: alloc_try_merge's rule holds for it (b is mapped). A mergeable neighbour
+     * outside every index does not exist while free_block runs, so "exactly one neighbour in the
+     * free index" is "exactly one can merge". */
+    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
+    if (XSEG_UNLIKELY(fp == fn)) {
+        free_block_general(d, b);
+        return;
+    }
+    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
+     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
+     * path (the merged block is the same range), with no treap remove/insert. */
+    struct bpool *pool = b->pool;
+    int si = pool->stat_index;
+    size_t orig_size = b->size, requested = b->requested_size;
+    struct block *keep = fn ? next : prev;
+    size_t keep_size = keep->size;
+    if (keep == next) {
+        bpool_free_grow(pool, next, b->addr, next->size + b->size);
+        block_splice_out(next->seg, prev, next); /* per branch: one of the two is known non-NULL */
+    } else {
+        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
+        block_splice_out(prev->seg, prev, next);
+    }
+    keep->gc_count_base = pool->get_free_blocks_call_count;
+    alloc_block_delete(d, b);
+    /* free_block_general's accounting with its signs known: keep was an inactive split block of
+     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
+     * spans its whole segment. */
+    if (!keep->expandable) {
+        if (XSEG_LIKELY(block_is_split(keep))) {
+            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)orig_size);
+        } else {
+            stat_down_pool(d->stats.inactive_split, si, 1);
+            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
+        }
+    }
+    account_inactive(d, si, orig_size, requested);
+}
+
+static void hist_free_completed(struct dev_alloc *d, struct block *b);
+
+/* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
+void alloc_free_block(struct dev_alloc *d, struct block *b)
+{
+    if (XSEG_UNLIKELY(b->recorded))
+        hist_free_completed(d, b);
+    free_block(d, b);
+}
+
+/* ---- classic segments -------------------------------------------------------------------- */
+
+/* cuMemAlloc a new segment for p (PyTorch's alloc_block, classic branch). Returns SUCCESS with
+ * p->block set, OUT_OF_MEMORY (recoverable), or another error. The lock may be dropped. */
+static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
+{
+    lock_assert_held(&d->lock);
+    size_t size = p->alloc_size;
+    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+        return XSEG_ERROR_DRIVER;
+    struct segrec *sr = calloc(1, sizeof *sr);
+    struct block *b = alloc_block_new(d);
+    if (!sr || !b) {
+        free(sr);
+        if (b)
+            alloc_block_delete(d, b);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
+    }
+    CUdeviceptr ptr = 0;
+    xseg_status st;
+    /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
+     * per thread, so dropping the lock is fine. */
+    bool relax = d->nroutes || d->ncapturing;
+    if (d->cfg.release_lock_on_cudamalloc) {
+        alloc_unlock(d);
+        st = classic_alloc(size, relax, d->device, &ptr);
+        lock_acquire(&d->lock);
+    } else {
+        st = classic_alloc(size, relax, d->device, &ptr);
+    }
+    if (st != XSEG_SUCCESS) {
+        free(sr);
+        alloc_block_delete(d, b);
+        return st;
+    }
+    d->total_allocated_memory += size;
+    b->addr = (uintptr_t)ptr;
+    b->size = size;
+    b->stream = p->stream;
+    b->pool = p->pool;
+    b->seg = sr;
+    b->mapped = true;
+    sr->first = b;
+    sr->last = b;
+    sr->pool = p->pool;
+    sr->stream = p->stream;
+    sr->size = size;
+    alloc_seglist_add(d, sr);
+    stat_pool(d->stats.segment, p->pool, 1);
+    stat_pool(d->stats.reserved_bytes, p->pool, (int64_t)size);
+    if (size >= d->cfg.max_split_size) {
+        sr->oversize = true;
+        stat_add(&d->stats.oversize_segments, 1);
+    }
+    d->stats.num_device_alloc++;
+    p->block = b;
+    if (XSEG_UNLIKELY(hist_mode()))
+        hist_record(HIST_SEGMENT_ALLOC, d->device, b->addr, size, (uintptr_t)p->stream, d->hist_cur);
+    obs_classic(d, b->addr, size, XSEG_SEGMENT_MAP); /* issue 15 */
+    return XSEG_SUCCESS;
+}
+
+/* cuMemFree an unsplit free classic block (in the free index) and its segment. */
+static xseg_status release_block(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+        return XSEG_ERROR_DRIVER;
+    obs_classic(d, b->addr, b->size, XSEG_SEGMENT_UNMAP); /* issue 15: before the memory goes */
+    xseg_status st = classic_free((CUdeviceptr)b->addr, d->device);
+    if (st != XSEG_SUCCESS) {
+        obs_classic(d, b->addr, b->size, XSEG_SEGMENT_MAP); /* still there after all */
+        return st;
+    }
+    struct segrec *sr = b->seg;
+    if (XSEG_UNLIKELY(hist_mode()))
+        hist_record(HIST_SEGMENT_FREE, d->device, b->addr, b->size, (uintptr_t)b->stream, d->hist_cur);
+    d->stats.num_device_free++;
+    d->total_allocated_memory -= b->size;
+    stat_pool(d->stats.segment, b->pool, -1);
+    stat_pool(d->stats.reserved_bytes, b->pool, -(int64_t)b->size);
+    if (sr->oversize)
+        stat_add(&d->stats.oversize_segments, -1);
+    bpool_remove_free(b->pool, b);
+    alloc_seglist_remove(d, sr);
+    free(sr);
+    alloc_block_delete(d, b);
+    return XSEG_SUCCESS;
+}
+
+/* PyTorch's alloc_block: the fraction limit, then a new classic segment or expandable room. */
+static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool is_retry)
+{
+    lock_assert_held(&d->lock);
+    if (is_retry)
+        d->stats.num_alloc_retries++;
+    if (d->use_expandable)
+        return exp_allocate(d, p->pool, p->stream, p->size, &p->block);
+    if (d->set_fraction && d->total_allocated_memory + p->alloc_size > d->allowed_memory_maximum)
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    return alloc_classic(d, p);
+}
+
+/* ---- releasing cached memory ------------------------------------------------------------- */
+
+static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
+{
+    lock_assert_held(&d->lock);
+    struct block **arr;
+    size_t n;
+    if (!bpool_collect_free(pool, &arr, &n))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
+    xseg_status first = XSEG_SUCCESS;
+    /* Classic first: unmapping splits expandable blocks, which changes the index under us. */
+    for (size_t i = 0; i < n; i++) {
+        struct block *b = arr[i];
+        if (!b->expandable && !block_is_split(b)) {
+            xseg_status st = release_block(d, b);
+            if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+                first = st;
+            arr[i] = NULL;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct block *b = arr[i];
+        if (b && b->expandable) {
+            xseg_status st = exp_unmap_block(d, b);
+            if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+                first = st;
+        }
+    }
+    free(arr);
+    return first;
+}
+
+xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool) { return release_blocks(d, pool); }
+
+xseg_status alloc_release_classic(struct dev_alloc *d, struct block *b) { return release_block(d, b); }
+
+/* PyTorch's release_cached_blocks: the default pools, then the private pools nobody uses any
+ * more. Nothing is released while a capture is underway on a stream the allocator knows (or a
+ * pool records). */
+/* Also retries what earlier driver failures left with the driver (stranded pages, unreleased
+ * handles, unfreed reservations: exp_reclaim_leftovers); its status goes to *@p left_st (NULL:
+ * ignored), so that the OOM path's retry does not depend on it. */
+static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st)
+{
+    lock_assert_held(&d->lock);
+    if (left_st)
+        *left_st = XSEG_SUCCESS;
+    if (alloc_capture_underway(d, true))
+        return XSEG_SUCCESS;
+    /* Earlier failures' leftovers first: what fails during this release is retried next time
+     * (an immediate retry would mostly meet the same failure). */
+    xseg_status st4 = exp_reclaim_leftovers(d);
+    if (left_st)
+        *left_st = st4;
+    ev_synchronize_all(d);
+    xseg_status st1 = release_blocks(d, &d->large);
+    xseg_status st2 = release_blocks(d, &d->small);
+    xseg_status st3 = d->pools ? pools_release_freeable(d) : XSEG_SUCCESS;
+    exp_release_empty_segments(d);
+    if (d->pools)
+        pools_reap(d);
+    return st1 != XSEG_SUCCESS ? st1 : st2 != XSEG_SUCCESS ? st2 : st3;
+}
+
+/* PyTorch's release_available_cached_blocks: with a max_split_size, free one oversize cached
+ * block that is large enough, else several oversize blocks, largest first. */
+static bool release_available_cached_blocks(struct dev_alloc *d, const struct alloc_params *p)
+{
+    lock_assert_held(&d->lock);
+    size_t msplit = d->cfg.max_split_size;
+    if (msplit == SIZE_MAX)
+        return false;
+    struct bpool *pool = p->pool;
+    size_t key = p->size < msplit ? msplit : p->size;
+    struct block *b = bpool_lower_bound(pool, p->stream, key, 0);
+    if (!b || b->stream != p->stream || b->expandable) {
+        size_t released = 0;
+        struct block *c = bpool_prev_free(pool, p->stream, key, 0);
+        while (c && released < key && c->size >= msplit && c->stream == p->stream) {
+            struct block *prevb = bpool_prev_free(pool, c->stream, c->size, c->addr);
+            if (!c->expandable && !block_is_split(c)) {
+                size_t sz = c->size;
+                if (release_block(d, c) == XSEG_SUCCESS)
+                    released += sz;
+            }
+            c = prevb;
+        }
+        return released >= key;
+    }
+    if (block_is_split(b))
+        return false;
+    return release_block(d, b) == XSEG_SUCCESS;
+}
+
+static inline uint64_t gc_age(const struct block *b)
+{
+    return b->pool->get_free_blocks_call_count - b->gc_count_base;
+}
+
+/* PyTorch's garbage_collect_cached_blocks: free aged unsplit classic blocks of the large pool
+ * until the reserve is back under threshold × allowed. */
+static void garbage_collect_cached_blocks(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->allowed_memory_maximum);
+    if (d->total_allocated_memory <= threshold)
+        return;
+    size_t target = d->total_allocated_memory - threshold, reclaimed = 0;
+    struct block **arr;
+    size_t n;
+    if (!bpool_collect_free(&d->large, &arr, &n))
+        return;
+    uint64_t total_age = 0;
+    size_t freeable = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!block_is_split(arr[i]) && !arr[i]->expandable) {
+            total_age += gc_age(arr[i]);
+            freeable++;
+        }
+    }
+    bool freed = true;
+    while (reclaimed < target && freed && freeable > 0) {
+        double age_threshold = (double)total_age / (double)freeable;
+        freed = false;
+        for (size_t i = 0; i < n; i++) {
+            struct block *b = arr[i];
+            if (!b || block_is_split(b) || b->expandable || (double)gc_age(b) < age_threshold)
+                continue;
+            uint64_t age = gc_age(b);
+            size_t sz = b->size;
+            if (release_block(d, b) != XSEG_SUCCESS)
+                continue;
+            arr[i] = NULL;
+            freed = true;
+            reclaimed += sz;
+            total_age -= age;
+            freeable--;
+        }
+    }
+    free(arr);
+}
+
+/* ---- malloc ------------------------------------------------------------------------------ */
+
+/* Hand out p->block: split off the remainder, account. @p indexed: the block is still in the free
+ * index with index predecessor @p pred (the fast path); else it was taken out of the index. */
+static inline __attribute__((always_inline)) struct block *
+alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size, bool indexed, const struct block *pred)
+{
+    struct block *b = p->block;
+    struct bpool *pool = p->pool;
+    int si = pool->stat_index;
+    bool already_split = block_is_split(b);
+    bool whole = true;
+    if (should_split(d, b, p->size)) {
+        /* The allocated front gets a new block struct; b stays the free remainder after it. An
+         * indexed b keeps its place in the free index unless its smaller key crosses its
+         * predecessor's (bpool_free_take_front): no treap remove/insert in the common case. */
+        struct block *a = d->spare;
+        if (XSEG_LIKELY(a))
+            d->spare = a->next;
+        else
+            a = calloc(1, sizeof *a);
+        if (a) {
+            whole = false;
+            /* A spare struct (or a calloc'd one) is in no index, has no events and an empty
+             * stream set (alloc_block_delete's contract); the index links and GC clock are
+             * written when it enters an index, and allocated / requested_size / oversize below.
+             * So only the range and its neighbours need writing here. */
+            a->addr = b->addr;
+            a->size = p->size;
+            a->stream = b->stream;
+            a->pool = pool;
+            a->seg = b->seg;
+            a->mapped = true;
+            a->expandable = b->expandable;
+            block_link_before(b, a);
+            b->gc_count_base = pool->get_free_blocks_call_count;
+            if (indexed) {
+                bpool_free_take_front(pool, b, p->size, pred);
+            } else {
+                b->addr += p->size;
+                b->size -= p->size;
+                bpool_insert_free(pool, b);
+            }
+            if (!b->expandable) {
+                if (already_split) {
+                    stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)a->size);
+                } else {
+                    stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
+                    stat_up_pool(d->stats.inactive_split, si, 1);
+                }
+            }
+            b = a;
+        }
+        /* else no host memory for a split: hand out the whole block */
+    }
+    if (whole) {
+        if (indexed)
+            bpool_remove_free(pool, b);
+        if (already_split && !b->expandable) {
+            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
+            stat_down_pool(d->stats.inactive_split, si, 1);
+        }
+    }
+    b->allocated = true;
+    b->requested_size = orig_size;
+    stat_up_pool(d->stats.allocation, si, 1);
+    stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->stats.active, si, 1);
+    stat_up_pool(d->stats.active_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
+    b->oversize = b->size >= d->cfg.max_split_size;
+    if (b->oversize)
+        stat_up(&d->stats.oversize_allocations, 1);
+    return b;
+}
+
+/* The free half of a malloc that could not record its pointer (host OOM): undo the accounting
+ * and return the block to the pool. */
+static void undo_alloc(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    b->allocated = false;
+    stat_pool(d->stats.allocation, b->pool, -1);
+    stat_pool(d->stats.allocated_bytes, b->pool, -(int64_t)b->size);
+    if (b->oversize)
+        stat_add(&d->stats.oversize_allocations, -1);
+    alloc_free_block(d, b);
+}
+
+/* The OOM report (PyTorch's): num_ooms, the history event, the observers, the OOM snapshot, then
+ * the message. Lock held on entry and on return; dropped around the observers and the snapshot
+ * (they may call xseg, and the snapshot takes every device's lock). */
+static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_size, CUstream stream)
+{
+    lock_assert_held(&d->lock);
+    size_t dfree = 0, dtotal = d->info.total_mem;
+    if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
+        (void)drv_mem_info(&dfree, &dtotal);
+    d->stats.num_ooms++;
+    size_t allocated = (size_t)stats_all_current(d->stats.allocated_bytes);
+    size_t reserved = (size_t)stats_all_current(d->stats.reserved_bytes);
+    /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
+     * replays, not releasable), counted with the allocated memory rather than the unallocated. */
+    size_t in_private = d->pools ? pools_cached_bytes(d) : 0;
+    bool set_fraction = d->set_fraction;
+    size_t allowed = d->allowed_memory_maximum;
+    bool expandable = d->use_expandable;
+    int device = d->device;
+    if (XSEG_UNLIKELY(hist_mode()))
+        hist_record(HIST_OOM, device, dfree, alloc_size, (uintptr_t)stream, d->hist_cur);
+
+    alloc_unlock(d);
+    /* Observers run first: they may call xseg (and overwrite this thread's message). */
+    rt_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
+    /* Then the OOM snapshot, when one is asked for (it takes every device's lock). */
+    char snap_info[640];
+    snapshot_on_oom(snap_info, sizeof snap_info);
+    lock_acquire(&d->lock);
+
+    char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32];
+    char allowed_info[64] = "", over[128] = "", private_info[96] = "";
+    if (in_private)
+        snprintf(private_info, sizeof private_info, "with %s allocated in private pools (e.g., CUDA Graphs), ",
+                 err_format_size(in_private, s_priv));
+    if (set_fraction)
+        snprintf(allowed_info, sizeof allowed_info, "%s allowed; ", err_format_size(allowed, s_allowed));
+    if (size > dtotal)
+        snprintf(over, sizeof over, " The request exceeds the device's total memory of %s.",
+                 err_format_size(dtotal, s_allowed));
+    return err_set(XSEG_ERROR_OUT_OF_MEMORY,
+                   "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of "
+                   "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
+                   "reserved by xseg but unallocated.%s%s%s",
+                   err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
+                   err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
+                   private_info, err_format_size(reserved - allocated - in_private, s_unalloc), over,
+                   expandable ? "" : " If reserved but unallocated memory is large try setting "
+                                     "expandable_segments:True to avoid fragmentation.",
+                   snap_info);
+}
+
+/* A malloc that history records: the stack captured before the lock was taken. */
+struct hist_mctx {
+    struct hstack *stack; /* the capture's reference (NULL once a block took it) */
+    bool cur_cleared;     /* d->hist_cur no longer points at it */
+};
+
+/* A recorded malloc succeeded (lock held): the event, and the block takes the capture's reference
+ * to its stack (HIST_STATE). The device's hist_cur stops pointing at it. */
+static __attribute__((noinline)) void hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h)
+{
+    if (d->hist_cur == h->stack)
+        d->hist_cur = NULL;
+    h->cur_cleared = true;
+    unsigned mode = hist_mode();
+    if (!mode)
+        return; /* stopped meanwhile */
+    b->recorded = true;
+    b->hist_stack = hist_on_malloc(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, &h->stack, mode);
+}
+
+/* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
+ * split, account, record the pointer. Lock held (and kept). */
+static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
+                                                                       size_t size, bool indexed,
+                                                                       const struct block *pred, void **out,
+                                                                       struct hist_mctx *h)
+{
+    struct block *b = alloc_found_block(d, p, size, indexed, pred);
+    if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
+        undo_alloc(d, b);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
+    }
+    if (h) /* a constant NULL on the fast path */
+        hist_on_alloc(d, b, h);
+    *out = (void *)b->addr;
+    return XSEG_SUCCESS;
+}
+
+/*
+ * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
+ * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
+ * miss; else a fit whose index predecessor it could not tell). Lock held on entry and on return;
+ * dropped only around the free-memory callbacks (step 2) and inside the OOM report (step 7).
+ */
+static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, struct alloc_params *p,
+                                                           bool searched, struct block *found, size_t size,
+                                                           void **out, struct hist_mctx *h)
+{
+    lock_assert_held(&d->lock);
+    /* 1. The cache: best fit on the stream, with the max_split_size rules (get_free_block). */
+    if (!searched) {
+        struct block *pred;
+        bool pred_ok;
+        found = find_free_block(d, p, &pred, &pred_ok);
+        if (found && pred_ok) {
+            p->block = found;
+            return malloc_finish(d, p, size, true, pred, out, h);
+        }
+    }
+    if (found) {
+        bpool_remove_free(p->pool, found);
+        p->block = found;
+        return malloc_finish(d, p, size, false, NULL, out, h);
+    }
+
+    /* A request the device (or the memory fraction) can never hold fails here, before any
+     * segment metadata is sized for it (2^54 bytes would cost gigabytes of page tables) and
+     * before the OOM path empties the cache for nothing. */
+    p->alloc_size = allocation_size(d, p->size);
+    size_t limit = d->set_fraction ? d->allowed_memory_maximum : d->info.total_mem;
+    if (XSEG_UNLIKELY(size > limit))
+        return out_of_memory(d, p->size, p->alloc_size, p->stream);
+    /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
+    xseg_status st = XSEG_SUCCESS;
+    if (!alloc_pool_owner(d, p->pool) && stream_capturing(d, p->stream, &st)) {
+        capture_note(d, p->stream);
+        return capture_error(p->stream);
+    }
+    if (st != XSEG_SUCCESS)
+        return st;
+
+    /* 2. Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
+    if (rt_have_free_memory_callbacks()) {
+        alloc_unlock(d);
+        int freed = rt_run_free_memory_callbacks(d->device, p->size);
+        lock_acquire(&d->lock);
+        if (freed && get_free_block(d, p))
+            return malloc_finish(d, p, size, false, NULL, out, h);
+    }
+
+    /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
+    if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
+        garbage_collect_cached_blocks(d);
+
+    /* 4. A new segment (classic), or room in an expandable one. */
+    st = alloc_block(d, p, false);
+    /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
+    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d, true);
+
+    /* 5. Release one cached oversize block large enough (or several), then allocate. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p))
+        st = alloc_block(d, p, false);
+
+    /* 6. Release every cached block (empty_cache), then allocate once more. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
+        xseg_status rs = release_cached_blocks(d, NULL);
+        if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
+            st = alloc_block(d, p, true);
+    }
+
+    /* 7. Out of memory: observers, then the message. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY)
+        return out_of_memory(d, p->size, p->alloc_size, p->stream);
+    if (st != XSEG_SUCCESS)
+        return st;
+    /* A cache miss went to the driver anyway: keep the cache within release_threshold_mb by giving
+     * back runs of streams known idle (no wait; core/trim.h). p->block is out of the free index,
+     * so it cannot be a candidate. */
+    if (XSEG_UNLIKELY(d->cfg.release_threshold != SIZE_MAX))
+        trim_threshold(d, p->size);
+    return malloc_finish(d, p, size, false, NULL, out, h);
+}
+
+/* Everything before the search that a plain malloc does not need: a new config, streams seen
+ * capturing and routes to private pools (which choose the pool), pending events and deferred
+ * frees, capture reuse, roundup_power2_divisions. Resolves @p p. Fails for an allocation on a
+ * capturing stream that no pool takes. */
+static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream stream, struct alloc_params *p)
+{
+    lock_assert_held(&d->lock);
+    refresh_cfg(d);
+    struct priv_pool *priv = NULL;
+    if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
+        xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
+        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d, false) &&
+            stream_capturing(d, stream, &ignored)) {
+            capture_note(d, stream);
+            st = capture_error(stream);
+        }
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
+    if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes) {
+        size_t pending = d->pending_events + d->ndeferred;
+        ev_process(d);
+        /* Events completed: work is known done, a point for release_threshold_mb (core/trim.h). */
+        if (d->cfg.release_threshold != SIZE_MAX && d->pending_events < pending)
+            trim_threshold(d, 0);
+    } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
+        capreuse_free_safe(d, stream); /* during a capture: blocks the graph lets us reuse */
+    }
+    if (XSEG_UNLIKELY(d->cr.nwalks) && !d->ncapturing && !d->nroutes)
+        capreuse_reset(d); /* the walks of captures that are over */
+    if (XSEG_UNLIKELY(d->cfg.idle_release_ms))
+        trim_idle_tick(d);
+    alloc_fast_update(d);
+
+    p->size = round_size(d, size);
+    p->pool = p->size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
+    if (XSEG_UNLIKELY(priv))
+        p->pool = p->size <= BLOCK_SMALL_SIZE ? &priv->small : &priv->large;
+    p->stream = stream;
+    p->block = NULL;
+    return XSEG_SUCCESS;
+}
+
+/* The rounding of the fast path (no roundup_power2_divisions: the permit excludes them). */
+static inline size_t round_plain(size_t size)
+{
+    return size < BLOCK_MIN_SIZE ? BLOCK_MIN_SIZE : xseg_align_up(size, BLOCK_MIN_SIZE);
+}
+
+/* Every malloc the fast path does not finish: @p searched, it searched the cache under the permit
+ * and found @p found (NULL: a miss; else a fit whose index predecessor it could not tell); else
+ * the permit was off, and history's stack and the rare conditions come first. Then the policy.
+ * Lock held on entry and on return (dropped while history captures the stack: the stack
+ * callback may take its time). Scalars only, so the fast path keeps its request in registers. */
+static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, size_t size, CUstream stream,
+                                                         bool searched, struct block *found, void **out)
+{
+    lock_assert_held(&d->lock);
+    struct alloc_params p;
+    if (searched) {
+        p.size = round_plain(size);
+        p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
+        p.stream = stream;
+        p.block = NULL;
+        return malloc_policy(d, &p, true, found, size, out, NULL);
+    }
+    struct hist_mctx h = {NULL, false}, *hp = NULL;
+    struct hstack *cur = NULL;
+    if (XSEG_UNLIKELY(hist_mode())) {
+        alloc_unlock(d);
+        h.stack = cur = hist_capture();
+        lock_acquire(&d->lock);
+        d->hist_cur = cur; /* the segment events of this malloc take it from here */
+        hp = &h;
+    }
+    xseg_status st = malloc_prepare(d, size, stream, &p);
+    if (st == XSEG_SUCCESS) {
+        /* Sizes near SIZE_MAX cannot be rounded (p.size is meaningless); no device holds them. */
+        if (XSEG_UNLIKELY(size > ((size_t)1 << 62)))
+            st = out_of_memory(d, size, size, stream);
+        else
+            st = malloc_policy(d, &p, false, NULL, size, out, hp);
+    }
+    if (hp) {
+        if (cur && !h.cur_cleared && d->hist_cur == cur) /* failed: hist_on_alloc did not run */
+            d->hist_cur = NULL;
+        hist_stack_unref(h.stack); /* unless the block took it; the events hold their own */
+    }
+    return st;
+}
+
+/*
+ * malloc. The device lock is taken and given back here only. The fast path is the policy's
+ * first step minus the rare conditions, which malloc_slow handles: a best-fit search, a split
+ * that leaves the remainder in its index place, statistics, one hash insert. No driver call, no
+ * allocation (block structs come from the spare list), no atomic read-modify-write besides the
+ * lock's compare-exchange. A miss goes on to malloc_policy's later steps.
+ */
+xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    xseg_status st;
+    lock_acquire(&d->lock);
+    /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
+    if (XSEG_LIKELY(rt_cfg_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
+        struct alloc_params p;
+        p.size = round_plain(size);
+        p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
+        p.stream = stream;
+        struct block *pred;
+        bool pred_ok;
+        struct block *b = find_free_block(d, &p, &pred, &pred_ok);
+        if (XSEG_LIKELY(b && pred_ok)) {
+            p.block = b;
+            st = malloc_finish(d, &p, size, true, pred, out, NULL);
+        } else {
+            st = malloc_slow(d, size, stream, true, b, out);
+        }
+    } else {
+        st = malloc_slow(d, size, stream, false, NULL, out);
+    }
+    alloc_unlock(d);
+    return st;
+}
+
+/* ---- free / record_stream ---------------------------------------------------------------- */
+
+/* The free of a recorded block is complete (its memory may be reused): the event, and the block
+ * lets its stack go. */
+static void hist_free_completed(struct dev_alloc *d, struct block *b)
+{
+    hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
+    b->hist_stack = NULL;
+    b->recorded = false;
+}
+
+/* xseg_free of a recorded block (lock held): free_requested, and free_completed unless the free
+ * waits for other streams (then alloc_free_block completes it). */
+static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
+{
+    bool completed = !b->uses.n;
+    hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, true, completed);
+    if (completed) {
+        b->hist_stack = NULL;
+        b->recorded = false;
+    }
+}
+
+/* The rest of free_ptr for a block counted oversize or recorded by history (lock held, kept). */
+static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (b->oversize) {
+        stat_down(&d->stats.oversize_allocations, 1);
+        b->oversize = false;
+    }
+    if (b->recorded)
+        hist_free_requested(d, b);
+    xseg_status st = XSEG_SUCCESS;
+    if (b->uses.n) {
+        refresh_cfg(d);
+        st = ev_insert(d, b);
+    } else {
+        free_block(d, b);
+    }
+    return st;
+}
+
+/* free. The device lock is taken and given back here only. */
+static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    lock_acquire(&d->lock);
+    struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
+    if (!b) {
+        alloc_unlock(d);
+        *owned = false;
+        return XSEG_SUCCESS;
+    }
+    *owned = true;
+    b->allocated = false;
+    stat_down_pool(d->stats.allocation, b->pool->stat_index, 1);
+    stat_down_pool(d->stats.allocated_bytes, b->pool->stat_index, (int64_t)b->size);
+    /* oversize and recorded in one test (struct block's free_slow), handled out of line with the
+     * rest of the free: a call on this path would make the compiler reload the block's fields
+     * after it. */
+    xseg_status st = XSEG_SUCCESS;
+    if (XSEG_UNLIKELY(b->free_slow)) {
+        st = free_ptr_rare(d, b);
+    } else if (XSEG_UNLIKELY(b->uses.n)) {
+        refresh_cfg(d);
+        st = ev_insert(d, b);
+    } else {
+        free_block(d, b);
+    }
+    alloc_unlock(d);
+    return st;
+}
+
+xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned) { return free_ptr(d, ptr, owned); }
+
+xseg_status alloc_free_unknown(void *ptr)
+{
+    return err_set(XSEG_ERROR_INVALID_VALUE,
+                   "xseg_free: pointer %p was not returned by xseg_malloc or was freed already", ptr);
+}
+
+xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr)
+{
+    bool owned;
+    xseg_status st = free_ptr(d, ptr, &owned);
+    if (XSEG_UNLIKELY(!owned))
+        return alloc_free_unknown(ptr);
+    return st;
+}
+
+xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned)
+{
+    lock_acquire(&d->lock);
+    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
+    if (!b) {
+        alloc_unlock(d);
+        *owned = false;
+        return XSEG_SUCCESS;
+    }
+    *owned = true;
+    xseg_status st = XSEG_SUCCESS;
+    if (stream != b->stream && !stream_set_has(&b->uses, stream)) {
+        /* A destroyed or bogus stream is refused now, with nothing recorded: at the free it could
+         * only be waited for through a context synchronize. */
+        st = drv_ctx_ensure(d->info.primary_ctx);
+        if (st == XSEG_SUCCESS)
+            st = vstream_check(stream, "xseg_record_stream");
+        if (st == XSEG_SUCCESS && !stream_set_add(&b->uses, stream))
+            st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
+    }
+    alloc_unlock(d);
+    return st;
+}
+
+/* ---- empty_cache, fraction, stats, peers ------------------------------------------------- */
+
+xseg_status alloc_empty_cache(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    refresh_cfg(d);
+    xseg_status left_st;
+    xseg_status st = release_cached_blocks(d, &left_st);
+    if (st == XSEG_SUCCESS && left_st != XSEG_SUCCESS) {
+        /* Everything cached went back; only an earlier failure's leftover is still stuck. */
+        st = left_st;
+        err_prefix(st, "empty_cache: memory kept from an earlier driver failure could not be given back yet");
+    }
+    alloc_unlock(d);
+    return st;
+}
+
+void alloc_lock(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    refresh_cfg(d);
+}
+
+xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
+{
+    lock_acquire(&d->lock);
+    refresh_cfg(d);
+    apply_fraction(d, fraction);
+    alloc_unlock(d);
+    return XSEG_SUCCESS;
+}
+
+void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
+{
+    lock_acquire(&d->lock);
+    refresh_cfg(d);
+    *out = d->stats;
+    alloc_unlock(d);
+    stats_fill_all(out);
+}
+
+void alloc_reset_peaks(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    stats_fill_all(&d->stats);
+    stats_reset_peaks(&d->stats);
+    alloc_unlock(d);
+}
+
+xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
+{
+    lock_acquire(&d->lock);
+    for (int i = 0; i < d->npeers; i++) {
+        if (d->peers[i] == peer) {
+            alloc_unlock(d);
+            return XSEG_SUCCESS;
+        }
+    }
+    xseg_status st = XSEG_SUCCESS;
+    for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg)
+        if (s->vseg)
+            st = seg_add_peer(s->vseg, peer);
+    if (st == XSEG_SUCCESS && d->npeers < ALLOC_MAX_DEVICES)
+        d->peers[d->npeers++] = peer;
+    alloc_unlock(d);
+    return st;
+}
+
+/* ---- snapshot ---------------------------------------------------------------------------- */
+
+static xseg_status snap_push(struct snap_acc *a, xseg_segment_info *si, struct hstack **stacks)
+{
+    if (a->n == a->cap) {
+        size_t ncap = a->cap ? a->cap * 2 : 16;
+        xseg_segment_info *p = realloc(a->segs, ncap * sizeof *p);
+        if (!p)
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+        a->segs = p;
+        if (a->with_stacks) {
+            struct hstack ***q = realloc(a->stacks, ncap * sizeof *q);
+            if (!q)
+                return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+            a->stacks = q;
+        }
+        a->cap = ncap;
+    }
+    if (a->with_stacks)
+        a->stacks[a->n] = stacks;
+    a->segs[a->n++] = *si;
+    return XSEG_SUCCESS;
+}
+
+void snap_acc_free(struct snap_acc *a)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        if (a->with_stacks && a->stacks[i]) {
+            for (size_t j = 0; j < a->segs[i].nblocks; j++)
+                hist_stack_unref(a->stacks[i][j]);
+            free(a->stacks[i]);
+        }
+        free(a->segs[i].blocks);
+    }
+    free(a->segs);
+    free(a->stacks);
+    memset(a, 0, sizeof *a);
+}
+
+/* One snapshot entry for blocks [from, to) of a segment (to exclusive, may be NULL). */
+static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct block *from, struct block *to,
+                              struct snap_acc *a)
+{
+    xseg_segment_info si;
+    memset(&si, 0, sizeof si);
+    size_t nb = 0;
+    for (struct block *b = from; b != to; b = b->next)
+        nb++;
+    si.blocks = calloc(nb ? nb : 1, sizeof *si.blocks);
+    struct hstack **stacks = a->with_stacks ? calloc(nb ? nb : 1, sizeof *stacks) : NULL;
+    if (!si.blocks || (a->with_stacks && !stacks)) {
+        free(si.blocks);
+        free(stacks);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+    }
+    si.device = d->device;
+    si.address = from->addr;
+    si.stream = s->stream;
+    si.is_large = !s->pool->is_small;
+    si.is_expandable = s->vseg != NULL;
+    const struct priv_pool *owner = alloc_pool_owner(d, s->pool);
+    if (owner) {
+        si.pool_id[0] = owner->id.first;
+        si.pool_id[1] = owner->id.second;
+    }
+    for (struct block *b = from; b != to; b = b->next) {
+        if (stacks && b->recorded && b->hist_stack) {
+            hist_stack_ref(b->hist_stack);
+            stacks[si.nblocks] = b->hist_stack;
+        }
+        xseg_block_info *bi = &si.blocks[si.nblocks++];
+        bi->address = b->addr;
+        bi->size = b->size;
+        si.total_size += b->size;
+        if (b->allocated) {
+            bi->state = XSEG_BLOCK_ACTIVE_ALLOCATED;
+            bi->requested_size = b->requested_size;
+            si.allocated_size += b->size;
+            si.active_size += b->size;
+            si.requested_size += b->requested_size;
+        } else if (b->event_count > 0 || b->uses.n) {
+            bi->state = XSEG_BLOCK_ACTIVE_PENDING_FREE;
+            bi->requested_size = b->requested_size;
+            si.active_size += b->size;
+            si.requested_size += b->requested_size;
+        } else {
+            bi->state = XSEG_BLOCK_INACTIVE;
+        }
+    }
+    xseg_status st = snap_push(a, &si, stacks);
+    if (st != XSEG_SUCCESS) {
+        if (stacks)
+            for (size_t j = 0; j < si.nblocks; j++)
+                hist_stack_unref(stacks[j]);
+        free(stacks);
+        free(si.blocks);
+    }
+    return st;
+}
+
+xseg_status alloc_snapshot(struct dev_alloc *d, struct snap_acc *a)
+{
+    xseg_status st = XSEG_SUCCESS;
+    lock_acquire(&d->lock);
+    for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
+        if (!s->vseg) {
+            st = snap_range(d, s, s->first, NULL, a);
+            continue;
+        }
+        /* Expandable: one entry per maximal run of mapped blocks. */
+        struct block *b = s->first;
+        while (b && st == XSEG_SUCCESS) {
+            if (!b->mapped) {
+                b = b->next;
+                continue;
+            }
+            struct block *e = b;
+            while (e && e->mapped)
+                e = e->next;
+            st = snap_range(d, s, b, e, a);
+            b = e;
+        }
+    }
+    alloc_unlock(d);
+    return st;
+}
+
+/* ---- history ----------------------------------------------------------------------------- */
+
+void alloc_history_start(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    alloc_fast_off(d);
+    for (size_t i = 0; i < d->live.cap; i++) {
+        struct block *b = d->live.keys[i] ? d->live.vals[i] : NULL;
+        if (b && !b->recorded) {
+            b->recorded = true;
+            b->hist_stack = NULL;
+        }
+    }
+    alloc_unlock(d);
+}
+
+size_t alloc_active_bytes(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    size_t n = (size_t)stats_all_current(d->stats.active_bytes);
+    alloc_unlock(d);
+    return n;
+}

@@ -1,0 +1,374 @@
+/*
+ * Blocks and block pools: the host-side metadata of the caching allocator.
+ *
+ * A block is a byte range [addr, addr + size) of one segment. The blocks of a segment form a
+ * doubly linked list in address order (prev/next) that tiles the segment exactly. A block is
+ * allocated (handed out), pending (freed but waiting for events on other streams), free and
+ * mapped (cached, in its pool's free index), or — in an expandable segment only — unmapped (no
+ * physical page behind it, in its pool's unmapped index).
+ *
+ * Indexes are treaps (randomized balanced search trees) threaded through the blocks themselves,
+ * so inserting or removing a block never allocates:
+ *   - bpool.free:     free mapped blocks ordered by (stream, size, addr): best fit on the same
+ *                     stream is one lower_bound (PyTorch's BlockPool::blocks);
+ *   - bpool.unmapped: unmapped blocks ordered by (stream, addr) (PyTorch's BlockPool::unmapped).
+ * A block is in at most one index at a time.
+ *
+ * The live map (ptrmap) finds the block of an allocated pointer for free and record_stream.
+ *
+ * Locking: everything here belongs to one device allocator and is used under its mutex.
+ */
+#ifndef XSEG_CORE_BLOCK_H
+#define XSEG_CORE_BLOCK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cuda.h>
+
+#include "base/common.h"
+
+#define BLOCK_MIN_SIZE ((size_t)512)               /* kMinBlockSize: rounding unit */
+#define BLOCK_SMALL_SIZE XSEG_MiB                  /* kSmallSize: largest small-pool request */
+#define BLOCK_SMALL_BUFFER (2 * XSEG_MiB)          /* kSmallBuffer: small-pool segment/page size */
+#define BLOCK_MIN_LARGE_ALLOC (10 * XSEG_MiB)      /* kMinLargeAlloc */
+#define BLOCK_ROUND_LARGE (2 * XSEG_MiB)           /* kRoundLarge */
+
+struct segrec;
+struct bpool;
+struct hstack;
+
+/* Streams a block was recorded on besides its own (record_stream). Two inline slots cover
+ * almost every use; more spill to a heap array. */
+struct stream_set {
+    unsigned n, cap;
+    CUstream inl[2];
+    CUstream *heap; /* when cap > 2 */
+};
+
+struct block {
+    uintptr_t addr;
+    size_t size;
+    size_t requested_size; /* bytes the caller asked for, while allocated or pending */
+    CUstream stream;       /* the stream it was allocated on; reused only there */
+    struct bpool *pool;
+    struct segrec *seg;    /* the segment it lives in */
+    struct block *prev, *next; /* neighbours in the segment, address order */
+    /* index linkage (free or unmapped treap) */
+    struct block *left, *right;
+    uint32_t prio;
+    bool allocated;
+    bool mapped;     /* always true in classic segments */
+    bool expandable; /* == (seg->vseg != NULL); cached for the hot path */
+    bool in_index;   /* in pool->free or pool->unmapped */
+    /* What a free must do besides the common work, tested as one word (free_slow): */
+    union {
+        struct {
+            bool oversize; /* counted in oversize_allocations (decided at allocation time) */
+            bool recorded; /* allocated or pending while history recorded (core/history.h): its
+                            * free is recorded; hist_stack holds a reference. Only ever set on
+                            * allocated / pending blocks, so spare structs have it clear. */
+        };
+        uint16_t free_slow;
+    };
+    int event_count; /* events still pending before this block can be freed */
+    struct stream_set uses;
+    uint64_t gc_count_base;
+    struct hstack *hist_stack; /* the allocation's stack (history on; valid while `recorded`) */
+};
+
+/* A segment: one cuMemAlloc range (classic) or one expandable VA range (vseg != NULL). */
+struct segrec {
+    struct block *first; /* lowest-address block; kept current by block_link helpers */
+    struct seg *vseg;    /* expandable segment (vmm/segment.h) or NULL */
+    struct bpool *pool;
+    CUstream stream;
+    struct block *last;  /* highest-address block (expandable segments only) */
+    size_t size;         /* classic: bytes; expandable: VA bytes covered by blocks */
+    bool oversize;       /* counted in oversize_segments */
+    struct segrec *prev_seg, *next_seg; /* device's segment list */
+    uint64_t seq;        /* expandable: creation order on its device (1, 2, ...), a stable
+                          * order where virtual addresses differ from run to run */
+};
+
+/* One block pool: small or large (private pools will add more). */
+struct bpool {
+    struct block *free;     /* treap root, key (stream, size, addr) */
+    struct block *unmapped; /* treap root, key (stream, addr) */
+    bool is_small;
+    int stat_index;         /* XSEG_STAT_SMALL_POOL or XSEG_STAT_LARGE_POOL */
+    uint64_t get_free_blocks_call_count; /* garbage-collection clock */
+    size_t nfree;           /* blocks in the free index */
+    /* Idle reclaim (core/trim.c): free blocks whose gc_count_base is below this have been idle
+     * for idle_release_ms (the idle ticks advance get_free_blocks_call_count); 0: none known. */
+    uint64_t idle_mark;
+    /* The last ticks: at time tick_ns[i] the clock read tick_count[i] (then advanced by one). */
+#define BPOOL_IDLE_TICKS 8
+    uint64_t tick_ns[BPOOL_IDLE_TICKS], tick_count[BPOOL_IDLE_TICKS];
+    unsigned tick_next;
+};
+
+static inline bool block_is_split(const struct block *b) { return b->prev || b->next; }
+
+/* ---- neighbour splicing: the one place the address-ordered block list of a segment is edited.
+ * Each keeps the segment's first/last current (the tiling that dev_check verifies). */
+
+/* A block leaves segment @p s's list: its neighbours @p prev and @p next (either may be NULL)
+ * now link to each other. The caller has moved or absorbed its bytes. */
+static inline void block_splice_out(struct segrec *s, struct block *prev, struct block *next)
+{
+    if (prev)
+        prev->next = next;
+    else
+        s->first = next;
+    if (next)
+        next->prev = prev;
+    else
+        s->last = prev;
+}
+
+/* Link @p n (same segment, not yet linked) just before @p b. */
+static inline void block_link_before(struct block *b, struct block *n)
+{
+    n->prev = b->prev;
+    n->next = b;
+    if (n->prev)
+        n->prev->next = n;
+    else
+        n->seg->first = n;
+    b->prev = n;
+}
+
+/* Link @p n (same segment, not yet linked) just after @p b. */
+static inline void block_link_after(struct block *b, struct block *n)
+{
+    n->prev = b;
+    n->next = b->next;
+    if (n->next)
+        n->next->prev = n;
+    else
+        b->seg->last = n;
+    b->next = n;
+}
+
+/* Key order of the free index: (stream, size, addr). */
+static inline bool bkey_less(uintptr_t s1, size_t z1, uintptr_t a1, uintptr_t s2, size_t z2, uintptr_t a2)
+{
+    if (s1 != s2)
+        return s1 < s2;
+    if (z1 != z2)
+        return z1 < z2;
+    return a1 < a2;
+}
+
+/* Free index. */
+void bpool_insert_free(struct bpool *p, struct block *b);
+void bpool_remove_free(struct bpool *p, struct block *b);
+/* The first free block with key >= (stream, size, addr), or NULL. */
+struct block *bpool_lower_bound(const struct bpool *p, CUstream stream, size_t size, uintptr_t addr);
+/* The next free block after @p b in index order, or NULL. */
+struct block *bpool_next_free(const struct bpool *p, const struct block *b);
+/* The last free block with key < (stream, size, addr), or NULL. */
+struct block *bpool_prev_free(const struct bpool *p, CUstream stream, size_t size, uintptr_t addr);
+/*
+ * Best fit for the fast path: the first free block with key >= (stream, size, 0), as
+ * bpool_lower_bound, with its index neighbours: *pred the last block with a smaller key (NULL:
+ * none), and *next the block after it in index order (NULL: none). One descent: the last node
+ * where it turns right is the predecessor; the successor is the leftmost block of the result's
+ * right subtree or else the last node where the descent turned left before reaching the result.
+ */
+static inline struct block *bpool_fit(const struct bpool *p, CUstream stream, size_t size, struct block **pred,
+                                      struct block **next)
+{
+    struct block *t = p->free, *res = NULL, *lo = NULL, *up = NULL;
+    while (t) {
+        /* key(t) < (stream, size, 0): addresses are never below 0. */
+        if ((uintptr_t)t->stream < (uintptr_t)stream || (t->stream == stream && t->size < size)) {
+            lo = t;
+            t = t->right;
+        } else {
+            up = res;
+            res = t;
+            t = t->left;
+        }
+    }
+    *pred = lo;
+    if (res && res->right) {
+        for (up = res->right; up->left;)
+            up = up->left;
+    }
+    *next = up;
+    return res;
+}
+
+/* Give free block @p b (in the free index) the key (stream, @p size, @p addr): removed and
+ * re-inserted (the general case of the two functions below). */
+void bpool_rekey_free(struct bpool *p, struct block *b, uintptr_t addr, size_t size);
+
+/*
+ * Free block @p b (in the free index; @p pred its index predecessor or NULL, as bpool_fit gives
+ * it) hands its first @p n bytes out (n < b->size): it becomes [addr + n, addr + size). Its key
+ * only decreases (same stream, smaller size), so only the predecessor can be crossed: while the
+ * new key stays above it, the block keeps its place in the index and nothing is re-linked.
+ */
+static inline void bpool_free_take_front(struct bpool *p, struct block *b, size_t n, const struct block *pred)
+{
+    uintptr_t na = b->addr + n;
+    size_t nz = b->size - n;
+    if (!pred || bkey_less((uintptr_t)pred->stream, pred->size, pred->addr, (uintptr_t)b->stream, nz, na)) {
+        b->addr = na;
+        b->size = nz;
+    } else {
+        bpool_rekey_free(p, b, na, nz);
+    }
+}
+
+/*
+ * Free block @p b (in the free index) grows to [addr, addr + size) with size > b->size (a merge
+ * with a neighbour being freed). Its key only increases, so only the successor can be crossed:
+ * in place while the new key stays below it, else re-inserted.
+ */
+static inline void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t addr, size_t size)
+{
+    /* The successor: the leftmost block of the right subtree, else the last ancestor where the
+     * descent to b turns left. */
+    struct block *succ = NULL;
+    if (b->right) {
+        for (succ = b->right; succ->left;)
+            succ = succ->left;
+    } else {
+        for (struct block *t = p->free; t != b;) {
+            if (XSEG_UNLIKELY(!t))
+                abort(); /* index corrupted: the block is not where its key says */
+            if (bkey_less((uintptr_t)b->stream, b->size, b->addr, (uintptr_t)t->stream, t->size, t->addr)) {
+                succ = t;
+                t = t->left;
+            } else {
+                t = t->right;
+            }
+        }
+    }
+    if (!succ || bkey_less((uintptr_t)b->stream, size, addr, (uintptr_t)succ->stream, succ->size, succ->addr)) {
+        b->addr = addr;
+        b->size = size;
+    } else {
+        bpool_rekey_free(p, b, addr, size);
+    }
+}
+
+/* Every free block, in index order, into a malloc'd array (*out, *n). Returns false on ENOMEM. */
+bool bpool_collect_free(const struct bpool *p, struct block ***out, size_t *n);
+
+/* Unmapped index. */
+void bpool_insert_unmapped(struct bpool *p, struct block *b);
+void bpool_remove_unmapped(struct bpool *p, struct block *b);
+/* The first unmapped block with key >= (stream, addr), or NULL. */
+struct block *bpool_unmapped_lower_bound(const struct bpool *p, CUstream stream, uintptr_t addr);
+
+/* Remove @p b from whichever index holds it (no-op when none). */
+void bpool_unindex(struct block *b);
+
+/* Stream sets. */
+bool stream_set_add(struct stream_set *s, CUstream st); /* false on ENOMEM */
+static inline void stream_set_clear(struct stream_set *s)
+{
+    if (XSEG_UNLIKELY(s->cap > 2))
+        free(s->heap);
+    *s = (struct stream_set){0};
+}
+static inline CUstream stream_set_get(const struct stream_set *s, unsigned i)
+{
+    return s->cap > 2 ? s->heap[i] : s->inl[i];
+}
+static inline bool stream_set_has(const struct stream_set *s, CUstream st)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (stream_set_get(s, i) == st)
+            return true;
+    return false;
+}
+
+/*
+ * Live map: allocated address -> block. Open addressing, linear probing, backward-shift
+ * deletion; keys are 512-byte aligned device addresses (never 0).
+ */
+struct ptrmap {
+    uintptr_t *keys;
+    struct block **vals;
+    size_t cap;   /* power of two, or 0 */
+    size_t count;
+};
+
+static inline size_t ptrmap_hash(uintptr_t key, size_t mask)
+{
+    uint64_t h = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 29) & mask;
+}
+
+/* Double the table (or create it). False on ENOMEM, the map unchanged. */
+bool ptrmap_grow(struct ptrmap *m);
+
+/* Map @p key to @p b (replacing an existing entry). False on ENOMEM, the map unchanged. */
+static inline bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
+{
+    if (XSEG_UNLIKELY((m->count + 1) * 2 > m->cap) && !ptrmap_grow(m))
+        return false;
+    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
+    while (m->keys[i] && m->keys[i] != key)
+        i = (i + 1) & mask;
+    if (!m->keys[i])
+        m->count++;
+    m->keys[i] = key;
+    m->vals[i] = b;
+    return true;
+}
+
+static inline struct block *ptrmap_get(const struct ptrmap *m, uintptr_t key)
+{
+    if (!m->cap || !key)
+        return NULL;
+    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
+    while (m->keys[i]) {
+        if (m->keys[i] == key)
+            return m->vals[i];
+        i = (i + 1) & mask;
+    }
+    return NULL;
+}
+
+/* Remove @p key; its block, or NULL when absent. */
+static inline struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
+{
+    if (!m->cap || !key)
+        return NULL;
+    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
+    while (m->keys[i] != key) {
+        if (!m->keys[i])
+            return NULL;
+        i = (i + 1) & mask;
+    }
+    struct block *b = m->vals[i];
+    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!m->keys[j])
+            break;
+        size_t home = ptrmap_hash(m->keys[j], mask);
+        /* Move entry j into the hole at i unless its home lies cyclically in (i, j]. */
+        bool in_range = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!in_range) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->keys[i] = 0;
+    m->count--;
+    return b;
+}
+
+void ptrmap_destroy(struct ptrmap *m);
+
+#endif

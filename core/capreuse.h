@@ -1,0 +1,96 @@
+/*
+ * graph_capture_record_stream_reuse (seed 003, "Deferred Memory Recycling", Solution 2): reuse
+ * of record_stream'ed blocks freed during a capture once the capture graph orders every later
+ * use after their last one, instead of deferring them to the end of the capture.
+ *
+ * When such a block is freed during a capture (option on, block in a private pool, every stream
+ * that used it taking part in the same capture as its own stream), its *markers* are recorded:
+ * the current dependency set of each stream in its uses (where that stream's use ends), plus an
+ * empty node put into its own stream's capture (where its use ends there). Before an allocation
+ * on a capturing stream, the nodes that precede the stream's current dependency set are found by
+ * a reverse walk of the graph; a block of that stream whose markers all precede them is returned
+ * to its pool at once: whatever is captured on the stream next depends on every one of those
+ * nodes, hence comes after the block's last use on every stream.
+ *
+ * Bounded: per (capture, stream) the walk remembers every node it has reached and never enters
+ * one twice, so all the walks of one stream over a capture cost one pass over the graph (each
+ * node's dependencies are read once), not one per allocation. Remembering is right while a
+ * stream's later dependencies descend from its earlier ones (the stream order: captured work,
+ * event waits and xseg's own markers keep it). Each walk checks it: it must reach every node of
+ * the previous walk's dependency set again; when it does not (a program replaced the stream's
+ * dependencies with cuStreamUpdateCaptureDependencies(SET) by nodes that do not descend from
+ * them), the walk forgets what it remembered and starts over from the current dependencies, so
+ * such programs cost a full walk, never a wrong reuse. (PyTorch's implementation assumes the
+ * stream order without checking it.)
+ *
+ * Everything runs under the device lock; nothing here runs outside a capture or with the option
+ * off. Blocks with markers stay in the device's deferred list too, so when the capture ends first
+ * they take the ordinary path (events recorded, polled after the capture).
+ */
+#ifndef XSEG_CORE_CAPREUSE_H
+#define XSEG_CORE_CAPREUSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+struct dev_alloc;
+struct block;
+
+/* An open-addressing map from graph nodes to a pointer (NULL: present with no value). */
+struct cr_nodemap {
+    uintptr_t *keys; /* 0 = empty */
+    void **vals;
+    size_t cap, count;
+};
+
+/* A block freed during the capture, with its markers, waiting on markers[next]. */
+struct cr_entry {
+    struct block *block;
+    size_t deferred_slot;     /* its index in the device's deferred list */
+    CUgraphNode *markers;
+    size_t nmarkers, next;
+    struct cr_entry *link;    /* next waiter on the same node, or next ready entry */
+};
+
+/* Per (capture, stream): the nodes known to precede the stream's dependency set, and the
+ * entries of that stream, each filed under the first of its markers not yet reached (so a node
+ * reached by the walk wakes exactly the entries waiting on it: the check costs O(markers) per
+ * block over the whole capture, not O(blocks) per allocation). */
+struct cr_walk {
+    unsigned long long capture_id;
+    CUstream stream;
+    struct cr_nodemap seen;     /* reached nodes (values unused) */
+    struct cr_nodemap waiting;  /* node -> list of entries waiting on it */
+    struct cr_entry *ready;     /* entries whose markers were all reached */
+    size_t nentries;
+    CUgraphNode *terms;         /* the stream's dependencies at the last walk */
+    size_t nterms, capterms;
+    bool *hit;                  /* per terms[i]: reached again by the current walk */
+};
+
+struct capreuse {
+    struct cr_walk *walks;
+    size_t nwalks, capwalks;
+    size_t n;                 /* entries in all walks */
+    CUgraphNode *stack;       /* the walk's work list */
+    size_t capstack;
+    uint64_t nodes_read;      /* dependency lists read from the driver */
+    uint64_t reused;          /* blocks returned to their pool during a capture */
+};
+
+/* @p b (allocated, with recorded streams) is freed during a capture and was put in the deferred
+ * list: record its markers when the option is on and it qualifies (see above). Failures (driver,
+ * host memory) only leave the block deferred to the end of the capture. */
+void capreuse_mark(struct dev_alloc *d, struct block *b);
+
+/* Before an allocation on @p stream during a capture: return to their pools the blocks of
+ * @p stream whose markers precede its dependencies. Cheap when nothing is marked. */
+void capreuse_free_safe(struct dev_alloc *d, CUstream stream);
+
+/* The captures are over: forget every marker and walk (the blocks stay in the deferred list). */
+void capreuse_reset(struct dev_alloc *d);
+
+#endif

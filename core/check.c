@@ -1,0 +1,181 @@
+/* The expensive invariant walk (see check.h). Compiled in at debug_level=2 only. */
+#include "core/check.h"
+
+#if XSEG_CHECK_EXPENSIVE
+
+#include "core/alloc.h"
+#include "core/stats.h"
+#include "vmm/segment.h"
+
+/* Always on inside this file: dev_check exists only at the expensive level. */
+#define CHECK(cond) ((cond) ? (void)0 : assert_fail(#cond, __FILE__, __LINE__, __func__))
+
+struct recount {
+    int64_t allocation[XSEG_STAT_POOLS], allocated_bytes[XSEG_STAT_POOLS];
+    int64_t active[XSEG_STAT_POOLS], active_bytes[XSEG_STAT_POOLS], requested_bytes[XSEG_STAT_POOLS];
+    int64_t reserved_bytes[XSEG_STAT_POOLS], segment[XSEG_STAT_POOLS];
+    int64_t inactive_split[XSEG_STAT_POOLS], inactive_split_bytes[XSEG_STAT_POOLS];
+    int64_t oversize_allocations, oversize_segments;
+    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed;
+};
+
+static bool in_free_index(const struct block *b) { return b && b->in_index && b->mapped; }
+static bool pending(const struct block *b) { return !b->allocated && (b->event_count > 0 || b->uses.n); }
+
+/* Free treap below @p t: ordered by (stream, size, addr) within (lo, hi), heap-ordered by prio,
+ * only free mapped blocks of @p pool. Returns the node count. */
+static size_t walk_free(const struct bpool *pool, const struct block *t, const struct block *lo,
+                        const struct block *hi)
+{
+    if (!t)
+        return 0;
+    CHECK(t->pool == pool);
+    CHECK(t->in_index && t->mapped && !t->allocated);
+    CHECK(!lo || bkey_less((uintptr_t)lo->stream, lo->size, lo->addr, (uintptr_t)t->stream, t->size, t->addr));
+    CHECK(!hi || bkey_less((uintptr_t)t->stream, t->size, t->addr, (uintptr_t)hi->stream, hi->size, hi->addr));
+    CHECK(!t->left || t->left->prio <= t->prio);
+    CHECK(!t->right || t->right->prio <= t->prio);
+    return 1 + walk_free(pool, t->left, lo, t) + walk_free(pool, t->right, t, hi);
+}
+
+/* Unmapped treap below @p t: ordered by (stream, addr), only unmapped blocks of @p pool. */
+static size_t walk_unmapped(const struct bpool *pool, const struct block *t, const struct block *lo,
+                            const struct block *hi)
+{
+    if (!t)
+        return 0;
+    CHECK(t->pool == pool);
+    CHECK(t->in_index && !t->mapped && !t->allocated);
+    CHECK(!lo || (uintptr_t)lo->stream < (uintptr_t)t->stream || (lo->stream == t->stream && lo->addr < t->addr));
+    CHECK(!hi || (uintptr_t)t->stream < (uintptr_t)hi->stream || (t->stream == hi->stream && t->addr < hi->addr));
+    return 1 + walk_unmapped(pool, t->left, lo, t) + walk_unmapped(pool, t->right, t, hi);
+}
+
+static void check_pool(const struct bpool *pool, size_t *free_nodes, size_t *unmapped_nodes)
+{
+    size_t nf = walk_free(pool, pool->free, NULL, NULL);
+    CHECK(nf == pool->nfree);
+    *free_nodes += nf;
+    *unmapped_nodes += walk_unmapped(pool, pool->unmapped, NULL, NULL);
+}
+
+static void check_block(struct dev_alloc *d, const struct segrec *s, const struct block *b, struct recount *rc)
+{
+    int si = s->pool->stat_index;
+    CHECK(b->seg == s && b->pool == s->pool && b->stream == s->stream);
+    CHECK(b->expandable == (s->vseg != NULL));
+    CHECK(b->size > 0);
+    CHECK(!b->allocated || (!b->in_index && b->mapped));
+    CHECK(b->event_count >= 0);
+    /* Two free neighbours merge; so do two unmapped ones. */
+    CHECK(!(in_free_index(b) && in_free_index(b->next)));
+    CHECK(!(b->next && !b->mapped && !b->next->mapped));
+    /* Free, mapped, nothing pending: cached, so in the free index; unmapped: in the unmapped one. */
+    if (!b->allocated && !pending(b))
+        CHECK(b->in_index);
+    if (b->in_index)
+        CHECK(!pending(b));
+    if (b->allocated) {
+        CHECK(ptrmap_get(&d->live, b->addr) == b);
+        rc->allocated_blocks++;
+        rc->allocation[si]++;
+        rc->allocated_bytes[si] += (int64_t)b->size;
+        if (b->oversize)
+            rc->oversize_allocations++;
+    }
+    if (b->allocated || pending(b)) {
+        rc->active[si]++;
+        rc->active_bytes[si] += (int64_t)b->size;
+        rc->requested_bytes[si] += (int64_t)b->requested_size;
+    }
+    if (b->mapped) {
+        rc->reserved_bytes[si] += (int64_t)b->size;
+        rc->driver_bytes += b->size;
+    }
+    if (in_free_index(b))
+        rc->free_indexed++;
+    else if (b->in_index)
+        rc->unmapped_indexed++;
+    if (!b->expandable) {
+        CHECK(b->mapped);
+        if (b->in_index && block_is_split(b)) {
+            rc->inactive_split[si]++;
+            rc->inactive_split_bytes[si] += (int64_t)b->size;
+        }
+        return;
+    }
+    /* Pages: an unmapped block covers whole pages; the pages at both ends of a block are mapped
+     * exactly when the block is (the ones between follow from the byte count in check_segment). */
+    size_t page = seg_page_size(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
+    if (!b->mapped)
+        CHECK(off % page == 0 && b->size % page == 0);
+    CHECK(!!seg_page_is_mapped(s->vseg, off / page) == b->mapped);
+    CHECK(!!seg_page_is_mapped(s->vseg, (off + b->size - 1) / page) == b->mapped);
+}
+
+static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)
+{
+    CHECK(s->first && s->last && !s->first->prev && !s->last->next);
+    if (s->vseg)
+        CHECK(s->first->addr == (uintptr_t)seg_base(s->vseg) && s->size <= seg_va_size(s->vseg));
+    size_t bytes = 0, mapped = 0;
+    for (const struct block *b = s->first; b; b = b->next) {
+        CHECK(!b->next || (b->next->prev == b && b->addr + b->size == b->next->addr));
+        CHECK(b->next || b == s->last);
+        check_block(d, s, b, rc);
+        bytes += b->size;
+        if (b->mapped)
+            mapped += b->size;
+    }
+    CHECK(bytes == s->size);
+    if (s->vseg) {
+        CHECK(seg_mapped_bytes(s->vseg) == mapped);
+    } else {
+        rc->segment[s->pool->stat_index]++;
+        if (s->oversize)
+            rc->oversize_segments++;
+    }
+}
+
+static void check_counter(const xseg_stat_counter arr[XSEG_STAT_POOLS], const int64_t want[XSEG_STAT_POOLS])
+{
+    CHECK(arr[XSEG_STAT_SMALL_POOL].current == want[XSEG_STAT_SMALL_POOL]);
+    CHECK(arr[XSEG_STAT_LARGE_POOL].current == want[XSEG_STAT_LARGE_POOL]);
+}
+
+void dev_check(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    struct recount rc = {0};
+    size_t free_nodes = 0, unmapped_nodes = 0;
+    check_pool(&d->small, &free_nodes, &unmapped_nodes);
+    check_pool(&d->large, &free_nodes, &unmapped_nodes);
+    for (const struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+        check_pool(&pp->small, &free_nodes, &unmapped_nodes);
+        check_pool(&pp->large, &free_nodes, &unmapped_nodes);
+    }
+    for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+        CHECK(s->prev_seg ? s->prev_seg->next_seg == s : d->segs == s);
+        CHECK(!s->next_seg || s->next_seg->prev_seg == s);
+        check_segment(d, s, &rc);
+    }
+    /* Every indexed block was found in a treap and every treap node is a block of a segment. */
+    CHECK(rc.free_indexed == free_nodes);
+    CHECK(rc.unmapped_indexed == unmapped_nodes);
+    CHECK(rc.allocated_blocks == d->live.count);
+    CHECK(rc.driver_bytes == d->total_allocated_memory);
+    const xseg_device_stats *st = &d->stats;
+    check_counter(st->allocation, rc.allocation);
+    check_counter(st->allocated_bytes, rc.allocated_bytes);
+    check_counter(st->active, rc.active);
+    check_counter(st->active_bytes, rc.active_bytes);
+    check_counter(st->requested_bytes, rc.requested_bytes);
+    check_counter(st->reserved_bytes, rc.reserved_bytes);
+    check_counter(st->segment, rc.segment);
+    check_counter(st->inactive_split, rc.inactive_split);
+    check_counter(st->inactive_split_bytes, rc.inactive_split_bytes);
+    CHECK(st->oversize_allocations.current == rc.oversize_allocations);
+    CHECK(st->oversize_segments.current == rc.oversize_segments);
+}
+
+#endif

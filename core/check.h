@@ -1,0 +1,40 @@
+/*
+ * dev_check: the invariants of one device's state, checked by a walk over everything (the
+ * expensive level of base/assert.h, debug_level=2). What it checks is what the comments of
+ * core/block.h, core/expandable.c and core/stats.h promise:
+ *   - segment list: prev/next links agree;
+ *   - blocks tile each segment: first has no prev, neighbours link both ways, each starts where
+ *     the previous ends, last is the final block, sizes add up to the segment's size; every block
+ *     names its segment, pool and stream; classic blocks are mapped, expandable ones flagged;
+ *   - no two neighbours both free (in the free index), nor (expandable) both unmapped;
+ *   - index membership: a free mapped block with no events and no recorded streams is in its
+ *     pool's free index, an unmapped one in the unmapped index, nothing allocated is in either;
+ *     each treap is ordered, holds only its pool's blocks, and the free one holds nfree blocks;
+ *   - expandable pages: unmapped blocks start and end on page boundaries, the first and last
+ *     page of every block are mapped exactly when the block is, and the segment's mapped bytes
+ *     (vmm) equal the mapped blocks' bytes;
+ *   - the live map holds exactly the allocated blocks;
+ *   - statistics agree with a recount: allocation, active, requested, allocated/active/reserved
+ *     bytes, segment, inactive_split(_bytes) per pool, oversize counters, and the bytes reserved
+ *     from the driver.
+ * A failure aborts with the condition (a bug in xseg).
+ *
+ * alloc_unlock (core/alloc.h) runs it at the end of every locked operation, so it runs after each
+ * split, merge, map, unmap and release; at debug levels below 2 it compiles to nothing.
+ */
+#ifndef XSEG_CORE_CHECK_H
+#define XSEG_CORE_CHECK_H
+
+#include "base/assert.h"
+
+struct dev_alloc;
+
+#if XSEG_CHECK_EXPENSIVE
+/* Walk @p d's state and abort on the first broken invariant. Device lock held. */
+void dev_check(struct dev_alloc *d);
+#define dev_check_expensive(d) dev_check(d)
+#else
+#define dev_check_expensive(d) ((void)0)
+#endif
+
+#endif

@@ -1,0 +1,769 @@
+/*
+ * The allocator configuration string (PyTorch's PYTORCH_CUDA_ALLOC_CONF grammar) and the
+ * environment variables it comes from.
+ *
+ * Parsing is pure: it reads a base struct and writes a result, holds no lock and touches no
+ * global state except the one-time note about ignored pinned_* keys. Callers (api.c) serialize
+ * the swap of the configuration in force themselves.
+ *
+ * The string is tokenized first (',' ':' '[' ']' are tokens of their own, every other run of
+ * characters is a word, whitespace is dropped as PyTorch's tokenizer drops it), then parsed
+ * into a scratch struct; `out` is written only when the whole string is valid.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/config.h"
+#include "base/error.h"
+#include "base/strbuf.h"
+
+#define CFG_DEFAULT_LARGE_SEGMENT (20 * XSEG_MiB)
+/* PyTorch requires large_segment_size_mb > 10 (kMinLargeAlloc). */
+#define CFG_MIN_LARGE_SEGMENT_MB 10
+/* Upper bound on MiB values that are byte sizes, so that value * MiB cannot overflow. */
+#define CFG_MAX_MB ((unsigned long long)(SIZE_MAX / XSEG_MiB))
+/* Large-pool pages are created with cuMemCreate, whose sizes must be multiples of the driver's
+ * granularity (2 MiB on NVIDIA GPUs); an odd large_segment_size_mb could never be mapped. */
+#define CFG_LARGE_SEGMENT_MULTIPLE_MB 2
+#define CFG_MAX_LARGE_SEGMENT_MB (1024ull * 1024) /* 1 TiB pages: far beyond any device */
+/* expandable_page_size_mb: pages are created with cuMemCreate, in multiples of the driver's 2 MiB
+ * granularity. */
+#define CFG_PAGE_MULTIPLE_MB 2
+
+void cfg_default(struct cfg *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->max_split_size = SIZE_MAX;
+    cfg->max_non_split_rounding = CFG_DEFAULT_LARGE_SEGMENT;
+    cfg->large_segment_size = CFG_DEFAULT_LARGE_SEGMENT;
+    cfg->expandable_page_size = CFG_DEFAULT_LARGE_SEGMENT;
+    cfg->garbage_collection_threshold = 0.0;
+    cfg->expandable_segments = true;
+    cfg->expandable_segments_recycle = true;
+    cfg->expandable_segments_ipc = true;
+    cfg->release_lock_on_cudamalloc = false;
+    cfg->per_process_memory_fraction = 1.0;
+    cfg->graph_capture_record_stream_reuse = false;
+    cfg->release_threshold = SIZE_MAX;
+}
+
+/* ---- tokenizer ------------------------------------------------------------------------- */
+
+#define CFG_WORD_MAX 256
+
+struct cfg_token {
+    char text[CFG_WORD_MAX]; /* NUL-terminated, whitespace removed */
+    size_t pos;              /* index in the input of the token's first character */
+};
+
+struct cfg_lexer {
+    struct cfg_token *tok;
+    size_t n;
+    size_t end; /* length of the input: the position reported for "missing" tokens */
+};
+
+static int cfg_is_punct(char c) { return c == ',' || c == ':' || c == '[' || c == ']'; }
+static int cfg_is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Split @p str into tokens. Caller frees lex->tok. */
+static xseg_status cfg_tokenize(const char *str, struct cfg_lexer *lex)
+{
+    size_t len = strlen(str);
+    /* Never more tokens than characters. */
+    lex->tok = calloc(len ? len : 1, sizeof *lex->tok);
+    lex->n = 0;
+    lex->end = len;
+    if (!lex->tok)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "allocator config: out of host memory");
+    struct cfg_token *word = NULL;
+    size_t wlen = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = str[i];
+        if (cfg_is_space(c))
+            continue;
+        if (cfg_is_punct(c)) {
+            word = NULL;
+            struct cfg_token *t = &lex->tok[lex->n++];
+            t->text[0] = c;
+            t->text[1] = '\0';
+            t->pos = i;
+            continue;
+        }
+        if (!word) {
+            word = &lex->tok[lex->n++];
+            word->pos = i;
+            wlen = 0;
+        }
+        if (wlen + 1 >= CFG_WORD_MAX)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: word starting at index %zu is longer than %d "
+                           "characters",
+                           word->pos, CFG_WORD_MAX - 1);
+        word->text[wlen++] = c;
+        word->text[wlen] = '\0';
+    }
+    return XSEG_SUCCESS;
+}
+
+/* ---- parser ---------------------------------------------------------------------------- */
+
+struct cfg_parser {
+    struct cfg_lexer lex;
+    size_t i; /* next token */
+    struct cfg cfg;
+    /* Checks that depend on large_segment_size run after the whole string is read, so the key
+     * may come in any order; remember where the dependent values were. */
+    bool have_max_split, have_non_split, have_large_segment, have_page;
+    size_t max_split_pos, non_split_pos, page_pos, large_pos;
+    unsigned long long max_split_mb, non_split_mb, page_mb;
+    bool saw_pinned;
+};
+
+static const char *cfg_peek(const struct cfg_parser *p)
+{
+    return p->i < p->lex.n ? p->lex.tok[p->i].text : NULL;
+}
+
+static size_t cfg_pos(const struct cfg_parser *p)
+{
+    return p->i < p->lex.n ? p->lex.tok[p->i].pos : p->lex.end;
+}
+
+static const char *cfg_shown(const char *t) { return t ? t : "end of string"; }
+
+/* Consume punctuation @p c or fail naming @p key and @p form. */
+static xseg_status cfg_expect(struct cfg_parser *p, char c, const char *key, const char *form)
+{
+    const char *t = cfg_peek(p);
+    if (t && t[0] == c && t[1] == '\0') {
+        p->i++;
+        return XSEG_SUCCESS;
+    }
+    return err_set(XSEG_ERROR_INVALID_VALUE,
+                   "allocator config: %s: expected '%c' (form %s), got '%s' at index %zu", key, c,
+                   form, cfg_shown(t), cfg_pos(p));
+}
+
+/* Take the next token as a value word (not punctuation). */
+static xseg_status cfg_word(struct cfg_parser *p, const char *key, const char *form,
+                            const char **word, size_t *pos)
+{
+    const char *t = cfg_peek(p);
+    if (!t || cfg_is_punct(t[0]))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s: expected %s, got '%s' at index %zu", key, form,
+                       cfg_shown(t), cfg_pos(p));
+    *word = t;
+    *pos = cfg_pos(p);
+    p->i++;
+    return XSEG_SUCCESS;
+}
+
+/* Decimal digits only: no sign, no fraction, no exponent (stoul would take "-1" or "12abc"). */
+static bool cfg_to_ull(const char *s, unsigned long long *v)
+{
+    if (!*s)
+        return false;
+    unsigned long long r = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        unsigned d = (unsigned)(*s - '0');
+        if (r > (ULLONG_MAX - d) / 10)
+            r = ULLONG_MAX; /* saturate: callers range-check */
+        else
+            r = r * 10 + d;
+    }
+    *v = r;
+    return true;
+}
+
+static bool cfg_to_double(const char *s, double *v)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (end == s || *end || errno == ERANGE || !isfinite(d))
+        return false;
+    *v = d;
+    return true;
+}
+
+static bool cfg_pow2(unsigned long long v) { return v && !(v & (v - 1)); }
+
+static xseg_status cfg_parse_bool(struct cfg_parser *p, const char *key, bool *out)
+{
+    const char *w;
+    size_t pos;
+    xseg_status st = cfg_word(p, key, "True or False", &w, &pos);
+    if (st)
+        return st;
+    if (!strcmp(w, "True"))
+        *out = true;
+    else if (!strcmp(w, "False"))
+        *out = false;
+    else
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s: expected True or False, got '%s' at index %zu", key,
+                       w, pos);
+    return XSEG_SUCCESS;
+}
+
+/* A whole number of MiB; range checks that depend on other keys are the caller's. */
+static xseg_status cfg_parse_mb(struct cfg_parser *p, const char *key, unsigned long long *mb,
+                                size_t *pos)
+{
+    const char *w;
+    xseg_status st = cfg_word(p, key, "a whole number of MiB", &w, pos);
+    if (st)
+        return st;
+    if (!cfg_to_ull(w, mb))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s: expected a whole number of MiB, got '%s' at index "
+                       "%zu",
+                       key, w, *pos);
+    return XSEG_SUCCESS;
+}
+
+static xseg_status cfg_parse_fraction(struct cfg_parser *p, const char *key, const char *form,
+                                      bool open, double *out)
+{
+    const char *w;
+    size_t pos;
+    double v;
+    xseg_status st = cfg_word(p, key, form, &w, &pos);
+    if (st)
+        return st;
+    bool ok = cfg_to_double(w, &v) && (open ? (v > 0.0 && v < 1.0) : (v >= 0.0 && v <= 1.0));
+    if (!ok)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s is invalid: expected %s, got '%s' at index %zu", key,
+                       form, w, pos);
+    *out = v;
+    return XSEG_SUCCESS;
+}
+
+/* A division count: 0 (off) or a power of two. */
+static xseg_status cfg_parse_division(struct cfg_parser *p, const char *key, unsigned *out)
+{
+    static const char form[] = "a power of 2 or 0";
+    const char *w;
+    size_t pos;
+    unsigned long long v;
+    xseg_status st = cfg_word(p, key, form, &w, &pos);
+    if (st)
+        return st;
+    if (!cfg_to_ull(w, &v) || (v && !cfg_pow2(v)) || v > (1ull << 31))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s: divisions must be %s, got '%s' at index %zu", key,
+                       form, w, pos);
+    *out = (unsigned)v;
+    return XSEG_SUCCESS;
+}
+
+static unsigned cfg_log2(unsigned long long v)
+{
+    unsigned r = 0;
+    while (v >>= 1)
+        r++;
+    return r;
+}
+
+/*
+ * roundup_power2_divisions: N, or [MB:d,...,>:d]. A list entry MB:d sets bucket log2(MB)
+ * (clamped to the last bucket); the first entry also fills every bucket below it; '>:d' fills
+ * every bucket above the last explicit one (all buckets when no explicit entry came before).
+ */
+static xseg_status cfg_parse_roundup(struct cfg_parser *p, const char *key)
+{
+    static const char list_form[] = "[MB:d,...,>:d] with MB a power of 2";
+    unsigned *div = p->cfg.roundup_power2_divisions;
+    const char *t = cfg_peek(p);
+    if (!t || strcmp(t, "[")) {
+        unsigned d;
+        xseg_status st = cfg_parse_division(p, key, &d);
+        if (st)
+            return st;
+        for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
+            div[b] = d;
+        return XSEG_SUCCESS;
+    }
+    p->i++; /* '[' */
+    bool first = true;
+    long last = -1;
+    for (;;) {
+        const char *w;
+        size_t pos;
+        xseg_status st = cfg_word(p, key, list_form, &w, &pos);
+        if (st)
+            return st;
+        bool rest = !strcmp(w, ">");
+        unsigned long long mb = 0;
+        if (!rest && (!cfg_to_ull(w, &mb) || !cfg_pow2(mb)))
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: %s: interval '%s' at index %zu must be a power of 2 "
+                           "(in MB) or '>'",
+                           key, w, pos);
+        if ((st = cfg_expect(p, ':', key, list_form)))
+            return st;
+        unsigned d;
+        if ((st = cfg_parse_division(p, key, &d)))
+            return st;
+        if (rest) {
+            for (size_t b = (size_t)(last + 1); b < CFG_ROUNDUP_BUCKETS; b++)
+                div[b] = d;
+        } else {
+            unsigned b = XSEG_MIN(cfg_log2(mb), CFG_ROUNDUP_BUCKETS - 1);
+            if (first)
+                for (unsigned k = 0; k < b; k++)
+                    div[k] = d;
+            div[b] = d;
+            last = (long)b;
+            first = false;
+        }
+        t = cfg_peek(p);
+        if (t && !strcmp(t, "]")) {
+            p->i++;
+            return XSEG_SUCCESS;
+        }
+        if ((st = cfg_expect(p, ',', key, list_form)))
+            return st;
+    }
+}
+
+static xseg_status cfg_parse_backend(struct cfg_parser *p, const char *key)
+{
+    const char *w;
+    size_t pos;
+    xseg_status st = cfg_word(p, key, "native", &w, &pos);
+    if (st)
+        return st;
+    if (!strcmp(w, "native"))
+        return XSEG_SUCCESS;
+    if (!strcmp(w, "cudaMallocAsync") || !strcmp(w, "hipMallocAsync"))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: backend:%s is not supported: xseg is itself the caching "
+                       "allocator; the only accepted backend is 'native' (at index %zu)",
+                       w, pos);
+    return err_set(XSEG_ERROR_INVALID_VALUE,
+                   "allocator config: backend: expected native, got '%s' at index %zu", w, pos);
+}
+
+/* pinned_* keys configure PyTorch's pinned host allocator, which xseg does not implement: they
+ * are validated (so a typo still fails) and ignored. */
+static xseg_status cfg_parse_pinned(struct cfg_parser *p, const char *key)
+{
+    p->saw_pinned = true;
+    if (!strcmp(key, "pinned_num_register_threads")) {
+        const char *w;
+        size_t pos;
+        unsigned long long v;
+        xseg_status st = cfg_word(p, key, "a power of 2 up to 128", &w, &pos);
+        if (st)
+            return st;
+        if (!cfg_to_ull(w, &v) || !cfg_pow2(v) || v > 128)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: %s: expected a power of 2 up to 128, got '%s' at "
+                           "index %zu",
+                           key, w, pos);
+        return XSEG_SUCCESS;
+    }
+    if (!strcmp(key, "pinned_reserve_segment_size_mb")) {
+        unsigned long long mb;
+        size_t pos;
+        xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+        if (st)
+            return st;
+        if (mb == 0)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: %s: expected a number of MiB > 0, got 0 at index %zu",
+                           key, pos);
+        return XSEG_SUCCESS;
+    }
+    bool ignored;
+    return cfg_parse_bool(p, key, &ignored);
+}
+
+static const char *const cfg_pinned_keys[] = {
+    "pinned_use_cuda_host_register", "pinned_use_hip_host_register", "pinned_num_register_threads",
+    "pinned_use_background_threads", "pinned_reserve_segment_size_mb", "pinned_free_catch_all",
+};
+
+/* Levenshtein distance of @p a and @p b (keys are short; longer strings count as far). */
+static size_t cfg_edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64)
+        return SIZE_MAX;
+    size_t row[65];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* Rewrite this thread's message with every byte outside printable ASCII as \xNN: a config error
+ * echoes the user's text, and a BOM or a control character would print invisibly, so that the
+ * message looked right while the key was wrong. */
+static xseg_status cfg_escape_message(xseg_status st)
+{
+    const char *m = err_message();
+    char buf[1024];
+    size_t n = 0;
+    bool any = false;
+    for (const unsigned char *c = (const unsigned char *)m; *c && n + 5 < sizeof buf; c++) {
+        if (*c >= 0x20 && *c < 0x7f) {
+            buf[n++] = (char)*c;
+        } else {
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "\\x%02X", *c);
+            any = true;
+        }
+    }
+    buf[n] = 0;
+    return any ? err_set(st, "%s", buf) : st;
+}
+
+static xseg_status cfg_parse_entry(struct cfg_parser *p)
+{
+    const char *key;
+    size_t kpos;
+    const char *t = cfg_peek(p);
+    if (!t || cfg_is_punct(t[0]))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: expected a key (key:value), got '%s' at index %zu",
+                       cfg_shown(t), cfg_pos(p));
+    key = t;
+    kpos = cfg_pos(p);
+    p->i++;
+
+    bool known = false;
+    static const char *const keys[] = {
+        "max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
+        "expandable_page_size_mb",
+        "garbage_collection_threshold", "roundup_power2_divisions", "expandable_segments",
+        "expandable_segments_recycle", "expandable_segments_ipc",
+        "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
+        "graph_capture_record_stream_reuse", "backend",
+        /* services (issue 14) */
+        "release_threshold_mb", "idle_release_ms",
+    };
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !known; k++)
+        known = !strcmp(key, keys[k]);
+    bool pinned = false;
+    for (size_t k = 0; k < sizeof cfg_pinned_keys / sizeof cfg_pinned_keys[0] && !pinned; k++)
+        pinned = !strcmp(key, cfg_pinned_keys[k]);
+    if (!known && !pinned) {
+        /* The nearest known key, when it is near (a typo), as a hint. */
+        const char *best = NULL;
+        size_t best_d = SIZE_MAX;
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            size_t dist = cfg_edit_distance(key, keys[k]);
+            if (dist < best_d) {
+                best_d = dist;
+                best = keys[k];
+            }
+        }
+        size_t klen = strlen(key);
+        if (best && best_d <= 3 && best_d < klen)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "unrecognized key '%s' in allocator config (at index %zu); did you mean '%s'?", key,
+                           kpos, best);
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "unrecognized key '%s' in allocator config (at index %zu)", key, kpos);
+    }
+
+    xseg_status st = cfg_expect(p, ':', key, "key:value");
+    if (st)
+        return st;
+
+    struct cfg *c = &p->cfg;
+    if (pinned)
+        return cfg_parse_pinned(p, key);
+    if (!strcmp(key, "max_split_size_mb")) {
+        p->have_max_split = true;
+        return cfg_parse_mb(p, key, &p->max_split_mb, &p->max_split_pos);
+    }
+    if (!strcmp(key, "max_non_split_rounding_mb")) {
+        p->have_non_split = true;
+        return cfg_parse_mb(p, key, &p->non_split_mb, &p->non_split_pos);
+    }
+    if (!strcmp(key, "large_segment_size_mb")) {
+        unsigned long long mb;
+        size_t pos;
+        if ((st = cfg_parse_mb(p, key, &mb, &pos)))
+            return st;
+        if (mb <= CFG_MIN_LARGE_SEGMENT_MB || mb % CFG_LARGE_SEGMENT_MULTIPLE_MB ||
+            mb > CFG_MAX_LARGE_SEGMENT_MB)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: large_segment_size_mb must be > %d MB and a multiple "
+                           "of %d MB (the driver's page granularity), up to %llu; got %llu at "
+                           "index %zu",
+                           CFG_MIN_LARGE_SEGMENT_MB, CFG_LARGE_SEGMENT_MULTIPLE_MB,
+                           CFG_MAX_LARGE_SEGMENT_MB, mb, pos);
+        p->have_large_segment = true;
+        p->large_pos = pos;
+        c->large_segment_size = (size_t)mb * XSEG_MiB;
+        return XSEG_SUCCESS;
+    }
+    if (!strcmp(key, "expandable_page_size_mb")) {
+        if ((st = cfg_parse_mb(p, key, &p->page_mb, &p->page_pos)))
+            return st;
+        if (p->page_mb < CFG_PAGE_MULTIPLE_MB || p->page_mb % CFG_PAGE_MULTIPLE_MB)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: expandable_page_size_mb must be an even number of MB "
+                           ">= %d (a multiple of the driver's %d MB page granularity); got %llu at "
+                           "index %zu",
+                           CFG_PAGE_MULTIPLE_MB, CFG_PAGE_MULTIPLE_MB, p->page_mb, p->page_pos);
+        p->have_page = true;
+        return XSEG_SUCCESS;
+    }
+    if (!strcmp(key, "garbage_collection_threshold"))
+        return cfg_parse_fraction(p, key, "a number in (0.0, 1.0)", true,
+                                  &c->garbage_collection_threshold);
+    if (!strcmp(key, "per_process_memory_fraction"))
+        return cfg_parse_fraction(p, key, "a number in [0.0, 1.0]", false,
+                                  &c->per_process_memory_fraction);
+    if (!strcmp(key, "roundup_power2_divisions"))
+        return cfg_parse_roundup(p, key);
+    if (!strcmp(key, "expandable_segments"))
+        return cfg_parse_bool(p, key, &c->expandable_segments);
+    if (!strcmp(key, "expandable_segments_recycle"))
+        return cfg_parse_bool(p, key, &c->expandable_segments_recycle);
+    if (!strcmp(key, "expandable_segments_ipc"))
+        return cfg_parse_bool(p, key, &c->expandable_segments_ipc);
+    if (!strcmp(key, "release_lock_on_cudamalloc") || !strcmp(key, "release_lock_on_hipmalloc"))
+        return cfg_parse_bool(p, key, &c->release_lock_on_cudamalloc);
+    if (!strcmp(key, "graph_capture_record_stream_reuse"))
+        return cfg_parse_bool(p, key, &c->graph_capture_record_stream_reuse);
+    /* services (issue 14) */
+    if (!strcmp(key, "release_threshold_mb")) {
+        unsigned long long mb;
+        size_t pos;
+        if ((st = cfg_parse_mb(p, key, &mb, &pos)))
+            return st;
+        c->release_threshold = mb >= CFG_MAX_MB ? SIZE_MAX : (size_t)mb * XSEG_MiB;
+        return XSEG_SUCCESS;
+    }
+    if (!strcmp(key, "idle_release_ms")) {
+        unsigned long long ms;
+        size_t pos;
+        if ((st = cfg_parse_mb(p, key, &ms, &pos)))
+            return st;
+        if (ms > 86400000ull)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: idle_release_ms must be at most 86400000 (a day), got %llu at "
+                           "index %zu", ms, pos);
+        c->idle_release_ms = (unsigned)ms;
+        return XSEG_SUCCESS;
+    }
+    return cfg_parse_backend(p, key);
+}
+
+/* Checks of values against large_segment_size, which may have been given after them. */
+static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
+{
+    struct cfg *c = &p->cfg;
+    unsigned long long large_mb = c->large_segment_size / XSEG_MiB;
+    if (p->have_max_split) {
+        if (p->max_split_mb < large_mb)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: max_split_size_mb too small: must be >= %llu "
+                           "(large_segment_size_mb), got %llu at index %zu",
+                           large_mb, p->max_split_mb, p->max_split_pos);
+        /* Beyond what size_t can hold in bytes means "never split-limited". */
+        c->max_split_size =
+            p->max_split_mb >= CFG_MAX_MB ? SIZE_MAX : (size_t)p->max_split_mb * XSEG_MiB;
+    }
+    if (p->have_non_split) {
+        if (p->non_split_mb < large_mb)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: max_non_split_rounding_mb too small: must be >= %llu "
+                           "(large_segment_size_mb), got %llu at index %zu",
+                           large_mb, p->non_split_mb, p->non_split_pos);
+        c->max_non_split_rounding = (size_t)XSEG_MIN(p->non_split_mb, CFG_MAX_MB) * XSEG_MiB;
+    } else if (p->have_large_segment && base->max_non_split_rounding == base->large_segment_size) {
+        /* It was following its default (= large_segment_size): keep following it. */
+        c->max_non_split_rounding = c->large_segment_size;
+    } else if (c->max_non_split_rounding < c->large_segment_size) {
+        /* The config in force must keep its own rules, or xseg_get_config's string would be
+         * refused by xseg_set_config (issue 11). */
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: large_segment_size_mb %llu is above max_non_split_rounding_mb "
+                       "%zu in force; set max_non_split_rounding_mb too (>= large_segment_size_mb), "
+                       "at index %zu",
+                       large_mb, c->max_non_split_rounding / XSEG_MiB, p->large_pos);
+    }
+    /* A page larger than large_segment_size would map more for a 1-10 MiB request than the
+     * classic segment PyTorch gives it, and fewer, larger pages never help utilization: the
+     * default (PyTorch's page) is the largest page. */
+    if (p->have_page) {
+        if (p->page_mb > large_mb)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: expandable_page_size_mb too large: must be <= %llu "
+                           "(large_segment_size_mb), got %llu at index %zu",
+                           large_mb, p->page_mb, p->page_pos);
+        c->expandable_page_size = (size_t)p->page_mb * XSEG_MiB;
+    } else if (p->have_large_segment && base->expandable_page_size == base->large_segment_size) {
+        c->expandable_page_size = c->large_segment_size; /* following it, as by default */
+    } else if (c->expandable_page_size > c->large_segment_size) {
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: large_segment_size_mb %llu is below expandable_page_size_mb "
+                       "%zu in force; set expandable_page_size_mb too (<= large_segment_size_mb), "
+                       "at index %zu",
+                       large_mb, c->expandable_page_size / XSEG_MiB, p->large_pos);
+    }
+    return XSEG_SUCCESS;
+}
+
+static atomic_bool cfg_pinned_noted;
+
+xseg_status cfg_parse(const char *str, const struct cfg *base, struct cfg *out)
+{
+    if (!str || !base || !out)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "allocator config: NULL %s",
+                       !str ? "string" : !base ? "base" : "out");
+    struct cfg_parser p;
+    memset(&p, 0, sizeof p);
+    p.cfg = *base;
+    /* PyTorch's rule: these three reset to their defaults on every parse. */
+    struct cfg def;
+    cfg_default(&def);
+    p.cfg.max_split_size = def.max_split_size;
+    p.cfg.garbage_collection_threshold = def.garbage_collection_threshold;
+    memcpy(p.cfg.roundup_power2_divisions, def.roundup_power2_divisions,
+           sizeof def.roundup_power2_divisions);
+
+    xseg_status st = cfg_tokenize(str, &p.lex);
+    while (!st && p.i < p.lex.n) {
+        const char *key = p.lex.tok[p.i].text;
+        st = cfg_parse_entry(&p);
+        if (!st && p.i < p.lex.n)
+            st = cfg_expect(&p, ',', key, "key:value,key:value");
+    }
+    if (!st)
+        st = cfg_finish(&p, base);
+    free(p.lex.tok);
+    if (st)
+        return cfg_escape_message(st);
+    *out = p.cfg;
+    if (p.saw_pinned && !atomic_exchange(&cfg_pinned_noted, true))
+        fprintf(stderr, "xseg: note: pinned_* keys configure PyTorch's pinned host allocator, "
+                        "which xseg does not provide; they are accepted and ignored\n");
+    return XSEG_SUCCESS;
+}
+
+const char *cfg_from_env(const char **var)
+{
+    static const char *const names[] = {"XSEG_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
+                                        "PYTORCH_ALLOC_CONF"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        const char *v = getenv(names[k]);
+        if (v) {
+            if (var)
+                *var = names[k];
+            return v;
+        }
+    }
+    if (var)
+        *var = NULL;
+    return NULL;
+}
+
+/* ---- formatting ------------------------------------------------------------------------ */
+
+
+/* The shortest decimal that reads back as the same double. */
+static void cfg_put_double(struct strbuf *o, double v)
+{
+    char tmp[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*g", prec, v);
+        if (strtod(tmp, NULL) == v)
+            break;
+    }
+    strbuf_printf(o, "%s", tmp);
+}
+
+/*
+ * Every key whose value can be written is written; max_split_size_mb (when unlimited),
+ * garbage_collection_threshold (when off) and roundup_power2_divisions (when all 0) are left
+ * out because PyTorch's grammar has no spelling for those defaults and the reset rule restores
+ * them on parse. Byte sizes are written in whole MiB: the struct holds MiB multiples whenever
+ * it came from cfg_default/cfg_parse, which is what makes the string read back equal.
+ */
+void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
+{
+    struct strbuf o = {buf, size, 0};
+    if (size)
+        buf[0] = '\0';
+    strbuf_printf(&o, "expandable_segments:%s", cfg->expandable_segments ? "True" : "False");
+    strbuf_printf(&o, ",expandable_segments_recycle:%s", cfg->expandable_segments_recycle ? "True" : "False");
+    strbuf_printf(&o, ",expandable_segments_ipc:%s", cfg->expandable_segments_ipc ? "True" : "False");
+    strbuf_printf(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
+    strbuf_printf(&o, ",expandable_page_size_mb:%zu", cfg->expandable_page_size / XSEG_MiB);
+    if (cfg->max_split_size != SIZE_MAX)
+        strbuf_printf(&o, ",max_split_size_mb:%zu", cfg->max_split_size / XSEG_MiB);
+    strbuf_printf(&o, ",max_non_split_rounding_mb:%zu", cfg->max_non_split_rounding / XSEG_MiB);
+    if (cfg->garbage_collection_threshold > 0.0) {
+        strbuf_printf(&o, ",garbage_collection_threshold:");
+        cfg_put_double(&o, cfg->garbage_collection_threshold);
+    }
+    const unsigned *div = cfg->roundup_power2_divisions;
+    bool uniform = true, any = false;
+    for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++) {
+        uniform = uniform && div[b] == div[0];
+        any = any || div[b];
+    }
+    if (uniform && any) {
+        strbuf_printf(&o, ",roundup_power2_divisions:%u", div[0]);
+    } else if (any) {
+        strbuf_printf(&o, ",roundup_power2_divisions:[");
+        for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
+            strbuf_printf(&o, "%s%llu:%u", b ? "," : "", 1ull << b, div[b]);
+        strbuf_printf(&o, "]");
+    }
+    strbuf_printf(&o, ",release_lock_on_cudamalloc:%s", cfg->release_lock_on_cudamalloc ? "True" : "False");
+    strbuf_printf(&o, ",per_process_memory_fraction:");
+    cfg_put_double(&o, cfg->per_process_memory_fraction);
+    strbuf_printf(&o, ",graph_capture_record_stream_reuse:%s",
+            cfg->graph_capture_record_stream_reuse ? "True" : "False");
+    /* services (issue 14): the default (keep everything) has no spelling but the absence. */
+    if (cfg->release_threshold != SIZE_MAX)
+        strbuf_printf(&o, ",release_threshold_mb:%zu", cfg->release_threshold / XSEG_MiB);
+    strbuf_printf(&o, ",idle_release_ms:%u", cfg->idle_release_ms);
+    if (len)
+        *len = o.len;
+}
+
+/* Bucket of @p size: floor(log2(size in MiB)), clamped to [0, CFG_ROUNDUP_BUCKETS - 1]; so
+ * everything below 2 MiB shares bucket 0, as in PyTorch. */
+unsigned cfg_roundup_divisions(const struct cfg *cfg, size_t size)
+{
+    size_t mb = size >> 20;
+    unsigned b = mb ? cfg_log2(mb) : 0;
+    if (b >= CFG_ROUNDUP_BUCKETS)
+        b = CFG_ROUNDUP_BUCKETS - 1;
+    return cfg->roundup_power2_divisions[b];
+}

@@ -1,0 +1,61 @@
+/*
+ * The configuration string, in PyTorch's PYTORCH_CUDA_ALLOC_CONF grammar:
+ *   key:value[,key:value...]   lists in brackets: roundup_power2_divisions:[256:1,512:2,>:4]
+ * Tokens are ',', ':', '[', ']' and words; whitespace is ignored; booleans are True/False.
+ */
+#ifndef XSEG_CORE_CONFIG_H
+#define XSEG_CORE_CONFIG_H
+
+#include <stdbool.h>
+
+#include "base/common.h"
+
+/* roundup_power2_divisions has one value per power-of-two size bucket: bucket i covers
+ * [2^i MiB, 2^(i+1) MiB), the first also everything below 1 MiB, the last everything above. */
+#define CFG_ROUNDUP_BUCKETS 16
+
+struct cfg {
+    size_t max_split_size;              /* bytes; SIZE_MAX when unlimited (the default) */
+    size_t max_non_split_rounding;      /* bytes; defaults to large_segment_size */
+    size_t large_segment_size;          /* bytes; classic segment size for 1-10 MiB requests */
+    size_t expandable_page_size;        /* bytes; page size of large-pool expandable segments, an
+                                         * even MiB count <= large_segment_size; follows
+                                         * large_segment_size while equal to it (the default) */
+    double garbage_collection_threshold; /* 0 = off, else in (0, 1) */
+    unsigned roundup_power2_divisions[CFG_ROUNDUP_BUCKETS]; /* 0 or 1 = plain 512 B rounding */
+    bool expandable_segments;           /* default true; falls back where VMM is unsupported */
+    bool expandable_segments_recycle;   /* default true: growth first unmaps free pages elsewhere */
+    bool expandable_segments_ipc;       /* default true: pages are created exportable (POSIX fd,
+                                         * fabric where supported) so xseg_ipc_export works */
+    bool release_lock_on_cudamalloc;
+    double per_process_memory_fraction; /* [0, 1]; 1 = no cap */
+    bool graph_capture_record_stream_reuse; /* reuse record_stream'ed blocks in capture (capreuse.c) */
+    /* Services (issue 14, core/trim.c, core/idle.c). */
+    size_t release_threshold;           /* bytes of cache kept; SIZE_MAX (default) keeps all */
+    unsigned idle_release_ms;           /* give back free runs idle this long; 0 (default): off */
+};
+
+/* xseg's defaults (expandable_segments on, everything else as PyTorch). */
+void cfg_default(struct cfg *cfg);
+
+/*
+ * Parse @p str on top of @p base into @p out (out may equal base). Keys not named keep their
+ * value from base, except max_split_size_mb, roundup_power2_divisions and
+ * garbage_collection_threshold, which reset to their defaults first (PyTorch's rule).
+ * PyTorch's pinned_* host-allocator keys are accepted and ignored with a one-time note on stderr.
+ * @return XSEG_ERROR_INVALID_VALUE with a message naming the key and the accepted form; @p out is
+ *         left untouched then.
+ */
+xseg_status cfg_parse(const char *str, const struct cfg *base, struct cfg *out);
+
+/* The first of XSEG_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF that is set, or NULL.
+ * @p var (optional) receives the variable's name, for messages. */
+const char *cfg_from_env(const char **var);
+
+/* Write @p cfg as a canonical config string (snprintf semantics, @p len gets the full length). */
+void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len);
+
+/* The number of power-of-two divisions for an allocation of @p size bytes (0 when none). */
+unsigned cfg_roundup_divisions(const struct cfg *cfg, size_t size);
+
+#endif

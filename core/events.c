@@ -1,0 +1,257 @@
+/*
+ * Deferred frees for record_stream (PyTorch's insert_events / process_events /
+ * synchronize_and_free_events). A block freed after record_stream gets one event per recorded
+ * stream; it returns to its pool when all have completed. Events are pooled per device and
+ * created without timing. Every function runs under the device lock.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/alloc.h"
+#include "base/error.h"
+#include "vmm/event.h"
+#include "vmm/stream.h"
+
+static xseg_status event_get(struct dev_alloc *d, CUevent *ev)
+{
+    lock_assert_held(&d->lock);
+    if (d->nevent_pool) {
+        *ev = d->event_pool[--d->nevent_pool];
+        return XSEG_SUCCESS;
+    }
+    return vevent_create(ev);
+}
+
+static void event_put(struct dev_alloc *d, CUevent ev)
+{
+    lock_assert_held(&d->lock);
+    if (d->nevent_pool == d->capevent_pool) {
+        size_t ncap = d->capevent_pool ? d->capevent_pool * 2 : 16;
+        CUevent *p = realloc(d->event_pool, ncap * sizeof *p);
+        if (!p) {
+            vevent_destroy(ev);
+            return;
+        }
+        d->event_pool = p;
+        d->capevent_pool = ncap;
+    }
+    d->event_pool[d->nevent_pool++] = ev;
+}
+
+static struct ev_queue *queue_for(struct dev_alloc *d, CUstream stream)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < d->nevq; i++)
+        if (d->evq[i].stream == stream)
+            return &d->evq[i];
+    if (d->nevq == d->capevq) {
+        size_t ncap = d->capevq ? d->capevq * 2 : 4;
+        struct ev_queue *p = realloc(d->evq, ncap * sizeof *p);
+        if (!p)
+            return NULL;
+        d->evq = p;
+        d->capevq = ncap;
+    }
+    struct ev_queue *q = &d->evq[d->nevq++];
+    *q = (struct ev_queue){.stream = stream};
+    return q;
+}
+
+static bool queue_push(struct ev_queue *q, CUevent ev, struct block *b)
+{
+    if (q->count == q->cap) {
+        size_t ncap = q->cap ? q->cap * 2 : 8;
+        struct ev_item *p = malloc(ncap * sizeof *p);
+        if (!p)
+            return false;
+        for (size_t i = 0; i < q->count; i++)
+            p[i] = q->items[(q->head + i) % q->cap];
+        free(q->items);
+        q->items = p;
+        q->head = 0;
+        q->cap = ncap;
+    }
+    q->items[(q->head + q->count) % q->cap] = (struct ev_item){ev, b};
+    q->count++;
+    return true;
+}
+
+/* One event of @p b is done: when it was the last, and no recorded stream still waits to be
+ * recorded (a retry after a driver failure), the block goes back to its pool. */
+static void event_done(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (--b->event_count == 0 && b->uses.n == 0)
+        alloc_free_block(d, b);
+}
+
+static bool defer(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (d->ndeferred == d->capdeferred) {
+        size_t ncap = d->capdeferred ? d->capdeferred * 2 : 8;
+        struct block **p = realloc(d->deferred, ncap * sizeof *p);
+        if (!p)
+            return false;
+        d->deferred = p;
+        d->capdeferred = ncap;
+    }
+    d->deferred[d->ndeferred++] = b;
+    alloc_fast_off(d);
+    return true;
+}
+
+/*
+ * Record an event on every stream in b->uses. A stream whose event cannot be recorded is waited
+ * for instead (vstream_wait: the stream, else the whole context), so the block is never handed
+ * out while work may still use it. A stream neither works for stays in b->uses and the block goes
+ * on the deferred list: it is retried at the next malloc (ev_process) or empty_cache, pending
+ * meanwhile (never lost, never reused early). The caller's free has happened either way.
+ */
+static void record_events(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct stream_set uses = b->uses;
+    b->uses = (struct stream_set){0};
+    /* Keep the block "pending" while its events are recorded. */
+    b->event_count++;
+    unsigned keep = 0; /* streams to retry, compacted to the front of uses */
+    for (unsigned i = 0; i < uses.n; i++) {
+        CUstream s = stream_set_get(&uses, i);
+        CUevent ev;
+        if (event_get(d, &ev) == XSEG_SUCCESS) {
+            if (vevent_record(ev, s)) {
+                struct ev_queue *q = queue_for(d, s);
+                if (q && queue_push(q, ev, b)) {
+                    b->event_count++;
+                    d->pending_events++;
+                    alloc_fast_off(d);
+                    continue;
+                }
+            }
+            event_put(d, ev);
+        }
+        if (vstream_wait(s, "for a freed block used on it (xseg_record_stream)") == XSEG_SUCCESS)
+            continue;
+        if (uses.cap > 2)
+            uses.heap[keep++] = s;
+        else
+            uses.inl[keep++] = s;
+    }
+    uses.n = keep;
+    if (keep && defer(d, b))
+        b->uses = uses; /* retried later; still pending */
+    else
+        stream_set_clear(&uses); /* all recorded or waited for (or no host memory to retry) */
+    event_done(d, b);
+}
+
+xseg_status ev_insert(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    /* Without the device's context nothing can be recorded now: retry later (a driver failure
+     * must not lose the block). */
+    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS && defer(d, b))
+        return XSEG_SUCCESS;
+    /* During a capture, event queries are illegal: defer recording until it ends. */
+    if ((d->ncapturing || d->nroutes) && alloc_capture_underway(d, false) && defer(d, b)) {
+        /* graph_capture_record_stream_reuse: the graph may free it before the capture ends. */
+        if (d->cfg.graph_capture_record_stream_reuse)
+            capreuse_mark(d, b);
+        return XSEG_SUCCESS;
+    }
+    record_events(d, b);
+    return XSEG_SUCCESS;
+}
+
+/* Record the deferred blocks' events. A block that fails again is deferred anew, so the list is
+ * swapped out first. */
+static void insert_deferred(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    capreuse_reset(d); /* the captures are over: their graph markers mean nothing now */
+    struct block **list = d->deferred;
+    size_t n = d->ndeferred;
+    d->deferred = NULL;
+    d->ndeferred = d->capdeferred = 0;
+    for (size_t i = 0; i < n; i++)
+        if (list[i]) /* NULL: reused during the capture (capreuse.c) */
+            record_events(d, list[i]);
+    free(list);
+}
+
+/* Take the finished head item off queue @p q and return its event to the pool. */
+static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
+{
+    struct ev_item it = q->items[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->count--;
+    d->pending_events--;
+    event_put(d, it.event);
+    event_done(d, it.block);
+}
+
+/* Drop empty queue @p i (swap with the last). */
+static void queue_drop(struct dev_alloc *d, size_t i)
+{
+    free(d->evq[i].items);
+    d->evq[i] = d->evq[--d->nevq];
+}
+
+void ev_process(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+        return;
+    if (d->ndeferred)
+        insert_deferred(d);
+    for (size_t i = 0; i < d->nevq;) {
+        struct ev_queue *q = &d->evq[i];
+        while (q->count) {
+            /* Not ready, or the query failed: the work may still run; ask again next time
+             * (ev_synchronize_all waits for it). */
+            if (!vevent_done(q->items[q->head].event))
+                break;
+            queue_pop_done(d, q);
+        }
+        if (q->count == 0)
+            queue_drop(d, i);
+        else
+            i++;
+    }
+}
+
+void ev_synchronize_all(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    alloc_count_sync_all(d);
+    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+        return;
+    if (d->ndeferred)
+        insert_deferred(d);
+    for (size_t i = 0; i < d->nevq;) {
+        struct ev_queue *q = &d->evq[i];
+        while (q->count) {
+            /* An event that cannot be waited for: wait for its stream (or the context); when
+             * nothing works the block stays pending and a later call tries again. */
+            if (!vevent_wait(q->items[q->head].event) &&
+                vstream_wait(q->stream, "for a freed block's event") != XSEG_SUCCESS)
+                break;
+            queue_pop_done(d, q);
+        }
+        if (q->count == 0)
+            queue_drop(d, i);
+        else
+            i++;
+    }
+}
+
+void ev_destroy(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < d->nevent_pool; i++)
+        vevent_destroy(d->event_pool[i]);
+    free(d->event_pool);
+    d->event_pool = NULL;
+    d->nevent_pool = d->capevent_pool = 0;
+}

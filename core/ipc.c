@@ -1,0 +1,517 @@
+/*
+ * Issue 15: IPC of expandable blocks (see include/xseg.h for the contract, docs/ipc.md for the
+ * design). A block is exported as the pages under it; the wire format and the import table live
+ * here, the driver calls in vmm/ipc.c.
+ */
+#define _GNU_SOURCE
+#include "core/ipc.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "vmm/ipc.h"
+#include "vmm/segment.h"
+
+/* ---- handles ---- */
+
+static xseg_ipc_handle *ipc_handle_new(xseg_ipc_handle_type type, size_t npages)
+{
+    xseg_ipc_handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    h->type = type;
+    h->npages = npages;
+    if (type == XSEG_IPC_POSIX_FD) {
+        h->fds = malloc(XSEG_MAX(npages, (size_t)1) * sizeof *h->fds);
+        if (h->fds)
+            for (size_t i = 0; i < npages; i++)
+                h->fds[i] = -1;
+    } else {
+        h->fabric = calloc(XSEG_MAX(npages, (size_t)1), IPC_FABRIC_BYTES);
+    }
+    if (!h->fds && !h->fabric) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void ipc_handle_free(xseg_ipc_handle *h)
+{
+    if (!h)
+        return;
+    if (h->fds)
+        for (size_t i = 0; i < h->npages; i++)
+            if (h->fds[i] >= 0)
+                close(h->fds[i]);
+    free(h->fds);
+    free(h->fabric);
+    free(h);
+}
+
+/* The pages [first, first + n) under block @p b and its offset in the first one. */
+static void ipc_block_pages(const struct block *b, size_t *first, size_t *n, size_t *offset)
+{
+    size_t page = seg_page_size(b->seg->vseg);
+    size_t off = b->addr - (uintptr_t)seg_base(b->seg->vseg);
+    *first = off / page;
+    *offset = off - *first * page;
+    *n = (off + b->size + page - 1) / page - *first;
+}
+
+xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned)
+{
+    lock_acquire(&d->lock);
+    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
+    *owned = b != NULL;
+    if (!b) {
+        lock_release(&d->lock);
+        return XSEG_SUCCESS;
+    }
+    xseg_status st;
+    if (!b->expandable || !b->seg->vseg) {
+        st = err_set(XSEG_ERROR_NOT_SUPPORTED,
+                     "xseg_ipc_export: block %p on device %d is a classic (cuMemAlloc) block; only blocks of "
+                     "expandable segments can be exported",
+                     ptr, d->device);
+        goto out;
+    }
+    unsigned types = seg_handle_types(b->seg->vseg);
+    unsigned type = (types & CU_MEM_HANDLE_TYPE_FABRIC) ? CU_MEM_HANDLE_TYPE_FABRIC
+                    : (types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                                                         : 0;
+    if (!type) {
+        st = err_set(XSEG_ERROR_NOT_SUPPORTED,
+                     "xseg_ipc_export: the segment of block %p on device %d was created without a shareable "
+                     "handle type (expandable_segments_ipc:False, or the driver reports neither POSIX file "
+                     "descriptors nor fabric handles)",
+                     ptr, d->device);
+        goto out;
+    }
+    size_t first, n, offset;
+    ipc_block_pages(b, &first, &n, &offset);
+    xseg_ipc_handle *h = ipc_handle_new(type == CU_MEM_HANDLE_TYPE_FABRIC ? XSEG_IPC_FABRIC : XSEG_IPC_POSIX_FD, n);
+    if (!h) {
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_export: out of host memory for %zu pages", n);
+        goto out;
+    }
+    h->device = d->device;
+    h->size = b->size;
+    h->offset = offset;
+    h->page_size = seg_page_size(b->seg->vseg);
+    /* Under the device lock: the pages cannot be unmapped while they are exported. */
+    st = ipc_export_pages(b->seg->vseg, first, n, type, h->fds, h->fabric);
+    if (st != XSEG_SUCCESS) {
+        if (h->fds)
+            for (size_t i = 0; i < n; i++)
+                h->fds[i] = -1; /* ipc_export_pages closed what it had opened */
+        ipc_handle_free(h);
+        err_prefix(st, "xseg_ipc_export(%p)", ptr);
+        goto out;
+    }
+    *out = h;
+out:
+    lock_release(&d->lock);
+    return st;
+}
+
+xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n,
+                              bool *owned)
+{
+    lock_acquire(&d->lock);
+    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
+    *owned = b != NULL;
+    if (!b) {
+        lock_release(&d->lock);
+        return XSEG_SUCCESS;
+    }
+    if (!b->expandable || !b->seg->vseg) {
+        if (cap)
+            ranges[0] = (xseg_phys_range){.address = b->addr, .length = b->size, .handle = 0,
+                                          .offset = b->addr - b->seg->first->addr};
+        *n = 1;
+        lock_release(&d->lock);
+        return XSEG_SUCCESS;
+    }
+    size_t first, np, offset;
+    ipc_block_pages(b, &first, &np, &offset);
+    size_t page = seg_page_size(b->seg->vseg);
+    uintptr_t base = (uintptr_t)seg_base(b->seg->vseg), end = b->addr + b->size;
+    for (size_t k = 0; k < np && k < cap; k++) {
+        uintptr_t pstart = base + (first + k) * page;
+        uintptr_t lo = XSEG_MAX(pstart, b->addr), hi = XSEG_MIN(pstart + page, end);
+        ranges[k] = (xseg_phys_range){.address = lo, .length = hi - lo,
+                                      .handle = (uint64_t)seg_page_handle(b->seg->vseg, first + k),
+                                      .offset = lo - pstart};
+    }
+    *n = np;
+    lock_release(&d->lock);
+    return XSEG_SUCCESS;
+}
+
+/* ---- imports ---- */
+
+struct ipc_import_rec {
+    uintptr_t ptr; /* what xseg_ipc_import returned */
+    CUdeviceptr base;
+    size_t size;
+    CUcontext ctx;
+    struct ipc_import_rec *next;
+};
+
+static pthread_mutex_t ipc_imports_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ipc_import_rec *ipc_imports;
+
+xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr)
+{
+    if (h->npages == 0 || h->npages > IPC_MAX_PAGES || h->page_size == 0 || h->offset >= h->page_size ||
+        h->size > h->npages * h->page_size - h->offset)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_ipc_import: the handle is inconsistent (%zu pages of %zu bytes, offset %zu, size %zu)",
+                       h->npages, h->page_size, h->offset, h->size);
+    if (h->type == XSEG_IPC_POSIX_FD)
+        for (size_t i = 0; i < h->npages; i++)
+            if (h->fds[i] < 0)
+                return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_import: page %zu's descriptor is closed", i);
+    /* Host memory first, so nothing can fail after the driver work succeeded. */
+    struct ipc_import_rec *rec = calloc(1, sizeof *rec);
+    CUmemAccessDesc *access = calloc(ALLOC_MAX_DEVICES + 1, sizeof *access);
+    if (!rec || !access) {
+        free(rec);
+        free(access);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_import: out of host memory");
+    }
+    int naccess = 0;
+    lock_acquire(&d->lock);
+    access[naccess].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[naccess].location.id = d->device;
+    access[naccess++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (int i = 0; i < d->npeers; i++) {
+        access[naccess].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access[naccess].location.id = d->peers[i];
+        access[naccess++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    lock_release(&d->lock);
+    CUdeviceptr base = 0;
+    unsigned type = h->type == XSEG_IPC_FABRIC ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    xseg_status st = ipc_import_map(d->info.primary_ctx, type, h->fds, h->fabric, h->npages, h->page_size, access,
+                                    naccess, &base);
+    free(access);
+    if (st != XSEG_SUCCESS) {
+        free(rec);
+        return err_prefix(st, "xseg_ipc_import on device %d", d->device);
+    }
+    rec->base = base;
+    rec->size = h->npages * h->page_size;
+    rec->ptr = (uintptr_t)base + h->offset;
+    rec->ctx = d->info.primary_ctx;
+    pthread_mutex_lock(&ipc_imports_lock);
+    rec->next = ipc_imports;
+    ipc_imports = rec;
+    pthread_mutex_unlock(&ipc_imports_lock);
+    *ptr = (void *)rec->ptr;
+    return XSEG_SUCCESS;
+}
+
+xseg_status ipc_close(void *ptr)
+{
+    pthread_mutex_lock(&ipc_imports_lock);
+    struct ipc_import_rec **pp = &ipc_imports;
+    while (*pp && (*pp)->ptr != (uintptr_t)ptr)
+        pp = &(*pp)->next;
+    struct ipc_import_rec *rec = *pp;
+    if (rec)
+        *pp = rec->next; /* taken out while the driver works: a concurrent close of it fails */
+    pthread_mutex_unlock(&ipc_imports_lock);
+    if (!rec)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_close: %p is not an open import", ptr);
+    int gone = 0;
+    xseg_status st = ipc_unmap(rec->ctx, rec->base, rec->size, &gone);
+    if (!gone) {
+        /* Still mapped: keep it, so the caller may close it again. */
+        pthread_mutex_lock(&ipc_imports_lock);
+        rec->next = ipc_imports;
+        ipc_imports = rec;
+        pthread_mutex_unlock(&ipc_imports_lock);
+        return err_prefix(st, "xseg_ipc_close(%p)", ptr);
+    }
+    free(rec);
+    return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_ipc_close(%p)", ptr);
+}
+
+/* ---- wire format ----
+ *
+ * Header (native byte order; both ends run on one host, or one NVLink domain of one architecture):
+ * magic "XSEGIPC1", then the fields below. POSIX handles: the header message carries the first
+ * IPC_FDS_PER_MSG descriptors as SCM_RIGHTS, every further chunk one byte 'F' with the next ones.
+ * Fabric handles: the header, then the 64-byte handles in chunks of IPC_FDS_PER_MSG. The same
+ * chunking on both ends lets the receiver read exact byte counts, which works on stream and
+ * seqpacket sockets alike. The flat (serialized) form is the header followed by all fabric bytes. */
+
+#define IPC_MAGIC "XSEGIPC1"
+#define IPC_FDS_PER_MSG 250 /* the kernel accepts at most 253 (SCM_MAX_FD) per message */
+
+struct ipc_wire {
+    char magic[8];
+    uint32_t version;
+    uint32_t type;
+    int32_t device;
+    uint32_t reserved;
+    uint64_t size, offset, page_size, npages;
+};
+
+static void ipc_wire_fill(const xseg_ipc_handle *h, struct ipc_wire *w)
+{
+    memset(w, 0, sizeof *w);
+    memcpy(w->magic, IPC_MAGIC, 8);
+    w->version = 1;
+    w->type = (uint32_t)h->type;
+    w->device = h->device;
+    w->size = h->size;
+    w->offset = h->offset;
+    w->page_size = h->page_size;
+    w->npages = h->npages;
+}
+
+/* Check a received header and make the handle it describes. */
+static xseg_status ipc_wire_parse(const struct ipc_wire *w, const char *fn, xseg_ipc_handle **out)
+{
+    if (memcmp(w->magic, IPC_MAGIC, 8) || w->version != 1)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: not an xseg IPC handle (bad magic or version)", fn);
+    if (w->type != XSEG_IPC_POSIX_FD && w->type != XSEG_IPC_FABRIC)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: unknown handle type %u", fn, w->type);
+    if (w->npages == 0 || w->npages > IPC_MAX_PAGES || w->page_size == 0 || w->offset >= w->page_size ||
+        w->size > w->npages * w->page_size - w->offset)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "%s: inconsistent handle (%llu pages of %llu bytes, offset %llu, size %llu)", fn,
+                       (unsigned long long)w->npages, (unsigned long long)w->page_size,
+                       (unsigned long long)w->offset, (unsigned long long)w->size);
+    xseg_ipc_handle *h = ipc_handle_new((xseg_ipc_handle_type)w->type, (size_t)w->npages);
+    if (!h)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    h->device = w->device;
+    h->size = (size_t)w->size;
+    h->offset = (size_t)w->offset;
+    h->page_size = (size_t)w->page_size;
+    *out = h;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status ipc_errno(const char *fn, const char *what)
+{
+    return err_set(XSEG_ERROR_INVALID_VALUE, "%s: %s failed: %s", fn, what, strerror(errno));
+}
+
+/* Send @p len bytes and @p nfds descriptors (with the first byte) in full. */
+static xseg_status ipc_send_msg(int sock, const void *buf, size_t len, const int *fds, size_t nfds)
+{
+    union {
+        char buf[CMSG_SPACE(IPC_FDS_PER_MSG * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    size_t sent = 0;
+    while (sent < len) {
+        struct iovec iov = {(char *)(uintptr_t)buf + sent, len - sent};
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        if (sent == 0 && nfds) {
+            memset(&ctl, 0, sizeof ctl);
+            msg.msg_control = ctl.buf;
+            msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+            memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+        }
+        ssize_t r = sendmsg(sock, &msg, MSG_NOSIGNAL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return ipc_errno("xseg_ipc_send", "sendmsg");
+        }
+        sent += (size_t)r;
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Receive exactly @p len bytes; descriptors that come with them are appended to fds[*nfds..max).
+ * More descriptors than room, or a truncated control message, is an error (all closed by the
+ * caller through fds and nfds; extras closed here). */
+static xseg_status ipc_recv_msg(int sock, void *buf, size_t len, int *fds, size_t *nfds, size_t max)
+{
+    union {
+        char buf[CMSG_SPACE(IPC_FDS_PER_MSG * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    size_t got = 0;
+    while (got < len) {
+        struct iovec iov = {(char *)buf + got, len - got};
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = sizeof ctl.buf;
+        ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return ipc_errno("xseg_ipc_recv", "recvmsg");
+        }
+        bool extra = false;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            int tmp[IPC_FDS_PER_MSG + 8];
+            k = XSEG_MIN(k, sizeof tmp / sizeof tmp[0]);
+            memcpy(tmp, CMSG_DATA(c), k * sizeof(int));
+            for (size_t i = 0; i < k; i++) {
+                if (fds && *nfds < max)
+                    fds[(*nfds)++] = tmp[i];
+                else {
+                    close(tmp[i]);
+                    extra = true;
+                }
+            }
+        }
+        if (msg.msg_flags & MSG_CTRUNC)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "xseg_ipc_recv: descriptors were lost in transit (MSG_CTRUNC: the process is out of "
+                           "file descriptors?)");
+        if (extra)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: more descriptors arrived than the handle has pages");
+        if (r == 0)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: the socket was closed after %zu of %zu bytes",
+                           got, len);
+        got += (size_t)r;
+    }
+    return XSEG_SUCCESS;
+}
+
+xseg_status ipc_send(int sock, const xseg_ipc_handle *h)
+{
+    struct ipc_wire w;
+    ipc_wire_fill(h, &w);
+    size_t n = h->npages;
+    if (h->type == XSEG_IPC_FABRIC) {
+        xseg_status st = ipc_send_msg(sock, &w, sizeof w, NULL, 0);
+        for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG)
+            st = ipc_send_msg(sock, h->fabric + i * IPC_FABRIC_BYTES,
+                              XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG) * IPC_FABRIC_BYTES, NULL, 0);
+        return st;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (h->fds[i] < 0)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_send: page %zu's descriptor is closed", i);
+    const char more = 'F';
+    xseg_status st = XSEG_SUCCESS;
+    for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG) {
+        size_t k = XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG);
+        if (i == 0)
+            st = ipc_send_msg(sock, &w, sizeof w, h->fds, k);
+        else
+            st = ipc_send_msg(sock, &more, 1, h->fds + i, k);
+    }
+    return st;
+}
+
+xseg_status ipc_recv(int sock, xseg_ipc_handle **out)
+{
+    struct ipc_wire w;
+    int first[IPC_FDS_PER_MSG];
+    size_t nfirst = 0;
+    xseg_status st = ipc_recv_msg(sock, &w, sizeof w, first, &nfirst, IPC_FDS_PER_MSG);
+    xseg_ipc_handle *h = NULL;
+    if (st == XSEG_SUCCESS)
+        st = ipc_wire_parse(&w, "xseg_ipc_recv", &h);
+    if (st != XSEG_SUCCESS) {
+        for (size_t i = 0; i < nfirst; i++)
+            close(first[i]);
+        return st;
+    }
+    size_t n = h->npages;
+    if (h->type == XSEG_IPC_FABRIC) {
+        if (nfirst) {
+            for (size_t i = 0; i < nfirst; i++)
+                close(first[i]);
+            ipc_handle_free(h);
+            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: descriptors came with a fabric handle");
+        }
+        for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG)
+            st = ipc_recv_msg(sock, h->fabric + i * IPC_FABRIC_BYTES,
+                              XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG) * IPC_FABRIC_BYTES, NULL, NULL, 0);
+    } else {
+        size_t have = 0;
+        for (size_t i = 0; i < nfirst; i++) {
+            if (have < n)
+                h->fds[have++] = first[i];
+            else
+                close(first[i]);
+        }
+        if (nfirst != XSEG_MIN(n, (size_t)IPC_FDS_PER_MSG))
+            st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: %zu descriptors came with the header, expected %zu",
+                         nfirst, XSEG_MIN(n, (size_t)IPC_FDS_PER_MSG));
+        for (size_t i = IPC_FDS_PER_MSG; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG) {
+            char more;
+            size_t before = have;
+            st = ipc_recv_msg(sock, &more, 1, h->fds, &have, XSEG_MIN(n, i + IPC_FDS_PER_MSG));
+            if (st == XSEG_SUCCESS && (more != 'F' || have - before != XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG)))
+                st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: chunk at page %zu is malformed", i);
+        }
+    }
+    if (st != XSEG_SUCCESS) {
+        ipc_handle_free(h); /* closes every descriptor received */
+        return st;
+    }
+    *out = h;
+    return XSEG_SUCCESS;
+}
+
+xseg_status ipc_serialize(const xseg_ipc_handle *h, void *buf, size_t size, size_t *len)
+{
+    if (h->type != XSEG_IPC_FABRIC)
+        return err_set(XSEG_ERROR_NOT_SUPPORTED,
+                       "xseg_ipc_serialize: a POSIX file-descriptor handle has no flat form (descriptors only "
+                       "travel over a unix socket: use xseg_ipc_send)");
+    size_t need = sizeof(struct ipc_wire) + h->npages * IPC_FABRIC_BYTES;
+    if (len)
+        *len = need;
+    if (size < need)
+        return XSEG_SUCCESS;
+    struct ipc_wire w;
+    ipc_wire_fill(h, &w);
+    memcpy(buf, &w, sizeof w);
+    memcpy((char *)buf + sizeof w, h->fabric, h->npages * IPC_FABRIC_BYTES);
+    return XSEG_SUCCESS;
+}
+
+xseg_status ipc_deserialize(const void *buf, size_t len, xseg_ipc_handle **out)
+{
+    struct ipc_wire w;
+    if (len < sizeof w)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_deserialize: %zu bytes is shorter than the header (%zu)",
+                       len, sizeof w);
+    memcpy(&w, buf, sizeof w);
+    if (w.type == XSEG_IPC_POSIX_FD)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_ipc_deserialize: a POSIX file-descriptor handle has no flat form");
+    xseg_ipc_handle *h = NULL;
+    xseg_status st = ipc_wire_parse(&w, "xseg_ipc_deserialize", &h);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (len != sizeof w + h->npages * IPC_FABRIC_BYTES) {
+        size_t want = sizeof w + h->npages * IPC_FABRIC_BYTES;
+        ipc_handle_free(h);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_deserialize: %zu bytes, expected %zu", len, want);
+    }
+    memcpy(h->fabric, (const char *)buf + sizeof w, h->npages * IPC_FABRIC_BYTES);
+    *out = h;
+    return XSEG_SUCCESS;
+}

@@ -1,0 +1,51 @@
+/*
+ * Issue 15: sharing blocks between processes, registration hooks (observers) and block handle
+ * lookup. The driver calls are in vmm/ipc.c; this is the policy: which pages a block exports, the
+ * handle's wire format, the table of imports, and who hears about map/unmap.
+ */
+#ifndef XSEG_CORE_IPC_H
+#define XSEG_CORE_IPC_H
+
+#include <stdbool.h>
+
+#include "core/alloc.h"
+
+/* The definition of the public opaque handle. */
+struct xseg_ipc_handle {
+    xseg_ipc_handle_type type;
+    int device;
+    size_t size, offset, page_size, npages;
+    int *fds;              /* XSEG_IPC_POSIX_FD: npages descriptors owned by the handle */
+    unsigned char *fabric; /* XSEG_IPC_FABRIC: npages * IPC_FABRIC_BYTES */
+};
+
+/* More pages than this in one handle is refused when received (a malformed or hostile header
+ * must not make the receiver allocate without bound): 2^20 pages is 2 TiB of 2 MiB pages. */
+#define IPC_MAX_PAGES ((size_t)1 << 20)
+
+/* Export the live block at @p ptr if @p d owns it (*owned = false and nothing happens when not). */
+xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned);
+/* The ranges under the live block at @p ptr (xseg_block_handles) if @p d owns it. */
+xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n,
+                              bool *owned);
+/* Map @p h on @p d's device and remember the import. */
+xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr);
+/* Unmap an import made by ipc_import. */
+xseg_status ipc_close(void *ptr);
+
+xseg_status ipc_send(int sock, const xseg_ipc_handle *h);
+xseg_status ipc_recv(int sock, xseg_ipc_handle **out);
+xseg_status ipc_serialize(const xseg_ipc_handle *h, void *buf, size_t size, size_t *len);
+xseg_status ipc_deserialize(const void *buf, size_t len, xseg_ipc_handle **out);
+void ipc_handle_free(xseg_ipc_handle *h);
+
+/* ---- observers (core/observe.c) ---- */
+
+xseg_status obs_attach(xseg_segment_observer fn, void *user);
+xseg_status obs_detach(xseg_segment_observer fn, void *user);
+/* The segment hook (seg_params.observe); user is the struct dev_alloc. Device lock held. */
+void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, int mapped);
+/* A classic segment [addr, addr + size) was mapped (cuMemAlloc) or is about to be freed. */
+void obs_classic(struct dev_alloc *d, uintptr_t addr, size_t size, xseg_segment_event_kind kind);
+
+#endif

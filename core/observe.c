@@ -1,0 +1,185 @@
+/*
+ * Issue 15: segment observers, for libraries that register device memory (NCCL's
+ * ncclMemRegister / user buffer registration, RDMA's ibv_reg_mr, ...) and must follow every map
+ * and unmap. PyTorch's allocator trace tracker (pytorch #112238) is the model.
+ *
+ * Ordering without missed or doubled events: an observer is attached in two steps. First it goes
+ * into the list with, per device, `ready` set only for devices that have no allocator yet (they
+ * have nothing mapped, so every later event is news). Then each existing device is locked in
+ * turn, its current mappings are replayed to the new observer as MAP events and `ready` is set,
+ * all under that device's lock. Events are emitted under the device lock too, and an observer
+ * hears a device's events only once it is ready for it: an event before the replay is already
+ * part of the replayed state, every event after it is delivered.
+ *
+ * Lock order: a device lock, then obs_lock (events, replay); never the reverse.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "core/ipc.h"
+#include "core/runtime.h"
+#include "vmm/segment.h"
+
+/* A run of pages is reported in events of at most this many ranges (a stack array: the hook
+ * allocates nothing, so it cannot fail). */
+#define OBS_RANGES_MAX 64
+
+struct observer {
+    xseg_segment_observer fn;
+    void *user;
+    bool ready[ALLOC_MAX_DEVICES];
+};
+
+static pthread_mutex_t obs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct observer *obs_list;
+static size_t obs_n, obs_cap;
+static _Atomic size_t obs_count; /* obs_n, readable without the lock: 0 means no work at all */
+
+/* Deliver @p ev to every observer ready for its device (or only to @p only). obs_lock held. */
+static void obs_deliver_locked(const xseg_segment_event *ev, const struct observer *only)
+{
+    for (size_t i = 0; i < obs_n; i++) {
+        const struct observer *o = &obs_list[i];
+        if (only ? o == only : o->ready[ev->device])
+            o->fn(ev, o->user);
+    }
+}
+
+/* Report pages [first, last) of @p seg in chunks. obs_lock held. */
+static void obs_pages_locked(struct seg *seg, int device, size_t first, size_t last, int mapped,
+                             const struct observer *only)
+{
+    xseg_phys_range r[OBS_RANGES_MAX];
+    size_t page = seg_page_size(seg);
+    uintptr_t base = (uintptr_t)seg_base(seg);
+    for (size_t i = first; i < last;) {
+        size_t k = 0;
+        for (; k < OBS_RANGES_MAX && i < last; k++, i++)
+            r[k] = (xseg_phys_range){.address = base + i * page, .length = page,
+                                     .handle = (uint64_t)seg_page_handle(seg, i), .offset = 0};
+        xseg_segment_event ev = {.kind = mapped ? XSEG_SEGMENT_MAP : XSEG_SEGMENT_UNMAP, .device = device,
+                                 .address = r[0].address, .size = k * page, .is_expandable = 1,
+                                 .nranges = k, .ranges = r};
+        obs_deliver_locked(&ev, only);
+    }
+}
+
+void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, int mapped)
+{
+    if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
+        return;
+    struct dev_alloc *d = user;
+    pthread_mutex_lock(&obs_lock);
+    obs_pages_locked(seg, d->device, first, last, mapped, NULL);
+    pthread_mutex_unlock(&obs_lock);
+}
+
+void obs_classic(struct dev_alloc *d, uintptr_t addr, size_t size, xseg_segment_event_kind kind)
+{
+    if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
+        return;
+    xseg_phys_range r = {.address = addr, .length = size, .handle = 0, .offset = 0};
+    xseg_segment_event ev = {.kind = kind, .device = d->device, .address = addr, .size = size,
+                             .is_expandable = 0, .nranges = 1, .ranges = &r};
+    pthread_mutex_lock(&obs_lock);
+    obs_deliver_locked(&ev, NULL);
+    pthread_mutex_unlock(&obs_lock);
+}
+
+/* Replay context for one device. */
+struct obs_replay {
+    struct dev_alloc *d;
+    const struct observer *only;
+};
+
+static void obs_replay_run(void *user, struct seg *seg, size_t first, size_t last, int mapped)
+{
+    struct obs_replay *rp = user;
+    obs_pages_locked(seg, rp->d->device, first, last, mapped, rp->only);
+}
+
+/* Find (fn, user) in the list. obs_lock held. */
+static struct observer *obs_find_locked(xseg_segment_observer fn, void *user)
+{
+    for (size_t i = 0; i < obs_n; i++)
+        if (obs_list[i].fn == fn && obs_list[i].user == user)
+            return &obs_list[i];
+    return NULL;
+}
+
+xseg_status obs_attach(xseg_segment_observer fn, void *user)
+{
+    pthread_mutex_lock(&obs_lock);
+    if (obs_find_locked(fn, user)) {
+        pthread_mutex_unlock(&obs_lock);
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_attach_segment_observer: this (fn, user) pair is attached already");
+    }
+    if (obs_n == obs_cap) {
+        size_t cap = obs_cap ? 2 * obs_cap : 4;
+        struct observer *l = realloc(obs_list, cap * sizeof *l);
+        if (!l) {
+            pthread_mutex_unlock(&obs_lock);
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_attach_segment_observer: out of host memory");
+        }
+        obs_list = l;
+        obs_cap = cap;
+    }
+    struct observer *o = &obs_list[obs_n++];
+    memset(o, 0, sizeof *o);
+    o->fn = fn;
+    o->user = user;
+    bool pending[ALLOC_MAX_DEVICES];
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
+        pending[i] = rt_device_peek(i) != NULL;
+        o->ready[i] = !pending[i];
+    }
+    atomic_store_explicit(&obs_count, obs_n, memory_order_relaxed);
+    pthread_mutex_unlock(&obs_lock);
+
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
+        if (!pending[i])
+            continue;
+        struct dev_alloc *d = rt_device_peek(i);
+        lock_acquire(&d->lock);
+        pthread_mutex_lock(&obs_lock);
+        /* The list may have moved (realloc by another attach) or this entry been detached. */
+        struct observer *me = obs_find_locked(fn, user);
+        if (me && !me->ready[i]) {
+            struct obs_replay rp = {d, me};
+            for (struct segrec *s = d->segs; s; s = s->next_seg) {
+                if (s->vseg) {
+                    seg_replay_mapped(s->vseg, obs_replay_run, &rp);
+                } else if (s->first) {
+                    xseg_phys_range r = {.address = s->first->addr, .length = s->size};
+                    xseg_segment_event ev = {.kind = XSEG_SEGMENT_MAP, .device = i, .address = r.address,
+                                             .size = s->size, .is_expandable = 0, .nranges = 1, .ranges = &r};
+                    obs_deliver_locked(&ev, me);
+                }
+            }
+            me->ready[i] = true;
+        }
+        pthread_mutex_unlock(&obs_lock);
+        lock_release(&d->lock);
+    }
+    return XSEG_SUCCESS;
+}
+
+xseg_status obs_detach(xseg_segment_observer fn, void *user)
+{
+    pthread_mutex_lock(&obs_lock);
+    struct observer *o = obs_find_locked(fn, user);
+    if (!o) {
+        pthread_mutex_unlock(&obs_lock);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_detach_segment_observer: no such observer is attached");
+    }
+    size_t i = (size_t)(o - obs_list);
+    memmove(&obs_list[i], &obs_list[i + 1], (obs_n - i - 1) * sizeof *obs_list);
+    obs_n--;
+    atomic_store_explicit(&obs_count, obs_n, memory_order_relaxed);
+    pthread_mutex_unlock(&obs_lock);
+    return XSEG_SUCCESS;
+}

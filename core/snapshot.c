@@ -1,0 +1,799 @@
+/* Snapshots in PyTorch's format, the live-process log and the OOM snapshot (snapshot.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "core/alloc.h"
+#include "core/history.h"
+#include "core/runtime.h"
+#include "core/snapshot.h"
+
+/* ---- a map from 64-bit keys to 32-bit values (open addressing; keys never 0) ------------- */
+
+struct u64map {
+    uint64_t *keys;
+    uint32_t *vals;
+    size_t cap, count;
+};
+
+static size_t u64map_slot(const struct u64map *m, uint64_t k)
+{
+    uint64_t h = k * 0x9E3779B97F4A7C15ull;
+    size_t i = (size_t)(h >> 20) & (m->cap - 1);
+    while (m->keys[i] && m->keys[i] != k)
+        i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+static bool u64map_get(const struct u64map *m, uint64_t k, uint32_t *v)
+{
+    if (!m->cap)
+        return false;
+    size_t i = u64map_slot(m, k);
+    if (!m->keys[i])
+        return false;
+    *v = m->vals[i];
+    return true;
+}
+
+static bool u64map_put(struct u64map *m, uint64_t k, uint32_t v)
+{
+    if ((m->count + 1) * 2 > m->cap) {
+        struct u64map n = {0};
+        n.cap = m->cap ? m->cap * 2 : 256;
+        n.keys = calloc(n.cap, sizeof *n.keys);
+        n.vals = calloc(n.cap, sizeof *n.vals);
+        if (!n.keys || !n.vals) {
+            free(n.keys);
+            free(n.vals);
+            return false;
+        }
+        for (size_t i = 0; i < m->cap; i++) {
+            if (m->keys[i]) {
+                size_t j = u64map_slot(&n, m->keys[i]);
+                n.keys[j] = m->keys[i];
+                n.vals[j] = m->vals[i];
+                n.count++;
+            }
+        }
+        free(m->keys);
+        free(m->vals);
+        *m = n;
+    }
+    size_t i = u64map_slot(m, k);
+    if (!m->keys[i])
+        m->count++;
+    m->keys[i] = k;
+    m->vals[i] = v;
+    return true;
+}
+
+static void u64map_free(struct u64map *m)
+{
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- the emitter: one walk, two encodings ------------------------------------------------ */
+
+/* Pickle opcodes (protocol 2 and below: no FRAME, MEMOIZE or SHORT_BINUNICODE). */
+enum {
+    P_PROTO = 0x80, P_STOP = '.', P_MARK = '(', P_EMPTY_DICT = '}', P_SETITEMS = 'u', P_EMPTY_LIST = ']',
+    P_APPENDS = 'e', P_BININT = 'J', P_BININT1 = 'K', P_BININT2 = 'M', P_LONG1 = 0x8a, P_BINUNICODE = 'X',
+    P_NEWTRUE = 0x88, P_NEWFALSE = 0x89, P_BINFLOAT = 'G', P_TUPLE2 = 0x86, P_BINPUT = 'q',
+    P_LONG_BINPUT = 'r', P_BINGET = 'h', P_LONG_BINGET = 'j',
+};
+
+/* Python's pickler batches APPENDS by 1000; MemoryViz.js spreads each batch into push(). */
+#define EMIT_BATCH 1000
+
+#define SNAP_STR2(x) #x
+#define SNAP_STR(x) SNAP_STR2(x)
+#define XSEG_VERSION_STRING                                                                                  \
+    SNAP_STR(XSEG_API_VERSION_MAJOR) "." SNAP_STR(XSEG_API_VERSION_MINOR) "." SNAP_STR(XSEG_API_VERSION_PATCH)
+#define EMIT_DEPTH 16
+
+struct emit {
+    FILE *f;
+    bool json;
+    int depth;
+    bool is_list[EMIT_DEPTH];
+    size_t count[EMIT_DEPTH]; /* items (lists) or keys (dicts) so far at each level */
+    bool after_key;           /* JSON: a value follows its key without a comma */
+    uint32_t memo_next;       /* pickle memo ids handed out */
+};
+
+static void put(struct emit *e, const void *p, size_t n) { fwrite(p, 1, n, e->f); }
+static void put1(struct emit *e, int c) { putc(c, e->f); }
+static void put_u32(struct emit *e, uint32_t v)
+{
+    unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
+    put(e, b, 4);
+}
+
+/* Before every value and key: JSON commas, pickle APPENDS batches. */
+static void sep(struct emit *e)
+{
+    if (e->depth == 0)
+        return;
+    int d = e->depth - 1;
+    if (e->json) {
+        if (e->after_key) {
+            e->after_key = false;
+            return;
+        }
+        if (e->count[d]++)
+            put1(e, ',');
+        return;
+    }
+    if (e->is_list[d]) {
+        if (e->count[d] && e->count[d] % EMIT_BATCH == 0) {
+            put1(e, P_APPENDS);
+            put1(e, P_MARK);
+        }
+        e->count[d]++;
+    }
+}
+
+static void open_(struct emit *e, bool list)
+{
+    sep(e);
+    if (e->json) {
+        put1(e, list ? '[' : '{');
+    } else {
+        put1(e, list ? P_EMPTY_LIST : P_EMPTY_DICT);
+    }
+    if (e->depth < EMIT_DEPTH) {
+        e->is_list[e->depth] = list;
+        e->count[e->depth] = 0;
+    }
+    e->depth++;
+    if (!e->json)
+        put1(e, P_MARK);
+}
+
+static void close_(struct emit *e)
+{
+    e->depth--;
+    if (e->json)
+        put1(e, e->is_list[e->depth] ? ']' : '}');
+    else
+        put1(e, e->is_list[e->depth] ? P_APPENDS : P_SETITEMS);
+}
+
+static void e_list(struct emit *e) { open_(e, true); }
+static void e_dict(struct emit *e) { open_(e, false); }
+static void e_end(struct emit *e) { close_(e); }
+
+static void put_int(struct emit *e, int64_t v)
+{
+    if (e->json) {
+        fprintf(e->f, "%lld", (long long)v);
+        return;
+    }
+    if (v >= 0 && v < 256) {
+        put1(e, P_BININT1);
+        put1(e, (int)v);
+    } else if (v >= 0 && v < 65536) {
+        put1(e, P_BININT2);
+        put1(e, (int)(v & 0xff));
+        put1(e, (int)(v >> 8));
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+        put1(e, P_BININT);
+        put_u32(e, (uint32_t)(int32_t)v);
+    } else {
+        /* LONG1: little-endian two's complement, the fewest bytes that keep the sign. */
+        unsigned char b[8];
+        uint64_t u = (uint64_t)v;
+        int n = 0;
+        do {
+            b[n++] = (unsigned char)u;
+            u = (uint64_t)((int64_t)u >> 8);
+        } while (n < 8 && !((u == 0 && !(b[n - 1] & 0x80)) || (u == UINT64_MAX && (b[n - 1] & 0x80))));
+        put1(e, P_LONG1);
+        put1(e, n);
+        put(e, b, (size_t)n);
+    }
+}
+
+static void e_int(struct emit *e, int64_t v)
+{
+    sep(e);
+    put_int(e, v);
+}
+
+static void e_bool(struct emit *e, bool v)
+{
+    sep(e);
+    if (e->json)
+        fputs(v ? "true" : "false", e->f);
+    else
+        put1(e, v ? P_NEWTRUE : P_NEWFALSE);
+}
+
+static void e_float(struct emit *e, double v)
+{
+    sep(e);
+    if (e->json) {
+        fprintf(e->f, "%.17g", v);
+        return;
+    }
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    put1(e, P_BINFLOAT);
+    for (int i = 7; i >= 0; i--)
+        put1(e, (int)(u >> (8 * i)) & 0xff);
+}
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not valid. */
+static int utf8_len(const unsigned char *s)
+{
+    if (s[0] < 0x80)
+        return 1;
+    int n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+/* A string; bytes that are not UTF-8 become '?' (Python decodes the pickle's strings as UTF-8). */
+static void e_str(struct emit *e, const char *s)
+{
+    sep(e);
+    if (!s)
+        s = "";
+    size_t n = strlen(s);
+    if (e->json) {
+        put1(e, '"');
+        for (const unsigned char *p = (const unsigned char *)s; *p;) {
+            int l = utf8_len(p);
+            if (!l) {
+                put1(e, '?');
+                p++;
+            } else if (*p == '"' || *p == '\\') {
+                put1(e, '\\');
+                put1(e, *p++);
+            } else if (*p < 0x20) {
+                fprintf(e->f, "\\u%04x", *p++);
+            } else {
+                put(e, p, (size_t)l);
+                p += l;
+            }
+        }
+        put1(e, '"');
+        return;
+    }
+    put1(e, P_BINUNICODE);
+    put_u32(e, (uint32_t)n);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int l = utf8_len(p);
+        if (!l) {
+            put1(e, '?');
+            p++;
+        } else {
+            put(e, p, (size_t)l);
+            p += l;
+        }
+    }
+}
+
+static void e_key(struct emit *e, const char *k)
+{
+    e_str(e, k);
+    if (e->json) {
+        put1(e, ':');
+        e->after_key = true;
+    }
+}
+
+static void e_tuple2(struct emit *e, int64_t a, int64_t b)
+{
+    if (e->json) {
+        e_list(e);
+        e_int(e, a);
+        e_int(e, b);
+        e_end(e);
+        return;
+    }
+    sep(e);
+    put_int(e, a);
+    put_int(e, b);
+    put1(e, P_TUPLE2);
+}
+
+/* Pickle memo: remember the object just built as @p id, or push the remembered one. */
+static void memo_put(struct emit *e, uint32_t id)
+{
+    if (id < 256) {
+        put1(e, P_BINPUT);
+        put1(e, (int)id);
+    } else {
+        put1(e, P_LONG_BINPUT);
+        put_u32(e, id);
+    }
+}
+
+static void memo_get(struct emit *e, uint32_t id)
+{
+    sep(e);
+    if (id < 256) {
+        put1(e, P_BINGET);
+        put1(e, (int)id);
+    } else {
+        put1(e, P_LONG_BINGET);
+        put_u32(e, id);
+    }
+}
+
+/* ---- frames ------------------------------------------------------------------------------ */
+
+struct frames_out {
+    struct u64map frame_memo; /* frame value -> memo id of its dict (pickle) */
+    struct u64map stack_memo; /* struct hstack * -> memo id of its list (pickle) */
+};
+
+static void e_frame(struct emit *e, struct frames_out *fo, uintptr_t f)
+{
+    uint32_t id;
+    if (!e->json && u64map_get(&fo->frame_memo, f, &id)) {
+        memo_get(e, id);
+        return;
+    }
+    char buf[1024];
+    const char *filename, *name;
+    int line;
+    hist_frame_info(f, buf, sizeof buf, &filename, &name, &line);
+    e_dict(e);
+    e_key(e, "filename");
+    e_str(e, filename);
+    e_key(e, "name");
+    e_str(e, name);
+    e_key(e, "line");
+    e_int(e, line);
+    e_end(e);
+    if (!e->json && u64map_put(&fo->frame_memo, f, e->memo_next))
+        memo_put(e, e->memo_next++);
+}
+
+/* The `frames` list of a stack (NULL: empty), written once and then referred to (pickle). */
+static void e_frames(struct emit *e, struct frames_out *fo, const struct hstack *s)
+{
+    uint32_t id;
+    if (s && !e->json && u64map_get(&fo->stack_memo, (uintptr_t)s, &id)) {
+        memo_get(e, id);
+        return;
+    }
+    e_list(e);
+    for (uint32_t i = 0; s && i < s->n; i++)
+        e_frame(e, fo, s->f[i]);
+    e_end(e);
+    if (s && !e->json && u64map_put(&fo->stack_memo, (uintptr_t)s, e->memo_next))
+        memo_put(e, e->memo_next++);
+}
+
+/* ---- the snapshot ------------------------------------------------------------------------ */
+
+static const char *state_name(xseg_block_state st)
+{
+    switch (st) {
+    case XSEG_BLOCK_ACTIVE_ALLOCATED: return "active_allocated";
+    case XSEG_BLOCK_ACTIVE_PENDING_FREE: return "active_pending_free";
+    default: return "inactive";
+    }
+}
+
+static void e_segments(struct emit *e, struct frames_out *fo, const struct snap_acc *a)
+{
+    e_key(e, "segments");
+    e_list(e);
+    for (size_t i = 0; i < a->n; i++) {
+        const xseg_segment_info *s = &a->segs[i];
+        e_dict(e);
+        e_key(e, "device");
+        e_int(e, s->device);
+        e_key(e, "address");
+        e_int(e, (int64_t)s->address);
+        e_key(e, "total_size");
+        e_int(e, (int64_t)s->total_size);
+        e_key(e, "allocated_size");
+        e_int(e, (int64_t)s->allocated_size);
+        e_key(e, "active_size");
+        e_int(e, (int64_t)s->active_size);
+        e_key(e, "requested_size");
+        e_int(e, (int64_t)s->requested_size);
+        e_key(e, "stream");
+        e_int(e, (int64_t)(uintptr_t)s->stream);
+        e_key(e, "segment_type");
+        e_str(e, s->is_large ? "large" : "small");
+        e_key(e, "segment_pool_id");
+        e_tuple2(e, (int64_t)s->pool_id[0], (int64_t)s->pool_id[1]);
+        e_key(e, "is_expandable");
+        e_bool(e, s->is_expandable != 0);
+        e_key(e, "frames");
+        e_frames(e, fo, NULL);
+        e_key(e, "blocks");
+        e_list(e);
+        for (size_t j = 0; j < s->nblocks; j++) {
+            const xseg_block_info *b = &s->blocks[j];
+            e_dict(e);
+            e_key(e, "address");
+            e_int(e, (int64_t)b->address);
+            e_key(e, "size");
+            e_int(e, (int64_t)b->size);
+            e_key(e, "requested_size");
+            e_int(e, (int64_t)b->requested_size);
+            e_key(e, "state");
+            e_str(e, state_name(b->state));
+            e_key(e, "frames");
+            e_frames(e, fo, a->with_stacks ? a->stacks[i][j] : NULL);
+            e_end(e);
+        }
+        e_end(e);
+        e_end(e);
+    }
+    e_end(e);
+}
+
+static void e_event(struct emit *e, struct frames_out *fo, const struct hist_event *ev)
+{
+    e_dict(e);
+    e_key(e, "action");
+    e_str(e, hist_action_name(ev->action));
+    if (ev->action == HIST_OOM) {
+        e_key(e, "device_free");
+        e_int(e, (int64_t)ev->addr);
+    } else {
+        e_key(e, "addr");
+        e_int(e, (int64_t)ev->addr);
+    }
+    e_key(e, "size");
+    e_int(e, (int64_t)ev->size);
+    e_key(e, "stream");
+    e_int(e, (int64_t)ev->stream);
+    e_key(e, "time_us");
+    e_int(e, ev->time_us);
+    e_key(e, "frames");
+    e_frames(e, fo, ev->stack);
+    e_end(e);
+}
+
+static void e_settings(struct emit *e, uint64_t dropped)
+{
+    struct cfg c;
+    unsigned gen;
+    rt_cfg_copy(&c, &gen);
+    char conf[1024];
+    cfg_format(&c, conf, sizeof conf, NULL);
+    e_key(e, "allocator_settings");
+    e_dict(e);
+    e_key(e, "PYTORCH_CUDA_ALLOC_CONF");
+    e_str(e, conf);
+    e_key(e, "max_split_size");
+    e_int(e, c.max_split_size == SIZE_MAX ? -1 : (int64_t)c.max_split_size);
+    e_key(e, "garbage_collection_threshold");
+    e_float(e, c.garbage_collection_threshold);
+    e_key(e, "expandable_segments");
+    e_bool(e, c.expandable_segments);
+    e_key(e, "release_lock_on_cudamalloc");
+    e_bool(e, c.release_lock_on_cudamalloc);
+    e_key(e, "roundup_power2_divisions");
+    e_dict(e);
+    for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "%d", 1 << i);
+        e_key(e, k);
+        e_int(e, c.roundup_power2_divisions[i]);
+    }
+    e_end(e);
+    e_key(e, "allocator");
+    e_str(e, "xseg");
+    e_key(e, "xseg_version");
+    e_str(e, XSEG_VERSION_STRING);
+    e_key(e, "history_events_dropped");
+    e_int(e, (int64_t)dropped);
+    e_end(e);
+}
+
+/* Open a temporary file beside @p path. */
+static FILE *open_tmp(const char *path, char *tmp, size_t size, const char *what)
+{
+    static _Atomic unsigned seq;
+    int n = snprintf(tmp, size, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&seq, 1));
+    if (n < 0 || (size_t)n >= size) {
+        err_set(XSEG_ERROR_INVALID_VALUE, "%s: path too long: %.200s", what, path);
+        return NULL;
+    }
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot write %s: %s", what, tmp, strerror(errno));
+    return f;
+}
+
+/* Close @p f and move @p tmp to @p path; on any failure remove tmp and report. */
+static xseg_status finish_file(FILE *f, const char *tmp, const char *path, const char *what)
+{
+    int werr = ferror(f) ? errno : 0;
+    if (fclose(f) != 0 && !werr)
+        werr = errno ? errno : EIO;
+    if (werr) {
+        remove(tmp);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: writing %s failed: %s", what, path, strerror(werr));
+    }
+    if (rename(tmp, path) != 0) {
+        int r = errno;
+        remove(tmp);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(r));
+    }
+    return XSEG_SUCCESS;
+}
+
+/* The segments of @p device (-1: every device created so far) into @p a. */
+static xseg_status gather(int device, struct snap_acc *a)
+{
+    int n = rt_device_count();
+    for (int i = 0; i < n; i++) {
+        if (device != -1 && i != device)
+            continue;
+        struct dev_alloc *d = rt_device_peek(i);
+        if (!d)
+            continue;
+        if (hist_mode() & HIST_TRACE)
+            hist_record(HIST_SNAPSHOT, i, 0, alloc_active_bytes(d), 0, NULL);
+        xseg_status st = alloc_snapshot(d, a);
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
+    return XSEG_SUCCESS;
+}
+
+xseg_status snapshot_write(int device, const char *path, bool json)
+{
+    const char *what = json ? "xseg_dump_snapshot_json" : "xseg_dump_snapshot";
+    if (!path || !*path)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: path is %s", what, path ? "empty" : "NULL");
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    int ndev = rt_device_count();
+    if (device < -1 || device >= ndev)
+        return err_set(XSEG_ERROR_INVALID_DEVICE, "%s: invalid device %d: the driver reports %d device%s", what,
+                       device, ndev, ndev == 1 ? "" : "s");
+
+    struct snap_acc a = {.with_stacks = true};
+    struct hist_event *ev = NULL;
+    size_t nev = 0;
+    uint64_t dropped = 0;
+    if ((st = gather(device, &a)) != XSEG_SUCCESS || (st = hist_events_copy(&ev, &nev, &dropped)) != XSEG_SUCCESS) {
+        snap_acc_free(&a);
+        return st;
+    }
+
+    char tmp[4200];
+    FILE *f = open_tmp(path, tmp, sizeof tmp, what);
+    if (!f) {
+        snap_acc_free(&a);
+        hist_events_free(ev, nev);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    setvbuf(f, NULL, _IOFBF, 1 << 20);
+    struct emit e = {.f = f, .json = json};
+    struct frames_out fo = {0};
+    if (!json) {
+        put1(&e, P_PROTO);
+        put1(&e, 2);
+    }
+    e_dict(&e);
+    e_segments(&e, &fo, &a);
+    e_key(&e, "device_traces");
+    e_list(&e);
+    int ntraces = ndev > 0 ? ndev : 1;
+    for (int dv = 0; dv < ntraces; dv++) {
+        e_list(&e);
+        for (size_t i = 0; i < nev; i++)
+            if (ev[i].device == dv && (device == -1 || device == dv))
+                e_event(&e, &fo, &ev[i]);
+        e_end(&e);
+    }
+    e_end(&e);
+    e_settings(&e, dropped);
+    e_end(&e);
+    if (!json)
+        put1(&e, P_STOP);
+    else
+        put1(&e, '\n');
+    u64map_free(&fo.frame_memo);
+    u64map_free(&fo.stack_memo);
+    snap_acc_free(&a);
+    hist_events_free(ev, nev);
+    return finish_file(f, tmp, path, what);
+}
+
+/* ---- the live-process log: events as an xseg-replay trace ---------------------------------- */
+
+xseg_status snapshot_write_trace(int device, const char *path)
+{
+    const char *what = "xseg_dump_trace";
+    if (!path || !*path)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: path is %s", what, path ? "empty" : "NULL");
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    int ndev = rt_device_count();
+    if (device < -1 || device >= ndev)
+        return err_set(XSEG_ERROR_INVALID_DEVICE, "%s: invalid device %d: the driver reports %d device%s", what,
+                       device, ndev, ndev == 1 ? "" : "s");
+    struct hist_event *ev;
+    size_t nev;
+    uint64_t dropped;
+    if ((st = hist_events_copy(&ev, &nev, &dropped)) != XSEG_SUCCESS)
+        return st;
+
+    /* Buffers: one name per allocation, "b<N>"; live[addr] = N while allocated. Frees whose
+     * alloc the ring dropped (or that came before recording) are seeded at the start. */
+    struct u64map live = {0}, streams = {0}, seeded = {0};
+    uint32_t next = 1, nseed = 0;
+    bool oom = false;
+    for (size_t i = 0; i < nev && !oom; i++) {
+        const struct hist_event *x = &ev[i];
+        if (device != -1 && x->device != device)
+            continue;
+        uint32_t v;
+        if (x->stream && !u64map_get(&streams, x->stream, &v) && !u64map_put(&streams, x->stream, 1))
+            oom = true;
+        if (x->action == HIST_ALLOC) {
+            if (!u64map_put(&live, x->addr, next++))
+                oom = true;
+        } else if (x->action == HIST_FREE_COMPLETED && x->addr) {
+            if (!u64map_get(&live, x->addr, &v)) {
+                if (!u64map_get(&seeded, x->addr, &v) && !u64map_put(&seeded, x->addr, ++nseed))
+                    oom = true;
+            } else {
+                /* A key can't be deleted from u64map: mark freed with 0. */
+                u64map_put(&live, x->addr, 0);
+            }
+        }
+    }
+    u64map_free(&live);
+    if (oom) {
+        u64map_free(&streams);
+        u64map_free(&seeded);
+        hist_events_free(ev, nev);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    }
+
+    char tmp[4200];
+    FILE *f = open_tmp(path, tmp, sizeof tmp, what);
+    if (!f) {
+        u64map_free(&streams);
+        u64map_free(&seeded);
+        hist_events_free(ev, nev);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    fprintf(f, "# xseg-replay trace written by xseg_dump_trace (xseg %s) from the allocation history\n",
+            XSEG_VERSION_STRING);
+    fprintf(f, "# device %d: %zu events in the ring, %llu older ones dropped; buffers freed in the window\n"
+               "# but allocated before it are allocated first (their sizes are their requested sizes)\n",
+            device, nev, (unsigned long long)dropped);
+    for (size_t i = 0; i < streams.cap; i++)
+        if (streams.keys[i])
+            fprintf(f, "stream s%llx\n", (unsigned long long)streams.keys[i]);
+    /* Seeds, in the order their frees appear. */
+    struct u64map done = {0};
+    for (size_t i = 0; i < nev; i++) {
+        const struct hist_event *x = &ev[i];
+        uint32_t v, w;
+        if ((device != -1 && x->device != device) || x->action != HIST_FREE_COMPLETED ||
+            !u64map_get(&seeded, x->addr, &v) || u64map_get(&done, x->addr, &w))
+            continue;
+        u64map_put(&done, x->addr, 1);
+        fprintf(f, "alloc p%u %llu", v, (unsigned long long)(x->size ? x->size : 1));
+        if (x->stream)
+            fprintf(f, " @s%llx", (unsigned long long)x->stream);
+        fputc('\n', f);
+    }
+    u64map_free(&done);
+    /* The window, in order. A seeded buffer's first free is its own; later allocs at the same
+     * address get fresh names. */
+    struct u64map cur = {0}, seed_used = {0};
+    next = 1;
+    for (size_t i = 0; i < nev; i++) {
+        const struct hist_event *x = &ev[i];
+        if (device != -1 && x->device != device)
+            continue;
+        uint32_t v;
+        if (x->action == HIST_ALLOC) {
+            u64map_put(&cur, x->addr, next);
+            fprintf(f, "alloc b%u %llu", next++, (unsigned long long)x->size);
+            if (x->stream)
+                fprintf(f, " @s%llx", (unsigned long long)x->stream);
+            fputc('\n', f);
+        } else if (x->action == HIST_FREE_COMPLETED) {
+            if (u64map_get(&cur, x->addr, &v) && v) {
+                fprintf(f, "free b%u\n", v);
+                u64map_put(&cur, x->addr, 0);
+            } else if (u64map_get(&seeded, x->addr, &v) && !u64map_get(&seed_used, x->addr, &v)) {
+                u64map_get(&seeded, x->addr, &v);
+                fprintf(f, "free p%u\n", v);
+                u64map_put(&seed_used, x->addr, 1);
+            }
+        } else if (x->action == HIST_OOM) {
+            fprintf(f, "# oom: %llu bytes requested, %llu free on the device\n", (unsigned long long)x->size,
+                    (unsigned long long)x->addr);
+        } else if (x->action == HIST_SNAPSHOT) {
+            fprintf(f, "mark snapshot\n");
+        }
+    }
+    u64map_free(&cur);
+    u64map_free(&seed_used);
+    u64map_free(&streams);
+    u64map_free(&seeded);
+    hist_events_free(ev, nev);
+    return finish_file(f, tmp, path, what);
+}
+
+/* ---- OOM snapshots ------------------------------------------------------------------------- */
+
+#define OOM_SNAPSHOT_INTERVAL_US (10 * 1000000ll)
+
+static pthread_mutex_t oom_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *oom_path;      /* set by xseg_set_oom_snapshot */
+static bool oom_path_set;   /* the API decided (even NULL): the environment is not read */
+static int64_t oom_last_us; /* when the last OOM snapshot was written (0: never) */
+static bool oom_writing;    /* an OOM inside the writer (observer, another thread) does not recurse */
+
+xseg_status snapshot_set_oom_path(const char *path)
+{
+    char *p = NULL;
+    if (path && *path && !(p = strdup(path)))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_set_oom_snapshot: out of host memory");
+    pthread_mutex_lock(&oom_lock);
+    free(oom_path);
+    oom_path = p;
+    oom_path_set = true;
+    oom_last_us = 0;
+    pthread_mutex_unlock(&oom_lock);
+    return XSEG_SUCCESS;
+}
+
+void snapshot_on_oom(char *info, size_t size)
+{
+    info[0] = 0;
+    pthread_mutex_lock(&oom_lock);
+    const char *path = oom_path_set ? oom_path : getenv("XSEG_OOM_SNAPSHOT");
+    if (!path || !*path || oom_writing) {
+        pthread_mutex_unlock(&oom_lock);
+        return;
+    }
+    char *copy = strdup(path);
+    int64_t now = hist_now_us(), last = oom_last_us;
+    bool due = copy && (last == 0 || now - last >= OOM_SNAPSHOT_INTERVAL_US);
+    if (due) {
+        oom_writing = true;
+        oom_last_us = now;
+    }
+    pthread_mutex_unlock(&oom_lock);
+    if (!copy)
+        return;
+    if (!due) {
+        snprintf(info, size, " (No memory snapshot this time: one was written to %.400s %.1f s ago.)", copy,
+                 (double)(now - last) / 1e6);
+        free(copy);
+        return;
+    }
+    /* The writer sets this thread's error message on failure: keep its text for ours. */
+    xseg_status st = snapshot_write(-1, copy, false);
+    if (st == XSEG_SUCCESS)
+        snprintf(info, size, " A memory snapshot was written to %.400s.", copy);
+    else
+        snprintf(info, size, " (The memory snapshot could not be written: %.400s)", xseg_last_error());
+    pthread_mutex_lock(&oom_lock);
+    oom_writing = false;
+    pthread_mutex_unlock(&oom_lock);
+    free(copy);
+}

@@ -1,0 +1,34 @@
+/*
+ * Snapshots in PyTorch's format (torch.cuda.memory._dump_snapshot): the segments and blocks of
+ * every device with their allocation stacks, the history's events, the allocator settings, as a
+ * pickle (protocol 2; only dict, list, str, int, float, bool, tuple: no class is named, so a
+ * restricted unpickler and MemoryViz.js's own unpickler read it) or as JSON. Also the live-process
+ * log (the history's events as an xseg-replay trace) and the OOM snapshot.
+ *
+ * Every writer takes device locks one at a time and the history lock briefly; it never holds a
+ * lock while writing to the file.
+ */
+#ifndef XSEG_CORE_SNAPSHOT_H
+#define XSEG_CORE_SNAPSHOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/common.h"
+
+/* Write a snapshot of @p device (-1: every device) to @p path (via a temporary file renamed
+ * into place). @p json: JSON instead of the pickle. */
+xseg_status snapshot_write(int device, const char *path, bool json);
+
+/* The history's events of @p device (-1: all) as an xseg-replay trace at @p path. */
+xseg_status snapshot_write_trace(int device, const char *path);
+
+/* The OOM snapshot path (NULL: off; xseg_set_oom_snapshot). Until set, $XSEG_OOM_SNAPSHOT. */
+xseg_status snapshot_set_oom_path(const char *path);
+
+/* An OOM surfaces (no device lock held): write the OOM snapshot if one is asked for and the last
+ * was written long enough ago; @p info receives a sentence for the OOM message (" A memory
+ * snapshot was written to PATH." or why not), or "". */
+void snapshot_on_oom(char *info, size_t size);
+
+#endif

@@ -1,0 +1,233 @@
+/*
+ * Giving cached memory back (core/trim.h): one pass shared by xseg_trim, release_threshold_mb
+ * and idle reclaim.
+ *
+ * Why "largest first": each run given back costs its segment's stream a synchronize (or, without
+ * waiting, a query) and two driver calls per page; large runs give the most bytes per stream
+ * touched, and the small gaps between live blocks are the likeliest to be reused by the next
+ * small request. Ties go to the older segment so that a replay repeats its own figures (virtual
+ * addresses differ between runs).
+ */
+#include "core/trim.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+#include "base/error.h"
+#include "core/stats.h"
+#include "vmm/segment.h"
+#include "vmm/stream.h"
+
+size_t trim_cached_bytes(const struct dev_alloc *d)
+{
+    int64_t reserved = stats_all_current(d->stats.reserved_bytes);
+    int64_t allocated = stats_all_current(d->stats.allocated_bytes);
+    return reserved > allocated ? (size_t)(reserved - allocated) : 0;
+}
+
+struct trim_cand {
+    struct block *b;
+    size_t bytes; /* what giving it back would release */
+};
+
+static int cand_cmp(const void *pa, const void *pb)
+{
+    const struct trim_cand *a = pa, *b = pb;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    if (a->b == b->b)
+        return 0;
+    if (a->b->expandable != b->b->expandable)
+        return a->b->expandable ? 1 : -1; /* a whole classic segment: no page walk */
+    if (a->b->expandable)
+        return exp_block_older(a->b, b->b) ? -1 : 1;
+    return a->b->addr < b->b->addr ? -1 : 1;
+}
+
+/* Streams asked once per pass whether their queued work has completed. */
+struct stream_memo {
+    CUstream *s;
+    signed char *done; /* 1 idle, 0 busy or unknown */
+    size_t n, cap;
+};
+
+static bool stream_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (m->s[i] == s)
+            return m->done[i];
+    if (m->n == m->cap) {
+        size_t ncap = m->cap ? m->cap * 2 : 8;
+        CUstream *ns = realloc(m->s, ncap * sizeof *ns);
+        if (!ns)
+            return false;
+        m->s = ns;
+        signed char *nd = realloc(m->done, ncap);
+        if (!nd)
+            return false;
+        m->done = nd;
+        m->cap = ncap;
+    }
+    /* A query, never a wait: CUDA_SUCCESS means every work item queued so far has completed, so
+     * the last use of any block freed before now is over. Any error counts as busy. */
+    bool idle = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vstream_idle(s);
+    m->s[m->n] = s;
+    m->done[m->n++] = idle;
+    return idle;
+}
+
+/* Append the candidates of @p pool to (*v, *n); false on host OOM. */
+static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, size_t *n, size_t *cap)
+{
+    struct block **arr;
+    size_t na;
+    if (!bpool_collect_free(pool, &arr, &na))
+        return false;
+    for (size_t i = 0; i < na; i++) {
+        struct block *b = arr[i];
+        if (idle_only && b->gc_count_base >= pool->idle_mark)
+            continue; /* used (or merged into) less than idle_release_ms ago */
+        size_t bytes;
+        if (b->expandable)
+            bytes = exp_whole_page_bytes(b);
+        else
+            bytes = block_is_split(b) ? 0 : b->size;
+        if (!bytes)
+            continue;
+        if (*n == *cap) {
+            size_t ncap = *cap ? *cap * 2 : 64;
+            struct trim_cand *nv = realloc(*v, ncap * sizeof *nv);
+            if (!nv) {
+                free(arr);
+                return false;
+            }
+            *v = nv;
+            *cap = ncap;
+        }
+        (*v)[(*n)++] = (struct trim_cand){b, bytes};
+    }
+    free(arr);
+    return true;
+}
+
+xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bool idle_only, size_t *released)
+{
+    if (released)
+        *released = 0;
+    size_t cached = trim_cached_bytes(d);
+    if (cached <= keep)
+        return XSEG_SUCCESS;
+    /* Unmapping or freeing during a capture would invalidate it (and the graph's addresses). */
+    if (alloc_capture_underway(d, true))
+        return XSEG_SUCCESS;
+
+    struct trim_cand *v = NULL;
+    size_t n = 0, cap = 0;
+    bool ok = collect(&d->large, idle_only, &v, &n, &cap) && collect(&d->small, idle_only, &v, &n, &cap);
+    for (struct priv_pool *pp = d->pools; ok && pp; pp = pp->next)
+        if (pp->use_count == 0)
+            ok = collect(&pp->large, idle_only, &v, &n, &cap) && collect(&pp->small, idle_only, &v, &n, &cap);
+    if (!ok) {
+        free(v);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory listing cached blocks to trim");
+    }
+    if (n > 1)
+        qsort(v, n, sizeof *v, cand_cmp);
+
+    struct stream_memo memo = {0};
+    xseg_status st = XSEG_SUCCESS;
+    size_t need = cached - keep, got = 0;
+    for (size_t i = 0; i < n && got < need && st == XSEG_SUCCESS; i++) {
+        struct block *b = v[i].b;
+        if (wait == TRIM_KNOWN_COMPLETE && !stream_idle(d, &memo, b->stream))
+            continue;
+        size_t before = d->total_allocated_memory;
+        if (b->expandable) {
+            /* Pages are whole: ask for the rest of the need rounded up to this run's pages (the
+             * callee rounds down). Earlier unmaps never delete a later candidate: they merge only
+             * unmapped neighbours, and candidates are mapped. */
+            size_t want = need - got;
+            size_t page = seg_page_size(b->seg->vseg);
+            st = exp_unmap_pages(d, b, want > SIZE_MAX - page ? SIZE_MAX : want + page - 1,
+                                 wait == TRIM_KNOWN_COMPLETE);
+        } else {
+            st = alloc_release_classic(d, b);
+        }
+        got += before - d->total_allocated_memory;
+    }
+    free(memo.s);
+    free(memo.done);
+    free(v);
+    exp_release_empty_segments(d);
+    if (d->pools)
+        pools_reap(d);
+    if (released)
+        *released = got;
+    return st;
+}
+
+void trim_threshold(struct dev_alloc *d, size_t handing_out)
+{
+    size_t threshold = d->cfg.release_threshold;
+    if (threshold == SIZE_MAX || trim_cached_bytes(d) <= threshold + handing_out)
+        return;
+    threshold = threshold > SIZE_MAX - handing_out ? SIZE_MAX : threshold + handing_out;
+    /* A failure leaves correct bookkeeping and is retried at the next point; the call that got
+     * here did not ask for a release, so it does not report one. */
+    (void)trim_cache(d, threshold, TRIM_KNOWN_COMPLETE, false, NULL);
+}
+
+xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
+{
+    alloc_lock(d);
+    /* Blocks whose record_stream events have completed go back to their pools first; pending
+     * ones are not waited for (empty_cache does that). Event queries are illegal during a
+     * capture, and nothing is released then anyway. */
+    if ((d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes)
+        ev_process(d);
+    xseg_status st = trim_cache(d, keep, TRIM_SYNC, false, released);
+    alloc_fast_update(d);
+    lock_release(&d->lock);
+    return st;
+}
+
+static void pool_tick(struct bpool *p, uint64_t now, uint64_t window)
+{
+    p->tick_ns[p->tick_next] = now;
+    p->tick_count[p->tick_next] = p->get_free_blocks_call_count++;
+    p->tick_next = (p->tick_next + 1) % BPOOL_IDLE_TICKS;
+    /* The newest tick at least `window` old: blocks stamped at or before its clock are idle. */
+    uint64_t best_t = 0;
+    bool found = false;
+    for (unsigned i = 0; i < BPOOL_IDLE_TICKS; i++) {
+        uint64_t t = p->tick_ns[i];
+        if (t && now - t >= window && (!found || t > best_t)) {
+            best_t = t;
+            p->idle_mark = p->tick_count[i] + 1;
+            found = true;
+        }
+    }
+    if (!found)
+        p->idle_mark = 0; /* nothing known idle yet */
+}
+
+void trim_idle_tick(struct dev_alloc *d)
+{
+    unsigned ms = d->cfg.idle_release_ms;
+    if (!ms)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t window = (uint64_t)ms * 1000000ull;
+    if (d->idle_tick_ns && now - d->idle_tick_ns < window / 4)
+        return;
+    d->idle_tick_ns = now;
+    pool_tick(&d->small, now, window);
+    pool_tick(&d->large, now, window);
+    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+        pool_tick(&pp->small, now, window);
+        pool_tick(&pp->large, now, window);
+    }
+    (void)trim_cache(d, 0, TRIM_KNOWN_COMPLETE, true, NULL);
+}

@@ -1,0 +1,319 @@
+/*
+ * Graphs as a capture builds them, and the graph-query entry points xseg uses.
+ *
+ * A graph is a list of nodes in creation order; a node's dependencies are fixed when it is
+ * created (cudaemu has no cuGraphAddDependencies), so the graph is a DAG by construction. Only
+ * the node kinds a capture made through cudaemu can contain exist: empty nodes
+ * (cuGraphAddEmptyNode) and kernel nodes (cudaemu_stream_work, standing for a kernel launch).
+ * Recording an event or waiting on one adds no node: as with the driver, it moves dependency
+ * sets between streams (stream.c).
+ *
+ * Rules, from the driver API documentation of each entry point: NULL out-parameters, a node
+ * list with duplicates, a dependency of another graph, an unknown graph or node are
+ * CUDA_ERROR_INVALID_VALUE. Queries that return arrays follow the documented convention: a NULL
+ * array asks for the count; a count larger than needed gets NULL-padded entries and the real
+ * count back. Edge data is always the default (zeroed) here.
+ * All under emu.lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudaemu/emu.h"
+
+CUgraphNode emu_node_resolve_locked(CUgraphNode n)
+{
+    return n ? emu_map_get(&emu.nodes, (uint64_t)(uintptr_t)n) : NULL;
+}
+
+static CUgraph graph_resolve_locked(CUgraph g)
+{
+    return g ? emu_map_get(&emu.graphs, (uint64_t)(uintptr_t)g) : NULL;
+}
+
+CUgraph emu_graph_new_locked(void)
+{
+    CUgraph g = calloc(1, sizeof *g);
+    if (!g || emu_map_put(&emu.graphs, (uint64_t)(uintptr_t)g, g)) {
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
+void emu_graph_free_locked(CUgraph g)
+{
+    emu_map_del(&emu.graphs, (uint64_t)(uintptr_t)g);
+    for (size_t i = 0; i < g->nnodes; i++) {
+        CUgraphNode n = g->nodes[i];
+        emu_map_del(&emu.nodes, (uint64_t)(uintptr_t)n);
+        free(n->deps);
+        free(n);
+    }
+    free(g->nodes);
+    free(g);
+}
+
+CUgraphNode emu_graph_add_locked(CUgraph g, CUgraphNodeType type, const CUgraphNode *deps, size_t n)
+{
+    if (g->nnodes == g->capnodes) {
+        size_t ncap = g->capnodes ? g->capnodes * 2 : 16;
+        CUgraphNode *p = realloc(g->nodes, ncap * sizeof *p);
+        if (!p)
+            return NULL;
+        g->nodes = p;
+        g->capnodes = ncap;
+    }
+    CUgraphNode node = calloc(1, sizeof *node);
+    CUgraphNode *d = n ? malloc(n * sizeof *d) : NULL;
+    if (!node || (n && !d) || emu_map_put(&emu.nodes, (uint64_t)(uintptr_t)node, node)) {
+        free(node);
+        free(d);
+        return NULL;
+    }
+    if (n)
+        memcpy(d, deps, n * sizeof *d);
+    node->graph = g;
+    node->type = type;
+    node->deps = d;
+    node->ndeps = n;
+    g->nodes[g->nnodes++] = node;
+    return node;
+}
+
+uint64_t emu_graph_ancestors_locked(const CUgraphNode *from, size_t n)
+{
+    uint64_t mark = ++emu.mark_seq;
+    size_t cap = 64, top = 0;
+    CUgraphNode *stack = malloc(cap * sizeof *stack);
+    for (size_t i = 0; i < n; i++) {
+        if (from[i]->mark == mark)
+            continue;
+        from[i]->mark = mark;
+        if (!stack)
+            return mark; /* out of host memory: the caller sees fewer ancestors (conservative) */
+        stack[top++] = from[i];
+        while (top) {
+            CUgraphNode v = stack[--top];
+            for (size_t j = 0; j < v->ndeps; j++) {
+                CUgraphNode p = v->deps[j];
+                if (p->mark == mark)
+                    continue;
+                p->mark = mark;
+                if (top == cap) {
+                    CUgraphNode *ns = realloc(stack, 2 * cap * sizeof *ns);
+                    if (!ns)
+                        continue;
+                    stack = ns;
+                    cap *= 2;
+                }
+                stack[top++] = p;
+            }
+        }
+    }
+    free(stack);
+    return mark;
+}
+
+static bool nodes_contain(const CUgraphNode *v, size_t n, CUgraphNode x)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == x)
+            return true;
+    return false;
+}
+
+int emu_nodeset_update(struct emu_nodeset *set, const CUgraphNode *nodes, size_t n, bool add)
+{
+    size_t need = (add ? set->n : 0) + n;
+    if (need > set->cap) {
+        size_t ncap = set->cap ? set->cap : 4;
+        while (ncap < need)
+            ncap *= 2;
+        CUgraphNode *v = realloc(set->v, ncap * sizeof *v);
+        if (!v)
+            return -1;
+        set->v = v;
+        CUgraphEdgeData *e = realloc(set->edges, ncap * sizeof *e);
+        if (!e)
+            return -1;
+        memset(e, 0, ncap * sizeof *e);
+        set->edges = e;
+        set->cap = ncap;
+    }
+    /* @p nodes may alias set->v (a stream's own array passed back): copy what is kept first. */
+    size_t keep = add ? set->n : 0;
+    CUgraphNode tmp[16];
+    CUgraphNode *src = (CUgraphNode *)nodes;
+    if (n && nodes >= set->v && nodes < set->v + set->cap) {
+        src = n <= 16 ? tmp : malloc(n * sizeof *src);
+        if (!src)
+            return -1;
+        memcpy(src, nodes, n * sizeof *src);
+    }
+    size_t out = keep;
+    for (size_t i = 0; i < n; i++)
+        if (!nodes_contain(set->v, out, src[i]))
+            set->v[out++] = src[i];
+    set->n = out;
+    if (src != nodes && src != tmp)
+        free(src);
+    return 0;
+}
+
+void emu_nodeset_free(struct emu_nodeset *set)
+{
+    free(set->v);
+    free(set->edges);
+    *set = (struct emu_nodeset){0};
+}
+
+/* Non-default edge data is not modelled. */
+static bool edges_default(const CUgraphEdgeData *e, size_t n)
+{
+    static const CUgraphEdgeData zero;
+    for (size_t i = 0; e && i < n; i++)
+        if (memcmp(&e[i], &zero, sizeof zero))
+            return false;
+    return true;
+}
+
+/* Are @p deps (count @p n) valid, distinct nodes of @p g? */
+static bool deps_valid_locked(CUgraph g, const CUgraphNode *deps, size_t n)
+{
+    if (n && !deps)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        CUgraphNode d = emu_node_resolve_locked(deps[i]);
+        if (!d || d->graph != g || nodes_contain(deps, i, deps[i]))
+            return false;
+    }
+    return true;
+}
+
+/* The documented array-query convention. */
+static void fill_nodes(CUgraphNode *out, CUgraphEdgeData *edges, size_t *count, CUgraphNode *v, size_t n)
+{
+    if (!out) {
+        *count = n;
+        return;
+    }
+    size_t want = *count;
+    for (size_t i = 0; i < want; i++) {
+        out[i] = i < n ? v[i] : NULL;
+        if (edges)
+            memset(&edges[i], 0, sizeof edges[i]);
+    }
+    *count = want < n ? want : n;
+}
+
+CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, size_t numDependencies)
+{
+    EMU_ENTER(cuGraphAddEmptyNode);
+    if (!phGraphNode)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    CUresult r = CUDA_SUCCESS;
+    CUgraph g = graph_resolve_locked(hGraph);
+    if (!g || !deps_valid_locked(g, dependencies, numDependencies)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        CUgraphNode n = emu_graph_add_locked(g, CU_GRAPH_NODE_TYPE_EMPTY, dependencies, numDependencies);
+        if (!n)
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *phGraphNode = n;
+    }
+    emu_unlock();
+    return r;
+}
+
+CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+    EMU_ENTER(cuGraphGetNodes);
+    if (!numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    CUgraph g = graph_resolve_locked(hGraph);
+    if (g)
+        fill_nodes(nodes, NULL, numNodes, g->nodes, g->nnodes);
+    emu_unlock();
+    return g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGraphNodeGetDependencies(CUgraphNode hNode, CUgraphNode *dependencies,
+                                            CUgraphEdgeData *edgeData, size_t *numDependencies)
+{
+    EMU_ENTER(cuGraphNodeGetDependencies);
+    if (!numDependencies || (edgeData && !dependencies))
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    CUgraphNode n = emu_node_resolve_locked(hNode);
+    if (n)
+        fill_nodes(dependencies, edgeData, numDependencies, n->deps, n->ndeps);
+    emu_unlock();
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    EMU_ENTER(cuGraphNodeGetType);
+    if (!type)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    CUgraphNode n = emu_node_resolve_locked(hNode);
+    if (n)
+        *type = n->type;
+    emu_unlock();
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A graph still being captured belongs to the capture ("all operations other than destroy and
+ * node removal are permitted on the graph while the capture sequence is in progress"): cudaemu
+ * refuses the destroy with CUDA_ERROR_ILLEGAL_STATE. */
+CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
+{
+    EMU_ENTER(cuGraphDestroy);
+    emu_lock();
+    CUresult r = CUDA_SUCCESS;
+    CUgraph g = graph_resolve_locked(hGraph);
+    if (!g)
+        r = CUDA_ERROR_INVALID_VALUE;
+    else if (g->capture)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else
+        emu_graph_free_locked(g);
+    emu_unlock();
+    return r;
+}
+
+/* ---- capture dependencies ---- */
+
+CUresult CUDAAPI cuStreamUpdateCaptureDependencies(CUstream hStream, CUgraphNode *dependencies,
+                                                   const CUgraphEdgeData *dependencyData,
+                                                   size_t numDependencies, unsigned int flags)
+{
+    EMU_ENTER(cuStreamUpdateCaptureDependencies);
+    if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (numDependencies && !dependencies)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!edges_default(dependencyData, numDependencies))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    emu_lock();
+    CUresult r = CUDA_SUCCESS;
+    CUstream s = emu_stream_resolve_locked(hStream);
+    if (!s)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (!s->cap)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else if (s->cap->invalidated)
+        r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    else if (!deps_valid_locked(s->cap->graph, dependencies, numDependencies))
+        r = CUDA_ERROR_INVALID_VALUE;
+    else if (emu_nodeset_update(&s->deps, dependencies, numDependencies,
+                                flags == CU_STREAM_ADD_CAPTURE_DEPENDENCIES))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    emu_unlock();
+    return r;
+}

@@ -1,0 +1,147 @@
+/*
+ * Pinned host memory and the asynchronous copies and memset (services, issue 14: sleep offload
+ * and wake). Host memory is an anonymous mapping, tracked so that cuMemFreeHost can refuse a
+ * pointer it did not hand out. Asynchronous work follows the stream model of stream.c: on a
+ * capturing stream it becomes a graph node and does not run (as the driver records it); on a
+ * held stream it is pending work (cuStreamQuery says NOT_READY until the hold ends or someone
+ * waits), but the bytes move at once (no kernels, no asynchrony beyond the hold model: see the
+ * README's infidelities); elsewhere it runs at once.
+ */
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "cudaemu/emu.h"
+
+/* Host allocations by base address -> length (page multiple). Under emu.lock. */
+static struct emu_map host_allocs;
+static size_t host_bytes;
+
+#define HOST_ALLOC_FLAGS (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
+
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    EMU_ENTER(cuMemHostAlloc);
+    if (!pp || (Flags & ~(unsigned)HOST_ALLOC_FLAGS))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytesize > SIZE_MAX - page)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t len = (bytesize + page - 1) & ~(page - 1);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    emu_lock();
+    /* The value is the length, stored as a pointer-sized integer (never 0: len >= one page). */
+    int rc = emu_map_put(&host_allocs, (uint64_t)(uintptr_t)p, (void *)(uintptr_t)len);
+    if (!rc)
+        host_bytes += len;
+    emu_unlock();
+    if (rc) {
+        munmap(p, len);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p)
+{
+    EMU_ENTER(cuMemFreeHost);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    void *v = emu_map_del(&host_allocs, (uint64_t)(uintptr_t)p);
+    if (v)
+        host_bytes -= (size_t)(uintptr_t)v;
+    emu_unlock();
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap(p, (size_t)(uintptr_t)v);
+    return CUDA_SUCCESS;
+}
+
+void cudaemu_host_live(size_t *count, size_t *bytes)
+{
+    emu_env_once();
+    emu_lock();
+    if (count)
+        *count = host_allocs.count;
+    if (bytes)
+        *bytes = host_bytes;
+    emu_unlock();
+}
+
+/* Queue one unit of async work on @p hStream: 1 when it runs now, 0 when it was captured (a graph
+ * node, nothing runs), or a CUresult error (negated) for a bad stream. */
+static int async_enqueue(CUstream hStream, CUgraphNodeType type)
+{
+    emu_lock();
+    int rc = 1;
+    CUstream s = emu_stream_resolve_locked(hStream);
+    if (!s) {
+        rc = -(int)CUDA_ERROR_INVALID_HANDLE;
+    } else if (s->cap) {
+        CUgraphNode n = NULL;
+        if (s->cap->invalidated || !(n = emu_graph_add_locked(s->cap->graph, type, s->deps.v, s->deps.n)) ||
+            emu_nodeset_update(&s->deps, &n, 1, false))
+            rc = -(int)CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            rc = 0;
+    } else if (s->held) {
+        s->submitted++;
+    }
+    emu_unlock();
+    return rc;
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+{
+    EMU_ENTER(cuMemcpyHtoDAsync);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ByteCount && (!dstDevice || !srcHost))
+        return CUDA_ERROR_INVALID_VALUE;
+    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY);
+    if (rc < 0)
+        return (CUresult)-rc;
+    if (rc && ByteCount)
+        memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    EMU_ENTER(cuMemcpyDtoHAsync);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ByteCount && (!dstHost || !srcDevice))
+        return CUDA_ERROR_INVALID_VALUE;
+    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY);
+    if (rc < 0)
+        return (CUresult)-rc;
+    if (rc && ByteCount)
+        memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+    EMU_ENTER(cuMemsetD8Async);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (N && !dstDevice)
+        return CUDA_ERROR_INVALID_VALUE;
+    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMSET);
+    if (rc < 0)
+        return (CUresult)-rc;
+    if (rc && N)
+        memset((void *)(uintptr_t)dstDevice, uc, N);
+    return CUDA_SUCCESS;
+}

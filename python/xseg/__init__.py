@@ -1,0 +1,392 @@
+"""xseg from Python: the allocator's statistics, summary, snapshots, cache control and
+configuration, with torch.cuda's names and meanings, over libxseg through ctypes.
+
+Importing needs only the standard library. `xseg.torch.enable()` installs xseg as PyTorch's CUDA
+allocator with every hook wired; `xseg.cupy.enable()` does the same for CuPy.
+
+Every function that takes `device` accepts an index, "cuda:N", an object with an `.index`
+(torch.device), or None for the current device (torch's current device when torch has
+initialized CUDA, else 0). Failures raise XsegError with xseg's message.
+"""
+import collections
+import ctypes
+import os
+import pickle
+import sys
+import threading
+
+from . import _lib
+from ._lib import XsegError, XsegOutOfMemoryError, check
+from .ipc import IpcHandle, block_handles, ipc_close, ipc_export, ipc_import
+
+__all__ = [
+    "XsegError", "XsegOutOfMemoryError", "__version__", "library_path", "version",
+    "init", "get_config", "set_config", "device_count",
+    "malloc", "free", "record_stream",
+    "memory_stats", "memory_stats_as_nested_dict", "memory_summary", "reset_peak_memory_stats",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "empty_cache", "set_per_process_memory_fraction",
+    "memory_snapshot", "dump_snapshot", "attach_oom_observer",
+    "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
+    "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "trim",
+]
+
+__version__ = "0.1.0"
+
+
+def library_path():
+    """The path libxseg was loaded from."""
+    return _lib.library_path()
+
+
+def version():
+    """The loaded library's version string (include/xseg.h's XSEG_API_VERSION)."""
+    return _lib.lib().xseg_version().decode()
+
+
+def _device(device):
+    if device is None:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                if torch.cuda.is_initialized():
+                    return torch.cuda.current_device()
+            except Exception:  # a torch without CUDA: fall back to device 0
+                pass
+        return 0
+    if isinstance(device, bool):
+        raise TypeError("device must be an int, 'cuda:N', a torch.device or None, not bool")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        name, _, idx = device.partition(":")
+        if name != "cuda" or (idx and not idx.isdigit()):
+            raise ValueError("device %r: expected 'cuda' or 'cuda:N'" % device)
+        return int(idx) if idx else _device(None)
+    index = getattr(device, "index", None)
+    if getattr(device, "type", "cuda") != "cuda":
+        raise ValueError("device %r is not a CUDA device" % (device,))
+    return _device(index)
+
+
+def _stream(stream):
+    """A CUstream as an integer: None or 0 is the legacy default stream; torch and CuPy streams
+    (objects with .cuda_stream or .ptr) are accepted."""
+    if stream is None:
+        return None
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return getattr(stream, attr) or None
+    return int(stream) or None
+
+
+# --- configuration -------------------------------------------------------------------------
+
+def init(config=None):
+    """Initialize xseg now (it initializes lazily otherwise), with an optional config string
+    that is applied on top of $XSEG_ALLOC_CONF / $PYTORCH_CUDA_ALLOC_CONF."""
+    check(_lib.lib().xseg_init(config.encode() if config is not None else None))
+
+
+def set_config(config):
+    """Apply config keys (PyTorch's grammar, e.g. "expandable_segments:True,..."). Raises
+    XsegError naming the bad key or value; nothing changes then."""
+    if not isinstance(config, str):
+        raise TypeError("config must be a str")
+    check(_lib.lib().xseg_set_config(config.encode()))
+
+
+def get_config():
+    """The config in force, as a string set_config accepts."""
+    n = ctypes.c_size_t()
+    check(_lib.lib().xseg_get_config(None, 0, ctypes.byref(n)))
+    buf = ctypes.create_string_buffer(n.value + 1)
+    check(_lib.lib().xseg_get_config(buf, len(buf), ctypes.byref(n)))
+    return buf.value.decode()
+
+
+def device_count():
+    """Number of devices the driver reports."""
+    n = ctypes.c_int()
+    check(_lib.lib().xseg_device_count(ctypes.byref(n)))
+    return n.value
+
+
+# --- raw allocation (for users without torch, and the CuPy hook) ----------------------------
+
+def malloc(size, device=None, stream=None):
+    """Allocate `size` bytes on `device` for use on `stream`; returns the device address (int,
+    0 for size 0). Free it with free()."""
+    p = ctypes.c_void_p()
+    check(_lib.lib().xseg_malloc(ctypes.byref(p), int(size), _device(device), _stream(stream)))
+    return p.value or 0
+
+
+def free(ptr):
+    """Free an address malloc() returned (a no-op for 0)."""
+    check(_lib.lib().xseg_free(ptr or None))
+
+
+def record_stream(ptr, stream):
+    """Mark a live block as used on `stream`: its memory is not reused before the work queued
+    there when it is freed has completed (Tensor.record_stream)."""
+    check(_lib.lib().xseg_record_stream(ptr, _stream(stream)))
+
+
+# --- statistics ----------------------------------------------------------------------------
+
+def _stat_keys():
+    keys = []
+    k = ctypes.c_char_p()
+    while True:
+        check(_lib.lib().xseg_stat_key(len(keys), ctypes.byref(k)))
+        if not k.value:
+            return keys
+        keys.append(k.value.decode())
+
+
+def memory_stats(device=None):
+    """torch.cuda.memory_stats(): the same keys (flattened, sorted) and meanings."""
+    dev = _device(device)
+    out = []
+    v = ctypes.c_int64()
+    for key in _stat_keys():
+        check(_lib.lib().xseg_stat(dev, key.encode(), ctypes.byref(v)))
+        out.append((key, v.value))
+    out.sort()
+    return collections.OrderedDict(out)
+
+
+def memory_stats_as_nested_dict(device=None):
+    """torch.cuda.memory_stats_as_nested_dict(): "a.b.c" keys as nested dictionaries."""
+    nested = {}
+    for key, value in memory_stats(device).items():
+        node = nested
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def _one(key, device):
+    v = ctypes.c_int64()
+    check(_lib.lib().xseg_stat(_device(device), key.encode(), ctypes.byref(v)))
+    return v.value
+
+
+def memory_allocated(device=None):
+    return _one("allocated_bytes.all.current", device)
+
+
+def max_memory_allocated(device=None):
+    return _one("allocated_bytes.all.peak", device)
+
+
+def memory_reserved(device=None):
+    return _one("reserved_bytes.all.current", device)
+
+
+def max_memory_reserved(device=None):
+    return _one("reserved_bytes.all.peak", device)
+
+
+def reset_peak_memory_stats(device=None):
+    """Reset every peak to its current value."""
+    check(_lib.lib().xseg_reset_peak_stats(_device(device)))
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A readable table of the device's statistics (torch.cuda.memory_summary)."""
+    dev = _device(device)
+    n = ctypes.c_size_t()
+    check(_lib.lib().xseg_memory_summary(dev, None, 0, ctypes.byref(n)))
+    buf = ctypes.create_string_buffer(n.value + 1)
+    check(_lib.lib().xseg_memory_summary(dev, buf, len(buf), ctypes.byref(n)))
+    return buf.value.decode()
+
+
+# --- cache control -------------------------------------------------------------------------
+
+def empty_cache(device=-1):
+    """Give every cached page that holds no live byte back to the driver (all devices by
+    default, as torch.cuda.empty_cache does)."""
+    check(_lib.lib().xseg_empty_cache(-1 if device == -1 else _device(device)))
+
+
+def trim(keep_bytes=0, device=-1):
+    """Give cached memory back until at most `keep_bytes` of cache remain on each device (all
+    initialized devices by default): the largest free runs first, only the pages needed
+    (cudaMemPoolTrimTo's meaning)."""
+    if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
+        raise ValueError("keep_bytes must be a non-negative int, not %r" % (keep_bytes,))
+    fn = _lib.need("xseg_trim")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    check(fn(-1 if device == -1 else _device(device), keep_bytes))
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """Cap this process's reserved memory on `device` at `fraction` of its total; beyond it
+    allocations fail with out-of-memory."""
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
+        raise TypeError("fraction must be a float")
+    check(_lib.lib().xseg_set_memory_fraction(float(fraction), _device(device)))
+
+
+# --- snapshots -----------------------------------------------------------------------------
+
+_STATES = {0: "inactive", 1: "active_allocated", 2: "active_pending_free"}
+
+
+def memory_snapshot(device=-1):
+    """torch.cuda.memory_snapshot(): a list of segment dictionaries with their blocks, in
+    PyTorch's field names (all devices by default)."""
+    snap = ctypes.POINTER(_lib.Snapshot)()
+    lib = _lib.lib()
+    check(lib.xseg_take_snapshot(-1 if device == -1 else _device(device), ctypes.byref(snap)))
+    try:
+        segs = []
+        for i in range(snap.contents.nsegments):
+            s = snap.contents.segments[i]
+            blocks = []
+            for j in range(s.nblocks):
+                b = s.blocks[j]
+                blocks.append({"address": b.address, "size": b.size,
+                               "requested_size": b.requested_size,
+                               "state": _STATES.get(b.state, "inactive"), "frames": []})
+            segs.append({
+                "device": s.device, "address": s.address, "total_size": s.total_size,
+                "allocated_size": s.allocated_size, "active_size": s.active_size,
+                "requested_size": s.requested_size, "stream": s.stream or 0,
+                "segment_type": "large" if s.is_large else "small",
+                "segment_pool_id": (s.pool_id[0], s.pool_id[1]),
+                "is_expandable": bool(s.is_expandable), "frames": [], "blocks": blocks})
+        return segs
+    finally:
+        lib.xseg_snapshot_free(snap)
+
+
+def _snapshot(device=-1):
+    """The dictionary torch.cuda.memory._snapshot() returns (segments, device_traces with the
+    recorded history, frames), read back from xseg_dump_snapshot's pickle."""
+    import tempfile
+    fd, path = tempfile.mkstemp(suffix=".pickle")
+    os.close(fd)
+    try:
+        dump_snapshot(path, device)
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    finally:
+        os.unlink(path)
+
+
+def dump_snapshot(path="dump_snapshot.pickle", device=-1):
+    """Write the pickle torch.cuda.memory._dump_snapshot writes, with the recorded history's
+    events and frames (readable by PyTorch's _memory_viz.py and https://pytorch.org/memory_viz).
+    All devices by default."""
+    check(_lib.need("xseg_dump_snapshot")(-1 if device == -1 else _device(device), os.fsencode(path)))
+
+
+def dump_snapshot_json(path, device=-1):
+    """dump_snapshot's content as JSON."""
+    check(_lib.need("xseg_dump_snapshot_json")(-1 if device == -1 else _device(device),
+                                                os.fsencode(path)))
+
+
+def dump_trace(path, device=-1):
+    """Write the recorded history as an xseg-replay trace, to replay this program's allocations
+    under other settings (`xseg-replay --compare PATH`)."""
+    check(_lib.need("xseg_dump_trace")(-1 if device == -1 else _device(device), os.fsencode(path)))
+
+
+def set_oom_snapshot(path):
+    """Write a snapshot to `path` when an out-of-memory error surfaces (None: off)."""
+    check(_lib.need("xseg_set_oom_snapshot")(os.fsencode(path) if path is not None else None))
+
+
+# --- allocation history --------------------------------------------------------------------
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_history_cb = None  # the ctypes callback in force (must outlive its use by the library)
+_frames_tls = threading.local()  # each thread's last frame strings, alive until xseg copied them
+
+
+def _python_frames(frames, max_frames, user):
+    """xseg's stack callback: the calling thread's Python frames, innermost first, skipping the
+    package's own wrappers so the first frame is the caller's line."""
+    keep = []  # xseg copies the strings after we return: they stay alive until this thread's next call
+    n = 0
+    try:
+        f = sys._getframe(1)
+        while f is not None and n < max_frames:
+            code = f.f_code
+            if os.path.dirname(os.path.abspath(code.co_filename)) != _PKG_DIR:
+                fn = os.fsencode(code.co_filename)
+                name = code.co_name.encode("utf-8", "replace")
+                keep += (fn, name)
+                frames[n].filename = fn
+                frames[n].name = name
+                frames[n].line = f.f_lineno or 0
+                n += 1
+            f = f.f_back
+    except Exception:
+        pass
+    _frames_tls.keep = keep
+    return n
+
+
+def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
+                          device=None, clear_history=False, max_frames=16):
+    """torch.cuda.memory._record_memory_history: start (or with enabled=None stop) recording
+    allocation history, process-wide.
+
+    enabled: "all" (trace events and block state) or "state" (live blocks remember their
+    allocation's frames only); None stops. context: None records no frames; "state", "alloc" or
+    "all" record them. stacks: "python" (this interpreter's frames, through xseg's stack callback)
+    or "all" (Python and C frames). max_entries bounds the ring (sys.maxsize: xseg's default,
+    100000 events). `device` is accepted for torch's signature; history is process-wide."""
+    global _history_cb
+    opts = _lib.HistoryOptions()
+    if enabled is None:
+        opts.enabled = 0
+    else:
+        if enabled not in ("all", "state"):
+            raise ValueError("enabled must be None, 'state' or 'all', not %r" % (enabled,))
+        if context not in (None, "state", "alloc", "all"):
+            raise ValueError("context must be None, 'state', 'alloc' or 'all', not %r" % (context,))
+        if stacks not in ("python", "all"):
+            raise ValueError("stacks must be 'python' or 'all', not %r" % (stacks,))
+        opts.enabled = 1
+        opts.record = _lib.HISTORY_ALL if enabled == "all" else _lib.HISTORY_STATE
+        if context is not None:
+            opts.stacks = _lib.STACKS_CALLBACK | (_lib.STACKS_C if stacks == "all" else 0)
+            _history_cb = _history_cb or _lib.STACK_CALLBACK(_python_frames)
+            opts.callback = _history_cb
+        opts.max_entries = 0 if max_entries >= sys.maxsize else int(max_entries)
+        opts.max_frames = int(max_frames)
+    opts.clear = 1 if clear_history else 0
+    check(_lib.need("xseg_record_memory_history")(ctypes.byref(opts)))
+
+
+# --- observers -----------------------------------------------------------------------------
+
+_observers = []  # ctypes callbacks must outlive the library's use of them
+
+
+def attach_oom_observer(fn):
+    """Call fn(device, requested, device_total, device_free) when an allocation fails after
+    recovery (before the error is returned). Exceptions from fn are printed, not raised."""
+    if not callable(fn):
+        raise TypeError("fn must be callable")
+
+    def tramp(device, requested, total, free_, user):
+        try:
+            fn(device, requested, total, free_)
+        except Exception:  # an exception cannot cross the C frame
+            import traceback
+            traceback.print_exc()
+
+    cb = _lib.OOM_OBSERVER(tramp)
+    check(_lib.lib().xseg_attach_oom_observer(cb, None))
+    _observers.append(cb)

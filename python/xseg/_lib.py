@@ -1,0 +1,214 @@
+"""Loading libxseg and declaring the C functions the package calls (ctypes, standard library only).
+
+The library is found through $XSEG_LIBRARY, then beside this package (a pip install bundles it),
+then the system's loader path. Every call that returns an xseg_status goes through `check`, which
+turns a failure into XsegError carrying the library's own message.
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+
+__all__ = ["XsegError", "lib", "check", "library_path"]
+
+# xseg_status values (include/xseg.h)
+SUCCESS = 0
+STATUS_NAMES = {
+    0: "XSEG_SUCCESS",
+    1: "XSEG_ERROR_INVALID_VALUE",
+    2: "XSEG_ERROR_OUT_OF_MEMORY",
+    3: "XSEG_ERROR_DRIVER",
+    4: "XSEG_ERROR_INVALID_DEVICE",
+    5: "XSEG_ERROR_ILLEGAL_STATE",
+    6: "XSEG_ERROR_NOT_SUPPORTED",
+}
+
+
+class XsegError(RuntimeError):
+    """A failed xseg call: `status` is the xseg_status code, `status_name` its name, and the
+    message is xseg_last_error() of the failing call."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, "status %d" % status)
+        super().__init__("%s: %s" % (self.status_name, message))
+
+
+class XsegOutOfMemoryError(XsegError, MemoryError):
+    """XSEG_ERROR_OUT_OF_MEMORY (also a MemoryError, as torch.cuda.OutOfMemoryError is)."""
+
+
+def _candidates():
+    env = os.environ.get("XSEG_LIBRARY")
+    if env:
+        # An explicit choice is never second-guessed: if it does not load, that is the error.
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    # Beside the package: a copy installed into it, or meson-python's bundled-library folder.
+    for folder in (here, os.path.join(os.path.dirname(here), ".xseg.mesonpy.libs")):
+        for name in sorted(glob.glob(os.path.join(folder, "libxseg.so*"))):
+            yield name
+    found = ctypes.util.find_library("xseg")
+    yield found or "libxseg.so.0"
+
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def _load():
+    global _lib, _path
+    tried = []
+    for cand in _candidates():
+        try:
+            handle = ctypes.CDLL(cand, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            tried.append("%s (%s)" % (cand, e))
+            continue
+        _declare(handle)
+        _lib, _path = handle, cand
+        return
+    raise OSError("xseg: cannot load libxseg; tried " + "; ".join(tried) +
+                  ". Set XSEG_LIBRARY to the path of libxseg.so.")
+
+
+def lib():
+    """The loaded libxseg (ctypes.CDLL), loaded on first use."""
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                _load()
+    return _lib
+
+
+def library_path():
+    """The path libxseg was loaded from."""
+    lib()
+    return _path
+
+
+def last_error():
+    return (lib().xseg_last_error() or b"").decode("utf-8", "replace")
+
+
+def check(status):
+    """Raise XsegError for a non-success status, with xseg_last_error() as the message."""
+    if status != SUCCESS:
+        msg = last_error()
+        if status == 2:
+            raise XsegOutOfMemoryError(status, msg)
+        raise XsegError(status, msg)
+    return status
+
+
+c_size_p = ctypes.POINTER(ctypes.c_size_t)
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+
+
+class StatCounter(ctypes.Structure):
+    _fields_ = [("current", ctypes.c_int64), ("peak", ctypes.c_int64),
+                ("allocated", ctypes.c_int64), ("freed", ctypes.c_int64)]
+
+
+class BlockInfo(ctypes.Structure):
+    _fields_ = [("address", ctypes.c_uint64), ("size", ctypes.c_size_t),
+                ("requested_size", ctypes.c_size_t), ("state", ctypes.c_int)]
+
+
+class SegmentInfo(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int), ("address", ctypes.c_uint64),
+                ("total_size", ctypes.c_size_t), ("allocated_size", ctypes.c_size_t),
+                ("active_size", ctypes.c_size_t), ("requested_size", ctypes.c_size_t),
+                ("stream", ctypes.c_void_p), ("is_large", ctypes.c_int),
+                ("is_expandable", ctypes.c_int), ("pool_id", ctypes.c_uint64 * 2),
+                ("nblocks", ctypes.c_size_t), ("blocks", ctypes.POINTER(BlockInfo))]
+
+
+class Snapshot(ctypes.Structure):
+    _fields_ = [("nsegments", ctypes.c_size_t), ("segments", ctypes.POINTER(SegmentInfo))]
+
+
+class PoolId(ctypes.Structure):
+    _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
+
+
+OOM_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t,
+                                ctypes.c_size_t, ctypes.c_void_p)
+
+_S = ctypes.c_int  # xseg_status
+
+# name: (restype, argtypes). Optional entries (newer libraries) are declared when present.
+_PROTOS = {
+    "xseg_last_error": (ctypes.c_char_p, []),
+    "xseg_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "xseg_version": (ctypes.c_char_p, []),
+    "xseg_init": (_S, [ctypes.c_char_p]),
+    "xseg_set_config": (_S, [ctypes.c_char_p]),
+    "xseg_get_config": (_S, [ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
+    "xseg_device_count": (_S, [ctypes.POINTER(ctypes.c_int)]),
+    "xseg_malloc": (_S, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int,
+                         ctypes.c_void_p]),
+    "xseg_free": (_S, [ctypes.c_void_p]),
+    "xseg_record_stream": (_S, [ctypes.c_void_p, ctypes.c_void_p]),
+    "xseg_empty_cache": (_S, [ctypes.c_int]),
+    "xseg_set_memory_fraction": (_S, [ctypes.c_double, ctypes.c_int]),
+    "xseg_enable_peer_access": (_S, [ctypes.c_int, ctypes.c_int]),
+    "xseg_stat": (_S, [ctypes.c_int, ctypes.c_char_p, c_int64_p]),
+    "xseg_stat_key": (_S, [ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)]),
+    "xseg_reset_peak_stats": (_S, [ctypes.c_int]),
+    "xseg_memory_summary": (_S, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
+    "xseg_take_snapshot": (_S, [ctypes.c_int, ctypes.POINTER(ctypes.POINTER(Snapshot))]),
+    "xseg_snapshot_free": (None, [ctypes.POINTER(Snapshot)]),
+    "xseg_attach_oom_observer": (_S, [OOM_OBSERVER, ctypes.c_void_p]),
+    "xseg_pool_create": (_S, [ctypes.POINTER(PoolId)]),
+    "xseg_release_pool": (_S, [ctypes.c_int, PoolId]),
+    "xseg_torch_adapter_attached": (None, [ctypes.c_int]),
+}
+
+
+def _declare(handle):
+    for name, (res, args) in _PROTOS.items():
+        fn = getattr(handle, name, None)
+        if fn is None:
+            continue
+        fn.restype = res
+        fn.argtypes = args
+
+
+# --- allocation history (include/xseg.h: xseg_record_memory_history) ---------------------------
+
+class Frame(ctypes.Structure):
+    _fields_ = [("filename", ctypes.c_char_p), ("name", ctypes.c_char_p), ("line", ctypes.c_int)]
+
+
+STACK_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Frame), ctypes.c_int, ctypes.c_void_p)
+
+
+class HistoryOptions(ctypes.Structure):
+    _fields_ = [("enabled", ctypes.c_int), ("record", ctypes.c_int), ("stacks", ctypes.c_int),
+                ("max_entries", ctypes.c_size_t), ("max_frames", ctypes.c_int),
+                ("callback", STACK_CALLBACK), ("user", ctypes.c_void_p), ("clear", ctypes.c_int)]
+
+
+HISTORY_ALL, HISTORY_STATE, HISTORY_TRACE = 0, 1, 2
+STACKS_NONE, STACKS_C, STACKS_CALLBACK = 0, 1, 2
+
+_PROTOS.update({
+    "xseg_record_memory_history": (_S, [ctypes.POINTER(HistoryOptions)]),
+    "xseg_dump_snapshot": (_S, [ctypes.c_int, ctypes.c_char_p]),
+    "xseg_dump_snapshot_json": (_S, [ctypes.c_int, ctypes.c_char_p]),
+    "xseg_set_oom_snapshot": (_S, [ctypes.c_char_p]),
+    "xseg_dump_trace": (_S, [ctypes.c_int, ctypes.c_char_p]),
+})
+
+
+def need(name):
+    """The C function `name`, or XsegError naming it when this libxseg predates it."""
+    fn = getattr(lib(), name, None)
+    if fn is None:
+        raise XsegError(6, "%s is not in the loaded libxseg (%s): it is older than this package"
+                        % (name, _path))
+    return fn

@@ -1,0 +1,154 @@
+"""Sharing xseg memory between processes (include/xseg.h, "IPC of expandable memory").
+
+    h = xseg.ipc_export(ptr)          # in the exporting process
+    h.send(sock)                      # over a connected AF_UNIX socket (descriptors as SCM_RIGHTS)
+    h = xseg.IpcHandle.recv(sock)     # in the importing process
+    p = xseg.ipc_import(h, device=0)  # a mapping sized to the block, at a new address
+    ...
+    xseg.ipc_close(p); h.free()
+
+Fabric handles also travel as bytes: h.serialize() / xseg.IpcHandle.deserialize(data).
+The lifetime rules are the C API's: keep the block allocated in the exporter until every
+importer has closed it.
+"""
+import ctypes
+
+from . import _lib
+from ._lib import check
+
+__all__ = ["IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles"]
+
+_TYPES = {1: "posix_fd", 2: "fabric"}
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int), ("size", ctypes.c_size_t),
+                ("offset", ctypes.c_size_t), ("page_size", ctypes.c_size_t),
+                ("npages", ctypes.c_size_t)]
+
+
+class _PhysRange(ctypes.Structure):
+    _fields_ = [("address", ctypes.c_uint64), ("length", ctypes.c_size_t),
+                ("handle", ctypes.c_uint64), ("offset", ctypes.c_size_t)]
+
+
+_H = ctypes.c_void_p
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_lib._PROTOS.update({
+    "xseg_ipc_export": (ctypes.c_int, [ctypes.c_void_p, _PP]),
+    "xseg_ipc_handle_info": (ctypes.c_int, [_H, ctypes.POINTER(_Info)]),
+    "xseg_ipc_send": (ctypes.c_int, [ctypes.c_int, _H]),
+    "xseg_ipc_recv": (ctypes.c_int, [ctypes.c_int, _PP]),
+    "xseg_ipc_serialize": (ctypes.c_int, [_H, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.POINTER(ctypes.c_size_t)]),
+    "xseg_ipc_deserialize": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, _PP]),
+    "xseg_ipc_import": (ctypes.c_int, [_H, ctypes.c_int, _PP]),
+    "xseg_ipc_close": (ctypes.c_int, [ctypes.c_void_p]),
+    "xseg_ipc_handle_free": (None, [_H]),
+    "xseg_block_handles": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_PhysRange),
+                                          ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+})
+if _lib._lib is not None:  # loaded before this module: declare the new prototypes now
+    _lib._declare(_lib._lib)
+
+
+def _fd(sock):
+    return sock if isinstance(sock, int) else sock.fileno()
+
+
+class IpcHandle:
+    """An exported block: the shareable handles of its pages, its offset and size. Owns the
+    C handle (and, for POSIX handles, its file descriptors) until free()."""
+
+    def __init__(self, raw):
+        self._raw = raw
+
+    @property
+    def _ptr(self):
+        if not self._raw:
+            raise ValueError("the IPC handle was freed")
+        return self._raw
+
+    def info(self):
+        """{'type': 'posix_fd'|'fabric', 'device', 'size', 'offset', 'page_size', 'npages'}"""
+        i = _Info()
+        check(_lib.need("xseg_ipc_handle_info")(self._ptr, ctypes.byref(i)))
+        return {"type": _TYPES.get(i.type, i.type), "device": i.device, "size": i.size,
+                "offset": i.offset, "page_size": i.page_size, "npages": i.npages}
+
+    def send(self, sock):
+        """Send over a connected AF_UNIX socket (a socket object or a descriptor)."""
+        check(_lib.need("xseg_ipc_send")(_fd(sock), self._ptr))
+
+    @classmethod
+    def recv(cls, sock):
+        """Receive a handle sent with send()."""
+        raw = ctypes.c_void_p()
+        check(_lib.need("xseg_ipc_recv")(_fd(sock), ctypes.byref(raw)))
+        return cls(raw.value)
+
+    def serialize(self):
+        """The flat bytes of a fabric handle (POSIX handles raise: use send())."""
+        fn = _lib.need("xseg_ipc_serialize")
+        n = ctypes.c_size_t()
+        check(fn(self._ptr, None, 0, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(n.value)
+        check(fn(self._ptr, buf, n.value, ctypes.byref(n)))
+        return buf.raw[:n.value]
+
+    @classmethod
+    def deserialize(cls, data):
+        raw = ctypes.c_void_p()
+        data = bytes(data)
+        check(_lib.need("xseg_ipc_deserialize")(data, len(data), ctypes.byref(raw)))
+        return cls(raw.value)
+
+    def free(self):
+        """Close the handle's descriptors and free it (idempotent)."""
+        if self._raw:
+            _lib.need("xseg_ipc_handle_free")(self._raw)
+            self._raw = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
+def ipc_export(ptr):
+    """Export the live block at `ptr` (an address xseg.malloc or a torch tensor's data_ptr())."""
+    raw = ctypes.c_void_p()
+    check(_lib.need("xseg_ipc_export")(ptr, ctypes.byref(raw)))
+    return IpcHandle(raw.value)
+
+
+def ipc_import(handle, device=0):
+    """Map an imported block on `device`; returns its address. Close it with ipc_close()."""
+    p = ctypes.c_void_p()
+    check(_lib.need("xseg_ipc_import")(handle._ptr, int(device), ctypes.byref(p)))
+    return p.value
+
+
+def ipc_close(ptr):
+    """Unmap an address ipc_import returned."""
+    check(_lib.need("xseg_ipc_close")(ptr))
+
+
+def block_handles(ptr):
+    """The physical pieces under the live block at `ptr`, for NCCL/RDMA registration: a list of
+    {'address', 'length', 'handle' (CUmemGenericAllocationHandle, 0 for classic memory),
+    'offset'} in address order."""
+    fn = _lib.need("xseg_block_handles")
+    n = ctypes.c_size_t()
+    check(fn(ptr, None, 0, ctypes.byref(n)))
+    arr = (_PhysRange * max(n.value, 1))()
+    check(fn(ptr, arr, n.value, ctypes.byref(n)))
+    return [{"address": r.address, "length": r.length, "handle": r.handle, "offset": r.offset}
+            for r in arr[:n.value]]

@@ -1,0 +1,103 @@
+"""xseg as PyTorch's CUDA allocator, with every hook wired.
+
+    import xseg.torch
+    xseg.torch.enable()          # before the first CUDA allocation
+
+A bare torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc",
+"xseg_torch_free") calls only malloc and free: Tensor.record_stream() silently does nothing (a
+side stream's memory can be reused under it), torch.cuda.empty_cache() and
+set_per_process_memory_fraction() never reach xseg, and memory_stats()/memory_summary()/
+_snapshot() raise. enable() instead builds (once, cached by torch.utils.cpp_extension) a small C++
+adapter that subclasses PyTorch's CUDAPluggableAllocator, sets every hook (record_stream,
+empty_cache, memory fraction, init, and the allocate-to-pool hooks torch.cuda.graph and MemPool
+use) and answers the statistics, snapshot and OOM-observer calls from xseg.
+
+Needs a CUDA build of PyTorch (2.1 or newer) and a C++ compiler.
+"""
+import os
+import sys
+
+from . import _lib
+from . import set_config
+
+__all__ = ["enable", "is_enabled", "adapter_source", "header_dir"]
+
+_enabled = False
+
+
+def adapter_source():
+    """Path of the adapter's C++ source."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_adapter.cpp")
+
+
+def header_dir():
+    """A folder holding xseg.h: beside the package (pip install), the source tree, or the
+    system include folders (meson install)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    libdir = os.path.dirname(os.path.realpath(_lib.library_path()))
+    cands = [here, os.path.join(here, "..", "..", "include"),
+             os.path.join(libdir, "..", "include"), os.path.join(libdir, "..", "..", "include"),
+             "/usr/local/include", "/usr/include"]
+    env = os.environ.get("XSEG_INCLUDE_DIR")
+    if env:
+        cands.insert(0, env)
+    for c in cands:
+        if os.path.isfile(os.path.join(c, "xseg.h")):
+            return os.path.abspath(c)
+    raise FileNotFoundError("xseg.torch: xseg.h not found (looked in %s); set XSEG_INCLUDE_DIR"
+                            % ", ".join(cands))
+
+
+def is_enabled():
+    """True once enable() has installed xseg in this process."""
+    return _enabled
+
+
+def enable(config=None, verbose=False):
+    """Install xseg as PyTorch's CUDA allocator with every hook wired.
+
+    config: an optional xseg config string applied first (e.g. "expandable_segments:True").
+    Must run before PyTorch's first CUDA allocation (PyTorch refuses to change its allocator
+    after that). Calling it again is a no-op."""
+    global _enabled
+    if _enabled:
+        return
+    import torch  # noqa: F401 (a clear ImportError when torch is missing)
+    import torch.utils.cpp_extension as cpp
+    if not torch.cuda.is_available() and torch.version.cuda is None:
+        raise RuntimeError("xseg.torch.enable: this PyTorch has no CUDA support "
+                           "(torch.version.cuda is None)")
+    if config is not None:
+        set_config(config)
+    _lib.lib()  # load libxseg with RTLD_GLOBAL: the adapter's xseg_* references bind to it
+    tag = "xseg_torch_adapter_" + torch.__version__.replace(".", "_").replace("+", "_")
+    mod = cpp.load(name=tag.replace("-", "_"), sources=[adapter_source()],
+                   extra_include_paths=[header_dir()], extra_cflags=["-O2"],
+                   with_cuda=True, verbose=verbose)
+    mod.install()
+    _answer_history_calls(torch)
+    _enabled = True
+
+
+def _answer_history_calls(torch):
+    """torch.cuda.memory's history and snapshot functions, answered by xseg with Python frames
+    and trace events (PyTorch's C++ context recorder hands frames that only PyTorch can read)."""
+    import xseg
+    mem = torch.cuda.memory
+
+    def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                               device=None, clear_history=False, **_):
+        xseg.record_memory_history(enabled=enabled, context=context, stacks=stacks,
+                                   max_entries=max_entries, device=device,
+                                   clear_history=clear_history)
+
+    def _snapshot(device=None, *_, **__):
+        return xseg._snapshot()
+
+    def memory_snapshot(*_, **__):
+        return xseg._snapshot()["segments"]
+
+    mem._record_memory_history = _record_memory_history
+    mem._snapshot = _snapshot
+    mem.memory_snapshot = memory_snapshot
+    torch.cuda.memory_snapshot = memory_snapshot

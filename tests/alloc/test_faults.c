@@ -1,0 +1,528 @@
+/*
+ * Faults and misuse (issue 11): driver failures that used to lose memory or hand out memory that
+ * faults, and hostile input. Each test drives xseg through its public API, injects driver
+ * failures with cudaemu (tests needing that skip on a real GPU), and checks the effect: data,
+ * statistics against a snapshot walk, and the driver's live handles.
+ *
+ * argv[1] names one test (meson runs one process per test, so a failure cannot leave blocks
+ * behind for the next); without it every test runs.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include <cmocka.h>
+
+#include "tests/common/testutil.h"
+#include "xseg.h"
+
+#define MiB ((size_t)1 << 20)
+
+static void must_contain(const char *what)
+{
+    if (!strstr(xseg_last_error(), what))
+        fail_msg("message \"%s\" lacks \"%s\"", xseg_last_error(), what);
+}
+
+static void start(const char *config)
+{
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    if (!tu_gpu_available())
+        skip();
+}
+
+/* Stats that a snapshot determines must match it (as tests/alloc/test_expandable.c). */
+static void check_consistent(void)
+{
+    xseg_snapshot *s = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
+    int64_t reserved = 0, allocated = 0, active = 0, nalloc = 0;
+    for (size_t i = 0; i < s->nsegments; i++) {
+        const xseg_segment_info *g = &s->segments[i];
+        reserved += (int64_t)g->total_size;
+        uint64_t at = g->address;
+        for (size_t j = 0; j < g->nblocks; j++) {
+            const xseg_block_info *b = &g->blocks[j];
+            assert_int_equal(b->address, at);
+            at += b->size;
+            if (b->state == XSEG_BLOCK_ACTIVE_ALLOCATED) {
+                allocated += (int64_t)b->size;
+                nalloc++;
+            }
+            if (b->state != XSEG_BLOCK_INACTIVE)
+                active += (int64_t)b->size;
+        }
+    }
+    xseg_snapshot_free(s);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), allocated);
+    assert_int_equal(tu_stat("active_bytes.all.current"), active);
+    assert_int_equal(tu_stat("allocation.all.current"), nalloc);
+}
+
+/* Nothing left with the driver (cudaemu's live counts). */
+static void check_no_leaks(void)
+{
+    struct cudaemu_live live;
+    if (!tu_live(&live))
+        return;
+    if (live.handles || live.mapped_bytes || live.reservations || live.allocs)
+        fail_msg("leak: %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks",
+                 live.handles, live.mapped_bytes, live.reservations, live.allocs);
+}
+
+/* Everything freed by the caller: empty_cache gives all of it back. */
+static void check_all_returned(void)
+{
+    check_consistent();
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+static long maxrss_kib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+#define PAGE (20 * MiB) /* the large pool's expandable page */
+
+static int touch_page(void *arg)
+{
+    volatile char *p = arg;
+    p[0] = 1;
+    p[PAGE - 1] = 2;
+    return p[0] == 1 && p[PAGE - 1] == 2 ? 0 : 2;
+}
+
+/* Every page of [p, p + size) can be written (in a child: a fault kills only the child). */
+static void check_writable(void *p, size_t size)
+{
+    if (!tu_emulated())
+        return;
+    for (size_t off = 0; off < size; off += PAGE) {
+        int detail = 0;
+        enum tu_child_outcome o = tu_run_child(touch_page, (char *)p + off, &detail);
+        if (o != TU_CHILD_OK)
+            fail_msg("writing %p + %zu MiB faults (outcome %d, detail %d)", p, off / MiB, (int)o, detail);
+    }
+}
+
+/* reserved_bytes is what the driver maps for xseg. */
+static void check_reserved_is_mapped(void)
+{
+    struct cudaemu_live live;
+    if (tu_live(&live) && (int64_t)live.mapped_bytes != tu_stat("reserved_bytes.all.current"))
+        fail_msg("reserved_bytes %lld, but the driver maps %zu bytes",
+                 (long long)tu_stat("reserved_bytes.all.current"), live.mapped_bytes);
+}
+
+/* ---- 1. pages left mapped by a failed rollback never fault -------------------------------- */
+
+/* A live 10 MiB block holds page 0 of the segment, so the segment survives the OOM path. An
+ * 80 MiB request then needs pages 1..4: cuMemCreate fails for page 4, and the rollback's
+ * unmap of page 1 fails (also @p unmap_fails - 1 later unmaps: the retry in the OOM path). */
+static void rollback_unmap_fails(int unmap_fails)
+{
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    void *live = tu_malloc(10 * MiB, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)live, 10 * MiB, 9));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)PAGE);
+    assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
+    for (int k = 0; k < unmap_fails; k++)
+        assert_true(tu_fail("cuMemUnmap", 1 + 3 * (unsigned long)k, CUDA_ERROR_UNKNOWN));
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, 80 * MiB, 0, NULL);
+    tu_fail_clear();
+    /* The OOM path's retry serves it (the injected OOM was one call). */
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(80 MiB): %s", xseg_last_error());
+    assert_ptr_equal(p, (char *)live + 10 * MiB);
+    check_writable((char *)live + PAGE, 4 * PAGE);
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p, 80 * MiB, 10));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(5 * PAGE));
+    check_reserved_is_mapped();
+    check_consistent();
+    assert_true(tu_check((CUdeviceptr)(uintptr_t)live, 10 * MiB, 9));
+    tu_free(p);
+    tu_free(live);
+    check_all_returned();
+}
+
+static void test_rollback_unmap_fails(void **state)
+{
+    (void)state;
+    rollback_unmap_fails(1); /* the OOM path's reclaim unmaps the stranded page */
+}
+
+static void test_rollback_unmap_fails_twice(void **state)
+{
+    (void)state;
+    rollback_unmap_fails(2); /* it stays stranded: the retry maps over it, granting access */
+}
+
+/* A failed map with a stranded page, then nothing else: the next empty_cache gives it back. */
+static void test_rollback_stranded_reclaimed(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    void *live = tu_malloc(10 * MiB, NULL);
+    /* Fail the create of page 4 in the first try and of the retry, so the malloc fails. */
+    assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
+    assert_true(tu_fail("cuMemUnmap", 4, CUDA_ERROR_UNKNOWN)); /* the OOM path's reclaim */
+    assert_true(tu_fail("cuMemCreate", 7, CUDA_ERROR_OUT_OF_MEMORY)); /* page 4 of the retry */
+    void *p = NULL;
+    assert_int_equal(xseg_malloc(&p, 80 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    tu_fail_clear();
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)PAGE);
+    check_consistent();
+    /* The segment lives on (the live block): empty_cache unmaps the stranded page anyway. */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_reserved_is_mapped();
+    tu_free(live);
+    check_all_returned();
+}
+
+/* ---- 2. a failed cuMemRelease / cuMemUnmap / cuMemAddressFree is retried, not forgotten ---- */
+
+static void leftover_retried(const char *entry, unsigned long nth)
+{
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    void *p = tu_malloc(60 * MiB, NULL);
+    tu_free(p);
+    assert_true(tu_fail(entry, nth, CUDA_ERROR_UNKNOWN));
+    xseg_status st = xseg_empty_cache(0);
+    unsigned long calls = tu_call_count(entry);
+    (void)calls;
+    tu_fail_clear();
+    (void)st; /* an unmap failure is reported; a release or address-free failure is kept quietly */
+    struct cudaemu_live live;
+    assert_true(tu_live(&live));
+    if (live.handles + live.reservations + live.mapped_bytes == 0)
+        fail_msg("the injected %s failure #%lu changed nothing", entry, nth);
+    /* The next reclaim gives it back. */
+    check_all_returned();
+}
+
+static void test_release_fails(void **state)
+{
+    (void)state;
+    leftover_retried("cuMemRelease", 2);
+}
+
+static void test_address_free_fails(void **state)
+{
+    (void)state;
+    leftover_retried("cuMemAddressFree", 1);
+}
+
+static void test_unmap_fails(void **state)
+{
+    (void)state;
+    leftover_retried("cuMemUnmap", 2);
+}
+
+/* The rollback's own cuMemRelease fails: the handle is kept and released at the next reclaim. */
+static void test_rollback_release_fails(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    void *live = tu_malloc(10 * MiB, NULL);
+    assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_true(tu_fail("cuMemCreate", 7, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_true(tu_fail("cuMemRelease", 1, CUDA_ERROR_UNKNOWN));
+    void *p = NULL;
+    assert_int_equal(xseg_malloc(&p, 80 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    tu_fail_clear();
+    check_reserved_is_mapped();
+    check_consistent();
+    tu_free(live);
+    check_all_returned();
+}
+
+/* ---- 5. impossible sizes are refused before any work ---------------------------------------- */
+
+static void impossible_sizes(const char *config)
+{
+    start(config);
+    size_t dfree = 0, total = 0;
+    tu_assert_cu(drv->cuMemGetInfo(&dfree, &total));
+    /* A cached block must survive: a request that can never fit is no reason to empty the
+     * cache (the OOM path would release it and retry). */
+    void *cached = tu_malloc(24 * MiB, NULL);
+    tu_free(cached);
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
+    int64_t retries = tu_stat("num_alloc_retries"), ooms = tu_stat("num_ooms");
+    assert_true(reserved > 0);
+    long rss = maxrss_kib();
+    const size_t sizes[] = {total + 1, total + 64 * MiB, (size_t)1 << 50, (size_t)1 << 54, (size_t)1 << 62,
+                            ((size_t)1 << 62) + 1, SIZE_MAX - 4096, SIZE_MAX};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        void *p = (void *)1;
+        xseg_status st = xseg_malloc(&p, sizes[i], 0, NULL);
+        if (st != XSEG_ERROR_OUT_OF_MEMORY)
+            fail_msg("xseg_malloc(%zu) returned %s: %s", sizes[i], xseg_status_name(st), xseg_last_error());
+        assert_null(p);
+        must_contain("exceeds the device's total memory");
+        if (tu_stat("reserved_bytes.all.current") != reserved)
+            fail_msg("xseg_malloc(%zu) released cached memory: reserved %lld, was %lld", sizes[i],
+                     (long long)tu_stat("reserved_bytes.all.current"), (long long)reserved);
+        assert_int_equal(tu_stat("num_alloc_retries"), retries);
+        assert_int_equal(tu_stat("num_ooms"), ooms + (int64_t)i + 1);
+        /* No metadata sized for the request (2^54 bytes of 20 MiB pages: 7 GiB of page tables). */
+        if (maxrss_kib() - rss > 64 * 1024)
+            fail_msg("xseg_malloc(%zu) grew the peak RSS by %ld KiB", sizes[i], maxrss_kib() - rss);
+    }
+    /* The same through the memory fraction: what exceeds the allowed share never fits. */
+    assert_int_equal(xseg_set_memory_fraction(0.5, 0), XSEG_SUCCESS);
+    void *p = NULL;
+    assert_int_equal(xseg_malloc(&p, total / 2 + 64 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    /* Still usable, and the cached block is the one handed out. */
+    void *again = tu_malloc(24 * MiB, NULL);
+    assert_ptr_equal(again, cached);
+    tu_free(again);
+    check_all_returned();
+}
+
+static void test_impossible_sizes_expandable(void **state)
+{
+    (void)state;
+    impossible_sizes("expandable_segments:True");
+}
+
+static void test_impossible_sizes_classic(void **state)
+{
+    (void)state;
+    impossible_sizes("expandable_segments:False");
+}
+
+/* ---- 4. memory cached for a destroyed stream can be released ------------------------------- */
+
+static void destroyed_stream(const char *config)
+{
+    start(config);
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *small = tu_malloc(4096, s), *large = tu_malloc(30 * MiB, s);
+    void *keep = tu_malloc(5 * MiB, NULL); /* a live block on another stream stays put */
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)keep, 5 * MiB, 77));
+    tu_free(small);
+    tu_free(large);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    /* The segment's stream is gone: unmapping must wait some other way, not fail forever. */
+    if (xseg_empty_cache(0) != XSEG_SUCCESS)
+        fail_msg("empty_cache with a destroyed stream's cache: %s", xseg_last_error());
+    check_consistent();
+    assert_true(tu_check((CUdeviceptr)(uintptr_t)keep, 5 * MiB, 77));
+    tu_free(keep);
+    check_all_returned();
+}
+
+static void test_destroyed_stream_expandable(void **state)
+{
+    (void)state;
+    destroyed_stream("expandable_segments:True");
+}
+
+static void test_destroyed_stream_classic(void **state)
+{
+    (void)state;
+    destroyed_stream("expandable_segments:False");
+}
+
+/* ---- 3. a driver failure while freeing a record_stream'ed block never loses it -------------- */
+/* ---- 6. record_stream refuses a destroyed or bogus stream ---------------------------------- */
+
+/* @p p is pending (its free waits for recorded work): not handed out, shown as pending. */
+static bool is_pending(void *p)
+{
+    xseg_snapshot *s = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
+    bool pending = false;
+    for (size_t i = 0; i < s->nsegments; i++)
+        for (size_t j = 0; j < s->segments[i].nblocks; j++)
+            if (s->segments[i].blocks[j].address == (uint64_t)(uintptr_t)p)
+                pending = s->segments[i].blocks[j].state == XSEG_BLOCK_ACTIVE_PENDING_FREE;
+    xseg_snapshot_free(s);
+    return pending;
+}
+
+static void must_free(void *p)
+{
+    xseg_status st = xseg_free(p);
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_free of a record_stream'ed block: %s: %s", xseg_status_name(st), xseg_last_error());
+    /* The free happened: a second one is a double free. */
+    assert_int_equal(xseg_free(p), XSEG_ERROR_INVALID_VALUE);
+    must_contain("freed already");
+}
+
+static void record_stream_faults(const char *config, size_t size)
+{
+    start(config);
+    tu_require_emulator_or_skip();
+    CUstream s2, s3;
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+
+    /* The device's context cannot be made current at the free: nothing can be recorded now. */
+    void *p = tu_malloc(size, NULL);
+    assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);
+    assert_true(tu_fail("cuCtxGetCurrent", 1, CUDA_ERROR_UNKNOWN));
+    must_free(p);
+    tu_fail_clear();
+    assert_true(is_pending(p));
+    check_consistent();
+    check_all_returned();
+
+    /* No event, no stream synchronize, no context synchronize: pending until the driver works
+     * again, and not handed out meanwhile (s2 is held: its work is still running). */
+    p = tu_malloc(size, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p, size, 5));
+    assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(s2));
+    assert_true(tu_fail("cuEventRecord", 1, CUDA_ERROR_UNKNOWN));
+    assert_true(tu_fail("cuStreamSynchronize", 1, CUDA_ERROR_UNKNOWN));
+    assert_true(tu_fail("cuCtxSynchronize", 1, CUDA_ERROR_UNKNOWN));
+    must_free(p);
+    tu_fail_clear();
+    assert_true(is_pending(p));
+    void *q = tu_malloc(size, NULL); /* retries the recording: an event on held s2 */
+    assert_ptr_not_equal(q, p);
+    assert_true(is_pending(p));
+    assert_true(tu_check((CUdeviceptr)(uintptr_t)p, size, 5)); /* nobody wrote it */
+    tu_free(q);
+    check_consistent();
+    assert_true(tu_stream_release(s2));
+    check_all_returned();
+
+    /* The recorded stream is destroyed before the free: its work is waited for another way and
+     * the free succeeds (it used to report a driver error although it had freed the pointer). */
+    tu_assert_cu(drv->cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING));
+    p = tu_malloc(size, NULL);
+    assert_int_equal(xseg_record_stream(p, s3), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(s3));
+    must_free(p);
+    check_all_returned();
+
+    /* record_stream itself refuses a destroyed or bogus stream, and records nothing. */
+    p = tu_malloc(size, NULL);
+    assert_int_equal(xseg_record_stream(p, s3), XSEG_ERROR_INVALID_VALUE);
+    must_contain("is not a stream");
+    assert_int_equal(xseg_record_stream(p, (CUstream)(uintptr_t)0x5eed0), XSEG_ERROR_INVALID_VALUE);
+    must_contain("0x5eed0");
+    assert_int_equal(xseg_record_stream(p, NULL), XSEG_SUCCESS); /* its own stream: nothing to do */
+    assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);
+    assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);   /* twice: once */
+    must_free(p);
+    check_all_returned();
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+}
+
+static void test_record_stream_faults_expandable(void **state)
+{
+    (void)state;
+    record_stream_faults("expandable_segments:True", 12 * MiB);
+}
+
+static void test_record_stream_faults_classic(void **state)
+{
+    (void)state;
+    record_stream_faults("expandable_segments:False", 4096);
+}
+
+/* ---- 6. the config in force keeps its rules; config errors show what was typed ----------- */
+
+static void no_invisible_bytes(void)
+{
+    for (const unsigned char *c = (const unsigned char *)xseg_last_error(); *c; c++)
+        if (*c < 0x20 || *c >= 0x7f)
+            fail_msg("message \"%s\" holds the byte 0x%02X", xseg_last_error(), *c);
+}
+
+static void test_config_misuse(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    /* Two strings each valid alone must not combine into a config that breaks its own rules. */
+    assert_int_equal(xseg_set_config("max_non_split_rounding_mb:64"), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_config("large_segment_size_mb:80"), XSEG_ERROR_INVALID_VALUE);
+    must_contain("max_non_split_rounding_mb");
+    char buf[1024];
+    size_t len = 0;
+    assert_int_equal(xseg_get_config(buf, sizeof buf, &len), XSEG_SUCCESS);
+    if (xseg_set_config(buf) != XSEG_SUCCESS)
+        fail_msg("xseg_get_config's \"%s\" refused: %s", buf, xseg_last_error());
+    assert_int_equal(xseg_set_config("large_segment_size_mb:80,max_non_split_rounding_mb:80"), XSEG_SUCCESS);
+    assert_int_equal(xseg_get_config(buf, sizeof buf, &len), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_config(buf), XSEG_SUCCESS);
+
+    /* Invisible characters are shown escaped. */
+    assert_int_equal(xseg_set_config("\xEF\xBB\xBF" "expandable_segments:True"), XSEG_ERROR_INVALID_VALUE);
+    must_contain("\\xEF\\xBB\\xBF");
+    no_invisible_bytes();
+    assert_int_equal(xseg_set_config("expandable_segments:True,\x01max_split_size_mb:64"), XSEG_ERROR_INVALID_VALUE);
+    must_contain("\\x01");
+    no_invisible_bytes();
+
+    /* An unknown key near a known one suggests it; a far one does not. */
+    assert_int_equal(xseg_set_config("max_split_size_mbb:64"), XSEG_ERROR_INVALID_VALUE);
+    must_contain("did you mean 'max_split_size_mb'?");
+    assert_int_equal(xseg_set_config("expandable_segment:True"), XSEG_ERROR_INVALID_VALUE);
+    must_contain("did you mean 'expandable_segments'?");
+    assert_int_equal(xseg_set_config("zzz:1"), XSEG_ERROR_INVALID_VALUE);
+    if (strstr(xseg_last_error(), "did you mean"))
+        fail_msg("a far key got a suggestion: %s", xseg_last_error());
+    assert_int_equal(xseg_set_config("expandable_segments:True"), XSEG_SUCCESS);
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+#define T(name) {#name, cmocka_unit_test(name)}
+static const struct {
+    const char *name;
+    struct CMUnitTest test;
+} all_tests[] = {
+    T(test_rollback_unmap_fails),
+    T(test_rollback_unmap_fails_twice),
+    T(test_rollback_stranded_reclaimed),
+    T(test_release_fails),
+    T(test_address_free_fails),
+    T(test_unmap_fails),
+    T(test_rollback_release_fails),
+    T(test_impossible_sizes_expandable),
+    T(test_impossible_sizes_classic),
+    T(test_config_misuse),
+    T(test_destroyed_stream_expandable),
+    T(test_destroyed_stream_classic),
+    T(test_record_stream_faults_expandable),
+    T(test_record_stream_faults_classic),
+};
+
+int main(int argc, char **argv)
+{
+    size_t n = sizeof all_tests / sizeof all_tests[0];
+    struct CMUnitTest run[sizeof all_tests / sizeof all_tests[0]];
+    size_t nrun = 0;
+    for (size_t i = 0; i < n; i++)
+        if (argc < 2 || strcmp(argv[1], all_tests[i].name) == 0)
+            run[nrun++] = all_tests[i].test;
+    if (nrun == 0) {
+        fprintf(stderr, "test_faults: no test named %s\n", argv[1]);
+        return 2;
+    }
+    return _cmocka_run_group_tests("faults", run, nrun, NULL, NULL);
+}

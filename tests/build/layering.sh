@@ -1,0 +1,40 @@
+#!/bin/sh
+# The layers stay one-way (docs/design.md): base <- vmm <- core <- api. Fails when a file of a
+# layer includes a header of a layer above it (or of anything else of ours but the public
+# xseg.h), and when core/ or api/ calls the driver table directly (`drv->`: driver calls belong
+# in vmm/).
+#   layering.sh SOURCE_ROOT
+set -u
+root=$1
+bad=0
+check() { # layer, allowed include prefixes (space separated)
+    layer=$1; allowed=$2
+    for f in "$root/$layer"/*.c "$root/$layer"/*.h; do
+        [ -e "$f" ] || continue
+        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" |
+        sed 's/^\([0-9]*\):[^"]*"\([^"]*\)".*/\1 \2/' |
+        while read -r line inc; do
+            ok=0
+            [ "$inc" = xseg.h ] && ok=1
+            for a in $allowed; do
+                case $inc in "$a"/*) ok=1 ;; esac
+            done
+            [ $ok = 1 ] || echo "$layer/$(basename "$f"):$line: includes \"$inc\" (a $layer/ file may include: $allowed, xseg.h)"
+        done
+    done
+}
+out=$( {
+    check base "base"
+    check vmm "base vmm"
+    check core "base vmm core"
+    check api "base vmm core api"
+    for layer in core api; do
+        grep -n 'drv->' "$root/$layer"/*.c "$root/$layer"/*.h 2>/dev/null |
+            sed "s|^$root/||; s|\$|   <- a driver call outside vmm/: add a vmm/ function|"
+    done
+} )
+if [ -n "$out" ]; then
+    echo "layering violations:"; echo "$out"; exit 1
+fi
+n=$(cat "$root"/base/*.[ch] "$root"/vmm/*.[ch] "$root"/core/*.[ch] "$root"/api/*.[ch] | grep -c '^[[:space:]]*#[[:space:]]*include[[:space:]]*"')
+echo "ok: $n includes, all pointing down (base <- vmm <- core <- api); no drv-> in core/ or api/"

@@ -1,0 +1,227 @@
+"""The xseg package through a real libxseg on cudaemu: every function and its errors."""
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MiB = 1 << 20
+PKG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+
+
+def run_py(code, **env):
+    e = dict(os.environ)
+    e.update(env)
+    e["PYTHONPATH"] = PKG
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e,
+                          capture_output=True, text=True, timeout=60)
+
+
+def torch_stat_keys():
+    """PyTorch's memory_stats() keys, built from its rules (c10 DeviceStats)."""
+    keys = []
+    for name in ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+                 "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes"):
+        for pool in ("all", "small_pool", "large_pool"):
+            for f in ("current", "peak", "allocated", "freed"):
+                keys.append("%s.%s.%s" % (name, pool, f))
+    for name in ("oversize_allocations", "oversize_segments"):
+        for f in ("current", "peak", "allocated", "freed"):
+            keys.append("%s.%s" % (name, f))
+    keys += ["num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+             "num_device_free", "max_split_size"]
+    return sorted(keys)
+
+
+def test_import_needs_only_the_standard_library():
+    r = run_py("""
+        import sys, xseg
+        bad = [m for m in ('torch', 'numpy', 'cupy') if m in sys.modules]
+        assert not bad, bad
+        print(xseg.version())
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().count(".") == 2
+
+
+def test_version_matches_header(xseg):
+    hdr = open(os.path.join(PKG, "..", "include", "xseg.h")).read()
+    parts = []
+    for p in ("MAJOR", "MINOR", "PATCH"):
+        line = [l for l in hdr.splitlines() if l.startswith("#define XSEG_API_VERSION_" + p)][0]
+        parts.append(line.split()[-1])
+    assert xseg.version() == ".".join(parts) == xseg.__version__
+
+
+def test_library_not_found_names_what_was_tried():
+    r = run_py("import xseg; xseg.device_count()", XSEG_LIBRARY="/nonexistent/libxseg.so")
+    assert r.returncode != 0
+    assert "/nonexistent/libxseg.so" in r.stderr and "XSEG_LIBRARY" in r.stderr
+
+
+def test_malloc_free_and_counters(xseg):
+    before = xseg.memory_allocated(0)
+    p = xseg.malloc(3 * MiB, 0)
+    assert p != 0
+    assert xseg.memory_allocated(0) == before + 3 * MiB
+    assert xseg.max_memory_allocated(0) >= before + 3 * MiB
+    assert xseg.memory_reserved("cuda:0") >= 3 * MiB
+    xseg.free(p)
+    assert xseg.memory_allocated() == before
+    assert xseg.malloc(0) == 0
+    xseg.free(0)
+
+
+def test_stats_keys_equal_pytorchs(xseg):
+    stats = xseg.memory_stats(0)
+    assert list(stats) == torch_stat_keys()
+    assert len(stats) == 122
+    nested = xseg.memory_stats_as_nested_dict(0)
+    assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]
+    assert nested["num_ooms"] == stats["num_ooms"]
+
+
+def test_reset_peak(xseg):
+    p = xseg.malloc(8 * MiB)
+    xseg.free(p)
+    assert xseg.memory_stats()["allocated_bytes.all.peak"] >= 8 * MiB
+    xseg.reset_peak_memory_stats()
+    s = xseg.memory_stats()
+    assert s["allocated_bytes.all.peak"] == s["allocated_bytes.all.current"]
+
+
+def test_summary(xseg):
+    text = xseg.memory_summary(0)
+    assert "memory summary" in text and "device ID 0" in text
+    assert "Allocated memory" in text or "allocated" in text.lower()
+
+
+def test_empty_cache_gives_memory_back(xseg):
+    p = xseg.malloc(40 * MiB)
+    xseg.free(p)
+    assert xseg.memory_reserved() >= 40 * MiB
+    xseg.empty_cache()
+    assert xseg.memory_reserved() == 0
+    assert xseg.memory_stats()["num_device_free"] > 0
+
+
+def test_memory_fraction_and_oom(xseg):
+    total = None
+    seen = []
+    xseg.attach_oom_observer(lambda dev, req, tot, free: seen.append((dev, req, tot, free)))
+    xseg.set_per_process_memory_fraction(0.01, 0)
+    with pytest.raises(xseg.XsegOutOfMemoryError) as ei:
+        xseg.malloc(1 << 40)
+    assert isinstance(ei.value, MemoryError)
+    assert ei.value.status_name == "XSEG_ERROR_OUT_OF_MEMORY"
+    assert seen and seen[-1][0] == 0 and seen[-1][1] >= 1 << 40
+    assert xseg.memory_stats()["num_ooms"] >= 1
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.set_per_process_memory_fraction(1.5, 0)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE" and "1.5" in str(ei.value)
+    with pytest.raises(TypeError):
+        xseg.set_per_process_memory_fraction("half")
+
+
+def test_snapshot_describes_live_blocks(xseg):
+    p = xseg.malloc(5 * MiB)
+    try:
+        segs = xseg.memory_snapshot()
+        blocks = [b for s in segs for b in s["blocks"] if b["address"] == p]
+        assert len(blocks) == 1
+        b = blocks[0]
+        assert b["state"] == "active_allocated" and b["size"] >= 5 * MiB
+        assert b["requested_size"] == 5 * MiB
+        seg = [s for s in segs if any(x["address"] == p for x in s["blocks"])][0]
+        assert seg["segment_type"] == "large" and seg["device"] == 0
+        assert seg["address"] <= p < seg["address"] + seg["total_size"]
+        for key in ("allocated_size", "active_size", "requested_size", "stream",
+                    "segment_pool_id", "is_expandable", "frames"):
+            assert key in seg
+        # blocks tile their segment, as PyTorch's tools assume
+        for s in segs:
+            addr = s["address"]
+            for x in s["blocks"]:
+                assert x["address"] == addr
+                addr += x["size"]
+            assert addr == s["address"] + s["total_size"]
+    finally:
+        xseg.free(p)
+
+
+def test_dump_snapshot_reads_back(xseg, tmp_path):
+    p = xseg.malloc(2 * MiB)
+    try:
+        path = tmp_path / "snap.pickle"
+        xseg.dump_snapshot(str(path))
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        assert "segments" in snap and "device_traces" in snap
+        assert any(b["address"] == p and b["state"] == "active_allocated"
+                   for s in snap["segments"] for b in s["blocks"])
+    finally:
+        xseg.free(p)
+
+
+def test_config_roundtrip_and_errors(xseg):
+    cfg = xseg.get_config()
+    assert "expandable_segments:" in cfg
+    xseg.set_config(cfg)
+    assert xseg.get_config() == cfg
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.set_config("no_such_key:1")
+    assert "no_such_key" in str(ei.value)
+    assert xseg.get_config() == cfg
+    with pytest.raises(TypeError):
+        xseg.set_config(None)
+
+
+def test_device_arguments(xseg):
+    assert xseg.device_count() >= 1
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.memory_stats(99)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
+    with pytest.raises(ValueError):
+        xseg.memory_stats("cpu")
+    with pytest.raises(TypeError):
+        xseg.memory_stats(True)
+
+    class Dev:  # a torch.device look-alike
+        type, index = "cuda", 0
+    assert xseg.memory_stats(Dev())["num_ooms"] >= 0
+
+
+def test_record_stream_on_bad_pointer(xseg):
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.record_stream(0x1234, None)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+
+
+BARE_TORCH_MALLOC = """
+    import ctypes, xseg
+    lib = xseg._lib.lib()
+    lib.xseg_torch_malloc.restype = ctypes.c_void_p
+    lib.xseg_torch_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    if %r:
+        lib.xseg_torch_adapter_attached(1)
+    for _ in range(3):
+        assert lib.xseg_torch_malloc(4096, 0, None)
+    """
+
+
+def test_bare_pluggable_allocator_warns_once():
+    r = run_py(BARE_TORCH_MALLOC % False)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("xseg: warning: xseg_torch_malloc") == 1
+    assert "record_stream" in r.stderr and "xseg.torch.enable()" in r.stderr
+
+
+def test_warning_silenced_by_env_or_adapter():
+    r = run_py(BARE_TORCH_MALLOC % False, XSEG_NO_TORCH_WARNING="1")
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr
+    r = run_py(BARE_TORCH_MALLOC % True)
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr

@@ -1,0 +1,43 @@
+"""`pip install .` (meson-python) builds libxseg and bundles it: the installed package finds the
+library beside itself, with no XSEG_LIBRARY. Offline, with Debian's python3-mesonpy and pip."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def reason():
+    if importlib.util.find_spec("pip") is None:
+        return "pip is not installed for %s (Debian: python3-pip)" % sys.executable
+    if importlib.util.find_spec("mesonpy") is None:
+        return "meson-python is not installed (Debian: python3-mesonpy)"
+    return None
+
+
+@pytest.mark.skipif(reason() is not None, reason=str(reason()))
+def test_pip_install_bundles_the_library(tmp_path):
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                        "--no-index", "--disable-pip-version-check", "--target", str(target), ROOT],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("XSEG_LIBRARY", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(target)
+    if env.get("XSEG_LIBCUDA"):
+        env["XSEG_LIBCUDA"] = os.path.abspath(env["XSEG_LIBCUDA"])
+    code = ("import xseg; p = xseg.malloc(1 << 20); xseg.free(p); "
+            "print(xseg.library_path()); print(xseg.__file__)")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lib, pkg = r.stdout.split()
+    assert lib.startswith(str(target)) and pkg.startswith(str(target)), r.stdout
+    assert os.path.isfile(os.path.join(os.path.dirname(pkg), "xseg.h"))
+    # The version pip recorded is the header's.
+    meta = [d for d in os.listdir(target) if d.endswith(".dist-info")]
+    import xseg
+    assert meta == ["xseg-%s.dist-info" % xseg.version()], meta

@@ -1,0 +1,84 @@
+/* core/check: dev_check accepts a consistent device and aborts on each kind of broken invariant
+ * (a miscounted statistic, a broken neighbour link, a block missing from its index). Needs the
+ * expensive level (-Ddebug_level=2, as in tools/test.sh's ASan build); skips otherwise. Each
+ * corruption is made in a forked child, which must die by SIGABRT. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "core/runtime.h"
+#include "tests/common/testutil.h"
+
+#if XSEG_CHECK_EXPENSIVE
+static struct dev_alloc *dev;
+
+static int corrupt_stat(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    dev->stats.allocated_bytes[XSEG_STAT_SMALL_POOL].current += 512;
+    dev_check(dev);
+    return 0; /* not reached when the check works */
+}
+
+static int corrupt_link(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    struct block *b = dev->segs->first;
+    b->next->prev = NULL;
+    dev_check(dev);
+    return 0;
+}
+
+static int corrupt_index(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    struct block *b = dev->segs->first;
+    while (b && !b->in_index)
+        b = b->next;
+    bpool_remove_free(b->pool, b); /* a cached block no index knows */
+    dev_check(dev);
+    return 0;
+}
+
+static int consistent(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    dev_check(dev);
+    lock_release(&dev->lock);
+    return 0;
+}
+#endif
+
+static void test_dev_check(void **state)
+{
+    (void)state;
+#if !XSEG_CHECK_EXPENSIVE
+    skip(); /* dev_check exists at debug_level=2 only */
+#else
+    tu_xseg_init_or_skip("expandable_segments:False");
+    void *p = tu_malloc(4096, NULL); /* one small segment: the allocated front and a free rest */
+    assert_int_equal(rt_device(0, &dev), XSEG_SUCCESS);
+    int detail = 0;
+    assert_int_equal(tu_run_child(consistent, NULL, &detail), TU_CHILD_OK);
+    int (*corrupt[])(void *) = {corrupt_stat, corrupt_link, corrupt_index};
+    for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
+        assert_int_equal(tu_run_child(corrupt[i], NULL, &detail), TU_CHILD_SIGNAL);
+        assert_int_equal(detail, SIGABRT);
+    }
+    tu_free(p);
+#endif
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_dev_check)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,26 @@
+/*
+ * Classic segments at the driver boundary: one cuMemAlloc range each (core/alloc.c holds the
+ * policy: sizes, when to allocate and release, the bookkeeping). Context: callers make the
+ * device's context current. Locking: none of its own; callers may hold the device lock (or drop
+ * it around classic_alloc, with release_lock_on_cudamalloc).
+ */
+#ifndef XSEG_VMM_CLASSIC_H
+#define XSEG_VMM_CLASSIC_H
+
+#include <stdbool.h>
+
+#include "vmm/driver.h"
+
+/*
+ * cuMemAlloc @p size bytes for @p device (named in the message). @p relaxed: a capture may be
+ * underway, so the calling thread switches to relaxed capture mode around the call (a GLOBAL
+ * capture elsewhere would otherwise reject it and be invalidated), as PyTorch's
+ * cudaMallocMaybeCapturing does. @return XSEG_ERROR_OUT_OF_MEMORY when the device is full,
+ * XSEG_ERROR_DRIVER otherwise, with the message naming the call.
+ */
+xseg_status classic_alloc(size_t size, bool relaxed, int device, CUdeviceptr *out);
+
+/* cuMemFree @p ptr of @p device. Any failure is XSEG_ERROR_DRIVER naming the call. */
+xseg_status classic_free(CUdeviceptr ptr, int device);
+
+#endif

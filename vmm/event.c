@@ -1,0 +1,16 @@
+/* Events at the driver boundary (see event.h). */
+#include "vmm/event.h"
+
+xseg_status vevent_create(CUevent *ev)
+{
+    CUresult r = drv->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+    return r == CUDA_SUCCESS ? XSEG_SUCCESS : drv_fail(r, "cuEventCreate(CU_EVENT_DISABLE_TIMING)");
+}
+
+void vevent_destroy(CUevent ev) { (void)drv->cuEventDestroy(ev); }
+
+bool vevent_record(CUevent ev, CUstream stream) { return drv->cuEventRecord(ev, stream) == CUDA_SUCCESS; }
+
+bool vevent_done(CUevent ev) { return drv->cuEventQuery(ev) == CUDA_SUCCESS; }
+
+bool vevent_wait(CUevent ev) { return drv->cuEventSynchronize(ev) == CUDA_SUCCESS; }

@@ -1,0 +1,187 @@
+/*
+ * Issue 15: export and import of expandable pages (see vmm/ipc.h).
+ */
+#include "vmm/ipc.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "vmm/driver.h"
+#include "vmm/segment.h"
+
+#define IPC_MAX_DEVICES 64
+
+/* Per device: 0 not decided yet, else 1 + the handle type mask. */
+static _Atomic unsigned ipc_types_cache[IPC_MAX_DEVICES];
+
+static xseg_status ipc_failf(CUresult res, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static xseg_status ipc_failf(CUresult res, const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return drv_fail(res, what);
+}
+
+/* Does a cuMemCreate with @p types succeed on @p cudev? (The handle is released at once.) */
+static int ipc_probe_create(int device, unsigned types)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
+    size_t gran = 0;
+    if (drv_granularity((CUdevice)device, types, &gran) != XSEG_SUCCESS || gran == 0)
+        return 0;
+    CUmemGenericAllocationHandle h = 0;
+    if (drv->cuMemCreate(&h, gran, &prop, 0) != CUDA_SUCCESS)
+        return 0;
+    (void)drv->cuMemRelease(h);
+    return 1;
+}
+
+unsigned ipc_handle_types(int device, CUdevice cudev)
+{
+    if (device >= 0 && device < IPC_MAX_DEVICES) {
+        unsigned c = atomic_load_explicit(&ipc_types_cache[device], memory_order_relaxed);
+        if (c)
+            return c - 1;
+    }
+    int posix = 0, fabric = 0;
+    if (drv->cuDeviceGetAttribute(&posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                  cudev) != CUDA_SUCCESS)
+        return CU_MEM_HANDLE_TYPE_NONE; /* not cached: asked again next time */
+    if (drv->cuDeviceGetAttribute(&fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, cudev) !=
+        CUDA_SUCCESS)
+        fabric = 0;
+    unsigned types = posix ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+    /* The attribute says the GPU can; the allocation itself is refused without an IMEX channel
+     * (or a fabric manager), so ask for real once. */
+    if (fabric && ipc_probe_create(device, types | CU_MEM_HANDLE_TYPE_FABRIC))
+        types |= CU_MEM_HANDLE_TYPE_FABRIC;
+    if (device >= 0 && device < IPC_MAX_DEVICES)
+        atomic_store_explicit(&ipc_types_cache[device], types + 1, memory_order_relaxed);
+    return types;
+}
+
+xseg_status ipc_export_pages(const struct seg *seg, size_t first, size_t n, unsigned type, int *fds,
+                             unsigned char *fabric)
+{
+    size_t done = 0;
+    xseg_status st = XSEG_SUCCESS;
+    for (; done < n; done++) {
+        CUmemGenericAllocationHandle h = seg_page_handle(seg, first + done);
+        if (!h) {
+            st = err_set(XSEG_ERROR_INVALID_VALUE, "ipc export: page %zu of the segment is not mapped", first + done);
+            break;
+        }
+        CUresult res;
+        if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+            CUmemFabricHandle fh;
+            res = drv->cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+            if (res == CUDA_SUCCESS)
+                memcpy(fabric + done * IPC_FABRIC_BYTES, &fh, IPC_FABRIC_BYTES);
+        } else {
+            int fd = -1;
+            res = drv->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            if (res == CUDA_SUCCESS)
+                fds[done] = fd;
+        }
+        if (res != CUDA_SUCCESS) {
+            st = ipc_failf(res, "cuMemExportToShareableHandle(page %zu of %zu, %s)", done + 1, n,
+                           type == CU_MEM_HANDLE_TYPE_FABRIC ? "FABRIC" : "POSIX_FILE_DESCRIPTOR");
+            break;
+        }
+    }
+    if (st != XSEG_SUCCESS && type != CU_MEM_HANDLE_TYPE_FABRIC)
+        for (size_t i = 0; i < done; i++)
+            close(fds[i]);
+    return st;
+}
+
+xseg_status ipc_import_map(CUcontext ctx, unsigned type, const int *fds, const unsigned char *fabric, size_t n,
+                           size_t page_size, const CUmemAccessDesc *access, int naccess, CUdeviceptr *base)
+{
+    xseg_status st = drv_ctx_ensure(ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (n == 0 || page_size == 0 || n > SIZE_MAX / page_size)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "ipc import: %zu pages of %zu bytes is not a valid size", n,
+                       page_size);
+    size_t size = n * page_size;
+    CUdeviceptr va = 0;
+    /* Exactly the pages' bytes: PyTorch reserves 9/8 of device memory per import (#186213). */
+    CUresult res = drv->cuMemAddressReserve(&va, size, 0, 0, 0);
+    if (res != CUDA_SUCCESS)
+        return ipc_failf(res, "cuMemAddressReserve(%zu bytes) for an imported block", size);
+    size_t mapped = 0;
+    CUmemGenericAllocationHandle unreleased = 0; /* a mapped page's handle whose release failed */
+    for (; mapped < n; mapped++) {
+        CUmemGenericAllocationHandle h = 0;
+        void *os = type == CU_MEM_HANDLE_TYPE_FABRIC ? (void *)(uintptr_t)(fabric + mapped * IPC_FABRIC_BYTES)
+                                                     : (void *)(intptr_t)fds[mapped];
+        res = drv->cuMemImportFromShareableHandle(&h, os, (CUmemAllocationHandleType)type);
+        if (res != CUDA_SUCCESS) {
+            st = ipc_failf(res, "cuMemImportFromShareableHandle(page %zu of %zu, %s)", mapped + 1, n,
+                           type == CU_MEM_HANDLE_TYPE_FABRIC ? "FABRIC" : "POSIX_FILE_DESCRIPTOR");
+            goto fail;
+        }
+        res = drv->cuMemMap(va + mapped * page_size, page_size, 0, h, 0);
+        /* The mapping holds the memory from here; our handle reference is not needed. */
+        CUresult rel = drv->cuMemRelease(h);
+        if (res != CUDA_SUCCESS) {
+            st = ipc_failf(res, "cuMemMap(page %zu of %zu, %zu bytes) of an imported handle", mapped + 1, n,
+                           page_size);
+            goto fail;
+        }
+        if (rel != CUDA_SUCCESS) {
+            mapped++;
+            unreleased = h;
+            st = ipc_failf(rel, "cuMemRelease of imported page %zu's handle (after mapping it)", mapped);
+            goto fail;
+        }
+    }
+    res = drv->cuMemSetAccess(va, size, access, (size_t)naccess);
+    if (res != CUDA_SUCCESS) {
+        st = ipc_failf(res, "cuMemSetAccess(%zu bytes, %d device(s)) of an imported block", size, naccess);
+        goto fail;
+    }
+    *base = va;
+    return XSEG_SUCCESS;
+
+fail:
+    /* Several adjacent whole mappings may be unmapped in one call. */
+    if (mapped && drv->cuMemUnmap(va, mapped * page_size) != CUDA_SUCCESS) {
+        for (size_t i = 0; i < mapped; i++)
+            (void)drv->cuMemUnmap(va + i * page_size, page_size);
+    }
+    (void)drv->cuMemAddressFree(va, size);
+    if (unreleased)
+        (void)drv->cuMemRelease(unreleased); /* retried once unmapped: nothing stays imported */
+    return st;
+}
+
+xseg_status ipc_unmap(CUcontext ctx, CUdeviceptr base, size_t size, int *gone)
+{
+    *gone = 0;
+    xseg_status st = drv_ctx_ensure(ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    CUresult res = drv->cuMemUnmap(base, size);
+    if (res != CUDA_SUCCESS)
+        return ipc_failf(res, "cuMemUnmap(0x%llx, %zu) of an imported block", (unsigned long long)base, size);
+    *gone = 1;
+    res = drv->cuMemAddressFree(base, size);
+    if (res != CUDA_SUCCESS)
+        return ipc_failf(res, "cuMemAddressFree(0x%llx, %zu) of an imported block (already unmapped)",
+                         (unsigned long long)base, size);
+    return XSEG_SUCCESS;
+}

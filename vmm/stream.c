@@ -1,0 +1,49 @@
+/* Streams at the driver boundary (vmm/stream.h). */
+#include "vmm/stream.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "base/error.h"
+#include "vmm/driver.h"
+
+static bool is_capture_error(CUresult res)
+{
+    return res >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && res <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+}
+
+xseg_status vstream_wait(CUstream stream, const char *what)
+{
+    CUresult res = drv->cuStreamSynchronize(stream);
+    if (res == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    if (!is_capture_error(res) && drv->cuCtxSynchronize() == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    char buf[256];
+    snprintf(buf, sizeof buf, "cuStreamSynchronize(stream %p) %s", (void *)stream, what);
+    xseg_status st = drv_fail(res, buf);
+    return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
+}
+
+xseg_status vstream_check(CUstream stream, const char *caller)
+{
+    /* The default streams always exist; and asking about the legacy one while a blocking stream
+     * captures would itself invalidate that capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). */
+    if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return XSEG_SUCCESS;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult res = drv->cuStreamIsCapturing(stream, &cs);
+    if (res == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    if (res == CUDA_ERROR_INVALID_HANDLE || res == CUDA_ERROR_INVALID_VALUE || res == CUDA_ERROR_INVALID_CONTEXT ||
+        res == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: stream %p is not a stream of this device (%s)", caller,
+                       (void *)stream, drv_error_name(res));
+    /* Any other failure says nothing about the stream: a driver error. */
+    char what[160];
+    snprintf(what, sizeof what, "%s: cuStreamIsCapturing(stream %p)", caller, (void *)stream);
+    return drv_fail(res, what);
+}
+
+/* Services (issue 14). */
+bool vstream_idle(CUstream stream) { return drv->cuStreamQuery(stream) == CUDA_SUCCESS; }
