@@ -233,7 +233,7 @@ static void capture_note(struct dev_alloc *d, CUstream stream)
     alloc_fast_off(d);
 }
 
-bool alloc_capture_underway(struct dev_alloc *d, bool all_streams)
+bool alloc_capture_underway(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     xseg_status st;
@@ -246,14 +246,6 @@ bool alloc_capture_underway(struct dev_alloc *d, bool all_streams)
             i++;
         } else {
             d->capturing[i] = d->capturing[--d->ncapturing];
-        }
-    }
-    if (!all_streams)
-        return any;
-    for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (stream_capturing(d, s->stream, &st)) {
-            capture_note(d, s->stream);
-            any = true;
         }
     }
     return any;
@@ -577,7 +569,9 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
 
 /* ---- releasing cached memory ------------------------------------------------------------- */
 
-static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
+/* Give back every free block of @p pool: unsplit classic segments (cuMemFree) and the whole chunks
+ * inside free expandable blocks, after waiting for each one's stream once per pass (@p memo). */
+static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, struct stream_memo *memo)
 {
     lock_assert_held(&d->lock);
     struct block **arr;
@@ -597,14 +591,24 @@ static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
     }
     for (size_t i = 0; i < n; i++) {
         struct block *b = arr[i];
-        if (b && b->expandable) {
-            xseg_status st = exp_unmap_block(d, b);
-            if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
-                first = st;
-        }
+        if (!b || !b->expandable || !exp_whole_page_bytes(b))
+            continue;
+        xseg_status st = memo_wait(d, memo, b->stream);
+        if (st == XSEG_SUCCESS)
+            st = exp_unmap_pages(d, b, SIZE_MAX, true);
+        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+            first = st;
     }
     free(arr);
     return first;
+}
+
+static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
+{
+    struct stream_memo memo = {0};
+    xseg_status st = release_blocks_memo(d, pool, &memo);
+    memo_free(&memo);
+    return st;
 }
 
 xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool) { return release_blocks(d, pool); }
@@ -622,7 +626,7 @@ static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_
     lock_assert_held(&d->lock);
     if (left_st)
         *left_st = XSEG_SUCCESS;
-    if (alloc_capture_underway(d, true))
+    if (alloc_capture_underway(d))
         return XSEG_SUCCESS;
     /* Earlier failures' leftovers first: what fails during this release is retried next time
      * (an immediate retry would mostly meet the same failure). */
@@ -630,8 +634,10 @@ static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_
     if (left_st)
         *left_st = st4;
     ev_synchronize_all(d);
-    xseg_status st1 = release_blocks(d, &d->large);
-    xseg_status st2 = release_blocks(d, &d->small);
+    struct stream_memo memo = {0};
+    xseg_status st1 = release_blocks_memo(d, &d->large, &memo);
+    xseg_status st2 = release_blocks_memo(d, &d->small, &memo);
+    memo_free(&memo);
     xseg_status st3 = d->pools ? pools_release_freeable(d) : XSEG_SUCCESS;
     exp_release_empty_segments(d);
     if (d->pools)
@@ -900,7 +906,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
  * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
  * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
  * miss; else a fit whose index predecessor it could not tell). Lock held on entry and on return;
- * dropped only around the free-memory callbacks (step 2) and inside the OOM report (step 7).
+ * dropped only around the free-memory callbacks (step 2) and inside the OOM report (step 8).
  */
 static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, struct alloc_params *p,
                                                            bool searched, struct block *found, size_t size,
@@ -955,20 +961,30 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     /* 4. A new segment (classic), or room in an expandable one. */
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
-    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d, true);
+    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d);
 
-    /* 5. Release one cached oversize block large enough (or several), then allocate. */
+    /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
+     * what the request needs, runs of streams known idle first, waiting at most once per stream
+     * (expandable_segments_recycle, core/trim.h), then allocate again. PyTorch goes straight to
+     * the steps below, which release every cached block. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable && d->cfg.expandable_segments_recycle) {
+        size_t got = 0;
+        if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
+            st = alloc_block(d, p, false);
+    }
+
+    /* 6. Release one cached oversize block large enough (or several), then allocate. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p))
         st = alloc_block(d, p, false);
 
-    /* 6. Release every cached block (empty_cache), then allocate once more. */
+    /* 7. Release every cached block (empty_cache), then allocate once more. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
         xseg_status rs = release_cached_blocks(d, NULL);
         if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
             st = alloc_block(d, p, true);
     }
 
-    /* 7. Out of memory: observers, then the message. */
+    /* 8. Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     if (st != XSEG_SUCCESS)
@@ -992,7 +1008,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     struct priv_pool *priv = NULL;
     if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
         xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
-        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d, false) &&
+        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d) &&
             stream_capturing(d, stream, &ignored)) {
             capture_note(d, stream);
             st = capture_error(stream);

@@ -104,13 +104,14 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         }
         return;
     }
-    /* Pages: an unmapped block covers whole pages; the pages at both ends of a block are mapped
-     * exactly when the block is (the ones between follow from the byte count in check_segment). */
-    size_t page = seg_page_size(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
+    /* Granules: an unmapped block covers whole granules; the granules at both ends of a block
+     * are mapped exactly when the block is (the ones between follow from the byte count in
+     * check_segment), so no chunk reaches into an unmapped block. */
+    size_t gran = seg_gran(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
     if (!b->mapped)
-        CHECK(off % page == 0 && b->size % page == 0);
-    CHECK(!!seg_page_is_mapped(s->vseg, off / page) == b->mapped);
-    CHECK(!!seg_page_is_mapped(s->vseg, (off + b->size - 1) / page) == b->mapped);
+        CHECK(off % gran == 0 && b->size % gran == 0);
+    CHECK(!!seg_gran_is_mapped(s->vseg, off / gran) == b->mapped);
+    CHECK(!!seg_gran_is_mapped(s->vseg, (off + b->size - 1) / gran) == b->mapped);
 }
 
 static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)

@@ -48,20 +48,31 @@ static void obs_deliver_locked(const xseg_segment_event *ev, const struct observ
     }
 }
 
-/* Report pages [first, last) of @p seg in chunks. obs_lock held. */
+/* Report granules [first, last) of @p seg (whole chunks), one range per chunk, at most
+ * OBS_RANGES_MAX ranges an event. obs_lock held. */
 static void obs_pages_locked(struct seg *seg, int device, size_t first, size_t last, int mapped,
                              const struct observer *only)
 {
     xseg_phys_range r[OBS_RANGES_MAX];
-    size_t page = seg_page_size(seg);
+    size_t gran = seg_gran(seg);
     uintptr_t base = (uintptr_t)seg_base(seg);
-    for (size_t i = first; i < last;) {
-        size_t k = 0;
-        for (; k < OBS_RANGES_MAX && i < last; k++, i++)
-            r[k] = (xseg_phys_range){.address = base + i * page, .length = page,
-                                     .handle = (uint64_t)seg_page_handle(seg, i), .offset = 0};
+    for (size_t g = first; g < last;) {
+        size_t k = 0, bytes = 0;
+        for (; k < OBS_RANGES_MAX && g < last; k++) {
+            CUmemGenericAllocationHandle h = 0;
+            size_t c = g, n = 1;
+            if (!seg_chunk(seg, g, &h, &c, &n)) {
+                c = g;
+                n = 1;
+            }
+            size_t end = XSEG_MIN(c + n, last);
+            r[k] = (xseg_phys_range){.address = base + g * gran, .length = (end - g) * gran,
+                                     .handle = (uint64_t)h, .offset = (g - c) * gran};
+            bytes += r[k].length;
+            g = end;
+        }
         xseg_segment_event ev = {.kind = mapped ? XSEG_SEGMENT_MAP : XSEG_SEGMENT_UNMAP, .device = device,
-                                 .address = r[0].address, .size = k * page, .is_expandable = 1,
+                                 .address = r[0].address, .size = bytes, .is_expandable = 1,
                                  .nranges = k, .ranges = r};
         obs_deliver_locked(&ev, only);
     }

@@ -515,9 +515,9 @@ typedef struct xseg_ipc_info {
     xseg_ipc_handle_type type;
     int device;        /**< the exporter's device index */
     size_t size;       /**< the block's size in bytes (what xseg_malloc returned: a rounded size) */
-    size_t offset;     /**< the block's offset in its first page */
-    size_t page_size;  /**< bytes per page */
-    size_t npages;     /**< pages under the block: the importer reserves npages * page_size */
+    size_t offset;     /**< the block's offset in its first chunk */
+    size_t nchunks;    /**< physical allocations (chunks) under the block, one shareable handle each */
+    size_t span;       /**< their total size: the bytes of address space the importer reserves */
 } xseg_ipc_info;
 
 /**
