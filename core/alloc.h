@@ -57,6 +57,10 @@ struct dev_alloc {
     struct ptrmap live;      /* allocated blocks by address */
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
+    /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
+     * segments of its (pool, stream) in O(log segments), whatever the number of streams. */
+    struct segrec **by_stream;
+    size_t nby_stream, capby_stream;
     struct block *spare;     /* recycled block structs (linked through next) */
 
     xseg_device_stats stats;

@@ -155,10 +155,22 @@ void dev_check(struct dev_alloc *d)
         check_pool(&pp->small, &free_nodes, &unmapped_nodes);
         check_pool(&pp->large, &free_nodes, &unmapped_nodes);
     }
+    size_t nexp = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg) {
         CHECK(s->prev_seg ? s->prev_seg->next_seg == s : d->segs == s);
         CHECK(!s->next_seg || s->next_seg->prev_seg == s);
         check_segment(d, s, &rc);
+        nexp += s->vseg != NULL;
+    }
+    /* The (pool, stream, seq) order of the expandable segments holds each of them once. */
+    CHECK(d->nby_stream == nexp);
+    for (size_t i = 0; i < d->nby_stream; i++) {
+        const struct segrec *a = d->by_stream[i], *b = i + 1 < d->nby_stream ? d->by_stream[i + 1] : NULL;
+        CHECK(a->vseg != NULL);
+        if (b)
+            CHECK((uintptr_t)a->pool < (uintptr_t)b->pool ||
+                  (a->pool == b->pool && ((uintptr_t)a->stream < (uintptr_t)b->stream ||
+                                          (a->stream == b->stream && a->seq < b->seq))));
     }
     /* Every indexed block was found in a treap and every treap node is a block of a segment. */
     CHECK(rc.free_indexed == free_nodes);

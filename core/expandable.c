@@ -17,9 +17,12 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/alloc.h"
+#include "base/assert.h"
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 #include "vmm/ipc.h"
@@ -97,12 +100,56 @@ static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream
     return best;
 }
 
-/* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. */
+/* Order of d->by_stream: (pool, stream, seq). */
+static int by_stream_cmp(const struct bpool *pool, CUstream stream, uint64_t seq, const struct segrec *s)
+{
+    if (pool != s->pool)
+        return (uintptr_t)pool < (uintptr_t)s->pool ? -1 : 1;
+    if (stream != s->stream)
+        return (uintptr_t)stream < (uintptr_t)s->stream ? -1 : 1;
+    return seq < s->seq ? -1 : seq > s->seq;
+}
+
+/* The first index of d->by_stream not below (pool, stream, seq). */
+static size_t by_stream_lower(const struct dev_alloc *d, const struct bpool *pool, CUstream stream, uint64_t seq)
+{
+    size_t lo = 0, hi = d->nby_stream;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (by_stream_cmp(pool, stream, seq, d->by_stream[mid]) > 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Insert @p s (room reserved by the caller: nby_stream < capby_stream). */
+static void by_stream_add(struct dev_alloc *d, struct segrec *s)
+{
+    size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
+    memmove(&d->by_stream[i + 1], &d->by_stream[i], (d->nby_stream - i) * sizeof *d->by_stream);
+    d->by_stream[i] = s;
+    d->nby_stream++;
+}
+
+static void by_stream_remove(struct dev_alloc *d, struct segrec *s)
+{
+    size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
+    xseg_assert(i < d->nby_stream && d->by_stream[i] == s);
+    memmove(&d->by_stream[i], &d->by_stream[i + 1], (d->nby_stream - i - 1) * sizeof *d->by_stream);
+    d->nby_stream--;
+}
+
+/* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. The
+ * newest segment first. */
 static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
 {
     lock_assert_held(&d->lock);
-    for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (!s->vseg || s->pool != pool || s->stream != stream || s->first == NULL)
+    size_t lo = by_stream_lower(d, pool, stream, 0), hi = by_stream_lower(d, pool, stream, UINT64_MAX);
+    for (size_t k = hi; k-- > lo;) {
+        struct segrec *s = d->by_stream[k];
+        if (s->first == NULL)
             continue;
         if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size))
             continue;
@@ -161,8 +208,10 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .observe_user = d,
     };
     struct segrec *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s || !VEC_RESERVE(d->by_stream, d->capby_stream, d->nby_stream + 1)) {
+        free(s);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
+    }
     struct seg *vseg = NULL;
     xseg_status st = seg_create(&params, page_up(size, page), &vseg);
     if (st != XSEG_SUCCESS) {
@@ -183,6 +232,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     s->first = s->last = b;
     bpool_insert_unmapped(pool, b);
     alloc_seglist_add(d, s);
+    by_stream_add(d, s);
     *out = b;
     return XSEG_SUCCESS;
 }
@@ -456,6 +506,7 @@ void exp_release_empty_segments(struct dev_alloc *d)
             alloc_block_delete(d, b);
             (void)seg_destroy(s->vseg);
             alloc_seglist_remove(d, s);
+            by_stream_remove(d, s);
             free(s);
         }
         s = next;
