@@ -162,6 +162,10 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         size_t page = seg_page(s);
         size_t old_va = seg_va_size(s->vseg);
         size_t want = old_va + page_up(size - XSEG_MIN(avail, size), page);
+        /* The free tail already holds it (the cache passed it over, e.g. an oversize block under
+         * max_split_size; PyTorch's find_expandable_block takes such a tail too): no growth. */
+        if (want <= old_va)
+            return c;
         struct block *tail_new = NULL;
         if (!(allocatable(t) && !t->mapped)) {
             tail_new = new_unmapped(d, s, 0, 0);

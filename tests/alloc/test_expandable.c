@@ -571,6 +571,51 @@ static void test_recycle_waits_once(void **state)
     tu_assert_cu(drv->cuStreamDestroy(busy));
 }
 
+/* With room to spare, a steady churn on many streams makes no driver call at all: no mapping,
+ * no host-blocking synchronization, no capture query, whatever the number of streams; reclaim
+ * (empty_cache) asks the driver about no stream's capture state either, and waits once per
+ * stream. */
+static void test_steady_state_quiet(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    enum { NS = 64, LIVE = 3 };
+    static const size_t sizes[] = {2 * MiB, 5 * MiB, 3 * MiB, 8 * MiB, 6 * MiB, 4 * MiB};
+    CUstream st[NS];
+    void *live[NS][LIVE] = {{0}};
+    for (int i = 0; i < NS; i++)
+        tu_assert_cu(drv->cuStreamCreate(&st[i], CU_STREAM_NON_BLOCKING));
+    const char *quiet[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease",
+                           "cuMemAddressReserve", "cuStreamSynchronize", "cuCtxSynchronize",
+                           "cuEventSynchronize", "cuStreamIsCapturing", "cuStreamGetCaptureInfo",
+                           "cuStreamQuery"};
+    for (int round = 0; round < 60; round++) {
+        if (round == 48)
+            tu_counts_reset(); /* warmed up: every stream's cache holds its sizes */
+        for (int i = 0; i < NS; i++) {
+            void **slot = &live[i][round % LIVE];
+            if (*slot)
+                assert_int_equal(xseg_free(*slot), XSEG_SUCCESS);
+            *slot = must_malloc(sizes[(i + round) % 6], st[i]);
+        }
+    }
+    for (size_t k = 0; k < sizeof quiet / sizeof quiet[0]; k++)
+        if (tu_call_count(quiet[k]))
+            fail_msg("%lu calls of %s in the steady state", tu_call_count(quiet[k]), quiet[k]);
+    for (int i = 0; i < NS; i++)
+        for (int j = 0; j < LIVE; j++)
+            assert_int_equal(xseg_free(live[i][j]), XSEG_SUCCESS);
+    tu_counts_reset();
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuStreamIsCapturing") + tu_call_count("cuStreamGetCaptureInfo"), 0);
+    assert_true(tu_call_count("cuStreamSynchronize") <= NS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+    for (int i = 0; i < NS; i++)
+        tu_assert_cu(drv->cuStreamDestroy(st[i]));
+}
+
 /* Fail the Nth cuMemUnmap / cuMemRelease / cuStreamQuery while giving back under pressure. */
 static void test_recycle_faults(void **state)
 {
@@ -599,6 +644,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_recycle_gap),
         cmocka_unit_test(test_recycle_across_streams),
         cmocka_unit_test(test_recycle_waits_once),
+        cmocka_unit_test(test_steady_state_quiet),
         cmocka_unit_test(test_recycle_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
