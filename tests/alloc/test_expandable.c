@@ -25,6 +25,8 @@ static void start(const char *config)
     assert_int_equal(xseg_init(config), XSEG_SUCCESS);
     if (!tu_gpu_available())
         skip();
+    /* No cap left behind by a test that failed half-way (cap_device). */
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
 }
 
 /* Stats that a snapshot determines must match it (PyTorch's _check_memory_stat_consistency). */
@@ -571,6 +573,54 @@ static void test_recycle_waits_once(void **state)
     tu_assert_cu(drv->cuStreamDestroy(busy));
 }
 
+/* expandable_chunk_mb: smaller chunks let the OOM path give back a free gap up to the live
+ * blocks' edges. a, b, c are 30 MiB each on 20 MiB pages; b's gap [30, 60) MiB shares a page with
+ * a, so with one chunk per page only [40, 60) can go. On a device capped 10 MiB above what is
+ * mapped, a 40 MiB request needs 30 MiB back: it fails with page chunks and fits with 2 MiB chunks,
+ * whose layout (and reserved bytes before the pressure) is PyTorch's page layout all the same. */
+static void chunk_scenario(const char *config, bool fits)
+{
+    start(config);
+    void *a = must_malloc(30 * MiB, NULL), *b = must_malloc(30 * MiB, NULL), *c = must_malloc(30 * MiB, NULL);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(100 * MiB)); /* five pages */
+    tu_assert_cu(tu_fill(DPTR(a), 30 * MiB, 7));
+    tu_assert_cu(tu_fill(DPTR(c), 30 * MiB, 9));
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    cap_device(110 * MiB);
+    void *d = NULL;
+    xseg_status st = xseg_malloc(&d, 40 * MiB, 0, NULL);
+    if (fits) {
+        assert_int_equal(st, XSEG_SUCCESS);
+        tu_assert_cu(tu_fill(DPTR(d), 40 * MiB, 11));
+        assert_true(tu_stat("reserved_bytes.all.current") <= (int64_t)(110 * MiB));
+        assert_int_equal(xseg_free(d), XSEG_SUCCESS);
+    } else {
+        assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(80 * MiB));
+    }
+    assert_true(tu_check(DPTR(a), 30 * MiB, 7) && tu_check(DPTR(c), 30 * MiB, 9));
+    check_consistent();
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+static void test_chunk_size(void **state)
+{
+    (void)state;
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:0", false);
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:2", true);
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:4,expandable_segments_recycle:False", true);
+    /* The key's rules: even MiB, at most the page. */
+    assert_int_equal(xseg_set_config("expandable_chunk_mb:3"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_chunk_mb"));
+    assert_int_equal(xseg_set_config("expandable_chunk_mb:40"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_page_size_mb"));
+    start("expandable_chunk_mb:0");
+}
+
 /* With room to spare, a steady churn on many streams makes no driver call at all: no mapping,
  * no host-blocking synchronization, no capture query, whatever the number of streams; reclaim
  * (empty_cache) asks the driver about no stream's capture state either, and waits once per
@@ -645,6 +695,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_recycle_across_streams),
         cmocka_unit_test(test_recycle_waits_once),
         cmocka_unit_test(test_steady_state_quiet),
+        cmocka_unit_test(test_chunk_size),
         cmocka_unit_test(test_recycle_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
