@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/ipc.h"
 #include "core/runtime.h"
 #include "vmm/segment.h"
@@ -118,15 +119,9 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user)
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "xseg_attach_segment_observer: this (fn, user) pair is attached already");
     }
-    if (obs_n == obs_cap) {
-        size_t cap = obs_cap ? 2 * obs_cap : 4;
-        struct observer *l = realloc(obs_list, cap * sizeof *l);
-        if (!l) {
-            pthread_mutex_unlock(&obs_lock);
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_attach_segment_observer: out of host memory");
-        }
-        obs_list = l;
-        obs_cap = cap;
+    if (!VEC_RESERVE(obs_list, obs_cap, obs_n + 1)) {
+        pthread_mutex_unlock(&obs_lock);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_attach_segment_observer: out of host memory");
     }
     struct observer *o = &obs_list[obs_n++];
     memset(o, 0, sizeof *o);

@@ -21,6 +21,7 @@
 
 #include "core/alloc.h"
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/runtime.h"
 #include "vmm/capture.h"
 
@@ -196,14 +197,8 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
     if (tmpl->by_capture && route_of_capture(d, tmpl->capture_stream) >= 0)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "%s: stream %p already has a capture begun by xseg_capture_begin",
                        fn, (void *)tmpl->capture_stream);
-    if (d->nroutes == d->caproutes) {
-        size_t ncap = d->caproutes ? d->caproutes * 2 : 4;
-        struct pool_route *p = realloc(d->routes, ncap * sizeof *p);
-        if (!p)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-        d->routes = p;
-        d->caproutes = ncap;
-    }
+    if (!VEC_RESERVE(d->routes, d->caproutes, d->nroutes + 1))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     if (!pp && !(pp = pool_new(d, id)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory for pool %s", fn, id_text(id, buf));
     pp->use_count++;

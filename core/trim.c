@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
@@ -48,7 +49,7 @@ static int cand_cmp(const void *pa, const void *pb)
 struct stream_memo {
     CUstream *s;
     signed char *done; /* 1 idle, 0 busy or unknown */
-    size_t n, cap;
+    size_t n, cap_s, cap_done;
 };
 
 static bool stream_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
@@ -56,18 +57,8 @@ static bool stream_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
     for (size_t i = 0; i < m->n; i++)
         if (m->s[i] == s)
             return m->done[i];
-    if (m->n == m->cap) {
-        size_t ncap = m->cap ? m->cap * 2 : 8;
-        CUstream *ns = realloc(m->s, ncap * sizeof *ns);
-        if (!ns)
-            return false;
-        m->s = ns;
-        signed char *nd = realloc(m->done, ncap);
-        if (!nd)
-            return false;
-        m->done = nd;
-        m->cap = ncap;
-    }
+    if (!VEC_RESERVE(m->s, m->cap_s, m->n + 1) || !VEC_RESERVE(m->done, m->cap_done, m->n + 1))
+        return false;
     /* A query, never a wait: CUDA_SUCCESS means every work item queued so far has completed, so
      * the last use of any block freed before now is over. Any error counts as busy. */
     bool idle = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vstream_idle(s);
@@ -94,15 +85,9 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
             bytes = block_is_split(b) ? 0 : b->size;
         if (!bytes)
             continue;
-        if (*n == *cap) {
-            size_t ncap = *cap ? *cap * 2 : 64;
-            struct trim_cand *nv = realloc(*v, ncap * sizeof *nv);
-            if (!nv) {
-                free(arr);
-                return false;
-            }
-            *v = nv;
-            *cap = ncap;
+        if (!VEC_RESERVE(*v, *cap, *n + 1)) {
+            free(arr);
+            return false;
         }
         (*v)[(*n)++] = (struct trim_cand){b, bytes};
     }

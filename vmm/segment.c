@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "vmm/driver.h"
 #include "vmm/stream.h"
 
@@ -70,7 +71,8 @@ struct seg {
 
     /* access[0] is the owning device, access[1..naccess) the peers; all READWRITE. */
     CUmemAccessDesc *access;
-    int naccess, cap_access;
+    int naccess;
+    size_t cap_access;
 };
 
 #define PAGE_FRESH 1
@@ -142,14 +144,8 @@ static int seg_has_access(const struct seg *seg, int device)
 
 static xseg_status seg_push_access(struct seg *seg, int device)
 {
-    if (seg->naccess == seg->cap_access) {
-        int cap = seg->cap_access ? 2 * seg->cap_access : 4;
-        CUmemAccessDesc *a = realloc(seg->access, (size_t)cap * sizeof(*a));
-        if (!a)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the peer list");
-        seg->access = a;
-        seg->cap_access = cap;
-    }
+    if (!VEC_RESERVE(seg->access, seg->cap_access, (size_t)seg->naccess + 1))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the peer list");
     seg->access[seg->naccess++] = seg_access_desc(device);
     return XSEG_SUCCESS;
 }
@@ -159,27 +155,17 @@ static xseg_status seg_push_access(struct seg *seg, int device)
 static xseg_status seg_reserve_meta(struct seg *seg, size_t npages)
 {
     if (npages > seg->cap_pages) {
-        size_t cap = XSEG_MAX(npages, seg->cap_pages * 2);
-        CUmemGenericAllocationHandle *h = realloc(seg->handles, cap * sizeof(*h));
-        if (!h)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
-        seg->handles = h;
-        unsigned char *f = realloc(seg->pflags, cap);
-        if (!f)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
-        seg->pflags = f;
-        memset(h + seg->cap_pages, 0, (cap - seg->cap_pages) * sizeof(*h));
-        memset(f + seg->cap_pages, 0, cap - seg->cap_pages);
-        seg->cap_pages = cap;
+        /* Two arrays, one capacity: cap_pages moves (and new entries are zeroed) only once both
+         * have room; a grown handles array left by a failed pflags growth is simply reused. */
+        size_t hcap = seg->cap_pages, fcap = seg->cap_pages;
+        if (!VEC_RESERVE(seg->handles, hcap, npages) || !VEC_RESERVE(seg->pflags, fcap, hcap))
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", npages);
+        memset(seg->handles + seg->cap_pages, 0, (hcap - seg->cap_pages) * sizeof(*seg->handles));
+        memset(seg->pflags + seg->cap_pages, 0, hcap - seg->cap_pages);
+        seg->cap_pages = hcap;
     }
-    if (seg->npieces == seg->cap_pieces) {
-        size_t cap = seg->cap_pieces ? 2 * seg->cap_pieces : 4;
-        struct seg_piece *p = realloc(seg->pieces, cap * sizeof(*p));
-        if (!p)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the piece list");
-        seg->pieces = p;
-        seg->cap_pieces = cap;
-    }
+    if (!VEC_RESERVE(seg->pieces, seg->cap_pieces, seg->npieces + 1))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the piece list");
     return XSEG_SUCCESS;
 }
 
@@ -251,15 +237,9 @@ static size_t nleft, capleft;
 static void left_push(struct leftover l)
 {
     pthread_mutex_lock(&left_lock);
-    if (nleft == capleft) {
-        size_t cap = capleft ? 2 * capleft : 16;
-        struct leftover *p = realloc(left, cap * sizeof *p);
-        if (!p) {
-            pthread_mutex_unlock(&left_lock);
-            return;
-        }
-        left = p;
-        capleft = cap;
+    if (!VEC_RESERVE(left, capleft, nleft + 1)) {
+        pthread_mutex_unlock(&left_lock);
+        return;
     }
     left[nleft++] = l;
     pthread_mutex_unlock(&left_lock);
