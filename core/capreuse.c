@@ -222,6 +222,7 @@ static bool markers_add(CUgraphNode **v, size_t *n, size_t *cap, const CUgraphNo
 
 void capreuse_mark(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
     if (!d->cfg.graph_capture_record_stream_reuse || !alloc_pool_owner(d, b->pool) || !d->ndeferred ||
         d->deferred[d->ndeferred - 1] != b || legacy(b->stream))
@@ -363,6 +364,7 @@ static void walk_set_terms(struct capreuse *cr, struct cr_walk *w, const CUgraph
 
 void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
 {
+    lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
     bool any = false;
     if (legacy(stream))
@@ -410,6 +412,7 @@ void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
 
 void capreuse_reset(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
     for (size_t i = 0; i < cr->nwalks; i++)
         walk_free(&cr->walks[i]);

@@ -166,6 +166,7 @@ static void insert_deferred(struct dev_alloc *d)
 /* Take the finished head item off queue @p q and return its event to the pool. */
 static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
 {
+    lock_assert_held(&d->lock);
     struct ev_item it = q->items[q->head];
     q->head = (q->head + 1) % q->cap;
     q->count--;
@@ -177,6 +178,7 @@ static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
 /* Drop empty queue @p i (swap with the last). */
 static void queue_drop(struct dev_alloc *d, size_t i)
 {
+    lock_assert_held(&d->lock);
     free(d->evq[i].items);
     d->evq[i] = d->evq[--d->nevq];
 }

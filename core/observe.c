@@ -70,9 +70,10 @@ static void obs_pages_locked(struct seg *seg, int device, size_t first, size_t l
 
 void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, int mapped)
 {
+    struct dev_alloc *d = user;
+    lock_assert_held(&d->lock);
     if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
         return;
-    struct dev_alloc *d = user;
     pthread_mutex_lock(&obs_lock);
     obs_pages_locked(seg, d->device, first, last, mapped, NULL);
     pthread_mutex_unlock(&obs_lock);
@@ -80,6 +81,7 @@ void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, in
 
 void obs_classic(struct dev_alloc *d, uintptr_t addr, size_t size, xseg_segment_event_kind kind)
 {
+    lock_assert_held(&d->lock);
     if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
         return;
     xseg_phys_range r = {.address = addr, .length = size, .handle = 0, .offset = 0};
@@ -99,6 +101,7 @@ struct obs_replay {
 static void obs_replay_run(void *user, struct seg *seg, size_t first, size_t last, int mapped)
 {
     struct obs_replay *rp = user;
+    lock_assert_held(&rp->d->lock);
     obs_pages_locked(seg, rp->d->device, first, last, mapped, rp->only);
 }
 
@@ -158,7 +161,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user)
             me->ready[i] = true;
         }
         pthread_mutex_unlock(&obs_lock);
-        lock_release(&d->lock);
+        alloc_unlock(d);
     }
     return XSEG_SUCCESS;
 }

@@ -21,6 +21,7 @@
 
 size_t trim_cached_bytes(const struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     int64_t reserved = stats_all_current(d->stats.reserved_bytes);
     int64_t allocated = stats_all_current(d->stats.allocated_bytes);
     return reserved > allocated ? (size_t)(reserved - allocated) : 0;
@@ -54,6 +55,7 @@ struct stream_memo {
 
 static bool stream_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
 {
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < m->n; i++)
         if (m->s[i] == s)
             return m->done[i];
@@ -97,6 +99,7 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
 
 xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bool idle_only, size_t *released)
 {
+    lock_assert_held(&d->lock);
     if (released)
         *released = 0;
     size_t cached = trim_cached_bytes(d);
@@ -153,6 +156,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
 
 void trim_threshold(struct dev_alloc *d, size_t handing_out)
 {
+    lock_assert_held(&d->lock);
     size_t threshold = d->cfg.release_threshold;
     if (threshold == SIZE_MAX || trim_cached_bytes(d) <= threshold + handing_out)
         return;
@@ -172,7 +176,7 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
         ev_process(d);
     xseg_status st = trim_cache(d, keep, TRIM_SYNC, false, released);
     alloc_fast_update(d);
-    lock_release(&d->lock);
+    alloc_unlock(d);
     return st;
 }
 
@@ -198,6 +202,7 @@ static void pool_tick(struct bpool *p, uint64_t now, uint64_t window)
 
 void trim_idle_tick(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     unsigned ms = d->cfg.idle_release_ms;
     if (!ms)
         return;
