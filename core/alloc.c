@@ -12,6 +12,7 @@
 #include "core/alloc.h"
 #include "core/snapshot.h"
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/runtime.h"
 #include "core/stats.h"
 #include "vmm/capture.h"
@@ -221,14 +222,8 @@ static void capture_note(struct dev_alloc *d, CUstream stream)
     for (size_t i = 0; i < d->ncapturing; i++)
         if (d->capturing[i] == stream)
             return;
-    if (d->ncapturing == d->capcapturing) {
-        size_t ncap = d->capcapturing ? d->capcapturing * 2 : 4;
-        CUstream *p = realloc(d->capturing, ncap * sizeof *p);
-        if (!p)
-            return; /* only a hint; the slow path re-checks anyway */
-        d->capturing = p;
-        d->capcapturing = ncap;
-    }
+    if (!VEC_RESERVE(d->capturing, d->capcapturing, d->ncapturing + 1))
+        return; /* only a hint; the slow path re-checks anyway */
     d->capturing[d->ncapturing++] = stream;
     alloc_fast_off(d);
 }
@@ -1307,20 +1302,9 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
 
 static xseg_status snap_push(struct snap_acc *a, xseg_segment_info *si, struct hstack **stacks)
 {
-    if (a->n == a->cap) {
-        size_t ncap = a->cap ? a->cap * 2 : 16;
-        xseg_segment_info *p = realloc(a->segs, ncap * sizeof *p);
-        if (!p)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
-        a->segs = p;
-        if (a->with_stacks) {
-            struct hstack ***q = realloc(a->stacks, ncap * sizeof *q);
-            if (!q)
-                return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
-            a->stacks = q;
-        }
-        a->cap = ncap;
-    }
+    if (!VEC_RESERVE(a->segs, a->cap, a->n + 1) ||
+        (a->with_stacks && !VEC_RESERVE(a->stacks, a->cap_stacks, a->n + 1)))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
     if (a->with_stacks)
         a->stacks[a->n] = stacks;
     a->segs[a->n++] = *si;

@@ -175,7 +175,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer);
 struct snap_acc {
     xseg_segment_info *segs;
     struct hstack ***stacks;
-    size_t n, cap;
+    size_t n, cap, cap_stacks; /* capacities of segs and stacks */
     bool with_stacks;
 };
 /* Append this device's segments to @p a (lock taken here). */

@@ -87,7 +87,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
-        lock_release(&d->lock);
+        alloc_unlock(d);
         return XSEG_SUCCESS;
     }
     xseg_status st;
@@ -143,7 +143,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     }
     *out = h;
 out:
-    lock_release(&d->lock);
+    alloc_unlock(d);
     return st;
 }
 
@@ -154,7 +154,7 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
-        lock_release(&d->lock);
+        alloc_unlock(d);
         return XSEG_SUCCESS;
     }
     if (!b->expandable || !b->seg->vseg) {
@@ -162,7 +162,7 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
             ranges[0] = (xseg_phys_range){.address = b->addr, .length = b->size, .handle = 0,
                                           .offset = b->addr - b->seg->first->addr};
         *n = 1;
-        lock_release(&d->lock);
+        alloc_unlock(d);
         return XSEG_SUCCESS;
     }
     const struct seg *vs = b->seg->vseg;
@@ -183,7 +183,7 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         g = c + len;
     }
     *n = np;
-    lock_release(&d->lock);
+    alloc_unlock(d);
     return XSEG_SUCCESS;
 }
 
@@ -258,7 +258,7 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
         access[naccess].location.id = d->peers[i];
         access[naccess++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    lock_release(&d->lock);
+    alloc_unlock(d);
     CUdeviceptr base = 0;
     unsigned type = h->type == XSEG_IPC_FABRIC ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     st = ipc_import_map(d->info.primary_ctx, type, h->fds, h->fabric, h->nchunks, h->sizes, access, naccess, &base);

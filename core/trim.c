@@ -21,6 +21,7 @@
 
 size_t trim_cached_bytes(const struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     int64_t reserved = stats_all_current(d->stats.reserved_bytes);
     int64_t allocated = stats_all_current(d->stats.allocated_bytes);
     return reserved > allocated ? (size_t)(reserved - allocated) : 0;
@@ -51,10 +52,8 @@ static signed char *memo_slot(struct stream_memo *m, CUstream s)
     for (size_t i = 0; i < m->n; i++)
         if (m->s[i] == s)
             return &m->state[i];
-    size_t c1 = m->cap, c2 = m->cap;
-    if (!VEC_RESERVE(m->s, c1, m->n + 1) || !VEC_RESERVE(m->state, c2, m->n + 1))
+    if (!VEC_RESERVE(m->s, m->cap_s, m->n + 1) || !VEC_RESERVE(m->state, m->cap_state, m->n + 1))
         return NULL;
-    m->cap = XSEG_MIN(c1, c2);
     m->s[m->n] = s;
     m->state[m->n] = -1;
     return &m->state[m->n++];
@@ -62,6 +61,7 @@ static signed char *memo_slot(struct stream_memo *m, CUstream s)
 
 bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
 {
+    lock_assert_held(&d->lock);
     signed char *st = memo_slot(m, s);
     if (!st)
         return false;
@@ -74,6 +74,7 @@ bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
 
 xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
 {
+    lock_assert_held(&d->lock);
     signed char *st = memo_slot(m, s);
     if (st && *st == 1)
         return XSEG_SUCCESS;
@@ -110,15 +111,9 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
             bytes = block_is_split(b) ? 0 : b->size;
         if (!bytes)
             continue;
-        if (*n == *cap) {
-            size_t ncap = *cap ? *cap * 2 : 64;
-            struct trim_cand *nv = realloc(*v, ncap * sizeof *nv);
-            if (!nv) {
-                free(arr);
-                return false;
-            }
-            *v = nv;
-            *cap = ncap;
+        if (!VEC_RESERVE(*v, *cap, *n + 1)) {
+            free(arr);
+            return false;
         }
         (*v)[(*n)++] = (struct trim_cand){b, bytes};
     }
@@ -128,6 +123,7 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
 
 xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bool idle_only, size_t *released)
 {
+    lock_assert_held(&d->lock);
     if (released)
         *released = 0;
     size_t cached = trim_cached_bytes(d);
@@ -197,6 +193,7 @@ xseg_status trim_pressure(struct dev_alloc *d, size_t need, size_t *released)
 
 void trim_threshold(struct dev_alloc *d, size_t handing_out)
 {
+    lock_assert_held(&d->lock);
     size_t threshold = d->cfg.release_threshold;
     if (threshold == SIZE_MAX || trim_cached_bytes(d) <= threshold + handing_out)
         return;
@@ -216,7 +213,7 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
         ev_process(d);
     xseg_status st = trim_cache(d, keep, TRIM_SYNC, false, released);
     alloc_fast_update(d);
-    lock_release(&d->lock);
+    alloc_unlock(d);
     return st;
 }
 
@@ -242,6 +239,7 @@ static void pool_tick(struct bpool *p, uint64_t now, uint64_t window)
 
 void trim_idle_tick(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     unsigned ms = d->cfg.idle_release_ms;
     if (!ms)
         return;

@@ -33,7 +33,7 @@ enum trim_wait {
 struct stream_memo {
     CUstream *s;
     signed char *state; /* -1 not asked, 0 busy, 1 idle (queried, or waited for) */
-    size_t n, cap;
+    size_t n, cap_s, cap_state;
 };
 /* Has every work item queued on @p s completed? One cuStreamQuery per stream and pass; any error
  * counts as busy. */

@@ -25,9 +25,9 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "vmm/driver.h"
 #include "vmm/stream.h"
-#include "base/vec.h"
 
 /* One cuMemAddressReserve range. Pieces are page multiples and sorted by address, each starting
  * where the previous one ends, so a chunk never straddles two pieces. */
@@ -175,9 +175,6 @@ static xseg_status seg_push_access(struct seg *seg, int device)
     return XSEG_SUCCESS;
 }
 
-/* Make room for @p npages page entries and one more piece, before any driver work, so that a
- * host allocation failure never has to undo a reservation. New entries are zero (unmapped). */
-
 /* Make room for @p ngran granule entries and one more piece, before any driver work, so that a
  * host allocation failure never has to undo a reservation. New entries are zero (unmapped). */
 static xseg_status seg_reserve_meta(struct seg *seg, size_t ngran)
@@ -269,15 +266,9 @@ static size_t nleft, capleft;
 static void left_push(struct leftover l)
 {
     pthread_mutex_lock(&left_lock);
-    if (nleft == capleft) {
-        size_t cap = capleft ? 2 * capleft : 16;
-        struct leftover *p = realloc(left, cap * sizeof *p);
-        if (!p) {
-            pthread_mutex_unlock(&left_lock);
-            return;
-        }
-        left = p;
-        capleft = cap;
+    if (!VEC_RESERVE(left, capleft, nleft + 1)) {
+        pthread_mutex_unlock(&left_lock);
+        return;
     }
     left[nleft++] = l;
     pthread_mutex_unlock(&left_lock);
