@@ -75,6 +75,7 @@ void alloc_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t 
 
 bool alloc_fraction_allows(const struct dev_alloc *d, size_t more)
 {
+    lock_assert_held(&d->lock);
     return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
 }
 
@@ -88,6 +89,7 @@ void alloc_count_sync_all(struct dev_alloc *d)
 
 static void apply_fraction(struct dev_alloc *d, double fraction)
 {
+    lock_assert_held(&d->lock);
     d->fraction = fraction;
     if (fraction < 1.0) {
         d->set_fraction = true;
@@ -101,6 +103,7 @@ static void apply_fraction(struct dev_alloc *d, double fraction)
 /* Device lock held, or @p d not yet published (alloc_create). */
 static void refresh_cfg_slow(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     double old_fraction = d->cfg.per_process_memory_fraction;
     bool first = d->cfg_gen == 0;
     rt_cfg_copy(&d->cfg, &d->cfg_gen);
@@ -139,7 +142,9 @@ xseg_status alloc_create(int device, struct dev_alloc **out)
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
+    alloc_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
     refresh_cfg_slow(d);
+    alloc_unlock(d);
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
         fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
                 device);
@@ -324,6 +329,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
 /* get_free_block for the slow path: the block found is taken out of the free index. */
 static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 {
+    lock_assert_held(&d->lock);
     struct block *pred;
     bool pred_ok;
     struct block *b = find_free_block(d, p, &pred, &pred_ok);
@@ -369,6 +375,7 @@ size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src
 /* The active counters of a block that stops being active (all paths of free_block). */
 static inline void account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
 {
+    lock_assert_held(&d->lock);
     stat_down_pool(d->stats.active, si, 1);
     stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
     stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
@@ -454,6 +461,7 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b);
 /* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
 void alloc_free_block(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     if (XSEG_UNLIKELY(b->recorded))
         hist_free_completed(d, b);
     free_block(d, b);
@@ -1122,6 +1130,7 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
  * lets its stack go. */
 static void hist_free_completed(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
     b->hist_stack = NULL;
     b->recorded = false;
@@ -1330,6 +1339,7 @@ void snap_acc_free(struct snap_acc *a)
 static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct block *from, struct block *to,
                               struct snap_acc *a)
 {
+    lock_assert_held(&d->lock);
     xseg_segment_info si;
     memset(&si, 0, sizeof si);
     size_t nb = 0;

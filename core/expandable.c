@@ -491,6 +491,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
 
 xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
 {
+    lock_assert_held(&d->lock);
     return unmap_pages(d, b, max_bytes, idle);
 }
 
@@ -519,6 +520,7 @@ void exp_release_empty_segments(struct dev_alloc *d)
 
 xseg_status exp_reclaim_leftovers(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     xseg_status first = XSEG_SUCCESS;
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
         if (!s->vseg || !seg_stranded_bytes(s->vseg))
