@@ -92,6 +92,28 @@ def test_reset_peak(xseg):
     assert s["allocated_bytes.all.peak"] == s["allocated_bytes.all.current"]
 
 
+def test_reset_accumulated(xseg):
+    p = xseg.malloc(8 * MiB)
+    xseg.free(p)
+    before = xseg.memory_stats()
+    assert before["allocation.all.allocated"] >= 1
+    xseg.reset_accumulated_memory_stats()
+    s = xseg.memory_stats()
+    for key, value in s.items():
+        if key.endswith((".allocated", ".freed")) or key in (
+                "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                "num_device_free"):
+            assert value == 0, key
+    assert s["allocated_bytes.all.peak"] == before["allocated_bytes.all.peak"]
+    assert s["reserved_bytes.all.current"] == before["reserved_bytes.all.current"]
+    q = xseg.malloc(MiB)
+    xseg.free(q)
+    assert xseg.memory_stats()["allocation.all.allocated"] == 1
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.reset_accumulated_memory_stats(99)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
+
+
 def test_summary(xseg):
     text = xseg.memory_summary(0)
     assert "memory summary" in text and "device ID 0" in text
