@@ -32,7 +32,16 @@ __all__ = [
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "trim",
 ]
 
-__version__ = "0.1.0"
+def __getattr__(name):
+    # __version__ without loading libxseg at import: the version meson installed with the package
+    # (from include/xseg.h), or in the source tree the loaded library's.
+    if name == "__version__":
+        try:
+            from ._version import version
+        except ImportError:
+            version = globals()["version"]()
+        return version
+    raise AttributeError("module 'xseg' has no attribute %r" % (name,))
 
 
 def library_path():

@@ -53,6 +53,14 @@ def test_version_matches_header(xseg):
         line = [l for l in hdr.splitlines() if l.startswith("#define XSEG_API_VERSION_" + p)][0]
         parts.append(line.split()[-1])
     assert xseg.version() == ".".join(parts) == xseg.__version__
+    # meson's reading of the header (build-aux/version.sh), which pyproject.toml's dynamic version
+    # and the installed xseg/_version.py take
+    r = subprocess.run(["sh", os.path.join(PKG, "..", "build-aux", "version.sh")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == ".".join(parts), r.stdout + r.stderr
+    with open(os.path.join(PKG, "..", "pyproject.toml")) as f:
+        toml = f.read()
+    assert 'dynamic = ["version"]' in toml and "\nversion =" not in toml
 
 
 def test_library_not_found_names_what_was_tried():
