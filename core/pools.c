@@ -290,6 +290,21 @@ int pools_use_count(struct dev_alloc *d, xseg_pool_id pool)
     return count;
 }
 
+xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
+{
+    char buf[48];
+    xseg_status st = XSEG_SUCCESS;
+    lock_acquire(&d->lock);
+    struct priv_pool *pp = pool_find(d, pool);
+    if (!pp && !(pp = pool_new(d, pool)))
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_pool_retain: out of host memory for pool %s",
+                     id_text(pool, buf));
+    else
+        pp->use_count++;
+    alloc_unlock(d);
+    return st;
+}
+
 /* ---- capture ------------------------------------------------------------------------------ */
 
 xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_id id, int capture_mode)

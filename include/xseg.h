@@ -126,6 +126,17 @@ XSEG_API xseg_status xseg_free(void *ptr);
 XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream);
 
 /**
+ * The segment that holds the live block at @p ptr, as PyTorch's getBaseAllocation reports it: the
+ * start of the cuMemAlloc range and its size, for sharing through cuIpcGetMemHandle (which names
+ * a whole allocation; the block is at @p ptr - *base in it).
+ * @param base receives the segment's start; @p size (if non-NULL) its size in bytes.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
+ *         XSEG_ERROR_NOT_SUPPORTED for a block of an expandable segment (its pages are separate
+ *         VMM allocations that cuIpcGetMemHandle cannot share: use xseg_ipc_export).
+ */
+XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size);
+
+/**
  * Release cached memory to the driver: every unused segment (classic mode), and every page that
  * holds no live byte (expandable mode), even inside segments still in use.
  * Waits for pending cross-stream frees first. Releases nothing while a stream capture is underway.
@@ -203,6 +214,22 @@ XSEG_API xseg_status xseg_stat_key(size_t index, const char **key);
 
 /** Reset every .peak to .current, for @p device (-1: all). */
 XSEG_API xseg_status xseg_reset_peak_stats(int device);
+
+/**
+ * Reset the accumulated statistics of @p device (-1: all): every counter's .allocated and .freed,
+ * and num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc and num_device_free
+ * start again from 0 (torch.cuda.reset_accumulated_memory_stats). Current values and peaks stay.
+ */
+XSEG_API xseg_status xseg_reset_accumulated_stats(int device);
+
+/**
+ * The largest cached block of @p device: a free mapped block of any pool, private pools included
+ * (PyTorch's cacheInfo, which cuDNN's benchmark mode uses to size its workspace).
+ * @param largest_block in/out: raised to the largest cached block's size when that is larger.
+ *        A 0 on entry is first replaced by the driver's free memory on the device
+ *        (cuMemGetInfo), as PyTorch does: memory a new segment could still take.
+ */
+XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block);
 
 /**
  * A readable table of the device's statistics, like torch.cuda.memory_summary().
@@ -440,6 +467,14 @@ XSEG_API xseg_status xseg_release_pool(int device, xseg_pool_id pool);
 
 /** Current users of @p pool on @p device (0 when unknown), like PyTorch's getPoolUseCount. */
 XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *count);
+
+/**
+ * Add a use to @p pool on @p device, creating it when it does not exist, without routing any
+ * allocation to it (PyTorch's createOrIncrefPool: a torch.cuda.MemPool holds one use for its
+ * lifetime). Drop it with xseg_release_pool.
+ * @return XSEG_ERROR_INVALID_VALUE for the {0, 0} pool.
+ */
+XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
 
 /**
  * Begin capturing @p stream into a CUDA graph (cuStreamBeginCapture with @p capture_mode, a
