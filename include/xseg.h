@@ -458,11 +458,14 @@ XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, 
 
 /**
  * End the capture begun with xseg_capture_begin on @p stream (cuStreamEndCapture) and stop
- * routing its allocations. Routing stops even when the driver reports the capture invalidated.
+ * routing its allocations. Routing stops even when the driver reports the capture invalidated;
+ * a failure that leaves the stream capturing (the driver still reports it so) keeps routing,
+ * and the call may be repeated.
  * @param graph receives the captured graph (NULL when the capture failed); destroy it with
  *              cuGraphDestroy / cudaGraphDestroy.
  * @return XSEG_ERROR_ILLEGAL_STATE when @p stream has no capture begun by xseg_capture_begin;
- *         XSEG_ERROR_DRIVER when cuStreamEndCapture fails.
+ *         XSEG_ERROR_DRIVER when cuStreamEndCapture fails (the message says when the capture is
+ *         still open).
  */
 XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, struct CUgraph_st **graph);
 
