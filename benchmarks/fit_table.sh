@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The fit table: for every recorded trace (PyTorch snapshots, converted with
-# tools/snapshot2trace.py: the six of docs/benchmarks-replay.md are third-party data, not shipped,
-# from the public GitHub repository kkaitlyn111/cs336-a2-systems, folder memory_files/; point
-# FIT_TRACES at the folder holding them) and the bundled workloads, the smallest emulated device the replay
-# fits on (no failed allocation; `xseg-replay --min-device`, 64 MiB steps) as a ratio to peak
-# allocated, one column per configuration. The goal (issue 12) is <= 1.01 for the default config.
-#   benchmarks/fit_table.sh [BUILD_DIR]                      (default build)
+# The fit table: for the bundled workloads, and for recorded PyTorch snapshots when FIT_TRACES
+# names a folder of them (*.pickle, converted with tools/snapshot2trace.py), the smallest
+# emulated device the replay fits on (no failed allocation; `xseg-replay --min-device`, 64 MiB
+# steps) as a ratio to peak allocated, one column per configuration.
+# The six snapshots of docs/benchmarks-replay.md are third-party data, not shipped here: they are
+# the memory_*.pickle files of the public GitHub repository kkaitlyn111/cs336-a2-systems, folder
+# memory_files/ (clone it, then FIT_TRACES=/path/to/cs336-a2-systems/memory_files).
+#   benchmarks/fit_table.sh [BUILD_DIR]                      (default build; bundled workloads only)
+#   FIT_TRACES=DIR benchmarks/fit_table.sh                   (DIR's snapshots too)
 #   FIT_MODES='name=config;name=config' benchmarks/fit_table.sh   (other columns)
 # Needs python3 for the conversion. Replays run on cudaemu, whose placements repeat exactly.
 set -euo pipefail
@@ -13,21 +15,22 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 replay="$build/tools/xseg-replay"
 [ -x "$replay" ] || { echo "fit_table.sh: $replay not built (ninja -C $build)" >&2; exit 1; }
-# ../shared beside the checkout (a worktree: beside the main checkout)
-traces_dir=${FIT_TRACES:-../shared/traces/pytorch}
-if [ ! -d "$traces_dir" ] && common=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null); then
-  traces_dir="$(dirname "$common")/../shared/traces/pytorch"
+traces_dir=${FIT_TRACES:-}
+if [ -n "$traces_dir" ] && [ ! -d "$traces_dir" ]; then
+  echo "fit_table.sh: FIT_TRACES=$traces_dir is not a folder" >&2; exit 1
 fi
 modes=${FIT_MODES:-"classic=expandable_segments:False;expandable (default)=expandable_segments:True;expandable, 2 MiB pages=expandable_segments:True,expandable_page_size_mb:2;expandable, 4 MiB pages=expandable_segments:True,expandable_page_size_mb:4;expandable, recycling off=expandable_segments:True,expandable_segments_recycle:False"}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 specs=()
-for f in "$traces_dir"/*.pickle; do
-  [ -e "$f" ] || continue
-  b=$(basename "$f" .pickle); b=${b#memory_}
-  /usr/bin/env python3 tools/snapshot2trace.py "$f" > "$tmp/$b.trace"
-  specs+=("$tmp/$b.trace")
-done
+if [ -n "$traces_dir" ]; then
+  for f in "$traces_dir"/*.pickle; do
+    [ -e "$f" ] || continue
+    b=$(basename "$f" .pickle); b=${b#memory_}
+    /usr/bin/env python3 tools/snapshot2trace.py "$f" > "$tmp/$b.trace"
+    specs+=("$tmp/$b.trace")
+  done
+fi
 specs+=(builtin:training builtin:inference)
 
 IFS=';' read -r -a cols <<<"$modes"

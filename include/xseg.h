@@ -253,7 +253,7 @@ XSEG_API xseg_status xseg_take_snapshot(int device, xseg_snapshot **snapshot);
 XSEG_API void xseg_snapshot_free(xseg_snapshot *snapshot);
 
 /* ---------------------------------------------------------------------------------------------
- * Allocation history and snapshots in PyTorch's format (issue 13)
+ * Allocation history and snapshots in PyTorch's format
  *
  * With history on, xseg records what it does as events with PyTorch's action names (alloc,
  * free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap,
@@ -470,7 +470,7 @@ XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, 
 XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, struct CUgraph_st **graph);
 
 /* ---------------------------------------------------------------------------------------------
- * Issue 15: many processes and many GPUs.
+ * Many processes and many GPUs.
  *
  * IPC of expandable memory. Every page of an expandable segment is its own physical allocation,
  * created shareable (config key expandable_segments_ipc, on by default where the driver supports
@@ -631,7 +631,7 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
  */
 XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n);
 
-/* --- end of issue 15 --- */
+/* --- end of many processes and many GPUs --- */
 
 /* ---------------------------------------------------------------------------------------------
  * Long-running services: giving cached memory back (docs/services.md)
