@@ -398,6 +398,43 @@ static void test_roundtrip(void **state)
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
 }
 
+/* A block across two reservation pieces of its segment (it grows by reserving the next piece
+ * right after its end: vmm/segment.c): pages of both are exported and imported in order. */
+static void test_span_pieces(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip(CONFIG);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    struct cudaemu_live l0, l1;
+    bool emu = tu_live(&l0);
+    void *a = tu_malloc(300 * MiB, NULL); /* the first piece holds 16 pages of 20 MiB: 320 MiB */
+    size_t size = 100 * MiB;
+    void *p = tu_malloc(size, NULL);
+    assert_true((char *)p == (char *)a + 300 * MiB); /* the same segment, across 320 MiB */
+    if (emu) {
+        tu_live(&l1);
+        assert_int_equal(l1.reservations, l0.reservations + 2); /* two pieces */
+    }
+    tu_assert_cu(tu_fill(dp(p), size, 11));
+    xseg_ipc_handle *h = NULL;
+    must(xseg_ipc_export(p, &h), "xseg_ipc_export");
+    xseg_ipc_info info;
+    must(xseg_ipc_handle_info(h, &info), "xseg_ipc_handle_info");
+    assert_int_equal(info.page_size, 20 * MiB);
+    assert_int_equal(info.offset, 0);
+    assert_int_equal(info.npages, 5);
+    struct child c = spawn("roundtrip");
+    must(xseg_ipc_send(c.sock, h), "xseg_ipc_send");
+    assert_int_equal(get(c.sock), 'A');
+    assert_true(tu_check(dp(p), size, 12)); /* the child's writes, on pages of both pieces */
+    assert_true(put(c.sock, 'B'));
+    reap(&c);
+    xseg_ipc_handle_free(h);
+    tu_free(p);
+    tu_free(a);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+}
+
 static void test_free_while_imported(void **state)
 {
     (void)state;
@@ -1034,7 +1071,8 @@ int main(int argc, char **argv)
         return cmocka_run_group_tests_name("ipc-peer", t, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_free_while_imported),
+        cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_span_pieces),
+        cmocka_unit_test(test_free_while_imported),
         cmocka_unit_test(test_layout),        cmocka_unit_test(test_export_faults),
         cmocka_unit_test(test_import_faults), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_observers),     cmocka_unit_test(test_observers_threads),
