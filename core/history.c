@@ -211,6 +211,14 @@ static void stack_unref_locked(struct hstack *s)
     free(s);
 }
 
+void hist_table_counts(size_t *stacks, size_t *frames)
+{
+    pthread_mutex_lock(&hist_lock);
+    *stacks = stk_count;
+    *frames = frm_count;
+    pthread_mutex_unlock(&hist_lock);
+}
+
 void hist_stack_ref(struct hstack *s)
 {
     if (!s)

@@ -117,6 +117,9 @@ void hist_events_free(struct hist_event *ev, size_t n);
  * clear); the table of stacks held by blocks stays. */
 void hist_clear_events(void);
 
+/* How many distinct stacks and interned callback frames are stored now (tests, diagnostics). */
+void hist_table_counts(size_t *stacks, size_t *frames);
+
 /* Microseconds since the epoch (CLOCK_REALTIME). */
 int64_t hist_now_us(void);
 

@@ -158,6 +158,8 @@ void cudaemu_live_get(struct cudaemu_live *live)
     live->handles = emu.nphys;
     live->mapped_bytes = emu.mapped_bytes;
     live->reservations = emu.nresv;
+    for (size_t i = 0; i < emu.nresv; i++)
+        live->reserved_bytes += emu.resv[i]->size;
     live->allocs = emu.allocs.count;
     for (int d = 0; d < 8 && d < EMU_MAX_DEVICES; d++)
         live->used_bytes[d] = emu.used[d];

@@ -65,6 +65,7 @@ struct cudaemu_live {
     size_t handles;        /* cuMemCreate/import handles not yet fully freed (memory still held) */
     size_t mapped_bytes;   /* bytes of VA currently mapped */
     size_t reservations;   /* cuMemAddressReserve ranges not freed */
+    size_t reserved_bytes; /* their bytes (address space reserved) */
     size_t allocs;         /* cuMemAlloc blocks not freed */
     size_t used_bytes[8];  /* device memory in use per device (first 8 devices) */
     size_t events;         /* cuEventCreate'd events not destroyed */

@@ -129,6 +129,7 @@ static int child_roundtrip(int s)
         /* The receiver's address space is the block's chunks, not a multiple of device memory. */
         tu_live(&l1);
         CHECK(l1.reservations == l0.reservations + 1);
+        CHECK(l1.reserved_bytes == l0.reserved_bytes + info.span);
         CHECK(l1.mapped_bytes == l0.mapped_bytes + info.span);
     }
     CHECK(tu_check(dp(q), info.size, 11));
@@ -202,7 +203,9 @@ static int child_layout(int s)
 static bool msg_has(const char *needle) { return strstr(xseg_last_error(), needle) != NULL; }
 
 /* Every driver call of import fails once, at every position: a clear error naming the call,
- * nothing reserved, mapped, imported or opened afterwards; then close's calls. */
+ * nothing reserved, mapped, imported or opened afterwards; then close's calls. The context calls
+ * (drv_ctx_ensure: cuCtxGetCurrent, and cuCtxSetCurrent when another context is current) are
+ * injected too: the thread's context is cleared before each import so both are made. */
 static int child_import_faults(int s)
 {
     xseg_ipc_handle *h = NULL;
@@ -218,13 +221,31 @@ static int child_import_faults(int s)
     void *q = NULL;
     OK(xseg_ipc_import(h, 0, &q)); /* the device's allocator and context exist from here */
     OK(xseg_ipc_close(q));
+    CUcontext ctx = NULL; /* the device's context, which import made current */
+    CHECK(drv->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx);
     tu_live(&l0);
     int fds0 = count_fds();
-    static const char *const entries[] = {"cuMemAddressReserve", "cuMemImportFromShareableHandle", "cuMemMap",
-                                          "cuMemRelease", "cuMemSetAccess"};
+    static const char *const entries[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuMemAddressReserve",
+                                          "cuMemImportFromShareableHandle", "cuMemMap", "cuMemRelease",
+                                          "cuMemSetAccess"};
+    /* One context check and switch, one reserve and one set-access per import; one import, map
+     * and release per page. */
+    const unsigned long want[] = {1, 1, 1, info.nchunks, info.nchunks, info.nchunks, 1};
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        /* A clean import makes exactly the calls counted above. */
+        CHECK(drv->cuCtxSetCurrent(NULL) == CUDA_SUCCESS);
+        tu_counts_reset();
+        OK(xseg_ipc_import(h, 0, &q));
+        CHECK(tu_call_count(entries[e]) == want[e]);
+        tu_live(&l1);
+        /* The importer's address space is the block's pages: one reservation of exactly them. */
+        CHECK(l1.reservations == l0.reservations + 1);
+        CHECK(l1.reserved_bytes == l0.reserved_bytes + info.span);
+        CHECK(l1.mapped_bytes == l0.mapped_bytes + info.span);
+        OK(xseg_ipc_close(q));
         unsigned long failures = 0;
         for (unsigned long n = 1;; n++) {
+            CHECK(drv->cuCtxSetCurrent(NULL) == CUDA_SUCCESS);
             CHECK(tu_fail(entries[e], n, CUDA_ERROR_OUT_OF_MEMORY));
             q = (void *)1;
             xseg_status st = xseg_ipc_import(h, 0, &q);
@@ -240,15 +261,27 @@ static int child_import_faults(int s)
                         xseg_last_error());
             CHECK(st == XSEG_ERROR_OUT_OF_MEMORY && msg_has(entries[e]) && q == NULL);
             tu_live(&l1);
-            CHECK(live_eq(&l0, &l1));
+            CHECK(live_eq(&l0, &l1) && l1.reserved_bytes == l0.reserved_bytes);
             CHECK(count_fds() == fds0);
             CHECK(n < 100);
         }
-        /* One reserve and one set-access per import, one import, map and release per chunk. */
-        unsigned long calls = e == 0 || e == 4 ? 1 : info.nchunks;
-        CHECK(failures == calls);
+        CHECK(failures == want[e]);
         tu_live(&l1);
         CHECK(live_eq(&l0, &l1));
+    }
+    /* Close's context calls: a failure leaves the import open (still readable), closed later. */
+    static const char *const ctx_entries[] = {"cuCtxGetCurrent", "cuCtxSetCurrent"};
+    for (size_t e = 0; e < 2; e++) {
+        OK(xseg_ipc_import(h, 0, &q));
+        CHECK(drv->cuCtxSetCurrent(NULL) == CUDA_SUCCESS);
+        CHECK(tu_fail(ctx_entries[e], 1, CUDA_ERROR_INVALID_CONTEXT));
+        CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has(ctx_entries[e]));
+        tu_fail_clear();
+        CHECK(drv->cuCtxSetCurrent(ctx) == CUDA_SUCCESS); /* the failed close left none current */
+        CHECK(tu_check(dp(q), info.size, 41));
+        OK(xseg_ipc_close(q));
+        tu_live(&l1);
+        CHECK(live_eq(&l0, &l1) && l1.reserved_bytes == l0.reserved_bytes);
     }
     /* Close: a failed unmap keeps the import (close again later); a failed address free ends it
      * (the pages are unmapped) and reports the lost address space. */
@@ -371,6 +404,43 @@ static void test_roundtrip(void **state)
     reap(&c);
     xseg_ipc_handle_free(h);
     tu_free(p);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+}
+
+/* A block across two reservation pieces of its segment (it grows by reserving the next piece
+ * right after its end: vmm/segment.c): pages of both are exported and imported in order. */
+static void test_span_pieces(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip(CONFIG);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    struct cudaemu_live l0, l1;
+    bool emu = tu_live(&l0);
+    void *a = tu_malloc(300 * MiB, NULL); /* the first piece holds 16 pages of 20 MiB: 320 MiB */
+    size_t size = 100 * MiB;
+    void *p = tu_malloc(size, NULL);
+    assert_true((char *)p == (char *)a + 300 * MiB); /* the same segment, across 320 MiB */
+    if (emu) {
+        tu_live(&l1);
+        assert_int_equal(l1.reservations, l0.reservations + 2); /* two pieces */
+    }
+    tu_assert_cu(tu_fill(dp(p), size, 11));
+    xseg_ipc_handle *h = NULL;
+    must(xseg_ipc_export(p, &h), "xseg_ipc_export");
+    xseg_ipc_info info;
+    must(xseg_ipc_handle_info(h, &info), "xseg_ipc_handle_info");
+    assert_int_equal(info.offset, 0);
+    assert_int_equal(info.nchunks, 5); /* 20 MiB chunks (pages), in both pieces */
+    assert_int_equal(info.span, 100 * MiB);
+    struct child c = spawn("roundtrip");
+    must(xseg_ipc_send(c.sock, h), "xseg_ipc_send");
+    assert_int_equal(get(c.sock), 'A');
+    assert_true(tu_check(dp(p), size, 12)); /* the child's writes, on pages of both pieces */
+    assert_true(put(c.sock, 'B'));
+    reap(&c);
+    xseg_ipc_handle_free(h);
+    tu_free(p);
+    tu_free(a);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
 }
 
@@ -504,11 +574,27 @@ static void test_import_faults(void **state)
     tu_assert_cu(tu_fill(dp(p), size, 41));
     xseg_ipc_handle *h = NULL;
     must(xseg_ipc_export(p, &h), "xseg_ipc_export");
+    /* The exporter is untouched by the importer's faults: same descriptors, same driver state,
+     * the data intact. */
+    int fds0 = count_fds();
+    struct cudaemu_live l0, l1;
+    bool emu = tu_live(&l0);
     struct child c = spawn("import_faults");
     must(xseg_ipc_send(c.sock, h), "xseg_ipc_send");
     assert_int_equal(get(c.sock), 'A');
     reap(&c);
-    xseg_ipc_handle_free(h);
+    assert_int_equal(count_fds(), fds0);
+    if (emu) {
+        tu_live(&l1);
+        assert_true(live_eq(&l0, &l1));
+        assert_int_equal(l1.reserved_bytes, l0.reserved_bytes);
+        assert_int_equal(l1.used_bytes[0], l0.used_bytes[0]);
+    }
+    assert_true(tu_check(dp(p), size, 41));
+    xseg_ipc_info info;
+    must(xseg_ipc_handle_info(h, &info), "xseg_ipc_handle_info");
+    xseg_ipc_handle_free(h); /* its descriptors, one per chunk, are closed */
+    assert_int_equal(count_fds(), fds0 - (int)info.nchunks);
     tu_free(p);
 }
 
@@ -996,7 +1082,8 @@ int main(int argc, char **argv)
         return cmocka_run_group_tests_name("ipc-peer", t, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_free_while_imported),
+        cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_span_pieces),
+        cmocka_unit_test(test_free_while_imported),
         cmocka_unit_test(test_layout),        cmocka_unit_test(test_export_faults),
         cmocka_unit_test(test_import_faults), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_observers),     cmocka_unit_test(test_observers_threads),

@@ -6,6 +6,7 @@
  * loads them with a restricted unpickler and checks their structure field by field.
  *
  *   test_history              the cmocka tests
+ *   test_history oom_env      XSEG_OOM_SNAPSHOT, in a process that never called xseg_set_oom_snapshot
  *   test_history write DIR    write sample snapshots into DIR for test_snapshot.py, then exit
  */
 #define _GNU_SOURCE
@@ -349,6 +350,82 @@ static void test_both_stacks(void **state)
     tu_free(a);
 }
 
+/* Identical stacks are stored once. Two allocations from one call site share one stack;
+ * repeating the call (allocations and frees, each event holding the stack) adds no stack and no
+ * frame; another call site, or other callback frames, add one stack each. */
+/* Out-parameters, so that the compiler cannot make the calls tail calls (no frame of their own). */
+static __attribute__((noinline)) void dedup_site_a(void **out) { *out = tu_malloc(4096, NULL); }
+static __attribute__((noinline)) void dedup_site_b(void **out) { *out = tu_malloc(4096, NULL); }
+static volatile int dedup_two = 2; /* a loop the compiler cannot unroll into two call sites */
+
+static const struct hstack *last_alloc_stack(uint64_t addr)
+{
+    struct hist_event *ev;
+    size_t n;
+    assert_int_equal(hist_events_copy(&ev, &n, NULL), XSEG_SUCCESS);
+    const struct hstack *s = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == HIST_ALLOC && ev[i].addr == addr)
+            s = ev[i].stack;
+    hist_events_free(ev, n); /* the pointer is only compared from here */
+    assert_non_null(s);
+    return s;
+}
+
+static void test_stack_dedup(void **state)
+{
+    (void)state;
+    record(XSEG_HISTORY_ALL, XSEG_STACKS_C | XSEG_STACKS_CALLBACK, 0);
+    cb_func = "dedup_step";
+    cb_line = 77;
+    size_t s0, f0, s1 = 0, f1 = 0, s2, f2;
+    hist_table_counts(&s0, &f0);
+    /* One call site, in a loop: the first two allocations stay live, the rest come and go. */
+    void *p[2] = {NULL, NULL}, *q = NULL;
+    const struct hstack *a0 = NULL;
+    int reps = 200 + dedup_two;
+    for (int i = 0; i < reps; i++) {
+        dedup_site_a(&q);
+        if (i < 2) {
+            p[i] = q;
+        } else if (i < reps - 1) {
+            tu_free(q);
+        }
+        if (i == 1) {
+            hist_table_counts(&s1, &f1);
+            assert_int_equal(s1, s0 + 1);
+            a0 = last_alloc_stack((uintptr_t)p[0]);
+            assert_ptr_equal(last_alloc_stack((uintptr_t)p[1]), a0);
+            assert_true(a0->n > 3); /* C frames and the callback's */
+        }
+    }
+    assert_ptr_equal(last_alloc_stack((uintptr_t)q), a0);
+    hist_table_counts(&s2, &f2);
+    assert_int_equal(s2, s1);
+    assert_int_equal(f2, f1);
+    /* Another call site: one more stack, no new callback frame. */
+    void *b;
+    dedup_site_b(&b);
+    hist_table_counts(&s2, &f2);
+    assert_int_equal(s2, s1 + 1);
+    assert_int_equal(f2, f1);
+    assert_true(last_alloc_stack((uintptr_t)b) != a0);
+    /* Another callback line: one more stack and one more interned frame. */
+    cb_line = 78;
+    void *c;
+    dedup_site_a(&c);
+    hist_table_counts(&s2, &f2);
+    assert_int_equal(s2, s1 + 2);
+    assert_int_equal(f2, f1 + 1);
+    cb_line = 42;
+    cb_func = "train_step";
+    tu_free(c);
+    tu_free(b);
+    tu_free(q);
+    tu_free(p[0]);
+    tu_free(p[1]);
+}
+
 struct thr {
     int id;
     size_t iters;
@@ -447,6 +524,39 @@ static void test_oom_snapshot(void **state)
     assert_int_equal(xseg_set_oom_snapshot(NULL), XSEG_SUCCESS);
     assert_int_equal(xseg_malloc(&x, total * 2, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
     assert_null(strstr(xseg_last_error(), "snapshot"));
+    tu_free(keep);
+}
+
+/* XSEG_OOM_SNAPSHOT names the OOM snapshot while xseg_set_oom_snapshot has not been called (a
+ * process of its own: `test_history oom_env`), with history off too; the API then overrides it. */
+static void test_oom_env(void **state)
+{
+    (void)state;
+    const char *p = tmp_path("env-oom.pickle");
+    remove(p);
+    assert_int_equal(setenv("XSEG_OOM_SNAPSHOT", p, 1), 0);
+    void *keep = tu_malloc(8 * MiB, NULL);
+    size_t fr = 0, total = 0;
+    tu_assert_cu(drv->cuMemGetInfo(&fr, &total));
+    void *x = NULL;
+    assert_int_equal(xseg_malloc(&x, total * 2, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    if (!strstr(xseg_last_error(), "A memory snapshot was written to ") || !strstr(xseg_last_error(), p))
+        fail_msg("OOM message does not name the snapshot of XSEG_OOM_SNAPSHOT: %s", xseg_last_error());
+    size_t len;
+    char *buf = slurp(p, &len);
+    assert_true(len > 16);
+    assert_int_equal((unsigned char)buf[0], 0x80);
+    assert_int_equal(buf[len - 1], '.');
+    assert_non_null(memmem(buf, len, "segments", 8));
+    assert_non_null(memmem(buf, len, "device_traces", 13));
+    free(buf);
+    /* The API decides from now on, even to turn it off: the variable is not read. */
+    remove(p);
+    assert_int_equal(xseg_set_oom_snapshot(NULL), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&x, total * 2, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_null(strstr(xseg_last_error(), "snapshot"));
+    assert_int_equal(access(p, F_OK), -1);
+    unsetenv("XSEG_OOM_SNAPSHOT");
     tu_free(keep);
 }
 
@@ -627,6 +737,15 @@ int main(int argc, char **argv)
         return 1;
     if (!getenv("CUDAEMU_TOTAL_MEM"))
         setenv("CUDAEMU_TOTAL_MEM", "1G", 1);
+    if (argc == 2 && !strcmp(argv[1], "oom_env")) {
+        const struct CMUnitTest env_tests[] = {cmocka_unit_test_setup_teardown(test_oom_env, setup, teardown)};
+        int rc = cmocka_run_group_tests(env_tests, NULL, NULL);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", tmpdir);
+        return rc;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_events_known_sequence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ring_overflow, setup, teardown),
@@ -634,6 +753,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_live_before_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_c_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_both_stacks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stack_dedup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_snapshot, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dump_pickle, setup, teardown),
