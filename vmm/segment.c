@@ -26,6 +26,7 @@
 
 #include "base/error.h"
 #include "vmm/driver.h"
+#include "vmm/host.h"
 #include "vmm/stream.h"
 
 /* One cuMemAddressReserve range. Pieces are page multiples and sorted by address, each starting
@@ -60,6 +61,7 @@ struct seg {
     size_t cap_pages;
     size_t mapped_bytes;
     size_t stranded_bytes;
+    size_t asleep_bytes; /* pages given back by a sleep (PAGE_ASLEEP), mapped again by a wake */
 
     struct seg_piece *pieces;
     size_t npieces, cap_pieces;
@@ -75,13 +77,20 @@ struct seg {
 
 #define PAGE_FRESH 1
 #define PAGE_STRANDED 2
+/* Services (sleep/wake): PAGE_ASLEEP marks a page that was mapped when its segment went to sleep
+ * and is unmapped now; its handle is still held (handles[i] != 0) between seg_sleep_unmap and
+ * seg_sleep_commit, or after a sleep whose rollback could not map it back, else released
+ * (handles[i] == 0). A wake maps every asleep page again at its address. PAGE_WAS_HELD is a
+ * wake's scratch: page i was mapped with its held handle (a rollback keeps that handle). */
+#define PAGE_ASLEEP 4
+#define PAGE_WAS_HELD 8
 
 /* ---- small helpers ---- */
 
-/* Page @p i is mapped as far as callers know: a handle, and not stranded. */
+/* Page @p i is mapped as far as callers know: a handle, neither stranded nor asleep. */
 static inline int page_live(const struct seg *seg, size_t i)
 {
-    return seg->handles[i] != 0 && !(seg->pflags[i] & PAGE_STRANDED);
+    return seg->handles[i] != 0 && !(seg->pflags[i] & (PAGE_STRANDED | PAGE_ASLEEP));
 }
 
 /* Call @p fn for every run of mapped pages, one piece at a time. */
@@ -270,7 +279,7 @@ size_t seg_leftovers_pending(void)
     pthread_mutex_lock(&left_lock);
     size_t n = nleft;
     pthread_mutex_unlock(&left_lock);
-    return n;
+    return n + vhost_pending();
 }
 
 /* One driver call for @p l, with its device's primary context current (retained around the call:
@@ -305,12 +314,14 @@ static CUresult left_try(struct leftover *l, const char **what)
 
 xseg_status seg_leftovers_retry(void)
 {
+    /* Pinned host buffers of sleep and wake whose free failed (vmm/host.c) go with the rest. */
+    xseg_status host_st = drv && vhost_pending() ? vhost_retry() : XSEG_SUCCESS;
     pthread_mutex_lock(&left_lock);
     if (nleft == 0 || !drv) {
         pthread_mutex_unlock(&left_lock);
-        return XSEG_SUCCESS;
+        return host_st;
     }
-    xseg_status first = XSEG_SUCCESS;
+    xseg_status first = host_st;
     /* Unmaps first (their handles then get released in the next pass), address frees last. */
     for (int pass = LEFT_UNMAP; pass <= LEFT_ADDRESS_FREE; pass++) {
         size_t keep = 0;
@@ -576,6 +587,11 @@ xseg_status seg_destroy(struct seg *seg)
     for (size_t i = 0; i < seg->npages; i++) {
         if (!seg->handles[i])
             continue;
+        if (seg->pflags[i] & PAGE_ASLEEP) { /* held, not mapped: only the handle goes */
+            seg_release_handle(seg, seg->handles[i]);
+            seg->handles[i] = 0;
+            continue;
+        }
         xseg_status st = seg_unmap_page(seg, i);
         if (st == XSEG_SUCCESS)
             continue;
@@ -752,6 +768,12 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
             run = SIZE_MAX;
             piece++;
             piece_end = seg_piece_end(seg, piece);
+        }
+        if (seg->pflags[i] & PAGE_ASLEEP) {
+            /* The allocator never maps into a sleeping segment: only a wake does. */
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_map: page %zu of the segment at 0x%llx is asleep", i,
+                         (unsigned long long)seg->base);
+            goto fail;
         }
         if (seg->handles[i] && (seg->pflags[i] & PAGE_STRANDED)) {
             /* Left mapped by an earlier failed rollback: use it, granting access with the run. */
@@ -991,4 +1013,209 @@ void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg 
                        void *user)
 {
     seg_runs(seg, fn, user, 1);
+}
+
+/* ---- sleep and wake (services, core/sleep.c) ---- */
+
+size_t seg_asleep_bytes(const struct seg *seg) { return seg->asleep_bytes; }
+
+int seg_page_is_asleep(const struct seg *seg, size_t page_index)
+{
+    return page_index < seg->npages && (seg->pflags[page_index] & PAGE_ASLEEP) != 0;
+}
+
+xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped)
+{
+    *unmapped = 0;
+    if (!seg->mapped_bytes)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    size_t P = seg->page_size, before = seg->mapped_bytes;
+    for (size_t i = 0; i < seg->npages;) {
+        /* A run of mapped pages inside one piece, announced before it goes (as seg_unmap). */
+        while (i < seg->npages && !page_live(seg, i))
+            i++;
+        if (i == seg->npages)
+            break;
+        size_t end = seg_piece_end(seg, seg_piece_of(seg, i)), run_end = i;
+        while (run_end < end && page_live(seg, run_end))
+            run_end++;
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, i, run_end, 0);
+        for (; i < run_end; i++) {
+            CUdeviceptr addr = seg->base + i * P;
+            CUresult res = drv->cuMemUnmap(addr, P);
+            if (res != CUDA_SUCCESS) {
+                st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) of page %zu to put it to sleep", (unsigned long long)addr,
+                               P, i);
+                if (seg->observe)
+                    seg->observe(seg->observe_user, seg, i, run_end, 1);
+                *unmapped = before - seg->mapped_bytes;
+                return st;
+            }
+            /* The handle stays: the memory and its bytes live on until seg_sleep_commit. */
+            seg->pflags[i] |= PAGE_ASLEEP;
+            seg->mapped_bytes -= P;
+            seg->asleep_bytes += P;
+        }
+    }
+    *unmapped = before - seg->mapped_bytes;
+    return XSEG_SUCCESS;
+}
+
+xseg_status seg_sleep_undo(struct seg *seg, size_t *remapped)
+{
+    *remapped = 0;
+    xseg_status first = drv_ctx_ensure(seg->ctx);
+    if (first != XSEG_SUCCESS)
+        return first;
+    size_t P = seg->page_size;
+    /* Page by page (a rollback is rare): map the held handle back, grant access, announce. */
+    for (size_t i = 0; i < seg->npages; i++) {
+        if (!(seg->pflags[i] & PAGE_ASLEEP) || !seg->handles[i])
+            continue;
+        CUdeviceptr addr = seg->base + i * P;
+        CUresult res = drv->cuMemMap(addr, P, 0, seg->handles[i], 0);
+        if (res != CUDA_SUCCESS) {
+            if (first == XSEG_SUCCESS)
+                first = seg_failf(res, "cuMemMap(0x%llx, %zu) of page %zu back after a failed sleep",
+                                  (unsigned long long)addr, P, i);
+            continue; /* still asleep, still held: a wake maps it */
+        }
+        xseg_status st = seg_set_access(seg, i, i + 1, 0);
+        if (st != XSEG_SUCCESS) {
+            if (first == XSEG_SUCCESS)
+                first = st;
+            if (drv->cuMemUnmap(addr, P) == CUDA_SUCCESS)
+                continue; /* asleep and held again */
+            /* Mapped after all, perhaps without access (a third failure): counted mapped, so the
+             * books match the driver; the message says what happened. */
+        }
+        seg->pflags[i] &= (unsigned char)~PAGE_ASLEEP;
+        seg->asleep_bytes -= P;
+        seg->mapped_bytes += P;
+        *remapped += P;
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, i, i + 1, 1);
+    }
+    return first;
+}
+
+void seg_sleep_commit(struct seg *seg)
+{
+    for (size_t i = 0; i < seg->npages; i++) {
+        if (!(seg->pflags[i] & PAGE_ASLEEP) || !seg->handles[i])
+            continue;
+        seg_release_handle(seg, seg->handles[i]);
+        seg->handles[i] = 0;
+    }
+}
+
+/* Undo the pages of the running (or last) wake, PAGE_FRESH: unmap them, release the handles the
+ * wake created, keep the ones it found held; they are asleep again. @p announced: the observer
+ * was told they are mapped. A page whose unmap fails stays mapped, and counted (and announced). */
+static xseg_status seg_wake_rollback(struct seg *seg, bool announced)
+{
+    xseg_status first = XSEG_SUCCESS;
+    size_t P = seg->page_size;
+    for (size_t i = 0; i < seg->npages; i++) {
+        if (!(seg->pflags[i] & PAGE_FRESH))
+            continue;
+        if (announced && seg->observe)
+            seg->observe(seg->observe_user, seg, i, i + 1, 0);
+        CUdeviceptr addr = seg->base + i * P;
+        CUresult res = drv->cuMemUnmap(addr, P);
+        if (res != CUDA_SUCCESS) {
+            if (first == XSEG_SUCCESS)
+                first = seg_failf(res, "cuMemUnmap(0x%llx, %zu) of page %zu to undo a wake", (unsigned long long)addr,
+                                  P, i);
+            seg->pflags[i] = 0;
+            if (seg->observe)
+                seg->observe(seg->observe_user, seg, i, i + 1, 1);
+            continue;
+        }
+        if (!(seg->pflags[i] & PAGE_WAS_HELD)) {
+            seg_release_handle(seg, seg->handles[i]);
+            seg->handles[i] = 0;
+        }
+        seg->pflags[i] = PAGE_ASLEEP;
+        seg->mapped_bytes -= P;
+        seg->asleep_bytes += P;
+    }
+    return first;
+}
+
+xseg_status seg_wake_map(struct seg *seg, size_t *mapped)
+{
+    *mapped = 0;
+    if (!seg->asleep_bytes)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    size_t P = seg->page_size, before = seg->mapped_bytes;
+    size_t piece = 0, piece_end = seg_piece_end(seg, 0);
+    size_t run = SIZE_MAX; /* first page of the current run of pages mapped here */
+    for (size_t i = 0; i < seg->npages; i++) {
+        if (i == piece_end) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+                goto fail;
+            run = SIZE_MAX;
+            piece_end = seg_piece_end(seg, ++piece);
+        }
+        if (!(seg->pflags[i] & PAGE_ASLEEP)) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+                goto fail;
+            run = SIZE_MAX;
+            continue;
+        }
+        CUmemGenericAllocationHandle h = seg->handles[i];
+        bool held = h != 0;
+        CUresult res;
+        if (!held && (res = drv->cuMemCreate(&h, P, &seg->prop, 0)) != CUDA_SUCCESS) {
+            st = seg_failf(res, "cuMemCreate(%zu bytes) to wake page %zu of the segment at 0x%llx on device %d", P, i,
+                           (unsigned long long)seg->base, seg->device);
+            goto fail;
+        }
+        if (!held && h == 0) {
+            st = err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle for page %zu", i);
+            goto fail;
+        }
+        CUdeviceptr addr = seg->base + i * P;
+        if ((res = drv->cuMemMap(addr, P, 0, h, 0)) != CUDA_SUCCESS) {
+            if (!held)
+                seg_release_handle(seg, h);
+            st = seg_failf(res, "cuMemMap(0x%llx, %zu) to wake page %zu", (unsigned long long)addr, P, i);
+            goto fail;
+        }
+        seg->handles[i] = h;
+        seg->pflags[i] = (unsigned char)(PAGE_FRESH | (held ? PAGE_WAS_HELD : 0));
+        seg->asleep_bytes -= P;
+        seg->mapped_bytes += P;
+        if (run == SIZE_MAX)
+            run = i;
+    }
+    if (run != SIZE_MAX && (st = seg_set_access(seg, run, seg->npages, 0)) != XSEG_SUCCESS)
+        goto fail;
+    if (seg->observe)
+        seg_observe_fresh(seg, 0, seg->npages);
+    *mapped = seg->mapped_bytes - before;
+    return XSEG_SUCCESS;
+fail:
+    (void)seg_wake_rollback(seg, false); /* keeps st's message: the rollback's own failure is rarer */
+    return st;
+}
+
+xseg_status seg_wake_undo(struct seg *seg)
+{
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    return st != XSEG_SUCCESS ? st : seg_wake_rollback(seg, true);
+}
+
+void seg_wake_commit(struct seg *seg)
+{
+    for (size_t i = 0; i < seg->npages; i++)
+        seg->pflags[i] &= (unsigned char)~(PAGE_FRESH | PAGE_WAS_HELD);
 }

@@ -113,6 +113,41 @@ size_t seg_leftovers_pending(void);
  * has completed (services, core/trim.c: the stream was queried idle). */
 xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped);
 
+/*
+ * Sleep and wake (services, core/sleep.c): give back the physical memory of every mapped page of
+ * a segment while its virtual addresses stay reserved, and map pages at the same addresses again.
+ * The caller has waited for every use of the pages on the GPU and copied what it keeps. A pool
+ * of several segments sleeps in two steps, so that one segment's failure can undo the others:
+ *  - seg_sleep_unmap: unmap every mapped page (announced to the observer first), keeping its
+ *    handle, so the memory and its bytes still exist; the pages are asleep. On a failed unmap the
+ *    pages unmapped so far stay asleep (and held) and the error comes back: seg_sleep_undo.
+ *  - seg_sleep_undo: map the held pages back with their own handles and access (the bytes are
+ *    intact), announcing each. A page that cannot be mapped back stays asleep and held: a wake
+ *    maps it, so nothing is lost; the first failure is returned.
+ *  - seg_sleep_commit: release the held handles: the memory goes back to the driver (a failed
+ *    release is kept for seg_leftovers_retry).
+ * Asleep pages are neither mapped (seg_page_is_mapped, seg_mapped_bytes) nor unmapped: seg_map
+ * refuses them, seg_unmap and seg_reclaim leave them alone, seg_destroy releases held handles.
+ * @p unmapped / @p remapped receive the bytes.
+ */
+xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped);
+xseg_status seg_sleep_undo(struct seg *seg, size_t *remapped);
+void seg_sleep_commit(struct seg *seg);
+/*
+ * Map every asleep page at its address again (its held handle, else a new cuMemCreate) and grant
+ * access to the owner and peers (one cuMemSetAccess per run, per piece). The new contents are
+ * whatever the driver gives (the caller restores or clears them). On failure every page this
+ * call mapped is unmapped again (new handles released, held ones kept): all asleep as before.
+ * Announced to the observer on success. seg_wake_undo puts the pages of a successful
+ * seg_wake_map back to sleep (a later step of the pool's wake failed); seg_wake_commit ends the
+ * wake (its scratch flags). @p mapped receives the bytes mapped.
+ */
+xseg_status seg_wake_map(struct seg *seg, size_t *mapped);
+xseg_status seg_wake_undo(struct seg *seg);
+void seg_wake_commit(struct seg *seg);
+size_t seg_asleep_bytes(const struct seg *seg);  /* bytes of asleep pages */
+int seg_page_is_asleep(const struct seg *seg, size_t page_index);
+
 /* Grant @p peer read-write access to every mapped page, and to pages mapped from now on: one
  * cuMemSetAccess per run of mapped pages (new mappings get one call for the owner and every peer
  * together). */
