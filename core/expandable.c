@@ -283,7 +283,7 @@ static void recycle_pages(struct dev_alloc *d, const struct block *first, const 
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < n[k]; i++) {
             struct block *b = arr[k][i];
-            if (!victim_ok(b, first, last))
+            if (!victim_ok(b, first, last) || b->seg->asleep) /* asleep: core/sleep.h */
                 continue;
             size_t bytes = whole_page_bytes(b);
             size_t vpage = seg_page(b->seg);
