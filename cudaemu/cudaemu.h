@@ -26,8 +26,8 @@
  *                        cuMemAlloc blocks at exit, on stderr
  *   CUDAEMU_FABRIC       1: emulate CU_MEM_HANDLE_TYPE_FABRIC (default 0: reported unsupported)
  *   CUDAEMU_FRESH        what new cuMemCreate memory holds (the driver promises nothing):
- *                        sparse (default: a non-zero pattern in the first host page of every
- *                        granularity unit, the rest zero), garbage (the pattern in every byte), zero
+ *                        sparse (default: a non-zero pattern in the first host page of each
+ *                        allocation, the rest zero), garbage (the pattern in every byte), zero
  */
 #ifndef CUDAEMU_H
 #define CUDAEMU_H

@@ -341,9 +341,10 @@ static CUresult vmm_handle_new(struct emu_phys *ph, CUmemGenericAllocationHandle
 
 /* What new physical memory holds (CUDAEMU_FRESH). The driver promises nothing: recycled memory
  * may hold another allocation's bytes (vllm#45542), so code that needs zeros must write them. By
- * default (sparse) the first host page of every granularity unit holds a non-zero pattern, enough
- * to catch a missing memset at any page without costing host memory for the rest (the file stays
- * sparse); garbage fills every byte (tests of code that must clear memory); zero writes nothing. */
+ * default (sparse) the first host page of the allocation holds a non-zero pattern, enough to catch
+ * a missing memset at any page without costing host memory or time for the rest (the file stays
+ * sparse; one write per cuMemCreate); garbage fills every byte (tests of code that must clear
+ * memory); zero writes nothing. */
 enum { VMM_FILL_CHUNK = 64 << 10 };
 static unsigned char vmm_pattern[VMM_FILL_CHUNK];
 static pthread_once_t vmm_pattern_once = PTHREAD_ONCE_INIT;
@@ -360,7 +361,7 @@ static void vmm_fresh_fill(int fd, off_t off, size_t size)
         return;
     pthread_once(&vmm_pattern_once, vmm_pattern_init);
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t step = emu.cfg.fresh == EMU_FRESH_SPARSE ? emu.cfg.granularity : VMM_FILL_CHUNK;
+    size_t step = emu.cfg.fresh == EMU_FRESH_SPARSE ? size : VMM_FILL_CHUNK;
     size_t len = emu.cfg.fresh == EMU_FRESH_SPARSE ? (page < VMM_FILL_CHUNK ? page : VMM_FILL_CHUNK) : VMM_FILL_CHUNK;
     /* A failed write only leaves zeros, which the driver may return as well. */
     for (size_t at = 0; at < size; at += step)

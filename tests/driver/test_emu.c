@@ -131,8 +131,8 @@ static int child_main(const char *mode)
         return ns >= 3000000 ? 0 : 13;
     }
     if (!strcmp(mode, "fresh")) {
-        /* What new memory holds: bytes at the start of each granularity unit and inside it, and
-         * after a memset to zero. */
+        /* What new memory holds: bytes at the start of the allocation, inside its first host page,
+         * at the start of its second granularity unit and in the middle, and after a memset to zero. */
         struct drv_device_info info;
         if (drv_device_query(0, &info))
             return 12;
@@ -355,8 +355,8 @@ static void test_fresh_memory(void **state)
     static const struct {
         const char *env, *want;
     } cases[] = {
-        {NULL, "start=1 inside=1 unit2=1 middle=0"},
-        {"CUDAEMU_FRESH=sparse", "start=1 inside=1 unit2=1 middle=0"},
+        {NULL, "start=1 inside=1 unit2=0 middle=0"},
+        {"CUDAEMU_FRESH=sparse", "start=1 inside=1 unit2=0 middle=0"},
         {"CUDAEMU_FRESH=garbage", "start=1 inside=1 unit2=1 middle=1"},
         {"CUDAEMU_FRESH=zero", "start=0 inside=0 unit2=0 middle=0"},
     };

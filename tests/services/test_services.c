@@ -697,14 +697,19 @@ struct fixture {
     int64_t reserved;
 };
 
+/* With 2 MiB pages (expandable_page_size_mb:2): a | c (freed) | b over 6 pages, sm in a small
+ * page, so the nth call of each entry point falls on different pages and segments. */
+#define FX_A (3 * MiB)
+#define FX_C (4 * MiB)
+#define FX_B (5 * MiB / 2)
 static void fixture_make(struct fixture *f)
 {
-    f->a = tu_malloc(30 * MiB, NULL);
-    void *c = tu_malloc(40 * MiB, NULL);
-    f->b = tu_malloc(25 * MiB, NULL);
+    f->a = tu_malloc(FX_A, NULL);
+    void *c = tu_malloc(FX_C, NULL);
+    f->b = tu_malloc(FX_B, NULL);
     f->sm = tu_malloc(3000, NULL);
-    tu_assert_cu(tu_fill((CUdeviceptr)f->a, 30 * MiB, 11));
-    tu_assert_cu(tu_fill((CUdeviceptr)f->b, 25 * MiB, 12));
+    tu_assert_cu(tu_fill((CUdeviceptr)f->a, FX_A, 11));
+    tu_assert_cu(tu_fill((CUdeviceptr)f->b, FX_B, 12));
     tu_assert_cu(tu_fill((CUdeviceptr)f->sm, 3000, 13));
     tu_free(c);
     f->reserved = tu_stat("reserved_bytes.all.current");
@@ -713,13 +718,13 @@ static void fixture_make(struct fixture *f)
 static void fixture_check(const struct fixture *f, bool zero)
 {
     if (zero) {
-        assert_true(all_zero(f->a, 30 * MiB));
-        assert_true(all_zero(f->b, 25 * MiB));
+        assert_true(all_zero(f->a, FX_A));
+        assert_true(all_zero(f->b, FX_B));
         assert_true(all_zero(f->sm, 3000));
         return;
     }
-    assert_true(tu_check((CUdeviceptr)f->a, 30 * MiB, 11));
-    assert_true(tu_check((CUdeviceptr)f->b, 25 * MiB, 12));
+    assert_true(tu_check((CUdeviceptr)f->a, FX_A, 11));
+    assert_true(tu_check((CUdeviceptr)f->b, FX_B, 12));
     assert_true(tu_check((CUdeviceptr)f->sm, 3000, 13));
 }
 
@@ -737,7 +742,7 @@ static void fixture_free(const struct fixture *f)
 static void test_sleep_faults(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
     tu_require_emulator_or_skip();
     const char *entries[] = {"cuStreamSynchronize", "cuCtxSynchronize", "cuStreamIsCapturing", "cuMemHostAlloc",
                              "cuMemcpyDtoHAsync", "cuMemUnmap", "cuMemRelease", "cuCtxGetCurrent"};
@@ -794,7 +799,7 @@ static void test_sleep_faults(void **state)
 static void test_wake_faults(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
     tu_require_emulator_or_skip();
     const char *entries[] = {"cuMemCreate",      "cuMemMap",        "cuMemSetAccess", "cuMemcpyHtoDAsync",
                              "cuMemsetD8Async",  "cuStreamIsCapturing", "cuMemFreeHost", "cuCtxGetCurrent",
