@@ -170,6 +170,19 @@ int cudaemu_set_latency(const char *entry, uint64_t ns)
     return 0;
 }
 
+int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte)
+{
+    emu_env_once();
+    int e = emu_entry_lookup(entry);
+    if (e < 0)
+        return -1;
+    if (ns)
+        *ns = atomic_load(&ctl_latency_ns[e]);
+    if (ps_per_byte)
+        *ps_per_byte = atomic_load(&ctl_ps_per_byte[e]);
+    return 0;
+}
+
 int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second)
 {
     emu_env_once();

@@ -78,6 +78,10 @@ void cudaemu_live_get(struct cudaemu_live *live);
 
 /* Set the busy-wait latency of @p entry in nanoseconds (0: none). -1 for an unknown name. */
 int cudaemu_set_latency(const char *entry, uint64_t ns);
+/* The latency of @p entry in ns and its per-byte cost in picoseconds per byte (0: none), as
+ * CUDAEMU_LATENCY or the setters left them: what a benchmark needs to model the time of the calls
+ * it counted. Either pointer may be NULL. -1 for an unknown name. */
+int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte);
 /* Set the per-byte cost of a copy entry (cuMemcpyHtoD, ...) as a rate (0: none): a call that
  * moves n bytes lasts at least n / rate. -1 for an unknown name. */
 int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second);

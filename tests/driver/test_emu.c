@@ -405,6 +405,27 @@ static void test_counters_latency(void **state)
     ns = (b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec);
     assert_true(ns >= 4194304);
     assert_true(tu_set_bandwidth("cuMemcpyHtoD", 0));
+    /* What was set reads back (benchmarks model call times from it). */
+    int (*get)(const char *, uint64_t *, uint64_t *) =
+        (int (*)(const char *, uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT, "cudaemu_get_latency");
+    if (!get) {
+        void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+        assert_non_null(lib);
+        *(void **)&get = dlsym(lib, "cudaemu_get_latency");
+    }
+    assert_non_null(get);
+    uint64_t lns = 1, lps = 1;
+    assert_true(tu_set_latency("cuMemMap", 1500));
+    assert_true(tu_set_bandwidth("cuMemcpyDtoH", 25000000000ull));
+    assert_int_equal(get("cuMemMap", &lns, &lps), 0);
+    assert_int_equal(lns, 1500);
+    assert_int_equal(lps, 0);
+    assert_int_equal(get("cuMemcpyDtoH_v2", &lns, &lps), 0);
+    assert_int_equal(lns, 0);
+    assert_int_equal(lps, 40);
+    assert_int_equal(get("nope", NULL, NULL), -1);
+    assert_true(tu_set_latency("cuMemMap", 0));
+    assert_true(tu_set_bandwidth("cuMemcpyDtoH", 0));
     free(hb);
     tu_assert_cu(drv->cuMemFree(dp));
 }
