@@ -105,6 +105,7 @@ xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
 
 size_t sleep_allocated_bytes(const struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     if (!d->nasleep)
         return 0;
     size_t bytes = 0;
@@ -140,6 +141,7 @@ static bool stream_add(struct stream_list *l, CUstream s)
 static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp, const struct pool_sleep *ps,
                                 const char *why)
 {
+    lock_assert_held(&d->lock);
     struct stream_list l = {0};
     bool ok = true;
     for (size_t i = 0; i < ps->nsegs && ok; i++) {
@@ -213,7 +215,7 @@ static bool collect_runs(struct sleep_seg *ss, size_t *bytes)
 /* Step 3: copy every run of live blocks to pinned host memory and wait for it. */
 static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
 {
-    (void)d;
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
         if (!ss->host_bytes)
@@ -258,6 +260,7 @@ static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int ac
  * too does the pool stay asleep (with every byte recoverable: held pages, or the host copy). */
 static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *asleep)
 {
+    lock_assert_held(&d->lock);
     *asleep = false;
     size_t k = 0;
     xseg_status st = XSEG_SUCCESS;
