@@ -45,7 +45,7 @@ struct sleep_seg {
     size_t host_bytes;
     struct sleep_run *runs;
     size_t nruns, capruns;
-    size_t woke; /* bytes the running wake mapped */
+    size_t live0; /* bytes of its pages mapped when the running wake began (a failed sleep's) */
 };
 
 struct pool_sleep {
@@ -399,11 +399,25 @@ xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
 
 /* ---- wake -------------------------------------------------------------------------------- */
 
-/* Put the pages of every segment back to sleep after a failed wake (each wake_map succeeded). */
-static void undo_maps(struct pool_sleep *ps, size_t n)
+/* Books: the bytes of each segment's pages mapped since the wake began, counted as reserved. */
+static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        struct segrec *s = ps->segs[i].s;
+        size_t now = seg_mapped_bytes(s->vseg);
+        if (now > ps->segs[i].live0)
+            alloc_count_mapped(d, s->pool, now - ps->segs[i].live0, (now - ps->segs[i].live0) / seg_page_size(s->vseg));
+        ps->segs[i].live0 = now;
+    }
+}
+
+/* Put the pages of every segment back to sleep after a failed wake (each wake_map succeeded).
+ * A page whose unmap fails stays mapped, and is counted: the books follow the driver. */
+static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         (void)seg_wake_undo(ps->segs[i].s->vseg);
+    count_woken(d, ps);
 }
 
 /* Restore segment @p ss: the host copy of every run of blocks still active, or zeros on every
@@ -475,10 +489,16 @@ static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
     if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
         return st;
 
+    for (size_t i = 0; i < ps->nsegs; i++)
+        ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
     size_t k = 0;
-    for (; k < ps->nsegs; k++)
-        if ((st = seg_wake_map(ps->segs[k].s->vseg, &ps->segs[k].woke)) != XSEG_SUCCESS)
+    for (; k < ps->nsegs; k++) {
+        size_t mapped;
+        if ((st = seg_wake_map(ps->segs[k].s->vseg, &mapped)) != XSEG_SUCCESS) {
+            k++; /* its own rollback may have left a page mapped: counted below */
             break;
+        }
+    }
     for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
         ps->segs[i].stream = copy_stream(ps->segs[i].s);
         st = restore(ps, &ps->segs[i]);
@@ -488,17 +508,16 @@ static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
     if (st != XSEG_SUCCESS) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", xseg_last_error());
-        undo_maps(ps, k);
+        undo_maps(d, ps, k);
         return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; "
                            "retry the wake)", msg);
     }
 
+    count_woken(d, ps);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
         seg_wake_commit(s->vseg);
         s->asleep = false;
-        if (ps->segs[i].woke)
-            alloc_count_mapped(d, s->pool, ps->segs[i].woke, ps->segs[i].woke / seg_page_size(s->vseg));
     }
     hist_ranges(d, ps, HIST_SEGMENT_MAP);
     *slot(d, pp) = NULL;

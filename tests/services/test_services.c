@@ -776,21 +776,25 @@ static void test_sleep_faults(void **state)
             }
         }
     }
-    /* Two failures: an unmap, then mapping the first page back. The pool cannot be put back, so
-     * it stays asleep with nothing lost, and the wake restores it. */
-    struct fixture f;
-    fixture_make(&f);
-    assert_true(tu_fail("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN));
-    assert_true(tu_fail("cuMemMap", 1, CUDA_ERROR_UNKNOWN));
-    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_DRIVER);
-    tu_fail_clear();
-    assert_non_null(strstr(xseg_last_error(), "xseg_wake brings it back"));
-    assert_books_match_driver();
-    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
-    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
-    assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
-    fixture_check(&f, false);
-    fixture_free(&f);
+    /* Two failures: an unmap, then mapping the first page back (or granting it access). The pool
+     * cannot be put back, so it stays asleep with nothing lost, and the wake restores it. */
+    const char *second[] = {"cuMemMap", "cuMemSetAccess"};
+    for (size_t e = 0; e < 2; e++) {
+        struct fixture f;
+        fixture_make(&f);
+        assert_true(tu_fail("cuMemUnmap", 3, CUDA_ERROR_UNKNOWN));
+        assert_true(tu_fail(second[e], 1, CUDA_ERROR_UNKNOWN));
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_DRIVER);
+        tu_fail_clear();
+        print_message("cuMemUnmap #3 and %s #1: %s\n", second[e], xseg_last_error());
+        assert_non_null(strstr(xseg_last_error(), "xseg_wake brings it back"));
+        assert_books_match_driver();
+        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+        fixture_check(&f, false);
+        fixture_free(&f);
+    }
 }
 
 /* Every driver call a wake makes fails once, in turn: the wake is rolled back (the pool stays
@@ -836,6 +840,22 @@ static void test_wake_faults(void **state)
             }
         }
     }
+    /* Two failures: a copy back, then giving back the first page the wake mapped. That page stays
+     * mapped (and counted) in the sleeping pool; a retry maps the rest and restores every byte. */
+    struct fixture f;
+    fixture_make(&f);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_true(tu_fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN));
+    assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_DRIVER);
+    tu_fail_clear();
+    assert_books_match_driver();
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+    assert_true(tu_stat("reserved_bytes.all.current") > 0);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+    fixture_check(&f, false);
+    fixture_free(&f);
 }
 
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
