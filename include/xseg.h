@@ -525,7 +525,8 @@ typedef struct xseg_ipc_info {
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
  *         XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) block, or a block of a segment
  *         created without a shareable handle type (expandable_segments_ipc:False, or no driver
- *         support); XSEG_ERROR_DRIVER when an export call fails (nothing is left open then).
+ *         support); XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (xseg_sleep);
+ *         XSEG_ERROR_DRIVER when an export call fails (nothing is left open then).
  */
 XSEG_API xseg_status xseg_ipc_export(void *ptr, xseg_ipc_handle **out);
 
@@ -624,7 +625,8 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
  * The physical pieces under the live block at @p ptr, in address order: for an expandable block
  * one range per page it overlaps (clipped to the block), for a classic block one range with
  * handle 0. snprintf-style: at most @p cap ranges are written, @p n receives how many there are.
- * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
+ *         XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (its pages have no memory now).
  */
 XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n);
 
