@@ -34,8 +34,10 @@ XSEG_API xseg_status xseg_ipc_handle_info(const xseg_ipc_handle *handle, xseg_ip
     info->device = handle->device;
     info->size = handle->size;
     info->offset = handle->offset;
-    info->page_size = handle->page_size;
-    info->npages = handle->npages;
+    info->nchunks = handle->nchunks;
+    info->span = 0;
+    for (size_t i = 0; i < handle->nchunks; i++)
+        info->span += (size_t)handle->sizes[i];
     return XSEG_SUCCESS;
 }
 

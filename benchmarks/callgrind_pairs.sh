@@ -20,10 +20,18 @@ count() { # args...: total instructions (Ir) of one run
   callgrind_annotate "$tmp/out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }'
 }
 
+# Without libmimalloc.so.2 the benchmark skips mimalloc: say so rather than print a count of 0.
+have_mimalloc=1
+case $("$bench" --reps 1 --pairs 1 --only mimalloc 2>/dev/null) in *n/a*) have_mimalloc=0 ;; esac
+
 printf "%-12s %-11s %10s %18s\n" allocator mode size "instructions/pair"
 for size in 512 4194304; do
   for run in "xseg classic" "xseg expandable" "torch classic" "torch expandable" "glibc -" "mimalloc -"; do
     read -r who mode <<<"$run"
+    if [ "$who" = mimalloc ] && [ $have_mimalloc = 0 ]; then
+      printf "%-12s %-11s %10s %18s\n" "$who" "$mode" "$size" "n/a (no libmimalloc.so.2)"
+      continue
+    fi
     # "torch": xseg through PyTorch's entry points (xseg_torch_malloc/free)
     if [ "$who" = torch ]; then args=(--only xseg --api torch --size "$size"); else args=(--only "$who" --size "$size"); fi
     [ "$mode" != - ] && args+=(--mode "$mode")

@@ -1,47 +1,69 @@
 #!/usr/bin/env bash
-# The fit table: for every recorded trace (PyTorch snapshots, converted with
-# tools/snapshot2trace.py: the six of docs/benchmarks-replay.md are third-party data, not shipped,
-# from the public GitHub repository kkaitlyn111/cs336-a2-systems, folder memory_files/; point
-# FIT_TRACES at the folder holding them) and the bundled workloads, the smallest emulated device the replay
-# fits on (no failed allocation; `xseg-replay --min-device`, 64 MiB steps) as a ratio to peak
-# allocated, one column per configuration. The goal (issue 12) is <= 1.01 for the default config.
-#   benchmarks/fit_table.sh [BUILD_DIR]                      (default build)
-#   FIT_MODES='name=config;name=config' benchmarks/fit_table.sh   (other columns)
-# Needs python3 for the conversion. Replays run on cudaemu, whose placements repeat exactly.
+# The fit tables of docs/benchmarks-replay.md: for every workload, the smallest emulated device
+# the replay fits on (no failed allocation; `xseg-replay --min-device`, 64 MiB steps) as a ratio
+# to peak allocated, then on an 80 GiB device the utilization, the driver's memory calls (total,
+# per GiB reserved), their H100 driver time (each call weighted by its H100 median, the figures
+# of cudaemu's CUDAEMU_LATENCY=h100 preset) and the stream synchronizations. One table per
+# configuration.
+#   benchmarks/fit_table.sh [BUILD_DIR]                                (default build)
+#   FIT_TRACES=DIR        a folder of PyTorch snapshots (*.pickle, converted here with
+#                         tools/snapshot2trace.py) or traces (*.trace); without it only the
+#                         bundled workloads run. The six snapshots of the docs are third-party
+#                         data: github.com/kkaitlyn111/cs336-a2-systems, folder memory_files/.
+#   FIT_MODES='name=config;name=config'                                (other configurations)
+# Replays run on cudaemu, whose placements repeat exactly; needs /usr/bin/python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 replay="$build/tools/xseg-replay"
 [ -x "$replay" ] || { echo "fit_table.sh: $replay not built (ninja -C $build)" >&2; exit 1; }
-# ../shared beside the checkout (a worktree: beside the main checkout)
-traces_dir=${FIT_TRACES:-../shared/traces/pytorch}
-if [ ! -d "$traces_dir" ] && common=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null); then
-  traces_dir="$(dirname "$common")/../shared/traces/pytorch"
-fi
-modes=${FIT_MODES:-"classic=expandable_segments:False;expandable (default)=expandable_segments:True;expandable, 2 MiB pages=expandable_segments:True,expandable_page_size_mb:2;expandable, 4 MiB pages=expandable_segments:True,expandable_page_size_mb:4;expandable, recycling off=expandable_segments:True,expandable_segments_recycle:False"}
+modes=${FIT_MODES:-"classic=expandable_segments:False;expandable (default)=expandable_segments:True;expandable, 4 MiB chunks=expandable_segments:True,expandable_chunk_mb:4"}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 specs=()
-for f in "$traces_dir"/*.pickle; do
-  [ -e "$f" ] || continue
-  b=$(basename "$f" .pickle); b=${b#memory_}
-  /usr/bin/env python3 tools/snapshot2trace.py "$f" > "$tmp/$b.trace"
-  specs+=("$tmp/$b.trace")
-done
+if [ -n "${FIT_TRACES:-}" ]; then
+  for f in "$FIT_TRACES"/*.pickle "$FIT_TRACES"/*.trace; do
+    [ -e "$f" ] || continue
+    case $f in
+      *.pickle) b=$(basename "$f" .pickle); b=${b#memory_}
+                /usr/bin/python3 tools/snapshot2trace.py "$f" > "$tmp/$b.trace"; specs+=("$tmp/$b.trace") ;;
+      *) specs+=("$f") ;;
+    esac
+  done
+  [ ${#specs[@]} -gt 0 ] || echo "fit_table.sh: no *.pickle or *.trace in $FIT_TRACES" >&2
+fi
 specs+=(builtin:training builtin:inference)
 
 IFS=';' read -r -a cols <<<"$modes"
-header="| trace |"; rule="|---|"
-for col in "${cols[@]}"; do header+=" ${col%%=*} |"; rule+="---|"; done
-echo "$header"; echo "$rule"
-for spec in "${specs[@]}"; do
-  name=$(basename "$spec" .trace)
-  row="| $name |"
-  for col in "${cols[@]}"; do
-    cfg=${col#*=}
-    r=$("$replay" --min-device --summary=json --config "$cfg" "$spec" 2>/dev/null \
-        | sed -n 's/.*"ratio":\([0-9.]*\).*/\1/p' | awk '{ printf "%.3f", $1 }')
-    row+=" ${r:-fail} |"
-  done
-  echo "$row"
+for col in "${cols[@]}"; do
+  name=${col%%=*}; cfg=${col#*=}
+  for spec in "${specs[@]}"; do
+    "$replay" --min-device --summary=json --config "$cfg" "$spec" 2>/dev/null | tail -n 1
+    "$replay" --summary=json --marks=none --config "$cfg" "$spec" 2>/dev/null | tail -n 1
+  done > "$tmp/out"
+  /usr/bin/python3 - "$name" "$cfg" "$tmp/out" "${specs[@]}" <<'PY'
+import json, os, sys
+name, cfg, out, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+# H100 medians in microseconds (docs/benchmarks.md section 4; CUDAEMU_LATENCY=h100)
+us = {"cuMemCreate": 8.6, "cuMemMap": 0.7, "cuMemSetAccess": 21.9, "cuMemUnmap": 15.5,
+      "cuMemRelease": 20.4, "cuMemAlloc": 39.0, "cuMemFree": 42.8}
+lines = open(out).read().splitlines()
+print(f"\n{name} (`{cfg}`)\n")
+print("| workload | smallest device / peak allocated | utilization (80 GiB) | driver calls | per GiB "
+      "reserved | H100 driver time (ms) | synchronizations |")
+print("|---|---|---|---|---|---|---|")
+for i, spec in enumerate(specs):
+    label = os.path.basename(spec).removesuffix(".trace")
+    try:
+        fit, run = json.loads(lines[2 * i]), json.loads(lines[2 * i + 1])
+    except (IndexError, ValueError):
+        print(f"| {label} | failed | | | | | |")
+        continue
+    calls = run["driver_calls"]
+    ms = sum(us.get(k, 0) * v for k, v in calls.items()) / 1000
+    gib = run["peak_reserved_bytes"] / 2**30
+    syncs = calls.get("cuStreamSynchronize", 0)
+    print(f"| {label} | {fit['ratio']:.3f} | {run['utilization']:.4f} | {run['driver_memory_calls']} | "
+          f"{run['driver_memory_calls'] / gib:.0f} | {ms:.0f} | {syncs} |")
+PY
 done

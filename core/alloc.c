@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/snapshot.h"
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/runtime.h"
 #include "core/stats.h"
 #include "vmm/capture.h"
@@ -76,6 +77,7 @@ void alloc_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t 
 
 bool alloc_fraction_allows(const struct dev_alloc *d, size_t more)
 {
+    lock_assert_held(&d->lock);
     return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
 }
 
@@ -89,6 +91,7 @@ void alloc_count_sync_all(struct dev_alloc *d)
 
 static void apply_fraction(struct dev_alloc *d, double fraction)
 {
+    lock_assert_held(&d->lock);
     d->fraction = fraction;
     if (fraction < 1.0) {
         d->set_fraction = true;
@@ -102,6 +105,7 @@ static void apply_fraction(struct dev_alloc *d, double fraction)
 /* Device lock held, or @p d not yet published (alloc_create). */
 static void refresh_cfg_slow(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     double old_fraction = d->cfg.per_process_memory_fraction;
     bool first = d->cfg_gen == 0;
     rt_cfg_copy(&d->cfg, &d->cfg_gen);
@@ -140,7 +144,9 @@ xseg_status alloc_create(int device, struct dev_alloc **out)
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
+    alloc_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
     refresh_cfg_slow(d);
+    alloc_unlock(d);
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
         fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
                 device);
@@ -223,19 +229,13 @@ static void capture_note(struct dev_alloc *d, CUstream stream)
     for (size_t i = 0; i < d->ncapturing; i++)
         if (d->capturing[i] == stream)
             return;
-    if (d->ncapturing == d->capcapturing) {
-        size_t ncap = d->capcapturing ? d->capcapturing * 2 : 4;
-        CUstream *p = realloc(d->capturing, ncap * sizeof *p);
-        if (!p)
-            return; /* only a hint; the slow path re-checks anyway */
-        d->capturing = p;
-        d->capcapturing = ncap;
-    }
+    if (!VEC_RESERVE(d->capturing, d->capcapturing, d->ncapturing + 1))
+        return; /* only a hint; the slow path re-checks anyway */
     d->capturing[d->ncapturing++] = stream;
     alloc_fast_off(d);
 }
 
-bool alloc_capture_underway(struct dev_alloc *d, bool all_streams)
+bool alloc_capture_underway(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     xseg_status st;
@@ -248,14 +248,6 @@ bool alloc_capture_underway(struct dev_alloc *d, bool all_streams)
             i++;
         } else {
             d->capturing[i] = d->capturing[--d->ncapturing];
-        }
-    }
-    if (!all_streams)
-        return any;
-    for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (stream_capturing(d, s->stream, &st)) {
-            capture_note(d, s->stream);
-            any = true;
         }
     }
     return any;
@@ -339,6 +331,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
 /* get_free_block for the slow path: the block found is taken out of the free index. */
 static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 {
+    lock_assert_held(&d->lock);
     struct block *pred;
     bool pred_ok;
     struct block *b = find_free_block(d, p, &pred, &pred_ok);
@@ -384,6 +377,7 @@ size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src
 /* The active counters of a block that stops being active (all paths of free_block). */
 static inline void account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
 {
+    lock_assert_held(&d->lock);
     stat_down_pool(d->stats.active, si, 1);
     stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
     stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
@@ -469,6 +463,7 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b);
 /* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
 void alloc_free_block(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     if (XSEG_UNLIKELY(b->recorded))
         hist_free_completed(d, b);
     free_block(d, b);
@@ -579,7 +574,9 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
 
 /* ---- releasing cached memory ------------------------------------------------------------- */
 
-static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
+/* Give back every free block of @p pool: unsplit classic segments (cuMemFree) and the whole chunks
+ * inside free expandable blocks, after waiting for each one's stream once per pass (@p memo). */
+static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, struct stream_memo *memo)
 {
     lock_assert_held(&d->lock);
     struct block **arr;
@@ -599,14 +596,25 @@ static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
     }
     for (size_t i = 0; i < n; i++) {
         struct block *b = arr[i];
-        if (b && b->expandable && !b->seg->asleep) { /* a sleeping pool's pages wait for its wake */
-            xseg_status st = exp_unmap_block(d, b);
-            if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
-                first = st;
-        }
+        /* A sleeping pool's pages wait for its wake. */
+        if (!b || !b->expandable || b->seg->asleep || !exp_whole_page_bytes(b))
+            continue;
+        xseg_status st = memo_wait(d, memo, b->stream);
+        if (st == XSEG_SUCCESS)
+            st = exp_unmap_pages(d, b, SIZE_MAX, true);
+        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+            first = st;
     }
     free(arr);
     return first;
+}
+
+static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
+{
+    struct stream_memo memo = {0};
+    xseg_status st = release_blocks_memo(d, pool, &memo);
+    memo_free(&memo);
+    return st;
 }
 
 xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool) { return release_blocks(d, pool); }
@@ -624,7 +632,7 @@ static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_
     lock_assert_held(&d->lock);
     if (left_st)
         *left_st = XSEG_SUCCESS;
-    if (alloc_capture_underway(d, true))
+    if (alloc_capture_underway(d))
         return XSEG_SUCCESS;
     /* Earlier failures' leftovers first: what fails during this release is retried next time
      * (an immediate retry would mostly meet the same failure). */
@@ -632,8 +640,10 @@ static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_
     if (left_st)
         *left_st = st4;
     ev_synchronize_all(d);
-    xseg_status st1 = release_blocks(d, &d->large);
-    xseg_status st2 = release_blocks(d, &d->small);
+    struct stream_memo memo = {0};
+    xseg_status st1 = release_blocks_memo(d, &d->large, &memo);
+    xseg_status st2 = release_blocks_memo(d, &d->small, &memo);
+    memo_free(&memo);
     xseg_status st3 = d->pools ? pools_release_freeable(d) : XSEG_SUCCESS;
     exp_release_empty_segments(d);
     if (d->pools)
@@ -908,7 +918,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
  * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
  * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
  * miss; else a fit whose index predecessor it could not tell). Lock held on entry and on return;
- * dropped only around the free-memory callbacks (step 2) and inside the OOM report (step 7).
+ * dropped only around the free-memory callbacks (step 2) and inside the OOM report (step 8).
  */
 static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, struct alloc_params *p,
                                                            bool searched, struct block *found, size_t size,
@@ -963,20 +973,30 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     /* 4. A new segment (classic), or room in an expandable one. */
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
-    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d, true);
+    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d);
 
-    /* 5. Release one cached oversize block large enough (or several), then allocate. */
+    /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
+     * what the request needs, runs of streams known idle first, waiting at most once per stream
+     * (expandable_segments_recycle, core/trim.h), then allocate again. PyTorch goes straight to
+     * the steps below, which release every cached block. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable && d->cfg.expandable_segments_recycle) {
+        size_t got = 0;
+        if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
+            st = alloc_block(d, p, false);
+    }
+
+    /* 6. Release one cached oversize block large enough (or several), then allocate. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p))
         st = alloc_block(d, p, false);
 
-    /* 6. Release every cached block (empty_cache), then allocate once more. */
+    /* 7. Release every cached block (empty_cache), then allocate once more. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
         xseg_status rs = release_cached_blocks(d, NULL);
         if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
             st = alloc_block(d, p, true);
     }
 
-    /* 7. Out of memory: observers, then the message. */
+    /* 8. Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     if (st != XSEG_SUCCESS)
@@ -1000,7 +1020,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     struct priv_pool *priv = NULL;
     if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
         xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
-        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d, false) &&
+        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d) &&
             stream_capturing(d, stream, &ignored)) {
             capture_note(d, stream);
             st = capture_error(stream);
@@ -1122,6 +1142,7 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
  * lets its stack go. */
 static void hist_free_completed(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
     b->hist_stack = NULL;
     b->recorded = false;
@@ -1306,20 +1327,9 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
 
 static xseg_status snap_push(struct snap_acc *a, xseg_segment_info *si, struct hstack **stacks)
 {
-    if (a->n == a->cap) {
-        size_t ncap = a->cap ? a->cap * 2 : 16;
-        xseg_segment_info *p = realloc(a->segs, ncap * sizeof *p);
-        if (!p)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
-        a->segs = p;
-        if (a->with_stacks) {
-            struct hstack ***q = realloc(a->stacks, ncap * sizeof *q);
-            if (!q)
-                return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
-            a->stacks = q;
-        }
-        a->cap = ncap;
-    }
+    if (!VEC_RESERVE(a->segs, a->cap, a->n + 1) ||
+        (a->with_stacks && !VEC_RESERVE(a->stacks, a->cap_stacks, a->n + 1)))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
     if (a->with_stacks)
         a->stacks[a->n] = stacks;
     a->segs[a->n++] = *si;
@@ -1345,6 +1355,7 @@ void snap_acc_free(struct snap_acc *a)
 static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct block *from, struct block *to,
                               struct snap_acc *a)
 {
+    lock_assert_held(&d->lock);
     xseg_segment_info si;
     memset(&si, 0, sizeof si);
     size_t nb = 0;

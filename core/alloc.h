@@ -60,6 +60,10 @@ struct dev_alloc {
     struct ptrmap live;      /* allocated blocks by address */
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
+    /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
+     * segments of its (pool, stream) in O(log segments), whatever the number of streams. */
+    struct segrec **by_stream;
+    size_t nby_stream, capby_stream;
     struct block *spare;     /* recycled block structs (linked through next) */
 
     xseg_device_stats stats;
@@ -184,7 +188,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer);
 struct snap_acc {
     xseg_segment_info *segs;
     struct hstack ***stacks;
-    size_t n, cap;
+    size_t n, cap, cap_stacks; /* capacities of segs and stacks */
     bool with_stacks;
 };
 /* Append this device's segments to @p a (lock taken here). */
@@ -201,7 +205,7 @@ size_t alloc_active_bytes(struct dev_alloc *d);
 
 /* Device memory accounting: alloc owns total_allocated_memory and the statistics; the other
  * modules report what they did through these. */
-/* @p bytes of @p pool newly mapped, in @p pages driver pages (reserved_bytes, num_device_alloc). */
+/* @p bytes of @p pool newly mapped, in @p pages driver allocations (chunks) (reserved_bytes, num_device_alloc). */
 void alloc_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
 /* @p bytes of @p pool unmapped, in @p pages driver pages (reserved_bytes, num_device_free). */
 void alloc_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
@@ -218,9 +222,12 @@ struct block *alloc_block_new(struct dev_alloc *d);
 void alloc_block_delete(struct dev_alloc *d, struct block *b);
 /* Return a block whose events are done to its pool: merge, index, statistics. */
 void alloc_free_block(struct dev_alloc *d, struct block *b);
-/* Is a capture underway on any stream the allocator knows of? Re-checks the streams seen
- * capturing (dropping finished ones); with @p all_streams also every stream owning a segment. */
-bool alloc_capture_underway(struct dev_alloc *d, bool all_streams);
+/* Is a capture underway that the allocator knows of: a pool records (xseg_capture_begin,
+ * xseg_begin_allocate_to_pool, the PyTorch hooks), or a stream was seen capturing (a malloc on it
+ * missed the cache)? Re-checks only the streams seen capturing, dropping finished ones: O(1) in
+ * the number of streams. As in PyTorch, a capture must be announced for the allocator to keep
+ * its memory mapped. */
+bool alloc_capture_underway(struct dev_alloc *d);
 /* Absorb @p src (a neighbour of @p dst) into dst when both are free and equally mapped. dst must
  * not be in an index; src is removed from its index and deleted. Returns bytes absorbed. */
 size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
@@ -266,19 +273,18 @@ void ev_destroy(struct dev_alloc *d);
  * exhausted; XSEG_ERROR_DRIVER on another driver failure. Bookkeeping stays consistent. */
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
                          struct block **out);
-/* Unmap every whole page inside free block @p b (in the free index). */
-xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b);
 /* Destroy expandable segments left with nothing mapped. */
 void exp_release_empty_segments(struct dev_alloc *d);
 /* Give back what earlier driver failures left with the driver: every segment's stranded pages
  * (seg_reclaim), then the process-wide leftovers (seg_leftovers_retry). Lock held, no capture
  * underway. @return the first failure (what failed stays for the next reclaim). */
 xseg_status exp_reclaim_leftovers(struct dev_alloc *d);
-/* Services (issue 14): unmap only the highest whole pages of free block @p b covering at most
- * @p max_bytes (rounded down to pages), with exp_unmap_block's bookkeeping (@p idle: the stream
- * is known to have completed its work, so no synchronize); the whole-page bytes
- * inside a free expandable block; the stable age order of expandable blocks (older segment, then
- * lower offset). */
+/* Give back whole chunks inside free block @p b (in the free index): the highest ones, as few as
+ * cover @p max_bytes (SIZE_MAX: all); the block is re-tiled by what the driver unmapped. With
+ * @p idle the caller knows the stream's work has completed (it waited or queried): no
+ * synchronize here. exp_whole_page_bytes: the bytes of whole chunks inside a free expandable
+ * block (what giving it back can release); exp_block_older: the stable age order of expandable
+ * blocks (older segment, then lower offset). */
 xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle);
 size_t exp_whole_page_bytes(const struct block *b);
 bool exp_block_older(const struct block *a, const struct block *b);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/alloc.h"
 #include "vmm/capture.h"
 
@@ -94,14 +95,8 @@ static struct cr_walk *walk_for(struct capreuse *cr, unsigned long long id, CUst
     for (size_t i = 0; i < cr->nwalks; i++)
         if (cr->walks[i].capture_id == id && cr->walks[i].stream == stream)
             return &cr->walks[i];
-    if (cr->nwalks == cr->capwalks) {
-        size_t ncap = cr->capwalks ? cr->capwalks * 2 : 4;
-        struct cr_walk *p = realloc(cr->walks, ncap * sizeof *p);
-        if (!p)
-            return NULL;
-        cr->walks = p;
-        cr->capwalks = ncap;
-    }
+    if (!VEC_RESERVE(cr->walks, cr->capwalks, cr->nwalks + 1))
+        return NULL;
     struct cr_walk *w = &cr->walks[cr->nwalks++];
     *w = (struct cr_walk){.capture_id = id, .stream = stream};
     return w;
@@ -218,14 +213,8 @@ static bool markers_add(CUgraphNode **v, size_t *n, size_t *cap, const CUgraphNo
             dup = (*v)[j] == add[i];
         if (dup)
             continue;
-        if (*n == *cap) {
-            size_t ncap = *cap ? *cap * 2 : 4;
-            CUgraphNode *p = realloc(*v, ncap * sizeof *p);
-            if (!p)
-                return false;
-            *v = p;
-            *cap = ncap;
-        }
+        if (!VEC_RESERVE(*v, *cap, *n + 1))
+            return false;
         (*v)[(*n)++] = add[i];
     }
     return true;
@@ -233,6 +222,7 @@ static bool markers_add(CUgraphNode **v, size_t *n, size_t *cap, const CUgraphNo
 
 void capreuse_mark(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
     if (!d->cfg.graph_capture_record_stream_reuse || !alloc_pool_owner(d, b->pool) || !d->ndeferred ||
         d->deferred[d->ndeferred - 1] != b || legacy(b->stream))
@@ -283,14 +273,8 @@ void capreuse_mark(struct dev_alloc *d, struct block *b)
 
 static bool stack_push(struct capreuse *cr, size_t *top, CUgraphNode node)
 {
-    if (*top == cr->capstack) {
-        size_t ncap = cr->capstack ? cr->capstack * 2 : 256;
-        CUgraphNode *p = realloc(cr->stack, ncap * sizeof *p);
-        if (!p)
-            return false;
-        cr->stack = p;
-        cr->capstack = ncap;
-    }
+    if (!VEC_RESERVE(cr->stack, cr->capstack, *top + 1))
+        return false;
     cr->stack[(*top)++] = node;
     return true;
 }
@@ -370,18 +354,9 @@ static bool walk_ordered(const struct cr_walk *w)
  * walk is forgotten instead (nothing to check against would let a broken order pass). */
 static void walk_set_terms(struct capreuse *cr, struct cr_walk *w, const CUgraphNode *from, size_t n)
 {
-    if (n > w->capterms) {
-        CUgraphNode *t = realloc(w->terms, n * sizeof *t);
-        bool *h = t ? realloc(w->hit, n * sizeof *h) : NULL;
-        if (t)
-            w->terms = t;
-        if (h)
-            w->hit = h;
-        if (!t || !h) {
-            walk_forget(cr, w);
-            return;
-        }
-        w->capterms = n;
+    if (!VEC_RESERVE(w->terms, w->capterms, n) || !VEC_RESERVE(w->hit, w->caphit, n)) {
+        walk_forget(cr, w);
+        return;
     }
     memcpy(w->terms, from, n * sizeof *from);
     w->nterms = n;
@@ -389,6 +364,7 @@ static void walk_set_terms(struct capreuse *cr, struct cr_walk *w, const CUgraph
 
 void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
 {
+    lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
     bool any = false;
     if (legacy(stream))
@@ -436,6 +412,7 @@ void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
 
 void capreuse_reset(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
     for (size_t i = 0; i < cr->nwalks; i++)
         walk_free(&cr->walks[i]);

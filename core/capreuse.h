@@ -69,6 +69,7 @@ struct cr_walk {
     CUgraphNode *terms;         /* the stream's dependencies at the last walk */
     size_t nterms, capterms;
     bool *hit;                  /* per terms[i]: reached again by the current walk */
+    size_t caphit;
 };
 
 struct capreuse {

@@ -104,15 +104,16 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         }
         return;
     }
-    /* Pages: an unmapped block covers whole pages; the pages at both ends of a block are mapped
-     * exactly when the block is (the ones between follow from the byte count in check_segment). */
-    size_t page = seg_page_size(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
+    /* Granules: an unmapped block covers whole granules; the granules at both ends of a block
+     * are mapped exactly when the block is (the ones between follow from the byte count in
+     * check_segment), so no chunk reaches into an unmapped block. */
+    size_t gran = seg_gran(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
     if (!b->mapped)
-        CHECK(off % page == 0 && b->size % page == 0);
-    /* In a sleeping segment, "mapped" blocks lie on asleep pages (or pages a failed sleep left). */
-    size_t lo = off / page, hi = (off + b->size - 1) / page;
-    CHECK((seg_page_is_mapped(s->vseg, lo) || (s->asleep && seg_page_is_asleep(s->vseg, lo))) == b->mapped);
-    CHECK((seg_page_is_mapped(s->vseg, hi) || (s->asleep && seg_page_is_asleep(s->vseg, hi))) == b->mapped);
+        CHECK(off % gran == 0 && b->size % gran == 0);
+    /* In a sleeping segment, "mapped" blocks lie on asleep granules (or ones a failed sleep left). */
+    size_t lo = off / gran, hi = (off + b->size - 1) / gran;
+    CHECK((seg_gran_is_mapped(s->vseg, lo) || (s->asleep && seg_gran_is_asleep(s->vseg, lo))) == b->mapped);
+    CHECK((seg_gran_is_mapped(s->vseg, hi) || (s->asleep && seg_gran_is_asleep(s->vseg, hi))) == b->mapped);
 }
 
 static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)
@@ -163,10 +164,22 @@ void dev_check(struct dev_alloc *d)
         check_pool(&pp->small, &free_nodes, &unmapped_nodes);
         check_pool(&pp->large, &free_nodes, &unmapped_nodes);
     }
+    size_t nexp = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg) {
         CHECK(s->prev_seg ? s->prev_seg->next_seg == s : d->segs == s);
         CHECK(!s->next_seg || s->next_seg->prev_seg == s);
         check_segment(d, s, &rc);
+        nexp += s->vseg != NULL;
+    }
+    /* The (pool, stream, seq) order of the expandable segments holds each of them once. */
+    CHECK(d->nby_stream == nexp);
+    for (size_t i = 0; i < d->nby_stream; i++) {
+        const struct segrec *a = d->by_stream[i], *b = i + 1 < d->nby_stream ? d->by_stream[i + 1] : NULL;
+        CHECK(a->vseg != NULL);
+        if (b)
+            CHECK((uintptr_t)a->pool < (uintptr_t)b->pool ||
+                  (a->pool == b->pool && ((uintptr_t)a->stream < (uintptr_t)b->stream ||
+                                          (a->stream == b->stream && a->seq < b->seq))));
     }
     /* Every indexed block was found in a treap and every treap node is a block of a segment. */
     CHECK(rc.free_indexed == free_nodes);

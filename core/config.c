@@ -122,9 +122,9 @@ struct cfg_parser {
     struct cfg cfg;
     /* Checks that depend on large_segment_size run after the whole string is read, so the key
      * may come in any order; remember where the dependent values were. */
-    bool have_max_split, have_non_split, have_large_segment, have_page;
-    size_t max_split_pos, non_split_pos, page_pos, large_pos;
-    unsigned long long max_split_mb, non_split_mb, page_mb;
+    bool have_max_split, have_non_split, have_large_segment, have_page, have_chunk;
+    size_t max_split_pos, non_split_pos, page_pos, large_pos, chunk_pos;
+    unsigned long long max_split_mb, non_split_mb, page_mb, chunk_mb;
     bool saw_pinned;
 };
 
@@ -461,7 +461,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
     bool known = false;
     static const char *const keys[] = {
         "max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
-        "expandable_page_size_mb",
+        "expandable_page_size_mb", "expandable_chunk_mb",
         "garbage_collection_threshold", "roundup_power2_divisions", "expandable_segments",
         "expandable_segments_recycle", "expandable_segments_ipc",
         "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
@@ -537,6 +537,23 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
                            "index %zu",
                            CFG_PAGE_MULTIPLE_MB, CFG_PAGE_MULTIPLE_MB, p->page_mb, p->page_pos);
         p->have_page = true;
+        return XSEG_SUCCESS;
+    }
+    if (!strcmp(key, "expandable_chunk_mb")) {
+        unsigned long long mb;
+        size_t pos;
+        if ((st = cfg_parse_mb(p, key, &mb, &pos)))
+            return st;
+        if (mb % CFG_PAGE_MULTIPLE_MB || mb > CFG_MAX_LARGE_SEGMENT_MB)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: expandable_chunk_mb must be 0 (chunks of one page) or "
+                           "an even number of MB (a multiple of the driver's %d MB granularity); got "
+                           "%llu at index %zu",
+                           CFG_PAGE_MULTIPLE_MB, mb, pos);
+        p->have_chunk = true;
+        p->chunk_mb = mb;
+        p->chunk_pos = pos;
+        c->expandable_chunk = (size_t)mb * XSEG_MiB;
         return XSEG_SUCCESS;
     }
     if (!strcmp(key, "garbage_collection_threshold"))
@@ -636,6 +653,19 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
                        "at index %zu",
                        large_mb, c->expandable_page_size / XSEG_MiB, p->large_pos);
     }
+    /* A chunk is a piece of a page (pages are what growth maps and what PyTorch reserves). */
+    if (c->expandable_chunk > c->expandable_page_size) {
+        if (p->have_chunk)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "allocator config: expandable_chunk_mb too large: must be <= %zu "
+                           "(expandable_page_size_mb), got %llu at index %zu",
+                           c->expandable_page_size / XSEG_MiB, p->chunk_mb, p->chunk_pos);
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: expandable_page_size_mb %zu is below expandable_chunk_mb %zu in "
+                       "force; set expandable_chunk_mb too (0, or <= expandable_page_size_mb), at index %zu",
+                       c->expandable_page_size / XSEG_MiB, c->expandable_chunk / XSEG_MiB,
+                       p->have_page ? p->page_pos : p->large_pos);
+    }
     return XSEG_SUCCESS;
 }
 
@@ -725,6 +755,7 @@ void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
     strbuf_printf(&o, ",expandable_segments_ipc:%s", cfg->expandable_segments_ipc ? "True" : "False");
     strbuf_printf(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
     strbuf_printf(&o, ",expandable_page_size_mb:%zu", cfg->expandable_page_size / XSEG_MiB);
+    strbuf_printf(&o, ",expandable_chunk_mb:%zu", cfg->expandable_chunk / XSEG_MiB);
     if (cfg->max_split_size != SIZE_MAX)
         strbuf_printf(&o, ",max_split_size_mb:%zu", cfg->max_split_size / XSEG_MiB);
     strbuf_printf(&o, ",max_non_split_rounding_mb:%zu", cfg->max_non_split_rounding / XSEG_MiB);

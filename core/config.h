@@ -24,7 +24,11 @@ struct cfg {
     double garbage_collection_threshold; /* 0 = off, else in (0, 1) */
     unsigned roundup_power2_divisions[CFG_ROUNDUP_BUCKETS]; /* 0 or 1 = plain 512 B rounding */
     bool expandable_segments;           /* default true; falls back where VMM is unsupported */
-    bool expandable_segments_recycle;   /* default true: growth first unmaps free pages elsewhere */
+    size_t expandable_chunk;            /* bytes; the largest physical chunk of a large-pool
+                                         * mapping, an even MiB count <= expandable_page_size;
+                                         * 0 (default): the page (PyTorch's one handle a page) */
+    bool expandable_segments_recycle;   /* default true: under pressure give back only what a
+                                         * growth needs, idle streams first (core/trim.h) */
     bool expandable_segments_ipc;       /* default true: pages are created exportable (POSIX fd,
                                          * fabric where supported) so xseg_ipc_export works */
     bool release_lock_on_cudamalloc;

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "base/error.h"
+#include "base/vec.h"
 #include "vmm/event.h"
 #include "vmm/stream.h"
 
@@ -25,15 +26,9 @@ static xseg_status event_get(struct dev_alloc *d, CUevent *ev)
 static void event_put(struct dev_alloc *d, CUevent ev)
 {
     lock_assert_held(&d->lock);
-    if (d->nevent_pool == d->capevent_pool) {
-        size_t ncap = d->capevent_pool ? d->capevent_pool * 2 : 16;
-        CUevent *p = realloc(d->event_pool, ncap * sizeof *p);
-        if (!p) {
-            vevent_destroy(ev);
-            return;
-        }
-        d->event_pool = p;
-        d->capevent_pool = ncap;
+    if (!VEC_RESERVE(d->event_pool, d->capevent_pool, d->nevent_pool + 1)) {
+        vevent_destroy(ev);
+        return;
     }
     d->event_pool[d->nevent_pool++] = ev;
 }
@@ -44,14 +39,8 @@ static struct ev_queue *queue_for(struct dev_alloc *d, CUstream stream)
     for (size_t i = 0; i < d->nevq; i++)
         if (d->evq[i].stream == stream)
             return &d->evq[i];
-    if (d->nevq == d->capevq) {
-        size_t ncap = d->capevq ? d->capevq * 2 : 4;
-        struct ev_queue *p = realloc(d->evq, ncap * sizeof *p);
-        if (!p)
-            return NULL;
-        d->evq = p;
-        d->capevq = ncap;
-    }
+    if (!VEC_RESERVE(d->evq, d->capevq, d->nevq + 1))
+        return NULL;
     struct ev_queue *q = &d->evq[d->nevq++];
     *q = (struct ev_queue){.stream = stream};
     return q;
@@ -88,14 +77,8 @@ static void event_done(struct dev_alloc *d, struct block *b)
 static bool defer(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    if (d->ndeferred == d->capdeferred) {
-        size_t ncap = d->capdeferred ? d->capdeferred * 2 : 8;
-        struct block **p = realloc(d->deferred, ncap * sizeof *p);
-        if (!p)
-            return false;
-        d->deferred = p;
-        d->capdeferred = ncap;
-    }
+    if (!VEC_RESERVE(d->deferred, d->capdeferred, d->ndeferred + 1))
+        return false;
     d->deferred[d->ndeferred++] = b;
     alloc_fast_off(d);
     return true;
@@ -154,7 +137,7 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b)
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS && defer(d, b))
         return XSEG_SUCCESS;
     /* During a capture, event queries are illegal: defer recording until it ends. */
-    if ((d->ncapturing || d->nroutes) && alloc_capture_underway(d, false) && defer(d, b)) {
+    if ((d->ncapturing || d->nroutes) && alloc_capture_underway(d) && defer(d, b)) {
         /* graph_capture_record_stream_reuse: the graph may free it before the capture ends. */
         if (d->cfg.graph_capture_record_stream_reuse)
             capreuse_mark(d, b);
@@ -183,6 +166,7 @@ static void insert_deferred(struct dev_alloc *d)
 /* Take the finished head item off queue @p q and return its event to the pool. */
 static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
 {
+    lock_assert_held(&d->lock);
     struct ev_item it = q->items[q->head];
     q->head = (q->head + 1) % q->cap;
     q->count--;
@@ -194,6 +178,7 @@ static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
 /* Drop empty queue @p i (swap with the last). */
 static void queue_drop(struct dev_alloc *d, size_t i)
 {
+    lock_assert_held(&d->lock);
     free(d->evq[i].items);
     d->evq[i] = d->evq[--d->nevq];
 }

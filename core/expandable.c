@@ -3,19 +3,26 @@
  * unmap_block, release_expandable_segment), over vmm/segment.h.
  *
  * Invariants, for every expandable segment (all under the device lock):
- *   - its blocks tile [base, base + VA size); unmapped blocks start and end on page boundaries;
+ *   - its blocks tile [base, base + VA size); unmapped blocks start and end on granule
+ *     boundaries, and no mapped chunk reaches into one;
  *   - two neighbours are never both free-and-mapped, nor both unmapped (they merge);
- *   - a block is mapped iff every page it overlaps is mapped;
- *   - reserved_bytes counts exactly the mapped bytes; each page mapped (unmapped) counts one
+ *   - a block is mapped iff every granule it overlaps is mapped;
+ *   - reserved_bytes counts exactly the mapped bytes; each chunk mapped (unmapped) counts one
  *     num_device_alloc (num_device_free); segment.* and inactive_split* ignore these blocks.
+ * Growth maps page multiples (PyTorch's reserved figures) in chunks that end where the new
+ * block ends (vmm/segment.h), so that memory freed later can be given back up to the block's
+ * edges, not only in whole pages.
  * Growth first reuses unmapped holes (oldest segment, lowest offset first, with a free block just
  * before them), then grows a segment of the same (pool, stream) at its end (seg_grow), then creates a segment.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/alloc.h"
+#include "base/assert.h"
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 #include "vmm/ipc.h"
@@ -27,6 +34,8 @@ static inline bool allocatable(const struct block *b)
 }
 
 static inline size_t seg_page(const struct segrec *s) { return seg_page_size(s->vseg); }
+static inline size_t seg_g(const struct segrec *s) { return seg_gran(s->vseg); }
+static inline size_t seg_off(const struct block *b) { return b->addr - (uintptr_t)seg_base(b->seg->vseg); }
 
 /* Page sizes need not be powers of two (20 MiB): plain division, not masks. */
 static inline size_t page_up(size_t n, size_t page) { return (n + page - 1) / page * page; }
@@ -91,12 +100,56 @@ static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream
     return best;
 }
 
-/* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. */
+/* Order of d->by_stream: (pool, stream, seq). */
+static int by_stream_cmp(const struct bpool *pool, CUstream stream, uint64_t seq, const struct segrec *s)
+{
+    if (pool != s->pool)
+        return (uintptr_t)pool < (uintptr_t)s->pool ? -1 : 1;
+    if (stream != s->stream)
+        return (uintptr_t)stream < (uintptr_t)s->stream ? -1 : 1;
+    return seq < s->seq ? -1 : seq > s->seq;
+}
+
+/* The first index of d->by_stream not below (pool, stream, seq). */
+static size_t by_stream_lower(const struct dev_alloc *d, const struct bpool *pool, CUstream stream, uint64_t seq)
+{
+    size_t lo = 0, hi = d->nby_stream;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (by_stream_cmp(pool, stream, seq, d->by_stream[mid]) > 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Insert @p s (room reserved by the caller: nby_stream < capby_stream). */
+static void by_stream_add(struct dev_alloc *d, struct segrec *s)
+{
+    size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
+    memmove(&d->by_stream[i + 1], &d->by_stream[i], (d->nby_stream - i) * sizeof *d->by_stream);
+    d->by_stream[i] = s;
+    d->nby_stream++;
+}
+
+static void by_stream_remove(struct dev_alloc *d, struct segrec *s)
+{
+    size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
+    xseg_assert(i < d->nby_stream && d->by_stream[i] == s);
+    memmove(&d->by_stream[i], &d->by_stream[i + 1], (d->nby_stream - i - 1) * sizeof *d->by_stream);
+    d->nby_stream--;
+}
+
+/* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. The
+ * newest segment first. */
 static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
 {
     lock_assert_held(&d->lock);
-    for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (!s->vseg || s->pool != pool || s->stream != stream || s->first == NULL)
+    size_t lo = by_stream_lower(d, pool, stream, 0), hi = by_stream_lower(d, pool, stream, UINT64_MAX);
+    for (size_t k = hi; k-- > lo;) {
+        struct segrec *s = d->by_stream[k];
+        if (s->first == NULL)
             continue;
         if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size))
             continue;
@@ -109,6 +162,10 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         size_t page = seg_page(s);
         size_t old_va = seg_va_size(s->vseg);
         size_t want = old_va + page_up(size - XSEG_MIN(avail, size), page);
+        /* The free tail already holds it (the cache passed it over, e.g. an oversize block under
+         * max_split_size; PyTorch's find_expandable_block takes such a tail too): no growth. */
+        if (want <= old_va)
+            return c;
         struct block *tail_new = NULL;
         if (!(allocatable(t) && !t->mapped)) {
             tail_new = new_unmapped(d, s, 0, 0);
@@ -155,8 +212,10 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .observe_user = d,
     };
     struct segrec *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s || !VEC_RESERVE(d->by_stream, d->capby_stream, d->nby_stream + 1)) {
+        free(s);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
+    }
     struct seg *vseg = NULL;
     xseg_status st = seg_create(&params, page_up(size, page), &vseg);
     if (st != XSEG_SUCCESS) {
@@ -177,25 +236,26 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     s->first = s->last = b;
     bpool_insert_unmapped(pool, b);
     alloc_seglist_add(d, s);
+    by_stream_add(d, s);
     *out = b;
     return XSEG_SUCCESS;
 }
 
-/* Map the first @p len bytes (a page multiple, or the whole block) of unmapped block @p b. */
-static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len)
+/* Map the first @p len bytes (a granule multiple) of unmapped block @p b, in chunks of at most
+ * @p max_chunk bytes that do not cross segment offset @p cut (vmm/segment.h). */
+static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, size_t max_chunk, size_t cut)
 {
     lock_assert_held(&d->lock);
     struct segrec *s = b->seg;
     struct bpool *pool = b->pool;
-    size_t page = seg_page(s);
     struct block *r = NULL;
     if (len < b->size) {
         r = new_unmapped(d, s, b->addr + len, b->size - len);
         if (!r)
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
-    size_t mapped = 0;
-    xseg_status st = seg_map(s->vseg, b->addr - (uintptr_t)seg_base(s->vseg), len, &mapped);
+    size_t mapped = 0, chunks = 0;
+    xseg_status st = seg_map(s->vseg, seg_off(b), len, max_chunk, cut, &mapped, &chunks);
     if (st != XSEG_SUCCESS) {
         if (r)
             alloc_block_delete(d, r);
@@ -214,100 +274,27 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len)
     alloc_try_merge(d, b, b->next);
     b->gc_count_base = pool->get_free_blocks_call_count;
     bpool_insert_free(pool, b);
-    alloc_count_mapped(d, pool, mapped, mapped / page);
+    alloc_count_mapped(d, pool, mapped, chunks);
     return XSEG_SUCCESS;
 }
 
 static size_t whole_page_bytes(const struct block *b);
 static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle);
 
-/* A free block whose whole pages may be recycled, with its sort keys. */
-struct victim {
-    struct block *b;
-    size_t bytes;   /* whole-page bytes inside it */
-    bool same_page; /* same page size as the pages about to be mapped */
-};
-
-/* Same page size first (exact exchange, no rounding); then the largest free runs first: each
- * costs one stream synchronization, and small gaps between live blocks are the likeliest to be
- * filled again by the next small request. Ties go to the older segment, then the lower offset in
- * it: never to the virtual address, which the driver (and the emulator's mmap) places
- * differently from run to run, so a replay would not repeat its own figures. */
-static int victim_cmp(const void *pa, const void *pb)
-{
-    const struct victim *a = pa, *b = pb;
-    if (a->same_page != b->same_page)
-        return a->same_page ? -1 : 1;
-    if (a->bytes != b->bytes)
-        return a->bytes > b->bytes ? -1 : 1;
-    if (a->b == b->b)
-        return 0;
-    return seg_order_less(a->b, b->b) ? -1 : 1;
-}
-
-/* May free block @p v give up pages while the chain [first, last] is about to be mapped?
- * Unmapping re-tiles v and merges its unmapped pieces into unmapped neighbours (deleting them),
- * so v must be neither in the chain nor next to it. */
-static bool victim_ok(const struct block *v, const struct block *first, const struct block *last)
-{
-    if (!v->expandable || v->seg != first->seg)
-        return v->expandable;
-    if (v->addr >= first->addr && v->addr <= last->addr)
-        return false;
-    return v->next != first && v->prev != last;
-}
-
 /*
- * Recycling (expandable_segments_recycle): reserved memory should be the pages in use, so before
- * @p need bytes of @p page-sized pages get mapped for the chain [first, last], unmap as many
- * bytes of fully free pages elsewhere on the device (any stream, either default pool): pages of
- * the same size first, then smaller pages (never a larger page than what is still needed, so
- * reserved never drops below the live data's pages plus what is mapped now). Nothing happens
- * while a capture is underway. Failures only end the recycling early: unmap_pages leaves
- * correct bookkeeping, and the caller maps new pages as it would have anyway.
+ * The largest chunk (one physical allocation, vmm/segment.h) of a mapping in @p pool: the page
+ * (PyTorch's layout, one handle per page) unless expandable_chunk_mb asks for smaller chunks. A
+ * chunk is given back only whole, so where a later, differently sized block reuses memory, a
+ * chunk it covers only in part keeps its free rest mapped: smaller chunks let the OOM path give
+ * more back under pressure (docs/benchmarks-replay.md: the smallest device each workload fits on,
+ * against driver calls, by chunk size). Mappings still cover whole pages, so reserved memory is
+ * what PyTorch reserves. The small pool's chunks are its 2 MiB pages.
  */
-static void recycle_pages(struct dev_alloc *d, const struct block *first, const struct block *last,
-                          size_t page, size_t need)
+static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran)
 {
-    lock_assert_held(&d->lock);
-    struct block **arr[2] = {NULL, NULL};
-    size_t n[2] = {0, 0};
-    struct bpool *pools[2] = {&d->large, &d->small};
-    for (int k = 0; k < 2; k++)
-        if (!bpool_collect_free(pools[k], &arr[k], &n[k]))
-            goto out; /* host memory is short: simply map new pages */
-    struct victim *v = malloc((n[0] + n[1] + 1) * sizeof *v);
-    if (!v)
-        goto out;
-    size_t nv = 0;
-    for (int k = 0; k < 2; k++) {
-        for (size_t i = 0; i < n[k]; i++) {
-            struct block *b = arr[k][i];
-            if (!victim_ok(b, first, last) || b->seg->asleep) /* asleep: core/sleep.h */
-                continue;
-            size_t bytes = whole_page_bytes(b);
-            size_t vpage = seg_page(b->seg);
-            if (bytes == 0 || (vpage != page && vpage > need))
-                continue;
-            v[nv++] = (struct victim){b, bytes, vpage == page};
-        }
-    }
-    if (nv && !alloc_capture_underway(d, true)) {
-        qsort(v, nv, sizeof *v, victim_cmp);
-        size_t got = 0;
-        for (size_t i = 0; i < nv && got < need; i++) {
-            size_t before = d->total_allocated_memory;
-            if (unmap_pages(d, v[i].b, need - got, false) != XSEG_SUCCESS) {
-                got += before - d->total_allocated_memory;
-                break;
-            }
-            got += before - d->total_allocated_memory;
-        }
-    }
-    free(v);
-out:
-    free(arr[0]);
-    free(arr[1]);
+    if (pool->is_small || !d->cfg.expandable_chunk || d->cfg.expandable_chunk >= page)
+        return page;
+    return XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
 }
 
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
@@ -326,9 +313,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
 
     /* What would be mapped, for the fraction limit (checked before touching the driver). */
     size_t need = 0, covered = 0;
-    const struct block *chain_last = c;
     for (const struct block *b = c; covered < size; b = b->next) {
-        chain_last = b;
         if (b->mapped) {
             covered += b->size;
         } else {
@@ -337,19 +322,22 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
             covered += len;
         }
     }
-    if (need && d->cfg.expandable_segments_recycle)
-        recycle_pages(d, c, chain_last, page, need);
     if (!alloc_fraction_allows(d, need)) {
         exp_release_empty_segments(d);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction limit reached");
     }
 
+    /* Chunks smaller than the page also end where the new block ends (rounded up to the
+     * granule), so that the slack after it is given back up to the block's edge. */
+    size_t gran = seg_g(c->seg);
+    size_t max_chunk = chunk_limit(d, pool, page, gran);
+    size_t cut = max_chunk < page ? page_up(seg_off(c) + size, gran) : SIZE_MAX;
     struct block *cur = c;
     while (!cur->mapped || cur->size < size) {
         struct block *to_map = cur->mapped ? cur->next : cur;
         size_t remaining = size - (cur->mapped ? cur->size : 0);
         size_t len = XSEG_MIN(to_map->size, page_up(remaining, page));
-        xseg_status st = map_block(d, to_map, len);
+        xseg_status st = map_block(d, to_map, len, max_chunk, cut);
         if (st != XSEG_SUCCESS) {
             /* What was mapped so far stays as cached free pages; a segment that never got a
              * page goes away again. */
@@ -367,34 +355,45 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
  * another block). */
 static size_t whole_page_bytes(const struct block *b)
 {
-    size_t page = seg_page(b->seg);
-    size_t off = b->addr - (uintptr_t)seg_base(b->seg->vseg);
-    size_t lo = page_up(off, page), hi = page_down(off + b->size, page);
-    return lo < hi ? hi - lo : 0;
+    size_t gran = seg_g(b->seg), off = seg_off(b), lo, hi;
+    size_t a = page_up(off, gran), e = page_down(off + b->size, gran);
+    if (a >= e)
+        return 0;
+    seg_inner_range(b->seg->vseg, a, e - a, &lo, &hi);
+    return hi - lo;
 }
 
 /*
- * Unmap whole pages inside free block @p b (in the free index): all of them, or only the highest
- * ones covering at most @p max_bytes (rounded down to pages; SIZE_MAX = all). The block is
- * re-tiled by the pages' actual state afterwards, so a partly failed unmap leaves correct
- * bookkeeping. Only unmapped neighbours of @p b can be merged away (and deleted) here. With
- * @p idle the caller knows the segment's stream has completed its work: no synchronize.
+ * Unmap the whole chunks inside free block @p b (in the free index): all of them, or only the
+ * highest ones, as few as cover at least @p max_bytes (SIZE_MAX = all). The block is re-tiled by
+ * the granules' actual state afterwards, so a partly failed unmap leaves correct bookkeeping.
+ * Only unmapped neighbours of @p b can be merged away (and deleted) here. With @p idle the caller
+ * knows the segment's stream has completed its work: no synchronize.
  */
 static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
 {
     lock_assert_held(&d->lock);
     struct segrec *s = b->seg;
     struct bpool *pool = b->pool;
-    size_t page = seg_page(s);
+    size_t gran = seg_g(s);
     uintptr_t base = (uintptr_t)seg_base(s->vseg);
     size_t off = b->addr - base;
-    size_t lo = page_up(off, page), hi = page_down(off + b->size, page);
+    size_t lo = page_up(off, gran), hi = page_down(off + b->size, gran);
     if (lo >= hi)
         return XSEG_SUCCESS;
-    if (max_bytes / page * page < hi - lo) {
-        if (max_bytes < page)
-            return XSEG_SUCCESS;
-        lo = hi - max_bytes / page * page;
+    seg_inner_range(s->vseg, lo, hi - lo, &lo, &hi);
+    if (lo >= hi)
+        return XSEG_SUCCESS;
+    if (max_bytes < hi - lo) {
+        /* The highest chunks first, down to at least max_bytes. */
+        size_t from = hi;
+        while (from > lo && hi - from < max_bytes) {
+            size_t first = 0, n = 0;
+            if (!seg_chunk(s->vseg, from / gran - 1, NULL, &first, &n))
+                first = from / gran - 1;
+            from = XSEG_MAX(first * gran, lo);
+        }
+        lo = from;
     }
 
     /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
@@ -409,12 +408,12 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
     int nspare = 2;
 
     bpool_remove_free(pool, b);
-    size_t unmapped = 0;
-    xseg_status st = (idle ? seg_unmap_idle : seg_unmap)(s->vseg, lo, hi - lo, &unmapped);
+    size_t unmapped = 0, chunks = 0;
+    xseg_status st = (idle ? seg_unmap_idle : seg_unmap)(s->vseg, lo, hi - lo, &unmapped, &chunks);
     if (unmapped) {
         if (XSEG_UNLIKELY(hist_mode()))
             hist_record(HIST_SEGMENT_UNMAP, d->device, base + lo, unmapped, (uintptr_t)s->stream, d->hist_cur);
-        alloc_count_unmapped(d, pool, unmapped, unmapped / page);
+        alloc_count_unmapped(d, pool, unmapped, chunks);
     }
 
     /* Re-tile [b->addr, end) by mapped state: head (mapped), pages lo..hi as the driver left
@@ -434,10 +433,10 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
             m = true;
             run_end = end;
         } else {
-            m = seg_page_is_mapped(s->vseg, poff / page) != 0;
-            size_t q = poff + page;
-            while (q < hi && (seg_page_is_mapped(s->vseg, q / page) != 0) == m)
-                q += page;
+            m = seg_gran_is_mapped(s->vseg, poff / gran) != 0;
+            size_t q = poff + gran;
+            while (q < hi && (seg_gran_is_mapped(s->vseg, q / gran) != 0) == m)
+                q += gran;
             run_end = base + q;
         }
         if (cur && cur->mapped == m) {
@@ -490,14 +489,9 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
     return st;
 }
 
-xseg_status exp_unmap_block(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    return unmap_pages(d, b, SIZE_MAX, false);
-}
-
 xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
 {
+    lock_assert_held(&d->lock);
     return unmap_pages(d, b, max_bytes, idle);
 }
 
@@ -517,6 +511,7 @@ void exp_release_empty_segments(struct dev_alloc *d)
             alloc_block_delete(d, b);
             (void)seg_destroy(s->vseg);
             alloc_seglist_remove(d, s);
+            by_stream_remove(d, s);
             free(s);
         }
         s = next;
@@ -525,6 +520,7 @@ void exp_release_empty_segments(struct dev_alloc *d)
 
 xseg_status exp_reclaim_leftovers(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     xseg_status first = XSEG_SUCCESS;
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
         if (!s->vseg || !seg_stranded_bytes(s->vseg))

@@ -1,7 +1,7 @@
 /*
- * Issue 15: IPC of expandable blocks (see include/xseg.h for the contract, docs/ipc.md for the
- * design). A block is exported as the pages under it; the wire format and the import table live
- * here, the driver calls in vmm/ipc.c.
+ * IPC of expandable blocks (see include/xseg.h for the contract, docs/ipc.md for the design). A
+ * block is exported as the chunks under it; the wire format and the import table live here, the
+ * driver calls in vmm/ipc.c.
  */
 #define _GNU_SOURCE
 #include "core/ipc.h"
@@ -19,22 +19,27 @@
 
 /* ---- handles ---- */
 
-static xseg_ipc_handle *ipc_handle_new(xseg_ipc_handle_type type, size_t npages)
+static xseg_ipc_handle *ipc_handle_new(xseg_ipc_handle_type type, size_t nchunks)
 {
     xseg_ipc_handle *h = calloc(1, sizeof *h);
     if (!h)
         return NULL;
     h->type = type;
-    h->npages = npages;
+    h->nchunks = nchunks;
+    size_t n = XSEG_MAX(nchunks, (size_t)1);
+    h->sizes = calloc(n, sizeof *h->sizes);
     if (type == XSEG_IPC_POSIX_FD) {
-        h->fds = malloc(XSEG_MAX(npages, (size_t)1) * sizeof *h->fds);
+        h->fds = malloc(n * sizeof *h->fds);
         if (h->fds)
-            for (size_t i = 0; i < npages; i++)
+            for (size_t i = 0; i < nchunks; i++)
                 h->fds[i] = -1;
     } else {
-        h->fabric = calloc(XSEG_MAX(npages, (size_t)1), IPC_FABRIC_BYTES);
+        h->fabric = calloc(n, IPC_FABRIC_BYTES);
     }
-    if (!h->fds && !h->fabric) {
+    if (!h->sizes || (!h->fds && !h->fabric)) {
+        free(h->sizes);
+        free(h->fds);
+        free(h->fabric);
         free(h);
         return NULL;
     }
@@ -46,22 +51,34 @@ void ipc_handle_free(xseg_ipc_handle *h)
     if (!h)
         return;
     if (h->fds)
-        for (size_t i = 0; i < h->npages; i++)
+        for (size_t i = 0; i < h->nchunks; i++)
             if (h->fds[i] >= 0)
                 close(h->fds[i]);
     free(h->fds);
     free(h->fabric);
+    free(h->sizes);
     free(h);
 }
 
-/* The pages [first, first + n) under block @p b and its offset in the first one. */
-static void ipc_block_pages(const struct block *b, size_t *first, size_t *n, size_t *offset)
+/* The chunks under expandable block @p b (mapped): the first granule of each into @p firsts (NULL:
+ * only counted), their number into *n, the block's offset in the first into *offset. */
+static void ipc_block_chunks(const struct block *b, size_t *firsts, size_t *n, size_t *offset)
 {
-    size_t page = seg_page_size(b->seg->vseg);
-    size_t off = b->addr - (uintptr_t)seg_base(b->seg->vseg);
-    *first = off / page;
-    *offset = off - *first * page;
-    *n = (off + b->size + page - 1) / page - *first;
+    const struct seg *vs = b->seg->vseg;
+    size_t gran = seg_gran(vs);
+    size_t off = b->addr - (uintptr_t)seg_base(vs);
+    size_t g = off / gran, end = (off + b->size + gran - 1) / gran, k = 0;
+    size_t c = g, len = 1;
+    (void)seg_chunk(vs, g, NULL, &c, &len); /* mapped: a live block's granules all are */
+    *offset = off - c * gran;
+    for (g = c; g < end; k++) {
+        if (!seg_chunk(vs, g, NULL, &c, &len))
+            len = 1;
+        if (firsts)
+            firsts[k] = g;
+        g += len;
+    }
+    *n = k;
 }
 
 xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned)
@@ -70,7 +87,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
-        lock_release(&d->lock);
+        alloc_unlock(d);
         return XSEG_SUCCESS;
     }
     xseg_status st;
@@ -99,30 +116,40 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
                      ptr, d->device);
         goto out;
     }
-    size_t first, n, offset;
-    ipc_block_pages(b, &first, &n, &offset);
+    size_t n, offset;
+    ipc_block_chunks(b, NULL, &n, &offset);
     xseg_ipc_handle *h = ipc_handle_new(type == CU_MEM_HANDLE_TYPE_FABRIC ? XSEG_IPC_FABRIC : XSEG_IPC_POSIX_FD, n);
-    if (!h) {
-        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_export: out of host memory for %zu pages", n);
+    size_t *firsts = malloc(XSEG_MAX(n, (size_t)1) * sizeof *firsts);
+    if (!h || !firsts) {
+        ipc_handle_free(h);
+        free(firsts);
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_export: out of host memory for %zu chunks", n);
         goto out;
+    }
+    ipc_block_chunks(b, firsts, &n, &offset);
+    size_t gran = seg_gran(b->seg->vseg);
+    for (size_t i = 0; i < n; i++) {
+        size_t c = 0, len = 1;
+        (void)seg_chunk(b->seg->vseg, firsts[i], NULL, &c, &len);
+        h->sizes[i] = (uint64_t)(len * gran);
     }
     h->device = d->device;
     h->size = b->size;
     h->offset = offset;
-    h->page_size = seg_page_size(b->seg->vseg);
-    /* Under the device lock: the pages cannot be unmapped while they are exported. */
-    st = ipc_export_pages(b->seg->vseg, first, n, type, h->fds, h->fabric);
+    /* Under the device lock: the chunks cannot be unmapped while they are exported. */
+    st = ipc_export_chunks(b->seg->vseg, firsts, n, type, h->fds, h->fabric);
+    free(firsts);
     if (st != XSEG_SUCCESS) {
         if (h->fds)
             for (size_t i = 0; i < n; i++)
-                h->fds[i] = -1; /* ipc_export_pages closed what it had opened */
+                h->fds[i] = -1; /* ipc_export_chunks closed what it had opened */
         ipc_handle_free(h);
         err_prefix(st, "xseg_ipc_export(%p)", ptr);
         goto out;
     }
     *out = h;
 out:
-    lock_release(&d->lock);
+    alloc_unlock(d);
     return st;
 }
 
@@ -133,7 +160,7 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
-        lock_release(&d->lock);
+        alloc_unlock(d);
         return XSEG_SUCCESS;
     }
     if (!b->expandable || !b->seg->vseg) {
@@ -141,28 +168,34 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
             ranges[0] = (xseg_phys_range){.address = b->addr, .length = b->size, .handle = 0,
                                           .offset = b->addr - b->seg->first->addr};
         *n = 1;
-        lock_release(&d->lock);
+        alloc_unlock(d);
         return XSEG_SUCCESS;
     }
     if (b->seg->asleep) {
-        lock_release(&d->lock);
+        alloc_unlock(d);
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_block_handles: block %p on device %d belongs to a sleeping pool (xseg_sleep): its pages "
                        "have no physical memory now; wake the pool first", ptr, d->device);
     }
-    size_t first, np, offset;
-    ipc_block_pages(b, &first, &np, &offset);
-    size_t page = seg_page_size(b->seg->vseg);
-    uintptr_t base = (uintptr_t)seg_base(b->seg->vseg), end = b->addr + b->size;
-    for (size_t k = 0; k < np && k < cap; k++) {
-        uintptr_t pstart = base + (first + k) * page;
-        uintptr_t lo = XSEG_MAX(pstart, b->addr), hi = XSEG_MIN(pstart + page, end);
-        ranges[k] = (xseg_phys_range){.address = lo, .length = hi - lo,
-                                      .handle = (uint64_t)seg_page_handle(b->seg->vseg, first + k),
-                                      .offset = lo - pstart};
+    const struct seg *vs = b->seg->vseg;
+    size_t gran = seg_gran(vs);
+    uintptr_t base = (uintptr_t)seg_base(vs), end = b->addr + b->size;
+    size_t g = (b->addr - base) / gran, last = (end - base + gran - 1) / gran, np = 0;
+    while (g < last) {
+        CUmemGenericAllocationHandle hd = 0;
+        size_t c = g, len = 1;
+        if (!seg_chunk(vs, g, &hd, &c, &len))
+            c = g, len = 1;
+        uintptr_t cstart = base + c * gran;
+        uintptr_t lo = XSEG_MAX(cstart, b->addr), hi = XSEG_MIN(cstart + len * gran, end);
+        if (np < cap)
+            ranges[np] = (xseg_phys_range){.address = lo, .length = hi - lo, .handle = (uint64_t)hd,
+                                           .offset = lo - cstart};
+        np++;
+        g = c + len;
     }
     *n = np;
-    lock_release(&d->lock);
+    alloc_unlock(d);
     return XSEG_SUCCESS;
 }
 
@@ -179,17 +212,46 @@ struct ipc_import_rec {
 static pthread_mutex_t ipc_imports_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ipc_import_rec *ipc_imports;
 
+/* Bytes of all chunks of @p h (checked not to overflow by ipc_check_layout). */
+static size_t ipc_span(const xseg_ipc_handle *h)
+{
+    size_t span = 0;
+    for (size_t i = 0; i < h->nchunks; i++)
+        span += (size_t)h->sizes[i];
+    return span;
+}
+
+/* Is (nchunks, sizes, offset, size) a layout an export could have made? Every chunk a positive
+ * size, the total without overflow, the block starting in the first chunk and ending inside the
+ * total. */
+static xseg_status ipc_check_layout(size_t nchunks, const uint64_t *sizes, size_t offset, size_t size,
+                                    const char *fn)
+{
+    if (nchunks == 0 || nchunks > IPC_MAX_CHUNKS)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: the handle is inconsistent (%zu chunks)", fn, nchunks);
+    uint64_t span = 0;
+    for (size_t i = 0; i < nchunks; i++) {
+        if (sizes[i] == 0 || sizes[i] > ((uint64_t)1 << 50) - span)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "%s: the handle is inconsistent (chunk %zu of %llu bytes)", fn,
+                           i, (unsigned long long)sizes[i]);
+        span += sizes[i];
+    }
+    if (offset >= sizes[0] || size == 0 || size > span - offset)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "%s: the handle is inconsistent (%zu chunks, %llu bytes, offset %zu, size %zu)", fn, nchunks,
+                       (unsigned long long)span, offset, size);
+    return XSEG_SUCCESS;
+}
+
 xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr)
 {
-    if (h->npages == 0 || h->npages > IPC_MAX_PAGES || h->page_size == 0 || h->offset >= h->page_size ||
-        h->size > h->npages * h->page_size - h->offset)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "xseg_ipc_import: the handle is inconsistent (%zu pages of %zu bytes, offset %zu, size %zu)",
-                       h->npages, h->page_size, h->offset, h->size);
+    xseg_status st = ipc_check_layout(h->nchunks, h->sizes, h->offset, h->size, "xseg_ipc_import");
+    if (st != XSEG_SUCCESS)
+        return st;
     if (h->type == XSEG_IPC_POSIX_FD)
-        for (size_t i = 0; i < h->npages; i++)
+        for (size_t i = 0; i < h->nchunks; i++)
             if (h->fds[i] < 0)
-                return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_import: page %zu's descriptor is closed", i);
+                return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_import: chunk %zu's descriptor is closed", i);
     /* Host memory first, so nothing can fail after the driver work succeeded. */
     struct ipc_import_rec *rec = calloc(1, sizeof *rec);
     CUmemAccessDesc *access = calloc(ALLOC_MAX_DEVICES + 1, sizeof *access);
@@ -208,18 +270,17 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
         access[naccess].location.id = d->peers[i];
         access[naccess++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    lock_release(&d->lock);
+    alloc_unlock(d);
     CUdeviceptr base = 0;
     unsigned type = h->type == XSEG_IPC_FABRIC ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    xseg_status st = ipc_import_map(d->info.primary_ctx, type, h->fds, h->fabric, h->npages, h->page_size, access,
-                                    naccess, &base);
+    st = ipc_import_map(d->info.primary_ctx, type, h->fds, h->fabric, h->nchunks, h->sizes, access, naccess, &base);
     free(access);
     if (st != XSEG_SUCCESS) {
         free(rec);
         return err_prefix(st, "xseg_ipc_import on device %d", d->device);
     }
     rec->base = base;
-    rec->size = h->npages * h->page_size;
+    rec->size = ipc_span(h);
     rec->ptr = (uintptr_t)base + h->offset;
     rec->ctx = d->info.primary_ctx;
     pthread_mutex_lock(&ipc_imports_lock);
@@ -258,14 +319,16 @@ xseg_status ipc_close(void *ptr)
 
 /* ---- wire format ----
  *
- * Header (native byte order; both ends run on one host, or one NVLink domain of one architecture):
- * magic "XSEGIPC1", then the fields below. POSIX handles: the header message carries the first
- * IPC_FDS_PER_MSG descriptors as SCM_RIGHTS, every further chunk one byte 'F' with the next ones.
- * Fabric handles: the header, then the 64-byte handles in chunks of IPC_FDS_PER_MSG. The same
- * chunking on both ends lets the receiver read exact byte counts, which works on stream and
- * seqpacket sockets alike. The flat (serialized) form is the header followed by all fabric bytes. */
+ * Native byte order (both ends run on one host, or one NVLink domain of one architecture): a
+ * header (magic "XSEGIPC2" and the fields below), then the chunk sizes (uint64 each) in batches
+ * of IPC_FDS_PER_MSG. POSIX handles: the header message carries the first IPC_FDS_PER_MSG
+ * descriptors as SCM_RIGHTS, and after the sizes every further batch is one byte 'F' with the
+ * next descriptors. Fabric handles: after the sizes, the 64-byte handles in batches of
+ * IPC_FDS_PER_MSG. The same batching on both ends lets the receiver read exact byte counts, which
+ * works on stream and seqpacket sockets alike. The flat (serialized) form is the header, then all
+ * sizes, then all fabric bytes. */
 
-#define IPC_MAGIC "XSEGIPC1"
+#define IPC_MAGIC "XSEGIPC2"
 #define IPC_FDS_PER_MSG 250 /* the kernel accepts at most 253 (SCM_MAX_FD) per message */
 
 struct ipc_wire {
@@ -274,42 +337,39 @@ struct ipc_wire {
     uint32_t type;
     int32_t device;
     uint32_t reserved;
-    uint64_t size, offset, page_size, npages;
+    uint64_t size, offset, nchunks;
 };
 
 static void ipc_wire_fill(const xseg_ipc_handle *h, struct ipc_wire *w)
 {
     memset(w, 0, sizeof *w);
     memcpy(w->magic, IPC_MAGIC, 8);
-    w->version = 1;
+    w->version = 2;
     w->type = (uint32_t)h->type;
     w->device = h->device;
     w->size = h->size;
     w->offset = h->offset;
-    w->page_size = h->page_size;
-    w->npages = h->npages;
+    w->nchunks = h->nchunks;
 }
 
-/* Check a received header and make the handle it describes. */
+/* Check a received header and make the handle it describes (sizes still to be read). */
 static xseg_status ipc_wire_parse(const struct ipc_wire *w, const char *fn, xseg_ipc_handle **out)
 {
-    if (memcmp(w->magic, IPC_MAGIC, 8) || w->version != 1)
+    if (memcmp(w->magic, IPC_MAGIC, 8) || w->version != 2)
         return err_set(XSEG_ERROR_INVALID_VALUE, "%s: not an xseg IPC handle (bad magic or version)", fn);
     if (w->type != XSEG_IPC_POSIX_FD && w->type != XSEG_IPC_FABRIC)
         return err_set(XSEG_ERROR_INVALID_VALUE, "%s: unknown handle type %u", fn, w->type);
-    if (w->npages == 0 || w->npages > IPC_MAX_PAGES || w->page_size == 0 || w->offset >= w->page_size ||
-        w->size > w->npages * w->page_size - w->offset)
+    if (w->nchunks == 0 || w->nchunks > IPC_MAX_CHUNKS || w->size == 0 || w->size >= ((uint64_t)1 << 50) ||
+        w->offset >= ((uint64_t)1 << 50))
         return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "%s: inconsistent handle (%llu pages of %llu bytes, offset %llu, size %llu)", fn,
-                       (unsigned long long)w->npages, (unsigned long long)w->page_size,
-                       (unsigned long long)w->offset, (unsigned long long)w->size);
-    xseg_ipc_handle *h = ipc_handle_new((xseg_ipc_handle_type)w->type, (size_t)w->npages);
+                       "%s: inconsistent handle (%llu chunks, offset %llu, size %llu)", fn,
+                       (unsigned long long)w->nchunks, (unsigned long long)w->offset, (unsigned long long)w->size);
+    xseg_ipc_handle *h = ipc_handle_new((xseg_ipc_handle_type)w->type, (size_t)w->nchunks);
     if (!h)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     h->device = w->device;
     h->size = (size_t)w->size;
     h->offset = (size_t)w->offset;
-    h->page_size = (size_t)w->page_size;
     *out = h;
     return XSEG_SUCCESS;
 }
@@ -407,13 +467,25 @@ static xseg_status ipc_recv_msg(int sock, void *buf, size_t len, int *fds, size_
     return XSEG_SUCCESS;
 }
 
+/* Send the chunk sizes of @p h in batches (after the header). */
+static xseg_status ipc_send_sizes(int sock, const xseg_ipc_handle *h)
+{
+    xseg_status st = XSEG_SUCCESS;
+    for (size_t i = 0; st == XSEG_SUCCESS && i < h->nchunks; i += IPC_FDS_PER_MSG)
+        st = ipc_send_msg(sock, h->sizes + i, XSEG_MIN(h->nchunks - i, (size_t)IPC_FDS_PER_MSG) * sizeof *h->sizes,
+                          NULL, 0);
+    return st;
+}
+
 xseg_status ipc_send(int sock, const xseg_ipc_handle *h)
 {
     struct ipc_wire w;
     ipc_wire_fill(h, &w);
-    size_t n = h->npages;
+    size_t n = h->nchunks;
     if (h->type == XSEG_IPC_FABRIC) {
         xseg_status st = ipc_send_msg(sock, &w, sizeof w, NULL, 0);
+        if (st == XSEG_SUCCESS)
+            st = ipc_send_sizes(sock, h);
         for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG)
             st = ipc_send_msg(sock, h->fabric + i * IPC_FABRIC_BYTES,
                               XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG) * IPC_FABRIC_BYTES, NULL, 0);
@@ -421,16 +493,13 @@ xseg_status ipc_send(int sock, const xseg_ipc_handle *h)
     }
     for (size_t i = 0; i < n; i++)
         if (h->fds[i] < 0)
-            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_send: page %zu's descriptor is closed", i);
+            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_send: chunk %zu's descriptor is closed", i);
     const char more = 'F';
-    xseg_status st = XSEG_SUCCESS;
-    for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG) {
-        size_t k = XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG);
-        if (i == 0)
-            st = ipc_send_msg(sock, &w, sizeof w, h->fds, k);
-        else
-            st = ipc_send_msg(sock, &more, 1, h->fds + i, k);
-    }
+    xseg_status st = ipc_send_msg(sock, &w, sizeof w, h->fds, XSEG_MIN(n, (size_t)IPC_FDS_PER_MSG));
+    if (st == XSEG_SUCCESS)
+        st = ipc_send_sizes(sock, h);
+    for (size_t i = IPC_FDS_PER_MSG; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG)
+        st = ipc_send_msg(sock, &more, 1, h->fds + i, XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG));
     return st;
 }
 
@@ -448,18 +517,9 @@ xseg_status ipc_recv(int sock, xseg_ipc_handle **out)
             close(first[i]);
         return st;
     }
-    size_t n = h->npages;
-    if (h->type == XSEG_IPC_FABRIC) {
-        if (nfirst) {
-            for (size_t i = 0; i < nfirst; i++)
-                close(first[i]);
-            ipc_handle_free(h);
-            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: descriptors came with a fabric handle");
-        }
-        for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG)
-            st = ipc_recv_msg(sock, h->fabric + i * IPC_FABRIC_BYTES,
-                              XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG) * IPC_FABRIC_BYTES, NULL, NULL, 0);
-    } else {
+    size_t n = h->nchunks;
+    /* The descriptors of the header message belong to the handle from here (freed with it). */
+    if (h->type == XSEG_IPC_POSIX_FD) {
         size_t have = 0;
         for (size_t i = 0; i < nfirst; i++) {
             if (have < n)
@@ -470,12 +530,28 @@ xseg_status ipc_recv(int sock, xseg_ipc_handle **out)
         if (nfirst != XSEG_MIN(n, (size_t)IPC_FDS_PER_MSG))
             st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: %zu descriptors came with the header, expected %zu",
                          nfirst, XSEG_MIN(n, (size_t)IPC_FDS_PER_MSG));
+    } else if (nfirst) {
+        for (size_t i = 0; i < nfirst; i++)
+            close(first[i]);
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: descriptors came with a fabric handle");
+    }
+    for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG)
+        st = ipc_recv_msg(sock, h->sizes + i, XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG) * sizeof *h->sizes, NULL,
+                          NULL, 0);
+    if (st == XSEG_SUCCESS)
+        st = ipc_check_layout(n, h->sizes, h->offset, h->size, "xseg_ipc_recv");
+    if (h->type == XSEG_IPC_FABRIC) {
+        for (size_t i = 0; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG)
+            st = ipc_recv_msg(sock, h->fabric + i * IPC_FABRIC_BYTES,
+                              XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG) * IPC_FABRIC_BYTES, NULL, NULL, 0);
+    } else {
+        size_t have = XSEG_MIN(n, (size_t)IPC_FDS_PER_MSG);
         for (size_t i = IPC_FDS_PER_MSG; st == XSEG_SUCCESS && i < n; i += IPC_FDS_PER_MSG) {
             char more;
             size_t before = have;
             st = ipc_recv_msg(sock, &more, 1, h->fds, &have, XSEG_MIN(n, i + IPC_FDS_PER_MSG));
             if (st == XSEG_SUCCESS && (more != 'F' || have - before != XSEG_MIN(n - i, (size_t)IPC_FDS_PER_MSG)))
-                st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: chunk at page %zu is malformed", i);
+                st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: the batch at chunk %zu is malformed", i);
         }
     }
     if (st != XSEG_SUCCESS) {
@@ -492,7 +568,8 @@ xseg_status ipc_serialize(const xseg_ipc_handle *h, void *buf, size_t size, size
         return err_set(XSEG_ERROR_NOT_SUPPORTED,
                        "xseg_ipc_serialize: a POSIX file-descriptor handle has no flat form (descriptors only "
                        "travel over a unix socket: use xseg_ipc_send)");
-    size_t need = sizeof(struct ipc_wire) + h->npages * IPC_FABRIC_BYTES;
+    size_t nsz = h->nchunks * sizeof *h->sizes;
+    size_t need = sizeof(struct ipc_wire) + nsz + h->nchunks * IPC_FABRIC_BYTES;
     if (len)
         *len = need;
     if (size < need)
@@ -500,7 +577,8 @@ xseg_status ipc_serialize(const xseg_ipc_handle *h, void *buf, size_t size, size
     struct ipc_wire w;
     ipc_wire_fill(h, &w);
     memcpy(buf, &w, sizeof w);
-    memcpy((char *)buf + sizeof w, h->fabric, h->npages * IPC_FABRIC_BYTES);
+    memcpy((char *)buf + sizeof w, h->sizes, nsz);
+    memcpy((char *)buf + sizeof w + nsz, h->fabric, h->nchunks * IPC_FABRIC_BYTES);
     return XSEG_SUCCESS;
 }
 
@@ -518,12 +596,19 @@ xseg_status ipc_deserialize(const void *buf, size_t len, xseg_ipc_handle **out)
     xseg_status st = ipc_wire_parse(&w, "xseg_ipc_deserialize", &h);
     if (st != XSEG_SUCCESS)
         return st;
-    if (len != sizeof w + h->npages * IPC_FABRIC_BYTES) {
-        size_t want = sizeof w + h->npages * IPC_FABRIC_BYTES;
+    size_t nsz = h->nchunks * sizeof *h->sizes;
+    size_t want = sizeof w + nsz + h->nchunks * IPC_FABRIC_BYTES;
+    if (len != want) {
         ipc_handle_free(h);
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_deserialize: %zu bytes, expected %zu", len, want);
     }
-    memcpy(h->fabric, (const char *)buf + sizeof w, h->npages * IPC_FABRIC_BYTES);
+    memcpy(h->sizes, (const char *)buf + sizeof w, nsz);
+    st = ipc_check_layout(h->nchunks, h->sizes, h->offset, h->size, "xseg_ipc_deserialize");
+    if (st != XSEG_SUCCESS) {
+        ipc_handle_free(h);
+        return st;
+    }
+    memcpy(h->fabric, (const char *)buf + sizeof w + nsz, h->nchunks * IPC_FABRIC_BYTES);
     *out = h;
     return XSEG_SUCCESS;
 }

@@ -1,6 +1,6 @@
 /*
- * Issue 15: sharing blocks between processes, registration hooks (observers) and block handle
- * lookup. The driver calls are in vmm/ipc.c; this is the policy: which pages a block exports, the
+ * Sharing blocks between processes, registration hooks (observers) and block handle lookup. The
+ * driver calls are in vmm/ipc.c; this is the policy: which chunks a block exports, the
  * handle's wire format, the table of imports, and who hears about map/unmap.
  */
 #ifndef XSEG_CORE_IPC_H
@@ -14,14 +14,16 @@
 struct xseg_ipc_handle {
     xseg_ipc_handle_type type;
     int device;
-    size_t size, offset, page_size, npages;
-    int *fds;              /* XSEG_IPC_POSIX_FD: npages descriptors owned by the handle */
-    unsigned char *fabric; /* XSEG_IPC_FABRIC: npages * IPC_FABRIC_BYTES */
+    size_t size, offset; /* the block's size and its offset in the first chunk */
+    size_t nchunks;
+    uint64_t *sizes;       /* nchunks chunk sizes, in address order */
+    int *fds;              /* XSEG_IPC_POSIX_FD: nchunks descriptors owned by the handle */
+    unsigned char *fabric; /* XSEG_IPC_FABRIC: nchunks * IPC_FABRIC_BYTES */
 };
 
-/* More pages than this in one handle is refused when received (a malformed or hostile header
- * must not make the receiver allocate without bound): 2^20 pages is 2 TiB of 2 MiB pages. */
-#define IPC_MAX_PAGES ((size_t)1 << 20)
+/* More chunks than this in one handle is refused when received (a malformed or hostile header
+ * must not make the receiver allocate without bound): 2^20 chunks is 2 TiB of 2 MiB chunks. */
+#define IPC_MAX_CHUNKS ((size_t)1 << 20)
 
 /* Export the live block at @p ptr if @p d owns it (*owned = false and nothing happens when not). */
 xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned);

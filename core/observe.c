@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/ipc.h"
 #include "core/runtime.h"
 #include "vmm/segment.h"
@@ -48,20 +49,31 @@ static void obs_deliver_locked(const xseg_segment_event *ev, const struct observ
     }
 }
 
-/* Report pages [first, last) of @p seg in chunks. obs_lock held. */
+/* Report granules [first, last) of @p seg (whole chunks), one range per chunk, at most
+ * OBS_RANGES_MAX ranges an event. obs_lock held. */
 static void obs_pages_locked(struct seg *seg, int device, size_t first, size_t last, int mapped,
                              const struct observer *only)
 {
     xseg_phys_range r[OBS_RANGES_MAX];
-    size_t page = seg_page_size(seg);
+    size_t gran = seg_gran(seg);
     uintptr_t base = (uintptr_t)seg_base(seg);
-    for (size_t i = first; i < last;) {
-        size_t k = 0;
-        for (; k < OBS_RANGES_MAX && i < last; k++, i++)
-            r[k] = (xseg_phys_range){.address = base + i * page, .length = page,
-                                     .handle = (uint64_t)seg_page_handle(seg, i), .offset = 0};
+    for (size_t g = first; g < last;) {
+        size_t k = 0, bytes = 0;
+        for (; k < OBS_RANGES_MAX && g < last; k++) {
+            CUmemGenericAllocationHandle h = 0;
+            size_t c = g, n = 1;
+            if (!seg_chunk(seg, g, &h, &c, &n)) {
+                c = g;
+                n = 1;
+            }
+            size_t end = XSEG_MIN(c + n, last);
+            r[k] = (xseg_phys_range){.address = base + g * gran, .length = (end - g) * gran,
+                                     .handle = (uint64_t)h, .offset = (g - c) * gran};
+            bytes += r[k].length;
+            g = end;
+        }
         xseg_segment_event ev = {.kind = mapped ? XSEG_SEGMENT_MAP : XSEG_SEGMENT_UNMAP, .device = device,
-                                 .address = r[0].address, .size = k * page, .is_expandable = 1,
+                                 .address = r[0].address, .size = bytes, .is_expandable = 1,
                                  .nranges = k, .ranges = r};
         obs_deliver_locked(&ev, only);
     }
@@ -69,9 +81,10 @@ static void obs_pages_locked(struct seg *seg, int device, size_t first, size_t l
 
 void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, int mapped)
 {
+    struct dev_alloc *d = user;
+    lock_assert_held(&d->lock);
     if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
         return;
-    struct dev_alloc *d = user;
     pthread_mutex_lock(&obs_lock);
     obs_pages_locked(seg, d->device, first, last, mapped, NULL);
     pthread_mutex_unlock(&obs_lock);
@@ -79,6 +92,7 @@ void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, in
 
 void obs_classic(struct dev_alloc *d, uintptr_t addr, size_t size, xseg_segment_event_kind kind)
 {
+    lock_assert_held(&d->lock);
     if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
         return;
     xseg_phys_range r = {.address = addr, .length = size, .handle = 0, .offset = 0};
@@ -98,6 +112,7 @@ struct obs_replay {
 static void obs_replay_run(void *user, struct seg *seg, size_t first, size_t last, int mapped)
 {
     struct obs_replay *rp = user;
+    lock_assert_held(&rp->d->lock);
     obs_pages_locked(seg, rp->d->device, first, last, mapped, rp->only);
 }
 
@@ -118,15 +133,9 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user)
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "xseg_attach_segment_observer: this (fn, user) pair is attached already");
     }
-    if (obs_n == obs_cap) {
-        size_t cap = obs_cap ? 2 * obs_cap : 4;
-        struct observer *l = realloc(obs_list, cap * sizeof *l);
-        if (!l) {
-            pthread_mutex_unlock(&obs_lock);
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_attach_segment_observer: out of host memory");
-        }
-        obs_list = l;
-        obs_cap = cap;
+    if (!VEC_RESERVE(obs_list, obs_cap, obs_n + 1)) {
+        pthread_mutex_unlock(&obs_lock);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_attach_segment_observer: out of host memory");
     }
     struct observer *o = &obs_list[obs_n++];
     memset(o, 0, sizeof *o);
@@ -163,7 +172,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user)
             me->ready[i] = true;
         }
         pthread_mutex_unlock(&obs_lock);
-        lock_release(&d->lock);
+        alloc_unlock(d);
     }
     return XSEG_SUCCESS;
 }

@@ -21,6 +21,7 @@
 
 #include "core/alloc.h"
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/runtime.h"
 #include "vmm/capture.h"
 
@@ -28,6 +29,7 @@ static inline bool id_eq(xseg_pool_id a, xseg_pool_id b) { return a.first == b.f
 
 static struct priv_pool *pool_find(struct dev_alloc *d, xseg_pool_id id)
 {
+    lock_assert_held(&d->lock);
     for (struct priv_pool *pp = d->pools; pp; pp = pp->next)
         if (id_eq(pp->id, id))
             return pp;
@@ -42,6 +44,7 @@ struct priv_pool *pools_find(struct dev_alloc *d, xseg_pool_id id)
 
 static bool pool_has_segments(const struct dev_alloc *d, const struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
     for (const struct segrec *s = d->segs; s; s = s->next_seg)
         if (s->pool == &pp->small || s->pool == &pp->large)
             return true;
@@ -65,6 +68,7 @@ static struct priv_pool *pool_new(struct dev_alloc *d, xseg_pool_id id)
 
 static void pool_unlink_free(struct dev_alloc *d, struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
     for (struct priv_pool **link = &d->pools; *link; link = &(*link)->next) {
         if (*link == pp) {
             *link = pp->next;
@@ -76,6 +80,7 @@ static void pool_unlink_free(struct dev_alloc *d, struct priv_pool *pp)
 
 static ptrdiff_t route_of_pool(const struct dev_alloc *d, const struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < d->nroutes; i++)
         if (d->routes[i].pool == pp)
             return (ptrdiff_t)i;
@@ -84,6 +89,7 @@ static ptrdiff_t route_of_pool(const struct dev_alloc *d, const struct priv_pool
 
 static ptrdiff_t route_of_capture(const struct dev_alloc *d, CUstream stream)
 {
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < d->nroutes; i++)
         if (d->routes[i].by_capture && d->routes[i].capture_stream == stream)
             return (ptrdiff_t)i;
@@ -109,6 +115,7 @@ static void pool_maybe_forget(struct dev_alloc *d, struct priv_pool *pp)
 
 static bool route_matches(struct dev_alloc *d, const struct pool_route *r, CUstream stream, xseg_status *st)
 {
+    lock_assert_held(&d->lock);
     *st = XSEG_SUCCESS;
     if (!r->by_capture)
         return !r->filter || r->filter(stream, r->user) != 0;
@@ -202,14 +209,8 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
     if (tmpl->by_capture && route_of_capture(d, tmpl->capture_stream) >= 0)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "%s: stream %p already has a capture begun by xseg_capture_begin",
                        fn, (void *)tmpl->capture_stream);
-    if (d->nroutes == d->caproutes) {
-        size_t ncap = d->caproutes ? d->caproutes * 2 : 4;
-        struct pool_route *p = realloc(d->routes, ncap * sizeof *p);
-        if (!p)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-        d->routes = p;
-        d->caproutes = ncap;
-    }
+    if (!VEC_RESERVE(d->routes, d->caproutes, d->nroutes + 1))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     if (!pp && !(pp = pool_new(d, id)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory for pool %s", fn, id_text(id, buf));
     pp->use_count++;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/idle.h"
 #include "core/runtime.h"
 
@@ -23,7 +24,7 @@ struct cb_entry {
 };
 static pthread_mutex_t cb_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cb_entry *cb_oom, *cb_free;
-static size_t n_oom, n_free;
+static size_t n_oom, n_free, cap_oom, cap_free;
 static _Atomic size_t n_free_atomic;
 
 /* Load the driver and apply @p config (or the environment's). rt_lock held. */
@@ -149,16 +150,14 @@ xseg_status rt_set_config(const char *config)
 
 /* ---- callbacks --------------------------------------------------------------------------- */
 
-static xseg_status cb_add(struct cb_entry **arr, size_t *n, void (*fn)(void), void *user)
+static xseg_status cb_add(struct cb_entry **arr, size_t *n, size_t *cap, void (*fn)(void), void *user)
 {
     pthread_mutex_lock(&cb_lock);
-    struct cb_entry *p = realloc(*arr, (*n + 1) * sizeof *p);
-    if (!p) {
+    if (!VEC_RESERVE(*arr, *cap, *n + 1)) {
         pthread_mutex_unlock(&cb_lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory attaching a callback");
     }
-    p[*n] = (struct cb_entry){fn, user};
-    *arr = p;
+    (*arr)[*n] = (struct cb_entry){fn, user};
     (*n)++;
     if (arr == &cb_free)
         atomic_store(&n_free_atomic, *n);
@@ -183,12 +182,12 @@ static struct cb_entry *cb_copy(struct cb_entry *const *arr, const size_t *n, si
 
 xseg_status rt_add_oom_observer(xseg_oom_observer fn, void *user)
 {
-    return cb_add(&cb_oom, &n_oom, (void (*)(void))fn, user);
+    return cb_add(&cb_oom, &n_oom, &cap_oom, (void (*)(void))fn, user);
 }
 
 xseg_status rt_add_free_memory_callback(xseg_free_memory_callback fn, void *user)
 {
-    return cb_add(&cb_free, &n_free, (void (*)(void))fn, user);
+    return cb_add(&cb_free, &n_free, &cap_free, (void (*)(void))fn, user);
 }
 
 bool rt_have_free_memory_callbacks(void) { return atomic_load(&n_free_atomic) != 0; }

@@ -45,7 +45,7 @@ struct sleep_seg {
     size_t host_bytes;
     struct sleep_run *runs;
     size_t nruns, capruns;
-    size_t live0; /* bytes of its pages mapped when the running wake began (a failed sleep's) */
+    size_t live0, chunks0; /* its mapped bytes and chunks when the running wake began (a failed sleep's) */
 };
 
 struct pool_sleep {
@@ -293,12 +293,12 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     }
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
-        size_t bytes = seg_asleep_bytes(s->vseg), page = seg_page_size(s->vseg);
+        size_t bytes = seg_asleep_bytes(s->vseg), chunks = seg_asleep_chunks(s->vseg);
         seg_sleep_commit(s->vseg);
         s->asleep = true;
         ps->released += bytes;
         if (bytes)
-            alloc_count_unmapped(d, s->pool, bytes, bytes / page);
+            alloc_count_unmapped(d, s->pool, bytes, chunks);
     }
     hist_ranges(d, ps, HIST_SEGMENT_UNMAP);
     return st;
@@ -315,7 +315,7 @@ static xseg_status sleep_locked(struct dev_alloc *d, xseg_pool_id id, unsigned f
     if (*slot(d, pp))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: %s on device %d is asleep already (xseg_wake it first)",
                        pool_name(pp, buf), d->device);
-    if (alloc_capture_underway(d, true))
+    if (alloc_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
 
@@ -404,10 +404,12 @@ static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
 {
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
-        size_t now = seg_mapped_bytes(s->vseg);
+        size_t now = seg_mapped_bytes(s->vseg), chunks = seg_live_chunks(s->vseg);
         if (now > ps->segs[i].live0)
-            alloc_count_mapped(d, s->pool, now - ps->segs[i].live0, (now - ps->segs[i].live0) / seg_page_size(s->vseg));
+            alloc_count_mapped(d, s->pool, now - ps->segs[i].live0,
+                               chunks > ps->segs[i].chunks0 ? chunks - ps->segs[i].chunks0 : 0);
         ps->segs[i].live0 = now;
+        ps->segs[i].chunks0 = chunks;
     }
 }
 
@@ -476,7 +478,7 @@ static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
     if (!ps)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: %s on device %d is not asleep", pool_name(pp, buf),
                        d->device);
-    if (alloc_capture_underway(d, true))
+    if (alloc_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); wake after it ends", d->device);
     size_t need = 0;
@@ -489,8 +491,10 @@ static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
     if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
         return st;
 
-    for (size_t i = 0; i < ps->nsegs; i++)
+    for (size_t i = 0; i < ps->nsegs; i++) {
         ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
+        ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
+    }
     size_t k = 0;
     for (; k < ps->nsegs; k++) {
         size_t mapped;

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "core/sleep.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
@@ -21,6 +22,7 @@
 
 size_t trim_cached_bytes(const struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     int64_t reserved = stats_all_current(d->stats.reserved_bytes);
     /* Sleeping pools' live blocks hold no reserved page (core/sleep.h). */
     int64_t allocated = stats_all_current(d->stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d);
@@ -46,36 +48,51 @@ static int cand_cmp(const void *pa, const void *pb)
     return a->b->addr < b->b->addr ? -1 : 1;
 }
 
-/* Streams asked once per pass whether their queued work has completed. */
-struct stream_memo {
-    CUstream *s;
-    signed char *done; /* 1 idle, 0 busy or unknown */
-    size_t n, cap;
-};
-
-static bool stream_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
+/* The memo's entry for @p s, added as unknown (-1) when new; NULL on host OOM. */
+static signed char *memo_slot(struct stream_memo *m, CUstream s)
 {
     for (size_t i = 0; i < m->n; i++)
         if (m->s[i] == s)
-            return m->done[i];
-    if (m->n == m->cap) {
-        size_t ncap = m->cap ? m->cap * 2 : 8;
-        CUstream *ns = realloc(m->s, ncap * sizeof *ns);
-        if (!ns)
-            return false;
-        m->s = ns;
-        signed char *nd = realloc(m->done, ncap);
-        if (!nd)
-            return false;
-        m->done = nd;
-        m->cap = ncap;
-    }
+            return &m->state[i];
+    if (!VEC_RESERVE(m->s, m->cap_s, m->n + 1) || !VEC_RESERVE(m->state, m->cap_state, m->n + 1))
+        return NULL;
+    m->s[m->n] = s;
+    m->state[m->n] = -1;
+    return &m->state[m->n++];
+}
+
+bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
+{
+    lock_assert_held(&d->lock);
+    signed char *st = memo_slot(m, s);
+    if (!st)
+        return false;
     /* A query, never a wait: CUDA_SUCCESS means every work item queued so far has completed, so
      * the last use of any block freed before now is over. Any error counts as busy. */
-    bool idle = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vstream_idle(s);
-    m->s[m->n] = s;
-    m->done[m->n++] = idle;
-    return idle;
+    if (*st < 0)
+        *st = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vstream_idle(s);
+    return *st == 1;
+}
+
+xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
+{
+    lock_assert_held(&d->lock);
+    signed char *st = memo_slot(m, s);
+    if (st && *st == 1)
+        return XSEG_SUCCESS;
+    xseg_status r = drv_ctx_ensure(d->info.primary_ctx);
+    if (r == XSEG_SUCCESS)
+        r = vstream_wait(s, "before giving cached memory back");
+    if (r == XSEG_SUCCESS && st)
+        *st = 1;
+    return r;
+}
+
+void memo_free(struct stream_memo *m)
+{
+    free(m->s);
+    free(m->state);
+    *m = (struct stream_memo){0};
 }
 
 /* Append the candidates of @p pool to (*v, *n); false on host OOM. */
@@ -98,15 +115,9 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
             bytes = block_is_split(b) ? 0 : b->size;
         if (!bytes)
             continue;
-        if (*n == *cap) {
-            size_t ncap = *cap ? *cap * 2 : 64;
-            struct trim_cand *nv = realloc(*v, ncap * sizeof *nv);
-            if (!nv) {
-                free(arr);
-                return false;
-            }
-            *v = nv;
-            *cap = ncap;
+        if (!VEC_RESERVE(*v, *cap, *n + 1)) {
+            free(arr);
+            return false;
         }
         (*v)[(*n)++] = (struct trim_cand){b, bytes};
     }
@@ -116,13 +127,14 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
 
 xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bool idle_only, size_t *released)
 {
+    lock_assert_held(&d->lock);
     if (released)
         *released = 0;
     size_t cached = trim_cached_bytes(d);
     if (cached <= keep)
         return XSEG_SUCCESS;
     /* Unmapping or freeing during a capture would invalidate it (and the graph's addresses). */
-    if (alloc_capture_underway(d, true))
+    if (alloc_capture_underway(d))
         return XSEG_SUCCESS;
 
     struct trim_cand *v = NULL;
@@ -141,26 +153,33 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
     struct stream_memo memo = {0};
     xseg_status st = XSEG_SUCCESS;
     size_t need = cached - keep, got = 0;
+    /* Under pressure: streams known idle first, then (second pass) wait once per stream. */
+    int passes = wait == TRIM_PRESSURE ? 2 : 1;
+    for (int pass = 0; pass < passes; pass++)
     for (size_t i = 0; i < n && got < need && st == XSEG_SUCCESS; i++) {
         struct block *b = v[i].b;
-        if (wait == TRIM_KNOWN_COMPLETE && !stream_idle(d, &memo, b->stream))
+        if (!b)
+            continue; /* given back in the first pass */
+        bool known = wait == TRIM_KNOWN_COMPLETE || (wait == TRIM_PRESSURE && pass == 0);
+        if (known && !memo_idle(d, &memo, b->stream))
             continue;
+        /* One wait per stream and pass (not one per run: empty_cache of 7,500 isolated free pages
+         * of one stream waits once). Classic segments: cuMemFree waits by itself. */
+        if (!known && b->expandable && (st = memo_wait(d, &memo, b->stream)) != XSEG_SUCCESS)
+            break;
+        v[i].b = NULL;
         size_t before = d->total_allocated_memory;
         if (b->expandable) {
-            /* Pages are whole: ask for the rest of the need rounded up to this run's pages (the
-             * callee rounds down). Earlier unmaps never delete a later candidate: they merge only
+            /* Chunks are whole: the callee takes as few of this run's highest chunks as cover the
+             * rest of the need. Earlier unmaps never delete a later candidate: they merge only
              * unmapped neighbours, and candidates are mapped. */
-            size_t want = need - got;
-            size_t page = seg_page_size(b->seg->vseg);
-            st = exp_unmap_pages(d, b, want > SIZE_MAX - page ? SIZE_MAX : want + page - 1,
-                                 wait == TRIM_KNOWN_COMPLETE);
+            st = exp_unmap_pages(d, b, need - got, true);
         } else {
             st = alloc_release_classic(d, b);
         }
         got += before - d->total_allocated_memory;
     }
-    free(memo.s);
-    free(memo.done);
+    memo_free(&memo);
     free(v);
     exp_release_empty_segments(d);
     if (d->pools)
@@ -170,8 +189,15 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
     return st;
 }
 
+xseg_status trim_pressure(struct dev_alloc *d, size_t need, size_t *released)
+{
+    size_t cached = trim_cached_bytes(d);
+    return trim_cache(d, cached > need ? cached - need : 0, TRIM_PRESSURE, false, released);
+}
+
 void trim_threshold(struct dev_alloc *d, size_t handing_out)
 {
+    lock_assert_held(&d->lock);
     size_t threshold = d->cfg.release_threshold;
     if (threshold == SIZE_MAX || trim_cached_bytes(d) <= threshold + handing_out)
         return;
@@ -194,7 +220,7 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     if (st == XSEG_SUCCESS && d->cfg.release_threshold < keep)
         trim_threshold(d, 0);
     alloc_fast_update(d);
-    lock_release(&d->lock);
+    alloc_unlock(d);
     return st;
 }
 
@@ -220,6 +246,7 @@ static void pool_tick(struct bpool *p, uint64_t now, uint64_t window)
 
 void trim_idle_tick(struct dev_alloc *d)
 {
+    lock_assert_held(&d->lock);
     unsigned ms = d->cfg.idle_release_ms;
     if (!ms)
         return;

@@ -16,13 +16,32 @@
 
 /* How trim_cache may wait for the GPU before it unmaps a page. */
 enum trim_wait {
-    /* Synchronize the stream of each segment it unmaps pages of (xseg_trim, like empty_cache). */
+    /* Wait, once per stream, for the stream of each run it gives back (xseg_trim, like
+     * empty_cache). */
     TRIM_SYNC,
     /* Never wait: a free run is given back only when its stream is known idle (cuStreamQuery says
      * every queued work item has completed), so seg_unmap's synchronize returns at once. Used by
      * the policies that run inside other calls: release_threshold_mb and idle reclaim. */
     TRIM_KNOWN_COMPLETE,
+    /* Under pressure (a growth the driver or the fraction limit refused): runs of streams known
+     * idle first; then the rest, waiting once per stream. */
+    TRIM_PRESSURE,
 };
+
+/* The streams of one reclaim pass, each queried and waited for at most once. Zero-initialize;
+ * free with memo_free. */
+struct stream_memo {
+    CUstream *s;
+    signed char *state; /* -1 not asked, 0 busy, 1 idle (queried, or waited for) */
+    size_t n, cap_s, cap_state;
+};
+/* Has every work item queued on @p s completed? One cuStreamQuery per stream and pass; any error
+ * counts as busy. */
+bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s);
+/* Wait for @p s (vstream_wait: a destroyed stream waits for the context) unless this pass already
+ * did or found it idle. */
+xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s);
+void memo_free(struct stream_memo *m);
 
 /* Reserved minus allocated bytes of @p d (every pool). */
 size_t trim_cached_bytes(const struct dev_alloc *d);
@@ -39,6 +58,10 @@ size_t trim_cached_bytes(const struct dev_alloc *d);
  */
 xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bool idle_only,
                        size_t *released);
+
+/* Under pressure: give back at least @p need bytes of cache (TRIM_PRESSURE), or as much as can
+ * go. @p released receives the bytes given back. */
+xseg_status trim_pressure(struct dev_alloc *d, size_t need, size_t *released);
 
 /* xseg_trim on one device: takes the lock, returns completed record_stream frees to their pools,
  * then trim_cache(keep, TRIM_SYNC). */

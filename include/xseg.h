@@ -469,12 +469,13 @@ XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, st
 /* ---------------------------------------------------------------------------------------------
  * Issue 15: many processes and many GPUs.
  *
- * IPC of expandable memory. Every page of an expandable segment is its own physical allocation,
- * created shareable (config key expandable_segments_ipc, on by default where the driver supports
- * a handle type): CU_MEM_HANDLE_TYPE_FABRIC where the device reports fabric support and a probe
- * allocation with it succeeds (NVLink/IMEX systems), else POSIX file descriptors. A handle
- * describes a live block as the shareable handles of the pages under it, the block's offset in
- * the first page and its size.
+ * IPC of expandable memory. Expandable memory is mapped in chunks (one a page by default,
+ * expandable_chunk_mb), each its own physical allocation, created shareable (config key
+ * expandable_segments_ipc, on by default where the driver supports a handle type):
+ * CU_MEM_HANDLE_TYPE_FABRIC where the device reports fabric support and a probe allocation with
+ * it succeeds (NVLink/IMEX systems), else POSIX file descriptors. A handle describes a live block
+ * as the shareable handles of the chunks under it, their sizes, the block's offset in the first
+ * chunk and its size.
  *
  * Moving a handle: xseg_ipc_send / xseg_ipc_recv over a connected AF_UNIX socket (file
  * descriptors travel as SCM_RIGHTS ancillary data: no pidfd_getfd, no ptrace rights, so it works
@@ -482,18 +483,18 @@ XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, st
  * xseg_ipc_serialize / xseg_ipc_deserialize, for any transport.
  *
  * Lifetime rules:
- *  - The importer maps whole pages: bytes of other blocks that share the first or last page are
+ *  - The importer maps whole chunks: bytes of other blocks that share the first or last chunk are
  *    visible to it too (as with cudaIpcGetMemHandle, which shares a whole allocation).
- *  - A POSIX-fd handle holds a reference to each page's physical memory from export until
+ *  - A POSIX-fd handle holds a reference to each chunk's physical memory from export until
  *    xseg_ipc_handle_free; an import holds one from xseg_ipc_import until xseg_ipc_close. So when
- *    the exporter frees the block (and even unmaps its pages with xseg_empty_cache) while an
- *    importer has it mapped, the physical pages live on until the importer closes: the importer
- *    never faults. But the exporter's allocator may hand the same pages to a new allocation as
- *    long as they stay mapped in the exporter, and the importer then sees that allocation's data:
+ *    the exporter frees the block (and even unmaps its chunks with xseg_empty_cache) while an
+ *    importer has it mapped, the physical memory lives on until the importer closes: the importer
+ *    never faults. But the exporter's allocator may hand the same memory to a new allocation as
+ *    long as it stays mapped in the exporter, and the importer then sees that allocation's data:
  *    keep the block allocated until every importer is done (PyTorch's producer keeps the tensor
  *    alive the same way).
  *  - A fabric handle names the memory without holding it: import it while the exporter still has
- *    the block allocated; afterwards the import fails (XSEG_ERROR_DRIVER) or may map reused pages.
+ *    the block allocated; afterwards the import fails (XSEG_ERROR_DRIVER) or may map reused memory.
  *  - Importing twice (in the same or another process) creates two independent mappings at
  *    different addresses; each must be closed. A process may import its own export.
  *  - Imports are not blocks of the allocator: xseg_free refuses them, statistics ignore them,
@@ -504,10 +505,10 @@ XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, st
 /** An exported block (opaque). Free with xseg_ipc_handle_free. */
 typedef struct xseg_ipc_handle xseg_ipc_handle;
 
-/** How the pages of a handle are shared. */
+/** How the chunks of a handle are shared. */
 typedef enum xseg_ipc_handle_type {
-    XSEG_IPC_POSIX_FD = 1, /**< one file descriptor per page (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) */
-    XSEG_IPC_FABRIC = 2,   /**< one 64-byte fabric handle per page (CU_MEM_HANDLE_TYPE_FABRIC) */
+    XSEG_IPC_POSIX_FD = 1, /**< one file descriptor per chunk (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) */
+    XSEG_IPC_FABRIC = 2,   /**< one 64-byte fabric handle per chunk (CU_MEM_HANDLE_TYPE_FABRIC) */
 } xseg_ipc_handle_type;
 
 /** What a handle describes. */
@@ -515,9 +516,9 @@ typedef struct xseg_ipc_info {
     xseg_ipc_handle_type type;
     int device;        /**< the exporter's device index */
     size_t size;       /**< the block's size in bytes (what xseg_malloc returned: a rounded size) */
-    size_t offset;     /**< the block's offset in its first page */
-    size_t page_size;  /**< bytes per page */
-    size_t npages;     /**< pages under the block: the importer reserves npages * page_size */
+    size_t offset;     /**< the block's offset in its first chunk */
+    size_t nchunks;    /**< physical allocations (chunks) under the block, one shareable handle each */
+    size_t span;       /**< their total size: the bytes of address space the importer reserves */
 } xseg_ipc_info;
 
 /**
@@ -535,7 +536,7 @@ XSEG_API xseg_status xseg_ipc_handle_info(const xseg_ipc_handle *handle, xseg_ip
 
 /**
  * Send @p handle over the connected AF_UNIX socket @p unix_socket (stream or seqpacket): a
- * header, then the descriptors as SCM_RIGHTS (several messages past 250 pages). The descriptors
+ * header, then the descriptors as SCM_RIGHTS (several messages past 250 chunks). The descriptors
  * stay open in @p handle. Blocks until sent. @return XSEG_ERROR_DRIVER is never used;
  * XSEG_ERROR_INVALID_VALUE when the socket refuses (errno text in the message).
  */
@@ -559,8 +560,8 @@ XSEG_API xseg_status xseg_ipc_serialize(const xseg_ipc_handle *handle, void *buf
 XSEG_API xseg_status xseg_ipc_deserialize(const void *buf, size_t len, xseg_ipc_handle **out);
 
 /**
- * Map the block of @p handle on @p device: a reservation of exactly npages * page_size bytes
- * (never a multiple of device memory), each page imported and mapped in order, read-write access
+ * Map the block of @p handle on @p device: a reservation of exactly the chunks' bytes (span;
+ * never a multiple of device memory), each chunk imported and mapped in order, read-write access
  * for @p device and the peers enabled on it in one cuMemSetAccess. *ptr receives the block's
  * address (reservation + offset). Every failure is rolled back (nothing stays reserved, mapped
  * or imported) and reported with the failing driver call.
@@ -592,7 +593,7 @@ typedef enum xseg_segment_event_kind {
 } xseg_segment_event_kind;
 
 /** One map or unmap: [address, address + size) on @p device, made of @p nranges ranges in
- *  address order that tile it exactly (one per page; one for a classic segment). */
+ *  address order that tile it exactly (one per chunk; one for a classic segment). */
 typedef struct xseg_segment_event {
     xseg_segment_event_kind kind;
     int device;
@@ -606,7 +607,7 @@ typedef struct xseg_segment_event {
 /**
  * Called on every map and unmap of device memory by xseg (expandable pages, classic segments),
  * with the device lock held: it must not call xseg (NCCL's ncclMemRegister / ibv_reg_mr are
- * fine). A run of pages is reported in events of at most 64 ranges. If an unmap announced with
+ * fine). A run of chunks is reported in events of at most 64 ranges. If an unmap announced with
  * XSEG_SEGMENT_UNMAP fails, the pages left mapped are reported again with XSEG_SEGMENT_MAP.
  */
 typedef void (*xseg_segment_observer)(const xseg_segment_event *event, void *user);
@@ -623,7 +624,7 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
 
 /**
  * The physical pieces under the live block at @p ptr, in address order: for an expandable block
- * one range per page it overlaps (clipped to the block), for a classic block one range with
+ * one range per chunk it overlaps (clipped to the block), for a classic block one range with
  * handle 0. snprintf-style: at most @p cap ranges are written, @p n receives how many there are.
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
  *         XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (its pages have no memory now).

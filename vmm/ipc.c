@@ -1,5 +1,5 @@
 /*
- * Issue 15: export and import of expandable pages (see vmm/ipc.h).
+ * Export and import of expandable chunks (see vmm/ipc.h).
  */
 #include "vmm/ipc.h"
 
@@ -72,15 +72,17 @@ unsigned ipc_handle_types(int device, CUdevice cudev)
     return types;
 }
 
-xseg_status ipc_export_pages(const struct seg *seg, size_t first, size_t n, unsigned type, int *fds,
-                             unsigned char *fabric)
+xseg_status ipc_export_chunks(const struct seg *seg, const size_t *firsts, size_t n, unsigned type, int *fds,
+                              unsigned char *fabric)
 {
     size_t done = 0;
     xseg_status st = XSEG_SUCCESS;
     for (; done < n; done++) {
-        CUmemGenericAllocationHandle h = seg_page_handle(seg, first + done);
-        if (!h) {
-            st = err_set(XSEG_ERROR_INVALID_VALUE, "ipc export: page %zu of the segment is not mapped", first + done);
+        CUmemGenericAllocationHandle h = 0;
+        size_t c = 0;
+        if (!seg_chunk(seg, firsts[done], &h, &c, NULL) || c != firsts[done]) {
+            st = err_set(XSEG_ERROR_INVALID_VALUE, "ipc export: granule %zu of the segment starts no mapped chunk",
+                         firsts[done]);
             break;
         }
         CUresult res;
@@ -96,7 +98,7 @@ xseg_status ipc_export_pages(const struct seg *seg, size_t first, size_t n, unsi
                 fds[done] = fd;
         }
         if (res != CUDA_SUCCESS) {
-            st = ipc_failf(res, "cuMemExportToShareableHandle(page %zu of %zu, %s)", done + 1, n,
+            st = ipc_failf(res, "cuMemExportToShareableHandle(chunk %zu of %zu, %s)", done + 1, n,
                            type == CU_MEM_HANDLE_TYPE_FABRIC ? "FABRIC" : "POSIX_FILE_DESCRIPTOR");
             break;
         }
@@ -108,44 +110,49 @@ xseg_status ipc_export_pages(const struct seg *seg, size_t first, size_t n, unsi
 }
 
 xseg_status ipc_import_map(CUcontext ctx, unsigned type, const int *fds, const unsigned char *fabric, size_t n,
-                           size_t page_size, const CUmemAccessDesc *access, int naccess, CUdeviceptr *base)
+                           const uint64_t *sizes, const CUmemAccessDesc *access, int naccess, CUdeviceptr *base)
 {
     xseg_status st = drv_ctx_ensure(ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    if (n == 0 || page_size == 0 || n > SIZE_MAX / page_size)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "ipc import: %zu pages of %zu bytes is not a valid size", n,
-                       page_size);
-    size_t size = n * page_size;
+    size_t size = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (sizes[i] == 0 || sizes[i] > SIZE_MAX - size)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "ipc import: chunk %zu of %zu has an invalid size", i + 1, n);
+        size += (size_t)sizes[i];
+    }
+    if (n == 0)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "ipc import: no chunks");
     CUdeviceptr va = 0;
-    /* Exactly the pages' bytes: PyTorch reserves 9/8 of device memory per import (#186213). */
+    /* Exactly the chunks' bytes: PyTorch reserves 9/8 of device memory per import (#186213). */
     CUresult res = drv->cuMemAddressReserve(&va, size, 0, 0, 0);
     if (res != CUDA_SUCCESS)
         return ipc_failf(res, "cuMemAddressReserve(%zu bytes) for an imported block", size);
-    size_t mapped = 0;
-    CUmemGenericAllocationHandle unreleased = 0; /* a mapped page's handle whose release failed */
+    size_t mapped = 0, at = 0;
+    CUmemGenericAllocationHandle unreleased = 0; /* a mapped chunk's handle whose release failed */
     for (; mapped < n; mapped++) {
         CUmemGenericAllocationHandle h = 0;
         void *os = type == CU_MEM_HANDLE_TYPE_FABRIC ? (void *)(uintptr_t)(fabric + mapped * IPC_FABRIC_BYTES)
                                                      : (void *)(intptr_t)fds[mapped];
         res = drv->cuMemImportFromShareableHandle(&h, os, (CUmemAllocationHandleType)type);
         if (res != CUDA_SUCCESS) {
-            st = ipc_failf(res, "cuMemImportFromShareableHandle(page %zu of %zu, %s)", mapped + 1, n,
+            st = ipc_failf(res, "cuMemImportFromShareableHandle(chunk %zu of %zu, %s)", mapped + 1, n,
                            type == CU_MEM_HANDLE_TYPE_FABRIC ? "FABRIC" : "POSIX_FILE_DESCRIPTOR");
             goto fail;
         }
-        res = drv->cuMemMap(va + mapped * page_size, page_size, 0, h, 0);
+        res = drv->cuMemMap(va + at, (size_t)sizes[mapped], 0, h, 0);
         /* The mapping holds the memory from here; our handle reference is not needed. */
         CUresult rel = drv->cuMemRelease(h);
         if (res != CUDA_SUCCESS) {
-            st = ipc_failf(res, "cuMemMap(page %zu of %zu, %zu bytes) of an imported handle", mapped + 1, n,
-                           page_size);
+            st = ipc_failf(res, "cuMemMap(chunk %zu of %zu, %llu bytes) of an imported handle", mapped + 1, n,
+                           (unsigned long long)sizes[mapped]);
             goto fail;
         }
+        at += (size_t)sizes[mapped];
         if (rel != CUDA_SUCCESS) {
             mapped++;
             unreleased = h;
-            st = ipc_failf(rel, "cuMemRelease of imported page %zu's handle (after mapping it)", mapped);
+            st = ipc_failf(rel, "cuMemRelease of imported chunk %zu's handle (after mapping it)", mapped);
             goto fail;
         }
     }
@@ -159,9 +166,12 @@ xseg_status ipc_import_map(CUcontext ctx, unsigned type, const int *fds, const u
 
 fail:
     /* Several adjacent whole mappings may be unmapped in one call. */
-    if (mapped && drv->cuMemUnmap(va, mapped * page_size) != CUDA_SUCCESS) {
-        for (size_t i = 0; i < mapped; i++)
-            (void)drv->cuMemUnmap(va + i * page_size, page_size);
+    if (at && drv->cuMemUnmap(va, at) != CUDA_SUCCESS) {
+        size_t o = 0;
+        for (size_t i = 0; i < mapped && o < at; i++) {
+            (void)drv->cuMemUnmap(va + o, (size_t)sizes[i]);
+            o += (size_t)sizes[i];
+        }
     }
     (void)drv->cuMemAddressFree(va, size);
     if (unreleased)

@@ -1,10 +1,10 @@
 /*
- * Issue 15: the driver side of sharing expandable memory between processes.
+ * The driver side of sharing expandable memory between processes.
  *
- * Every page of an expandable segment is its own cuMemCreate handle. Exporting a block means
- * exporting the handles of the pages under it as shareable handles (POSIX file descriptors, or
+ * Every chunk of an expandable segment is its own cuMemCreate handle. Exporting a block means
+ * exporting the handles of the chunks under it as shareable handles (POSIX file descriptors, or
  * fabric handles where the device and the system support them); importing means reserving exactly
- * those pages' bytes of address space, importing and mapping each handle in order, and granting
+ * those chunks' bytes of address space, importing and mapping each handle in order, and granting
  * access with one cuMemSetAccess. Each function rolls back its own driver work on failure and
  * reports the failing call with its CUresult name.
  *
@@ -20,7 +20,7 @@
 
 struct seg;
 
-/* Bytes of one exported page handle in each form. */
+/* Bytes of one exported fabric handle. */
 #define IPC_FABRIC_BYTES ((size_t)sizeof(CUmemFabricHandle))
 
 /*
@@ -34,25 +34,26 @@ struct seg;
 unsigned ipc_handle_types(int device, CUdevice cudev);
 
 /*
- * Export pages [first, first + n) of @p seg (all mapped) as @p type (CU_MEM_HANDLE_TYPE_FABRIC or
- * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, which the segment must have been created with).
- * POSIX: @p fds receives n new descriptors (the caller closes them). Fabric: @p fabric receives
- * n * IPC_FABRIC_BYTES bytes. On failure the descriptors exported so far are closed.
+ * Export the chunks of @p seg whose first granules are @p firsts[0..n) (all mapped) as @p type
+ * (CU_MEM_HANDLE_TYPE_FABRIC or CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, which the segment must
+ * have been created with). POSIX: @p fds receives n new descriptors (the caller closes them).
+ * Fabric: @p fabric receives n * IPC_FABRIC_BYTES bytes. On failure the descriptors exported so
+ * far are closed.
  */
-xseg_status ipc_export_pages(const struct seg *seg, size_t first, size_t n, unsigned type, int *fds,
-                             unsigned char *fabric);
+xseg_status ipc_export_chunks(const struct seg *seg, const size_t *firsts, size_t n, unsigned type, int *fds,
+                              unsigned char *fabric);
 
 /*
- * Map @p n pages of @p page_size bytes, given as shareable handles of @p type (@p fds or
- * @p fabric as ipc_export_pages wrote them), into a new reservation of exactly n * page_size
- * bytes, in order, and grant @p access (naccess descriptors, the importing device first) with one
+ * Map @p n chunks of @p sizes[i] bytes, given as shareable handles of @p type (@p fds or
+ * @p fabric as ipc_export_chunks wrote them), into a new reservation of exactly their total size,
+ * in order, and grant @p access (naccess descriptors, the importing device first) with one
  * cuMemSetAccess. @p ctx is made current first. The imported handles are released once mapped:
  * the mappings keep the memory alive. Descriptors are not closed. On failure everything is undone.
  */
 xseg_status ipc_import_map(CUcontext ctx, unsigned type, const int *fds, const unsigned char *fabric, size_t n,
-                           size_t page_size, const CUmemAccessDesc *access, int naccess, CUdeviceptr *base);
+                           const uint64_t *sizes, const CUmemAccessDesc *access, int naccess, CUdeviceptr *base);
 
-/* Unmap [base, base + size) (whole imported pages) with one cuMemUnmap and free the reservation.
+/* Unmap [base, base + size) (whole imported chunks) with one cuMemUnmap and free the reservation.
  * @p gone receives 1 once the pages are unmapped (even when the address free then fails: the
  * import is over, only the address space is lost), 0 when nothing changed (retry later). */
 xseg_status ipc_unmap(CUcontext ctx, CUdeviceptr base, size_t size, int *gone);

@@ -1,5 +1,6 @@
 /*
- * Expandable segments: VA reservations laid end to end, one cuMemCreate handle per mapped page.
+ * Expandable segments: VA reservations laid end to end, chunks of physical memory (one
+ * cuMemCreate handle each, any granule multiple) mapped on demand.
  *
  * Reservation policy (see vmm/README.md for the reasoning): a segment starts with
  * max(min_size, SEG_INITIAL_PAGES pages) of VA and grows by reserving the next piece directly
@@ -17,7 +18,6 @@
 #include "vmm/segment.h"
 
 #include <pthread.h>
-#include <stdbool.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,16 +25,17 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/vec.h"
 #include "vmm/driver.h"
 #include "vmm/host.h"
 #include "vmm/stream.h"
 
 /* One cuMemAddressReserve range. Pieces are page multiples and sorted by address, each starting
- * where the previous one ends, so a page never straddles two pieces. */
+ * where the previous one ends, so a chunk never straddles two pieces. */
 struct seg_piece {
     CUdeviceptr base;
     size_t size;
-    size_t first_page; /* index of the piece's first page within the segment */
+    size_t first_gran; /* index of the piece's first granule within the segment */
 };
 
 struct seg {
@@ -44,56 +45,83 @@ struct seg {
     CUcontext ctx; /* retained primary context of cudev, released in seg_destroy */
     CUstream stream;
     size_t page_size;
+    size_t gran;              /* the device's VMM granularity: chunks are multiples of it */
     CUmemAllocationProp prop; /* cuMemCreate properties, fixed at creation */
 
     CUdeviceptr base;
     size_t va_size; /* sum of the pieces' sizes */
-    size_t npages;  /* va_size / page_size */
+    size_t ngran;   /* va_size / gran */
 
-    /* Per page, [npages] valid of [cap_pages] allocated. handles[i] == 0: page i unmapped.
-     * pflags[i]: PAGE_FRESH is scratch for seg_map's rollback (set while the running call
-     * mapped page i); PAGE_STRANDED marks a page whose rollback unmap failed: the driver still
-     * maps handles[i] there, perhaps without access, so it counts as unmapped to callers (not
-     * in mapped_bytes, seg_page_is_mapped is 0) until seg_reclaim unmaps it or seg_map reuses it
-     * (granting access then). */
+    /* Per granule, [ngran] valid of [cap_gran] allocated. handles[g] == 0: granule g unmapped;
+     * else the handle of the chunk mapped over it, whose first granule is cstart[g] and whose
+     * granule count is clen[cstart[g]]. gflags[g] is the same on every granule of a chunk:
+     * GRAN_FRESH is scratch for seg_map's rollback (set while the running call mapped the chunk);
+     * GRAN_STRANDED marks a chunk whose rollback unmap failed: the driver still maps it, perhaps
+     * without access, so it counts as unmapped to callers (not in mapped_bytes,
+     * seg_gran_is_mapped is 0) until seg_reclaim unmaps it or seg_map uses it again. */
     CUmemGenericAllocationHandle *handles;
-    unsigned char *pflags;
-    size_t cap_pages;
+    size_t *cstart;
+    size_t *clen;
+    unsigned char *gflags;
+    size_t cap_gran;
     size_t mapped_bytes;
     size_t stranded_bytes;
-    size_t asleep_bytes; /* pages given back by a sleep (PAGE_ASLEEP), mapped again by a wake */
+    size_t asleep_bytes; /* chunks given back by a sleep (GRAN_ASLEEP), mapped again by a wake */
 
     struct seg_piece *pieces;
     size_t npieces, cap_pieces;
 
-    /* Issue 15: the observer of map/unmap (seg_params.observe), or NULL. */
+    /* The observer of map/unmap (seg_params.observe), or NULL. */
     void (*observe)(void *user, struct seg *seg, size_t first, size_t last, int mapped);
     void *observe_user;
 
     /* access[0] is the owning device, access[1..naccess) the peers; all READWRITE. */
     CUmemAccessDesc *access;
-    int naccess, cap_access;
+    size_t naccess, cap_access;
 };
 
-#define PAGE_FRESH 1
-#define PAGE_STRANDED 2
-/* Services (sleep/wake): PAGE_ASLEEP marks a page that was mapped when its segment went to sleep
- * and is unmapped now; its handle is still held (handles[i] != 0) between seg_sleep_unmap and
- * seg_sleep_commit, or after a sleep whose rollback could not map it back, else released
- * (handles[i] == 0). A wake maps every asleep page again at its address. PAGE_WAS_HELD is a
- * wake's scratch: page i was mapped with its held handle (a rollback keeps that handle). */
-#define PAGE_ASLEEP 4
-#define PAGE_WAS_HELD 8
+#define GRAN_FRESH 1
+#define GRAN_STRANDED 2
+/* Services (sleep/wake): GRAN_ASLEEP marks the granules of a chunk that was mapped when its
+ * segment went to sleep and is unmapped now; cstart/clen still describe the chunk, and its handle
+ * is still held (handles[] != 0) between seg_sleep_unmap and seg_sleep_commit, or after a sleep
+ * whose rollback could not map it back, else released (handles[] == 0). A wake maps every asleep
+ * chunk again, same place, same size. GRAN_WAS_HELD is a wake's scratch: the chunk was mapped
+ * with its held handle (a rollback keeps that handle). */
+#define GRAN_ASLEEP 4
+#define GRAN_WAS_HELD 8
 
 /* ---- small helpers ---- */
 
-/* Page @p i is mapped as far as callers know: a handle, neither stranded nor asleep. */
-static inline int page_live(const struct seg *seg, size_t i)
+/* Granule @p g is mapped as far as callers know: a chunk, neither stranded nor asleep. */
+static inline int gran_live(const struct seg *seg, size_t g)
 {
-    return seg->handles[i] != 0 && !(seg->pflags[i] & (PAGE_STRANDED | PAGE_ASLEEP));
+    return seg->handles[g] != 0 && !(seg->gflags[g] & (GRAN_STRANDED | GRAN_ASLEEP));
 }
 
-/* Call @p fn for every run of mapped pages, one piece at a time. */
+/* First granule after the chunk holding granule @p g (mapped or stranded); g + 1 when unmapped. */
+static inline size_t chunk_end(const struct seg *seg, size_t g)
+{
+    return seg->handles[g] ? seg->cstart[g] + seg->clen[seg->cstart[g]] : g + 1;
+}
+
+/* First granule of the chunk holding @p g; g itself when unmapped. */
+static inline size_t chunk_first(const struct seg *seg, size_t g)
+{
+    return seg->handles[g] ? seg->cstart[g] : g;
+}
+
+static inline CUdeviceptr gran_addr(const struct seg *seg, size_t g) { return seg->base + g * seg->gran; }
+
+/* Set @p flags on every granule of the chunk starting at @p first (or clear them with @p on 0). */
+static void chunk_flags(struct seg *seg, size_t first, unsigned char flags, int on)
+{
+    size_t end = first + seg->clen[first];
+    for (size_t g = first; g < end; g++)
+        seg->gflags[g] = on ? (unsigned char)(seg->gflags[g] | flags) : (unsigned char)(seg->gflags[g] & ~flags);
+}
+
+/* Call @p fn for every run of mapped chunks, one piece at a time. */
 static void seg_runs(const struct seg *seg, void (*fn)(void *, struct seg *, size_t, size_t, int), void *user,
                      int mapped);
 
@@ -143,7 +171,7 @@ static xseg_status seg_failf(CUresult res, const char *fmt, ...)
 
 static int seg_has_access(const struct seg *seg, int device)
 {
-    for (int i = 0; i < seg->naccess; i++)
+    for (size_t i = 0; i < seg->naccess; i++)
         if (seg->access[i].location.id == device)
             return 1;
     return 0;
@@ -151,44 +179,32 @@ static int seg_has_access(const struct seg *seg, int device)
 
 static xseg_status seg_push_access(struct seg *seg, int device)
 {
-    if (seg->naccess == seg->cap_access) {
-        int cap = seg->cap_access ? 2 * seg->cap_access : 4;
-        CUmemAccessDesc *a = realloc(seg->access, (size_t)cap * sizeof(*a));
-        if (!a)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the peer list");
-        seg->access = a;
-        seg->cap_access = cap;
-    }
+    if (!VEC_RESERVE(seg->access, seg->cap_access, seg->naccess + 1))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the peer list");
     seg->access[seg->naccess++] = seg_access_desc(device);
     return XSEG_SUCCESS;
 }
 
-/* Make room for @p npages page entries and one more piece, before any driver work, so that a
+/* Make room for @p ngran granule entries and one more piece, before any driver work, so that a
  * host allocation failure never has to undo a reservation. New entries are zero (unmapped). */
-static xseg_status seg_reserve_meta(struct seg *seg, size_t npages)
+static xseg_status seg_reserve_meta(struct seg *seg, size_t ngran)
 {
-    if (npages > seg->cap_pages) {
-        size_t cap = XSEG_MAX(npages, seg->cap_pages * 2);
-        CUmemGenericAllocationHandle *h = realloc(seg->handles, cap * sizeof(*h));
-        if (!h)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
-        seg->handles = h;
-        unsigned char *f = realloc(seg->pflags, cap);
-        if (!f)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu pages", cap);
-        seg->pflags = f;
-        memset(h + seg->cap_pages, 0, (cap - seg->cap_pages) * sizeof(*h));
-        memset(f + seg->cap_pages, 0, cap - seg->cap_pages);
-        seg->cap_pages = cap;
+    if (ngran > seg->cap_gran) {
+        size_t cap = seg->cap_gran, old = seg->cap_gran;
+        /* Four arrays share one capacity: reserve each, then commit the capacity once. */
+        size_t c1 = cap, c2 = cap, c3 = cap, c4 = cap;
+        if (!VEC_RESERVE(seg->handles, c1, ngran) || !VEC_RESERVE(seg->cstart, c2, ngran) ||
+            !VEC_RESERVE(seg->clen, c3, ngran) || !VEC_RESERVE(seg->gflags, c4, ngran))
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for %zu granules", ngran);
+        cap = XSEG_MIN(XSEG_MIN(c1, c2), XSEG_MIN(c3, c4));
+        memset(seg->handles + old, 0, (cap - old) * sizeof *seg->handles);
+        memset(seg->cstart + old, 0, (cap - old) * sizeof *seg->cstart);
+        memset(seg->clen + old, 0, (cap - old) * sizeof *seg->clen);
+        memset(seg->gflags + old, 0, cap - old);
+        seg->cap_gran = cap;
     }
-    if (seg->npieces == seg->cap_pieces) {
-        size_t cap = seg->cap_pieces ? 2 * seg->cap_pieces : 4;
-        struct seg_piece *p = realloc(seg->pieces, cap * sizeof(*p));
-        if (!p)
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the piece list");
-        seg->pieces = p;
-        seg->cap_pieces = cap;
-    }
+    if (!VEC_RESERVE(seg->pieces, seg->cap_pieces, seg->npieces + 1))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "segment: out of host memory for the piece list");
     return XSEG_SUCCESS;
 }
 
@@ -197,42 +213,42 @@ static void seg_add_piece(struct seg *seg, CUdeviceptr base, size_t size)
     struct seg_piece *p = &seg->pieces[seg->npieces++];
     p->base = base;
     p->size = size;
-    p->first_page = seg->npages;
+    p->first_gran = seg->ngran;
     seg->va_size += size;
-    seg->npages = seg->va_size / seg->page_size;
+    seg->ngran = seg->va_size / seg->gran;
 }
 
-/* Index of the piece holding page @p page (< npages). Pieces are few (logarithmic). */
-static size_t seg_piece_of(const struct seg *seg, size_t page)
+/* Index of the piece holding granule @p g (< ngran). Pieces are few (logarithmic). */
+static size_t seg_piece_of(const struct seg *seg, size_t g)
 {
     size_t i = seg->npieces - 1;
-    while (seg->pieces[i].first_page > page)
+    while (seg->pieces[i].first_gran > g)
         i--;
     return i;
 }
 
-/* First page index after the piece holding @p page. */
-static size_t seg_piece_end(const struct seg *seg, size_t piece)
+/* First granule after the piece holding granule @p g. */
+static size_t seg_piece_end_of(const struct seg *seg, size_t g)
 {
-    const struct seg_piece *p = &seg->pieces[piece];
-    return p->first_page + p->size / seg->page_size;
+    const struct seg_piece *p = &seg->pieces[seg_piece_of(seg, g)];
+    return p->first_gran + p->size / seg->gran;
 }
 
-/* Check that [offset, offset + size) is a page-multiple range inside the VA; on success writes
- * the page range [*first, *last). */
+/* Check that [offset, offset + size) is a granule-multiple range inside the VA; on success writes
+ * the granule range [*first, *last). */
 static xseg_status seg_check_range(const struct seg *seg, const char *fn, size_t offset, size_t size,
                                    size_t *first, size_t *last)
 {
-    if (offset % seg->page_size || size % seg->page_size)
+    if (offset % seg->gran || size % seg->gran)
         return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "%s: offset %zu and size %zu must be multiples of the page size %zu", fn, offset, size,
-                       seg->page_size);
+                       "%s: offset %zu and size %zu must be multiples of the granularity %zu", fn, offset, size,
+                       seg->gran);
     if (offset > seg->va_size || size > seg->va_size - offset)
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "%s: range [%zu, +%zu) lies outside the segment's %zu bytes of VA", fn, offset, size,
                        seg->va_size);
-    *first = offset / seg->page_size;
-    *last = *first + size / seg->page_size;
+    *first = offset / seg->gran;
+    *last = *first + size / seg->gran;
     return XSEG_SUCCESS;
 }
 
@@ -260,15 +276,9 @@ static size_t nleft, capleft;
 static void left_push(struct leftover l)
 {
     pthread_mutex_lock(&left_lock);
-    if (nleft == capleft) {
-        size_t cap = capleft ? 2 * capleft : 16;
-        struct leftover *p = realloc(left, cap * sizeof *p);
-        if (!p) {
-            pthread_mutex_unlock(&left_lock);
-            return;
-        }
-        left = p;
-        capleft = cap;
+    if (!VEC_RESERVE(left, capleft, nleft + 1)) {
+        pthread_mutex_unlock(&left_lock);
+        return;
     }
     left[nleft++] = l;
     pthread_mutex_unlock(&left_lock);
@@ -345,30 +355,44 @@ xseg_status seg_leftovers_retry(void)
 }
 
 /* Release handle @p h of a page already unmapped; on failure it is kept for a retry. */
+
+/* Release handle @p h of a chunk already unmapped; on failure it is kept for a retry. */
 static void seg_release_handle(struct seg *seg, CUmemGenericAllocationHandle h)
 {
     if (drv->cuMemRelease(h) != CUDA_SUCCESS)
         left_push((struct leftover){.kind = LEFT_RELEASE, .dev = seg->cudev, .handle = h});
 }
 
-/* Unmap and release page @p i (mapped, or stranded). On a failed unmap the page stays as it was
- * (mapped and counted, or stranded). A failed release is no failure here: the page is unmapped
- * and its handle kept for a retry (seg_leftovers_retry). */
-static xseg_status seg_unmap_page(struct seg *seg, size_t i)
+/* Forget the chunk starting at granule @p first after the driver unmapped it, and release its
+ * handle (a failed release is kept for a retry: the chunk is unmapped all the same). */
+static void chunk_forget(struct seg *seg, size_t first)
 {
-    CUdeviceptr addr = seg->base + i * seg->page_size;
-    CUresult res = drv->cuMemUnmap(addr, seg->page_size);
-    if (res != CUDA_SUCCESS)
-        return seg_failf(res, "cuMemUnmap(0x%llx, %zu) of page %zu", (unsigned long long)addr, seg->page_size,
-                         i);
-    CUmemGenericAllocationHandle h = seg->handles[i];
-    seg->handles[i] = 0;
-    if (seg->pflags[i] & PAGE_STRANDED)
-        seg->stranded_bytes -= seg->page_size;
+    size_t n = seg->clen[first];
+    size_t bytes = n * seg->gran;
+    CUmemGenericAllocationHandle h = seg->handles[first];
+    if (seg->gflags[first] & GRAN_STRANDED)
+        seg->stranded_bytes -= bytes;
     else
-        seg->mapped_bytes -= seg->page_size;
-    seg->pflags[i] = 0;
+        seg->mapped_bytes -= bytes;
+    for (size_t g = first; g < first + n; g++) {
+        seg->handles[g] = 0;
+        seg->gflags[g] = 0;
+        seg->cstart[g] = 0;
+    }
+    seg->clen[first] = 0;
     seg_release_handle(seg, h);
+}
+
+/* Unmap and release the chunk starting at granule @p first (mapped, or stranded). On a failed
+ * unmap the chunk stays as it was (mapped and counted, or stranded). */
+static xseg_status chunk_unmap(struct seg *seg, size_t first)
+{
+    size_t bytes = seg->clen[first] * seg->gran;
+    CUdeviceptr addr = gran_addr(seg, first);
+    CUresult res = drv->cuMemUnmap(addr, bytes);
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "cuMemUnmap(0x%llx, %zu) of a chunk", (unsigned long long)addr, bytes);
+    chunk_forget(seg, first);
     return XSEG_SUCCESS;
 }
 
@@ -463,6 +487,18 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
     return CUDA_SUCCESS;
 }
 
+
+static void seg_free_meta(struct seg *seg)
+{
+    free(seg->access);
+    free(seg->handles);
+    free(seg->cstart);
+    free(seg->clen);
+    free(seg->gflags);
+    free(seg->pieces);
+    free(seg);
+}
+
 xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out)
 {
     if (!params || !out)
@@ -479,7 +515,6 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         return err_set(XSEG_ERROR_INVALID_DEVICE, "seg_create: device %d", params->device);
 
     size_t P = params->page_size;
-    /* P is at most 16 times smaller than the unit, so this cannot overflow unless P is absurd. */
     size_t unit = P / seg_gcd(P, SEG_VA_ALIGN);
     if (unit > SIZE_MAX / SEG_VA_ALIGN)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: page_size %zu is too large", P);
@@ -531,7 +566,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     st = drv_granularity((CUdevice)seg->device, params->handle_types, &gran);
     if (st != XSEG_SUCCESS)
         goto fail_ctx;
-    if (gran == 0 || P % gran != 0) {
+    if (gran == 0 || P % gran != 0 || SEG_VA_ALIGN % gran != 0) {
         st = err_set(XSEG_ERROR_INVALID_VALUE,
                      "seg_create: page_size %zu is not a multiple of device %d's VMM granularity %zu", P,
                      seg->device, gran);
@@ -545,7 +580,8 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         rdma)
         seg->prop.allocFlags.gpuDirectRDMACapable = 1;
 
-    st = seg_reserve_meta(seg, initial / P);
+    seg->gran = gran;
+    st = seg_reserve_meta(seg, initial / gran);
     if (st != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;
@@ -562,11 +598,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
 fail_ctx:
     drv->cuDevicePrimaryCtxRelease(seg->cudev);
 fail_meta:
-    free(seg->access);
-    free(seg->handles);
-    free(seg->pflags);
-    free(seg->pieces);
-    free(seg);
+    seg_free_meta(seg);
     return st;
 }
 
@@ -576,30 +608,38 @@ xseg_status seg_destroy(struct seg *seg)
         return XSEG_SUCCESS;
     xseg_status first = drv_ctx_ensure(seg->ctx);
     if (seg->mapped_bytes) {
-        xseg_status st = seg_sync(seg, "before destroying the pages");
+        xseg_status st = seg_sync(seg, "before destroying the chunks");
         if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
             first = st;
     }
-    /* Keep going past failures: the segment is gone either way, and every page and reservation
+    /* Keep going past failures: the segment is gone either way, and every chunk and reservation
      * that can still be given back should be. */
     if (seg->observe)
-        seg_runs(seg, seg->observe, seg->observe_user, 0); /* every page goes below */
-    for (size_t i = 0; i < seg->npages; i++) {
-        if (!seg->handles[i])
-            continue;
-        if (seg->pflags[i] & PAGE_ASLEEP) { /* held, not mapped: only the handle goes */
-            seg_release_handle(seg, seg->handles[i]);
-            seg->handles[i] = 0;
+        seg_runs(seg, seg->observe, seg->observe_user, 0); /* every chunk goes below */
+    for (size_t g = 0; g < seg->ngran;) {
+        if (!seg->handles[g]) {
+            g++;
             continue;
         }
-        xseg_status st = seg_unmap_page(seg, i);
-        if (st == XSEG_SUCCESS)
+        size_t end = chunk_end(seg, g);
+        if (seg->gflags[g] & GRAN_ASLEEP) { /* held, not mapped: only the handle goes */
+            seg_release_handle(seg, seg->handles[g]);
+            for (size_t k = g; k < end; k++)
+                seg->handles[k] = 0;
+            g = end;
             continue;
-        if (first == XSEG_SUCCESS)
-            first = st;
-        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev,
-                                    .addr = seg->base + i * seg->page_size, .size = seg->page_size,
-                                    .handle = seg->handles[i]});
+        }
+        CUdeviceptr addr = gran_addr(seg, g);
+        size_t bytes = (end - g) * seg->gran;
+        CUmemGenericAllocationHandle h = seg->handles[g];
+        xseg_status st = chunk_unmap(seg, g);
+        if (st != XSEG_SUCCESS) {
+            if (first == XSEG_SUCCESS)
+                first = st;
+            left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = addr, .size = bytes,
+                                        .handle = h});
+        }
+        g = end;
     }
     for (size_t i = 0; i < seg->npieces; i++) {
         CUresult res = drv->cuMemAddressFree(seg->pieces[i].base, seg->pieces[i].size);
@@ -612,11 +652,7 @@ xseg_status seg_destroy(struct seg *seg)
                                     .size = seg->pieces[i].size});
     }
     drv->cuDevicePrimaryCtxRelease(seg->cudev);
-    free(seg->access);
-    free(seg->handles);
-    free(seg->pflags);
-    free(seg->pieces);
-    free(seg);
+    seg_free_meta(seg);
     return first;
 }
 
@@ -652,7 +688,7 @@ xseg_status seg_grow(struct seg *seg, size_t size)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_grow: segment is NULL");
     if (size <= seg->va_size)
         return XSEG_SUCCESS;
-    size_t P = seg->page_size, U = seg->unit;
+    size_t U = seg->unit;
     size_t target;
     if (!seg_round_up(size, U, &target) || target > SIZE_MAX - seg->base)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_grow: %zu bytes do not fit in the address space", size);
@@ -665,7 +701,7 @@ xseg_status seg_grow(struct seg *seg, size_t size)
     if (want > SIZE_MAX - seg->base - seg->va_size)
         want = need;
 
-    xseg_status st = seg_reserve_meta(seg, (seg->va_size + want) / P);
+    xseg_status st = seg_reserve_meta(seg, (seg->va_size + want) / seg->gran);
     if (st != XSEG_SUCCESS)
         return st;
     st = drv_ctx_ensure(seg->ctx);
@@ -684,64 +720,103 @@ xseg_status seg_grow(struct seg *seg, size_t size)
     return XSEG_SUCCESS;
 }
 
+
 /* ---- map ---- */
 
-/* Grant access[from_access..] to pages [first, last), which lie in one piece. */
-static xseg_status seg_set_access(struct seg *seg, size_t first, size_t last, int from_access)
+/* Grant access[from_access..] to granules [first, last), which lie in one piece. */
+static xseg_status seg_set_access(struct seg *seg, size_t first, size_t last, size_t from_access)
 {
-    CUdeviceptr addr = seg->base + first * seg->page_size;
-    size_t len = (last - first) * seg->page_size;
+    CUdeviceptr addr = gran_addr(seg, first);
+    size_t len = (last - first) * seg->gran;
     /* One call for the owner and every peer (the descriptor array), not one per device: each
      * cuMemSetAccess costs ~22 us on an H100 (docs/gpu-h100/vmm_costs.txt). */
-    int n = seg->naccess - from_access;
-    if (n <= 0)
+    if (from_access >= seg->naccess)
         return XSEG_SUCCESS;
-    CUresult res = drv->cuMemSetAccess(addr, len, &seg->access[from_access], (size_t)n);
+    size_t n = seg->naccess - from_access;
+    CUresult res = drv->cuMemSetAccess(addr, len, &seg->access[from_access], n);
     if (res != CUDA_SUCCESS)
-        return seg_failf(res, "cuMemSetAccess(0x%llx, %zu, %d device(s) from device %d, READWRITE)",
+        return seg_failf(res, "cuMemSetAccess(0x%llx, %zu, %zu device(s) from device %d, READWRITE)",
                          (unsigned long long)addr, len, n, seg->access[from_access].location.id);
     return XSEG_SUCCESS;
 }
 
-/* Report the runs of pages of [first, last) this seg_map mapped (fresh), split at pieces. */
+/* Report the runs of chunks of [first, last) this seg_map mapped (fresh), split at pieces. */
 static void seg_observe_fresh(struct seg *seg, size_t first, size_t last)
 {
-    size_t i = first;
-    while (i < last) {
-        while (i < last && !(seg->pflags[i] & PAGE_FRESH))
-            i++;
-        if (i == last)
+    size_t g = first;
+    while (g < last) {
+        while (g < last && !(seg->gflags[g] & GRAN_FRESH))
+            g++;
+        if (g == last)
             break;
-        size_t end = XSEG_MIN(last, seg_piece_end(seg, seg_piece_of(seg, i)));
-        size_t run = i;
-        while (i < end && (seg->pflags[i] & PAGE_FRESH))
-            i++;
-        seg->observe(seg->observe_user, seg, run, i, 1);
+        size_t end = XSEG_MIN(last, seg_piece_end_of(seg, g));
+        size_t run = g;
+        while (g < end && (seg->gflags[g] & GRAN_FRESH))
+            g++;
+        seg->observe(seg->observe_user, seg, run, g, 1);
     }
 }
 
-/* Undo the pages of [first, last) that the running seg_map mapped. A page whose unmap fails is
- * stranded (PAGE_STRANDED): the driver still maps it, perhaps without access rights, so it must
+/* Undo the chunks of [first, last) that the running seg_map mapped. A chunk whose unmap fails is
+ * stranded (GRAN_STRANDED): the driver still maps it, perhaps without access rights, so it must
  * never be handed out as mapped; it leaves mapped_bytes (the caller never counted it) and waits
- * for seg_reclaim, or for a later seg_map of that page to grant access and use it. */
+ * for seg_reclaim, or for a later seg_map over it to grant access and use it. */
 static void seg_map_rollback(struct seg *seg, size_t first, size_t last)
 {
-    for (size_t i = first; i < last; i++) {
-        if (!(seg->pflags[i] & PAGE_FRESH))
+    for (size_t g = first; g < last;) {
+        if (!(seg->gflags[g] & GRAN_FRESH)) {
+            g++;
             continue;
-        seg->pflags[i] &= (unsigned char)~PAGE_FRESH;
-        if (seg_unmap_page(seg, i) != XSEG_SUCCESS) {
-            seg->pflags[i] |= PAGE_STRANDED;
-            seg->mapped_bytes -= seg->page_size;
-            seg->stranded_bytes += seg->page_size;
         }
+        size_t c = chunk_first(seg, g), end = chunk_end(seg, g);
+        chunk_flags(seg, c, GRAN_FRESH, 0);
+        if (chunk_unmap(seg, c) != XSEG_SUCCESS) {
+            size_t bytes = (end - c) * seg->gran;
+            chunk_flags(seg, c, GRAN_STRANDED, 1);
+            seg->mapped_bytes -= bytes;
+            seg->stranded_bytes += bytes;
+        }
+        g = end;
     }
 }
 
-xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
+/* Create and map one chunk over granules [g, g + n) (all unmapped, inside one piece). */
+static xseg_status chunk_create(struct seg *seg, size_t g, size_t n)
+{
+    size_t bytes = n * seg->gran;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult res = drv->cuMemCreate(&h, bytes, &seg->prop, 0);
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "cuMemCreate(%zu bytes) for the segment at 0x%llx on device %d", bytes,
+                         (unsigned long long)seg->base, seg->device);
+    if (h == 0) {
+        /* 0 marks an unmapped granule here; no driver is known to return it. */
+        seg_release_handle(seg, h);
+        return err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle");
+    }
+    CUdeviceptr addr = gran_addr(seg, g);
+    res = drv->cuMemMap(addr, bytes, 0, h, 0);
+    if (res != CUDA_SUCCESS) {
+        seg_release_handle(seg, h);
+        return seg_failf(res, "cuMemMap(0x%llx, %zu) of a new chunk", (unsigned long long)addr, bytes);
+    }
+    for (size_t k = g; k < g + n; k++) {
+        seg->handles[k] = h;
+        seg->cstart[k] = g;
+        seg->gflags[k] = GRAN_FRESH;
+    }
+    seg->clen[g] = n;
+    seg->mapped_bytes += bytes;
+    return XSEG_SUCCESS;
+}
+
+xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut, size_t *mapped,
+                    size_t *chunks)
 {
     if (mapped)
         *mapped = 0;
+    if (chunks)
+        *chunks = 0;
     if (!seg)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_map: segment is NULL");
     size_t first, last;
@@ -751,162 +826,185 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped)
     st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
+    /* A stranded chunk crossing an edge of the range cannot be used whole: release it first (it
+     * was never handed out, so no work uses it: no synchronize). */
+    size_t edges[2] = {first, last - 1};
+    for (int e = 0; e < 2; e++) {
+        size_t g = edges[e];
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED) &&
+            (chunk_first(seg, g) < first || chunk_end(seg, g) > last) &&
+            (st = chunk_unmap(seg, chunk_first(seg, g))) != XSEG_SUCCESS)
+            return st;
+    }
 
-    size_t P = seg->page_size;
-    size_t before = seg->mapped_bytes;
-    size_t piece = seg_piece_of(seg, first);
-    size_t piece_end = seg_piece_end(seg, piece);
-    size_t run = SIZE_MAX; /* first page of the current run of newly mapped pages, SIZE_MAX: none */
-    size_t i = first;
-    CUresult res;
+    size_t G = seg->gran;
+    size_t max_n = max_chunk ? XSEG_MAX(max_chunk / G, (size_t)1) : SIZE_MAX;
+    size_t cut_g = cut == SIZE_MAX || cut % G ? SIZE_MAX : cut / G;
+    size_t page_g = seg->page_size / G;
+    size_t before = seg->mapped_bytes, nnew = 0;
+    size_t run = SIZE_MAX; /* first granule of the current run of new chunks, SIZE_MAX: none */
+    size_t g = first;
+    size_t piece_end = seg_piece_end_of(seg, first);
 
-    for (; i < last; i++) {
-        if (i == piece_end) {
+    while (g < last) {
+        if (g == piece_end) {
             /* Never let a cuMemSetAccess span two reservations. */
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
                 goto fail;
             run = SIZE_MAX;
-            piece++;
-            piece_end = seg_piece_end(seg, piece);
+            piece_end = seg_piece_end_of(seg, g);
         }
-        if (seg->pflags[i] & PAGE_ASLEEP) {
+        if (seg->gflags[g] & GRAN_ASLEEP) {
             /* The allocator never maps into a sleeping segment: only a wake does. */
-            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_map: page %zu of the segment at 0x%llx is asleep", i,
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_map: granule %zu of the segment at 0x%llx is asleep", g,
                          (unsigned long long)seg->base);
             goto fail;
         }
-        if (seg->handles[i] && (seg->pflags[i] & PAGE_STRANDED)) {
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED)) {
             /* Left mapped by an earlier failed rollback: use it, granting access with the run. */
-            seg->pflags[i] = PAGE_FRESH;
-            seg->stranded_bytes -= P;
-            seg->mapped_bytes += P;
+            size_t c = chunk_first(seg, g), bytes = seg->clen[c] * G;
+            chunk_flags(seg, c, GRAN_STRANDED, 0);
+            chunk_flags(seg, c, GRAN_FRESH, 1);
+            seg->stranded_bytes -= bytes;
+            seg->mapped_bytes += bytes;
+            nnew++;
             if (run == SIZE_MAX)
-                run = i;
+                run = g;
+            g = chunk_end(seg, g);
             continue;
         }
-        if (seg->handles[i]) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+        if (seg->handles[g]) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
                 goto fail;
             run = SIZE_MAX;
+            g = chunk_end(seg, g);
             continue;
         }
-        CUmemGenericAllocationHandle h = 0;
-        res = drv->cuMemCreate(&h, P, &seg->prop, 0);
-        if (res != CUDA_SUCCESS) {
-            st = seg_failf(res, "cuMemCreate(%zu bytes) for page %zu of the segment at 0x%llx on device %d", P,
-                           i, (unsigned long long)seg->base, seg->device);
+        /* The unmapped run from g: to the range's end, the piece's end, the next chunk, cut, or
+         * the next page boundary (a page is a union of chunks, so it can be given back whole). */
+        size_t end = XSEG_MIN(last, piece_end);
+        size_t n = 1;
+        while (g + n < end && !seg->handles[g + n] && n < max_n && g + n != cut_g && (g + n) % page_g)
+            n++;
+        if ((st = chunk_create(seg, g, n)) != XSEG_SUCCESS)
             goto fail;
-        }
-        if (h == 0) {
-            /* 0 marks an unmapped page here; no driver is known to return it. */
-            seg_release_handle(seg, h);
-            st = err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle for page %zu", i);
-            goto fail;
-        }
-        CUdeviceptr addr = seg->base + i * P;
-        res = drv->cuMemMap(addr, P, 0, h, 0);
-        if (res != CUDA_SUCCESS) {
-            seg_release_handle(seg, h);
-            st = seg_failf(res, "cuMemMap(0x%llx, %zu) of page %zu", (unsigned long long)addr, P, i);
-            goto fail;
-        }
-        seg->handles[i] = h;
-        seg->pflags[i] = PAGE_FRESH;
-        seg->mapped_bytes += P;
+        nnew++;
         if (run == SIZE_MAX)
-            run = i;
+            run = g;
+        g += n;
     }
     if (run != SIZE_MAX && (st = seg_set_access(seg, run, last, 0)) != XSEG_SUCCESS)
         goto fail;
 
     if (seg->observe)
         seg_observe_fresh(seg, first, last);
-    for (size_t j = first; j < last; j++)
-        seg->pflags[j] &= (unsigned char)~PAGE_FRESH;
+    for (size_t k = first; k < last; k++)
+        seg->gflags[k] &= (unsigned char)~GRAN_FRESH;
     if (mapped)
         *mapped = seg->mapped_bytes - before;
+    if (chunks)
+        *chunks = nnew;
     return XSEG_SUCCESS;
 
 fail:
-    /* Pages [i, last) were never touched by this call; everything before may hold fresh pages,
-     * the current run included (mapped, access not or only partly granted). */
-    seg_map_rollback(seg, first, XSEG_MIN(i + 1, last));
+    /* Granules from g on were never touched by this call; everything before may hold fresh
+     * chunks, the current run included (mapped, access not or only partly granted). */
+    seg_map_rollback(seg, first, XSEG_MIN(g, last));
     return st;
 }
 
 /* ---- unmap ---- */
 
-static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, bool sync);
+static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks,
+                                  bool sync);
 
-xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped)
+xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks)
 {
-    return seg_unmap_impl(seg, offset, size, unmapped, true);
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, true);
 }
 
-xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped)
+xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks)
 {
-    return seg_unmap_impl(seg, offset, size, unmapped, false);
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, false);
 }
 
-static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, bool sync)
+/* The next run [*run, *run_end) of live chunks wholly inside [g, last) and one piece, from g on;
+ * @return false when there is none. */
+static bool next_inner_run(const struct seg *seg, size_t g, size_t last, size_t first, size_t *run, size_t *run_end)
+{
+    while (g < last) {
+        if (!gran_live(seg, g)) {
+            g = chunk_end(seg, g);
+            continue;
+        }
+        if (chunk_first(seg, g) < first || chunk_end(seg, g) > last) {
+            g = chunk_end(seg, g); /* crosses an edge: stays */
+            continue;
+        }
+        size_t pend = seg_piece_end_of(seg, g), e = g;
+        while (e < last && e < pend && gran_live(seg, e) && chunk_end(seg, e) <= last)
+            e = chunk_end(seg, e);
+        *run = g;
+        *run_end = e;
+        return true;
+    }
+    return false;
+}
+
+static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks,
+                                  bool sync)
 {
     if (unmapped)
         *unmapped = 0;
+    if (chunks)
+        *chunks = 0;
     if (!seg)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_unmap: segment is NULL");
     size_t first, last;
     xseg_status st = seg_check_range(seg, "seg_unmap", offset, size, &first, &last);
     if (st != XSEG_SUCCESS)
         return st;
-    size_t i = first;
-    while (i < last && !page_live(seg, i))
-        i++;
-    if (i == last)
-        return XSEG_SUCCESS; /* nothing mapped: no need to wait for the stream */
+    size_t run, run_end;
+    if (!next_inner_run(seg, first, last, first, &run, &run_end))
+        return XSEG_SUCCESS; /* nothing to unmap: no need to wait for the stream */
     st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    /* Work queued on the stream may still use these pages, and unmap/release are not known to
+    /* Work queued on the stream may still use this memory, and unmap/release are not known to
      * wait for it in every case (PyTorch synchronizes here for the same reason). */
     if (sync) {
-        st = seg_sync(seg, "before unmapping pages");
+        st = seg_sync(seg, "before unmapping memory");
         if (st != XSEG_SUCCESS)
             return st;
     }
-    size_t before = seg->mapped_bytes;
-    bool stop = false;
-    while (i < last && !stop) {
-        /* The next run of mapped pages inside one piece: announced to the observer before the
-         * driver unmaps it, so a registration can be dropped while the memory is still there. */
-        while (i < last && !page_live(seg, i))
-            i++;
-        if (i == last)
-            break;
-        size_t end = XSEG_MIN(last, seg_piece_end(seg, seg_piece_of(seg, i)));
-        size_t run_end = i;
-        while (run_end < end && page_live(seg, run_end))
-            run_end++;
+    size_t before = seg->mapped_bytes, ngone = 0;
+    do {
+        /* Announced to the observer before the driver unmaps it, so a registration can be
+         * dropped while the memory is still there. One cuMemUnmap for the whole run: the driver
+         * unmaps adjacent whole mappings together (a conformance row). */
         if (seg->observe)
-            seg->observe(seg->observe_user, seg, i, run_end, 0);
-        for (; i < run_end; i++) {
-            xseg_status pst = seg_unmap_page(seg, i);
-            if (pst == XSEG_SUCCESS)
-                continue;
-            if (st == XSEG_SUCCESS)
-                st = pst;
-            if (seg->handles[i]) {
-                /* The unmap failed: leave this page and the rest mapped and usable, and tell the
-                 * observer the part of the run announced as unmapped is mapped after all. */
-                if (seg->observe)
-                    seg->observe(seg->observe_user, seg, i, run_end, 1);
-                stop = true;
-                break;
-            }
-            /* else only the release failed: the page is unmapped, go on */
+            seg->observe(seg->observe_user, seg, run, run_end, 0);
+        CUdeviceptr addr = gran_addr(seg, run);
+        size_t bytes = (run_end - run) * seg->gran;
+        CUresult res = drv->cuMemUnmap(addr, bytes);
+        if (res != CUDA_SUCCESS) {
+            /* Nothing of the run was unmapped: it stays mapped and usable. */
+            if (seg->observe)
+                seg->observe(seg->observe_user, seg, run, run_end, 1);
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu)", (unsigned long long)addr, bytes);
+            break;
         }
-    }
+        for (size_t g = run; g < run_end;) {
+            size_t e = chunk_end(seg, g);
+            chunk_forget(seg, g);
+            ngone++;
+            g = e;
+        }
+    } while (next_inner_run(seg, run_end, last, first, &run, &run_end));
     if (unmapped)
         *unmapped = before - seg->mapped_bytes;
+    if (chunks)
+        *chunks = ngone;
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "seg_unmap: %zu bytes unmapped before the failure", before - seg->mapped_bytes);
     return XSEG_SUCCESS;
@@ -921,13 +1019,15 @@ xseg_status seg_reclaim(struct seg *seg)
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    /* No synchronize: a stranded page was never handed out, so no work can use it. */
-    for (size_t i = 0; i < seg->npages && seg->stranded_bytes; i++) {
-        if (!(seg->pflags[i] & PAGE_STRANDED))
-            continue;
-        xseg_status pst = seg_unmap_page(seg, i);
-        if (pst != XSEG_SUCCESS && st == XSEG_SUCCESS)
-            st = pst;
+    /* No synchronize: a stranded chunk was never handed out, so no work can use it. */
+    for (size_t g = 0; g < seg->ngran && seg->stranded_bytes;) {
+        size_t e = chunk_end(seg, g);
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED)) {
+            xseg_status pst = chunk_unmap(seg, g);
+            if (pst != XSEG_SUCCESS && st == XSEG_SUCCESS)
+                st = pst;
+        }
+        g = e;
     }
     return st;
 }
@@ -945,20 +1045,20 @@ xseg_status seg_add_peer(struct seg *seg, int peer)
     xseg_status st = seg_push_access(seg, peer);
     if (st != XSEG_SUCCESS)
         return st;
-    int k = seg->naccess - 1;
+    size_t k = seg->naccess - 1;
     if (seg->mapped_bytes) {
         st = drv_ctx_ensure(seg->ctx);
         for (size_t piece = 0; st == XSEG_SUCCESS && piece < seg->npieces; piece++) {
-            size_t end = seg_piece_end(seg, piece);
-            size_t i = seg->pieces[piece].first_page;
-            while (st == XSEG_SUCCESS && i < end) {
-                while (i < end && !page_live(seg, i))
-                    i++;
-                size_t run = i;
-                while (i < end && page_live(seg, i))
-                    i++;
-                if (run < i)
-                    st = seg_set_access(seg, run, i, k);
+            size_t g = seg->pieces[piece].first_gran;
+            size_t end = g + seg->pieces[piece].size / seg->gran;
+            while (st == XSEG_SUCCESS && g < end) {
+                while (g < end && !gran_live(seg, g))
+                    g++;
+                size_t run = g;
+                while (g < end && gran_live(seg, g))
+                    g++;
+                if (run < g)
+                    st = seg_set_access(seg, run, g, k);
             }
         }
     }
@@ -972,39 +1072,57 @@ xseg_status seg_add_peer(struct seg *seg, int peer)
 CUdeviceptr seg_base(const struct seg *seg) { return seg->base; }
 size_t seg_va_size(const struct seg *seg) { return seg->va_size; }
 size_t seg_page_size(const struct seg *seg) { return seg->page_size; }
+size_t seg_gran(const struct seg *seg) { return seg->gran; }
+size_t seg_ngran(const struct seg *seg) { return seg->ngran; }
 size_t seg_mapped_bytes(const struct seg *seg) { return seg->mapped_bytes; }
 size_t seg_stranded_bytes(const struct seg *seg) { return seg->stranded_bytes; }
-
-int seg_page_is_mapped(const struct seg *seg, size_t page_index)
-{
-    return page_index < seg->npages && page_live(seg, page_index);
-}
-
-/* ---- issue 15: handles and observers ---- */
-
-CUmemGenericAllocationHandle seg_page_handle(const struct seg *seg, size_t page_index)
-{
-    return page_index < seg->npages && page_live(seg, page_index) ? seg->handles[page_index] : 0;
-}
-
 unsigned seg_handle_types(const struct seg *seg) { return (unsigned)seg->prop.requestedHandleTypes; }
 int seg_device(const struct seg *seg) { return seg->device; }
-size_t seg_npages(const struct seg *seg) { return seg->npages; }
+
+int seg_gran_is_mapped(const struct seg *seg, size_t g) { return g < seg->ngran && gran_live(seg, g); }
+
+int seg_chunk(const struct seg *seg, size_t g, CUmemGenericAllocationHandle *handle, size_t *first, size_t *n)
+{
+    if (g >= seg->ngran || !gran_live(seg, g))
+        return 0;
+    size_t c = seg->cstart[g];
+    if (handle)
+        *handle = seg->handles[g];
+    if (first)
+        *first = c;
+    if (n)
+        *n = seg->clen[c];
+    return 1;
+}
+
+void seg_inner_range(const struct seg *seg, size_t offset, size_t size, size_t *lo, size_t *hi)
+{
+    size_t G = seg->gran;
+    size_t a = offset / G, b = (offset + size) / G;
+    if (a < b && seg->handles[a] && chunk_first(seg, a) < a)
+        a = chunk_end(seg, a);
+    if (a < b && seg->handles[b - 1] && chunk_end(seg, b - 1) > b)
+        b = chunk_first(seg, b - 1);
+    if (a >= b)
+        a = b = offset / G;
+    *lo = a * G;
+    *hi = b * G;
+}
 
 static void seg_runs(const struct seg *seg, void (*fn)(void *, struct seg *, size_t, size_t, int), void *user,
                      int mapped)
 {
     for (size_t piece = 0; piece < seg->npieces; piece++) {
-        size_t end = seg_piece_end(seg, piece);
-        size_t i = seg->pieces[piece].first_page;
-        while (i < end) {
-            while (i < end && !page_live(seg, i))
-                i++;
-            size_t run = i;
-            while (i < end && page_live(seg, i))
-                i++;
-            if (run < i)
-                fn(user, (struct seg *)(uintptr_t)seg, run, i, mapped);
+        size_t g = seg->pieces[piece].first_gran;
+        size_t end = g + seg->pieces[piece].size / seg->gran;
+        while (g < end) {
+            while (g < end && !gran_live(seg, g))
+                g++;
+            size_t run = g;
+            while (g < end && gran_live(seg, g))
+                g++;
+            if (run < g)
+                fn(user, (struct seg *)(uintptr_t)seg, run, g, mapped);
         }
     }
 }
@@ -1017,11 +1135,40 @@ void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg 
 
 /* ---- sleep and wake (services, core/sleep.c) ---- */
 
+/* The asleep chunk holding granule @p g (GRAN_ASLEEP set): its first granule and end. */
+static size_t asleep_first(const struct seg *seg, size_t g) { return seg->cstart[g]; }
+static size_t asleep_end(const struct seg *seg, size_t g) { return seg->cstart[g] + seg->clen[seg->cstart[g]]; }
+
 size_t seg_asleep_bytes(const struct seg *seg) { return seg->asleep_bytes; }
 
-int seg_page_is_asleep(const struct seg *seg, size_t page_index)
+int seg_gran_is_asleep(const struct seg *seg, size_t g)
 {
-    return page_index < seg->npages && (seg->pflags[page_index] & PAGE_ASLEEP) != 0;
+    return g < seg->ngran && (seg->gflags[g] & GRAN_ASLEEP) != 0;
+}
+
+size_t seg_live_chunks(const struct seg *seg)
+{
+    size_t n = 0;
+    for (size_t g = 0; g < seg->ngran;) {
+        if (gran_live(seg, g))
+            n++;
+        g = (seg->gflags[g] & GRAN_ASLEEP) ? asleep_end(seg, g) : chunk_end(seg, g);
+    }
+    return n;
+}
+
+size_t seg_asleep_chunks(const struct seg *seg)
+{
+    size_t n = 0;
+    for (size_t g = 0; g < seg->ngran;) {
+        if (seg->gflags[g] & GRAN_ASLEEP) {
+            n++;
+            g = asleep_end(seg, g);
+        } else {
+            g = chunk_end(seg, g);
+        }
+    }
+    return n;
 }
 
 xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped)
@@ -1032,34 +1179,25 @@ xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped)
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    size_t P = seg->page_size, before = seg->mapped_bytes;
-    for (size_t i = 0; i < seg->npages;) {
-        /* A run of mapped pages inside one piece, announced before it goes (as seg_unmap). */
-        while (i < seg->npages && !page_live(seg, i))
-            i++;
-        if (i == seg->npages)
-            break;
-        size_t end = seg_piece_end(seg, seg_piece_of(seg, i)), run_end = i;
-        while (run_end < end && page_live(seg, run_end))
-            run_end++;
+    size_t before = seg->mapped_bytes, run, run_end;
+    for (size_t g = 0; next_inner_run(seg, g, seg->ngran, 0, &run, &run_end); g = run_end) {
+        /* Announced before it goes (as seg_unmap), one cuMemUnmap for the run; the handles stay,
+         * so the memory and its bytes live on until seg_sleep_commit. */
         if (seg->observe)
-            seg->observe(seg->observe_user, seg, i, run_end, 0);
-        for (; i < run_end; i++) {
-            CUdeviceptr addr = seg->base + i * P;
-            CUresult res = drv->cuMemUnmap(addr, P);
-            if (res != CUDA_SUCCESS) {
-                st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) of page %zu to put it to sleep", (unsigned long long)addr,
-                               P, i);
-                if (seg->observe)
-                    seg->observe(seg->observe_user, seg, i, run_end, 1);
-                *unmapped = before - seg->mapped_bytes;
-                return st;
-            }
-            /* The handle stays: the memory and its bytes live on until seg_sleep_commit. */
-            seg->pflags[i] |= PAGE_ASLEEP;
-            seg->mapped_bytes -= P;
-            seg->asleep_bytes += P;
+            seg->observe(seg->observe_user, seg, run, run_end, 0);
+        CUdeviceptr addr = gran_addr(seg, run);
+        size_t bytes = (run_end - run) * seg->gran;
+        CUresult res = drv->cuMemUnmap(addr, bytes);
+        if (res != CUDA_SUCCESS) {
+            if (seg->observe)
+                seg->observe(seg->observe_user, seg, run, run_end, 1);
+            *unmapped = before - seg->mapped_bytes;
+            return seg_failf(res, "cuMemUnmap(0x%llx, %zu) to put it to sleep", (unsigned long long)addr, bytes);
         }
+        for (size_t g2 = run; g2 < run_end; g2++)
+            seg->gflags[g2] |= GRAN_ASLEEP;
+        seg->mapped_bytes -= bytes;
+        seg->asleep_bytes += bytes;
     }
     *unmapped = before - seg->mapped_bytes;
     return XSEG_SUCCESS;
@@ -1071,78 +1209,95 @@ xseg_status seg_sleep_undo(struct seg *seg, size_t *remapped)
     xseg_status first = drv_ctx_ensure(seg->ctx);
     if (first != XSEG_SUCCESS)
         return first;
-    size_t P = seg->page_size;
-    /* Page by page (a rollback is rare): map the held handle back, grant access, announce. */
-    for (size_t i = 0; i < seg->npages; i++) {
-        if (!(seg->pflags[i] & PAGE_ASLEEP) || !seg->handles[i])
+    /* Chunk by chunk (a rollback is rare): map the held handle back, grant access, announce. */
+    for (size_t g = 0; g < seg->ngran;) {
+        if (!(seg->gflags[g] & GRAN_ASLEEP)) {
+            g = chunk_end(seg, g);
             continue;
-        CUdeviceptr addr = seg->base + i * P;
-        CUresult res = drv->cuMemMap(addr, P, 0, seg->handles[i], 0);
+        }
+        size_t c = asleep_first(seg, g), end = asleep_end(seg, g), bytes = (end - c) * seg->gran;
+        g = end;
+        if (!seg->handles[c])
+            continue;
+        CUdeviceptr addr = gran_addr(seg, c);
+        CUresult res = drv->cuMemMap(addr, bytes, 0, seg->handles[c], 0);
         if (res != CUDA_SUCCESS) {
             if (first == XSEG_SUCCESS)
-                first = seg_failf(res, "cuMemMap(0x%llx, %zu) of page %zu back after a failed sleep",
-                                  (unsigned long long)addr, P, i);
+                first = seg_failf(res, "cuMemMap(0x%llx, %zu) of a chunk back after a failed sleep",
+                                  (unsigned long long)addr, bytes);
             continue; /* still asleep, still held: a wake maps it */
         }
-        xseg_status st = seg_set_access(seg, i, i + 1, 0);
+        xseg_status st = seg_set_access(seg, c, end, 0);
         if (st != XSEG_SUCCESS) {
             if (first == XSEG_SUCCESS)
                 first = st;
-            if (drv->cuMemUnmap(addr, P) == CUDA_SUCCESS)
+            if (drv->cuMemUnmap(addr, bytes) == CUDA_SUCCESS)
                 continue; /* asleep and held again */
             /* Mapped after all, perhaps without access (a third failure): counted mapped, so the
              * books match the driver; the message says what happened. */
         }
-        seg->pflags[i] &= (unsigned char)~PAGE_ASLEEP;
-        seg->asleep_bytes -= P;
-        seg->mapped_bytes += P;
-        *remapped += P;
+        chunk_flags(seg, c, GRAN_ASLEEP, 0);
+        seg->asleep_bytes -= bytes;
+        seg->mapped_bytes += bytes;
+        *remapped += bytes;
         if (seg->observe)
-            seg->observe(seg->observe_user, seg, i, i + 1, 1);
+            seg->observe(seg->observe_user, seg, c, end, 1);
     }
     return first;
 }
 
 void seg_sleep_commit(struct seg *seg)
 {
-    for (size_t i = 0; i < seg->npages; i++) {
-        if (!(seg->pflags[i] & PAGE_ASLEEP) || !seg->handles[i])
+    for (size_t g = 0; g < seg->ngran;) {
+        if (!(seg->gflags[g] & GRAN_ASLEEP)) {
+            g = chunk_end(seg, g);
             continue;
-        seg_release_handle(seg, seg->handles[i]);
-        seg->handles[i] = 0;
+        }
+        size_t c = asleep_first(seg, g), end = asleep_end(seg, g);
+        if (seg->handles[c]) {
+            seg_release_handle(seg, seg->handles[c]);
+            for (size_t k = c; k < end; k++)
+                seg->handles[k] = 0;
+        }
+        g = end;
     }
 }
 
-/* Undo the pages of the running (or last) wake, PAGE_FRESH: unmap them, release the handles the
+/* Undo the chunks of the running (or last) wake, GRAN_FRESH: unmap them, release the handles the
  * wake created, keep the ones it found held; they are asleep again. @p announced: the observer
- * was told they are mapped. A page whose unmap fails stays mapped, and counted (and announced). */
+ * was told they are mapped. A chunk whose unmap fails stays mapped and counted (and announced). */
 static xseg_status seg_wake_rollback(struct seg *seg, bool announced)
 {
     xseg_status first = XSEG_SUCCESS;
-    size_t P = seg->page_size;
-    for (size_t i = 0; i < seg->npages; i++) {
-        if (!(seg->pflags[i] & PAGE_FRESH))
+    for (size_t g = 0; g < seg->ngran;) {
+        if (!(seg->gflags[g] & GRAN_FRESH)) {
+            g = (seg->gflags[g] & GRAN_ASLEEP) ? asleep_end(seg, g) : chunk_end(seg, g);
             continue;
+        }
+        size_t c = chunk_first(seg, g), end = chunk_end(seg, g), bytes = (end - c) * seg->gran;
+        g = end;
         if (announced && seg->observe)
-            seg->observe(seg->observe_user, seg, i, i + 1, 0);
-        CUdeviceptr addr = seg->base + i * P;
-        CUresult res = drv->cuMemUnmap(addr, P);
+            seg->observe(seg->observe_user, seg, c, end, 0);
+        CUdeviceptr addr = gran_addr(seg, c);
+        CUresult res = drv->cuMemUnmap(addr, bytes);
         if (res != CUDA_SUCCESS) {
             if (first == XSEG_SUCCESS)
-                first = seg_failf(res, "cuMemUnmap(0x%llx, %zu) of page %zu to undo a wake", (unsigned long long)addr,
-                                  P, i);
-            seg->pflags[i] = 0;
+                first = seg_failf(res, "cuMemUnmap(0x%llx, %zu) to undo a wake", (unsigned long long)addr, bytes);
+            chunk_flags(seg, c, GRAN_FRESH | GRAN_WAS_HELD, 0);
             if (seg->observe)
-                seg->observe(seg->observe_user, seg, i, i + 1, 1);
+                seg->observe(seg->observe_user, seg, c, end, 1);
             continue;
         }
-        if (!(seg->pflags[i] & PAGE_WAS_HELD)) {
-            seg_release_handle(seg, seg->handles[i]);
-            seg->handles[i] = 0;
+        bool held = (seg->gflags[c] & GRAN_WAS_HELD) != 0;
+        if (!held)
+            seg_release_handle(seg, seg->handles[c]);
+        for (size_t k = c; k < end; k++) {
+            if (!held)
+                seg->handles[k] = 0;
+            seg->gflags[k] = GRAN_ASLEEP;
         }
-        seg->pflags[i] = PAGE_ASLEEP;
-        seg->mapped_bytes -= P;
-        seg->asleep_bytes += P;
+        seg->mapped_bytes -= bytes;
+        seg->asleep_bytes += bytes;
     }
     return first;
 }
@@ -1155,52 +1310,57 @@ xseg_status seg_wake_map(struct seg *seg, size_t *mapped)
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    size_t P = seg->page_size, before = seg->mapped_bytes;
-    size_t piece = 0, piece_end = seg_piece_end(seg, 0);
-    size_t run = SIZE_MAX; /* first page of the current run of pages mapped here */
-    for (size_t i = 0; i < seg->npages; i++) {
-        if (i == piece_end) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+    size_t before = seg->mapped_bytes;
+    size_t run = SIZE_MAX; /* first granule of the current run of chunks mapped here */
+    size_t piece_end = seg_piece_end_of(seg, 0);
+    for (size_t g = 0; g < seg->ngran;) {
+        if (g == piece_end) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
                 goto fail;
             run = SIZE_MAX;
-            piece_end = seg_piece_end(seg, ++piece);
+            piece_end = seg_piece_end_of(seg, g);
         }
-        if (!(seg->pflags[i] & PAGE_ASLEEP)) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, i, 0)) != XSEG_SUCCESS)
+        if (!(seg->gflags[g] & GRAN_ASLEEP)) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
                 goto fail;
             run = SIZE_MAX;
+            g = chunk_end(seg, g);
             continue;
         }
-        CUmemGenericAllocationHandle h = seg->handles[i];
+        size_t c = asleep_first(seg, g), end = asleep_end(seg, g), bytes = (end - c) * seg->gran;
+        CUmemGenericAllocationHandle h = seg->handles[c];
         bool held = h != 0;
         CUresult res;
-        if (!held && (res = drv->cuMemCreate(&h, P, &seg->prop, 0)) != CUDA_SUCCESS) {
-            st = seg_failf(res, "cuMemCreate(%zu bytes) to wake page %zu of the segment at 0x%llx on device %d", P, i,
+        if (!held && (res = drv->cuMemCreate(&h, bytes, &seg->prop, 0)) != CUDA_SUCCESS) {
+            st = seg_failf(res, "cuMemCreate(%zu bytes) to wake a chunk of the segment at 0x%llx on device %d", bytes,
                            (unsigned long long)seg->base, seg->device);
             goto fail;
         }
         if (!held && h == 0) {
-            st = err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle for page %zu", i);
+            st = err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle");
             goto fail;
         }
-        CUdeviceptr addr = seg->base + i * P;
-        if ((res = drv->cuMemMap(addr, P, 0, h, 0)) != CUDA_SUCCESS) {
+        CUdeviceptr addr = gran_addr(seg, c);
+        if ((res = drv->cuMemMap(addr, bytes, 0, h, 0)) != CUDA_SUCCESS) {
             if (!held)
                 seg_release_handle(seg, h);
-            st = seg_failf(res, "cuMemMap(0x%llx, %zu) to wake page %zu", (unsigned long long)addr, P, i);
+            st = seg_failf(res, "cuMemMap(0x%llx, %zu) to wake a chunk", (unsigned long long)addr, bytes);
             goto fail;
         }
-        seg->handles[i] = h;
-        seg->pflags[i] = (unsigned char)(PAGE_FRESH | (held ? PAGE_WAS_HELD : 0));
-        seg->asleep_bytes -= P;
-        seg->mapped_bytes += P;
+        for (size_t k = c; k < end; k++) {
+            seg->handles[k] = h;
+            seg->gflags[k] = (unsigned char)(GRAN_FRESH | (held ? GRAN_WAS_HELD : 0));
+        }
+        seg->asleep_bytes -= bytes;
+        seg->mapped_bytes += bytes;
         if (run == SIZE_MAX)
-            run = i;
+            run = c;
+        g = end;
     }
-    if (run != SIZE_MAX && (st = seg_set_access(seg, run, seg->npages, 0)) != XSEG_SUCCESS)
+    if (run != SIZE_MAX && (st = seg_set_access(seg, run, seg->ngran, 0)) != XSEG_SUCCESS)
         goto fail;
     if (seg->observe)
-        seg_observe_fresh(seg, 0, seg->npages);
+        seg_observe_fresh(seg, 0, seg->ngran);
     *mapped = seg->mapped_bytes - before;
     return XSEG_SUCCESS;
 fail:
@@ -1216,6 +1376,6 @@ xseg_status seg_wake_undo(struct seg *seg)
 
 void seg_wake_commit(struct seg *seg)
 {
-    for (size_t i = 0; i < seg->npages; i++)
-        seg->pflags[i] &= (unsigned char)~(PAGE_FRESH | PAGE_WAS_HELD);
+    for (size_t g = 0; g < seg->ngran; g++)
+        seg->gflags[g] &= (unsigned char)~(GRAN_FRESH | GRAN_WAS_HELD);
 }

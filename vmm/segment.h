@@ -1,12 +1,20 @@
 /*
  * Expandable segments: one virtual-address range per (device, stream, pool) into which physical
- * pages are mapped on demand.
+ * memory is mapped on demand.
  *
  * A segment is a contiguous VA range [base, base + va_size) made of one or more driver
- * reservations laid end to end. Each page (page_size bytes, a multiple of the device's
- * granularity) is either unmapped, or mapped to its own cuMemCreate handle so that any page can
- * be unmapped alone. The block allocator above decides which byte ranges are live; this module
- * only maps and unmaps whole pages and never reads device memory. Metadata lives in host memory.
+ * reservations laid end to end. The VA is divided into granules (the device's VMM granularity,
+ * 2 MiB on current GPUs). Physical memory comes in chunks: one cuMemCreate handle each, a whole
+ * number of granules, mapped whole at one place (the driver maps a handle only whole), never
+ * across two reservations. A chunk is unmapped only whole, so chunk boundaries are where memory
+ * can later be given back: the caller chooses them when it maps (seg_map's max_chunk and cut).
+ * The block allocator above decides which byte ranges are live; this module only maps and
+ * unmaps chunks and never reads device memory. Metadata lives in host memory.
+ *
+ * "Page" below is the caller's rounding unit (seg_params.page_size: 2 MiB for the small pool,
+ * expandable_page_size_mb for the large one): VA pieces are multiples of it, and the allocator
+ * rounds growth to it, as PyTorch's expandable segments map whole pages. It does not constrain
+ * chunks, which are any granule multiple.
  *
  * Locking: a segment belongs to one device allocator; callers hold that device's lock.
  * Context: the segment retains its device's primary context at seg_create and makes it current
@@ -39,17 +47,17 @@ struct seg;
 struct seg_params {
     int device;             /* xseg device index (also the CUDA ordinal) */
     CUdevice cudev;
-    CUstream stream;        /* synchronized before pages are unmapped */
-    size_t page_size;       /* 2 MiB small pool, large_segment_size_mb for the large pool */
+    CUstream stream;        /* synchronized before memory is unmapped */
+    size_t page_size;       /* the caller's rounding unit, a multiple of the granularity */
     const int *peers;       /* devices given read-write access as well (copied) */
     int npeers;
-    /* Issue 15: shareable handle types every page is created with (CUmemAllocationHandleType
-     * bits; CU_MEM_HANDLE_TYPE_NONE: not exportable). Chosen by ipc_handle_types (vmm/ipc.h). */
+    /* Shareable handle types every chunk is created with (CUmemAllocationHandleType bits;
+     * CU_MEM_HANDLE_TYPE_NONE: not exportable). Chosen by ipc_handle_types (vmm/ipc.h). */
     unsigned handle_types;
-    /* Issue 15: called after pages [first, last) of the segment were mapped (access granted), and
-     * before they are unmapped (then again with mapped = 1 for pages a failed unmap left mapped),
-     * so that memory registrations can follow the mappings. Runs never span two reservation
-     * pieces. NULL: no calls. It must not call into the segment. */
+    /* Called after granules [first, last) of the segment were mapped (access granted), and before
+     * they are unmapped (then again with mapped = 1 for chunks a failed unmap left mapped), so that
+     * memory registrations can follow the mappings. Ranges are whole chunks and never span two
+     * reservation pieces. NULL: no calls. It must not change the segment. */
     void (*observe)(void *user, struct seg *seg, size_t first, size_t last, int mapped);
     void *observe_user;
 };
@@ -61,7 +69,7 @@ struct seg_params {
  */
 xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out);
 
-/* Unmap and release every page still mapped (after synchronizing the stream), free every
+/* Unmap and release every chunk still mapped (after synchronizing the stream), free every
  * reservation, free the metadata. NULL is a no-op. Never fails visibly: driver errors are
  * reported through the return value but the segment is gone either way. */
 xseg_status seg_destroy(struct seg *seg);
@@ -75,33 +83,42 @@ xseg_status seg_destroy(struct seg *seg);
 xseg_status seg_grow(struct seg *seg, size_t size);
 
 /*
- * Map every unmapped page in [offset, offset + size): offset and size are multiples of
- * page_size and lie inside the current VA range. Creates one handle per page, maps it, and grants
- * access with one cuMemSetAccess per contiguous newly mapped run (and per peer). On any failure
- * every page mapped by this call is unmapped and released again. Pages already mapped are left
- * alone. @p mapped (optional) receives the bytes newly mapped.
+ * Map every unmapped granule in [offset, offset + size) (granule multiples inside the VA range).
+ * Each unmapped run is cut into chunks of at most @p max_chunk bytes (0: no limit) counted from
+ * the run's start, and never across offset @p cut (SIZE_MAX: none) or a reservation piece; each
+ * chunk is one cuMemCreate + cuMemMap, and each run of new chunks inside a piece gets one
+ * cuMemSetAccess (for the owner and every peer). Chunks already mapped are left alone; a stranded
+ * chunk (seg_reclaim) that lies inside the range is used again, one that crosses its edge is
+ * released first. On any failure every chunk mapped by this call is unmapped and released again.
+ * @p mapped and @p chunks (optional) receive the bytes newly mapped and the chunks they came in.
  */
-xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t *mapped);
+xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut, size_t *mapped,
+                    size_t *chunks);
 
 /*
- * Unmap and release every mapped page in [offset, offset + size) (page multiples), after
- * synchronizing the segment's stream. @p unmapped (optional) receives the bytes unmapped.
- * On a driver failure the pages not yet unmapped stay mapped and usable.
+ * Unmap and release every mapped chunk that lies wholly inside [offset, offset + size) (granule
+ * multiples), after synchronizing the segment's stream; chunks crossing the range's edges stay.
+ * One cuMemUnmap per run of adjacent chunks inside a piece, one cuMemRelease per chunk.
+ * @p unmapped and @p chunks (optional) receive the bytes and chunks unmapped. On a driver failure
+ * the chunks not yet unmapped stay mapped and usable.
  */
-xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped);
+xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks);
+/* seg_unmap without the synchronize, for callers that know every use of this memory on the GPU
+ * has completed (the stream was queried idle, or its event completed). */
+xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks);
 
 /*
- * Driver failures that leave memory with the driver (issue 11). Nothing is forgotten:
- *  - a page whose unmap fails while seg_map rolls back is "stranded": the driver still maps it,
- *    perhaps without access rights, so it counts as unmapped (seg_page_is_mapped is 0, not in
- *    seg_mapped_bytes: it was never handed out); a later seg_map of that page reuses it and
+ * Driver failures that leave memory with the driver. Nothing is forgotten:
+ *  - a chunk whose unmap fails while seg_map rolls back is "stranded": the driver still maps it,
+ *    perhaps without access rights, so it counts as unmapped (seg_gran_is_mapped is 0, not in
+ *    seg_mapped_bytes: it was never handed out); a later seg_map over it uses it again and
  *    grants access, and seg_reclaim unmaps and releases it;
- *  - a handle whose cuMemRelease fails (the page is unmapped all the same), a page of a destroyed
- *    segment whose unmap fails, a reservation whose cuMemAddressFree fails: kept in a
+ *  - a handle whose cuMemRelease fails (the chunk is unmapped all the same), a chunk of a
+ *    destroyed segment whose unmap fails, a reservation whose cuMemAddressFree fails: kept in a
  *    process-wide list and retried by seg_leftovers_retry.
  * The allocator runs both on every reclaim (empty_cache, the OOM path).
  */
-/* Unmap and release the stranded pages of @p seg. On a failure they stay stranded. */
+/* Unmap and release the stranded chunks of @p seg. On a failure they stay stranded. */
 xseg_status seg_reclaim(struct seg *seg);
 /* Retry every leftover (unmaps, then releases, then address frees), with each one's device's
  * primary context made current (the calling thread's current context may change). What fails
@@ -109,24 +126,23 @@ xseg_status seg_reclaim(struct seg *seg);
 xseg_status seg_leftovers_retry(void);
 /* Leftovers waiting for a retry (tests, diagnostics). */
 size_t seg_leftovers_pending(void);
-/* seg_unmap without the synchronize, for callers that know every use of these pages on the GPU
- * has completed (services, core/trim.c: the stream was queried idle). */
-xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped);
 
 /*
- * Sleep and wake (services, core/sleep.c): give back the physical memory of every mapped page of
- * a segment while its virtual addresses stay reserved, and map pages at the same addresses again.
- * The caller has waited for every use of the pages on the GPU and copied what it keeps. A pool
- * of several segments sleeps in two steps, so that one segment's failure can undo the others:
- *  - seg_sleep_unmap: unmap every mapped page (announced to the observer first), keeping its
- *    handle, so the memory and its bytes still exist; the pages are asleep. On a failed unmap the
- *    pages unmapped so far stay asleep (and held) and the error comes back: seg_sleep_undo.
- *  - seg_sleep_undo: map the held pages back with their own handles and access (the bytes are
- *    intact), announcing each. A page that cannot be mapped back stays asleep and held: a wake
+ * Sleep and wake (services, core/sleep.c): give back the physical memory of every mapped chunk
+ * of a segment while its virtual addresses stay reserved, and map chunks of the same sizes at the
+ * same places again. The caller has waited for every use of the memory on the GPU and copied what
+ * it keeps. A pool of several segments sleeps in two steps, so that one segment's failure can
+ * undo the others:
+ *  - seg_sleep_unmap: unmap every mapped chunk (announced to the observer first, one cuMemUnmap
+ *    per run), keeping its handle, so the memory and its bytes still exist; the chunks are
+ *    asleep. On a failed unmap the chunks unmapped so far stay asleep (and held) and the error
+ *    comes back: seg_sleep_undo.
+ *  - seg_sleep_undo: map the held chunks back with their own handles and access (the bytes are
+ *    intact), announcing each. A chunk that cannot be mapped back stays asleep and held: a wake
  *    maps it, so nothing is lost; the first failure is returned.
  *  - seg_sleep_commit: release the held handles: the memory goes back to the driver (a failed
  *    release is kept for seg_leftovers_retry).
- * Asleep pages are neither mapped (seg_page_is_mapped, seg_mapped_bytes) nor unmapped: seg_map
+ * Asleep chunks are neither mapped (seg_gran_is_mapped, seg_mapped_bytes) nor unmapped: seg_map
  * refuses them, seg_unmap and seg_reclaim leave them alone, seg_destroy releases held handles.
  * @p unmapped / @p remapped receive the bytes.
  */
@@ -134,41 +150,49 @@ xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped);
 xseg_status seg_sleep_undo(struct seg *seg, size_t *remapped);
 void seg_sleep_commit(struct seg *seg);
 /*
- * Map every asleep page at its address again (its held handle, else a new cuMemCreate) and grant
- * access to the owner and peers (one cuMemSetAccess per run, per piece). The new contents are
- * whatever the driver gives (the caller restores or clears them). On failure every page this
- * call mapped is unmapped again (new handles released, held ones kept): all asleep as before.
- * Announced to the observer on success. seg_wake_undo puts the pages of a successful
+ * Map every asleep chunk at its place again (its held handle, else a new cuMemCreate of its size)
+ * and grant access to the owner and peers (one cuMemSetAccess per run, per piece). The new
+ * contents are whatever the driver gives (the caller restores or clears them). On failure every
+ * chunk this call mapped is unmapped again (new handles released, held ones kept): all asleep as
+ * before. Announced to the observer on success. seg_wake_undo puts the chunks of a successful
  * seg_wake_map back to sleep (a later step of the pool's wake failed); seg_wake_commit ends the
  * wake (its scratch flags). @p mapped receives the bytes mapped.
  */
 xseg_status seg_wake_map(struct seg *seg, size_t *mapped);
 xseg_status seg_wake_undo(struct seg *seg);
 void seg_wake_commit(struct seg *seg);
-size_t seg_asleep_bytes(const struct seg *seg);  /* bytes of asleep pages */
-int seg_page_is_asleep(const struct seg *seg, size_t page_index);
+size_t seg_asleep_bytes(const struct seg *seg);            /* bytes of asleep chunks */
+int seg_gran_is_asleep(const struct seg *seg, size_t g);    /* granule @p g belongs to an asleep chunk */
+size_t seg_asleep_chunks(const struct seg *seg);           /* asleep chunks (a walk) */
+size_t seg_live_chunks(const struct seg *seg);             /* mapped chunks (a walk) */
 
-/* Grant @p peer read-write access to every mapped page, and to pages mapped from now on: one
- * cuMemSetAccess per run of mapped pages (new mappings get one call for the owner and every peer
- * together). */
+/* Grant @p peer read-write access to every mapped chunk, and to chunks mapped from now on: one
+ * cuMemSetAccess per run of mapped granules in a piece (new mappings get one call for the owner
+ * and every peer together). */
 xseg_status seg_add_peer(struct seg *seg, int peer);
 
-/* Accessors. */
-/* Issue 15: the cuMemCreate handle of page @p page_index (0 when unmapped or out of range). It
- * stays owned by the segment: export or retain it, never release it. */
-CUmemGenericAllocationHandle seg_page_handle(const struct seg *seg, size_t page_index);
+/* Accessors. Offsets are bytes from seg_base, granule indexes are offset / seg_gran. */
+CUdeviceptr seg_base(const struct seg *seg);
+size_t seg_va_size(const struct seg *seg);        /* bytes of VA reserved, a page multiple */
+size_t seg_page_size(const struct seg *seg);      /* seg_params.page_size */
+size_t seg_gran(const struct seg *seg);           /* the granule: the device's VMM granularity */
+size_t seg_ngran(const struct seg *seg);          /* va_size / granule */
+size_t seg_mapped_bytes(const struct seg *seg);   /* bytes currently mapped */
+size_t seg_stranded_bytes(const struct seg *seg); /* bytes of stranded chunks (see seg_reclaim) */
 unsigned seg_handle_types(const struct seg *seg);
 int seg_device(const struct seg *seg);
-size_t seg_npages(const struct seg *seg);
-/* Call params.observe for every run of mapped pages (within a piece), as if just mapped:
- * a new observer learns the current mappings. */
+/* Is granule @p g mapped (and not stranded)? 0 out of range. */
+int seg_gran_is_mapped(const struct seg *seg, size_t g);
+/* The mapped chunk holding granule @p g: its handle (owned by the segment: export or retain it,
+ * never release it), first granule and granule count. @return 0 (outputs untouched) when @p g is
+ * unmapped, stranded or out of range. */
+int seg_chunk(const struct seg *seg, size_t g, CUmemGenericAllocationHandle *handle, size_t *first, size_t *n);
+/* The largest [*lo, *hi) inside [offset, offset + size) (granule multiples) that no mapped chunk
+ * crosses: what seg_unmap of that range can give back. *lo == *hi when there is none. */
+void seg_inner_range(const struct seg *seg, size_t offset, size_t size, size_t *lo, size_t *hi);
+/* Call @p fn for every run of mapped chunks (within a piece), as if just mapped: a new observer
+ * learns the current mappings. */
 void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg *seg, size_t first, size_t last, int mapped),
                        void *user);
-CUdeviceptr seg_base(const struct seg *seg);
-size_t seg_va_size(const struct seg *seg);      /* bytes of VA reserved, a page multiple */
-size_t seg_page_size(const struct seg *seg);
-size_t seg_mapped_bytes(const struct seg *seg); /* bytes currently mapped */
-size_t seg_stranded_bytes(const struct seg *seg); /* bytes of stranded pages (see seg_reclaim) */
-int seg_page_is_mapped(const struct seg *seg, size_t page_index);
 
 #endif

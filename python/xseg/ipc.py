@@ -23,8 +23,8 @@ _TYPES = {1: "posix_fd", 2: "fabric"}
 
 class _Info(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int), ("size", ctypes.c_size_t),
-                ("offset", ctypes.c_size_t), ("page_size", ctypes.c_size_t),
-                ("npages", ctypes.c_size_t)]
+                ("offset", ctypes.c_size_t), ("nchunks", ctypes.c_size_t),
+                ("span", ctypes.c_size_t)]
 
 
 class _PhysRange(ctypes.Structure):
@@ -70,11 +70,11 @@ class IpcHandle:
         return self._raw
 
     def info(self):
-        """{'type': 'posix_fd'|'fabric', 'device', 'size', 'offset', 'page_size', 'npages'}"""
+        """{'type': 'posix_fd'|'fabric', 'device', 'size', 'offset', 'nchunks', 'span'}"""
         i = _Info()
         check(_lib.need("xseg_ipc_handle_info")(self._ptr, ctypes.byref(i)))
         return {"type": _TYPES.get(i.type, i.type), "device": i.device, "size": i.size,
-                "offset": i.offset, "page_size": i.page_size, "npages": i.npages}
+                "offset": i.offset, "nchunks": i.nchunks, "span": i.span}
 
     def send(self, sock):
         """Send over a connected AF_UNIX socket (a socket object or a descriptor)."""

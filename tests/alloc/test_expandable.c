@@ -25,6 +25,8 @@ static void start(const char *config)
     assert_int_equal(xseg_init(config), XSEG_SUCCESS);
     if (!tu_gpu_available())
         skip();
+    /* No cap left behind by a test that failed half-way (cap_device). */
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
 }
 
 /* Stats that a snapshot determines must match it (PyTorch's _check_memory_stat_consistency). */
@@ -412,19 +414,32 @@ static void test_page_size(void **state)
     start("expandable_page_size_mb:20");
 }
 
-/* ---- recycling (expandable_segments_recycle) ---- */
+/* ---- reclaim under pressure (expandable_segments_recycle) ---- */
 
 #define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
 
-/* a | gap | c, 100 MiB each, page-aligned (the segment starts on a page): a 120 MiB request
- * fits no free block, so the segment grows. With recycling the gap's 5 whole pages are unmapped
- * first: reserved goes 300 -> 320 MiB instead of 420 MiB. When @p fail_entry is set, its Nth
- * call fails during that growth: the malloc still succeeds and everything stays consistent.
- * Returns the calls of fail_entry made by the growth (to end a sweep). */
-static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsigned long nth)
+/* Cap device 0 at @p bytes through the memory fraction. */
+static void cap_device(size_t bytes)
+{
+    size_t total = 0;
+    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
+    assert_int_equal(xseg_set_memory_fraction((double)bytes / (double)total, 0), XSEG_SUCCESS);
+}
+
+/* a | gap | c, 100 MiB each, page-aligned (the segment starts on a page), on a device capped at
+ * 330 MiB: a 120 MiB request fits no free block and the growth is refused. With recycling the
+ * pressure step gives back the gap's 5 pages (a stream known idle: no wait) and the growth goes
+ * through without the OOM path; without it the OOM path releases every cached block and retries
+ * (num_alloc_retries). Reserved ends at 320 MiB either way. Plenty of room: nothing is given back
+ * (420 MiB, as PyTorch). When @p fail_entry is set, its Nth call fails during that growth: the
+ * malloc still succeeds and everything stays consistent. Returns the calls of fail_entry made by
+ * the growth (to end a sweep). */
+static unsigned long recycle_scenario(bool recycle, bool capped, const char *fail_entry, unsigned long nth)
 {
     start(recycle ? "expandable_segments:True,expandable_segments_recycle:True"
                   : "expandable_segments:True,expandable_segments_recycle:False");
+    if (capped)
+        cap_device(330 * MiB);
     struct cudaemu_live before = {0};
     (void)tu_live(&before);
     void *a = must_malloc(100 * MiB, NULL), *b = must_malloc(100 * MiB, NULL), *c = must_malloc(100 * MiB, NULL);
@@ -434,10 +449,9 @@ static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsi
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(300 * MiB));
     int64_t frees = tu_stat("num_device_free"), retries = tu_stat("num_alloc_retries");
     unsigned long calls = 0;
-    if (fail_entry) {
-        tu_counts_reset();
+    tu_counts_reset();
+    if (fail_entry)
         assert_true(tu_fail(fail_entry, nth, CUDA_ERROR_UNKNOWN));
-    }
     void *d = must_malloc(120 * MiB, NULL);
     if (fail_entry) {
         calls = tu_call_count(fail_entry);
@@ -445,14 +459,20 @@ static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsi
     }
     check_consistent();
     if (!fail_entry) {
-        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)((recycle ? 320 : 420) * MiB));
-        assert_int_equal(tu_stat("num_device_free"), frees + (recycle ? 5 : 0));
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)((capped ? 320 : 420) * MiB));
+        assert_int_equal(tu_stat("num_device_free"), frees + (capped ? 5 : 0));
+        /* The OOM path only without recycling; no host-blocking wait either way (the NULL
+         * stream had no work queued: the pressure step asked, it did not wait). */
+        assert_int_equal(tu_stat("num_alloc_retries"), retries + (capped && !recycle ? 1 : 0));
+        if (recycle)
+            assert_int_equal(tu_call_count("cuStreamSynchronize"), 0);
     }
-    assert_int_equal(tu_stat("num_alloc_retries"), retries); /* no OOM path involved */
     tu_assert_cu(tu_fill(DPTR(d), 120 * MiB, 4));
     assert_true(tu_check(DPTR(a), 100 * MiB, 1));
     assert_true(tu_check(DPTR(c), 100 * MiB, 3));
-    /* The recycled VA is a hole now: a 100 MiB request maps it again, in place. */
+    if (capped)
+        cap_device(500 * MiB);
+    /* Given back VA is a hole now: a 100 MiB request maps it again, in place. */
     void *e = must_malloc(100 * MiB, NULL);
     tu_assert_cu(tu_fill(DPTR(e), 100 * MiB, 5));
     check_consistent();
@@ -464,6 +484,7 @@ static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsi
     check_consistent();
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
     /* Leak-free, except a handle whose cuMemRelease failed: the driver's to keep (at most one
      * per run; earlier runs' such handles are in @p before). */
     struct cudaemu_live live;
@@ -479,15 +500,19 @@ static unsigned long recycle_scenario(bool recycle, const char *fail_entry, unsi
 static void test_recycle_gap(void **state)
 {
     (void)state;
-    recycle_scenario(true, NULL, 0);
-    recycle_scenario(false, NULL, 0);
+    recycle_scenario(true, true, NULL, 0);
+    recycle_scenario(false, true, NULL, 0);
+    /* With room to spare, nothing moves: what PyTorch reserves. */
+    recycle_scenario(true, false, NULL, 0);
 }
 
-/* Pages cached by one stream serve another stream's growth without the OOM path. */
+/* Under pressure, pages cached by one stream serve another stream's growth without the OOM path;
+ * with room to spare each stream keeps its cache (PyTorch's stream isolation). */
 static void test_recycle_across_streams(void **state)
 {
     (void)state;
     start("expandable_segments:True,expandable_segments_recycle:True");
+    cap_device(250 * MiB);
     CUstream s1, s2;
     tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
@@ -503,21 +528,152 @@ static void test_recycle_across_streams(void **state)
         check_consistent();
     }
     assert_int_equal(tu_stat("num_alloc_retries"), retries);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    void *p = must_malloc(200 * MiB, n % 2 ? s2 : s1);
+    assert_int_equal(xseg_free(p), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(400 * MiB));
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     check_no_leaks();
     tu_assert_cu(drv->cuStreamDestroy(s1));
     tu_assert_cu(drv->cuStreamDestroy(s2));
 }
 
-/* Fail the Nth cuMemUnmap / cuMemRelease / cuStreamSynchronize while recycling. */
-static void test_recycle_faults(void **state)
+/* Under pressure, a stream with work queued is waited for once, not once per run: its four
+ * isolated free runs are given back after one cuStreamSynchronize. */
+static void test_recycle_waits_once(void **state)
 {
     (void)state;
     start("expandable_segments:True,expandable_segments_recycle:True");
     tu_require_emulator_or_skip();
-    const char *entries[] = {"cuMemUnmap", "cuMemRelease", "cuStreamSynchronize"};
+    cap_device(450 * MiB);
+    CUstream busy;
+    tu_assert_cu(drv->cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING));
+    /* Four isolated free 20 MiB runs on the busy stream. */
+    void *keep[5], *gap[4];
+    for (int i = 0; i < 4; i++) {
+        keep[i] = must_malloc(40 * MiB, busy);
+        gap[i] = must_malloc(20 * MiB, busy);
+    }
+    keep[4] = must_malloc(40 * MiB, busy);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(xseg_free(gap[i]), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(busy));
+    assert_true(tu_stream_work(busy)); /* a kernel still queued: the stream is not idle */
+    tu_counts_reset();
+    void *big = must_malloc(240 * MiB, NULL); /* 280 + 240 > 450: 80 MiB must go */
+    assert_int_equal(tu_call_count("cuStreamSynchronize"), 1);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(440 * MiB));
+    check_consistent();
+    assert_int_equal(xseg_free(big), XSEG_SUCCESS);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(xseg_free(keep[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(busy));
+}
+
+/* expandable_chunk_mb: smaller chunks let the OOM path give back a free gap up to the live
+ * blocks' edges. a, b, c are 30 MiB each on 20 MiB pages; b's gap [30, 60) MiB shares a page with
+ * a, so with one chunk per page only [40, 60) can go. On a device capped 10 MiB above what is
+ * mapped, a 40 MiB request needs 30 MiB back: it fails with page chunks and fits with 2 MiB chunks,
+ * whose layout (and reserved bytes before the pressure) is PyTorch's page layout all the same. */
+static void chunk_scenario(const char *config, bool fits)
+{
+    start(config);
+    void *a = must_malloc(30 * MiB, NULL), *b = must_malloc(30 * MiB, NULL), *c = must_malloc(30 * MiB, NULL);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(100 * MiB)); /* five pages */
+    tu_assert_cu(tu_fill(DPTR(a), 30 * MiB, 7));
+    tu_assert_cu(tu_fill(DPTR(c), 30 * MiB, 9));
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    cap_device(110 * MiB);
+    void *d = NULL;
+    xseg_status st = xseg_malloc(&d, 40 * MiB, 0, NULL);
+    if (fits) {
+        assert_int_equal(st, XSEG_SUCCESS);
+        tu_assert_cu(tu_fill(DPTR(d), 40 * MiB, 11));
+        assert_true(tu_stat("reserved_bytes.all.current") <= (int64_t)(110 * MiB));
+        assert_int_equal(xseg_free(d), XSEG_SUCCESS);
+    } else {
+        assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(80 * MiB));
+    }
+    assert_true(tu_check(DPTR(a), 30 * MiB, 7) && tu_check(DPTR(c), 30 * MiB, 9));
+    check_consistent();
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+static void test_chunk_size(void **state)
+{
+    (void)state;
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:0", false);
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:2", true);
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:4,expandable_segments_recycle:False", true);
+    /* The key's rules: even MiB, at most the page. */
+    assert_int_equal(xseg_set_config("expandable_chunk_mb:3"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_chunk_mb"));
+    assert_int_equal(xseg_set_config("expandable_chunk_mb:40"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_page_size_mb"));
+    start("expandable_chunk_mb:0");
+}
+
+/* With room to spare, a steady churn on many streams makes no driver call at all: no mapping,
+ * no host-blocking synchronization, no capture query, whatever the number of streams; reclaim
+ * (empty_cache) asks the driver about no stream's capture state either, and waits once per
+ * stream. */
+static void test_steady_state_quiet(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    enum { NS = 64, LIVE = 3 };
+    static const size_t sizes[] = {2 * MiB, 5 * MiB, 3 * MiB, 8 * MiB, 6 * MiB, 4 * MiB};
+    CUstream st[NS];
+    void *live[NS][LIVE] = {{0}};
+    for (int i = 0; i < NS; i++)
+        tu_assert_cu(drv->cuStreamCreate(&st[i], CU_STREAM_NON_BLOCKING));
+    const char *quiet[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease",
+                           "cuMemAddressReserve", "cuStreamSynchronize", "cuCtxSynchronize",
+                           "cuEventSynchronize", "cuStreamIsCapturing", "cuStreamGetCaptureInfo",
+                           "cuStreamQuery"};
+    for (int round = 0; round < 60; round++) {
+        if (round == 48)
+            tu_counts_reset(); /* warmed up: every stream's cache holds its sizes */
+        for (int i = 0; i < NS; i++) {
+            void **slot = &live[i][round % LIVE];
+            if (*slot)
+                assert_int_equal(xseg_free(*slot), XSEG_SUCCESS);
+            *slot = must_malloc(sizes[(i + round) % 6], st[i]);
+        }
+    }
+    for (size_t k = 0; k < sizeof quiet / sizeof quiet[0]; k++)
+        if (tu_call_count(quiet[k]))
+            fail_msg("%lu calls of %s in the steady state", tu_call_count(quiet[k]), quiet[k]);
+    for (int i = 0; i < NS; i++)
+        for (int j = 0; j < LIVE; j++)
+            assert_int_equal(xseg_free(live[i][j]), XSEG_SUCCESS);
+    tu_counts_reset();
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuStreamIsCapturing") + tu_call_count("cuStreamGetCaptureInfo"), 0);
+    assert_true(tu_call_count("cuStreamSynchronize") <= NS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+    for (int i = 0; i < NS; i++)
+        tu_assert_cu(drv->cuStreamDestroy(st[i]));
+}
+
+/* Fail the Nth cuMemUnmap / cuMemRelease / cuStreamQuery while giving back under pressure. */
+static void test_recycle_faults(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    const char *entries[] = {"cuMemUnmap", "cuMemRelease", "cuStreamQuery", "cuStreamSynchronize"};
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
-        for (unsigned long n = 1; recycle_scenario(true, entries[e], n) >= n; n++)
+        for (unsigned long n = 1; recycle_scenario(true, true, entries[e], n) >= n; n++)
             ;
 }
 
@@ -537,6 +693,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_page_size),
         cmocka_unit_test(test_recycle_gap),
         cmocka_unit_test(test_recycle_across_streams),
+        cmocka_unit_test(test_recycle_waits_once),
+        cmocka_unit_test(test_steady_state_quiet),
+        cmocka_unit_test(test_chunk_size),
         cmocka_unit_test(test_recycle_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

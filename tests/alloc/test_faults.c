@@ -230,7 +230,7 @@ static void test_address_free_fails(void **state)
 static void test_unmap_fails(void **state)
 {
     (void)state;
-    leftover_retried("cuMemUnmap", 2);
+    leftover_retried("cuMemUnmap", 1);
 }
 
 /* The rollback's own cuMemRelease fails: the handle is kept and released at the next reclaim. */

@@ -120,16 +120,16 @@ static int child_roundtrip(int s)
     OK(xseg_ipc_recv(s, &h));
     xseg_ipc_info info;
     OK(xseg_ipc_handle_info(h, &info));
-    CHECK(info.type == XSEG_IPC_POSIX_FD && info.npages >= 2);
+    CHECK(info.type == XSEG_IPC_POSIX_FD && info.nchunks >= 2);
     struct cudaemu_live l0, l1, l2;
     bool emu = tu_live(&l0);
     void *q = NULL, *q2 = NULL;
     OK(xseg_ipc_import(h, 0, &q));
     if (emu) {
-        /* The receiver's address space is the block's pages, not a multiple of device memory. */
+        /* The receiver's address space is the block's chunks, not a multiple of device memory. */
         tu_live(&l1);
         CHECK(l1.reservations == l0.reservations + 1);
-        CHECK(l1.mapped_bytes == l0.mapped_bytes + info.npages * info.page_size);
+        CHECK(l1.mapped_bytes == l0.mapped_bytes + info.span);
     }
     CHECK(tu_check(dp(q), info.size, 11));
     CHECK(tu_fill(dp(q), info.size, 12) == CUDA_SUCCESS);
@@ -244,8 +244,8 @@ static int child_import_faults(int s)
             CHECK(count_fds() == fds0);
             CHECK(n < 100);
         }
-        /* One reserve and one set-access per import, one import, map and release per page. */
-        unsigned long calls = e == 0 || e == 4 ? 1 : info.npages;
+        /* One reserve and one set-access per import, one import, map and release per chunk. */
+        unsigned long calls = e == 0 || e == 4 ? 1 : info.nchunks;
         CHECK(failures == calls);
         tu_live(&l1);
         CHECK(live_eq(&l0, &l1));
@@ -348,12 +348,21 @@ static void test_roundtrip(void **state)
     assert_int_equal(info.type, XSEG_IPC_POSIX_FD);
     assert_int_equal(info.device, 0);
     assert_int_equal(info.size, size);
-    assert_int_equal(info.npages, (info.offset + size + info.page_size - 1) / info.page_size);
-    assert_true(info.npages >= 3);
+    /* 50 MiB in 20 MiB pages, one chunk each. */
+    assert_int_equal(info.nchunks, (info.offset + size + 20 * MiB - 1) / (20 * MiB));
+    assert_true(info.nchunks >= 3);
+    assert_true(info.span >= info.offset + size);
     size_t n = 0;
-    xseg_phys_range r[8];
-    must(xseg_block_handles(p, r, 8, &n), "xseg_block_handles");
-    assert_int_equal(n, info.npages);
+    xseg_phys_range r[64];
+    must(xseg_block_handles(p, r, 64, &n), "xseg_block_handles");
+    assert_int_equal(n, info.nchunks);
+    size_t covered = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(r[i].address, dp(p) + covered); /* the ranges tile the block */
+        assert_true(r[i].length <= 20 * MiB && r[i].handle);
+        covered += r[i].length;
+    }
+    assert_int_equal(covered, size);
     struct child c = spawn("roundtrip");
     must(xseg_ipc_send(c.sock, h), "xseg_ipc_send");
     assert_int_equal(get(c.sock), 'A');
@@ -410,11 +419,13 @@ static void test_layout(void **state)
     xseg_ipc_info ib, is;
     must(xseg_ipc_handle_info(hb, &ib), "info");
     must(xseg_ipc_handle_info(hs, &is), "info");
+    /* One chunk per 20 MiB page (the default layout): b = [12, 42) MiB lies in three. */
     assert_int_equal(ib.offset, 12 * MiB);
-    assert_int_equal(ib.npages, 3); /* [12, 42) MiB of 20 MiB pages */
-    assert_int_equal(is.page_size, 2 * MiB);
-    assert_int_equal(is.npages, 1);
-    /* The ranges under b: clipped to the block, one per page, handles distinct. */
+    assert_int_equal(ib.nchunks, 3);
+    assert_int_equal(ib.span, 60 * MiB);
+    assert_int_equal(is.nchunks, 1);
+    assert_int_equal(is.span, 2 * MiB);
+    /* The ranges under b: clipped to the block, one per chunk, handles distinct. */
     xseg_phys_range r[4];
     size_t n = 0;
     must(xseg_block_handles(b, r, 4, &n), "xseg_block_handles");

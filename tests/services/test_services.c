@@ -782,11 +782,11 @@ static void test_sleep_faults(void **state)
     for (size_t e = 0; e < 2; e++) {
         struct fixture f;
         fixture_make(&f);
-        assert_true(tu_fail("cuMemUnmap", 3, CUDA_ERROR_UNKNOWN));
+        assert_true(tu_fail("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN)); /* the second segment's run */
         assert_true(tu_fail(second[e], 1, CUDA_ERROR_UNKNOWN));
         assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_DRIVER);
         tu_fail_clear();
-        print_message("cuMemUnmap #3 and %s #1: %s\n", second[e], xseg_last_error());
+        print_message("cuMemUnmap #2 and %s #1: %s\n", second[e], xseg_last_error());
         assert_non_null(strstr(xseg_last_error(), "xseg_wake brings it back"));
         assert_books_match_driver();
         assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
