@@ -2,6 +2,7 @@
  * bench_services: what the services cost (docs/services.md).
  *
  *   CUDAEMU_LATENCY=h100 bench_services [--gib G] [--reps R]
+ *   bench_services --pairs CONFIG N       (N cached pairs only: benchmarks/callgrind_services.sh)
  *
  * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
  *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
@@ -217,10 +218,28 @@ static double pair_ns(int reps)
     return median(v, reps < 15 ? reps : 15);
 }
 
+/* --pairs CONFIG N: only N cached 512 B pairs under CONFIG (after a warm-up), for callgrind
+ * (benchmarks/callgrind_services.sh divides the instructions of two pair counts). */
+static int pairs_only(const char *config, long n)
+{
+    find_driver();
+    if (xseg_init(config) != XSEG_SUCCESS)
+        die("xseg_init");
+    for (long i = -1000; i < n; i++) {
+        void *p;
+        if (xseg_malloc(&p, 512, 0, NULL) != XSEG_SUCCESS)
+            die("xseg_malloc");
+        xseg_free(p);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long gib = 2;
     int reps = 5;
+    if (argc == 4 && !strcmp(argv[1], "--pairs"))
+        return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--gib"))
             gib = parse_long("--gib", i + 1 < argc ? argv[++i] : NULL, 1);
