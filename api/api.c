@@ -87,6 +87,26 @@ XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream)
                    "xseg_record_stream: pointer %p is not a live allocation of xseg", ptr);
 }
 
+XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size)
+{
+    if (!ptr || !base)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_base_allocation: %s is NULL", ptr ? "base" : "ptr");
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (int dev = 0; dev < rt_device_count(); dev++) {
+        struct dev_alloc *d = rt_device_peek(dev);
+        if (!d)
+            continue;
+        bool owned = false;
+        st = alloc_base_allocation(d, ptr, base, size, &owned);
+        if (owned)
+            return st;
+    }
+    return err_set(XSEG_ERROR_INVALID_VALUE,
+                   "xseg_base_allocation: pointer %p is not a live allocation of xseg", ptr);
+}
+
 /* Run @p fn on @p device, or on every device created so far when it is -1. */
 static xseg_status each_device(int device, xseg_status (*fn)(struct dev_alloc *, void *), void *arg)
 {
@@ -181,6 +201,27 @@ static xseg_status do_reset(struct dev_alloc *d, void *arg)
 }
 
 XSEG_API xseg_status xseg_reset_peak_stats(int device) { return each_device(device, do_reset, NULL); }
+
+static xseg_status do_reset_accumulated(struct dev_alloc *d, void *arg)
+{
+    (void)arg;
+    alloc_reset_accumulated(d);
+    return XSEG_SUCCESS;
+}
+
+XSEG_API xseg_status xseg_reset_accumulated_stats(int device)
+{
+    return each_device(device, do_reset_accumulated, NULL);
+}
+
+XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block)
+{
+    if (!largest_block)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_cache_info: largest_block is NULL");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : alloc_cache_info(d, largest_block);
+}
 
 XSEG_API xseg_status xseg_memory_summary(int device, char *buf, size_t size, size_t *len)
 {

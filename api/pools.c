@@ -59,6 +59,16 @@ XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *cou
     return XSEG_SUCCESS;
 }
 
+XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool)
+{
+    if (id_is_default(pool))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_pool_retain: pool {0, 0} is the default pool; use xseg_pool_create");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : pools_retain(d, pool);
+}
+
 XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, xseg_pool_id *pool,
                                         int capture_mode)
 {

@@ -14,10 +14,14 @@
  * option off, on, and on with the side stream joining back only at the end of the capture (the
  * option's worst case: it marks and walks but can reuse nothing, so memory grows as with it off),
  * the ratios to off, the graph's nodes, how many node dependency lists the reuse walks read
- * (cuGraphNodeGetDependencies calls: about one per node as the walks are memoized; a walk from
- * scratch at every allocation would read about nodes x allocations / 4), and peak reserved memory.
+ * (cuGraphNodeGetDependencies calls: at most one per node, as the walks are memoized, and fewer
+ * as they stop once nothing is left to find; a walk from scratch at every allocation would read
+ * about nodes x allocations / 4), and peak reserved memory.
  *
- *   bench_capture_reuse [--reps R] [--nodes N[,N...]] [--work W]
+ * The configurations take turns within each repetition. --config runs one of them only (the
+ * others print 0), for benchmarks/callgrind_capture_reuse.sh.
+ *
+ *   bench_capture_reuse [--reps R] [--nodes N[,N...]] [--work W] [--config off|on|unjoined]
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -90,6 +94,27 @@ static void wait_stream(CUstream b, CUstream a, CUevent e)
     cu(drv->cuStreamWaitEvent(b, e, 0), "cuStreamWaitEvent");
 }
 
+/* The measured part: @p layers layers of the captured program (callgrind_capture_reuse.sh
+ * counts this function's instructions). Not inlined, so that callgrind can name it. */
+__attribute__((noinline)) static void capture_layers(size_t layers, bool join, int nwork, CUstream s, CUstream side,
+                                                     CUevent e)
+{
+    for (size_t i = 0; i < layers; i++) {
+        wait_stream(side, s, e);
+        void *x = NULL, *t = NULL;
+        xs(xseg_malloc(&x, 1 << 20, 0, s), "xseg_malloc");
+        xs(xseg_record_stream(x, side), "xseg_record_stream");
+        for (int w = 0; w < nwork; w++)
+            work(side);
+        if (join)
+            wait_stream(s, side, e);
+        xs(xseg_free(x), "xseg_free");
+        xs(xseg_malloc(&t, 512, 0, s), "xseg_malloc");
+        xs(xseg_free(t), "xseg_free");
+        work(s);
+    }
+}
+
 struct result {
     double ns_per_alloc;
     size_t nodes;
@@ -108,23 +133,9 @@ static struct result one_capture(bool reuse, bool join, size_t target_nodes, int
     unsigned long reads0 = emu_count ? emu_count("cuGraphNodeGetDependencies") : 0;
     xseg_pool_id pool = {0, 0};
     xs(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), "xseg_capture_begin");
-    size_t layers = target_nodes / (size_t)(nwork + 2) + 1, allocs = 0;
+    size_t layers = target_nodes / (size_t)(nwork + 2) + 1, allocs = 2 * layers;
     double t0 = now_ns();
-    for (size_t i = 0; i < layers; i++) {
-        wait_stream(side, s, e);
-        void *x = NULL, *t = NULL;
-        xs(xseg_malloc(&x, 1 << 20, 0, s), "xseg_malloc");
-        xs(xseg_record_stream(x, side), "xseg_record_stream");
-        for (int w = 0; w < nwork; w++)
-            work(side);
-        if (join)
-            wait_stream(s, side, e);
-        xs(xseg_free(x), "xseg_free");
-        xs(xseg_malloc(&t, 512, 0, s), "xseg_malloc");
-        xs(xseg_free(t), "xseg_free");
-        work(s);
-        allocs += 2;
-    }
+    capture_layers(layers, join, nwork, s, side, e);
     double t1 = now_ns();
     if (!join)
         wait_stream(s, side, e); /* a capture cannot end with a stream unjoined */
@@ -153,9 +164,10 @@ static int cmp_res(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int reps = 5, nwork = 4;
+    int reps = 5, nwork = 4, only = -1;
     size_t nodes[8] = {1000, 4000, 16000};
     int nn = 3;
+    static const char *const config_names[3] = {"off", "on", "unjoined"};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
@@ -165,8 +177,16 @@ int main(int argc, char **argv)
             nn = 0;
             for (char *tok = strtok(argv[++i], ","); tok && nn < 8; tok = strtok(NULL, ","))
                 nodes[nn++] = (size_t)strtoull(tok, NULL, 10);
+        } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            i++;
+            for (int c = 0; c < 3; c++)
+                if (!strcmp(argv[i], config_names[c]))
+                    only = c;
+            if (only < 0)
+                die("--config", "off, on or unjoined");
         } else {
-            fprintf(stderr, "usage: bench_capture_reuse [--reps R] [--nodes N[,N...]] [--work W]\n");
+            fprintf(stderr, "usage: bench_capture_reuse [--reps R] [--nodes N[,N...]] [--work W] "
+                            "[--config off|on|unjoined]\n");
             return 2;
         }
     }
@@ -200,23 +220,31 @@ int main(int argc, char **argv)
            info.name, emu_work ? "cudaemu" : "real driver", nwork, reps);
     printf("%7s %6s %9s %9s %11s %7s %7s %9s %10s %11s %9s %9s\n", "nodes", "allocs", "off ns", "on ns",
            "unjoined ns", "on/off", "unj/off", "dep reads", "reads/node", "scratch est", "off MiB", "on MiB");
-    struct result *v = calloc((size_t)reps, sizeof *v);
+    struct result *v = calloc(3 * (size_t)reps, sizeof *v);
     if (!v)
         die("calloc", "out of memory");
     for (int k = 0; k < nn; k++) {
-        struct result med[3];
+        /* The configurations take turns within each repetition, so that a change in the machine's
+         * load during the run weighs on all of them alike. */
+        struct result med[3] = {{0}};
+        for (int r = 0; r < reps; r++)
+            for (int c = 0; c < 3; c++)
+                if (only < 0 || only == c)
+                    v[c * reps + r] = one_capture(c >= 1, c != 2, nodes[k], nwork, s, side, e);
         for (int c = 0; c < 3; c++) {
-            for (int r = 0; r < reps; r++)
-                v[r] = one_capture(c >= 1, c != 2, nodes[k], nwork, s, side, e);
-            qsort(v, (size_t)reps, sizeof *v, cmp_res);
-            med[c] = v[reps / 2];
+            if (only >= 0 && only != c)
+                continue;
+            qsort(v + c * reps, (size_t)reps, sizeof *v, cmp_res);
+            med[c] = v[c * reps + reps / 2];
         }
+        const struct result *m = &med[only < 0 ? 1 : only];
         size_t allocs = 2 * (nodes[k] / (size_t)(nwork + 2) + 1);
-        printf("%7zu %6zu %9.0f %9.0f %11.0f %7.2f %7.2f %9lu %10.2f %11.0f %9.0f %9.0f\n", med[1].nodes, allocs,
+        printf("%7zu %6zu %9.0f %9.0f %11.0f %7.2f %7.2f %9lu %10.2f %11.0f %9.0f %9.0f\n", m->nodes, allocs,
                med[0].ns_per_alloc, med[1].ns_per_alloc, med[2].ns_per_alloc,
-               med[1].ns_per_alloc / med[0].ns_per_alloc, med[2].ns_per_alloc / med[0].ns_per_alloc,
-               med[1].dep_reads, med[1].nodes ? (double)med[1].dep_reads / (double)med[1].nodes : 0.0,
-               (double)med[1].nodes * (double)allocs / 4, (double)med[0].peak_reserved / (1 << 20),
+               med[0].ns_per_alloc > 0 ? med[1].ns_per_alloc / med[0].ns_per_alloc : 0.0,
+               med[0].ns_per_alloc > 0 ? med[2].ns_per_alloc / med[0].ns_per_alloc : 0.0, med[1].dep_reads,
+               med[1].nodes ? (double)med[1].dep_reads / (double)med[1].nodes : 0.0,
+               (double)m->nodes * (double)allocs / 4, (double)med[0].peak_reserved / (1 << 20),
                (double)med[1].peak_reserved / (1 << 20));
     }
     free(v);

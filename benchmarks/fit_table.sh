@@ -9,7 +9,9 @@
 #   FIT_TRACES=DIR        a folder of PyTorch snapshots (*.pickle, converted here with
 #                         tools/snapshot2trace.py) or traces (*.trace); without it only the
 #                         bundled workloads run. The six snapshots of the docs are third-party
-#                         data: github.com/kkaitlyn111/cs336-a2-systems, folder memory_files/.
+#                         data: the memory_*.pickle files of the public GitHub repository
+#                         kkaitlyn111/cs336-a2-systems, folder memory_files/ (clone it, then
+#                         FIT_TRACES=/path/to/cs336-a2-systems/memory_files).
 #   FIT_MODES='name=config;name=config'                                (other configurations)
 # Replays run on cudaemu, whose placements repeat exactly; needs /usr/bin/python3.
 set -euo pipefail
@@ -21,6 +23,9 @@ modes=${FIT_MODES:-"classic=expandable_segments:False;expandable (default)=expan
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 specs=()
+if [ -n "${FIT_TRACES:-}" ] && [ ! -d "$FIT_TRACES" ]; then
+  echo "fit_table.sh: FIT_TRACES=$FIT_TRACES is not a folder" >&2; exit 1
+fi
 if [ -n "${FIT_TRACES:-}" ]; then
   for f in "$FIT_TRACES"/*.pickle "$FIT_TRACES"/*.trace; do
     [ -e "$f" ] || continue

@@ -1292,8 +1292,67 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
     lock_acquire(&d->lock);
     refresh_cfg(d);
     *out = d->stats;
+    xseg_device_stats base = d->acc_base;
     alloc_unlock(d);
     stats_fill_all(out);
+    stats_subtract_accumulated(out, &base);
+}
+
+void alloc_reset_accumulated(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    xseg_device_stats now = d->stats;
+    stats_fill_all(&now);
+    d->acc_base = now;
+    alloc_unlock(d);
+}
+
+static void largest_free(const struct bpool *p, size_t *largest)
+{
+    for (struct block *b = bpool_lower_bound(p, NULL, 0, 0); b; b = bpool_next_free(p, b))
+        if (b->size > *largest)
+            *largest = b->size;
+}
+
+xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
+{
+    if (*largest == 0) {
+        size_t total = 0;
+        xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+        if (st == XSEG_SUCCESS)
+            st = drv_mem_info(largest, &total);
+        if (st != XSEG_SUCCESS)
+            return err_prefix(st, "xseg_cache_info(device %d)", d->device);
+    }
+    lock_acquire(&d->lock);
+    largest_free(&d->small, largest);
+    largest_free(&d->large, largest);
+    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+        largest_free(&pp->small, largest);
+        largest_free(&pp->large, largest);
+    }
+    alloc_unlock(d);
+    return XSEG_SUCCESS;
+}
+
+xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, size_t *size, bool *owned)
+{
+    lock_acquire(&d->lock);
+    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
+    xseg_status st = XSEG_SUCCESS;
+    *owned = b != NULL;
+    if (b && b->seg->vseg) {
+        st = err_set(XSEG_ERROR_NOT_SUPPORTED,
+                     "xseg_base_allocation: %p is a block of an expandable segment, whose pages cannot be "
+                     "shared with cuIpcGetMemHandle (use xseg_ipc_export, or expandable_segments:False)",
+                     ptr);
+    } else if (b) {
+        *base = (void *)b->seg->first->addr;
+        if (size)
+            *size = b->seg->size;
+    }
+    alloc_unlock(d);
+    return st;
 }
 
 void alloc_reset_peaks(struct dev_alloc *d)

@@ -67,6 +67,10 @@ struct dev_alloc {
     struct block *spare;     /* recycled block structs (linked through next) */
 
     xseg_device_stats stats;
+    /* The accumulated values (.allocated, .freed, the num_* counts) at the last
+     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
+     * so the internal counters keep freed == allocated - current. */
+    xseg_device_stats acc_base;
     size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
     size_t allowed_memory_maximum;
     bool set_fraction;
@@ -182,6 +186,14 @@ void alloc_lock(struct dev_alloc *d);
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction);
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out);
 void alloc_reset_peaks(struct dev_alloc *d);
+/* Accumulated statistics start again from 0 (see acc_base). */
+void alloc_reset_accumulated(struct dev_alloc *d);
+/* xseg_cache_info: a 0 in *largest becomes the driver's free memory, then *largest is raised to
+ * the device's largest free mapped block (every pool) if that is larger. */
+xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest);
+/* The classic segment holding the live block at @p ptr: *owned = false when this device does not
+ * own @p ptr (nothing else is set); XSEG_ERROR_NOT_SUPPORTED for a block of an expandable segment. */
+xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, size_t *size, bool *owned);
 xseg_status alloc_enable_peer(struct dev_alloc *d, int peer);
 /* Segments gathered for a snapshot, across devices. With with_stacks, stacks[i] is a malloc'd
  * array of segment i's blocks' allocation stacks (NULL: none), each referenced. */
@@ -246,6 +258,8 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool);
 int pools_use_count(struct dev_alloc *d, xseg_pool_id pool);
 /* The private pool @p id of @p d, or NULL (lock held). */
 struct priv_pool *pools_find(struct dev_alloc *d, xseg_pool_id id);
+/* Add a use to @p pool, creating it (no route). */
+xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool);
 /* Route @p id's pool to the capture of @p stream, then begin it in @p capture_mode. */
 xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_id id, int capture_mode);
 xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *graph);

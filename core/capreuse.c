@@ -103,7 +103,7 @@ static struct cr_walk *walk_for(struct capreuse *cr, unsigned long long id, CUst
 }
 
 /* File @p e under its first marker not reached yet, or on the ready list. @return false when out
- * of host memory (the entry is then dropped by the caller). */
+ * of host memory (nothing changed). */
 static bool entry_file(struct cr_walk *w, struct cr_entry *e)
 {
     while (e->next < e->nmarkers && nm_has(&w->seen, e->markers[e->next]))
@@ -118,6 +118,7 @@ static bool entry_file(struct cr_walk *w, struct cr_entry *e)
         return false;
     e->link = w->waiting.vals[slot];
     w->waiting.vals[slot] = e;
+    w->nwaiting++;
     return true;
 }
 
@@ -127,18 +128,23 @@ static void walk_reached(struct cr_walk *w, CUgraphNode node)
     size_t slot = nm_find(&w->waiting, node);
     if (slot == SIZE_MAX || !w->waiting.vals[slot])
         return;
-    struct cr_entry *e = w->waiting.vals[slot];
+    struct cr_entry *e = w->waiting.vals[slot], *stuck = NULL;
     w->waiting.vals[slot] = NULL;
     while (e) {
         struct cr_entry *nx = e->link;
+        w->nwaiting--;
         e->next++;
         if (!entry_file(w, e)) {
-            /* Out of host memory: keep it waiting on this node (never woken again: deferred to
-             * the end of the capture, the safe outcome). */
+            /* Out of host memory: it goes back under this node, never woken again (deferred to
+             * the end of the capture, the safe outcome), and no walk keeps looking for it. */
             e->next--;
+            e->link = stuck;
+            stuck = e;
         }
         e = nx;
     }
+    if (stuck) /* the key stays in the map; its slot may have moved as the map grew */
+        w->waiting.vals[nm_find(&w->waiting, node)] = stuck;
 }
 
 static void entry_free(struct cr_entry *e)
@@ -161,8 +167,8 @@ static void walk_free(struct cr_walk *w)
     }
     nm_free(&w->seen);
     nm_free(&w->waiting);
+    free(w->frontier);
     free(w->terms);
-    free(w->hit);
 }
 
 /* Forget what @p w remembered (the stream order was broken): every entry waits again from its
@@ -185,7 +191,9 @@ static void walk_forget(struct capreuse *cr, struct cr_walk *w)
     w->ready = NULL;
     nm_free(&w->seen);
     nm_free(&w->waiting);
-    w->nterms = 0;
+    w->nwaiting = 0;
+    w->nfrontier = 0;
+    w->nterms = w->nhit = 0;
     for (struct cr_entry *e = all, *nx; e; e = nx) {
         nx = e->link;
         e->next = 0;
@@ -213,7 +221,7 @@ static bool markers_add(CUgraphNode **v, size_t *n, size_t *cap, const CUgraphNo
             dup = (*v)[j] == add[i];
         if (dup)
             continue;
-        if (!VEC_RESERVE(*v, *cap, *n + 1))
+        if (*n == *cap && !VEC_RESERVE(*v, *cap, *n + 1))
             return false;
         (*v)[(*n)++] = add[i];
     }
@@ -225,37 +233,38 @@ void capreuse_mark(struct dev_alloc *d, struct block *b)
     lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
     if (!d->cfg.graph_capture_record_stream_reuse || !alloc_pool_owner(d, b->pool) || !d->ndeferred ||
-        d->deferred[d->ndeferred - 1] != b || legacy(b->stream))
+        d->deferred[d->ndeferred - 1] != b || legacy(b->stream) || !b->uses.n)
         return; /* only the capture's own pool: work outside the graph may still use others */
     for (unsigned i = 0; i < b->uses.n; i++)
         if (legacy(stream_set_get(&b->uses, i)))
             return;
-    struct vmm_capture_info own;
-    if (vmm_capture_info(b->stream, &own) != XSEG_SUCCESS || own.status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-        err_clear();
-        return;
-    }
     CUgraphNode *m = NULL;
     size_t nm = 0, capm = 0;
-    /* Where each other stream's use ends: its dependency set now. A stream outside this capture
+    unsigned long long id = 0;
+    /* Where each other stream's use ends: its dependency set now. A stream outside the capture
      * (or one the driver cannot tell) has uses the graph does not order: defer as usual. */
     for (unsigned i = 0; i < b->uses.n; i++) {
         struct vmm_capture_info ci;
         if (vmm_capture_info(stream_set_get(&b->uses, i), &ci) != XSEG_SUCCESS ||
-            ci.status != CU_STREAM_CAPTURE_STATUS_ACTIVE || ci.id != own.id ||
+            ci.status != CU_STREAM_CAPTURE_STATUS_ACTIVE || (i && ci.id != id) ||
             !markers_add(&m, &nm, &capm, ci.deps, ci.ndeps)) {
             err_clear();
             free(m);
             return;
         }
+        id = ci.id;
     }
     /* Where its own stream's use ends: an empty node there (also when that stream has no node
-     * yet, so that a block always has a marker). */
+     * yet, so that a block always has a marker). The stream is asked last, so that its
+     * dependency array is still the driver's current one when the node is added after it. */
+    struct vmm_capture_info own;
     CUgraphNode node;
     struct cr_walk *w = NULL;
     struct cr_entry *e = NULL;
-    if (vmm_capture_mark(b->stream, &node) != XSEG_SUCCESS || !markers_add(&m, &nm, &capm, &node, 1) ||
-        !(w = walk_for(cr, own.id, b->stream)) || !(e = calloc(1, sizeof *e))) {
+    if (vmm_capture_info(b->stream, &own) != XSEG_SUCCESS || own.status != CU_STREAM_CAPTURE_STATUS_ACTIVE ||
+        own.id != id || vmm_capture_mark(b->stream, &own, &node) != XSEG_SUCCESS ||
+        !markers_add(&m, &nm, &capm, &node, 1) || !(w = walk_for(cr, own.id, b->stream)) ||
+        !(e = calloc(1, sizeof *e))) {
         err_clear();
         free(m);
         return;
@@ -271,95 +280,113 @@ void capreuse_mark(struct dev_alloc *d, struct block *b)
 
 /* ---- the walk ---- */
 
-static bool stack_push(struct capreuse *cr, size_t *top, CUgraphNode node)
-{
-    if (!VEC_RESERVE(cr->stack, cr->capstack, *top + 1))
-        return false;
-    cr->stack[(*top)++] = node;
-    return true;
-}
-
-/* Reach @p node: add it to the seen set, wake its waiters, queue it for its dependencies.
- * @return false when out of host memory. */
-static bool walk_visit(struct capreuse *cr, struct cr_walk *w, size_t *top, CUgraphNode node)
+/* Reach @p node: add it to the seen set, wake its waiters, queue it for its dependencies (at
+ * queue[*tail]). A node seen before is not entered again; if it is one of the previous walk's
+ * starting points, that one is reached. @return false when out of host memory. */
+static bool walk_visit(struct capreuse *cr, struct cr_walk *w, size_t *tail, CUgraphNode node)
 {
     size_t slot;
     int added = nm_add(&w->seen, node, &slot);
     if (added == 0) {
-        /* Reached a remembered node: is it one of the previous walk's starting points? */
         for (size_t i = 0; i < w->nterms; i++)
-            if (w->terms[i] == node)
-                w->hit[i] = true;
+            if (w->terms[i].node == node && !w->terms[i].hit) {
+                w->terms[i].hit = true;
+                w->nhit++;
+            }
         return true;
     }
-    if (added < 0)
+    if (added < 0 || (*tail == cr->capqueue && !VEC_RESERVE(cr->queue, cr->capqueue, *tail + 1)))
         return false;
     walk_reached(w, node);
-    return stack_push(cr, top, node);
+    cr->queue[(*tail)++] = node;
+    return true;
 }
 
-/* Extend w->seen with every node that precedes (or is) one of @p from, never entering a node
- * already seen: a node is added when first reached and its dependencies read when it is taken off
- * the work list. On a failure the walk stops: what is in the set is still only true
- * predecessors, so the worst outcome is a block not reused. */
+/* The dependencies of @p v into *deps (capacity *cap, grown from the caller's inline buffer
+ * @p inl when needed). @return false on a driver failure or out of host memory. */
+static bool read_deps(CUgraphNode v, CUgraphNode **deps, size_t *cap, CUgraphNode *inl, size_t *nd)
+{
+    if (vmm_node_deps(v, *deps, *cap, nd) != XSEG_SUCCESS)
+        return false;
+    if (*nd <= *cap)
+        return true;
+    CUgraphNode *p = malloc(*nd * sizeof *p);
+    if (!p)
+        return false;
+    if (*deps != inl)
+        free(*deps);
+    *deps = p;
+    *cap = *nd;
+    return vmm_node_deps(v, *deps, *cap, nd) == XSEG_SUCCESS && *nd <= *cap;
+}
+
+/*
+ * Extend w->seen with nodes that precede (or are) one of @p from, never entering a node already
+ * seen. Breadth first from @p from, then into the frontier (most recent first), and only as far
+ * as needed: until every starting point of the previous walk is reached again (the stream order
+ * held) and no entry waits for a marker, or nothing is left to read. The nodes reached but not
+ * read go to the frontier. On a failure the walk stops: what is in the set is still only true
+ * predecessors, so the worst outcome is a block not reused.
+ */
 static void walk_extend(struct capreuse *cr, struct cr_walk *w, const CUgraphNode *from, size_t n)
 {
-    size_t top = 0;
+    size_t head = 0, tail = 0;
+    w->nhit = 0;
     for (size_t i = 0; i < w->nterms; i++)
-        w->hit[i] = false;
-    for (size_t i = 0; i < n; i++)
-        if (!walk_visit(cr, w, &top, from[i]))
-            return;
+        w->terms[i].hit = false;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++)
+        ok = walk_visit(cr, w, &tail, from[i]);
     CUgraphNode inl[16];
     CUgraphNode *deps = inl;
     size_t capdeps = 16;
-    while (top) {
-        CUgraphNode v = cr->stack[--top];
-        size_t nd = 0;
-        if (vmm_node_deps(v, deps, capdeps, &nd) != XSEG_SUCCESS)
+    while (ok && (w->nhit < w->nterms || w->nwaiting)) {
+        bool fresh = head < tail;
+        CUgraphNode v;
+        if (fresh)
+            v = cr->queue[head++];
+        else if (w->nfrontier)
+            v = w->frontier[--w->nfrontier];
+        else
             break;
-        if (nd > capdeps) {
-            CUgraphNode *p = malloc(nd * sizeof *p);
-            if (!p)
-                break;
-            if (deps != inl)
-                free(deps);
-            deps = p;
-            capdeps = nd;
-            if (vmm_node_deps(v, deps, capdeps, &nd) != XSEG_SUCCESS)
-                break;
+        size_t nd = 0;
+        if (!read_deps(v, &deps, &capdeps, inl, &nd)) {
+            if (fresh) /* left for a later walk to read */
+                head--;
+            else
+                w->nfrontier++;
+            break;
         }
         cr->nodes_read++;
-        bool ok = true;
         for (size_t j = 0; j < nd && ok; j++)
-            ok = walk_visit(cr, w, &top, deps[j]);
-        if (!ok)
-            break;
+            ok = walk_visit(cr, w, &tail, deps[j]);
     }
     if (deps != inl)
         free(deps);
+    /* Out of host memory here, these nodes are never read: blocks behind them wait for the end
+     * of the capture. */
+    if (head < tail && VEC_RESERVE(w->frontier, w->capfrontier, w->nfrontier + (tail - head))) {
+        memcpy(w->frontier + w->nfrontier, cr->queue + head, (tail - head) * sizeof *cr->queue);
+        w->nfrontier += tail - head;
+    }
     err_clear();
 }
 
 /* Did the last walk reach every node the one before started from (the stream order held)? */
-static bool walk_ordered(const struct cr_walk *w)
-{
-    for (size_t i = 0; i < w->nterms; i++)
-        if (!w->hit[i])
-            return false;
-    return true;
-}
+static bool walk_ordered(const struct cr_walk *w) { return w->nhit == w->nterms; }
 
 /* Remember @p from as the starting points to check the next walk against. On a failure the
  * walk is forgotten instead (nothing to check against would let a broken order pass). */
 static void walk_set_terms(struct capreuse *cr, struct cr_walk *w, const CUgraphNode *from, size_t n)
 {
-    if (!VEC_RESERVE(w->terms, w->capterms, n) || !VEC_RESERVE(w->hit, w->caphit, n)) {
+    if (!VEC_RESERVE(w->terms, w->capterms, n)) {
         walk_forget(cr, w);
         return;
     }
-    memcpy(w->terms, from, n * sizeof *from);
+    for (size_t i = 0; i < n; i++)
+        w->terms[i] = (struct cr_term){.node = from[i]};
     w->nterms = n;
+    w->nhit = 0;
 }
 
 void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
@@ -417,7 +444,7 @@ void capreuse_reset(struct dev_alloc *d)
     for (size_t i = 0; i < cr->nwalks; i++)
         walk_free(&cr->walks[i]);
     free(cr->walks);
-    free(cr->stack);
+    free(cr->queue);
     uint64_t nodes_read = cr->nodes_read, reused = cr->reused;
     *cr = (struct capreuse){.nodes_read = nodes_read, .reused = reused};
 }

@@ -13,8 +13,13 @@
  * nodes, hence comes after the block's last use on every stream.
  *
  * Bounded: per (capture, stream) the walk remembers every node it has reached and never enters
- * one twice, so all the walks of one stream over a capture cost one pass over the graph (each
- * node's dependencies are read once), not one per allocation. Remembering is right while a
+ * one twice, so all the walks of one stream over a capture cost at most one pass over the graph
+ * (each node's dependencies are read at most once), not one per allocation. And lazy: a walk goes
+ * breadth first from the stream's dependencies and stops as soon as it has reached the previous
+ * walk's starting points and no block waits for a marker; what it reached without reading stays
+ * in a frontier, read only by a walk that still looks for a marker. A stream whose blocks become
+ * reusable as soon as their streams join back reads a few nodes per walk, not every node added
+ * since the last one (work on side streams is never read). Remembering is right while a
  * stream's later dependencies descend from its earlier ones (the stream order: captured work,
  * event waits and xseg's own markers keep it). Each walk checks it: it must reach every node of
  * the previous walk's dependency set again; when it does not (a program replaced the stream's
@@ -55,6 +60,12 @@ struct cr_entry {
     struct cr_entry *link;    /* next waiter on the same node, or next ready entry */
 };
 
+/* A dependency of the stream at its last walk, and whether the current walk reached it again. */
+struct cr_term {
+    CUgraphNode node;
+    bool hit;
+};
+
 /* Per (capture, stream): the nodes known to precede the stream's dependency set, and the
  * entries of that stream, each filed under the first of its markers not yet reached (so a node
  * reached by the walk wakes exactly the entries waiting on it: the check costs O(markers) per
@@ -66,18 +77,19 @@ struct cr_walk {
     struct cr_nodemap waiting;  /* node -> list of entries waiting on it */
     struct cr_entry *ready;     /* entries whose markers were all reached */
     size_t nentries;
-    CUgraphNode *terms;         /* the stream's dependencies at the last walk */
-    size_t nterms, capterms;
-    bool *hit;                  /* per terms[i]: reached again by the current walk */
-    size_t caphit;
+    size_t nwaiting;            /* entries filed in `waiting` (not ready) */
+    CUgraphNode *frontier;      /* reached nodes whose dependencies were not read yet */
+    size_t nfrontier, capfrontier;
+    struct cr_term *terms;      /* the stream's dependencies at the last walk */
+    size_t nterms, capterms, nhit;
 };
 
 struct capreuse {
     struct cr_walk *walks;
     size_t nwalks, capwalks;
     size_t n;                 /* entries in all walks */
-    CUgraphNode *stack;       /* the walk's work list */
-    size_t capstack;
+    CUgraphNode *queue;       /* the walk's work list (first in, first out) */
+    size_t capqueue;
     uint64_t nodes_read;      /* dependency lists read from the driver */
     uint64_t reused;          /* blocks returned to their pool during a capture */
 };

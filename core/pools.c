@@ -113,7 +113,7 @@ static void pool_maybe_forget(struct dev_alloc *d, struct priv_pool *pp)
 
 /* ---- used by alloc.c (device lock held, asserted) ------------------------------------------ */
 
-static bool route_matches(struct dev_alloc *d, const struct pool_route *r, CUstream stream, xseg_status *st)
+static bool route_matches(struct dev_alloc *d, struct pool_route *r, CUstream stream, xseg_status *st)
 {
     lock_assert_held(&d->lock);
     *st = XSEG_SUCCESS;
@@ -121,14 +121,24 @@ static bool route_matches(struct dev_alloc *d, const struct pool_route *r, CUstr
         return !r->filter || r->filter(stream, r->user) != 0;
     if (stream == r->capture_stream)
         return true;
-    if (r->capture_id == 0 || !stream)
+    if (!stream)
         return false; /* the legacy stream never captures */
-    /* Another stream belongs to the capture once it joined it (waited on an event recorded on a
-     * capturing stream): the driver gives it the same capture id (PyTorch's filter). */
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     unsigned long long id = 0;
-    if ((*st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS ||
-        (*st = vmm_capture_id(stream, d->device, &cs, &id)) != XSEG_SUCCESS)
+    if ((*st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
+        return false;
+    if (r->capture_id == 0) {
+        /* The id could not be read when the capture began: read it now, or the streams that
+         * join the capture would find no pool. */
+        if ((*st = vmm_capture_id(r->capture_stream, d->device, &cs, &id)) != XSEG_SUCCESS)
+            return false;
+        if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+            return false;
+        r->capture_id = id;
+    }
+    /* Another stream belongs to the capture once it joined it (waited on an event recorded on a
+     * capturing stream): the driver gives it the same capture id (PyTorch's filter). */
+    if ((*st = vmm_capture_id(stream, d->device, &cs, &id)) != XSEG_SUCCESS)
         return false;
     return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && id == r->capture_id;
 }
@@ -296,6 +306,21 @@ int pools_use_count(struct dev_alloc *d, xseg_pool_id pool)
     return count;
 }
 
+xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
+{
+    char buf[48];
+    xseg_status st = XSEG_SUCCESS;
+    lock_acquire(&d->lock);
+    struct priv_pool *pp = pool_find(d, pool);
+    if (!pp && !(pp = pool_new(d, pool)))
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_pool_retain: out of host memory for pool %s",
+                     id_text(pool, buf));
+    else
+        pp->use_count++;
+    alloc_unlock(d);
+    return st;
+}
+
 /* ---- capture ------------------------------------------------------------------------------ */
 
 xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_id id, int capture_mode)
@@ -341,11 +366,21 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
     st = drv_ctx_ensure(d->info.primary_ctx);
     if (st == XSEG_SUCCESS)
         st = vmm_capture_end(stream, device, graph);
-    /* Stop routing whatever the driver said: the capture is over either way, and a route left
+    /* A failure that left the capture open (the end was never made, or failed before ending it):
+     * keep routing, so that the capture goes on and a second call can end it. */
+    bool still_open = false;
+    if (st != XSEG_SUCCESS) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", err_message());
+        bool capturing = false;
+        still_open = vmm_stream_capturing(stream, device, &capturing) == XSEG_SUCCESS && capturing;
+        err_set(st, "%s%s", msg, still_open ? "; the capture is still open (call xseg_capture_end again)" : "");
+    }
+    /* Otherwise stop routing whatever the driver said: the capture is over, and a route left
      * behind would keep the device in capture mode (PyTorch's capture_end leaks it there). */
     lock_acquire(&d->lock);
     ptrdiff_t i = route_of_capture(d, stream);
-    if (i >= 0)
+    if (i >= 0 && !still_open)
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
     alloc_unlock(d);
     if (st != XSEG_SUCCESS) {

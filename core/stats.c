@@ -110,6 +110,22 @@ void stats_fill_all(xseg_device_stats *stats)
         c[i].freed = c[i].allocated - c[i].current;
 }
 
+void stats_subtract_accumulated(xseg_device_stats *stats, const xseg_device_stats *base)
+{
+    xseg_stat_counter *c = (xseg_stat_counter *)(void *)stats;
+    const xseg_stat_counter *b = (const xseg_stat_counter *)(const void *)base;
+    size_t ncounters = offsetof(xseg_device_stats, oversize_segments) / sizeof *c + 1;
+    for (size_t i = 0; i < ncounters; i++) {
+        c[i].allocated -= b[i].allocated;
+        c[i].freed -= b[i].freed;
+    }
+    stats->num_alloc_retries -= base->num_alloc_retries;
+    stats->num_ooms -= base->num_ooms;
+    stats->num_sync_all_streams -= base->num_sync_all_streams;
+    stats->num_device_alloc -= base->num_device_alloc;
+    stats->num_device_free -= base->num_device_free;
+}
+
 void stats_reset_peaks(xseg_device_stats *stats)
 {
     static const char suffix[] = ".peak";

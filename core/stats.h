@@ -99,6 +99,10 @@ xseg_status stats_lookup(const xseg_device_stats *stats, const char *key, int64_
 /* Reset every peak to current. */
 void stats_reset_peaks(xseg_device_stats *stats);
 
+/* Subtract the accumulated values of @p base (a filled copy) from the filled copy @p stats: every
+ * counter's allocated and freed, and the num_* counts (max_split_size is a setting, not a count). */
+void stats_subtract_accumulated(xseg_device_stats *stats, const xseg_device_stats *base);
+
 /* A table like torch.cuda.memory_summary() (snprintf semantics; @p len gets the full length). */
 void stats_format_summary(const xseg_device_stats *stats, int device, char *buf, size_t size,
                           size_t *len);

@@ -205,6 +205,8 @@ void cudaemu_live_get(struct cudaemu_live *live)
     live->allocs = emu.allocs.count;
     for (int d = 0; d < 8 && d < EMU_MAX_DEVICES; d++)
         live->used_bytes[d] = emu.used[d];
+    live->events = emu.events.count;
+    live->graphs = emu.graphs.count;
     emu_unlock();
 }
 
@@ -213,8 +215,8 @@ void emu_report_print(void)
     struct cudaemu_live live;
     cudaemu_live_get(&live);
     fprintf(stderr, "cudaemu report: %zu live handle(s), %zu mapped byte(s), %zu reservation(s), "
-            "%zu cuMemAlloc block(s)\n", live.handles, live.mapped_bytes, live.reservations,
-            live.allocs);
+            "%zu cuMemAlloc block(s), %zu event(s), %zu graph(s)\n", live.handles, live.mapped_bytes,
+            live.reservations, live.allocs, live.events, live.graphs);
     for (int d = 0; d < emu.cfg.devices && d < 8; d++)
         fprintf(stderr, "cudaemu report: device %d: %zu byte(s) in use of %zu\n", d,
                 live.used_bytes[d], emu.cfg.total_mem);

@@ -73,6 +73,8 @@ struct cudaemu_live {
     size_t reservations;   /* cuMemAddressReserve ranges not freed */
     size_t allocs;         /* cuMemAlloc blocks not freed */
     size_t used_bytes[8];  /* device memory in use per device (first 8 devices) */
+    size_t events;         /* cuEventCreate'd events not destroyed */
+    size_t graphs;         /* graphs not destroyed: ended captures' and those still capturing */
 };
 void cudaemu_live_get(struct cudaemu_live *live);
 

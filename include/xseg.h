@@ -126,6 +126,19 @@ XSEG_API xseg_status xseg_free(void *ptr);
 XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream);
 
 /**
+ * The segment that holds the live block at @p ptr, as PyTorch's getBaseAllocation reports it: the
+ * start of the cuMemAlloc range and its size, for sharing through cuIpcGetMemHandle (which names
+ * a whole allocation; the block is at @p ptr - *base in it).
+ * @param ptr  a live allocation (what xseg_malloc returned).
+ * @param base receives the segment's start.
+ * @param size if non-NULL, receives the segment's size in bytes.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
+ *         XSEG_ERROR_NOT_SUPPORTED for a block of an expandable segment (its chunks are separate
+ *         VMM allocations that cuIpcGetMemHandle cannot share: use xseg_ipc_export).
+ */
+XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size);
+
+/**
  * Release cached memory to the driver: every unused segment (classic mode), and every page that
  * holds no live byte (expandable mode), even inside segments still in use.
  * Waits for pending cross-stream frees first. Releases nothing while a stream capture is underway.
@@ -136,6 +149,7 @@ XSEG_API xseg_status xseg_empty_cache(int device);
 /**
  * Cap what xseg may reserve on @p device at @p fraction of its total memory.
  * @param fraction in [0, 1]; 1 removes the cap.
+ * @param device   a device index.
  */
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device);
 
@@ -197,12 +211,30 @@ XSEG_API xseg_status xseg_stat(int device, const char *key, int64_t *value);
 
 /**
  * Enumerate the keys xseg_stat accepts, in a stable order.
- * @param index 0, 1, ...; @p key receives NULL past the last one.
+ * @param index 0, 1, ...
+ * @param key   receives the index-th key (a static string), or NULL past the last one.
  */
 XSEG_API xseg_status xseg_stat_key(size_t index, const char **key);
 
 /** Reset every .peak to .current, for @p device (-1: all). */
 XSEG_API xseg_status xseg_reset_peak_stats(int device);
+
+/**
+ * Reset the accumulated statistics of @p device (-1: all): every counter's .allocated and .freed,
+ * and num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc and num_device_free
+ * start again from 0 (torch.cuda.reset_accumulated_memory_stats). Current values and peaks stay.
+ */
+XSEG_API xseg_status xseg_reset_accumulated_stats(int device);
+
+/**
+ * The largest cached block of @p device: a free mapped block of any pool, private pools included
+ * (PyTorch's cacheInfo, which cuDNN's benchmark mode uses to size its workspace).
+ * @param device the device index.
+ * @param largest_block in/out: raised to the largest cached block's size when that is larger.
+ *        A 0 on entry is first replaced by the driver's free memory on the device
+ *        (cuMemGetInfo), as PyTorch does: memory a new segment could still take.
+ */
+XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block);
 
 /**
  * A readable table of the device's statistics, like torch.cuda.memory_summary().
@@ -253,7 +285,7 @@ XSEG_API xseg_status xseg_take_snapshot(int device, xseg_snapshot **snapshot);
 XSEG_API void xseg_snapshot_free(xseg_snapshot *snapshot);
 
 /* ---------------------------------------------------------------------------------------------
- * Allocation history and snapshots in PyTorch's format (issue 13)
+ * Allocation history and snapshots in PyTorch's format
  *
  * With history on, xseg records what it does as events with PyTorch's action names (alloc,
  * free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap,
@@ -415,8 +447,10 @@ typedef int (*xseg_stream_filter)(struct CUstream_st *stream, void *user);
 /**
  * Start routing allocations on @p device to @p pool (created on first use; a use is added).
  * Routes are checked newest first, so a nested begin takes precedence for the streams it matches.
+ * @param device a device index.
  * @param pool   any id but {0, 0} (xseg_pool_create, or PyTorch's ids through the torch hooks).
  * @param filter the streams to route; NULL routes every stream.
+ * @param user   passed to @p filter as is.
  * @return XSEG_ERROR_INVALID_VALUE for the {0, 0} pool; XSEG_ERROR_ILLEGAL_STATE when the pool is
  *         already recording (nothing changes then).
  */
@@ -442,11 +476,23 @@ XSEG_API xseg_status xseg_release_pool(int device, xseg_pool_id pool);
 XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *count);
 
 /**
+ * Add a use to @p pool on @p device, creating it when it does not exist, without routing any
+ * allocation to it (PyTorch's createOrIncrefPool: a torch.cuda.MemPool holds one use for its
+ * lifetime). Drop it with xseg_release_pool.
+ * @return XSEG_ERROR_INVALID_VALUE for the {0, 0} pool.
+ */
+XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
+
+/**
  * Begin capturing @p stream into a CUDA graph (cuStreamBeginCapture with @p capture_mode, a
  * CUstreamCaptureMode / cudaStreamCaptureMode value) and route the allocations of that capture
  * to a private pool: those on @p stream and on every stream that joins the same capture.
- * @param pool in: the pool to use ({0, 0}: a new one); out: the pool used. Release it with
- *             xseg_release_pool once the graph is destroyed, whether the capture succeeded or not.
+ * @param device       a device index.
+ * @param stream       the stream to capture (not the legacy default stream, NULL).
+ * @param pool         in: the pool to use ({0, 0}: a new one); out: the pool used. Release it
+ *                     with xseg_release_pool once the graph is destroyed, whether the capture
+ *                     succeeded or not.
+ * @param capture_mode CU_STREAM_CAPTURE_MODE_GLOBAL (0), THREAD_LOCAL (1) or RELAXED (2).
  * The cache is not emptied here (torch.cuda.graph() calls empty_cache before it begins: call
  * xseg_empty_cache first to do the same).
  * @return XSEG_ERROR_INVALID_VALUE for a NULL stream (the legacy stream cannot capture) or pool,
@@ -458,16 +504,21 @@ XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, 
 
 /**
  * End the capture begun with xseg_capture_begin on @p stream (cuStreamEndCapture) and stop
- * routing its allocations. Routing stops even when the driver reports the capture invalidated.
+ * routing its allocations. Routing stops even when the driver reports the capture invalidated;
+ * a failure that leaves the stream capturing (the driver still reports it so) keeps routing,
+ * and the call may be repeated.
+ * @param device a device index.
+ * @param stream the stream passed to xseg_capture_begin.
  * @param graph receives the captured graph (NULL when the capture failed); destroy it with
  *              cuGraphDestroy / cudaGraphDestroy.
  * @return XSEG_ERROR_ILLEGAL_STATE when @p stream has no capture begun by xseg_capture_begin;
- *         XSEG_ERROR_DRIVER when cuStreamEndCapture fails.
+ *         XSEG_ERROR_DRIVER when cuStreamEndCapture fails (the message says when the capture is
+ *         still open).
  */
 XSEG_API xseg_status xseg_capture_end(int device, struct CUstream_st *stream, struct CUgraph_st **graph);
 
 /* ---------------------------------------------------------------------------------------------
- * Issue 15: many processes and many GPUs.
+ * Many processes and many GPUs.
  *
  * IPC of expandable memory. Expandable memory is mapped in chunks (one a page by default,
  * expandable_chunk_mb), each its own physical allocation, created shareable (config key
@@ -631,7 +682,7 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
  */
 XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n);
 
-/* --- end of issue 15 --- */
+/* --- end of many processes and many GPUs --- */
 
 /* ---------------------------------------------------------------------------------------------
  * Long-running services: giving cached memory back (docs/services.md)
@@ -650,7 +701,8 @@ XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size
  * pages needed are unmapped. Synchronizes the stream of each segment it unmaps pages of (as
  * xseg_empty_cache does); frees waiting for record_stream events that have not completed are not
  * waited for. xseg_trim(device, 0) releases what xseg_empty_cache releases, except those.
- * @param device a device index, or -1 for every initialized device (each keeps @p keep_bytes).
+ * @param device     a device index, or -1 for every initialized device (each keeps @p keep_bytes).
+ * @param keep_bytes the cache to keep, in bytes (0: give back all that can go).
  * @return XSEG_ERROR_INVALID_DEVICE for a bad index; XSEG_ERROR_DRIVER when an unmap fails (what
  *         was given back before the failure stays given back; the allocator stays usable).
  */
@@ -700,7 +752,9 @@ typedef enum xseg_sleep_flags {
  * for xseg_free); frees whose record_stream events completed then return to the pool. With
  * XSEG_SLEEP_OFFLOAD the live blocks' bytes are copied to pinned host memory (cuMemHostAlloc) on
  * their segment's stream before any page is unmapped.
- * @param flags XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD.
+ * @param device a device index.
+ * @param pool   {0, 0} for the default pools, or a private pool's id.
+ * @param flags  XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD.
  * @return XSEG_ERROR_INVALID_VALUE for bad flags or a private pool unknown on @p device;
  *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already, or a capture is underway on the
  *         device (or a pool records: xseg_begin_allocate_to_pool); XSEG_ERROR_NOT_SUPPORTED when
@@ -718,6 +772,8 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on their segment's stream,
  * wait for that, and free the pinned host memory. When it returns, every stream may use the
  * memory, and allocation from the pool works again.
+ * @param device a device index.
+ * @param pool   the pool given to xseg_sleep.
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
  *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep or a capture is underway;
  *         XSEG_ERROR_OUT_OF_MEMORY when the device (or the memory fraction) cannot hold the pages
@@ -742,6 +798,9 @@ typedef struct xseg_sleep_stats {
 /**
  * The sleep statistics of @p pool on @p device, or of every pool of the device when @p pool is
  * NULL (sums; num_sleeps and num_wakes are the device's either way).
+ * @param device a device index.
+ * @param pool   a pool ({0, 0}: the default pools), or NULL for every pool of the device.
+ * @param stats  receives the figures.
  * @return XSEG_ERROR_INVALID_VALUE for a NULL @p stats or a private pool unknown on @p device.
  */
 XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, xseg_sleep_stats *stats);

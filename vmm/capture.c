@@ -33,18 +33,15 @@ xseg_status vmm_capture_info(CUstream stream, struct vmm_capture_info *out)
     return XSEG_SUCCESS;
 }
 
-xseg_status vmm_capture_mark(CUstream stream, CUgraphNode *node)
+xseg_status vmm_capture_mark(CUstream stream, const struct vmm_capture_info *ci, CUgraphNode *node)
 {
-    struct vmm_capture_info ci;
-    xseg_status st = vmm_capture_info(stream, &ci);
-    if (st != XSEG_SUCCESS)
-        return st;
-    if (ci.status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    if (ci->status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "stream %p is not capturing", (void *)stream);
     char what[128];
-    CUresult r = drv->cuGraphAddEmptyNode(node, ci.graph, ci.deps, ci.ndeps);
+    xseg_status st;
+    CUresult r = drv->cuGraphAddEmptyNode(node, ci->graph, ci->deps, ci->ndeps);
     if (r != CUDA_SUCCESS) {
-        snprintf(what, sizeof what, "cuGraphAddEmptyNode(%zu dependencies of stream %p)", ci.ndeps,
+        snprintf(what, sizeof what, "cuGraphAddEmptyNode(%zu dependencies of stream %p)", ci->ndeps,
                  (void *)stream);
         st = drv_fail(r, what);
         return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;

@@ -48,11 +48,12 @@ xseg_status vmm_capture_info(CUstream stream, struct vmm_capture_info *out);
 /*
  * Put a marker into @p stream's capture: an empty node after the stream's current dependencies,
  * made the stream's only dependency (so everything captured on it later comes after the marker,
- * and nothing before changes). @p stream must be capturing. @return XSEG_ERROR_DRIVER naming the
- * failing call; on failure the stream's dependencies are as before (the node, if one was added,
- * is an orphan root the capture ignores).
+ * and nothing before changes). @p ci: the stream's capture info (vmm_capture_info), read with no
+ * driver call on the stream since. @return XSEG_ERROR_ILLEGAL_STATE when it is not capturing,
+ * XSEG_ERROR_DRIVER naming the failing call; on failure the stream's dependencies are as before
+ * (the node, if one was added, has no successor and orders nothing).
  */
-xseg_status vmm_capture_mark(CUstream stream, CUgraphNode *node);
+xseg_status vmm_capture_mark(CUstream stream, const struct vmm_capture_info *ci, CUgraphNode *node);
 
 /*
  * The dependencies of @p node: up to @p cap of them into @p out; *@p n receives how many it has

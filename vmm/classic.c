@@ -7,15 +7,20 @@
 xseg_status classic_alloc(size_t size, bool relaxed, int device, CUdeviceptr *out)
 {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (relaxed && drv->cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
-        relaxed = false;
+    char what[96];
     *out = 0;
-    CUresult r = drv->cuMemAlloc(out, size);
+    CUresult r = relaxed ? drv->cuThreadExchangeStreamCaptureMode(&mode) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS) {
+        /* cuMemAlloc in the thread's own mode could invalidate a capture: fail instead. */
+        snprintf(what, sizeof what, "cuThreadExchangeStreamCaptureMode(RELAXED) for cuMemAlloc on device %d", device);
+        xseg_status st = drv_fail(r, what);
+        return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
+    }
+    r = drv->cuMemAlloc(out, size);
     if (relaxed)
         (void)drv->cuThreadExchangeStreamCaptureMode(&mode);
     if (r == CUDA_SUCCESS)
         return XSEG_SUCCESS;
-    char what[96];
     snprintf(what, sizeof what, "cuMemAlloc(%zu bytes) on device %d", size, device);
     return drv_fail(r, what);
 }

@@ -15,8 +15,9 @@
  * cuMemAlloc @p size bytes for @p device (named in the message). @p relaxed: a capture may be
  * underway, so the calling thread switches to relaxed capture mode around the call (a GLOBAL
  * capture elsewhere would otherwise reject it and be invalidated), as PyTorch's
- * cudaMallocMaybeCapturing does. @return XSEG_ERROR_OUT_OF_MEMORY when the device is full,
- * XSEG_ERROR_DRIVER otherwise, with the message naming the call.
+ * cudaMallocMaybeCapturing does; when the mode cannot be switched, nothing is allocated (a
+ * driver error). @return XSEG_ERROR_OUT_OF_MEMORY when the device is full, XSEG_ERROR_DRIVER
+ * otherwise, with the message naming the call.
  */
 xseg_status classic_alloc(size_t size, bool relaxed, int device, CUdeviceptr *out);
 

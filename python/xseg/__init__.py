@@ -24,6 +24,7 @@ __all__ = [
     "init", "get_config", "set_config", "device_count",
     "malloc", "free", "record_stream",
     "memory_stats", "memory_stats_as_nested_dict", "memory_summary", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "empty_cache", "set_per_process_memory_fraction",
     "memory_snapshot", "dump_snapshot", "attach_oom_observer",
@@ -32,7 +33,16 @@ __all__ = [
     "DEFAULT_POOL", "sleep", "wake", "sleep_stats",
 ]
 
-__version__ = "0.1.0"
+def __getattr__(name):
+    # __version__ without loading libxseg at import: the version meson installed with the package
+    # (from include/xseg.h), or in the source tree the loaded library's.
+    if name == "__version__":
+        try:
+            from ._version import version
+        except ImportError:
+            version = globals()["version"]()
+        return version
+    raise AttributeError("module 'xseg' has no attribute %r" % (name,))
 
 
 def library_path():
@@ -195,6 +205,12 @@ def max_memory_reserved(device=None):
 def reset_peak_memory_stats(device=None):
     """Reset every peak to its current value."""
     check(_lib.lib().xseg_reset_peak_stats(_device(device)))
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Restart the accumulated statistics from 0: every "allocated" and "freed" value and the
+    num_* counts (torch.cuda.reset_accumulated_memory_stats). Current values and peaks stay."""
+    check(_lib.need("xseg_reset_accumulated_stats")(_device(device)))
 
 
 def memory_summary(device=None, abbreviated=False):

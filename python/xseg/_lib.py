@@ -159,6 +159,7 @@ _PROTOS = {
     "xseg_stat": (_S, [ctypes.c_int, ctypes.c_char_p, c_int64_p]),
     "xseg_stat_key": (_S, [ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)]),
     "xseg_reset_peak_stats": (_S, [ctypes.c_int]),
+    "xseg_reset_accumulated_stats": (_S, [ctypes.c_int]),
     "xseg_memory_summary": (_S, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
     "xseg_take_snapshot": (_S, [ctypes.c_int, ctypes.POINTER(ctypes.POINTER(Snapshot))]),
     "xseg_snapshot_free": (None, [ctypes.POINTER(Snapshot)]),

@@ -9,8 +9,14 @@ side stream's memory can be reused under it), torch.cuda.empty_cache() and
 set_per_process_memory_fraction() never reach xseg, and memory_stats()/memory_summary()/
 _snapshot() raise. enable() instead builds (once, cached by torch.utils.cpp_extension) a small C++
 adapter that subclasses PyTorch's CUDAPluggableAllocator, sets every hook (record_stream,
-empty_cache, memory fraction, init, and the allocate-to-pool hooks torch.cuda.graph and MemPool
-use) and answers the statistics, snapshot and OOM-observer calls from xseg.
+empty_cache, memory fraction, init, base allocation, and the allocate-to-pool hooks
+torch.cuda.graph and MemPool use) and answers from xseg the statistics (memory_stats,
+reset_peak_memory_stats, reset_accumulated_memory_stats), cacheInfo (cuDNN benchmark mode),
+snapshot, history and OOM-observer calls.
+
+Still refused, as by the bare wrapper: CUDA IPC of tensors through torch.multiprocessing (share
+blocks with xseg.ipc_export instead), attachAllocatorTraceTracker, and cudagraph trees'
+checkpointing (getCheckpointState). docs/python.md lists what is answered on which PyTorch.
 
 Needs a CUDA build of PyTorch (2.1 or newer) and a C++ compiler.
 """

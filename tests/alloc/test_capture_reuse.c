@@ -158,9 +158,11 @@ static void test_option_off(void **state)
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 
-/* The driver's graph calls fail: the block is deferred to the end of the capture (never reused
- * early, never lost), the capture stays valid, and xseg stays usable. */
-static void graph_call_fails(const char *entry)
+/* The driver's graph calls fail: the block is not reused while they fail (never reused early,
+ * never lost), the capture stays valid, and xseg stays usable. Afterwards it is deferred to the
+ * end of the capture (its marker could not be placed: @p retried false), or reused by the next
+ * walk (a node whose dependencies could not be read is read again: @p retried true). */
+static void graph_call_fails(const char *entry, bool retried)
 {
     tu_require_emulator_or_skip();
     CUstream s = new_stream(), side = new_stream();
@@ -175,9 +177,10 @@ static void graph_call_fails(const char *entry)
     assert_true(tu_fail(entry, 1, CUDA_ERROR_OUT_OF_MEMORY));
     tu_free(a);
     poke(s);
+    assert_int_equal(active(), base);
     tu_fail_clear();
     poke(s);
-    assert_int_equal(active(), base);
+    assert_int_equal(active(), base - (retried ? (int64_t)(4 * MiB) : 0));
     finish(s, pool);
     tu_assert_cu(drv->cuStreamDestroy(side));
     tu_assert_cu(drv->cuStreamDestroy(s));
@@ -186,26 +189,27 @@ static void graph_call_fails(const char *entry)
 static void test_add_empty_node_fails(void **state)
 {
     (void)state;
-    graph_call_fails("cuGraphAddEmptyNode");
+    graph_call_fails("cuGraphAddEmptyNode", false);
 }
 
 static void test_update_dependencies_fails(void **state)
 {
     (void)state;
-    graph_call_fails("cuStreamUpdateCaptureDependencies");
+    graph_call_fails("cuStreamUpdateCaptureDependencies", false);
 }
 
 static void test_capture_info_fails(void **state)
 {
     (void)state;
-    graph_call_fails("cuStreamGetCaptureInfo");
+    graph_call_fails("cuStreamGetCaptureInfo", false);
 }
 
-/* A failed dependency read stops that walk; the block waits for the capture's end. */
+/* A failed dependency read stops that walk; the next walk reads the node again and reuses the
+ * block. */
 static void test_node_dependencies_fail(void **state)
 {
     (void)state;
-    graph_call_fails("cuGraphNodeGetDependencies");
+    graph_call_fails("cuGraphNodeGetDependencies", true);
 }
 
 /* A use on the legacy default stream, during the capture of a blocking stream: xseg must not ask
@@ -268,7 +272,9 @@ static void test_stream_order_broken(void **state)
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 
-/* Many blocks and a long capture: every joined block is reused, the graph is walked once. */
+/* Many blocks and a long capture: every joined block is reused, each node's dependencies are
+ * read at most once, and the walks stop once they found what they look for: the side stream's
+ * kernels (4 of the 6 nodes of a layer) are never read. */
 static void test_long_capture(void **state)
 {
     (void)state;
@@ -281,7 +287,8 @@ static void test_long_capture(void **state)
         void *x = tu_malloc(1 * MiB, s);
         wait_stream(side, s);
         assert_int_equal(xseg_record_stream(x, side), XSEG_SUCCESS);
-        assert_true(tu_stream_work(side));
+        for (int k = 0; k < 4; k++)
+            assert_true(tu_stream_work(side));
         wait_stream(s, side);
         tu_free(x);
         poke(s);
@@ -296,7 +303,8 @@ static void test_long_capture(void **state)
         tu_assert_cu(drv->cuStreamGetCaptureInfo(s, &st, NULL, &g, NULL, NULL, NULL));
         tu_assert_cu(drv->cuGraphGetNodes(g, NULL, &nodes));
         unsigned long reads = tu_call_count("cuGraphNodeGetDependencies") - reads0;
-        assert_true(reads <= nodes); /* each node's dependencies read at most once */
+        print_message("long capture: %zu nodes, %lu dependency lists read\n", nodes, reads);
+        assert_true(reads <= nodes / 2);
     }
     finish(s, pool);
     tu_assert_cu(drv->cuStreamDestroy(side));

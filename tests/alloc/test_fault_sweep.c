@@ -1,18 +1,25 @@
 /*
- * Fault-injection sweep (issue 11): every driver entry point the allocator calls during a mixed
- * workload fails, in turn, at each of its call indices (quick: a sample of them), in expandable
- * and in classic mode. After each run, with the fault disarmed:
+ * Fault-injection sweep: every driver entry point the allocator calls during a mixed workload
+ * fails, in turn, at each of its call indices (quick: a sample of them), in expandable and in
+ * classic mode, with graph_capture_record_stream_reuse off and on. The workload includes a
+ * capture into a private pool (xseg_capture_begin / xseg_capture_end) with a side stream forked
+ * and joined, record_stream'ed blocks freed during the capture, and allocations on both streams.
+ * After each run, with the fault disarmed:
+ *   - a capture whose driver calls all succeeded (the fault hit an allocator call other than
+ *     begin/end capture) is still valid: xseg_capture_end gave a graph (the allocator never makes
+ *     a call that invalidates the program's capture, whatever fails);
  *   - every allocation that succeeded still holds its data, and is writable (a page left mapped
  *     without access would fail the fill or the check);
  *   - the statistics match a walk of a snapshot (reserved, allocated, active, requested, counts);
  *   - every pointer frees (an xseg_free that failed under the fault succeeds when retried);
  *   - empty_cache then succeeds, reserved reads 0, and cudaemu holds no handle, mapping,
- *     reservation or cuMemAlloc block: nothing leaked.
+ *     reservation, cuMemAlloc block or graph, and no more events than the run without faults
+ *     left in xseg's event pool: nothing leaked.
  * One process, one allocator across all runs: a failure must leave xseg usable.
  *
- * `test_fault_sweep MODE` with MODE expandable or classic. XSEG_FAULT_SWEEP=full tries every call
- * index (the long run, docs/testing.md); otherwise about 4 indices per entry point, fewer when
- * XSEG_TEST_SCALE is below 1. Emulator only (skips on the real driver).
+ * `test_fault_sweep NAME` runs the test whose name contains NAME. XSEG_FAULT_SWEEP=full tries
+ * every call index (the long run, docs/testing.md); otherwise 2 indices per entry point (the first and one past the middle),
+ * fewer when XSEG_TEST_SCALE is below 1. Emulator only (skips on the real driver).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,20 +35,30 @@
 #include "xseg.h"
 
 #define MiB ((size_t)1 << 20)
-#define NBUF 10
+#define NBUF 16
 
-/* Entry points of the driver table that the allocator may call. Excluded: what only this test
- * calls to set up and check (stream create/destroy, memcpy, memset), and cuInit / the loader's
- * own calls, which run once before the sweep. */
-static const char *const entries[] = {
-    "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxGetDevice", "cuCtxPushCurrent", "cuCtxPopCurrent",
-    "cuCtxSynchronize", "cuDeviceGetAttribute", "cuDeviceTotalMem", "cuDevicePrimaryCtxRetain",
-    "cuMemGetInfo", "cuMemAlloc", "cuMemFree", "cuMemGetAllocationGranularity",
-    "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap",
-    "cuMemUnmap", "cuMemSetAccess", "cuStreamSynchronize", "cuStreamQuery", "cuStreamWaitEvent",
-    "cuStreamIsCapturing", "cuStreamGetCaptureInfo", "cuEventCreate", "cuEventDestroy",
-    "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuGetErrorName",
+/* Every entry point of the driver table is swept once the workload reaches it, so a driver call
+ * the allocator starts making is swept without touching this list. Excluded: what the workload
+ * calls itself to fill and check buffers and to destroy its graph (their failure is the test's,
+ * not xseg's). The workload's
+ * own fork/join calls (cuEventRecord, cuStreamWaitEvent) are swept too, as the program's driver
+ * failures: the capture then ends invalid or unjoined, and xseg must cope with that. */
+static const char *const all_entries[] = {
+#define SWEEP_NAME(fn) #fn,
+    DRV_FOREACH_ENTRY(SWEEP_NAME)
+#undef SWEEP_NAME
 };
+static const char *const not_swept[] = {"cuMemsetD8", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuGraphDestroy"};
+#define NENTRIES (sizeof all_entries / sizeof all_entries[0])
+
+/* The table's names are ABI names (cuMemAlloc_v2): cudaemu takes them, and they print as such. */
+static bool swept(const char *entry)
+{
+    for (size_t i = 0; i < sizeof not_swept / sizeof not_swept[0]; i++)
+        if (!strcmp(entry, not_swept[i]))
+            return false;
+    return true;
+}
 
 /* Entry points whose failure still loses something, skipped until fixed (remove the line with
  * the fix; XSEG_FAULT_SWEEP_SKIP=none sweeps them anyway, a comma list skips others). */
@@ -49,7 +66,7 @@ static const struct {
     const char *entry, *why;
 } pending[] = {
     /* None today: failed cuMemRelease / cuMemAddressFree calls are kept and retried at the next
-     * reclaim (vmm/segment.h, issue 11 item 2). */
+     * reclaim (vmm/segment.h). */
     {NULL, NULL},
 };
 
@@ -70,7 +87,44 @@ struct work {
     void *p[NBUF];
     size_t size[NBUF];
     CUstream s, s2;
+    CUevent ev;               /* the workload's own, for fork and join */
+    /* the capture phase */
+    bool cap_begun;
+    xseg_status cap_end;
+    CUgraph graph;
+    xseg_pool_id pool;
 };
+
+/* The workload's own driver calls, as (entry, index) in the run without faults: a fault there is
+ * the program's failure (its capture may then end invalid), not the allocator's. Indices before
+ * a fault are the same in every run, so the clean run's list tells. */
+#define MAXOWN 32
+static struct {
+    const char *entry;
+    unsigned long n;
+} owned[MAXOWN];
+static size_t nowned;
+static bool recording_owned;
+static const char *cur_run = "the run without faults"; /* for messages from inside the workload */
+
+static void own_call(const char *entry)
+{
+    if (recording_owned) {
+        if (nowned == MAXOWN)
+            fail_msg("more than %d calls of the workload's own: raise MAXOWN", MAXOWN);
+        owned[nowned].entry = entry;
+        owned[nowned].n = tu_call_count(entry) + 1;
+        nowned++;
+    }
+}
+
+static bool is_owned(const char *entry, unsigned long n)
+{
+    for (size_t i = 0; i < nowned; i++)
+        if (owned[i].n == n && !strcmp(owned[i].entry, entry))
+            return true;
+    return false;
+}
 
 static void w_alloc(struct work *w, int i, size_t size, CUstream s)
 {
@@ -81,11 +135,12 @@ static void w_alloc(struct work *w, int i, size_t size, CUstream s)
         w->size[i] = size;
         CUresult r = tu_fill((CUdeviceptr)(uintptr_t)p, size, 500u + (unsigned)i);
         if (r != CUDA_SUCCESS)
-            fail_msg("xseg_malloc(%zu) returned memory that cannot be written (%d)", size, (int)r);
+            fail_msg("%s: xseg_malloc(%zu) returned memory that cannot be written (%d)", cur_run, size, (int)r);
     } else if (st != XSEG_ERROR_OUT_OF_MEMORY && st != XSEG_ERROR_DRIVER) {
-        fail_msg("xseg_malloc(%zu) failed with %s: %s", size, xseg_status_name(st), xseg_last_error());
+        fail_msg("%s: xseg_malloc(%zu) for buffer %d failed with %s: %s", cur_run, size, i, xseg_status_name(st),
+                 xseg_last_error());
     } else if (!*xseg_last_error()) {
-        fail_msg("xseg_malloc(%zu) failed with %s and no message", size, xseg_status_name(st));
+        fail_msg("%s: xseg_malloc(%zu) failed with %s and no message", cur_run, size, xseg_status_name(st));
     }
 }
 
@@ -104,7 +159,71 @@ static void w_record(struct work *w, int i, CUstream s)
         (void)xseg_record_stream(w->p[i], s); /* may fail under the fault; the block stays ours */
 }
 
-/* A mixed workload: both pools, two streams, record_stream, deferred frees, growth, reclaim. */
+/* Order @p dst after @p src (in a capture: @p dst joins it, or @p src joins back). The calls may
+ * fail under the fault: the capture then ends invalid or unjoined. */
+static void w_wait(struct work *w, CUstream dst, CUstream src)
+{
+    own_call("cuEventRecord");
+    if (drv->cuEventRecord(w->ev, src) != CUDA_SUCCESS)
+        return;
+    own_call("cuStreamWaitEvent");
+    (void)drv->cuStreamWaitEvent(dst, w->ev, 0);
+}
+
+/* Capture s into a private pool: s2 forks off and joins back; a block used on both is freed
+ * during the capture (deferred; with graph_capture_record_stream_reuse it is reused once s2 has
+ * joined); allocations on s and on the joined s2 come from the pool. Buffer 13 outlives the
+ * capture (freed after the pool is released). */
+static void w_capture(struct work *w)
+{
+    w->pool = (xseg_pool_id){0, 0};
+    w->graph = NULL;
+    w->cap_end = XSEG_SUCCESS;
+    w->cap_begun = xseg_capture_begin(0, w->s, &w->pool, CU_STREAM_CAPTURE_MODE_GLOBAL) == XSEG_SUCCESS;
+    if (!w->cap_begun) {
+        if (!*xseg_last_error())
+            fail_msg("%s: xseg_capture_begin failed with no message", cur_run);
+        return;
+    }
+    (void)tu_stream_work(w->s);
+    w_alloc(w, 10, 6 * MiB, w->s);
+    w_alloc(w, 11, 300 * 1024, w->s);
+    w_wait(w, w->s2, w->s); /* fork */
+    w_record(w, 10, w->s2);
+    (void)tu_stream_work(w->s2);
+    w_alloc(w, 12, 1 * MiB, w->s2);
+    w_free(w, 10);
+    w_alloc(w, 14, 512, w->s); /* s2 has not joined: buffer 10 is not reusable yet */
+    w_free(w, 14);
+    w_wait(w, w->s, w->s2); /* join */
+    w_alloc(w, 13, 4 * MiB, w->s); /* with the option on, fits where buffer 10 was */
+    w_free(w, 11);
+    w_free(w, 12);
+    (void)tu_stream_work(w->s);
+    w->cap_end = xseg_capture_end(0, w->s, &w->graph);
+    if (w->cap_end != XSEG_SUCCESS) {
+        if (!*xseg_last_error())
+            fail_msg("%s: xseg_capture_end failed with no message", cur_run);
+        /* A failure that left the capture open: xseg keeps it, and a second call ends it (else
+         * the second call says that no capture is begun). */
+        w->cap_end = xseg_capture_end(0, w->s, &w->graph);
+    }
+    if (w->cap_end != XSEG_SUCCESS) {
+        /* The driver may still hold the capture open: the program ends it. */
+        CUgraph g = NULL;
+        own_call("cuStreamEndCapture");
+        if (drv->cuStreamEndCapture(w->s, &g) == CUDA_SUCCESS && g)
+            (void)drv->cuGraphDestroy(g);
+    }
+    if (w->graph)
+        (void)drv->cuGraphDestroy(w->graph);
+    /* The graph is gone: drop the pool's use (its blocks return to the cache as they are freed). */
+    if (xseg_release_pool(0, w->pool) != XSEG_SUCCESS)
+        fail_msg("%s: xseg_release_pool after the capture: %s", cur_run, xseg_last_error());
+}
+
+/* A mixed workload: both pools, two streams, record_stream, deferred frees, growth, reclaim, a
+ * capture into a private pool. */
 static void workload(struct work *w)
 {
     w_alloc(w, 0, 30 * MiB, NULL);
@@ -124,9 +243,10 @@ static void workload(struct work *w)
     tu_stream_release(w->s2);
     w_free(w, 2);
     w_alloc(w, 8, 45 * MiB, NULL); /* grows past what is cached */
+    w_capture(w);
     w_free(w, 4);
     (void)xseg_empty_cache(0);
-    w_alloc(w, 9, 1 * MiB, w->s2);
+    w_alloc(w, 9, 1 * MiB, w->s2); /* processes what the capture deferred */
     w_free(w, 6);
 }
 
@@ -167,6 +287,12 @@ static void check_consistent(const char *when)
     }
 }
 
+/* xseg pools its events and keeps them: at most one per recorded stream of a block freed while
+ * its work may still run. The workload frees two such blocks, and has one event of its own; a
+ * leak shows as the count growing past that over the runs. */
+#define MAX_EVENTS 3
+
+/* After the run: nothing lost, nothing leaked (see the top of the file). */
 static void check_after(struct work *w, const char *when)
 {
     for (int i = 0; i < NBUF; i++)
@@ -187,10 +313,16 @@ static void check_after(struct work *w, const char *when)
     if (reserved != 0)
         fail_msg("%s: %lld bytes still reserved after freeing everything and empty_cache", when,
                  (long long)reserved);
+    int64_t active = tu_stat("active_bytes.all.current");
+    if (active != 0)
+        fail_msg("%s: %lld bytes still active after freeing everything", when, (long long)active);
     struct cudaemu_live live;
-    if (tu_live(&live) && (live.handles || live.mapped_bytes || live.reservations || live.allocs))
-        fail_msg("%s: leaked %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks",
-                 when, live.handles, live.mapped_bytes, live.reservations, live.allocs);
+    if (tu_live(&live) && (live.handles || live.mapped_bytes || live.reservations || live.allocs || live.graphs))
+        fail_msg("%s: leaked %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks, %zu graphs",
+                 when, live.handles, live.mapped_bytes, live.reservations, live.allocs, live.graphs);
+    if (live.events > MAX_EVENTS)
+        fail_msg("%s: %zu events alive, more than the %d xseg's pool and the workload may hold", when,
+                 live.events, MAX_EVENTS);
 }
 
 static void sweep(const char *mode, const char *config)
@@ -204,45 +336,80 @@ static void sweep(const char *mode, const char *config)
     memset(&w, 0, sizeof w);
     tu_assert_cu(drv->cuStreamCreate(&w.s, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&w.s2, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuEventCreate(&w.ev, CU_EVENT_DISABLE_TIMING));
     const char *full_env = getenv("XSEG_FAULT_SWEEP");
     int full = full_env && !strcmp(full_env, "full");
-    size_t samples = tu_scaled(4, 2);
+    size_t samples = tu_scaled(2, 1);
 
-    /* A clean run first: which entries the workload reaches, and how often. */
-    unsigned long calls[sizeof entries / sizeof entries[0]];
+    /* A clean run first: which entries the workload reaches, how often, and which calls are the
+     * workload's own. Everything must succeed, the capture included. */
+    unsigned long calls[NENTRIES];
     tu_counts_reset();
+    nowned = 0;
+    recording_owned = true;
     workload(&w);
-    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
-        calls[e] = tu_call_count(entries[e]);
+    recording_owned = false;
+    for (size_t e = 0; e < NENTRIES; e++)
+        calls[e] = tu_call_count(all_entries[e]);
+    if (!w.cap_begun || w.cap_end != XSEG_SUCCESS)
+        fail_msg("%s: the capture failed without a fault: %s", mode, xseg_last_error());
+    static const bool live_at_end[NBUF] = {[5] = true, [7] = true, [8] = true, [9] = true, [13] = true};
+    for (int i = 0; i < NBUF; i++)
+        if ((w.p[i] != NULL) != live_at_end[i])
+            fail_msg("%s: buffer %d is %s after the run without faults", mode, i, w.p[i] ? "live" : "not live");
     check_after(&w, "the run without faults");
 
     unsigned runs = 0, entries_hit = 0;
-    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
-        if (!calls[e])
+    for (size_t e = 0; e < NENTRIES; e++) {
+        const char *entry = all_entries[e];
+        if (!calls[e] || !swept(entry))
             continue;
-        const char *why = pending_reason(entries[e]);
+        const char *why = pending_reason(entry);
         if (why) {
-            print_message("fault sweep (%s): %s not swept: %s\n", mode, entries[e], why);
+            print_message("fault sweep (%s): %s not swept: %s\n", mode, entry, why);
             continue;
         }
         entries_hit++;
         unsigned long step = full || calls[e] <= samples ? 1 : (calls[e] + samples - 1) / samples;
         for (unsigned long n = 1; n <= calls[e]; n += step) {
-            char when[96];
-            snprintf(when, sizeof when, "%s: %s failing at call %lu of %lu", mode, entries[e], n, calls[e]);
+            char when[160];
+            bool own = is_owned(entry, n);
+            snprintf(when, sizeof when, "%s: %s failing at call %lu of %lu%s", mode, entry, n, calls[e],
+                     own ? " (the workload's own call)" : "");
             CUresult res = n % 2 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
             memset(w.p, 0, sizeof w.p);
-            assert_true(tu_fail(entries[e], n, res));
+            assert_true(tu_fail(entry, n, res));
+            cur_run = when;
             workload(&w);
             tu_fail_clear();
             tu_stream_release(w.s2);
+            /* A failed switch back from relaxed capture mode (classic_alloc) leaves this thread
+             * relaxed: put it back, so later runs see the GLOBAL capture rules. */
+            CUstreamCaptureMode global = CU_STREAM_CAPTURE_MODE_GLOBAL;
+            tu_assert_cu(drv->cuThreadExchangeStreamCaptureMode(&global));
+            /* Only a failure of the capture's own begin/end, or of the program's fork/join, may
+             * cost the capture: whatever else fails, xseg must not invalidate it. */
+            bool may_break = own || !strcmp(entry, "cuStreamBeginCapture") || !strcmp(entry, "cuStreamEndCapture");
+            if (!may_break && w.cap_begun && w.cap_end != XSEG_SUCCESS)
+                fail_msg("%s: the capture ended invalid", when);
+            /* Begun or not, nothing is left capturing, and the pool has no use left. */
+            CUstreamCaptureStatus cs;
+            tu_assert_cu(drv->cuStreamIsCapturing(w.s, &cs));
+            if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+                fail_msg("%s: the stream still captures after the workload", when);
+            int uses = -1;
+            assert_int_equal(xseg_pool_use_count(0, w.pool, &uses), XSEG_SUCCESS);
+            if (uses != 0)
+                fail_msg("%s: the capture's pool has %d uses left", when, uses);
             check_after(&w, when);
             runs++;
         }
     }
+    cur_run = "the run without faults";
     print_message("fault sweep (%s): %u entry points reached, %u runs%s\n", mode, entries_hit, runs,
                   full ? " (every call index)" : "");
     assert_true(entries_hit >= 8);
+    tu_assert_cu(drv->cuEventDestroy(w.ev));
     tu_assert_cu(drv->cuStreamDestroy(w.s));
     tu_assert_cu(drv->cuStreamDestroy(w.s2));
 }
@@ -250,13 +417,25 @@ static void sweep(const char *mode, const char *config)
 static void test_fault_sweep_expandable(void **state)
 {
     (void)state;
-    sweep("expandable", "expandable_segments:True");
+    sweep("expandable", "expandable_segments:True,graph_capture_record_stream_reuse:False");
 }
 
 static void test_fault_sweep_classic(void **state)
 {
     (void)state;
-    sweep("classic", "expandable_segments:False");
+    sweep("classic", "expandable_segments:False,graph_capture_record_stream_reuse:False");
+}
+
+static void test_fault_sweep_expandable_reuse(void **state)
+{
+    (void)state;
+    sweep("expandable, capture reuse", "expandable_segments:True,graph_capture_record_stream_reuse:True");
+}
+
+static void test_fault_sweep_classic_reuse(void **state)
+{
+    (void)state;
+    sweep("classic, capture reuse", "expandable_segments:False,graph_capture_record_stream_reuse:True");
 }
 
 int main(int argc, char **argv)
@@ -264,10 +443,12 @@ int main(int argc, char **argv)
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_fault_sweep_expandable),
         cmocka_unit_test(test_fault_sweep_classic),
+        cmocka_unit_test(test_fault_sweep_expandable_reuse),
+        cmocka_unit_test(test_fault_sweep_classic_reuse),
     };
     if (argc > 1) {
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (strstr(all[i].name, argv[1]) && strlen(argv[1]) > 0) {
+            if (strlen(argv[1]) > 0 && !strcmp(all[i].name + strlen("test_fault_"), argv[1])) {
                 const struct CMUnitTest one[] = {all[i]};
                 return cmocka_run_group_tests(one, NULL, NULL);
             }

@@ -489,6 +489,121 @@ static void test_config_misuse(void **state)
     assert_int_equal(xseg_set_config("expandable_segments:True"), XSEG_SUCCESS);
 }
 
+/* ---- capture driver calls failing (found by the fault sweep) -------------------------------- */
+
+/* The pool of the segment holding @p p. */
+static xseg_pool_id pool_of(void *p)
+{
+    xseg_snapshot *s = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
+    xseg_pool_id id = {UINT64_MAX, UINT64_MAX};
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    for (size_t i = 0; i < s->nsegments; i++)
+        if (a >= s->segments[i].address && a < s->segments[i].address + s->segments[i].total_size)
+            id = (xseg_pool_id){s->segments[i].pool_id[0], s->segments[i].pool_id[1]};
+    xseg_snapshot_free(s);
+    return id;
+}
+
+/* Fork @p side off @p s (it joins the capture), or join it back with the arguments swapped. */
+static void stream_wait(CUstream dst, CUstream src)
+{
+    CUevent e;
+    tu_assert_cu(drv->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    tu_assert_cu(drv->cuEventRecord(e, src));
+    tu_assert_cu(drv->cuStreamWaitEvent(dst, e, 0));
+    tu_assert_cu(drv->cuEventDestroy(e));
+}
+
+static void capture_done(CUstream s, CUstream side, xseg_pool_id pool, void *keep)
+{
+    CUgraph g = NULL;
+    if (xseg_capture_end(0, s, &g) != XSEG_SUCCESS)
+        fail_msg("xseg_capture_end: %s (the capture was invalidated)", xseg_last_error());
+    assert_non_null(g);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    if (keep)
+        tu_free(keep);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(side));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    check_all_returned();
+}
+
+/* The capture id cannot be read right after cuStreamBeginCapture: a stream that joins the capture
+ * still allocates from the capture's pool (it used to be refused: no pool matched it). */
+static void test_capture_id_unread(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    CUstream s, side;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    assert_true(tu_fail("cuStreamGetCaptureInfo", 1, CUDA_ERROR_UNKNOWN));
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    tu_fail_clear();
+    stream_wait(side, s);
+    void *p = NULL;
+    if (xseg_malloc(&p, 1 * MiB, 0, side) != XSEG_SUCCESS)
+        fail_msg("allocation on a stream that joined the capture: %s", xseg_last_error());
+    xseg_pool_id got = pool_of(p);
+    assert_true(got.first == pool.first && got.second == pool.second);
+    stream_wait(s, side);
+    capture_done(s, side, pool, p);
+}
+
+/* Classic mode: the switch to relaxed capture mode around cuMemAlloc fails. The allocation fails
+ * with a driver error naming the call, and the capture stays valid (cuMemAlloc in GLOBAL mode
+ * used to invalidate it). */
+static void test_capture_mode_switch_fails(void **state)
+{
+    (void)state;
+    start("expandable_segments:False");
+    tu_require_emulator_or_skip();
+    CUstream s, side;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    assert_true(tu_fail("cuThreadExchangeStreamCaptureMode", 1, CUDA_ERROR_UNKNOWN));
+    void *p = NULL;
+    assert_int_equal(xseg_malloc(&p, 4 * MiB, 0, s), XSEG_ERROR_DRIVER);
+    must_contain("cuThreadExchangeStreamCaptureMode");
+    tu_fail_clear();
+    p = tu_malloc(4 * MiB, s);
+    capture_done(s, side, pool, p);
+}
+
+/* cuStreamEndCapture fails and the capture stays open: xseg keeps routing it, says so, and a
+ * second xseg_capture_end ends it with its graph (the route used to be dropped, leaving the
+ * capture without a pool). */
+static void test_capture_end_fails(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    CUstream s, side;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    void *a = tu_malloc(1 * MiB, s);
+    CUgraph g = NULL;
+    assert_true(tu_fail("cuStreamEndCapture", 1, CUDA_ERROR_UNKNOWN));
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_ERROR_DRIVER);
+    tu_fail_clear();
+    assert_null(g);
+    must_contain("still open");
+    void *b = tu_malloc(1 * MiB, s); /* still routed to the capture's pool */
+    xseg_pool_id got = pool_of(b);
+    assert_true(got.first == pool.first && got.second == pool.second);
+    tu_free(b);
+    tu_free(a);
+    capture_done(s, side, pool, NULL);
+}
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 #define T(name) {#name, cmocka_unit_test(name)}
@@ -510,6 +625,9 @@ static const struct {
     T(test_destroyed_stream_classic),
     T(test_record_stream_faults_expandable),
     T(test_record_stream_faults_classic),
+    T(test_capture_id_unread),
+    T(test_capture_mode_switch_fails),
+    T(test_capture_end_fails),
 };
 
 int main(int argc, char **argv)

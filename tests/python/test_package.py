@@ -53,6 +53,14 @@ def test_version_matches_header(xseg):
         line = [l for l in hdr.splitlines() if l.startswith("#define XSEG_API_VERSION_" + p)][0]
         parts.append(line.split()[-1])
     assert xseg.version() == ".".join(parts) == xseg.__version__
+    # meson's reading of the header (build-aux/version.sh), which pyproject.toml's dynamic version
+    # and the installed xseg/_version.py take
+    r = subprocess.run(["sh", os.path.join(PKG, "..", "build-aux", "version.sh")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == ".".join(parts), r.stdout + r.stderr
+    with open(os.path.join(PKG, "..", "pyproject.toml")) as f:
+        toml = f.read()
+    assert 'dynamic = ["version"]' in toml and "\nversion =" not in toml
 
 
 def test_library_not_found_names_what_was_tried():
@@ -90,6 +98,28 @@ def test_reset_peak(xseg):
     xseg.reset_peak_memory_stats()
     s = xseg.memory_stats()
     assert s["allocated_bytes.all.peak"] == s["allocated_bytes.all.current"]
+
+
+def test_reset_accumulated(xseg):
+    p = xseg.malloc(8 * MiB)
+    xseg.free(p)
+    before = xseg.memory_stats()
+    assert before["allocation.all.allocated"] >= 1
+    xseg.reset_accumulated_memory_stats()
+    s = xseg.memory_stats()
+    for key, value in s.items():
+        if key.endswith((".allocated", ".freed")) or key in (
+                "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                "num_device_free"):
+            assert value == 0, key
+    assert s["allocated_bytes.all.peak"] == before["allocated_bytes.all.peak"]
+    assert s["reserved_bytes.all.current"] == before["reserved_bytes.all.current"]
+    q = xseg.malloc(MiB)
+    xseg.free(q)
+    assert xseg.memory_stats()["allocation.all.allocated"] == 1
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.reset_accumulated_memory_stats(99)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
 
 
 def test_summary(xseg):

@@ -37,7 +37,27 @@ def test_pip_install_bundles_the_library(tmp_path):
     lib, pkg = r.stdout.split()
     assert lib.startswith(str(target)) and pkg.startswith(str(target)), r.stdout
     assert os.path.isfile(os.path.join(os.path.dirname(pkg), "xseg.h"))
-    # The version pip recorded is the header's.
+    # The version pip recorded is the header's, and the installed package says the same without
+    # loading the library (meson wrote it into xseg/_version.py).
     meta = [d for d in os.listdir(target) if d.endswith(".dist-info")]
     import xseg
     assert meta == ["xseg-%s.dist-info" % xseg.version()], meta
+    code = ("import xseg; print(xseg.__version__); "
+            "print(xseg._lib._lib is None)")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [xseg.version(), "True"], r.stdout
+    # The wheel carries the shared library and the package, nothing of the C developer's or the
+    # test tooling's (pyproject.toml: -Dwheel=true).
+    names = sorted(os.path.relpath(os.path.join(d, f), target)
+                   for d, _, files in os.walk(target) for f in files)
+    libs = [n for n in names if os.path.basename(n).startswith("libxseg.so")]
+    assert libs, names
+    unwanted = [n for n in names
+                if n.endswith((".a", ".pc")) or "cudaemu" in n or "xseg-replay" in n
+                or "snapshot2trace" in n or n.startswith(("include", "bin", "lib"))]
+    assert not unwanted, unwanted
+    assert sorted(n for n in names if n.startswith("xseg" + os.sep) and "__pycache__" not in n) == [
+        os.path.join("xseg", f) for f in ("__init__.py", "_lib.py", "_torch_adapter.cpp", "_version.py",
+                                          "cupy.py", "ipc.py", "torch.py", "xseg.h")]
