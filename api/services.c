@@ -1,8 +1,9 @@
-/* Public entry points for long-running services (include/xseg.h, issue 14): trim. The policy
- * lives in core/trim.c. */
+/* Public entry points for long-running services (include/xseg.h): trim (core/trim.c), sleep and
+ * wake (core/sleep.c). */
 #include "api/api.h"
 #include "base/error.h"
 #include "core/runtime.h"
+#include "core/sleep.h"
 #include "core/trim.h"
 
 XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes)
@@ -22,4 +23,31 @@ XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes)
             first = st;
     }
     return first;
+}
+
+XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags)
+{
+    if (flags != XSEG_SLEEP_OFFLOAD && flags != XSEG_SLEEP_DISCARD)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_sleep: flags must be XSEG_SLEEP_OFFLOAD (%d) or XSEG_SLEEP_DISCARD (%d), got 0x%x",
+                       XSEG_SLEEP_OFFLOAD, XSEG_SLEEP_DISCARD, flags);
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : sleep_pool(d, pool, flags);
+}
+
+XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool)
+{
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : wake_pool(d, pool);
+}
+
+XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, xseg_sleep_stats *stats)
+{
+    if (!stats)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_get_sleep_stats: stats is NULL");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : sleep_stats(d, pool, stats);
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/idle.h"
 #include "core/ipc.h"
 #include "core/alloc.h"
 #include "core/snapshot.h"
@@ -17,6 +18,7 @@
 #include "core/stats.h"
 #include "vmm/capture.h"
 #include "vmm/classic.h"
+#include "core/sleep.h"
 #include "core/trim.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
@@ -594,7 +596,8 @@ static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, 
     }
     for (size_t i = 0; i < n; i++) {
         struct block *b = arr[i];
-        if (!b || !b->expandable || !exp_whole_page_bytes(b))
+        /* A sleeping pool's pages wait for its wake. */
+        if (!b || !b->expandable || b->seg->asleep || !exp_whole_page_bytes(b))
             continue;
         xseg_status st = memo_wait(d, memo, b->stream);
         if (st == XSEG_SUCCESS)
@@ -825,7 +828,9 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv_mem_info(&dfree, &dtotal);
     d->stats.num_ooms++;
-    size_t allocated = (size_t)stats_all_current(d->stats.allocated_bytes);
+    /* A sleeping pool's live blocks count as allocated but hold no reserved page. */
+    size_t asleep = sleep_allocated_bytes(d);
+    size_t allocated = (size_t)stats_all_current(d->stats.allocated_bytes) - asleep;
     size_t reserved = (size_t)stats_all_current(d->stats.reserved_bytes);
     /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
      * replays, not releasable), counted with the allocated memory rather than the unallocated. */
@@ -845,8 +850,12 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     snapshot_on_oom(snap_info, sizeof snap_info);
     lock_acquire(&d->lock);
 
-    char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32];
-    char allowed_info[64] = "", over[128] = "", private_info[96] = "";
+    char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
+    char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
+    if (asleep)
+        snprintf(asleep_info, sizeof asleep_info, " %s more is allocated in sleeping pools (xseg_sleep).",
+                 err_format_size(asleep, s_asleep));
+    size_t unalloc = reserved > allocated + in_private ? reserved - allocated - in_private : 0;
     if (in_private)
         snprintf(private_info, sizeof private_info, "with %s allocated in private pools (e.g., CUDA Graphs), ",
                  err_format_size(in_private, s_priv));
@@ -858,10 +867,10 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s",
+                   "reserved by xseg but unallocated.%s%s%s%s",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(reserved - allocated - in_private, s_unalloc), over,
+                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.",
                    snap_info);
@@ -1019,6 +1028,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         if (st != XSEG_SUCCESS)
             return st;
     }
+    /* A sleeping pool hands nothing out (no wake behind the caller's back: core/sleep.h). */
+    if (XSEG_UNLIKELY(d->nasleep) && sleep_pool_asleep(d, priv))
+        return sleep_refuse(d, priv);
     if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes) {
         size_t pending = d->pending_events + d->ndeferred;
         ev_process(d);
@@ -1030,8 +1042,8 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     }
     if (XSEG_UNLIKELY(d->cr.nwalks) && !d->ncapturing && !d->nroutes)
         capreuse_reset(d); /* the walks of captures that are over */
-    if (XSEG_UNLIKELY(d->cfg.idle_release_ms))
-        trim_idle_tick(d);
+    if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && idle_thread_running()))
+        trim_idle_tick(d); /* else the background thread ticks (core/idle.h) */
     alloc_fast_update(d);
 
     p->size = round_size(d, size);
@@ -1247,6 +1259,10 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
     refresh_cfg(d);
     xseg_status left_st;
     xseg_status st = release_cached_blocks(d, &left_st);
+    /* It waited for the pending frees' streams: a point for release_threshold_mb (core/trim.h),
+     * which can only matter for what empty_cache keeps (a pool in use, a capture). */
+    if (d->cfg.release_threshold != SIZE_MAX)
+        trim_threshold(d, 0);
     if (st == XSEG_SUCCESS && left_st != XSEG_SUCCESS) {
         /* Everything cached went back; only an earlier failure's leftover is still stuck. */
         st = left_st;
@@ -1465,6 +1481,8 @@ xseg_status alloc_snapshot(struct dev_alloc *d, struct snap_acc *a)
             st = snap_range(d, s, s->first, NULL, a);
             continue;
         }
+        if (s->asleep)
+            continue; /* its pages are given back (xseg_sleep): nothing of it is on the device */
         /* Expandable: one entry per maximal run of mapped blocks. */
         struct block *b = s->first;
         while (b && st == XSEG_SUCCESS) {

@@ -17,11 +17,14 @@
 #include "core/capreuse.h"
 #include "core/config.h"
 #include "core/history.h"
+#include "core/idle.h"
 #include "base/lock.h"
 #include "core/check.h"
 #include "vmm/driver.h"
 
 #define ALLOC_MAX_DEVICES 64
+
+struct pool_sleep; /* core/sleep.c */
 
 /* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
 struct ev_item {
@@ -103,6 +106,12 @@ struct dev_alloc {
     /* History (core/history.h): the stack of the recorded malloc in progress, for the segment
      * events it causes (best effort: a malloc that drops the lock may see another's). */
     struct hstack *hist_cur;
+
+    /* Sleep and wake (core/sleep.c): the default pools' sleep (NULL: awake), how many pools sleep
+     * (a rare condition: malloc takes the general path while > 0), and the device's counts. */
+    struct pool_sleep *sleep_default;
+    unsigned nasleep;
+    int64_t num_sleeps, num_wakes;
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
@@ -113,6 +122,7 @@ struct priv_pool {
     struct bpool small, large;
     int use_count;          /* begins (captures, graphs) not yet released */
     struct priv_pool *next; /* device's list */
+    struct pool_sleep *sleep; /* core/sleep.c: NULL while awake; a sleeping pool is never reaped */
 };
 
 /* One allocate-to-pool in progress: allocations on streams it matches go to its pool. */
@@ -150,8 +160,11 @@ static inline void alloc_fast_off(struct dev_alloc *d) { d->fast_gen = 0; }
 static inline void alloc_fast_update(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
+    /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
+     * refuses allocations there (core/sleep.c). */
     bool rare = d->ncapturing || d->nroutes || d->pending_events || d->ndeferred || d->roundup_any ||
-                hist_mode() || d->cfg.idle_release_ms; /* idle reclaim ticks in malloc_prepare */
+                hist_mode() || (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && idle_thread_running())) ||
+                d->nasleep;
     d->fast_gen = rare ? 0 : d->cfg_gen;
 }
 
@@ -243,6 +256,8 @@ xseg_status pools_begin(struct dev_alloc *d, xseg_pool_id pool, xseg_stream_filt
 xseg_status pools_end(struct dev_alloc *d, xseg_pool_id pool);
 xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool);
 int pools_use_count(struct dev_alloc *d, xseg_pool_id pool);
+/* The private pool @p id of @p d, or NULL (lock held). */
+struct priv_pool *pools_find(struct dev_alloc *d, xseg_pool_id id);
 /* Add a use to @p pool, creating it (no route). */
 xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool);
 /* Route @p id's pool to the capture of @p stream, then begin it in @p capture_mode. */

@@ -90,6 +90,8 @@ struct segrec {
     struct segrec *prev_seg, *next_seg; /* device's segment list */
     uint64_t seq;        /* expandable: creation order on its device (1, 2, ...), a stable
                           * order where virtual addresses differ from run to run */
+    bool asleep;         /* its pool sleeps (core/sleep.c): blocks keep their mapped state, the
+                          * pages are asleep; no reclaim path touches it */
 };
 
 /* One block pool: small or large (private pools will add more). */

@@ -88,7 +88,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         rc->active_bytes[si] += (int64_t)b->size;
         rc->requested_bytes[si] += (int64_t)b->requested_size;
     }
-    if (b->mapped) {
+    if (b->mapped && !s->asleep) { /* a sleeping segment's pages count in check_segment */
         rc->reserved_bytes[si] += (int64_t)b->size;
         rc->driver_bytes += b->size;
     }
@@ -110,8 +110,10 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     size_t gran = seg_gran(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
     if (!b->mapped)
         CHECK(off % gran == 0 && b->size % gran == 0);
-    CHECK(!!seg_gran_is_mapped(s->vseg, off / gran) == b->mapped);
-    CHECK(!!seg_gran_is_mapped(s->vseg, (off + b->size - 1) / gran) == b->mapped);
+    /* In a sleeping segment, "mapped" blocks lie on asleep granules (or ones a failed sleep left). */
+    size_t lo = off / gran, hi = (off + b->size - 1) / gran;
+    CHECK((seg_gran_is_mapped(s->vseg, lo) || (s->asleep && seg_gran_is_asleep(s->vseg, lo))) == b->mapped);
+    CHECK((seg_gran_is_mapped(s->vseg, hi) || (s->asleep && seg_gran_is_asleep(s->vseg, hi))) == b->mapped);
 }
 
 static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)
@@ -129,8 +131,15 @@ static void check_segment(struct dev_alloc *d, const struct segrec *s, struct re
             mapped += b->size;
     }
     CHECK(bytes == s->size);
-    if (s->vseg) {
+    CHECK(!s->asleep || s->vseg);
+    if (s->vseg && s->asleep) {
+        /* Only what a failed sleep left mapped is reserved. */
+        CHECK(seg_mapped_bytes(s->vseg) + seg_asleep_bytes(s->vseg) == mapped);
+        rc->reserved_bytes[s->pool->stat_index] += (int64_t)seg_mapped_bytes(s->vseg);
+        rc->driver_bytes += seg_mapped_bytes(s->vseg);
+    } else if (s->vseg) {
         CHECK(seg_mapped_bytes(s->vseg) == mapped);
+        CHECK(seg_asleep_bytes(s->vseg) == 0);
     } else {
         rc->segment[s->pool->stat_index]++;
         if (s->oversize)

@@ -467,7 +467,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
         "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
         "graph_capture_record_stream_reuse", "backend",
         /* services (issue 14) */
-        "release_threshold_mb", "idle_release_ms",
+        "release_threshold_mb", "idle_release_ms", "idle_release_thread",
     };
     for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !known; k++)
         known = !strcmp(key, keys[k]);
@@ -595,6 +595,8 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
         c->idle_release_ms = (unsigned)ms;
         return XSEG_SUCCESS;
     }
+    if (!strcmp(key, "idle_release_thread"))
+        return cfg_parse_bool(p, key, &c->idle_release_thread);
     return cfg_parse_backend(p, key);
 }
 
@@ -784,6 +786,7 @@ void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
     if (cfg->release_threshold != SIZE_MAX)
         strbuf_printf(&o, ",release_threshold_mb:%zu", cfg->release_threshold / XSEG_MiB);
     strbuf_printf(&o, ",idle_release_ms:%u", cfg->idle_release_ms);
+    strbuf_printf(&o, ",idle_release_thread:%s", cfg->idle_release_thread ? "True" : "False");
     if (len)
         *len = o.len;
 }

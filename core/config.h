@@ -37,6 +37,7 @@ struct cfg {
     /* Services (issue 14, core/trim.c, core/idle.c). */
     size_t release_threshold;           /* bytes of cache kept; SIZE_MAX (default) keeps all */
     unsigned idle_release_ms;           /* give back free runs idle this long; 0 (default): off */
+    bool idle_release_thread;           /* a background thread does idle reclaim (core/idle.c) */
 };
 
 /* xseg's defaults (expandable_segments on, everything else as PyTorch). */

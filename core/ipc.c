@@ -98,6 +98,12 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
                      ptr, d->device);
         goto out;
     }
+    if (b->seg->asleep) {
+        st = err_set(XSEG_ERROR_ILLEGAL_STATE,
+                     "xseg_ipc_export: block %p on device %d belongs to a sleeping pool (xseg_sleep): its pages "
+                     "are given back; wake the pool first", ptr, d->device);
+        goto out;
+    }
     unsigned types = seg_handle_types(b->seg->vseg);
     unsigned type = (types & CU_MEM_HANDLE_TYPE_FABRIC) ? CU_MEM_HANDLE_TYPE_FABRIC
                     : (types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -164,6 +170,12 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         *n = 1;
         alloc_unlock(d);
         return XSEG_SUCCESS;
+    }
+    if (b->seg->asleep) {
+        alloc_unlock(d);
+        return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                       "xseg_block_handles: block %p on device %d belongs to a sleeping pool (xseg_sleep): its pages "
+                       "have no physical memory now; wake the pool first", ptr, d->device);
     }
     const struct seg *vs = b->seg->vseg;
     size_t gran = seg_gran(vs);

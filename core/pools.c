@@ -36,6 +36,12 @@ static struct priv_pool *pool_find(struct dev_alloc *d, xseg_pool_id id)
     return NULL;
 }
 
+struct priv_pool *pools_find(struct dev_alloc *d, xseg_pool_id id)
+{
+    lock_assert_held(&d->lock);
+    return pool_find(d, id);
+}
+
 static bool pool_has_segments(const struct dev_alloc *d, const struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
@@ -101,7 +107,7 @@ static void route_remove(struct dev_alloc *d, size_t i)
 static void pool_maybe_forget(struct dev_alloc *d, struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    if (pp->use_count == 0 && route_of_pool(d, pp) < 0 && !pool_has_segments(d, pp))
+    if (pp->use_count == 0 && route_of_pool(d, pp) < 0 && !pool_has_segments(d, pp) && !pp->sleep)
         pool_unlink_free(d, pp);
 }
 
@@ -184,7 +190,7 @@ size_t pools_cached_bytes(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     size_t bytes = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (!alloc_pool_owner(d, s->pool))
+        if (!alloc_pool_owner(d, s->pool) || s->asleep) /* a sleeping pool's pages are not there */
             continue;
         for (const struct block *b = s->first; b; b = b->next)
             if (b->in_index && b->mapped)

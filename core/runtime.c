@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/idle.h"
 #include "core/runtime.h"
 
 XSEG_HIDDEN _Atomic unsigned rt_cfg_generation;
@@ -65,9 +66,11 @@ xseg_status rt_ensure_slow(void)
     if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire)))
         return XSEG_SUCCESS;
     pthread_mutex_lock(&rt_lock);
-    xseg_status st = atomic_load(&rt_ready) ? XSEG_SUCCESS : init_locked(NULL, false);
+    bool ran = !atomic_load(&rt_ready);
+    xseg_status st = ran ? init_locked(NULL, false) : XSEG_SUCCESS;
     pthread_mutex_unlock(&rt_lock);
-    return st;
+    /* The environment's configuration may ask for the idle-reclaim thread. */
+    return ran && st == XSEG_SUCCESS ? idle_thread_sync() : st;
 }
 
 void rt_cfg_copy(struct cfg *out, unsigned *gen)
@@ -125,7 +128,8 @@ xseg_status rt_init(const char *config)
     pthread_mutex_lock(&rt_lock);
     xseg_status st = init_locked(config, config != NULL);
     pthread_mutex_unlock(&rt_lock);
-    return st;
+    /* The idle-reclaim thread follows the configuration (with rt_lock released: it takes it). */
+    return st == XSEG_SUCCESS ? idle_thread_sync() : st;
 }
 
 xseg_status rt_set_config(const char *config)
@@ -141,7 +145,7 @@ xseg_status rt_set_config(const char *config)
         atomic_fetch_add_explicit(&rt_cfg_generation, 1, memory_order_release);
     }
     pthread_mutex_unlock(&rt_lock);
-    return st;
+    return st == XSEG_SUCCESS ? idle_thread_sync() : st;
 }
 
 /* ---- callbacks --------------------------------------------------------------------------- */

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/sleep.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
@@ -23,7 +24,8 @@ size_t trim_cached_bytes(const struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     int64_t reserved = stats_all_current(d->stats.reserved_bytes);
-    int64_t allocated = stats_all_current(d->stats.allocated_bytes);
+    /* Sleeping pools' live blocks hold no reserved page (core/sleep.h). */
+    int64_t allocated = stats_all_current(d->stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d);
     return reserved > allocated ? (size_t)(reserved - allocated) : 0;
 }
 
@@ -104,6 +106,8 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
         struct block *b = arr[i];
         if (idle_only && b->gc_count_base >= pool->idle_mark)
             continue; /* used (or merged into) less than idle_release_ms ago */
+        if (b->seg->asleep)
+            continue; /* its pool sleeps (core/sleep.h): only a wake touches its pages */
         size_t bytes;
         if (b->expandable)
             bytes = exp_whole_page_bytes(b);
@@ -212,6 +216,9 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     if ((d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes)
         ev_process(d);
     xseg_status st = trim_cache(d, keep, TRIM_SYNC, false, released);
+    /* The streams it synchronized are known idle now: release_threshold_mb applies as well. */
+    if (st == XSEG_SUCCESS && d->cfg.release_threshold < keep)
+        trim_threshold(d, 0);
     alloc_fast_update(d);
     alloc_unlock(d);
     return st;

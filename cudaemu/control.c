@@ -33,6 +33,8 @@ int emu_entry_lookup(const char *name)
 
 static atomic_ulong ctl_calls[EMU_E_COUNT];
 static _Atomic uint64_t ctl_latency_ns[EMU_E_COUNT];
+/* Per-byte cost of the copies (emu_bytes_wait), in picoseconds per byte: 40 is 25 GB/s. */
+static _Atomic uint64_t ctl_ps_per_byte[EMU_E_COUNT];
 
 /* Armed failures; under emu.lock. A short list: tests arm a handful at a time. */
 struct ctl_fail {
@@ -63,11 +65,30 @@ void emu_fail_arm(enum emu_entry e, unsigned long nth, CUresult res)
 
 void emu_latency_set(enum emu_entry e, uint64_t ns) { atomic_store(&ctl_latency_ns[e], ns); }
 
+void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s)
+{
+    /* Rounded to whole picoseconds per byte: exact for the figures used (25 GB/s = 40 ps). */
+    atomic_store(&ctl_ps_per_byte[e], bytes_per_s ? (1000000000000ull + bytes_per_s / 2) / bytes_per_s : 0);
+}
+
 static uint64_t ctl_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t emu_now_ns(void) { return ctl_now_ns(); }
+
+void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0)
+{
+    uint64_t ps = atomic_load_explicit(&ctl_ps_per_byte[e], memory_order_relaxed);
+    if (!ps || !bytes)
+        return;
+    /* The copy itself counts towards the modelled time: the call lasts max(memcpy, model). */
+    uint64_t until = t0 + (uint64_t)bytes * ps / 1000;
+    while (ctl_now_ns() < until)
+        ;
 }
 
 CUresult emu_enter(enum emu_entry e)
@@ -149,6 +170,29 @@ int cudaemu_set_latency(const char *entry, uint64_t ns)
     return 0;
 }
 
+int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte)
+{
+    emu_env_once();
+    int e = emu_entry_lookup(entry);
+    if (e < 0)
+        return -1;
+    if (ns)
+        *ns = atomic_load(&ctl_latency_ns[e]);
+    if (ps_per_byte)
+        *ps_per_byte = atomic_load(&ctl_ps_per_byte[e]);
+    return 0;
+}
+
+int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second)
+{
+    emu_env_once();
+    int e = emu_entry_lookup(entry);
+    if (e < 0)
+        return -1;
+    emu_bandwidth_set((enum emu_entry)e, bytes_per_second);
+    return 0;
+}
+
 void cudaemu_live_get(struct cudaemu_live *live)
 {
     if (!live)
@@ -180,11 +224,15 @@ void emu_report_print(void)
                 live.used_bytes[d], emu.cfg.total_mem);
     for (int i = 0; i < EMU_E_COUNT; i++) {
         unsigned long n = atomic_load(&ctl_calls[i]);
-        uint64_t lat = atomic_load(&ctl_latency_ns[i]);
-        if (n || lat)
-            fprintf(stderr, "cudaemu report: %-34s %lu call(s)%s", emu_api_names[i], n, lat ? "" : "\n");
+        uint64_t lat = atomic_load(&ctl_latency_ns[i]), ps = atomic_load(&ctl_ps_per_byte[i]);
+        if (!n && !lat && !ps)
+            continue;
+        fprintf(stderr, "cudaemu report: %-34s %lu call(s)", emu_api_names[i], n);
         if (lat)
-            fprintf(stderr, ", latency %llu ns\n", (unsigned long long)lat);
+            fprintf(stderr, ", latency %llu ns", (unsigned long long)lat);
+        if (ps)
+            fprintf(stderr, ", %llu ps per byte", (unsigned long long)ps);
+        fprintf(stderr, "\n");
     }
 }
 

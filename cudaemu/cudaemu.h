@@ -16,12 +16,18 @@
  *                        (API or ABI name: cuMemMap, cuMemAlloc, cuMemAlloc_v2) with that code,
  *                        e.g. "cuMemMap:3:CUDA_ERROR_OUT_OF_MEMORY"
  *   CUDAEMU_LATENCY      comma list entry:duration — busy-wait that long in each call
- *                        ("cuMemMap:12us,cuMemCreate:30us"; units ns, us, ms); the item
- *                        "h100" sets the per-call medians measured on an H100 (20 MiB pages),
- *                        and later items override single entries ("h100,cuMemMap:2us")
+ *                        ("cuMemMap:12us,cuMemCreate:30us"; units ns, us, ms) — or
+ *                        entry:rate for a copy ("cuMemcpyDtoHAsync:25GB/s": the call lasts at
+ *                        least its bytes over the rate); the item "h100" sets the per-call
+ *                        medians measured on an H100 (20 MiB pages) and 25 GB/s for host<->device
+ *                        copies (a PCIe 4.0 x16 figure, not measured), and later items override
+ *                        single entries ("h100,cuMemMap:2us")
  *   CUDAEMU_REPORT       1: print call counters and live handles / mapped bytes / reservations /
  *                        cuMemAlloc blocks at exit, on stderr
  *   CUDAEMU_FABRIC       1: emulate CU_MEM_HANDLE_TYPE_FABRIC (default 0: reported unsupported)
+ *   CUDAEMU_FRESH        what new cuMemCreate memory holds (the driver promises nothing):
+ *                        sparse (default: a non-zero pattern in the first host page of each
+ *                        allocation, the rest zero), garbage (the pattern in every byte), zero
  */
 #ifndef CUDAEMU_H
 #define CUDAEMU_H
@@ -75,6 +81,13 @@ void cudaemu_live_get(struct cudaemu_live *live);
 
 /* Set the busy-wait latency of @p entry in nanoseconds (0: none). -1 for an unknown name. */
 int cudaemu_set_latency(const char *entry, uint64_t ns);
+/* The latency of @p entry in ns and its per-byte cost in picoseconds per byte (0: none), as
+ * CUDAEMU_LATENCY or the setters left them: what a benchmark needs to model the time of the calls
+ * it counted. Either pointer may be NULL. -1 for an unknown name. */
+int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte);
+/* Set the per-byte cost of a copy entry (cuMemcpyHtoD, ...) as a rate (0: none): a call that
+ * moves n bytes lasts at least n / rate. -1 for an unknown name. */
+int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second);
 
 /* Print the report CUDAEMU_REPORT=1 prints at exit. */
 void cudaemu_report(void);

@@ -74,7 +74,11 @@ struct emu_config {
     bool vmm;
     bool report;
     bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC (issue 15) */
+    int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
 };
+/* New physical memory: the driver promises nothing about it (stale data is possible), so by
+ * default it does not read as zero where code might assume it does. */
+enum { EMU_FRESH_SPARSE, EMU_FRESH_GARBAGE, EMU_FRESH_ZERO };
 
 /* ---- open-addressed map from nonzero 64-bit keys to pointers (map.c) ---- */
 struct emu_map {
@@ -236,6 +240,11 @@ CUresult emu_enter(enum emu_entry e);
 void emu_env_once(void);
 void emu_fail_arm(enum emu_entry e, unsigned long nth, CUresult res);  /* lock held */
 void emu_latency_set(enum emu_entry e, uint64_t ns);
+/* Per-byte cost of a copy entry (0: none): emu_bytes_wait busy-waits until a call that moved
+ * @p bytes, started at @p t0 (emu_now_ns), has lasted bytes / bandwidth. */
+void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s);
+uint64_t emu_now_ns(void);
+void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0);
 
 /* Entry prologue: count/latency/injection, then the initialized check. */
 #define EMU_ENTER(fn)                                                                             \
@@ -291,6 +300,12 @@ CUgraphNode emu_node_resolve_locked(CUgraphNode n);
  * inside them, are not checked here (the touch itself faults). @return CUDA_SUCCESS or
  * CUDA_ERROR_ILLEGAL_ADDRESS. Takes emu.lock. */
 CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need);
+
+/* memset(addr, 0, size) where the whole range is VMM-mapped memory: the physical memory's file
+ * range is punched out (it reads zero, and holds no host memory any more) and only unaligned
+ * edges are written. @return false, having done nothing, when any of the range is not mapped
+ * (the caller memsets, which faults where a device would). Takes emu.lock. */
+bool emu_vmm_zero(uintptr_t addr, size_t size);
 
 /* Free all state at exit (teardown.c); registered by cuInit. */
 void emu_report_print(void);

@@ -19,6 +19,7 @@ static const char *const env_known[] = {
     "CUDAEMU_DEVICES", "CUDAEMU_TOTAL_MEM", "CUDAEMU_GRANULARITY", "CUDAEMU_VMM",
     "CUDAEMU_FAIL",    "CUDAEMU_LATENCY",   "CUDAEMU_REPORT",
     "CUDAEMU_FABRIC", /* issue 15: emulated fabric handles */
+    "CUDAEMU_FRESH",  /* what new physical memory holds */
 };
 
 static _Noreturn __attribute__((format(printf, 2, 3))) void env_die(const char *var, const char *fmt, ...)
@@ -86,6 +87,43 @@ static int env_parse_duration(const char *s, uint64_t *ns)
     return 0;
 }
 
+/* "25GB/s", "12.5GB/s", "1GiB/s", "500MB/s": bytes per second; decimal units (k, M, G: 10^3,
+ * 10^6, 10^9) unless spelled binary (KiB, MiB, GiB). At most 3 fraction digits. */
+static int env_parse_rate(const char *s, uint64_t *bytes_per_s)
+{
+    size_t len = strlen(s);
+    if (len < 4 || strcmp(s + len - 2, "/s") || !isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long whole = strtoull(s, &end, 10), frac = 0, div = 1;
+    if (errno)
+        return -1;
+    if (*end == '.') {
+        for (end++; isdigit((unsigned char)*end) && div < 1000; end++) {
+            frac = frac * 10 + (unsigned long long)(*end - '0');
+            div *= 10;
+        }
+        if (isdigit((unsigned char)*end))
+            return -1;
+    }
+    static const struct {
+        const char *unit;
+        unsigned long long mul;
+    } units[] = {{"B/s", 1},           {"kB/s", 1000ull},      {"KB/s", 1000ull},  {"MB/s", 1000000ull},
+                 {"GB/s", 1000000000ull}, {"KiB/s", 1ull << 10}, {"MiB/s", 1ull << 20}, {"GiB/s", 1ull << 30}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].unit))
+            continue;
+        unsigned long long mul = units[i].mul;
+        if (whole > UINT64_MAX / mul)
+            return -1;
+        *bytes_per_s = whole * mul + frac * mul / div;
+        return *bytes_per_s ? 0 : -1;
+    }
+    return -1;
+}
+
 static long env_int(const char *var, const char *s, long lo, long hi)
 {
     char *end;
@@ -138,6 +176,13 @@ static const struct {
     {"cuMemUnmap", 15500},    {"cuMemRelease", 20400}, {"cuMemAlloc", 39000},
     {"cuMemFree", 42800},
 };
+/* Host<->device copies in the same preset: 25 GB/s per direction, not measured here. PCIe 4.0
+ * x16 carries 16 GT/s x 16 lanes with 128b/130b encoding = 31.5 GB/s per direction, and pinned
+ * copies reach about 80 % of that (the CUDA samples' bandwidthTest on PCIe 4.0 hosts); an H100 on
+ * PCIe 5.0 doubles the link, so this is the conservative figure. */
+#define ENV_H100_COPY_BYTES_PER_S 25000000000ull
+static const char *const env_copy_entries[] = {"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync",
+                                               "cuMemcpyDtoHAsync"};
 
 static void env_latency_item(const char *var, char *item)
 {
@@ -145,18 +190,27 @@ static void env_latency_item(const char *var, char *item)
         for (size_t i = 0; i < sizeof env_latency_h100 / sizeof env_latency_h100[0]; i++)
             emu_latency_set((enum emu_entry)emu_entry_lookup(env_latency_h100[i].entry),
                             env_latency_h100[i].ns);
+        for (size_t i = 0; i < sizeof env_copy_entries / sizeof env_copy_entries[0]; i++)
+            emu_bandwidth_set((enum emu_entry)emu_entry_lookup(env_copy_entries[i]), ENV_H100_COPY_BYTES_PER_S);
         return;
     }
     char *d = strchr(item, ':');
     if (!d)
-        env_die(var, "'%s' is neither entry:duration nor the preset h100", item);
+        env_die(var, "'%s' is neither entry:duration, entry:rate nor the preset h100", item);
     *d++ = '\0';
     int e = emu_entry_lookup(item);
     if (e < 0)
         env_die(var, "'%s' is not an emulated entry point", item);
-    uint64_t ns;
+    uint64_t ns, rate;
+    if (strstr(d, "/s")) {
+        /* A rate: the per-byte cost of a copy (entry:25GB/s). */
+        if (env_parse_rate(d, &rate))
+            env_die(var, "'%s' is not a rate (e.g. 25GB/s, 12.5GB/s, 800MiB/s)", d);
+        emu_bandwidth_set((enum emu_entry)e, rate);
+        return;
+    }
     if (env_parse_duration(d, &ns))
-        env_die(var, "'%s' is not a duration (e.g. 12us, 3ms, 500ns)", d);
+        env_die(var, "'%s' is not a duration (e.g. 12us, 3ms, 500ns) or a rate (25GB/s)", d);
     emu_latency_set((enum emu_entry)e, ns);
 }
 
@@ -178,7 +232,7 @@ static void env_load(void)
             snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100), *ep);
             env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
                           "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
-                          "CUDAEMU_REPORT, CUDAEMU_FABRIC)");
+                          "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH)");
         }
     }
 
@@ -207,6 +261,17 @@ static void env_load(void)
         c->report = env_int("CUDAEMU_REPORT", v, 0, 1);
     if ((v = getenv("CUDAEMU_FABRIC")))
         c->fabric = env_int("CUDAEMU_FABRIC", v, 0, 1);
+    c->fresh = EMU_FRESH_SPARSE;
+    if ((v = getenv("CUDAEMU_FRESH"))) {
+        if (!strcmp(v, "sparse"))
+            c->fresh = EMU_FRESH_SPARSE;
+        else if (!strcmp(v, "garbage"))
+            c->fresh = EMU_FRESH_GARBAGE;
+        else if (!strcmp(v, "zero"))
+            c->fresh = EMU_FRESH_ZERO;
+        else
+            env_die("CUDAEMU_FRESH", "'%s' is not sparse, garbage or zero", v);
+    }
     if ((v = getenv("CUDAEMU_FAIL"))) {
         emu_lock();
         env_each("CUDAEMU_FAIL", v, env_fail_item);

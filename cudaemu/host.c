@@ -101,6 +101,13 @@ static int async_enqueue(CUstream hStream, CUgraphNodeType type)
     return rc;
 }
 
+/* The current device may access [addr, addr + n) as @p need asks (the synchronous copies'
+ * check): CUDA_ERROR_ILLEGAL_ADDRESS where a GPU would fault. */
+static CUresult async_access(uintptr_t addr, size_t n, unsigned need)
+{
+    return n ? emu_vmm_access_check(addr, n, emu_ctx_current()->ordinal, need) : CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
 {
     EMU_ENTER(cuMemcpyHtoDAsync);
@@ -108,11 +115,18 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
         return CUDA_ERROR_INVALID_CONTEXT;
     if (ByteCount && (!dstDevice || !srcHost))
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult acc = async_access((uintptr_t)dstDevice, ByteCount, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY);
     if (rc < 0)
         return (CUresult)-rc;
-    if (rc && ByteCount)
+    if (rc && ByteCount) {
+        /* Charged to the call, as if the host waited for the copy (sleep and wake do). */
+        uint64_t t0 = emu_now_ns();
         memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+        emu_bytes_wait(EMU_E_cuMemcpyHtoDAsync, ByteCount, t0);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -123,11 +137,17 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
         return CUDA_ERROR_INVALID_CONTEXT;
     if (ByteCount && (!dstHost || !srcDevice))
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult acc = async_access((uintptr_t)srcDevice, ByteCount, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY);
     if (rc < 0)
         return (CUresult)-rc;
-    if (rc && ByteCount)
+    if (rc && ByteCount) {
+        uint64_t t0 = emu_now_ns();
         memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+        emu_bytes_wait(EMU_E_cuMemcpyDtoHAsync, ByteCount, t0);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -138,10 +158,14 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
         return CUDA_ERROR_INVALID_CONTEXT;
     if (N && !dstDevice)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult acc = async_access((uintptr_t)dstDevice, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMSET);
     if (rc < 0)
         return (CUresult)-rc;
-    if (rc && N)
+    /* Zeros over VMM memory are punched out of the memory file (cuMemsetD8's reason). */
+    if (rc && N && (uc || !emu_vmm_zero((uintptr_t)dstDevice, N)))
         memset((void *)(uintptr_t)dstDevice, uc, N);
     return CUDA_SUCCESS;
 }

@@ -3,6 +3,7 @@
  * sparse like the VMM memory), sharing the per-device capacity with cuMemCreate; cuMemGetInfo;
  * and the synchronous copies and memset, which are plain memcpy/memset on the device address:
  * touching unmapped or inaccessible memory faults (SIGSEGV), as a kernel would fault the GPU.
+ * Copies take at least their bytes over the entry's bandwidth when one is set (CUDAEMU_LATENCY).
  */
 #include <string.h>
 #include <sys/mman.h>
@@ -112,7 +113,9 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t
                                         CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (acc != CUDA_SUCCESS)
         return acc;
+    uint64_t t0 = emu_now_ns();
     memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    emu_bytes_wait(EMU_E_cuMemcpyHtoD, ByteCount, t0);
     return CUDA_SUCCESS;
 }
 
@@ -130,7 +133,9 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
                                         CU_MEM_ACCESS_FLAGS_PROT_READ);
     if (acc != CUDA_SUCCESS)
         return acc;
+    uint64_t t0 = emu_now_ns();
     memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    emu_bytes_wait(EMU_E_cuMemcpyDtoH, ByteCount, t0);
     return CUDA_SUCCESS;
 }
 
@@ -148,6 +153,9 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
                                         CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (acc != CUDA_SUCCESS)
         return acc;
-    memset((void *)(uintptr_t)dstDevice, uc, N);
+    /* Zeros over VMM memory: punched out of the memory file, so clearing gigabytes costs no host
+     * memory (the result reads the same). */
+    if (uc || !emu_vmm_zero((uintptr_t)dstDevice, N))
+        memset((void *)(uintptr_t)dstDevice, uc, N);
     return CUDA_SUCCESS;
 }

@@ -339,6 +339,35 @@ static CUresult vmm_handle_new(struct emu_phys *ph, CUmemGenericAllocationHandle
     return CUDA_SUCCESS;
 }
 
+/* What new physical memory holds (CUDAEMU_FRESH). The driver promises nothing: recycled memory
+ * may hold another allocation's bytes (vllm#45542), so code that needs zeros must write them. By
+ * default (sparse) the first host page of the allocation holds a non-zero pattern, enough to catch
+ * a missing memset at any page without costing host memory or time for the rest (the file stays
+ * sparse; one write per cuMemCreate); garbage fills every byte (tests of code that must clear
+ * memory); zero writes nothing. */
+enum { VMM_FILL_CHUNK = 64 << 10 };
+static unsigned char vmm_pattern[VMM_FILL_CHUNK];
+static pthread_once_t vmm_pattern_once = PTHREAD_ONCE_INIT;
+
+static void vmm_pattern_init(void)
+{
+    for (size_t i = 0; i < VMM_FILL_CHUNK; i++)
+        vmm_pattern[i] = (unsigned char)(0x80 | ((i * 37 + 11) & 0x7f)); /* never 0 */
+}
+
+static void vmm_fresh_fill(int fd, off_t off, size_t size)
+{
+    if (emu.cfg.fresh == EMU_FRESH_ZERO)
+        return;
+    pthread_once(&vmm_pattern_once, vmm_pattern_init);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t step = emu.cfg.fresh == EMU_FRESH_SPARSE ? size : VMM_FILL_CHUNK;
+    size_t len = emu.cfg.fresh == EMU_FRESH_SPARSE ? (page < VMM_FILL_CHUNK ? page : VMM_FILL_CHUNK) : VMM_FILL_CHUNK;
+    /* A failed write only leaves zeros, which the driver may return as well. */
+    for (size_t at = 0; at < size; at += step)
+        (void)!pwrite(fd, vmm_pattern, size - at < len ? size - at : len, off + (off_t)at);
+}
+
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                              const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -395,7 +424,11 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     }
     emu.used[dev] += size;
     emu.nphys++;
+    int fd = ph->fd;
+    off_t off = ph->off;
     emu_unlock();
+    /* The range is this handle's alone from here on: no lock needed to fill it. */
+    vmm_fresh_fill(fd, off, size);
     return CUDA_SUCCESS;
 fail:
     emu_unlock();
@@ -893,4 +926,38 @@ CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned nee
     }
     emu_unlock();
     return r;
+}
+
+bool emu_vmm_zero(uintptr_t addr, size_t size)
+{
+    if (size == 0 || addr + size < addr)
+        return false;
+    uintptr_t end = addr + size;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    emu_lock();
+    for (uintptr_t at = addr; at < end;) {
+        const struct emu_mapping *m = vmm_mapping_at(at, NULL);
+        if (!m) {
+            emu_unlock();
+            return false;
+        }
+        at = m->base + m->size;
+    }
+    for (uintptr_t at = addr; at < end;) {
+        const struct emu_mapping *m = vmm_mapping_at(at, NULL);
+        uintptr_t stop = end < m->base + m->size ? end : m->base + m->size;
+        const struct emu_phys *ph = m->handle->phys;
+        /* Mapping bases and file offsets are granularity multiples, so host pages line up. */
+        uintptr_t lo = (at + page - 1) & ~(page - 1), hi = stop & ~(page - 1);
+        if (lo < hi && fallocate(ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                 ph->off + (off_t)(m->offset + (lo - m->base)), (off_t)(hi - lo)) == 0) {
+            memset((void *)at, 0, lo - at);
+            memset((void *)hi, 0, stop - hi);
+        } else {
+            memset((void *)at, 0, stop - at);
+        }
+        at = stop;
+    }
+    emu_unlock();
+    return true;
 }

@@ -577,7 +577,8 @@ typedef struct xseg_ipc_info {
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
  *         XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) block, or a block of a segment
  *         created without a shareable handle type (expandable_segments_ipc:False, or no driver
- *         support); XSEG_ERROR_DRIVER when an export call fails (nothing is left open then).
+ *         support); XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (xseg_sleep);
+ *         XSEG_ERROR_DRIVER when an export call fails (nothing is left open then).
  */
 XSEG_API xseg_status xseg_ipc_export(void *ptr, xseg_ipc_handle **out);
 
@@ -676,7 +677,8 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
  * The physical pieces under the live block at @p ptr, in address order: for an expandable block
  * one range per chunk it overlaps (clipped to the block), for a classic block one range with
  * handle 0. snprintf-style: at most @p cap ranges are written, @p n receives how many there are.
- * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
+ *         XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (its pages have no memory now).
  */
 XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n);
 
@@ -705,6 +707,103 @@ XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size
  *         was given back before the failure stays given back; the allocator stays usable).
  */
 XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sleep and wake at the same addresses (docs/services.md)
+ *
+ * A pool is put to sleep to lend its device memory to someone else (an RL trainer colocated with
+ * an inference engine) and woken later at the same virtual addresses, so pointers held by the
+ * program and CUDA graphs captured before stay valid. The pool is the tag: {0, 0} names the
+ * default pools of the device (every allocation not routed to a private pool), any other id a
+ * private pool (xseg_begin_allocate_to_pool, xseg_capture_begin, PyTorch's MemPool and graph
+ * pools), e.g. one for the weights and one for the KV cache.
+ *
+ * Sleep gives back the physical memory of every page the pool has mapped, live blocks and cached
+ * pages alike, and keeps every virtual address reserved. Wake maps a page at each of those
+ * addresses again (every page mapped at the sleep, so a graph's free intermediates are mapped
+ * too) and restores the live blocks.
+ *
+ * Only expandable segments can sleep: a classic (cuMemAlloc) segment's address does not survive
+ * cuMemFree, so a pool that holds one is refused (XSEG_ERROR_NOT_SUPPORTED) and nothing changes.
+ *
+ * While a pool sleeps: xseg_free of its blocks works (and xseg_record_stream); allocating from it
+ * fails with XSEG_ERROR_ILLEGAL_STATE naming the pool (it is never woken implicitly: a wake
+ * copies gigabytes and may not fit while the memory is lent out); the program must not touch its
+ * memory (the pages are unmapped: a kernel faults); xseg_ipc_export and xseg_block_handles of its
+ * blocks are refused; empty_cache, trim and the release policies leave it alone; snapshots leave
+ * its segments out; reserved_bytes no longer counts its pages while allocated_bytes still counts
+ * its live blocks; while any pool sleeps, mallocs take the allocator's general path.
+ * ------------------------------------------------------------------------------------------- */
+
+/** How a pool sleeps: exactly one of these. */
+typedef enum xseg_sleep_flags {
+    /** Copy the bytes of the pool's live blocks (not its free cached pages) to pinned host memory
+     *  first; the wake copies them back. */
+    XSEG_SLEEP_OFFLOAD = 1,
+    /** Drop the bytes: after the wake every page of the pool reads zero (never stale data). */
+    XSEG_SLEEP_DISCARD = 2,
+} xseg_sleep_flags;
+
+/**
+ * Put @p pool of @p device to sleep: give back the physical memory of each of its mapped pages
+ * and keep the virtual addresses. First it waits (host-blocking) for the work of every stream
+ * xseg knows may use the pool: the streams its blocks were allocated on and the streams given to
+ * xseg_record_stream for its live or pending blocks (work on other streams must be complete, as
+ * for xseg_free); frees whose record_stream events completed then return to the pool. With
+ * XSEG_SLEEP_OFFLOAD the live blocks' bytes are copied to pinned host memory (cuMemHostAlloc) on
+ * their segment's stream before any page is unmapped.
+ * @param device a device index.
+ * @param pool   {0, 0} for the default pools, or a private pool's id.
+ * @param flags  XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD.
+ * @return XSEG_ERROR_INVALID_VALUE for bad flags or a private pool unknown on @p device;
+ *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already, or a capture is underway on the
+ *         device (or a pool records: xseg_begin_allocate_to_pool); XSEG_ERROR_NOT_SUPPORTED when
+ *         the pool holds classic segments; XSEG_ERROR_OUT_OF_MEMORY when pinned host memory cannot
+ *         be had; XSEG_ERROR_DRIVER when a driver call fails. A failure leaves the pool awake and
+ *         usable with its data, nothing held: pages unmapped before the failure are mapped back
+ *         with their own memory. Only if that also fails does the pool stay asleep, with nothing
+ *         lost (the message says so): xseg_wake brings it back.
+ */
+XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
+
+/**
+ * Wake @p pool of @p device: map a page at every address the sleep gave back (new physical
+ * memory, with access for the device and its enabled peers), restore the live blocks (the
+ * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on their segment's stream,
+ * wait for that, and free the pinned host memory. When it returns, every stream may use the
+ * memory, and allocation from the pool works again.
+ * @param device a device index.
+ * @param pool   the pool given to xseg_sleep.
+ * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
+ *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep or a capture is underway;
+ *         XSEG_ERROR_OUT_OF_MEMORY when the device (or the memory fraction) cannot hold the pages
+ *         now; XSEG_ERROR_DRIVER when a driver call fails. A failed wake is rolled back: the
+ *         pages it mapped are given back, the pool stays asleep with its offloaded bytes, nothing
+ *         leaks, and the wake can be retried.
+ */
+XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool);
+
+/** What sleeps, for one pool or a whole device (xseg_get_sleep_stats). */
+typedef struct xseg_sleep_stats {
+    int asleep;              /**< pools asleep: 0 or 1 for one pool, the count for a device */
+    unsigned flags;          /**< one pool: the flags of its sleep (0 while awake) */
+    size_t released_bytes;   /**< device memory given back by the sleeps in force: every page the
+                                  pool had mapped, live and cached */
+    size_t offloaded_bytes;  /**< bytes of live blocks kept in pinned host memory for the wake */
+    size_t discarded_bytes;  /**< bytes of live blocks dropped (they read zero after the wake) */
+    int64_t num_sleeps;      /**< sleeps completed on the device so far */
+    int64_t num_wakes;       /**< wakes completed on the device so far */
+} xseg_sleep_stats;
+
+/**
+ * The sleep statistics of @p pool on @p device, or of every pool of the device when @p pool is
+ * NULL (sums; num_sleeps and num_wakes are the device's either way).
+ * @param device a device index.
+ * @param pool   a pool ({0, 0}: the default pools), or NULL for every pool of the device.
+ * @param stats  receives the figures.
+ * @return XSEG_ERROR_INVALID_VALUE for a NULL @p stats or a private pool unknown on @p device.
+ */
+XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, xseg_sleep_stats *stats);
 
 /* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable-allocator entry points:

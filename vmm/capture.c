@@ -144,3 +144,10 @@ xseg_status vmm_capture_end(CUstream stream, int device, CUgraph *graph)
     }
     return XSEG_SUCCESS;
 }
+
+xseg_status vmm_capture_relax_thread(void)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUresult r = drv->cuThreadExchangeStreamCaptureMode(&mode);
+    return r == CUDA_SUCCESS ? XSEG_SUCCESS : drv_fail(r, "cuThreadExchangeStreamCaptureMode(RELAXED)");
+}

@@ -37,6 +37,11 @@ xseg_status vmm_capture_begin(CUstream stream, CUstreamCaptureMode mode, int dev
  * @return XSEG_ERROR_DRIVER naming cuStreamEndCapture, the stream and @p device on failure. */
 xseg_status vmm_capture_end(CUstream stream, int device, CUgraph *graph);
 
+/* Put the calling thread in relaxed capture mode for good (cuThreadExchangeStreamCaptureMode):
+ * a background thread's event and stream queries must never invalidate a GLOBAL capture another
+ * thread runs (core/idle.c). @return XSEG_ERROR_DRIVER naming the call when it fails. */
+xseg_status vmm_capture_relax_thread(void);
+
 /* Query @p stream. @return XSEG_ERROR_DRIVER naming the call and the stream when it fails. */
 xseg_status vmm_capture_info(CUstream stream, struct vmm_capture_info *out);
 

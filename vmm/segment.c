@@ -27,6 +27,7 @@
 #include "base/error.h"
 #include "base/vec.h"
 #include "vmm/driver.h"
+#include "vmm/host.h"
 #include "vmm/stream.h"
 
 /* One cuMemAddressReserve range. Pieces are page multiples and sorted by address, each starting
@@ -65,6 +66,7 @@ struct seg {
     size_t cap_gran;
     size_t mapped_bytes;
     size_t stranded_bytes;
+    size_t asleep_bytes; /* chunks given back by a sleep (GRAN_ASLEEP), mapped again by a wake */
 
     struct seg_piece *pieces;
     size_t npieces, cap_pieces;
@@ -80,13 +82,21 @@ struct seg {
 
 #define GRAN_FRESH 1
 #define GRAN_STRANDED 2
+/* Services (sleep/wake): GRAN_ASLEEP marks the granules of a chunk that was mapped when its
+ * segment went to sleep and is unmapped now; cstart/clen still describe the chunk, and its handle
+ * is still held (handles[] != 0) between seg_sleep_unmap and seg_sleep_commit, or after a sleep
+ * whose rollback could not map it back, else released (handles[] == 0). A wake maps every asleep
+ * chunk again, same place, same size. GRAN_WAS_HELD is a wake's scratch: the chunk was mapped
+ * with its held handle (a rollback keeps that handle). */
+#define GRAN_ASLEEP 4
+#define GRAN_WAS_HELD 8
 
 /* ---- small helpers ---- */
 
-/* Granule @p g is mapped as far as callers know: a chunk, and not stranded. */
+/* Granule @p g is mapped as far as callers know: a chunk, neither stranded nor asleep. */
 static inline int gran_live(const struct seg *seg, size_t g)
 {
-    return seg->handles[g] != 0 && !(seg->gflags[g] & GRAN_STRANDED);
+    return seg->handles[g] != 0 && !(seg->gflags[g] & (GRAN_STRANDED | GRAN_ASLEEP));
 }
 
 /* First granule after the chunk holding granule @p g (mapped or stranded); g + 1 when unmapped. */
@@ -279,7 +289,7 @@ size_t seg_leftovers_pending(void)
     pthread_mutex_lock(&left_lock);
     size_t n = nleft;
     pthread_mutex_unlock(&left_lock);
-    return n;
+    return n + vhost_pending();
 }
 
 /* One driver call for @p l, with its device's primary context current (retained around the call:
@@ -314,12 +324,14 @@ static CUresult left_try(struct leftover *l, const char **what)
 
 xseg_status seg_leftovers_retry(void)
 {
+    /* Pinned host buffers of sleep and wake whose free failed (vmm/host.c) go with the rest. */
+    xseg_status host_st = drv && vhost_pending() ? vhost_retry() : XSEG_SUCCESS;
     pthread_mutex_lock(&left_lock);
     if (nleft == 0 || !drv) {
         pthread_mutex_unlock(&left_lock);
-        return XSEG_SUCCESS;
+        return host_st;
     }
-    xseg_status first = XSEG_SUCCESS;
+    xseg_status first = host_st;
     /* Unmaps first (their handles then get released in the next pass), address frees last. */
     for (int pass = LEFT_UNMAP; pass <= LEFT_ADDRESS_FREE; pass++) {
         size_t keep = 0;
@@ -610,6 +622,13 @@ xseg_status seg_destroy(struct seg *seg)
             continue;
         }
         size_t end = chunk_end(seg, g);
+        if (seg->gflags[g] & GRAN_ASLEEP) { /* held, not mapped: only the handle goes */
+            seg_release_handle(seg, seg->handles[g]);
+            for (size_t k = g; k < end; k++)
+                seg->handles[k] = 0;
+            g = end;
+            continue;
+        }
         CUdeviceptr addr = gran_addr(seg, g);
         size_t bytes = (end - g) * seg->gran;
         CUmemGenericAllocationHandle h = seg->handles[g];
@@ -834,6 +853,12 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chun
                 goto fail;
             run = SIZE_MAX;
             piece_end = seg_piece_end_of(seg, g);
+        }
+        if (seg->gflags[g] & GRAN_ASLEEP) {
+            /* The allocator never maps into a sleeping segment: only a wake does. */
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_map: granule %zu of the segment at 0x%llx is asleep", g,
+                         (unsigned long long)seg->base);
+            goto fail;
         }
         if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED)) {
             /* Left mapped by an earlier failed rollback: use it, granting access with the run. */
@@ -1106,4 +1131,251 @@ void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg 
                        void *user)
 {
     seg_runs(seg, fn, user, 1);
+}
+
+/* ---- sleep and wake (services, core/sleep.c) ---- */
+
+/* The asleep chunk holding granule @p g (GRAN_ASLEEP set): its first granule and end. */
+static size_t asleep_first(const struct seg *seg, size_t g) { return seg->cstart[g]; }
+static size_t asleep_end(const struct seg *seg, size_t g) { return seg->cstart[g] + seg->clen[seg->cstart[g]]; }
+
+size_t seg_asleep_bytes(const struct seg *seg) { return seg->asleep_bytes; }
+
+int seg_gran_is_asleep(const struct seg *seg, size_t g)
+{
+    return g < seg->ngran && (seg->gflags[g] & GRAN_ASLEEP) != 0;
+}
+
+size_t seg_live_chunks(const struct seg *seg)
+{
+    size_t n = 0;
+    for (size_t g = 0; g < seg->ngran;) {
+        if (gran_live(seg, g))
+            n++;
+        g = (seg->gflags[g] & GRAN_ASLEEP) ? asleep_end(seg, g) : chunk_end(seg, g);
+    }
+    return n;
+}
+
+size_t seg_asleep_chunks(const struct seg *seg)
+{
+    size_t n = 0;
+    for (size_t g = 0; g < seg->ngran;) {
+        if (seg->gflags[g] & GRAN_ASLEEP) {
+            n++;
+            g = asleep_end(seg, g);
+        } else {
+            g = chunk_end(seg, g);
+        }
+    }
+    return n;
+}
+
+xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped)
+{
+    *unmapped = 0;
+    if (!seg->mapped_bytes)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    size_t before = seg->mapped_bytes, run, run_end;
+    for (size_t g = 0; next_inner_run(seg, g, seg->ngran, 0, &run, &run_end); g = run_end) {
+        /* Announced before it goes (as seg_unmap), one cuMemUnmap for the run; the handles stay,
+         * so the memory and its bytes live on until seg_sleep_commit. */
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, run, run_end, 0);
+        CUdeviceptr addr = gran_addr(seg, run);
+        size_t bytes = (run_end - run) * seg->gran;
+        CUresult res = drv->cuMemUnmap(addr, bytes);
+        if (res != CUDA_SUCCESS) {
+            if (seg->observe)
+                seg->observe(seg->observe_user, seg, run, run_end, 1);
+            *unmapped = before - seg->mapped_bytes;
+            return seg_failf(res, "cuMemUnmap(0x%llx, %zu) to put it to sleep", (unsigned long long)addr, bytes);
+        }
+        for (size_t g2 = run; g2 < run_end; g2++)
+            seg->gflags[g2] |= GRAN_ASLEEP;
+        seg->mapped_bytes -= bytes;
+        seg->asleep_bytes += bytes;
+    }
+    *unmapped = before - seg->mapped_bytes;
+    return XSEG_SUCCESS;
+}
+
+xseg_status seg_sleep_undo(struct seg *seg, size_t *remapped)
+{
+    *remapped = 0;
+    xseg_status first = drv_ctx_ensure(seg->ctx);
+    if (first != XSEG_SUCCESS)
+        return first;
+    /* Chunk by chunk (a rollback is rare): map the held handle back, grant access, announce. */
+    for (size_t g = 0; g < seg->ngran;) {
+        if (!(seg->gflags[g] & GRAN_ASLEEP)) {
+            g = chunk_end(seg, g);
+            continue;
+        }
+        size_t c = asleep_first(seg, g), end = asleep_end(seg, g), bytes = (end - c) * seg->gran;
+        g = end;
+        if (!seg->handles[c])
+            continue;
+        CUdeviceptr addr = gran_addr(seg, c);
+        CUresult res = drv->cuMemMap(addr, bytes, 0, seg->handles[c], 0);
+        if (res != CUDA_SUCCESS) {
+            if (first == XSEG_SUCCESS)
+                first = seg_failf(res, "cuMemMap(0x%llx, %zu) of a chunk back after a failed sleep",
+                                  (unsigned long long)addr, bytes);
+            continue; /* still asleep, still held: a wake maps it */
+        }
+        xseg_status st = seg_set_access(seg, c, end, 0);
+        if (st != XSEG_SUCCESS) {
+            if (first == XSEG_SUCCESS)
+                first = st;
+            if (drv->cuMemUnmap(addr, bytes) == CUDA_SUCCESS)
+                continue; /* asleep and held again */
+            /* Mapped after all, perhaps without access (a third failure): counted mapped, so the
+             * books match the driver; the message says what happened. */
+        }
+        chunk_flags(seg, c, GRAN_ASLEEP, 0);
+        seg->asleep_bytes -= bytes;
+        seg->mapped_bytes += bytes;
+        *remapped += bytes;
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, c, end, 1);
+    }
+    return first;
+}
+
+void seg_sleep_commit(struct seg *seg)
+{
+    for (size_t g = 0; g < seg->ngran;) {
+        if (!(seg->gflags[g] & GRAN_ASLEEP)) {
+            g = chunk_end(seg, g);
+            continue;
+        }
+        size_t c = asleep_first(seg, g), end = asleep_end(seg, g);
+        if (seg->handles[c]) {
+            seg_release_handle(seg, seg->handles[c]);
+            for (size_t k = c; k < end; k++)
+                seg->handles[k] = 0;
+        }
+        g = end;
+    }
+}
+
+/* Undo the chunks of the running (or last) wake, GRAN_FRESH: unmap them, release the handles the
+ * wake created, keep the ones it found held; they are asleep again. @p announced: the observer
+ * was told they are mapped. A chunk whose unmap fails stays mapped and counted (and announced). */
+static xseg_status seg_wake_rollback(struct seg *seg, bool announced)
+{
+    xseg_status first = XSEG_SUCCESS;
+    for (size_t g = 0; g < seg->ngran;) {
+        if (!(seg->gflags[g] & GRAN_FRESH)) {
+            g = (seg->gflags[g] & GRAN_ASLEEP) ? asleep_end(seg, g) : chunk_end(seg, g);
+            continue;
+        }
+        size_t c = chunk_first(seg, g), end = chunk_end(seg, g), bytes = (end - c) * seg->gran;
+        g = end;
+        if (announced && seg->observe)
+            seg->observe(seg->observe_user, seg, c, end, 0);
+        CUdeviceptr addr = gran_addr(seg, c);
+        CUresult res = drv->cuMemUnmap(addr, bytes);
+        if (res != CUDA_SUCCESS) {
+            if (first == XSEG_SUCCESS)
+                first = seg_failf(res, "cuMemUnmap(0x%llx, %zu) to undo a wake", (unsigned long long)addr, bytes);
+            chunk_flags(seg, c, GRAN_FRESH | GRAN_WAS_HELD, 0);
+            if (seg->observe)
+                seg->observe(seg->observe_user, seg, c, end, 1);
+            continue;
+        }
+        bool held = (seg->gflags[c] & GRAN_WAS_HELD) != 0;
+        if (!held)
+            seg_release_handle(seg, seg->handles[c]);
+        for (size_t k = c; k < end; k++) {
+            if (!held)
+                seg->handles[k] = 0;
+            seg->gflags[k] = GRAN_ASLEEP;
+        }
+        seg->mapped_bytes -= bytes;
+        seg->asleep_bytes += bytes;
+    }
+    return first;
+}
+
+xseg_status seg_wake_map(struct seg *seg, size_t *mapped)
+{
+    *mapped = 0;
+    if (!seg->asleep_bytes)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    size_t before = seg->mapped_bytes;
+    size_t run = SIZE_MAX; /* first granule of the current run of chunks mapped here */
+    size_t piece_end = seg_piece_end_of(seg, 0);
+    for (size_t g = 0; g < seg->ngran;) {
+        if (g == piece_end) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
+                goto fail;
+            run = SIZE_MAX;
+            piece_end = seg_piece_end_of(seg, g);
+        }
+        if (!(seg->gflags[g] & GRAN_ASLEEP)) {
+            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
+                goto fail;
+            run = SIZE_MAX;
+            g = chunk_end(seg, g);
+            continue;
+        }
+        size_t c = asleep_first(seg, g), end = asleep_end(seg, g), bytes = (end - c) * seg->gran;
+        CUmemGenericAllocationHandle h = seg->handles[c];
+        bool held = h != 0;
+        CUresult res;
+        if (!held && (res = drv->cuMemCreate(&h, bytes, &seg->prop, 0)) != CUDA_SUCCESS) {
+            st = seg_failf(res, "cuMemCreate(%zu bytes) to wake a chunk of the segment at 0x%llx on device %d", bytes,
+                           (unsigned long long)seg->base, seg->device);
+            goto fail;
+        }
+        if (!held && h == 0) {
+            st = err_set(XSEG_ERROR_DRIVER, "cuMemCreate returned a null handle");
+            goto fail;
+        }
+        CUdeviceptr addr = gran_addr(seg, c);
+        if ((res = drv->cuMemMap(addr, bytes, 0, h, 0)) != CUDA_SUCCESS) {
+            if (!held)
+                seg_release_handle(seg, h);
+            st = seg_failf(res, "cuMemMap(0x%llx, %zu) to wake a chunk", (unsigned long long)addr, bytes);
+            goto fail;
+        }
+        for (size_t k = c; k < end; k++) {
+            seg->handles[k] = h;
+            seg->gflags[k] = (unsigned char)(GRAN_FRESH | (held ? GRAN_WAS_HELD : 0));
+        }
+        seg->asleep_bytes -= bytes;
+        seg->mapped_bytes += bytes;
+        if (run == SIZE_MAX)
+            run = c;
+        g = end;
+    }
+    if (run != SIZE_MAX && (st = seg_set_access(seg, run, seg->ngran, 0)) != XSEG_SUCCESS)
+        goto fail;
+    if (seg->observe)
+        seg_observe_fresh(seg, 0, seg->ngran);
+    *mapped = seg->mapped_bytes - before;
+    return XSEG_SUCCESS;
+fail:
+    (void)seg_wake_rollback(seg, false); /* keeps st's message: the rollback's own failure is rarer */
+    return st;
+}
+
+xseg_status seg_wake_undo(struct seg *seg)
+{
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    return st != XSEG_SUCCESS ? st : seg_wake_rollback(seg, true);
+}
+
+void seg_wake_commit(struct seg *seg)
+{
+    for (size_t g = 0; g < seg->ngran; g++)
+        seg->gflags[g] &= (unsigned char)~(GRAN_FRESH | GRAN_WAS_HELD);
 }

@@ -127,6 +127,45 @@ xseg_status seg_leftovers_retry(void);
 /* Leftovers waiting for a retry (tests, diagnostics). */
 size_t seg_leftovers_pending(void);
 
+/*
+ * Sleep and wake (services, core/sleep.c): give back the physical memory of every mapped chunk
+ * of a segment while its virtual addresses stay reserved, and map chunks of the same sizes at the
+ * same places again. The caller has waited for every use of the memory on the GPU and copied what
+ * it keeps. A pool of several segments sleeps in two steps, so that one segment's failure can
+ * undo the others:
+ *  - seg_sleep_unmap: unmap every mapped chunk (announced to the observer first, one cuMemUnmap
+ *    per run), keeping its handle, so the memory and its bytes still exist; the chunks are
+ *    asleep. On a failed unmap the chunks unmapped so far stay asleep (and held) and the error
+ *    comes back: seg_sleep_undo.
+ *  - seg_sleep_undo: map the held chunks back with their own handles and access (the bytes are
+ *    intact), announcing each. A chunk that cannot be mapped back stays asleep and held: a wake
+ *    maps it, so nothing is lost; the first failure is returned.
+ *  - seg_sleep_commit: release the held handles: the memory goes back to the driver (a failed
+ *    release is kept for seg_leftovers_retry).
+ * Asleep chunks are neither mapped (seg_gran_is_mapped, seg_mapped_bytes) nor unmapped: seg_map
+ * refuses them, seg_unmap and seg_reclaim leave them alone, seg_destroy releases held handles.
+ * @p unmapped / @p remapped receive the bytes.
+ */
+xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped);
+xseg_status seg_sleep_undo(struct seg *seg, size_t *remapped);
+void seg_sleep_commit(struct seg *seg);
+/*
+ * Map every asleep chunk at its place again (its held handle, else a new cuMemCreate of its size)
+ * and grant access to the owner and peers (one cuMemSetAccess per run, per piece). The new
+ * contents are whatever the driver gives (the caller restores or clears them). On failure every
+ * chunk this call mapped is unmapped again (new handles released, held ones kept): all asleep as
+ * before. Announced to the observer on success. seg_wake_undo puts the chunks of a successful
+ * seg_wake_map back to sleep (a later step of the pool's wake failed); seg_wake_commit ends the
+ * wake (its scratch flags). @p mapped receives the bytes mapped.
+ */
+xseg_status seg_wake_map(struct seg *seg, size_t *mapped);
+xseg_status seg_wake_undo(struct seg *seg);
+void seg_wake_commit(struct seg *seg);
+size_t seg_asleep_bytes(const struct seg *seg);            /* bytes of asleep chunks */
+int seg_gran_is_asleep(const struct seg *seg, size_t g);    /* granule @p g belongs to an asleep chunk */
+size_t seg_asleep_chunks(const struct seg *seg);           /* asleep chunks (a walk) */
+size_t seg_live_chunks(const struct seg *seg);             /* mapped chunks (a walk) */
+
 /* Grant @p peer read-write access to every mapped chunk, and to chunks mapped from now on: one
  * cuMemSetAccess per run of mapped granules in a piece (new mappings get one call for the owner
  * and every peer together). */

@@ -30,6 +30,7 @@ __all__ = [
     "memory_snapshot", "dump_snapshot", "attach_oom_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "trim",
+    "DEFAULT_POOL", "sleep", "wake", "sleep_stats",
 ]
 
 def __getattr__(name):
@@ -240,6 +241,57 @@ def trim(keep_bytes=0, device=-1):
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_int, ctypes.c_size_t]
     check(fn(-1 if device == -1 else _device(device), keep_bytes))
+
+
+# --- sleep and wake at the same addresses ---------------------------------------------------
+
+DEFAULT_POOL = (0, 0)
+"""The default pools of a device: every allocation not routed to a private pool."""
+
+
+def _pool(pool):
+    """A pool as xseg's id: DEFAULT_POOL, a (first, second) pair (torch's MempoolId_t, e.g.
+    torch.cuda.graph_pool_handle()), or an object with an `.id` pair (torch.cuda.MemPool)."""
+    if hasattr(pool, "id") and not isinstance(pool, (tuple, list)):
+        pool = pool.id
+    if (not isinstance(pool, (tuple, list)) or len(pool) != 2 or
+            not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 64 for x in pool)):
+        raise TypeError("pool must be a pair of non-negative ints (or have an .id pair), not %r" % (pool,))
+    return _lib.PoolId(pool[0], pool[1])
+
+
+def sleep(pool=DEFAULT_POOL, device=None, offload=True):
+    """Put `pool` of `device` to sleep: give back the device memory of every page it has mapped,
+    live blocks and cache alike, while its virtual addresses stay reserved (pointers and CUDA
+    graphs stay valid). With `offload` (the default) the live blocks' bytes wait in pinned host
+    memory; without, they are dropped and read zero after the wake. Waits for the pool's streams
+    first. While asleep, freeing works and allocating from the pool raises XsegError
+    (XSEG_ERROR_ILLEGAL_STATE); the memory must not be touched. Raises XsegError when the pool
+    sleeps already, a capture is underway, or it holds classic (non-expandable) segments
+    (XSEG_ERROR_NOT_SUPPORTED); a failed sleep leaves the pool awake with its data."""
+    flags = _lib.SLEEP_OFFLOAD if offload else _lib.SLEEP_DISCARD
+    check(_lib.need("xseg_sleep")(_device(device), _pool(pool), flags))
+
+
+def wake(pool=DEFAULT_POOL, device=None):
+    """Wake `pool` of `device`: map its pages at the same addresses again and restore its live
+    blocks (or zeros after sleep(offload=False)). Raises XsegError when it is not asleep, or when
+    the memory is not there (XsegOutOfMemoryError): then it stays asleep and can be woken later."""
+    check(_lib.need("xseg_wake")(_device(device), _pool(pool)))
+
+
+def sleep_stats(pool=None, device=None):
+    """What sleeps: for `pool`, or summed over every pool of `device` when `pool` is None.
+    Keys: asleep (pools asleep), offload (bool, one pool), released_bytes (device memory given
+    back), offloaded_bytes (live bytes kept in pinned host memory), discarded_bytes, num_sleeps,
+    num_wakes (the device's)."""
+    st = _lib.SleepStats()
+    ref = ctypes.byref(_pool(pool)) if pool is not None else None
+    check(_lib.need("xseg_get_sleep_stats")(_device(device), ref, ctypes.byref(st)))
+    out = {k: getattr(st, k) for k, _ in _lib.SleepStats._fields_ if k != "flags"}
+    if pool is not None:
+        out["offload"] = st.flags == _lib.SLEEP_OFFLOAD
+    return out
 
 
 def set_per_process_memory_fraction(fraction, device=None):

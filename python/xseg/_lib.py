@@ -197,6 +197,23 @@ class HistoryOptions(ctypes.Structure):
 HISTORY_ALL, HISTORY_STATE, HISTORY_TRACE = 0, 1, 2
 STACKS_NONE, STACKS_C, STACKS_CALLBACK = 0, 1, 2
 
+# --- sleep and wake (include/xseg.h: xseg_sleep) ---------------------------------------------
+
+SLEEP_OFFLOAD, SLEEP_DISCARD = 1, 2
+
+
+class SleepStats(ctypes.Structure):
+    _fields_ = [("asleep", ctypes.c_int), ("flags", ctypes.c_uint), ("released_bytes", ctypes.c_size_t),
+                ("offloaded_bytes", ctypes.c_size_t), ("discarded_bytes", ctypes.c_size_t),
+                ("num_sleeps", ctypes.c_int64), ("num_wakes", ctypes.c_int64)]
+
+
+_PROTOS.update({
+    "xseg_sleep": (_S, [ctypes.c_int, PoolId, ctypes.c_uint]),
+    "xseg_wake": (_S, [ctypes.c_int, PoolId]),
+    "xseg_get_sleep_stats": (_S, [ctypes.c_int, ctypes.POINTER(PoolId), ctypes.POINTER(SleepStats)]),
+})
+
 _PROTOS.update({
     "xseg_record_memory_history": (_S, [ctypes.POINTER(HistoryOptions)]),
     "xseg_dump_snapshot": (_S, [ctypes.c_int, ctypes.c_char_p]),

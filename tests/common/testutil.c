@@ -26,6 +26,8 @@ struct tu_emu_api {
     void (*live_get)(struct cudaemu_live *);
     int (*set_latency)(const char *, uint64_t);
     int (*stream_work)(CUstream);
+    int (*set_bandwidth)(const char *, uint64_t);
+    void (*host_live)(size_t *, size_t *);
 };
 
 /* Resolved once the emulator is seen loaded; a negative answer is not cached, because the test
@@ -54,11 +56,13 @@ static const struct tu_emu_api *tu_emu(void)
     TU_SYM(live_get, "cudaemu_live_get");
     TU_SYM(set_latency, "cudaemu_set_latency");
     TU_SYM(stream_work, "cudaemu_stream_work");
+    TU_SYM(set_bandwidth, "cudaemu_set_bandwidth");
+    TU_SYM(host_live, "cudaemu_host_live");
 #undef TU_SYM
     /* dlopen(RTLD_NOLOAD) took a reference; the library stays loaded by its first opener. */
     dlclose(lib);
     if (!a.stream_hold || !a.stream_release || !a.fail_nth || !a.fail_clear || !a.call_count ||
-        !a.counts_reset || !a.live_get || !a.set_latency || !a.stream_work)
+        !a.counts_reset || !a.live_get || !a.set_latency || !a.stream_work || !a.set_bandwidth || !a.host_live)
         return NULL;
     api = a;
     ready = &api;
@@ -122,6 +126,23 @@ bool tu_set_latency(const char *entry, uint64_t ns)
 {
     const struct tu_emu_api *e = tu_emu();
     return e && e->set_latency(entry, ns) == 0;
+}
+
+bool tu_set_bandwidth(const char *entry, uint64_t bytes_per_second)
+{
+    const struct tu_emu_api *e = tu_emu();
+    return e && e->set_bandwidth(entry, bytes_per_second) == 0;
+}
+
+size_t tu_host_live(size_t *bytes)
+{
+    const struct tu_emu_api *e = tu_emu();
+    size_t n = 0, b = 0;
+    if (e)
+        e->host_live(&n, &b);
+    if (bytes)
+        *bytes = b;
+    return n;
 }
 
 /* capture graph (graph_capture_record_stream_reuse) */

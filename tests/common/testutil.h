@@ -94,6 +94,12 @@ bool tu_live(struct cudaemu_live *live);
 
 /* Set the latency of @p entry in ns. @return false when not emulated or unknown. */
 bool tu_set_latency(const char *entry, uint64_t ns);
+/* Set the per-byte cost of copy entry @p entry as a rate (0: none). @return false when not
+ * emulated or unknown. */
+bool tu_set_bandwidth(const char *entry, uint64_t bytes_per_second);
+/* Live pinned host allocations (cuMemHostAlloc not yet freed); *bytes (optional) their bytes.
+ * 0 when not emulated. */
+size_t tu_host_live(size_t *bytes);
 
 /* Enqueue a unit of work on @p s (a kernel launch, for the capture graph): on cudaemu
  * cudaemu_stream_work (a kernel node while capturing; pending work on a held stream); on the real

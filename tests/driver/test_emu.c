@@ -130,6 +130,39 @@ static int child_main(const char *mode)
         printf("elapsed_ns=%ld\n", ns);
         return ns >= 3000000 ? 0 : 13;
     }
+    if (!strcmp(mode, "fresh")) {
+        /* What new memory holds: bytes at the start of the allocation, inside its first host page,
+         * at the start of its second granularity unit and in the middle, and after a memset to zero. */
+        struct drv_device_info info;
+        if (drv_device_query(0, &info))
+            return 12;
+        size_t g = info.granularity;
+        CUmemAllocationProp p = {0};
+        p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        if (drv->cuMemCreate(&h, 2 * g, &p, 0) || drv->cuMemAddressReserve(&va, 2 * g, 0, 0, 0) ||
+            drv->cuMemMap(va, 2 * g, 0, h, 0) || drv->cuMemSetAccess(va, 2 * g, &d, 1))
+            return 13;
+        unsigned char b[4];
+        size_t at[4] = {0, 100, g, g / 2};
+        for (int i = 0; i < 4; i++)
+            if (drv->cuMemcpyDtoH(&b[i], va + at[i], 1))
+                return 14;
+        printf("start=%d inside=%d unit2=%d middle=%d\n", b[0] != 0, b[1] != 0, b[2] != 0, b[3] != 0);
+        if (drv->cuMemsetD8(va + 1, 0, 2 * g - 2))
+            return 15;
+        for (int i = 0; i < 4; i++)
+            if (drv->cuMemcpyDtoH(&b[i], va + at[i] + (i == 0), 1))
+                return 14;
+        printf("after-memset=%d%d%d%d\n", b[0], b[1], b[2], b[3]);
+        drv->cuMemUnmap(va, 2 * g);
+        drv->cuMemRelease(h);
+        drv->cuMemAddressFree(va, 2 * g);
+        return 0;
+    }
     if (!strcmp(mode, "report")) {
         CUdeviceptr va;
         drv->cuMemAddressReserve(&va, MiB2, 0, 0, 0);   /* left reserved on purpose */
@@ -189,6 +222,8 @@ static void test_env_errors(void **state)
         "CUDAEMU_FAIL=cuMemMap:0:CUDA_ERROR_OUT_OF_MEMORY", "CUDAEMU_FAIL=cuNope:1:CUDA_ERROR_OUT_OF_MEMORY",
         "CUDAEMU_FAIL=cuMemMap:1:CUDA_ERROR_BOGUS", "CUDAEMU_LATENCY=cuMemMap:12parsecs",
         "CUDAEMU_LATENCY=cuMemMap", "CUDAEMU_LATENCY=h200", "CUDAEMU_REPORT=on", "CUDAEMU_TYPO=1",
+        "CUDAEMU_LATENCY=cuMemcpyDtoH:25GB", "CUDAEMU_LATENCY=cuMemcpyDtoH:0GB/s",
+        "CUDAEMU_LATENCY=cuMemcpyDtoH:25XB/s", "CUDAEMU_LATENCY=cuMemcpyDtoH:1.2345GB/s", "CUDAEMU_FRESH=maybe",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         expect_bad_env(bad[i]);
@@ -232,6 +267,10 @@ static void test_env_fail_latency_report(void **state)
     assert_non_null(strstr(out, ", latency 21900 ns")); /* cuMemSetAccess from the preset */
     assert_non_null(strstr(out, ", latency 2000 ns"));  /* cuMemMap, overridden */
     assert_null(strstr(out, ", latency 700 ns"));
+    assert_non_null(strstr(out, "cuMemcpyDtoHAsync                  0 call(s), 40 ps per byte")); /* 25 GB/s */
+    const char *lr[] = {"CUDAEMU_LATENCY=cuMemcpyHtoD:12.5GB/s", "CUDAEMU_REPORT=1", NULL};
+    assert_int_equal(run_self("report", lr, out, sizeof out), 0);
+    assert_non_null(strstr(out, ", 80 ps per byte"));
     const char *r[] = {"CUDAEMU_REPORT=1", NULL};
     assert_int_equal(run_self("report", r, out, sizeof out), 0);
     print_message("%s", out);
@@ -308,6 +347,29 @@ static void test_fault_injection(void **state)
     assert_int_equal(after.reservations, before.reservations);
 }
 
+/* New physical memory is not promised to be zero (CUDAEMU_FRESH); a memset to zero clears it
+ * (over VMM memory by punching the memory file, which must read the same). */
+static void test_fresh_memory(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *env, *want;
+    } cases[] = {
+        {NULL, "start=1 inside=1 unit2=0 middle=0"},
+        {"CUDAEMU_FRESH=sparse", "start=1 inside=1 unit2=0 middle=0"},
+        {"CUDAEMU_FRESH=garbage", "start=1 inside=1 unit2=1 middle=1"},
+        {"CUDAEMU_FRESH=zero", "start=0 inside=0 unit2=0 middle=0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[4096];
+        const char *extra[] = {cases[i].env, NULL};
+        assert_int_equal(run_self("fresh", extra, out, sizeof out), 0);
+        if (!strstr(out, cases[i].want) || !strstr(out, "after-memset=0000"))
+            fail_msg("%s: got \"%s\", want \"%s\" and zeros after the memset", cases[i].env ? cases[i].env : "default",
+                     out, cases[i].want);
+    }
+}
+
 static void test_counters_latency(void **state)
 {
     (void)state;
@@ -330,6 +392,42 @@ static void test_counters_latency(void **state)
     long ns = (b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec);
     assert_true(ns >= 2000000);
     assert_true(tu_set_latency("cuMemGetInfo", 0));
+    /* A rate is a lower bound too: 4 MiB at 1 GB/s take at least 4.19 ms. */
+    assert_true(tu_set_bandwidth("cuMemcpyHtoD", 1000000000));
+    assert_false(tu_set_bandwidth("nope", 1));
+    CUdeviceptr dp;
+    tu_assert_cu(drv->cuMemAlloc(&dp, 4 << 20));
+    void *hb = calloc(1, 4 << 20);
+    assert_non_null(hb);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    tu_assert_cu(drv->cuMemcpyHtoD(dp, hb, 4 << 20));
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    ns = (b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec);
+    assert_true(ns >= 4194304);
+    assert_true(tu_set_bandwidth("cuMemcpyHtoD", 0));
+    /* What was set reads back (benchmarks model call times from it). */
+    int (*get)(const char *, uint64_t *, uint64_t *) =
+        (int (*)(const char *, uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT, "cudaemu_get_latency");
+    if (!get) {
+        void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+        assert_non_null(lib);
+        *(void **)&get = dlsym(lib, "cudaemu_get_latency");
+    }
+    assert_non_null(get);
+    uint64_t lns = 1, lps = 1;
+    assert_true(tu_set_latency("cuMemMap", 1500));
+    assert_true(tu_set_bandwidth("cuMemcpyDtoH", 25000000000ull));
+    assert_int_equal(get("cuMemMap", &lns, &lps), 0);
+    assert_int_equal(lns, 1500);
+    assert_int_equal(lps, 0);
+    assert_int_equal(get("cuMemcpyDtoH_v2", &lns, &lps), 0);
+    assert_int_equal(lns, 0);
+    assert_int_equal(lps, 40);
+    assert_int_equal(get("nope", NULL, NULL), -1);
+    assert_true(tu_set_latency("cuMemMap", 0));
+    assert_true(tu_set_bandwidth("cuMemcpyDtoH", 0));
+    free(hb);
+    tu_assert_cu(drv->cuMemFree(dp));
 }
 
 static void test_error_names(void **state)
@@ -525,6 +623,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_before_init),
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_counters_latency),
+        cmocka_unit_test(test_fresh_memory), /* services */
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_arena_rising),               /* frag */

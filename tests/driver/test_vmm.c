@@ -754,6 +754,26 @@ static void test_host_copies(void **state)
         tu_assert_cu_eq(drv->cuMemFreeHost((char *)h1 + 4096), CUDA_ERROR_INVALID_VALUE);
     }
     tu_assert_cu(drv->cuMemFree(d));
+    /* Over VMM memory: bytes written with an async copy, cleared by an async memset except the
+     * first and last, read back with an async copy (two pages, a memset across them). */
+    CUmemGenericAllocationHandle vh = create(2 * G);
+    CUdeviceptr va = reserve(2 * G);
+    tu_assert_cu(drv->cuMemMap(va, 2 * G, 0, vh, 0));
+    tu_assert_cu(drv->cuMemRelease(vh));
+    tu_assert_cu(set_rw(va, 2 * G));
+    size_t m = n < 2 * G ? n : 2 * G;
+    tu_assert_cu(drv->cuMemcpyHtoDAsync(va + 2 * G - m, h1, m, s));
+    tu_assert_cu(drv->cuMemsetD8Async(va + 2 * G - m + 1, 0, m - 2, s));
+    memset(h2, 0xee, m);
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(h2, va + 2 * G - m, m, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(((unsigned char *)h2)[0], ((unsigned char *)h1)[0]);
+    assert_int_equal(((unsigned char *)h2)[m - 1], ((unsigned char *)h1)[m - 1]);
+    for (size_t i = 1; i + 1 < m; i++)
+        if (((unsigned char *)h2)[i])
+            fail_msg("VMM byte %zu is %d after cuMemsetD8Async(0)", i, ((unsigned char *)h2)[i]);
+    tu_assert_cu(drv->cuMemUnmap(va, 2 * G));
+    tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
     tu_assert_cu(drv->cuStreamDestroy(s));
     tu_assert_cu(drv->cuMemFreeHost(h1));
     tu_assert_cu(drv->cuMemFreeHost(h2));
@@ -1514,6 +1534,10 @@ static void test_access_per_device(void **state)
     tu_assert_cu_eq(drv->cuMemcpyDtoH(buf, va, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
     tu_assert_cu_eq(drv->cuMemcpyHtoD(va, buf, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
     tu_assert_cu_eq(drv->cuMemsetD8(va, 1, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
+    /* The asynchronous ones too (services: sleep offload and wake run on a stream). */
+    tu_assert_cu_eq(drv->cuMemcpyDtoHAsync(buf, va, sizeof buf, NULL), CUDA_ERROR_ILLEGAL_ADDRESS);
+    tu_assert_cu_eq(drv->cuMemcpyHtoDAsync(va, buf, sizeof buf, NULL), CUDA_ERROR_ILLEGAL_ADDRESS);
+    tu_assert_cu_eq(drv->cuMemsetD8Async(va, 0, sizeof buf, NULL), CUDA_ERROR_ILLEGAL_ADDRESS);
     CUmemAccessDesc d;
     memset(&d, 0, sizeof d);
     d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -1522,6 +1546,8 @@ static void test_access_per_device(void **state)
     tu_assert_cu(drv->cuMemSetAccess(va, G, &d, 1));
     tu_assert_cu(drv->cuMemcpyDtoH(buf, va, sizeof buf));
     tu_assert_cu_eq(drv->cuMemsetD8(va, 1, sizeof buf), CUDA_ERROR_ILLEGAL_ADDRESS);
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(buf, va, sizeof buf, NULL));
+    tu_assert_cu_eq(drv->cuMemsetD8Async(va, 1, sizeof buf, NULL), CUDA_ERROR_ILLEGAL_ADDRESS);
     d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     tu_assert_cu(drv->cuMemSetAccess(va, G, &d, 1));
     tu_assert_cu(drv->cuMemsetD8(va, 1, sizeof buf));

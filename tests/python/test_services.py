@@ -1,4 +1,7 @@
-"""Giving cached memory back from Python: trim."""
+"""Giving cached memory back from Python: trim, sleep and wake."""
+import ctypes
+import os
+
 import pytest
 
 MiB = 1 << 20
@@ -33,3 +36,97 @@ def test_trim_arguments(xseg):
     with pytest.raises(xseg.XsegError) as ei:
         xseg.trim(0, 99)
     assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
+
+
+# --- sleep and wake ---------------------------------------------------------------------------
+
+def _driver():
+    """The driver xseg loaded (cudaemu here), for reading and writing device memory."""
+    lib = ctypes.CDLL(os.environ.get("XSEG_LIBCUDA") or "libcuda.so.1")
+    for name in ("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"):
+        getattr(lib, name).restype = ctypes.c_int
+    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    return lib
+
+
+def _write(ptr, data):
+    assert _driver().cuMemcpyHtoD_v2(ptr, data, len(data)) == 0
+
+
+def _read(ptr, n):
+    buf = ctypes.create_string_buffer(n)
+    assert _driver().cuMemcpyDtoH_v2(buf, ptr, n) == 0
+    return buf.raw
+
+
+@pytest.fixture
+def awake(xseg):
+    """Make sure no pool is left asleep for the next test."""
+    yield xseg
+    if xseg.sleep_stats(xseg.DEFAULT_POOL)["asleep"]:
+        xseg.wake()
+
+
+def test_sleep_offload_and_wake(awake):
+    x = awake
+    data = bytes(range(256)) * 4096  # 1 MiB
+    live = x.malloc(30 * MiB)
+    cached_block = x.malloc(40 * MiB)
+    _write(live, data)
+    x.free(cached_block)
+    reserved = x.memory_reserved(0)
+    try:
+        x.sleep()
+        assert x.memory_reserved(0) == 0  # every page given back, live and cached
+        st = x.sleep_stats(x.DEFAULT_POOL)
+        assert st["asleep"] == 1 and st["offload"]
+        assert st["released_bytes"] == reserved
+        assert st["offloaded_bytes"] == 30 * MiB
+        assert x.sleep_stats()["asleep"] == 1  # the whole device
+        with pytest.raises(x.XsegError) as ei:
+            x.malloc(MiB)
+        assert ei.value.status_name == "XSEG_ERROR_ILLEGAL_STATE"
+        assert "asleep" in str(ei.value)
+        with pytest.raises(x.XsegError):
+            x.sleep()  # twice
+    finally:
+        x.wake()
+    assert x.memory_reserved(0) == reserved
+    assert _read(live, len(data)) == data  # same address, same bytes
+    st = x.sleep_stats(x.DEFAULT_POOL)
+    assert st["asleep"] == 0 and st["num_wakes"] >= 1
+    with pytest.raises(x.XsegError) as ei:
+        x.wake()  # not asleep
+    assert ei.value.status_name == "XSEG_ERROR_ILLEGAL_STATE"
+    x.free(live)
+
+
+def test_sleep_discard_reads_zero(awake):
+    x = awake
+    live = x.malloc(MiB)
+    _write(live, b"\xab" * MiB)
+    x.sleep(offload=False)
+    assert x.sleep_stats(x.DEFAULT_POOL)["discarded_bytes"] == MiB
+    x.free(live)  # freeing while asleep works
+    x.wake()
+    assert _read(live, MiB) == bytes(MiB)  # its pages read zero (the block is free now)
+
+
+def test_sleep_arguments(awake):
+    x = awake
+    with pytest.raises(TypeError):
+        x.sleep(pool=5)
+    with pytest.raises(TypeError):
+        x.sleep(pool=(1, -1))
+    with pytest.raises(x.XsegError) as ei:
+        x.sleep(pool=(12345, 678))  # a pool this device does not know
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+    with pytest.raises(x.XsegError) as ei:
+        x.wake(device=99)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
+
+    class MemPoolLike:  # torch.cuda.MemPool has an .id pair
+        id = (12345, 678)
+    with pytest.raises(x.XsegError):
+        x.sleep_stats(MemPoolLike())

@@ -437,6 +437,56 @@ static void test_errors_and_pools(void **state)
     result_free(&r);
 }
 
+/* Services: sleep and wake in the replay (expandable: reserved drops to the other pools' pages and
+ * comes back; classic: refused by xseg, skipped with its wake and one note), idle without
+ * idle_release_ms costs no time, and --dump writes what --check reads back. */
+static void test_sleep_wake(void **state)
+{
+    (void)state;
+    char *t = write_tmp("sleep.trace", "alloc w 100MiB\nalloc kv 60MiB\nfree kv\nmark before\nidle 5s\n"
+                                       "sleep default offload\nmark asleep\nwake default\nmark awake\n"
+                                       "sleep default discard\nwake default\nfree w\n");
+    char args[512];
+    snprintf(args, sizeof args, "--compare --marks=jsonl '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.err, "sleep: xseg_sleep: the default pool on device 0 holds classic"));
+    assert_non_null(strstr(r.err, "(skipped, with its wake)"));
+    /* The expandable replay: 160 MiB reserved, then nothing (the live 100 MiB still allocated),
+     * then the same 160 MiB. */
+    static const struct {
+        const char *mark, *want;
+    } rows[] = {{"asleep", "\"reserved_bytes.all.current\": 0,"},
+                {"awake", "\"reserved_bytes.all.current\": 167772160,"},
+                {"asleep", "\"allocated_bytes.all.current\": 104857600,"}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char head[128];
+        snprintf(head, sizeof head, "{\"mark\": \"%s\", \"mode\": \"expandable\"", rows[i].mark);
+        const char *line = strstr(r.out, head);
+        assert_non_null(line);
+        const char *found = strstr(line, rows[i].want), *eol = strchr(line, '\n');
+        if (!found || (eol && found > eol))
+            fail_msg("mark %s: no %s in %.*s", rows[i].mark, rows[i].want, (int)(eol ? eol - line : 200), line);
+    }
+    result_free(&r);
+    /* --dump writes what --check reads back (the durations too). */
+    char dumped[256];
+    snprintf(dumped, sizeof dumped, "%s/sleep.dump", tmpdir);
+    snprintf(args, sizeof args, "--dump '%s' > '%s'", t, dumped);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    result_free(&r);
+    char *d = slurp(dumped);
+    assert_non_null(strstr(d, "idle 5s\nsleep default offload\n"));
+    assert_non_null(strstr(d, "wake default\n"));
+    free(d);
+    snprintf(args, sizeof args, "--check '%s'", dumped);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    result_free(&r);
+    free(t);
+}
+
 static void test_rmm_csv_file(void **state)
 {
     (void)state;
@@ -523,6 +573,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_min_device), /* frag */
         cmocka_unit_test(test_errors_and_pools),
         cmocka_unit_test(test_rmm_csv_file),
+        cmocka_unit_test(test_sleep_wake), /* services */
         cmocka_unit_test(test_plot_written),
         cmocka_unit_test(test_check_builtins),
     };

@@ -172,6 +172,42 @@ static void test_trim(void **state)
     trace_destroy(&t);
 }
 
+/* Services: sleep POOL offload|discard, wake POOL (`default` is the default pool), idle DURATION. */
+static void test_sleep_wake_idle(void **state)
+{
+    (void)state;
+    struct trace t;
+    const char *text = "stream s\n"
+                       "pool_begin p @s\nalloc g 1MiB @s\npool_end p\n"
+                       "alloc w 1GiB\n"
+                       "sleep default offload\nsleep p discard\nfree w\nidle 300ms\nidle 1.5s\nidle 20us\n"
+                       "wake p\nwake default\nalloc w 1GiB\n";
+    assert_int_equal(parse(&t, text), XSEG_SUCCESS);
+    const struct trace_action *a = t.actions;
+    assert_int_equal(t.count, 14);
+    assert_int_equal(a[5].op, TRACE_SLEEP);
+    assert_int_equal(a[5].pool, -1);
+    assert_int_equal(a[5].size, XSEG_SLEEP_OFFLOAD);
+    assert_int_equal(a[6].op, TRACE_SLEEP);
+    assert_int_equal(a[6].pool, 0);
+    assert_int_equal(a[6].size, XSEG_SLEEP_DISCARD);
+    assert_int_equal(a[8].op, TRACE_IDLE);
+    assert_int_equal(a[8].size, 300000000ull);
+    assert_int_equal(a[9].size, 1500000000ull);
+    assert_int_equal(a[10].size, 20000ull);
+    assert_int_equal(a[11].op, TRACE_WAKE);
+    assert_int_equal(a[11].pool, 0);
+    assert_int_equal(a[12].pool, -1);
+    assert_string_equal(trace_op_name(TRACE_SLEEP), "sleep");
+    assert_string_equal(trace_op_name(TRACE_WAKE), "wake");
+    assert_string_equal(trace_op_name(TRACE_IDLE), "idle");
+    trace_destroy(&t);
+    /* While the default pool sleeps, a pool that records may take allocations. */
+    assert_int_equal(parse(&t, "sleep default discard\npool_begin q\nalloc x 1MiB\npool_end q\nwake default\n"),
+                     XSEG_SUCCESS);
+    trace_destroy(&t);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -205,6 +241,20 @@ static void test_errors(void **state)
         {"trim\n", "t.trace:1: trim: missing argument"},               /* services, issue 14 */
         {"trim 1GiB 2\n", "t.trace:1: trim: too many arguments"},
         {"trim lots\n", "t.trace:1: trim: "},
+        {"sleep default\n", "t.trace:1: sleep: missing argument (usage: sleep POOL offload|discard)"},
+        {"sleep default keep\n", "t.trace:1: sleep default: expected offload or discard, got 'keep'"},
+        {"sleep p offload\n", "t.trace:1: sleep p: no pool 'p' was begun ('default' names the default pool)"},
+        {"sleep default discard\nsleep default offload\n", "t.trace:2: sleep default: the pool is asleep already (line 1)"},
+        {"wake default\n", "t.trace:1: wake default: the pool is not asleep"},
+        {"wake\n", "t.trace:1: wake: missing argument (usage: wake POOL)"},
+        {"sleep default discard\nalloc x 1\n", "t.trace:2: alloc x: the default pool is asleep (sleep at line 1)"},
+        {"pool_begin p\nsleep p discard\n", "t.trace:2: sleep p: pool 'p' records (line 1)"},
+        {"stream s\ncapture_begin @s\nsleep default offload\n", "t.trace:3: sleep default: stream 's' captures (line 2)"},
+        {"pool_begin p\npool_end p\nsleep p discard\npool_begin p\n", "t.trace:4: pool_begin p: the pool is asleep (sleep at line 3)"},
+        {"idle\n", "t.trace:1: idle: missing argument (usage: idle DURATION)"},
+        {"idle 3\n", "t.trace:1: idle: '3' is not a duration (e.g. 300ms, 1.5s, 20us)"},
+        {"idle ms\n", "t.trace:1: idle: 'ms' is not a duration"},
+        {"idle 99999999999999999999s\n", "t.trace:1: idle: '99999999999999999999s' is not a duration"},
         {"config\n", "t.trace:1: config: missing the config string"},
         {"config expandable_segments: True\n", "t.trace:1: config: the config string has a blank"},
         {"mark   \n", "t.trace:1: mark: missing the label"},
@@ -395,7 +445,8 @@ int main(void)
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_frames_and_snapshot),
         cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_trim), /* services, issue 14 */
+        cmocka_unit_test(test_trim), /* services */
+        cmocka_unit_test(test_sleep_wake_idle),
         cmocka_unit_test(test_rmm_csv),
         cmocka_unit_test(test_workloads_parse),
     };

@@ -1,6 +1,7 @@
 /*
- * Long-running services (issue 14) through the public API: xseg_trim, release_threshold_mb.
- * One process per test (meson passes the test name): each starts from an empty allocator.
+ * Long-running services through the public API: xseg_trim, release_threshold_mb, idle reclaim
+ * (in malloc and on its thread), sleep and wake. One process per test (meson passes the test
+ * name): each starts from an empty allocator.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -313,6 +315,671 @@ static void test_idle(void **state)
     assert_non_null(strstr(xseg_last_error(), "idle_release_ms"));
 }
 
+
+/* ---- sleep and wake ---------------------------------------------------------------------- */
+
+static const xseg_pool_id DEFAULT_POOL = {0, 0};
+
+static xseg_sleep_stats sleep_stats(const xseg_pool_id *pool)
+{
+    xseg_sleep_stats st;
+    assert_int_equal(xseg_get_sleep_stats(0, pool, &st), XSEG_SUCCESS);
+    return st;
+}
+
+/* Does every byte of [p, p + n) read zero? */
+static bool all_zero(void *p, size_t n)
+{
+    unsigned char *buf = malloc(n);
+    assert_non_null(buf);
+    tu_assert_cu(drv->cuMemcpyDtoH(buf, (CUdeviceptr)p, n));
+    bool z = true;
+    for (size_t i = 0; i < n && z; i++)
+        z = buf[i] == 0;
+    free(buf);
+    return z;
+}
+
+/* reserved_bytes matches what cudaemu has mapped (nothing else maps in these tests). */
+static void assert_books_match_driver(void)
+{
+    struct cudaemu_live lv;
+    if (tu_live(&lv))
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)lv.mapped_bytes);
+}
+
+/* Everything freed and emptied: cudaemu holds no handle, mapping or pinned host memory. */
+static void assert_nothing_held(void)
+{
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    struct cudaemu_live lv;
+    if (tu_live(&lv)) {
+        assert_int_equal(lv.handles, 0);
+        assert_int_equal(lv.mapped_bytes, 0);
+        assert_int_equal(tu_host_live(NULL), 0);
+    }
+}
+
+/* The default pool sleeps with its live blocks offloaded: every page is given back (live and
+ * cached), the addresses stay, allocating is refused, freeing works, and the wake maps the same
+ * ranges again with the live bytes restored. */
+static void test_sleep_offload(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    /* Large pool, 20 MiB pages: A 30 | B 50 | C 40 (freed: cached) | D 20; small pool: s 4 KiB. */
+    void *a = tu_malloc(30 * MiB, NULL), *b = tu_malloc(50 * MiB, NULL), *c = tu_malloc(40 * MiB, NULL);
+    void *dd = tu_malloc(20 * MiB, NULL), *sm = tu_malloc(4096, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 30 * MiB, 1));
+    tu_assert_cu(tu_fill((CUdeviceptr)b, 50 * MiB, 2));
+    tu_assert_cu(tu_fill((CUdeviceptr)dd, 20 * MiB, 4));
+    tu_assert_cu(tu_fill((CUdeviceptr)sm, 4096, 5));
+    tu_free(c);
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
+    assert_true(reserved >= (int64_t)(140 * MiB));
+    xseg_sleep_stats z = sleep_stats(&DEFAULT_POOL);
+    assert_int_equal(z.asleep, 0);
+
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    /* Every page went: 100 % of the pool's reserved memory (the goal is >= 99 %). */
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_books_match_driver();
+    xseg_sleep_stats st = sleep_stats(&DEFAULT_POOL);
+    assert_int_equal(st.asleep, 1);
+    assert_int_equal(st.flags, XSEG_SLEEP_OFFLOAD);
+    assert_int_equal(st.released_bytes, (size_t)reserved);
+    assert_int_equal(st.offloaded_bytes, 100 * MiB + 4096);
+    assert_int_equal(st.discarded_bytes, 0);
+    assert_int_equal(st.num_sleeps, 1);
+    size_t host_bytes = 0;
+    if (tu_emulated()) {
+        assert_int_equal(tu_host_live(&host_bytes), 2); /* one buffer per segment with live bytes */
+        assert_true(host_bytes >= 100 * MiB + 4096);
+    }
+    xseg_sleep_stats dev = sleep_stats(NULL);
+    assert_int_equal(dev.asleep, 1);
+    assert_int_equal(dev.released_bytes, (size_t)reserved);
+    /* The live blocks stay allocated (allocated_bytes counts them), the cache is not negative. */
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), (int64_t)(100 * MiB + 4096));
+
+    /* Asleep: allocating is refused with a clear error, freeing works, so do the misuses' errors. */
+    void *p = NULL;
+    assert_int_equal(xseg_malloc(&p, MiB, 0, NULL), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "asleep"));
+    assert_null(p);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "asleep already"));
+    tu_free(dd);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);    /* leaves the sleeping pool alone */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    xseg_snapshot *snap = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &snap), XSEG_SUCCESS);
+    assert_int_equal(snap->nsegments, 0); /* nothing of it is on the device */
+    xseg_snapshot_free(snap);
+
+    /* Wake: the same pages at the same addresses (C's cached pages too), the live bytes back. */
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    assert_books_match_driver();
+    assert_true(tu_check((CUdeviceptr)a, 30 * MiB, 1));
+    assert_true(tu_check((CUdeviceptr)b, 50 * MiB, 2));
+    assert_true(tu_check((CUdeviceptr)sm, 4096, 5));
+    st = sleep_stats(&DEFAULT_POOL);
+    assert_int_equal(st.asleep, 0);
+    assert_int_equal(st.released_bytes, 0);
+    assert_int_equal(st.num_wakes, 1);
+    assert_int_equal(tu_host_live(NULL), 0);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "not asleep"));
+    /* C's and D's addresses are mapped and reused as before. */
+    void *c2 = tu_malloc(40 * MiB, NULL);
+    assert_ptr_equal(c2, c);
+    tu_assert_cu(tu_fill((CUdeviceptr)c2, 40 * MiB, 3));
+    assert_true(tu_check((CUdeviceptr)c2, 40 * MiB, 3));
+    tu_free(c2);
+    tu_free(a);
+    tu_free(b);
+    tu_free(sm);
+    assert_nothing_held();
+}
+
+/* DISCARD: nothing is copied; after the wake every page of the pool reads zero (never stale or
+ * fresh garbage: cudaemu's new memory is not zero). */
+static void test_sleep_discard(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    void *a = tu_malloc(30 * MiB, NULL), *b = tu_malloc(6 * MiB, NULL), *sm = tu_malloc(1000, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 30 * MiB, 1));
+    tu_assert_cu(tu_fill((CUdeviceptr)b, 6 * MiB, 2));
+    tu_assert_cu(tu_fill((CUdeviceptr)sm, 1000, 3));
+    tu_free(b);
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
+    tu_counts_reset();
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_DISCARD), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuMemcpyDtoHAsync") + tu_call_count("cuMemHostAlloc"), 0);
+    xseg_sleep_stats st = sleep_stats(&DEFAULT_POOL);
+    assert_int_equal(st.flags, XSEG_SLEEP_DISCARD);
+    assert_int_equal(st.discarded_bytes, 30 * MiB + 1024);
+    assert_int_equal(st.offloaded_bytes, 0);
+    assert_int_equal(st.released_bytes, (size_t)reserved);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    assert_true(all_zero(a, 30 * MiB));
+    assert_true(all_zero(sm, 1000));
+    assert_true(all_zero((char *)a + 30 * MiB, 10 * MiB)); /* the cached rest of the 40 MiB */
+    tu_free(a);
+    tu_free(sm);
+    assert_nothing_held();
+}
+
+static int g_filter_calls;
+static int only_stream(struct CUstream_st *s, void *user)
+{
+    g_filter_calls++;
+    return s == (struct CUstream_st *)user;
+}
+
+/* A CUDA graph's private pool sleeps and wakes at the same addresses: the capture's output keeps
+ * its bytes, the intermediates freed in the capture are mapped again where the graph expects
+ * them (a second pass over the pool gets the same addresses, as a replay would use them), and the
+ * default pool is untouched. */
+static void test_sleep_graph_pool(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *keep = tu_malloc(20 * MiB, NULL); /* default pool */
+    tu_assert_cu(tu_fill((CUdeviceptr)keep, 20 * MiB, 9));
+    xseg_pool_id pool = {0, 0};
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    void *out = tu_malloc(24 * MiB, s), *tmp1 = tu_malloc(40 * MiB, s), *tmp2 = tu_malloc(512 * 1024, s);
+    assert_true(tu_stream_work(s));
+    tu_free(tmp1);
+    tu_free(tmp2);
+    CUgraph g = NULL;
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS);
+    tu_assert_cu(tu_fill((CUdeviceptr)out, 24 * MiB, 7));
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
+    xseg_snapshot *before = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &before), XSEG_SUCCESS);
+
+    /* During a capture (or while a pool records) nothing sleeps. */
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, only_stream, s), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "capture"));
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+
+    assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    xseg_sleep_stats st = sleep_stats(&pool);
+    assert_int_equal(st.asleep, 1);
+    assert_int_equal(st.offloaded_bytes, 24 * MiB);
+    /* The graph pool's pages are gone (60 MiB of large pages and a 2 MiB small page), the default
+     * pool's stay, with their data. */
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved - (int64_t)st.released_bytes);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 20 * MiB);
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+    assert_true(tu_check((CUdeviceptr)keep, 20 * MiB, 9));
+    void *other = tu_malloc(MiB, NULL); /* the default pool allocates as usual */
+    tu_free(other);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS); /* its cached small page goes */
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 20 * MiB);
+    /* The graph's pool refuses allocations while asleep. */
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, only_stream, s), XSEG_SUCCESS);
+    void *p = NULL;
+    assert_int_equal(xseg_malloc(&p, MiB, 0, s), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "asleep"));
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+
+    assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    xseg_snapshot *after = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &after), XSEG_SUCCESS);
+    /* The same mapped ranges at the same addresses. */
+    assert_int_equal(after->nsegments, before->nsegments);
+    for (size_t i = 0; i < before->nsegments; i++) {
+        bool found = false;
+        for (size_t j = 0; j < after->nsegments && !found; j++)
+            found = after->segments[j].address == before->segments[i].address &&
+                    after->segments[j].total_size == before->segments[i].total_size;
+        assert_true(found);
+    }
+    xseg_snapshot_free(before);
+    xseg_snapshot_free(after);
+    assert_true(tu_check((CUdeviceptr)out, 24 * MiB, 7));
+    /* A replay writes its intermediates where the capture put them: mapped and writable. */
+    tu_assert_cu(tu_fill((CUdeviceptr)tmp1, 40 * MiB, 8));
+    assert_true(tu_check((CUdeviceptr)tmp1, 40 * MiB, 8));
+    tu_assert_cu(tu_fill((CUdeviceptr)tmp2, 512 * 1024, 6));
+    /* Allocating into the pool again gives the capture's addresses back. */
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, only_stream, s), XSEG_SUCCESS);
+    void *t1 = tu_malloc(40 * MiB, s), *t2 = tu_malloc(512 * 1024, s);
+    assert_ptr_equal(t1, tmp1);
+    assert_ptr_equal(t2, tmp2);
+    tu_free(t1);
+    tu_free(t2);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS); /* the begin above */
+    assert_true(g_filter_calls > 0);
+
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS); /* the capture's */
+    tu_free(out);
+    tu_free(keep);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    /* A pool the device no longer knows. */
+    assert_nothing_held();
+    assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "no pool"));
+}
+
+/* Memory in use on several streams: sleep waits for the work of the pool's streams (held work on
+ * cudaemu completes only when waited for), frees pending on a recorded stream settle first, and
+ * the bytes survive. */
+static void test_sleep_streams(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    tu_require_emulator_or_skip();
+    CUstream s1, s2, s3;
+    tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING));
+    void *x = tu_malloc(20 * MiB, s1), *y = tu_malloc(20 * MiB, s2), *w = tu_malloc(20 * MiB, s1);
+    tu_assert_cu(tu_fill((CUdeviceptr)y, 20 * MiB, 2));
+    tu_assert_cu(tu_fill((CUdeviceptr)w, 20 * MiB, 3));
+    /* x is used on s3 and freed while s3 still works: its free is pending. */
+    assert_int_equal(xseg_record_stream(x, s3), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(s3));
+    assert_true(tu_stream_work(s3));
+    tu_free(x);
+    /* w is recorded on s3 too and stays live; s2 still works on y. */
+    assert_int_equal(xseg_record_stream(w, s3), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(s2));
+    assert_true(tu_stream_work(s2));
+    assert_int_equal(tu_stat("active_bytes.all.current"), 60 * MiB);
+    tu_assert_cu_eq(drv->cuStreamQuery(s2), CUDA_ERROR_NOT_READY);
+    tu_counts_reset();
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    /* Waited for s1, s2 (y's and w's streams) and s3 (recorded): their work is done. */
+    assert_true(tu_call_count("cuStreamSynchronize") >= 3);
+    tu_assert_cu(drv->cuStreamQuery(s2));
+    tu_assert_cu(drv->cuStreamQuery(s3));
+    /* x's pending free settled before the copy: only y and w were offloaded. */
+    assert_int_equal(tu_stat("active_bytes.all.current"), 40 * MiB);
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).offloaded_bytes, 40 * MiB);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_true(tu_stream_release(s2));
+    assert_true(tu_stream_release(s3));
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)y, 20 * MiB, 2));
+    assert_true(tu_check((CUdeviceptr)w, 20 * MiB, 3));
+    tu_free(y);
+    tu_free(w);
+    tu_assert_cu(drv->cuStreamDestroy(s1));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+    tu_assert_cu(drv->cuStreamDestroy(s3));
+    assert_nothing_held();
+}
+
+/* Bad arguments and misuse: clear errors, nothing changes. */
+static void test_sleep_errors(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip(NULL);
+    int n = 0;
+    assert_int_equal(xseg_device_count(&n), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, 0), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "XSEG_SLEEP_OFFLOAD"));
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD | XSEG_SLEEP_DISCARD), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, 4), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_sleep(n, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_INVALID_DEVICE);
+    assert_int_equal(xseg_sleep(-1, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_INVALID_DEVICE);
+    assert_int_equal(xseg_wake(n, DEFAULT_POOL), XSEG_ERROR_INVALID_DEVICE);
+    xseg_pool_id unknown;
+    assert_int_equal(xseg_pool_create(&unknown), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, unknown, XSEG_SLEEP_DISCARD), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_wake(0, unknown), XSEG_ERROR_INVALID_VALUE);
+    xseg_sleep_stats st;
+    assert_int_equal(xseg_get_sleep_stats(0, &unknown, &st), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_get_sleep_stats(0, NULL, NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_get_sleep_stats(n, NULL, &st), XSEG_ERROR_INVALID_DEVICE);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_ILLEGAL_STATE);
+
+    /* An empty pool sleeps and wakes (nothing to give back); IPC of a sleeping block is refused. */
+    void *a = tu_malloc(20 * MiB, NULL);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_DISCARD), XSEG_SUCCESS);
+    xseg_ipc_handle *h = NULL;
+    assert_int_equal(xseg_ipc_export(a, &h), XSEG_ERROR_ILLEGAL_STATE);
+    assert_null(h);
+    xseg_phys_range r[4];
+    size_t nr = 0;
+    assert_int_equal(xseg_block_handles(a, r, 4, &nr), XSEG_ERROR_ILLEGAL_STATE);
+    assert_int_equal(xseg_record_stream(a, NULL), XSEG_SUCCESS);
+    tu_free(a); /* frees work while asleep */
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(sleep_stats(NULL).num_sleeps, 2);
+    assert_nothing_held();
+}
+
+/* Classic segments cannot keep their addresses through cuMemFree: the pool is refused and
+ * nothing changes. */
+static void test_sleep_classic(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:False");
+    void *a = tu_malloc(30 * MiB, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 30 * MiB, 1));
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(xseg_last_error(), "classic"));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+    assert_true(tu_check((CUdeviceptr)a, 30 * MiB, 1));
+    void *b = tu_malloc(MiB, NULL);
+    tu_free(b);
+    tu_free(a);
+    assert_nothing_held();
+}
+
+/* A pool with live and cached pages in two segments (both pools) and data to check, for the
+ * fault sweeps. */
+struct fixture {
+    void *a, *b, *sm;
+    int64_t reserved;
+};
+
+/* With 2 MiB pages (expandable_page_size_mb:2): a | c (freed) | b over 6 pages, sm in a small
+ * page, so the nth call of each entry point falls on different pages and segments. */
+#define FX_A (3 * MiB)
+#define FX_C (4 * MiB)
+#define FX_B (5 * MiB / 2)
+static void fixture_make(struct fixture *f)
+{
+    f->a = tu_malloc(FX_A, NULL);
+    void *c = tu_malloc(FX_C, NULL);
+    f->b = tu_malloc(FX_B, NULL);
+    f->sm = tu_malloc(3000, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)f->a, FX_A, 11));
+    tu_assert_cu(tu_fill((CUdeviceptr)f->b, FX_B, 12));
+    tu_assert_cu(tu_fill((CUdeviceptr)f->sm, 3000, 13));
+    tu_free(c);
+    f->reserved = tu_stat("reserved_bytes.all.current");
+}
+
+static void fixture_check(const struct fixture *f, bool zero)
+{
+    if (zero) {
+        assert_true(all_zero(f->a, FX_A));
+        assert_true(all_zero(f->b, FX_B));
+        assert_true(all_zero(f->sm, 3000));
+        return;
+    }
+    assert_true(tu_check((CUdeviceptr)f->a, FX_A, 11));
+    assert_true(tu_check((CUdeviceptr)f->b, FX_B, 12));
+    assert_true(tu_check((CUdeviceptr)f->sm, 3000, 13));
+}
+
+static void fixture_free(const struct fixture *f)
+{
+    tu_free(f->a);
+    tu_free(f->b);
+    tu_free(f->sm);
+    assert_nothing_held();
+}
+
+/* Every driver call a sleep makes fails once, in turn: a failed sleep leaves the pool awake, its
+ * data intact, the books matching the driver and no host memory held; where a failure cannot be
+ * undone (a release: kept for the next empty_cache) the sleep succeeds. Nothing leaks. */
+static void test_sleep_faults(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
+    tu_require_emulator_or_skip();
+    const char *entries[] = {"cuStreamSynchronize", "cuCtxSynchronize", "cuStreamIsCapturing", "cuMemHostAlloc",
+                             "cuMemcpyDtoHAsync", "cuMemUnmap", "cuMemRelease", "cuCtxGetCurrent"};
+    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
+        for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+            for (unsigned long nth = 1; nth <= 4; nth++) {
+                struct fixture f;
+                fixture_make(&f);
+                assert_true(tu_fail(entries[e], nth, CUDA_ERROR_UNKNOWN));
+                /* A stream wait fails only when the context fallback fails too. */
+                if (!strcmp(entries[e], "cuStreamSynchronize"))
+                    assert_true(tu_fail("cuCtxSynchronize", nth, CUDA_ERROR_UNKNOWN));
+                xseg_status st = xseg_sleep(0, DEFAULT_POOL, (unsigned)mode);
+                tu_fail_clear();
+                assert_books_match_driver();
+                xseg_sleep_stats ss = sleep_stats(&DEFAULT_POOL);
+                if (st != XSEG_SUCCESS) {
+                    print_message("%s #%lu (%s): %s\n", entries[e], nth, mode == 1 ? "offload" : "discard",
+                                  xseg_last_error());
+                    assert_int_equal(ss.asleep, 0);
+                    assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+                    assert_int_equal(tu_host_live(NULL), 0);
+                    fixture_check(&f, false);
+                    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_SUCCESS); /* retry */
+                }
+                assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+                assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+                assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+                fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+                fixture_free(&f);
+            }
+        }
+    }
+    /* Two failures: an unmap, then mapping the first page back (or granting it access). The pool
+     * cannot be put back, so it stays asleep with nothing lost, and the wake restores it. */
+    const char *second[] = {"cuMemMap", "cuMemSetAccess"};
+    for (size_t e = 0; e < 2; e++) {
+        struct fixture f;
+        fixture_make(&f);
+        assert_true(tu_fail("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN)); /* the second segment's run */
+        assert_true(tu_fail(second[e], 1, CUDA_ERROR_UNKNOWN));
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_DRIVER);
+        tu_fail_clear();
+        print_message("cuMemUnmap #2 and %s #1: %s\n", second[e], xseg_last_error());
+        assert_non_null(strstr(xseg_last_error(), "xseg_wake brings it back"));
+        assert_books_match_driver();
+        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+        fixture_check(&f, false);
+        fixture_free(&f);
+    }
+}
+
+/* Every driver call a wake makes fails once, in turn: the wake is rolled back (the pool stays
+ * asleep, its offloaded bytes kept, no page held for it), and a retry succeeds with the data
+ * intact. A failed host free after a successful wake is kept and retried by empty_cache. */
+static void test_wake_faults(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
+    tu_require_emulator_or_skip();
+    const char *entries[] = {"cuMemCreate",      "cuMemMap",        "cuMemSetAccess", "cuMemcpyHtoDAsync",
+                             "cuMemsetD8Async",  "cuStreamIsCapturing", "cuMemFreeHost", "cuCtxGetCurrent",
+                             "cuStreamSynchronize"};
+    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
+        for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+            for (unsigned long nth = 1; nth <= 4; nth++) {
+                struct fixture f;
+                fixture_make(&f);
+                assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_SUCCESS);
+                size_t host = tu_host_live(NULL);
+                assert_true(tu_fail(entries[e], nth, CUDA_ERROR_UNKNOWN));
+                /* A stream wait fails only when the context fallback fails too. */
+                if (!strcmp(entries[e], "cuStreamSynchronize"))
+                    assert_true(tu_fail("cuCtxSynchronize", nth, CUDA_ERROR_UNKNOWN));
+                xseg_status st = xseg_wake(0, DEFAULT_POOL);
+                tu_fail_clear();
+                assert_books_match_driver();
+                if (st != XSEG_SUCCESS) {
+                    print_message("%s #%lu (%s): %s\n", entries[e], nth, mode == 1 ? "offload" : "discard",
+                                  xseg_last_error());
+                    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+                    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+                    struct cudaemu_live lv;
+                    assert_true(tu_live(&lv));
+                    assert_int_equal(lv.mapped_bytes, 0);
+                    assert_int_equal(tu_host_live(NULL), host);
+                    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS); /* retry */
+                }
+                assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+                assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+                fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+                fixture_free(&f); /* empty_cache retries a failed host free: nothing held */
+            }
+        }
+    }
+    /* Two failures: a copy back, then giving back the first page the wake mapped. That page stays
+     * mapped (and counted) in the sleeping pool; a retry maps the rest and restores every byte. */
+    struct fixture f;
+    fixture_make(&f);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_true(tu_fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN));
+    assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_DRIVER);
+    tu_fail_clear();
+    assert_books_match_driver();
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+    assert_true(tu_stat("reserved_bytes.all.current") > 0);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+    fixture_check(&f, false);
+    fixture_free(&f);
+}
+
+/* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
+ * larger keep), sleep and wake. */
+static void test_threshold_points(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,release_threshold_mb:20");
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    void *a = tu_malloc(200 * MiB, NULL), *keep = tu_malloc(20 * MiB, NULL);
+    tu_free(a); /* a plain free never trims */
+    assert_int_equal(cached(), 200 * MiB);
+    assert_int_equal(xseg_trim(0, 1000 * MiB), XSEG_SUCCESS); /* keeps 1000, but the threshold says 20 */
+    assert_int_equal(cached(), 20 * MiB);
+    /* A private pool's sleep waits for its streams: the default pool's cache is trimmed too. */
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *q = tu_malloc(20 * MiB, NULL);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    void *b = tu_malloc(100 * MiB, NULL);
+    tu_free(b);
+    assert_true(cached() > (int64_t)(20 * MiB));
+    assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    /* keep's page and 20 MiB of cache (q's page sleeps; allocated_bytes still counts q). */
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 40 * MiB);
+    assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+    assert_int_equal(cached(), 20 * MiB);
+    tu_free(q);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_free(keep);
+    assert_nothing_held();
+}
+
+/* idle_release_thread: the thread gives idle runs back with no allocator call at all, never
+ * waits for the GPU, and stops when the key is turned off (then nothing happens without calls). */
+static void test_idle_thread(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,idle_release_ms:40,idle_release_thread:True");
+    tu_require_emulator_or_skip();
+    char buf[1024];
+    assert_int_equal(xseg_get_config(buf, sizeof buf, NULL), XSEG_SUCCESS);
+    assert_non_null(strstr(buf, "idle_release_thread:True"));
+    void *keep = tu_malloc(20 * MiB, NULL), *x = tu_malloc(200 * MiB, NULL);
+    tu_free(x);
+    tu_counts_reset();
+    struct timespec nap = {0, 5 * 1000 * 1000};
+    int tries = 0;
+    while (tu_stat("reserved_bytes.all.current") > (int64_t)(20 * MiB) && tries++ < 2000)
+        nanosleep(&nap, NULL); /* no malloc, no free: only the thread can do it */
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 20 * MiB);
+    assert_int_equal(tu_call_count("cuStreamSynchronize") + tu_call_count("cuCtxSynchronize") +
+                         tu_call_count("cuEventSynchronize"), 0);
+    /* A stream with work pending keeps its idle run. */
+    CUstream s2;
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    void *y = tu_malloc(100 * MiB, s2);
+    assert_true(tu_stream_hold(s2));
+    assert_true(tu_stream_work(s2));
+    tu_free(y);
+    for (int i = 0; i < 40; i++)
+        nanosleep(&nap, NULL);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 120 * MiB);
+    assert_true(tu_stream_release(s2));
+    tries = 0;
+    while (tu_stat("reserved_bytes.all.current") > (int64_t)(20 * MiB) && tries++ < 2000)
+        nanosleep(&nap, NULL);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 20 * MiB);
+    /* Off: the thread is joined; an idle run now stays until an allocator call. */
+    assert_int_equal(xseg_set_config("idle_release_thread:False"), XSEG_SUCCESS);
+    void *z = tu_malloc(100 * MiB, NULL);
+    tu_free(z);
+    tu_counts_reset();
+    for (int i = 0; i < 40; i++)
+        nanosleep(&nap, NULL);
+    assert_int_equal(tu_call_count("cuStreamQuery"), 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 120 * MiB);
+    /* On again (the process exits with it running: the exit handler joins it). */
+    assert_int_equal(xseg_set_config("idle_release_thread:True"), XSEG_SUCCESS);
+    tries = 0;
+    while (tu_stat("reserved_bytes.all.current") > (int64_t)(20 * MiB) && tries++ < 2000)
+        nanosleep(&nap, NULL);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 20 * MiB);
+    tu_free(keep);
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+    assert_int_equal(xseg_set_config("idle_release_thread:maybe"), XSEG_ERROR_INVALID_VALUE);
+}
+
+/* Threads allocate and free while the idle thread reclaims (for ThreadSanitizer). */
+static void *churn(void *arg)
+{
+    CUstream s = (CUstream)arg;
+    tu_ctx_set();
+    for (int i = 0; i < 300; i++) {
+        void *p = NULL;
+        if (xseg_malloc(&p, (size_t)(1 + i % 7) * 3 * MiB, 0, s) == XSEG_SUCCESS)
+            xseg_free(p);
+        if (i % 50 == 0) {
+            struct timespec nap = {0, 2 * 1000 * 1000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    return NULL;
+}
+
+static void test_idle_thread_race(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("idle_release_ms:4,idle_release_thread:True,release_threshold_mb:10");
+    pthread_t t[2];
+    CUstream s[2];
+    for (int i = 0; i < 2; i++) {
+        tu_assert_cu(drv->cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING));
+        assert_int_equal(pthread_create(&t[i], NULL, churn, s[i]), 0);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    for (int i = 0; i < 2; i++)
+        tu_assert_cu(drv->cuStreamDestroy(s[i]));
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), 0);
+    assert_int_equal(xseg_set_config("idle_release_thread:False"), XSEG_SUCCESS);
+    assert_nothing_held();
+}
+
 int main(int argc, char **argv)
 {
     setenv("CUDAEMU_TOTAL_MEM", "8G", 0);
@@ -323,6 +990,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_trim_errors),      cmocka_unit_test(test_trim_faults),
         cmocka_unit_test(test_threshold_miss),   cmocka_unit_test(test_threshold_events),
         cmocka_unit_test(test_threshold_config), cmocka_unit_test(test_idle),
+        cmocka_unit_test(test_sleep_offload),    cmocka_unit_test(test_sleep_discard),
+        cmocka_unit_test(test_sleep_graph_pool), cmocka_unit_test(test_sleep_streams),
+        cmocka_unit_test(test_sleep_errors),     cmocka_unit_test(test_sleep_classic),
+        cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
+        cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
+        cmocka_unit_test(test_idle_thread_race),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -91,6 +91,7 @@ static void usage(FILE *f)
         "trace language (one action per line, # comments):\n"
         "  stream s1 | alloc x1 4GiB [@s1] | free x1 | record x1 @s1 | hold @s1 | release @s1\n"
         "  sync [@s1] | empty_cache | trim 1GiB | config expandable_segments:True,max_split_size_mb:128\n"
+        "  sleep default|POOL offload|discard | wake default|POOL | idle 300ms\n"
         "  pool_begin p1 [@s1] | pool_end p1 | pool_release p1 | capture_begin @s1 [p1] | capture_end @s1\n"
         "  mark After alloc x1 | wait @s1 @s2 (s1 waits for s2's work so far) | work @s1 (a kernel)\n"
         "  snapshot peak | frame k1 42 model.py forward | alloc x2 1MiB ^k1\n"
@@ -673,6 +674,21 @@ static int dump_trace(const struct trace *t)
             break;
         case TRACE_EMPTY_CACHE: printf("empty_cache\n"); break;
         case TRACE_TRIM: printf("trim %llu\n", (unsigned long long)a->size); break;
+        case TRACE_SLEEP:
+            printf("sleep %s %s\n", a->pool >= 0 ? t->pools.names[a->pool] : "default",
+                   a->size == XSEG_SLEEP_OFFLOAD ? "offload" : "discard");
+            break;
+        case TRACE_WAKE: printf("wake %s\n", a->pool >= 0 ? t->pools.names[a->pool] : "default"); break;
+        case TRACE_IDLE: {
+            /* The largest unit that is exact. */
+            static const char *const unit[] = {"s", "ms", "us", "ns"};
+            uint64_t div = 1000000000u;
+            int u = 0;
+            while (a->size % div)
+                div /= 1000, u++;
+            printf("idle %llu%s\n", (unsigned long long)(a->size / div), unit[u]);
+            break;
+        }
         case TRACE_CONFIG:
         case TRACE_MARK:
         case TRACE_SNAPSHOT: printf("%s %s\n", trace_op_name(a->op), trace_text(t, a->text)); break;

@@ -8,7 +8,11 @@
  *   capture_begin @s1 [p1]      capture_end @s1           mark After alloc x1
  *   wait @s1 @s2                work @s1
  *   snapshot peak               frame k1 42 model.py forward    alloc x2 1MiB ^k1
- *   trim 1GiB                   (xseg_trim(-1, KEEP): give cache back down to KEEP; issue 14)
+ *   trim 1GiB                   sleep POOL offload|discard    wake POOL       idle 300ms
+ *
+ * Services: `trim KEEP` is xseg_trim(-1, KEEP); `sleep`/`wake` put a pool (`default`, or one
+ * begun before) to sleep and wake it (xseg_sleep / xseg_wake); `idle D` is D of wall time with no
+ * allocator call (the replay waits when idle_release_ms is set: nothing else depends on time).
  *
  * `snapshot LABEL` is where xseg-replay --snapshot writes a snapshot; `frame` lines build a named
  * stack (innermost first) that `alloc ... ^NAME` hands to xseg's history (--history), so the
@@ -28,6 +32,22 @@
 
 #include "tools/replay/trace.h"
 
+struct pool_state {
+    unsigned char open;     /* between pool_begin and pool_end */
+    unsigned char asleep;   /* between sleep and wake */
+    uint32_t sleep_line;    /* line of its last sleep */
+    uint32_t uses;          /* each pool_begin and capture_begin into it adds one, pool_release
+                             * takes one (xseg's use count) */
+    int32_t capture;        /* stream index + 1 of the capture recording into it, or 0 */
+    uint32_t line;          /* line of the last pool_begin / capture_begin / pool_release */
+};
+
+struct stream_state {
+    unsigned char capturing;
+    int32_t pool;           /* pool index the capture records into, or -1 (a pool of its own) */
+    uint32_t line;          /* line of its capture_begin */
+};
+
 struct parser {
     struct trace *t;
     uint32_t line;
@@ -42,20 +62,7 @@ struct parser {
     size_t pool_cap;
     struct stream_state *streams;
     size_t stream_cap;
-};
-
-struct pool_state {
-    unsigned char open;     /* between pool_begin and pool_end */
-    uint32_t uses;          /* each pool_begin and capture_begin into it adds one, pool_release
-                             * takes one (xseg's use count) */
-    int32_t capture;        /* stream index + 1 of the capture recording into it, or 0 */
-    uint32_t line;          /* line of the last pool_begin / capture_begin / pool_release */
-};
-
-struct stream_state {
-    unsigned char capturing;
-    int32_t pool;           /* pool index the capture records into, or -1 (a pool of its own) */
-    uint32_t line;          /* line of its capture_begin */
+    struct pool_state default_pool; /* the default pools: only asleep / sleep_line are used */
 };
 
 __attribute__((format(printf, 2, 3))) static xseg_status perr(struct parser *p, const char *fmt, ...)
@@ -216,6 +223,50 @@ static xseg_status pool_ref(struct parser *p, const struct tok *tk, int32_t *poo
     return XSEG_SUCCESS;
 }
 
+/* Does a pool record (pool_begin not ended) or a stream capture? xseg sleeps and wakes nothing
+ * then. @p what receives a description of the first one found. */
+static int recording(const struct parser *p, char *what, size_t len)
+{
+    for (size_t i = 0; i < p->t->pools.count; i++)
+        if (p->pools[i].open || p->pools[i].capture) {
+            snprintf(what, len, "pool '%s' records (line %u)", p->t->pools.names[i], p->pools[i].line);
+            return 1;
+        }
+    for (size_t i = 0; i < p->t->streams.count; i++)
+        if (p->streams[i].capturing) {
+            snprintf(what, len, "stream '%s' captures (line %u)", p->t->streams.names[i], p->streams[i].line);
+            return 1;
+        }
+    return 0;
+}
+
+/* "300ms", "1.5s", "20us", "500ns": a duration in nanoseconds (up to 9 fraction digits). */
+static xseg_status parse_duration(struct parser *p, const struct tok *tk, uint64_t *ns)
+{
+    size_t i = 0;
+    uint64_t whole = 0, frac = 0, div = 1;
+    while (i < tk->len && tk->s[i] >= '0' && tk->s[i] <= '9' && whole < UINT64_MAX / 10)
+        whole = whole * 10 + (uint64_t)(tk->s[i++] - '0');
+    int digits = i > 0;
+    if (i < tk->len && tk->s[i] == '.')
+        for (i++; i < tk->len && tk->s[i] >= '0' && tk->s[i] <= '9' && div < 1000000000; i++, digits = 1) {
+            frac = frac * 10 + (uint64_t)(tk->s[i] - '0');
+            div *= 10;
+        }
+    static const struct {
+        const char *unit;
+        uint64_t mul;
+    } units[] = {{"ns", 1}, {"us", 1000}, {"ms", 1000000}, {"s", 1000000000}};
+    for (size_t u = 0; digits && u < sizeof units / sizeof units[0]; u++) {
+        size_t ul = strlen(units[u].unit);
+        if (tk->len - i == ul && !memcmp(tk->s + i, units[u].unit, ul) && whole <= UINT64_MAX / units[u].mul) {
+            *ns = whole * units[u].mul + frac * units[u].mul / div;
+            return XSEG_SUCCESS;
+        }
+    }
+    return perr(p, "idle: '%.*s' is not a duration (e.g. 300ms, 1.5s, 20us)", (int)tk->len, tk->s);
+}
+
 /* The rest of the line after the verb, trimmed: config strings and mark labels keep blanks. */
 static void rest_of_line(const char *after_verb, const char *end, const char **b, size_t *len)
 {
@@ -285,6 +336,11 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         if (p->live[a.buf])
             return perr(p, "alloc %.*s: '%.*s' is still allocated (line %u); free it first",
                         (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s, p->last_line[a.buf]);
+        /* Into the sleeping default pool, when no pool can take it: xseg would refuse it. */
+        char what[160];
+        if (p->default_pool.asleep && !recording(p, what, sizeof what))
+            return perr(p, "alloc %.*s: the default pool is asleep (sleep at line %u); wake it first",
+                        (int)tk[1].len, tk[1].s, p->default_pool.sleep_line);
         p->live[a.buf] = 1;
         p->last_line[a.buf] = p->line;
         a.op = TRACE_ALLOC;
@@ -337,6 +393,46 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         if (trace_parse_size(tk[1].s, tk[1].len, &a.size, msg, sizeof msg) != XSEG_SUCCESS)
             return perr(p, "trim: %s", msg);
         a.op = TRACE_TRIM;
+    } else if (tok_is(verb, "sleep") || tok_is(verb, "wake")) {
+        int sl = tok_is(verb, "sleep");
+        const char *v = sl ? "sleep" : "wake";
+        if ((st = want_args(p, v, n, sl ? 2 : 1, sl ? 2 : 1, sl ? "sleep POOL offload|discard" : "wake POOL")))
+            return st;
+        struct pool_state *ps = &p->default_pool;
+        if (!tok_is(&tk[1], "default")) {
+            trace_name_find(&p->t->pools, tk[1].s, tk[1].len, &a.pool);
+            if (a.pool < 0)
+                return perr(p, "%s %.*s: no pool '%.*s' was begun ('default' names the default pool)", v,
+                            (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s);
+            ps = &p->pools[a.pool];
+        }
+        if (sl) {
+            if (tok_is(&tk[2], "offload"))
+                a.size = XSEG_SLEEP_OFFLOAD;
+            else if (tok_is(&tk[2], "discard"))
+                a.size = XSEG_SLEEP_DISCARD;
+            else
+                return perr(p, "sleep %.*s: expected offload or discard, got '%.*s'", (int)tk[1].len, tk[1].s,
+                            (int)tk[2].len, tk[2].s);
+            if (ps->asleep)
+                return perr(p, "sleep %.*s: the pool is asleep already (line %u)", (int)tk[1].len, tk[1].s,
+                            ps->sleep_line);
+        } else if (!ps->asleep) {
+            return perr(p, "wake %.*s: the pool is not asleep", (int)tk[1].len, tk[1].s);
+        }
+        char what[160];
+        if (recording(p, what, sizeof what))
+            return perr(p, "%s %.*s: %s; xseg sleeps and wakes nothing during a capture or while a pool "
+                           "records", v, (int)tk[1].len, tk[1].s, what);
+        ps->asleep = (unsigned char)sl;
+        ps->sleep_line = p->line;
+        a.op = sl ? TRACE_SLEEP : TRACE_WAKE;
+    } else if (tok_is(verb, "idle")) {
+        if ((st = want_args(p, "idle", n, 1, 1, "idle DURATION")))
+            return st;
+        if ((st = parse_duration(p, &tk[1], &a.size)))
+            return st;
+        a.op = TRACE_IDLE;
     } else if (tok_is(verb, "frame")) {
         /* frame STACK LINE FILE FUNCTION...: FILE has %XX escapes for blanks ('-' is empty). */
         if (n < 5)
@@ -399,6 +495,9 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         if (ps->open)
             return perr(p, "pool_begin %.*s: pool already begun (line %u) and not ended", (int)tk[1].len,
                         tk[1].s, ps->line);
+        if (ps->asleep)
+            return perr(p, "pool_begin %.*s: the pool is asleep (sleep at line %u); wake it first", (int)tk[1].len,
+                        tk[1].s, ps->sleep_line);
         if (ps->capture)
             return perr(p, "pool_begin %.*s: a capture on stream '%s' records into this pool (line %u); "
                            "end it first", (int)tk[1].len, tk[1].s, p->t->streams.names[ps->capture - 1], ps->line);
@@ -464,6 +563,9 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
                 return perr(p, "capture_begin: pool '%.*s' is already recording (a capture on stream '%s', "
                                "line %u); capture_end it first", (int)tk[2].len, tk[2].s,
                             p->t->streams.names[ps->capture - 1], ps->line);
+            if (ps->asleep)
+                return perr(p, "capture_begin: pool '%.*s' is asleep (sleep at line %u); wake it first",
+                            (int)tk[2].len, tk[2].s, ps->sleep_line);
             ps->capture = a.stream + 1;
             ps->uses++;
             ps->line = p->line;
@@ -492,7 +594,8 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
     } else {
         return perr(p, "unknown action '%.*s' (expected stream, alloc, free, record, hold, release, "
                        "sync, empty_cache, config, pool_begin, pool_end, pool_release, "
-                       "capture_begin, capture_end, mark, wait, work, snapshot, frame, trim)",
+                       "capture_begin, capture_end, mark, wait, work, snapshot, frame, trim, sleep, wake, "
+                       "idle)",
                     (int)(verb->len > 40 ? 40 : verb->len), verb->s);
     }
     if (trace_push(p->t, &a) != XSEG_SUCCESS)

@@ -217,6 +217,8 @@ struct runstate {
     xseg_pool_id *pools;  /* per trace pool: its xseg id, made on first use ({0,0} before) */
     CUgraph *graphs;      /* per stream: the graph its last capture made (destroyed at the end) */
     CUevent wait_event;   /* wait: recorded on the stream waited for (made on first use) */
+    unsigned char *skipped_sleep; /* per pool + 1 (0: default): its sleep was refused as classic */
+    int idle_ms;          /* idle_release_ms in force when the replay started an `idle` (-1: unread) */
 };
 
 /* work @s: on cudaemu, cudaemu_stream_work (a kernel node while capturing, pending work on a held
@@ -250,6 +252,16 @@ static xseg_pool_id run_pool_id(struct runstate *rs, int32_t pool)
 }
 
 static CUstream stream_of(const struct runstate *rs, int32_t s) { return s >= 0 ? rs->streams[s] : NULL; }
+
+/* idle_release_ms of the configuration in force (0 when unreadable). */
+static int run_idle_ms(void)
+{
+    char cfg[2048];
+    if (xseg_get_config(cfg, sizeof cfg, NULL) != XSEG_SUCCESS)
+        return 0;
+    const char *k = strstr(cfg, "idle_release_ms:");
+    return k ? atoi(k + strlen("idle_release_ms:")) : 0;
+}
 
 /* The frames of the allocation being replayed, for xseg's history (one replay per process). */
 static const struct trace *hist_trace;
@@ -302,7 +314,9 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
     rs.held = calloc(t->streams.count + 1, 1);
     rs.pools = calloc(t->pools.count + 1, sizeof *rs.pools);
     rs.graphs = calloc(t->streams.count + 1, sizeof *rs.graphs);
-    if (!rs.ptrs || !rs.failed || !rs.streams || !rs.held || !rs.pools || !rs.graphs) {
+    rs.skipped_sleep = calloc(t->pools.count + 1, 1);
+    rs.idle_ms = -1;
+    if (!rs.ptrs || !rs.failed || !rs.streams || !rs.held || !rs.pools || !rs.graphs || !rs.skipped_sleep) {
         snprintf(err, errlen, "out of host memory");
         st = XSEG_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -453,7 +467,45 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
             }
             moved = 1;
             break;
+        case TRACE_SLEEP:
+        case TRACE_WAKE: { /* services */
+            xseg_pool_id id = a->pool >= 0 ? run_pool_id(&rs, a->pool) : (xseg_pool_id){0, 0};
+            unsigned char *skipped = &rs.skipped_sleep[a->pool + 1];
+            if (a->op == TRACE_WAKE && *skipped) {
+                *skipped = 0; /* its sleep did not happen */
+                break;
+            }
+            st = a->op == TRACE_SLEEP ? xseg_sleep(0, id, (unsigned)a->size) : xseg_wake(0, id);
+            if (st == XSEG_ERROR_NOT_SUPPORTED && a->op == TRACE_SLEEP) {
+                /* Classic segments cannot sleep: a property of the mode, not of the trace. */
+                static int warned;
+                if (!warned++)
+                    fprintf(stderr, "%s:%u: sleep: %s (skipped, with its wake)\n", t->source, a->line,
+                            xseg_last_error());
+                *skipped = 1;
+                st = XSEG_SUCCESS;
+                break;
+            }
+            if (st) {
+                snprintf(err, errlen, "%s:%u: %s: %s", t->source, a->line, trace_op_name(a->op), xseg_last_error());
+                goto out;
+            }
+            moved = 1;
+            break;
+        }
+        case TRACE_IDLE:
+            /* Wall time matters only to idle reclaim: without idle_release_ms nothing waits. */
+            if (rs.idle_ms < 0)
+                rs.idle_ms = run_idle_ms();
+            if (rs.idle_ms > 0) {
+                struct timespec d = {(time_t)(a->size / 1000000000u), (long)(a->size % 1000000000u)};
+                while (nanosleep(&d, &d) != 0)
+                    ;
+                moved = 1;
+            }
+            break;
         case TRACE_CONFIG:
+            rs.idle_ms = -1; /* may change idle_release_ms */
             if ((st = xseg_set_config(trace_text(t, a->text)))) {
                 snprintf(err, errlen, "%s:%u: config: %s", t->source, a->line, xseg_last_error());
                 goto out;
@@ -589,6 +641,7 @@ out:
         (void)rdrv.cuDevicePrimaryCtxRelease(dev0);
     free(rs.pools);
     free(rs.graphs);
+    free(rs.skipped_sleep);
     free(rs.ptrs);
     free(rs.failed);
     free(rs.streams);

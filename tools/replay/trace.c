@@ -208,6 +208,9 @@ const char *trace_op_name(enum trace_op op)
     case TRACE_SYNC: return "sync";
     case TRACE_EMPTY_CACHE: return "empty_cache";
     case TRACE_TRIM: return "trim";
+    case TRACE_SLEEP: return "sleep";
+    case TRACE_WAKE: return "wake";
+    case TRACE_IDLE: return "idle";
     case TRACE_CONFIG: return "config";
     case TRACE_POOL_BEGIN: return "pool_begin";
     case TRACE_POOL_END: return "pool_end";

@@ -38,8 +38,11 @@ enum trace_op {
     TRACE_WAIT,          /* stream waits for stream2 (an event recorded on stream2) */
     TRACE_WORK,          /* stream: a unit of work (a kernel; a graph node while capturing) */
     TRACE_SNAPSHOT,      /* text = label: xseg-replay --snapshot writes one here (issue 13) */
-    /* services (issue 14) */
+    /* services */
     TRACE_TRIM,          /* size: xseg_trim(-1, size) */
+    TRACE_SLEEP,         /* pool (-1: the default pool), size = XSEG_SLEEP_OFFLOAD or _DISCARD */
+    TRACE_WAKE,          /* pool (-1: the default pool) */
+    TRACE_IDLE,          /* size = nanoseconds without allocator calls (a wall-clock wait) */
 };
 
 /* Stream index of the legacy default stream, and of "every stream" for sync. */

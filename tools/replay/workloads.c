@@ -12,7 +12,9 @@
  * inference: an LLM server (a 7B-class model, 32 layers): weights for the whole run, a KV cache
  *            grown in 256-token chunks per request and freed when the request finishes
  *            (continuous batching), bursty prefill temporaries sized by the prompt, and idle
- *            periods in which the server calls empty_cache — where page-level reclaim matters.
+ *            periods in which the server calls empty_cache — where page-level reclaim matters;
+ *            then an idle phase without empty_cache that shows each service policy (release
+ *            threshold, idle reclaim, trim, sleep and wake).
  */
 #define _GNU_SOURCE
 #include "tools/replay/workloads.h"
@@ -23,7 +25,8 @@
 
 const struct wl_info wl_list[] = {
     {"training", "transformer training, sequence length changing every step (24 layers, Adam)"},
-    {"inference", "LLM inference server: weights, growing/shrinking KV cache, bursty prefill, idle reclaim"},
+    {"inference", "LLM inference server: weights, growing/shrinking KV cache, bursty prefill, idle reclaim, "
+                  "then an idle phase (threshold, idle release, trim, sleep/wake)"},
 };
 const size_t wl_count = sizeof wl_list / sizeof wl_list[0];
 
@@ -109,15 +112,86 @@ struct req {
     uint64_t id, prompt, out, done, chunks;
 };
 
+/* The server of builtin:inference: a 7B-class model (32 layers), a KV cache budget, requests. */
+struct server {
+    uint64_t rng, next_id, kv_used;
+    struct req reqs[64];
+};
+
+enum {
+    INF_H = 4096, INF_FF = 11008, INF_V = 32000, INF_L = 32,
+    INF_CHUNK_TOKENS = 256, INF_MAX_BATCH = 48, INF_TOKENS_PER_TICK = 16,
+};
+#define INF_KV_PER_TOKEN ((uint64_t)2 * INF_L * INF_H * 2)            /* K and V, bf16: 512 KiB */
+#define INF_CHUNK ((uint64_t)INF_CHUNK_TOKENS * INF_KV_PER_TOKEN)   /* 128 MiB */
+#define INF_KV_BUDGET (40ull << 30)
+
+/* One tick: admit up to @p arrivals requests (prefill: KV chunks for the prompt, temporaries),
+ * then, if any request is active, one decode tick (KV grows chunk by chunk; finished requests
+ * free theirs). Returns the requests active after admission (0: nothing was decoded). */
+static size_t serve_tick(FILE *f, struct server *sv, uint64_t arrivals)
+{
+    const uint64_t H = INF_H, FF = INF_FF, V = INF_V, chunk = INF_CHUNK;
+    size_t active = 0;
+    for (int r = 0; r < 64; r++)
+        active += sv->reqs[r].active;
+    for (uint64_t a = 0; a < arrivals && active < INF_MAX_BATCH; a++) {
+        uint64_t prompt = rng_range(&sv->rng, 32, 3000), out = rng_range(&sv->rng, 16, 1200);
+        uint64_t need = (prompt + INF_CHUNK_TOKENS - 1) / INF_CHUNK_TOKENS;
+        if (sv->kv_used + need * chunk > INF_KV_BUDGET)
+            break;
+        int slot = -1;
+        for (int r = 0; r < 64 && slot < 0; r++)
+            if (!sv->reqs[r].active)
+                slot = r;
+        if (slot < 0)
+            break;
+        struct req *q = &sv->reqs[slot];
+        *q = (struct req){.active = 1, .id = sv->next_id++, .prompt = prompt, .out = out};
+        /* Prefill: KV chunks for the prompt, then temporaries sized by the prompt. */
+        for (; q->chunks < need; q->chunks++)
+            fprintf(f, "alloc kv%llu.%llu %llu\n", (unsigned long long)q->id, (unsigned long long)q->chunks,
+                    (unsigned long long)chunk);
+        sv->kv_used += need * chunk;
+        fprintf(f, "alloc pf.x %llu\nalloc pf.qkv %llu\nalloc pf.ff %llu\nfree pf.ff\nfree pf.qkv\n"
+                   "alloc pf.logits %llu\nfree pf.logits\nfree pf.x\n",
+                (unsigned long long)(prompt * H * 2), (unsigned long long)(prompt * 3 * H * 2),
+                (unsigned long long)(prompt * FF * 2 * 2), (unsigned long long)(V * 4));
+        active++;
+    }
+    if (!active)
+        return 0;
+    /* One decode tick: INF_TOKENS_PER_TICK steps for the whole batch, KV grows chunk by chunk. */
+    fprintf(f, "alloc dec.x %llu\nalloc dec.logits %llu\n", (unsigned long long)(active * H * 2),
+            (unsigned long long)(active * V * 4));
+    for (int r = 0; r < 64; r++) {
+        struct req *q = &sv->reqs[r];
+        if (!q->active)
+            continue;
+        q->done += INF_TOKENS_PER_TICK;
+        uint64_t total = q->prompt + q->done;
+        while (q->chunks * INF_CHUNK_TOKENS < total && q->done < q->out) {
+            fprintf(f, "alloc kv%llu.%llu %llu\n", (unsigned long long)q->id, (unsigned long long)q->chunks,
+                    (unsigned long long)chunk);
+            q->chunks++;
+            sv->kv_used += chunk;
+        }
+        if (q->done >= q->out) {
+            for (uint64_t c = q->chunks; c-- > 0;)
+                fprintf(f, "free kv%llu.%llu\n", (unsigned long long)q->id, (unsigned long long)c);
+            sv->kv_used -= q->chunks * chunk;
+            q->active = 0;
+        }
+    }
+    fprintf(f, "free dec.logits\nfree dec.x\n");
+    return active;
+}
+
 static void gen_inference(FILE *f, uint64_t seed)
 {
-    const uint64_t L = 32, H = 4096, FF = 11008, V = 32000;
-    const uint64_t kv_per_token = 2 * L * H * 2;              /* K and V, bf16: 512 KiB */
-    const uint64_t chunk_tokens = 256, chunk = chunk_tokens * kv_per_token; /* 128 MiB */
-    const uint64_t kv_budget = 40ull << 30, max_batch = 48;
-    const int ticks = 700, tokens_per_tick = 16;
-    uint64_t rng = seed, next_id = 0, kv_used = 0;
-    struct req reqs[64] = {{0}};
+    const uint64_t L = INF_L, H = INF_H, FF = INF_FF, V = INF_V;
+    const int ticks = 700;
+    struct server sv = {.rng = seed};
     fprintf(f, "# builtin:inference (seed %llu): LLM server with continuous batching\n", (unsigned long long)seed);
     fprintf(f, "alloc emb %llu\nalloc lm_head %llu\n", (unsigned long long)(V * H * 2), (unsigned long long)(V * H * 2));
     for (uint64_t l = 0; l < L; l++)
@@ -132,35 +206,8 @@ static void gen_inference(FILE *f, uint64_t seed)
     for (int tick = 0; tick < ticks; tick++) {
         /* Load: bursts of arrivals, calm stretches, and idle periods with no traffic at all. */
         int phase = (tick / 100) % 4; /* 0 burst, 1 steady, 2 drain + idle, 3 steady */
-        uint64_t arrivals = phase == 0 ? rng_range(&rng, 0, 6) : phase == 2 ? 0 : rng_range(&rng, 0, 2);
-        size_t active = 0;
-        for (int r = 0; r < 64; r++)
-            active += reqs[r].active;
-        for (uint64_t a = 0; a < arrivals && active < max_batch; a++) {
-            uint64_t prompt = rng_range(&rng, 32, 3000), out = rng_range(&rng, 16, 1200);
-            uint64_t need = (prompt + chunk_tokens - 1) / chunk_tokens;
-            if (kv_used + need * chunk > kv_budget)
-                break;
-            int slot = -1;
-            for (int r = 0; r < 64 && slot < 0; r++)
-                if (!reqs[r].active)
-                    slot = r;
-            if (slot < 0)
-                break;
-            struct req *q = &reqs[slot];
-            *q = (struct req){.active = 1, .id = next_id++, .prompt = prompt, .out = out};
-            /* Prefill: KV chunks for the prompt, then temporaries sized by the prompt. */
-            for (; q->chunks < need; q->chunks++)
-                fprintf(f, "alloc kv%llu.%llu %llu\n", (unsigned long long)q->id, (unsigned long long)q->chunks,
-                        (unsigned long long)chunk);
-            kv_used += need * chunk;
-            fprintf(f, "alloc pf.x %llu\nalloc pf.qkv %llu\nalloc pf.ff %llu\nfree pf.ff\nfree pf.qkv\n"
-                       "alloc pf.logits %llu\nfree pf.logits\nfree pf.x\n",
-                    (unsigned long long)(prompt * H * 2), (unsigned long long)(prompt * 3 * H * 2),
-                    (unsigned long long)(prompt * FF * 2 * 2), (unsigned long long)(V * 4));
-            active++;
-        }
-        if (!active) {
+        uint64_t arrivals = phase == 0 ? rng_range(&sv.rng, 0, 6) : phase == 2 ? 0 : rng_range(&sv.rng, 0, 2);
+        if (!serve_tick(f, &sv, arrivals)) {
             /* Idle: the server gives memory back (and must not move the weights). */
             if (!idle_left) {
                 fprintf(f, "sync\nempty_cache\nmark idle %d (after empty_cache)\n", ++idles);
@@ -169,33 +216,29 @@ static void gen_inference(FILE *f, uint64_t seed)
             continue;
         }
         idle_left = 0;
-        /* One decode tick: tokens_per_tick steps for the whole batch, KV grows chunk by chunk. */
-        fprintf(f, "alloc dec.x %llu\nalloc dec.logits %llu\n", (unsigned long long)(active * H * 2),
-                (unsigned long long)(active * V * 4));
-        for (int r = 0; r < 64; r++) {
-            struct req *q = &reqs[r];
-            if (!q->active)
-                continue;
-            q->done += tokens_per_tick;
-            uint64_t total = q->prompt + q->done;
-            while (q->chunks * chunk_tokens < total && q->done < q->out) {
-                fprintf(f, "alloc kv%llu.%llu %llu\n", (unsigned long long)q->id, (unsigned long long)q->chunks,
-                        (unsigned long long)chunk);
-                q->chunks++;
-                kv_used += chunk;
-            }
-            if (q->done >= q->out) {
-                for (uint64_t c = q->chunks; c-- > 0;)
-                    fprintf(f, "free kv%llu.%llu\n", (unsigned long long)q->id, (unsigned long long)c);
-                kv_used -= q->chunks * chunk;
-                q->active = 0;
-            }
-        }
-        fprintf(f, "free dec.logits\nfree dec.x\n");
         if (tick % 100 == 99)
             fprintf(f, "mark tick %d\n", tick + 1);
     }
     fprintf(f, "mark end of serving\n");
+
+    /* The idle phase: a last stretch of traffic, then none at all, and this time the server does
+     * not call empty_cache. What the cache does next shows each policy (docs/services.md):
+     * release_threshold_mb trims at the cache misses of the stretch and where xseg waits for
+     * streams (trim, sleep, wake); idle_release_ms gives back what nobody used for that long (at
+     * the next malloc: the health checks below; or on its thread, during the idle time); trim
+     * gives back on request; a sleep gives back everything, weights included, at the same
+     * addresses (DISCARD here: the weights would be reloaded; OFFLOAD would copy them to host). */
+    for (int tick = 0; tick < 40; tick++)
+        serve_tick(f, &sv, rng_range(&sv.rng, 0, 2));
+    while (serve_tick(f, &sv, 0))
+        ;
+    fprintf(f, "mark idle phase: traffic over (cache held)\n");
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "idle 300ms\nalloc health %llu\nfree health\n", (unsigned long long)(V * 4));
+    fprintf(f, "mark idle phase: 600 ms without traffic\n");
+    fprintf(f, "trim 1GiB\nmark idle phase: after trim 1GiB\n");
+    fprintf(f, "sleep default discard\nmark idle phase: asleep (sleep default discard)\n");
+    fprintf(f, "wake default\nmark idle phase: awake (wake default)\n");
 }
 
 xseg_status wl_generate(const char *name, uint64_t seed, char **text, size_t *len, char *err, size_t errlen)

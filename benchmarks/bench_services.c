@@ -1,0 +1,390 @@
+/*
+ * bench_services: what the services cost (docs/services.md).
+ *
+ *   CUDAEMU_LATENCY=h100 bench_services [--gib G] [--reps R]
+ *   bench_services --pairs CONFIG N       (N cached pairs only: benchmarks/callgrind_services.sh)
+ *
+ * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
+ *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
+ * 2. Sleep and wake time per GiB of live data, OFFLOAD and DISCARD: median of R repetitions,
+ *    the driver calls each makes, and on cudaemu also the modelled time: every counted call times
+ *    its latency plus the copied bytes at the copy rate, as CUDAEMU_LATENCY set them (the h100
+ *    preset: the per-call medians measured on an H100 and 25 GB/s for copies). The wall time on
+ *    cudaemu adds the host's own memcpy and page faults to the model; on a GPU it is the real one.
+ *    "wake of 10 GiB offloaded" scales the per-GiB figure (10 GiB of host memory twice over is
+ *    more than a test machine may have: --gib 10 measures it directly).
+ * 3. Trim: xseg_trim of a cache of G GiB in 8 runs, to 0 and to half.
+ * 4. release_threshold_mb: the malloc miss that gives a cache of G GiB back to the threshold,
+ *    against the same miss without a threshold (recycling off, else the miss itself would unmap
+ *    the cache); and what a cached malloc+free pair costs with the threshold, with
+ *    idle_release_ms (malloc ticks: the general path) and with its thread (the fast path).
+ * Links the shared libxseg, as a program would. Without a GPU it runs on the cudaemu built here.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "xseg.h"
+
+#ifndef BENCH_CUDAEMU
+#define BENCH_CUDAEMU ""
+#endif
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+static const xseg_pool_id DEFAULT_POOL = {0, 0};
+
+/* The emulator's counters and latencies (NULL on a real driver). */
+static struct {
+    unsigned long (*count)(const char *);
+    void (*reset)(void);
+    int (*latency)(const char *, uint64_t *, uint64_t *);
+} emu;
+
+static const char *const entries[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease",
+                                      "cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync",
+                                      "cuMemsetD8Async", "cuStreamSynchronize", "cuStreamQuery"};
+#define NENTRIES (sizeof entries / sizeof entries[0])
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_services: %s: %s\n", what, xseg_last_error());
+    exit(1);
+}
+
+static int64_t stat(const char *key)
+{
+    int64_t v = 0;
+    if (xseg_stat(0, key, &v) != XSEG_SUCCESS)
+        die(key);
+    return v;
+}
+
+/* Driver calls since the last reset, and the time the preset gives them (ms). @p copied: bytes
+ * moved by the copies (charged at their entry's rate). */
+static double model_ms(unsigned long calls[NENTRIES], size_t copied, const char *copy_entry)
+{
+    double ms = 0;
+    for (size_t i = 0; i < NENTRIES; i++) {
+        calls[i] = emu.count ? emu.count(entries[i]) : 0;
+        uint64_t ns = 0;
+        if (emu.latency)
+            emu.latency(entries[i], &ns, NULL);
+        ms += (double)calls[i] * (double)ns / 1e6;
+    }
+    uint64_t ps = 0;
+    if (emu.latency && copy_entry)
+        emu.latency(copy_entry, NULL, &ps);
+    return ms + (double)copied * (double)ps / 1e9;
+}
+
+/* Weight-like live blocks (the sizes of one transformer layer of a 7B model, in turn) up to
+ * @p live bytes, and KV-like 128 MiB blocks of @p cached bytes freed again (cache). */
+static void **fill(size_t live, size_t cached, size_t *n, struct CUstream_st *kv_stream)
+{
+    static const size_t sizes[] = {96 * MiB, 32 * MiB, 172 * MiB, 86 * MiB, 16 * 1024};
+    size_t cap = 64, k = 0, got = 0;
+    void **v = malloc(cap * sizeof *v);
+    void **kv = malloc((cached / (128 * MiB) + 1) * sizeof *kv);
+    if (!v || !kv)
+        exit(1);
+    size_t nkv = 0;
+    for (size_t i = 0; got < live; i++) {
+        size_t sz = sizes[i % (sizeof sizes / sizeof sizes[0])];
+        if (k == cap && !(v = realloc(v, (cap *= 2) * sizeof *v)))
+            exit(1);
+        if (xseg_malloc(&v[k], sz, 0, NULL) != XSEG_SUCCESS)
+            die("xseg_malloc");
+        got += sz;
+        k++;
+        /* KV blocks interleaved with the weights: cached holes once freed. */
+        if (nkv * 128 * MiB < cached && k % 4 == 0 &&
+            xseg_malloc(&kv[nkv++], 128 * MiB, 0, kv_stream) != XSEG_SUCCESS)
+            die("xseg_malloc");
+    }
+    while (nkv * 128 * MiB < cached)
+        if (xseg_malloc(&kv[nkv++], 128 * MiB, 0, kv_stream) != XSEG_SUCCESS)
+            die("xseg_malloc");
+    for (size_t i = 0; i < nkv; i++)
+        xseg_free(kv[i]);
+    free(kv);
+    *n = k;
+    return v;
+}
+
+static void release(void **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        xseg_free(v[i]);
+    free(v);
+    if (xseg_empty_cache(0) != XSEG_SUCCESS)
+        die("xseg_empty_cache");
+}
+
+static void find_driver(void)
+{
+    if (getenv("XSEG_LIBCUDA"))
+        return;
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h) {
+        dlclose(h);
+        return;
+    }
+    if (BENCH_CUDAEMU[0] && access(BENCH_CUDAEMU, R_OK) == 0) {
+        setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
+        fprintf(stderr, "bench_services: no GPU driver found, using the emulator (cudaemu)\n");
+    }
+}
+
+static void load_emu(void)
+{
+    const char *lib = getenv("XSEG_LIBCUDA");
+    void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h)
+        return;
+    *(void **)&emu.count = dlsym(h, "cudaemu_call_count");
+    *(void **)&emu.reset = dlsym(h, "cudaemu_counts_reset");
+    *(void **)&emu.latency = dlsym(h, "cudaemu_get_latency");
+    if (!emu.count || !emu.reset || !emu.latency)
+        memset(&emu, 0, sizeof emu);
+}
+
+static void reset_counts(void)
+{
+    if (emu.reset)
+        emu.reset();
+}
+
+static void print_calls(const unsigned long calls[NENTRIES])
+{
+    int any = 0;
+    for (size_t i = 0; i < NENTRIES; i++)
+        if (calls[i])
+            printf("%s%s %lu", any++ ? ", " : "", entries[i] + 2, calls[i]);
+    printf("%s |\n", any ? "" : "n/a");
+}
+
+static long parse_long(const char *flag, const char *s, long min)
+{
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || *end || v < min) {
+        fprintf(stderr, "bench_services: %s needs an integer >= %ld (got '%s')\n", flag, min, s ? s : "");
+        exit(2);
+    }
+    return v;
+}
+
+/* Cached malloc+free pairs of 512 B on the default stream: median ns per pair over @p reps. */
+static double pair_ns(int reps)
+{
+    double v[15];
+    for (int r = 0; r < reps && r < 15; r++) {
+        double t0 = now_ms();
+        for (int i = 0; i < 200000; i++) {
+            void *p;
+            if (xseg_malloc(&p, 512, 0, NULL) != XSEG_SUCCESS)
+                die("xseg_malloc");
+            xseg_free(p);
+        }
+        v[r] = (now_ms() - t0) * 1e6 / 200000;
+    }
+    return median(v, reps < 15 ? reps : 15);
+}
+
+/* --pairs CONFIG N: only N cached 512 B pairs under CONFIG (after a warm-up), for callgrind
+ * (benchmarks/callgrind_services.sh divides the instructions of two pair counts). */
+static int pairs_only(const char *config, long n)
+{
+    find_driver();
+    if (xseg_init(config) != XSEG_SUCCESS)
+        die("xseg_init");
+    for (long i = -1000; i < n; i++) {
+        void *p;
+        if (xseg_malloc(&p, 512, 0, NULL) != XSEG_SUCCESS)
+            die("xseg_malloc");
+        xseg_free(p);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    long gib = 2;
+    int reps = 5;
+    if (argc == 4 && !strcmp(argv[1], "--pairs"))
+        return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--gib"))
+            gib = parse_long("--gib", i + 1 < argc ? argv[++i] : NULL, 1);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = (int)parse_long("--reps", i + 1 < argc ? argv[++i] : NULL, 1);
+        else {
+            fprintf(stderr, "usage: bench_services [--gib G] [--reps R]\n");
+            return 2;
+        }
+    }
+    find_driver();
+    if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
+        die("xseg_init");
+    load_emu();
+    const size_t live = (size_t)gib * GiB, cached = live / 2;
+    const char *lat = getenv("CUDAEMU_LATENCY");
+    printf("bench_services: %ld GiB live + %ld MiB cached in the default pool, %d repetitions, %s%s\n\n", gib,
+           (long)(cached / MiB), reps, emu.count ? "cudaemu, CUDAEMU_LATENCY=" : "real driver",
+           emu.count ? (lat ? lat : "(none)") : "");
+
+    /* ---- 1 and 2: sleep and wake ---- */
+    printf("| operation | live GiB | wall ms (median) | wall ms per GiB | modelled ms | modelled ms per GiB | "
+           "driver calls |\n|---|---|---|---|---|---|---|\n");
+    double share_min = 1.0;
+    size_t released = 0, reserved_before = 0;
+    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
+        double ws[32], ww[32], ms_sleep = 0, ms_wake = 0;
+        unsigned long cs[NENTRIES] = {0}, cw[NENTRIES] = {0};
+        size_t n;
+        void **v = fill(live, cached, &n, NULL);
+        size_t live_bytes = (size_t)stat("allocated_bytes.all.current");
+        for (int r = 0; r < reps && r < 32; r++) {
+            reserved_before = (size_t)stat("reserved_bytes.all.current");
+            reset_counts();
+            double t0 = now_ms();
+            if (xseg_sleep(0, DEFAULT_POOL, (unsigned)mode) != XSEG_SUCCESS)
+                die("xseg_sleep");
+            ws[r] = now_ms() - t0;
+            ms_sleep = model_ms(cs, mode == XSEG_SLEEP_OFFLOAD ? live_bytes : 0, "cuMemcpyDtoHAsync");
+            xseg_sleep_stats st;
+            if (xseg_get_sleep_stats(0, &DEFAULT_POOL, &st) != XSEG_SUCCESS)
+                die("xseg_get_sleep_stats");
+            released = st.released_bytes;
+            double share = (double)st.released_bytes / (double)reserved_before;
+            share_min = share < share_min ? share : share_min;
+            reset_counts();
+            t0 = now_ms();
+            if (xseg_wake(0, DEFAULT_POOL) != XSEG_SUCCESS)
+                die("xseg_wake");
+            ww[r] = now_ms() - t0;
+            ms_wake = model_ms(cw, mode == XSEG_SLEEP_OFFLOAD ? live_bytes : 0, "cuMemcpyHtoDAsync");
+        }
+        double g = (double)live_bytes / (double)GiB;
+        const char *m = mode == XSEG_SLEEP_OFFLOAD ? "offload" : "discard";
+        int nr = reps < 32 ? reps : 32;
+        double wsm = median(ws, nr), wwm = median(ww, nr);
+        printf("| sleep (%s) | %.2f | %.1f | %.1f | ", m, g, wsm, wsm / g);
+        emu.count ? printf("%.1f | %.1f | ", ms_sleep, ms_sleep / g) : printf("n/a | n/a | ");
+        print_calls(cs);
+        printf("| wake (%s) | %.2f | %.1f | %.1f | ", m, g, wwm, wwm / g);
+        emu.count ? printf("%.1f | %.1f | ", ms_wake, ms_wake / g) : printf("n/a | n/a | ");
+        print_calls(cw);
+        if (mode == XSEG_SLEEP_OFFLOAD && emu.count)
+            printf("| wake of 10 GiB offloaded (modelled, scaled) | 10 | | | %.0f | | |\n", ms_wake / g * 10);
+        release(v, n);
+    }
+    printf("\nsleep gives back %.4f of the pool's reserved memory (lowest of %d sleeps; last: %zu of %zu "
+           "bytes)\n\n", share_min, 2 * reps, released, reserved_before);
+
+    /* ---- 3: trim ---- */
+    printf("| trim | cache GiB | wall ms (median) | wall ms per GiB | modelled ms | driver calls |\n"
+           "|---|---|---|---|---|---|\n");
+    for (int half = 0; half < 2; half++) {
+        double t[32], mm = 0;
+        unsigned long c[NENTRIES] = {0};
+        size_t cache_bytes = 0;
+        for (int r = 0; r < reps && r < 32; r++) {
+            size_t n;
+            void **v = fill(GiB / 2, live, &n, NULL);
+            cache_bytes = (size_t)(stat("reserved_bytes.all.current") - stat("allocated_bytes.all.current"));
+            reset_counts();
+            double t0 = now_ms();
+            if (xseg_trim(0, half ? cache_bytes / 2 : 0) != XSEG_SUCCESS)
+                die("xseg_trim");
+            t[r] = now_ms() - t0;
+            mm = model_ms(c, 0, NULL);
+            release(v, n);
+        }
+        double g = (double)cache_bytes / (double)GiB, tm = median(t, reps < 32 ? reps : 32);
+        printf("| xseg_trim(0, %s) | %.2f | %.1f | %.1f | ", half ? "cache / 2" : "0", g, tm, tm / g);
+        emu.count ? printf("%.1f | ", mm) : printf("n/a | ");
+        print_calls(c);
+    }
+
+    /* ---- 4: release_threshold_mb, idle reclaim ---- */
+    /* The cache sits on a side stream, so the miss (default stream) cannot reuse it. */
+    struct CUstream_st *side = NULL;
+    int (*stream_create)(struct CUstream_st **, unsigned) = NULL;
+    void *drvh = dlopen(getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (drvh)
+        *(void **)&stream_create = dlsym(drvh, "cuStreamCreate");
+    if (!stream_create || stream_create(&side, 1 /* CU_STREAM_NON_BLOCKING */) != 0) {
+        fprintf(stderr, "bench_services: cuStreamCreate failed\n");
+        return 1;
+    }
+    printf("\n| cost | wall | modelled | driver calls |\n|---|---|---|---|\n");
+    for (int thr = 0; thr < 2; thr++) {
+        /* Recycling off: with it the miss would unmap the cache itself (to map the same bytes). */
+        if (xseg_set_config(thr ? "expandable_segments_recycle:False,release_threshold_mb:256"
+                                : "expandable_segments_recycle:False,release_threshold_mb:1000000000") != XSEG_SUCCESS)
+            die("xseg_set_config");
+        double t[32], mm = 0;
+        unsigned long c[NENTRIES] = {0};
+        for (int r = 0; r < reps && r < 32; r++) {
+            size_t n;
+            void **v = fill(GiB / 2, live, &n, side); /* a cache of `live` bytes on the side stream */
+            void *p;
+            reset_counts();
+            double t0 = now_ms();
+            if (xseg_malloc(&p, live + 128 * MiB, 0, NULL) != XSEG_SUCCESS) /* a miss */
+                die("xseg_malloc");
+            t[r] = now_ms() - t0;
+            mm = model_ms(c, 0, NULL);
+            xseg_free(p);
+            release(v, n);
+        }
+        double tm = median(t, reps < 32 ? reps : 32);
+        printf("| malloc miss of %zu MiB, %zu MiB cached on another stream, %s | %.2f ms | ", (live + 128 * MiB) / MiB,
+               live / MiB, thr ? "release_threshold_mb:256 (gives it back)" : "no threshold", tm);
+        emu.count ? printf("%.2f ms | ", mm) : printf("n/a | ");
+        print_calls(c);
+    }
+    static const char *const pair_cfg[][2] = {
+        {"no services", "expandable_segments_recycle:True,release_threshold_mb:1000000000,idle_release_ms:0"},
+        {"release_threshold_mb:256", "release_threshold_mb:256"},
+        {"idle_release_ms:1000 (malloc ticks)", "release_threshold_mb:1000000000,idle_release_ms:1000"},
+        {"idle_release_ms:1000, idle_release_thread:True", "idle_release_ms:1000,idle_release_thread:True"},
+    };
+    for (size_t i = 0; i < sizeof pair_cfg / sizeof pair_cfg[0]; i++) {
+        if (xseg_set_config(pair_cfg[i][1]) != XSEG_SUCCESS)
+            die("xseg_set_config");
+        (void)pair_ns(1); /* warm: the permit is granted at the first general malloc */
+        printf("| cached malloc+free pair, %s | %.0f ns | | |\n", pair_cfg[i][0], pair_ns(reps));
+    }
+    if (xseg_set_config("idle_release_thread:False,idle_release_ms:0") != XSEG_SUCCESS)
+        die("xseg_set_config");
+    return 0;
+}

@@ -1,0 +1,152 @@
+/* The idle-reclaim thread (core/idle.h). */
+#include "core/idle.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/error.h"
+#include "core/runtime.h"
+#include "core/trim.h"
+#include "vmm/capture.h"
+
+/* ctl_lock serializes starting and stopping (held across the join); lock guards stop and the
+ * wait. The thread never takes ctl_lock. */
+static pthread_mutex_t idle_ctl_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t idle_cond;
+static pthread_once_t idle_once = PTHREAD_ONCE_INIT;
+static pthread_t idle_tid;
+static bool idle_stop;            /* under idle_lock */
+static _Atomic bool idle_running; /* written under idle_ctl_lock */
+
+bool idle_thread_running(void) { return atomic_load_explicit(&idle_running, memory_order_relaxed); }
+
+/* One pass over a device: pending frees whose events completed, the idle tick (and its trim),
+ * the release threshold. Nothing while a capture is known on the device (queries could
+ * invalidate it, and nothing is released during a capture anyway). */
+static void idle_service(struct dev_alloc *d)
+{
+    alloc_lock(d);
+    if (d->cfg.idle_release_ms && !d->ncapturing && !d->nroutes) {
+        if (d->pending_events || d->ndeferred)
+            ev_process(d);
+        trim_idle_tick(d);
+        if (d->cfg.release_threshold != SIZE_MAX)
+            trim_threshold(d, 0);
+    }
+    alloc_fast_update(d);
+    alloc_unlock(d);
+}
+
+/* The period: a quarter of idle_release_ms (the tick's own interval), at least 1 ms. */
+static unsigned idle_period_ms(void)
+{
+    struct cfg c;
+    unsigned gen;
+    rt_cfg_copy(&c, &gen);
+    unsigned ms = c.idle_release_ms / 4;
+    return ms ? ms : 1;
+}
+
+static void *idle_main(void *arg)
+{
+    (void)arg;
+    /* Its queries must never count as unsafe calls against another thread's GLOBAL capture. */
+    (void)vmm_capture_relax_thread();
+    pthread_mutex_lock(&idle_lock);
+    while (!idle_stop) {
+        pthread_mutex_unlock(&idle_lock);
+        for (int i = 0; i < rt_device_count(); i++) {
+            struct dev_alloc *d = rt_device_peek(i);
+            if (d)
+                idle_service(d);
+        }
+        unsigned ms = idle_period_ms();
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += ms / 1000;
+        until.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&idle_lock);
+        while (!idle_stop && pthread_cond_timedwait(&idle_cond, &idle_lock, &until) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&idle_lock);
+    return NULL;
+}
+
+/* Stop and join the thread (idle_ctl_lock held). */
+static void idle_stop_locked(void)
+{
+    if (!atomic_load(&idle_running))
+        return;
+    pthread_mutex_lock(&idle_lock);
+    idle_stop = true;
+    pthread_cond_signal(&idle_cond);
+    pthread_mutex_unlock(&idle_lock);
+    pthread_join(idle_tid, NULL);
+    atomic_store(&idle_running, false);
+}
+
+static void idle_atexit(void)
+{
+    pthread_mutex_lock(&idle_ctl_lock);
+    idle_stop_locked();
+    pthread_mutex_unlock(&idle_ctl_lock);
+}
+
+/* A forked child has no thread: the parent's is not copied. */
+static void idle_fork_prepare(void) { pthread_mutex_lock(&idle_ctl_lock); }
+static void idle_fork_parent(void) { pthread_mutex_unlock(&idle_ctl_lock); }
+static void idle_fork_child(void)
+{
+    atomic_store(&idle_running, false);
+    pthread_mutex_unlock(&idle_ctl_lock);
+}
+
+static void idle_init(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&idle_cond, &a);
+    pthread_condattr_destroy(&a);
+    atexit(idle_atexit);
+    pthread_atfork(idle_fork_prepare, idle_fork_parent, idle_fork_child);
+}
+
+xseg_status idle_thread_sync(void)
+{
+    struct cfg c;
+    unsigned gen;
+    rt_cfg_copy(&c, &gen);
+    bool want = c.idle_release_thread && c.idle_release_ms;
+    if (want == idle_thread_running())
+        return XSEG_SUCCESS;
+    pthread_once(&idle_once, idle_init);
+    xseg_status st = XSEG_SUCCESS;
+    pthread_mutex_lock(&idle_ctl_lock);
+    /* Read again: another configuration change may have come first. */
+    rt_cfg_copy(&c, &gen);
+    want = c.idle_release_thread && c.idle_release_ms;
+    if (!want) {
+        idle_stop_locked();
+    } else if (!atomic_load(&idle_running)) {
+        idle_stop = false;
+        int rc = pthread_create(&idle_tid, NULL, idle_main, NULL);
+        if (rc == 0)
+            atomic_store(&idle_running, true);
+        else
+            st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "idle_release_thread: cannot start the thread (%s); the next "
+                         "mallocs do the idle reclaim instead", strerror(rc));
+    }
+    pthread_mutex_unlock(&idle_ctl_lock);
+    return st;
+}

@@ -1,0 +1,30 @@
+/*
+ * idle_release_thread (services, docs/services.md): an optional background thread that does the
+ * idle reclaim of idle_release_ms (and applies release_threshold_mb) for every device, so a
+ * service that stops calling the allocator still gives its idle cache back. Same safety rule as
+ * in malloc: a page is unmapped only when its stream answers cuStreamQuery with success (its last
+ * use on the GPU is complete); nothing waits for the GPU. While the thread runs, malloc keeps its
+ * fast path (it does not tick).
+ *
+ * It runs while the configuration in force has idle_release_thread:True and idle_release_ms > 0:
+ * idle_thread_sync starts or stops (joins) it after every configuration change, and an atexit
+ * handler joins it at process exit. Its queries run in relaxed capture mode, and it does nothing
+ * on a device while a capture is known there (a pool records, or a stream was seen capturing).
+ */
+#ifndef XSEG_CORE_IDLE_H
+#define XSEG_CORE_IDLE_H
+
+#include <stdbool.h>
+
+#include "base/common.h"
+
+/* Start or stop the thread to match the configuration in force. Call with no xseg lock held
+ * (it may join the thread, which takes device locks and the config lock). @return
+ * XSEG_ERROR_OUT_OF_MEMORY naming the system's reason when the thread cannot be created (the
+ * configuration stays; malloc then ticks as without the thread). */
+xseg_status idle_thread_sync(void);
+
+/* Is the thread running now? (One atomic load; malloc ticks when it is not.) */
+bool idle_thread_running(void);
+
+#endif

@@ -1,0 +1,580 @@
+/*
+ * Sleep and wake (core/sleep.h). The driver work is in vmm/: the pages (vmm/segment.c's
+ * seg_sleep_* / seg_wake_*), the pinned host memory and the copies (vmm/host.c).
+ *
+ * Sleep, in order, so that any failure can be undone with nothing lost:
+ *   1. checks (known pool, awake, no capture, expandable segments only) — nothing changes;
+ *   2. wait for every stream that may use the pool, then return completed record_stream frees;
+ *   3. OFFLOAD: copy each run of live blocks to pinned host memory, and wait for the copies;
+ *   4. unmap every mapped page of the pool, keeping the handles (the bytes still exist): a
+ *      failure maps them back with their own memory;
+ *   5. release the handles: the memory goes back to the driver. Books: reserved_bytes drops.
+ * Wake: map every asleep page (new memory), restore (copy back or zero) on the segment's stream,
+ * wait, then free the host memory; a failure before the end unmaps what it mapped, and the pool
+ * stays asleep with its host copy, ready for a retry.
+ *
+ * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
+ * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
+ * synchronize costs little next to it.
+ */
+#include "core/sleep.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/vec.h"
+#include "core/trim.h"
+#include "vmm/host.h"
+#include "vmm/segment.h"
+#include "vmm/stream.h"
+
+/* One run of live bytes of a segment at the sleep: [off, off + len) of the segment, kept at
+ * host + host_off (OFFLOAD). */
+struct sleep_run {
+    size_t off, len, host_off;
+};
+
+/* A segment of a sleeping pool. */
+struct sleep_seg {
+    struct segrec *s;
+    CUstream stream;     /* where its copies run: its own stream, or the legacy one if that is gone */
+    void *host;          /* OFFLOAD: the live bytes (host_bytes), NULL otherwise */
+    size_t host_bytes;
+    struct sleep_run *runs;
+    size_t nruns, capruns;
+    size_t live0, chunks0; /* its mapped bytes and chunks when the running wake began (a failed sleep's) */
+};
+
+struct pool_sleep {
+    unsigned flags;
+    struct sleep_seg *segs;
+    size_t nsegs, capsegs;
+    size_t released; /* bytes the sleep unmapped (reserved_bytes given back) */
+    size_t live;     /* bytes of live blocks at the sleep: offloaded or discarded */
+};
+
+static bool active(const struct block *b) { return b->allocated || b->event_count > 0 || b->uses.n; }
+
+static void state_free(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    if (!ps)
+        return;
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        vhost_free(ps->segs[i].host, d->info.dev);
+        free(ps->segs[i].runs);
+    }
+    free(ps->segs);
+    free(ps);
+}
+
+static const char *pool_name(const struct priv_pool *pp, char buf[64])
+{
+    if (!pp)
+        return "the default pool";
+    snprintf(buf, 64, "pool {%" PRIu64 ", %" PRIu64 "}", pp->id.first, pp->id.second);
+    return buf;
+}
+
+/* The private pool @p id (NULL for {0, 0}); INVALID_VALUE when @p d does not know it. */
+static xseg_status find_pool(struct dev_alloc *d, const char *fn, xseg_pool_id id, struct priv_pool **out)
+{
+    *out = NULL;
+    if (!id.first && !id.second)
+        return XSEG_SUCCESS;
+    *out = pools_find(d, id);
+    if (!*out)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: no pool {%" PRIu64 ", %" PRIu64 "} on device %d", fn, id.first,
+                       id.second, d->device);
+    return XSEG_SUCCESS;
+}
+
+static struct pool_sleep **slot(struct dev_alloc *d, struct priv_pool *pp)
+{
+    return pp ? &pp->sleep : &d->sleep_default;
+}
+
+xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
+{
+    char buf[64];
+    return err_set(XSEG_ERROR_ILLEGAL_STATE, "cannot allocate from %s on device %d: it is asleep (xseg_sleep); "
+                   "xseg_wake it first", pool_name(pp, buf), d->device);
+}
+
+size_t sleep_allocated_bytes(const struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (!d->nasleep)
+        return 0;
+    size_t bytes = 0;
+    for (const struct segrec *s = d->segs; s; s = s->next_seg)
+        if (s->asleep)
+            for (const struct block *b = s->first; b; b = b->next)
+                if (b->allocated)
+                    bytes += b->size;
+    return bytes;
+}
+
+/* ---- streams ----------------------------------------------------------------------------- */
+
+struct stream_list {
+    CUstream *v;
+    size_t n, cap;
+};
+
+static bool stream_add(struct stream_list *l, CUstream s)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->v[i] == s)
+            return true;
+    if (!VEC_RESERVE(l->v, l->cap, l->n + 1))
+        return false;
+    l->v[l->n++] = s;
+    return true;
+}
+
+/* Wait for every stream that may still use the blocks of pool @p pp (@p ps's segments): theirs,
+ * the streams recorded for their live blocks, and the streams of pending record_stream events on
+ * its blocks. */
+static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp, const struct pool_sleep *ps,
+                                const char *why)
+{
+    lock_assert_held(&d->lock);
+    struct stream_list l = {0};
+    bool ok = true;
+    for (size_t i = 0; i < ps->nsegs && ok; i++) {
+        const struct segrec *s = ps->segs[i].s;
+        ok = stream_add(&l, s->stream);
+        for (const struct block *b = s->first; b && ok; b = b->next)
+            for (unsigned k = 0; k < b->uses.n && ok; k++)
+                ok = stream_add(&l, stream_set_get(&b->uses, k));
+    }
+    for (size_t q = 0; q < d->nevq && ok; q++) {
+        const struct ev_queue *eq = &d->evq[q];
+        for (size_t k = 0; k < eq->count; k++) {
+            if (alloc_pool_owner(d, eq->items[(eq->head + k) % eq->cap].block->pool) == pp) {
+                ok = stream_add(&l, eq->stream);
+                break;
+            }
+        }
+    }
+    xseg_status st = ok ? XSEG_SUCCESS : err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", why);
+    for (size_t i = 0; i < l.n && st == XSEG_SUCCESS; i++)
+        st = vstream_wait(l.v[i], why);
+    free(l.v);
+    return st;
+}
+
+/* The stream a segment's copies run on: its own, unless the program destroyed it (then the
+ * legacy stream, after which sleep and wake wait anyway). */
+static CUstream copy_stream(const struct segrec *s)
+{
+    return vstream_check(s->stream, "sleep") == XSEG_SUCCESS ? s->stream : NULL;
+}
+
+/* Wait for the copies of every segment (each stream once). */
+static xseg_status wait_copies(struct pool_sleep *ps, const char *why)
+{
+    xseg_status st = XSEG_SUCCESS;
+    for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = ps->segs[j].stream == ps->segs[i].stream;
+        if (!seen)
+            st = vstream_wait(ps->segs[i].stream, why);
+    }
+    return st;
+}
+
+/* ---- sleep ------------------------------------------------------------------------------- */
+
+/* The runs of live blocks of @p ss (maximal sequences of active blocks) and their bytes. */
+static bool collect_runs(struct sleep_seg *ss, size_t *bytes)
+{
+    uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
+    *bytes = 0;
+    for (const struct block *b = ss->s->first; b; b = b->next) {
+        if (!active(b))
+            continue;
+        size_t off = b->addr - base;
+        struct sleep_run *last = ss->nruns ? &ss->runs[ss->nruns - 1] : NULL;
+        if (last && last->off + last->len == off) {
+            last->len += b->size;
+        } else {
+            if (!VEC_RESERVE(ss->runs, ss->capruns, ss->nruns + 1))
+                return false;
+            ss->runs[ss->nruns++] = (struct sleep_run){off, b->size, *bytes};
+        }
+        *bytes += b->size;
+    }
+    return true;
+}
+
+/* Step 3: copy every run of live blocks to pinned host memory and wait for it. */
+static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        struct sleep_seg *ss = &ps->segs[i];
+        if (!ss->host_bytes)
+            continue;
+        xseg_status st = vhost_alloc(ss->host_bytes, &ss->host);
+        if (st != XSEG_SUCCESS)
+            return err_prefix(st, "xseg_sleep: pinned host memory for %zu bytes of live blocks", ss->host_bytes);
+        uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
+        for (size_t r = 0; r < ss->nruns; r++) {
+            const struct sleep_run *run = &ss->runs[r];
+            st = vhost_copy_dtoh((char *)ss->host + run->host_off, (CUdeviceptr)(base + run->off), run->len,
+                                 ss->stream);
+            if (st != XSEG_SUCCESS)
+                return err_prefix(st, "xseg_sleep: offloading live blocks");
+        }
+    }
+    return wait_copies(ps, "for the copies of a sleep (xseg_sleep)");
+}
+
+/* History: every mapped range of the pool's segments, as segment_unmap (or _map) events. */
+static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int action)
+{
+    if (XSEG_LIKELY(!hist_mode()))
+        return;
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        const struct segrec *s = ps->segs[i].s;
+        for (const struct block *b = s->first; b;) {
+            if (!b->mapped) {
+                b = b->next;
+                continue;
+            }
+            uintptr_t start = b->addr;
+            size_t len = 0;
+            for (; b && b->mapped; b = b->next)
+                len += b->size;
+            hist_record(action, d->device, start, len, (uintptr_t)s->stream, NULL);
+        }
+    }
+}
+
+/* Steps 4 and 5, and the books. On a failed unmap everything is mapped back; only if that fails
+ * too does the pool stay asleep (with every byte recoverable: held pages, or the host copy). */
+static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *asleep)
+{
+    lock_assert_held(&d->lock);
+    *asleep = false;
+    size_t k = 0;
+    xseg_status st = XSEG_SUCCESS;
+    for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
+        size_t un;
+        st = seg_sleep_unmap(ps->segs[k].s->vseg, &un);
+    }
+    if (st != XSEG_SUCCESS) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", xseg_last_error());
+        xseg_status ust = XSEG_SUCCESS;
+        size_t left = 0;
+        for (size_t j = 0; j < k; j++) {
+            size_t re;
+            xseg_status u = seg_sleep_undo(ps->segs[j].s->vseg, &re);
+            if (u != XSEG_SUCCESS && ust == XSEG_SUCCESS)
+                ust = u;
+            left += seg_asleep_bytes(ps->segs[j].s->vseg);
+        }
+        if (ust == XSEG_SUCCESS)
+            return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
+        /* Pages that could not be mapped back: the pool sleeps now, with nothing lost. */
+        char msg2[256];
+        snprintf(msg2, sizeof msg2, "%s", xseg_last_error());
+        *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
+        st = err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so "
+                         "the pool is asleep now; xseg_wake brings it back", msg, msg2, left);
+    } else {
+        *asleep = true;
+    }
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        struct segrec *s = ps->segs[i].s;
+        size_t bytes = seg_asleep_bytes(s->vseg), chunks = seg_asleep_chunks(s->vseg);
+        seg_sleep_commit(s->vseg);
+        s->asleep = true;
+        ps->released += bytes;
+        if (bytes)
+            alloc_count_unmapped(d, s->pool, bytes, chunks);
+    }
+    hist_ranges(d, ps, HIST_SEGMENT_UNMAP);
+    return st;
+}
+
+static xseg_status sleep_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp;
+    char buf[64];
+    xseg_status st = find_pool(d, "xseg_sleep", id, &pp);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (*slot(d, pp))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: %s on device %d is asleep already (xseg_wake it first)",
+                       pool_name(pp, buf), d->device);
+    if (alloc_capture_underway(d))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
+                       "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
+
+    struct pool_sleep *ps = calloc(1, sizeof *ps);
+    if (!ps)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
+    ps->flags = flags;
+    for (struct segrec *s = d->segs; s; s = s->next_seg) {
+        if (alloc_pool_owner(d, s->pool) != pp)
+            continue;
+        if (!s->vseg) {
+            state_free(d, ps);
+            return err_set(XSEG_ERROR_NOT_SUPPORTED,
+                           "xseg_sleep: %s on device %d holds classic (cuMemAlloc) segments, whose addresses cannot "
+                           "survive giving their memory back; only expandable segments can sleep "
+                           "(expandable_segments:True)", pool_name(pp, buf), d->device);
+        }
+        if (!seg_mapped_bytes(s->vseg))
+            continue; /* nothing to give back (and it holds no live block) */
+        if (!VEC_RESERVE(ps->segs, ps->capsegs, ps->nsegs + 1)) {
+            state_free(d, ps);
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
+        }
+        ps->segs[ps->nsegs++] = (struct sleep_seg){.s = s};
+    }
+
+    /* 2. Every use of the pages on the GPU finishes first; completed frees go back to the pool. */
+    st = drv_ctx_ensure(d->info.primary_ctx);
+    if (st == XSEG_SUCCESS && ps->nsegs)
+        st = wait_streams(d, pp, ps, "before a sleep (xseg_sleep)");
+    if (st != XSEG_SUCCESS) {
+        state_free(d, ps);
+        return st;
+    }
+    if (d->pending_events || d->ndeferred)
+        ev_process(d);
+
+    /* 3. What the wake restores. */
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        struct sleep_seg *ss = &ps->segs[i];
+        size_t bytes;
+        if (!collect_runs(ss, &bytes)) {
+            state_free(d, ps);
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
+        }
+        ss->stream = copy_stream(ss->s);
+        ps->live += bytes;
+        if (flags == XSEG_SLEEP_OFFLOAD)
+            ss->host_bytes = bytes;
+    }
+    if (flags == XSEG_SLEEP_OFFLOAD && (st = offload(d, ps)) != XSEG_SUCCESS) {
+        state_free(d, ps);
+        return st;
+    }
+
+    /* 4, 5. */
+    bool asleep;
+    st = unmap_all(d, ps, &asleep);
+    if (!asleep) {
+        state_free(d, ps);
+        return st;
+    }
+    *slot(d, pp) = ps;
+    d->nasleep++;
+    d->num_sleeps++;
+    alloc_fast_off(d);
+    return st;
+}
+
+xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
+{
+    alloc_lock(d);
+    xseg_status st = sleep_locked(d, pool, flags);
+    /* The streams were waited for: a point where release_threshold_mb applies (core/trim.h). */
+    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
+        trim_threshold(d, 0);
+    alloc_fast_update(d);
+    alloc_unlock(d);
+    return st;
+}
+
+/* ---- wake -------------------------------------------------------------------------------- */
+
+/* Books: the bytes of each segment's pages mapped since the wake began, counted as reserved. */
+static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        struct segrec *s = ps->segs[i].s;
+        size_t now = seg_mapped_bytes(s->vseg), chunks = seg_live_chunks(s->vseg);
+        if (now > ps->segs[i].live0)
+            alloc_count_mapped(d, s->pool, now - ps->segs[i].live0,
+                               chunks > ps->segs[i].chunks0 ? chunks - ps->segs[i].chunks0 : 0);
+        ps->segs[i].live0 = now;
+        ps->segs[i].chunks0 = chunks;
+    }
+}
+
+/* Put the pages of every segment back to sleep after a failed wake (each wake_map succeeded).
+ * A page whose unmap fails stays mapped, and is counted: the books follow the driver. */
+static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        (void)seg_wake_undo(ps->segs[i].s->vseg);
+    count_woken(d, ps);
+}
+
+/* Restore segment @p ss: the host copy of every run of blocks still active, or zeros on every
+ * mapped range. */
+static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *ss)
+{
+    const struct segrec *s = ss->s;
+    uintptr_t base = (uintptr_t)seg_base(s->vseg);
+    xseg_status st = XSEG_SUCCESS;
+    if (ps->flags == XSEG_SLEEP_DISCARD) {
+        for (const struct block *b = s->first; b && st == XSEG_SUCCESS;) {
+            if (!b->mapped) {
+                b = b->next;
+                continue;
+            }
+            uintptr_t start = b->addr;
+            size_t len = 0;
+            for (; b && b->mapped; b = b->next)
+                len += b->size;
+            st = vhost_zero((CUdeviceptr)start, len, ss->stream);
+        }
+        return st;
+    }
+    /* Nothing was allocated while asleep, so each run of blocks still active lies inside one run
+     * of the sleep (blocks only merged or were freed since). */
+    size_t r = 0;
+    for (const struct block *b = s->first; b && st == XSEG_SUCCESS;) {
+        if (!active(b)) {
+            b = b->next;
+            continue;
+        }
+        size_t off = b->addr - base, len = 0;
+        for (; b && active(b); b = b->next)
+            len += b->size;
+        while (r < ss->nruns && ss->runs[r].off + ss->runs[r].len <= off)
+            r++;
+        if (r == ss->nruns || off < ss->runs[r].off || off + len > ss->runs[r].off + ss->runs[r].len)
+            return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: live bytes at offset %zu of a segment were not "
+                           "live at the sleep", off);
+        const struct sleep_run *run = &ss->runs[r];
+        st = vhost_copy_htod((CUdeviceptr)(base + off), (const char *)ss->host + run->host_off + (off - run->off),
+                             len, ss->stream);
+    }
+    return st;
+}
+
+static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp;
+    char buf[64];
+    xseg_status st = find_pool(d, "xseg_wake", id, &pp);
+    if (st != XSEG_SUCCESS)
+        return st;
+    struct pool_sleep *ps = *slot(d, pp);
+    if (!ps)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: %s on device %d is not asleep", pool_name(pp, buf),
+                       d->device);
+    if (alloc_capture_underway(d))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: a stream capture is underway on device %d (or a pool "
+                       "records: xseg_begin_allocate_to_pool); wake after it ends", d->device);
+    size_t need = 0;
+    for (size_t i = 0; i < ps->nsegs; i++)
+        need += seg_asleep_bytes(ps->segs[i].s->vseg);
+    if (!alloc_fraction_allows(d, need))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_wake: %s on device %d needs %zu bytes, over the memory "
+                       "fraction's limit of %zu (%zu in use)", pool_name(pp, buf), d->device, need,
+                       d->allowed_memory_maximum, d->total_allocated_memory);
+    if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
+        return st;
+
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
+        ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
+    }
+    size_t k = 0;
+    for (; k < ps->nsegs; k++) {
+        size_t mapped;
+        if ((st = seg_wake_map(ps->segs[k].s->vseg, &mapped)) != XSEG_SUCCESS) {
+            k++; /* its own rollback may have left a page mapped: counted below */
+            break;
+        }
+    }
+    for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
+        ps->segs[i].stream = copy_stream(ps->segs[i].s);
+        st = restore(ps, &ps->segs[i]);
+    }
+    if (st == XSEG_SUCCESS)
+        st = wait_copies(ps, "for the copies of a wake (xseg_wake)");
+    if (st != XSEG_SUCCESS) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", xseg_last_error());
+        undo_maps(d, ps, k);
+        return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; "
+                           "retry the wake)", msg);
+    }
+
+    count_woken(d, ps);
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        struct segrec *s = ps->segs[i].s;
+        seg_wake_commit(s->vseg);
+        s->asleep = false;
+    }
+    hist_ranges(d, ps, HIST_SEGMENT_MAP);
+    *slot(d, pp) = NULL;
+    d->nasleep--;
+    d->num_wakes++;
+    state_free(d, ps);
+    return XSEG_SUCCESS;
+}
+
+xseg_status wake_pool(struct dev_alloc *d, xseg_pool_id pool)
+{
+    alloc_lock(d);
+    xseg_status st = wake_locked(d, pool);
+    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
+        trim_threshold(d, 0);
+    alloc_fast_update(d);
+    alloc_unlock(d);
+    return st;
+}
+
+/* ---- statistics -------------------------------------------------------------------------- */
+
+static void add_stats(const struct pool_sleep *ps, xseg_sleep_stats *out)
+{
+    if (!ps)
+        return;
+    out->asleep++;
+    out->flags = ps->flags;
+    out->released_bytes += ps->released;
+    if (ps->flags == XSEG_SLEEP_OFFLOAD)
+        out->offloaded_bytes += ps->live;
+    else
+        out->discarded_bytes += ps->live;
+}
+
+xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    alloc_lock(d);
+    xseg_status st = XSEG_SUCCESS;
+    if (pool) {
+        struct priv_pool *pp;
+        st = find_pool(d, "xseg_get_sleep_stats", *pool, &pp);
+        if (st == XSEG_SUCCESS)
+            add_stats(*slot(d, pp), out);
+    } else {
+        add_stats(d->sleep_default, out);
+        for (const struct priv_pool *pp = d->pools; pp; pp = pp->next)
+            add_stats(pp->sleep, out);
+        out->flags = 0;
+    }
+    out->num_sleeps = d->num_sleeps;
+    out->num_wakes = d->num_wakes;
+    alloc_unlock(d);
+    return st;
+}

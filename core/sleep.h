@@ -1,0 +1,39 @@
+/*
+ * Sleep and wake at the same addresses (services; include/xseg.h, docs/services.md): a pool gives
+ * back the physical memory of every page it has mapped and keeps its virtual addresses; a wake
+ * maps pages there again and restores the live blocks (from pinned host memory, or zeros).
+ *
+ * The blocks of a sleeping pool keep their state (allocated, free, mapped) and their segments
+ * are marked asleep (segrec.asleep); the pages are asleep in vmm/segment.c. Nothing but a wake
+ * maps or unmaps them: malloc refuses the pool (sleep_refuse), and the reclaim paths (release,
+ * trim, recycling, idle reclaim) skip asleep segments. Frees and completed record_stream events
+ * only change the blocks' books.
+ *
+ * Locking: sleep_pool, wake_pool and sleep_stats take the device lock; the rest expect it held.
+ */
+#ifndef XSEG_CORE_SLEEP_H
+#define XSEG_CORE_SLEEP_H
+
+#include "core/alloc.h"
+
+/* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). */
+xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
+xseg_status wake_pool(struct dev_alloc *d, xseg_pool_id pool);
+/* xseg_get_sleep_stats: @p pool, or every pool of the device when NULL. */
+xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out);
+
+/* Does @p pp (NULL: the default pools) sleep? Lock held. */
+static inline bool sleep_pool_asleep(const struct dev_alloc *d, const struct priv_pool *pp)
+{
+    return pp ? pp->sleep != NULL : d->sleep_default != NULL;
+}
+
+/* The error of a malloc routed to a sleeping pool (XSEG_ERROR_ILLEGAL_STATE naming it). */
+xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp);
+
+/* Bytes of allocated blocks in sleeping pools: allocated_bytes counts them, reserved_bytes does
+ * not count their pages, so "cached" (reserved - allocated) must leave them out. 0 while nothing
+ * sleeps. Lock held. */
+size_t sleep_allocated_bytes(const struct dev_alloc *d);
+
+#endif

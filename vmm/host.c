@@ -1,0 +1,108 @@
+/* Pinned host memory and asynchronous copies at the driver boundary (see host.h). */
+#include "vmm/host.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/error.h"
+#include "base/vec.h"
+#include "vmm/driver.h"
+
+xseg_status vhost_alloc(size_t bytes, void **out)
+{
+    *out = NULL;
+    CUresult r = drv->cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    if (r == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    *out = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "cuMemHostAlloc(%zu bytes, PORTABLE)", bytes);
+    return drv_fail(r, what);
+}
+
+/* Host frees that failed, retried by vhost_retry (the leftovers of vmm/segment.c call it). */
+struct host_left {
+    void *p;
+    CUdevice dev;
+};
+static pthread_mutex_t host_left_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct host_left *host_left;
+static size_t nhost_left, caphost_left;
+
+void vhost_free(void *p, CUdevice dev)
+{
+    if (!p || drv->cuMemFreeHost(p) == CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&host_left_lock);
+    if (VEC_RESERVE(host_left, caphost_left, nhost_left + 1))
+        host_left[nhost_left++] = (struct host_left){p, dev};
+    /* else out of host memory as well: the pinned buffer is lost, as it was before the list */
+    pthread_mutex_unlock(&host_left_lock);
+}
+
+size_t vhost_pending(void)
+{
+    pthread_mutex_lock(&host_left_lock);
+    size_t n = nhost_left;
+    pthread_mutex_unlock(&host_left_lock);
+    return n;
+}
+
+xseg_status vhost_retry(void)
+{
+    pthread_mutex_lock(&host_left_lock);
+    xseg_status first = XSEG_SUCCESS;
+    size_t keep = 0;
+    for (size_t i = 0; i < nhost_left; i++) {
+        struct host_left l = host_left[i];
+        CUcontext ctx = NULL;
+        CUresult r = drv->cuDevicePrimaryCtxRetain(&ctx, l.dev);
+        if (r == CUDA_SUCCESS) {
+            r = drv_ctx_ensure(ctx) == XSEG_SUCCESS ? drv->cuMemFreeHost(l.p) : CUDA_ERROR_INVALID_CONTEXT;
+            (void)drv->cuDevicePrimaryCtxRelease(l.dev);
+        }
+        if (r == CUDA_SUCCESS)
+            continue;
+        if (first == XSEG_SUCCESS) {
+            char what[96];
+            snprintf(what, sizeof what, "cuMemFreeHost(%p), kept from an earlier failure", l.p);
+            first = drv_fail(r, what);
+        }
+        host_left[keep++] = l;
+    }
+    nhost_left = keep;
+    pthread_mutex_unlock(&host_left_lock);
+    return first;
+}
+
+static xseg_status copy_fail(CUresult r, const char *call, uintptr_t dst, uintptr_t src, size_t bytes,
+                             CUstream stream)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s(0x%" PRIxPTR " <- 0x%" PRIxPTR ", %zu bytes, stream %p)", call, dst, src, bytes,
+             (void *)stream);
+    xseg_status st = drv_fail(r, what);
+    return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
+}
+
+xseg_status vhost_copy_dtoh(void *dst, CUdeviceptr src, size_t bytes, CUstream stream)
+{
+    CUresult r = drv->cuMemcpyDtoHAsync(dst, src, bytes, stream);
+    return r == CUDA_SUCCESS ? XSEG_SUCCESS
+                             : copy_fail(r, "cuMemcpyDtoHAsync", (uintptr_t)dst, (uintptr_t)src, bytes, stream);
+}
+
+xseg_status vhost_copy_htod(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)
+{
+    CUresult r = drv->cuMemcpyHtoDAsync(dst, src, bytes, stream);
+    return r == CUDA_SUCCESS ? XSEG_SUCCESS
+                             : copy_fail(r, "cuMemcpyHtoDAsync", (uintptr_t)dst, (uintptr_t)src, bytes, stream);
+}
+
+xseg_status vhost_zero(CUdeviceptr dst, size_t bytes, CUstream stream)
+{
+    CUresult r = drv->cuMemsetD8Async(dst, 0, bytes, stream);
+    return r == CUDA_SUCCESS ? XSEG_SUCCESS : copy_fail(r, "cuMemsetD8Async", (uintptr_t)dst, 0, bytes, stream);
+}
