@@ -1,4 +1,4 @@
-/* Public entry points of allocation history and snapshots (include/xseg.h, issue 13): argument
+/* Public entry points of allocation history and snapshots (include/xseg.h): argument
  * checks and device iteration; the work is in core/history.c and core/snapshot.c. */
 #include "api/api.h"
 #include "base/error.h"

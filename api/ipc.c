@@ -1,4 +1,4 @@
-/* Issue 15: public entry points for IPC, segment observers and block handles (include/xseg.h):
+/* Public entry points for IPC, segment observers and block handles (include/xseg.h):
  * argument checks and device lookup; the work is in core/ipc.c and core/observe.c. */
 #include "base/error.h"
 #include "core/ipc.h"

@@ -527,7 +527,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     p->block = b;
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_ALLOC, d->device, b->addr, size, (uintptr_t)p->stream, d->hist_cur);
-    obs_classic(d, b->addr, size, XSEG_SEGMENT_MAP); /* issue 15 */
+    obs_classic(d, b->addr, size, XSEG_SEGMENT_MAP);
     return XSEG_SUCCESS;
 }
 
@@ -537,7 +537,7 @@ static xseg_status release_block(struct dev_alloc *d, struct block *b)
     lock_assert_held(&d->lock);
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return XSEG_ERROR_DRIVER;
-    obs_classic(d, b->addr, b->size, XSEG_SEGMENT_UNMAP); /* issue 15: before the memory goes */
+    obs_classic(d, b->addr, b->size, XSEG_SEGMENT_UNMAP); /* before the memory goes */
     xseg_status st = classic_free((CUdeviceptr)b->addr, d->device);
     if (st != XSEG_SUCCESS) {
         obs_classic(d, b->addr, b->size, XSEG_SEGMENT_MAP); /* still there after all */

@@ -466,7 +466,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
         "expandable_segments_recycle", "expandable_segments_ipc",
         "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
         "graph_capture_record_stream_reuse", "backend",
-        /* services (issue 14) */
+        /* services */
         "release_threshold_mb", "idle_release_ms", "idle_release_thread",
     };
     for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !known; k++)
@@ -574,7 +574,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
         return cfg_parse_bool(p, key, &c->release_lock_on_cudamalloc);
     if (!strcmp(key, "graph_capture_record_stream_reuse"))
         return cfg_parse_bool(p, key, &c->graph_capture_record_stream_reuse);
-    /* services (issue 14) */
+    /* services */
     if (!strcmp(key, "release_threshold_mb")) {
         unsigned long long mb;
         size_t pos;
@@ -627,7 +627,7 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
         c->max_non_split_rounding = c->large_segment_size;
     } else if (c->max_non_split_rounding < c->large_segment_size) {
         /* The config in force must keep its own rules, or xseg_get_config's string would be
-         * refused by xseg_set_config (issue 11). */
+         * refused by xseg_set_config. */
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "allocator config: large_segment_size_mb %llu is above max_non_split_rounding_mb "
                        "%zu in force; set max_non_split_rounding_mb too (>= large_segment_size_mb), "
@@ -782,7 +782,7 @@ void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
     cfg_put_double(&o, cfg->per_process_memory_fraction);
     strbuf_printf(&o, ",graph_capture_record_stream_reuse:%s",
             cfg->graph_capture_record_stream_reuse ? "True" : "False");
-    /* services (issue 14): the default (keep everything) has no spelling but the absence. */
+    /* services: the default (keep everything) has no spelling but the absence. */
     if (cfg->release_threshold != SIZE_MAX)
         strbuf_printf(&o, ",release_threshold_mb:%zu", cfg->release_threshold / XSEG_MiB);
     strbuf_printf(&o, ",idle_release_ms:%u", cfg->idle_release_ms);

@@ -34,7 +34,7 @@ struct cfg {
     bool release_lock_on_cudamalloc;
     double per_process_memory_fraction; /* [0, 1]; 1 = no cap */
     bool graph_capture_record_stream_reuse; /* reuse record_stream'ed blocks in capture (capreuse.c) */
-    /* Services (issue 14, core/trim.c, core/idle.c). */
+    /* Services (core/trim.c, core/idle.c). */
     size_t release_threshold;           /* bytes of cache kept; SIZE_MAX (default) keeps all */
     unsigned idle_release_ms;           /* give back free runs idle this long; 0 (default): off */
     bool idle_release_thread;           /* a background thread does idle reclaim (core/idle.c) */

@@ -206,7 +206,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .page_size = page,
         .peers = d->peers,
         .npeers = d->npeers,
-        /* Issue 15: shareable pages (xseg_ipc_export) and map/unmap observers. */
+        /* Shareable chunks (xseg_ipc_export) and map/unmap observers. */
         .handle_types = d->cfg.expandable_segments_ipc ? ipc_handle_types(d->device, d->info.dev) : 0,
         .observe = obs_segment_hook,
         .observe_user = d,

@@ -1,5 +1,5 @@
 /*
- * Issue 15: segment observers, for libraries that register device memory (NCCL's
+ * Segment observers, for libraries that register device memory (NCCL's
  * ncclMemRegister / user buffer registration, RDMA's ibv_reg_mr, ...) and must follow every map
  * and unmap. PyTorch's allocator trace tracker (pytorch #112238) is the model.
  *

@@ -1,5 +1,5 @@
 /*
- * Giving cached memory back for long-running services (issue 14): xseg_trim, the
+ * Giving cached memory back for long-running services: xseg_trim, the
  * release_threshold_mb policy and idle reclaim share one pass, trim_cache.
  *
  * "Cached" is reserved minus allocated bytes (PyTorch's "reserved but unallocated"): free blocks,

@@ -92,7 +92,7 @@ int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second);
 /* Print the report CUDAEMU_REPORT=1 prints at exit. */
 void cudaemu_report(void);
 
-/* Services (issue 14): live pinned host allocations (cuMemHostAlloc not yet cuMemFreeHost'd) and
+/* Services: live pinned host allocations (cuMemHostAlloc not yet cuMemFreeHost'd) and
  * their bytes (host-page multiples). Either pointer may be NULL. */
 void cudaemu_host_live(size_t *count, size_t *bytes);
 

@@ -45,7 +45,7 @@
     /* the capture graph (graph.c) */                                                             \
     X(cuStreamUpdateCaptureDependencies) X(cuGraphAddEmptyNode) X(cuGraphNodeGetDependencies)     \
     X(cuGraphGetNodes) X(cuGraphNodeGetType)                                                     \
-    /* pinned host memory, async copies and memset (host.c; services, issue 14) */                \
+    /* pinned host memory, async copies and memset (host.c; services) */                \
     X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async)
 
 #define EMU_STR2(x) #x
@@ -73,7 +73,7 @@ struct emu_config {
     size_t granularity;
     bool vmm;
     bool report;
-    bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC (issue 15) */
+    bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
 };
 /* New physical memory: the driver promises nothing about it (stale data is possible), so by

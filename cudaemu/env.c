@@ -18,7 +18,7 @@ extern char **environ;
 static const char *const env_known[] = {
     "CUDAEMU_DEVICES", "CUDAEMU_TOTAL_MEM", "CUDAEMU_GRANULARITY", "CUDAEMU_VMM",
     "CUDAEMU_FAIL",    "CUDAEMU_LATENCY",   "CUDAEMU_REPORT",
-    "CUDAEMU_FABRIC", /* issue 15: emulated fabric handles */
+    "CUDAEMU_FABRIC", /* emulated fabric handles */
     "CUDAEMU_FRESH",  /* what new physical memory holds */
 };
 

@@ -1,5 +1,5 @@
 /*
- * Pinned host memory and the asynchronous copies and memset (services, issue 14: sleep offload
+ * Pinned host memory and the asynchronous copies and memset (services: sleep offload
  * and wake). Host memory is an anonymous mapping, tracked so that cuMemFreeHost can refuse a
  * pointer it did not hand out. Asynchronous work follows the stream model of stream.c: on a
  * capturing stream it becomes a graph node and does not run (as the driver records it); on a

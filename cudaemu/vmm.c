@@ -890,7 +890,7 @@ CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *
     return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* ---- per-device access (issue 15) ---- */
+/* ---- per-device access ---- */
 
 CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need)
 {

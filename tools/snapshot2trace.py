@@ -544,7 +544,7 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
             streams[sid] = "s%x" % sid
         return " @" + streams[sid]
 
-    # Frames (issue 13): each distinct stack becomes `frame kN ...` lines and allocations refer
+    # Frames: each distinct stack becomes `frame kN ...` lines and allocations refer
     # to it with `^kN`, so xseg-replay --history --snapshot shows the program's own stacks.
     stack_names = {}   # tuple of (filename, name, line) -> "kN"
     stack_lines = []

@@ -68,7 +68,7 @@
     X(cuEventRecord)                                                                              \
     X(cuEventQuery)                                                                               \
     X(cuEventSynchronize)                                                                         \
-    /* pinned host memory, async copies and memset (services, issue 14: sleep offload, wake) */   \
+    /* pinned host memory, async copies and memset (services: sleep offload, wake) */   \
     X(cuMemHostAlloc)                                                                             \
     X(cuMemFreeHost)                                                                              \
     X(cuMemcpyHtoDAsync)                                                                          \

@@ -45,5 +45,5 @@ xseg_status vstream_check(CUstream stream, const char *caller)
     return drv_fail(res, what);
 }
 
-/* Services (issue 14). */
+/* Services. */
 bool vstream_idle(CUstream stream) { return drv->cuStreamQuery(stream) == CUDA_SUCCESS; }

@@ -35,7 +35,7 @@ xseg_status vstream_wait(CUstream stream, const char *what);
  */
 xseg_status vstream_check(CUstream stream, const char *caller);
 
-/* Services (issue 14): has every work item queued on @p stream so far completed? One
+/* Services: has every work item queued on @p stream so far completed? One
  * cuStreamQuery, never a wait; any error (a destroyed stream, a capture) answers false. */
 bool vstream_idle(CUstream stream);
 

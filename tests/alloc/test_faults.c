@@ -1,5 +1,5 @@
 /*
- * Faults and misuse (issue 11): driver failures that used to lose memory or hand out memory that
+ * Faults and misuse: driver failures that used to lose memory or hand out memory that
  * faults, and hostile input. Each test drives xseg through its public API, injects driver
  * failures with cudaemu (tests needing that skip on a real GPU), and checks the effect: data,
  * statistics against a snapshot walk, and the driver's live handles.

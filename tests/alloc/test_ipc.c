@@ -1,5 +1,5 @@
 /*
- * Issue 15: IPC of expandable blocks between real processes, segment observers, block handles
+ * IPC of expandable blocks between real processes, segment observers, block handles
  * and peer access, through the public API.
  *
  * Two-process tests: the parent initializes xseg and allocates; the child is this binary

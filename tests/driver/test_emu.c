@@ -511,7 +511,7 @@ static void test_threads(void **state)
     assert_int_equal(after.allocs, before.allocs);
 }
 
-/* ---- frag (issue 12): address arena and device memory files ---- */
+/* ---- address arena and device memory files ---- */
 
 /* Reservations come back rising and repeat: the same sequence of calls gets the same relative
  * placement; a 32 MiB-or-larger reservation honours only a 32 MiB-aligned hint (H100 rule) and

@@ -89,7 +89,7 @@ struct misuse {
     bool differs;           /* cudaemu is deliberately stricter than the driver here */
     bool emu_only;          /* undefined behaviour on the real driver (e.g. an unknown handle) */
     CUresult (*run)(void);
-    bool needs_no_fabric;   /* issue 15: only where the device reports no fabric handles */
+    bool needs_no_fabric;   /* only where the device reports no fabric handles */
 };
 #define ROW(what, exp, fn) {what, exp, exp, false, false, fn}
 #define ROW_EMU_ONLY(what, exp, fn) {what, exp, exp, false, true, fn}
@@ -357,7 +357,7 @@ static CUresult m_meminfo_no_ctx(void)
     return r[1];
 }
 
-/* ---- issue 15: shareable handles (fabric off: the default) ---- */
+/* ---- shareable handles (fabric off: the default) ---- */
 static CUresult m_create_fabric_unsupported(void)
 {
     CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_FABRIC);
@@ -452,7 +452,7 @@ static const struct misuse misuse_table[] = {
     ROW("cuMemFree: interior pointer", CUDA_ERROR_INVALID_VALUE, m_free_interior_alloc),
     ROW("cuMemFree: twice", CUDA_ERROR_INVALID_VALUE, m_free_twice),
     ROW("cuMemFree: NULL", CUDA_SUCCESS, m_free_null),
-    /* Issue 15. Fabric support depends on the system (NVLink, IMEX channel), so these rows are
+    /* Fabric support depends on the system (NVLink, IMEX channel), so these rows are
      * the emulator's (CUDAEMU_FABRIC unset); test_fabric checks what the device reports. */
     ROW_EMU_NO_FABRIC("create: FABRIC handle type, fabric unsupported", CUDA_ERROR_NOT_SUPPORTED, m_create_fabric_unsupported),
     ROW_EMU_NO_FABRIC("export: FABRIC, fabric unsupported", CUDA_ERROR_NOT_SUPPORTED, m_export_fabric_unsupported),
@@ -704,7 +704,7 @@ static void test_classic_alloc(void **state)
     assert_int_equal(free_mem(), before);
 }
 
-/* ---- pinned host memory, async copies and memset (services, issue 14) ---- */
+/* ---- pinned host memory, async copies and memset (services) ---- */
 
 /* Round trip through pinned buffers on a stream: the bytes arrive, memset zeroes, zero-byte
  * calls succeed, bad arguments are INVALID_VALUE. On cudaemu also: async work on a held stream is
@@ -1344,7 +1344,7 @@ static void test_stream_work_held(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Issue 15: shareable handles across processes, fabric handles, per-device access rights
+ * Shareable handles across processes, fabric handles, per-device access rights
  * ------------------------------------------------------------------------------------------- */
 
 /* The importing child: import, map, check what the parent wrote (tag 61), write tag 62, unmap.
@@ -1601,10 +1601,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_capture_graph, setup),
         cmocka_unit_test_setup(test_capture_graph_table, setup),
         cmocka_unit_test_setup(test_stream_work_held, setup),
-        cmocka_unit_test_setup(test_export_import_fd_process, setup), /* issue 15 */
+        cmocka_unit_test_setup(test_export_import_fd_process, setup),
         cmocka_unit_test_setup(test_fabric, setup),
         cmocka_unit_test_setup(test_access_per_device, setup),
-        cmocka_unit_test_setup(test_host_copies, setup), /* services, issue 14 */
+        cmocka_unit_test_setup(test_host_copies, setup), /* services */
     };
     return cmocka_run_group_tests_name("driver-vmm", tests, NULL, NULL);
 }

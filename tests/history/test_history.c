@@ -1,5 +1,5 @@
 /*
- * Allocation history and snapshots (issue 13) through the public API: the events of a known
+ * Allocation history and snapshots through the public API: the events of a known
  * sequence of calls, their frames (from the callback and from the C stack), block state, the ring
  * bound, both recording modes, stopping, threads, an OOM that writes a snapshot, the live-process
  * log, bad options. The files are checked here for their framing; tests/history/test_snapshot.py

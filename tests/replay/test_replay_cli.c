@@ -329,7 +329,7 @@ static void test_summary_json_and_compare(void **state)
     free(t);
 }
 
-/* frag (issue 12): --min-device bisects the smallest emulated device with no failed allocation.
+/* --min-device bisects the smallest emulated device with no failed allocation.
  * The trace leaves a 300 MiB gap in a's classic segment that classic cannot give back while c
  * lives there: it needs 600 + 600 + 900 = 2100 MiB, the 64 MiB step above is 2112 MiB. Expandable
  * mode unmaps the gap's pages under pressure and fits on 1856 MiB (the step above the

@@ -94,7 +94,7 @@ static void test_wait_work(void **state)
     trace_destroy(&t);
 }
 
-/* Issue 13: `frame` lines build named stacks (no action), `alloc ... ^NAME` refers to one,
+/* `frame` lines build named stacks (no action), `alloc ... ^NAME` refers to one,
  * `snapshot LABEL` is an action. */
 static void test_frames_and_snapshot(void **state)
 {
@@ -156,7 +156,7 @@ static void test_sizes(void **state)
 }
 
 /* Every error names the source and line and says what is wrong. */
-/* services (issue 14): trim KEEP parses to xseg_trim(-1, KEEP). */
+/* services: trim KEEP parses to xseg_trim(-1, KEEP). */
 static void test_trim(void **state)
 {
     (void)state;
@@ -218,7 +218,7 @@ static void test_errors(void **state)
         {"allocate x1 4GiB\n", "t.trace:1: unknown action 'allocate'"},
         {"alloc x1\n", "t.trace:1: alloc: missing argument (usage: alloc NAME SIZE [@STREAM] [^STACK])"},
         {"alloc x1 1 @s1 ^k extra\n", "t.trace:1: alloc: too many arguments"},
-        /* Frames and snapshots (issue 13): */
+        /* Frames and snapshots: */
         {"alloc x1 1 ^k9\n", "t.trace:1: alloc x1: no stack 'k9' (define it with 'frame k9 LINE FILE FUNCTION'"},
         {"stream s\nalloc x1 1 @s junk\n", "t.trace:2: alloc x1: expected '^STACK', got 'junk'"},
         {"frame k1 x f.py g\n", "t.trace:1: frame k1: bad line number 'x'"},
@@ -238,7 +238,7 @@ static void test_errors(void **state)
         {"release @nope\n", "t.trace:1: stream 'nope' is not declared"},
         {"sync @a @b\n", "t.trace:1: sync: too many arguments"},
         {"empty_cache now\n", "t.trace:1: empty_cache: too many arguments"},
-        {"trim\n", "t.trace:1: trim: missing argument"},               /* services, issue 14 */
+        {"trim\n", "t.trace:1: trim: missing argument"},               /* services */
         {"trim 1GiB 2\n", "t.trace:1: trim: too many arguments"},
         {"trim lots\n", "t.trace:1: trim: "},
         {"sleep default\n", "t.trace:1: sleep: missing argument (usage: sleep POOL offload|discard)"},
@@ -275,7 +275,7 @@ static void test_errors(void **state)
         {"stream s\ncapture_end @s\n", "t.trace:2: capture_end: stream 's' is not capturing"},
         {"stream s\ncapture_begin @s\ncapture_begin @s\n", "t.trace:3: capture_begin: stream 's' is already capturing"},
         {"\n\n# ok\nfrob\n", "t.trace:4: unknown action 'frob'"},
-        /* What a replay refuses, --check refuses first (issue 11): */
+        /* What a replay refuses, --check refuses first: */
         {"pool_begin p\npool_end p\npool_release p\npool_release p\n",
          "t.trace:4: pool_release p: the pool has no users left (every pool_begin and capture_begin into it "
          "is released already; last release line 3)"},

@@ -466,7 +466,7 @@ static void test_fault_sweep_map(void **state)
                               tu_call_count("cuMemSetAccess")};
     assert_int_equal(calls[0], NP - 2);
     assert_int_equal(calls[1], NP - 2);
-    assert_int_equal(calls[2], 4); /* one per run, owner and peer in one call (issue 15) */
+    assert_int_equal(calls[2], 4); /* one per run, owner and peer in one call */
     restore_pages(s, initial, NP);
 
     for (size_t c = 0; c < sizeof(sweep_cases) / sizeof(sweep_cases[0]); c++) {
@@ -787,7 +787,7 @@ static void test_context_made_current(void **state)
     tu_ctx_set();
 }
 
-/* ---- issue 15: observer hook and page handles ---- */
+/* ---- observer hook and page handles ---- */
 
 struct obs_log {
     int n;

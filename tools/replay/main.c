@@ -45,7 +45,7 @@ struct cli {
     int child, check, dump;
     int min_device;         /* --min-device: bisect the smallest device each (trace, mode) fits on */
     const char *timeline_out;
-    const char *snapshot; /* --snapshot FILE (issue 13) */
+    const char *snapshot; /* --snapshot FILE */
     int history;          /* --history */
     const char **traces;
     int ntraces;

@@ -16,7 +16,7 @@
  *
  * `snapshot LABEL` is where xseg-replay --snapshot writes a snapshot; `frame` lines build a named
  * stack (innermost first) that `alloc ... ^NAME` hands to xseg's history (--history), so the
- * snapshot shows, for each block, the frames the original program recorded for it (issue 13).
+ * snapshot shows, for each block, the frames the original program recorded for it.
  *
  * '#' starts a comment (at the start of a line or after a blank). `@default` names the legacy
  * default stream. The whole file is checked before anything runs, so a typo on line 9000 never
@@ -386,7 +386,7 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
             return st;
         a.op = TRACE_EMPTY_CACHE;
     } else if (tok_is(verb, "trim")) {
-        /* services (issue 14): trim KEEP -> xseg_trim(-1, KEEP), KEEP a size as in alloc. */
+        /* services: trim KEEP -> xseg_trim(-1, KEEP), KEEP a size as in alloc. */
         if ((st = want_args(p, "trim", n, 1, 1, "trim KEEP_BYTES")))
             return st;
         char msg[160];

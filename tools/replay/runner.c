@@ -460,7 +460,7 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
             }
             moved = 1;
             break;
-        case TRACE_TRIM: /* services (issue 14) */
+        case TRACE_TRIM: /* services */
             if ((st = xseg_trim(-1, (size_t)a->size))) {
                 snprintf(err, errlen, "%s:%u: trim: %s", t->source, a->line, xseg_last_error());
                 goto out;

@@ -34,7 +34,7 @@ struct run_options {
     enum run_marks marks;
     int progress;           /* progress on stderr (main decides: a terminal, a long trace) */
     int timeline;           /* keep allocated/reserved after every action, for the plot */
-    /* Issue 13: record allocation history (with the trace's `^STACK` frames) while replaying,
+    /* Record allocation history (with the trace's `^STACK` frames) while replaying,
      * and write a snapshot (PyTorch's format) to `snapshot` at the end, before the final
      * empty_cache, and at each `snapshot LABEL` action (to snapshot with ".LABEL" inserted). */
     int history;

@@ -37,7 +37,7 @@ enum trace_op {
     /* stream order, for forks and joins in a capture (graph_capture_record_stream_reuse) */
     TRACE_WAIT,          /* stream waits for stream2 (an event recorded on stream2) */
     TRACE_WORK,          /* stream: a unit of work (a kernel; a graph node while capturing) */
-    TRACE_SNAPSHOT,      /* text = label: xseg-replay --snapshot writes one here (issue 13) */
+    TRACE_SNAPSHOT,      /* text = label: xseg-replay --snapshot writes one here */
     /* services */
     TRACE_TRIM,          /* size: xseg_trim(-1, size) */
     TRACE_SLEEP,         /* pool (-1: the default pool), size = XSEG_SLEEP_OFFLOAD or _DISCARD */
@@ -61,7 +61,7 @@ struct trace_action {
     uint32_t stack;  /* alloc: 1 + index into trace.stacks (the `^NAME` given), 0 for none */
 };
 
-/* Frames of an allocation (issue 13): `frame NAME LINE FILE FUNCTION` lines build stack NAME,
+/* Frames of an allocation: `frame NAME LINE FILE FUNCTION` lines build stack NAME,
  * innermost first; `alloc ... ^NAME` hands it to xseg's history when replaying with --history. */
 struct trace_frame {
     size_t file, name; /* offsets into trace.strings */
