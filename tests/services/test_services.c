@@ -871,6 +871,16 @@ static void test_threshold_points(void **state)
     assert_int_equal(cached(), 200 * MiB);
     assert_int_equal(xseg_trim(0, 1000 * MiB), XSEG_SUCCESS); /* keeps 1000, but the threshold says 20 */
     assert_int_equal(cached(), 20 * MiB);
+    /* A program that synchronized by itself asks for the threshold with a trim that keeps
+     * everything: idle streams are queried, none is waited for. */
+    void *c = tu_malloc(100 * MiB, NULL); /* takes the 20 MiB left cached, maps 80 */
+    tu_free(c);
+    assert_int_equal(cached(), 100 * MiB);
+    tu_counts_reset();
+    assert_int_equal(xseg_trim(0, SIZE_MAX), XSEG_SUCCESS);
+    assert_int_equal(cached(), 20 * MiB);
+    assert_int_equal(tu_call_count("cuStreamSynchronize") + tu_call_count("cuCtxSynchronize") +
+                         tu_call_count("cuEventSynchronize"), 0);
     /* A private pool's sleep waits for its streams: the default pool's cache is trimmed too. */
     assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
     void *q = tu_malloc(20 * MiB, NULL);
