@@ -291,6 +291,41 @@ static void test_errors(void **state)
          "t.trace:3: pool_release p: a capture on stream 's' still records into it (line 2)"},
         {"stream s\nstream u\ncapture_begin @s\ncapture_begin @u q\ncapture_end @u\nalloc x 1\n",
          "t.trace:3: capture_begin: the capture on stream 's' is never ended (add 'capture_end @s')"},
+        /* What the driver refuses during a capture (the replay would stop with
+         * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE or _UNJOINED): */
+        {"stream s\ncapture_begin @s\nsync @s\ncapture_end @s\n",
+         "t.trace:3: sync @s: 's' captures (line 2); a capturing stream cannot be synchronized"},
+        {"stream s\ncapture_begin @s\nsync\ncapture_end @s\n",
+         "t.trace:3: sync: stream 's' captures (line 2); the whole device cannot be synchronized during a capture"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @s @u\ncapture_end @s\n",
+         "t.trace:4: wait @s @u: 's' captures (line 3) and 'u' does not; a capture cannot wait for work outside it"},
+        {"stream s\ncapture_begin @s\nwait @s @default\ncapture_end @s\n",
+         "t.trace:3: wait @s @default: 's' captures (line 2) and 'default' does not"},
+        {"stream s\ncapture_begin @s\nwait @default @s\ncapture_end @s\n",
+         "t.trace:3: wait @default @s: 's' captures (line 2); the legacy default stream cannot join a capture"},
+        {"stream s\nstream u\ncapture_begin @s\ncapture_begin @u\nwait @s @u\n",
+         "t.trace:5: wait @s @u: 's' captures (line 3) and 'u' captures (line 4); two captures cannot be merged"},
+        /* a stream that joined a capture by a wait (a fork) captures too, until the capture ends */
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nsync @u\n",
+         "t.trace:5: sync @u: 'u' takes part in the capture on stream 's' (line 3; joined at line 4); a capturing "
+         "stream cannot be synchronized"},
+        {"stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwait @v @s\nwait @u @v\nwait @s @u\n"
+         "wait @v @default\n", "t.trace:9: wait @v @default: 'v' takes part in the capture on stream 's'"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\ncapture_begin @u\n",
+         "t.trace:5: capture_begin: stream 'u' takes part in the capture on stream 's' (line 3) since its wait at "
+         "line 4"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwait @s @u\ncapture_end @u\n",
+         "t.trace:6: capture_end: stream 'u' joined the capture on stream 's' (line 3) by its wait at line 4; end "
+         "the capture on the stream that began it"},
+        /* work forked off and never joined back fails the capture's end */
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwork @u\ncapture_end @s\n",
+         "t.trace:6: capture_end: stream 'u' has work in the capture that 's' never waited for (it joined at line "
+         "4); add 'wait @s @u' before the end"},
+        {"stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwork @u\nwait @v @u\nwork @v\n"
+         "wait @s @u\ncapture_end @s\n", "t.trace:10: capture_end: stream 'v' has work in the capture that 's' "
+         "never waited for (it joined at line 7)"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwait @s @u\nwork @u\ncapture_end @s\n",
+         "t.trace:7: capture_end: stream 'u' has work in the capture"},
     };
     /* ... and what a replay accepts, --check accepts: a pool used again after its release, one
      * pool captured into by two streams in turn, a pool_begin left open to the end. */
@@ -304,6 +339,23 @@ static void test_errors(void **state)
         "pool_release g\npool_release g\n",
         /* an older use released while the pool records again */
         "pool_begin p\npool_end p\npool_begin p\npool_release p\npool_end p\npool_release p\n",
+        /* during a capture: another stream synchronized or working, the legacy stream synchronized
+         * (the replay's streams do not block on it), the cache emptied or trimmed, a config */
+        "stream s\nstream u\nalloc a 1MiB @u\ncapture_begin @s\nsync @u\nsync @default\nwork @u\nhold @u\n"
+        "release @u\nfree a\nempty_cache\ntrim 0\nconfig garbage_collection_threshold:0.5\nidle 1ms\n"
+        "mark m\nwait @u @default\ncapture_end @s\n",
+        /* forks joined back: directly, through a chain, as a diamond; a fork with no work of its
+         * own needs no join; after the end the streams are free again */
+        "stream s\nstream u\ncapture_begin @s\nwork @s\nwait @u @s\nalloc a 1MiB @u\nwork @u\nfree a\n"
+        "wait @s @u\nwork @s\ncapture_end @s\nsync @u\nsync\ncapture_begin @u\ncapture_end @u\n",
+        "stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwork @u\nwait @v @u\nwork @v\n"
+        "wait @s @v\ncapture_end @s\n",
+        "stream s\nstream u\nstream v\ncapture_begin @s\nwork @s\nwait @u @s\nwait @v @s\nwork @u\nwork @v\n"
+        "wait @v @u\nwait @s @v\ncapture_end @s\n",
+        "stream s\nstream u\ncapture_begin @s\nwork @s\nwait @u @s\nwork @s\ncapture_end @s\n",
+        /* two captures side by side, each with a fork of its own */
+        "stream s\nstream u\nstream a\nstream b\ncapture_begin @s\ncapture_begin @a\nwait @u @s\nwait @b @a\n"
+        "work @u\nwork @b\nwait @a @b\nwait @s @u\ncapture_end @a\ncapture_end @s\n",
     };
     for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
         struct trace t;

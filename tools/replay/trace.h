@@ -137,7 +137,8 @@ const char *trace_format_size(uint64_t bytes, char *buf, size_t buflen);
 /*
  * Parse the trace language (see tools/replay/README in docs or xseg-replay --help) from @p text.
  * Checks the whole file before anything runs: unknown actions, bad sizes, a buffer allocated
- * twice or freed while not live, undeclared streams, unbalanced pools. On error returns
+ * twice or freed while not live, undeclared streams, unbalanced pools, what the driver refuses
+ * during a capture (docs/trace-format.md lists it all). On error returns
  * XSEG_ERROR_INVALID_VALUE and writes "SOURCE:LINE: message" to @p err.
  */
 xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char *err, size_t errlen);
