@@ -13,6 +13,14 @@
 
 static char err[TRACE_ERR_MAX];
 
+/* A message shows every byte: none outside printable ASCII. */
+static void assert_printable(const char *msg)
+{
+    for (const unsigned char *c = (const unsigned char *)msg; *c; c++)
+        if (*c < 0x20 || *c >= 0x7f)
+            fail_msg("byte 0x%02x printed raw in '%s'", *c, msg);
+}
+
 static xseg_status parse(struct trace *t, const char *text)
 {
     assert_int_equal(trace_init(t, "t.trace"), XSEG_SUCCESS);
@@ -148,6 +156,10 @@ static void test_sizes(void **state)
         assert_int_equal(trace_parse_size(bad[i], strlen(bad[i]), &v, err, sizeof err), XSEG_ERROR_INVALID_VALUE);
         assert_true(strlen(err) > 0);
     }
+    uint64_t v;
+    assert_int_equal(trace_parse_size("\t5", 2, &v, err, sizeof err), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(err, "bad size '\\x095'"));
+    assert_printable(err);
     char buf[32];
     assert_string_equal(trace_format_size(4ull << 30, buf, sizeof buf), "4GiB");
     assert_string_equal(trace_format_size(1536 << 10, buf, sizeof buf), "1536KiB");
@@ -275,6 +287,11 @@ static void test_errors(void **state)
         {"stream s\ncapture_end @s\n", "t.trace:2: capture_end: stream 's' is not capturing"},
         {"stream s\ncapture_begin @s\ncapture_begin @s\n", "t.trace:3: capture_begin: stream 's' is already capturing"},
         {"\n\n# ok\nfrob\n", "t.trace:4: unknown action 'frob'"},
+        /* what the user wrote is echoed with its invisible bytes shown as \xNN */
+        {"\xef\xbb\xbf" "alloc x 1\n", "t.trace:1: unknown action '\\xEF\\xBB\\xBFalloc'"},
+        {"alloc x \x01" "5\n", "t.trace:1: alloc x: bad size '\\x015'"},
+        {"alloc x 1\x7fKiB\n", "t.trace:1: alloc x: bad size '1\\x7FKiB'"},
+        {"stream s\x1b[1m\n", "t.trace:1: bad stream name 's\\x1B[1m'"},
         /* What a replay refuses, --check refuses first: */
         {"pool_begin p\npool_end p\npool_release p\npool_release p\n",
          "t.trace:4: pool_release p: the pool has no users left (every pool_begin and capture_begin into it "
@@ -368,6 +385,7 @@ static void test_errors(void **state)
         assert_int_equal(parse(&t, cases[i].text), XSEG_ERROR_INVALID_VALUE);
         if (!strstr(err, cases[i].want))
             fail_msg("case %zu: message '%s' lacks '%s'", i, err, cases[i].want);
+        assert_printable(err);
         trace_destroy(&t);
     }
     /* A NUL byte: a binary file, not a crash. */
@@ -435,7 +453,7 @@ static void test_rmm_csv(void **state)
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,1,0\n1,0,allocate,0x10,1,0\n",
          "log.csv:3: pointer 0x10 allocated again without a free"},
         /* Out of range: strtoull would wrap a tab-led "-5" to 2^64-5 and clamp wide pointers. */
-        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,\t-5,0\n", "log.csv:2: bad size '\t-5'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,\t-5,0\n", "log.csv:2: bad size '\\x09-5'"},
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10, +5,0\n", "log.csv:2: bad size ' +5'"},
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,18446744073709551616,0\n",
          "log.csv:2: bad size '18446744073709551616'"},
@@ -451,8 +469,15 @@ static void test_rmm_csv(void **state)
                          XSEG_ERROR_INVALID_VALUE);
         if (!strstr(err, bad[i].want))
             fail_msg("case %zu: message '%s' lacks '%s'", i, err, bad[i].want);
+        assert_printable(err);
         trace_destroy(&t);
     }
+    /* Bytes the reader does not take are shown, never printed raw. */
+    const char *ctl = "Thread,Time,Action,Pointer,Size,Stream\n1,0,\x1b[2Jallocate,0x10,1,0\n";
+    assert_int_equal(trace_init(&t, "log.csv"), XSEG_SUCCESS);
+    assert_int_equal(trace_import_rmm_csv(&t, ctl, strlen(ctl), err, sizeof err), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(err, "log.csv:2: unknown action '\\x1B[2Jallocate'"));
+    trace_destroy(&t);
 }
 
 static void test_workloads_parse(void **state)
