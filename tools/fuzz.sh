@@ -45,7 +45,8 @@ for t in "${targets[@]}"; do
     echo "=== fuzz snapshot2trace for ${secs}s"
     mkdir -p build-fuzz-py
     /usr/bin/python3 tests/fuzz/fuzz_snapshot2trace.py tools/snapshot2trace.py --seconds "$secs" \
-      --regressions tests/fuzz/regressions/snapshot2trace --save build-fuzz-py || rc=1
+      --corpus tests/fuzz/corpus/snapshot2trace --regressions tests/fuzz/regressions/snapshot2trace \
+      --save build-fuzz-py || rc=1
     continue
   fi
   [ $need_c = 1 ] || continue
