@@ -1,11 +1,11 @@
 # Sourced by tools/test.sh and tools/replay.sh: install, from Debian's packages, whatever build
-# tool a fresh machine lacks (meson, ninja, pkg-config, a C compiler; cmocka and the Python test
-# packages only for the tests).
+# tool a fresh machine lacks (meson, ninja, pkg-config, a C compiler; cmocka, the Python test
+# packages and clang, for the libFuzzer targets of tools/fuzz.sh, only for the tests).
 # Nothing is installed (and no root needed) when the tools are present. Uses sudo when not root.
 #   ensure_build_tools NAME          the build tools ($1 names the calling script, for messages)
-#   ensure_build_tools NAME --tests  and what only the test suites need (cmocka, pytest, ...)
+#   ensure_build_tools NAME --tests  and what only the test suites need (cmocka, pytest, clang, ...)
 ensure_build_tools() {
-  local need=()
+  local need=() fuzz_rt=0
   command -v meson >/dev/null || need+=(meson)
   command -v ninja >/dev/null || need+=(ninja-build)
   command -v pkg-config >/dev/null || need+=(pkg-config)
@@ -16,6 +16,12 @@ ensure_build_tools() {
     /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
     /usr/bin/python3 -c 'import mesonpy' 2>/dev/null || need+=(python3-mesonpy)
     /usr/bin/python3 -c 'import pip' 2>/dev/null || need+=(python3-pip)
+    # tools/fuzz.sh builds its libFuzzer targets with clang and skips them without it. clang
+    # only recommends its libFuzzer runtime, so ask for that too, where apt knows the package.
+    if ! command -v clang >/dev/null; then
+      need+=(clang)
+      fuzz_rt=1
+    fi
   fi
   [ ${#need[@]} -gt 0 ] || return 0
   echo "$1: installing ${need[*]}"
@@ -28,5 +34,8 @@ ensure_build_tools() {
     sudo_=sudo
   fi
   $sudo_ apt-get update -qq
+  if [ $fuzz_rt = 1 ] && apt-cache show libclang-rt-dev >/dev/null 2>&1; then
+    need+=(libclang-rt-dev)
+  fi
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need[@]}" >/dev/null
 }

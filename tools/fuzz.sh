@@ -2,12 +2,16 @@
 # Fuzz the parsers that read user input with libFuzzer (clang), under ASan + UBSan: the config
 # string, the trace language, the RMM CSV log; then tools/snapshot2trace.py with its Python
 # mutation fuzzer. Each target runs SECONDS seconds (default 60) from its seed corpus
-# (tests/fuzz/corpus/TARGET, the bundled traces) and its regressions (tests/fuzz/regressions/
-# TARGET); what it learns accumulates in build-fuzz/corpus/TARGET. A crash stops that target,
-# leaves the input in build-fuzz/crashes/, and the script exits 1: copy the input into
+# (tests/fuzz/corpus/TARGET; for trace also the bundled seed-003 traces) and its regressions
+# (tests/fuzz/regressions/TARGET); what the libFuzzer targets learn accumulates in
+# build-fuzz/corpus/TARGET. A crash stops that target, leaves the input in build-fuzz/crashes/
+# (build-fuzz-py/ for snapshot2trace), and the script exits 1: copy the input into
 # tests/fuzz/regressions/TARGET/ when fixing it, and every test setup replays it from then on.
-#   tools/fuzz.sh              60 s per target (what docs/testing.md calls the long run: 600)
-#   tools/fuzz.sh 5            a short run (tools/test.sh does this)
+# Without clang (or its libFuzzer runtime) the three libFuzzer targets are skipped, said at the
+# start and in the last line; the exit status stays 0 for them (tools/test.sh installs clang).
+#   tools/fuzz.sh              60 s per target
+#   tools/fuzz.sh 10           CI's run: tools/test.sh runs $XSEG_FUZZ_SECONDS (default 10) per target
+#   tools/fuzz.sh 600          the long run of docs/testing.md
 #   tools/fuzz.sh 600 trace    one target (config, trace, rmm_csv, snapshot2trace)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,14 +22,18 @@ targets=("$@")
 rc=0
 
 need_c=0
-for t in "${targets[@]}"; do [ "$t" != snapshot2trace ] && need_c=1; done
+c_targets=()
+for t in "${targets[@]}"; do [ "$t" != snapshot2trace ] && need_c=1 && c_targets+=("$t"); done
+skipped=""
 if [ $need_c = 1 ]; then
   if ! command -v clang >/dev/null; then
-    echo "fuzz.sh: clang not found: skipping the libFuzzer targets (Debian: apt-get install clang)"
-    need_c=0
+    skipped="clang not found; Debian: apt-get install clang"
   elif ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' |
        clang -x c -fsanitize=fuzzer -o /dev/null - 2>/dev/null; then
-    echo "fuzz.sh: clang cannot link -fsanitize=fuzzer (no libclang_rt.fuzzer): skipping the libFuzzer targets"
+    skipped="clang cannot link -fsanitize=fuzzer, no libFuzzer runtime; Debian: apt-get install libclang-rt-dev"
+  fi
+  if [ -n "$skipped" ]; then
+    echo "fuzz.sh: SKIPPING libFuzzer targets ${c_targets[*]} ($skipped)"
     need_c=0
   fi
 fi
@@ -45,7 +53,8 @@ for t in "${targets[@]}"; do
     echo "=== fuzz snapshot2trace for ${secs}s"
     mkdir -p build-fuzz-py
     /usr/bin/python3 tests/fuzz/fuzz_snapshot2trace.py tools/snapshot2trace.py --seconds "$secs" \
-      --regressions tests/fuzz/regressions/snapshot2trace --save build-fuzz-py || rc=1
+      --corpus tests/fuzz/corpus/snapshot2trace --regressions tests/fuzz/regressions/snapshot2trace \
+      --save build-fuzz-py || rc=1
     continue
   fi
   [ $need_c = 1 ] || continue
@@ -68,4 +77,7 @@ for t in "${targets[@]}"; do
     echo "(corpus: $(find "$work" -type f | wc -l) inputs)"
   fi
 done
+if [ -n "$skipped" ]; then
+  echo "fuzz.sh: SKIPPED libFuzzer targets ${c_targets[*]} ($skipped)"
+fi
 exit $rc

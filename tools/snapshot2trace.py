@@ -18,11 +18,13 @@ peak allocated, peak reserved (counting what was reserved before the window), ut
 Safe on files from anyone: the pickle is read by a small reader of our own that builds plain
 data (dicts, lists, strings, numbers) and refuses every opcode that would import or call code,
 with bounds on the memory a crafted file can make it use. Anything malformed ends with a
-one-line message and exit status 1.
+one-line message and exit status 1. When the reader of the output goes away (`| head`), it stops
+quietly with exit status 141, as a program killed by SIGPIPE would.
 
 Python standard library only.
 """
 import argparse
+import os
 import sys
 
 
@@ -723,6 +725,13 @@ def main(argv=None):
         # Every item visited costs at least one byte of the file unless the pickle shares it.
         convert(snap, args.device, sys.stdout, source=name.rsplit("/", 1)[-1],
                 work_limit=len(data) + 1024, frames=not args.no_frames)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        # The reader has what it wanted (`| head`). Point stdout at /dev/null so the flush at
+        # exit cannot fail again, and end as a program killed by SIGPIPE does: 128 + 13.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except SnapshotError as e:
         print("snapshot2trace: %s: %s" % (name, e), file=sys.stderr)
         return 1

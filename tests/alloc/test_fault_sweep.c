@@ -17,8 +17,10 @@
  *     left in xseg's event pool: nothing leaked.
  * One process, one allocator across all runs: a failure must leave xseg usable.
  *
- * `test_fault_sweep NAME` runs the test whose name contains NAME. XSEG_FAULT_SWEEP=full tries
- * every call index (the long run, docs/testing.md); otherwise 2 indices per entry point (the first and one past the middle),
+ * `test_fault_sweep NAME` runs one test, named exactly as after "test_fault_": sweep_expandable,
+ * sweep_classic, sweep_expandable_reuse or sweep_classic_reuse (meson's fault_sweep_* tests pass
+ * these); with no NAME, all four. XSEG_FAULT_SWEEP=full tries every call index (the long run,
+ * docs/testing.md); otherwise 2 indices per entry point (the first and one past the middle),
  * fewer when XSEG_TEST_SCALE is below 1. Emulator only (skips on the real driver).
  */
 #include <setjmp.h>
@@ -452,7 +454,10 @@ int main(int argc, char **argv)
                 const struct CMUnitTest one[] = {all[i]};
                 return cmocka_run_group_tests(one, NULL, NULL);
             }
-        fprintf(stderr, "unknown test %s\n", argv[1]);
+        fprintf(stderr, "unknown test '%s' (one of:", argv[1]);
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            fprintf(stderr, " %s", all[i].name + strlen("test_fault_"));
+        fprintf(stderr, ")\n");
         return 1;
     }
     return cmocka_run_group_tests(all, NULL, NULL);

@@ -3,12 +3,14 @@
 must convert or fail with SnapshotError (one line for the user), never raise anything else,
 never run code and never take more than the memory limit.
 
-    fuzz_snapshot2trace.py SNAPSHOT2TRACE_PY [--seconds N] [--seed S] [--regressions DIR]
-                           [--save DIR]
+    fuzz_snapshot2trace.py SNAPSHOT2TRACE_PY [--seconds N] [--seed S] [--corpus DIR]
+                           [--regressions DIR] [--save DIR]
 
-Inputs: pickles of random snapshot-shaped data in every protocol, then byte flips, insertions
-(of pickle opcodes too), deletions, truncations and splices of them. The files in
---regressions (inputs that once failed) run first. A failing input is written to --save (default
+Inputs: the seed snapshots of --corpus (tests/fuzz/corpus/snapshot2trace: written by xseg's own
+snapshot writer, tests/fuzz/make_snapshot_corpus.sh) and pickles of random snapshot-shaped data
+in every protocol, then byte flips, insertions (of pickle opcodes too), deletions, truncations
+and splices of them. The seeds must convert as they are (and read as pickle.loads reads them);
+the files in --regressions (inputs that once failed) need only be handled. Both run first. A failing input is written to --save (default
 the current directory) as snapshot2trace-crash-<sha1> and the program exits 1.
 Standard library only (no atheris): a coverage-blind fuzzer, but a fast one.
 """
@@ -89,6 +91,7 @@ def main():
     ap.add_argument("converter")
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--corpus", default=None)
     ap.add_argument("--regressions", default=None)
     ap.add_argument("--save", default=".")
     args = ap.parse_args()
@@ -124,17 +127,31 @@ def main():
             f.write(data)
         print("FAIL (%s) saved as %s:\n%s" % (origin, name, why), file=sys.stderr)
 
+    def files(d):
+        for fn in sorted(os.listdir(d)) if d and os.path.isdir(d) else []:
+            if not fn.startswith("."):
+                with open(os.path.join(d, fn), "rb") as f:
+                    yield fn, f.read()
+
     regressions = 0
-    if args.regressions and os.path.isdir(args.regressions):
-        for fn in sorted(os.listdir(args.regressions)):
-            if fn.startswith("."):
-                continue
-            with open(os.path.join(args.regressions, fn), "rb") as f:
-                data = f.read()
-            regressions += 1
-            why = one(data)
-            if why:
-                report(data, why, "regression " + fn)
+    for fn, data in files(args.regressions):
+        regressions += 1
+        why = one(data)
+        if why:
+            report(data, why, "regression " + fn)
+
+    # The seeds are real snapshots (the repository's own files, so pickle.loads may read them):
+    # each converts, and stays in the mutation pool for the whole run.
+    seeds = []
+    for fn, data in files(args.corpus):
+        try:
+            snap = s2t.load_snapshot(data, max_memory=64 << 20)
+            s2t.convert(snap, 0, io.StringIO(), source=fn, work_limit=len(data) + 1024)
+            if snap != pickle.loads(data):
+                report(data, "the reader and pickle.loads disagree", "corpus " + fn)
+        except Exception:
+            report(data, traceback.format_exc(), "corpus " + fn + " does not convert")
+        seeds.append(data)
 
     # The reader agrees with pickle.loads on unmutated plain data (a differential check).
     pool = []
@@ -151,13 +168,13 @@ def main():
         if n % 50 == 0:
             pool[rng.randrange(len(pool))] = pickle.dumps(random_snapshot(rng),
                                                           protocol=rng.randrange(pickle.HIGHEST_PROTOCOL + 1))
-        data = mutate(rng, rng.choice(pool), pool)
+        data = mutate(rng, rng.choice(pool + seeds), pool + seeds)
         why = one(data)
         if why:
             report(data, why, "seed %d, input %d" % (seed, n))
         n += 1
-    print("snapshot2trace fuzz: seed %d, %d regression inputs, %d mutated inputs in %.0f s, %d failures"
-          % (seed, regressions, n, args.seconds, failures))
+    print("snapshot2trace fuzz: seed %d, %d corpus and %d regression inputs, %d mutated inputs in %.0f s, "
+          "%d failures" % (seed, len(seeds), regressions, n, args.seconds, failures))
     return 1 if failures else 0
 
 

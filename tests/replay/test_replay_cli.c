@@ -1,8 +1,8 @@
 /*
  * xseg-replay end to end: the seed 003 tables, --marks=jsonl parsed back, --summary=json (and
  * with --compare), an OOM that the replay survives, errors naming file and line, pools and
- * captures through xseg's private pools (misuse reported with file and line), an RMM CSV log,
- * and the plot written.
+ * captures through xseg's private pools (misuse reported with file and line), what the driver
+ * refuses during a capture refused by the check, an RMM CSV log, and the plot written.
  * argv[1] = the xseg-replay executable, argv[2] = tools/workloads.
  */
 #define _GNU_SOURCE
@@ -540,6 +540,51 @@ static void test_plot_written(void **state)
     free(t);
 }
 
+/* During a capture, what --check accepts replays in both modes, and what the driver would refuse
+ * (a capturing stream synchronized, a capture waiting for work outside it, a fork never joined
+ * back) is refused before anything runs. */
+static void test_capture_rules(void **state)
+{
+    (void)state;
+    static const char *const fine[] = {
+        "stream s\nstream u\nalloc a 1MiB @u\ncapture_begin @s\nsync @u\nsync @default\nwork @u\nfree a\n"
+        "empty_cache\ntrim 0\nalloc b 2MiB @s\ncapture_end @s\nfree b\nsync\n",
+        "stream s\nstream u\nstream v\ncapture_begin @s g\nwork @s\nwait @u @s\nwait @v @s\nalloc a 1MiB @u\n"
+        "work @u\nwork @v\nfree a\nwait @v @u\nwait @s @v\nwork @s\ncapture_end @s\nsync @u\npool_release g\n",
+    };
+    char args[512];
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        char *t = write_tmp("capture.trace", fine[i]);
+        snprintf(args, sizeof args, "--compare --marks=none --summary=none '%s'", t);
+        struct result r = run(args);
+        if (r.rc != 0)
+            fail_msg("fine trace %zu: exit %d: %s", i, r.rc, r.err);
+        result_free(&r);
+        free(t);
+    }
+    static const struct {
+        const char *text, *want;
+    } refused[] = {
+        {"stream s\ncapture_begin @s\nalloc a 1MiB @s\nmark in\nsync @s\ncapture_end @s\n",
+         "capture.trace:5: sync @s: 's' captures (line 2)"},
+        {"stream s\nstream u\ncapture_begin @s\nmark in\nwait @s @u\ncapture_end @s\n",
+         "capture.trace:5: wait @s @u: 's' captures (line 3) and 'u' does not"},
+        {"stream s\nstream u\ncapture_begin @s\nmark in\nwait @u @s\nwork @u\ncapture_end @s\n",
+         "capture.trace:7: capture_end: stream 'u' has work in the capture that 's' never waited for"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char *t = write_tmp("capture.trace", refused[i].text);
+        snprintf(args, sizeof args, "--marks=jsonl '%s'", t);
+        struct result r = run(args);
+        assert_int_equal(r.rc, 1);
+        if (!strstr(r.err, refused[i].want))
+            fail_msg("refused trace %zu: stderr: %s", i, r.err);
+        assert_string_equal(r.out, ""); /* checked before anything ran: no mark printed */
+        result_free(&r);
+        free(t);
+    }
+}
+
 static void test_check_builtins(void **state)
 {
     (void)state;
@@ -572,6 +617,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_oom_goes_on),
         cmocka_unit_test(test_min_device), /* frag */
         cmocka_unit_test(test_errors_and_pools),
+        cmocka_unit_test(test_capture_rules),
         cmocka_unit_test(test_rmm_csv_file),
         cmocka_unit_test(test_sleep_wake), /* services */
         cmocka_unit_test(test_plot_written),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tools/snapshot2trace.py on hand-made snapshots: seeding, frees, streams, PyTorch's figures,
-errors, and the result replayed by xseg-replay.
+errors, the result replayed by xseg-replay, and a reader that stops reading (`| head`).
 
 usage: test_snapshot2trace.py SNAPSHOT2TRACE_PY XSEG_REPLAY
 """
@@ -108,6 +108,24 @@ class Convert(unittest.TestCase):
             r = subprocess.run([sys.executable, CONVERTER, bad], capture_output=True, text=True)
             self.assertEqual(r.returncode, 1)
             self.assertIn("snapshot2trace: %s:" % bad, r.stderr)
+
+    def test_reader_goes_away(self):
+        """`snapshot2trace.py big.pickle | head`: the converter stops quietly (exit 141, as a
+        program killed by SIGPIPE), without a traceback."""
+        with tempfile.TemporaryDirectory() as d:
+            pk = os.path.join(d, "big.pickle")
+            # About 500 KB of trace: more than a pipe holds, so the converter is still writing.
+            events = [ev("alloc", 0x10000000 + i * 512, 512) for i in range(20000)]
+            with open(pk, "wb") as f:
+                pickle.dump({"segments": [], "device_traces": [events]}, f)
+            p = subprocess.Popen([sys.executable, CONVERTER, pk], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            first = p.stdout.readline()
+            p.stdout.close()
+            err = p.stderr.read()
+            p.stderr.close()
+            self.assertEqual(p.wait(), 141, err)
+            self.assertTrue(first.startswith(b"# xseg-replay trace"), first)
+            self.assertEqual(err, b"")
 
 
 def run_cli(path, *args):

@@ -13,6 +13,14 @@
 
 static char err[TRACE_ERR_MAX];
 
+/* A message shows every byte: none outside printable ASCII. */
+static void assert_printable(const char *msg)
+{
+    for (const unsigned char *c = (const unsigned char *)msg; *c; c++)
+        if (*c < 0x20 || *c >= 0x7f)
+            fail_msg("byte 0x%02x printed raw in '%s'", *c, msg);
+}
+
 static xseg_status parse(struct trace *t, const char *text)
 {
     assert_int_equal(trace_init(t, "t.trace"), XSEG_SUCCESS);
@@ -148,6 +156,10 @@ static void test_sizes(void **state)
         assert_int_equal(trace_parse_size(bad[i], strlen(bad[i]), &v, err, sizeof err), XSEG_ERROR_INVALID_VALUE);
         assert_true(strlen(err) > 0);
     }
+    uint64_t v;
+    assert_int_equal(trace_parse_size("\t5", 2, &v, err, sizeof err), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(err, "bad size '\\x095'"));
+    assert_printable(err);
     char buf[32];
     assert_string_equal(trace_format_size(4ull << 30, buf, sizeof buf), "4GiB");
     assert_string_equal(trace_format_size(1536 << 10, buf, sizeof buf), "1536KiB");
@@ -275,6 +287,11 @@ static void test_errors(void **state)
         {"stream s\ncapture_end @s\n", "t.trace:2: capture_end: stream 's' is not capturing"},
         {"stream s\ncapture_begin @s\ncapture_begin @s\n", "t.trace:3: capture_begin: stream 's' is already capturing"},
         {"\n\n# ok\nfrob\n", "t.trace:4: unknown action 'frob'"},
+        /* what the user wrote is echoed with its invisible bytes shown as \xNN */
+        {"\xef\xbb\xbf" "alloc x 1\n", "t.trace:1: unknown action '\\xEF\\xBB\\xBFalloc'"},
+        {"alloc x \x01" "5\n", "t.trace:1: alloc x: bad size '\\x015'"},
+        {"alloc x 1\x7fKiB\n", "t.trace:1: alloc x: bad size '1\\x7FKiB'"},
+        {"stream s\x1b[1m\n", "t.trace:1: bad stream name 's\\x1B[1m'"},
         /* What a replay refuses, --check refuses first: */
         {"pool_begin p\npool_end p\npool_release p\npool_release p\n",
          "t.trace:4: pool_release p: the pool has no users left (every pool_begin and capture_begin into it "
@@ -291,6 +308,41 @@ static void test_errors(void **state)
          "t.trace:3: pool_release p: a capture on stream 's' still records into it (line 2)"},
         {"stream s\nstream u\ncapture_begin @s\ncapture_begin @u q\ncapture_end @u\nalloc x 1\n",
          "t.trace:3: capture_begin: the capture on stream 's' is never ended (add 'capture_end @s')"},
+        /* What the driver refuses during a capture (the replay would stop with
+         * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE or _UNJOINED): */
+        {"stream s\ncapture_begin @s\nsync @s\ncapture_end @s\n",
+         "t.trace:3: sync @s: 's' captures (line 2); a capturing stream cannot be synchronized"},
+        {"stream s\ncapture_begin @s\nsync\ncapture_end @s\n",
+         "t.trace:3: sync: stream 's' captures (line 2); the whole device cannot be synchronized during a capture"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @s @u\ncapture_end @s\n",
+         "t.trace:4: wait @s @u: 's' captures (line 3) and 'u' does not; a capture cannot wait for work outside it"},
+        {"stream s\ncapture_begin @s\nwait @s @default\ncapture_end @s\n",
+         "t.trace:3: wait @s @default: 's' captures (line 2) and 'default' does not"},
+        {"stream s\ncapture_begin @s\nwait @default @s\ncapture_end @s\n",
+         "t.trace:3: wait @default @s: 's' captures (line 2); the legacy default stream cannot join a capture"},
+        {"stream s\nstream u\ncapture_begin @s\ncapture_begin @u\nwait @s @u\n",
+         "t.trace:5: wait @s @u: 's' captures (line 3) and 'u' captures (line 4); two captures cannot be merged"},
+        /* a stream that joined a capture by a wait (a fork) captures too, until the capture ends */
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nsync @u\n",
+         "t.trace:5: sync @u: 'u' takes part in the capture on stream 's' (line 3; joined at line 4); a capturing "
+         "stream cannot be synchronized"},
+        {"stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwait @v @s\nwait @u @v\nwait @s @u\n"
+         "wait @v @default\n", "t.trace:9: wait @v @default: 'v' takes part in the capture on stream 's'"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\ncapture_begin @u\n",
+         "t.trace:5: capture_begin: stream 'u' takes part in the capture on stream 's' (line 3) since its wait at "
+         "line 4"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwait @s @u\ncapture_end @u\n",
+         "t.trace:6: capture_end: stream 'u' joined the capture on stream 's' (line 3) by its wait at line 4; end "
+         "the capture on the stream that began it"},
+        /* work forked off and never joined back fails the capture's end */
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwork @u\ncapture_end @s\n",
+         "t.trace:6: capture_end: stream 'u' has work in the capture that 's' never waited for (it joined at line "
+         "4); add 'wait @s @u' before the end"},
+        {"stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwork @u\nwait @v @u\nwork @v\n"
+         "wait @s @u\ncapture_end @s\n", "t.trace:10: capture_end: stream 'v' has work in the capture that 's' "
+         "never waited for (it joined at line 7)"},
+        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwait @s @u\nwork @u\ncapture_end @s\n",
+         "t.trace:7: capture_end: stream 'u' has work in the capture"},
     };
     /* ... and what a replay accepts, --check accepts: a pool used again after its release, one
      * pool captured into by two streams in turn, a pool_begin left open to the end. */
@@ -304,6 +356,23 @@ static void test_errors(void **state)
         "pool_release g\npool_release g\n",
         /* an older use released while the pool records again */
         "pool_begin p\npool_end p\npool_begin p\npool_release p\npool_end p\npool_release p\n",
+        /* during a capture: another stream synchronized or working, the legacy stream synchronized
+         * (the replay's streams do not block on it), the cache emptied or trimmed, a config */
+        "stream s\nstream u\nalloc a 1MiB @u\ncapture_begin @s\nsync @u\nsync @default\nwork @u\nhold @u\n"
+        "release @u\nfree a\nempty_cache\ntrim 0\nconfig garbage_collection_threshold:0.5\nidle 1ms\n"
+        "mark m\nwait @u @default\ncapture_end @s\n",
+        /* forks joined back: directly, through a chain, as a diamond; a fork with no work of its
+         * own needs no join; after the end the streams are free again */
+        "stream s\nstream u\ncapture_begin @s\nwork @s\nwait @u @s\nalloc a 1MiB @u\nwork @u\nfree a\n"
+        "wait @s @u\nwork @s\ncapture_end @s\nsync @u\nsync\ncapture_begin @u\ncapture_end @u\n",
+        "stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwork @u\nwait @v @u\nwork @v\n"
+        "wait @s @v\ncapture_end @s\n",
+        "stream s\nstream u\nstream v\ncapture_begin @s\nwork @s\nwait @u @s\nwait @v @s\nwork @u\nwork @v\n"
+        "wait @v @u\nwait @s @v\ncapture_end @s\n",
+        "stream s\nstream u\ncapture_begin @s\nwork @s\nwait @u @s\nwork @s\ncapture_end @s\n",
+        /* two captures side by side, each with a fork of its own */
+        "stream s\nstream u\nstream a\nstream b\ncapture_begin @s\ncapture_begin @a\nwait @u @s\nwait @b @a\n"
+        "work @u\nwork @b\nwait @a @b\nwait @s @u\ncapture_end @a\ncapture_end @s\n",
     };
     for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
         struct trace t;
@@ -316,6 +385,7 @@ static void test_errors(void **state)
         assert_int_equal(parse(&t, cases[i].text), XSEG_ERROR_INVALID_VALUE);
         if (!strstr(err, cases[i].want))
             fail_msg("case %zu: message '%s' lacks '%s'", i, err, cases[i].want);
+        assert_printable(err);
         trace_destroy(&t);
     }
     /* A NUL byte: a binary file, not a crash. */
@@ -383,7 +453,7 @@ static void test_rmm_csv(void **state)
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,1,0\n1,0,allocate,0x10,1,0\n",
          "log.csv:3: pointer 0x10 allocated again without a free"},
         /* Out of range: strtoull would wrap a tab-led "-5" to 2^64-5 and clamp wide pointers. */
-        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,\t-5,0\n", "log.csv:2: bad size '\t-5'"},
+        {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,\t-5,0\n", "log.csv:2: bad size '\\x09-5'"},
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10, +5,0\n", "log.csv:2: bad size ' +5'"},
         {"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,18446744073709551616,0\n",
          "log.csv:2: bad size '18446744073709551616'"},
@@ -399,8 +469,15 @@ static void test_rmm_csv(void **state)
                          XSEG_ERROR_INVALID_VALUE);
         if (!strstr(err, bad[i].want))
             fail_msg("case %zu: message '%s' lacks '%s'", i, err, bad[i].want);
+        assert_printable(err);
         trace_destroy(&t);
     }
+    /* Bytes the reader does not take are shown, never printed raw. */
+    const char *ctl = "Thread,Time,Action,Pointer,Size,Stream\n1,0,\x1b[2Jallocate,0x10,1,0\n";
+    assert_int_equal(trace_init(&t, "log.csv"), XSEG_SUCCESS);
+    assert_int_equal(trace_import_rmm_csv(&t, ctl, strlen(ctl), err, sizeof err), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(err, "log.csv:2: unknown action '\\x1B[2Jallocate'"));
+    trace_destroy(&t);
 }
 
 static void test_workloads_parse(void **state)

@@ -23,7 +23,10 @@
  * costs a half-finished replay: buffers must be live to be freed or recorded and free to be
  * allocated, streams declared before use, pools and captures balanced: a pool has one recorder
  * at a time (pool_begin's or one capture's), is released at most once per pool_begin or
- * capture_begin into it, and every capture ends.
+ * capture_begin into it, and every capture ends. Captures follow the driver's rules: no sync of
+ * a capturing stream (or of the device) during one, no wait across a capture's boundary, and
+ * every stream forked into a capture joined back before it ends; the parser follows the
+ * capture's graph as `work` and `wait` build it to know.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,10 +45,33 @@ struct pool_state {
     uint32_t line;          /* line of the last pool_begin / capture_begin / pool_release */
 };
 
+/* A capture's graph as far as `work` and `wait` build it, enough to know what the driver's
+ * cuStreamEndCapture will say: every other stream of the capture must have been joined back
+ * into the stream that began it. */
+struct cap_node {
+    size_t first;           /* its dependencies: cap_edges[first .. first + n) of the origin */
+    uint32_t n;
+    unsigned char joined;   /* precedes (or is one of) the origin's dependencies */
+};
+
+struct id_set {
+    uint32_t *v;
+    size_t n, cap;
+};
+
 struct stream_state {
-    unsigned char capturing;
+    unsigned char capturing; /* began a capture (is its origin) */
     int32_t pool;           /* pool index the capture records into, or -1 (a pool of its own) */
     uint32_t line;          /* line of its capture_begin */
+    /* Taking part in a capture: its own, or one it joined by waiting for a capturing stream
+     * (a fork). in = the origin's index + 1, 0 when none; join_line = where it joined. */
+    int32_t in;
+    uint32_t join_line;
+    struct id_set deps;     /* nodes its next work will depend on */
+    /* As an origin: the nodes of its capture and their dependencies. */
+    struct cap_node *nodes;
+    size_t nnodes, nodes_cap;
+    struct id_set edges;
 };
 
 struct parser {
@@ -63,6 +89,7 @@ struct parser {
     struct stream_state *streams;
     size_t stream_cap;
     struct pool_state default_pool; /* the default pools: only asleep / sleep_line are used */
+    struct id_set stack;            /* scratch for walking a capture graph */
 };
 
 __attribute__((format(printf, 2, 3))) static xseg_status perr(struct parser *p, const char *fmt, ...)
@@ -240,6 +267,99 @@ static int recording(const struct parser *p, char *what, size_t len)
     return 0;
 }
 
+static xseg_status ids_push(struct id_set *s, uint32_t id)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 8;
+        uint32_t *v = realloc(s->v, cap * sizeof *v);
+        if (!v)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = id;
+    return XSEG_SUCCESS;
+}
+
+/* @p into gains the nodes of @p from it lacks (a wait adds the waited-for stream's dependencies
+ * to the waiting one's, as cuStreamWaitEvent does in a capture). */
+static xseg_status ids_merge(struct id_set *into, const struct id_set *from)
+{
+    for (size_t i = 0; i < from->n; i++) {
+        size_t k = 0;
+        while (k < into->n && into->v[k] != from->v[i])
+            k++;
+        if (k == into->n && ids_push(into, from->v[i]) != XSEG_SUCCESS)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+    }
+    return XSEG_SUCCESS;
+}
+
+/* "the capture on stream 's' (line 3)": the capture stream state @p ss takes part in. */
+static const char *capture_name(const struct parser *p, const struct stream_state *ss, char *buf, size_t len)
+{
+    const struct stream_state *o = &p->streams[ss->in - 1];
+    snprintf(buf, len, "the capture on stream '%s' (line %u)", p->t->streams.names[ss->in - 1], o->line);
+    return buf;
+}
+
+/* "'s' captures (line 3)" or "'u' takes part in the capture on stream 's' (line 3; joined at
+ * line 5)": how stream @p x, which takes part in a capture, does. */
+static const char *capture_role(const struct parser *p, int32_t x, char *buf, size_t len)
+{
+    const struct stream_state *ss = &p->streams[x];
+    if (ss->capturing)
+        snprintf(buf, len, "'%s' captures (line %u)", p->t->streams.names[x], ss->line);
+    else
+        snprintf(buf, len, "'%s' takes part in the capture on stream '%s' (line %u; joined at line %u)",
+                 p->t->streams.names[x], p->t->streams.names[ss->in - 1], p->streams[ss->in - 1].line,
+                 ss->join_line);
+    return buf;
+}
+
+/* work on stream @p x, which takes part in a capture: a node after its dependencies. */
+static xseg_status capture_work(struct parser *p, int32_t x)
+{
+    struct stream_state *ss = &p->streams[x], *o = &p->streams[ss->in - 1];
+    if (o->nnodes >= UINT32_MAX)
+        return perr(p, "work: too many nodes in %s", p->t->streams.names[ss->in - 1]);
+    if (grow_array((void **)&o->nodes, &o->nodes_cap, o->nnodes, sizeof *o->nodes) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    struct cap_node *nd = &o->nodes[o->nnodes];
+    nd->first = o->edges.n;
+    nd->n = (uint32_t)ss->deps.n;
+    /* The origin's own work follows its dependencies, so it stays before the origin's. */
+    nd->joined = ss == o;
+    for (size_t i = 0; i < ss->deps.n; i++)
+        if (ids_push(&o->edges, ss->deps.v[i]) != XSEG_SUCCESS)
+            return perr(p, "out of host memory");
+    ss->deps.n = 0;
+    if (ids_push(&ss->deps, (uint32_t)o->nnodes++) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    return XSEG_SUCCESS;
+}
+
+/* The origin @p o now depends on @p from: those nodes and everything before them are joined.
+ * Joined nodes never stop being joined (the origin's dependencies only move forward), so each
+ * node is visited once per capture. */
+static xseg_status capture_join(struct parser *p, struct stream_state *o, const struct id_set *from)
+{
+    p->stack.n = 0;
+    for (size_t i = 0; i < from->n; i++)
+        if (ids_push(&p->stack, from->v[i]) != XSEG_SUCCESS)
+            return perr(p, "out of host memory");
+    while (p->stack.n) {
+        struct cap_node *nd = &o->nodes[p->stack.v[--p->stack.n]];
+        if (nd->joined)
+            continue;
+        nd->joined = 1;
+        for (uint32_t k = 0; k < nd->n; k++)
+            if (!o->nodes[o->edges.v[nd->first + k]].joined && ids_push(&p->stack, o->edges.v[nd->first + k]))
+                return perr(p, "out of host memory");
+    }
+    return XSEG_SUCCESS;
+}
+
 /* "300ms", "1.5s", "20us", "500ns": a duration in nanoseconds (up to 9 fraction digits). */
 static xseg_status parse_duration(struct parser *p, const struct tok *tk, uint64_t *ns)
 {
@@ -380,6 +500,17 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         a.stream = TRACE_ALL_STREAMS;
         if (n == 2 && (st = stream_ref(p, &tk[1], &a.stream)))
             return st;
+        /* The driver refuses to synchronize a capturing stream, or the whole context while any
+         * stream captures (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and invalidates the capture. */
+        char what[160];
+        for (size_t i = 0; a.stream == TRACE_ALL_STREAMS && i < p->t->streams.count; i++)
+            if (p->streams[i].capturing)
+                return perr(p, "sync: stream '%s' captures (line %u); the whole device cannot be synchronized "
+                               "during a capture (sync a stream outside it, or after capture_end)",
+                            p->t->streams.names[i], p->streams[i].line);
+        if (a.stream >= 0 && p->streams[a.stream].in)
+            return perr(p, "sync %.*s: %s; a capturing stream cannot be synchronized", (int)tk[1].len, tk[1].s,
+                        capture_role(p, a.stream, what, sizeof what));
         a.op = TRACE_SYNC;
     } else if (tok_is(verb, "empty_cache")) {
         if ((st = want_args(p, "empty_cache", n, 0, 0, "empty_cache")))
@@ -548,11 +679,43 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
         if (begin && n == 3 && (st = pool_ref(p, &tk[2], &a.pool)))
             return st;
         struct stream_state *ss = &p->streams[a.stream];
+        char what[160];
         if (begin && ss->capturing)
             return perr(p, "capture_begin: stream '%.*s' is already capturing (line %u)", (int)tk[1].len - 1,
                         tk[1].s + 1, ss->line);
+        if (begin && ss->in)
+            return perr(p, "capture_begin: stream '%.*s' takes part in %s since its wait at line %u",
+                        (int)tk[1].len - 1, tk[1].s + 1, capture_name(p, ss, what, sizeof what), ss->join_line);
+        if (!begin && !ss->capturing && ss->in)
+            return perr(p, "capture_end: stream '%.*s' joined %s by its wait at line %u; end the capture on the "
+                           "stream that began it", (int)tk[1].len - 1, tk[1].s + 1,
+                        capture_name(p, ss, what, sizeof what), ss->join_line);
         if (!begin && !ss->capturing)
             return perr(p, "capture_end: stream '%.*s' is not capturing", (int)tk[1].len - 1, tk[1].s + 1);
+        /* Every stream that joined the capture must be joined back into this one: work the
+         * capture does not order before its end fails it (CUDA_ERROR_STREAM_CAPTURE_UNJOINED). */
+        for (size_t i = 0; !begin && i < p->t->streams.count; i++) {
+            struct stream_state *o = &p->streams[i];
+            if (o->in != a.stream + 1 || o == ss)
+                continue;
+            for (size_t k = 0; k < o->deps.n; k++)
+                if (!ss->nodes[o->deps.v[k]].joined)
+                    return perr(p, "capture_end: stream '%s' has work in the capture that '%.*s' never waited "
+                                   "for (it joined at line %u); add 'wait %.*s @%s' before the end",
+                                p->t->streams.names[i], (int)tk[1].len - 1, tk[1].s + 1, o->join_line,
+                                (int)tk[1].len, tk[1].s, p->t->streams.names[i]);
+        }
+        for (size_t i = 0; !begin && i < p->t->streams.count; i++)
+            if (p->streams[i].in == a.stream + 1) {
+                p->streams[i].in = 0;
+                p->streams[i].deps.n = 0;
+            }
+        if (begin) {
+            ss->in = a.stream + 1;
+            ss->deps.n = 0;
+            ss->nnodes = 0;
+            ss->edges.n = 0;
+        }
         if (begin && a.pool >= 0) {
             /* One recorder per pool at a time: pool_begin's or one capture's. */
             struct pool_state *ps = &p->pools[a.pool];
@@ -584,11 +747,41 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
             return st;
         if (a.stream == a.stream2)
             return perr(p, "wait: a stream cannot wait for itself ('%.*s')", (int)tk[1].len, tk[1].s);
+        /* What cuStreamWaitEvent does with an event recorded on the waited-for stream: in a
+         * capture it forks (the waiting stream joins it) or joins (its work now comes first). */
+        struct stream_state *sa = a.stream >= 0 ? &p->streams[a.stream] : NULL;
+        struct stream_state *sb = a.stream2 >= 0 ? &p->streams[a.stream2] : NULL;
+        char what[160], what2[160];
+        if (sb && sb->in) {
+            if (!sa)
+                return perr(p, "wait %.*s %.*s: %s; the legacy default stream cannot join a capture",
+                            (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s,
+                            capture_role(p, a.stream2, what, sizeof what));
+            if (sa->in && sa->in != sb->in)
+                return perr(p, "wait %.*s %.*s: %s and %s; two captures cannot be merged", (int)tk[1].len,
+                            tk[1].s, (int)tk[2].len, tk[2].s, capture_role(p, a.stream, what, sizeof what),
+                            capture_role(p, a.stream2, what2, sizeof what2));
+            if (!sa->in) {
+                sa->in = sb->in;
+                sa->join_line = p->line;
+                sa->deps.n = 0;
+            }
+            if (ids_merge(&sa->deps, &sb->deps) != XSEG_SUCCESS)
+                return perr(p, "out of host memory");
+            if (sa->capturing && (st = capture_join(p, sa, &sb->deps)))
+                return st;
+        } else if (sa && sa->in) {
+            return perr(p, "wait %.*s %.*s: %s and '%.*s' does not; a capture cannot wait for work outside it",
+                        (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s, capture_role(p, a.stream, what, sizeof what),
+                        (int)tk[2].len - 1, tk[2].s + 1);
+        }
         a.op = TRACE_WAIT;
     } else if (tok_is(verb, "work")) {
         if ((st = want_args(p, "work", n, 1, 1, "work @STREAM")))
             return st;
         if ((st = stream_ref(p, &tk[1], &a.stream)))
+            return st;
+        if (a.stream >= 0 && p->streams[a.stream].in && (st = capture_work(p, a.stream)))
             return st;
         a.op = TRACE_WORK;
     } else {
@@ -633,7 +826,13 @@ xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char
     free(p.live);
     free(p.last_line);
     free(p.pools);
+    for (size_t i = 0; i < p.stream_cap; i++) {
+        free(p.streams[i].deps.v);
+        free(p.streams[i].nodes);
+        free(p.streams[i].edges.v);
+    }
     free(p.streams);
+    free(p.stack.v);
     return st;
 }
 

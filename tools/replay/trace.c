@@ -225,6 +225,28 @@ const char *trace_op_name(enum trace_op op)
     return "?";
 }
 
+/* Rewrite @p s (a message in a buffer of @p cap bytes) with every byte outside printable ASCII as
+ * \xNN, as xseg's config errors do: messages echo the user's text, and a tab or a control
+ * character would print invisibly, so that "bad size ' -5'" hid what was wrong. A printable
+ * message is left as it is, so escaping twice changes nothing. */
+static void escape_message(char *s, size_t cap)
+{
+    char buf[TRACE_ERR_MAX * 4];
+    size_t n = 0;
+    int any = 0;
+    for (const unsigned char *c = (const unsigned char *)s; *c && n + 5 < sizeof buf; c++) {
+        if (*c >= 0x20 && *c < 0x7f) {
+            buf[n++] = (char)*c;
+        } else {
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "\\x%02X", *c);
+            any = 1;
+        }
+    }
+    buf[n] = '\0';
+    if (any)
+        snprintf(s, cap, "%s", buf);
+}
+
 xseg_status trace_parse_size(const char *s, size_t len, uint64_t *bytes, char *err, size_t errlen)
 {
     size_t i = 0;
@@ -287,9 +309,11 @@ xseg_status trace_parse_size(const char *s, size_t len, uint64_t *bytes, char *e
 bad:
     snprintf(err, errlen, "bad size '%.*s' (bytes, or a number with B, KiB, MiB, GiB, TiB)",
              (int)(len > 64 ? 64 : len), s);
+    escape_message(err, errlen);
     return XSEG_ERROR_INVALID_VALUE;
 overflow:
     snprintf(err, errlen, "size '%.*s' does not fit in 64 bits", (int)(len > 64 ? 64 : len), s);
+    escape_message(err, errlen);
     return XSEG_ERROR_INVALID_VALUE;
 }
 
@@ -312,7 +336,9 @@ xseg_status trace_verror(char *err, size_t errlen, const char *source, unsigned 
                          va_list ap)
 {
     int n = snprintf(err, errlen, "%s:%u: ", source, line);
-    if (n >= 0 && (size_t)n < errlen)
+    if (n >= 0 && (size_t)n < errlen) {
         vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+        escape_message(err + n, errlen - (size_t)n); /* the message; the file name is the user's own */
+    }
     return XSEG_ERROR_INVALID_VALUE;
 }

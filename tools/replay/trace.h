@@ -118,7 +118,8 @@ static inline const char *trace_text(const struct trace *t, size_t off) { return
 /* Name of an action's operation as the trace language spells it ("empty_cache"). */
 const char *trace_op_name(enum trace_op op);
 
-/* Format "SOURCE:LINE: message" into err (errlen bytes) for the parsers; returns
+/* Format "SOURCE:LINE: message" into err (errlen bytes) for the parsers; bytes of the message
+ * outside printable ASCII (echoed from the input) appear as \xNN. Returns
  * XSEG_ERROR_INVALID_VALUE so a parser can `return` it. */
 xseg_status trace_verror(char *err, size_t errlen, const char *source, unsigned line, const char *fmt,
                          va_list ap);
@@ -126,7 +127,8 @@ xseg_status trace_verror(char *err, size_t errlen, const char *source, unsigned 
 /*
  * Parse a size: digits with an optional unit B, KiB, MiB, GiB, TiB (binary; also K/M/G/T and
  * KB/MB/GB/TB taken as binary), and an optional fraction ("1.5GiB"). @return
- * XSEG_ERROR_INVALID_VALUE with a message in @p err for anything else or an overflow.
+ * XSEG_ERROR_INVALID_VALUE with a message in @p err for anything else or an overflow (the text
+ * echoed with bytes outside printable ASCII as \xNN).
  */
 xseg_status trace_parse_size(const char *s, size_t len, uint64_t *bytes, char *err, size_t errlen);
 
@@ -137,7 +139,8 @@ const char *trace_format_size(uint64_t bytes, char *buf, size_t buflen);
 /*
  * Parse the trace language (see tools/replay/README in docs or xseg-replay --help) from @p text.
  * Checks the whole file before anything runs: unknown actions, bad sizes, a buffer allocated
- * twice or freed while not live, undeclared streams, unbalanced pools. On error returns
+ * twice or freed while not live, undeclared streams, unbalanced pools, what the driver refuses
+ * during a capture (docs/trace-format.md lists it all). On error returns
  * XSEG_ERROR_INVALID_VALUE and writes "SOURCE:LINE: message" to @p err.
  */
 xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char *err, size_t errlen);
