@@ -91,7 +91,7 @@ __attribute__((noinline, cold)) void alloc_failed(xseg_status st, size_t size, i
     TORCH_CHECK(false, "xseg: allocating ", size, " bytes on device ", device, ": ", xseg_last_error());
 }
 
-void *alloc(size_t size, int device, cudaStream_t stream)
+void *adapter_malloc(size_t size, int device, cudaStream_t stream)
 {
     void *p = nullptr;
     xseg_status st = xseg_malloc(&p, size, device, reinterpret_cast<struct CUstream_st *>(stream));
@@ -353,7 +353,7 @@ class XsegAllocator : public AdapterBase {
   public:
     XsegAllocator()
         : AdapterBase(
-              alloc,
+              adapter_malloc,
               [](void *ptr, size_t size, int device, cudaStream_t stream) {
                   xseg_torch_free(ptr, size, device, reinterpret_cast<struct CUstream_st *>(stream));
               })
