@@ -1,6 +1,10 @@
 /* PyTorch's CUDAPluggableAllocator entry points. PyTorch keeps size/device/stream per pointer
- * itself and turns a NULL from malloc into its own OutOfMemoryError, so these only forward;
- * failures are left in xseg_last_error() and never printed. */
+ * itself, so these only forward; failures are left in xseg_last_error() and never printed.
+ * PyTorch does not check what malloc returns: its CUDAPluggableAllocator (2.1 through main) hands
+ * a NULL on as the tensor's data pointer instead of raising OutOfMemoryError. A bare pluggable
+ * allocator over xseg_torch_malloc therefore fails late and obscurely at OOM; xseg's PyTorch
+ * adapter (python/xseg/_torch_adapter.cpp) calls xseg_malloc itself and raises
+ * c10::OutOfMemoryError with xseg's message. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>

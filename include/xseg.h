@@ -808,7 +808,9 @@ XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, 
 /* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable-allocator entry points:
  *   torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free")
- * They report failures through xseg_last_error() and return NULL / nothing.
+ * They report failures through xseg_last_error() and return NULL / nothing. PyTorch does not
+ * check the NULL (a tensor gets it as its data pointer); xseg.torch.enable()'s adapter calls
+ * xseg_malloc instead and raises torch.cuda.OutOfMemoryError with xseg's message.
  * ------------------------------------------------------------------------------------------- */
 
 XSEG_API void *xseg_torch_malloc(size_t size, int device, struct CUstream_st *stream);

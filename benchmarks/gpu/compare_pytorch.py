@@ -6,15 +6,18 @@ Allocators (each in its own subprocess: PyTorch fixes its allocator at first CUD
   native        PyTorch's caching allocator, expandable_segments:False
   native-exp    PyTorch's caching allocator, expandable_segments:True
   async         backend:cudaMallocAsync
-  xseg          libxseg via torch.cuda.memory.CUDAPluggableAllocator (xseg's default: expandable)
-  xseg-classic  the same with XSEG_ALLOC_CONF=expandable_segments:False
+  xseg          libxseg installed by xseg.torch.enable("expandable_segments:True"), every hook
+                wired (record_stream, empty_cache, ...)
+  xseg-classic  the same with enable("expandable_segments:False")
 
-A pluggable allocator hides its statistics from torch.cuda.memory_stats(), so for xseg the
-figures come from xseg_stat (ctypes on libxseg) under the same keys.
+For xseg the figures come from the xseg package (xseg.memory_stats, the same keys as
+torch.cuda.memory_stats). The package is taken from the source tree beside this script
+(python/xseg), with libxseg from --lib.
 
 Each `alloc NAME SIZE [@s]` becomes torch.empty(SIZE, dtype=torch.uint8) on that stream, `free`
 drops the tensor, `record` is Tensor.record_stream, `sync` synchronizes, `empty_cache` calls
-torch.cuda.empty_cache(). `hold`/`release` (emulator-only) are ignored; pool and capture
+torch.cuda.empty_cache(), `config` applies the text to the allocator under test (PyTorch's
+_set_allocator_settings, or xseg.set_config). `hold`/`release` (emulator-only) are ignored; pool and capture
 actions are not supported yet.
 
 usage: compare_pytorch.py --lib build/libxseg.so TRACE... [--modes native,xseg,...]
@@ -117,20 +120,30 @@ class FakeBackend:
                 "allocated_bytes.all.current": self.live, "reserved_bytes.all.current": self.live}
 
 
+XSEG_CONFIG = {"xseg": "expandable_segments:True", "xseg-classic": "expandable_segments:False"}
+
+
+def import_xseg(lib):
+    """The xseg package of the source tree beside this script (python/xseg), over libxseg from
+    --lib, with its PyTorch adapter (xseg.torch)."""
+    os.environ["XSEG_LIBRARY"] = os.path.abspath(lib)
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+    if os.path.isdir(os.path.join(src, "xseg")):
+        sys.path.insert(0, os.path.abspath(src))
+    import xseg
+    import xseg.torch
+    return xseg
+
+
 class TorchBackend:
     def __init__(self, mode, lib):
         import torch
         self.torch = torch
         self.xseg = None
         if mode.startswith("xseg"):
-            import ctypes
-            alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "xseg_torch_malloc", "xseg_torch_free")
-            torch.cuda.memory.change_current_allocator(alloc)
-            self.xseg = ctypes.CDLL(lib)
-            self.xseg.xseg_stat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
-            self.xseg.xseg_stat.restype = ctypes.c_int
-            self.xseg.xseg_empty_cache.argtypes = [ctypes.c_int]
-            self.ctypes = ctypes
+            # Before PyTorch's first CUDA allocation: PyTorch fixes its allocator then.
+            self.xseg = import_xseg(lib)
+            self.xseg.torch.enable(XSEG_CONFIG[mode])
         self.mode = mode
         torch.cuda.init()
 
@@ -154,25 +167,20 @@ class TorchBackend:
             stream.synchronize()
 
     def empty_cache(self):
-        self.torch.cuda.empty_cache()
-        if self.xseg is not None:
-            self.xseg.xseg_empty_cache(-1)
+        self.torch.cuda.empty_cache()  # reaches xseg through the adapter
 
     def set_config(self, text):
-        if self.mode.startswith("native"):
+        if self.xseg is not None:
+            self.xseg.set_config(text)
+        elif self.mode.startswith("native"):
             self.torch.cuda.memory._set_allocator_settings(text)
 
     def stats(self):
         keys = ["allocated_bytes.all.peak", "reserved_bytes.all.peak", "allocated_bytes.all.current",
                 "reserved_bytes.all.current"]
         if self.xseg is not None:
-            out = {}
-            for k in keys:
-                v = self.ctypes.c_int64(0)
-                if self.xseg.xseg_stat(0, k.encode(), self.ctypes.byref(v)) != 0:
-                    raise RuntimeError("xseg_stat(%s) failed" % k)
-                out[k] = v.value
-            return out
+            s = self.xseg.memory_stats(0)
+            return {k: s[k] for k in keys}
         s = self.torch.cuda.memory_stats()
         out = {k: s.get(k, 0) for k in keys}
         if not out["reserved_bytes.all.peak"]:
@@ -249,17 +257,16 @@ def child(args):
 
 def mode_env(mode):
     env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "XSEG_ALLOC_CONF"):
+        env.pop(k, None)
+    env.pop("XSEG_LIBCUDA", None)  # PyTorch and xseg must share the real driver
     if mode == "native":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
     elif mode == "native-exp":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     elif mode == "async":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
-    elif mode == "xseg":
-        env["XSEG_ALLOC_CONF"] = "expandable_segments:True"
-    elif mode == "xseg-classic":
-        env["XSEG_ALLOC_CONF"] = "expandable_segments:False"
+    # xseg, xseg-classic: the config goes to xseg.torch.enable (XSEG_CONFIG)
     return env
 
 

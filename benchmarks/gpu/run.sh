@@ -4,7 +4,8 @@
 # figures, and results.tgz with every log.
 #   benchmarks/gpu/run.sh [tests|bench|all]     (default all)
 # Needs: a C compiler, meson + ninja (pip's are fine), cmocka (Debian packages in .gpu-deps/ are
-# unpacked into / when present: the GPU image lacks it), nm. PyTorch for the comparison parts.
+# unpacked into / when present: the GPU image lacks it), nm. PyTorch (a CUDA build) and a C++
+# compiler for the comparison parts, which build xseg's PyTorch adapter once (xseg.torch.enable).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -45,6 +46,10 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
 fi
 
 if [ "$what" = all ] || [ "$what" = bench ]; then
+    # The PyTorch comparisons install xseg with xseg.torch.enable(): the package from this tree
+    # over the library just built (the scripts find both themselves too), on the real driver.
+    pyenv=(env -u XSEG_LIBCUDA PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+           XSEG_LIBRARY="$PWD/build-gpu/libxseg.so")
     if [ -x build-gpu/benchmarks/bench_vmm_costs ]; then
         build-gpu/benchmarks/bench_vmm_costs --csv "$OUT/logs/vmm_costs.csv" > "$OUT/logs/vmm_costs.txt" 2>&1
         log "VMM call costs"; cat "$OUT/logs/vmm_costs.txt" >> "$OUT/summary.txt"
@@ -62,12 +67,12 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
         done
     fi
     if [ -f benchmarks/gpu/compare_pytorch.py ] && ls .gpu-traces/*.trace >/dev/null 2>&1; then
-        python3 benchmarks/gpu/compare_pytorch.py --lib build-gpu/libxseg.so .gpu-traces/*.trace \
+        "${pyenv[@]}" python3 benchmarks/gpu/compare_pytorch.py --lib build-gpu/libxseg.so .gpu-traces/*.trace \
             > "$OUT/logs/pytorch_compare.txt" 2>&1
         log "PyTorch comparison"; cat "$OUT/logs/pytorch_compare.txt" >> "$OUT/summary.txt"
     fi
     if [ -f benchmarks/gpu/train_transformer.py ]; then
-        python3 benchmarks/gpu/train_transformer.py --lib build-gpu/libxseg.so \
+        "${pyenv[@]}" python3 benchmarks/gpu/train_transformer.py --lib build-gpu/libxseg.so \
             > "$OUT/logs/train.txt" 2>&1
         log "training loop"; cat "$OUT/logs/train.txt" >> "$OUT/summary.txt"
     fi

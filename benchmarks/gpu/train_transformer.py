@@ -7,11 +7,13 @@ Allocators (each in its own process, because PyTorch fixes its allocator at firs
   native        PyTorch's caching allocator, expandable_segments:False
   native-exp    PyTorch's caching allocator, expandable_segments:True
   async         backend:cudaMallocAsync
-  xseg          libxseg through torch.cuda.memory.CUDAPluggableAllocator (xseg's default mode)
-  xseg-classic  the same with XSEG_ALLOC_CONF=expandable_segments:False
+  xseg          libxseg installed by xseg.torch.enable() (xseg's default mode), every hook wired
+                (record_stream, empty_cache, ...)
+  xseg-classic  the same with enable("expandable_segments:False")
 
-A pluggable allocator hides its statistics from torch.cuda.memory_stats(), so for xseg the
-figures come from xseg itself (xseg_stat through ctypes), under the same key names.
+For xseg the figures come from the xseg package (xseg.memory_stats, the same keys as
+torch.cuda.memory_stats). The package is taken from the source tree beside this script
+(python/xseg), with libxseg from --lib.
 
 Usage: train_transformer.py --lib build/libxseg.so [--steps 60] [--modes native,xseg,...]
 """
@@ -24,35 +26,39 @@ import sys
 import time
 
 MODES = ["native", "native-exp", "async", "xseg", "xseg-classic"]
+XSEG_CONFIG = {"xseg": None, "xseg-classic": "expandable_segments:False"}
+
+
+def import_xseg(lib):
+    """The xseg package of the source tree beside this script (python/xseg), over libxseg from
+    --lib, with its PyTorch adapter (xseg.torch)."""
+    os.environ["XSEG_LIBRARY"] = os.path.abspath(lib)
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+    if os.path.isdir(os.path.join(src, "xseg")):
+        sys.path.insert(0, os.path.abspath(src))
+    import xseg
+    import xseg.torch
+    return xseg
 
 
 def child(args):
     mode = args.child
-    import ctypes
-    lib = None
+    xseg = None
     if mode.startswith("xseg"):
-        import torch
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(args.lib, "xseg_torch_malloc", "xseg_torch_free")
-        torch.cuda.memory.change_current_allocator(alloc)
-        lib = ctypes.CDLL(args.lib)
-        lib.xseg_stat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
-        lib.xseg_stat.restype = ctypes.c_int
-        lib.xseg_reset_peak_stats.argtypes = [ctypes.c_int]
+        # Before PyTorch's first CUDA allocation: PyTorch fixes its allocator then.
+        xseg = import_xseg(args.lib)
+        xseg.torch.enable(XSEG_CONFIG[mode])
     import torch
     import torch.nn as nn
 
     def stat(key):
-        if lib is not None:
-            v = ctypes.c_int64(0)
-            rc = lib.xseg_stat(0, key.encode(), ctypes.byref(v))
-            if rc != 0:
-                raise RuntimeError("xseg_stat(%s) failed: %d" % (key, rc))
-            return v.value
+        if xseg is not None:
+            return xseg.memory_stats(0)[key]
         return torch.cuda.memory_stats().get(key, 0)
 
     def reset_peak():
-        if lib is not None:
-            lib.xseg_reset_peak_stats(0)
+        if xseg is not None:
+            xseg.reset_peak_memory_stats(0)
         else:
             torch.cuda.reset_peak_memory_stats()
 
@@ -122,14 +128,14 @@ def main():
         env = dict(os.environ)
         for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "XSEG_ALLOC_CONF"):
             env.pop(k, None)
+        env.pop("XSEG_LIBCUDA", None)  # PyTorch and xseg must share the real driver
         if mode == "native":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
         elif mode == "native-exp":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         elif mode == "async":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
-        elif mode == "xseg-classic":
-            env["XSEG_ALLOC_CONF"] = "expandable_segments:False"
+        # xseg, xseg-classic: the config goes to xseg.torch.enable (XSEG_CONFIG)
         p = subprocess.run([sys.executable, __file__, "--lib", lib, "--steps", str(args.steps),
                             "--child", mode], env=env, capture_output=True, text=True)
         line = [l for l in p.stdout.splitlines() if l.startswith("{")]

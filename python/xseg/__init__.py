@@ -94,8 +94,12 @@ def _stream(stream):
 # --- configuration -------------------------------------------------------------------------
 
 def init(config=None):
-    """Initialize xseg now (it initializes lazily otherwise), with an optional config string
-    that is applied on top of $XSEG_ALLOC_CONF / $PYTORCH_CUDA_ALLOC_CONF."""
+    """Initialize xseg now (it initializes lazily otherwise): load the driver ($XSEG_LIBCUDA,
+    else libcuda.so.1) and apply `config`, or with None the first of $XSEG_ALLOC_CONF,
+    $PYTORCH_CUDA_ALLOC_CONF and $PYTORCH_ALLOC_CONF that is set (a config given replaces the
+    environment's; set_config() applies keys on top of the config in force). Calling it again
+    re-applies the configuration. Raises XsegError for a bad key or value, or a driver that
+    cannot be loaded."""
     check(_lib.lib().xseg_init(config.encode() if config is not None else None))
 
 

@@ -1,7 +1,9 @@
 // xseg as PyTorch's CUDA allocator with every hook wired (built by xseg.torch.enable() through
 // torch.utils.cpp_extension, once per PyTorch version, and cached).
 //
-// A bare CUDAPluggableAllocator calls only malloc and free. This adapter sets every set_* hook
+// A bare CUDAPluggableAllocator calls only malloc and free, and hands a NULL from malloc on as a
+// tensor's data pointer. This adapter raises instead (c10::OutOfMemoryError with xseg's message
+// when out of memory, so torch.cuda.OutOfMemoryError reaches Python), sets every set_* hook
 // (record_stream, empty_cache, memory fraction, init, base allocation, and the allocate-to-pool
 // hooks that torch.cuda.graph and MemPool need) and answers from xseg what the pluggable wrapper
 // refuses: getDeviceStats, resetPeakStats, resetAccumulatedStats, cacheInfo, snapshot,
@@ -77,6 +79,27 @@ void xseg_check(xseg_status st, const char *what)
     TORCH_CHECK(st == XSEG_SUCCESS, "xseg: ", what, ": ", xseg_last_error());
 }
 
+// A failed allocation. PyTorch's CUDAPluggableAllocator hands a NULL from its alloc function on
+// as the tensor's data pointer (malloc, allocate and raw_alloc check nothing, 2.1 through main),
+// so the adapter raises here, as PyTorch's own allocator does: out of memory as
+// c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in Python; cuDNN's workspace search catches
+// it and retries smaller) with xseg's message, which names the OOM snapshot when one was written;
+// any other failure as c10::Error (RuntimeError).
+__attribute__((noinline, cold)) void alloc_failed(xseg_status st, size_t size, int device)
+{
+    TORCH_CHECK_WITH(OutOfMemoryError, st != XSEG_ERROR_OUT_OF_MEMORY, xseg_last_error());
+    TORCH_CHECK(false, "xseg: allocating ", size, " bytes on device ", device, ": ", xseg_last_error());
+}
+
+void *adapter_malloc(size_t size, int device, cudaStream_t stream)
+{
+    void *p = nullptr;
+    xseg_status st = xseg_malloc(&p, size, device, reinterpret_cast<struct CUstream_st *>(stream));
+    if (__builtin_expect(st != XSEG_SUCCESS, 0))
+        alloc_failed(st, size, device);
+    return p;
+}
+
 xseg_pool_id to_xseg(MempoolId id) { return xseg_pool_id{id.first, id.second}; }
 
 // ---- allocate-to-pool hooks ----------------------------------------------------------------
@@ -98,7 +121,7 @@ int filter_trampoline(struct CUstream_st *stream, void *user)
     }
 }
 
-void begin_to_pool(int device, MempoolId id, std::function<bool(cudaStream_t)> filter)
+[[maybe_unused]] void begin_to_pool(int device, MempoolId id, std::function<bool(cudaStream_t)> filter)
 {
     auto fn = std::make_unique<std::function<bool(cudaStream_t)>>(std::move(filter));
     std::lock_guard<std::mutex> g(filters_mu);
@@ -106,7 +129,7 @@ void begin_to_pool(int device, MempoolId id, std::function<bool(cudaStream_t)> f
     filters[{device, {id.first, id.second}}] = std::move(fn);
 }
 
-void end_to_pool(int device, MempoolId id)
+[[maybe_unused]] void end_to_pool(int device, MempoolId id)
 {
     xseg_status st = xseg_end_allocate_to_pool(device, to_xseg(id));
     {
@@ -124,7 +147,7 @@ int stream_trampoline(struct CUstream_st *stream, void *user)
     return reinterpret_cast<cudaStream_t>(stream) == static_cast<cudaStream_t>(user) ? 1 : 0;
 }
 
-void begin_stream_to_pool(int device, cudaStream_t stream, MempoolId id)
+[[maybe_unused]] void begin_stream_to_pool(int device, cudaStream_t stream, MempoolId id)
 {
     std::lock_guard<std::mutex> g(filters_mu);
     xseg_check(xseg_begin_allocate_to_pool(device, to_xseg(id), stream_trampoline, static_cast<void *>(stream)),
@@ -132,7 +155,7 @@ void begin_stream_to_pool(int device, cudaStream_t stream, MempoolId id)
     stream_pools[{device, stream}] = id;
 }
 
-void end_stream_to_pool(int device, cudaStream_t stream)
+[[maybe_unused]] void end_stream_to_pool(int device, cudaStream_t stream)
 {
     MempoolId id;
     {
@@ -330,9 +353,7 @@ class XsegAllocator : public AdapterBase {
   public:
     XsegAllocator()
         : AdapterBase(
-              [](size_t size, int device, cudaStream_t stream) {
-                  return xseg_torch_malloc(size, device, reinterpret_cast<struct CUstream_st *>(stream));
-              },
+              adapter_malloc,
               [](void *ptr, size_t size, int device, cudaStream_t stream) {
                   xseg_torch_free(ptr, size, device, reinterpret_cast<struct CUstream_st *>(stream));
               })

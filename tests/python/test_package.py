@@ -1,4 +1,5 @@
 """The xseg package through a real libxseg on cudaemu: every function and its errors."""
+import ctypes
 import os
 import pickle
 import subprocess
@@ -12,8 +13,12 @@ PKG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pyth
 
 
 def run_py(code, **env):
+    """Run code in a fresh interpreter; env values of None remove the variable."""
     e = dict(os.environ)
     e.update(env)
+    for k, v in env.items():
+        if v is None:
+            e.pop(k, None)
     e["PYTHONPATH"] = PKG
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e,
                           capture_output=True, text=True, timeout=60)
@@ -80,6 +85,39 @@ def test_malloc_free_and_counters(xseg):
     assert xseg.memory_allocated() == before
     assert xseg.malloc(0) == 0
     xseg.free(0)
+
+
+def test_torch_named_getters_read_memory_stats(xseg):
+    """memory_allocated, max_memory_allocated, memory_reserved and max_memory_reserved are
+    memory_stats' keys, as torch.cuda's are; the peaks stay after a free and an empty_cache, and
+    reset_peak_memory_stats brings them down to the current values."""
+    xseg.empty_cache()
+    xseg.reset_peak_memory_stats(0)
+    getters = {"memory_allocated": "allocated_bytes.all.current",
+               "max_memory_allocated": "allocated_bytes.all.peak",
+               "memory_reserved": "reserved_bytes.all.current",
+               "max_memory_reserved": "reserved_bytes.all.peak"}
+    p = xseg.malloc(24 * MiB)
+    q = xseg.malloc(MiB)
+    try:
+        s = xseg.memory_stats(0)
+        for name, key in getters.items():
+            for dev in (0, None, "cuda:0"):
+                assert getattr(xseg, name)(dev) == s[key], (name, dev)
+        assert xseg.memory_reserved(0) >= xseg.memory_allocated(0) >= 25 * MiB
+    finally:
+        xseg.free(p)
+    xseg.empty_cache()
+    peak_reserved = s["reserved_bytes.all.peak"]
+    assert xseg.memory_reserved(0) < peak_reserved == xseg.max_memory_reserved(0)
+    assert xseg.memory_allocated(0) < s["allocated_bytes.all.peak"] == xseg.max_memory_allocated(0)
+    xseg.reset_peak_memory_stats(0)
+    assert xseg.max_memory_reserved(0) == xseg.memory_reserved(0) < peak_reserved
+    assert xseg.max_memory_allocated(0) == xseg.memory_allocated(0) >= MiB
+    xseg.free(q)
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.max_memory_reserved(99)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
 
 
 def test_stats_keys_equal_pytorchs(xseg):
@@ -223,10 +261,134 @@ def test_device_arguments(xseg):
     assert xseg.memory_stats(Dev())["num_ooms"] >= 0
 
 
+def _cudaemu():
+    """cudaemu, the driver xseg loaded, through ctypes; None on a real driver."""
+    path = os.environ.get("XSEG_LIBCUDA")
+    lib = ctypes.CDLL(path) if path else None
+    if lib is None or not hasattr(lib, "cudaemu_stream_hold"):
+        return None
+    lib.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    for name in ("cuStreamDestroy_v2", "cudaemu_stream_hold", "cudaemu_stream_release"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def block_state(x, ptr):
+    return [b["state"] for s in x.memory_snapshot() for b in s["blocks"] if b["address"] == ptr]
+
+
+@pytest.mark.parametrize("config", ["expandable_segments:True", "expandable_segments:False"])
+@pytest.mark.parametrize("size", [512 << 10, 4 * MiB, 30 * MiB])
+def test_record_stream_keeps_a_freed_block_until_the_side_stream_is_done(xseg, config, size):
+    """A block used on a side stream (record_stream) and freed while that stream still works on
+    it is not handed out again until the stream's work completes; then it is. cudaemu holds the
+    side stream's work pending, as a long kernel would."""
+    emu = _cudaemu()
+    if emu is None:
+        pytest.skip("needs cudaemu (it holds a stream's work pending)")
+    saved = xseg.get_config()
+    xseg.set_config(config)
+    side = ctypes.c_void_p()
+    try:
+        p = xseg.malloc(size)
+        assert emu.cuStreamCreate(ctypes.byref(side), 1) == 0  # CU_STREAM_NON_BLOCKING
+
+        class TorchStream:  # record_stream takes torch/CuPy stream objects too
+            cuda_stream = side.value
+        xseg.record_stream(p, TorchStream())
+        emu.cudaemu_stream_hold(side)
+        xseg.free(p)
+        assert block_state(xseg, p) == ["active_pending_free"]
+        q = xseg.malloc(size)
+        assert q != p
+        assert block_state(xseg, p) == ["active_pending_free"]
+        emu.cudaemu_stream_release(side)
+        r = xseg.malloc(size)  # the side stream is done: the block is free again, and fits best
+        assert r == p
+        assert block_state(xseg, p) == ["active_allocated"]
+        xseg.free(q)
+        xseg.free(r)
+        # Control: without record_stream, a freed block is reused at once.
+        xseg.free(xseg.malloc(size))
+        a = xseg.malloc(size)
+        xseg.free(a)
+        assert xseg.malloc(size) == a
+        xseg.free(a)
+    finally:
+        if side.value:
+            emu.cudaemu_stream_release(side)
+            assert emu.cuStreamDestroy_v2(side) == 0
+        xseg.set_config(saved)
+
+
 def test_record_stream_on_bad_pointer(xseg):
     with pytest.raises(xseg.XsegError) as ei:
         xseg.record_stream(0x1234, None)
     assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+
+
+def test_init_applies_the_config_given():
+    r = run_py("""
+        import xseg
+        xseg.init("expandable_segments:False,max_split_size_mb:64")
+        cfg = xseg.get_config()
+        assert "expandable_segments:False" in cfg and "max_split_size_mb:64" in cfg, cfg
+        xseg.init("expandable_segments:True")  # again: re-applied
+        assert "expandable_segments:True" in xseg.get_config()
+        p = xseg.malloc(1 << 20)
+        xseg.free(p)
+        print("ok")
+        """, XSEG_ALLOC_CONF=None)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_init_without_config_reads_the_environment():
+    code = """
+        import xseg
+        xseg.init()
+        print(xseg.get_config())
+        """
+    r = run_py(code, XSEG_ALLOC_CONF="expandable_segments:False,max_split_size_mb:64")
+    assert r.returncode == 0, r.stderr
+    assert "expandable_segments:False" in r.stdout and "max_split_size_mb:64" in r.stdout, r.stdout
+    # PyTorch's variable, when xseg's is not set
+    e = {"XSEG_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    r = run_py(code, **e)
+    assert r.returncode == 0, r.stderr
+    assert "expandable_segments:False" in r.stdout, r.stdout
+    # a config given to init is used instead of the environment's
+    r = run_py("""
+        import xseg
+        xseg.init("max_split_size_mb:64")
+        print(xseg.get_config())
+        """, XSEG_ALLOC_CONF="expandable_segments:False")
+    assert r.returncode == 0, r.stderr
+    assert "expandable_segments:True" in r.stdout and "max_split_size_mb:64" in r.stdout, r.stdout
+
+
+def test_init_errors():
+    r = run_py("""
+        import xseg
+        try:
+            xseg.init("no_such_key:1")
+        except xseg.XsegError as e:
+            assert e.status_name == "XSEG_ERROR_INVALID_VALUE" and "no_such_key" in str(e), e
+        else:
+            raise AssertionError("no error")
+        xseg.init("expandable_segments:False")  # usable after the error
+        assert "expandable_segments:False" in xseg.get_config()
+        print("ok")
+        """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    r = run_py("""
+        import xseg
+        try:
+            xseg.init()
+        except xseg.XsegError as e:
+            assert e.status_name == "XSEG_ERROR_DRIVER" and "/nonexistent/libcuda.so" in str(e), e
+            print("ok")
+        """, XSEG_LIBCUDA="/nonexistent/libcuda.so")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
 BARE_TORCH_MALLOC = """

@@ -8,9 +8,11 @@ stream and reduces gradients on a communication stream, with record_stream on bo
 losses and final parameters must agree bit for bit. The xseg run then exercises, each on its own
 so one failure does not hide the others: memory_stats()/memory_summary() and the resets through
 torch, cuDNN's benchmark mode (cacheInfo), torch.cuda.graph capture and replay in a private pool,
-torch.cuda.MemPool (where this PyTorch has it), and a snapshot with history dumped by
-torch.cuda.memory._dump_snapshot. With XSEG_CHECK_SNAPSHOT naming a snapshot checker (a program
-taking SNAPSHOT.pickle SCREENSHOT.png), the dumped snapshot is also rendered by it.
+torch.cuda.MemPool (where this PyTorch has it), a snapshot with history dumped by
+torch.cuda.memory._dump_snapshot, and an allocation too large for the device, which must raise
+torch.cuda.OutOfMemoryError with xseg's message naming the OOM snapshot. With
+XSEG_CHECK_SNAPSHOT naming a snapshot checker (a program taking SNAPSHOT.pickle
+SCREENSHOT.png), the dumped snapshot is also rendered by it.
 """
 import json
 import os
@@ -103,6 +105,10 @@ def test_graph_capture_and_replay(runs):
 
 def test_mempool(runs):
     check(runs, "mempool")
+
+
+def test_out_of_memory_raises(runs):
+    check(runs, "oom")
 
 
 def test_snapshot_dump(runs):

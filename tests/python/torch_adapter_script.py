@@ -203,12 +203,33 @@ def check_snapshot():
     del t
 
 
+def check_oom():
+    """An allocation xseg cannot serve raises torch.cuda.OutOfMemoryError (PyTorch's pluggable
+    wrapper would hand the NULL on as the tensor's data pointer) with xseg's message, which names
+    the OOM snapshot; the allocator stays usable."""
+    path = os.path.join(out, "oom.pickle")
+    xseg.set_oom_snapshot(path)
+    before = torch.cuda.memory_stats(dev)["num_ooms"]
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device=dev)  # 1 PiB
+    except torch.cuda.OutOfMemoryError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("allocating 1 PiB did not raise torch.cuda.OutOfMemoryError")
+    assert "CUDA out of memory. Tried to allocate 1.00 PiB" in msg and path in msg, msg
+    assert os.path.getsize(path) > 0
+    assert torch.cuda.memory_stats(dev)["num_ooms"] == before + 1
+    x = torch.ones(MiB, device=dev)
+    assert float(x.sum()) == MiB
+
+
 report = {}
 model = train()
 report["allocator"] = torch.cuda.get_allocator_backend()  # the current allocator's name()
 if mode == "xseg":
     checks = [("stats", check_stats), ("resets", check_resets), ("cache_info", check_cache_info),
-              ("graph", lambda: check_graph(model)), ("mempool", check_mempool), ("snapshot", check_snapshot)]
+              ("graph", lambda: check_graph(model)), ("mempool", check_mempool), ("snapshot", check_snapshot),
+              ("oom", check_oom)]
     for name, fn in checks:
         try:
             r = fn()

@@ -1,15 +1,24 @@
 // Scaffolding (tests/torch_headers/common/README.md): what the adapter uses of
-// torch/extension.h (pybind11's module macro).
+// torch/extension.h (pybind11's module macro). The stub module keeps the functions defined with
+// no arguments by name, so that run/oom_driver.cpp can call the adapter's install().
 #pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <type_traits>
+
 #ifndef TORCH_EXTENSION_NAME
 #define TORCH_EXTENSION_NAME xseg_torch_adapter_check
 #endif
 struct xseg_stub_module {
+    std::map<std::string, std::function<void()>> fns;
     template <class F>
-    void def(const char *, F, const char *)
+    void def(const char *name, F f, const char *)
     {
+        if constexpr (std::is_invocable_v<F>)
+            fns[name] = f;
     }
 };
 #define PYBIND11_MODULE(name, m)                                                                  \
-    void xseg_stub_init_##name(xseg_stub_module &m);                                              \
-    void xseg_stub_init_##name(xseg_stub_module &m)
+    void xseg_stub_init_module(xseg_stub_module &m);                                              \
+    void xseg_stub_init_module(xseg_stub_module &m)

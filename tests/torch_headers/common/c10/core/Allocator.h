@@ -9,13 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
-#define TORCH_CHECK(cond, ...)                                                                    \
-    do {                                                                                          \
-        if (!(cond))                                                                              \
-            throw std::runtime_error("TORCH_CHECK");                                              \
-    } while (0)
 #define C10_CUDA_API
 #define TORCH_CUDA_CPP_API
 

@@ -1,0 +1,60 @@
+#!/bin/sh
+# `meson install` of the Python package: into a scratch DESTDIR, the package files and libxseg
+# must land where the Python meson found imports from (a folder of its sys.path), and the
+# installed package, importing from there, must load the installed library and read statistics
+# (on cudaemu when XSEG_LIBCUDA names it, as the test environment does).
+# Usage: install_python.sh MESON BUILDDIR PYTHON PYDIR LIBDIR
+set -u
+meson=$1 build=$2 python=$3 pydir=$4 libdir=$5
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+dest=$tmp/dest
+fail() { echo "FAIL $*"; exit 1; }
+unset LD_LIBRARY_PATH # meson test points it at the build tree; the library must come from $dest
+
+"$meson" install -C "$build" --no-rebuild --quiet --destdir "$dest" >"$tmp/install.txt" 2>&1 ||
+    { cat "$tmp/install.txt"; fail "meson install --destdir failed"; }
+
+pkg=$dest$pydir/xseg
+for f in __init__.py _lib.py torch.py cupy.py ipc.py _torch_adapter.cpp xseg.h _version.py; do
+    [ -f "$pkg/$f" ] || fail "$pydir/xseg/$f was not installed (installed: $(cd "$dest" && find . -path '*xseg/*.py' | head -3))"
+done
+lib=$dest$libdir/libxseg.so.0
+[ -e "$lib" ] || fail "$libdir/libxseg.so.0 was not installed"
+echo "ok   package in $pydir/xseg, library in $libdir"
+
+# The folder is one the interpreter imports from (not, say, a lib/python3/dist-packages that
+# Debian's Python does not read).
+"$python" -E -c 'import os, sys; sys.exit(os.path.normpath(sys.argv[1]) not in [os.path.normpath(p) for p in sys.path])' \
+    "$pydir" || fail "$pydir is not on $python's sys.path: $("$python" -E -c 'import sys; print(sys.path)')"
+echo "ok   $pydir is on $python's sys.path"
+
+# Import the installed package (never the source tree's: run from the scratch folder, PYTHONPATH
+# naming only the installed folder) with XSEG_LIBRARY at the installed library.
+check='
+import os, sys
+import xseg, xseg.torch
+dest, lib = sys.argv[1], sys.argv[2]
+assert xseg.__file__.startswith(dest), xseg.__file__
+s = xseg.memory_stats(0)
+maps = [l.split()[-1] for l in open("/proc/self/maps") if "libxseg.so" in l]
+assert maps and all(os.path.realpath(m) == os.path.realpath(lib) for m in maps), (maps, lib)
+assert len(s) == 122 and s["allocated_bytes.all.current"] == 0, s
+p = xseg.malloc(1 << 20)
+assert xseg.memory_stats(0)["allocated_bytes.all.current"] == 1 << 20
+xseg.free(p)
+assert xseg.__version__ == xseg.version(), (xseg.__version__, xseg.version())
+assert xseg.torch.header_dir() == os.path.dirname(xseg.__file__), xseg.torch.header_dir()
+print("ok   imported", xseg.__file__, "version", xseg.__version__, "over", maps[0])
+'
+(cd "$tmp" && PYTHONPATH=$dest$pydir XSEG_LIBRARY=$lib "$python" -s -c "$check" "$dest" "$lib") ||
+    fail "the installed package does not work with XSEG_LIBRARY=$lib"
+
+# Without XSEG_LIBRARY the package asks the system loader, as it does after an install with
+# ldconfig; LD_LIBRARY_PATH stands for that here. Skipped where another libxseg is installed.
+if [ -z "$(cd "$tmp" && "$python" -c 'import ctypes.util; print(ctypes.util.find_library("xseg") or "")')" ]; then
+    (cd "$tmp" && unset XSEG_LIBRARY && PYTHONPATH=$dest$pydir LD_LIBRARY_PATH=$dest$libdir \
+        "$python" -s -c "$check" "$dest" "$lib") || fail "the installed package does not find the installed library"
+else
+    echo "skip the system-loader lookup: a libxseg is installed on this machine"
+fi

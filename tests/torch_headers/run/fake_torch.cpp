@@ -1,0 +1,210 @@
+// A stand-in for PyTorch's side of the `main` stub interface, so that the adapter can be linked
+// and its allocation path run without PyTorch (tests/torch_headers/README.md). Not PyTorch.
+//
+// Where the check depends on it, it behaves as PyTorch's torch/csrc/cuda/CUDAPluggableAllocator.cpp
+// does (read at the 2.1 interface, at commit 00a1abb and at a recent main; the same in each):
+//  - malloc(size, device, stream) calls the alloc function, records (size, device, stream) for the
+//    pointer it returned, and returns it: a NULL is neither checked nor turned into an error;
+//  - raw_alloc / raw_alloc_with_stream call malloc on the current device (0 here);
+//  - raw_delete looks the pointer up (unknown: error) and calls the free function with what
+//    malloc recorded;
+//  - init calls the init function; setMemoryFraction, emptyCache, recordStream, getBaseAllocation
+//    and the pool calls forward to their hooks when set; name() is "pluggable";
+//  - changeCurrentAllocator / getCurrentAllocator keep the allocator installed.
+// Everything else raises, as the check never reaches it. The real class keeps the hooks in
+// members the stub header leaves out; this one keeps them beside it, by object.
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace c10 {
+Error::Error(SourceLocation, std::string msg) : msg_(std::move(msg)) {}
+} // namespace c10
+
+namespace {
+using namespace c10::cuda::CUDACachingAllocator;
+using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+struct Hooks {
+  std::function<void*(size_t, int, cudaStream_t)> alloc_fn;
+  std::function<void(void*, size_t, int, cudaStream_t)> free_fn;
+  std::function<void(int)> init_fn;
+  std::function<void()> reset_fn;
+  std::function<void(double, int)> memory_fraction_fn;
+  std::function<void*(void*, size_t*)> base_alloc_fn;
+  std::function<void(void*, cudaStream_t)> record_stream_fn;
+  std::function<void(int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>)> begin_fn;
+  std::function<void(int, c10::cuda::MempoolId_t)> end_fn;
+  std::function<void(int, c10::cuda::MempoolId_t)> release_fn;
+  std::map<void*, std::tuple<size_t, int, cudaStream_t>> metadata;
+  bool initialized = false;
+};
+std::mutex mu;
+std::map<const Pluggable*, Hooks> hooks_of;
+
+Hooks& hooks(const Pluggable* a) {
+  std::lock_guard<std::mutex> g(mu);
+  return hooks_of[a];
+}
+
+[[noreturn]] void not_in_stub(const char* what) {
+  throw c10::Error({what, __FILE__, static_cast<uint32_t>(__LINE__)},
+                   std::string("fake_torch: ") + what + " is not part of the stand-in");
+}
+
+std::shared_ptr<CUDAAllocator> current;
+} // namespace
+
+namespace c10::cuda::CUDACachingAllocator {
+void CUDAAllocator::recordStream(const DataPtr&, c10::Stream) { not_in_stub("recordStream(Stream)"); }
+int CUDAAllocator::getPoolUseCount(c10::DeviceIndex, MempoolId_t) { return 0; }
+void CUDAAllocator::createOrIncrefPool(c10::DeviceIndex, MempoolId_t, std::shared_ptr<CUDAAllocator>) {
+  not_in_stub("createOrIncrefPool");
+}
+void CUDAAllocator::setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool) { not_in_stub("setUseOnOOM"); }
+void CUDAAllocator::setNoSplit(c10::DeviceIndex, MempoolId_t) { not_in_stub("setNoSplit"); }
+bool CUDAAllocator::checkPoolLiveAllocations(c10::DeviceIndex, MempoolId_t, const std::unordered_set<void*>&) {
+  not_in_stub("checkPoolLiveAllocations");
+}
+bool CUDAAllocator::isHistoryEnabled() { return false; }
+std::pair<size_t, size_t> CUDAAllocator::getMemoryInfo(c10::DeviceIndex) { not_in_stub("getMemoryInfo"); }
+} // namespace c10::cuda::CUDACachingAllocator
+
+namespace torch::cuda::CUDAPluggableAllocator {
+
+std::shared_ptr<CUDAAllocator> getCurrentAllocator() { return current; }
+
+void changeCurrentAllocator(const std::shared_ptr<CUDAAllocator>& allocator) {
+  TORCH_CHECK(!current || !current->initialized(), "Can't swap an already initialized allocator");
+  current = allocator;
+}
+
+CUDAPluggableAllocator::CUDAPluggableAllocator(std::function<void*(size_t, int, cudaStream_t)> alloc_fn,
+                                               std::function<void(void*, size_t, int, cudaStream_t)> free_fn) {
+  hooks(this).alloc_fn = std::move(alloc_fn);
+  hooks(this).free_fn = std::move(free_fn);
+}
+CUDAPluggableAllocator::CUDAPluggableAllocator(CUDAPluggableAllocator& other) { hooks(this) = hooks(&other); }
+
+void CUDAPluggableAllocator::set_init_fn(std::function<void(int)> f) { hooks(this).init_fn = std::move(f); }
+void CUDAPluggableAllocator::set_reset_fn(std::function<void()> f) { hooks(this).reset_fn = std::move(f); }
+void CUDAPluggableAllocator::set_memory_fraction_fn(std::function<void(double, int)> f) {
+  hooks(this).memory_fraction_fn = std::move(f);
+}
+void CUDAPluggableAllocator::set_base_alloc_fn(std::function<void*(void*, size_t*)> f) {
+  hooks(this).base_alloc_fn = std::move(f);
+}
+void CUDAPluggableAllocator::set_record_stream_fn(std::function<void(void*, cudaStream_t)> f) {
+  hooks(this).record_stream_fn = std::move(f);
+}
+void CUDAPluggableAllocator::set_begin_allocate_to_pool(
+    std::function<void(int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>)> f) {
+  hooks(this).begin_fn = std::move(f);
+}
+void CUDAPluggableAllocator::set_end_allocate_to_pool_fn(std::function<void(int, c10::cuda::MempoolId_t)> f) {
+  hooks(this).end_fn = std::move(f);
+}
+void CUDAPluggableAllocator::set_release_pool(std::function<void(int, c10::cuda::MempoolId_t)> f) {
+  hooks(this).release_fn = std::move(f);
+}
+
+void* CUDAPluggableAllocator::malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  Hooks& h = hooks(this);
+  void* r = h.alloc_fn(size, device, stream);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    h.metadata.emplace(r, std::make_tuple(size, (int)device, stream));
+  }
+  return r;
+}
+
+c10::DeleterFnPtr CUDAPluggableAllocator::raw_deleter() const { not_in_stub("raw_deleter"); }
+void* CUDAPluggableAllocator::raw_alloc(size_t nbytes) { return malloc(nbytes, 0, nullptr); }
+void* CUDAPluggableAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
+  return malloc(nbytes, 0, stream);
+}
+void CUDAPluggableAllocator::raw_delete(void* ptr) {
+  Hooks& h = hooks(this);
+  std::tuple<size_t, int, cudaStream_t> m;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = h.metadata.find(ptr);
+    TORCH_CHECK(it != h.metadata.end(), "Trying to free a pointer not allocated here");
+    m = it->second;
+    h.metadata.erase(it);
+  }
+  h.free_fn(ptr, std::get<0>(m), std::get<1>(m), std::get<2>(m));
+}
+void CUDAPluggableAllocator::init(int device_count) {
+  if (hooks(this).init_fn)
+    hooks(this).init_fn(device_count);
+  hooks(this).initialized = true;
+}
+bool CUDAPluggableAllocator::initialized() { return hooks(this).initialized; }
+double CUDAPluggableAllocator::getMemoryFraction(c10::DeviceIndex) { not_in_stub("getMemoryFraction"); }
+void CUDAPluggableAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
+  if (hooks(this).memory_fraction_fn)
+    hooks(this).memory_fraction_fn(fraction, device);
+}
+std::vector<StreamSegmentSize> CUDAPluggableAllocator::getExpandableSegmentSizes(c10::DeviceIndex) {
+  not_in_stub("getExpandableSegmentSizes");
+}
+void CUDAPluggableAllocator::emptyCache(c10::cuda::MempoolId_t) {
+  if (hooks(this).reset_fn)
+    hooks(this).reset_fn();
+}
+void CUDAPluggableAllocator::cacheInfo(c10::DeviceIndex, size_t*) { not_in_stub("cacheInfo"); }
+void* CUDAPluggableAllocator::getBaseAllocation(void* ptr, size_t* size) {
+  return hooks(this).base_alloc_fn ? hooks(this).base_alloc_fn(ptr, size) : ptr;
+}
+void CUDAPluggableAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream) {
+  if (hooks(this).record_stream_fn)
+    hooks(this).record_stream_fn(ptr.get(), nullptr);
+}
+DeviceStats CUDAPluggableAllocator::getDeviceStats(c10::DeviceIndex) { not_in_stub("getDeviceStats"); }
+void CUDAPluggableAllocator::resetAccumulatedStats(c10::DeviceIndex) { not_in_stub("resetAccumulatedStats"); }
+void CUDAPluggableAllocator::resetPeakStats(c10::DeviceIndex) { not_in_stub("resetPeakStats"); }
+SnapshotInfo CUDAPluggableAllocator::snapshot(c10::cuda::MempoolId_t, bool) { not_in_stub("snapshot"); }
+void CUDAPluggableAllocator::beginAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                                                 std::function<bool(cudaStream_t)> filter) {
+  if (hooks(this).begin_fn)
+    hooks(this).begin_fn(device, id, std::move(filter));
+}
+void CUDAPluggableAllocator::endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+  if (hooks(this).end_fn)
+    hooks(this).end_fn(device, id);
+}
+void CUDAPluggableAllocator::releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+  if (hooks(this).release_fn)
+    hooks(this).release_fn(device, id);
+}
+std::shared_ptr<void> CUDAPluggableAllocator::getIpcDevPtr(std::string) { not_in_stub("getIpcDevPtr"); }
+ShareableHandle CUDAPluggableAllocator::shareIpcHandle(void*) { not_in_stub("shareIpcHandle"); }
+void CUDAPluggableAllocator::recordHistory(bool, CreateContextFn, size_t, RecordContext, bool,
+                                           const std::vector<std::string>&) {
+  not_in_stub("recordHistory");
+}
+void CUDAPluggableAllocator::attachOutOfMemoryObserver(OutOfMemoryObserver) {
+  not_in_stub("attachOutOfMemoryObserver");
+}
+void CUDAPluggableAllocator::attachOomRejectionObserver(OomRejectionObserver) {
+  not_in_stub("attachOomRejectionObserver");
+}
+void CUDAPluggableAllocator::attachAllocatorTraceTracker(AllocatorTraceTracker) {
+  not_in_stub("attachAllocatorTraceTracker");
+}
+std::shared_ptr<AllocatorState> CUDAPluggableAllocator::getCheckpointState(c10::DeviceIndex,
+                                                                          c10::cuda::MempoolId_t) {
+  not_in_stub("getCheckpointState");
+}
+CheckpointDelta CUDAPluggableAllocator::setCheckpointPoolState(c10::DeviceIndex,
+                                                               std::shared_ptr<AllocatorState>) {
+  not_in_stub("setCheckpointPoolState");
+}
+void CUDAPluggableAllocator::enablePeerAccess(c10::DeviceIndex, c10::DeviceIndex) { not_in_stub("enablePeerAccess"); }
+std::string CUDAPluggableAllocator::name() { return "pluggable"; }
+
+} // namespace torch::cuda::CUDAPluggableAllocator

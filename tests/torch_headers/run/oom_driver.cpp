@@ -1,0 +1,132 @@
+// The adapter's allocation path, linked with libxseg and run (on cudaemu in the test suite)
+// against a stand-in for PyTorch's side of the `main` stub interface (fake_torch.cpp): the
+// adapter's install() makes xseg the current allocator, and then a failed allocation must raise
+// c10::OutOfMemoryError carrying xseg's message, which names the OOM snapshot, where a bare
+// CUDAPluggableAllocator would hand the NULL on as a tensor's data pointer. Not a PyTorch test:
+// tests/torch_headers/README.md says what it shows.
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/extension.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "xseg.h"
+
+void xseg_stub_init_module(xseg_stub_module &m);
+
+namespace {
+using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+constexpr size_t MiB = size_t(1) << 20;
+int failures = 0;
+
+#define EXPECT(cond, ...)                                                                         \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                  \
+            std::fprintf(stderr, __VA_ARGS__);                                                    \
+            std::fputc('\n', stderr);                                                             \
+            failures++;                                                                           \
+        }                                                                                         \
+    } while (0)
+
+bool contains(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
+
+int64_t allocated_bytes()
+{
+    int64_t v = -1;
+    if (xseg_stat(0, "allocated_bytes.all.current", &v) != XSEG_SUCCESS)
+        return -1;
+    return v;
+}
+
+// Run f, which must raise c10::OutOfMemoryError with xseg's OOM message naming @p snapshot.
+template <class F>
+void expect_oom(const char *what, F f, const std::string &snapshot)
+{
+    try {
+        void *p = f();
+        EXPECT(false, "%s returned %p instead of raising", what, p);
+    } catch (const c10::OutOfMemoryError &e) {
+        std::string msg = e.what();
+        EXPECT(contains(msg, "CUDA out of memory. Tried to allocate 1.00 TiB"), "%s: message: %s", what,
+               msg.c_str());
+        EXPECT(contains(msg, snapshot), "%s: the message does not name the snapshot %s: %s", what,
+               snapshot.c_str(), msg.c_str());
+        std::printf("ok   %s raised c10::OutOfMemoryError: %s\n", what, msg.c_str());
+    } catch (const c10::Error &e) {
+        EXPECT(false, "%s raised c10::Error, not c10::OutOfMemoryError: %s", what, e.what());
+    }
+}
+} // namespace
+
+int main()
+{
+    const char *tmp = std::getenv("TMPDIR");
+    std::string dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/xseg-torch-oom-XXXXXX";
+    if (!mkdtemp(&dir[0])) {
+        std::perror("mkdtemp");
+        return 1;
+    }
+    std::string snapshot = dir + "/oom.pickle";
+    setenv("XSEG_OOM_SNAPSHOT", snapshot.c_str(), 1); // read when xseg initializes
+
+    xseg_stub_module m;
+    xseg_stub_init_module(m);
+    m.fns.at("install")();
+    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
+    auto *a = dynamic_cast<Pluggable *>(current.get());
+    if (!a || a->name() != "xseg") {
+        std::fprintf(stderr, "FAIL install() did not make the adapter the current allocator\n");
+        return 1;
+    }
+
+    void *p = a->malloc(MiB, 0, nullptr);
+    EXPECT(p != nullptr, "malloc(1 MiB): %s", xseg_last_error());
+    EXPECT(allocated_bytes() == (int64_t)MiB, "allocated %lld", (long long)allocated_bytes());
+    a->raw_delete(p);
+    EXPECT(allocated_bytes() == 0, "allocated %lld after raw_delete", (long long)allocated_bytes());
+
+    try {
+        EXPECT(a->malloc(0, 0, nullptr) == nullptr, "malloc(0) gave memory");
+    } catch (const c10::Error &e) {
+        EXPECT(false, "malloc(0) raised: %s", e.what());
+    }
+
+    // PyTorch's allocate() and raw_alloc() (cuBLAS and cuDNN workspaces) both reach malloc.
+    expect_oom("malloc(1 TiB)", [&] { return a->malloc(size_t(1) << 40, 0, nullptr); }, snapshot);
+    struct stat st;
+    EXPECT(stat(snapshot.c_str(), &st) == 0 && st.st_size > 0, "no OOM snapshot at %s", snapshot.c_str());
+    expect_oom("raw_alloc(1 TiB)", [&] { return a->raw_alloc(size_t(1) << 40); }, snapshot);
+    EXPECT(a->getDeviceStats(0).num_ooms == 2, "num_ooms %lld", (long long)a->getDeviceStats(0).num_ooms);
+
+    // Any other failure is a c10::Error (RuntimeError), with xseg's message.
+    try {
+        a->malloc(MiB, 99, nullptr);
+        EXPECT(false, "malloc on device 99 did not raise");
+    } catch (const c10::OutOfMemoryError &e) {
+        EXPECT(false, "malloc on device 99 raised OutOfMemoryError: %s", e.what());
+    } catch (const c10::Error &e) {
+        std::string msg = e.what();
+        EXPECT(contains(msg, "xseg: allocating 1048576 bytes on device 99: ") && contains(msg, "99"),
+               "message: %s", msg.c_str());
+        std::printf("ok   malloc on device 99 raised c10::Error: %s\n", msg.c_str());
+    }
+
+    // The allocator is usable after the failures.
+    p = a->malloc(MiB, 0, nullptr);
+    EXPECT(p != nullptr, "malloc after the OOM: %s", xseg_last_error());
+    a->raw_delete(p);
+    EXPECT(allocated_bytes() == 0, "allocated %lld at the end", (long long)allocated_bytes());
+
+    unlink(snapshot.c_str());
+    rmdir(dir.c_str());
+    if (failures)
+        return 1;
+    std::printf("ok   the adapter raises c10::OutOfMemoryError with xseg's message\n");
+    return 0;
+}
