@@ -220,7 +220,13 @@ static void e_float(struct emit *e, double v)
 {
     sep(e);
     if (e->json) {
-        fprintf(e->f, "%.17g", v);
+        /* %.17g reads back as the same double; keep a float a float (0.0, not 0) for readers
+         * that, like Python's json, tell 0 from 0.0. */
+        char b[40];
+        snprintf(b, sizeof b, "%.17g", v);
+        fputs(b, e->f);
+        if (!strpbrk(b, ".eEni"))
+            fputs(".0", e->f);
         return;
     }
     uint64_t u;

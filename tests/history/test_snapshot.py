@@ -254,6 +254,11 @@ def main():
                 j = json.load(f)
             # The same data, except the snapshot events' own times and what changed in between.
             assert untuple(d)["segments"] == j["segments"], "%s: JSON segments differ" % name
+            # Settings with their types: a float stays a float in JSON (0.0, not 0).
+            typed = lambda o: {k: (type(v).__name__, v) for k, v in o.items()}
+            assert typed(d["allocator_settings"]) == typed(j["allocator_settings"]), \
+                "%s: JSON allocator_settings differ: %r != %r" % (
+                    name, typed(d["allocator_settings"]), typed(j["allocator_settings"]))
             assert len(j["device_traces"][0]) >= len(d["device_traces"][0]) - 2
             print("%s: %d segments, %d events: ok" % (name, nseg, nev))
             if replay:
