@@ -1,0 +1,380 @@
+/*
+ * bench_scale: how the host path scales with threads and with live blocks.
+ *
+ *   bench_scale [--threads 1,2,4,8] [--live 1000,10000,100000,1000000] [--pairs N] [--reps R]
+ *               [--only threads|live]
+ *
+ * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
+ * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
+ * thread of the same allocator, and glibc malloc with the same threads in the same run.
+ * Live blocks: with L blocks alive (random sizes of 512 B to 64 KiB, the small pool, one stream), N churn pairs each free a random live block and allocate a new random size in its
+ * place: ns per churn pair (median of R), and the host memory the allocator holds per live block
+ * (the heap in use, mallinfo2's uordblks + hblkhd, after the blocks were allocated minus before,
+ * divided by L: block structs, indexes and the pointer map).
+ * Each cell runs in a child process of its own (a fresh allocator), classic and expandable mode.
+ * Without a GPU (no libcuda.so.1, $XSEG_LIBCUDA unset) it runs on the cudaemu built here.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "xseg.h"
+
+#ifndef BENCH_CUDAEMU
+#define BENCH_CUDAEMU ""
+#endif
+
+/* Without cuda.h: the driver's stream type and cuStreamCreate's flag, as xseg.h spells them. */
+typedef struct CUstream_st *CUstream;
+#define STREAM_NON_BLOCKING 1u
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* ---- the driver: device 0's primary context current on the calling thread, new streams ---- */
+
+static int (*stream_create)(CUstream *, unsigned);
+static int (*set_current)(void *);
+static void *primary;
+
+static int driver_open(void)
+{
+    void *lib = dlopen(getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1", RTLD_LAZY);
+    if (!lib) {
+        fprintf(stderr, "bench_scale: %s\n", dlerror());
+        return -1;
+    }
+    int (*retain)(void **, int) = NULL;
+    *(void **)&retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
+    *(void **)&set_current = dlsym(lib, "cuCtxSetCurrent");
+    *(void **)&stream_create = dlsym(lib, "cuStreamCreate");
+    if (!retain || !set_current || !stream_create || retain(&primary, 0) != 0 || set_current(primary) != 0) {
+        fprintf(stderr, "bench_scale: no context on device 0\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- threads ---- */
+
+struct worker {
+    pthread_t tid;
+    CUstream stream;
+    size_t pairs;
+    bool use_glibc;
+    pthread_barrier_t *start;
+    uint64_t t0, t1; /* this thread's own clock: the main thread may run late after the barrier */
+    int rc;
+};
+
+static void *volatile sink;
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    if (!w->use_glibc)
+        (void)set_current(primary);
+    /* Warm this stream's cache (the first malloc creates its segment) before the clock starts. */
+    for (int i = 0; i < 1000 && !w->use_glibc; i++) {
+        void *p;
+        if (xseg_malloc(&p, 512, 0, w->stream) != XSEG_SUCCESS) {
+            w->rc = -1;
+            break;
+        }
+        xseg_free(p);
+    }
+    pthread_barrier_wait(w->start);
+    w->t0 = now_ns();
+    for (size_t i = 0; i < w->pairs && !w->rc; i++) {
+        if (w->use_glibc) {
+            void *p = malloc(512);
+            sink = p;
+            free(p);
+            continue;
+        }
+        void *p;
+        if (xseg_malloc(&p, 512, 0, w->stream) != XSEG_SUCCESS) {
+            fprintf(stderr, "bench_scale: xseg_malloc: %s\n", xseg_last_error());
+            w->rc = -1;
+            break;
+        }
+        sink = p;
+        xseg_free(p);
+    }
+    w->t1 = now_ns();
+    return NULL;
+}
+
+/* Pairs per second of @p nthreads threads, @p pairs each; < 0 on error. */
+static double threads_once(CUstream *streams, int nthreads, size_t pairs, bool use_glibc)
+{
+    struct worker w[64];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
+    for (int i = 0; i < nthreads; i++) {
+        w[i] = (struct worker){.stream = streams[i], .pairs = pairs, .use_glibc = use_glibc, .start = &start};
+        pthread_create(&w[i].tid, NULL, worker_main, &w[i]);
+    }
+    pthread_barrier_wait(&start);
+    int rc = 0;
+    uint64_t t0 = UINT64_MAX, t1 = 0; /* first start to last end */
+    for (int i = 0; i < nthreads; i++) {
+        pthread_join(w[i].tid, NULL);
+        rc |= w[i].rc;
+        t0 = w[i].t0 < t0 ? w[i].t0 : t0;
+        t1 = w[i].t1 > t1 ? w[i].t1 : t1;
+    }
+    pthread_barrier_destroy(&start);
+    return rc ? -1.0 : (double)pairs * nthreads / ((double)(t1 - t0) / 1e9);
+}
+
+/* One cell, in a child: prints "xseg_pairs_per_s glibc_pairs_per_s". */
+static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
+{
+    if (xseg_init(expandable ? "expandable_segments:True" : "expandable_segments:False") != XSEG_SUCCESS) {
+        fprintf(stderr, "bench_scale: xseg_init: %s\n", xseg_last_error());
+        return 1;
+    }
+    if (driver_open())
+        return 1;
+    CUstream streams[64];
+    for (int i = 0; i < nthreads; i++)
+        if (stream_create(&streams[i], STREAM_NON_BLOCKING) != 0) {
+            fprintf(stderr, "bench_scale: cuStreamCreate failed\n");
+            return 1;
+        }
+    double xs[64], gs[64];
+    for (int r = 0; r < reps; r++) { /* the two allocators take turns within each repetition */
+        if ((xs[r] = threads_once(streams, nthreads, pairs, false)) < 0)
+            return 1;
+        gs[r] = threads_once(streams, nthreads, pairs, true);
+    }
+    printf("%.0f %.0f\n", median(xs, reps), median(gs, reps));
+    return 0;
+}
+
+/* ---- live blocks ---- */
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* 512 B to 64 KiB in 512 B steps: small-pool blocks, so that a million of them fit any device
+ * (the block count, not the bytes, is what this measures). */
+static size_t rand_size(void) { return (size_t)(1 + next_rand() % 128) * 512; }
+
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* One cell, in a child: prints "ns_per_churn_pair bytes_per_live_block". */
+static int live_cell(bool expandable, size_t live, size_t pairs, int reps)
+{
+    if (xseg_init(expandable ? "expandable_segments:True" : "expandable_segments:False") != XSEG_SUCCESS) {
+        fprintf(stderr, "bench_scale: xseg_init: %s\n", xseg_last_error());
+        return 1;
+    }
+    void **v = calloc(live, sizeof *v);
+    if (!v)
+        return 1;
+    void *first;
+    if (xseg_malloc(&first, 512, 0, NULL) != XSEG_SUCCESS) { /* loads the driver, creates the device */
+        fprintf(stderr, "bench_scale: xseg_malloc: %s\n", xseg_last_error());
+        return 1;
+    }
+    size_t before = heap_in_use();
+    for (size_t i = 0; i < live; i++)
+        if (xseg_malloc(&v[i], rand_size(), 0, NULL) != XSEG_SUCCESS) {
+            fprintf(stderr, "bench_scale: xseg_malloc: %s\n", xseg_last_error());
+            return 1;
+        }
+    /* The heap the allocator took for them (cudaemu's own bookkeeping of the pages counts too: a
+     * few bytes per 2 MiB page, negligible per block). */
+    double per_block = (double)(heap_in_use() - before) / (double)live;
+    /* Warm the churn (the caches of every size fill), then measure. */
+    for (size_t i = 0; i < pairs; i++) {
+        size_t k = next_rand() % live;
+        xseg_free(v[k]);
+        if (xseg_malloc(&v[k], rand_size(), 0, NULL) != XSEG_SUCCESS)
+            return 1;
+    }
+    double ns[64];
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = now_ns();
+        for (size_t i = 0; i < pairs; i++) {
+            size_t k = next_rand() % live;
+            xseg_free(v[k]);
+            if (xseg_malloc(&v[k], rand_size(), 0, NULL) != XSEG_SUCCESS) {
+                fprintf(stderr, "bench_scale: xseg_malloc: %s\n", xseg_last_error());
+                return 1;
+            }
+        }
+        ns[r] = (double)(now_ns() - t0) / (double)pairs;
+    }
+    printf("%.1f %.1f\n", median(ns, reps), per_block);
+    return 0;
+}
+
+/* ---- driver of the cells ---- */
+
+/* Run @p fn's cell in a child; its one output line into @p out. */
+static int run_child(int (*fn)(bool, size_t, size_t, int), bool expandable, size_t x, size_t pairs, int reps,
+                     char *out, size_t outsz)
+{
+    int fd[2];
+    if (pipe(fd))
+        return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], 1);
+        int rc = fn(expandable, x, pairs, reps);
+        fflush(stdout); /* _exit does not flush the pipe's buffer */
+        _exit(rc);
+    }
+    close(fd[1]);
+    ssize_t n = read(fd[0], out, outsz - 1);
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    out[n > 0 ? n : 0] = 0;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 && n > 0 ? 0 : -1;
+}
+
+static int threads_adapter(bool e, size_t t, size_t pairs, int reps) { return threads_cell(e, (int)t, pairs, reps); }
+
+static size_t parse_list(const char *s, size_t *v, size_t max)
+{
+    size_t n = 0;
+    while (*s && n < max) {
+        char *end;
+        v[n++] = strtoull(s, &end, 10);
+        s = *end == ',' ? end + 1 : end;
+        if (end == s && *s != ',')
+            break;
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    size_t threads[8] = {1, 2, 4, 8}, nthreads = 4;
+    size_t lives[8] = {1000, 10000, 100000, 1000000}, nlives = 4;
+    size_t pairs = 200000;
+    int reps = 5;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            nthreads = parse_list(argv[++i], threads, 8);
+        else if (!strcmp(argv[i], "--live") && i + 1 < argc)
+            nlives = parse_list(argv[++i], lives, 8);
+        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
+            pairs = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else {
+            fprintf(stderr, "usage: bench_scale [--threads 1,2,4,8] [--live 1000,...] [--pairs N] [--reps R] "
+                            "[--only threads|live]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 64 || !pairs) {
+        fprintf(stderr, "bench_scale: --reps is 1 to 64, --pairs at least 1\n");
+        return 2;
+    }
+    for (size_t i = 0; i < nthreads; i++)
+        if (threads[i] < 1 || threads[i] > 64) {
+            fprintf(stderr, "bench_scale: --threads takes 1 to 64\n");
+            return 2;
+        }
+    if (!getenv("XSEG_LIBCUDA") && *BENCH_CUDAEMU) {
+        void *probe = dlopen("libcuda.so.1", RTLD_LAZY);
+        if (probe)
+            dlclose(probe);
+        else
+            setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
+    }
+    printf("driver: %s\n\n", getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1");
+    char line[256];
+    if (!only || !strcmp(only, "threads")) {
+        printf("Threads on streams of their own, cached 512 B pairs (%zu per thread, median of %d): "
+               "million pairs/s (ratio to 1 thread)\n\n", pairs, reps);
+        printf("| threads | xseg classic | xseg expandable | glibc malloc |\n|---|---|---|---|\n");
+        double base[3] = {0, 0, 0};
+        for (size_t i = 0; i < nthreads; i++) {
+            double x[2] = {0, 0}, g = 0;
+            for (int e = 0; e < 2; e++) {
+                if (run_child(threads_adapter, e, threads[i], pairs, reps, line, sizeof line)) {
+                    fprintf(stderr, "bench_scale: threads cell failed\n");
+                    return 1;
+                }
+                double gl;
+                sscanf(line, "%lf %lf", &x[e], &gl);
+                g = e ? (g + gl) / 2 : gl; /* glibc ran in both children: their mean */
+            }
+            if (i == 0) {
+                base[0] = x[0];
+                base[1] = x[1];
+                base[2] = g;
+            }
+            printf("| %zu | %.1f (%.2f×) | %.1f (%.2f×) | %.1f (%.2f×) |\n", threads[i], x[0] / 1e6, x[0] / base[0],
+                   x[1] / 1e6, x[1] / base[1], g / 1e6, g / base[2]);
+            fflush(stdout);
+        }
+        printf("\n");
+    }
+    if (!only || !strcmp(only, "live")) {
+        printf("Live blocks (512 B to 64 KiB), one stream: ns per churn pair (free a random block, "
+               "allocate a random size; %zu pairs, median of %d) and host bytes per live block\n\n", pairs, reps);
+        printf("| live blocks | classic ns/pair | classic B/block | expandable ns/pair | expandable B/block |\n"
+               "|---|---|---|---|---|\n");
+        for (size_t i = 0; i < nlives; i++) {
+            double ns[2], bpb[2];
+            for (int e = 0; e < 2; e++) {
+                if (run_child(live_cell, e, lives[i], pairs, reps, line, sizeof line)) {
+                    fprintf(stderr, "bench_scale: live-blocks cell failed\n");
+                    return 1;
+                }
+                sscanf(line, "%lf %lf", &ns[e], &bpb[e]);
+            }
+            printf("| %zu | %.1f | %.0f | %.1f | %.0f |\n", lives[i], ns[0], bpb[0], ns[1], bpb[1]);
+            fflush(stdout);
+        }
+    }
+    return 0;
+}
