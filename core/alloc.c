@@ -170,6 +170,7 @@ static size_t roundup_power2_next_division(size_t size, unsigned divisions)
 
 static inline size_t round_size(const struct dev_alloc *d, size_t size)
 {
+    lock_assert_held(&d->lock);
     if (size < BLOCK_MIN_SIZE)
         return BLOCK_MIN_SIZE;
     if (XSEG_UNLIKELY(d->roundup_any)) {
@@ -182,6 +183,7 @@ static inline size_t round_size(const struct dev_alloc *d, size_t size)
 
 static size_t allocation_size(const struct dev_alloc *d, size_t size)
 {
+    lock_assert_held(&d->lock);
     if (size <= BLOCK_SMALL_SIZE)
         return BLOCK_SMALL_BUFFER;
     if (size < BLOCK_MIN_LARGE_ALLOC)
@@ -278,6 +280,7 @@ static inline size_t expandable_size(const struct block *b)
 static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_alloc *d, const struct alloc_params *p,
                                                                    struct block *b)
 {
+    lock_assert_held(&d->lock);
     struct bpool *pool = p->pool;
     if (d->use_expandable) {
         /* For best fit, an expandable block counts with the unmapped space after it. */
@@ -303,6 +306,7 @@ static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_al
 static inline __attribute__((always_inline)) struct block *
 find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block **pred, bool *pred_ok)
 {
+    lock_assert_held(&d->lock);
     struct bpool *pool = p->pool;
     if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
         pool->get_free_blocks_call_count++;
@@ -344,6 +348,7 @@ static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 
 static inline bool should_split(const struct dev_alloc *d, const struct block *b, size_t size)
 {
+    lock_assert_held(&d->lock);
     size_t remaining = b->size - size;
     if (b->pool->is_small || d->use_expandable)
         return remaining >= BLOCK_MIN_SIZE;
@@ -417,6 +422,7 @@ static __attribute__((noinline)) void free_block_general(struct dev_alloc *d, st
 
 static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     struct block *prev = b->prev, *next = b->next;
     /* A neighbour in the free index (in_index && mapped) is free, mapped, with no events and no
      * recorded streams: alloc_try_merge's rule holds for it (b is mapped). A mergeable neighbour
@@ -611,6 +617,7 @@ static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, 
 
 static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
 {
+    lock_assert_held(&d->lock);
     struct stream_memo memo = {0};
     xseg_status st = release_blocks_memo(d, pool, &memo);
     memo_free(&memo);
@@ -736,6 +743,7 @@ static void garbage_collect_cached_blocks(struct dev_alloc *d)
 static inline __attribute__((always_inline)) struct block *
 alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size, bool indexed, const struct block *pred)
 {
+    lock_assert_held(&d->lock);
     struct block *b = p->block;
     struct bpool *pool = p->pool;
     int si = pool->stat_index;
@@ -886,6 +894,7 @@ struct hist_mctx {
  * to its stack (HIST_STATE). The device's hist_cur stops pointing at it. */
 static __attribute__((noinline)) void hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h)
 {
+    lock_assert_held(&d->lock);
     if (d->hist_cur == h->stack)
         d->hist_cur = NULL;
     h->cur_cleared = true;
@@ -903,6 +912,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
                                                                        const struct block *pred, void **out,
                                                                        struct hist_mctx *h)
 {
+    lock_assert_held(&d->lock);
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
     if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
@@ -1152,6 +1162,7 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b)
  * waits for other streams (then alloc_free_block completes it). */
 static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     bool completed = !b->uses.n;
     hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, true, completed);
     if (completed) {

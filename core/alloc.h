@@ -154,7 +154,11 @@ static inline void alloc_unlock(struct dev_alloc *d)
 }
 
 /* A rare condition begins (see fast_gen): malloc takes the general path until it is over. */
-static inline void alloc_fast_off(struct dev_alloc *d) { d->fast_gen = 0; }
+static inline void alloc_fast_off(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->fast_gen = 0;
+}
 
 /* Grant the fast path again when no rare condition holds (config current). */
 static inline void alloc_fast_update(struct dev_alloc *d)

@@ -113,6 +113,7 @@ static int by_stream_cmp(const struct bpool *pool, CUstream stream, uint64_t seq
 /* The first index of d->by_stream not below (pool, stream, seq). */
 static size_t by_stream_lower(const struct dev_alloc *d, const struct bpool *pool, CUstream stream, uint64_t seq)
 {
+    lock_assert_held(&d->lock);
     size_t lo = 0, hi = d->nby_stream;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -127,6 +128,7 @@ static size_t by_stream_lower(const struct dev_alloc *d, const struct bpool *poo
 /* Insert @p s (room reserved by the caller: nby_stream < capby_stream). */
 static void by_stream_add(struct dev_alloc *d, struct segrec *s)
 {
+    lock_assert_held(&d->lock);
     size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
     memmove(&d->by_stream[i + 1], &d->by_stream[i], (d->nby_stream - i) * sizeof *d->by_stream);
     d->by_stream[i] = s;
@@ -135,6 +137,7 @@ static void by_stream_add(struct dev_alloc *d, struct segrec *s)
 
 static void by_stream_remove(struct dev_alloc *d, struct segrec *s)
 {
+    lock_assert_held(&d->lock);
     size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
     xseg_assert(i < d->nby_stream && d->by_stream[i] == s);
     memmove(&d->by_stream[i], &d->by_stream[i + 1], (d->nby_stream - i - 1) * sizeof *d->by_stream);
@@ -292,6 +295,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
  */
 static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran)
 {
+    lock_assert_held(&d->lock);
     if (pool->is_small || !d->cfg.expandable_chunk || d->cfg.expandable_chunk >= page)
         return page;
     return XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);

@@ -60,6 +60,7 @@ static bool active(const struct block *b) { return b->allocated || b->event_coun
 
 static void state_free(struct dev_alloc *d, struct pool_sleep *ps)
 {
+    lock_assert_held(&d->lock);
     if (!ps)
         return;
     for (size_t i = 0; i < ps->nsegs; i++) {
@@ -81,6 +82,7 @@ static const char *pool_name(const struct priv_pool *pp, char buf[64])
 /* The private pool @p id (NULL for {0, 0}); INVALID_VALUE when @p d does not know it. */
 static xseg_status find_pool(struct dev_alloc *d, const char *fn, xseg_pool_id id, struct priv_pool **out)
 {
+    lock_assert_held(&d->lock);
     *out = NULL;
     if (!id.first && !id.second)
         return XSEG_SUCCESS;
@@ -93,6 +95,7 @@ static xseg_status find_pool(struct dev_alloc *d, const char *fn, xseg_pool_id i
 
 static struct pool_sleep **slot(struct dev_alloc *d, struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
     return pp ? &pp->sleep : &d->sleep_default;
 }
 
@@ -238,6 +241,7 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
 /* History: every mapped range of the pool's segments, as segment_unmap (or _map) events. */
 static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int action)
 {
+    lock_assert_held(&d->lock);
     if (XSEG_LIKELY(!hist_mode()))
         return;
     for (size_t i = 0; i < ps->nsegs; i++) {
@@ -402,6 +406,7 @@ xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
 /* Books: the bytes of each segment's pages mapped since the wake began, counted as reserved. */
 static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
 {
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
         size_t now = seg_mapped_bytes(s->vseg), chunks = seg_live_chunks(s->vseg);
@@ -417,6 +422,7 @@ static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
  * A page whose unmap fails stays mapped, and is counted: the books follow the driver. */
 static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
 {
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < n; i++)
         (void)seg_wake_undo(ps->segs[i].s->vseg);
     count_woken(d, ps);

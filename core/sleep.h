@@ -25,6 +25,7 @@ xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_slee
 /* Does @p pp (NULL: the default pools) sleep? Lock held. */
 static inline bool sleep_pool_asleep(const struct dev_alloc *d, const struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
     return pp ? pp->sleep != NULL : d->sleep_default != NULL;
 }
 

@@ -191,6 +191,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
 
 xseg_status trim_pressure(struct dev_alloc *d, size_t need, size_t *released)
 {
+    lock_assert_held(&d->lock);
     size_t cached = trim_cached_bytes(d);
     return trim_cache(d, cached > need ? cached - need : 0, TRIM_PRESSURE, false, released);
 }
