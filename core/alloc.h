@@ -283,6 +283,9 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b);
 void ev_process(struct dev_alloc *d);
 void ev_synchronize_all(struct dev_alloc *d);
 void ev_destroy(struct dev_alloc *d);
+/* Empty deferred-list @p slot, which holds @p b (reused during a capture, core/capreuse.c): b is
+ * then the caller's to return to its pool, and no event is ever recorded for it. */
+void ev_deferred_reuse(struct dev_alloc *d, size_t slot, struct block *b);
 
 /* expandable.c */
 /* Find or make room for @p size bytes (a rounded request) in an expandable segment of

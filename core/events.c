@@ -74,6 +74,7 @@ static void event_done(struct dev_alloc *d, struct block *b)
         alloc_free_block(d, b);
 }
 
+/* Append @p b to the deferred list (its slot is d->ndeferred - 1 after). */
 static bool defer(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
@@ -140,7 +141,7 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b)
     if ((d->ncapturing || d->nroutes) && alloc_capture_underway(d) && defer(d, b)) {
         /* graph_capture_record_stream_reuse: the graph may free it before the capture ends. */
         if (d->cfg.graph_capture_record_stream_reuse)
-            capreuse_mark(d, b);
+            capreuse_mark(d, b, d->ndeferred - 1);
         return XSEG_SUCCESS;
     }
     record_events(d, b);
@@ -161,6 +162,15 @@ static void insert_deferred(struct dev_alloc *d)
         if (list[i]) /* NULL: reused during the capture (capreuse.c) */
             record_events(d, list[i]);
     free(list);
+}
+
+void ev_deferred_reuse(struct dev_alloc *d, size_t slot, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    xseg_assert(slot < d->ndeferred && d->deferred[slot] == b);
+    /* An empty slot is skipped by insert_deferred, which drops the whole list at the capture's
+     * end: no compaction here, so the other entries' slots stay valid. */
+    d->deferred[slot] = NULL;
 }
 
 /* Take the finished head item off queue @p q and return its event to the pool. */
