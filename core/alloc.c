@@ -8,18 +8,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/idle.h"
-#include "core/ipc.h"
 #include "core/alloc.h"
-#include "core/snapshot.h"
+
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/events.h"
+#include "core/expandable.h"
+#include "core/idle.h"
+#include "core/ipc.h"
+#include "core/pools.h"
 #include "core/runtime.h"
+#include "core/sleep.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
+#include "core/trim.h"
 #include "vmm/capture.h"
 #include "vmm/classic.h"
-#include "core/sleep.h"
-#include "core/trim.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
@@ -32,126 +36,14 @@ struct alloc_params {
     struct block *block; /* the block found or made */
 };
 
-/* ---- block structs ----------------------------------------------------------------------- */
-
-struct block *alloc_block_new(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    struct block *b = d->spare;
-    if (b) {
-        d->spare = b->next;
-        memset(b, 0, sizeof *b);
-        return b;
-    }
-    return calloc(1, sizeof *b);
-}
-
-/* @p b must be in no index and have no pending events; its stream set is cleared here. The
- * split on the fast path relies on this to reuse a spare struct without clearing it. */
-void alloc_block_delete(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    stream_set_clear(&b->uses);
-    b->next = d->spare;
-    d->spare = b;
-}
-
-/* ---- accounting for the other modules (alloc.h) ----------------------------------------- */
-
-void alloc_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
-{
-    lock_assert_held(&d->lock);
-    d->total_allocated_memory += bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
-    d->stats.num_device_alloc += (int64_t)pages;
-}
-
-void alloc_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
-{
-    lock_assert_held(&d->lock);
-    xseg_assert(bytes <= d->total_allocated_memory);
-    d->total_allocated_memory -= bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
-    d->stats.num_device_free += (int64_t)pages;
-}
-
-bool alloc_fraction_allows(const struct dev_alloc *d, size_t more)
-{
-    lock_assert_held(&d->lock);
-    return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
-}
-
-void alloc_count_sync_all(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    d->stats.num_sync_all_streams++;
-}
-
 /* ---- configuration ----------------------------------------------------------------------- */
 
-static void apply_fraction(struct dev_alloc *d, double fraction)
-{
-    lock_assert_held(&d->lock);
-    d->fraction = fraction;
-    if (fraction < 1.0) {
-        d->set_fraction = true;
-        d->allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
-    } else {
-        d->set_fraction = false;
-        d->allowed_memory_maximum = d->info.total_mem;
-    }
-}
-
-/* Device lock held, or @p d not yet published (alloc_create). */
-static void refresh_cfg_slow(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    double old_fraction = d->cfg.per_process_memory_fraction;
-    bool first = d->cfg_gen == 0;
-    rt_cfg_copy(&d->cfg, &d->cfg_gen);
-    d->roundup_any = false;
-    for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++)
-        if (d->cfg.roundup_power2_divisions[i] > 1)
-            d->roundup_any = true;
-    d->use_expandable = d->cfg.expandable_segments && d->info.vmm_supported;
-    /* The config key sets the fraction when it changes; xseg_set_memory_fraction overrides it
-     * until the key changes again. */
-    if (first || d->cfg.per_process_memory_fraction != old_fraction)
-        apply_fraction(d, d->cfg.per_process_memory_fraction);
-    d->stats.max_split_size =
-        d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
-}
-
+/* The configuration in force, copied again when its generation moved (one load when not). */
 static inline void refresh_cfg(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen))
-        refresh_cfg_slow(d);
-}
-
-xseg_status alloc_create(int device, struct dev_alloc **out)
-{
-    struct dev_alloc *d = calloc(1, sizeof *d);
-    if (!d)
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d", device);
-    xseg_status st = drv_device_query(device, &d->info);
-    if (st != XSEG_SUCCESS) {
-        free(d);
-        return st;
-    }
-    lock_init(&d->lock);
-    d->device = device;
-    d->small.is_small = true;
-    d->small.stat_index = XSEG_STAT_SMALL_POOL;
-    d->large.stat_index = XSEG_STAT_LARGE_POOL;
-    alloc_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
-    refresh_cfg_slow(d);
-    alloc_unlock(d);
-    if (d->cfg.expandable_segments && !d->info.vmm_supported)
-        fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
-                device);
-    *out = d;
-    return XSEG_SUCCESS;
+        dev_refresh_cfg_slow(d);
 }
 
 /* ---- sizes ------------------------------------------------------------------------------- */
@@ -191,69 +83,7 @@ static size_t allocation_size(const struct dev_alloc *d, size_t size)
     return xseg_align_up(size, BLOCK_ROUND_LARGE);
 }
 
-/* ---- segments list ----------------------------------------------------------------------- */
-
-void alloc_seglist_add(struct dev_alloc *d, struct segrec *s)
-{
-    lock_assert_held(&d->lock);
-    s->prev_seg = NULL;
-    s->next_seg = d->segs;
-    if (d->segs)
-        d->segs->prev_seg = s;
-    d->segs = s;
-}
-
-void alloc_seglist_remove(struct dev_alloc *d, struct segrec *s)
-{
-    lock_assert_held(&d->lock);
-    if (s->prev_seg)
-        s->prev_seg->next_seg = s->next_seg;
-    else
-        d->segs = s->next_seg;
-    if (s->next_seg)
-        s->next_seg->prev_seg = s->prev_seg;
-}
-
 /* ---- capture ----------------------------------------------------------------------------- */
-
-static int stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st)
-{
-    lock_assert_held(&d->lock);
-    bool capturing = false;
-    if ((*st = drv_ctx_ensure(d->info.primary_ctx)) == XSEG_SUCCESS)
-        *st = vmm_stream_capturing(stream, d->device, &capturing);
-    return capturing;
-}
-
-static void capture_note(struct dev_alloc *d, CUstream stream)
-{
-    lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->ncapturing; i++)
-        if (d->capturing[i] == stream)
-            return;
-    if (!VEC_RESERVE(d->capturing, d->capcapturing, d->ncapturing + 1))
-        return; /* only a hint; the slow path re-checks anyway */
-    d->capturing[d->ncapturing++] = stream;
-    alloc_fast_off(d);
-}
-
-bool alloc_capture_underway(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    xseg_status st;
-    bool any = false;
-    if (d->nroutes)
-        return true; /* a pool records: take a capture to be underway without asking the driver */
-    for (size_t i = 0; i < d->ncapturing;) {
-        if (stream_capturing(d, d->capturing[i], &st)) {
-            any = true;
-            i++;
-        } else {
-            d->capturing[i] = d->capturing[--d->ncapturing];
-        }
-    }
-    return any;
-}
 
 static xseg_status capture_error(CUstream stream)
 {
@@ -355,126 +185,6 @@ static inline bool should_split(const struct dev_alloc *d, const struct block *b
     return size < d->cfg.max_split_size && remaining > BLOCK_SMALL_SIZE;
 }
 
-/* Insert a free block into its pool's free index (resetting its GC clock). */
-static inline void pool_insert_free(struct bpool *pool, struct block *b)
-{
-    b->gc_count_base = pool->get_free_blocks_call_count;
-    bpool_insert_free(pool, b);
-}
-
-/* ---- merge / free ------------------------------------------------------------------------ */
-
-size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
-{
-    lock_assert_held(&d->lock);
-    if (!src || src->allocated || src->event_count > 0 || src->uses.n || dst->mapped != src->mapped)
-        return 0;
-    bpool_unindex(src);
-    if (dst->prev == src)
-        dst->addr = src->addr;
-    block_splice_out(src->seg, src->prev, src->next);
-    size_t sub = src->size;
-    dst->size += sub;
-    alloc_block_delete(d, src);
-    return sub;
-}
-
-/* The active counters of a block that stops being active (all paths of free_block). */
-static inline void account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
-{
-    lock_assert_held(&d->lock);
-    stat_down_pool(d->stats.active, si, 1);
-    stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
-    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
-}
-
-/* free_block when b has no free neighbour or two: merge through alloc_try_merge, re-index. Out
- * of line so that the common case keeps few registers live. */
-static __attribute__((noinline)) void free_block_general(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct bpool *pool = b->pool;
-    size_t orig_size = b->size, requested = b->requested_size;
-    int64_t net_blocks = 0, net_bytes = 0;
-    struct block *cands[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; i++) {
-        size_t sub = alloc_try_merge(d, b, cands[i]);
-        if (sub) {
-            net_blocks -= 1;
-            net_bytes -= (int64_t)sub;
-        }
-    }
-    b->requested_size = 0;
-    pool_insert_free(pool, b);
-    if (block_is_split(b)) {
-        net_blocks += 1;
-        net_bytes += (int64_t)b->size;
-    }
-    /* inactive_split leaves expandable blocks out: their free pages can always be released. */
-    if (!b->expandable) {
-        if (net_blocks)
-            stat_pool(d->stats.inactive_split, pool, net_blocks);
-        if (net_bytes)
-            stat_pool(d->stats.inactive_split_bytes, pool, net_bytes);
-    }
-    account_inactive(d, pool->stat_index, orig_size, requested);
-}
-
-static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct block *prev = b->prev, *next = b->next;
-    /* A neighbour in the free index (in_index && mapped) is free, mapped, with no events and no
-     * recorded streams: alloc_try_merge's rule holds for it (b is mapped). A mergeable neighbour
-     * outside every index does not exist while free_block runs, so "exactly one neighbour in the
-     * free index" is "exactly one can merge". */
-    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
-    if (XSEG_UNLIKELY(fp == fn)) {
-        free_block_general(d, b);
-        return;
-    }
-    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
-     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
-     * path (the merged block is the same range), with no treap remove/insert. */
-    struct bpool *pool = b->pool;
-    int si = pool->stat_index;
-    size_t orig_size = b->size, requested = b->requested_size;
-    struct block *keep = fn ? next : prev;
-    size_t keep_size = keep->size;
-    if (keep == next) {
-        bpool_free_grow(pool, next, b->addr, next->size + b->size);
-        block_splice_out(next->seg, prev, next); /* per branch: one of the two is known non-NULL */
-    } else {
-        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
-        block_splice_out(prev->seg, prev, next);
-    }
-    keep->gc_count_base = pool->get_free_blocks_call_count;
-    alloc_block_delete(d, b);
-    /* free_block_general's accounting with its signs known: keep was an inactive split block of
-     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
-     * spans its whole segment. */
-    if (!keep->expandable) {
-        if (XSEG_LIKELY(block_is_split(keep))) {
-            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)orig_size);
-        } else {
-            stat_down_pool(d->stats.inactive_split, si, 1);
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
-        }
-    }
-    account_inactive(d, si, orig_size, requested);
-}
-
-static void hist_free_completed(struct dev_alloc *d, struct block *b);
-
-/* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
-void alloc_free_block(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(b->recorded))
-        hist_free_completed(d, b);
-    free_block(d, b);
-}
-
 /* ---- classic segments -------------------------------------------------------------------- */
 
 /* cuMemAlloc a new segment for p (PyTorch's alloc_block, classic branch). Returns SUCCESS with
@@ -486,11 +196,11 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return XSEG_ERROR_DRIVER;
     struct segrec *sr = calloc(1, sizeof *sr);
-    struct block *b = alloc_block_new(d);
+    struct block *b = dev_block_new(d);
     if (!sr || !b) {
         free(sr);
         if (b)
-            alloc_block_delete(d, b);
+            dev_block_delete(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
     }
     CUdeviceptr ptr = 0;
@@ -499,7 +209,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
      * per thread, so dropping the lock is fine. */
     bool relax = d->nroutes || d->ncapturing;
     if (d->cfg.release_lock_on_cudamalloc) {
-        alloc_unlock(d);
+        dev_unlock(d);
         st = classic_alloc(size, relax, d->device, &ptr);
         lock_acquire(&d->lock);
     } else {
@@ -507,7 +217,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     }
     if (st != XSEG_SUCCESS) {
         free(sr);
-        alloc_block_delete(d, b);
+        dev_block_delete(d, b);
         return st;
     }
     d->total_allocated_memory += size;
@@ -522,7 +232,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     sr->pool = p->pool;
     sr->stream = p->stream;
     sr->size = size;
-    alloc_seglist_add(d, sr);
+    dev_seglist_add(d, sr);
     stat_pool(d->stats.segment, p->pool, 1);
     stat_pool(d->stats.reserved_bytes, p->pool, (int64_t)size);
     if (size >= d->cfg.max_split_size) {
@@ -559,9 +269,9 @@ static xseg_status release_block(struct dev_alloc *d, struct block *b)
     if (sr->oversize)
         stat_add(&d->stats.oversize_segments, -1);
     bpool_remove_free(b->pool, b);
-    alloc_seglist_remove(d, sr);
+    dev_seglist_remove(d, sr);
     free(sr);
-    alloc_block_delete(d, b);
+    dev_block_delete(d, b);
     return XSEG_SUCCESS;
 }
 
@@ -639,7 +349,7 @@ static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_
     lock_assert_held(&d->lock);
     if (left_st)
         *left_st = XSEG_SUCCESS;
-    if (alloc_capture_underway(d))
+    if (dev_capture_underway(d))
         return XSEG_SUCCESS;
     /* Earlier failures' leftovers first: what fails during this release is retried next time
      * (an immediate retry would mostly meet the same failure). */
@@ -761,7 +471,7 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         if (a) {
             whole = false;
             /* A spare struct (or a calloc'd one) is in no index, has no events and an empty
-             * stream set (alloc_block_delete's contract); the index links and GC clock are
+             * stream set (dev_block_delete's contract); the index links and GC clock are
              * written when it enters an index, and allocated / requested_size / oversize below.
              * So only the range and its neighbours need writing here. */
             a->addr = b->addr;
@@ -823,7 +533,7 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
     stat_pool(d->stats.allocated_bytes, b->pool, -(int64_t)b->size);
     if (b->oversize)
         stat_add(&d->stats.oversize_allocations, -1);
-    alloc_free_block(d, b);
+    dev_free_block(d, b);
 }
 
 /* The OOM report (PyTorch's): num_ooms, the history event, the observers, the OOM snapshot, then
@@ -850,7 +560,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_OOM, device, dfree, alloc_size, (uintptr_t)stream, d->hist_cur);
 
-    alloc_unlock(d);
+    dev_unlock(d);
     /* Observers run first: they may call xseg (and overwrite this thread's message). */
     rt_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
     /* Then the OOM snapshot, when one is asked for (it takes every device's lock). */
@@ -960,8 +670,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
     xseg_status st = XSEG_SUCCESS;
-    if (!alloc_pool_owner(d, p->pool) && stream_capturing(d, p->stream, &st)) {
-        capture_note(d, p->stream);
+    if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
+        dev_capture_note(d, p->stream);
         return capture_error(p->stream);
     }
     if (st != XSEG_SUCCESS)
@@ -969,7 +679,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 
     /* 2. Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
     if (rt_have_free_memory_callbacks()) {
-        alloc_unlock(d);
+        dev_unlock(d);
         int freed = rt_run_free_memory_callbacks(d->device, p->size);
         lock_acquire(&d->lock);
         if (freed && get_free_block(d, p))
@@ -983,7 +693,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     /* 4. A new segment (classic), or room in an expandable one. */
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
-    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d);
+    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
 
     /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
      * what the request needs, runs of streams known idle first, waiting at most once per stream
@@ -1030,9 +740,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     struct priv_pool *priv = NULL;
     if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
         xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
-        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d) &&
-            stream_capturing(d, stream, &ignored)) {
-            capture_note(d, stream);
+        if (st == XSEG_SUCCESS && !priv && dev_capture_underway(d) &&
+            dev_stream_capturing(d, stream, &ignored)) {
+            dev_capture_note(d, stream);
             st = capture_error(stream);
         }
         if (st != XSEG_SUCCESS)
@@ -1054,7 +764,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         capreuse_reset(d); /* the walks of captures that are over */
     if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && idle_thread_running()))
         trim_idle_tick(d); /* else the background thread ticks (core/idle.h) */
-    alloc_fast_update(d);
+    dev_fast_update(d);
 
     p->size = round_size(d, size);
     p->pool = p->size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
@@ -1091,7 +801,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     struct hist_mctx h = {NULL, false}, *hp = NULL;
     struct hstack *cur = NULL;
     if (XSEG_UNLIKELY(hist_mode())) {
-        alloc_unlock(d);
+        dev_unlock(d);
         h.stack = cur = hist_capture();
         lock_acquire(&d->lock);
         d->hist_cur = cur; /* the segment events of this malloc take it from here */
@@ -1142,24 +852,14 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     } else {
         st = malloc_slow(d, size, stream, false, NULL, out);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
 /* ---- free / record_stream ---------------------------------------------------------------- */
 
-/* The free of a recorded block is complete (its memory may be reused): the event, and the block
- * lets its stack go. */
-static void hist_free_completed(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
-    b->hist_stack = NULL;
-    b->recorded = false;
-}
-
 /* xseg_free of a recorded block (lock held): free_requested, and free_completed unless the free
- * waits for other streams (then alloc_free_block completes it). */
+ * waits for other streams (then dev_free_block completes it). */
 static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
@@ -1186,7 +886,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         refresh_cfg(d);
         st = ev_insert(d, b);
     } else {
-        free_block(d, b);
+        dev_free_block_inline(d, b);
     }
     return st;
 }
@@ -1197,7 +897,7 @@ static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_all
     lock_acquire(&d->lock);
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
-        alloc_unlock(d);
+        dev_unlock(d);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -1215,9 +915,9 @@ static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_all
         refresh_cfg(d);
         st = ev_insert(d, b);
     } else {
-        free_block(d, b);
+        dev_free_block_inline(d, b);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1243,7 +943,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
     lock_acquire(&d->lock);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     if (!b) {
-        alloc_unlock(d);
+        dev_unlock(d);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -1258,7 +958,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
         if (st == XSEG_SUCCESS && !stream_set_add(&b->uses, stream))
             st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1279,22 +979,16 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
         st = left_st;
         err_prefix(st, "empty_cache: memory kept from an earlier driver failure could not be given back yet");
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
-}
-
-void alloc_lock(struct dev_alloc *d)
-{
-    lock_acquire(&d->lock);
-    refresh_cfg(d);
 }
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 {
     lock_acquire(&d->lock);
     refresh_cfg(d);
-    apply_fraction(d, fraction);
-    alloc_unlock(d);
+    dev_apply_fraction(d, fraction);
+    dev_unlock(d);
     return XSEG_SUCCESS;
 }
 
@@ -1304,7 +998,7 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
     refresh_cfg(d);
     *out = d->stats;
     xseg_device_stats base = d->acc_base;
-    alloc_unlock(d);
+    dev_unlock(d);
     stats_fill_all(out);
     stats_subtract_accumulated(out, &base);
 }
@@ -1315,7 +1009,7 @@ void alloc_reset_accumulated(struct dev_alloc *d)
     xseg_device_stats now = d->stats;
     stats_fill_all(&now);
     d->acc_base = now;
-    alloc_unlock(d);
+    dev_unlock(d);
 }
 
 static void largest_free(const struct bpool *p, size_t *largest)
@@ -1342,7 +1036,7 @@ xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
         largest_free(&pp->small, largest);
         largest_free(&pp->large, largest);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return XSEG_SUCCESS;
 }
 
@@ -1362,7 +1056,7 @@ xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, s
         if (size)
             *size = b->seg->size;
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1371,7 +1065,7 @@ void alloc_reset_peaks(struct dev_alloc *d)
     lock_acquire(&d->lock);
     stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
-    alloc_unlock(d);
+    dev_unlock(d);
 }
 
 xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
@@ -1379,7 +1073,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
     lock_acquire(&d->lock);
     for (int i = 0; i < d->npeers; i++) {
         if (d->peers[i] == peer) {
-            alloc_unlock(d);
+            dev_unlock(d);
             return XSEG_SUCCESS;
         }
     }
@@ -1389,7 +1083,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
             st = seg_add_peer(s->vseg, peer);
     if (st == XSEG_SUCCESS && d->npeers < ALLOC_MAX_DEVICES)
         d->peers[d->npeers++] = peer;
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1443,7 +1137,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
     si.stream = s->stream;
     si.is_large = !s->pool->is_small;
     si.is_expandable = s->vseg != NULL;
-    const struct priv_pool *owner = alloc_pool_owner(d, s->pool);
+    const struct priv_pool *owner = dev_pool_owner(d, s->pool);
     if (owner) {
         si.pool_id[0] = owner->id.first;
         si.pool_id[1] = owner->id.second;
@@ -1508,7 +1202,7 @@ xseg_status alloc_snapshot(struct dev_alloc *d, struct snap_acc *a)
             b = e;
         }
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1517,7 +1211,7 @@ xseg_status alloc_snapshot(struct dev_alloc *d, struct snap_acc *a)
 void alloc_history_start(struct dev_alloc *d)
 {
     lock_acquire(&d->lock);
-    alloc_fast_off(d);
+    dev_fast_off(d);
     for (size_t i = 0; i < d->live.cap; i++) {
         struct block *b = d->live.keys[i] ? d->live.vals[i] : NULL;
         if (b && !b->recorded) {
@@ -1525,13 +1219,13 @@ void alloc_history_start(struct dev_alloc *d)
             b->hist_stack = NULL;
         }
     }
-    alloc_unlock(d);
+    dev_unlock(d);
 }
 
 size_t alloc_active_bytes(struct dev_alloc *d)
 {
     lock_acquire(&d->lock);
     size_t n = (size_t)stats_all_current(d->stats.active_bytes);
-    alloc_unlock(d);
+    dev_unlock(d);
     return n;
 }

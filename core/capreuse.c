@@ -6,7 +6,8 @@
 
 #include "base/error.h"
 #include "base/vec.h"
-#include "core/alloc.h"
+#include "core/device.h"
+#include "core/events.h"
 #include "vmm/capture.h"
 
 /* ---- node map ---- */
@@ -232,7 +233,7 @@ void capreuse_mark(struct dev_alloc *d, struct block *b, size_t slot)
 {
     lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
-    if (!d->cfg.graph_capture_record_stream_reuse || !alloc_pool_owner(d, b->pool) || legacy(b->stream) ||
+    if (!d->cfg.graph_capture_record_stream_reuse || !dev_pool_owner(d, b->pool) || legacy(b->stream) ||
         !b->uses.n)
         return; /* only the capture's own pool: work outside the graph may still use others */
     for (unsigned i = 0; i < b->uses.n; i++)
@@ -432,7 +433,7 @@ void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
         cr->n--;
         cr->reused++;
         stream_set_clear(&b->uses);
-        alloc_free_block(d, b);
+        dev_free_block(d, b);
         e = nx;
     }
 }

@@ -3,7 +3,7 @@
 
 #if XSEG_CHECK_EXPENSIVE
 
-#include "core/alloc.h"
+#include "core/device.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 

@@ -19,7 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
+#include "core/alloc.h" /* alloc_release_blocks */
+#include "core/pools.h"
 #include "base/error.h"
 #include "base/vec.h"
 #include "core/runtime.h"
@@ -190,7 +191,7 @@ size_t pools_cached_bytes(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     size_t bytes = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (!alloc_pool_owner(d, s->pool) || s->asleep) /* a sleeping pool's pages are not there */
+        if (!dev_pool_owner(d, s->pool) || s->asleep) /* a sleeping pool's pages are not there */
             continue;
         for (const struct block *b = s->first; b; b = b->next)
             if (b->in_index && b->mapped)
@@ -225,7 +226,7 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory for pool %s", fn, id_text(id, buf));
     pp->use_count++;
     struct pool_route *r = &d->routes[d->nroutes++];
-    alloc_fast_off(d);
+    dev_fast_off(d);
     *r = *tmpl;
     r->pool = pp;
     return XSEG_SUCCESS;
@@ -246,7 +247,7 @@ xseg_status pools_begin(struct dev_alloc *d, xseg_pool_id pool, xseg_stream_filt
     struct pool_route tmpl = {.filter = filter, .user = user};
     lock_acquire(&d->lock);
     xseg_status st = begin_locked(d, "xseg_begin_allocate_to_pool", pool, &tmpl);
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -268,7 +269,7 @@ xseg_status pools_end(struct dev_alloc *d, xseg_pool_id pool)
     } else {
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -292,7 +293,7 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool)
         pp->use_count--;
         pool_maybe_forget(d, pp); /* holds no memory: nothing to wait for */
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -302,7 +303,7 @@ int pools_use_count(struct dev_alloc *d, xseg_pool_id pool)
     lock_acquire(&d->lock);
     struct priv_pool *pp = pool_find(d, pool);
     count = pp ? pp->use_count : 0;
-    alloc_unlock(d);
+    dev_unlock(d);
     return count;
 }
 
@@ -317,7 +318,7 @@ xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
                      id_text(pool, buf));
     else
         pp->use_count++;
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -332,7 +333,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     struct pool_route tmpl = {.by_capture = true, .capture_stream = stream};
     lock_acquire(&d->lock);
     st = begin_locked(d, "xseg_capture_begin", id, &tmpl);
-    alloc_unlock(d);
+    dev_unlock(d);
     if (st != XSEG_SUCCESS)
         return st;
 
@@ -348,7 +349,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     } else if (i >= 0) {
         d->routes[i].capture_id = cid;
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_capture_begin");
 }
 
@@ -358,7 +359,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
     xseg_status st;
     lock_acquire(&d->lock);
     bool known = route_of_capture(d, stream) >= 0;
-    alloc_unlock(d);
+    dev_unlock(d);
     if (!known)
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_capture_end: stream %p on device %d has no capture begun by xseg_capture_begin",
@@ -382,7 +383,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
     ptrdiff_t i = route_of_capture(d, stream);
     if (i >= 0 && !still_open)
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
-    alloc_unlock(d);
+    dev_unlock(d);
     if (st != XSEG_SUCCESS) {
         *graph = NULL;
         return err_prefix(st, "xseg_capture_end");

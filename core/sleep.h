@@ -14,7 +14,7 @@
 #ifndef XSEG_CORE_SLEEP_H
 #define XSEG_CORE_SLEEP_H
 
-#include "core/alloc.h"
+#include "core/device.h"
 
 /* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). */
 xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);

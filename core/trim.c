@@ -16,6 +16,10 @@
 #include "base/error.h"
 #include "base/vec.h"
 #include "core/sleep.h"
+#include "core/alloc.h" /* alloc_release_classic */
+#include "core/events.h"
+#include "core/expandable.h"
+#include "core/pools.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
@@ -134,7 +138,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
     if (cached <= keep)
         return XSEG_SUCCESS;
     /* Unmapping or freeing during a capture would invalidate it (and the graph's addresses). */
-    if (alloc_capture_underway(d))
+    if (dev_capture_underway(d))
         return XSEG_SUCCESS;
 
     struct trim_cand *v = NULL;
@@ -210,7 +214,7 @@ void trim_threshold(struct dev_alloc *d, size_t handing_out)
 
 xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
 {
-    alloc_lock(d);
+    dev_lock(d);
     /* Blocks whose record_stream events have completed go back to their pools first; pending
      * ones are not waited for (empty_cache does that). Event queries are illegal during a
      * capture, and nothing is released then anyway. */
@@ -220,8 +224,8 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     /* The streams it synchronized are known idle now: release_threshold_mb applies as well. */
     if (st == XSEG_SUCCESS && d->cfg.release_threshold < keep)
         trim_threshold(d, 0);
-    alloc_fast_update(d);
-    alloc_unlock(d);
+    dev_fast_update(d);
+    dev_unlock(d);
     return st;
 }
 

@@ -12,7 +12,7 @@
 #ifndef XSEG_CORE_TRIM_H
 #define XSEG_CORE_TRIM_H
 
-#include "core/alloc.h"
+#include "core/device.h"
 
 /* How trim_cache may wait for the GPU before it unmaps a page. */
 enum trim_wait {
