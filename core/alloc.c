@@ -1,6 +1,6 @@
 /*
- * The device allocator (see alloc.h): malloc, free, empty_cache, the OOM path, garbage
- * collection, the memory fraction, snapshots. Statistics follow PyTorch's DeviceCachingAllocator
+ * The device allocator (see alloc.h): malloc, free, empty_cache, the OOM path, the memory
+ * fraction, snapshots. Statistics follow PyTorch's DeviceCachingAllocator
  * exactly, including what it leaves out for expandable blocks (segment.*, inactive_split*).
  */
 #include <inttypes.h>
@@ -17,6 +17,7 @@
 #include "core/idle.h"
 #include "core/ipc.h"
 #include "core/pools.h"
+#include "core/release.h"
 #include "core/runtime.h"
 #include "core/sleep.h"
 #include "core/snapshot.h"
@@ -247,34 +248,6 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     return XSEG_SUCCESS;
 }
 
-/* cuMemFree an unsplit free classic block (in the free index) and its segment. */
-static xseg_status release_block(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
-        return XSEG_ERROR_DRIVER;
-    obs_classic(d, b->addr, b->size, XSEG_SEGMENT_UNMAP); /* before the memory goes */
-    xseg_status st = classic_free((CUdeviceptr)b->addr, d->device);
-    if (st != XSEG_SUCCESS) {
-        obs_classic(d, b->addr, b->size, XSEG_SEGMENT_MAP); /* still there after all */
-        return st;
-    }
-    struct segrec *sr = b->seg;
-    if (XSEG_UNLIKELY(hist_mode()))
-        hist_record(HIST_SEGMENT_FREE, d->device, b->addr, b->size, (uintptr_t)b->stream, d->hist_cur);
-    d->stats.num_device_free++;
-    d->total_allocated_memory -= b->size;
-    stat_pool(d->stats.segment, b->pool, -1);
-    stat_pool(d->stats.reserved_bytes, b->pool, -(int64_t)b->size);
-    if (sr->oversize)
-        stat_add(&d->stats.oversize_segments, -1);
-    bpool_remove_free(b->pool, b);
-    dev_seglist_remove(d, sr);
-    free(sr);
-    dev_block_delete(d, b);
-    return XSEG_SUCCESS;
-}
-
 /* PyTorch's alloc_block: the fraction limit, then a new classic segment or expandable room. */
 static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool is_retry)
 {
@@ -286,164 +259,6 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
     if (d->set_fraction && d->total_allocated_memory + p->alloc_size > d->allowed_memory_maximum)
         return XSEG_ERROR_OUT_OF_MEMORY;
     return alloc_classic(d, p);
-}
-
-/* ---- releasing cached memory ------------------------------------------------------------- */
-
-/* Give back every free block of @p pool: unsplit classic segments (cuMemFree) and the whole chunks
- * inside free expandable blocks, after waiting for each one's stream once per pass (@p memo). */
-static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, struct stream_memo *memo)
-{
-    lock_assert_held(&d->lock);
-    struct block **arr;
-    size_t n;
-    if (!bpool_collect_free(pool, &arr, &n))
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
-    xseg_status first = XSEG_SUCCESS;
-    /* Classic first: unmapping splits expandable blocks, which changes the index under us. */
-    for (size_t i = 0; i < n; i++) {
-        struct block *b = arr[i];
-        if (!b->expandable && !block_is_split(b)) {
-            xseg_status st = release_block(d, b);
-            if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
-                first = st;
-            arr[i] = NULL;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct block *b = arr[i];
-        /* A sleeping pool's pages wait for its wake. */
-        if (!b || !b->expandable || b->seg->asleep || !exp_whole_page_bytes(b))
-            continue;
-        xseg_status st = memo_wait(d, memo, b->stream);
-        if (st == XSEG_SUCCESS)
-            st = exp_unmap_pages(d, b, SIZE_MAX, true);
-        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
-            first = st;
-    }
-    free(arr);
-    return first;
-}
-
-static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
-{
-    lock_assert_held(&d->lock);
-    struct stream_memo memo = {0};
-    xseg_status st = release_blocks_memo(d, pool, &memo);
-    memo_free(&memo);
-    return st;
-}
-
-xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool) { return release_blocks(d, pool); }
-
-xseg_status alloc_release_classic(struct dev_alloc *d, struct block *b) { return release_block(d, b); }
-
-/* PyTorch's release_cached_blocks: the default pools, then the private pools nobody uses any
- * more. Nothing is released while a capture is underway on a stream the allocator knows (or a
- * pool records). */
-/* Also retries what earlier driver failures left with the driver (stranded pages, unreleased
- * handles, unfreed reservations: exp_reclaim_leftovers); its status goes to *@p left_st (NULL:
- * ignored), so that the OOM path's retry does not depend on it. */
-static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st)
-{
-    lock_assert_held(&d->lock);
-    if (left_st)
-        *left_st = XSEG_SUCCESS;
-    if (dev_capture_underway(d))
-        return XSEG_SUCCESS;
-    /* Earlier failures' leftovers first: what fails during this release is retried next time
-     * (an immediate retry would mostly meet the same failure). */
-    xseg_status st4 = exp_reclaim_leftovers(d);
-    if (left_st)
-        *left_st = st4;
-    ev_synchronize_all(d);
-    struct stream_memo memo = {0};
-    xseg_status st1 = release_blocks_memo(d, &d->large, &memo);
-    xseg_status st2 = release_blocks_memo(d, &d->small, &memo);
-    memo_free(&memo);
-    xseg_status st3 = d->pools ? pools_release_freeable(d) : XSEG_SUCCESS;
-    exp_release_empty_segments(d);
-    if (d->pools)
-        pools_reap(d);
-    return st1 != XSEG_SUCCESS ? st1 : st2 != XSEG_SUCCESS ? st2 : st3;
-}
-
-/* PyTorch's release_available_cached_blocks: with a max_split_size, free one oversize cached
- * block that is large enough, else several oversize blocks, largest first. */
-static bool release_available_cached_blocks(struct dev_alloc *d, const struct alloc_params *p)
-{
-    lock_assert_held(&d->lock);
-    size_t msplit = d->cfg.max_split_size;
-    if (msplit == SIZE_MAX)
-        return false;
-    struct bpool *pool = p->pool;
-    size_t key = p->size < msplit ? msplit : p->size;
-    struct block *b = bpool_lower_bound(pool, p->stream, key, 0);
-    if (!b || b->stream != p->stream || b->expandable) {
-        size_t released = 0;
-        struct block *c = bpool_prev_free(pool, p->stream, key, 0);
-        while (c && released < key && c->size >= msplit && c->stream == p->stream) {
-            struct block *prevb = bpool_prev_free(pool, c->stream, c->size, c->addr);
-            if (!c->expandable && !block_is_split(c)) {
-                size_t sz = c->size;
-                if (release_block(d, c) == XSEG_SUCCESS)
-                    released += sz;
-            }
-            c = prevb;
-        }
-        return released >= key;
-    }
-    if (block_is_split(b))
-        return false;
-    return release_block(d, b) == XSEG_SUCCESS;
-}
-
-static inline uint64_t gc_age(const struct block *b)
-{
-    return b->pool->get_free_blocks_call_count - b->gc_count_base;
-}
-
-/* PyTorch's garbage_collect_cached_blocks: free aged unsplit classic blocks of the large pool
- * until the reserve is back under threshold × allowed. */
-static void garbage_collect_cached_blocks(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->allowed_memory_maximum);
-    if (d->total_allocated_memory <= threshold)
-        return;
-    size_t target = d->total_allocated_memory - threshold, reclaimed = 0;
-    struct block **arr;
-    size_t n;
-    if (!bpool_collect_free(&d->large, &arr, &n))
-        return;
-    uint64_t total_age = 0;
-    size_t freeable = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!block_is_split(arr[i]) && !arr[i]->expandable) {
-            total_age += gc_age(arr[i]);
-            freeable++;
-        }
-    }
-    bool freed = true;
-    while (reclaimed < target && freed && freeable > 0) {
-        double age_threshold = (double)total_age / (double)freeable;
-        freed = false;
-        for (size_t i = 0; i < n; i++) {
-            struct block *b = arr[i];
-            if (!b || block_is_split(b) || b->expandable || (double)gc_age(b) < age_threshold)
-                continue;
-            uint64_t age = gc_age(b);
-            size_t sz = b->size;
-            if (release_block(d, b) != XSEG_SUCCESS)
-                continue;
-            arr[i] = NULL;
-            freed = true;
-            reclaimed += sz;
-            total_age -= age;
-            freeable--;
-        }
-    }
-    free(arr);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -688,7 +503,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 
     /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
     if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
-        garbage_collect_cached_blocks(d);
+        release_garbage_collect(d);
 
     /* 4. A new segment (classic), or room in an expandable one. */
     st = alloc_block(d, p, false);
@@ -706,7 +521,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     }
 
     /* 6. Release one cached oversize block large enough (or several), then allocate. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p))
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p->pool, p->stream, p->size))
         st = alloc_block(d, p, false);
 
     /* 7. Release every cached block (empty_cache), then allocate once more. */

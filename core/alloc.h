@@ -54,9 +54,4 @@ void alloc_history_start(struct dev_alloc *d);
 /* Total bytes of active (allocated or pending) blocks, for the `snapshot` event. */
 size_t alloc_active_bytes(struct dev_alloc *d);
 
-/* cuMemFree-or-unmap every releasable free block of @p pool (PyTorch's release_blocks). */
-xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool);
-/* cuMemFree an unsplit free classic block (in the free index) and its segment (services). */
-xseg_status alloc_release_classic(struct dev_alloc *d, struct block *b);
-
 #endif

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h" /* alloc_release_blocks */
 #include "core/pools.h"
 #include "base/error.h"
 #include "base/vec.h"
@@ -158,21 +157,6 @@ xseg_status pools_select(struct dev_alloc *d, CUstream stream, struct priv_pool 
             return st;
     }
     return XSEG_SUCCESS;
-}
-
-xseg_status pools_release_freeable(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    xseg_status first = XSEG_SUCCESS;
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
-        if (pp->use_count > 0)
-            continue;
-        xseg_status st1 = alloc_release_blocks(d, &pp->large);
-        xseg_status st2 = alloc_release_blocks(d, &pp->small);
-        if (first == XSEG_SUCCESS)
-            first = st1 != XSEG_SUCCESS ? st1 : st2;
-    }
-    return first;
 }
 
 void pools_reap(struct dev_alloc *d)

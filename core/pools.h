@@ -24,8 +24,6 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
  * get_pool checks captures_underway in LIFO order), or NULL for the default pools. Fails only
  * when the driver cannot tell a stream's capture. */
 xseg_status pools_select(struct dev_alloc *d, CUstream stream, struct priv_pool **out);
-/* Release the cached blocks of every pool with no users (no capture underway). */
-xseg_status pools_release_freeable(struct dev_alloc *d);
 /* Free the structs of pools with no users and no segments left. */
 void pools_reap(struct dev_alloc *d);
 /* Bytes cached free in private pools (the OOM message's "allocated in private pools"). */

@@ -26,9 +26,9 @@
 
 #include "base/error.h"
 #include "base/vec.h"
-#include "core/trim.h"
 #include "core/events.h"
 #include "core/pools.h"
+#include "core/trim.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
