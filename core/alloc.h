@@ -36,22 +36,8 @@ xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest);
  * own @p ptr (nothing else is set); XSEG_ERROR_NOT_SUPPORTED for a block of an expandable segment. */
 xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, size_t *size, bool *owned);
 xseg_status alloc_enable_peer(struct dev_alloc *d, int peer);
-/* Segments gathered for a snapshot, across devices. With with_stacks, stacks[i] is a malloc'd
- * array of segment i's blocks' allocation stacks (NULL: none), each referenced. */
-struct snap_acc {
-    xseg_segment_info *segs;
-    struct hstack ***stacks;
-    size_t n, cap, cap_stacks; /* capacities of segs and stacks */
-    bool with_stacks;
-};
-/* Append this device's segments to @p a (lock taken here). */
-xseg_status alloc_snapshot(struct dev_alloc *d, struct snap_acc *a);
-/* Free what @p a holds (blocks, stack references) and zero it. */
-void snap_acc_free(struct snap_acc *a);
 /* History starts (lock taken here): every live block gets its free recorded, and malloc leaves
  * the fast path (dev_fast_update keeps it off while recording). */
 void alloc_history_start(struct dev_alloc *d);
-/* Total bytes of active (allocated or pending) blocks, for the `snapshot` event. */
-size_t alloc_active_bytes(struct dev_alloc *d);
 
 #endif
