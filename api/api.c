@@ -1,5 +1,5 @@
 /* Public entry points (include/xseg.h): argument checks, lazy initialization, device lookup.
- * The work happens in alloc.c under each device's lock. */
+ * The work happens in core/ (alloc.c's operations, snapshot.c's segment walk) under each device's lock. */
 #include <stdio.h>
 #include <stdlib.h>
 

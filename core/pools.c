@@ -2,12 +2,12 @@
  * Private memory pools and CUDA-graph capture (PyTorch's graph_pools, captures_underway,
  * beginAllocateToPool / endAllocateToPool / releasePool, and CUDAGraph's capture filter).
  *
- * A private pool (struct priv_pool, alloc.h) is two block pools of its own; alloc.c selects them
+ * A private pool (struct priv_pool, device.h) is two block pools of its own; alloc.c selects them
  * at pool selection (p.pool) for the allocations a route matches, and everything below pool
  * selection (best fit, split, merge, expandable growth, statistics) is the default pools' code.
  * A route is one allocate-to-pool in progress; routes are kept oldest first and matched newest
  * first. A pool lives while it has users, routes or segments: with no users its cached blocks
- * are released by release_cached_blocks (alloc.c) and its struct goes once no segment is left.
+ * are released by release_cached_blocks (release.c) and its struct goes once no segment is left.
  *
  * Everything here runs under the device lock, except the driver's capture calls in
  * xseg_capture_begin / xseg_capture_end, which are made with it released (they may block, and
@@ -111,7 +111,7 @@ static void pool_maybe_forget(struct dev_alloc *d, struct priv_pool *pp)
         pool_unlink_free(d, pp);
 }
 
-/* ---- used by alloc.c (device lock held, asserted) ------------------------------------------ */
+/* ---- used by alloc.c, release.c and trim.c (device lock held, asserted) ------------------- */
 
 static bool route_matches(struct dev_alloc *d, struct pool_route *r, CUstream stream, xseg_status *st)
 {
