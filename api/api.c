@@ -1,5 +1,5 @@
 /* Public entry points (include/xseg.h): argument checks, lazy initialization, device lookup.
- * The work happens in alloc.c under each device's lock. */
+ * The work happens in core/ (alloc.c's operations, snapshot.c's segment walk) under each device's lock. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -7,6 +7,7 @@
 #include "api/api.h"
 #include "base/error.h"
 #include "core/runtime.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
 
 #define XSEG_STR2(x) #x
@@ -237,7 +238,7 @@ XSEG_API xseg_status xseg_memory_summary(int device, char *buf, size_t size, siz
 
 /* ---- snapshots ----------------------------------------------------------------------------- */
 
-static xseg_status do_snap(struct dev_alloc *d, void *arg) { return alloc_snapshot(d, arg); }
+static xseg_status do_snap(struct dev_alloc *d, void *arg) { return snapshot_segments(d, arg); }
 
 XSEG_API xseg_status xseg_take_snapshot(int device, xseg_snapshot **snapshot)
 {

@@ -3,6 +3,7 @@
 
 #include "base/error.h"
 #include "core/alloc.h"
+#include "core/pools.h"
 #include "core/runtime.h"
 
 /* First word of the ids xseg_pool_create hands out ("xseg"): keeps them apart from PyTorch's own

@@ -1,6 +1,6 @@
 /*
- * The device allocator (see alloc.h): malloc, free, empty_cache, the OOM path, garbage
- * collection, the memory fraction, snapshots. Statistics follow PyTorch's DeviceCachingAllocator
+ * The device allocator (see alloc.h): malloc, free, empty_cache, the OOM path, the memory
+ * fraction, statistics. Statistics follow PyTorch's DeviceCachingAllocator
  * exactly, including what it leaves out for expandable blocks (segment.*, inactive_split*).
  */
 #include <inttypes.h>
@@ -8,18 +8,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/idle.h"
-#include "core/ipc.h"
 #include "core/alloc.h"
-#include "core/snapshot.h"
+
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/events.h"
+#include "core/expandable.h"
+#include "core/idle.h"
+#include "core/ipc.h"
+#include "core/pools.h"
+#include "core/release.h"
 #include "core/runtime.h"
+#include "core/sleep.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
+#include "core/trim.h"
 #include "vmm/capture.h"
 #include "vmm/classic.h"
-#include "core/sleep.h"
-#include "core/trim.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
@@ -32,126 +37,14 @@ struct alloc_params {
     struct block *block; /* the block found or made */
 };
 
-/* ---- block structs ----------------------------------------------------------------------- */
-
-struct block *alloc_block_new(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    struct block *b = d->spare;
-    if (b) {
-        d->spare = b->next;
-        memset(b, 0, sizeof *b);
-        return b;
-    }
-    return calloc(1, sizeof *b);
-}
-
-/* @p b must be in no index and have no pending events; its stream set is cleared here. The
- * split on the fast path relies on this to reuse a spare struct without clearing it. */
-void alloc_block_delete(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    stream_set_clear(&b->uses);
-    b->next = d->spare;
-    d->spare = b;
-}
-
-/* ---- accounting for the other modules (alloc.h) ----------------------------------------- */
-
-void alloc_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
-{
-    lock_assert_held(&d->lock);
-    d->total_allocated_memory += bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
-    d->stats.num_device_alloc += (int64_t)pages;
-}
-
-void alloc_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
-{
-    lock_assert_held(&d->lock);
-    xseg_assert(bytes <= d->total_allocated_memory);
-    d->total_allocated_memory -= bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
-    d->stats.num_device_free += (int64_t)pages;
-}
-
-bool alloc_fraction_allows(const struct dev_alloc *d, size_t more)
-{
-    lock_assert_held(&d->lock);
-    return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
-}
-
-void alloc_count_sync_all(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    d->stats.num_sync_all_streams++;
-}
-
 /* ---- configuration ----------------------------------------------------------------------- */
 
-static void apply_fraction(struct dev_alloc *d, double fraction)
-{
-    lock_assert_held(&d->lock);
-    d->fraction = fraction;
-    if (fraction < 1.0) {
-        d->set_fraction = true;
-        d->allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
-    } else {
-        d->set_fraction = false;
-        d->allowed_memory_maximum = d->info.total_mem;
-    }
-}
-
-/* Device lock held, or @p d not yet published (alloc_create). */
-static void refresh_cfg_slow(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    double old_fraction = d->cfg.per_process_memory_fraction;
-    bool first = d->cfg_gen == 0;
-    rt_cfg_copy(&d->cfg, &d->cfg_gen);
-    d->roundup_any = false;
-    for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++)
-        if (d->cfg.roundup_power2_divisions[i] > 1)
-            d->roundup_any = true;
-    d->use_expandable = d->cfg.expandable_segments && d->info.vmm_supported;
-    /* The config key sets the fraction when it changes; xseg_set_memory_fraction overrides it
-     * until the key changes again. */
-    if (first || d->cfg.per_process_memory_fraction != old_fraction)
-        apply_fraction(d, d->cfg.per_process_memory_fraction);
-    d->stats.max_split_size =
-        d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
-}
-
+/* The configuration in force, copied again when its generation moved (one load when not). */
 static inline void refresh_cfg(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen))
-        refresh_cfg_slow(d);
-}
-
-xseg_status alloc_create(int device, struct dev_alloc **out)
-{
-    struct dev_alloc *d = calloc(1, sizeof *d);
-    if (!d)
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d", device);
-    xseg_status st = drv_device_query(device, &d->info);
-    if (st != XSEG_SUCCESS) {
-        free(d);
-        return st;
-    }
-    lock_init(&d->lock);
-    d->device = device;
-    d->small.is_small = true;
-    d->small.stat_index = XSEG_STAT_SMALL_POOL;
-    d->large.stat_index = XSEG_STAT_LARGE_POOL;
-    alloc_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
-    refresh_cfg_slow(d);
-    alloc_unlock(d);
-    if (d->cfg.expandable_segments && !d->info.vmm_supported)
-        fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
-                device);
-    *out = d;
-    return XSEG_SUCCESS;
+        dev_refresh_cfg_slow(d);
 }
 
 /* ---- sizes ------------------------------------------------------------------------------- */
@@ -170,6 +63,7 @@ static size_t roundup_power2_next_division(size_t size, unsigned divisions)
 
 static inline size_t round_size(const struct dev_alloc *d, size_t size)
 {
+    lock_assert_held(&d->lock);
     if (size < BLOCK_MIN_SIZE)
         return BLOCK_MIN_SIZE;
     if (XSEG_UNLIKELY(d->roundup_any)) {
@@ -182,6 +76,7 @@ static inline size_t round_size(const struct dev_alloc *d, size_t size)
 
 static size_t allocation_size(const struct dev_alloc *d, size_t size)
 {
+    lock_assert_held(&d->lock);
     if (size <= BLOCK_SMALL_SIZE)
         return BLOCK_SMALL_BUFFER;
     if (size < BLOCK_MIN_LARGE_ALLOC)
@@ -189,69 +84,7 @@ static size_t allocation_size(const struct dev_alloc *d, size_t size)
     return xseg_align_up(size, BLOCK_ROUND_LARGE);
 }
 
-/* ---- segments list ----------------------------------------------------------------------- */
-
-void alloc_seglist_add(struct dev_alloc *d, struct segrec *s)
-{
-    lock_assert_held(&d->lock);
-    s->prev_seg = NULL;
-    s->next_seg = d->segs;
-    if (d->segs)
-        d->segs->prev_seg = s;
-    d->segs = s;
-}
-
-void alloc_seglist_remove(struct dev_alloc *d, struct segrec *s)
-{
-    lock_assert_held(&d->lock);
-    if (s->prev_seg)
-        s->prev_seg->next_seg = s->next_seg;
-    else
-        d->segs = s->next_seg;
-    if (s->next_seg)
-        s->next_seg->prev_seg = s->prev_seg;
-}
-
 /* ---- capture ----------------------------------------------------------------------------- */
-
-static int stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st)
-{
-    lock_assert_held(&d->lock);
-    bool capturing = false;
-    if ((*st = drv_ctx_ensure(d->info.primary_ctx)) == XSEG_SUCCESS)
-        *st = vmm_stream_capturing(stream, d->device, &capturing);
-    return capturing;
-}
-
-static void capture_note(struct dev_alloc *d, CUstream stream)
-{
-    lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->ncapturing; i++)
-        if (d->capturing[i] == stream)
-            return;
-    if (!VEC_RESERVE(d->capturing, d->capcapturing, d->ncapturing + 1))
-        return; /* only a hint; the slow path re-checks anyway */
-    d->capturing[d->ncapturing++] = stream;
-    alloc_fast_off(d);
-}
-
-bool alloc_capture_underway(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    xseg_status st;
-    bool any = false;
-    if (d->nroutes)
-        return true; /* a pool records: take a capture to be underway without asking the driver */
-    for (size_t i = 0; i < d->ncapturing;) {
-        if (stream_capturing(d, d->capturing[i], &st)) {
-            any = true;
-            i++;
-        } else {
-            d->capturing[i] = d->capturing[--d->ncapturing];
-        }
-    }
-    return any;
-}
 
 static xseg_status capture_error(CUstream stream)
 {
@@ -278,6 +111,7 @@ static inline size_t expandable_size(const struct block *b)
 static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_alloc *d, const struct alloc_params *p,
                                                                    struct block *b)
 {
+    lock_assert_held(&d->lock);
     struct bpool *pool = p->pool;
     if (d->use_expandable) {
         /* For best fit, an expandable block counts with the unmapped space after it. */
@@ -303,6 +137,7 @@ static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_al
 static inline __attribute__((always_inline)) struct block *
 find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block **pred, bool *pred_ok)
 {
+    lock_assert_held(&d->lock);
     struct bpool *pool = p->pool;
     if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
         pool->get_free_blocks_call_count++;
@@ -344,129 +179,11 @@ static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 
 static inline bool should_split(const struct dev_alloc *d, const struct block *b, size_t size)
 {
+    lock_assert_held(&d->lock);
     size_t remaining = b->size - size;
     if (b->pool->is_small || d->use_expandable)
         return remaining >= BLOCK_MIN_SIZE;
     return size < d->cfg.max_split_size && remaining > BLOCK_SMALL_SIZE;
-}
-
-/* Insert a free block into its pool's free index (resetting its GC clock). */
-static inline void pool_insert_free(struct bpool *pool, struct block *b)
-{
-    b->gc_count_base = pool->get_free_blocks_call_count;
-    bpool_insert_free(pool, b);
-}
-
-/* ---- merge / free ------------------------------------------------------------------------ */
-
-size_t alloc_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
-{
-    lock_assert_held(&d->lock);
-    if (!src || src->allocated || src->event_count > 0 || src->uses.n || dst->mapped != src->mapped)
-        return 0;
-    bpool_unindex(src);
-    if (dst->prev == src)
-        dst->addr = src->addr;
-    block_splice_out(src->seg, src->prev, src->next);
-    size_t sub = src->size;
-    dst->size += sub;
-    alloc_block_delete(d, src);
-    return sub;
-}
-
-/* The active counters of a block that stops being active (all paths of free_block). */
-static inline void account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
-{
-    lock_assert_held(&d->lock);
-    stat_down_pool(d->stats.active, si, 1);
-    stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
-    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
-}
-
-/* free_block when b has no free neighbour or two: merge through alloc_try_merge, re-index. Out
- * of line so that the common case keeps few registers live. */
-static __attribute__((noinline)) void free_block_general(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct bpool *pool = b->pool;
-    size_t orig_size = b->size, requested = b->requested_size;
-    int64_t net_blocks = 0, net_bytes = 0;
-    struct block *cands[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; i++) {
-        size_t sub = alloc_try_merge(d, b, cands[i]);
-        if (sub) {
-            net_blocks -= 1;
-            net_bytes -= (int64_t)sub;
-        }
-    }
-    b->requested_size = 0;
-    pool_insert_free(pool, b);
-    if (block_is_split(b)) {
-        net_blocks += 1;
-        net_bytes += (int64_t)b->size;
-    }
-    /* inactive_split leaves expandable blocks out: their free pages can always be released. */
-    if (!b->expandable) {
-        if (net_blocks)
-            stat_pool(d->stats.inactive_split, pool, net_blocks);
-        if (net_bytes)
-            stat_pool(d->stats.inactive_split_bytes, pool, net_bytes);
-    }
-    account_inactive(d, pool->stat_index, orig_size, requested);
-}
-
-static inline __attribute__((always_inline)) void free_block(struct dev_alloc *d, struct block *b)
-{
-    struct block *prev = b->prev, *next = b->next;
-    /* A neighbour in the free index (in_index && mapped) is free, mapped, with no events and no
-     * recorded streams: alloc_try_merge's rule holds for it (b is mapped). A mergeable neighbour
-     * outside every index does not exist while free_block runs, so "exactly one neighbour in the
-     * free index" is "exactly one can merge". */
-    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
-    if (XSEG_UNLIKELY(fp == fn)) {
-        free_block_general(d, b);
-        return;
-    }
-    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
-     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
-     * path (the merged block is the same range), with no treap remove/insert. */
-    struct bpool *pool = b->pool;
-    int si = pool->stat_index;
-    size_t orig_size = b->size, requested = b->requested_size;
-    struct block *keep = fn ? next : prev;
-    size_t keep_size = keep->size;
-    if (keep == next) {
-        bpool_free_grow(pool, next, b->addr, next->size + b->size);
-        block_splice_out(next->seg, prev, next); /* per branch: one of the two is known non-NULL */
-    } else {
-        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
-        block_splice_out(prev->seg, prev, next);
-    }
-    keep->gc_count_base = pool->get_free_blocks_call_count;
-    alloc_block_delete(d, b);
-    /* free_block_general's accounting with its signs known: keep was an inactive split block of
-     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
-     * spans its whole segment. */
-    if (!keep->expandable) {
-        if (XSEG_LIKELY(block_is_split(keep))) {
-            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)orig_size);
-        } else {
-            stat_down_pool(d->stats.inactive_split, si, 1);
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
-        }
-    }
-    account_inactive(d, si, orig_size, requested);
-}
-
-static void hist_free_completed(struct dev_alloc *d, struct block *b);
-
-/* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
-void alloc_free_block(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(b->recorded))
-        hist_free_completed(d, b);
-    free_block(d, b);
 }
 
 /* ---- classic segments -------------------------------------------------------------------- */
@@ -480,11 +197,11 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return XSEG_ERROR_DRIVER;
     struct segrec *sr = calloc(1, sizeof *sr);
-    struct block *b = alloc_block_new(d);
+    struct block *b = dev_block_new(d);
     if (!sr || !b) {
         free(sr);
         if (b)
-            alloc_block_delete(d, b);
+            dev_block_delete(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
     }
     CUdeviceptr ptr = 0;
@@ -493,7 +210,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
      * per thread, so dropping the lock is fine. */
     bool relax = d->nroutes || d->ncapturing;
     if (d->cfg.release_lock_on_cudamalloc) {
-        alloc_unlock(d);
+        dev_unlock(d);
         st = classic_alloc(size, relax, d->device, &ptr);
         lock_acquire(&d->lock);
     } else {
@@ -501,7 +218,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     }
     if (st != XSEG_SUCCESS) {
         free(sr);
-        alloc_block_delete(d, b);
+        dev_block_delete(d, b);
         return st;
     }
     d->total_allocated_memory += size;
@@ -516,7 +233,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     sr->pool = p->pool;
     sr->stream = p->stream;
     sr->size = size;
-    alloc_seglist_add(d, sr);
+    dev_seglist_add(d, sr);
     stat_pool(d->stats.segment, p->pool, 1);
     stat_pool(d->stats.reserved_bytes, p->pool, (int64_t)size);
     if (size >= d->cfg.max_split_size) {
@@ -528,34 +245,6 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_ALLOC, d->device, b->addr, size, (uintptr_t)p->stream, d->hist_cur);
     obs_classic(d, b->addr, size, XSEG_SEGMENT_MAP);
-    return XSEG_SUCCESS;
-}
-
-/* cuMemFree an unsplit free classic block (in the free index) and its segment. */
-static xseg_status release_block(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
-        return XSEG_ERROR_DRIVER;
-    obs_classic(d, b->addr, b->size, XSEG_SEGMENT_UNMAP); /* before the memory goes */
-    xseg_status st = classic_free((CUdeviceptr)b->addr, d->device);
-    if (st != XSEG_SUCCESS) {
-        obs_classic(d, b->addr, b->size, XSEG_SEGMENT_MAP); /* still there after all */
-        return st;
-    }
-    struct segrec *sr = b->seg;
-    if (XSEG_UNLIKELY(hist_mode()))
-        hist_record(HIST_SEGMENT_FREE, d->device, b->addr, b->size, (uintptr_t)b->stream, d->hist_cur);
-    d->stats.num_device_free++;
-    d->total_allocated_memory -= b->size;
-    stat_pool(d->stats.segment, b->pool, -1);
-    stat_pool(d->stats.reserved_bytes, b->pool, -(int64_t)b->size);
-    if (sr->oversize)
-        stat_add(&d->stats.oversize_segments, -1);
-    bpool_remove_free(b->pool, b);
-    alloc_seglist_remove(d, sr);
-    free(sr);
-    alloc_block_delete(d, b);
     return XSEG_SUCCESS;
 }
 
@@ -572,163 +261,6 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
     return alloc_classic(d, p);
 }
 
-/* ---- releasing cached memory ------------------------------------------------------------- */
-
-/* Give back every free block of @p pool: unsplit classic segments (cuMemFree) and the whole chunks
- * inside free expandable blocks, after waiting for each one's stream once per pass (@p memo). */
-static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, struct stream_memo *memo)
-{
-    lock_assert_held(&d->lock);
-    struct block **arr;
-    size_t n;
-    if (!bpool_collect_free(pool, &arr, &n))
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
-    xseg_status first = XSEG_SUCCESS;
-    /* Classic first: unmapping splits expandable blocks, which changes the index under us. */
-    for (size_t i = 0; i < n; i++) {
-        struct block *b = arr[i];
-        if (!b->expandable && !block_is_split(b)) {
-            xseg_status st = release_block(d, b);
-            if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
-                first = st;
-            arr[i] = NULL;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct block *b = arr[i];
-        /* A sleeping pool's pages wait for its wake. */
-        if (!b || !b->expandable || b->seg->asleep || !exp_whole_page_bytes(b))
-            continue;
-        xseg_status st = memo_wait(d, memo, b->stream);
-        if (st == XSEG_SUCCESS)
-            st = exp_unmap_pages(d, b, SIZE_MAX, true);
-        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
-            first = st;
-    }
-    free(arr);
-    return first;
-}
-
-static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
-{
-    struct stream_memo memo = {0};
-    xseg_status st = release_blocks_memo(d, pool, &memo);
-    memo_free(&memo);
-    return st;
-}
-
-xseg_status alloc_release_blocks(struct dev_alloc *d, struct bpool *pool) { return release_blocks(d, pool); }
-
-xseg_status alloc_release_classic(struct dev_alloc *d, struct block *b) { return release_block(d, b); }
-
-/* PyTorch's release_cached_blocks: the default pools, then the private pools nobody uses any
- * more. Nothing is released while a capture is underway on a stream the allocator knows (or a
- * pool records). */
-/* Also retries what earlier driver failures left with the driver (stranded pages, unreleased
- * handles, unfreed reservations: exp_reclaim_leftovers); its status goes to *@p left_st (NULL:
- * ignored), so that the OOM path's retry does not depend on it. */
-static xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st)
-{
-    lock_assert_held(&d->lock);
-    if (left_st)
-        *left_st = XSEG_SUCCESS;
-    if (alloc_capture_underway(d))
-        return XSEG_SUCCESS;
-    /* Earlier failures' leftovers first: what fails during this release is retried next time
-     * (an immediate retry would mostly meet the same failure). */
-    xseg_status st4 = exp_reclaim_leftovers(d);
-    if (left_st)
-        *left_st = st4;
-    ev_synchronize_all(d);
-    struct stream_memo memo = {0};
-    xseg_status st1 = release_blocks_memo(d, &d->large, &memo);
-    xseg_status st2 = release_blocks_memo(d, &d->small, &memo);
-    memo_free(&memo);
-    xseg_status st3 = d->pools ? pools_release_freeable(d) : XSEG_SUCCESS;
-    exp_release_empty_segments(d);
-    if (d->pools)
-        pools_reap(d);
-    return st1 != XSEG_SUCCESS ? st1 : st2 != XSEG_SUCCESS ? st2 : st3;
-}
-
-/* PyTorch's release_available_cached_blocks: with a max_split_size, free one oversize cached
- * block that is large enough, else several oversize blocks, largest first. */
-static bool release_available_cached_blocks(struct dev_alloc *d, const struct alloc_params *p)
-{
-    lock_assert_held(&d->lock);
-    size_t msplit = d->cfg.max_split_size;
-    if (msplit == SIZE_MAX)
-        return false;
-    struct bpool *pool = p->pool;
-    size_t key = p->size < msplit ? msplit : p->size;
-    struct block *b = bpool_lower_bound(pool, p->stream, key, 0);
-    if (!b || b->stream != p->stream || b->expandable) {
-        size_t released = 0;
-        struct block *c = bpool_prev_free(pool, p->stream, key, 0);
-        while (c && released < key && c->size >= msplit && c->stream == p->stream) {
-            struct block *prevb = bpool_prev_free(pool, c->stream, c->size, c->addr);
-            if (!c->expandable && !block_is_split(c)) {
-                size_t sz = c->size;
-                if (release_block(d, c) == XSEG_SUCCESS)
-                    released += sz;
-            }
-            c = prevb;
-        }
-        return released >= key;
-    }
-    if (block_is_split(b))
-        return false;
-    return release_block(d, b) == XSEG_SUCCESS;
-}
-
-static inline uint64_t gc_age(const struct block *b)
-{
-    return b->pool->get_free_blocks_call_count - b->gc_count_base;
-}
-
-/* PyTorch's garbage_collect_cached_blocks: free aged unsplit classic blocks of the large pool
- * until the reserve is back under threshold × allowed. */
-static void garbage_collect_cached_blocks(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->allowed_memory_maximum);
-    if (d->total_allocated_memory <= threshold)
-        return;
-    size_t target = d->total_allocated_memory - threshold, reclaimed = 0;
-    struct block **arr;
-    size_t n;
-    if (!bpool_collect_free(&d->large, &arr, &n))
-        return;
-    uint64_t total_age = 0;
-    size_t freeable = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!block_is_split(arr[i]) && !arr[i]->expandable) {
-            total_age += gc_age(arr[i]);
-            freeable++;
-        }
-    }
-    bool freed = true;
-    while (reclaimed < target && freed && freeable > 0) {
-        double age_threshold = (double)total_age / (double)freeable;
-        freed = false;
-        for (size_t i = 0; i < n; i++) {
-            struct block *b = arr[i];
-            if (!b || block_is_split(b) || b->expandable || (double)gc_age(b) < age_threshold)
-                continue;
-            uint64_t age = gc_age(b);
-            size_t sz = b->size;
-            if (release_block(d, b) != XSEG_SUCCESS)
-                continue;
-            arr[i] = NULL;
-            freed = true;
-            reclaimed += sz;
-            total_age -= age;
-            freeable--;
-        }
-    }
-    free(arr);
-}
-
 /* ---- malloc ------------------------------------------------------------------------------ */
 
 /* Hand out p->block: split off the remainder, account. @p indexed: the block is still in the free
@@ -736,6 +268,7 @@ static void garbage_collect_cached_blocks(struct dev_alloc *d)
 static inline __attribute__((always_inline)) struct block *
 alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size, bool indexed, const struct block *pred)
 {
+    lock_assert_held(&d->lock);
     struct block *b = p->block;
     struct bpool *pool = p->pool;
     int si = pool->stat_index;
@@ -753,7 +286,7 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         if (a) {
             whole = false;
             /* A spare struct (or a calloc'd one) is in no index, has no events and an empty
-             * stream set (alloc_block_delete's contract); the index links and GC clock are
+             * stream set (dev_block_delete's contract); the index links and GC clock are
              * written when it enters an index, and allocated / requested_size / oversize below.
              * So only the range and its neighbours need writing here. */
             a->addr = b->addr;
@@ -815,7 +348,7 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
     stat_pool(d->stats.allocated_bytes, b->pool, -(int64_t)b->size);
     if (b->oversize)
         stat_add(&d->stats.oversize_allocations, -1);
-    alloc_free_block(d, b);
+    dev_free_block(d, b);
 }
 
 /* The OOM report (PyTorch's): num_ooms, the history event, the observers, the OOM snapshot, then
@@ -842,7 +375,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_OOM, device, dfree, alloc_size, (uintptr_t)stream, d->hist_cur);
 
-    alloc_unlock(d);
+    dev_unlock(d);
     /* Observers run first: they may call xseg (and overwrite this thread's message). */
     rt_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
     /* Then the OOM snapshot, when one is asked for (it takes every device's lock). */
@@ -886,6 +419,7 @@ struct hist_mctx {
  * to its stack (HIST_STATE). The device's hist_cur stops pointing at it. */
 static __attribute__((noinline)) void hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h)
 {
+    lock_assert_held(&d->lock);
     if (d->hist_cur == h->stack)
         d->hist_cur = NULL;
     h->cur_cleared = true;
@@ -903,6 +437,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
                                                                        const struct block *pred, void **out,
                                                                        struct hist_mctx *h)
 {
+    lock_assert_held(&d->lock);
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
     if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
@@ -950,8 +485,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
     xseg_status st = XSEG_SUCCESS;
-    if (!alloc_pool_owner(d, p->pool) && stream_capturing(d, p->stream, &st)) {
-        capture_note(d, p->stream);
+    if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
+        dev_capture_note(d, p->stream);
         return capture_error(p->stream);
     }
     if (st != XSEG_SUCCESS)
@@ -959,7 +494,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 
     /* 2. Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
     if (rt_have_free_memory_callbacks()) {
-        alloc_unlock(d);
+        dev_unlock(d);
         int freed = rt_run_free_memory_callbacks(d->device, p->size);
         lock_acquire(&d->lock);
         if (freed && get_free_block(d, p))
@@ -968,12 +503,12 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 
     /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
     if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
-        garbage_collect_cached_blocks(d);
+        release_garbage_collect(d);
 
     /* 4. A new segment (classic), or room in an expandable one. */
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
-    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && alloc_capture_underway(d);
+    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
 
     /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
      * what the request needs, runs of streams known idle first, waiting at most once per stream
@@ -986,7 +521,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     }
 
     /* 6. Release one cached oversize block large enough (or several), then allocate. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p))
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p->pool, p->stream, p->size))
         st = alloc_block(d, p, false);
 
     /* 7. Release every cached block (empty_cache), then allocate once more. */
@@ -1020,9 +555,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     struct priv_pool *priv = NULL;
     if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
         xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
-        if (st == XSEG_SUCCESS && !priv && alloc_capture_underway(d) &&
-            stream_capturing(d, stream, &ignored)) {
-            capture_note(d, stream);
+        if (st == XSEG_SUCCESS && !priv && dev_capture_underway(d) &&
+            dev_stream_capturing(d, stream, &ignored)) {
+            dev_capture_note(d, stream);
             st = capture_error(stream);
         }
         if (st != XSEG_SUCCESS)
@@ -1044,7 +579,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         capreuse_reset(d); /* the walks of captures that are over */
     if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && idle_thread_running()))
         trim_idle_tick(d); /* else the background thread ticks (core/idle.h) */
-    alloc_fast_update(d);
+    dev_fast_update(d);
 
     p->size = round_size(d, size);
     p->pool = p->size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
@@ -1081,7 +616,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     struct hist_mctx h = {NULL, false}, *hp = NULL;
     struct hstack *cur = NULL;
     if (XSEG_UNLIKELY(hist_mode())) {
-        alloc_unlock(d);
+        dev_unlock(d);
         h.stack = cur = hist_capture();
         lock_acquire(&d->lock);
         d->hist_cur = cur; /* the segment events of this malloc take it from here */
@@ -1132,26 +667,17 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     } else {
         st = malloc_slow(d, size, stream, false, NULL, out);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
 /* ---- free / record_stream ---------------------------------------------------------------- */
 
-/* The free of a recorded block is complete (its memory may be reused): the event, and the block
- * lets its stack go. */
-static void hist_free_completed(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
-    b->hist_stack = NULL;
-    b->recorded = false;
-}
-
 /* xseg_free of a recorded block (lock held): free_requested, and free_completed unless the free
- * waits for other streams (then alloc_free_block completes it). */
+ * waits for other streams (then dev_free_block completes it). */
 static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
 {
+    lock_assert_held(&d->lock);
     bool completed = !b->uses.n;
     hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, true, completed);
     if (completed) {
@@ -1175,7 +701,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         refresh_cfg(d);
         st = ev_insert(d, b);
     } else {
-        free_block(d, b);
+        dev_free_block_inline(d, b);
     }
     return st;
 }
@@ -1186,7 +712,7 @@ static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_all
     lock_acquire(&d->lock);
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
-        alloc_unlock(d);
+        dev_unlock(d);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -1204,9 +730,9 @@ static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_all
         refresh_cfg(d);
         st = ev_insert(d, b);
     } else {
-        free_block(d, b);
+        dev_free_block_inline(d, b);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1232,7 +758,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
     lock_acquire(&d->lock);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     if (!b) {
-        alloc_unlock(d);
+        dev_unlock(d);
         *owned = false;
         return XSEG_SUCCESS;
     }
@@ -1247,7 +773,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
         if (st == XSEG_SUCCESS && !stream_set_add(&b->uses, stream))
             st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1268,22 +794,16 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
         st = left_st;
         err_prefix(st, "empty_cache: memory kept from an earlier driver failure could not be given back yet");
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
-}
-
-void alloc_lock(struct dev_alloc *d)
-{
-    lock_acquire(&d->lock);
-    refresh_cfg(d);
 }
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 {
     lock_acquire(&d->lock);
     refresh_cfg(d);
-    apply_fraction(d, fraction);
-    alloc_unlock(d);
+    dev_apply_fraction(d, fraction);
+    dev_unlock(d);
     return XSEG_SUCCESS;
 }
 
@@ -1293,7 +813,7 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
     refresh_cfg(d);
     *out = d->stats;
     xseg_device_stats base = d->acc_base;
-    alloc_unlock(d);
+    dev_unlock(d);
     stats_fill_all(out);
     stats_subtract_accumulated(out, &base);
 }
@@ -1304,7 +824,7 @@ void alloc_reset_accumulated(struct dev_alloc *d)
     xseg_device_stats now = d->stats;
     stats_fill_all(&now);
     d->acc_base = now;
-    alloc_unlock(d);
+    dev_unlock(d);
 }
 
 static void largest_free(const struct bpool *p, size_t *largest)
@@ -1331,7 +851,7 @@ xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
         largest_free(&pp->small, largest);
         largest_free(&pp->large, largest);
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return XSEG_SUCCESS;
 }
 
@@ -1351,7 +871,7 @@ xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, s
         if (size)
             *size = b->seg->size;
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1360,7 +880,7 @@ void alloc_reset_peaks(struct dev_alloc *d)
     lock_acquire(&d->lock);
     stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
-    alloc_unlock(d);
+    dev_unlock(d);
 }
 
 xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
@@ -1368,7 +888,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
     lock_acquire(&d->lock);
     for (int i = 0; i < d->npeers; i++) {
         if (d->peers[i] == peer) {
-            alloc_unlock(d);
+            dev_unlock(d);
             return XSEG_SUCCESS;
         }
     }
@@ -1378,126 +898,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
             st = seg_add_peer(s->vseg, peer);
     if (st == XSEG_SUCCESS && d->npeers < ALLOC_MAX_DEVICES)
         d->peers[d->npeers++] = peer;
-    alloc_unlock(d);
-    return st;
-}
-
-/* ---- snapshot ---------------------------------------------------------------------------- */
-
-static xseg_status snap_push(struct snap_acc *a, xseg_segment_info *si, struct hstack **stacks)
-{
-    if (!VEC_RESERVE(a->segs, a->cap, a->n + 1) ||
-        (a->with_stacks && !VEC_RESERVE(a->stacks, a->cap_stacks, a->n + 1)))
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
-    if (a->with_stacks)
-        a->stacks[a->n] = stacks;
-    a->segs[a->n++] = *si;
-    return XSEG_SUCCESS;
-}
-
-void snap_acc_free(struct snap_acc *a)
-{
-    for (size_t i = 0; i < a->n; i++) {
-        if (a->with_stacks && a->stacks[i]) {
-            for (size_t j = 0; j < a->segs[i].nblocks; j++)
-                hist_stack_unref(a->stacks[i][j]);
-            free(a->stacks[i]);
-        }
-        free(a->segs[i].blocks);
-    }
-    free(a->segs);
-    free(a->stacks);
-    memset(a, 0, sizeof *a);
-}
-
-/* One snapshot entry for blocks [from, to) of a segment (to exclusive, may be NULL). */
-static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct block *from, struct block *to,
-                              struct snap_acc *a)
-{
-    lock_assert_held(&d->lock);
-    xseg_segment_info si;
-    memset(&si, 0, sizeof si);
-    size_t nb = 0;
-    for (struct block *b = from; b != to; b = b->next)
-        nb++;
-    si.blocks = calloc(nb ? nb : 1, sizeof *si.blocks);
-    struct hstack **stacks = a->with_stacks ? calloc(nb ? nb : 1, sizeof *stacks) : NULL;
-    if (!si.blocks || (a->with_stacks && !stacks)) {
-        free(si.blocks);
-        free(stacks);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
-    }
-    si.device = d->device;
-    si.address = from->addr;
-    si.stream = s->stream;
-    si.is_large = !s->pool->is_small;
-    si.is_expandable = s->vseg != NULL;
-    const struct priv_pool *owner = alloc_pool_owner(d, s->pool);
-    if (owner) {
-        si.pool_id[0] = owner->id.first;
-        si.pool_id[1] = owner->id.second;
-    }
-    for (struct block *b = from; b != to; b = b->next) {
-        if (stacks && b->recorded && b->hist_stack) {
-            hist_stack_ref(b->hist_stack);
-            stacks[si.nblocks] = b->hist_stack;
-        }
-        xseg_block_info *bi = &si.blocks[si.nblocks++];
-        bi->address = b->addr;
-        bi->size = b->size;
-        si.total_size += b->size;
-        if (b->allocated) {
-            bi->state = XSEG_BLOCK_ACTIVE_ALLOCATED;
-            bi->requested_size = b->requested_size;
-            si.allocated_size += b->size;
-            si.active_size += b->size;
-            si.requested_size += b->requested_size;
-        } else if (b->event_count > 0 || b->uses.n) {
-            bi->state = XSEG_BLOCK_ACTIVE_PENDING_FREE;
-            bi->requested_size = b->requested_size;
-            si.active_size += b->size;
-            si.requested_size += b->requested_size;
-        } else {
-            bi->state = XSEG_BLOCK_INACTIVE;
-        }
-    }
-    xseg_status st = snap_push(a, &si, stacks);
-    if (st != XSEG_SUCCESS) {
-        if (stacks)
-            for (size_t j = 0; j < si.nblocks; j++)
-                hist_stack_unref(stacks[j]);
-        free(stacks);
-        free(si.blocks);
-    }
-    return st;
-}
-
-xseg_status alloc_snapshot(struct dev_alloc *d, struct snap_acc *a)
-{
-    xseg_status st = XSEG_SUCCESS;
-    lock_acquire(&d->lock);
-    for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
-        if (!s->vseg) {
-            st = snap_range(d, s, s->first, NULL, a);
-            continue;
-        }
-        if (s->asleep)
-            continue; /* its pages are given back (xseg_sleep): nothing of it is on the device */
-        /* Expandable: one entry per maximal run of mapped blocks. */
-        struct block *b = s->first;
-        while (b && st == XSEG_SUCCESS) {
-            if (!b->mapped) {
-                b = b->next;
-                continue;
-            }
-            struct block *e = b;
-            while (e && e->mapped)
-                e = e->next;
-            st = snap_range(d, s, b, e, a);
-            b = e;
-        }
-    }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -1506,7 +907,7 @@ xseg_status alloc_snapshot(struct dev_alloc *d, struct snap_acc *a)
 void alloc_history_start(struct dev_alloc *d)
 {
     lock_acquire(&d->lock);
-    alloc_fast_off(d);
+    dev_fast_off(d);
     for (size_t i = 0; i < d->live.cap; i++) {
         struct block *b = d->live.keys[i] ? d->live.vals[i] : NULL;
         if (b && !b->recorded) {
@@ -1514,13 +915,6 @@ void alloc_history_start(struct dev_alloc *d)
             b->hist_stack = NULL;
         }
     }
-    alloc_unlock(d);
+    dev_unlock(d);
 }
 
-size_t alloc_active_bytes(struct dev_alloc *d)
-{
-    lock_acquire(&d->lock);
-    size_t n = (size_t)stats_all_current(d->stats.active_bytes);
-    alloc_unlock(d);
-    return n;
-}

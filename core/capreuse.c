@@ -6,7 +6,8 @@
 
 #include "base/error.h"
 #include "base/vec.h"
-#include "core/alloc.h"
+#include "core/device.h"
+#include "core/events.h"
 #include "vmm/capture.h"
 
 /* ---- node map ---- */
@@ -228,12 +229,12 @@ static bool markers_add(CUgraphNode **v, size_t *n, size_t *cap, const CUgraphNo
     return true;
 }
 
-void capreuse_mark(struct dev_alloc *d, struct block *b)
+void capreuse_mark(struct dev_alloc *d, struct block *b, size_t slot)
 {
     lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
-    if (!d->cfg.graph_capture_record_stream_reuse || !alloc_pool_owner(d, b->pool) || !d->ndeferred ||
-        d->deferred[d->ndeferred - 1] != b || legacy(b->stream) || !b->uses.n)
+    if (!d->cfg.graph_capture_record_stream_reuse || !dev_pool_owner(d, b->pool) || legacy(b->stream) ||
+        !b->uses.n)
         return; /* only the capture's own pool: work outside the graph may still use others */
     for (unsigned i = 0; i < b->uses.n; i++)
         if (legacy(stream_set_get(&b->uses, i)))
@@ -269,7 +270,7 @@ void capreuse_mark(struct dev_alloc *d, struct block *b)
         free(m);
         return;
     }
-    *e = (struct cr_entry){.block = b, .deferred_slot = d->ndeferred - 1, .markers = m, .nmarkers = nm};
+    *e = (struct cr_entry){.block = b, .deferred_slot = slot, .markers = m, .nmarkers = nm};
     if (!entry_file(w, e)) {
         entry_free(e);
         return;
@@ -423,16 +424,16 @@ void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
     while (e) {
         struct cr_entry *nx = e->link;
         /* The graph orders everything captured next on the stream after every marker: the block
-         * needs no event. Its deferred slot is emptied (the list is compacted at the capture's
-         * end), so this costs O(1) whatever the number of blocks still deferred. */
+         * needs no event. Its deferred slot is emptied by events.c, which owns the list (O(1),
+         * whatever the number of blocks still deferred). */
         struct block *b = e->block;
-        d->deferred[e->deferred_slot] = NULL;
+        ev_deferred_reuse(d, e->deferred_slot, b);
         entry_free(e);
         w->nentries--;
         cr->n--;
         cr->reused++;
         stream_set_clear(&b->uses);
-        alloc_free_block(d, b);
+        dev_free_block(d, b);
         e = nx;
     }
 }

@@ -95,9 +95,9 @@ struct capreuse {
 };
 
 /* @p b (allocated, with recorded streams) is freed during a capture and was put in the deferred
- * list: record its markers when the option is on and it qualifies (see above). Failures (driver,
- * host memory) only leave the block deferred to the end of the capture. */
-void capreuse_mark(struct dev_alloc *d, struct block *b);
+ * list at @p slot (events.c): record its markers when the option is on and it qualifies (see
+ * above). Failures (driver, host memory) only leave the block deferred to the end of the capture. */
+void capreuse_mark(struct dev_alloc *d, struct block *b, size_t slot);
 
 /* Before an allocation on @p stream during a capture: return to their pools the blocks of
  * @p stream whose markers precede its dependencies. Cheap when nothing is marked. */

@@ -3,7 +3,7 @@
 
 #if XSEG_CHECK_EXPENSIVE
 
-#include "core/alloc.h"
+#include "core/device.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 
@@ -61,6 +61,7 @@ static void check_pool(const struct bpool *pool, size_t *free_nodes, size_t *unm
 
 static void check_block(struct dev_alloc *d, const struct segrec *s, const struct block *b, struct recount *rc)
 {
+    lock_assert_held(&d->lock);
     int si = s->pool->stat_index;
     CHECK(b->seg == s && b->pool == s->pool && b->stream == s->stream);
     CHECK(b->expandable == (s->vseg != NULL));
@@ -118,6 +119,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
 
 static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)
 {
+    lock_assert_held(&d->lock);
     CHECK(s->first && s->last && !s->first->prev && !s->last->next);
     if (s->vseg)
         CHECK(s->first->addr == (uintptr_t)seg_base(s->vseg) && s->size <= seg_va_size(s->vseg));

@@ -19,7 +19,7 @@
  *     from the driver.
  * A failure aborts with the condition (a bug in xseg).
  *
- * alloc_unlock (core/alloc.h) runs it at the end of every locked operation, so it runs after each
+ * dev_unlock (core/device.h) runs it at the end of every locked operation, so it runs after each
  * split, merge, map, unmap and release; at debug levels below 2 it compiles to nothing.
  */
 #ifndef XSEG_CORE_CHECK_H

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/alloc.h"
+#include "core/events.h"
 #include "base/error.h"
 #include "base/vec.h"
 #include "vmm/event.h"
@@ -71,16 +71,17 @@ static void event_done(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     if (--b->event_count == 0 && b->uses.n == 0)
-        alloc_free_block(d, b);
+        dev_free_block(d, b);
 }
 
+/* Append @p b to the deferred list (its slot is d->ndeferred - 1 after). */
 static bool defer(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     if (!VEC_RESERVE(d->deferred, d->capdeferred, d->ndeferred + 1))
         return false;
     d->deferred[d->ndeferred++] = b;
-    alloc_fast_off(d);
+    dev_fast_off(d);
     return true;
 }
 
@@ -108,7 +109,7 @@ static void record_events(struct dev_alloc *d, struct block *b)
                 if (q && queue_push(q, ev, b)) {
                     b->event_count++;
                     d->pending_events++;
-                    alloc_fast_off(d);
+                    dev_fast_off(d);
                     continue;
                 }
             }
@@ -137,10 +138,10 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b)
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS && defer(d, b))
         return XSEG_SUCCESS;
     /* During a capture, event queries are illegal: defer recording until it ends. */
-    if ((d->ncapturing || d->nroutes) && alloc_capture_underway(d) && defer(d, b)) {
+    if ((d->ncapturing || d->nroutes) && dev_capture_underway(d) && defer(d, b)) {
         /* graph_capture_record_stream_reuse: the graph may free it before the capture ends. */
         if (d->cfg.graph_capture_record_stream_reuse)
-            capreuse_mark(d, b);
+            capreuse_mark(d, b, d->ndeferred - 1);
         return XSEG_SUCCESS;
     }
     record_events(d, b);
@@ -161,6 +162,15 @@ static void insert_deferred(struct dev_alloc *d)
         if (list[i]) /* NULL: reused during the capture (capreuse.c) */
             record_events(d, list[i]);
     free(list);
+}
+
+void ev_deferred_reuse(struct dev_alloc *d, size_t slot, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    xseg_assert(slot < d->ndeferred && d->deferred[slot] == b);
+    /* An empty slot is skipped by insert_deferred, which drops the whole list at the capture's
+     * end: no compaction here, so the other entries' slots stay valid. */
+    d->deferred[slot] = NULL;
 }
 
 /* Take the finished head item off queue @p q and return its event to the pool. */
@@ -209,7 +219,7 @@ void ev_process(struct dev_alloc *d)
 void ev_synchronize_all(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    alloc_count_sync_all(d);
+    dev_count_sync_all(d);
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return;
     if (d->ndeferred)

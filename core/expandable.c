@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
+#include "core/expandable.h"
 #include "base/assert.h"
 #include "base/error.h"
 #include "base/vec.h"
@@ -55,7 +55,7 @@ static size_t chain_bytes(const struct block *c, size_t size)
 static struct block *new_unmapped(struct dev_alloc *d, struct segrec *s, uintptr_t addr, size_t size)
 {
     lock_assert_held(&d->lock);
-    struct block *b = alloc_block_new(d);
+    struct block *b = dev_block_new(d);
     if (!b)
         return NULL;
     b->addr = addr;
@@ -113,6 +113,7 @@ static int by_stream_cmp(const struct bpool *pool, CUstream stream, uint64_t seq
 /* The first index of d->by_stream not below (pool, stream, seq). */
 static size_t by_stream_lower(const struct dev_alloc *d, const struct bpool *pool, CUstream stream, uint64_t seq)
 {
+    lock_assert_held(&d->lock);
     size_t lo = 0, hi = d->nby_stream;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -127,6 +128,7 @@ static size_t by_stream_lower(const struct dev_alloc *d, const struct bpool *poo
 /* Insert @p s (room reserved by the caller: nby_stream < capby_stream). */
 static void by_stream_add(struct dev_alloc *d, struct segrec *s)
 {
+    lock_assert_held(&d->lock);
     size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
     memmove(&d->by_stream[i + 1], &d->by_stream[i], (d->nby_stream - i) * sizeof *d->by_stream);
     d->by_stream[i] = s;
@@ -135,6 +137,7 @@ static void by_stream_add(struct dev_alloc *d, struct segrec *s)
 
 static void by_stream_remove(struct dev_alloc *d, struct segrec *s)
 {
+    lock_assert_held(&d->lock);
     size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
     xseg_assert(i < d->nby_stream && d->by_stream[i] == s);
     memmove(&d->by_stream[i], &d->by_stream[i + 1], (d->nby_stream - i - 1) * sizeof *d->by_stream);
@@ -174,7 +177,7 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         }
         if (seg_grow(s->vseg, want) != XSEG_SUCCESS) {
             if (tail_new)
-                alloc_block_delete(d, tail_new);
+                dev_block_delete(d, tail_new);
             continue;
         }
         size_t delta = seg_va_size(s->vseg) - old_va;
@@ -235,7 +238,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     }
     s->first = s->last = b;
     bpool_insert_unmapped(pool, b);
-    alloc_seglist_add(d, s);
+    dev_seglist_add(d, s);
     by_stream_add(d, s);
     *out = b;
     return XSEG_SUCCESS;
@@ -258,7 +261,7 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
     xseg_status st = seg_map(s->vseg, seg_off(b), len, max_chunk, cut, &mapped, &chunks);
     if (st != XSEG_SUCCESS) {
         if (r)
-            alloc_block_delete(d, r);
+            dev_block_delete(d, r);
         return st;
     }
     if (XSEG_UNLIKELY(hist_mode()))
@@ -270,11 +273,11 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
     }
     b->size = len;
     b->mapped = true;
-    alloc_try_merge(d, b, b->prev);
-    alloc_try_merge(d, b, b->next);
+    dev_try_merge(d, b, b->prev);
+    dev_try_merge(d, b, b->next);
     b->gc_count_base = pool->get_free_blocks_call_count;
     bpool_insert_free(pool, b);
-    alloc_count_mapped(d, pool, mapped, chunks);
+    dev_count_mapped(d, pool, mapped, chunks);
     return XSEG_SUCCESS;
 }
 
@@ -292,6 +295,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
  */
 static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran)
 {
+    lock_assert_held(&d->lock);
     if (pool->is_small || !d->cfg.expandable_chunk || d->cfg.expandable_chunk >= page)
         return page;
     return XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
@@ -322,7 +326,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
             covered += len;
         }
     }
-    if (!alloc_fraction_allows(d, need)) {
+    if (!dev_fraction_allows(d, need)) {
         exp_release_empty_segments(d);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction limit reached");
     }
@@ -398,11 +402,11 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
 
     /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
      * host allocation failure cannot strike after the driver has unmapped. */
-    struct block *spare[2] = {alloc_block_new(d), alloc_block_new(d)};
+    struct block *spare[2] = {dev_block_new(d), dev_block_new(d)};
     if (!spare[0] || !spare[1]) {
         for (int i = 0; i < 2; i++)
             if (spare[i])
-                alloc_block_delete(d, spare[i]);
+                dev_block_delete(d, spare[i]);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
     int nspare = 2;
@@ -413,7 +417,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
     if (unmapped) {
         if (XSEG_UNLIKELY(hist_mode()))
             hist_record(HIST_SEGMENT_UNMAP, d->device, base + lo, unmapped, (uintptr_t)s->stream, d->hist_cur);
-        alloc_count_unmapped(d, pool, unmapped, chunks);
+        dev_count_unmapped(d, pool, unmapped, chunks);
     }
 
     /* Re-tile [b->addr, end) by mapped state: head (mapped), pages lo..hi as the driver left
@@ -450,7 +454,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         if (!cur) {
             piece = b;
         } else {
-            piece = nspare ? spare[--nspare] : alloc_block_new(d);
+            piece = nspare ? spare[--nspare] : dev_block_new(d);
             if (!piece)
                 abort(); /* host memory exhausted after a partial driver unmap: cannot recover */
             piece->stream = b->stream;
@@ -467,15 +471,15 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         pos = run_end;
     }
     while (nspare)
-        alloc_block_delete(d, spare[--nspare]);
+        dev_block_delete(d, spare[--nspare]);
 
     /* Pieces merge with the original neighbours where the states match (an unmapped hole next
      * to an unmapped neighbour); then everything goes into its index. */
     struct block *first = b, *last = cur;
     if (orig_prev)
-        alloc_try_merge(d, first, orig_prev);
+        dev_try_merge(d, first, orig_prev);
     if (orig_next)
-        alloc_try_merge(d, last, orig_next);
+        dev_try_merge(d, last, orig_next);
     for (struct block *p = first;; p = p->next) {
         if (p->mapped) {
             p->gc_count_base = pool->get_free_blocks_call_count;
@@ -508,9 +512,9 @@ void exp_release_empty_segments(struct dev_alloc *d)
         struct block *b = s->first;
         if (s->vseg && b && !b->mapped && !b->next) {
             bpool_unindex(b);
-            alloc_block_delete(d, b);
+            dev_block_delete(d, b);
             (void)seg_destroy(s->vseg);
-            alloc_seglist_remove(d, s);
+            dev_seglist_remove(d, s);
             by_stream_remove(d, s);
             free(s);
         }

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "core/runtime.h"
+#include "core/events.h"
 #include "core/trim.h"
 #include "vmm/capture.h"
 
@@ -30,7 +31,7 @@ bool idle_thread_running(void) { return atomic_load_explicit(&idle_running, memo
  * invalidate it, and nothing is released during a capture anyway). */
 static void idle_service(struct dev_alloc *d)
 {
-    alloc_lock(d);
+    dev_lock(d);
     if (d->cfg.idle_release_ms && !d->ncapturing && !d->nroutes) {
         if (d->pending_events || d->ndeferred)
             ev_process(d);
@@ -38,8 +39,8 @@ static void idle_service(struct dev_alloc *d)
         if (d->cfg.release_threshold != SIZE_MAX)
             trim_threshold(d, 0);
     }
-    alloc_fast_update(d);
-    alloc_unlock(d);
+    dev_fast_update(d);
+    dev_unlock(d);
 }
 
 /* The period: a quarter of idle_release_ms (the tick's own interval), at least 1 ms. */

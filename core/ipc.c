@@ -87,7 +87,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
-        alloc_unlock(d);
+        dev_unlock(d);
         return XSEG_SUCCESS;
     }
     xseg_status st;
@@ -149,7 +149,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     }
     *out = h;
 out:
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -160,7 +160,7 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
-        alloc_unlock(d);
+        dev_unlock(d);
         return XSEG_SUCCESS;
     }
     if (!b->expandable || !b->seg->vseg) {
@@ -168,11 +168,11 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
             ranges[0] = (xseg_phys_range){.address = b->addr, .length = b->size, .handle = 0,
                                           .offset = b->addr - b->seg->first->addr};
         *n = 1;
-        alloc_unlock(d);
+        dev_unlock(d);
         return XSEG_SUCCESS;
     }
     if (b->seg->asleep) {
-        alloc_unlock(d);
+        dev_unlock(d);
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_block_handles: block %p on device %d belongs to a sleeping pool (xseg_sleep): its pages "
                        "have no physical memory now; wake the pool first", ptr, d->device);
@@ -195,7 +195,7 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         g = c + len;
     }
     *n = np;
-    alloc_unlock(d);
+    dev_unlock(d);
     return XSEG_SUCCESS;
 }
 
@@ -270,7 +270,7 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
         access[naccess].location.id = d->peers[i];
         access[naccess++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     CUdeviceptr base = 0;
     unsigned type = h->type == XSEG_IPC_FABRIC ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     st = ipc_import_map(d->info.primary_ctx, type, h->fds, h->fabric, h->nchunks, h->sizes, access, naccess, &base);

@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 
-#include "core/alloc.h"
+#include "core/device.h"
 
 /* The definition of the public opaque handle. */
 struct xseg_ipc_handle {

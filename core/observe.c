@@ -172,7 +172,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user)
             me->ready[i] = true;
         }
         pthread_mutex_unlock(&obs_lock);
-        alloc_unlock(d);
+        dev_unlock(d);
     }
     return XSEG_SUCCESS;
 }

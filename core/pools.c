@@ -2,12 +2,12 @@
  * Private memory pools and CUDA-graph capture (PyTorch's graph_pools, captures_underway,
  * beginAllocateToPool / endAllocateToPool / releasePool, and CUDAGraph's capture filter).
  *
- * A private pool (struct priv_pool, alloc.h) is two block pools of its own; alloc.c selects them
+ * A private pool (struct priv_pool, device.h) is two block pools of its own; alloc.c selects them
  * at pool selection (p.pool) for the allocations a route matches, and everything below pool
  * selection (best fit, split, merge, expandable growth, statistics) is the default pools' code.
  * A route is one allocate-to-pool in progress; routes are kept oldest first and matched newest
  * first. A pool lives while it has users, routes or segments: with no users its cached blocks
- * are released by release_cached_blocks (alloc.c) and its struct goes once no segment is left.
+ * are released by release_cached_blocks (release.c) and its struct goes once no segment is left.
  *
  * Everything here runs under the device lock, except the driver's capture calls in
  * xseg_capture_begin / xseg_capture_end, which are made with it released (they may block, and
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
+#include "core/pools.h"
 #include "base/error.h"
 #include "base/vec.h"
 #include "core/runtime.h"
@@ -111,7 +111,7 @@ static void pool_maybe_forget(struct dev_alloc *d, struct priv_pool *pp)
         pool_unlink_free(d, pp);
 }
 
-/* ---- used by alloc.c (device lock held, asserted) ------------------------------------------ */
+/* ---- used by alloc.c, release.c and trim.c (device lock held, asserted) ------------------- */
 
 static bool route_matches(struct dev_alloc *d, struct pool_route *r, CUstream stream, xseg_status *st)
 {
@@ -159,21 +159,6 @@ xseg_status pools_select(struct dev_alloc *d, CUstream stream, struct priv_pool 
     return XSEG_SUCCESS;
 }
 
-xseg_status pools_release_freeable(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    xseg_status first = XSEG_SUCCESS;
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
-        if (pp->use_count > 0)
-            continue;
-        xseg_status st1 = alloc_release_blocks(d, &pp->large);
-        xseg_status st2 = alloc_release_blocks(d, &pp->small);
-        if (first == XSEG_SUCCESS)
-            first = st1 != XSEG_SUCCESS ? st1 : st2;
-    }
-    return first;
-}
-
 void pools_reap(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
@@ -190,7 +175,7 @@ size_t pools_cached_bytes(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     size_t bytes = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (!alloc_pool_owner(d, s->pool) || s->asleep) /* a sleeping pool's pages are not there */
+        if (!dev_pool_owner(d, s->pool) || s->asleep) /* a sleeping pool's pages are not there */
             continue;
         for (const struct block *b = s->first; b; b = b->next)
             if (b->in_index && b->mapped)
@@ -225,7 +210,7 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory for pool %s", fn, id_text(id, buf));
     pp->use_count++;
     struct pool_route *r = &d->routes[d->nroutes++];
-    alloc_fast_off(d);
+    dev_fast_off(d);
     *r = *tmpl;
     r->pool = pp;
     return XSEG_SUCCESS;
@@ -246,7 +231,7 @@ xseg_status pools_begin(struct dev_alloc *d, xseg_pool_id pool, xseg_stream_filt
     struct pool_route tmpl = {.filter = filter, .user = user};
     lock_acquire(&d->lock);
     xseg_status st = begin_locked(d, "xseg_begin_allocate_to_pool", pool, &tmpl);
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -268,7 +253,7 @@ xseg_status pools_end(struct dev_alloc *d, xseg_pool_id pool)
     } else {
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -292,7 +277,7 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool)
         pp->use_count--;
         pool_maybe_forget(d, pp); /* holds no memory: nothing to wait for */
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -302,7 +287,7 @@ int pools_use_count(struct dev_alloc *d, xseg_pool_id pool)
     lock_acquire(&d->lock);
     struct priv_pool *pp = pool_find(d, pool);
     count = pp ? pp->use_count : 0;
-    alloc_unlock(d);
+    dev_unlock(d);
     return count;
 }
 
@@ -317,7 +302,7 @@ xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
                      id_text(pool, buf));
     else
         pp->use_count++;
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -332,7 +317,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     struct pool_route tmpl = {.by_capture = true, .capture_stream = stream};
     lock_acquire(&d->lock);
     st = begin_locked(d, "xseg_capture_begin", id, &tmpl);
-    alloc_unlock(d);
+    dev_unlock(d);
     if (st != XSEG_SUCCESS)
         return st;
 
@@ -348,7 +333,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     } else if (i >= 0) {
         d->routes[i].capture_id = cid;
     }
-    alloc_unlock(d);
+    dev_unlock(d);
     return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_capture_begin");
 }
 
@@ -358,7 +343,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
     xseg_status st;
     lock_acquire(&d->lock);
     bool known = route_of_capture(d, stream) >= 0;
-    alloc_unlock(d);
+    dev_unlock(d);
     if (!known)
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_capture_end: stream %p on device %d has no capture begun by xseg_capture_begin",
@@ -382,7 +367,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
     ptrdiff_t i = route_of_capture(d, stream);
     if (i >= 0 && !still_open)
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
-    alloc_unlock(d);
+    dev_unlock(d);
     if (st != XSEG_SUCCESS) {
         *graph = NULL;
         return err_prefix(st, "xseg_capture_end");

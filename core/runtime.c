@@ -97,11 +97,11 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
     pthread_mutex_lock(&rt_lock);
     d = atomic_load(&rt_devs[device]);
     if (!d) {
-        /* alloc_create reads the config through rt_cfg_copy, which takes rt_lock: build it with
+        /* dev_create reads the config through rt_cfg_copy, which takes rt_lock: build it with
          * the lock released and publish it under the lock. */
         pthread_mutex_unlock(&rt_lock);
         struct dev_alloc *nd = NULL;
-        st = alloc_create(device, &nd);
+        st = dev_create(device, &nd);
         pthread_mutex_lock(&rt_lock);
         if (st == XSEG_SUCCESS) {
             d = atomic_load(&rt_devs[device]);

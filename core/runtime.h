@@ -7,7 +7,7 @@
 
 #include <stdatomic.h>
 
-#include "core/alloc.h"
+#include "core/device.h"
 #include "core/config.h"
 
 /* Process state read by the inline fast paths below (defined in runtime.c). */

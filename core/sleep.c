@@ -26,6 +26,8 @@
 
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/events.h"
+#include "core/pools.h"
 #include "core/trim.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
@@ -60,6 +62,7 @@ static bool active(const struct block *b) { return b->allocated || b->event_coun
 
 static void state_free(struct dev_alloc *d, struct pool_sleep *ps)
 {
+    lock_assert_held(&d->lock);
     if (!ps)
         return;
     for (size_t i = 0; i < ps->nsegs; i++) {
@@ -81,6 +84,7 @@ static const char *pool_name(const struct priv_pool *pp, char buf[64])
 /* The private pool @p id (NULL for {0, 0}); INVALID_VALUE when @p d does not know it. */
 static xseg_status find_pool(struct dev_alloc *d, const char *fn, xseg_pool_id id, struct priv_pool **out)
 {
+    lock_assert_held(&d->lock);
     *out = NULL;
     if (!id.first && !id.second)
         return XSEG_SUCCESS;
@@ -93,6 +97,7 @@ static xseg_status find_pool(struct dev_alloc *d, const char *fn, xseg_pool_id i
 
 static struct pool_sleep **slot(struct dev_alloc *d, struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
     return pp ? &pp->sleep : &d->sleep_default;
 }
 
@@ -154,7 +159,7 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
     for (size_t q = 0; q < d->nevq && ok; q++) {
         const struct ev_queue *eq = &d->evq[q];
         for (size_t k = 0; k < eq->count; k++) {
-            if (alloc_pool_owner(d, eq->items[(eq->head + k) % eq->cap].block->pool) == pp) {
+            if (dev_pool_owner(d, eq->items[(eq->head + k) % eq->cap].block->pool) == pp) {
                 ok = stream_add(&l, eq->stream);
                 break;
             }
@@ -238,6 +243,7 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
 /* History: every mapped range of the pool's segments, as segment_unmap (or _map) events. */
 static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int action)
 {
+    lock_assert_held(&d->lock);
     if (XSEG_LIKELY(!hist_mode()))
         return;
     for (size_t i = 0; i < ps->nsegs; i++) {
@@ -298,7 +304,7 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
         s->asleep = true;
         ps->released += bytes;
         if (bytes)
-            alloc_count_unmapped(d, s->pool, bytes, chunks);
+            dev_count_unmapped(d, s->pool, bytes, chunks);
     }
     hist_ranges(d, ps, HIST_SEGMENT_UNMAP);
     return st;
@@ -315,7 +321,7 @@ static xseg_status sleep_locked(struct dev_alloc *d, xseg_pool_id id, unsigned f
     if (*slot(d, pp))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: %s on device %d is asleep already (xseg_wake it first)",
                        pool_name(pp, buf), d->device);
-    if (alloc_capture_underway(d))
+    if (dev_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
 
@@ -324,7 +330,7 @@ static xseg_status sleep_locked(struct dev_alloc *d, xseg_pool_id id, unsigned f
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
     ps->flags = flags;
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (alloc_pool_owner(d, s->pool) != pp)
+        if (dev_pool_owner(d, s->pool) != pp)
             continue;
         if (!s->vseg) {
             state_free(d, ps);
@@ -381,19 +387,19 @@ static xseg_status sleep_locked(struct dev_alloc *d, xseg_pool_id id, unsigned f
     *slot(d, pp) = ps;
     d->nasleep++;
     d->num_sleeps++;
-    alloc_fast_off(d);
+    dev_fast_off(d);
     return st;
 }
 
 xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
 {
-    alloc_lock(d);
+    dev_lock(d);
     xseg_status st = sleep_locked(d, pool, flags);
     /* The streams were waited for: a point where release_threshold_mb applies (core/trim.h). */
     if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
         trim_threshold(d, 0);
-    alloc_fast_update(d);
-    alloc_unlock(d);
+    dev_fast_update(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -402,11 +408,12 @@ xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
 /* Books: the bytes of each segment's pages mapped since the wake began, counted as reserved. */
 static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
 {
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
         size_t now = seg_mapped_bytes(s->vseg), chunks = seg_live_chunks(s->vseg);
         if (now > ps->segs[i].live0)
-            alloc_count_mapped(d, s->pool, now - ps->segs[i].live0,
+            dev_count_mapped(d, s->pool, now - ps->segs[i].live0,
                                chunks > ps->segs[i].chunks0 ? chunks - ps->segs[i].chunks0 : 0);
         ps->segs[i].live0 = now;
         ps->segs[i].chunks0 = chunks;
@@ -417,6 +424,7 @@ static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
  * A page whose unmap fails stays mapped, and is counted: the books follow the driver. */
 static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
 {
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < n; i++)
         (void)seg_wake_undo(ps->segs[i].s->vseg);
     count_woken(d, ps);
@@ -478,13 +486,13 @@ static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
     if (!ps)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: %s on device %d is not asleep", pool_name(pp, buf),
                        d->device);
-    if (alloc_capture_underway(d))
+    if (dev_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); wake after it ends", d->device);
     size_t need = 0;
     for (size_t i = 0; i < ps->nsegs; i++)
         need += seg_asleep_bytes(ps->segs[i].s->vseg);
-    if (!alloc_fraction_allows(d, need))
+    if (!dev_fraction_allows(d, need))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_wake: %s on device %d needs %zu bytes, over the memory "
                        "fraction's limit of %zu (%zu in use)", pool_name(pp, buf), d->device, need,
                        d->allowed_memory_maximum, d->total_allocated_memory);
@@ -533,12 +541,12 @@ static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
 
 xseg_status wake_pool(struct dev_alloc *d, xseg_pool_id pool)
 {
-    alloc_lock(d);
+    dev_lock(d);
     xseg_status st = wake_locked(d, pool);
     if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
         trim_threshold(d, 0);
-    alloc_fast_update(d);
-    alloc_unlock(d);
+    dev_fast_update(d);
+    dev_unlock(d);
     return st;
 }
 
@@ -560,7 +568,7 @@ static void add_stats(const struct pool_sleep *ps, xseg_sleep_stats *out)
 xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out)
 {
     memset(out, 0, sizeof *out);
-    alloc_lock(d);
+    dev_lock(d);
     xseg_status st = XSEG_SUCCESS;
     if (pool) {
         struct priv_pool *pp;
@@ -575,6 +583,6 @@ xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_slee
     }
     out->num_sleeps = d->num_sleeps;
     out->num_wakes = d->num_wakes;
-    alloc_unlock(d);
+    dev_unlock(d);
     return st;
 }

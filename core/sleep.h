@@ -14,7 +14,7 @@
 #ifndef XSEG_CORE_SLEEP_H
 #define XSEG_CORE_SLEEP_H
 
-#include "core/alloc.h"
+#include "core/device.h"
 
 /* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). */
 xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
@@ -25,6 +25,7 @@ xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_slee
 /* Does @p pp (NULL: the default pools) sleep? Lock held. */
 static inline bool sleep_pool_asleep(const struct dev_alloc *d, const struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
     return pp ? pp->sleep != NULL : d->sleep_default != NULL;
 }
 

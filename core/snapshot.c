@@ -7,7 +7,8 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "core/alloc.h"
+#include "base/vec.h"
+#include "core/device.h"
 #include "core/history.h"
 #include "core/runtime.h"
 #include "core/snapshot.h"
@@ -539,6 +540,133 @@ static xseg_status finish_file(FILE *f, const char *tmp, const char *path, const
     return XSEG_SUCCESS;
 }
 
+/* ---- the segments of a device ------------------------------------------------------------ */
+
+static xseg_status snap_push(struct snap_acc *a, xseg_segment_info *si, struct hstack **stacks)
+{
+    if (!VEC_RESERVE(a->segs, a->cap, a->n + 1) ||
+        (a->with_stacks && !VEC_RESERVE(a->stacks, a->cap_stacks, a->n + 1)))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+    if (a->with_stacks)
+        a->stacks[a->n] = stacks;
+    a->segs[a->n++] = *si;
+    return XSEG_SUCCESS;
+}
+
+void snap_acc_free(struct snap_acc *a)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        if (a->with_stacks && a->stacks[i]) {
+            for (size_t j = 0; j < a->segs[i].nblocks; j++)
+                hist_stack_unref(a->stacks[i][j]);
+            free(a->stacks[i]);
+        }
+        free(a->segs[i].blocks);
+    }
+    free(a->segs);
+    free(a->stacks);
+    memset(a, 0, sizeof *a);
+}
+
+/* One snapshot entry for blocks [from, to) of a segment (to exclusive, may be NULL). */
+static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct block *from, struct block *to,
+                              struct snap_acc *a)
+{
+    lock_assert_held(&d->lock);
+    xseg_segment_info si;
+    memset(&si, 0, sizeof si);
+    size_t nb = 0;
+    for (struct block *b = from; b != to; b = b->next)
+        nb++;
+    si.blocks = calloc(nb ? nb : 1, sizeof *si.blocks);
+    struct hstack **stacks = a->with_stacks ? calloc(nb ? nb : 1, sizeof *stacks) : NULL;
+    if (!si.blocks || (a->with_stacks && !stacks)) {
+        free(si.blocks);
+        free(stacks);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
+    }
+    si.device = d->device;
+    si.address = from->addr;
+    si.stream = s->stream;
+    si.is_large = !s->pool->is_small;
+    si.is_expandable = s->vseg != NULL;
+    const struct priv_pool *owner = dev_pool_owner(d, s->pool);
+    if (owner) {
+        si.pool_id[0] = owner->id.first;
+        si.pool_id[1] = owner->id.second;
+    }
+    for (struct block *b = from; b != to; b = b->next) {
+        if (stacks && b->recorded && b->hist_stack) {
+            hist_stack_ref(b->hist_stack);
+            stacks[si.nblocks] = b->hist_stack;
+        }
+        xseg_block_info *bi = &si.blocks[si.nblocks++];
+        bi->address = b->addr;
+        bi->size = b->size;
+        si.total_size += b->size;
+        if (b->allocated) {
+            bi->state = XSEG_BLOCK_ACTIVE_ALLOCATED;
+            bi->requested_size = b->requested_size;
+            si.allocated_size += b->size;
+            si.active_size += b->size;
+            si.requested_size += b->requested_size;
+        } else if (b->event_count > 0 || b->uses.n) {
+            bi->state = XSEG_BLOCK_ACTIVE_PENDING_FREE;
+            bi->requested_size = b->requested_size;
+            si.active_size += b->size;
+            si.requested_size += b->requested_size;
+        } else {
+            bi->state = XSEG_BLOCK_INACTIVE;
+        }
+    }
+    xseg_status st = snap_push(a, &si, stacks);
+    if (st != XSEG_SUCCESS) {
+        if (stacks)
+            for (size_t j = 0; j < si.nblocks; j++)
+                hist_stack_unref(stacks[j]);
+        free(stacks);
+        free(si.blocks);
+    }
+    return st;
+}
+
+xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
+{
+    xseg_status st = XSEG_SUCCESS;
+    lock_acquire(&d->lock);
+    for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
+        if (!s->vseg) {
+            st = snap_range(d, s, s->first, NULL, a);
+            continue;
+        }
+        if (s->asleep)
+            continue; /* its pages are given back (xseg_sleep): nothing of it is on the device */
+        /* Expandable: one entry per maximal run of mapped blocks. */
+        struct block *b = s->first;
+        while (b && st == XSEG_SUCCESS) {
+            if (!b->mapped) {
+                b = b->next;
+                continue;
+            }
+            struct block *e = b;
+            while (e && e->mapped)
+                e = e->next;
+            st = snap_range(d, s, b, e, a);
+            b = e;
+        }
+    }
+    dev_unlock(d);
+    return st;
+}
+
+static size_t active_bytes(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    size_t n = (size_t)stats_all_current(d->stats.active_bytes);
+    dev_unlock(d);
+    return n;
+}
+
 /* The segments of @p device (-1: every device created so far) into @p a. */
 static xseg_status gather(int device, struct snap_acc *a)
 {
@@ -550,8 +678,8 @@ static xseg_status gather(int device, struct snap_acc *a)
         if (!d)
             continue;
         if (hist_mode() & HIST_TRACE)
-            hist_record(HIST_SNAPSHOT, i, 0, alloc_active_bytes(d), 0, NULL);
-        xseg_status st = alloc_snapshot(d, a);
+            hist_record(HIST_SNAPSHOT, i, 0, active_bytes(d), 0, NULL);
+        xseg_status st = snapshot_segments(d, a);
         if (st != XSEG_SUCCESS)
             return st;
     }

@@ -3,7 +3,8 @@
  * every device with their allocation stacks, the history's events, the allocator settings, as a
  * pickle (protocol 2; only dict, list, str, int, float, bool, tuple: no class is named, so a
  * restricted unpickler and MemoryViz.js's own unpickler read it) or as JSON. Also the live-process
- * log (the history's events as an xseg-replay trace) and the OOM snapshot.
+ * log (the history's events as an xseg-replay trace) and the OOM snapshot; and the walk over one
+ * device's segments that xseg_take_snapshot and every writer start from.
  *
  * Every writer takes device locks one at a time and the history lock briefly; it never holds a
  * lock while writing to the file.
@@ -15,6 +16,9 @@
 #include <stddef.h>
 
 #include "base/common.h"
+
+struct dev_alloc;
+struct hstack;
 
 /* Write a snapshot of @p device (-1: every device) to @p path (via a temporary file renamed
  * into place). @p json: JSON instead of the pickle. */
@@ -30,5 +34,18 @@ xseg_status snapshot_set_oom_path(const char *path);
  * was written long enough ago; @p info receives a sentence for the OOM message (" A memory
  * snapshot was written to PATH." or why not), or "". */
 void snapshot_on_oom(char *info, size_t size);
+
+/* Segments gathered for a snapshot, across devices. With with_stacks, stacks[i] is a malloc'd
+ * array of segment i's blocks' allocation stacks (NULL: none), each referenced. */
+struct snap_acc {
+    xseg_segment_info *segs;
+    struct hstack ***stacks;
+    size_t n, cap, cap_stacks; /* capacities of segs and stacks */
+    bool with_stacks;
+};
+/* Append this device's segments to @p a (lock taken here). */
+xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a);
+/* Free what @p a holds (blocks, stack references) and zero it. */
+void snap_acc_free(struct snap_acc *a);
 
 #endif

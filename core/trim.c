@@ -15,6 +15,10 @@
 
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/events.h"
+#include "core/expandable.h"
+#include "core/pools.h"
+#include "core/release.h"
 #include "core/sleep.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
@@ -46,53 +50,6 @@ static int cand_cmp(const void *pa, const void *pb)
     if (a->b->expandable)
         return exp_block_older(a->b, b->b) ? -1 : 1;
     return a->b->addr < b->b->addr ? -1 : 1;
-}
-
-/* The memo's entry for @p s, added as unknown (-1) when new; NULL on host OOM. */
-static signed char *memo_slot(struct stream_memo *m, CUstream s)
-{
-    for (size_t i = 0; i < m->n; i++)
-        if (m->s[i] == s)
-            return &m->state[i];
-    if (!VEC_RESERVE(m->s, m->cap_s, m->n + 1) || !VEC_RESERVE(m->state, m->cap_state, m->n + 1))
-        return NULL;
-    m->s[m->n] = s;
-    m->state[m->n] = -1;
-    return &m->state[m->n++];
-}
-
-bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
-{
-    lock_assert_held(&d->lock);
-    signed char *st = memo_slot(m, s);
-    if (!st)
-        return false;
-    /* A query, never a wait: CUDA_SUCCESS means every work item queued so far has completed, so
-     * the last use of any block freed before now is over. Any error counts as busy. */
-    if (*st < 0)
-        *st = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vstream_idle(s);
-    return *st == 1;
-}
-
-xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
-{
-    lock_assert_held(&d->lock);
-    signed char *st = memo_slot(m, s);
-    if (st && *st == 1)
-        return XSEG_SUCCESS;
-    xseg_status r = drv_ctx_ensure(d->info.primary_ctx);
-    if (r == XSEG_SUCCESS)
-        r = vstream_wait(s, "before giving cached memory back");
-    if (r == XSEG_SUCCESS && st)
-        *st = 1;
-    return r;
-}
-
-void memo_free(struct stream_memo *m)
-{
-    free(m->s);
-    free(m->state);
-    *m = (struct stream_memo){0};
 }
 
 /* Append the candidates of @p pool to (*v, *n); false on host OOM. */
@@ -134,7 +91,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
     if (cached <= keep)
         return XSEG_SUCCESS;
     /* Unmapping or freeing during a capture would invalidate it (and the graph's addresses). */
-    if (alloc_capture_underway(d))
+    if (dev_capture_underway(d))
         return XSEG_SUCCESS;
 
     struct trim_cand *v = NULL;
@@ -175,7 +132,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
              * unmapped neighbours, and candidates are mapped. */
             st = exp_unmap_pages(d, b, need - got, true);
         } else {
-            st = alloc_release_classic(d, b);
+            st = release_block(d, b);
         }
         got += before - d->total_allocated_memory;
     }
@@ -191,6 +148,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
 
 xseg_status trim_pressure(struct dev_alloc *d, size_t need, size_t *released)
 {
+    lock_assert_held(&d->lock);
     size_t cached = trim_cached_bytes(d);
     return trim_cache(d, cached > need ? cached - need : 0, TRIM_PRESSURE, false, released);
 }
@@ -209,7 +167,7 @@ void trim_threshold(struct dev_alloc *d, size_t handing_out)
 
 xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
 {
-    alloc_lock(d);
+    dev_lock(d);
     /* Blocks whose record_stream events have completed go back to their pools first; pending
      * ones are not waited for (empty_cache does that). Event queries are illegal during a
      * capture, and nothing is released then anyway. */
@@ -219,8 +177,8 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     /* The streams it synchronized are known idle now: release_threshold_mb applies as well. */
     if (st == XSEG_SUCCESS && d->cfg.release_threshold < keep)
         trim_threshold(d, 0);
-    alloc_fast_update(d);
-    alloc_unlock(d);
+    dev_fast_update(d);
+    dev_unlock(d);
     return st;
 }
 

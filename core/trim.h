@@ -12,7 +12,7 @@
 #ifndef XSEG_CORE_TRIM_H
 #define XSEG_CORE_TRIM_H
 
-#include "core/alloc.h"
+#include "core/device.h"
 
 /* How trim_cache may wait for the GPU before it unmaps a page. */
 enum trim_wait {
@@ -27,21 +27,6 @@ enum trim_wait {
      * idle first; then the rest, waiting once per stream. */
     TRIM_PRESSURE,
 };
-
-/* The streams of one reclaim pass, each queried and waited for at most once. Zero-initialize;
- * free with memo_free. */
-struct stream_memo {
-    CUstream *s;
-    signed char *state; /* -1 not asked, 0 busy, 1 idle (queried, or waited for) */
-    size_t n, cap_s, cap_state;
-};
-/* Has every work item queued on @p s completed? One cuStreamQuery per stream and pass; any error
- * counts as busy. */
-bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s);
-/* Wait for @p s (vstream_wait: a destroyed stream waits for the context) unless this pass already
- * did or found it idle. */
-xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s);
-void memo_free(struct stream_memo *m);
 
 /* Reserved minus allocated bytes of @p d (every pool). */
 size_t trim_cached_bytes(const struct dev_alloc *d);

@@ -2,7 +2,8 @@
 # The layers stay one-way (docs/design.md): base <- vmm <- core <- api. Fails when a file of a
 # layer includes a header of a layer above it (or of anything else of ours but the public
 # xseg.h), and when core/ or api/ calls the driver table directly (`drv->`: driver calls belong
-# in vmm/).
+# in vmm/). The tools (tools/, any depth) are users of the library: they may include xseg.h and
+# their own headers, never an internal base/, vmm/, core/ or api/ one.
 #   layering.sh SOURCE_ROOT
 set -u
 root=$1
@@ -28,6 +29,12 @@ out=$( {
     check vmm "base vmm"
     check core "base vmm core"
     check api "base vmm core api"
+    find "$root/tools" -name '*.[ch]' | sort | while read -r f; do
+        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(base\|vmm\|core\|api\)/' "$f" |
+            sed "s|^|${f#"$root"/}:|; s|\$|   <- tools use the public xseg.h only|"
+        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" | grep -v '"\(xseg\.h\|tools/[^"]*\)"' |
+            sed "s|^|${f#"$root"/}:|; s|\$|   <- tools may include xseg.h and tools/ headers|"
+    done
     for layer in core api; do
         grep -n 'drv->' "$root/$layer"/*.c "$root/$layer"/*.h 2>/dev/null |
             sed "s|^$root/||; s|\$|   <- a driver call outside vmm/: add a vmm/ function|"
@@ -37,4 +44,4 @@ if [ -n "$out" ]; then
     echo "layering violations:"; echo "$out"; exit 1
 fi
 n=$(cat "$root"/base/*.[ch] "$root"/vmm/*.[ch] "$root"/core/*.[ch] "$root"/api/*.[ch] | grep -c '^[[:space:]]*#[[:space:]]*include[[:space:]]*"')
-echo "ok: $n includes, all pointing down (base <- vmm <- core <- api); no drv-> in core/ or api/"
+echo "ok: $n includes, all pointing down (base <- vmm <- core <- api); no drv-> in core/ or api/; tools/ include only xseg.h and their own headers"

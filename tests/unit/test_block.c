@@ -1,4 +1,4 @@
-/* src/block: the free index's in-place key changes (bpool_fit with its predecessor and successor,
+/* core/block: the free index's in-place key changes (bpool_fit with its predecessor and successor,
  * bpool_free_take_front, bpool_free_grow) and the live pointer map, against plain reference
  * implementations over random operation sequences. */
 #include <setjmp.h>

@@ -1,4 +1,4 @@
-/* src/lock: the per-device futex mutex under contention. Several threads increment plain
+/* base/lock: the per-device futex mutex under contention. Several threads increment plain
  * (non-atomic) counters under the lock; any lost update or torn critical section shows up as a
  * wrong total or as two threads inside at once. Sleeping holders force the FUTEX_WAIT/WAKE path. */
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* src/stats: the key table (complete, distinct, each key reading its own field), lookup errors,
+/* core/stats: the key table (complete, distinct, each key reading its own field), lookup errors,
  * peak reset, stat_add semantics, and the memory_summary table for a hand-filled struct. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,0 +1,263 @@
+/*
+ * The device state (see device.h): creation, the configuration copy, block structs, the segment
+ * list, memory accounting, the capture state, and the free path's merge.
+ */
+#include "core/device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/vec.h"
+#include "core/runtime.h"
+#include "vmm/capture.h"
+
+/* ---- creation and configuration --------------------------------------------------------- */
+
+void dev_apply_fraction(struct dev_alloc *d, double fraction)
+{
+    lock_assert_held(&d->lock);
+    d->fraction = fraction;
+    if (fraction < 1.0) {
+        d->set_fraction = true;
+        d->allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
+    } else {
+        d->set_fraction = false;
+        d->allowed_memory_maximum = d->info.total_mem;
+    }
+}
+
+/* Device lock held (dev_create holds it too, before @p d is published). */
+void dev_refresh_cfg_slow(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    double old_fraction = d->cfg.per_process_memory_fraction;
+    bool first = d->cfg_gen == 0;
+    rt_cfg_copy(&d->cfg, &d->cfg_gen);
+    d->roundup_any = false;
+    for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++)
+        if (d->cfg.roundup_power2_divisions[i] > 1)
+            d->roundup_any = true;
+    d->use_expandable = d->cfg.expandable_segments && d->info.vmm_supported;
+    /* The config key sets the fraction when it changes; xseg_set_memory_fraction overrides it
+     * until the key changes again. */
+    if (first || d->cfg.per_process_memory_fraction != old_fraction)
+        dev_apply_fraction(d, d->cfg.per_process_memory_fraction);
+    d->stats.max_split_size =
+        d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
+}
+
+xseg_status dev_create(int device, struct dev_alloc **out)
+{
+    struct dev_alloc *d = calloc(1, sizeof *d);
+    if (!d)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d", device);
+    xseg_status st = drv_device_query(device, &d->info);
+    if (st != XSEG_SUCCESS) {
+        free(d);
+        return st;
+    }
+    lock_init(&d->lock);
+    d->device = device;
+    d->small.is_small = true;
+    d->small.stat_index = XSEG_STAT_SMALL_POOL;
+    d->large.stat_index = XSEG_STAT_LARGE_POOL;
+    dev_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
+    dev_refresh_cfg_slow(d);
+    dev_unlock(d);
+    if (d->cfg.expandable_segments && !d->info.vmm_supported)
+        fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
+                device);
+    *out = d;
+    return XSEG_SUCCESS;
+}
+
+void dev_lock(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen))
+        dev_refresh_cfg_slow(d);
+}
+
+/* ---- block structs and the segment list ------------------------------------------------ */
+
+struct block *dev_block_new(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    struct block *b = d->spare;
+    if (b) {
+        d->spare = b->next;
+        memset(b, 0, sizeof *b);
+        return b;
+    }
+    return calloc(1, sizeof *b);
+}
+
+void dev_seglist_add(struct dev_alloc *d, struct segrec *s)
+{
+    lock_assert_held(&d->lock);
+    s->prev_seg = NULL;
+    s->next_seg = d->segs;
+    if (d->segs)
+        d->segs->prev_seg = s;
+    d->segs = s;
+}
+
+void dev_seglist_remove(struct dev_alloc *d, struct segrec *s)
+{
+    lock_assert_held(&d->lock);
+    if (s->prev_seg)
+        s->prev_seg->next_seg = s->next_seg;
+    else
+        d->segs = s->next_seg;
+    if (s->next_seg)
+        s->next_seg->prev_seg = s->prev_seg;
+}
+
+/* ---- accounting for the other modules ------------------------------------------------- */
+
+void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
+{
+    lock_assert_held(&d->lock);
+    d->total_allocated_memory += bytes;
+    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
+    d->stats.num_device_alloc += (int64_t)pages;
+}
+
+void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
+{
+    lock_assert_held(&d->lock);
+    xseg_assert(bytes <= d->total_allocated_memory);
+    d->total_allocated_memory -= bytes;
+    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
+    d->stats.num_device_free += (int64_t)pages;
+}
+
+bool dev_fraction_allows(const struct dev_alloc *d, size_t more)
+{
+    lock_assert_held(&d->lock);
+    return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
+}
+
+void dev_count_sync_all(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->stats.num_sync_all_streams++;
+}
+
+/* ---- capture ----------------------------------------------------------------------------- */
+
+bool dev_stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st)
+{
+    lock_assert_held(&d->lock);
+    bool capturing = false;
+    if ((*st = drv_ctx_ensure(d->info.primary_ctx)) == XSEG_SUCCESS)
+        *st = vmm_stream_capturing(stream, d->device, &capturing);
+    return capturing;
+}
+
+void dev_capture_note(struct dev_alloc *d, CUstream stream)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < d->ncapturing; i++)
+        if (d->capturing[i] == stream)
+            return;
+    if (!VEC_RESERVE(d->capturing, d->capcapturing, d->ncapturing + 1))
+        return; /* only a hint; the slow path re-checks anyway */
+    d->capturing[d->ncapturing++] = stream;
+    dev_fast_off(d);
+}
+
+bool dev_capture_underway(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    xseg_status st;
+    bool any = false;
+    if (d->nroutes)
+        return true; /* a pool records: take a capture to be underway without asking the driver */
+    for (size_t i = 0; i < d->ncapturing;) {
+        if (dev_stream_capturing(d, d->capturing[i], &st)) {
+            any = true;
+            i++;
+        } else {
+            d->capturing[i] = d->capturing[--d->ncapturing];
+        }
+    }
+    return any;
+}
+
+/* ---- merge / free ------------------------------------------------------------------------ */
+
+/* Insert a free block into its pool's free index (resetting its GC clock). */
+static inline void pool_insert_free(struct bpool *pool, struct block *b)
+{
+    b->gc_count_base = pool->get_free_blocks_call_count;
+    bpool_insert_free(pool, b);
+}
+
+size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
+{
+    lock_assert_held(&d->lock);
+    if (!src || src->allocated || src->event_count > 0 || src->uses.n || dst->mapped != src->mapped)
+        return 0;
+    bpool_unindex(src);
+    if (dst->prev == src)
+        dst->addr = src->addr;
+    block_splice_out(src->seg, src->prev, src->next);
+    size_t sub = src->size;
+    dst->size += sub;
+    dev_block_delete(d, src);
+    return sub;
+}
+
+/* dev_free_block_inline when b has no free neighbour or two: merge through dev_try_merge, re-index. Out
+ * of line so that the common case keeps few registers live. */
+__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = b->pool;
+    size_t orig_size = b->size, requested = b->requested_size;
+    int64_t net_blocks = 0, net_bytes = 0;
+    struct block *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        size_t sub = dev_try_merge(d, b, cands[i]);
+        if (sub) {
+            net_blocks -= 1;
+            net_bytes -= (int64_t)sub;
+        }
+    }
+    b->requested_size = 0;
+    pool_insert_free(pool, b);
+    if (block_is_split(b)) {
+        net_blocks += 1;
+        net_bytes += (int64_t)b->size;
+    }
+    /* inactive_split leaves expandable blocks out: their free pages can always be released. */
+    if (!b->expandable) {
+        if (net_blocks)
+            stat_add_pool(d->stats.inactive_split, pool->stat_index, net_blocks);
+        if (net_bytes)
+            stat_add_pool(d->stats.inactive_split_bytes, pool->stat_index, net_bytes);
+    }
+    dev_account_inactive(d, pool->stat_index, orig_size, requested);
+}
+
+/* The free of a recorded block is complete (its memory may be reused): the event, and the block
+ * lets its stack go. */
+static void hist_free_completed(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
+    b->hist_stack = NULL;
+    b->recorded = false;
+}
+
+/* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
+void dev_free_block(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(b->recorded))
+        hist_free_completed(d, b);
+    dev_free_block_inline(d, b);
+}

@@ -1,0 +1,296 @@
+/*
+ * The state of one device allocator (struct dev_alloc) and what every core module shares about
+ * it: the lock and its give-back, the fast path's permit, block structs, the segment list, the
+ * device's memory accounting, the capture state, the configuration copy, and the free that returns
+ * a block to its pool (split/merge and its statistics). It sits below every policy module
+ * (events, capreuse, expandable, pools, release, trim, sleep, idle, ipc, observe, snapshot, check),
+ * which call it and never alloc.c; alloc.c (malloc, free, empty_cache) sits above them all.
+ *
+ * Locking: every field of struct dev_alloc is guarded by `lock` (base/lock.h) unless marked
+ * otherwise, and every function here needs it held (each asserts it) unless it says it takes it.
+ * The lock is released only around user callbacks (free-memory callbacks, OOM observers),
+ * history's stack capture and, with release_lock_on_cudamalloc, around cuMemAlloc; code that drops
+ * it re-reads any state it uses.
+ */
+#ifndef XSEG_CORE_DEVICE_H
+#define XSEG_CORE_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/lock.h"
+#include "core/block.h"
+#include "core/capreuse.h"
+#include "core/check.h"
+#include "core/config.h"
+#include "core/history.h"
+#include "core/idle.h"
+#include "core/stats.h"
+#include "vmm/driver.h"
+
+#define ALLOC_MAX_DEVICES 64
+
+struct pool_sleep; /* core/sleep.c */
+
+/* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
+struct ev_item {
+    CUevent event;
+    struct block *block;
+};
+struct ev_queue {
+    CUstream stream;
+    struct ev_item *items;
+    size_t head, count, cap; /* ring buffer */
+};
+
+struct dev_alloc {
+    struct lock lock;
+    int device;
+    struct drv_device_info info; /* read-only after creation */
+
+    /* Configuration in force on this device: a copy of the global one, refreshed at the start
+     * of each operation when the global generation moved (one relaxed load on the fast path). */
+    struct cfg cfg;
+    unsigned cfg_gen;
+    /* The fast path's permit: equal to cfg_gen while none of the rare conditions it skips holds
+     * (streams seen capturing, routes, pending events, deferred frees, roundup divisions), else
+     * 0 (no generation is 0). alloc_malloc compares it with the global generation: one test for
+     * all of them. Every place that starts a rare condition calls dev_fast_off; malloc_prepare
+     * grants it again once they are all over (dev_fast_update). */
+    unsigned fast_gen;
+    bool roundup_any;    /* some roundup_power2_divisions bucket is > 1 */
+    bool use_expandable; /* cfg.expandable_segments && the device supports VMM */
+
+    struct bpool small, large;
+    uint64_t idle_tick_ns; /* idle reclaim (core/trim.c): time of the last tick, CLOCK_MONOTONIC */
+    struct ptrmap live;      /* allocated blocks by address */
+    struct segrec *segs;     /* every segment, both kinds */
+    uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
+    /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
+     * segments of its (pool, stream) in O(log segments), whatever the number of streams. */
+    struct segrec **by_stream;
+    size_t nby_stream, capby_stream;
+    struct block *spare;     /* recycled block structs (linked through next) */
+
+    xseg_device_stats stats;
+    /* The accumulated values (.allocated, .freed, the num_* counts) at the last
+     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
+     * so the internal counters keep freed == allocated - current. */
+    xseg_device_stats acc_base;
+    size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
+    size_t allowed_memory_maximum;
+    bool set_fraction;
+    double fraction;
+
+    /* Deferred frees (events.c). */
+    struct ev_queue *evq;
+    size_t nevq, capevq;
+    size_t pending_events;    /* events in all queues: the fast path polls only when > 0 */
+    CUevent *event_pool;
+    size_t nevent_pool, capevent_pool;
+    struct block **deferred;  /* freed during a capture: events recorded once it ends */
+    size_t ndeferred, capdeferred;
+    /* graph_capture_record_stream_reuse: markers of deferred blocks, graph walks (capreuse.c) */
+    struct capreuse cr;
+
+    /* Streams seen capturing. While non-empty every malloc re-checks them (and its own stream):
+     * this is how the allocator "knows a capture might be underway" without a driver call on
+     * the fast path otherwise. */
+    CUstream *capturing;
+    size_t ncapturing, capcapturing;
+
+    int peers[ALLOC_MAX_DEVICES]; /* devices given access to new expandable segments */
+    int npeers;
+
+    /* Private pools (pools.c) and the allocate-to-pool routes in force, oldest first (PyTorch's
+     * graph_pools and captures_underway). While nroutes > 0 a capture is taken to be underway:
+     * no event is queried, frees with recorded streams are deferred, nothing is released. */
+    struct priv_pool *pools;
+    struct pool_route *routes;
+    size_t nroutes, caproutes;
+
+    /* History (core/history.h): the stack of the recorded malloc in progress, for the segment
+     * events it causes (best effort: a malloc that drops the lock may see another's). */
+    struct hstack *hist_cur;
+
+    /* Sleep and wake (core/sleep.c): the default pools' sleep (NULL: awake), how many pools sleep
+     * (a rare condition: malloc takes the general path while > 0), and the device's counts. */
+    struct pool_sleep *sleep_default;
+    unsigned nasleep;
+    int64_t num_sleeps, num_wakes;
+};
+
+/* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
+ * its blocks are never reused by the default pools or other private pools, and theirs never by
+ * it. Statistics count its blocks in the same counters as the default pools (PyTorch does). */
+struct priv_pool {
+    xseg_pool_id id;
+    struct bpool small, large;
+    int use_count;          /* begins (captures, graphs) not yet released */
+    struct priv_pool *next; /* device's list */
+    struct pool_sleep *sleep; /* core/sleep.c: NULL while awake; a sleeping pool is never reaped */
+};
+
+/* One allocate-to-pool in progress: allocations on streams it matches go to its pool. */
+struct pool_route {
+    struct priv_pool *pool;
+    xseg_stream_filter filter; /* NULL: every stream (unless by_capture) */
+    void *user;
+    bool by_capture;           /* xseg_capture_begin: streams of capture `capture_id` */
+    CUstream capture_stream;
+    unsigned long long capture_id; /* 0 until cuStreamBeginCapture returned */
+};
+
+/* The private pool that owns @p p, or NULL for the default pools. */
+static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const struct bpool *p)
+{
+    if (p == &d->small || p == &d->large)
+        return NULL;
+    return (struct priv_pool *)(void *)((char *)(uintptr_t)p -
+                                        (p->is_small ? offsetof(struct priv_pool, small)
+                                                     : offsetof(struct priv_pool, large)));
+}
+
+/* Give the device lock back at the end of an operation (or before a callback): the state must
+ * be whole here, and at debug_level=2 dev_check walks it first (core/check.h). */
+static inline void dev_unlock(struct dev_alloc *d)
+{
+    dev_check_expensive(d);
+    lock_release(&d->lock);
+}
+
+/* A rare condition begins (see fast_gen): malloc takes the general path until it is over. */
+static inline void dev_fast_off(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->fast_gen = 0;
+}
+
+/* Grant the fast path again when no rare condition holds (config current). */
+static inline void dev_fast_update(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
+     * refuses allocations there (core/sleep.c). */
+    bool rare = d->ncapturing || d->nroutes || d->pending_events || d->ndeferred || d->roundup_any ||
+                hist_mode() || (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && idle_thread_running())) ||
+                d->nasleep;
+    d->fast_gen = rare ? 0 : d->cfg_gen;
+}
+
+/* Create the allocator of @p device (drv loaded; device index validated by drv_device_query). */
+xseg_status dev_create(int device, struct dev_alloc **out);
+
+/* Take the device lock with the configuration in force refreshed (every operation's start). */
+void dev_lock(struct dev_alloc *d);
+/* Copy the global configuration again (its generation moved; the caller tested it). */
+void dev_refresh_cfg_slow(struct dev_alloc *d);
+/* The memory fraction in force: the config key's, or xseg_set_memory_fraction's. */
+void dev_apply_fraction(struct dev_alloc *d, double fraction);
+
+/* Device memory accounting: the policy modules (expandable, sleep) report what they mapped and
+ * unmapped through these instead of writing total_allocated_memory and the statistics. */
+/* @p bytes of @p pool newly mapped, in @p pages driver allocations (chunks) (reserved_bytes, num_device_alloc). */
+void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
+/* @p bytes of @p pool unmapped, in @p pages driver pages (reserved_bytes, num_device_free). */
+void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
+/* Would reserving @p more bytes stay within the memory fraction (always, when none is set)? */
+bool dev_fraction_allows(const struct dev_alloc *d, size_t more);
+/* One synchronization of every stream with pending events (num_sync_all_streams). */
+void dev_count_sync_all(struct dev_alloc *d);
+
+/* The device's segment list (d->segs, newest first): the one insert and remove. */
+void dev_seglist_add(struct dev_alloc *d, struct segrec *s);
+void dev_seglist_remove(struct dev_alloc *d, struct segrec *s);
+
+/* A block struct: a recycled one (zeroed) or a new one; NULL on host OOM. */
+struct block *dev_block_new(struct dev_alloc *d);
+/* @p b must be in no index and have no pending events; its stream set is cleared here. The
+ * split on the fast path relies on this to reuse a spare struct without clearing it. Inline: the
+ * free path's merge calls it. */
+static inline void dev_block_delete(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    stream_set_clear(&b->uses);
+    b->next = d->spare;
+    d->spare = b;
+}
+
+/* Is @p stream capturing (cuStreamIsCapturing in the device's context)? *@p st: the driver's
+ * failure, if any (then false). */
+bool dev_stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st);
+/* Remember that @p stream was seen capturing (a rare condition: malloc re-checks it). */
+void dev_capture_note(struct dev_alloc *d, CUstream stream);
+/* Is a capture underway that the allocator knows of: a pool records (xseg_capture_begin,
+ * xseg_begin_allocate_to_pool, the PyTorch hooks), or a stream was seen capturing (a malloc on it
+ * missed the cache)? Re-checks only the streams seen capturing, dropping finished ones: O(1) in
+ * the number of streams. As in PyTorch, a capture must be announced for the allocator to keep
+ * its memory mapped. */
+bool dev_capture_underway(struct dev_alloc *d);
+
+/* Absorb @p src (a neighbour of @p dst) into dst when both are free and equally mapped. dst must
+ * not be in an index; src is removed from its index and deleted. Returns bytes absorbed. */
+size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
+/* Return a block whose events are done to its pool: merge, index, statistics (events.c,
+ * capreuse.c, the undo of a malloc). */
+void dev_free_block(struct dev_alloc *d, struct block *b);
+
+/* The free path's merge when @p b has no free neighbour or two (out of line). */
+void dev_free_block_general(struct dev_alloc *d, struct block *b);
+
+/* The active counters of a block that stops being active (every path of the free). */
+static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
+{
+    lock_assert_held(&d->lock);
+    stat_down_pool(d->stats.active, si, 1);
+    stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
+    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
+}
+
+/* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
+ * statistics. Inline for the free fast path (alloc.c); the other modules call dev_free_block. */
+static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block *prev = b->prev, *next = b->next;
+    /* A neighbour in the free index (in_index && mapped) is free, mapped, with no events and no
+     * recorded streams: dev_try_merge's rule holds for it (b is mapped). A mergeable neighbour
+     * outside every index does not exist while this runs, so "exactly one neighbour in the
+     * free index" is "exactly one can merge". */
+    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
+    if (XSEG_UNLIKELY(fp == fn)) {
+        dev_free_block_general(d, b);
+        return;
+    }
+    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
+     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
+     * path (the merged block is the same range), with no treap remove/insert. */
+    struct bpool *pool = b->pool;
+    int si = pool->stat_index;
+    size_t orig_size = b->size, requested = b->requested_size;
+    struct block *keep = fn ? next : prev;
+    size_t keep_size = keep->size;
+    if (keep == next) {
+        bpool_free_grow(pool, next, b->addr, next->size + b->size);
+        block_splice_out(next->seg, prev, next); /* per branch: one of the two is known non-NULL */
+    } else {
+        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
+        block_splice_out(prev->seg, prev, next);
+    }
+    keep->gc_count_base = pool->get_free_blocks_call_count;
+    dev_block_delete(d, b);
+    /* dev_free_block_general's accounting with its signs known: keep was an inactive split block of
+     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
+     * spans its whole segment. */
+    if (!keep->expandable) {
+        if (XSEG_LIKELY(block_is_split(keep))) {
+            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)orig_size);
+        } else {
+            stat_down_pool(d->stats.inactive_split, si, 1);
+            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
+        }
+    }
+    dev_account_inactive(d, si, orig_size, requested);
+}
+
+#endif

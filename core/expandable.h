@@ -1,0 +1,32 @@
+/*
+ * Expandable segments beneath the block pools (expandable.c), over vmm/segment.h: holes,
+ * growth, chunks, reclaim. Device lock held.
+ */
+#ifndef XSEG_CORE_EXPANDABLE_H
+#define XSEG_CORE_EXPANDABLE_H
+
+#include "core/device.h"
+
+/* Find or make room for @p size bytes (a rounded request) in an expandable segment of
+ * (@p pool, @p stream), map what is missing, and return the free block at its start (removed
+ * from the free index). XSEG_ERROR_OUT_OF_MEMORY when the fraction limit or the device is
+ * exhausted; XSEG_ERROR_DRIVER on another driver failure. Bookkeeping stays consistent. */
+xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
+                         struct block **out);
+/* Destroy expandable segments left with nothing mapped. */
+void exp_release_empty_segments(struct dev_alloc *d);
+/* Give back what earlier driver failures left with the driver: every segment's stranded pages
+ * (seg_reclaim), then the process-wide leftovers (seg_leftovers_retry). Lock held, no capture
+ * underway. @return the first failure (what failed stays for the next reclaim). */
+xseg_status exp_reclaim_leftovers(struct dev_alloc *d);
+/* Give back whole chunks inside free block @p b (in the free index): the highest ones, as few as
+ * cover @p max_bytes (SIZE_MAX: all); the block is re-tiled by what the driver unmapped. With
+ * @p idle the caller knows the stream's work has completed (it waited or queried): no
+ * synchronize here. exp_whole_page_bytes: the bytes of whole chunks inside a free expandable
+ * block (what giving it back can release); exp_block_older: the stable age order of expandable
+ * blocks (older segment, then lower offset). */
+xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle);
+size_t exp_whole_page_bytes(const struct block *b);
+bool exp_block_older(const struct block *a, const struct block *b);
+
+#endif
