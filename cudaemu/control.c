@@ -209,6 +209,7 @@ void cudaemu_live_get(struct cudaemu_live *live)
         live->used_bytes[d] = emu.used[d];
     live->events = emu.events.count;
     live->graphs = emu.graphs.count;
+    live->graph_execs = emu.execs.count;
     emu_unlock();
 }
 
@@ -217,8 +218,8 @@ void emu_report_print(void)
     struct cudaemu_live live;
     cudaemu_live_get(&live);
     fprintf(stderr, "cudaemu report: %zu live handle(s), %zu mapped byte(s), %zu reservation(s), "
-            "%zu cuMemAlloc block(s), %zu event(s), %zu graph(s)\n", live.handles, live.mapped_bytes,
-            live.reservations, live.allocs, live.events, live.graphs);
+            "%zu cuMemAlloc block(s), %zu event(s), %zu graph(s), %zu executable graph(s)\n", live.handles,
+            live.mapped_bytes, live.reservations, live.allocs, live.events, live.graphs, live.graph_execs);
     for (int d = 0; d < emu.cfg.devices && d < 8; d++)
         fprintf(stderr, "cudaemu report: device %d: %zu byte(s) in use of %zu\n", d,
                 live.used_bytes[d], emu.cfg.total_mem);

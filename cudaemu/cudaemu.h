@@ -76,6 +76,7 @@ struct cudaemu_live {
     size_t used_bytes[8];  /* device memory in use per device (first 8 devices) */
     size_t events;         /* cuEventCreate'd events not destroyed */
     size_t graphs;         /* graphs not destroyed: ended captures' and those still capturing */
+    size_t graph_execs;    /* cuGraphInstantiate'd executable graphs not destroyed */
 };
 void cudaemu_live_get(struct cudaemu_live *live);
 

@@ -45,8 +45,11 @@
     /* the capture graph (graph.c) */                                                             \
     X(cuStreamUpdateCaptureDependencies) X(cuGraphAddEmptyNode) X(cuGraphNodeGetDependencies)     \
     X(cuGraphGetNodes) X(cuGraphNodeGetType)                                                     \
+    /* executable graphs (graph.c; tests replay captures, xseg never calls them) */               \
+    X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                                  \
     /* pinned host memory, async copies and memset (host.c; services) */                \
-    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async)
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) \
+    X(cuMemcpyDtoDAsync)
 
 #define EMU_STR2(x) #x
 #define EMU_ABI_NAME(fn) EMU_STR2(fn)
@@ -144,6 +147,16 @@ struct emu_alloc {
     int dev;
 };
 
+/* What a memset or memcpy node does when its graph is launched: the captured call's arguments.
+ * Device-side operands are access-checked at launch (host-side ones are the caller's). */
+struct emu_op {
+    enum { EMU_OP_MEMSET = 1, EMU_OP_MEMCPY } kind;
+    uintptr_t dst, src;        /* src: memcpy only */
+    size_t size;
+    unsigned char value;       /* memset only */
+    bool dst_dev, src_dev;     /* operand is device memory (HtoD: dst; DtoH: src; DtoD: both) */
+};
+
 /* A graph node: its graph, type and the nodes it depends on (fixed at creation). */
 struct CUgraphNode_st {
     CUgraph graph;
@@ -151,12 +164,20 @@ struct CUgraphNode_st {
     CUgraphNode *deps;
     size_t ndeps;
     uint64_t mark;      /* traversal stamp (emu_graph_ancestors_locked) */
+    struct emu_op op;   /* MEMSET / MEMCPY nodes: what a launch performs (kind 0 otherwise) */
 };
 
 struct CUgraph_st {
     struct emu_capseq *capture;  /* the capture still building it, or NULL */
     CUgraphNode *nodes;          /* in creation order */
     size_t nnodes, capnodes;
+};
+
+/* An executable graph: its graph's memset/memcpy operations in a topological order, copied at
+ * instantiation (the driver's exec does not depend on the graph afterwards). */
+struct CUgraphExec_st {
+    struct emu_op *ops;
+    size_t nops;
 };
 
 /* A capture sequence: begun on `origin`; other streams join it by waiting on an event recorded
@@ -224,6 +245,7 @@ struct emu_state {
     struct emu_map events;
     struct emu_map graphs;
     struct emu_map nodes;         /* every live graph node (handle validation) */
+    struct emu_map execs;         /* live executable graphs */
     struct emu_map captures;      /* capture id -> live emu_capseq */
     uint64_t mark_seq;            /* traversal stamps */
     struct CUstream_st null_stream;
@@ -293,6 +315,10 @@ int emu_nodeset_update(struct emu_nodeset *set, const CUgraphNode *nodes, size_t
 void emu_nodeset_free(struct emu_nodeset *set);
 /* A valid node handle (of a live graph), or NULL. */
 CUgraphNode emu_node_resolve_locked(CUgraphNode n);
+/* Append a node of @p type (with @p op's parameters when not NULL) to the capture of @p s after
+ * its dependencies, which become that node. @return CUDA_SUCCESS, or the error to return (the
+ * capture invalidated, out of host memory). */
+CUresult emu_capture_add_locked(CUstream s, CUgraphNodeType type, const struct emu_op *op);
 
 /* Per-device access check for a copy or memset by the current device (vmm.c): every VMM
  * mapping overlapping [addr, addr + size) must grant @p dev at least @p need
@@ -300,6 +326,9 @@ CUgraphNode emu_node_resolve_locked(CUgraphNode n);
  * inside them, are not checked here (the touch itself faults). @return CUDA_SUCCESS or
  * CUDA_ERROR_ILLEGAL_ADDRESS. Takes emu.lock. */
 CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need);
+/* The same check with emu.lock held, and with @p whole also every byte of the range that lies in
+ * a reservation must be mapped (a graph launch reports the fault instead of taking SIGSEGV). */
+CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsigned need, bool whole);
 
 /* memset(addr, 0, size) where the whole range is VMM-mapped memory: the physical memory's file
  * range is punched out (it reads zero, and holds no host memory any more) and only unaligned

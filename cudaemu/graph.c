@@ -1,18 +1,31 @@
 /*
- * Graphs as a capture builds them, and the graph-query entry points xseg uses.
+ * Graphs as a capture builds them, the graph-query entry points xseg uses, and executable graphs
+ * (instantiate, launch, destroy) for the tests that replay a capture.
  *
  * A graph is a list of nodes in creation order; a node's dependencies are fixed when it is
- * created (cudaemu has no cuGraphAddDependencies), so the graph is a DAG by construction. Only
- * the node kinds a capture made through cudaemu can contain exist: empty nodes
- * (cuGraphAddEmptyNode) and kernel nodes (cudaemu_stream_work, standing for a kernel launch).
- * Recording an event or waiting on one adds no node: as with the driver, it moves dependency
- * sets between streams (stream.c).
+ * created (cudaemu has no cuGraphAddDependencies), so the graph is a DAG by construction and
+ * creation order is a topological order. Only the node kinds a capture made through cudaemu can
+ * contain exist: empty nodes (cuGraphAddEmptyNode), kernel nodes (cudaemu_stream_work, standing
+ * for a kernel launch) and memset / memcpy nodes (the async calls of host.c, with their
+ * arguments). Recording an event or waiting on one adds no node: as with the driver, it moves
+ * dependency sets between streams (stream.c).
  *
  * Rules, from the driver API documentation of each entry point: NULL out-parameters, a node
- * list with duplicates, a dependency of another graph, an unknown graph or node are
- * CUDA_ERROR_INVALID_VALUE. Queries that return arrays follow the documented convention: a NULL
- * array asks for the count; a count larger than needed gets NULL-padded entries and the real
+ * list with duplicates, a dependency of another graph, an unknown graph, node or executable graph
+ * are CUDA_ERROR_INVALID_VALUE. Queries that return arrays follow the documented convention: a
+ * NULL array asks for the count; a count larger than needed gets NULL-padded entries and the real
  * count back. Edge data is always the default (zeroed) here.
+ *
+ * Executable graphs: cuGraphInstantiate copies the graph's memset and memcpy operations in
+ * creation order, so the exec outlives its graph as the driver's does (a graph still being
+ * captured may be instantiated: the documentation permits every operation but destroy and node
+ * removal on it). cuGraphLaunch performs them at once on the calling thread (pending work on a
+ * held stream, like the async calls), after checking every device operand: each byte of it that
+ * lies in a reservation must be mapped with the access the operation needs for the current
+ * device, else CUDA_ERROR_ILLEGAL_ADDRESS and nothing runs (a GPU would fault at some later
+ * synchronization and lose its context). Kernel and empty nodes do nothing. Launching into a
+ * capturing stream is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (the
+ * driver refuses it: reported on an H200, driver 580; not modelled as a child graph node).
  * All under emu.lock.
  */
 #include <stdlib.h>
@@ -28,6 +41,11 @@ CUgraphNode emu_node_resolve_locked(CUgraphNode n)
 static CUgraph graph_resolve_locked(CUgraph g)
 {
     return g ? emu_map_get(&emu.graphs, (uint64_t)(uintptr_t)g) : NULL;
+}
+
+static CUgraphExec exec_resolve_locked(CUgraphExec x)
+{
+    return x ? emu_map_get(&emu.execs, (uint64_t)(uintptr_t)x) : NULL;
 }
 
 CUgraph emu_graph_new_locked(void)
@@ -78,6 +96,19 @@ CUgraphNode emu_graph_add_locked(CUgraph g, CUgraphNodeType type, const CUgraphN
     node->ndeps = n;
     g->nodes[g->nnodes++] = node;
     return node;
+}
+
+CUresult emu_capture_add_locked(CUstream s, CUgraphNodeType type, const struct emu_op *op)
+{
+    if (s->cap->invalidated)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    CUgraphNode n = emu_graph_add_locked(s->cap->graph, type, s->deps.v, s->deps.n);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (op)
+        n->op = *op;
+    /* A failed update leaves the node in the graph with the old dependencies: still ordered. */
+    return emu_nodeset_update(&s->deps, &n, 1, false) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
 uint64_t emu_graph_ancestors_locked(const CUgraphNode *from, size_t n)
@@ -316,4 +347,121 @@ CUresult CUDAAPI cuStreamUpdateCaptureDependencies(CUstream hStream, CUgraphNode
         r = CUDA_ERROR_OUT_OF_MEMORY;
     emu_unlock();
     return r;
+}
+
+/* ---- executable graphs ---- */
+
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+    EMU_ENTER(cuGraphInstantiate);
+    const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+    /* Documented: AUTO_FREE_ON_LAUNCH "cannot be used in conjunction" with DEVICE_LAUNCH. */
+    if (!phGraphExec || (flags & ~known) ||
+        ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) &&
+         (flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    emu_lock();
+    CUresult r = CUDA_SUCCESS;
+    CUgraph g = graph_resolve_locked(hGraph);
+    CUgraphExec x = NULL;
+    if (!g) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!(x = calloc(1, sizeof *x)) || (g->nnodes && !(x->ops = malloc(g->nnodes * sizeof *x->ops)))) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        for (size_t i = 0; i < g->nnodes; i++)
+            if (g->nodes[i]->op.kind)
+                x->ops[x->nops++] = g->nodes[i]->op;
+        if (emu_map_put(&emu.execs, (uint64_t)(uintptr_t)x, x))
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    emu_unlock();
+    if (r != CUDA_SUCCESS) {
+        if (x)
+            free(x->ops);
+        free(x);
+        return r;
+    }
+    *phGraphExec = x;
+    return CUDA_SUCCESS;
+}
+
+/* May the current device (@p dev) do @p op now? Lock held. */
+static CUresult op_check_locked(const struct emu_op *op, int dev)
+{
+    CUresult r = CUDA_SUCCESS;
+    if (op->dst_dev)
+        r = emu_vmm_access_check_locked(op->dst, op->size, dev, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, true);
+    if (r == CUDA_SUCCESS && op->src_dev)
+        r = emu_vmm_access_check_locked(op->src, op->size, dev, CU_MEM_ACCESS_FLAGS_PROT_READ, true);
+    return r;
+}
+
+/* Outside the lock (emu_vmm_zero takes it), as the async calls move their bytes. */
+static void op_run(const struct emu_op *op)
+{
+    if (!op->size)
+        return;
+    if (op->kind == EMU_OP_MEMCPY)
+        memmove((void *)op->dst, (const void *)op->src, op->size);
+    else if (op->value || !emu_vmm_zero(op->dst, op->size))
+        memset((void *)op->dst, op->value, op->size);
+}
+
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    EMU_ENTER(cuGraphLaunch);
+    CUcontext ctx = emu_ctx_current();
+    if (!ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    emu_lock();
+    CUresult r = CUDA_SUCCESS;
+    CUgraphExec x = exec_resolve_locked(hGraphExec);
+    CUstream s = emu_stream_resolve_locked(hStream);
+    struct emu_op *ops = NULL;
+    size_t nops = 0;
+    if (!x) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!s) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (s->cap) {
+        s->cap->invalidated = true;
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else {
+        for (size_t i = 0; i < x->nops && r == CUDA_SUCCESS; i++)
+            r = op_check_locked(&x->ops[i], ctx->ordinal);
+        /* A copy, so that a cuGraphExecDestroy by another thread cannot pull the ops away. */
+        if (r == CUDA_SUCCESS && x->nops) {
+            if ((ops = malloc(x->nops * sizeof *ops))) {
+                memcpy(ops, x->ops, x->nops * sizeof *ops);
+                nops = x->nops;
+            } else {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        if (r == CUDA_SUCCESS && s->held)
+            s->submitted++;
+    }
+    emu_unlock();
+    for (size_t i = 0; i < nops; i++)
+        op_run(&ops[i]);
+    free(ops);
+    return r;
+}
+
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    EMU_ENTER(cuGraphExecDestroy);
+    emu_lock();
+    CUgraphExec x = hGraphExec ? emu_map_del(&emu.execs, (uint64_t)(uintptr_t)hGraphExec) : NULL;
+    emu_unlock();
+    if (!x)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(x->ops);
+    free(x);
+    return CUDA_SUCCESS;
 }

@@ -1,11 +1,12 @@
 /*
- * Pinned host memory and the asynchronous copies and memset (services: sleep offload
- * and wake). Host memory is an anonymous mapping, tracked so that cuMemFreeHost can refuse a
- * pointer it did not hand out. Asynchronous work follows the stream model of stream.c: on a
- * capturing stream it becomes a graph node and does not run (as the driver records it); on a
- * held stream it is pending work (cuStreamQuery says NOT_READY until the hold ends or someone
- * waits), but the bytes move at once (no kernels, no asynchrony beyond the hold model: see the
- * README's infidelities); elsewhere it runs at once.
+ * Pinned host memory and the asynchronous copies and memset (services: sleep offload and wake;
+ * cuMemcpyDtoDAsync for the tests' graph replays). Host memory is an anonymous mapping, tracked
+ * so that cuMemFreeHost can refuse a pointer it did not hand out. Asynchronous work follows the
+ * stream model of stream.c: on a capturing stream it becomes a graph node, keeping its arguments
+ * for cuGraphLaunch, and does not run (as the driver records it); on a held stream it is pending
+ * work (cuStreamQuery says NOT_READY until the hold ends or someone waits), but the bytes move at
+ * once (no kernels, no asynchrony beyond the hold model: see the README's infidelities);
+ * elsewhere it runs at once.
  */
 #include <string.h>
 #include <sys/mman.h>
@@ -79,8 +80,8 @@ void cudaemu_host_live(size_t *count, size_t *bytes)
 }
 
 /* Queue one unit of async work on @p hStream: 1 when it runs now, 0 when it was captured (a graph
- * node, nothing runs), or a CUresult error (negated) for a bad stream. */
-static int async_enqueue(CUstream hStream, CUgraphNodeType type)
+ * node keeping @p op for launches; nothing runs), or a CUresult error (negated). */
+static int async_enqueue(CUstream hStream, CUgraphNodeType type, const struct emu_op *op)
 {
     emu_lock();
     int rc = 1;
@@ -88,12 +89,8 @@ static int async_enqueue(CUstream hStream, CUgraphNodeType type)
     if (!s) {
         rc = -(int)CUDA_ERROR_INVALID_HANDLE;
     } else if (s->cap) {
-        CUgraphNode n = NULL;
-        if (s->cap->invalidated || !(n = emu_graph_add_locked(s->cap->graph, type, s->deps.v, s->deps.n)) ||
-            emu_nodeset_update(&s->deps, &n, 1, false))
-            rc = -(int)CUDA_ERROR_OUT_OF_MEMORY;
-        else
-            rc = 0;
+        CUresult r = emu_capture_add_locked(s, type, op);
+        rc = r == CUDA_SUCCESS ? 0 : -(int)r;
     } else if (s->held) {
         s->submitted++;
     }
@@ -118,7 +115,8 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
     CUresult acc = async_access((uintptr_t)dstDevice, ByteCount, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (acc != CUDA_SUCCESS)
         return acc;
-    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY);
+    struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstDevice, (uintptr_t)srcHost, ByteCount, 0, true, false};
+    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -140,7 +138,8 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
     CUresult acc = async_access((uintptr_t)srcDevice, ByteCount, CU_MEM_ACCESS_FLAGS_PROT_READ);
     if (acc != CUDA_SUCCESS)
         return acc;
-    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY);
+    struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstHost, (uintptr_t)srcDevice, ByteCount, 0, false, true};
+    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -161,11 +160,37 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
     CUresult acc = async_access((uintptr_t)dstDevice, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (acc != CUDA_SUCCESS)
         return acc;
-    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMSET);
+    struct emu_op op = {EMU_OP_MEMSET, (uintptr_t)dstDevice, 0, N, uc, true, false};
+    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMSET, &op);
     if (rc < 0)
         return (CUresult)-rc;
     /* Zeros over VMM memory are punched out of the memory file (cuMemsetD8's reason). */
     if (rc && N && (uc || !emu_vmm_zero((uintptr_t)dstDevice, N)))
         memset((void *)(uintptr_t)dstDevice, uc, N);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    EMU_ENTER(cuMemcpyDtoDAsync);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ByteCount && (!dstDevice || !srcDevice))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult acc = async_access((uintptr_t)srcDevice, ByteCount, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    if (acc == CUDA_SUCCESS)
+        acc = async_access((uintptr_t)dstDevice, ByteCount, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (acc != CUDA_SUCCESS)
+        return acc;
+    struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount, 0, true, true};
+    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
+    if (rc < 0)
+        return (CUresult)-rc;
+    if (rc && ByteCount) {
+        uint64_t t0 = emu_now_ns();
+        /* Overlapping ranges are the caller's bug on a GPU; memmove keeps the emulator defined. */
+        memmove((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+        emu_bytes_wait(EMU_E_cuMemcpyDtoDAsync, ByteCount, t0);
+    }
     return CUDA_SUCCESS;
 }

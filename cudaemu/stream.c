@@ -581,10 +581,7 @@ int cudaemu_stream_work(CUstream stream)
     if (!s) {
         rc = -1;
     } else if (s->cap) {
-        CUgraphNode n = NULL;
-        if (s->cap->invalidated ||
-            !(n = emu_graph_add_locked(s->cap->graph, CU_GRAPH_NODE_TYPE_KERNEL, s->deps.v, s->deps.n)) ||
-            emu_nodeset_update(&s->deps, &n, 1, false))
+        if (emu_capture_add_locked(s, CU_GRAPH_NODE_TYPE_KERNEL, NULL) != CUDA_SUCCESS)
             rc = -1;
     } else if (s->held) {
         s->submitted++;

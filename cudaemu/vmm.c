@@ -892,21 +892,22 @@ CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *
 
 /* ---- per-device access ---- */
 
-CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need)
+CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsigned need, bool whole)
 {
     if (size == 0 || addr + size < addr)
         return CUDA_SUCCESS;
     uintptr_t end = addr + size;
-    CUresult r = CUDA_SUCCESS;
-    emu_lock();
     /* Every reservation overlapping the range, then every mapping of it overlapping the range. */
     long i = vmm_resv_floor(addr);
     if (i < 0)
         i = 0;
-    for (; (size_t)i < emu.nresv && emu.resv[i]->base < end && r == CUDA_SUCCESS; i++) {
+    for (; (size_t)i < emu.nresv && emu.resv[i]->base < end; i++) {
         struct emu_resv *rv = emu.resv[i];
         if (rv->base + rv->size <= addr)
             continue;
+        /* cur: the first byte of the range in this reservation not yet seen mapped. */
+        uintptr_t cur = addr > rv->base ? addr : rv->base;
+        uintptr_t rend = end < rv->base + rv->size ? end : rv->base + rv->size;
         long j = vmm_map_floor(rv, addr);
         if (j < 0)
             j = 0;
@@ -914,16 +915,26 @@ CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned nee
             const struct emu_mapping *m = &rv->maps[j];
             if (m->base + m->size <= addr)
                 continue;
+            if (whole && m->base > cur)
+                return CUDA_ERROR_ILLEGAL_ADDRESS;
+            cur = m->base + m->size;
             /* READWRITE includes READ; READ does not satisfy a write. */
             unsigned have = m->access[dev];
             bool ok = need == CU_MEM_ACCESS_FLAGS_PROT_READ ? have != CU_MEM_ACCESS_FLAGS_PROT_NONE
                                                            : have == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            if (!ok) {
-                r = CUDA_ERROR_ILLEGAL_ADDRESS;
-                break;
-            }
+            if (!ok)
+                return CUDA_ERROR_ILLEGAL_ADDRESS;
         }
+        if (whole && cur < rend)
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
+    return CUDA_SUCCESS;
+}
+
+CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need)
+{
+    emu_lock();
+    CUresult r = emu_vmm_access_check_locked(addr, size, dev, need, false);
     emu_unlock();
     return r;
 }

@@ -167,6 +167,39 @@ bool tu_stream_work(CUstream s)
                CUDA_SUCCESS;
 }
 
+/* ---- executable graphs ---- */
+
+#define TU_STR2(x) #x
+#define TU_ABI(fn) TU_STR2(fn) /* the ABI name cuda.h's macros give the API name */
+
+const struct tu_graph_api *tu_graph(void)
+{
+    static struct tu_graph_api api;
+    static _Atomic(const struct tu_graph_api *) ready;
+    const struct tu_graph_api *p = ready;
+    if (p)
+        return p;
+    const char *path = getenv("XSEG_LIBCUDA");
+    if (!path || !*path)
+        path = "libcuda.so.1";
+    void *lib = dlopen(path, RTLD_NOLOAD | RTLD_NOW);
+    if (!lib)
+        fail_msg("%s is not loaded: call tu_gpu_available() first", path);
+    struct tu_graph_api a;
+    *(void **)&a.instantiate = dlsym(lib, TU_ABI(cuGraphInstantiate));
+    *(void **)&a.launch = dlsym(lib, TU_ABI(cuGraphLaunch));
+    *(void **)&a.exec_destroy = dlsym(lib, TU_ABI(cuGraphExecDestroy));
+    *(void **)&a.memcpy_dtod_async = dlsym(lib, TU_ABI(cuMemcpyDtoDAsync));
+    /* dlopen(RTLD_NOLOAD) took a reference; the library stays loaded by its first opener. */
+    dlclose(lib);
+    if (!a.instantiate || !a.launch || !a.exec_destroy || !a.memcpy_dtod_async)
+        fail_msg("%s lacks %s, %s, %s or %s", path, TU_ABI(cuGraphInstantiate), TU_ABI(cuGraphLaunch),
+                 TU_ABI(cuGraphExecDestroy), TU_ABI(cuMemcpyDtoDAsync));
+    api = a;
+    ready = &api;
+    return &api;
+}
+
 /* ---- driver and device ---- */
 
 static pthread_once_t tu_gpu_once = PTHREAD_ONCE_INIT;

@@ -107,6 +107,18 @@ size_t tu_host_live(size_t *bytes);
  * nothing. @return false when the driver refused. */
 bool tu_stream_work(CUstream s);
 
+/* ---- executable graphs: entry points xseg's driver table does not hold (the allocator never
+ * launches a graph), resolved with dlsym on the loaded driver ($XSEG_LIBCUDA or libcuda.so.1), so
+ * the same test replays a capture on cudaemu and on a GPU. ---- */
+struct tu_graph_api {
+    __typeof__(cuGraphInstantiate) *instantiate;      /* ABI name cuGraphInstantiateWithFlags */
+    __typeof__(cuGraphLaunch) *launch;
+    __typeof__(cuGraphExecDestroy) *exec_destroy;
+    __typeof__(cuMemcpyDtoDAsync) *memcpy_dtod_async; /* cuMemcpyDtoDAsync_v2 */
+};
+/* The entry points (driver loaded); fails the test when the driver lacks one. */
+const struct tu_graph_api *tu_graph(void);
+
 /* ---- device data through driver calls ---- */
 
 /* Fill [ptr, ptr + size) with a pattern derived from @p tag (cuMemsetD8 of whole range, then a

@@ -1326,6 +1326,254 @@ static void test_capture_graph_table(void **state)
         fail_msg("%d graph row(s) differ from the expected CUresult (see above)", mismatches);
 }
 
+/* ---- executable graphs: a capture replayed (cuGraphInstantiate / cuGraphLaunch /
+ * cuGraphExecDestroy, reached through tu_graph(): xseg's driver table does not hold them). ---- */
+
+/* Are the @p n bytes at @p d all @p v (read with cuMemcpyDtoH)? */
+static bool dev_all(CUdeviceptr d, size_t n, unsigned char v)
+{
+    unsigned char *h = malloc(n);
+    assert_non_null(h);
+    tu_assert_cu(drv->cuMemcpyDtoH(h, d, n));
+    size_t i = 0;
+    while (i < n && h[i] == v)
+        i++;
+    free(h);
+    return i == n;
+}
+
+/* A capture of memset A, copy A -> B and a kernel replays after the graph is gone, as often as
+ * launched, and only when launched. */
+static void test_graph_launch(void **state)
+{
+    (void)state;
+    const struct tu_graph_api *gx = tu_graph();
+    const size_t n = 64 * 1024;
+    CUstream s = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(2 * G);
+    tu_assert_cu(drv->cuMemMap(va, 2 * G, 0, h, 0));
+    tu_assert_cu(set_rw(va, 2 * G));
+    CUdeviceptr a = va, b = va + G;
+    tu_assert_cu(drv->cuMemsetD8(b, 0x11, n));
+    tu_assert_cu(drv->cuCtxSynchronize());
+
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    tu_assert_cu(drv->cuMemsetD8Async(a, 0xa5, n, s));
+    tu_assert_cu(gx->memcpy_dtod_async(b, a, n, s));
+    assert_true(tu_stream_work(s));
+    CUgraph g = NULL;
+    tu_assert_cu(drv->cuStreamEndCapture(s, &g));
+    size_t count = 0;
+    tu_assert_cu(drv->cuGraphGetNodes(g, NULL, &count));
+    assert_int_equal(count, 3);
+    assert_true(dev_all(b, n, 0x11)); /* captured, not run */
+
+    CUgraphExec x = NULL;
+    tu_assert_cu(gx->instantiate(&x, g, 0));
+    assert_non_null(x);
+    tu_assert_cu(drv->cuGraphDestroy(g)); /* the exec does not need its graph */
+    tu_assert_cu(gx->launch(x, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_true(dev_all(a, n, 0xa5));
+    assert_true(dev_all(b, n, 0xa5));
+    tu_assert_cu(drv->cuMemsetD8(a, 0, n));
+    tu_assert_cu(drv->cuMemsetD8(b, 0x22, n));
+    tu_assert_cu(drv->cuCtxSynchronize());
+    tu_assert_cu(gx->launch(x, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_true(dev_all(b, n, 0xa5));
+    if (tu_emulated()) {
+        /* On a held stream a launch is pending work, like the async calls. */
+        assert_true(tu_stream_hold(s));
+        tu_assert_cu(gx->launch(x, s));
+        tu_assert_cu_eq(drv->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        assert_true(tu_stream_release(s));
+        tu_assert_cu(drv->cuStreamQuery(s));
+    }
+    tu_assert_cu(gx->exec_destroy(x));
+
+    tu_assert_cu(drv->cuMemUnmap(va, 2 * G));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    struct cudaemu_live live;
+    if (tu_live(&live)) {
+        assert_int_equal(live.graphs, 0);
+        assert_int_equal(live.graph_execs, 0);
+        assert_int_equal(live.handles, 0);
+    }
+}
+
+/* Misuse of the executable-graph calls, one printed line per row. The fixture: G of mapped,
+ * writable VA, and an exec of a capture that memsets its first 4 KiB and runs a kernel. */
+struct exec_fx {
+    CUstream s, other;
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h;
+    CUgraph g;
+    CUgraphExec x;
+    bool x_gone, other_gone;
+    CUresult end;   /* cuStreamEndCapture of a row that captures */
+};
+
+static CUresult x_launch_sync(struct exec_fx *f)
+{
+    CUresult r = tu_graph()->launch(f->x, f->s);
+    return r != CUDA_SUCCESS ? r : drv->cuStreamSynchronize(f->s);
+}
+static CUresult x_inst_null_out(struct exec_fx *f) { return tu_graph()->instantiate(NULL, f->g, 0); }
+static CUresult x_inst_null_graph(struct exec_fx *f)
+{
+    CUgraphExec x = NULL;
+    (void)f;
+    return tu_graph()->instantiate(&x, NULL, 0);
+}
+static CUresult x_inst_upload_flag(struct exec_fx *f)
+{
+    CUgraphExec x = NULL;
+    CUresult r = tu_graph()->instantiate(&x, f->g, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    if (r == CUDA_SUCCESS)
+        tu_graph()->exec_destroy(x);
+    return r;
+}
+static CUresult x_launch_null(struct exec_fx *f) { return tu_graph()->launch(NULL, f->s); }
+static CUresult x_destroy_null(struct exec_fx *f)
+{
+    (void)f;
+    return tu_graph()->exec_destroy(NULL);
+}
+static CUresult x_launch_capturing(struct exec_fx *f)
+{
+    tu_assert_cu(drv->cuStreamBeginCapture(f->other, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUresult r = tu_graph()->launch(f->x, f->other);
+    CUgraph g = NULL;
+    f->end = drv->cuStreamEndCapture(f->other, &g);
+    if (g)
+        drv->cuGraphDestroy(g);
+    return r;
+}
+static CUresult x_launch_destroyed(struct exec_fx *f)
+{
+    tu_assert_cu(tu_graph()->exec_destroy(f->x));
+    f->x_gone = true;
+    return tu_graph()->launch(f->x, f->s);
+}
+static CUresult x_destroy_twice(struct exec_fx *f)
+{
+    tu_assert_cu(tu_graph()->exec_destroy(f->x));
+    f->x_gone = true;
+    return tu_graph()->exec_destroy(f->x);
+}
+static CUresult x_launch_dead_stream(struct exec_fx *f)
+{
+    tu_assert_cu(drv->cuStreamDestroy(f->other));
+    f->other_gone = true;
+    return tu_graph()->launch(f->x, f->other);
+}
+static CUresult x_launch_unmapped(struct exec_fx *f)
+{
+    tu_assert_cu(drv->cuMemUnmap(f->va, G));
+    CUresult r = tu_graph()->launch(f->x, f->s);
+    tu_assert_cu(drv->cuMemMap(f->va, G, 0, f->h, 0));
+    tu_assert_cu(set_rw(f->va, G));
+    return r;
+}
+static CUresult x_launch_readonly(struct exec_fx *f)
+{
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
+    tu_assert_cu(drv->cuMemSetAccess(f->va, G, &d, 1));
+    CUresult r = tu_graph()->launch(f->x, f->s);
+    tu_assert_cu(set_rw(f->va, G));
+    return r;
+}
+
+struct exec_row {
+    const char *what;
+    bool emu_only;          /* undefined behaviour, or a lost context, on the real driver */
+    CUresult expected;
+    CUresult expected_end;  /* of the row's own capture (CUDA_SUCCESS: it captures nothing) */
+    CUresult (*run)(struct exec_fx *f);
+};
+
+static const struct exec_row exec_table[] = {
+    {"cuGraphLaunch + cuStreamSynchronize", false, CUDA_SUCCESS, CUDA_SUCCESS, x_launch_sync},
+    {"cuGraphInstantiate, NULL exec out", false, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, x_inst_null_out},
+    {"cuGraphInstantiate, NULL graph", false, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, x_inst_null_graph},
+    {"cuGraphInstantiate, flag UPLOAD (WithParams only)", false, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
+     x_inst_upload_flag},
+    {"cuGraphLaunch, NULL exec", false, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, x_launch_null},
+    {"cuGraphExecDestroy, NULL", false, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, x_destroy_null},
+    {"cuGraphLaunch into a GLOBAL capture", false, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, x_launch_capturing},
+    {"cuGraphLaunch, destroyed exec (UB on the driver)", true, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
+     x_launch_destroyed},
+    {"cuGraphExecDestroy, twice (UB on the driver)", true, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, x_destroy_twice},
+    {"cuGraphLaunch, destroyed stream (UB on the driver)", true, CUDA_ERROR_INVALID_HANDLE, CUDA_SUCCESS,
+     x_launch_dead_stream},
+    /* A GPU accepts the launch and faults later, losing the context: the emulator reports it. */
+    {"cuGraphLaunch, memset over unmapped VA (GPU: lost context)", true, CUDA_ERROR_ILLEGAL_ADDRESS,
+     CUDA_SUCCESS, x_launch_unmapped},
+    {"cuGraphLaunch, memset over read-only VA (GPU: lost context)", true, CUDA_ERROR_ILLEGAL_ADDRESS,
+     CUDA_SUCCESS, x_launch_readonly},
+};
+
+static void test_graph_exec_table(void **state)
+{
+    (void)state;
+    bool emu = tu_emulated();
+    const struct tu_graph_api *gx = tu_graph();
+    int mismatches = 0;
+    for (size_t i = 0; i < sizeof exec_table / sizeof exec_table[0]; i++) {
+        const struct exec_row *row = &exec_table[i];
+        if (row->emu_only && !emu) {
+            print_message("exec: %-60s skipped (emulator only)\n", row->what);
+            continue;
+        }
+        struct exec_fx f = {0};
+        tu_assert_cu(drv->cuStreamCreate(&f.s, CU_STREAM_NON_BLOCKING));
+        tu_assert_cu(drv->cuStreamCreate(&f.other, CU_STREAM_NON_BLOCKING));
+        f.va = reserve(G);
+        f.h = create(G);
+        tu_assert_cu(drv->cuMemMap(f.va, G, 0, f.h, 0));
+        tu_assert_cu(set_rw(f.va, G));
+        tu_assert_cu(drv->cuStreamBeginCapture(f.s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        tu_assert_cu(drv->cuMemsetD8Async(f.va, 0x5a, 4096, f.s));
+        assert_true(tu_stream_work(f.s));
+        tu_assert_cu(drv->cuStreamEndCapture(f.s, &f.g));
+        tu_assert_cu(gx->instantiate(&f.x, f.g, 0));
+
+        CUresult got = row->run(&f);
+        bool ok = got == row->expected && f.end == row->expected_end;
+        mismatches += !ok;
+        if (ok)
+            print_message("exec: %-62s -> %s\n", row->what, drv_error_name(got));
+        else
+            print_message("exec: %-62s -> %s, end %s; expected %s, end %s\n", row->what, drv_error_name(got),
+                          drv_error_name(f.end), drv_error_name(row->expected),
+                          drv_error_name(row->expected_end));
+
+        tu_assert_cu(drv->cuStreamSynchronize(f.s));
+        if (!f.x_gone)
+            tu_assert_cu(gx->exec_destroy(f.x));
+        tu_assert_cu(drv->cuGraphDestroy(f.g));
+        tu_assert_cu(drv->cuMemUnmap(f.va, G));
+        tu_assert_cu(drv->cuMemRelease(f.h));
+        tu_assert_cu(drv->cuMemAddressFree(f.va, G));
+        if (!f.other_gone)
+            tu_assert_cu(drv->cuStreamDestroy(f.other));
+        tu_assert_cu(drv->cuStreamDestroy(f.s));
+    }
+    struct cudaemu_live live;
+    if (tu_live(&live)) {
+        assert_int_equal(live.graphs, 0);
+        assert_int_equal(live.graph_execs, 0);
+    }
+    if (mismatches)
+        fail_msg("%d exec row(s) differ from the expected CUresult (see above)", mismatches);
+}
+
 /* cudaemu_stream_work outside a capture: pending on a held stream, done once released. */
 static void test_stream_work_held(void **state)
 {
@@ -1601,6 +1849,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_capture_graph, setup),
         cmocka_unit_test_setup(test_capture_graph_table, setup),
         cmocka_unit_test_setup(test_stream_work_held, setup),
+        cmocka_unit_test_setup(test_graph_launch, setup),
+        cmocka_unit_test_setup(test_graph_exec_table, setup),
         cmocka_unit_test_setup(test_export_import_fd_process, setup),
         cmocka_unit_test_setup(test_fabric, setup),
         cmocka_unit_test_setup(test_access_per_device, setup),

@@ -327,18 +327,20 @@ static xseg_sleep_stats sleep_stats(const xseg_pool_id *pool)
     return st;
 }
 
-/* Does every byte of [p, p + n) read zero? */
-static bool all_zero(void *p, size_t n)
+/* Does every byte of [p, p + n) read @p v? */
+static bool all_bytes(void *p, size_t n, unsigned char v)
 {
     unsigned char *buf = malloc(n);
     assert_non_null(buf);
     tu_assert_cu(drv->cuMemcpyDtoH(buf, (CUdeviceptr)p, n));
     bool z = true;
     for (size_t i = 0; i < n && z; i++)
-        z = buf[i] == 0;
+        z = buf[i] == v;
     free(buf);
     return z;
 }
+
+static bool all_zero(void *p, size_t n) { return all_bytes(p, n, 0); }
 
 /* reserved_bytes matches what cudaemu has mapped (nothing else maps in these tests). */
 static void assert_books_match_driver(void)
@@ -577,6 +579,75 @@ static void test_sleep_graph_pool(void **state)
     assert_nothing_held();
     assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "no pool"));
+}
+
+/* A graph captured into a private pool is replayed after the pool slept and woke. The capture
+ * writes v1 into an intermediate (freed in the capture: the pool keeps its pages) with a memset,
+ * copies it into the output and runs a kernel; its nodes hold raw device addresses. While the pool
+ * sleeps its pages are unmapped, so a launch faults: cudaemu reports CUDA_ERROR_ILLEGAL_ADDRESS
+ * (the program's bug; a GPU would lose its context, so only cudaemu tries). After the wake the
+ * same addresses are mapped again and a launch writes v1 into the output again. */
+static void sleep_graph_replay(xseg_sleep_flags flags)
+{
+    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    const struct tu_graph_api *gx = tu_graph();
+    const unsigned char v1 = 0xc3;
+    const size_t out_size = 6 * MiB, tmp_size = 10 * MiB;
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    void *out = tu_malloc(out_size, s), *tmp = tu_malloc(tmp_size, s);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)tmp, v1, tmp_size, s));
+    tu_assert_cu(gx->memcpy_dtod_async((CUdeviceptr)out, (CUdeviceptr)tmp, out_size, s));
+    assert_true(tu_stream_work(s));
+    tu_free(tmp);
+    CUgraph g = NULL;
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS);
+    CUgraphExec x = NULL;
+    tu_assert_cu(gx->instantiate(&x, g, 0));
+    tu_assert_cu(gx->launch(x, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_true(all_bytes(out, out_size, v1));
+
+    assert_int_equal(xseg_sleep(0, pool, flags), XSEG_SUCCESS);
+    xseg_sleep_stats st = sleep_stats(&pool);
+    assert_int_equal(st.asleep, 1);
+    assert_int_equal(flags == XSEG_SLEEP_OFFLOAD ? st.offloaded_bytes : st.discarded_bytes, out_size);
+    if (tu_emulated())
+        tu_assert_cu_eq(gx->launch(x, s), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+    /* The output was live: offloaded and restored, or discarded and cleared. */
+    assert_true(all_bytes(out, out_size, flags == XSEG_SLEEP_OFFLOAD ? v1 : 0));
+    tu_assert_cu(drv->cuMemsetD8((CUdeviceptr)out, 0x3c, out_size));
+    tu_assert_cu(drv->cuCtxSynchronize());
+    tu_assert_cu(gx->launch(x, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_true(all_bytes(out, out_size, v1));
+
+    tu_assert_cu(gx->exec_destroy(x));
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS); /* the capture's */
+    tu_free(out);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    assert_nothing_held();
+    struct cudaemu_live lv;
+    if (tu_live(&lv)) {
+        assert_int_equal(lv.graphs, 0);
+        assert_int_equal(lv.graph_execs, 0);
+    }
+}
+
+static void test_sleep_graph_replay_offload(void **state)
+{
+    (void)state;
+    sleep_graph_replay(XSEG_SLEEP_OFFLOAD);
+}
+
+static void test_sleep_graph_replay_discard(void **state)
+{
+    (void)state;
+    sleep_graph_replay(XSEG_SLEEP_DISCARD);
 }
 
 /* Memory in use on several streams: sleep waits for the work of the pool's streams (held work on
@@ -1002,6 +1073,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threshold_config), cmocka_unit_test(test_idle),
         cmocka_unit_test(test_sleep_offload),    cmocka_unit_test(test_sleep_discard),
         cmocka_unit_test(test_sleep_graph_pool), cmocka_unit_test(test_sleep_streams),
+        cmocka_unit_test(test_sleep_graph_replay_offload),
+        cmocka_unit_test(test_sleep_graph_replay_discard),
         cmocka_unit_test(test_sleep_errors),     cmocka_unit_test(test_sleep_classic),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
