@@ -27,7 +27,7 @@ extern "C" {
 
 /** API version: bumped major on incompatible change. Also the shared library's soversion. */
 #define XSEG_API_VERSION_MAJOR 0
-#define XSEG_API_VERSION_MINOR 1
+#define XSEG_API_VERSION_MINOR 2
 #define XSEG_API_VERSION_PATCH 0
 
 struct CUstream_st;
