@@ -1,6 +1,8 @@
-/* Public: initialization, configuration, device count, callbacks (state in core/runtime.c). */
+/* Public: initialization, configuration, device count, callbacks (state in core/runtime.c and
+ * core/settings.c). */
 #include "base/error.h"
 #include "core/runtime.h"
+#include "core/settings.h"
 
 XSEG_API xseg_status xseg_init(const char *config) { return rt_init(config); }
 
@@ -20,7 +22,7 @@ XSEG_API xseg_status xseg_get_config(char *buf, size_t size, size_t *len)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_get_config: buf is NULL but size is %zu", size);
     struct cfg c;
     unsigned gen;
-    rt_cfg_copy(&c, &gen);
+    settings_copy(&c, &gen);
     cfg_format(&c, buf, size, len);
     return XSEG_SUCCESS;
 }
@@ -40,12 +42,12 @@ XSEG_API xseg_status xseg_attach_oom_observer(xseg_oom_observer fn, void *user)
 {
     if (!fn)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_attach_oom_observer: fn is NULL");
-    return rt_add_oom_observer(fn, user);
+    return settings_add_oom_observer(fn, user);
 }
 
 XSEG_API xseg_status xseg_attach_free_memory_callback(xseg_free_memory_callback fn, void *user)
 {
     if (!fn)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_attach_free_memory_callback: fn is NULL");
-    return rt_add_free_memory_callback(fn, user);
+    return settings_add_free_memory_callback(fn, user);
 }

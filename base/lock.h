@@ -10,7 +10,7 @@
  * Memory order: acquire on every successful take, release on every give-back, so everything
  * written under the lock is visible to the next holder (TSan sees the same edges).
  *
- * The global (non-hot) locks of runtime.c stay pthread mutexes.
+ * The global (non-hot) locks of runtime.c and settings.c stay pthread mutexes.
  */
 #ifndef XSEG_BASE_LOCK_H
 #define XSEG_BASE_LOCK_H

@@ -14,11 +14,10 @@
 #include "base/vec.h"
 #include "core/events.h"
 #include "core/expandable.h"
-#include "core/idle.h"
 #include "core/ipc.h"
 #include "core/pools.h"
 #include "core/release.h"
-#include "core/runtime.h"
+#include "core/settings.h"
 #include "core/sleep.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
@@ -43,7 +42,7 @@ struct alloc_params {
 static inline void refresh_cfg(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen))
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
         dev_refresh_cfg_slow(d);
 }
 
@@ -377,7 +376,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
 
     dev_unlock(d);
     /* Observers run first: they may call xseg (and overwrite this thread's message). */
-    rt_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
+    settings_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
     /* Then the OOM snapshot, when one is asked for (it takes every device's lock). */
     char snap_info[640];
     snapshot_on_oom(snap_info, sizeof snap_info);
@@ -493,9 +492,9 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         return st;
 
     /* 2. Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
-    if (rt_have_free_memory_callbacks()) {
+    if (settings_have_free_memory_callbacks()) {
         dev_unlock(d);
-        int freed = rt_run_free_memory_callbacks(d->device, p->size);
+        int freed = settings_run_free_memory_callbacks(d->device, p->size);
         lock_acquire(&d->lock);
         if (freed && get_free_block(d, p))
             return malloc_finish(d, p, size, false, NULL, out, h);
@@ -577,7 +576,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     }
     if (XSEG_UNLIKELY(d->cr.nwalks) && !d->ncapturing && !d->nroutes)
         capreuse_reset(d); /* the walks of captures that are over */
-    if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && idle_thread_running()))
+    if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && settings_idle_thread_running()))
         trim_idle_tick(d); /* else the background thread ticks (core/idle.h) */
     dev_fast_update(d);
 
@@ -650,7 +649,7 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     xseg_status st;
     lock_acquire(&d->lock);
     /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
-    if (XSEG_LIKELY(rt_cfg_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
+    if (XSEG_LIKELY(settings_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
         struct alloc_params p;
         p.size = round_plain(size);
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;

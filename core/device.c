@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "base/vec.h"
-#include "core/runtime.h"
+#include "core/settings.h"
 #include "vmm/capture.h"
 
 /* ---- creation and configuration --------------------------------------------------------- */
@@ -34,7 +34,7 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     double old_fraction = d->cfg.per_process_memory_fraction;
     bool first = d->cfg_gen == 0;
-    rt_cfg_copy(&d->cfg, &d->cfg_gen);
+    settings_copy(&d->cfg, &d->cfg_gen);
     d->roundup_any = false;
     for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++)
         if (d->cfg.roundup_power2_divisions[i] > 1)
@@ -76,7 +76,7 @@ xseg_status dev_create(int device, struct dev_alloc **out)
 void dev_lock(struct dev_alloc *d)
 {
     lock_acquire(&d->lock);
-    if (XSEG_UNLIKELY(rt_cfg_gen() != d->cfg_gen))
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
         dev_refresh_cfg_slow(d);
 }
 

@@ -24,7 +24,7 @@
 #include "core/check.h"
 #include "core/config.h"
 #include "core/history.h"
-#include "core/idle.h"
+#include "core/settings.h"
 #include "core/stats.h"
 #include "vmm/driver.h"
 
@@ -173,7 +173,8 @@ static inline void dev_fast_update(struct dev_alloc *d)
     /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
      * refuses allocations there (core/sleep.c). */
     bool rare = d->ncapturing || d->nroutes || d->pending_events || d->ndeferred || d->roundup_any ||
-                hist_mode() || (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && idle_thread_running())) ||
+                hist_mode() ||
+                (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
                 d->nasleep;
     d->fast_gen = rare ? 0 : d->cfg_gen;
 }

@@ -3,14 +3,13 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "base/error.h"
-#include "core/runtime.h"
 #include "core/events.h"
+#include "core/settings.h"
 #include "core/trim.h"
 #include "vmm/capture.h"
 
@@ -22,9 +21,12 @@ static pthread_cond_t idle_cond;
 static pthread_once_t idle_once = PTHREAD_ONCE_INIT;
 static pthread_t idle_tid;
 static bool idle_stop;            /* under idle_lock */
-static _Atomic bool idle_running; /* written under idle_ctl_lock */
+/* The devices served, handed over by idle_thread_sync before the thread starts. */
+static idle_device_fn idle_device_at;
+static int idle_ndevices;
 
-bool idle_thread_running(void) { return atomic_load_explicit(&idle_running, memory_order_relaxed); }
+/* settings_idle_thread_running is written only under idle_ctl_lock (or in a forked child). */
+static bool idle_running(void) { return settings_idle_thread_running(); }
 
 /* One pass over a device: pending frees whose events completed, the idle tick (and its trim),
  * the release threshold. Nothing while a capture is known on the device (queries could
@@ -48,7 +50,7 @@ static unsigned idle_period_ms(void)
 {
     struct cfg c;
     unsigned gen;
-    rt_cfg_copy(&c, &gen);
+    settings_copy(&c, &gen);
     unsigned ms = c.idle_release_ms / 4;
     return ms ? ms : 1;
 }
@@ -61,8 +63,8 @@ static void *idle_main(void *arg)
     pthread_mutex_lock(&idle_lock);
     while (!idle_stop) {
         pthread_mutex_unlock(&idle_lock);
-        for (int i = 0; i < rt_device_count(); i++) {
-            struct dev_alloc *d = rt_device_peek(i);
+        for (int i = 0; i < idle_ndevices; i++) {
+            struct dev_alloc *d = idle_device_at(i);
             if (d)
                 idle_service(d);
         }
@@ -86,14 +88,14 @@ static void *idle_main(void *arg)
 /* Stop and join the thread (idle_ctl_lock held). */
 static void idle_stop_locked(void)
 {
-    if (!atomic_load(&idle_running))
+    if (!idle_running())
         return;
     pthread_mutex_lock(&idle_lock);
     idle_stop = true;
     pthread_cond_signal(&idle_cond);
     pthread_mutex_unlock(&idle_lock);
     pthread_join(idle_tid, NULL);
-    atomic_store(&idle_running, false);
+    settings_set_idle_thread_running(false);
 }
 
 static void idle_atexit(void)
@@ -108,7 +110,7 @@ static void idle_fork_prepare(void) { pthread_mutex_lock(&idle_ctl_lock); }
 static void idle_fork_parent(void) { pthread_mutex_unlock(&idle_ctl_lock); }
 static void idle_fork_child(void)
 {
-    atomic_store(&idle_running, false);
+    settings_set_idle_thread_running(false);
     pthread_mutex_unlock(&idle_ctl_lock);
 }
 
@@ -123,27 +125,29 @@ static void idle_init(void)
     pthread_atfork(idle_fork_prepare, idle_fork_parent, idle_fork_child);
 }
 
-xseg_status idle_thread_sync(void)
+xseg_status idle_thread_sync(idle_device_fn device_at, int ndevices)
 {
     struct cfg c;
     unsigned gen;
-    rt_cfg_copy(&c, &gen);
+    settings_copy(&c, &gen);
     bool want = c.idle_release_thread && c.idle_release_ms;
-    if (want == idle_thread_running())
+    if (want == idle_running())
         return XSEG_SUCCESS;
     pthread_once(&idle_once, idle_init);
     xseg_status st = XSEG_SUCCESS;
     pthread_mutex_lock(&idle_ctl_lock);
     /* Read again: another configuration change may have come first. */
-    rt_cfg_copy(&c, &gen);
+    settings_copy(&c, &gen);
     want = c.idle_release_thread && c.idle_release_ms;
     if (!want) {
         idle_stop_locked();
-    } else if (!atomic_load(&idle_running)) {
+    } else if (!idle_running()) {
         idle_stop = false;
+        idle_device_at = device_at;
+        idle_ndevices = ndevices;
         int rc = pthread_create(&idle_tid, NULL, idle_main, NULL);
         if (rc == 0)
-            atomic_store(&idle_running, true);
+            settings_set_idle_thread_running(true);
         else
             st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "idle_release_thread: cannot start the thread (%s); the next "
                          "mallocs do the idle reclaim instead", strerror(rc));

@@ -7,9 +7,11 @@
  * fast path (it does not tick).
  *
  * It runs while the configuration in force has idle_release_thread:True and idle_release_ms > 0:
- * idle_thread_sync starts or stops (joins) it after every configuration change, and an atexit
- * handler joins it at process exit. Its queries run in relaxed capture mode, and it does nothing
- * on a device while a capture is known there (a pool records, or a stream was seen capturing).
+ * runtime.c calls idle_thread_sync after every configuration change, handing it the devices to
+ * serve (so this module never calls up into the device table), and an atexit handler joins it at
+ * process exit. Whether it runs is published through core/settings.h (settings_idle_thread_running),
+ * which malloc reads. Its queries run in relaxed capture mode, and it does nothing on a device
+ * while a capture is known there (a pool records, or a stream was seen capturing).
  */
 #ifndef XSEG_CORE_IDLE_H
 #define XSEG_CORE_IDLE_H
@@ -18,13 +20,16 @@
 
 #include "base/common.h"
 
-/* Start or stop the thread to match the configuration in force. Call with no xseg lock held
- * (it may join the thread, which takes device locks and the config lock). @return
- * XSEG_ERROR_OUT_OF_MEMORY naming the system's reason when the thread cannot be created (the
- * configuration stays; malloc then ticks as without the thread). */
-xseg_status idle_thread_sync(void);
+struct dev_alloc;
 
-/* Is the thread running now? (One atomic load; malloc ticks when it is not.) */
-bool idle_thread_running(void);
+/* The devices the thread serves: the allocator of @p device, NULL where none was created. */
+typedef struct dev_alloc *(*idle_device_fn)(int device);
+
+/* Start or stop the thread to match the configuration in force; a started thread serves devices
+ * 0 .. @p ndevices - 1 through @p device_at. Call with no xseg lock held (it may join the thread,
+ * which takes device locks and the settings lock). @return XSEG_ERROR_OUT_OF_MEMORY naming the
+ * system's reason when the thread cannot be created (the configuration stays; malloc then ticks
+ * as without the thread). */
+xseg_status idle_thread_sync(idle_device_fn device_at, int ndevices);
 
 #endif

@@ -22,7 +22,6 @@
 #include "core/pools.h"
 #include "base/error.h"
 #include "base/vec.h"
-#include "core/runtime.h"
 #include "vmm/capture.h"
 
 static inline bool id_eq(xseg_pool_id a, xseg_pool_id b) { return a.first == b.first && a.second == b.second; }

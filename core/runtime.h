@@ -1,6 +1,7 @@
 /*
- * Process-wide state: initialization, the configuration in force, the device table, and the
- * user callbacks. Device allocators read the configuration through rt_cfg_gen()/rt_cfg_copy().
+ * Process-wide state above the devices: initialization, the device table (creating each device's
+ * allocator on first use), and the idle thread started or stopped with every configuration
+ * change. The configuration itself and the callbacks are core/settings.h's, below the devices.
  */
 #ifndef XSEG_CORE_RUNTIME_H
 #define XSEG_CORE_RUNTIME_H
@@ -8,7 +9,6 @@
 #include <stdatomic.h>
 
 #include "core/device.h"
-#include "core/config.h"
 
 /* Process state read by the inline fast paths below (defined in runtime.c). */
 extern XSEG_HIDDEN _Atomic int rt_ready;
@@ -28,15 +28,6 @@ static inline xseg_status rt_ensure(void)
         return XSEG_SUCCESS;
     return rt_ensure_slow();
 }
-
-/* Generation of the configuration: bumped by every successful xseg_init / xseg_set_config. */
-extern XSEG_HIDDEN _Atomic unsigned rt_cfg_generation;
-static inline unsigned rt_cfg_gen(void)
-{
-    return atomic_load_explicit(&rt_cfg_generation, memory_order_acquire);
-}
-/* Copy the configuration in force and its generation (takes the config lock briefly). */
-void rt_cfg_copy(struct cfg *out, unsigned *gen);
 
 /* The allocator of @p device, created on first use. XSEG_ERROR_INVALID_DEVICE naming the index
  * and the device count when out of range. */
@@ -65,15 +56,5 @@ static inline struct dev_alloc *rt_device_peek(int device)
 
 /* Devices the driver reports (capped at ALLOC_MAX_DEVICES); 0 before initialization. */
 static inline int rt_device_count(void) { return rt_ndevices; }
-
-/* Append a callback (@p fn not NULL); XSEG_ERROR_OUT_OF_MEMORY when the list cannot grow. */
-xseg_status rt_add_oom_observer(xseg_oom_observer fn, void *user);
-xseg_status rt_add_free_memory_callback(xseg_free_memory_callback fn, void *user);
-
-/* Run the free-memory callbacks (no allocator lock held). Returns nonzero if any freed. */
-int rt_run_free_memory_callbacks(int device, size_t requested);
-bool rt_have_free_memory_callbacks(void);
-/* Run the OOM observers (no allocator lock held). */
-void rt_run_oom_observers(int device, size_t requested, size_t total, size_t free_bytes);
 
 #endif

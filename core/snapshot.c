@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "core/history.h"
 #include "core/runtime.h"
+#include "core/settings.h"
 #include "core/snapshot.h"
 
 /* ---- a map from 64-bit keys to 32-bit values (open addressing; keys never 0) ------------- */
@@ -474,7 +475,7 @@ static void e_settings(struct emit *e, uint64_t dropped)
 {
     struct cfg c;
     unsigned gen;
-    rt_cfg_copy(&c, &gen);
+    settings_copy(&c, &gen);
     char conf[1024];
     cfg_format(&c, conf, sizeof conf, NULL);
     e_key(e, "allocator_settings");
