@@ -572,7 +572,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         if (d->cfg.release_threshold != SIZE_MAX && d->pending_events < pending)
             trim_threshold(d, 0);
     } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
-        capreuse_free_safe(d, stream); /* during a capture: blocks the graph lets us reuse */
+        ev_capture_reuse(d, stream); /* during a capture: blocks the graph lets us reuse */
     }
     if (XSEG_UNLIKELY(d->cr.nwalks) && !d->ncapturing && !d->nroutes)
         capreuse_reset(d); /* the walks of captures that are over */

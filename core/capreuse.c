@@ -7,7 +7,6 @@
 #include "base/error.h"
 #include "base/vec.h"
 #include "core/device.h"
-#include "core/events.h"
 #include "vmm/capture.h"
 
 /* ---- node map ---- */
@@ -390,7 +389,7 @@ static void walk_set_terms(struct capreuse *cr, struct cr_walk *w, const CUgraph
     w->nhit = 0;
 }
 
-void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
+void capreuse_collect(struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
@@ -419,23 +418,31 @@ void capreuse_free_safe(struct dev_alloc *d, CUstream stream)
         walk_extend(cr, w, ci.deps, ci.ndeps);
     }
     walk_set_terms(cr, w, ci.deps, ci.ndeps);
-    struct cr_entry *e = w->ready;
-    w->ready = NULL;
-    while (e) {
-        struct cr_entry *nx = e->link;
-        /* The graph orders everything captured next on the stream after every marker: the block
-         * needs no event. Its deferred slot is emptied by events.c, which owns the list (O(1),
-         * whatever the number of blocks still deferred). */
-        struct block *b = e->block;
-        ev_deferred_reuse(d, e->deferred_slot, b);
-        entry_free(e);
+    /* Off the walk and counted now; capreuse_take hands them out one by one, in the walk's order. */
+    struct cr_entry **tail = &cr->collected;
+    while (*tail)
+        tail = &(*tail)->link;
+    for (struct cr_entry *e = w->ready; e; e = e->link) {
         w->nentries--;
         cr->n--;
         cr->reused++;
-        stream_set_clear(&b->uses);
-        dev_free_block(d, b);
-        e = nx;
     }
+    *tail = w->ready;
+    w->ready = NULL;
+}
+
+struct block *capreuse_take(struct dev_alloc *d, size_t *slot)
+{
+    lock_assert_held(&d->lock);
+    struct cr_entry *e = d->cr.collected;
+    if (!e)
+        return NULL;
+    d->cr.collected = e->link;
+    struct block *b = e->block;
+    *slot = e->deferred_slot;
+    entry_free(e);
+    stream_set_clear(&b->uses);
+    return b;
 }
 
 void capreuse_reset(struct dev_alloc *d)
@@ -444,6 +451,10 @@ void capreuse_reset(struct dev_alloc *d)
     struct capreuse *cr = &d->cr;
     for (size_t i = 0; i < cr->nwalks; i++)
         walk_free(&cr->walks[i]);
+    for (struct cr_entry *e = cr->collected, *nx; e; e = nx) { /* none: events.c takes them all */
+        nx = e->link;
+        entry_free(e);
+    }
     free(cr->walks);
     free(cr->queue);
     uint64_t nodes_read = cr->nodes_read, reused = cr->reused;

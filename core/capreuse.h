@@ -30,7 +30,9 @@
  *
  * Everything runs under the device lock; nothing here runs outside a capture or with the option
  * off. Blocks with markers stay in the device's deferred list too, so when the capture ends first
- * they take the ordinary path (events recorded, polled after the capture).
+ * they take the ordinary path (events recorded, polled after the capture). That list is events.c's,
+ * which sits above this module: it files blocks here (capreuse_mark) and takes the reusable ones
+ * back (capreuse_collect, capreuse_take); nothing here calls events.c.
  */
 #ifndef XSEG_CORE_CAPREUSE_H
 #define XSEG_CORE_CAPREUSE_H
@@ -90,6 +92,7 @@ struct capreuse {
     size_t n;                 /* entries in all walks */
     CUgraphNode *queue;       /* the walk's work list (first in, first out) */
     size_t capqueue;
+    struct cr_entry *collected; /* found reusable by capreuse_collect, for capreuse_take */
     uint64_t nodes_read;      /* dependency lists read from the driver */
     uint64_t reused;          /* blocks returned to their pool during a capture */
 };
@@ -99,9 +102,14 @@ struct capreuse {
  * above). Failures (driver, host memory) only leave the block deferred to the end of the capture. */
 void capreuse_mark(struct dev_alloc *d, struct block *b, size_t slot);
 
-/* Before an allocation on @p stream during a capture: return to their pools the blocks of
- * @p stream whose markers precede its dependencies. Cheap when nothing is marked. */
-void capreuse_free_safe(struct dev_alloc *d, CUstream stream);
+/* Before an allocation on @p stream during a capture: find the blocks of @p stream whose markers
+ * precede its dependencies, for capreuse_take. Cheap when nothing is marked. */
+void capreuse_collect(struct dev_alloc *d, CUstream stream);
+
+/* One block capreuse_collect found, its recorded streams cleared (the graph orders whatever is
+ * captured next on the stream after every marker: it needs no event), and its deferred-list slot
+ * in @p slot; NULL when none is left. The caller empties the slot and returns it to its pool. */
+struct block *capreuse_take(struct dev_alloc *d, size_t *slot);
 
 /* The captures are over: forget every marker and walk (the blocks stay in the deferred list). */
 void capreuse_reset(struct dev_alloc *d);

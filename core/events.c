@@ -10,6 +10,7 @@
 #include "core/events.h"
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/capreuse.h"
 #include "vmm/event.h"
 #include "vmm/stream.h"
 
@@ -164,13 +165,18 @@ static void insert_deferred(struct dev_alloc *d)
     free(list);
 }
 
-void ev_deferred_reuse(struct dev_alloc *d, size_t slot, struct block *b)
+void ev_capture_reuse(struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
-    xseg_assert(slot < d->ndeferred && d->deferred[slot] == b);
-    /* An empty slot is skipped by insert_deferred, which drops the whole list at the capture's
-     * end: no compaction here, so the other entries' slots stay valid. */
-    d->deferred[slot] = NULL;
+    capreuse_collect(d, stream);
+    size_t slot;
+    for (struct block *b; (b = capreuse_take(d, &slot)) != NULL;) {
+        xseg_assert(slot < d->ndeferred && d->deferred[slot] == b);
+        /* An empty slot is skipped by insert_deferred, which drops the whole list at the capture's
+         * end: no compaction here, so the other entries' slots stay valid. */
+        d->deferred[slot] = NULL;
+        dev_free_block(d, b);
+    }
 }
 
 /* Take the finished head item off queue @p q and return its event to the pool. */

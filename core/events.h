@@ -11,8 +11,9 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b);
 void ev_process(struct dev_alloc *d);
 void ev_synchronize_all(struct dev_alloc *d);
 void ev_destroy(struct dev_alloc *d);
-/* Empty deferred-list @p slot, which holds @p b (reused during a capture, core/capreuse.c): b is
- * then the caller's to return to its pool, and no event is ever recorded for it. */
-void ev_deferred_reuse(struct dev_alloc *d, size_t slot, struct block *b);
+/* Before an allocation on @p stream during a capture (graph_capture_record_stream_reuse): the
+ * deferred blocks that the capture graph lets @p stream reuse (core/capreuse.h) go back to their
+ * pools, and no event is ever recorded for them. */
+void ev_capture_reuse(struct dev_alloc *d, CUstream stream);
 
 #endif
