@@ -1,7 +1,8 @@
 /* Public entry points for long-running services (include/xseg.h): trim (core/trim.c), sleep and
- * wake (core/sleep.c). */
+ * wake (core/sleep.c, through core/alloc.c, which applies release_threshold_mb after them). */
 #include "api/api.h"
 #include "base/error.h"
+#include "core/alloc.h"
 #include "core/runtime.h"
 #include "core/sleep.h"
 #include "core/trim.h"
@@ -33,14 +34,14 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags)
                        XSEG_SLEEP_OFFLOAD, XSEG_SLEEP_DISCARD, flags);
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : sleep_pool(d, pool, flags);
+    return st != XSEG_SUCCESS ? st : alloc_sleep(d, pool, flags);
 }
 
 XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool)
 {
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : wake_pool(d, pool);
+    return st != XSEG_SUCCESS ? st : alloc_wake(d, pool);
 }
 
 XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, xseg_sleep_stats *stats)

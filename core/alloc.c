@@ -797,6 +797,30 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
     return st;
 }
 
+xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
+{
+    dev_lock(d);
+    xseg_status st = sleep_pool_locked(d, pool, flags);
+    /* The streams were waited for: a point where release_threshold_mb applies (core/trim.h). */
+    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
+        trim_threshold(d, 0);
+    dev_fast_update(d);
+    dev_unlock(d);
+    return st;
+}
+
+xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
+{
+    dev_lock(d);
+    xseg_status st = wake_pool_locked(d, pool);
+    /* The wake mapped pages again: the cache may now be over release_threshold_mb. */
+    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
+        trim_threshold(d, 0);
+    dev_fast_update(d);
+    dev_unlock(d);
+    return st;
+}
+
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 {
     lock_acquire(&d->lock);

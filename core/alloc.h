@@ -24,6 +24,10 @@ xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr);
 xseg_status alloc_free_unknown(void *ptr);
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned);
 xseg_status alloc_empty_cache(struct dev_alloc *d);
+/* xseg_sleep / xseg_wake on one device (core/sleep.h), then release_threshold_mb (core/trim.h):
+ * the pool's streams were waited for, or its pages mapped again. */
+xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
+xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool);
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction);
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out);
 void alloc_reset_peaks(struct dev_alloc *d);

@@ -28,7 +28,6 @@
 #include "base/vec.h"
 #include "core/events.h"
 #include "core/pools.h"
-#include "core/trim.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
@@ -310,7 +309,7 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     return st;
 }
 
-static xseg_status sleep_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags)
+xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags)
 {
     lock_assert_held(&d->lock);
     struct priv_pool *pp;
@@ -391,18 +390,6 @@ static xseg_status sleep_locked(struct dev_alloc *d, xseg_pool_id id, unsigned f
     return st;
 }
 
-xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
-{
-    dev_lock(d);
-    xseg_status st = sleep_locked(d, pool, flags);
-    /* The streams were waited for: a point where release_threshold_mb applies (core/trim.h). */
-    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
-        trim_threshold(d, 0);
-    dev_fast_update(d);
-    dev_unlock(d);
-    return st;
-}
-
 /* ---- wake -------------------------------------------------------------------------------- */
 
 /* Books: the bytes of each segment's pages mapped since the wake began, counted as reserved. */
@@ -474,7 +461,7 @@ static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *
     return st;
 }
 
-static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
+xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
 {
     lock_assert_held(&d->lock);
     struct priv_pool *pp;
@@ -537,17 +524,6 @@ static xseg_status wake_locked(struct dev_alloc *d, xseg_pool_id id)
     d->num_wakes++;
     state_free(d, ps);
     return XSEG_SUCCESS;
-}
-
-xseg_status wake_pool(struct dev_alloc *d, xseg_pool_id pool)
-{
-    dev_lock(d);
-    xseg_status st = wake_locked(d, pool);
-    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
-        trim_threshold(d, 0);
-    dev_fast_update(d);
-    dev_unlock(d);
-    return st;
 }
 
 /* ---- statistics -------------------------------------------------------------------------- */

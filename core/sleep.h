@@ -9,16 +9,18 @@
  * trim, recycling, idle reclaim) skip asleep segments. Frees and completed record_stream events
  * only change the blocks' books.
  *
- * Locking: sleep_pool, wake_pool and sleep_stats take the device lock; the rest expect it held.
+ * Locking: sleep_stats takes the device lock; the rest expect it held. alloc.c (alloc_sleep,
+ * alloc_wake) takes it around a sleep or wake and applies release_threshold_mb after it (core/trim.h,
+ * above this module: it reads sleep_allocated_bytes).
  */
 #ifndef XSEG_CORE_SLEEP_H
 #define XSEG_CORE_SLEEP_H
 
 #include "core/device.h"
 
-/* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). */
-xseg_status sleep_pool(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
-xseg_status wake_pool(struct dev_alloc *d, xseg_pool_id pool);
+/* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). Lock held. */
+xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
+xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id pool);
 /* xseg_get_sleep_stats: @p pool, or every pool of the device when NULL. */
 xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out);
 
