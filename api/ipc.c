@@ -109,7 +109,7 @@ XSEG_API xseg_status xseg_attach_segment_observer(xseg_segment_observer fn, void
     if (!fn)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_attach_segment_observer: fn is NULL");
     xseg_status st = rt_ensure();
-    return st != XSEG_SUCCESS ? st : obs_attach(fn, user);
+    return st != XSEG_SUCCESS ? st : obs_attach(fn, user, rt_device_peek);
 }
 
 XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void *user)

@@ -30,6 +30,11 @@
 
 #define ALLOC_MAX_DEVICES 64
 
+struct dev_alloc;
+/* The allocator of @p device if it was created, else NULL: how a module below runtime.c (which
+ * owns the device table and hands this down) reaches every device without calling up. */
+typedef struct dev_alloc *(*dev_peek_fn)(int device);
+
 struct pool_sleep; /* core/sleep.c */
 
 /* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */

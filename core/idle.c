@@ -22,7 +22,7 @@ static pthread_once_t idle_once = PTHREAD_ONCE_INIT;
 static pthread_t idle_tid;
 static bool idle_stop;            /* under idle_lock */
 /* The devices served, handed over by idle_thread_sync before the thread starts. */
-static idle_device_fn idle_device_at;
+static dev_peek_fn idle_device_at;
 static int idle_ndevices;
 
 /* settings_idle_thread_running is written only under idle_ctl_lock (or in a forked child). */
@@ -125,7 +125,7 @@ static void idle_init(void)
     pthread_atfork(idle_fork_prepare, idle_fork_parent, idle_fork_child);
 }
 
-xseg_status idle_thread_sync(idle_device_fn device_at, int ndevices)
+xseg_status idle_thread_sync(dev_peek_fn device_at, int ndevices)
 {
     struct cfg c;
     unsigned gen;

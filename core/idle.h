@@ -19,17 +19,13 @@
 #include <stdbool.h>
 
 #include "base/common.h"
-
-struct dev_alloc;
-
-/* The devices the thread serves: the allocator of @p device, NULL where none was created. */
-typedef struct dev_alloc *(*idle_device_fn)(int device);
+#include "core/device.h"
 
 /* Start or stop the thread to match the configuration in force; a started thread serves devices
  * 0 .. @p ndevices - 1 through @p device_at. Call with no xseg lock held (it may join the thread,
  * which takes device locks and the settings lock). @return XSEG_ERROR_OUT_OF_MEMORY naming the
  * system's reason when the thread cannot be created (the configuration stays; malloc then ticks
  * as without the thread). */
-xseg_status idle_thread_sync(idle_device_fn device_at, int ndevices);
+xseg_status idle_thread_sync(dev_peek_fn device_at, int ndevices);
 
 #endif

@@ -43,7 +43,9 @@ void ipc_handle_free(xseg_ipc_handle *h);
 
 /* ---- observers (core/observe.c) ---- */
 
-xseg_status obs_attach(xseg_segment_observer fn, void *user);
+/* Attach an observer; the devices created already (found through @p device_at) replay their
+ * mappings to it. */
+xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_at);
 xseg_status obs_detach(xseg_segment_observer fn, void *user);
 /* The segment hook (seg_params.observe); user is the struct dev_alloc. Device lock held. */
 void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, int mapped);

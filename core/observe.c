@@ -21,7 +21,6 @@
 #include "base/error.h"
 #include "base/vec.h"
 #include "core/ipc.h"
-#include "core/runtime.h"
 #include "vmm/segment.h"
 
 /* A run of pages is reported in events of at most this many ranges (a stack array: the hook
@@ -125,7 +124,7 @@ static struct observer *obs_find_locked(xseg_segment_observer fn, void *user)
     return NULL;
 }
 
-xseg_status obs_attach(xseg_segment_observer fn, void *user)
+xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_at)
 {
     pthread_mutex_lock(&obs_lock);
     if (obs_find_locked(fn, user)) {
@@ -143,7 +142,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user)
     o->user = user;
     bool pending[ALLOC_MAX_DEVICES];
     for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
-        pending[i] = rt_device_peek(i) != NULL;
+        pending[i] = device_at(i) != NULL;
         o->ready[i] = !pending[i];
     }
     atomic_store_explicit(&obs_count, obs_n, memory_order_relaxed);
@@ -152,7 +151,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user)
     for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
         if (!pending[i])
             continue;
-        struct dev_alloc *d = rt_device_peek(i);
+        struct dev_alloc *d = device_at(i);
         lock_acquire(&d->lock);
         pthread_mutex_lock(&obs_lock);
         /* The list may have moved (realloc by another attach) or this entry been detached. */

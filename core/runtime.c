@@ -12,13 +12,9 @@ XSEG_HIDDEN _Atomic int rt_ready;
 XSEG_HIDDEN int rt_ndevices;
 XSEG_HIDDEN struct dev_alloc *_Atomic rt_devs[ALLOC_MAX_DEVICES];
 
-/* The idle thread serves the devices of the table: it gets them through this, never by calling
- * up into runtime.c. */
-static struct dev_alloc *rt_idle_device_at(int device) { return rt_device_peek(device); }
-
-/* Start or stop the idle-reclaim thread to match the configuration in force (rt_lock released:
- * a stop joins the thread, which takes device locks). */
-static xseg_status rt_idle_sync(void) { return idle_thread_sync(rt_idle_device_at, rt_ndevices); }
+/* Start or stop the idle-reclaim thread to match the configuration in force, handing it the
+ * device table (rt_lock released: a stop joins the thread, which takes device locks). */
+static xseg_status rt_idle_sync(void) { return idle_thread_sync(rt_device_peek, rt_ndevices); }
 
 /* Load the driver and apply @p config (or the environment's). rt_lock held. */
 static xseg_status init_locked(const char *config, bool explicit_config)
