@@ -3,7 +3,9 @@
 # layer includes a header of a layer above it (or of anything else of ours but the public
 # xseg.h), and when core/ or api/ calls the driver table directly (`drv->`: driver calls belong
 # in vmm/). The tools (tools/, any depth) are users of the library: they may include xseg.h and
-# their own headers, never an internal base/, vmm/, core/ or api/ one.
+# their own headers, never an internal base/, vmm/, core/ or api/ one. Inside core/, the modules
+# are layered too (core_order below): a core/ file includes only core/ headers of its own module or
+# of modules earlier in the list, so calls between modules point one way.
 #   layering.sh SOURCE_ROOT
 set -u
 root=$1
@@ -24,11 +26,45 @@ check() { # layer, allowed include prefixes (space separated)
         done
     done
 }
+# core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
+core_order="config stats block history settings device check capreuse pools ipc observe expandable
+events release sleep trim idle runtime snapshot alloc"
+# The only includes that point up: struct dev_alloc embeds capreuse's state, and dev_unlock runs
+# dev_check at debug_level=2 (check.c reads the device and calls nothing of core back).
+core_up="device.h:capreuse.h device.h:check.h"
+core_pos() { # module name -> its position in core_order (empty when absent)
+    i=0
+    for m in $core_order; do
+        i=$((i + 1))
+        [ "$m" = "$1" ] && { echo $i; return; }
+    done
+}
+check_core_order() {
+    for f in "$root"/core/*.c "$root"/core/*.h; do
+        [ -e "$f" ] || continue
+        name=$(basename "$f"); mod=${name%.*}
+        me=$(core_pos "$mod")
+        if [ -z "$me" ]; then
+            echo "core/$name: module $mod is not in core_order (tests/build/layering.sh): place it"
+            continue
+        fi
+        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"core/' "$f" |
+        sed 's/^\([0-9]*\):[^"]*"core\/\([^"]*\)".*/\1 \2/' |
+        while read -r line inc; do
+            them=$(core_pos "${inc%.*}")
+            case " $core_up " in *" $name:$inc "*) continue ;; esac
+            [ -n "$them" ] && [ "$them" -le "$me" ] ||
+                echo "core/$name:$line: includes \"core/$inc\", above $mod in core_order (calls between core/ modules point down)"
+        done
+    done
+}
+
 out=$( {
     check base "base"
     check vmm "base vmm"
     check core "base vmm core"
     check api "base vmm core api"
+    check_core_order
     find "$root/tools" -name '*.[ch]' | sort | while read -r f; do
         grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(base\|vmm\|core\|api\)/' "$f" |
             sed "s|^|${f#"$root"/}:|; s|\$|   <- tools use the public xseg.h only|"
@@ -44,4 +80,4 @@ if [ -n "$out" ]; then
     echo "layering violations:"; echo "$out"; exit 1
 fi
 n=$(cat "$root"/base/*.[ch] "$root"/vmm/*.[ch] "$root"/core/*.[ch] "$root"/api/*.[ch] | grep -c '^[[:space:]]*#[[:space:]]*include[[:space:]]*"')
-echo "ok: $n includes, all pointing down (base <- vmm <- core <- api); no drv-> in core/ or api/; tools/ include only xseg.h and their own headers"
+echo "ok: $n includes, all pointing down (base <- vmm <- core <- api; inside core/: $(echo "$core_order" | tr '\n' ' ' | sed 's/ / <- /g')); no drv-> in core/ or api/; tools/ include only xseg.h and their own headers"
