@@ -1,9 +1,10 @@
 # Sourced by tools/test.sh and tools/replay.sh: install, from Debian's packages, whatever build
 # tool a fresh machine lacks (meson, ninja, pkg-config, a C compiler; cmocka, the Python test
-# packages and clang, for the libFuzzer targets of tools/fuzz.sh, only for the tests).
+# packages, doxygen and clang, for the API reference's check and the libFuzzer targets of
+# tools/fuzz.sh, only for the tests).
 # Nothing is installed (and no root needed) when the tools are present. Uses sudo when not root.
 #   ensure_build_tools NAME          the build tools ($1 names the calling script, for messages)
-#   ensure_build_tools NAME --tests  and what only the test suites need (cmocka, pytest, clang, ...)
+#   ensure_build_tools NAME --tests  and what only the test suites need (cmocka, pytest, doxygen, clang, ...)
 ensure_build_tools() {
   local need=() fuzz_rt=0
   command -v meson >/dev/null || need+=(meson)
@@ -16,6 +17,8 @@ ensure_build_tools() {
     /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
     /usr/bin/python3 -c 'import mesonpy' 2>/dev/null || need+=(python3-mesonpy)
     /usr/bin/python3 -c 'import pip' 2>/dev/null || need+=(python3-pip)
+    # The API reference's test (api-docs-warnings: every parameter of xseg.h documented).
+    command -v doxygen >/dev/null || need+=(doxygen)
     # tools/fuzz.sh builds its libFuzzer targets with clang and skips them without it. clang
     # only recommends its libFuzzer runtime, so ask for that too, where apt knows the package.
     if ! command -v clang >/dev/null; then
