@@ -211,7 +211,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     if (d->cfg.release_lock_on_cudamalloc) {
         dev_unlock(d);
         st = classic_alloc(size, relax, d->device, &ptr);
-        lock_acquire(&d->lock);
+        dev_acquire(d);
     } else {
         st = classic_alloc(size, relax, d->device, &ptr);
     }
@@ -380,7 +380,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     /* Then the OOM snapshot, when one is asked for (it takes every device's lock). */
     char snap_info[640];
     snapshot_on_oom(snap_info, sizeof snap_info);
-    lock_acquire(&d->lock);
+    dev_acquire(d);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
     char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
@@ -495,7 +495,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (settings_have_free_memory_callbacks()) {
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
-        lock_acquire(&d->lock);
+        dev_acquire(d);
         if (freed && get_free_block(d, p))
             return malloc_finish(d, p, size, false, NULL, out, h);
     }
@@ -617,7 +617,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     if (XSEG_UNLIKELY(hist_mode())) {
         dev_unlock(d);
         h.stack = cur = hist_capture();
-        lock_acquire(&d->lock);
+        dev_acquire(d);
         d->hist_cur = cur; /* the segment events of this malloc take it from here */
         hp = &h;
     }
@@ -638,16 +638,112 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
 }
 
 /*
+ * The lazy slot's hit test (struct dev_alloc.lazy): would the eager state -- B merged into its
+ * free successor R as M = [B, R) at key (stream, |M|, B->addr) -- make find_free_block pick M
+ * for a request of B's size, pool and stream, and alloc_found_block split exactly B off it
+ * (leaving R)? Then handing B out again is what the eager free and malloc leave. The caller
+ * checked size, pool and stream. Remembered in d->lazy_ok until anything else happens on the
+ * device (every other path settles the slot or clears it), so repeated pairs skip the descent.
+ */
+static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block *r = b->next;
+    struct bpool *pool = b->pool;
+    size_t size = b->size, msize = b->size + r->size, msplit = d->cfg.max_split_size;
+    /* The fast path's pool for this size is a default one; an oversize allocation is left to
+     * the eager path (so the hit never sets `oversize`). */
+    if (dev_pool_owner(d, pool) || (size <= BLOCK_SMALL_SIZE) != pool->is_small || size >= msplit)
+        return false;
+    /* find_free_block's max_split_size rules, then should_split (its remainder is R). */
+    if (size < msplit && msize >= msplit)
+        return false;
+    if (size >= msplit && msize >= size + d->cfg.max_non_split_rounding)
+        return false;
+    if (pool->is_small || d->use_expandable) {
+        if (r->size < BLOCK_MIN_SIZE)
+            return false;
+    } else if (!(size < msplit && r->size > BLOCK_SMALL_SIZE)) {
+        return false;
+    }
+    /* Best fit in the eager index: the index without R (it sits there at its own key), plus M.
+     * x: the first block without R at or above the request; M comes first iff x is above M,
+     * and then x is M's successor (find_free_block's `next`). */
+    struct block *pred, *x;
+    struct block *first = bpool_fit(pool, b->stream, size, &pred, &x);
+    if (first != r)
+        x = first;
+    bool same = x && x->stream == b->stream;
+    if (same && bkey_less((uintptr_t)x->stream, x->size, x->addr, (uintptr_t)b->stream, msize, b->addr))
+        return false;
+    if (b->expandable) {
+        /* find_free_block leaves an expandable first fit for the next one when expandable segments
+         * are off or the next one counts less with its unmapped tail: not M, so no hit. */
+        if (!d->use_expandable)
+            return false;
+        size_t mexp = msize + (r->next && !r->next->mapped ? r->next->size : 0);
+        if (same && expandable_size(x) < mexp)
+            return false;
+    }
+    /* The block goes back into the map now (its lazy free took it out); lazy_ok == lazy implies
+     * lazy_in_map. On host OOM the eager path runs into the same failure and reports it. */
+    if (!d->lazy_in_map) {
+        if (!ptrmap_put(&d->live, b->addr, b))
+            return false;
+        d->lazy_in_map = true;
+    }
+    d->lazy_ok = b;
+    return true;
+}
+
+/* A malloc on the fast path of the slot's block's size, pool and stream: hand it out again if
+ * lazy_fits, with the counters and clocks find_free_block and alloc_found_block (split of M into
+ * B + R) would move. False: not a hit, nothing changed but the memo (the caller settles). */
+static inline __attribute__((always_inline)) bool lazy_hit(struct dev_alloc *d, struct block *b, size_t orig_size)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(d->lazy_ok != b) && !lazy_fits(d, b))
+        return false;
+    xseg_assert(d->lazy_in_map && b->size < d->cfg.max_split_size);
+    struct block *r = b->next;
+    struct bpool *pool = b->pool;
+    int si = pool->stat_index;
+    d->lazy = NULL;
+    d->lazy_live = b; /* in `live`: its free skips the map (free_ptr) */
+    if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
+        pool->get_free_blocks_call_count++;
+    r->gc_count_base = pool->get_free_blocks_call_count;
+    if (!b->expandable) {
+        if (b->prev || r->next) { /* M was split already */
+            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
+        } else {
+            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)r->size);
+            stat_up_pool(d->stats.inactive_split, si, 1);
+        }
+    }
+    b->allocated = true;
+    b->requested_size = orig_size;
+    stat_up_pool(d->stats.allocation, si, 1);
+    stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->stats.active, si, 1);
+    stat_up_pool(d->stats.active_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
+    return true; /* not oversize (lazy_fits), and b->oversize was clear at its free */
+}
+
+/*
  * malloc. The device lock is taken and given back here only. The fast path is the policy's
  * first step minus the rare conditions, which malloc_slow handles: a best-fit search, a split
  * that leaves the remainder in its index place, statistics, one hash insert. No driver call, no
  * allocation (block structs come from the spare list), no atomic read-modify-write besides the
  * lock's compare-exchange. A miss goes on to malloc_policy's later steps.
  */
-xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
+                                                           void **out)
 {
+    lock_assert_held(&d->lock);
+    dev_lazy_settle(d);
     xseg_status st;
-    lock_acquire(&d->lock);
     /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
         struct alloc_params p;
@@ -668,6 +764,22 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     }
     dev_unlock(d);
     return st;
+}
+
+/* malloc: the lazy hit here, everything else in malloc_locked (out of line, so that the hit keeps
+ * few registers live). A size equal to a block's (rounded) needs no overflow test. */
+xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    lock_acquire(&d->lock);
+    struct block *lz = d->lazy;
+    /* The pool test is lazy_fits's: a default pool, the one of this size. */
+    if (lz && settings_gen() == d->fast_gen && round_plain(size) == lz->size && lz->stream == stream &&
+        lazy_hit(d, lz, size)) {
+        *out = (void *)lz->addr;
+        dev_unlock(d);
+        return XSEG_SUCCESS;
+    }
+    return malloc_locked(d, size, stream, out);
 }
 
 /* ---- free / record_stream ---------------------------------------------------------------- */
@@ -705,10 +817,41 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     return st;
 }
 
-/* free. The device lock is taken and given back here only. */
-static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
+/* Does the free of @p b take the lazy slot: the common path (nothing recorded, not oversize, no
+ * other stream), the permit on, and dev_free_block_inline's keep == next case (a free, indexed
+ * successor and no free predecessor)? */
+static inline bool lazy_free_ok(const struct dev_alloc *d, const struct block *b)
 {
-    lock_acquire(&d->lock);
+    const struct block *prev = b->prev, *next = b->next;
+    return !b->free_slow && !b->uses.n && next && (next->in_index & next->mapped) &&
+           !(prev && (prev->in_index & prev->mapped)) && settings_gen() == d->fast_gen;
+}
+
+/* The free of @p b (lazy_free_ok, allocation counters already down) into the lazy slot: the
+ * statistics of dev_free_block_inline's keep == next branch; the merge waits in the slot
+ * (dev_lazy_flush_slow). The merged block is split unless B and R span the segment. */
+static inline __attribute__((always_inline)) void lazy_free(struct dev_alloc *d, struct block *b, int si, bool in_map)
+{
+    lock_assert_held(&d->lock);
+    struct block *next = b->next;
+    if (!next->expandable) {
+        if (XSEG_LIKELY(b->prev || next->next)) {
+            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
+        } else {
+            stat_down_pool(d->stats.inactive_split, si, 1);
+            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)next->size);
+        }
+    }
+    dev_account_inactive(d, si, b->size, b->requested_size);
+    d->lazy = b;
+    d->lazy_in_map = in_map;
+}
+
+/* Every free but the lazy hit's block going back to the slot: lock held, given back here. */
+static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    lock_assert_held(&d->lock);
+    dev_lazy_settle(d);
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
         dev_unlock(d);
@@ -717,13 +860,16 @@ static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_all
     }
     *owned = true;
     b->allocated = false;
-    stat_down_pool(d->stats.allocation, b->pool->stat_index, 1);
-    stat_down_pool(d->stats.allocated_bytes, b->pool->stat_index, (int64_t)b->size);
+    int si = b->pool->stat_index;
+    stat_down_pool(d->stats.allocation, si, 1);
+    stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
+    xseg_status st = XSEG_SUCCESS;
     /* oversize and recorded in one test (struct block's free_slow), handled out of line with the
      * rest of the free: a call on this path would make the compiler reload the block's fields
      * after it. */
-    xseg_status st = XSEG_SUCCESS;
-    if (XSEG_UNLIKELY(b->free_slow)) {
+    if (XSEG_LIKELY(lazy_free_ok(d, b))) {
+        lazy_free(d, b, si, false);
+    } else if (XSEG_UNLIKELY(b->free_slow)) {
         st = free_ptr_rare(d, b);
     } else if (XSEG_UNLIKELY(b->uses.n)) {
         refresh_cfg(d);
@@ -733,6 +879,29 @@ static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_all
     }
     dev_unlock(d);
     return st;
+}
+
+/* free. The device lock is taken here and given back here or in free_locked. The block of the
+ * last lazy hit (d->lazy_live, still in the live map) goes back to the lazy slot without a map
+ * lookup; every other free goes through free_locked. */
+static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    lock_acquire(&d->lock);
+    struct block *b = d->lazy_live;
+    if (b && b->addr == (uintptr_t)ptr && lazy_free_ok(d, b)) {
+        /* lazy_live is cleared by every other operation, so the slot is empty here. */
+        xseg_assert(!d->lazy && b->allocated);
+        d->lazy_live = NULL;
+        *owned = true;
+        b->allocated = false;
+        int si = b->pool->stat_index;
+        stat_down_pool(d->stats.allocation, si, 1);
+        stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
+        lazy_free(d, b, si, true);
+        dev_unlock(d);
+        return XSEG_SUCCESS;
+    }
+    return free_locked(d, ptr, owned);
 }
 
 xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned) { return free_ptr(d, ptr, owned); }
@@ -754,7 +923,7 @@ xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr)
 
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     if (!b) {
         dev_unlock(d);
@@ -780,7 +949,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
 
 xseg_status alloc_empty_cache(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     refresh_cfg(d);
     xseg_status left_st;
     xseg_status st = release_cached_blocks(d, &left_st);
@@ -823,7 +992,7 @@ xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     refresh_cfg(d);
     dev_apply_fraction(d, fraction);
     dev_unlock(d);
@@ -832,7 +1001,7 @@ xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
-    lock_acquire(&d->lock);
+    lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
     refresh_cfg(d);
     *out = d->stats;
     xseg_device_stats base = d->acc_base;
@@ -843,7 +1012,7 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 
 void alloc_reset_accumulated(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock);
+    lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
     xseg_device_stats now = d->stats;
     stats_fill_all(&now);
     d->acc_base = now;
@@ -867,7 +1036,7 @@ xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
         if (st != XSEG_SUCCESS)
             return err_prefix(st, "xseg_cache_info(device %d)", d->device);
     }
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     largest_free(&d->small, largest);
     largest_free(&d->large, largest);
     for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
@@ -880,7 +1049,7 @@ xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
 
 xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, size_t *size, bool *owned)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     xseg_status st = XSEG_SUCCESS;
     *owned = b != NULL;
@@ -900,7 +1069,7 @@ xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, s
 
 void alloc_reset_peaks(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock);
+    lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
     stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
     dev_unlock(d);
@@ -908,7 +1077,7 @@ void alloc_reset_peaks(struct dev_alloc *d)
 
 xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     for (int i = 0; i < d->npeers; i++) {
         if (d->peers[i] == peer) {
             dev_unlock(d);
@@ -929,7 +1098,7 @@ xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
 
 void alloc_history_start(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     dev_fast_off(d);
     for (size_t i = 0; i < d->live.cap; i++) {
         struct block *b = d->live.keys[i] ? d->live.vals[i] : NULL;

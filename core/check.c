@@ -64,6 +64,18 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     lock_assert_held(&d->lock);
     int si = s->pool->stat_index;
     CHECK(b->seg == s && b->pool == s->pool && b->stream == s->stream);
+    /* The lazy slot (struct dev_alloc.lazy): B is free but unmerged, its successor R free and
+     * indexed at its own key, no free predecessor; the statistics count them as one merged free
+     * block, so the recount does too (B's bytes below, R's as the merged block's). */
+    const struct block *lz = d->lazy;
+    if (lz && b == lz) {
+        CHECK(!b->allocated && !b->in_index && !pending(b) && b->mapped);
+        CHECK(in_free_index(b->next) && !in_free_index(b->prev));
+        CHECK(ptrmap_get(&d->live, b->addr) == (d->lazy_in_map ? b : NULL));
+        rc->reserved_bytes[si] += (int64_t)b->size;
+        rc->driver_bytes += b->size;
+        return; /* expandable granules: checked with R, whose mapped state it shares */
+    }
     CHECK(b->expandable == (s->vseg != NULL));
     CHECK(b->size > 0);
     CHECK(!b->allocated || (!b->in_index && b->mapped));
@@ -99,7 +111,12 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         rc->unmapped_indexed++;
     if (!b->expandable) {
         CHECK(b->mapped);
-        if (b->in_index && block_is_split(b)) {
+        if (lz && b == lz->next) { /* the merged block [lz, b) */
+            if (lz->prev || b->next) {
+                rc->inactive_split[si]++;
+                rc->inactive_split_bytes[si] += (int64_t)(lz->size + b->size);
+            }
+        } else if (b->in_index && block_is_split(b)) {
             rc->inactive_split[si]++;
             rc->inactive_split_bytes[si] += (int64_t)b->size;
         }
@@ -186,7 +203,11 @@ void dev_check(struct dev_alloc *d)
     /* Every indexed block was found in a treap and every treap node is a block of a segment. */
     CHECK(rc.free_indexed == free_nodes);
     CHECK(rc.unmapped_indexed == unmapped_nodes);
-    CHECK(rc.allocated_blocks == d->live.count);
+    /* The slot's block keeps its map entry while lazy_in_map; a lazy hit's block is allocated. */
+    CHECK(rc.allocated_blocks + (d->lazy && d->lazy_in_map) == d->live.count);
+    CHECK(!d->lazy || !d->lazy_live);
+    CHECK(!d->lazy_live || d->lazy_live->allocated);
+    CHECK(!d->lazy_ok || d->lazy_ok == d->lazy || d->lazy_ok == d->lazy_live);
     CHECK(rc.driver_bytes == d->total_allocated_memory);
     const xseg_device_stats *st = &d->stats;
     check_counter(st->allocation, rc.allocation);

@@ -75,7 +75,7 @@ xseg_status dev_create(int device, struct dev_alloc **out)
 
 void dev_lock(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
         dev_refresh_cfg_slow(d);
 }
@@ -188,6 +188,31 @@ bool dev_capture_underway(struct dev_alloc *d)
 }
 
 /* ---- merge / free ------------------------------------------------------------------------ */
+
+/* The merge dev_free_block_inline would have done when the slot's block was freed (its keep ==
+ * next branch): nothing touched the device since but lazy hits and lazy frees, so the neighbours
+ * and the GC clock are as they were then. Statistics were counted at the free. */
+void dev_lazy_flush_slow(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    struct block *b = d->lazy;
+    d->lazy = NULL;
+    d->lazy_live = NULL;
+    d->lazy_ok = NULL;
+    if (!b)
+        return;
+    struct block *prev = b->prev, *r = b->next;
+    struct bpool *pool = b->pool;
+    xseg_assert(!b->allocated && !b->in_index && !b->uses.n && !b->event_count);
+    xseg_assert(r && r->in_index && r->mapped && !(prev && prev->in_index && prev->mapped));
+    if (d->lazy_in_map)
+        (void)ptrmap_take(&d->live, b->addr);
+    d->lazy_in_map = false;
+    bpool_free_grow(pool, r, b->addr, r->size + b->size);
+    block_splice_out(r->seg, prev, r);
+    r->gc_count_base = pool->get_free_blocks_call_count;
+    dev_block_delete(d, b);
+}
 
 /* Insert a free block into its pool's free index (resetting its GC clock). */
 static inline void pool_insert_free(struct bpool *pool, struct block *b)

@@ -123,6 +123,21 @@ struct dev_alloc {
     struct pool_sleep *sleep_default;
     unsigned nasleep;
     int64_t num_sleeps, num_wakes;
+
+    /*
+     * The lazy slot: a depth-one delayed merge for the malloc+free ping-pong (see "Lazy free" in
+     * docs/design.md). A free on the common path whose block B has a free successor R and no free
+     * predecessor leaves B here instead of merging it into R: every statistic is updated as the
+     * merge would have updated it, but B stays out of the free index and R keeps its own key. A
+     * malloc on the fast path that would pick the merged block and split exactly B off it hands B
+     * out again (a lazy hit) without touching the index. Every other operation merges B first
+     * (dev_lazy_settle), so outside the two fast paths the state is what the eager free leaves.
+     * Invariants: lazy and lazy_live are never both set; lazy_ok is NULL, lazy or lazy_live.
+     */
+    struct block *lazy;      /* B: freed, counted as merged into lazy->next (free, indexed) */
+    struct block *lazy_live; /* handed out by the last lazy hit: allocated, in `live` */
+    struct block *lazy_ok;   /* the block whose best-fit test passed with nothing changed since */
+    bool lazy_in_map;        /* lazy's entry in `live` was kept (its free came through lazy_live) */
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
@@ -156,6 +171,27 @@ static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const 
                                                      : offsetof(struct priv_pool, large)));
 }
 
+/* Merge the lazy slot's block for real (its statistics were counted at its free) and forget the
+ * lazy hit's block and test; out of line: only the two fast paths leave anything here. */
+void dev_lazy_flush_slow(struct dev_alloc *d);
+
+/* Every operation but the malloc and free fast paths starts here once the lock is held (and again
+ * after any re-acquire): from then on the state is exactly what eager frees leave. */
+static inline void dev_lazy_settle(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(d->lazy != NULL || d->lazy_live != NULL))
+        dev_lazy_flush_slow(d);
+}
+
+/* Take the device lock for anything other than the two fast paths: the lock, then the slot merged
+ * (dev_lock also refreshes the configuration). */
+static inline void dev_acquire(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    dev_lazy_settle(d);
+}
+
 /* Give the device lock back at the end of an operation (or before a callback): the state must
  * be whole here, and at debug_level=2 dev_check walks it first (core/check.h). */
 static inline void dev_unlock(struct dev_alloc *d)
@@ -168,6 +204,7 @@ static inline void dev_unlock(struct dev_alloc *d)
 static inline void dev_fast_off(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
+    dev_lazy_settle(d); /* the lazy hit needs the permit: nothing may wait in the slot without it */
     d->fast_gen = 0;
 }
 

@@ -83,7 +83,7 @@ static void ipc_block_chunks(const struct block *b, size_t *firsts, size_t *n, s
 
 xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
@@ -156,7 +156,7 @@ out:
 xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n,
                               bool *owned)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
@@ -261,7 +261,7 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_import: out of host memory");
     }
     int naccess = 0;
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     access[naccess].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access[naccess].location.id = d->device;
     access[naccess++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;

@@ -152,7 +152,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
         if (!pending[i])
             continue;
         struct dev_alloc *d = device_at(i);
-        lock_acquire(&d->lock);
+        dev_acquire(d);
         pthread_mutex_lock(&obs_lock);
         /* The list may have moved (realloc by another attach) or this entry been detached. */
         struct observer *me = obs_find_locked(fn, user);

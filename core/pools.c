@@ -228,7 +228,7 @@ static void unbegin_locked(struct dev_alloc *d, size_t i)
 xseg_status pools_begin(struct dev_alloc *d, xseg_pool_id pool, xseg_stream_filter filter, void *user)
 {
     struct pool_route tmpl = {.filter = filter, .user = user};
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     xseg_status st = begin_locked(d, "xseg_begin_allocate_to_pool", pool, &tmpl);
     dev_unlock(d);
     return st;
@@ -239,7 +239,7 @@ xseg_status pools_end(struct dev_alloc *d, xseg_pool_id pool)
     int device = d->device;
     xseg_status st = XSEG_SUCCESS;
     char buf[48];
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct priv_pool *pp = pool_find(d, pool);
     ptrdiff_t i = pp ? route_of_pool(d, pp) : -1;
     if (i < 0) {
@@ -261,7 +261,7 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool)
     int device = d->device;
     xseg_status st = XSEG_SUCCESS;
     char buf[48];
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct priv_pool *pp = pool_find(d, pool);
     if (!pp) {
         st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_release_pool: no pool %s on device %d", id_text(pool, buf),
@@ -283,7 +283,7 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool)
 int pools_use_count(struct dev_alloc *d, xseg_pool_id pool)
 {
     int count;
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct priv_pool *pp = pool_find(d, pool);
     count = pp ? pp->use_count : 0;
     dev_unlock(d);
@@ -294,7 +294,7 @@ xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
 {
     char buf[48];
     xseg_status st = XSEG_SUCCESS;
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     struct priv_pool *pp = pool_find(d, pool);
     if (!pp && !(pp = pool_new(d, pool)))
         st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_pool_retain: out of host memory for pool %s",
@@ -314,7 +314,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     /* Route first, then begin: nothing can allocate on the stream in between, and undoing a
      * route is simpler than undoing a capture. */
     struct pool_route tmpl = {.by_capture = true, .capture_stream = stream};
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     st = begin_locked(d, "xseg_capture_begin", id, &tmpl);
     dev_unlock(d);
     if (st != XSEG_SUCCESS)
@@ -324,7 +324,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     st = drv_ctx_ensure(d->info.primary_ctx);
     if (st == XSEG_SUCCESS)
         st = vmm_capture_begin(stream, (CUstreamCaptureMode)capture_mode, device, &cid);
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     ptrdiff_t i = route_of_capture(d, stream);
     if (st != XSEG_SUCCESS) {
         if (i >= 0)
@@ -340,7 +340,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
 {
     int device = d->device;
     xseg_status st;
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     bool known = route_of_capture(d, stream) >= 0;
     dev_unlock(d);
     if (!known)
@@ -362,7 +362,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
     }
     /* Otherwise stop routing whatever the driver said: the capture is over, and a route left
      * behind would keep the device in capture mode (PyTorch's capture_end leaks it there). */
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     ptrdiff_t i = route_of_capture(d, stream);
     if (i >= 0 && !still_open)
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */

@@ -634,7 +634,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
 xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 {
     xseg_status st = XSEG_SUCCESS;
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
         if (!s->vseg) {
             st = snap_range(d, s, s->first, NULL, a);
@@ -662,7 +662,7 @@ xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 
 static size_t active_bytes(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock);
+    dev_acquire(d);
     size_t n = (size_t)stats_all_current(d->stats.active_bytes);
     dev_unlock(d);
     return n;

@@ -1,0 +1,205 @@
+/*
+ * The lazy slot (struct dev_alloc.lazy, docs/design.md): a free that would merge into its free
+ * successor waits unmerged, and a malloc of the same size and stream that best fit would split it
+ * off again takes it back without touching the index. It must be invisible: this test runs one
+ * seeded sequence twice, each in its own process (same emulated device, same addresses):
+ *   - lazy:  only malloc / free / get_stats between the pairs, so the slot and its hits work;
+ *   - eager: the same, plus xseg_cache_info after every operation, which takes the lock for
+ *            something else and so merges the slot each time (no hit can happen);
+ * and compares every returned address and every statistic (peaks included) after every step.
+ * The sequence is mostly ping-pong pairs (malloc of the size and stream just freed) mixed with
+ * what must stop a hit: a smaller free block on the stream appearing, another stream, a free
+ * predecessor, max_split_size rules, record_stream, empty_cache, peak resets, config changes.
+ * `test_lazy` runs both modes of both segment kinds; `test_lazy run KIND lazy|eager` prints one trace.
+ */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/common/testutil.h"
+#include "vmm/driver.h"
+#include "xseg.h"
+
+#define MiB ((size_t)1 << 20)
+#define NLIVE 24
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t rnd(uint64_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng % n;
+}
+
+/* Device addresses relative to the first one handed out: the emulator's arena moves with ASLR. */
+static uintptr_t base;
+
+static void dump(FILE *f, unsigned step, const char *op, void *p)
+{
+    if (p && !base)
+        base = (uintptr_t)p;
+    xseg_device_stats st;
+    if (xseg_get_stats(0, &st) != XSEG_SUCCESS)
+        exit(3);
+    fprintf(f, "%u %s %" PRIdPTR, step, op, p ? (intptr_t)((uintptr_t)p - base) : (intptr_t)-1);
+    const int64_t *v = (const int64_t *)(const void *)&st;
+    for (size_t i = 0; i < sizeof st / sizeof *v; i++)
+        fprintf(f, " %" PRId64, v[i]);
+    fputc('\n', f);
+}
+
+static int run(const char *kind, bool eager)
+{
+    bool classic = strcmp(kind, "classic") == 0;
+    if (!tu_gpu_available())
+        return 2;
+    if (xseg_init(classic ? "expandable_segments:False" : "expandable_segments:True") != XSEG_SUCCESS)
+        return 2;
+    CUstream streams[2] = {NULL, NULL};
+    if (drv->cuStreamCreate(&streams[1], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        return 2;
+    static const size_t sizes[] = {512, 1000, 4096, 100000, MiB, MiB + 512, 3 * MiB, 4 * MiB, 12 * MiB, 30 * MiB};
+    void *live[NLIVE] = {0};
+    size_t lsize[NLIVE];
+    int lstream[NLIVE];
+    size_t last_size = 512;
+    int last_stream = 0;
+    for (unsigned step = 0; step < 6000; step++) {
+        uint64_t r = rnd(1000);
+        const char *op;
+        void *p = NULL;
+        int slot = (int)rnd(NLIVE);
+        if (r < 700) {
+            /* A ping-pong pair half the time, else a random size / stream. */
+            bool pong = rnd(2) == 0;
+            size_t size = pong ? last_size : sizes[rnd(sizeof sizes / sizeof *sizes)];
+            int s = pong ? last_stream : (int)rnd(2);
+            if (live[slot]) {
+                if (xseg_free(live[slot]) != XSEG_SUCCESS)
+                    return 4;
+                live[slot] = NULL;
+                last_size = lsize[slot];
+                last_stream = lstream[slot];
+                dump(stdout, step, "free", NULL);
+                if (eager) {
+                    size_t largest = 1;
+                    xseg_cache_info(0, &largest);
+                }
+            }
+            if (xseg_malloc(&p, size, 0, (struct CUstream_st *)streams[s]) != XSEG_SUCCESS)
+                return 5;
+            live[slot] = p;
+            lsize[slot] = size;
+            lstream[slot] = s;
+            op = "malloc";
+        } else if (r < 930) {
+            op = "free";
+            if (live[slot]) {
+                if (xseg_free(live[slot]) != XSEG_SUCCESS)
+                    return 4;
+                live[slot] = NULL;
+                last_size = lsize[slot];
+                last_stream = lstream[slot];
+            }
+        } else if (r < 950) {
+            op = "record_stream";
+            if (live[slot] && xseg_record_stream(live[slot], (struct CUstream_st *)streams[1]) != XSEG_SUCCESS)
+                return 6;
+        } else if (r < 965) {
+            op = "empty_cache";
+            if (xseg_empty_cache(0) != XSEG_SUCCESS)
+                return 7;
+        } else if (r < 980) {
+            op = "reset_peak";
+            xseg_reset_peak_stats(0);
+        } else {
+            op = "set_config";
+            /* The kind stays; the split rules and the GC clock (which the hit ticks) change. */
+            static const char *cfgs[] = {"max_split_size_mb:20", "max_split_size_mb:2000",
+                                         "per_process_memory_fraction:0.9,garbage_collection_threshold:0.8",
+                                         "max_non_split_rounding_mb:40,max_split_size_mb:20", ""};
+            char cfg[256];
+            snprintf(cfg, sizeof cfg, "%s,%s", classic ? "expandable_segments:False" : "expandable_segments:True",
+                     cfgs[rnd(5)]);
+            if (cfg[strlen(cfg) - 1] == ',')
+                cfg[strlen(cfg) - 1] = 0;
+            if (xseg_set_config(cfg) != XSEG_SUCCESS) {
+                fprintf(stderr, "set_config(%s): %s\n", cfg, xseg_last_error());
+                return 8;
+            }
+        }
+        dump(stdout, step, op, p);
+        if (eager) {
+            size_t largest = 1;
+            xseg_cache_info(0, &largest);
+        }
+    }
+    for (int i = 0; i < NLIVE; i++)
+        if (live[i])
+            xseg_free(live[i]);
+    xseg_empty_cache(0);
+    dump(stdout, 99999, "drain", NULL);
+    return 0;
+}
+
+static char *slurp(const char *cmd)
+{
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return NULL;
+    size_t n = 0, cap = 1 << 20;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n < 2) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+    }
+    int rc = pclose(f);
+    if (!buf || rc != 0) {
+        fprintf(stderr, "%s: exit status %d\n", cmd, rc);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "run") == 0)
+        return run(argv[2], strcmp(argv[3], "eager") == 0);
+    if (!tu_gpu_available()) {
+        printf("SKIP: no CUDA device: %s\n", tu_last_load_error());
+        return 77;
+    }
+    static const char *kinds[] = {"classic", "expandable"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "'%s' run %s lazy", argv[0], kinds[k]);
+        char *lazy = slurp(cmd);
+        snprintf(cmd, sizeof cmd, "'%s' run %s eager", argv[0], kinds[k]);
+        char *eager = slurp(cmd);
+        if (!lazy || !eager)
+            return 1;
+        if (strcmp(lazy, eager) != 0) {
+            const char *a = lazy, *b = eager;
+            while (*a && *a == *b)
+                a++, b++;
+            while (a > lazy && a[-1] != '\n')
+                a--, b--;
+            fprintf(stderr, "%s: lazy and eager traces differ:\nlazy:  %.300s\neager: %.300s\n", kinds[k], a, b);
+            return 1;
+        }
+        printf("%s: %zu bytes of trace identical\n", kinds[k], strlen(lazy));
+        free(lazy);
+        free(eager);
+    }
+    return 0;
+}
