@@ -1,7 +1,8 @@
 /*
- * Threads: workers allocate, fill, check and free on several streams of two devices, and hand
- * some blocks to each other to be freed on another thread; alongside, one thread empties the
- * cache of every device and one reads statistics, summaries and snapshots. Checks data
+ * Threads: eight workers allocate, fill, check and free on several streams of two devices (with
+ * bursts of malloc/free pairs of one size), and hand some blocks to each other to be freed on
+ * another thread; alongside, one thread empties the cache of every device and one reads
+ * statistics, summaries and snapshots. Checks data
  * integrity, the invariants that hold at any instant, and that everything drains to zero.
  * Meant to be clean under ThreadSanitizer (meson test --setup tsan).
  * main() sets CUDAEMU_DEVICES=2 (unless already set); on a real machine it uses up to two GPUs.
@@ -26,7 +27,7 @@
 #include "xseg.h"
 
 #define MiB ((size_t)1 << 20)
-#define NWORKERS 4
+#define NWORKERS 8
 #define STREAMS_PER_DEV 2
 #define MAX_DEVS 2
 #define WORKER_LIVE 24
@@ -134,6 +135,30 @@ static void *worker(void *arg)
                     tfail("xseg_record_stream: %s", xseg_last_error());
             }
             live[nlive++] = b;
+        } else if (r < 50) {
+            /* A burst of malloc/free pairs of one size on one stream (the lazy free's ping-pong,
+             * core/alloc.c), each block written and checked while the other threads work. */
+            int d = (int)(rnd(&rng) % (uint64_t)ndev);
+            int s = (int)(rnd(&rng) % (STREAMS_PER_DEV + 1));
+            size_t size = rnd(&rng) % 2 ? 512 + rnd(&rng) % 4096 : 2 * MiB + rnd(&rng) % MiB;
+            if (!use_dev(d))
+                break;
+            for (int k = 0; k < 8; k++) {
+                struct blk b = {NULL, size, (uint32_t)atomic_fetch_add(&next_tag, 1) + 1, d};
+                xseg_status st = xseg_malloc(&b.ptr, size, d, (struct CUstream_st *)streams[d][s]);
+                if (st == XSEG_ERROR_OUT_OF_MEMORY)
+                    break;
+                if (st != XSEG_SUCCESS || !b.ptr) {
+                    tfail("xseg_malloc(%zu, device %d): %s", size, d, xseg_last_error());
+                    break;
+                }
+                CUresult cr = tu_fill((CUdeviceptr)(uintptr_t)b.ptr, size, b.tag);
+                if (cr != CUDA_SUCCESS) {
+                    tfail("tu_fill(%p, %zu): %s", b.ptr, size, drv_error_name(cr));
+                    break;
+                }
+                check_and_free(&b, "ping-pong");
+            }
         } else if (r < 85 && nlive) {
             size_t i = rnd(&rng) % nlive;
             struct blk b = live[i];
