@@ -444,6 +444,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     }
     if (h) /* a constant NULL on the fast path */
         hist_on_alloc(d, b, h);
+    d->last_alloc = b;
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -867,7 +868,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     /* oversize and recorded in one test (struct block's free_slow), handled out of line with the
      * rest of the free: a call on this path would make the compiler reload the block's fields
      * after it. */
-    if (XSEG_LIKELY(lazy_free_ok(d, b))) {
+    if (b == d->last_alloc && lazy_free_ok(d, b)) {
         lazy_free(d, b, si, false);
     } else if (XSEG_UNLIKELY(b->free_slow)) {
         st = free_ptr_rare(d, b);

@@ -138,6 +138,11 @@ struct dev_alloc {
     struct block *lazy_live; /* handed out by the last lazy hit: allocated, in `live` */
     struct block *lazy_ok;   /* the block whose best-fit test passed with nothing changed since */
     bool lazy_in_map;        /* lazy's entry in `live` was kept (its free came through lazy_live) */
+    /* The block of the last malloc that went through malloc_finish: only a free of it takes the
+     * slot from free_locked (a ping-pong frees what it just allocated; a free of an older block
+     * rarely sees its size asked for next, and the slot would cost it a settle). Compared, never
+     * dereferenced: a stale value only sends a free down one path or the other, both exact. */
+    const struct block *last_alloc;
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
