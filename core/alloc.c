@@ -328,8 +328,6 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
     b->requested_size = orig_size;
     stat_up_pool(d->stats.allocation, si, 1);
     stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->stats.active, si, 1);
-    stat_up_pool(d->stats.active_bytes, si, (int64_t)b->size);
     stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
     b->oversize = b->size >= d->cfg.max_split_size;
     if (b->oversize)
@@ -611,6 +609,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.block = NULL;
+        xseg_assert(!d->pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.pending) */
         return malloc_policy(d, &p, true, found, size, out, NULL);
     }
     struct hist_mctx h = {NULL, false}, *hp = NULL;
@@ -630,6 +629,10 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
         else
             st = malloc_policy(d, &p, false, NULL, size, out, hp);
     }
+    /* active rose with allocation: while blocks are pending it is above allocation, and its peak
+     * is tracked apart (dev_alloc.pending). The lock was held since the block was handed out. */
+    if (XSEG_UNLIKELY(d->pending[XSEG_STAT_ALL]) && st == XSEG_SUCCESS)
+        dev_track_active_peak(d);
     if (hp) {
         if (cur && !h.cur_cleared && d->hist_cur == cur) /* failed: hist_on_alloc did not run */
             d->hist_cur = NULL;
@@ -706,6 +709,7 @@ static inline __attribute__((always_inline)) bool lazy_hit(struct dev_alloc *d, 
     if (XSEG_UNLIKELY(d->lazy_ok != b) && !lazy_fits(d, b))
         return false;
     xseg_assert(d->lazy_in_map && b->size < d->cfg.max_split_size);
+    xseg_assert(!d->pending[XSEG_STAT_ALL]); /* the permit: active == allocation (dev_alloc.pending) */
     struct block *r = b->next;
     struct bpool *pool = b->pool;
     int si = pool->stat_index;
@@ -726,8 +730,6 @@ static inline __attribute__((always_inline)) bool lazy_hit(struct dev_alloc *d, 
     b->requested_size = orig_size;
     stat_up_pool(d->stats.allocation, si, 1);
     stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->stats.active, si, 1);
-    stat_up_pool(d->stats.active_bytes, si, (int64_t)b->size);
     stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
     return true; /* not oversize (lazy_fits), and b->oversize was clear at its free */
 }
@@ -756,6 +758,8 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
         struct block *b = find_free_block(d, &p, &pred, &pred_ok);
         if (XSEG_LIKELY(b && pred_ok)) {
             p.block = b;
+            /* The permit: nothing is pending, active moves with allocation (dev_alloc.pending). */
+            xseg_assert(!d->pending[XSEG_STAT_ALL]);
             st = malloc_finish(d, &p, size, true, pred, out, NULL);
         } else {
             st = malloc_slow(d, size, stream, true, b, out);
@@ -843,7 +847,7 @@ static inline __attribute__((always_inline)) void lazy_free(struct dev_alloc *d,
             stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)next->size);
         }
     }
-    dev_account_inactive(d, si, b->size, b->requested_size);
+    dev_account_inactive(d, si, b->requested_size);
     d->lazy = b;
     d->lazy_in_map = in_map;
 }
@@ -1004,18 +1008,17 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
     refresh_cfg(d);
-    *out = d->stats;
+    dev_stats_copy(d, out);
     xseg_device_stats base = d->acc_base;
     dev_unlock(d);
-    stats_fill_all(out);
     stats_subtract_accumulated(out, &base);
 }
 
 void alloc_reset_accumulated(struct dev_alloc *d)
 {
     lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
-    xseg_device_stats now = d->stats;
-    stats_fill_all(&now);
+    xseg_device_stats now;
+    dev_stats_copy(d, &now);
     d->acc_base = now;
     dev_unlock(d);
 }
@@ -1071,8 +1074,7 @@ xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, s
 void alloc_reset_peaks(struct dev_alloc *d)
 {
     lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
-    stats_fill_all(&d->stats);
-    stats_reset_peaks(&d->stats);
+    dev_stats_reset_peaks(d);
     dev_unlock(d);
 }
 

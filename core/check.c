@@ -209,7 +209,15 @@ void dev_check(struct dev_alloc *d)
     CHECK(!d->lazy_live || d->lazy_live->allocated);
     CHECK(!d->lazy_ok || d->lazy_ok == d->lazy || d->lazy_ok == d->lazy_live);
     CHECK(rc.driver_bytes == d->total_allocated_memory);
-    const xseg_device_stats *st = &d->stats;
+    /* The folded copy every reader sees (dev_stats_copy): active is allocation + pending. */
+    xseg_device_stats folded;
+    dev_stats_copy(d, &folded);
+    const xseg_device_stats *st = &folded;
+    check_counter(d->stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
+    check_counter(d->stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});
+    CHECK(d->pending[XSEG_STAT_ALL] == d->pending[XSEG_STAT_SMALL_POOL] + d->pending[XSEG_STAT_LARGE_POOL]);
+    CHECK(d->pending_bytes[XSEG_STAT_ALL] ==
+          d->pending_bytes[XSEG_STAT_SMALL_POOL] + d->pending_bytes[XSEG_STAT_LARGE_POOL]);
     check_counter(st->allocation, rc.allocation);
     check_counter(st->allocated_bytes, rc.allocated_bytes);
     check_counter(st->active, rc.active);

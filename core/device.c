@@ -242,7 +242,7 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = b->pool;
-    size_t orig_size = b->size, requested = b->requested_size;
+    size_t requested = b->requested_size;
     int64_t net_blocks = 0, net_bytes = 0;
     struct block *cands[2] = {b->prev, b->next};
     for (int i = 0; i < 2; i++) {
@@ -265,7 +265,7 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
         if (net_bytes)
             stat_add_pool(d->stats.inactive_split_bytes, pool->stat_index, net_bytes);
     }
-    dev_account_inactive(d, pool->stat_index, orig_size, requested);
+    dev_account_inactive(d, pool->stat_index, requested);
 }
 
 /* The free of a recorded block is complete (its memory may be reused): the event, and the block
@@ -276,6 +276,58 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b)
     hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
     b->hist_stack = NULL;
     b->recorded = false;
+}
+
+void dev_track_active_peak(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    const xseg_stat_counter *n = d->stats.allocation, *b = d->stats.allocated_bytes;
+    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
+    cur[XSEG_STAT_ALL] = stats_all_current(n) + d->pending[XSEG_STAT_ALL];
+    bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->pending_bytes[XSEG_STAT_ALL];
+    for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
+        cur[i] = n[i].current + d->pending[i];
+        bytes[i] = b[i].current + d->pending_bytes[i];
+    }
+    /* Every entry, the other pool's too: each value is one active has now, so a peak may take it. */
+    for (int i = 0; i < XSEG_STAT_POOLS; i++) {
+        if (cur[i] > d->active_peak[i])
+            d->active_peak[i] = cur[i];
+        if (bytes[i] > d->active_bytes_peak[i])
+            d->active_bytes_peak[i] = bytes[i];
+    }
+}
+
+void dev_stats_copy(const struct dev_alloc *d, xseg_device_stats *out)
+{
+    lock_assert_held(&d->lock);
+    *out = d->stats;
+    const xseg_stat_counter *n = d->stats.allocation, *b = d->stats.allocated_bytes;
+    for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
+        out->active[i].current = n[i].current + d->pending[i];
+        out->active[i].allocated = n[i].allocated;
+        out->active_bytes[i].current = b[i].current + d->pending_bytes[i];
+        out->active_bytes[i].allocated = b[i].allocated;
+    }
+    for (int i = 0; i < XSEG_STAT_POOLS; i++) {
+        out->active[i].peak = d->active_peak[i] > n[i].peak ? d->active_peak[i] : n[i].peak;
+        out->active_bytes[i].peak = d->active_bytes_peak[i] > b[i].peak ? d->active_bytes_peak[i] : b[i].peak;
+    }
+    stats_fill_all(out); /* the "all" currents and allocated, every freed */
+}
+
+void dev_stats_reset_peaks(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    stats_fill_all(&d->stats);
+    stats_reset_peaks(&d->stats);
+    d->active_peak[XSEG_STAT_ALL] = stats_all_current(d->stats.allocation) + d->pending[XSEG_STAT_ALL];
+    d->active_bytes_peak[XSEG_STAT_ALL] =
+        stats_all_current(d->stats.allocated_bytes) + d->pending_bytes[XSEG_STAT_ALL];
+    for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
+        d->active_peak[i] = d->stats.allocation[i].current + d->pending[i];
+        d->active_bytes_peak[i] = d->stats.allocated_bytes[i].current + d->pending_bytes[i];
+    }
 }
 
 /* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */

@@ -82,6 +82,20 @@ struct dev_alloc {
      * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
      * so the internal counters keep freed == allocated - current. */
     xseg_device_stats acc_base;
+    /*
+     * The `active` rows are folded at query time (dev_stats_copy), so malloc and free leave them
+     * alone: d->stats.active and .active_bytes stay zero. A block is active while allocated or
+     * pending (freed by the user, waiting for its events or a capture's end), so per pool
+     * active = allocation + pending, in blocks and in bytes (both count block sizes), and
+     * active's allocated is allocation's (both count at malloc). The peaks: active rises only at
+     * a malloc, where allocation rises by as much, and equals it while nothing is pending, so
+     * active.peak = max(active_peak, allocation.peak), with active_peak raised at every malloc
+     * made while something is pending (dev_track_active_peak, from malloc_slow: the fast paths
+     * never run then, their permit being off while events or deferred frees exist) and set to
+     * active.current at a peak reset. [XSEG_STAT_ALL] of pending holds the sum of the pools.
+     */
+    int64_t pending[XSEG_STAT_POOLS], pending_bytes[XSEG_STAT_POOLS];
+    int64_t active_peak[XSEG_STAT_POOLS], active_bytes_peak[XSEG_STAT_POOLS];
     size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
     size_t allowed_memory_maximum;
     bool set_fraction;
@@ -286,14 +300,35 @@ void dev_free_block(struct dev_alloc *d, struct block *b);
 /* The free path's merge when @p b has no free neighbour or two (out of line). */
 void dev_free_block_general(struct dev_alloc *d, struct block *b);
 
-/* The active counters of a block that stops being active (every path of the free). */
-static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t size, size_t requested)
+/* The counters of a block that stops being active (every path of the free). `active` and
+ * `active_bytes` are folded from allocation and pending (see dev_alloc.pending). */
+static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t requested)
 {
     lock_assert_held(&d->lock);
-    stat_down_pool(d->stats.active, si, 1);
-    stat_down_pool(d->stats.active_bytes, si, (int64_t)size);
     stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
 }
+
+/* Freed block @p b becomes pending (@p sign 1: ev_insert) or stops being pending (-1: its events
+ * are done, or a capture let it be reused; dev_free_block follows). */
+static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, int64_t sign)
+{
+    lock_assert_held(&d->lock);
+    int si = b->pool->stat_index;
+    int64_t bytes = sign * (int64_t)b->size;
+    d->pending[si] += sign;
+    d->pending[XSEG_STAT_ALL] += sign;
+    d->pending_bytes[si] += bytes;
+    d->pending_bytes[XSEG_STAT_ALL] += bytes;
+    xseg_assert(d->pending[si] >= 0 && d->pending_bytes[si] >= 0);
+}
+
+/* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.pending). */
+void dev_track_active_peak(struct dev_alloc *d);
+/* A copy of the statistics with the `active` rows folded and the "all" entries filled
+ * (stats_fill_all): what every reader sees. Accumulated values are not rebased here. */
+void dev_stats_copy(const struct dev_alloc *d, xseg_device_stats *out);
+/* Every peak to its current (reset_peak_memory_stats). */
+void dev_stats_reset_peaks(struct dev_alloc *d);
 
 /* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
  * statistics. Inline for the free fast path (alloc.c); the other modules call dev_free_block. */
@@ -338,7 +373,7 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
             stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
         }
     }
-    dev_account_inactive(d, si, orig_size, requested);
+    dev_account_inactive(d, si, requested);
 }
 
 #endif

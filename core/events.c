@@ -71,8 +71,10 @@ static bool queue_push(struct ev_queue *q, CUevent ev, struct block *b)
 static void event_done(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    if (--b->event_count == 0 && b->uses.n == 0)
+    if (--b->event_count == 0 && b->uses.n == 0) {
+        dev_pending_add(d, b, -1);
         dev_free_block(d, b);
+    }
 }
 
 /* Append @p b to the deferred list (its slot is d->ndeferred - 1 after). */
@@ -134,6 +136,10 @@ static void record_events(struct dev_alloc *d, struct block *b)
 xseg_status ev_insert(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
+    /* Freed with streams to wait for: pending (still active) until event_done or a capture's
+     * reuse returns it to its pool. */
+    xseg_assert(!b->allocated && b->uses.n && !b->event_count);
+    dev_pending_add(d, b, 1);
     /* Without the device's context nothing can be recorded now: retry later (a driver failure
      * must not lose the block). */
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS && defer(d, b))
@@ -175,6 +181,7 @@ void ev_capture_reuse(struct dev_alloc *d, CUstream stream)
         /* An empty slot is skipped by insert_deferred, which drops the whole list at the capture's
          * end: no compaction here, so the other entries' slots stay valid. */
         d->deferred[slot] = NULL;
+        dev_pending_add(d, b, -1);
         dev_free_block(d, b);
     }
 }

@@ -663,7 +663,8 @@ xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 static size_t active_bytes(struct dev_alloc *d)
 {
     dev_acquire(d);
-    size_t n = (size_t)stats_all_current(d->stats.active_bytes);
+    /* active_bytes.all.current, folded (dev_alloc.pending) */
+    size_t n = (size_t)(stats_all_current(d->stats.allocated_bytes) + d->pending_bytes[XSEG_STAT_ALL]);
     dev_unlock(d);
     return n;
 }

@@ -16,6 +16,9 @@
  * (no counter is ever set, only changed, and accumulated counts are never reset), so
  * stats_fill_all derives it too. Every change of a per-pool array goes through stat_add_pool / stat_up_pool /
  * stat_down_pool, and every read of an "all" entry through a filled copy (or stats_all_current).
+ * The `active` and `active_bytes` rows are not counted at all: the device folds them from
+ * allocation, allocated_bytes and its pending blocks when it copies the statistics out
+ * (dev_stats_copy, core/device.h; struct dev_alloc.pending says why that is exact).
  */
 
 /* Change one counter by @p delta: current moves, allocated/freed accumulate, peak follows. */
