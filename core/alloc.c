@@ -715,6 +715,9 @@ static inline __attribute__((always_inline)) bool lazy_hit(struct dev_alloc *d, 
     int si = pool->stat_index;
     d->lazy = NULL;
     d->lazy_live = b; /* in `live`: its free skips the map (free_ptr) */
+#if XSEG_DEBUG_LEVEL >= 1
+    d->lazy_hits++;
+#endif
     if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
         pool->get_free_blocks_call_count++;
     r->gc_count_base = pool->get_free_blocks_call_count;

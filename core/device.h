@@ -157,6 +157,9 @@ struct dev_alloc {
      * rarely sees its size asked for next, and the slot would cost it a settle). Compared, never
      * dereferenced: a stale value only sends a free down one path or the other, both exact. */
     const struct block *last_alloc;
+#if XSEG_DEBUG_LEVEL >= 1
+    uint64_t lazy_hits; /* debug builds: lazy hits so far, so a test can see the slot is used */
+#endif
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/runtime.h"
 #include "tests/common/testutil.h"
 #include "vmm/driver.h"
 #include "xseg.h"
@@ -67,7 +68,7 @@ static int run(const char *kind, bool eager)
     size_t lsize[NLIVE];
     int lstream[NLIVE];
     size_t last_size = 512;
-    int last_stream = 0;
+    int last_stream = 0, last_slot = 0; /* the last malloc's slot: a ping-pong frees it */
     for (unsigned step = 0; step < 6000; step++) {
         uint64_t r = rnd(1000);
         const char *op;
@@ -76,6 +77,8 @@ static int run(const char *kind, bool eager)
         if (r < 700) {
             /* A ping-pong pair half the time, else a random size / stream. */
             bool pong = rnd(2) == 0;
+            if (pong)
+                slot = last_slot; /* free what the last malloc handed out, then ask for its size */
             size_t size = pong ? last_size : sizes[rnd(sizeof sizes / sizeof *sizes)];
             int s = pong ? last_stream : (int)rnd(2);
             if (live[slot]) {
@@ -95,6 +98,7 @@ static int run(const char *kind, bool eager)
             live[slot] = p;
             lsize[slot] = size;
             lstream[slot] = s;
+            last_slot = slot;
             op = "malloc";
         } else if (r < 930) {
             op = "free";
@@ -143,6 +147,13 @@ static int run(const char *kind, bool eager)
             xseg_free(live[i]);
     xseg_empty_cache(0);
     dump(stdout, 99999, "drain", NULL);
+#if XSEG_DEBUG_LEVEL >= 1
+    /* Debug builds count the hits: the lazy run must have used the slot, the eager one never. */
+    uint64_t hits = rt_device_peek(0)->lazy_hits;
+    fprintf(stderr, "%s %s: %" PRIu64 " lazy hits\n", kind, eager ? "eager" : "lazy", hits);
+    if (eager ? hits != 0 : hits < 50) /* 108 in this seeded sequence */
+        return 9;
+#endif
     return 0;
 }
 
