@@ -974,11 +974,12 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
     return st;
 }
 
-xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
+/* The end of a sleep or a wake (lock held, given back here): a sleep waited for the pool's
+ * streams and a wake mapped pages again, so either is a point where release_threshold_mb
+ * applies (core/trim.h); the permit follows the sleeping pools' count. */
+static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
 {
-    dev_lock(d);
-    xseg_status st = sleep_pool_locked(d, pool, flags);
-    /* The streams were waited for: a point where release_threshold_mb applies (core/trim.h). */
+    lock_assert_held(&d->lock);
     if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
         trim_threshold(d, 0);
     dev_fast_update(d);
@@ -986,16 +987,16 @@ xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
     return st;
 }
 
+xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
+{
+    dev_lock(d);
+    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags));
+}
+
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
 {
     dev_lock(d);
-    xseg_status st = wake_pool_locked(d, pool);
-    /* The wake mapped pages again: the cache may now be over release_threshold_mb. */
-    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
-        trim_threshold(d, 0);
-    dev_fast_update(d);
-    dev_unlock(d);
-    return st;
+    return sleep_wake_done(d, wake_pool_locked(d, pool));
 }
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)

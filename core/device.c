@@ -278,17 +278,23 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b)
     b->recorded = false;
 }
 
-void dev_track_active_peak(struct dev_alloc *d)
+/* active's current per pool and for all (allocation + pending; see dev_alloc.pending). */
+static void active_current(const struct dev_alloc *d, int64_t cur[XSEG_STAT_POOLS], int64_t bytes[XSEG_STAT_POOLS])
 {
     lock_assert_held(&d->lock);
     const xseg_stat_counter *n = d->stats.allocation, *b = d->stats.allocated_bytes;
-    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
     cur[XSEG_STAT_ALL] = stats_all_current(n) + d->pending[XSEG_STAT_ALL];
     bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->pending_bytes[XSEG_STAT_ALL];
     for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
         cur[i] = n[i].current + d->pending[i];
         bytes[i] = b[i].current + d->pending_bytes[i];
     }
+}
+
+void dev_track_active_peak(struct dev_alloc *d)
+{
+    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
+    active_current(d, cur, bytes);
     /* Every entry, the other pool's too: each value is one active has now, so a peak may take it. */
     for (int i = 0; i < XSEG_STAT_POOLS; i++) {
         if (cur[i] > d->active_peak[i])
@@ -300,13 +306,14 @@ void dev_track_active_peak(struct dev_alloc *d)
 
 void dev_stats_copy(const struct dev_alloc *d, xseg_device_stats *out)
 {
-    lock_assert_held(&d->lock);
+    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
+    active_current(d, cur, bytes);
     *out = d->stats;
     const xseg_stat_counter *n = d->stats.allocation, *b = d->stats.allocated_bytes;
     for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
-        out->active[i].current = n[i].current + d->pending[i];
+        out->active[i].current = cur[i];
         out->active[i].allocated = n[i].allocated;
-        out->active_bytes[i].current = b[i].current + d->pending_bytes[i];
+        out->active_bytes[i].current = bytes[i];
         out->active_bytes[i].allocated = b[i].allocated;
     }
     for (int i = 0; i < XSEG_STAT_POOLS; i++) {
@@ -321,13 +328,7 @@ void dev_stats_reset_peaks(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
-    d->active_peak[XSEG_STAT_ALL] = stats_all_current(d->stats.allocation) + d->pending[XSEG_STAT_ALL];
-    d->active_bytes_peak[XSEG_STAT_ALL] =
-        stats_all_current(d->stats.allocated_bytes) + d->pending_bytes[XSEG_STAT_ALL];
-    for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
-        d->active_peak[i] = d->stats.allocation[i].current + d->pending[i];
-        d->active_bytes_peak[i] = d->stats.allocated_bytes[i].current + d->pending_bytes[i];
-    }
+    active_current(d, d->active_peak, d->active_bytes_peak);
 }
 
 /* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
