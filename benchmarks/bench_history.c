@@ -25,22 +25,7 @@
 
 #include "xseg.h"
 
-#ifndef BENCH_CUDAEMU
-#define BENCH_CUDAEMU ""
-#endif
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 static void *volatile sink;
 static size_t g_size = 512;
@@ -117,21 +102,6 @@ static int apply(const struct setting *s)
     return 0;
 }
 
-static void find_driver(void)
-{
-    if (getenv("XSEG_LIBCUDA"))
-        return;
-    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (h) {
-        dlclose(h);
-        return;
-    }
-    if (BENCH_CUDAEMU[0] && access(BENCH_CUDAEMU, R_OK) == 0) {
-        setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
-        fprintf(stderr, "bench_history: no GPU driver found, using the emulator (cudaemu)\n");
-    }
-}
-
 static int usage(const char *why)
 {
     fprintf(stderr, "bench_history: %s\nusage: bench_history [--pairs N] [--reps R] [--depth D] [--size BYTES]\n",
@@ -171,7 +141,7 @@ int main(int argc, char **argv)
             return usage("unknown option");
         i++;
     }
-    find_driver();
+    bench_find_driver("bench_history");
     if (xseg_init("expandable_segments:True") != XSEG_SUCCESS) {
         fprintf(stderr, "bench_history: %s\n", xseg_last_error());
         return 1;

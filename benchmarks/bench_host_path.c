@@ -26,22 +26,7 @@
 
 #include "xseg.h"
 
-#ifndef BENCH_CUDAEMU
-#define BENCH_CUDAEMU ""
-#endif
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 /* A malloc+free pair of one allocator; the pointer is published through a volatile so the
  * compiler cannot elide glibc's pair. */
@@ -119,21 +104,6 @@ static double measure(pair_fn fn, size_t size, size_t n, int reps)
     return med;
 }
 
-static void find_driver(void)
-{
-    if (getenv("XSEG_LIBCUDA"))
-        return;
-    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (h) {
-        dlclose(h);
-        return;
-    }
-    if (BENCH_CUDAEMU[0] && access(BENCH_CUDAEMU, R_OK) == 0) {
-        setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
-        fprintf(stderr, "bench_host_path: no GPU driver found, using the emulator (cudaemu)\n");
-    }
-}
-
 static int usage(const char *why)
 {
     fprintf(stderr, "bench_host_path: %s\nusage: bench_host_path [--pairs N] [--reps R] "
@@ -209,7 +179,7 @@ int main(int argc, char **argv)
     printf("%-28s %10s %14s\n", "allocator", "size", "ns per pair");
     printf("------------------------------------------------------\n");
     if (!only || !strcmp(only, "xseg")) {
-        find_driver();
+        bench_find_driver("bench_host_path");
         static const char *const modes[2][2] = {{"classic", "expandable_segments:False"},
                                                 {"expandable", "expandable_segments:True"}};
         for (int m = 0; m < 2; m++) {

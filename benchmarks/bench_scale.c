@@ -29,32 +29,11 @@
 
 #include "xseg.h"
 
-#ifndef BENCH_CUDAEMU
-#define BENCH_CUDAEMU ""
-#endif
+#include "bench_util.h"
 
 /* Without cuda.h: the driver's stream type and cuStreamCreate's flag, as xseg.h spells them. */
 typedef struct CUstream_st *CUstream;
 #define STREAM_NON_BLOCKING 1u
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 /* ---- the driver: device 0's primary context current on the calling thread, new streams ---- */
 
@@ -174,7 +153,7 @@ static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
             return 1;
         gs[r] = threads_once(streams, nthreads, pairs, true);
     }
-    printf("%.0f %.0f\n", median(xs, reps), median(gs, reps));
+    printf("%.0f %.0f\n", bench_median(xs, (size_t)reps), bench_median(gs, (size_t)reps));
     return 0;
 }
 
@@ -243,7 +222,7 @@ static int live_cell(bool expandable, size_t live, size_t pairs, int reps)
         }
         ns[r] = (double)(now_ns() - t0) / (double)pairs;
     }
-    printf("%.1f %.1f\n", median(ns, reps), per_block);
+    printf("%.1f %.1f\n", bench_median(ns, (size_t)reps), per_block);
     return 0;
 }
 
@@ -322,13 +301,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_scale: --threads takes 1 to 64\n");
             return 2;
         }
-    if (!getenv("XSEG_LIBCUDA") && *BENCH_CUDAEMU) {
-        void *probe = dlopen("libcuda.so.1", RTLD_LAZY);
-        if (probe)
-            dlclose(probe);
-        else
-            setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
-    }
+    bench_find_driver("bench_scale");
     printf("driver: %s\n\n", getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1");
     char line[256];
     if (!only || !strcmp(only, "threads")) {

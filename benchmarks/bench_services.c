@@ -31,9 +31,7 @@
 
 #include "xseg.h"
 
-#ifndef BENCH_CUDAEMU
-#define BENCH_CUDAEMU ""
-#endif
+#include "bench_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -57,12 +55,6 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static double median(double *v, int n)
@@ -146,21 +138,6 @@ static void release(void **v, size_t n)
         die("xseg_empty_cache");
 }
 
-static void find_driver(void)
-{
-    if (getenv("XSEG_LIBCUDA"))
-        return;
-    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (h) {
-        dlclose(h);
-        return;
-    }
-    if (BENCH_CUDAEMU[0] && access(BENCH_CUDAEMU, R_OK) == 0) {
-        setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
-        fprintf(stderr, "bench_services: no GPU driver found, using the emulator (cudaemu)\n");
-    }
-}
-
 static void load_emu(void)
 {
     const char *lib = getenv("XSEG_LIBCUDA");
@@ -222,7 +199,7 @@ static double pair_ns(int reps)
  * (benchmarks/callgrind_services.sh divides the instructions of two pair counts). */
 static int pairs_only(const char *config, long n)
 {
-    find_driver();
+    bench_find_driver("bench_services");
     if (xseg_init(config) != XSEG_SUCCESS)
         die("xseg_init");
     for (long i = -1000; i < n; i++) {
@@ -250,7 +227,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    find_driver();
+    bench_find_driver("bench_services");
     if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
         die("xseg_init");
     load_emu();

@@ -24,9 +24,7 @@
 
 #include "xseg.h"
 
-#ifndef BENCH_CUDAEMU
-#define BENCH_CUDAEMU ""
-#endif
+#include "bench_util.h"
 
 #define LIVE_PER_STREAM 3
 
@@ -36,19 +34,6 @@ typedef struct CUstream_st *CUstream;
 
 static unsigned long (*emu_count)(const char *);
 static void (*emu_reset)(void);
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static unsigned long count(const char *const *names)
 {
@@ -173,13 +158,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_streams: --pairs and --reps must be positive\n");
         return 2;
     }
-    if (!getenv("XSEG_LIBCUDA")) {
-        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-        if (h)
-            dlclose(h);
-        else if (BENCH_CUDAEMU[0])
-            setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
-    }
+    bench_find_driver("bench_streams");
     printf("%zu pairs per repetition, median of %d; counts are of the measured pairs (all repetitions)\n\n",
            pairs, reps);
     printf("| streams | classic ns/pair | expandable ns/pair | ratio | warm-up calls classic / expandable "
