@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from xseg_source import import_xseg  # beside this script
+
 MODES = ["native", "native-exp", "async", "xseg", "xseg-classic"]
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40,
@@ -121,18 +123,6 @@ class FakeBackend:
 
 
 XSEG_CONFIG = {"xseg": "expandable_segments:True", "xseg-classic": "expandable_segments:False"}
-
-
-def import_xseg(lib):
-    """The xseg package of the source tree beside this script (python/xseg), over libxseg from
-    --lib, with its PyTorch adapter (xseg.torch)."""
-    os.environ["XSEG_LIBRARY"] = os.path.abspath(lib)
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
-    if os.path.isdir(os.path.join(src, "xseg")):
-        sys.path.insert(0, os.path.abspath(src))
-    import xseg
-    import xseg.torch
-    return xseg
 
 
 class TorchBackend:

@@ -25,20 +25,10 @@ import subprocess
 import sys
 import time
 
+from xseg_source import import_xseg  # beside this script
+
 MODES = ["native", "native-exp", "async", "xseg", "xseg-classic"]
 XSEG_CONFIG = {"xseg": None, "xseg-classic": "expandable_segments:False"}
-
-
-def import_xseg(lib):
-    """The xseg package of the source tree beside this script (python/xseg), over libxseg from
-    --lib, with its PyTorch adapter (xseg.torch)."""
-    os.environ["XSEG_LIBRARY"] = os.path.abspath(lib)
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
-    if os.path.isdir(os.path.join(src, "xseg")):
-        sys.path.insert(0, os.path.abspath(src))
-    import xseg
-    import xseg.torch
-    return xseg
 
 
 def child(args):
