@@ -53,6 +53,18 @@ static void dump(FILE *f, unsigned step, const char *op, void *p)
     fputc('\n', f);
 }
 
+/* Free the block of @p slot; what a ping-pong asks for next is its size and stream. */
+static bool free_slot(void **live, const size_t *lsize, const int *lstream, int slot, size_t *last_size,
+                      int *last_stream)
+{
+    if (xseg_free(live[slot]) != XSEG_SUCCESS)
+        return false;
+    live[slot] = NULL;
+    *last_size = lsize[slot];
+    *last_stream = lstream[slot];
+    return true;
+}
+
 static int run(const char *kind, bool eager)
 {
     bool classic = strcmp(kind, "classic") == 0;
@@ -82,11 +94,8 @@ static int run(const char *kind, bool eager)
             size_t size = pong ? last_size : sizes[rnd(sizeof sizes / sizeof *sizes)];
             int s = pong ? last_stream : (int)rnd(2);
             if (live[slot]) {
-                if (xseg_free(live[slot]) != XSEG_SUCCESS)
+                if (!free_slot(live, lsize, lstream, slot, &last_size, &last_stream))
                     return 4;
-                live[slot] = NULL;
-                last_size = lsize[slot];
-                last_stream = lstream[slot];
                 dump(stdout, step, "free", NULL);
                 if (eager) {
                     size_t largest = 1;
@@ -102,13 +111,8 @@ static int run(const char *kind, bool eager)
             op = "malloc";
         } else if (r < 930) {
             op = "free";
-            if (live[slot]) {
-                if (xseg_free(live[slot]) != XSEG_SUCCESS)
-                    return 4;
-                live[slot] = NULL;
-                last_size = lsize[slot];
-                last_stream = lstream[slot];
-            }
+            if (live[slot] && !free_slot(live, lsize, lstream, slot, &last_size, &last_stream))
+                return 4;
         } else if (r < 950) {
             op = "record_stream";
             if (live[slot] && xseg_record_stream(live[slot], (struct CUstream_st *)streams[1]) != XSEG_SUCCESS)
