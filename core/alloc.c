@@ -603,6 +603,8 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
                                                          bool searched, struct block *found, void **out)
 {
     lock_assert_held(&d->lock);
+    /* Every policy step past the cache may touch any stream's blocks (release, reclaim, GC). */
+    dev_lazy_settle(d);
     struct alloc_params p;
     if (searched) {
         p.size = round_plain(size);
@@ -642,12 +644,11 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
 }
 
 /*
- * The lazy slot's hit test (struct dev_alloc.lazy): would the eager state -- B merged into its
- * free successor R as M = [B, R) at key (stream, |M|, B->addr) -- make find_free_block pick M
- * for a request of B's size, pool and stream, and alloc_found_block split exactly B off it
- * (leaving R)? Then handing B out again is what the eager free and malloc leave. The caller
- * checked size, pool and stream. Remembered in d->lazy_ok until anything else happens on the
- * device (every other path settles the slot or clears it), so repeated pairs skip the descent.
+ * The slot's hit test (struct dev_slot), at the fill: would the eager state -- B merged into its
+ * free successor R as M = [B, R) at key (stream, |M|, B->addr) -- make find_free_block pick M for
+ * a request of B's size, pool and stream, and alloc_found_block split exactly B off it (leaving
+ * R)? Then handing B out again is what the eager free and malloc leave, and stays so until a
+ * device-lock holder settles the slot (every change to B's stream's blocks does first).
  */
 static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct block *b)
 {
@@ -689,69 +690,26 @@ static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct bloc
         if (same && expandable_size(x) < mexp)
             return false;
     }
-    /* The block goes back into the map now (its lazy free took it out); lazy_ok == lazy implies
-     * lazy_in_map. On host OOM the eager path runs into the same failure and reports it. */
-    if (!d->lazy_in_map) {
-        if (!ptrmap_put(&d->live, b->addr, b))
-            return false;
-        d->lazy_in_map = true;
-    }
-    d->lazy_ok = b;
     return true;
 }
 
-/* A malloc on the fast path of the slot's block's size, pool and stream: hand it out again if
- * lazy_fits, with the counters and clocks find_free_block and alloc_found_block (split of M into
- * B + R) would move. False: not a hit, nothing changed but the memo (the caller settles). */
-static inline __attribute__((always_inline)) bool lazy_hit(struct dev_alloc *d, struct block *b, size_t orig_size)
-{
-    lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(d->lazy_ok != b) && !lazy_fits(d, b))
-        return false;
-    xseg_assert(d->lazy_in_map && b->size < d->cfg.max_split_size);
-    xseg_assert(!d->pending[XSEG_STAT_ALL]); /* the permit: active == allocation (dev_alloc.pending) */
-    struct block *r = b->next;
-    struct bpool *pool = b->pool;
-    int si = pool->stat_index;
-    d->lazy = NULL;
-    d->lazy_live = b; /* in `live`: its free skips the map (free_ptr) */
-#if XSEG_DEBUG_LEVEL >= 1
-    d->lazy_hits++;
-#endif
-    if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
-        pool->get_free_blocks_call_count++;
-    r->gc_count_base = pool->get_free_blocks_call_count;
-    if (!b->expandable) {
-        if (b->prev || r->next) { /* M was split already */
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
-        } else {
-            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)r->size);
-            stat_up_pool(d->stats.inactive_split, si, 1);
-        }
-    }
-    b->allocated = true;
-    b->requested_size = orig_size;
-    stat_up_pool(d->stats.allocation, si, 1);
-    stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
-    return true; /* not oversize (lazy_fits), and b->oversize was clear at its free */
-}
-
 /*
- * malloc. The device lock is taken and given back here only. The fast path is the policy's
- * first step minus the rare conditions, which malloc_slow handles: a best-fit search, a split
- * that leaves the remainder in its index place, statistics, one hash insert. No driver call, no
- * allocation (block structs come from the spare list), no atomic read-modify-write besides the
- * lock's compare-exchange. A miss goes on to malloc_policy's later steps.
+ * malloc. The fast path is the policy's first step minus the rare conditions, which malloc_slow
+ * handles: a best-fit search, a split that leaves the remainder in its index place, statistics,
+ * one hash insert. No driver call, no allocation (block structs come from the spare list), no
+ * atomic read-modify-write besides the lock's compare-exchange. A miss goes on to malloc_policy's
+ * later steps. The device lock is taken here and given back here.
  */
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    lock_assert_held(&d->lock);
-    dev_lazy_settle(d);
+    dev_lock_raw(d);
     xseg_status st;
     /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
+        /* A malloc moves counters up: the slots counted above what they hold settle first. */
+        if (XSEG_UNLIKELY(d->busy_slots))
+            dev_slots_settle_for_raise(d, stream);
         struct alloc_params p;
         p.size = round_plain(size);
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
@@ -774,18 +732,35 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     return st;
 }
 
-/* malloc: the lazy hit here, everything else in malloc_locked (out of line, so that the hit keeps
- * few registers live). A size equal to a block's (rounded) needs no overflow test. */
+_Thread_local struct dev_slot *alloc_tls_slot;
+
+/* malloc: the lazy hit under the stream's slot lock, everything else in malloc_locked. A hit
+ * needs the slot's permit current, the block's rounded size and stream, and no more requested
+ * bytes than the statistics count for it (struct dev_slot). */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    lock_acquire(&d->lock);
-    struct block *lz = d->lazy;
-    /* The pool test is lazy_fits's: a default pool, the one of this size. */
-    if (lz && settings_gen() == d->fast_gen && round_plain(size) == lz->size && lz->stream == stream &&
-        lazy_hit(d, lz, size)) {
-        *out = (void *)lz->addr;
-        dev_unlock(d);
-        return XSEG_SUCCESS;
+    struct dev_slot *s = dev_slot_of(d, stream);
+    /* No waiting here: a slot held by another thread (or a settle) sends this malloc down the
+     * device path, which waits where it must. */
+    if (XSEG_LIKELY(lock_try(&s->lock))) {
+        struct block *lz = s->lazy;
+        if (lz && s->gen == settings_gen() && round_plain(size) == lz->size && lz->stream == stream &&
+            size <= s->base_req) {
+            s->lazy = NULL;
+            s->live = lz;
+            s->reps++;
+            s->req_sum += size;
+#if XSEG_DEBUG_LEVEL >= 1
+            s->hits++;
+#endif
+            lz->allocated = true;
+            lz->requested_size = size;
+            *out = (void *)lz->addr;
+            alloc_tls_slot = s;
+            lock_release(&s->lock);
+            return XSEG_SUCCESS;
+        }
+        lock_release(&s->lock);
     }
     return malloc_locked(d, size, stream, out);
 }
@@ -825,41 +800,37 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     return st;
 }
 
-/* Does the free of @p b take the lazy slot: the common path (nothing recorded, not oversize, no
- * other stream), the permit on, and dev_free_block_inline's keep == next case (a free, indexed
- * successor and no free predecessor)? */
-static inline bool lazy_free_ok(const struct dev_alloc *d, const struct block *b)
-{
-    const struct block *prev = b->prev, *next = b->next;
-    return !b->free_slow && !b->uses.n && next && (next->in_index & next->mapped) &&
-           !(prev && (prev->in_index & prev->mapped)) && settings_gen() == d->fast_gen;
-}
-
-/* The free of @p b (lazy_free_ok, allocation counters already down) into the lazy slot: the
- * statistics of dev_free_block_inline's keep == next branch; the merge waits in the slot
- * (dev_lazy_flush_slow). The merged block is split unless B and R span the segment. */
-static inline __attribute__((always_inline)) void lazy_free(struct dev_alloc *d, struct block *b, int si, bool in_map)
+/* Does the free of @p b (just freed, allocation counters not yet down) fill its stream's slot:
+ * the common path (nothing recorded, not oversize, no other stream), the permit on, no GC clock
+ * to tick, dev_free_block_inline's keep == next case (a free, indexed successor and no free
+ * predecessor) with a merge that moves no counter up (an expandable block, or a classic B + R
+ * that spans its segment), and the hit test? */
+static bool slot_fill_ok(struct dev_alloc *d, const struct block *b)
 {
     lock_assert_held(&d->lock);
-    struct block *next = b->next;
-    if (!next->expandable) {
-        if (XSEG_LIKELY(b->prev || next->next)) {
-            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
-        } else {
-            stat_down_pool(d->stats.inactive_split, si, 1);
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)next->size);
-        }
-    }
-    dev_account_inactive(d, si, b->requested_size);
-    d->lazy = b;
-    d->lazy_in_map = in_map;
+    const struct block *prev = b->prev, *next = b->next;
+    if (b->free_slow || b->uses.n || !next || !(next->in_index & next->mapped) ||
+        (prev && (prev->in_index & prev->mapped)) || settings_gen() != d->fast_gen)
+        return false;
+    if (d->set_fraction && d->cfg.garbage_collection_threshold > 0.0)
+        return false;
+    if (!b->expandable && (prev || next->next))
+        return false;
+    return lazy_fits(d, (struct block *)(uintptr_t)b);
 }
 
-/* Every free but the lazy hit's block going back to the slot: lock held, given back here. */
+/* Every free but the slot's: the device lock taken and given back here. */
 static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    lock_assert_held(&d->lock);
-    dev_lazy_settle(d);
+    dev_lock_raw(d);
+    /* The block's stream's slot settles first (it may hold this very block, freed or handed
+     * out), and so does every slot counted above what it holds: a merge into a split block moves
+     * inactive_split_bytes up. */
+    if (XSEG_UNLIKELY(d->busy_slots)) {
+        struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
+        if (x)
+            dev_slots_settle_for_raise(d, x->stream);
+    }
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
         dev_unlock(d);
@@ -868,16 +839,30 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     }
     *owned = true;
     b->allocated = false;
+    xseg_status st = XSEG_SUCCESS;
+    if (b == d->last_alloc && slot_fill_ok(d, b)) {
+        /* Counted allocated while in the slot: its map entry stays (the fold and the settle
+         * count it). On host OOM the eager free below runs instead. */
+        unsigned i = dev_slot_index(b->stream);
+        struct dev_slot *s = &d->slots[i];
+        if (XSEG_LIKELY(ptrmap_put(&d->live, b->addr, b))) {
+            lock_acquire(&s->lock);
+            s->lazy = b;
+            s->gen = d->fast_gen;
+            s->base_req = b->requested_size;
+            lock_release(&s->lock);
+            d->busy_slots |= (uint32_t)1 << i;
+            dev_unlock(d);
+            return XSEG_SUCCESS;
+        }
+    }
     int si = b->pool->stat_index;
     stat_down_pool(d->stats.allocation, si, 1);
     stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    xseg_status st = XSEG_SUCCESS;
     /* oversize and recorded in one test (struct block's free_slow), handled out of line with the
      * rest of the free: a call on this path would make the compiler reload the block's fields
      * after it. */
-    if (b == d->last_alloc && lazy_free_ok(d, b)) {
-        lazy_free(d, b, si, false);
-    } else if (XSEG_UNLIKELY(b->free_slow)) {
+    if (XSEG_UNLIKELY(b->free_slow)) {
         st = free_ptr_rare(d, b);
     } else if (XSEG_UNLIKELY(b->uses.n)) {
         refresh_cfg(d);
@@ -889,26 +874,9 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     return st;
 }
 
-/* free. The device lock is taken here and given back here or in free_locked. The block of the
- * last lazy hit (d->lazy_live, still in the live map) goes back to the lazy slot without a map
- * lookup; every other free goes through free_locked. */
+/* free through the device lock (xseg_free tried the thread's slot first: alloc_free_slot). */
 static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    lock_acquire(&d->lock);
-    struct block *b = d->lazy_live;
-    if (b && b->addr == (uintptr_t)ptr && lazy_free_ok(d, b)) {
-        /* lazy_live is cleared by every other operation, so the slot is empty here. */
-        xseg_assert(!d->lazy && b->allocated);
-        d->lazy_live = NULL;
-        *owned = true;
-        b->allocated = false;
-        int si = b->pool->stat_index;
-        stat_down_pool(d->stats.allocation, si, 1);
-        stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-        lazy_free(d, b, si, true);
-        dev_unlock(d);
-        return XSEG_SUCCESS;
-    }
     return free_locked(d, ptr, owned);
 }
 
@@ -1010,7 +978,7 @@ xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
-    lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
+    dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
     refresh_cfg(d);
     dev_stats_copy(d, out);
     xseg_device_stats base = d->acc_base;
@@ -1020,7 +988,7 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 
 void alloc_reset_accumulated(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
+    dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
     xseg_device_stats now;
     dev_stats_copy(d, &now);
     d->acc_base = now;
@@ -1077,7 +1045,7 @@ xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, s
 
 void alloc_reset_peaks(struct dev_alloc *d)
 {
-    lock_acquire(&d->lock); /* statistics only: exact with the lazy slot held */
+    dev_acquire(d); /* a peak becomes a current: the slots' debts are paid first */
     dev_stats_reset_peaks(d);
     dev_unlock(d);
 }

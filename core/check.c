@@ -16,11 +16,20 @@ struct recount {
     int64_t reserved_bytes[XSEG_STAT_POOLS], segment[XSEG_STAT_POOLS];
     int64_t inactive_split[XSEG_STAT_POOLS], inactive_split_bytes[XSEG_STAT_POOLS];
     int64_t oversize_allocations, oversize_segments;
-    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed;
+    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed, slot_lazy;
 };
 
 static bool in_free_index(const struct block *b) { return b && b->in_index && b->mapped; }
 static bool pending(const struct block *b) { return !b->allocated && (b->event_count > 0 || b->uses.n); }
+
+/* @p b if it is a busy slot's freed block (struct dev_slot), else NULL (also for NULL). */
+static const struct block *slot_lazy(const struct dev_alloc *d, const struct block *b)
+{
+    if (!b)
+        return NULL;
+    unsigned i = dev_slot_index(b->stream);
+    return (d->busy_slots >> i & 1) && d->slots[i].lazy == b ? b : NULL;
+}
 
 /* Free treap below @p t: ordered by (stream, size, addr) within (lo, hi), heap-ordered by prio,
  * only free mapped blocks of @p pool. Returns the node count. */
@@ -64,14 +73,15 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     lock_assert_held(&d->lock);
     int si = s->pool->stat_index;
     CHECK(b->seg == s && b->pool == s->pool && b->stream == s->stream);
-    /* The lazy slot (struct dev_alloc.lazy): B is free but unmerged, its successor R free and
-     * indexed at its own key, no free predecessor; the statistics count them as one merged free
-     * block, so the recount does too (B's bytes below, R's as the merged block's). */
-    const struct block *lz = d->lazy;
-    if (lz && b == lz) {
+    /* A slot's freed block (struct dev_slot): B is free but unmerged, its successor R free and
+     * indexed at its own key, no free predecessor, its map entry kept; the folded statistics count
+     * them as one merged free block, so the recount does too (B's bytes here, R's as the merged
+     * block's). */
+    if (slot_lazy(d, b)) {
         CHECK(!b->allocated && !b->in_index && !pending(b) && b->mapped);
         CHECK(in_free_index(b->next) && !in_free_index(b->prev));
-        CHECK(ptrmap_get(&d->live, b->addr) == (d->lazy_in_map ? b : NULL));
+        CHECK(ptrmap_get(&d->live, b->addr) == b);
+        rc->slot_lazy++;
         rc->reserved_bytes[si] += (int64_t)b->size;
         rc->driver_bytes += b->size;
         return; /* expandable granules: checked with R, whose mapped state it shares */
@@ -111,7 +121,8 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         rc->unmapped_indexed++;
     if (!b->expandable) {
         CHECK(b->mapped);
-        if (lz && b == lz->next) { /* the merged block [lz, b) */
+        const struct block *lz = slot_lazy(d, b->prev);
+        if (lz) { /* the merged block [lz, b) */
             if (lz->prev || b->next) {
                 rc->inactive_split[si]++;
                 rc->inactive_split_bytes[si] += (int64_t)(lz->size + b->size);
@@ -172,7 +183,22 @@ static void check_counter(const xseg_stat_counter arr[XSEG_STAT_POOLS], const in
     CHECK(arr[XSEG_STAT_LARGE_POOL].current == want[XSEG_STAT_LARGE_POOL]);
 }
 
+static void check_walk(struct dev_alloc *d);
+
+/* The walk with every busy slot locked: the fast paths of other threads move their blocks
+ * between freed and handed out under those locks alone. */
 void dev_check(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    uint32_t busy = d->busy_slots;
+    for (uint32_t m = busy; m; m &= m - 1)
+        lock_acquire(&d->slots[__builtin_ctz(m)].lock);
+    check_walk(d);
+    for (uint32_t m = busy; m; m &= m - 1)
+        lock_release(&d->slots[__builtin_ctz(m)].lock);
+}
+
+static void check_walk(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     struct recount rc = {0};
@@ -203,15 +229,23 @@ void dev_check(struct dev_alloc *d)
     /* Every indexed block was found in a treap and every treap node is a block of a segment. */
     CHECK(rc.free_indexed == free_nodes);
     CHECK(rc.unmapped_indexed == unmapped_nodes);
-    /* The slot's block keeps its map entry while lazy_in_map; a lazy hit's block is allocated. */
-    CHECK(rc.allocated_blocks + (d->lazy && d->lazy_in_map) == d->live.count);
-    CHECK(!d->lazy || !d->lazy_live);
-    CHECK(!d->lazy_live || d->lazy_live->allocated);
-    CHECK(!d->lazy_ok || d->lazy_ok == d->lazy || d->lazy_ok == d->lazy_live);
+    /* A slot's freed block keeps its map entry; a lazy hit's block is allocated. */
+    CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count);
+    for (unsigned i = 0; i < DEV_SLOTS; i++) {
+        const struct dev_slot *sl = &d->slots[i];
+        const struct block *b = sl->lazy ? sl->lazy : sl->live;
+        CHECK(!(sl->lazy && sl->live));
+        CHECK(!!b == (d->busy_slots >> i & 1));
+        if (!b)
+            continue;
+        CHECK(dev_slot_index(b->stream) == i && sl->gen != 0);
+        CHECK(!sl->live || (sl->live->allocated && sl->live->requested_size <= sl->base_req));
+        CHECK(sl->reps || !sl->live);
+    }
     CHECK(rc.driver_bytes == d->total_allocated_memory);
     /* The folded copy every reader sees (dev_stats_copy): active is allocation + pending. */
     xseg_device_stats folded;
-    dev_stats_copy(d, &folded);
+    dev_stats_copy_slots_held(d, &folded);
     const xseg_device_stats *st = &folded;
     check_counter(d->stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
     check_counter(d->stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});

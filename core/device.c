@@ -50,7 +50,10 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
 
 xseg_status dev_create(int device, struct dev_alloc **out)
 {
-    struct dev_alloc *d = calloc(1, sizeof *d);
+    /* Aligned for the slots (one cache line each). */
+    struct dev_alloc *d = aligned_alloc(_Alignof(struct dev_alloc), sizeof *d);
+    if (d)
+        memset(d, 0, sizeof *d);
     if (!d)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d", device);
     xseg_status st = drv_device_query(device, &d->info);
@@ -59,6 +62,8 @@ xseg_status dev_create(int device, struct dev_alloc **out)
         return st;
     }
     lock_init(&d->lock);
+    for (int i = 0; i < DEV_SLOTS; i++)
+        lock_init(&d->slots[i].lock);
     d->device = device;
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
@@ -189,30 +194,100 @@ bool dev_capture_underway(struct dev_alloc *d)
 
 /* ---- merge / free ------------------------------------------------------------------------ */
 
-/* The merge dev_free_block_inline would have done when the slot's block was freed (its keep ==
- * next branch): nothing touched the device since but lazy hits and lazy frees, so the neighbours
- * and the GC clock are as they were then. Statistics were counted at the free. */
-void dev_lazy_flush_slow(struct dev_alloc *d)
+/* ---- the stream slots (struct dev_slot) --------------------------------------------------- */
+
+/* Add to @p st what slot @p s (busy, locked) owes it: each hit stands for a free and a malloc of
+ * its block that were not counted, and the block is counted allocated with base_req requested
+ * bytes while it may be freed or hold fewer (every change below moves a current down or an
+ * accumulated count up; freed is derived, see core/stats.h). The eager free merges B into R
+ * (one merged block: for a classic one that spans its segment, one inactive split block of
+ * R's bytes fewer) and the hit splits it again. */
+static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
+{
+    const struct block *b = s->lazy ? s->lazy : s->live, *r = b->next;
+    int si = b->pool->stat_index;
+    int64_t n = (int64_t)s->reps;
+    st->allocation[si].allocated += n;
+    st->allocated_bytes[si].allocated += n * (int64_t)b->size;
+    st->requested_bytes[si].allocated += (int64_t)s->req_sum;
+    if (!b->expandable) {
+        st->inactive_split[si].allocated += n;
+        st->inactive_split_bytes[si].allocated += n * (int64_t)r->size;
+    }
+    if (s->lazy) {
+        stat_down_pool(st->allocation, si, 1);
+        stat_down_pool(st->allocated_bytes, si, (int64_t)b->size);
+        stat_down_pool(st->requested_bytes, si, (int64_t)s->base_req);
+        if (!b->expandable) {
+            stat_down_pool(st->inactive_split, si, 1);
+            stat_down_pool(st->inactive_split_bytes, si, (int64_t)r->size);
+        }
+    } else {
+        stat_down_pool(st->requested_bytes, si, (int64_t)(s->base_req - b->requested_size));
+    }
+}
+
+/* dev_slot_settle with the slot's lock held (kept). The merge is dev_free_block_inline's keep ==
+ * next branch: nothing but the slot's own pairs touched B, R or the GC clock since the fill. */
+static void slot_settle_locked(struct dev_alloc *d, unsigned i)
 {
     lock_assert_held(&d->lock);
-    struct block *b = d->lazy;
-    d->lazy = NULL;
-    d->lazy_live = NULL;
-    d->lazy_ok = NULL;
-    if (!b)
-        return;
-    struct block *prev = b->prev, *r = b->next;
+    struct dev_slot *s = &d->slots[i];
+    lock_assert_held(&s->lock);
+    struct block *b = s->lazy ? s->lazy : s->live;
+    xseg_assert(b && (d->busy_slots >> i & 1));
+    slot_owe(s, &d->stats);
+    struct block *r = b->next;
     struct bpool *pool = b->pool;
-    xseg_assert(!b->allocated && !b->in_index && !b->uses.n && !b->event_count);
-    xseg_assert(r && r->in_index && r->mapped && !(prev && prev->in_index && prev->mapped));
-    if (d->lazy_in_map)
+    if (s->lazy) {
+        struct block *prev = b->prev;
+        xseg_assert(!b->allocated && !b->in_index && !b->uses.n && !b->event_count);
+        xseg_assert(r && r->in_index && r->mapped && !(prev && prev->in_index && prev->mapped));
         (void)ptrmap_take(&d->live, b->addr);
-    d->lazy_in_map = false;
-    bpool_free_grow(pool, r, b->addr, r->size + b->size);
-    block_splice_out(r->seg, prev, r);
+        bpool_free_grow(pool, r, b->addr, r->size + b->size);
+        block_splice_out(r->seg, prev, r);
+        dev_block_delete(d, b);
+    }
     r->gc_count_base = pool->get_free_blocks_call_count;
-    dev_block_delete(d, b);
+#if XSEG_DEBUG_LEVEL >= 1
+    d->lazy_hits += s->hits;
+    s->hits = 0;
+#endif
+    s->lazy = s->live = NULL;
+    s->reps = 0;
+    s->req_sum = 0;
+    d->busy_slots &= ~((uint32_t)1 << i);
 }
+
+/* Settle busy slot @p i (device lock held, slot lock taken here). */
+static void dev_slot_settle(struct dev_alloc *d, unsigned i)
+{
+    lock_acquire(&d->slots[i].lock);
+    slot_settle_locked(d, i);
+    lock_release(&d->slots[i].lock);
+}
+
+void dev_slots_settle_all(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    for (uint32_t m = d->busy_slots; m; m &= m - 1)
+        dev_slot_settle(d, (unsigned)__builtin_ctz(m));
+}
+
+void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream)
+{
+    lock_assert_held(&d->lock);
+    unsigned own = dev_slot_index(stream);
+    for (uint32_t m = d->busy_slots; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        struct dev_slot *s = &d->slots[i];
+        lock_acquire(&s->lock);
+        if (i == own || s->lazy || s->live->requested_size != s->base_req)
+            slot_settle_locked(d, i);
+        lock_release(&s->lock);
+    }
+}
+
 
 /* Insert a free block into its pool's free index (resetting its GC clock). */
 static inline void pool_insert_free(struct bpool *pool, struct block *b)
@@ -279,10 +354,11 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b)
 }
 
 /* active's current per pool and for all (allocation + pending; see dev_alloc.pending). */
-static void active_current(const struct dev_alloc *d, int64_t cur[XSEG_STAT_POOLS], int64_t bytes[XSEG_STAT_POOLS])
+static void active_current(const struct dev_alloc *d, const xseg_device_stats *st, int64_t cur[XSEG_STAT_POOLS],
+                           int64_t bytes[XSEG_STAT_POOLS])
 {
     lock_assert_held(&d->lock);
-    const xseg_stat_counter *n = d->stats.allocation, *b = d->stats.allocated_bytes;
+    const xseg_stat_counter *n = st->allocation, *b = st->allocated_bytes;
     cur[XSEG_STAT_ALL] = stats_all_current(n) + d->pending[XSEG_STAT_ALL];
     bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->pending_bytes[XSEG_STAT_ALL];
     for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
@@ -294,7 +370,7 @@ static void active_current(const struct dev_alloc *d, int64_t cur[XSEG_STAT_POOL
 void dev_track_active_peak(struct dev_alloc *d)
 {
     int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
-    active_current(d, cur, bytes);
+    active_current(d, &d->stats, cur, bytes);
     /* Every entry, the other pool's too: each value is one active has now, so a peak may take it. */
     for (int i = 0; i < XSEG_STAT_POOLS; i++) {
         if (cur[i] > d->active_peak[i])
@@ -304,12 +380,15 @@ void dev_track_active_peak(struct dev_alloc *d)
     }
 }
 
-void dev_stats_copy(const struct dev_alloc *d, xseg_device_stats *out)
+void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
 {
-    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
-    active_current(d, cur, bytes);
+    lock_assert_held(&d->lock);
     *out = d->stats;
-    const xseg_stat_counter *n = d->stats.allocation, *b = d->stats.allocated_bytes;
+    for (uint32_t m = d->busy_slots; m; m &= m - 1)
+        slot_owe(&d->slots[__builtin_ctz(m)], out);
+    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
+    active_current(d, out, cur, bytes);
+    const xseg_stat_counter *n = out->allocation, *b = out->allocated_bytes;
     for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
         out->active[i].current = cur[i];
         out->active[i].allocated = n[i].allocated;
@@ -323,12 +402,24 @@ void dev_stats_copy(const struct dev_alloc *d, xseg_device_stats *out)
     stats_fill_all(out); /* the "all" currents and allocated, every freed */
 }
 
+void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
+{
+    lock_assert_held(&d->lock);
+    /* Every busy slot locked at once: the copy is one state the slots were in together. */
+    uint32_t busy = d->busy_slots;
+    for (uint32_t m = busy; m; m &= m - 1)
+        lock_acquire(&d->slots[__builtin_ctz(m)].lock);
+    dev_stats_copy_slots_held(d, out);
+    for (uint32_t m = busy; m; m &= m - 1)
+        lock_release(&d->slots[__builtin_ctz(m)].lock);
+}
+
 void dev_stats_reset_peaks(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     stats_fill_all(&d->stats);
     stats_reset_peaks(&d->stats);
-    active_current(d, d->active_peak, d->active_bytes_peak);
+    active_current(d, &d->stats, d->active_peak, d->active_bytes_peak);
 }
 
 /* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */

@@ -48,6 +48,39 @@ struct ev_queue {
     size_t head, count, cap; /* ring buffer */
 };
 
+/*
+ * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
+ * "Lazy free" in docs/design.md), each under a lock of its own so that threads on their own
+ * streams do not meet on the device lock. A free on the common path whose block B has a free
+ * successor R and no free predecessor (and whose merge would move no counter up) leaves B in its
+ * stream's slot instead of merging it into R: B stays out of the free index, R keeps its own key.
+ * A malloc of B's rounded size on B's stream that best fit would serve by splitting exactly B off
+ * the merged block (lazy_fits, tested when the slot is filled) hands B out again (a lazy hit).
+ * Neither touches the device lock, the index, the live map or the statistics: while a slot is
+ * busy the statistics count B as allocated with base_req requested bytes, the slot tallies the
+ * pairs it served, and the fold (dev_slot_fold) adds what the eager frees and mallocs would have
+ * added. Every pair leaves each counter where it was or lower (a hit asks for at most base_req),
+ * so no peak can be missed; a counter that would move up (a free that makes a split block) keeps
+ * the eager path.
+ * Locking: a slot's fields, and B while it is in the slot, are guarded by the slot's lock. A slot
+ * is filled and emptied (settled) only with the device lock held too (device lock first), so a
+ * busy slot stays busy until a device-lock holder settles it, and busy_slots is exact under the
+ * device lock.
+ */
+#define DEV_SLOTS 32
+struct dev_slot {
+    struct lock lock;
+    unsigned gen;          /* the fast path's permit (fast_gen) at the fill: a hit needs it current */
+    struct block *lazy;    /* B freed by the user, not merged; NULL while handed out (live) */
+    struct block *live;    /* B handed out again by a hit: allocated, still in `live` */
+    size_t base_req;       /* B's requested bytes as the statistics count them */
+    uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
+    size_t req_sum;        /* the requested bytes of those hits */
+#if XSEG_DEBUG_LEVEL >= 1
+    uint64_t hits;         /* debug builds: added to dev_alloc.lazy_hits at the settle */
+#endif
+} __attribute__((aligned(64))); /* one cache line each: threads on other slots do not share it */
+
 struct dev_alloc {
     struct lock lock;
     int device;
@@ -138,27 +171,17 @@ struct dev_alloc {
     unsigned nasleep;
     int64_t num_sleeps, num_wakes;
 
-    /*
-     * The lazy slot: a depth-one delayed merge for the malloc+free ping-pong (see "Lazy free" in
-     * docs/design.md). A free on the common path whose block B has a free successor R and no free
-     * predecessor leaves B here instead of merging it into R: every statistic is updated as the
-     * merge would have updated it, but B stays out of the free index and R keeps its own key. A
-     * malloc on the fast path that would pick the merged block and split exactly B off it hands B
-     * out again (a lazy hit) without touching the index. Every other operation merges B first
-     * (dev_lazy_settle), so outside the two fast paths the state is what the eager free leaves.
-     * Invariants: lazy and lazy_live are never both set; lazy_ok is NULL, lazy or lazy_live.
-     */
-    struct block *lazy;      /* B: freed, counted as merged into lazy->next (free, indexed) */
-    struct block *lazy_live; /* handed out by the last lazy hit: allocated, in `live` */
-    struct block *lazy_ok;   /* the block whose best-fit test passed with nothing changed since */
-    bool lazy_in_map;        /* lazy's entry in `live` was kept (its free came through lazy_live) */
-    /* The block of the last malloc that went through malloc_finish: only a free of it takes the
-     * slot from free_locked (a ping-pong frees what it just allocated; a free of an older block
-     * rarely sees its size asked for next, and the slot would cost it a settle). Compared, never
-     * dereferenced: a stale value only sends a free down one path or the other, both exact. */
+    /* The stream slots (struct dev_slot): a stream's is slots[dev_slot_index(stream)]; bit i of
+     * busy_slots is set while slots[i] holds a block. */
+    struct dev_slot slots[DEV_SLOTS];
+    uint32_t busy_slots;
+    /* The block of the last malloc that went through malloc_finish: only a free of it fills a slot
+     * from free_locked (a ping-pong frees what it just allocated; a free of an older block rarely
+     * sees its size asked for next). Compared, never dereferenced: a stale value only sends a free
+     * down one path or the other, both exact. */
     const struct block *last_alloc;
 #if XSEG_DEBUG_LEVEL >= 1
-    uint64_t lazy_hits; /* debug builds: lazy hits so far, so a test can see the slot is used */
+    uint64_t lazy_hits; /* debug builds: lazy hits of settled slots, so a test can see them used */
 #endif
 };
 
@@ -193,18 +216,39 @@ static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const 
                                                      : offsetof(struct priv_pool, large)));
 }
 
-/* Merge the lazy slot's block for real (its statistics were counted at its free) and forget the
- * lazy hit's block and test; out of line: only the two fast paths leave anything here. */
-void dev_lazy_flush_slow(struct dev_alloc *d);
+/* The slot of @p stream: a multiplicative hash of the handle (streams sharing a slot share its
+ * one block, never its correctness). */
+static inline unsigned dev_slot_index(const void *stream)
+{
+    return (unsigned)((((uintptr_t)stream >> 4) * UINT64_C(0x9E3779B97F4A7C15)) >> 59);
+}
+static inline struct dev_slot *dev_slot_of(struct dev_alloc *d, const void *stream)
+{
+    return &d->slots[dev_slot_index(stream)];
+}
 
-/* Every operation but the malloc and free fast paths starts here once the lock is held (and again
+/* Settle every busy slot: count what its pairs and its block's state owe the statistics, merge a
+ * freed block into its successor, empty it (out of line: only the fast paths fill them). */
+void dev_slots_settle_all(struct dev_alloc *d);
+/* Before a change that may move a counter up (a malloc through the device lock): settle every
+ * busy slot whose block is counted above what it holds (freed, or handed out with fewer requested
+ * bytes than counted), and the slot of @p stream whatever its state (its neighbours may change).
+ * The others stay: their blocks are allocated as counted, so the counters are exact for a peak. */
+void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream);
+
+
+/* Every operation but the malloc and free paths starts here once the lock is held (and again
  * after any re-acquire): from then on the state is exactly what eager frees leave. */
 static inline void dev_lazy_settle(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(d->lazy != NULL || d->lazy_live != NULL))
-        dev_lazy_flush_slow(d);
+    if (XSEG_UNLIKELY(d->busy_slots != 0))
+        dev_slots_settle_all(d);
 }
+
+/* Take the device lock and leave the slots as they are: for malloc and free, which settle what
+ * they touch (alloc.c), and for reading the statistics, which folds the slots' debts. */
+static inline void dev_lock_raw(struct dev_alloc *d) { lock_acquire(&d->lock); }
 
 /* Take the device lock for anything other than the two fast paths: the lock, then the slot merged
  * (dev_lock also refreshes the configuration). */
@@ -329,7 +373,9 @@ static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, i
 void dev_track_active_peak(struct dev_alloc *d);
 /* A copy of the statistics with the `active` rows folded and the "all" entries filled
  * (stats_fill_all): what every reader sees. Accumulated values are not rebased here. */
-void dev_stats_copy(const struct dev_alloc *d, xseg_device_stats *out);
+void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out);
+/* dev_stats_copy with every busy slot's lock held by the caller (dev_check). */
+void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out);
 /* Every peak to its current (reset_peak_memory_stats). */
 void dev_stats_reset_peaks(struct dev_alloc *d);
 

@@ -1,5 +1,5 @@
 /*
- * The lazy slot (struct dev_alloc.lazy, docs/design.md): a free that would merge into its free
+ * The stream slots (struct dev_slot, docs/design.md): a free that would merge into its free
  * successor waits unmerged, and a malloc of the same size and stream that best fit would split it
  * off again takes it back without touching the index. It must be invisible: this test runs one
  * seeded sequence twice, each in its own process (same emulated device, same addresses):
@@ -155,7 +155,9 @@ static int run(const char *kind, bool eager)
     /* Debug builds count the hits: the lazy run must have used the slot, the eager one never. */
     uint64_t hits = rt_device_peek(0)->lazy_hits;
     fprintf(stderr, "%s %s: %" PRIu64 " lazy hits\n", kind, eager ? "eager" : "lazy", hits);
-    if (eager ? hits != 0 : hits < 50) /* 108 in this seeded sequence */
+    /* In this seeded sequence: classic 34, expandable 81 (a classic block takes the slot only when
+     * it and its free successor span their segment, so that the merge moves no counter up). */
+    if (eager ? hits != 0 : hits < (classic ? 20u : 50u))
         return 9;
 #endif
     return 0;

@@ -46,6 +46,15 @@ static CUstream streams[MAX_DEVS][STREAMS_PER_DEV + 1]; /* [d][0] = NULL (defaul
 static atomic_bool stop;
 static atomic_int failures;
 static atomic_uint_fast32_t next_tag;
+/* Successful mallocs and their requested bytes per device: the accumulated counters must add up
+ * to them exactly, however the stream slots deferred the counting (core/device.h). */
+static atomic_uint_fast64_t mallocs_done[MAX_DEVS], requested_done[MAX_DEVS];
+
+static void count_malloc(int d, size_t size)
+{
+    atomic_fetch_add(&mallocs_done[d], 1);
+    atomic_fetch_add(&requested_done[d], size);
+}
 
 /* Blocks handed from one worker to another, to be checked and freed there. */
 static pthread_mutex_t mailbox_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -120,6 +129,7 @@ static void *worker(void *arg)
                 tfail("xseg_malloc(%zu, device %d): %s", size, d, xseg_last_error());
                 break;
             }
+            count_malloc(d, size);
             struct blk b = {p, size, (uint32_t)atomic_fetch_add(&next_tag, 1) + 1, d};
             if (!use_dev(d))
                 break;
@@ -152,6 +162,7 @@ static void *worker(void *arg)
                     tfail("xseg_malloc(%zu, device %d): %s", size, d, xseg_last_error());
                     break;
                 }
+                count_malloc(d, size);
                 CUresult cr = tu_fill((CUdeviceptr)(uintptr_t)b.ptr, size, b.tag);
                 if (cr != CUDA_SUCCESS) {
                     tfail("tu_fill(%p, %zu): %s", b.ptr, size, drv_error_name(cr));
@@ -298,6 +309,12 @@ static void run(const char *config)
     }
     atomic_store(&stop, false);
     atomic_store(&failures, 0);
+    for (int d = 0; d < MAX_DEVS; d++) {
+        atomic_store(&mallocs_done[d], 0);
+        atomic_store(&requested_done[d], 0);
+    }
+    /* The counters of an earlier run on this device are not this run's. */
+    assert_int_equal(xseg_reset_accumulated_stats(-1), XSEG_SUCCESS);
     nmail = 0;
 
     pthread_t w[NWORKERS], e, r;
@@ -325,6 +342,13 @@ static void run(const char *config)
                      " active, %" PRId64 " bytes reserved",
                      d, st.allocation[0].current, st.active[0].current,
                      st.reserved_bytes[0].current);
+        uint64_t n = atomic_load(&mallocs_done[d]), req = atomic_load(&requested_done[d]);
+        if ((uint64_t)st.allocation[0].allocated != n || (uint64_t)st.allocation[0].freed != n ||
+            (uint64_t)st.requested_bytes[0].allocated != req || (uint64_t)st.requested_bytes[0].freed != req)
+            fail_msg("device %d: %" PRIu64 " mallocs of %" PRIu64 " bytes, counted %" PRId64 " / %" PRId64
+                     " allocated / freed of %" PRId64 " / %" PRId64 " bytes",
+                     d, n, req, st.allocation[0].allocated, st.allocation[0].freed,
+                     st.requested_bytes[0].allocated, st.requested_bytes[0].freed);
     }
     for (int d = 0; d < ndev; d++) {
         tu_assert_cu(drv->cuCtxSetCurrent(ctxs[d]));
