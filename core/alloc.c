@@ -748,13 +748,12 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
             size <= s->base_req) {
             s->lazy = NULL;
             s->live = lz;
+            s->cur_req = size;
             s->reps++;
             s->req_sum += size;
 #if XSEG_DEBUG_LEVEL >= 1
             s->hits++;
 #endif
-            lz->allocated = true;
-            lz->requested_size = size;
             *out = (void *)lz->addr;
             alloc_tls_slot = s;
             lock_release(&s->lock);
@@ -849,7 +848,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
             lock_acquire(&s->lock);
             s->lazy = b;
             s->gen = d->fast_gen;
-            s->base_req = b->requested_size;
+            s->base_req = s->cur_req = b->requested_size;
             lock_release(&s->lock);
             d->busy_slots |= (uint32_t)1 << i;
             dev_unlock(d);

@@ -37,7 +37,6 @@ static inline bool alloc_free_slot(void *ptr)
     if (hit) {
         s->live = NULL;
         s->lazy = b;
-        b->allocated = false;
     }
     lock_release(&s->lock);
     return hit;

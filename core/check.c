@@ -31,6 +31,14 @@ static const struct block *slot_lazy(const struct dev_alloc *d, const struct blo
     return (d->busy_slots >> i & 1) && d->slots[i].lazy == b ? b : NULL;
 }
 
+/* The slot whose lazy hit handed out @p b, or NULL: B's `allocated` and `requested_size` are the
+ * slot's `live` and `cur_req` then (struct dev_slot). */
+static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct block *b)
+{
+    const struct dev_slot *s = &d->slots[dev_slot_index(b->stream)];
+    return (d->busy_slots >> dev_slot_index(b->stream) & 1) && s->live == b ? s : NULL;
+}
+
 /* Free treap below @p t: ordered by (stream, size, addr) within (lo, hi), heap-ordered by prio,
  * only free mapped blocks of @p pool. Returns the node count. */
 static size_t walk_free(const struct bpool *pool, const struct block *t, const struct block *lo,
@@ -86,19 +94,22 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         rc->driver_bytes += b->size;
         return; /* expandable granules: checked with R, whose mapped state it shares */
     }
+    const struct dev_slot *sl = slot_live(d, b);
+    bool allocated = b->allocated || sl;
+    size_t requested = sl ? sl->cur_req : b->requested_size;
     CHECK(b->expandable == (s->vseg != NULL));
     CHECK(b->size > 0);
-    CHECK(!b->allocated || (!b->in_index && b->mapped));
+    CHECK(!allocated || (!b->in_index && b->mapped));
     CHECK(b->event_count >= 0);
     /* Two free neighbours merge; so do two unmapped ones. */
     CHECK(!(in_free_index(b) && in_free_index(b->next)));
     CHECK(!(b->next && !b->mapped && !b->next->mapped));
     /* Free, mapped, nothing pending: cached, so in the free index; unmapped: in the unmapped one. */
-    if (!b->allocated && !pending(b))
+    if (!allocated && !pending(b))
         CHECK(b->in_index);
     if (b->in_index)
         CHECK(!pending(b));
-    if (b->allocated) {
+    if (allocated) {
         CHECK(ptrmap_get(&d->live, b->addr) == b);
         rc->allocated_blocks++;
         rc->allocation[si]++;
@@ -106,10 +117,10 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         if (b->oversize)
             rc->oversize_allocations++;
     }
-    if (b->allocated || pending(b)) {
+    if (allocated || pending(b)) {
         rc->active[si]++;
         rc->active_bytes[si] += (int64_t)b->size;
-        rc->requested_bytes[si] += (int64_t)b->requested_size;
+        rc->requested_bytes[si] += (int64_t)requested;
     }
     if (b->mapped && !s->asleep) { /* a sleeping segment's pages count in check_segment */
         rc->reserved_bytes[si] += (int64_t)b->size;
@@ -229,7 +240,7 @@ static void check_walk(struct dev_alloc *d)
     /* Every indexed block was found in a treap and every treap node is a block of a segment. */
     CHECK(rc.free_indexed == free_nodes);
     CHECK(rc.unmapped_indexed == unmapped_nodes);
-    /* A slot's freed block keeps its map entry; a lazy hit's block is allocated. */
+    /* A slot's freed block keeps its map entry, as a lazy hit's block does. */
     CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count);
     for (unsigned i = 0; i < DEV_SLOTS; i++) {
         const struct dev_slot *sl = &d->slots[i];
@@ -239,7 +250,9 @@ static void check_walk(struct dev_alloc *d)
         if (!b)
             continue;
         CHECK(dev_slot_index(b->stream) == i && sl->gen != 0);
-        CHECK(!sl->live || (sl->live->allocated && sl->live->requested_size <= sl->base_req));
+        /* B's own fields stay as the fill left them; the slot holds their truth. */
+        CHECK(!b->allocated && b->requested_size == sl->base_req && sl->cur_req <= sl->base_req);
+        CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
         CHECK(sl->reps || !sl->live);
     }
     CHECK(rc.driver_bytes == d->total_allocated_memory);

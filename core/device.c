@@ -223,7 +223,7 @@ static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
             stat_down_pool(st->inactive_split_bytes, si, (int64_t)r->size);
         }
     } else {
-        stat_down_pool(st->requested_bytes, si, (int64_t)(s->base_req - b->requested_size));
+        stat_down_pool(st->requested_bytes, si, (int64_t)(s->base_req - s->cur_req));
     }
 }
 
@@ -239,7 +239,10 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     slot_owe(s, &d->stats);
     struct block *r = b->next;
     struct bpool *pool = b->pool;
-    if (s->lazy) {
+    if (s->live) {
+        b->allocated = true;
+        b->requested_size = s->cur_req;
+    } else {
         struct block *prev = b->prev;
         xseg_assert(!b->allocated && !b->in_index && !b->uses.n && !b->event_count);
         xseg_assert(r && r->in_index && r->mapped && !(prev && prev->in_index && prev->mapped));
@@ -282,7 +285,7 @@ void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream)
         unsigned i = (unsigned)__builtin_ctz(m);
         struct dev_slot *s = &d->slots[i];
         lock_acquire(&s->lock);
-        if (i == own || s->lazy || s->live->requested_size != s->base_req)
+        if (i == own || s->lazy || s->cur_req != s->base_req)
             slot_settle_locked(d, i);
         lock_release(&s->lock);
     }

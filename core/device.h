@@ -62,10 +62,13 @@ struct ev_queue {
  * added. Every pair leaves each counter where it was or lower (a hit asks for at most base_req),
  * so no peak can be missed; a counter that would move up (a free that makes a split block) keeps
  * the eager path.
- * Locking: a slot's fields, and B while it is in the slot, are guarded by the slot's lock. A slot
- * is filled and emptied (settled) only with the device lock held too (device lock first), so a
- * busy slot stays busy until a device-lock holder settles it, and busy_slots is exact under the
- * device lock.
+ * Locking: a slot's fields are guarded by the slot's lock. The fast paths only read B (its
+ * address, size and stream never change while it is in the slot) and write only the slot, so
+ * threads on other slots share no written cache line: while the slot is busy, B's own
+ * `allocated` (false) and `requested_size` (base_req) are stale and the slot holds their truth
+ * (live, cur_req), written back when it settles. A slot is filled and emptied (settled) only with
+ * the device lock held too (device lock first), so a busy slot stays busy until a device-lock
+ * holder settles it, and busy_slots is exact under the device lock.
  */
 #define DEV_SLOTS 32
 struct dev_slot {
@@ -73,7 +76,8 @@ struct dev_slot {
     unsigned gen;          /* the fast path's permit (fast_gen) at the fill: a hit needs it current */
     struct block *lazy;    /* B freed by the user, not merged; NULL while handed out (live) */
     struct block *live;    /* B handed out again by a hit: allocated, still in `live` */
-    size_t base_req;       /* B's requested bytes as the statistics count them */
+    size_t base_req;       /* B's requested bytes as the statistics count them (its requested_size) */
+    size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
     uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
     size_t req_sum;        /* the requested bytes of those hits */
 #if XSEG_DEBUG_LEVEL >= 1
