@@ -1,5 +1,7 @@
-/* The contended halves of base/lock.h: spin briefly, then sleep on the word with FUTEX_WAIT. */
+/* The contended halves of base/lock.h: spin briefly, then sleep on the word with FUTEX_WAIT (the
+ * mutex) or yield (the spin lock). */
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,6 +42,21 @@ void lock_acquire_slow(struct lock *l)
 void lock_wake(struct lock *l)
 {
     (void)syscall(SYS_futex, (int *)&l->word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+void spin_acquire_slow(struct spin *l)
+{
+    for (unsigned i = 0;; i++) {
+        if (atomic_load_explicit(&l->word, memory_order_relaxed) == 0 && spin_try(l))
+            return;
+        if (i < 100) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield(); /* the holder may have been preempted inside its few instructions */
+        }
+    }
 }
 
 #if XSEG_DEBUG_LEVEL >= 1

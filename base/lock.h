@@ -35,10 +35,8 @@ struct lock {
 #if XSEG_DEBUG_LEVEL >= 1
 /* A per-thread address that names the calling thread. */
 const void *lock_self(void);
-static inline void lock_set_owner(struct lock *l, const void *who)
-{
-    atomic_store_explicit(&l->owner, who, memory_order_relaxed);
-}
+/* Record the holder of @p l (a struct lock or struct spin). */
+#define lock_set_owner(l, who) atomic_store_explicit(&(l)->owner, (who), memory_order_relaxed)
 /* The calling thread holds @p l: what the "(lock held)" of a contract means, checked. */
 #define lock_assert_held(l) xseg_assert(atomic_load_explicit(&(l)->owner, memory_order_relaxed) == lock_self())
 #else
@@ -84,6 +82,50 @@ static inline void lock_release(struct lock *l)
      * takes the lock, so any further sleeper is woken by its release in turn. */
     if (XSEG_UNLIKELY(atomic_exchange_explicit(&l->word, 0, memory_order_release) == 2))
         lock_wake(l);
+}
+
+/*
+ * A spin lock for critical sections of a few dozen instructions that only try-lockers take on
+ * the hot path (the stream slots, core/device.h): taking it is one compare-exchange, giving it
+ * back one release store, with no read-modify-write (no sleeper can be waiting, so nothing to
+ * wake). Waiting takers (spin_acquire) spin, then yield the CPU to a holder that was preempted.
+ */
+struct spin {
+    atomic_int word; /* 0 free, 1 held */
+#if XSEG_DEBUG_LEVEL >= 1
+    _Atomic(const void *) owner; /* as struct lock's */
+#endif
+};
+
+static inline void spin_init(struct spin *l)
+{
+    atomic_init(&l->word, 0);
+    lock_set_owner(l, NULL);
+}
+
+static inline bool spin_try(struct spin *l)
+{
+    int expected = 0;
+    bool taken = atomic_compare_exchange_strong_explicit(&l->word, &expected, 1, memory_order_acquire,
+                                                         memory_order_relaxed);
+    if (taken)
+        lock_set_owner(l, lock_self());
+    return taken;
+}
+
+void spin_acquire_slow(struct spin *l);
+
+static inline void spin_acquire(struct spin *l)
+{
+    if (XSEG_UNLIKELY(!spin_try(l)))
+        spin_acquire_slow(l);
+}
+
+static inline void spin_release(struct spin *l)
+{
+    lock_assert_held(l);
+    lock_set_owner(l, NULL);
+    atomic_store_explicit(&l->word, 0, memory_order_release);
 }
 
 #endif

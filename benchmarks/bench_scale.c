@@ -6,7 +6,8 @@
  *
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
- * thread of the same allocator, and glibc malloc with the same threads in the same run.
+ * thread of the same allocator, and glibc malloc and mimalloc (libmimalloc.so.2, loaded when
+ * installed: Debian's libmimalloc2.0) with the same threads in the same run.
  * Live blocks: with L blocks alive (random sizes of 512 B to 64 KiB, the small pool, one stream), N churn pairs each free a random live block and allocate a new random size in its
  * place: ns per churn pair (median of R), and the host memory the allocator holds per live block
  * (the heap in use, mallinfo2's uordblks + hblkhd, after the blocks were allocated minus before,
@@ -61,25 +62,35 @@ static int driver_open(void)
 
 /* ---- threads ---- */
 
+enum who { WHO_XSEG, WHO_GLIBC, WHO_MIMALLOC };
+
+static void *(*mi_malloc_p)(size_t);
+static void (*mi_free_p)(void *);
+
+/* One cache line or more each: a worker's fields are written by its thread alone. */
 struct worker {
     pthread_t tid;
     CUstream stream;
     size_t pairs;
-    bool use_glibc;
+    enum who who;
     pthread_barrier_t *start;
     uint64_t t0, t1; /* this thread's own clock: the main thread may run late after the barrier */
     int rc;
-};
+} __attribute__((aligned(64)));
 
-static void *volatile sink;
+/* Keeps a pointer alive without a store: a shared `volatile` sink written by every thread would
+ * put one contended cache line in each pair, which stalls every allocator whose path has an
+ * atomic (it drains the store buffer) and measures the benchmark, not the allocator. */
+#define KEEP(p) __asm__ volatile("" : : "r"(p) : "memory")
 
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
-    if (!w->use_glibc)
+    bool use_xseg = w->who == WHO_XSEG;
+    if (use_xseg)
         (void)set_current(primary);
     /* Warm this stream's cache (the first malloc creates its segment) before the clock starts. */
-    for (int i = 0; i < 1000 && !w->use_glibc; i++) {
+    for (int i = 0; i < 1000 && use_xseg; i++) {
         void *p;
         if (xseg_malloc(&p, 512, 0, w->stream) != XSEG_SUCCESS) {
             w->rc = -1;
@@ -90,10 +101,16 @@ static void *worker_main(void *arg)
     pthread_barrier_wait(w->start);
     w->t0 = now_ns();
     for (size_t i = 0; i < w->pairs && !w->rc; i++) {
-        if (w->use_glibc) {
+        if (w->who == WHO_GLIBC) {
             void *p = malloc(512);
-            sink = p;
+            KEEP(p);
             free(p);
+            continue;
+        }
+        if (w->who == WHO_MIMALLOC) {
+            void *p = mi_malloc_p(512);
+            KEEP(p);
+            mi_free_p(p);
             continue;
         }
         void *p;
@@ -102,7 +119,7 @@ static void *worker_main(void *arg)
             w->rc = -1;
             break;
         }
-        sink = p;
+        KEEP(p);
         xseg_free(p);
     }
     w->t1 = now_ns();
@@ -110,13 +127,13 @@ static void *worker_main(void *arg)
 }
 
 /* Pairs per second of @p nthreads threads, @p pairs each; < 0 on error. */
-static double threads_once(CUstream *streams, int nthreads, size_t pairs, bool use_glibc)
+static double threads_once(CUstream *streams, int nthreads, size_t pairs, enum who who)
 {
     struct worker w[64];
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
     for (int i = 0; i < nthreads; i++) {
-        w[i] = (struct worker){.stream = streams[i], .pairs = pairs, .use_glibc = use_glibc, .start = &start};
+        w[i] = (struct worker){.stream = streams[i], .pairs = pairs, .who = who, .start = &start};
         pthread_create(&w[i].tid, NULL, worker_main, &w[i]);
     }
     pthread_barrier_wait(&start);
@@ -132,7 +149,8 @@ static double threads_once(CUstream *streams, int nthreads, size_t pairs, bool u
     return rc ? -1.0 : (double)pairs * nthreads / ((double)(t1 - t0) / 1e9);
 }
 
-/* One cell, in a child: prints "xseg_pairs_per_s glibc_pairs_per_s". */
+/* One cell, in a child: prints "xseg_pairs_per_s glibc_pairs_per_s mimalloc_pairs_per_s" (the
+ * last 0 without libmimalloc.so.2). */
 static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
 {
     if (xseg_init(expandable ? "expandable_segments:True" : "expandable_segments:False") != XSEG_SUCCESS) {
@@ -147,13 +165,21 @@ static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
             fprintf(stderr, "bench_scale: cuStreamCreate failed\n");
             return 1;
         }
-    double xs[64], gs[64];
-    for (int r = 0; r < reps; r++) { /* the two allocators take turns within each repetition */
-        if ((xs[r] = threads_once(streams, nthreads, pairs, false)) < 0)
-            return 1;
-        gs[r] = threads_once(streams, nthreads, pairs, true);
+    void *mi = dlopen("libmimalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (mi) {
+        *(void **)&mi_malloc_p = dlsym(mi, "mi_malloc");
+        *(void **)&mi_free_p = dlsym(mi, "mi_free");
     }
-    printf("%.0f %.0f\n", bench_median(xs, (size_t)reps), bench_median(gs, (size_t)reps));
+    bool have_mi = mi_malloc_p && mi_free_p;
+    double xs[64], gs[64], ms[64];
+    for (int r = 0; r < reps; r++) { /* the allocators take turns within each repetition */
+        if ((xs[r] = threads_once(streams, nthreads, pairs, WHO_XSEG)) < 0)
+            return 1;
+        gs[r] = threads_once(streams, nthreads, pairs, WHO_GLIBC);
+        ms[r] = have_mi ? threads_once(streams, nthreads, pairs, WHO_MIMALLOC) : 0;
+    }
+    printf("%.0f %.0f %.0f\n", bench_median(xs, (size_t)reps), bench_median(gs, (size_t)reps),
+           bench_median(ms, (size_t)reps));
     return 0;
 }
 
@@ -307,26 +333,32 @@ int main(int argc, char **argv)
     if (!only || !strcmp(only, "threads")) {
         printf("Threads on streams of their own, cached 512 B pairs (%zu per thread, median of %d): "
                "million pairs/s (ratio to 1 thread)\n\n", pairs, reps);
-        printf("| threads | xseg classic | xseg expandable | glibc malloc |\n|---|---|---|---|\n");
-        double base[3] = {0, 0, 0};
+        printf("| threads | xseg classic | xseg expandable | glibc malloc | mimalloc |\n|---|---|---|---|---|\n");
+        double base[4] = {0, 0, 0, 0};
         for (size_t i = 0; i < nthreads; i++) {
-            double x[2] = {0, 0}, g = 0;
+            double x[2] = {0, 0}, g = 0, m = 0;
             for (int e = 0; e < 2; e++) {
                 if (run_child(threads_adapter, e, threads[i], pairs, reps, line, sizeof line)) {
                     fprintf(stderr, "bench_scale: threads cell failed\n");
                     return 1;
                 }
-                double gl;
-                sscanf(line, "%lf %lf", &x[e], &gl);
-                g = e ? (g + gl) / 2 : gl; /* glibc ran in both children: their mean */
+                double gl, ml;
+                sscanf(line, "%lf %lf %lf", &x[e], &gl, &ml);
+                g = e ? (g + gl) / 2 : gl; /* glibc and mimalloc ran in both children: their mean */
+                m = e ? (m + ml) / 2 : ml;
             }
             if (i == 0) {
                 base[0] = x[0];
                 base[1] = x[1];
                 base[2] = g;
+                base[3] = m;
             }
-            printf("| %zu | %.1f (%.2f×) | %.1f (%.2f×) | %.1f (%.2f×) |\n", threads[i], x[0] / 1e6, x[0] / base[0],
+            printf("| %zu | %.1f (%.2f×) | %.1f (%.2f×) | %.1f (%.2f×) | ", threads[i], x[0] / 1e6, x[0] / base[0],
                    x[1] / 1e6, x[1] / base[1], g / 1e6, g / base[2]);
+            if (m > 0)
+                printf("%.1f (%.2f×) |\n", m / 1e6, m / base[3]);
+            else
+                printf("n/a (no libmimalloc.so.2) |\n");
             fflush(stdout);
         }
         printf("\n");

@@ -742,7 +742,7 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     struct dev_slot *s = dev_slot_of(d, stream);
     /* No waiting here: a slot held by another thread (or a settle) sends this malloc down the
      * device path, which waits where it must. */
-    if (XSEG_LIKELY(lock_try(&s->lock))) {
+    if (XSEG_LIKELY(spin_try(&s->lock))) {
         struct block *lz = s->lazy;
         if (lz && s->gen == settings_gen() && round_plain(size) == lz->size && lz->stream == stream &&
             size <= s->base_req) {
@@ -756,10 +756,10 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
 #endif
             *out = (void *)lz->addr;
             alloc_tls_slot = s;
-            lock_release(&s->lock);
+            spin_release(&s->lock);
             return XSEG_SUCCESS;
         }
-        lock_release(&s->lock);
+        spin_release(&s->lock);
     }
     return malloc_locked(d, size, stream, out);
 }
@@ -845,11 +845,11 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
         unsigned i = dev_slot_index(b->stream);
         struct dev_slot *s = &d->slots[i];
         if (XSEG_LIKELY(ptrmap_put(&d->live, b->addr, b))) {
-            lock_acquire(&s->lock);
+            spin_acquire(&s->lock);
             s->lazy = b;
             s->gen = d->fast_gen;
             s->base_req = s->cur_req = b->requested_size;
-            lock_release(&s->lock);
+            spin_release(&s->lock);
             d->busy_slots |= (uint32_t)1 << i;
             dev_unlock(d);
             return XSEG_SUCCESS;

@@ -30,7 +30,7 @@ extern XSEG_HIDDEN _Thread_local struct dev_slot *alloc_tls_slot __attribute__((
 static inline bool alloc_free_slot(void *ptr)
 {
     struct dev_slot *s = alloc_tls_slot;
-    if (!s || !lock_try(&s->lock))
+    if (!s || !spin_try(&s->lock))
         return false;
     struct block *b = s->live;
     bool hit = b && b->addr == (uintptr_t)ptr;
@@ -38,7 +38,7 @@ static inline bool alloc_free_slot(void *ptr)
         s->live = NULL;
         s->lazy = b;
     }
-    lock_release(&s->lock);
+    spin_release(&s->lock);
     return hit;
 }
 /* alloc_free for the only device: a pointer it does not own is alloc_free_unknown's error. One

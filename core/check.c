@@ -203,10 +203,10 @@ void dev_check(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     uint32_t busy = d->busy_slots;
     for (uint32_t m = busy; m; m &= m - 1)
-        lock_acquire(&d->slots[__builtin_ctz(m)].lock);
+        spin_acquire(&d->slots[__builtin_ctz(m)].lock);
     check_walk(d);
     for (uint32_t m = busy; m; m &= m - 1)
-        lock_release(&d->slots[__builtin_ctz(m)].lock);
+        spin_release(&d->slots[__builtin_ctz(m)].lock);
 }
 
 static void check_walk(struct dev_alloc *d)

@@ -63,7 +63,7 @@ xseg_status dev_create(int device, struct dev_alloc **out)
     }
     lock_init(&d->lock);
     for (int i = 0; i < DEV_SLOTS; i++)
-        lock_init(&d->slots[i].lock);
+        spin_init(&d->slots[i].lock);
     d->device = device;
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
@@ -265,9 +265,9 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
 /* Settle busy slot @p i (device lock held, slot lock taken here). */
 static void dev_slot_settle(struct dev_alloc *d, unsigned i)
 {
-    lock_acquire(&d->slots[i].lock);
+    spin_acquire(&d->slots[i].lock);
     slot_settle_locked(d, i);
-    lock_release(&d->slots[i].lock);
+    spin_release(&d->slots[i].lock);
 }
 
 void dev_slots_settle_all(struct dev_alloc *d)
@@ -284,10 +284,10 @@ void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream)
     for (uint32_t m = d->busy_slots; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctz(m);
         struct dev_slot *s = &d->slots[i];
-        lock_acquire(&s->lock);
+        spin_acquire(&s->lock);
         if (i == own || s->lazy || s->cur_req != s->base_req)
             slot_settle_locked(d, i);
-        lock_release(&s->lock);
+        spin_release(&s->lock);
     }
 }
 
@@ -411,10 +411,10 @@ void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
     /* Every busy slot locked at once: the copy is one state the slots were in together. */
     uint32_t busy = d->busy_slots;
     for (uint32_t m = busy; m; m &= m - 1)
-        lock_acquire(&d->slots[__builtin_ctz(m)].lock);
+        spin_acquire(&d->slots[__builtin_ctz(m)].lock);
     dev_stats_copy_slots_held(d, out);
     for (uint32_t m = busy; m; m &= m - 1)
-        lock_release(&d->slots[__builtin_ctz(m)].lock);
+        spin_release(&d->slots[__builtin_ctz(m)].lock);
 }
 
 void dev_stats_reset_peaks(struct dev_alloc *d)

@@ -72,7 +72,7 @@ struct ev_queue {
  */
 #define DEV_SLOTS 32
 struct dev_slot {
-    struct lock lock;
+    struct spin lock;
     unsigned gen;          /* the fast path's permit (fast_gen) at the fill: a hit needs it current */
     struct block *lazy;    /* B freed by the user, not merged; NULL while handed out (live) */
     struct block *live;    /* B handed out again by a hit: allocated, still in `live` */
