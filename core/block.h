@@ -27,6 +27,7 @@
 
 #include <cuda.h>
 
+#include "base/assert.h"
 #include "base/common.h"
 
 #define BLOCK_MIN_SIZE ((size_t)512)               /* kMinBlockSize: rounding unit */
@@ -48,13 +49,11 @@ struct stream_set {
 };
 
 struct block {
+    /* The first 64 bytes hold all an index descent and a neighbour test read (key, links,
+     * priority, state), so that a descent touches one cache line a node. */
     uintptr_t addr;
     size_t size;
-    size_t requested_size; /* bytes the caller asked for, while allocated or pending */
     CUstream stream;       /* the stream it was allocated on; reused only there */
-    struct bpool *pool;
-    struct segrec *seg;    /* the segment it lives in */
-    struct block *prev, *next; /* neighbours in the segment, address order */
     /* index linkage (free or unmapped treap) */
     struct block *left, *right;
     uint32_t prio;
@@ -62,6 +61,10 @@ struct block {
     bool mapped;     /* always true in classic segments */
     bool expandable; /* == (seg->vseg != NULL); cached for the hot path */
     bool in_index;   /* in pool->free or pool->unmapped */
+    struct block *prev, *next; /* neighbours in the segment, address order */
+    struct bpool *pool;
+    struct segrec *seg;    /* the segment it lives in */
+    size_t requested_size; /* bytes the caller asked for, while allocated or pending */
     /* What a free must do besides the common work, tested as one word (free_slow): */
     union {
         struct {
@@ -159,9 +162,7 @@ static inline bool bkey_less(uintptr_t s1, size_t z1, uintptr_t a1, uintptr_t s2
 {
     if (s1 != s2)
         return s1 < s2;
-    if (z1 != z2)
-        return z1 < z2;
-    return a1 < a2;
+    return ((unsigned __int128)z1 << 64 | a1) < ((unsigned __int128)z2 << 64 | a2);
 }
 
 /* Free index. */
@@ -293,12 +294,13 @@ static inline bool stream_set_has(const struct stream_set *s, CUstream st)
 
 /*
  * Live map: allocated address -> block. Open addressing, linear probing, backward-shift
- * deletion; keys are 512-byte aligned device addresses (never 0).
+ * deletion. A slot holds only the block: its key is the block's address (512-byte aligned, never
+ * 0, unchanged while the block is in the map), read through the pointer, which a lookup needs
+ * anyway. 8 bytes a slot, at most half the slots used.
  */
 struct ptrmap {
-    uintptr_t *keys;
-    struct block **vals;
-    size_t cap;   /* power of two, or 0 */
+    struct block **slots; /* NULL: empty */
+    size_t cap;           /* power of two, or 0 */
     size_t count;
 };
 
@@ -311,18 +313,19 @@ static inline size_t ptrmap_hash(uintptr_t key, size_t mask)
 /* Double the table (or create it). False on ENOMEM, the map unchanged. */
 bool ptrmap_grow(struct ptrmap *m);
 
-/* Map @p key to @p b (replacing an existing entry). False on ENOMEM, the map unchanged. */
+/* Map @p key (@p b's address) to @p b (replacing an existing entry). False on ENOMEM, the map
+ * unchanged. */
 static inline bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
 {
+    xseg_assert(key == b->addr);
     if (XSEG_UNLIKELY((m->count + 1) * 2 > m->cap) && !ptrmap_grow(m))
         return false;
     size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
-    while (m->keys[i] && m->keys[i] != key)
+    while (m->slots[i] && m->slots[i]->addr != key)
         i = (i + 1) & mask;
-    if (!m->keys[i])
+    if (!m->slots[i])
         m->count++;
-    m->keys[i] = key;
-    m->vals[i] = b;
+    m->slots[i] = b;
     return true;
 }
 
@@ -331,11 +334,9 @@ static inline struct block *ptrmap_get(const struct ptrmap *m, uintptr_t key)
     if (!m->cap || !key)
         return NULL;
     size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
-    while (m->keys[i]) {
-        if (m->keys[i] == key)
-            return m->vals[i];
-        i = (i + 1) & mask;
-    }
+    for (struct block *b; (b = m->slots[i]) != NULL; i = (i + 1) & mask)
+        if (b->addr == key)
+            return b;
     return NULL;
 }
 
@@ -345,28 +346,28 @@ static inline struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
     if (!m->cap || !key)
         return NULL;
     size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
-    while (m->keys[i] != key) {
-        if (!m->keys[i])
+    struct block *b;
+    while ((b = m->slots[i]) == NULL || b->addr != key) {
+        if (!b)
             return NULL;
         i = (i + 1) & mask;
     }
-    struct block *b = m->vals[i];
     /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
     size_t j = i;
     for (;;) {
         j = (j + 1) & mask;
-        if (!m->keys[j])
+        struct block *e = m->slots[j];
+        if (!e)
             break;
-        size_t home = ptrmap_hash(m->keys[j], mask);
+        size_t home = ptrmap_hash(e->addr, mask);
         /* Move entry j into the hole at i unless its home lies cyclically in (i, j]. */
         bool in_range = i <= j ? (home > i && home <= j) : (home > i || home <= j);
         if (!in_range) {
-            m->keys[i] = m->keys[j];
-            m->vals[i] = m->vals[j];
+            m->slots[i] = e;
             i = j;
         }
     }
-    m->keys[i] = 0;
+    m->slots[i] = NULL;
     m->count--;
     return b;
 }

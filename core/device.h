@@ -113,6 +113,8 @@ struct dev_alloc {
     struct segrec **by_stream;
     size_t nby_stream, capby_stream;
     struct block *spare;     /* recycled block structs (linked through next) */
+    struct block *slab_next; /* block structs not yet handed out (dev_block_new) */
+    size_t slab_left, slab_size;
 
     xseg_device_stats stats;
     /* The accumulated values (.allocated, .freed, the num_* counts) at the last

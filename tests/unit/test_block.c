@@ -148,8 +148,10 @@ static void test_ptrmap_against_reference(void **state)
     static struct block vals[NK];
     struct ptrmap m;
     memset(&m, 0, sizeof m);
-    for (size_t i = 0; i < NK; i++)
+    for (size_t i = 0; i < NK; i++) {
         keys[i] = (uintptr_t)(1 + (rnd() % 100000)) * 512 + ((i % 7) << 30) * 512;
+        vals[i].addr = keys[i]; /* the map's key is its block's address */
+    }
     size_t live = 0;
     size_t iters = tu_scaled(200000, 20000);
     for (size_t it = 0; it < iters; it++) {
