@@ -1075,7 +1075,7 @@ void alloc_history_start(struct dev_alloc *d)
     dev_acquire(d);
     dev_fast_off(d);
     for (size_t i = 0; i < d->live.cap; i++) {
-        struct block *b = d->live.slots[i];
+        struct block *b = ptrmap_block(d->live.slots[i]);
         if (b && !b->recorded) {
             b->recorded = true;
             b->hist_stack = NULL;

@@ -236,17 +236,18 @@ bool stream_set_add(struct stream_set *s, CUstream st)
 
 bool ptrmap_grow(struct ptrmap *m)
 {
-    size_t ncap = m->cap ? m->cap * 2 : 256;
-    struct block **slots = calloc(ncap, sizeof *slots);
+    size_t ncap = m->cap ? m->cap * 2 : 256, nmask = ncap - 1;
+    uintptr_t *slots = calloc(ncap, sizeof *slots);
     if (!slots)
         return false;
     for (size_t i = 0; i < m->cap; i++) {
         if (!m->slots[i])
             continue;
-        size_t j = ptrmap_hash(m->slots[i]->addr, ncap - 1);
-        while (slots[j])
-            j = (j + 1) & (ncap - 1);
-        slots[j] = m->slots[i];
+        struct block *b = ptrmap_block(m->slots[i]);
+        size_t j = ptrmap_hash(b->addr, nmask), d = 0;
+        for (; slots[j]; j = (j + 1) & nmask)
+            d++;
+        slots[j] = ptrmap_entry(b, d);
     }
     free(m->slots);
     m->slots = slots;

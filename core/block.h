@@ -81,6 +81,10 @@ struct block {
     struct hstack *hist_stack; /* the allocation's stack (history on; valid while `recorded`) */
 };
 
+/* The live map tags block pointers in their low 4 bits (ptrmap): slabs of this size keep every
+ * struct 16-byte aligned. */
+_Static_assert(sizeof(struct block) % 16 == 0, "struct block: a multiple of 16 bytes");
+
 /* A segment: one cuMemAlloc range (classic) or one expandable VA range (vseg != NULL). */
 struct segrec {
     struct block *first; /* lowest-address block; kept current by block_link helpers */
@@ -294,20 +298,54 @@ static inline bool stream_set_has(const struct stream_set *s, CUstream st)
 
 /*
  * Live map: allocated address -> block. Open addressing, linear probing, backward-shift
- * deletion. A slot holds only the block: its key is the block's address (512-byte aligned, never
- * 0, unchanged while the block is in the map), read through the pointer, which a lookup needs
- * anyway. 8 bytes a slot, at most half the slots used.
+ * deletion, at most half the slots used. A slot is one word: the block pointer (16-byte aligned:
+ * slabs of 16-byte multiples) with its probe distance in the low 4 bits (15: 15 or more). The key
+ * is the block's address (512-byte aligned, never 0, unchanged while the block is in the map),
+ * read through the pointer only for an entry whose home slot is the key's: a probe past other
+ * entries, and the shift of a deletion, read no block.
  */
 struct ptrmap {
-    struct block **slots; /* NULL: empty */
-    size_t cap;           /* power of two, or 0 */
+    uintptr_t *slots; /* 0: empty; else block pointer | min(distance, 15) */
+    size_t cap;       /* power of two, or 0 */
     size_t count;
 };
+
+#define PTRMAP_DIST_MAX 15u
 
 static inline size_t ptrmap_hash(uintptr_t key, size_t mask)
 {
     uint64_t h = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
     return (size_t)(h >> 29) & mask;
+}
+
+static inline struct block *ptrmap_block(uintptr_t e) { return (struct block *)(e & ~(uintptr_t)PTRMAP_DIST_MAX); }
+
+/* The probe distance of entry @p e in slot @p j: from its tag, or from its key once saturated. */
+static inline size_t ptrmap_dist(uintptr_t e, size_t j, size_t mask)
+{
+    size_t d = e & PTRMAP_DIST_MAX;
+    if (XSEG_UNLIKELY(d == PTRMAP_DIST_MAX))
+        d = (j - ptrmap_hash(ptrmap_block(e)->addr, mask)) & mask;
+    return d;
+}
+
+static inline uintptr_t ptrmap_entry(const struct block *b, size_t dist)
+{
+    return (uintptr_t)b | (dist < PTRMAP_DIST_MAX ? dist : PTRMAP_DIST_MAX);
+}
+
+/* The slot holding @p key, or the empty slot that ends its probe (*@p dist: its distance). An
+ * entry is only read through when it shares the key's home. */
+static inline size_t ptrmap_find(const struct ptrmap *m, uintptr_t key, size_t *dist)
+{
+    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask), d = 0;
+    for (uintptr_t e; (e = m->slots[i]) != 0; i = (i + 1) & mask, d++) {
+        size_t t = e & PTRMAP_DIST_MAX;
+        if ((t == d || (t == PTRMAP_DIST_MAX && d >= PTRMAP_DIST_MAX)) && ptrmap_block(e)->addr == key)
+            break;
+    }
+    *dist = d;
+    return i;
 }
 
 /* Double the table (or create it). False on ENOMEM, the map unchanged. */
@@ -317,15 +355,13 @@ bool ptrmap_grow(struct ptrmap *m);
  * unchanged. */
 static inline bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
 {
-    xseg_assert(key == b->addr);
+    xseg_assert(key == b->addr && ((uintptr_t)b & PTRMAP_DIST_MAX) == 0);
     if (XSEG_UNLIKELY((m->count + 1) * 2 > m->cap) && !ptrmap_grow(m))
         return false;
-    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
-    while (m->slots[i] && m->slots[i]->addr != key)
-        i = (i + 1) & mask;
+    size_t d, i = ptrmap_find(m, key, &d);
     if (!m->slots[i])
         m->count++;
-    m->slots[i] = b;
+    m->slots[i] = ptrmap_entry(b, d);
     return true;
 }
 
@@ -333,11 +369,8 @@ static inline struct block *ptrmap_get(const struct ptrmap *m, uintptr_t key)
 {
     if (!m->cap || !key)
         return NULL;
-    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
-    for (struct block *b; (b = m->slots[i]) != NULL; i = (i + 1) & mask)
-        if (b->addr == key)
-            return b;
-    return NULL;
+    size_t d, i = ptrmap_find(m, key, &d);
+    return ptrmap_block(m->slots[i]); /* NULL for an empty slot */
 }
 
 /* Remove @p key; its block, or NULL when absent. */
@@ -345,29 +378,23 @@ static inline struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
 {
     if (!m->cap || !key)
         return NULL;
-    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask);
-    struct block *b;
-    while ((b = m->slots[i]) == NULL || b->addr != key) {
-        if (!b)
-            return NULL;
-        i = (i + 1) & mask;
-    }
-    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        struct block *e = m->slots[j];
+    size_t mask = m->cap - 1, d, i = ptrmap_find(m, key, &d);
+    struct block *b = ptrmap_block(m->slots[i]);
+    if (!b)
+        return NULL;
+    /* Backward-shift deletion keeps every probe chain unbroken without tombstones: an entry
+     * after the hole moves into it unless that would put it before its home. */
+    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+        uintptr_t e = m->slots[j];
         if (!e)
             break;
-        size_t home = ptrmap_hash(e->addr, mask);
-        /* Move entry j into the hole at i unless its home lies cyclically in (i, j]. */
-        bool in_range = i <= j ? (home > i && home <= j) : (home > i || home <= j);
-        if (!in_range) {
-            m->slots[i] = e;
+        size_t dj = ptrmap_dist(e, j, mask), gap = (j - i) & mask;
+        if (dj >= gap) {
+            m->slots[i] = ptrmap_entry(ptrmap_block(e), dj - gap);
             i = j;
         }
     }
-    m->slots[i] = NULL;
+    m->slots[i] = 0;
     m->count--;
     return b;
 }
