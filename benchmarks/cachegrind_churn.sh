@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The churn pair of bench_scale (free a random live block, allocate a random size) at L live
+# blocks, in instructions and cache misses, repeatable where wall time is not: cachegrind runs
+# `bench_scale --only live` at two pair counts and divides the differences of the totals by the
+# difference of the pairs run (start-up, the L allocations and the warm-up cancel out). The
+# simulated last level is 32 MiB (the development VM's L3); the pair's misses there are what a
+# big live set costs.
+#   benchmarks/cachegrind_churn.sh [BUILD_DIR] [LIVE,LIVE,...]   (default build, 1000,1000000)
+# Needs valgrind. Prints a table: live blocks, mode, instructions, L1 data misses and last-level
+# misses per churn pair.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+lives=${2:-1000,1000000}
+bench="$build/benchmarks/bench_scale"
+[ -x "$bench" ] || { echo "cachegrind_churn.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
+command -v valgrind >/dev/null || { echo "cachegrind_churn.sh: valgrind is not installed" >&2; exit 1; }
+n1=20000; n2=60000
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+# One run: per child (classic, then expandable: bench_scale forks them in that order), the
+# totals "Ir D1misses LLmisses".
+totals() { # live pairs
+  rm -f "$tmp"/cg.*
+  valgrind --tool=cachegrind --cache-sim=yes --LL=33554432,16,64 --cachegrind-out-file="$tmp/cg.%p" \
+    "$bench" --reps 1 --only live --live "$1" --pairs "$2" >/dev/null 2>"$tmp/log" || { cat "$tmp/log" >&2; exit 1; }
+  # The parent has the lowest pid; its children follow in the order they were forked.
+  for f in $(ls "$tmp"/cg.* | sort -t. -k2 -n | tail -n +2); do
+    awk '/^events:/ { for (i = 2; i <= NF; i++) ev[i - 1] = $i }
+         /^summary:/ { for (i = 2; i <= NF; i++) v[ev[i - 1]] = $i }
+         END { print v["Ir"], v["D1mr"] + v["D1mw"], v["DLmr"] + v["DLmw"] }' "$f"
+  done
+}
+
+printf "%-12s %-11s %14s %14s %14s\n" "live blocks" mode "instructions" "L1d misses" "LL misses"
+for live in ${lives//,/ }; do
+  mapfile -t a < <(totals "$live" $n1)
+  mapfile -t b < <(totals "$live" $n2)
+  modes=(classic expandable)
+  for k in 0 1; do
+    # Each run makes `pairs` warm-up pairs and `pairs` measured ones.
+    read -r -a x <<<"${a[$k]}"
+    read -r -a y <<<"${b[$k]}"
+    awk -v l="$live" -v m="${modes[$k]}" -v d=$((2 * (n2 - n1))) \
+      -v i="$((y[0] - x[0]))" -v m1="$((y[1] - x[1]))" -v m2="$((y[2] - x[2]))" \
+      'BEGIN { printf "%-12s %-11s %14.0f %14.1f %14.1f\n", l, m, i / d, m1 / d, m2 / d }'
+  done
+done
