@@ -50,7 +50,7 @@ struct ev_queue {
 
 /*
  * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
- * "Lazy free" in docs/design.md), each under a lock of its own so that threads on their own
+ * "Stream slots" in docs/design.md), each under a lock of its own so that threads on their own
  * streams do not meet on the device lock. A free on the common path whose block B has a free
  * successor R and no free predecessor (and whose merge would move no counter up) leaves B in its
  * stream's slot instead of merging it into R: B stays out of the free index, R keeps its own key.

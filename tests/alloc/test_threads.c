@@ -146,8 +146,8 @@ static void *worker(void *arg)
             }
             live[nlive++] = b;
         } else if (r < 50) {
-            /* A burst of malloc/free pairs of one size on one stream (the lazy free's ping-pong,
-             * core/alloc.c), each block written and checked while the other threads work. */
+            /* A burst of malloc/free pairs of one size on one stream (the ping-pong the stream
+             * slots serve, core/device.h), each block written and checked while the other threads work. */
             int d = (int)(rnd(&rng) % (uint64_t)ndev);
             int s = (int)(rnd(&rng) % (STREAMS_PER_DEV + 1));
             size_t size = rnd(&rng) % 2 ? 512 + rnd(&rng) % 4096 : 2 * MiB + rnd(&rng) % MiB;
