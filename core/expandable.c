@@ -602,7 +602,7 @@ static void defrag_retile(struct dev_alloc *d, struct segrec *s, size_t lo, size
     }
 }
 
-size_t exp_defragment(struct dev_alloc *d, size_t need)
+size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
 {
     lock_assert_held(&d->lock);
     struct defrag_cand *cand = NULL;
@@ -637,7 +637,8 @@ size_t exp_defragment(struct dev_alloc *d, size_t need)
         free(keep);
     }
     qsort(cand, ncand, sizeof *cand, defrag_cmp);
-    for (size_t i = 0; i < ncand && got < need; i++) {
+    size_t i = 0, live_done = 0;
+    for (; i < ncand && got < need; i++) {
         struct segrec *s = cand[i].s;
         /* The map again: an earlier re-backing in this segment changed nothing of this chunk's
          * blocks, but this keeps the rule in one place. */
@@ -662,7 +663,15 @@ size_t exp_defragment(struct dev_alloc *d, size_t need)
                         (uintptr_t)s->stream, d->hist_cur);
         defrag_retile(d, s, cand[i].first * G, (cand[i].first + cand[i].n) * G);
         got += freed;
+        live_done += created != 0;
     }
+    /* Another round may help only if this one re-backed a page holding live bytes (those never
+     * come back as candidates) and such pages are left: the rounds end. A round of wholly free
+     * chunks only (what a failed retry left mapped) is the last. */
+    bool left = false;
+    for (; i < ncand && !left; i++)
+        left = cand[i].nfree < cand[i].n;
+    *more = live_done && left;
     free(cand);
     if (got)
         err_clear();

@@ -21,9 +21,11 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
  * their addresses and bytes. Only the default large pool; skips segments that sleep or whose
  * handles were handed out. Lock
  * held, no capture underway, the cache already released (release_cached_blocks). A chunk whose
- * re-backing fails stays as it was. @return the bytes given back.
+ * re-backing fails stays as it was. *@p more: another round after a failed retry may give more
+ * (this one re-backed a page holding live bytes, and such pages are left). @return the bytes
+ * given back.
  */
-size_t exp_defragment(struct dev_alloc *d, size_t need);
+size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more);
 /* Destroy expandable segments left with nothing mapped. */
 void exp_release_empty_segments(struct dev_alloc *d);
 /* Give back what earlier driver failures left with the driver: every segment's stranded pages
