@@ -528,6 +528,11 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
             st = alloc_block(d, p, true);
     }
+    /* 7b. Partly used pages re-backed by granule chunks, their free granules given back
+     * (expandable_segments_defrag, core/expandable.h); allocate again after each round. */
+    for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&
+                           d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
+        st = alloc_block(d, p, false);
 
     /* 8. Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)

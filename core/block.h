@@ -97,6 +97,8 @@ struct segrec {
     struct segrec *prev_seg, *next_seg; /* device's segment list */
     uint64_t seq;        /* expandable: creation order on its device (1, 2, ...), a stable
                           * order where virtual addresses differ from run to run */
+    bool handles_out;    /* a chunk handle was handed out (xseg_ipc_export, xseg_block_handles):
+                          * its chunks are never re-backed (exp_defragment) */
     bool asleep;         /* its pool sleeps (core/sleep.c): blocks keep their mapped state, the
                           * pages are asleep; no reclaim path touches it */
 };

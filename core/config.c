@@ -47,6 +47,7 @@ void cfg_default(struct cfg *cfg)
     cfg->expandable_segments = true;
     cfg->expandable_segments_recycle = true;
     cfg->expandable_segments_ipc = true;
+    cfg->expandable_segments_defrag = true;
     cfg->release_lock_on_cudamalloc = false;
     cfg->per_process_memory_fraction = 1.0;
     cfg->graph_capture_record_stream_reuse = false;
@@ -463,7 +464,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
         "max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
         "expandable_page_size_mb", "expandable_chunk_mb",
         "garbage_collection_threshold", "roundup_power2_divisions", "expandable_segments",
-        "expandable_segments_recycle", "expandable_segments_ipc",
+        "expandable_segments_recycle", "expandable_segments_ipc", "expandable_segments_defrag",
         "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
         "graph_capture_record_stream_reuse", "backend",
         /* services */
@@ -570,6 +571,8 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
         return cfg_parse_bool(p, key, &c->expandable_segments_recycle);
     if (!strcmp(key, "expandable_segments_ipc"))
         return cfg_parse_bool(p, key, &c->expandable_segments_ipc);
+    if (!strcmp(key, "expandable_segments_defrag"))
+        return cfg_parse_bool(p, key, &c->expandable_segments_defrag);
     if (!strcmp(key, "release_lock_on_cudamalloc") || !strcmp(key, "release_lock_on_hipmalloc"))
         return cfg_parse_bool(p, key, &c->release_lock_on_cudamalloc);
     if (!strcmp(key, "graph_capture_record_stream_reuse"))
@@ -753,6 +756,7 @@ void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
     strbuf_printf(&o, "expandable_segments:%s", cfg->expandable_segments ? "True" : "False");
     strbuf_printf(&o, ",expandable_segments_recycle:%s", cfg->expandable_segments_recycle ? "True" : "False");
     strbuf_printf(&o, ",expandable_segments_ipc:%s", cfg->expandable_segments_ipc ? "True" : "False");
+    strbuf_printf(&o, ",expandable_segments_defrag:%s", cfg->expandable_segments_defrag ? "True" : "False");
     strbuf_printf(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
     strbuf_printf(&o, ",expandable_page_size_mb:%zu", cfg->expandable_page_size / XSEG_MiB);
     strbuf_printf(&o, ",expandable_chunk_mb:%zu", cfg->expandable_chunk / XSEG_MiB);

@@ -536,3 +536,144 @@ xseg_status exp_reclaim_leftovers(struct dev_alloc *d)
     xseg_status st = seg_leftovers_retry();
     return first != XSEG_SUCCESS ? first : st;
 }
+
+/* A chunk exp_defragment may re-back: its segment, first granule, granules, free granules. */
+struct defrag_cand {
+    struct segrec *s;
+    size_t first, n, nfree;
+};
+
+static int defrag_cmp(const void *pa, const void *pb)
+{
+    const struct defrag_cand *a = pa, *b = pb;
+    if (a->nfree != b->nfree)
+        return a->nfree > b->nfree ? -1 : 1;
+    if (a->s->seq != b->s->seq)
+        return a->s->seq < b->s->seq ? -1 : 1;
+    return a->first < b->first ? -1 : a->first > b->first;
+}
+
+/* Per granule of @p s: 1 where a mapped block that is not free for reuse (allocated, waiting for
+ * events or streams) overlaps it. NULL on host memory exhaustion. */
+static unsigned char *defrag_keep_map(struct segrec *s)
+{
+    size_t G = seg_g(s), ng = seg_ngran(s->vseg);
+    unsigned char *keep = calloc(ng ? ng : 1, 1);
+    if (!keep)
+        return NULL;
+    for (struct block *b = s->first; b; b = b->next) {
+        if (!b->mapped || allocatable(b))
+            continue;
+        size_t off = seg_off(b);
+        for (size_t g = off / G; g < (off + b->size + G - 1) / G && g < ng; g++)
+            keep[g] = 1;
+    }
+    return keep;
+}
+
+/* After seg_refine gave back granules of [lo, hi) (bytes of segment @p s), re-tile the free
+ * blocks there by the granules' state (unmap_pages: nothing is left to unmap in them, so it only
+ * re-tiles). unmap_pages may merge and delete unmapped neighbours: each block is looked up again
+ * by its address (free mapped blocks never touch, so their addresses stay). */
+static void defrag_retile(struct dev_alloc *d, struct segrec *s, size_t lo, size_t hi)
+{
+    uintptr_t base = (uintptr_t)seg_base(s->vseg);
+    uintptr_t addrs[64];
+    size_t n = 0;
+    uintptr_t after = 0; /* later rounds: blocks starting above it */
+    for (;;) {
+        n = 0;
+        for (struct block *b = s->first; b && b->addr < base + hi && n < 64; b = b->next)
+            if (b->addr + b->size > base + lo && (!after || b->addr > after) && b->mapped && allocatable(b) &&
+                b->in_index)
+                addrs[n++] = b->addr;
+        if (!n)
+            return;
+        for (size_t k = 0; k < n; k++)
+            for (struct block *b = s->first; b; b = b->next)
+                if (b->addr == addrs[k]) {
+                    if (b->mapped && allocatable(b) && b->in_index)
+                        (void)unmap_pages(d, b, SIZE_MAX, true);
+                    break;
+                }
+        if (n < 64)
+            return;
+        after = addrs[n - 1];
+    }
+}
+
+size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
+{
+    lock_assert_held(&d->lock);
+    struct defrag_cand *cand = NULL;
+    size_t ncand = 0, cap = 0, got = 0;
+    need = page_up(need, d->cfg.expandable_page_size); /* what a growth maps */
+    for (struct segrec *s = d->segs; s; s = s->next_seg) {
+        /* The default large pool only: a private pool's free blocks may still be a captured
+         * graph's memory (release_cached_blocks leaves pools in use alone too); small-pool
+         * pages are one granule already. */
+        if (!s->vseg || s->pool != &d->large || s->asleep || s->handles_out || seg_asleep_bytes(s->vseg))
+            continue;
+        unsigned char *keep = defrag_keep_map(s);
+        if (!keep)
+            break;
+        size_t ng = seg_ngran(s->vseg);
+        for (size_t g = 0; g < ng;) {
+            size_t first, n;
+            if (!seg_chunk(s->vseg, g, NULL, &first, &n)) {
+                g++;
+                continue;
+            }
+            size_t kept = 0;
+            for (size_t i = first; i < first + n; i++)
+                kept += keep[i];
+            if (n > 1 && kept < n) {
+                if (!VEC_RESERVE(cand, cap, ncand + 1))
+                    break;
+                cand[ncand++] = (struct defrag_cand){s, first, n, n - kept};
+            }
+            g = first + n;
+        }
+        free(keep);
+    }
+    qsort(cand, ncand, sizeof *cand, defrag_cmp);
+    size_t i = 0, live_done = 0;
+    for (; i < ncand && got < need; i++) {
+        struct segrec *s = cand[i].s;
+        /* The map again: an earlier re-backing in this segment changed nothing of this chunk's
+         * blocks, but this keeps the rule in one place. */
+        unsigned char *keep = defrag_keep_map(s);
+        if (!keep)
+            break;
+        size_t freed = 0, created = 0, G = seg_g(s);
+        /* Staged on the device (the old chunk kept until the new ones hold the bytes); through the
+         * host only when the device (or the memory fraction) has no room for the new chunks
+         * beside the old one. */
+        bool host = !dev_fraction_allows(d, (cand[i].n - cand[i].nfree) * G);
+        xseg_status st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, host, &freed, &created);
+        if (st == XSEG_ERROR_OUT_OF_MEMORY && !host)
+            st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, true, &freed, &created);
+        free(keep);
+        if (st != XSEG_SUCCESS || !freed)
+            continue;
+        dev_count_unmapped(d, s->pool, freed, 1);
+        dev_count_mapped(d, s->pool, 0, created);
+        if (XSEG_UNLIKELY(hist_mode()))
+            hist_record(HIST_SEGMENT_UNMAP, d->device, (uintptr_t)seg_base(s->vseg) + cand[i].first * G, freed,
+                        (uintptr_t)s->stream, d->hist_cur);
+        defrag_retile(d, s, cand[i].first * G, (cand[i].first + cand[i].n) * G);
+        got += freed;
+        live_done += created != 0;
+    }
+    /* Another round may help only if this one re-backed a page holding live bytes (those never
+     * come back as candidates) and such pages are left: the rounds end. A round of wholly free
+     * chunks only (what a failed retry left mapped) is the last. */
+    bool left = false;
+    for (; i < ncand && !left; i++)
+        left = cand[i].nfree < cand[i].n;
+    *more = live_done && left;
+    free(cand);
+    if (got)
+        err_clear();
+    return got;
+}

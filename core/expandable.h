@@ -13,6 +13,19 @@
  * exhausted; XSEG_ERROR_DRIVER on another driver failure. Bookkeeping stays consistent. */
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
                          struct block **out);
+/*
+ * The OOM path's last step (expandable_segments_defrag): re-back partly used chunks of the
+ * device's expandable segments with one-granule chunks (seg_refine), keeping the granules that
+ * hold a byte of a block not free for reuse and giving the others back, the chunks with the most
+ * free granules first, until at least @p need bytes came back or none is left. Live blocks keep
+ * their addresses and bytes. Only the default large pool; skips segments that sleep or whose
+ * handles were handed out. Lock
+ * held, no capture underway, the cache already released (release_cached_blocks). A chunk whose
+ * re-backing fails stays as it was. *@p more: another round after a failed retry may give more
+ * (this one re-backed a page holding live bytes, and such pages are left). @return the bytes
+ * given back.
+ */
+size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more);
 /* Destroy expandable segments left with nothing mapped. */
 void exp_release_empty_segments(struct dev_alloc *d);
 /* Give back what earlier driver failures left with the driver: every segment's stranded pages

@@ -148,6 +148,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
         goto out;
     }
     *out = h;
+    b->seg->handles_out = true; /* another process maps these handles: never re-backed */
 out:
     dev_unlock(d);
     return st;
@@ -195,6 +196,8 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         g = c + len;
     }
     *n = np;
+    if (cap)
+        b->seg->handles_out = true; /* the caller may register or retain them: never re-backed */
     dev_unlock(d);
     return XSEG_SUCCESS;
 }

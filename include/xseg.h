@@ -104,6 +104,11 @@ XSEG_API xseg_status xseg_device_count(int *count);
  * @param stream the stream the memory will be used on (NULL: the legacy default stream).
  * @return XSEG_ERROR_OUT_OF_MEMORY after the recovery path (free-memory callbacks, cache release,
  *         retry) fails; the message gives requested size, capacity, free, allocated, reserved.
+ *         With expandable_segments_defrag (the default), the recovery path's last step re-backs
+ *         partly used pages with 2 MiB chunks to give their free part back: the live bytes of
+ *         those pages are copied (their addresses do not change) after a context synchronize,
+ *         so no kernel may be launched on this device's xseg memory by another thread while an
+ *         allocation that would otherwise fail is being served (docs/design.md).
  */
 XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream);
 
@@ -677,6 +682,8 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
  * The physical pieces under the live block at @p ptr, in address order: for an expandable block
  * one range per chunk it overlaps (clipped to the block), for a classic block one range with
  * handle 0. snprintf-style: at most @p cap ranges are written, @p n receives how many there are.
+ * Once handles are handed out (cap > 0, or xseg_ipc_export), the block's segment is never
+ * re-backed by expandable_segments_defrag, so the handles stay those of the memory.
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
  *         XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (its pages have no memory now).
  */

@@ -74,6 +74,7 @@
     X(cuMemcpyHtoDAsync)                                                                          \
     X(cuMemcpyDtoHAsync)                                                                          \
     X(cuMemsetD8Async)                                                                            \
+    X(cuMemcpyDtoDAsync)                                                                          \
     /* capture graph: graph_capture_record_stream_reuse (vmm/capture.c) */                       \
     X(cuStreamUpdateCaptureDependencies)                                                          \
     X(cuGraphAddEmptyNode)                                                                        \

@@ -309,7 +309,7 @@ static CUresult left_try(struct leftover *l, const char **what)
     } else if (l->kind == LEFT_UNMAP) {
         *what = "cuMemUnmap";
         res = drv->cuMemUnmap(l->addr, l->size);
-        if (res == CUDA_SUCCESS)
+        if (res == CUDA_SUCCESS && l->handle) /* handle 0: a scratch range of seg_refine */
             l->kind = LEFT_RELEASE;
     } else if (l->kind == LEFT_RELEASE) {
         *what = "cuMemRelease";
@@ -1033,6 +1033,341 @@ xseg_status seg_reclaim(struct seg *seg)
 }
 
 /* ---- peers ---- */
+
+/* ---- refine: a partly used chunk re-backed by one-granule chunks (the OOM path) ---- */
+
+/* Give back seg_refine's scratch range at @p scratch (@p bytes, its first @p nmapped bytes mapped)
+ * and the new handles @p h[0..nh). A failed unmap or free goes to the leftovers. */
+static void refine_drop(struct seg *seg, CUdeviceptr scratch, size_t bytes, size_t nmapped,
+                        const CUmemGenericAllocationHandle *h, size_t nh)
+{
+    bool unmapped = true;
+    if (nmapped && drv->cuMemUnmap(scratch, nmapped) != CUDA_SUCCESS) {
+        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = scratch, .size = nmapped});
+        unmapped = false;
+    }
+    for (size_t j = 0; j < nh; j++)
+        seg_release_handle(seg, h[j]);
+    if (!scratch)
+        return;
+    if (!unmapped || drv->cuMemAddressFree(scratch, bytes) != CUDA_SUCCESS)
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = bytes});
+}
+
+static xseg_status seg_refine_host(struct seg *seg, size_t c, size_t n, size_t k, const unsigned char *keep,
+                                   size_t *freed, size_t *created);
+
+/* seg_refine's commit: granules [c, c + n) describe one-granule chunks h[0..] where @p keep is set
+ * and nothing elsewhere; the new chunks are announced to the observer. The old handle is the
+ * caller's. */
+static void refine_commit(struct seg *seg, size_t c, size_t n, const unsigned char *keep,
+                          const CUmemGenericAllocationHandle *h)
+{
+    size_t k = 0;
+    for (size_t i = 0, j = 0; i < n; i++) {
+        size_t q = c + i;
+        seg->clen[q] = 0;
+        if (keep[i]) {
+            seg->handles[q] = h[j++];
+            seg->cstart[q] = q;
+            seg->clen[q] = 1;
+            k++;
+        } else {
+            seg->handles[q] = 0;
+            seg->cstart[q] = 0;
+        }
+        seg->gflags[q] = 0;
+    }
+    seg->mapped_bytes -= (n - k) * seg->gran;
+    if (seg->observe)
+        for (size_t i = 0; i < n;) {
+            if (!keep[i]) {
+                i++;
+                continue;
+            }
+            size_t e = i;
+            while (e < n && keep[e])
+                e++;
+            seg->observe(seg->observe_user, seg, c + i, c + e, 1);
+            i = e;
+        }
+}
+
+/* The next run [*i, *e) of kept granules from *i on; false when none is left. */
+static bool keep_run(const unsigned char *keep, size_t n, size_t *i, size_t *e)
+{
+    while (*i < n && !keep[*i])
+        (*i)++;
+    if (*i >= n)
+        return false;
+    *e = *i;
+    while (*e < n && keep[*e])
+        (*e)++;
+    return true;
+}
+
+/*
+ * seg_refine through host memory, for a device with no room for the new chunks beside the old
+ * one: the live granules are copied to a host buffer, the old chunk is unmapped and released
+ * (its memory goes back to the driver), the new chunks are created and mapped in its place, and
+ * the bytes are copied back. The window: between the release and the creates, memory of the
+ * device is free, and another process could take it. If the new chunks cannot be had, a chunk of
+ * the old size is created and mapped again and the bytes restored from the buffer (the allocator
+ * holds the device lock: only another process competes for that memory); if even that fails,
+ * the live bytes are lost: abort().
+ */
+static xseg_status seg_refine_host(struct seg *seg, size_t c, size_t n, size_t k, const unsigned char *keep,
+                                   size_t *freed, size_t *created)
+{
+    size_t G = seg->gran, i, e, j;
+    CUdeviceptr addr = gran_addr(seg, c);
+    CUmemGenericAllocationHandle old = seg->handles[c];
+    CUmemGenericAllocationHandle *h = calloc(k, sizeof *h);
+    char *buf = malloc(k * G);
+    CUresult res;
+    const char *what = "";
+    if (!h || !buf) {
+        free(h);
+        free(buf);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory for %zu bytes of staging", k * G);
+    }
+    /* 1. Every stream's work on the chunk done, then the live bytes to the host. */
+    if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS) {
+        what = "cuCtxSynchronize before the copy";
+        goto fail;
+    }
+    for (i = 0, j = 0; keep_run(keep, n, &i, &e); j += e - i, i = e)
+        if ((res = drv->cuMemcpyDtoH(buf + j * G, addr + i * G, (e - i) * G)) != CUDA_SUCCESS) {
+            what = "cuMemcpyDtoH of the live granules";
+            goto fail;
+        }
+    /* 2. The old chunk out and given back. */
+    if (seg->observe)
+        seg->observe(seg->observe_user, seg, c, c + n, 0);
+    if ((res = drv->cuMemUnmap(addr, n * G)) != CUDA_SUCCESS) {
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, c, c + n, 1);
+        what = "cuMemUnmap of the old chunk";
+        goto fail;
+    }
+    if ((res = drv->cuMemRelease(old)) != CUDA_SUCCESS) {
+        /* The memory stays the old handle's: map it back, nothing changed. */
+        if (drv->cuMemMap(addr, n * G, 0, old, 0) != CUDA_SUCCESS ||
+            drv->cuMemSetAccess(addr, n * G, seg->access, seg->naccess) != CUDA_SUCCESS)
+            abort(); /* the live bytes' mapping cannot be restored */
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, c, c + n, 1);
+        what = "cuMemRelease of the old chunk";
+        goto fail;
+    }
+    /* 3. The new chunks in its place, access, the bytes back. */
+    size_t nh = 0;
+    for (i = 0; i < n && res == CUDA_SUCCESS; i++) {
+        if (!keep[i])
+            continue;
+        if ((res = drv->cuMemCreate(&h[nh], G, &seg->prop, 0)) != CUDA_SUCCESS || h[nh] == 0) {
+            what = "cuMemCreate";
+            res = res != CUDA_SUCCESS ? res : CUDA_ERROR_UNKNOWN;
+            break;
+        }
+        if ((res = drv->cuMemMap(addr + i * G, G, 0, h[nh], 0)) != CUDA_SUCCESS) {
+            seg_release_handle(seg, h[nh]);
+            what = "cuMemMap of a new chunk at its place";
+            break;
+        }
+        nh++;
+    }
+    for (i = 0; res == CUDA_SUCCESS && keep_run(keep, n, &i, &e); i = e)
+        if ((res = drv->cuMemSetAccess(addr + i * G, (e - i) * G, seg->access, seg->naccess)) != CUDA_SUCCESS)
+            what = "cuMemSetAccess of the new chunks";
+    for (i = 0, j = 0; res == CUDA_SUCCESS && keep_run(keep, n, &i, &e); j += e - i, i = e)
+        if ((res = drv->cuMemcpyHtoD(addr + i * G, buf + j * G, (e - i) * G)) != CUDA_SUCCESS)
+            what = "cuMemcpyHtoD of the live granules";
+    if (res != CUDA_SUCCESS) {
+        /* Back to one chunk of the old size, new handle, bytes from the buffer. */
+        for (i = 0, j = 0; i < n && j < nh; i++)
+            if (keep[i]) {
+                if (drv->cuMemUnmap(addr + i * G, G) != CUDA_SUCCESS)
+                    abort();
+                seg_release_handle(seg, h[j++]);
+            }
+        CUmemGenericAllocationHandle back = 0;
+        if (drv->cuMemCreate(&back, n * G, &seg->prop, 0) != CUDA_SUCCESS || back == 0 ||
+            drv->cuMemMap(addr, n * G, 0, back, 0) != CUDA_SUCCESS ||
+            drv->cuMemSetAccess(addr, n * G, seg->access, seg->naccess) != CUDA_SUCCESS)
+            abort(); /* the device's memory went elsewhere: the live bytes cannot be put back */
+        for (i = 0, j = 0; keep_run(keep, n, &i, &e); j += e - i, i = e)
+            if (drv->cuMemcpyHtoD(addr + i * G, buf + j * G, (e - i) * G) != CUDA_SUCCESS)
+                abort();
+        for (size_t q = c; q < c + n; q++)
+            seg->handles[q] = back;
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, c, c + n, 1);
+        goto fail;
+    }
+    refine_commit(seg, c, n, keep, h);
+    free(h);
+    free(buf);
+    *freed = (n - k) * G;
+    *created = k;
+    return XSEG_SUCCESS;
+
+fail:
+    free(h);
+    free(buf);
+    return seg_failf(res, "seg_refine (through the host): %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)",
+                     what, (unsigned long long)addr, n * G, k);
+}
+
+
+xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, bool host, size_t *freed,
+                       size_t *created)
+{
+    *freed = 0;
+    *created = 0;
+    if (!seg || g >= seg->ngran || !gran_live(seg, g) || !keep)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_refine: granule %zu is not a mapped chunk", g);
+    size_t c = seg->cstart[g], n = seg->clen[c], G = seg->gran, k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += keep[i] != 0;
+    if (n < 2 || k == n)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (host && k)
+        return seg_refine_host(seg, c, n, k, keep, freed, created);
+    CUmemGenericAllocationHandle old = seg->handles[c];
+    CUdeviceptr addr = gran_addr(seg, c);
+    CUmemGenericAllocationHandle *h = k ? calloc(k, sizeof *h) : NULL;
+    if (k && !h)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory");
+    CUdeviceptr scratch = 0;
+    size_t nh = 0, nmapped = 0;
+    CUresult res = CUDA_SUCCESS;
+    const char *what = "";
+
+    /* 1. The new chunks at a scratch range, with the live bytes copied over. */
+    if (k) {
+        if ((res = drv->cuMemAddressReserve(&scratch, k * G, 0, 0, 0)) != CUDA_SUCCESS) {
+            what = "cuMemAddressReserve of the scratch range";
+            scratch = 0;
+            goto fail;
+        }
+        for (; nh < k; nh++) {
+            if ((res = drv->cuMemCreate(&h[nh], G, &seg->prop, 0)) != CUDA_SUCCESS) {
+                what = "cuMemCreate";
+                goto fail;
+            }
+            if (h[nh] == 0) {
+                res = CUDA_ERROR_UNKNOWN;
+                what = "cuMemCreate (a null handle)";
+                goto fail;
+            }
+            if ((res = drv->cuMemMap(scratch + nh * G, G, 0, h[nh], 0)) != CUDA_SUCCESS) {
+                seg_release_handle(seg, h[nh]);
+                what = "cuMemMap at the scratch range";
+                goto fail;
+            }
+            nmapped += G;
+        }
+        if ((res = drv->cuMemSetAccess(scratch, k * G, &seg->access[0], 1)) != CUDA_SUCCESS) {
+            what = "cuMemSetAccess of the scratch range";
+            goto fail;
+        }
+        /* Every stream's work on the old chunk done, then the copies, then their end. */
+        if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS) {
+            what = "cuCtxSynchronize before the copy";
+            goto fail;
+        }
+        for (size_t i = 0, j = 0; i < n;) {
+            if (!keep[i]) {
+                i++;
+                continue;
+            }
+            size_t e = i;
+            while (e < n && keep[e])
+                e++;
+            if ((res = drv->cuMemcpyDtoDAsync(scratch + j * G, addr + i * G, (e - i) * G, NULL)) != CUDA_SUCCESS) {
+                what = "cuMemcpyDtoDAsync of the live granules";
+                goto fail;
+            }
+            j += e - i;
+            i = e;
+        }
+        if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS) {
+            what = "cuCtxSynchronize after the copy";
+            goto fail;
+        }
+    }
+
+    /* 2. The old chunk out, the new ones in at the same places. */
+    if (seg->observe)
+        seg->observe(seg->observe_user, seg, c, c + n, 0);
+    if ((res = drv->cuMemUnmap(addr, n * G)) != CUDA_SUCCESS) {
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, c, c + n, 1);
+        what = "cuMemUnmap of the old chunk";
+        goto fail;
+    }
+    size_t placed = 0;
+    for (size_t i = 0; i < n && res == CUDA_SUCCESS; i++)
+        if (keep[i]) {
+            if ((res = drv->cuMemMap(addr + i * G, G, 0, h[placed], 0)) != CUDA_SUCCESS)
+                what = "cuMemMap of a new chunk at its place";
+            else
+                placed++;
+        }
+    for (size_t i = 0; i < n && res == CUDA_SUCCESS;) {
+        if (!keep[i]) {
+            i++;
+            continue;
+        }
+        size_t e = i;
+        while (e < n && keep[e])
+            e++;
+        if ((res = drv->cuMemSetAccess(addr + i * G, (e - i) * G, seg->access, seg->naccess)) != CUDA_SUCCESS)
+            what = "cuMemSetAccess of the new chunks";
+        i = e;
+    }
+    if (res != CUDA_SUCCESS) {
+        /* Put the old chunk back: its handle still holds the bytes. */
+        for (size_t i = 0, j = 0; i < n && j < placed; i++)
+            if (keep[i]) {
+                if (drv->cuMemUnmap(addr + i * G, G) != CUDA_SUCCESS)
+                    abort(); /* cannot restore the live bytes' mapping */
+                j++;
+            }
+        if (drv->cuMemMap(addr, n * G, 0, old, 0) != CUDA_SUCCESS ||
+            drv->cuMemSetAccess(addr, n * G, seg->access, seg->naccess) != CUDA_SUCCESS)
+            abort(); /* the live bytes would be lost: nothing sound is left to do */
+        if (seg->observe)
+            seg->observe(seg->observe_user, seg, c, c + n, 1);
+        goto fail;
+    }
+
+    /* 3. Commit: the old handle goes, the granules describe the new chunks. */
+    seg_release_handle(seg, old);
+    refine_commit(seg, c, n, keep, h);
+    if (k) {
+        if (drv->cuMemUnmap(scratch, k * G) != CUDA_SUCCESS) {
+            left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = scratch, .size = k * G});
+            left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = k * G});
+        } else if (drv->cuMemAddressFree(scratch, k * G) != CUDA_SUCCESS) {
+            left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = k * G});
+        }
+    }
+    free(h);
+    *freed = (n - k) * G;
+    *created = k;
+    return XSEG_SUCCESS;
+
+fail:
+    refine_drop(seg, scratch, k * G, nmapped, h, nh);
+    free(h);
+    return seg_failf(res, "seg_refine: %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)", what,
+                     (unsigned long long)addr, n * G, k);
+}
 
 xseg_status seg_add_peer(struct seg *seg, int peer)
 {

@@ -26,6 +26,8 @@
 #ifndef XSEG_VMM_SEGMENT_H
 #define XSEG_VMM_SEGMENT_H
 
+#include <stdbool.h>
+
 #include <cuda.h>
 
 #include "base/common.h"
@@ -106,6 +108,31 @@ xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmap
 /* seg_unmap without the synchronize, for callers that know every use of this memory on the GPU
  * has completed (the stream was queried idle, or its event completed). */
 xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks);
+
+/*
+ * Re-back the mapped chunk holding granule @p g (more than one granule) with one-granule chunks for
+ * the granules @p keep marks (keep[i] for the chunk's i-th granule) and give the others back:
+ * under memory pressure this returns the free part of a partly used page, whose live bytes stay
+ * at the same addresses. Steps: cuMemCreate + cuMemMap one granule chunk per kept granule at a
+ * scratch reservation, cuMemSetAccess (owner), cuCtxSynchronize (every stream's queued work on
+ * the old chunk is done), cuMemcpyDtoDAsync of each run of kept granules, cuCtxSynchronize,
+ * cuMemUnmap of the old chunk (announced to the observer first), cuMemMap of the new chunks at the
+ * old places, cuMemSetAccess per run (owner and peers), cuMemRelease of the old handle, then the
+ * scratch range goes (unmap, address free). Until the old handle is released its bytes are
+ * intact, so any failure puts the old chunk back as it was (mapped, same handle, access granted):
+ * nothing changes and every new handle and the scratch range are given back (a failed give-back
+ * goes to the leftovers). Only a failure to map the old handle back after a failed remap is
+ * unrecoverable (the live bytes would be gone): abort(). The caller guarantees that no work is
+ * queued on this memory by anyone else while the allocator's lock is held (see docs/design.md).
+ * With @p host the live bytes are staged in host memory instead (cuMemcpyDtoH, then the old
+ * chunk is unmapped and released before the new ones are created, and cuMemcpyHtoD): for a device
+ * with no room for the new chunks beside the old one. Its window: if the new chunks cannot be had
+ * once the old memory went back (another process took it), a chunk of the old size is mapped
+ * again and the bytes restored; only if that fails too are they lost (abort()).
+ * @p freed receives the bytes given back, @p created the new chunks (0 and 0 on failure).
+ */
+xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, bool host, size_t *freed,
+                       size_t *created);
 
 /*
  * Driver failures that leave memory with the driver. Nothing is forgotten:

@@ -574,7 +574,7 @@ static void test_recycle_waits_once(void **state)
 }
 
 /* expandable_chunk_mb: smaller chunks let the OOM path give back a free gap up to the live
- * blocks' edges. a, b, c are 30 MiB each on 20 MiB pages; b's gap [30, 60) MiB shares a page with
+ * blocks' edges (as expandable_segments_defrag does with page chunks, at the OOM itself). a, b, c are 30 MiB each on 20 MiB pages; b's gap [30, 60) MiB shares a page with
  * a, so with one chunk per page only [40, 60) can go. On a device capped 10 MiB above what is
  * mapped, a 40 MiB request needs 30 MiB back: it fails with page chunks and fits with 2 MiB chunks,
  * whose layout (and reserved bytes before the pressure) is PyTorch's page layout all the same. */
@@ -610,7 +610,9 @@ static void chunk_scenario(const char *config, bool fits)
 static void test_chunk_size(void **state)
 {
     (void)state;
-    chunk_scenario("expandable_segments:True,expandable_chunk_mb:0", false);
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:0,expandable_segments_defrag:False", false);
+    /* The default re-backs a's page on the OOM path: [40, 60) and the gap's part of a's page go. */
+    chunk_scenario("expandable_segments:True,expandable_chunk_mb:0,expandable_segments_defrag:True", true);
     chunk_scenario("expandable_segments:True,expandable_chunk_mb:2", true);
     chunk_scenario("expandable_segments:True,expandable_chunk_mb:4,expandable_segments_recycle:False", true);
     /* The key's rules: even MiB, at most the page. */

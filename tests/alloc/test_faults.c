@@ -173,7 +173,9 @@ static void test_rollback_unmap_fails_twice(void **state)
 static void test_rollback_stranded_reclaimed(void **state)
 {
     (void)state;
-    start("expandable_segments:True");
+    /* The defragmenting step would serve the request from the live page's free half
+     * (tests/alloc/test_defrag.c); here the failure must reach the OOM report. */
+    start("expandable_segments:True,expandable_segments_defrag:False");
     tu_require_emulator_or_skip();
     void *live = tu_malloc(10 * MiB, NULL);
     /* Fail the create of page 4 in the first try and of the retry, so the malloc fails. */
@@ -237,7 +239,7 @@ static void test_unmap_fails(void **state)
 static void test_rollback_release_fails(void **state)
 {
     (void)state;
-    start("expandable_segments:True");
+    start("expandable_segments:True,expandable_segments_defrag:False"); /* as above: the OOM report */
     tu_require_emulator_or_skip();
     void *live = tu_malloc(10 * MiB, NULL);
     assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
