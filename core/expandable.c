@@ -636,7 +636,8 @@ size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
         }
         free(keep);
     }
-    qsort(cand, ncand, sizeof *cand, defrag_cmp);
+    if (ncand > 1) /* qsort with a null base is undefined even for zero elements */
+        qsort(cand, ncand, sizeof *cand, defrag_cmp);
     size_t i = 0, live_done = 0;
     for (; i < ncand && got < need; i++) {
         struct segrec *s = cand[i].s;
