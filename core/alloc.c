@@ -180,7 +180,7 @@ static inline bool should_split(const struct dev_alloc *d, const struct block *b
 {
     lock_assert_held(&d->lock);
     size_t remaining = b->size - size;
-    if (b->pool->is_small || d->use_expandable)
+    if (block_pool(b)->is_small || d->use_expandable)
         return remaining >= BLOCK_MIN_SIZE;
     return size < d->cfg.max_split_size && remaining > BLOCK_SMALL_SIZE;
 }
@@ -224,7 +224,6 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     b->addr = (uintptr_t)ptr;
     b->size = size;
     b->stream = p->stream;
-    b->pool = p->pool;
     b->seg = sr;
     b->mapped = true;
     sr->first = b;
@@ -281,22 +280,21 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         if (XSEG_LIKELY(a))
             d->spare = a->next;
         else
-            a = calloc(1, sizeof *a);
+            a = dev_block_carve(d);
         if (a) {
             whole = false;
-            /* A spare struct (or a calloc'd one) is in no index, has no events and an empty
-             * stream set (dev_block_delete's contract); the index links and GC clock are
-             * written when it enters an index, and allocated / requested_size / oversize below.
-             * So only the range and its neighbours need writing here. */
+            /* A spare struct (or a new one) is in no index and has no side struct
+             * (dev_block_delete's contract); the index links are written when it enters an
+             * index, and allocated / requested size / oversize below. So only the range and its
+             * neighbours need writing here. */
             a->addr = b->addr;
             a->size = p->size;
             a->stream = b->stream;
-            a->pool = pool;
             a->seg = b->seg;
             a->mapped = true;
             a->expandable = b->expandable;
             block_link_before(b, a);
-            b->gc_count_base = pool->get_free_blocks_call_count;
+            block_set_gc_base(b, pool->get_free_blocks_call_count);
             if (indexed) {
                 bpool_free_take_front(pool, b, p->size, pred);
             } else {
@@ -325,7 +323,7 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         }
     }
     b->allocated = true;
-    b->requested_size = orig_size;
+    b->u.requested_size = orig_size; /* no side: it was free */
     stat_up_pool(d->stats.allocation, si, 1);
     stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
     stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
@@ -341,8 +339,8 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     b->allocated = false;
-    stat_pool(d->stats.allocation, b->pool, -1);
-    stat_pool(d->stats.allocated_bytes, b->pool, -(int64_t)b->size);
+    stat_pool(d->stats.allocation, block_pool(b), -1);
+    stat_pool(d->stats.allocated_bytes, block_pool(b), -(int64_t)b->size);
     if (b->oversize)
         stat_add(&d->stats.oversize_allocations, -1);
     dev_free_block(d, b);
@@ -413,18 +411,28 @@ struct hist_mctx {
 };
 
 /* A recorded malloc succeeded (lock held): the event, and the block takes the capture's reference
- * to its stack (HIST_STATE). The device's hist_cur stops pointing at it. */
-static __attribute__((noinline)) void hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h)
+ * to its stack (HIST_STATE), kept in its side struct. The device's hist_cur stops pointing at it.
+ * False on host OOM for the side struct: nothing recorded, nothing changed (the caller undoes the
+ * malloc). */
+static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
+    unsigned mode = hist_mode();
+    struct block_side *sd = NULL;
+    if ((mode & HIST_STATE) && h->stack && !(sd = block_side_get(b)))
+        return false;
     if (d->hist_cur == h->stack)
         d->hist_cur = NULL;
     h->cur_cleared = true;
-    unsigned mode = hist_mode();
     if (!mode)
-        return; /* stopped meanwhile */
+        return true; /* stopped meanwhile */
     b->recorded = true;
-    b->hist_stack = hist_on_malloc(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, &h->stack, mode);
+    struct hstack *kept = hist_on_malloc(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, &h->stack, mode);
+    if (sd)
+        sd->hist_stack = kept;
+    else
+        xseg_assert(!kept);
+    return true;
 }
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
@@ -440,8 +448,11 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
     }
-    if (h) /* a constant NULL on the fast path */
-        hist_on_alloc(d, b, h);
+    if (h && XSEG_UNLIKELY(!hist_on_alloc(d, b, h))) { /* h: a constant NULL on the fast path */
+        (void)ptrmap_take(&d->live, b->addr);
+        undo_alloc(d, b);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation's history");
+    }
     d->last_alloc = b;
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
@@ -659,7 +670,7 @@ static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct bloc
 {
     lock_assert_held(&d->lock);
     struct block *r = b->next;
-    struct bpool *pool = b->pool;
+    struct bpool *pool = block_pool(b);
     size_t size = b->size, msize = b->size + r->size, msplit = d->cfg.max_split_size;
     /* The fast path's pool for this size is a default one; an oversize allocation is left to
      * the eager path (so the hit never sets `oversize`). */
@@ -776,15 +787,19 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
 static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    bool completed = !b->uses.n;
-    hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, true, completed);
+    bool completed = !block_uses_n(b);
+    struct block_side *sd = block_side(b);
+    hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, true,
+                 completed);
     if (completed) {
-        b->hist_stack = NULL;
+        if (sd)
+            sd->hist_stack = NULL;
         b->recorded = false;
     }
 }
 
-/* The rest of free_ptr for a block counted oversize or recorded by history (lock held, kept). */
+/* The rest of free_ptr for a block counted oversize, recorded by history, or with a side struct
+ * (lock held, kept). */
 static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
@@ -795,10 +810,11 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     if (b->recorded)
         hist_free_requested(d, b);
     xseg_status st = XSEG_SUCCESS;
-    if (b->uses.n) {
+    if (block_uses_n(b)) {
         refresh_cfg(d);
         st = ev_insert(d, b);
     } else {
+        block_side_drop(b); /* nothing left in it: no streams, events or stack */
         dev_free_block_inline(d, b);
     }
     return st;
@@ -813,7 +829,7 @@ static bool slot_fill_ok(struct dev_alloc *d, const struct block *b)
 {
     lock_assert_held(&d->lock);
     const struct block *prev = b->prev, *next = b->next;
-    if (b->free_slow || b->uses.n || !next || !(next->in_index & next->mapped) ||
+    if (block_free_slow(b) || !next || !(next->in_index & next->mapped) ||
         (prev && (prev->in_index & prev->mapped)) || settings_gen() != d->fast_gen)
         return false;
     if (d->set_fraction && d->cfg.garbage_collection_threshold > 0.0)
@@ -853,24 +869,21 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
             spin_acquire(&s->lock);
             s->lazy = b;
             s->gen = d->fast_gen;
-            s->base_req = s->cur_req = b->requested_size;
+            s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
             spin_release(&s->lock);
             d->busy_slots |= (uint32_t)1 << i;
             dev_unlock(d);
             return XSEG_SUCCESS;
         }
     }
-    int si = b->pool->stat_index;
+    int si = block_pool(b)->stat_index;
     stat_down_pool(d->stats.allocation, si, 1);
     stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    /* oversize and recorded in one test (struct block's free_slow), handled out of line with the
-     * rest of the free: a call on this path would make the compiler reload the block's fields
-     * after it. */
-    if (XSEG_UNLIKELY(b->free_slow)) {
+    /* oversize, recorded and a side struct (recorded streams) in one test (block_free_slow),
+     * handled out of line with the rest of the free: a call on this path would make the compiler
+     * reload the block's fields after it. */
+    if (XSEG_UNLIKELY(block_free_slow(b))) {
         st = free_ptr_rare(d, b);
-    } else if (XSEG_UNLIKELY(b->uses.n)) {
-        refresh_cfg(d);
-        st = ev_insert(d, b);
     } else {
         dev_free_block_inline(d, b);
     }
@@ -912,14 +925,20 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
     }
     *owned = true;
     xseg_status st = XSEG_SUCCESS;
-    if (stream != b->stream && !stream_set_has(&b->uses, stream)) {
+    struct block_side *sd = block_side(b);
+    if (stream != b->stream && !(sd && stream_set_has(&sd->uses, stream))) {
         /* A destroyed or bogus stream is refused now, with nothing recorded: at the free it could
          * only be waited for through a context synchronize. */
         st = drv_ctx_ensure(d->info.primary_ctx);
         if (st == XSEG_SUCCESS)
             st = vstream_check(stream, "xseg_record_stream");
-        if (st == XSEG_SUCCESS && !stream_set_add(&b->uses, stream))
-            st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
+        if (st == XSEG_SUCCESS) {
+            /* The side struct holds the set; on host OOM a side made here goes again. */
+            if (!(sd = block_side_get(b)) || !stream_set_add(&sd->uses, stream)) {
+                block_side_drop(b);
+                st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
+            }
+        }
     }
     dev_unlock(d);
     return st;
@@ -1081,10 +1100,8 @@ void alloc_history_start(struct dev_alloc *d)
     dev_fast_off(d);
     for (size_t i = 0; i < d->live.cap; i++) {
         struct block *b = ptrmap_block(d->live.slots[i]);
-        if (b && !b->recorded) {
-            b->recorded = true;
-            b->hist_stack = NULL;
-        }
+        if (b && !b->recorded)
+            b->recorded = true; /* with no stack: a side struct, if any, holds none */
     }
     dev_unlock(d);
 }

@@ -200,9 +200,51 @@ void bpool_unindex(struct block *b)
     if (!b->in_index)
         return;
     if (b->mapped)
-        bpool_remove_free(b->pool, b);
+        bpool_remove_free(block_pool(b), b);
     else
-        bpool_remove_unmapped(b->pool, b);
+        bpool_remove_unmapped(block_pool(b), b);
+}
+
+/* ---- side structs --------------------------------------------------------------------- */
+
+struct block_side *block_side_get(struct block *b)
+{
+    if (b->sided)
+        return b->u.side;
+    xseg_assert(!b->in_index);
+    struct block_side *sd = calloc(1, sizeof *sd);
+    if (!sd)
+        return NULL;
+    sd->requested_size = b->u.requested_size;
+    b->u.side = sd;
+    b->sided = true;
+    return sd;
+}
+
+void block_side_drop(struct block *b)
+{
+    if (!b->sided)
+        return;
+    struct block_side *sd = b->u.side;
+    if (sd->uses.n || sd->event_count || sd->hist_stack)
+        return;
+    size_t requested = sd->requested_size;
+    stream_set_clear(&sd->uses);
+    free(sd);
+    b->sided = false;
+    b->u.requested_size = requested;
+}
+
+void block_side_free(struct block *b)
+{
+    if (!b->sided)
+        return;
+    struct block_side *sd = b->u.side;
+    size_t requested = sd->requested_size;
+    stream_set_clear(&sd->uses);
+    free(sd);
+    b->sided = false;
+    b->u.requested_size = requested;
 }
 
 /* ---- stream sets ----------------------------------------------------------------------- */

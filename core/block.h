@@ -22,6 +22,7 @@
 #define XSEG_CORE_BLOCK_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -48,6 +49,17 @@ struct stream_set {
     CUstream *heap; /* when cap > 2 */
 };
 
+/* What only some blocks need, allocated on demand (block_side_get) and released when the block
+ * returns to its pool (block_side_drop) or is deleted: the streams and events of record_stream,
+ * and the history stack. The requested size moves here while the side exists (the block's last
+ * word points here then). */
+struct block_side {
+    size_t requested_size;
+    int event_count;           /* events still pending before the block can be freed */
+    struct stream_set uses;    /* streams recorded besides the block's own (record_stream) */
+    struct hstack *hist_stack; /* the allocation's stack (history on; valid while `recorded`) */
+};
+
 struct block {
     /* The first 64 bytes hold all an index descent and a neighbour test read (key, links,
      * priority, state), so that a descent touches one cache line a node. */
@@ -59,31 +71,44 @@ struct block {
     uint32_t prio;
     bool allocated;
     bool mapped;     /* always true in classic segments */
-    bool expandable; /* == (seg->vseg != NULL); cached for the hot path */
-    bool in_index;   /* in pool->free or pool->unmapped */
-    struct block *prev, *next; /* neighbours in the segment, address order */
-    struct bpool *pool;
-    struct segrec *seg;    /* the segment it lives in */
-    size_t requested_size; /* bytes the caller asked for, while allocated or pending */
-    /* What a free must do besides the common work, tested as one word (free_slow): */
+    /* What a free must do besides the common work, tested as one byte (block_free_slow):
+     * `oversize`, `recorded` and `sided` (the BLOCK_FREE_SLOW bits; check.c verifies the
+     * compiler's bit order). */
     union {
         struct {
-            bool oversize; /* counted in oversize_allocations (decided at allocation time) */
-            bool recorded; /* allocated or pending while history recorded (core/history.h): its
-                            * free is recorded; hist_stack holds a reference. Only ever set on
-                            * allocated / pending blocks, so spare structs have it clear. */
+            bool oversize : 1; /* counted in oversize_allocations (decided at allocation time) */
+            bool recorded : 1; /* allocated or pending while history recorded (core/history.h):
+                                * its free is recorded; the side's hist_stack holds a reference.
+                                * Only ever set on allocated / pending blocks, so spare structs
+                                * have it clear. */
+            bool sided : 1;    /* `u.side` is valid (and so no other member of `u`) */
+            bool expandable : 1; /* == (seg->vseg != NULL); cached for the hot path */
         };
-        uint16_t free_slow;
+        uint8_t flags;
     };
-    int event_count; /* events still pending before this block can be freed */
-    struct stream_set uses;
-    uint64_t gc_count_base;
-    struct hstack *hist_stack; /* the allocation's stack (history on; valid while `recorded`) */
+    bool in_index;   /* in pool->free or pool->unmapped */
+    struct block *prev, *next; /* neighbours in the segment, address order */
+    struct segrec *seg;    /* the segment it lives in (its pool: block_pool) */
+    /* One word, by state: in an index, the GC clock (block_gc_base); else with `sided`, the side
+     * struct; else the bytes the caller asked for (block_requested: allocated or pending). */
+    union {
+        uint64_t gc_count_base;
+        size_t requested_size;
+        struct block_side *side;
+    } u;
 };
+
+#define BLOCK_FREE_SLOW 0x7u /* oversize | recorded | sided in `flags` */
+
+/* Does the free of @p b need more than the common path (oversize, recorded, a side struct)? */
+static inline bool block_free_slow(const struct block *b) { return b->flags & BLOCK_FREE_SLOW; }
 
 /* The live map tags block pointers in their low 4 bits (ptrmap): slabs of this size keep every
  * struct 16-byte aligned. */
 _Static_assert(sizeof(struct block) % 16 == 0, "struct block: a multiple of 16 bytes");
+/* 80 bytes on LP64: the index's and the neighbour test's fields in the first cache line. */
+_Static_assert(sizeof(void *) != 8 || (sizeof(struct block) == 80 && offsetof(struct block, next) == 56),
+               "struct block: 80 bytes, key/links/state/neighbours in the first 64");
 
 /* A segment: one cuMemAlloc range (classic) or one expandable VA range (vseg != NULL). */
 struct segrec {
@@ -121,6 +146,50 @@ struct bpool {
 };
 
 static inline bool block_is_split(const struct block *b) { return b->prev || b->next; }
+
+/* The pool of a block: its segment's (a block never changes pool or segment). */
+static inline struct bpool *block_pool(const struct block *b) { return b->seg->pool; }
+
+/* The GC clock of a free block (its word while in an index; written just before it enters one). */
+static inline uint64_t block_gc_base(const struct block *b)
+{
+    xseg_assert(!b->sided);
+    return b->u.gc_count_base;
+}
+static inline void block_set_gc_base(struct block *b, uint64_t v)
+{
+    xseg_assert(!b->sided);
+    b->u.gc_count_base = v;
+}
+
+/* The requested bytes of an allocated or pending block (inline, or in its side struct). */
+static inline size_t block_requested(const struct block *b)
+{
+    return XSEG_UNLIKELY(b->sided) ? b->u.side->requested_size : b->u.requested_size;
+}
+static inline void block_set_requested(struct block *b, size_t v)
+{
+    if (XSEG_UNLIKELY(b->sided))
+        b->u.side->requested_size = v;
+    else
+        b->u.requested_size = v;
+}
+
+/* The side struct of @p b, or NULL when it has none. */
+static inline struct block_side *block_side(const struct block *b) { return b->sided ? b->u.side : NULL; }
+static inline int block_event_count(const struct block *b) { return b->sided ? b->u.side->event_count : 0; }
+static inline unsigned block_uses_n(const struct block *b) { return b->sided ? b->u.side->uses.n : 0; }
+static inline struct hstack *block_hist_stack(const struct block *b) { return b->sided ? b->u.side->hist_stack : NULL; }
+
+/* The side struct of allocated or pending block @p b, made now if it has none (its requested
+ * size moves in). NULL on host OOM, @p b unchanged. */
+struct block_side *block_side_get(struct block *b);
+/* Give back @p b's side struct when it holds nothing any more (no streams, events or stack): the
+ * requested size moves back inline. A no-op without a side or when it still holds something. */
+void block_side_drop(struct block *b);
+/* Release @p b's side struct whatever it holds (its stream set freed; a stack reference it holds
+ * is not released: the caller's). */
+void block_side_free(struct block *b);
 
 /* ---- neighbour splicing: the one place the address-ordered block list of a segment is edited.
  * Each keeps the segment's first/last current (the tiling that dev_check verifies). */

@@ -232,20 +232,21 @@ void capreuse_mark(struct dev_alloc *d, struct block *b, size_t slot)
 {
     lock_assert_held(&d->lock);
     struct capreuse *cr = &d->cr;
-    if (!d->cfg.graph_capture_record_stream_reuse || !dev_pool_owner(d, b->pool) || legacy(b->stream) ||
-        !b->uses.n)
+    const struct block_side *sd = block_side(b);
+    if (!d->cfg.graph_capture_record_stream_reuse || !dev_pool_owner(d, block_pool(b)) || legacy(b->stream) ||
+        !sd || !sd->uses.n)
         return; /* only the capture's own pool: work outside the graph may still use others */
-    for (unsigned i = 0; i < b->uses.n; i++)
-        if (legacy(stream_set_get(&b->uses, i)))
+    for (unsigned i = 0; i < sd->uses.n; i++)
+        if (legacy(stream_set_get(&sd->uses, i)))
             return;
     CUgraphNode *m = NULL;
     size_t nm = 0, capm = 0;
     unsigned long long id = 0;
     /* Where each other stream's use ends: its dependency set now. A stream outside the capture
      * (or one the driver cannot tell) has uses the graph does not order: defer as usual. */
-    for (unsigned i = 0; i < b->uses.n; i++) {
+    for (unsigned i = 0; i < sd->uses.n; i++) {
         struct vmm_capture_info ci;
-        if (vmm_capture_info(stream_set_get(&b->uses, i), &ci) != XSEG_SUCCESS ||
+        if (vmm_capture_info(stream_set_get(&sd->uses, i), &ci) != XSEG_SUCCESS ||
             ci.status != CU_STREAM_CAPTURE_STATUS_ACTIVE || (i && ci.id != id) ||
             !markers_add(&m, &nm, &capm, ci.deps, ci.ndeps)) {
             err_clear();
@@ -441,7 +442,8 @@ struct block *capreuse_take(struct dev_alloc *d, size_t *slot)
     struct block *b = e->block;
     *slot = e->deferred_slot;
     entry_free(e);
-    stream_set_clear(&b->uses);
+    if (b->sided)
+        stream_set_clear(&b->u.side->uses); /* the side goes as the block returns (dev_free_block) */
     return b;
 }
 

@@ -20,7 +20,7 @@ struct recount {
 };
 
 static bool in_free_index(const struct block *b) { return b && b->in_index && b->mapped; }
-static bool pending(const struct block *b) { return !b->allocated && (b->event_count > 0 || b->uses.n); }
+static bool pending(const struct block *b) { return !b->allocated && (block_event_count(b) > 0 || block_uses_n(b)); }
 
 /* @p b if it is a busy slot's freed block (struct dev_slot), else NULL (also for NULL). */
 static const struct block *slot_lazy(const struct dev_alloc *d, const struct block *b)
@@ -46,8 +46,8 @@ static size_t walk_free(const struct bpool *pool, const struct block *t, const s
 {
     if (!t)
         return 0;
-    CHECK(t->pool == pool);
-    CHECK(t->in_index && t->mapped && !t->allocated);
+    CHECK(block_pool(t) == pool);
+    CHECK(t->in_index && t->mapped && !t->allocated && !t->sided);
     CHECK(!lo || bkey_less((uintptr_t)lo->stream, lo->size, lo->addr, (uintptr_t)t->stream, t->size, t->addr));
     CHECK(!hi || bkey_less((uintptr_t)t->stream, t->size, t->addr, (uintptr_t)hi->stream, hi->size, hi->addr));
     CHECK(!t->left || t->left->prio <= t->prio);
@@ -61,11 +61,38 @@ static size_t walk_unmapped(const struct bpool *pool, const struct block *t, con
 {
     if (!t)
         return 0;
-    CHECK(t->pool == pool);
-    CHECK(t->in_index && !t->mapped && !t->allocated);
+    CHECK(block_pool(t) == pool);
+    CHECK(t->in_index && !t->mapped && !t->allocated && !t->sided);
     CHECK(!lo || (uintptr_t)lo->stream < (uintptr_t)t->stream || (lo->stream == t->stream && lo->addr < t->addr));
     CHECK(!hi || (uintptr_t)t->stream < (uintptr_t)hi->stream || (t->stream == hi->stream && t->addr < hi->addr));
     return 1 + walk_unmapped(pool, t->left, lo, t) + walk_unmapped(pool, t->right, t, hi);
+}
+
+/* The block's last word and its side struct (struct block): in an index it is the GC clock, so no
+ * side; a side exactly while something needs one (recorded streams, events, a history stack); a
+ * stack only on a recorded block. */
+static void check_block_word(const struct block *b)
+{
+    const struct block_side *sd = block_side(b);
+    CHECK(!(b->in_index && b->sided));
+    if (sd) {
+        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack);
+        CHECK(sd->uses.n <= sd->uses.cap && (sd->uses.cap <= 2 || sd->uses.heap));
+    }
+    CHECK(!block_hist_stack(b) || b->recorded);
+}
+
+/* block_free_slow tests BLOCK_FREE_SLOW in `flags`: the bit-fields must sit where it says. */
+static void check_flag_bits(void)
+{
+    struct block t = {0};
+    t.oversize = true;
+    t.recorded = true;
+    t.sided = true;
+    CHECK(t.flags == BLOCK_FREE_SLOW);
+    t = (struct block){0};
+    t.expandable = true;
+    CHECK(t.flags && !(t.flags & BLOCK_FREE_SLOW));
 }
 
 static void check_pool(const struct bpool *pool, size_t *free_nodes, size_t *unmapped_nodes)
@@ -80,7 +107,8 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
 {
     lock_assert_held(&d->lock);
     int si = s->pool->stat_index;
-    CHECK(b->seg == s && b->pool == s->pool && b->stream == s->stream);
+    CHECK(b->seg == s && block_pool(b) == s->pool && b->stream == s->stream);
+    check_block_word(b);
     /* A slot's freed block (struct dev_slot): B is free but unmerged, its successor R free and
      * indexed at its own key, no free predecessor, its map entry kept; the folded statistics count
      * them as one merged free block, so the recount does too (B's bytes here, R's as the merged
@@ -96,11 +124,13 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     }
     const struct dev_slot *sl = slot_live(d, b);
     bool allocated = b->allocated || sl;
-    size_t requested = sl ? sl->cur_req : b->requested_size;
+    size_t requested = sl ? sl->cur_req : block_requested(b);
     CHECK(b->expandable == (s->vseg != NULL));
     CHECK(b->size > 0);
     CHECK(!allocated || (!b->in_index && b->mapped));
-    CHECK(b->event_count >= 0);
+    CHECK(block_event_count(b) >= 0);
+    /* A side struct only while the block is in use (allocated, pending, or a slot's). */
+    CHECK(!b->sided || allocated || pending(b) || slot_lazy(d, b));
     /* Two free neighbours merge; so do two unmapped ones. */
     CHECK(!(in_free_index(b) && in_free_index(b->next)));
     CHECK(!(b->next && !b->mapped && !b->next->mapped));
@@ -211,6 +241,7 @@ void dev_check(struct dev_alloc *d)
 
 static void check_walk(struct dev_alloc *d)
 {
+    check_flag_bits();
     lock_assert_held(&d->lock);
     struct recount rc = {0};
     size_t free_nodes = 0, unmapped_nodes = 0;
@@ -251,7 +282,7 @@ static void check_walk(struct dev_alloc *d)
             continue;
         CHECK(dev_slot_index(b->stream) == i && sl->gen != 0);
         /* B's own fields stay as the fill left them; the slot holds their truth. */
-        CHECK(!b->allocated && b->requested_size == sl->base_req && sl->cur_req <= sl->base_req);
+        CHECK(!b->allocated && block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
         CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
         CHECK(sl->reps || !sl->live);
     }

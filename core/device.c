@@ -96,19 +96,25 @@ struct block *dev_block_new(struct dev_alloc *d)
         memset(b, 0, sizeof *b);
         return b;
     }
-    /* Carved from slabs (a block struct is never given back to libc, only to the spare list):
-     * no allocator header a struct, and neighbours in time are neighbours in memory. The slab
-     * doubles with the device's block count, from 64 structs to 4096. */
+    return dev_block_carve(d);
+}
+
+/* Carved from slabs (a block struct is never given back to libc, only to the spare list): no
+ * allocator header a struct, and neighbours in time are neighbours in memory. A new slab holds
+ * 1/16 of the structs made so far (64 to 4096), so the unused tail of the last slab stays
+ * within ~6 % of the structs in use at every scale. */
+__attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
     if (d->slab_left == 0) {
-        size_t n = d->slab_size ? d->slab_size * 2 : 64;
-        if (n > 4096)
-            n = 4096;
+        size_t n = d->slab_made / 16;
+        n = n < 64 ? 64 : n > 4096 ? 4096 : n;
         struct block *slab = calloc(n, sizeof *slab);
         if (!slab)
             return NULL;
         d->slab_next = slab;
         d->slab_left = n;
-        d->slab_size = n;
+        d->slab_made += n;
     }
     d->slab_left--;
     return d->slab_next++; /* zeroed by calloc */
@@ -220,7 +226,7 @@ bool dev_capture_underway(struct dev_alloc *d)
 static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
 {
     const struct block *b = s->lazy ? s->lazy : s->live, *r = b->next;
-    int si = b->pool->stat_index;
+    int si = block_pool(b)->stat_index;
     int64_t n = (int64_t)s->reps;
     st->allocation[si].allocated += n;
     st->allocated_bytes[si].allocated += n * (int64_t)b->size;
@@ -253,20 +259,20 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     xseg_assert(b && (d->busy_slots >> i & 1));
     slot_owe(s, &d->stats);
     struct block *r = b->next;
-    struct bpool *pool = b->pool;
+    struct bpool *pool = block_pool(b);
     if (s->live) {
         b->allocated = true;
-        b->requested_size = s->cur_req;
+        block_set_requested(b, s->cur_req); /* record_stream may have given it a side meanwhile */
     } else {
         struct block *prev = b->prev;
-        xseg_assert(!b->allocated && !b->in_index && !b->uses.n && !b->event_count);
+        xseg_assert(!b->allocated && !b->in_index && !block_uses_n(b) && !block_event_count(b));
         xseg_assert(r && r->in_index && r->mapped && !(prev && prev->in_index && prev->mapped));
         (void)ptrmap_take(&d->live, b->addr);
         bpool_free_grow(pool, r, b->addr, r->size + b->size);
         block_splice_out(r->seg, prev, r);
         dev_block_delete(d, b);
     }
-    r->gc_count_base = pool->get_free_blocks_call_count;
+    block_set_gc_base(r, pool->get_free_blocks_call_count);
 #if XSEG_DEBUG_LEVEL >= 1
     d->lazy_hits += s->hits;
     s->hits = 0;
@@ -310,14 +316,14 @@ void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream)
 /* Insert a free block into its pool's free index (resetting its GC clock). */
 static inline void pool_insert_free(struct bpool *pool, struct block *b)
 {
-    b->gc_count_base = pool->get_free_blocks_call_count;
+    block_set_gc_base(b, pool->get_free_blocks_call_count);
     bpool_insert_free(pool, b);
 }
 
 size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
 {
     lock_assert_held(&d->lock);
-    if (!src || src->allocated || src->event_count > 0 || src->uses.n || dst->mapped != src->mapped)
+    if (!src || src->allocated || block_event_count(src) > 0 || block_uses_n(src) || dst->mapped != src->mapped)
         return 0;
     bpool_unindex(src);
     if (dst->prev == src)
@@ -334,8 +340,9 @@ size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
 __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    struct bpool *pool = b->pool;
-    size_t requested = b->requested_size;
+    struct bpool *pool = block_pool(b);
+    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
+    size_t requested = b->u.requested_size;
     int64_t net_blocks = 0, net_bytes = 0;
     struct block *cands[2] = {b->prev, b->next};
     for (int i = 0; i < 2; i++) {
@@ -345,7 +352,6 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
             net_bytes -= (int64_t)sub;
         }
     }
-    b->requested_size = 0;
     pool_insert_free(pool, b);
     if (block_is_split(b)) {
         net_blocks += 1;
@@ -366,8 +372,11 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
 static void hist_free_completed(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    hist_on_free(d->device, b->addr, b->requested_size, (uintptr_t)b->stream, b->hist_stack, false, true);
-    b->hist_stack = NULL;
+    struct block_side *sd = block_side(b);
+    hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, false,
+                 true);
+    if (sd)
+        sd->hist_stack = NULL;
     b->recorded = false;
 }
 
@@ -446,5 +455,7 @@ void dev_free_block(struct dev_alloc *d, struct block *b)
     lock_assert_held(&d->lock);
     if (XSEG_UNLIKELY(b->recorded))
         hist_free_completed(d, b);
+    block_side_drop(b); /* nothing left in it: no streams, events or stack */
+    xseg_assert(!b->sided);
     dev_free_block_inline(d, b);
 }

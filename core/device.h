@@ -113,8 +113,8 @@ struct dev_alloc {
     struct segrec **by_stream;
     size_t nby_stream, capby_stream;
     struct block *spare;     /* recycled block structs (linked through next) */
-    struct block *slab_next; /* block structs not yet handed out (dev_block_new) */
-    size_t slab_left, slab_size;
+    struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
+    size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
 
     xseg_device_stats stats;
     /* The accumulated values (.allocated, .freed, the num_* counts) at the last
@@ -320,13 +320,16 @@ void dev_seglist_remove(struct dev_alloc *d, struct segrec *s);
 
 /* A block struct: a recycled one (zeroed) or a new one; NULL on host OOM. */
 struct block *dev_block_new(struct dev_alloc *d);
-/* @p b must be in no index and have no pending events; its stream set is cleared here. The
- * split on the fast path relies on this to reuse a spare struct without clearing it. Inline: the
- * free path's merge calls it. */
+/* A new (zeroed) block struct from the slabs, never a recycled one; NULL on host OOM. */
+struct block *dev_block_carve(struct dev_alloc *d);
+/* @p b must be in no index and have no pending events; its side struct (if any) is released
+ * here, so a spare struct has `sided` clear. The split on the fast path relies on this to reuse a
+ * spare struct without clearing it. Inline: the free path's merge calls it. */
 static inline void dev_block_delete(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    stream_set_clear(&b->uses);
+    if (XSEG_UNLIKELY(b->sided))
+        block_side_free(b);
     b->next = d->spare;
     d->spare = b;
 }
@@ -366,7 +369,7 @@ static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t requ
 static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, int64_t sign)
 {
     lock_assert_held(&d->lock);
-    int si = b->pool->stat_index;
+    int si = block_pool(b)->stat_index;
     int64_t bytes = sign * (int64_t)b->size;
     d->pending[si] += sign;
     d->pending[XSEG_STAT_ALL] += sign;
@@ -403,9 +406,10 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
     /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
      * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
      * path (the merged block is the same range), with no treap remove/insert. */
-    struct bpool *pool = b->pool;
+    struct bpool *pool = block_pool(b);
     int si = pool->stat_index;
-    size_t orig_size = b->size, requested = b->requested_size;
+    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
+    size_t orig_size = b->size, requested = b->u.requested_size;
     struct block *keep = fn ? next : prev;
     size_t keep_size = keep->size;
     if (keep == next) {
@@ -415,7 +419,7 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
         bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
         block_splice_out(prev->seg, prev, next);
     }
-    keep->gc_count_base = pool->get_free_blocks_call_count;
+    block_set_gc_base(keep, pool->get_free_blocks_call_count);
     dev_block_delete(d, b);
     /* dev_free_block_general's accounting with its signs known: keep was an inactive split block of
      * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now

@@ -71,7 +71,9 @@ static bool queue_push(struct ev_queue *q, CUevent ev, struct block *b)
 static void event_done(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    if (--b->event_count == 0 && b->uses.n == 0) {
+    struct block_side *sd = block_side(b);
+    xseg_assert(sd); /* a block with events has a side struct */
+    if (--sd->event_count == 0 && sd->uses.n == 0) {
         dev_pending_add(d, b, -1);
         dev_free_block(d, b);
     }
@@ -98,10 +100,12 @@ static bool defer(struct dev_alloc *d, struct block *b)
 static void record_events(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    struct stream_set uses = b->uses;
-    b->uses = (struct stream_set){0};
+    struct block_side *sd = block_side(b);
+    xseg_assert(sd); /* its streams live there */
+    struct stream_set uses = sd->uses;
+    sd->uses = (struct stream_set){0};
     /* Keep the block "pending" while its events are recorded. */
-    b->event_count++;
+    sd->event_count++;
     unsigned keep = 0; /* streams to retry, compacted to the front of uses */
     for (unsigned i = 0; i < uses.n; i++) {
         CUstream s = stream_set_get(&uses, i);
@@ -110,7 +114,7 @@ static void record_events(struct dev_alloc *d, struct block *b)
             if (vevent_record(ev, s)) {
                 struct ev_queue *q = queue_for(d, s);
                 if (q && queue_push(q, ev, b)) {
-                    b->event_count++;
+                    sd->event_count++;
                     d->pending_events++;
                     dev_fast_off(d);
                     continue;
@@ -127,7 +131,7 @@ static void record_events(struct dev_alloc *d, struct block *b)
     }
     uses.n = keep;
     if (keep && defer(d, b))
-        b->uses = uses; /* retried later; still pending */
+        sd->uses = uses; /* retried later; still pending */
     else
         stream_set_clear(&uses); /* all recorded or waited for (or no host memory to retry) */
     event_done(d, b);
@@ -138,7 +142,7 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b)
     lock_assert_held(&d->lock);
     /* Freed with streams to wait for: pending (still active) until event_done or a capture's
      * reuse returns it to its pool. */
-    xseg_assert(!b->allocated && b->uses.n && !b->event_count);
+    xseg_assert(!b->allocated && block_uses_n(b) && !block_event_count(b));
     dev_pending_add(d, b, 1);
     /* Without the device's context nothing can be recorded now: retry later (a driver failure
      * must not lose the block). */

@@ -30,7 +30,7 @@
 
 static inline bool allocatable(const struct block *b)
 {
-    return b && !b->allocated && b->event_count == 0 && b->uses.n == 0;
+    return b && !b->allocated && !block_side(b); /* a side: events, streams or a stack */
 }
 
 static inline size_t seg_page(const struct segrec *s) { return seg_page_size(s->vseg); }
@@ -61,7 +61,6 @@ static struct block *new_unmapped(struct dev_alloc *d, struct segrec *s, uintptr
     b->addr = addr;
     b->size = size;
     b->stream = s->stream;
-    b->pool = s->pool;
     b->seg = s;
     b->expandable = true;
     b->mapped = false;
@@ -250,7 +249,7 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
 {
     lock_assert_held(&d->lock);
     struct segrec *s = b->seg;
-    struct bpool *pool = b->pool;
+    struct bpool *pool = block_pool(b);
     struct block *r = NULL;
     if (len < b->size) {
         r = new_unmapped(d, s, b->addr + len, b->size - len);
@@ -275,7 +274,7 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
     b->mapped = true;
     dev_try_merge(d, b, b->prev);
     dev_try_merge(d, b, b->next);
-    b->gc_count_base = pool->get_free_blocks_call_count;
+    block_set_gc_base(b, pool->get_free_blocks_call_count);
     bpool_insert_free(pool, b);
     dev_count_mapped(d, pool, mapped, chunks);
     return XSEG_SUCCESS;
@@ -378,7 +377,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
 {
     lock_assert_held(&d->lock);
     struct segrec *s = b->seg;
-    struct bpool *pool = b->pool;
+    struct bpool *pool = block_pool(b);
     size_t gran = seg_g(s);
     uintptr_t base = (uintptr_t)seg_base(s->vseg);
     size_t off = b->addr - base;
@@ -458,7 +457,6 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
             if (!piece)
                 abort(); /* host memory exhausted after a partial driver unmap: cannot recover */
             piece->stream = b->stream;
-            piece->pool = pool;
             piece->seg = s;
             piece->expandable = true;
             block_link_after(cur, piece);
@@ -466,7 +464,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         piece->addr = pos;
         piece->size = run_end - pos;
         piece->mapped = m;
-        piece->requested_size = 0;
+        block_set_gc_base(piece, 0); /* free: set again as it enters the free index */
         cur = piece;
         pos = run_end;
     }
@@ -482,7 +480,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         dev_try_merge(d, last, orig_next);
     for (struct block *p = first;; p = p->next) {
         if (p->mapped) {
-            p->gc_count_base = pool->get_free_blocks_call_count;
+            block_set_gc_base(p, pool->get_free_blocks_call_count);
             bpool_insert_free(pool, p);
         } else {
             bpool_insert_unmapped(pool, p);

@@ -84,11 +84,11 @@ xseg_status release_block(struct dev_alloc *d, struct block *b)
         hist_record(HIST_SEGMENT_FREE, d->device, b->addr, b->size, (uintptr_t)b->stream, d->hist_cur);
     d->stats.num_device_free++;
     d->total_allocated_memory -= b->size;
-    stat_add_pool(d->stats.segment, b->pool->stat_index, -1);
-    stat_add_pool(d->stats.reserved_bytes, b->pool->stat_index, -(int64_t)b->size);
+    stat_add_pool(d->stats.segment, block_pool(b)->stat_index, -1);
+    stat_add_pool(d->stats.reserved_bytes, block_pool(b)->stat_index, -(int64_t)b->size);
     if (sr->oversize)
         stat_add(&d->stats.oversize_segments, -1);
-    bpool_remove_free(b->pool, b);
+    bpool_remove_free(block_pool(b), b);
     dev_seglist_remove(d, sr);
     free(sr);
     dev_block_delete(d, b);
@@ -213,7 +213,7 @@ bool release_available_cached_blocks(struct dev_alloc *d, struct bpool *pool, CU
 
 static inline uint64_t gc_age(const struct block *b)
 {
-    return b->pool->get_free_blocks_call_count - b->gc_count_base;
+    return block_pool(b)->get_free_blocks_call_count - block_gc_base(b);
 }
 
 /* PyTorch's garbage_collect_cached_blocks: free aged unsplit classic blocks of the large pool

@@ -57,7 +57,7 @@ struct pool_sleep {
     size_t live;     /* bytes of live blocks at the sleep: offloaded or discarded */
 };
 
-static bool active(const struct block *b) { return b->allocated || b->event_count > 0 || b->uses.n; }
+static bool active(const struct block *b) { return b->allocated || block_event_count(b) > 0 || block_uses_n(b); }
 
 static void state_free(struct dev_alloc *d, struct pool_sleep *ps)
 {
@@ -152,13 +152,13 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
         const struct segrec *s = ps->segs[i].s;
         ok = stream_add(&l, s->stream);
         for (const struct block *b = s->first; b && ok; b = b->next)
-            for (unsigned k = 0; k < b->uses.n && ok; k++)
-                ok = stream_add(&l, stream_set_get(&b->uses, k));
+            for (unsigned k = 0; k < block_uses_n(b) && ok; k++)
+                ok = stream_add(&l, stream_set_get(&b->u.side->uses, k));
     }
     for (size_t q = 0; q < d->nevq && ok; q++) {
         const struct ev_queue *eq = &d->evq[q];
         for (size_t k = 0; k < eq->count; k++) {
-            if (dev_pool_owner(d, eq->items[(eq->head + k) % eq->cap].block->pool) == pp) {
+            if (dev_pool_owner(d, block_pool(eq->items[(eq->head + k) % eq->cap].block)) == pp) {
                 ok = stream_add(&l, eq->stream);
                 break;
             }

@@ -597,9 +597,9 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
         si.pool_id[1] = owner->id.second;
     }
     for (struct block *b = from; b != to; b = b->next) {
-        if (stacks && b->recorded && b->hist_stack) {
-            hist_stack_ref(b->hist_stack);
-            stacks[si.nblocks] = b->hist_stack;
+        if (stacks && b->recorded && block_hist_stack(b)) {
+            hist_stack_ref(block_hist_stack(b));
+            stacks[si.nblocks] = block_hist_stack(b);
         }
         xseg_block_info *bi = &si.blocks[si.nblocks++];
         bi->address = b->addr;
@@ -607,15 +607,15 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
         si.total_size += b->size;
         if (b->allocated) {
             bi->state = XSEG_BLOCK_ACTIVE_ALLOCATED;
-            bi->requested_size = b->requested_size;
+            bi->requested_size = block_requested(b);
             si.allocated_size += b->size;
             si.active_size += b->size;
-            si.requested_size += b->requested_size;
-        } else if (b->event_count > 0 || b->uses.n) {
+            si.requested_size += block_requested(b);
+        } else if (block_event_count(b) > 0 || block_uses_n(b)) {
             bi->state = XSEG_BLOCK_ACTIVE_PENDING_FREE;
-            bi->requested_size = b->requested_size;
+            bi->requested_size = block_requested(b);
             si.active_size += b->size;
-            si.requested_size += b->requested_size;
+            si.requested_size += block_requested(b);
         } else {
             bi->state = XSEG_BLOCK_INACTIVE;
         }

@@ -61,7 +61,7 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
         return false;
     for (size_t i = 0; i < na; i++) {
         struct block *b = arr[i];
-        if (idle_only && b->gc_count_base >= pool->idle_mark)
+        if (idle_only && block_gc_base(b) >= pool->idle_mark)
             continue; /* used (or merged into) less than idle_release_ms ago */
         if (b->seg->asleep)
             continue; /* its pool sleeps (core/sleep.h): only a wake touches its pages */

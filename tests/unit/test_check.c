@@ -42,7 +42,7 @@ static int corrupt_index(void *arg)
     struct block *b = dev->segs->first;
     while (b && !b->in_index)
         b = b->next;
-    bpool_remove_free(b->pool, b); /* a cached block no index knows */
+    bpool_remove_free(block_pool(b), b); /* a cached block no index knows */
     dev_check(dev);
     return 0;
 }
