@@ -278,7 +278,7 @@ bool stream_set_add(struct stream_set *s, CUstream st)
 
 bool ptrmap_grow(struct ptrmap *m)
 {
-    size_t ncap = m->cap ? m->cap * 2 : 256, nmask = ncap - 1;
+    size_t ncap = m->cap ? m->cap + m->cap / 2 : 256;
     uintptr_t *slots = calloc(ncap, sizeof *slots);
     if (!slots)
         return false;
@@ -286,8 +286,8 @@ bool ptrmap_grow(struct ptrmap *m)
         if (!m->slots[i])
             continue;
         struct block *b = ptrmap_block(m->slots[i]);
-        size_t j = ptrmap_hash(b->addr, nmask), d = 0;
-        for (; slots[j]; j = (j + 1) & nmask)
+        size_t j = ptrmap_hash(b->addr, ncap), d = 0;
+        for (; slots[j]; j = ptrmap_next(j, ncap))
             d++;
         slots[j] = ptrmap_entry(b, d);
     }

@@ -369,34 +369,45 @@ static inline bool stream_set_has(const struct stream_set *s, CUstream st)
 
 /*
  * Live map: allocated address -> block. Open addressing, linear probing, backward-shift
- * deletion, at most half the slots used. A slot is one word: the block pointer (16-byte aligned:
- * slabs of 16-byte multiples) with its probe distance in the low 4 bits (15: 15 or more). The key
- * is the block's address (512-byte aligned, never 0, unchanged while the block is in the map),
- * read through the pointer only for an entry whose home slot is the key's: a probe past other
- * entries, and the shift of a deletion, read no block.
+ * deletion. A slot is one word: the block pointer (16-byte aligned: slabs of 16-byte multiples)
+ * with its probe distance in the low 4 bits (15: 15 or more). The key is the block's address
+ * (512-byte aligned, never 0, unchanged while the block is in the map), read through the pointer
+ * only for an entry whose home slot is the key's: a probe past other entries, and the shift of a
+ * deletion, read no block.
+ * Size: at most 3/4 of the slots used, and a full map grows by half (not a power of two: the home
+ * slot is the hash scaled to the capacity), so the map costs 10.7 to 16 bytes a live block rather
+ * than the 16 to 32 of a half-full table that doubles.
  */
 struct ptrmap {
     uintptr_t *slots; /* 0: empty; else block pointer | min(distance, 15) */
-    size_t cap;       /* power of two, or 0 */
+    size_t cap;       /* slots, or 0 */
     size_t count;
 };
 
 #define PTRMAP_DIST_MAX 15u
 
-static inline size_t ptrmap_hash(uintptr_t key, size_t mask)
+/* The home slot of @p key in a map of @p cap slots: the top bits of a multiplicative hash of the
+ * address (its low 9 bits are always 0), scaled to [0, cap). */
+static inline size_t ptrmap_hash(uintptr_t key, size_t cap)
 {
     uint64_t h = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 29) & mask;
+    return (size_t)(((unsigned __int128)h * cap) >> 64);
 }
+
+/* The slot after @p i, wrapping at @p cap. */
+static inline size_t ptrmap_next(size_t i, size_t cap) { return XSEG_UNLIKELY(i + 1 == cap) ? 0 : i + 1; }
+
+/* Slots from @p from forward to @p to, wrapping at @p cap. */
+static inline size_t ptrmap_span(size_t from, size_t to, size_t cap) { return to >= from ? to - from : to + cap - from; }
 
 static inline struct block *ptrmap_block(uintptr_t e) { return (struct block *)(e & ~(uintptr_t)PTRMAP_DIST_MAX); }
 
 /* The probe distance of entry @p e in slot @p j: from its tag, or from its key once saturated. */
-static inline size_t ptrmap_dist(uintptr_t e, size_t j, size_t mask)
+static inline size_t ptrmap_dist(uintptr_t e, size_t j, size_t cap)
 {
     size_t d = e & PTRMAP_DIST_MAX;
     if (XSEG_UNLIKELY(d == PTRMAP_DIST_MAX))
-        d = (j - ptrmap_hash(ptrmap_block(e)->addr, mask)) & mask;
+        d = ptrmap_span(ptrmap_hash(ptrmap_block(e)->addr, cap), j, cap);
     return d;
 }
 
@@ -409,8 +420,8 @@ static inline uintptr_t ptrmap_entry(const struct block *b, size_t dist)
  * entry is only read through when it shares the key's home. */
 static inline size_t ptrmap_find(const struct ptrmap *m, uintptr_t key, size_t *dist)
 {
-    size_t mask = m->cap - 1, i = ptrmap_hash(key, mask), d = 0;
-    for (uintptr_t e; (e = m->slots[i]) != 0; i = (i + 1) & mask, d++) {
+    size_t cap = m->cap, i = ptrmap_hash(key, cap), d = 0;
+    for (uintptr_t e; (e = m->slots[i]) != 0; i = ptrmap_next(i, cap), d++) {
         size_t t = e & PTRMAP_DIST_MAX;
         if ((t == d || (t == PTRMAP_DIST_MAX && d >= PTRMAP_DIST_MAX)) && ptrmap_block(e)->addr == key)
             break;
@@ -419,7 +430,7 @@ static inline size_t ptrmap_find(const struct ptrmap *m, uintptr_t key, size_t *
     return i;
 }
 
-/* Double the table (or create it). False on ENOMEM, the map unchanged. */
+/* Grow the table by half (or create it). False on ENOMEM, the map unchanged. */
 bool ptrmap_grow(struct ptrmap *m);
 
 /* Map @p key (@p b's address) to @p b (replacing an existing entry). False on ENOMEM, the map
@@ -427,7 +438,7 @@ bool ptrmap_grow(struct ptrmap *m);
 static inline bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
 {
     xseg_assert(key == b->addr && ((uintptr_t)b & PTRMAP_DIST_MAX) == 0);
-    if (XSEG_UNLIKELY((m->count + 1) * 2 > m->cap) && !ptrmap_grow(m))
+    if (XSEG_UNLIKELY((m->count + 1) * 4 > m->cap * 3) && !ptrmap_grow(m))
         return false;
     size_t d, i = ptrmap_find(m, key, &d);
     if (!m->slots[i])
@@ -449,17 +460,17 @@ static inline struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
 {
     if (!m->cap || !key)
         return NULL;
-    size_t mask = m->cap - 1, d, i = ptrmap_find(m, key, &d);
+    size_t cap = m->cap, d, i = ptrmap_find(m, key, &d);
     struct block *b = ptrmap_block(m->slots[i]);
     if (!b)
         return NULL;
     /* Backward-shift deletion keeps every probe chain unbroken without tombstones: an entry
      * after the hole moves into it unless that would put it before its home. */
-    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+    for (size_t j = ptrmap_next(i, cap);; j = ptrmap_next(j, cap)) {
         uintptr_t e = m->slots[j];
         if (!e)
             break;
-        size_t dj = ptrmap_dist(e, j, mask), gap = (j - i) & mask;
+        size_t dj = ptrmap_dist(e, j, cap), gap = ptrmap_span(i, j, cap);
         if (dj >= gap) {
             m->slots[i] = ptrmap_entry(ptrmap_block(e), dj - gap);
             i = j;

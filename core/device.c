@@ -107,7 +107,7 @@ __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     if (d->slab_left == 0) {
-        size_t n = d->slab_made / 16;
+        size_t n = d->slab_made / 32;
         n = n < 64 ? 64 : n > 4096 ? 4096 : n;
         struct block *slab = calloc(n, sizeof *slab);
         if (!slab)
