@@ -815,6 +815,9 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         st = ev_insert(d, b);
     } else {
         block_side_drop(b); /* nothing left in it: no streams, events or stack */
+        xseg_assert(!b->sided);
+        if (XSEG_UNLIKELY(b->sided))
+            block_side_free(b); /* release builds: the word must hold the requested size below */
         dev_free_block_inline(d, b);
     }
     return st;

@@ -457,5 +457,7 @@ void dev_free_block(struct dev_alloc *d, struct block *b)
         hist_free_completed(d, b);
     block_side_drop(b); /* nothing left in it: no streams, events or stack */
     xseg_assert(!b->sided);
+    if (XSEG_UNLIKELY(b->sided))
+        block_side_free(b); /* release builds: the word must hold the requested size below */
     dev_free_block_inline(d, b);
 }
