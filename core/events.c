@@ -91,11 +91,12 @@ static bool defer(struct dev_alloc *d, struct block *b)
 }
 
 /*
- * Record an event on every stream in b->uses. A stream whose event cannot be recorded is waited
- * for instead (vstream_wait: the stream, else the whole context), so the block is never handed
- * out while work may still use it. A stream neither works for stays in b->uses and the block goes
- * on the deferred list: it is retried at the next malloc (ev_process) or empty_cache, pending
- * meanwhile (never lost, never reused early). The caller's free has happened either way.
+ * Record an event on every stream in the uses of @p b's side struct. A stream whose event cannot
+ * be recorded is waited for instead (vstream_wait: the stream, else the whole context), so the
+ * block is never handed out while work may still use it. A stream neither works for stays in
+ * the uses and the block goes on the deferred list: it is retried at the next malloc
+ * (ev_process) or empty_cache, pending meanwhile (never lost, never reused early). The caller's
+ * free has happened either way.
  */
 static void record_events(struct dev_alloc *d, struct block *b)
 {

@@ -13,7 +13,7 @@
  * Cost when off: nothing on the fast path. Turning recording on sets every device's fast-path
  * permit to 0 (malloc then takes its general path, which captures the stack with the device lock
  * released) and marks every live block `recorded`; a free checks `recorded` in the same test as
- * `oversize` (struct block's free_slow), so the free path has no extra branch either.
+ * `oversize` (block_free_slow), so the free path has no extra branch either.
  *
  * Locking: one mutex (hist_lock) guards the ring, the stack table, the interned frames and the
  * options. It is a leaf: taken with or without a device lock, never the other way round.
