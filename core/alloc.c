@@ -146,9 +146,14 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
     if (!b || b->stream != p->stream)
         return NULL;
     /* An expandable first fit stays the choice unless the next block of the stream counts less
-     * with its unmapped tail (find_expandable_fit goes on from there). */
-    if (b->expandable &&
-        (!d->use_expandable || (next && next->stream == p->stream && expandable_size(next) < expandable_size(b)))) {
+     * with its unmapped tail (find_expandable_fit goes on from there). The next block is at least
+     * b's size, so only a b with an unmapped tail can lose to it: only then is it looked up
+     * (bpool_fit gives it inside the fit's bin; past the bin's end, the next bin's first: only one
+     * on the stream counts). */
+    if (b->expandable && (!d->use_expandable || (b->next && !b->next->mapped &&
+                                                 (next || (next = bpool_fit_next_bin(pool, b)) != NULL) &&
+                                                 next->stream == p->stream &&
+                                                 expandable_size(next) < expandable_size(b)))) {
         struct block *first = b;
         b = find_expandable_fit(d, p, b);
         if (!b)
@@ -197,7 +202,8 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
         return XSEG_ERROR_DRIVER;
     struct segrec *sr = calloc(1, sizeof *sr);
     struct block *b = dev_block_new(d);
-    if (!sr || !b) {
+    /* The segment's reference on its bins: indexing its blocks later never allocates. */
+    if (!sr || !b || !bpool_bins_acquire(p->pool, p->stream)) {
         free(sr);
         if (b)
             dev_block_delete(d, b);
@@ -216,6 +222,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
         st = classic_alloc(size, relax, d->device, &ptr);
     }
     if (st != XSEG_SUCCESS) {
+        bpool_bins_release(p->pool, p->stream);
         free(sr);
         dev_block_delete(d, b);
         return st;
@@ -694,6 +701,8 @@ static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct bloc
     struct block *first = bpool_fit(pool, b->stream, size, &pred, &x);
     if (first != r)
         x = first;
+    else if (!x)
+        x = bpool_fit_next_bin(pool, r); /* R is the last of its bin (only a successor on the stream counts) */
     bool same = x && x->stream == b->stream;
     if (same && bkey_less((uintptr_t)x->stream, x->size, x->addr, (uintptr_t)b->stream, msize, b->addr))
         return false;

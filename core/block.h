@@ -7,12 +7,19 @@
  * mapped (cached, in its pool's free index), or — in an expandable segment only — unmapped (no
  * physical page behind it, in its pool's unmapped index).
  *
- * Indexes are treaps (randomized balanced search trees) threaded through the blocks themselves,
- * so inserting or removing a block never allocates:
- *   - bpool.free:     free mapped blocks ordered by (stream, size, addr): best fit on the same
- *                     stream is one lower_bound (PyTorch's BlockPool::blocks);
- *   - bpool.unmapped: unmapped blocks ordered by (stream, addr) (PyTorch's BlockPool::unmapped).
- * A block is in at most one index at a time.
+ * Indexes are threaded through the blocks themselves (treap links: left, right, prio), so
+ * inserting or removing a block never allocates:
+ *   - the free index: free mapped blocks in the order (stream, size, addr), PyTorch's
+ *     BlockPool::blocks, kept as size bins per (pool, stream) (struct sbins): BINS_N size classes
+ *     (exact below 256 KiB, then 32 a power of two), each a treap ordered by (size, addr), and a
+ *     two-level bitmap of the non-empty bins. Best fit, PyTorch's lower_bound(stream, size, 0),
+ *     is the lower bound in the request's bin or else the smallest block of the next non-empty
+ *     bin: O(1) in streams and bins, a descent of one bin's treap;
+ *   - bpool.unmapped: unmapped blocks ordered by (stream, addr) (PyTorch's BlockPool::unmapped),
+ *     one treap.
+ * A block is in at most one index at a time. A segment holds a reference on its (pool, stream)
+ * bins from its creation to its end (bpool_bins_acquire / bpool_bins_release), so indexing one of
+ * its blocks never allocates.
  *
  * The live map (ptrmap) finds the block of an allocated pointer for free and record_stream.
  *
@@ -128,9 +135,34 @@ struct segrec {
                           * pages are asleep; no reclaim path touches it */
 };
 
+/* Size classes of the free index (bins_index): 512 exact ones of 512 B below 256 KiB, then 32 a
+ * power of two up to 2^64 B (1,984 used). */
+#define BINS_N 2048
+#define BINS_WORDS (BINS_N / 64)
+_Static_assert(BINS_WORDS < 64, "the summary word has a bit per map word, and one to spare");
+
+/* The free blocks of one (pool, stream): a treap per size class, ordered by (size, addr), and a
+ * two-level bitmap (map: bit k set iff bin[k] is non-empty; summary: bit w set iff map[w] != 0).
+ * Created by the first segment of the pair, freed with its last (refs). */
+struct sbins {
+    CUstream stream;
+    unsigned refs; /* segments of this (pool, stream) */
+    uint64_t summary;
+    uint64_t map[BINS_WORDS];
+    struct block *bin[BINS_N];
+};
+
 /* One block pool: small or large (private pools will add more). */
 struct bpool {
-    struct block *free;     /* treap root, key (stream, size, addr) */
+    /* Free index: the bins of each stream with segments in this pool. `last` is the bins the last
+     * lookup found (one compare for a single-stream workload); `hash` finds any other in O(1)
+     * (open addressing, hmask + 1 slots, at most half used); `by_stream` holds them in ascending
+     * stream order for the walks in (stream, size, addr) order. */
+    struct sbins *last;
+    struct sbins **hash;
+    size_t hmask;
+    struct sbins **by_stream;
+    unsigned nstreams, capstreams;
     struct block *unmapped; /* treap root, key (stream, addr) */
     bool is_small;
     int stat_index;         /* XSEG_STAT_SMALL_POOL or XSEG_STAT_LARGE_POOL */
@@ -240,29 +272,88 @@ static inline bool bkey_less(uintptr_t s1, size_t z1, uintptr_t a1, uintptr_t s2
     return ((unsigned __int128)z1 << 64 | a1) < ((unsigned __int128)z2 << 64 | a2);
 }
 
-/* Free index. */
+/* Key order inside one stream's bins: (size, addr) as one 128-bit number. */
+static inline bool zkey_less(size_t z1, uintptr_t a1, size_t z2, uintptr_t a2)
+{
+    return ((unsigned __int128)z1 << 64 | a1) < ((unsigned __int128)z2 << 64 | a2);
+}
+
+/* The size class of @p size: monotone in size (so the bins in index order hold ascending sizes),
+ * exact in units of 512 B below 256 KiB, then 32 classes per power of two. */
+static inline unsigned bins_index(size_t size)
+{
+    size_t u = size >> 9;
+    if (u < 512)
+        return (unsigned)u;
+    unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)u); /* 9..54 */
+    return 512u + ((e - 9u) << 5) + (unsigned)((u >> (e - 5u)) & 31u);
+}
+
+/* The first non-empty bin of @p s at or above @p k (k <= BINS_N), or -1. */
+static inline int bins_next(const struct sbins *s, unsigned k)
+{
+    if (k >= BINS_N)
+        return -1;
+    unsigned w = k >> 6;
+    uint64_t m = s->map[w] & (~(uint64_t)0 << (k & 63));
+    if (m)
+        return (int)(w << 6 | (unsigned)__builtin_ctzll(m));
+    uint64_t sm = s->summary & (~(uint64_t)0 << (w + 1)); /* w + 1 <= BINS_WORDS < 64 */
+    if (!sm)
+        return -1;
+    w = (unsigned)__builtin_ctzll(sm);
+    return (int)(w << 6 | (unsigned)__builtin_ctzll(s->map[w]));
+}
+
+/* The bins of (@p p, @p stream), or NULL when no segment of the pool has that stream. */
+struct sbins *bpool_bins_lookup(const struct bpool *p, CUstream stream);
+static inline struct sbins *bpool_bins(const struct bpool *p, CUstream stream)
+{
+    struct sbins *s = p->last;
+    if (XSEG_LIKELY(s && s->stream == stream))
+        return s;
+    return bpool_bins_lookup(p, stream);
+}
+
+/* A new segment of (@p p, @p stream) takes a reference on its bins, creating them: false on
+ * ENOMEM (nothing changed). Its end gives the reference back (the last one frees the bins, which
+ * are empty by then: the segment's blocks left the index before). */
+bool bpool_bins_acquire(struct bpool *p, CUstream stream);
+void bpool_bins_release(struct bpool *p, CUstream stream);
+
+/* Free index. Inserting needs the bins of the block's stream (a segment's reference). */
 void bpool_insert_free(struct bpool *p, struct block *b);
 void bpool_remove_free(struct bpool *p, struct block *b);
 /* The first free block with key >= (stream, size, addr), or NULL. */
 struct block *bpool_lower_bound(const struct bpool *p, CUstream stream, size_t size, uintptr_t addr);
-/* The next free block after @p b in index order, or NULL. */
+/* The next free block after @p b (in the free index) in index order, or NULL. */
 struct block *bpool_next_free(const struct bpool *p, const struct block *b);
 /* The last free block with key < (stream, size, addr), or NULL. */
 struct block *bpool_prev_free(const struct bpool *p, CUstream stream, size_t size, uintptr_t addr);
+
 /*
- * Best fit for the fast path: the first free block with key >= (stream, size, 0), as
- * bpool_lower_bound, with its index neighbours: *pred the last block with a smaller key (NULL:
- * none), and *next the block after it in index order (NULL: none). One descent: the last node
- * where it turns right is the predecessor; the successor is the leftmost block of the result's
- * right subtree or else the last node where the descent turned left before reaching the result.
+ * Best fit for the fast path: the first free block with key >= (stream, size, 0) if it is on
+ * @p stream (else NULL: bpool_lower_bound gives the general answer), with its neighbours inside
+ * its bin: *pred the one before it (NULL: it is the first of its bin), *next the one after it
+ * (NULL: it is the last of its bin; bpool_fit_next_bin gives the successor on the stream then,
+ * bpool_next_free the index successor). One descent
+ * of the request's bin: the last node where it turns right is the predecessor; the successor is
+ * the leftmost block of the result's right subtree or else the last node where the descent turned
+ * left before reaching the result. When the request's bin holds nothing large enough, the result
+ * is the smallest block of the next non-empty bin (the bitmap finds it).
  */
 static inline struct block *bpool_fit(const struct bpool *p, CUstream stream, size_t size, struct block **pred,
                                       struct block **next)
 {
-    struct block *t = p->free, *res = NULL, *lo = NULL, *up = NULL;
+    struct sbins *s = bpool_bins(p, stream);
+    *pred = *next = NULL;
+    if (!s)
+        return NULL;
+    unsigned k = bins_index(size);
+    struct block *t = s->bin[k], *res = NULL, *lo = NULL, *up = NULL;
     while (t) {
-        /* key(t) < (stream, size, 0): addresses are never below 0. */
-        if ((uintptr_t)t->stream < (uintptr_t)stream || (t->stream == stream && t->size < size)) {
+        /* key(t) < (size, 0): addresses are never below 0. */
+        if (t->size < size) {
             lo = t;
             t = t->right;
         } else {
@@ -271,8 +362,17 @@ static inline struct block *bpool_fit(const struct bpool *p, CUstream stream, si
             t = t->left;
         }
     }
+    if (!res) {
+        int j = bins_next(s, k + 1);
+        if (j < 0)
+            return NULL;
+        for (t = s->bin[j]; t->left; t = t->left)
+            up = t;
+        res = t;
+        lo = NULL;
+    }
     *pred = lo;
-    if (res && res->right) {
+    if (res->right) {
         for (up = res->right; up->left;)
             up = up->left;
     }
@@ -280,21 +380,39 @@ static inline struct block *bpool_fit(const struct bpool *p, CUstream stream, si
     return res;
 }
 
+/* The index successor of @p b when bpool_fit found it the last of its bin, if it is on b's stream
+ * (else NULL): the smallest block of the stream's next non-empty bin. */
+static inline struct block *bpool_fit_next_bin(const struct bpool *p, const struct block *b)
+{
+    const struct sbins *s = bpool_bins(p, b->stream);
+    int j = bins_next(s, bins_index(b->size) + 1);
+    if (j < 0)
+        return NULL;
+    struct block *t = s->bin[j];
+    while (t->left)
+        t = t->left;
+    return t;
+}
+
 /* Give free block @p b (in the free index) the key (stream, @p size, @p addr): removed and
  * re-inserted (the general case of the two functions below). */
 void bpool_rekey_free(struct bpool *p, struct block *b, uintptr_t addr, size_t size);
 
 /*
- * Free block @p b (in the free index; @p pred its index predecessor or NULL, as bpool_fit gives
- * it) hands its first @p n bytes out (n < b->size): it becomes [addr + n, addr + size). Its key
- * only decreases (same stream, smaller size), so only the predecessor can be crossed: while the
- * new key stays above it, the block keeps its place in the index and nothing is re-linked.
+ * Free block @p b (in the free index; @p pred its predecessor in its bin or NULL, as bpool_fit
+ * gives it) hands its first @p n bytes out (n < b->size): it becomes [addr + n, addr + size). Its
+ * key only decreases (same stream, smaller size), so within its bin only the predecessor can be
+ * crossed: while the new size keeps its bin and the new key stays above the predecessor's, the
+ * block keeps its place and nothing is re-linked.
  */
 static inline void bpool_free_take_front(struct bpool *p, struct block *b, size_t n, const struct block *pred)
 {
     uintptr_t na = b->addr + n;
     size_t nz = b->size - n;
-    if (!pred || bkey_less((uintptr_t)pred->stream, pred->size, pred->addr, (uintptr_t)b->stream, nz, na)) {
+    /* Below 256 KiB a bin is 512 B wide and block sizes are 512 B multiples: a smaller size is
+     * another bin (re-keying is right in any case). */
+    if (b->size >= ((size_t)512 << 9) && bins_index(nz) == bins_index(b->size) &&
+        (!pred || zkey_less(pred->size, pred->addr, nz, na))) {
         b->addr = na;
         b->size = nz;
     } else {
@@ -304,22 +422,29 @@ static inline void bpool_free_take_front(struct bpool *p, struct block *b, size_
 
 /*
  * Free block @p b (in the free index) grows to [addr, addr + size) with size > b->size (a merge
- * with a neighbour being freed). Its key only increases, so only the successor can be crossed:
- * in place while the new key stays below it, else re-inserted.
+ * with a neighbour being freed). Its key only increases, so within its bin only the successor can
+ * be crossed: in place while the new size keeps its bin and the new key stays below the
+ * successor's, else re-inserted.
  */
-static inline void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t addr, size_t size)
+static inline __attribute__((always_inline)) void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t addr,
+                                                                  size_t size)
 {
-    /* The successor: the leftmost block of the right subtree, else the last ancestor where the
-     * descent to b turns left. */
+    unsigned k = bins_index(b->size);
+    if (size < ((size_t)512 << 9) || bins_index(size) != k) { /* as in bpool_free_take_front */
+        bpool_rekey_free(p, b, addr, size);
+        return;
+    }
+    /* The successor in the bin: the leftmost block of the right subtree, else the last ancestor
+     * where the descent to b turns left. */
     struct block *succ = NULL;
     if (b->right) {
         for (succ = b->right; succ->left;)
             succ = succ->left;
     } else {
-        for (struct block *t = p->free; t != b;) {
+        for (struct block *t = bpool_bins(p, b->stream)->bin[k]; t != b;) {
             if (XSEG_UNLIKELY(!t))
                 abort(); /* index corrupted: the block is not where its key says */
-            if (bkey_less((uintptr_t)b->stream, b->size, b->addr, (uintptr_t)t->stream, t->size, t->addr)) {
+            if (zkey_less(b->size, b->addr, t->size, t->addr)) {
                 succ = t;
                 t = t->left;
             } else {
@@ -327,7 +452,7 @@ static inline void bpool_free_grow(struct bpool *p, struct block *b, uintptr_t a
             }
         }
     }
-    if (!succ || bkey_less((uintptr_t)b->stream, size, addr, (uintptr_t)succ->stream, succ->size, succ->addr)) {
+    if (!succ || zkey_less(size, addr, succ->size, succ->addr)) {
         b->addr = addr;
         b->size = size;
     } else {

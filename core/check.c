@@ -39,20 +39,78 @@ static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct 
     return (d->busy_slots >> dev_slot_index(b->stream) & 1) && s->live == b ? s : NULL;
 }
 
-/* Free treap below @p t: ordered by (stream, size, addr) within (lo, hi), heap-ordered by prio,
- * only free mapped blocks of @p pool. Returns the node count. */
-static size_t walk_free(const struct bpool *pool, const struct block *t, const struct block *lo,
-                        const struct block *hi)
+/* Bin treap below @p t (bin @p k of @p sb): ordered by (size, addr) within (lo, hi), heap-ordered
+ * by prio, only free mapped blocks of @p pool on the bins' stream whose size is of bin k. Returns
+ * the node count. */
+static size_t walk_bin(const struct bpool *pool, const struct sbins *sb, unsigned k, const struct block *t,
+                       const struct block *lo, const struct block *hi)
 {
     if (!t)
         return 0;
-    CHECK(block_pool(t) == pool);
+    CHECK(block_pool(t) == pool && t->stream == sb->stream && bins_index(t->size) == k);
     CHECK(t->in_index && t->mapped && !t->allocated && !t->sided);
-    CHECK(!lo || bkey_less((uintptr_t)lo->stream, lo->size, lo->addr, (uintptr_t)t->stream, t->size, t->addr));
-    CHECK(!hi || bkey_less((uintptr_t)t->stream, t->size, t->addr, (uintptr_t)hi->stream, hi->size, hi->addr));
+    CHECK(!lo || zkey_less(lo->size, lo->addr, t->size, t->addr));
+    CHECK(!hi || zkey_less(t->size, t->addr, hi->size, hi->addr));
     CHECK(!t->left || t->left->prio <= t->prio);
     CHECK(!t->right || t->right->prio <= t->prio);
-    return 1 + walk_free(pool, t->left, lo, t) + walk_free(pool, t->right, t, hi);
+    return 1 + walk_bin(pool, sb, k, t->left, lo, t) + walk_bin(pool, sb, k, t->right, t, hi);
+}
+
+/* The free index of @p pool: its streams' bins in strictly ascending stream order, each found by
+ * the hash (and `last` one of them), holding one reference per segment of (pool, stream); every
+ * bin the bitmap marks non-empty, the summary word exact; the block count (nfree). Returns the
+ * blocks found through the bitmap: the caller compares it with the indexed blocks of the segment
+ * walk, so a non-empty bin the bitmap does not mark (its blocks unreachable) fails there. */
+static size_t check_free_index(const struct dev_alloc *d, const struct bpool *pool)
+{
+    size_t total = 0;
+    const struct sbins *last = pool->last; /* before the lookups below move it */
+    bool last_found = last == NULL;
+    CHECK(pool->nstreams <= pool->capstreams);
+    CHECK(!pool->nstreams || (pool->hash && 2 * (size_t)pool->nstreams <= pool->hmask + 1));
+    size_t hashed = 0;
+    for (size_t i = 0; pool->hash && i <= pool->hmask; i++)
+        hashed += pool->hash[i] != NULL;
+    CHECK(hashed == pool->nstreams);
+    /* References: one per segment of (pool, stream), counted in one pass over the segments. */
+    unsigned *segs = pool->nstreams ? calloc(pool->nstreams, sizeof *segs) : NULL;
+    for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+        if (s->pool != pool)
+            continue;
+        const struct sbins *sb = bpool_bins_lookup(pool, s->stream);
+        CHECK(sb != NULL); /* every segment's (pool, stream) has its bins */
+        unsigned lo = 0, hi = pool->nstreams;
+        while (lo < hi) {
+            unsigned mid = lo + (hi - lo) / 2;
+            if ((uintptr_t)pool->by_stream[mid]->stream < (uintptr_t)s->stream)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        CHECK(lo < pool->nstreams && pool->by_stream[lo] == sb);
+        if (segs)
+            segs[lo]++;
+    }
+    for (unsigned i = 0; i < pool->nstreams; i++) {
+        const struct sbins *sb = pool->by_stream[i];
+        CHECK(i == 0 || (uintptr_t)pool->by_stream[i - 1]->stream < (uintptr_t)sb->stream);
+        CHECK(bpool_bins_lookup(pool, sb->stream) == sb);
+        last_found |= last == sb;
+        CHECK(sb->refs > 0 && (!segs || sb->refs == segs[i]));
+        for (unsigned w = 0; w < BINS_WORDS; w++) {
+            CHECK(!!(sb->summary >> w & 1) == (sb->map[w] != 0));
+            for (uint64_t m = sb->map[w]; m; m &= m - 1) {
+                unsigned k = w << 6 | (unsigned)__builtin_ctzll(m);
+                CHECK(sb->bin[k] != NULL);
+                total += walk_bin(pool, sb, k, sb->bin[k], NULL, NULL);
+            }
+        }
+        CHECK(sb->summary >> BINS_WORDS == 0);
+    }
+    free(segs);
+    CHECK(last_found);
+    CHECK(total == pool->nfree);
+    return total;
 }
 
 /* Unmapped treap below @p t: ordered by (stream, addr), only unmapped blocks of @p pool. */
@@ -95,11 +153,10 @@ static void check_flag_bits(void)
     CHECK(t.flags && !(t.flags & BLOCK_FREE_SLOW));
 }
 
-static void check_pool(const struct bpool *pool, size_t *free_nodes, size_t *unmapped_nodes)
+static void check_pool(const struct dev_alloc *d, const struct bpool *pool, size_t *free_nodes,
+                       size_t *unmapped_nodes)
 {
-    size_t nf = walk_free(pool, pool->free, NULL, NULL);
-    CHECK(nf == pool->nfree);
-    *free_nodes += nf;
+    *free_nodes += check_free_index(d, pool);
     *unmapped_nodes += walk_unmapped(pool, pool->unmapped, NULL, NULL);
 }
 
@@ -245,11 +302,11 @@ static void check_walk(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     struct recount rc = {0};
     size_t free_nodes = 0, unmapped_nodes = 0;
-    check_pool(&d->small, &free_nodes, &unmapped_nodes);
-    check_pool(&d->large, &free_nodes, &unmapped_nodes);
+    check_pool(d, &d->small, &free_nodes, &unmapped_nodes);
+    check_pool(d, &d->large, &free_nodes, &unmapped_nodes);
     for (const struct priv_pool *pp = d->pools; pp; pp = pp->next) {
-        check_pool(&pp->small, &free_nodes, &unmapped_nodes);
-        check_pool(&pp->large, &free_nodes, &unmapped_nodes);
+        check_pool(d, &pp->small, &free_nodes, &unmapped_nodes);
+        check_pool(d, &pp->large, &free_nodes, &unmapped_nodes);
     }
     size_t nexp = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg) {
@@ -268,7 +325,8 @@ static void check_walk(struct dev_alloc *d)
                   (a->pool == b->pool && ((uintptr_t)a->stream < (uintptr_t)b->stream ||
                                           (a->stream == b->stream && a->seq < b->seq))));
     }
-    /* Every indexed block was found in a treap and every treap node is a block of a segment. */
+    /* Every indexed block was found in a bin or the unmapped treap, and every node is a block of a
+     * segment. */
     CHECK(rc.free_indexed == free_nodes);
     CHECK(rc.unmapped_indexed == unmapped_nodes);
     /* A slot's freed block keeps its map entry, as a lazy hit's block does. */

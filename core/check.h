@@ -9,7 +9,10 @@
  *   - no two neighbours both free (in the free index), nor (expandable) both unmapped;
  *   - index membership: a free mapped block with no events and no recorded streams is in its
  *     pool's free index, an unmapped one in the unmapped index, nothing allocated is in either;
- *     each treap is ordered, holds only its pool's blocks, and the free one holds nfree blocks;
+ *     each treap is ordered and heap-ordered and holds only its pool's blocks; the free index's
+ *     bins: each (pool, stream) once, in stream order, found by the hash, one reference per
+ *     segment, every block in the bin its size says, bitmap bits set iff bins are non-empty,
+ *     block counts per stream and per pool (nfree);
  *   - expandable pages: unmapped blocks start and end on page boundaries, the first and last
  *     page of every block are mapped exactly when the block is, and the segment's mapped bytes
  *     (vmm) equal the mapped blocks' bytes;

@@ -214,13 +214,15 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .observe_user = d,
     };
     struct segrec *s = calloc(1, sizeof *s);
-    if (!s || !VEC_RESERVE(d->by_stream, d->capby_stream, d->nby_stream + 1)) {
+    /* The segment's reference on its bins: indexing its blocks later never allocates. */
+    if (!s || !VEC_RESERVE(d->by_stream, d->capby_stream, d->nby_stream + 1) || !bpool_bins_acquire(pool, stream)) {
         free(s);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
     }
     struct seg *vseg = NULL;
     xseg_status st = seg_create(&params, page_up(size, page), &vseg);
     if (st != XSEG_SUCCESS) {
+        bpool_bins_release(pool, stream);
         free(s);
         return st;
     }
@@ -232,6 +234,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     struct block *b = new_unmapped(d, s, (uintptr_t)seg_base(vseg), s->size);
     if (!b) {
         (void)seg_destroy(vseg);
+        bpool_bins_release(pool, stream);
         free(s);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
     }
@@ -514,6 +517,7 @@ void exp_release_empty_segments(struct dev_alloc *d)
             (void)seg_destroy(s->vseg);
             dev_seglist_remove(d, s);
             by_stream_remove(d, s);
+            bpool_bins_release(s->pool, s->stream);
             free(s);
         }
         s = next;

@@ -90,6 +90,7 @@ xseg_status release_block(struct dev_alloc *d, struct block *b)
         stat_add(&d->stats.oversize_segments, -1);
     bpool_remove_free(block_pool(b), b);
     dev_seglist_remove(d, sr);
+    bpool_bins_release(sr->pool, sr->stream);
     free(sr);
     dev_block_delete(d, b);
     return XSEG_SUCCESS;

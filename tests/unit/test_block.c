@@ -1,6 +1,7 @@
-/* core/block: the free index's in-place key changes (bpool_fit with its predecessor and successor,
- * bpool_free_take_front, bpool_free_grow) and the live pointer map, against plain reference
- * implementations over random operation sequences. */
+/* core/block: the free index (size bins per stream) and its in-place key changes (bpool_fit with
+ * its predecessor and successor in the bin, bpool_free_take_front, bpool_free_grow), its walks
+ * (bpool_lower_bound, bpool_next_free, bpool_prev_free, bpool_collect_free) and the live pointer
+ * map, against plain reference implementations over random operation sequences. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -71,6 +72,36 @@ static struct block *ref_fit(struct block *blocks, CUstream stream, size_t size,
     return i < n ? ref[i] : NULL;
 }
 
+/* The reference index: the indexed blocks in key order (returns the count). */
+static size_t ref_sorted(struct block *blocks, struct block **ref)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < NB; i++)
+        if (blocks[i].in_index)
+            ref[n++] = &blocks[i];
+    qsort(ref, n, sizeof ref[0], key_cmp_blocks);
+    return n;
+}
+
+/* The walks at a random key (stream, size, addr) against the reference order. */
+static void check_walks(const struct bpool *p, struct block *blocks, CUstream stream, size_t size, uintptr_t addr)
+{
+    struct block *ref[NB];
+    size_t n = ref_sorted(blocks, ref), i = 0;
+    while (i < n && bkey_less((uintptr_t)ref[i]->stream, ref[i]->size, ref[i]->addr, (uintptr_t)stream, size, addr))
+        i++;
+    assert_ptr_equal(bpool_lower_bound(p, stream, size, addr), i < n ? ref[i] : NULL);
+    assert_ptr_equal(bpool_prev_free(p, stream, size, addr), i > 0 ? ref[i - 1] : NULL);
+    for (size_t j = 0; j < n; j++)
+        assert_ptr_equal(bpool_next_free(p, ref[j]), j + 1 < n ? ref[j + 1] : NULL);
+}
+
+/* Sizes that fall in exact bins (512 B steps) and in shared ones (16 sizes a bin near 300 KiB). */
+static size_t rnd_size(void)
+{
+    return rnd() & 1 ? 512 * (1 + rnd() % 16) : 512 * (600 + rnd() % 64);
+}
+
 static void test_free_index_in_place(void **state)
 {
     (void)state;
@@ -81,6 +112,11 @@ static void test_free_index_in_place(void **state)
     /* Far apart, so that shifting addresses never makes two keys equal. */
     uintptr_t next_addr = (uintptr_t)1 << 32;
     size_t inserted = 0, in_place_ops = 0;
+    /* The streams' segments hold their bins (two references on stream 2). */
+    for (uintptr_t st = 1; st <= 3; st++)
+        assert_true(bpool_bins_acquire(&pool, (CUstream)st));
+    assert_true(bpool_bins_acquire(&pool, (CUstream)(uintptr_t)2));
+    assert_int_equal(pool.nstreams, 3);
     size_t iters = tu_scaled(20000, 4000);
     for (size_t it = 0; it < iters; it++) {
         struct block *b = &blocks[rnd() % NB];
@@ -92,7 +128,7 @@ static void test_free_index_in_place(void **state)
                 bpool_remove_free(&pool, b);
             } else {
                 b->stream = stream;
-                b->size = 512 * (1 + rnd() % 16);
+                b->size = rnd_size();
                 b->addr = next_addr;
                 next_addr += (uintptr_t)1 << 32;
                 bpool_insert_free(&pool, b);
@@ -100,14 +136,17 @@ static void test_free_index_in_place(void **state)
             }
             break;
         case 1: { /* best fit; split its front off */
-            size_t want = 512 * (1 + rnd() % 16);
+            size_t want = rnd_size();
             struct block *pred, *nx, *rpred, *rnx;
             struct block *f = bpool_fit(&pool, stream, want, &pred, &nx);
-            assert_ptr_equal(f, ref_fit(blocks, stream, want, &rpred, &rnx));
+            struct block *rf = ref_fit(blocks, stream, want, &rpred, &rnx);
+            /* bpool_fit: the fit on the stream only, its neighbours inside its bin only. */
+            assert_ptr_equal(f, rf && rf->stream == stream ? rf : NULL);
             if (!f)
                 break;
-            assert_ptr_equal(pred, rpred);
-            assert_ptr_equal(nx, rnx);
+            unsigned k = bins_index(f->size);
+            assert_ptr_equal(pred, rpred && rpred->stream == stream && bins_index(rpred->size) == k ? rpred : NULL);
+            assert_ptr_equal(nx, rnx && rnx->stream == stream && bins_index(rnx->size) == k ? rnx : NULL);
             if (f->size > want) {
                 bpool_free_take_front(&pool, f, want, pred);
                 in_place_ops++;
@@ -126,17 +165,29 @@ static void test_free_index_in_place(void **state)
             break;
         default: /* general re-key */
             if (b->in_index)
-                bpool_rekey_free(&pool, b, b->addr + 512, 512 * (1 + rnd() % 16));
+                bpool_rekey_free(&pool, b, b->addr + 512, rnd_size());
             break;
         }
         check_index(&pool, blocks);
+        if (it % 8 == 0)
+            check_walks(&pool, blocks, (CUstream)(uintptr_t)(rnd() % 5), rnd_size() + (rnd() & 1) * 512,
+                        next_addr / 2);
     }
     assert_true(inserted > 50 && in_place_ops > 500);
     for (size_t i = 0; i < NB; i++)
         if (blocks[i].in_index)
             bpool_remove_free(&pool, &blocks[i]);
-    assert_null(pool.free);
     assert_int_equal(pool.nfree, 0);
+    /* The last reference of each stream frees its bins; the last stream, the pool's arrays. */
+    for (uintptr_t st = 1; st <= 3; st++)
+        bpool_bins_release(&pool, (CUstream)st);
+    assert_int_equal(pool.nstreams, 1);
+    assert_non_null(bpool_bins_lookup(&pool, (CUstream)(uintptr_t)2));
+    bpool_bins_release(&pool, (CUstream)(uintptr_t)2);
+    assert_int_equal(pool.nstreams, 0);
+    assert_null(pool.by_stream);
+    assert_null(pool.hash);
+    assert_null(pool.last);
 }
 
 static void test_ptrmap_against_reference(void **state)

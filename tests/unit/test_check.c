@@ -47,6 +47,46 @@ static int corrupt_index(void *arg)
     return 0;
 }
 
+/* The first block of the first segment that is in the free index. */
+static struct block *first_free(void)
+{
+    struct block *b = dev->segs->first;
+    while (b && !b->in_index)
+        b = b->next;
+    return b;
+}
+
+static int corrupt_bitmap(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    struct block *b = first_free();
+    struct sbins *s = bpool_bins(b->pool, b->stream);
+    unsigned k = bins_index(b->size);
+    s->map[k >> 6] &= ~((uint64_t)1 << (k & 63)); /* a non-empty bin the bitmap does not show */
+    dev_check(dev);
+    return 0;
+}
+
+static int corrupt_bin(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    struct block *b = first_free();
+    struct bpool *pool = b->pool;
+    struct sbins *s = bpool_bins(pool, b->stream);
+    bpool_remove_free(pool, b);
+    /* Back in the index, in the bin above the one its size says (empty: it was alone there). */
+    unsigned k = bins_index(b->size) + 1;
+    s->bin[k] = b;
+    s->map[k >> 6] |= (uint64_t)1 << (k & 63);
+    s->summary |= (uint64_t)1 << (k >> 6);
+    b->in_index = true;
+    pool->nfree++;
+    dev_check(dev);
+    return 0;
+}
+
 static int consistent(void *arg)
 {
     (void)arg;
@@ -68,7 +108,7 @@ static void test_dev_check(void **state)
     assert_int_equal(rt_device(0, &dev), XSEG_SUCCESS);
     int detail = 0;
     assert_int_equal(tu_run_child(consistent, NULL, &detail), TU_CHILD_OK);
-    int (*corrupt[])(void *) = {corrupt_stat, corrupt_link, corrupt_index};
+    int (*corrupt[])(void *) = {corrupt_stat, corrupt_link, corrupt_index, corrupt_bitmap, corrupt_bin};
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         assert_int_equal(tu_run_child(corrupt[i], NULL, &detail), TU_CHILD_SIGNAL);
         assert_int_equal(detail, SIGABRT);
