@@ -61,7 +61,7 @@ static int corrupt_bitmap(void *arg)
     (void)arg;
     lock_acquire(&dev->lock);
     struct block *b = first_free();
-    struct sbins *s = bpool_bins(b->pool, b->stream);
+    struct sbins *s = bpool_bins(block_pool(b), b->stream);
     unsigned k = bins_index(b->size);
     s->map[k >> 6] &= ~((uint64_t)1 << (k & 63)); /* a non-empty bin the bitmap does not show */
     dev_check(dev);
@@ -73,7 +73,7 @@ static int corrupt_bin(void *arg)
     (void)arg;
     lock_acquire(&dev->lock);
     struct block *b = first_free();
-    struct bpool *pool = b->pool;
+    struct bpool *pool = block_pool(b);
     struct sbins *s = bpool_bins(pool, b->stream);
     bpool_remove_free(pool, b);
     /* Back in the index, in the bin above the one its size says (empty: it was alone there). */
