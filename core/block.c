@@ -343,18 +343,6 @@ void bpool_rekey_free(struct bpool *p, struct block *b, uintptr_t addr, size_t s
     bin_insert(&s->bin[k], b);
 }
 
-/* The smallest block in the bins of @p s from bin @p k on, or NULL. */
-static struct block *bins_first_from(const struct sbins *s, unsigned k)
-{
-    int j = bins_next(s, k);
-    if (j < 0)
-        return NULL;
-    struct block *t = s->bin[j];
-    while (t->left)
-        t = t->left;
-    return t;
-}
-
 /* The largest block in the bins of @p s up to bin @p k (k < BINS_N), or NULL. */
 static struct block *bins_last_upto(const struct sbins *s, unsigned k)
 {

@@ -305,6 +305,18 @@ static inline int bins_next(const struct sbins *s, unsigned k)
     return (int)(w << 6 | (unsigned)__builtin_ctzll(s->map[w]));
 }
 
+/* The smallest block in the bins of @p s from bin @p k on, or NULL. */
+static inline struct block *bins_first_from(const struct sbins *s, unsigned k)
+{
+    int j = bins_next(s, k);
+    if (j < 0)
+        return NULL;
+    struct block *t = s->bin[j];
+    while (t->left)
+        t = t->left;
+    return t;
+}
+
 /* The bins of (@p p, @p stream), or NULL when no segment of the pool has that stream. */
 struct sbins *bpool_bins_lookup(const struct bpool *p, CUstream stream);
 static inline struct sbins *bpool_bins(const struct bpool *p, CUstream stream)
@@ -384,14 +396,7 @@ static inline struct block *bpool_fit(const struct bpool *p, CUstream stream, si
  * (else NULL): the smallest block of the stream's next non-empty bin. */
 static inline struct block *bpool_fit_next_bin(const struct bpool *p, const struct block *b)
 {
-    const struct sbins *s = bpool_bins(p, b->stream);
-    int j = bins_next(s, bins_index(b->size) + 1);
-    if (j < 0)
-        return NULL;
-    struct block *t = s->bin[j];
-    while (t->left)
-        t = t->left;
-    return t;
+    return bins_first_from(bpool_bins(p, b->stream), bins_index(b->size) + 1);
 }
 
 /* Give free block @p b (in the free index) the key (stream, @p size, @p addr): removed and
