@@ -185,7 +185,7 @@ static inline bool should_split(const struct dev_alloc *d, const struct block *b
 {
     lock_assert_held(&d->lock);
     size_t remaining = b->size - size;
-    if (block_pool(b)->is_small || d->use_expandable)
+    if (b->small_pool || d->use_expandable) /* the pool's is_small, without reading the segment */
         return remaining >= BLOCK_MIN_SIZE;
     return size < d->cfg.max_split_size && remaining > BLOCK_SMALL_SIZE;
 }
@@ -231,11 +231,11 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     b->addr = (uintptr_t)ptr;
     b->size = size;
     b->stream = p->stream;
-    b->seg = sr;
+    sr->pool = p->pool;
+    block_set_seg(b, sr);
     b->mapped = true;
     sr->first = b;
     sr->last = b;
-    sr->pool = p->pool;
     sr->stream = p->stream;
     sr->size = size;
     dev_seglist_add(d, sr);
@@ -297,9 +297,8 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
             a->addr = b->addr;
             a->size = p->size;
             a->stream = b->stream;
-            a->seg = b->seg;
+            block_same_seg(a, b); /* expandable and the pool bits too */
             a->mapped = true;
-            a->expandable = b->expandable;
             block_link_before(b, a);
             block_set_gc_base(b, pool->get_free_blocks_call_count);
             if (indexed) {
@@ -888,7 +887,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
             return XSEG_SUCCESS;
         }
     }
-    int si = block_pool(b)->stat_index;
+    int si = dev_block_pool(d, b)->stat_index;
     stat_down_pool(d->stats.allocation, si, 1);
     stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
     /* oversize, recorded and a side struct (recorded streams) in one test (block_free_slow),

@@ -90,6 +90,11 @@ struct block {
                                 * have it clear. */
             bool sided : 1;    /* `u.side` is valid (and so no other member of `u`) */
             bool expandable : 1; /* == (seg->vseg != NULL); cached for the hot path */
+            /* Its segment's pool, as the free path needs it without reading the segment record
+             * (one dependent cache miss at a million live blocks): is_small and is_private of
+             * seg->pool, kept by block_set_seg / block_same_seg (dev_block_pool reads them). */
+            bool small_pool : 1;
+            bool private_pool : 1;
         };
         uint8_t flags;
     };
@@ -106,6 +111,7 @@ struct block {
 };
 
 #define BLOCK_FREE_SLOW 0x7u /* oversize | recorded | sided in `flags` */
+#define BLOCK_SEG_BITS 0x38u /* expandable | small_pool | private_pool: what its segment decides */
 
 /* Does the free of @p b need more than the common path (oversize, recorded, a side struct)? */
 static inline bool block_free_slow(const struct block *b) { return b->flags & BLOCK_FREE_SLOW; }
@@ -165,6 +171,7 @@ struct bpool {
     unsigned nstreams, capstreams;
     struct block *unmapped; /* treap root, key (stream, addr) */
     bool is_small;
+    bool is_private;        /* a private pool's (struct priv_pool), not the device's own two */
     int stat_index;         /* XSEG_STAT_SMALL_POOL or XSEG_STAT_LARGE_POOL */
     uint64_t get_free_blocks_call_count; /* garbage-collection clock */
     size_t nfree;           /* blocks in the free index */
@@ -181,6 +188,22 @@ static inline bool block_is_split(const struct block *b) { return b->prev || b->
 
 /* The pool of a block: its segment's (a block never changes pool or segment). */
 static inline struct bpool *block_pool(const struct block *b) { return b->seg->pool; }
+
+/* @p b lives in segment @p s (whose pool is set): the segment and the pool bits together. */
+static inline void block_set_seg(struct block *b, struct segrec *s)
+{
+    b->seg = s;
+    b->small_pool = s->pool->is_small;
+    b->private_pool = s->pool->is_private;
+}
+
+/* @p b lives in the segment of @p src (a split or a re-tile): the segment and what it decides
+ * (expandable and the pool bits, BLOCK_SEG_BITS) copied without reading the segment. */
+static inline void block_same_seg(struct block *b, const struct block *src)
+{
+    b->seg = src->seg;
+    b->flags = (uint8_t)((b->flags & ~BLOCK_SEG_BITS) | (src->flags & BLOCK_SEG_BITS));
+}
 
 /* The GC clock of a free block (its word while in an index; written just before it enters one). */
 static inline uint64_t block_gc_base(const struct block *b)

@@ -150,7 +150,9 @@ static void check_flag_bits(void)
     CHECK(t.flags == BLOCK_FREE_SLOW);
     t = (struct block){0};
     t.expandable = true;
-    CHECK(t.flags && !(t.flags & BLOCK_FREE_SLOW));
+    t.small_pool = true;
+    t.private_pool = true;
+    CHECK(t.flags == BLOCK_SEG_BITS && !(t.flags & BLOCK_FREE_SLOW));
 }
 
 static void check_pool(const struct dev_alloc *d, const struct bpool *pool, size_t *free_nodes,
@@ -165,6 +167,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     lock_assert_held(&d->lock);
     int si = s->pool->stat_index;
     CHECK(b->seg == s && block_pool(b) == s->pool && b->stream == s->stream);
+    CHECK(dev_block_pool(d, b) == s->pool); /* the pool bits (block_set_seg) */
     check_block_word(b);
     /* A slot's freed block (struct dev_slot): B is free but unmerged, its successor R free and
      * indexed at its own key, no free predecessor, its map entry kept; the folded statistics count

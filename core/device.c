@@ -340,7 +340,7 @@ size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
 __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    struct bpool *pool = block_pool(b);
+    struct bpool *pool = dev_block_pool(d, b);
     xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
     size_t requested = b->u.requested_size;
     int64_t net_blocks = 0, net_bytes = 0;

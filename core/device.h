@@ -222,6 +222,15 @@ static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const 
                                                      : offsetof(struct priv_pool, large)));
 }
 
+/* The pool of block @p b, from its pool bits: the device's own two without reading the segment
+ * record, a private pool's through it (block_pool). */
+static inline struct bpool *dev_block_pool(struct dev_alloc *d, const struct block *b)
+{
+    if (XSEG_UNLIKELY(b->private_pool))
+        return block_pool(b);
+    return b->small_pool ? &d->small : &d->large;
+}
+
 /* The slot of @p stream: a multiplicative hash of the handle (streams sharing a slot share its
  * one block, never its correctness). */
 static inline unsigned dev_slot_index(const void *stream)
@@ -406,7 +415,7 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
     /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
      * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
      * path (the merged block is the same range), with no treap remove/insert. */
-    struct bpool *pool = block_pool(b);
+    struct bpool *pool = dev_block_pool(d, b);
     int si = pool->stat_index;
     xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
     size_t orig_size = b->size, requested = b->u.requested_size;

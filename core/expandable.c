@@ -61,7 +61,7 @@ static struct block *new_unmapped(struct dev_alloc *d, struct segrec *s, uintptr
     b->addr = addr;
     b->size = size;
     b->stream = s->stream;
-    b->seg = s;
+    block_set_seg(b, s);
     b->expandable = true;
     b->mapped = false;
     return b;
@@ -460,7 +460,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
             if (!piece)
                 abort(); /* host memory exhausted after a partial driver unmap: cannot recover */
             piece->stream = b->stream;
-            piece->seg = s;
+            block_same_seg(piece, b);
             piece->expandable = true;
             block_link_after(cur, piece);
         }

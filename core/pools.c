@@ -58,6 +58,7 @@ static struct priv_pool *pool_new(struct dev_alloc *d, xseg_pool_id id)
         return NULL;
     pp->id = id;
     pp->small.is_small = true;
+    pp->small.is_private = pp->large.is_private = true;
     pp->small.stat_index = XSEG_STAT_SMALL_POOL;
     pp->large.stat_index = XSEG_STAT_LARGE_POOL;
     pp->next = d->pools;
