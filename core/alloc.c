@@ -1110,7 +1110,7 @@ void alloc_history_start(struct dev_alloc *d)
     dev_acquire(d);
     dev_fast_off(d);
     for (size_t i = 0; i < d->live.cap; i++) {
-        struct block *b = ptrmap_block(d->live.slots[i]);
+        struct block *b = ptrmap_block(&d->live, d->live.slots[i]);
         if (b && !b->recorded)
             b->recorded = true; /* with no stack: a side struct, if any, holds none */
     }

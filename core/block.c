@@ -589,19 +589,32 @@ bool ptrmap_grow(struct ptrmap *m)
     uintptr_t *slots = calloc(ncap, sizeof *slots);
     if (!slots)
         return false;
+    if (!m->cap) { /* the first table keeps fingerprints unless block structs lie where they go */
+        m->fp_mask = m->fp_off ? 0 : PTRMAP_FP_BITS;
+        m->keep = ~((uintptr_t)PTRMAP_DIST_MAX | m->fp_mask);
+    }
     for (size_t i = 0; i < m->cap; i++) {
         if (!m->slots[i])
             continue;
-        struct block *b = ptrmap_block(m->slots[i]);
+        struct block *b = ptrmap_block(m, m->slots[i]);
         size_t j = ptrmap_hash(b->addr, ncap), d = 0;
         for (; slots[j]; j = ptrmap_next(j, ncap))
             d++;
-        slots[j] = ptrmap_entry(b, d);
+        slots[j] = (m->slots[i] & m->fp_mask) | (uintptr_t)b | (d < PTRMAP_DIST_MAX ? d : PTRMAP_DIST_MAX);
     }
     free(m->slots);
     m->slots = slots;
     m->cap = ncap;
     return true;
+}
+
+void ptrmap_fp_off(struct ptrmap *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        m->slots[i] &= ~m->fp_mask;
+    m->fp_mask = 0;
+    m->keep = ~(uintptr_t)PTRMAP_DIST_MAX;
+    m->fp_off = true;
 }
 
 void ptrmap_destroy(struct ptrmap *m)

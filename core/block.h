@@ -523,29 +523,47 @@ static inline bool stream_set_has(const struct stream_set *s, CUstream st)
 /*
  * Live map: allocated address -> block. Open addressing, linear probing, backward-shift
  * deletion. A slot is one word: the block pointer (16-byte aligned: slabs of 16-byte multiples)
- * with its probe distance in the low 4 bits (15: 15 or more). The key is the block's address
- * (512-byte aligned, never 0, unchanged while the block is in the map), read through the pointer
- * only for an entry whose home slot is the key's: a probe past other entries, and the shift of a
- * deletion, read no block.
+ * with its probe distance in the low 4 bits (15: 15 or more) and, on 64-bit hosts, a 16-bit
+ * fingerprint of its key in the top 16 bits (user-space pointers lie below 2^48). The key is the
+ * block's address (512-byte aligned, never 0, unchanged while the block is in the map), read
+ * through the pointer only for an entry whose home slot and fingerprint are the key's: a probe
+ * past other entries, and the shift of a deletion, read no block, so a free of a cold pointer
+ * misses on its slot and its own block and nothing else. A block struct above 2^48 (a platform
+ * that maps user memory there) turns the fingerprints off for good (fp_mask 0): every entry
+ * sharing the key's home is then compared through its block, as before.
  * Size: at most 3/4 of the slots used, and a full map grows by half (not a power of two: the home
  * slot is the hash scaled to the capacity), so the map costs 10.7 to 16 bytes a live block rather
  * than the 16 to 32 of a half-full table that doubles.
  */
 struct ptrmap {
-    uintptr_t *slots; /* 0: empty; else block pointer | min(distance, 15) */
+    uintptr_t *slots; /* 0: empty; else block pointer | min(distance, 15) | fingerprint */
     size_t cap;       /* slots, or 0 */
     size_t count;
+    uintptr_t fp_mask; /* the fingerprint's bits in a slot (PTRMAP_FP_BITS), or 0 once turned off */
+    uintptr_t keep;    /* ~(distance bits | fp_mask): a slot's block pointer (ptrmap_block) */
+    bool fp_off;       /* fingerprints turned off for good (ptrmap_fp_off), tables to come too */
 };
 
 #define PTRMAP_DIST_MAX 15u
+#if UINTPTR_MAX > 0xFFFFFFFFu
+#define PTRMAP_FP_SHIFT 48
+#define PTRMAP_FP_BITS (~(uintptr_t)0 << PTRMAP_FP_SHIFT)
+#else
+#define PTRMAP_FP_SHIFT 0
+#define PTRMAP_FP_BITS ((uintptr_t)0) /* no spare bits in a 32-bit pointer */
+#endif
 
-/* The home slot of @p key in a map of @p cap slots: the top bits of a multiplicative hash of the
- * address (its low 9 bits are always 0), scaled to [0, cap). */
-static inline size_t ptrmap_hash(uintptr_t key, size_t cap)
-{
-    uint64_t h = (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(((unsigned __int128)h * cap) >> 64);
-}
+/* The multiplicative hash of an address (its low 9 bits are always 0). */
+static inline uint64_t ptrmap_mix(uintptr_t key) { return (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull; }
+
+/* The home slot of hash @p h in a map of @p cap slots: its top bits scaled to [0, cap). */
+static inline size_t ptrmap_home(uint64_t h, size_t cap) { return (size_t)(((unsigned __int128)h * cap) >> 64); }
+static inline size_t ptrmap_hash(uintptr_t key, size_t cap) { return ptrmap_home(ptrmap_mix(key), cap); }
+
+/* The fingerprint of hash @p h where a slot keeps it (bits the home slot barely uses: the scaling
+ * reads the hash's top bits). */
+static inline uintptr_t ptrmap_fp_of(uint64_t h) { return (uintptr_t)(h << 16) & PTRMAP_FP_BITS; }
+static inline uintptr_t ptrmap_fp(uintptr_t key) { return ptrmap_fp_of(ptrmap_mix(key)); }
 
 /* The slot after @p i, wrapping at @p cap. */
 static inline size_t ptrmap_next(size_t i, size_t cap) { return XSEG_UNLIKELY(i + 1 == cap) ? 0 : i + 1; }
@@ -553,30 +571,36 @@ static inline size_t ptrmap_next(size_t i, size_t cap) { return XSEG_UNLIKELY(i 
 /* Slots from @p from forward to @p to, wrapping at @p cap. */
 static inline size_t ptrmap_span(size_t from, size_t to, size_t cap) { return to >= from ? to - from : to + cap - from; }
 
-static inline struct block *ptrmap_block(uintptr_t e) { return (struct block *)(e & ~(uintptr_t)PTRMAP_DIST_MAX); }
+static inline struct block *ptrmap_block(const struct ptrmap *m, uintptr_t e) { return (struct block *)(e & m->keep); }
 
 /* The probe distance of entry @p e in slot @p j: from its tag, or from its key once saturated. */
-static inline size_t ptrmap_dist(uintptr_t e, size_t j, size_t cap)
+static inline size_t ptrmap_dist(const struct ptrmap *m, uintptr_t e, size_t j)
 {
     size_t d = e & PTRMAP_DIST_MAX;
     if (XSEG_UNLIKELY(d == PTRMAP_DIST_MAX))
-        d = ptrmap_span(ptrmap_hash(ptrmap_block(e)->addr, cap), j, cap);
+        d = ptrmap_span(ptrmap_hash(ptrmap_block(m, e)->addr, m->cap), j, m->cap);
     return d;
 }
 
-static inline uintptr_t ptrmap_entry(const struct block *b, size_t dist)
+/* The slot word of @p b (fingerprint @p fp, as ptrmap_find gives it) at probe distance @p dist. */
+static inline uintptr_t ptrmap_entry(const struct block *b, uintptr_t fp, size_t dist)
 {
-    return (uintptr_t)b | (dist < PTRMAP_DIST_MAX ? dist : PTRMAP_DIST_MAX);
+    return (uintptr_t)b | (dist < PTRMAP_DIST_MAX ? dist : PTRMAP_DIST_MAX) | fp;
 }
 
-/* The slot holding @p key, or the empty slot that ends its probe (*@p dist: its distance). An
- * entry is only read through when it shares the key's home. */
-static inline size_t ptrmap_find(const struct ptrmap *m, uintptr_t key, size_t *dist)
+/* The slot holding @p key, or the empty slot that ends its probe (*@p dist: its distance; *@p fpo:
+ * the key's fingerprint as a slot keeps it). An entry is only read through when it shares the
+ * key's home and fingerprint. */
+static inline size_t ptrmap_find(const struct ptrmap *m, uintptr_t key, size_t *dist, uintptr_t *fpo)
 {
-    size_t cap = m->cap, i = ptrmap_hash(key, cap), d = 0;
+    uint64_t h = ptrmap_mix(key);
+    size_t cap = m->cap, i = ptrmap_home(h, cap), d = 0;
+    uintptr_t fp = ptrmap_fp_of(h) & m->fp_mask;
+    *fpo = fp;
     for (uintptr_t e; (e = m->slots[i]) != 0; i = ptrmap_next(i, cap), d++) {
         size_t t = e & PTRMAP_DIST_MAX;
-        if ((t == d || (t == PTRMAP_DIST_MAX && d >= PTRMAP_DIST_MAX)) && ptrmap_block(e)->addr == key)
+        if ((t == d || (t == PTRMAP_DIST_MAX && d >= PTRMAP_DIST_MAX)) && (e & m->fp_mask) == fp &&
+            ptrmap_block(m, e)->addr == key)
             break;
     }
     *dist = d;
@@ -585,27 +609,67 @@ static inline size_t ptrmap_find(const struct ptrmap *m, uintptr_t key, size_t *
 
 /* Grow the table by half (or create it). False on ENOMEM, the map unchanged. */
 bool ptrmap_grow(struct ptrmap *m);
+/* A block struct may lie where a fingerprint would go: strip them all and stop keeping them. */
+void ptrmap_fp_off(struct ptrmap *m);
+
+/* Room for @p n more entries within the 3/4 bound, growing the table if needed: false on ENOMEM,
+ * the map unchanged. */
+static inline bool ptrmap_reserve(struct ptrmap *m, size_t n)
+{
+    while (XSEG_UNLIKELY((m->count + n) * 4 > m->cap * 3))
+        if (!ptrmap_grow(m))
+            return false;
+    return true;
+}
+
+/* Map @p key (@p b's address) to @p b (replacing an existing entry) in a map with room for it
+ * (ptrmap_reserve): cannot fail. @p b lies below the fingerprint's bits (ptrmap_admit). */
+static inline void ptrmap_put_reserved(struct ptrmap *m, uintptr_t key, struct block *b)
+{
+    xseg_assert(key == b->addr && ((uintptr_t)b & (PTRMAP_DIST_MAX | m->fp_mask)) == 0 &&
+                (m->count + 1) * 4 <= m->cap * 3);
+    size_t d;
+    uintptr_t fp;
+    size_t i = ptrmap_find(m, key, &d, &fp);
+    if (!m->slots[i])
+        m->count++;
+    m->slots[i] = ptrmap_entry(b, fp, d);
+}
+
+/* Block structs from @p lo to @p hi (a new slab) may enter the map: where they reach into the
+ * fingerprint's bits, fingerprints go for good (ptrmap_fp_off). */
+static inline void ptrmap_admit(struct ptrmap *m, const void *lo, const void *hi)
+{
+    if (XSEG_UNLIKELY((((uintptr_t)lo | (uintptr_t)hi) & PTRMAP_FP_BITS) && !m->fp_off))
+        ptrmap_fp_off(m);
+}
 
 /* Map @p key (@p b's address) to @p b (replacing an existing entry). False on ENOMEM, the map
  * unchanged. */
 static inline bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
 {
-    xseg_assert(key == b->addr && ((uintptr_t)b & PTRMAP_DIST_MAX) == 0);
-    if (XSEG_UNLIKELY((m->count + 1) * 4 > m->cap * 3) && !ptrmap_grow(m))
+    if (!ptrmap_reserve(m, 1))
         return false;
-    size_t d, i = ptrmap_find(m, key, &d);
-    if (!m->slots[i])
-        m->count++;
-    m->slots[i] = ptrmap_entry(b, d);
+    ptrmap_put_reserved(m, key, b);
     return true;
+}
+
+/* Start looking @p key up: its home slot on its way into the cache (the malloc that has chosen
+ * its block puts it in the map later: core/device.h, live_pending). */
+static inline void ptrmap_prefetch(const struct ptrmap *m, uintptr_t key)
+{
+    if (XSEG_LIKELY(m->cap))
+        __builtin_prefetch(&m->slots[ptrmap_hash(key, m->cap)], 1);
 }
 
 static inline struct block *ptrmap_get(const struct ptrmap *m, uintptr_t key)
 {
     if (!m->cap || !key)
         return NULL;
-    size_t d, i = ptrmap_find(m, key, &d);
-    return ptrmap_block(m->slots[i]); /* NULL for an empty slot */
+    size_t d;
+    uintptr_t fp;
+    size_t i = ptrmap_find(m, key, &d, &fp);
+    return ptrmap_block(m, m->slots[i]); /* NULL for an empty slot */
 }
 
 /* Remove @p key; its block, or NULL when absent. */
@@ -613,19 +677,23 @@ static inline struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
 {
     if (!m->cap || !key)
         return NULL;
-    size_t cap = m->cap, d, i = ptrmap_find(m, key, &d);
-    struct block *b = ptrmap_block(m->slots[i]);
+    size_t cap = m->cap, d;
+    uintptr_t fp;
+    size_t i = ptrmap_find(m, key, &d, &fp);
+    struct block *b = ptrmap_block(m, m->slots[i]);
     if (!b)
         return NULL;
     /* Backward-shift deletion keeps every probe chain unbroken without tombstones: an entry
-     * after the hole moves into it unless that would put it before its home. */
+     * after the hole moves into it unless that would put it before its home. Its fingerprint
+     * moves with it; only the distance tag changes. */
     for (size_t j = ptrmap_next(i, cap);; j = ptrmap_next(j, cap)) {
         uintptr_t e = m->slots[j];
         if (!e)
             break;
-        size_t dj = ptrmap_dist(e, j, cap), gap = ptrmap_span(i, j, cap);
+        size_t dj = ptrmap_dist(m, e, j), gap = ptrmap_span(i, j, cap);
         if (dj >= gap) {
-            m->slots[i] = ptrmap_entry(ptrmap_block(e), dj - gap);
+            size_t nd = dj - gap;
+            m->slots[i] = (e & ~(uintptr_t)PTRMAP_DIST_MAX) | (nd < PTRMAP_DIST_MAX ? nd : PTRMAP_DIST_MAX);
             i = j;
         }
     }

@@ -112,6 +112,7 @@ __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
         struct block *slab = calloc(n, sizeof *slab);
         if (!slab)
             return NULL;
+        ptrmap_admit(&d->live, slab, slab + n); /* the live map's fingerprints need room */
         d->slab_next = slab;
         d->slab_left = n;
         d->slab_made += n;

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -190,15 +192,23 @@ static void test_free_index_in_place(void **state)
     assert_null(pool.last);
 }
 
-static void test_ptrmap_against_reference(void **state)
+/* The map against a reference (present[]), with the fingerprints turned off halfway when
+ * @p fp_off_at is not 0 (ptrmap_fp_off: every entry must stay findable), or before the first
+ * table when @p high_slab (ptrmap_admit of structs above 2^48: no table may keep them). */
+static void ptrmap_reference_run(size_t fp_off_at, bool high_slab)
 {
-    (void)state;
     enum { NK = 3000 };
     static uintptr_t keys[NK];
     static bool present[NK];
     static struct block vals[NK];
     struct ptrmap m;
     memset(&m, 0, sizeof m);
+    memset(present, 0, sizeof present); /* static: each run starts with an empty reference */
+    if (high_slab) {
+        uintptr_t hi = PTRMAP_FP_BITS ? (uintptr_t)1 << 50 : 0;
+        ptrmap_admit(&m, (void *)hi, (void *)(hi + 4096));
+        assert_true(m.fp_off || PTRMAP_FP_BITS == 0);
+    }
     for (size_t i = 0; i < NK; i++) {
         keys[i] = (uintptr_t)(1 + (rnd() % 100000)) * 512 + ((i % 7) << 30) * 512;
         vals[i].addr = keys[i]; /* the map's key is its block's address */
@@ -206,6 +216,11 @@ static void test_ptrmap_against_reference(void **state)
     size_t live = 0;
     size_t iters = tu_scaled(200000, 20000);
     for (size_t it = 0; it < iters; it++) {
+        if (fp_off_at && it == iters / fp_off_at) {
+            assert_true(m.fp_mask != 0 || PTRMAP_FP_BITS == 0);
+            ptrmap_fp_off(&m);
+            assert_true(m.fp_mask == 0);
+        }
         size_t i = rnd() % NK;
         /* Duplicate keys in the table refer to one slot: only the first index owns it. */
         size_t owner = i;
@@ -230,6 +245,8 @@ static void test_ptrmap_against_reference(void **state)
             live++;
         }
         assert_int_equal(m.count, live);
+        if (high_slab)
+            assert_true(m.fp_mask == 0); /* every table since, the grown ones too */
     }
     for (size_t i = 0; i < NK; i++)
         if (present[i])
@@ -238,11 +255,78 @@ static void test_ptrmap_against_reference(void **state)
     ptrmap_destroy(&m);
 }
 
+static void test_ptrmap_against_reference(void **state)
+{
+    (void)state;
+    ptrmap_reference_run(0, false);
+}
+
+static void test_ptrmap_fingerprints_off(void **state)
+{
+    (void)state;
+    ptrmap_reference_run(2, false);
+    ptrmap_reference_run(0, true);
+}
+
+/* A lookup reads through no entry but its own: 14 keys share one home slot (distances 0..13,
+ * below the saturated tag, so a deletion's shift reads no block either), each block struct on a
+ * page of its own, and every page but the looked-up block's is made unreadable. Without the
+ * fingerprints the probe would read the blocks of the entries before it and fault. */
+static void test_ptrmap_probe_reads_only_its_block(void **state)
+{
+    (void)state;
+    if (PTRMAP_FP_BITS == 0)
+        skip(); /* 32-bit host: no room for fingerprints */
+    enum { NK = 14 };
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *pages = mmap(NULL, NK * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(pages != MAP_FAILED);
+    struct ptrmap m;
+    memset(&m, 0, sizeof m);
+    assert_true(ptrmap_grow(&m)); /* the first table: 256 slots, room for all 14 without growing */
+    size_t home = ptrmap_hash(512 * 1000, m.cap);
+    uintptr_t keys[NK];
+    size_t n = 0;
+    for (uintptr_t k = 512; n < NK; k += 512) {
+        if (ptrmap_hash(k, m.cap) != home)
+            continue;
+        bool fresh = true; /* distinct fingerprints: a shared one would be read through, rightly */
+        for (size_t j = 0; j < n; j++)
+            fresh &= ptrmap_fp(keys[j]) != ptrmap_fp(k);
+        if (fresh)
+            keys[n++] = k;
+    }
+    for (size_t i = 0; i < NK; i++) {
+        struct block *b = (struct block *)(void *)(pages + i * page);
+        b->addr = keys[i];
+        assert_true(ptrmap_put(&m, keys[i], b));
+    }
+    assert_int_equal(m.cap, 256);
+    /* The last key inserted sits at distance 13; then the first, whose take shifts all others. */
+    size_t targets[2] = {NK - 1, 0};
+    for (size_t t = 0; t < 2; t++) {
+        size_t k = targets[t];
+        for (size_t i = 0; i < NK; i++)
+            assert_int_equal(mprotect(pages + i * page, page, i == k ? PROT_READ | PROT_WRITE : PROT_NONE), 0);
+        struct block *want = (struct block *)(void *)(pages + k * page);
+        assert_ptr_equal(ptrmap_get(&m, keys[k]), want);
+        assert_ptr_equal(ptrmap_take(&m, keys[k]), want);
+        assert_null(ptrmap_get(&m, keys[k]));
+        assert_int_equal(mprotect(pages, NK * page, PROT_READ | PROT_WRITE), 0);
+    }
+    for (size_t i = 1; i < NK - 1; i++)
+        assert_ptr_equal(ptrmap_get(&m, keys[i]), (struct block *)(void *)(pages + i * page));
+    ptrmap_destroy(&m);
+    munmap(pages, NK * page);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_free_index_in_place),
         cmocka_unit_test(test_ptrmap_against_reference),
+        cmocka_unit_test(test_ptrmap_fingerprints_off),
+        cmocka_unit_test(test_ptrmap_probe_reads_only_its_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
