@@ -442,15 +442,25 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 }
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
- * split, account, record the pointer. Lock held (and kept). */
+ * split, account, record the pointer (@p defer, the fast path: left to the next lock holder,
+ * dev_alloc.live_pending). Lock held (and kept). */
 static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
                                                                        size_t size, bool indexed,
                                                                        const struct block *pred, void **out,
-                                                                       struct hist_mctx *h)
+                                                                       struct hist_mctx *h, bool defer)
 {
     lock_assert_held(&d->lock);
+    xseg_assert(!d->live_pending); /* settled when the lock was taken */
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
-    if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
+    if (defer) {
+        /* The insert waits for the next lock holder (dev_alloc.live_pending): room reserved now,
+         * so it cannot fail then; the slot was prefetched when the block was found. */
+        if (XSEG_UNLIKELY(!ptrmap_reserve(&d->live, 1))) {
+            undo_alloc(d, b);
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
+        }
+        d->live_pending = b;
+    } else if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
     }
@@ -482,13 +492,13 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         found = find_free_block(d, p, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
-            return malloc_finish(d, p, size, true, pred, out, h);
+            return malloc_finish(d, p, size, true, pred, out, h, false);
         }
     }
     if (found) {
         bpool_remove_free(p->pool, found);
         p->block = found;
-        return malloc_finish(d, p, size, false, NULL, out, h);
+        return malloc_finish(d, p, size, false, NULL, out, h, false);
     }
 
     /* A request the device (or the memory fraction) can never hold fails here, before any
@@ -513,7 +523,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
         dev_acquire(d);
         if (freed && get_free_block(d, p))
-            return malloc_finish(d, p, size, false, NULL, out, h);
+            return malloc_finish(d, p, size, false, NULL, out, h, false);
     }
 
     /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
@@ -561,7 +571,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * so it cannot be a candidate. */
     if (XSEG_UNLIKELY(d->cfg.release_threshold != SIZE_MAX))
         trim_threshold(d, p->size);
-    return malloc_finish(d, p, size, false, NULL, out, h);
+    return malloc_finish(d, p, size, false, NULL, out, h, false);
 }
 
 /* Everything before the search that a plain malloc does not need: a new config, streams seen
@@ -742,10 +752,13 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
         bool pred_ok;
         struct block *b = find_free_block(d, &p, &pred, &pred_ok);
         if (XSEG_LIKELY(b && pred_ok)) {
+            /* The pointer handed out is b's address: its map slot (a cache miss at many live
+             * blocks) loads while the split and the counters run. */
+            ptrmap_prefetch(&d->live, b->addr);
             p.block = b;
             /* The permit: nothing is pending, active moves with allocation (dev_alloc.pending). */
             xseg_assert(!d->pending[XSEG_STAT_ALL]);
-            st = malloc_finish(d, &p, size, true, pred, out, NULL);
+            st = malloc_finish(d, &p, size, true, pred, out, NULL, true);
         } else {
             st = malloc_slow(d, size, stream, true, b, out);
         }

@@ -105,7 +105,13 @@ struct dev_alloc {
 
     struct bpool small, large;
     uint64_t idle_tick_ns; /* idle reclaim (core/trim.c): time of the last tick, CLOCK_MONOTONIC */
-    struct ptrmap live;      /* allocated blocks by address */
+    struct ptrmap live;      /* allocated blocks by address (with live_pending: dev_live_settle) */
+    /* The live map's insert of the last fast-path malloc, left to the next holder of the lock: the
+     * malloc prefetched the slot and reserved room for it, so the caller's own work until its next
+     * call hides the slot's cache miss (at a million live blocks, one DRAM latency a malloc), and
+     * the insert cannot fail. NULL when none; every lock taker settles it first (dev_lock_raw,
+     * dev_acquire), so nothing but the rest of that malloc ever sees the map without it. */
+    struct block *live_pending;
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
@@ -261,15 +267,33 @@ static inline void dev_lazy_settle(struct dev_alloc *d)
         dev_slots_settle_all(d);
 }
 
-/* Take the device lock and leave the slots as they are: for malloc and free, which settle what
- * they touch (alloc.c), and for reading the statistics, which folds the slots' debts. */
-static inline void dev_lock_raw(struct dev_alloc *d) { lock_acquire(&d->lock); }
+/* The last fast-path malloc's map insert (dev_alloc.live_pending), made now: right after the
+ * lock is taken, before anything looks a pointer up. */
+static inline void dev_live_settle(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    struct block *b = d->live_pending;
+    if (b) {
+        d->live_pending = NULL;
+        ptrmap_put_reserved(&d->live, b->addr, b);
+    }
+}
 
-/* Take the device lock for anything other than the two fast paths: the lock, then the slot merged
- * (dev_lock also refreshes the configuration). */
+/* Take the device lock and leave the slots as they are: for malloc and free, which settle what
+ * they touch (alloc.c), and for reading the statistics, which folds the slots' debts. The map's
+ * pending insert is made. */
+static inline void dev_lock_raw(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    dev_live_settle(d);
+}
+
+/* Take the device lock for anything other than the two fast paths: the lock, the map's pending
+ * insert, then the slot merged (dev_lock also refreshes the configuration). */
 static inline void dev_acquire(struct dev_alloc *d)
 {
     lock_acquire(&d->lock);
+    dev_live_settle(d);
     dev_lazy_settle(d);
 }
 
