@@ -252,6 +252,50 @@ static int live_cell(bool expandable, size_t live, size_t pairs, int reps)
     return 0;
 }
 
+/* What one dependent load costs on this machine over @p bytes of memory: a random cyclic walk of
+ * its cache lines (each load's address comes from the one before, as a lookup's chain does). ns
+ * per load, median of @p reps walks; 0 on ENOMEM. Past the cache the machine keeps, it is the
+ * DRAM trip that each miss on a churn pair's chain costs. */
+static double chase_ns(size_t bytes, int reps)
+{
+    size_t lines = bytes / 64;
+    char *buf = aligned_alloc(64, bytes);
+    size_t *order = malloc(lines * sizeof *order);
+    if (!buf || !order) {
+        free(buf);
+        free(order);
+        return 0;
+    }
+    for (size_t i = 0; i < lines; i++)
+        order[i] = i;
+    uint64_t x = 0x2545F4914F6CDD1Dull; /* its own generator: the cells' sequence stays as it was */
+    for (size_t i = lines - 1; i > 0; i--) { /* Fisher-Yates: one cycle through every line */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        size_t j = x % (i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    for (size_t i = 0; i < lines; i++)
+        *(void **)(buf + order[i] * 64) = buf + order[(i + 1) % lines] * 64;
+    void **q = (void **)(buf + order[0] * 64);
+    size_t steps = 2000000;
+    for (size_t i = 0; i < steps; i++) /* warm: every line written and the walk once round */
+        q = *q;
+    double ns[64];
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = now_ns();
+        for (size_t i = 0; i < steps; i++)
+            q = *q;
+        ns[r] = (double)(now_ns() - t0) / (double)steps;
+    }
+    __asm__ volatile("" : : "r"(q)); /* the walk is kept */
+    free(buf);
+    free(order);
+    return bench_median(ns, (size_t)reps);
+}
+
 /* ---- driver of the cells ---- */
 
 /* Run @p fn's cell in a child; its one output line into @p out. */
@@ -366,6 +410,10 @@ int main(int argc, char **argv)
     if (!only || !strcmp(only, "live")) {
         printf("Live blocks (512 B to 64 KiB), one stream: ns per churn pair (free a random block, "
                "allocate a random size; %zu pairs, median of %d) and host bytes per live block\n\n", pairs, reps);
+        /* The churn's ns are mostly DRAM trips at 10^6 blocks: what one costs here, beside them. */
+        double l1 = chase_ns((size_t)1 << 20, 3), l64 = chase_ns((size_t)64 << 20, 3);
+        printf("A dependent load on this machine: %.1f ns within 1 MiB, %.1f ns over 64 MiB (a random "
+               "walk of the cache lines, median of 3)\n\n", l1, l64);
         printf("| live blocks | classic ns/pair | classic B/block | expandable ns/pair | expandable B/block |\n"
                "|---|---|---|---|---|\n");
         for (size_t i = 0; i < nlives; i++) {

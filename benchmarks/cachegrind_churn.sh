@@ -3,15 +3,19 @@
 # blocks, in instructions and cache misses, repeatable where wall time is not: cachegrind runs
 # `bench_scale --only live` at two pair counts and divides the differences of the totals by the
 # difference of the pairs run (start-up, the L allocations and the warm-up cancel out). The
-# simulated last level is 32 MiB (the development VM's L3); the pair's misses there are what a
-# big live set costs.
-#   benchmarks/cachegrind_churn.sh [BUILD_DIR] [LIVE,LIVE,...]   (default build, 1000,1000000)
+# simulated last level is LL_BYTES: 32 MiB by default (the development VM's nominal L3); 2097152
+# models what that VM actually keeps (a dependent load past ~2 MiB costs a DRAM trip there:
+# bench_scale's latency line), so its misses are the DRAM trips a pair makes.
+#   benchmarks/cachegrind_churn.sh [BUILD_DIR] [LIVE,LIVE,...] [LL_BYTES]
+#   (default build, 1000,1000000, 33554432)
 # Needs valgrind. Prints a table: live blocks, mode, instructions, L1 data misses and last-level
 # misses per churn pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 lives=${2:-1000,1000000}
+ll=${3:-33554432}
+[[ $ll =~ ^[0-9]+$ ]] || { echo "cachegrind_churn.sh: LL_BYTES must be a number of bytes, not '$ll'" >&2; exit 2; }
 bench="$build/benchmarks/bench_scale"
 [ -x "$bench" ] || { echo "cachegrind_churn.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
 command -v valgrind >/dev/null || { echo "cachegrind_churn.sh: valgrind is not installed" >&2; exit 1; }
@@ -22,7 +26,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # totals "Ir D1misses LLmisses".
 totals() { # live pairs
   rm -f "$tmp"/cg.*
-  valgrind --tool=cachegrind --cache-sim=yes --LL=33554432,16,64 --cachegrind-out-file="$tmp/cg.%p" \
+  valgrind --tool=cachegrind --cache-sim=yes --LL="$ll",16,64 --cachegrind-out-file="$tmp/cg.%p" \
     "$bench" --reps 1 --only live --live "$1" --pairs "$2" >/dev/null 2>"$tmp/log" || { cat "$tmp/log" >&2; exit 1; }
   # The parent has the lowest pid; its children follow in the order they were forked.
   for f in $(ls "$tmp"/cg.* | sort -t. -k2 -n | tail -n +2); do
