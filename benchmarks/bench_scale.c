@@ -185,14 +185,17 @@ static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
 
 /* ---- live blocks ---- */
 
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next_rand(void)
+/* One xorshift step of the generator @p s. */
+static uint64_t xorshift(uint64_t *s)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
 }
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void) { return xorshift(&rng); }
 
 /* 512 B to 64 KiB in 512 B steps: small-pool blocks, so that a million of them fit any device
  * (the block count, not the bytes, is what this measures). */
@@ -270,10 +273,7 @@ static double chase_ns(size_t bytes, int reps)
         order[i] = i;
     uint64_t x = 0x2545F4914F6CDD1Dull; /* its own generator: the cells' sequence stays as it was */
     for (size_t i = lines - 1; i > 0; i--) { /* Fisher-Yates: one cycle through every line */
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        size_t j = x % (i + 1), t = order[i];
+        size_t j = xorshift(&x) % (i + 1), t = order[i];
         order[i] = order[j];
         order[j] = t;
     }

@@ -589,10 +589,8 @@ bool ptrmap_grow(struct ptrmap *m)
     uintptr_t *slots = calloc(ncap, sizeof *slots);
     if (!slots)
         return false;
-    if (!m->cap) { /* the first table keeps fingerprints unless block structs lie where they go */
-        m->fp_mask = m->fp_off ? 0 : PTRMAP_FP_BITS;
-        m->keep = ~((uintptr_t)PTRMAP_DIST_MAX | m->fp_mask);
-    }
+    if (!m->keep) /* the first table keeps fingerprints unless they were turned off before it */
+        m->keep = ~((uintptr_t)PTRMAP_DIST_MAX | PTRMAP_FP_BITS);
     for (size_t i = 0; i < m->cap; i++) {
         if (!m->slots[i])
             continue;
@@ -600,7 +598,7 @@ bool ptrmap_grow(struct ptrmap *m)
         size_t j = ptrmap_hash(b->addr, ncap), d = 0;
         for (; slots[j]; j = ptrmap_next(j, ncap))
             d++;
-        slots[j] = (m->slots[i] & m->fp_mask) | (uintptr_t)b | (d < PTRMAP_DIST_MAX ? d : PTRMAP_DIST_MAX);
+        slots[j] = ptrmap_retag(m->slots[i], d);
     }
     free(m->slots);
     m->slots = slots;
@@ -611,10 +609,8 @@ bool ptrmap_grow(struct ptrmap *m)
 void ptrmap_fp_off(struct ptrmap *m)
 {
     for (size_t i = 0; i < m->cap; i++)
-        m->slots[i] &= ~m->fp_mask;
-    m->fp_mask = 0;
-    m->keep = ~(uintptr_t)PTRMAP_DIST_MAX;
-    m->fp_off = true;
+        m->slots[i] &= ~PTRMAP_FP_BITS;
+    m->keep = PTRMAP_KEEP_NO_FP;
 }
 
 void ptrmap_destroy(struct ptrmap *m)

@@ -189,10 +189,12 @@ static inline bool block_is_split(const struct block *b) { return b->prev || b->
 /* The pool of a block: its segment's (a block never changes pool or segment). */
 static inline struct bpool *block_pool(const struct block *b) { return b->seg->pool; }
 
-/* @p b lives in segment @p s (whose pool is set): the segment and the pool bits together. */
+/* @p b lives in segment @p s (its pool and vseg set): the segment and what it decides
+ * (BLOCK_SEG_BITS: expandable and the pool bits) together. */
 static inline void block_set_seg(struct block *b, struct segrec *s)
 {
     b->seg = s;
+    b->expandable = s->vseg != NULL;
     b->small_pool = s->pool->is_small;
     b->private_pool = s->pool->is_private;
 }
@@ -529,7 +531,7 @@ static inline bool stream_set_has(const struct stream_set *s, CUstream st)
  * through the pointer only for an entry whose home slot and fingerprint are the key's: a probe
  * past other entries, and the shift of a deletion, read no block, so a free of a cold pointer
  * misses on its slot and its own block and nothing else. A block struct above 2^48 (a platform
- * that maps user memory there) turns the fingerprints off for good (fp_mask 0): every entry
+ * that maps user memory there) turns the fingerprints off for good (ptrmap_fp_off): every entry
  * sharing the key's home is then compared through its block, as before.
  * Size: at most 3/4 of the slots used, and a full map grows by half (not a power of two: the home
  * slot is the hash scaled to the capacity), so the map costs 10.7 to 16 bytes a live block rather
@@ -539,19 +541,22 @@ struct ptrmap {
     uintptr_t *slots; /* 0: empty; else block pointer | min(distance, 15) | fingerprint */
     size_t cap;       /* slots, or 0 */
     size_t count;
-    uintptr_t fp_mask; /* the fingerprint's bits in a slot (PTRMAP_FP_BITS), or 0 once turned off */
-    uintptr_t keep;    /* ~(distance bits | fp_mask): a slot's block pointer (ptrmap_block) */
-    bool fp_off;       /* fingerprints turned off for good (ptrmap_fp_off), tables to come too */
+    /* The bits of a slot that are its block pointer (ptrmap_block): 0 before the first table,
+     * ~(distance | PTRMAP_FP_BITS) with fingerprints, ~distance once they are off for good
+     * (ptrmap_fp_off; the first table keeps that too). */
+    uintptr_t keep;
 };
 
 #define PTRMAP_DIST_MAX 15u
 #if UINTPTR_MAX > 0xFFFFFFFFu
-#define PTRMAP_FP_SHIFT 48
-#define PTRMAP_FP_BITS (~(uintptr_t)0 << PTRMAP_FP_SHIFT)
+#define PTRMAP_FP_BITS (~(uintptr_t)0 << 48)
 #else
-#define PTRMAP_FP_SHIFT 0
 #define PTRMAP_FP_BITS ((uintptr_t)0) /* no spare bits in a 32-bit pointer */
 #endif
+#define PTRMAP_KEEP_NO_FP (~(uintptr_t)PTRMAP_DIST_MAX) /* ptrmap.keep with fingerprints off */
+
+/* The fingerprint's bits in a slot of @p m (a map with a table): PTRMAP_FP_BITS, or 0 off. */
+static inline uintptr_t ptrmap_fp_mask(const struct ptrmap *m) { return ~(m->keep | PTRMAP_DIST_MAX); }
 
 /* The multiplicative hash of an address (its low 9 bits are always 0). */
 static inline uint64_t ptrmap_mix(uintptr_t key) { return (uint64_t)(key >> 9) * 0x9E3779B97F4A7C15ull; }
@@ -563,7 +568,6 @@ static inline size_t ptrmap_hash(uintptr_t key, size_t cap) { return ptrmap_home
 /* The fingerprint of hash @p h where a slot keeps it (bits the home slot barely uses: the scaling
  * reads the hash's top bits). */
 static inline uintptr_t ptrmap_fp_of(uint64_t h) { return (uintptr_t)(h << 16) & PTRMAP_FP_BITS; }
-static inline uintptr_t ptrmap_fp(uintptr_t key) { return ptrmap_fp_of(ptrmap_mix(key)); }
 
 /* The slot after @p i, wrapping at @p cap. */
 static inline size_t ptrmap_next(size_t i, size_t cap) { return XSEG_UNLIKELY(i + 1 == cap) ? 0 : i + 1; }
@@ -582,10 +586,17 @@ static inline size_t ptrmap_dist(const struct ptrmap *m, uintptr_t e, size_t j)
     return d;
 }
 
+/* Slot word @p e (pointer and fingerprint kept) at probe distance @p dist: an entry that moves
+ * (a deletion's shift, a rehash) or a new one (ptrmap_entry). */
+static inline uintptr_t ptrmap_retag(uintptr_t e, size_t dist)
+{
+    return (e & ~(uintptr_t)PTRMAP_DIST_MAX) | (dist < PTRMAP_DIST_MAX ? dist : PTRMAP_DIST_MAX);
+}
+
 /* The slot word of @p b (fingerprint @p fp, as ptrmap_find gives it) at probe distance @p dist. */
 static inline uintptr_t ptrmap_entry(const struct block *b, uintptr_t fp, size_t dist)
 {
-    return (uintptr_t)b | (dist < PTRMAP_DIST_MAX ? dist : PTRMAP_DIST_MAX) | fp;
+    return ptrmap_retag((uintptr_t)b | fp, dist);
 }
 
 /* The slot holding @p key, or the empty slot that ends its probe (*@p dist: its distance; *@p fpo:
@@ -595,11 +606,13 @@ static inline size_t ptrmap_find(const struct ptrmap *m, uintptr_t key, size_t *
 {
     uint64_t h = ptrmap_mix(key);
     size_t cap = m->cap, i = ptrmap_home(h, cap), d = 0;
-    uintptr_t fp = ptrmap_fp_of(h) & m->fp_mask;
+    /* ~keep is the distance and fingerprint bits: the key's fingerprint (its low bits are 0), and
+     * an entry's matches when only distance bits differ. */
+    uintptr_t tag = ~m->keep, fp = ptrmap_fp_of(h) & tag;
     *fpo = fp;
     for (uintptr_t e; (e = m->slots[i]) != 0; i = ptrmap_next(i, cap), d++) {
         size_t t = e & PTRMAP_DIST_MAX;
-        if ((t == d || (t == PTRMAP_DIST_MAX && d >= PTRMAP_DIST_MAX)) && (e & m->fp_mask) == fp &&
+        if ((t == d || (t == PTRMAP_DIST_MAX && d >= PTRMAP_DIST_MAX)) && ((e ^ fp) & tag) <= PTRMAP_DIST_MAX &&
             ptrmap_block(m, e)->addr == key)
             break;
     }
@@ -626,7 +639,7 @@ static inline bool ptrmap_reserve(struct ptrmap *m, size_t n)
  * (ptrmap_reserve): cannot fail. @p b lies below the fingerprint's bits (ptrmap_admit). */
 static inline void ptrmap_put_reserved(struct ptrmap *m, uintptr_t key, struct block *b)
 {
-    xseg_assert(key == b->addr && ((uintptr_t)b & (PTRMAP_DIST_MAX | m->fp_mask)) == 0 &&
+    xseg_assert(key == b->addr && ((uintptr_t)b & ~m->keep) == 0 &&
                 (m->count + 1) * 4 <= m->cap * 3);
     size_t d;
     uintptr_t fp;
@@ -640,7 +653,7 @@ static inline void ptrmap_put_reserved(struct ptrmap *m, uintptr_t key, struct b
  * fingerprint's bits, fingerprints go for good (ptrmap_fp_off). */
 static inline void ptrmap_admit(struct ptrmap *m, const void *lo, const void *hi)
 {
-    if (XSEG_UNLIKELY((((uintptr_t)lo | (uintptr_t)hi) & PTRMAP_FP_BITS) && !m->fp_off))
+    if (XSEG_UNLIKELY((((uintptr_t)lo | (uintptr_t)hi) & PTRMAP_FP_BITS) && m->keep != PTRMAP_KEEP_NO_FP))
         ptrmap_fp_off(m);
 }
 
@@ -692,8 +705,7 @@ static inline struct block *ptrmap_take(struct ptrmap *m, uintptr_t key)
             break;
         size_t dj = ptrmap_dist(m, e, j), gap = ptrmap_span(i, j, cap);
         if (dj >= gap) {
-            size_t nd = dj - gap;
-            m->slots[i] = (e & ~(uintptr_t)PTRMAP_DIST_MAX) | (nd < PTRMAP_DIST_MAX ? nd : PTRMAP_DIST_MAX);
+            m->slots[i] = ptrmap_retag(e, dj - gap);
             i = j;
         }
     }

@@ -62,7 +62,6 @@ static struct block *new_unmapped(struct dev_alloc *d, struct segrec *s, uintptr
     b->size = size;
     b->stream = s->stream;
     block_set_seg(b, s);
-    b->expandable = true;
     b->mapped = false;
     return b;
 }
@@ -461,7 +460,6 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
                 abort(); /* host memory exhausted after a partial driver unmap: cannot recover */
             piece->stream = b->stream;
             block_same_seg(piece, b);
-            piece->expandable = true;
             block_link_after(cur, piece);
         }
         piece->addr = pos;
