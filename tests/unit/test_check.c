@@ -87,6 +87,25 @@ static int corrupt_bin(void *arg)
     return 0;
 }
 
+static int corrupt_pool_bit(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    struct block *b = first_free();
+    b->small_pool = !b->small_pool; /* dev_block_pool would find the other pool */
+    dev_check(dev);
+    return 0;
+}
+
+static int corrupt_pending(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    dev->live_pending = first_free(); /* a pending map insert of a block that is not allocated */
+    dev_check(dev);
+    return 0;
+}
+
 static int consistent(void *arg)
 {
     (void)arg;
@@ -108,7 +127,8 @@ static void test_dev_check(void **state)
     assert_int_equal(rt_device(0, &dev), XSEG_SUCCESS);
     int detail = 0;
     assert_int_equal(tu_run_child(consistent, NULL, &detail), TU_CHILD_OK);
-    int (*corrupt[])(void *) = {corrupt_stat, corrupt_link, corrupt_index, corrupt_bitmap, corrupt_bin};
+    int (*corrupt[])(void *) = {corrupt_stat, corrupt_link,     corrupt_index,  corrupt_bitmap,
+                                corrupt_bin,  corrupt_pool_bit, corrupt_pending};
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         assert_int_equal(tu_run_child(corrupt[i], NULL, &detail), TU_CHILD_SIGNAL);
         assert_int_equal(detail, SIGABRT);
