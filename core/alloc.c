@@ -728,29 +728,111 @@ static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct bloc
 }
 
 /*
+ * Can the pending free @p x (dev_alloc.free_pending) wait until the malloc that found @p b (best
+ * fit without x, its predecessor known) is done? Only if settling x first would change nothing
+ * the malloc does or any counter's peak:
+ * - b is not a neighbour of x, which the merge could absorb;
+ * - x is larger than b, so x merged (larger still) sorts after b: b stays the best fit, and the
+ *   index ends with the same blocks under the same keys either way (a neighbour of x that was
+ *   b's predecessor only decides whether b's remainder is re-keyed or kept in place);
+ * - an expandable b has no unmapped tail (best fit would compare the blocks after it, x among
+ *   them);
+ * - a classic b is split already, so the malloc only lowers inactive_split: the one counter x's
+ *   merge moves, whose peak malloc_settle_after completes.
+ */
+static inline bool free_pending_keeps_fit(const struct dev_alloc *d, const struct block *x, const struct block *b)
+{
+    if (b == x->prev || b == x->next || x->size <= b->size)
+        return false;
+    if (b->expandable)
+        return d->use_expandable && !(b->next && !b->next->mapped);
+    return block_is_split(b);
+}
+
+/* inactive_split of pool @p si before a malloc that lets the pending free wait: the count and
+ * bytes of that pool and of all pools (malloc_settle_after). */
+struct split_then {
+    int si;
+    int64_t n, bytes, n_all, bytes_all;
+};
+
+static inline void split_then_take(const struct dev_alloc *d, int si, struct split_then *t)
+{
+    const xseg_stat_counter *n = d->stats.inactive_split, *by = d->stats.inactive_split_bytes;
+    t->si = si;
+    t->n = n[si].current;
+    t->bytes = by[si].current;
+    t->n_all = stats_all_current(n);
+    t->bytes_all = stats_all_current(by);
+}
+
+/* Raise @p c's peak to @p v. */
+static inline void peak_at_least(xseg_stat_counter *c, int64_t v)
+{
+    if (v > c->peak)
+        c->peak = v;
+}
+
+/* The pending free, settled after a classic malloc that only lowered inactive_split (@p t: its
+ * values before). Made first, the merge would have moved them by ds from there: that peak is
+ * recorded; the malloc's own steps, all downward, reached no peak. */
+static __attribute__((noinline)) void malloc_settle_after(struct dev_alloc *d, const struct split_then *t)
+{
+    xseg_stat_counter *n = d->stats.inactive_split, *by = d->stats.inactive_split_bytes;
+    int si = t->si;
+    int64_t n1 = n[si].current, b1 = by[si].current;
+    dev_free_settle_slow(d);
+    int64_t dn = n[si].current - n1, db = by[si].current - b1;
+    peak_at_least(&n[si], t->n + dn);
+    peak_at_least(&n[XSEG_STAT_ALL], t->n_all + dn);
+    peak_at_least(&by[si], t->bytes + db);
+    peak_at_least(&by[XSEG_STAT_ALL], t->bytes_all + db);
+}
+
+/*
  * malloc. The fast path is the policy's first step minus the rare conditions, which malloc_slow
  * handles: a best-fit search, a split that leaves the remainder in its index place, statistics,
  * one hash insert. No driver call, no allocation (block structs come from the spare list), no
  * atomic read-modify-write besides the lock's compare-exchange. A miss goes on to malloc_policy's
- * later steps. The device lock is taken here and given back here.
+ * later steps. The device lock is taken here and given back here. The last free's pending merge
+ * (dev_alloc.free_pending) is made before the search, or after the malloc when it cannot change
+ * the fit (free_pending_keeps_fit).
  */
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    dev_lock_raw(d);
+    dev_lock_malloc(d);
     xseg_status st;
     /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
-        /* A malloc moves counters up: the slots counted above what they hold settle first. */
-        if (XSEG_UNLIKELY(d->busy_slots))
-            dev_slots_settle_for_raise(d, stream);
+        /* A malloc moves counters up: the slots counted above what they hold settle first (and the
+         * pending free before them, as any other lock taker would). The GC clock's tick in the
+         * search must happen once: the pending free settles before it. */
+        if (XSEG_UNLIKELY(d->busy_slots || (d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))) {
+            dev_free_settle(d);
+            if (d->busy_slots)
+                dev_slots_settle_for_raise(d, stream);
+        }
         struct alloc_params p;
         p.size = round_plain(size);
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
+        /* A pending block no larger than the request is no larger than any fit: it could only
+         * wait if it were (free_pending_keeps_fit), so it is made before the one search. */
+        struct block *x = d->free_pending;
+        if (x && x->size <= p.size) {
+            dev_free_settle_slow(d);
+            x = NULL;
+        }
         struct block *pred;
         bool pred_ok;
         struct block *b = find_free_block(d, &p, &pred, &pred_ok);
+        if (x && !(b && pred_ok && free_pending_keeps_fit(d, x, b))) {
+            /* The pending free may change the fit: settled first, searched again. */
+            dev_free_settle_slow(d);
+            x = NULL;
+            b = find_free_block(d, &p, &pred, &pred_ok);
+        }
         if (XSEG_LIKELY(b && pred_ok)) {
             /* The pointer handed out is b's address: its map slot (a cache miss at many live
              * blocks) loads while the split and the counters run. */
@@ -758,11 +840,21 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
             p.block = b;
             /* The permit: nothing is pending, active moves with allocation (dev_alloc.pending). */
             xseg_assert(!d->pending[XSEG_STAT_ALL]);
+            struct split_then t;
+            if (x && !x->expandable)
+                split_then_take(d, dev_block_pool(d, x)->stat_index, &t);
             st = malloc_finish(d, &p, size, true, pred, out, NULL, true);
+            if (x) {
+                if (x->expandable)
+                    dev_free_settle_slow(d); /* moves no counter */
+                else
+                    malloc_settle_after(d, &t);
+            }
         } else {
             st = malloc_slow(d, size, stream, true, b, out);
         }
     } else {
+        dev_free_settle(d);
         st = malloc_slow(d, size, stream, false, NULL, out);
     }
     dev_unlock(d);
@@ -839,7 +931,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         xseg_assert(!b->sided);
         if (XSEG_UNLIKELY(b->sided))
             block_side_free(b); /* release builds: the word must hold the requested size below */
-        dev_free_block_inline(d, b);
+        dev_free_block_inline(d, b, true);
     }
     return st;
 }
@@ -909,7 +1001,15 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     if (XSEG_UNLIKELY(block_free_slow(b))) {
         st = free_ptr_rare(d, b);
     } else {
-        dev_free_block_inline(d, b);
+        /* The merge reads the neighbours' state, a cache miss each at many live blocks: it waits
+         * for the next lock holder (dev_alloc.free_pending) while they load. The requested bytes
+         * go down now, as the free's other counters did: their peaks see the order of the calls. */
+        dev_account_inactive(d, si, b->u.requested_size);
+        if (b->prev)
+            __builtin_prefetch(&b->prev->in_index);
+        if (b->next)
+            __builtin_prefetch(&b->next->in_index);
+        d->free_pending = b;
     }
     dev_unlock(d);
     return st;

@@ -338,7 +338,7 @@ size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
 
 /* dev_free_block_inline when b has no free neighbour or two: merge through dev_try_merge, re-index. Out
  * of line so that the common case keeps few registers live. */
-__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
+__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b, bool account)
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = dev_block_pool(d, b);
@@ -365,7 +365,26 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
         if (net_bytes)
             stat_add_pool(d->stats.inactive_split_bytes, pool->stat_index, net_bytes);
     }
-    dev_account_inactive(d, pool->stat_index, requested);
+    if (account)
+        dev_account_inactive(d, pool->stat_index, requested);
+}
+
+/* The pending free's merge with its one free neighbour (out of line: 8 % of the churn's frees). */
+static __attribute__((noinline)) void free_settle_one(struct dev_alloc *d, struct block *b)
+{
+    dev_free_block_inline(d, b, false);
+}
+
+void dev_free_settle_slow(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    struct block *b = d->free_pending;
+    d->free_pending = NULL;
+    /* Both calls in tail position: the common case (no free neighbour) builds no frame here. */
+    if (dev_free_merges_one(b))
+        free_settle_one(d, b);
+    else
+        dev_free_block_general(d, b, false);
 }
 
 /* The free of a recorded block is complete (its memory may be reused): the event, and the block
@@ -460,5 +479,5 @@ void dev_free_block(struct dev_alloc *d, struct block *b)
     xseg_assert(!b->sided);
     if (XSEG_UNLIKELY(b->sided))
         block_side_free(b); /* release builds: the word must hold the requested size below */
-    dev_free_block_inline(d, b);
+    dev_free_block_inline(d, b, true);
 }

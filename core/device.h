@@ -112,6 +112,13 @@ struct dev_alloc {
      * the insert cannot fail. NULL when none; every lock taker settles it first (dev_lock_raw,
      * dev_acquire), so nothing but the rest of that malloc ever sees the map without it. */
     struct block *live_pending;
+    /* The last fast-path free's merge and index insert, left to the next holder of the lock (the
+     * free's counters but inactive_split are down already). The free prefetched the block's
+     * neighbours, whose state the merge reads (at a million live blocks, one DRAM latency), so
+     * the caller's work and the next malloc's search hide it. Every lock taker settles it first
+     * (dev_lock_raw, dev_acquire), except the fast-path malloc: it searches first and settles
+     * after its own work when the pending block cannot change what it finds (dev_free_settle). */
+    struct block *free_pending;
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
@@ -279,21 +286,40 @@ static inline void dev_live_settle(struct dev_alloc *d)
     }
 }
 
-/* Take the device lock and leave the slots as they are: for malloc and free, which settle what
- * they touch (alloc.c), and for reading the statistics, which folds the slots' debts. The map's
- * pending insert is made. */
-static inline void dev_lock_raw(struct dev_alloc *d)
+/* The pending free's merge and insert (dev_alloc.free_pending), made now (out of line). */
+void dev_free_settle_slow(struct dev_alloc *d);
+static inline void dev_free_settle(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (d->free_pending)
+        dev_free_settle_slow(d);
+}
+
+/* Take the device lock for the fast-path malloc: the map's pending insert is made, the pending
+ * free is left to the malloc (alloc.c, malloc_locked). */
+static inline void dev_lock_malloc(struct dev_alloc *d)
 {
     lock_acquire(&d->lock);
     dev_live_settle(d);
 }
 
+/* Take the device lock and leave the slots as they are: for free, which settles what it touches
+ * (alloc.c), and for reading the statistics, which folds the slots' debts. The map's pending
+ * insert and the pending free are made. */
+static inline void dev_lock_raw(struct dev_alloc *d)
+{
+    lock_acquire(&d->lock);
+    dev_live_settle(d);
+    dev_free_settle(d);
+}
+
 /* Take the device lock for anything other than the two fast paths: the lock, the map's pending
- * insert, then the slot merged (dev_lock also refreshes the configuration). */
+ * insert and the pending free, then the slot merged (dev_lock also refreshes the configuration). */
 static inline void dev_acquire(struct dev_alloc *d)
 {
     lock_acquire(&d->lock);
     dev_live_settle(d);
+    dev_free_settle(d);
     dev_lazy_settle(d);
 }
 
@@ -386,8 +412,9 @@ size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
  * capreuse.c, the undo of a malloc). */
 void dev_free_block(struct dev_alloc *d, struct block *b);
 
-/* The free path's merge when @p b has no free neighbour or two (out of line). */
-void dev_free_block_general(struct dev_alloc *d, struct block *b);
+/* The free path's merge when @p b has no free neighbour or two (out of line); @p account: the
+ * requested bytes go down too (dev_account_inactive; a pending free's went at the free). */
+void dev_free_block_general(struct dev_alloc *d, struct block *b, bool account);
 
 /* The counters of a block that stops being active (every path of the free). `active` and
  * `active_bytes` are folded from allocation and pending (see dev_alloc.pending). */
@@ -421,21 +448,30 @@ void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out);
 /* Every peak to its current (reset_peak_memory_stats). */
 void dev_stats_reset_peaks(struct dev_alloc *d);
 
+/* Does exactly one neighbour of @p b lie in the free index (in_index && mapped)? Such a
+ * neighbour is free, mapped, with no events and no recorded streams: dev_try_merge's rule holds
+ * for it (b is mapped). A mergeable neighbour outside every index does not exist while a free
+ * runs, so this is "exactly one can merge": dev_free_block_inline's own case. */
+static inline bool dev_free_merges_one(const struct block *b)
+{
+    const struct block *prev = b->prev, *next = b->next;
+    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
+    return fp != fn;
+}
+
 /* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
- * statistics. Inline for the free fast path (alloc.c); the other modules call dev_free_block. */
-static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b)
+ * statistics (the requested bytes only with @p account). Inline for the free path (alloc.c); the
+ * other modules call dev_free_block. */
+static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b,
+                                                                       bool account)
 {
     lock_assert_held(&d->lock);
     struct block *prev = b->prev, *next = b->next;
-    /* A neighbour in the free index (in_index && mapped) is free, mapped, with no events and no
-     * recorded streams: dev_try_merge's rule holds for it (b is mapped). A mergeable neighbour
-     * outside every index does not exist while this runs, so "exactly one neighbour in the
-     * free index" is "exactly one can merge". */
-    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
-    if (XSEG_UNLIKELY(fp == fn)) {
-        dev_free_block_general(d, b);
+    if (XSEG_UNLIKELY(!dev_free_merges_one(b))) {
+        dev_free_block_general(d, b, account);
         return;
     }
+    bool fn = next && (next->in_index & next->mapped);
     /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
      * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
      * path (the merged block is the same range), with no treap remove/insert. */
@@ -465,7 +501,8 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
             stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
         }
     }
-    dev_account_inactive(d, si, requested);
+    if (account)
+        dev_account_inactive(d, si, requested);
 }
 
 #endif
