@@ -2,7 +2,7 @@
  * bench_scale: how the host path scales with threads and with live blocks.
  *
  *   bench_scale [--threads 1,2,4,8] [--live 1000,10000,100000,1000000] [--pairs N] [--reps R]
- *               [--only threads|live]
+ *               [--only threads|live] [--split]
  *
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
@@ -11,7 +11,9 @@
  * Live blocks: with L blocks alive (random sizes of 512 B to 64 KiB, the small pool, one stream), N churn pairs each free a random live block and allocate a new random size in its
  * place: ns per churn pair (median of R), and the host memory the allocator holds per live block
  * (the heap in use, mallinfo2's uordblks + hblkhd, after the blocks were allocated minus before,
- * divided by L: block structs, indexes and the pointer map).
+ * divided by L: block structs, indexes and the pointer map). --split adds R more runs of the churn
+ * that read the clock around each call: ns per free and per malloc (median of R; each includes
+ * one clock reading, whose cost the table's caption gives), so the pair's time can be placed.
  * Each cell runs in a child process of its own (a fresh allocator), classic and expandable mode.
  * Without a GPU (no libcuda.so.1, $XSEG_LIBCUDA unset) it runs on the cudaemu built here.
  */
@@ -207,7 +209,9 @@ static size_t heap_in_use(void)
     return mi.uordblks + mi.hblkhd;
 }
 
-/* One cell, in a child: prints "ns_per_churn_pair bytes_per_live_block". */
+static bool split_calls; /* --split */
+
+/* One cell, in a child: prints "ns_per_churn_pair bytes_per_live_block [ns_per_free ns_per_malloc]". */
 static int live_cell(bool expandable, size_t live, size_t pairs, int reps)
 {
     if (xseg_init(expandable ? "expandable_segments:True" : "expandable_segments:False") != XSEG_SUCCESS) {
@@ -251,8 +255,45 @@ static int live_cell(bool expandable, size_t live, size_t pairs, int reps)
         }
         ns[r] = (double)(now_ns() - t0) / (double)pairs;
     }
-    printf("%.1f %.1f\n", bench_median(ns, (size_t)reps), per_block);
+    printf("%.1f %.1f", bench_median(ns, (size_t)reps), per_block);
+    if (split_calls) {
+        /* The same churn with the clock read between the calls: the free's time starts after its
+         * pointer was loaded from v[], so the benchmark's own miss falls outside both halves. */
+        double nf[64], nm[64];
+        for (int r = 0; r < reps; r++) {
+            uint64_t tf = 0, tm = 0;
+            for (size_t i = 0; i < pairs; i++) {
+                size_t k = next_rand() % live;
+                void *p = v[k];
+                uint64_t t0 = now_ns();
+                xseg_free(p);
+                uint64_t t1 = now_ns();
+                if (xseg_malloc(&v[k], rand_size(), 0, NULL) != XSEG_SUCCESS) {
+                    fprintf(stderr, "bench_scale: xseg_malloc: %s\n", xseg_last_error());
+                    return 1;
+                }
+                uint64_t t2 = now_ns();
+                tf += t1 - t0;
+                tm += t2 - t1;
+            }
+            nf[r] = (double)tf / (double)pairs;
+            nm[r] = (double)tm / (double)pairs;
+        }
+        printf(" %.1f %.1f", bench_median(nf, (size_t)reps), bench_median(nm, (size_t)reps));
+    }
+    printf("\n");
     return 0;
+}
+
+/* What one reading of now_ns() costs (the unit the split columns each include once). */
+static double clock_ns(void)
+{
+    size_t n = 1000000;
+    uint64_t t0 = now_ns(), x = 0;
+    for (size_t i = 0; i < n; i++)
+        x += now_ns();
+    __asm__ volatile("" : : "r"(x));
+    return (double)(now_ns() - t0) / (double)n;
 }
 
 /* What one dependent load costs on this machine over @p bytes of memory: a random cyclic walk of
@@ -356,9 +397,11 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--split"))
+            split_calls = true;
         else {
             fprintf(stderr, "usage: bench_scale [--threads 1,2,4,8] [--live 1000,...] [--pairs N] [--reps R] "
-                            "[--only threads|live]\n");
+                            "[--only threads|live] [--split]\n");
             return 2;
         }
     }
@@ -414,18 +457,26 @@ int main(int argc, char **argv)
         double l1 = chase_ns((size_t)1 << 20, 3), l64 = chase_ns((size_t)64 << 20, 3);
         printf("A dependent load on this machine: %.1f ns within 1 MiB, %.1f ns over 64 MiB (a random "
                "walk of the cache lines, median of 3)\n\n", l1, l64);
-        printf("| live blocks | classic ns/pair | classic B/block | expandable ns/pair | expandable B/block |\n"
-               "|---|---|---|---|---|\n");
+        if (split_calls)
+            printf("Split: ns per free and per malloc of the churn, timed call by call (a clock reading costs "
+                   "%.1f ns here; each figure includes one)\n\n", clock_ns());
+        printf("| live blocks | classic ns/pair | classic B/block | expandable ns/pair | expandable B/block |%s\n"
+               "|---|---|---|---|---|%s\n",
+               split_calls ? " classic free | classic malloc | expandable free | expandable malloc |" : "",
+               split_calls ? "---|---|---|---|" : "");
         for (size_t i = 0; i < nlives; i++) {
-            double ns[2], bpb[2];
+            double ns[2], bpb[2], fr[2] = {0, 0}, ma[2] = {0, 0};
             for (int e = 0; e < 2; e++) {
                 if (run_child(live_cell, e, lives[i], pairs, reps, line, sizeof line)) {
                     fprintf(stderr, "bench_scale: live-blocks cell failed\n");
                     return 1;
                 }
-                sscanf(line, "%lf %lf", &ns[e], &bpb[e]);
+                sscanf(line, "%lf %lf %lf %lf", &ns[e], &bpb[e], &fr[e], &ma[e]);
             }
-            printf("| %zu | %.1f | %.0f | %.1f | %.0f |\n", lives[i], ns[0], bpb[0], ns[1], bpb[1]);
+            printf("| %zu | %.1f | %.0f | %.1f | %.0f |", lives[i], ns[0], bpb[0], ns[1], bpb[1]);
+            if (split_calls)
+                printf(" %.1f | %.1f | %.1f | %.1f |", fr[0], ma[0], fr[1], ma[1]);
+            printf("\n");
             fflush(stdout);
         }
     }
