@@ -806,12 +806,10 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
         /* A malloc moves counters up: the slots counted above what they hold settle first (and the
-         * pending free before them, as any other lock taker would). The GC clock's tick in the
-         * search must happen once: the pending free settles before it. */
-        if (XSEG_UNLIKELY(d->busy_slots || (d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))) {
+         * pending free before them, as any other lock taker would). */
+        if (XSEG_UNLIKELY(d->busy_slots)) {
             dev_free_settle(d);
-            if (d->busy_slots)
-                dev_slots_settle_for_raise(d, stream);
+            dev_slots_settle_for_raise(d, stream);
         }
         struct alloc_params p;
         p.size = round_plain(size);
@@ -1000,6 +998,10 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
      * reload the block's fields after it. */
     if (XSEG_UNLIKELY(block_free_slow(b))) {
         st = free_ptr_rare(d, b);
+    } else if (d->live.count < d->free_defer_min || (d->set_fraction && d->cfg.garbage_collection_threshold > 0.0)) {
+        /* Few live blocks: their neighbours are cached. The GC clock ticks in every search: a
+         * malloc that searched again after making the pending free would tick it twice. */
+        dev_free_block_inline(d, b, true);
     } else {
         /* The merge reads the neighbours' state, a cache miss each at many live blocks: it waits
          * for the next lock holder (dev_alloc.free_pending) while they load. The requested bytes

@@ -68,6 +68,7 @@ xseg_status dev_create(int device, struct dev_alloc **out)
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
+    d->free_defer_min = DEV_FREE_DEFER_MIN;
     dev_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
     dev_unlock(d);

@@ -119,6 +119,11 @@ struct dev_alloc {
      * (dev_lock_raw, dev_acquire), except the fast-path malloc: it searches first and settles
      * after its own work when the pending block cannot change what it finds (dev_free_settle). */
     struct block *free_pending;
+    /* Live blocks from which a fast-path free defers its merge (free_pending). Below, the blocks'
+     * structs stay cached and the deferral's bookkeeping would cost more than it hides: ~2-3 % of
+     * the churn pair at 10^4 blocks and ~6 % at 10^3 (docs/benchmarks-host.md). Debug builds
+     * defer always, so that every test runs the deferred path under dev_check. */
+    size_t free_defer_min;
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
@@ -285,6 +290,13 @@ static inline void dev_live_settle(struct dev_alloc *d)
         ptrmap_put_reserved(&d->live, b->addr, b);
     }
 }
+
+/* dev_alloc.free_defer_min's value. */
+#if XSEG_DEBUG_LEVEL >= 1
+#define DEV_FREE_DEFER_MIN ((size_t)0)
+#else
+#define DEV_FREE_DEFER_MIN ((size_t)1 << 16)
+#endif
 
 /* The pending free's merge and insert (dev_alloc.free_pending), made now (out of line). */
 void dev_free_settle_slow(struct dev_alloc *d);

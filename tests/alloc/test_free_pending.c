@@ -34,6 +34,7 @@ static void fresh(void)
     tu_xseg_init_or_skip(kind_config);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    rt_device_peek(0)->free_defer_min = 0; /* defer at any count (release builds wait for 2^16) */
 }
 
 /* The block whose free waits, or NULL (no lock taken since the free). */
@@ -65,6 +66,23 @@ static void test_malloc_takes_it(void **state)
     void *y = tu_malloc(8 * KIB, NULL);
     assert_ptr_equal(y, x);
     assert_int_equal(pending_addr(), 0);
+    tu_free(y);
+    tu_free(a);
+    tu_free(c);
+    tu_free(other);
+}
+
+/* A pending block larger than the request but smaller than the search's fit (the segment's free
+ * tail) is the best fit once made: the malloc must settle and search again. */
+static void test_fits_between(void **state)
+{
+    (void)state;
+    fresh();
+    void *a = tu_malloc(4 * KIB, NULL), *x = tu_malloc(16 * KIB, NULL), *c = tu_malloc(4 * KIB, NULL);
+    void *other = tu_malloc(4 * MIB, NULL);
+    free_pends(x);
+    void *y = tu_malloc(8 * KIB, NULL);
+    assert_ptr_equal(y, x);
     tu_free(y);
     tu_free(a);
     tu_free(c);
@@ -218,6 +236,29 @@ static void test_expandable_tail(void **state)
     tu_free(f2);
 }
 
+/* With garbage collection on, each search ticks the GC clock: a malloc that searched again after
+ * making a pending free would tick it twice, so frees make their merge at once. */
+static void test_gc_frees_at_once(void **state)
+{
+    (void)state;
+    fresh();
+    char config[256];
+    snprintf(config, sizeof config, "%s,garbage_collection_threshold:0.6", kind_config);
+    tu_xseg_init_or_skip(config);
+    assert_int_equal(xseg_set_memory_fraction(0.9, 0), XSEG_SUCCESS);
+    void *a = tu_malloc(4 * KIB, NULL), *x = tu_malloc(64 * KIB, NULL), *c = tu_malloc(4 * KIB, NULL);
+    void *other = tu_malloc(4 * MIB, NULL);
+    tu_free(x);
+    assert_int_equal(pending_addr(), 0);
+    assert_ptr_equal(tu_malloc(64 * KIB, NULL), x);
+    tu_free(x);
+    tu_free(a);
+    tu_free(c);
+    tu_free(other);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    tu_xseg_init_or_skip(kind_config);
+}
+
 /* The requested bytes go down at the free itself (the next malloc raises them). */
 static void test_requested_at_free(void **state)
 {
@@ -291,10 +332,12 @@ int main(int argc, char **argv)
         return 2;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_malloc_takes_it),    cmocka_unit_test(test_merged_takes_it),
+        cmocka_unit_test(test_malloc_takes_it),    cmocka_unit_test(test_fits_between),
+        cmocka_unit_test(test_merged_takes_it),
         cmocka_unit_test(test_neighbour_fit),      cmocka_unit_test(test_larger_block_waits),
         cmocka_unit_test(test_peak_between),       cmocka_unit_test(test_peak_unsplit_fit),
-        cmocka_unit_test(test_expandable_tail),    cmocka_unit_test(test_requested_at_free),
+        cmocka_unit_test(test_expandable_tail),    cmocka_unit_test(test_gc_frees_at_once),
+        cmocka_unit_test(test_requested_at_free),
         cmocka_unit_test(test_entry_points_settle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
