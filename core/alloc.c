@@ -138,7 +138,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = p->pool;
-    if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
+    if (XSEG_UNLIKELY(dev_gc_on(d)))
         pool->get_free_blocks_call_count++;
     struct block *next;
     struct block *b = bpool_fit(pool, p->stream, p->size, pred, &next);
@@ -527,7 +527,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     }
 
     /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
-    if (XSEG_UNLIKELY(d->set_fraction && d->cfg.garbage_collection_threshold > 0.0))
+    if (XSEG_UNLIKELY(dev_gc_on(d)))
         release_garbage_collect(d);
 
     /* 4. A new segment (classic), or room in an expandable one. */
@@ -766,13 +766,6 @@ static inline void split_then_take(const struct dev_alloc *d, int si, struct spl
     t->bytes_all = stats_all_current(by);
 }
 
-/* Raise @p c's peak to @p v. */
-static inline void peak_at_least(xseg_stat_counter *c, int64_t v)
-{
-    if (v > c->peak)
-        c->peak = v;
-}
-
 /* The pending free, settled after a classic malloc that only lowered inactive_split (@p t: its
  * values before). Made first, the merge would have moved them by ds from there: that peak is
  * recorded; the malloc's own steps, all downward, reached no peak. */
@@ -783,10 +776,10 @@ static __attribute__((noinline)) void malloc_settle_after(struct dev_alloc *d, c
     int64_t n1 = n[si].current, b1 = by[si].current;
     dev_free_settle_slow(d);
     int64_t dn = n[si].current - n1, db = by[si].current - b1;
-    peak_at_least(&n[si], t->n + dn);
-    peak_at_least(&n[XSEG_STAT_ALL], t->n_all + dn);
-    peak_at_least(&by[si], t->bytes + db);
-    peak_at_least(&by[XSEG_STAT_ALL], t->bytes_all + db);
+    stat_peak_at_least(&n[si], t->n + dn);
+    stat_peak_at_least(&n[XSEG_STAT_ALL], t->n_all + dn);
+    stat_peak_at_least(&by[si], t->bytes + db);
+    stat_peak_at_least(&by[XSEG_STAT_ALL], t->bytes_all + db);
 }
 
 /*
@@ -943,10 +936,10 @@ static bool slot_fill_ok(struct dev_alloc *d, const struct block *b)
 {
     lock_assert_held(&d->lock);
     const struct block *prev = b->prev, *next = b->next;
-    if (block_free_slow(b) || !next || !(next->in_index & next->mapped) ||
-        (prev && (prev->in_index & prev->mapped)) || settings_gen() != d->fast_gen)
+    if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
+        settings_gen() != d->fast_gen)
         return false;
-    if (d->set_fraction && d->cfg.garbage_collection_threshold > 0.0)
+    if (dev_gc_on(d))
         return false;
     if (!b->expandable && (prev || next->next))
         return false;
@@ -998,7 +991,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
      * reload the block's fields after it. */
     if (XSEG_UNLIKELY(block_free_slow(b))) {
         st = free_ptr_rare(d, b);
-    } else if (d->live.count < d->free_defer_min || (d->set_fraction && d->cfg.garbage_collection_threshold > 0.0)) {
+    } else if (d->live.count < d->free_defer_min || dev_gc_on(d)) {
         /* Few live blocks: their neighbours are cached. The GC clock ticks in every search: a
          * malloc that searched again after making the pending free would tick it twice. */
         dev_free_block_inline(d, b, true);

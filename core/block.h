@@ -185,6 +185,8 @@ struct bpool {
 };
 
 static inline bool block_is_split(const struct block *b) { return b->prev || b->next; }
+/* Is @p b (NULL: no) in the free index: free and cached, mapped, in_index? */
+static inline bool block_in_free_index(const struct block *b) { return b && (b->in_index & b->mapped); }
 
 /* The pool of a block: its segment's (a block never changes pool or segment). */
 static inline struct bpool *block_pool(const struct block *b) { return b->seg->pool; }

@@ -19,7 +19,6 @@ struct recount {
     size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed, slot_lazy, free_pending;
 };
 
-static bool in_free_index(const struct block *b) { return b && b->in_index && b->mapped; }
 static bool pending(const struct block *b) { return !b->allocated && (block_event_count(b) > 0 || block_uses_n(b)); }
 
 /* @p b if it is a busy slot's freed block (struct dev_slot), else NULL (also for NULL). */
@@ -181,7 +180,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
      * block's). */
     if (slot_lazy(d, b)) {
         CHECK(!b->allocated && !b->in_index && !pending(b) && b->mapped);
-        CHECK(in_free_index(b->next) && !in_free_index(b->prev));
+        CHECK(block_in_free_index(b->next) && !block_in_free_index(b->prev));
         CHECK(live_has(d, b));
         rc->slot_lazy++;
         rc->reserved_bytes[si] += (int64_t)b->size;
@@ -198,7 +197,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     /* A side struct only while the block is in use (allocated, pending, or a slot's). */
     CHECK(!b->sided || allocated || pending(b) || slot_lazy(d, b));
     /* Two free neighbours merge; so do two unmapped ones. */
-    CHECK(!(in_free_index(b) && in_free_index(b->next)));
+    CHECK(!(block_in_free_index(b) && block_in_free_index(b->next)));
     CHECK(!(b->next && !b->mapped && !b->next->mapped));
     /* Free, mapped, nothing pending: cached, so in the free index; unmapped: in the unmapped one.
      * The last fast-path free may wait for the next lock holder to merge and index it
@@ -228,7 +227,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         rc->reserved_bytes[si] += (int64_t)b->size;
         rc->driver_bytes += b->size;
     }
-    if (in_free_index(b))
+    if (block_in_free_index(b))
         rc->free_indexed++;
     else if (b->in_index)
         rc->unmapped_indexed++;

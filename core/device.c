@@ -268,7 +268,7 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     } else {
         struct block *prev = b->prev;
         xseg_assert(!b->allocated && !b->in_index && !block_uses_n(b) && !block_event_count(b));
-        xseg_assert(r && r->in_index && r->mapped && !(prev && prev->in_index && prev->mapped));
+        xseg_assert(block_in_free_index(r) && !block_in_free_index(prev));
         (void)ptrmap_take(&d->live, b->addr);
         bpool_free_grow(pool, r, b->addr, r->size + b->size);
         block_splice_out(r->seg, prev, r);

@@ -291,6 +291,12 @@ static inline void dev_live_settle(struct dev_alloc *d)
     }
 }
 
+/* Does every search tick the GC clock (garbage_collection_threshold with a memory fraction set)? */
+static inline bool dev_gc_on(const struct dev_alloc *d)
+{
+    return d->set_fraction && d->cfg.garbage_collection_threshold > 0.0;
+}
+
 /* dev_alloc.free_defer_min's value. */
 #if XSEG_DEBUG_LEVEL >= 1
 #define DEV_FREE_DEFER_MIN ((size_t)0)
@@ -466,9 +472,7 @@ void dev_stats_reset_peaks(struct dev_alloc *d);
  * runs, so this is "exactly one can merge": dev_free_block_inline's own case. */
 static inline bool dev_free_merges_one(const struct block *b)
 {
-    const struct block *prev = b->prev, *next = b->next;
-    bool fp = prev && (prev->in_index & prev->mapped), fn = next && (next->in_index & next->mapped);
-    return fp != fn;
+    return block_in_free_index(b->prev) != block_in_free_index(b->next);
 }
 
 /* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
@@ -483,7 +487,7 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
         dev_free_block_general(d, b, account);
         return;
     }
-    bool fn = next && (next->in_index & next->mapped);
+    bool fn = block_in_free_index(next);
     /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
      * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
      * path (the merged block is the same range), with no treap remove/insert. */

@@ -178,7 +178,7 @@ size_t pools_cached_bytes(struct dev_alloc *d)
         if (!dev_pool_owner(d, s->pool) || s->asleep) /* a sleeping pool's pages are not there */
             continue;
         for (const struct block *b = s->first; b; b = b->next)
-            if (b->in_index && b->mapped)
+            if (block_in_free_index(b))
                 bytes += b->size;
     }
     return bytes;

@@ -67,6 +67,13 @@ static inline void stat_up_pool(xseg_stat_counter arr[XSEG_STAT_POOLS], int pool
         arr[XSEG_STAT_ALL].peak = total;
 }
 
+/* Raise @p c's peak to @p v (a value the counter reached, accounted out of order). */
+static inline void stat_peak_at_least(xseg_stat_counter *c, int64_t v)
+{
+    if (v > c->peak)
+        c->peak = v;
+}
+
 /* Decrease the entry of @p pool by @p n >= 0 (a decrease never moves a peak). */
 static inline void stat_down_pool(xseg_stat_counter arr[XSEG_STAT_POOLS], int pool, int64_t n)
 {

@@ -54,16 +54,15 @@ static uintptr_t pending_addr(void)
         assert_int_equal(pending_addr(), (uintptr_t)fp_);                                          \
     } while (0)
 
-/* A pending block with no free neighbour, and a malloc of its size: the block is the best fit
- * once the free is made (the segment's free tail is larger), so the malloc must settle first. */
-static void test_malloc_takes_it(void **state)
+/* a | x | c in a fresh segment, x's free pending (the last malloc elsewhere, so that x's free is
+ * not the slot's), then malloc(@p req): it must return x, the best fit once x's free is made. */
+static void pending_is_the_fit(size_t x_size, size_t req)
 {
-    (void)state;
     fresh();
-    void *a = tu_malloc(4 * KIB, NULL), *x = tu_malloc(8 * KIB, NULL), *c = tu_malloc(4 * KIB, NULL);
-    void *other = tu_malloc(4 * MIB, NULL); /* the last malloc elsewhere: x's free is not the slot's */
+    void *a = tu_malloc(4 * KIB, NULL), *x = tu_malloc(x_size, NULL), *c = tu_malloc(4 * KIB, NULL);
+    void *other = tu_malloc(4 * MIB, NULL);
     free_pends(x);
-    void *y = tu_malloc(8 * KIB, NULL);
+    void *y = tu_malloc(req, NULL);
     assert_ptr_equal(y, x);
     assert_int_equal(pending_addr(), 0);
     tu_free(y);
@@ -72,21 +71,20 @@ static void test_malloc_takes_it(void **state)
     tu_free(other);
 }
 
+/* A pending block with no free neighbour, and a malloc of its size: the block is the best fit
+ * once the free is made (the segment's free tail is larger), so the malloc must settle first. */
+static void test_malloc_takes_it(void **state)
+{
+    (void)state;
+    pending_is_the_fit(8 * KIB, 8 * KIB);
+}
+
 /* A pending block larger than the request but smaller than the search's fit (the segment's free
  * tail) is the best fit once made: the malloc must settle and search again. */
 static void test_fits_between(void **state)
 {
     (void)state;
-    fresh();
-    void *a = tu_malloc(4 * KIB, NULL), *x = tu_malloc(16 * KIB, NULL), *c = tu_malloc(4 * KIB, NULL);
-    void *other = tu_malloc(4 * MIB, NULL);
-    free_pends(x);
-    void *y = tu_malloc(8 * KIB, NULL);
-    assert_ptr_equal(y, x);
-    tu_free(y);
-    tu_free(a);
-    tu_free(c);
-    tu_free(other);
+    pending_is_the_fit(16 * KIB, 8 * KIB);
 }
 
 /* The pending block merges with a free predecessor into the exact fit of the next malloc. */
