@@ -6,6 +6,8 @@
 
 #include "core/block.h"
 
+#include "base/hugemem.h"
+
 /* ---- treap ---------------------------------------------------------------------------------
  * The unmapped index is one treap keyed (stream, addr) (`by_addr`); the free index's bins are
  * treaps keyed (size, addr) (below). Priorities are a hash of the key
@@ -583,10 +585,33 @@ bool stream_set_add(struct stream_set *s, CUstream st)
 
 /* ---- live pointer map ------------------------------------------------------------------ */
 
+/* The slots of map @p m's table (cap words), given back. */
+static void ptrmap_slots_free(struct ptrmap *m)
+{
+    if (m->huge)
+        hugemem_free(m->slots, m->cap * sizeof *m->slots);
+    else
+        free(m->slots);
+}
+
 bool ptrmap_grow(struct ptrmap *m)
 {
     size_t ncap = m->cap ? m->cap + m->cap / 2 : 256;
-    uintptr_t *slots = calloc(ncap, sizeof *slots);
+    uintptr_t *slots = NULL;
+    bool huge = false;
+    if (ncap <= SIZE_MAX / sizeof *slots && ncap * sizeof *slots >= (m->huge_min ? m->huge_min : PTRMAP_HUGE_MIN)) {
+        /* Whole huge pages, rounded down (the map's bytes a block stay within those of a table
+         * grown by half), the capacity the slots that fill them (the home slot scales to any
+         * capacity); calloc's table of ncap words when none can be had. A table that would not
+         * grow so stays on calloc until it has grown past the rounding. */
+        size_t bytes = hugemem_floor(ncap * sizeof *slots);
+        if (bytes / sizeof *slots > m->cap && (slots = hugemem_alloc(bytes)) != NULL) {
+            ncap = bytes / sizeof *slots;
+            huge = true;
+        }
+    }
+    if (!slots)
+        slots = calloc(ncap, sizeof *slots);
     if (!slots)
         return false;
     if (!m->keep) /* the first table keeps fingerprints unless they were turned off before it */
@@ -600,9 +625,10 @@ bool ptrmap_grow(struct ptrmap *m)
             d++;
         slots[j] = ptrmap_retag(m->slots[i], d);
     }
-    free(m->slots);
+    ptrmap_slots_free(m);
     m->slots = slots;
     m->cap = ncap;
+    m->huge = huge;
     return true;
 }
 
@@ -615,6 +641,6 @@ void ptrmap_fp_off(struct ptrmap *m)
 
 void ptrmap_destroy(struct ptrmap *m)
 {
-    free(m->slots);
+    ptrmap_slots_free(m);
     memset(m, 0, sizeof *m);
 }

@@ -537,7 +537,9 @@ static inline bool stream_set_has(const struct stream_set *s, CUstream st)
  * sharing the key's home is then compared through its block, as before.
  * Size: at most 3/4 of the slots used, and a full map grows by half (not a power of two: the home
  * slot is the hash scaled to the capacity), so the map costs 10.7 to 16 bytes a live block rather
- * than the 16 to 32 of a half-full table that doubles.
+ * than the 16 to 32 of a half-full table that doubles. From PTRMAP_HUGE_MIN bytes the table lies on
+ * 2 MiB huge pages where the kernel gives them (base/hugemem.h): a free's slot is then a cache
+ * miss without a TLB miss.
  */
 struct ptrmap {
     uintptr_t *slots; /* 0: empty; else block pointer | min(distance, 15) | fingerprint */
@@ -547,7 +549,15 @@ struct ptrmap {
      * ~(distance | PTRMAP_FP_BITS) with fingerprints, ~distance once they are off for good
      * (ptrmap_fp_off; the first table keeps that too). */
     uintptr_t keep;
+    bool huge;        /* the slots are a hugemem_alloc (base/hugemem.h) of cap words */
+    /* Tables of at least this many bytes go on huge pages, their capacity rounded to whole 2 MiB
+     * pages (ptrmap_grow); 0: PTRMAP_HUGE_MIN (tests set less). */
+    size_t huge_min;
 };
+
+/* From 4 MiB (~260,000 live blocks) a table takes huge pages: rounded down to whole 2 MiB pages,
+ * a growth by half is still a growth (ptrmap_grow). */
+#define PTRMAP_HUGE_MIN ((size_t)4 << 20)
 
 #define PTRMAP_DIST_MAX 15u
 #if UINTPTR_MAX > 0xFFFFFFFFu

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "base/hugemem.h"
 #include "core/block.h"
 #include "tests/common/testutil.h"
 
@@ -194,8 +195,9 @@ static void test_free_index_in_place(void **state)
 
 /* The map against a reference (present[]), with the fingerprints turned off halfway when
  * @p fp_off_at is not 0 (ptrmap_fp_off: every entry must stay findable), or before the first
- * table when @p high_slab (ptrmap_admit of structs above 2^48: no table may keep them). */
-static void ptrmap_reference_run(size_t fp_off_at, bool high_slab)
+ * table when @p high_slab (ptrmap_admit of structs above 2^48: no table may keep them). Tables of
+ * @p huge_min bytes or more go on huge pages (0: the default, which these few keys never reach). */
+static void ptrmap_reference_run(size_t fp_off_at, bool high_slab, size_t huge_min)
 {
     enum { NK = 3000 };
     static uintptr_t keys[NK];
@@ -203,6 +205,7 @@ static void ptrmap_reference_run(size_t fp_off_at, bool high_slab)
     static struct block vals[NK];
     struct ptrmap m;
     memset(&m, 0, sizeof m);
+    m.huge_min = huge_min;
     memset(present, 0, sizeof present); /* static: each run starts with an empty reference */
     if (high_slab) {
         uintptr_t hi = PTRMAP_FP_BITS ? (uintptr_t)1 << 50 : 0;
@@ -245,6 +248,8 @@ static void ptrmap_reference_run(size_t fp_off_at, bool high_slab)
             live++;
         }
         assert_int_equal(m.count, live);
+        if (m.huge) /* whole 2 MiB pages, aligned */
+            assert_true(m.cap * sizeof *m.slots % HUGEMEM_PAGE == 0 && (uintptr_t)m.slots % HUGEMEM_PAGE == 0);
         if (high_slab)
             assert_true(ptrmap_fp_mask(&m) == 0); /* every table since, the grown ones too */
     }
@@ -258,14 +263,64 @@ static void ptrmap_reference_run(size_t fp_off_at, bool high_slab)
 static void test_ptrmap_against_reference(void **state)
 {
     (void)state;
-    ptrmap_reference_run(0, false);
+    ptrmap_reference_run(0, false, 0);
 }
 
 static void test_ptrmap_fingerprints_off(void **state)
 {
     (void)state;
-    ptrmap_reference_run(2, false);
-    ptrmap_reference_run(0, true);
+    ptrmap_reference_run(2, false, 0);
+    ptrmap_reference_run(0, true, 0);
+}
+
+/* Tables on huge pages (base/hugemem.h) from the first: the first grow asks for 256 slots, whose
+ * 2 KiB round down to one 2 MiB page (262,144 slots), so the map is huge from its first table;
+ * every entry stays findable, as in the runs above, and with the fingerprints turned off. */
+static void test_ptrmap_huge_tables(void **state)
+{
+    (void)state;
+    struct ptrmap m;
+    memset(&m, 0, sizeof m);
+    m.huge_min = 1;
+    assert_true(ptrmap_grow(&m));
+    if (!m.huge) {
+        ptrmap_destroy(&m);
+        skip(); /* the kernel takes no MADV_HUGEPAGE advice: the map stays on calloc, as it must */
+    }
+    assert_int_equal(m.cap, HUGEMEM_PAGE / sizeof *m.slots);
+    assert_int_equal((uintptr_t)m.slots % HUGEMEM_PAGE, 0);
+    ptrmap_destroy(&m);
+    assert_null(m.slots);
+    ptrmap_reference_run(0, false, 1);
+    ptrmap_reference_run(2, false, 1);
+    /* Growth across the rounding: 262,144 slots (one page), then 393,216 on calloc (3 MiB rounds
+     * down to the page it had), then 524,288 on two pages: every key found after each rehash. */
+    enum { NHB = 300000 };
+    struct block *bs = calloc(NHB, sizeof *bs);
+    assert_non_null(bs);
+    memset(&m, 0, sizeof m);
+    m.huge_min = 1;
+    size_t caps[3] = {0}, ncaps = 0;
+    bool huge[3] = {false};
+    for (size_t i = 0; i < NHB; i++) {
+        bs[i].addr = (uintptr_t)(i + 1) * 512;
+        assert_true(ptrmap_put(&m, bs[i].addr, &bs[i]));
+        if (ncaps == 0 || caps[ncaps - 1] != m.cap) {
+            assert_true(ncaps < 3);
+            caps[ncaps] = m.cap;
+            huge[ncaps++] = m.huge;
+        }
+    }
+    assert_int_equal(ncaps, 3);
+    assert_int_equal(caps[0], 262144);
+    assert_int_equal(caps[1], 393216);
+    assert_int_equal(caps[2], 524288);
+    assert_true(huge[0] && !huge[1] && huge[2]);
+    for (size_t i = 0; i < NHB; i++)
+        assert_ptr_equal(ptrmap_take(&m, bs[i].addr), &bs[i]);
+    assert_int_equal(m.count, 0);
+    ptrmap_destroy(&m);
+    free(bs);
 }
 
 /* A lookup reads through no entry but its own: 14 keys share one home slot (distances 0..13,
@@ -326,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_free_index_in_place),
         cmocka_unit_test(test_ptrmap_against_reference),
         cmocka_unit_test(test_ptrmap_fingerprints_off),
+        cmocka_unit_test(test_ptrmap_huge_tables),
         cmocka_unit_test(test_ptrmap_probe_reads_only_its_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
