@@ -2,7 +2,7 @@
  * Host memory for the allocator's largest tables (the live map's slots, block-struct slabs at
  * many live blocks), in 2 MiB-aligned anonymous mappings advised to transparent huge pages.
  *
- * Why: at a million live blocks the map (~16 MB) and the block structs (~80 MB) span ~24,000
+ * Why: at a million live blocks the map (~15 MB) and the block structs (~85 MB) span ~25,000
  * 4 KiB pages, so a free's lookups miss the TLB as well as the cache, and under a hypervisor each
  * TLB miss is a two-dimensional page walk. On 2 MiB pages the same tables need ~50 TLB entries.
  * Only tables large enough that a whole 2 MiB page costs them little use this; callers decide.
@@ -10,7 +10,6 @@
 #ifndef XSEG_BASE_HUGEMEM_H
 #define XSEG_BASE_HUGEMEM_H
 
-#include <stdbool.h>
 #include <stddef.h>
 
 #define HUGEMEM_PAGE ((size_t)2 << 20) /* the huge page size advised for (x86-64's and arm64's PMD) */

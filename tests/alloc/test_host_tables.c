@@ -1,9 +1,9 @@
 /*
  * The allocator's largest host tables on huge pages (base/hugemem.h): block-struct slabs of one
  * 2 MiB page (dev_block_carve, from ~420,000 structs in a release build) and the live map's
- * table (ptrmap_grow, from 4 MiB). Here both thresholds are lowered so that a few ten thousand
- * blocks cross them, and the allocator must behave exactly as on calloc'd tables: every pointer
- * distinct and freeable, the statistics exact, the cache empty at the end.
+ * table (ptrmap_grow, from 4 MiB). Here both thresholds are lowered so that 3,000 blocks cross
+ * them, and the allocator must behave exactly as on calloc'd tables: every pointer distinct and
+ * freeable, the statistics exact, the cache empty at the end.
  * `test_host_tables classic|expandable`.
  */
 #include <setjmp.h>
