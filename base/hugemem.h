@@ -1,6 +1,7 @@
 /*
- * Host memory for the allocator's largest tables (the live map's slots, block-struct slabs at
- * many live blocks), in 2 MiB-aligned anonymous mappings advised to transparent huge pages.
+ * Host memory for the allocator's largest tables (the live map's slots at many live blocks; the
+ * block structs use base/arena.h), in 2 MiB-aligned anonymous mappings advised to transparent
+ * huge pages.
  *
  * Why: at a million live blocks the map (~15 MB) and the block structs (~85 MB) span ~25,000
  * 4 KiB pages, so a free's lookups miss the TLB as well as the cache, and under a hypervisor each

@@ -14,26 +14,13 @@
 #include <cmocka.h>
 
 #include "base/hugemem.h"
+#include "tests/unit/smaps.h"
 
-/* The VmFlags line of the mapping that holds @p p, from /proc/self/smaps (empty when absent). */
+/* The VmFlags line of the mapping that holds @p p (empty when absent). */
 static void vm_flags_of(const void *p, char *out, size_t size)
 {
-    out[0] = 0;
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f)
-        return;
-    char line[512];
-    bool in = false;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-        else if (in && !strncmp(line, "VmFlags:", 8)) {
-            snprintf(out, size, "%s", line);
-            break;
-        }
-    }
-    fclose(f);
+    unsigned long huge_kb;
+    smaps_of(p, out, size, &huge_kb);
 }
 
 /* Is [p, p + n) mapped? mincore fails with ENOMEM on a range with an unmapped page. */
