@@ -203,11 +203,12 @@ static uint64_t next_rand(void) { return xorshift(&rng); }
  * (the block count, not the bytes, is what this measures). */
 static size_t rand_size(void) { return (size_t)(1 + next_rand() % 128) * 512; }
 
-/* Resident bytes of the mappings advised to huge pages (VmFlags "hg" in /proc/self/smaps): the
- * allocator's tables on 2 MiB pages (base/hugemem.h), which it maps itself, so mallinfo2 does not
- * see them. Nothing else in this process asks for huge pages (run without glibc's
- * glibc.malloc.hugetlb tunable, or the heap would count twice). 0 without /proc. */
-static size_t huge_resident(void)
+/* Resident bytes of the mappings advised to or away from huge pages (VmFlags "hg" or "nh" in
+ * /proc/self/smaps): the allocator's own host tables (the live map on 2 MiB pages, base/hugemem.h;
+ * the block structs' arena, base/arena.h), which it maps itself, so mallinfo2 does not see them.
+ * Nothing else in this process gives such advice (run without glibc's glibc.malloc.hugetlb
+ * tunable, or the heap would count twice). 0 without /proc. */
+static size_t tables_resident(void)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f)
@@ -219,7 +220,7 @@ static size_t huge_resident(void)
         if (sscanf(line, "Rss: %lu kB", &kb) == 1) {
             rss = (size_t)kb << 10;
         } else if (!strncmp(line, "VmFlags:", 8)) { /* a mapping's last line */
-            if (strstr(line, " hg ") || strstr(line, " hg\n"))
+            if (strstr(line, " hg ") || strstr(line, " hg\n") || strstr(line, " nh ") || strstr(line, " nh\n"))
                 total += rss;
             rss = 0;
         }
@@ -228,12 +229,12 @@ static size_t huge_resident(void)
     return total;
 }
 
-/* Host memory the process holds: glibc's heap and mappings in use, and the huge-page tables. */
+/* Host memory the process holds: glibc's heap and mappings in use, and the allocator's own. */
 static size_t heap_in_use(void)
 {
-    size_t huge = huge_resident(); /* first: its stdio buffer is given back before mallinfo2 */
+    size_t own = tables_resident(); /* first: its stdio buffer is given back before mallinfo2 */
     struct mallinfo2 mi = mallinfo2();
-    return mi.uordblks + mi.hblkhd + huge;
+    return mi.uordblks + mi.hblkhd + own;
 }
 
 static bool split_calls; /* --split */

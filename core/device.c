@@ -69,7 +69,7 @@ xseg_status dev_create(int device, struct dev_alloc **out)
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
     d->free_defer_min = DEV_FREE_DEFER_MIN;
-    d->slab_huge_div = 16;
+    d->structs = (struct arena)ARENA_INIT;
     dev_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
     dev_unlock(d);
@@ -103,22 +103,18 @@ struct block *dev_block_new(struct dev_alloc *d)
 
 /* Carved from slabs (a block struct is never given back to libc, only to the spare list): no
  * allocator header a struct, and neighbours in time are neighbours in memory. A new slab holds
- * 1/32 of the structs made so far (64 to 4096), so the unused tail of the last slab stays
- * within ~3 % of the structs in use at every scale. Once a huge page's worth is at most
- * 1/slab_huge_div of the structs made (16: from ~420,000 structs), a slab is one 2 MiB huge page
- * (base/hugemem.h): a free's block is then a cache miss without a TLB miss. */
+ * 1/32 of the structs made so far (64 to 4096). Slabs come from the device's arena
+ * (base/arena.h), where only the pages touched are resident and, from ~420,000 structs, every
+ * struct lies on a 2 MiB huge page (a free's block is then a cache miss without a TLB miss); from
+ * calloc where the arena cannot reserve address space, with the unused tail of the last slab
+ * within ~3 % of the structs in use. */
 __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     if (d->slab_left == 0) {
         size_t n = d->slab_made / 32;
         n = n < 64 ? 64 : n > 4096 ? 4096 : n;
-        struct block *slab = NULL;
-        if (DEV_SLAB_HUGE_N * d->slab_huge_div <= d->slab_made &&
-            (slab = hugemem_alloc(HUGEMEM_PAGE)) != NULL) {
-            n = DEV_SLAB_HUGE_N;
-            d->slab_huge++;
-        }
+        struct block *slab = arena_take(&d->structs, n * sizeof *slab);
         if (!slab)
             slab = calloc(n, sizeof *slab);
         if (!slab)
@@ -129,7 +125,7 @@ __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
         d->slab_made += n;
     }
     d->slab_left--;
-    return d->slab_next++; /* zeroed by calloc */
+    return d->slab_next++; /* zeroed by the arena or calloc */
 }
 
 void dev_seglist_add(struct dev_alloc *d, struct segrec *s)

@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "base/hugemem.h"
+#include "base/arena.h"
 #include "base/lock.h"
 #include "core/block.h"
 #include "core/capreuse.h"
@@ -134,9 +134,7 @@ struct dev_alloc {
     struct block *spare;     /* recycled block structs (linked through next) */
     struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
-    /* Slabs are huge pages once one holds at most 1/slab_huge_div of the structs made
-     * (dev_block_carve; 16, tests set 0); slab_huge counts those made. */
-    size_t slab_huge_div, slab_huge;
+    struct arena structs;    /* where the slabs come from (dev_block_carve) */
 
     xseg_device_stats stats;
     /* The accumulated values (.allocated, .freed, the num_* counts) at the last
@@ -401,8 +399,6 @@ void dev_seglist_remove(struct dev_alloc *d, struct segrec *s);
 
 /* A block struct: a recycled one (zeroed) or a new one; NULL on host OOM. */
 struct block *dev_block_new(struct dev_alloc *d);
-/* Block structs in a huge-page slab (dev_block_carve): 26,214 on LP64. */
-#define DEV_SLAB_HUGE_N (HUGEMEM_PAGE / sizeof(struct block))
 
 /* A new (zeroed) block struct from the slabs, never a recycled one; NULL on host OOM. */
 struct block *dev_block_carve(struct dev_alloc *d);
