@@ -38,6 +38,8 @@ static void arena_advise(char *p, size_t n, bool huge)
 static bool arena_reserve(struct arena *a)
 {
     size_t n = a->reserve ? a->reserve : ARENA_RESERVE;
+    if (n > SIZE_MAX / 4)
+        return false;
     n = (n + HUGEMEM_PAGE - 1) & ~(HUGEMEM_PAGE - 1);
     char *raw = mmap(NULL, n + HUGEMEM_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (raw == MAP_FAILED)
@@ -84,22 +86,24 @@ void *arena_take(struct arena *a, size_t bytes)
             return NULL;
         }
     }
+    bool turn = false; /* this take crossed the threshold or made a new range writable */
     if (!a->huge && HUGEMEM_PAGE * a->huge_div <= a->used + bytes) {
-        /* From here new ranges fault in as huge pages; the ones written so far follow two at a
-         * time (their contents copied by the kernel, their addresses kept). */
-        a->huge = true;
+        /* From here new ranges fault in as huge pages; the ones written so far follow two a take
+         * that crosses here or makes a new range writable (their contents copied by the kernel,
+         * their addresses kept). */
+        a->huge = turn = true;
         arena_advise(a->base, (size_t)(a->end - a->base), true);
         a->collapse = a->base;
         a->collapse_end = a->writable;
-        arena_collapse(a, 2);
     }
     while ((size_t)(a->writable - a->next) < bytes) {
         if (mprotect(a->writable, HUGEMEM_PAGE, PROT_READ | PROT_WRITE) != 0)
             return NULL; /* out of commit where overcommit is strict; the arena stays usable */
         a->writable += HUGEMEM_PAGE;
-        if (a->huge)
-            arena_collapse(a, 2);
+        turn = true;
     }
+    if (turn && a->huge)
+        arena_collapse(a, 2);
     void *p = a->next;
     a->next += bytes;
     a->used += bytes;
