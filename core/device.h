@@ -117,8 +117,10 @@ struct dev_alloc {
      * free's counters but inactive_split are down already). The free prefetched the block's
      * neighbours, whose state the merge reads (at a million live blocks, one DRAM latency), so
      * the caller's work and the next malloc's search hide it. Every lock taker settles it first
-     * (dev_lock_raw, dev_acquire), except the fast-path malloc: it searches first and settles
-     * after its own work when the pending block cannot change what it finds (dev_free_settle). */
+     * (dev_lock_raw, dev_acquire), except the fast-path malloc (malloc_locked): a pending block
+     * no larger than the request is settled before the search; a larger one after the malloc
+     * when it cannot change what the search found (free_pending_keeps_fit), else before a second
+     * search. */
     struct block *free_pending;
     /* Live blocks from which a fast-path free defers its merge (free_pending). Below, the blocks'
      * structs stay cached and the deferral's bookkeeping would cost more than it hides: ~2-3 % of
@@ -399,7 +401,6 @@ void dev_seglist_remove(struct dev_alloc *d, struct segrec *s);
 
 /* A block struct: a recycled one (zeroed) or a new one; NULL on host OOM. */
 struct block *dev_block_new(struct dev_alloc *d);
-
 /* A new (zeroed) block struct from the slabs, never a recycled one; NULL on host OOM. */
 struct block *dev_block_carve(struct dev_alloc *d);
 /* @p b must be in no index and have no pending events; its side struct (if any) is released
