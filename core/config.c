@@ -47,7 +47,7 @@ void cfg_default(struct cfg *cfg)
     cfg->expandable_segments = true;
     cfg->expandable_segments_recycle = true;
     cfg->expandable_segments_ipc = true;
-    cfg->expandable_segments_defrag = true;
+    cfg->expandable_segments_defrag = false;
     cfg->release_lock_on_cudamalloc = false;
     cfg->per_process_memory_fraction = 1.0;
     cfg->graph_capture_record_stream_reuse = false;

@@ -29,9 +29,10 @@ struct cfg {
                                          * 0 (default): the page (PyTorch's one handle a page) */
     bool expandable_segments_recycle;   /* default true: under pressure give back only what a
                                          * growth needs, idle streams first (core/trim.h) */
-    bool expandable_segments_defrag;    /* default true: an allocation the OOM path cannot serve
+    bool expandable_segments_defrag;    /* default false: an allocation the OOM path cannot serve
                                          * re-backs partly used pages with granule chunks, giving
-                                         * their free granules back (exp_defragment) */
+                                         * their free granules back (exp_defragment); copies live
+                                         * bytes, so it needs the device's xseg memory unused */
     bool expandable_segments_ipc;       /* default true: pages are created exportable (POSIX fd,
                                          * fabric where supported) so xseg_ipc_export works */
     bool release_lock_on_cudamalloc;

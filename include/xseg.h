@@ -104,11 +104,12 @@ XSEG_API xseg_status xseg_device_count(int *count);
  * @param stream the stream the memory will be used on (NULL: the legacy default stream).
  * @return XSEG_ERROR_OUT_OF_MEMORY after the recovery path (free-memory callbacks, cache release,
  *         retry) fails; the message gives requested size, capacity, free, allocated, reserved.
- *         With expandable_segments_defrag (the default), the recovery path's last step re-backs
- *         partly used pages with 2 MiB chunks to give their free part back: the live bytes of
- *         those pages are copied (their addresses do not change) after a context synchronize,
- *         so no kernel may be launched on this device's xseg memory by another thread while an
- *         allocation that would otherwise fail is being served (docs/design.md).
+ *         With expandable_segments_defrag:True (off by default), the recovery path's last step
+ *         re-backs partly used pages with 2 MiB chunks to give their free part back: the live
+ *         bytes of those pages are copied (their addresses do not change) after a context
+ *         synchronize, so no other thread or stream may touch this device's xseg memory while
+ *         an allocation that would otherwise fail is served; a write made meanwhile is lost
+ *         (docs/configuration.md).
  */
 XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream);
 

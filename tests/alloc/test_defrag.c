@@ -120,7 +120,7 @@ static void teardown(void *live[NBLK / 2])
 /* The default: the free halves go back, the request is served, nothing live moves. */
 static void serves(void)
 {
-    start("expandable_segments:True");
+    start("expandable_segments:True,expandable_segments_defrag:True");
     void *live[NBLK / 2], *q = NULL;
     fragment(live);
     int64_t ooms = tu_stat("num_ooms"), frees = tu_stat("num_device_free");
@@ -162,25 +162,45 @@ static void test_defrag_full_serves(void **state)
     assert_true(tu_call_count("cuMemcpyDtoH") >= 1);
 }
 
-/* PyTorch's behaviour, kept behind the switch: the same request runs out of memory. */
-static void test_defrag_off(void **state)
+/* PyTorch's behaviour: the same request runs out of memory, and no live byte is copied or
+ * remapped. @p config is the default (empty: the step is off unless asked for, since it copies
+ * live bytes another thread may be writing) or the key set to False. */
+static void defrag_off(const char *config)
 {
-    (void)state;
-    start("expandable_segments:True,expandable_segments_defrag:False");
+    start(config);
     void *live[NBLK / 2], *q = NULL;
     fragment(live);
+    tu_counts_reset();
     assert_int_equal(xseg_malloc(&q, WANT, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(tu_call_count("cuMemcpyDtoDAsync"), 0);
+    assert_int_equal(tu_call_count("cuMemcpyDtoH"), 0);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(NBLK * BLK));
     check_consistent();
     check_live(live);
     teardown(live);
 }
 
+static void test_defrag_off(void **state)
+{
+    (void)state;
+    defrag_off("expandable_segments:True,expandable_segments_defrag:False");
+}
+
+static void test_defrag_off_by_default(void **state)
+{
+    (void)state;
+    defrag_off("");
+    char buf[1024];
+    size_t n = 0;
+    assert_int_equal(xseg_get_config(buf, sizeof buf, &n), XSEG_SUCCESS);
+    assert_non_null(strstr(buf, "expandable_segments_defrag:False"));
+}
+
 /* With room to spare nothing is re-backed and no copy is made. */
 static void test_defrag_idle_with_room(void **state)
 {
     (void)state;
-    start("expandable_segments:True");
+    start("expandable_segments:True,expandable_segments_defrag:True");
     void *live[NBLK / 2], *q = NULL;
     fragment(live);
     tu_counts_reset();
@@ -195,7 +215,7 @@ static void test_defrag_idle_with_room(void **state)
  * bytes survive, the books match the driver, and everything goes back at the end. */
 static void faults_sweep(void)
 {
-    start("expandable_segments:True");
+    start("expandable_segments:True,expandable_segments_defrag:True");
     static const struct {
         const char *entry;
         CUresult res;
@@ -276,6 +296,7 @@ static const struct {
 } all_tests[] = {
     {"test_defrag_serves", cmocka_unit_test(test_defrag_serves)},
     {"test_defrag_off", cmocka_unit_test(test_defrag_off)},
+    {"test_defrag_off_by_default", cmocka_unit_test(test_defrag_off_by_default)},
     {"test_defrag_idle_with_room", cmocka_unit_test(test_defrag_idle_with_room)},
     {"test_defrag_faults", cmocka_unit_test(test_defrag_faults)},
     {"test_defrag_full_serves", cmocka_unit_test(test_defrag_full_serves)},
