@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 replay="$build/tools/xseg-replay"
 [ -x "$replay" ] || { echo "fit_table.sh: $replay not built (ninja -C $build)" >&2; exit 1; }
-modes=${FIT_MODES:-"classic=expandable_segments:False;expandable (default)=expandable_segments:True;expandable, 4 MiB chunks=expandable_segments:True,expandable_chunk_mb:4"}
+modes=${FIT_MODES:-"classic=expandable_segments:False;expandable (default)=expandable_segments:True;expandable, expandable_segments_defrag:True=expandable_segments:True,expandable_segments_defrag:True;expandable, 4 MiB chunks=expandable_segments:True,expandable_chunk_mb:4"}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 specs=()
