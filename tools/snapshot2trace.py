@@ -17,8 +17,8 @@ peak allocated, peak reserved (counting what was reserved before the window), ut
 
 Safe on files from anyone: the pickle is read by a small reader of our own that builds plain
 data (dicts, lists, strings, numbers) and refuses every opcode that would import or call code,
-with bounds on the memory a crafted file can make it use. Anything malformed ends with a
-one-line message and exit status 1. When the reader of the output goes away (`| head`), it stops
+with bounds on the memory a crafted file can make it use and on how deep its data nests
+(MAX_DEPTH, 1000 containers). Anything malformed ends with a one-line message and exit status 1. When the reader of the output goes away (`| head`), it stops
 quietly with exit status 141, as a program killed by SIGPIPE would.
 
 Python standard library only.
