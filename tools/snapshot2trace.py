@@ -17,8 +17,8 @@ peak allocated, peak reserved (counting what was reserved before the window), ut
 
 Safe on files from anyone: the pickle is read by a small reader of our own that builds plain
 data (dicts, lists, strings, numbers) and refuses every opcode that would import or call code,
-with bounds on the memory a crafted file can make it use. Anything malformed ends with a
-one-line message and exit status 1. When the reader of the output goes away (`| head`), it stops
+with bounds on the memory a crafted file can make it use and on how deep its data nests
+(MAX_DEPTH, 1000 containers). Anything malformed ends with a one-line message and exit status 1. When the reader of the output goes away (`| head`), it stops
 quietly with exit status 141, as a program killed by SIGPIPE would.
 
 Python standard library only.
@@ -49,6 +49,8 @@ _MAX_STACK = 1 << 20         # items on the stack at once (PyTorch's pickles bat
 _COST_CONTAINER = 64         # rough bytes per container / item / scalar, for the memory budget
 _COST_ITEM = 8
 _COST_SCALAR = 32
+MAX_DEPTH = 1000             # containers nested deeper are refused: hash() and == of a tuple
+                             # recurse in C, and a million-deep key would overflow the C stack
 
 
 class _Reader:
@@ -59,6 +61,10 @@ class _Reader:
         self.marks = []      # stack lengths at each MARK
         self.memo = {}
         self.budget = max_memory
+        # Nesting depth of each tuple and frozenset deeper than 1, fixed when it is built (they
+        # are immutable), so a key's depth is known before hash() recurses into it. The object is
+        # kept beside its depth so its id() cannot be reused by another.
+        self.depths = {}
 
     def fail(self, msg):
         raise SnapshotError("byte %d: %s" % (self.pos, msg))
@@ -141,6 +147,23 @@ class _Reader:
             except TypeError:
                 self.fail("an unhashable tuple used as a dict key or set item")
         return k
+
+    def depth_of(self, v):
+        """Nesting depth of a tuple or frozenset (1 for anything else: only these are hashed)."""
+        if isinstance(v, (tuple, frozenset)):
+            got = self.depths.get(id(v))
+            return got[1] if got else 1
+        return 1
+
+    def immutable(self, kind, items):
+        """A tuple or frozenset of @items, refused when it would nest deeper than MAX_DEPTH."""
+        v = kind(items)
+        depth = 1 + max((self.depth_of(i) for i in items if isinstance(i, (tuple, frozenset))), default=0)
+        if depth > MAX_DEPTH:
+            self.fail("containers nested more than %d deep" % MAX_DEPTH)
+        if depth > 1:
+            self.depths[id(v)] = (v, depth)
+        return v
 
     def set_items(self, d, items):
         if len(items) % 2:
@@ -270,7 +293,7 @@ def _from_mark(kind):
         r.spend(_COST_CONTAINER + _COST_ITEM * len(items))
         if kind is frozenset:
             items = [r.hashable(i) for i in items]
-        r.push(kind(items))
+        r.push(r.immutable(kind, items) if kind in (tuple, frozenset) else kind(items))
     return h
 
 
@@ -278,7 +301,7 @@ def _tuple_n(n):
     def h(r):
         items = [r.pop() for _ in range(n)][::-1]
         r.spend(_COST_CONTAINER)
-        r.push(tuple(items))
+        r.push(r.immutable(tuple, items))
     return h
 
 
@@ -435,10 +458,62 @@ _REFUSED = {
 }
 
 
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+_CONTAINER_TYPES = frozenset(_CONTAINERS)  # exact types: the reader builds no subclasses
+
+
+def _kids(v):
+    """The containers directly inside @p v. A dict's keys are left out: they are tuples and
+    frozensets at most, whose depth the reader bounded when it built them."""
+    t = _CONTAINER_TYPES
+    return [c for c in (v.values() if type(v) is dict else v) if type(c) in t]
+
+
+def _check_nesting(root):
+    """Refuse data nested more than MAX_DEPTH containers deep, or a container holding itself.
+    Iterative (a depth-first walk with its own stack) and linear: each container is walked once
+    and remembers its height, so data shared through the memo costs nothing more."""
+    if type(root) not in _CONTAINER_TYPES:
+        return
+    height = {id(root): 0}  # id -> height of a walked container; 0 while it is being walked
+    stack = [[root, iter(_kids(root)), 1]]  # container, its containers left, its height so far
+    while stack:
+        top = stack[-1]
+        for c in top[1]:
+            h = height.get(id(c))
+            if h is None:
+                kids = _kids(c)
+                if kids:  # walk it first (leaves, most containers, have height 1 and no entry)
+                    if len(stack) >= MAX_DEPTH:
+                        raise SnapshotError("containers nested more than %d deep" % MAX_DEPTH)
+                    height[id(c)] = 0
+                    stack.append([c, iter(kids), 1])
+                    break
+                h = 1
+            elif h == 0:
+                raise SnapshotError("a container that contains itself (a snapshot holds no cycles)")
+            if len(stack) + h > MAX_DEPTH:
+                raise SnapshotError("containers nested more than %d deep" % MAX_DEPTH)
+            if h >= top[2]:
+                top[2] = h + 1
+        else:
+            stack.pop()
+            height[id(top[0])] = top[2]
+            if stack and top[2] >= stack[-1][2]:
+                stack[-1][2] = top[2] + 1
+
+
 def load_snapshot(data, max_memory=4 << 30):
     """Read a pickle of plain data (bytes) without importing or calling anything.
-    Raises SnapshotError with a one-line message for anything else."""
-    return _Reader(data, max_memory).load()
+    Raises SnapshotError with a one-line message for anything else, including data nested more
+    than MAX_DEPTH containers deep (checked without recursion; nothing here or in convert()
+    recurses over the data, and Python's own hash() and == of tuples are only ever given keys
+    the reader has bounded)."""
+    v = _Reader(data, max_memory).load()
+    _check_nesting(v)
+    return v
 
 
 def round_block(size):
@@ -499,19 +574,36 @@ class _Work:
                                 "than the file could hold); refusing to expand it")
 
 
+def _char_bytes(c):
+    """The bytes of one character: a surrogate that stands for a byte of a non-UTF-8 file name
+    (os.fsdecode's U+DC80..U+DCFF) is that byte, any other lone surrogate its UTF-8 form."""
+    try:
+        return c.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return c.encode("utf-8", "surrogatepass")
+
+
 def _frame_file(s):
-    """A frame's filename as one token of the trace language (%XX for blanks, '#', '%')."""
+    """A frame's filename as one token of the trace language: %XX for blanks, '#', '%' and every
+    character that is not printable (control characters, NUL, line breaks, surrogates), which
+    xseg-replay decodes back to the bytes."""
     if not s:
         return "-"
     if s == "-":
         return "%2d"
     return "".join(c if (c.isprintable() and c not in " \t#%") else
-                   "".join("%%%02x" % b for b in c.encode("utf-8")) for c in s)
+                   "".join("%%%02x" % b for b in _char_bytes(c)) for c in s)
 
 
 def _frame_name(s):
-    """A function name as the rest of a trace line (one line; ' #' would start a comment)."""
-    s = "".join(c if c.isprintable() else " " for c in s).replace(" #", " ?").strip()
+    """A function name as the rest of a `frame` line, which xseg-replay takes as it is: every
+    character that is not printable (NUL, tab, line breaks, surrogates of non-UTF-8 bytes) becomes
+    a blank, blanks at either end go, and a '#' at the start or after a blank (a comment in the
+    trace language) becomes '?'."""
+    s = "".join(c if c.isprintable() else " " for c in s).strip()
+    s = s.replace(" #", " ?")
+    if s.startswith("#"):
+        s = "?" + s[1:]
     return s or "??"
 
 
@@ -714,6 +806,10 @@ def main(argv=None):
                          "(an estimate; default 4096)")
     args = ap.parse_args(argv)
     name = args.snapshot
+    if hasattr(sys.stdout, "reconfigure"):
+        # The trace is UTF-8 whatever the locale: a frame name in any script must not end the
+        # conversion with an encoding error (what cannot be encoded is escaped already).
+        sys.stdout.reconfigure(encoding="utf-8", errors="strict")
     try:
         with open(args.snapshot, "rb") as f:
             data = f.read()

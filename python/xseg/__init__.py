@@ -7,6 +7,11 @@ allocator with every hook wired; `xseg.cupy.enable()` does the same for CuPy.
 Every function that takes `device` accepts an index, "cuda:N", an object with an `.index`
 (torch.device), or None for the current device (torch's current device when torch has
 initialized CUDA, else 0). Failures raise XsegError with xseg's message.
+
+Arguments are checked before they reach C (ctypes would wrap integers modulo 2**64 and cut
+strings at a NUL): an integer argument that is not an integer (or is a bool) raises TypeError, one
+below its domain (a negative size) ValueError, one the C type cannot hold OverflowError; a string
+or path with a NUL raises ValueError. The message names the function and the argument.
 """
 import collections
 import ctypes
@@ -16,7 +21,7 @@ import sys
 import threading
 
 from . import _lib
-from ._lib import XsegError, XsegOutOfMemoryError, check
+from ._lib import C_INT, C_PTR, C_SIZE, C_UINT64, XsegError, XsegOutOfMemoryError, check, int_arg
 from .ipc import IpcHandle, block_handles, ipc_close, ipc_export, ipc_import
 
 __all__ = [
@@ -55,7 +60,9 @@ def version():
     return _lib.lib().xseg_version().decode()
 
 
-def _device(device):
+def _device(device, func, all_devices=False):
+    """The device index for C: None is the current device; with @p all_devices, -1 (every
+    device) is accepted too. Raises TypeError, ValueError or OverflowError naming @p func."""
     if device is None:
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -65,30 +72,33 @@ def _device(device):
             except Exception:  # a torch without CUDA: fall back to device 0
                 pass
         return 0
-    if isinstance(device, bool):
-        raise TypeError("device must be an int, 'cuda:N', a torch.device or None, not bool")
-    if isinstance(device, int):
-        return device
     if isinstance(device, str):
         name, _, idx = device.partition(":")
-        if name != "cuda" or (idx and not idx.isdigit()):
-            raise ValueError("device %r: expected 'cuda' or 'cuda:N'" % device)
-        return int(idx) if idx else _device(None)
-    index = getattr(device, "index", None)
-    if getattr(device, "type", "cuda") != "cuda":
-        raise ValueError("device %r is not a CUDA device" % (device,))
-    return _device(index)
+        if name != "cuda" or (idx and not set(idx) <= set("0123456789")):
+            raise ValueError("%s: device %r: expected 'cuda' or 'cuda:N'" % (func, device))
+        return int_arg(func, "device", int(idx), C_INT, 0) if idx else _device(None, func)
+    if not isinstance(device, int) and hasattr(device, "index"):
+        if getattr(device, "type", "cuda") != "cuda":  # a torch.device
+            raise ValueError("%s: device %r is not a CUDA device" % (func, device))
+        return _device(device.index, func)
+    return int_arg(func, "device", device, C_INT, -1 if all_devices else 0)
 
 
-def _stream(stream):
-    """A CUstream as an integer: None or 0 is the legacy default stream; torch and CuPy streams
-    (objects with .cuda_stream or .ptr) are accepted."""
+def _stream(stream, func):
+    """A CUstream for C: None or 0 is the legacy default stream; torch and CuPy streams
+    (objects with .cuda_stream or .ptr) are accepted, and integer handles."""
     if stream is None:
         return None
     for attr in ("cuda_stream", "ptr"):
         if hasattr(stream, attr):
-            return getattr(stream, attr) or None
-    return int(stream) or None
+            stream = getattr(stream, attr)
+            break
+    return int_arg(func, "stream", stream, C_PTR) or None
+
+
+def _ptr(ptr, func, name="ptr"):
+    """A device address for C (an int in [0, 2**64))."""
+    return int_arg(func, name, ptr, C_PTR)
 
 
 # --- configuration -------------------------------------------------------------------------
@@ -100,15 +110,13 @@ def init(config=None):
     environment's; set_config() applies keys on top of the config in force). Calling it again
     re-applies the configuration. Raises XsegError for a bad key or value, or a driver that
     cannot be loaded."""
-    check(_lib.lib().xseg_init(config.encode() if config is not None else None))
+    check(_lib.lib().xseg_init(_lib.str_arg("xseg.init", "config", config, allow_none=True)))
 
 
 def set_config(config):
     """Apply config keys (PyTorch's grammar, e.g. "expandable_segments:True,..."). Raises
     XsegError naming the bad key or value; nothing changes then."""
-    if not isinstance(config, str):
-        raise TypeError("config must be a str")
-    check(_lib.lib().xseg_set_config(config.encode()))
+    check(_lib.lib().xseg_set_config(_lib.str_arg("xseg.set_config", "config", config)))
 
 
 def get_config():
@@ -132,20 +140,23 @@ def device_count():
 def malloc(size, device=None, stream=None):
     """Allocate `size` bytes on `device` for use on `stream`; returns the device address (int,
     0 for size 0). Free it with free()."""
+    f = "xseg.malloc"
+    size, dev, st = int_arg(f, "size", size, C_SIZE), _device(device, f), _stream(stream, f)
     p = ctypes.c_void_p()
-    check(_lib.lib().xseg_malloc(ctypes.byref(p), int(size), _device(device), _stream(stream)))
+    check(_lib.lib().xseg_malloc(ctypes.byref(p), size, dev, st))
     return p.value or 0
 
 
 def free(ptr):
     """Free an address malloc() returned (a no-op for 0)."""
-    check(_lib.lib().xseg_free(ptr or None))
+    check(_lib.lib().xseg_free(_ptr(ptr, "xseg.free") if ptr is not None else None))
 
 
 def record_stream(ptr, stream):
     """Mark a live block as used on `stream`: its memory is not reused before the work queued
     there when it is freed has completed (Tensor.record_stream)."""
-    check(_lib.lib().xseg_record_stream(ptr, _stream(stream)))
+    f = "xseg.record_stream"
+    check(_lib.lib().xseg_record_stream(_ptr(ptr, f), _stream(stream, f)))
 
 
 # --- statistics ----------------------------------------------------------------------------
@@ -162,7 +173,7 @@ def _stat_keys():
 
 def memory_stats(device=None):
     """torch.cuda.memory_stats(): the same keys (flattened, sorted) and meanings."""
-    dev = _device(device)
+    dev = _device(device, "xseg.memory_stats")
     out = []
     v = ctypes.c_int64()
     for key in _stat_keys():
@@ -175,7 +186,7 @@ def memory_stats(device=None):
 def memory_stats_as_nested_dict(device=None):
     """torch.cuda.memory_stats_as_nested_dict(): "a.b.c" keys as nested dictionaries."""
     nested = {}
-    for key, value in memory_stats(device).items():
+    for key, value in memory_stats(_device(device, "xseg.memory_stats_as_nested_dict")).items():
         node = nested
         parts = key.split(".")
         for p in parts[:-1]:
@@ -184,42 +195,43 @@ def memory_stats_as_nested_dict(device=None):
     return nested
 
 
-def _one(key, device):
+def _one(key, device, func):
     v = ctypes.c_int64()
-    check(_lib.lib().xseg_stat(_device(device), key.encode(), ctypes.byref(v)))
+    check(_lib.lib().xseg_stat(_device(device, func), key.encode(), ctypes.byref(v)))
     return v.value
 
 
 def memory_allocated(device=None):
-    return _one("allocated_bytes.all.current", device)
+    return _one("allocated_bytes.all.current", device, "xseg.memory_allocated")
 
 
 def max_memory_allocated(device=None):
-    return _one("allocated_bytes.all.peak", device)
+    return _one("allocated_bytes.all.peak", device, "xseg.max_memory_allocated")
 
 
 def memory_reserved(device=None):
-    return _one("reserved_bytes.all.current", device)
+    return _one("reserved_bytes.all.current", device, "xseg.memory_reserved")
 
 
 def max_memory_reserved(device=None):
-    return _one("reserved_bytes.all.peak", device)
+    return _one("reserved_bytes.all.peak", device, "xseg.max_memory_reserved")
 
 
 def reset_peak_memory_stats(device=None):
     """Reset every peak to its current value."""
-    check(_lib.lib().xseg_reset_peak_stats(_device(device)))
+    check(_lib.lib().xseg_reset_peak_stats(_device(device, "xseg.reset_peak_memory_stats")))
 
 
 def reset_accumulated_memory_stats(device=None):
     """Restart the accumulated statistics from 0: every "allocated" and "freed" value and the
     num_* counts (torch.cuda.reset_accumulated_memory_stats). Current values and peaks stay."""
-    check(_lib.need("xseg_reset_accumulated_stats")(_device(device)))
+    dev = _device(device, "xseg.reset_accumulated_memory_stats")
+    check(_lib.need("xseg_reset_accumulated_stats")(dev))
 
 
 def memory_summary(device=None, abbreviated=False):
     """A readable table of the device's statistics (torch.cuda.memory_summary)."""
-    dev = _device(device)
+    dev = _device(device, "xseg.memory_summary")
     n = ctypes.c_size_t()
     check(_lib.lib().xseg_memory_summary(dev, None, 0, ctypes.byref(n)))
     buf = ctypes.create_string_buffer(n.value + 1)
@@ -232,19 +244,19 @@ def memory_summary(device=None, abbreviated=False):
 def empty_cache(device=-1):
     """Give every cached page that holds no live byte back to the driver (all devices by
     default, as torch.cuda.empty_cache does)."""
-    check(_lib.lib().xseg_empty_cache(-1 if device == -1 else _device(device)))
+    check(_lib.lib().xseg_empty_cache(_device(device, "xseg.empty_cache", all_devices=True)))
 
 
 def trim(keep_bytes=0, device=-1):
     """Give cached memory back until at most `keep_bytes` of cache remain on each device (all
     initialized devices by default): the largest free runs first, only the pages needed
     (cudaMemPoolTrimTo's meaning)."""
-    if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
-        raise ValueError("keep_bytes must be a non-negative int, not %r" % (keep_bytes,))
+    f = "xseg.trim"
+    keep_bytes, dev = int_arg(f, "keep_bytes", keep_bytes, C_SIZE), _device(device, f, all_devices=True)
     fn = _lib.need("xseg_trim")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_int, ctypes.c_size_t]
-    check(fn(-1 if device == -1 else _device(device), keep_bytes))
+    check(fn(dev, keep_bytes))
 
 
 # --- sleep and wake at the same addresses ---------------------------------------------------
@@ -253,15 +265,14 @@ DEFAULT_POOL = (0, 0)
 """The default pools of a device: every allocation not routed to a private pool."""
 
 
-def _pool(pool):
+def _pool(pool, func):
     """A pool as xseg's id: DEFAULT_POOL, a (first, second) pair (torch's MempoolId_t, e.g.
     torch.cuda.graph_pool_handle()), or an object with an `.id` pair (torch.cuda.MemPool)."""
     if hasattr(pool, "id") and not isinstance(pool, (tuple, list)):
         pool = pool.id
-    if (not isinstance(pool, (tuple, list)) or len(pool) != 2 or
-            not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 64 for x in pool)):
-        raise TypeError("pool must be a pair of non-negative ints (or have an .id pair), not %r" % (pool,))
-    return _lib.PoolId(pool[0], pool[1])
+    if not isinstance(pool, (tuple, list)) or len(pool) != 2:
+        raise TypeError("%s: pool must be a pair of ints (or have an .id pair), not %r" % (func, pool))
+    return _lib.PoolId(int_arg(func, "pool[0]", pool[0], C_UINT64), int_arg(func, "pool[1]", pool[1], C_UINT64))
 
 
 def sleep(pool=DEFAULT_POOL, device=None, offload=True):
@@ -274,14 +285,16 @@ def sleep(pool=DEFAULT_POOL, device=None, offload=True):
     sleeps already, a capture is underway, or it holds classic (non-expandable) segments
     (XSEG_ERROR_NOT_SUPPORTED); a failed sleep leaves the pool awake with its data."""
     flags = _lib.SLEEP_OFFLOAD if offload else _lib.SLEEP_DISCARD
-    check(_lib.need("xseg_sleep")(_device(device), _pool(pool), flags))
+    pid, dev = _pool(pool, "xseg.sleep"), _device(device, "xseg.sleep")
+    check(_lib.need("xseg_sleep")(dev, pid, flags))
 
 
 def wake(pool=DEFAULT_POOL, device=None):
     """Wake `pool` of `device`: map its pages at the same addresses again and restore its live
     blocks (or zeros after sleep(offload=False)). Raises XsegError when it is not asleep, or when
     the memory is not there (XsegOutOfMemoryError): then it stays asleep and can be woken later."""
-    check(_lib.need("xseg_wake")(_device(device), _pool(pool)))
+    pid, dev = _pool(pool, "xseg.wake"), _device(device, "xseg.wake")
+    check(_lib.need("xseg_wake")(dev, pid))
 
 
 def sleep_stats(pool=None, device=None):
@@ -290,8 +303,9 @@ def sleep_stats(pool=None, device=None):
     back), offloaded_bytes (live bytes kept in pinned host memory), discarded_bytes, num_sleeps,
     num_wakes (the device's)."""
     st = _lib.SleepStats()
-    ref = ctypes.byref(_pool(pool)) if pool is not None else None
-    check(_lib.need("xseg_get_sleep_stats")(_device(device), ref, ctypes.byref(st)))
+    ref = ctypes.byref(_pool(pool, "xseg.sleep_stats")) if pool is not None else None
+    dev = _device(device, "xseg.sleep_stats")
+    check(_lib.need("xseg_get_sleep_stats")(dev, ref, ctypes.byref(st)))
     out = {k: getattr(st, k) for k, _ in _lib.SleepStats._fields_ if k != "flags"}
     if pool is not None:
         out["offload"] = st.flags == _lib.SLEEP_OFFLOAD
@@ -301,9 +315,9 @@ def sleep_stats(pool=None, device=None):
 def set_per_process_memory_fraction(fraction, device=None):
     """Cap this process's reserved memory on `device` at `fraction` of its total; beyond it
     allocations fail with out-of-memory."""
-    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
-        raise TypeError("fraction must be a float")
-    check(_lib.lib().xseg_set_memory_fraction(float(fraction), _device(device)))
+    f = "xseg.set_per_process_memory_fraction"
+    fraction, dev = _lib.float_arg(f, "fraction", fraction, 0.0, 1.0), _device(device, f)
+    check(_lib.lib().xseg_set_memory_fraction(fraction, dev))
 
 
 # --- snapshots -----------------------------------------------------------------------------
@@ -316,7 +330,8 @@ def memory_snapshot(device=-1):
     PyTorch's field names (all devices by default)."""
     snap = ctypes.POINTER(_lib.Snapshot)()
     lib = _lib.lib()
-    check(lib.xseg_take_snapshot(-1 if device == -1 else _device(device), ctypes.byref(snap)))
+    dev = _device(device, "xseg.memory_snapshot", all_devices=True)
+    check(lib.xseg_take_snapshot(dev, ctypes.byref(snap)))
     try:
         segs = []
         for i in range(snap.contents.nsegments):
@@ -357,24 +372,30 @@ def dump_snapshot(path="dump_snapshot.pickle", device=-1):
     """Write the pickle torch.cuda.memory._dump_snapshot writes, with the recorded history's
     events and frames (readable by PyTorch's _memory_viz.py and https://pytorch.org/memory_viz).
     All devices by default."""
-    check(_lib.need("xseg_dump_snapshot")(-1 if device == -1 else _device(device), os.fsencode(path)))
+    f = "xseg.dump_snapshot"
+    path, dev = _lib.path_arg(f, "path", path), _device(device, f, all_devices=True)
+    check(_lib.need("xseg_dump_snapshot")(dev, path))
 
 
 def dump_snapshot_json(path, device=-1):
     """dump_snapshot's content as JSON."""
-    check(_lib.need("xseg_dump_snapshot_json")(-1 if device == -1 else _device(device),
-                                                os.fsencode(path)))
+    f = "xseg.dump_snapshot_json"
+    path, dev = _lib.path_arg(f, "path", path), _device(device, f, all_devices=True)
+    check(_lib.need("xseg_dump_snapshot_json")(dev, path))
 
 
 def dump_trace(path, device=-1):
     """Write the recorded history as an xseg-replay trace, to replay this program's allocations
     under other settings (`xseg-replay --compare PATH`)."""
-    check(_lib.need("xseg_dump_trace")(-1 if device == -1 else _device(device), os.fsencode(path)))
+    f = "xseg.dump_trace"
+    path, dev = _lib.path_arg(f, "path", path), _device(device, f, all_devices=True)
+    check(_lib.need("xseg_dump_trace")(dev, path))
 
 
 def set_oom_snapshot(path):
     """Write a snapshot to `path` when an out-of-memory error surfaces (None: off)."""
-    check(_lib.need("xseg_set_oom_snapshot")(os.fsencode(path) if path is not None else None))
+    path = _lib.path_arg("xseg.set_oom_snapshot", "path", path, allow_none=True)
+    check(_lib.need("xseg_set_oom_snapshot")(path))
 
 
 # --- allocation history --------------------------------------------------------------------
@@ -419,6 +440,9 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     or "all" (Python and C frames). max_entries bounds the ring (sys.maxsize: xseg's default,
     100000 events). `device` is accepted for torch's signature; history is process-wide."""
     global _history_cb
+    f = "xseg.record_memory_history"
+    if device is not None:
+        _device(device, f)  # history is process-wide; a bad device is still an error
     opts = _lib.HistoryOptions()
     if enabled is None:
         opts.enabled = 0
@@ -435,8 +459,11 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
             opts.stacks = _lib.STACKS_CALLBACK | (_lib.STACKS_C if stacks == "all" else 0)
             _history_cb = _history_cb or _lib.STACK_CALLBACK(_python_frames)
             opts.callback = _history_cb
-        opts.max_entries = 0 if max_entries >= sys.maxsize else int(max_entries)
-        opts.max_frames = int(max_frames)
+        # sys.maxsize (torch's default, "no limit") and beyond: xseg's default bound.
+        if isinstance(max_entries, int) and not isinstance(max_entries, bool) and max_entries >= sys.maxsize:
+            max_entries = 0
+        opts.max_entries = int_arg(f, "max_entries", max_entries, C_SIZE)
+        opts.max_frames = int_arg(f, "max_frames", max_frames, C_INT, 0)
     opts.clear = 1 if clear_history else 0
     check(_lib.need("xseg_record_memory_history")(ctypes.byref(opts)))
 

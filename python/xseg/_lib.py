@@ -7,10 +7,12 @@ turns a failure into XsegError carrying the library's own message.
 import ctypes
 import ctypes.util
 import glob
+import math
+import operator
 import os
 import threading
 
-__all__ = ["XsegError", "lib", "check", "library_path"]
+__all__ = ["XsegError", "lib", "check", "library_path", "int_arg", "str_arg", "path_arg"]
 
 # xseg_status values (include/xseg.h)
 SUCCESS = 0
@@ -102,6 +104,107 @@ def check(status):
             raise XsegOutOfMemoryError(status, msg)
         raise XsegError(status, msg)
     return status
+
+
+# --- arguments: checked here, because ctypes wraps integers silently ------------------------
+#
+# ctypes converts a Python int to a C integer modulo 2**bits (2**64 + 4096 becomes 4096 for a
+# size_t, -1 becomes SIZE_MAX) and a str to a C string that ends at its first NUL. Every
+# argument a public function passes to libxseg goes through one of these first, so a value that
+# C cannot hold exactly raises instead, naming the function and the argument.
+
+# The C types' ranges, [lo, hi).
+C_INT = (-2**31, 2**31)
+C_UINT = (0, 2**32)
+C_SIZE = (0, 2**64)
+C_UINT64 = (0, 2**64)
+C_PTR = (0, 2**64)  # an address or handle (a CUstream, a device pointer)
+
+
+def _power(v):
+    """-2**31, 2**64, 0 ...: a bound as a reader would write it."""
+    for sign, a in ((1, v), (-1, -v)):
+        if a > 1 and a & (a - 1) == 0:
+            return "%s2**%d" % ("-" if sign < 0 else "", a.bit_length() - 1)
+    return str(v)
+
+
+def int_arg(func, name, value, ctype=C_SIZE, lo=None):
+    """@p value as a Python int that the C type @p ctype (a [lo, hi) pair above) holds exactly,
+    at least @p lo (the domain's minimum: 0 for a device, -1 where -1 means every device).
+    Raises TypeError for anything that is not an integer (bool included: True is not a size),
+    ValueError below @p lo (a negative size), OverflowError outside the C type (above its
+    maximum, or below a signed type's minimum); each message names @p func and
+    @p name ("xseg.malloc: size must be 0 <= size < 2**64, got -1")."""
+    c_lo, c_hi = ctype
+    lo = c_lo if lo is None else lo
+    want = "%s <= %s < %s" % (_power(lo), name, _power(c_hi))
+    if isinstance(value, bool):
+        raise TypeError("%s: %s must be an integer (%s), not bool" % (func, name, want))
+    try:
+        v = operator.index(value)  # int, or an object that is one (numpy and torch integers)
+    except TypeError:
+        raise TypeError("%s: %s must be an integer (%s), not %s %r"
+                        % (func, name, want, type(value).__name__, value)) from None
+    if v < lo:  # a negative size or device: ValueError (past a signed type's minimum: overflow)
+        err = OverflowError if lo == c_lo < 0 else ValueError
+        raise err("%s: %s must be %s, got %d" % (func, name, want, v))
+    if v >= c_hi:
+        raise OverflowError("%s: %s must be %s, got %d" % (func, name, want, v))
+    return v
+
+
+def float_arg(func, name, value, lo, hi):
+    """@p value as a float in [lo, hi] (an int or a float, not bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("%s: %s must be a float, not %s" % (func, name, type(value).__name__))
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
+    if not lo <= v <= hi:
+        raise ValueError("%s: %s must be %g <= %s <= %g, got %r" % (func, name, lo, name, hi, value))
+    return v
+
+
+def _no_nul(func, name, b):
+    i = b.find(b"\0")
+    if i >= 0:
+        raise ValueError("%s: %s contains a NUL character (at byte %d), which C would take as its "
+                         "end" % (func, name, i))
+    return b
+
+
+def str_arg(func, name, value, allow_none=False):
+    """A str for a C string argument, as UTF-8 bytes: TypeError for anything else (None too unless
+    @p allow_none), ValueError for a NUL in it or a character UTF-8 cannot encode."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        raise TypeError("%s: %s must be a str, not %s" % (func, name, type(value).__name__))
+    try:
+        b = value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError("%s: %s cannot be encoded as UTF-8 (%s)" % (func, name, e.reason)) from None
+    return _no_nul(func, name, b)
+
+
+def path_arg(func, name, value, allow_none=False):
+    """A file system path (str, bytes or os.PathLike) as the bytes the C library opens:
+    TypeError for anything else, ValueError for a NUL in it or a name the file system encoding
+    cannot encode."""
+    if value is None and allow_none:
+        return None
+    try:
+        p = os.fspath(value)
+    except TypeError:
+        raise TypeError("%s: %s must be a path (str, bytes or os.PathLike), not %s"
+                        % (func, name, type(value).__name__)) from None
+    try:
+        b = os.fsencode(p)
+    except UnicodeEncodeError as e:
+        raise ValueError("%s: %s cannot be encoded for the file system (%s)" % (func, name, e.reason)) from None
+    return _no_nul(func, name, b)
 
 
 c_size_p = ctypes.POINTER(ctypes.c_size_t)

@@ -14,7 +14,7 @@ importer has closed it.
 import ctypes
 
 from . import _lib
-from ._lib import check
+from ._lib import C_INT, C_PTR, check, int_arg
 
 __all__ = ["IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles"]
 
@@ -52,8 +52,17 @@ if _lib._lib is not None:  # loaded before this module: declare the new prototyp
     _lib._declare(_lib._lib)
 
 
-def _fd(sock):
-    return sock if isinstance(sock, int) else sock.fileno()
+def _fd(sock, func):
+    """A socket's descriptor for C: a socket object (its fileno()) or a descriptor."""
+    if not isinstance(sock, int) and hasattr(sock, "fileno"):
+        sock = sock.fileno()
+    return int_arg(func, "sock", sock, C_INT, 0)
+
+
+def _handle(handle, func):
+    if not isinstance(handle, IpcHandle):
+        raise TypeError("%s: handle must be an xseg.IpcHandle, not %s" % (func, type(handle).__name__))
+    return handle._ptr
 
 
 class IpcHandle:
@@ -78,13 +87,14 @@ class IpcHandle:
 
     def send(self, sock):
         """Send over a connected AF_UNIX socket (a socket object or a descriptor)."""
-        check(_lib.need("xseg_ipc_send")(_fd(sock), self._ptr))
+        check(_lib.need("xseg_ipc_send")(_fd(sock, "xseg.IpcHandle.send"), self._ptr))
 
     @classmethod
     def recv(cls, sock):
         """Receive a handle sent with send()."""
+        fd = _fd(sock, "xseg.IpcHandle.recv")
         raw = ctypes.c_void_p()
-        check(_lib.need("xseg_ipc_recv")(_fd(sock), ctypes.byref(raw)))
+        check(_lib.need("xseg_ipc_recv")(fd, ctypes.byref(raw)))
         return cls(raw.value)
 
     def serialize(self):
@@ -98,8 +108,12 @@ class IpcHandle:
 
     @classmethod
     def deserialize(cls, data):
+        try:  # bytes-like only: bytes(n) would make n zero bytes of an int
+            data = memoryview(data).tobytes()
+        except TypeError:
+            raise TypeError("xseg.IpcHandle.deserialize: data must be bytes-like, not %s"
+                            % type(data).__name__) from None
         raw = ctypes.c_void_p()
-        data = bytes(data)
         check(_lib.need("xseg_ipc_deserialize")(data, len(data), ctypes.byref(raw)))
         return cls(raw.value)
 
@@ -124,6 +138,7 @@ class IpcHandle:
 
 def ipc_export(ptr):
     """Export the live block at `ptr` (an address xseg.malloc or a torch tensor's data_ptr())."""
+    ptr = int_arg("xseg.ipc_export", "ptr", ptr, C_PTR)
     raw = ctypes.c_void_p()
     check(_lib.need("xseg_ipc_export")(ptr, ctypes.byref(raw)))
     return IpcHandle(raw.value)
@@ -131,20 +146,23 @@ def ipc_export(ptr):
 
 def ipc_import(handle, device=0):
     """Map an imported block on `device`; returns its address. Close it with ipc_close()."""
+    f = "xseg.ipc_import"
+    dev, h = int_arg(f, "device", device, C_INT, 0), _handle(handle, f)
     p = ctypes.c_void_p()
-    check(_lib.need("xseg_ipc_import")(handle._ptr, int(device), ctypes.byref(p)))
+    check(_lib.need("xseg_ipc_import")(h, dev, ctypes.byref(p)))
     return p.value
 
 
 def ipc_close(ptr):
     """Unmap an address ipc_import returned."""
-    check(_lib.need("xseg_ipc_close")(ptr))
+    check(_lib.need("xseg_ipc_close")(int_arg("xseg.ipc_close", "ptr", ptr, C_PTR)))
 
 
 def block_handles(ptr):
     """The physical pieces under the live block at `ptr`, for NCCL/RDMA registration: a list of
     {'address', 'length', 'handle' (CUmemGenericAllocationHandle, 0 for classic memory),
     'offset'} in address order."""
+    ptr = int_arg("xseg.block_handles", "ptr", ptr, C_PTR)
     fn = _lib.need("xseg_block_handles")
     n = ctypes.c_size_t()
     check(fn(ptr, None, 0, ctypes.byref(n)))

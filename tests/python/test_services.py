@@ -31,7 +31,7 @@ def test_trim_keeps_at_most_what_is_asked(xseg):
 def test_trim_arguments(xseg):
     with pytest.raises(ValueError):
         xseg.trim(-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError):
         xseg.trim(1.5)
     with pytest.raises(xseg.XsegError) as ei:
         xseg.trim(0, 99)
@@ -117,7 +117,7 @@ def test_sleep_arguments(awake):
     x = awake
     with pytest.raises(TypeError):
         x.sleep(pool=5)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError):
         x.sleep(pool=(1, -1))
     with pytest.raises(x.XsegError) as ei:
         x.sleep(pool=(12345, 678))  # a pool this device does not know

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -487,6 +488,94 @@ static void test_sleep_wake(void **state)
     free(t);
 }
 
+/* `idle` is bounded (TRACE_IDLE_MAX_NS, an hour): --check and the replay refuse a longer one,
+ * naming its line, instead of waiting for years. */
+static void test_idle_bounded(void **state)
+{
+    (void)state;
+    char *t = write_tmp("idle.trace", "alloc a 1MiB\nidle 3600s\nidle 100000000s\nfree a\n");
+    char args[512];
+    snprintf(args, sizeof args, "--check '%s'", t);
+    struct result r = run(args);
+    assert_int_not_equal(r.rc, 0);
+    if (!strstr(r.err, "idle.trace:3: idle: '100000000s' is longer than the maximum, 3600s"))
+        fail_msg("unexpected message: %s", r.err);
+    result_free(&r);
+    /* The replay refuses it too, before anything runs (idle reclaim on: it would wait). */
+    free(t);
+    t = write_tmp("idle.trace", "config idle_release_ms:100\nalloc a 1MiB\nidle 3600.000000001s\nfree a\n");
+    snprintf(args, sizeof args, "--marks=none '%s'", t);
+    r = run(args);
+    assert_int_not_equal(r.rc, 0);
+    if (!strstr(r.err, "idle.trace:3: idle: '3600.000000001s' is longer than the maximum, 3600s"))
+        fail_msg("unexpected message: %s", r.err);
+    result_free(&r);
+    /* An hour exactly is fine; the bound is not reached by ordinary idles (replayed at once here). */
+    free(t);
+    t = write_tmp("idle.trace", "alloc a 1MiB\nidle 3600s\nidle 20ms\nfree a\n");
+    snprintf(args, sizeof args, "--marks=none '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    result_free(&r);
+    free(t);
+}
+
+/* A `snapshot LABEL` names a file inside --snapshot's folder whatever the label holds: bytes
+ * outside [A-Za-z0-9._-] become '_', no leading '.', 64 bytes at most, different labels that
+ * come out the same get -2, -3; the same label again writes the same file. */
+static void test_snapshot_labels_stay_inside(void **state)
+{
+    (void)state;
+    char dir[128], sub[160], outside[160];
+    snprintf(dir, sizeof dir, "%s/snaps", tmpdir);
+    snprintf(sub, sizeof sub, "%s/s.", dir); /* so that "s./../../x" would resolve */
+    snprintf(outside, sizeof outside, "%s/escaped.pickle", tmpdir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    char long_label[301];
+    memset(long_label, 'z', 300);
+    long_label[300] = '\0';
+    char text[1024];
+    snprintf(text, sizeof text,
+             "alloc a 1MiB\nsnapshot /../../escaped\nsnapshot a/b\nsnapshot a b\nsnapshot a_b\n"
+             "snapshot a/b\nsnapshot .hidden\nsnapshot %s\nfree a\n", long_label);
+    char *t = write_tmp("labels.trace", text);
+    char args[512];
+    snprintf(args, sizeof args, "--marks=none --snapshot '%s/s.pickle' '%s'", dir, t);
+    struct result r = run(args);
+    assert_int_not_equal(access(outside, F_OK), 0); /* first: the label did not lead out */
+    assert_int_equal(r.rc, 0);
+    result_free(&r);
+    static const char *const want[] = {
+        "s._.._.._escaped.pickle", "s.a_b.pickle", "s.a_b-2.pickle", "s.a_b-3.pickle", "s._hidden.pickle",
+        "s.zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz.pickle", "s.pickle", "s.",
+    };
+    size_t nwant = sizeof want / sizeof want[0], found = 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        size_t i = 0;
+        while (i < nwant && strcmp(want[i], e->d_name))
+            i++;
+        if (i == nwant)
+            fail_msg("unexpected file %s in %s", e->d_name, dir);
+        found++;
+    }
+    closedir(d);
+    assert_int_equal(found, nwant);
+    /* Nothing was written into the folder made to catch "s./../..". */
+    d = opendir(sub);
+    assert_non_null(d);
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            fail_msg("unexpected file %s in %s", e->d_name, sub);
+    closedir(d);
+    free(t);
+}
+
 static void test_rmm_csv_file(void **state)
 {
     (void)state;
@@ -620,6 +709,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_capture_rules),
         cmocka_unit_test(test_rmm_csv_file),
         cmocka_unit_test(test_sleep_wake), /* services */
+        cmocka_unit_test(test_idle_bounded),
+        cmocka_unit_test(test_snapshot_labels_stay_inside),
         cmocka_unit_test(test_plot_written),
         cmocka_unit_test(test_check_builtins),
     };

@@ -278,5 +278,113 @@ class Reader(unittest.TestCase):
             one_line_error(self, run_cli(pk, "--max-memory-mib", "1"), pk, "memory limit")
 
 
+class Nesting(unittest.TestCase):
+    """Deeply nested data: Python's hash() of a tuple recurses in C, so a million-deep tuple used
+    as a dict key once ended the converter with SIGSEGV. Nesting is bounded (MAX_DEPTH)."""
+
+    def test_million_deep_key_cli(self):
+        # 1 MB: EMPTY_DICT, an empty tuple wrapped a million times by TUPLE1, as a key of None.
+        data = b"\x80\x02}" + b")" + b"\x85" * 1000000 + b"Ns."
+        self.assertGreaterEqual(len(data), 1000000)
+        with tempfile.TemporaryDirectory() as d:
+            pk = os.path.join(d, "deep.pickle")
+            with open(pk, "wb") as f:
+                f.write(data)
+            r = run_cli(pk)
+            self.assertGreaterEqual(r.returncode, 0, "killed by signal %d" % -r.returncode)
+            one_line_error(self, r, pk, "nested more than 1000 deep")
+            # The same nesting in a list (never hashed) and a frozenset: refused alike.
+            for body in (b"]" * 1000001 + b"a" * 1000000, b"(" * 1001 + b"\x91" * 1001):
+                with open(pk, "wb") as f:
+                    f.write(b"\x80\x04" + body + b".")
+                one_line_error(self, run_cli(pk), pk, "nested more than 1000 deep")
+
+    def test_bound(self):
+        M = s2t.MAX_DEPTH
+        self.assertEqual(M, 1000)
+        # Exactly MAX_DEPTH levels load; one more is refused, for keys, lists and dicts.
+        key = s2t.load_snapshot(b"\x80\x02}" + b")" + b"\x85" * (M - 1) + b"Ns.")
+        self.assertEqual(len(key), 1)
+        with self.assertRaisesRegex(s2t.SnapshotError, "nested more than 1000 deep"):
+            s2t.load_snapshot(b"\x80\x02}" + b")" + b"\x85" * M + b"Ns.")
+        lst = b"\x80\x02" + b"]" * M + b"a" * (M - 1) + b"."
+        self.assertIsInstance(s2t.load_snapshot(lst), list)
+        with self.assertRaisesRegex(s2t.SnapshotError, "nested more than 1000 deep"):
+            s2t.load_snapshot(b"\x80\x02" + b"]" * (M + 1) + b"a" * M + b".")
+        with self.assertRaisesRegex(s2t.SnapshotError, "nested more than 1000 deep"):
+            s2t.load_snapshot(b"\x80\x02" + b"}K\x01" * M + b"}" + b"s" * M + b".")
+        # Shared through the memo: l[i+1] = [l[i], l[i]] (2^999 paths) is walked once per list,
+        # and counted at its real depth.
+        def shared(levels):
+            data = b"\x80\x04]"
+            for i in range(levels):  # MEMOIZE l[i], POP, MARK, BINGET it twice, LIST
+                data += b"\x940(" + (b"j" + i.to_bytes(4, "little")) * 2 + b"l"
+            return data + b"."
+        self.assertIsInstance(s2t.load_snapshot(shared(M - 1)), list)
+        with self.assertRaisesRegex(s2t.SnapshotError, "nested more than 1000 deep"):
+            s2t.load_snapshot(shared(M))
+        # A list that holds itself.
+        with self.assertRaisesRegex(s2t.SnapshotError, "contains itself"):
+            s2t.load_snapshot(b"\x80\x02]\x94h\x00a.")
+        # After all that the reader still reads a snapshot.
+        self.assertEqual(s2t.load_snapshot(pickle.dumps(snapshot(), protocol=4)), snapshot())
+
+
+class Frames(unittest.TestCase):
+    """Frame names from the snapshot as the trace language reads them back."""
+
+    HOSTILE = ["#starts_with_hash", "a #comment", "line\nbreak\nalloc evil 1TiB", "tab\there",
+               "  spaces  around ", "nul\0inside", "cr\rlf", "\udcff\udcfe non-utf8", "\ud800lone",
+               "", "#", " # ", "\t#x", "%41 percent", "é€😀"]
+
+    def snapshot_with_frames(self):
+        snap = snapshot()
+        frames = []
+        for i, n in enumerate(self.HOSTILE):
+            frames.append({"filename": n, "name": n, "line": i})
+        events = snap["device_traces"][0]
+        events[2]["frames"] = frames
+        events[4]["frames"] = frames[::-1]
+        snap["segments"][0]["blocks"][0]["frames"] = [{"filename": "-", "name": "#", "line": 1}]
+        return snap
+
+    def test_hostile_names_round_trip(self):
+        with tempfile.TemporaryDirectory() as d:
+            pk = os.path.join(d, "frames.pickle")
+            with open(pk, "wb") as f:
+                pickle.dump(self.snapshot_with_frames(), f, protocol=4)
+            tr = os.path.join(d, "frames.trace")
+            with open(tr, "wb") as f:
+                r = subprocess.run([sys.executable, CONVERTER, pk], stdout=f, stderr=subprocess.PIPE,
+                                   env=dict(os.environ, PYTHONIOENCODING="ascii"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(tr, "rb") as f:
+                text = f.read()
+            self.assertNotIn(b"\nalloc evil", text)
+            frame_lines = [l for l in text.split(b"\n") if l.startswith(b"frame ")]
+            self.assertEqual(len(frame_lines), 2 * len(self.HOSTILE) + 1)
+            r = subprocess.run([REPLAY, "--check", tr], capture_output=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            # Replayed with history, the snapshot shows every frame: names sanitized, file names
+            # as their bytes (a non-UTF-8 name's surrogates are its bytes again).
+            snapf = os.path.join(d, "out.pickle")
+            r = subprocess.run([REPLAY, "--no-progress", "--marks=none", "--history", "--snapshot", snapf, tr],
+                               capture_output=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(snapf, "rb") as f:
+                out = pickle.load(f)
+            got = [fr for e in out["device_traces"][0] if e.get("action") == "alloc" for fr in e.get("frames", [])]
+            files = {fr["filename"] for fr in got}
+            for n in self.HOSTILE:
+                if "\0" in n:
+                    n = n[:n.index("\0")]  # xseg keeps C strings
+                if not n.startswith("\udcff"):  # (xseg's writer shows invalid UTF-8 as '?')
+                    self.assertIn(n, files)
+            names = {fr["name"] for fr in got}
+            self.assertIn("?starts_with_hash", names)
+            self.assertIn("line break alloc evil 1TiB", names)
+            self.assertIn("nul inside", names)
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1])

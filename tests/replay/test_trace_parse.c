@@ -267,6 +267,8 @@ static void test_errors(void **state)
         {"idle 3\n", "t.trace:1: idle: '3' is not a duration (e.g. 300ms, 1.5s, 20us)"},
         {"idle ms\n", "t.trace:1: idle: 'ms' is not a duration"},
         {"idle 99999999999999999999s\n", "t.trace:1: idle: '99999999999999999999s' is not a duration"},
+        {"idle 100000000s\n", "t.trace:1: idle: '100000000s' is longer than the maximum, 3600s"},
+        {"idle 3600000001us\n", "t.trace:1: idle: '3600000001us' is longer than the maximum, 3600s"},
         {"config\n", "t.trace:1: config: missing the config string"},
         {"config expandable_segments: True\n", "t.trace:1: config: the config string has a blank"},
         {"mark   \n", "t.trace:1: mark: missing the label"},

@@ -12,7 +12,8 @@
  *
  * Services: `trim KEEP` is xseg_trim(-1, KEEP); `sleep`/`wake` put a pool (`default`, or one
  * begun before) to sleep and wake it (xseg_sleep / xseg_wake); `idle D` is D of wall time with no
- * allocator call (the replay waits when idle_release_ms is set: nothing else depends on time).
+ * allocator call (the replay waits when idle_release_ms is set: nothing else depends on time), at
+ * most TRACE_IDLE_MAX_NS (an hour).
  *
  * `snapshot LABEL` is where xseg-replay --snapshot writes a snapshot; `frame` lines build a named
  * stack (innermost first) that `alloc ... ^NAME` hands to xseg's history (--history), so the
@@ -563,6 +564,9 @@ static xseg_status parse_line(struct parser *p, const char *s, const char *end)
             return st;
         if ((st = parse_duration(p, &tk[1], &a.size)))
             return st;
+        if (a.size > TRACE_IDLE_MAX_NS)
+            return perr(p, "idle: '%.*s' is longer than the maximum, %llus", (int)tk[1].len, tk[1].s,
+                        (unsigned long long)(TRACE_IDLE_MAX_NS / 1000000000u));
         a.op = TRACE_IDLE;
     } else if (tok_is(verb, "frame")) {
         /* frame STACK LINE FILE FUNCTION...: FILE has %XX escapes for blanks ('-' is empty). */

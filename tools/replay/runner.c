@@ -3,6 +3,7 @@
 #include "tools/replay/runner.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,7 +220,59 @@ struct runstate {
     CUevent wait_event;   /* wait: recorded on the stream waited for (made on first use) */
     unsigned char *skipped_sleep; /* per pool + 1 (0: default): its sleep was refused as classic */
     int idle_ms;          /* idle_release_ms in force when the replay started an `idle` (-1: unread) */
+    struct snap_tag *tags;/* each snapshot label met so far and the file name part it was given */
+    size_t ntags, tags_cap;
 };
+
+/* A `snapshot LABEL` becomes part of a file name inside --snapshot's folder, never a path: see
+ * snapshot_tag. The tag is at most SNAP_TAG_MAX bytes before a "-N" that keeps it unique. */
+#define SNAP_TAG_MAX 64
+struct snap_tag {
+    const char *label;
+    char tag[SNAP_TAG_MAX + 24];
+};
+
+/* The file name part of @p label, in @p *tag: bytes outside [A-Za-z0-9._-] become '_', a leading
+ * '.' too, at most SNAP_TAG_MAX bytes; a label met before gets its tag again, and a different label
+ * that comes out the same gets "-2", "-3"... appended. Fails only for host memory. */
+static xseg_status snapshot_tag(struct runstate *rs, const char *label, const char **tag)
+{
+    for (size_t i = 0; i < rs->ntags; i++)
+        if (!strcmp(rs->tags[i].label, label)) {
+            *tag = rs->tags[i].tag;
+            return XSEG_SUCCESS;
+        }
+    if (rs->ntags == rs->tags_cap) {
+        size_t ncap = rs->tags_cap ? rs->tags_cap * 2 : 8;
+        struct snap_tag *n = realloc(rs->tags, ncap * sizeof *n);
+        if (!n)
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        rs->tags = n;
+        rs->tags_cap = ncap;
+    }
+    char base[SNAP_TAG_MAX + 1];
+    size_t len = 0;
+    for (const char *c = label; *c && len < SNAP_TAG_MAX; c++) {
+        int ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                 *c == '_' || *c == '-' || (*c == '.' && len > 0);
+        base[len++] = ok ? *c : '_';
+    }
+    base[len] = '\0';
+    struct snap_tag *nt = &rs->tags[rs->ntags];
+    nt->label = label;
+    snprintf(nt->tag, sizeof nt->tag, "%s", base);
+    for (unsigned k = 2;; k++) {
+        size_t i = 0;
+        while (i < rs->ntags && strcmp(rs->tags[i].tag, nt->tag))
+            i++;
+        if (i == rs->ntags)
+            break;
+        snprintf(nt->tag, sizeof nt->tag, "%s-%u", base, k);
+    }
+    rs->ntags++;
+    *tag = nt->tag;
+    return XSEG_SUCCESS;
+}
 
 /* work @s: on cudaemu, cudaemu_stream_work (a kernel node while capturing, pending work on a held
  * stream); on a real driver, while s captures, an empty node after its dependencies, which
@@ -498,8 +551,10 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
             if (rs.idle_ms < 0)
                 rs.idle_ms = run_idle_ms();
             if (rs.idle_ms > 0) {
-                struct timespec d = {(time_t)(a->size / 1000000000u), (long)(a->size % 1000000000u)};
-                while (nanosleep(&d, &d) != 0)
+                /* The parser bounds idle; a trace built another way is held to the same bound. */
+                uint64_t ns = a->size < TRACE_IDLE_MAX_NS ? a->size : TRACE_IDLE_MAX_NS;
+                struct timespec d = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+                while (nanosleep(&d, &d) != 0 && errno == EINTR)
                     ;
                 moved = 1;
             }
@@ -556,7 +611,13 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         case TRACE_SNAPSHOT:
             if (o->snapshot) {
                 char path[4096];
-                run_snapshot_path(o->snapshot, trace_text(t, a->text), path, sizeof path);
+                const char *tag;
+                if (snapshot_tag(&rs, trace_text(t, a->text), &tag) != XSEG_SUCCESS) {
+                    snprintf(err, errlen, "%s:%u: snapshot: out of host memory", t->source, a->line);
+                    st = XSEG_ERROR_OUT_OF_MEMORY;
+                    goto out;
+                }
+                run_snapshot_path(o->snapshot, tag, path, sizeof path);
                 if ((st = write_snapshot(path, t->source, err, errlen)))
                     goto out;
             }
@@ -639,6 +700,7 @@ out:
         (void)rdrv.cuEventDestroy(rs.wait_event);
     if (ctx0)
         (void)rdrv.cuDevicePrimaryCtxRelease(dev0);
+    free(rs.tags);
     free(rs.pools);
     free(rs.graphs);
     free(rs.skipped_sleep);

@@ -36,7 +36,8 @@ struct run_options {
     int timeline;           /* keep allocated/reserved after every action, for the plot */
     /* Record allocation history (with the trace's `^STACK` frames) while replaying,
      * and write a snapshot (PyTorch's format) to `snapshot` at the end, before the final
-     * empty_cache, and at each `snapshot LABEL` action (to snapshot with ".LABEL" inserted). */
+     * empty_cache, and at each `snapshot LABEL` action (to snapshot with ".TAG" inserted, TAG the
+     * label made a safe, unique file name: see snapshot_tag in runner.c). */
     int history;
     const char *snapshot;
 };

@@ -45,6 +45,10 @@ enum trace_op {
     TRACE_IDLE,          /* size = nanoseconds without allocator calls (a wall-clock wait) */
 };
 
+/* The longest `idle` a trace may hold (one hour, in ns): the parser refuses more, so neither
+ * --check nor a replay accepts a trace that would keep xseg-replay waiting for years. */
+#define TRACE_IDLE_MAX_NS (3600ull * 1000000000ull)
+
 /* Stream index of the legacy default stream, and of "every stream" for sync. */
 #define TRACE_DEFAULT_STREAM (-1)
 #define TRACE_ALL_STREAMS (-2)
