@@ -209,6 +209,7 @@ struct ipc_import_rec {
     CUdeviceptr base;
     size_t size;
     CUcontext ctx;
+    bool unmapped; /* a close unmapped it but failed to free the address range: retried by a close */
     struct ipc_import_rec *next;
 };
 
@@ -306,18 +307,23 @@ xseg_status ipc_close(void *ptr)
     pthread_mutex_unlock(&ipc_imports_lock);
     if (!rec)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_close: %p is not an open import", ptr);
-    int gone = 0;
-    xseg_status st = ipc_unmap(rec->ctx, rec->base, rec->size, &gone);
-    if (!gone) {
-        /* Still mapped: keep it, so the caller may close it again. */
+    xseg_status st = ipc_unmap(rec->ctx, rec->base, rec->size, &rec->unmapped);
+    if (st != XSEG_SUCCESS) {
+        /* Kept, so that closing it again finishes the work: a failed unmap leaves it mapped and
+         * usable; a failed address free leaves only the reservation, which the next close frees
+         * (without unmapping again). */
+        bool unmapped = rec->unmapped;
         pthread_mutex_lock(&ipc_imports_lock);
         rec->next = ipc_imports;
         ipc_imports = rec;
         pthread_mutex_unlock(&ipc_imports_lock);
-        return err_prefix(st, "xseg_ipc_close(%p)", ptr);
+        return unmapped ? err_prefix(st, "xseg_ipc_close(%p): the import is unmapped but its address range is "
+                                         "still reserved; call xseg_ipc_close again to free it", ptr)
+                        : err_prefix(st, "xseg_ipc_close(%p): the import stays mapped; call xseg_ipc_close "
+                                         "again", ptr);
     }
     free(rec);
-    return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_ipc_close(%p)", ptr);
+    return XSEG_SUCCESS;
 }
 
 /* ---- wire format ----

@@ -283,8 +283,8 @@ static int child_import_faults(int s)
         tu_live(&l1);
         CHECK(live_eq(&l0, &l1) && l1.reserved_bytes == l0.reserved_bytes);
     }
-    /* Close: a failed unmap keeps the import (close again later); a failed address free ends it
-     * (the pages are unmapped) and reports the lost address space. */
+    /* Close: a failed unmap keeps the import (close again later); a failed address free keeps
+     * the reservation, which closing again frees without unmapping again. */
     OK(xseg_ipc_import(h, 0, &q));
     CHECK(tu_fail("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE));
     CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemUnmap"));
@@ -295,8 +295,15 @@ static int child_import_faults(int s)
     CHECK(live_eq(&l0, &l1));
     OK(xseg_ipc_import(h, 0, &q));
     CHECK(tu_fail("cuMemAddressFree", 1, CUDA_ERROR_INVALID_VALUE));
-    CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemAddressFree"));
+    CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemAddressFree") && msg_has("close again"));
     tu_fail_clear();
+    tu_live(&l1);
+    CHECK(l1.reservations == l0.reservations + 1 && l1.mapped_bytes == l0.mapped_bytes);
+    tu_counts_reset();
+    OK(xseg_ipc_close(q)); /* the reservation goes; the pages are not unmapped twice */
+    CHECK(tu_call_count("cuMemUnmap") == 0 && tu_call_count("cuMemAddressFree") == 1);
+    tu_live(&l1);
+    CHECK(live_eq(&l0, &l1) && l1.reserved_bytes == l0.reserved_bytes);
     CHECK(xseg_ipc_close(q) == XSEG_ERROR_INVALID_VALUE);
     xseg_ipc_handle_free(h);
     CHECK(put(s, 'A'));
