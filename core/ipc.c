@@ -423,8 +423,9 @@ static xseg_status ipc_send_msg(int sock, const void *buf, size_t len, const int
 }
 
 /* Receive exactly @p len bytes; descriptors that come with them are appended to fds[*nfds..max).
- * More descriptors than room, or a truncated control message, is an error (all closed by the
- * caller through fds and nfds; extras closed here). */
+ * More descriptors than room, a truncated control message, or a message longer than the bytes
+ * still expected (MSG_TRUNC) is an error (all closed by the caller through fds and nfds; extras
+ * closed here). */
 static xseg_status ipc_recv_msg(int sock, void *buf, size_t len, int *fds, size_t *nfds, size_t max)
 {
     union {
@@ -466,6 +467,13 @@ static xseg_status ipc_recv_msg(int sock, void *buf, size_t len, int *fds, size_
             return err_set(XSEG_ERROR_INVALID_VALUE,
                            "xseg_ipc_recv: descriptors were lost in transit (MSG_CTRUNC: the process is out of "
                            "file descriptors?)");
+        /* A message (seqpacket, datagram) longer than what is expected next: the kernel dropped
+         * its rest, so waiting for those bytes would wait for ever. */
+        if (msg.msg_flags & MSG_TRUNC)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "xseg_ipc_recv: a message was longer than the %zu bytes the handle's wire format has "
+                           "next (MSG_TRUNC: its rest was dropped); the peer did not send with xseg_ipc_send, or "
+                           "not an xseg IPC handle", len - got);
         if (extra)
             return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: more descriptors arrived than the handle has pages");
         if (r == 0)
