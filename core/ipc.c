@@ -149,6 +149,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     }
     *out = h;
     b->seg->handles_out = true; /* another process maps these handles: never re-backed */
+    b->exported = true;         /* nor given back by a sleep while the block lives (core/sleep.c) */
 out:
     dev_unlock(d);
     return st;
