@@ -902,8 +902,8 @@ static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, s
     }
 }
 
-/* The rest of free_ptr for a block counted oversize, recorded by history, or with a side struct
- * (lock held, kept). */
+/* The rest of free_ptr for a block counted oversize, recorded by history, exported, or with a
+ * side struct (lock held, kept). */
 static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
@@ -911,6 +911,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         stat_down(&d->stats.oversize_allocations, 1);
         b->oversize = false;
     }
+    b->exported = false; /* the export ends with the block (its pool may sleep again) */
     if (b->recorded)
         hist_free_requested(d, b);
     xseg_status st = XSEG_SUCCESS;
@@ -986,9 +987,9 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     int si = dev_block_pool(d, b)->stat_index;
     stat_down_pool(d->stats.allocation, si, 1);
     stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    /* oversize, recorded and a side struct (recorded streams) in one test (block_free_slow),
-     * handled out of line with the rest of the free: a call on this path would make the compiler
-     * reload the block's fields after it. */
+    /* oversize, recorded, exported and a side struct (recorded streams) in one test
+     * (block_free_slow), handled out of line with the rest of the free: a call on this path would
+     * make the compiler reload the block's fields after it. */
     if (XSEG_UNLIKELY(block_free_slow(b))) {
         st = free_ptr_rare(d, b);
     } else if (d->live.count < d->free_defer_min || dev_gc_on(d)) {

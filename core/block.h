@@ -79,8 +79,8 @@ struct block {
     bool allocated;
     bool mapped;     /* always true in classic segments */
     /* What a free must do besides the common work, tested as one byte (block_free_slow):
-     * `oversize`, `recorded` and `sided` (the BLOCK_FREE_SLOW bits; check.c verifies the
-     * compiler's bit order). */
+     * `oversize`, `recorded`, `sided` and `exported` (the BLOCK_FREE_SLOW bits; check.c verifies
+     * the compiler's bit order). */
     union {
         struct {
             bool oversize : 1; /* counted in oversize_allocations (decided at allocation time) */
@@ -95,6 +95,10 @@ struct block {
              * seg->pool, kept by block_set_seg / block_same_seg (dev_block_pool reads them). */
             bool small_pool : 1;
             bool private_pool : 1;
+            /* Allocated and exported over IPC (xseg_ipc_export) since its malloc: its pool
+             * refuses to sleep (core/sleep.c), as importers map these very pages. Cleared by its
+             * free (free_ptr_rare), so free blocks and spare structs have it clear. */
+            bool exported : 1;
         };
         uint8_t flags;
     };
@@ -110,10 +114,11 @@ struct block {
     } u;
 };
 
-#define BLOCK_FREE_SLOW 0x7u /* oversize | recorded | sided in `flags` */
+#define BLOCK_FREE_SLOW 0x47u /* oversize | recorded | sided | exported in `flags` */
 #define BLOCK_SEG_BITS 0x38u /* expandable | small_pool | private_pool: what its segment decides */
 
-/* Does the free of @p b need more than the common path (oversize, recorded, a side struct)? */
+/* Does the free of @p b need more than the common path (oversize, recorded, a side struct,
+ * exported)? */
 static inline bool block_free_slow(const struct block *b) { return b->flags & BLOCK_FREE_SLOW; }
 
 /* The live map tags block pointers in their low 4 bits (ptrmap): slabs of this size keep every

@@ -133,7 +133,7 @@ static size_t walk_unmapped(const struct bpool *pool, const struct block *t, con
 
 /* The block's last word and its side struct (struct block): in an index it is the GC clock, so no
  * side; a side exactly while something needs one (recorded streams, events, a history stack); a
- * stack only on a recorded block. */
+ * stack only on a recorded block; `exported` only on an allocated one. */
 static void check_block_word(const struct block *b)
 {
     const struct block_side *sd = block_side(b);
@@ -143,6 +143,7 @@ static void check_block_word(const struct block *b)
         CHECK(sd->uses.n <= sd->uses.cap && (sd->uses.cap <= 2 || sd->uses.heap));
     }
     CHECK(!block_hist_stack(b) || b->recorded);
+    CHECK(!b->exported || b->allocated); /* an export ends with its block's free */
 }
 
 /* block_free_slow tests BLOCK_FREE_SLOW in `flags`: the bit-fields must sit where it says. */
@@ -152,6 +153,7 @@ static void check_flag_bits(void)
     t.oversize = true;
     t.recorded = true;
     t.sided = true;
+    t.exported = true;
     CHECK(t.flags == BLOCK_FREE_SLOW);
     t = (struct block){0};
     t.expandable = true;

@@ -149,6 +149,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     }
     *out = h;
     b->seg->handles_out = true; /* another process maps these handles: never re-backed */
+    b->exported = true;         /* nor given back by a sleep while the block lives (core/sleep.c) */
 out:
     dev_unlock(d);
     return st;
@@ -209,6 +210,7 @@ struct ipc_import_rec {
     CUdeviceptr base;
     size_t size;
     CUcontext ctx;
+    bool unmapped; /* a close unmapped it but failed to free the address range: retried by a close */
     struct ipc_import_rec *next;
 };
 
@@ -306,18 +308,23 @@ xseg_status ipc_close(void *ptr)
     pthread_mutex_unlock(&ipc_imports_lock);
     if (!rec)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_close: %p is not an open import", ptr);
-    int gone = 0;
-    xseg_status st = ipc_unmap(rec->ctx, rec->base, rec->size, &gone);
-    if (!gone) {
-        /* Still mapped: keep it, so the caller may close it again. */
+    xseg_status st = ipc_unmap(rec->ctx, rec->base, rec->size, &rec->unmapped);
+    if (st != XSEG_SUCCESS) {
+        /* Kept, so that closing it again finishes the work: a failed unmap leaves it mapped and
+         * usable; a failed address free leaves only the reservation, which the next close frees
+         * (without unmapping again). */
+        bool unmapped = rec->unmapped;
         pthread_mutex_lock(&ipc_imports_lock);
         rec->next = ipc_imports;
         ipc_imports = rec;
         pthread_mutex_unlock(&ipc_imports_lock);
-        return err_prefix(st, "xseg_ipc_close(%p)", ptr);
+        return unmapped ? err_prefix(st, "xseg_ipc_close(%p): the import is unmapped but its address range is "
+                                         "still reserved; call xseg_ipc_close again to free it", ptr)
+                        : err_prefix(st, "xseg_ipc_close(%p): the import stays mapped; call xseg_ipc_close "
+                                         "again", ptr);
     }
     free(rec);
-    return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_ipc_close(%p)", ptr);
+    return XSEG_SUCCESS;
 }
 
 /* ---- wire format ----
@@ -417,8 +424,9 @@ static xseg_status ipc_send_msg(int sock, const void *buf, size_t len, const int
 }
 
 /* Receive exactly @p len bytes; descriptors that come with them are appended to fds[*nfds..max).
- * More descriptors than room, or a truncated control message, is an error (all closed by the
- * caller through fds and nfds; extras closed here). */
+ * More descriptors than room, a truncated control message, or a message longer than the bytes
+ * still expected (MSG_TRUNC) is an error (all closed by the caller through fds and nfds; extras
+ * closed here). */
 static xseg_status ipc_recv_msg(int sock, void *buf, size_t len, int *fds, size_t *nfds, size_t max)
 {
     union {
@@ -460,6 +468,13 @@ static xseg_status ipc_recv_msg(int sock, void *buf, size_t len, int *fds, size_
             return err_set(XSEG_ERROR_INVALID_VALUE,
                            "xseg_ipc_recv: descriptors were lost in transit (MSG_CTRUNC: the process is out of "
                            "file descriptors?)");
+        /* A message (seqpacket, datagram) longer than what is expected next: the kernel dropped
+         * its rest, so waiting for those bytes would wait for ever. */
+        if (msg.msg_flags & MSG_TRUNC)
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "xseg_ipc_recv: a message was longer than the %zu bytes the handle's wire format has "
+                           "next (MSG_TRUNC: its rest was dropped); the peer did not send with xseg_ipc_send, or "
+                           "not an xseg IPC handle", len - got);
         if (extra)
             return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_recv: more descriptors arrived than the handle has pages");
         if (r == 0)

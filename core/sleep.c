@@ -3,7 +3,8 @@
  * seg_sleep_* / seg_wake_*), the pinned host memory and the copies (vmm/host.c).
  *
  * Sleep, in order, so that any failure can be undone with nothing lost:
- *   1. checks (known pool, awake, no capture, expandable segments only) — nothing changes;
+ *   1. checks (known pool, awake, no capture, no block exported over IPC, expandable segments
+ *      only) — nothing changes;
  *   2. wait for every stream that may use the pool, then return completed record_stream frees;
  *   3. OFFLOAD: copy each run of live blocks to pinned host memory, and wait for the copies;
  *   4. unmap every mapped page of the pool, keeping the handles (the bytes still exist): a
@@ -323,6 +324,20 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     if (dev_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
+
+    /* Importers map the exported chunks' own memory: a sleep would give it back and the wake map
+     * new memory here, so the two processes would part silently. Refused while any lives. */
+    size_t nexported = 0;
+    for (const struct segrec *s = d->segs; s; s = s->next_seg)
+        if (s->vseg && dev_pool_owner(d, s->pool) == pp)
+            for (const struct block *b = s->first; b; b = b->next)
+                nexported += b->exported;
+    if (nexported)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                       "xseg_sleep: %s on device %d holds %zu block%s exported over IPC (xseg_ipc_export): another "
+                       "process may map their memory, which a sleep would give back; xseg_free them (once every "
+                       "importer has closed them) first",
+                       pool_name(pp, buf), d->device, nexported, nexported == 1 ? "" : "s");
 
     struct pool_sleep *ps = calloc(1, sizeof *ps);
     if (!ps)

@@ -600,9 +600,12 @@ XSEG_API xseg_status xseg_ipc_handle_info(const xseg_ipc_handle *handle, xseg_ip
 XSEG_API xseg_status xseg_ipc_send(int unix_socket, const xseg_ipc_handle *handle);
 
 /**
- * Receive a handle sent by xseg_ipc_send. Blocks until it has arrived.
- * @return XSEG_ERROR_INVALID_VALUE for a closed socket, malformed data or missing descriptors
- *         (every descriptor received is closed then).
+ * Receive a handle sent by xseg_ipc_send. Blocks until it has arrived (or the socket's receive
+ * timeout, SO_RCVTIMEO, passes: an error then).
+ * @return XSEG_ERROR_INVALID_VALUE for a closed socket, malformed data, missing descriptors, or
+ *         a message longer than the part of the handle expected next (on a seqpacket or datagram
+ *         socket the kernel drops its rest: MSG_TRUNC; a peer must send with xseg_ipc_send);
+ *         every descriptor received is closed then.
  */
 XSEG_API xseg_status xseg_ipc_recv(int unix_socket, xseg_ipc_handle **out);
 
@@ -625,8 +628,13 @@ XSEG_API xseg_status xseg_ipc_deserialize(const void *buf, size_t len, xseg_ipc_
  */
 XSEG_API xseg_status xseg_ipc_import(const xseg_ipc_handle *handle, int device, void **ptr);
 
-/** Unmap an import (the pointer xseg_ipc_import returned). @return XSEG_ERROR_INVALID_VALUE
- *  for any other pointer, or one already closed. */
+/**
+ * Unmap an import (the pointer xseg_ipc_import returned) and free its address range.
+ * @return XSEG_ERROR_INVALID_VALUE for any other pointer, or one already closed;
+ *         XSEG_ERROR_DRIVER when a driver call fails: the import stays open and closing it again
+ *         finishes the work (after a failed unmap it is still mapped and usable; after a failed
+ *         address free it is unmapped and the next close only frees the range).
+ */
 XSEG_API xseg_status xseg_ipc_close(void *ptr);
 
 /** Close the handle's descriptors and free it. NULL is a no-op. */
@@ -733,6 +741,11 @@ XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes);
  *
  * Only expandable segments can sleep: a classic (cuMemAlloc) segment's address does not survive
  * cuMemFree, so a pool that holds one is refused (XSEG_ERROR_NOT_SUPPORTED) and nothing changes.
+ * Nor can a pool holding a block exported with xseg_ipc_export that is still allocated: its
+ * importers map that block's physical memory, which a sleep would give back while the wake maps
+ * new memory at the exporter's addresses, so the processes would silently part. Such a sleep is
+ * refused (XSEG_ERROR_ILLEGAL_STATE, naming the count) and nothing changes; once those blocks are
+ * freed (after every importer closed them) the pool sleeps.
  *
  * While a pool sleeps: xseg_free of its blocks works (and xseg_record_stream); allocating from it
  * fails with XSEG_ERROR_ILLEGAL_STATE naming the pool (it is never woken implicitly: a wake
@@ -764,8 +777,10 @@ typedef enum xseg_sleep_flags {
  * @param pool   {0, 0} for the default pools, or a private pool's id.
  * @param flags  XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD.
  * @return XSEG_ERROR_INVALID_VALUE for bad flags or a private pool unknown on @p device;
- *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already, or a capture is underway on the
- *         device (or a pool records: xseg_begin_allocate_to_pool); XSEG_ERROR_NOT_SUPPORTED when
+ *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already, a capture is underway on the
+ *         device (or a pool records: xseg_begin_allocate_to_pool), or the pool holds live blocks
+ *         exported with xseg_ipc_export (the message gives their count; free them once every
+ *         importer has closed them, then sleep); XSEG_ERROR_NOT_SUPPORTED when
  *         the pool holds classic segments; XSEG_ERROR_OUT_OF_MEMORY when pinned host memory cannot
  *         be had; XSEG_ERROR_DRIVER when a driver call fails. A failure leaves the pool awake and
  *         usable with its data, nothing held: pages unmapped before the failure are mapped back

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # Fuzz the parsers that read user input with libFuzzer (clang), under ASan + UBSan: the config
-# string, the trace language, the RMM CSV log; then tools/snapshot2trace.py with its Python
+# string, the trace language, the RMM CSV log, IPC handles (flat form and socket receive); then tools/snapshot2trace.py with its Python
 # mutation fuzzer. Each target runs SECONDS seconds (default 60) from its seed corpus
 # (tests/fuzz/corpus/TARGET; for trace also the bundled seed-003 traces) and its regressions
 # (tests/fuzz/regressions/TARGET); what the libFuzzer targets learn accumulates in
 # build-fuzz/corpus/TARGET. A crash stops that target, leaves the input in build-fuzz/crashes/
 # (build-fuzz-py/ for snapshot2trace), and the script exits 1: copy the input into
 # tests/fuzz/regressions/TARGET/ when fixing it, and every test setup replays it from then on.
-# Without clang (or its libFuzzer runtime) the three libFuzzer targets are skipped, said at the
+# Without clang (or its libFuzzer runtime) the four libFuzzer targets are skipped, said at the
 # start and in the last line; the exit status stays 0 for them (tools/test.sh installs clang).
 #   tools/fuzz.sh              60 s per target
 #   tools/fuzz.sh 10           CI's run: tools/test.sh runs $XSEG_FUZZ_SECONDS (default 10) per target
 #   tools/fuzz.sh 600          the long run of docs/testing.md
-#   tools/fuzz.sh 600 trace    one target (config, trace, rmm_csv, snapshot2trace)
+#   tools/fuzz.sh 600 trace    one target (config, trace, rmm_csv, ipc, snapshot2trace)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config trace rmm_csv snapshot2trace)
+[ ${#targets[@]} -gt 0 ] || targets=(config trace rmm_csv ipc snapshot2trace)
 rc=0
 
 need_c=0
@@ -58,7 +58,7 @@ for t in "${targets[@]}"; do
     continue
   fi
   [ $need_c = 1 ] || continue
-  case $t in config|trace|rmm_csv) ;; *) echo "fuzz.sh: unknown target '$t'"; exit 2 ;; esac
+  case $t in config|trace|rmm_csv|ipc) ;; *) echo "fuzz.sh: unknown target '$t'"; exit 2 ;; esac
   echo "=== fuzz $t for ${secs}s"
   work=build-fuzz/corpus/$t
   mkdir -p "$work"

@@ -179,17 +179,18 @@ fail:
     return st;
 }
 
-xseg_status ipc_unmap(CUcontext ctx, CUdeviceptr base, size_t size, int *gone)
+xseg_status ipc_unmap(CUcontext ctx, CUdeviceptr base, size_t size, bool *unmapped)
 {
-    *gone = 0;
     xseg_status st = drv_ctx_ensure(ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    CUresult res = drv->cuMemUnmap(base, size);
-    if (res != CUDA_SUCCESS)
-        return ipc_failf(res, "cuMemUnmap(0x%llx, %zu) of an imported block", (unsigned long long)base, size);
-    *gone = 1;
-    res = drv->cuMemAddressFree(base, size);
+    if (!*unmapped) {
+        CUresult res = drv->cuMemUnmap(base, size);
+        if (res != CUDA_SUCCESS)
+            return ipc_failf(res, "cuMemUnmap(0x%llx, %zu) of an imported block", (unsigned long long)base, size);
+        *unmapped = true;
+    }
+    CUresult res = drv->cuMemAddressFree(base, size);
     if (res != CUDA_SUCCESS)
         return ipc_failf(res, "cuMemAddressFree(0x%llx, %zu) of an imported block (already unmapped)",
                          (unsigned long long)base, size);

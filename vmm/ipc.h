@@ -14,6 +14,8 @@
 #ifndef XSEG_VMM_IPC_H
 #define XSEG_VMM_IPC_H
 
+#include <stdbool.h>
+
 #include <cuda.h>
 
 #include "base/common.h"
@@ -53,9 +55,10 @@ xseg_status ipc_export_chunks(const struct seg *seg, const size_t *firsts, size_
 xseg_status ipc_import_map(CUcontext ctx, unsigned type, const int *fds, const unsigned char *fabric, size_t n,
                            const uint64_t *sizes, const CUmemAccessDesc *access, int naccess, CUdeviceptr *base);
 
-/* Unmap [base, base + size) (whole imported chunks) with one cuMemUnmap and free the reservation.
- * @p gone receives 1 once the pages are unmapped (even when the address free then fails: the
- * import is over, only the address space is lost), 0 when nothing changed (retry later). */
-xseg_status ipc_unmap(CUcontext ctx, CUdeviceptr base, size_t size, int *gone);
+/* Unmap [base, base + size) (whole imported chunks) with one cuMemUnmap, unless *@p unmapped says
+ * an earlier call did, and free the reservation. *@p unmapped becomes true once the pages are
+ * unmapped, so that a call again after a failed address free only frees the address range (the
+ * unmap is never redone). @return XSEG_SUCCESS once both are done. */
+xseg_status ipc_unmap(CUcontext ctx, CUdeviceptr base, size_t size, bool *unmapped);
 
 #endif

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -283,8 +284,8 @@ static int child_import_faults(int s)
         tu_live(&l1);
         CHECK(live_eq(&l0, &l1) && l1.reserved_bytes == l0.reserved_bytes);
     }
-    /* Close: a failed unmap keeps the import (close again later); a failed address free ends it
-     * (the pages are unmapped) and reports the lost address space. */
+    /* Close: a failed unmap keeps the import (close again later); a failed address free keeps
+     * the reservation, which closing again frees without unmapping again. */
     OK(xseg_ipc_import(h, 0, &q));
     CHECK(tu_fail("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE));
     CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemUnmap"));
@@ -295,8 +296,15 @@ static int child_import_faults(int s)
     CHECK(live_eq(&l0, &l1));
     OK(xseg_ipc_import(h, 0, &q));
     CHECK(tu_fail("cuMemAddressFree", 1, CUDA_ERROR_INVALID_VALUE));
-    CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemAddressFree"));
+    CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemAddressFree") && msg_has("close again"));
     tu_fail_clear();
+    tu_live(&l1);
+    CHECK(l1.reservations == l0.reservations + 1 && l1.mapped_bytes == l0.mapped_bytes);
+    tu_counts_reset();
+    OK(xseg_ipc_close(q)); /* the reservation goes; the pages are not unmapped twice */
+    CHECK(tu_call_count("cuMemUnmap") == 0 && tu_call_count("cuMemAddressFree") == 1);
+    tu_live(&l1);
+    CHECK(live_eq(&l0, &l1) && l1.reserved_bytes == l0.reserved_bytes);
     CHECK(xseg_ipc_close(q) == XSEG_ERROR_INVALID_VALUE);
     xseg_ipc_handle_free(h);
     CHECK(put(s, 'A'));
@@ -596,6 +604,98 @@ static void test_import_faults(void **state)
     xseg_ipc_handle_free(h); /* its descriptors, one per chunk, are closed */
     assert_int_equal(count_fds(), fds0 - (int)info.nchunks);
     tu_free(p);
+}
+
+/* A peer that sends a whole handle as one message on a SOCK_SEQPACKET socket: the receiver reads
+ * the header's bytes and the kernel drops the rest (MSG_TRUNC). xseg_ipc_recv must say so, not
+ * wait for ever for bytes that were dropped (a receive timeout turns a regression into a failure
+ * instead of a hung test), and close the descriptors that came with it. A handle sent with
+ * xseg_ipc_send over the same kind of socket is received. */
+static void test_recv_truncated(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip(CONFIG);
+    void *p = tu_malloc(4 * MiB, NULL);
+    xseg_ipc_handle *h = NULL;
+    must(xseg_ipc_export(p, &h), "export");
+    int fds0 = count_fds();
+    /* What xseg_ipc_send writes, captured from a stream socket with its descriptors. */
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    must(xseg_ipc_send(sv[0], h), "send");
+    unsigned char bytes[4096];
+    size_t nbytes = 0;
+    int fds[8];
+    size_t nfds = 0;
+    for (;;) {
+        union {
+            char buf[CMSG_SPACE(8 * sizeof(int))];
+            struct cmsghdr align;
+        } ctl;
+        struct iovec iov = {bytes + nbytes, sizeof bytes - nbytes};
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = sizeof ctl.buf;
+        ssize_t r = recvmsg(sv[1], &msg, MSG_DONTWAIT);
+        if (r <= 0)
+            break;
+        nbytes += (size_t)r;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+            for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && nfds < 8; i++)
+                memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    close(sv[0]);
+    close(sv[1]);
+    xseg_ipc_info info;
+    must(xseg_ipc_handle_info(h, &info), "info");
+    /* A header, then at least one chunk size: more than one message's worth. */
+    assert_true(nbytes >= 48 + 8 * info.nchunks && info.nchunks >= 1 && nfds == info.nchunks);
+    /* All of it in one seqpacket message. */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+    struct timeval tv = {2, 0};
+    assert_int_equal(setsockopt(sv[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    union {
+        char buf[CMSG_SPACE(8 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {bytes, nbytes};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+    assert_int_equal(sendmsg(sv[0], &msg, 0), (ssize_t)nbytes);
+    for (size_t i = 0; i < nfds; i++)
+        close(fds[i]);
+    xseg_ipc_handle *r = (xseg_ipc_handle *)1;
+    xseg_status st = xseg_ipc_recv(sv[1], &r);
+    print_message("one-message handle on a seqpacket socket: %s: %s\n", xseg_status_name(st), xseg_last_error());
+    assert_int_equal(st, XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "MSG_TRUNC"));
+    assert_null(r);
+    assert_int_equal(count_fds(), fds0 + 2); /* the socket pair only: the received fds are closed */
+    assert_int_equal(xseg_ipc_recv(sv[1], &r), XSEG_ERROR_INVALID_VALUE); /* nothing left: times out */
+    assert_int_equal(count_fds(), fds0 + 2);
+    /* Still usable: xseg_ipc_send's messages over the same kind of socket arrive whole. */
+    must(xseg_ipc_send(sv[0], h), "send over seqpacket");
+    must(xseg_ipc_recv(sv[1], &r), "recv over seqpacket");
+    void *q = NULL;
+    must(xseg_ipc_import(r, 0, &q), "import");
+    must(xseg_ipc_close(q), "close");
+    xseg_ipc_handle_free(r);
+    close(sv[0]);
+    close(sv[1]);
+    xseg_ipc_handle_free(h);
+    tu_free(p);
+    assert_int_equal(count_fds(), fds0 - (int)info.nchunks); /* and the handle's own descriptors */
 }
 
 static void test_errors(void **state)
@@ -1086,6 +1186,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_free_while_imported),
         cmocka_unit_test(test_layout),        cmocka_unit_test(test_export_faults),
         cmocka_unit_test(test_import_faults), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_recv_truncated),
         cmocka_unit_test(test_observers),     cmocka_unit_test(test_observers_threads),
     };
     return cmocka_run_group_tests_name("ipc", tests, NULL, NULL);

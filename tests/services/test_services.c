@@ -3,6 +3,7 @@
  * (in malloc and on its thread), sleep and wake. One process per test (meson passes the test
  * name): each starts from an empty allocator.
  */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -741,6 +742,60 @@ static void test_sleep_errors(void **state)
     assert_nothing_held();
 }
 
+/* A pool holding a block exported over IPC refuses to sleep: the sleep would give back the
+ * memory an importer maps and the wake map new memory at the exporter's addresses, so the two
+ * processes would read and write different bytes without an error. The refusal names the
+ * count, changes nothing, and the pool sleeps once the exported blocks are freed. (The importer
+ * here is this process: a self-import maps the same memory as one in another process.) */
+static void test_sleep_ipc(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False");
+    void *a = tu_malloc(30 * MiB, NULL), *b = tu_malloc(4 * MiB, NULL), *c = tu_malloc(20 * MiB, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 30 * MiB, 1));
+    tu_assert_cu(tu_fill((CUdeviceptr)c, 20 * MiB, 5));
+    xseg_ipc_handle *ha = NULL, *hb = NULL;
+    assert_int_equal(xseg_ipc_export(a, &ha), XSEG_SUCCESS);
+    void *qa = NULL;
+    assert_int_equal(xseg_ipc_import(ha, 0, &qa), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)qa, 30 * MiB, 1));
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
+    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_ERROR_ILLEGAL_STATE);
+        print_message("%s\n", xseg_last_error());
+        assert_non_null(strstr(xseg_last_error(), "holds 1 block exported over IPC (xseg_ipc_export)"));
+    }
+    assert_int_equal(xseg_ipc_export(b, &hb), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "holds 2 blocks exported over IPC"));
+    /* Nothing changed: awake, the same pages, exporter and importer share the bytes both ways,
+     * the pool allocates. */
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+    assert_int_equal(sleep_stats(NULL).num_sleeps, 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 30 * MiB, 2));
+    assert_true(tu_check((CUdeviceptr)qa, 30 * MiB, 2));
+    tu_assert_cu(tu_fill((CUdeviceptr)qa, 30 * MiB, 3));
+    assert_true(tu_check((CUdeviceptr)a, 30 * MiB, 3));
+    assert_true(tu_check((CUdeviceptr)c, 20 * MiB, 5));
+    tu_free(tu_malloc(8 * MiB, NULL));
+    /* A freed export no longer counts; the last one freed, the pool sleeps and wakes (the import
+     * keeps its own memory: the exporter let the block go). */
+    tu_free(b);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "holds 1 block exported"));
+    tu_free(a);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)c, 20 * MiB, 5));
+    assert_true(tu_check((CUdeviceptr)qa, 30 * MiB, 3));
+    assert_int_equal(xseg_ipc_close(qa), XSEG_SUCCESS);
+    xseg_ipc_handle_free(ha);
+    xseg_ipc_handle_free(hb);
+    tu_free(c);
+    assert_nothing_held();
+}
+
 /* Classic segments cannot keep their addresses through cuMemFree: the pool is refused and
  * nothing changes. */
 static void test_sleep_classic(void **state)
@@ -865,6 +920,95 @@ static void test_sleep_faults(void **state)
         assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
         fixture_check(&f, false);
         fixture_free(&f);
+    }
+}
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *dir = opendir("/proc/self/fd");
+    if (!dir)
+        return -1;
+    while (readdir(dir))
+        n++;
+    closedir(dir);
+    return n;
+}
+
+/* A step of test_sleep_ipc_faults: a failure is a driver or host-memory error naming the failed
+ * entry point (a stream wait's fallback names the wait), and the step again, the fault disarmed,
+ * succeeds. */
+#define IPC_STEP(call)                                                                            \
+    do {                                                                                          \
+        xseg_status st_ = (call);                                                                 \
+        if (st_ != XSEG_SUCCESS) {                                                                \
+            print_message("%s #%lu: %s: %s\n", entry, nth, #call, xseg_last_error());             \
+            assert_true(st_ == XSEG_ERROR_DRIVER || st_ == XSEG_ERROR_OUT_OF_MEMORY);             \
+            assert_true(strstr(xseg_last_error(), entry) ||                                       \
+                        (strstr(entry, "Synchronize") && strstr(xseg_last_error(), "Synchronize")));      \
+            tu_fail_clear();                                                                      \
+            assert_int_equal((call), XSEG_SUCCESS);                                               \
+        }                                                                                         \
+    } while (0)
+
+/* Every driver call of an IPC export, import and close, of a sleep refused for the live export
+ * and of the sleep and wake once the exported block is freed, fails once, in turn: each failure
+ * is a clear error and the step succeeds again (a failed close included: closing again frees the
+ * import's reservation); the refusal holds whatever failed before it; importer and exporter
+ * share the bytes; the pool's data survive the sleep; nothing leaks (handles, mappings,
+ * reservations, pinned host memory, descriptors). */
+static void test_sleep_ipc_faults(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False,expandable_page_size_mb:2");
+    tu_require_emulator_or_skip();
+    static const char *const entries[] = {
+        "cuCtxGetCurrent", "cuMemExportToShareableHandle", "cuMemAddressReserve", "cuMemImportFromShareableHandle",
+        "cuMemMap",        "cuMemRelease",                 "cuMemSetAccess",      "cuMemUnmap",
+        "cuMemAddressFree", "cuCtxSynchronize",            "cuMemHostAlloc",      "cuMemcpyDtoHAsync",
+        "cuMemCreate",     "cuMemcpyHtoDAsync"};
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        const char *entry = entries[e];
+        bool hit = true; /* the armed failure fired: try the next call of the entry */
+        for (unsigned long nth = 1; hit; nth++) {
+            assert_true(nth < 40);
+            struct fixture f;
+            fixture_make(&f);
+            void *x = tu_malloc(3 * MiB, NULL); /* two 2 MiB chunks */
+            tu_assert_cu(tu_fill((CUdeviceptr)x, 3 * MiB, 31));
+            struct cudaemu_live l0, l1;
+            assert_true(tu_live(&l0));
+            int fds0 = count_fds();
+            tu_counts_reset();
+            assert_true(tu_fail(entry, nth, CUDA_ERROR_UNKNOWN));
+            if (!strcmp(entry, "cuCtxSynchronize")) /* a stream wait falls back to it */
+                assert_true(tu_fail("cuStreamSynchronize", nth, CUDA_ERROR_UNKNOWN));
+            xseg_ipc_handle *h = NULL;
+            void *q = NULL;
+            IPC_STEP(xseg_ipc_export(x, &h));
+            IPC_STEP(xseg_ipc_import(h, 0, &q));
+            assert_true(tu_check((CUdeviceptr)q, 3 * MiB, 31));
+            for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
+                assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_ERROR_ILLEGAL_STATE);
+                assert_non_null(strstr(xseg_last_error(), "holds 1 block exported over IPC"));
+            }
+            tu_assert_cu(tu_fill((CUdeviceptr)q, 3 * MiB, 32));
+            assert_true(tu_check((CUdeviceptr)x, 3 * MiB, 32));
+            IPC_STEP(xseg_ipc_close(q));
+            xseg_ipc_handle_free(h);
+            tu_free(x);
+            IPC_STEP(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD));
+            IPC_STEP(xseg_wake(0, DEFAULT_POOL));
+            hit = tu_call_count(entry) >= nth; /* also where it was absorbed (a release kept) */
+            tu_fail_clear();
+            fixture_check(&f, false);
+            assert_books_match_driver();
+            assert_true(tu_live(&l1));
+            assert_int_equal(l1.reservations, l0.reservations);
+            assert_int_equal(l1.reserved_bytes, l0.reserved_bytes);
+            fixture_free(&f); /* nothing held (a release that failed in the sleep: by empty_cache) */
+            assert_int_equal(count_fds(), fds0); /* cudaemu: an exported page's memfd went with it */
+        }
     }
 }
 
@@ -1076,6 +1220,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_graph_replay_offload),
         cmocka_unit_test(test_sleep_graph_replay_discard),
         cmocka_unit_test(test_sleep_errors),     cmocka_unit_test(test_sleep_classic),
+        cmocka_unit_test(test_sleep_ipc),        cmocka_unit_test(test_sleep_ipc_faults),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race),
