@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/afile.h"
 #include "base/error.h"
 #include "base/vec.h"
 #include "core/device.h"
@@ -508,39 +509,6 @@ static void e_settings(struct emit *e, uint64_t dropped)
     e_end(e);
 }
 
-/* Open a temporary file beside @p path. */
-static FILE *open_tmp(const char *path, char *tmp, size_t size, const char *what)
-{
-    static _Atomic unsigned seq;
-    int n = snprintf(tmp, size, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&seq, 1));
-    if (n < 0 || (size_t)n >= size) {
-        err_set(XSEG_ERROR_INVALID_VALUE, "%s: path too long: %.200s", what, path);
-        return NULL;
-    }
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot write %s: %s", what, tmp, strerror(errno));
-    return f;
-}
-
-/* Close @p f and move @p tmp to @p path; on any failure remove tmp and report. */
-static xseg_status finish_file(FILE *f, const char *tmp, const char *path, const char *what)
-{
-    int werr = ferror(f) ? errno : 0;
-    if (fclose(f) != 0 && !werr)
-        werr = errno ? errno : EIO;
-    if (werr) {
-        remove(tmp);
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: writing %s failed: %s", what, path, strerror(werr));
-    }
-    if (rename(tmp, path) != 0) {
-        int r = errno;
-        remove(tmp);
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(r));
-    }
-    return XSEG_SUCCESS;
-}
-
 /* ---- the segments of a device ------------------------------------------------------------ */
 
 static xseg_status snap_push(struct snap_acc *a, xseg_segment_info *si, struct hstack **stacks)
@@ -710,13 +678,14 @@ xseg_status snapshot_write(int device, const char *path, bool json)
         return st;
     }
 
-    char tmp[4200];
-    FILE *f = open_tmp(path, tmp, sizeof tmp, what);
-    if (!f) {
+    /* A fresh file renamed into place: nothing planted at either name is written through. */
+    struct afile af;
+    if ((st = afile_open(&af, path, what)) != XSEG_SUCCESS) {
         snap_acc_free(&a);
         hist_events_free(ev, nev);
-        return XSEG_ERROR_INVALID_VALUE;
+        return st;
     }
+    FILE *f = af.f;
     setvbuf(f, NULL, _IOFBF, 1 << 20);
     struct emit e = {.f = f, .json = json};
     struct frames_out fo = {0};
@@ -747,7 +716,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     u64map_free(&fo.stack_memo);
     snap_acc_free(&a);
     hist_events_free(ev, nev);
-    return finish_file(f, tmp, path, what);
+    return afile_commit(&af, path, what);
 }
 
 /* ---- the live-process log: events as an xseg-replay trace ---------------------------------- */
@@ -803,14 +772,14 @@ xseg_status snapshot_write_trace(int device, const char *path)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
     }
 
-    char tmp[4200];
-    FILE *f = open_tmp(path, tmp, sizeof tmp, what);
-    if (!f) {
+    struct afile af;
+    if ((st = afile_open(&af, path, what)) != XSEG_SUCCESS) {
         u64map_free(&streams);
         u64map_free(&seeded);
         hist_events_free(ev, nev);
-        return XSEG_ERROR_INVALID_VALUE;
+        return st;
     }
+    FILE *f = af.f;
     fprintf(f, "# xseg-replay trace written by xseg_dump_trace (xseg %s) from the allocation history\n",
             XSEG_VERSION_STRING);
     fprintf(f, "# device %d: %zu events in the ring, %llu older ones dropped; buffers freed in the window\n"
@@ -870,7 +839,7 @@ xseg_status snapshot_write_trace(int device, const char *path)
     u64map_free(&streams);
     u64map_free(&seeded);
     hist_events_free(ev, nev);
-    return finish_file(f, tmp, path, what);
+    return afile_commit(&af, path, what);
 }
 
 /* ---- OOM snapshots ------------------------------------------------------------------------- */

@@ -359,8 +359,11 @@ XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts
  * format): `segments` (each with its blocks, their state, requested size and allocation frames),
  * `device_traces` (the history's events, one list per device), `allocator_settings`. An expandable
  * segment appears as one segment per contiguous mapped range, as PyTorch shows them. The file is
- * written to a temporary name and renamed, so readers never see half a file. Records a `snapshot`
- * event when history is on.
+ * written to a new temporary file beside @p path (O_EXCL | O_NOFOLLOW, a random name, mode 0666
+ * less the umask) and renamed, so readers never see half a file and no symlink planted at either
+ * name is written through; on failure the temporary file is removed. Records a `snapshot` event
+ * when history is on. xseg_dump_snapshot_json, xseg_dump_trace and the OOM snapshot write the same
+ * way.
  * @return XSEG_ERROR_INVALID_VALUE for a NULL path, or naming the path and the system's reason
  *         when it cannot be written; XSEG_ERROR_OUT_OF_MEMORY when host memory runs out.
  */
