@@ -239,19 +239,42 @@ static void e_float(struct emit *e, double v)
         put1(e, (int)(u >> (8 * i)) & 0xff);
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not valid. */
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not valid (RFC 3629: no
+ * overlong form, no surrogate U+D800..U+DFFF, nothing past U+10FFFF). Reads no byte past a NUL. */
 static int utf8_len(const unsigned char *s)
 {
-    if (s[0] < 0x80)
+    unsigned char c = s[0];
+    if (c < 0x80)
         return 1;
-    int n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
-    for (int i = 1; i < n; i++)
+    int n;
+    unsigned char lo = 0x80, hi = 0xbf; /* the range of the second byte */
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* below: overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* above: surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        if (c == 0xf0)
+            lo = 0x90; /* below: overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* above: past U+10FFFF */
+    } else {
+        return 0; /* a continuation byte, C0/C1 (overlong) or F5..FF */
+    }
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (int i = 2; i < n; i++)
         if ((s[i] & 0xc0) != 0x80)
             return 0;
     return n;
 }
 
-/* A string; bytes that are not UTF-8 become '?' (Python decodes the pickle's strings as UTF-8). */
+/* A string; each byte that does not start a valid UTF-8 sequence becomes '?' (one byte for one, so
+ * the pickle's length holds): Python's tools decode the strings as strict UTF-8. */
 static void e_str(struct emit *e, const char *s)
 {
     sep(e);
