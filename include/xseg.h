@@ -324,8 +324,9 @@ typedef struct xseg_frame {
 /**
  * Supplies frames for an allocation (XSEG_STACKS_CALLBACK): fill @p frames[0 .. max_frames-1],
  * innermost first, and return how many were filled (0 .. max_frames; anything else counts as 0).
- * Called in the thread that calls xseg_malloc, before the allocation, with no xseg lock held; it
- * must not allocate or free through xseg. xseg copies the strings before it returns (identical
+ * Called in the thread that calls xseg_malloc, before the allocation, with no xseg lock held. An
+ * xseg_malloc the callback makes itself is served without callback frames (the callback is not
+ * entered again on that thread). xseg copies the strings before it returns (identical
  * frames and stacks are stored once), so they need to stay valid only during the call.
  * With XSEG_STACKS_C as well, the C frames come first (they are inner to the caller's frames).
  * A Python binding walks the interpreter's frames here (code filename, function name, line).
