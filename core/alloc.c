@@ -358,6 +358,8 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
 static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_size, CUstream stream)
 {
     lock_assert_held(&d->lock);
+    /* The last refusal was the address space's (a new segment's reservation), not memory's. */
+    bool va = drv_take_va_oom();
     size_t dfree = 0, dtotal = d->info.total_mem;
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv_mem_info(&dfree, &dtotal);
@@ -399,9 +401,12 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
         snprintf(over, sizeof over, " The request exceeds the device's total memory of %s.",
                  err_format_size(dtotal, s_allowed));
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
-                   "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of "
+                   "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
                    "reserved by xseg but unallocated.%s%s%s%s",
+                   va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
+                        "of a new segment (the address space is exhausted or limited; device memory is not)"
+                      : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
                    private_info, err_format_size(unalloc, s_unalloc), asleep_info, over,
@@ -635,6 +640,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
                                                          bool searched, struct block *found, void **out)
 {
     lock_assert_held(&d->lock);
+    (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (out_of_memory) */
     /* Every policy step past the cache may touch any stream's blocks (release, reclaim, GC). */
     dev_lazy_settle(d);
     struct alloc_params p;

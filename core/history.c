@@ -372,6 +372,10 @@ static __attribute__((noinline)) int c_stack(uintptr_t *raw, int want)
     return w.n;
 }
 
+/* This thread is inside the frames callback: an allocation the callback makes gets no callback
+ * frames (calling it again would recurse without end). */
+static _Thread_local bool in_callback;
+
 struct hstack *hist_capture(void)
 {
     if (!atomic_load_explicit(&opt_stacks, memory_order_relaxed))
@@ -400,8 +404,10 @@ struct hstack *hist_capture(void)
     }
     xseg_frame cf[HIST_MAX_FRAMES];
     int nc = 0;
-    if ((stacks & XSEG_STACKS_CALLBACK) && cb) {
+    if ((stacks & XSEG_STACKS_CALLBACK) && cb && !in_callback) {
+        in_callback = true;
         nc = cb(cf, max, user);
+        in_callback = false;
         if (nc < 0 || nc > max)
             nc = 0;
     }

@@ -88,8 +88,9 @@ static inline unsigned hist_mode(void) { return atomic_load_explicit(&hist_mode_
 xseg_status hist_configure(const xseg_history_options *opts);
 
 /* Capture the calling thread's stack per the options in force (no device lock held: the user
- * callback may run). Returns a stack holding one reference for the caller, or NULL (no stacks
- * recorded, or out of host memory). */
+ * callback may run; a capture from inside the callback, on its thread, calls it no more). Returns
+ * a stack holding one reference for the caller, or NULL (no stacks recorded, or out of host
+ * memory). */
 struct hstack *hist_capture(void);
 
 void hist_stack_ref(struct hstack *s);   /* NULL is a no-op */

@@ -189,8 +189,8 @@ bool release_available_cached_blocks(struct dev_alloc *d, struct bpool *pool, CU
 {
     lock_assert_held(&d->lock);
     size_t msplit = d->cfg.max_split_size;
-    if (msplit == SIZE_MAX)
-        return false;
+    if (msplit == SIZE_MAX || dev_capture_underway(d))
+        return false; /* nothing is freed during a capture (release_cached_blocks) */
     size_t key = size < msplit ? msplit : size;
     struct block *b = bpool_lower_bound(pool, stream, key, 0);
     if (!b || b->stream != stream || b->expandable) {
@@ -218,10 +218,13 @@ static inline uint64_t gc_age(const struct block *b)
 }
 
 /* PyTorch's garbage_collect_cached_blocks: free aged unsplit classic blocks of the large pool
- * until the reserve is back under threshold × allowed. */
+ * until the reserve is back under threshold × allowed. Nothing while a capture is underway: a
+ * cuMemFree then fails and invalidates a GLOBAL capture (the next malloc after it collects). */
 void release_garbage_collect(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
+    if (dev_capture_underway(d))
+        return;
     size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->allowed_memory_maximum);
     if (d->total_allocated_memory <= threshold)
         return;

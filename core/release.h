@@ -38,11 +38,13 @@ xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st);
 
 /* PyTorch's release_available_cached_blocks for a request of @p size (rounded) on @p stream from
  * @p pool: with a max_split_size, free one oversize cached block that is large enough, else
- * several oversize blocks, largest first. True when enough was freed. */
+ * several oversize blocks, largest first. True when enough was freed; false, freeing nothing,
+ * while a capture is underway (dev_capture_underway). */
 bool release_available_cached_blocks(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size);
 
 /* PyTorch's garbage_collect_cached_blocks: free aged unsplit classic blocks of the large pool
- * until the reserve is back under garbage_collection_threshold x the allowed memory. */
+ * until the reserve is back under garbage_collection_threshold x the allowed memory. Frees nothing
+ * while a capture is underway (dev_capture_underway): cuMemFree would invalidate it. */
 void release_garbage_collect(struct dev_alloc *d);
 
 #endif

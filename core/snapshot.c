@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/afile.h"
 #include "base/error.h"
 #include "base/vec.h"
 #include "core/device.h"
@@ -238,19 +239,42 @@ static void e_float(struct emit *e, double v)
         put1(e, (int)(u >> (8 * i)) & 0xff);
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not valid. */
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not valid (RFC 3629: no
+ * overlong form, no surrogate U+D800..U+DFFF, nothing past U+10FFFF). Reads no byte past a NUL. */
 static int utf8_len(const unsigned char *s)
 {
-    if (s[0] < 0x80)
+    unsigned char c = s[0];
+    if (c < 0x80)
         return 1;
-    int n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
-    for (int i = 1; i < n; i++)
+    int n;
+    unsigned char lo = 0x80, hi = 0xbf; /* the range of the second byte */
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* below: overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* above: surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        if (c == 0xf0)
+            lo = 0x90; /* below: overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* above: past U+10FFFF */
+    } else {
+        return 0; /* a continuation byte, C0/C1 (overlong) or F5..FF */
+    }
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (int i = 2; i < n; i++)
         if ((s[i] & 0xc0) != 0x80)
             return 0;
     return n;
 }
 
-/* A string; bytes that are not UTF-8 become '?' (Python decodes the pickle's strings as UTF-8). */
+/* A string; each byte that does not start a valid UTF-8 sequence becomes '?' (one byte for one, so
+ * the pickle's length holds): Python's tools decode the strings as strict UTF-8. */
 static void e_str(struct emit *e, const char *s)
 {
     sep(e);
@@ -508,39 +532,6 @@ static void e_settings(struct emit *e, uint64_t dropped)
     e_end(e);
 }
 
-/* Open a temporary file beside @p path. */
-static FILE *open_tmp(const char *path, char *tmp, size_t size, const char *what)
-{
-    static _Atomic unsigned seq;
-    int n = snprintf(tmp, size, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&seq, 1));
-    if (n < 0 || (size_t)n >= size) {
-        err_set(XSEG_ERROR_INVALID_VALUE, "%s: path too long: %.200s", what, path);
-        return NULL;
-    }
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot write %s: %s", what, tmp, strerror(errno));
-    return f;
-}
-
-/* Close @p f and move @p tmp to @p path; on any failure remove tmp and report. */
-static xseg_status finish_file(FILE *f, const char *tmp, const char *path, const char *what)
-{
-    int werr = ferror(f) ? errno : 0;
-    if (fclose(f) != 0 && !werr)
-        werr = errno ? errno : EIO;
-    if (werr) {
-        remove(tmp);
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: writing %s failed: %s", what, path, strerror(werr));
-    }
-    if (rename(tmp, path) != 0) {
-        int r = errno;
-        remove(tmp);
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(r));
-    }
-    return XSEG_SUCCESS;
-}
-
 /* ---- the segments of a device ------------------------------------------------------------ */
 
 static xseg_status snap_push(struct snap_acc *a, xseg_segment_info *si, struct hstack **stacks)
@@ -710,13 +701,14 @@ xseg_status snapshot_write(int device, const char *path, bool json)
         return st;
     }
 
-    char tmp[4200];
-    FILE *f = open_tmp(path, tmp, sizeof tmp, what);
-    if (!f) {
+    /* A fresh file renamed into place: nothing planted at either name is written through. */
+    struct afile af;
+    if ((st = afile_open(&af, path, what)) != XSEG_SUCCESS) {
         snap_acc_free(&a);
         hist_events_free(ev, nev);
-        return XSEG_ERROR_INVALID_VALUE;
+        return st;
     }
+    FILE *f = af.f;
     setvbuf(f, NULL, _IOFBF, 1 << 20);
     struct emit e = {.f = f, .json = json};
     struct frames_out fo = {0};
@@ -747,7 +739,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     u64map_free(&fo.stack_memo);
     snap_acc_free(&a);
     hist_events_free(ev, nev);
-    return finish_file(f, tmp, path, what);
+    return afile_commit(&af, path, what);
 }
 
 /* ---- the live-process log: events as an xseg-replay trace ---------------------------------- */
@@ -803,14 +795,14 @@ xseg_status snapshot_write_trace(int device, const char *path)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
     }
 
-    char tmp[4200];
-    FILE *f = open_tmp(path, tmp, sizeof tmp, what);
-    if (!f) {
+    struct afile af;
+    if ((st = afile_open(&af, path, what)) != XSEG_SUCCESS) {
         u64map_free(&streams);
         u64map_free(&seeded);
         hist_events_free(ev, nev);
-        return XSEG_ERROR_INVALID_VALUE;
+        return st;
     }
+    FILE *f = af.f;
     fprintf(f, "# xseg-replay trace written by xseg_dump_trace (xseg %s) from the allocation history\n",
             XSEG_VERSION_STRING);
     fprintf(f, "# device %d: %zu events in the ring, %llu older ones dropped; buffers freed in the window\n"
@@ -870,7 +862,7 @@ xseg_status snapshot_write_trace(int device, const char *path)
     u64map_free(&streams);
     u64map_free(&seeded);
     hist_events_free(ev, nev);
-    return finish_file(f, tmp, path, what);
+    return afile_commit(&af, path, what);
 }
 
 /* ---- OOM snapshots ------------------------------------------------------------------------- */

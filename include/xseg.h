@@ -325,8 +325,9 @@ typedef struct xseg_frame {
 /**
  * Supplies frames for an allocation (XSEG_STACKS_CALLBACK): fill @p frames[0 .. max_frames-1],
  * innermost first, and return how many were filled (0 .. max_frames; anything else counts as 0).
- * Called in the thread that calls xseg_malloc, before the allocation, with no xseg lock held; it
- * must not allocate or free through xseg. xseg copies the strings before it returns (identical
+ * Called in the thread that calls xseg_malloc, before the allocation, with no xseg lock held. An
+ * xseg_malloc the callback makes itself is served without callback frames (the callback is not
+ * entered again on that thread). xseg copies the strings before it returns (identical
  * frames and stacks are stored once), so they need to stay valid only during the call.
  * With XSEG_STACKS_C as well, the C frames come first (they are inner to the caller's frames).
  * A Python binding walks the interpreter's frames here (code filename, function name, line).
@@ -360,8 +361,11 @@ XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts
  * format): `segments` (each with its blocks, their state, requested size and allocation frames),
  * `device_traces` (the history's events, one list per device), `allocator_settings`. An expandable
  * segment appears as one segment per contiguous mapped range, as PyTorch shows them. The file is
- * written to a temporary name and renamed, so readers never see half a file. Records a `snapshot`
- * event when history is on.
+ * written to a new temporary file beside @p path (O_EXCL | O_NOFOLLOW, a random name, mode 0666
+ * less the umask) and renamed, so readers never see half a file and no symlink planted at either
+ * name is written through; on failure the temporary file is removed. Records a `snapshot` event
+ * when history is on. xseg_dump_snapshot_json, xseg_dump_trace and the OOM snapshot write the same
+ * way.
  * @return XSEG_ERROR_INVALID_VALUE for a NULL path, or naming the path and the system's reason
  *         when it cannot be written; XSEG_ERROR_OUT_OF_MEMORY when host memory runs out.
  */

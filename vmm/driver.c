@@ -98,9 +98,26 @@ const char *drv_error_name(CUresult res)
     return buf;
 }
 
+static _Thread_local bool va_oom; /* drv_note_va_oom */
+
+void drv_note_va_oom(CUresult res)
+{
+    if (res == CUDA_ERROR_OUT_OF_MEMORY)
+        va_oom = true;
+}
+
+bool drv_take_va_oom(void)
+{
+    bool v = va_oom;
+    va_oom = false;
+    return v;
+}
+
 xseg_status drv_fail(CUresult res, const char *what)
 {
     xseg_status st = res == CUDA_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_OUT_OF_MEMORY : XSEG_ERROR_DRIVER;
+    if (st == XSEG_ERROR_OUT_OF_MEMORY)
+        va_oom = false; /* the latest OOM's cause is what counts */
     return err_set(st, "%s failed: %s", what ? what : "a CUDA driver call", drv_error_name(res));
 }
 

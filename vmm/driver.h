@@ -10,6 +10,8 @@
 #ifndef XSEG_VMM_DRIVER_H
 #define XSEG_VMM_DRIVER_H
 
+#include <stdbool.h>
+
 #include <cuda.h>
 
 #include "base/common.h"
@@ -110,6 +112,13 @@ const char *drv_error_name(CUresult res);
  * everything else to XSEG_ERROR_DRIVER. @p what names the call and, ideally, its arguments.
  */
 xseg_status drv_fail(CUresult res, const char *what);
+
+/* Why this thread's last driver OOM happened: a virtual address reservation for a new segment
+ * (cuMemAddressReserve: the address space is exhausted or limited) rather than device memory.
+ * drv_fail forgets it at every OOM; drv_note_va_oom(res), after that reservation's drv_fail,
+ * records it when res is CUDA_ERROR_OUT_OF_MEMORY. drv_take_va_oom reads and forgets it. */
+void drv_note_va_oom(CUresult res);
+bool drv_take_va_oom(void);
 
 /* Device facts xseg reads once per device. */
 struct drv_device_info {

@@ -588,6 +588,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
     res = seg_reserve_with_room(seg->cudev, initial, &base);
     if (res != CUDA_SUCCESS) {
         st = seg_failf(res, "cuMemAddressReserve(%zu bytes) for a segment on device %d", initial, seg->device);
+        drv_note_va_oom(res); /* the OOM message names the address space, not device memory */
         goto fail_ctx;
     }
     seg->base = base;
