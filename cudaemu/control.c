@@ -91,8 +91,35 @@ void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0)
         ;
 }
 
+/* After fork, the child of a process that had run cuInit: the real driver refuses the parent's
+ * state there (every call but the error-name lookups and cuDriverGetVersion returns
+ * CUDA_ERROR_NOT_INITIALIZED, cuInit included), and so do we. */
+static atomic_bool emu_forked;
+
+/* The child handler. No prepare handler takes emu.lock: it is the innermost lock of the process
+ * (callers such as libxseg call the driver under their own locks), and handlers registered at
+ * dlopen run their prepare before those registered earlier, so taking it there could deadlock
+ * with a thread that holds a caller's lock and waits for emu.lock. A child whose parent never ran
+ * cuInit finds the state untouched; one whose parent did is refused everything that reads it. */
+static void emu_fork_child(void)
+{
+    pthread_mutex_init(&emu.lock, NULL); /* a thread that held it does not exist here */
+    if (atomic_load(&emu_initialized)) {
+        atomic_store(&emu_forked, true);
+        atomic_store(&emu_initialized, false);
+    }
+}
+
+__attribute__((constructor)) static void emu_fork_register(void)
+{
+    (void)pthread_atfork(NULL, NULL, emu_fork_child);
+}
+
 CUresult emu_enter(enum emu_entry e)
 {
+    if (atomic_load_explicit(&emu_forked, memory_order_relaxed) && e != EMU_E_cuGetErrorName &&
+        e != EMU_E_cuGetErrorString && e != EMU_E_cuDriverGetVersion)
+        return CUDA_ERROR_NOT_INITIALIZED;
     emu_env_once();
     atomic_fetch_add_explicit(&ctl_calls[e], 1, memory_order_relaxed);
     uint64_t lat = atomic_load_explicit(&ctl_latency_ns[e], memory_order_relaxed);
