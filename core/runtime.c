@@ -46,7 +46,13 @@ static xseg_status rt_fork_refuse(void)
  * device table (rt_lock released: a stop joins the thread, which takes device locks). */
 static xseg_status rt_idle_sync(void) { return idle_thread_sync(rt_device_peek, rt_ndevices); }
 
-/* Load the driver and apply @p config (or the environment's). rt_lock held. */
+/* The driver's dlopen and cuInit, with no lock of ours held: a library loaded there may register
+ * fork handlers, which waits for glibc's fork-handler lock, held by a fork() whose prepare handler
+ * (base/fork.c) would be waiting for rt_lock. drv_load runs once (pthread_once, which a forked
+ * child restarts if the parent was inside it). */
+static xseg_status rt_load_driver(void) { return drv_load(); }
+
+/* Load the driver (loaded already: rt_load_driver) and apply @p config (or the environment's). rt_lock held. */
 static xseg_status init_locked(const char *config, bool explicit_config)
 {
     xseg_status st = drv_load();
@@ -75,9 +81,12 @@ xseg_status rt_ensure_slow(void)
         return XSEG_SUCCESS;
     if (rt_forked_child())
         return rt_fork_refuse();
+    xseg_status st = rt_load_driver();
+    if (st != XSEG_SUCCESS)
+        return st;
     pthread_mutex_lock(&rt_lock);
     bool ran = !atomic_load(&rt_ready);
-    xseg_status st = ran ? init_locked(NULL, false) : XSEG_SUCCESS;
+    st = ran ? init_locked(NULL, false) : XSEG_SUCCESS;
     pthread_mutex_unlock(&rt_lock);
     /* The environment's configuration may ask for the idle-reclaim thread. */
     return ran && st == XSEG_SUCCESS ? rt_idle_sync() : st;
@@ -129,8 +138,11 @@ xseg_status rt_init(const char *config)
 {
     if (rt_forked_child())
         return rt_fork_refuse();
+    xseg_status st = rt_load_driver();
+    if (st != XSEG_SUCCESS)
+        return st;
     pthread_mutex_lock(&rt_lock);
-    xseg_status st = init_locked(config, config != NULL);
+    st = init_locked(config, config != NULL);
     pthread_mutex_unlock(&rt_lock);
     /* The idle-reclaim thread follows the configuration. */
     return st == XSEG_SUCCESS ? rt_idle_sync() : st;
