@@ -15,7 +15,8 @@ XSEG_API xseg_status xseg_set_config(const char *config)
 
 XSEG_API xseg_status xseg_get_config(char *buf, size_t size, size_t *len)
 {
-    xseg_status st = rt_ensure();
+    /* A forked child reads the configuration it inherited (it has no runtime to initialize). */
+    xseg_status st = rt_forked_child() ? XSEG_SUCCESS : rt_ensure();
     if (st != XSEG_SUCCESS)
         return st;
     if (!buf && size)

@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "base/vec.h"
 #include "core/events.h"
 #include "core/expandable.h"
@@ -859,6 +860,11 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
 }
 
 _Thread_local struct dev_slot *alloc_tls_slot;
+
+/* A forked child never frees into the parent's devices (core/runtime.c refuses them): forget
+ * the forking thread's last lazy hit, whose slot lies in one. */
+static void alloc_fork_child(void) { alloc_tls_slot = NULL; }
+FORK_CHILD(FORK_RANK_RUNTIME, alloc_fork_child)
 
 /* malloc: the lazy hit under the stream's slot lock, everything else in malloc_locked. A hit
  * needs the slot's permit current, the block's rounded size and stream, and no more requested

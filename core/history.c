@@ -11,6 +11,7 @@
 #include <unwind.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "core/history.h"
 
 #define HIST_DEFAULT_ENTRIES 100000
@@ -20,6 +21,7 @@
 XSEG_HIDDEN _Atomic unsigned hist_mode_word;
 
 static pthread_mutex_t hist_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_HISTORY, hist_lock)
 
 /* Options in force (hist_lock; read by hist_capture under it). */
 static _Atomic int opt_stacks; /* also read without the lock: 0 skips the capture */

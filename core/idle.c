@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "core/events.h"
 #include "core/settings.h"
 #include "core/trim.h"
@@ -17,7 +18,10 @@
  * wait. The thread never takes ctl_lock. */
 static pthread_mutex_t idle_ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_IDLE_CTL, idle_ctl_lock)
+FORK_MUTEX(FORK_RANK_IDLE, idle_lock)
 static pthread_cond_t idle_cond;
+static bool idle_cond_ready; /* idle_init ran (written once, under idle_once) */
 static pthread_once_t idle_once = PTHREAD_ONCE_INIT;
 static pthread_t idle_tid;
 static bool idle_stop;            /* under idle_lock */
@@ -105,24 +109,31 @@ static void idle_atexit(void)
     pthread_mutex_unlock(&idle_ctl_lock);
 }
 
-/* A forked child has no thread: the parent's is not copied. */
-static void idle_fork_prepare(void) { pthread_mutex_lock(&idle_ctl_lock); }
-static void idle_fork_parent(void) { pthread_mutex_unlock(&idle_ctl_lock); }
-static void idle_fork_child(void)
-{
-    settings_set_idle_thread_running(false);
-    pthread_mutex_unlock(&idle_ctl_lock);
-}
-
-static void idle_init(void)
+static void idle_cond_make(void)
 {
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
     pthread_cond_init(&idle_cond, &a);
     pthread_condattr_destroy(&a);
+}
+
+/* A forked child has no idle thread (the parent's is not copied; base/fork.c re-initialised both
+ * locks): nothing may wait for it or join it, and the condition variable may hold the vanished
+ * thread's wait. The parent's thread runs on. */
+static void idle_fork_child(void)
+{
+    settings_set_idle_thread_running(false);
+    if (idle_cond_ready)
+        idle_cond_make();
+}
+FORK_CHILD(FORK_RANK_IDLE, idle_fork_child)
+
+static void idle_init(void)
+{
+    idle_cond_make();
+    idle_cond_ready = true;
     atexit(idle_atexit);
-    pthread_atfork(idle_fork_prepare, idle_fork_parent, idle_fork_child);
 }
 
 xseg_status idle_thread_sync(dev_peek_fn device_at, int ndevices)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "vmm/ipc.h"
 #include "vmm/segment.h"
 
@@ -215,6 +216,7 @@ struct ipc_import_rec {
 };
 
 static pthread_mutex_t ipc_imports_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_IPC_IMPORTS, ipc_imports_lock)
 static struct ipc_import_rec *ipc_imports;
 
 /* Bytes of all chunks of @p h (checked not to overflow by ipc_check_layout). */

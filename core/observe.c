@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "base/vec.h"
 #include "core/ipc.h"
 #include "vmm/segment.h"
@@ -34,6 +35,7 @@ struct observer {
 };
 
 static pthread_mutex_t obs_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_OBSERVERS, obs_lock)
 static struct observer *obs_list;
 static size_t obs_n, obs_cap;
 static _Atomic size_t obs_count; /* obs_n, readable without the lock: 0 means no work at all */

@@ -3,20 +3,56 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "core/idle.h"
 #include "core/runtime.h"
 #include "core/settings.h"
 
 static pthread_mutex_t rt_lock = PTHREAD_MUTEX_INITIALIZER; /* init, device creation */
+FORK_MUTEX(FORK_RANK_RUNTIME, rt_lock)
 XSEG_HIDDEN _Atomic int rt_ready;
 XSEG_HIDDEN int rt_ndevices;
 XSEG_HIDDEN struct dev_alloc *_Atomic rt_devs[ALLOC_MAX_DEVICES];
+/* This process is a fork of one that had initialised CUDA (set once, in the child handler). */
+static _Atomic bool rt_forked;
+
+/* In a forked child (base/fork.c runs this on its one thread): CUDA forbids using the parent's
+ * driver state, so when the parent loaded the driver (cuInit ran), forget its devices (their
+ * locks may be held by threads that do not exist here) and refuse every later call that needs
+ * the runtime. A parent that never loaded it leaves nothing: the child initialises cleanly. */
+static void rt_fork_child(void)
+{
+    if (!drv)
+        return;
+    atomic_store(&rt_forked, true);
+    atomic_store(&rt_ready, 0);
+    rt_ndevices = 0;
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++)
+        atomic_store(&rt_devs[i], NULL); /* the copies are left as they are: never touched again */
+}
+FORK_CHILD(FORK_RANK_RUNTIME, rt_fork_child)
+
+bool rt_forked_child(void) { return atomic_load_explicit(&rt_forked, memory_order_relaxed); }
+
+static xseg_status rt_fork_refuse(void)
+{
+    return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                   "xseg: this process was forked from one that had initialised CUDA; the parent's GPU state "
+                   "cannot be used after fork (CUDA's rule): use the 'spawn' start method, or call xseg in the "
+                   "child only if the parent never did");
+}
 
 /* Start or stop the idle-reclaim thread to match the configuration in force, handing it the
  * device table (rt_lock released: a stop joins the thread, which takes device locks). */
 static xseg_status rt_idle_sync(void) { return idle_thread_sync(rt_device_peek, rt_ndevices); }
 
-/* Load the driver and apply @p config (or the environment's). rt_lock held. */
+/* The driver's dlopen and cuInit, with no lock of ours held: a library loaded there may register
+ * fork handlers, which waits for glibc's fork-handler lock, held by a fork() whose prepare handler
+ * (base/fork.c) would be waiting for rt_lock. drv_load runs once (pthread_once, which a forked
+ * child restarts if the parent was inside it). */
+static xseg_status rt_load_driver(void) { return drv_load(); }
+
+/* Load the driver (loaded already: rt_load_driver) and apply @p config (or the environment's). rt_lock held. */
 static xseg_status init_locked(const char *config, bool explicit_config)
 {
     xseg_status st = drv_load();
@@ -43,9 +79,14 @@ xseg_status rt_ensure_slow(void)
 {
     if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire)))
         return XSEG_SUCCESS;
+    if (rt_forked_child())
+        return rt_fork_refuse();
+    xseg_status st = rt_load_driver();
+    if (st != XSEG_SUCCESS)
+        return st;
     pthread_mutex_lock(&rt_lock);
     bool ran = !atomic_load(&rt_ready);
-    xseg_status st = ran ? init_locked(NULL, false) : XSEG_SUCCESS;
+    st = ran ? init_locked(NULL, false) : XSEG_SUCCESS;
     pthread_mutex_unlock(&rt_lock);
     /* The environment's configuration may ask for the idle-reclaim thread. */
     return ran && st == XSEG_SUCCESS ? rt_idle_sync() : st;
@@ -95,8 +136,13 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
 
 xseg_status rt_init(const char *config)
 {
+    if (rt_forked_child())
+        return rt_fork_refuse();
+    xseg_status st = rt_load_driver();
+    if (st != XSEG_SUCCESS)
+        return st;
     pthread_mutex_lock(&rt_lock);
-    xseg_status st = init_locked(config, config != NULL);
+    st = init_locked(config, config != NULL);
     pthread_mutex_unlock(&rt_lock);
     /* The idle-reclaim thread follows the configuration. */
     return st == XSEG_SUCCESS ? rt_idle_sync() : st;
@@ -104,6 +150,10 @@ xseg_status rt_init(const char *config)
 
 xseg_status rt_set_config(const char *config)
 {
+    /* A forked child keeps the parent's configuration and may change it; there is no device
+     * and no idle thread to follow it. */
+    if (rt_forked_child())
+        return settings_apply(config, true);
     xseg_status st = rt_ensure();
     if (st != XSEG_SUCCESS)
         return st;

@@ -20,6 +20,11 @@ xseg_status rt_init(const char *config);
 /* xseg_set_config: apply @p config (not NULL) over the config in force; initializes first. */
 xseg_status rt_set_config(const char *config);
 
+/* True in a child forked from a process that had loaded the CUDA driver: every call that needs
+ * the runtime (rt_ensure, rt_init, hence every device) fails with XSEG_ERROR_ILLEGAL_STATE
+ * saying why; the configuration (settings.h) stays readable and writable. */
+bool rt_forked_child(void);
+
 /* Initialize lazily (config from the environment) if xseg_init has not run. */
 xseg_status rt_ensure_slow(void);
 static inline xseg_status rt_ensure(void)

@@ -6,11 +6,13 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "base/vec.h"
 
 XSEG_HIDDEN _Atomic unsigned settings_generation;
 
 static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER; /* settings_cfg */
+FORK_MUTEX(FORK_RANK_SETTINGS, settings_lock)
 static struct cfg settings_cfg;
 static _Atomic bool settings_idle_thread;
 
@@ -20,6 +22,7 @@ struct cb_entry {
     void *user;
 };
 static pthread_mutex_t cb_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_CALLBACKS, cb_lock)
 static struct cb_entry *cb_oom, *cb_free;
 static size_t n_oom, n_free, cap_oom, cap_free;
 static _Atomic size_t n_free_atomic;

@@ -8,6 +8,7 @@
 
 #include "base/afile.h"
 #include "base/error.h"
+#include "base/fork.h"
 #include "base/vec.h"
 #include "core/device.h"
 #include "core/history.h"
@@ -870,6 +871,7 @@ xseg_status snapshot_write_trace(int device, const char *path)
 #define OOM_SNAPSHOT_INTERVAL_US (10 * 1000000ll)
 
 static pthread_mutex_t oom_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_OOM_SNAPSHOT, oom_lock)
 static char *oom_path;      /* set by xseg_set_oom_snapshot */
 static bool oom_path_set;   /* the API decided (even NULL): the environment is not read */
 static int64_t oom_last_us; /* when the last OOM snapshot was written (0: never) */

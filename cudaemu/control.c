@@ -3,6 +3,7 @@
  * cudaemu.h. Counters and latencies are atomics, updated outside emu.lock; the armed-failure
  * list is under emu.lock.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,8 +92,35 @@ void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0)
         ;
 }
 
+/* After fork, the child of a process that had run cuInit: the real driver refuses the parent's
+ * state there (every call but the error-name lookups and cuDriverGetVersion returns
+ * CUDA_ERROR_NOT_INITIALIZED, cuInit included), and so do we. */
+static atomic_bool emu_forked;
+
+/* The child handler. No prepare handler takes emu.lock: it is the innermost lock of the process
+ * (callers such as libxseg call the driver under their own locks), and handlers registered at
+ * dlopen run their prepare before those registered earlier, so taking it there could deadlock
+ * with a thread that holds a caller's lock and waits for emu.lock. A child whose parent never ran
+ * cuInit finds the state untouched; one whose parent did is refused everything that reads it. */
+static void emu_fork_child(void)
+{
+    pthread_mutex_init(&emu.lock, NULL); /* a thread that held it does not exist here */
+    if (atomic_load(&emu_initialized)) {
+        atomic_store(&emu_forked, true);
+        atomic_store(&emu_initialized, false);
+    }
+}
+
+__attribute__((constructor)) static void emu_fork_register(void)
+{
+    (void)pthread_atfork(NULL, NULL, emu_fork_child);
+}
+
 CUresult emu_enter(enum emu_entry e)
 {
+    if (atomic_load_explicit(&emu_forked, memory_order_relaxed) && e != EMU_E_cuGetErrorName &&
+        e != EMU_E_cuGetErrorString && e != EMU_E_cuDriverGetVersion)
+        return CUDA_ERROR_NOT_INITIALIZED;
     emu_env_once();
     atomic_fetch_add_explicit(&ctl_calls[e], 1, memory_order_relaxed);
     uint64_t lat = atomic_load_explicit(&ctl_latency_ns[e], memory_order_relaxed);
@@ -193,11 +221,11 @@ int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second)
     return 0;
 }
 
-void cudaemu_live_get(struct cudaemu_live *live)
+/* Every count, in the current layout (size = the whole struct). */
+static void live_fill(struct cudaemu_live *live)
 {
-    if (!live)
-        return;
     memset(live, 0, sizeof *live);
+    live->size = sizeof *live;
     emu_lock();
     live->handles = emu.nphys;
     live->mapped_bytes = emu.mapped_bytes;
@@ -213,10 +241,41 @@ void cudaemu_live_get(struct cudaemu_live *live)
     emu_unlock();
 }
 
+int cudaemu_live_query(struct cudaemu_live *live)
+{
+    if (!live || live->size < sizeof live->size)
+        return -1;
+    struct cudaemu_live all;
+    live_fill(&all);
+    /* Whole fields only: a caller's struct ends on a field boundary (every field is a size_t). */
+    size_t n = live->size < sizeof all ? live->size : sizeof all;
+    n -= n % sizeof(size_t);
+    all.size = n;
+    memcpy(live, &all, n);
+    return 0;
+}
+
+/* The earlier entry point, for binaries built against a header without the size field: their
+ * struct began with `handles` and was never shorter than 12 size_t words (handles, mapped_bytes,
+ * reservations, allocs, used_bytes[8]), so that many words are written, from `handles` on, and no
+ * more, whatever header the caller had. Not declared in cudaemu.h: new code uses the query. */
+#define LIVE_LEGACY_WORDS 12
+__attribute__((visibility("default"))) void cudaemu_live_get(void *live);
+void cudaemu_live_get(void *live)
+{
+    if (!live)
+        return;
+    struct cudaemu_live all;
+    live_fill(&all);
+    _Static_assert(sizeof all - offsetof(struct cudaemu_live, handles) >= LIVE_LEGACY_WORDS * sizeof(size_t),
+                   "the legacy words are a prefix of the current fields");
+    memcpy(live, (const char *)&all + offsetof(struct cudaemu_live, handles), LIVE_LEGACY_WORDS * sizeof(size_t));
+}
+
 void emu_report_print(void)
 {
     struct cudaemu_live live;
-    cudaemu_live_get(&live);
+    live_fill(&live);
     fprintf(stderr, "cudaemu report: %zu live handle(s), %zu mapped byte(s), %zu reservation(s), "
             "%zu cuMemAlloc block(s), %zu event(s), %zu graph(s), %zu executable graph(s)\n", live.handles,
             live.mapped_bytes, live.reservations, live.allocs, live.events, live.graphs, live.graph_execs);

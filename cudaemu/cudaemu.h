@@ -66,8 +66,16 @@ void cudaemu_fail_clear(void);
 unsigned long cudaemu_call_count(const char *entry);
 void cudaemu_counts_reset(void);
 
-/* Live state, for leak checks. */
+/*
+ * Live state, for leak checks. ABI rule: the struct only ever grows at its end, and the caller
+ * states how much of it its own header declared: set `size` to sizeof(struct cudaemu_live) before
+ * the call. cudaemu_live_query fills only the fields that fit in min(size, its own struct's size)
+ * and sets `size` to the bytes it filled, so a program built against an older (shorter) header
+ * never has memory written past its struct, and one built against a newer header sees from
+ * `size` which fields this cudaemu knows (the rest are left as they were).
+ */
 struct cudaemu_live {
+    size_t size;           /* in: sizeof the caller's struct; out: the bytes filled (this field included) */
     size_t handles;        /* cuMemCreate/import handles not yet fully freed (memory still held) */
     size_t mapped_bytes;   /* bytes of VA currently mapped */
     size_t reservations;   /* cuMemAddressReserve ranges not freed */
@@ -78,7 +86,12 @@ struct cudaemu_live {
     size_t graphs;         /* graphs not destroyed: ended captures' and those still capturing */
     size_t graph_execs;    /* cuGraphInstantiate'd executable graphs not destroyed */
 };
-void cudaemu_live_get(struct cudaemu_live *live);
+/* Fill @p live as the rule above says. @return 0, or -1 when @p live is NULL or its size is
+ * smaller than the size field (nothing is written then).
+ * (cudaemu_live_get, the earlier call without a size, is still exported for programs built before
+ * this one existed: it writes at most 96 bytes, the smallest struct cudaemu_live ever installed,
+ * with no size field; new code must not use it.) */
+int cudaemu_live_query(struct cudaemu_live *live);
 
 /* Set the busy-wait latency of @p entry in nanoseconds (0: none). -1 for an unknown name. */
 int cudaemu_set_latency(const char *entry, uint64_t ns);

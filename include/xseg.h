@@ -40,7 +40,7 @@ typedef enum xseg_status {
     XSEG_ERROR_OUT_OF_MEMORY = 2,  /**< the device (or the memory fraction) cannot hold it */
     XSEG_ERROR_DRIVER = 3,         /**< the CUDA driver failed or could not be loaded */
     XSEG_ERROR_INVALID_DEVICE = 4, /**< a device index out of range */
-    XSEG_ERROR_ILLEGAL_STATE = 5,  /**< not allowed now (e.g. during stream capture) */
+    XSEG_ERROR_ILLEGAL_STATE = 5,  /**< not allowed now (stream capture; a child forked after CUDA init) */
     XSEG_ERROR_NOT_SUPPORTED = 6,  /**< the device or driver lacks a needed feature */
 } xseg_status;
 

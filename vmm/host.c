@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "base/vec.h"
 #include "vmm/driver.h"
 
@@ -28,6 +29,7 @@ struct host_left {
     CUdevice dev;
 };
 static pthread_mutex_t host_left_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_VMM_HOST, host_left_lock)
 static struct host_left *host_left;
 static size_t nhost_left, caphost_left;
 

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/fork.h"
 #include "base/vec.h"
 #include "vmm/driver.h"
 #include "vmm/host.h"
@@ -269,6 +270,7 @@ struct leftover {
     CUmemGenericAllocationHandle handle; /* LEFT_UNMAP, LEFT_RELEASE */
 };
 static pthread_mutex_t left_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_VMM_LEFT, left_lock)
 static struct leftover *left;
 static size_t nleft, capleft;
 
@@ -418,6 +420,7 @@ static xseg_status seg_sync(struct seg *seg, const char *why)
  * mmap) hands out falling addresses. A hint past the previous segment's room works for both: the
  * driver honours a free, aligned hint and otherwise places the range where it likes. */
 static pthread_mutex_t seg_cursor_lock = PTHREAD_MUTEX_INITIALIZER;
+FORK_MUTEX(FORK_RANK_VMM_CURSOR, seg_cursor_lock)
 static CUdeviceptr seg_cursor;
 static int seg_cursor_off; /* set once the driver placed a hinted range elsewhere */
 

@@ -23,7 +23,7 @@ struct tu_emu_api {
     void (*fail_clear)(void);
     unsigned long (*call_count)(const char *);
     void (*counts_reset)(void);
-    void (*live_get)(struct cudaemu_live *);
+    int (*live_query)(struct cudaemu_live *);
     int (*set_latency)(const char *, uint64_t);
     int (*stream_work)(CUstream);
     int (*set_bandwidth)(const char *, uint64_t);
@@ -53,7 +53,7 @@ static const struct tu_emu_api *tu_emu(void)
     TU_SYM(fail_clear, "cudaemu_fail_clear");
     TU_SYM(call_count, "cudaemu_call_count");
     TU_SYM(counts_reset, "cudaemu_counts_reset");
-    TU_SYM(live_get, "cudaemu_live_get");
+    TU_SYM(live_query, "cudaemu_live_query");
     TU_SYM(set_latency, "cudaemu_set_latency");
     TU_SYM(stream_work, "cudaemu_stream_work");
     TU_SYM(set_bandwidth, "cudaemu_set_bandwidth");
@@ -62,7 +62,7 @@ static const struct tu_emu_api *tu_emu(void)
     /* dlopen(RTLD_NOLOAD) took a reference; the library stays loaded by its first opener. */
     dlclose(lib);
     if (!a.stream_hold || !a.stream_release || !a.fail_nth || !a.fail_clear || !a.call_count ||
-        !a.counts_reset || !a.live_get || !a.set_latency || !a.stream_work || !a.set_bandwidth || !a.host_live)
+        !a.counts_reset || !a.live_query || !a.set_latency || !a.stream_work || !a.set_bandwidth || !a.host_live)
         return NULL;
     api = a;
     ready = &api;
@@ -117,9 +117,8 @@ bool tu_live(struct cudaemu_live *live)
 {
     const struct tu_emu_api *e = tu_emu();
     memset(live, 0, sizeof *live);
-    if (e)
-        e->live_get(live);
-    return e != NULL;
+    live->size = sizeof *live;
+    return e && e->live_query(live) == 0 && live->size == sizeof *live;
 }
 
 bool tu_set_latency(const char *entry, uint64_t ns)

@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -455,6 +456,60 @@ static void test_error_names(void **state)
     assert_string_equal(drv_error_name(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED");
 }
 
+/* After fork, the child of a process that ran cuInit is refused the parent's driver state, as
+ * the real driver refuses it: every call (cuInit too) returns CUDA_ERROR_NOT_INITIALIZED, the
+ * error-name lookups and cuDriverGetVersion keep working, and nothing hangs on emu.lock (a
+ * thread holds it across the fork here: an armed failure's list walk cannot be paused, so a
+ * thread loops cuDeviceGetCount while armed, taking the lock on every call). */
+static atomic_int fork_stop;
+static void *fork_churn(void *arg)
+{
+    (void)arg;
+    int n;
+    while (!atomic_load(&fork_stop))
+        (void)drv->cuDeviceGetCount(&n);
+    return NULL;
+}
+
+static void test_fork_child(void **state)
+{
+    (void)state;
+    assert_true(tu_fail("cuMemAddressFree", 1000000000UL, CUDA_ERROR_UNKNOWN)); /* arms the locked path */
+    atomic_store(&fork_stop, 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fork_churn, NULL), 0);
+    for (int round = 0; round < 10; round++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            alarm(20); /* a hang on emu.lock fails instead of hanging CI */
+            int n = -1, v = 0;
+            CUdevice dev;
+            const char *name = NULL;
+            int bad = drv->cuInit(0) != CUDA_ERROR_NOT_INITIALIZED;
+            bad |= (drv->cuDeviceGetCount(&n) != CUDA_ERROR_NOT_INITIALIZED) << 1;
+            bad |= (drv->cuDeviceGet(&dev, 0) != CUDA_ERROR_NOT_INITIALIZED) << 2;
+            bad |= (drv->cuCtxSetCurrent(tu_ctx()) != CUDA_ERROR_NOT_INITIALIZED) << 3;
+            bad |= (drv->cuGetErrorName(CUDA_ERROR_NOT_INITIALIZED, &name) != CUDA_SUCCESS || !name ||
+                    strcmp(name, "CUDA_ERROR_NOT_INITIALIZED")) << 4;
+            bad |= (drv->cuDriverGetVersion(&v) != CUDA_SUCCESS) << 5;
+            _exit(bad);
+        }
+        int ws = 0;
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        if (WIFSIGNALED(ws))
+            fail_msg("child killed by signal %d (14: it hung on emu.lock)", WTERMSIG(ws));
+        assert_int_equal(WEXITSTATUS(ws), 0);
+    }
+    atomic_store(&fork_stop, 1);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    tu_fail_clear();
+    /* The parent keeps its state. */
+    int n = 0;
+    tu_assert_cu(drv->cuDeviceGetCount(&n));
+    assert_true(n > 0);
+}
+
 /* Threads hammer the VMM paths on their own reservations, plus cuMemAlloc and events; TSan and
  * the final leak check do the judging. */
 static void *worker(void *arg)
@@ -625,6 +680,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_counters_latency),
         cmocka_unit_test(test_fresh_memory), /* services */
         cmocka_unit_test(test_error_names),
+        cmocka_unit_test(test_fork_child),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_arena_rising),               /* frag */
         cmocka_unit_test(test_handles_without_descriptors), /* frag */

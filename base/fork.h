@@ -1,0 +1,51 @@
+/*
+ * fork() safety: every process-wide mutex of xseg, taken before a fork and given back after it.
+ *
+ * A child of a multi-threaded process starts with one thread; a mutex another thread held at the
+ * fork stays held for ever in the child. So the prepare handler (pthread_atfork, registered once
+ * at library load) takes every registered mutex in the rank order below, the parent handler gives
+ * them back, and the child handler re-initialises them and then runs the child hooks (which reset
+ * what the child cannot keep: the device table, the idle thread's state). The per-device locks
+ * (struct lock) are not taken: a child never uses the parent's devices (core/runtime.c refuses).
+ *
+ * THE LOCK ORDER (the one place it is written): a lock of lower rank may be held while one of
+ * higher rank is taken, never the reverse. Ranks below FORK_RANK_DEVICE are taken before a device
+ * lock (or held across work that takes one: a join of the idle thread, driver init); ranks above
+ * it are taken under a device lock, or alone.
+ */
+#ifndef XSEG_BASE_FORK_H
+#define XSEG_BASE_FORK_H
+
+#include <pthread.h>
+
+enum fork_rank {
+    FORK_RANK_IDLE_CTL,     /* core/idle.c idle_ctl_lock: held across the join of the idle thread */
+    FORK_RANK_RUNTIME,      /* core/runtime.c rt_lock: init (driver load, settings_apply), device table */
+    FORK_RANK_IDLE,         /* core/idle.c idle_lock: the thread's stop flag and wait */
+    FORK_RANK_DEVICE,       /* (not a mutex) the per-device locks, base/lock.h: never taken here */
+    FORK_RANK_OBSERVERS,    /* core/observe.c obs_lock: under a device lock; takes vmm's below */
+    FORK_RANK_SETTINGS,     /* core/settings.c settings_lock */
+    FORK_RANK_CALLBACKS,    /* core/settings.c cb_lock */
+    FORK_RANK_HISTORY,      /* core/history.c hist_lock */
+    FORK_RANK_OOM_SNAPSHOT, /* core/snapshot.c oom_lock */
+    FORK_RANK_IPC_IMPORTS,  /* core/ipc.c ipc_imports_lock */
+    FORK_RANK_VMM_LEFT,     /* vmm/segment.c left_lock */
+    FORK_RANK_VMM_CURSOR,   /* vmm/segment.c seg_cursor_lock */
+    FORK_RANK_VMM_HOST,     /* vmm/host.c host_left_lock */
+    FORK_RANK_COUNT
+};
+
+/* Register @p m at @p rank (one mutex per rank), and @p child (may be NULL) to run in a forked
+ * child after every mutex is re-initialised, in rank order. Called from library constructors
+ * (FORK_MUTEX, FORK_CHILD), before any thread of the user can call xseg. */
+void fork_register(enum fork_rank rank, pthread_mutex_t *m, void (*child)(void));
+
+/* At file scope: register mutex @p m at rank @p rank (with no child hook). */
+#define FORK_MUTEX(rank, m)                                                                       \
+    __attribute__((constructor)) static void fork_register_##m(void) { fork_register(rank, &m, NULL); }
+
+/* At file scope: run @p fn in a forked child, in the slot of rank @p rank (no mutex). */
+#define FORK_CHILD(rank, fn)                                                                      \
+    __attribute__((constructor)) static void fork_register_##fn(void) { fork_register(rank, NULL, fn); }
+
+#endif
