@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/hostmem.h"
 #include "core/alloc.h"
 #include "api/api.h"
 #include "base/error.h"
@@ -247,10 +248,10 @@ XSEG_API xseg_status xseg_take_snapshot(int device, xseg_snapshot **snapshot)
     *snapshot = NULL;
     struct snap_acc a = {0};
     xseg_status st = each_device(device, do_snap, &a);
-    xseg_snapshot *s = calloc(1, sizeof *s);
+    xseg_snapshot *s = xs_calloc(1, sizeof *s);
     if (st != XSEG_SUCCESS || !s) {
         snap_acc_free(&a);
-        free(s);
+        xs_free(s);
         return st != XSEG_SUCCESS ? st : err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
     }
     s->nsegments = a.n;
@@ -264,7 +265,7 @@ XSEG_API void xseg_snapshot_free(xseg_snapshot *snapshot)
     if (!snapshot)
         return;
     for (size_t i = 0; i < snapshot->nsegments; i++)
-        free(snapshot->segments[i].blocks);
-    free(snapshot->segments);
-    free(snapshot);
+        xs_free(snapshot->segments[i].blocks);
+    xs_free(snapshot->segments);
+    xs_free(snapshot);
 }

@@ -13,6 +13,7 @@
 
 #include "base/afile.h"
 #include "base/error.h"
+#include "base/hostmem.h"
 
 /* 64 unpredictable bits; without getrandom (old kernels, seccomp), the clock, the pid and a
  * counter: guessable, but O_EXCL | O_NOFOLLOW still refuse whatever is planted. */
@@ -34,7 +35,7 @@ xseg_status afile_open(struct afile *a, const char *path, const char *what)
     a->f = NULL;
     a->tmp = NULL;
     size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
+    char *tmp = xs_malloc(n);
     if (!tmp)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
     int fd = -1, e = 0;
@@ -49,7 +50,7 @@ xseg_status afile_open(struct afile *a, const char *path, const char *what)
     if (fd < 0) {
         err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot write %s: cannot create a temporary file beside it: %s",
                 what, path, strerror(e));
-        free(tmp);
+        xs_free(tmp);
         return XSEG_ERROR_INVALID_VALUE;
     }
     FILE *f = fdopen(fd, "wb");
@@ -57,7 +58,7 @@ xseg_status afile_open(struct afile *a, const char *path, const char *what)
         e = errno;
         close(fd);
         unlink(tmp);
-        free(tmp);
+        xs_free(tmp);
         return e == ENOMEM ? err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory writing %s", what, path)
                            : err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot write %s: %s", what, path, strerror(e));
     }
@@ -84,7 +85,7 @@ xseg_status afile_commit(struct afile *a, const char *path, const char *what)
         unlink(a->tmp);
         st = err_set(XSEG_ERROR_INVALID_VALUE, "%s: cannot rename %s to %s: %s", what, a->tmp, path, strerror(r));
     }
-    free(a->tmp);
+    xs_free(a->tmp);
     a->tmp = NULL;
     return st;
 }

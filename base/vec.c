@@ -1,5 +1,6 @@
 /* Growable arrays (base/vec.h). */
 #include "base/vec.h"
+#include "base/hostmem.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@ bool vec_reserve(void *arrp, size_t *cap, size_t need, size_t elem)
      * (all have void *'s representation on the platforms xseg supports). */
     void *old;
     memcpy(&old, arrp, sizeof old);
-    void *p = realloc(old, ncap * elem);
+    void *p = xs_realloc(old, ncap * elem);
     if (!p)
         return false;
     memcpy(arrp, &p, sizeof p);

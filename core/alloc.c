@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/events.h"
 #include "core/expandable.h"
@@ -201,11 +202,11 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     size_t size = p->alloc_size;
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return XSEG_ERROR_DRIVER;
-    struct segrec *sr = calloc(1, sizeof *sr);
+    struct segrec *sr = xs_calloc(1, sizeof *sr);
     struct block *b = dev_block_new(d);
     /* The segment's reference on its bins: indexing its blocks later never allocates. */
     if (!sr || !b || !bpool_bins_acquire(p->pool, p->stream)) {
-        free(sr);
+        xs_free(sr);
         if (b)
             dev_block_delete(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
@@ -224,7 +225,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     }
     if (st != XSEG_SUCCESS) {
         bpool_bins_release(p->pool, p->stream);
-        free(sr);
+        xs_free(sr);
         dev_block_delete(d, b);
         return st;
     }

@@ -6,6 +6,7 @@
 
 #include "core/block.h"
 
+#include "base/hostmem.h"
 #include "base/hugemem.h"
 
 /* ---- treap ---------------------------------------------------------------------------------
@@ -236,14 +237,14 @@ bool bpool_bins_acquire(struct bpool *p, CUstream stream)
         return true;
     }
     /* Everything that can fail first: the bins, room in by_stream, a hash at most half full. */
-    s = calloc(1, sizeof *s);
+    s = xs_calloc(1, sizeof *s);
     if (!s)
         return false;
     if (p->nstreams == p->capstreams) {
         unsigned ncap = p->capstreams ? p->capstreams * 2 : 4;
-        struct sbins **v = realloc(p->by_stream, ncap * sizeof *v);
+        struct sbins **v = xs_realloc(p->by_stream, ncap * sizeof *v);
         if (!v) {
-            free(s);
+            xs_free(s);
             return false;
         }
         p->by_stream = v;
@@ -253,9 +254,9 @@ bool bpool_bins_acquire(struct bpool *p, CUstream stream)
     size_t hcap = p->hash ? p->hmask + 1 : 0;
     if (2 * ((size_t)p->nstreams + 1) > hcap) {
         hcap = hcap ? hcap * 2 : 8;
-        hash = calloc(hcap, sizeof *hash);
+        hash = xs_calloc(hcap, sizeof *hash);
         if (!hash) {
-            free(s);
+            xs_free(s);
             return false;
         }
     }
@@ -266,7 +267,7 @@ bool bpool_bins_acquire(struct bpool *p, CUstream stream)
     p->by_stream[at] = s;
     p->nstreams++;
     if (hash) {
-        free(p->hash);
+        xs_free(p->hash);
         p->hash = hash;
         p->hmask = hcap - 1;
         sbins_rehash(p, hash, p->hmask);
@@ -292,11 +293,11 @@ void bpool_bins_release(struct bpool *p, CUstream stream)
     p->nstreams--;
     if (p->last == s)
         p->last = NULL;
-    free(s);
+    xs_free(s);
     if (!p->nstreams) {
         /* The pool's last segment went: no memory stays behind. */
-        free(p->by_stream);
-        free(p->hash);
+        xs_free(p->by_stream);
+        xs_free(p->hash);
         p->by_stream = NULL;
         p->hash = NULL;
         p->hmask = 0;
@@ -475,7 +476,7 @@ bool bpool_collect_free(const struct bpool *p, struct block ***out, size_t *n)
     *out = NULL;
     if (!p->nfree)
         return true;
-    struct block **arr = malloc(p->nfree * sizeof *arr);
+    struct block **arr = xs_malloc(p->nfree * sizeof *arr);
     if (!arr)
         return false;
     for (unsigned i = 0; i < p->nstreams; i++) {
@@ -521,7 +522,7 @@ struct block_side *block_side_get(struct block *b)
     if (b->sided)
         return b->u.side;
     xseg_assert(!b->in_index);
-    struct block_side *sd = calloc(1, sizeof *sd);
+    struct block_side *sd = xs_calloc(1, sizeof *sd);
     if (!sd)
         return NULL;
     sd->requested_size = b->u.requested_size;
@@ -539,7 +540,7 @@ void block_side_drop(struct block *b)
         return;
     size_t requested = sd->requested_size;
     stream_set_clear(&sd->uses);
-    free(sd);
+    xs_free(sd);
     b->sided = false;
     b->u.requested_size = requested;
 }
@@ -551,7 +552,7 @@ void block_side_free(struct block *b)
     struct block_side *sd = b->u.side;
     size_t requested = sd->requested_size;
     stream_set_clear(&sd->uses);
-    free(sd);
+    xs_free(sd);
     b->sided = false;
     b->u.requested_size = requested;
 }
@@ -567,12 +568,12 @@ bool stream_set_add(struct stream_set *s, CUstream st)
         s->cap = 2;
     if (s->n == s->cap) {
         unsigned ncap = s->cap * 2;
-        CUstream *h = malloc(ncap * sizeof *h);
+        CUstream *h = xs_malloc(ncap * sizeof *h);
         if (!h)
             return false;
         for (unsigned i = 0; i < s->n; i++)
             h[i] = stream_set_get(s, i);
-        free(s->heap);
+        xs_free(s->heap);
         s->heap = h;
         s->cap = ncap;
     }
@@ -591,7 +592,7 @@ static void ptrmap_slots_free(struct ptrmap *m)
     if (m->huge)
         hugemem_free(m->slots, m->cap * sizeof *m->slots);
     else
-        free(m->slots);
+        xs_free(m->slots);
 }
 
 bool ptrmap_grow(struct ptrmap *m)
@@ -611,7 +612,7 @@ bool ptrmap_grow(struct ptrmap *m)
         }
     }
     if (!slots)
-        slots = calloc(ncap, sizeof *slots);
+        slots = xs_calloc(ncap, sizeof *slots);
     if (!slots)
         return false;
     if (!m->keep) /* the first table keeps fingerprints unless they were turned off before it */

@@ -37,6 +37,7 @@
 
 #include "base/assert.h"
 #include "base/common.h"
+#include "base/hostmem.h"
 
 #define BLOCK_MIN_SIZE ((size_t)512)               /* kMinBlockSize: rounding unit */
 #define BLOCK_SMALL_SIZE XSEG_MiB                  /* kSmallSize: largest small-pool request */
@@ -514,7 +515,7 @@ bool stream_set_add(struct stream_set *s, CUstream st); /* false on ENOMEM */
 static inline void stream_set_clear(struct stream_set *s)
 {
     if (XSEG_UNLIKELY(s->cap > 2))
-        free(s->heap);
+        xs_free(s->heap);
     *s = (struct stream_set){0};
 }
 static inline CUstream stream_set_get(const struct stream_set *s, unsigned i)

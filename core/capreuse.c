@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/device.h"
 #include "vmm/capture.h"
@@ -45,11 +46,11 @@ static int nm_add(struct cr_nodemap *m, CUgraphNode node, size_t *slot)
         return 0;
     if (2 * (m->count + 1) > m->cap) {
         size_t ncap = m->cap ? m->cap * 2 : 256;
-        uintptr_t *keys = calloc(ncap, sizeof *keys);
-        void **vals = calloc(ncap, sizeof *vals);
+        uintptr_t *keys = xs_calloc(ncap, sizeof *keys);
+        void **vals = xs_calloc(ncap, sizeof *vals);
         if (!keys || !vals) {
-            free(keys);
-            free(vals);
+            xs_free(keys);
+            xs_free(vals);
             return -1;
         }
         for (size_t j = 0; j < m->cap; j++) {
@@ -61,8 +62,8 @@ static int nm_add(struct cr_nodemap *m, CUgraphNode node, size_t *slot)
             keys[i] = m->keys[j];
             vals[i] = m->vals[j];
         }
-        free(m->keys);
-        free(m->vals);
+        xs_free(m->keys);
+        xs_free(m->vals);
         m->keys = keys;
         m->vals = vals;
         m->cap = ncap;
@@ -83,8 +84,8 @@ static int nm_add(struct cr_nodemap *m, CUgraphNode node, size_t *slot)
 
 static void nm_free(struct cr_nodemap *m)
 {
-    free(m->keys);
-    free(m->vals);
+    xs_free(m->keys);
+    xs_free(m->vals);
     *m = (struct cr_nodemap){0};
 }
 
@@ -149,8 +150,8 @@ static void walk_reached(struct cr_walk *w, CUgraphNode node)
 
 static void entry_free(struct cr_entry *e)
 {
-    free(e->markers);
-    free(e);
+    xs_free(e->markers);
+    xs_free(e);
 }
 
 static void walk_free(struct cr_walk *w)
@@ -167,8 +168,8 @@ static void walk_free(struct cr_walk *w)
     }
     nm_free(&w->seen);
     nm_free(&w->waiting);
-    free(w->frontier);
-    free(w->terms);
+    xs_free(w->frontier);
+    xs_free(w->terms);
 }
 
 /* Forget what @p w remembered (the stream order was broken): every entry waits again from its
@@ -250,7 +251,7 @@ void capreuse_mark(struct dev_alloc *d, struct block *b, size_t slot)
             ci.status != CU_STREAM_CAPTURE_STATUS_ACTIVE || (i && ci.id != id) ||
             !markers_add(&m, &nm, &capm, ci.deps, ci.ndeps)) {
             err_clear();
-            free(m);
+            xs_free(m);
             return;
         }
         id = ci.id;
@@ -265,9 +266,9 @@ void capreuse_mark(struct dev_alloc *d, struct block *b, size_t slot)
     if (vmm_capture_info(b->stream, &own) != XSEG_SUCCESS || own.status != CU_STREAM_CAPTURE_STATUS_ACTIVE ||
         own.id != id || vmm_capture_mark(b->stream, &own, &node) != XSEG_SUCCESS ||
         !markers_add(&m, &nm, &capm, &node, 1) || !(w = walk_for(cr, own.id, b->stream)) ||
-        !(e = calloc(1, sizeof *e))) {
+        !(e = xs_calloc(1, sizeof *e))) {
         err_clear();
-        free(m);
+        xs_free(m);
         return;
     }
     *e = (struct cr_entry){.block = b, .deferred_slot = slot, .markers = m, .nmarkers = nm};
@@ -311,11 +312,11 @@ static bool read_deps(CUgraphNode v, CUgraphNode **deps, size_t *cap, CUgraphNod
         return false;
     if (*nd <= *cap)
         return true;
-    CUgraphNode *p = malloc(*nd * sizeof *p);
+    CUgraphNode *p = xs_malloc(*nd * sizeof *p);
     if (!p)
         return false;
     if (*deps != inl)
-        free(*deps);
+        xs_free(*deps);
     *deps = p;
     *cap = *nd;
     return vmm_node_deps(v, *deps, *cap, nd) == XSEG_SUCCESS && *nd <= *cap;
@@ -363,7 +364,7 @@ static void walk_extend(struct capreuse *cr, struct cr_walk *w, const CUgraphNod
             ok = walk_visit(cr, w, &tail, deps[j]);
     }
     if (deps != inl)
-        free(deps);
+        xs_free(deps);
     /* Out of host memory here, these nodes are never read: blocks behind them wait for the end
      * of the capture. */
     if (head < tail && VEC_RESERVE(w->frontier, w->capfrontier, w->nfrontier + (tail - head))) {
@@ -457,8 +458,8 @@ void capreuse_reset(struct dev_alloc *d)
         nx = e->link;
         entry_free(e);
     }
-    free(cr->walks);
-    free(cr->queue);
+    xs_free(cr->walks);
+    xs_free(cr->queue);
     uint64_t nodes_read = cr->nodes_read, reused = cr->reused;
     *cr = (struct capreuse){.nodes_read = nodes_read, .reused = reused};
 }

@@ -3,6 +3,7 @@
 
 #if XSEG_CHECK_EXPENSIVE
 
+#include "base/hostmem.h"
 #include "core/device.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
@@ -78,7 +79,7 @@ static size_t check_free_index(const struct dev_alloc *d, const struct bpool *po
         hashed += pool->hash[i] != NULL;
     CHECK(hashed == pool->nstreams);
     /* References: one per segment of (pool, stream), counted in one pass over the segments. */
-    unsigned *segs = pool->nstreams ? calloc(pool->nstreams, sizeof *segs) : NULL;
+    unsigned *segs = pool->nstreams ? xs_calloc(pool->nstreams, sizeof *segs) : NULL;
     for (const struct segrec *s = d->segs; s; s = s->next_seg) {
         if (s->pool != pool)
             continue;
@@ -112,7 +113,7 @@ static size_t check_free_index(const struct dev_alloc *d, const struct bpool *po
         }
         CHECK(sb->summary >> BINS_WORDS == 0);
     }
-    free(segs);
+    xs_free(segs);
     CHECK(last_found);
     CHECK(total == pool->nfree);
     return total;

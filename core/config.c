@@ -21,6 +21,7 @@
 
 #include "core/config.h"
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/strbuf.h"
 
 #define CFG_DEFAULT_LARGE_SEGMENT (20 * XSEG_MiB)
@@ -80,7 +81,7 @@ static xseg_status cfg_tokenize(const char *str, struct cfg_lexer *lex)
 {
     size_t len = strlen(str);
     /* Never more tokens than characters. */
-    lex->tok = calloc(len ? len : 1, sizeof *lex->tok);
+    lex->tok = xs_calloc(len ? len : 1, sizeof *lex->tok);
     lex->n = 0;
     lex->end = len;
     if (!lex->tok)
@@ -699,7 +700,7 @@ xseg_status cfg_parse(const char *str, const struct cfg *base, struct cfg *out)
     }
     if (!st)
         st = cfg_finish(&p, base);
-    free(p.lex.tok);
+    xs_free(p.lex.tok);
     if (st)
         return cfg_escape_message(st);
     *out = p.cfg;

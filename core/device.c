@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/settings.h"
 #include "vmm/capture.h"
@@ -51,14 +52,14 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
 xseg_status dev_create(int device, struct dev_alloc **out)
 {
     /* Aligned for the slots (one cache line each). */
-    struct dev_alloc *d = aligned_alloc(_Alignof(struct dev_alloc), sizeof *d);
+    struct dev_alloc *d = xs_aligned_alloc(_Alignof(struct dev_alloc), sizeof *d);
     if (d)
         memset(d, 0, sizeof *d);
     if (!d)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d", device);
     xseg_status st = drv_device_query(device, &d->info);
     if (st != XSEG_SUCCESS) {
-        free(d);
+        xs_free(d);
         return st;
     }
     lock_init(&d->lock);
@@ -116,7 +117,7 @@ __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
         n = n < 64 ? 64 : n > 4096 ? 4096 : n;
         struct block *slab = arena_take(&d->structs, n * sizeof *slab);
         if (!slab)
-            slab = calloc(n, sizeof *slab);
+            slab = xs_calloc(n, sizeof *slab);
         if (!slab)
             return NULL;
         ptrmap_admit(&d->live, slab, slab + n); /* the live map's fingerprints need room */

@@ -9,6 +9,7 @@
 
 #include "core/events.h"
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/capreuse.h"
 #include "vmm/event.h"
@@ -51,12 +52,12 @@ static bool queue_push(struct ev_queue *q, CUevent ev, struct block *b)
 {
     if (q->count == q->cap) {
         size_t ncap = q->cap ? q->cap * 2 : 8;
-        struct ev_item *p = malloc(ncap * sizeof *p);
+        struct ev_item *p = xs_malloc(ncap * sizeof *p);
         if (!p)
             return false;
         for (size_t i = 0; i < q->count; i++)
             p[i] = q->items[(q->head + i) % q->cap];
-        free(q->items);
+        xs_free(q->items);
         q->items = p;
         q->head = 0;
         q->cap = ncap;
@@ -173,7 +174,7 @@ static void insert_deferred(struct dev_alloc *d)
     for (size_t i = 0; i < n; i++)
         if (list[i]) /* NULL: reused during the capture (capreuse.c) */
             record_events(d, list[i]);
-    free(list);
+    xs_free(list);
 }
 
 void ev_capture_reuse(struct dev_alloc *d, CUstream stream)
@@ -207,7 +208,7 @@ static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
 static void queue_drop(struct dev_alloc *d, size_t i)
 {
     lock_assert_held(&d->lock);
-    free(d->evq[i].items);
+    xs_free(d->evq[i].items);
     d->evq[i] = d->evq[--d->nevq];
 }
 
@@ -264,7 +265,7 @@ void ev_destroy(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     for (size_t i = 0; i < d->nevent_pool; i++)
         vevent_destroy(d->event_pool[i]);
-    free(d->event_pool);
+    xs_free(d->event_pool);
     d->event_pool = NULL;
     d->nevent_pool = d->capevent_pool = 0;
 }

@@ -22,6 +22,7 @@
 #include "core/expandable.h"
 #include "base/assert.h"
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
@@ -212,17 +213,17 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .observe = obs_segment_hook,
         .observe_user = d,
     };
-    struct segrec *s = calloc(1, sizeof *s);
+    struct segrec *s = xs_calloc(1, sizeof *s);
     /* The segment's reference on its bins: indexing its blocks later never allocates. */
     if (!s || !VEC_RESERVE(d->by_stream, d->capby_stream, d->nby_stream + 1) || !bpool_bins_acquire(pool, stream)) {
-        free(s);
+        xs_free(s);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
     }
     struct seg *vseg = NULL;
     xseg_status st = seg_create(&params, page_up(size, page), &vseg);
     if (st != XSEG_SUCCESS) {
         bpool_bins_release(pool, stream);
-        free(s);
+        xs_free(s);
         return st;
     }
     s->vseg = vseg;
@@ -234,7 +235,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     if (!b) {
         (void)seg_destroy(vseg);
         bpool_bins_release(pool, stream);
-        free(s);
+        xs_free(s);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
     }
     s->first = s->last = b;
@@ -516,7 +517,7 @@ void exp_release_empty_segments(struct dev_alloc *d)
             dev_seglist_remove(d, s);
             by_stream_remove(d, s);
             bpool_bins_release(s->pool, s->stream);
-            free(s);
+            xs_free(s);
         }
         s = next;
     }
@@ -558,7 +559,7 @@ static int defrag_cmp(const void *pa, const void *pb)
 static unsigned char *defrag_keep_map(struct segrec *s)
 {
     size_t G = seg_g(s), ng = seg_ngran(s->vseg);
-    unsigned char *keep = calloc(ng ? ng : 1, 1);
+    unsigned char *keep = xs_calloc(ng ? ng : 1, 1);
     if (!keep)
         return NULL;
     for (struct block *b = s->first; b; b = b->next) {
@@ -634,7 +635,7 @@ size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
             }
             g = first + n;
         }
-        free(keep);
+        xs_free(keep);
     }
     if (ncand > 1) /* qsort with a null base is undefined even for zero elements */
         qsort(cand, ncand, sizeof *cand, defrag_cmp);
@@ -654,7 +655,7 @@ size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
         xseg_status st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, host, &freed, &created);
         if (st == XSEG_ERROR_OUT_OF_MEMORY && !host)
             st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, true, &freed, &created);
-        free(keep);
+        xs_free(keep);
         if (st != XSEG_SUCCESS || !freed)
             continue;
         dev_count_unmapped(d, s->pool, freed, 1);
@@ -673,7 +674,7 @@ size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
     for (; i < ncand && !left; i++)
         left = cand[i].nfree < cand[i].n;
     *more = live_done && left;
-    free(cand);
+    xs_free(cand);
     if (got)
         err_clear();
     return got;

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "core/history.h"
 
 #define HIST_DEFAULT_ENTRIES 100000
@@ -126,7 +127,7 @@ static bool table_grow(void ***buckets, size_t *nbuckets, size_t count, size_t c
     if (*nbuckets && count < *nbuckets)
         return true;
     size_t n = *nbuckets ? *nbuckets * 2 : 1024;
-    void **nb = calloc(n, sizeof *nb);
+    void **nb = xs_calloc(n, sizeof *nb);
     if (!nb)
         return *nbuckets != 0; /* keep the old table: chains get longer, nothing breaks */
     for (size_t i = 0; i < *nbuckets; i++) {
@@ -138,7 +139,7 @@ static bool table_grow(void ***buckets, size_t *nbuckets, size_t count, size_t c
             e = next;
         }
     }
-    free(*buckets);
+    xs_free(*buckets);
     *buckets = nb;
     *nbuckets = n;
     return true;
@@ -156,7 +157,7 @@ static struct hframe *frame_intern(const xseg_frame *f)
         if (e->hash == h && e->line == f->line && !strcmp(e->filename, fn) && !strcmp(e->name, nm))
             return e;
     size_t lf = strlen(fn) + 1, ln = strlen(nm) + 1;
-    struct hframe *e = malloc(sizeof *e + lf + ln);
+    struct hframe *e = xs_malloc(sizeof *e + lf + ln);
     if (!e)
         return NULL;
     char *s = (char *)(e + 1);
@@ -188,7 +189,7 @@ static struct hstack *stack_intern(const uintptr_t *f, uint32_t n)
             return e;
         }
     }
-    struct hstack *e = malloc(sizeof *e + n * sizeof *f);
+    struct hstack *e = xs_malloc(sizeof *e + n * sizeof *f);
     if (!e)
         return NULL;
     e->hash = h;
@@ -210,7 +211,7 @@ static void stack_unref_locked(struct hstack *s)
         p = &(*p)->chain;
     *p = s->chain;
     stk_count--;
-    free(s);
+    xs_free(s);
 }
 
 void hist_table_counts(size_t *stacks, size_t *frames)
@@ -280,8 +281,8 @@ static void scache_free(void *p)
 {
     struct scache *c = p;
     for (int i = 0; c && i < SCACHE_WAYS; i++)
-        free(c->e[i].pc);
-    free(c);
+        xs_free(c->e[i].pc);
+    xs_free(c);
 }
 
 static void uw_find(void)
@@ -333,9 +334,9 @@ static __attribute__((noinline)) int c_stack(uintptr_t *raw, int want)
     uintptr_t key = (uintptr_t)__builtin_frame_address(0);
     struct scache *c = tls_cache;
     if (!c) {
-        c = calloc(1, sizeof *c);
+        c = xs_calloc(1, sizeof *c);
         if (c && pthread_setspecific(cache_key, c) != 0) {
-            free(c);
+            xs_free(c);
             c = NULL;
         }
         tls_cache = c;
@@ -357,8 +358,8 @@ static __attribute__((noinline)) int c_stack(uintptr_t *raw, int want)
     uw_backtrace(walk_cb, &w);
     if (e && w.n > 0) {
         if (!e->pc || e->max < want) {
-            free(e->pc);
-            e->pc = malloc(2 * (size_t)want * sizeof *e->pc);
+            xs_free(e->pc);
+            e->pc = xs_malloc(2 * (size_t)want * sizeof *e->pc);
             if (!e->pc) {
                 e->key = 0;
                 return w.n;
@@ -496,7 +497,7 @@ xseg_status hist_events_copy(struct hist_event **out, size_t *n, uint64_t *dropp
 {
     pthread_mutex_lock(&hist_lock);
     size_t cnt = ring_count;
-    struct hist_event *ev = malloc((cnt ? cnt : 1) * sizeof *ev);
+    struct hist_event *ev = xs_malloc((cnt ? cnt : 1) * sizeof *ev);
     if (!ev) {
         pthread_mutex_unlock(&hist_lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory copying %zu history events", cnt);
@@ -522,7 +523,7 @@ void hist_events_free(struct hist_event *ev, size_t n)
     for (size_t i = 0; i < n; i++)
         stack_unref_locked(ev[i].stack);
     pthread_mutex_unlock(&hist_lock);
-    free(ev);
+    xs_free(ev);
 }
 
 static void clear_locked(void)
@@ -545,7 +546,7 @@ static xseg_status ring_resize_locked(size_t cap)
 {
     if (cap == ring_cap)
         return XSEG_SUCCESS;
-    struct hist_event *nr = malloc(cap * sizeof *nr);
+    struct hist_event *nr = xs_malloc(cap * sizeof *nr);
     if (!nr)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                        "xseg_record_memory_history: out of host memory for a ring of %zu events", cap);
@@ -554,7 +555,7 @@ static xseg_status ring_resize_locked(size_t cap)
         stack_unref_locked(ring[(ring_head + i) % ring_cap].stack);
     for (size_t i = 0; i < keep; i++)
         nr[i] = ring[(ring_head + skip + i) % ring_cap];
-    free(ring);
+    xs_free(ring);
     ring = nr;
     ring_cap = cap;
     ring_head = 0;
@@ -650,7 +651,7 @@ void hist_frame_info(uintptr_t f, char *buf, size_t size, const char **filename,
         if (demangle && di.dli_sname[0] == '_' && di.dli_sname[1] == 'Z')
             dm = demangle(di.dli_sname, NULL, NULL, &status);
         snprintf(buf, size, "%s", dm && status == 0 ? dm : di.dli_sname);
-        free(dm);
+        xs_free(dm);
     } else {
         /* No dynamic symbol (static function, or a program linked without -rdynamic): the offset
          * in the object, for addr2line -e FILE. */

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "vmm/ipc.h"
 #include "vmm/segment.h"
 
@@ -22,26 +23,26 @@
 
 static xseg_ipc_handle *ipc_handle_new(xseg_ipc_handle_type type, size_t nchunks)
 {
-    xseg_ipc_handle *h = calloc(1, sizeof *h);
+    xseg_ipc_handle *h = xs_calloc(1, sizeof *h);
     if (!h)
         return NULL;
     h->type = type;
     h->nchunks = nchunks;
     size_t n = XSEG_MAX(nchunks, (size_t)1);
-    h->sizes = calloc(n, sizeof *h->sizes);
+    h->sizes = xs_calloc(n, sizeof *h->sizes);
     if (type == XSEG_IPC_POSIX_FD) {
-        h->fds = malloc(n * sizeof *h->fds);
+        h->fds = xs_malloc(n * sizeof *h->fds);
         if (h->fds)
             for (size_t i = 0; i < nchunks; i++)
                 h->fds[i] = -1;
     } else {
-        h->fabric = calloc(n, IPC_FABRIC_BYTES);
+        h->fabric = xs_calloc(n, IPC_FABRIC_BYTES);
     }
     if (!h->sizes || (!h->fds && !h->fabric)) {
-        free(h->sizes);
-        free(h->fds);
-        free(h->fabric);
-        free(h);
+        xs_free(h->sizes);
+        xs_free(h->fds);
+        xs_free(h->fabric);
+        xs_free(h);
         return NULL;
     }
     return h;
@@ -55,10 +56,10 @@ void ipc_handle_free(xseg_ipc_handle *h)
         for (size_t i = 0; i < h->nchunks; i++)
             if (h->fds[i] >= 0)
                 close(h->fds[i]);
-    free(h->fds);
-    free(h->fabric);
-    free(h->sizes);
-    free(h);
+    xs_free(h->fds);
+    xs_free(h->fabric);
+    xs_free(h->sizes);
+    xs_free(h);
 }
 
 /* The chunks under expandable block @p b (mapped): the first granule of each into @p firsts (NULL:
@@ -120,10 +121,10 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     size_t n, offset;
     ipc_block_chunks(b, NULL, &n, &offset);
     xseg_ipc_handle *h = ipc_handle_new(type == CU_MEM_HANDLE_TYPE_FABRIC ? XSEG_IPC_FABRIC : XSEG_IPC_POSIX_FD, n);
-    size_t *firsts = malloc(XSEG_MAX(n, (size_t)1) * sizeof *firsts);
+    size_t *firsts = xs_malloc(XSEG_MAX(n, (size_t)1) * sizeof *firsts);
     if (!h || !firsts) {
         ipc_handle_free(h);
-        free(firsts);
+        xs_free(firsts);
         st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_export: out of host memory for %zu chunks", n);
         goto out;
     }
@@ -139,7 +140,7 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
     h->offset = offset;
     /* Under the device lock: the chunks cannot be unmapped while they are exported. */
     st = ipc_export_chunks(b->seg->vseg, firsts, n, type, h->fds, h->fabric);
-    free(firsts);
+    xs_free(firsts);
     if (st != XSEG_SUCCESS) {
         if (h->fds)
             for (size_t i = 0; i < n; i++)
@@ -260,11 +261,11 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
             if (h->fds[i] < 0)
                 return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_import: chunk %zu's descriptor is closed", i);
     /* Host memory first, so nothing can fail after the driver work succeeded. */
-    struct ipc_import_rec *rec = calloc(1, sizeof *rec);
-    CUmemAccessDesc *access = calloc(ALLOC_MAX_DEVICES + 1, sizeof *access);
+    struct ipc_import_rec *rec = xs_calloc(1, sizeof *rec);
+    CUmemAccessDesc *access = xs_calloc(ALLOC_MAX_DEVICES + 1, sizeof *access);
     if (!rec || !access) {
-        free(rec);
-        free(access);
+        xs_free(rec);
+        xs_free(access);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_import: out of host memory");
     }
     int naccess = 0;
@@ -281,9 +282,9 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
     CUdeviceptr base = 0;
     unsigned type = h->type == XSEG_IPC_FABRIC ? CU_MEM_HANDLE_TYPE_FABRIC : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     st = ipc_import_map(d->info.primary_ctx, type, h->fds, h->fabric, h->nchunks, h->sizes, access, naccess, &base);
-    free(access);
+    xs_free(access);
     if (st != XSEG_SUCCESS) {
-        free(rec);
+        xs_free(rec);
         return err_prefix(st, "xseg_ipc_import on device %d", d->device);
     }
     rec->base = base;
@@ -325,7 +326,7 @@ xseg_status ipc_close(void *ptr)
                         : err_prefix(st, "xseg_ipc_close(%p): the import stays mapped; call xseg_ipc_close "
                                          "again", ptr);
     }
-    free(rec);
+    xs_free(rec);
     return XSEG_SUCCESS;
 }
 

@@ -21,6 +21,7 @@
 
 #include "core/pools.h"
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "vmm/capture.h"
 
@@ -53,7 +54,7 @@ static bool pool_has_segments(const struct dev_alloc *d, const struct priv_pool 
 static struct priv_pool *pool_new(struct dev_alloc *d, xseg_pool_id id)
 {
     lock_assert_held(&d->lock);
-    struct priv_pool *pp = calloc(1, sizeof *pp);
+    struct priv_pool *pp = xs_calloc(1, sizeof *pp);
     if (!pp)
         return NULL;
     pp->id = id;
@@ -72,7 +73,7 @@ static void pool_unlink_free(struct dev_alloc *d, struct priv_pool *pp)
     for (struct priv_pool **link = &d->pools; *link; link = &(*link)->next) {
         if (*link == pp) {
             *link = pp->next;
-            free(pp);
+            xs_free(pp);
             return;
         }
     }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/events.h"
 #include "core/expandable.h"
@@ -60,8 +61,8 @@ xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
 
 void memo_free(struct stream_memo *m)
 {
-    free(m->s);
-    free(m->state);
+    xs_free(m->s);
+    xs_free(m->state);
     *m = (struct stream_memo){0};
 }
 
@@ -91,7 +92,7 @@ xseg_status release_block(struct dev_alloc *d, struct block *b)
     bpool_remove_free(block_pool(b), b);
     dev_seglist_remove(d, sr);
     bpool_bins_release(sr->pool, sr->stream);
-    free(sr);
+    xs_free(sr);
     dev_block_delete(d, b);
     return XSEG_SUCCESS;
 }
@@ -127,7 +128,7 @@ static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, 
         if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
             first = st;
     }
-    free(arr);
+    xs_free(arr);
     return first;
 }
 
@@ -260,5 +261,5 @@ void release_garbage_collect(struct dev_alloc *d)
             freeable--;
         }
     }
-    free(arr);
+    xs_free(arr);
 }

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "core/idle.h"
 #include "core/runtime.h"
 #include "core/settings.h"
@@ -120,7 +121,7 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
                 atomic_store_explicit(&rt_devs[device], nd, memory_order_release);
                 d = nd;
             } else {
-                free(nd); /* lost a race; nothing was allocated from the driver yet */
+                xs_free(nd); /* lost a race; nothing was allocated from the driver yet */
             }
         }
     }

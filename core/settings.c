@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 
 XSEG_HIDDEN _Atomic unsigned settings_generation;
@@ -76,7 +77,7 @@ static struct cb_entry *cb_copy(struct cb_entry *const *arr, const size_t *n, si
 {
     pthread_mutex_lock(&cb_lock);
     size_t cnt = *n;
-    struct cb_entry *c = cnt ? malloc(cnt * sizeof *c) : NULL;
+    struct cb_entry *c = cnt ? xs_malloc(cnt * sizeof *c) : NULL;
     if (c)
         memcpy(c, *arr, cnt * sizeof *c);
     else
@@ -105,7 +106,7 @@ int settings_run_free_memory_callbacks(int device, size_t requested)
     int any = 0;
     for (size_t i = 0; i < n; i++)
         any |= ((xseg_free_memory_callback)c[i].fn)(device, requested, c[i].user) != 0;
-    free(c);
+    xs_free(c);
     return any;
 }
 
@@ -115,7 +116,7 @@ void settings_run_oom_observers(int device, size_t requested, size_t total, size
     struct cb_entry *c = cb_copy(&cb_oom, &n_oom, &n);
     for (size_t i = 0; i < n; i++)
         ((xseg_oom_observer)c[i].fn)(device, requested, total, free_bytes, c[i].user);
-    free(c);
+    xs_free(c);
 }
 
 /* ---- the idle thread --------------------------------------------------------------------- */

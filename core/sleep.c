@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/events.h"
 #include "core/pools.h"
@@ -67,10 +68,10 @@ static void state_free(struct dev_alloc *d, struct pool_sleep *ps)
         return;
     for (size_t i = 0; i < ps->nsegs; i++) {
         vhost_free(ps->segs[i].host, d->info.dev);
-        free(ps->segs[i].runs);
+        xs_free(ps->segs[i].runs);
     }
-    free(ps->segs);
-    free(ps);
+    xs_free(ps->segs);
+    xs_free(ps);
 }
 
 static const char *pool_name(const struct priv_pool *pp, char buf[64])
@@ -168,7 +169,7 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
     xseg_status st = ok ? XSEG_SUCCESS : err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", why);
     for (size_t i = 0; i < l.n && st == XSEG_SUCCESS; i++)
         st = vstream_wait(l.v[i], why);
-    free(l.v);
+    xs_free(l.v);
     return st;
 }
 
@@ -339,7 +340,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
                        "importer has closed them) first",
                        pool_name(pp, buf), d->device, nexported, nexported == 1 ? "" : "s");
 
-    struct pool_sleep *ps = calloc(1, sizeof *ps);
+    struct pool_sleep *ps = xs_calloc(1, sizeof *ps);
     if (!ps)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
     ps->flags = flags;

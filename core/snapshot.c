@@ -9,6 +9,7 @@
 #include "base/afile.h"
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/device.h"
 #include "core/history.h"
@@ -49,11 +50,11 @@ static bool u64map_put(struct u64map *m, uint64_t k, uint32_t v)
     if ((m->count + 1) * 2 > m->cap) {
         struct u64map n = {0};
         n.cap = m->cap ? m->cap * 2 : 256;
-        n.keys = calloc(n.cap, sizeof *n.keys);
-        n.vals = calloc(n.cap, sizeof *n.vals);
+        n.keys = xs_calloc(n.cap, sizeof *n.keys);
+        n.vals = xs_calloc(n.cap, sizeof *n.vals);
         if (!n.keys || !n.vals) {
-            free(n.keys);
-            free(n.vals);
+            xs_free(n.keys);
+            xs_free(n.vals);
             return false;
         }
         for (size_t i = 0; i < m->cap; i++) {
@@ -64,8 +65,8 @@ static bool u64map_put(struct u64map *m, uint64_t k, uint32_t v)
                 n.count++;
             }
         }
-        free(m->keys);
-        free(m->vals);
+        xs_free(m->keys);
+        xs_free(m->vals);
         *m = n;
     }
     size_t i = u64map_slot(m, k);
@@ -78,8 +79,8 @@ static bool u64map_put(struct u64map *m, uint64_t k, uint32_t v)
 
 static void u64map_free(struct u64map *m)
 {
-    free(m->keys);
-    free(m->vals);
+    xs_free(m->keys);
+    xs_free(m->vals);
     memset(m, 0, sizeof *m);
 }
 
@@ -552,12 +553,12 @@ void snap_acc_free(struct snap_acc *a)
         if (a->with_stacks && a->stacks[i]) {
             for (size_t j = 0; j < a->segs[i].nblocks; j++)
                 hist_stack_unref(a->stacks[i][j]);
-            free(a->stacks[i]);
+            xs_free(a->stacks[i]);
         }
-        free(a->segs[i].blocks);
+        xs_free(a->segs[i].blocks);
     }
-    free(a->segs);
-    free(a->stacks);
+    xs_free(a->segs);
+    xs_free(a->stacks);
     memset(a, 0, sizeof *a);
 }
 
@@ -571,11 +572,11 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
     size_t nb = 0;
     for (struct block *b = from; b != to; b = b->next)
         nb++;
-    si.blocks = calloc(nb ? nb : 1, sizeof *si.blocks);
-    struct hstack **stacks = a->with_stacks ? calloc(nb ? nb : 1, sizeof *stacks) : NULL;
+    si.blocks = xs_calloc(nb ? nb : 1, sizeof *si.blocks);
+    struct hstack **stacks = a->with_stacks ? xs_calloc(nb ? nb : 1, sizeof *stacks) : NULL;
     if (!si.blocks || (a->with_stacks && !stacks)) {
-        free(si.blocks);
-        free(stacks);
+        xs_free(si.blocks);
+        xs_free(stacks);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory taking a snapshot");
     }
     si.device = d->device;
@@ -617,8 +618,8 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
         if (stacks)
             for (size_t j = 0; j < si.nblocks; j++)
                 hist_stack_unref(stacks[j]);
-        free(stacks);
-        free(si.blocks);
+        xs_free(stacks);
+        xs_free(si.blocks);
     }
     return st;
 }
@@ -880,10 +881,10 @@ static bool oom_writing;    /* an OOM inside the writer (observer, another threa
 xseg_status snapshot_set_oom_path(const char *path)
 {
     char *p = NULL;
-    if (path && *path && !(p = strdup(path)))
+    if (path && *path && !(p = xs_strdup(path)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_set_oom_snapshot: out of host memory");
     pthread_mutex_lock(&oom_lock);
-    free(oom_path);
+    xs_free(oom_path);
     oom_path = p;
     oom_path_set = true;
     oom_last_us = 0;
@@ -900,7 +901,7 @@ void snapshot_on_oom(char *info, size_t size)
         pthread_mutex_unlock(&oom_lock);
         return;
     }
-    char *copy = strdup(path);
+    char *copy = xs_strdup(path);
     int64_t now = hist_now_us(), last = oom_last_us;
     bool due = copy && (last == 0 || now - last >= OOM_SNAPSHOT_INTERVAL_US);
     if (due) {
@@ -913,7 +914,7 @@ void snapshot_on_oom(char *info, size_t size)
     if (!due) {
         snprintf(info, size, " (No memory snapshot this time: one was written to %.400s %.1f s ago.)", copy,
                  (double)(now - last) / 1e6);
-        free(copy);
+        xs_free(copy);
         return;
     }
     /* The writer sets this thread's error message on failure: keep its text for ours. */
@@ -925,5 +926,5 @@ void snapshot_on_oom(char *info, size_t size)
     pthread_mutex_lock(&oom_lock);
     oom_writing = false;
     pthread_mutex_unlock(&oom_lock);
-    free(copy);
+    xs_free(copy);
 }

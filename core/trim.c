@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/events.h"
 #include "core/expandable.h"
@@ -73,12 +74,12 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
         if (!bytes)
             continue;
         if (!VEC_RESERVE(*v, *cap, *n + 1)) {
-            free(arr);
+            xs_free(arr);
             return false;
         }
         (*v)[(*n)++] = (struct trim_cand){b, bytes};
     }
-    free(arr);
+    xs_free(arr);
     return true;
 }
 
@@ -101,7 +102,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
         if (pp->use_count == 0)
             ok = collect(&pp->large, idle_only, &v, &n, &cap) && collect(&pp->small, idle_only, &v, &n, &cap);
     if (!ok) {
-        free(v);
+        xs_free(v);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory listing cached blocks to trim");
     }
     if (n > 1)
@@ -137,7 +138,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
         got += before - d->total_allocated_memory;
     }
     memo_free(&memo);
-    free(v);
+    xs_free(v);
     exp_release_empty_segments(d);
     if (d->pools)
         pools_reap(d);

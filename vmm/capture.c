@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 
 xseg_status vmm_capture_info(CUstream stream, struct vmm_capture_info *out)
 {
@@ -59,7 +60,7 @@ xseg_status vmm_node_deps(CUgraphNode node, CUgraphNode *out, size_t cap, size_t
 {
     enum { EDGE_BATCH = 32 };
     CUgraphEdgeData edges[EDGE_BATCH];
-    CUgraphEdgeData *ed = cap <= EDGE_BATCH ? edges : malloc(cap * sizeof *ed);
+    CUgraphEdgeData *ed = cap <= EDGE_BATCH ? edges : xs_malloc(cap * sizeof *ed);
     if (!ed)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory reading a graph node's dependencies");
     size_t got = cap;
@@ -68,7 +69,7 @@ xseg_status vmm_node_deps(CUgraphNode node, CUgraphNode *out, size_t cap, size_t
     if (r == CUDA_SUCCESS && got == cap)
         r = drv->cuGraphNodeGetDependencies(node, NULL, NULL, &got);
     if (ed != edges)
-        free(ed);
+        xs_free(ed);
     if (r != CUDA_SUCCESS) {
         char what[96];
         snprintf(what, sizeof what, "cuGraphNodeGetDependencies(node %p)", (void *)node);

@@ -26,6 +26,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
 #include "vmm/driver.h"
 #include "vmm/host.h"
@@ -493,13 +494,13 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
 
 static void seg_free_meta(struct seg *seg)
 {
-    free(seg->access);
-    free(seg->handles);
-    free(seg->cstart);
-    free(seg->clen);
-    free(seg->gflags);
-    free(seg->pieces);
-    free(seg);
+    xs_free(seg->access);
+    xs_free(seg->handles);
+    xs_free(seg->cstart);
+    xs_free(seg->clen);
+    xs_free(seg->gflags);
+    xs_free(seg->pieces);
+    xs_free(seg);
 }
 
 xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out)
@@ -530,7 +531,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         !seg_round_up((size_t)SEG_INITIAL_PAGES * P, unit, &initial))
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: page_size %zu is too large", P);
 
-    struct seg *seg = calloc(1, sizeof(*seg));
+    struct seg *seg = xs_calloc(1, sizeof(*seg));
     if (!seg)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_create: out of host memory");
     seg->device = params->device;
@@ -1126,13 +1127,13 @@ static xseg_status seg_refine_host(struct seg *seg, size_t c, size_t n, size_t k
     size_t G = seg->gran, i, e, j;
     CUdeviceptr addr = gran_addr(seg, c);
     CUmemGenericAllocationHandle old = seg->handles[c];
-    CUmemGenericAllocationHandle *h = calloc(k, sizeof *h);
-    char *buf = malloc(k * G);
+    CUmemGenericAllocationHandle *h = xs_calloc(k, sizeof *h);
+    char *buf = xs_malloc(k * G);
     CUresult res;
     const char *what = "";
     if (!h || !buf) {
-        free(h);
-        free(buf);
+        xs_free(h);
+        xs_free(buf);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory for %zu bytes of staging", k * G);
     }
     /* 1. Every stream's work on the chunk done, then the live bytes to the host. */
@@ -1210,15 +1211,15 @@ static xseg_status seg_refine_host(struct seg *seg, size_t c, size_t n, size_t k
         goto fail;
     }
     refine_commit(seg, c, n, keep, h);
-    free(h);
-    free(buf);
+    xs_free(h);
+    xs_free(buf);
     *freed = (n - k) * G;
     *created = k;
     return XSEG_SUCCESS;
 
 fail:
-    free(h);
-    free(buf);
+    xs_free(h);
+    xs_free(buf);
     return seg_failf(res, "seg_refine (through the host): %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)",
                      what, (unsigned long long)addr, n * G, k);
 }
@@ -1243,7 +1244,7 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
         return seg_refine_host(seg, c, n, k, keep, freed, created);
     CUmemGenericAllocationHandle old = seg->handles[c];
     CUdeviceptr addr = gran_addr(seg, c);
-    CUmemGenericAllocationHandle *h = k ? calloc(k, sizeof *h) : NULL;
+    CUmemGenericAllocationHandle *h = k ? xs_calloc(k, sizeof *h) : NULL;
     if (k && !h)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory");
     CUdeviceptr scratch = 0;
@@ -1361,14 +1362,14 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
             left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = k * G});
         }
     }
-    free(h);
+    xs_free(h);
     *freed = (n - k) * G;
     *created = k;
     return XSEG_SUCCESS;
 
 fail:
     refine_drop(seg, scratch, k * G, nmapped, h, nh);
-    free(h);
+    xs_free(h);
     return seg_failf(res, "seg_refine: %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)", what,
                      (unsigned long long)addr, n * G, k);
 }
