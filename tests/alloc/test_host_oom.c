@@ -1,13 +1,11 @@
 /*
  * Host OOM for a block's side struct (core/block.h: record_stream's streams, events, the history
- * stack live there, allocated on demand): the allocation of the side fails, and the call that
- * needed it returns XSEG_ERROR_OUT_OF_MEMORY with a message, with everything rolled back: the
- * statistics as before, the block freed as an unrecorded one, nothing leaked (debug_level=2
- * builds run dev_check after every operation).
- *
- * The test replaces calloc and fails only the calls made by block_side_get (by return address),
- * so libc, the driver and cmocka allocate as usual. Skipped under the sanitizers: they own
- * malloc and calloc.
+ * stack live there, allocated on demand) and whatever else the call allocates: each host
+ * allocation of the call fails in turn (base/hostmem.h, the seam: the nth from now), and the call
+ * returns XSEG_ERROR_OUT_OF_MEMORY with a message, with everything rolled back: the statistics as
+ * before, the block freed as an unrecorded one, nothing leaked (debug_level=2 builds run
+ * dev_check after every operation). n goes up until the call makes fewer than n allocations.
+ * tests/alloc/test_host_oom_sweep.c does the same for every call of a mixed workload.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,41 +16,9 @@
 
 #include <cmocka.h>
 
-#include "core/block.h"
+#include "base/hostmem.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HOST_OOM_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define HOST_OOM_SANITIZED 1
-#endif
-#endif
-
-#ifndef HOST_OOM_SANITIZED
-/* glibc's own entry points, which the replacement below forwards to. */
-extern void *__libc_calloc(size_t n, size_t size);
-
-static volatile int fail_side; /* calls of block_side_get still to fail */
-static volatile int failed;    /* how many were failed */
-
-/* Was calloc called from block_side_get? Its body is far smaller than 1 KiB. */
-static bool from_side_get(const void *ra)
-{
-    uintptr_t f = (uintptr_t)&block_side_get;
-    return (uintptr_t)ra >= f && (uintptr_t)ra - f < 1024;
-}
-
-void *calloc(size_t n, size_t size)
-{
-    if (fail_side > 0 && n == 1 && size == sizeof(struct block_side) && from_side_get(__builtin_return_address(0))) {
-        fail_side--;
-        failed++;
-        return NULL;
-    }
-    return __libc_calloc(n, size);
-}
 
 static int setup(void **state)
 {
@@ -61,46 +27,58 @@ static int setup(void **state)
     return 0;
 }
 
-/* record_stream on a live block: no side struct, so OUT_OF_MEMORY and no stream recorded (the
- * free is immediate); then the same call succeeds and the free waits for the stream. */
+/* record_stream on a live block, its nth host allocation failing: OUT_OF_MEMORY and no stream
+ * recorded (the free is immediate even with s2 busy); past the last, the call succeeds and the
+ * free waits for the stream. */
 static void test_record_stream(void **state)
 {
     (void)state;
     tu_require_emulator_or_skip();
     CUstream s2;
     tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
-    void *a = NULL;
-    assert_int_equal(xseg_malloc(&a, 4096, 0, NULL), XSEG_SUCCESS);
-    int64_t active = tu_stat("active_bytes.all.current"), req = tu_stat("requested_bytes.all.current");
-    fail_side = 1;
-    failed = 0;
-    assert_int_equal(xseg_record_stream(a, s2), XSEG_ERROR_OUT_OF_MEMORY);
-    assert_int_equal(failed, 1);
-    fail_side = 0;
-    assert_non_null(strstr(xseg_last_error(), "out of host memory"));
-    assert_int_equal(tu_stat("active_bytes.all.current"), active);
-    assert_int_equal(tu_stat("requested_bytes.all.current"), req);
-    /* Not recorded: the free returns the block at once, even with s2 busy. */
-    assert_true(tu_stream_hold(s2));
-    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    assert_int_equal(tu_stat("active_bytes.all.current"), active - 4096);
-    assert_int_equal(tu_stat("requested_bytes.all.current"), req - 4096);
-    /* With memory: recorded, and the free waits for s2. */
-    assert_int_equal(xseg_malloc(&a, 4096, 0, NULL), XSEG_SUCCESS);
-    assert_int_equal(xseg_record_stream(a, s2), XSEG_SUCCESS);
-    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    assert_int_equal(tu_stat("active_bytes.all.current"), active); /* pending */
-    assert_true(tu_stream_release(s2));
-    void *b = NULL;
-    assert_int_equal(xseg_malloc(&b, 4096, 0, NULL), XSEG_SUCCESS); /* polls the event */
-    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
-    assert_int_equal(tu_stat("active_bytes.all.current"), active - 4096);
+    int ooms = 0;
+    for (unsigned long n = 1;; n++) {
+        void *a = NULL;
+        assert_int_equal(xseg_malloc(&a, 4096, 0, NULL), XSEG_SUCCESS);
+        int64_t active = tu_stat("active_bytes.all.current"), req = tu_stat("requested_bytes.all.current");
+        hostmem_fail_nth(n);
+        xseg_status st = xseg_record_stream(a, s2);
+        bool hit = hostmem_failed();
+        hostmem_disarm();
+        if (st == XSEG_ERROR_OUT_OF_MEMORY) {
+            ooms++;
+            assert_true(hit);
+            assert_non_null(strstr(xseg_last_error(), "out of host memory"));
+            assert_int_equal(tu_stat("active_bytes.all.current"), active);
+            assert_int_equal(tu_stat("requested_bytes.all.current"), req);
+            /* Not recorded: the free returns the block at once, even with s2 busy. */
+            assert_true(tu_stream_hold(s2));
+            assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+            assert_int_equal(tu_stat("active_bytes.all.current"), active - 4096);
+            assert_int_equal(tu_stat("requested_bytes.all.current"), req - 4096);
+            assert_true(tu_stream_release(s2));
+            continue;
+        }
+        assert_int_equal(st, XSEG_SUCCESS);
+        /* With memory: recorded, and the free waits for s2. */
+        assert_true(tu_stream_hold(s2));
+        assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("active_bytes.all.current"), active); /* pending */
+        assert_true(tu_stream_release(s2));
+        void *b = NULL;
+        assert_int_equal(xseg_malloc(&b, 4096, 0, NULL), XSEG_SUCCESS); /* polls the event */
+        assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("active_bytes.all.current"), active - 4096);
+        if (!hit)
+            break; /* the call made fewer than n allocations */
+    }
+    assert_true(ooms >= 1); /* at least the side struct */
     tu_assert_cu(drv->cuStreamDestroy(s2));
 }
 
-/* History keeping block state with stacks: a malloc whose block cannot get a side struct for its
- * stack fails with OUT_OF_MEMORY, leaving no block allocated and recording no event; the next
- * malloc succeeds and its free is recorded. */
+/* History keeping block state with stacks: a malloc whose nth host allocation (the stack, the
+ * side struct that holds it) fails returns OUT_OF_MEMORY, leaving no block allocated; past the
+ * last, the malloc succeeds and its free is recorded. */
 static void test_history(void **state)
 {
     (void)state;
@@ -111,23 +89,35 @@ static void test_history(void **state)
     o.stacks = XSEG_STACKS_C;
     o.clear = 1;
     assert_int_equal(xseg_record_memory_history(&o), XSEG_SUCCESS);
-    int64_t allocs = tu_stat("allocation.all.current"), bytes = tu_stat("allocated_bytes.all.current");
-    int64_t req = tu_stat("requested_bytes.all.current");
-    void *a = NULL;
-    fail_side = 1;
-    failed = 0;
-    assert_int_equal(xseg_malloc(&a, 8192, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
-    fail_side = 0;
-    assert_int_equal(failed, 1);
-    assert_non_null(strstr(xseg_last_error(), "out of host memory"));
-    assert_int_equal(tu_stat("allocation.all.current"), allocs);
-    assert_int_equal(tu_stat("allocated_bytes.all.current"), bytes);
-    assert_int_equal(tu_stat("requested_bytes.all.current"), req);
-    assert_int_equal(xseg_malloc(&a, 8192, 0, NULL), XSEG_SUCCESS);
-    assert_int_equal(tu_stat("allocation.all.current"), allocs + 1);
-    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    assert_int_equal(tu_stat("allocation.all.current"), allocs);
-    assert_int_equal(tu_stat("requested_bytes.all.current"), req);
+    int ooms = 0;
+    /* n = 0 fails nothing: this call site's stack is stored then, once for all (stacks are
+     * interned), so the later mallocs allocate only what the block itself needs. */
+    for (unsigned long n = 0;; n++) {
+        int64_t allocs = tu_stat("allocation.all.current"), bytes = tu_stat("allocated_bytes.all.current");
+        int64_t req = tu_stat("requested_bytes.all.current");
+        void *a = NULL;
+        hostmem_fail_nth(n);
+        xseg_status st = xseg_malloc(&a, 8192, 0, NULL);
+        bool hit = hostmem_failed();
+        hostmem_disarm();
+        if (st == XSEG_ERROR_OUT_OF_MEMORY) {
+            ooms++;
+            assert_true(hit);
+            assert_non_null(strstr(xseg_last_error(), "out of host memory"));
+            assert_int_equal(tu_stat("allocation.all.current"), allocs);
+            assert_int_equal(tu_stat("allocated_bytes.all.current"), bytes);
+            assert_int_equal(tu_stat("requested_bytes.all.current"), req);
+            continue;
+        }
+        assert_int_equal(st, XSEG_SUCCESS);
+        assert_int_equal(tu_stat("allocation.all.current"), allocs + 1);
+        assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("allocation.all.current"), allocs);
+        assert_int_equal(tu_stat("requested_bytes.all.current"), req);
+        if (n && !hit)
+            break;
+    }
+    assert_true(ooms >= 1);
     xseg_history_options off = {0};
     off.clear = 1;
     assert_int_equal(xseg_record_memory_history(&off), XSEG_SUCCESS);
@@ -141,10 +131,3 @@ int main(void)
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
-#else
-int main(void)
-{
-    printf("host_oom: skipped: the sanitizers own malloc and calloc, which this test replaces\n");
-    return 77; /* meson: skipped */
-}
-#endif
