@@ -257,6 +257,11 @@ bool bpool_bins_acquire(struct bpool *p, CUstream stream)
         hash = xs_calloc(hcap, sizeof *hash);
         if (!hash) {
             xs_free(s);
+            if (!p->nstreams) { /* as bpool_bins_release: an empty pool holds no memory */
+                xs_free(p->by_stream);
+                p->by_stream = NULL;
+                p->capstreams = 0;
+            }
             return false;
         }
     }

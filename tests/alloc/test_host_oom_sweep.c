@@ -3,7 +3,7 @@
  * turn, during a mixed workload: both pools, two streams, record_stream, history with stacks and
  * a snapshot, a private pool, IPC export and import, trim, sleep and wake, empty_cache. A first
  * run with the seam counting (and failing nothing) gives the number N of seam calls; then for
- * each n in 1..N (quick: a stride, so that about 150 runs are made; XSEG_HOST_OOM_SWEEP=full or
+ * each n in 1..N (quick: a stride once N passes 400, so that about 400 runs are made; XSEG_HOST_OOM_SWEEP=full or
  * the `long` setup: every n) the workload runs again with the nth call failing. After each run:
  *   - every call that failed returned XSEG_ERROR_OUT_OF_MEMORY with a message, and only while
  *     the injected failure had happened (a call may also succeed by a fallback);
@@ -217,7 +217,7 @@ static void test_sweep(void **state)
     unsigned long total = run_once(0);
     assert_true(total > 0);
     const char *full = getenv("XSEG_HOST_OOM_SWEEP");
-    unsigned long stride = full && !strcmp(full, "full") ? 1 : (total + 149) / 150;
+    unsigned long stride = full && !strcmp(full, "full") ? 1 : (total + 399) / 400;
     unsigned long last = XSEG_MIN(total, last_n), runs = 0;
     for (unsigned long n = first_n; n <= last; n += stride, runs++)
         run_once(n);
