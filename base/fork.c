@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "base/assert.h"
+#include "base/witness.h"
 
 /* Written only by library constructors (one thread, before main or during dlopen). A rank may
  * carry a mutex and one child hook; a second registration of either is a bug. */
@@ -38,6 +39,16 @@ static void fork_child(void)
         for (int i = 0; i < FORK_HOOKS && fork_child_hook[r][i]; i++)
             fork_child_hook[r][i]();
 }
+
+#if XSEG_DEBUG_LEVEL >= 1
+enum fork_rank fork_rank_of(const pthread_mutex_t *m)
+{
+    for (int r = 0; r < FORK_RANK_COUNT; r++)
+        if (fork_mutex[r] == m)
+            return (enum fork_rank)r;
+    abort(); /* a process-wide mutex not registered: a bug in xseg */
+}
+#endif
 
 void fork_register(enum fork_rank rank, pthread_mutex_t *m, void (*child)(void))
 {

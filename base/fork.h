@@ -11,7 +11,9 @@
  * THE LOCK ORDER (the one place it is written): a lock of lower rank may be held while one of
  * higher rank is taken, never the reverse. Ranks below FORK_RANK_DEVICE are taken before a device
  * lock (or held across work that takes one: a join of the idle thread, driver init); ranks above
- * it are taken under a device lock, or alone.
+ * it are taken under a device lock, or alone. base/witness.h checks it at debug_level >= 1: the
+ * mutexes are taken with mutex_lock (which finds their rank here), the device locks at
+ * FORK_RANK_DEVICE, and a blocking take below or at a rank held aborts.
  */
 #ifndef XSEG_BASE_FORK_H
 #define XSEG_BASE_FORK_H

@@ -20,6 +20,7 @@
 
 #include "base/assert.h"
 #include "base/common.h"
+#include "base/witness.h"
 
 struct lock {
     atomic_int word; /* 0 unlocked, 1 locked, 2 locked with possible sleepers */
@@ -54,8 +55,10 @@ static inline void lock_init(struct lock *l)
 void lock_acquire_slow(struct lock *l);
 void lock_wake(struct lock *l);
 
+/* Device locks rank FORK_RANK_DEVICE in the lock order (base/fork.h), checked at debug_level >= 1. */
 static inline void lock_acquire(struct lock *l)
 {
+    witness_take(FORK_RANK_DEVICE);
     int expected = 0;
     if (XSEG_UNLIKELY(!atomic_compare_exchange_strong_explicit(&l->word, &expected, 1, memory_order_acquire,
                                                               memory_order_relaxed)))
@@ -69,14 +72,17 @@ static inline bool lock_try(struct lock *l)
     int expected = 0;
     bool taken = atomic_compare_exchange_strong_explicit(&l->word, &expected, 1, memory_order_acquire,
                                                          memory_order_relaxed);
-    if (taken)
+    if (taken) {
+        witness_took(FORK_RANK_DEVICE);
         lock_set_owner(l, lock_self());
+    }
     return taken;
 }
 
 static inline void lock_release(struct lock *l)
 {
     lock_assert_held(l);
+    witness_give(FORK_RANK_DEVICE);
     lock_set_owner(l, NULL);
     /* 2 means a thread may be sleeping in the kernel: wake one. It will set 2 again when it
      * takes the lock, so any further sleeper is woken by its release in turn. */

@@ -14,6 +14,7 @@
 #include "base/fork.h"
 #include "base/hostmem.h"
 #include "core/history.h"
+#include "base/witness.h"
 
 #define HIST_DEFAULT_ENTRIES 100000
 #define HIST_DEFAULT_FRAMES 16
@@ -216,28 +217,28 @@ static void stack_unref_locked(struct hstack *s)
 
 void hist_table_counts(size_t *stacks, size_t *frames)
 {
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     *stacks = stk_count;
     *frames = frm_count;
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
 }
 
 void hist_stack_ref(struct hstack *s)
 {
     if (!s)
         return;
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     s->refs++;
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
 }
 
 void hist_stack_unref(struct hstack *s)
 {
     if (!s)
         return;
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     stack_unref_locked(s);
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
 }
 
 /* ---- C stacks ------------------------------------------------------------------------------
@@ -383,13 +384,13 @@ struct hstack *hist_capture(void)
 {
     if (!atomic_load_explicit(&opt_stacks, memory_order_relaxed))
         return NULL;
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     int stacks = opt_stacks, max = opt_max_frames;
     xseg_stack_callback cb = opt_callback;
     void *user = opt_user;
     if (!self_known)
         find_self();
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
     if (!stacks || !hist_mode())
         return NULL;
 
@@ -414,14 +415,14 @@ struct hstack *hist_capture(void)
         if (nc < 0 || nc > max)
             nc = 0;
     }
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     for (int i = 0; i < nc; i++) {
         struct hframe *e = frame_intern(&cf[i]);
         if (e)
             f[n++] = HIST_FRAME_TAG | (uintptr_t)e;
     }
     struct hstack *s = stack_intern(f, n);
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
     return s;
 }
 
@@ -451,9 +452,9 @@ void hist_record(int action, int device, uint64_t addr, uint64_t size, uint64_t 
     if (!(hist_mode() & HIST_TRACE))
         return;
     struct hist_event e = {addr, size, stream, hist_now_us(), stack, device, action};
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     push_locked(&e);
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
 }
 
 struct hstack *hist_on_malloc(int device, uint64_t addr, uint64_t size, uint64_t stream, struct hstack **s,
@@ -466,9 +467,9 @@ struct hstack *hist_on_malloc(int device, uint64_t addr, uint64_t size, uint64_t
         return keep;
     }
     struct hist_event e = {addr, size, stream, hist_now_us(), *s, device, HIST_ALLOC};
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     push_locked(&e);
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
     if (keep)
         *s = NULL;
     return keep;
@@ -481,7 +482,7 @@ void hist_on_free(int device, uint64_t addr, uint64_t size, uint64_t stream, str
     if (!trace && !(completed && s))
         return;
     struct hist_event e = {addr, size, stream, trace ? hist_now_us() : 0, s, device, HIST_FREE_REQUESTED};
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     if (trace && requested)
         push_locked(&e);
     if (trace && completed) {
@@ -490,16 +491,16 @@ void hist_on_free(int device, uint64_t addr, uint64_t size, uint64_t stream, str
     }
     if (completed)
         stack_unref_locked(s);
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
 }
 
 xseg_status hist_events_copy(struct hist_event **out, size_t *n, uint64_t *dropped)
 {
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     size_t cnt = ring_count;
     struct hist_event *ev = xs_malloc((cnt ? cnt : 1) * sizeof *ev);
     if (!ev) {
-        pthread_mutex_unlock(&hist_lock);
+        mutex_unlock(&hist_lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory copying %zu history events", cnt);
     }
     for (size_t i = 0; i < cnt; i++) {
@@ -509,7 +510,7 @@ xseg_status hist_events_copy(struct hist_event **out, size_t *n, uint64_t *dropp
     }
     if (dropped)
         *dropped = ring_dropped;
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
     *out = ev;
     *n = cnt;
     return XSEG_SUCCESS;
@@ -519,10 +520,10 @@ void hist_events_free(struct hist_event *ev, size_t n)
 {
     if (!ev)
         return;
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     for (size_t i = 0; i < n; i++)
         stack_unref_locked(ev[i].stack);
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
     xs_free(ev);
 }
 
@@ -536,7 +537,7 @@ static void clear_locked(void)
 
 void hist_clear_events(void)
 {
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     clear_locked();
     pthread_mutex_unlock(&hist_lock);
 }
@@ -567,11 +568,11 @@ static xseg_status ring_resize_locked(size_t cap)
 xseg_status hist_configure(const xseg_history_options *o)
 {
     if (!o || !o->enabled) {
-        pthread_mutex_lock(&hist_lock);
+        mutex_lock(&hist_lock);
         atomic_store_explicit(&hist_mode_word, 0, memory_order_relaxed);
         if (o && o->clear)
             clear_locked();
-        pthread_mutex_unlock(&hist_lock);
+        mutex_unlock(&hist_lock);
         return XSEG_SUCCESS;
     }
     const char *f = "xseg_record_memory_history";
@@ -597,7 +598,7 @@ xseg_status hist_configure(const xseg_history_options *o)
     size_t cap = o->max_entries ? o->max_entries : HIST_DEFAULT_ENTRIES;
     if (cap > ((size_t)1 << 40) / sizeof(struct hist_event))
         return err_set(XSEG_ERROR_INVALID_VALUE, "%s: max_entries %zu is too large", f, o->max_entries);
-    pthread_mutex_lock(&hist_lock);
+    mutex_lock(&hist_lock);
     if (o->clear)
         clear_locked();
     xseg_status st = (mode & HIST_TRACE) ? ring_resize_locked(cap) : XSEG_SUCCESS;
@@ -608,7 +609,7 @@ xseg_status hist_configure(const xseg_history_options *o)
         opt_user = o->user;
         atomic_store_explicit(&hist_mode_word, mode, memory_order_relaxed);
     }
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
     return st;
 }
 

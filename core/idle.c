@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/witness.h"
 #include "core/events.h"
 #include "core/settings.h"
 #include "core/trim.h"
@@ -64,9 +65,9 @@ static void *idle_main(void *arg)
     (void)arg;
     /* Its queries must never count as unsafe calls against another thread's GLOBAL capture. */
     (void)vmm_capture_relax_thread();
-    pthread_mutex_lock(&idle_lock);
+    mutex_lock(&idle_lock);
     while (!idle_stop) {
-        pthread_mutex_unlock(&idle_lock);
+        mutex_unlock(&idle_lock);
         for (int i = 0; i < idle_ndevices; i++) {
             struct dev_alloc *d = idle_device_at(i);
             if (d)
@@ -81,11 +82,11 @@ static void *idle_main(void *arg)
             until.tv_sec++;
             until.tv_nsec -= 1000000000L;
         }
-        pthread_mutex_lock(&idle_lock);
+        mutex_lock(&idle_lock);
         while (!idle_stop && pthread_cond_timedwait(&idle_cond, &idle_lock, &until) != ETIMEDOUT)
             ;
     }
-    pthread_mutex_unlock(&idle_lock);
+    mutex_unlock(&idle_lock);
     return NULL;
 }
 
@@ -94,19 +95,19 @@ static void idle_stop_locked(void)
 {
     if (!idle_running())
         return;
-    pthread_mutex_lock(&idle_lock);
+    mutex_lock(&idle_lock);
     idle_stop = true;
     pthread_cond_signal(&idle_cond);
-    pthread_mutex_unlock(&idle_lock);
+    mutex_unlock(&idle_lock);
     pthread_join(idle_tid, NULL);
     settings_set_idle_thread_running(false);
 }
 
 static void idle_atexit(void)
 {
-    pthread_mutex_lock(&idle_ctl_lock);
+    mutex_lock(&idle_ctl_lock);
     idle_stop_locked();
-    pthread_mutex_unlock(&idle_ctl_lock);
+    mutex_unlock(&idle_ctl_lock);
 }
 
 static void idle_cond_make(void)
@@ -146,7 +147,7 @@ xseg_status idle_thread_sync(dev_peek_fn device_at, int ndevices)
         return XSEG_SUCCESS;
     pthread_once(&idle_once, idle_init);
     xseg_status st = XSEG_SUCCESS;
-    pthread_mutex_lock(&idle_ctl_lock);
+    mutex_lock(&idle_ctl_lock);
     /* Read again: another configuration change may have come first. */
     settings_copy(&c, &gen);
     want = c.idle_release_thread && c.idle_release_ms;
@@ -163,6 +164,6 @@ xseg_status idle_thread_sync(dev_peek_fn device_at, int ndevices)
             st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "idle_release_thread: cannot start the thread (%s); the next "
                          "mallocs do the idle reclaim instead", strerror(rc));
     }
-    pthread_mutex_unlock(&idle_ctl_lock);
+    mutex_unlock(&idle_ctl_lock);
     return st;
 }

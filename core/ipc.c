@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/hostmem.h"
+#include "base/witness.h"
 #include "vmm/ipc.h"
 #include "vmm/segment.h"
 
@@ -291,24 +292,24 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
     rec->size = ipc_span(h);
     rec->ptr = (uintptr_t)base + h->offset;
     rec->ctx = d->info.primary_ctx;
-    pthread_mutex_lock(&ipc_imports_lock);
+    mutex_lock(&ipc_imports_lock);
     rec->next = ipc_imports;
     ipc_imports = rec;
-    pthread_mutex_unlock(&ipc_imports_lock);
+    mutex_unlock(&ipc_imports_lock);
     *ptr = (void *)rec->ptr;
     return XSEG_SUCCESS;
 }
 
 xseg_status ipc_close(void *ptr)
 {
-    pthread_mutex_lock(&ipc_imports_lock);
+    mutex_lock(&ipc_imports_lock);
     struct ipc_import_rec **pp = &ipc_imports;
     while (*pp && (*pp)->ptr != (uintptr_t)ptr)
         pp = &(*pp)->next;
     struct ipc_import_rec *rec = *pp;
     if (rec)
         *pp = rec->next; /* taken out while the driver works: a concurrent close of it fails */
-    pthread_mutex_unlock(&ipc_imports_lock);
+    mutex_unlock(&ipc_imports_lock);
     if (!rec)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_close: %p is not an open import", ptr);
     xseg_status st = ipc_unmap(rec->ctx, rec->base, rec->size, &rec->unmapped);
@@ -317,10 +318,10 @@ xseg_status ipc_close(void *ptr)
          * usable; a failed address free leaves only the reservation, which the next close frees
          * (without unmapping again). */
         bool unmapped = rec->unmapped;
-        pthread_mutex_lock(&ipc_imports_lock);
+        mutex_lock(&ipc_imports_lock);
         rec->next = ipc_imports;
         ipc_imports = rec;
-        pthread_mutex_unlock(&ipc_imports_lock);
+        mutex_unlock(&ipc_imports_lock);
         return unmapped ? err_prefix(st, "xseg_ipc_close(%p): the import is unmapped but its address range is "
                                          "still reserved; call xseg_ipc_close again to free it", ptr)
                         : err_prefix(st, "xseg_ipc_close(%p): the import stays mapped; call xseg_ipc_close "

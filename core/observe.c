@@ -22,6 +22,7 @@
 #include "base/fork.h"
 #include "base/vec.h"
 #include "core/ipc.h"
+#include "base/witness.h"
 #include "vmm/segment.h"
 
 /* A run of pages is reported in events of at most this many ranges (a stack array: the hook
@@ -86,9 +87,9 @@ void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, in
     lock_assert_held(&d->lock);
     if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
         return;
-    pthread_mutex_lock(&obs_lock);
+    mutex_lock(&obs_lock);
     obs_pages_locked(seg, d->device, first, last, mapped, NULL);
-    pthread_mutex_unlock(&obs_lock);
+    mutex_unlock(&obs_lock);
 }
 
 void obs_classic(struct dev_alloc *d, uintptr_t addr, size_t size, xseg_segment_event_kind kind)
@@ -99,9 +100,9 @@ void obs_classic(struct dev_alloc *d, uintptr_t addr, size_t size, xseg_segment_
     xseg_phys_range r = {.address = addr, .length = size, .handle = 0, .offset = 0};
     xseg_segment_event ev = {.kind = kind, .device = d->device, .address = addr, .size = size,
                              .is_expandable = 0, .nranges = 1, .ranges = &r};
-    pthread_mutex_lock(&obs_lock);
+    mutex_lock(&obs_lock);
     obs_deliver_locked(&ev, NULL);
-    pthread_mutex_unlock(&obs_lock);
+    mutex_unlock(&obs_lock);
 }
 
 /* Replay context for one device. */
@@ -128,14 +129,14 @@ static struct observer *obs_find_locked(xseg_segment_observer fn, void *user)
 
 xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_at)
 {
-    pthread_mutex_lock(&obs_lock);
+    mutex_lock(&obs_lock);
     if (obs_find_locked(fn, user)) {
-        pthread_mutex_unlock(&obs_lock);
+        mutex_unlock(&obs_lock);
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "xseg_attach_segment_observer: this (fn, user) pair is attached already");
     }
     if (!VEC_RESERVE(obs_list, obs_cap, obs_n + 1)) {
-        pthread_mutex_unlock(&obs_lock);
+        mutex_unlock(&obs_lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_attach_segment_observer: out of host memory");
     }
     struct observer *o = &obs_list[obs_n++];
@@ -148,14 +149,14 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
         o->ready[i] = !pending[i];
     }
     atomic_store_explicit(&obs_count, obs_n, memory_order_relaxed);
-    pthread_mutex_unlock(&obs_lock);
+    mutex_unlock(&obs_lock);
 
     for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
         if (!pending[i])
             continue;
         struct dev_alloc *d = device_at(i);
         dev_acquire(d);
-        pthread_mutex_lock(&obs_lock);
+        mutex_lock(&obs_lock);
         /* The list may have moved (realloc by another attach) or this entry been detached. */
         struct observer *me = obs_find_locked(fn, user);
         if (me && !me->ready[i]) {
@@ -172,7 +173,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
             }
             me->ready[i] = true;
         }
-        pthread_mutex_unlock(&obs_lock);
+        mutex_unlock(&obs_lock);
         dev_unlock(d);
     }
     return XSEG_SUCCESS;
@@ -180,16 +181,16 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
 
 xseg_status obs_detach(xseg_segment_observer fn, void *user)
 {
-    pthread_mutex_lock(&obs_lock);
+    mutex_lock(&obs_lock);
     struct observer *o = obs_find_locked(fn, user);
     if (!o) {
-        pthread_mutex_unlock(&obs_lock);
+        mutex_unlock(&obs_lock);
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_detach_segment_observer: no such observer is attached");
     }
     size_t i = (size_t)(o - obs_list);
     memmove(&obs_list[i], &obs_list[i + 1], (obs_n - i - 1) * sizeof *obs_list);
     obs_n--;
     atomic_store_explicit(&obs_count, obs_n, memory_order_relaxed);
-    pthread_mutex_unlock(&obs_lock);
+    mutex_unlock(&obs_lock);
     return XSEG_SUCCESS;
 }

@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/hostmem.h"
+#include "base/witness.h"
 #include "core/idle.h"
 #include "core/runtime.h"
 #include "core/settings.h"
@@ -85,10 +86,10 @@ xseg_status rt_ensure_slow(void)
     xseg_status st = rt_load_driver();
     if (st != XSEG_SUCCESS)
         return st;
-    pthread_mutex_lock(&rt_lock);
+    mutex_lock(&rt_lock);
     bool ran = !atomic_load(&rt_ready);
     st = ran ? init_locked(NULL, false) : XSEG_SUCCESS;
-    pthread_mutex_unlock(&rt_lock);
+    mutex_unlock(&rt_lock);
     /* The environment's configuration may ask for the idle-reclaim thread. */
     return ran && st == XSEG_SUCCESS ? rt_idle_sync() : st;
 }
@@ -106,15 +107,15 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
         *out = d;
         return XSEG_SUCCESS;
     }
-    pthread_mutex_lock(&rt_lock);
+    mutex_lock(&rt_lock);
     d = atomic_load(&rt_devs[device]);
     if (!d) {
         /* dev_create queries the driver: build it with the lock released (an init or another
          * device's creation need not wait) and publish it under the lock. */
-        pthread_mutex_unlock(&rt_lock);
+        mutex_unlock(&rt_lock);
         struct dev_alloc *nd = NULL;
         st = dev_create(device, &nd);
-        pthread_mutex_lock(&rt_lock);
+        mutex_lock(&rt_lock);
         if (st == XSEG_SUCCESS) {
             d = atomic_load(&rt_devs[device]);
             if (!d) {
@@ -125,7 +126,7 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
             }
         }
     }
-    pthread_mutex_unlock(&rt_lock);
+    mutex_unlock(&rt_lock);
     if (st != XSEG_SUCCESS)
         return st;
     *out = d;
@@ -142,9 +143,9 @@ xseg_status rt_init(const char *config)
     xseg_status st = rt_load_driver();
     if (st != XSEG_SUCCESS)
         return st;
-    pthread_mutex_lock(&rt_lock);
+    mutex_lock(&rt_lock);
     st = init_locked(config, config != NULL);
-    pthread_mutex_unlock(&rt_lock);
+    mutex_unlock(&rt_lock);
     /* The idle-reclaim thread follows the configuration. */
     return st == XSEG_SUCCESS ? rt_idle_sync() : st;
 }

@@ -9,6 +9,7 @@
 #include "base/fork.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "base/witness.h"
 
 XSEG_HIDDEN _Atomic unsigned settings_generation;
 
@@ -32,15 +33,15 @@ static _Atomic size_t n_free_atomic;
 
 void settings_copy(struct cfg *out, unsigned *gen)
 {
-    pthread_mutex_lock(&settings_lock);
+    mutex_lock(&settings_lock);
     *out = settings_cfg;
     *gen = atomic_load(&settings_generation);
-    pthread_mutex_unlock(&settings_lock);
+    mutex_unlock(&settings_lock);
 }
 
 xseg_status settings_apply(const char *config, bool over_current)
 {
-    pthread_mutex_lock(&settings_lock);
+    mutex_lock(&settings_lock);
     struct cfg base, parsed;
     if (over_current)
         base = settings_cfg;
@@ -51,7 +52,7 @@ xseg_status settings_apply(const char *config, bool over_current)
         settings_cfg = config ? parsed : base;
         atomic_fetch_add_explicit(&settings_generation, 1, memory_order_release);
     }
-    pthread_mutex_unlock(&settings_lock);
+    mutex_unlock(&settings_lock);
     return st;
 }
 
@@ -59,30 +60,30 @@ xseg_status settings_apply(const char *config, bool over_current)
 
 static xseg_status cb_add(struct cb_entry **arr, size_t *n, size_t *cap, void (*fn)(void), void *user)
 {
-    pthread_mutex_lock(&cb_lock);
+    mutex_lock(&cb_lock);
     if (!VEC_RESERVE(*arr, *cap, *n + 1)) {
-        pthread_mutex_unlock(&cb_lock);
+        mutex_unlock(&cb_lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory attaching a callback");
     }
     (*arr)[*n] = (struct cb_entry){fn, user};
     (*n)++;
     if (arr == &cb_free)
         atomic_store(&n_free_atomic, *n);
-    pthread_mutex_unlock(&cb_lock);
+    mutex_unlock(&cb_lock);
     return XSEG_SUCCESS;
 }
 
 /* Copy a callback list so it can be called with no lock held (attach may run meanwhile). */
 static struct cb_entry *cb_copy(struct cb_entry *const *arr, const size_t *n, size_t *out_n)
 {
-    pthread_mutex_lock(&cb_lock);
+    mutex_lock(&cb_lock);
     size_t cnt = *n;
     struct cb_entry *c = cnt ? xs_malloc(cnt * sizeof *c) : NULL;
     if (c)
         memcpy(c, *arr, cnt * sizeof *c);
     else
         cnt = 0;
-    pthread_mutex_unlock(&cb_lock);
+    mutex_unlock(&cb_lock);
     *out_n = cnt;
     return c;
 }

@@ -11,6 +11,7 @@
 #include "base/fork.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "base/witness.h"
 #include "core/device.h"
 #include "core/history.h"
 #include "core/runtime.h"
@@ -883,22 +884,22 @@ xseg_status snapshot_set_oom_path(const char *path)
     char *p = NULL;
     if (path && *path && !(p = xs_strdup(path)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_set_oom_snapshot: out of host memory");
-    pthread_mutex_lock(&oom_lock);
+    mutex_lock(&oom_lock);
     xs_free(oom_path);
     oom_path = p;
     oom_path_set = true;
     oom_last_us = 0;
-    pthread_mutex_unlock(&oom_lock);
+    mutex_unlock(&oom_lock);
     return XSEG_SUCCESS;
 }
 
 void snapshot_on_oom(char *info, size_t size)
 {
     info[0] = 0;
-    pthread_mutex_lock(&oom_lock);
+    mutex_lock(&oom_lock);
     const char *path = oom_path_set ? oom_path : getenv("XSEG_OOM_SNAPSHOT");
     if (!path || !*path || oom_writing) {
-        pthread_mutex_unlock(&oom_lock);
+        mutex_unlock(&oom_lock);
         return;
     }
     char *copy = xs_strdup(path);
@@ -908,7 +909,7 @@ void snapshot_on_oom(char *info, size_t size)
         oom_writing = true;
         oom_last_us = now;
     }
-    pthread_mutex_unlock(&oom_lock);
+    mutex_unlock(&oom_lock);
     if (!copy)
         return;
     if (!due) {
@@ -923,8 +924,8 @@ void snapshot_on_oom(char *info, size_t size)
         snprintf(info, size, " A memory snapshot was written to %.400s.", copy);
     else
         snprintf(info, size, " (The memory snapshot could not be written: %.400s)", xseg_last_error());
-    pthread_mutex_lock(&oom_lock);
+    mutex_lock(&oom_lock);
     oom_writing = false;
-    pthread_mutex_unlock(&oom_lock);
+    mutex_unlock(&oom_lock);
     xs_free(copy);
 }

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/vec.h"
+#include "base/witness.h"
 #include "vmm/driver.h"
 
 xseg_status vhost_alloc(size_t bytes, void **out)
@@ -37,24 +38,24 @@ void vhost_free(void *p, CUdevice dev)
 {
     if (!p || drv->cuMemFreeHost(p) == CUDA_SUCCESS)
         return;
-    pthread_mutex_lock(&host_left_lock);
+    mutex_lock(&host_left_lock);
     if (VEC_RESERVE(host_left, caphost_left, nhost_left + 1))
         host_left[nhost_left++] = (struct host_left){p, dev};
     /* else out of host memory as well: the pinned buffer is lost, as it was before the list */
-    pthread_mutex_unlock(&host_left_lock);
+    mutex_unlock(&host_left_lock);
 }
 
 size_t vhost_pending(void)
 {
-    pthread_mutex_lock(&host_left_lock);
+    mutex_lock(&host_left_lock);
     size_t n = nhost_left;
-    pthread_mutex_unlock(&host_left_lock);
+    mutex_unlock(&host_left_lock);
     return n;
 }
 
 xseg_status vhost_retry(void)
 {
-    pthread_mutex_lock(&host_left_lock);
+    mutex_lock(&host_left_lock);
     xseg_status first = XSEG_SUCCESS;
     size_t keep = 0;
     for (size_t i = 0; i < nhost_left; i++) {
@@ -75,7 +76,7 @@ xseg_status vhost_retry(void)
         host_left[keep++] = l;
     }
     nhost_left = keep;
-    pthread_mutex_unlock(&host_left_lock);
+    mutex_unlock(&host_left_lock);
     return first;
 }
 

@@ -28,6 +28,7 @@
 #include "base/fork.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "base/witness.h"
 #include "vmm/driver.h"
 #include "vmm/host.h"
 #include "vmm/stream.h"
@@ -278,20 +279,20 @@ static size_t nleft, capleft;
 /* Keep @p l for a retry. Only a host allocation failure loses it (the leak it was before). */
 static void left_push(struct leftover l)
 {
-    pthread_mutex_lock(&left_lock);
+    mutex_lock(&left_lock);
     if (!VEC_RESERVE(left, capleft, nleft + 1)) {
-        pthread_mutex_unlock(&left_lock);
+        mutex_unlock(&left_lock);
         return;
     }
     left[nleft++] = l;
-    pthread_mutex_unlock(&left_lock);
+    mutex_unlock(&left_lock);
 }
 
 size_t seg_leftovers_pending(void)
 {
-    pthread_mutex_lock(&left_lock);
+    mutex_lock(&left_lock);
     size_t n = nleft;
-    pthread_mutex_unlock(&left_lock);
+    mutex_unlock(&left_lock);
     return n + vhost_pending();
 }
 
@@ -329,9 +330,9 @@ xseg_status seg_leftovers_retry(void)
 {
     /* Pinned host buffers of sleep and wake whose free failed (vmm/host.c) go with the rest. */
     xseg_status host_st = drv && vhost_pending() ? vhost_retry() : XSEG_SUCCESS;
-    pthread_mutex_lock(&left_lock);
+    mutex_lock(&left_lock);
     if (nleft == 0 || !drv) {
-        pthread_mutex_unlock(&left_lock);
+        mutex_unlock(&left_lock);
         return host_st;
     }
     xseg_status first = host_st;
@@ -353,7 +354,7 @@ xseg_status seg_leftovers_retry(void)
         }
         nleft = keep;
     }
-    pthread_mutex_unlock(&left_lock);
+    mutex_unlock(&left_lock);
     return first;
 }
 
@@ -451,9 +452,9 @@ static CUdeviceptr seg_probe_room(CUdevice dev, size_t size)
  * room. Any placement is acceptable: without room the segment just grows into a further one. */
 static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *out)
 {
-    pthread_mutex_lock(&seg_cursor_lock);
+    mutex_lock(&seg_cursor_lock);
     CUdeviceptr hint = seg_cursor_off ? 0 : seg_cursor;
-    pthread_mutex_unlock(&seg_cursor_lock);
+    mutex_unlock(&seg_cursor_lock);
     CUdeviceptr base = 0;
     CUresult res;
     if (hint) {
@@ -470,9 +471,9 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
             base = 0;
         }
         if (base == 0) {
-            pthread_mutex_lock(&seg_cursor_lock);
+            mutex_lock(&seg_cursor_lock);
             seg_cursor_off = 1;
-            pthread_mutex_unlock(&seg_cursor_lock);
+            mutex_unlock(&seg_cursor_lock);
         }
     }
     if (base == 0) {
@@ -482,10 +483,10 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
     }
     if (base <= UINT64_MAX - size - SEG_GROW_ROOM - SEG_VA_ALIGN) {
         CUdeviceptr next = (CUdeviceptr)xseg_align_up((size_t)(base + size + SEG_GROW_ROOM), SEG_VA_ALIGN);
-        pthread_mutex_lock(&seg_cursor_lock);
+        mutex_lock(&seg_cursor_lock);
         if (next > seg_cursor)
             seg_cursor = next;
-        pthread_mutex_unlock(&seg_cursor_lock);
+        mutex_unlock(&seg_cursor_lock);
     }
     *out = base;
     return CUDA_SUCCESS;

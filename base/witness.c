@@ -1,0 +1,43 @@
+/* The lock-order check of base/witness.h (debug_level >= 1). */
+#include "base/witness.h"
+
+#if XSEG_DEBUG_LEVEL >= 1
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char *const rank_name[FORK_RANK_COUNT] = {
+    [FORK_RANK_IDLE_CTL] = "idle_ctl_lock",   [FORK_RANK_RUNTIME] = "rt_lock",
+    [FORK_RANK_IDLE] = "idle_lock",           [FORK_RANK_DEVICE] = "a device lock",
+    [FORK_RANK_OBSERVERS] = "obs_lock",       [FORK_RANK_SETTINGS] = "settings_lock",
+    [FORK_RANK_CALLBACKS] = "cb_lock",        [FORK_RANK_HISTORY] = "hist_lock",
+    [FORK_RANK_OOM_SNAPSHOT] = "oom_lock",    [FORK_RANK_IPC_IMPORTS] = "ipc_imports_lock",
+    [FORK_RANK_VMM_LEFT] = "left_lock",       [FORK_RANK_VMM_CURSOR] = "seg_cursor_lock",
+    [FORK_RANK_VMM_HOST] = "host_left_lock",
+};
+
+/* Locks of each rank the calling thread holds. */
+static _Thread_local unsigned char witness_held[FORK_RANK_COUNT];
+
+void witness_take(enum fork_rank rank)
+{
+    for (int r = FORK_RANK_COUNT - 1; r >= (int)rank; r--)
+        if (witness_held[r]) {
+            fprintf(stderr, "xseg: lock order violated: taking %s (rank %d) while holding %s (rank %d); base/fork.h\n",
+                    rank_name[rank], (int)rank, rank_name[r], r);
+            abort();
+        }
+    witness_held[rank]++;
+}
+
+void witness_took(enum fork_rank rank) { witness_held[rank]++; }
+
+void witness_give(enum fork_rank rank)
+{
+    if (!witness_held[rank]) {
+        fprintf(stderr, "xseg: giving back %s (rank %d), which this thread does not hold\n", rank_name[rank],
+                (int)rank);
+        abort();
+    }
+    witness_held[rank]--;
+}
+#endif
