@@ -3,6 +3,7 @@
 #include "base/error.h"
 #include "core/runtime.h"
 #include "core/settings.h"
+#include "core/shutdown.h"
 
 XSEG_API xseg_status xseg_init(const char *config) { return rt_init(config); }
 
@@ -27,6 +28,8 @@ XSEG_API xseg_status xseg_get_config(char *buf, size_t size, size_t *len)
     cfg_format(&c, buf, size, len);
     return XSEG_SUCCESS;
 }
+
+XSEG_API xseg_status xseg_shutdown(void) { return shutdown_process(); }
 
 XSEG_API xseg_status xseg_device_count(int *count)
 {

@@ -539,7 +539,37 @@ void hist_clear_events(void)
 {
     mutex_lock(&hist_lock);
     clear_locked();
-    pthread_mutex_unlock(&hist_lock);
+    mutex_unlock(&hist_lock);
+}
+
+void hist_shutdown(void)
+{
+    mutex_lock(&hist_lock);
+    atomic_store_explicit(&hist_mode_word, 0, memory_order_relaxed);
+    clear_locked();
+    xs_free(ring);
+    ring = NULL;
+    ring_cap = 0;
+    opt_stacks = 0;
+    opt_max_frames = HIST_DEFAULT_FRAMES;
+    opt_callback = NULL;
+    opt_user = NULL;
+    /* Stacks go with their last reference; the tables (and the frames stacks point to) once
+     * none is left, which is the case once every device is empty. */
+    if (stk_count == 0) {
+        xs_free(stk_buckets);
+        stk_buckets = NULL;
+        stk_nbuckets = 0;
+        for (size_t i = 0; i < frm_nbuckets; i++)
+            for (struct hframe *e = frm_buckets[i], *next; e; e = next) {
+                next = e->chain;
+                xs_free(e);
+            }
+        xs_free(frm_buckets);
+        frm_buckets = NULL;
+        frm_nbuckets = frm_count = 0;
+    }
+    mutex_unlock(&hist_lock);
 }
 
 /* Resize the ring to @p cap slots, keeping the newest events that fit. */

@@ -117,6 +117,9 @@ void hist_events_free(struct hist_event *ev, size_t n);
 /* Drop every event and every interned frame no stack still needs (xseg_record_memory_history with
  * clear); the table of stacks held by blocks stays. */
 void hist_clear_events(void);
+/* Stop recording, drop every event and free the ring, and the stack and frame tables once no
+ * stack is referenced (xseg_shutdown, after every device is empty); options back to defaults. */
+void hist_shutdown(void);
 
 /* How many distinct stacks and interned callback frames are stored now (tests, diagnostics). */
 void hist_table_counts(size_t *stacks, size_t *frames);

@@ -331,6 +331,20 @@ xseg_status ipc_close(void *ptr)
     return XSEG_SUCCESS;
 }
 
+xseg_status ipc_close_all(void)
+{
+    for (;;) {
+        mutex_lock(&ipc_imports_lock);
+        void *ptr = ipc_imports ? (void *)ipc_imports->ptr : NULL;
+        mutex_unlock(&ipc_imports_lock);
+        if (!ptr)
+            return XSEG_SUCCESS;
+        xseg_status st = ipc_close(ptr);
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
+}
+
 /* ---- wire format ----
  *
  * Native byte order (both ends run on one host, or one NVLink domain of one architecture): a

@@ -34,6 +34,9 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
 xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr);
 /* Unmap an import made by ipc_import. */
 xseg_status ipc_close(void *ptr);
+/* Close every open import (xseg_shutdown): the first close that fails stops it, with its error
+ * (the rest stay open). */
+xseg_status ipc_close_all(void);
 
 xseg_status ipc_send(int sock, const xseg_ipc_handle *h);
 xseg_status ipc_recv(int sock, xseg_ipc_handle **out);
@@ -47,6 +50,8 @@ void ipc_handle_free(xseg_ipc_handle *h);
  * mappings to it. */
 xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_at);
 xseg_status obs_detach(xseg_segment_observer fn, void *user);
+/* Detach every observer and free the list (xseg_shutdown). */
+void obs_detach_all(void);
 /* The segment hook (seg_params.observe); user is the struct dev_alloc. Device lock held. */
 void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, int mapped);
 /* A classic segment [addr, addr + size) was mapped (cuMemAlloc) or is about to be freed. */

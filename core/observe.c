@@ -20,9 +20,10 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/hostmem.h"
 #include "base/vec.h"
-#include "core/ipc.h"
 #include "base/witness.h"
+#include "core/ipc.h"
 #include "vmm/segment.h"
 
 /* A run of pages is reported in events of at most this many ranges (a stack array: the hook
@@ -177,6 +178,16 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
         dev_unlock(d);
     }
     return XSEG_SUCCESS;
+}
+
+void obs_detach_all(void)
+{
+    mutex_lock(&obs_lock);
+    xs_free(obs_list);
+    obs_list = NULL;
+    obs_n = obs_cap = 0;
+    atomic_store_explicit(&obs_count, 0, memory_order_relaxed);
+    mutex_unlock(&obs_lock);
 }
 
 xseg_status obs_detach(xseg_segment_observer fn, void *user)

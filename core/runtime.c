@@ -134,6 +134,14 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
 }
 
 
+xseg_status rt_reset(void)
+{
+    mutex_lock(&rt_lock);
+    atomic_store(&rt_ready, 0);
+    mutex_unlock(&rt_lock);
+    return rt_idle_sync();
+}
+
 /* ---- init and config -------------------------------------------------------------------- */
 
 xseg_status rt_init(const char *config)

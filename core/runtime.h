@@ -20,6 +20,11 @@ xseg_status rt_init(const char *config);
 /* xseg_set_config: apply @p config (not NULL) over the config in force; initializes first. */
 xseg_status rt_set_config(const char *config);
 
+/* xseg_shutdown's step: the next call initializes again (as after load: the configuration from
+ * the environment); the idle thread follows the configuration in force (joined when it is off).
+ * The device table keeps its (emptied) allocators for that next use. */
+xseg_status rt_reset(void);
+
 /* True in a child forked from a process that had loaded the CUDA driver: every call that needs
  * the runtime (rt_ensure, rt_init, hence every device) fails with XSEG_ERROR_ILLEGAL_STATE
  * saying why; the configuration (settings.h) stays readable and writable. */

@@ -56,6 +56,21 @@ xseg_status settings_apply(const char *config, bool over_current)
     return st;
 }
 
+void settings_reset(void)
+{
+    mutex_lock(&settings_lock);
+    cfg_default(&settings_cfg);
+    atomic_fetch_add_explicit(&settings_generation, 1, memory_order_release);
+    mutex_unlock(&settings_lock);
+    mutex_lock(&cb_lock);
+    xs_free(cb_oom);
+    xs_free(cb_free);
+    cb_oom = cb_free = NULL;
+    n_oom = n_free = cap_oom = cap_free = 0;
+    atomic_store(&n_free_atomic, 0);
+    mutex_unlock(&cb_lock);
+}
+
 /* ---- callbacks --------------------------------------------------------------------------- */
 
 static xseg_status cb_add(struct cb_entry **arr, size_t *n, size_t *cap, void (*fn)(void), void *user)

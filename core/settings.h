@@ -26,6 +26,8 @@ void settings_copy(struct cfg *out, unsigned *gen);
 /* Parse @p config (NULL: none) over the configuration in force (@p over_current) or over the
  * defaults, and put the result in force. On a parse error nothing changes. */
 xseg_status settings_apply(const char *config, bool over_current);
+/* The defaults in force again (generation bumped) and every callback detached (xseg_shutdown). */
+void settings_reset(void);
 
 /* Append a callback (@p fn not NULL); XSEG_ERROR_OUT_OF_MEMORY when the list cannot grow. */
 xseg_status settings_add_oom_observer(xseg_oom_observer fn, void *user);

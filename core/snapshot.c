@@ -893,6 +893,16 @@ xseg_status snapshot_set_oom_path(const char *path)
     return XSEG_SUCCESS;
 }
 
+void snapshot_oom_reset(void)
+{
+    mutex_lock(&oom_lock);
+    xs_free(oom_path);
+    oom_path = NULL;
+    oom_path_set = false;
+    oom_last_us = 0;
+    mutex_unlock(&oom_lock);
+}
+
 void snapshot_on_oom(char *info, size_t size)
 {
     info[0] = 0;

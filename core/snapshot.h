@@ -29,6 +29,8 @@ xseg_status snapshot_write_trace(int device, const char *path);
 
 /* The OOM snapshot path (NULL: off; xseg_set_oom_snapshot). Until set, $XSEG_OOM_SNAPSHOT. */
 xseg_status snapshot_set_oom_path(const char *path);
+/* Back to the start (xseg_shutdown): no path set, $XSEG_OOM_SNAPSHOT read again. */
+void snapshot_oom_reset(void);
 
 /* An OOM surfaces (no device lock held): write the OOM snapshot if one is asked for and the last
  * was written long enough ago; @p info receives a sentence for the OOM message (" A memory

@@ -91,6 +91,28 @@ XSEG_API xseg_status xseg_get_config(char *buf, size_t size, size_t *len);
 /** Number of CUDA devices the driver reports. */
 XSEG_API xseg_status xseg_device_count(int *count);
 
+/**
+ * Give everything back: the process's xseg state returns to where it was before the first call,
+ * for leak checkers, a library about to be unloaded, a Python reload or per-test isolation.
+ * Every live block on every device is freed (every pointer xseg returned becomes invalid, as
+ * after xseg_free: the program must not use them, free them or pass them to xseg again),
+ * private pools are ended and released, IPC imports closed (exported blocks are freed like the
+ * rest), and every segment, physical page, reservation and pooled event goes back to the driver
+ * once the work recorded on the blocks' streams is complete (it waits for that); history is
+ * cleared and stops, segment observers, OOM observers and free-memory callbacks are detached,
+ * the OOM snapshot path is forgotten, statistics start again, the configuration is back to its
+ * defaults, and the idle-reclaim thread is joined. The next xseg call initializes again, as the
+ * first did (reading the environment's configuration; xseg_init may give another). The driver
+ * stays loaded, and each device's (empty) allocator state stays allocated for that next use.
+ * No other thread may call xseg while it runs.
+ * @return XSEG_SUCCESS; XSEG_ERROR_ILLEGAL_STATE when a capture is under way on a device (end it
+ *         first) or a pool sleeps (xseg_wake it first): nothing changes then, and in a process
+ *         forked from one that had initialised CUDA; XSEG_ERROR_DRIVER when the driver refuses to
+ *         take memory back: what was given back stays given back, and a later xseg_shutdown
+ *         tries the rest.
+ */
+XSEG_API xseg_status xseg_shutdown(void);
+
 /* ---------------------------------------------------------------------------------------------
  * Allocation
  * ------------------------------------------------------------------------------------------- */

@@ -35,7 +35,7 @@ __all__ = [
     "memory_snapshot", "dump_snapshot", "attach_oom_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "trim",
-    "DEFAULT_POOL", "sleep", "wake", "sleep_stats",
+    "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown",
 ]
 
 def __getattr__(name):
@@ -237,6 +237,19 @@ def memory_summary(device=None, abbreviated=False):
     buf = ctypes.create_string_buffer(n.value + 1)
     check(_lib.lib().xseg_memory_summary(dev, buf, len(buf), ctypes.byref(n)))
     return buf.value.decode()
+
+
+def shutdown():
+    """Give everything back (xseg_shutdown): every block xseg handed out is freed (its address
+    must not be used again), private pools and IPC imports are released, every page, reservation
+    and event goes back to the driver, history stops and is cleared, observers are detached, the
+    configuration is back to its defaults and the idle-reclaim thread is joined. The next call
+    initializes again. Raises XsegError (XSEG_ERROR_ILLEGAL_STATE) while a capture is under way
+    or a pool sleeps; nothing changes then."""
+    global _history_cb
+    check(_lib.lib().xseg_shutdown())
+    _observers.clear()  # detached: the library no longer calls them
+    _history_cb = None
 
 
 # --- cache control -------------------------------------------------------------------------

@@ -252,6 +252,7 @@ _PROTOS = {
     "xseg_set_config": (_S, [ctypes.c_char_p]),
     "xseg_get_config": (_S, [ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
     "xseg_device_count": (_S, [ctypes.POINTER(ctypes.c_int)]),
+    "xseg_shutdown": (_S, []),
     "xseg_malloc": (_S, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int,
                          ctypes.c_void_p]),
     "xseg_free": (_S, [ctypes.c_void_p]),

@@ -1,7 +1,8 @@
 /*
  * Host-OOM sweep: every host allocation the library makes (base/hostmem.h, the seam) fails, in
  * turn, during a mixed workload: both pools, two streams, record_stream, history with stacks and
- * a snapshot, a private pool, IPC export and import, trim, sleep and wake, empty_cache. A first
+ * a snapshot, a private pool, IPC export and import, trim, sleep and wake, empty_cache, and
+ * last xseg_shutdown (then xseg_init again, for the next run). A first
  * run with the seam counting (and failing nothing) gives the number N of seam calls; then for
  * each n in 1..N (quick: a stride once N passes 400, so that about 400 runs are made; XSEG_HOST_OOM_SWEEP=full or
  * the `long` setup: every n) the workload runs again with the nth call failing. After each run:
@@ -48,6 +49,7 @@ struct run {
     bool asleep;        /* the default pool sleeps */
     xseg_pool_id pool;
     int failures;       /* calls that returned OUT_OF_MEMORY */
+    bool shut, shut_ok; /* xseg_shutdown was called; it succeeded */
 };
 
 static CUstream s1, s2;
@@ -81,6 +83,13 @@ static void free_buf(struct run *r, int i)
 {
     if (r->p[i] && ok(r, xseg_free(r->p[i]), "xseg_free"))
         r->p[i] = NULL;
+}
+
+static void check_data(const struct run *r)
+{
+    for (int i = 0; i < NBUF; i++)
+        if (r->p[i] && !tu_check((CUdeviceptr)(uintptr_t)r->p[i], r->size[i], 700u + (unsigned)i))
+            fail_msg("n=%lu: block %d lost its data", r->nth, i);
 }
 
 static void workload(struct run *r)
@@ -131,6 +140,14 @@ static void workload(struct run *r)
     ok(r, xseg_empty_cache(0), "xseg_empty_cache");
     if (ok(r, xseg_take_snapshot(0, &snap), "xseg_take_snapshot"))
         xseg_snapshot_free(snap);
+
+    /* Last, xseg_shutdown (refused while a pool sleeps): it frees the live blocks, so their data
+     * is checked first. Failing, it may have freed some: finish() calls it again. */
+    check_data(r);
+    if (!r->asleep) {
+        r->shut = true;
+        r->shut_ok = ok(r, xseg_shutdown(), "xseg_shutdown");
+    }
 }
 
 /* With the seam disarmed: check the data of the blocks still live, undo what a failure left
@@ -138,13 +155,22 @@ static void workload(struct run *r)
 static void finish(struct run *r)
 {
     hostmem_disarm();
+    if (r->shut) {
+        /* Everything of xseg's is gone (or goes now): only the program's own handle stays. */
+        if (!r->shut_ok)
+            ok(r, xseg_shutdown(), "xseg_shutdown (after)");
+        memset(r->p, 0, sizeof r->p);
+        r->imported = NULL;
+        r->routing = false;
+        r->pool = (xseg_pool_id){0, 0};
+        /* The configuration is the defaults' now: this test's again (initializing anew). */
+        ok(r, xseg_init("expandable_segments:True"), "xseg_init (after xseg_shutdown)");
+    }
     if (r->asleep)
         ok(r, xseg_wake(0, default_pool), "xseg_wake (after)");
     if (r->routing)
         ok(r, xseg_end_allocate_to_pool(0, r->pool), "xseg_end_allocate_to_pool (after)");
-    for (int i = 0; i < NBUF; i++)
-        if (r->p[i] && !tu_check((CUdeviceptr)(uintptr_t)r->p[i], r->size[i], 700u + (unsigned)i))
-            fail_msg("n=%lu: block %d lost its data", r->nth, i);
+    check_data(r);
     if (r->imported)
         ok(r, xseg_ipc_close(r->imported), "xseg_ipc_close (after)");
     if (r->handle)

@@ -1,0 +1,18 @@
+/*
+ * xseg_shutdown: the process back to its start. Every device is emptied (live blocks freed,
+ * private pools ended and released, cached memory and pooled events given back to the driver),
+ * IPC imports closed, history cleared and its tables freed, observers and callbacks detached, the
+ * settings back to their defaults, the idle thread joined; the next call initializes again.
+ * The per-device state structs stay (empty) for that next use: another thread's last lazy hit
+ * may still point into one (core/alloc.h, alloc_tls_slot).
+ */
+#ifndef XSEG_CORE_SHUTDOWN_H
+#define XSEG_CORE_SHUTDOWN_H
+
+#include "base/common.h"
+
+/* XSEG_ERROR_ILLEGAL_STATE (nothing changed) when a capture is under way or a pool sleeps on a
+ * device, or in a forked child; a driver failure stops it with that error (call it again). */
+xseg_status shutdown_process(void);
+
+#endif
