@@ -277,7 +277,7 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     }
     if (st != XSEG_SUCCESS) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s", xseg_last_error());
+        snprintf(msg, sizeof msg, "%s", err_message());
         xseg_status ust = XSEG_SUCCESS;
         size_t left = 0;
         for (size_t j = 0; j < k; j++) {
@@ -291,7 +291,7 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
             return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
         /* Pages that could not be mapped back: the pool sleeps now, with nothing lost. */
         char msg2[256];
-        snprintf(msg2, sizeof msg2, "%s", xseg_last_error());
+        snprintf(msg2, sizeof msg2, "%s", err_message());
         *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
         st = err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so "
                          "the pool is asleep now; xseg_wake brings it back", msg, msg2, left);
@@ -522,7 +522,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         st = wait_copies(ps, "for the copies of a wake (xseg_wake)");
     if (st != XSEG_SUCCESS) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s", xseg_last_error());
+        snprintf(msg, sizeof msg, "%s", err_message());
         undo_maps(d, ps, k);
         return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; "
                            "retry the wake)", msg);

@@ -933,7 +933,7 @@ void snapshot_on_oom(char *info, size_t size)
     if (st == XSEG_SUCCESS)
         snprintf(info, size, " A memory snapshot was written to %.400s.", copy);
     else
-        snprintf(info, size, " (The memory snapshot could not be written: %.400s)", xseg_last_error());
+        snprintf(info, size, " (The memory snapshot could not be written: %.400s)", err_message());
     mutex_lock(&oom_lock);
     oom_writing = false;
     mutex_unlock(&oom_lock);
