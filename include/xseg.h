@@ -96,7 +96,8 @@ XSEG_API xseg_status xseg_device_count(int *count);
  * for leak checkers, a library about to be unloaded, a Python reload or per-test isolation.
  * Every live block on every device is freed (every pointer xseg returned becomes invalid, as
  * after xseg_free: the program must not use them, free them or pass them to xseg again),
- * private pools are ended and released, IPC imports closed (exported blocks are freed like the
+ * private pools are ended and released (a CUDA graph captured into one must not be launched
+ * again), IPC imports closed (exported blocks are freed like the
  * rest), and every segment, physical page, reservation and pooled event goes back to the driver
  * once the work recorded on the blocks' streams is complete (it waits for that); history is
  * cleared and stops, segment observers, OOM observers and free-memory callbacks are detached,

@@ -193,6 +193,48 @@ static void test_refuse_capture(void **state)
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 
+/* After a capture whose pool a graph still uses (graph_capture_record_stream_reuse on, a block
+ * freed during the capture while recorded on a forked stream): shutdown releases the pool too and
+ * gives everything back; only the program's graph is left, until it destroys it. */
+static void test_after_capture(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    OK(xseg_set_config("expandable_segments:True,graph_capture_record_stream_reuse:True"));
+    CUstream s, s2;
+    CUevent fork_ev, join_ev;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuEventCreate(&fork_ev, CU_EVENT_DISABLE_TIMING));
+    tu_assert_cu(drv->cuEventCreate(&join_ev, CU_EVENT_DISABLE_TIMING));
+    xseg_pool_id pool = {0, 0};
+    OK(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    void *a = NULL, *b = NULL, *c = NULL;
+    OK(xseg_malloc(&a, 6 * MiB, 0, s));
+    tu_assert_cu(drv->cuEventRecord(fork_ev, s));
+    tu_assert_cu(drv->cuStreamWaitEvent(s2, fork_ev, 0));
+    OK(xseg_record_stream(a, s2));
+    assert_true(tu_stream_work(s2));
+    OK(xseg_malloc(&b, 1 * MiB, 0, s2));
+    OK(xseg_free(a)); /* deferred: recorded on s2 during the capture */
+    tu_assert_cu(drv->cuEventRecord(join_ev, s2));
+    tu_assert_cu(drv->cuStreamWaitEvent(s, join_ev, 0));
+    OK(xseg_malloc(&c, 4 * MiB, 0, s));
+    CUgraph g = NULL;
+    OK(xseg_capture_end(0, s, &g));
+    assert_non_null(g);
+    OK(xseg_shutdown()); /* b and c are freed, and the pool the graph used is released */
+    struct cudaemu_live live = {.size = sizeof live};
+    assert_true(tu_live(&live));
+    assert_int_equal(live.handles + live.mapped_bytes + live.reservations + live.allocs, 0);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    tu_assert_cu(drv->cuEventDestroy(fork_ev));
+    tu_assert_cu(drv->cuEventDestroy(join_ev));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+    check_nothing_held("after the capture");
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -205,6 +247,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_refuse_capture),
+        cmocka_unit_test(test_after_capture),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
