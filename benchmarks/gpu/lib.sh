@@ -96,5 +96,5 @@ ensure_build() {
     if [ ! -f "$b/build.ninja" ]; then
         run_logged meson-setup meson setup "$b" -Demulator=$emu -Dtests=enabled || return 1
     fi
-    run_logged ninja ninja -C "$b" || return 1
+    run_logged ninja ninja -C "$b" ${XSEG_GPU_NINJA_JOBS:+-j "$XSEG_GPU_NINJA_JOBS"} || return 1
 }

@@ -15,6 +15,7 @@
 # docs/benchmarks.md.
 #
 # usage: run.sh [--emulator] [--quick] [--stage N|all] [--resume] [--build DIR]
+#        (run.sh tests|bench|all, the earlier form: stage 1, stages 3 and 4, everything)
 #   --emulator  run on cudaemu (the CI dry run: the PyTorch parts skip with their reason)
 #   --quick     a few seconds per stage: a subset of each (the dry run uses it)
 #   --stage     one stage (1-4) or all (default)
@@ -35,6 +36,10 @@ while [ $# -gt 0 ]; do
         --resume) resume=1 ;;
         --build) build=${2:-}; shift ;;
         --build=*) build=${1#--build=} ;;
+        # The earlier interface (docs/gpu-h100 was made with it): tests, bench, all.
+        tests) stage=1 ;;
+        bench) stage=bench ;;
+        all) stage=all ;;
         -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -43,6 +48,7 @@ done
 case $stage in
     all) stages="1 2 3 4" ;;
     1|2|3|4) stages=$stage ;;
+    bench) stages="3 4" ;;
     *) echo "run.sh: --stage takes 1, 2, 3, 4 or all, not '$stage'" >&2; exit 2 ;;
 esac
 if [ -z "${OUT:-}" ]; then

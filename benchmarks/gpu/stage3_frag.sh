@@ -12,8 +12,10 @@ W=$XSEG_GPU_WORK
 B=$XSEG_GPU_BUILD
 ensure_build || { check build fail "$(tail -30 "$W/meson-setup.log" "$W/ninja.log" 2>/dev/null)"; exit 0; }
 lib=$B/libxseg.so
-traces=(.gpu-traces/*.trace.gz)
-if [ -f "${traces[0]}" ]; then
+shopt -s nullglob
+traces=(.gpu-traces/*.trace.gz .gpu-traces/*.trace)   # prepare.sh writes .gz; plain ones work too
+shopt -u nullglob
+if [ ${#traces[@]} -gt 0 ]; then
     check "traces in .gpu-traces" pass "${#traces[@]} traces"
 elif [ "$XSEG_GPU_EMULATOR" = 1 ]; then
     # CI has no ../shared: the dry run replays two bundled workloads instead.
