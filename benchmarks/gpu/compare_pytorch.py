@@ -350,8 +350,16 @@ def child(args):
         if args.min_fraction:
             # this trace's share of what is left of the budget
             share = (deadline - time.time()) / (len(args.traces) - i) if deadline else 0
-            f, tries, why = min_fraction(actions, backend, res, args.fraction_steps,
-                                         time.time() + max(share, 0) if deadline else 0)
+            try:
+                f, tries, why = min_fraction(actions, backend, res, args.fraction_steps,
+                                             time.time() + max(share, 0) if deadline else 0)
+            except Exception as e:  # e.g. an allocator that refuses a memory fraction: the row stays
+                f, tries = None, 0
+                why = "search failed: %s" % (str(e).splitlines()[0] if str(e) else type(e).__name__)
+                try:
+                    backend.set_fraction(1.0)
+                except Exception:
+                    pass
             res.update({"min_fraction": f, "min_fraction_bytes": int(f * backend.total_memory()) if f else None,
                         "fraction_replays": tries, "fraction_note": why,
                         "device_total_bytes": backend.total_memory()})

@@ -76,11 +76,16 @@ gpu_deps_env() {
     fi
 }
 
-# pytest ARGS...: the image's pytest, or the carried one.
+# run_pytest SECONDS ARGS...: the image's pytest, or the carried one, stopped after SECONDS.
 run_pytest() {
-    PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH:}$XSEG_GPU_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
+    local limit=$1; shift
+    timeout --kill-after=10 "$limit" \
+        env PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH:}$XSEG_GPU_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
         "$PY" -m pytest -p no:cacheprovider "$@"
 }
+# Seconds left before this stage's limit (run.sh sets XSEG_GPU_DEADLINE), less a margin for
+# writing the summary.
+time_left() { echo $(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 20 )); }
 
 # The build this run tests: an existing one (--build, the CI dry run), else build-gpu
 # (-Demulator=false: the tests load the real libcuda.so.1) or build-gpu-emu (--emulator).

@@ -89,7 +89,9 @@ for n in $stages; do
     if ! gpu_deps_env >> "$XSEG_GPU_WORK/env.txt" 2>&1; then
         check "tools from .gpu-deps" fail "unpacking .gpu-deps failed: $(tail -1 "$XSEG_GPU_WORK/env.txt")"
     fi
-    # The stage runs in its own process group under the limit, so its summary is written anyway.
+    # The stage runs in its own process group under the limit, so its summary is written anyway;
+    # its long steps stop themselves before it (XSEG_GPU_DEADLINE) and keep what they measured.
+    export XSEG_GPU_DEADLINE=$(( $(date +%s) + limit ))
     timeout --kill-after=10 "$limit" bash "$ROOT/benchmarks/gpu/stage${n}_${names[$n]}.sh" \
         > "$XSEG_GPU_WORK/stage.log" 2>&1
     rc=$?

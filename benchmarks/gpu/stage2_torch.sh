@@ -16,7 +16,8 @@ lib=$B/libxseg.so
 export XSEG_LIBRARY=$lib
 
 # The scripts of this stage must at least compile, everywhere.
-if "$PY" -m py_compile "$GPU_DIR/torch_checks.py" tests/python/torch_adapter_script.py 2> "$W/py_compile.log"; then
+if "$PY" -c 'import sys; [compile(open(f).read(), f, "exec") for f in sys.argv[1:]]' \
+        "$GPU_DIR/torch_checks.py" tests/python/torch_adapter_script.py 2> "$W/py_compile.log"; then
     check "scripts compile" pass
 else
     check "scripts compile" fail "$(cat "$W/py_compile.log")"
@@ -37,10 +38,12 @@ if [ -n "$why" ]; then
 fi
 
 # pytest: the image's, or the one carried in .gpu-deps (lib.sh). tests/python, whole, on the driver.
-if run_pytest --version > "$W/pytest-version.log" 2>&1; then
+if run_pytest 60 --version > "$W/pytest-version.log" 2>&1; then
     pyargs=(tests/python -rs)
     [ "$XSEG_GPU_QUICK" = 1 ] && pyargs=(tests/python/test_torch_adapter.py -rs)
-    run_pytest "${pyargs[@]}" --junitxml="$W/pytest.xml" > "$W/pytest.log" 2>&1
+    # Most of the stage, leaving torch_checks.py two minutes.
+    run_pytest $(( $(time_left) - 120 )) "${pyargs[@]}" --junitxml="$W/pytest.xml" > "$W/pytest.log" 2>&1
+    echo "pytest exited $?" >> "$W/pytest.log"
     if [ -s "$W/pytest.xml" ]; then
         "$PY" "$GPU_DIR/summary.py" junit "$W" "$W/pytest.xml" pytest
     else
@@ -51,7 +54,8 @@ else
 fi
 
 quick=(); [ "$XSEG_GPU_QUICK" = 1 ] && quick=(--quick)
-"$PY" "$GPU_DIR/torch_checks.py" --group torch --lib "$lib" --out "$W" "${quick[@]}" > "$W/torch_checks.log" 2>&1
+timeout --kill-after=10 $(time_left) "$PY" "$GPU_DIR/torch_checks.py" --group torch --lib "$lib" --out "$W" "${quick[@]}" \
+    > "$W/torch_checks.log" 2>&1
 echo "torch_checks.py exited $?" >> "$W/torch_checks.log"
 "$PY" "$GPU_DIR/summary.py" lines "$W" "$W/torch_checks.log" torch_checks
 [ -s "$W/snapshot.pickle" ] || check "snapshot kept for memory-viz" fail "torch_checks.py wrote no snapshot.pickle"

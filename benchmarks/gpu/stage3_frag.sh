@@ -72,9 +72,9 @@ if [ -n "$why" ]; then
     exit 0
 fi
 
-steps=20; budget=240
+steps=20; budget=200
 [ "$XSEG_GPU_QUICK" = 1 ] && steps=6 budget=30
-timeout 200 "$PY" "$GPU_DIR/train_transformer.py" --lib "$lib" --steps $steps --json > "$W/train.txt" 2>&1
+timeout 150 "$PY" "$GPU_DIR/train_transformer.py" --lib "$lib" --steps $steps --json > "$W/train.txt" 2>&1
 rc=$?
 if grep -q '^{' "$W/train.txt"; then
     rows "$W/train.txt" training "train_transformer.py"
@@ -84,7 +84,9 @@ else
 fi
 # The fraction search shares the budget: each allocator's process stops bisecting when its part
 # is spent (the uncapped replay of every trace always runs).
-timeout $((budget + 120)) "$PY" "$GPU_DIR/compare_pytorch.py" --lib "$lib" --json --min-fraction \
+left=$(time_left)
+[ $budget -lt $((left - 120)) ] || budget=$((left - 120 > 10 ? left - 120 : 10))
+timeout --kill-after=10 $left "$PY" "$GPU_DIR/compare_pytorch.py" --lib "$lib" --json --min-fraction \
     --budget $budget "${traces[@]}" > "$W/compare.jsonl" 2> "$W/compare.err"
 rc=$?
 [ $rc = 0 ] || check "compare_pytorch.py" fail "exit $rc: $(tail -5 "$W/compare.err")"

@@ -108,7 +108,7 @@ if [ -n "$why" ]; then
     for c in "sleep and wake" "graph replayed after wake" "trim"; do check "$c" skip "$why"; done
 else
     quick=(); [ "$q" = 1 ] && quick=(--quick)
-    "$PY" "$GPU_DIR/torch_checks.py" --group services --lib "$B/libxseg.so" --out "$W" "${quick[@]}" \
+    timeout --kill-after=10 $(time_left) "$PY" "$GPU_DIR/torch_checks.py" --group services --lib "$B/libxseg.so" --out "$W" "${quick[@]}" \
         > "$W/services_checks.log" 2>&1
     "$PY" "$GPU_DIR/summary.py" lines "$W" "$W/services_checks.log" services
 fi

@@ -52,7 +52,7 @@ def report(name, fn):
 def mp_child(q, r):
     """torch.multiprocessing child (spawned: a fresh interpreter, PyTorch's own allocator)."""
     try:
-        t = q.get(timeout=120)
+        t = q.get(timeout=90)
         r.put(("ok", float(t.float().sum()), int(t.device.index)))
         del t
     except BaseException:
@@ -169,8 +169,12 @@ def torch_checks(args, xseg, torch):
         p.start()
         t = torch.full((MiB,), 2.0, device=dev)  # allocated by xseg, sent through CUDA IPC
         try:
+            # Pickled here first, as Queue.put's feeder thread would: a tensor that cannot be
+            # shared raises now instead of leaving the child waiting.
+            from multiprocessing.reduction import ForkingPickler
+            ForkingPickler.dumps(t)
             q.put(t)
-            status, value, index = r.get(timeout=180)
+            status, value, index = r.get(timeout=120)
         finally:
             p.join(60)
             if p.is_alive():
