@@ -7,6 +7,8 @@
   summary.py lines WORK FILE KEY                          check lines (torch_checks.py's JSON
                                                           lines): one check each, data[KEY][name]
   summary.py junit WORK FILE.xml PREFIX                   pytest's JUnit XML: one check per test
+  summary.py rows-cover WORK LIBCUDAEMU TEST.c...        which of cudaemu's exported entry points
+                                                          no conformance test names (data)
   summary.py tests WORK TESTLOG.json                      meson's test log: one check per test,
                                                           one per conformance row (tests/driver)
 
@@ -182,6 +184,16 @@ def junit(work, path, prefix):
         add_check(work, name, status, reason)
 
 
+def rows_cover(work, lib, sources):
+    """cudaemu's exported cu* entry points (nm) that none of the test sources names (as drv->NAME,
+    the loader's names without the _v2 suffixes): where the driver's answers are not compared."""
+    out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    names = sorted({l.split()[-1] for l in out.splitlines() if re.match(r"\S+ T cu[A-Z]", l)})
+    text = "".join(open(p).read() for p in sources)
+    missing = [n for n in names if not re.search(r"\b%s\b" % re.escape(re.sub(r"_v\d+$", "", n)), text)]
+    store(work, "entry_points", {"exported": len(names), "not_in_conformance_tests": missing})
+
+
 def main(argv):
     if len(argv) >= 4 and argv[0] == "check":
         add_check(argv[1], argv[2], argv[3], " ".join(argv[4:]))
@@ -197,6 +209,8 @@ def main(argv):
         lines(argv[1], argv[2], argv[3])
     elif len(argv) == 4 and argv[0] == "junit":
         junit(argv[1], argv[2], argv[3])
+    elif len(argv) >= 4 and argv[0] == "rows-cover":
+        rows_cover(argv[1], argv[2], argv[3:])
     elif len(argv) == 3 and argv[0] == "tests":
         tests(argv[1], argv[2])
     else:
