@@ -28,6 +28,8 @@ the device's total), replaying the trace under each cap (--fraction-steps times)
 the search (not the first replay) when a mode's share of the seconds is spent. Traces may be
 gzipped (NAME.trace.gz, as benchmarks/gpu/prepare.sh writes them).
 
+With --json the rows come allocator by allocator, as each finishes.
+
 usage: compare_pytorch.py --lib build/libxseg.so TRACE... [--modes native,xseg,...]
        compare_pytorch.py --backend fake TRACE      (no GPU, no torch: checks the replay logic;
                                                      its device has 80 GiB)
@@ -422,21 +424,31 @@ def main(argv=None):
                "--backend", args.backend, "--fraction-steps", str(args.fraction_steps)]
         if args.min_fraction:
             cmd.append("--min-fraction")
-        if args.budget:  # this mode's share of what is left
-            cmd += ["--budget", str(max(1.0, (args.budget - (time.time() - start)) / (len(modes) - k)))]
-        p = subprocess.run(cmd + args.traces, env=mode_env(m), capture_output=True, text=True)
-        sys.stderr.write(p.stderr)
-        got = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        limit = None
+        if args.budget:  # this mode's share of what is left; the uncapped replays get 2 more minutes
+            share = max(1.0, (args.budget - (time.time() - start)) / (len(modes) - k))
+            cmd += ["--budget", str(share)]
+            limit = share + 120
+        try:
+            p = subprocess.run(cmd + args.traces, env=mode_env(m), capture_output=True, text=True, timeout=limit)
+            out, err, code = p.stdout, p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:  # keep the traces it finished
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = (e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
+                "compare_pytorch: %s stopped after %.0f s\n" % (m, limit)
+            code = "timeout"
+        sys.stderr.write(err)
+        got = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
         rows += got
-        if p.returncode != 0 or len(got) != len(args.traces):
+        if args.json:  # as each allocator finishes: a caller stopped later keeps these
+            for r in got:
+                print(json.dumps(r), flush=True)
+        if code != 0 or len(got) != len(args.traces):
             done = {r["trace"] for r in got}
-            print("compare_pytorch: under %s, %s failed (exit %d)" % (
-                m, ", ".join(t for t in args.traces if t not in done) or "the process", p.returncode), file=sys.stderr)
+            print("compare_pytorch: under %s, %s failed (exit %s)" % (
+                m, ", ".join(t for t in args.traces if t not in done) or "the process", code), file=sys.stderr)
             rc = 1
     rows.sort(key=lambda r: (r["order"], modes.index(r["mode"])))
-    if args.json:
-        for r in rows:
-            print(json.dumps(r))
     if not args.json:
         G = float(1 << 30)
         print("%-40s %-13s %12s %12s %8s %10s %7s %6s %9s" % ("trace", "allocator", "peak alloc", "peak resv",

@@ -106,6 +106,9 @@ def stage3(s):
     frag = s["data"].get("fragmentation", [])
     if frag:
         rows = []
+        modes = ["native", "native-exp", "async", "xseg", "xseg-classic"]
+        frag = sorted(frag, key=lambda r: (r.get("order", 0), r["trace"],
+                                           modes.index(r["mode"]) if r["mode"] in modes else len(modes)))
         for r in frag:
             f = r.get("min_fraction")
             rows.append((os.path.basename(r["trace"]).replace(".gz", "").replace(".trace", ""), r["mode"],

@@ -66,6 +66,13 @@ OUT=$tmp/bad "$src/benchmarks/gpu/run.sh" --emulator --quick --stage 1 --build "
     fail "run.sh passed on a folder that is no build"
 grep -q "FAIL build" "$tmp/bad.log" || fail "the failed build check is not reported: $(cat "$tmp/bad.log")"
 "$src/benchmarks/gpu/run.sh" --stage 5 > /dev/null 2>&1; [ $? = 2 ] || fail "--stage 5 was not refused"
+# A stage stopped by its limit still writes its summary (incomplete, failed) and its logs.
+XSEG_GPU_STAGE_LIMIT=1 OUT=$tmp/late "$src/benchmarks/gpu/run.sh" --emulator --quick --stage 4 --build "$build" \
+    > "$tmp/late.log" 2>&1 && fail "a stage stopped by its limit passed"
+[ -s "$tmp/late/stage4.tgz" ] || fail "no stage4.tgz after the limit"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if not s["complete"] and any(
+    c["name"] == "stage time limit" and c["status"] == "fail" for c in s["checks"]) else 1)' "$tmp/late/stage4.json" ||
+    fail "the summary after the limit: $(cat "$tmp/late/stage4.json" 2>&1 | head -20)"
 
 # tables.py: the dry run's own summaries are labelled as emulator figures ...
 python3 "$src/benchmarks/gpu/tables.py" "$tmp/out" > "$tmp/dry.md" || fail "tables.py on the dry run failed"
