@@ -83,9 +83,12 @@ run_pytest() {
         env PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH:}$XSEG_GPU_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
         "$PY" -m pytest -p no:cacheprovider "$@"
 }
-# Seconds left before this stage's limit (run.sh sets XSEG_GPU_DEADLINE), less a margin for
-# writing the summary.
-time_left() { echo $(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 20 )); }
+# time_left [RESERVE]: seconds left before this stage's limit (run.sh sets XSEG_GPU_DEADLINE),
+# less a margin for writing the summary and RESERVE for what comes after; at least 10.
+time_left() {
+    local t=$(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 20 - ${1:-0} ))
+    echo $(( t > 10 ? t : 10 ))
+}
 
 # The build this run tests: an existing one (--build, the CI dry run), else build-gpu
 # (-Demulator=false: the tests load the real libcuda.so.1) or build-gpu-emu (--emulator).

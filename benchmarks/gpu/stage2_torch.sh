@@ -42,7 +42,7 @@ if run_pytest 60 --version > "$W/pytest-version.log" 2>&1; then
     pyargs=(tests/python -rs)
     [ "$XSEG_GPU_QUICK" = 1 ] && pyargs=(tests/python/test_torch_adapter.py -rs)
     # Most of the stage, leaving torch_checks.py two minutes.
-    run_pytest $(( $(time_left) - 120 )) "${pyargs[@]}" --junitxml="$W/pytest.xml" > "$W/pytest.log" 2>&1
+    run_pytest "$(time_left 120)" "${pyargs[@]}" --junitxml="$W/pytest.xml" > "$W/pytest.log" 2>&1
     echo "pytest exited $?" >> "$W/pytest.log"
     if [ -s "$W/pytest.xml" ]; then
         "$PY" "$GPU_DIR/summary.py" junit "$W" "$W/pytest.xml" pytest

@@ -85,7 +85,7 @@ fi
 # The fraction search shares the budget: each allocator's process stops bisecting when its part
 # is spent (the uncapped replay of every trace always runs).
 left=$(time_left)
-[ $budget -lt $((left - 120)) ] || budget=$((left - 120 > 10 ? left - 120 : 10))
+[ "$budget" -lt "$(time_left 120)" ] || budget=$(time_left 120)
 timeout --kill-after=10 $left "$PY" "$GPU_DIR/compare_pytorch.py" --lib "$lib" --json --min-fraction \
     --budget $budget "${traces[@]}" > "$W/compare.jsonl" 2> "$W/compare.err"
 rc=$?
