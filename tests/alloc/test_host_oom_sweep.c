@@ -16,8 +16,8 @@
  *     the host side at exit (history is switched off and cleared at the end of each run).
  * One process, one allocator across all runs: a failure must leave xseg usable.
  *
- * `test_host_oom_sweep [FIRST LAST]`: only runs n in [FIRST, LAST] (meson splits the range so
- * the quick runs share the two cores). Emulator only.
+ * `test_host_oom_sweep [classic] [FIRST LAST]`: classic segments instead of expandable ones (no IPC
+ * export or sleep then); only n in [FIRST, LAST]. Emulator only.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,6 +53,8 @@ struct run {
 };
 
 static CUstream s1, s2;
+static bool classic; /* classic segments (no sleep, no IPC export: both need expandable ones) */
+static const char *config = "expandable_segments:True";
 
 /* A call returned @p st at @p what: fine when it succeeded, or when it is the clear host-OOM
  * error of the injected failure. Anything else fails the test naming n. */
@@ -117,14 +119,14 @@ static void workload(struct run *r)
     }
 
     /* Sleep and wake the default pools (their live blocks come back with their data). */
-    if (ok(r, xseg_sleep(0, default_pool, XSEG_SLEEP_OFFLOAD), "xseg_sleep")) {
+    if (!classic && ok(r, xseg_sleep(0, default_pool, XSEG_SLEEP_OFFLOAD), "xseg_sleep")) {
         r->asleep = true;
         if (ok(r, xseg_wake(0, default_pool), "xseg_wake"))
             r->asleep = false;
     }
 
     /* IPC: export a live block, import it (a second mapping), close. */
-    if (r->p[1] && ok(r, xseg_ipc_export(r->p[1], &r->handle), "xseg_ipc_export")) {
+    if (!classic && r->p[1] && ok(r, xseg_ipc_export(r->p[1], &r->handle), "xseg_ipc_export")) {
         if (ok(r, xseg_ipc_import(r->handle, 0, &r->imported), "xseg_ipc_import")) {
             if (!tu_check((CUdeviceptr)(uintptr_t)r->imported, r->size[1], 701u))
                 fail_msg("n=%lu: the import does not show the exported block's data", r->nth);
@@ -164,7 +166,7 @@ static void finish(struct run *r)
         r->routing = false;
         r->pool = (xseg_pool_id){0, 0};
         /* The configuration is the defaults' now: this test's again (initializing anew). */
-        ok(r, xseg_init("expandable_segments:True"), "xseg_init (after xseg_shutdown)");
+        ok(r, xseg_init(config), "xseg_init (after xseg_shutdown)");
     }
     if (r->asleep)
         ok(r, xseg_wake(0, default_pool), "xseg_wake (after)");
@@ -257,15 +259,21 @@ static void test_sweep(void **state)
 static int setup(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments:True");
+    tu_xseg_init_or_skip(config);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc == 3) {
-        first_n = strtoul(argv[1], NULL, 10);
-        last_n = strtoul(argv[2], NULL, 10);
+    int a = 1;
+    if (a < argc && !strcmp(argv[a], "classic")) {
+        classic = true;
+        config = "expandable_segments:False";
+        a++;
+    }
+    if (argc - a == 2) {
+        first_n = strtoul(argv[a], NULL, 10);
+        last_n = strtoul(argv[a + 1], NULL, 10);
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_sweep)};
     return cmocka_run_group_tests(tests, setup, NULL);
