@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/vec.h"
+#include "core/capreuse.h"
 #include "core/events.h"
 #include "core/expandable.h"
 #include "core/ipc.h"

@@ -21,11 +21,11 @@
 #include "base/arena.h"
 #include "base/lock.h"
 #include "core/block.h"
-#include "core/capreuse.h"
 #include "core/check.h"
 #include "core/config.h"
 #include "core/history.h"
 #include "core/settings.h"
+#include "core/state.h"
 #include "core/stats.h"
 #include "vmm/driver.h"
 
@@ -37,54 +37,6 @@ struct dev_alloc;
 typedef struct dev_alloc *(*dev_peek_fn)(int device);
 
 struct pool_sleep; /* core/sleep.c */
-
-/* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
-struct ev_item {
-    CUevent event;
-    struct block *block;
-};
-struct ev_queue {
-    CUstream stream;
-    struct ev_item *items;
-    size_t head, count, cap; /* ring buffer */
-};
-
-/*
- * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
- * "Stream slots" in docs/design.md), each under a lock of its own so that threads on their own
- * streams do not meet on the device lock. A free on the common path whose block B has a free
- * successor R and no free predecessor (and whose merge would move no counter up) leaves B in its
- * stream's slot instead of merging it into R: B stays out of the free index, R keeps its own key.
- * A malloc of B's rounded size on B's stream that best fit would serve by splitting exactly B off
- * the merged block (lazy_fits, tested when the slot is filled) hands B out again (a lazy hit).
- * Neither touches the device lock, the index, the live map or the statistics: while a slot is
- * busy the statistics count B as allocated with base_req requested bytes, the slot tallies the
- * pairs it served, and the fold (dev_slot_fold) adds what the eager frees and mallocs would have
- * added. Every pair leaves each counter where it was or lower (a hit asks for at most base_req),
- * so no peak can be missed; a counter that would move up (a free that makes a split block) keeps
- * the eager path.
- * Locking: a slot's fields are guarded by the slot's lock. The fast paths only read B (its
- * address, size and stream never change while it is in the slot) and write only the slot, so
- * threads on other slots share no written cache line: while the slot is busy, B's own
- * `allocated` (false) and `requested_size` (base_req) are stale and the slot holds their truth
- * (live, cur_req), written back when it settles. A slot is filled and emptied (settled) only with
- * the device lock held too (device lock first), so a busy slot stays busy until a device-lock
- * holder settles it, and busy_slots is exact under the device lock.
- */
-#define DEV_SLOTS 32
-struct dev_slot {
-    struct spin lock;
-    unsigned gen;          /* the fast path's permit (fast_gen) at the fill: a hit needs it current */
-    struct block *lazy;    /* B freed by the user, not merged; NULL while handed out (live) */
-    struct block *live;    /* B handed out again by a hit: allocated, still in `live` */
-    size_t base_req;       /* B's requested bytes as the statistics count them (its requested_size) */
-    size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
-    uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
-    size_t req_sum;        /* the requested bytes of those hits */
-#if XSEG_DEBUG_LEVEL >= 1
-    uint64_t hits;         /* debug builds: added to dev_alloc.lazy_hits at the settle */
-#endif
-} __attribute__((aligned(64))); /* one cache line each: threads on other slots do not share it */
 
 struct dev_alloc {
     struct lock lock;

@@ -27,11 +27,11 @@ check() { # layer, allowed include prefixes (space separated)
     done
 }
 # core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
-core_order="config stats block history settings device check capreuse pools ipc observe expandable
+core_order="config stats block history settings state device check capreuse pools ipc observe expandable
 events release sleep trim idle runtime snapshot alloc"
-# The only includes that point up: struct dev_alloc embeds capreuse's state, and dev_unlock runs
-# dev_check at debug_level=2 (check.c reads the device and calls nothing of core back).
-core_up="device.h:capreuse.h device.h:check.h"
+# The only include that points up: dev_unlock runs dev_check at debug_level=2 (check.c reads the
+# device and calls nothing of core back). Sub-state types live in core/state.h, below device.h.
+core_up="device.h:check.h"
 core_pos() { # module name -> its position in core_order (empty when absent)
     i=0
     for m in $core_order; do

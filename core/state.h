@@ -1,0 +1,126 @@
+/*
+ * The types of a device allocator's sub-states (jemalloc's _structs.h idea): struct dev_alloc
+ * (core/device.h) is a short list of these, each written only by the module that owns it
+ * (tests/build/layering.sh checks the writes) and read elsewhere through its accessors. A leaf
+ * header: types only, no functions, so that device.h embeds a module's state without including
+ * the module (the modules sit above device.h and call down into it).
+ *
+ * Locking: every field is guarded by the device lock (dev_alloc.lock) unless marked otherwise.
+ */
+#ifndef XSEG_CORE_STATE_H
+#define XSEG_CORE_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "base/assert.h"
+#include "base/lock.h"
+#include "xseg.h"
+
+struct block;
+
+/* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
+struct ev_item {
+    CUevent event;
+    struct block *block;
+};
+struct ev_queue {
+    CUstream stream;
+    struct ev_item *items;
+    size_t head, count, cap; /* ring buffer */
+};
+
+/*
+ * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
+ * "Stream slots" in docs/design.md), each under a lock of its own so that threads on their own
+ * streams do not meet on the device lock. A free on the common path whose block B has a free
+ * successor R and no free predecessor (and whose merge would move no counter up) leaves B in its
+ * stream's slot instead of merging it into R: B stays out of the free index, R keeps its own key.
+ * A malloc of B's rounded size on B's stream that best fit would serve by splitting exactly B off
+ * the merged block (lazy_fits, tested when the slot is filled) hands B out again (a lazy hit).
+ * Neither touches the device lock, the index, the live map or the statistics: while a slot is
+ * busy the statistics count B as allocated with base_req requested bytes, the slot tallies the
+ * pairs it served, and the fold (dev_slot_fold) adds what the eager frees and mallocs would have
+ * added. Every pair leaves each counter where it was or lower (a hit asks for at most base_req),
+ * so no peak can be missed; a counter that would move up (a free that makes a split block) keeps
+ * the eager path.
+ * Locking: a slot's fields are guarded by the slot's lock. The fast paths only read B (its
+ * address, size and stream never change while it is in the slot) and write only the slot, so
+ * threads on other slots share no written cache line: while the slot is busy, B's own
+ * `allocated` (false) and `requested_size` (base_req) are stale and the slot holds their truth
+ * (live, cur_req), written back when it settles. A slot is filled and emptied (settled) only with
+ * the device lock held too (device lock first), so a busy slot stays busy until a device-lock
+ * holder settles it, and busy_slots is exact under the device lock.
+ */
+#define DEV_SLOTS 32
+struct dev_slot {
+    struct spin lock;
+    unsigned gen;          /* the fast path's permit (fast_gen) at the fill: a hit needs it current */
+    struct block *lazy;    /* B freed by the user, not merged; NULL while handed out (live) */
+    struct block *live;    /* B handed out again by a hit: allocated, still in `live` */
+    size_t base_req;       /* B's requested bytes as the statistics count them (its requested_size) */
+    size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
+    uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
+    size_t req_sum;        /* the requested bytes of those hits */
+#if XSEG_DEBUG_LEVEL >= 1
+    uint64_t hits;         /* debug builds: added to dev_alloc.lazy_hits at the settle */
+#endif
+} __attribute__((aligned(64))); /* one cache line each: threads on other slots do not share it */
+
+/* ---- capreuse.c: graph_capture_record_stream_reuse (core/capreuse.h) ---------------------- */
+
+/* An open-addressing map from graph nodes to a pointer (NULL: present with no value). */
+struct cr_nodemap {
+    uintptr_t *keys; /* 0 = empty */
+    void **vals;
+    size_t cap, count;
+};
+
+/* A block freed during the capture, with its markers, waiting on markers[next]. */
+struct cr_entry {
+    struct block *block;
+    size_t deferred_slot;     /* its index in the device's deferred list */
+    CUgraphNode *markers;
+    size_t nmarkers, next;
+    struct cr_entry *link;    /* next waiter on the same node, or next ready entry */
+};
+
+/* A dependency of the stream at its last walk, and whether the current walk reached it again. */
+struct cr_term {
+    CUgraphNode node;
+    bool hit;
+};
+
+/* Per (capture, stream): the nodes known to precede the stream's dependency set, and the
+ * entries of that stream, each filed under the first of its markers not yet reached (so a node
+ * reached by the walk wakes exactly the entries waiting on it: the check costs O(markers) per
+ * block over the whole capture, not O(blocks) per allocation). */
+struct cr_walk {
+    unsigned long long capture_id;
+    CUstream stream;
+    struct cr_nodemap seen;     /* reached nodes (values unused) */
+    struct cr_nodemap waiting;  /* node -> list of entries waiting on it */
+    struct cr_entry *ready;     /* entries whose markers were all reached */
+    size_t nentries;
+    size_t nwaiting;            /* entries filed in `waiting` (not ready) */
+    CUgraphNode *frontier;      /* reached nodes whose dependencies were not read yet */
+    size_t nfrontier, capfrontier;
+    struct cr_term *terms;      /* the stream's dependencies at the last walk */
+    size_t nterms, capterms, nhit;
+};
+
+struct capreuse {
+    struct cr_walk *walks;
+    size_t nwalks, capwalks;
+    size_t n;                 /* entries in all walks */
+    CUgraphNode *queue;       /* the walk's work list (first in, first out) */
+    size_t capqueue;
+    struct cr_entry *collected; /* found reusable by capreuse_collect, for capreuse_take */
+    uint64_t nodes_read;      /* dependency lists read from the driver */
+    uint64_t reused;          /* blocks returned to their pool during a capture */
+};
+
+#endif
