@@ -603,11 +603,11 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     /* A sleeping pool hands nothing out (no wake behind the caller's back: core/sleep.h). */
     if (XSEG_UNLIKELY(d->nasleep) && sleep_pool_asleep(d, priv))
         return sleep_refuse(d, priv);
-    if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes) {
-        size_t pending = d->pending_events + d->ndeferred;
+    if (XSEG_UNLIKELY(ev_waiting(d)) && !d->ncapturing && !d->nroutes) {
+        size_t pending = d->ev.pending_events + d->ev.ndeferred;
         ev_process(d);
         /* Events completed: work is known done, a point for release_threshold_mb (core/trim.h). */
-        if (d->cfg.release_threshold != SIZE_MAX && d->pending_events < pending)
+        if (d->cfg.release_threshold != SIZE_MAX && d->ev.pending_events < pending)
             trim_threshold(d, 0);
     } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
         ev_capture_reuse(d, stream); /* during a capture: blocks the graph lets us reuse */

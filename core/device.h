@@ -114,14 +114,7 @@ struct dev_alloc {
     bool set_fraction;
     double fraction;
 
-    /* Deferred frees (events.c). */
-    struct ev_queue *evq;
-    size_t nevq, capevq;
-    size_t pending_events;    /* events in all queues: the fast path polls only when > 0 */
-    CUevent *event_pool;
-    size_t nevent_pool, capevent_pool;
-    struct block **deferred;  /* freed during a capture: events recorded once it ends */
-    size_t ndeferred, capdeferred;
+    struct ev_state ev; /* record_stream's events and deferred frees (events.c; ev_waiting) */
     /* graph_capture_record_stream_reuse: markers of deferred blocks, graph walks (capreuse.c) */
     struct capreuse cr;
 
@@ -185,6 +178,12 @@ struct pool_route {
     CUstream capture_stream;
     unsigned long long capture_id; /* 0 until cuStreamBeginCapture returned */
 };
+
+/* Do record_stream's events or frees deferred to a capture's end wait (events.c's state, read)? */
+static inline bool ev_waiting(const struct dev_alloc *d)
+{
+    return d->ev.pending_events || d->ev.ndeferred;
+}
 
 /* The private pool that owns @p p, or NULL for the default pools. */
 static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const struct bpool *p)
@@ -319,7 +318,7 @@ static inline void dev_fast_update(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
      * refuses allocations there (core/sleep.c). */
-    bool rare = d->ncapturing || d->nroutes || d->pending_events || d->ndeferred || d->roundup_any ||
+    bool rare = d->ncapturing || d->nroutes || ev_waiting(d) || d->roundup_any ||
                 hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
                 d->nasleep;

@@ -39,7 +39,7 @@ static void idle_service(struct dev_alloc *d)
 {
     dev_lock(d);
     if (d->cfg.idle_release_ms && !d->ncapturing && !d->nroutes) {
-        if (d->pending_events || d->ndeferred)
+        if (ev_waiting(d))
             ev_process(d);
         trim_idle_tick(d);
         if (d->cfg.release_threshold != SIZE_MAX)

@@ -156,8 +156,8 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
             for (unsigned k = 0; k < block_uses_n(b) && ok; k++)
                 ok = stream_add(&l, stream_set_get(&b->u.side->uses, k));
     }
-    for (size_t q = 0; q < d->nevq && ok; q++) {
-        const struct ev_queue *eq = &d->evq[q];
+    for (size_t q = 0; q < d->ev.nevq && ok; q++) {
+        const struct ev_queue *eq = &d->ev.evq[q];
         for (size_t k = 0; k < eq->count; k++) {
             if (dev_pool_owner(d, block_pool(eq->items[(eq->head + k) % eq->cap].block)) == pp) {
                 ok = stream_add(&l, eq->stream);
@@ -370,7 +370,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         state_free(d, ps);
         return st;
     }
-    if (d->pending_events || d->ndeferred)
+    if (ev_waiting(d))
         ev_process(d);
 
     /* 3. What the wake restores. */

@@ -33,6 +33,17 @@ struct ev_queue {
     size_t head, count, cap; /* ring buffer */
 };
 
+/* ---- events.c: record_stream's events and the frees deferred to them (core/events.h) ------- */
+struct ev_state {
+    struct ev_queue *evq;
+    size_t nevq, capevq;
+    size_t pending_events;    /* events in all queues: the fast path polls only when > 0 */
+    CUevent *event_pool;
+    size_t nevent_pool, capevent_pool;
+    struct block **deferred;  /* freed during a capture: events recorded once it ends */
+    size_t ndeferred, capdeferred;
+};
+
 /*
  * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
  * "Stream slots" in docs/design.md), each under a lock of its own so that threads on their own
