@@ -194,12 +194,12 @@ bool dev_stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st)
 void dev_capture_note(struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->ncapturing; i++)
-        if (d->capturing[i] == stream)
+    for (size_t i = 0; i < d->cap.ncapturing; i++)
+        if (d->cap.capturing[i] == stream)
             return;
-    if (!VEC_RESERVE(d->capturing, d->capcapturing, d->ncapturing + 1))
+    if (!VEC_RESERVE(d->cap.capturing, d->cap.capcapturing, d->cap.ncapturing + 1))
         return; /* only a hint; the slow path re-checks anyway */
-    d->capturing[d->ncapturing++] = stream;
+    d->cap.capturing[d->cap.ncapturing++] = stream;
     dev_fast_off(d);
 }
 
@@ -210,12 +210,12 @@ bool dev_capture_underway(struct dev_alloc *d)
     bool any = false;
     if (d->nroutes)
         return true; /* a pool records: take a capture to be underway without asking the driver */
-    for (size_t i = 0; i < d->ncapturing;) {
-        if (dev_stream_capturing(d, d->capturing[i], &st)) {
+    for (size_t i = 0; i < d->cap.ncapturing;) {
+        if (dev_stream_capturing(d, d->cap.capturing[i], &st)) {
             any = true;
             i++;
         } else {
-            d->capturing[i] = d->capturing[--d->ncapturing];
+            d->cap.capturing[i] = d->cap.capturing[--d->cap.ncapturing];
         }
     }
     return any;

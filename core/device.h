@@ -118,11 +118,7 @@ struct dev_alloc {
     /* graph_capture_record_stream_reuse: markers of deferred blocks, graph walks (capreuse.c) */
     struct capreuse cr;
 
-    /* Streams seen capturing. While non-empty every malloc re-checks them (and its own stream):
-     * this is how the allocator "knows a capture might be underway" without a driver call on
-     * the fast path otherwise. */
-    CUstream *capturing;
-    size_t ncapturing, capcapturing;
+    struct cap_state cap; /* streams seen capturing (device.c: dev_capture_note; cap_underway) */
 
     int peers[ALLOC_MAX_DEVICES]; /* devices given access to new expandable segments */
     int npeers;
@@ -318,7 +314,7 @@ static inline void dev_fast_update(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
      * refuses allocations there (core/sleep.c). */
-    bool rare = d->ncapturing || d->nroutes || ev_waiting(d) || d->roundup_any ||
+    bool rare = d->cap.ncapturing || d->nroutes || ev_waiting(d) || d->roundup_any ||
                 hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
                 d->nasleep;

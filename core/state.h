@@ -134,4 +134,14 @@ struct capreuse {
     uint64_t reused;          /* blocks returned to their pool during a capture */
 };
 
+
+/* ---- device.c: the capture state (dev_capture_note, dev_capture_underway) ----------------- */
+/* Streams seen capturing. While non-empty every malloc re-checks them (and its own stream): this
+ * is how the allocator "knows a capture might be underway" without a driver call on the fast path
+ * otherwise. */
+struct cap_state {
+    CUstream *capturing;
+    size_t ncapturing, capcapturing;
+};
+
 #endif

@@ -171,7 +171,7 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     /* Blocks whose record_stream events have completed go back to their pools first; pending
      * ones are not waited for (empty_cache does that). Event queries are illegal during a
      * capture, and nothing is released then anyway. */
-    if (ev_waiting(d) && !d->ncapturing && !d->nroutes)
+    if (ev_waiting(d) && !d->cap.ncapturing && !d->nroutes)
         ev_process(d);
     xseg_status st = trim_cache(d, keep, TRIM_SYNC, false, released);
     /* The streams it synchronized are known idle now: release_threshold_mb applies as well. */
