@@ -215,7 +215,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     xseg_status st;
     /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
      * per thread, so dropping the lock is fine. */
-    bool relax = d->nroutes || d->cap.ncapturing;
+    bool relax = cap_underway(d);
     if (d->cfg.release_lock_on_cudamalloc) {
         dev_unlock(d);
         st = classic_alloc(size, relax, d->device, &ptr);
@@ -372,7 +372,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     size_t reserved = (size_t)stats_all_current(d->stats.reserved_bytes);
     /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
      * replays, not releasable), counted with the allocated memory rather than the unallocated. */
-    size_t in_private = d->pools ? pools_cached_bytes(d) : 0;
+    size_t in_private = d->priv.pools ? pools_cached_bytes(d) : 0;
     bool set_fraction = d->set_fraction;
     size_t allowed = d->allowed_memory_maximum;
     bool expandable = d->use_expandable;
@@ -590,8 +590,8 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     lock_assert_held(&d->lock);
     refresh_cfg(d);
     struct priv_pool *priv = NULL;
-    if (XSEG_UNLIKELY(d->cap.ncapturing || d->nroutes)) {
-        xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
+    if (XSEG_UNLIKELY(cap_underway(d))) {
+        xseg_status st = d->priv.nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
         if (st == XSEG_SUCCESS && !priv && dev_capture_underway(d) &&
             dev_stream_capturing(d, stream, &ignored)) {
             dev_capture_note(d, stream);
@@ -603,7 +603,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     /* A sleeping pool hands nothing out (no wake behind the caller's back: core/sleep.h). */
     if (XSEG_UNLIKELY(d->nasleep) && sleep_pool_asleep(d, priv))
         return sleep_refuse(d, priv);
-    if (XSEG_UNLIKELY(ev_waiting(d)) && !d->cap.ncapturing && !d->nroutes) {
+    if (XSEG_UNLIKELY(ev_waiting(d)) && !cap_underway(d)) {
         size_t pending = d->ev.pending_events + d->ev.ndeferred;
         ev_process(d);
         /* Events completed: work is known done, a point for release_threshold_mb (core/trim.h). */
@@ -612,7 +612,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
         ev_capture_reuse(d, stream); /* during a capture: blocks the graph lets us reuse */
     }
-    if (XSEG_UNLIKELY(d->cr.nwalks) && !d->cap.ncapturing && !d->nroutes)
+    if (XSEG_UNLIKELY(d->cr.nwalks) && !cap_underway(d))
         capreuse_reset(d); /* the walks of captures that are over */
     if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && settings_idle_thread_running()))
         trim_idle_tick(d); /* else the background thread ticks (core/idle.h) */
@@ -1171,7 +1171,7 @@ xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
     dev_acquire(d);
     largest_free(&d->small, largest);
     largest_free(&d->large, largest);
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         largest_free(&pp->small, largest);
         largest_free(&pp->large, largest);
     }

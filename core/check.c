@@ -320,7 +320,7 @@ static void check_walk(struct dev_alloc *d)
     size_t free_nodes = 0, unmapped_nodes = 0;
     check_pool(d, &d->small, &free_nodes, &unmapped_nodes);
     check_pool(d, &d->large, &free_nodes, &unmapped_nodes);
-    for (const struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (const struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         check_pool(d, &pp->small, &free_nodes, &unmapped_nodes);
         check_pool(d, &pp->large, &free_nodes, &unmapped_nodes);
     }

@@ -208,7 +208,7 @@ bool dev_capture_underway(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     xseg_status st;
     bool any = false;
-    if (d->nroutes)
+    if (d->priv.nroutes)
         return true; /* a pool records: take a capture to be underway without asking the driver */
     for (size_t i = 0; i < d->cap.ncapturing;) {
         if (dev_stream_capturing(d, d->cap.capturing[i], &st)) {

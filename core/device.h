@@ -123,12 +123,7 @@ struct dev_alloc {
     int peers[ALLOC_MAX_DEVICES]; /* devices given access to new expandable segments */
     int npeers;
 
-    /* Private pools (pools.c) and the allocate-to-pool routes in force, oldest first (PyTorch's
-     * graph_pools and captures_underway). While nroutes > 0 a capture is taken to be underway:
-     * no event is queried, frees with recorded streams are deferred, nothing is released. */
-    struct priv_pool *pools;
-    struct pool_route *routes;
-    size_t nroutes, caproutes;
+    struct pool_state priv; /* private pools and allocate-to-pool routes (pools.c) */
 
     /* History (core/history.h): the stack of the recorded malloc in progress, for the segment
      * events it causes (best effort: a malloc that drops the lock may see another's). */
@@ -179,6 +174,14 @@ struct pool_route {
 static inline bool ev_waiting(const struct dev_alloc *d)
 {
     return d->ev.pending_events || d->ev.ndeferred;
+}
+
+/* Is a capture taken to be underway without asking the driver: a stream was seen capturing (the
+ * capture state, device.c) or an allocate-to-pool route is in force (pools.c)? While it is, no
+ * event is queried and nothing is released. dev_capture_underway re-checks the streams. */
+static inline bool cap_underway(const struct dev_alloc *d)
+{
+    return d->cap.ncapturing || d->priv.nroutes;
 }
 
 /* The private pool that owns @p p, or NULL for the default pools. */
@@ -314,7 +317,7 @@ static inline void dev_fast_update(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
      * refuses allocations there (core/sleep.c). */
-    bool rare = d->cap.ncapturing || d->nroutes || ev_waiting(d) || d->roundup_any ||
+    bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any ||
                 hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
                 d->nasleep;

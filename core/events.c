@@ -150,7 +150,7 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b)
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS && defer(d, b))
         return XSEG_SUCCESS;
     /* During a capture, event queries are illegal: defer recording until it ends. */
-    if ((d->cap.ncapturing || d->nroutes) && dev_capture_underway(d) && defer(d, b)) {
+    if (cap_underway(d) && dev_capture_underway(d) && defer(d, b)) {
         /* graph_capture_record_stream_reuse: the graph may free it before the capture ends. */
         if (d->cfg.graph_capture_record_stream_reuse)
             capreuse_mark(d, b, d->ev.ndeferred - 1);

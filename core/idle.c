@@ -38,7 +38,7 @@ static bool idle_running(void) { return settings_idle_thread_running(); }
 static void idle_service(struct dev_alloc *d)
 {
     dev_lock(d);
-    if (d->cfg.idle_release_ms && !d->cap.ncapturing && !d->nroutes) {
+    if (d->cfg.idle_release_ms && !cap_underway(d)) {
         if (ev_waiting(d))
             ev_process(d);
         trim_idle_tick(d);

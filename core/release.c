@@ -145,7 +145,7 @@ static xseg_status release_unused_pools(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     xseg_status first = XSEG_SUCCESS;
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         if (pp->use_count > 0)
             continue;
         xseg_status st1 = release_blocks(d, &pp->large);
@@ -176,9 +176,9 @@ xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st)
     xseg_status st1 = release_blocks_memo(d, &d->large, &memo);
     xseg_status st2 = release_blocks_memo(d, &d->small, &memo);
     memo_free(&memo);
-    xseg_status st3 = d->pools ? release_unused_pools(d) : XSEG_SUCCESS;
+    xseg_status st3 = d->priv.pools ? release_unused_pools(d) : XSEG_SUCCESS;
     exp_release_empty_segments(d);
-    if (d->pools)
+    if (d->priv.pools)
         pools_reap(d);
     return st1 != XSEG_SUCCESS ? st1 : st2 != XSEG_SUCCESS ? st2 : st3;
 }

@@ -568,7 +568,7 @@ xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_slee
             add_stats(*slot(d, pp), out);
     } else {
         add_stats(d->sleep_default, out);
-        for (const struct priv_pool *pp = d->pools; pp; pp = pp->next)
+        for (const struct priv_pool *pp = d->priv.pools; pp; pp = pp->next)
             add_stats(pp->sleep, out);
         out->flags = 0;
     }

@@ -144,4 +144,17 @@ struct cap_state {
     size_t ncapturing, capcapturing;
 };
 
+
+/* ---- pools.c: private pools and allocate-to-pool routes (core/pools.h) --------------------- */
+struct priv_pool;
+struct pool_route;
+/* Private pools and the allocate-to-pool routes in force, oldest first (PyTorch's graph_pools and
+ * captures_underway). While nroutes > 0 a capture is taken to be underway: no event is queried,
+ * frees with recorded streams are deferred, nothing is released. */
+struct pool_state {
+    struct priv_pool *pools;
+    struct pool_route *routes;
+    size_t nroutes, caproutes;
+};
+
 #endif

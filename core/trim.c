@@ -97,7 +97,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
     struct trim_cand *v = NULL;
     size_t n = 0, cap = 0;
     bool ok = collect(&d->large, idle_only, &v, &n, &cap) && collect(&d->small, idle_only, &v, &n, &cap);
-    for (struct priv_pool *pp = d->pools; ok && pp; pp = pp->next)
+    for (struct priv_pool *pp = d->priv.pools; ok && pp; pp = pp->next)
         if (pp->use_count == 0)
             ok = collect(&pp->large, idle_only, &v, &n, &cap) && collect(&pp->small, idle_only, &v, &n, &cap);
     if (!ok) {
@@ -139,7 +139,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
     memo_free(&memo);
     free(v);
     exp_release_empty_segments(d);
-    if (d->pools)
+    if (d->priv.pools)
         pools_reap(d);
     if (released)
         *released = got;
@@ -171,7 +171,7 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     /* Blocks whose record_stream events have completed go back to their pools first; pending
      * ones are not waited for (empty_cache does that). Event queries are illegal during a
      * capture, and nothing is released then anyway. */
-    if (ev_waiting(d) && !d->cap.ncapturing && !d->nroutes)
+    if (ev_waiting(d) && !cap_underway(d))
         ev_process(d);
     xseg_status st = trim_cache(d, keep, TRIM_SYNC, false, released);
     /* The streams it synchronized are known idle now: release_threshold_mb applies as well. */
@@ -217,7 +217,7 @@ void trim_idle_tick(struct dev_alloc *d)
     d->idle_tick_ns = now;
     pool_tick(&d->small, now, window);
     pool_tick(&d->large, now, window);
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         pool_tick(&pp->small, now, window);
         pool_tick(&pp->large, now, window);
     }
