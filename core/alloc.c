@@ -601,7 +601,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
             return st;
     }
     /* A sleeping pool hands nothing out (no wake behind the caller's back: core/sleep.h). */
-    if (XSEG_UNLIKELY(d->nasleep) && sleep_pool_asleep(d, priv))
+    if (XSEG_UNLIKELY(d->sleep.nasleep) && sleep_pool_asleep(d, priv))
         return sleep_refuse(d, priv);
     if (XSEG_UNLIKELY(ev_waiting(d)) && !cap_underway(d)) {
         size_t pending = d->ev.pending_events + d->ev.ndeferred;

@@ -129,11 +129,7 @@ struct dev_alloc {
      * events it causes (best effort: a malloc that drops the lock may see another's). */
     struct hstack *hist_cur;
 
-    /* Sleep and wake (core/sleep.c): the default pools' sleep (NULL: awake), how many pools sleep
-     * (a rare condition: malloc takes the general path while > 0), and the device's counts. */
-    struct pool_sleep *sleep_default;
-    unsigned nasleep;
-    int64_t num_sleeps, num_wakes;
+    struct sleep_state sleep; /* sleep and wake (sleep.c; sleep_any) */
 
     /* The stream slots (struct dev_slot): a stream's is slots[dev_slot_index(stream)]; bit i of
      * busy_slots is set while slots[i] holds a block. */
@@ -320,7 +316,7 @@ static inline void dev_fast_update(struct dev_alloc *d)
     bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any ||
                 hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
-                d->nasleep;
+                d->sleep.nasleep;
     d->fast_gen = rare ? 0 : d->cfg_gen;
 }
 

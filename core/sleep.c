@@ -98,7 +98,7 @@ static xseg_status find_pool(struct dev_alloc *d, const char *fn, xseg_pool_id i
 static struct pool_sleep **slot(struct dev_alloc *d, struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    return pp ? &pp->sleep : &d->sleep_default;
+    return pp ? &pp->sleep : &d->sleep.sleep_default;
 }
 
 xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
@@ -111,7 +111,7 @@ xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
 size_t sleep_allocated_bytes(const struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (!d->nasleep)
+    if (!d->sleep.nasleep)
         return 0;
     size_t bytes = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg)
@@ -399,8 +399,8 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         return st;
     }
     *slot(d, pp) = ps;
-    d->nasleep++;
-    d->num_sleeps++;
+    d->sleep.nasleep++;
+    d->sleep.num_sleeps++;
     dev_fast_off(d);
     return st;
 }
@@ -535,8 +535,8 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
     }
     hist_ranges(d, ps, HIST_SEGMENT_MAP);
     *slot(d, pp) = NULL;
-    d->nasleep--;
-    d->num_wakes++;
+    d->sleep.nasleep--;
+    d->sleep.num_wakes++;
     state_free(d, ps);
     return XSEG_SUCCESS;
 }
@@ -567,13 +567,13 @@ xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_slee
         if (st == XSEG_SUCCESS)
             add_stats(*slot(d, pp), out);
     } else {
-        add_stats(d->sleep_default, out);
+        add_stats(d->sleep.sleep_default, out);
         for (const struct priv_pool *pp = d->priv.pools; pp; pp = pp->next)
             add_stats(pp->sleep, out);
         out->flags = 0;
     }
-    out->num_sleeps = d->num_sleeps;
-    out->num_wakes = d->num_wakes;
+    out->num_sleeps = d->sleep.num_sleeps;
+    out->num_wakes = d->sleep.num_wakes;
     dev_unlock(d);
     return st;
 }

@@ -157,4 +157,15 @@ struct pool_state {
     size_t nroutes, caproutes;
 };
 
+
+/* ---- sleep.c: sleep and wake (core/sleep.h) ------------------------------------------------ */
+struct pool_sleep;
+/* The default pools' sleep (NULL: awake), how many pools sleep (a rare condition: malloc takes
+ * the general path while > 0), and the device's counts. */
+struct sleep_state {
+    struct pool_sleep *sleep_default;
+    unsigned nasleep;
+    int64_t num_sleeps, num_wakes;
+};
+
 #endif
