@@ -229,7 +229,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
         dev_block_delete(d, b);
         return st;
     }
-    d->total_allocated_memory += size;
+    d->acct.total_allocated_memory += size;
     b->addr = (uintptr_t)ptr;
     b->size = size;
     b->stream = p->stream;
@@ -241,13 +241,13 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     sr->stream = p->stream;
     sr->size = size;
     dev_seglist_add(d, sr);
-    stat_pool(d->stats.segment, p->pool, 1);
-    stat_pool(d->stats.reserved_bytes, p->pool, (int64_t)size);
+    stat_pool(d->acct.stats.segment, p->pool, 1);
+    stat_pool(d->acct.stats.reserved_bytes, p->pool, (int64_t)size);
     if (size >= d->cfg.max_split_size) {
         sr->oversize = true;
-        stat_add(&d->stats.oversize_segments, 1);
+        stat_add(&d->acct.stats.oversize_segments, 1);
     }
-    d->stats.num_device_alloc++;
+    d->acct.stats.num_device_alloc++;
     p->block = b;
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_ALLOC, d->device, b->addr, size, (uintptr_t)p->stream, d->hist_cur);
@@ -260,10 +260,10 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
 {
     lock_assert_held(&d->lock);
     if (is_retry)
-        d->stats.num_alloc_retries++;
+        d->acct.stats.num_alloc_retries++;
     if (d->use_expandable)
         return exp_allocate(d, p->pool, p->stream, p->size, &p->block);
-    if (d->set_fraction && d->total_allocated_memory + p->alloc_size > d->allowed_memory_maximum)
+    if (d->acct.set_fraction && d->acct.total_allocated_memory + p->alloc_size > d->acct.allowed_memory_maximum)
         return XSEG_ERROR_OUT_OF_MEMORY;
     return alloc_classic(d, p);
 }
@@ -312,10 +312,10 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
             }
             if (!b->expandable) {
                 if (already_split) {
-                    stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)a->size);
+                    stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)a->size);
                 } else {
-                    stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
-                    stat_up_pool(d->stats.inactive_split, si, 1);
+                    stat_up_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)b->size);
+                    stat_up_pool(d->acct.stats.inactive_split, si, 1);
                 }
             }
             b = a;
@@ -326,18 +326,18 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         if (indexed)
             bpool_remove_free(pool, b);
         if (already_split && !b->expandable) {
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
-            stat_down_pool(d->stats.inactive_split, si, 1);
+            stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)b->size);
+            stat_down_pool(d->acct.stats.inactive_split, si, 1);
         }
     }
     b->allocated = true;
     b->u.requested_size = orig_size; /* no side: it was free */
-    stat_up_pool(d->stats.allocation, si, 1);
-    stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
+    stat_up_pool(d->acct.stats.allocation, si, 1);
+    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)orig_size);
     b->oversize = b->size >= d->cfg.max_split_size;
     if (b->oversize)
-        stat_up(&d->stats.oversize_allocations, 1);
+        stat_up(&d->acct.stats.oversize_allocations, 1);
     return b;
 }
 
@@ -347,10 +347,10 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     b->allocated = false;
-    stat_pool(d->stats.allocation, block_pool(b), -1);
-    stat_pool(d->stats.allocated_bytes, block_pool(b), -(int64_t)b->size);
+    stat_pool(d->acct.stats.allocation, block_pool(b), -1);
+    stat_pool(d->acct.stats.allocated_bytes, block_pool(b), -(int64_t)b->size);
     if (b->oversize)
-        stat_add(&d->stats.oversize_allocations, -1);
+        stat_add(&d->acct.stats.oversize_allocations, -1);
     dev_free_block(d, b);
 }
 
@@ -365,16 +365,16 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     size_t dfree = 0, dtotal = d->info.total_mem;
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv_mem_info(&dfree, &dtotal);
-    d->stats.num_ooms++;
+    d->acct.stats.num_ooms++;
     /* A sleeping pool's live blocks count as allocated but hold no reserved page. */
     size_t asleep = sleep_allocated_bytes(d);
-    size_t allocated = (size_t)stats_all_current(d->stats.allocated_bytes) - asleep;
-    size_t reserved = (size_t)stats_all_current(d->stats.reserved_bytes);
+    size_t allocated = (size_t)stats_all_current(d->acct.stats.allocated_bytes) - asleep;
+    size_t reserved = (size_t)stats_all_current(d->acct.stats.reserved_bytes);
     /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
      * replays, not releasable), counted with the allocated memory rather than the unallocated. */
     size_t in_private = d->priv.pools ? pools_cached_bytes(d) : 0;
-    bool set_fraction = d->set_fraction;
-    size_t allowed = d->allowed_memory_maximum;
+    bool set_fraction = d->acct.set_fraction;
+    size_t allowed = d->acct.allowed_memory_maximum;
     bool expandable = d->use_expandable;
     int device = d->device;
     if (XSEG_UNLIKELY(hist_mode()))
@@ -512,7 +512,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * segment metadata is sized for it (2^54 bytes would cost gigabytes of page tables) and
      * before the OOM path empties the cache for nothing. */
     p->alloc_size = allocation_size(d, p->size);
-    size_t limit = d->set_fraction ? d->allowed_memory_maximum : d->info.total_mem;
+    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
     if (XSEG_UNLIKELY(size > limit))
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
@@ -651,7 +651,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.block = NULL;
-        xseg_assert(!d->pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.pending) */
+        xseg_assert(!d->acct.pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.pending) */
         return malloc_policy(d, &p, true, found, size, out, NULL);
     }
     struct hist_mctx h = {NULL, false}, *hp = NULL;
@@ -673,7 +673,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     }
     /* active rose with allocation: while blocks are pending it is above allocation, and its peak
      * is tracked apart (dev_alloc.pending). The lock was held since the block was handed out. */
-    if (XSEG_UNLIKELY(d->pending[XSEG_STAT_ALL]) && st == XSEG_SUCCESS)
+    if (XSEG_UNLIKELY(d->acct.pending[XSEG_STAT_ALL]) && st == XSEG_SUCCESS)
         dev_track_active_peak(d);
     if (hp) {
         if (cur && !h.cur_cleared && d->hist_cur == cur) /* failed: hist_on_alloc did not run */
@@ -766,7 +766,7 @@ struct split_then {
 
 static inline void split_then_take(const struct dev_alloc *d, int si, struct split_then *t)
 {
-    const xseg_stat_counter *n = d->stats.inactive_split, *by = d->stats.inactive_split_bytes;
+    const xseg_stat_counter *n = d->acct.stats.inactive_split, *by = d->acct.stats.inactive_split_bytes;
     t->si = si;
     t->n = n[si].current;
     t->bytes = by[si].current;
@@ -779,7 +779,7 @@ static inline void split_then_take(const struct dev_alloc *d, int si, struct spl
  * recorded; the malloc's own steps, all downward, reached no peak. */
 static __attribute__((noinline)) void malloc_settle_after(struct dev_alloc *d, const struct split_then *t)
 {
-    xseg_stat_counter *n = d->stats.inactive_split, *by = d->stats.inactive_split_bytes;
+    xseg_stat_counter *n = d->acct.stats.inactive_split, *by = d->acct.stats.inactive_split_bytes;
     int si = t->si;
     int64_t n1 = n[si].current, b1 = by[si].current;
     dev_free_settle_slow(d);
@@ -838,7 +838,7 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
             ptrmap_prefetch(&d->live, b->addr);
             p.block = b;
             /* The permit: nothing is pending, active moves with allocation (dev_alloc.pending). */
-            xseg_assert(!d->pending[XSEG_STAT_ALL]);
+            xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
             struct split_then t;
             if (x && !x->expandable)
                 split_then_take(d, dev_block_pool(d, x)->stat_index, &t);
@@ -921,7 +921,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
 {
     lock_assert_held(&d->lock);
     if (b->oversize) {
-        stat_down(&d->stats.oversize_allocations, 1);
+        stat_down(&d->acct.stats.oversize_allocations, 1);
         b->oversize = false;
     }
     b->exported = false; /* the export ends with the block (its pool may sleep again) */
@@ -998,8 +998,8 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
         }
     }
     int si = dev_block_pool(d, b)->stat_index;
-    stat_down_pool(d->stats.allocation, si, 1);
-    stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
+    stat_down_pool(d->acct.stats.allocation, si, 1);
+    stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
     /* oversize, recorded, exported and a side struct (recorded streams) in one test
      * (block_free_slow), handled out of line with the rest of the free: a call on this path would
      * make the compiler reload the block's fields after it. */
@@ -1137,7 +1137,7 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
     dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
     refresh_cfg(d);
     dev_stats_copy(d, out);
-    xseg_device_stats base = d->acc_base;
+    xseg_device_stats base = d->acct.acc_base;
     dev_unlock(d);
     stats_subtract_accumulated(out, &base);
 }
@@ -1147,7 +1147,7 @@ void alloc_reset_accumulated(struct dev_alloc *d)
     dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
     xseg_device_stats now;
     dev_stats_copy(d, &now);
-    d->acc_base = now;
+    d->acct.acc_base = now;
     dev_unlock(d);
 }
 

@@ -364,16 +364,16 @@ static void check_walk(struct dev_alloc *d)
         CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
         CHECK(sl->reps || !sl->live);
     }
-    CHECK(rc.driver_bytes == d->total_allocated_memory);
+    CHECK(rc.driver_bytes == d->acct.total_allocated_memory);
     /* The folded copy every reader sees (dev_stats_copy): active is allocation + pending. */
     xseg_device_stats folded;
     dev_stats_copy_slots_held(d, &folded);
     const xseg_device_stats *st = &folded;
-    check_counter(d->stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
-    check_counter(d->stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});
-    CHECK(d->pending[XSEG_STAT_ALL] == d->pending[XSEG_STAT_SMALL_POOL] + d->pending[XSEG_STAT_LARGE_POOL]);
-    CHECK(d->pending_bytes[XSEG_STAT_ALL] ==
-          d->pending_bytes[XSEG_STAT_SMALL_POOL] + d->pending_bytes[XSEG_STAT_LARGE_POOL]);
+    check_counter(d->acct.stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
+    check_counter(d->acct.stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});
+    CHECK(d->acct.pending[XSEG_STAT_ALL] == d->acct.pending[XSEG_STAT_SMALL_POOL] + d->acct.pending[XSEG_STAT_LARGE_POOL]);
+    CHECK(d->acct.pending_bytes[XSEG_STAT_ALL] ==
+          d->acct.pending_bytes[XSEG_STAT_SMALL_POOL] + d->acct.pending_bytes[XSEG_STAT_LARGE_POOL]);
     check_counter(st->allocation, rc.allocation);
     check_counter(st->allocated_bytes, rc.allocated_bytes);
     check_counter(st->active, rc.active);

@@ -18,13 +18,13 @@
 void dev_apply_fraction(struct dev_alloc *d, double fraction)
 {
     lock_assert_held(&d->lock);
-    d->fraction = fraction;
+    d->acct.fraction = fraction;
     if (fraction < 1.0) {
-        d->set_fraction = true;
-        d->allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
+        d->acct.set_fraction = true;
+        d->acct.allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
     } else {
-        d->set_fraction = false;
-        d->allowed_memory_maximum = d->info.total_mem;
+        d->acct.set_fraction = false;
+        d->acct.allowed_memory_maximum = d->info.total_mem;
     }
 }
 
@@ -44,7 +44,7 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
      * until the key changes again. */
     if (first || d->cfg.per_process_memory_fraction != old_fraction)
         dev_apply_fraction(d, d->cfg.per_process_memory_fraction);
-    d->stats.max_split_size =
+    d->acct.stats.max_split_size =
         d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
 }
 
@@ -154,30 +154,30 @@ void dev_seglist_remove(struct dev_alloc *d, struct segrec *s)
 void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
 {
     lock_assert_held(&d->lock);
-    d->total_allocated_memory += bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
-    d->stats.num_device_alloc += (int64_t)pages;
+    d->acct.total_allocated_memory += bytes;
+    stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
+    d->acct.stats.num_device_alloc += (int64_t)pages;
 }
 
 void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
 {
     lock_assert_held(&d->lock);
-    xseg_assert(bytes <= d->total_allocated_memory);
-    d->total_allocated_memory -= bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
-    d->stats.num_device_free += (int64_t)pages;
+    xseg_assert(bytes <= d->acct.total_allocated_memory);
+    d->acct.total_allocated_memory -= bytes;
+    stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
+    d->acct.stats.num_device_free += (int64_t)pages;
 }
 
 bool dev_fraction_allows(const struct dev_alloc *d, size_t more)
 {
     lock_assert_held(&d->lock);
-    return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
+    return !d->acct.set_fraction || d->acct.total_allocated_memory + more <= d->acct.allowed_memory_maximum;
 }
 
 void dev_count_sync_all(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    d->stats.num_sync_all_streams++;
+    d->acct.stats.num_sync_all_streams++;
 }
 
 /* ---- capture ----------------------------------------------------------------------------- */
@@ -265,7 +265,7 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     lock_assert_held(&s->lock);
     struct block *b = s->lazy ? s->lazy : s->live;
     xseg_assert(b && (d->busy_slots >> i & 1));
-    slot_owe(s, &d->stats);
+    slot_owe(s, &d->acct.stats);
     struct block *r = b->next;
     struct bpool *pool = block_pool(b);
     if (s->live) {
@@ -368,9 +368,9 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
     /* inactive_split leaves expandable blocks out: their free pages can always be released. */
     if (!b->expandable) {
         if (net_blocks)
-            stat_add_pool(d->stats.inactive_split, pool->stat_index, net_blocks);
+            stat_add_pool(d->acct.stats.inactive_split, pool->stat_index, net_blocks);
         if (net_bytes)
-            stat_add_pool(d->stats.inactive_split_bytes, pool->stat_index, net_bytes);
+            stat_add_pool(d->acct.stats.inactive_split_bytes, pool->stat_index, net_bytes);
     }
     if (account)
         dev_account_inactive(d, pool->stat_index, requested);
@@ -413,31 +413,31 @@ static void active_current(const struct dev_alloc *d, const xseg_device_stats *s
 {
     lock_assert_held(&d->lock);
     const xseg_stat_counter *n = st->allocation, *b = st->allocated_bytes;
-    cur[XSEG_STAT_ALL] = stats_all_current(n) + d->pending[XSEG_STAT_ALL];
-    bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->pending_bytes[XSEG_STAT_ALL];
+    cur[XSEG_STAT_ALL] = stats_all_current(n) + d->acct.pending[XSEG_STAT_ALL];
+    bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->acct.pending_bytes[XSEG_STAT_ALL];
     for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
-        cur[i] = n[i].current + d->pending[i];
-        bytes[i] = b[i].current + d->pending_bytes[i];
+        cur[i] = n[i].current + d->acct.pending[i];
+        bytes[i] = b[i].current + d->acct.pending_bytes[i];
     }
 }
 
 void dev_track_active_peak(struct dev_alloc *d)
 {
     int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
-    active_current(d, &d->stats, cur, bytes);
+    active_current(d, &d->acct.stats, cur, bytes);
     /* Every entry, the other pool's too: each value is one active has now, so a peak may take it. */
     for (int i = 0; i < XSEG_STAT_POOLS; i++) {
-        if (cur[i] > d->active_peak[i])
-            d->active_peak[i] = cur[i];
-        if (bytes[i] > d->active_bytes_peak[i])
-            d->active_bytes_peak[i] = bytes[i];
+        if (cur[i] > d->acct.active_peak[i])
+            d->acct.active_peak[i] = cur[i];
+        if (bytes[i] > d->acct.active_bytes_peak[i])
+            d->acct.active_bytes_peak[i] = bytes[i];
     }
 }
 
 void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
-    *out = d->stats;
+    *out = d->acct.stats;
     for (uint32_t m = d->busy_slots; m; m &= m - 1)
         slot_owe(&d->slots[__builtin_ctz(m)], out);
     int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
@@ -450,8 +450,8 @@ void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
         out->active_bytes[i].allocated = b[i].allocated;
     }
     for (int i = 0; i < XSEG_STAT_POOLS; i++) {
-        out->active[i].peak = d->active_peak[i] > n[i].peak ? d->active_peak[i] : n[i].peak;
-        out->active_bytes[i].peak = d->active_bytes_peak[i] > b[i].peak ? d->active_bytes_peak[i] : b[i].peak;
+        out->active[i].peak = d->acct.active_peak[i] > n[i].peak ? d->acct.active_peak[i] : n[i].peak;
+        out->active_bytes[i].peak = d->acct.active_bytes_peak[i] > b[i].peak ? d->acct.active_bytes_peak[i] : b[i].peak;
     }
     stats_fill_all(out); /* the "all" currents and allocated, every freed */
 }
@@ -471,9 +471,9 @@ void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
 void dev_stats_reset_peaks(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    stats_fill_all(&d->stats);
-    stats_reset_peaks(&d->stats);
-    active_current(d, &d->stats, d->active_peak, d->active_bytes_peak);
+    stats_fill_all(&d->acct.stats);
+    stats_reset_peaks(&d->acct.stats);
+    active_current(d, &d->acct.stats, d->acct.active_peak, d->acct.active_bytes_peak);
 }
 
 /* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */

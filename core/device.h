@@ -90,29 +90,7 @@ struct dev_alloc {
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
     struct arena structs;    /* where the slabs come from (dev_block_carve) */
 
-    xseg_device_stats stats;
-    /* The accumulated values (.allocated, .freed, the num_* counts) at the last
-     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
-     * so the internal counters keep freed == allocated - current. */
-    xseg_device_stats acc_base;
-    /*
-     * The `active` rows are folded at query time (dev_stats_copy), so malloc and free leave them
-     * alone: d->stats.active and .active_bytes stay zero. A block is active while allocated or
-     * pending (freed by the user, waiting for its events or a capture's end), so per pool
-     * active = allocation + pending, in blocks and in bytes (both count block sizes), and
-     * active's allocated is allocation's (both count at malloc). The peaks: active rises only at
-     * a malloc, where allocation rises by as much, and equals it while nothing is pending, so
-     * active.peak = max(active_peak, allocation.peak), with active_peak raised at every malloc
-     * made while something is pending (dev_track_active_peak, from malloc_slow: the fast paths
-     * never run then, their permit being off while events or deferred frees exist) and set to
-     * active.current at a peak reset. [XSEG_STAT_ALL] of pending holds the sum of the pools.
-     */
-    int64_t pending[XSEG_STAT_POOLS], pending_bytes[XSEG_STAT_POOLS];
-    int64_t active_peak[XSEG_STAT_POOLS], active_bytes_peak[XSEG_STAT_POOLS];
-    size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
-    size_t allowed_memory_maximum;
-    bool set_fraction;
-    double fraction;
+    struct acct acct; /* statistics, pending blocks, peaks, reserved bytes, memory fraction */
 
     struct ev_state ev; /* record_stream's events and deferred frees (events.c; ev_waiting) */
     /* graph_capture_record_stream_reuse: markers of deferred blocks, graph walks (capreuse.c) */
@@ -244,7 +222,7 @@ static inline void dev_live_settle(struct dev_alloc *d)
 /* Does every search tick the GC clock (garbage_collection_threshold with a memory fraction set)? */
 static inline bool dev_gc_on(const struct dev_alloc *d)
 {
-    return d->set_fraction && d->cfg.garbage_collection_threshold > 0.0;
+    return d->acct.set_fraction && d->cfg.garbage_collection_threshold > 0.0;
 }
 
 /* dev_alloc.free_defer_min's value. */
@@ -389,7 +367,7 @@ void dev_free_block_general(struct dev_alloc *d, struct block *b, bool account);
 static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t requested)
 {
     lock_assert_held(&d->lock);
-    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
+    stat_down_pool(d->acct.stats.requested_bytes, si, (int64_t)requested);
 }
 
 /* Freed block @p b becomes pending (@p sign 1: ev_insert) or stops being pending (-1: its events
@@ -399,11 +377,11 @@ static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, i
     lock_assert_held(&d->lock);
     int si = block_pool(b)->stat_index;
     int64_t bytes = sign * (int64_t)b->size;
-    d->pending[si] += sign;
-    d->pending[XSEG_STAT_ALL] += sign;
-    d->pending_bytes[si] += bytes;
-    d->pending_bytes[XSEG_STAT_ALL] += bytes;
-    xseg_assert(d->pending[si] >= 0 && d->pending_bytes[si] >= 0);
+    d->acct.pending[si] += sign;
+    d->acct.pending[XSEG_STAT_ALL] += sign;
+    d->acct.pending_bytes[si] += bytes;
+    d->acct.pending_bytes[XSEG_STAT_ALL] += bytes;
+    xseg_assert(d->acct.pending[si] >= 0 && d->acct.pending_bytes[si] >= 0);
 }
 
 /* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.pending). */
@@ -461,10 +439,10 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
      * spans its whole segment. */
     if (!keep->expandable) {
         if (XSEG_LIKELY(block_is_split(keep))) {
-            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)orig_size);
+            stat_up_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)orig_size);
         } else {
-            stat_down_pool(d->stats.inactive_split, si, 1);
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
+            stat_down_pool(d->acct.stats.inactive_split, si, 1);
+            stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)keep_size);
         }
     }
     if (account)

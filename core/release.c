@@ -82,12 +82,12 @@ xseg_status release_block(struct dev_alloc *d, struct block *b)
     struct segrec *sr = b->seg;
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_FREE, d->device, b->addr, b->size, (uintptr_t)b->stream, d->hist_cur);
-    d->stats.num_device_free++;
-    d->total_allocated_memory -= b->size;
-    stat_add_pool(d->stats.segment, block_pool(b)->stat_index, -1);
-    stat_add_pool(d->stats.reserved_bytes, block_pool(b)->stat_index, -(int64_t)b->size);
+    d->acct.stats.num_device_free++;
+    d->acct.total_allocated_memory -= b->size;
+    stat_add_pool(d->acct.stats.segment, block_pool(b)->stat_index, -1);
+    stat_add_pool(d->acct.stats.reserved_bytes, block_pool(b)->stat_index, -(int64_t)b->size);
     if (sr->oversize)
-        stat_add(&d->stats.oversize_segments, -1);
+        stat_add(&d->acct.stats.oversize_segments, -1);
     bpool_remove_free(block_pool(b), b);
     dev_seglist_remove(d, sr);
     bpool_bins_release(sr->pool, sr->stream);
@@ -225,10 +225,10 @@ void release_garbage_collect(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     if (dev_capture_underway(d))
         return;
-    size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->allowed_memory_maximum);
-    if (d->total_allocated_memory <= threshold)
+    size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->acct.allowed_memory_maximum);
+    if (d->acct.total_allocated_memory <= threshold)
         return;
-    size_t target = d->total_allocated_memory - threshold, reclaimed = 0;
+    size_t target = d->acct.total_allocated_memory - threshold, reclaimed = 0;
     struct block **arr;
     size_t n;
     if (!bpool_collect_free(&d->large, &arr, &n))

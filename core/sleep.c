@@ -497,7 +497,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
     if (!dev_fraction_allows(d, need))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_wake: %s on device %d needs %zu bytes, over the memory "
                        "fraction's limit of %zu (%zu in use)", pool_name(pp, buf), d->device, need,
-                       d->allowed_memory_maximum, d->total_allocated_memory);
+                       d->acct.allowed_memory_maximum, d->acct.total_allocated_memory);
     if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
         return st;
 

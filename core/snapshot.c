@@ -656,7 +656,7 @@ static size_t active_bytes(struct dev_alloc *d)
 {
     dev_acquire(d);
     /* active_bytes.all.current, folded (dev_alloc.pending) */
-    size_t n = (size_t)(stats_all_current(d->stats.allocated_bytes) + d->pending_bytes[XSEG_STAT_ALL]);
+    size_t n = (size_t)(stats_all_current(d->acct.stats.allocated_bytes) + d->acct.pending_bytes[XSEG_STAT_ALL]);
     dev_unlock(d);
     return n;
 }

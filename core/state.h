@@ -168,4 +168,34 @@ struct sleep_state {
     int64_t num_sleeps, num_wakes;
 };
 
+
+/* ---- device.c: the device's memory accounting (statistics, peaks, fraction) --------------- */
+/* Written by device.c's accounting functions and by the malloc, free and segment release paths
+ * whose counters move with the block (alloc.c, release.c); read elsewhere (core/stats.h). */
+struct acct {
+    xseg_device_stats stats;
+    /* The accumulated values (.allocated, .freed, the num_* counts) at the last
+     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
+     * so the internal counters keep freed == allocated - current. */
+    xseg_device_stats acc_base;
+    /*
+     * The `active` rows are folded at query time (dev_stats_copy), so malloc and free leave them
+     * alone: d->acct.stats.active and .active_bytes stay zero. A block is active while allocated or
+     * pending (freed by the user, waiting for its events or a capture's end), so per pool
+     * active = allocation + pending, in blocks and in bytes (both count block sizes), and
+     * active's allocated is allocation's (both count at malloc). The peaks: active rises only at
+     * a malloc, where allocation rises by as much, and equals it while nothing is pending, so
+     * active.peak = max(active_peak, allocation.peak), with active_peak raised at every malloc
+     * made while something is pending (dev_track_active_peak, from malloc_slow: the fast paths
+     * never run then, their permit being off while events or deferred frees exist) and set to
+     * active.current at a peak reset. [XSEG_STAT_ALL] of pending holds the sum of the pools.
+     */
+    int64_t pending[XSEG_STAT_POOLS], pending_bytes[XSEG_STAT_POOLS];
+    int64_t active_peak[XSEG_STAT_POOLS], active_bytes_peak[XSEG_STAT_POOLS];
+    size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
+    size_t allowed_memory_maximum;
+    bool set_fraction;
+    double fraction;
+};
+
 #endif

@@ -27,9 +27,9 @@
 size_t trim_cached_bytes(const struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    int64_t reserved = stats_all_current(d->stats.reserved_bytes);
+    int64_t reserved = stats_all_current(d->acct.stats.reserved_bytes);
     /* Sleeping pools' live blocks hold no reserved page (core/sleep.h). */
-    int64_t allocated = stats_all_current(d->stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d);
+    int64_t allocated = stats_all_current(d->acct.stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d);
     return reserved > allocated ? (size_t)(reserved - allocated) : 0;
 }
 
@@ -125,7 +125,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
         if (!known && b->expandable && (st = memo_wait(d, &memo, b->stream)) != XSEG_SUCCESS)
             break;
         v[i].b = NULL;
-        size_t before = d->total_allocated_memory;
+        size_t before = d->acct.total_allocated_memory;
         if (b->expandable) {
             /* Chunks are whole: the callee takes as few of this run's highest chunks as cover the
              * rest of the need. Earlier unmaps never delete a later candidate: they merge only
@@ -134,7 +134,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
         } else {
             st = release_block(d, b);
         }
-        got += before - d->total_allocated_memory;
+        got += before - d->acct.total_allocated_memory;
     }
     memo_free(&memo);
     free(v);

@@ -20,7 +20,7 @@ static int corrupt_stat(void *arg)
 {
     (void)arg;
     lock_acquire(&dev->lock);
-    dev->stats.allocated_bytes[XSEG_STAT_SMALL_POOL].current += 512;
+    dev->acct.stats.allocated_bytes[XSEG_STAT_SMALL_POOL].current += 512;
     dev_check(dev);
     return 0; /* not reached when the check works */
 }
