@@ -457,7 +457,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
                                                                        struct hist_mctx *h, bool defer)
 {
     lock_assert_held(&d->lock);
-    xseg_assert(!d->live_pending); /* settled when the lock was taken */
+    xseg_assert(!d->fast.live_pending); /* settled when the lock was taken */
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
     if (defer) {
         /* The insert waits for the next lock holder (dev_alloc.live_pending): room reserved now,
@@ -466,7 +466,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
             undo_alloc(d, b);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
         }
-        d->live_pending = b;
+        d->fast.live_pending = b;
     } else if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
@@ -476,7 +476,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation's history");
     }
-    d->last_alloc = b;
+    d->fast.last_alloc = b;
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -805,10 +805,10 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     dev_lock_malloc(d);
     xseg_status st;
     /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
-    if (XSEG_LIKELY(settings_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
+    if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
         /* A malloc moves counters up: the slots counted above what they hold settle first (and the
          * pending free before them, as any other lock taker would). */
-        if (XSEG_UNLIKELY(d->busy_slots)) {
+        if (XSEG_UNLIKELY(d->fast.busy_slots)) {
             dev_free_settle(d);
             dev_slots_settle_for_raise(d, stream);
         }
@@ -818,7 +818,7 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
         p.stream = stream;
         /* A pending block no larger than the request is no larger than any fit: it could only
          * wait if it were (free_pending_keeps_fit), so it is made before the one search. */
-        struct block *x = d->free_pending;
+        struct block *x = d->fast.free_pending;
         if (x && x->size <= p.size) {
             dev_free_settle_slow(d);
             x = NULL;
@@ -951,7 +951,7 @@ static bool slot_fill_ok(struct dev_alloc *d, const struct block *b)
     lock_assert_held(&d->lock);
     const struct block *prev = b->prev, *next = b->next;
     if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
-        settings_gen() != d->fast_gen)
+        settings_gen() != d->fast.fast_gen)
         return false;
     if (dev_gc_on(d))
         return false;
@@ -967,7 +967,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     /* The block's stream's slot settles first (it may hold this very block, freed or handed
      * out), and so does every slot counted above what it holds: a merge into a split block moves
      * inactive_split_bytes up. */
-    if (XSEG_UNLIKELY(d->busy_slots)) {
+    if (XSEG_UNLIKELY(d->fast.busy_slots)) {
         struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
         if (x)
             dev_slots_settle_for_raise(d, x->stream);
@@ -981,18 +981,18 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     *owned = true;
     b->allocated = false;
     xseg_status st = XSEG_SUCCESS;
-    if (b == d->last_alloc && slot_fill_ok(d, b)) {
+    if (b == d->fast.last_alloc && slot_fill_ok(d, b)) {
         /* Counted allocated while in the slot: its map entry stays (the fold and the settle
          * count it). On host OOM the eager free below runs instead. */
         unsigned i = dev_slot_index(b->stream);
-        struct dev_slot *s = &d->slots[i];
+        struct dev_slot *s = &d->fast.slots[i];
         if (XSEG_LIKELY(ptrmap_put(&d->live, b->addr, b))) {
             spin_acquire(&s->lock);
             s->lazy = b;
-            s->gen = d->fast_gen;
+            s->gen = d->fast.fast_gen;
             s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
             spin_release(&s->lock);
-            d->busy_slots |= (uint32_t)1 << i;
+            d->fast.busy_slots |= (uint32_t)1 << i;
             dev_unlock(d);
             return XSEG_SUCCESS;
         }
@@ -1005,7 +1005,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
      * make the compiler reload the block's fields after it. */
     if (XSEG_UNLIKELY(block_free_slow(b))) {
         st = free_ptr_rare(d, b);
-    } else if (d->live.count < d->free_defer_min || dev_gc_on(d)) {
+    } else if (d->live.count < d->fast.free_defer_min || dev_gc_on(d)) {
         /* Few live blocks: their neighbours are cached. The GC clock ticks in every search: a
          * malloc that searched again after making the pending free would tick it twice. */
         dev_free_block_inline(d, b, true);
@@ -1018,7 +1018,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
             __builtin_prefetch(&b->prev->in_index);
         if (b->next)
             __builtin_prefetch(&b->next->in_index);
-        d->free_pending = b;
+        d->fast.free_pending = b;
     }
     dev_unlock(d);
     return st;

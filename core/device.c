@@ -63,12 +63,12 @@ xseg_status dev_create(int device, struct dev_alloc **out)
     }
     lock_init(&d->lock);
     for (int i = 0; i < DEV_SLOTS; i++)
-        spin_init(&d->slots[i].lock);
+        spin_init(&d->fast.slots[i].lock);
     d->device = device;
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
-    d->free_defer_min = DEV_FREE_DEFER_MIN;
+    d->fast.free_defer_min = DEV_FREE_DEFER_MIN;
     d->structs = (struct arena)ARENA_INIT;
     dev_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
@@ -261,10 +261,10 @@ static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
 static void slot_settle_locked(struct dev_alloc *d, unsigned i)
 {
     lock_assert_held(&d->lock);
-    struct dev_slot *s = &d->slots[i];
+    struct dev_slot *s = &d->fast.slots[i];
     lock_assert_held(&s->lock);
     struct block *b = s->lazy ? s->lazy : s->live;
-    xseg_assert(b && (d->busy_slots >> i & 1));
+    xseg_assert(b && (d->fast.busy_slots >> i & 1));
     slot_owe(s, &d->acct.stats);
     struct block *r = b->next;
     struct bpool *pool = block_pool(b);
@@ -282,27 +282,27 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     }
     block_set_gc_base(r, pool->get_free_blocks_call_count);
 #if XSEG_DEBUG_LEVEL >= 1
-    d->lazy_hits += s->hits;
+    d->fast.lazy_hits += s->hits;
     s->hits = 0;
 #endif
     s->lazy = s->live = NULL;
     s->reps = 0;
     s->req_sum = 0;
-    d->busy_slots &= ~((uint32_t)1 << i);
+    d->fast.busy_slots &= ~((uint32_t)1 << i);
 }
 
 /* Settle busy slot @p i (device lock held, slot lock taken here). */
 static void dev_slot_settle(struct dev_alloc *d, unsigned i)
 {
-    spin_acquire(&d->slots[i].lock);
+    spin_acquire(&d->fast.slots[i].lock);
     slot_settle_locked(d, i);
-    spin_release(&d->slots[i].lock);
+    spin_release(&d->fast.slots[i].lock);
 }
 
 void dev_slots_settle_all(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    for (uint32_t m = d->busy_slots; m; m &= m - 1)
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
         dev_slot_settle(d, (unsigned)__builtin_ctz(m));
 }
 
@@ -310,9 +310,9 @@ void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream)
 {
     lock_assert_held(&d->lock);
     unsigned own = dev_slot_index(stream);
-    for (uint32_t m = d->busy_slots; m; m &= m - 1) {
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctz(m);
-        struct dev_slot *s = &d->slots[i];
+        struct dev_slot *s = &d->fast.slots[i];
         spin_acquire(&s->lock);
         if (i == own || s->lazy || s->cur_req != s->base_req)
             slot_settle_locked(d, i);
@@ -385,8 +385,8 @@ static __attribute__((noinline)) void free_settle_one(struct dev_alloc *d, struc
 void dev_free_settle_slow(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    struct block *b = d->free_pending;
-    d->free_pending = NULL;
+    struct block *b = d->fast.free_pending;
+    d->fast.free_pending = NULL;
     /* Both calls in tail position: the common case (no free neighbour) builds no frame here. */
     if (dev_free_merges_one(b))
         free_settle_one(d, b);
@@ -438,8 +438,8 @@ void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
     *out = d->acct.stats;
-    for (uint32_t m = d->busy_slots; m; m &= m - 1)
-        slot_owe(&d->slots[__builtin_ctz(m)], out);
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
+        slot_owe(&d->fast.slots[__builtin_ctz(m)], out);
     int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
     active_current(d, out, cur, bytes);
     const xseg_stat_counter *n = out->allocation, *b = out->allocated_bytes;
@@ -460,12 +460,12 @@ void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
     /* Every busy slot locked at once: the copy is one state the slots were in together. */
-    uint32_t busy = d->busy_slots;
+    uint32_t busy = d->fast.busy_slots;
     for (uint32_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->slots[__builtin_ctz(m)].lock);
+        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
     dev_stats_copy_slots_held(d, out);
     for (uint32_t m = busy; m; m &= m - 1)
-        spin_release(&d->slots[__builtin_ctz(m)].lock);
+        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
 }
 
 void dev_stats_reset_peaks(struct dev_alloc *d)

@@ -47,38 +47,12 @@ struct dev_alloc {
      * of each operation when the global generation moved (one relaxed load on the fast path). */
     struct cfg cfg;
     unsigned cfg_gen;
-    /* The fast path's permit: equal to cfg_gen while none of the rare conditions it skips holds
-     * (streams seen capturing, routes, pending events, deferred frees, roundup divisions), else
-     * 0 (no generation is 0). alloc_malloc compares it with the global generation: one test for
-     * all of them. Every place that starts a rare condition calls dev_fast_off; malloc_prepare
-     * grants it again once they are all over (dev_fast_update). */
-    unsigned fast_gen;
     bool roundup_any;    /* some roundup_power2_divisions bucket is > 1 */
     bool use_expandable; /* cfg.expandable_segments && the device supports VMM */
 
     struct bpool small, large;
     uint64_t idle_tick_ns; /* idle reclaim (core/trim.c): time of the last tick, CLOCK_MONOTONIC */
     struct ptrmap live;      /* allocated blocks by address (with live_pending: dev_live_settle) */
-    /* The live map's insert of the last fast-path malloc, left to the next holder of the lock: the
-     * malloc prefetched the slot and reserved room for it, so the caller's own work until its next
-     * call hides the slot's cache miss (at a million live blocks, one DRAM latency a malloc), and
-     * the insert cannot fail. NULL when none; every lock taker settles it first (dev_lock_raw,
-     * dev_acquire), so nothing but the rest of that malloc ever sees the map without it. */
-    struct block *live_pending;
-    /* The last fast-path free's merge and index insert, left to the next holder of the lock (the
-     * free's counters but inactive_split are down already). The free prefetched the block's
-     * neighbours, whose state the merge reads (at a million live blocks, one DRAM latency), so
-     * the caller's work and the next malloc's search hide it. Every lock taker settles it first
-     * (dev_lock_raw, dev_acquire), except the fast-path malloc (malloc_locked): a pending block
-     * no larger than the request is settled before the search; a larger one after the malloc
-     * when it cannot change what the search found (free_pending_keeps_fit), else before a second
-     * search. */
-    struct block *free_pending;
-    /* Live blocks from which a fast-path free defers its merge (free_pending). Below, the blocks'
-     * structs stay cached and the deferral's bookkeeping would cost more than it hides: ~2-3 % of
-     * the churn pair at 10^4 blocks and ~6 % at 10^3 (docs/benchmarks-host.md). Debug builds
-     * defer always, so that every test runs the deferred path under dev_check. */
-    size_t free_defer_min;
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
@@ -107,7 +81,10 @@ struct dev_alloc {
      * events it causes (best effort: a malloc that drops the lock may see another's). */
     struct hstack *hist_cur;
 
-    struct sleep_state sleep; /* sleep and wake (sleep.c; sleep_any) */
+    struct sleep_state sleep; /* sleep and wake (sleep.c) */
+
+    /* The fast path's permit, deferred map insert and merge, and stream slots (device.h, alloc.c). */
+    struct dev_fast fast;
 
     /* The stream slots (struct dev_slot): a stream's is slots[dev_slot_index(stream)]; bit i of
      * busy_slots is set while slots[i] holds a block. */
@@ -185,7 +162,7 @@ static inline unsigned dev_slot_index(const void *stream)
 }
 static inline struct dev_slot *dev_slot_of(struct dev_alloc *d, const void *stream)
 {
-    return &d->slots[dev_slot_index(stream)];
+    return &d->fast.slots[dev_slot_index(stream)];
 }
 
 /* Settle every busy slot: count what its pairs and its block's state owe the statistics, merge a
@@ -203,7 +180,7 @@ void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream);
 static inline void dev_lazy_settle(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(d->busy_slots != 0))
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0))
         dev_slots_settle_all(d);
 }
 
@@ -212,9 +189,9 @@ static inline void dev_lazy_settle(struct dev_alloc *d)
 static inline void dev_live_settle(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    struct block *b = d->live_pending;
+    struct block *b = d->fast.live_pending;
     if (b) {
-        d->live_pending = NULL;
+        d->fast.live_pending = NULL;
         ptrmap_put_reserved(&d->live, b->addr, b);
     }
 }
@@ -237,7 +214,7 @@ void dev_free_settle_slow(struct dev_alloc *d);
 static inline void dev_free_settle(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (d->free_pending)
+    if (d->fast.free_pending)
         dev_free_settle_slow(d);
 }
 
@@ -282,7 +259,7 @@ static inline void dev_fast_off(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     dev_lazy_settle(d); /* the lazy hit needs the permit: nothing may wait in the slot without it */
-    d->fast_gen = 0;
+    d->fast.fast_gen = 0;
 }
 
 /* Grant the fast path again when no rare condition holds (config current). */
@@ -295,7 +272,7 @@ static inline void dev_fast_update(struct dev_alloc *d)
                 hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
                 d->sleep.nasleep;
-    d->fast_gen = rare ? 0 : d->cfg_gen;
+    d->fast.fast_gen = rare ? 0 : d->cfg_gen;
 }
 
 /* Create the allocator of @p device (drv loaded; device index validated by drv_device_query). */

@@ -198,4 +198,49 @@ struct acct {
     double fraction;
 };
 
+
+/* ---- device.{h,c} and alloc.c: the fast path's state (step 1 of issue 32 merges its four
+ * deferral mechanisms: the permit, the stream slots, the deferred merge and the deferred insert) */
+struct dev_fast {
+    /* The fast path's permit: equal to cfg_gen while none of the rare conditions it skips holds
+     * (streams seen capturing, routes, pending events, deferred frees, roundup divisions), else
+     * 0 (no generation is 0). alloc_malloc compares it with the global generation: one test for
+     * all of them. Every place that starts a rare condition calls dev_fast_off; malloc_prepare
+     * grants it again once they are all over (dev_fast_update). */
+    unsigned fast_gen;
+    /* Bit i is set while slots[i] holds a block (exact under the device lock). */
+    uint32_t busy_slots;
+    /* The live map's insert of the last fast-path malloc, left to the next holder of the lock: the
+     * malloc prefetched the slot and reserved room for it, so the caller's own work until its next
+     * call hides the slot's cache miss (at a million live blocks, one DRAM latency a malloc), and
+     * the insert cannot fail. NULL when none; every lock taker settles it first (dev_lock_raw,
+     * dev_acquire), so nothing but the rest of that malloc ever sees the map without it. */
+    struct block *live_pending;
+    /* The last fast-path free's merge and index insert, left to the next holder of the lock (the
+     * free's counters but inactive_split are down already). The free prefetched the block's
+     * neighbours, whose state the merge reads (at a million live blocks, one DRAM latency), so
+     * the caller's work and the next malloc's search hide it. Every lock taker settles it first
+     * (dev_lock_raw, dev_acquire), except the fast-path malloc (malloc_locked): a pending block
+     * no larger than the request is settled before the search; a larger one after the malloc
+     * when it cannot change what the search found (free_pending_keeps_fit), else before a second
+     * search. */
+    struct block *free_pending;
+    /* Live blocks from which a fast-path free defers its merge (free_pending). Below, the blocks'
+     * structs stay cached and the deferral's bookkeeping would cost more than it hides: ~2-3 % of
+     * the churn pair at 10^4 blocks and ~6 % at 10^3 (docs/benchmarks-host.md). Debug builds
+     * defer always, so that every test runs the deferred path under dev_check. */
+    size_t free_defer_min;
+    /* The block of the last malloc that went through malloc_finish: only a free of it fills a slot
+     * from free_locked (a ping-pong frees what it just allocated; a free of an older block rarely
+     * sees its size asked for next). Compared, never dereferenced: a stale value only sends a free
+     * down one path or the other, both exact. */
+    const struct block *last_alloc;
+#if XSEG_DEBUG_LEVEL >= 1
+    uint64_t lazy_hits; /* debug builds: lazy hits of settled slots, so a test can see them used */
+#endif
+    /* The stream slots (struct dev_slot): a stream's is slots[dev_slot_index(stream)]; bit i of
+     * busy_slots is set while slots[i] holds a block. */
+    struct dev_slot slots[DEV_SLOTS];
+};
+
 #endif

@@ -34,7 +34,7 @@ static void fresh(void)
     tu_xseg_init_or_skip(kind_config);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
-    rt_device_peek(0)->free_defer_min = 0; /* defer at any count (release builds wait for 2^16) */
+    rt_device_peek(0)->fast.free_defer_min = 0; /* defer at any count (release builds wait for 2^16) */
 }
 
 /* The block whose free waits, or NULL (no lock taken since the free). */
@@ -42,7 +42,7 @@ static uintptr_t pending_addr(void)
 {
     const struct dev_alloc *d = rt_device_peek(0);
     assert_non_null(d);
-    return d->free_pending ? d->free_pending->addr : 0;
+    return d->fast.free_pending ? d->fast.free_pending->addr : 0;
 }
 
 /* free(@p p) through the device path, which must leave its merge pending (a macro: a failure

@@ -101,7 +101,7 @@ static int corrupt_pending(void *arg)
 {
     (void)arg;
     lock_acquire(&dev->lock);
-    dev->live_pending = first_free(); /* a pending map insert of a block that is not allocated */
+    dev->fast.live_pending = first_free(); /* a pending map insert of a block that is not allocated */
     dev_check(dev);
     return 0;
 }
