@@ -14,6 +14,7 @@
 #include "base/fork.h"
 #include "base/vec.h"
 #include "core/capreuse.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/expandable.h"
 #include "core/ipc.h"

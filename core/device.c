@@ -72,7 +72,7 @@ xseg_status dev_create(int device, struct dev_alloc **out)
     d->structs = (struct arena)ARENA_INIT;
     dev_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
-    dev_unlock(d);
+    lock_release(&d->lock); /* not dev_unlock (core/check.h, above): a new device has nothing to walk */
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
         fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
                 device);

@@ -1,10 +1,12 @@
 /*
- * The state of one device allocator (struct dev_alloc) and what every core module shares about
- * it: the lock and its give-back, the fast path's permit, block structs, the segment list, the
- * device's memory accounting, the capture state, the configuration copy, and the free that returns
- * a block to its pool (split/merge and its statistics). It sits below every policy module
- * (events, capreuse, expandable, pools, release, trim, sleep, idle, ipc, observe, snapshot, check),
- * which call it and never alloc.c; alloc.c (malloc, free, empty_cache) sits above them all.
+ * The state of one device allocator (struct dev_alloc: a few shared fields and the named
+ * sub-states of core/state.h, each written by its own module) and what every core module shares
+ * about it: taking the lock (the give-back, dev_unlock, is in core/check.h), the fast path's
+ * permit, block structs, the segment list, the device's memory accounting, the capture state, the
+ * configuration copy, and the free that returns a block to its pool (split/merge and its
+ * statistics). It sits below every policy module (check, capreuse, pools, ipc, observe,
+ * expandable, events, release, sleep, trim, idle, snapshot), which call it and never alloc.c;
+ * alloc.c (malloc, free, empty_cache) sits above them all.
  *
  * Locking: every field of struct dev_alloc is guarded by `lock` (base/lock.h) unless marked
  * otherwise, and every function here needs it held (each asserts it) unless it says it takes it.
@@ -21,7 +23,6 @@
 #include "base/arena.h"
 #include "base/lock.h"
 #include "core/block.h"
-#include "core/check.h"
 #include "core/config.h"
 #include "core/history.h"
 #include "core/settings.h"
@@ -244,14 +245,6 @@ static inline void dev_acquire(struct dev_alloc *d)
     dev_live_settle(d);
     dev_free_settle(d);
     dev_lazy_settle(d);
-}
-
-/* Give the device lock back at the end of an operation (or before a callback): the state must
- * be whole here, and at debug_level=2 dev_check walks it first (core/check.h). */
-static inline void dev_unlock(struct dev_alloc *d)
-{
-    dev_check_expensive(d);
-    lock_release(&d->lock);
 }
 
 /* A rare condition begins (see fast_gen): malloc takes the general path until it is over. */

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/settings.h"
 #include "core/trim.h"

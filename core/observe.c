@@ -21,6 +21,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/vec.h"
+#include "core/check.h"
 #include "core/ipc.h"
 #include "vmm/segment.h"
 

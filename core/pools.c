@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/pools.h"
+#include "core/check.h"
 #include "base/error.h"
 #include "base/vec.h"
 #include "vmm/capture.h"

@@ -27,6 +27,7 @@
 
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/pools.h"
 #include "vmm/host.h"

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/vec.h"
+#include "core/check.h"
 #include "core/device.h"
 #include "core/history.h"
 #include "core/runtime.h"

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/vec.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/expandable.h"
 #include "core/pools.h"
