@@ -22,9 +22,11 @@
 
 #include "base/arena.h"
 #include "base/lock.h"
+#include "core/bins.h"
 #include "core/block.h"
 #include "core/config.h"
 #include "core/history.h"
+#include "core/ptrmap.h"
 #include "core/settings.h"
 #include "core/state.h"
 #include "core/stats.h"
