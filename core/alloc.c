@@ -451,7 +451,7 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
  * split, account, record the pointer (@p defer, the fast path: left to the next lock holder,
- * dev_alloc.live_pending). Lock held (and kept). */
+ * dev_alloc.fast.live_pending). Lock held (and kept). */
 static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
                                                                        size_t size, bool indexed,
                                                                        const struct block *pred, void **out,
@@ -461,7 +461,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     xseg_assert(!d->fast.live_pending); /* settled when the lock was taken */
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
     if (defer) {
-        /* The insert waits for the next lock holder (dev_alloc.live_pending): room reserved now,
+        /* The insert waits for the next lock holder (dev_alloc.fast.live_pending): room reserved now,
          * so it cannot fail then; the slot was prefetched when the block was found. */
         if (XSEG_UNLIKELY(!ptrmap_reserve(&d->live, 1))) {
             undo_alloc(d, b);
@@ -652,7 +652,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.block = NULL;
-        xseg_assert(!d->acct.pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.pending) */
+        xseg_assert(!d->acct.pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.acct.pending) */
         return malloc_policy(d, &p, true, found, size, out, NULL);
     }
     struct hist_mctx h = {NULL, false}, *hp = NULL;
@@ -673,7 +673,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
             st = malloc_policy(d, &p, false, NULL, size, out, hp);
     }
     /* active rose with allocation: while blocks are pending it is above allocation, and its peak
-     * is tracked apart (dev_alloc.pending). The lock was held since the block was handed out. */
+     * is tracked apart (dev_alloc.acct.pending). The lock was held since the block was handed out. */
     if (XSEG_UNLIKELY(d->acct.pending[XSEG_STAT_ALL]) && st == XSEG_SUCCESS)
         dev_track_active_peak(d);
     if (hp) {
@@ -737,7 +737,7 @@ static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct bloc
 }
 
 /*
- * Can the pending free @p x (dev_alloc.free_pending) wait until the malloc that found @p b (best
+ * Can the pending free @p x (dev_alloc.fast.free_pending) wait until the malloc that found @p b (best
  * fit without x, its predecessor known) is done? Only if settling x first would change nothing
  * the malloc does or any counter's peak:
  * - b is not a neighbour of x, which the merge could absorb;
@@ -797,7 +797,7 @@ static __attribute__((noinline)) void malloc_settle_after(struct dev_alloc *d, c
  * one hash insert. No driver call, no allocation (block structs come from the spare list), no
  * atomic read-modify-write besides the lock's compare-exchange. A miss goes on to malloc_policy's
  * later steps. The device lock is taken here and given back here. The last free's pending merge
- * (dev_alloc.free_pending) is made before the search, or after the malloc when it cannot change
+ * (dev_alloc.fast.free_pending) is made before the search, or after the malloc when it cannot change
  * the fit (free_pending_keeps_fit).
  */
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
@@ -838,7 +838,7 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
              * blocks) loads while the split and the counters run. */
             ptrmap_prefetch(&d->live, b->addr);
             p.block = b;
-            /* The permit: nothing is pending, active moves with allocation (dev_alloc.pending). */
+            /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
             xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
             struct split_then t;
             if (x && !x->expandable)
@@ -1012,7 +1012,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
         dev_free_block_inline(d, b, true);
     } else {
         /* The merge reads the neighbours' state, a cache miss each at many live blocks: it waits
-         * for the next lock holder (dev_alloc.free_pending) while they load. The requested bytes
+         * for the next lock holder (dev_alloc.fast.free_pending) while they load. The requested bytes
          * go down now, as the free's other counters did: their peaks see the order of the calls. */
         dev_account_inactive(d, si, b->u.requested_size);
         if (b->prev)

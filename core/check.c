@@ -203,7 +203,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     CHECK(!(b->next && !b->mapped && !b->next->mapped));
     /* Free, mapped, nothing pending: cached, so in the free index; unmapped: in the unmapped one.
      * The last fast-path free may wait for the next lock holder to merge and index it
-     * (dev_alloc.free_pending): out of the map and every index, counted as free but in
+     * (dev_alloc.fast.free_pending): out of the map and every index, counted as free but in
      * inactive_split, which its merge moves (so the recount below leaves it out too). */
     if (b == d->fast.free_pending) {
         CHECK(!allocated && !b->in_index && !b->sided && b->mapped && !live_has(d, b));

@@ -407,7 +407,7 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b)
     b->recorded = false;
 }
 
-/* active's current per pool and for all (allocation + pending; see dev_alloc.pending). */
+/* active's current per pool and for all (allocation + pending; see dev_alloc.acct.pending). */
 static void active_current(const struct dev_alloc *d, const xseg_device_stats *st, int64_t cur[XSEG_STAT_POOLS],
                            int64_t bytes[XSEG_STAT_POOLS])
 {

@@ -187,7 +187,7 @@ static inline void dev_lazy_settle(struct dev_alloc *d)
         dev_slots_settle_all(d);
 }
 
-/* The last fast-path malloc's map insert (dev_alloc.live_pending), made now: right after the
+/* The last fast-path malloc's map insert (dev_alloc.fast.live_pending), made now: right after the
  * lock is taken, before anything looks a pointer up. */
 static inline void dev_live_settle(struct dev_alloc *d)
 {
@@ -205,14 +205,14 @@ static inline bool dev_gc_on(const struct dev_alloc *d)
     return d->acct.set_fraction && d->cfg.garbage_collection_threshold > 0.0;
 }
 
-/* dev_alloc.free_defer_min's value. */
+/* dev_alloc.fast.free_defer_min's value. */
 #if XSEG_DEBUG_LEVEL >= 1
 #define DEV_FREE_DEFER_MIN ((size_t)0)
 #else
 #define DEV_FREE_DEFER_MIN ((size_t)1 << 16)
 #endif
 
-/* The pending free's merge and insert (dev_alloc.free_pending), made now (out of line). */
+/* The pending free's merge and insert (dev_alloc.fast.free_pending), made now (out of line). */
 void dev_free_settle_slow(struct dev_alloc *d);
 static inline void dev_free_settle(struct dev_alloc *d)
 {
@@ -335,7 +335,7 @@ void dev_free_block(struct dev_alloc *d, struct block *b);
 void dev_free_block_general(struct dev_alloc *d, struct block *b, bool account);
 
 /* The counters of a block that stops being active (every path of the free). `active` and
- * `active_bytes` are folded from allocation and pending (see dev_alloc.pending). */
+ * `active_bytes` are folded from allocation and pending (see dev_alloc.acct.pending). */
 static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t requested)
 {
     lock_assert_held(&d->lock);
@@ -356,7 +356,7 @@ static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, i
     xseg_assert(d->acct.pending[si] >= 0 && d->acct.pending_bytes[si] >= 0);
 }
 
-/* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.pending). */
+/* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.acct.pending). */
 void dev_track_active_peak(struct dev_alloc *d);
 /* A copy of the statistics with the `active` rows folded and the "all" entries filled
  * (stats_fill_all): what every reader sees. Accumulated values are not rebased here. */

@@ -656,7 +656,7 @@ xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 static size_t active_bytes(struct dev_alloc *d)
 {
     dev_acquire(d);
-    /* active_bytes.all.current, folded (dev_alloc.pending) */
+    /* active_bytes.all.current, folded (dev_alloc.acct.pending) */
     size_t n = (size_t)(stats_all_current(d->acct.stats.allocated_bytes) + d->acct.pending_bytes[XSEG_STAT_ALL]);
     dev_unlock(d);
     return n;

@@ -77,7 +77,7 @@ struct dev_slot {
     uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
     size_t req_sum;        /* the requested bytes of those hits */
 #if XSEG_DEBUG_LEVEL >= 1
-    uint64_t hits;         /* debug builds: added to dev_alloc.lazy_hits at the settle */
+    uint64_t hits;         /* debug builds: added to dev_alloc.fast.lazy_hits at the settle */
 #endif
 } __attribute__((aligned(64))); /* one cache line each: threads on other slots do not share it */
 

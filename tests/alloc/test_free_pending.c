@@ -1,5 +1,5 @@
 /*
- * The fast path's deferred free (dev_alloc.free_pending, core/device.h): a free leaves its merge
+ * The fast path's deferred free (dev_alloc.fast.free_pending, core/state.h): a free leaves its merge
  * and index insert to the next holder of the device lock. A malloc that follows searches first
  * and lets the free wait until it is done only when the pending block cannot change its answer
  * or a counter's peak (alloc.c, free_pending_keeps_fit); every other lock taker settles it

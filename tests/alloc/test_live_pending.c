@@ -1,5 +1,5 @@
 /*
- * The fast path's deferred map insert (dev_alloc.live_pending, core/device.h): a malloc served
+ * The fast path's deferred map insert (dev_alloc.fast.live_pending, core/state.h): a malloc served
  * from the cache leaves its pointer's insert into the live map to the next holder of the device
  * lock, which must make it before anything looks a pointer up. Each test makes a fast-path
  * malloc, checks that its insert is pending, and then reaches the pointer through one public
