@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "core/check.h"
 #include "core/runtime.h"
 #include "tests/common/testutil.h"
 
