@@ -93,6 +93,7 @@ def _env(real_device):
     env["PYTHONPATH"] = os.path.join(ROOT, "python")
     if real_device:
         env.pop("XSEG_LIBCUDA", None)
+    env.pop("XSEG_GUIDE_GPU", None)  # a gpu block that runs the test suite must not run itself again
     return env
 
 
@@ -119,6 +120,12 @@ def check_snapshot(path):
                          ids=["%s:%d-%s" % (b[0], b[1], b[2]) for b in BLOCKS])
 def test_doc_example(doc, line, kind, opts, code, expected, tmp_path):
     assert kind in ("python", "sh", "c", "torch", "cupy", "gpu"), "%s:%d: kind %r" % (doc, line, kind)
+    # Even a block that cannot run here must parse (Python, or sh -n).
+    if kind in ("python", "torch", "cupy"):
+        compile(code, "%s:%d" % (doc, line), "exec")
+    elif kind in ("sh", "gpu"):
+        r = subprocess.run(["sh", "-n", "-c", code], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, "%s:%d: %s" % (doc, line, r.stderr)
     reason = _device_reason(kind, opts)
     if reason:
         pytest.skip(reason)
