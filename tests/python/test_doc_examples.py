@@ -150,7 +150,9 @@ def test_doc_example(doc, line, kind, opts, code, expected, tmp_path):
                            cwd=cwd, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, "%s does not compile:\n%s" % (where, r.stderr)
         cmd = [exe]
-    r = subprocess.run(cmd, cwd=cwd, env=_env(real), capture_output=True, text=True, timeout=300)
+    # A gpu block builds the tree and runs the whole suite on the real driver: up to an hour.
+    r = subprocess.run(cmd, cwd=cwd, env=_env(real), capture_output=True, text=True,
+                       timeout=3600 if kind == "gpu" else 300)
     assert r.returncode == 0, "%s failed:\n%s\n%s" % (where, r.stdout[-3000:], r.stderr[-3000:])
     for o in opts:
         if o.startswith("snapshot="):
