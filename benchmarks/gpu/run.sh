@@ -1,81 +1,111 @@
 #!/usr/bin/env bash
-# On a GPU machine: build xseg, run every test suite against the real libcuda.so.1, then the GPU
-# benchmarks. Everything lands in $OUT (default ./gpu-results): summary.txt with the headline
-# figures, and results.tgz with every log.
-#   benchmarks/gpu/run.sh [tests|bench|all]     (default all)
-# Needs: a C compiler, meson + ninja (pip's are fine), cmocka (Debian packages in .gpu-deps/ are
-# unpacked into / when present: the GPU image lacks it), nm. PyTorch (a CUDA build) and a C++
-# compiler for the comparison parts, which build xseg's PyTorch adapter once (xseg.torch.enable).
+# The GPU acceptance run: proves the whole project on a real device, in four stages that each fit
+# one command of at most 10 minutes (benchmarks/gpu/README.md says what to run there, in order).
+#   1 tests     build against the real libcuda.so.1; every meson test, one at a time; the
+#               conformance rows of tests/driver (where the driver disagrees, cudaemu is wrong)
+#   2 torch     the real-PyTorch checks: tests/python on the real driver, the adapter's training
+#               loop bit for bit against PyTorch's allocator, graphs, torch.compile, MemPool,
+#               torch.multiprocessing, stats/summary/snapshot through torch.cuda
+#   3 frag      every trace of .gpu-traces through real tensors under PyTorch's allocators and
+#               xseg: peak reserved, smallest memory fraction, stream syncs; the training loop
+#   4 services  sleep/wake, a graph replayed after wake, trim, VMM call costs, IPC between two
+#               processes, peer access
+# Each stage writes $OUT/stageN.json (its summary: one pass/fail/skip line per check) and
+# $OUT/stageN.tgz (its raw logs); benchmarks/gpu/tables.py turns the summaries into the tables of
+# docs/benchmarks.md.
+#
+# usage: run.sh [--emulator] [--quick] [--stage N|all] [--resume] [--build DIR]
+#        (run.sh tests|bench|all, the earlier form: stage 1, stages 3 and 4, everything)
+#   --emulator  run on cudaemu (the CI dry run: the PyTorch parts skip with their reason)
+#   --quick     a few seconds per stage: a subset of each (the dry run uses it)
+#   --stage     one stage (1-4) or all (default)
+#   --resume    skip the stages whose complete summary is already in $OUT
+#   --build     an existing build folder (default build-gpu, -Demulator=false; build-gpu-emu)
+# $OUT: where the results go (default ./gpu-results; a new temporary folder with --emulator).
+# Exit status: 0 when no check failed.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-what=${1:-all}
-OUT=${OUT:-$PWD/gpu-results}
-mkdir -p "$OUT/logs"
-log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
-
-if ls .gpu-deps/*.deb >/dev/null 2>&1; then
-    for f in .gpu-deps/*.deb; do dpkg -x "$f" /; done
-    ldconfig
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+emulator=0 quick=0 stage=all resume=0 build=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --emulator) emulator=1 ;;
+        --quick) quick=1 ;;
+        --stage) stage=${2:-}; shift ;;
+        --stage=*) stage=${1#--stage=} ;;
+        --resume) resume=1 ;;
+        --build) build=${2:-}; shift ;;
+        --build=*) build=${1#--build=} ;;
+        # The earlier interface (docs/gpu-h100 was made with it): tests, bench, all.
+        tests) stage=1 ;;
+        bench) stage=bench ;;
+        all) stage=all ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+case $stage in
+    all) stages="1 2 3 4" ;;
+    1|2|3|4) stages=$stage ;;
+    bench) stages="3 4" ;;
+    *) echo "run.sh: --stage takes 1, 2, 3, 4 or all, not '$stage'" >&2; exit 2 ;;
+esac
+if [ -z "${OUT:-}" ]; then
+    if [ $emulator = 1 ]; then OUT=$(mktemp -d "${TMPDIR:-/tmp}/xseg-gpu-run.XXXXXX"); else OUT=$ROOT/gpu-results; fi
 fi
-command -v meson >/dev/null || export PATH="$(python3 -c 'import sys,os;print(os.path.dirname(sys.executable))'):$PATH"
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+export XSEG_GPU_BUILD_GIVEN=$([ -n "$build" ] && echo 1 || echo 0)
+[ -n "$build" ] || build=$ROOT/build-gpu$([ $emulator = 1 ] && echo -emu)
+export XSEG_GPU_ROOT=$ROOT XSEG_GPU_EMULATOR=$emulator XSEG_GPU_QUICK=$quick
+export XSEG_GPU_BUILD=$(cd "$(dirname "$build")" && pwd)/$(basename "$build")
+export PYTHONDONTWRITEBYTECODE=1
+# PyTorch and the real-driver builds must load libcuda.so.1; only the emulator run sets this.
+[ $emulator = 1 ] || unset XSEG_LIBCUDA
+[ $emulator = 0 ] || export XSEG_LIBCUDA=${XSEG_LIBCUDA:-$XSEG_GPU_BUILD/cudaemu/libcudaemu.so}
+. "$ROOT/benchmarks/gpu/lib.sh"
+names=(x tests torch frag services)
+# A stage's own limit, under the device tool's 10 minutes a command (setup time included).
+# XSEG_GPU_STAGE_LIMIT overrides it (the dry-run test uses a tiny one).
+limit=${XSEG_GPU_STAGE_LIMIT:-$([ $quick = 1 ] && echo 120 || echo 540)}
+echo "run.sh: $([ $emulator = 1 ] && echo "emulator dry run" || echo "real driver"), stages $stages, results in $OUT"
 
-{
-    date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    nvcc --version 2>/dev/null | tail -1
-    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
-    meson --version; ninja --version; cc --version | head -1
-} > "$OUT/logs/env.txt" 2>&1
-log "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
-
-# Two builds: the real driver (tests use libcuda.so.1), and the emulator build for comparison of
-# the same suites on the same machine.
-if [ ! -f build-gpu/build.ninja ]; then
-    meson setup build-gpu -Demulator=false > "$OUT/logs/setup-gpu.txt" 2>&1 || { log "meson setup failed"; cat "$OUT/logs/setup-gpu.txt"; }
-fi
-ninja -C build-gpu > "$OUT/logs/build-gpu.txt" 2>&1 || { log "build failed"; tail -40 "$OUT/logs/build-gpu.txt"; }
-
-if [ "$what" = all ] || [ "$what" = tests ]; then
-    # One test at a time: several suites check cuMemGetInfo exactly, and on a real GPU every
-    # process shares the one device, so parallel tests would disturb each other's figures.
-    meson test -C build-gpu --print-errorlogs --num-processes 1 --timeout-multiplier 3 \
-        > "$OUT/logs/tests-gpu.txt" 2>&1
-    cp build-gpu/meson-logs/testlog.json "$OUT/logs/testlog-gpu.json" 2>/dev/null
-    log "tests on the real driver: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/logs/tests-gpu.txt" | tr -s ' ' | tr '\n' ' ')"
-    grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|SKIP)' "$OUT/logs/tests-gpu.txt" | tee -a "$OUT/summary.txt"
-fi
-
-if [ "$what" = all ] || [ "$what" = bench ]; then
-    # The PyTorch comparisons install xseg with xseg.torch.enable(): the package from this tree
-    # over the library just built (the scripts find both themselves too), on the real driver.
-    pyenv=(env -u XSEG_LIBCUDA PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-           XSEG_LIBRARY="$PWD/build-gpu/libxseg.so")
-    if [ -x build-gpu/benchmarks/bench_vmm_costs ]; then
-        build-gpu/benchmarks/bench_vmm_costs --csv "$OUT/logs/vmm_costs.csv" > "$OUT/logs/vmm_costs.txt" 2>&1
-        log "VMM call costs"; cat "$OUT/logs/vmm_costs.txt" >> "$OUT/summary.txt"
+failed=0
+for n in $stages; do
+    if [ $resume = 1 ] && "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["complete"] else 1)' \
+            "$OUT/stage$n.json" 2>/dev/null; then
+        echo "run.sh: stage $n already complete in $OUT (--resume)"
+        continue
     fi
-    if [ -x build-gpu/benchmarks/bench_host_path ]; then
-        build-gpu/benchmarks/bench_host_path > "$OUT/logs/host_path.txt" 2>&1
-        log "host path on the real driver"; cat "$OUT/logs/host_path.txt" >> "$OUT/summary.txt"
+    export XSEG_GPU_WORK=$(mktemp -d "${TMPDIR:-/tmp}/xseg-gpu-stage$n.XXXXXX")
+    {
+        date -u; uname -a
+        nvidia-smi 2>&1 | head -20
+        nvcc --version 2>&1 | tail -1
+        "$PY" -c 'import sys; print("python", sys.version.split()[0])'
+        "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
+        git -C "$ROOT" log -1 --oneline 2>&1
+    } > "$XSEG_GPU_WORK/env.txt" 2>&1
+    if ! gpu_deps_env >> "$XSEG_GPU_WORK/env.txt" 2>&1; then
+        check "tools from .gpu-deps" fail "unpacking .gpu-deps failed: $(tail -1 "$XSEG_GPU_WORK/env.txt")"
     fi
-    if [ -x build-gpu/tools/xseg-replay ]; then
-        build-gpu/tools/xseg-replay > "$OUT/logs/replay-bundled.txt" 2>&1
-        log "xseg-replay (bundled workloads) on the real driver"; cat "$OUT/logs/replay-bundled.txt" >> "$OUT/summary.txt"
-        for t in .gpu-traces/*.trace; do
-            [ -f "$t" ] || continue
-            build-gpu/tools/xseg-replay --compare "$t" > "$OUT/logs/replay-$(basename "$t" .trace).txt" 2>&1
-        done
+    # The stage runs in its own process group under the limit, so its summary is written anyway;
+    # its long steps stop themselves before it (XSEG_GPU_DEADLINE) and keep what they measured.
+    export XSEG_GPU_DEADLINE=$(( $(date +%s) + limit ))
+    timeout --kill-after=10 "$limit" bash "$ROOT/benchmarks/gpu/stage${n}_${names[$n]}.sh" \
+        > "$XSEG_GPU_WORK/stage.log" 2>&1
+    rc=$?
+    if [ $rc = 124 ] || [ $rc = 137 ]; then
+        "$PY" "$GPU_DIR/summary.py" finish "$XSEG_GPU_WORK" "$n" "${names[$n]}" "$OUT" --timed-out "$limit"
+    else
+        [ $rc = 0 ] || check "stage script" fail "stage${n}_${names[$n]}.sh exited $rc (see stage.log)"
+        "$PY" "$GPU_DIR/summary.py" finish "$XSEG_GPU_WORK" "$n" "${names[$n]}" "$OUT"
     fi
-    if [ -f benchmarks/gpu/compare_pytorch.py ] && ls .gpu-traces/*.trace >/dev/null 2>&1; then
-        "${pyenv[@]}" python3 benchmarks/gpu/compare_pytorch.py --lib build-gpu/libxseg.so .gpu-traces/*.trace \
-            > "$OUT/logs/pytorch_compare.txt" 2>&1
-        log "PyTorch comparison"; cat "$OUT/logs/pytorch_compare.txt" >> "$OUT/summary.txt"
-    fi
-    if [ -f benchmarks/gpu/train_transformer.py ]; then
-        "${pyenv[@]}" python3 benchmarks/gpu/train_transformer.py --lib build-gpu/libxseg.so \
-            > "$OUT/logs/train.txt" 2>&1
-        log "training loop"; cat "$OUT/logs/train.txt" >> "$OUT/summary.txt"
-    fi
-fi
-tar -C "$OUT" -czf "$OUT/results.tgz" logs && rm -rf "$OUT/logs"
-cat "$OUT/summary.txt"
+    "$PY" -c 'import json,sys; sys.exit(1 if json.load(open(sys.argv[1]))["counts"]["fail"] else 0)' \
+        "$OUT/stage$n.json" || failed=1
+    tar -C "$XSEG_GPU_WORK" -czf "$OUT/stage$n.tgz" --exclude=./checks.jsonl --exclude=./data .
+    rm -rf "$XSEG_GPU_WORK"
+done
+echo "run.sh: results in $OUT ($(cd "$OUT" && ls | tr '\n' ' '))"
+exit $failed

@@ -15,7 +15,9 @@ For xseg the figures come from the xseg package (xseg.memory_stats, the same key
 torch.cuda.memory_stats). The package is taken from the source tree beside this script
 (python/xseg), with libxseg from --lib.
 
-Usage: train_transformer.py --lib build/libxseg.so [--steps 60] [--modes native,xseg,...]
+Usage: train_transformer.py --lib build/libxseg.so [--steps 60] [--modes native,xseg,...] [--json]
+(--json: also one JSON line per allocator, as benchmarks/gpu/run.sh's stage 3 reads them; the
+first 5 steps are warm-up, so --steps must be at least 6)
 """
 import argparse
 import json
@@ -79,6 +81,7 @@ def child(args):
     peak_alloc = stat("allocated_bytes.all.peak")
     peak_res = stat("reserved_bytes.all.peak")
     end_res = stat("reserved_bytes.all.current")
+    syncs = stat("num_sync_all_streams")
     del x, logits, loss
     # Host time per allocation: cached torch.empty + del pairs of a few sizes on one stream.
     sizes = [4096, 1 << 20, 8 << 20]
@@ -100,6 +103,8 @@ def child(args):
         "utilization": peak_alloc / peak_res if peak_res else 0.0,
         "step_ms_median": statistics.median(times) * 1e3,
         "pair_ns": pair_ns,
+        "num_sync_all_streams": syncs,
+        "steps": args.steps,
     }))
 
 
@@ -108,8 +113,11 @@ def main():
     ap.add_argument("--lib", required=True, help="path to libxseg.so")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--json", action="store_true", help="also print one JSON line per allocator")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps < 6:
+        ap.error("--steps must be at least 6 (5 warm-up steps are not timed)")
     if args.child:
         return child(args)
     lib = os.path.abspath(args.lib)
@@ -133,6 +141,8 @@ def main():
             print("%s: failed (exit %d)\n%s" % (mode, p.returncode, p.stderr[-2000:]))
             continue
         rows.append(json.loads(line[-1]))
+        if args.json:
+            print(line[-1], flush=True)
     gib = float(1 << 30)
     print("transformer training, d_model 1024, 8 layers, batch 16, seq 128..1023 changing each step")
     print("%-13s %12s %12s %7s %12s %10s %10s" % ("allocator", "peak alloc", "peak resv", "util",

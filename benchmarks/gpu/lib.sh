@@ -1,0 +1,108 @@
+# Sourced by run.sh and the stage scripts: the environment of the acceptance run.
+# Set by run.sh: XSEG_GPU_EMULATOR (0|1), XSEG_GPU_QUICK (0|1), XSEG_GPU_BUILD (build folder),
+# XSEG_GPU_WORK (this stage's scratch folder: raw logs, tarred into $OUT/stageN.tgz),
+# XSEG_GPU_ROOT (repository root).
+GPU_DIR="$XSEG_GPU_ROOT/benchmarks/gpu"
+PY=${PYTHON:-python3}
+
+# check NAME pass|fail|skip [REASON]: one line of the stage's summary.
+check() { "$PY" "$GPU_DIR/summary.py" check "$XSEG_GPU_WORK" "$@"; }
+# data KEY FILE.json: a JSON value stored under data.KEY of the stage's summary.
+data() { "$PY" "$GPU_DIR/summary.py" data "$XSEG_GPU_WORK" "$@"; }
+# run_logged NAME CMD...: runs CMD with its output in WORK/NAME.log; returns CMD's status.
+run_logged() {
+    local name=$1; shift
+    echo "\$ $*" > "$XSEG_GPU_WORK/$name.log"
+    "$@" >> "$XSEG_GPU_WORK/$name.log" 2>&1
+}
+# A CUDA build of PyTorch with a device, or the reason there is none (on stdout).
+torch_reason() {
+    if [ "$XSEG_GPU_EMULATOR" = 1 ]; then
+        echo "emulator dry run: PyTorch runs on the real driver only (the adapter never loads cudaemu)"
+        return
+    fi
+    "$PY" - <<'PYEOF' 2>/dev/null || echo "python3 cannot import torch"
+try:
+    import torch
+except ImportError:
+    print("PyTorch is not installed"); raise SystemExit
+if torch.version.cuda is None:
+    print("this PyTorch has no CUDA support")
+elif not torch.cuda.is_available():
+    print("torch.cuda.is_available() is False")
+PYEOF
+}
+
+# The tools a bare GPU image lacks, from the Debian packages prepare.sh put in .gpu-deps/,
+# unpacked (never installed) into build-gpu-deps/; each only where the machine has none of its own.
+gpu_deps_env() {
+    local deps="$XSEG_GPU_ROOT/build-gpu-deps" arch
+    ls "$XSEG_GPU_ROOT"/.gpu-deps/*.deb >/dev/null 2>&1 || return 0
+    if [ ! -f "$deps/.unpacked" ]; then
+        rm -rf "$deps"
+        "$PY" "$GPU_DIR/unpack_deb.py" "$deps" "$XSEG_GPU_ROOT"/.gpu-deps/*.deb || return 1
+        touch "$deps/.unpacked"
+    fi
+    arch=$(ls -d "$deps"/usr/lib/*-linux-gnu 2>/dev/null | head -1)
+    mkdir -p "$deps/bin" "$deps/pkgconfig"
+    export LD_LIBRARY_PATH="$arch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    if ! command -v pkg-config >/dev/null; then
+        ln -sf "$deps/usr/bin/pkgconf" "$deps/bin/pkg-config"
+        export PATH="$deps/bin:$PATH"
+    fi
+    if ! pkg-config --exists cmocka 2>/dev/null; then
+        # The package's .pc names /usr: point it at the private prefix.
+        sed "s|/usr|$deps/usr|g" "$arch/pkgconfig/cmocka.pc" > "$deps/pkgconfig/cmocka.pc"
+        export PKG_CONFIG_PATH="$deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    fi
+    if ! command -v meson >/dev/null; then
+        printf '#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec %s "%s" "$@"\n' \
+            "$deps/usr/lib/python3/dist-packages" "$(command -v "$PY")" "$deps/usr/bin/meson" > "$deps/bin/meson"
+        chmod +x "$deps/bin/meson"
+        export PATH="$deps/bin:$PATH"
+    fi
+    if ! command -v ninja >/dev/null; then
+        ln -sf "$deps/usr/bin/ninja" "$deps/bin/ninja"
+        export PATH="$deps/bin:$PATH"
+    fi
+    # pytest: only its own folder, so Debian's other Python modules never shadow the image's.
+    if ! "$PY" -c 'import pytest' 2>/dev/null; then
+        local pt="$deps/pytest-path" m
+        mkdir -p "$pt"
+        for m in _pytest pytest py.py pluggy iniconfig attr packaging; do
+            [ -e "$deps/usr/lib/python3/dist-packages/$m" ] && ln -sfn "$deps/usr/lib/python3/dist-packages/$m" "$pt/$m"
+        done
+        export XSEG_GPU_PYTEST_PATH="$pt"
+    fi
+}
+
+# run_pytest SECONDS ARGS...: the image's pytest, or the carried one, stopped after SECONDS.
+run_pytest() {
+    local limit=$1; shift
+    timeout --kill-after=10 "$limit" \
+        env PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH:}$XSEG_GPU_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
+        "$PY" -m pytest -p no:cacheprovider "$@"
+}
+# time_left [RESERVE]: seconds left before this stage's limit (run.sh sets XSEG_GPU_DEADLINE),
+# less a margin for writing the summary and RESERVE for what comes after; at least 10.
+time_left() {
+    local t=$(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 20 - ${1:-0} ))
+    echo $(( t > 10 ? t : 10 ))
+}
+
+# The build this run tests: an existing one (--build, the CI dry run), else build-gpu
+# (-Demulator=false: the tests load the real libcuda.so.1) or build-gpu-emu (--emulator).
+ensure_build() {
+    local b=$XSEG_GPU_BUILD emu=false
+    [ "$XSEG_GPU_EMULATOR" = 1 ] && emu=true
+    if [ "${XSEG_GPU_BUILD_GIVEN:-0}" = 1 ]; then
+        # --build: built by the caller (the CI dry run runs inside that build's own meson test).
+        [ -f "$b/build.ninja" ] || { echo "--build $b: not a meson build folder" > "$XSEG_GPU_WORK/ninja.log"; return 1; }
+        echo "using the existing build $b (--build)" > "$XSEG_GPU_WORK/ninja.log"
+        return 0
+    fi
+    if [ ! -f "$b/build.ninja" ]; then
+        run_logged meson-setup meson setup "$b" -Demulator=$emu -Dtests=enabled || return 1
+    fi
+    run_logged ninja ninja -C "$b" ${XSEG_GPU_NINJA_JOBS:+-j "$XSEG_GPU_NINJA_JOBS"} || return 1
+}

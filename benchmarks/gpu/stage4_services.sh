@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Stage 4: services and driver costs. bench_services (sleep/wake GiB/s and driver calls, trim,
+# the release threshold), torch_checks.py --group services (sleep/wake of live tensors and the
+# time until a kernel runs again, a CUDA graph replayed after its pool slept and woke, trim),
+# bench_vmm_costs (create, map, set access, unmap, release per size) and device_probe.py (the
+# remap of a kept handle; devices, fabric support, the peer matrix), test_ipc between two
+# processes (and its fabric and peer cases where the device has them).
+set -uo pipefail
+. "$XSEG_GPU_ROOT/benchmarks/gpu/lib.sh"
+cd "$XSEG_GPU_ROOT"
+W=$XSEG_GPU_WORK
+B=$XSEG_GPU_BUILD
+ensure_build || { check build fail "$(tail -30 "$W/meson-setup.log" "$W/ninja.log" 2>/dev/null)"; exit 0; }
+q=$XSEG_GPU_QUICK
+
+# What the device is: count, fabric handles, peer access.
+if "$PY" "$GPU_DIR/device_probe.py" info > "$W/device.json" 2> "$W/device.err"; then
+    data device "$W/device.json"
+    fabric=$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("yes" if d["devices"] and d["devices"][0]["fabric"] else "no")' "$W/device.json")
+    ndev=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["device_count"])' "$W/device.json")
+    check "device facts (device_probe.py info)" pass "$ndev device(s), fabric handles: $fabric"
+else
+    check "device facts (device_probe.py info)" fail "$(tail -3 "$W/device.err")"
+    fabric=no ndev=1
+fi
+
+# binary NAME CMD...: a cmocka program as one check (exit 77 or only skipped cases: skip).
+binary() {
+    local name=$1; shift
+    run_logged "$(echo "$name" | tr ' /' '__')" "$@"
+    local rc=$? log="$W/$(echo "$name" | tr ' /' '__').log"
+    if [ $rc = 77 ] || { [ $rc = 0 ] && grep -q '\[  PASSED  \] 0 test' "$log"; }; then
+        check "$name" skip "$(grep -m1 'SKIPPED \]' "$log" | sed 's/.*SKIPPED \] *//')"
+    elif [ $rc = 0 ]; then
+        check "$name" pass "$(grep -m1 'PASSED' "$log")"
+    else
+        check "$name" fail "exit $rc: $(tail -8 "$log")"
+    fi
+}
+
+# IPC between two real processes (fork + exec, fd passing), through the public API.
+binary "ipc between two processes (test_ipc main)" "$B/tests/alloc/test_ipc" main
+if [ "$XSEG_GPU_EMULATOR" = 1 ]; then
+    CUDAEMU_FABRIC=1 binary "ipc over fabric handles (test_ipc fabric)" "$B/tests/alloc/test_ipc" fabric
+    CUDAEMU_DEVICES=2 binary "peer access (test_ipc peer)" "$B/tests/alloc/test_ipc" peer
+    CUDAEMU_DEVICES=2 binary "peer access (test_expandable peer)" "$B/tests/alloc/test_expandable" peer
+else
+    if [ "$fabric" = yes ]; then
+        binary "ipc over fabric handles (test_ipc fabric)" "$B/tests/alloc/test_ipc" fabric
+    else
+        check "ipc over fabric handles (test_ipc fabric)" skip "the device reports no fabric handle support"
+    fi
+    if [ "$ndev" -ge 2 ]; then
+        binary "peer access (test_ipc peer)" "$B/tests/alloc/test_ipc" peer
+        binary "peer access (test_expandable peer)" "$B/tests/alloc/test_expandable" peer
+    else
+        check "peer access" skip "one device ($ndev): peer access needs two"
+    fi
+fi
+
+# VMM call costs per size, and the remap of a kept handle.
+reps=20 max=1024 sizes=2,20,64,512
+[ "$q" = 1 ] && reps=3 max=64 sizes=2,64
+if run_logged vmm_costs "$B/benchmarks/bench_vmm_costs" --reps $reps --max-size $max --csv "$W/vmm_costs.csv"; then
+    "$PY" -c 'import csv,json,sys; json.dump(list(csv.DictReader(open(sys.argv[1]))), open(sys.argv[2], "w"))' \
+        "$W/vmm_costs.csv" "$W/vmm_costs.json" && data vmm_costs "$W/vmm_costs.json"
+    check "bench_vmm_costs" pass
+else
+    check "bench_vmm_costs" fail "$(tail -5 "$W/vmm_costs.log")"
+fi
+if "$PY" "$GPU_DIR/device_probe.py" remap --reps $reps --sizes $sizes > "$W/remap.json" 2> "$W/remap.err"; then
+    data remap "$W/remap.json"
+    check "remap of a kept handle (device_probe.py remap)" pass
+else
+    check "remap of a kept handle (device_probe.py remap)" fail "$(tail -3 "$W/remap.err")"
+fi
+
+# The services through the C API (sleep/wake per GiB, trim, release threshold).
+if [ "$XSEG_GPU_EMULATOR" = 1 ] && [ "$q" = 1 ]; then
+    check "bench_services" skip "--quick on the emulator: its 1 GiB of host copies takes 15 s on a loaded 2-core VM"
+elif run_logged bench_services "$B/benchmarks/bench_services" --gib $([ "$q" = 1 ] && echo 1 || echo 4) --reps $([ "$q" = 1 ] && echo 1 || echo 3); then
+    check "bench_services" pass
+    # Its markdown tables as data: [[header cells], [row cells]...] per table.
+    "$PY" - "$W/bench_services.log" "$W/bench_services.json" <<'PYEOF'
+import json, sys
+tables, cur = [], None
+for line in open(sys.argv[1]):
+    if line.startswith("|"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if set("".join(cells)) <= set("-: "):
+            continue
+        if cur is None:
+            cur = []
+            tables.append(cur)
+        cur.append(cells)
+    else:
+        cur = None
+json.dump(tables, open(sys.argv[2], "w"))
+PYEOF
+    data bench_services "$W/bench_services.json"
+else
+    check "bench_services" fail "$(tail -5 "$W/bench_services.log")"
+fi
+
+# The services through PyTorch: live tensors asleep and awake, a graph replayed after a wake.
+why=$(torch_reason)
+if [ -n "$why" ]; then
+    for c in "sleep and wake" "graph replayed after wake" "trim"; do check "$c" skip "$why"; done
+else
+    quick=(); [ "$q" = 1 ] && quick=(--quick)
+    timeout --kill-after=10 $(time_left) "$PY" "$GPU_DIR/torch_checks.py" --group services --lib "$B/libxseg.so" --out "$W" "${quick[@]}" \
+        > "$W/services_checks.log" 2>&1
+    "$PY" "$GPU_DIR/summary.py" lines "$W" "$W/services_checks.log" services
+fi
+exit 0

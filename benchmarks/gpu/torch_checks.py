@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""Checks of xseg under real PyTorch (stage 2) and of its services through PyTorch (stage 4),
+each run on its own so that one failure hides none of the others. Every check prints one JSON
+line {"name", "status": "pass"|"fail"|"skip", "reason", "data"}; the exit status is 0 when the
+checks ran (failed ones included), so the caller reads the lines.
+
+  torch_checks.py --lib LIBXSEG --out DIR --group torch|services [--quick]
+  torch_checks.py --group snapshot-emulator --lib LIBXSEG --out DIR   (no torch: xseg's own
+      snapshot writer on whatever driver XSEG_LIBCUDA names; the CI dry run uses it)
+
+Group torch (xseg.torch.enable() first): torch.compile(mode="reduce-overhead"), torch.cuda.graph
+in a private pool, torch.cuda.MemPool, torch.multiprocessing (a CUDA tensor sent to a spawned
+process), memory_stats/memory_summary/memory_snapshot through torch.cuda, and a snapshot with
+history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle (checked afterwards
+with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh).
+Group services: sleep/wake of live tensors (GiB/s each way, the time until a kernel runs again),
+a CUDA graph replayed after its pool slept and woke, trim.
+"""
+import argparse
+import json
+import os
+import pickle
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class Skip(Exception):
+    pass
+
+
+def report(name, fn):
+    t0 = time.perf_counter()
+    try:
+        data = fn()
+        line = {"name": name, "status": "pass", "reason": "", "data": data}
+    except Skip as e:
+        line = {"name": name, "status": "skip", "reason": str(e), "data": None}
+    except BaseException:  # one check's failure (even SystemExit from a library) hides no other
+        line = {"name": name, "status": "fail", "reason": traceback.format_exc()[-3000:], "data": None}
+    line["seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(line), flush=True)
+
+
+# --- group torch ---------------------------------------------------------------------------------
+
+def mp_child(q, r):
+    """torch.multiprocessing child (spawned: a fresh interpreter, PyTorch's own allocator)."""
+    try:
+        t = q.get(timeout=90)
+        r.put(("ok", float(t.float().sum()), int(t.device.index)))
+        del t
+    except BaseException:
+        r.put(("fail", traceback.format_exc(), -1))
+
+
+def torch_checks(args, xseg, torch):
+    dev = torch.device("cuda", 0)
+
+    def pool_of(ptr):
+        for seg in xseg.memory_snapshot(0):
+            if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+                return tuple(seg["segment_pool_id"])
+        raise AssertionError("no xseg segment holds %#x" % ptr)
+
+    def allocator():
+        name = torch.cuda.get_allocator_backend()
+        assert xseg.torch.is_enabled(), "xseg.torch.is_enabled() is False"
+        return {"allocator_backend": name, "torch": torch.__version__, "cuda": torch.version.cuda}
+
+    def stats_summary_snapshot():
+        x = torch.empty(3 * MiB, dtype=torch.uint8, device=dev)
+        s = torch.cuda.memory_stats(dev)
+        mine = xseg.memory_stats(0)
+        assert s["allocated_bytes.all.current"] == mine["allocated_bytes.all.current"] >= 3 * MiB, \
+            (s["allocated_bytes.all.current"], mine["allocated_bytes.all.current"])
+        assert torch.cuda.memory_allocated(dev) == s["allocated_bytes.all.current"]
+        assert torch.cuda.memory_reserved(dev) >= torch.cuda.memory_allocated(dev)
+        text = torch.cuda.memory_summary(dev)
+        assert "Allocated memory" in text, text[:500]
+        segs = torch.cuda.memory_snapshot()
+        assert any(sg["address"] <= x.data_ptr() < sg["address"] + sg["total_size"] for sg in segs)
+        del x
+        return {"keys": len(s)}
+
+    def snapshot_dump():
+        path = os.path.join(args.out, "snapshot.pickle")
+        torch.cuda.memory._record_memory_history(max_entries=100000)
+        try:
+            keep = [torch.empty((i + 1) * MiB, dtype=torch.uint8, device=dev) for i in range(8)]
+            del keep[::2]
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                keep.append(torch.empty(7 * MiB, dtype=torch.uint8, device=dev))
+            torch.cuda.memory._dump_snapshot(path)
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        assert snap["segments"] and snap["device_traces"], "empty snapshot"
+        live = {b["address"] for sg in snap["segments"] for b in sg["blocks"] if b["state"] == "active_allocated"}
+        assert all(t.data_ptr() in live for t in keep), "a live tensor is missing from the snapshot"
+        del keep
+        return {"path": os.path.basename(path), "bytes": os.path.getsize(path)}
+
+    def graph():
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).to(dev)
+        static_in = torch.randn(64, 256, device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                model(static_in)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = model(static_in)
+        assert pool_of(static_out.data_ptr()) != (0, 0), "the graph's output is not in a private pool"
+        for i in range(3):
+            new = torch.randn(64, 256, device=dev)
+            static_in.copy_(new)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.allclose(static_out, model(new), rtol=1e-4, atol=1e-5)
+        del g, static_out
+
+    def compiled():
+        try:
+            import triton  # noqa: F401  (inductor's GPU backend)
+        except ImportError as e:
+            raise Skip("torch.compile needs triton: %s" % e)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(dev)
+        f = torch.compile(model, mode="reduce-overhead")
+        x = torch.randn(32, 256, device=dev)
+        for _ in range(4):  # warm-up, recording, replays (cudagraph trees)
+            with torch.no_grad():
+                y = f(x)
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            want = model(x)
+        assert torch.allclose(y, want, rtol=1e-3, atol=1e-4), float((y - want).abs().max())
+        private = [sg for sg in xseg.memory_snapshot(0) if tuple(sg["segment_pool_id"]) != (0, 0)]
+        return {"private_segments": len(private)}
+
+    def mempool():
+        if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+            raise Skip("this PyTorch (%s) has no torch.cuda.MemPool / use_mem_pool" % torch.__version__)
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            t = torch.empty(8 * MiB, dtype=torch.uint8, device=dev)
+        u = torch.empty(8 * MiB, dtype=torch.uint8, device=dev)
+        assert pool_of(t.data_ptr()) == tuple(pool.id), (pool_of(t.data_ptr()), pool.id)
+        assert pool_of(u.data_ptr()) == (0, 0)
+        t.fill_(7)
+        torch.cuda.synchronize()
+        assert int(t[123]) == 7
+        del t, u, pool
+
+    def multiprocessing():
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        q, r = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=mp_child, args=(q, r))
+        p.start()
+        t = torch.full((MiB,), 2.0, device=dev)  # allocated by xseg, sent through CUDA IPC
+        try:
+            # Pickled here first, as Queue.put's feeder thread would: a tensor that cannot be
+            # shared raises now instead of leaving the child waiting.
+            from multiprocessing.reduction import ForkingPickler
+            ForkingPickler.dumps(t)
+            q.put(t)
+            status, value, index = r.get(timeout=120)
+        finally:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+        assert status == "ok", value
+        assert value == 2.0 * MiB and index == 0, (value, index)
+        del t
+
+    report("xseg.torch.enable", allocator)
+    report("stats, summary and snapshot through torch.cuda", stats_summary_snapshot)
+    report("torch.cuda.memory._dump_snapshot", snapshot_dump)
+    report("torch.cuda.graph", graph)
+    report('torch.compile(mode="reduce-overhead")', compiled)
+    report("torch.cuda.MemPool", mempool)
+    report("torch.multiprocessing", multiprocessing)
+
+
+# --- group services ------------------------------------------------------------------------------
+
+def services_checks(args, xseg, torch):
+    dev = torch.device("cuda", 0)
+    gib = 1 if args.quick else 4
+
+    def sleep_wake():
+        out = {}
+        for offload in (True, False):
+            ts = [torch.full((GiB // 4,), float(i + 1), device=dev) for i in range(gib)]  # 1 GiB each
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            xseg.sleep(offload=offload)
+            t1 = time.perf_counter()
+            released = xseg.sleep_stats(xseg.DEFAULT_POOL)["released_bytes"]
+            xseg.wake()
+            t2 = time.perf_counter()
+            ts[0].add_(0)  # a kernel on woken memory
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            for i, t in enumerate(ts):
+                want = float(i + 1) * (GiB // 4) if offload else 0.0
+                got = float(t.double().sum())
+                assert got == want, ("offload" if offload else "discard", i, got, want)
+            mode = "offload" if offload else "discard"
+            out[mode] = {"gib": gib, "released_bytes": released, "sleep_s": t1 - t0, "wake_s": t2 - t1,
+                         "resume_s": t3 - t1, "sleep_gib_s": gib / (t1 - t0), "wake_gib_s": gib / (t2 - t1)}
+            del ts
+            torch.cuda.empty_cache()
+        return out
+
+    def graph_after_wake():
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).to(dev)
+        static_in = torch.randn(128, 512, device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            model(static_in)
+        torch.cuda.current_stream().wait_stream(s)
+        pool = torch.cuda.graph_pool_handle()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            static_out = model(static_in)
+        torch.cuda.synchronize()
+        xseg.sleep(pool=pool)
+        xseg.sleep()  # the default pool: the weights and the static input
+        xseg.wake()
+        xseg.wake(pool=pool)
+        new = torch.randn(128, 512, device=dev)
+        static_in.copy_(new)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.allclose(static_out, model(new), rtol=1e-4, atol=1e-5), "replay after wake differs from eager"
+        del g, static_out
+
+    def trim():
+        ts = [torch.empty(64 * MiB, dtype=torch.uint8, device=dev) for _ in range(16 * gib)]
+        del ts
+        before = xseg.memory_stats(0)
+        keep = 256 * MiB
+        t0 = time.perf_counter()
+        xseg.trim(keep)
+        t1 = time.perf_counter()
+        after = xseg.memory_stats(0)
+        cached = after["reserved_bytes.all.current"] - after["allocated_bytes.all.current"]
+        assert cached <= keep, (cached, keep)
+        return {"cache_before": before["reserved_bytes.all.current"] - before["allocated_bytes.all.current"],
+                "cache_after": cached, "trim_s": t1 - t0}
+
+    report("sleep and wake", sleep_wake)
+    report("graph replayed after wake", graph_after_wake)
+    report("trim", trim)
+
+
+def snapshot_emulator(args):
+    """xseg's own snapshot with history (no torch), written where check_snapshots.sh looks."""
+    from xseg_source import import_xseg_core
+    xseg = import_xseg_core(args.lib)
+
+    def write():
+        xseg.record_memory_history()
+        ptrs = [xseg.malloc((i + 1) * MiB) for i in range(6)]
+        for p in ptrs[::2]:
+            xseg.free(p)
+        path = os.path.join(args.out, "snapshot.pickle")
+        xseg.dump_snapshot(path)
+        xseg.record_memory_history(enabled=None)
+        for p in ptrs[1::2]:
+            xseg.free(p)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        assert snap["segments"] and snap["device_traces"], "empty snapshot"
+        return {"path": os.path.basename(path), "bytes": os.path.getsize(path)}
+
+    report("xseg.dump_snapshot (no torch)", write)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--group", choices=["torch", "services", "snapshot-emulator"], required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.group == "snapshot-emulator":
+        snapshot_emulator(args)
+        return 0
+    from xseg_source import import_xseg
+    xseg = import_xseg(args.lib)
+    xseg.torch.enable()  # before PyTorch's first CUDA allocation
+    import torch
+    torch_checks(args, xseg, torch) if args.group == "torch" else services_checks(args, xseg, torch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
