@@ -55,7 +55,7 @@ struct dev_alloc {
 
     struct bpool small, large;
     uint64_t idle_tick_ns; /* idle reclaim (core/trim.c): time of the last tick, CLOCK_MONOTONIC */
-    struct ptrmap live;      /* allocated blocks by address (with live_pending: dev_live_settle) */
+    struct ptrmap live;      /* allocated blocks by address (with fast.live_pending: dev_live_settle) */
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
@@ -88,19 +88,6 @@ struct dev_alloc {
 
     /* The fast path's permit, deferred map insert and merge, and stream slots (device.h, alloc.c). */
     struct dev_fast fast;
-
-    /* The stream slots (struct dev_slot): a stream's is slots[dev_slot_index(stream)]; bit i of
-     * busy_slots is set while slots[i] holds a block. */
-    struct dev_slot slots[DEV_SLOTS];
-    uint32_t busy_slots;
-    /* The block of the last malloc that went through malloc_finish: only a free of it fills a slot
-     * from free_locked (a ping-pong frees what it just allocated; a free of an older block rarely
-     * sees its size asked for next). Compared, never dereferenced: a stale value only sends a free
-     * down one path or the other, both exact. */
-    const struct block *last_alloc;
-#if XSEG_DEBUG_LEVEL >= 1
-    uint64_t lazy_hits; /* debug builds: lazy hits of settled slots, so a test can see them used */
-#endif
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
