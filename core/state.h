@@ -22,6 +22,8 @@
 
 struct block;
 
+/* ---- events.c: record_stream's events and the frees deferred to them (core/events.h) ------- */
+
 /* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
 struct ev_item {
     CUevent event;
@@ -33,7 +35,6 @@ struct ev_queue {
     size_t head, count, cap; /* ring buffer */
 };
 
-/* ---- events.c: record_stream's events and the frees deferred to them (core/events.h) ------- */
 struct ev_state {
     struct ev_queue *evq;
     size_t nevq, capevq;
@@ -44,6 +45,7 @@ struct ev_state {
     size_t ndeferred, capdeferred;
 };
 
+/* ---- the stream slots (dev_fast.slots, below) ----------------------------------------------- */
 /*
  * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
  * "Stream slots" in docs/design.md), each under a lock of its own so that threads on their own
