@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "core/config.h"
+#include "core/config_keys.h"
 #include "base/error.h"
 #include "base/strbuf.h"
 
@@ -36,22 +38,25 @@
  * granularity. */
 #define CFG_PAGE_MULTIPLE_MB 2
 
+/* A default or a reset written into a field, by kind (ROUNDUP sets every bucket). */
+#define CFG_SET_BOOL(f, v) ((f) = (v))
+#define CFG_SET_MIB(f, v) ((f) = (v))
+#define CFG_SET_FRACTION(f, v) ((f) = (v))
+#define CFG_SET_MS(f, v) ((f) = (v))
+#define CFG_SET_ROUNDUP(f, v)                                                                      \
+    do {                                                                                           \
+        for (size_t b_ = 0; b_ < CFG_ROUNDUP_BUCKETS; b_++)                                        \
+            (f)[b_] = (v);                                                                         \
+    } while (0)
+
 void cfg_default(struct cfg *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->max_split_size = SIZE_MAX;
-    cfg->max_non_split_rounding = CFG_DEFAULT_LARGE_SEGMENT;
-    cfg->large_segment_size = CFG_DEFAULT_LARGE_SEGMENT;
-    cfg->expandable_page_size = CFG_DEFAULT_LARGE_SEGMENT;
-    cfg->garbage_collection_threshold = 0.0;
-    cfg->expandable_segments = true;
-    cfg->expandable_segments_recycle = true;
-    cfg->expandable_segments_ipc = true;
-    cfg->expandable_segments_defrag = false;
-    cfg->release_lock_on_cudamalloc = false;
-    cfg->per_process_memory_fraction = 1.0;
-    cfg->graph_capture_record_stream_reuse = false;
-    cfg->release_threshold = SIZE_MAX;
+#define CFG_DEFAULT_ROW(name, alias, kind, field, def, parse, flags, snap, doc) CFG_SET_##kind(cfg->field, def);
+#define CFG_DEFAULT_NONE(name, alias, kind, parse, flags, doc)
+    CFG_KEYS(CFG_DEFAULT_ROW, CFG_DEFAULT_NONE)
+#undef CFG_DEFAULT_ROW
+#undef CFG_DEFAULT_NONE
 }
 
 /* ---- tokenizer ------------------------------------------------------------------------- */
@@ -284,8 +289,9 @@ static unsigned cfg_log2(unsigned long long v)
  * (clamped to the last bucket); the first entry also fills every bucket below it; '>:d' fills
  * every bucket above the last explicit one (all buckets when no explicit entry came before).
  */
-static xseg_status cfg_parse_roundup(struct cfg_parser *p, const char *key)
+static xseg_status cfg_parse_roundup(struct cfg_parser *p, const struct cfg_key *row, const char *key)
 {
+    (void)row;
     static const char list_form[] = "[MB:d,...,>:d] with MB a power of 2";
     unsigned *div = p->cfg.roundup_power2_divisions;
     const char *t = cfg_peek(p);
@@ -341,8 +347,9 @@ static xseg_status cfg_parse_roundup(struct cfg_parser *p, const char *key)
     }
 }
 
-static xseg_status cfg_parse_backend(struct cfg_parser *p, const char *key)
+static xseg_status cfg_parse_backend(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
+    (void)k;
     const char *w;
     size_t pos;
     xseg_status st = cfg_word(p, key, "native", &w, &pos);
@@ -359,45 +366,188 @@ static xseg_status cfg_parse_backend(struct cfg_parser *p, const char *key)
                    "allocator config: backend: expected native, got '%s' at index %zu", w, pos);
 }
 
+/* The field of row @p k in the struct being parsed. */
+static void *cfg_out(struct cfg_parser *p, const struct cfg_key *k) { return (char *)&p->cfg + k->off; }
+
+static xseg_status cfg_parse_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    return cfg_parse_bool(p, key, cfg_out(p, k));
+}
+
+static xseg_status cfg_parse_open_fraction(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    return cfg_parse_fraction(p, key, "a number in (0.0, 1.0)", true, cfg_out(p, k));
+}
+
+static xseg_status cfg_parse_closed_fraction(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    return cfg_parse_fraction(p, key, "a number in [0.0, 1.0]", false, cfg_out(p, k));
+}
+
+/* max_split_size_mb and max_non_split_rounding_mb: checked against large_segment_size_mb by
+ * cfg_finish, once the whole string is read. */
+static xseg_status cfg_parse_max_split(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    (void)k;
+    p->have_max_split = true;
+    return cfg_parse_mb(p, key, &p->max_split_mb, &p->max_split_pos);
+}
+
+static xseg_status cfg_parse_non_split(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    (void)k;
+    p->have_non_split = true;
+    return cfg_parse_mb(p, key, &p->non_split_mb, &p->non_split_pos);
+}
+
+static xseg_status cfg_parse_large_segment(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    unsigned long long mb;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    if (st)
+        return st;
+    if (mb <= CFG_MIN_LARGE_SEGMENT_MB || mb % CFG_LARGE_SEGMENT_MULTIPLE_MB || mb > CFG_MAX_LARGE_SEGMENT_MB)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: large_segment_size_mb must be > %d MB and a multiple "
+                       "of %d MB (the driver's page granularity), up to %llu; got %llu at "
+                       "index %zu",
+                       CFG_MIN_LARGE_SEGMENT_MB, CFG_LARGE_SEGMENT_MULTIPLE_MB,
+                       CFG_MAX_LARGE_SEGMENT_MB, mb, pos);
+    p->have_large_segment = true;
+    p->large_pos = pos;
+    *(size_t *)cfg_out(p, k) = (size_t)mb * XSEG_MiB;
+    return XSEG_SUCCESS;
+}
+
+/* expandable_page_size_mb: its upper bound (large_segment_size_mb) is cfg_finish's. */
+static xseg_status cfg_parse_page(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    (void)k;
+    xseg_status st = cfg_parse_mb(p, key, &p->page_mb, &p->page_pos);
+    if (st)
+        return st;
+    if (p->page_mb < CFG_PAGE_MULTIPLE_MB || p->page_mb % CFG_PAGE_MULTIPLE_MB)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: expandable_page_size_mb must be an even number of MB "
+                       ">= %d (a multiple of the driver's %d MB page granularity); got %llu at "
+                       "index %zu",
+                       CFG_PAGE_MULTIPLE_MB, CFG_PAGE_MULTIPLE_MB, p->page_mb, p->page_pos);
+    p->have_page = true;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status cfg_parse_chunk(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    unsigned long long mb;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    if (st)
+        return st;
+    if (mb % CFG_PAGE_MULTIPLE_MB || mb > CFG_MAX_LARGE_SEGMENT_MB)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: expandable_chunk_mb must be 0 (chunks of one page) or "
+                       "an even number of MB (a multiple of the driver's %d MB granularity); got "
+                       "%llu at index %zu",
+                       CFG_PAGE_MULTIPLE_MB, mb, pos);
+    p->have_chunk = true;
+    p->chunk_mb = mb;
+    p->chunk_pos = pos;
+    *(size_t *)cfg_out(p, k) = (size_t)mb * XSEG_MiB;
+    return XSEG_SUCCESS;
+}
+
+/* services */
+static xseg_status cfg_parse_release_threshold(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    unsigned long long mb;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    if (st)
+        return st;
+    *(size_t *)cfg_out(p, k) = mb >= CFG_MAX_MB ? SIZE_MAX : (size_t)mb * XSEG_MiB;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status cfg_parse_idle_ms(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    unsigned long long ms;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &ms, &pos);
+    if (st)
+        return st;
+    if (ms > 86400000ull)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: idle_release_ms must be at most 86400000 (a day), got %llu at "
+                       "index %zu", ms, pos);
+    *(unsigned *)cfg_out(p, k) = (unsigned)ms;
+    return XSEG_SUCCESS;
+}
+
 /* pinned_* keys configure PyTorch's pinned host allocator, which xseg does not implement: they
  * are validated (so a typo still fails) and ignored. */
-static xseg_status cfg_parse_pinned(struct cfg_parser *p, const char *key)
+static xseg_status cfg_parse_pinned_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
-    p->saw_pinned = true;
-    if (!strcmp(key, "pinned_num_register_threads")) {
-        const char *w;
-        size_t pos;
-        unsigned long long v;
-        xseg_status st = cfg_word(p, key, "a power of 2 up to 128", &w, &pos);
-        if (st)
-            return st;
-        if (!cfg_to_ull(w, &v) || !cfg_pow2(v) || v > 128)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: %s: expected a power of 2 up to 128, got '%s' at "
-                           "index %zu",
-                           key, w, pos);
-        return XSEG_SUCCESS;
-    }
-    if (!strcmp(key, "pinned_reserve_segment_size_mb")) {
-        unsigned long long mb;
-        size_t pos;
-        xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
-        if (st)
-            return st;
-        if (mb == 0)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: %s: expected a number of MiB > 0, got 0 at index %zu",
-                           key, pos);
-        return XSEG_SUCCESS;
-    }
+    (void)k;
     bool ignored;
     return cfg_parse_bool(p, key, &ignored);
 }
 
-static const char *const cfg_pinned_keys[] = {
-    "pinned_use_cuda_host_register", "pinned_use_hip_host_register", "pinned_num_register_threads",
-    "pinned_use_background_threads", "pinned_reserve_segment_size_mb", "pinned_free_catch_all",
+static xseg_status cfg_parse_pinned_threads(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    (void)k;
+    const char *w;
+    size_t pos;
+    unsigned long long v;
+    xseg_status st = cfg_word(p, key, "a power of 2 up to 128", &w, &pos);
+    if (st)
+        return st;
+    if (!cfg_to_ull(w, &v) || !cfg_pow2(v) || v > 128)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s: expected a power of 2 up to 128, got '%s' at "
+                       "index %zu",
+                       key, w, pos);
+    return XSEG_SUCCESS;
+}
+
+static xseg_status cfg_parse_pinned_reserve(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    (void)k;
+    unsigned long long mb;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    if (st)
+        return st;
+    if (mb == 0)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s: expected a number of MiB > 0, got 0 at index %zu",
+                       key, pos);
+    return XSEG_SUCCESS;
+}
+
+/* Each kind's field type, checked at compile time for every row. */
+#define CFG_TYPE_BOOL bool
+#define CFG_TYPE_MIB size_t
+#define CFG_TYPE_FRACTION double
+#define CFG_TYPE_MS unsigned
+#define CFG_TYPE_ROUNDUP unsigned *
+#define CFG_CHECK_ROW(name, alias, kind, field, def, parse, flags, snap, doc)                      \
+    _Static_assert(_Generic(((struct cfg *)0)->field, CFG_TYPE_##kind: 1, default: 0),            \
+                   #name ": the field's type is not its kind's");
+#define CFG_CHECK_NONE(name, alias, kind, parse, flags, doc)
+CFG_KEYS(CFG_CHECK_ROW, CFG_CHECK_NONE)
+#undef CFG_CHECK_ROW
+#undef CFG_CHECK_NONE
+
+const struct cfg_key cfg_keys[] = {
+#define CFG_KEY_ROW(name, alias, kind, field, def, parse, flags, snap, doc)                        \
+    {#name, alias, CFG_KIND_##kind, offsetof(struct cfg, field), flags, snap, doc, parse},
+#define CFG_KEY_NONE(name, alias, kind, parse, flags, doc) {#name, alias, CFG_KIND_##kind, 0, flags, 0, doc, parse},
+    CFG_KEYS(CFG_KEY_ROW, CFG_KEY_NONE)
+#undef CFG_KEY_ROW
+#undef CFG_KEY_NONE
 };
+const size_t cfg_nkeys = sizeof cfg_keys / sizeof cfg_keys[0];
 
 /* Levenshtein distance of @p a and @p b (keys are short; longer strings count as far). */
 static size_t cfg_edit_distance(const char *a, const char *b)
@@ -446,161 +596,61 @@ static xseg_status cfg_escape_message(xseg_status st)
     return any ? err_set(st, "%s", buf) : st;
 }
 
+/* The row spelled @p key (its name or its alias), or NULL. */
+static const struct cfg_key *cfg_find_key(const char *key)
+{
+    for (size_t k = 0; k < cfg_nkeys; k++)
+        if (!strcmp(key, cfg_keys[k].name) || (cfg_keys[k].alias && !strcmp(key, cfg_keys[k].alias)))
+            return &cfg_keys[k];
+    return NULL;
+}
+
+/* An unknown key, with the nearest known one (not an ignored key) as a hint when it is near. */
+static xseg_status cfg_unknown_key(const char *key, size_t kpos)
+{
+    const char *best = NULL;
+    size_t best_d = SIZE_MAX;
+    for (size_t k = 0; k < cfg_nkeys; k++) {
+        if (cfg_keys[k].flags & CFG_IGNORED)
+            continue;
+        const char *spell[2] = {cfg_keys[k].name, cfg_keys[k].alias};
+        for (size_t s = 0; s < 2 && spell[s]; s++) {
+            size_t dist = cfg_edit_distance(key, spell[s]);
+            if (dist < best_d) {
+                best_d = dist;
+                best = spell[s];
+            }
+        }
+    }
+    size_t klen = strlen(key);
+    if (best && best_d <= 3 && best_d < klen)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "unrecognized key '%s' in allocator config (at index %zu); did you mean '%s'?", key,
+                       kpos, best);
+    return err_set(XSEG_ERROR_INVALID_VALUE, "unrecognized key '%s' in allocator config (at index %zu)",
+                   key, kpos);
+}
+
+/* key:value, dispatched to the key's row (core/config_keys.h). */
 static xseg_status cfg_parse_entry(struct cfg_parser *p)
 {
-    const char *key;
-    size_t kpos;
     const char *t = cfg_peek(p);
     if (!t || cfg_is_punct(t[0]))
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "allocator config: expected a key (key:value), got '%s' at index %zu",
                        cfg_shown(t), cfg_pos(p));
-    key = t;
-    kpos = cfg_pos(p);
+    const char *key = t;
+    size_t kpos = cfg_pos(p);
     p->i++;
-
-    bool known = false;
-    static const char *const keys[] = {
-        "max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
-        "expandable_page_size_mb", "expandable_chunk_mb",
-        "garbage_collection_threshold", "roundup_power2_divisions", "expandable_segments",
-        "expandable_segments_recycle", "expandable_segments_ipc", "expandable_segments_defrag",
-        "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "per_process_memory_fraction",
-        "graph_capture_record_stream_reuse", "backend",
-        /* services */
-        "release_threshold_mb", "idle_release_ms", "idle_release_thread",
-    };
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !known; k++)
-        known = !strcmp(key, keys[k]);
-    bool pinned = false;
-    for (size_t k = 0; k < sizeof cfg_pinned_keys / sizeof cfg_pinned_keys[0] && !pinned; k++)
-        pinned = !strcmp(key, cfg_pinned_keys[k]);
-    if (!known && !pinned) {
-        /* The nearest known key, when it is near (a typo), as a hint. */
-        const char *best = NULL;
-        size_t best_d = SIZE_MAX;
-        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-            size_t dist = cfg_edit_distance(key, keys[k]);
-            if (dist < best_d) {
-                best_d = dist;
-                best = keys[k];
-            }
-        }
-        size_t klen = strlen(key);
-        if (best && best_d <= 3 && best_d < klen)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "unrecognized key '%s' in allocator config (at index %zu); did you mean '%s'?", key,
-                           kpos, best);
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "unrecognized key '%s' in allocator config (at index %zu)", key, kpos);
-    }
-
+    const struct cfg_key *k = cfg_find_key(key);
+    if (!k)
+        return cfg_unknown_key(key, kpos);
     xseg_status st = cfg_expect(p, ':', key, "key:value");
     if (st)
         return st;
-
-    struct cfg *c = &p->cfg;
-    if (pinned)
-        return cfg_parse_pinned(p, key);
-    if (!strcmp(key, "max_split_size_mb")) {
-        p->have_max_split = true;
-        return cfg_parse_mb(p, key, &p->max_split_mb, &p->max_split_pos);
-    }
-    if (!strcmp(key, "max_non_split_rounding_mb")) {
-        p->have_non_split = true;
-        return cfg_parse_mb(p, key, &p->non_split_mb, &p->non_split_pos);
-    }
-    if (!strcmp(key, "large_segment_size_mb")) {
-        unsigned long long mb;
-        size_t pos;
-        if ((st = cfg_parse_mb(p, key, &mb, &pos)))
-            return st;
-        if (mb <= CFG_MIN_LARGE_SEGMENT_MB || mb % CFG_LARGE_SEGMENT_MULTIPLE_MB ||
-            mb > CFG_MAX_LARGE_SEGMENT_MB)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: large_segment_size_mb must be > %d MB and a multiple "
-                           "of %d MB (the driver's page granularity), up to %llu; got %llu at "
-                           "index %zu",
-                           CFG_MIN_LARGE_SEGMENT_MB, CFG_LARGE_SEGMENT_MULTIPLE_MB,
-                           CFG_MAX_LARGE_SEGMENT_MB, mb, pos);
-        p->have_large_segment = true;
-        p->large_pos = pos;
-        c->large_segment_size = (size_t)mb * XSEG_MiB;
-        return XSEG_SUCCESS;
-    }
-    if (!strcmp(key, "expandable_page_size_mb")) {
-        if ((st = cfg_parse_mb(p, key, &p->page_mb, &p->page_pos)))
-            return st;
-        if (p->page_mb < CFG_PAGE_MULTIPLE_MB || p->page_mb % CFG_PAGE_MULTIPLE_MB)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: expandable_page_size_mb must be an even number of MB "
-                           ">= %d (a multiple of the driver's %d MB page granularity); got %llu at "
-                           "index %zu",
-                           CFG_PAGE_MULTIPLE_MB, CFG_PAGE_MULTIPLE_MB, p->page_mb, p->page_pos);
-        p->have_page = true;
-        return XSEG_SUCCESS;
-    }
-    if (!strcmp(key, "expandable_chunk_mb")) {
-        unsigned long long mb;
-        size_t pos;
-        if ((st = cfg_parse_mb(p, key, &mb, &pos)))
-            return st;
-        if (mb % CFG_PAGE_MULTIPLE_MB || mb > CFG_MAX_LARGE_SEGMENT_MB)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: expandable_chunk_mb must be 0 (chunks of one page) or "
-                           "an even number of MB (a multiple of the driver's %d MB granularity); got "
-                           "%llu at index %zu",
-                           CFG_PAGE_MULTIPLE_MB, mb, pos);
-        p->have_chunk = true;
-        p->chunk_mb = mb;
-        p->chunk_pos = pos;
-        c->expandable_chunk = (size_t)mb * XSEG_MiB;
-        return XSEG_SUCCESS;
-    }
-    if (!strcmp(key, "garbage_collection_threshold"))
-        return cfg_parse_fraction(p, key, "a number in (0.0, 1.0)", true,
-                                  &c->garbage_collection_threshold);
-    if (!strcmp(key, "per_process_memory_fraction"))
-        return cfg_parse_fraction(p, key, "a number in [0.0, 1.0]", false,
-                                  &c->per_process_memory_fraction);
-    if (!strcmp(key, "roundup_power2_divisions"))
-        return cfg_parse_roundup(p, key);
-    if (!strcmp(key, "expandable_segments"))
-        return cfg_parse_bool(p, key, &c->expandable_segments);
-    if (!strcmp(key, "expandable_segments_recycle"))
-        return cfg_parse_bool(p, key, &c->expandable_segments_recycle);
-    if (!strcmp(key, "expandable_segments_ipc"))
-        return cfg_parse_bool(p, key, &c->expandable_segments_ipc);
-    if (!strcmp(key, "expandable_segments_defrag"))
-        return cfg_parse_bool(p, key, &c->expandable_segments_defrag);
-    if (!strcmp(key, "release_lock_on_cudamalloc") || !strcmp(key, "release_lock_on_hipmalloc"))
-        return cfg_parse_bool(p, key, &c->release_lock_on_cudamalloc);
-    if (!strcmp(key, "graph_capture_record_stream_reuse"))
-        return cfg_parse_bool(p, key, &c->graph_capture_record_stream_reuse);
-    /* services */
-    if (!strcmp(key, "release_threshold_mb")) {
-        unsigned long long mb;
-        size_t pos;
-        if ((st = cfg_parse_mb(p, key, &mb, &pos)))
-            return st;
-        c->release_threshold = mb >= CFG_MAX_MB ? SIZE_MAX : (size_t)mb * XSEG_MiB;
-        return XSEG_SUCCESS;
-    }
-    if (!strcmp(key, "idle_release_ms")) {
-        unsigned long long ms;
-        size_t pos;
-        if ((st = cfg_parse_mb(p, key, &ms, &pos)))
-            return st;
-        if (ms > 86400000ull)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: idle_release_ms must be at most 86400000 (a day), got %llu at "
-                           "index %zu", ms, pos);
-        c->idle_release_ms = (unsigned)ms;
-        return XSEG_SUCCESS;
-    }
-    if (!strcmp(key, "idle_release_thread"))
-        return cfg_parse_bool(p, key, &c->idle_release_thread);
-    return cfg_parse_backend(p, key);
+    if (k->flags & CFG_IGNORED)
+        p->saw_pinned = true;
+    return k->parse(p, k, key);
 }
 
 /* Checks of values against large_segment_size, which may have been given after them. */
@@ -682,13 +732,14 @@ xseg_status cfg_parse(const char *str, const struct cfg *base, struct cfg *out)
     struct cfg_parser p;
     memset(&p, 0, sizeof p);
     p.cfg = *base;
-    /* PyTorch's rule: these three reset to their defaults on every parse. */
-    struct cfg def;
-    cfg_default(&def);
-    p.cfg.max_split_size = def.max_split_size;
-    p.cfg.garbage_collection_threshold = def.garbage_collection_threshold;
-    memcpy(p.cfg.roundup_power2_divisions, def.roundup_power2_divisions,
-           sizeof def.roundup_power2_divisions);
+    /* PyTorch's rule: the keys marked CFG_RESET go back to their defaults on every parse. */
+#define CFG_RESET_ROW(name, alias, kind, field, def, parse, flags, snap, doc)                      \
+    if ((flags) & CFG_RESET)                                                                       \
+        CFG_SET_##kind(p.cfg.field, def);
+#define CFG_RESET_NONE(name, alias, kind, parse, flags, doc)
+    CFG_KEYS(CFG_RESET_ROW, CFG_RESET_NONE)
+#undef CFG_RESET_ROW
+#undef CFG_RESET_NONE
 
     xseg_status st = cfg_tokenize(str, &p.lex);
     while (!st && p.i < p.lex.n) {
@@ -741,56 +792,87 @@ static void cfg_put_double(struct strbuf *o, double v)
     strbuf_printf(o, "%s", tmp);
 }
 
+/* ",key:value" (no comma before the first) for one row, by kind. */
+static void cfg_put_key(struct strbuf *o, const struct cfg *cfg, const struct cfg_key *k, bool first)
+{
+    const void *f = cfg_field(cfg, k);
+    const char *sep = first ? "" : ",";
+    switch (k->kind) {
+    case CFG_KIND_BOOL:
+        strbuf_printf(o, "%s%s:%s", sep, k->name, *(const bool *)f ? "True" : "False");
+        break;
+    case CFG_KIND_MIB:
+        strbuf_printf(o, "%s%s:%zu", sep, k->name, *(const size_t *)f / XSEG_MiB);
+        break;
+    case CFG_KIND_FRACTION:
+        strbuf_printf(o, "%s%s:", sep, k->name);
+        cfg_put_double(o, *(const double *)f);
+        break;
+    case CFG_KIND_MS:
+        strbuf_printf(o, "%s%s:%u", sep, k->name, *(const unsigned *)f);
+        break;
+    case CFG_KIND_ROUNDUP: {
+        const unsigned *div = f;
+        bool uniform = true;
+        for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
+            uniform = uniform && div[b] == div[0];
+        if (uniform) {
+            strbuf_printf(o, "%s%s:%u", sep, k->name, div[0]);
+            break;
+        }
+        strbuf_printf(o, "%s%s:[", sep, k->name);
+        for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
+            strbuf_printf(o, "%s%llu:%u", b ? "," : "", 1ull << b, div[b]);
+        strbuf_printf(o, "]");
+        break;
+    }
+    case CFG_KIND_ENUM:
+    case CFG_KIND_IGNORED:
+        break;
+    }
+}
+
+/* Whether @p cfg holds the default of every field of row @p k. */
+static bool cfg_at_default(const struct cfg *cfg, const struct cfg_key *k)
+{
+    struct cfg def;
+    cfg_default(&def);
+    const void *a = cfg_field(cfg, k), *b = cfg_field(&def, k);
+    switch (k->kind) {
+    case CFG_KIND_BOOL: return *(const bool *)a == *(const bool *)b;
+    case CFG_KIND_MIB: return *(const size_t *)a == *(const size_t *)b;
+    case CFG_KIND_FRACTION: return *(const double *)a == *(const double *)b;
+    case CFG_KIND_MS: return *(const unsigned *)a == *(const unsigned *)b;
+    case CFG_KIND_ROUNDUP: return !memcmp(a, b, CFG_ROUNDUP_BUCKETS * sizeof(unsigned));
+    case CFG_KIND_ENUM:
+    case CFG_KIND_IGNORED: break;
+    }
+    return true;
+}
+
 /*
- * Every key whose value can be written is written; max_split_size_mb (when unlimited),
- * garbage_collection_threshold (when off) and roundup_power2_divisions (when all 0) are left
- * out because PyTorch's grammar has no spelling for those defaults and the reset rule restores
- * them on parse. Byte sizes are written in whole MiB: the struct holds MiB multiples whenever
- * it came from cfg_default/cfg_parse, which is what makes the string read back equal.
+ * Every key with a field is written, in the table's order; those marked CFG_OMIT_DEFAULT
+ * (max_split_size_mb unlimited, garbage_collection_threshold off, roundup_power2_divisions all 0,
+ * release_threshold_mb keep-all) are left out while at their default, because PyTorch's grammar
+ * has no spelling for those defaults and the reset rule (or keeping) restores them on parse.
+ * Byte sizes are written in whole MiB: the struct holds MiB multiples whenever it came from
+ * cfg_default/cfg_parse, which is what makes the string read back equal.
  */
 void cfg_format(const struct cfg *cfg, char *buf, size_t size, size_t *len)
 {
     struct strbuf o = {buf, size, 0};
     if (size)
         buf[0] = '\0';
-    strbuf_printf(&o, "expandable_segments:%s", cfg->expandable_segments ? "True" : "False");
-    strbuf_printf(&o, ",expandable_segments_recycle:%s", cfg->expandable_segments_recycle ? "True" : "False");
-    strbuf_printf(&o, ",expandable_segments_ipc:%s", cfg->expandable_segments_ipc ? "True" : "False");
-    strbuf_printf(&o, ",expandable_segments_defrag:%s", cfg->expandable_segments_defrag ? "True" : "False");
-    strbuf_printf(&o, ",large_segment_size_mb:%zu", cfg->large_segment_size / XSEG_MiB);
-    strbuf_printf(&o, ",expandable_page_size_mb:%zu", cfg->expandable_page_size / XSEG_MiB);
-    strbuf_printf(&o, ",expandable_chunk_mb:%zu", cfg->expandable_chunk / XSEG_MiB);
-    if (cfg->max_split_size != SIZE_MAX)
-        strbuf_printf(&o, ",max_split_size_mb:%zu", cfg->max_split_size / XSEG_MiB);
-    strbuf_printf(&o, ",max_non_split_rounding_mb:%zu", cfg->max_non_split_rounding / XSEG_MiB);
-    if (cfg->garbage_collection_threshold > 0.0) {
-        strbuf_printf(&o, ",garbage_collection_threshold:");
-        cfg_put_double(&o, cfg->garbage_collection_threshold);
+    bool first = true;
+    for (size_t i = 0; i < cfg_nkeys; i++) {
+        const struct cfg_key *k = &cfg_keys[i];
+        if (k->kind == CFG_KIND_ENUM || k->kind == CFG_KIND_IGNORED)
+            continue;
+        if ((k->flags & CFG_OMIT_DEFAULT) && cfg_at_default(cfg, k))
+            continue;
+        cfg_put_key(&o, cfg, k, first);
+        first = false;
     }
-    const unsigned *div = cfg->roundup_power2_divisions;
-    bool uniform = true, any = false;
-    for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++) {
-        uniform = uniform && div[b] == div[0];
-        any = any || div[b];
-    }
-    if (uniform && any) {
-        strbuf_printf(&o, ",roundup_power2_divisions:%u", div[0]);
-    } else if (any) {
-        strbuf_printf(&o, ",roundup_power2_divisions:[");
-        for (size_t b = 0; b < CFG_ROUNDUP_BUCKETS; b++)
-            strbuf_printf(&o, "%s%llu:%u", b ? "," : "", 1ull << b, div[b]);
-        strbuf_printf(&o, "]");
-    }
-    strbuf_printf(&o, ",release_lock_on_cudamalloc:%s", cfg->release_lock_on_cudamalloc ? "True" : "False");
-    strbuf_printf(&o, ",per_process_memory_fraction:");
-    cfg_put_double(&o, cfg->per_process_memory_fraction);
-    strbuf_printf(&o, ",graph_capture_record_stream_reuse:%s",
-            cfg->graph_capture_record_stream_reuse ? "True" : "False");
-    /* services: the default (keep everything) has no spelling but the absence. */
-    if (cfg->release_threshold != SIZE_MAX)
-        strbuf_printf(&o, ",release_threshold_mb:%zu", cfg->release_threshold / XSEG_MiB);
-    strbuf_printf(&o, ",idle_release_ms:%u", cfg->idle_release_ms);
-    strbuf_printf(&o, ",idle_release_thread:%s", cfg->idle_release_thread ? "True" : "False");
     if (len)
         *len = o.len;
 }

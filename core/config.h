@@ -44,6 +44,48 @@ struct cfg {
     bool idle_release_thread;           /* a background thread does idle reclaim (core/idle.c) */
 };
 
+/* The kinds of value a key takes (core/config_keys.h). */
+enum cfg_kind {
+    CFG_KIND_BOOL,
+    CFG_KIND_MIB,
+    CFG_KIND_FRACTION,
+    CFG_KIND_ROUNDUP,
+    CFG_KIND_MS,
+    CFG_KIND_ENUM,
+    CFG_KIND_IGNORED,
+};
+
+/* Row attributes (core/config_keys.h). */
+enum {
+    CFG_RESET = 1,        /* back to its default on every parse (PyTorch's rule) */
+    CFG_OMIT_DEFAULT = 2, /* not in the canonical string while at its default */
+    CFG_IGNORED = 4,      /* accepted, checked and ignored (pinned_*) */
+};
+
+struct cfg_parser;
+
+/* One row of core/config_keys.h as data, for the code that walks the keys. */
+struct cfg_key {
+    const char *name;
+    const char *alias;  /* another accepted spelling, or NULL */
+    enum cfg_kind kind;
+    size_t off;         /* offset of the field in struct cfg (keys with a field) */
+    unsigned flags;
+    unsigned snap;      /* place in a snapshot's allocator_settings, 0: not there */
+    const char *doc;    /* the default as docs/configuration.md spells it */
+    xseg_status (*parse)(struct cfg_parser *p, const struct cfg_key *k, const char *key);
+};
+
+/* Every key, in the canonical string's order; cfg_nkeys rows. */
+extern const struct cfg_key cfg_keys[];
+extern const size_t cfg_nkeys;
+
+/* The field of @p k in @p cfg (a key with a field). */
+static inline const void *cfg_field(const struct cfg *cfg, const struct cfg_key *k)
+{
+    return (const char *)cfg + k->off;
+}
+
 /* xseg's defaults (expandable_segments on, everything else as PyTorch). */
 void cfg_default(struct cfg *cfg);
 

@@ -496,6 +496,41 @@ static void e_event(struct emit *e, struct frames_out *fo, const struct hist_eve
     e_end(e);
 }
 
+/* One key of PyTorch's allocator_settings, from its row (core/config_keys.h): sizes in bytes (-1
+ * unlimited) under the key's name without "_mb", the divisions as a dict by bucket's MiB. */
+static void e_setting(struct emit *e, const struct cfg *c, const struct cfg_key *k)
+{
+    char name[64];
+    size_t n = strlen(k->name);
+    if (k->kind == CFG_KIND_MIB && n > 3 && !strcmp(k->name + n - 3, "_mb"))
+        n -= 3;
+    snprintf(name, sizeof name, "%.*s", (int)n, k->name);
+    e_key(e, name);
+    const void *f = cfg_field(c, k);
+    switch (k->kind) {
+    case CFG_KIND_MIB: {
+        size_t v = *(const size_t *)f;
+        e_int(e, v == SIZE_MAX ? -1 : (int64_t)v);
+        break;
+    }
+    case CFG_KIND_FRACTION: e_float(e, *(const double *)f); break;
+    case CFG_KIND_BOOL: e_bool(e, *(const bool *)f); break;
+    case CFG_KIND_MS: e_int(e, *(const unsigned *)f); break;
+    case CFG_KIND_ROUNDUP:
+        e_dict(e);
+        for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++) {
+            char b[16];
+            snprintf(b, sizeof b, "%d", 1 << i);
+            e_key(e, b);
+            e_int(e, ((const unsigned *)f)[i]);
+        }
+        e_end(e);
+        break;
+    case CFG_KIND_ENUM:
+    case CFG_KIND_IGNORED: break; /* no field, so never given a place (snap 0) */
+    }
+}
+
 static void e_settings(struct emit *e, uint64_t dropped)
 {
     struct cfg c;
@@ -507,23 +542,16 @@ static void e_settings(struct emit *e, uint64_t dropped)
     e_dict(e);
     e_key(e, "PYTORCH_CUDA_ALLOC_CONF");
     e_str(e, conf);
-    e_key(e, "max_split_size");
-    e_int(e, c.max_split_size == SIZE_MAX ? -1 : (int64_t)c.max_split_size);
-    e_key(e, "garbage_collection_threshold");
-    e_float(e, c.garbage_collection_threshold);
-    e_key(e, "expandable_segments");
-    e_bool(e, c.expandable_segments);
-    e_key(e, "release_lock_on_cudamalloc");
-    e_bool(e, c.release_lock_on_cudamalloc);
-    e_key(e, "roundup_power2_divisions");
-    e_dict(e);
-    for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++) {
-        char k[16];
-        snprintf(k, sizeof k, "%d", 1 << i);
-        e_key(e, k);
-        e_int(e, c.roundup_power2_divisions[i]);
+    /* PyTorch's fields, in its order: the rows that name a place (1, 2, ...). */
+    for (unsigned place = 1;; place++) {
+        const struct cfg_key *k = NULL;
+        for (size_t i = 0; i < cfg_nkeys && !k; i++)
+            if (cfg_keys[i].snap == place)
+                k = &cfg_keys[i];
+        if (!k)
+            break;
+        e_setting(e, &c, k);
     }
-    e_end(e);
     e_key(e, "allocator");
     e_str(e, "xseg");
     e_key(e, "xseg_version");

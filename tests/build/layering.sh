@@ -27,7 +27,7 @@ check() { # layer, allowed include prefixes (space separated)
     done
 }
 # core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
-core_order="config stats block history settings device check capreuse pools ipc observe expandable
+core_order="config_keys config stats block history settings device check capreuse pools ipc observe expandable
 events release sleep trim idle runtime snapshot alloc"
 # The only includes that point up: struct dev_alloc embeds capreuse's state, and dev_unlock runs
 # dev_check at debug_level=2 (check.c reads the device and calls nothing of core back).

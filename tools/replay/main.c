@@ -328,40 +328,37 @@ struct child_result {
     int rc;
 };
 
-/* Run one (trace, mode) in a child process and collect its JSON lines. */
-static void run_child(const struct cli *c, const char *spec, const char *mode_cfg, const char *tl_path,
-                      const char *device_mem, int quiet, const char *snap_path, struct child_result *r)
-{
-    memset(r, 0, sizeof *r);
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        r->rc = -1;
-        return;
-    }
-    self[n] = '\0';
+/* The command line of a child: its arguments and the strings they point into. */
+struct child_args {
     char cfg[1024], seed[32], pool[16];
-    if (c->config && mode_cfg)
-        snprintf(cfg, sizeof cfg, "%s,%s", c->config, mode_cfg);
-    else
-        snprintf(cfg, sizeof cfg, "%s", mode_cfg ? mode_cfg : c->config ? c->config : "");
-    snprintf(seed, sizeof seed, "%llu", c->seed);
-    snprintf(pool, sizeof pool, "%s", c->pool == XSEG_STAT_LARGE_POOL ? "large" : c->pool == XSEG_STAT_SMALL_POOL ? "small" : "all");
     const char *argv[32];
+};
+
+static void child_argv(const struct cli *c, const char *self, const char *spec, const char *mode_cfg,
+                       const char *tl_path, const char *device_mem, const char *snap_path,
+                       struct child_args *ca)
+{
+    if (c->config && mode_cfg)
+        snprintf(ca->cfg, sizeof ca->cfg, "%s,%s", c->config, mode_cfg);
+    else
+        snprintf(ca->cfg, sizeof ca->cfg, "%s", mode_cfg ? mode_cfg : c->config ? c->config : "");
+    snprintf(ca->seed, sizeof ca->seed, "%llu", c->seed);
+    snprintf(ca->pool, sizeof ca->pool, "%s", c->pool == XSEG_STAT_LARGE_POOL ? "large" : c->pool == XSEG_STAT_SMALL_POOL ? "small" : "all");
+    const char **argv = ca->argv;
     int k = 0;
     argv[k++] = self;
     argv[k++] = "--child";
     argv[k++] = "--marks=jsonl";
     argv[k++] = "--summary=json";
     argv[k++] = "--pool";
-    argv[k++] = pool;
+    argv[k++] = ca->pool;
     argv[k++] = "--seed";
-    argv[k++] = seed;
+    argv[k++] = ca->seed;
     if (c->progress >= 0)
         argv[k++] = c->progress ? "--progress" : "--no-progress";
-    if (cfg[0]) {
+    if (ca->cfg[0]) {
         argv[k++] = "--config";
-        argv[k++] = cfg;
+        argv[k++] = ca->cfg;
     }
     if (tl_path) {
         argv[k++] = "--timeline-out";
@@ -379,34 +376,12 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
     }
     argv[k++] = spec;
     argv[k] = NULL;
-    int fds[2];
-    if (pipe(fds)) {
-        r->rc = -1;
-        return;
-    }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) {
-        r->rc = -1;
-        close(fds[0]);
-        close(fds[1]);
-        return;
-    }
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        if (quiet) { /* a probe's failed allocations are expected: only the count matters */
-            int nul = open("/dev/null", O_WRONLY);
-            if (nul >= 0)
-                dup2(nul, 2);
-        }
-        execv(self, (char *const *)argv);
-        fprintf(stderr, "xseg-replay: cannot run %s: %m\n", self);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *in = fdopen(fds[0], "r");
+}
+
+/* The child's JSON lines: marks (forwarded when the parent writes JSON lines too) and the
+ * summary. */
+static void child_read(const struct cli *c, FILE *in, struct child_result *r)
+{
     char *line = NULL;
     size_t cap = 0;
     while (in && getline(&line, &cap, in) > 0) {
@@ -432,6 +407,51 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
         }
     }
     free(line);
+}
+
+/* Run one (trace, mode) in a child process and collect its JSON lines. */
+static void run_child(const struct cli *c, const char *spec, const char *mode_cfg, const char *tl_path,
+                      const char *device_mem, int quiet, const char *snap_path, struct child_result *r)
+{
+    memset(r, 0, sizeof *r);
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        r->rc = -1;
+        return;
+    }
+    self[n] = '\0';
+    struct child_args ca;
+    child_argv(c, self, spec, mode_cfg, tl_path, device_mem, snap_path, &ca);
+    int fds[2];
+    if (pipe(fds)) {
+        r->rc = -1;
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        r->rc = -1;
+        close(fds[0]);
+        close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        if (quiet) { /* a probe's failed allocations are expected: only the count matters */
+            int nul = open("/dev/null", O_WRONLY);
+            if (nul >= 0)
+                dup2(nul, 2);
+        }
+        execv(self, (char *const *)ca.argv);
+        fprintf(stderr, "xseg-replay: cannot run %s: %m\n", self);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *in = fdopen(fds[0], "r");
+    child_read(c, in, r);
     if (in)
         fclose(in);
     int status;

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tools/replay/actions.h"
 #include "tools/replay/trace.h"
 
 struct pool_state {
@@ -399,402 +400,532 @@ static void rest_of_line(const char *after_verb, const char *end, const char **b
     *len = (size_t)(end - after_verb);
 }
 
-static xseg_status parse_line(struct parser *p, const char *s, const char *end)
-{
+/* One line split into its verb and arguments (at most 5 tokens kept; n counts them all). */
+struct line {
     struct tok tk[5];
     int n;
-    tokenize(s, end, tk, 5, &n);
-    if (n == 0)
-        return XSEG_SUCCESS;
-    struct trace_action a = {.line = p->line, .buf = -1, .stream = TRACE_DEFAULT_STREAM, .pool = -1};
-    const struct tok *verb = &tk[0];
-    xseg_status st;
+    const char *end; /* end of the line (before a comment): config and mark keep blanks */
+};
 
-    if (tok_is(verb, "stream")) {
-        if ((st = want_args(p, "stream", n, 1, 1, "stream NAME")))
+static xseg_status parse_stream(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    if ((st = want_args(p, "stream", l->n, 1, 1, "stream NAME")))
+        return st;
+    if (!valid_name(tk[1].s, tk[1].len))
+        return perr(p, "bad stream name '%.*s' (letters, digits, _ - . :)", (int)tk[1].len, tk[1].s);
+    if (tok_is(&tk[1], "default"))
+        return perr(p, "stream: 'default' is the legacy default stream's name; pick another");
+    int32_t idx;
+    trace_name_find(&p->t->streams, tk[1].s, tk[1].len, &idx);
+    if (idx >= 0)
+        return perr(p, "stream '%.*s' is declared twice", (int)tk[1].len, tk[1].s);
+    if (trace_name_intern(&p->t->streams, tk[1].s, tk[1].len, &idx) != XSEG_SUCCESS ||
+        grow_array((void **)&p->streams, &p->stream_cap, (size_t)idx, sizeof *p->streams) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    a->stream = idx;
+    return XSEG_SUCCESS;
+}
+
+/* alloc's optional arguments: [@STREAM] [^STACK]. */
+static xseg_status parse_alloc_options(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    for (int k = 3; k < l->n; k++) {
+        if (tk[k].len > 1 && tk[k].s[0] == '^' && !a->stack) {
+            /* The allocation's frames: a stack built by earlier `frame` lines. */
+            int32_t si;
+            trace_name_find(&p->t->stack_names, tk[k].s + 1, tk[k].len - 1, &si);
+            if (si < 0)
+                return perr(p, "alloc %.*s: no stack '%.*s' (define it with 'frame %.*s LINE FILE FUNCTION' "
+                               "lines first)", (int)tk[1].len, tk[1].s, (int)tk[k].len - 1, tk[k].s + 1,
+                            (int)tk[k].len - 1, tk[k].s + 1);
+            a->stack = (uint32_t)si + 1;
+        } else if (k == 3 && (st = stream_ref(p, &tk[k], &a->stream))) {
             return st;
-        if (!valid_name(tk[1].s, tk[1].len))
-            return perr(p, "bad stream name '%.*s' (letters, digits, _ - . :)", (int)tk[1].len, tk[1].s);
-        if (tok_is(&tk[1], "default"))
-            return perr(p, "stream: 'default' is the legacy default stream's name; pick another");
-        int32_t idx;
-        trace_name_find(&p->t->streams, tk[1].s, tk[1].len, &idx);
-        if (idx >= 0)
-            return perr(p, "stream '%.*s' is declared twice", (int)tk[1].len, tk[1].s);
-        if (trace_name_intern(&p->t->streams, tk[1].s, tk[1].len, &idx) != XSEG_SUCCESS ||
-            grow_array((void **)&p->streams, &p->stream_cap, (size_t)idx, sizeof *p->streams) != XSEG_SUCCESS)
-            return perr(p, "out of host memory");
-        a.op = TRACE_STREAM;
-        a.stream = idx;
-    } else if (tok_is(verb, "alloc")) {
-        if ((st = want_args(p, "alloc", n, 2, 4, "alloc NAME SIZE [@STREAM] [^STACK]")))
-            return st;
-        if ((st = buf_name(p, &tk[1])))
-            return st;
-        char msg[TRACE_ERR_MAX];
-        if (trace_parse_size(tk[2].s, tk[2].len, &a.size, msg, sizeof msg) != XSEG_SUCCESS)
-            return perr(p, "alloc %.*s: %s", (int)tk[1].len, tk[1].s, msg);
-        for (int k = 3; k < n; k++) {
-            if (tk[k].len > 1 && tk[k].s[0] == '^' && !a.stack) {
-                /* The allocation's frames: a stack built by earlier `frame` lines. */
-                int32_t si;
-                trace_name_find(&p->t->stack_names, tk[k].s + 1, tk[k].len - 1, &si);
-                if (si < 0)
-                    return perr(p, "alloc %.*s: no stack '%.*s' (define it with 'frame %.*s LINE FILE FUNCTION' "
-                                   "lines first)", (int)tk[1].len, tk[1].s, (int)tk[k].len - 1, tk[k].s + 1,
-                                (int)tk[k].len - 1, tk[k].s + 1);
-                a.stack = (uint32_t)si + 1;
-            } else if (k == 3 && (st = stream_ref(p, &tk[k], &a.stream))) {
-                return st;
-            } else if (k == 4) {
-                return perr(p, "alloc %.*s: expected '^STACK', got '%.*s' (usage: alloc NAME SIZE [@STREAM] "
-                               "[^STACK])", (int)tk[1].len, tk[1].s, (int)tk[k].len, tk[k].s);
-            }
+        } else if (k == 4) {
+            return perr(p, "alloc %.*s: expected '^STACK', got '%.*s' (usage: alloc NAME SIZE [@STREAM] "
+                           "[^STACK])", (int)tk[1].len, tk[1].s, (int)tk[k].len, tk[k].s);
         }
-        if (trace_name_intern(&p->t->bufs, tk[1].s, tk[1].len, &a.buf) != XSEG_SUCCESS ||
-            track_buf(p, a.buf) != XSEG_SUCCESS)
-            return perr(p, "out of host memory");
-        if (p->live[a.buf])
-            return perr(p, "alloc %.*s: '%.*s' is still allocated (line %u); free it first",
-                        (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s, p->last_line[a.buf]);
-        /* Into the sleeping default pool, when no pool can take it: xseg would refuse it. */
-        char what[160];
-        if (p->default_pool.asleep && !recording(p, what, sizeof what))
-            return perr(p, "alloc %.*s: the default pool is asleep (sleep at line %u); wake it first",
-                        (int)tk[1].len, tk[1].s, p->default_pool.sleep_line);
-        p->live[a.buf] = 1;
-        p->last_line[a.buf] = p->line;
-        a.op = TRACE_ALLOC;
-    } else if (tok_is(verb, "free") || tok_is(verb, "record")) {
-        int is_free = tok_is(verb, "free");
-        if (is_free ? (st = want_args(p, "free", n, 1, 1, "free NAME"))
-                    : (st = want_args(p, "record", n, 2, 2, "record NAME @STREAM")))
-            return st;
-        if ((st = buf_name(p, &tk[1])))
-            return st;
-        trace_name_find(&p->t->bufs, tk[1].s, tk[1].len, &a.buf);
-        if (a.buf < 0)
-            return perr(p, "%s %.*s: no buffer '%.*s' was allocated", is_free ? "free" : "record",
-                        (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s);
-        if (!p->live[a.buf])
-            return perr(p, "%s %.*s: '%.*s' was already freed (line %u)", is_free ? "free" : "record",
-                        (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s, p->last_line[a.buf]);
-        if (is_free) {
-            p->live[a.buf] = 0;
-            p->last_line[a.buf] = p->line;
-            a.op = TRACE_FREE;
-        } else {
-            if ((st = stream_ref(p, &tk[2], &a.stream)))
-                return st;
-            a.op = TRACE_RECORD;
-        }
-    } else if (tok_is(verb, "hold") || tok_is(verb, "release")) {
-        int hold = tok_is(verb, "hold");
-        if ((st = want_args(p, hold ? "hold" : "release", n, 1, 1, hold ? "hold @STREAM" : "release @STREAM")))
-            return st;
-        if ((st = stream_ref(p, &tk[1], &a.stream)))
-            return st;
-        a.op = hold ? TRACE_HOLD : TRACE_RELEASE;
-    } else if (tok_is(verb, "sync")) {
-        if ((st = want_args(p, "sync", n, 0, 1, "sync [@STREAM]")))
-            return st;
-        a.stream = TRACE_ALL_STREAMS;
-        if (n == 2 && (st = stream_ref(p, &tk[1], &a.stream)))
-            return st;
-        /* The driver refuses to synchronize a capturing stream, or the whole context while any
-         * stream captures (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and invalidates the capture. */
-        char what[160];
-        for (size_t i = 0; a.stream == TRACE_ALL_STREAMS && i < p->t->streams.count; i++)
-            if (p->streams[i].capturing)
-                return perr(p, "sync: stream '%s' captures (line %u); the whole device cannot be synchronized "
-                               "during a capture (sync a stream outside it, or after capture_end)",
-                            p->t->streams.names[i], p->streams[i].line);
-        if (a.stream >= 0 && p->streams[a.stream].in)
-            return perr(p, "sync %.*s: %s; a capturing stream cannot be synchronized", (int)tk[1].len, tk[1].s,
-                        capture_role(p, a.stream, what, sizeof what));
-        a.op = TRACE_SYNC;
-    } else if (tok_is(verb, "empty_cache")) {
-        if ((st = want_args(p, "empty_cache", n, 0, 0, "empty_cache")))
-            return st;
-        a.op = TRACE_EMPTY_CACHE;
-    } else if (tok_is(verb, "trim")) {
-        /* services: trim KEEP -> xseg_trim(-1, KEEP), KEEP a size as in alloc. */
-        if ((st = want_args(p, "trim", n, 1, 1, "trim KEEP_BYTES")))
-            return st;
-        char msg[160];
-        if (trace_parse_size(tk[1].s, tk[1].len, &a.size, msg, sizeof msg) != XSEG_SUCCESS)
-            return perr(p, "trim: %s", msg);
-        a.op = TRACE_TRIM;
-    } else if (tok_is(verb, "sleep") || tok_is(verb, "wake")) {
-        int sl = tok_is(verb, "sleep");
-        const char *v = sl ? "sleep" : "wake";
-        if ((st = want_args(p, v, n, sl ? 2 : 1, sl ? 2 : 1, sl ? "sleep POOL offload|discard" : "wake POOL")))
-            return st;
-        struct pool_state *ps = &p->default_pool;
-        if (!tok_is(&tk[1], "default")) {
-            trace_name_find(&p->t->pools, tk[1].s, tk[1].len, &a.pool);
-            if (a.pool < 0)
-                return perr(p, "%s %.*s: no pool '%.*s' was begun ('default' names the default pool)", v,
-                            (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s);
-            ps = &p->pools[a.pool];
-        }
-        if (sl) {
-            if (tok_is(&tk[2], "offload"))
-                a.size = XSEG_SLEEP_OFFLOAD;
-            else if (tok_is(&tk[2], "discard"))
-                a.size = XSEG_SLEEP_DISCARD;
-            else
-                return perr(p, "sleep %.*s: expected offload or discard, got '%.*s'", (int)tk[1].len, tk[1].s,
-                            (int)tk[2].len, tk[2].s);
-            if (ps->asleep)
-                return perr(p, "sleep %.*s: the pool is asleep already (line %u)", (int)tk[1].len, tk[1].s,
-                            ps->sleep_line);
-        } else if (!ps->asleep) {
-            return perr(p, "wake %.*s: the pool is not asleep", (int)tk[1].len, tk[1].s);
-        }
-        char what[160];
-        if (recording(p, what, sizeof what))
-            return perr(p, "%s %.*s: %s; xseg sleeps and wakes nothing during a capture or while a pool "
-                           "records", v, (int)tk[1].len, tk[1].s, what);
-        ps->asleep = (unsigned char)sl;
-        ps->sleep_line = p->line;
-        a.op = sl ? TRACE_SLEEP : TRACE_WAKE;
-    } else if (tok_is(verb, "idle")) {
-        if ((st = want_args(p, "idle", n, 1, 1, "idle DURATION")))
-            return st;
-        if ((st = parse_duration(p, &tk[1], &a.size)))
-            return st;
-        if (a.size > TRACE_IDLE_MAX_NS)
-            return perr(p, "idle: '%.*s' is longer than the maximum, %llus", (int)tk[1].len, tk[1].s,
-                        (unsigned long long)(TRACE_IDLE_MAX_NS / 1000000000u));
-        a.op = TRACE_IDLE;
-    } else if (tok_is(verb, "frame")) {
-        /* frame STACK LINE FILE FUNCTION...: FILE has %XX escapes for blanks ('-' is empty). */
-        if (n < 5)
-            return perr(p, "frame: missing argument (usage: frame STACK LINE FILE FUNCTION)");
-        if (!valid_name(tk[1].s, tk[1].len))
-            return perr(p, "bad stack name '%.*s' (letters, digits, _ - . :)", (int)tk[1].len, tk[1].s);
-        char *e;
-        char num[16];
-        snprintf(num, sizeof num, "%.*s", (int)(tk[2].len < 15 ? tk[2].len : 15), tk[2].s);
-        long line = strtol(num, &e, 10);
-        if (*e || tk[2].len > 10 || line < 0 || line > INT32_MAX)
-            return perr(p, "frame %.*s: bad line number '%.*s'", (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s);
-        char file[1024];
-        size_t fl = 0;
-        if (!(tk[3].len == 1 && tk[3].s[0] == '-')) {
-            for (size_t i = 0; i < tk[3].len && fl < sizeof file; i++) {
-                int hi, lo;
-                if (tk[3].s[i] == '%' && i + 2 < tk[3].len && (hi = hex_digit(tk[3].s[i + 1])) >= 0 &&
-                    (lo = hex_digit(tk[3].s[i + 2])) >= 0) {
-                    file[fl++] = (char)(hi << 4 | lo);
-                    i += 2;
-                } else {
-                    file[fl++] = tk[3].s[i];
-                }
-            }
-        }
-        const char *b;
-        size_t len;
-        rest_of_line(tk[3].s + tk[3].len, end, &b, &len);
-        int32_t si;
-        if (trace_add_frame(p->t, tk[1].s, tk[1].len, (int32_t)line, file, fl, b, len, &si) != XSEG_SUCCESS)
-            return perr(p, "out of host memory");
-        return XSEG_SUCCESS; /* no action: frames only describe allocations */
-    } else if (tok_is(verb, "config") || tok_is(verb, "mark") || tok_is(verb, "snapshot")) {
-        int snap = tok_is(verb, "snapshot");
-        int config = tok_is(verb, "config");
-        const char *b;
-        size_t len;
-        rest_of_line(verb->s + verb->len, end, &b, &len);
-        if (!len)
-            return perr(p, config ? "config: missing the config string (e.g. config expandable_segments:True)"
-                        : snap  ? "snapshot: missing the label (e.g. snapshot peak)"
-                                : "mark: missing the label (e.g. mark After alloc x1)");
-        if (config && memchr(b, ' ', len))
-            return perr(p, "config: the config string has a blank in it ('%.*s'); write key:value,key:value",
-                        (int)len, b);
-        if (trace_add_text(p->t, b, len, &a.text) != XSEG_SUCCESS)
-            return perr(p, "out of host memory");
-        a.op = config ? TRACE_CONFIG : snap ? TRACE_SNAPSHOT : TRACE_MARK;
-    } else if (tok_is(verb, "pool_begin")) {
-        if ((st = want_args(p, "pool_begin", n, 1, 2, "pool_begin POOL [@STREAM]")))
-            return st;
-        if ((st = pool_ref(p, &tk[1], &a.pool)))
-            return st;
-        if (n == 3 && (st = stream_ref(p, &tk[2], &a.stream)))
-            return st;
-        if (n == 2)
-            a.stream = TRACE_ALL_STREAMS; /* no stream named: the pool takes every stream's */
-        struct pool_state *ps = &p->pools[a.pool];
-        if (ps->open)
-            return perr(p, "pool_begin %.*s: pool already begun (line %u) and not ended", (int)tk[1].len,
-                        tk[1].s, ps->line);
-        if (ps->asleep)
-            return perr(p, "pool_begin %.*s: the pool is asleep (sleep at line %u); wake it first", (int)tk[1].len,
-                        tk[1].s, ps->sleep_line);
-        if (ps->capture)
-            return perr(p, "pool_begin %.*s: a capture on stream '%s' records into this pool (line %u); "
-                           "end it first", (int)tk[1].len, tk[1].s, p->t->streams.names[ps->capture - 1], ps->line);
-        ps->open = 1;
-        ps->uses++;
-        ps->line = p->line;
-        a.op = TRACE_POOL_BEGIN;
-    } else if (tok_is(verb, "pool_end") || tok_is(verb, "pool_release")) {
-        int end_ = tok_is(verb, "pool_end");
-        const char *v = end_ ? "pool_end" : "pool_release";
-        if ((st = want_args(p, v, n, 1, 1, end_ ? "pool_end POOL" : "pool_release POOL")))
-            return st;
-        trace_name_find(&p->t->pools, tk[1].s, tk[1].len, &a.pool);
-        if (a.pool < 0)
-            return perr(p, "%s %.*s: no pool '%.*s' was begun", v, (int)tk[1].len, tk[1].s,
-                        (int)tk[1].len, tk[1].s);
-        struct pool_state *ps = &p->pools[a.pool];
-        if (end_ && !ps->open)
-            return perr(p, "pool_end %.*s: the pool is not begun", (int)tk[1].len, tk[1].s);
-        if (!end_ && !ps->uses)
-            return perr(p, "pool_release %.*s: the pool has no users left (every pool_begin and "
-                           "capture_begin into it is released already; last release line %u)",
-                        (int)tk[1].len, tk[1].s, ps->line);
-        /* Releasing the last use of a pool that still records is refused; an older use is not. */
-        if (!end_ && ps->uses == 1 && ps->open)
-            return perr(p, "pool_release %.*s: end the pool first (pool_end %.*s)", (int)tk[1].len,
-                        tk[1].s, (int)tk[1].len, tk[1].s);
-        if (!end_ && ps->uses == 1 && ps->capture)
-            return perr(p, "pool_release %.*s: a capture on stream '%s' still records into it (line %u); "
-                           "end it first", (int)tk[1].len, tk[1].s, p->t->streams.names[ps->capture - 1], ps->line);
-        if (end_) {
-            ps->open = 0;
-        } else {
-            ps->uses--;
-            ps->line = p->line;
-        }
-        a.op = end_ ? TRACE_POOL_END : TRACE_POOL_RELEASE;
-    } else if (tok_is(verb, "capture_begin") || tok_is(verb, "capture_end")) {
-        int begin = tok_is(verb, "capture_begin");
-        if ((st = want_args(p, begin ? "capture_begin" : "capture_end", n, 1, begin ? 2 : 1,
-                            begin ? "capture_begin @STREAM [POOL]" : "capture_end @STREAM")))
-            return st;
-        if ((st = stream_ref(p, &tk[1], &a.stream)))
-            return st;
-        if (a.stream < 0)
-            return perr(p, "%s: the legacy default stream cannot be captured; declare a stream",
-                        begin ? "capture_begin" : "capture_end");
-        if (begin && n == 3 && (st = pool_ref(p, &tk[2], &a.pool)))
-            return st;
-        struct stream_state *ss = &p->streams[a.stream];
-        char what[160];
-        if (begin && ss->capturing)
-            return perr(p, "capture_begin: stream '%.*s' is already capturing (line %u)", (int)tk[1].len - 1,
-                        tk[1].s + 1, ss->line);
-        if (begin && ss->in)
-            return perr(p, "capture_begin: stream '%.*s' takes part in %s since its wait at line %u",
-                        (int)tk[1].len - 1, tk[1].s + 1, capture_name(p, ss, what, sizeof what), ss->join_line);
-        if (!begin && !ss->capturing && ss->in)
-            return perr(p, "capture_end: stream '%.*s' joined %s by its wait at line %u; end the capture on the "
-                           "stream that began it", (int)tk[1].len - 1, tk[1].s + 1,
-                        capture_name(p, ss, what, sizeof what), ss->join_line);
-        if (!begin && !ss->capturing)
-            return perr(p, "capture_end: stream '%.*s' is not capturing", (int)tk[1].len - 1, tk[1].s + 1);
-        /* Every stream that joined the capture must be joined back into this one: work the
-         * capture does not order before its end fails it (CUDA_ERROR_STREAM_CAPTURE_UNJOINED). */
-        for (size_t i = 0; !begin && i < p->t->streams.count; i++) {
-            struct stream_state *o = &p->streams[i];
-            if (o->in != a.stream + 1 || o == ss)
-                continue;
-            for (size_t k = 0; k < o->deps.n; k++)
-                if (!ss->nodes[o->deps.v[k]].joined)
-                    return perr(p, "capture_end: stream '%s' has work in the capture that '%.*s' never waited "
-                                   "for (it joined at line %u); add 'wait %.*s @%s' before the end",
-                                p->t->streams.names[i], (int)tk[1].len - 1, tk[1].s + 1, o->join_line,
-                                (int)tk[1].len, tk[1].s, p->t->streams.names[i]);
-        }
-        for (size_t i = 0; !begin && i < p->t->streams.count; i++)
-            if (p->streams[i].in == a.stream + 1) {
-                p->streams[i].in = 0;
-                p->streams[i].deps.n = 0;
-            }
-        if (begin) {
-            ss->in = a.stream + 1;
-            ss->deps.n = 0;
-            ss->nnodes = 0;
-            ss->edges.n = 0;
-        }
-        if (begin && a.pool >= 0) {
-            /* One recorder per pool at a time: pool_begin's or one capture's. */
-            struct pool_state *ps = &p->pools[a.pool];
-            if (ps->open)
-                return perr(p, "capture_begin: pool '%.*s' is already recording (pool_begin, line %u); "
-                               "pool_end it first", (int)tk[2].len, tk[2].s, ps->line);
-            if (ps->capture)
-                return perr(p, "capture_begin: pool '%.*s' is already recording (a capture on stream '%s', "
-                               "line %u); capture_end it first", (int)tk[2].len, tk[2].s,
-                            p->t->streams.names[ps->capture - 1], ps->line);
-            if (ps->asleep)
-                return perr(p, "capture_begin: pool '%.*s' is asleep (sleep at line %u); wake it first",
-                            (int)tk[2].len, tk[2].s, ps->sleep_line);
-            ps->capture = a.stream + 1;
-            ps->uses++;
-            ps->line = p->line;
-        }
-        if (!begin && ss->pool >= 0)
-            p->pools[ss->pool].capture = 0;
-        ss->capturing = (unsigned char)begin;
-        ss->pool = begin ? a.pool : -1;
-        ss->line = p->line;
-        a.op = begin ? TRACE_CAPTURE_BEGIN : TRACE_CAPTURE_END;
-    } else if (tok_is(verb, "wait")) {
-        /* stream order (forks and joins in a capture) */
-        if ((st = want_args(p, "wait", n, 2, 2, "wait @STREAM @WAITED_FOR")))
-            return st;
-        if ((st = stream_ref(p, &tk[1], &a.stream)) || (st = stream_ref(p, &tk[2], &a.stream2)))
-            return st;
-        if (a.stream == a.stream2)
-            return perr(p, "wait: a stream cannot wait for itself ('%.*s')", (int)tk[1].len, tk[1].s);
-        /* What cuStreamWaitEvent does with an event recorded on the waited-for stream: in a
-         * capture it forks (the waiting stream joins it) or joins (its work now comes first). */
-        struct stream_state *sa = a.stream >= 0 ? &p->streams[a.stream] : NULL;
-        struct stream_state *sb = a.stream2 >= 0 ? &p->streams[a.stream2] : NULL;
-        char what[160], what2[160];
-        if (sb && sb->in) {
-            if (!sa)
-                return perr(p, "wait %.*s %.*s: %s; the legacy default stream cannot join a capture",
-                            (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s,
-                            capture_role(p, a.stream2, what, sizeof what));
-            if (sa->in && sa->in != sb->in)
-                return perr(p, "wait %.*s %.*s: %s and %s; two captures cannot be merged", (int)tk[1].len,
-                            tk[1].s, (int)tk[2].len, tk[2].s, capture_role(p, a.stream, what, sizeof what),
-                            capture_role(p, a.stream2, what2, sizeof what2));
-            if (!sa->in) {
-                sa->in = sb->in;
-                sa->join_line = p->line;
-                sa->deps.n = 0;
-            }
-            if (ids_merge(&sa->deps, &sb->deps) != XSEG_SUCCESS)
-                return perr(p, "out of host memory");
-            if (sa->capturing && (st = capture_join(p, sa, &sb->deps)))
-                return st;
-        } else if (sa && sa->in) {
-            return perr(p, "wait %.*s %.*s: %s and '%.*s' does not; a capture cannot wait for work outside it",
-                        (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s, capture_role(p, a.stream, what, sizeof what),
-                        (int)tk[2].len - 1, tk[2].s + 1);
-        }
-        a.op = TRACE_WAIT;
-    } else if (tok_is(verb, "work")) {
-        if ((st = want_args(p, "work", n, 1, 1, "work @STREAM")))
-            return st;
-        if ((st = stream_ref(p, &tk[1], &a.stream)))
-            return st;
-        if (a.stream >= 0 && p->streams[a.stream].in && (st = capture_work(p, a.stream)))
-            return st;
-        a.op = TRACE_WORK;
-    } else {
-        return perr(p, "unknown action '%.*s' (expected stream, alloc, free, record, hold, release, "
-                       "sync, empty_cache, config, pool_begin, pool_end, pool_release, "
-                       "capture_begin, capture_end, mark, wait, work, snapshot, frame, trim, sleep, wake, "
-                       "idle)",
-                    (int)(verb->len > 40 ? 40 : verb->len), verb->s);
     }
+    return XSEG_SUCCESS;
+}
+
+static xseg_status parse_alloc(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    if ((st = want_args(p, "alloc", l->n, 2, 4, "alloc NAME SIZE [@STREAM] [^STACK]")))
+        return st;
+    if ((st = buf_name(p, &tk[1])))
+        return st;
+    char msg[TRACE_ERR_MAX];
+    if (trace_parse_size(tk[2].s, tk[2].len, &a->size, msg, sizeof msg) != XSEG_SUCCESS)
+        return perr(p, "alloc %.*s: %s", (int)tk[1].len, tk[1].s, msg);
+    if ((st = parse_alloc_options(p, l, a)))
+        return st;
+    if (trace_name_intern(&p->t->bufs, tk[1].s, tk[1].len, &a->buf) != XSEG_SUCCESS ||
+        track_buf(p, a->buf) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    if (p->live[a->buf])
+        return perr(p, "alloc %.*s: '%.*s' is still allocated (line %u); free it first",
+                    (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s, p->last_line[a->buf]);
+    /* Into the sleeping default pool, when no pool can take it: xseg would refuse it. */
+    char what[160];
+    if (p->default_pool.asleep && !recording(p, what, sizeof what))
+        return perr(p, "alloc %.*s: the default pool is asleep (sleep at line %u); wake it first",
+                    (int)tk[1].len, tk[1].s, p->default_pool.sleep_line);
+    p->live[a->buf] = 1;
+    p->last_line[a->buf] = p->line;
+    return XSEG_SUCCESS;
+}
+
+/* free NAME, record NAME @STREAM: the buffer must be live. */
+static xseg_status parse_free_record(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    int is_free = a->op == TRACE_FREE;
+    if (is_free ? (st = want_args(p, "free", l->n, 1, 1, "free NAME"))
+                : (st = want_args(p, "record", l->n, 2, 2, "record NAME @STREAM")))
+        return st;
+    if ((st = buf_name(p, &tk[1])))
+        return st;
+    trace_name_find(&p->t->bufs, tk[1].s, tk[1].len, &a->buf);
+    if (a->buf < 0)
+        return perr(p, "%s %.*s: no buffer '%.*s' was allocated", is_free ? "free" : "record",
+                    (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s);
+    if (!p->live[a->buf])
+        return perr(p, "%s %.*s: '%.*s' was already freed (line %u)", is_free ? "free" : "record",
+                    (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s, p->last_line[a->buf]);
+    if (!is_free)
+        return stream_ref(p, &tk[2], &a->stream);
+    p->live[a->buf] = 0;
+    p->last_line[a->buf] = p->line;
+    return XSEG_SUCCESS;
+}
+
+/* hold @STREAM, release @STREAM. */
+static xseg_status parse_hold_release(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    int hold = a->op == TRACE_HOLD;
+    xseg_status st;
+    if ((st = want_args(p, hold ? "hold" : "release", l->n, 1, 1, hold ? "hold @STREAM" : "release @STREAM")))
+        return st;
+    return stream_ref(p, &l->tk[1], &a->stream);
+}
+
+static xseg_status parse_sync(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    if ((st = want_args(p, "sync", l->n, 0, 1, "sync [@STREAM]")))
+        return st;
+    a->stream = TRACE_ALL_STREAMS;
+    if (l->n == 2 && (st = stream_ref(p, &tk[1], &a->stream)))
+        return st;
+    /* The driver refuses to synchronize a capturing stream, or the whole context while any
+     * stream captures (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and invalidates the capture. */
+    char what[160];
+    for (size_t i = 0; a->stream == TRACE_ALL_STREAMS && i < p->t->streams.count; i++)
+        if (p->streams[i].capturing)
+            return perr(p, "sync: stream '%s' captures (line %u); the whole device cannot be synchronized "
+                           "during a capture (sync a stream outside it, or after capture_end)",
+                        p->t->streams.names[i], p->streams[i].line);
+    if (a->stream >= 0 && p->streams[a->stream].in)
+        return perr(p, "sync %.*s: %s; a capturing stream cannot be synchronized", (int)tk[1].len, tk[1].s,
+                    capture_role(p, a->stream, what, sizeof what));
+    return XSEG_SUCCESS;
+}
+
+static xseg_status parse_empty_cache(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    (void)a;
+    return want_args(p, "empty_cache", l->n, 0, 0, "empty_cache");
+}
+
+/* services: trim KEEP -> xseg_trim(-1, KEEP), KEEP a size as in alloc. */
+static xseg_status parse_trim(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    xseg_status st;
+    if ((st = want_args(p, "trim", l->n, 1, 1, "trim KEEP_BYTES")))
+        return st;
+    char msg[160];
+    if (trace_parse_size(l->tk[1].s, l->tk[1].len, &a->size, msg, sizeof msg) != XSEG_SUCCESS)
+        return perr(p, "trim: %s", msg);
+    return XSEG_SUCCESS;
+}
+
+/* sleep POOL offload|discard, wake POOL: POOL is `default` or one begun before. */
+static xseg_status parse_sleep_wake(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    int sl = a->op == TRACE_SLEEP;
+    const char *v = sl ? "sleep" : "wake";
+    if ((st = want_args(p, v, l->n, sl ? 2 : 1, sl ? 2 : 1, sl ? "sleep POOL offload|discard" : "wake POOL")))
+        return st;
+    struct pool_state *ps = &p->default_pool;
+    if (!tok_is(&tk[1], "default")) {
+        trace_name_find(&p->t->pools, tk[1].s, tk[1].len, &a->pool);
+        if (a->pool < 0)
+            return perr(p, "%s %.*s: no pool '%.*s' was begun ('default' names the default pool)", v,
+                        (int)tk[1].len, tk[1].s, (int)tk[1].len, tk[1].s);
+        ps = &p->pools[a->pool];
+    }
+    if (sl) {
+        if (tok_is(&tk[2], "offload"))
+            a->size = XSEG_SLEEP_OFFLOAD;
+        else if (tok_is(&tk[2], "discard"))
+            a->size = XSEG_SLEEP_DISCARD;
+        else
+            return perr(p, "sleep %.*s: expected offload or discard, got '%.*s'", (int)tk[1].len, tk[1].s,
+                        (int)tk[2].len, tk[2].s);
+        if (ps->asleep)
+            return perr(p, "sleep %.*s: the pool is asleep already (line %u)", (int)tk[1].len, tk[1].s,
+                        ps->sleep_line);
+    } else if (!ps->asleep) {
+        return perr(p, "wake %.*s: the pool is not asleep", (int)tk[1].len, tk[1].s);
+    }
+    char what[160];
+    if (recording(p, what, sizeof what))
+        return perr(p, "%s %.*s: %s; xseg sleeps and wakes nothing during a capture or while a pool "
+                       "records", v, (int)tk[1].len, tk[1].s, what);
+    ps->asleep = (unsigned char)sl;
+    ps->sleep_line = p->line;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status parse_idle(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    if ((st = want_args(p, "idle", l->n, 1, 1, "idle DURATION")))
+        return st;
+    if ((st = parse_duration(p, &tk[1], &a->size)))
+        return st;
+    if (a->size > TRACE_IDLE_MAX_NS)
+        return perr(p, "idle: '%.*s' is longer than the maximum, %llus", (int)tk[1].len, tk[1].s,
+                    (unsigned long long)(TRACE_IDLE_MAX_NS / 1000000000u));
+    return XSEG_SUCCESS;
+}
+
+/* frame STACK LINE FILE FUNCTION...: FILE has %XX escapes for blanks ('-' is empty). Builds no
+ * action: frames only describe allocations. */
+static xseg_status parse_frame(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    (void)a;
+    if (l->n < 5)
+        return perr(p, "frame: missing argument (usage: frame STACK LINE FILE FUNCTION)");
+    if (!valid_name(tk[1].s, tk[1].len))
+        return perr(p, "bad stack name '%.*s' (letters, digits, _ - . :)", (int)tk[1].len, tk[1].s);
+    char *e;
+    char num[16];
+    snprintf(num, sizeof num, "%.*s", (int)(tk[2].len < 15 ? tk[2].len : 15), tk[2].s);
+    long line = strtol(num, &e, 10);
+    if (*e || tk[2].len > 10 || line < 0 || line > INT32_MAX)
+        return perr(p, "frame %.*s: bad line number '%.*s'", (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s);
+    char file[1024];
+    size_t fl = 0;
+    if (!(tk[3].len == 1 && tk[3].s[0] == '-')) {
+        for (size_t i = 0; i < tk[3].len && fl < sizeof file; i++) {
+            int hi, lo;
+            if (tk[3].s[i] == '%' && i + 2 < tk[3].len && (hi = hex_digit(tk[3].s[i + 1])) >= 0 &&
+                (lo = hex_digit(tk[3].s[i + 2])) >= 0) {
+                file[fl++] = (char)(hi << 4 | lo);
+                i += 2;
+            } else {
+                file[fl++] = tk[3].s[i];
+            }
+        }
+    }
+    const char *b;
+    size_t len;
+    rest_of_line(tk[3].s + tk[3].len, l->end, &b, &len);
+    int32_t si;
+    if (trace_add_frame(p->t, tk[1].s, tk[1].len, (int32_t)line, file, fl, b, len, &si) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    return XSEG_SUCCESS;
+}
+
+/* config STRING, mark LABEL, snapshot LABEL: the rest of the line, blanks inside kept. */
+static xseg_status parse_text(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    int snap = a->op == TRACE_SNAPSHOT;
+    int config = a->op == TRACE_CONFIG;
+    const char *b;
+    size_t len;
+    rest_of_line(l->tk[0].s + l->tk[0].len, l->end, &b, &len);
+    if (!len)
+        return perr(p, config ? "config: missing the config string (e.g. config expandable_segments:True)"
+                    : snap  ? "snapshot: missing the label (e.g. snapshot peak)"
+                            : "mark: missing the label (e.g. mark After alloc x1)");
+    if (config && memchr(b, ' ', len))
+        return perr(p, "config: the config string has a blank in it ('%.*s'); write key:value,key:value",
+                    (int)len, b);
+    if (trace_add_text(p->t, b, len, &a->text) != XSEG_SUCCESS)
+        return perr(p, "out of host memory");
+    return XSEG_SUCCESS;
+}
+
+static xseg_status parse_pool_begin(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    if ((st = want_args(p, "pool_begin", l->n, 1, 2, "pool_begin POOL [@STREAM]")))
+        return st;
+    if ((st = pool_ref(p, &tk[1], &a->pool)))
+        return st;
+    if (l->n == 3 && (st = stream_ref(p, &tk[2], &a->stream)))
+        return st;
+    if (l->n == 2)
+        a->stream = TRACE_ALL_STREAMS; /* no stream named: the pool takes every stream's */
+    struct pool_state *ps = &p->pools[a->pool];
+    if (ps->open)
+        return perr(p, "pool_begin %.*s: pool already begun (line %u) and not ended", (int)tk[1].len,
+                    tk[1].s, ps->line);
+    if (ps->asleep)
+        return perr(p, "pool_begin %.*s: the pool is asleep (sleep at line %u); wake it first", (int)tk[1].len,
+                    tk[1].s, ps->sleep_line);
+    if (ps->capture)
+        return perr(p, "pool_begin %.*s: a capture on stream '%s' records into this pool (line %u); "
+                       "end it first", (int)tk[1].len, tk[1].s, p->t->streams.names[ps->capture - 1], ps->line);
+    ps->open = 1;
+    ps->uses++;
+    ps->line = p->line;
+    return XSEG_SUCCESS;
+}
+
+/* pool_end POOL, pool_release POOL. */
+static xseg_status parse_pool_end_release(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    int end_ = a->op == TRACE_POOL_END;
+    const char *v = end_ ? "pool_end" : "pool_release";
+    if ((st = want_args(p, v, l->n, 1, 1, end_ ? "pool_end POOL" : "pool_release POOL")))
+        return st;
+    trace_name_find(&p->t->pools, tk[1].s, tk[1].len, &a->pool);
+    if (a->pool < 0)
+        return perr(p, "%s %.*s: no pool '%.*s' was begun", v, (int)tk[1].len, tk[1].s,
+                    (int)tk[1].len, tk[1].s);
+    struct pool_state *ps = &p->pools[a->pool];
+    if (end_ && !ps->open)
+        return perr(p, "pool_end %.*s: the pool is not begun", (int)tk[1].len, tk[1].s);
+    if (!end_ && !ps->uses)
+        return perr(p, "pool_release %.*s: the pool has no users left (every pool_begin and "
+                       "capture_begin into it is released already; last release line %u)",
+                    (int)tk[1].len, tk[1].s, ps->line);
+    /* Releasing the last use of a pool that still records is refused; an older use is not. */
+    if (!end_ && ps->uses == 1 && ps->open)
+        return perr(p, "pool_release %.*s: end the pool first (pool_end %.*s)", (int)tk[1].len,
+                    tk[1].s, (int)tk[1].len, tk[1].s);
+    if (!end_ && ps->uses == 1 && ps->capture)
+        return perr(p, "pool_release %.*s: a capture on stream '%s' still records into it (line %u); "
+                       "end it first", (int)tk[1].len, tk[1].s, p->t->streams.names[ps->capture - 1], ps->line);
+    if (end_) {
+        ps->open = 0;
+    } else {
+        ps->uses--;
+        ps->line = p->line;
+    }
+    return XSEG_SUCCESS;
+}
+
+/* capture_begin @STREAM POOL: one recorder per pool at a time, pool_begin's or one capture's. */
+static xseg_status capture_pool(struct parser *p, const struct line *l, const struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    struct pool_state *ps = &p->pools[a->pool];
+    if (ps->open)
+        return perr(p, "capture_begin: pool '%.*s' is already recording (pool_begin, line %u); "
+                       "pool_end it first", (int)tk[2].len, tk[2].s, ps->line);
+    if (ps->capture)
+        return perr(p, "capture_begin: pool '%.*s' is already recording (a capture on stream '%s', "
+                       "line %u); capture_end it first", (int)tk[2].len, tk[2].s,
+                    p->t->streams.names[ps->capture - 1], ps->line);
+    if (ps->asleep)
+        return perr(p, "capture_begin: pool '%.*s' is asleep (sleep at line %u); wake it first",
+                    (int)tk[2].len, tk[2].s, ps->sleep_line);
+    ps->capture = a->stream + 1;
+    ps->uses++;
+    ps->line = p->line;
+    return XSEG_SUCCESS;
+}
+
+/* capture_end: every stream that joined the capture must be joined back into this one: work the
+ * capture does not order before its end fails it (CUDA_ERROR_STREAM_CAPTURE_UNJOINED). */
+static xseg_status capture_unjoined(struct parser *p, const struct line *l, const struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    struct stream_state *ss = &p->streams[a->stream];
+    for (size_t i = 0; i < p->t->streams.count; i++) {
+        struct stream_state *o = &p->streams[i];
+        if (o->in != a->stream + 1 || o == ss)
+            continue;
+        for (size_t k = 0; k < o->deps.n; k++)
+            if (!ss->nodes[o->deps.v[k]].joined)
+                return perr(p, "capture_end: stream '%s' has work in the capture that '%.*s' never waited "
+                               "for (it joined at line %u); add 'wait %.*s @%s' before the end",
+                            p->t->streams.names[i], (int)tk[1].len - 1, tk[1].s + 1, o->join_line,
+                            (int)tk[1].len, tk[1].s, p->t->streams.names[i]);
+    }
+    for (size_t i = 0; i < p->t->streams.count; i++)
+        if (p->streams[i].in == a->stream + 1) {
+            p->streams[i].in = 0;
+            p->streams[i].deps.n = 0;
+        }
+    return XSEG_SUCCESS;
+}
+
+/* capture_begin @STREAM [POOL], capture_end @STREAM. */
+static xseg_status parse_capture(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    int begin = a->op == TRACE_CAPTURE_BEGIN;
+    if ((st = want_args(p, begin ? "capture_begin" : "capture_end", l->n, 1, begin ? 2 : 1,
+                        begin ? "capture_begin @STREAM [POOL]" : "capture_end @STREAM")))
+        return st;
+    if ((st = stream_ref(p, &tk[1], &a->stream)))
+        return st;
+    if (a->stream < 0)
+        return perr(p, "%s: the legacy default stream cannot be captured; declare a stream",
+                    begin ? "capture_begin" : "capture_end");
+    if (begin && l->n == 3 && (st = pool_ref(p, &tk[2], &a->pool)))
+        return st;
+    struct stream_state *ss = &p->streams[a->stream];
+    char what[160];
+    if (begin && ss->capturing)
+        return perr(p, "capture_begin: stream '%.*s' is already capturing (line %u)", (int)tk[1].len - 1,
+                    tk[1].s + 1, ss->line);
+    if (begin && ss->in)
+        return perr(p, "capture_begin: stream '%.*s' takes part in %s since its wait at line %u",
+                    (int)tk[1].len - 1, tk[1].s + 1, capture_name(p, ss, what, sizeof what), ss->join_line);
+    if (!begin && !ss->capturing && ss->in)
+        return perr(p, "capture_end: stream '%.*s' joined %s by its wait at line %u; end the capture on the "
+                       "stream that began it", (int)tk[1].len - 1, tk[1].s + 1,
+                    capture_name(p, ss, what, sizeof what), ss->join_line);
+    if (!begin && !ss->capturing)
+        return perr(p, "capture_end: stream '%.*s' is not capturing", (int)tk[1].len - 1, tk[1].s + 1);
+    if (!begin && (st = capture_unjoined(p, l, a)))
+        return st;
+    if (begin) {
+        ss->in = a->stream + 1;
+        ss->deps.n = 0;
+        ss->nnodes = 0;
+        ss->edges.n = 0;
+    }
+    if (begin && a->pool >= 0 && (st = capture_pool(p, l, a)))
+        return st;
+    if (!begin && ss->pool >= 0)
+        p->pools[ss->pool].capture = 0;
+    ss->capturing = (unsigned char)begin;
+    ss->pool = begin ? a->pool : -1;
+    ss->line = p->line;
+    return XSEG_SUCCESS;
+}
+
+/* wait @A @B: stream order (forks and joins in a capture). */
+static xseg_status parse_wait(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    const struct tok *tk = l->tk;
+    xseg_status st;
+    if ((st = want_args(p, "wait", l->n, 2, 2, "wait @STREAM @WAITED_FOR")))
+        return st;
+    if ((st = stream_ref(p, &tk[1], &a->stream)) || (st = stream_ref(p, &tk[2], &a->stream2)))
+        return st;
+    if (a->stream == a->stream2)
+        return perr(p, "wait: a stream cannot wait for itself ('%.*s')", (int)tk[1].len, tk[1].s);
+    /* What cuStreamWaitEvent does with an event recorded on the waited-for stream: in a
+     * capture it forks (the waiting stream joins it) or joins (its work now comes first). */
+    struct stream_state *sa = a->stream >= 0 ? &p->streams[a->stream] : NULL;
+    struct stream_state *sb = a->stream2 >= 0 ? &p->streams[a->stream2] : NULL;
+    char what[160], what2[160];
+    if (sb && sb->in) {
+        if (!sa)
+            return perr(p, "wait %.*s %.*s: %s; the legacy default stream cannot join a capture",
+                        (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s,
+                        capture_role(p, a->stream2, what, sizeof what));
+        if (sa->in && sa->in != sb->in)
+            return perr(p, "wait %.*s %.*s: %s and %s; two captures cannot be merged", (int)tk[1].len,
+                        tk[1].s, (int)tk[2].len, tk[2].s, capture_role(p, a->stream, what, sizeof what),
+                        capture_role(p, a->stream2, what2, sizeof what2));
+        if (!sa->in) {
+            sa->in = sb->in;
+            sa->join_line = p->line;
+            sa->deps.n = 0;
+        }
+        if (ids_merge(&sa->deps, &sb->deps) != XSEG_SUCCESS)
+            return perr(p, "out of host memory");
+        if (sa->capturing && (st = capture_join(p, sa, &sb->deps)))
+            return st;
+    } else if (sa && sa->in) {
+        return perr(p, "wait %.*s %.*s: %s and '%.*s' does not; a capture cannot wait for work outside it",
+                    (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s, capture_role(p, a->stream, what, sizeof what),
+                    (int)tk[2].len - 1, tk[2].s + 1);
+    }
+    return XSEG_SUCCESS;
+}
+
+static xseg_status parse_work(struct parser *p, const struct line *l, struct trace_action *a)
+{
+    xseg_status st;
+    if ((st = want_args(p, "work", l->n, 1, 1, "work @STREAM")))
+        return st;
+    if ((st = stream_ref(p, &l->tk[1], &a->stream)))
+        return st;
+    if (a->stream >= 0 && p->streams[a->stream].in && (st = capture_work(p, a->stream)))
+        return st;
+    return XSEG_SUCCESS;
+}
+
+/* The trace language's actions (tools/replay/actions.h), in the order the unknown-action message
+ * lists them. op < 0: the line builds no action (frame). */
+static const struct parse_row {
+    const char *name;
+    int op;
+    xseg_status (*parse)(struct parser *, const struct line *, struct trace_action *);
+} parse_table[] = {
+#define PARSE_ROW(name, op, parse, run) {#name, op, parse},
+#define PARSE_ROW_NO_ACTION(name, parse) {#name, -1, parse},
+    TRACE_ACTIONS(PARSE_ROW, PARSE_ROW_NO_ACTION)
+#undef PARSE_ROW
+#undef PARSE_ROW_NO_ACTION
+};
+#define PARSE_NROWS (sizeof parse_table / sizeof parse_table[0])
+
+static xseg_status unknown_action(struct parser *p, const struct tok *verb)
+{
+    char list[512];
+    size_t len = 0;
+    for (size_t r = 0; r < PARSE_NROWS; r++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", r ? ", " : "", parse_table[r].name);
+    return perr(p, "unknown action '%.*s' (expected %s)", (int)(verb->len > 40 ? 40 : verb->len), verb->s,
+                list);
+}
+
+/* A line: tokens, the verb's row, its parse function, then the action (if any) appended. */
+static xseg_status parse_line(struct parser *p, const char *s, const char *end)
+{
+    struct line l = {.end = end};
+    tokenize(s, end, l.tk, 5, &l.n);
+    if (l.n == 0)
+        return XSEG_SUCCESS;
+    const struct parse_row *row = NULL;
+    for (size_t r = 0; r < PARSE_NROWS && !row; r++)
+        if (tok_is(&l.tk[0], parse_table[r].name))
+            row = &parse_table[r];
+    if (!row)
+        return unknown_action(p, &l.tk[0]);
+    struct trace_action a = {.line = p->line, .buf = -1, .stream = TRACE_DEFAULT_STREAM, .pool = -1};
+    a.op = row->op < 0 ? TRACE_STREAM : (enum trace_op)row->op;
+    xseg_status st = row->parse(p, &l, &a);
+    if (st || row->op < 0)
+        return st;
     if (trace_push(p->t, &a) != XSEG_SUCCESS)
         return perr(p, "out of host memory");
     return XSEG_SUCCESS;

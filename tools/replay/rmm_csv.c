@@ -144,14 +144,132 @@ static int parse_u64(const char *s, size_t len, uint64_t *v)
     return 0;
 }
 
+/* What the importer keeps between rows: the pointer map, the seeded allocations (frees of
+ * pointers allocated before the log), the log's actions in order, and which buffers are live. */
+struct csv_import {
+    struct csv_state c;
+    struct ptr_map map;
+    struct action_vec seeds, body;
+    unsigned char *live;
+    size_t live_cap;
+    uint64_t buf_counter;
+};
+
+/* Split a row into at most 7 fields; the count is returned (6 expected, 5 without a stream). */
+static int csv_fields(const char *p, const char *eol, const char *f[7], size_t fl[7])
+{
+    int nf = 0;
+    while (nf < 7) {
+        const char *comma = memchr(p, ',', (size_t)(eol - p));
+        f[nf] = p;
+        fl[nf] = (size_t)((comma ? comma : eol) - p);
+        nf++;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return nf;
+}
+
+/* The declared stream "sHEX" of RMM stream @p stream (0 is the default stream), made on first use. */
+static xseg_status csv_stream(struct csv_import *im, uint64_t stream, int32_t *out)
+{
+    if (!stream)
+        return XSEG_SUCCESS;
+    char name[32];
+    int nl = snprintf(name, sizeof name, "s%" PRIx64, stream);
+    int32_t idx;
+    trace_name_find(&im->c.t->streams, name, (size_t)nl, &idx);
+    if (idx < 0 && trace_name_intern(&im->c.t->streams, name, (size_t)nl, &idx) != XSEG_SUCCESS)
+        return cerr(&im->c, "out of host memory");
+    *out = idx;
+    return XSEG_SUCCESS;
+}
+
+/* A new buffer for @p ptr: either this allocation, or the seed of a free whose allocation
+ * happened before the log started. */
+static xseg_status csv_new_buffer(struct csv_import *im, const struct trace_action *a, uint64_t ptr,
+                                  uint64_t size, int is_alloc, int32_t *buf)
+{
+    char name[32];
+    int nl = snprintf(name, sizeof name, "p%" PRIu64, im->buf_counter++);
+    if (trace_name_intern(&im->c.t->bufs, name, (size_t)nl, buf) != XSEG_SUCCESS ||
+        ptr_map_put(&im->map, ptr, *buf) != 0)
+        return cerr(&im->c, "out of host memory");
+    if ((size_t)*buf >= im->live_cap) {
+        size_t ncap = im->live_cap ? im->live_cap * 2 : 1024;
+        unsigned char *nl2 = realloc(im->live, ncap);
+        if (!nl2)
+            return cerr(&im->c, "out of host memory");
+        memset(nl2 + im->live_cap, 0, ncap - im->live_cap);
+        im->live = nl2;
+        im->live_cap = ncap;
+    }
+    struct trace_action al = *a;
+    al.op = TRACE_ALLOC;
+    al.buf = *buf;
+    al.size = size;
+    if (!is_alloc)
+        al.line = 0; /* seeded: not from a row of the log */
+    if (vec_push(is_alloc ? &im->body : &im->seeds, &al))
+        return cerr(&im->c, "out of host memory");
+    im->live[*buf] = 1;
+    return XSEG_SUCCESS;
+}
+
+/* One row of the log, [line, eol): allocate, free, or allocate failure (skipped). */
+static xseg_status csv_row(struct csv_import *im, const char *line, const char *eol)
+{
+    struct csv_state *c = &im->c;
+    const char *f[7];
+    size_t fl[7];
+    int nf = csv_fields(line, eol, f, fl);
+    if (nf < 5 || nf > 6)
+        return cerr(c, "expected 6 fields (Thread,Time,Action,Pointer,Size,Stream), got %d", nf);
+    const char *act = f[2];
+    size_t alen = fl[2];
+    while (alen && act[alen - 1] == '\r')
+        alen--;
+    int is_alloc = alen == 8 && memcmp(act, "allocate", 8) == 0;
+    int is_free = alen == 4 && memcmp(act, "free", 4) == 0;
+    if (alen == 16 && memcmp(act, "allocate failure", 16) == 0)
+        return XSEG_SUCCESS;
+    if (!is_alloc && !is_free)
+        return cerr(c, "unknown action '%.*s' (allocate, free, allocate failure)", (int)(alen > 40 ? 40 : alen), act);
+    uint64_t ptr, size, stream = 0;
+    if (parse_u64(f[3], fl[3], &ptr))
+        return cerr(c, "bad pointer '%.*s' (0x and up to 16 hex digits, or decimal below 2^64)",
+                    (int)(fl[3] > 40 ? 40 : fl[3]), f[3]);
+    if (parse_u64(f[4], fl[4], &size))
+        return cerr(c, "bad size '%.*s' (a byte count: decimal digits, below 2^64)",
+                    (int)(fl[4] > 40 ? 40 : fl[4]), f[4]);
+    if (nf == 6 && fl[5] && parse_u64(f[5], fl[5], &stream))
+        return cerr(c, "bad stream '%.*s' (a number below 2^64)", (int)(fl[5] > 40 ? 40 : fl[5]), f[5]);
+    struct trace_action a = {.line = c->row, .buf = -1, .stream = TRACE_DEFAULT_STREAM, .pool = -1};
+    xseg_status st = csv_stream(im, stream, &a.stream);
+    if (st)
+        return st;
+    int32_t buf = ptr_map_get(&im->map, ptr);
+    int buf_live = buf >= 0 && (size_t)buf < im->live_cap && im->live[buf];
+    if (is_alloc && buf_live)
+        return cerr(c, "pointer 0x%" PRIx64 " allocated again without a free", ptr);
+    if ((is_alloc || !buf_live) && (st = csv_new_buffer(im, &a, ptr, size, is_alloc, &buf)))
+        return st;
+    if (is_free) {
+        struct trace_action fr = a;
+        fr.op = TRACE_FREE;
+        fr.buf = buf;
+        fr.stream = TRACE_DEFAULT_STREAM;
+        im->live[buf] = 0;
+        if (vec_push(&im->body, &fr))
+            return cerr(c, "out of host memory");
+    }
+    return XSEG_SUCCESS;
+}
+
 xseg_status trace_import_rmm_csv(struct trace *t, const char *text, size_t len, char *err, size_t errlen)
 {
-    struct csv_state c = {.t = t, .err = err, .errlen = errlen};
-    struct ptr_map map = {0};
-    struct action_vec seeds = {0}, body = {0};
-    unsigned char *live = NULL;
-    size_t live_cap = 0;
-    uint64_t buf_counter = 0;
+    struct csv_import im = {.c = {.t = t, .err = err, .errlen = errlen}};
     xseg_status st = XSEG_SUCCESS;
     const char *s = text, *end = text + len;
 
@@ -159,133 +277,28 @@ xseg_status trace_import_rmm_csv(struct trace *t, const char *text, size_t len, 
         const char *eol = memchr(s, '\n', (size_t)(end - s));
         if (!eol)
             eol = end;
-        c.row++;
+        im.c.row++;
         const char *line = s;
         s = eol + 1;
-        if (c.row == 1)
+        if (im.c.row == 1)
             continue; /* the header, checked by the caller */
         if (eol == line || (eol - line == 1 && line[0] == '\r'))
             continue;
-        const char *f[7];
-        size_t fl[7];
-        int nf = 0;
-        const char *p = line;
-        while (nf < 7) {
-            const char *comma = memchr(p, ',', (size_t)(eol - p));
-            f[nf] = p;
-            fl[nf] = (size_t)((comma ? comma : eol) - p);
-            nf++;
-            if (!comma)
-                break;
-            p = comma + 1;
-        }
-        if (nf < 5 || nf > 6) {
-            st = cerr(&c, "expected 6 fields (Thread,Time,Action,Pointer,Size,Stream), got %d", nf);
-            break;
-        }
-        const char *act = f[2];
-        size_t alen = fl[2];
-        while (alen && act[alen - 1] == '\r')
-            alen--;
-        int is_alloc = alen == 8 && memcmp(act, "allocate", 8) == 0;
-        int is_free = alen == 4 && memcmp(act, "free", 4) == 0;
-        if (alen == 16 && memcmp(act, "allocate failure", 16) == 0)
-            continue;
-        if (!is_alloc && !is_free) {
-            st = cerr(&c, "unknown action '%.*s' (allocate, free, allocate failure)", (int)(alen > 40 ? 40 : alen), act);
-            break;
-        }
-        uint64_t ptr, size, stream = 0;
-        if (parse_u64(f[3], fl[3], &ptr)) {
-            st = cerr(&c, "bad pointer '%.*s' (0x and up to 16 hex digits, or decimal below 2^64)",
-                      (int)(fl[3] > 40 ? 40 : fl[3]), f[3]);
-            break;
-        }
-        if (parse_u64(f[4], fl[4], &size)) {
-            st = cerr(&c, "bad size '%.*s' (a byte count: decimal digits, below 2^64)",
-                      (int)(fl[4] > 40 ? 40 : fl[4]), f[4]);
-            break;
-        }
-        if (nf == 6 && fl[5] && parse_u64(f[5], fl[5], &stream)) {
-            st = cerr(&c, "bad stream '%.*s' (a number below 2^64)", (int)(fl[5] > 40 ? 40 : fl[5]), f[5]);
-            break;
-        }
-        struct trace_action a = {.line = c.row, .buf = -1, .stream = TRACE_DEFAULT_STREAM, .pool = -1};
-        if (stream) {
-            char name[32];
-            int nl = snprintf(name, sizeof name, "s%" PRIx64, stream);
-            int32_t idx;
-            trace_name_find(&t->streams, name, (size_t)nl, &idx);
-            if (idx < 0 && trace_name_intern(&t->streams, name, (size_t)nl, &idx) != XSEG_SUCCESS) {
-                st = cerr(&c, "out of host memory");
-                break;
-            }
-            a.stream = idx;
-        }
-        int32_t buf = ptr_map_get(&map, ptr);
-        int buf_live = buf >= 0 && (size_t)buf < live_cap && live[buf];
-        if (is_alloc && buf_live) {
-            st = cerr(&c, "pointer 0x%" PRIx64 " allocated again without a free", ptr);
-            break;
-        }
-        if (is_alloc || !buf_live) {
-            /* A new buffer: either this allocation, or the seed of a free whose allocation
-             * happened before the log started. */
-            char name[32];
-            int nl = snprintf(name, sizeof name, "p%" PRIu64, buf_counter++);
-            if (trace_name_intern(&t->bufs, name, (size_t)nl, &buf) != XSEG_SUCCESS ||
-                ptr_map_put(&map, ptr, buf) != 0) {
-                st = cerr(&c, "out of host memory");
-                break;
-            }
-            if ((size_t)buf >= live_cap) {
-                size_t ncap = live_cap ? live_cap * 2 : 1024;
-                unsigned char *nl2 = realloc(live, ncap);
-                if (!nl2) {
-                    st = cerr(&c, "out of host memory");
-                    break;
-                }
-                memset(nl2 + live_cap, 0, ncap - live_cap);
-                live = nl2;
-                live_cap = ncap;
-            }
-            struct trace_action al = a;
-            al.op = TRACE_ALLOC;
-            al.buf = buf;
-            al.size = size;
-            if (is_free)
-                al.line = 0; /* seeded: not from a row of the log */
-            if (vec_push(is_alloc ? &body : &seeds, &al)) {
-                st = cerr(&c, "out of host memory");
-                break;
-            }
-            live[buf] = 1;
-        }
-        if (is_free) {
-            struct trace_action fr = a;
-            fr.op = TRACE_FREE;
-            fr.buf = buf;
-            fr.stream = TRACE_DEFAULT_STREAM;
-            live[buf] = 0;
-            if (vec_push(&body, &fr)) {
-                st = cerr(&c, "out of host memory");
-                break;
-            }
-        }
+        st = csv_row(&im, line, eol);
     }
     /* Streams first (declared before use), then the seeds, then the log in order. */
     for (size_t i = 0; st == XSEG_SUCCESS && i < t->streams.count; i++) {
         struct trace_action sa = {.op = TRACE_STREAM, .buf = -1, .stream = (int32_t)i, .pool = -1};
         st = trace_push(t, &sa);
     }
-    for (size_t i = 0; st == XSEG_SUCCESS && i < seeds.n; i++)
-        st = trace_push(t, &seeds.a[i]);
-    for (size_t i = 0; st == XSEG_SUCCESS && i < body.n; i++)
-        st = trace_push(t, &body.a[i]);
-    free(map.keys);
-    free(map.vals);
-    free(seeds.a);
-    free(body.a);
-    free(live);
+    for (size_t i = 0; st == XSEG_SUCCESS && i < im.seeds.n; i++)
+        st = trace_push(t, &im.seeds.a[i]);
+    for (size_t i = 0; st == XSEG_SUCCESS && i < im.body.n; i++)
+        st = trace_push(t, &im.body.a[i]);
+    free(im.map.keys);
+    free(im.map.vals);
+    free(im.seeds.a);
+    free(im.body.a);
+    free(im.live);
     return st;
 }

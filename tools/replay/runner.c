@@ -12,6 +12,7 @@
 
 #include <cuda.h>
 
+#include "tools/replay/actions.h"
 #include "tools/replay/report.h"
 
 const char *const run_entry_names[RUN_NENTRIES] = {
@@ -352,49 +353,324 @@ static xseg_status write_snapshot(const char *path, const char *source, char *er
     return XSEG_SUCCESS;
 }
 
-xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
-                      struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen)
+/* What the run functions share while one trace replays. */
+struct run_ctx {
+    const struct trace *t;
+    const struct run_options *o;
+    FILE *out;
+    struct run_summary *sum;
+    struct runstate rs;
+    char *err;
+    size_t errlen;
+    uint64_t ns_alloc, ns_free; /* wall time inside xseg_malloc / xseg_free */
+    int table_started;          /* the mark table's header is written */
+    int moved;                  /* the action may have changed allocated or reserved bytes */
+    CUdevice dev0;
+    CUcontext ctx0;             /* device 0's primary context, retained while streams exist */
+};
+
+/* "SOURCE:LINE: op: xseg's message" for an action whose xseg call failed; returns @p st. */
+static xseg_status run_failed(struct run_ctx *c, const struct trace_action *a, xseg_status st)
 {
-    struct runstate rs = {0};
-    xseg_status st = XSEG_SUCCESS;
-    CUdevice dev0 = 0;
-    CUcontext ctx0 = NULL; /* device 0's primary context, retained while streams exist */
-    memset(sum, 0, sizeof *sum);
-    snprintf(sum->trace, sizeof sum->trace, "%s", t->source);
-    rs.ptrs = calloc(t->bufs.count + 1, sizeof *rs.ptrs);
-    rs.failed = calloc(t->bufs.count + 1, 1);
-    rs.streams = calloc(t->streams.count + 1, sizeof *rs.streams);
-    rs.held = calloc(t->streams.count + 1, 1);
-    rs.pools = calloc(t->pools.count + 1, sizeof *rs.pools);
-    rs.graphs = calloc(t->streams.count + 1, sizeof *rs.graphs);
-    rs.skipped_sleep = calloc(t->pools.count + 1, 1);
-    rs.idle_ms = -1;
-    if (!rs.ptrs || !rs.failed || !rs.streams || !rs.held || !rs.pools || !rs.graphs || !rs.skipped_sleep) {
-        snprintf(err, errlen, "out of host memory");
-        st = XSEG_ERROR_OUT_OF_MEMORY;
-        goto out;
+    snprintf(c->err, c->errlen, "%s:%u: %s: %s", c->t->source, a->line, trace_op_name(a->op),
+             xseg_last_error());
+    return st;
+}
+
+/* The same for a driver call of the replay's own. */
+static xseg_status run_driver_failed(struct run_ctx *c, const struct trace_action *a, CUresult r)
+{
+    snprintf(c->err, c->errlen, "%s:%u: %s: %s", c->t->source, a->line, trace_op_name(a->op),
+             rdrv_error_name(r));
+    return XSEG_ERROR_DRIVER;
+}
+
+static xseg_status run_stream(struct run_ctx *c, const struct trace_action *a)
+{
+    CUresult r = rdrv.cuStreamCreate(&c->rs.streams[a->stream], CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS) {
+        snprintf(c->err, c->errlen, "%s:%u: stream %s: cuStreamCreate failed: %s", c->t->source, a->line,
+                 c->t->streams.names[a->stream], rdrv_error_name(r));
+        return XSEG_ERROR_DRIVER;
+    }
+    return XSEG_SUCCESS;
+}
+
+/* A failed allocation is reported and counted; the replay goes on without that buffer. */
+static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
+{
+    const struct trace *t = c->t;
+    void *p = NULL;
+    hist_stack = a->stack ? &t->stacks[a->stack - 1] : NULL;
+    uint64_t t0 = now_ns();
+    xseg_status as = xseg_malloc(&p, (size_t)a->size, 0, stream_of(&c->rs, a->stream));
+    c->ns_alloc += now_ns() - t0;
+    c->sum->allocs++;
+    if (as != XSEG_SUCCESS) {
+        char sz[32];
+        c->sum->failed_allocs++;
+        c->rs.failed[a->buf] = 1;
+        fprintf(stderr, "%s:%u: alloc %s %s failed (%s): %s\n", t->source, a->line, t->bufs.names[a->buf],
+                trace_format_size(a->size, sz, sizeof sz), xseg_status_name(as), xseg_last_error());
+    } else {
+        c->rs.failed[a->buf] = 0;
+        c->rs.ptrs[a->buf] = p;
+    }
+    c->moved = 1;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status run_free(struct run_ctx *c, const struct trace_action *a)
+{
+    void *p = c->rs.ptrs[a->buf];
+    if (c->rs.failed[a->buf])
+        return XSEG_SUCCESS; /* its allocation failed: nothing to free */
+    uint64_t t0 = now_ns();
+    xseg_status fs = xseg_free(p);
+    c->ns_free += now_ns() - t0;
+    c->sum->frees++;
+    c->rs.ptrs[a->buf] = NULL;
+    if (fs != XSEG_SUCCESS) {
+        snprintf(c->err, c->errlen, "%s:%u: free %s: %s", c->t->source, a->line, c->t->bufs.names[a->buf],
+                 xseg_last_error());
+        return fs;
+    }
+    c->moved = 1;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status run_record(struct run_ctx *c, const struct trace_action *a)
+{
+    if (c->rs.failed[a->buf] || !c->rs.ptrs[a->buf])
+        return XSEG_SUCCESS;
+    xseg_status st = xseg_record_stream(c->rs.ptrs[a->buf], stream_of(&c->rs, a->stream));
+    if (st)
+        snprintf(c->err, c->errlen, "%s:%u: record %s: %s", c->t->source, a->line, c->t->bufs.names[a->buf],
+                 xseg_last_error());
+    return st;
+}
+
+static xseg_status run_hold_release(struct run_ctx *c, const struct trace_action *a)
+{
+    if (!emu.hold || !emu.release) {
+        static int warned;
+        if (!warned++)
+            fprintf(stderr, "%s:%u: %s: only the emulator can hold a stream; ignored on this driver\n",
+                    c->t->source, a->line, trace_op_name(a->op));
+        return XSEG_SUCCESS;
+    }
+    if (a->op == TRACE_HOLD)
+        emu.hold(stream_of(&c->rs, a->stream));
+    else
+        emu.release(stream_of(&c->rs, a->stream));
+    if (a->stream >= 0)
+        c->rs.held[a->stream] = a->op == TRACE_HOLD;
+    return XSEG_SUCCESS;
+}
+
+static xseg_status run_sync(struct run_ctx *c, const struct trace_action *a)
+{
+    CUresult r = a->stream == TRACE_ALL_STREAMS ? rdrv.cuCtxSynchronize()
+                                                : rdrv.cuStreamSynchronize(stream_of(&c->rs, a->stream));
+    return r != CUDA_SUCCESS ? run_driver_failed(c, a, r) : XSEG_SUCCESS;
+}
+
+static xseg_status run_empty_cache(struct run_ctx *c, const struct trace_action *a)
+{
+    xseg_status st = xseg_empty_cache(-1);
+    c->moved = 1;
+    return st ? run_failed(c, a, st) : XSEG_SUCCESS;
+}
+
+/* services */
+static xseg_status run_trim(struct run_ctx *c, const struct trace_action *a)
+{
+    xseg_status st = xseg_trim(-1, (size_t)a->size);
+    c->moved = 1;
+    return st ? run_failed(c, a, st) : XSEG_SUCCESS;
+}
+
+static xseg_status run_sleep_wake(struct run_ctx *c, const struct trace_action *a)
+{
+    xseg_pool_id id = a->pool >= 0 ? run_pool_id(&c->rs, a->pool) : (xseg_pool_id){0, 0};
+    unsigned char *skipped = &c->rs.skipped_sleep[a->pool + 1];
+    if (a->op == TRACE_WAKE && *skipped) {
+        *skipped = 0; /* its sleep did not happen */
+        return XSEG_SUCCESS;
+    }
+    xseg_status st = a->op == TRACE_SLEEP ? xseg_sleep(0, id, (unsigned)a->size) : xseg_wake(0, id);
+    if (st == XSEG_ERROR_NOT_SUPPORTED && a->op == TRACE_SLEEP) {
+        /* Classic segments cannot sleep: a property of the mode, not of the trace. */
+        static int warned;
+        if (!warned++)
+            fprintf(stderr, "%s:%u: sleep: %s (skipped, with its wake)\n", c->t->source, a->line,
+                    xseg_last_error());
+        *skipped = 1;
+        return XSEG_SUCCESS;
+    }
+    if (st)
+        return run_failed(c, a, st);
+    c->moved = 1;
+    return XSEG_SUCCESS;
+}
+
+/* Wall time matters only to idle reclaim: without idle_release_ms nothing waits. */
+static xseg_status run_idle(struct run_ctx *c, const struct trace_action *a)
+{
+    if (c->rs.idle_ms < 0)
+        c->rs.idle_ms = run_idle_ms();
+    if (c->rs.idle_ms > 0) {
+        /* The parser bounds idle; a trace built another way is held to the same bound. */
+        uint64_t ns = a->size < TRACE_IDLE_MAX_NS ? a->size : TRACE_IDLE_MAX_NS;
+        struct timespec d = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+        while (nanosleep(&d, &d) != 0 && errno == EINTR)
+            ;
+        c->moved = 1;
+    }
+    return XSEG_SUCCESS;
+}
+
+static xseg_status run_config(struct run_ctx *c, const struct trace_action *a)
+{
+    c->rs.idle_ms = -1; /* may change idle_release_ms */
+    xseg_status st = xseg_set_config(trace_text(c->t, a->text));
+    if (st)
+        return run_failed(c, a, st);
+    mode_of_config(c->sum->mode, sizeof c->sum->mode);
+    return XSEG_SUCCESS;
+}
+
+static xseg_status run_pool_begin(struct run_ctx *c, const struct trace_action *a)
+{
+    bool every = a->stream == TRACE_ALL_STREAMS;
+    xseg_status st = xseg_begin_allocate_to_pool(0, run_pool_id(&c->rs, a->pool), every ? NULL : run_only_stream,
+                                                 every ? NULL : stream_of(&c->rs, a->stream));
+    return st ? run_failed(c, a, st) : XSEG_SUCCESS;
+}
+
+static xseg_status run_pool_end(struct run_ctx *c, const struct trace_action *a)
+{
+    xseg_status st = xseg_end_allocate_to_pool(0, run_pool_id(&c->rs, a->pool));
+    return st ? run_failed(c, a, st) : XSEG_SUCCESS;
+}
+
+static xseg_status run_pool_release(struct run_ctx *c, const struct trace_action *a)
+{
+    xseg_status st = xseg_release_pool(0, run_pool_id(&c->rs, a->pool));
+    return st ? run_failed(c, a, st) : XSEG_SUCCESS;
+}
+
+static xseg_status run_capture_begin(struct run_ctx *c, const struct trace_action *a)
+{
+    /* Without a pool named, the capture gets a pool of its own, kept to the end. */
+    xseg_pool_id id = a->pool >= 0 ? run_pool_id(&c->rs, a->pool) : (xseg_pool_id){0, 0};
+    xseg_status st = xseg_capture_begin(0, stream_of(&c->rs, a->stream), &id, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return st ? run_failed(c, a, st) : XSEG_SUCCESS;
+}
+
+static xseg_status run_capture_end(struct run_ctx *c, const struct trace_action *a)
+{
+    CUgraph g = NULL;
+    xseg_status st = xseg_capture_end(0, stream_of(&c->rs, a->stream), &g);
+    if (c->rs.graphs[a->stream])
+        (void)rdrv.cuGraphDestroy(c->rs.graphs[a->stream]);
+    c->rs.graphs[a->stream] = g;
+    return st ? run_failed(c, a, st) : XSEG_SUCCESS;
+}
+
+/* wait: a.stream.wait_stream(a.stream2), an event recorded on stream2 (a fork or a join when a
+ * capture is involved); work: a unit of work on the stream. */
+static xseg_status run_wait_work(struct run_ctx *c, const struct trace_action *a)
+{
+    CUresult r = CUDA_SUCCESS;
+    if (a->op == TRACE_WORK)
+        r = run_work(stream_of(&c->rs, a->stream));
+    else if (!c->rs.wait_event)
+        r = rdrv.cuEventCreate(&c->rs.wait_event, CU_EVENT_DISABLE_TIMING);
+    if (a->op == TRACE_WAIT && r == CUDA_SUCCESS &&
+        (r = rdrv.cuEventRecord(c->rs.wait_event, stream_of(&c->rs, a->stream2))) == CUDA_SUCCESS)
+        r = rdrv.cuStreamWaitEvent(stream_of(&c->rs, a->stream), c->rs.wait_event, 0);
+    return r != CUDA_SUCCESS ? run_driver_failed(c, a, r) : XSEG_SUCCESS;
+}
+
+static xseg_status run_snapshot(struct run_ctx *c, const struct trace_action *a)
+{
+    if (!c->o->snapshot)
+        return XSEG_SUCCESS;
+    char path[4096];
+    const char *tag;
+    if (snapshot_tag(&c->rs, trace_text(c->t, a->text), &tag) != XSEG_SUCCESS) {
+        snprintf(c->err, c->errlen, "%s:%u: snapshot: out of host memory", c->t->source, a->line);
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    }
+    run_snapshot_path(c->o->snapshot, tag, path, sizeof path);
+    return write_snapshot(path, c->t->source, c->err, c->errlen);
+}
+
+static xseg_status run_mark(struct run_ctx *c, const struct trace_action *a)
+{
+    xseg_device_stats ds;
+    xseg_status st = xseg_get_stats(0, &ds);
+    if (st)
+        return run_failed(c, a, st);
+    if (c->o->marks == RUN_MARKS_TABLE) {
+        if (!c->table_started++)
+            report_mark_header(c->out, c->rs.label_width, c->o->pool);
+        report_mark_row(c->out, c->rs.label_width, trace_text(c->t, a->text), &ds, c->o->pool);
+    } else if (c->o->marks == RUN_MARKS_JSONL) {
+        report_mark_jsonl(c->out, trace_text(c->t, a->text), c->sum->mode, 0);
+    }
+    fflush(c->out);
+    return XSEG_SUCCESS;
+}
+
+/* The run function of each trace_op (tools/replay/actions.h). */
+static xseg_status (*const run_table[])(struct run_ctx *, const struct trace_action *) = {
+#define RUN_ROW(name, op, parse, run) [op] = run,
+#define RUN_NO_ACTION(name, parse)
+    TRACE_ACTIONS(RUN_ROW, RUN_NO_ACTION)
+#undef RUN_ROW
+#undef RUN_NO_ACTION
+};
+
+/* The per-buffer, per-stream and per-pool arrays, the label width, device 0's context for the
+ * streams and xseg's history. */
+static xseg_status run_setup(struct run_ctx *c)
+{
+    const struct trace *t = c->t;
+    struct runstate *rs = &c->rs;
+    rs->ptrs = calloc(t->bufs.count + 1, sizeof *rs->ptrs);
+    rs->failed = calloc(t->bufs.count + 1, 1);
+    rs->streams = calloc(t->streams.count + 1, sizeof *rs->streams);
+    rs->held = calloc(t->streams.count + 1, 1);
+    rs->pools = calloc(t->pools.count + 1, sizeof *rs->pools);
+    rs->graphs = calloc(t->streams.count + 1, sizeof *rs->graphs);
+    rs->skipped_sleep = calloc(t->pools.count + 1, 1);
+    rs->idle_ms = -1;
+    if (!rs->ptrs || !rs->failed || !rs->streams || !rs->held || !rs->pools || !rs->graphs || !rs->skipped_sleep) {
+        snprintf(c->err, c->errlen, "out of host memory");
+        return XSEG_ERROR_OUT_OF_MEMORY;
     }
     /* The mark table's label column fits the longest label. */
-    rs.label_width = 24;
+    rs->label_width = 24;
     for (size_t i = 0; i < t->count; i++)
-        if (t->actions[i].op == TRACE_MARK && strlen(trace_text(t, t->actions[i].text)) > rs.label_width)
-            rs.label_width = strlen(trace_text(t, t->actions[i].text));
+        if (t->actions[i].op == TRACE_MARK && strlen(trace_text(t, t->actions[i].text)) > rs->label_width)
+            rs->label_width = strlen(trace_text(t, t->actions[i].text));
 
     /* Streams are created in device 0's primary context, the one xseg allocates in. */
     if (t->streams.count) {
-        CUresult r = rdrv.cuDeviceGet(&dev0, 0);
-        if (r == CUDA_SUCCESS && (r = rdrv.cuDevicePrimaryCtxRetain(&ctx0, dev0)) == CUDA_SUCCESS &&
-            (r = rdrv.cuCtxSetCurrent(ctx0)) != CUDA_SUCCESS) {
-            (void)rdrv.cuDevicePrimaryCtxRelease(dev0);
-            ctx0 = NULL;
+        CUresult r = rdrv.cuDeviceGet(&c->dev0, 0);
+        if (r == CUDA_SUCCESS && (r = rdrv.cuDevicePrimaryCtxRetain(&c->ctx0, c->dev0)) == CUDA_SUCCESS &&
+            (r = rdrv.cuCtxSetCurrent(c->ctx0)) != CUDA_SUCCESS) {
+            (void)rdrv.cuDevicePrimaryCtxRelease(c->dev0);
+            c->ctx0 = NULL;
         }
         if (r != CUDA_SUCCESS) {
-            snprintf(err, errlen, "device 0: its primary context: %s", rdrv_error_name(r));
-            st = XSEG_ERROR_DRIVER;
-            goto out;
+            snprintf(c->err, c->errlen, "device 0: its primary context: %s", rdrv_error_name(r));
+            return XSEG_ERROR_DRIVER;
         }
     }
-    if (o->history) {
+    if (c->o->history) {
         /* Every event of the replay fits: 3 per allocation (alloc, free_requested,
          * free_completed) plus segment events. */
         xseg_history_options ho = {0};
@@ -404,280 +680,70 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         ho.callback = replay_frames;
         ho.max_entries = t->nallocs * 4 + 1000;
         hist_trace = t;
-        if ((st = xseg_record_memory_history(&ho))) {
-            snprintf(err, errlen, "--history: %s", xseg_last_error());
-            goto out;
+        xseg_status st = xseg_record_memory_history(&ho);
+        if (st) {
+            snprintf(c->err, c->errlen, "--history: %s", xseg_last_error());
+            return st;
         }
     }
-    uint64_t calls0[RUN_NENTRIES];
-    read_calls(calls0);
-    mode_of_config(sum->mode, sizeof sum->mode);
-    uint64_t ns_alloc = 0, ns_free = 0;
-    int table_started = 0;
-    size_t progress_step = t->count / 100 + 1;
+    return XSEG_SUCCESS;
+}
 
+/* Every action in order, with the progress line and the timeline. */
+static xseg_status run_actions(struct run_ctx *c, struct run_timeline *tl)
+{
+    const struct trace *t = c->t;
+    size_t progress_step = t->count / 100 + 1;
     for (size_t i = 0; i < t->count; i++) {
         const struct trace_action *a = &t->actions[i];
-        int moved = 0; /* allocated or reserved may have changed: sample the timeline */
-        if (o->progress && i % progress_step == 0)
-            fprintf(stderr, "\rxseg-replay: %s [%s] %3zu%%", t->source, sum->mode, i * 100 / t->count);
-        switch (a->op) {
-        case TRACE_STREAM: {
-            CUresult r = rdrv.cuStreamCreate(&rs.streams[a->stream], CU_STREAM_NON_BLOCKING);
-            if (r != CUDA_SUCCESS) {
-                snprintf(err, errlen, "%s:%u: stream %s: cuStreamCreate failed: %s", t->source, a->line,
-                         t->streams.names[a->stream], rdrv_error_name(r));
-                st = XSEG_ERROR_DRIVER;
-                goto out;
-            }
-            break;
-        }
-        case TRACE_ALLOC: {
-            void *p = NULL;
-            hist_stack = a->stack ? &t->stacks[a->stack - 1] : NULL;
-            uint64_t t0 = now_ns();
-            xseg_status as = xseg_malloc(&p, (size_t)a->size, 0, stream_of(&rs, a->stream));
-            ns_alloc += now_ns() - t0;
-            sum->allocs++;
-            if (as != XSEG_SUCCESS) {
-                char sz[32];
-                sum->failed_allocs++;
-                rs.failed[a->buf] = 1;
-                fprintf(stderr, "%s:%u: alloc %s %s failed (%s): %s\n", t->source, a->line,
-                        t->bufs.names[a->buf], trace_format_size(a->size, sz, sizeof sz),
-                        xseg_status_name(as), xseg_last_error());
-            } else {
-                rs.failed[a->buf] = 0;
-                rs.ptrs[a->buf] = p;
-            }
-            moved = 1;
-            break;
-        }
-        case TRACE_FREE: {
-            void *p = rs.ptrs[a->buf];
-            if (rs.failed[a->buf])
-                break; /* its allocation failed: nothing to free */
-            uint64_t t0 = now_ns();
-            xseg_status fs = xseg_free(p);
-            ns_free += now_ns() - t0;
-            sum->frees++;
-            rs.ptrs[a->buf] = NULL;
-            if (fs != XSEG_SUCCESS) {
-                snprintf(err, errlen, "%s:%u: free %s: %s", t->source, a->line, t->bufs.names[a->buf],
-                         xseg_last_error());
-                st = fs;
-                goto out;
-            }
-            moved = 1;
-            break;
-        }
-        case TRACE_RECORD:
-            if (rs.failed[a->buf] || !rs.ptrs[a->buf])
-                break;
-            if ((st = xseg_record_stream(rs.ptrs[a->buf], stream_of(&rs, a->stream)))) {
-                snprintf(err, errlen, "%s:%u: record %s: %s", t->source, a->line, t->bufs.names[a->buf],
-                         xseg_last_error());
-                goto out;
-            }
-            break;
-        case TRACE_HOLD:
-        case TRACE_RELEASE:
-            if (!emu.hold || !emu.release) {
-                static int warned;
-                if (!warned++)
-                    fprintf(stderr, "%s:%u: %s: only the emulator can hold a stream; ignored on this driver\n",
-                            t->source, a->line, trace_op_name(a->op));
-                break;
-            }
-            if (a->op == TRACE_HOLD)
-                emu.hold(stream_of(&rs, a->stream));
-            else
-                emu.release(stream_of(&rs, a->stream));
-            if (a->stream >= 0)
-                rs.held[a->stream] = a->op == TRACE_HOLD;
-            break;
-        case TRACE_SYNC: {
-            CUresult r = a->stream == TRACE_ALL_STREAMS ? rdrv.cuCtxSynchronize()
-                                                        : rdrv.cuStreamSynchronize(stream_of(&rs, a->stream));
-            if (r != CUDA_SUCCESS) {
-                snprintf(err, errlen, "%s:%u: sync: %s", t->source, a->line, rdrv_error_name(r));
-                st = XSEG_ERROR_DRIVER;
-                goto out;
-            }
-            break;
-        }
-        case TRACE_EMPTY_CACHE:
-            if ((st = xseg_empty_cache(-1))) {
-                snprintf(err, errlen, "%s:%u: empty_cache: %s", t->source, a->line, xseg_last_error());
-                goto out;
-            }
-            moved = 1;
-            break;
-        case TRACE_TRIM: /* services */
-            if ((st = xseg_trim(-1, (size_t)a->size))) {
-                snprintf(err, errlen, "%s:%u: trim: %s", t->source, a->line, xseg_last_error());
-                goto out;
-            }
-            moved = 1;
-            break;
-        case TRACE_SLEEP:
-        case TRACE_WAKE: { /* services */
-            xseg_pool_id id = a->pool >= 0 ? run_pool_id(&rs, a->pool) : (xseg_pool_id){0, 0};
-            unsigned char *skipped = &rs.skipped_sleep[a->pool + 1];
-            if (a->op == TRACE_WAKE && *skipped) {
-                *skipped = 0; /* its sleep did not happen */
-                break;
-            }
-            st = a->op == TRACE_SLEEP ? xseg_sleep(0, id, (unsigned)a->size) : xseg_wake(0, id);
-            if (st == XSEG_ERROR_NOT_SUPPORTED && a->op == TRACE_SLEEP) {
-                /* Classic segments cannot sleep: a property of the mode, not of the trace. */
-                static int warned;
-                if (!warned++)
-                    fprintf(stderr, "%s:%u: sleep: %s (skipped, with its wake)\n", t->source, a->line,
-                            xseg_last_error());
-                *skipped = 1;
-                st = XSEG_SUCCESS;
-                break;
-            }
-            if (st) {
-                snprintf(err, errlen, "%s:%u: %s: %s", t->source, a->line, trace_op_name(a->op), xseg_last_error());
-                goto out;
-            }
-            moved = 1;
-            break;
-        }
-        case TRACE_IDLE:
-            /* Wall time matters only to idle reclaim: without idle_release_ms nothing waits. */
-            if (rs.idle_ms < 0)
-                rs.idle_ms = run_idle_ms();
-            if (rs.idle_ms > 0) {
-                /* The parser bounds idle; a trace built another way is held to the same bound. */
-                uint64_t ns = a->size < TRACE_IDLE_MAX_NS ? a->size : TRACE_IDLE_MAX_NS;
-                struct timespec d = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-                while (nanosleep(&d, &d) != 0 && errno == EINTR)
-                    ;
-                moved = 1;
-            }
-            break;
-        case TRACE_CONFIG:
-            rs.idle_ms = -1; /* may change idle_release_ms */
-            if ((st = xseg_set_config(trace_text(t, a->text)))) {
-                snprintf(err, errlen, "%s:%u: config: %s", t->source, a->line, xseg_last_error());
-                goto out;
-            }
-            mode_of_config(sum->mode, sizeof sum->mode);
-            break;
-        case TRACE_POOL_BEGIN: {
-            bool every = a->stream == TRACE_ALL_STREAMS;
-            st = xseg_begin_allocate_to_pool(0, run_pool_id(&rs, a->pool), every ? NULL : run_only_stream,
-                                             every ? NULL : stream_of(&rs, a->stream));
-            break;
-        }
-        case TRACE_POOL_END: st = xseg_end_allocate_to_pool(0, run_pool_id(&rs, a->pool)); break;
-        case TRACE_POOL_RELEASE: st = xseg_release_pool(0, run_pool_id(&rs, a->pool)); break;
-        case TRACE_CAPTURE_BEGIN: {
-            /* Without a pool named, the capture gets a pool of its own, kept to the end. */
-            xseg_pool_id id = a->pool >= 0 ? run_pool_id(&rs, a->pool) : (xseg_pool_id){0, 0};
-            st = xseg_capture_begin(0, stream_of(&rs, a->stream), &id, CU_STREAM_CAPTURE_MODE_GLOBAL);
-            break;
-        }
-        case TRACE_CAPTURE_END: {
-            CUgraph g = NULL;
-            st = xseg_capture_end(0, stream_of(&rs, a->stream), &g);
-            if (rs.graphs[a->stream])
-                (void)rdrv.cuGraphDestroy(rs.graphs[a->stream]);
-            rs.graphs[a->stream] = g;
-            break;
-        }
-        case TRACE_WAIT:
-        case TRACE_WORK: {
-            /* a.stream.wait_stream(a.stream2): an event recorded on stream2 (a fork or a join
-             * when a capture is involved). */
-            CUresult r = CUDA_SUCCESS;
-            if (a->op == TRACE_WORK)
-                r = run_work(stream_of(&rs, a->stream));
-            else if (!rs.wait_event)
-                r = rdrv.cuEventCreate(&rs.wait_event, CU_EVENT_DISABLE_TIMING);
-            if (a->op == TRACE_WAIT && r == CUDA_SUCCESS &&
-                (r = rdrv.cuEventRecord(rs.wait_event, stream_of(&rs, a->stream2))) == CUDA_SUCCESS)
-                r = rdrv.cuStreamWaitEvent(stream_of(&rs, a->stream), rs.wait_event, 0);
-            if (r != CUDA_SUCCESS) {
-                snprintf(err, errlen, "%s:%u: %s: %s", t->source, a->line, trace_op_name(a->op), rdrv_error_name(r));
-                st = XSEG_ERROR_DRIVER;
-                goto out;
-            }
-            break;
-        }
-        case TRACE_SNAPSHOT:
-            if (o->snapshot) {
-                char path[4096];
-                const char *tag;
-                if (snapshot_tag(&rs, trace_text(t, a->text), &tag) != XSEG_SUCCESS) {
-                    snprintf(err, errlen, "%s:%u: snapshot: out of host memory", t->source, a->line);
-                    st = XSEG_ERROR_OUT_OF_MEMORY;
-                    goto out;
-                }
-                run_snapshot_path(o->snapshot, tag, path, sizeof path);
-                if ((st = write_snapshot(path, t->source, err, errlen)))
-                    goto out;
-            }
-            break;
-        case TRACE_MARK: {
-            xseg_device_stats ds;
-            if ((st = xseg_get_stats(0, &ds))) {
-                snprintf(err, errlen, "%s:%u: mark: %s", t->source, a->line, xseg_last_error());
-                goto out;
-            }
-            if (o->marks == RUN_MARKS_TABLE) {
-                if (!table_started++)
-                    report_mark_header(out, rs.label_width, o->pool);
-                report_mark_row(out, rs.label_width, trace_text(t, a->text), &ds, o->pool);
-            } else if (o->marks == RUN_MARKS_JSONL) {
-                report_mark_jsonl(out, trace_text(t, a->text), sum->mode, 0);
-            }
-            fflush(out);
-            break;
-        }
-        }
-        if (st != XSEG_SUCCESS) { /* only the pool and capture actions get here with an error */
-            snprintf(err, errlen, "%s:%u: %s: %s", t->source, a->line, trace_op_name(a->op), xseg_last_error());
-            goto out;
-        }
-        if (moved && tl) {
+        if (c->o->progress && i % progress_step == 0)
+            fprintf(stderr, "\rxseg-replay: %s [%s] %3zu%%", t->source, c->sum->mode, i * 100 / t->count);
+        c->moved = 0;
+        xseg_status st = run_table[a->op](c, a);
+        if (st != XSEG_SUCCESS)
+            return st;
+        if (c->moved && tl) {
             xseg_device_stats ds;
             if (xseg_get_stats(0, &ds) == XSEG_SUCCESS &&
                 timeline_push(tl, i, ds.allocated_bytes[XSEG_STAT_ALL].current,
                               ds.reserved_bytes[XSEG_STAT_ALL].current) != XSEG_SUCCESS) {
-                snprintf(err, errlen, "out of host memory for the timeline");
-                st = XSEG_ERROR_OUT_OF_MEMORY;
-                goto out;
+                snprintf(c->err, c->errlen, "out of host memory for the timeline");
+                return XSEG_ERROR_OUT_OF_MEMORY;
             }
         }
     }
-    if (o->progress)
+    if (c->o->progress)
         fprintf(stderr, "\r%*s\r", (int)strlen(t->source) + 40, "");
+    return XSEG_SUCCESS;
+}
 
+/* The summary: peaks, the snapshot at the end, the final empty_cache and the driver calls. */
+static xseg_status run_finish(struct run_ctx *c, const uint64_t calls0[RUN_NENTRIES])
+{
+    const struct trace *t = c->t;
+    struct run_summary *sum = c->sum;
+    xseg_status st;
     /* Held streams would keep deferred frees pending forever: let them finish first. */
     for (size_t s = 0; s < t->streams.count; s++)
-        if (rs.held[s] && emu.release)
-            emu.release(rs.streams[s]);
+        if (c->rs.held[s] && emu.release)
+            emu.release(c->rs.streams[s]);
     xseg_device_stats ds;
     if ((st = xseg_get_stats(0, &ds))) {
-        snprintf(err, errlen, "xseg_get_stats: %s", xseg_last_error());
-        goto out;
+        snprintf(c->err, c->errlen, "xseg_get_stats: %s", xseg_last_error());
+        return st;
     }
     sum->actions = t->count;
     sum->peak_allocated = ds.allocated_bytes[XSEG_STAT_ALL].peak;
     sum->peak_reserved = ds.reserved_bytes[XSEG_STAT_ALL].peak;
     sum->utilization = sum->peak_reserved ? (double)sum->peak_allocated / (double)sum->peak_reserved : 0;
     sum->reserved_end = ds.reserved_bytes[XSEG_STAT_ALL].current;
-    if (o->snapshot && (st = write_snapshot(o->snapshot, t->source, err, errlen)))
-        goto out;
-    sum->host_ns_per_alloc = sum->allocs ? (double)ns_alloc / (double)sum->allocs : 0;
-    sum->host_ns_per_free = sum->frees ? (double)ns_free / (double)sum->frees : 0;
+    if (c->o->snapshot && (st = write_snapshot(c->o->snapshot, t->source, c->err, c->errlen)))
+        return st;
+    sum->host_ns_per_alloc = sum->allocs ? (double)c->ns_alloc / (double)sum->allocs : 0;
+    sum->host_ns_per_free = sum->frees ? (double)c->ns_free / (double)sum->frees : 0;
     if ((st = xseg_empty_cache(-1)) || (st = xseg_get_stats(0, &ds))) {
-        snprintf(err, errlen, "final empty_cache: %s", xseg_last_error());
-        goto out;
+        snprintf(c->err, c->errlen, "final empty_cache: %s", xseg_last_error());
+        return st;
     }
     sum->reserved_after_empty_cache = ds.reserved_bytes[XSEG_STAT_ALL].current;
     if (emu.count) {
@@ -690,23 +756,46 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
                 sum->memory_calls += sum->calls[e];
         }
     }
-out:
+    return XSEG_SUCCESS;
+}
+
+/* The graphs live to the end of the replay, as the program's would; then everything goes. */
+static void run_cleanup(struct run_ctx *c)
+{
+    struct runstate *rs = &c->rs;
     hist_stack = NULL;
-    /* The graphs live to the end of the replay, as the program's would. */
-    for (size_t s = 0; rs.graphs && s < t->streams.count; s++)
-        if (rs.graphs[s])
-            (void)rdrv.cuGraphDestroy(rs.graphs[s]);
-    if (rs.wait_event)
-        (void)rdrv.cuEventDestroy(rs.wait_event);
-    if (ctx0)
-        (void)rdrv.cuDevicePrimaryCtxRelease(dev0);
-    free(rs.tags);
-    free(rs.pools);
-    free(rs.graphs);
-    free(rs.skipped_sleep);
-    free(rs.ptrs);
-    free(rs.failed);
-    free(rs.streams);
-    free(rs.held);
+    for (size_t s = 0; rs->graphs && s < c->t->streams.count; s++)
+        if (rs->graphs[s])
+            (void)rdrv.cuGraphDestroy(rs->graphs[s]);
+    if (rs->wait_event)
+        (void)rdrv.cuEventDestroy(rs->wait_event);
+    if (c->ctx0)
+        (void)rdrv.cuDevicePrimaryCtxRelease(c->dev0);
+    free(rs->tags);
+    free(rs->pools);
+    free(rs->graphs);
+    free(rs->skipped_sleep);
+    free(rs->ptrs);
+    free(rs->failed);
+    free(rs->streams);
+    free(rs->held);
+}
+
+xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
+                      struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen)
+{
+    struct run_ctx c = {.t = t, .o = o, .out = out, .sum = sum, .err = err, .errlen = errlen};
+    memset(sum, 0, sizeof *sum);
+    snprintf(sum->trace, sizeof sum->trace, "%s", t->source);
+    xseg_status st = run_setup(&c);
+    if (st == XSEG_SUCCESS) {
+        uint64_t calls0[RUN_NENTRIES];
+        read_calls(calls0);
+        mode_of_config(sum->mode, sizeof sum->mode);
+        st = run_actions(&c, tl);
+        if (st == XSEG_SUCCESS)
+            st = run_finish(&c, calls0);
+    }
+    run_cleanup(&c);
     return st;
 }

@@ -1,5 +1,6 @@
 /* The trace model: name interning, the action array, sizes. See trace.h. */
 #include "tools/replay/trace.h"
+#include "tools/replay/actions.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -198,31 +199,14 @@ xseg_status trace_add_frame(struct trace *t, const char *name, size_t len, int32
 
 const char *trace_op_name(enum trace_op op)
 {
-    switch (op) {
-    case TRACE_STREAM: return "stream";
-    case TRACE_ALLOC: return "alloc";
-    case TRACE_FREE: return "free";
-    case TRACE_RECORD: return "record";
-    case TRACE_HOLD: return "hold";
-    case TRACE_RELEASE: return "release";
-    case TRACE_SYNC: return "sync";
-    case TRACE_EMPTY_CACHE: return "empty_cache";
-    case TRACE_TRIM: return "trim";
-    case TRACE_SLEEP: return "sleep";
-    case TRACE_WAKE: return "wake";
-    case TRACE_IDLE: return "idle";
-    case TRACE_CONFIG: return "config";
-    case TRACE_POOL_BEGIN: return "pool_begin";
-    case TRACE_POOL_END: return "pool_end";
-    case TRACE_POOL_RELEASE: return "pool_release";
-    case TRACE_CAPTURE_BEGIN: return "capture_begin";
-    case TRACE_CAPTURE_END: return "capture_end";
-    case TRACE_MARK: return "mark";
-    case TRACE_WAIT: return "wait";
-    case TRACE_WORK: return "work";
-    case TRACE_SNAPSHOT: return "snapshot";
-    }
-    return "?";
+    static const char *const names[] = {
+#define NAME_ROW(name, op, parse, run) [op] = #name,
+#define NAME_NO_ACTION(name, parse)
+        TRACE_ACTIONS(NAME_ROW, NAME_NO_ACTION)
+#undef NAME_ROW
+#undef NAME_NO_ACTION
+    };
+    return (size_t)op < sizeof names / sizeof names[0] && names[op] ? names[op] : "?";
 }
 
 /* Rewrite @p s (a message in a buffer of @p cap bytes) with every byte outside printable ASCII as
