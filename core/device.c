@@ -107,7 +107,7 @@ struct block *dev_block_new(struct dev_alloc *d)
  * (base/arena.h), where only the pages touched are resident and, from ~420,000 structs, every
  * struct lies on a 2 MiB huge page (a free's block is then a cache miss without a TLB miss); from
  * calloc where the arena cannot reserve address space, with the unused tail of the last slab
- * within ~3 % of the structs in use. */
+ * within 1/32 of the structs in use. */
 __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
@@ -376,7 +376,7 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
         dev_account_inactive(d, pool->stat_index, requested);
 }
 
-/* The pending free's merge with its one free neighbour (out of line: 8 % of the churn's frees). */
+/* The pending free's merge with its one free neighbour (out of line: most frees have none). */
 static __attribute__((noinline)) void free_settle_one(struct dev_alloc *d, struct block *b)
 {
     dev_free_block_inline(d, b, false);

@@ -229,8 +229,9 @@ struct dev_fast {
     struct block *free_pending;
     /* Live blocks from which a fast-path free defers its merge (free_pending). Below, the blocks'
      * structs stay cached and the deferral's bookkeeping would cost more than it hides: ~2-3 % of
-     * the churn pair at 10^4 blocks and ~6 % at 10^3 (docs/benchmarks-host.md). Debug builds
-     * defer always, so that every test runs the deferred path under dev_check. */
+     * the churn pair at 10^4 blocks and ~6 % at 10^3 (benchmarks/bench_scale.c --only live,
+     * docs/benchmarks-host.md). Debug builds defer always, so that every test runs the deferred
+     * path under dev_check. */
     size_t free_defer_min;
     /* The block of the last malloc that went through malloc_finish: only a free of it fills a slot
      * from free_locked (a ping-pong frees what it just allocated; a free of an older block rarely
