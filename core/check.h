@@ -1,7 +1,7 @@
 /*
  * dev_check: the invariants of one device's state, checked by a walk over everything (the
  * expensive level of base/assert.h, debug_level=2). What it checks is what the comments of
- * core/block.h, core/expandable.c and core/stats.h promise:
+ * core/block.h, core/bins.h, core/ptrmap.h, core/expandable.c and core/stats.h promise:
  *   - segment list: prev/next links agree;
  *   - blocks tile each segment: first has no prev, neighbours link both ways, each starts where
  *     the previous ends, last is the final block, sizes add up to the segment's size; every block
