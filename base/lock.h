@@ -2,9 +2,9 @@
  * The per-device mutex: one int word driven by C11 atomics, with the kernel's futex for sleeping
  * (the three-state protocol: 0 unlocked, 1 locked, 2 locked and maybe waited on).
  *
- * Why not pthread_mutex_t: the cached malloc+free pair takes the device lock twice, and glibc's
- * uncontended lock + unlock cost ~55 instructions (type dispatch, owner/count bookkeeping, elision
- * checks); this lock costs one compare-exchange to take and one exchange to give back. It is a
+ * Why not pthread_mutex_t: a malloc+free pair on the device path takes this lock twice, and glibc's
+ * uncontended lock + unlock adds type dispatch, owner/count bookkeeping and elision checks; this
+ * lock costs one compare-exchange to take and one exchange to give back. It is a
  * plain (non-recursive, non-error-checking) mutex: taking it twice on one thread deadlocks, and
  * only the holder may release it, exactly as the allocator already uses PTHREAD_MUTEX_NORMAL.
  * Memory order: acquire on every successful take, release on every give-back, so everything

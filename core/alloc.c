@@ -14,6 +14,8 @@
 #include "base/fork.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "core/capreuse.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/expandable.h"
 #include "core/ipc.h"
@@ -215,7 +217,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     xseg_status st;
     /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
      * per thread, so dropping the lock is fine. */
-    bool relax = d->nroutes || d->ncapturing;
+    bool relax = cap_underway(d);
     if (d->cfg.release_lock_on_cudamalloc) {
         dev_unlock(d);
         st = classic_alloc(size, relax, d->device, &ptr);
@@ -229,7 +231,7 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
         dev_block_delete(d, b);
         return st;
     }
-    d->total_allocated_memory += size;
+    d->acct.total_allocated_memory += size;
     b->addr = (uintptr_t)ptr;
     b->size = size;
     b->stream = p->stream;
@@ -241,13 +243,13 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     sr->stream = p->stream;
     sr->size = size;
     dev_seglist_add(d, sr);
-    stat_pool(d->stats.segment, p->pool, 1);
-    stat_pool(d->stats.reserved_bytes, p->pool, (int64_t)size);
+    stat_pool(d->acct.stats.segment, p->pool, 1);
+    stat_pool(d->acct.stats.reserved_bytes, p->pool, (int64_t)size);
     if (size >= d->cfg.max_split_size) {
         sr->oversize = true;
-        stat_add(&d->stats.oversize_segments, 1);
+        stat_add(&d->acct.stats.oversize_segments, 1);
     }
-    d->stats.num_device_alloc++;
+    d->acct.stats.num_device_alloc++;
     p->block = b;
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_ALLOC, d->device, b->addr, size, (uintptr_t)p->stream, d->hist_cur);
@@ -260,10 +262,10 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
 {
     lock_assert_held(&d->lock);
     if (is_retry)
-        d->stats.num_alloc_retries++;
+        d->acct.stats.num_alloc_retries++;
     if (d->use_expandable)
         return exp_allocate(d, p->pool, p->stream, p->size, &p->block);
-    if (d->set_fraction && d->total_allocated_memory + p->alloc_size > d->allowed_memory_maximum)
+    if (d->acct.set_fraction && d->acct.total_allocated_memory + p->alloc_size > d->acct.allowed_memory_maximum)
         return XSEG_ERROR_OUT_OF_MEMORY;
     return alloc_classic(d, p);
 }
@@ -312,10 +314,10 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
             }
             if (!b->expandable) {
                 if (already_split) {
-                    stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)a->size);
+                    stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)a->size);
                 } else {
-                    stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
-                    stat_up_pool(d->stats.inactive_split, si, 1);
+                    stat_up_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)b->size);
+                    stat_up_pool(d->acct.stats.inactive_split, si, 1);
                 }
             }
             b = a;
@@ -326,18 +328,18 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         if (indexed)
             bpool_remove_free(pool, b);
         if (already_split && !b->expandable) {
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)b->size);
-            stat_down_pool(d->stats.inactive_split, si, 1);
+            stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)b->size);
+            stat_down_pool(d->acct.stats.inactive_split, si, 1);
         }
     }
     b->allocated = true;
     b->u.requested_size = orig_size; /* no side: it was free */
-    stat_up_pool(d->stats.allocation, si, 1);
-    stat_up_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->stats.requested_bytes, si, (int64_t)orig_size);
+    stat_up_pool(d->acct.stats.allocation, si, 1);
+    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)orig_size);
     b->oversize = b->size >= d->cfg.max_split_size;
     if (b->oversize)
-        stat_up(&d->stats.oversize_allocations, 1);
+        stat_up(&d->acct.stats.oversize_allocations, 1);
     return b;
 }
 
@@ -347,10 +349,10 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     b->allocated = false;
-    stat_pool(d->stats.allocation, block_pool(b), -1);
-    stat_pool(d->stats.allocated_bytes, block_pool(b), -(int64_t)b->size);
+    stat_pool(d->acct.stats.allocation, block_pool(b), -1);
+    stat_pool(d->acct.stats.allocated_bytes, block_pool(b), -(int64_t)b->size);
     if (b->oversize)
-        stat_add(&d->stats.oversize_allocations, -1);
+        stat_add(&d->acct.stats.oversize_allocations, -1);
     dev_free_block(d, b);
 }
 
@@ -365,16 +367,16 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     size_t dfree = 0, dtotal = d->info.total_mem;
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv_mem_info(&dfree, &dtotal);
-    d->stats.num_ooms++;
+    d->acct.stats.num_ooms++;
     /* A sleeping pool's live blocks count as allocated but hold no reserved page. */
     size_t asleep = sleep_allocated_bytes(d);
-    size_t allocated = (size_t)stats_all_current(d->stats.allocated_bytes) - asleep;
-    size_t reserved = (size_t)stats_all_current(d->stats.reserved_bytes);
+    size_t allocated = (size_t)stats_all_current(d->acct.stats.allocated_bytes) - asleep;
+    size_t reserved = (size_t)stats_all_current(d->acct.stats.reserved_bytes);
     /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
      * replays, not releasable), counted with the allocated memory rather than the unallocated. */
-    size_t in_private = d->pools ? pools_cached_bytes(d) : 0;
-    bool set_fraction = d->set_fraction;
-    size_t allowed = d->allowed_memory_maximum;
+    size_t in_private = d->priv.pools ? pools_cached_bytes(d) : 0;
+    bool set_fraction = d->acct.set_fraction;
+    size_t allowed = d->acct.allowed_memory_maximum;
     bool expandable = d->use_expandable;
     int device = d->device;
     if (XSEG_UNLIKELY(hist_mode()))
@@ -450,23 +452,23 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
  * split, account, record the pointer (@p defer, the fast path: left to the next lock holder,
- * dev_alloc.live_pending). Lock held (and kept). */
+ * dev_alloc.fast.live_pending). Lock held (and kept). */
 static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
                                                                        size_t size, bool indexed,
                                                                        const struct block *pred, void **out,
                                                                        struct hist_mctx *h, bool defer)
 {
     lock_assert_held(&d->lock);
-    xseg_assert(!d->live_pending); /* settled when the lock was taken */
+    xseg_assert(!d->fast.live_pending); /* settled when the lock was taken */
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
     if (defer) {
-        /* The insert waits for the next lock holder (dev_alloc.live_pending): room reserved now,
+        /* The insert waits for the next lock holder (dev_alloc.fast.live_pending): room reserved now,
          * so it cannot fail then; the slot was prefetched when the block was found. */
         if (XSEG_UNLIKELY(!ptrmap_reserve(&d->live, 1))) {
             undo_alloc(d, b);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
         }
-        d->live_pending = b;
+        d->fast.live_pending = b;
     } else if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
@@ -476,7 +478,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation's history");
     }
-    d->last_alloc = b;
+    d->fast.last_alloc = b;
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -512,7 +514,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * segment metadata is sized for it (2^54 bytes would cost gigabytes of page tables) and
      * before the OOM path empties the cache for nothing. */
     p->alloc_size = allocation_size(d, p->size);
-    size_t limit = d->set_fraction ? d->allowed_memory_maximum : d->info.total_mem;
+    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
     if (XSEG_UNLIKELY(size > limit))
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
@@ -590,8 +592,8 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     lock_assert_held(&d->lock);
     refresh_cfg(d);
     struct priv_pool *priv = NULL;
-    if (XSEG_UNLIKELY(d->ncapturing || d->nroutes)) {
-        xseg_status st = d->nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
+    if (XSEG_UNLIKELY(cap_underway(d))) {
+        xseg_status st = d->priv.nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
         if (st == XSEG_SUCCESS && !priv && dev_capture_underway(d) &&
             dev_stream_capturing(d, stream, &ignored)) {
             dev_capture_note(d, stream);
@@ -601,18 +603,18 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
             return st;
     }
     /* A sleeping pool hands nothing out (no wake behind the caller's back: core/sleep.h). */
-    if (XSEG_UNLIKELY(d->nasleep) && sleep_pool_asleep(d, priv))
+    if (XSEG_UNLIKELY(d->sleep.nasleep) && sleep_pool_asleep(d, priv))
         return sleep_refuse(d, priv);
-    if (XSEG_UNLIKELY(d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes) {
-        size_t pending = d->pending_events + d->ndeferred;
+    if (XSEG_UNLIKELY(ev_waiting(d)) && !cap_underway(d)) {
+        size_t pending = d->ev.pending_events + d->ev.ndeferred;
         ev_process(d);
         /* Events completed: work is known done, a point for release_threshold_mb (core/trim.h). */
-        if (d->cfg.release_threshold != SIZE_MAX && d->pending_events < pending)
+        if (d->cfg.release_threshold != SIZE_MAX && d->ev.pending_events < pending)
             trim_threshold(d, 0);
     } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
         ev_capture_reuse(d, stream); /* during a capture: blocks the graph lets us reuse */
     }
-    if (XSEG_UNLIKELY(d->cr.nwalks) && !d->ncapturing && !d->nroutes)
+    if (XSEG_UNLIKELY(d->cr.nwalks) && !cap_underway(d))
         capreuse_reset(d); /* the walks of captures that are over */
     if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && settings_idle_thread_running()))
         trim_idle_tick(d); /* else the background thread ticks (core/idle.h) */
@@ -651,7 +653,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.block = NULL;
-        xseg_assert(!d->pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.pending) */
+        xseg_assert(!d->acct.pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.acct.pending) */
         return malloc_policy(d, &p, true, found, size, out, NULL);
     }
     struct hist_mctx h = {NULL, false}, *hp = NULL;
@@ -672,8 +674,8 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
             st = malloc_policy(d, &p, false, NULL, size, out, hp);
     }
     /* active rose with allocation: while blocks are pending it is above allocation, and its peak
-     * is tracked apart (dev_alloc.pending). The lock was held since the block was handed out. */
-    if (XSEG_UNLIKELY(d->pending[XSEG_STAT_ALL]) && st == XSEG_SUCCESS)
+     * is tracked apart (dev_alloc.acct.pending). The lock was held since the block was handed out. */
+    if (XSEG_UNLIKELY(d->acct.pending[XSEG_STAT_ALL]) && st == XSEG_SUCCESS)
         dev_track_active_peak(d);
     if (hp) {
         if (cur && !h.cur_cleared && d->hist_cur == cur) /* failed: hist_on_alloc did not run */
@@ -736,7 +738,7 @@ static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct bloc
 }
 
 /*
- * Can the pending free @p x (dev_alloc.free_pending) wait until the malloc that found @p b (best
+ * Can the pending free @p x (dev_alloc.fast.free_pending) wait until the malloc that found @p b (best
  * fit without x, its predecessor known) is done? Only if settling x first would change nothing
  * the malloc does or any counter's peak:
  * - b is not a neighbour of x, which the merge could absorb;
@@ -766,7 +768,7 @@ struct split_then {
 
 static inline void split_then_take(const struct dev_alloc *d, int si, struct split_then *t)
 {
-    const xseg_stat_counter *n = d->stats.inactive_split, *by = d->stats.inactive_split_bytes;
+    const xseg_stat_counter *n = d->acct.stats.inactive_split, *by = d->acct.stats.inactive_split_bytes;
     t->si = si;
     t->n = n[si].current;
     t->bytes = by[si].current;
@@ -779,7 +781,7 @@ static inline void split_then_take(const struct dev_alloc *d, int si, struct spl
  * recorded; the malloc's own steps, all downward, reached no peak. */
 static __attribute__((noinline)) void malloc_settle_after(struct dev_alloc *d, const struct split_then *t)
 {
-    xseg_stat_counter *n = d->stats.inactive_split, *by = d->stats.inactive_split_bytes;
+    xseg_stat_counter *n = d->acct.stats.inactive_split, *by = d->acct.stats.inactive_split_bytes;
     int si = t->si;
     int64_t n1 = n[si].current, b1 = by[si].current;
     dev_free_settle_slow(d);
@@ -796,7 +798,7 @@ static __attribute__((noinline)) void malloc_settle_after(struct dev_alloc *d, c
  * one hash insert. No driver call, no allocation (block structs come from the spare list), no
  * atomic read-modify-write besides the lock's compare-exchange. A miss goes on to malloc_policy's
  * later steps. The device lock is taken here and given back here. The last free's pending merge
- * (dev_alloc.free_pending) is made before the search, or after the malloc when it cannot change
+ * (dev_alloc.fast.free_pending) is made before the search, or after the malloc when it cannot change
  * the fit (free_pending_keeps_fit).
  */
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
@@ -805,10 +807,10 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     dev_lock_malloc(d);
     xseg_status st;
     /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
-    if (XSEG_LIKELY(settings_gen() == d->fast_gen && size <= ((size_t)1 << 62))) {
+    if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
         /* A malloc moves counters up: the slots counted above what they hold settle first (and the
          * pending free before them, as any other lock taker would). */
-        if (XSEG_UNLIKELY(d->busy_slots)) {
+        if (XSEG_UNLIKELY(d->fast.busy_slots)) {
             dev_free_settle(d);
             dev_slots_settle_for_raise(d, stream);
         }
@@ -818,7 +820,7 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
         p.stream = stream;
         /* A pending block no larger than the request is no larger than any fit: it could only
          * wait if it were (free_pending_keeps_fit), so it is made before the one search. */
-        struct block *x = d->free_pending;
+        struct block *x = d->fast.free_pending;
         if (x && x->size <= p.size) {
             dev_free_settle_slow(d);
             x = NULL;
@@ -837,8 +839,8 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
              * blocks) loads while the split and the counters run. */
             ptrmap_prefetch(&d->live, b->addr);
             p.block = b;
-            /* The permit: nothing is pending, active moves with allocation (dev_alloc.pending). */
-            xseg_assert(!d->pending[XSEG_STAT_ALL]);
+            /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
+            xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
             struct split_then t;
             if (x && !x->expandable)
                 split_then_take(d, dev_block_pool(d, x)->stat_index, &t);
@@ -921,7 +923,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
 {
     lock_assert_held(&d->lock);
     if (b->oversize) {
-        stat_down(&d->stats.oversize_allocations, 1);
+        stat_down(&d->acct.stats.oversize_allocations, 1);
         b->oversize = false;
     }
     b->exported = false; /* the export ends with the block (its pool may sleep again) */
@@ -951,7 +953,7 @@ static bool slot_fill_ok(struct dev_alloc *d, const struct block *b)
     lock_assert_held(&d->lock);
     const struct block *prev = b->prev, *next = b->next;
     if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
-        settings_gen() != d->fast_gen)
+        settings_gen() != d->fast.fast_gen)
         return false;
     if (dev_gc_on(d))
         return false;
@@ -967,7 +969,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     /* The block's stream's slot settles first (it may hold this very block, freed or handed
      * out), and so does every slot counted above what it holds: a merge into a split block moves
      * inactive_split_bytes up. */
-    if (XSEG_UNLIKELY(d->busy_slots)) {
+    if (XSEG_UNLIKELY(d->fast.busy_slots)) {
         struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
         if (x)
             dev_slots_settle_for_raise(d, x->stream);
@@ -981,44 +983,44 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     *owned = true;
     b->allocated = false;
     xseg_status st = XSEG_SUCCESS;
-    if (b == d->last_alloc && slot_fill_ok(d, b)) {
+    if (b == d->fast.last_alloc && slot_fill_ok(d, b)) {
         /* Counted allocated while in the slot: its map entry stays (the fold and the settle
          * count it). On host OOM the eager free below runs instead. */
         unsigned i = dev_slot_index(b->stream);
-        struct dev_slot *s = &d->slots[i];
+        struct dev_slot *s = &d->fast.slots[i];
         if (XSEG_LIKELY(ptrmap_put(&d->live, b->addr, b))) {
             spin_acquire(&s->lock);
             s->lazy = b;
-            s->gen = d->fast_gen;
+            s->gen = d->fast.fast_gen;
             s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
             spin_release(&s->lock);
-            d->busy_slots |= (uint32_t)1 << i;
+            d->fast.busy_slots |= (uint32_t)1 << i;
             dev_unlock(d);
             return XSEG_SUCCESS;
         }
     }
     int si = dev_block_pool(d, b)->stat_index;
-    stat_down_pool(d->stats.allocation, si, 1);
-    stat_down_pool(d->stats.allocated_bytes, si, (int64_t)b->size);
+    stat_down_pool(d->acct.stats.allocation, si, 1);
+    stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
     /* oversize, recorded, exported and a side struct (recorded streams) in one test
      * (block_free_slow), handled out of line with the rest of the free: a call on this path would
      * make the compiler reload the block's fields after it. */
     if (XSEG_UNLIKELY(block_free_slow(b))) {
         st = free_ptr_rare(d, b);
-    } else if (d->live.count < d->free_defer_min || dev_gc_on(d)) {
+    } else if (d->live.count < d->fast.free_defer_min || dev_gc_on(d)) {
         /* Few live blocks: their neighbours are cached. The GC clock ticks in every search: a
          * malloc that searched again after making the pending free would tick it twice. */
         dev_free_block_inline(d, b, true);
     } else {
         /* The merge reads the neighbours' state, a cache miss each at many live blocks: it waits
-         * for the next lock holder (dev_alloc.free_pending) while they load. The requested bytes
+         * for the next lock holder (dev_alloc.fast.free_pending) while they load. The requested bytes
          * go down now, as the free's other counters did: their peaks see the order of the calls. */
         dev_account_inactive(d, si, b->u.requested_size);
         if (b->prev)
             __builtin_prefetch(&b->prev->in_index);
         if (b->next)
             __builtin_prefetch(&b->next->in_index);
-        d->free_pending = b;
+        d->fast.free_pending = b;
     }
     dev_unlock(d);
     return st;
@@ -1137,7 +1139,7 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
     dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
     refresh_cfg(d);
     dev_stats_copy(d, out);
-    xseg_device_stats base = d->acc_base;
+    xseg_device_stats base = d->acct.acc_base;
     dev_unlock(d);
     stats_subtract_accumulated(out, &base);
 }
@@ -1147,7 +1149,7 @@ void alloc_reset_accumulated(struct dev_alloc *d)
     dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
     xseg_device_stats now;
     dev_stats_copy(d, &now);
-    d->acc_base = now;
+    d->acct.acc_base = now;
     dev_unlock(d);
 }
 
@@ -1171,7 +1173,7 @@ xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
     dev_acquire(d);
     largest_free(&d->small, largest);
     largest_free(&d->large, largest);
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         largest_free(&pp->small, largest);
         largest_free(&pp->large, largest);
     }

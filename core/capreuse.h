@@ -45,57 +45,7 @@
 
 struct dev_alloc;
 struct block;
-
-/* An open-addressing map from graph nodes to a pointer (NULL: present with no value). */
-struct cr_nodemap {
-    uintptr_t *keys; /* 0 = empty */
-    void **vals;
-    size_t cap, count;
-};
-
-/* A block freed during the capture, with its markers, waiting on markers[next]. */
-struct cr_entry {
-    struct block *block;
-    size_t deferred_slot;     /* its index in the device's deferred list */
-    CUgraphNode *markers;
-    size_t nmarkers, next;
-    struct cr_entry *link;    /* next waiter on the same node, or next ready entry */
-};
-
-/* A dependency of the stream at its last walk, and whether the current walk reached it again. */
-struct cr_term {
-    CUgraphNode node;
-    bool hit;
-};
-
-/* Per (capture, stream): the nodes known to precede the stream's dependency set, and the
- * entries of that stream, each filed under the first of its markers not yet reached (so a node
- * reached by the walk wakes exactly the entries waiting on it: the check costs O(markers) per
- * block over the whole capture, not O(blocks) per allocation). */
-struct cr_walk {
-    unsigned long long capture_id;
-    CUstream stream;
-    struct cr_nodemap seen;     /* reached nodes (values unused) */
-    struct cr_nodemap waiting;  /* node -> list of entries waiting on it */
-    struct cr_entry *ready;     /* entries whose markers were all reached */
-    size_t nentries;
-    size_t nwaiting;            /* entries filed in `waiting` (not ready) */
-    CUgraphNode *frontier;      /* reached nodes whose dependencies were not read yet */
-    size_t nfrontier, capfrontier;
-    struct cr_term *terms;      /* the stream's dependencies at the last walk */
-    size_t nterms, capterms, nhit;
-};
-
-struct capreuse {
-    struct cr_walk *walks;
-    size_t nwalks, capwalks;
-    size_t n;                 /* entries in all walks */
-    CUgraphNode *queue;       /* the walk's work list (first in, first out) */
-    size_t capqueue;
-    struct cr_entry *collected; /* found reusable by capreuse_collect, for capreuse_take */
-    uint64_t nodes_read;      /* dependency lists read from the driver */
-    uint64_t reused;          /* blocks returned to their pool during a capture */
-};
+/* The module's state (struct capreuse, dev_alloc.cr) is declared in core/state.h. */
 
 /* @p b (allocated, with recorded streams) is freed during a capture and was put in the deferred
  * list at @p slot (events.c): record its markers when the option is on and it qualifies (see

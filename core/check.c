@@ -28,21 +28,21 @@ static const struct block *slot_lazy(const struct dev_alloc *d, const struct blo
     if (!b)
         return NULL;
     unsigned i = dev_slot_index(b->stream);
-    return (d->busy_slots >> i & 1) && d->slots[i].lazy == b ? b : NULL;
+    return (d->fast.busy_slots >> i & 1) && d->fast.slots[i].lazy == b ? b : NULL;
 }
 
 /* Is @p b in the live map, or the insert that waits for the next lock holder (live_pending)? */
 static bool live_has(const struct dev_alloc *d, const struct block *b)
 {
-    return d->live_pending == b || ptrmap_get(&d->live, b->addr) == b;
+    return d->fast.live_pending == b || ptrmap_get(&d->live, b->addr) == b;
 }
 
 /* The slot whose lazy hit handed out @p b, or NULL: B's `allocated` and `requested_size` are the
  * slot's `live` and `cur_req` then (struct dev_slot). */
 static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct block *b)
 {
-    const struct dev_slot *s = &d->slots[dev_slot_index(b->stream)];
-    return (d->busy_slots >> dev_slot_index(b->stream) & 1) && s->live == b ? s : NULL;
+    const struct dev_slot *s = &d->fast.slots[dev_slot_index(b->stream)];
+    return (d->fast.busy_slots >> dev_slot_index(b->stream) & 1) && s->live == b ? s : NULL;
 }
 
 /* Bin treap below @p t (bin @p k of @p sb): ordered by (size, addr) within (lo, hi), heap-ordered
@@ -204,9 +204,9 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     CHECK(!(b->next && !b->mapped && !b->next->mapped));
     /* Free, mapped, nothing pending: cached, so in the free index; unmapped: in the unmapped one.
      * The last fast-path free may wait for the next lock holder to merge and index it
-     * (dev_alloc.free_pending): out of the map and every index, counted as free but in
+     * (dev_alloc.fast.free_pending): out of the map and every index, counted as free but in
      * inactive_split, which its merge moves (so the recount below leaves it out too). */
-    if (b == d->free_pending) {
+    if (b == d->fast.free_pending) {
         CHECK(!allocated && !b->in_index && !b->sided && b->mapped && !live_has(d, b));
         rc->free_pending++;
     } else if (!allocated && !pending(b))
@@ -305,12 +305,12 @@ static void check_walk(struct dev_alloc *d);
 void dev_check(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    uint32_t busy = d->busy_slots;
+    uint32_t busy = d->fast.busy_slots;
     for (uint32_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->slots[__builtin_ctz(m)].lock);
+        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
     check_walk(d);
     for (uint32_t m = busy; m; m &= m - 1)
-        spin_release(&d->slots[__builtin_ctz(m)].lock);
+        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
 }
 
 static void check_walk(struct dev_alloc *d)
@@ -321,7 +321,7 @@ static void check_walk(struct dev_alloc *d)
     size_t free_nodes = 0, unmapped_nodes = 0;
     check_pool(d, &d->small, &free_nodes, &unmapped_nodes);
     check_pool(d, &d->large, &free_nodes, &unmapped_nodes);
-    for (const struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (const struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         check_pool(d, &pp->small, &free_nodes, &unmapped_nodes);
         check_pool(d, &pp->large, &free_nodes, &unmapped_nodes);
     }
@@ -348,15 +348,15 @@ static void check_walk(struct dev_alloc *d)
     CHECK(rc.unmapped_indexed == unmapped_nodes);
     /* A slot's freed block keeps its map entry, as a lazy hit's block does. */
     /* The last fast-path malloc's insert may wait for the next lock holder (dev_live_settle). */
-    CHECK(rc.free_pending == (d->free_pending != NULL)); /* a block of a segment */
-    const struct block *lp = d->live_pending;
+    CHECK(rc.free_pending == (d->fast.free_pending != NULL)); /* a block of a segment */
+    const struct block *lp = d->fast.live_pending;
     CHECK(!lp || (lp->allocated && !ptrmap_get(&d->live, lp->addr) && (d->live.count + 1) * 4 <= d->live.cap * 3));
     CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count + (lp != NULL));
     for (unsigned i = 0; i < DEV_SLOTS; i++) {
-        const struct dev_slot *sl = &d->slots[i];
+        const struct dev_slot *sl = &d->fast.slots[i];
         const struct block *b = sl->lazy ? sl->lazy : sl->live;
         CHECK(!(sl->lazy && sl->live));
-        CHECK(!!b == (d->busy_slots >> i & 1));
+        CHECK(!!b == (d->fast.busy_slots >> i & 1));
         if (!b)
             continue;
         CHECK(dev_slot_index(b->stream) == i && sl->gen != 0);
@@ -365,16 +365,16 @@ static void check_walk(struct dev_alloc *d)
         CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
         CHECK(sl->reps || !sl->live);
     }
-    CHECK(rc.driver_bytes == d->total_allocated_memory);
+    CHECK(rc.driver_bytes == d->acct.total_allocated_memory);
     /* The folded copy every reader sees (dev_stats_copy): active is allocation + pending. */
     xseg_device_stats folded;
     dev_stats_copy_slots_held(d, &folded);
     const xseg_device_stats *st = &folded;
-    check_counter(d->stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
-    check_counter(d->stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});
-    CHECK(d->pending[XSEG_STAT_ALL] == d->pending[XSEG_STAT_SMALL_POOL] + d->pending[XSEG_STAT_LARGE_POOL]);
-    CHECK(d->pending_bytes[XSEG_STAT_ALL] ==
-          d->pending_bytes[XSEG_STAT_SMALL_POOL] + d->pending_bytes[XSEG_STAT_LARGE_POOL]);
+    check_counter(d->acct.stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
+    check_counter(d->acct.stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});
+    CHECK(d->acct.pending[XSEG_STAT_ALL] == d->acct.pending[XSEG_STAT_SMALL_POOL] + d->acct.pending[XSEG_STAT_LARGE_POOL]);
+    CHECK(d->acct.pending_bytes[XSEG_STAT_ALL] ==
+          d->acct.pending_bytes[XSEG_STAT_SMALL_POOL] + d->acct.pending_bytes[XSEG_STAT_LARGE_POOL]);
     check_counter(st->allocation, rc.allocation);
     check_counter(st->allocated_bytes, rc.allocated_bytes);
     check_counter(st->active, rc.active);

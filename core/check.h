@@ -1,7 +1,7 @@
 /*
  * dev_check: the invariants of one device's state, checked by a walk over everything (the
  * expensive level of base/assert.h, debug_level=2). What it checks is what the comments of
- * core/block.h, core/expandable.c and core/stats.h promise:
+ * core/block.h, core/bins.h, core/ptrmap.h, core/expandable.c and core/stats.h promise:
  *   - segment list: prev/next links agree;
  *   - blocks tile each segment: first has no prev, neighbours link both ways, each starts where
  *     the previous ends, last is the final block, sizes add up to the segment's size; every block
@@ -22,15 +22,16 @@
  *     from the driver.
  * A failure aborts with the condition (a bug in xseg).
  *
- * dev_unlock (core/device.h) runs it at the end of every locked operation, so it runs after each
- * split, merge, map, unmap and release; at debug levels below 2 it compiles to nothing.
+ * dev_unlock (below) runs it at the end of every locked operation, so it runs after each split,
+ * merge, map, unmap and release; at debug levels below 2 it compiles to nothing. dev_unlock lives
+ * here, above device.h, so that no include points up: a module that gives the lock back includes
+ * this header.
  */
 #ifndef XSEG_CORE_CHECK_H
 #define XSEG_CORE_CHECK_H
 
 #include "base/assert.h"
-
-struct dev_alloc;
+#include "core/device.h"
 
 #if XSEG_CHECK_EXPENSIVE
 /* Walk @p d's state and abort on the first broken invariant. Device lock held. */
@@ -39,5 +40,13 @@ void dev_check(struct dev_alloc *d);
 #else
 #define dev_check_expensive(d) ((void)0)
 #endif
+
+/* Give the device lock back at the end of an operation (or before a callback): the state must
+ * be whole here, and at debug_level=2 dev_check walks it first. */
+static inline void dev_unlock(struct dev_alloc *d)
+{
+    dev_check_expensive(d);
+    lock_release(&d->lock);
+}
 
 #endif

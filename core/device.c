@@ -19,13 +19,13 @@
 void dev_apply_fraction(struct dev_alloc *d, double fraction)
 {
     lock_assert_held(&d->lock);
-    d->fraction = fraction;
+    d->acct.fraction = fraction;
     if (fraction < 1.0) {
-        d->set_fraction = true;
-        d->allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
+        d->acct.set_fraction = true;
+        d->acct.allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
     } else {
-        d->set_fraction = false;
-        d->allowed_memory_maximum = d->info.total_mem;
+        d->acct.set_fraction = false;
+        d->acct.allowed_memory_maximum = d->info.total_mem;
     }
 }
 
@@ -45,7 +45,7 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
      * until the key changes again. */
     if (first || d->cfg.per_process_memory_fraction != old_fraction)
         dev_apply_fraction(d, d->cfg.per_process_memory_fraction);
-    d->stats.max_split_size =
+    d->acct.stats.max_split_size =
         d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
 }
 
@@ -64,16 +64,16 @@ xseg_status dev_create(int device, struct dev_alloc **out)
     }
     lock_init(&d->lock);
     for (int i = 0; i < DEV_SLOTS; i++)
-        spin_init(&d->slots[i].lock);
+        spin_init(&d->fast.slots[i].lock);
     d->device = device;
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
-    d->free_defer_min = DEV_FREE_DEFER_MIN;
+    d->fast.free_defer_min = DEV_FREE_DEFER_MIN;
     d->structs = (struct arena)ARENA_INIT;
     dev_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
-    dev_unlock(d);
+    lock_release(&d->lock); /* not dev_unlock (core/check.h, above): a new device has nothing to walk */
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
         fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
                 device);
@@ -108,7 +108,7 @@ struct block *dev_block_new(struct dev_alloc *d)
  * (base/arena.h), where only the pages touched are resident and, from ~420,000 structs, every
  * struct lies on a 2 MiB huge page (a free's block is then a cache miss without a TLB miss); from
  * calloc where the arena cannot reserve address space, with the unused tail of the last slab
- * within ~3 % of the structs in use. */
+ * within 1/32 of the structs in use. */
 __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
@@ -155,30 +155,30 @@ void dev_seglist_remove(struct dev_alloc *d, struct segrec *s)
 void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
 {
     lock_assert_held(&d->lock);
-    d->total_allocated_memory += bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
-    d->stats.num_device_alloc += (int64_t)pages;
+    d->acct.total_allocated_memory += bytes;
+    stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
+    d->acct.stats.num_device_alloc += (int64_t)pages;
 }
 
 void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
 {
     lock_assert_held(&d->lock);
-    xseg_assert(bytes <= d->total_allocated_memory);
-    d->total_allocated_memory -= bytes;
-    stat_add_pool(d->stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
-    d->stats.num_device_free += (int64_t)pages;
+    xseg_assert(bytes <= d->acct.total_allocated_memory);
+    d->acct.total_allocated_memory -= bytes;
+    stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
+    d->acct.stats.num_device_free += (int64_t)pages;
 }
 
 bool dev_fraction_allows(const struct dev_alloc *d, size_t more)
 {
     lock_assert_held(&d->lock);
-    return !d->set_fraction || d->total_allocated_memory + more <= d->allowed_memory_maximum;
+    return !d->acct.set_fraction || d->acct.total_allocated_memory + more <= d->acct.allowed_memory_maximum;
 }
 
 void dev_count_sync_all(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    d->stats.num_sync_all_streams++;
+    d->acct.stats.num_sync_all_streams++;
 }
 
 /* ---- capture ----------------------------------------------------------------------------- */
@@ -195,12 +195,12 @@ bool dev_stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st)
 void dev_capture_note(struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->ncapturing; i++)
-        if (d->capturing[i] == stream)
+    for (size_t i = 0; i < d->cap.ncapturing; i++)
+        if (d->cap.capturing[i] == stream)
             return;
-    if (!VEC_RESERVE(d->capturing, d->capcapturing, d->ncapturing + 1))
+    if (!VEC_RESERVE(d->cap.capturing, d->cap.capcapturing, d->cap.ncapturing + 1))
         return; /* only a hint; the slow path re-checks anyway */
-    d->capturing[d->ncapturing++] = stream;
+    d->cap.capturing[d->cap.ncapturing++] = stream;
     dev_fast_off(d);
 }
 
@@ -209,14 +209,14 @@ bool dev_capture_underway(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     xseg_status st;
     bool any = false;
-    if (d->nroutes)
+    if (d->priv.nroutes)
         return true; /* a pool records: take a capture to be underway without asking the driver */
-    for (size_t i = 0; i < d->ncapturing;) {
-        if (dev_stream_capturing(d, d->capturing[i], &st)) {
+    for (size_t i = 0; i < d->cap.ncapturing;) {
+        if (dev_stream_capturing(d, d->cap.capturing[i], &st)) {
             any = true;
             i++;
         } else {
-            d->capturing[i] = d->capturing[--d->ncapturing];
+            d->cap.capturing[i] = d->cap.capturing[--d->cap.ncapturing];
         }
     }
     return any;
@@ -262,11 +262,11 @@ static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
 static void slot_settle_locked(struct dev_alloc *d, unsigned i)
 {
     lock_assert_held(&d->lock);
-    struct dev_slot *s = &d->slots[i];
+    struct dev_slot *s = &d->fast.slots[i];
     lock_assert_held(&s->lock);
     struct block *b = s->lazy ? s->lazy : s->live;
-    xseg_assert(b && (d->busy_slots >> i & 1));
-    slot_owe(s, &d->stats);
+    xseg_assert(b && (d->fast.busy_slots >> i & 1));
+    slot_owe(s, &d->acct.stats);
     struct block *r = b->next;
     struct bpool *pool = block_pool(b);
     if (s->live) {
@@ -283,27 +283,27 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     }
     block_set_gc_base(r, pool->get_free_blocks_call_count);
 #if XSEG_DEBUG_LEVEL >= 1
-    d->lazy_hits += s->hits;
+    d->fast.lazy_hits += s->hits;
     s->hits = 0;
 #endif
     s->lazy = s->live = NULL;
     s->reps = 0;
     s->req_sum = 0;
-    d->busy_slots &= ~((uint32_t)1 << i);
+    d->fast.busy_slots &= ~((uint32_t)1 << i);
 }
 
 /* Settle busy slot @p i (device lock held, slot lock taken here). */
 static void dev_slot_settle(struct dev_alloc *d, unsigned i)
 {
-    spin_acquire(&d->slots[i].lock);
+    spin_acquire(&d->fast.slots[i].lock);
     slot_settle_locked(d, i);
-    spin_release(&d->slots[i].lock);
+    spin_release(&d->fast.slots[i].lock);
 }
 
 void dev_slots_settle_all(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    for (uint32_t m = d->busy_slots; m; m &= m - 1)
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
         dev_slot_settle(d, (unsigned)__builtin_ctz(m));
 }
 
@@ -311,9 +311,9 @@ void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream)
 {
     lock_assert_held(&d->lock);
     unsigned own = dev_slot_index(stream);
-    for (uint32_t m = d->busy_slots; m; m &= m - 1) {
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctz(m);
-        struct dev_slot *s = &d->slots[i];
+        struct dev_slot *s = &d->fast.slots[i];
         spin_acquire(&s->lock);
         if (i == own || s->lazy || s->cur_req != s->base_req)
             slot_settle_locked(d, i);
@@ -369,15 +369,15 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
     /* inactive_split leaves expandable blocks out: their free pages can always be released. */
     if (!b->expandable) {
         if (net_blocks)
-            stat_add_pool(d->stats.inactive_split, pool->stat_index, net_blocks);
+            stat_add_pool(d->acct.stats.inactive_split, pool->stat_index, net_blocks);
         if (net_bytes)
-            stat_add_pool(d->stats.inactive_split_bytes, pool->stat_index, net_bytes);
+            stat_add_pool(d->acct.stats.inactive_split_bytes, pool->stat_index, net_bytes);
     }
     if (account)
         dev_account_inactive(d, pool->stat_index, requested);
 }
 
-/* The pending free's merge with its one free neighbour (out of line: 8 % of the churn's frees). */
+/* The pending free's merge with its one free neighbour (out of line: most frees have none). */
 static __attribute__((noinline)) void free_settle_one(struct dev_alloc *d, struct block *b)
 {
     dev_free_block_inline(d, b, false);
@@ -386,8 +386,8 @@ static __attribute__((noinline)) void free_settle_one(struct dev_alloc *d, struc
 void dev_free_settle_slow(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    struct block *b = d->free_pending;
-    d->free_pending = NULL;
+    struct block *b = d->fast.free_pending;
+    d->fast.free_pending = NULL;
     /* Both calls in tail position: the common case (no free neighbour) builds no frame here. */
     if (dev_free_merges_one(b))
         free_settle_one(d, b);
@@ -408,39 +408,39 @@ static void hist_free_completed(struct dev_alloc *d, struct block *b)
     b->recorded = false;
 }
 
-/* active's current per pool and for all (allocation + pending; see dev_alloc.pending). */
+/* active's current per pool and for all (allocation + pending; see dev_alloc.acct.pending). */
 static void active_current(const struct dev_alloc *d, const xseg_device_stats *st, int64_t cur[XSEG_STAT_POOLS],
                            int64_t bytes[XSEG_STAT_POOLS])
 {
     lock_assert_held(&d->lock);
     const xseg_stat_counter *n = st->allocation, *b = st->allocated_bytes;
-    cur[XSEG_STAT_ALL] = stats_all_current(n) + d->pending[XSEG_STAT_ALL];
-    bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->pending_bytes[XSEG_STAT_ALL];
+    cur[XSEG_STAT_ALL] = stats_all_current(n) + d->acct.pending[XSEG_STAT_ALL];
+    bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->acct.pending_bytes[XSEG_STAT_ALL];
     for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
-        cur[i] = n[i].current + d->pending[i];
-        bytes[i] = b[i].current + d->pending_bytes[i];
+        cur[i] = n[i].current + d->acct.pending[i];
+        bytes[i] = b[i].current + d->acct.pending_bytes[i];
     }
 }
 
 void dev_track_active_peak(struct dev_alloc *d)
 {
     int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
-    active_current(d, &d->stats, cur, bytes);
+    active_current(d, &d->acct.stats, cur, bytes);
     /* Every entry, the other pool's too: each value is one active has now, so a peak may take it. */
     for (int i = 0; i < XSEG_STAT_POOLS; i++) {
-        if (cur[i] > d->active_peak[i])
-            d->active_peak[i] = cur[i];
-        if (bytes[i] > d->active_bytes_peak[i])
-            d->active_bytes_peak[i] = bytes[i];
+        if (cur[i] > d->acct.active_peak[i])
+            d->acct.active_peak[i] = cur[i];
+        if (bytes[i] > d->acct.active_bytes_peak[i])
+            d->acct.active_bytes_peak[i] = bytes[i];
     }
 }
 
 void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
-    *out = d->stats;
-    for (uint32_t m = d->busy_slots; m; m &= m - 1)
-        slot_owe(&d->slots[__builtin_ctz(m)], out);
+    *out = d->acct.stats;
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
+        slot_owe(&d->fast.slots[__builtin_ctz(m)], out);
     int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
     active_current(d, out, cur, bytes);
     const xseg_stat_counter *n = out->allocation, *b = out->allocated_bytes;
@@ -451,8 +451,8 @@ void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
         out->active_bytes[i].allocated = b[i].allocated;
     }
     for (int i = 0; i < XSEG_STAT_POOLS; i++) {
-        out->active[i].peak = d->active_peak[i] > n[i].peak ? d->active_peak[i] : n[i].peak;
-        out->active_bytes[i].peak = d->active_bytes_peak[i] > b[i].peak ? d->active_bytes_peak[i] : b[i].peak;
+        out->active[i].peak = d->acct.active_peak[i] > n[i].peak ? d->acct.active_peak[i] : n[i].peak;
+        out->active_bytes[i].peak = d->acct.active_bytes_peak[i] > b[i].peak ? d->acct.active_bytes_peak[i] : b[i].peak;
     }
     stats_fill_all(out); /* the "all" currents and allocated, every freed */
 }
@@ -461,20 +461,20 @@ void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
     /* Every busy slot locked at once: the copy is one state the slots were in together. */
-    uint32_t busy = d->busy_slots;
+    uint32_t busy = d->fast.busy_slots;
     for (uint32_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->slots[__builtin_ctz(m)].lock);
+        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
     dev_stats_copy_slots_held(d, out);
     for (uint32_t m = busy; m; m &= m - 1)
-        spin_release(&d->slots[__builtin_ctz(m)].lock);
+        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
 }
 
 void dev_stats_reset_peaks(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    stats_fill_all(&d->stats);
-    stats_reset_peaks(&d->stats);
-    active_current(d, &d->stats, d->active_peak, d->active_bytes_peak);
+    stats_fill_all(&d->acct.stats);
+    stats_reset_peaks(&d->acct.stats);
+    active_current(d, &d->acct.stats, d->acct.active_peak, d->acct.active_bytes_peak);
 }
 
 /* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */

@@ -1,10 +1,12 @@
 /*
- * The state of one device allocator (struct dev_alloc) and what every core module shares about
- * it: the lock and its give-back, the fast path's permit, block structs, the segment list, the
- * device's memory accounting, the capture state, the configuration copy, and the free that returns
- * a block to its pool (split/merge and its statistics). It sits below every policy module
- * (events, capreuse, expandable, pools, release, trim, sleep, idle, ipc, observe, snapshot, check),
- * which call it and never alloc.c; alloc.c (malloc, free, empty_cache) sits above them all.
+ * The state of one device allocator (struct dev_alloc: a few shared fields and the named
+ * sub-states of core/state.h, each written by its own module) and what every core module shares
+ * about it: taking the lock (the give-back, dev_unlock, is in core/check.h), the fast path's
+ * permit, block structs, the segment list, the device's memory accounting, the capture state, the
+ * configuration copy, and the free that returns a block to its pool (split/merge and its
+ * statistics). It sits below every policy module (check, capreuse, pools, ipc, observe,
+ * expandable, events, release, sleep, trim, idle, snapshot), which call it and never alloc.c;
+ * alloc.c (malloc, free, empty_cache) sits above them all.
  *
  * Locking: every field of struct dev_alloc is guarded by `lock` (base/lock.h) unless marked
  * otherwise, and every function here needs it held (each asserts it) unless it says it takes it.
@@ -20,12 +22,13 @@
 
 #include "base/arena.h"
 #include "base/lock.h"
+#include "core/bins.h"
 #include "core/block.h"
-#include "core/capreuse.h"
-#include "core/check.h"
 #include "core/config.h"
 #include "core/history.h"
+#include "core/ptrmap.h"
 #include "core/settings.h"
+#include "core/state.h"
 #include "core/stats.h"
 #include "vmm/driver.h"
 
@@ -38,54 +41,6 @@ typedef struct dev_alloc *(*dev_peek_fn)(int device);
 
 struct pool_sleep; /* core/sleep.c */
 
-/* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
-struct ev_item {
-    CUevent event;
-    struct block *block;
-};
-struct ev_queue {
-    CUstream stream;
-    struct ev_item *items;
-    size_t head, count, cap; /* ring buffer */
-};
-
-/*
- * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
- * "Stream slots" in docs/design.md), each under a lock of its own so that threads on their own
- * streams do not meet on the device lock. A free on the common path whose block B has a free
- * successor R and no free predecessor (and whose merge would move no counter up) leaves B in its
- * stream's slot instead of merging it into R: B stays out of the free index, R keeps its own key.
- * A malloc of B's rounded size on B's stream that best fit would serve by splitting exactly B off
- * the merged block (lazy_fits, tested when the slot is filled) hands B out again (a lazy hit).
- * Neither touches the device lock, the index, the live map or the statistics: while a slot is
- * busy the statistics count B as allocated with base_req requested bytes, the slot tallies the
- * pairs it served, and the fold (dev_slot_fold) adds what the eager frees and mallocs would have
- * added. Every pair leaves each counter where it was or lower (a hit asks for at most base_req),
- * so no peak can be missed; a counter that would move up (a free that makes a split block) keeps
- * the eager path.
- * Locking: a slot's fields are guarded by the slot's lock. The fast paths only read B (its
- * address, size and stream never change while it is in the slot) and write only the slot, so
- * threads on other slots share no written cache line: while the slot is busy, B's own
- * `allocated` (false) and `requested_size` (base_req) are stale and the slot holds their truth
- * (live, cur_req), written back when it settles. A slot is filled and emptied (settled) only with
- * the device lock held too (device lock first), so a busy slot stays busy until a device-lock
- * holder settles it, and busy_slots is exact under the device lock.
- */
-#define DEV_SLOTS 32
-struct dev_slot {
-    struct spin lock;
-    unsigned gen;          /* the fast path's permit (fast_gen) at the fill: a hit needs it current */
-    struct block *lazy;    /* B freed by the user, not merged; NULL while handed out (live) */
-    struct block *live;    /* B handed out again by a hit: allocated, still in `live` */
-    size_t base_req;       /* B's requested bytes as the statistics count them (its requested_size) */
-    size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
-    uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
-    size_t req_sum;        /* the requested bytes of those hits */
-#if XSEG_DEBUG_LEVEL >= 1
-    uint64_t hits;         /* debug builds: added to dev_alloc.lazy_hits at the settle */
-#endif
-} __attribute__((aligned(64))); /* one cache line each: threads on other slots do not share it */
-
 struct dev_alloc {
     struct lock lock;
     int device;
@@ -95,38 +50,12 @@ struct dev_alloc {
      * of each operation when the global generation moved (one relaxed load on the fast path). */
     struct cfg cfg;
     unsigned cfg_gen;
-    /* The fast path's permit: equal to cfg_gen while none of the rare conditions it skips holds
-     * (streams seen capturing, routes, pending events, deferred frees, roundup divisions), else
-     * 0 (no generation is 0). alloc_malloc compares it with the global generation: one test for
-     * all of them. Every place that starts a rare condition calls dev_fast_off; malloc_prepare
-     * grants it again once they are all over (dev_fast_update). */
-    unsigned fast_gen;
     bool roundup_any;    /* some roundup_power2_divisions bucket is > 1 */
     bool use_expandable; /* cfg.expandable_segments && the device supports VMM */
 
     struct bpool small, large;
     uint64_t idle_tick_ns; /* idle reclaim (core/trim.c): time of the last tick, CLOCK_MONOTONIC */
-    struct ptrmap live;      /* allocated blocks by address (with live_pending: dev_live_settle) */
-    /* The live map's insert of the last fast-path malloc, left to the next holder of the lock: the
-     * malloc prefetched the slot and reserved room for it, so the caller's own work until its next
-     * call hides the slot's cache miss (at a million live blocks, one DRAM latency a malloc), and
-     * the insert cannot fail. NULL when none; every lock taker settles it first (dev_lock_raw,
-     * dev_acquire), so nothing but the rest of that malloc ever sees the map without it. */
-    struct block *live_pending;
-    /* The last fast-path free's merge and index insert, left to the next holder of the lock (the
-     * free's counters but inactive_split are down already). The free prefetched the block's
-     * neighbours, whose state the merge reads (at a million live blocks, one DRAM latency), so
-     * the caller's work and the next malloc's search hide it. Every lock taker settles it first
-     * (dev_lock_raw, dev_acquire), except the fast-path malloc (malloc_locked): a pending block
-     * no larger than the request is settled before the search; a larger one after the malloc
-     * when it cannot change what the search found (free_pending_keeps_fit), else before a second
-     * search. */
-    struct block *free_pending;
-    /* Live blocks from which a fast-path free defers its merge (free_pending). Below, the blocks'
-     * structs stay cached and the deferral's bookkeeping would cost more than it hides: ~2-3 % of
-     * the churn pair at 10^4 blocks and ~6 % at 10^3 (docs/benchmarks-host.md). Debug builds
-     * defer always, so that every test runs the deferred path under dev_check. */
-    size_t free_defer_min;
+    struct ptrmap live;      /* allocated blocks by address (with fast.live_pending: dev_live_settle) */
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
@@ -138,79 +67,27 @@ struct dev_alloc {
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
     struct arena structs;    /* where the slabs come from (dev_block_carve) */
 
-    xseg_device_stats stats;
-    /* The accumulated values (.allocated, .freed, the num_* counts) at the last
-     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
-     * so the internal counters keep freed == allocated - current. */
-    xseg_device_stats acc_base;
-    /*
-     * The `active` rows are folded at query time (dev_stats_copy), so malloc and free leave them
-     * alone: d->stats.active and .active_bytes stay zero. A block is active while allocated or
-     * pending (freed by the user, waiting for its events or a capture's end), so per pool
-     * active = allocation + pending, in blocks and in bytes (both count block sizes), and
-     * active's allocated is allocation's (both count at malloc). The peaks: active rises only at
-     * a malloc, where allocation rises by as much, and equals it while nothing is pending, so
-     * active.peak = max(active_peak, allocation.peak), with active_peak raised at every malloc
-     * made while something is pending (dev_track_active_peak, from malloc_slow: the fast paths
-     * never run then, their permit being off while events or deferred frees exist) and set to
-     * active.current at a peak reset. [XSEG_STAT_ALL] of pending holds the sum of the pools.
-     */
-    int64_t pending[XSEG_STAT_POOLS], pending_bytes[XSEG_STAT_POOLS];
-    int64_t active_peak[XSEG_STAT_POOLS], active_bytes_peak[XSEG_STAT_POOLS];
-    size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
-    size_t allowed_memory_maximum;
-    bool set_fraction;
-    double fraction;
+    struct acct acct; /* statistics, pending blocks, peaks, reserved bytes, memory fraction */
 
-    /* Deferred frees (events.c). */
-    struct ev_queue *evq;
-    size_t nevq, capevq;
-    size_t pending_events;    /* events in all queues: the fast path polls only when > 0 */
-    CUevent *event_pool;
-    size_t nevent_pool, capevent_pool;
-    struct block **deferred;  /* freed during a capture: events recorded once it ends */
-    size_t ndeferred, capdeferred;
+    struct ev_state ev; /* record_stream's events and deferred frees (events.c; ev_waiting) */
     /* graph_capture_record_stream_reuse: markers of deferred blocks, graph walks (capreuse.c) */
     struct capreuse cr;
 
-    /* Streams seen capturing. While non-empty every malloc re-checks them (and its own stream):
-     * this is how the allocator "knows a capture might be underway" without a driver call on
-     * the fast path otherwise. */
-    CUstream *capturing;
-    size_t ncapturing, capcapturing;
+    struct cap_state cap; /* streams seen capturing (device.c: dev_capture_note; cap_underway) */
 
     int peers[ALLOC_MAX_DEVICES]; /* devices given access to new expandable segments */
     int npeers;
 
-    /* Private pools (pools.c) and the allocate-to-pool routes in force, oldest first (PyTorch's
-     * graph_pools and captures_underway). While nroutes > 0 a capture is taken to be underway:
-     * no event is queried, frees with recorded streams are deferred, nothing is released. */
-    struct priv_pool *pools;
-    struct pool_route *routes;
-    size_t nroutes, caproutes;
+    struct pool_state priv; /* private pools and allocate-to-pool routes (pools.c) */
 
     /* History (core/history.h): the stack of the recorded malloc in progress, for the segment
      * events it causes (best effort: a malloc that drops the lock may see another's). */
     struct hstack *hist_cur;
 
-    /* Sleep and wake (core/sleep.c): the default pools' sleep (NULL: awake), how many pools sleep
-     * (a rare condition: malloc takes the general path while > 0), and the device's counts. */
-    struct pool_sleep *sleep_default;
-    unsigned nasleep;
-    int64_t num_sleeps, num_wakes;
+    struct sleep_state sleep; /* sleep and wake (sleep.c) */
 
-    /* The stream slots (struct dev_slot): a stream's is slots[dev_slot_index(stream)]; bit i of
-     * busy_slots is set while slots[i] holds a block. */
-    struct dev_slot slots[DEV_SLOTS];
-    uint32_t busy_slots;
-    /* The block of the last malloc that went through malloc_finish: only a free of it fills a slot
-     * from free_locked (a ping-pong frees what it just allocated; a free of an older block rarely
-     * sees its size asked for next). Compared, never dereferenced: a stale value only sends a free
-     * down one path or the other, both exact. */
-    const struct block *last_alloc;
-#if XSEG_DEBUG_LEVEL >= 1
-    uint64_t lazy_hits; /* debug builds: lazy hits of settled slots, so a test can see them used */
-#endif
+    /* The fast path's permit, deferred map insert and merge, and stream slots (device.h, alloc.c). */
+    struct dev_fast fast;
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
@@ -233,6 +110,20 @@ struct pool_route {
     CUstream capture_stream;
     unsigned long long capture_id; /* 0 until cuStreamBeginCapture returned */
 };
+
+/* Do record_stream's events or frees deferred to a capture's end wait (events.c's state, read)? */
+static inline bool ev_waiting(const struct dev_alloc *d)
+{
+    return d->ev.pending_events || d->ev.ndeferred;
+}
+
+/* Is a capture taken to be underway without asking the driver: a stream was seen capturing (the
+ * capture state, device.c) or an allocate-to-pool route is in force (pools.c)? While it is, no
+ * event is queried and nothing is released. dev_capture_underway re-checks the streams. */
+static inline bool cap_underway(const struct dev_alloc *d)
+{
+    return d->cap.ncapturing || d->priv.nroutes;
+}
 
 /* The private pool that owns @p p, or NULL for the default pools. */
 static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const struct bpool *p)
@@ -261,7 +152,7 @@ static inline unsigned dev_slot_index(const void *stream)
 }
 static inline struct dev_slot *dev_slot_of(struct dev_alloc *d, const void *stream)
 {
-    return &d->slots[dev_slot_index(stream)];
+    return &d->fast.slots[dev_slot_index(stream)];
 }
 
 /* Settle every busy slot: count what its pairs and its block's state owe the statistics, merge a
@@ -279,18 +170,18 @@ void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream);
 static inline void dev_lazy_settle(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(d->busy_slots != 0))
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0))
         dev_slots_settle_all(d);
 }
 
-/* The last fast-path malloc's map insert (dev_alloc.live_pending), made now: right after the
+/* The last fast-path malloc's map insert (dev_alloc.fast.live_pending), made now: right after the
  * lock is taken, before anything looks a pointer up. */
 static inline void dev_live_settle(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    struct block *b = d->live_pending;
+    struct block *b = d->fast.live_pending;
     if (b) {
-        d->live_pending = NULL;
+        d->fast.live_pending = NULL;
         ptrmap_put_reserved(&d->live, b->addr, b);
     }
 }
@@ -298,22 +189,22 @@ static inline void dev_live_settle(struct dev_alloc *d)
 /* Does every search tick the GC clock (garbage_collection_threshold with a memory fraction set)? */
 static inline bool dev_gc_on(const struct dev_alloc *d)
 {
-    return d->set_fraction && d->cfg.garbage_collection_threshold > 0.0;
+    return d->acct.set_fraction && d->cfg.garbage_collection_threshold > 0.0;
 }
 
-/* dev_alloc.free_defer_min's value. */
+/* dev_alloc.fast.free_defer_min's value. */
 #if XSEG_DEBUG_LEVEL >= 1
 #define DEV_FREE_DEFER_MIN ((size_t)0)
 #else
 #define DEV_FREE_DEFER_MIN ((size_t)1 << 16)
 #endif
 
-/* The pending free's merge and insert (dev_alloc.free_pending), made now (out of line). */
+/* The pending free's merge and insert (dev_alloc.fast.free_pending), made now (out of line). */
 void dev_free_settle_slow(struct dev_alloc *d);
 static inline void dev_free_settle(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (d->free_pending)
+    if (d->fast.free_pending)
         dev_free_settle_slow(d);
 }
 
@@ -345,20 +236,12 @@ static inline void dev_acquire(struct dev_alloc *d)
     dev_lazy_settle(d);
 }
 
-/* Give the device lock back at the end of an operation (or before a callback): the state must
- * be whole here, and at debug_level=2 dev_check walks it first (core/check.h). */
-static inline void dev_unlock(struct dev_alloc *d)
-{
-    dev_check_expensive(d);
-    lock_release(&d->lock);
-}
-
 /* A rare condition begins (see fast_gen): malloc takes the general path until it is over. */
 static inline void dev_fast_off(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     dev_lazy_settle(d); /* the lazy hit needs the permit: nothing may wait in the slot without it */
-    d->fast_gen = 0;
+    d->fast.fast_gen = 0;
 }
 
 /* Grant the fast path again when no rare condition holds (config current). */
@@ -367,11 +250,11 @@ static inline void dev_fast_update(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
      * refuses allocations there (core/sleep.c). */
-    bool rare = d->ncapturing || d->nroutes || d->pending_events || d->ndeferred || d->roundup_any ||
+    bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any ||
                 hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
-                d->nasleep;
-    d->fast_gen = rare ? 0 : d->cfg_gen;
+                d->sleep.nasleep;
+    d->fast.fast_gen = rare ? 0 : d->cfg_gen;
 }
 
 /* Create the allocator of @p device (drv loaded; device index validated by drv_device_query). */
@@ -439,11 +322,11 @@ void dev_free_block(struct dev_alloc *d, struct block *b);
 void dev_free_block_general(struct dev_alloc *d, struct block *b, bool account);
 
 /* The counters of a block that stops being active (every path of the free). `active` and
- * `active_bytes` are folded from allocation and pending (see dev_alloc.pending). */
+ * `active_bytes` are folded from allocation and pending (see dev_alloc.acct.pending). */
 static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t requested)
 {
     lock_assert_held(&d->lock);
-    stat_down_pool(d->stats.requested_bytes, si, (int64_t)requested);
+    stat_down_pool(d->acct.stats.requested_bytes, si, (int64_t)requested);
 }
 
 /* Freed block @p b becomes pending (@p sign 1: ev_insert) or stops being pending (-1: its events
@@ -453,14 +336,14 @@ static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, i
     lock_assert_held(&d->lock);
     int si = block_pool(b)->stat_index;
     int64_t bytes = sign * (int64_t)b->size;
-    d->pending[si] += sign;
-    d->pending[XSEG_STAT_ALL] += sign;
-    d->pending_bytes[si] += bytes;
-    d->pending_bytes[XSEG_STAT_ALL] += bytes;
-    xseg_assert(d->pending[si] >= 0 && d->pending_bytes[si] >= 0);
+    d->acct.pending[si] += sign;
+    d->acct.pending[XSEG_STAT_ALL] += sign;
+    d->acct.pending_bytes[si] += bytes;
+    d->acct.pending_bytes[XSEG_STAT_ALL] += bytes;
+    xseg_assert(d->acct.pending[si] >= 0 && d->acct.pending_bytes[si] >= 0);
 }
 
-/* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.pending). */
+/* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.acct.pending). */
 void dev_track_active_peak(struct dev_alloc *d);
 /* A copy of the statistics with the `active` rows folded and the "all" entries filled
  * (stats_fill_all): what every reader sees. Accumulated values are not rebased here. */
@@ -515,10 +398,10 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
      * spans its whole segment. */
     if (!keep->expandable) {
         if (XSEG_LIKELY(block_is_split(keep))) {
-            stat_up_pool(d->stats.inactive_split_bytes, si, (int64_t)orig_size);
+            stat_up_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)orig_size);
         } else {
-            stat_down_pool(d->stats.inactive_split, si, 1);
-            stat_down_pool(d->stats.inactive_split_bytes, si, (int64_t)keep_size);
+            stat_down_pool(d->acct.stats.inactive_split, si, 1);
+            stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)keep_size);
         }
     }
     if (account)

@@ -18,8 +18,8 @@
 static xseg_status event_get(struct dev_alloc *d, CUevent *ev)
 {
     lock_assert_held(&d->lock);
-    if (d->nevent_pool) {
-        *ev = d->event_pool[--d->nevent_pool];
+    if (d->ev.nevent_pool) {
+        *ev = d->ev.event_pool[--d->ev.nevent_pool];
         return XSEG_SUCCESS;
     }
     return vevent_create(ev);
@@ -28,22 +28,22 @@ static xseg_status event_get(struct dev_alloc *d, CUevent *ev)
 static void event_put(struct dev_alloc *d, CUevent ev)
 {
     lock_assert_held(&d->lock);
-    if (!VEC_RESERVE(d->event_pool, d->capevent_pool, d->nevent_pool + 1)) {
+    if (!VEC_RESERVE(d->ev.event_pool, d->ev.capevent_pool, d->ev.nevent_pool + 1)) {
         vevent_destroy(ev);
         return;
     }
-    d->event_pool[d->nevent_pool++] = ev;
+    d->ev.event_pool[d->ev.nevent_pool++] = ev;
 }
 
 static struct ev_queue *queue_for(struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->nevq; i++)
-        if (d->evq[i].stream == stream)
-            return &d->evq[i];
-    if (!VEC_RESERVE(d->evq, d->capevq, d->nevq + 1))
+    for (size_t i = 0; i < d->ev.nevq; i++)
+        if (d->ev.evq[i].stream == stream)
+            return &d->ev.evq[i];
+    if (!VEC_RESERVE(d->ev.evq, d->ev.capevq, d->ev.nevq + 1))
         return NULL;
-    struct ev_queue *q = &d->evq[d->nevq++];
+    struct ev_queue *q = &d->ev.evq[d->ev.nevq++];
     *q = (struct ev_queue){.stream = stream};
     return q;
 }
@@ -80,13 +80,13 @@ static void event_done(struct dev_alloc *d, struct block *b)
     }
 }
 
-/* Append @p b to the deferred list (its slot is d->ndeferred - 1 after). */
+/* Append @p b to the deferred list (its slot is d->ev.ndeferred - 1 after). */
 static bool defer(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    if (!VEC_RESERVE(d->deferred, d->capdeferred, d->ndeferred + 1))
+    if (!VEC_RESERVE(d->ev.deferred, d->ev.capdeferred, d->ev.ndeferred + 1))
         return false;
-    d->deferred[d->ndeferred++] = b;
+    d->ev.deferred[d->ev.ndeferred++] = b;
     dev_fast_off(d);
     return true;
 }
@@ -117,7 +117,7 @@ static void record_events(struct dev_alloc *d, struct block *b)
                 struct ev_queue *q = queue_for(d, s);
                 if (q && queue_push(q, ev, b)) {
                     sd->event_count++;
-                    d->pending_events++;
+                    d->ev.pending_events++;
                     dev_fast_off(d);
                     continue;
                 }
@@ -151,10 +151,10 @@ xseg_status ev_insert(struct dev_alloc *d, struct block *b)
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS && defer(d, b))
         return XSEG_SUCCESS;
     /* During a capture, event queries are illegal: defer recording until it ends. */
-    if ((d->ncapturing || d->nroutes) && dev_capture_underway(d) && defer(d, b)) {
+    if (cap_underway(d) && dev_capture_underway(d) && defer(d, b)) {
         /* graph_capture_record_stream_reuse: the graph may free it before the capture ends. */
         if (d->cfg.graph_capture_record_stream_reuse)
-            capreuse_mark(d, b, d->ndeferred - 1);
+            capreuse_mark(d, b, d->ev.ndeferred - 1);
         return XSEG_SUCCESS;
     }
     record_events(d, b);
@@ -167,10 +167,10 @@ static void insert_deferred(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     capreuse_reset(d); /* the captures are over: their graph markers mean nothing now */
-    struct block **list = d->deferred;
-    size_t n = d->ndeferred;
-    d->deferred = NULL;
-    d->ndeferred = d->capdeferred = 0;
+    struct block **list = d->ev.deferred;
+    size_t n = d->ev.ndeferred;
+    d->ev.deferred = NULL;
+    d->ev.ndeferred = d->ev.capdeferred = 0;
     for (size_t i = 0; i < n; i++)
         if (list[i]) /* NULL: reused during the capture (capreuse.c) */
             record_events(d, list[i]);
@@ -183,10 +183,10 @@ void ev_capture_reuse(struct dev_alloc *d, CUstream stream)
     capreuse_collect(d, stream);
     size_t slot;
     for (struct block *b; (b = capreuse_take(d, &slot)) != NULL;) {
-        xseg_assert(slot < d->ndeferred && d->deferred[slot] == b);
+        xseg_assert(slot < d->ev.ndeferred && d->ev.deferred[slot] == b);
         /* An empty slot is skipped by insert_deferred, which drops the whole list at the capture's
          * end: no compaction here, so the other entries' slots stay valid. */
-        d->deferred[slot] = NULL;
+        d->ev.deferred[slot] = NULL;
         dev_pending_add(d, b, -1);
         dev_free_block(d, b);
     }
@@ -199,7 +199,7 @@ static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
     struct ev_item it = q->items[q->head];
     q->head = (q->head + 1) % q->cap;
     q->count--;
-    d->pending_events--;
+    d->ev.pending_events--;
     event_put(d, it.event);
     event_done(d, it.block);
 }
@@ -208,8 +208,8 @@ static void queue_pop_done(struct dev_alloc *d, struct ev_queue *q)
 static void queue_drop(struct dev_alloc *d, size_t i)
 {
     lock_assert_held(&d->lock);
-    xs_free(d->evq[i].items);
-    d->evq[i] = d->evq[--d->nevq];
+    xs_free(d->ev.evq[i].items);
+    d->ev.evq[i] = d->ev.evq[--d->ev.nevq];
 }
 
 void ev_process(struct dev_alloc *d)
@@ -217,10 +217,10 @@ void ev_process(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return;
-    if (d->ndeferred)
+    if (d->ev.ndeferred)
         insert_deferred(d);
-    for (size_t i = 0; i < d->nevq;) {
-        struct ev_queue *q = &d->evq[i];
+    for (size_t i = 0; i < d->ev.nevq;) {
+        struct ev_queue *q = &d->ev.evq[i];
         while (q->count) {
             /* Not ready, or the query failed: the work may still run; ask again next time
              * (ev_synchronize_all waits for it). */
@@ -241,10 +241,10 @@ void ev_synchronize_all(struct dev_alloc *d)
     dev_count_sync_all(d);
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return;
-    if (d->ndeferred)
+    if (d->ev.ndeferred)
         insert_deferred(d);
-    for (size_t i = 0; i < d->nevq;) {
-        struct ev_queue *q = &d->evq[i];
+    for (size_t i = 0; i < d->ev.nevq;) {
+        struct ev_queue *q = &d->ev.evq[i];
         while (q->count) {
             /* An event that cannot be waited for: wait for its stream (or the context); when
              * nothing works the block stays pending and a later call tries again. */
@@ -263,9 +263,9 @@ void ev_synchronize_all(struct dev_alloc *d)
 void ev_destroy(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->nevent_pool; i++)
-        vevent_destroy(d->event_pool[i]);
-    xs_free(d->event_pool);
-    d->event_pool = NULL;
-    d->nevent_pool = d->capevent_pool = 0;
+    for (size_t i = 0; i < d->ev.nevent_pool; i++)
+        vevent_destroy(d->ev.event_pool[i]);
+    xs_free(d->ev.event_pool);
+    d->ev.event_pool = NULL;
+    d->ev.nevent_pool = d->ev.capevent_pool = 0;
 }

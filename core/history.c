@@ -243,8 +243,9 @@ void hist_stack_unref(struct hstack *s)
 
 /* ---- C stacks ------------------------------------------------------------------------------
 
- * A DWARF unwind (glibc's backtrace, libgcc's _Unwind_Backtrace) costs ~100-300 ns per frame:
- * far too much per allocation. Programs allocate from a limited set of call chains, so each
+ * A DWARF unwind (glibc's backtrace, libgcc's _Unwind_Backtrace) costs ~100-300 ns per frame
+ * (benchmarks/bench_history.c, docs/benchmarks-host.md): far too much per allocation. Programs
+ * allocate from a limited set of call chains, so each
  * thread keeps a small cache of the chains it walked, keyed by where the capture starts (its
  * frame address): an entry holds each frame's return address and the stack slot it was read
  * from (the CFA libgcc reports with it, - 8, on x86-64). A capture that finds an entry re-reads those slots (a few

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/witness.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/settings.h"
 #include "core/trim.h"
@@ -39,8 +40,8 @@ static bool idle_running(void) { return settings_idle_thread_running(); }
 static void idle_service(struct dev_alloc *d)
 {
     dev_lock(d);
-    if (d->cfg.idle_release_ms && !d->ncapturing && !d->nroutes) {
-        if (d->pending_events || d->ndeferred)
+    if (d->cfg.idle_release_ms && !cap_underway(d)) {
+        if (ev_waiting(d))
             ev_process(d);
         trim_idle_tick(d);
         if (d->cfg.release_threshold != SIZE_MAX)

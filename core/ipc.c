@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "core/ipc.h"
+#include "core/check.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -23,6 +23,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "base/witness.h"
+#include "core/check.h"
 #include "core/ipc.h"
 #include "vmm/segment.h"
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/pools.h"
+#include "core/check.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
@@ -30,7 +31,7 @@ static inline bool id_eq(xseg_pool_id a, xseg_pool_id b) { return a.first == b.f
 static struct priv_pool *pool_find(struct dev_alloc *d, xseg_pool_id id)
 {
     lock_assert_held(&d->lock);
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next)
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next)
         if (id_eq(pp->id, id))
             return pp;
     return NULL;
@@ -62,15 +63,15 @@ static struct priv_pool *pool_new(struct dev_alloc *d, xseg_pool_id id)
     pp->small.is_private = pp->large.is_private = true;
     pp->small.stat_index = XSEG_STAT_SMALL_POOL;
     pp->large.stat_index = XSEG_STAT_LARGE_POOL;
-    pp->next = d->pools;
-    d->pools = pp;
+    pp->next = d->priv.pools;
+    d->priv.pools = pp;
     return pp;
 }
 
 static void pool_unlink_free(struct dev_alloc *d, struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    for (struct priv_pool **link = &d->pools; *link; link = &(*link)->next) {
+    for (struct priv_pool **link = &d->priv.pools; *link; link = &(*link)->next) {
         if (*link == pp) {
             *link = pp->next;
             xs_free(pp);
@@ -82,8 +83,8 @@ static void pool_unlink_free(struct dev_alloc *d, struct priv_pool *pp)
 static ptrdiff_t route_of_pool(const struct dev_alloc *d, const struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->nroutes; i++)
-        if (d->routes[i].pool == pp)
+    for (size_t i = 0; i < d->priv.nroutes; i++)
+        if (d->priv.routes[i].pool == pp)
             return (ptrdiff_t)i;
     return -1;
 }
@@ -91,8 +92,8 @@ static ptrdiff_t route_of_pool(const struct dev_alloc *d, const struct priv_pool
 static ptrdiff_t route_of_capture(const struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
-    for (size_t i = 0; i < d->nroutes; i++)
-        if (d->routes[i].by_capture && d->routes[i].capture_stream == stream)
+    for (size_t i = 0; i < d->priv.nroutes; i++)
+        if (d->priv.routes[i].by_capture && d->priv.routes[i].capture_stream == stream)
             return (ptrdiff_t)i;
     return -1;
 }
@@ -100,8 +101,8 @@ static ptrdiff_t route_of_capture(const struct dev_alloc *d, CUstream stream)
 static void route_remove(struct dev_alloc *d, size_t i)
 {
     lock_assert_held(&d->lock);
-    memmove(&d->routes[i], &d->routes[i + 1], (d->nroutes - i - 1) * sizeof *d->routes);
-    d->nroutes--;
+    memmove(&d->priv.routes[i], &d->priv.routes[i + 1], (d->priv.nroutes - i - 1) * sizeof *d->priv.routes);
+    d->priv.nroutes--;
 }
 
 /* Forget @p pp if nothing refers to it any more (no users, no route, no segment). */
@@ -148,10 +149,10 @@ xseg_status pools_select(struct dev_alloc *d, CUstream stream, struct priv_pool 
 {
     lock_assert_held(&d->lock);
     *out = NULL;
-    for (size_t i = d->nroutes; i-- > 0;) {
+    for (size_t i = d->priv.nroutes; i-- > 0;) {
         xseg_status st;
-        if (route_matches(d, &d->routes[i], stream, &st)) {
-            *out = d->routes[i].pool;
+        if (route_matches(d, &d->priv.routes[i], stream, &st)) {
+            *out = d->priv.routes[i].pool;
             return XSEG_SUCCESS;
         }
         if (st != XSEG_SUCCESS)
@@ -163,7 +164,7 @@ xseg_status pools_select(struct dev_alloc *d, CUstream stream, struct priv_pool 
 void pools_reap(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    struct priv_pool *pp = d->pools;
+    struct priv_pool *pp = d->priv.pools;
     while (pp) {
         struct priv_pool *next = pp->next;
         pool_maybe_forget(d, pp);
@@ -205,12 +206,12 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
     if (tmpl->by_capture && route_of_capture(d, tmpl->capture_stream) >= 0)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "%s: stream %p already has a capture begun by xseg_capture_begin",
                        fn, (void *)tmpl->capture_stream);
-    if (!VEC_RESERVE(d->routes, d->caproutes, d->nroutes + 1))
+    if (!VEC_RESERVE(d->priv.routes, d->priv.caproutes, d->priv.nroutes + 1))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     if (!pp && !(pp = pool_new(d, id)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory for pool %s", fn, id_text(id, buf));
     pp->use_count++;
-    struct pool_route *r = &d->routes[d->nroutes++];
+    struct pool_route *r = &d->priv.routes[d->priv.nroutes++];
     dev_fast_off(d);
     *r = *tmpl;
     r->pool = pp;
@@ -221,7 +222,7 @@ static xseg_status begin_locked(struct dev_alloc *d, const char *fn, xseg_pool_i
 static void unbegin_locked(struct dev_alloc *d, size_t i)
 {
     lock_assert_held(&d->lock);
-    struct priv_pool *pp = d->routes[i].pool;
+    struct priv_pool *pp = d->priv.routes[i].pool;
     route_remove(d, i);
     pp->use_count--;
     pool_maybe_forget(d, pp);
@@ -247,10 +248,10 @@ xseg_status pools_end(struct dev_alloc *d, xseg_pool_id pool)
     if (i < 0) {
         st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_end_allocate_to_pool: pool %s is not recording on device %d",
                      id_text(pool, buf), device);
-    } else if (d->routes[i].by_capture) {
+    } else if (d->priv.routes[i].by_capture) {
         st = err_set(XSEG_ERROR_ILLEGAL_STATE,
                      "xseg_end_allocate_to_pool: pool %s records the capture of stream %p; end it with "
-                     "xseg_capture_end", id_text(pool, buf), (void *)d->routes[i].capture_stream);
+                     "xseg_capture_end", id_text(pool, buf), (void *)d->priv.routes[i].capture_stream);
     } else {
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */
     }
@@ -332,7 +333,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
         if (i >= 0)
             unbegin_locked(d, (size_t)i);
     } else if (i >= 0) {
-        d->routes[i].capture_id = cid;
+        d->priv.routes[i].capture_id = cid;
     }
     dev_unlock(d);
     return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_capture_begin");

@@ -83,12 +83,12 @@ xseg_status release_block(struct dev_alloc *d, struct block *b)
     struct segrec *sr = b->seg;
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_FREE, d->device, b->addr, b->size, (uintptr_t)b->stream, d->hist_cur);
-    d->stats.num_device_free++;
-    d->total_allocated_memory -= b->size;
-    stat_add_pool(d->stats.segment, block_pool(b)->stat_index, -1);
-    stat_add_pool(d->stats.reserved_bytes, block_pool(b)->stat_index, -(int64_t)b->size);
+    d->acct.stats.num_device_free++;
+    d->acct.total_allocated_memory -= b->size;
+    stat_add_pool(d->acct.stats.segment, block_pool(b)->stat_index, -1);
+    stat_add_pool(d->acct.stats.reserved_bytes, block_pool(b)->stat_index, -(int64_t)b->size);
     if (sr->oversize)
-        stat_add(&d->stats.oversize_segments, -1);
+        stat_add(&d->acct.stats.oversize_segments, -1);
     bpool_remove_free(block_pool(b), b);
     dev_seglist_remove(d, sr);
     bpool_bins_release(sr->pool, sr->stream);
@@ -146,7 +146,7 @@ static xseg_status release_unused_pools(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     xseg_status first = XSEG_SUCCESS;
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         if (pp->use_count > 0)
             continue;
         xseg_status st1 = release_blocks(d, &pp->large);
@@ -177,9 +177,9 @@ xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st)
     xseg_status st1 = release_blocks_memo(d, &d->large, &memo);
     xseg_status st2 = release_blocks_memo(d, &d->small, &memo);
     memo_free(&memo);
-    xseg_status st3 = d->pools ? release_unused_pools(d) : XSEG_SUCCESS;
+    xseg_status st3 = d->priv.pools ? release_unused_pools(d) : XSEG_SUCCESS;
     exp_release_empty_segments(d);
-    if (d->pools)
+    if (d->priv.pools)
         pools_reap(d);
     return st1 != XSEG_SUCCESS ? st1 : st2 != XSEG_SUCCESS ? st2 : st3;
 }
@@ -226,10 +226,10 @@ void release_garbage_collect(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     if (dev_capture_underway(d))
         return;
-    size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->allowed_memory_maximum);
-    if (d->total_allocated_memory <= threshold)
+    size_t threshold = (size_t)(d->cfg.garbage_collection_threshold * (double)d->acct.allowed_memory_maximum);
+    if (d->acct.total_allocated_memory <= threshold)
         return;
-    size_t target = d->total_allocated_memory - threshold, reclaimed = 0;
+    size_t target = d->acct.total_allocated_memory - threshold, reclaimed = 0;
     struct block **arr;
     size_t n;
     if (!bpool_collect_free(&d->large, &arr, &n))

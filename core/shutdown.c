@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "core/alloc.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/history.h"
 #include "core/ipc.h"
@@ -19,17 +20,17 @@ static xseg_status shutdown_check(struct dev_alloc *d)
     xseg_status st = XSEG_SUCCESS;
     dev_lock(d);
     bool by_capture = false;
-    for (size_t i = 0; i < d->nroutes; i++)
-        by_capture |= d->routes[i].by_capture;
+    for (size_t i = 0; i < d->priv.nroutes; i++)
+        by_capture |= d->priv.routes[i].by_capture;
     (void)dev_capture_underway(d); /* drops the streams seen capturing that finished */
-    if (by_capture || d->ncapturing)
+    if (by_capture || d->cap.ncapturing)
         st = err_set(XSEG_ERROR_ILLEGAL_STATE,
                      "xseg_shutdown: a capture is under way on device %d; end it (xseg_capture_end or "
                      "cuStreamEndCapture) first", d->device);
-    else if (d->nasleep)
+    else if (d->sleep.nasleep)
         st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_shutdown: %u pool%s of device %d sleep%s; wake %s first",
-                     d->nasleep, d->nasleep == 1 ? "" : "s", d->device, d->nasleep == 1 ? "s" : "",
-                     d->nasleep == 1 ? "it" : "them");
+                     d->sleep.nasleep, d->sleep.nasleep == 1 ? "" : "s", d->device, d->sleep.nasleep == 1 ? "s" : "",
+                     d->sleep.nasleep == 1 ? "it" : "them");
     dev_unlock(d);
     return st;
 }
@@ -65,8 +66,8 @@ static xseg_status shutdown_pools(struct dev_alloc *d)
 {
     for (;;) {
         dev_lock(d);
-        bool any = d->nroutes > 0;
-        xseg_pool_id id = any ? d->routes[0].pool->id : (xseg_pool_id){0, 0};
+        bool any = d->priv.nroutes > 0;
+        xseg_pool_id id = any ? d->priv.routes[0].pool->id : (xseg_pool_id){0, 0};
         dev_unlock(d);
         if (!any)
             break;
@@ -78,7 +79,7 @@ static xseg_status shutdown_pools(struct dev_alloc *d)
         dev_lock(d);
         xseg_pool_id id = {0, 0};
         bool any = false;
-        for (struct priv_pool *pp = d->pools; pp && !any; pp = pp->next)
+        for (struct priv_pool *pp = d->priv.pools; pp && !any; pp = pp->next)
             if (pp->use_count > 0) {
                 id = pp->id;
                 any = true;

@@ -28,6 +28,7 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/pools.h"
 #include "vmm/host.h"
@@ -99,7 +100,7 @@ static xseg_status find_pool(struct dev_alloc *d, const char *fn, xseg_pool_id i
 static struct pool_sleep **slot(struct dev_alloc *d, struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    return pp ? &pp->sleep : &d->sleep_default;
+    return pp ? &pp->sleep : &d->sleep.sleep_default;
 }
 
 xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
@@ -112,7 +113,7 @@ xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
 size_t sleep_allocated_bytes(const struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (!d->nasleep)
+    if (!d->sleep.nasleep)
         return 0;
     size_t bytes = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg)
@@ -157,8 +158,8 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
             for (unsigned k = 0; k < block_uses_n(b) && ok; k++)
                 ok = stream_add(&l, stream_set_get(&b->u.side->uses, k));
     }
-    for (size_t q = 0; q < d->nevq && ok; q++) {
-        const struct ev_queue *eq = &d->evq[q];
+    for (size_t q = 0; q < d->ev.nevq && ok; q++) {
+        const struct ev_queue *eq = &d->ev.evq[q];
         for (size_t k = 0; k < eq->count; k++) {
             if (dev_pool_owner(d, block_pool(eq->items[(eq->head + k) % eq->cap].block)) == pp) {
                 ok = stream_add(&l, eq->stream);
@@ -371,7 +372,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         state_free(d, ps);
         return st;
     }
-    if (d->pending_events || d->ndeferred)
+    if (ev_waiting(d))
         ev_process(d);
 
     /* 3. What the wake restores. */
@@ -400,8 +401,8 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         return st;
     }
     *slot(d, pp) = ps;
-    d->nasleep++;
-    d->num_sleeps++;
+    d->sleep.nasleep++;
+    d->sleep.num_sleeps++;
     dev_fast_off(d);
     return st;
 }
@@ -498,7 +499,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
     if (!dev_fraction_allows(d, need))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_wake: %s on device %d needs %zu bytes, over the memory "
                        "fraction's limit of %zu (%zu in use)", pool_name(pp, buf), d->device, need,
-                       d->allowed_memory_maximum, d->total_allocated_memory);
+                       d->acct.allowed_memory_maximum, d->acct.total_allocated_memory);
     if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
         return st;
 
@@ -536,8 +537,8 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
     }
     hist_ranges(d, ps, HIST_SEGMENT_MAP);
     *slot(d, pp) = NULL;
-    d->nasleep--;
-    d->num_wakes++;
+    d->sleep.nasleep--;
+    d->sleep.num_wakes++;
     state_free(d, ps);
     return XSEG_SUCCESS;
 }
@@ -568,13 +569,13 @@ xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_slee
         if (st == XSEG_SUCCESS)
             add_stats(*slot(d, pp), out);
     } else {
-        add_stats(d->sleep_default, out);
-        for (const struct priv_pool *pp = d->pools; pp; pp = pp->next)
+        add_stats(d->sleep.sleep_default, out);
+        for (const struct priv_pool *pp = d->priv.pools; pp; pp = pp->next)
             add_stats(pp->sleep, out);
         out->flags = 0;
     }
-    out->num_sleeps = d->num_sleeps;
-    out->num_wakes = d->num_wakes;
+    out->num_sleeps = d->sleep.num_sleeps;
+    out->num_wakes = d->sleep.num_wakes;
     dev_unlock(d);
     return st;
 }

@@ -28,7 +28,7 @@ xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_slee
 static inline bool sleep_pool_asleep(const struct dev_alloc *d, const struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    return pp ? pp->sleep != NULL : d->sleep_default != NULL;
+    return pp ? pp->sleep != NULL : d->sleep.sleep_default != NULL;
 }
 
 /* The error of a malloc routed to a sleeping pool (XSEG_ERROR_ILLEGAL_STATE naming it). */

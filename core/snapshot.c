@@ -12,6 +12,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "base/witness.h"
+#include "core/check.h"
 #include "core/device.h"
 #include "core/history.h"
 #include "core/runtime.h"
@@ -685,8 +686,8 @@ xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 static size_t active_bytes(struct dev_alloc *d)
 {
     dev_acquire(d);
-    /* active_bytes.all.current, folded (dev_alloc.pending) */
-    size_t n = (size_t)(stats_all_current(d->stats.allocated_bytes) + d->pending_bytes[XSEG_STAT_ALL]);
+    /* active_bytes.all.current, folded (dev_alloc.acct.pending) */
+    size_t n = (size_t)(stats_all_current(d->acct.stats.allocated_bytes) + d->acct.pending_bytes[XSEG_STAT_ALL]);
     dev_unlock(d);
     return n;
 }

@@ -8,7 +8,7 @@
 #include "base/common.h"
 
 /*
- * The allocator's own counters (struct dev_alloc.stats) keep the "all" entry of each per-pool
+ * The allocator's own counters (struct dev_alloc.acct.stats) keep the "all" entry of each per-pool
  * array lazily, to halve the work of the fast path: arr[XSEG_STAT_ALL] holds only its peak, kept
  * exact at every increase (the peak of small + large); its current, allocated and freed are the
  * sums over the pools and are filled in by stats_fill_all on every copy handed out (and before a
@@ -18,7 +18,7 @@
  * stat_down_pool, and every read of an "all" entry through a filled copy (or stats_all_current).
  * The `active` and `active_bytes` rows are not counted at all: the device folds them from
  * allocation, allocated_bytes and its pending blocks when it copies the statistics out
- * (dev_stats_copy, core/device.h; struct dev_alloc.pending says why that is exact).
+ * (dev_stats_copy, core/device.h; struct dev_alloc.acct.pending says why that is exact).
  */
 
 /* Change one counter by @p delta: current moves, allocated/freed accumulate, peak follows. */

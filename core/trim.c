@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "core/check.h"
 #include "core/events.h"
 #include "core/expandable.h"
 #include "core/pools.h"
@@ -28,9 +29,9 @@
 size_t trim_cached_bytes(const struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    int64_t reserved = stats_all_current(d->stats.reserved_bytes);
+    int64_t reserved = stats_all_current(d->acct.stats.reserved_bytes);
     /* Sleeping pools' live blocks hold no reserved page (core/sleep.h). */
-    int64_t allocated = stats_all_current(d->stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d);
+    int64_t allocated = stats_all_current(d->acct.stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d);
     return reserved > allocated ? (size_t)(reserved - allocated) : 0;
 }
 
@@ -98,7 +99,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
     struct trim_cand *v = NULL;
     size_t n = 0, cap = 0;
     bool ok = collect(&d->large, idle_only, &v, &n, &cap) && collect(&d->small, idle_only, &v, &n, &cap);
-    for (struct priv_pool *pp = d->pools; ok && pp; pp = pp->next)
+    for (struct priv_pool *pp = d->priv.pools; ok && pp; pp = pp->next)
         if (pp->use_count == 0)
             ok = collect(&pp->large, idle_only, &v, &n, &cap) && collect(&pp->small, idle_only, &v, &n, &cap);
     if (!ok) {
@@ -126,7 +127,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
         if (!known && b->expandable && (st = memo_wait(d, &memo, b->stream)) != XSEG_SUCCESS)
             break;
         v[i].b = NULL;
-        size_t before = d->total_allocated_memory;
+        size_t before = d->acct.total_allocated_memory;
         if (b->expandable) {
             /* Chunks are whole: the callee takes as few of this run's highest chunks as cover the
              * rest of the need. Earlier unmaps never delete a later candidate: they merge only
@@ -135,12 +136,12 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
         } else {
             st = release_block(d, b);
         }
-        got += before - d->total_allocated_memory;
+        got += before - d->acct.total_allocated_memory;
     }
     memo_free(&memo);
     xs_free(v);
     exp_release_empty_segments(d);
-    if (d->pools)
+    if (d->priv.pools)
         pools_reap(d);
     if (released)
         *released = got;
@@ -172,7 +173,7 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     /* Blocks whose record_stream events have completed go back to their pools first; pending
      * ones are not waited for (empty_cache does that). Event queries are illegal during a
      * capture, and nothing is released then anyway. */
-    if ((d->pending_events || d->ndeferred) && !d->ncapturing && !d->nroutes)
+    if (ev_waiting(d) && !cap_underway(d))
         ev_process(d);
     xseg_status st = trim_cache(d, keep, TRIM_SYNC, false, released);
     /* The streams it synchronized are known idle now: release_threshold_mb applies as well. */
@@ -218,7 +219,7 @@ void trim_idle_tick(struct dev_alloc *d)
     d->idle_tick_ns = now;
     pool_tick(&d->small, now, window);
     pool_tick(&d->large, now, window);
-    for (struct priv_pool *pp = d->pools; pp; pp = pp->next) {
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         pool_tick(&pp->small, now, window);
         pool_tick(&pp->large, now, window);
     }

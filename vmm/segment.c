@@ -735,7 +735,8 @@ static xseg_status seg_set_access(struct seg *seg, size_t first, size_t last, si
     CUdeviceptr addr = gran_addr(seg, first);
     size_t len = (last - first) * seg->gran;
     /* One call for the owner and every peer (the descriptor array), not one per device: each
-     * cuMemSetAccess costs ~22 us on an H100 (docs/gpu-h100/vmm_costs.txt). */
+     * cuMemSetAccess costs ~22 us on an H100 (benchmarks/bench_vmm_costs.c,
+     * docs/gpu-h100/vmm_costs.txt). */
     if (from_access >= seg->naccess)
         return XSEG_SUCCESS;
     size_t n = seg->naccess - from_access;

@@ -442,32 +442,45 @@ def _python_frames(frames, max_frames, user):
     return n
 
 
+_ENABLED = {"all": _lib.HISTORY_ALL, "state": _lib.HISTORY_STATE}
+
+
 def record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
                           device=None, clear_history=False, max_frames=16):
-    """torch.cuda.memory._record_memory_history: start (or with enabled=None stop) recording
-    allocation history, process-wide.
+    """torch.cuda.memory._record_memory_history: start, change or stop recording allocation
+    history, process-wide. PyTorch's argument forms map onto xseg_record_memory_history:
 
-    enabled: "all" (trace events and block state) or "state" (live blocks remember their
-    allocation's frames only); None stops. context: None records no frames; "state", "alloc" or
-    "all" record them. stacks: "python" (this interpreter's frames, through xseg's stack callback)
-    or "all" (Python and C frames). max_entries bounds the ring (sys.maxsize: xseg's default,
-    100000 events). `device` is accepted for torch's signature; history is process-wide."""
+    enabled: "all" (or True) records the trace (the snapshot's device_traces, the viewer's
+    timeline) and each live block's allocation frames (XSEG_HISTORY_ALL); "state" only the live
+    blocks' frames, no trace (XSEG_HISTORY_STATE); None (or False) stops (what was recorded stays).
+    context: None records no frames; "state", "alloc" and "all" record them (xseg's events carry
+    the allocation's frames, so the three differ only in PyTorch). stacks: "python" (the default
+    here; PyTorch's is "all") takes this interpreter's frames through xseg's stack callback; "all"
+    adds the C frames (XSEG_STACKS_C). max_entries bounds the trace ring (sys.maxsize, PyTorch's
+    "no limit", and 0: xseg's default, 100000 events). clear_history drops what was recorded.
+    `device` is accepted for PyTorch's signature (history is process-wide; a bad one still raises).
+    An invalid value raises ValueError (TypeError for a wrong type) naming the argument."""
     global _history_cb
     f = "xseg.record_memory_history"
     if device is not None:
         _device(device, f)  # history is process-wide; a bad device is still an error
+    if enabled is True:  # PyTorch's bool form (True == 1: test identity, before the dict lookup)
+        enabled = "all"
+    elif enabled is False:
+        enabled = None
     opts = _lib.HistoryOptions()
     if enabled is None:
         opts.enabled = 0
     else:
-        if enabled not in ("all", "state"):
-            raise ValueError("enabled must be None, 'state' or 'all', not %r" % (enabled,))
-        if context not in (None, "state", "alloc", "all"):
-            raise ValueError("context must be None, 'state', 'alloc' or 'all', not %r" % (context,))
-        if stacks not in ("python", "all"):
-            raise ValueError("stacks must be 'python' or 'all', not %r" % (stacks,))
+        if not isinstance(enabled, str) or enabled not in _ENABLED:
+            raise ValueError("%s: enabled must be None, False, True, 'state' or 'all', not %r"
+                             % (f, enabled))
+        if context is not None and (not isinstance(context, str) or context not in ("state", "alloc", "all")):
+            raise ValueError("%s: context must be None, 'state', 'alloc' or 'all', not %r" % (f, context))
+        if not isinstance(stacks, str) or stacks not in ("python", "all"):
+            raise ValueError("%s: stacks must be 'python' or 'all', not %r" % (f, stacks))
         opts.enabled = 1
-        opts.record = _lib.HISTORY_ALL if enabled == "all" else _lib.HISTORY_STATE
+        opts.record = _ENABLED[enabled]
         if context is not None:
             opts.stacks = _lib.STACKS_CALLBACK | (_lib.STACKS_C if stacks == "all" else 0)
             _history_cb = _history_cb or _lib.STACK_CALLBACK(_python_frames)

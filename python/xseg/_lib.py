@@ -1,7 +1,8 @@
 """Loading libxseg and declaring the C functions the package calls (ctypes, standard library only).
 
-The library is found through $XSEG_LIBRARY, then beside this package (a pip install bundles it),
-then the system's loader path. Every call that returns an xseg_status goes through `check`, which
+The library is found in this package's own installation first (the LIBDIR `meson install`
+recorded, or beside the package where a pip install bundles it), then through $XSEG_LIBRARY, then
+the system's loader path. Every call that returns an xseg_status goes through `check`, which
 turns a failure into XsegError carrying the library's own message.
 """
 import ctypes
@@ -41,17 +42,37 @@ class XsegOutOfMemoryError(XsegError, MemoryError):
     """XSEG_ERROR_OUT_OF_MEMORY (also a MemoryError, as torch.cuda.OutOfMemoryError is)."""
 
 
+def _own():
+    """The libxseg of this package's own installation: the LIBDIR `meson install` recorded in
+    _version.py (relative to the package, so a DESTDIR or moved prefix still matches), then beside
+    the package (a copy installed into it, or meson-python's bundled-library folder of a wheel)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    folders = []
+    try:
+        from ._version import libdir
+    except ImportError:  # the source tree: no installation of its own
+        libdir = ""
+    if libdir:
+        folders.append(os.path.normpath(os.path.join(here, libdir)))
+    folders += [here, os.path.join(os.path.dirname(here), ".xseg.mesonpy.libs")]
+    for folder in folders:
+        names = glob.glob(os.path.join(folder, "libxseg.so*"))
+        # The runtime name first (libxseg.so.0), then the rest: libxseg.so is a development link.
+        for name in sorted(names, key=lambda n: (os.path.basename(n) != "libxseg.so.0", n)):
+            yield name
+
+
 def _candidates():
+    # 1. the installation's own library: a package never pairs with another version by accident
+    for name in _own():
+        yield name
+    # 2. $XSEG_LIBRARY: an explicit choice is never second-guessed: if it does not load, that is
+    # the error (the system's library is not tried behind it)
     env = os.environ.get("XSEG_LIBRARY")
     if env:
-        # An explicit choice is never second-guessed: if it does not load, that is the error.
         yield env
         return
-    here = os.path.dirname(os.path.abspath(__file__))
-    # Beside the package: a copy installed into it, or meson-python's bundled-library folder.
-    for folder in (here, os.path.join(os.path.dirname(here), ".xseg.mesonpy.libs")):
-        for name in sorted(glob.glob(os.path.join(folder, "libxseg.so*"))):
-            yield name
+    # 3. the system's loader path
     found = ctypes.util.find_library("xseg")
     yield found or "libxseg.so.0"
 

@@ -1,5 +1,5 @@
 /*
- * The fast path's deferred free (dev_alloc.free_pending, core/device.h): a free leaves its merge
+ * The fast path's deferred free (dev_alloc.fast.free_pending, core/state.h): a free leaves its merge
  * and index insert to the next holder of the device lock. A malloc that follows searches first
  * and lets the free wait until it is done only when the pending block cannot change its answer
  * or a counter's peak (alloc.c, free_pending_keeps_fit); every other lock taker settles it
@@ -34,7 +34,7 @@ static void fresh(void)
     tu_xseg_init_or_skip(kind_config);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
-    rt_device_peek(0)->free_defer_min = 0; /* defer at any count (release builds wait for 2^16) */
+    rt_device_peek(0)->fast.free_defer_min = 0; /* defer at any count (release builds wait for 2^16) */
 }
 
 /* The block whose free waits, or NULL (no lock taken since the free). */
@@ -42,7 +42,7 @@ static uintptr_t pending_addr(void)
 {
     const struct dev_alloc *d = rt_device_peek(0);
     assert_non_null(d);
-    return d->free_pending ? d->free_pending->addr : 0;
+    return d->fast.free_pending ? d->fast.free_pending->addr : 0;
 }
 
 /* free(@p p) through the device path, which must leave its merge pending (a macro: a failure

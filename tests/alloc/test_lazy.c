@@ -153,7 +153,7 @@ static int run(const char *kind, bool eager)
     dump(stdout, 99999, "drain", NULL);
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds count the hits: the lazy run must have used the slot, the eager one never. */
-    uint64_t hits = rt_device_peek(0)->lazy_hits;
+    uint64_t hits = rt_device_peek(0)->fast.lazy_hits;
     fprintf(stderr, "%s %s: %" PRIu64 " lazy hits\n", kind, eager ? "eager" : "lazy", hits);
     /* In this seeded sequence: classic 34, expandable 81 (a classic block takes the slot only when
      * it and its free successor span their segment, so that the merge moves no counter up). */

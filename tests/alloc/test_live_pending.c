@@ -1,5 +1,5 @@
 /*
- * The fast path's deferred map insert (dev_alloc.live_pending, core/device.h): a malloc served
+ * The fast path's deferred map insert (dev_alloc.fast.live_pending, core/state.h): a malloc served
  * from the cache leaves its pointer's insert into the live map to the next holder of the device
  * lock, which must make it before anything looks a pointer up. Each test makes a fast-path
  * malloc, checks that its insert is pending, and then reaches the pointer through one public
@@ -32,8 +32,8 @@ static void *fast_malloc(void **first)
     void *p = tu_malloc(8192, NULL);
     struct dev_alloc *d = rt_device_peek(0);
     assert_non_null(d);
-    assert_non_null(d->live_pending); /* no lock taken since: the insert waits */
-    assert_int_equal(d->live_pending->addr, (uintptr_t)p);
+    assert_non_null(d->fast.live_pending); /* no lock taken since: the insert waits */
+    assert_int_equal(d->fast.live_pending->addr, (uintptr_t)p);
     return p;
 }
 
@@ -44,7 +44,7 @@ static void test_record_stream_sees_it(void **state)
     CUstream s = NULL;
     tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     assert_int_equal(xseg_record_stream(p, (struct CUstream_st *)s), XSEG_SUCCESS);
-    assert_null(rt_device_peek(0)->live_pending);
+    assert_null(rt_device_peek(0)->fast.live_pending);
     tu_free(p);
     tu_free(first);
     tu_assert_cu(drv->cuStreamSynchronize(s));
@@ -60,7 +60,7 @@ static void test_free_sees_it(void **state)
     (void)state;
     void *first, *p = fast_malloc(&first);
     assert_int_equal(xseg_free(p), XSEG_SUCCESS);
-    assert_null(rt_device_peek(0)->live_pending);
+    assert_null(rt_device_peek(0)->fast.live_pending);
     /* Freed once: a second free is refused, naming the pointer. */
     assert_int_equal(xseg_free(p), XSEG_ERROR_INVALID_VALUE);
     tu_free(first);
@@ -72,7 +72,7 @@ static void test_foreign_free_settles_it(void **state)
     void *first, *p = fast_malloc(&first);
     int local;
     assert_int_equal(xseg_free(&local), XSEG_ERROR_INVALID_VALUE); /* a host pointer: refused */
-    assert_null(rt_device_peek(0)->live_pending);                /* that lookup made the insert */
+    assert_null(rt_device_peek(0)->fast.live_pending);                /* that lookup made the insert */
     tu_free(p);
     tu_free(first);
 }
@@ -91,7 +91,7 @@ static void test_other_thread_sees_it(void **state)
     assert_int_equal(pthread_create(&t, NULL, free_on_thread, p), 0);
     assert_int_equal(pthread_join(t, &ret), 0);
     assert_int_equal((intptr_t)ret, XSEG_SUCCESS);
-    assert_null(rt_device_peek(0)->live_pending);
+    assert_null(rt_device_peek(0)->fast.live_pending);
     tu_free(first);
 }
 

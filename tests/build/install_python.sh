@@ -1,7 +1,8 @@
 #!/bin/sh
 # `meson install` of the Python package: into a scratch DESTDIR, the package files and libxseg
 # must land where the Python meson found imports from (a folder of its sys.path), and the
-# installed package, importing from there, must load the installed library and read statistics
+# installed package, importing from there, must load the installed library by itself (no
+# XSEG_LIBRARY, no loader path) and read statistics
 # (on cudaemu when XSEG_LIBCUDA names it, as the test environment does).
 # Usage: install_python.sh MESON BUILDDIR PYTHON PYDIR LIBDIR
 set -u
@@ -30,7 +31,8 @@ echo "ok   package in $pydir/xseg, library in $libdir"
 echo "ok   $pydir is on $python's sys.path"
 
 # Import the installed package (never the source tree's: run from the scratch folder, PYTHONPATH
-# naming only the installed folder) with XSEG_LIBRARY at the installed library.
+# naming only the installed folder) with no XSEG_LIBRARY and no loader path: the package loads the
+# libxseg of its own installation (the LIBDIR meson recorded, relative to the package).
 check='
 import os, sys
 import xseg, xseg.torch
@@ -47,14 +49,10 @@ assert xseg.__version__ == xseg.version(), (xseg.__version__, xseg.version())
 assert xseg.torch.header_dir() == os.path.dirname(xseg.__file__), xseg.torch.header_dir()
 print("ok   imported", xseg.__file__, "version", xseg.__version__, "over", maps[0])
 '
-(cd "$tmp" && PYTHONPATH=$dest$pydir XSEG_LIBRARY=$lib "$python" -s -c "$check" "$dest" "$lib") ||
-    fail "the installed package does not work with XSEG_LIBRARY=$lib"
+(cd "$tmp" && unset XSEG_LIBRARY && PYTHONPATH=$dest$pydir "$python" -s -c "$check" "$dest" "$lib") ||
+    fail "the installed package does not load the libxseg installed with it (no XSEG_LIBRARY)"
 
-# Without XSEG_LIBRARY the package asks the system loader, as it does after an install with
-# ldconfig; LD_LIBRARY_PATH stands for that here. Skipped where another libxseg is installed.
-if [ -z "$(cd "$tmp" && "$python" -c 'import ctypes.util; print(ctypes.util.find_library("xseg") or "")')" ]; then
-    (cd "$tmp" && unset XSEG_LIBRARY && PYTHONPATH=$dest$pydir LD_LIBRARY_PATH=$dest$libdir \
-        "$python" -s -c "$check" "$dest" "$lib") || fail "the installed package does not find the installed library"
-else
-    echo "skip the system-loader lookup: a libxseg is installed on this machine"
-fi
+# Its own installation comes before XSEG_LIBRARY: a stale variable naming another build (here, one
+# that does not exist) does not pair the package with another library.
+(cd "$tmp" && PYTHONPATH=$dest$pydir XSEG_LIBRARY=$tmp/elsewhere/libxseg.so "$python" -s -c "$check" "$dest" "$lib") ||
+    fail "XSEG_LIBRARY took precedence over the installed package's own libxseg"

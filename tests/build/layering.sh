@@ -5,7 +5,8 @@
 # in vmm/). The tools (tools/, any depth) are users of the library: they may include xseg.h and
 # their own headers, never an internal base/, vmm/, core/ or api/ one. Inside core/, the modules
 # are layered too (core_order below): a core/ file includes only core/ headers of its own module or
-# of modules earlier in the list, so calls between modules point one way.
+# of modules earlier in the list, so calls between modules point one way. And each sub-state of
+# struct dev_alloc (core/state.h) is written only by the module that owns it (owners below).
 #   layering.sh SOURCE_ROOT
 set -u
 root=$1
@@ -27,11 +28,11 @@ check() { # layer, allowed include prefixes (space separated)
     done
 }
 # core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
-core_order="config_keys config stats block history settings device check capreuse pools ipc observe expandable
+core_order="config_keys config stats block bins ptrmap history settings state device check capreuse pools ipc observe expandable
 events release sleep trim idle runtime snapshot alloc shutdown"
-# The only includes that point up: struct dev_alloc embeds capreuse's state, and dev_unlock runs
-# dev_check at debug_level=2 (check.c reads the device and calls nothing of core back).
-core_up="device.h:capreuse.h device.h:check.h"
+# Includes allowed to point up: none (sub-state types live in core/state.h, below device.h, and
+# dev_unlock, which runs dev_check, in core/check.h above it). Format: "FILE:HEADER ...".
+core_up=""
 core_pos() { # module name -> its position in core_order (empty when absent)
     i=0
     for m in $core_order; do
@@ -59,12 +60,29 @@ check_core_order() {
     done
 }
 
+# Each sub-state of struct dev_alloc (core/state.h) is written only by its module: a write
+# (`d->SUB.field =`, `op=`, `++`, `--`, also through an index or a member) elsewhere fails.
+# "SUB: files" (basenames in core/); reads go through accessors or stay reads.
+owners="ev:events.c cap:device.c priv:pools.c sleep:sleep.c cr:capreuse.c
+acct:device.c,device.h,alloc.c,release.c fast:device.c,device.h,alloc.c"
+check_owners() {
+    for o in $owners; do
+        sub=${o%%:*}; files=,${o#*:},
+        for f in "$root"/core/*.[ch] "$root"/api/*.[ch]; do
+            case $files in *,"$(basename "$f")",*) continue ;; esac
+            grep -nE "(->|\.)$sub\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)" "$f" |
+                sed "s|^|${f#"$root"/}:|; s|\$|   <- writes dev_alloc.$sub outside its module (${o#*:})|"
+        done
+    done
+}
+
 out=$( {
     check base "base"
     check vmm "base vmm"
     check core "base vmm core"
     check api "base vmm core api"
     check_core_order
+    check_owners
     find "$root/tools" -name '*.[ch]' | sort | while read -r f; do
         grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(base\|vmm\|core\|api\)/' "$f" |
             sed "s|^|${f#"$root"/}:|; s|\$|   <- tools use the public xseg.h only|"
@@ -80,4 +98,4 @@ if [ -n "$out" ]; then
     echo "layering violations:"; echo "$out"; exit 1
 fi
 n=$(cat "$root"/base/*.[ch] "$root"/vmm/*.[ch] "$root"/core/*.[ch] "$root"/api/*.[ch] | grep -c '^[[:space:]]*#[[:space:]]*include[[:space:]]*"')
-echo "ok: $n includes, all pointing down (base <- vmm <- core <- api; inside core/: $(echo "$core_order" | tr '\n' ' ' | sed 's/ / <- /g')); no drv-> in core/ or api/; tools/ include only xseg.h and their own headers"
+echo "ok: $n includes, all pointing down (base <- vmm <- core <- api; inside core/: $(echo "$core_order" | tr '\n' ' ' | sed 's/ / <- /g')); dev_alloc sub-states written only by their modules; no drv-> in core/ or api/; tools/ include only xseg.h and their own headers"

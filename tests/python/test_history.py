@@ -54,13 +54,54 @@ def test_history_without_context_has_no_frames(xseg):
 
 
 def test_history_arguments_are_checked(xseg):
-    with pytest.raises(ValueError):
-        xseg.record_memory_history(enabled="everything")
-    with pytest.raises(ValueError):
-        xseg.record_memory_history(stacks="cpp")
+    # Each invalid value is a ValueError naming the argument; nothing changes, and recording works after.
+    for kwargs, name in (({"enabled": "everything"}, "enabled"), ({"enabled": 1}, "enabled"),
+                         ({"enabled": ["all"]}, "enabled"), ({"context": "stack"}, "context"),
+                         ({"context": True}, "context"), ({"stacks": "cpp"}, "stacks"),
+                         ({"stacks": None}, "stacks")):
+        with pytest.raises(ValueError, match="xseg.record_memory_history: %s must be" % name):
+            xseg.record_memory_history(**kwargs)
     with pytest.raises(xseg.XsegError) as ei:
         xseg.record_memory_history(max_frames=100000)
     assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+    assert recorded(xseg, True) == (True, True)
+
+
+def recorded(xseg, *args, **kwargs):
+    """Start history with PyTorch's argument form, allocate, and say (whether the trace has the
+    alloc event, whether the live block carries this file's frames); history is stopped after."""
+    xseg.record_memory_history(*args, clear_history=True, **kwargs)
+    try:
+        p = xseg.malloc(MiB)
+        try:
+            snap = xseg._snapshot()
+        finally:
+            xseg.free(p)
+    finally:
+        xseg.record_memory_history(enabled=None)
+    trace = [e for dev in snap["device_traces"] for e in dev]
+    block = [b for s in snap["segments"] for b in s["blocks"] if b["address"] == p][0]
+    return (any(e["action"] == "alloc" and e["addr"] == p for e in trace),
+            any(os.path.abspath(f["filename"]) == HERE for f in block["frames"]))
+
+
+def test_history_accepts_pytorchs_argument_forms(xseg):
+    # torch.cuda.memory._record_memory_history's forms: a bool, enabled=, "all"/"state"/None,
+    # context, stacks, max_entries.
+    assert recorded(xseg, True) == (True, True)
+    assert recorded(xseg, "all") == (True, True)
+    assert recorded(xseg, enabled="all", context="all", stacks="all", max_entries=sys.maxsize) == (True, True)
+    assert recorded(xseg, "state") == (False, True)                 # live blocks' frames, no trace
+    assert recorded(xseg, enabled="all", context=None) == (True, False)
+    assert recorded(xseg, "all", context="alloc", max_entries=1000) == (True, True)
+    # None and False stop: what is allocated afterwards is not recorded.
+    for off in (None, False):
+        xseg.record_memory_history(True, clear_history=True)
+        xseg.record_memory_history(off)
+        p = xseg.malloc(MiB)
+        trace = [e for dev in xseg._snapshot()["device_traces"] for e in dev]
+        xseg.free(p)
+        assert not any(e["action"] == "alloc" and e["addr"] == p for e in trace), off
 
 
 def test_snapshot_files(xseg, tmp_path):

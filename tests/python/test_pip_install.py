@@ -61,3 +61,32 @@ def test_pip_install_bundles_the_library(tmp_path):
     assert sorted(n for n in names if n.startswith("xseg" + os.sep) and "__pycache__" not in n) == [
         os.path.join("xseg", f) for f in ("__init__.py", "_lib.py", "_torch_adapter.cpp", "_version.py",
                                           "cupy.py", "ipc.py", "torch.py", "xseg.h")]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pip") is None,
+                    reason="pip is not installed for %s (Debian: python3-pip)" % sys.executable)
+def test_pip_install_without_mesonpy_says_which_package(tmp_path):
+    # meson-python hidden from the backend pip runs (--no-build-isolation uses this Python): a
+    # `mesonpy` on PYTHONPATH that fails to import as a missing module does.
+    fake = tmp_path / "hide" / "mesonpy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'mesonpy'\", name='mesonpy')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "hide")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                        "--no-index", "--disable-pip-version-check", "--target",
+                        str(tmp_path / "site"), ROOT],
+                       env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    lines = [l for l in out.splitlines() if "xseg: building needs meson-python" in l]
+    assert len(lines) == 1 and "python3-mesonpy" in lines[0], out
+    assert "Traceback" not in out and "BackendUnavailable" not in out, out
+    # With meson-python importable, the same backend is meson-python's own hooks.
+    r = subprocess.run([sys.executable, "-c",
+                        "import sys; sys.path.insert(0, sys.argv[1]); import xseg_build_backend as b; "
+                        "import mesonpy; print(b.build_wheel is mesonpy.build_wheel)",
+                        os.path.join(ROOT, "build-aux")], capture_output=True, text=True, timeout=60)
+    if importlib.util.find_spec("mesonpy") is not None:
+        assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr

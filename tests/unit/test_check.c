@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "core/check.h"
 #include "core/runtime.h"
 #include "tests/common/testutil.h"
 
@@ -20,7 +21,7 @@ static int corrupt_stat(void *arg)
 {
     (void)arg;
     lock_acquire(&dev->lock);
-    dev->stats.allocated_bytes[XSEG_STAT_SMALL_POOL].current += 512;
+    dev->acct.stats.allocated_bytes[XSEG_STAT_SMALL_POOL].current += 512;
     dev_check(dev);
     return 0; /* not reached when the check works */
 }
@@ -101,7 +102,7 @@ static int corrupt_pending(void *arg)
 {
     (void)arg;
     lock_acquire(&dev->lock);
-    dev->live_pending = first_free(); /* a pending map insert of a block that is not allocated */
+    dev->fast.live_pending = first_free(); /* a pending map insert of a block that is not allocated */
     dev_check(dev);
     return 0;
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The cached-pair table of docs/benchmarks-host.md, in its Markdown form: for xseg (both modes,
+# both entry points), glibc malloc and mimalloc at 512 B and 4 MiB, the instructions per pair
+# (benchmarks/callgrind_pairs.sh) and the range of bench_host_path's median ns over RUNS runs.
+#   benchmarks/host_pair_table.sh [BUILD_DIR]        (default build; needs valgrind)
+#   PAIRS=200000 REPS=5 RUNS=3                       (bench_host_path's settings, the doc's)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+bench="$build/benchmarks/bench_host_path"
+[ -x "$bench" ] || { echo "host_pair_table.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
+pairs=${PAIRS:-200000}; reps=${REPS:-5}; runs=${RUNS:-3}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+benchmarks/callgrind_pairs.sh "$build" > "$tmp/ir"
+for r in $(seq "$runs"); do
+  "$bench" --pairs "$pairs" --reps "$reps" 2>/dev/null | sed 's/^/plain /' >> "$tmp/ns"
+  "$bench" --pairs "$pairs" --reps "$reps" --only xseg --api torch 2>/dev/null | sed 's/^/torch /' >> "$tmp/ns"
+done
+/usr/bin/python3 - "$tmp/ir" "$tmp/ns" "$runs" <<'PY'
+import re, sys
+ir_file, ns_file, runs = sys.argv[1], sys.argv[2], sys.argv[3]
+ir = {}
+for line in open(ir_file).read().splitlines()[1:]:
+    f = line.split(None, 3)
+    if len(f) == 4:
+        ir[(f[0], f[1], f[2])] = f[3]
+ns = {}
+for line in open(ns_file):
+    m = re.match(r"(plain|torch) (xseg (?:torch API )?\((classic|expandable)\)|glibc malloc|mimalloc)\s+(\d+)\s+([\d.]+)\s*$", line)
+    if not m:
+        continue
+    api, name, mode, size, t = m.groups()
+    who = ("torch" if api == "torch" else "xseg") if name.startswith("xseg") else name.split()[0]
+    ns.setdefault((who, mode or "-", size), []).append(float(t))
+label = {"xseg": "xseg, {}", "torch": "xseg torch API, {}", "glibc": "glibc malloc", "mimalloc": "mimalloc"}
+sizes = {"512": "512 B", "4194304": "4 MiB"}
+print(f"| allocator | size | instructions per pair | ns per pair, range of {runs} runs |")
+print("|---|---|---|---|")
+for who, modes in (("xseg", ("classic", "expandable")), ("torch", ("classic", "expandable")),
+                   ("glibc", ("-",)), ("mimalloc", ("-",))):
+    for mode in modes:
+        for size in ("512", "4194304"):
+            i = ir.get((who, mode, size), "n/a")
+            i = f"{float(i):,.0f}" if re.match(r"^[\d.]+$", i) else i
+            t = ns.get((who, mode, size))
+            t = "n/a" if not t else (f"{min(t):.1f}" if min(t) == max(t) else f"{min(t):.1f}–{max(t):.1f}")
+            print(f"| {label[who].format(mode)} | {sizes[size]} | {i} | {t} |")
+PY
