@@ -201,10 +201,8 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         g = c + len;
     }
     *n = np;
-    if (cap) {
+    if (cap)
         b->seg->handles_out = true; /* the caller may register or retain them: never re-backed */
-        b->exported = true;         /* nor given back by a sleep while the block lives (core/sleep.c) */
-    }
     dev_unlock(d);
     return XSEG_SUCCESS;
 }

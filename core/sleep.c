@@ -327,9 +327,8 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
 
-    /* Importers (and registrations of handed-out handles) map the chunks' own memory: a sleep
-     * would give it back and the wake map new memory here, so they would part silently. Refused
-     * while any such block lives. */
+    /* Importers map the exported chunks' own memory: a sleep would give it back and the wake map
+     * new memory here, so the two processes would part silently. Refused while any lives. */
     size_t nexported = 0;
     for (const struct segrec *s = d->segs; s; s = s->next_seg)
         if (s->vseg && dev_pool_owner(d, s->pool) == pp)
@@ -337,10 +336,9 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
                 nexported += b->exported;
     if (nexported)
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
-                       "xseg_sleep: %s on device %d holds %zu block%s exported over IPC (xseg_ipc_export) or "
-                       "with their physical handles handed out (xseg_block_handles): another process or a "
-                       "registration may map their memory, which a sleep would give back; xseg_free them (once "
-                       "every importer has closed them and registrations are gone) first",
+                       "xseg_sleep: %s on device %d holds %zu block%s exported over IPC (xseg_ipc_export): another "
+                       "process may map their memory, which a sleep would give back; xseg_free them (once every "
+                       "importer has closed them) first",
                        pool_name(pp, buf), d->device, nexported, nexported == 1 ? "" : "s");
 
     struct pool_sleep *ps = xs_calloc(1, sizeof *ps);

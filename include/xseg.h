@@ -719,8 +719,7 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
  * one range per chunk it overlaps (clipped to the block), for a classic block one range with
  * handle 0. snprintf-style: at most @p cap ranges are written, @p n receives how many there are.
  * Once handles are handed out (cap > 0, or xseg_ipc_export), the block's segment is never
- * re-backed by expandable_segments_defrag, and its pool refuses xseg_sleep until the block is
- * freed, so the handles stay those of the memory.
+ * re-backed by expandable_segments_defrag, so the handles stay those of the memory.
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
  *         XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (its pages have no memory now).
  */
@@ -773,9 +772,7 @@ XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes);
  * importers map that block's physical memory, which a sleep would give back while the wake maps
  * new memory at the exporter's addresses, so the processes would silently part. Such a sleep is
  * refused (XSEG_ERROR_ILLEGAL_STATE, naming the count) and nothing changes; once those blocks are
- * freed (after every importer closed them) the pool sleeps. The same holds for a block whose
- * physical handles were handed out by xseg_block_handles (cap > 0): a registration of them
- * (NCCL, RDMA) would keep the old memory.
+ * freed (after every importer closed them) the pool sleeps.
  *
  * While a pool sleeps: xseg_free of its blocks works (and xseg_record_stream); allocating from it
  * fails with XSEG_ERROR_ILLEGAL_STATE naming the pool (it is never woken implicitly: a wake

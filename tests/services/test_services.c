@@ -796,36 +796,6 @@ static void test_sleep_ipc(void **state)
     assert_nothing_held();
 }
 
-/* Handles handed out by xseg_block_handles (for a registration) hold the pool awake like an
- * IPC export, until the block's free; a count query (cap 0) hands nothing out. */
-static void test_sleep_block_handles(void **state)
-{
-    (void)state;
-    tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False");
-    void *a = tu_malloc(30 * MiB, NULL), *c = tu_malloc(20 * MiB, NULL);
-    tu_assert_cu(tu_fill((CUdeviceptr)c, 20 * MiB, 7));
-    size_t n = 0;
-    assert_int_equal(xseg_block_handles(a, NULL, 0, &n), XSEG_SUCCESS);
-    assert_true(n >= 1);
-    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
-    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
-    xseg_phys_range r[8];
-    assert_int_equal(xseg_block_handles(a, r, 8, &n), XSEG_SUCCESS);
-    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
-        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_ERROR_ILLEGAL_STATE);
-        assert_non_null(strstr(xseg_last_error(), "holds 1 block"));
-        assert_non_null(strstr(xseg_last_error(), "xseg_block_handles"));
-    }
-    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
-    assert_true(tu_check((CUdeviceptr)c, 20 * MiB, 7));
-    tu_free(a);
-    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
-    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
-    assert_true(tu_check((CUdeviceptr)c, 20 * MiB, 7));
-    tu_free(c);
-    assert_nothing_held();
-}
-
 /* Classic segments cannot keep their addresses through cuMemFree: the pool is refused and
  * nothing changes. */
 static void test_sleep_classic(void **state)
@@ -1251,7 +1221,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_graph_replay_discard),
         cmocka_unit_test(test_sleep_errors),     cmocka_unit_test(test_sleep_classic),
         cmocka_unit_test(test_sleep_ipc),        cmocka_unit_test(test_sleep_ipc_faults),
-        cmocka_unit_test(test_sleep_block_handles),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race),
