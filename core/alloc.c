@@ -548,7 +548,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * what the request needs, runs of streams known idle first, waiting at most once per stream
      * (expandable_segments_recycle, core/trim.h), then allocate again. PyTorch goes straight to
      * the steps below, which release every cached block. */
-    bool recycling = st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable;
+    bool recycling = st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&
+                     d->cfg.expandable_segments_recycle;
     if (recycling)
         exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/expandable.h) */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable && d->cfg.expandable_segments_recycle) {
