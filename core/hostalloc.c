@@ -92,6 +92,10 @@ static struct {
     size_t mapcap, mapn;
     struct hc_event *pending, *spare; /* recorded events; spare events by context */
     size_t npending, cappending, nspare, capspare;
+    /* Room is reserved ahead so that a free never allocates: the free index of a class holds at
+     * most its blocks (nblocks), pending at most the streams recorded on live blocks (nuses),
+     * spare at most the events made (nevents). */
+    size_t nblocks[2], nuses, nevents;
     struct hc_counter allocation, segment, allocated_bytes, reserved_bytes;
     struct hc_duration alloc_time, free_time;
     int64_t num_host_alloc, num_host_free;
@@ -343,7 +347,8 @@ static xseg_status seg_new(CUcontext ctx, size_t rounded, const struct cfg *c, s
 {
     struct hc_seg *s = xs_calloc(1, sizeof *s);
     struct hc_block *b = xs_calloc(1, sizeof *b);
-    if (!s || !b || !fr_reserve(&hc.fr[rounded <= HC_SMALL_MAX], 1)) {
+    bool small = rounded <= HC_SMALL_MAX;
+    if (!s || !b || !fr_reserve(&hc.fr[small], hc.nblocks[small] + 1 - hc.fr[small].n)) {
         xs_free(s);
         xs_free(b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -356,6 +361,7 @@ static xseg_status seg_new(CUcontext ctx, size_t rounded, const struct cfg *c, s
         return st;
     }
     *b = (struct hc_block){.ptr = s->base, .size = s->size, .seg = s};
+    hc.nblocks[small]++;
     ctr_add(&hc.segment, 1);
     ctr_add(&hc.reserved_bytes, (int64_t)s->size);
     fr_insert(b);
@@ -373,10 +379,12 @@ static xseg_status seg_release(struct hc_block *b)
 {
     struct hc_seg *s = b->seg;
     fr_remove(b);
+    hc.nblocks[s->small]--;
     ctr_add(&hc.segment, -1);
     ctr_add(&hc.reserved_bytes, -(int64_t)s->size);
     xseg_status st = seg_unpin(s);
     xs_free(s);
+    xs_free(b->uses);
     xs_free(b);
     return st;
 }
@@ -407,6 +415,7 @@ static void block_return(struct hc_block *b)
         }
         xs_free(n->uses);
         xs_free(n);
+        hc.nblocks[b->seg->small]--;
     }
     fr_insert(b);
 }
@@ -418,8 +427,11 @@ static xseg_status block_take(struct hc_block *b, size_t rounded, struct hc_bloc
     size_t rest = b->size - rounded;
     bool split = b->seg->small ? rest >= HC_ROUND : rest > HC_SMALL_MAX;
     struct hc_block *r = NULL;
-    if (split && !(r = xs_calloc(1, sizeof *r)))
+    struct hc_free *f = &hc.fr[b->seg->small];
+    if (split && (!(r = xs_calloc(1, sizeof *r)) || !fr_reserve(f, hc.nblocks[b->seg->small] + 1 - f->n))) {
+        xs_free(r);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory");
+    }
     if (!map_grow()) {
         xs_free(r);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory");
@@ -431,7 +443,8 @@ static xseg_status block_take(struct hc_block *b, size_t rounded, struct hc_bloc
             b->next->prev = r;
         b->next = r;
         b->size = rounded;
-        fr_insert(r); /* the slot b left */
+        hc.nblocks[b->seg->small]++;
+        fr_insert(r);
     }
     b->allocated = true;
     map_put(b);
@@ -459,7 +472,7 @@ static void process_events(bool wait)
     for (size_t i = 0; i < hc.npending; i++) {
         struct hc_event e = hc.pending[i];
         bool done = drv_ctx_ensure(e.ctx) == XSEG_SUCCESS && (wait ? vevent_wait(e.ev) : vevent_done(e.ev));
-        if (!done || !fr_reserve(&hc.fr[e.b->seg->small], 1) || !VEC_RESERVE(hc.spare, hc.capspare, hc.nspare + 1)) {
+        if (!done) {
             hc.pending[keep++] = e;
             continue;
         }
@@ -480,7 +493,12 @@ static xseg_status event_get(CUcontext ctx, CUevent *ev)
             return XSEG_SUCCESS;
         }
     }
-    return vevent_create(ev);
+    if (!VEC_RESERVE(hc.spare, hc.capspare, hc.nevents + 1))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory");
+    xseg_status st = vevent_create(ev);
+    if (st == XSEG_SUCCESS)
+        hc.nevents++;
+    return st;
 }
 
 /* ---- the entry points -------------------------------------------------------------------- */
@@ -520,7 +538,7 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     if (st == XSEG_SUCCESS && (st = block_take(b, rounded, &b)) == XSEG_SUCCESS)
         *out = b->ptr;
     mutex_unlock(&hc_lock);
-    return st == XSEG_SUCCESS ? st : err_prefix(st, "pinned host memory for %zu bytes", size);
+    return st;
 }
 
 /* The allocated block at @p p, else INVALID_VALUE naming it (lock held). */
@@ -545,14 +563,9 @@ xseg_status hostalloc_free(void *p, bool release)
         return st;
     }
     struct hc_block *b = hc.map[slot];
-    /* Room first, so that nothing below fails half-way: two index slots (a merge frees them), the
-     * events. */
-    if (!fr_reserve(&hc.fr[b->seg->small], 1) ||
-        !VEC_RESERVE(hc.pending, hc.cappending, hc.npending + b->nuses)) {
-        mutex_unlock(&hc_lock);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_host_free: out of host memory");
-    }
+    /* Nothing below allocates: the index and pending room was reserved (see hc.nblocks). */
     map_del(slot);
+    hc.nuses -= b->nuses;
     ctr_add(&hc.allocation, -1);
     ctr_add(&hc.allocated_bytes, -(int64_t)b->size);
     for (size_t i = 0; i < b->nuses; i++) {
@@ -560,7 +573,7 @@ xseg_status hostalloc_free(void *p, bool release)
         CUevent ev;
         bool ok = drv_ctx_ensure(u->ctx) == XSEG_SUCCESS && event_get(u->ctx, &ev) == XSEG_SUCCESS;
         if (ok && !vevent_record(ev, u->stream)) {
-            vevent_destroy(ev);
+            hc.spare[hc.nspare++] = (struct hc_event){ev, u->ctx, NULL};
             ok = false;
         }
         if (ok) {
@@ -590,10 +603,13 @@ xseg_status hostalloc_record_stream(void *p, CUcontext ctx, CUstream stream)
         bool seen = false;
         for (size_t i = 0; i < b->nuses && !seen; i++)
             seen = b->uses[i].ctx == ctx && b->uses[i].stream == stream;
-        if (!seen && !VEC_RESERVE(b->uses, b->capuses, b->nuses + 1))
+        if (!seen && (!VEC_RESERVE(b->uses, b->capuses, b->nuses + 1) ||
+                      !VEC_RESERVE(hc.pending, hc.cappending, hc.npending + hc.nuses + 1)))
             st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_host_record_stream: out of host memory");
-        else if (!seen)
+        else if (!seen) {
             b->uses[b->nuses++] = (struct hc_use){ctx, stream};
+            hc.nuses++;
+        }
     }
     mutex_unlock(&hc_lock);
     return st;
@@ -603,6 +619,11 @@ xseg_status hostalloc_empty_cache(void)
 {
     mutex_lock(&hc_lock);
     process_events(false);
+    for (size_t i = 0; i < hc.nspare; i++)
+        if (drv_ctx_ensure(hc.spare[i].ctx) == XSEG_SUCCESS)
+            vevent_destroy(hc.spare[i].ev);
+    hc.nevents -= hc.nspare;
+    hc.nspare = 0;
     xseg_status first = XSEG_SUCCESS;
     for (int k = 0; k < 2; k++)
         for (size_t i = hc.fr[k].n; i-- > 0;)

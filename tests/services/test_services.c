@@ -923,6 +923,46 @@ static void test_sleep_faults(void **state)
     }
 }
 
+/* sleep_keep_host_backup:True: the wake keeps the pinned backups in the host cache, so the next
+ * sleep of the same live bytes makes no cuMemHostAlloc; xseg_host_empty_cache gives them back,
+ * and the sleep after it allocates again. Data survives every cycle. */
+static void test_sleep_keep_backup(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_keep_host_backup:True");
+    tu_require_emulator_or_skip();
+    struct fixture f;
+    fixture_make(&f);
+    unsigned long allocs[4];
+    for (int cycle = 0; cycle < 4; cycle++) {
+        if (cycle == 3) /* everything given back: the next sleep allocates again */
+            assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
+        unsigned long before = tu_call_count("cuMemHostAlloc");
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+        allocs[cycle] = tu_call_count("cuMemHostAlloc") - before;
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        fixture_check(&f, false);
+        /* Kept: pinned memory stays with the host cache, none of it allocated. */
+        assert_true(tu_host_live(NULL) > 0);
+        int64_t used = -1;
+        assert_int_equal(xseg_host_stat("allocated_bytes.current", &used), XSEG_SUCCESS);
+        assert_int_equal(used, 0);
+    }
+    assert_int_equal(allocs[0], 2); /* one backup per segment with live bytes */
+    assert_int_equal(allocs[1], 0);
+    assert_int_equal(allocs[2], 0);
+    assert_int_equal(allocs[3], 2);
+    /* Off again: the wake gives the backups back to the driver. */
+    assert_int_equal(xseg_set_config("sleep_keep_host_backup:False"), XSEG_SUCCESS);
+    assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(tu_host_live(NULL), 0);
+    fixture_check(&f, false);
+    fixture_free(&f);
+    assert_nothing_held();
+}
+
 static int count_fds(void)
 {
     int n = 0;
@@ -1223,7 +1263,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_ipc),        cmocka_unit_test(test_sleep_ipc_faults),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
-        cmocka_unit_test(test_idle_thread_race),
+        cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
