@@ -513,12 +513,17 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     unsigned gen;
     settings_copy(&c, &gen);
     mutex_lock(&hc_lock);
+    if (!map_grow()) { /* before any pinning: the map's room for the block */
+        mutex_unlock(&hc_lock);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory");
+    }
     struct hc_block *b = best_fit(rounded);
     if (!b && hc.npending && !__atomic_load_n(&hc_running, __ATOMIC_RELAXED)) {
         process_events(false);
         b = best_fit(rounded);
     }
     xseg_status st = XSEG_SUCCESS;
+    bool fresh = !b;
     if (!b && (st = seg_new(ctx, rounded, &c, &b)) == XSEG_ERROR_OUT_OF_MEMORY) {
         /* Pinned memory is scarce: give the free cached segments back and try once more. */
         char msg[256];
@@ -535,8 +540,13 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
         else if (!released)
             st = err_set(st, "%s", msg);
     }
-    if (st == XSEG_SUCCESS && (st = block_take(b, rounded, &b)) == XSEG_SUCCESS)
-        *out = b->ptr;
+    if (st == XSEG_SUCCESS) {
+        struct hc_block *whole = b;
+        if ((st = block_take(b, rounded, &b)) == XSEG_SUCCESS)
+            *out = b->ptr;
+        else if (fresh)
+            (void)seg_release(whole); /* the segment made for this call goes back: nothing held */
+    }
     mutex_unlock(&hc_lock);
     return st;
 }
