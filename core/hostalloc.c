@@ -317,19 +317,21 @@ static xseg_status seg_pin(CUcontext ctx, size_t size, const struct cfg *c, stru
     return st;
 }
 
-/* Give segment @p s's memory back (its context need not be current: PORTABLE). A failure keeps
- * the memory for vmm/host.c's retry (cuMemFreeHost) or leaks it pinned (an unregister). */
+/* Give segment @p s's memory back (its context need not be current: PORTABLE). A failed
+ * cuMemFreeHost is kept by vmm/host.c for its retry; a failed unregister is returned (the caller
+ * keeps the segment cached, for the next empty_cache). */
 static xseg_status seg_unpin(struct hc_seg *s)
 {
     int64_t t0 = now_us();
     xseg_status st = XSEG_SUCCESS;
-    if (!s->registered) {
+    if (!s->registered)
         vhost_free(s->base, 0);
-    } else if ((st = vhost_unregister(s->base)) == XSEG_SUCCESS) {
+    else if ((st = vhost_unregister(s->base)) == XSEG_SUCCESS)
         munmap(s->base, s->size);
+    if (st == XSEG_SUCCESS) {
+        dur_add(&hc.free_time, now_us() - t0);
+        hc.num_host_free++;
     }
-    dur_add(&hc.free_time, now_us() - t0);
-    hc.num_host_free++;
     return st;
 }
 
@@ -378,11 +380,13 @@ static bool seg_whole_free(const struct hc_block *b)
 static xseg_status seg_release(struct hc_block *b)
 {
     struct hc_seg *s = b->seg;
+    xseg_status st = seg_unpin(s);
+    if (st != XSEG_SUCCESS)
+        return st; /* still pinned: stays cached, whole and free */
     fr_remove(b);
     hc.nblocks[s->small]--;
     ctr_add(&hc.segment, -1);
     ctr_add(&hc.reserved_bytes, -(int64_t)s->size);
-    xseg_status st = seg_unpin(s);
     xs_free(s);
     xs_free(b->uses);
     xs_free(b);

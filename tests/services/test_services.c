@@ -963,6 +963,57 @@ static void test_sleep_keep_backup(void **state)
     assert_nothing_held();
 }
 
+/* The host side of sleep and wake failing in turn, with backups pinned by cuMemHostRegister and
+ * with backups kept (sleep_keep_host_backup): a failed sleep leaves the pool awake with its data,
+ * a failed wake leaves it asleep (retried), the data survives, and once the host cache is emptied
+ * no pinned memory is left. */
+static void test_sleep_host_faults(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
+    tu_require_emulator_or_skip();
+    static const struct {
+        const char *config, *entries[4];
+    } cases[] = {
+        {"pinned_use_cuda_host_register:True,sleep_keep_host_backup:False",
+         {"cuMemHostRegister", "cuMemHostUnregister", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+        {"pinned_use_cuda_host_register:False,sleep_keep_host_backup:True",
+         {"cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+    };
+    for (size_t c = 0; c < 2; c++) {
+        assert_int_equal(xseg_set_config(cases[c].config), XSEG_SUCCESS);
+        for (size_t e = 0; e < 4; e++) {
+            for (unsigned long nth = 1; nth <= 2; nth++) {
+                const char *entry = cases[c].entries[e];
+                struct fixture f;
+                fixture_make(&f);
+                for (int step = 0; step < 2; step++) { /* 0: the sleep fails, 1: the wake */
+                    assert_true(tu_fail(entry, nth, CUDA_ERROR_UNKNOWN));
+                    xseg_status st = step ? xseg_wake(0, DEFAULT_POOL)
+                                          : xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD);
+                    tu_fail_clear();
+                    assert_books_match_driver();
+                    if (st != XSEG_SUCCESS) {
+                        print_message("%s / %s #%lu: %s\n", cases[c].config, entry, nth, xseg_last_error());
+                        assert_non_null(strstr(xseg_last_error(), entry));
+                        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, step);
+                        if (!step)
+                            fixture_check(&f, false);
+                        st = step ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD);
+                        assert_int_equal(st, XSEG_SUCCESS); /* the retry */
+                    }
+                    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, !step);
+                }
+                fixture_check(&f, false);
+                /* A failed unregister or free is retried here: nothing pinned is left. */
+                assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
+                fixture_free(&f);
+            }
+        }
+    }
+    assert_nothing_held();
+}
+
 static int count_fds(void)
 {
     int n = 0;
@@ -1264,6 +1315,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
+        cmocka_unit_test(test_sleep_host_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
