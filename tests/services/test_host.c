@@ -111,6 +111,13 @@ static void test_host_basic(void **state)
     assert_host_empty();
     assert_int_equal(hstat("num_host_free"), 3);
     assert_int_equal(hstat("host_alloc_time.count"), 3);
+    /* xseg_shutdown gives the free cached pinned memory back too. */
+    hfree(hmalloc(5000));
+    assert_int_equal(hstat("segment.current"), 1);
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+    assert_int_equal(hstat("segment.current"), 0);
+    if (tu_emulated())
+        assert_int_equal(tu_host_live(NULL), 0);
 }
 
 /* Every key of torch.cuda.host_memory_stats() is there; an unknown key is an error naming it. */
