@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fit tables of docs/benchmarks-replay.md: for every workload, the smallest emulated device
-# the replay fits on (no failed allocation; `xseg-replay --min-device`, 64 MiB steps) as a ratio
+# the replay fits on (no failed allocation; `xseg-replay --min-device`, 2 MiB steps) as a ratio
 # to peak allocated, then on an 80 GiB device the utilization, the driver's memory calls (total,
 # per GiB reserved), their H100 driver time (each call weighted by its H100 median, the figures
 # of cudaemu's CUDAEMU_LATENCY=h100 preset) and the stream synchronizations. One table per
