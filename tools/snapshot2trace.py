@@ -947,6 +947,17 @@ def _pick_device(snap, source, prog):
     return devs[0]
 
 
+def _check_device(snap, source, device):
+    """--device N given: refuse a device without data rather than write an empty trace."""
+    devs = devices(snap, source)
+    if device not in devs:
+        traces = _top(snap, source)
+        if 0 <= device < len(traces):
+            raise SnapshotError("%s: device %d holds no events and no segments (devices with data: %s)"
+                                % (source, device, ", ".join(map(str, devs)) or "none"))
+    return device
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="Writes the trace on standard output (with --out-dir, one file per device).")
@@ -982,7 +993,7 @@ def main(argv=None):
         # each device visits the segment list once more.
         work = _Work(2 * len(data) + 1024)
         if args.out_dir is not None:
-            devs = [args.device] if args.device is not None else devices(snap, source)
+            devs = [_check_device(snap, source, args.device)] if args.device is not None else devices(snap, source)
             if not devs:
                 raise SnapshotError("%s holds no events and no segments on any device" % source)
             for dev in devs:
@@ -994,7 +1005,8 @@ def main(argv=None):
                     raise SnapshotError("cannot write %s: %s" % (path, e.strerror or e))
                 sys.stdout.write("%d\t%s\t%d\n" % (dev, path, fig["events"]))
         else:
-            dev = args.device if args.device is not None else _pick_device(snap, source, prog)
+            dev = (_check_device(snap, source, args.device) if args.device is not None
+                   else _pick_device(snap, source, prog))
             convert(snap, dev, sys.stdout, source=source, frames=not args.no_frames, work=work)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except BrokenPipeError:

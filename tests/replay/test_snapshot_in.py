@@ -162,7 +162,10 @@ class Devices(Base):
         self.assertEqual(s[0]["peak_allocated_bytes"], 12 * MiB)
         # Asking for a device without data says so.
         r = subprocess.run([sys.executable, CONVERTER, "--device", "2", path], capture_output=True, text=True)
-        self.assertEqual(r.returncode, 0, r.stderr)  # in range: an empty trace, as asked
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("device 2 holds no events and no segments (devices with data: 1)", r.stderr)
+        r = replay(path, "--device", "0")
+        self.one_line_error(r, r"device 0 holds no events and no segments \(devices with data: 1\)")
         r = subprocess.run([sys.executable, CONVERTER, "--device", "7", path], capture_output=True, text=True)
         self.assertEqual(r.returncode, 1)
         self.assertIn("device 7 is out of range", r.stderr)
