@@ -140,6 +140,41 @@ static int is_opt(const char *arg, const char *name)
     return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
+/* The options about devices and the traces' names: --device-mem, --device, --step and the
+ * internal --source-name. Returns 0, or usage_error's status. */
+static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const char **source_name)
+{
+    const char *a = argv[*i], *v;
+    char e[TRACE_ERR_MAX];
+    if (is_opt(a, "--device-mem")) {
+        if (!(c->device_mem = opt_value(argc, argv, i, "--device-mem")))
+            return usage_error("%s needs a size (e.g. 80G)", a);
+        uint64_t b;
+        char norm[64];
+        if (trace_parse_size(c->device_mem, strlen(c->device_mem), &b, e, sizeof e) || b == 0)
+            return usage_error("--device-mem: bad size '%s' (e.g. 80G, 81920MiB)", c->device_mem);
+        snprintf(norm, sizeof norm, "%llu", (unsigned long long)b);
+        c->device_mem = strdup(norm); /* cudaemu reads bytes or K/M/G/T */
+    } else if (is_opt(a, "--device")) {
+        char *end;
+        if (!(v = opt_value(argc, argv, i, "--device")))
+            return usage_error("%s needs a device number", a);
+        errno = 0;
+        long d = strtol(v, &end, 10);
+        if (!*v || *end || errno || d < 0 || d > 65535)
+            return usage_error("--device: '%s' is not a device number (0, 1, ...)", v);
+        c->device = (int)d;
+    } else if (is_opt(a, "--step")) {
+        if (!(v = opt_value(argc, argv, i, "--step")))
+            return usage_error("%s needs a size (e.g. 64MiB)", a);
+        if (trace_parse_size(v, strlen(v), &c->step, e, sizeof e) || c->step == 0 || c->step % MIN_DEVICE_GRANULE)
+            return usage_error("--step: '%s' is not a positive multiple of 2MiB (the page granularity)", v);
+    } else if (!(*source_name = opt_value(argc, argv, i, "--source-name"))) {
+        return usage_error("%s needs a name", a); /* internal: a child's trace's name in tables */
+    }
+    return 0;
+}
+
 static int parse_cli(int argc, char **argv, struct cli *c)
 {
     memset(c, 0, sizeof *c);
@@ -207,34 +242,11 @@ static int parse_cli(int argc, char **argv, struct cli *c)
         } else if (is_opt(a, "--plot")) {
             if (!(c->plot = opt_value(argc, argv, &i, "--plot")))
                 return usage_error("%s needs a file name", a);
-        } else if (is_opt(a, "--device-mem")) {
-            if (!(c->device_mem = opt_value(argc, argv, &i, "--device-mem")))
-                return usage_error("%s needs a size (e.g. 80G)", a);
-            uint64_t b;
-            char e[TRACE_ERR_MAX];
-            char norm[64];
-            if (trace_parse_size(c->device_mem, strlen(c->device_mem), &b, e, sizeof e) || b == 0)
-                return usage_error("--device-mem: bad size '%s' (e.g. 80G, 81920MiB)", c->device_mem);
-            snprintf(norm, sizeof norm, "%llu", (unsigned long long)b);
-            c->device_mem = strdup(norm); /* cudaemu reads bytes or K/M/G/T */
-        } else if (is_opt(a, "--device")) {
-            char *end;
-            if (!(v = opt_value(argc, argv, &i, "--device")))
-                return usage_error("%s needs a device number", a);
-            errno = 0;
-            long d = strtol(v, &end, 10);
-            if (!*v || *end || errno || d < 0 || d > 65535)
-                return usage_error("--device: '%s' is not a device number (0, 1, ...)", v);
-            c->device = (int)d;
-        } else if (is_opt(a, "--step")) {
-            if (!(v = opt_value(argc, argv, &i, "--step")))
-                return usage_error("%s needs a size (e.g. 64MiB)", a);
-            char e[TRACE_ERR_MAX];
-            if (trace_parse_size(v, strlen(v), &c->step, e, sizeof e) || c->step == 0 || c->step % MIN_DEVICE_GRANULE)
-                return usage_error("--step: '%s' is not a positive multiple of 2MiB (the page granularity)", v);
-        } else if (is_opt(a, "--source-name")) { /* internal: a child's trace's name in tables */
-            if (!(source_name = opt_value(argc, argv, &i, "--source-name")))
-                return usage_error("%s needs a name", a);
+        } else if (is_opt(a, "--device-mem") || is_opt(a, "--device") || is_opt(a, "--step") ||
+                   is_opt(a, "--source-name")) {
+            int rc = parse_device_opt(argc, argv, &i, c, &source_name);
+            if (rc)
+                return rc;
         } else if (is_opt(a, "--seed")) {
             char *end;
             if (!(v = opt_value(argc, argv, &i, "--seed")))
