@@ -2,6 +2,7 @@
 """Convert a PyTorch memory snapshot into an xseg-replay trace.
 
     tools/snapshot2trace.py SNAPSHOT.pickle [--device N] > TRACE
+    tools/snapshot2trace.py --out-dir DIR SNAPSHOT.pickle      (DIR/deviceN.trace per device)
 
 SNAPSHOT is what torch.cuda.memory._dump_snapshot() writes (a pickle; loading it needs no torch).
 The snapshot's `device_traces` is a window: allocations made before recording began appear only
@@ -9,7 +10,10 @@ as frees without an alloc, or as live blocks in `segments`. Those are seeded as 
 the start of the trace (in address order), so the replay starts from the live memory the
 original program had. `alloc` and `free_completed` events become `alloc` and `free` lines (a
 free becomes final only at free_completed: with record_stream the memory is reused only then);
-streams other than 0 become declared streams.
+streams other than 0 become declared streams; `oom` events become marks; allocations in a
+segment of a private pool (segment_pool_id not (0, 0): a CUDA graph, a MemPool) go to that pool;
+two or more segment frees in a row become one `empty_cache`. PyTorch 2.0's layout (blocks
+without `address`, their request in `history`) reads like today's.
 
 The header carries what PyTorch's own allocator did in the window, from the segment events:
 peak allocated, peak reserved (counting what was reserved before the window), utilization, as
