@@ -1026,6 +1026,8 @@ def main(argv=None):
         print("%s: %s: too large or too deeply nested to convert (%s)"
               % (prog, name, type(e).__name__), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C: stop quietly, as a program killed by SIGINT would (no traceback)
     return 0
 
 

@@ -302,6 +302,41 @@ class BadInput(Base):
         self.assertEqual(summaries(r.stdout)[0]["allocs"], 1)
 
 
+class Cleanup(Base):
+    def test_converted_traces_go(self):
+        """The converted traces live in a folder of TMPDIR while xseg-replay runs: gone after a
+        run, after a failure, and when a signal ends it (during the conversion or a replay)."""
+        tmp = os.path.join(self.dir, "tmp")
+        os.mkdir(tmp)
+        env = dict(os.environ, TMPDIR=tmp)
+        events = [ev("alloc", 0x10000000 + i * 2 * MiB, 2 * MiB) for i in range(4000)]
+        path = self.write("many.pickle", {"segments": [], "device_traces": [events]})
+        r = replay(path, "--marks=none", "--summary=none", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(os.listdir(tmp), [])
+        bad = self.write("bad.pickle", b"\x80\x04N")
+        r = replay(bad, env=env)
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(os.listdir(tmp), [])
+        import signal
+        import time
+        for stage in ("conversion", "replay"):
+            p = subprocess.Popen([REPLAY, "--no-progress", "--min-device", "--compare", path], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while p.poll() is None and time.monotonic() < deadline:
+                done = any(f.endswith(".trace") for _, _, fs in os.walk(tmp) for f in fs)
+                if done and (stage == "conversion" or
+                             subprocess.run(["pgrep", "-P", str(p.pid), "-x", "xseg-replay"],
+                                            capture_output=True).returncode == 0):
+                    break
+                time.sleep(0.01)
+            p.send_signal(signal.SIGTERM)
+            p.wait()
+            self.assertIn(p.returncode, (-signal.SIGTERM, 0), stage)
+            self.assertEqual(os.listdir(tmp), [], stage)
+
+
 class ReplaySh(Base):
     def test_relative_paths_are_the_callers(self):
         """tools/replay.sh builds in the checkout and replays in the caller's folder: a relative

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -815,37 +816,60 @@ static int dump_trace(const struct trace *t)
     return 0;
 }
 
-/* The folder of converted snapshots, removed at exit with what is in it. */
+/* The folder of converted snapshots, removed at exit and on a fatal signal with what is in it. */
 static char snapshot_tmp[64];
+
+/* Remove the files and folders in the folder @p fd (closed here), two levels deep: our own
+ * mkdtemp folder holds a subfolder per snapshot, trace files in them. Only system calls that are
+ * async-signal-safe (getdents64, unlinkat, openat, close), so a signal handler may call it. */
+static void remove_entries(int fd, int depth)
+{
+    char buf[4096];
+    long n;
+    while (fd >= 0 && (n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            struct linux_dirent64 {
+                uint64_t ino;
+                int64_t off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *e = (void *)(buf + off);
+            off += e->reclen;
+            if (e->name[0] == '.' && (!e->name[1] || (e->name[1] == '.' && !e->name[2])))
+                continue;
+            if (e->type == DT_DIR && depth > 0) {
+                remove_entries(openat(fd, e->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW), depth - 1);
+                unlinkat(fd, e->name, AT_REMOVEDIR);
+            } else {
+                unlinkat(fd, e->name, 0);
+            }
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+}
 
 static void snapshot_tmp_remove(void)
 {
     if (!snapshot_tmp[0])
         return;
-    /* Our own mkdtemp folder: one subfolder per snapshot, trace files in them. */
-    DIR *d = opendir(snapshot_tmp);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        char sub[PATH_MAX];
-        snprintf(sub, sizeof sub, "%s/%s", snapshot_tmp, e->d_name);
-        DIR *sd = opendir(sub);
-        struct dirent *f;
-        while (sd && (f = readdir(sd))) {
-            if (f->d_name[0] == '.')
-                continue;
-            char file[PATH_MAX + 256];
-            snprintf(file, sizeof file, "%s/%s", sub, f->d_name);
-            unlink(file);
-        }
-        if (sd)
-            closedir(sd);
-        rmdir(sub);
-    }
-    if (d)
-        closedir(d);
+    remove_entries(open(snapshot_tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW), 1);
     rmdir(snapshot_tmp);
+}
+
+/* Interrupted (Ctrl-C, kill): the converter (if it runs) stops first, the converted traces go,
+ * then the signal does what it does. */
+static void snapshot_tmp_signal(int sig)
+{
+    pid_t conv = snapshot_converter_pid;
+    if (conv > 0) {
+        kill(conv, SIGKILL);
+        waitpid(conv, NULL, 0);
+    }
+    snapshot_tmp_remove();
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 /*
@@ -872,6 +896,11 @@ static int expand_snapshots(struct cli *c)
                 return 1;
             }
             atexit(snapshot_tmp_remove);
+            struct sigaction sa = {.sa_handler = snapshot_tmp_signal};
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGINT, &sa, NULL);
+            sigaction(SIGTERM, &sa, NULL);
+            sigaction(SIGHUP, &sa, NULL);
         }
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/%d", snapshot_tmp, i);
@@ -905,6 +934,7 @@ static int expand_snapshots(struct cli *c)
         }
         for (int j = i + 1; j < c->ntraces; j++, k++)
             traces[k] = c->traces[j], names[k] = c->names[j];
+
         snapshot_devices_free(devs, n);
         free((void *)c->traces);
         free((void *)c->names);

@@ -14,6 +14,8 @@
 #define XSEG_REPLAY_SNAPSHOT2TRACE ""
 #endif
 
+volatile pid_t snapshot_converter_pid;
+
 int snapshot_is_pickle(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -135,6 +137,7 @@ xseg_status snapshot_convert(const char *path, int device, int frames, const cha
             fprintf(stderr, "xseg-replay: %s: cannot run python3: %s\n", path, strerror(errno));
         _exit(127);
     }
+    snapshot_converter_pid = pid;
     close(fds[1]);
     FILE *in = fdopen(fds[0], "r");
     char *line = NULL;
@@ -163,6 +166,7 @@ xseg_status snapshot_convert(const char *path, int device, int frames, const cha
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
+    snapshot_converter_pid = 0;
     int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (rc == 0 && !bad && *n > 0)
         return XSEG_SUCCESS;

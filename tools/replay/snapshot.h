@@ -9,6 +9,7 @@
 #define XSEG_TOOLS_REPLAY_SNAPSHOT_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "xseg.h"
 
@@ -35,5 +36,9 @@ xseg_status snapshot_convert(const char *path, int device, int frames, const cha
                              struct snapshot_device **devs, size_t *n, char *err, size_t errlen);
 
 void snapshot_devices_free(struct snapshot_device *devs, size_t n);
+
+/* The converter's process while snapshot_convert waits for it, else 0: a signal handler stops
+ * it before removing the folder it writes into. */
+extern volatile pid_t snapshot_converter_pid;
 
 #endif
