@@ -80,6 +80,31 @@ static int parse_listing(const char *line, const char *path, struct snapshot_dev
     return d->trace_path && d->name ? 0 : -1;
 }
 
+/* The converter's listing from @p in into *@p devs; 1 when a line is unreadable or host memory
+ * ran out (the rest is still read: the converter must not block on a full pipe). */
+static int read_listing(FILE *in, const char *path, struct snapshot_device **devs, size_t *n)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    int bad = 0;
+    while (getline(&line, &cap, in) > 0) {
+        if (bad)
+            continue;
+        struct snapshot_device *nd = realloc(*devs, (*n + 1) * sizeof *nd);
+        if (!nd) {
+            bad = 1;
+            continue;
+        }
+        *devs = nd;
+        memset(&nd[*n], 0, sizeof nd[*n]);
+        if (parse_listing(line, path, &nd[*n]))
+            bad = 1;
+        ++*n; /* counted even when half-filled: snapshot_devices_free frees what it holds */
+    }
+    free(line);
+    return bad;
+}
+
 xseg_status snapshot_convert(const char *path, int device, int frames, const char *dir,
                              struct snapshot_device **devs, size_t *n, char *err, size_t errlen)
 {
@@ -140,25 +165,7 @@ xseg_status snapshot_convert(const char *path, int device, int frames, const cha
     snapshot_converter_pid = pid;
     close(fds[1]);
     FILE *in = fdopen(fds[0], "r");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t got;
-    int bad = 0;
-    while (in && (got = getline(&line, &cap, in)) > 0) {
-        if (bad)
-            continue; /* drain: the converter must not block on a full pipe */
-        struct snapshot_device *nd = realloc(*devs, (*n + 1) * sizeof *nd);
-        if (!nd) {
-            bad = 1;
-            continue;
-        }
-        *devs = nd;
-        memset(&nd[*n], 0, sizeof nd[*n]);
-        if (parse_listing(line, path, &nd[*n]))
-            bad = 1;
-        ++*n; /* counted even when half-filled: snapshot_devices_free frees what it holds */
-    }
-    free(line);
+    int bad = in ? read_listing(in, path, devs, n) : 1;
     if (in)
         fclose(in);
     else
