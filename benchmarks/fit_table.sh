@@ -4,7 +4,7 @@
 #     same replay runs on a device of peak allocated x 1.01 rounded up to 2 MiB (the "1 %" bar:
 #     0 means it fits);
 #   - the smallest emulated device it replays on with no failed allocation (`xseg-replay
-#     --min-device`, its steps), as a ratio to peak allocated (FIT_MIN_DEVICE=0 skips it);
+#     --min-device`, 2 MiB steps), as a ratio to peak allocated (FIT_MIN_DEVICE=0 skips it);
 #   - on the 80 GiB device: the driver's memory calls, their H100 driver time (each call weighted
 #     by its H100 median: the figures of cudaemu's CUDAEMU_LATENCY=h100 preset, docs/benchmarks.md
 #     section 4) and the stream synchronizations; and the memory calls of the run at the 1 % cap.
@@ -13,7 +13,7 @@
 # H100 driver time than classic's, at most 4 synchronizations).
 #   benchmarks/fit_table.sh [BUILD_DIR]                                (default build)
 #   FIT_TRACES=DIR[:DIR...]  folders of PyTorch snapshots (*.pickle, converted here with
-#                         tools/snapshot2trace.py, every device that has events) or traces
+#                         tools/snapshot2trace.py, a row per device with data) or traces
 #                         (*.trace); without it only the bundled workloads run. The recordings of
 #                         the docs are third-party data, never copied into the repository (their
 #                         sources: the README.md beside them).
@@ -37,13 +37,15 @@ if [ -n "${FIT_TRACES:-}" ]; then
       [ -e "$f" ] || continue
       case $f in
         *.pickle)
+          # every device that holds data: NAME.trace, or NAME-devN.trace when there are several
           b=$(basename "$f" .pickle); b=${b#memory_}
-          for dev in 0 1 2 3 4 5 6 7; do
-            out="$tmp/$b.d$dev.trace"
-            /usr/bin/python3 tools/snapshot2trace.py --device "$dev" "$f" > "$out" 2>/dev/null || break
-            grep -q '^alloc ' "$out" || continue
-            specs+=("$out"); groups+=("$group")
-          done ;;
+          mkdir "$tmp/$b.d"
+          /usr/bin/python3 tools/snapshot2trace.py --out-dir "$tmp/$b.d" "$f" > "$tmp/$b.list"
+          n=$(wc -l < "$tmp/$b.list")
+          while IFS=$'\t' read -r dev path _; do
+            t="$tmp/$b.trace"; [ "$n" -gt 1 ] && t="$tmp/$b-dev$dev.trace"
+            mv "$path" "$t"; specs+=("$t"); groups+=("$group")
+          done < "$tmp/$b.list" ;;
         *) specs+=("$f"); groups+=("$group") ;;
       esac
     done
@@ -86,14 +88,14 @@ six = [0, 0.0, 0, 0]
 fits = worst = n = 0
 for line in open(out):
     group, spec, run, atcap, fit = line.rstrip("\n").split("\t")
-    label = os.path.basename(spec).removesuffix(".trace").removesuffix(".d0")
+    label = os.path.basename(spec).removesuffix(".trace")
     try:
         run, atcap = json.loads(run), json.loads(atcap)
     except ValueError:
         print(f"| {label} | failed to replay | | | | | | |")
         continue
     try:
-        ratio = f"{json.loads(fit)['ratio']:.3f}"
+        ratio = f"{json.loads(fit)['ratio']:.4f}"
     except (ValueError, KeyError):
         ratio = "—"
     calls = run["driver_calls"]
