@@ -205,6 +205,15 @@ struct CUstream_st {
     uint64_t completed;   /* work up to this sequence number has finished */
     struct emu_capseq *cap;    /* the capture this stream takes part in, or NULL */
     struct emu_nodeset deps;   /* while capturing: what the next captured node depends on */
+    struct emu_pend *pend;     /* device ranges of async work queued while held (pruned as it completes) */
+    size_t npend, cappend;
+};
+
+/* A device range that pending work (sequence number seq) of a held stream still reads or writes. */
+struct emu_pend {
+    uintptr_t addr;
+    size_t size;
+    uint64_t seq;
 };
 
 struct CUevent_st {
@@ -298,6 +307,11 @@ void emu_streams_complete_all_locked(void);
 /* Resolve a CUstream argument (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD -> the NULL stream);
  * NULL when it is not a live stream. Lock held. */
 CUstream emu_stream_resolve_locked(CUstream s);
+/* Remember that pending work @p seq of held stream @p s touches device range [addr, addr + size):
+ * false when out of host memory. Lock held. */
+bool emu_stream_pend_locked(CUstream s, uintptr_t addr, size_t size, uint64_t seq);
+/* Does pending work of any stream still touch [addr, addr + size)? (cuMemUnmap's rule.) Lock held. */
+bool emu_streams_pending_touch_locked(uintptr_t addr, size_t size);
 
 /* ---- graphs (graph.c); lock held ---- */
 /* A new empty graph, registered in emu.graphs; NULL when out of host memory. */

@@ -150,7 +150,13 @@ static int async_enqueue(CUstream hStream, CUgraphNodeType type, const struct em
         CUresult r = emu_capture_add_locked(s, type, op);
         rc = r == CUDA_SUCCESS ? 0 : -(int)r;
     } else if (s->held) {
-        s->submitted++;
+        /* Pending work: its device operands may not be unmapped until it completes (cuMemUnmap). */
+        uint64_t seq = s->submitted + 1;
+        if ((op->dst_dev && op->size && !emu_stream_pend_locked(s, op->dst, op->size, seq)) ||
+            (op->src_dev && op->size && !emu_stream_pend_locked(s, op->src, op->size, seq)))
+            rc = -(int)CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            s->submitted = seq;
     }
     emu_unlock();
     return rc;

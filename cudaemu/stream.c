@@ -63,6 +63,47 @@ CUstream emu_stream_resolve_locked(CUstream s)
 
 static void stream_complete(CUstream s) { s->completed = s->submitted; }
 
+bool emu_stream_pend_locked(CUstream s, uintptr_t addr, size_t size, uint64_t seq)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < s->npend; i++)
+        if (s->pend[i].seq > s->completed)
+            s->pend[keep++] = s->pend[i];
+    s->npend = keep;
+    if (s->npend == s->cappend) {
+        size_t cap = s->cappend ? 2 * s->cappend : 8;
+        struct emu_pend *v = realloc(s->pend, cap * sizeof *v);
+        if (!v)
+            return false;
+        s->pend = v;
+        s->cappend = cap;
+    }
+    s->pend[s->npend++] = (struct emu_pend){addr, size, seq};
+    return true;
+}
+
+static bool pend_touches(CUstream s, uintptr_t addr, size_t size)
+{
+    for (size_t i = 0; i < s->npend; i++) {
+        const struct emu_pend *p = &s->pend[i];
+        if (p->seq > s->completed && p->addr < addr + size && addr < p->addr + p->size)
+            return true;
+    }
+    return false;
+}
+
+bool emu_streams_pending_touch_locked(uintptr_t addr, size_t size)
+{
+    if (pend_touches(&emu.null_stream, addr, size))
+        return true;
+    size_t pos = 0;
+    CUstream s;
+    while ((s = emu_map_next(&emu.streams, &pos, NULL)))
+        if (pend_touches(s, addr, size))
+            return true;
+    return false;
+}
+
 void emu_streams_complete_all_locked(void)
 {
     stream_complete(&emu.null_stream);
@@ -192,6 +233,7 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
             seq->invalidated = true;
     }
     emu_nodeset_free(&s->deps);
+    free(s->pend);
     size_t pos = 0;
     CUevent e;
     while ((e = emu_map_next(&emu.events, &pos, NULL)))
