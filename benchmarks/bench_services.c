@@ -51,6 +51,7 @@ static struct {
     unsigned long (*count)(const char *);
     void (*reset)(void);
     int (*latency)(const char *, uint64_t *, uint64_t *);
+    uint64_t (*model)(void);
 } emu;
 
 static const char *const entries[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease",
@@ -155,6 +156,7 @@ static void load_emu(void)
     *(void **)&emu.count = dlsym(h, "cudaemu_call_count");
     *(void **)&emu.reset = dlsym(h, "cudaemu_counts_reset");
     *(void **)&emu.latency = dlsym(h, "cudaemu_get_latency");
+    *(void **)&emu.model = dlsym(h, "cudaemu_model_ns"); /* the timeline model (optional) */
     if (!emu.count || !emu.reset || !emu.latency)
         memset(&emu, 0, sizeof emu);
 }
@@ -260,6 +262,9 @@ static double plain_copy(void **v, const size_t *sz, size_t n, char *host, int t
 /* GiB/s of @p bytes in @p ms. */
 static double rate(size_t bytes, double ms) { return ms > 0 ? (double)bytes / (double)GiB / (ms / 1e3) : 0; }
 
+/* The timeline model's clock (cudaemu_model_ns) in ms, 0 without it. */
+static double tl_ms(void) { return emu.model ? (double)emu.model() / 1e6 : 0; }
+
 /* One size: the table rows for @p live bytes of weight-like live blocks. */
 static void copy_rate_row(size_t live, int reps)
 {
@@ -278,6 +283,7 @@ static void copy_rate_row(size_t live, int reps)
     plain_copy(v, sz, n, host, 1); /* touch the pinned pages once, as the retained backup is */
     double pd[32], ph[32], sk[32], wk[32], sn[32], wn[32];
     double mpd = 0, mph = 0, msk = 0, mwk = 0, msn = 0, mwn = 0;
+    double tpd = 0, tph = 0, tsk = 0, twk = 0, tsn = 0, twn = 0; /* timeline model, ms (deterministic) */
     unsigned long c[NENTRIES];
     int nr = reps < 32 ? reps : 32;
     for (int keep = 1; keep >= 0; keep--) {
@@ -288,22 +294,29 @@ static void copy_rate_row(size_t live, int reps)
         for (int r = -keep; r < nr; r++) { /* with keep: one warm-up cycle allocates the backup */
             if (keep && r >= 0) {
                 reset_counts();
+                double l0 = tl_ms();
                 pd[r] = plain_copy(v, sz, n, host, 1);
                 mpd = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+                tpd = tl_ms() - l0;
                 reset_counts();
+                l0 = tl_ms();
                 ph[r] = plain_copy(v, sz, n, host, 0);
                 mph = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+                tph = tl_ms() - l0;
             }
             reset_counts();
-            double t0 = now_ms();
+            double t0 = now_ms(), l0 = tl_ms();
             if (xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD) != XSEG_SUCCESS)
                 die("xseg_sleep");
-            double ts = now_ms() - t0, ms = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+            double ts = now_ms() - t0, ms = model_ms(c, bytes, "cuMemcpyDtoHAsync"), ls = tl_ms() - l0;
             reset_counts();
             t0 = now_ms();
+            l0 = tl_ms();
             if (xseg_wake(0, DEFAULT_POOL) != XSEG_SUCCESS)
                 die("xseg_wake");
-            double tw = now_ms() - t0, mw = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+            double tw = now_ms() - t0, mw = model_ms(c, bytes, "cuMemcpyHtoDAsync"), lw = tl_ms() - l0;
+            *(keep ? &tsk : &tsn) = ls;
+            *(keep ? &twk : &twn) = lw;
             if (r < 0)
                 continue;
             (keep ? sk : sn)[r] = ts;
@@ -322,6 +335,10 @@ static void copy_rate_row(size_t live, int reps)
         printf("| %.2f | modelled | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
                rate(bytes, mpd), rate(bytes, msk), mpd / msk, rate(bytes, msn), mpd / msn, rate(bytes, mph),
                rate(bytes, mwk), mph / mwk, rate(bytes, mwn), mph / mwn);
+    if (emu.model && tpd > 0)
+        printf("| %.2f | timeline | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
+               rate(bytes, tpd), rate(bytes, tsk), tpd / tsk, rate(bytes, tsn), tpd / tsn, rate(bytes, tph),
+               rate(bytes, twk), tph / twk, rate(bytes, twn), tph / twn);
     xseg_host_free(host);
     if (xseg_host_empty_cache() != XSEG_SUCCESS)
         die("xseg_host_empty_cache");

@@ -206,6 +206,7 @@ struct CUstream_st {
     struct emu_capseq *cap;    /* the capture this stream takes part in, or NULL */
     struct emu_nodeset deps;   /* while capturing: what the next captured node depends on */
     struct emu_pend *pend;     /* device ranges of async work queued while held (pruned as it completes) */
+    uint64_t model_ready;      /* modelled time (emu_model_now) its last async copy completes */
     size_t npend, cappend;
 };
 
@@ -221,6 +222,7 @@ struct CUevent_st {
     CUstream stream;      /* stream of the last record, or NULL when complete at record time */
     uint64_t seq;
     uint64_t cap_id;      /* recorded in this capture (0: not in a capture) */
+    uint64_t model_ready; /* the recording stream's model_ready at the record */
     struct emu_nodeset deps;  /* the recording stream's dependencies at that point */
 };
 
@@ -276,6 +278,13 @@ void emu_latency_set(enum emu_entry e, uint64_t ns);
 void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s);
 uint64_t emu_now_ns(void);
 void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0);
+/* The timeline model (cudaemu_model_ns): a modelled host clock that each call advances by its
+ * latency and each synchronous copy by its bytes at its rate; an async copy occupies its stream
+ * and its direction's copy engine from max(stream ready, engine ready, now) for bytes / rate, and
+ * a wait (stream, context, event synchronize) moves the clock to the completion it waits for. */
+uint64_t emu_model_now(void);
+void emu_model_advance_to(uint64_t t);
+uint64_t emu_bytes_ns(enum emu_entry e, size_t bytes);
 
 /* Entry prologue: count/latency/injection, then the initialized check. */
 #define EMU_ENTER(fn)                                                                             \

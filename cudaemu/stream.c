@@ -61,7 +61,12 @@ CUstream emu_stream_resolve_locked(CUstream s)
     return emu_map_get(&emu.streams, (uint64_t)(uintptr_t)s);
 }
 
-static void stream_complete(CUstream s) { s->completed = s->submitted; }
+/* Waiting for a stream completes its work: the modelled clock moves to its last copy's end. */
+static void stream_complete(CUstream s)
+{
+    s->completed = s->submitted;
+    emu_model_advance_to(s->model_ready);
+}
 
 bool emu_stream_pend_locked(CUstream s, uintptr_t addr, size_t size, uint64_t seq)
 {
@@ -338,6 +343,8 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
         /* An event from outside the capture would be a dependency across its boundary. */
         capture_invalidate(s);
         r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    } else if (!s->cap && e->model_ready > s->model_ready) {
+        s->model_ready = e->model_ready; /* the timeline model: later work starts after the event */
     }
     emu_unlock();
     return r;
@@ -554,9 +561,11 @@ CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
         e->stream = s;
         e->seq = ++s->submitted;
         e->cap_id = 0;
+        e->model_ready = s->model_ready;
     } else {
         e->stream = NULL;
         e->cap_id = 0;
+        e->model_ready = s->model_ready;
     }
     emu_unlock();
     return r;
@@ -586,6 +595,8 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
         r = CUDA_ERROR_INVALID_HANDLE;
     else if (event_pending(e))
         e->stream->completed = e->seq;
+    if (e)
+        emu_model_advance_to(e->model_ready);
     emu_unlock();
     return r;
 }
