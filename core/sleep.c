@@ -11,11 +11,11 @@
  *   4. unmap every mapped page of the pool, keeping the handles (the bytes still exist): a
  *      failure maps them back with their own memory;
  *   5. release the handles: the memory goes back to the driver. Books: reserved_bytes drops.
- * Wake: map every asleep page (new memory), restore (copy back or zero) on the segment's stream,
- * wait, then give the host memory back (to the host cache under sleep_keep_host_backup, else to
- * the driver); a failure before the end waits for the copies it queued, then unmaps what it
- * mapped (if that wait fails too, the pages stay mapped), and the pool stays asleep with its host
- * copy, ready for a retry.
+ * Wake: map every asleep page (new memory) and restore (copy back or zero) on the segment's stream,
+ * segment after segment (a segment's copies overlap the next one's mapping), wait, then give the
+ * host memory back (to the host cache under sleep_keep_host_backup, else to the driver). A failure
+ * before the end waits for the copies it queued, then unmaps what it mapped (if that wait fails
+ * too, the pages stay mapped), and the pool stays asleep with its host copy, ready for a retry.
  *
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
  * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
@@ -521,19 +521,18 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
         ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
     }
-    size_t k = 0;
-    for (; k < ps->nsegs; k++) {
+    /* Each segment's restore is queued as soon as its pages are mapped, so its copies run while
+     * the next segment maps. k: segments mapped (or tried); queued: those whose copies may run. */
+    size_t k = 0, queued = 0;
+    for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
         size_t mapped;
         if ((st = seg_wake_map(ps->segs[k].s->vseg, &mapped)) != XSEG_SUCCESS) {
             k++; /* its own rollback may have left a page mapped: counted below */
             break;
         }
-    }
-    size_t queued = 0; /* segments whose copies may be queued */
-    for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
-        ps->segs[i].stream = copy_stream(ps->segs[i].s);
-        queued = i + 1;
-        st = restore(ps, &ps->segs[i]);
+        ps->segs[k].stream = copy_stream(ps->segs[k].s);
+        queued = k + 1;
+        st = restore(ps, &ps->segs[k]);
     }
     if (st == XSEG_SUCCESS)
         st = wait_copies(ps, queued, "for the copies of a wake (xseg_wake)");
