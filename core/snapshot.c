@@ -714,16 +714,8 @@ static xseg_status gather(int device, struct snap_acc *a)
 xseg_status snapshot_write(int device, const char *path, bool json)
 {
     const char *what = json ? "xseg_dump_snapshot_json" : "xseg_dump_snapshot";
-    if (!path || !*path)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: path is %s", what, path ? "empty" : "NULL");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
     int ndev = rt_device_count();
-    if (device < -1 || device >= ndev)
-        return err_set(XSEG_ERROR_INVALID_DEVICE, "%s: invalid device %d: the driver reports %d device%s", what,
-                       device, ndev, ndev == 1 ? "" : "s");
-
+    xseg_status st;
     struct snap_acc a = {.with_stacks = true};
     struct hist_event *ev = NULL;
     size_t nev = 0;
@@ -779,15 +771,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
 xseg_status snapshot_write_trace(int device, const char *path)
 {
     const char *what = "xseg_dump_trace";
-    if (!path || !*path)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: path is %s", what, path ? "empty" : "NULL");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    int ndev = rt_device_count();
-    if (device < -1 || device >= ndev)
-        return err_set(XSEG_ERROR_INVALID_DEVICE, "%s: invalid device %d: the driver reports %d device%s", what,
-                       device, ndev, ndev == 1 ? "" : "s");
+    xseg_status st;
     struct hist_event *ev;
     size_t nev;
     uint64_t dropped;
