@@ -46,6 +46,10 @@ void fork_register(enum fork_rank rank, pthread_mutex_t *m, void (*child)(void))
 #define FORK_MUTEX(rank, m)                                                                       \
     __attribute__((constructor)) static void fork_register_##m(void) { fork_register(rank, &m, NULL); }
 
+/* At file scope: register the mutex lvalue @p m (a field: xseg_rt.hist.lock) at @p rank, @p tag
+ * naming the constructor. */
+#define FORK_MUTEX_AT(rank, tag, m)                                                               \
+    __attribute__((constructor)) static void fork_register_##tag(void) { fork_register(rank, &(m), NULL); }
 /* At file scope: run @p fn in a forked child, in the slot of rank @p rank (no mutex). */
 #define FORK_CHILD(rank, fn)                                                                      \
     __attribute__((constructor)) static void fork_register_##fn(void) { fork_register(rank, NULL, fn); }

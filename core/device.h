@@ -26,13 +26,12 @@
 #include "core/block.h"
 #include "core/config.h"
 #include "core/history.h"
+#include "core/procstate.h" /* ALLOC_MAX_DEVICES */
 #include "core/ptrmap.h"
 #include "core/settings.h"
 #include "core/state.h"
 #include "core/stats.h"
 #include "vmm/driver.h"
-
-#define ALLOC_MAX_DEVICES 64
 
 struct dev_alloc;
 /* The allocator of @p device if it was created, else NULL: how a module below runtime.c (which
