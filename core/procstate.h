@@ -39,9 +39,10 @@ struct ipc_import_rec;
 
 /* ---- runtime.c: initialization and the device table (read inline by core/runtime.h) ------- */
 struct rt_state {
+    /* First: at offset 0 of xseg_rt, xseg_malloc indexes it with no add (callgrind_pairs.sh). */
+    struct dev_alloc *_Atomic devs[ALLOC_MAX_DEVICES];
     _Atomic int ready;
     int ndevices; /* written once, before ready is released */
-    struct dev_alloc *_Atomic devs[ALLOC_MAX_DEVICES];
     _Atomic bool forked; /* a fork of a process that had initialised CUDA (set in the child) */
     pthread_mutex_t lock; /* init, device creation */
 };
