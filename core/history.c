@@ -548,6 +548,12 @@ void hist_shutdown(void)
         xseg_rt.hist.frm_nbuckets = xseg_rt.hist.frm_count = 0;
     }
     mutex_unlock(&xseg_rt.hist.lock);
+    /* The calling thread's stack cache; another thread's goes when it exits (cache_key). */
+    if (tls_cache) {
+        (void)pthread_setspecific(cache_key, NULL);
+        scache_free(tls_cache);
+        tls_cache = NULL;
+    }
 }
 
 /* Resize the ring to @p cap slots, keeping the newest events that fit. */

@@ -118,7 +118,8 @@ void hist_events_free(struct hist_event *ev, size_t n);
  * clear); the table of stacks held by blocks stays. */
 void hist_clear_events(void);
 /* Stop recording, drop every event and free the ring, and the stack and frame tables once no
- * stack is referenced (xseg_shutdown, after every device is empty); options back to defaults. */
+ * stack is referenced (xseg_shutdown, after every device is empty), and the calling thread's stack
+ * cache (another thread's goes at its exit); options back to defaults. */
 void hist_shutdown(void);
 
 /* How many distinct stacks and interned callback frames are stored now (tests, diagnostics). */

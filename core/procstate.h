@@ -44,7 +44,11 @@ struct rt_state {
     _Atomic int ready;
     int ndevices; /* written once, before ready is released */
     _Atomic bool forked; /* a fork of a process that had initialised CUDA (set in the child) */
-    pthread_mutex_t lock; /* init, device creation */
+    pthread_mutex_t lock; /* init, device creation, teardown */
+    /* Each device's state lives in pages of its own (base/pages.h), mapped at its first creation
+     * and never unmapped: xseg_shutdown gives their memory back and the next creation of the
+     * device reuses them, so a thread's cached slot pointer (alloc_tls_slot) never dangles. */
+    void *homes[ALLOC_MAX_DEVICES];
 };
 
 /* ---- settings.c: what the user set (core/settings.h) --------------------------------------- */

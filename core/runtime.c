@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/hostmem.h"
+#include "base/pages.h"
 #include "base/witness.h"
 #include "core/idle.h"
 #include "core/runtime.h"
@@ -102,23 +103,23 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
         *out = d;
         return XSEG_SUCCESS;
     }
+    /* The driver query with the lock released (an init or another device's creation need not
+     * wait); the build, which allocates nothing, and the publication under it. */
+    struct drv_device_info info;
+    if ((st = drv_device_query(device, &info)) != XSEG_SUCCESS)
+        return st;
     mutex_lock(&xseg_rt.rt.lock);
     d = atomic_load(&xseg_rt.rt.devs[device]);
     if (!d) {
-        /* dev_create queries the driver: build it with the lock released (an init or another
-         * device's creation need not wait) and publish it under the lock. */
-        mutex_unlock(&xseg_rt.rt.lock);
-        struct dev_alloc *nd = NULL;
-        st = dev_create(device, &nd);
-        mutex_lock(&xseg_rt.rt.lock);
-        if (st == XSEG_SUCCESS) {
-            d = atomic_load(&xseg_rt.rt.devs[device]);
-            if (!d) {
-                atomic_store_explicit(&xseg_rt.rt.devs[device], nd, memory_order_release);
-                d = nd;
-            } else {
-                xs_free(nd); /* lost a race; nothing was allocated from the driver yet */
-            }
+        void *home = xseg_rt.rt.homes[device];
+        if (!home && (home = pages_map(DEV_HOME_BYTES)))
+            xseg_rt.rt.homes[device] = home;
+        if (home) {
+            d = dev_create(device, &info, home);
+            atomic_store_explicit(&xseg_rt.rt.devs[device], d, memory_order_release);
+        } else {
+            st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d",
+                         device);
         }
     }
     mutex_unlock(&xseg_rt.rt.lock);
@@ -128,6 +129,19 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
     return XSEG_SUCCESS;
 }
 
+void rt_teardown(void)
+{
+    mutex_lock(&xseg_rt.rt.lock);
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
+        struct dev_alloc *d = atomic_load(&xseg_rt.rt.devs[i]);
+        if (!d)
+            continue;
+        atomic_store(&xseg_rt.rt.devs[i], NULL);
+        dev_destroy(d);
+        pages_discard(xseg_rt.rt.homes[i], DEV_HOME_BYTES);
+    }
+    mutex_unlock(&xseg_rt.rt.lock);
+}
 
 xseg_status rt_reset(void)
 {

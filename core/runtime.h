@@ -21,6 +21,11 @@ xseg_status rt_set_config(const char *config);
  * The device table keeps its (emptied) allocators for that next use. */
 xseg_status rt_reset(void);
 
+/* xseg_shutdown's last step, once every device was emptied: each allocator gives back what it
+ * holds (dev_destroy) and the pages of its state (kept mapped for its next creation); the
+ * device table is empty. */
+void rt_teardown(void);
+
 /* True in a child forked from a process that had loaded the CUDA driver: every call that needs
  * the runtime (rt_ensure, rt_init, hence every device) fails with XSEG_ERROR_ILLEGAL_STATE
  * saying why; the configuration (settings.h) stays readable and writable. */

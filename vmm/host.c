@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/fork.h"
 #include "base/vec.h"
 #include "base/witness.h"
@@ -79,6 +80,11 @@ xseg_status vhost_retry(void)
         host_proc.left[keep++] = l;
     }
     host_proc.nleft = keep;
+    if (!keep) { /* all freed: the list goes too */
+        xs_free(host_proc.left);
+        host_proc.left = NULL;
+        host_proc.capleft = 0;
+    }
     mutex_unlock(&host_proc.lock);
     return first;
 }

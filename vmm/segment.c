@@ -361,6 +361,11 @@ xseg_status seg_leftovers_retry(void)
         }
         seg_proc.nleft = keep;
     }
+    if (!seg_proc.nleft) { /* all retried: the list goes too (xseg_shutdown leaves nothing) */
+        xs_free(seg_proc.left);
+        seg_proc.left = NULL;
+        seg_proc.capleft = 0;
+    }
     mutex_unlock(&seg_proc.left_lock);
     return first;
 }
