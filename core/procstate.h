@@ -49,6 +49,9 @@ struct rt_state {
      * and never unmapped: xseg_shutdown gives their memory back and the next creation of the
      * device reuses them, so a thread's cached slot pointer (alloc_tls_slot) never dangles. */
     void *homes[ALLOC_MAX_DEVICES];
+    /* The device's primary context is retained (once for the process, like the driver's load:
+     * a program's streams on it outlive xseg_shutdown). */
+    bool retained[ALLOC_MAX_DEVICES];
 };
 
 /* ---- settings.c: what the user set (core/settings.h) --------------------------------------- */

@@ -110,11 +110,16 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
         return st;
     mutex_lock(&xseg_rt.rt.lock);
     d = atomic_load(&xseg_rt.rt.devs[device]);
+    bool keep = false; /* this query's retain of the primary context is kept */
     if (!d) {
         void *home = xseg_rt.rt.homes[device];
         if (!home && (home = pages_map(DEV_HOME_BYTES)))
             xseg_rt.rt.homes[device] = home;
         if (home) {
+            /* One retain for the process, like the driver's load: a re-creation after
+             * xseg_shutdown gives its own back. */
+            keep = !xseg_rt.rt.retained[device];
+            xseg_rt.rt.retained[device] = true;
             d = dev_create(device, &info, home);
             atomic_store_explicit(&xseg_rt.rt.devs[device], d, memory_order_release);
         } else {
@@ -123,6 +128,8 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
         }
     }
     mutex_unlock(&xseg_rt.rt.lock);
+    if (!keep)
+        drv_device_unquery(&info); /* lost a race, failed, or retained already */
     if (st != XSEG_SUCCESS)
         return st;
     *out = d;

@@ -112,10 +112,18 @@ static void test_cycles(void **state)
             tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
             tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
         }
+        unsigned long retains = tu_call_count("cuDevicePrimaryCtxRetain"),
+                      releases = tu_call_count("cuDevicePrimaryCtxRelease");
         work(s1, s2);
         if (hostmem_live() <= 0)
             fail_msg("round %d: the seam counted no live allocation during the work", round);
         OK(xseg_shutdown());
+        /* The device is created again in the second round: its primary context stays retained
+         * once for the process, not once more per round. */
+        long kept = (long)(tu_call_count("cuDevicePrimaryCtxRetain") - retains) -
+                    (long)(tu_call_count("cuDevicePrimaryCtxRelease") - releases);
+        if (kept != (round == 0 ? 1 : 0))
+            fail_msg("round %d: the device's creation kept %ld retains of the primary context", round, kept);
         long left = hostmem_live();
         if (left != 0)
             fail_msg("round %d: %ld host allocations of xseg left after xseg_shutdown", round, left);
