@@ -96,7 +96,7 @@ static void find_self(void)
     }
 }
 
-/* ---- stacks and frames (hist_lock held) -------------------------------------------------- */
+/* ---- stacks and frames (xseg_rt.hist.lock held) -------------------------------------------------- */
 
 static bool table_grow(void ***buckets, size_t *nbuckets, size_t count, size_t chain_off, size_t hash_off)
 {
@@ -406,7 +406,7 @@ struct hstack *hist_capture(void)
 
 /* ---- the ring ------------------------------------------------------------------------------ */
 
-/* Append @p e (hist_lock held), taking a reference on its stack. */
+/* Append @p e (xseg_rt.hist.lock held), taking a reference on its stack. */
 static void push_locked(const struct hist_event *e)
 {
     if (!xseg_rt.hist.ring_cap)

@@ -20,7 +20,7 @@
 FORK_MUTEX_AT(FORK_RANK_IDLE_CTL, idle_ctl_lock, xseg_rt.idle.ctl_lock)
 FORK_MUTEX_AT(FORK_RANK_IDLE, idle_lock, xseg_rt.idle.lock)
 
-/* settings_idle_thread_running is written only under idle_ctl_lock (or in a forked child). */
+/* settings_idle_thread_running is written only under xseg_rt.idle.ctl_lock (or in a forked child). */
 static bool idle_running(void) { return settings_idle_thread_running(); }
 
 /* One pass over a device: pending frees whose events completed, the idle tick (and its trim),
@@ -81,7 +81,7 @@ static void *idle_main(void *arg)
     return NULL;
 }
 
-/* Stop and join the thread (idle_ctl_lock held). */
+/* Stop and join the thread (xseg_rt.idle.ctl_lock held). */
 static void idle_stop_locked(void)
 {
     if (!idle_running())

@@ -11,7 +11,7 @@
  * hears a device's events only once it is ready for it: an event before the replay is already
  * part of the replayed state, every event after it is delivered.
  *
- * Lock order: a device lock, then obs_lock (events, replay); never the reverse.
+ * Lock order: a device lock, then xseg_rt.obs.lock (events, replay); never the reverse.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -40,7 +40,7 @@ struct observer {
 /* This module's state is xseg_rt.obs (core/procstate.h). */
 FORK_MUTEX_AT(FORK_RANK_OBSERVERS, obs_lock, xseg_rt.obs.lock)
 
-/* Deliver @p ev to every observer ready for its device (or only to @p only). obs_lock held. */
+/* Deliver @p ev to every observer ready for its device (or only to @p only). xseg_rt.obs.lock held. */
 static void obs_deliver_locked(const xseg_segment_event *ev, const struct observer *only)
 {
     for (size_t i = 0; i < xseg_rt.obs.n; i++) {
@@ -51,7 +51,7 @@ static void obs_deliver_locked(const xseg_segment_event *ev, const struct observ
 }
 
 /* Report granules [first, last) of @p seg (whole chunks), one range per chunk, at most
- * OBS_RANGES_MAX ranges an event. obs_lock held. */
+ * OBS_RANGES_MAX ranges an event. xseg_rt.obs.lock held. */
 static void obs_pages_locked(struct seg *seg, int device, size_t first, size_t last, int mapped,
                              const struct observer *only)
 {
@@ -117,7 +117,7 @@ static void obs_replay_run(void *user, struct seg *seg, size_t first, size_t las
     obs_pages_locked(seg, rp->d->device, first, last, mapped, rp->only);
 }
 
-/* Find (fn, user) in the list. obs_lock held. */
+/* Find (fn, user) in the list. xseg_rt.obs.lock held. */
 static struct observer *obs_find_locked(xseg_segment_observer fn, void *user)
 {
     for (size_t i = 0; i < xseg_rt.obs.n; i++)

@@ -65,7 +65,7 @@ struct settings_state {
     _Atomic size_t nfree_atomic;  /* nfree, readable without the lock */
     pthread_mutex_t lock;         /* cfg */
     struct cfg cfg;
-    /* Callbacks: append-only arrays under cb_lock; callers copy and call without it. */
+    /* Callbacks: append-only arrays under xseg_rt.settings.cb_lock; callers copy and call without it. */
     pthread_mutex_t cb_lock;
     struct settings_cb *oom, *free;
     size_t noom, nfree, capoom, capfree;

@@ -41,16 +41,16 @@ static xseg_status rt_fork_refuse(void)
 }
 
 /* Start or stop the idle-reclaim thread to match the configuration in force, handing it the
- * device table (rt_lock released: a stop joins the thread, which takes device locks). */
+ * device table (xseg_rt.rt.lock released: a stop joins the thread, which takes device locks). */
 static xseg_status rt_idle_sync(void) { return idle_thread_sync(rt_device_peek, xseg_rt.rt.ndevices); }
 
 /* The driver's dlopen and cuInit, with no lock of ours held: a library loaded there may register
  * fork handlers, which waits for glibc's fork-handler lock, held by a fork() whose prepare handler
- * (base/fork.c) would be waiting for rt_lock. drv_load runs once (pthread_once, which a forked
+ * (base/fork.c) would be waiting for xseg_rt.rt.lock. drv_load runs once (pthread_once, which a forked
  * child restarts if the parent was inside it). */
 static xseg_status rt_load_driver(void) { return drv_load(); }
 
-/* Load the driver (loaded already: rt_load_driver) and apply @p config (or the environment's). rt_lock held. */
+/* Load the driver (loaded already: rt_load_driver) and apply @p config (or the environment's). xseg_rt.rt.lock held. */
 static xseg_status init_locked(const char *config, bool explicit_config)
 {
     xseg_status st = drv_load();
