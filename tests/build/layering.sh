@@ -80,15 +80,21 @@ check_owners() {
 # Likewise each sub-state of the process object xseg_rt (core/procstate.h) is written (assigned,
 # stored atomically, or its lock taken) only by its module; procstate.c defines it.
 rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c ipc:ipc.c oom:snapshot.c"
-check_rt_owners() {
-    for o in $rt_owners; do
-        sub=${o%%:*}; files=,${o#*:},procstate.c,
-        for f in "$root"/core/*.[ch] "$root"/api/*.[ch]; do
-            case $files in *,"$(basename "$f")",*) continue ;; esac
-            grep -nE "xseg_rt\.$sub\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)|(atomic_(store|fetch_[a-z]+|exchange|compare_exchange_[a-z]+)(_explicit)?|mutex_(lock|unlock)|pthread_[a-z_]+)\(&xseg_rt\.$sub\." "$f" |
-                sed "s|^|${f#"$root"/}:|; s|\$|   <- writes xseg_rt.$sub outside its module (${o#*:})|"
-        done
-    done
+check_rt_owners() { # one grep over every file, then each hit checked against its sub-state's owner
+    grep -nE "xseg_rt\.[a-z]+\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)|(atomic_(store|fetch_[a-z]+|exchange|compare_exchange_[a-z]+)(_explicit)?|mutex_(lock|unlock)|pthread_[a-z_]+)\(&xseg_rt\.[a-z]+\." \
+        "$root"/core/*.[ch] "$root"/api/*.[ch] |
+    awk -v owners="$rt_owners" -v root="$root/" '
+        BEGIN { n = split(owners, o, " "); for (i = 1; i <= n; i++) { split(o[i], kv, ":"); own[kv[1]] = kv[2] } }
+        {
+            file = $0; sub(/:.*/, "", file); base = file; sub(/.*\//, "", base)
+            rest = $0
+            while (match(rest, /xseg_rt\.[a-z]+\./)) {
+                sub_ = substr(rest, RSTART + 8, RLENGTH - 9); rest = substr(rest, RSTART + RLENGTH)
+                if (!(sub_ in own) || base == own[sub_] || base == "procstate.c") continue
+                line = $0; sub(root, "", line)
+                print line "   <- writes xseg_rt." sub_ " outside its module (" own[sub_] ")"
+            }
+        }'
 }
 
 out=$( {
