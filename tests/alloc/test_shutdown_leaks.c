@@ -74,7 +74,7 @@ static void work(CUstream s1, CUstream s2)
     OK(xseg_attach_oom_observer(oom_observer, NULL));
     xseg_history_options h = {.enabled = 1, .stacks = XSEG_STACKS_C};
     OK(xseg_record_memory_history(&h));
-    enum { N = 3000 };
+    enum { N = 600 }; /* past the first slabs and map growths, light under TSan */
     static void *p[N];
     for (int i = 0; i < N; i++)
         OK(xseg_malloc(&p[i], i % 7 == 0 ? 3 * MiB : 512 + (size_t)(i % 64) * 512, 0, i % 2 ? s2 : s1));
