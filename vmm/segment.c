@@ -271,28 +271,35 @@ struct leftover {
     size_t size;                         /* LEFT_UNMAP (then released), LEFT_ADDRESS_FREE */
     CUmemGenericAllocationHandle handle; /* LEFT_UNMAP, LEFT_RELEASE */
 };
-static pthread_mutex_t left_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_VMM_LEFT, left_lock)
-static struct leftover *left;
-static size_t nleft, capleft;
+/* This file's process state: the leftovers kept for a retry, and the placement cursor below. */
+static struct seg_proc {
+    pthread_mutex_t left_lock;
+    struct leftover *left;
+    size_t nleft, capleft;
+    pthread_mutex_t cursor_lock;
+    CUdeviceptr cursor;
+    int cursor_off; /* set once the driver placed a hinted range elsewhere */
+} seg_proc = {.left_lock = PTHREAD_MUTEX_INITIALIZER, .cursor_lock = PTHREAD_MUTEX_INITIALIZER};
+FORK_MUTEX_AT(FORK_RANK_VMM_LEFT, left_lock, seg_proc.left_lock)
+FORK_MUTEX_AT(FORK_RANK_VMM_CURSOR, seg_cursor_lock, seg_proc.cursor_lock)
 
 /* Keep @p l for a retry. Only a host allocation failure loses it (the leak it was before). */
 static void left_push(struct leftover l)
 {
-    mutex_lock(&left_lock);
-    if (!VEC_RESERVE(left, capleft, nleft + 1)) {
-        mutex_unlock(&left_lock);
+    mutex_lock(&seg_proc.left_lock);
+    if (!VEC_RESERVE(seg_proc.left, seg_proc.capleft, seg_proc.nleft + 1)) {
+        mutex_unlock(&seg_proc.left_lock);
         return;
     }
-    left[nleft++] = l;
-    mutex_unlock(&left_lock);
+    seg_proc.left[seg_proc.nleft++] = l;
+    mutex_unlock(&seg_proc.left_lock);
 }
 
 size_t seg_leftovers_pending(void)
 {
-    mutex_lock(&left_lock);
-    size_t n = nleft;
-    mutex_unlock(&left_lock);
+    mutex_lock(&seg_proc.left_lock);
+    size_t n = seg_proc.nleft;
+    mutex_unlock(&seg_proc.left_lock);
     return n + vhost_pending();
 }
 
@@ -330,17 +337,17 @@ xseg_status seg_leftovers_retry(void)
 {
     /* Pinned host buffers of sleep and wake whose free failed (vmm/host.c) go with the rest. */
     xseg_status host_st = drv && vhost_pending() ? vhost_retry() : XSEG_SUCCESS;
-    mutex_lock(&left_lock);
-    if (nleft == 0 || !drv) {
-        mutex_unlock(&left_lock);
+    mutex_lock(&seg_proc.left_lock);
+    if (seg_proc.nleft == 0 || !drv) {
+        mutex_unlock(&seg_proc.left_lock);
         return host_st;
     }
     xseg_status first = host_st;
     /* Unmaps first (their handles then get released in the next pass), address frees last. */
     for (int pass = LEFT_UNMAP; pass <= LEFT_ADDRESS_FREE; pass++) {
         size_t keep = 0;
-        for (size_t i = 0; i < nleft; i++) {
-            struct leftover l = left[i];
+        for (size_t i = 0; i < seg_proc.nleft; i++) {
+            struct leftover l = seg_proc.left[i];
             if ((int)l.kind == pass) {
                 const char *what = "";
                 CUresult res = left_try(&l, &what);
@@ -350,11 +357,16 @@ xseg_status seg_leftovers_retry(void)
                     first = seg_failf(res, "%s of 0x%llx (%zu bytes), kept from an earlier failure", what,
                                       (unsigned long long)l.addr, l.size);
             }
-            left[keep++] = l;
+            seg_proc.left[keep++] = l;
         }
-        nleft = keep;
+        seg_proc.nleft = keep;
     }
-    mutex_unlock(&left_lock);
+    if (!seg_proc.nleft) { /* all retried: the list goes too (xseg_shutdown leaves nothing) */
+        xs_free(seg_proc.left);
+        seg_proc.left = NULL;
+        seg_proc.capleft = 0;
+    }
+    mutex_unlock(&seg_proc.left_lock);
     return first;
 }
 
@@ -461,10 +473,7 @@ static xseg_status seg_sync(struct seg *seg, const char *why)
  * segment would land, and a probe for a large hole finds that same hole; cudaemu (the kernel's
  * mmap) hands out falling addresses. A hint past the previous segment's room works for both: the
  * driver honours a free, aligned hint and otherwise places the range where it likes. */
-static pthread_mutex_t seg_cursor_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_VMM_CURSOR, seg_cursor_lock)
-static CUdeviceptr seg_cursor;
-static int seg_cursor_off; /* set once the driver placed a hinted range elsewhere */
+/* (seg_proc.cursor, under seg_proc.cursor_lock.) */
 
 /* Find a hole of @p size + SEG_GROW_ROOM bytes, give it back, and return its start (0 if none):
  * reserving at its start leaves the rest free to grow into, on a driver that fills the highest
@@ -492,9 +501,9 @@ static CUdeviceptr seg_probe_room(CUdevice dev, size_t size)
  * room. Any placement is acceptable: without room the segment just grows into a further one. */
 static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *out)
 {
-    mutex_lock(&seg_cursor_lock);
-    CUdeviceptr hint = seg_cursor_off ? 0 : seg_cursor;
-    mutex_unlock(&seg_cursor_lock);
+    mutex_lock(&seg_proc.cursor_lock);
+    CUdeviceptr hint = seg_proc.cursor_off ? 0 : seg_proc.cursor;
+    mutex_unlock(&seg_proc.cursor_lock);
     CUdeviceptr base = 0;
     CUresult res;
     if (hint) {
@@ -511,9 +520,9 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
             base = 0;
         }
         if (base == 0) {
-            mutex_lock(&seg_cursor_lock);
-            seg_cursor_off = 1;
-            mutex_unlock(&seg_cursor_lock);
+            mutex_lock(&seg_proc.cursor_lock);
+            seg_proc.cursor_off = 1;
+            mutex_unlock(&seg_proc.cursor_lock);
         }
     }
     if (base == 0) {
@@ -523,10 +532,10 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
     }
     if (base <= UINT64_MAX - size - SEG_GROW_ROOM - SEG_VA_ALIGN) {
         CUdeviceptr next = (CUdeviceptr)xseg_align_up((size_t)(base + size + SEG_GROW_ROOM), SEG_VA_ALIGN);
-        mutex_lock(&seg_cursor_lock);
-        if (next > seg_cursor)
-            seg_cursor = next;
-        mutex_unlock(&seg_cursor_lock);
+        mutex_lock(&seg_proc.cursor_lock);
+        if (next > seg_proc.cursor)
+            seg_proc.cursor = next;
+        mutex_unlock(&seg_proc.cursor_lock);
     }
     *out = base;
     return CUDA_SUCCESS;
