@@ -4,7 +4,7 @@
  * IPC imports closed, history cleared and its tables freed, observers and callbacks detached, the
  * settings back to their defaults, the idle thread joined; the next call initializes again.
  * The per-device state structs stay (empty) for that next use: another thread's last lazy hit
- * may still point into one (core/alloc.h, alloc_tls_slot).
+ * may still point into one (core/fast.h, fast_tls_slot).
  */
 #ifndef XSEG_CORE_SHUTDOWN_H
 #define XSEG_CORE_SHUTDOWN_H

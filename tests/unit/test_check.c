@@ -98,11 +98,16 @@ static int corrupt_pool_bit(void *arg)
     return 0;
 }
 
-static int corrupt_pending(void *arg)
+/* A busy slot whose debt the sum of core/fast.h's invariant leaves out. */
+static int corrupt_owed(void *arg)
 {
-    (void)arg;
+    void *p = arg;
+    if (xseg_free(p) != XSEG_SUCCESS) /* the last block allocated: its free fills its slot */
+        return 0;
     lock_acquire(&dev->lock);
-    dev->fast.live_pending = first_free(); /* a pending map insert of a block that is not allocated */
+    if (!dev->fast.busy_slots)
+        return 0; /* no slot filled: the test fails (the child must abort) */
+    dev->fast.busy_slots = 0;
     dev_check(dev);
     return 0;
 }
@@ -129,9 +134,9 @@ static void test_dev_check(void **state)
     int detail = 0;
     assert_int_equal(tu_run_child(consistent, NULL, &detail), TU_CHILD_OK);
     int (*corrupt[])(void *) = {corrupt_stat, corrupt_link,     corrupt_index,  corrupt_bitmap,
-                                corrupt_bin,  corrupt_pool_bit, corrupt_pending};
+                                corrupt_bin,  corrupt_pool_bit, corrupt_owed};
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
-        assert_int_equal(tu_run_child(corrupt[i], NULL, &detail), TU_CHILD_SIGNAL);
+        assert_int_equal(tu_run_child(corrupt[i], p, &detail), TU_CHILD_SIGNAL);
         assert_int_equal(detail, SIGABRT);
     }
     tu_free(p);
