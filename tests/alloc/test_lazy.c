@@ -94,8 +94,8 @@ static int run(const char *kind, bool eager)
             if (pong)
                 slot = last_slot; /* free what the last malloc handed out, then ask for its size */
             size_t size = pong ? last_size : sizes[rnd(sizeof sizes / sizeof *sizes)];
-            if (pong && rnd(3) == 0)
-                size = 1 + (size_t)rnd(last_size); /* smaller: a hit of another size */
+            if (pong && step % 3 == 0) /* smaller: a hit of another size (the seeded draws unchanged) */
+                size = 1 + (size_t)(step * 2654435761u) % last_size;
             int s = pong ? last_stream : (int)rnd(2);
             if (live[slot]) {
                 if (!free_slot(live, lsize, lstream, slot, &last_size, &last_stream))
@@ -189,9 +189,11 @@ static int run(const char *kind, bool eager)
     /* Debug builds count the hits: the lazy run must have used the slot, the eager one never. */
     uint64_t hits = rt_device_peek(0)->fast.lazy_hits;
     fprintf(stderr, "%s %s: %" PRIu64 " lazy hits\n", kind, eager ? "eager" : "lazy", hits);
-    /* In this seeded sequence: classic 34, expandable 81 (a classic block takes the slot only when
-     * it and its free successor span their segment, so that the merge moves no counter up). */
-    if (eager ? hits != 0 : hits < (classic ? 20u : 50u))
+    /* In this seeded sequence: classic 7, expandable 522 (396 of them in the 400 mixed-size pairs).
+     * A classic block takes the slot only when it and its free successor span their segment, so
+     * that the merge moves no counter up, and serves its own size only (a third of the pongs ask
+     * for less). */
+    if (eager ? hits != 0 : hits < (classic ? 5u : 300u))
         return 9;
 #endif
     return 0;
