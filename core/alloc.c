@@ -802,7 +802,7 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     return st;
 }
 
-/* free through the device lock (xseg_free tried the thread's slot first: alloc_free_slot). */
+/* free through the device lock (xseg_free tried the thread's slot first: fast_free_hit). */
 static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
 {
     return free_locked(d, ptr, owned);
