@@ -34,8 +34,8 @@ static inline xseg_status api_free(void *ptr)
 {
     if (!ptr)
         return XSEG_SUCCESS;
-    /* The ping-pong's free: the block this thread's last lazy hit handed out (any device). */
-    if (alloc_free_slot(ptr))
+    /* The ping-pong's free: the block this thread's last hit handed out (any device). */
+    if (fast_free_hit(ptr))
         return XSEG_SUCCESS;
     xseg_status st = rt_ensure();
     if (XSEG_UNLIKELY(st != XSEG_SUCCESS))

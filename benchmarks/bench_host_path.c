@@ -3,13 +3,14 @@
  * with glibc malloc and mimalloc measured in the same run as the floor.
  *
  *   bench_host_path [--pairs N] [--reps R] [--only xseg|glibc|mimalloc] [--mode classic|expandable]
- *                   [--size BYTES] [--api xseg|torch]
+ *                   [--size BYTES | --mixed] [--api xseg|torch]
  *
  * Each measurement warms up (the first malloc creates the segment; 1000 pairs fill caches), then
  * times N malloc+free pairs of one size on the default stream; the figure is the median of R
  * repetitions (ns per pair). Sizes: 512 B (small pool) and 4 MiB (large pool), both modes.
  * --api torch times xseg_torch_malloc/xseg_torch_free (PyTorch's pluggable-allocator entry points)
- * instead of xseg_malloc/xseg_free.
+ * instead of xseg_malloc/xseg_free. --mixed: each pair takes the next of 512, 1024, 1536 and 2048 B
+ * (the size column reads 0).
  * Instruction counts: benchmarks/callgrind_pairs.sh runs this under callgrind at two values of N
  * and divides the difference, so start-up cost cancels out.
  * Without a GPU (no libcuda.so.1, $XSEG_LIBCUDA unset) it runs on the cudaemu built here.
@@ -32,6 +33,11 @@
  * compiler cannot elide glibc's pair. */
 typedef int (*pair_fn)(size_t size, size_t n);
 static void *volatile sink;
+/* --mixed: pair i asks for mixed_sizes[i % 4] instead of its size (loops of their own, so that the
+ * one-size loops, which callgrind_pairs.sh counts, stay as they were). */
+static bool mixed;
+static const size_t mixed_sizes[4] = {512, 1024, 1536, 2048};
+#define MIXED_SIZE(i) mixed_sizes[(i) & 3]
 
 static int xseg_pairs(size_t size, size_t n)
 {
@@ -73,6 +79,58 @@ static int glibc_pairs(size_t size, size_t n)
 
 static void *(*mi_malloc_p)(size_t);
 static void (*mi_free_p)(void *);
+
+static int xseg_pairs_mixed(size_t size, size_t n)
+{
+    (void)size;
+    for (size_t i = 0; i < n; i++) {
+        void *p;
+        if (xseg_malloc(&p, MIXED_SIZE(i), 0, NULL) != XSEG_SUCCESS) {
+            fprintf(stderr, "bench_host_path: xseg_malloc(%zu): %s\n", MIXED_SIZE(i), xseg_last_error());
+            return -1;
+        }
+        sink = p;
+        xseg_free(p);
+    }
+    return 0;
+}
+
+static int torch_pairs_mixed(size_t size, size_t n)
+{
+    (void)size;
+    for (size_t i = 0; i < n; i++) {
+        void *p = xseg_torch_malloc(MIXED_SIZE(i), 0, NULL);
+        if (!p) {
+            fprintf(stderr, "bench_host_path: xseg_torch_malloc(%zu): %s\n", MIXED_SIZE(i), xseg_last_error());
+            return -1;
+        }
+        sink = p;
+        xseg_torch_free(p, MIXED_SIZE(i), 0, NULL);
+    }
+    return 0;
+}
+
+static int glibc_pairs_mixed(size_t size, size_t n)
+{
+    (void)size;
+    for (size_t i = 0; i < n; i++) {
+        void *p = malloc(MIXED_SIZE(i));
+        sink = p;
+        free(p);
+    }
+    return 0;
+}
+
+static int mimalloc_pairs_mixed(size_t size, size_t n)
+{
+    (void)size;
+    for (size_t i = 0; i < n; i++) {
+        void *p = mi_malloc_p(MIXED_SIZE(i));
+        sink = p;
+        mi_free_p(p);
+    }
+    return 0;
+}
 
 static int mimalloc_pairs(size_t size, size_t n)
 {
@@ -123,7 +181,7 @@ int main(int argc, char **argv)
         char *end;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("bench_host_path [--pairs N] [--reps R] [--only xseg|glibc|mimalloc] "
-                   "[--mode classic|expandable] [--size BYTES] [--api xseg|torch]\n"
+                   "[--mode classic|expandable] [--size BYTES | --mixed] [--api xseg|torch]\n"
                    "ns per cached malloc+free pair (median of R runs of N pairs), xseg in both modes\n"
                    "at 512 B and 4 MiB, with glibc malloc and mimalloc in the same run.\n");
             return 0;
@@ -144,6 +202,8 @@ int main(int argc, char **argv)
             if (*end || errno || !only_size)
                 return usage("--size needs a positive number of bytes");
             i++;
+        } else if (!strcmp(a, "--mixed")) {
+            mixed = true;
         } else if (!strcmp(a, "--only") && v) {
             only = v;
             if (strcmp(v, "xseg") && strcmp(v, "glibc") && strcmp(v, "mimalloc"))
@@ -167,8 +227,8 @@ int main(int argc, char **argv)
     }
     size_t sizes[2] = {512, 4u << 20};
     size_t nsizes = 2;
-    if (only_size) {
-        sizes[0] = only_size;
+    if (only_size || mixed) {
+        sizes[0] = mixed ? 0 : only_size;
         nsizes = 1;
     }
     void *mi = dlopen("libmimalloc.so.2", RTLD_NOW | RTLD_LOCAL);
@@ -192,7 +252,8 @@ int main(int argc, char **argv)
                 return 1;
             }
             for (size_t s = 0; s < nsizes; s++) {
-                double ns = measure(torch ? torch_pairs : xseg_pairs, sizes[s], pairs, reps);
+                double ns = measure(torch ? (mixed ? torch_pairs_mixed : torch_pairs) : (mixed ? xseg_pairs_mixed : xseg_pairs), sizes[s],
+                                    pairs, reps);
                 if (ns < 0)
                     return 1;
                 char name[40];
@@ -203,13 +264,13 @@ int main(int argc, char **argv)
     }
     if (!only || !strcmp(only, "glibc"))
         for (size_t s = 0; s < nsizes; s++)
-            printf("%-28s %10zu %14.1f\n", "glibc malloc", sizes[s], measure(glibc_pairs, sizes[s], pairs, reps));
+            printf("%-28s %10zu %14.1f\n", "glibc malloc", sizes[s], measure(mixed ? glibc_pairs_mixed : glibc_pairs, sizes[s], pairs, reps));
     if (!only || !strcmp(only, "mimalloc")) {
         if (!mi_malloc_p || !mi_free_p)
             printf("%-28s %10s %14s\n", "mimalloc", "-", "n/a (libmimalloc.so.2 not found)");
         else
             for (size_t s = 0; s < nsizes; s++)
-                printf("%-28s %10zu %14.1f\n", "mimalloc", sizes[s], measure(mimalloc_pairs, sizes[s], pairs, reps));
+                printf("%-28s %10zu %14.1f\n", "mimalloc", sizes[s], measure(mixed ? mimalloc_pairs_mixed : mimalloc_pairs, sizes[s], pairs, reps));
     }
     return 0;
 }

@@ -2,12 +2,13 @@
  * bench_scale: how the host path scales with threads and with live blocks.
  *
  *   bench_scale [--threads 1,2,4,8] [--live 1000,10000,100000,1000000] [--pairs N] [--reps R]
- *               [--only threads|live] [--split]
+ *               [--only threads|live] [--split] [--mixed]
  *
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
  * thread of the same allocator, and glibc malloc and mimalloc (libmimalloc.so.2, loaded when
- * installed: Debian's libmimalloc2.0) with the same threads in the same run.
+ * installed: Debian's libmimalloc2.0) with the same threads in the same run. --mixed: each thread
+ * cycles through 512, 1024, 1536 and 2048 B instead (one size a pair, the next size the next pair).
  * Live blocks: with L blocks alive (random sizes of 512 B to 64 KiB, the small pool, one stream), N churn pairs each free a random live block and allocate a new random size in its
  * place: ns per churn pair (median of R), and the host memory the allocator holds per live block
  * (the heap in use, mallinfo2's uordblks + hblkhd, after the blocks were allocated minus before,
@@ -67,6 +68,10 @@ static int driver_open(void)
 enum who { WHO_XSEG, WHO_GLIBC, WHO_MIMALLOC };
 
 static void *(*mi_malloc_p)(size_t);
+/* --mixed: the sizes a thread cycles through (else 512 B every pair). */
+static bool mixed;
+static const size_t mixed_sizes[4] = {512, 1024, 1536, 2048};
+static inline size_t pair_size(size_t i) { return mixed ? mixed_sizes[i & 3] : 512; }
 static void (*mi_free_p)(void *);
 
 /* One cache line or more each: a worker's fields are written by its thread alone. */
@@ -94,7 +99,7 @@ static void *worker_main(void *arg)
     /* Warm this stream's cache (the first malloc creates its segment) before the clock starts. */
     for (int i = 0; i < 1000 && use_xseg; i++) {
         void *p;
-        if (xseg_malloc(&p, 512, 0, w->stream) != XSEG_SUCCESS) {
+        if (xseg_malloc(&p, pair_size((size_t)i), 0, w->stream) != XSEG_SUCCESS) {
             w->rc = -1;
             break;
         }
@@ -104,19 +109,19 @@ static void *worker_main(void *arg)
     w->t0 = now_ns();
     for (size_t i = 0; i < w->pairs && !w->rc; i++) {
         if (w->who == WHO_GLIBC) {
-            void *p = malloc(512);
+            void *p = malloc(pair_size(i));
             KEEP(p);
             free(p);
             continue;
         }
         if (w->who == WHO_MIMALLOC) {
-            void *p = mi_malloc_p(512);
+            void *p = mi_malloc_p(pair_size(i));
             KEEP(p);
             mi_free_p(p);
             continue;
         }
         void *p;
-        if (xseg_malloc(&p, 512, 0, w->stream) != XSEG_SUCCESS) {
+        if (xseg_malloc(&p, pair_size(i), 0, w->stream) != XSEG_SUCCESS) {
             fprintf(stderr, "bench_scale: xseg_malloc: %s\n", xseg_last_error());
             w->rc = -1;
             break;
@@ -427,9 +432,11 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (!strcmp(argv[i], "--split"))
             split_calls = true;
+        else if (!strcmp(argv[i], "--mixed"))
+            mixed = true;
         else {
             fprintf(stderr, "usage: bench_scale [--threads 1,2,4,8] [--live 1000,...] [--pairs N] [--reps R] "
-                            "[--only threads|live] [--split]\n");
+                            "[--only threads|live] [--split] [--mixed]\n");
             return 2;
         }
     }
@@ -446,8 +453,9 @@ int main(int argc, char **argv)
     printf("driver: %s\n\n", getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1");
     char line[256];
     if (!only || !strcmp(only, "threads")) {
-        printf("Threads on streams of their own, cached 512 B pairs (%zu per thread, median of %d): "
-               "million pairs/s (ratio to 1 thread)\n\n", pairs, reps);
+        printf("Threads on streams of their own, cached %s pairs (%zu per thread, median of %d): "
+               "million pairs/s (ratio to 1 thread)\n\n", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B", pairs,
+               reps);
         printf("| threads | xseg classic | xseg expandable | glibc malloc | mimalloc |\n|---|---|---|---|---|\n");
         double base[4] = {0, 0, 0, 0};
         for (size_t i = 0; i < nthreads; i++) {

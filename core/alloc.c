@@ -11,13 +11,13 @@
 #include "core/alloc.h"
 
 #include "base/error.h"
-#include "base/fork.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/capreuse.h"
 #include "core/check.h"
 #include "core/events.h"
 #include "core/expandable.h"
+#include "core/fast.h"
 #include "core/ipc.h"
 #include "core/pools.h"
 #include "core/release.h"
@@ -451,25 +451,15 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 }
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
- * split, account, record the pointer (@p defer, the fast path: left to the next lock holder,
- * dev_alloc.fast.live_pending). Lock held (and kept). */
+ * split, account, record the pointer. Lock held (and kept). */
 static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
                                                                        size_t size, bool indexed,
                                                                        const struct block *pred, void **out,
-                                                                       struct hist_mctx *h, bool defer)
+                                                                       struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
-    xseg_assert(!d->fast.live_pending); /* settled when the lock was taken */
     struct block *b = alloc_found_block(d, p, size, indexed, pred);
-    if (defer) {
-        /* The insert waits for the next lock holder (dev_alloc.fast.live_pending): room reserved now,
-         * so it cannot fail then; the slot was prefetched when the block was found. */
-        if (XSEG_UNLIKELY(!ptrmap_reserve(&d->live, 1))) {
-            undo_alloc(d, b);
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
-        }
-        d->fast.live_pending = b;
-    } else if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
+    if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
     }
@@ -478,7 +468,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation's history");
     }
-    d->fast.last_alloc = b;
+    fast_note_alloc(d, b);
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -501,13 +491,13 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         found = find_free_block(d, p, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
-            return malloc_finish(d, p, size, true, pred, out, h, false);
+            return malloc_finish(d, p, size, true, pred, out, h);
         }
     }
     if (found) {
         bpool_remove_free(p->pool, found);
         p->block = found;
-        return malloc_finish(d, p, size, false, NULL, out, h, false);
+        return malloc_finish(d, p, size, false, NULL, out, h);
     }
 
     /* A request the device (or the memory fraction) can never hold fails here, before any
@@ -521,6 +511,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     xseg_status st = XSEG_SUCCESS;
     if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
         dev_capture_note(d, p->stream);
+        dev_fast_off(d);
         return capture_error(p->stream);
     }
     if (st != XSEG_SUCCESS)
@@ -532,7 +523,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
         dev_acquire(d);
         if (freed && get_free_block(d, p))
-            return malloc_finish(d, p, size, false, NULL, out, h, false);
+            return malloc_finish(d, p, size, false, NULL, out, h);
     }
 
     /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
@@ -586,7 +577,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * so it cannot be a candidate. */
     if (XSEG_UNLIKELY(d->cfg.release_threshold != SIZE_MAX))
         trim_threshold(d, p->size);
-    return malloc_finish(d, p, size, false, NULL, out, h, false);
+    return malloc_finish(d, p, size, false, NULL, out, h);
 }
 
 /* Everything before the search that a plain malloc does not need: a new config, streams seen
@@ -603,6 +594,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         if (st == XSEG_SUCCESS && !priv && dev_capture_underway(d) &&
             dev_stream_capturing(d, stream, &ignored)) {
             dev_capture_note(d, stream);
+            dev_fast_off(d);
             st = capture_error(stream);
         }
         if (st != XSEG_SUCCESS)
@@ -635,12 +627,6 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     return XSEG_SUCCESS;
 }
 
-/* The rounding of the fast path (no roundup_power2_divisions: the permit excludes them). */
-static inline size_t round_plain(size_t size)
-{
-    return size < BLOCK_MIN_SIZE ? BLOCK_MIN_SIZE : xseg_align_up(size, BLOCK_MIN_SIZE);
-}
-
 /* Every malloc the fast path does not finish: @p searched, it searched the cache under the permit
  * and found @p found (NULL: a miss; else a fit whose index predecessor it could not tell); else
  * the permit was off, and history's stack and the rare conditions come first. Then the policy.
@@ -652,10 +638,10 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     lock_assert_held(&d->lock);
     (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (out_of_memory) */
     /* Every policy step past the cache may touch any stream's blocks (release, reclaim, GC). */
-    dev_lazy_settle(d);
+    fast_settle(d, FAST_ALL, NULL);
     struct alloc_params p;
     if (searched) {
-        p.size = round_plain(size);
+        p.size = fast_round(size);
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.block = NULL;
@@ -692,154 +678,27 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
 }
 
 /*
- * The slot's hit test (struct dev_slot), at the fill: would the eager state -- B merged into its
- * free successor R as M = [B, R) at key (stream, |M|, B->addr) -- make find_free_block pick M for
- * a request of B's size, pool and stream, and alloc_found_block split exactly B off it (leaving
- * R)? Then handing B out again is what the eager free and malloc leave, and stays so until a
- * device-lock holder settles the slot (every change to B's stream's blocks does first).
- */
-static __attribute__((noinline)) bool lazy_fits(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct block *r = b->next;
-    struct bpool *pool = block_pool(b);
-    size_t size = b->size, msize = b->size + r->size, msplit = d->cfg.max_split_size;
-    /* The fast path's pool for this size is a default one; an oversize allocation is left to
-     * the eager path (so the hit never sets `oversize`). */
-    if (dev_pool_owner(d, pool) || (size <= BLOCK_SMALL_SIZE) != pool->is_small || size >= msplit)
-        return false;
-    /* find_free_block's max_split_size rules, then should_split (its remainder is R). */
-    if (size < msplit && msize >= msplit)
-        return false;
-    if (size >= msplit && msize >= size + d->cfg.max_non_split_rounding)
-        return false;
-    if (pool->is_small || d->use_expandable) {
-        if (r->size < BLOCK_MIN_SIZE)
-            return false;
-    } else if (!(size < msplit && r->size > BLOCK_SMALL_SIZE)) {
-        return false;
-    }
-    /* Best fit in the eager index: the index without R (it sits there at its own key), plus M.
-     * x: the first block without R at or above the request; M comes first iff x is above M,
-     * and then x is M's successor (find_free_block's `next`). */
-    struct block *pred, *x;
-    struct block *first = bpool_fit(pool, b->stream, size, &pred, &x);
-    if (first != r)
-        x = first;
-    else if (!x)
-        x = bpool_fit_next_bin(pool, r); /* R is the last of its bin (only a successor on the stream counts) */
-    bool same = x && x->stream == b->stream;
-    if (same && bkey_less((uintptr_t)x->stream, x->size, x->addr, (uintptr_t)b->stream, msize, b->addr))
-        return false;
-    if (b->expandable) {
-        /* find_free_block leaves an expandable first fit for the next one when expandable segments
-         * are off or the next one counts less with its unmapped tail: not M, so no hit. */
-        if (!d->use_expandable)
-            return false;
-        size_t mexp = msize + (r->next && !r->next->mapped ? r->next->size : 0);
-        if (same && expandable_size(x) < mexp)
-            return false;
-    }
-    return true;
-}
-
-/*
- * Can the pending free @p x (dev_alloc.fast.free_pending) wait until the malloc that found @p b (best
- * fit without x, its predecessor known) is done? Only if settling x first would change nothing
- * the malloc does or any counter's peak:
- * - b is not a neighbour of x, which the merge could absorb;
- * - x is larger than b, so x merged (larger still) sorts after b: b stays the best fit, and the
- *   index ends with the same blocks under the same keys either way (a neighbour of x that was
- *   b's predecessor only decides whether b's remainder is re-keyed or kept in place);
- * - an expandable b has no unmapped tail (best fit would compare the blocks after it, x among
- *   them);
- * - a classic b is split already, so the malloc only lowers inactive_split: the one counter x's
- *   merge moves, whose peak malloc_settle_after completes.
- */
-static inline bool free_pending_keeps_fit(const struct dev_alloc *d, const struct block *x, const struct block *b)
-{
-    if (b == x->prev || b == x->next || x->size <= b->size)
-        return false;
-    if (b->expandable)
-        return d->use_expandable && !(b->next && !b->next->mapped);
-    return block_is_split(b);
-}
-
-/* inactive_split of pool @p si before a malloc that lets the pending free wait: the count and
- * bytes of that pool and of all pools (malloc_settle_after). */
-struct split_then {
-    int si;
-    int64_t n, bytes, n_all, bytes_all;
-};
-
-static inline void split_then_take(const struct dev_alloc *d, int si, struct split_then *t)
-{
-    const xseg_stat_counter *n = d->acct.stats.inactive_split, *by = d->acct.stats.inactive_split_bytes;
-    t->si = si;
-    t->n = n[si].current;
-    t->bytes = by[si].current;
-    t->n_all = stats_all_current(n);
-    t->bytes_all = stats_all_current(by);
-}
-
-/* The pending free, settled after a classic malloc that only lowered inactive_split (@p t: its
- * values before). Made first, the merge would have moved them by ds from there: that peak is
- * recorded; the malloc's own steps, all downward, reached no peak. */
-static __attribute__((noinline)) void malloc_settle_after(struct dev_alloc *d, const struct split_then *t)
-{
-    xseg_stat_counter *n = d->acct.stats.inactive_split, *by = d->acct.stats.inactive_split_bytes;
-    int si = t->si;
-    int64_t n1 = n[si].current, b1 = by[si].current;
-    dev_free_settle_slow(d);
-    int64_t dn = n[si].current - n1, db = by[si].current - b1;
-    stat_peak_at_least(&n[si], t->n + dn);
-    stat_peak_at_least(&n[XSEG_STAT_ALL], t->n_all + dn);
-    stat_peak_at_least(&by[si], t->bytes + db);
-    stat_peak_at_least(&by[XSEG_STAT_ALL], t->bytes_all + db);
-}
-
-/*
  * malloc. The fast path is the policy's first step minus the rare conditions, which malloc_slow
  * handles: a best-fit search, a split that leaves the remainder in its index place, statistics,
  * one hash insert. No driver call, no allocation (block structs come from the spare list), no
  * atomic read-modify-write besides the lock's compare-exchange. A miss goes on to malloc_policy's
- * later steps. The device lock is taken here and given back here. The last free's pending merge
- * (dev_alloc.fast.free_pending) is made before the search, or after the malloc when it cannot change
- * the fit (free_pending_keeps_fit).
+ * later steps. The device lock is taken here and given back here.
  */
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    dev_lock_malloc(d);
+    /* A malloc moves counters up: the slots counted above what they hold settle first. */
+    fast_lock(d, FAST_RAISE, stream);
     xseg_status st;
-    /* fast_gen stands for every rare condition (alloc.h); a moved generation means a new config. */
+    /* fast_gen stands for every rare condition (core/fast.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
-        /* A malloc moves counters up: the slots counted above what they hold settle first (and the
-         * pending free before them, as any other lock taker would). */
-        if (XSEG_UNLIKELY(d->fast.busy_slots)) {
-            dev_free_settle(d);
-            dev_slots_settle_for_raise(d, stream);
-        }
         struct alloc_params p;
-        p.size = round_plain(size);
+        p.size = fast_round(size);
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
-        /* A pending block no larger than the request is no larger than any fit: it could only
-         * wait if it were (free_pending_keeps_fit), so it is made before the one search. */
-        struct block *x = d->fast.free_pending;
-        if (x && x->size <= p.size) {
-            dev_free_settle_slow(d);
-            x = NULL;
-        }
         struct block *pred;
         bool pred_ok;
         struct block *b = find_free_block(d, &p, &pred, &pred_ok);
-        if (x && !(b && pred_ok && free_pending_keeps_fit(d, x, b))) {
-            /* The pending free may change the fit: settled first, searched again. */
-            dev_free_settle_slow(d);
-            x = NULL;
-            b = find_free_block(d, &p, &pred, &pred_ok);
-        }
         if (XSEG_LIKELY(b && pred_ok)) {
             /* The pointer handed out is b's address: its map slot (a cache miss at many live
              * blocks) loads while the split and the counters run. */
@@ -847,61 +706,22 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
             p.block = b;
             /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
             xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
-            struct split_then t;
-            if (x && !x->expandable)
-                split_then_take(d, dev_block_pool(d, x)->stat_index, &t);
-            st = malloc_finish(d, &p, size, true, pred, out, NULL, true);
-            if (x) {
-                if (x->expandable)
-                    dev_free_settle_slow(d); /* moves no counter */
-                else
-                    malloc_settle_after(d, &t);
-            }
+            st = malloc_finish(d, &p, size, true, pred, out, NULL);
         } else {
             st = malloc_slow(d, size, stream, true, b, out);
         }
     } else {
-        dev_free_settle(d);
         st = malloc_slow(d, size, stream, false, NULL, out);
     }
     dev_unlock(d);
     return st;
 }
 
-_Thread_local struct dev_slot *alloc_tls_slot;
-
-/* A forked child never frees into the parent's devices (core/runtime.c refuses them): forget
- * the forking thread's last lazy hit, whose slot lies in one. */
-static void alloc_fork_child(void) { alloc_tls_slot = NULL; }
-FORK_CHILD(FORK_RANK_RUNTIME, alloc_fork_child)
-
-/* malloc: the lazy hit under the stream's slot lock, everything else in malloc_locked. A hit
- * needs the slot's permit current, the block's rounded size and stream, and no more requested
- * bytes than the statistics count for it (struct dev_slot). */
+/* malloc: the slot's hit under its lock alone (core/fast.h), everything else in malloc_locked. */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    struct dev_slot *s = dev_slot_of(d, stream);
-    /* No waiting here: a slot held by another thread (or a settle) sends this malloc down the
-     * device path, which waits where it must. */
-    if (XSEG_LIKELY(spin_try(&s->lock))) {
-        struct block *lz = s->lazy;
-        if (lz && s->gen == settings_gen() && round_plain(size) == lz->size && lz->stream == stream &&
-            size <= s->base_req) {
-            s->lazy = NULL;
-            s->live = lz;
-            s->cur_req = size;
-            s->reps++;
-            s->req_sum += size;
-#if XSEG_DEBUG_LEVEL >= 1
-            s->hits++;
-#endif
-            *out = (void *)lz->addr;
-            alloc_tls_slot = s;
-            spin_release(&s->lock);
-            return XSEG_SUCCESS;
-        }
-        spin_release(&s->lock);
-    }
+    if (XSEG_LIKELY(fast_hit(d, size, stream, out)))
+        return XSEG_SUCCESS;
     return malloc_locked(d, size, stream, out);
 }
 
@@ -944,41 +764,22 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         xseg_assert(!b->sided);
         if (XSEG_UNLIKELY(b->sided))
             block_side_free(b); /* release builds: the word must hold the requested size below */
-        dev_free_block_inline(d, b, true);
+        dev_free_block_inline(d, b);
     }
     return st;
-}
-
-/* Does the free of @p b (just freed, allocation counters not yet down) fill its stream's slot:
- * the common path (nothing recorded, not oversize, no other stream), the permit on, no GC clock
- * to tick, dev_free_block_inline's keep == next case (a free, indexed successor and no free
- * predecessor) with a merge that moves no counter up (an expandable block, or a classic B + R
- * that spans its segment), and the hit test? */
-static bool slot_fill_ok(struct dev_alloc *d, const struct block *b)
-{
-    lock_assert_held(&d->lock);
-    const struct block *prev = b->prev, *next = b->next;
-    if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
-        settings_gen() != d->fast.fast_gen)
-        return false;
-    if (dev_gc_on(d))
-        return false;
-    if (!b->expandable && (prev || next->next))
-        return false;
-    return lazy_fits(d, (struct block *)(uintptr_t)b);
 }
 
 /* Every free but the slot's: the device lock taken and given back here. */
 static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    dev_lock_raw(d);
+    fast_lock(d, FAST_NONE, NULL);
     /* The block's stream's slot settles first (it may hold this very block, freed or handed
      * out), and so does every slot counted above what it holds: a merge into a split block moves
      * inactive_split_bytes up. */
     if (XSEG_UNLIKELY(d->fast.busy_slots)) {
         struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
         if (x)
-            dev_slots_settle_for_raise(d, x->stream);
+            fast_settle(d, FAST_RAISE, x->stream);
     }
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
@@ -989,21 +790,9 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     *owned = true;
     b->allocated = false;
     xseg_status st = XSEG_SUCCESS;
-    if (b == d->fast.last_alloc && slot_fill_ok(d, b)) {
-        /* Counted allocated while in the slot: its map entry stays (the fold and the settle
-         * count it). On host OOM the eager free below runs instead. */
-        unsigned i = dev_slot_index(b->stream);
-        struct dev_slot *s = &d->fast.slots[i];
-        if (XSEG_LIKELY(ptrmap_put(&d->live, b->addr, b))) {
-            spin_acquire(&s->lock);
-            s->lazy = b;
-            s->gen = d->fast.fast_gen;
-            s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
-            spin_release(&s->lock);
-            d->fast.busy_slots |= (uint32_t)1 << i;
-            dev_unlock(d);
-            return XSEG_SUCCESS;
-        }
+    if (fast_fill(d, b)) {
+        dev_unlock(d);
+        return XSEG_SUCCESS;
     }
     int si = dev_block_pool(d, b)->stat_index;
     stat_down_pool(d->acct.stats.allocation, si, 1);
@@ -1011,28 +800,15 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
     /* oversize, recorded, exported and a side struct (recorded streams) in one test
      * (block_free_slow), handled out of line with the rest of the free: a call on this path would
      * make the compiler reload the block's fields after it. */
-    if (XSEG_UNLIKELY(block_free_slow(b))) {
+    if (XSEG_UNLIKELY(block_free_slow(b)))
         st = free_ptr_rare(d, b);
-    } else if (d->live.count < d->fast.free_defer_min || dev_gc_on(d)) {
-        /* Few live blocks: their neighbours are cached. The GC clock ticks in every search: a
-         * malloc that searched again after making the pending free would tick it twice. */
-        dev_free_block_inline(d, b, true);
-    } else {
-        /* The merge reads the neighbours' state, a cache miss each at many live blocks: it waits
-         * for the next lock holder (dev_alloc.fast.free_pending) while they load. The requested bytes
-         * go down now, as the free's other counters did: their peaks see the order of the calls. */
-        dev_account_inactive(d, si, b->u.requested_size);
-        if (b->prev)
-            __builtin_prefetch(&b->prev->in_index);
-        if (b->next)
-            __builtin_prefetch(&b->next->in_index);
-        d->fast.free_pending = b;
-    }
+    else
+        dev_free_block_inline(d, b);
     dev_unlock(d);
     return st;
 }
 
-/* free through the device lock (xseg_free tried the thread's slot first: alloc_free_slot). */
+/* free through the device lock (xseg_free tried the thread's slot first: fast_free_hit). */
 static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
 {
     return free_locked(d, ptr, owned);
@@ -1142,7 +918,7 @@ xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
 
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
-    dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
+    fast_lock(d, FAST_NONE, NULL); /* statistics only: the slots' debts are folded into the copy */
     refresh_cfg(d);
     dev_stats_copy(d, out);
     xseg_device_stats base = d->acct.acc_base;
@@ -1152,7 +928,7 @@ void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 
 void alloc_reset_accumulated(struct dev_alloc *d)
 {
-    dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */
+    fast_lock(d, FAST_NONE, NULL); /* statistics only: the slots' debts are folded into the copy */
     xseg_device_stats now;
     dev_stats_copy(d, &now);
     d->acct.acc_base = now;

@@ -12,35 +12,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/device.h"
+#include "core/fast.h"
 
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out);
 /* Free @p ptr if this device owns it: *owned = false (and nothing happens) when it does not. */
 xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned);
 
-/* The slot of this thread's last lazy hit (struct dev_slot), NULL before the first: where its
- * next free looks first, without the device lock or even the device. Initial-exec: one
- * thread-pointer-relative load, in the shared library too (one pointer of static TLS, which a
- * dlopen of libxseg can always have). */
-extern XSEG_HIDDEN _Thread_local struct dev_slot *alloc_tls_slot __attribute__((tls_model("initial-exec")));
-
-/* xseg_free's first try: @p ptr is the block this thread's last lazy hit handed out and it goes
- * back to the slot (true), under the slot's lock alone. False: nothing changed, take the device
- * path (also when another thread holds the slot's lock: no waiting here). */
-static inline bool alloc_free_slot(void *ptr)
-{
-    struct dev_slot *s = alloc_tls_slot;
-    if (!s || !spin_try(&s->lock))
-        return false;
-    struct block *b = s->live;
-    bool hit = b && b->addr == (uintptr_t)ptr;
-    if (hit) {
-        s->live = NULL;
-        s->lazy = b;
-    }
-    spin_release(&s->lock);
-    return hit;
-}
 /* alloc_free for the only device: a pointer it does not own is alloc_free_unknown's error. One
  * call with no out-parameter, for xseg_free's common case. */
 xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr);

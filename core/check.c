@@ -4,7 +4,7 @@
 #if XSEG_CHECK_EXPENSIVE
 
 #include "base/hostmem.h"
-#include "core/device.h"
+#include "core/fast.h"
 #include "core/stats.h"
 #include "vmm/segment.h"
 
@@ -17,7 +17,7 @@ struct recount {
     int64_t reserved_bytes[XSEG_STAT_POOLS], segment[XSEG_STAT_POOLS];
     int64_t inactive_split[XSEG_STAT_POOLS], inactive_split_bytes[XSEG_STAT_POOLS];
     int64_t oversize_allocations, oversize_segments;
-    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed, slot_lazy, free_pending;
+    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed, slot_lazy;
 };
 
 static bool pending(const struct block *b) { return !b->allocated && (block_event_count(b) > 0 || block_uses_n(b)); }
@@ -27,22 +27,19 @@ static const struct block *slot_lazy(const struct dev_alloc *d, const struct blo
 {
     if (!b)
         return NULL;
-    unsigned i = dev_slot_index(b->stream);
+    unsigned i = fast_slot_index(b->stream);
     return (d->fast.busy_slots >> i & 1) && d->fast.slots[i].lazy == b ? b : NULL;
 }
 
-/* Is @p b in the live map, or the insert that waits for the next lock holder (live_pending)? */
-static bool live_has(const struct dev_alloc *d, const struct block *b)
-{
-    return d->fast.live_pending == b || ptrmap_get(&d->live, b->addr) == b;
-}
+/* Is @p b in the live map? */
+static bool live_has(const struct dev_alloc *d, const struct block *b) { return ptrmap_get(&d->live, b->addr) == b; }
 
-/* The slot whose lazy hit handed out @p b, or NULL: B's `allocated` and `requested_size` are the
- * slot's `live` and `cur_req` then (struct dev_slot). */
+/* The slot whose hit handed out @p b, or NULL: B's `allocated`, `size` and `requested_size` are
+ * the slot's `live`, `cur_size` and `cur_req` then (struct dev_slot). */
 static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct block *b)
 {
-    const struct dev_slot *s = &d->fast.slots[dev_slot_index(b->stream)];
-    return (d->fast.busy_slots >> dev_slot_index(b->stream) & 1) && s->live == b ? s : NULL;
+    const struct dev_slot *s = &d->fast.slots[fast_slot_index(b->stream)];
+    return (d->fast.busy_slots >> fast_slot_index(b->stream) & 1) && s->live && s->blk == b ? s : NULL;
 }
 
 /* Bin treap below @p t (bin @p k of @p sb): ordered by (size, addr) within (lo, hi), heap-ordered
@@ -193,6 +190,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     const struct dev_slot *sl = slot_live(d, b);
     bool allocated = b->allocated || sl;
     size_t requested = sl ? sl->cur_req : block_requested(b);
+    size_t size = sl ? sl->cur_size : b->size; /* the rest of a hit's B is R's (below) */
     CHECK(b->expandable == (s->vseg != NULL));
     CHECK(b->size > 0);
     CHECK(!allocated || (!b->in_index && b->mapped));
@@ -203,13 +201,8 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     CHECK(!(block_in_free_index(b) && block_in_free_index(b->next)));
     CHECK(!(b->next && !b->mapped && !b->next->mapped));
     /* Free, mapped, nothing pending: cached, so in the free index; unmapped: in the unmapped one.
-     * The last fast-path free may wait for the next lock holder to merge and index it
-     * (dev_alloc.fast.free_pending): out of the map and every index, counted as free but in
-     * inactive_split, which its merge moves (so the recount below leaves it out too). */
-    if (b == d->fast.free_pending) {
-        CHECK(!allocated && !b->in_index && !b->sided && b->mapped && !live_has(d, b));
-        rc->free_pending++;
-    } else if (!allocated && !pending(b))
+     */
+    if (!allocated && !pending(b))
         CHECK(b->in_index);
     if (b->in_index)
         CHECK(!pending(b));
@@ -217,13 +210,13 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         CHECK(live_has(d, b));
         rc->allocated_blocks++;
         rc->allocation[si]++;
-        rc->allocated_bytes[si] += (int64_t)b->size;
+        rc->allocated_bytes[si] += (int64_t)size;
         if (b->oversize)
             rc->oversize_allocations++;
     }
     if (allocated || pending(b)) {
         rc->active[si]++;
-        rc->active_bytes[si] += (int64_t)b->size;
+        rc->active_bytes[si] += (int64_t)size;
         rc->requested_bytes[si] += (int64_t)requested;
     }
     if (b->mapped && !s->asleep) { /* a sleeping segment's pages count in check_segment */
@@ -346,29 +339,33 @@ static void check_walk(struct dev_alloc *d)
      * segment. */
     CHECK(rc.free_indexed == free_nodes);
     CHECK(rc.unmapped_indexed == unmapped_nodes);
-    /* A slot's freed block keeps its map entry, as a lazy hit's block does. */
-    /* The last fast-path malloc's insert may wait for the next lock holder (dev_live_settle). */
-    CHECK(rc.free_pending == (d->fast.free_pending != NULL)); /* a block of a segment */
-    const struct block *lp = d->fast.live_pending;
-    CHECK(!lp || (lp->allocated && !ptrmap_get(&d->live, lp->addr) && (d->live.count + 1) * 4 <= d->live.cap * 3));
-    CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count + (lp != NULL));
+    /* A slot's freed block keeps its map entry, as a hit's block does. */
+    CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count);
     for (unsigned i = 0; i < DEV_SLOTS; i++) {
         const struct dev_slot *sl = &d->fast.slots[i];
-        const struct block *b = sl->lazy ? sl->lazy : sl->live;
-        CHECK(!(sl->lazy && sl->live));
+        const struct block *b = sl->blk;
+        CHECK(!(sl->lazy && sl->live) && (!b || !!sl->lazy != !!sl->live));
+        CHECK(!sl->lazy || sl->lazy == b);
+        CHECK(!sl->live || sl->live == b->addr);
         CHECK(!!b == (d->fast.busy_slots >> i & 1));
         if (!b)
             continue;
-        CHECK(dev_slot_index(b->stream) == i && sl->gen != 0);
+        CHECK(fast_slot_index(b->stream) == i && sl->gen != 0);
         /* B's own fields stay as the fill left them; the slot holds their truth. */
         CHECK(!b->allocated && block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
+        CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
+        CHECK(b->expandable || sl->min_size == b->size);
+        CHECK(sl->span == b->size - sl->min_size);
+        CHECK(sl->reps || (sl->cur_size == b->size && !sl->size_sum));
         CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
         CHECK(sl->reps || !sl->live);
     }
     CHECK(rc.driver_bytes == d->acct.total_allocated_memory);
-    /* The folded copy every reader sees (dev_stats_copy): active is allocation + pending. */
-    xseg_device_stats folded;
-    dev_stats_copy_slots_held(d, &folded);
+    /* The invariant of core/fast.h: what a reader sees (d->acct.stats plus the slots' debts,
+     * dev_stats_copy; active is allocation + pending) is the recount of the eager state. */
+    xseg_device_stats folded = d->acct.stats;
+    fast_owed(d, &folded);
+    dev_stats_fold(d, &folded);
     const xseg_device_stats *st = &folded;
     check_counter(d->acct.stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
     check_counter(d->acct.stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});

@@ -31,7 +31,7 @@
 #define XSEG_CORE_CHECK_H
 
 #include "base/assert.h"
-#include "core/device.h"
+#include "core/fast.h"
 
 #if XSEG_CHECK_EXPENSIVE
 /* Walk @p d's state and abort on the first broken invariant. Device lock held. */

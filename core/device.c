@@ -61,9 +61,8 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
-    d->fast.free_defer_min = DEV_FREE_DEFER_MIN;
     d->structs = (struct arena)ARENA_INIT;
-    dev_lock(d); /* no other thread can see d yet; the lock keeps the helpers' contract */
+    lock_acquire(&d->lock); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
     lock_release(&d->lock); /* not dev_unlock (core/check.h, above): a new device has nothing to walk */
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
@@ -83,13 +82,6 @@ void dev_destroy(struct dev_alloc *d)
         xs_free(s);
     }
     arena_release(&d->structs);
-}
-
-void dev_lock(struct dev_alloc *d)
-{
-    dev_acquire(d);
-    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
-        dev_refresh_cfg_slow(d);
 }
 
 /* ---- block structs and the segment list ------------------------------------------------ */
@@ -211,7 +203,6 @@ void dev_capture_note(struct dev_alloc *d, CUstream stream)
     if (!VEC_RESERVE(d->cap.capturing, d->cap.capcapturing, d->cap.ncapturing + 1))
         return; /* only a hint; the slow path re-checks anyway */
     d->cap.capturing[d->cap.ncapturing++] = stream;
-    dev_fast_off(d);
 }
 
 bool dev_capture_underway(struct dev_alloc *d)
@@ -233,104 +224,6 @@ bool dev_capture_underway(struct dev_alloc *d)
 }
 
 /* ---- merge / free ------------------------------------------------------------------------ */
-
-/* ---- the stream slots (struct dev_slot) --------------------------------------------------- */
-
-/* Add to @p st what slot @p s (busy, locked) owes it: each hit stands for a free and a malloc of
- * its block that were not counted, and the block is counted allocated with base_req requested
- * bytes while it may be freed or hold fewer (every change below moves a current down or an
- * accumulated count up; freed is derived, see core/stats.h). The eager free merges B into R
- * (one merged block: for a classic one that spans its segment, one inactive split block of
- * R's bytes fewer) and the hit splits it again. */
-static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
-{
-    const struct block *b = s->lazy ? s->lazy : s->live, *r = b->next;
-    int si = block_pool(b)->stat_index;
-    int64_t n = (int64_t)s->reps;
-    st->allocation[si].allocated += n;
-    st->allocated_bytes[si].allocated += n * (int64_t)b->size;
-    st->requested_bytes[si].allocated += (int64_t)s->req_sum;
-    if (!b->expandable) {
-        st->inactive_split[si].allocated += n;
-        st->inactive_split_bytes[si].allocated += n * (int64_t)r->size;
-    }
-    if (s->lazy) {
-        stat_down_pool(st->allocation, si, 1);
-        stat_down_pool(st->allocated_bytes, si, (int64_t)b->size);
-        stat_down_pool(st->requested_bytes, si, (int64_t)s->base_req);
-        if (!b->expandable) {
-            stat_down_pool(st->inactive_split, si, 1);
-            stat_down_pool(st->inactive_split_bytes, si, (int64_t)r->size);
-        }
-    } else {
-        stat_down_pool(st->requested_bytes, si, (int64_t)(s->base_req - s->cur_req));
-    }
-}
-
-/* dev_slot_settle with the slot's lock held (kept). The merge is dev_free_block_inline's keep ==
- * next branch: nothing but the slot's own pairs touched B, R or the GC clock since the fill. */
-static void slot_settle_locked(struct dev_alloc *d, unsigned i)
-{
-    lock_assert_held(&d->lock);
-    struct dev_slot *s = &d->fast.slots[i];
-    lock_assert_held(&s->lock);
-    struct block *b = s->lazy ? s->lazy : s->live;
-    xseg_assert(b && (d->fast.busy_slots >> i & 1));
-    slot_owe(s, &d->acct.stats);
-    struct block *r = b->next;
-    struct bpool *pool = block_pool(b);
-    if (s->live) {
-        b->allocated = true;
-        block_set_requested(b, s->cur_req); /* record_stream may have given it a side meanwhile */
-    } else {
-        struct block *prev = b->prev;
-        xseg_assert(!b->allocated && !b->in_index && !block_uses_n(b) && !block_event_count(b));
-        xseg_assert(block_in_free_index(r) && !block_in_free_index(prev));
-        (void)ptrmap_take(&d->live, b->addr);
-        bpool_free_grow(pool, r, b->addr, r->size + b->size);
-        block_splice_out(r->seg, prev, r);
-        dev_block_delete(d, b);
-    }
-    block_set_gc_base(r, pool->get_free_blocks_call_count);
-#if XSEG_DEBUG_LEVEL >= 1
-    d->fast.lazy_hits += s->hits;
-    s->hits = 0;
-#endif
-    s->lazy = s->live = NULL;
-    s->reps = 0;
-    s->req_sum = 0;
-    d->fast.busy_slots &= ~((uint32_t)1 << i);
-}
-
-/* Settle busy slot @p i (device lock held, slot lock taken here). */
-static void dev_slot_settle(struct dev_alloc *d, unsigned i)
-{
-    spin_acquire(&d->fast.slots[i].lock);
-    slot_settle_locked(d, i);
-    spin_release(&d->fast.slots[i].lock);
-}
-
-void dev_slots_settle_all(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
-        dev_slot_settle(d, (unsigned)__builtin_ctz(m));
-}
-
-void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream)
-{
-    lock_assert_held(&d->lock);
-    unsigned own = dev_slot_index(stream);
-    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctz(m);
-        struct dev_slot *s = &d->fast.slots[i];
-        spin_acquire(&s->lock);
-        if (i == own || s->lazy || s->cur_req != s->base_req)
-            slot_settle_locked(d, i);
-        spin_release(&s->lock);
-    }
-}
-
 
 /* Insert a free block into its pool's free index (resetting its GC clock). */
 static inline void pool_insert_free(struct bpool *pool, struct block *b)
@@ -356,7 +249,7 @@ size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
 
 /* dev_free_block_inline when b has no free neighbour or two: merge through dev_try_merge, re-index. Out
  * of line so that the common case keeps few registers live. */
-__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b, bool account)
+__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = dev_block_pool(d, b);
@@ -383,26 +276,7 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
         if (net_bytes)
             stat_add_pool(d->acct.stats.inactive_split_bytes, pool->stat_index, net_bytes);
     }
-    if (account)
-        dev_account_inactive(d, pool->stat_index, requested);
-}
-
-/* The pending free's merge with its one free neighbour (out of line: most frees have none). */
-static __attribute__((noinline)) void free_settle_one(struct dev_alloc *d, struct block *b)
-{
-    dev_free_block_inline(d, b, false);
-}
-
-void dev_free_settle_slow(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    struct block *b = d->fast.free_pending;
-    d->fast.free_pending = NULL;
-    /* Both calls in tail position: the common case (no free neighbour) builds no frame here. */
-    if (dev_free_merges_one(b))
-        free_settle_one(d, b);
-    else
-        dev_free_block_general(d, b, false);
+    dev_account_inactive(d, pool->stat_index, requested);
 }
 
 /* The free of a recorded block is complete (its memory may be reused): the event, and the block
@@ -445,12 +319,9 @@ void dev_track_active_peak(struct dev_alloc *d)
     }
 }
 
-void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
+void dev_stats_fold(const struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
-    *out = d->acct.stats;
-    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
-        slot_owe(&d->fast.slots[__builtin_ctz(m)], out);
     int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
     active_current(d, out, cur, bytes);
     const xseg_stat_counter *n = out->allocation, *b = out->allocated_bytes;
@@ -465,18 +336,6 @@ void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out)
         out->active_bytes[i].peak = d->acct.active_bytes_peak[i] > b[i].peak ? d->acct.active_bytes_peak[i] : b[i].peak;
     }
     stats_fill_all(out); /* the "all" currents and allocated, every freed */
-}
-
-void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
-{
-    lock_assert_held(&d->lock);
-    /* Every busy slot locked at once: the copy is one state the slots were in together. */
-    uint32_t busy = d->fast.busy_slots;
-    for (uint32_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
-    dev_stats_copy_slots_held(d, out);
-    for (uint32_t m = busy; m; m &= m - 1)
-        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
 }
 
 void dev_stats_reset_peaks(struct dev_alloc *d)
@@ -497,5 +356,5 @@ void dev_free_block(struct dev_alloc *d, struct block *b)
     xseg_assert(!b->sided);
     if (XSEG_UNLIKELY(b->sided))
         block_side_free(b); /* release builds: the word must hold the requested size below */
-    dev_free_block_inline(d, b, true);
+    dev_free_block_inline(d, b);
 }

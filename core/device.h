@@ -1,8 +1,7 @@
 /*
  * The state of one device allocator (struct dev_alloc: a few shared fields and the named
  * sub-states of core/state.h, each written by its own module) and what every core module shares
- * about it: taking the lock (the give-back, dev_unlock, is in core/check.h), the fast path's
- * permit, block structs, the segment list, the device's memory accounting, the capture state, the
+ * about it: block structs, the segment list, the device's memory accounting, the capture state, the
  * configuration copy, and the free that returns a block to its pool (split/merge and its
  * statistics). It sits below every policy module (check, capreuse, pools, ipc, observe,
  * expandable, events, release, sleep, trim, idle, snapshot), which call it and never alloc.c;
@@ -55,7 +54,7 @@ struct dev_alloc {
 
     struct bpool small, large;
     uint64_t idle_tick_ns; /* idle reclaim (core/trim.c): time of the last tick, CLOCK_MONOTONIC */
-    struct ptrmap live;      /* allocated blocks by address (with fast.live_pending: dev_live_settle) */
+    struct ptrmap live;      /* allocated blocks by address (and the blocks of busy slots) */
     struct segrec *segs;     /* every segment, both kinds */
     uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
     /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
@@ -91,7 +90,7 @@ struct dev_alloc {
 
     struct sleep_state sleep; /* sleep and wake (sleep.c) */
 
-    /* The fast path's permit, deferred map insert and merge, and stream slots (device.h, alloc.c). */
+    /* The fast path's permit and stream slots (core/fast.h). */
     struct dev_fast fast;
 };
 
@@ -149,117 +148,10 @@ static inline struct bpool *dev_block_pool(struct dev_alloc *d, const struct blo
     return b->small_pool ? &d->small : &d->large;
 }
 
-/* The slot of @p stream: a multiplicative hash of the handle (streams sharing a slot share its
- * one block, never its correctness). */
-static inline unsigned dev_slot_index(const void *stream)
-{
-    return (unsigned)((((uintptr_t)stream >> 4) * UINT64_C(0x9E3779B97F4A7C15)) >> 59);
-}
-static inline struct dev_slot *dev_slot_of(struct dev_alloc *d, const void *stream)
-{
-    return &d->fast.slots[dev_slot_index(stream)];
-}
-
-/* Settle every busy slot: count what its pairs and its block's state owe the statistics, merge a
- * freed block into its successor, empty it (out of line: only the fast paths fill them). */
-void dev_slots_settle_all(struct dev_alloc *d);
-/* Before a change that may move a counter up (a malloc through the device lock): settle every
- * busy slot whose block is counted above what it holds (freed, or handed out with fewer requested
- * bytes than counted), and the slot of @p stream whatever its state (its neighbours may change).
- * The others stay: their blocks are allocated as counted, so the counters are exact for a peak. */
-void dev_slots_settle_for_raise(struct dev_alloc *d, const void *stream);
-
-
-/* Every operation but the malloc and free paths starts here once the lock is held (and again
- * after any re-acquire): from then on the state is exactly what eager frees leave. */
-static inline void dev_lazy_settle(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(d->fast.busy_slots != 0))
-        dev_slots_settle_all(d);
-}
-
-/* The last fast-path malloc's map insert (dev_alloc.fast.live_pending), made now: right after the
- * lock is taken, before anything looks a pointer up. */
-static inline void dev_live_settle(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    struct block *b = d->fast.live_pending;
-    if (b) {
-        d->fast.live_pending = NULL;
-        ptrmap_put_reserved(&d->live, b->addr, b);
-    }
-}
-
 /* Does every search tick the GC clock (garbage_collection_threshold with a memory fraction set)? */
 static inline bool dev_gc_on(const struct dev_alloc *d)
 {
     return d->acct.set_fraction && d->cfg.garbage_collection_threshold > 0.0;
-}
-
-/* dev_alloc.fast.free_defer_min's value. */
-#if XSEG_DEBUG_LEVEL >= 1
-#define DEV_FREE_DEFER_MIN ((size_t)0)
-#else
-#define DEV_FREE_DEFER_MIN ((size_t)1 << 16)
-#endif
-
-/* The pending free's merge and insert (dev_alloc.fast.free_pending), made now (out of line). */
-void dev_free_settle_slow(struct dev_alloc *d);
-static inline void dev_free_settle(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    if (d->fast.free_pending)
-        dev_free_settle_slow(d);
-}
-
-/* Take the device lock for the fast-path malloc: the map's pending insert is made, the pending
- * free is left to the malloc (alloc.c, malloc_locked). */
-static inline void dev_lock_malloc(struct dev_alloc *d)
-{
-    lock_acquire(&d->lock);
-    dev_live_settle(d);
-}
-
-/* Take the device lock and leave the slots as they are: for free, which settles what it touches
- * (alloc.c), and for reading the statistics, which folds the slots' debts. The map's pending
- * insert and the pending free are made. */
-static inline void dev_lock_raw(struct dev_alloc *d)
-{
-    lock_acquire(&d->lock);
-    dev_live_settle(d);
-    dev_free_settle(d);
-}
-
-/* Take the device lock for anything other than the two fast paths: the lock, the map's pending
- * insert and the pending free, then the slot merged (dev_lock also refreshes the configuration). */
-static inline void dev_acquire(struct dev_alloc *d)
-{
-    lock_acquire(&d->lock);
-    dev_live_settle(d);
-    dev_free_settle(d);
-    dev_lazy_settle(d);
-}
-
-/* A rare condition begins (see fast_gen): malloc takes the general path until it is over. */
-static inline void dev_fast_off(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    dev_lazy_settle(d); /* the lazy hit needs the permit: nothing may wait in the slot without it */
-    d->fast.fast_gen = 0;
-}
-
-/* Grant the fast path again when no rare condition holds (config current). */
-static inline void dev_fast_update(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    /* Idle reclaim ticks in malloc_prepare unless its thread does (core/idle.c); a sleeping pool
-     * refuses allocations there (core/sleep.c). */
-    bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any ||
-                hist_mode() ||
-                (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
-                d->sleep.nasleep;
-    d->fast.fast_gen = rare ? 0 : d->cfg_gen;
 }
 
 /* The bytes of a device's state: runtime.c keeps them in pages (base/pages.h) of its own. */
@@ -272,8 +164,6 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
  * structs (slabs and arena). @p d's own memory is the caller's (runtime.c discards its pages). */
 void dev_destroy(struct dev_alloc *d);
 
-/* Take the device lock with the configuration in force refreshed (every operation's start). */
-void dev_lock(struct dev_alloc *d);
 /* Copy the global configuration again (its generation moved; the caller tested it). */
 void dev_refresh_cfg_slow(struct dev_alloc *d);
 /* The memory fraction in force: the config key's, or xseg_set_memory_fraction's. */
@@ -329,9 +219,8 @@ size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
  * capreuse.c, the undo of a malloc). */
 void dev_free_block(struct dev_alloc *d, struct block *b);
 
-/* The free path's merge when @p b has no free neighbour or two (out of line); @p account: the
- * requested bytes go down too (dev_account_inactive; a pending free's went at the free). */
-void dev_free_block_general(struct dev_alloc *d, struct block *b, bool account);
+/* The free path's merge when @p b has no free neighbour or two (out of line). */
+void dev_free_block_general(struct dev_alloc *d, struct block *b);
 
 /* The counters of a block that stops being active (every path of the free). `active` and
  * `active_bytes` are folded from allocation and pending (see dev_alloc.acct.pending). */
@@ -357,11 +246,9 @@ static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, i
 
 /* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.acct.pending). */
 void dev_track_active_peak(struct dev_alloc *d);
-/* A copy of the statistics with the `active` rows folded and the "all" entries filled
- * (stats_fill_all): what every reader sees. Accumulated values are not rebased here. */
-void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out);
-/* dev_stats_copy with every busy slot's lock held by the caller (dev_check). */
-void dev_stats_copy_slots_held(struct dev_alloc *d, xseg_device_stats *out);
+/* @p out, a copy of the statistics with the slots' debts added (core/fast.h, dev_stats_copy):
+ * the `active` rows folded and the "all" entries filled (stats_fill_all). */
+void dev_stats_fold(const struct dev_alloc *d, xseg_device_stats *out);
 /* Every peak to its current (reset_peak_memory_stats). */
 void dev_stats_reset_peaks(struct dev_alloc *d);
 
@@ -375,15 +262,13 @@ static inline bool dev_free_merges_one(const struct block *b)
 }
 
 /* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
- * statistics (the requested bytes only with @p account). Inline for the free path (alloc.c); the
- * other modules call dev_free_block. */
-static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b,
-                                                                       bool account)
+ * statistics. Inline for the free path (alloc.c); the other modules call dev_free_block. */
+static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     struct block *prev = b->prev, *next = b->next;
     if (XSEG_UNLIKELY(!dev_free_merges_one(b))) {
-        dev_free_block_general(d, b, account);
+        dev_free_block_general(d, b);
         return;
     }
     bool fn = block_in_free_index(next);
@@ -416,8 +301,7 @@ static inline __attribute__((always_inline)) void dev_free_block_inline(struct d
             stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)keep_size);
         }
     }
-    if (account)
-        dev_account_inactive(d, si, requested);
+    dev_account_inactive(d, si, requested);
 }
 
 #endif

@@ -12,6 +12,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/capreuse.h"
+#include "core/fast.h"
 #include "vmm/event.h"
 #include "vmm/stream.h"
 

@@ -170,8 +170,8 @@ static inline bool ptrmap_put(struct ptrmap *m, uintptr_t key, struct block *b)
     return true;
 }
 
-/* Start looking @p key up: its home slot on its way into the cache (the malloc that has chosen
- * its block puts it in the map later: core/device.h, live_pending). */
+/* Start looking @p key up: its home slot on its way into the cache while the malloc that has
+ * chosen its block splits it and counts. */
 static inline void ptrmap_prefetch(const struct ptrmap *m, uintptr_t key)
 {
     if (XSEG_LIKELY(m->cap))

@@ -41,7 +41,7 @@ static xseg_status shutdown_check(struct dev_alloc *d)
 static xseg_status shutdown_live(struct dev_alloc *d, void ***out, size_t *n)
 {
     dev_lock(d);
-    dev_slots_settle_all(d); /* a slot's block is allocated or free again, as it counts */
+    fast_settle(d, FAST_ALL, NULL); /* a slot's block is allocated or free again, as it counts */
     size_t count = 0;
     for (struct segrec *s = d->segs; s; s = s->next_seg)
         for (struct block *b = s->first; b; b = b->next)

@@ -45,44 +45,40 @@ struct ev_state {
     size_t ndeferred, capdeferred;
 };
 
-/* ---- the stream slots (dev_fast.slots, below) ----------------------------------------------- */
+/* ---- the stream slots (dev_fast.slots, below; core/fast.h) ------------------------------------ */
 /*
- * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong
- * (core/README.md, "Locking and the fast path"), each under a lock of its own so that threads on
- * their own streams do not meet on the device lock. A free on the common path whose block B has
- * a free successor R and no free predecessor (and whose merge would move no counter up) leaves B
- * in its stream's slot instead of merging it into R: B stays out of the free index, R keeps its
- * own key.
- * A malloc of B's rounded size on B's stream that best fit would serve by splitting exactly B off
- * the merged block (lazy_fits, tested when the slot is filled) hands B out again (a lazy hit).
- * Neither touches the device lock, the index, the live map or the statistics: while a slot is
- * busy the statistics count B as allocated with base_req requested bytes, the slot tallies the
- * pairs it served, and the fold (dev_slot_fold) adds what the eager frees and mallocs would have
- * added. Every pair leaves each counter where it was or lower (a hit asks for at most base_req),
- * so no peak can be missed; a counter that would move up (a free that makes a split block) keeps
- * the eager path.
- * Locking: a slot's fields are guarded by the slot's lock. The fast paths only read B (its
- * address, size and stream never change while it is in the slot) and write only the slot, so
- * threads on other slots share no written cache line: while the slot is busy, B's own
- * `allocated` (false) and `requested_size` (base_req) are stale and the slot holds their truth
- * (live, cur_req), written back when it settles. A slot is filled and emptied (settled) only with
- * the device lock held too (device lock first), so a busy slot stays busy until a device-lock
- * holder settles it, and busy_slots is exact under the device lock.
+ * A stream slot: a depth-one delayed merge per stream for the malloc+free ping-pong, under a lock
+ * of its own so that threads on their own streams do not meet on the device lock. A free on the
+ * common path whose block B has a free successor R and no free predecessor (and whose merge would
+ * move no counter up) leaves B in its stream's slot instead of merging it into R. A malloc on B's
+ * stream whose rounded size best fit would serve by splitting it off the merged block M = [B, R)
+ * (fast_fits, at the fill: min_size to B's size; B's size only on classic segments) hands B's
+ * address out again with that size (a hit); its free puts it back. Neither touches the device
+ * lock, the index, the map or the statistics: what they owe is the slot's (core/fast.h).
+ * Locking: the slot's fields are guarded by its lock; the fast paths read only B's address and
+ * stream and write only the slot, so while the slot is busy B's own `allocated` (false), `size`
+ * and `requested_size` are stale and the slot holds their truth (live, cur_size, cur_req), written
+ * back at the settle. A slot is filled and settled only with the device lock held too.
  */
 #define DEV_SLOTS 32
 struct dev_slot {
     struct spin lock;
-    unsigned gen;          /* the fast path's permit (fast_gen) at the fill: a hit needs it current */
-    struct block *lazy;    /* B freed by the user, not merged; NULL while handed out (live) */
-    struct block *live;    /* B handed out again by a hit: allocated, still in `live` */
+    unsigned gen;          /* the permit (fast_gen) at the fill: a hit needs it current */
+    struct block *blk;     /* B while the slot is busy, else NULL */
+    struct block *lazy;    /* B while freed by the user, not merged, else NULL */
+    uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
+    size_t min_size;       /* the smallest rounded size a hit may take (at most B's size) */
+    size_t span;           /* B's size - min_size: a hit's rounded size r has r - min_size <= span */
     size_t base_req;       /* B's requested bytes as the statistics count them (its requested_size) */
     size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
+    size_t cur_size;       /* the rounded size of its last malloc (B's true size while live) */
     uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
     size_t req_sum;        /* the requested bytes of those hits */
+    size_t size_sum;       /* their rounded sizes */
 #if XSEG_DEBUG_LEVEL >= 1
     uint64_t hits;         /* debug builds: added to dev_alloc.fast.lazy_hits at the settle */
 #endif
-} __attribute__((aligned(64))); /* one cache line each: threads on other slots do not share it */
+} __attribute__((aligned(64))); /* threads on other slots share no cache line */
 
 /* ---- capreuse.c: graph_capture_record_stream_reuse (core/capreuse.h) ---------------------- */
 
@@ -202,49 +198,22 @@ struct acct {
 };
 
 
-/* ---- device.{h,c} and alloc.c: the fast path's state (step 1 of issue 32 merges its four
- * deferral mechanisms: the permit, the stream slots, the deferred merge and the deferred insert) */
+/* ---- fast.{h,c}: the fast path's permit and its stream slots (core/fast.h) ------------------- */
 struct dev_fast {
-    /* The fast path's permit: equal to cfg_gen while none of the rare conditions it skips holds
-     * (streams seen capturing, routes, pending events, deferred frees, roundup divisions), else
-     * 0 (no generation is 0). alloc_malloc compares it with the global generation: one test for
-     * all of them. Every place that starts a rare condition calls dev_fast_off; malloc_prepare
-     * grants it again once they are all over (dev_fast_update). */
+    /* The permit: equal to cfg_gen while none of the rare conditions the fast paths skip holds
+     * (streams seen capturing, routes, events or deferred frees waiting, roundup divisions,
+     * history, idle ticks in malloc, sleeping pools), else 0 (no generation is 0). One test for
+     * all of them; dev_fast_off takes it, dev_fast_update grants it again. */
     unsigned fast_gen;
     /* Bit i is set while slots[i] holds a block (exact under the device lock). */
     uint32_t busy_slots;
-    /* The live map's insert of the last fast-path malloc, left to the next holder of the lock: the
-     * malloc prefetched the slot and reserved room for it, so the caller's own work until its next
-     * call hides the slot's cache miss (at a million live blocks, one DRAM latency a malloc), and
-     * the insert cannot fail. NULL when none; every lock taker settles it first (dev_lock_raw,
-     * dev_acquire), so nothing but the rest of that malloc ever sees the map without it. */
-    struct block *live_pending;
-    /* The last fast-path free's merge and index insert, left to the next holder of the lock (the
-     * free's counters but inactive_split are down already). The free prefetched the block's
-     * neighbours, whose state the merge reads (at a million live blocks, one DRAM latency), so
-     * the caller's work and the next malloc's search hide it. Every lock taker settles it first
-     * (dev_lock_raw, dev_acquire), except the fast-path malloc (malloc_locked): a pending block
-     * no larger than the request is settled before the search; a larger one after the malloc
-     * when it cannot change what the search found (free_pending_keeps_fit), else before a second
-     * search. */
-    struct block *free_pending;
-    /* Live blocks from which a fast-path free defers its merge (free_pending). Below, the blocks'
-     * structs stay cached and the deferral's bookkeeping would cost more than it hides: ~2-3 % of
-     * the churn pair at 10^4 blocks and ~6 % at 10^3 (benchmarks/bench_scale.c --only live,
-     * docs/benchmarks-host.md). Debug builds defer always, so that every test runs the deferred
-     * path under dev_check. */
-    size_t free_defer_min;
-    /* The block of the last malloc that went through malloc_finish: only a free of it fills a slot
-     * from free_locked (a ping-pong frees what it just allocated; a free of an older block rarely
-     * sees its size asked for next). Compared, never dereferenced: a stale value only sends a free
-     * down one path or the other, both exact. */
+    /* The block of the last malloc through the device lock: only a free of it fills a slot (a
+     * ping-pong frees what it just allocated). Compared, never dereferenced. */
     const struct block *last_alloc;
 #if XSEG_DEBUG_LEVEL >= 1
-    uint64_t lazy_hits; /* debug builds: lazy hits of settled slots, so a test can see them used */
+    uint64_t lazy_hits; /* debug builds: hits of settled slots, so a test can see them used */
 #endif
-    /* The stream slots (struct dev_slot): a stream's is slots[dev_slot_index(stream)]; bit i of
-     * busy_slots is set while slots[i] holds a block. */
-    struct dev_slot slots[DEV_SLOTS];
+    struct dev_slot slots[DEV_SLOTS]; /* a stream's is slots[fast_slot_index(stream)] */
 };
 
 #endif

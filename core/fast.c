@@ -1,0 +1,239 @@
+/*
+ * The fast path's owed work (see fast.h): the stream slots' fill, debts and settle, the lock
+ * entry's configuration refresh, the statistics as every reader sees them.
+ */
+#include "core/fast.h"
+
+#include "base/fork.h"
+
+_Thread_local struct dev_slot *fast_tls_slot;
+
+/* A forked child never frees into the parent's devices (core/runtime.c refuses them): forget
+ * the forking thread's last hit, whose slot lies in one. */
+static void fast_fork_child(void) { fast_tls_slot = NULL; }
+FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
+
+void dev_lock(struct dev_alloc *d)
+{
+    dev_acquire(d);
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
+        dev_refresh_cfg_slow(d);
+}
+
+/* ---- the debt of a slot ------------------------------------------------------------------ */
+
+/*
+ * Add to @p st what busy slot @p s (locked) owes it. Each hit stands for an eager free of B (B
+ * merged into R as M) and an eager malloc that split its rounded size off M again, and the
+ * statistics count B allocated with its own size and base_req requested bytes while it is freed
+ * or holds less. Every change below moves a current down or an accumulated count up (freed is
+ * derived, core/stats.h). Classic slots serve B's size only (fast_fits): for a classic M that spans
+ * its segment each pair makes one inactive split block of R's bytes.
+ */
+static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
+{
+    const struct block *b = s->blk, *r = b->next;
+    int si = block_pool(b)->stat_index;
+    int64_t n = (int64_t)s->reps;
+    st->allocation[si].allocated += n;
+    st->allocated_bytes[si].allocated += (int64_t)s->size_sum;
+    st->requested_bytes[si].allocated += (int64_t)s->req_sum;
+    if (!b->expandable) {
+        st->inactive_split[si].allocated += n;
+        st->inactive_split_bytes[si].allocated += n * (int64_t)r->size;
+    }
+    if (s->lazy) {
+        stat_down_pool(st->allocation, si, 1);
+        stat_down_pool(st->allocated_bytes, si, (int64_t)b->size);
+        stat_down_pool(st->requested_bytes, si, (int64_t)s->base_req);
+        if (!b->expandable) {
+            stat_down_pool(st->inactive_split, si, 1);
+            stat_down_pool(st->inactive_split_bytes, si, (int64_t)r->size);
+        }
+    } else {
+        stat_down_pool(st->allocated_bytes, si, (int64_t)(b->size - s->cur_size));
+        stat_down_pool(st->requested_bytes, si, (int64_t)(s->base_req - s->cur_req));
+    }
+}
+
+void fast_owed(const struct dev_alloc *d, xseg_device_stats *st)
+{
+    lock_assert_held(&d->lock);
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
+        slot_owe(&d->fast.slots[__builtin_ctz(m)], st);
+}
+
+void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
+{
+    lock_assert_held(&d->lock);
+    uint32_t busy = d->fast.busy_slots;
+    for (uint32_t m = busy; m; m &= m - 1)
+        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
+    *out = d->acct.stats;
+    fast_owed(d, out);
+    for (uint32_t m = busy; m; m &= m - 1)
+        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
+    dev_stats_fold(d, out);
+}
+
+/* ---- settle ------------------------------------------------------------------------------ */
+
+/* Settle busy slot @p i, its lock held (kept): the debt paid, B's truth written back. A freed B
+ * merges into R (dev_free_block_inline's keep == next branch: nothing but the slot's own pairs
+ * touched B, R or the GC clock since the fill); a B handed out with fewer bytes than its size
+ * gives the rest to R, whose key only grows. */
+static void slot_settle_locked(struct dev_alloc *d, unsigned i)
+{
+    lock_assert_held(&d->lock);
+    struct dev_slot *s = &d->fast.slots[i];
+    lock_assert_held(&s->lock);
+    struct block *b = s->blk;
+    xseg_assert(b && (d->fast.busy_slots >> i & 1));
+    slot_owe(s, &d->acct.stats);
+    struct block *r = b->next;
+    struct bpool *pool = block_pool(b);
+    xseg_assert(block_in_free_index(r) && !block_in_free_index(b->prev));
+    if (s->live) {
+        if (s->cur_size != b->size) {
+            size_t rest = b->size - s->cur_size;
+            bpool_free_grow(pool, r, r->addr - rest, r->size + rest);
+            b->size = s->cur_size;
+        }
+        b->allocated = true;
+        block_set_requested(b, s->cur_req);
+    } else {
+        struct block *prev = b->prev;
+        xseg_assert(!b->allocated && !b->in_index && !block_uses_n(b) && !block_event_count(b));
+        (void)ptrmap_take(&d->live, b->addr);
+        bpool_free_grow(pool, r, b->addr, r->size + b->size);
+        block_splice_out(r->seg, prev, r);
+        dev_block_delete(d, b);
+    }
+    block_set_gc_base(r, pool->get_free_blocks_call_count);
+#if XSEG_DEBUG_LEVEL >= 1
+    d->fast.lazy_hits += s->hits;
+    s->hits = 0;
+#endif
+    s->blk = s->lazy = NULL;
+    s->live = 0;
+    s->reps = 0;
+    s->req_sum = s->size_sum = 0;
+    d->fast.busy_slots &= ~((uint32_t)1 << i);
+}
+
+void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stream)
+{
+    lock_assert_held(&d->lock);
+    unsigned own = need == FAST_RAISE ? fast_slot_index(stream) : DEV_SLOTS;
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        struct dev_slot *s = &d->fast.slots[i];
+        spin_acquire(&s->lock);
+        /* FAST_RAISE keeps the slots whose block is handed out exactly as counted. */
+        if (need == FAST_ALL || i == own || s->lazy || s->cur_req != s->base_req || s->cur_size != s->blk->size)
+            slot_settle_locked(d, i);
+        spin_release(&s->lock);
+    }
+}
+
+/* ---- fill -------------------------------------------------------------------------------- */
+
+static inline size_t expandable_size(const struct block *b)
+{
+    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
+/*
+ * The slot's hit test, at the fill: the smallest rounded size s (returned; 0: none) such that, for
+ * every s from it to B's size, the eager state -- B merged into its free successor R as M = [B, R)
+ * at key (stream, |M|, B's address) -- makes find_free_block (core/alloc.c) pick M for a request of
+ * s on B's pool and stream, and alloc_found_block split s off it. Then a hit hands out what the
+ * eager free and malloc would, and stays so until a device-lock holder settles the slot (every
+ * change to the stream's blocks settles it first). Only B's size on classic segments: a smaller
+ * one would leave a larger inactive split block than the statistics count, a peak no one sees.
+ */
+static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block *r = b->next;
+    struct bpool *pool = block_pool(b);
+    size_t size = b->size, msize = b->size + r->size, msplit = d->cfg.max_split_size;
+    /* The fast path's pool for this size is a default one; an oversize allocation is left to
+     * the eager path (so the hit never sets `oversize`). */
+    if (dev_pool_owner(d, pool) || (size <= BLOCK_SMALL_SIZE) != pool->is_small || size >= msplit)
+        return 0;
+    /* find_free_block's max_split_size rule (s < msplit), then should_split (its remainder
+     * holds R, so it only grows as s shrinks). */
+    if (msize >= msplit)
+        return 0;
+    if (pool->is_small || d->use_expandable) {
+        if (r->size < BLOCK_MIN_SIZE)
+            return 0;
+    } else if (!(r->size > BLOCK_SMALL_SIZE)) {
+        return 0;
+    }
+    /* Best fit in the eager index: the index without R (it sits there at its own key), plus M.
+     * x: the first block without R at or above B's size; M comes first iff x is above M, and then
+     * x is M's successor (find_free_block's `next`). */
+    struct block *pred, *x;
+    struct block *first = bpool_fit(pool, b->stream, size, &pred, &x);
+    if (first != r)
+        x = first;
+    else if (!x)
+        x = bpool_fit_next_bin(pool, r); /* R is the last of its bin (only a successor on the stream counts) */
+    bool same = x && x->stream == b->stream;
+    if (same && bkey_less((uintptr_t)x->stream, x->size, x->addr, (uintptr_t)b->stream, msize, b->addr))
+        return 0;
+    if (b->expandable) {
+        /* find_free_block leaves an expandable first fit for the next one when expandable segments
+         * are off or the next one counts less with its unmapped tail: not M, so no hit. */
+        if (!d->use_expandable)
+            return 0;
+        size_t mexp = msize + (r->next && !r->next->mapped ? r->next->size : 0);
+        if (same && expandable_size(x) < mexp)
+            return 0;
+    } else {
+        return size;
+    }
+    /* Smaller sizes: M stays the first fit above the largest block of the stream below M's key
+     * (R aside), and in B's pool. */
+    struct block *y = bpool_prev_free(pool, b->stream, msize, b->addr);
+    if (y == r)
+        y = bpool_prev_free(pool, b->stream, r->size, r->addr);
+    size_t lo = pool->is_small ? BLOCK_MIN_SIZE : BLOCK_SMALL_SIZE + BLOCK_MIN_SIZE;
+    if (y && y->stream == b->stream && y->size + BLOCK_MIN_SIZE > lo)
+        lo = y->size + BLOCK_MIN_SIZE;
+    return lo <= size ? lo : size;
+}
+
+bool fast_fill(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    const struct block *prev = b->prev, *next = b->next;
+    /* The common free (nothing recorded, not oversize, no other stream), the permit on, no GC
+     * clock to tick, dev_free_block_inline's keep == next case (a free, indexed successor and no
+     * free predecessor) with a merge that moves no counter up (an expandable block, or a classic
+     * B + R that spans its segment). */
+    if (b != d->fast.last_alloc || block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
+        settings_gen() != d->fast.fast_gen || dev_gc_on(d))
+        return false;
+    if (!b->expandable && (prev || next->next))
+        return false;
+    size_t min_size = fast_fits(d, b);
+    /* Counted allocated while in the slot: its map entry stays (the debt and the settle count it). */
+    if (!min_size || !ptrmap_put(&d->live, b->addr, b))
+        return false;
+    unsigned i = fast_slot_index(b->stream);
+    struct dev_slot *s = &d->fast.slots[i];
+    xseg_assert(!(d->fast.busy_slots >> i & 1));
+    spin_acquire(&s->lock);
+    s->blk = s->lazy = b;
+    s->gen = d->fast.fast_gen;
+    s->min_size = min_size;
+    s->span = b->size - min_size;
+    s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
+    s->cur_size = b->size;
+    spin_release(&s->lock);
+    d->fast.busy_slots |= (uint32_t)1 << i;
+    return true;
+}
