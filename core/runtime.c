@@ -6,6 +6,7 @@
 #include "base/fork.h"
 #include "base/hostmem.h"
 #include "base/witness.h"
+#include "core/group.h"
 #include "core/idle.h"
 #include "core/runtime.h"
 #include "core/settings.h"
@@ -107,6 +108,7 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
         *out = d;
         return XSEG_SUCCESS;
     }
+    bool created = false;
     mutex_lock(&rt_lock);
     d = atomic_load(&rt_devs[device]);
     if (!d) {
@@ -121,6 +123,7 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
             if (!d) {
                 atomic_store_explicit(&rt_devs[device], nd, memory_order_release);
                 d = nd;
+                created = true;
             } else {
                 xs_free(nd); /* lost a race; nothing was allocated from the driver yet */
             }
@@ -129,6 +132,8 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
     mutex_unlock(&rt_lock);
     if (st != XSEG_SUCCESS)
         return st;
+    if (created)
+        group_attach(d); /* memory_group: join with the device (this thread created it) */
     *out = d;
     return XSEG_SUCCESS;
 }
