@@ -298,6 +298,56 @@ static void hostile(int kind)
 static void test_hostile_garbage(void **state) { (void)state; hostile(0); }
 static void test_hostile_slot(void **state) { (void)state; hostile(1); }
 
+/* xseg-top lists the group and its members (--once, --json); a bad option is one line. */
+static void test_top(void **state)
+{
+    (void)state;
+    start(GROUP);
+    struct member m = spawn(GROUP);
+    assert_string_equal(cmd(&m, "alloc 100 1"), "ok");
+    void *p = must_malloc(40 * MiB);
+    /* Members republish every 100 ms: wait (up to 10 s) until the member's 100 MiB shows. */
+    for (int tries = 0; tries < 1000; tries++) {
+        xseg_group_member mem[4];
+        size_t n = 0;
+        assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+        bool seen = false;
+        for (size_t i = 0; i < n && i < 4; i++)
+            seen = seen || (mem[i].pid == m.pid && mem[i].allocated_bytes == 100 * MiB);
+        if (seen)
+            break;
+        usleep(10000);
+    }
+    char command[1024], out[65536];
+    for (int json = 0; json < 2; json++) {
+        snprintf(command, sizeof command, "%s --once%s", getenv("XSEG_TOP"), json ? " --json" : "");
+        FILE *f = popen(command, "r");
+        assert_non_null(f);
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = '\0';
+        assert_int_equal(pclose(f), 0);
+        char want[96];
+        if (json)
+            snprintf(want, sizeof want, "{\"pid\": %d, \"reserved_bytes\": %zu, \"allocated_bytes\": %zu",
+                     (int)m.pid, 100 * MiB, 100 * MiB);
+        else
+            snprintf(want, sizeof want, "%8d      100.0      100.0", (int)m.pid);
+        if (!strstr(out, want) || !strstr(out, shm_names[1] + 1 + 44))
+            fail_msg("xseg-top%s lacks '%s':\n%s", json ? " --json" : "", want, out);
+        snprintf(want, sizeof want, json ? "{\"pid\": %d," : "%8d ", (int)getpid());
+        if (!strstr(out, want))
+            fail_msg("xseg-top lacks this process: %s", out);
+    }
+    snprintf(command, sizeof command, "%s --bogus 2>&1", getenv("XSEG_TOP"));
+    FILE *f = popen(command, "r");
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    assert_int_equal(WEXITSTATUS(pclose(f)), 2);
+    assert_string_equal(out, "xseg-top: unknown option '--bogus' (try --help)\n");
+    xseg_free(p);
+    quit(&m);
+}
+
 /* Arguments checked; a name that is no table refused by name. */
 static void test_read_errors(void **state)
 {
@@ -328,6 +378,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_oom_message),  cmocka_unit_test(test_dead_member),
         cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_hostile_garbage),
         cmocka_unit_test(test_hostile_slot), cmocka_unit_test(test_read_errors),
+        cmocka_unit_test(test_top),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
