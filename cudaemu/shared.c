@@ -60,6 +60,29 @@ void emu_device_uuid(int dev, unsigned char out[16])
     memcpy(out + 12, &h2, 4);
 }
 
+static char shared_path[EMU_MAX_DEVICES][64];
+
+/* At exit: free our slots; the last process out removes the file (one starting at that instant
+ * may keep counting in the removed file: the emulator's only gap, as CUDAEMU_SHARED is for tests
+ * and benchmarks). */
+static void shared_atexit(void)
+{
+    for (int d = 0; d < EMU_MAX_DEVICES; d++) {
+        struct shared_file *f = shared_map[d];
+        if (!f)
+            continue;
+        atomic_store(&f->slot[shared_slot_of[d]].bytes, 0);
+        atomic_store(&f->slot[shared_slot_of[d]].pid, 0);
+        bool empty = true;
+        for (int i = 0; i < SHARED_SLOTS; i++) {
+            int32_t p = atomic_load(&f->slot[i].pid);
+            empty = empty && !(p && pid_alive(p));
+        }
+        if (empty)
+            shm_unlink(shared_path[d]);
+    }
+}
+
 /* Open (create) the device's file and take a slot; NULL when not shared. Under emu.lock. */
 static struct shared_file *shared_open_locked(int dev)
 {
@@ -109,6 +132,10 @@ static struct shared_file *shared_open_locked(int dev)
         atomic_store(&f->slot[i].bytes, emu.used[dev]);
         shared_map[dev] = f;
         shared_slot_of[dev] = i;
+        snprintf(shared_path[dev], sizeof shared_path[dev], "%s", path);
+        static bool registered;
+        if (!registered)
+            registered = !atexit(shared_atexit);
         return f;
     }
     fprintf(stderr, "cudaemu: CUDAEMU_SHARED: %d processes already share device %d: this one "
