@@ -215,6 +215,7 @@ static void *responder(void *arg)
             uint64_t need = atomic_load(&s->req_bytes);
             if (need > g->total)
                 need = g->total;
+            publish(g); /* our cache now, not as last published */
             uint64_t cached = atomic_load(&s->reclaimable);
             size_t released = 0;
             /* Keep what the asker does not need: trim gives back the largest runs first. */
@@ -411,14 +412,21 @@ bool group_on(const struct dev_alloc *d)
     return g && !atomic_load_explicit(&g->alone, memory_order_relaxed);
 }
 
-/* Ask member @p i for @p need bytes and wait until it answers, dies or @p end passes. */
-static uint64_t ask_one(struct group *g, int i, uint64_t need, int64_t end)
+/* Send member @p i a request for @p need bytes; @return the sequence number its answer carries. */
+static uint32_t ask_send(struct group *g, int i, uint64_t need)
 {
     struct gslot *s = &g->t->slot[i];
-    int32_t pid = atomic_load(&s->pid);
     atomic_store(&s->req_bytes, need);
     uint32_t seq = atomic_fetch_add(&s->req_seq, 1) + 1;
     futex(&s->req_seq, FUTEX_WAKE, INT32_MAX, NULL);
+    return seq;
+}
+
+/* Wait for member @p i's answer @p seq until it answers, dies or @p end passes; @return the bytes
+ * it gave. No member waits for a dead one: its pid is checked between short waits. */
+static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int64_t end, bool *died)
+{
+    struct gslot *s = &g->t->slot[i];
     for (;;) {
         uint32_t ack = atomic_load(&s->ack_seq);
         if (ack == seq) {
@@ -428,9 +436,9 @@ static uint64_t ask_one(struct group *g, int i, uint64_t need, int64_t end)
         int64_t left = end - now_ns();
         if (left <= 0)
             return 0;
-        /* No member waits for a dead one: check its pid between short waits. */
         if (!pid_alive(pid) || atomic_load(&s->pid) != pid) {
             reap_dead(g->t);
+            *died = true; /* its memory went back to the driver with it */
             return 0;
         }
         struct timespec ts = {0, left < GROUP_POLL_NS ? left : GROUP_POLL_NS};
@@ -452,6 +460,7 @@ bool group_give_way(struct dev_alloc *d, size_t need)
         need -= dfree;
     int64_t end = now_ns() + (int64_t)wait_ms * 1000000ll;
     uint64_t got = 0;
+    bool died = false;
     char why[160];
     if (!table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
         go_alone(g, "its lock cannot be taken");
@@ -461,34 +470,49 @@ bool group_give_way(struct dev_alloc *d, size_t need)
             go_alone(g, why);
         } else {
             atomic_fetch_add(&g->t->slot[g->me].asked_count, 1);
-            /* Members by reclaimable bytes, largest first, then by reserved bytes: a figure may be
-             * up to GROUP_PUBLISH_NS old, so every member is asked in the end, even one that last
-             * published no cache (it answers 0 at once if it has none). 64 at most: a selection. */
+            /* Rounds of requests sent at once: members by reclaimable bytes, largest first
+             * (then by reserved bytes), until their published cache covers what is missing; each
+             * is asked for what the ones before it do not cover. A figure may be up to
+             * GROUP_PUBLISH_NS old, so a member that last published no cache is asked in a later
+             * round (it answers 0 at once if it has none). */
             bool asked[GROUP_SLOTS] = {false};
             while (got < need && now_ns() < end) {
-                int best = -1;
-                uint64_t most = 0, most_res = 0;
-                for (int i = 0; i < GROUP_SLOTS; i++) {
-                    const struct gslot *s = &g->t->slot[i];
-                    uint64_t r = atomic_load(&s->reclaimable), res = atomic_load(&s->reserved);
-                    if (i == g->me || asked[i] || !atomic_load(&s->pid) || res > g->total)
-                        continue;
-                    if (best < 0 || r > most || (r == most && res > most_res)) {
-                        best = i;
-                        most = r;
-                        most_res = res;
+                int batch[GROUP_SLOTS], nb = 0;
+                int32_t pids[GROUP_SLOTS];
+                uint32_t seqs[GROUP_SLOTS];
+                uint64_t planned = 0, missing = need - got;
+                while (planned < missing) {
+                    int best = -1;
+                    uint64_t most = 0, most_res = 0;
+                    for (int i = 0; i < GROUP_SLOTS; i++) {
+                        const struct gslot *s = &g->t->slot[i];
+                        uint64_t r = atomic_load(&s->reclaimable), res = atomic_load(&s->reserved);
+                        if (i == g->me || asked[i] || !atomic_load(&s->pid) || res > g->total)
+                            continue;
+                        if (best < 0 || r > most || (r == most && res > most_res)) {
+                            best = i;
+                            most = r;
+                            most_res = res;
+                        }
                     }
+                    if (best < 0)
+                        break;
+                    asked[best] = true;
+                    pids[nb] = atomic_load(&g->t->slot[best].pid);
+                    seqs[nb] = ask_send(g, best, missing - planned);
+                    batch[nb++] = best;
+                    planned += most ? most : missing; /* no figure: it may hold all of it */
                 }
-                if (best < 0)
+                if (!nb)
                     break;
-                asked[best] = true;
-                got += ask_one(g, best, need - got, end);
+                for (int k = 0; k < nb; k++)
+                    got += ask_wait(g, batch[k], pids[k], seqs[k], end, &died);
             }
         }
         pthread_mutex_unlock(&g->t->lock);
     }
     dev_acquire(d);
-    return got > 0;
+    return got > 0 || died;
 }
 
 void group_oom_info(const struct dev_alloc *d, char *buf, size_t size)

@@ -31,7 +31,8 @@ bool group_on(const struct dev_alloc *d);
 
 /* A malloc of @p need bytes failed: ask members to give way, largest reclaimable cache first,
  * for at most memory_group_wait_ms. The device lock is held on entry and on return, dropped
- * while asking (nothing read before is trusted after). @return whether any bytes were given. */
+ * while asking (nothing read before is trusted after). @return whether any bytes were given, or
+ * a member asked died (its memory is back): worth allocating again. */
 bool group_give_way(struct dev_alloc *d, size_t need);
 
 /* The OOM message's tail: the group's cached and live bytes per member ("" when none). */

@@ -6,12 +6,15 @@
  *   free N         free the Nth allocation made (0-based): "ok"
  *   check          every live allocation still holds its pattern: "ok", or "bad N"
  *   stats          "reserved R allocated A" (bytes, this process, device 0)
+ *   group          "asked A gave G gave_bytes B" (this process's row of xseg_group_stats)
+ *   trim           xseg_trim(0, 0): "ok"
  *   quit           xseg_shutdown, then exit 0
  * Started by fork+exec (a fresh process: a forked copy of a CUDA process is refused by design).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/common/testutil.h"
 #include "xseg.h"
@@ -78,6 +81,23 @@ int main(int argc, char **argv)
             xseg_stat(0, "reserved_bytes.all.current", &r);
             xseg_stat(0, "allocated_bytes.all.current", &al);
             printf("reserved %lld allocated %lld\n", (long long)r, (long long)al);
+        } else if (!strncmp(line, "trim", 4)) {
+            printf(xseg_trim(0, 0) == XSEG_SUCCESS ? "ok\n" : "error trim\n");
+        } else if (!strncmp(line, "group", 5)) {
+            xseg_group_member m[64];
+            size_t n = 0;
+            if (xseg_group_stats(0, m, 64, &n) != XSEG_SUCCESS) {
+                printf("error %s\n", xseg_last_error());
+                continue;
+            }
+            size_t i = 0;
+            while (i < n && i < 64 && m[i].pid != getpid())
+                i++;
+            if (i < n && i < 64)
+                printf("asked %llu gave %llu gave_bytes %llu\n", (unsigned long long)m[i].asked_count,
+                       (unsigned long long)m[i].gave_way_count, (unsigned long long)m[i].gave_way_bytes);
+            else
+                printf("error not a member\n");
         } else if (!strncmp(line, "quit", 4)) {
             for (size_t i = 0; i < nlive; i++)
                 if (live[i].p)
