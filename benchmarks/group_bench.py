@@ -148,7 +148,7 @@ def main():
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 16
     os.environ.setdefault("XSEG_LIBCUDA", os.path.join(sys.argv[1], "cudaemu", "libcudaemu.so"))
     tag = "gb%d" % os.getpid()
-    print("| staggered bursts, %d rounds | OOMs | failed pattern checks | malloc p50 ms, no ask "
+    print("| staggered bursts, %d rounds | OOMs | failed pattern checks | malloc p50 ms, new pages, no ask "
           "(n) | malloc p50 / p99 ms, asked (n) | bytes moved |" % rounds)
     print("|---|---|---|---|---|---|")
     for name, cfg in (("without the group", ""), ("with the group", "memory_group:bench")):
