@@ -48,6 +48,11 @@ struct cfg {
     /* The memory group (core/group.c). */
     char memory_group[CFG_NAME_MAX + 1]; /* the group's name; "" (default): no group */
     unsigned memory_group_wait_ms;      /* how long a malloc waits for members to give way */
+    bool sleep_keep_host_backup;        /* a woken pool's pinned backup stays in the host cache */
+    /* PyTorch's pinned host allocator keys (core/hostalloc.c). */
+    bool pinned_use_cuda_host_register; /* pin malloc'd pages (cuMemHostRegister), not cuMemHostAlloc */
+    unsigned pinned_num_register_threads; /* threads faulting in the pages before registering */
+    bool pinned_use_background_threads; /* a thread returns blocks whose events completed */
 };
 
 /* The kinds of value a key takes (core/config_keys.h). */
@@ -57,6 +62,7 @@ enum cfg_kind {
     CFG_KIND_FRACTION,
     CFG_KIND_ROUNDUP,
     CFG_KIND_MS,
+    CFG_KIND_COUNT,
     CFG_KIND_NAME,
     CFG_KIND_ENUM,
     CFG_KIND_IGNORED,
