@@ -3,6 +3,7 @@
 #include "api/api.h"
 #include "base/error.h"
 #include "core/alloc.h"
+#include "core/group.h"
 #include "core/runtime.h"
 #include "core/sleep.h"
 #include "core/trim.h"
@@ -51,4 +52,15 @@ XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, 
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
     return st != XSEG_SUCCESS ? st : sleep_stats(d, pool, stats);
+}
+
+XSEG_API xseg_status xseg_group_stats(int device, xseg_group_member *members, size_t capacity, size_t *count)
+{
+    return group_stats(device, members, capacity, count);
+}
+
+XSEG_API xseg_status xseg_group_read(const char *table, xseg_group_member *members, size_t capacity,
+                                     size_t *count)
+{
+    return group_read(table, members, capacity, count);
 }

@@ -18,6 +18,7 @@
 #include "core/events.h"
 #include "core/expandable.h"
 #include "core/fast.h"
+#include "core/group.h"
 #include "core/ipc.h"
 #include "core/pools.h"
 #include "core/release.h"
@@ -391,6 +392,8 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     dev_acquire(d);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
+    char group_info[1024];
+    group_oom_info(d, group_info, sizeof group_info);
     char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
     if (asleep)
         snprintf(asleep_info, sizeof asleep_info, " %s more is allocated in sleeping pools (xseg_sleep).",
@@ -407,13 +410,13 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s%s",
+                   "reserved by xseg but unallocated.%s%s%s%s%s",
                    va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
                         "of a new segment (the address space is exhausted or limited; device memory is not)"
                       : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, over,
+                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, group_info, over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.",
                    snap_info);
@@ -566,6 +569,11 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&
                            d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
         st = alloc_block(d, p, false);
+
+    /* 7c. The memory group (core/group.h): members give their cache way, the lock dropped
+     * meanwhile; then the cache (a free may have come) and a new segment once more. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && XSEG_UNLIKELY(group_on(d)) && group_give_way(d, p->alloc_size))
+        st = get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
 
     /* 8. Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)

@@ -45,6 +45,7 @@
 #define CFG_SET_FRACTION(f, v) ((f) = (v))
 #define CFG_SET_MS(f, v) ((f) = (v))
 #define CFG_SET_COUNT(f, v) ((f) = (v))
+#define CFG_SET_NAME(f, v) snprintf((f), sizeof(f), "%s", (v))
 #define CFG_SET_ROUNDUP(f, v)                                                                      \
     do {                                                                                           \
         for (size_t b_ = 0; b_ < CFG_ROUNDUP_BUCKETS; b_++)                                        \
@@ -486,6 +487,41 @@ static xseg_status cfg_parse_idle_ms(struct cfg_parser *p, const struct cfg_key 
     return XSEG_SUCCESS;
 }
 
+/* memory_group_wait_ms: a malloc waits this long at most for the group; a minute bounds it. */
+static xseg_status cfg_parse_group_wait_ms(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    unsigned long long ms;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &ms, &pos);
+    if (st)
+        return st;
+    if (ms > 60000ull)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: memory_group_wait_ms must be at most 60000 (a minute), got "
+                       "%llu at index %zu", ms, pos);
+    *(unsigned *)cfg_out(p, k) = (unsigned)ms;
+    return XSEG_SUCCESS;
+}
+
+/* A NAME (memory_group): it becomes part of a shared-memory object's name, so only letters,
+ * digits, '_', '.', '-', at most CFG_NAME_MAX of them. */
+static xseg_status cfg_parse_name(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    const char *w;
+    size_t pos;
+    xseg_status st = cfg_word(p, key, "a name", &w, &pos);
+    if (st)
+        return st;
+    size_t n = strlen(w);
+    if (n > CFG_NAME_MAX || strspn(w, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                      "0123456789_.-") != n)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s: expected 1 to %d letters, digits, '_', '.' or '-', got "
+                       "'%s' at index %zu", key, CFG_NAME_MAX, w, pos);
+    memcpy(cfg_out(p, k), w, n + 1);
+    return XSEG_SUCCESS;
+}
+
 /* pinned_* keys PyTorch's host allocator has and xseg's (core/hostalloc.c) does not need are
  * validated (so a typo still fails) and ignored. */
 static xseg_status cfg_parse_pinned_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
@@ -534,6 +570,7 @@ static xseg_status cfg_parse_pinned_reserve(struct cfg_parser *p, const struct c
 #define CFG_TYPE_FRACTION double
 #define CFG_TYPE_MS unsigned
 #define CFG_TYPE_COUNT unsigned
+#define CFG_TYPE_NAME char *
 #define CFG_TYPE_ROUNDUP unsigned *
 #define CFG_CHECK_ROW(name, alias, kind, field, def, parse, flags, snap, doc)                      \
     _Static_assert(_Generic(((struct cfg *)0)->field, CFG_TYPE_##kind: 1, default: 0),            \
@@ -816,6 +853,9 @@ static void cfg_put_key(struct strbuf *o, const struct cfg *cfg, const struct cf
     case CFG_KIND_COUNT:
         strbuf_printf(o, "%s%s:%u", sep, k->name, *(const unsigned *)f);
         break;
+    case CFG_KIND_NAME:
+        strbuf_printf(o, "%s%s:%s", sep, k->name, (const char *)f);
+        break;
     case CFG_KIND_ROUNDUP: {
         const unsigned *div = f;
         bool uniform = true;
@@ -849,6 +889,7 @@ static bool cfg_at_default(const struct cfg *cfg, const struct cfg_key *k)
     case CFG_KIND_FRACTION: return *(const double *)a == *(const double *)b;
     case CFG_KIND_MS:
     case CFG_KIND_COUNT: return *(const unsigned *)a == *(const unsigned *)b;
+    case CFG_KIND_NAME: return !strcmp(a, b);
     case CFG_KIND_ROUNDUP: return !memcmp(a, b, CFG_ROUNDUP_BUCKETS * sizeof(unsigned));
     case CFG_KIND_ENUM:
     case CFG_KIND_IGNORED: break;

@@ -14,6 +14,9 @@
  * [2^i MiB, 2^(i+1) MiB), the first also everything below 1 MiB, the last everything above. */
 #define CFG_ROUNDUP_BUCKETS 16
 
+/* The longest NAME value (memory_group): it names a shared-memory object. */
+#define CFG_NAME_MAX 32
+
 struct cfg {
     size_t max_split_size;              /* bytes; SIZE_MAX when unlimited (the default) */
     size_t max_non_split_rounding;      /* bytes; defaults to large_segment_size */
@@ -42,6 +45,9 @@ struct cfg {
     size_t release_threshold;           /* bytes of cache kept; SIZE_MAX (default) keeps all */
     unsigned idle_release_ms;           /* give back free runs idle this long; 0 (default): off */
     bool idle_release_thread;           /* a background thread does idle reclaim (core/idle.c) */
+    /* The memory group (core/group.c). */
+    char memory_group[CFG_NAME_MAX + 1]; /* the group's name; "" (default): no group */
+    unsigned memory_group_wait_ms;      /* how long a malloc waits for members to give way */
     bool sleep_keep_host_backup;        /* a woken pool's pinned backup stays in the host cache */
     /* PyTorch's pinned host allocator keys (core/hostalloc.c). */
     bool pinned_use_cuda_host_register; /* pin malloc'd pages (cuMemHostRegister), not cuMemHostAlloc */
@@ -57,6 +63,7 @@ enum cfg_kind {
     CFG_KIND_ROUNDUP,
     CFG_KIND_MS,
     CFG_KIND_COUNT,
+    CFG_KIND_NAME,
     CFG_KIND_ENUM,
     CFG_KIND_IGNORED,
 };

@@ -10,7 +10,7 @@
  *   name     the key as written (stringified); alias: another accepted spelling, or NULL
  *   kind     BOOL (True/False), MIB (held in bytes, written in whole MiB), FRACTION (a double),
  *            ROUNDUP (one division count per size bucket), MS (milliseconds, unsigned), COUNT
- *            (a count, unsigned)
+ *            (a count, unsigned), NAME (1 to 32 letters, digits, '_', '.', '-'; "" when unset)
  *   field    its member of struct cfg
  *   default  its value in cfg_default (bytes for MIB; every bucket's for ROUNDUP)
  *   parse    the function in core/config.c that reads the value and checks it; keys whose
@@ -62,6 +62,10 @@
       CFG_OMIT_DEFAULT, 0, "unset")                                                                \
     K(idle_release_ms, NULL, MS, idle_release_ms, 0, cfg_parse_idle_ms, 0, 0, "0 (off)")           \
     K(idle_release_thread, NULL, BOOL, idle_release_thread, false, cfg_parse_flag, 0, 0, "False")  \
+    /* the memory group of processes on one device (core/group.c) */                               \
+    K(memory_group, NULL, NAME, memory_group, "", cfg_parse_name, CFG_OMIT_DEFAULT, 0, "unset")    \
+    K(memory_group_wait_ms, NULL, MS, memory_group_wait_ms, 500, cfg_parse_group_wait_ms, 0, 0,    \
+      "500")                                                                                       \
     K(sleep_keep_host_backup, NULL, BOOL, sleep_keep_host_backup, false, cfg_parse_flag,           \
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     /* PyTorch's pinned host allocator (core/hostalloc.c) */                                       \

@@ -7,6 +7,7 @@
 #include "base/hostmem.h"
 #include "base/pages.h"
 #include "base/witness.h"
+#include "core/group.h"
 #include "core/idle.h"
 #include "core/runtime.h"
 #include "core/settings.h"
@@ -111,6 +112,7 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
     mutex_lock(&xseg_rt.rt.lock);
     d = atomic_load(&xseg_rt.rt.devs[device]);
     bool keep = false; /* this query's retain of the primary context is kept */
+    bool created = false;
     if (!d) {
         void *home = xseg_rt.rt.homes[device];
         if (!home && (home = pages_map(DEV_HOME_BYTES)))
@@ -121,6 +123,7 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
             keep = !xseg_rt.rt.retained[device];
             xseg_rt.rt.retained[device] = true;
             d = dev_create(device, &info, home);
+            created = true;
             atomic_store_explicit(&xseg_rt.rt.devs[device], d, memory_order_release);
         } else {
             st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d",
@@ -132,6 +135,8 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
         drv_device_unquery(&info); /* lost a race, failed, or retained already */
     if (st != XSEG_SUCCESS)
         return st;
+    if (created)
+        group_attach(d); /* memory_group: join with the device (this thread created it) */
     *out = d;
     return XSEG_SUCCESS;
 }

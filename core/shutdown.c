@@ -7,6 +7,7 @@
 #include "core/capreuse.h"
 #include "core/check.h"
 #include "core/events.h"
+#include "core/group.h"
 #include "core/history.h"
 #include "core/hostalloc.h"
 #include "core/ipc.h"
@@ -144,6 +145,7 @@ xseg_status shutdown_process(void)
         return st;
     /* The defaults first: the idle thread stops (joined) before the devices are emptied. */
     settings_reset();
+    group_detach_all(); /* responders joined before the devices are emptied */
     if ((st = rt_reset()) != XSEG_SUCCESS)
         return st;
     if ((st = ipc_close_all()) != XSEG_SUCCESS)

@@ -95,6 +95,18 @@ CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* A stable 16-byte id: processes naming the same CUDAEMU_SHARED see the same UUID (shared.c). */
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    EMU_ENTER(cuDeviceGetUuid);
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!emu_dev_valid(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    emu_device_uuid(dev, (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev)
 {
     EMU_ENTER(cuDeviceTotalMem);

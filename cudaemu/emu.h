@@ -29,7 +29,7 @@
  * what cuda.h's macros expand the token to, so EMU_ABI_NAME(cuMemAlloc) is "cuMemAlloc_v2". */
 #define EMU_FOREACH_ENTRY(X)                                                                      \
     X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                         \
-    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) \
     X(cuDeviceTotalMem) X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain)                      \
     X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice)          \
     X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxSynchronize)                                    \
@@ -78,6 +78,7 @@ struct emu_config {
     bool report;
     bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
+    char shared[49];  /* CUDAEMU_SHARED: devices shared among processes under this name (shared.c) */
 };
 /* New physical memory: the driver promises nothing about it (stale data is possible), so by
  * default it does not read as zero where code might assume it does. */
@@ -264,6 +265,14 @@ struct emu_state {
     size_t captures_active;       /* streams taking part in a capture (cap != NULL) */
 };
 extern struct emu_state emu;
+
+/* ---- device memory shared among processes (shared.c; CUDAEMU_SHARED) ---- */
+/* Free bytes of @p dev: its capacity less this process's and every other live sharer's. */
+size_t emu_mem_free_locked(int dev);
+/* Count @p bytes more (@p add) or fewer in this process's use of @p dev, and publish it. */
+void emu_mem_add_locked(int dev, size_t bytes, bool add);
+/* The UUID of @p dev: a hash of CUDAEMU_SHARED's name and the ordinal. */
+void emu_device_uuid(int dev, unsigned char out[16]);
 
 /* ---- entry bookkeeping (control.c) ---- */
 /* Count the call, apply its latency, and take an armed failure: returns the injected result or

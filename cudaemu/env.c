@@ -20,6 +20,7 @@ static const char *const env_known[] = {
     "CUDAEMU_FAIL",    "CUDAEMU_LATENCY",   "CUDAEMU_REPORT",
     "CUDAEMU_FABRIC", /* emulated fabric handles */
     "CUDAEMU_FRESH",  /* what new physical memory holds */
+    "CUDAEMU_SHARED", /* devices shared among processes (shared.c) */
 };
 
 static _Noreturn __attribute__((format(printf, 2, 3))) void env_die(const char *var, const char *fmt, ...)
@@ -232,7 +233,7 @@ static void env_load(void)
             snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100), *ep);
             env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
                           "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
-                          "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH)");
+                          "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH, CUDAEMU_SHARED)");
         }
     }
 
@@ -271,6 +272,13 @@ static void env_load(void)
             c->fresh = EMU_FRESH_ZERO;
         else
             env_die("CUDAEMU_FRESH", "'%s' is not sparse, garbage or zero", v);
+    }
+    if ((v = getenv("CUDAEMU_SHARED"))) {
+        size_t n = strlen(v);
+        if (!n || n >= sizeof c->shared || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                     "0123456789_.-") != n)
+            env_die("CUDAEMU_SHARED", "'%s' is not a name of 1 to 48 letters, digits, '_', '.', '-'", v);
+        memcpy(c->shared, v, n + 1);
     }
     if ((v = getenv("CUDAEMU_FAIL"))) {
         emu_lock();

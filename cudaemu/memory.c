@@ -22,7 +22,7 @@ CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total)
         return CUDA_ERROR_INVALID_CONTEXT;
     emu_lock();
     *total = emu.cfg.total_mem;
-    *free_bytes = emu.cfg.total_mem - emu.used[c->ordinal];
+    *free_bytes = emu_mem_free_locked(c->ordinal);
     emu_unlock();
     return CUDA_SUCCESS;
 }
@@ -51,7 +51,7 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
         goto fail;
     r = CUDA_ERROR_OUT_OF_MEMORY;
     /* Accounting counts whole host pages, what the mapping really takes. */
-    if (len > emu.cfg.total_mem - emu.used[dev])
+    if (len > emu_mem_free_locked(dev))
         goto fail;
     /* Page-aligned, so the driver's 256-byte alignment holds. */
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -66,7 +66,7 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
         munmap(p, len);
         goto fail;
     }
-    emu.used[dev] += len;
+    emu_mem_add_locked(dev, len, true);
     emu_unlock();
     *dptr = (CUdeviceptr)a->base;
     return CUDA_SUCCESS;
@@ -93,7 +93,7 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
         return CUDA_ERROR_INVALID_VALUE;
     }
     munmap((void *)a->base, a->mapped);
-    emu.used[a->dev] -= a->mapped;
+    emu_mem_add_locked(a->dev, a->mapped, false);
     emu_unlock();
     free(a);
     return CUDA_SUCCESS;

@@ -315,7 +315,7 @@ static void vmm_handle_maybe_free(struct emu_handle *hd)
     else   /* give the pages back; the range itself is never handed out again */
         (void)fallocate(ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ph->off, (off_t)ph->size);
     if (ph->counted)
-        emu.used[ph->dev] -= ph->size;
+        emu_mem_add_locked(ph->dev, ph->size, false);
     emu.nphys--;
     free(ph);
 }
@@ -385,7 +385,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (!ph)
         return CUDA_ERROR_OUT_OF_MEMORY;
     emu_lock();
-    if (size > emu.cfg.total_mem - emu.used[dev]) {
+    if (size > emu_mem_free_locked(dev)) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto fail;
     }
@@ -422,7 +422,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
             close(ph->fd);
         goto fail;
     }
-    emu.used[dev] += size;
+    emu_mem_add_locked(dev, size, true);
     emu.nphys++;
     int fd = ph->fd;
     off_t off = ph->off;

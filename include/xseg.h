@@ -963,6 +963,49 @@ XSEG_API void xseg_torch_adapter_attached(int attached);
 XSEG_API void xseg_torch_end_allocate_to_pool(int device, xseg_pool_id id);
 XSEG_API void xseg_torch_release_pool(int device, xseg_pool_id id);
 
+/* ---------------------------------------------------------------------------------------------
+ * Memory groups (docs/services.md): processes on one device that set the same memory_group:NAME
+ * publish their figures in a shared table and give cached memory way to a member whose malloc
+ * would fail.
+ * ------------------------------------------------------------------------------------------- */
+
+/** One member of a memory group, as it last published itself (at most ~100 ms old). */
+typedef struct xseg_group_member {
+    int pid;                    /**< the member's process id */
+    uint64_t reserved_bytes;    /**< device memory xseg holds for it (reserved_bytes.all.current) */
+    uint64_t allocated_bytes;   /**< of which live allocations (allocated_bytes.all.current) */
+    uint64_t reclaimable_bytes; /**< reserved but unallocated: what it could give way */
+    uint64_t budget_bytes;      /**< its budget; 0: none */
+    uint64_t gave_way_count;    /**< requests it answered by giving memory back */
+    uint64_t gave_way_bytes;    /**< bytes it gave back to other members */
+    uint64_t asked_count;       /**< times it asked the group to give way */
+} xseg_group_member;
+
+/**
+ * The members of the memory group @p device is in (this process included).
+ * @param device   a device index this process has used with memory_group set.
+ * @param members  receives up to @p capacity members (may be NULL when @p capacity is 0).
+ * @param capacity the room in @p members.
+ * @param count    receives the number of live members (which may exceed @p capacity).
+ * @return XSEG_ERROR_ILLEGAL_STATE when the device is in no group, or went on alone (the message
+ *         says why: a corrupted table, another user's table, a full group);
+ *         XSEG_ERROR_INVALID_VALUE for NULL arguments; XSEG_ERROR_INVALID_DEVICE for a bad index.
+ */
+XSEG_API xseg_status xseg_group_stats(int device, xseg_group_member *members, size_t capacity, size_t *count);
+
+/**
+ * The members of any memory group table of this user, by its name in /dev/shm
+ * ("xseg-group-<device uuid>-<group>"), without joining it or loading the driver (xseg-top).
+ * @param table    the table's name in /dev/shm.
+ * @param members  receives up to @p capacity members (may be NULL when @p capacity is 0).
+ * @param capacity the room in @p members.
+ * @param count    receives the number of live members.
+ * @return XSEG_ERROR_INVALID_VALUE naming the table and what is wrong (not a table name, missing,
+ *         another user's, corrupted: the field named).
+ */
+XSEG_API xseg_status xseg_group_read(const char *table, xseg_group_member *members, size_t capacity,
+                                     size_t *count);
+
 #ifdef __cplusplus
 }
 #endif

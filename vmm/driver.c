@@ -190,6 +190,12 @@ xseg_status drv_device_query(int ordinal, struct drv_device_info *info)
         snprintf(what, sizeof what, "cuDeviceGetName(device %d)", ordinal);
         goto fail;
     }
+    CUuuid uuid;
+    if ((res = drv->cuDeviceGetUuid(&uuid, info->dev)) != CUDA_SUCCESS) {
+        snprintf(what, sizeof what, "cuDeviceGetUuid(device %d)", ordinal);
+        goto fail;
+    }
+    memcpy(info->uuid, uuid.bytes, sizeof info->uuid);
     return XSEG_SUCCESS;
 fail:
     drv->cuDevicePrimaryCtxRelease(info->dev);

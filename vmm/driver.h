@@ -25,6 +25,7 @@
     X(cuDeviceGetCount)                                                                           \
     X(cuDeviceGet)                                                                                \
     X(cuDeviceGetName)                                                                            \
+    X(cuDeviceGetUuid)                                                                            \
     X(cuDeviceGetAttribute)                                                                       \
     X(cuDeviceTotalMem)                                                                           \
     X(cuDeviceCanAccessPeer)                                                                      \
@@ -130,6 +131,7 @@ struct drv_device_info {
     size_t granularity;      /* minimum VMM granularity for a pinned device allocation */
     int vmm_supported;       /* CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
     char name[256];
+    unsigned char uuid[16];  /* cuDeviceGetUuid: names the device's memory-group tables */
 };
 
 /* Query @p ordinal: handle, primary context (retained), memory, VMM support and granularity.

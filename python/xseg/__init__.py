@@ -35,7 +35,7 @@ __all__ = [
     "memory_snapshot", "dump_snapshot", "attach_oom_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "trim",
-    "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown",
+    "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown", "group_members",
     "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",
 ]
 
@@ -316,6 +316,31 @@ def trim(keep_bytes=0, device=-1):
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_int, ctypes.c_size_t]
     check(fn(dev, keep_bytes))
+
+
+class _GroupMember(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_int), ("reserved_bytes", ctypes.c_uint64),
+                ("allocated_bytes", ctypes.c_uint64), ("reclaimable_bytes", ctypes.c_uint64),
+                ("budget_bytes", ctypes.c_uint64), ("gave_way_count", ctypes.c_uint64),
+                ("gave_way_bytes", ctypes.c_uint64), ("asked_count", ctypes.c_uint64)]
+
+
+def group_members(device=None):
+    """The members of the memory group (config key memory_group) this process's `device` is in,
+    each a dict: pid, reserved_bytes, allocated_bytes, reclaimable_bytes, budget_bytes,
+    gave_way_count, gave_way_bytes, asked_count (as each last published, at most ~100 ms old).
+    Raises XsegError when the device is in no group or went on alone (the message says why)."""
+    f = "xseg.group_members"
+    dev = _device(device, f)
+    fn = _lib.need("xseg_group_stats")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_GroupMember), ctypes.c_size_t,
+                   ctypes.POINTER(ctypes.c_size_t)]
+    members = (_GroupMember * 64)()
+    n = ctypes.c_size_t(0)
+    check(fn(dev, members, 64, ctypes.byref(n)))
+    return [{name: getattr(m, name) for name, _ in _GroupMember._fields_}
+            for m in members[:min(n.value, 64)]]
 
 
 # --- sleep and wake at the same addresses ---------------------------------------------------

@@ -408,6 +408,12 @@ static CUresult m_errname_known(void)
     return r == CUDA_SUCCESS && (!s || strcmp(s, "CUDA_ERROR_OUT_OF_MEMORY")) ? CUDA_ERROR_UNKNOWN : r;
 }
 static CUresult m_name_null(void) { return drv->cuDeviceGetName(NULL, 64, 0); }
+static CUresult m_uuid_null(void) { return drv->cuDeviceGetUuid(NULL, 0); }
+static CUresult m_uuid_baddev(void)
+{
+    CUuuid u;
+    return drv->cuDeviceGetUuid(&u, 4242);
+}
 static CUresult m_totalmem_baddev(void)
 {
     size_t b = 0;
@@ -572,6 +578,8 @@ static const struct misuse misuse_table[] = {
     ROW("cuGetErrorName: NULL string out", CUDA_ERROR_INVALID_VALUE, m_errname_null),
     ROW("cuGetErrorName: OUT_OF_MEMORY names itself", CUDA_SUCCESS, m_errname_known),
     ROW("cuDeviceGetName: NULL name", CUDA_ERROR_INVALID_VALUE, m_name_null),
+    ROW("cuDeviceGetUuid: NULL uuid", CUDA_ERROR_INVALID_VALUE, m_uuid_null),
+    ROW("cuDeviceGetUuid: device 4242", CUDA_ERROR_INVALID_DEVICE, m_uuid_baddev),
     ROW("cuDeviceTotalMem: device 4242", CUDA_ERROR_INVALID_DEVICE, m_totalmem_baddev),
     ROW("cuDeviceCanAccessPeer: peer 4242", CUDA_ERROR_INVALID_DEVICE, m_peer_baddev),
     ROW("cuCtxGetCurrent: NULL out", CUDA_ERROR_INVALID_VALUE, m_ctx_get_null),

@@ -1,0 +1,609 @@
+/*
+ * The memory group: the shared table, membership, the responder thread and give-way
+ * (core/group.h). Cross-process waits are futexes on words of the shared mapping; the table's
+ * robust mutex serializes joins, reaping and asks (an owner's death is EOWNERDEAD, repaired).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/hostmem.h"
+#include "core/check.h"
+#include "core/group.h"
+#include "core/settings.h"
+#include "core/stats.h"
+#include "core/trim.h"
+#include "vmm/driver.h"
+
+#define GROUP_MAGIC 0x3170726767657378ull /* "xseggrp1" */
+#define GROUP_VERSION 1u
+#define GROUP_SLOTS 64
+#define GROUP_PID_MAX 4194304 /* /proc/sys/kernel/pid_max's ceiling */
+/* The responder republishes this often, so a member's figures are at most this old. */
+#define GROUP_PUBLISH_NS 100000000ll
+/* An asker checks that the member it waits for is alive this often. */
+#define GROUP_POLL_NS 10000000ll
+/* Joining waits at most this long for the table's lock or a creator's initialization. */
+#define GROUP_JOIN_NS 1000000000ll
+
+struct gslot {
+    _Atomic int32_t pid;        /* 0: free */
+    _Atomic uint32_t req_seq;   /* futex: an asker bumps it to ask */
+    _Atomic uint32_t ack_seq;   /* futex: the responder sets it to req_seq once answered */
+    uint32_t pad;
+    _Atomic uint64_t req_bytes, freed_bytes; /* the request, and what the answer gave back */
+    _Atomic uint64_t reserved, allocated, reclaimable, budget;
+    _Atomic uint64_t gave_count, gave_bytes, asked_count;
+};
+
+struct gtable {
+    _Atomic uint64_t magic;     /* written last by the creator */
+    uint32_t version, nslots;
+    uint64_t size, total_mem;
+    pthread_mutex_t lock;       /* robust, process-shared */
+    char name[CFG_NAME_MAX + 1];
+    struct gslot slot[GROUP_SLOTS];
+};
+
+struct group {
+    struct dev_alloc *d;
+    struct gtable *t;
+    char path[96];
+    char name[CFG_NAME_MAX + 1];
+    int me;                     /* our slot */
+    uint64_t total;             /* the device's memory: the bound of every byte field */
+    pthread_t responder;
+    _Atomic bool stop, alone;
+    char error[512];            /* why the device is alone, "" when it is not */
+};
+
+static struct group *_Atomic g_groups[ALLOC_MAX_DEVICES];
+
+static long futex(_Atomic uint32_t *w, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (uint32_t *)w, op, val, ts, NULL, 0);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static bool pid_alive(int32_t pid)
+{
+    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+/* A slot's figures, each bounds-checked against the device. @return false naming the bad
+ * field in @p why. */
+static bool slot_read(const struct gslot *s, uint64_t total, xseg_group_member *m, char *why, size_t n)
+{
+    memset(m, 0, sizeof *m);
+    int32_t pid = atomic_load(&s->pid);
+    m->pid = pid;
+    m->reserved_bytes = atomic_load(&s->reserved);
+    m->allocated_bytes = atomic_load(&s->allocated);
+    m->reclaimable_bytes = atomic_load(&s->reclaimable);
+    m->budget_bytes = atomic_load(&s->budget);
+    m->gave_way_count = atomic_load(&s->gave_count);
+    m->gave_way_bytes = atomic_load(&s->gave_bytes);
+    m->asked_count = atomic_load(&s->asked_count);
+    const char *bad = pid < 0 || pid > GROUP_PID_MAX ? "pid"
+                      : m->reserved_bytes > total   ? "reserved bytes"
+                      : m->allocated_bytes > total  ? "allocated bytes"
+                      : m->reclaimable_bytes > m->reserved_bytes ? "reclaimable bytes"
+                      : m->budget_bytes > total     ? "budget bytes" : NULL;
+    if (bad)
+        snprintf(why, n, "its %s are out of range (%s)", bad, bad[0] == 'p' ? "pid" : "above the device");
+    return !bad;
+}
+
+/* The header, checked. @return NULL, or what is wrong with it. */
+static const char *header_bad(const struct gtable *t, uint64_t total)
+{
+    if (atomic_load_explicit(&t->magic, memory_order_acquire) != GROUP_MAGIC)
+        return "bad magic";
+    if (t->version != GROUP_VERSION)
+        return "unknown version";
+    if (t->nslots != GROUP_SLOTS || t->size != sizeof *t)
+        return "bad size";
+    if (t->total_mem != total)
+        return "another device's capacity";
+    return NULL;
+}
+
+/* Every slot and the header checked; @return false with the reason in @p why. */
+static bool table_ok(const struct gtable *t, uint64_t total, char *why, size_t n)
+{
+    const char *h = header_bad(t, total);
+    if (h) {
+        snprintf(why, n, "its header has %s", h);
+        return false;
+    }
+    for (int i = 0; i < GROUP_SLOTS; i++) {
+        xseg_group_member m;
+        char w[96];
+        if (!slot_read(&t->slot[i], total, &m, w, sizeof w)) {
+            snprintf(why, n, "slot %d: %s", i, w);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Go alone after finding the table bad: the error kept for xseg_group_stats; the responder sees
+ * `alone` and ends. */
+static void go_alone(struct group *g, const char *why)
+{
+    if (atomic_exchange(&g->alone, true))
+        return;
+    snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
+             "goes on alone", g->path, why, g->d->device);
+}
+
+/* The table's lock within @p ns; EOWNERDEAD (a member died holding it) is repaired. */
+static bool table_lock(struct gtable *t, int64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t at = (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec + ns;
+    ts.tv_sec = (time_t)(at / 1000000000ll);
+    ts.tv_nsec = (long)(at % 1000000000ll);
+    int r = pthread_mutex_timedlock(&t->lock, &ts);
+    if (r == EOWNERDEAD) {
+        pthread_mutex_consistent(&t->lock);
+        return true;
+    }
+    return r == 0;
+}
+
+/* Free the slots of members that are gone (their memory went with them). Table lock held. */
+static void reap_dead(struct gtable *t)
+{
+    for (int i = 0; i < GROUP_SLOTS; i++) {
+        int32_t p = atomic_load(&t->slot[i].pid);
+        if (p && !pid_alive(p)) {
+            struct gslot *s = &t->slot[i];
+            atomic_store(&s->reserved, 0);
+            atomic_store(&s->allocated, 0);
+            atomic_store(&s->reclaimable, 0);
+            atomic_store(&s->budget, 0);
+            atomic_store(&s->pid, 0);
+        }
+    }
+}
+
+/* Our own figures into our slot. Takes the device lock. */
+static void publish(struct group *g)
+{
+    struct dev_alloc *d = g->d;
+    dev_acquire(d);
+    uint64_t reserved = (uint64_t)stats_all_current(d->acct.stats.reserved_bytes);
+    uint64_t allocated = (uint64_t)stats_all_current(d->acct.stats.allocated_bytes);
+    uint64_t cached = trim_cached_bytes(d);
+    dev_unlock(d);
+    struct gslot *s = &g->t->slot[g->me];
+    atomic_store(&s->reserved, reserved < g->total ? reserved : g->total);
+    atomic_store(&s->allocated, allocated < reserved ? allocated : reserved);
+    atomic_store(&s->reclaimable, cached < reserved ? cached : reserved);
+}
+
+/* The responder: answers requests in our slot by trimming our cache, republishes our figures
+ * every GROUP_PUBLISH_NS, and ends at stop (or when the table went bad). */
+static void *responder(void *arg)
+{
+    struct group *g = arg;
+    struct gslot *s = &g->t->slot[g->me];
+    while (!atomic_load(&g->stop) && !atomic_load(&g->alone)) {
+        uint32_t req = atomic_load(&s->req_seq);
+        if (req != atomic_load(&s->ack_seq)) {
+            uint64_t need = atomic_load(&s->req_bytes);
+            if (need > g->total)
+                need = g->total;
+            publish(g); /* our cache now, not as last published */
+            uint64_t cached = atomic_load(&s->reclaimable);
+            size_t released = 0;
+            /* Keep what the asker does not need: trim gives back the largest runs first. */
+            (void)trim_device(g->d, cached > need ? (size_t)(cached - need) : 0, &released);
+            atomic_store(&s->freed_bytes, released);
+            atomic_fetch_add(&s->gave_count, released ? 1 : 0);
+            atomic_fetch_add(&s->gave_bytes, released);
+            publish(g);
+            atomic_store(&s->ack_seq, req);
+            futex(&s->ack_seq, FUTEX_WAKE, INT32_MAX, NULL);
+            continue;
+        }
+        publish(g);
+        char why[160];
+        if (atomic_load(&s->pid) != getpid()) {
+            go_alone(g, "our slot was taken by another process");
+            break;
+        }
+        if (!table_ok(g->t, g->total, why, sizeof why)) {
+            go_alone(g, why);
+            break;
+        }
+        struct timespec ts = {0, GROUP_PUBLISH_NS};
+        futex(&s->req_seq, FUTEX_WAIT, req, &ts);
+    }
+    return NULL;
+}
+
+/* Open or create the table; NULL with the reason in g->error. */
+static struct gtable *table_open(struct group *g)
+{
+    struct gtable *t = NULL;
+    bool created = false;
+    int fd = shm_open(g->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        created = true;
+        if (ftruncate(fd, sizeof *t)) {
+            snprintf(g->error, sizeof g->error, "memory group: cannot size /dev/shm%s: %s", g->path,
+                     strerror(errno));
+            close(fd);
+            shm_unlink(g->path);
+            return NULL;
+        }
+    } else if (errno == EEXIST) {
+        fd = shm_open(g->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    }
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        snprintf(g->error, sizeof g->error, "memory group: cannot open /dev/shm%s: %s", g->path,
+                 strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    /* Only the same user joins, and only a table of exactly our layout is mapped. */
+    if (st.st_uid != geteuid() || (st.st_mode & 077) || st.st_size != (off_t)sizeof *t) {
+        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is not usable (%s): "
+                 "device %d goes on alone", g->path,
+                 st.st_uid != geteuid() ? "owned by another user"
+                 : (st.st_mode & 077) ? "open to other users" : "wrong size", g->d->device);
+        close(fd);
+        return NULL;
+    }
+    void *m = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        snprintf(g->error, sizeof g->error, "memory group: cannot map /dev/shm%s: %s", g->path,
+                 strerror(errno));
+        return NULL;
+    }
+    t = m;
+    if (created) {
+        pthread_mutexattr_t a;
+        pthread_mutexattr_init(&a);
+        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&t->lock, &a);
+        pthread_mutexattr_destroy(&a);
+        t->version = GROUP_VERSION;
+        t->nslots = GROUP_SLOTS;
+        t->size = sizeof *t;
+        t->total_mem = g->total;
+        snprintf(t->name, sizeof t->name, "%s", g->name);
+        atomic_store_explicit(&t->magic, GROUP_MAGIC, memory_order_release);
+    } else {
+        /* A creator may be initializing it this instant. */
+        for (int64_t end = now_ns() + GROUP_JOIN_NS; now_ns() < end &&
+             atomic_load_explicit(&t->magic, memory_order_acquire) != GROUP_MAGIC;)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    char why[160];
+    if (!table_ok(t, g->total, why, sizeof why)) {
+        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
+                 "goes on alone", g->path, why, g->d->device);
+        munmap(t, sizeof *t);
+        return NULL;
+    }
+    return t;
+}
+
+/* Take a free slot (dead members' reaped first); -1 when the group is full or the lock is bad. */
+static int slot_claim(struct group *g)
+{
+    if (!table_lock(g->t, GROUP_JOIN_NS)) {
+        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (its lock cannot "
+                 "be taken): device %d goes on alone", g->path, g->d->device);
+        return -1;
+    }
+    reap_dead(g->t);
+    int me = -1;
+    for (int i = 0; i < GROUP_SLOTS && me < 0; i++) {
+        struct gslot *s = &g->t->slot[i];
+        if (atomic_load(&s->pid))
+            continue;
+        memset((void *)s, 0, sizeof *s);
+        atomic_store(&s->pid, (int32_t)getpid());
+        me = i;
+    }
+    pthread_mutex_unlock(&g->t->lock);
+    if (me < 0)
+        snprintf(g->error, sizeof g->error, "memory group '%s' is full (%d members): device %d goes on "
+                 "alone", g->name, GROUP_SLOTS, g->d->device);
+    return me;
+}
+
+void group_attach(struct dev_alloc *d)
+{
+    struct cfg cfg;
+    unsigned gen;
+    settings_copy(&cfg, &gen);
+    if (!cfg.memory_group[0] || d->device < 0 || d->device >= ALLOC_MAX_DEVICES)
+        return;
+    struct group *g = xs_calloc(1, sizeof *g);
+    if (!g)
+        return; /* no host memory: the device works alone, as without the key */
+    g->d = d;
+    g->total = d->info.total_mem;
+    g->me = -1;
+    snprintf(g->name, sizeof g->name, "%s", cfg.memory_group);
+    int n = snprintf(g->path, sizeof g->path, "/xseg-group-");
+    for (int i = 0; i < 16; i++)
+        n += snprintf(g->path + n, sizeof g->path - (size_t)n, "%02x", d->info.uuid[i]);
+    snprintf(g->path + n, sizeof g->path - (size_t)n, "-%s", cfg.memory_group);
+    g->t = table_open(g);
+    if (g->t && (g->me = slot_claim(g)) >= 0) {
+        publish(g);
+        if (pthread_create(&g->responder, NULL, responder, g)) {
+            snprintf(g->error, sizeof g->error, "memory group: no responder thread: device %d goes on "
+                     "alone", d->device);
+            atomic_store(&g->t->slot[g->me].pid, 0);
+            g->me = -1;
+        }
+    }
+    if (g->me < 0) {
+        if (g->t)
+            munmap(g->t, sizeof *g->t);
+        g->t = NULL;
+        atomic_store(&g->alone, true);
+    }
+    atomic_store(&g_groups[d->device], g);
+}
+
+void group_detach_all(void)
+{
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
+        struct group *g = atomic_exchange(&g_groups[i], NULL);
+        if (!g)
+            continue;
+        if (g->t) {
+            atomic_store(&g->stop, true);
+            futex(&g->t->slot[g->me].req_seq, FUTEX_WAKE, INT32_MAX, NULL);
+            pthread_join(g->responder, NULL);
+            /* The last member out removes the table (a crashed member's table stays, reused). */
+            if (table_lock(g->t, GROUP_JOIN_NS)) {
+                if (atomic_load(&g->t->slot[g->me].pid) == getpid())
+                    atomic_store(&g->t->slot[g->me].pid, 0);
+                reap_dead(g->t);
+                bool empty = true;
+                for (int s = 0; s < GROUP_SLOTS; s++)
+                    empty = empty && !atomic_load(&g->t->slot[s].pid);
+                if (empty)
+                    shm_unlink(g->path);
+                pthread_mutex_unlock(&g->t->lock);
+            }
+            munmap(g->t, sizeof *g->t);
+        }
+        xs_free(g);
+    }
+}
+
+bool group_on(const struct dev_alloc *d)
+{
+    struct group *g = atomic_load_explicit(&g_groups[d->device], memory_order_acquire);
+    return g && !atomic_load_explicit(&g->alone, memory_order_relaxed);
+}
+
+/* Send member @p i a request for @p need bytes; @return the sequence number its answer carries. */
+static uint32_t ask_send(struct group *g, int i, uint64_t need)
+{
+    struct gslot *s = &g->t->slot[i];
+    atomic_store(&s->req_bytes, need);
+    uint32_t seq = atomic_fetch_add(&s->req_seq, 1) + 1;
+    futex(&s->req_seq, FUTEX_WAKE, INT32_MAX, NULL);
+    return seq;
+}
+
+/* Wait for member @p i's answer @p seq until it answers, dies or @p end passes; @return the bytes
+ * it gave. No member waits for a dead one: its pid is checked between short waits. */
+static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int64_t end, bool *died)
+{
+    struct gslot *s = &g->t->slot[i];
+    for (;;) {
+        uint32_t ack = atomic_load(&s->ack_seq);
+        if (ack == seq) {
+            uint64_t got = atomic_load(&s->freed_bytes);
+            return got <= g->total ? got : 0;
+        }
+        int64_t left = end - now_ns();
+        if (left <= 0)
+            return 0;
+        if (!pid_alive(pid) || atomic_load(&s->pid) != pid) {
+            reap_dead(g->t);
+            *died = true; /* its memory went back to the driver with it */
+            return 0;
+        }
+        struct timespec ts = {0, left < GROUP_POLL_NS ? left : GROUP_POLL_NS};
+        futex(&s->ack_seq, FUTEX_WAIT, ack, &ts);
+    }
+}
+
+bool group_give_way(struct dev_alloc *d, size_t need)
+{
+    struct group *g = atomic_load(&g_groups[d->device]);
+    if (!g || atomic_load(&g->alone))
+        return false;
+    unsigned wait_ms = d->cfg.memory_group_wait_ms;
+    dev_unlock(d);
+    /* Ask for what the device lacks, not the whole request (the driver's free memory counts). */
+    size_t dfree = 0, dtotal = 0;
+    if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS &&
+        drv_mem_info(&dfree, &dtotal) == XSEG_SUCCESS && dfree < need)
+        need -= dfree;
+    int64_t end = now_ns() + (int64_t)wait_ms * 1000000ll;
+    uint64_t got = 0;
+    bool died = false;
+    char why[160];
+    if (!table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
+        go_alone(g, "its lock cannot be taken");
+    } else {
+        reap_dead(g->t);
+        if (!table_ok(g->t, g->total, why, sizeof why)) {
+            go_alone(g, why);
+        } else {
+            atomic_fetch_add(&g->t->slot[g->me].asked_count, 1);
+            /* Rounds of requests sent at once: members by reclaimable bytes, largest first
+             * (then by reserved bytes), until their published cache covers what is missing; each
+             * is asked for what the ones before it do not cover. A figure may be up to
+             * GROUP_PUBLISH_NS old, so a member that last published no cache is asked in a later
+             * round (it answers 0 at once if it has none). */
+            bool asked[GROUP_SLOTS] = {false};
+            while (got < need && now_ns() < end) {
+                int batch[GROUP_SLOTS], nb = 0;
+                int32_t pids[GROUP_SLOTS];
+                uint32_t seqs[GROUP_SLOTS];
+                uint64_t planned = 0, missing = need - got;
+                while (planned < missing) {
+                    int best = -1;
+                    uint64_t most = 0, most_res = 0;
+                    for (int i = 0; i < GROUP_SLOTS; i++) {
+                        const struct gslot *s = &g->t->slot[i];
+                        uint64_t r = atomic_load(&s->reclaimable), res = atomic_load(&s->reserved);
+                        if (i == g->me || asked[i] || !atomic_load(&s->pid) || res > g->total)
+                            continue;
+                        if (best < 0 || r > most || (r == most && res > most_res)) {
+                            best = i;
+                            most = r;
+                            most_res = res;
+                        }
+                    }
+                    if (best < 0)
+                        break;
+                    asked[best] = true;
+                    pids[nb] = atomic_load(&g->t->slot[best].pid);
+                    seqs[nb] = ask_send(g, best, missing - planned);
+                    batch[nb++] = best;
+                    planned += most ? most : missing; /* no figure: it may hold all of it */
+                }
+                if (!nb)
+                    break;
+                for (int k = 0; k < nb; k++)
+                    got += ask_wait(g, batch[k], pids[k], seqs[k], end, &died);
+            }
+        }
+        pthread_mutex_unlock(&g->t->lock);
+    }
+    dev_acquire(d);
+    return got > 0 || died;
+}
+
+void group_oom_info(const struct dev_alloc *d, char *buf, size_t size)
+{
+    if (size)
+        buf[0] = '\0';
+    struct group *g = atomic_load(&g_groups[d->device]);
+    if (!g || !g->t || atomic_load(&g->alone) || !size)
+        return;
+    size_t n = (size_t)snprintf(buf, size, " Memory group '%s' (cached / live per member):", g->name);
+    for (int i = 0; i < GROUP_SLOTS && n < size; i++) {
+        xseg_group_member m;
+        char why[96], s1[32], s2[32];
+        if (!slot_read(&g->t->slot[i], g->total, &m, why, sizeof why) || !m.pid)
+            continue;
+        n += (size_t)snprintf(buf + n, size - n, " pid %d%s %s / %s;", m.pid, i == g->me ? " (this process)" : "",
+                              err_format_size(m.reclaimable_bytes, s1),
+                              err_format_size(m.allocated_bytes, s2));
+    }
+}
+
+/* Copy a table's members out (validated) into @p members. */
+static xseg_status table_members(const struct gtable *t, uint64_t total, const char *path,
+                                 xseg_group_member *members, size_t capacity, size_t *count)
+{
+    char why[160];
+    if (!table_ok(t, total, why, sizeof why))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "memory group table /dev/shm%s is corrupted (%s)", path, why);
+    size_t k = 0;
+    for (int i = 0; i < GROUP_SLOTS; i++) {
+        xseg_group_member m;
+        if (!slot_read(&t->slot[i], total, &m, why, sizeof why) || !m.pid || !pid_alive(m.pid))
+            continue;
+        if (k < capacity)
+            members[k] = m;
+        k++;
+    }
+    *count = k;
+    return XSEG_SUCCESS;
+}
+
+xseg_status group_stats(int device, xseg_group_member *members, size_t capacity, size_t *count)
+{
+    if (!count || (capacity && !members))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_stats: count is NULL, or members is NULL "
+                       "with a capacity of %zu", capacity);
+    *count = 0;
+    if (device < 0 || device >= ALLOC_MAX_DEVICES)
+        return err_set(XSEG_ERROR_INVALID_DEVICE, "xseg_group_stats: invalid device %d", device);
+    struct group *g = atomic_load(&g_groups[device]);
+    if (!g)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: device %d is in no memory group "
+                       "(memory_group unset, or the device not used yet)", device);
+    if (atomic_load(&g->alone))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: %s", g->error);
+    return table_members(g->t, g->total, g->path, members, capacity, count);
+}
+
+xseg_status group_read(const char *table, xseg_group_member *members, size_t capacity, size_t *count)
+{
+    if (!table || !count || (capacity && !members))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: table or count is NULL, or members is "
+                       "NULL with a capacity of %zu", capacity);
+    *count = 0;
+    if (strncmp(table, "xseg-group-", 11) || strchr(table, '/') || strlen(table) > 90)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: '%.100s' is not a memory group table "
+                       "name (xseg-group-<uuid>-<name> in /dev/shm)", table);
+    char path[96];
+    snprintf(path, sizeof path, "/%s", table);
+    int fd = shm_open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        xseg_status e = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: cannot open /dev/shm%s: %s",
+                                path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return e;
+    }
+    if (st.st_uid != geteuid() || st.st_size != (off_t)sizeof(struct gtable)) {
+        close(fd);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is %s", path,
+                       st.st_uid != geteuid() ? "another user's" : "not a memory group table (wrong size)");
+    }
+    const struct gtable *t = mmap(NULL, sizeof *t, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (t == MAP_FAILED)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: cannot map /dev/shm%s", path);
+    uint64_t total = t->total_mem;
+    xseg_status st2 = total ? table_members(t, total, path, members, capacity, count)
+                            : err_set(XSEG_ERROR_INVALID_VALUE, "memory group table /dev/shm%s is corrupted "
+                                      "(no device capacity)", path);
+    munmap((void *)t, sizeof *t);
+    return st2;
+}

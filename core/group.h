@@ -1,0 +1,45 @@
+/*
+ * The memory group (memory_group:NAME, issue 37): processes on one device that name the same
+ * group share a table in shared memory (/dev/shm/xseg-group-<device uuid>-<name>, 0600, this
+ * user's only), each publishing its reserved, allocated and reclaimable bytes in a slot. A malloc
+ * the device cannot serve asks the members with the most reclaimable cache to give it back
+ * (group_give_way); each member answers from its responder thread by trimming its own cache
+ * (trim_device: never live bytes). Nothing read from the table is trusted: a bad header or field
+ * is an error naming it, and the process goes on alone.
+ *
+ * State: one struct group per device, owned here (g_groups), created by group_attach when the
+ * device is created and destroyed by group_detach_all at shutdown.
+ */
+#ifndef XSEG_CORE_GROUP_H
+#define XSEG_CORE_GROUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/device.h"
+#include "xseg.h"
+
+/* Join the group the configuration names for @p d, if any, and start its responder thread.
+ * A failure leaves the device alone (the reason kept for xseg_group_stats); never fails d. */
+void group_attach(struct dev_alloc *d);
+
+/* Leave every group (responders joined, slots freed); at shutdown. */
+void group_detach_all(void);
+
+/* Whether @p d is in a working group (a relaxed read: cheap on the OOM path). */
+bool group_on(const struct dev_alloc *d);
+
+/* A malloc of @p need bytes failed: ask members to give way, largest reclaimable cache first,
+ * for at most memory_group_wait_ms. The device lock is held on entry and on return, dropped
+ * while asking (nothing read before is trusted after). @return whether any bytes were given, or
+ * a member asked died (its memory is back): worth allocating again. */
+bool group_give_way(struct dev_alloc *d, size_t need);
+
+/* The OOM message's tail: the group's cached and live bytes per member ("" when none). */
+void group_oom_info(const struct dev_alloc *d, char *buf, size_t size);
+
+/* xseg_group_stats / xseg_group_read (include/xseg.h). */
+xseg_status group_stats(int device, xseg_group_member *members, size_t capacity, size_t *count);
+xseg_status group_read(const char *table, xseg_group_member *members, size_t capacity, size_t *count);
+
+#endif
