@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""xseg-replay's output side through its command line: the verdict (with PyTorch's recorded
+figures), the emulator figures behind --driver-stats, the sleep note, the main job's first lines,
+--tune and --tune-budget, and --report's page loaded in headless Chromium (skipped with the
+reason when there is none). Traces are written here; nothing is timed.
+
+usage: test_replay_output.py XSEG_REPLAY
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPLAY = sys.argv[1]
+MiB = 1 << 20
+GiB = 1 << 30
+
+# A fragmenting trace: classic segments keep 60 MiB pieces that a later 80 MiB request cannot
+# use, expandable segments map pages where needed. PyTorch's figures in the converter's format.
+FRAG = """# xseg-replay trace converted from the PyTorch snapshot hand.pickle (device 0)
+# pytorch: peak_allocated_bytes=%d (0.27 GiB)
+# pytorch: peak_reserved_bytes=%d (0.35 GiB)
+# pytorch: utilization=0.7714
+frame k1 12 model.py forward
+frame k1 40 train.py step
+frame k2 7 head.py logits
+""" % (280 * MiB, 360 * MiB) + "".join(
+    "alloc a%d 60MiB ^k1\nalloc s%d 1MiB\n" % (i, i) for i in range(4)) + "".join(
+    "free a%d\n" % i for i in range(4)) + "mark pieces freed\n" + "".join(
+    "alloc b%d 90MiB ^k2\n" % i for i in range(3)) + "mark end\n"
+
+
+def run(*args, env=None, timeout=300):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([REPLAY] + list(args), capture_output=True, text=True, timeout=timeout, env=e)
+    return p.returncode, p.stdout, p.stderr
+
+
+class Output(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="replay-output-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def trace(self, text, name="t.trace"):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def test_verdict_compare_with_recorded(self):
+        t = self.trace(FRAG)
+        rc, out, err = run("--compare", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        lines = out.splitlines()
+        head = lines.index("== " + t)
+        # The section starts with the verdict: xseg against what PyTorch recorded, then classic
+        # mode against the recording.
+        self.assertRegex(lines[head + 1], r"^xseg needs \d+ MiB where PyTorch's allocator reserved 360 MiB: "
+                                          r"this run fits a \d+ MiB device instead of 384 MiB\.$")
+        self.assertRegex(lines[head + 2], r"^Classic mode, PyTorch's allocator as modelled, reserves \d+ MiB where "
+                                          r"the recording shows 360 MiB \([+-]\d+\.\d %\)\.$")
+        row = [l for l in lines if l.startswith("peak reserved (GiB)")][0]
+        self.assertIn("0.352", row)  # the recorded column, beside the replayed ones
+        self.assertIn("PyTorch (recorded)", out)
+        # Emulator figures are not in the default table; --driver-stats says what they are.
+        self.assertNotIn("host ns per alloc", out)
+        self.assertNotIn("cuMemMap", out)
+        rc, out, err = run("--compare", "--marks=none", "--driver-stats", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("emulator figures: cudaemu's host time includes the driver time it models", out)
+        self.assertIn("host ns per alloc", out)
+
+    def test_verdict_single_and_failures(self):
+        t = self.trace("alloc a 100MiB\nalloc b 200MiB\nfree a\nmark m\n")
+        rc, out, err = run("--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out.splitlines()[0], r"^xseg needs \d+ MiB \(peak reserved\) for 300 MiB allocated at its "
+                                              r"peak: this run fits a \d+ MiB device\.$")
+        rc, out, err = run("--compare", "--marks=none", "--device-mem", "256M", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("In expandable mode 1 allocation failed on the emulated device (--device-mem)", out)
+        self.assertNotIn("fits a", out)
+
+    def test_sleep_is_a_note(self):
+        t = self.trace("alloc w 100MiB\nsleep default discard\nwake default\nfree w\n")
+        rc, out, err = run("--compare", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        notes = [l for l in err.splitlines() if "sleep" in l]
+        self.assertEqual(len(notes), 1, err)
+        self.assertTrue(notes[0].startswith("note: "), notes[0])
+        self.assertNotRegex(notes[0], r"(?i)warn|error|fail|xseg_sleep")
+
+    def test_main_job_says_what_it_did(self):
+        rc, out, err = run("--marks=none")
+        self.assertEqual(rc, 0, err)
+        first = out.split("\n\n")[0]
+        self.assertIn("replaying two bundled workloads (builtin:training, builtin:inference)", first)
+        self.assertIn("classic mode (PyTorch's caching allocator", first)
+        self.assertIn("the verdict", first)
+        self.assertIn("--report out.html", first)
+        # Then each workload opens with its verdict.
+        lines = out.splitlines()
+        i = lines.index("== builtin:training")
+        self.assertTrue(lines[i + 1].startswith("xseg needs "), lines[i + 1])
+
+    def test_tune(self):
+        t = self.trace(FRAG)
+        rc, out, err = run("--tune", "--tune-budget", "60runs", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        m = re.search(r"== --tune .*: (\d+) replays in", out)
+        self.assertTrue(m, out)
+        self.assertLessEqual(int(m.group(1)), 62)  # the budget, and each family's default first
+        tune = out[m.start():]
+        # PyTorch's allocator: expandable segments fix this trace's fragmentation.
+        best = re.search(r"PyTorch's allocator:\n  best +(PYTORCH_CUDA_ALLOC_CONF=\S+)\n +predicted: peak reserved "
+                         r"([\d.]+) GiB, smallest device ([\d.]+) GiB", tune)
+        self.assertTrue(best, tune)
+        self.assertIn("expandable_segments:True", best.group(1))
+        self.assertNotIn("recycle", best.group(1))  # PyTorch's keys only
+        default = re.search(r"  default +PYTORCH_CUDA_ALLOC_CONF unset \(the defaults\)\n +predicted: peak reserved "
+                            r"([\d.]+) GiB", tune)
+        self.assertTrue(default, tune)
+        self.assertLess(float(best.group(2)), float(default.group(1)))
+        self.assertRegex(tune, r"PyTorch's allocator:(.|\n)*  runner-up +PYTORCH_CUDA_ALLOC_CONF")
+        self.assertRegex(tune, r"xseg:\n  best +XSEG_ALLOC_CONF[= ]")
+        self.assertRegex(tune, r"xseg:(.|\n)*  runner-up +XSEG_ALLOC_CONF")
+
+    def test_tune_budget_errors(self):
+        t = self.trace("alloc a 1MiB\n")
+        for bad in ("abc", "0", "-5s", "1.5runs", "10 parsecs"):
+            rc, out, err = run("--tune", "--tune-budget", bad, t)
+            self.assertEqual(rc, 2, bad)
+            self.assertIn("--tune-budget: '%s' is not seconds or runs" % bad, err)
+            self.assertNotIn("Traceback", err)
+        rc, out, err = run("--tune", "--tune-budget", "3runs", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("the budget ended the search", out)
+
+    def test_report_html(self):
+        hostile = '<script>alert("x")</script>&amp;\'q\''
+        t = self.trace(FRAG.replace("frame k2 7 head.py logits",
+                                    "frame k2 7 %s %s" % ("m%3cb%3e.py", hostile.replace(" ", "_")))
+                       .replace("mark pieces freed", "mark pieces <b>freed</b>")
+                       .replace("alloc b0 90MiB", "# the original run hit an OOM here (device free: 0)\nalloc b0 90MiB"),
+                       name="<evil>.trace")
+        page = os.path.join(self.tmp, "out.html")
+        # A device too small for the last request in both modes: failed allocations drawn.
+        rc, out, err = run("--report", page, "--tune-budget", "30runs", "--marks=none", "--device-mem", "270M", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("wrote %s" % page, err)
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        # Self-contained: one inline script of our own, nothing fetched.
+        self.assertEqual(html.count("<script"), 1)
+        for ref in ("src=", "href=", "@import", "url(", "https:"):
+            self.assertNotIn(ref, html)
+        self.assertNotIn("<b>freed", html)
+        self.assertNotIn("<evil>", html)
+        self.assertIn("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;amp;&#39;q&#39;", html)
+        self.assertIn("m&lt;b&gt;.py:7", html)
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not chromium:
+            self.skipTest("no chromium (Debian: apt-get install chromium): the page was not loaded")
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                              "--user-data-dir=" + os.path.join(self.tmp, "profile"), "--virtual-time-budget=5000",
+                              "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=120).stdout
+        body = re.search(r"<body([^>]*)>", dom)
+        self.assertTrue(body, dom[:2000])
+        attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(1)))
+        self.assertEqual(attrs.get("ready"), "1", attrs)  # the page's script ran
+        self.assertEqual(int(attrs["polylines"]), 4)      # reserved and allocated, two modes
+        self.assertGreater(int(attrs["points"]), 20)
+        self.assertGreater(int(attrs["plot-width"]), 300)  # laid out, not an empty box
+        self.assertEqual(dom.count("<script"), 1)         # nothing from the trace became a script
+        verdict = re.search(r'<div class="verdict">(.*?)</div>', dom, re.S).group(1)
+        self.assertIn("where PyTorch's allocator reserved 360 MiB", verdict)
+        self.assertIn("allocation failed on the emulated device", verdict)
+        self.assertRegex(dom, r'<table class="modes">(.|\n)*PyTorch \(recorded\)')
+        self.assertEqual(len(re.findall(r'<g class="mark oom">', dom)), 1)
+        self.assertEqual(len(re.findall(r'<g class="mark">', dom)), 2)
+        self.assertGreaterEqual(len(re.findall(r'<g class="failed">', dom)), 2)
+        self.assertRegex(dom, r'<table class="tune">(.|\n)*PYTORCH_CUDA_ALLOC_CONF(.|\n)*XSEG_ALLOC_CONF')
+        live = re.search(r'<table class="live">(.*?)</table>', dom, re.S).group(1)
+        self.assertIn("<td>b0</td><td>90.0</td>", live)  # the largest live at the peak first
+        self.assertIn("m&lt;b&gt;.py:7 ", live)
+        self.assertIn("&lt;script&gt;", live)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
