@@ -6,6 +6,7 @@ reason when there is none). Traces are written here; nothing is timed.
 
 usage: test_replay_output.py XSEG_REPLAY
 """
+import json
 import os
 import re
 import shutil
@@ -117,19 +118,37 @@ class Output(unittest.TestCase):
         self.assertTrue(m, out)
         self.assertLessEqual(int(m.group(1)), 62)  # the budget, and each family's default first
         tune = out[m.start():]
-        # PyTorch's allocator: expandable segments fix this trace's fragmentation.
-        best = re.search(r"PyTorch's allocator:\n  best +(PYTORCH_CUDA_ALLOC_CONF=\S+)\n +predicted: peak reserved "
-                         r"([\d.]+) GiB, smallest device ([\d.]+) GiB", tune)
-        self.assertTrue(best, tune)
-        self.assertIn("expandable_segments:True", best.group(1))
-        self.assertNotIn("recycle", best.group(1))  # PyTorch's keys only
-        default = re.search(r"  default +PYTORCH_CUDA_ALLOC_CONF unset \(the defaults\)\n +predicted: peak reserved "
-                            r"([\d.]+) GiB", tune)
-        self.assertTrue(default, tune)
-        self.assertLess(float(best.group(2)), float(default.group(1)))
-        self.assertRegex(tune, r"PyTorch's allocator:(.|\n)*  runner-up +PYTORCH_CUDA_ALLOC_CONF")
-        self.assertRegex(tune, r"xseg:\n  best +XSEG_ALLOC_CONF[= ]")
-        self.assertRegex(tune, r"xseg:(.|\n)*  runner-up +XSEG_ALLOC_CONF")
+        for fam, env in (("PyTorch's allocator", "PYTORCH_CUDA_ALLOC_CONF"), ("xseg", "XSEG_ALLOC_CONF")):
+            self.assertRegex(tune, r"%s:\n  best +%s[= ].*\n +predicted: peak reserved [\d.]+ GiB" % (fam, env))
+            self.assertRegex(tune, r"%s:(.|\n)*  runner-up +%s[= ]" % (fam, env))
+            self.assertRegex(tune, r"%s:(.|\n)*  default +%s unset \(the defaults\)" % (fam, env))
+
+    def test_tune_predictions_hold(self):
+        """The predicted figures are replays: the best config of each family, replayed with the
+        config it ran with, reserves what was predicted, fits on its smallest device and fails on
+        2 MiB less; and no config ranked below it fits on a smaller device."""
+        t = self.trace(FRAG)
+        rc, out, err = run("--tune", "--tune-budget", "400runs", "--summary=json", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        rows = [json.loads(l) for l in out.splitlines() if l.startswith('{"tune"')]
+        self.assertFalse(rows[-1]["cut_short"], rows[-1])
+        for fam in ("pytorch", "xseg"):
+            got = {r["rank"]: r for r in rows if r.get("family") == fam}
+            best, default = got["best"], got["default"]
+            self.assertTrue(best["min_device_exact"], best)
+            self.assertLessEqual(best["min_device_bytes"], default["min_device_bytes"])
+            if got["runner-up"]["min_device_bytes"] is not None:
+                self.assertLessEqual(best["min_device_bytes"], got["runner-up"]["min_device_bytes"])
+            if fam == "pytorch":  # PyTorch's keys only in the line to set
+                self.assertNotRegex(best["config"], r"recycle|defrag|chunk|page_size")
+            for mem, fits in ((best["min_device_bytes"], True), (best["min_device_bytes"] - 2 * MiB, False)):
+                rc, o, e = run("--config", best["replay_config"], "--device-mem", str(mem), "--summary=json",
+                               "--marks=none", t)
+                self.assertEqual(rc, 0, e)
+                summary = json.loads(o.splitlines()[-1])
+                self.assertEqual(summary["failed_allocs"] == 0, fits, (fam, mem, summary))
+            rc, o, e = run("--config", best["replay_config"], "--summary=json", "--marks=none", t)
+            self.assertEqual(json.loads(o.splitlines()[-1])["peak_reserved_bytes"], best["peak_reserved_bytes"])
 
     def test_tune_budget_errors(self):
         t = self.trace("alloc a 1MiB\n")
@@ -146,7 +165,7 @@ class Output(unittest.TestCase):
         hostile = '<script>alert("x")</script>&amp;\'q\''
         t = self.trace(FRAG.replace("frame k2 7 head.py logits",
                                     "frame k2 7 %s %s" % ("m%3cb%3e.py", hostile.replace(" ", "_")))
-                       .replace("mark pieces freed", "mark pieces <b>freed</b>")
+                       .replace("mark pieces freed", "mark pieces <b>freed</b>\nmark PyTorch OOM: 90 MiB request")
                        .replace("alloc b0 90MiB", "# the original run hit an OOM here (device free: 0)\nalloc b0 90MiB"),
                        name="<evil>.trace")
         page = os.path.join(self.tmp, "out.html")
@@ -182,7 +201,7 @@ class Output(unittest.TestCase):
         self.assertIn("where PyTorch's allocator reserved 360 MiB", verdict)
         self.assertIn("allocation failed on the emulated device", verdict)
         self.assertRegex(dom, r'<table class="modes">(.|\n)*PyTorch \(recorded\)')
-        self.assertEqual(len(re.findall(r'<g class="mark oom">', dom)), 1)
+        self.assertEqual(len(re.findall(r'<g class="mark oom">', dom)), 2)  # a comment's, a mark's
         self.assertEqual(len(re.findall(r'<g class="mark">', dom)), 2)
         self.assertGreaterEqual(len(re.findall(r'<g class="failed">', dom)), 2)
         self.assertRegex(dom, r'<table class="tune">(.|\n)*PYTORCH_CUDA_ALLOC_CONF(.|\n)*XSEG_ALLOC_CONF')

@@ -735,6 +735,8 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
             ch->tuned[ti] = 1;
             if (c->summary == SUM_TEXT)
                 tune_print(stdout, c->traces[ti], &ch->tunes[ti]);
+            else if (c->summary == SUM_JSON)
+                tune_print_json(stdout, c->traces[ti], &ch->tunes[ti]);
         }
         fflush(stdout);
     }

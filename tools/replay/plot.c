@@ -88,8 +88,11 @@ xseg_status plot_marks_of_trace(const struct trace *t, struct plot_mark **marks,
     for (size_t i = 0; i <= t->count; i++) {
         for (; o < noom && t->recorded.oom_at[o] == i; o++)
             (*marks)[(*n)++] = (struct plot_mark){i, "PyTorch hit an OOM here (recorded)", 1};
-        if (i < t->count && t->actions[i].op == TRACE_MARK)
-            (*marks)[(*n)++] = (struct plot_mark){i, trace_text(t, t->actions[i].text), 0};
+        if (i < t->count && t->actions[i].op == TRACE_MARK) {
+            const char *label = trace_text(t, t->actions[i].text);
+            /* the converter writes PyTorch's OOM events as marks named so */
+            (*marks)[(*n)++] = (struct plot_mark){i, label, !strncmp(label, "PyTorch OOM", 11)};
+        }
     }
     return XSEG_SUCCESS;
 }

@@ -29,7 +29,8 @@ struct plot_panel {
     size_t nmarks;
 };
 
-/* The marks of @p t (its `mark` actions and recorded OOMs, in action order) into a new array
+/* The marks of @p t (its `mark` actions and recorded OOMs: `# the original run hit an OOM`
+ * comments, marks whose label starts "PyTorch OOM"; in action order) into a new array
  * @p marks (free() it; labels point into @p t). */
 xseg_status plot_marks_of_trace(const struct trace *t, struct plot_mark **marks, size_t *n);
 

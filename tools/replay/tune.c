@@ -1,10 +1,14 @@
 /* xseg-replay --tune. See tune.h. */
 #include "tools/replay/tune.h"
 
+#include <inttypes.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "tools/replay/report.h"
 
 static const double GiB = 1073741824.0;
 #define STEP ((uint64_t)2 << 20) /* the bisection's step: the driver's granularity */
@@ -104,17 +108,21 @@ static int probe(struct search *s, const char *config, uint64_t device, struct r
 {
     s->runs++;
     if (s->progress)
-        fprintf(stderr, "\rxseg-replay: --tune: %s, %u replays, %.0f s   ", s->stage, s->runs, now_s() - s->t0);
+        fprintf(stderr, "\rxseg-replay: --tune: %s, %u replays in %.0f s (budget %g %s)   ", s->stage, s->runs,
+                now_s() - s->t0, s->budget.runs ? (double)s->budget.runs : s->budget.seconds,
+                s->budget.runs ? "replays" : "s");
     return s->probe(s->user, config, device, sum);
 }
 
-/* Lower is better: fits on the full device first, then the smallest device when both are
- * known, then peak reserved. */
+/* Lower is better: fits on the full device first, then the smallest device (known before
+ * unknown), then peak reserved. */
 static int better(const struct tune_candidate *a, const struct tune_candidate *b)
 {
     if ((a->failed_allocs == 0) != (b->failed_allocs == 0))
         return a->failed_allocs == 0;
-    if (a->min_device && b->min_device && a->min_device != b->min_device)
+    if (!a->min_device != !b->min_device) /* a bisected config ranks before one never bisected */
+        return a->min_device != 0;
+    if (a->min_device != b->min_device)
         return a->min_device < b->min_device;
     return a->peak_reserved < b->peak_reserved;
 }
@@ -236,7 +244,7 @@ static int same_figures(const struct tune_candidate *a, const struct tune_candid
 }
 
 /* Of a family's configs (@p from..@p to in s->tried): the default, and the best and runner-up
- * after bisecting the most promising few. */
+ * after bisecting the default and the most promising few. */
 static void finish_family(struct search *s, const struct family *f, size_t from, size_t to,
                           struct tune_family_result *fr)
 {
@@ -246,28 +254,26 @@ static void finish_family(struct search *s, const struct family *f, size_t from,
     size_t n = to - from;
     if (!n)
         return;
-    fr->def = c[0]; /* the first tried: the defaults */
+    bisect(s, &c[0]); /* the first tried: the defaults, the baseline of the figures */
+    fr->def = c[0];
     fr->have_def = 1;
     qsort(c, n, sizeof *c, by_rank);
-    size_t nb = n < TUNE_BISECTED ? n : TUNE_BISECTED;
-    for (size_t i = 0; i < nb && budget_left(s, 1.0); i++)
-        bisect(s, &c[i]);
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(c[i].config, fr->def.config)) {
+    for (size_t i = 0, done = 0; i < n && done < TUNE_BISECTED && budget_left(s, 1.0); i++)
+        if (!c[i].min_device && !c[i].failed_allocs) {
             bisect(s, &c[i]);
-            fr->def = c[i];
+            done++;
         }
-    qsort(c, nb, sizeof *c, by_rank);
+    qsort(c, n, sizeof *c, by_rank);
     fr->best = c[0];
     fr->have_best = 1;
     /* The runner-up: the next different outcome (a key that changes nothing is no alternative),
      * else the next config. */
-    for (size_t i = 1; i < nb && !fr->have_runner_up; i++)
+    for (size_t i = 1; i < n && !fr->have_runner_up; i++)
         if (!same_figures(&c[i], &c[0])) {
             fr->runner_up = c[i];
             fr->have_runner_up = 1;
         }
-    if (!fr->have_runner_up && nb > 1) {
+    if (!fr->have_runner_up && n > 1) {
         fr->runner_up = c[1];
         fr->have_runner_up = 1;
     }
@@ -339,4 +345,43 @@ void tune_print(FILE *out, const char *trace, const struct tune_result *r)
             figures(out, "default", f, &f->def);
     }
     fputc('\n', out);
+}
+
+static void json_candidate(FILE *out, const char *trace, size_t fam, const char *rank,
+                           const struct tune_family_result *f, const struct tune_candidate *c)
+{
+    char line[400];
+    tune_env_line(f, c, line, sizeof line);
+    fputs("{\"tune\": ", out);
+    report_json_string(out, trace);
+    fprintf(out, ", \"family\": \"%s\", \"rank\": \"%s\", \"env\": ", fam ? "xseg" : "pytorch", rank);
+    report_json_string(out, line);
+    fputs(", \"config\": ", out);
+    report_json_string(out, c->shown);
+    fputs(", \"replay_config\": ", out);
+    report_json_string(out, c->config);
+    fprintf(out, ", \"peak_reserved_bytes\": %" PRId64 ", \"failed_allocs\": %" PRIu64, c->peak_reserved,
+            c->failed_allocs);
+    if (c->min_device)
+        fprintf(out, ", \"min_device_bytes\": %" PRIu64 ", \"min_device_exact\": %s}\n", c->min_device,
+                c->device_exact ? "true" : "false");
+    else
+        fputs(", \"min_device_bytes\": null, \"min_device_exact\": false}\n", out);
+}
+
+void tune_print_json(FILE *out, const char *trace, const struct tune_result *r)
+{
+    for (size_t i = 0; i < TUNE_FAMILIES; i++) {
+        const struct tune_family_result *f = &r->fam[i];
+        if (f->have_best)
+            json_candidate(out, trace, i, "best", f, &f->best);
+        if (f->have_runner_up)
+            json_candidate(out, trace, i, "runner-up", f, &f->runner_up);
+        if (f->have_def)
+            json_candidate(out, trace, i, "default", f, &f->def);
+    }
+    fputs("{\"tune\": ", out);
+    report_json_string(out, trace);
+    fprintf(out, ", \"replays\": %u, \"seconds\": %.3f, \"cut_short\": %s}\n", r->runs, r->seconds,
+            r->cut_short ? "true" : "false");
 }

@@ -70,6 +70,13 @@ xseg_status tune_run(tune_probe_fn probe, void *user, uint64_t device_bytes, con
  * the runner-up's. */
 void tune_print(FILE *out, const char *trace, const struct tune_result *r);
 
+/* The result as JSON lines, one per (family, rank): {"tune": trace, "family": "pytorch"|"xseg",
+ * "rank": "best"|"runner-up"|"default", "env": the line, "config": the keys shown,
+ * "replay_config": what the replay ran with, "peak_reserved_bytes", "failed_allocs",
+ * "min_device_bytes" (null: not bisected), "min_device_exact"}, then {"tune": trace, "replays",
+ * "seconds", "cut_short"}. */
+void tune_print_json(FILE *out, const char *trace, const struct tune_result *r);
+
 /* "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" for @p c of family @p f into @p buf. */
 void tune_env_line(const struct tune_family_result *f, const struct tune_candidate *c, char *buf, size_t len);
 
