@@ -150,13 +150,27 @@ class Output(unittest.TestCase):
             rc, o, e = run("--config", best["replay_config"], "--summary=json", "--marks=none", t)
             self.assertEqual(json.loads(o.splitlines()[-1])["peak_reserved_bytes"], best["peak_reserved_bytes"])
 
-    def test_tune_budget_errors(self):
+    def test_bad_options(self):
         t = self.trace("alloc a 1MiB\n")
         for bad in ("abc", "0", "-5s", "1.5runs", "10 parsecs"):
             rc, out, err = run("--tune", "--tune-budget", bad, t)
             self.assertEqual(rc, 2, bad)
             self.assertIn("--tune-budget: '%s' is not seconds or runs" % bad, err)
             self.assertNotIn("Traceback", err)
+        rc, out, err = run("--tune", "--min-device", t)
+        self.assertEqual(rc, 2)
+        self.assertIn("--tune and --report do not combine with --min-device", err)
+        # A page that cannot be written fails before any replay, naming the path.
+        missing = os.path.join(self.tmp, "no", "such", "dir", "r.html")
+        rc, out, err = run("--report", missing, t)
+        self.assertEqual(rc, 1)
+        self.assertIn("--report %s: cannot write: No such file or directory" % missing, err)
+        self.assertEqual(out, "")
+        # A trace that does not parse leaves no page behind.
+        page = os.path.join(self.tmp, "r.html")
+        rc, out, err = run("--report", page, self.trace("free nothing\n", "bad.trace"))
+        self.assertEqual(rc, 1)
+        self.assertFalse(os.path.exists(page))
         rc, out, err = run("--tune", "--tune-budget", "3runs", "--marks=none", t)
         self.assertEqual(rc, 0, err)
         self.assertIn("the budget ended the search", out)

@@ -53,6 +53,7 @@ struct cli {
     int tune;             /* --tune */
     struct tune_budget budget; /* --tune-budget */
     const char *report;   /* --report FILE.html */
+    FILE *report_file;    /* opened before the replays: a bad path fails first */
     int builtin_default;  /* no TRACE given: the main job, which says what it does first */
     const char **traces;
     int ntraces;
@@ -767,8 +768,10 @@ static int children_outputs(const struct cli *c, struct children *ch)
         }
         if (!wt || !sums) {
             fprintf(stderr, "xseg-replay: out of host memory\n");
+            fclose(c->report_file);
+            unlink(c->report);
             rc = 1;
-        } else if (webreport_write(c->report, wt, ch->nt, err, sizeof err)) {
+        } else if (webreport_write(c->report_file, c->report, wt, ch->nt, err, sizeof err)) {
             fprintf(stderr, "xseg-replay: %s\n", err);
             rc = 1;
         } else {
@@ -803,8 +806,12 @@ static int replay_children(const struct cli *c)
         rc |= replay_child_trace(c, &ch, ti);
     if (c->plot || c->report)
         rmdir(ch.tmpdir);
-    if (rc == 0)
+    if (rc == 0) {
         rc = children_outputs(c, &ch);
+    } else if (c->report_file) { /* no page: not an empty file either */
+        fclose(c->report_file);
+        unlink(c->report);
+    }
     for (size_t i = 0; ch.res && i < nt * ch.nmodes; i++) {
         free(ch.res[i].marks);
         run_timeline_free(&ch.res[i].tl);
@@ -943,6 +950,10 @@ int main(int argc, char **argv)
     int rc = parse_cli(argc, argv, &c);
     if (rc)
         return rc;
+    if ((c.tune || c.report) && (c.min_device || c.child))
+        return usage_error("%s", c.min_device ? "--tune and --report do not combine with --min-device (--tune finds "
+                                                "the smallest device of each config it ranks)"
+                                              : "--tune and --report are not for --child");
     if (c.ntraces == 0) {
         if (c.check || c.dump)
             return usage_error("%s needs a TRACE", c.check ? "--check" : "--dump");
@@ -991,6 +1002,10 @@ int main(int argc, char **argv)
         return 1;
     if (c.builtin_default && !c.child && c.summary == SUM_TEXT)
         intro(&c);
+    if (c.report && !(c.report_file = fopen(c.report, "w"))) {
+        fprintf(stderr, "xseg-replay: --report %s: cannot write: %s\n", c.report, strerror(errno));
+        return 1;
+    }
     if (c.min_device && !c.child)
         return min_device_children(&c);
     if (c.child || (!c.compare && c.ntraces == 1 && !c.tune))

@@ -248,13 +248,9 @@ static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
     return st;
 }
 
-xseg_status webreport_write(const char *path, const struct webreport_trace *tr, size_t n, char *err, size_t errlen)
+xseg_status webreport_write(FILE *f, const char *path, const struct webreport_trace *tr, size_t n, char *err,
+                            size_t errlen)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        snprintf(err, errlen, "--report %s: cannot write: %m", path);
-        return XSEG_ERROR_INVALID_VALUE;
-    }
     fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>xseg-replay report</title>"
                "<style>%s</style></head>\n<body>\n<h1>xseg-replay report</h1>\n"
                "<p class=\"note\">Each trace replayed through xseg in classic mode (PyTorch's caching allocator, as "

@@ -23,8 +23,11 @@ struct webreport_trace {
 /* How many allocations the "live at the peak" table lists. */
 #define WEBREPORT_TOP 12
 
-/* Write the page to @p path. @return XSEG_ERROR_INVALID_VALUE (with the path in @p err) when it
- * cannot be written, XSEG_ERROR_OUT_OF_MEMORY. */
-xseg_status webreport_write(const char *path, const struct webreport_trace *tr, size_t n, char *err, size_t errlen);
+/* Write the page to @p f (opened by the caller before the replays, so a path that cannot be
+ * written fails before minutes of replaying) and close it; @p path names it in messages.
+ * @return XSEG_ERROR_INVALID_VALUE (with the path in @p err) on a write error,
+ * XSEG_ERROR_OUT_OF_MEMORY. */
+xseg_status webreport_write(FILE *f, const char *path, const struct webreport_trace *tr, size_t n, char *err,
+                            size_t errlen);
 
 #endif
