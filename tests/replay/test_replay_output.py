@@ -27,6 +27,7 @@ FRAG = """# xseg-replay trace converted from the PyTorch snapshot hand.pickle (d
 # pytorch: utilization=0.7714
 frame k1 12 model.py forward
 frame k1 40 train.py step
+frame k2 0 ?? c10::cuda::malloc
 frame k2 7 head.py logits
 """ % (280 * MiB, 360 * MiB) + "".join(
     "alloc a%d 60MiB ^k1\nalloc s%d 1MiB\n" % (i, i) for i in range(4)) + "".join(
@@ -221,7 +222,9 @@ class Output(unittest.TestCase):
         self.assertRegex(dom, r'<table class="tune">(.|\n)*PYTORCH_CUDA_ALLOC_CONF(.|\n)*XSEG_ALLOC_CONF')
         live = re.search(r'<table class="live">(.*?)</table>', dom, re.S).group(1)
         self.assertIn("<td>b0</td><td>90.0</td>", live)  # the largest live at the peak first
-        self.assertIn("m&lt;b&gt;.py:7 ", live)
+        # Python frames first, every frame folded below
+        self.assertIn('<td class="frames">m&lt;b&gt;.py:7 ', live)
+        self.assertIn("<summary>all 2 frames</summary>??:0 c10::cuda::malloc<br>m&lt;b&gt;.py:7 ", live)
         self.assertIn("&lt;script&gt;", live)
 
 

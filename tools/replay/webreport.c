@@ -154,6 +154,24 @@ static size_t trace_peak(const struct trace *t, uint64_t *live, uint64_t *peak_b
     return at;
 }
 
+static int python_frame(const struct trace *t, const struct trace_frame *fr)
+{
+    const char *file = trace_text(t, fr->file);
+    size_t n = strlen(file);
+    return n > 3 && !strcmp(file + n - 3, ".py");
+}
+
+static void frame_line(FILE *f, const struct trace *t, const struct trace_frame *fr)
+{
+    H(trace_text(t, fr->file));
+    fprintf(f, ":%d ", (int)fr->line);
+    H(trace_text(t, fr->name));
+    fputs("<br>", f);
+}
+
+/* A PyTorch stack holds dozens of C++ frames: its Python frames first (the program's own), at
+ * most WEBREPORT_FRAMES of them (or of the first frames when none is Python), then every frame
+ * folded away. */
 static void frames_cell(FILE *f, const struct trace *t, uint32_t stack)
 {
     fputs("<td class=\"frames\">", f);
@@ -162,11 +180,19 @@ static void frames_cell(FILE *f, const struct trace *t, uint32_t stack)
         return;
     }
     const struct trace_stack *st = &t->stacks[stack - 1];
-    for (size_t i = 0; i < st->n; i++) {
-        H(trace_text(t, st->f[i].file));
-        fprintf(f, ":%d ", (int)st->f[i].line);
-        H(trace_text(t, st->f[i].name));
-        fputs("<br>", f);
+    size_t npy = 0, shown = 0;
+    for (size_t i = 0; i < st->n; i++)
+        npy += python_frame(t, &st->f[i]);
+    for (size_t i = 0; i < st->n && shown < WEBREPORT_FRAMES; i++)
+        if (!npy || python_frame(t, &st->f[i])) {
+            frame_line(f, t, &st->f[i]);
+            shown++;
+        }
+    if (shown < st->n) {
+        fprintf(f, "<details><summary>all %zu frames</summary>", st->n);
+        for (size_t i = 0; i < st->n; i++)
+            frame_line(f, t, &st->f[i]);
+        fputs("</details>", f);
     }
     fputs("</td>", f);
 }

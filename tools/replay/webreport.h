@@ -22,6 +22,8 @@ struct webreport_trace {
 
 /* How many allocations the "live at the peak" table lists. */
 #define WEBREPORT_TOP 12
+/* How many frames of each it shows before "all N frames" (Python frames first). */
+#define WEBREPORT_FRAMES 8
 
 /* Write the page to @p f (opened by the caller before the replays, so a path that cannot be
  * written fails before minutes of replaying) and close it; @p path names it in messages.
