@@ -89,6 +89,13 @@ class Output(unittest.TestCase):
         self.assertIn("In expandable mode 1 allocation failed on the emulated device (--device-mem)", out)
         self.assertNotIn("fits a", out)
 
+    def test_verdict_when_xseg_needs_more(self):
+        # One 121 MiB block: classic rounds to 2 MiB, expandable maps 20 MiB pages.
+        rc, out, err = run("--compare", "--marks=none", self.trace("alloc a 121MiB\n"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("xseg needs 140 MiB where PyTorch's allocator (classic mode, as modelled) reserves 122 MiB: "
+                      "this run needs a 192 MiB device instead of 128 MiB.", out)
+
     def test_sleep_is_a_note(self):
         t = self.trace("alloc w 100MiB\nsleep default discard\nwake default\nfree w\n")
         rc, out, err = run("--compare", "--marks=none", t)

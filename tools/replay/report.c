@@ -74,30 +74,36 @@ static void human(char *buf, size_t len, int64_t b)
         snprintf(buf, len, "%.0f MiB", (double)b / (1 << 20));
 }
 
-/* The device a peak reserved figure fits on: whole GiB from 2 GiB, else 64 MiB steps. */
-static void device_of(char *buf, size_t len, int64_t b)
+/* The device a peak reserved figure fits on, in bytes: whole GiB from 2 GiB, else 64 MiB steps;
+ * and as text. */
+static int64_t device_of(char *buf, size_t len, int64_t b)
 {
-    if (b >= (int64_t)2 << 30)
-        snprintf(buf, len, "%lld GiB", (long long)((b + (1LL << 30) - 1) >> 30));
+    int64_t unit = b >= (int64_t)2 << 30 ? (int64_t)1 << 30 : (int64_t)64 << 20;
+    int64_t d = (b + unit - 1) / unit * unit;
+    if (unit == (int64_t)1 << 30)
+        snprintf(buf, len, "%lld GiB", (long long)(d >> 30));
     else
-        snprintf(buf, len, "%lld MiB", (long long)(((b + (64LL << 20) - 1) >> 26) << 6));
+        snprintf(buf, len, "%lld MiB", (long long)(d >> 20));
+    return d;
 }
 
 static int is_classic(const struct run_summary *s) { return !strncmp(s->mode, "classic", 7); }
 
-/* "xseg needs A where B reserved C: this run fits a D device instead of E." */
+/* "xseg needs A where B reserved C: this run fits a D device instead of E." (or "both fit", or
+ * which needs the larger device when xseg does) */
 static void needs_sentence(char *buf, size_t len, const char *who, int64_t mine, const char *whom,
                            const char *verb, int64_t theirs, int fits)
 {
     char a[32], b[32], da[32], db[32], tail[128] = "";
     human(a, sizeof a, mine);
     human(b, sizeof b, theirs);
-    device_of(da, sizeof da, mine);
-    device_of(db, sizeof db, theirs);
-    if (fits && strcmp(da, db))
+    int64_t dm = device_of(da, sizeof da, mine), dt = device_of(db, sizeof db, theirs);
+    if (fits && dm < dt)
         snprintf(tail, sizeof tail, ": this run fits a %s device instead of %s", da, db);
-    else if (fits)
+    else if (fits && dm == dt)
         snprintf(tail, sizeof tail, ": both fit a %s device", da);
+    else if (fits)
+        snprintf(tail, sizeof tail, ": this run needs a %s device instead of %s", da, db);
     snprintf(buf, len, "%s needs %s where %s %s %s%s.", who, a, whom, verb, b, tail);
 }
 
