@@ -928,7 +928,7 @@ static int dump_trace(const struct trace *t)
 }
 
 /* The main job (no TRACE) says first what it does and what to look at. */
-static void intro(const struct cli *c)
+static void intro(void)
 {
     const char *emu = getenv("XSEG_LIBCUDA");
     int on_emu = emu && strstr(emu, "cudaemu");
@@ -939,7 +939,6 @@ static void intro(const struct cli *c)
            "snapshot converted with xseg-snapshot2trace; --report out.html for a page with the plot and\n"
            "the best config (--tune), --help for the rest.\n\n",
            on_emu ? "on the emulator (cudaemu, no GPU found)" : "on the GPU");
-    (void)c;
     fflush(stdout);
 }
 
@@ -1001,7 +1000,7 @@ int main(int argc, char **argv)
     if (find_driver(&c))
         return 1;
     if (c.builtin_default && !c.child && c.summary == SUM_TEXT)
-        intro(&c);
+        intro();
     if (c.report && !(c.report_file = fopen(c.report, "w"))) {
         fprintf(stderr, "xseg-replay: --report %s: cannot write: %s\n", c.report, strerror(errno));
         return 1;
