@@ -636,8 +636,11 @@ static int tune_probe(void *user, const char *config, uint64_t device_bytes, str
     run_child(&q, tc->spec, config, NULL, device_bytes ? mem : NULL, 1, NULL, &r);
     free(r.marks);
     run_timeline_free(&r.tl);
-    if (r.rc != 0 || !r.have_summary)
+    if (r.rc != 0 || !r.have_summary) {
+        fprintf(stderr, "\nxseg-replay: --tune: the replay of %s with --config %s%s%s stopped (exit status %d)\n",
+                tc->spec, config, device_bytes ? " --device-mem " : "", device_bytes ? mem : "", r.rc);
         return -1;
+    }
     *out = r.sum;
     return 0;
 }

@@ -111,6 +111,11 @@ static int probe(struct search *s, const char *config, uint64_t device, struct r
         fprintf(stderr, "\rxseg-replay: --tune: %s, %u replays in %.0f s (budget %g %s)   ", s->stage, s->runs,
                 now_s() - s->t0, s->budget.runs ? (double)s->budget.runs : s->budget.seconds,
                 s->budget.runs ? "replays" : "s");
+    if (s->probe(s->user, config, device, sum) == 0)
+        return 0;
+    /* A replay that stopped (a child that could not start, or was killed, on a loaded host) is
+     * tried once more before the config counts as one that cannot replay. */
+    s->runs++;
     return s->probe(s->user, config, device, sum);
 }
 
@@ -118,6 +123,8 @@ static int probe(struct search *s, const char *config, uint64_t device, struct r
  * unknown), then peak reserved. */
 static int better(const struct tune_candidate *a, const struct tune_candidate *b)
 {
+    if (a->stopped != b->stopped)
+        return !a->stopped;
     if ((a->failed_allocs == 0) != (b->failed_allocs == 0))
         return a->failed_allocs == 0;
     if (!a->min_device != !b->min_device) /* a bisected config ranks before one never bisected */
@@ -205,25 +212,30 @@ static void coordinate_search(struct search *s, const struct family *f)
 /* The smallest device (2 MiB steps) @p c replays on with no failed allocation. */
 static void bisect(struct search *s, struct tune_candidate *c)
 {
-    if (c->failed_allocs || c->min_device || !budget_left(s, 1.0))
+    if (c->failed_allocs || c->min_device || c->stopped || !budget_left(s, 1.0))
         return;
     uint64_t hi = ((uint64_t)c->peak_reserved + STEP - 1) / STEP * STEP;
     uint64_t lo = c->peak_allocated > 0 ? ((uint64_t)c->peak_allocated - 1) / STEP * STEP : 0;
     struct run_summary sum;
-    if (hi > s->device || probe(s, c->config, hi, &sum) != 0 || sum.failed_allocs)
+    int r = hi > s->device ? 0 : probe(s, c->config, hi, &sum);
+    if (r == 0 && (hi > s->device || sum.failed_allocs))
         hi = s->device; /* the device needed more than what was reserved: stay on the full one */
     c->min_device = hi;
-    while (hi - lo > STEP && budget_left(s, 1.0)) {
+    while (r == 0 && hi - lo > STEP && budget_left(s, 1.0)) {
         uint64_t mid = lo + (hi - lo) / STEP / 2 * STEP;
-        if (probe(s, c->config, mid, &sum) != 0)
-            return;
+        if ((r = probe(s, c->config, mid, &sum)) != 0)
+            break;
         if (sum.failed_allocs)
             lo = mid;
         else
             hi = mid;
         c->min_device = hi;
     }
-    c->device_exact = hi - lo <= STEP;
+    if (r != 0) { /* no answer: it ranks after every config that has one */
+        c->stopped = 1;
+        c->min_device = 0;
+    }
+    c->device_exact = r == 0 && hi - lo <= STEP;
 }
 
 /* Ranked; among equal figures, the config with fewer keys first (nothing set for nothing). */
@@ -259,7 +271,7 @@ static void finish_family(struct search *s, const struct family *f, size_t from,
     fr->have_def = 1;
     qsort(c, n, sizeof *c, by_rank);
     for (size_t i = 0, done = 0; i < n && done < TUNE_BISECTED && budget_left(s, 1.0); i++)
-        if (!c[i].min_device && !c[i].failed_allocs) {
+        if (!c[i].min_device && !c[i].failed_allocs && !c[i].stopped) {
             bisect(s, &c[i]);
             done++;
         }
@@ -322,7 +334,9 @@ static void figures(FILE *out, const char *label, const struct tune_family_resul
     char line[400];
     tune_env_line(f, c, line, sizeof line);
     fprintf(out, "  %-10s %s\n  %-10s predicted: peak reserved %.3f GiB", label, line, "", (double)c->peak_reserved / GiB);
-    if (c->failed_allocs)
+    if (c->stopped)
+        fprintf(out, ", but a replay on a smaller device stopped (no smallest device)");
+    else if (c->failed_allocs)
         fprintf(out, ", %llu failed allocs on the full device", (unsigned long long)c->failed_allocs);
     else if (c->min_device)
         fprintf(out, ", smallest device %s%.3f GiB", c->device_exact ? "" : "<= ", (double)c->min_device / GiB);
@@ -360,8 +374,8 @@ static void json_candidate(FILE *out, const char *trace, size_t fam, const char 
     report_json_string(out, c->shown);
     fputs(", \"replay_config\": ", out);
     report_json_string(out, c->config);
-    fprintf(out, ", \"peak_reserved_bytes\": %" PRId64 ", \"failed_allocs\": %" PRIu64, c->peak_reserved,
-            c->failed_allocs);
+    fprintf(out, ", \"peak_reserved_bytes\": %" PRId64 ", \"failed_allocs\": %" PRIu64 ", \"stopped\": %s",
+            c->peak_reserved, c->failed_allocs, c->stopped ? "true" : "false");
     if (c->min_device)
         fprintf(out, ", \"min_device_bytes\": %" PRIu64 ", \"min_device_exact\": %s}\n", c->min_device,
                 c->device_exact ? "true" : "false");

@@ -43,6 +43,7 @@ struct tune_candidate {
     uint64_t failed_allocs;
     uint64_t min_device;    /* bytes; 0: not bisected */
     int device_exact;       /* 1: the bisection finished (else min_device is an upper bound) */
+    int stopped;            /* a replay of the bisection stopped twice: ranks last */
 };
 
 #define TUNE_FAMILIES 2
@@ -72,7 +73,7 @@ void tune_print(FILE *out, const char *trace, const struct tune_result *r);
 
 /* The result as JSON lines, one per (family, rank): {"tune": trace, "family": "pytorch"|"xseg",
  * "rank": "best"|"runner-up"|"default", "env": the line, "config": the keys shown,
- * "replay_config": what the replay ran with, "peak_reserved_bytes", "failed_allocs",
+ * "replay_config": what the replay ran with, "peak_reserved_bytes", "failed_allocs", "stopped",
  * "min_device_bytes" (null: not bisected), "min_device_exact"}, then {"tune": trace, "replays",
  * "seconds", "cut_short"}. */
 void tune_print_json(FILE *out, const char *trace, const struct tune_result *r);

@@ -95,7 +95,9 @@ static void tune_row(FILE *f, const char *label, const struct tune_family_result
     fprintf(f, "<tr><td>%s</td><td class=\"frames\"><code>", label);
     H(line);
     fprintf(f, "</code></td><td>%.3f</td><td>", (double)c->peak_reserved / GiB);
-    if (c->failed_allocs)
+    if (c->stopped)
+        fputs("a replay stopped", f);
+    else if (c->failed_allocs)
         fprintf(f, "%" PRIu64 " failed allocations", c->failed_allocs);
     else if (c->min_device)
         fprintf(f, "%s%.3f", c->device_exact ? "" : "&le; ", (double)c->min_device / GiB);
