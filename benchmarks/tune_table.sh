@@ -23,11 +23,13 @@ for spec in "$@"; do
     t="$tmp/$(basename "$spec" .pickle).trace"
     /usr/bin/python3 tools/snapshot2trace.py "$spec" >"$t"
   fi
-  "$replay" --tune --tune-budget "${TUNE_BUDGET:-60s}" --summary=json --marks=none "$t" 2>/dev/null |
+  "$replay" --tune --tune-budget "${TUNE_BUDGET:-60s}" --summary=json --marks=none "$t" 2>"$tmp/err" |
     /usr/bin/python3 -c '
 import json, sys
 name = sys.argv[1]
 rows = [json.loads(l) for l in sys.stdin if l.startswith("{\"tune\"")]
+if not rows:
+    sys.exit("tune_table.sh: no --tune result for %s (its messages follow)" % name)
 get = lambda fam, rank: next(r for r in rows if r.get("family") == fam and r.get("rank") == rank)
 def figs(r):
     d = r["min_device_bytes"]
@@ -38,5 +40,5 @@ print("| %s | %s | `%s` | %s | `%s` | %s | %d, %.0f |" % (
     name, figs(get("pytorch", "default")), get("pytorch", "best")["config"] or "(unset)",
     figs(get("pytorch", "best")), get("xseg", "best")["config"] or "(unset)", figs(get("xseg", "best")),
     end["replays"], end["seconds"]))
-' "$(basename "$spec")"
+' "$(basename "$spec")" || { cat "$tmp/err" >&2; exit 1; }
 done
