@@ -223,6 +223,9 @@ class Output(unittest.TestCase):
         self.assertIn("where PyTorch's allocator reserved 360 MiB", verdict)
         self.assertIn("allocation failed on the emulated device", verdict)
         self.assertRegex(dom, r'<table class="modes">(.|\n)*PyTorch \(recorded\)')
+        bars = re.search(r'<svg class="bars"(.*?)</svg>', dom, re.S).group(1)
+        self.assertEqual(bars.count('class="bar"'), 3)  # classic, expandable, PyTorch (recorded)
+        self.assertIn("0.35 GiB", bars)
         self.assertEqual(len(re.findall(r'<g class="mark oom">', dom)), 2)  # a comment's, a mark's
         self.assertEqual(len(re.findall(r'<g class="mark">', dom)), 2)
         self.assertGreaterEqual(len(re.findall(r'<g class="failed">', dom)), 2)

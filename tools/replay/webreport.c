@@ -73,6 +73,39 @@ static void mode_table(FILE *f, const struct webreport_trace *w)
     fputs("</table>\n", f);
 }
 
+/* Peak reserved per mode (and as recorded) as bars, peak allocated inside each: the verdict at a
+ * glance. */
+static void peak_bars(FILE *f, const struct webreport_trace *w)
+{
+    const struct trace_recorded *rec = &w->t->recorded;
+    size_t nb = w->n + (rec->peak_reserved > 0);
+    double max = 1;
+    for (size_t m = 0; m < w->n; m++)
+        max = (double)w->sums[m].peak_reserved > max ? (double)w->sums[m].peak_reserved : max;
+    if (rec->peak_reserved > max)
+        max = (double)rec->peak_reserved;
+    const double x0 = 170, wmax = 560;
+    fprintf(f, "<svg class=\"bars\" xmlns=\"http://www.w3.org/2000/svg\" width=\"820\" height=\"%zu\" "
+               "font-family=\"sans-serif\" font-size=\"12\">\n", nb * 30 + 24);
+    for (size_t i = 0; i < nb; i++) {
+        int recorded = i == w->n;
+        const char *label = recorded ? "PyTorch (recorded)" : w->sums[i].mode;
+        double res = recorded ? (double)rec->peak_reserved : (double)w->sums[i].peak_reserved;
+        double al = recorded ? (double)rec->peak_allocated : (double)w->sums[i].peak_allocated;
+        double y = 6 + 30.0 * (double)i;
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">", x0 - 8, y + 16);
+        H(label);
+        fprintf(f, "</text><rect class=\"bar\" x=\"%.0f\" y=\"%.0f\" width=\"%.1f\" height=\"22\" fill=\"%s\"/>",
+                x0, y, res / max * wmax, recorded ? "#bbb" : !strncmp(label, "classic", 7) ? "#f2a0a0" : "#a0c4e8");
+        if (al > 0)
+            fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.1f\" height=\"8\" fill=\"#444\" opacity=\"0.5\"/>", x0,
+                    y + 14, al / max * wmax);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\">%.2f GiB</text>\n", x0 + res / max * wmax + 6, y + 16, res / GiB);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%zu\" fill=\"#666\">bar: peak reserved; dark strip: peak allocated</text>"
+               "</svg>\n", x0, nb * 30 + 18);
+}
+
 static void marks_table(FILE *f, const struct plot_panel *p)
 {
     if (!p->nmarks)
@@ -262,6 +295,7 @@ static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
         fputs("</p>", f);
     }
     fputs("</div>\n", f);
+    peak_bars(f, w);
     mode_table(f, w);
     fputs("<h3>Memory over the trace</h3>\n<p class=\"note\">Solid: reserved; dashed: allocated. Numbered lines: "
           "the trace's marks (red: an OOM PyTorch recorded); circles: allocations that failed in the replay.</p>\n"
