@@ -49,7 +49,7 @@ for col in "${cols[@]}"; do
   /usr/bin/python3 - "$name" "$cfg" "$tmp/out" "${specs[@]}" <<'PY'
 import json, os, sys
 name, cfg, out, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-# H100 medians in microseconds (docs/benchmarks.md section 4; CUDAEMU_LATENCY=h100)
+# H100 medians in microseconds (docs/benchmarks.md, "VMM call costs"; CUDAEMU_LATENCY=h100)
 us = {"cuMemCreate": 8.6, "cuMemMap": 0.7, "cuMemSetAccess": 21.9, "cuMemUnmap": 15.5,
       "cuMemRelease": 20.4, "cuMemAlloc": 39.0, "cuMemFree": 42.8}
 lines = open(out).read().splitlines()
