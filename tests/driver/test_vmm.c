@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "tests/common/testutil.h"
@@ -797,6 +798,42 @@ static void test_classic_alloc(void **state)
 }
 
 /* ---- pinned host memory, async copies and memset (services) ---- */
+
+/* cuMemHostRegister / cuMemHostUnregister (the host cache under pinned_use_cuda_host_register):
+ * a registered range is copied through like cuMemHostAlloc memory; registering an overlapping
+ * range is HOST_MEMORY_ALREADY_REGISTERED and unregistering one not registered (or twice)
+ * HOST_MEMORY_NOT_REGISTERED, as the driver documents; bad flags and NULL are INVALID_VALUE. */
+static void test_host_register(void **state)
+{
+    (void)state;
+    const size_t n = 4 * XSEG_MiB;
+    unsigned char *h = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(h != MAP_FAILED);
+    tu_assert_cu_eq(drv->cuMemHostRegister(NULL, n, CU_MEMHOSTREGISTER_PORTABLE), CUDA_ERROR_INVALID_VALUE);
+    tu_assert_cu_eq(drv->cuMemHostRegister(h, n, 0x80u), CUDA_ERROR_INVALID_VALUE);
+    tu_assert_cu(drv->cuMemHostRegister(h, n, CU_MEMHOSTREGISTER_PORTABLE));
+    tu_assert_cu_eq(drv->cuMemHostRegister(h + n / 2, n / 4, CU_MEMHOSTREGISTER_PORTABLE),
+                    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr d = 0;
+    tu_assert_cu(drv->cuMemAlloc(&d, n / 2));
+    for (size_t i = 0; i < n / 2; i++)
+        h[i] = (unsigned char)(i * 5 + 1);
+    tu_assert_cu(drv->cuMemcpyHtoDAsync(d, h, n / 2, s));
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(h + n / 2, d, n / 2, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_memory_equal(h, h + n / 2, n / 2);
+    if (tu_emulated()) {
+        assert_true(tu_fail("cuMemHostUnregister", 1, CUDA_ERROR_UNKNOWN));
+        tu_assert_cu_eq(drv->cuMemHostUnregister(h), CUDA_ERROR_UNKNOWN);
+    }
+    tu_assert_cu(drv->cuMemHostUnregister(h));
+    tu_assert_cu_eq(drv->cuMemHostUnregister(h), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    tu_assert_cu(drv->cuMemFree(d));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    munmap(h, n);
+}
 
 /* Round trip through pinned buffers on a stream: the bytes arrive, memset zeroes, zero-byte
  * calls succeed, bad arguments are INVALID_VALUE. On cudaemu also: async work on a held stream is
@@ -1947,6 +1984,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_fabric, setup),
         cmocka_unit_test_setup(test_access_per_device, setup),
         cmocka_unit_test_setup(test_host_copies, setup), /* services */
+        cmocka_unit_test_setup(test_host_register, setup),
     };
     return cmocka_run_group_tests_name("driver-vmm", tests, NULL, NULL);
 }
