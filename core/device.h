@@ -31,6 +31,7 @@
 #include "core/state.h"
 #include "core/stats.h"
 #include "vmm/driver.h"
+#include "vmm/segment.h"
 
 #define ALLOC_MAX_DEVICES 64
 
@@ -63,6 +64,10 @@ struct dev_alloc {
     struct segrec **by_stream;
     size_t nby_stream, capby_stream;
     struct block *spare;     /* recycled block structs (linked through next) */
+    /* Under pressure (exp_recycle_begin .. exp_recycle_end, expandable.c): the physical handles
+     * the reclaim unmaps, kept for the growth that follows; empty whenever the lock is free. */
+    struct seg_spares handles;
+    bool keep_handles;
     struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
     struct arena structs;    /* where the slabs come from (dev_block_carve) */

@@ -369,7 +369,12 @@ static void seg_release_handle(struct seg *seg, CUmemGenericAllocationHandle h)
 
 /* Forget the chunk starting at granule @p first after the driver unmapped it, and release its
  * handle (a failed release is kept for a retry: the chunk is unmapped all the same). */
-static void chunk_forget(struct seg *seg, size_t first)
+static void chunk_forget_keep(struct seg *seg, size_t first, struct seg_spares *keep);
+static void chunk_forget(struct seg *seg, size_t first) { chunk_forget_keep(seg, first, NULL); }
+
+/* chunk_forget; with @p keep, the handle is listed there instead of released (released when the
+ * list has no room). */
+static void chunk_forget_keep(struct seg *seg, size_t first, struct seg_spares *keep)
 {
     size_t n = seg->clen[first];
     size_t bytes = n * seg->gran;
@@ -384,7 +389,42 @@ static void chunk_forget(struct seg *seg, size_t first)
         seg->cstart[g] = 0;
     }
     seg->clen[first] = 0;
+    if (keep && VEC_RESERVE(keep->v, keep->cap, keep->n + 1)) {
+        keep->v[keep->n++] = (struct seg_spare){h, bytes, seg->cudev, (unsigned)seg->prop.requestedHandleTypes,
+                                                seg->prop.allocFlags.gpuDirectRDMACapable};
+        return;
+    }
     seg_release_handle(seg, h);
+}
+
+void seg_spares_drain(struct seg_spares *sp)
+{
+    if (!sp)
+        return;
+    for (size_t i = 0; i < sp->n; i++)
+        if (drv->cuMemRelease(sp->v[i].handle) != CUDA_SUCCESS)
+            left_push((struct leftover){.kind = LEFT_RELEASE, .dev = sp->v[i].dev, .handle = sp->v[i].handle});
+    xs_free(sp->v);
+    sp->v = NULL;
+    sp->n = sp->cap = 0;
+}
+
+/* Take a kept handle of @p bytes that @p seg would create itself; 0 when there is none. */
+static CUmemGenericAllocationHandle spare_take(struct seg *seg, struct seg_spares *sp, size_t bytes)
+{
+    if (!sp)
+        return 0;
+    for (size_t i = sp->n; i-- > 0;) {
+        struct seg_spare *k = &sp->v[i];
+        if (k->bytes == bytes && k->dev == seg->cudev &&
+            k->handle_types == (unsigned)seg->prop.requestedHandleTypes &&
+            k->rdma == seg->prop.allocFlags.gpuDirectRDMACapable) {
+            CUmemGenericAllocationHandle h = k->handle;
+            *k = sp->v[--sp->n];
+            return h;
+        }
+    }
+    return 0;
 }
 
 /* Unmap and release the chunk starting at granule @p first (mapped, or stranded). On a failed
@@ -787,12 +827,31 @@ static void seg_map_rollback(struct seg *seg, size_t first, size_t last)
     }
 }
 
-/* Create and map one chunk over granules [g, g + n) (all unmapped, inside one piece). */
-static xseg_status chunk_create(struct seg *seg, size_t g, size_t n)
+/* Create and map one chunk over granules [g, g + n) (all unmapped, inside one piece), with a
+ * handle kept in @p spares when one fits (seg_map_from). */
+static xseg_status chunk_create(struct seg *seg, size_t g, size_t n, struct seg_spares *spares)
 {
     size_t bytes = n * seg->gran;
-    CUmemGenericAllocationHandle h = 0;
+    CUmemGenericAllocationHandle h = spare_take(seg, spares, bytes);
+    if (h) {
+        CUdeviceptr addr = gran_addr(seg, g);
+        CUresult res = drv->cuMemMap(addr, bytes, 0, h, 0);
+        if (res != CUDA_SUCCESS) {
+            /* Still the list's (it had room for it a moment ago). */
+            spares->v[spares->n++] = (struct seg_spare){h, bytes, seg->cudev,
+                                                        (unsigned)seg->prop.requestedHandleTypes,
+                                                        seg->prop.allocFlags.gpuDirectRDMACapable};
+            return seg_failf(res, "cuMemMap(0x%llx, %zu) of a kept chunk", (unsigned long long)addr, bytes);
+        }
+        spares->reused++;
+        goto mapped;
+    }
     CUresult res = drv->cuMemCreate(&h, bytes, &seg->prop, 0);
+    if (res == CUDA_ERROR_OUT_OF_MEMORY && spares && spares->n) {
+        /* The kept handles hold the memory this size needs: give them back and try again. */
+        seg_spares_drain(spares);
+        res = drv->cuMemCreate(&h, bytes, &seg->prop, 0);
+    }
     if (res != CUDA_SUCCESS)
         return seg_failf(res, "cuMemCreate(%zu bytes) for the segment at 0x%llx on device %d", bytes,
                          (unsigned long long)seg->base, seg->device);
@@ -807,6 +866,7 @@ static xseg_status chunk_create(struct seg *seg, size_t g, size_t n)
         seg_release_handle(seg, h);
         return seg_failf(res, "cuMemMap(0x%llx, %zu) of a new chunk", (unsigned long long)addr, bytes);
     }
+mapped:
     for (size_t k = g; k < g + n; k++) {
         seg->handles[k] = h;
         seg->cstart[k] = g;
@@ -819,6 +879,12 @@ static xseg_status chunk_create(struct seg *seg, size_t g, size_t n)
 
 xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut, size_t *mapped,
                     size_t *chunks)
+{
+    return seg_map_from(seg, offset, size, max_chunk, cut, NULL, mapped, chunks);
+}
+
+xseg_status seg_map_from(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut,
+                         struct seg_spares *spares, size_t *mapped, size_t *chunks)
 {
     if (mapped)
         *mapped = 0;
@@ -893,7 +959,7 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chun
         size_t n = 1;
         while (g + n < end && !seg->handles[g + n] && n < max_n && g + n != cut_g && (g + n) % page_g)
             n++;
-        if ((st = chunk_create(seg, g, n)) != XSEG_SUCCESS)
+        if ((st = chunk_create(seg, g, n, spares)) != XSEG_SUCCESS)
             goto fail;
         nnew++;
         if (run == SIZE_MAX)
@@ -923,16 +989,22 @@ fail:
 /* ---- unmap ---- */
 
 static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks,
-                                  bool sync);
+                                  bool sync, struct seg_spares *keep);
 
 xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks)
 {
-    return seg_unmap_impl(seg, offset, size, unmapped, chunks, true);
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, true, NULL);
 }
 
 xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks)
 {
-    return seg_unmap_impl(seg, offset, size, unmapped, chunks, false);
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, false, NULL);
+}
+
+xseg_status seg_unmap_keep(struct seg *seg, size_t offset, size_t size, struct seg_spares *keep, size_t *unmapped,
+                           size_t *chunks)
+{
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, false, keep);
 }
 
 /* The next run [*run, *run_end) of live chunks wholly inside [g, last) and one piece, from g on;
@@ -959,7 +1031,7 @@ static bool next_inner_run(const struct seg *seg, size_t g, size_t last, size_t 
 }
 
 static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks,
-                                  bool sync)
+                                  bool sync, struct seg_spares *keep)
 {
     if (unmapped)
         *unmapped = 0;
@@ -1003,7 +1075,7 @@ static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, s
         }
         for (size_t g = run; g < run_end;) {
             size_t e = chunk_end(seg, g);
-            chunk_forget(seg, g);
+            chunk_forget_keep(seg, g, keep);
             ngone++;
             g = e;
         }
