@@ -1,7 +1,7 @@
 # Sourced by tools/test.sh and tools/replay.sh: install, from Debian's packages, whatever build
 # tool a fresh machine lacks (meson, ninja, pkg-config, a C compiler; cmocka, the Python test
 # packages, doxygen and clang, for the API reference's check and the libFuzzer targets of
-# tools/fuzz.sh, only for the tests).
+# tools/fuzz.sh, and chromium, for the xseg-replay --report page's test, only for the tests).
 # Nothing is installed (and no root needed) when the tools are present. Uses sudo when not root.
 #   ensure_build_tools NAME          the build tools ($1 names the calling script, for messages)
 #   ensure_build_tools NAME --tests  and what only the test suites need (cmocka, pytest, doxygen, clang, ...)
@@ -19,6 +19,8 @@ ensure_build_tools() {
     /usr/bin/python3 -c 'import pip' 2>/dev/null || need+=(python3-pip)
     # The API reference's test (api-docs-warnings: every parameter of xseg.h documented).
     command -v doxygen >/dev/null || need+=(doxygen)
+    # xseg-replay --report's test loads the page in a headless browser (skipped without one).
+    command -v chromium >/dev/null || need+=(chromium)
     # tools/fuzz.sh builds its libFuzzer targets with clang and skips them without it. clang
     # only recommends its libFuzzer runtime, so ask for that too, where apt knows the package.
     if ! command -v clang >/dev/null; then

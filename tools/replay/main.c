@@ -27,7 +27,9 @@
 #include "tools/replay/runner.h"
 #include "tools/replay/snapshot.h"
 #include "tools/replay/trace.h"
+#include "tools/replay/tune.h"
 #include "tools/replay/workloads.h"
+#include "tools/replay/webreport.h"
 
 #ifndef XSEG_REPLAY_CUDAEMU_BUILD
 #define XSEG_REPLAY_CUDAEMU_BUILD ""
@@ -55,6 +57,12 @@ struct cli {
     const char *timeline_out;
     const char *snapshot; /* --snapshot FILE */
     int history;          /* --history */
+    int driver_stats;     /* --driver-stats: host time and driver calls in the summary */
+    int tune;             /* --tune */
+    struct tune_budget budget; /* --tune-budget */
+    const char *report;   /* --report FILE.html */
+    FILE *report_file;    /* opened before the replays: a bad path fails first */
+    int builtin_default;  /* no TRACE given: the main job, which says what it does first */
     const char **traces;
     const char **names;     /* what tables and messages call each trace (a snapshot: "F (device N)") */
     int ntraces;
@@ -90,6 +98,16 @@ static void usage(FILE *f)
         "                       each `snapshot LABEL` action to FILE with .LABEL before its extension\n"
         "                       (the label as a file name: bytes outside A-Za-z0-9._- become _);\n"
         "                       with several replays, .MODE (and .N for the Nth trace) is inserted\n"
+        "  --driver-stats       add host time per call and driver calls to the summary (on the\n"
+        "                       emulator: its host time includes the driver time it models)\n"
+        "  --tune               search the allocator config for the smallest device and lowest peak\n"
+        "                       reserved: prints the best PYTORCH_CUDA_ALLOC_CONF line for PyTorch's\n"
+        "                       allocator (as modelled by classic mode and expandable mode) and the\n"
+        "                       best XSEG_ALLOC_CONF line for xseg, each with its runner-up\n"
+        "  --tune-budget N[s|runs]  bound --tune: seconds (default 60s) or replays (e.g. 40runs)\n"
+        "  --report FILE.html   one self-contained page: verdict, table, plot with marks and failed\n"
+        "                       allocations, the --tune result, the largest live allocations at\n"
+        "                       the peak with their frames (implies --tune)\n"
         "  --device N           of a PyTorch snapshot, replay device N only (default: every device)\n"
         "  --device-mem SIZE    device memory on the emulator (default 80G)\n"
         "  --min-device         the smallest emulated device (to 2 MiB, up to --device-mem) on which\n"
@@ -141,6 +159,30 @@ static int is_opt(const char *arg, const char *name)
     return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
+/* The output side's options (--driver-stats, --tune, --tune-budget, --report) at argv[*i]:
+ * 1 taken, 0 not one of them, 2 a usage error (reported). */
+static int parse_output_opt(int argc, char **argv, int *i, struct cli *c)
+{
+    const char *a = argv[*i], *v;
+    char e[TRACE_ERR_MAX];
+    if (!strcmp(a, "--driver-stats")) {
+        c->driver_stats = 1;
+    } else if (!strcmp(a, "--tune")) {
+        c->tune = 1;
+    } else if (is_opt(a, "--tune-budget")) {
+        if (!(v = opt_value(argc, argv, i, "--tune-budget")))
+            return usage_error("%s needs seconds or runs (e.g. 60s, 40runs)", a);
+        if (tune_parse_budget(v, &c->budget, e, sizeof e))
+            return usage_error("%s", e);
+    } else if (is_opt(a, "--report")) {
+        if (!(c->report = opt_value(argc, argv, i, "--report")))
+            return usage_error("%s needs a file name (e.g. out.html)", a);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* The options about devices and the traces' names: --device-mem, --device, --step and the
  * internal --source-name. Returns 0, or usage_error's status. */
 static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const char **source_name)
@@ -181,6 +223,7 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     memset(c, 0, sizeof *c);
     c->seed = 1;
     c->progress = -1;
+    c->budget = (struct tune_budget){.seconds = TUNE_DEFAULT_SECONDS};
     c->device = -1;
     c->step = MIN_DEVICE_GRANULE;
     c->traces = calloc((size_t)argc + 1, sizeof *c->traces);
@@ -190,6 +233,7 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     const char *source_name = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int handled;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             exit(0);
@@ -237,6 +281,9 @@ static int parse_cli(int argc, char **argv, struct cli *c)
             else return usage_error("--pool: '%s' is not all, large or small", v);
         } else if (!strcmp(a, "--history")) {
             c->history = 1;
+        } else if ((handled = parse_output_opt(argc, argv, &i, c)) != 0) {
+            if (handled > 1)
+                return handled;
         } else if (is_opt(a, "--snapshot")) {
             if (!(c->snapshot = opt_value(argc, argv, &i, "--snapshot")))
                 return usage_error("%s needs a file name", a);
@@ -356,7 +403,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
         if (c->summary == SUM_TEXT) {
             if (c->marks == RUN_MARKS_TABLE)
                 putchar('\n');
-            report_summary_text(stdout, &sum);
+            report_summary_text(stdout, &sum, &t.recorded, c->driver_stats);
         } else if (c->summary == SUM_JSON) {
             report_summary_json(stdout, &sum);
         }
@@ -369,12 +416,20 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
         }
     }
     if (!st && c->plot) {
-        struct plot_series s = {sum.mode, &tl};
-        struct plot_panel p = {t.source, t.count, &s, 1};
+        struct plot_mark *pm = NULL;
+        size_t npm = 0;
+        uint64_t nf = sum.failed_allocs < RUN_FAILED_AT_MAX ? sum.failed_allocs : RUN_FAILED_AT_MAX;
+        struct plot_series s = {sum.mode, &tl, sum.failed_at, (size_t)nf};
+        struct plot_panel p = {t.source, t.count, &s, 1, NULL, 0};
+        if (plot_marks_of_trace(&t, &pm, &npm) == XSEG_SUCCESS) {
+            p.marks = pm;
+            p.nmarks = npm;
+        }
         if (plot_write_svg(c->plot, &p, 1, err, sizeof err)) {
             fprintf(stderr, "xseg-replay: %s\n", err);
             rc = 1;
         }
+        free(pm);
     }
     run_timeline_free(&tl);
     trace_destroy(&t);
@@ -640,82 +695,221 @@ static int min_device_children(const struct cli *c)
     return rc;
 }
 
-static int replay_children(const struct cli *c)
+/* --tune's replays: one child each, quiet, on the device it asks for. */
+struct tune_ctx {
+    const struct cli *c;
+    const char *spec, *name;
+};
+
+static int tune_probe(void *user, const char *config, uint64_t device_bytes, struct run_summary *out)
 {
-    size_t nmodes = c->compare ? 2 : 1;
-    size_t nt = (size_t)c->ntraces;
-    struct child_result *res = calloc(nt * nmodes, sizeof *res);
-    struct plot_panel *panels = calloc(nt, sizeof *panels);
-    struct plot_series *series = calloc(nt * nmodes, sizeof *series);
-    char tmpdir[] = "/tmp/xseg-replay-XXXXXX";
-    if (!res || !panels || !series || (c->plot && !mkdtemp(tmpdir))) {
-        fprintf(stderr, "xseg-replay: out of host memory (or no /tmp)\n");
+    const struct tune_ctx *tc = user;
+    struct cli q = *tc->c;
+    q.marks = RUN_MARKS_NONE;
+    q.progress = 0;
+    q.history = 0;
+    char mem[32];
+    snprintf(mem, sizeof mem, "%llu", (unsigned long long)device_bytes);
+    struct child_result r;
+    run_child(&q, tc->spec, tc->name, config, NULL, device_bytes ? mem : NULL, 1, NULL, &r);
+    free(r.marks);
+    run_timeline_free(&r.tl);
+    if (r.rc != 0 || !r.have_summary) {
+        fprintf(stderr, "\nxseg-replay: --tune: the replay of %s with --config %s%s%s stopped (exit status %d)\n",
+                tc->name, config, device_bytes ? " --device-mem " : "", device_bytes ? mem : "", r.rc);
+        return -1;
+    }
+    *out = r.sum;
+    return 0;
+}
+
+static uint64_t device_bytes(const struct cli *c)
+{
+    return c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
+}
+
+/* Everything the replays of several traces collect for the summary, the plot and the report. */
+struct children {
+    size_t nt, nmodes;
+    struct child_result *res;
+    struct plot_panel *panels;
+    struct plot_series *series;
+    struct trace *traces;     /* the parent's copy: recorded figures, marks, live allocations */
+    struct plot_mark **marks;
+    size_t *nmarks;
+    struct tune_result *tunes;
+    int *tuned;
+    char tmpdir[32];
+};
+
+/* One (trace, mode) replay in a child, its timeline read back when a plot or report wants it. */
+static int replay_child_mode(const struct cli *c, struct children *ch, size_t ti, size_t m)
+{
+    char tl_path[PATH_MAX];
+    snprintf(tl_path, sizeof tl_path, "%s/t%zu-m%zu.txt", ch->tmpdir, ti, m);
+    struct child_result *r = &ch->res[ti * ch->nmodes + m];
+    /* One snapshot file per replay: .MODE, and .N when several traces run. */
+    char snap[PATH_MAX + 64], tag[64];
+    snprintf(tag, sizeof tag, "%s%s%.0zu", c->compare ? cmp_modes[m][0] : "", c->compare && ch->nt > 1 ? "." : "",
+             ch->nt > 1 ? ti + 1 : 0);
+    if (c->snapshot)
+        run_snapshot_path(c->snapshot, tag, snap, sizeof snap);
+    int want_tl = c->plot || c->report;
+    run_child(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, want_tl ? tl_path : NULL, NULL, 0,
+              c->snapshot ? (tag[0] ? snap : c->snapshot) : NULL, r);
+    int rc = 0;
+    if (r->rc != 0 || !r->have_summary) {
+        fprintf(stderr, "xseg-replay: %s%s%s: the replay stopped (exit status %d)\n", c->names[ti],
+                c->compare ? " in " : "", c->compare ? cmp_modes[m][0] : "", r->rc);
+        rc = 1;
+    }
+    if (!r->have_summary) {
+        snprintf(r->sum.mode, sizeof r->sum.mode, "%s", c->compare ? cmp_modes[m][0] : "?");
+        snprintf(r->sum.trace, sizeof r->sum.trace, "%s", c->names[ti]);
+    }
+    if (c->summary == SUM_JSON && r->have_summary)
+        report_summary_json(stdout, &r->sum);
+    if (want_tl)
+        unlink(tl_path);
+    uint64_t nf = r->sum.failed_allocs < RUN_FAILED_AT_MAX ? r->sum.failed_allocs : RUN_FAILED_AT_MAX;
+    ch->series[ti * ch->nmodes + m] = (struct plot_series){r->sum.mode, &r->tl, r->sum.failed_at, (size_t)nf};
+    return rc;
+}
+
+/* Every mode of trace @p ti, then its comparison, its plot panel and its tuning. */
+static int replay_child_trace(const struct cli *c, struct children *ch, size_t ti)
+{
+    int rc = 0;
+    char err[TRACE_ERR_MAX];
+    if (load_trace(c->traces[ti], c->seed, &ch->traces[ti], err, sizeof err) ||
+        plot_marks_of_trace(&ch->traces[ti], &ch->marks[ti], &ch->nmarks[ti])) {
+        fprintf(stderr, "xseg-replay: %s\n", err);
         return 1;
     }
-    int rc = 0;
-    for (size_t ti = 0; ti < nt; ti++) {
-        for (size_t m = 0; m < nmodes; m++) {
-            char tl_path[PATH_MAX];
-            snprintf(tl_path, sizeof tl_path, "%s/t%zu-m%zu.txt", tmpdir, ti, m);
-            struct child_result *r = &res[ti * nmodes + m];
-            /* One snapshot file per replay: .MODE, and .N when several traces run. */
-            char snap[PATH_MAX + 64], tag[64];
-            snprintf(tag, sizeof tag, "%s%s%.0zu", c->compare ? cmp_modes[m][0] : "", c->compare && nt > 1 ? "." : "",
-                     nt > 1 ? ti + 1 : 0);
-            if (c->snapshot)
-                run_snapshot_path(c->snapshot, tag, snap, sizeof snap);
-            run_child(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, c->plot ? tl_path : NULL, NULL, 0,
-                      c->snapshot ? (tag[0] ? snap : c->snapshot) : NULL, r);
-            if (r->rc != 0 || !r->have_summary) {
-                fprintf(stderr, "xseg-replay: %s%s%s: the replay stopped (exit status %d)\n", c->names[ti],
-                        c->compare ? " in " : "", c->compare ? cmp_modes[m][0] : "", r->rc);
-                rc = 1;
-            }
-            if (!r->have_summary) {
-                snprintf(r->sum.mode, sizeof r->sum.mode, "%s", c->compare ? cmp_modes[m][0] : "?");
-                snprintf(r->sum.trace, sizeof r->sum.trace, "%s", c->names[ti]);
-            }
-            if (c->summary == SUM_JSON && r->have_summary)
-                report_summary_json(stdout, &r->sum);
-            if (c->plot)
-                unlink(tl_path);
-            series[ti * nmodes + m] = (struct plot_series){res[ti * nmodes + m].sum.mode, &res[ti * nmodes + m].tl};
+    name_trace(&ch->traces[ti], c->names[ti]);
+    for (size_t m = 0; m < ch->nmodes; m++)
+        rc |= replay_child_mode(c, ch, ti, m);
+    struct child_result *row = &ch->res[ti * ch->nmodes];
+    if (c->summary == SUM_TEXT || (c->summary == SUM_NONE && c->marks == RUN_MARKS_TABLE)) {
+        struct run_summary sums[2];
+        struct report_mark *marks[2];
+        size_t nmarks[2];
+        for (size_t m = 0; m < ch->nmodes; m++) {
+            sums[m] = row[m].sum;
+            marks[m] = row[m].marks;
+            nmarks[m] = c->marks == RUN_MARKS_TABLE ? row[m].nmarks : 0;
         }
-        struct child_result *row = &res[ti * nmodes];
-        if (c->summary == SUM_TEXT || (c->summary == SUM_NONE && c->marks == RUN_MARKS_TABLE)) {
-            struct run_summary sums[2];
-            struct report_mark *marks[2];
-            size_t nmarks[2];
-            for (size_t m = 0; m < nmodes; m++) {
-                sums[m] = row[m].sum;
-                marks[m] = row[m].marks;
-                nmarks[m] = c->marks == RUN_MARKS_TABLE ? row[m].nmarks : 0;
-            }
-            report_compare_text(stdout, c->names[ti], sums, marks, nmarks, nmodes, c->pool);
+        report_compare_text(stdout, c->names[ti], sums, marks, nmarks, ch->nmodes, c->pool,
+                            &ch->traces[ti].recorded, c->driver_stats);
+    }
+    ch->panels[ti] = (struct plot_panel){c->names[ti], row[0].sum.actions, &ch->series[ti * ch->nmodes], ch->nmodes,
+                                         ch->marks[ti], ch->nmarks[ti]};
+    for (size_t m = 1; m < ch->nmodes; m++)
+        if (row[m].sum.actions > ch->panels[ti].xmax)
+            ch->panels[ti].xmax = row[m].sum.actions;
+    fflush(stdout);
+    if ((c->tune || c->report) && rc == 0) {
+        struct tune_ctx tc = {c, c->traces[ti], c->names[ti]};
+        int progress = c->progress >= 0 ? c->progress : isatty(2);
+        if (tune_run(tune_probe, &tc, device_bytes(c), &c->budget, progress, &ch->tunes[ti], err, sizeof err)) {
+            fprintf(stderr, "xseg-replay: %s: %s\n", c->names[ti], err);
+            rc = 1;
+        } else {
+            ch->tuned[ti] = 1;
+            if (c->summary == SUM_TEXT)
+                tune_print(stdout, c->names[ti], &ch->tunes[ti]);
+            else if (c->summary == SUM_JSON)
+                tune_print_json(stdout, c->names[ti], &ch->tunes[ti]);
         }
-        panels[ti] = (struct plot_panel){c->names[ti], row[0].sum.actions, &series[ti * nmodes], nmodes};
-        for (size_t m = 1; m < nmodes; m++)
-            if (row[m].sum.actions > panels[ti].xmax)
-                panels[ti].xmax = row[m].sum.actions;
         fflush(stdout);
     }
+    return rc;
+}
+
+/* The --plot SVG and the --report page, from what the replays collected. */
+static int children_outputs(const struct cli *c, struct children *ch)
+{
+    char err[TRACE_ERR_MAX];
+    int rc = 0;
     if (c->plot) {
-        char err[TRACE_ERR_MAX];
-        rmdir(tmpdir);
-        if (plot_write_svg(c->plot, panels, nt, err, sizeof err)) {
+        if (plot_write_svg(c->plot, ch->panels, ch->nt, err, sizeof err)) {
             fprintf(stderr, "xseg-replay: %s\n", err);
             rc = 1;
         } else {
             fprintf(stderr, "xseg-replay: wrote %s\n", c->plot);
         }
     }
-    for (size_t i = 0; i < nt * nmodes; i++) {
-        free(res[i].marks);
-        run_timeline_free(&res[i].tl);
+    if (c->report) {
+        struct webreport_trace *wt = calloc(ch->nt, sizeof *wt);
+        struct run_summary *sums = calloc(ch->nt * ch->nmodes, sizeof *sums);
+        for (size_t ti = 0; wt && sums && ti < ch->nt; ti++) {
+            for (size_t m = 0; m < ch->nmodes; m++)
+                sums[ti * ch->nmodes + m] = ch->res[ti * ch->nmodes + m].sum;
+            wt[ti] = (struct webreport_trace){&ch->traces[ti], &sums[ti * ch->nmodes], ch->nmodes, &ch->panels[ti],
+                                              ch->tuned[ti] ? &ch->tunes[ti] : NULL};
+        }
+        if (!wt || !sums) {
+            fprintf(stderr, "xseg-replay: out of host memory\n");
+            fclose(c->report_file);
+            unlink(c->report);
+            rc = 1;
+        } else if (webreport_write(c->report_file, c->report, wt, ch->nt, err, sizeof err)) {
+            fprintf(stderr, "xseg-replay: %s\n", err);
+            rc = 1;
+        } else {
+            fprintf(stderr, "xseg-replay: wrote %s (open it in a browser)\n", c->report);
+        }
+        free(wt);
+        free(sums);
     }
-    free(res);
-    free(panels);
-    free(series);
+    return rc;
+}
+
+static int replay_children(const struct cli *c)
+{
+    struct children ch = {.nt = (size_t)c->ntraces, .nmodes = c->compare ? 2 : 1};
+    size_t nt = ch.nt;
+    snprintf(ch.tmpdir, sizeof ch.tmpdir, "/tmp/xseg-replay-XXXXXX");
+    ch.res = calloc(nt * ch.nmodes, sizeof *ch.res);
+    ch.panels = calloc(nt, sizeof *ch.panels);
+    ch.series = calloc(nt * ch.nmodes, sizeof *ch.series);
+    ch.traces = calloc(nt, sizeof *ch.traces);
+    ch.marks = calloc(nt, sizeof *ch.marks);
+    ch.nmarks = calloc(nt, sizeof *ch.nmarks);
+    ch.tunes = calloc(nt, sizeof *ch.tunes);
+    ch.tuned = calloc(nt, sizeof *ch.tuned);
+    int rc = 0;
+    if (!ch.res || !ch.panels || !ch.series || !ch.traces || !ch.marks || !ch.nmarks || !ch.tunes || !ch.tuned ||
+        ((c->plot || c->report) && !mkdtemp(ch.tmpdir))) {
+        fprintf(stderr, "xseg-replay: out of host memory (or no /tmp)\n");
+        rc = 1;
+    }
+    for (size_t ti = 0; rc == 0 && ti < nt; ti++)
+        rc |= replay_child_trace(c, &ch, ti);
+    if (c->plot || c->report)
+        rmdir(ch.tmpdir);
+    if (rc == 0) {
+        rc = children_outputs(c, &ch);
+    } else if (c->report_file) { /* no page: not an empty file either */
+        fclose(c->report_file);
+        unlink(c->report);
+    }
+    for (size_t i = 0; ch.res && i < nt * ch.nmodes; i++) {
+        free(ch.res[i].marks);
+        run_timeline_free(&ch.res[i].tl);
+    }
+    for (size_t ti = 0; ch.traces && ti < nt; ti++) {
+        trace_destroy(&ch.traces[ti]);
+        free(ch.marks ? ch.marks[ti] : NULL);
+    }
+    free(ch.res);
+    free(ch.panels);
+    free(ch.series);
+    free(ch.traces);
+    free(ch.marks);
+    free(ch.nmarks);
+    free(ch.tunes);
+    free(ch.tuned);
     return rc;
 }
 
@@ -951,6 +1145,21 @@ static int expand_snapshots(struct cli *c)
     return 0;
 }
 
+/* The main job (no TRACE) says first what it does and what to look at. */
+static void intro(void)
+{
+    const char *emu = getenv("XSEG_LIBCUDA");
+    int on_emu = emu && strstr(emu, "cudaemu");
+    printf("xseg-replay: replaying two bundled workloads (builtin:training, builtin:inference) %s,\n"
+           "each twice: classic mode (PyTorch's caching allocator, as xseg models it) and expandable mode\n"
+           "(xseg's default). Read each workload's first lines, the verdict: the memory each needs and the\n"
+           "device it fits on; the marks and the table below it show where. Your own run: a PyTorch\n"
+           "snapshot: xseg-replay FILE.pickle; --report out.html for a page with the plot and\n"
+           "the best config (--tune), --help for the rest.\n\n",
+           on_emu ? "on the emulator (cudaemu, no GPU found)" : "on the GPU");
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
     /* Static: what parse_cli allocates stays reachable to the end (no leak report on exit). */
@@ -958,6 +1167,10 @@ int main(int argc, char **argv)
     int rc = parse_cli(argc, argv, &c);
     if (rc)
         return rc;
+    if ((c.tune || c.report) && (c.min_device || c.child))
+        return usage_error("%s", c.min_device ? "--tune and --report do not combine with --min-device (--tune finds "
+                                                "the smallest device of each config it ranks)"
+                                              : "--tune and --report are not for --child");
     if (c.ntraces == 0) {
         if (c.check || c.dump)
             return usage_error("%s needs a TRACE", c.check ? "--check" : "--dump");
@@ -968,9 +1181,12 @@ int main(int argc, char **argv)
         c.names = defaults;
         c.ntraces = 2;
         c.compare = 1;
+        c.builtin_default = 1;
     }
     if (expand_snapshots(&c))
         return 1;
+    if (c.report)
+        c.compare = 1; /* the page compares PyTorch's allocator (classic mode) with xseg */
     if (c.check || c.dump) {
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;
@@ -1008,9 +1224,15 @@ int main(int argc, char **argv)
     }
     if (find_driver(&c))
         return 1;
+    if (c.builtin_default && !c.child && c.summary == SUM_TEXT)
+        intro();
+    if (c.report && !(c.report_file = fopen(c.report, "w"))) {
+        fprintf(stderr, "xseg-replay: --report %s: cannot write: %s\n", c.report, strerror(errno));
+        return 1;
+    }
     if (c.min_device && !c.child)
         return min_device_children(&c);
-    if (c.child || (!c.compare && c.ntraces == 1))
+    if (c.child || (!c.compare && c.ntraces == 1 && !c.tune))
         return replay_here(&c, c.traces[0], c.names[0]);
     return replay_children(&c);
 }

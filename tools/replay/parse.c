@@ -949,6 +949,8 @@ xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char
             st = perr(&p, "a NUL byte in the line (is this a binary file?)");
         else
             st = parse_line(&p, s, stop);
+        if (st == XSEG_SUCCESS && stop == s && stop < eol)
+            trace_note_comment(t, stop, eol[-1] == '\r' ? eol - 1 : eol); /* PyTorch's own figures */
         s = eol + 1;
     }
     /* A capture left open would leave its stream capturing past the end of the replay. */

@@ -9,6 +9,15 @@
 struct plot_series {
     const char *mode;                /* legend label: "classic", "expandable" */
     const struct run_timeline *tl;
+    const uint64_t *failed_at;       /* action indices of failed allocations (drawn as points) */
+    size_t nfailed;
+};
+
+/* A vertical line at an action: a trace's `mark`, or an OOM the recording shows. */
+struct plot_mark {
+    uint64_t x;
+    const char *label;               /* points into the trace */
+    int recorded_oom;                /* 1: PyTorch hit an OOM here in the original run */
 };
 
 struct plot_panel {
@@ -16,7 +25,21 @@ struct plot_panel {
     uint64_t xmax;                   /* actions in the trace */
     const struct plot_series *series;
     size_t n;
+    const struct plot_mark *marks;   /* numbered 1.. on the plot, in order */
+    size_t nmarks;
 };
+
+/* The marks of @p t (its `mark` actions and recorded OOMs: `# the original run hit an OOM`
+ * comments, marks whose label starts "PyTorch OOM"; in action order) into a new array
+ * @p marks (free() it; labels point into @p t). */
+xseg_status plot_marks_of_trace(const struct trace *t, struct plot_mark **marks, size_t *n);
+
+/* The SVG of @p panels to @p f: with @p xml_header, a standalone file; without, an element to
+ * inline in HTML. @return XSEG_ERROR_INVALID_VALUE on a write error. */
+xseg_status plot_svg(FILE *f, const struct plot_panel *panels, size_t npanels, int xml_header);
+
+/* Text escaped for XML and HTML (< > & " '). */
+void plot_xml_text(FILE *f, const char *s);
 
 /* Write the SVG to @p path. @return XSEG_ERROR_INVALID_VALUE (path in @p err) when it cannot be
  * written. */

@@ -62,16 +62,127 @@ void report_mark_jsonl(FILE *out, const char *label, const char *mode, int devic
     fputs("}\n", out);
 }
 
-void report_summary_text(FILE *out, const struct run_summary *s)
+/* "51.2 GiB", "812 MiB": one decimal from 10 GiB, two from 1 GiB, MiB below. */
+static void human(char *buf, size_t len, int64_t b)
 {
+    double g = (double)b / GiB;
+    if (g >= 10)
+        snprintf(buf, len, "%.1f GiB", g);
+    else if (g >= 1)
+        snprintf(buf, len, "%.2f GiB", g);
+    else
+        snprintf(buf, len, "%.0f MiB", (double)b / (1 << 20));
+}
+
+/* The device a peak reserved figure fits on, in bytes: whole GiB from 2 GiB, else 64 MiB steps;
+ * and as text. */
+static int64_t device_of(char *buf, size_t len, int64_t b)
+{
+    int64_t unit = b >= (int64_t)2 << 30 ? (int64_t)1 << 30 : (int64_t)64 << 20;
+    int64_t d = (b + unit - 1) / unit * unit;
+    if (unit == (int64_t)1 << 30)
+        snprintf(buf, len, "%lld GiB", (long long)(d >> 30));
+    else
+        snprintf(buf, len, "%lld MiB", (long long)(d >> 20));
+    return d;
+}
+
+static int is_classic(const struct run_summary *s) { return !strncmp(s->mode, "classic", 7); }
+
+/* "xseg needs A where B reserved C: this run fits a D device instead of E." (or "both fit", or
+ * which needs the larger device when xseg does) */
+static void needs_sentence(char *buf, size_t len, const char *who, int64_t mine, const char *whom,
+                           const char *verb, int64_t theirs, int fits)
+{
+    char a[32], b[32], da[32], db[32], tail[128] = "";
+    human(a, sizeof a, mine);
+    human(b, sizeof b, theirs);
+    int64_t dm = device_of(da, sizeof da, mine), dt = device_of(db, sizeof db, theirs);
+    if (fits && dm < dt)
+        snprintf(tail, sizeof tail, ": this run fits a %s device instead of %s", da, db);
+    else if (fits && dm == dt)
+        snprintf(tail, sizeof tail, ": both fit a %s device", da);
+    else if (fits)
+        snprintf(tail, sizeof tail, ": this run needs a %s device instead of %s", da, db);
+    snprintf(buf, len, "%s needs %s where %s %s %s%s.", who, a, whom, verb, b, tail);
+}
+
+size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
+                      char lines[][REPORT_VERDICT_MAX], size_t maxlines)
+{
+    const struct run_summary *cl = NULL, *xs = NULL;
+    for (size_t m = 0; m < n; m++) {
+        if (is_classic(&s[m]) && !cl)
+            cl = &s[m];
+        else if (!is_classic(&s[m]) && !xs)
+            xs = &s[m];
+    }
+    int have_rec = rec && rec->peak_reserved > 0;
+    size_t k = 0;
+    char a[32], b[32];
+    if (xs && have_rec && k < maxlines)
+        needs_sentence(lines[k++], REPORT_VERDICT_MAX, "xseg", xs->peak_reserved, "PyTorch's allocator",
+                       "reserved", rec->peak_reserved, !xs->failed_allocs);
+    if (xs && cl && !have_rec && k < maxlines)
+        needs_sentence(lines[k++], REPORT_VERDICT_MAX, "xseg", xs->peak_reserved,
+                       "PyTorch's allocator (classic mode, as modelled)", "reserves", cl->peak_reserved,
+                       !xs->failed_allocs && !cl->failed_allocs);
+    if (cl && have_rec && k < maxlines) {
+        human(a, sizeof a, cl->peak_reserved);
+        human(b, sizeof b, rec->peak_reserved);
+        snprintf(lines[k++], REPORT_VERDICT_MAX,
+                 "Classic mode, PyTorch's allocator as modelled, reserves %s where the recording shows %s "
+                 "(%+.1f %%).", a, b, 100.0 * (double)(cl->peak_reserved - rec->peak_reserved) / (double)rec->peak_reserved);
+    }
+    if (n == 1 && !(xs && have_rec) && !(cl && have_rec) && k < maxlines) {
+        char d[32];
+        human(a, sizeof a, s[0].peak_reserved);
+        human(b, sizeof b, s[0].peak_allocated);
+        device_of(d, sizeof d, s[0].peak_reserved);
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "%s needs %s (peak reserved) for %s allocated at its peak%s%s%s.",
+                 xs ? "xseg" : "PyTorch's allocator (classic mode, as modelled)", a, b,
+                 s[0].failed_allocs ? "" : ": this run fits a ", s[0].failed_allocs ? "" : d,
+                 s[0].failed_allocs ? "" : " device");
+    }
+    for (size_t m = 0; m < n && k < maxlines; m++)
+        if (s[m].failed_allocs)
+            snprintf(lines[k++], REPORT_VERDICT_MAX,
+                     "In %s mode %llu allocation%s failed on the emulated device (--device-mem): the run does not "
+                     "fit there.", s[m].mode, (unsigned long long)s[m].failed_allocs, s[m].failed_allocs > 1 ? "s" : "");
+    return k;
+}
+
+static void verdict_text(FILE *out, const struct run_summary *s, size_t n, const struct trace_recorded *rec)
+{
+    char lines[REPORT_VERDICT_LINES][REPORT_VERDICT_MAX];
+    size_t k = report_verdict(s, n, rec, lines, REPORT_VERDICT_LINES);
+    for (size_t i = 0; i < k; i++)
+        fprintf(out, "%s\n", lines[i]);
+}
+
+static const char *const emulator_note =
+    "(emulator figures: cudaemu's host time includes the driver time it models, not a GPU's)";
+
+void report_summary_text(FILE *out, const struct run_summary *s, const struct trace_recorded *rec,
+                         int driver_stats)
+{
+    verdict_text(out, s, 1, rec);
     fprintf(out, "%s [%s]\n", s->trace, s->mode);
     fprintf(out, "  %-28s %" PRIu64 " (allocs %" PRIu64 ", frees %" PRIu64 ", failed allocs %" PRIu64 ")\n",
             "actions", s->actions, s->allocs, s->frees, s->failed_allocs);
-    fprintf(out, "  %-28s %.3f GiB\n", "peak allocated", (double)s->peak_allocated / GiB);
-    fprintf(out, "  %-28s %.3f GiB\n", "peak reserved", (double)s->peak_reserved / GiB);
-    fprintf(out, "  %-28s %.4f\n", "utilization", s->utilization);
+    fprintf(out, "  %-28s %.3f GiB", "peak allocated", (double)s->peak_allocated / GiB);
+    if (rec && rec->peak_allocated >= 0)
+        fprintf(out, " (PyTorch recorded %.3f GiB)", (double)rec->peak_allocated / GiB);
+    fprintf(out, "\n  %-28s %.3f GiB", "peak reserved", (double)s->peak_reserved / GiB);
+    if (rec && rec->peak_reserved >= 0)
+        fprintf(out, " (PyTorch recorded %.3f GiB)", (double)rec->peak_reserved / GiB);
+    fprintf(out, "\n  %-28s %.4f\n", "utilization", s->utilization);
     fprintf(out, "  %-28s %.3f GiB\n", "reserved at the end", (double)s->reserved_end / GiB);
     fprintf(out, "  %-28s %.3f GiB\n", "reserved after empty_cache", (double)s->reserved_after_empty_cache / GiB);
+    if (!driver_stats)
+        return;
+    if (s->have_calls)
+        fprintf(out, "  %s\n", emulator_note);
     fprintf(out, "  %-28s %.0f ns per alloc, %.0f ns per free\n", "host time", s->host_ns_per_alloc,
             s->host_ns_per_free);
     if (!s->have_calls) {
@@ -114,64 +225,64 @@ void report_summary_json(FILE *out, const struct run_summary *s)
     } else {
         fputs(", \"driver_calls\": null", out);
     }
-    fputs("}\n", out);
+    /* The first failed allocations' action indices, keyed by rank (the reader is flat). */
+    fputs(", \"failed_at\": {", out);
+    for (uint64_t i = 0; i < s->failed_allocs && i < RUN_FAILED_AT_MAX; i++)
+        fprintf(out, "%s\"%" PRIu64 "\": %" PRIu64, i ? ", " : "", i, s->failed_at[i]);
+    fputs("}}\n", out);
 }
 
 static void gib_cell(char *buf, size_t len, int64_t v) { snprintf(buf, len, "%.3f", (double)v / GiB); }
 
-void report_compare_text(FILE *out, const char *trace, const struct run_summary *s,
-                         struct report_mark *const *marks, const size_t *nmarks, size_t n, int pool)
+/* The marks of @p n modes side by side: the mode name over its four columns. */
+static void compare_marks(FILE *out, const struct run_summary *s, struct report_mark *const *marks,
+                          const size_t *nmarks, size_t n, int pool)
 {
-    fprintf(out, "== %s\n", trace);
-    size_t nm = 0;
-    for (size_t m = 0; m < n; m++)
+    size_t nm = 0, lw = 24;
+    for (size_t m = 0; m < n; m++) {
         nm = nm > nmarks[m] ? nm : nmarks[m];
-    if (nm) {
-        size_t lw = 24;
+        for (size_t i = 0; i < nmarks[m]; i++)
+            lw = strlen(marks[m][i].label) > lw ? strlen(marks[m][i].label) : lw;
+    }
+    if (!nm)
+        return;
+    fprintf(out, "%-*s", (int)lw, "");
+    for (size_t m = 0; m < n; m++)
+        fprintf(out, " | %-41s", s[m].mode);
+    fputc('\n', out);
+    char tag[64];
+    snprintf(tag, sizeof tag, "Tag (GiB%s)", pool == XSEG_STAT_LARGE_POOL ? ", large pool"
+                                             : pool == XSEG_STAT_SMALL_POOL ? ", small pool" : "");
+    int w = fprintf(out, "%-*s", (int)lw, tag);
+    for (size_t m = 0; m < n; m++)
+        w += fprintf(out, " | %9s %9s %9s %9s", "Allocated", "Active", "InactSplit", "Reserved");
+    fputc('\n', out);
+    for (int i = 1; i < w; i++)
+        fputc('-', out);
+    fputc('\n', out);
+    for (size_t i = 0; i < nm; i++) {
+        const char *label = "";
         for (size_t m = 0; m < n; m++)
-            for (size_t i = 0; i < nmarks[m]; i++)
-                lw = strlen(marks[m][i].label) > lw ? strlen(marks[m][i].label) : lw;
-        /* Group header: the mode name over its four columns. */
-        fprintf(out, "%-*s", (int)lw, "");
-        for (size_t m = 0; m < n; m++)
-            fprintf(out, " | %-41s", s[m].mode);
-        fputc('\n', out);
-        char tag[64];
-        snprintf(tag, sizeof tag, "Tag (GiB%s)", pool == XSEG_STAT_LARGE_POOL ? ", large pool"
-                                                 : pool == XSEG_STAT_SMALL_POOL ? ", small pool" : "");
-        int w = fprintf(out, "%-*s", (int)lw, tag);
-        for (size_t m = 0; m < n; m++)
-            w += fprintf(out, " | %9s %9s %9s %9s", "Allocated", "Active", "InactSplit", "Reserved");
-        fputc('\n', out);
-        for (int i = 1; i < w; i++)
-            fputc('-', out);
-        fputc('\n', out);
-        for (size_t i = 0; i < nm; i++) {
-            const char *label = "";
-            for (size_t m = 0; m < n; m++)
-                if (i < nmarks[m]) {
-                    label = marks[m][i].label;
-                    break;
-                }
-            fprintf(out, "%-*s", (int)lw, label);
-            for (size_t m = 0; m < n; m++) {
-                if (i >= nmarks[m]) {
-                    fprintf(out, " | %39s", "(stopped)");
-                    continue;
-                }
-                fprintf(out, " |");
-                for (int k = 0; k < 4; k++)
-                    fprintf(out, " %9.3f", (double)marks[m][i].v[k] / GiB);
+            if (i < nmarks[m]) {
+                label = marks[m][i].label;
+                break;
             }
-            fputc('\n', out);
+        fprintf(out, "%-*s", (int)lw, label);
+        for (size_t m = 0; m < n; m++) {
+            if (i >= nmarks[m]) {
+                fprintf(out, " | %39s", "(stopped)");
+                continue;
+            }
+            fprintf(out, " |");
+            for (int k = 0; k < 4; k++)
+                fprintf(out, " %9.3f", (double)marks[m][i].v[k] / GiB);
         }
         fputc('\n', out);
     }
-    fprintf(out, "%-32s", "");
-    for (size_t m = 0; m < n; m++)
-        fprintf(out, " %14s", s[m].mode);
     fputc('\n', out);
-#define ROW(label, fmtexpr)                                                                       \
+}
+
+#define ROW(label, fmtexpr, rec_cell)                                                             \
     do {                                                                                          \
         fprintf(out, "%-32s", label);                                                             \
         for (size_t m = 0; m < n; m++) {                                                          \
@@ -180,39 +291,74 @@ void report_compare_text(FILE *out, const char *trace, const struct run_summary 
             fmtexpr;                                                                              \
             fprintf(out, " %14s", cell);                                                          \
         }                                                                                         \
+        if (rec_on) {                                                                             \
+            char cell[40] = "-";                                                                  \
+            rec_cell;                                                                             \
+            fprintf(out, " %20s", cell);                                                          \
+        }                                                                                         \
         fputc('\n', out);                                                                         \
     } while (0)
-    ROW("peak allocated (GiB)", gib_cell(cell, sizeof cell, x->peak_allocated));
-    ROW("peak reserved (GiB)", gib_cell(cell, sizeof cell, x->peak_reserved));
-    ROW("utilization", snprintf(cell, sizeof cell, "%.4f", x->utilization));
-    ROW("reserved at the end (GiB)", gib_cell(cell, sizeof cell, x->reserved_end));
-    ROW("reserved after empty_cache", gib_cell(cell, sizeof cell, x->reserved_after_empty_cache));
-    ROW("failed allocs", snprintf(cell, sizeof cell, "%" PRIu64, x->failed_allocs));
-    ROW("host ns per alloc", snprintf(cell, sizeof cell, "%.0f", x->host_ns_per_alloc));
-    ROW("host ns per free", snprintf(cell, sizeof cell, "%.0f", x->host_ns_per_free));
+
+/* Host time and driver calls: figures of the replay machine, behind --driver-stats. */
+static void compare_driver_stats(FILE *out, const struct run_summary *s, size_t n)
+{
+    const int rec_on = 0;
     int have = 0;
     for (size_t m = 0; m < n; m++)
         have |= s[m].have_calls;
+    fprintf(out, "%s\n", have ? emulator_note : "(host time on the real driver)");
+    ROW("host ns per alloc", snprintf(cell, sizeof cell, "%.0f", x->host_ns_per_alloc), (void)0);
+    ROW("host ns per free", snprintf(cell, sizeof cell, "%.0f", x->host_ns_per_free), (void)0);
     if (!have) {
         fprintf(out, "%-32s n/a (the real driver has no call counters)\n", "driver calls");
-    } else {
-        for (int e = 0; e < RUN_NENTRIES; e++) {
-            uint64_t any = 0;
-            for (size_t m = 0; m < n; m++)
-                any |= s[m].calls[e];
-            if (!any)
-                continue;
-            char label[48];
-            snprintf(label, sizeof label, "  %s", run_entry_names[e]);
-            ROW(label, snprintf(cell, sizeof cell, "%" PRIu64, x->calls[e]));
-        }
-        ROW("memory calls per GiB reserved",
-            snprintf(cell, sizeof cell, "%.1f",
-                     x->peak_reserved ? (double)x->memory_calls / ((double)x->peak_reserved / GiB) : 0.0));
+        return;
     }
-#undef ROW
+    for (int e = 0; e < RUN_NENTRIES; e++) {
+        uint64_t any = 0;
+        for (size_t m = 0; m < n; m++)
+            any |= s[m].calls[e];
+        if (!any)
+            continue;
+        char label[48];
+        snprintf(label, sizeof label, "  %s", run_entry_names[e]);
+        ROW(label, snprintf(cell, sizeof cell, "%" PRIu64, x->calls[e]), (void)0);
+    }
+    ROW("memory calls per GiB reserved",
+        snprintf(cell, sizeof cell, "%.1f",
+                 x->peak_reserved ? (double)x->memory_calls / ((double)x->peak_reserved / GiB) : 0.0),
+        (void)0);
+}
+
+void report_compare_text(FILE *out, const char *trace, const struct run_summary *s,
+                         struct report_mark *const *marks, const size_t *nmarks, size_t n, int pool,
+                         const struct trace_recorded *rec, int driver_stats)
+{
+    fprintf(out, "== %s\n", trace);
+    verdict_text(out, s, n, rec);
+    fputc('\n', out);
+    compare_marks(out, s, marks, nmarks, n, pool);
+    const int rec_on = rec && rec->peak_reserved >= 0;
+    fprintf(out, "%-32s", "");
+    for (size_t m = 0; m < n; m++)
+        fprintf(out, " %14s", s[m].mode);
+    if (rec_on)
+        fprintf(out, " %20s", "PyTorch (recorded)");
+    fputc('\n', out);
+    ROW("peak allocated (GiB)", gib_cell(cell, sizeof cell, x->peak_allocated),
+        if (rec->peak_allocated >= 0) gib_cell(cell, sizeof cell, rec->peak_allocated));
+    ROW("peak reserved (GiB)", gib_cell(cell, sizeof cell, x->peak_reserved),
+        gib_cell(cell, sizeof cell, rec->peak_reserved));
+    ROW("utilization", snprintf(cell, sizeof cell, "%.4f", x->utilization),
+        if (rec->peak_allocated >= 0 && rec->peak_reserved > 0)
+            snprintf(cell, sizeof cell, "%.4f", (double)rec->peak_allocated / (double)rec->peak_reserved));
+    ROW("reserved at the end (GiB)", gib_cell(cell, sizeof cell, x->reserved_end), (void)0);
+    ROW("reserved after empty_cache", gib_cell(cell, sizeof cell, x->reserved_after_empty_cache), (void)0);
+    ROW("failed allocs", snprintf(cell, sizeof cell, "%" PRIu64, x->failed_allocs), (void)0);
+    if (driver_stats)
+        compare_driver_stats(out, s, n);
     fputc('\n', out);
 }
+#undef ROW
 
 /* ---- reading the child's JSON back ---- */
 
@@ -352,7 +498,11 @@ void report_summary_from_json(const char *key, double num, const char *str, void
     else if (!strcmp(key, "host_ns_per_alloc")) s->host_ns_per_alloc = num;
     else if (!strcmp(key, "host_ns_per_free")) s->host_ns_per_free = num;
     else if (!strcmp(key, "driver_memory_calls")) s->memory_calls = (uint64_t)num;
-    else if (!strncmp(key, "driver_calls.", 13)) {
+    else if (!strncmp(key, "failed_at.", 10)) {
+        unsigned long i = strtoul(key + 10, NULL, 10);
+        if (i < RUN_FAILED_AT_MAX)
+            s->failed_at[i] = (uint64_t)num;
+    } else if (!strncmp(key, "driver_calls.", 13)) {
         for (int e = 0; e < RUN_NENTRIES; e++)
             if (!strcmp(key + 13, run_entry_names[e])) {
                 s->calls[e] = (uint64_t)num;

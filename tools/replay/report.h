@@ -18,7 +18,10 @@ void report_mark_row(FILE *out, size_t label_width, const char *label, const xse
  * xseg_stat_key enumerates. */
 void report_mark_jsonl(FILE *out, const char *label, const char *mode, int device);
 
-void report_summary_text(FILE *out, const struct run_summary *s);
+/* The summary of one replay: the verdict, then the figures, PyTorch's recorded ones beside them
+ * when @p rec has them; host time and driver calls only with @p driver_stats. */
+void report_summary_text(FILE *out, const struct run_summary *s, const struct trace_recorded *rec,
+                         int driver_stats);
 void report_summary_json(FILE *out, const struct run_summary *s);
 
 /* One mark of one mode, as read back from a child's JSON line. */
@@ -27,9 +30,22 @@ struct report_mark {
     int64_t v[4]; /* allocated, active, inactive_split, reserved (bytes) */
 };
 
-/* Side by side: marks (when any) and summaries of @p n modes of one trace. */
+/* Side by side: the verdict, marks (when any) and summaries of @p n modes of one trace, with a
+ * "PyTorch (recorded)" column when @p rec has figures; host time and driver calls (emulator
+ * figures on cudaemu) only with @p driver_stats. */
 void report_compare_text(FILE *out, const char *trace, const struct run_summary *s,
-                         struct report_mark *const *marks, const size_t *nmarks, size_t n, int pool);
+                         struct report_mark *const *marks, const size_t *nmarks, size_t n, int pool,
+                         const struct trace_recorded *rec, int driver_stats);
+
+/*
+ * The verdict: one sentence per mode comparison of @p n replays of one trace (xseg against
+ * PyTorch's recorded figures in @p rec when it has them, else against classic mode; classic mode
+ * against the recording; failed allocations), each into lines[i]. @return the number written.
+ */
+#define REPORT_VERDICT_MAX 320
+#define REPORT_VERDICT_LINES 6
+size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
+                      char lines[][REPORT_VERDICT_MAX], size_t maxlines);
 
 /* A JSON-writing helper: @p s as a JSON string literal. */
 void report_json_string(FILE *out, const char *s);

@@ -408,6 +408,8 @@ static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
     c->sum->allocs++;
     if (as != XSEG_SUCCESS) {
         char sz[32];
+        if (c->sum->failed_allocs < RUN_FAILED_AT_MAX)
+            c->sum->failed_at[c->sum->failed_allocs] = (uint64_t)(a - t->actions);
         c->sum->failed_allocs++;
         c->rs.failed[a->buf] = 1;
         fprintf(stderr, "%s:%u: alloc %s %s failed (%s): %s\n", t->source, a->line, t->bufs.names[a->buf],
@@ -501,10 +503,10 @@ static xseg_status run_sleep_wake(struct run_ctx *c, const struct trace_action *
     xseg_status st = a->op == TRACE_SLEEP ? xseg_sleep(0, id, (unsigned)a->size) : xseg_wake(0, id);
     if (st == XSEG_ERROR_NOT_SUPPORTED && a->op == TRACE_SLEEP) {
         /* Classic segments cannot sleep: a property of the mode, not of the trace. */
-        static int warned;
+        static int warned; /* a note, not a warning: the mode cannot do it, the trace is fine */
         if (!warned++)
-            fprintf(stderr, "%s:%u: sleep: %s (skipped, with its wake)\n", c->t->source, a->line,
-                    xseg_last_error());
+            fprintf(stderr, "note: %s [%s]: classic segments cannot sleep, so this mode skips the trace's "
+                            "sleep and its wake (first at line %u)\n", c->t->source, c->sum->mode, a->line);
         *skipped = 1;
         return XSEG_SUCCESS;
     }

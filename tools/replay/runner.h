@@ -46,6 +46,8 @@ struct run_options {
  * "out.peak.pickle") into @p buf. */
 void run_snapshot_path(const char *path, const char *tag, char *buf, size_t size);
 
+#define RUN_FAILED_AT_MAX 16
+
 struct run_summary {
     char mode[32];          /* "classic", "expandable", or "classic (no VMM)" when the config asks
                              * for expandable segments on a device without VMM: the mode used */
@@ -58,6 +60,8 @@ struct run_summary {
     int have_calls;         /* 1 on cudaemu: calls[] are valid */
     uint64_t calls[RUN_NENTRIES];
     uint64_t memory_calls;  /* sum of the first RUN_MEMORY_ENTRIES */
+    /* Action index of the first RUN_FAILED_AT_MAX failed allocations (the plot's OOM points). */
+    uint64_t failed_at[RUN_FAILED_AT_MAX];
 };
 
 /* allocated and reserved bytes (all pools) after each allocating / freeing action. */

@@ -106,7 +106,44 @@ xseg_status trace_init(struct trace *t, const char *source)
     t->strings[0] = '\0';
     t->strings_len = 1;
     t->strings_cap = 256;
+    t->recorded.peak_allocated = t->recorded.peak_reserved = -1;
     return XSEG_SUCCESS;
+}
+
+/* "KEY=DIGITS" at @p s: the number, or -1. */
+static int64_t recorded_value(const char *s, const char *end, const char *key)
+{
+    size_t n = strlen(key);
+    if ((size_t)(end - s) <= n || strncmp(s, key, n) || s[n] != '=')
+        return -1;
+    int64_t v = 0;
+    const char *q = s + n + 1;
+    if (q >= end || *q < '0' || *q > '9')
+        return -1;
+    for (; q < end && *q >= '0' && *q <= '9'; q++) {
+        if (v > (INT64_MAX - 9) / 10)
+            return -1;
+        v = v * 10 + (*q - '0');
+    }
+    return v;
+}
+
+void trace_note_comment(struct trace *t, const char *s, const char *end)
+{
+    static const char pt[] = "# pytorch: ", oom[] = "# the original run hit an OOM";
+    size_t len = (size_t)(end - s);
+    if (len > sizeof pt - 1 && !strncmp(s, pt, sizeof pt - 1)) {
+        const char *kv = s + sizeof pt - 1;
+        int64_t v;
+        if ((v = recorded_value(kv, end, "peak_allocated_bytes")) >= 0)
+            t->recorded.peak_allocated = v;
+        else if ((v = recorded_value(kv, end, "peak_reserved_bytes")) >= 0)
+            t->recorded.peak_reserved = v;
+    } else if (len >= sizeof oom - 1 && !strncmp(s, oom, sizeof oom - 1)) {
+        if (t->recorded.noom < TRACE_RECORDED_OOM_MAX)
+            t->recorded.oom_at[t->recorded.noom] = t->count;
+        t->recorded.noom++;
+    }
 }
 
 void trace_destroy(struct trace *t)

@@ -84,8 +84,19 @@ struct trace_names {
     size_t nslots;
 };
 
+/* What the recording itself says the original allocator did, from `# pytorch: KEY=N` comment
+ * lines (tools/snapshot2trace.py writes them) and its OOM comments: the verdict and the report
+ * put them beside the replayed figures. Fields stay -1 / 0 when the trace carries none. */
+#define TRACE_RECORDED_OOM_MAX 64
+struct trace_recorded {
+    int64_t peak_allocated, peak_reserved; /* bytes, -1: not recorded */
+    uint64_t oom_at[TRACE_RECORDED_OOM_MAX]; /* action index (the next action) of each recorded OOM */
+    size_t noom;                            /* all of them, even past TRACE_RECORDED_OOM_MAX */
+};
+
 struct trace {
     char *source;   /* file name or "builtin:NAME", for messages */
+    struct trace_recorded recorded;
     struct trace_action *actions;
     size_t count, cap;
     struct trace_names bufs, streams, pools;
@@ -107,6 +118,10 @@ xseg_status trace_name_intern(struct trace_names *names, const char *name, size_
 /* Look a name up without adding it; @p index receives -1 when absent. */
 void trace_name_find(const struct trace_names *names, const char *name, size_t len,
                      int32_t *index);
+
+/* Read a comment (from '#' to @p end, no newline) for the recorded figures (struct
+ * trace_recorded); any other comment is ignored. */
+void trace_note_comment(struct trace *t, const char *s, const char *end);
 
 /* Append an action (copied). */
 xseg_status trace_push(struct trace *t, const struct trace_action *a);

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""xseg-replay's output side through its command line: the verdict (with PyTorch's recorded
+figures), the emulator figures behind --driver-stats, the sleep note, the main job's first lines,
+--tune and --tune-budget, and --report's page loaded in headless Chromium (skipped with the
+reason when there is none). Traces are written here; nothing is timed.
+
+usage: test_replay_output.py XSEG_REPLAY
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPLAY = sys.argv[1]
+MiB = 1 << 20
+GiB = 1 << 30
+
+# A fragmenting trace: classic segments keep 60 MiB pieces that a later 80 MiB request cannot
+# use, expandable segments map pages where needed. PyTorch's figures in the converter's format.
+FRAG = """# xseg-replay trace converted from the PyTorch snapshot hand.pickle (device 0)
+# pytorch: peak_allocated_bytes=%d (0.27 GiB)
+# pytorch: peak_reserved_bytes=%d (0.35 GiB)
+# pytorch: utilization=0.7714
+frame k1 12 model.py forward
+frame k1 40 train.py step
+frame k2 0 ?? c10::cuda::malloc
+frame k2 7 head.py logits
+""" % (280 * MiB, 360 * MiB) + "".join(
+    "alloc a%d 60MiB ^k1\nalloc s%d 1MiB\n" % (i, i) for i in range(4)) + "".join(
+    "free a%d\n" % i for i in range(4)) + "mark pieces freed\n" + "".join(
+    "alloc b%d 90MiB ^k2\n" % i for i in range(3)) + "mark end\n"
+
+
+def run(*args, env=None, timeout=300):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([REPLAY] + list(args), capture_output=True, text=True, timeout=timeout, env=e)
+    return p.returncode, p.stdout, p.stderr
+
+
+class Output(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="replay-output-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def trace(self, text, name="t.trace"):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def test_verdict_compare_with_recorded(self):
+        t = self.trace(FRAG)
+        rc, out, err = run("--compare", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        lines = out.splitlines()
+        head = lines.index("== " + t)
+        # The section starts with the verdict: xseg against what PyTorch recorded, then classic
+        # mode against the recording.
+        self.assertRegex(lines[head + 1], r"^xseg needs \d+ MiB where PyTorch's allocator reserved 360 MiB: "
+                                          r"this run fits a \d+ MiB device instead of 384 MiB\.$")
+        self.assertRegex(lines[head + 2], r"^Classic mode, PyTorch's allocator as modelled, reserves \d+ MiB where "
+                                          r"the recording shows 360 MiB \([+-]\d+\.\d %\)\.$")
+        row = [l for l in lines if l.startswith("peak reserved (GiB)")][0]
+        self.assertIn("0.352", row)  # the recorded column, beside the replayed ones
+        self.assertIn("PyTorch (recorded)", out)
+        # Emulator figures are not in the default table; --driver-stats says what they are.
+        self.assertNotIn("host ns per alloc", out)
+        self.assertNotIn("cuMemMap", out)
+        rc, out, err = run("--compare", "--marks=none", "--driver-stats", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("emulator figures: cudaemu's host time includes the driver time it models", out)
+        self.assertIn("host ns per alloc", out)
+
+    def test_verdict_single_and_failures(self):
+        t = self.trace("alloc a 100MiB\nalloc b 200MiB\nfree a\nmark m\n")
+        rc, out, err = run("--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out.splitlines()[0], r"^xseg needs \d+ MiB \(peak reserved\) for 300 MiB allocated at its "
+                                              r"peak: this run fits a \d+ MiB device\.$")
+        rc, out, err = run("--compare", "--marks=none", "--device-mem", "256M", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("In expandable mode 1 allocation failed on the emulated device (--device-mem)", out)
+        self.assertNotIn("fits a", out)
+
+    def test_verdict_when_xseg_needs_more(self):
+        # One 121 MiB block: classic rounds to 2 MiB, expandable maps 20 MiB pages.
+        rc, out, err = run("--compare", "--marks=none", self.trace("alloc a 121MiB\n"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("xseg needs 140 MiB where PyTorch's allocator (classic mode, as modelled) reserves 122 MiB: "
+                      "this run needs a 192 MiB device instead of 128 MiB.", out)
+
+    def test_sleep_is_a_note(self):
+        t = self.trace("alloc w 100MiB\nsleep default discard\nwake default\nfree w\n")
+        rc, out, err = run("--compare", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        notes = [l for l in err.splitlines() if "sleep" in l]
+        self.assertEqual(len(notes), 1, err)
+        self.assertTrue(notes[0].startswith("note: "), notes[0])
+        self.assertNotRegex(notes[0], r"(?i)warn|error|fail|xseg_sleep")
+
+    def test_main_job_says_what_it_did(self):
+        rc, out, err = run("--marks=none")
+        self.assertEqual(rc, 0, err)
+        first = out.split("\n\n")[0]
+        self.assertIn("replaying two bundled workloads (builtin:training, builtin:inference)", first)
+        self.assertIn("classic mode (PyTorch's caching allocator", first)
+        self.assertIn("the verdict", first)
+        self.assertIn("--report out.html", first)
+        # Then each workload opens with its verdict.
+        lines = out.splitlines()
+        i = lines.index("== builtin:training")
+        self.assertTrue(lines[i + 1].startswith("xseg needs "), lines[i + 1])
+
+    def test_tune(self):
+        t = self.trace(FRAG)
+        rc, out, err = run("--tune", "--tune-budget", "60runs", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        m = re.search(r"== --tune .*: (\d+) replays in", out)
+        self.assertTrue(m, out)
+        self.assertLessEqual(int(m.group(1)), 62)  # the budget, and each family's default first
+        tune = out[m.start():]
+        for fam, env in (("PyTorch's allocator", "PYTORCH_CUDA_ALLOC_CONF"), ("xseg", "XSEG_ALLOC_CONF")):
+            self.assertRegex(tune, r"%s:\n  best +%s[= ].*\n +predicted: peak reserved [\d.]+ GiB" % (fam, env))
+            self.assertRegex(tune, r"%s:(.|\n)*  runner-up +%s[= ]" % (fam, env))
+            self.assertRegex(tune, r"%s:(.|\n)*  default +%s unset \(the defaults\)" % (fam, env))
+
+    def test_tune_predictions_hold(self):
+        """The predicted figures are replays: the best config of each family, replayed with the
+        config it ran with, reserves what was predicted, fits on its smallest device and fails on
+        2 MiB less; and no config ranked below it fits on a smaller device."""
+        t = self.trace(FRAG)
+        rc, out, err = run("--tune", "--tune-budget", "400runs", "--summary=json", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        rows = [json.loads(l) for l in out.splitlines() if l.startswith('{"tune"')]
+        self.assertFalse(rows[-1]["cut_short"], rows[-1])
+        for fam in ("pytorch", "xseg"):
+            got = {r["rank"]: r for r in rows if r.get("family") == fam}
+            best, default = got["best"], got["default"]
+            self.assertTrue(best["min_device_exact"], best)
+            self.assertLessEqual(best["min_device_bytes"], default["min_device_bytes"])
+            if got["runner-up"]["min_device_bytes"] is not None:
+                self.assertLessEqual(best["min_device_bytes"], got["runner-up"]["min_device_bytes"])
+            if fam == "pytorch":  # PyTorch's keys only in the line to set
+                self.assertNotRegex(best["config"], r"recycle|defrag|chunk|page_size")
+            for mem, fits in ((best["min_device_bytes"], True), (best["min_device_bytes"] - 2 * MiB, False)):
+                rc, o, e = run("--config", best["replay_config"], "--device-mem", str(mem), "--summary=json",
+                               "--marks=none", t)
+                self.assertEqual(rc, 0, e)
+                summary = json.loads(o.splitlines()[-1])
+                self.assertEqual(summary["failed_allocs"] == 0, fits, (fam, mem, summary))
+            rc, o, e = run("--config", best["replay_config"], "--summary=json", "--marks=none", t)
+            self.assertEqual(json.loads(o.splitlines()[-1])["peak_reserved_bytes"], best["peak_reserved_bytes"])
+
+    def test_bad_options(self):
+        t = self.trace("alloc a 1MiB\n")
+        for bad in ("abc", "0", "-5s", "1.5runs", "10 parsecs"):
+            rc, out, err = run("--tune", "--tune-budget", bad, t)
+            self.assertEqual(rc, 2, bad)
+            self.assertIn("--tune-budget: '%s' is not seconds or runs" % bad, err)
+            self.assertNotIn("Traceback", err)
+        rc, out, err = run("--tune", "--min-device", t)
+        self.assertEqual(rc, 2)
+        self.assertIn("--tune and --report do not combine with --min-device", err)
+        # A page that cannot be written fails before any replay, naming the path.
+        missing = os.path.join(self.tmp, "no", "such", "dir", "r.html")
+        rc, out, err = run("--report", missing, t)
+        self.assertEqual(rc, 1)
+        self.assertIn("--report %s: cannot write: No such file or directory" % missing, err)
+        self.assertEqual(out, "")
+        # A trace that does not parse leaves no page behind.
+        page = os.path.join(self.tmp, "r.html")
+        rc, out, err = run("--report", page, self.trace("free nothing\n", "bad.trace"))
+        self.assertEqual(rc, 1)
+        self.assertFalse(os.path.exists(page))
+        rc, out, err = run("--tune", "--tune-budget", "3runs", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("the budget ended the search", out)
+
+    def test_report_html(self):
+        hostile = '<script>alert("x")</script>&amp;\'q\''
+        t = self.trace(FRAG.replace("frame k2 7 head.py logits",
+                                    "frame k2 7 %s %s" % ("m%3cb%3e.py", hostile.replace(" ", "_")))
+                       .replace("mark pieces freed", "mark pieces <b>freed</b>\nmark PyTorch OOM: 90 MiB request")
+                       .replace("alloc b0 90MiB", "# the original run hit an OOM here (device free: 0)\nalloc b0 90MiB"),
+                       name="<evil>.trace")
+        page = os.path.join(self.tmp, "out.html")
+        # A device too small for the last request in both modes: failed allocations drawn.
+        rc, out, err = run("--report", page, "--tune-budget", "30runs", "--marks=none", "--device-mem", "270M", t)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("wrote %s" % page, err)
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        # Self-contained: one inline script of our own, nothing fetched.
+        self.assertEqual(html.count("<script"), 1)
+        for ref in ("src=", "href=", "@import", "url(", "https:"):
+            self.assertNotIn(ref, html)
+        self.assertNotIn("<b>freed", html)
+        self.assertNotIn("<evil>", html)
+        self.assertIn("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;amp;&#39;q&#39;", html)
+        self.assertIn("m&lt;b&gt;.py:7", html)
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not chromium:
+            self.skipTest("no chromium (Debian: apt-get install chromium): the page was not loaded")
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                              "--user-data-dir=" + os.path.join(self.tmp, "profile"), "--virtual-time-budget=5000",
+                              "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=120).stdout
+        body = re.search(r"<body([^>]*)>", dom)
+        self.assertTrue(body, dom[:2000])
+        attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(1)))
+        self.assertEqual(attrs.get("ready"), "1", attrs)  # the page's script ran
+        self.assertEqual(int(attrs["polylines"]), 4)      # reserved and allocated, two modes
+        self.assertGreater(int(attrs["points"]), 20)
+        self.assertGreater(int(attrs["plot-width"]), 300)  # laid out, not an empty box
+        self.assertEqual(dom.count("<script"), 1)         # nothing from the trace became a script
+        verdict = re.search(r'<div class="verdict">(.*?)</div>', dom, re.S).group(1)
+        self.assertIn("where PyTorch's allocator reserved 360 MiB", verdict)
+        self.assertIn("allocation failed on the emulated device", verdict)
+        self.assertRegex(dom, r'<table class="modes">(.|\n)*PyTorch \(recorded\)')
+        bars = re.search(r'<svg class="bars"(.*?)</svg>', dom, re.S).group(1)
+        self.assertEqual(bars.count('class="bar"'), 3)  # classic, expandable, PyTorch (recorded)
+        self.assertIn("0.35 GiB", bars)
+        self.assertEqual(len(re.findall(r'<g class="mark oom">', dom)), 2)  # a comment's, a mark's
+        self.assertEqual(len(re.findall(r'<g class="mark">', dom)), 2)
+        self.assertGreaterEqual(len(re.findall(r'<g class="failed">', dom)), 2)
+        self.assertRegex(dom, r'<table class="tune">(.|\n)*PYTORCH_CUDA_ALLOC_CONF(.|\n)*XSEG_ALLOC_CONF')
+        live = re.search(r'<table class="live">(.*?)</table>', dom, re.S).group(1)
+        self.assertIn("<td>b0</td><td>90.0</td>", live)  # the largest live at the peak first
+        # Python frames first, every frame folded below
+        self.assertIn('<td class="frames">m&lt;b&gt;.py:7 ', live)
+        self.assertIn("<summary>all 2 frames</summary>??:0 c10::cuda::malloc<br>m&lt;b&gt;.py:7 ", live)
+        self.assertIn("&lt;script&gt;", live)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)

@@ -1,0 +1,84 @@
+/*
+ * xseg-replay --tune: which allocator config gives this trace the smallest device and the lowest
+ * peak reserved? Two families are searched, each from its own default:
+ *   PyTorch's allocator, as xseg models it: classic mode (expandable_segments:False), and
+ *     expandable mode with xseg's extras off (expandable_segments_recycle and _defrag False:
+ *     PyTorch's expandable layout and OOM path); over expandable_segments, max_split_size_mb,
+ *     roundup_power2_divisions and garbage_collection_threshold. Its line is
+ *     PYTORCH_CUDA_ALLOC_CONF=..., with PyTorch's keys only.
+ *   xseg (expandable segments, its defaults): expandable_chunk_mb, expandable_page_size_mb,
+ *     max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold. Its line is
+ *     XSEG_ALLOC_CONF=.... expandable_segments_defrag is not searched: it moves live bytes and is
+ *     safe only in single-threaded programs (docs/configuration.md).
+ * First a coordinate search on peak reserved (one replay per config on the full device), then
+ * the smallest device of the best few (2 MiB bisection); ranked by smallest device, then peak
+ * reserved. The replays themselves are the caller's (a child process each: see main.c).
+ */
+#ifndef XSEG_TOOLS_REPLAY_TUNE_H
+#define XSEG_TOOLS_REPLAY_TUNE_H
+
+#include <stdio.h>
+
+#include "tools/replay/runner.h"
+
+/* --tune-budget: seconds or replays; the search stops starting replays past either. */
+struct tune_budget {
+    double seconds; /* 0: no bound */
+    unsigned runs;  /* 0: no bound */
+};
+#define TUNE_DEFAULT_SECONDS 60.0
+
+/* "60", "60s", "40runs" (also "40 runs", "1.5s"). @return XSEG_ERROR_INVALID_VALUE with a
+ * message naming the value otherwise. */
+xseg_status tune_parse_budget(const char *s, struct tune_budget *b, char *err, size_t errlen);
+
+/* One replay of the trace with @p config on an emulated device of @p device_bytes (0: the
+ * default device). @return 0 with @p out filled, -1 when the replay itself stopped. */
+typedef int (*tune_probe_fn)(void *user, const char *config, uint64_t device_bytes, struct run_summary *out);
+
+struct tune_candidate {
+    char shown[256];        /* the keys set, as the user writes them ("" for the defaults) */
+    char config[320];       /* what the replay ran with (the family's fixed keys added) */
+    int64_t peak_reserved, peak_allocated;
+    uint64_t failed_allocs;
+    uint64_t min_device;    /* bytes; 0: not bisected */
+    int device_exact;       /* 1: the bisection finished (else min_device is an upper bound) */
+    int stopped;            /* a replay of the bisection stopped twice: ranks last */
+};
+
+#define TUNE_FAMILIES 2
+struct tune_family_result {
+    const char *name;       /* "PyTorch's allocator", "xseg" */
+    const char *env;        /* "PYTORCH_CUDA_ALLOC_CONF", "XSEG_ALLOC_CONF" */
+    struct tune_candidate def, best, runner_up;
+    int have_def, have_best, have_runner_up;
+};
+
+struct tune_result {
+    struct tune_family_result fam[TUNE_FAMILIES];
+    unsigned runs;
+    double seconds;
+    int cut_short;          /* the budget ended the search before it converged */
+};
+
+/* Search (see above). @p device_bytes: the full device (--device-mem). Progress on stderr when
+ * @p progress. @return XSEG_ERROR_INVALID_VALUE when the default configs themselves cannot
+ * replay the trace, XSEG_ERROR_OUT_OF_MEMORY; the message in @p err. */
+xseg_status tune_run(tune_probe_fn probe, void *user, uint64_t device_bytes, const struct tune_budget *b,
+                     int progress, struct tune_result *r, char *err, size_t errlen);
+
+/* The result as text: per family the winning env line, its predicted figures, the default's and
+ * the runner-up's. */
+void tune_print(FILE *out, const char *trace, const struct tune_result *r);
+
+/* The result as JSON lines, one per (family, rank): {"tune": trace, "family": "pytorch"|"xseg",
+ * "rank": "best"|"runner-up"|"default", "env": the line, "config": the keys shown,
+ * "replay_config": what the replay ran with, "peak_reserved_bytes", "failed_allocs", "stopped",
+ * "min_device_bytes" (null: not bisected), "min_device_exact"}, then {"tune": trace, "replays",
+ * "seconds", "cut_short"}. */
+void tune_print_json(FILE *out, const char *trace, const struct tune_result *r);
+
+/* "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" for @p c of family @p f into @p buf. */
+void tune_env_line(const struct tune_family_result *f, const struct tune_candidate *c, char *buf, size_t len);
+
+#endif
