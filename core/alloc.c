@@ -1134,6 +1134,15 @@ xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
     return XSEG_SUCCESS;
 }
 
+double alloc_get_fraction(struct dev_alloc *d)
+{
+    dev_acquire(d);
+    refresh_cfg(d);
+    double f = d->acct.fraction;
+    dev_unlock(d);
+    return f;
+}
+
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
     dev_lock_raw(d); /* statistics only: the slots' debts are folded into the copy */

@@ -53,6 +53,7 @@ xseg_status alloc_empty_cache(struct dev_alloc *d);
 xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool);
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction);
+double alloc_get_fraction(struct dev_alloc *d);
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out);
 void alloc_reset_peaks(struct dev_alloc *d);
 /* Accumulated statistics start again from 0 (see acc_base). */

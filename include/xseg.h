@@ -183,6 +183,15 @@ XSEG_API xseg_status xseg_empty_cache(int device);
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device);
 
 /**
+ * The memory fraction in force on @p device (torch.cuda.get_per_process_memory_fraction): the
+ * last xseg_set_memory_fraction, else the per_process_memory_fraction config key (1.0: no limit).
+ * @param device the device index
+ * @param fraction receives the fraction, in [0, 1]
+ * @return XSEG_ERROR_INVALID_VALUE for a bad device or a NULL @p fraction.
+ */
+XSEG_API xseg_status xseg_get_memory_fraction(int device, double *fraction);
+
+/**
  * Enable access to @p device's memory from @p peer: every page mapped now and every page mapped
  * later, in one cuMemSetAccess per contiguous run (expandable segments; new runs get one call for
  * the owner and all peers). Classic cuMemAlloc segments are not covered (they need
@@ -377,6 +386,13 @@ typedef struct xseg_history_options {
  * @return XSEG_ERROR_INVALID_VALUE for a bad option (named in the message); nothing changes then.
  */
 XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts);
+
+/**
+ * Whether history is being recorded (torch._C._cuda_isHistoryEnabled).
+ * @param enabled receives 1 while xseg_record_memory_history has recording on, else 0
+ * @return XSEG_ERROR_INVALID_VALUE for a NULL @p enabled.
+ */
+XSEG_API xseg_status xseg_history_enabled(int *enabled);
 
 /**
  * Write a snapshot of @p device (-1: every device) to @p path as a pickle (protocol 2, only
