@@ -16,8 +16,8 @@ skip() { echo "SKIP torch $rel: $*"; exit 77; }
 fail() { echo "FAIL torch $rel: $*"; exit 1; }
 
 case $rel in
-2.6) pkgs="libtorch-cuda-dev/trixie pybind11-dev/trixie" std=c++17 ;;
-sid) pkgs="libtorch-dev/sid pybind11-dev/sid" std=c++20 ;;
+2.6) pkgs="libtorch-cuda-dev/trixie pybind11-dev/trixie" std=c++17 hooks="ensureExistsAndIncrefPool getPoolUseCount" ;;
+sid) pkgs="libtorch-dev/sid pybind11-dev/sid" std=c++20 hooks="createOrIncrefPool getPoolUseCount setUseOnOOM setNoSplit" ;;
 *) fail "unknown release '$rel' (2.6 or sid)" ;;
 esac
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || skip "no apt-get/dpkg-deb here"
@@ -110,10 +110,13 @@ if ! "$cxx" "$@" -c "$root/python/xseg/_torch_adapter.cpp" -o "$obj" >"$out" 2>&
     fail "the adapter does not build against PyTorch $version's headers ($(echo $debs | tr ' ' '\n' | sed 's,.*/,,' | tr '\n' ' '))"
 fi
 grep -E "warning|error" "$out" | head -20
-# The hooks the adapter must define for every release (a detection that silently stopped matching
-# the real header would drop one).
-XSEG_HOOKS="getDeviceStats resetPeakStats cacheInfo snapshot recordHistory attachOutOfMemoryObserver name"
-for sym in $XSEG_HOOKS; do
-    nm -C "$obj" 2>/dev/null | grep -q "XsegAllocator::$sym(" || fail "the adapter defines no XsegAllocator::$sym for PyTorch $version"
+# The hooks the adapter must define for both releases (the adapter class or one of its mixins):
+# a detection that silently stopped matching the real header would drop one.
+XSEG_HOOKS="getDeviceStats resetPeakStats cacheInfo snapshot recordHistory attachOutOfMemoryObserver name
+    isHistoryEnabled attachAllocatorTraceTracker enablePeerAccess getCheckpointState setCheckpointPoolState
+    memcpyAsync shareIpcHandle getIpcDevPtr getMemoryFraction"
+for sym in $XSEG_HOOKS $hooks; do
+    nm -C --defined-only "$obj" 2>/dev/null | grep -q "(anonymous namespace)::.*::$sym(" ||
+        fail "the adapter defines no $sym for PyTorch $version (a detection no longer matches its header)"
 done
 echo "ok   PyTorch $version ($rel, -std=$std): the adapter builds ($(echo $debs | tr ' ' '\n' | sed 's,.*/,,' | tr '\n' ' '))"

@@ -10,7 +10,11 @@
 //    malloc recorded;
 //  - init calls the init function; setMemoryFraction, emptyCache, recordStream, getBaseAllocation
 //    and the pool calls forward to their hooks when set; name() is "pluggable";
-//  - changeCurrentAllocator / getCurrentAllocator keep the allocator installed.
+//  - changeCurrentAllocator / getCurrentAllocator keep the allocator installed;
+//  - raw_deleter's function calls the current allocator's raw_delete; memcpyAsync is a plain
+//    cudaMemcpyAsync (p2p_enabled unread); enablePeerAccess enables the context's peer access
+//    (recorded here, as fake_peer_calls); c10::SetAllocator keeps the highest priority's.
+// The CUDA runtime's copies only count their calls (fake_memcpy_plain, fake_memcpy_peer).
 // Everything else raises, as the check never reaches it. The real class keeps the hooks in
 // members the stub header leaves out; this one keeps them beside it, by object.
 #include <c10/util/Exception.h>
@@ -56,7 +60,29 @@ Hooks& hooks(const Pluggable* a) {
 }
 
 std::shared_ptr<CUDAAllocator> current;
+std::map<int, std::pair<c10::Allocator*, uint8_t>> registry;
 } // namespace
+
+int fake_memcpy_plain = 0, fake_memcpy_peer = 0;
+std::vector<std::pair<int, int>> fake_peer_calls;
+
+cudaError_t cudaMemcpyAsync(void*, const void*, size_t, enum cudaMemcpyKind, cudaStream_t) {
+  fake_memcpy_plain++;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
+  fake_memcpy_peer++;
+  return cudaSuccess;
+}
+
+namespace c10 {
+void SetAllocator(DeviceType t, Allocator* alloc, uint8_t priority) {
+  auto& slot = registry[(int)t];
+  if (!slot.first || priority >= slot.second)
+    slot = {alloc, priority};
+}
+Allocator* GetAllocator(const DeviceType& t) { return registry[(int)t].first; }
+} // namespace c10
 
 namespace c10::cuda::CUDACachingAllocator {
 void CUDAAllocator::recordStream(const DataPtr&, c10::Stream) { not_in_stub("recordStream(Stream)"); }
@@ -121,7 +147,8 @@ void* CUDAPluggableAllocator::malloc(size_t size, c10::DeviceIndex device, cudaS
   return r;
 }
 
-c10::DeleterFnPtr CUDAPluggableAllocator::raw_deleter() const { not_in_stub("raw_deleter"); }
+static void local_raw_delete(void* ptr) { current->raw_delete(ptr); }
+c10::DeleterFnPtr CUDAPluggableAllocator::raw_deleter() const { return &local_raw_delete; }
 void* CUDAPluggableAllocator::raw_alloc(size_t nbytes) { return malloc(nbytes, 0, nullptr); }
 void* CUDAPluggableAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
   return malloc(nbytes, 0, stream);
@@ -160,9 +187,9 @@ void CUDAPluggableAllocator::cacheInfo(c10::DeviceIndex, size_t*) { not_in_stub(
 void* CUDAPluggableAllocator::getBaseAllocation(void* ptr, size_t* size) {
   return hooks(this).base_alloc_fn ? hooks(this).base_alloc_fn(ptr, size) : ptr;
 }
-void CUDAPluggableAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream) {
+void CUDAPluggableAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
   if (hooks(this).record_stream_fn)
-    hooks(this).record_stream_fn(ptr.get(), nullptr);
+    hooks(this).record_stream_fn(ptr.get(), stream.stream());
 }
 DeviceStats CUDAPluggableAllocator::getDeviceStats(c10::DeviceIndex) { not_in_stub("getDeviceStats"); }
 void CUDAPluggableAllocator::resetAccumulatedStats(c10::DeviceIndex) { not_in_stub("resetAccumulatedStats"); }
@@ -204,7 +231,13 @@ CheckpointDelta CUDAPluggableAllocator::setCheckpointPoolState(c10::DeviceIndex,
                                                                std::shared_ptr<AllocatorState>) {
   not_in_stub("setCheckpointPoolState");
 }
-void CUDAPluggableAllocator::enablePeerAccess(c10::DeviceIndex, c10::DeviceIndex) { not_in_stub("enablePeerAccess"); }
+void CUDAPluggableAllocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
+  fake_peer_calls.emplace_back(dev, dev_to_access);
+}
+cudaError_t CUDAPluggableAllocator::memcpyAsync(void* dst, int, const void* src, int, size_t count,
+                                                cudaStream_t stream, bool) {
+  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+}
 std::string CUDAPluggableAllocator::name() { return "pluggable"; }
 
 } // namespace torch::cuda::CUDAPluggableAllocator

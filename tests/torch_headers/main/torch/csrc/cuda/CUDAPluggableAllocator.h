@@ -115,6 +115,14 @@ struct CUDAPluggableAllocator
       override;
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access)
       override;
+  cudaError_t memcpyAsync(
+      void* dst,
+      int dstDevice,
+      const void* src,
+      int srcDevice,
+      size_t count,
+      cudaStream_t stream,
+      bool p2p_enabled) override;
   std::string name() override;
 };
 } // namespace torch::cuda::CUDAPluggableAllocator
