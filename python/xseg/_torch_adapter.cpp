@@ -11,14 +11,13 @@
 // createOrIncrefPool and getPoolUseCount. So torch.cuda.memory_stats(), memory_summary(),
 // reset_accumulated_memory_stats(), cuDNN's benchmark mode and MemPool work unchanged.
 //
-// Left refusing, as the pluggable wrapper does:
-//  - shareIpcHandle / getIpcDevPtr: PyTorch sends the handle as a byte string, and xseg's usual
-//    handle (one POSIX file descriptor per page) cannot travel as bytes; share blocks with
-//    xseg.ipc_export / IpcHandle.send instead. (getBaseAllocation is answered: a classic block's
-//    cuMemAlloc range, which cudaIpcGetMemHandle can share with a process on PyTorch's allocator.)
-//  - attachAllocatorTraceTracker: its TraceEntry's constructor differs between releases; xseg's
-//    segment observers (xseg_attach_segment_observer) report the same maps and unmaps.
-//  - getCheckpointState / setCheckpointPoolState (cudagraph trees' checkpointing).
+// It also answers what the pluggable wrapper refuses or gets wrong (docs/python.md, issue 34):
+// record_stream of an empty tensor or foreign memory (silently), cudagraph trees' checkpoints
+// (getCheckpointState / setCheckpointPoolState: a pool's block layout captured and restored),
+// enablePeerAccess (xseg's mappings too) and memcpyAsync (a peer copy without p2p),
+// getMemoryFraction, isHistoryEnabled, attachAllocatorTraceTracker (fed by xseg's segment
+// observers), shareIpcHandle / getIpcDevPtr (xseg's IPC), 2.6's ensureExistsAndIncrefPool, and
+// the device-generic registry; MemPool's use_on_oom / no_split are refused with what to do.
 //
 // The C++ interface this builds against changed across PyTorch 2.x (docs/python.md has the table
 // and its sources):
@@ -679,36 +678,30 @@ std::shared_ptr<cca::AllocatorState> get_checkpoint_state(int device, MempoolId 
 
 // Restores the checkpoint: every block allocated in the pool now is reported freed, and every
 // block allocated at the checkpoint reported allocated again, at its address, as PyTorch's
-// allocator does. xseg can restore a layout whose checkpointed blocks are all still allocated (it
-// frees the blocks allocated since; the free space between live blocks then is what it was); a
-// checkpointed block freed since cannot be placed at its address again, and is refused.
-template <class Delta>
+// allocator does: the blocks allocated since are freed, then each checkpointed block freed since
+// is placed at its address again (xseg_pool_malloc_at; the caller frees those it finds dead), so
+// the pool's free space is what it was. @p note records a placed block with PyTorch's wrapper,
+// whose raw_delete frees only what it knows.
+template <class Delta, class Note>
 Delta set_checkpoint_pool_state(int device, const std::shared_ptr<cca::AllocatorState> &pps,
-                                c10::DeleterFnPtr deleter)
+                                c10::DeleterFnPtr deleter, Note note)
 {
     auto *st = dynamic_cast<XsegPoolState *>(pps.get());
     TORCH_CHECK(st, "xseg: setCheckpointPoolState: not a checkpoint taken by xseg's getCheckpointState");
     TORCH_CHECK(st->device == device, "xseg: setCheckpointPoolState: the checkpoint is of device ", st->device,
                 ", not ", device);
     std::vector<XsegPoolState::Block> now = pool_layout(device, st->pool);
+    std::map<uint64_t, size_t> keep; // checkpointed blocks allocated now, same address and size
     std::map<uint64_t, size_t> live_now;
     for (const auto &b : now)
         if (b.allocated)
             live_now[b.address] = b.size;
-    for (const auto &b : st->blocks)
-        if (b.allocated) {
-            auto it = live_now.find(b.address);
-            TORCH_CHECK(it != live_now.end() && it->second == b.size, "xseg: setCheckpointPoolState: the block at 0x",
-                        std::hex, b.address, std::dec, " (", b.size, " bytes) of pool (", st->pool.first, ", ",
-                        st->pool.second, ") was freed since the checkpoint, and xseg cannot place an allocation at ",
-                        "a given address yet. Keep CUDA graph outputs alive, or turn cudagraph trees off ",
-                        "(torch._inductor.config.triton.cudagraph_trees = False)");
-        }
+    for (const auto &b : st->blocks) {
+        auto it = live_now.find(b.address);
+        if (b.allocated && it != live_now.end() && it->second == b.size)
+            keep[b.address] = b.size;
+    }
     Delta d;
-    std::map<uint64_t, bool> keep;
-    for (const auto &b : st->blocks)
-        if (b.allocated)
-            keep[b.address] = true;
     for (const auto &b : now)
         if (b.allocated) {
             d.ptrs_freed.push_back(reinterpret_cast<void *>(b.address));
@@ -716,6 +709,15 @@ Delta set_checkpoint_pool_state(int device, const std::shared_ptr<cca::Allocator
                 ipc_forget(reinterpret_cast<void *>(b.address));
                 xseg_check(xseg_free(reinterpret_cast<void *>(b.address)), "setCheckpointPoolState");
             }
+        }
+    for (const auto &b : st->blocks)
+        if (b.allocated && !keep.count(b.address)) {
+            xseg_status s = xseg_pool_malloc_at(device, to_xseg(st->pool), reinterpret_cast<void *>(b.address), b.size);
+            TORCH_CHECK(s == XSEG_SUCCESS, "xseg: setCheckpointPoolState: cannot place the checkpointed block at 0x",
+                        std::hex, b.address, std::dec, " (", b.size, " bytes) again: ", xseg_last_error(),
+                        ". Keep CUDA graph outputs alive, or turn cudagraph trees off ",
+                        "(torch._inductor.config.triton.cudagraph_trees = False)");
+            note(reinterpret_cast<void *>(b.address), b.size, device);
         }
     for (const auto &b : st->blocks)
         if (b.allocated) {
@@ -938,7 +940,23 @@ class XsegAllocator : public AdapterBase {
     }
     cca::CheckpointDelta setCheckpointPoolState(XSEG_TORCH_DEV device, std::shared_ptr<cca::AllocatorState> pps) override
     {
-        return set_checkpoint_pool_state<cca::CheckpointDelta>(device, pps, raw_deleter());
+        return set_checkpoint_pool_state<cca::CheckpointDelta>(
+            device, pps, raw_deleter(), [this](void *p, size_t size, int dev) { note_allocation(p, size, dev, 0); });
+    }
+
+    // A block placed by the adapter itself, made known to PyTorch's wrapper (its protected
+    // allocation_metadata_, 2.6 and 2.14), whose raw_delete frees only pointers it has seen.
+    template <class S = XsegAllocator>
+    auto note_allocation(void *p, size_t size, int dev, int)
+        -> decltype(static_cast<S *>(this)->allocation_metadata_, void())
+    {
+        S *self = static_cast<S *>(this);
+        std::lock_guard<std::mutex> g(self->allocator_mutex_);
+        self->allocation_metadata_[p] = {size, (c10::DeviceIndex)dev, nullptr};
+    }
+    template <class S = XsegAllocator>
+    void note_allocation(void *, size_t, int, long)
+    {
     }
 
     std::string name() override { return "xseg"; }

@@ -15,8 +15,7 @@ reset_peak_memory_stats, reset_accumulated_memory_stats), cacheInfo (cuDNN bench
 snapshot, history and OOM-observer calls.
 
 Also answered: record_stream of empty tensors and foreign memory (silently), cudagraph trees'
-checkpoints (getCheckpointState/setCheckpointPoolState; a restore needs the checkpointed blocks
-still allocated), peer access and peer copies, get_per_process_memory_fraction,
+checkpoints (getCheckpointState/setCheckpointPoolState), peer access and peer copies, get_per_process_memory_fraction,
 _cuda_isHistoryEnabled, attachAllocatorTraceTracker (from xseg's segment observers), CUDA IPC
 of tensors for torch.multiprocessing, MemPool.snapshot() per pool, torch.accelerator.*.
 Refused with what to do instead: MemPool(use_on_oom=True), MemPool(no_split=True).

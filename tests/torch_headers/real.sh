@@ -119,4 +119,8 @@ for sym in $XSEG_HOOKS $hooks; do
     nm -C --defined-only "$obj" 2>/dev/null | grep -q "(anonymous namespace)::.*::$sym(" ||
         fail "the adapter defines no $sym for PyTorch $version (a detection no longer matches its header)"
 done
+# A checkpointed block placed again must be recorded with PyTorch's wrapper (its protected
+# allocation_metadata_): the adapter then calls _AllocationMetadata's constructor, from libtorch.
+nm -C "$obj" 2>/dev/null | grep -q "U .*_AllocationMetadata::_AllocationMetadata(" ||
+    fail "the adapter does not record placed blocks in CUDAPluggableAllocator::allocation_metadata_ for PyTorch $version"
 echo "ok   PyTorch $version ($rel, -std=$std): the adapter builds ($(echo $debs | tr ' ' '\n' | sed 's,.*/,,' | tr '\n' ' '))"

@@ -4,7 +4,7 @@
 // Where the check depends on it, it behaves as PyTorch's torch/csrc/cuda/CUDAPluggableAllocator.cpp
 // does (read at the 2.1 interface, at commit 00a1abb and at a recent main; the same in each):
 //  - malloc(size, device, stream) calls the alloc function, records (size, device, stream) for the
-//    pointer it returned, and returns it: a NULL is neither checked nor turned into an error;
+//    pointer it returned in allocation_metadata_ (a protected member, as in PyTorch), and returns it: a NULL is neither checked nor turned into an error;
 //  - raw_alloc / raw_alloc_with_stream call malloc on the current device (0 here);
 //  - raw_delete looks the pointer up (unknown: error) and calls the free function with what
 //    malloc recorded;
@@ -43,7 +43,6 @@ struct Hooks {
   std::function<void(int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>)> begin_fn;
   std::function<void(int, c10::cuda::MempoolId_t)> end_fn;
   std::function<void(int, c10::cuda::MempoolId_t)> release_fn;
-  std::map<void*, std::tuple<size_t, int, cudaStream_t>> metadata;
   bool initialized = false;
 };
 std::mutex mu;
@@ -113,7 +112,8 @@ CUDAPluggableAllocator::CUDAPluggableAllocator(std::function<void*(size_t, int, 
   hooks(this).alloc_fn = std::move(alloc_fn);
   hooks(this).free_fn = std::move(free_fn);
 }
-CUDAPluggableAllocator::CUDAPluggableAllocator(CUDAPluggableAllocator& other) { hooks(this) = hooks(&other); }
+CUDAPluggableAllocator::CUDAPluggableAllocator(CUDAPluggableAllocator& other)
+    : CUDAAllocator(other) { hooks(this) = hooks(&other); }
 
 void CUDAPluggableAllocator::set_init_fn(std::function<void(int)> f) { hooks(this).init_fn = std::move(f); }
 void CUDAPluggableAllocator::set_reset_fn(std::function<void()> f) { hooks(this).reset_fn = std::move(f); }
@@ -137,12 +137,15 @@ void CUDAPluggableAllocator::set_release_pool(std::function<void(int, c10::cuda:
   hooks(this).release_fn = std::move(f);
 }
 
+_AllocationMetadata::_AllocationMetadata() : size(0), device_idx(-1) {}
+_AllocationMetadata::_AllocationMetadata(size_t size, c10::DeviceIndex device_idx, cudaStream_t stream)
+    : size(size), device_idx(device_idx), stream(stream) {}
+
 void* CUDAPluggableAllocator::malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
-  Hooks& h = hooks(this);
-  void* r = h.alloc_fn(size, device, stream);
+  void* r = hooks(this).alloc_fn(size, device, stream);
   {
-    std::lock_guard<std::mutex> g(mu);
-    h.metadata.emplace(r, std::make_tuple(size, (int)device, stream));
+    const std::lock_guard<std::mutex> lock(allocator_mutex_);
+    allocation_metadata_[r] = _AllocationMetadata(size, device, stream);
   }
   return r;
 }
@@ -154,16 +157,15 @@ void* CUDAPluggableAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t 
   return malloc(nbytes, 0, stream);
 }
 void CUDAPluggableAllocator::raw_delete(void* ptr) {
-  Hooks& h = hooks(this);
-  std::tuple<size_t, int, cudaStream_t> m;
+  _AllocationMetadata m;
   {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = h.metadata.find(ptr);
-    TORCH_CHECK(it != h.metadata.end(), "Trying to free a pointer not allocated here");
+    const std::lock_guard<std::mutex> lock(allocator_mutex_);
+    auto it = allocation_metadata_.find(ptr);
+    TORCH_CHECK(it != allocation_metadata_.end(), "Trying to free a pointer not allocated here");
     m = it->second;
-    h.metadata.erase(it);
+    allocation_metadata_.erase(it);
   }
-  h.free_fn(ptr, std::get<0>(m), std::get<1>(m), std::get<2>(m));
+  hooks(this).free_fn(ptr, m.size, m.device_idx, m.stream);
 }
 void CUDAPluggableAllocator::init(int device_count) {
   if (hooks(this).init_fn)

@@ -258,10 +258,24 @@ int main()
     EXPECT(xseg_free(z) == XSEG_ERROR_INVALID_VALUE, "z is still live");
     for (auto &dp : d.dataptrs_allocd)
         EXPECT((dp.get() == x || dp.get() == y) && dp.get_deleter() == a->raw_deleter(), "allocd %p", dp.get());
-    d.dataptrs_allocd[0].get_deleter()(d.dataptrs_allocd[0].get()); // PyTorch frees through the DataPtr
+    // A checkpointed block freed since is placed at its address again (cudagraph trees then free
+    // the dead ones through raw_delete, which must know them).
+    void *gone = d.dataptrs_allocd[0].get();
+    size_t gone_size = gone == x ? MiB : 3 * MiB;
+    d.dataptrs_allocd[0].get_deleter()(gone); // PyTorch frees through the DataPtr
     void *kept = d.dataptrs_allocd[1].get();
-    expect_error("setCheckpointPoolState(a checkpointed block freed since)",
-                 [&] { a->setCheckpointPoolState(0, cp); }, {"was freed since the checkpoint", "cudagraph_trees"});
+    int64_t before_restore = stat(0, "allocated_bytes.all.current");
+    cca::CheckpointDelta d2 = a->setCheckpointPoolState(0, cp);
+    EXPECT(d2.ptrs_freed.size() == 1 && d2.dataptrs_allocd.size() == 2, "second delta: %zu freed, %zu allocated",
+           d2.ptrs_freed.size(), d2.dataptrs_allocd.size());
+    EXPECT(stat(0, "allocated_bytes.all.current") == before_restore + (int64_t)gone_size, "placed again: %lld -> %lld",
+           (long long)before_restore, (long long)stat(0, "allocated_bytes.all.current"));
+    a->raw_delete(gone); // cudagraph trees' raw_delete of a dead output
+    // xseg_pool_malloc_at's refusals.
+    xseg_pool_id xp{pool.first, pool.second};
+    EXPECT(xseg_pool_malloc_at(0, xp, kept, MiB) == XSEG_ERROR_ILLEGAL_STATE, "placing over a live block");
+    EXPECT(xseg_pool_malloc_at(0, xp, outside, MiB) == XSEG_ERROR_INVALID_VALUE, "placing outside the pool");
+    EXPECT(xseg_pool_malloc_at(0, xseg_pool_id{0, 0}, kept, MiB) == XSEG_ERROR_INVALID_VALUE, "the default pool");
     expect_error("setCheckpointPoolState(other device)", [&] { a->setCheckpointPoolState(1, cp); }, {"device 0"});
     a->raw_delete(kept);
     a->raw_delete(outside);
