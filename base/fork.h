@@ -22,9 +22,11 @@
 
 enum fork_rank {
     FORK_RANK_IDLE_CTL,     /* core/idle.c idle_ctl_lock: held across the join of the idle thread */
+    FORK_RANK_HOSTALLOC_CTL, /* core/hostalloc.c hc_ctl_lock: starting and joining its thread */
     FORK_RANK_RUNTIME,      /* core/runtime.c rt_lock: init (driver load, settings_apply), device table */
     FORK_RANK_IDLE,         /* core/idle.c idle_lock: the thread's stop flag and wait */
     FORK_RANK_DEVICE,       /* (not a mutex) the per-device locks, base/lock.h: never taken here */
+    FORK_RANK_HOSTALLOC,    /* core/hostalloc.c hc_lock: the host cache (sleep takes it under a device lock) */
     FORK_RANK_OBSERVERS,    /* core/observe.c obs_lock: under a device lock; takes vmm's below */
     FORK_RANK_SETTINGS,     /* core/settings.c settings_lock */
     FORK_RANK_CALLBACKS,    /* core/settings.c cb_lock */

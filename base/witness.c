@@ -12,7 +12,8 @@ static const char *const rank_name[FORK_RANK_COUNT] = {
     [FORK_RANK_CALLBACKS] = "cb_lock",        [FORK_RANK_HISTORY] = "hist_lock",
     [FORK_RANK_OOM_SNAPSHOT] = "oom_lock",    [FORK_RANK_IPC_IMPORTS] = "ipc_imports_lock",
     [FORK_RANK_VMM_LEFT] = "left_lock",       [FORK_RANK_VMM_CURSOR] = "seg_cursor_lock",
-    [FORK_RANK_VMM_HOST] = "host_left_lock",
+    [FORK_RANK_VMM_HOST] = "host_left_lock",  [FORK_RANK_HOSTALLOC_CTL] = "hc_ctl_lock",
+    [FORK_RANK_HOSTALLOC] = "hc_lock",
 };
 
 /* Locks of each rank the calling thread holds. */

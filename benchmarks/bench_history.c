@@ -1,5 +1,5 @@
 /*
- * bench_history: what recording allocation history costs per allocation (docs/history.md).
+ * bench_history: what recording allocation history costs per allocation (docs/benchmarks-host.md#history).
  *
  *   bench_history [--pairs N] [--reps R] [--depth D] [--size BYTES] [--setting K]
  *

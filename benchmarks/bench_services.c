@@ -3,6 +3,7 @@
  *
  *   CUDAEMU_LATENCY=h100 bench_services [--gib G] [--reps R]
  *   bench_services --pairs CONFIG N       (N cached pairs only: benchmarks/callgrind_services.sh)
+ *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--gib G] [--reps R]   (section 5 only)
  *
  * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
  *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
@@ -18,11 +19,18 @@
  *    against the same miss without a threshold (recycling off, else the miss itself would unmap
  *    the cache); and what a cached malloc+free pair costs with the threshold, with
  *    idle_release_ms (malloc ticks: the general path) and with its thread (the fast path).
+ * 5. (--copy-rate) Sleep and wake rate against the plain copy of the same bytes in the same run:
+ *    1 GiB and G GiB of live blocks; the plain copy moves the same blocks with
+ *    cuMemcpyDtoHAsync / cuMemcpyHtoDAsync into / from one pinned buffer (xseg_host_malloc,
+ *    touched once before) and waits; sleep and wake run with sleep_keep_host_backup:True after a
+ *    warm-up cycle (the retained backup), and once more without it (a backup allocated and given
+ *    back every cycle). GiB/s from the median of R repetitions, wall and modelled.
  * Links the shared libxseg, as a program would. Without a GPU it runs on the cudaemu built here.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,22 +219,155 @@ static int pairs_only(const char *config, long n)
     return 0;
 }
 
+/* ---- 5: sleep and wake against the plain copy ---- */
+
+/* The driver's copy entry points (ABI names; no cuda.h here: 0 is CUDA_SUCCESS). */
+static struct {
+    int (*dtoh)(void *, unsigned long long, size_t, struct CUstream_st *);
+    int (*htod)(unsigned long long, const void *, size_t, struct CUstream_st *);
+    int (*sync)(struct CUstream_st *);
+} cu;
+
+static void load_copies(void)
+{
+    const char *lib = getenv("XSEG_LIBCUDA");
+    void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h)
+        die("the driver is not loaded");
+    *(void **)&cu.dtoh = dlsym(h, "cuMemcpyDtoHAsync_v2");
+    *(void **)&cu.htod = dlsym(h, "cuMemcpyHtoDAsync_v2");
+    *(void **)&cu.sync = dlsym(h, "cuStreamSynchronize");
+    if (!cu.dtoh || !cu.htod || !cu.sync)
+        die("the driver lacks cuMemcpyDtoHAsync_v2 / cuMemcpyHtoDAsync_v2 / cuStreamSynchronize");
+}
+
+/* One plain copy of every block of @p v (sizes @p sz) to (or from) @p host, then a wait; wall ms. */
+static double plain_copy(void **v, const size_t *sz, size_t n, char *host, int to_host)
+{
+    double t0 = now_ms();
+    size_t off = 0;
+    for (size_t i = 0; i < n; off += sz[i], i++) {
+        int r = to_host ? cu.dtoh(host + off, (unsigned long long)(uintptr_t)v[i], sz[i], NULL)
+                        : cu.htod((unsigned long long)(uintptr_t)v[i], host + off, sz[i], NULL);
+        if (r != 0)
+            die("plain copy");
+    }
+    if (cu.sync(NULL) != 0)
+        die("cuStreamSynchronize");
+    return now_ms() - t0;
+}
+
+/* GiB/s of @p bytes in @p ms. */
+static double rate(size_t bytes, double ms) { return ms > 0 ? (double)bytes / (double)GiB / (ms / 1e3) : 0; }
+
+/* One size: the table rows for @p live bytes of weight-like live blocks. */
+static void copy_rate_row(size_t live, int reps)
+{
+    size_t n;
+    void **v = fill(live, 0, &n, NULL);
+    size_t *sz = malloc(n * sizeof *sz);
+    if (!sz)
+        exit(1);
+    static const size_t sizes[] = {96 * MiB, 32 * MiB, 172 * MiB, 86 * MiB, 16 * 1024};
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        bytes += sz[i] = sizes[i % (sizeof sizes / sizeof sizes[0])];
+    void *host;
+    if (xseg_host_malloc(&host, bytes) != XSEG_SUCCESS)
+        die("xseg_host_malloc");
+    plain_copy(v, sz, n, host, 1); /* touch the pinned pages once, as the retained backup is */
+    double pd[32], ph[32], sk[32], wk[32], sn[32], wn[32];
+    double mpd = 0, mph = 0, msk = 0, mwk = 0, msn = 0, mwn = 0;
+    unsigned long c[NENTRIES];
+    int nr = reps < 32 ? reps : 32;
+    for (int keep = 1; keep >= 0; keep--) {
+        if (xseg_set_config(keep ? "sleep_keep_host_backup:True" : "sleep_keep_host_backup:False") != XSEG_SUCCESS)
+            die("xseg_set_config");
+        if (!keep && xseg_host_empty_cache() != XSEG_SUCCESS)
+            die("xseg_host_empty_cache");
+        for (int r = -keep; r < nr; r++) { /* with keep: one warm-up cycle allocates the backup */
+            if (keep && r >= 0) {
+                reset_counts();
+                pd[r] = plain_copy(v, sz, n, host, 1);
+                mpd = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+                reset_counts();
+                ph[r] = plain_copy(v, sz, n, host, 0);
+                mph = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+            }
+            reset_counts();
+            double t0 = now_ms();
+            if (xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD) != XSEG_SUCCESS)
+                die("xseg_sleep");
+            double ts = now_ms() - t0, ms = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+            reset_counts();
+            t0 = now_ms();
+            if (xseg_wake(0, DEFAULT_POOL) != XSEG_SUCCESS)
+                die("xseg_wake");
+            double tw = now_ms() - t0, mw = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+            if (r < 0)
+                continue;
+            (keep ? sk : sn)[r] = ts;
+            (keep ? wk : wn)[r] = tw;
+            *(keep ? &msk : &msn) = ms;
+            *(keep ? &mwk : &mwn) = mw;
+        }
+    }
+    double g = (double)bytes / (double)GiB;
+    double cd = rate(bytes, median(pd, nr)), ch = rate(bytes, median(ph, nr));
+    double s1 = rate(bytes, median(sk, nr)), w1 = rate(bytes, median(wk, nr));
+    double s0 = rate(bytes, median(sn, nr)), w0 = rate(bytes, median(wn, nr));
+    printf("| %.2f | wall | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g, cd, s1,
+           s1 / cd, s0, s0 / cd, ch, w1, w1 / ch, w0, w0 / ch);
+    if (emu.count)
+        printf("| %.2f | modelled | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
+               rate(bytes, mpd), rate(bytes, msk), mpd / msk, rate(bytes, msn), mpd / msn, rate(bytes, mph),
+               rate(bytes, mwk), mph / mwk, rate(bytes, mwn), mph / mwn);
+    xseg_host_free(host);
+    if (xseg_host_empty_cache() != XSEG_SUCCESS)
+        die("xseg_host_empty_cache");
+    free(sz);
+    release(v, n);
+}
+
+static int copy_rate(long gib, int reps)
+{
+    bench_find_driver("bench_services");
+    if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
+        die("xseg_init");
+    load_emu();
+    load_copies();
+    const char *lat = getenv("CUDAEMU_LATENCY");
+    printf("bench_services --copy-rate: %d repetitions, %s%s\n\n", reps,
+           emu.count ? "cudaemu, CUDAEMU_LATENCY=" : "real driver", emu.count ? (lat ? lat : "(none)") : "");
+    printf("| live GiB | time | plain DtoH GiB/s | sleep, kept backup | sleep, new backup | plain HtoD GiB/s | "
+           "wake, kept backup | wake, new backup |\n|---|---|---|---|---|---|---|---|\n");
+    copy_rate_row(GiB, reps);
+    if (gib > 1)
+        copy_rate_row((size_t)gib * GiB, reps);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long gib = 2;
     int reps = 5;
     if (argc == 4 && !strcmp(argv[1], "--pairs"))
         return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
+    bool rate_only = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--gib"))
+        if (!strcmp(argv[i], "--copy-rate"))
+            rate_only = true;
+        else if (!strcmp(argv[i], "--gib"))
             gib = parse_long("--gib", i + 1 < argc ? argv[++i] : NULL, 1);
         else if (!strcmp(argv[i], "--reps"))
             reps = (int)parse_long("--reps", i + 1 < argc ? argv[++i] : NULL, 1);
         else {
-            fprintf(stderr, "usage: bench_services [--gib G] [--reps R]\n");
+            fprintf(stderr, "usage: bench_services [--copy-rate] [--gib G] [--reps R]\n");
             return 2;
         }
     }
+    if (rate_only)
+        return copy_rate(gib, reps);
     bench_find_driver("bench_services");
     if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
         die("xseg_init");

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The fit tables of docs/benchmarks-replay.md: for every workload, the smallest emulated device
-# the replay fits on (no failed allocation; `xseg-replay --min-device`, 64 MiB steps) as a ratio
+# the replay fits on (no failed allocation; `xseg-replay --min-device`, 2 MiB steps) as a ratio
 # to peak allocated, then on an 80 GiB device the utilization, the driver's memory calls (total,
 # per GiB reserved), their H100 driver time (each call weighted by its H100 median, the figures
 # of cudaemu's CUDAEMU_LATENCY=h100 preset) and the stream synchronizations. One table per
 # configuration.
 #   benchmarks/fit_table.sh [BUILD_DIR]                                (default build)
 #   FIT_TRACES=DIR        a folder of PyTorch snapshots (*.pickle, converted here with
-#                         tools/snapshot2trace.py) or traces (*.trace); without it only the
+#                         tools/snapshot2trace.py, a table row per device with data) or traces
+#                         (*.trace); without it only the
 #                         bundled workloads run. The six snapshots of the docs are third-party
 #                         data: the memory_*.pickle files of the public GitHub repository
 #                         kkaitlyn111/cs336-a2-systems, folder memory_files/ (clone it, then
@@ -31,7 +32,14 @@ if [ -n "${FIT_TRACES:-}" ]; then
     [ -e "$f" ] || continue
     case $f in
       *.pickle) b=$(basename "$f" .pickle); b=${b#memory_}
-                /usr/bin/python3 tools/snapshot2trace.py "$f" > "$tmp/$b.trace"; specs+=("$tmp/$b.trace") ;;
+                # every device that holds data: NAME.trace, or NAME-devN.trace when there are several
+                mkdir "$tmp/$b.d"
+                /usr/bin/python3 tools/snapshot2trace.py --out-dir "$tmp/$b.d" "$f" > "$tmp/$b.list"
+                n=$(wc -l < "$tmp/$b.list")
+                while IFS=$'\t' read -r dev path _; do
+                  t="$tmp/$b.trace"; [ "$n" -gt 1 ] && t="$tmp/$b-dev$dev.trace"
+                  mv "$path" "$t"; specs+=("$t")
+                done < "$tmp/$b.list" ;;
       *) specs+=("$f") ;;
     esac
   done
@@ -49,7 +57,7 @@ for col in "${cols[@]}"; do
   /usr/bin/python3 - "$name" "$cfg" "$tmp/out" "${specs[@]}" <<'PY'
 import json, os, sys
 name, cfg, out, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-# H100 medians in microseconds (docs/benchmarks.md section 4; CUDAEMU_LATENCY=h100)
+# H100 medians in microseconds (docs/benchmarks.md, "VMM call costs"; CUDAEMU_LATENCY=h100)
 us = {"cuMemCreate": 8.6, "cuMemMap": 0.7, "cuMemSetAccess": 21.9, "cuMemUnmap": 15.5,
       "cuMemRelease": 20.4, "cuMemAlloc": 39.0, "cuMemFree": 42.8}
 lines = open(out).read().splitlines()
@@ -68,7 +76,7 @@ for i, spec in enumerate(specs):
     ms = sum(us.get(k, 0) * v for k, v in calls.items()) / 1000
     gib = run["peak_reserved_bytes"] / 2**30
     syncs = calls.get("cuStreamSynchronize", 0)
-    print(f"| {label} | {fit['ratio']:.3f} | {run['utilization']:.4f} | {run['driver_memory_calls']} | "
+    print(f"| {label} | {fit['ratio']:.4f} | {run['utilization']:.4f} | {run['driver_memory_calls']} | "
           f"{run['driver_memory_calls'] / gib:.0f} | {ms:.0f} | {syncs} |")
 PY
 done

@@ -44,6 +44,7 @@
 #define CFG_SET_MIB(f, v) ((f) = (v))
 #define CFG_SET_FRACTION(f, v) ((f) = (v))
 #define CFG_SET_MS(f, v) ((f) = (v))
+#define CFG_SET_COUNT(f, v) ((f) = (v))
 #define CFG_SET_ROUNDUP(f, v)                                                                      \
     do {                                                                                           \
         for (size_t b_ = 0; b_ < CFG_ROUNDUP_BUCKETS; b_++)                                        \
@@ -487,8 +488,8 @@ static xseg_status cfg_parse_idle_ms(struct cfg_parser *p, const struct cfg_key 
     return XSEG_SUCCESS;
 }
 
-/* pinned_* keys configure PyTorch's pinned host allocator, which xseg does not implement: they
- * are validated (so a typo still fails) and ignored. */
+/* pinned_* keys PyTorch's host allocator has and xseg's (core/hostalloc.c) does not need are
+ * validated (so a typo still fails) and ignored. */
 static xseg_status cfg_parse_pinned_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
     (void)k;
@@ -523,9 +524,9 @@ static xseg_status cfg_parse_va_hint(struct cfg_parser *p, const struct cfg_key 
     return cfg_word(p, key, "a fraction, NG, or [name:value,...]", &w, &pos);
 }
 
+/* pinned_num_register_threads: a power of 2 up to 128 (PyTorch's bounds). */
 static xseg_status cfg_parse_pinned_threads(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
-    (void)k;
     const char *w;
     size_t pos;
     unsigned long long v;
@@ -537,6 +538,7 @@ static xseg_status cfg_parse_pinned_threads(struct cfg_parser *p, const struct c
                        "allocator config: %s: expected a power of 2 up to 128, got '%s' at "
                        "index %zu",
                        key, w, pos);
+    *(unsigned *)cfg_out(p, k) = (unsigned)v;
     return XSEG_SUCCESS;
 }
 
@@ -560,6 +562,7 @@ static xseg_status cfg_parse_pinned_reserve(struct cfg_parser *p, const struct c
 #define CFG_TYPE_MIB size_t
 #define CFG_TYPE_FRACTION double
 #define CFG_TYPE_MS unsigned
+#define CFG_TYPE_COUNT unsigned
 #define CFG_TYPE_ROUNDUP unsigned *
 #define CFG_CHECK_ROW(name, alias, kind, field, def, parse, flags, snap, doc)                      \
     _Static_assert(_Generic(((struct cfg *)0)->field, CFG_TYPE_##kind: 1, default: 0),            \
@@ -767,7 +770,7 @@ static void cfg_note_ignored(uint64_t given)
         if (fresh & (UINT64_C(1) << k))
             fprintf(stderr, " %s (%s)", cfg_keys[k].name,
                     !strncmp(cfg_keys[k].name, "pinned_", 7)
-                        ? "PyTorch's pinned host allocator, which xseg does not provide"
+                        ? "tunes PyTorch's pinned host allocator, which xseg's does not need"
                         : "xseg reserves address space to need");
     if (fresh & (UINT64_C(1) << 63))
         fprintf(stderr, " backend:cudaMallocAsync (xseg is itself the caching allocator)");
@@ -857,6 +860,7 @@ static void cfg_put_key(struct strbuf *o, const struct cfg *cfg, const struct cf
         cfg_put_double(o, *(const double *)f);
         break;
     case CFG_KIND_MS:
+    case CFG_KIND_COUNT:
         strbuf_printf(o, "%s%s:%u", sep, k->name, *(const unsigned *)f);
         break;
     case CFG_KIND_ROUNDUP: {
@@ -890,7 +894,8 @@ static bool cfg_at_default(const struct cfg *cfg, const struct cfg_key *k)
     case CFG_KIND_BOOL: return *(const bool *)a == *(const bool *)b;
     case CFG_KIND_MIB: return *(const size_t *)a == *(const size_t *)b;
     case CFG_KIND_FRACTION: return *(const double *)a == *(const double *)b;
-    case CFG_KIND_MS: return *(const unsigned *)a == *(const unsigned *)b;
+    case CFG_KIND_MS:
+    case CFG_KIND_COUNT: return *(const unsigned *)a == *(const unsigned *)b;
     case CFG_KIND_ROUNDUP: return !memcmp(a, b, CFG_ROUNDUP_BUCKETS * sizeof(unsigned));
     case CFG_KIND_ENUM:
     case CFG_KIND_IGNORED: break;

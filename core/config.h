@@ -42,6 +42,11 @@ struct cfg {
     size_t release_threshold;           /* bytes of cache kept; SIZE_MAX (default) keeps all */
     unsigned idle_release_ms;           /* give back free runs idle this long; 0 (default): off */
     bool idle_release_thread;           /* a background thread does idle reclaim (core/idle.c) */
+    bool sleep_keep_host_backup;        /* a woken pool's pinned backup stays in the host cache */
+    /* PyTorch's pinned host allocator keys (core/hostalloc.c). */
+    bool pinned_use_cuda_host_register; /* pin malloc'd pages (cuMemHostRegister), not cuMemHostAlloc */
+    unsigned pinned_num_register_threads; /* threads faulting in the pages before registering */
+    bool pinned_use_background_threads; /* a thread returns blocks whose events completed */
 };
 
 /* The kinds of value a key takes (core/config_keys.h). */
@@ -51,6 +56,7 @@ enum cfg_kind {
     CFG_KIND_FRACTION,
     CFG_KIND_ROUNDUP,
     CFG_KIND_MS,
+    CFG_KIND_COUNT,
     CFG_KIND_ENUM,
     CFG_KIND_IGNORED,
 };

@@ -9,7 +9,8 @@
  * K(name, alias, kind, field, default, parse, flags, snap, doc): a key held in struct cfg.
  *   name     the key as written (stringified); alias: another accepted spelling, or NULL
  *   kind     BOOL (True/False), MIB (held in bytes, written in whole MiB), FRACTION (a double),
- *            ROUNDUP (one division count per size bucket), MS (milliseconds, unsigned)
+ *            ROUNDUP (one division count per size bucket), MS (milliseconds, unsigned), COUNT
+ *            (a count, unsigned)
  *   field    its member of struct cfg
  *   default  its value in cfg_default (bytes for MIB; every bucket's for ROUNDUP)
  *   parse    the function in core/config.c that reads the value and checks it; keys whose
@@ -21,8 +22,8 @@
  *   doc      the default as docs/configuration.md's key table starts to spell it
  * A(name, alias, kind, parse, flags, doc): a key accepted with no field: ENUM (backend and
  *   throw_on_cudamalloc_oom, whose values change nothing in xseg) or IGNORED with CFG_IGNORED
- *   (PyTorch's pinned_* keys of its host allocator and 2.12's VA bounds: checked, then ignored
- *   with a one-time warning naming them).
+ *   (the pinned_* keys of PyTorch's host allocator that xseg's does not need, and 2.12's VA
+ *   bounds: checked, then ignored with a one-time warning naming them).
  *
  * Leaf header: macros only, expanded where struct cfg and the parse functions are in scope.
  */
@@ -66,11 +67,15 @@
       CFG_OMIT_DEFAULT, 0, "unset")                                                                \
     K(idle_release_ms, NULL, MS, idle_release_ms, 0, cfg_parse_idle_ms, 0, 0, "0 (off)")           \
     K(idle_release_thread, NULL, BOOL, idle_release_thread, false, cfg_parse_flag, 0, 0, "False")  \
-    /* PyTorch's pinned host allocator (xseg has none) */                                          \
-    A(pinned_use_cuda_host_register, "pinned_use_hip_host_register", IGNORED, cfg_parse_pinned_flag, \
-      CFG_IGNORED, "")                                                                             \
-    A(pinned_num_register_threads, NULL, IGNORED, cfg_parse_pinned_threads, CFG_IGNORED, "")       \
-    A(pinned_use_background_threads, NULL, IGNORED, cfg_parse_pinned_flag, CFG_IGNORED, "")        \
+    K(sleep_keep_host_backup, NULL, BOOL, sleep_keep_host_backup, false, cfg_parse_flag,           \
+      CFG_OMIT_DEFAULT, 0, "False")                                                                \
+    /* PyTorch's pinned host allocator (core/hostalloc.c) */                                       \
+    K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
+      pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \
+    K(pinned_num_register_threads, NULL, COUNT, pinned_num_register_threads, 1,                    \
+      cfg_parse_pinned_threads, CFG_OMIT_DEFAULT, 0, "1")                                          \
+    K(pinned_use_background_threads, NULL, BOOL, pinned_use_background_threads, false,             \
+      cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")                                                \
     A(pinned_reserve_segment_size_mb, NULL, IGNORED, cfg_parse_pinned_reserve, CFG_IGNORED, "")    \
     A(pinned_free_catch_all, NULL, IGNORED, cfg_parse_pinned_flag, CFG_IGNORED, "")
 

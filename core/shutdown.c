@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/events.h"
 #include "core/history.h"
+#include "core/hostalloc.h"
 #include "core/ipc.h"
 #include "core/pools.h"
 #include "core/runtime.h"
@@ -151,6 +152,11 @@ xseg_status shutdown_process(void)
     }
     if (st != XSEG_SUCCESS)
         return st;
+    /* The host cache: its event thread stops (the defaults), its free pinned segments go back;
+     * live pinned blocks stay the program's (xseg_host_free them). */
+    hostalloc_sync_thread();
+    if ((st = hostalloc_empty_cache()) != XSEG_SUCCESS)
+        return err_prefix(st, "xseg_shutdown");
     hist_shutdown();
     obs_detach_all();
     snapshot_oom_reset();

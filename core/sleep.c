@@ -6,12 +6,14 @@
  *   1. checks (known pool, awake, no capture, no block exported over IPC, expandable segments
  *      only) — nothing changes;
  *   2. wait for every stream that may use the pool, then return completed record_stream frees;
- *   3. OFFLOAD: copy each run of live blocks to pinned host memory, and wait for the copies;
+ *   3. OFFLOAD: copy each run of live blocks to pinned host memory (a block of the host cache,
+ *      core/hostalloc.c), and wait for the copies;
  *   4. unmap every mapped page of the pool, keeping the handles (the bytes still exist): a
  *      failure maps them back with their own memory;
  *   5. release the handles: the memory goes back to the driver. Books: reserved_bytes drops.
  * Wake: map every asleep page (new memory), restore (copy back or zero) on the segment's stream,
- * wait, then free the host memory; a failure before the end unmaps what it mapped, and the pool
+ * wait, then give the host memory back (to the host cache under sleep_keep_host_backup, else to
+ * the driver); a failure before the end unmaps what it mapped, and the pool
  * stays asleep with its host copy, ready for a retry.
  *
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
@@ -30,6 +32,7 @@
 #include "base/vec.h"
 #include "core/check.h"
 #include "core/events.h"
+#include "core/hostalloc.h"
 #include "core/pools.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
@@ -62,14 +65,24 @@ struct pool_sleep {
 
 static bool active(const struct block *b) { return b->allocated || block_event_count(b) > 0 || block_uses_n(b); }
 
-static void state_free(struct dev_alloc *d, struct pool_sleep *ps)
+/* Free @p ps and give its backups to the host cache: kept there under sleep_keep_host_backup
+ * (the next sleep of as many live bytes allocates no pinned memory), else back to the driver.
+ * With @p copies_may_run (a failed sleep), its copy stream is waited for first (else the block
+ * waits for an event), so no cached block is reused under a copy still running. */
+static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_may_run)
 {
     lock_assert_held(&d->lock);
     if (!ps)
         return;
     for (size_t i = 0; i < ps->nsegs; i++) {
-        vhost_free(ps->segs[i].host, d->info.dev);
-        xs_free(ps->segs[i].runs);
+        struct sleep_seg *ss = &ps->segs[i];
+        xs_free(ss->runs);
+        if (!ss->host)
+            continue;
+        if (copies_may_run && vstream_wait(ss->stream, "for the copies of a failed sleep") != XSEG_SUCCESS &&
+            hostalloc_record_stream(ss->host, d->info.primary_ctx, ss->stream) != XSEG_SUCCESS)
+            continue; /* neither: kept allocated rather than reused under a copy */
+        (void)hostalloc_free(ss->host, !d->cfg.sleep_keep_host_backup);
     }
     xs_free(ps->segs);
     xs_free(ps);
@@ -227,7 +240,7 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
         struct sleep_seg *ss = &ps->segs[i];
         if (!ss->host_bytes)
             continue;
-        xseg_status st = vhost_alloc(ss->host_bytes, &ss->host);
+        xseg_status st = hostalloc_malloc(d->info.primary_ctx, ss->host_bytes, &ss->host);
         if (st != XSEG_SUCCESS)
             return err_prefix(st, "xseg_sleep: pinned host memory for %zu bytes of live blocks", ss->host_bytes);
         uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
@@ -349,7 +362,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         if (dev_pool_owner(d, s->pool) != pp)
             continue;
         if (!s->vseg) {
-            state_free(d, ps);
+            state_free(d, ps, false);
             return err_set(XSEG_ERROR_NOT_SUPPORTED,
                            "xseg_sleep: %s on device %d holds classic (cuMemAlloc) segments, whose addresses cannot "
                            "survive giving their memory back; only expandable segments can sleep "
@@ -358,7 +371,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         if (!seg_mapped_bytes(s->vseg))
             continue; /* nothing to give back (and it holds no live block) */
         if (!VEC_RESERVE(ps->segs, ps->capsegs, ps->nsegs + 1)) {
-            state_free(d, ps);
+            state_free(d, ps, false);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
         }
         ps->segs[ps->nsegs++] = (struct sleep_seg){.s = s};
@@ -369,7 +382,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     if (st == XSEG_SUCCESS && ps->nsegs)
         st = wait_streams(d, pp, ps, "before a sleep (xseg_sleep)");
     if (st != XSEG_SUCCESS) {
-        state_free(d, ps);
+        state_free(d, ps, false);
         return st;
     }
     if (ev_waiting(d))
@@ -380,7 +393,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         struct sleep_seg *ss = &ps->segs[i];
         size_t bytes;
         if (!collect_runs(ss, &bytes)) {
-            state_free(d, ps);
+            state_free(d, ps, false);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
         }
         ss->stream = copy_stream(ss->s);
@@ -389,7 +402,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
             ss->host_bytes = bytes;
     }
     if (flags == XSEG_SLEEP_OFFLOAD && (st = offload(d, ps)) != XSEG_SUCCESS) {
-        state_free(d, ps);
+        state_free(d, ps, true);
         return st;
     }
 
@@ -397,7 +410,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     bool asleep;
     st = unmap_all(d, ps, &asleep);
     if (!asleep) {
-        state_free(d, ps);
+        state_free(d, ps, false);
         return st;
     }
     *slot(d, pp) = ps;
@@ -539,7 +552,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
     *slot(d, pp) = NULL;
     d->sleep.nasleep--;
     d->sleep.num_wakes++;
-    state_free(d, ps);
+    state_free(d, ps, false);
     return XSEG_SUCCESS;
 }
 

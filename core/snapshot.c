@@ -518,7 +518,8 @@ static void e_setting(struct emit *e, const struct cfg *c, const struct cfg_key 
     }
     case CFG_KIND_FRACTION: e_float(e, *(const double *)f); break;
     case CFG_KIND_BOOL: e_bool(e, *(const bool *)f); break;
-    case CFG_KIND_MS: e_int(e, *(const unsigned *)f); break;
+    case CFG_KIND_MS:
+    case CFG_KIND_COUNT: e_int(e, *(const unsigned *)f); break;
     case CFG_KIND_ROUNDUP:
         e_dict(e);
         for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++) {

@@ -47,11 +47,12 @@ struct ev_state {
 
 /* ---- the stream slots (dev_fast.slots, below) ----------------------------------------------- */
 /*
- * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong (see
- * "Stream slots" in docs/design.md), each under a lock of its own so that threads on their own
- * streams do not meet on the device lock. A free on the common path whose block B has a free
- * successor R and no free predecessor (and whose merge would move no counter up) leaves B in its
- * stream's slot instead of merging it into R: B stays out of the free index, R keeps its own key.
+ * The stream slots: a depth-one delayed merge per stream for the malloc+free ping-pong
+ * (core/README.md, "Locking and the fast path"), each under a lock of its own so that threads on
+ * their own streams do not meet on the device lock. A free on the common path whose block B has
+ * a free successor R and no free predecessor (and whose merge would move no counter up) leaves B
+ * in its stream's slot instead of merging it into R: B stays out of the free index, R keeps its
+ * own key.
  * A malloc of B's rounded size on B's stream that best fit would serve by splitting exactly B off
  * the merged block (lazy_fits, tested when the slot is filled) hands B out again (a lazy hit).
  * Neither touches the device lock, the index, the live map or the statistics: while a slot is

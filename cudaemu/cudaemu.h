@@ -106,8 +106,9 @@ int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second);
 /* Print the report CUDAEMU_REPORT=1 prints at exit. */
 void cudaemu_report(void);
 
-/* Services: live pinned host allocations (cuMemHostAlloc not yet cuMemFreeHost'd) and
- * their bytes (host-page multiples). Either pointer may be NULL. */
+/* Services: live pinned host allocations (cuMemHostAlloc not yet cuMemFreeHost'd, and ranges
+ * cuMemHostRegister'ed not yet unregistered) and their bytes (cuMemHostAlloc's in host-page
+ * multiples). Either pointer may be NULL. */
 void cudaemu_host_live(size_t *count, size_t *bytes);
 
 #ifdef __cplusplus

@@ -48,7 +48,7 @@
     /* executable graphs (graph.c; tests replay captures, xseg never calls them) */               \
     X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                                  \
     /* pinned host memory, async copies and memset (host.c; services) */                \
-    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) \
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) \
     X(cuMemcpyDtoDAsync)
 
 #define EMU_STR2(x) #x

@@ -68,14 +68,72 @@ CUresult CUDAAPI cuMemFreeHost(void *p)
     return CUDA_SUCCESS;
 }
 
+/* Registered host ranges (cuMemHostRegister) by base address -> length. Under emu.lock. */
+static struct emu_map host_regs;
+static size_t host_reg_bytes;
+
+#define HOST_REGISTER_FLAGS (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY | \
+                             CU_MEMHOSTREGISTER_READ_ONLY)
+
+/* Does [p, p + len) overlap a registered range? Under emu.lock; a walk (tests register few). */
+static bool host_reg_overlaps(uintptr_t p, size_t len)
+{
+    size_t pos = 0;
+    uint64_t key;
+    void *v;
+    while ((v = emu_map_next(&host_regs, &pos, &key)))
+        if ((uintptr_t)key < p + len && p < (uintptr_t)key + (size_t)(uintptr_t)v)
+            return true;
+    return false;
+}
+
+/* cudaemu's choices where the driver documentation lists errors without saying which case gets
+ * which: a NULL pointer or 0 bytes is INVALID_VALUE; overlapping a registered range is
+ * HOST_MEMORY_ALREADY_REGISTERED; the range is not pinned (nothing to pin over host memory). */
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
+{
+    EMU_ENTER(cuMemHostRegister);
+    if (!p || !bytesize || (Flags & ~(unsigned)HOST_REGISTER_FLAGS))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((uintptr_t)p > UINTPTR_MAX - bytesize)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    CUresult r = CUDA_SUCCESS;
+    if (host_reg_overlaps((uintptr_t)p, bytesize))
+        r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    else if (emu_map_put(&host_regs, (uint64_t)(uintptr_t)p, (void *)(uintptr_t)bytesize))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+        host_reg_bytes += bytesize;
+    emu_unlock();
+    return r;
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void *p)
+{
+    EMU_ENTER(cuMemHostUnregister);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    void *v = emu_map_del(&host_regs, (uint64_t)(uintptr_t)p);
+    if (v)
+        host_reg_bytes -= (size_t)(uintptr_t)v;
+    emu_unlock();
+    return v ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
 void cudaemu_host_live(size_t *count, size_t *bytes)
 {
     emu_env_once();
     emu_lock();
     if (count)
-        *count = host_allocs.count;
+        *count = host_allocs.count + host_regs.count;
     if (bytes)
-        *bytes = host_bytes;
+        *bytes = host_bytes + host_reg_bytes;
     emu_unlock();
 }
 

@@ -889,6 +889,71 @@ typedef struct xseg_sleep_stats {
 XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, xseg_sleep_stats *stats);
 
 /* ---------------------------------------------------------------------------------------------
+ * Pinned host memory: a caching allocator of page-locked host memory (PyTorch's
+ * CachingHostAllocator, for torch's pin_memory and KV-cache offload), which also holds the
+ * backups of sleeping pools (XSEG_SLEEP_OFFLOAD). Sizes are rounded to 512 B (not to powers of
+ * two); a cached block is reused once the streams that used it are done (events recorded at the
+ * free, queried, never waited for). Config keys: pinned_use_cuda_host_register,
+ * pinned_num_register_threads, pinned_use_background_threads, sleep_keep_host_backup.
+ * ------------------------------------------------------------------------------------------- */
+
+/**
+ * Allocate @p size bytes of pinned (page-locked, portable) host memory.
+ * @param ptr  receives the block (NULL on failure).
+ * @param size bytes; 0 gives a 512-byte block.
+ * @return XSEG_ERROR_INVALID_VALUE for a NULL @p ptr; XSEG_ERROR_OUT_OF_MEMORY when the driver has
+ *         no pinned memory left (after giving back every free cached segment) or host memory
+ *         runs out, with the size in the message; nothing changes then.
+ */
+XSEG_API xseg_status xseg_host_malloc(void **ptr, size_t size);
+
+/**
+ * Return a block of xseg_host_malloc to the cache. NULL is a no-op. A block given to
+ * xseg_host_record_stream is reused only once the work queued on those streams up to this free
+ * has completed.
+ * @param ptr a block of xseg_host_malloc.
+ * @return XSEG_ERROR_INVALID_VALUE (pointer in the message) for a pointer the host allocator did
+ *         not return or freed already; nothing changes then.
+ */
+XSEG_API xseg_status xseg_host_free(void *ptr);
+
+/**
+ * Mark the pinned block @p ptr as used by @p stream (a copy from or to it): its free waits for
+ * that stream's work.
+ * @param ptr    a block of xseg_host_malloc (its start).
+ * @param device the device whose context owns @p stream.
+ * @param stream the stream (NULL: the legacy stream).
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live host block;
+ *         XSEG_ERROR_INVALID_DEVICE for a bad @p device; nothing is recorded then.
+ */
+XSEG_API xseg_status xseg_host_record_stream(void *ptr, int device, struct CUstream_st *stream);
+
+/**
+ * Give every wholly free cached pinned segment back to the driver, the backups kept by
+ * sleep_keep_host_backup:True included (first returning the blocks whose streams are done).
+ * @return the first driver failure (what failed stays cached and is retried by the next call).
+ */
+XSEG_API xseg_status xseg_host_empty_cache(void);
+
+/**
+ * One statistic of the host allocator by its key in torch.cuda.host_memory_stats():
+ * "allocation.current", "segment.peak", "allocated_bytes.allocated", "reserved_bytes.freed",
+ * "host_alloc_time.total" (microseconds; .max, .min, .count, .avg), "num_host_alloc",
+ * "num_host_free", ...
+ * @param key   the key.
+ * @param value receives its value.
+ * @return XSEG_ERROR_INVALID_VALUE for an unknown key (named in the message).
+ */
+XSEG_API xseg_status xseg_host_stat(const char *key, int64_t *value);
+
+/**
+ * Enumerate the keys xseg_host_stat accepts, in a stable order.
+ * @param index 0, 1, ...
+ * @param key   receives the index-th key (a static string), or NULL past the last one.
+ */
+XSEG_API xseg_status xseg_host_stat_key(size_t index, const char **key);
+
+/* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable-allocator entry points:
  *   torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free")
  * They report failures through xseg_last_error() and return NULL / nothing. PyTorch does not

@@ -4,18 +4,28 @@
 # mode side by side, on the GPU when there is one and on the emulator (cudaemu) otherwise.
 # Installs the build tools it lacks (Debian packages), like tools/test.sh.
 #   tools/replay.sh                 the bundled workloads, side by side
-#   tools/replay.sh ARGS...         any xseg-replay arguments (e.g. --plot out.svg, a trace file)
+#   tools/replay.sh ARGS...         any xseg-replay arguments (e.g. --plot out.svg, a trace file or
+#                                   a PyTorch snapshot); relative paths are the caller's, as for
+#                                   any command: the build happens in the checkout, the replay here
+#   XSEG_BUILD_DIR=DIR              the build folder (default: build in the checkout)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${XSEG_BUILD_DIR:-$root/build}
+case $build in /*) ;; *) build=$PWD/$build ;; esac
 
-. tools/ensure-build-tools.sh
-ensure_build_tools replay.sh
-
-if [ ! -f build/build.ninja ]; then
-  meson setup build >/dev/null
-fi
-ninja -C build tools/xseg-replay cudaemu/libcudaemu.so >/dev/null
+(
+  cd "$root"
+  . tools/ensure-build-tools.sh
+  ensure_build_tools replay.sh
+  if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" >/dev/null
+  fi
+  ninja -C "$build" tools/xseg-replay cudaemu/libcudaemu.so >/dev/null
+)
 if [ $# -eq 0 ]; then
-  exec build/tools/xseg-replay --compare
+  echo "tools/replay.sh: replaying the bundled workloads (builtin:training, builtin:inference) in classic" \
+       "and expandable mode; for your own workload: tools/replay.sh --compare FILE.pickle (a PyTorch" \
+       "snapshot) or FILE.trace" >&2
+  exec "$build/tools/xseg-replay" --compare
 fi
-exec build/tools/xseg-replay "$@"
+exec "$build/tools/xseg-replay" "$@"

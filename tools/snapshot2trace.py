@@ -2,6 +2,7 @@
 """Convert a PyTorch memory snapshot into an xseg-replay trace.
 
     tools/snapshot2trace.py SNAPSHOT.pickle [--device N] > TRACE
+    tools/snapshot2trace.py --out-dir DIR SNAPSHOT.pickle      (DIR/deviceN.trace per device)
 
 SNAPSHOT is what torch.cuda.memory._dump_snapshot() writes (a pickle; loading it needs no torch).
 The snapshot's `device_traces` is a window: allocations made before recording began appear only
@@ -9,7 +10,10 @@ as frees without an alloc, or as live blocks in `segments`. Those are seeded as 
 the start of the trace (in address order), so the replay starts from the live memory the
 original program had. `alloc` and `free_completed` events become `alloc` and `free` lines (a
 free becomes final only at free_completed: with record_stream the memory is reused only then);
-streams other than 0 become declared streams.
+streams other than 0 become declared streams; `oom` events become marks; allocations in a
+segment of a private pool (segment_pool_id not (0, 0): a CUDA graph, a MemPool) go to that pool;
+two or more segment frees in a row become one `empty_cache`. PyTorch 2.0's layout (blocks
+without `address`, their request in `history`) reads like today's.
 
 The header carries what PyTorch's own allocator did in the window, from the segment events:
 peak allocated, peak reserved (counting what was reserved before the window), utilization, as
@@ -24,6 +28,7 @@ quietly with exit status 141, as a program killed by SIGPIPE would.
 Python standard library only.
 """
 import argparse
+import bisect
 import os
 import sys
 
@@ -607,27 +612,129 @@ def _frame_name(s):
     return s or "??"
 
 
-def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=True):
-    """Write the trace for `device` of the loaded `snapshot` to `out`. Returns a dict of figures.
-    Raises SnapshotError (a ValueError) with a one-line message when the snapshot is malformed."""
-    work = _Work(work_limit if work_limit is not None else float("inf"))
+def _top(snapshot, source):
+    """The snapshot's device_traces list, after checking the top level is a snapshot at all."""
     if isinstance(snapshot, list):
         raise SnapshotError("%s holds only segments (a bare list): record it with "
                             "torch.cuda.memory._record_memory_history() to get device_traces" % source)
     if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
         raise SnapshotError("%s is not a PyTorch memory snapshot (no 'device_traces' key)" % source)
-    traces = _list(snapshot["device_traces"], ["device_traces"])
-    if device < 0 or device >= len(traces):
-        raise SnapshotError("%s has traces for %d device(s); device %d is out of range"
-                            % (source, len(traces), device))
-    events = _list(traces[device], ["device_traces", device])
-    work(len(events))
+    return _list(snapshot["device_traces"], ["device_traces"])
+
+
+MAX_DEVICES = 256  # more devices with data than any machine has: a crafted file, refused
+
+
+def devices(snapshot, source="snapshot"):
+    """The devices of @p snapshot that hold data (events in device_traces, or segments), in
+    order. A file whose data is on device 1 must not look empty because device 0 is."""
+    traces = _top(snapshot, source)
+    found = set()
+    for i, t in enumerate(traces):
+        if _list(t, ["device_traces", i]):
+            found.add(i)
+    for i, s in enumerate(_list(snapshot.get("segments", []), ["segments"])):
+        found.add(_uint(_dict(s, ["segments", i]), "device", ["segments", i], 0))
+        if len(found) > MAX_DEVICES:
+            break
+    if len(found) > MAX_DEVICES:
+        raise SnapshotError("%s has data on more than %d devices" % (source, MAX_DEVICES))
+    return sorted(found)
+
+
+def _pool_of_segment(s, path):
+    """The private pool a segment belongs to, as a trace pool name ("g1_2" for segment_pool_id
+    (1, 2): a CUDA graph's or a MemPool's), or None for the default pools ((0, 0), or no id:
+    PyTorch 2.0 records none)."""
+    pid = s.get("segment_pool_id")
+    if pid is None:
+        return None
+    if (not isinstance(pid, (tuple, list)) or len(pid) != 2 or
+            not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 64 for x in pid)):
+        raise SnapshotError("%s['segment_pool_id']: expected a pair of integers, found %s"
+                            % (_where(path), _short(pid) if not isinstance(pid, (tuple, list)) else
+                               "(%s)" % ", ".join(_short(x) for x in pid[:3])))
+    if pid[0] == 0 and pid[1] == 0:
+        return None
+    return "g%d_%d" % (pid[0], pid[1])
+
+
+def _blocks(s, si, work):
+    """(address, size, requested size, state, frames) of segment @p si's blocks, in both layouts:
+    since PyTorch 2.1 each block has its address; 2.0 gives none (the blocks tile the segment in
+    order, so a block starts where the one before it ended) and keeps each allocation's request
+    and frames in the block's `history`."""
+    blocks = _list(s.get("blocks", []), ["segments", si, "blocks"])
+    work(len(blocks))
+    at = None
+    for bi, b in enumerate(blocks):
+        path = ["segments", si, "blocks", bi]
+        b = _dict(b, path)
+        size = _uint(b, "size", path)
+        if "address" in b:
+            addr = _uint(b, "address", path)
+        else:
+            if at is None:
+                if "address" not in s:
+                    raise SnapshotError("%s: a block without 'address' in a segment without one "
+                                        "(an unknown snapshot layout)" % _where(path))
+                at = _uint(s, "address", ["segments", si])
+            addr = at
+        at = addr + size
+        req = _uint(b, "requested_size", path, 0)
+        frames = b.get("frames")
+        hist = b.get("history")
+        if isinstance(hist, list) and hist and isinstance(hist[-1], dict):
+            # PyTorch 2.0: the block's latest allocation, {addr, real_size, frames}.
+            if not req:
+                req = _uint(hist[-1], "real_size", path + ["history", len(hist) - 1], 0)
+            if frames is None:
+                frames = hist[-1].get("frames")
+        yield addr, size, req, b.get("state"), frames, path
+
+
+def _gib(n):
+    return "%.2f GiB" % (n / 2**30) if n >= 2**30 else "%.1f MiB" % (n / 2**20)
+
+
+EMPTY_CACHE_BURST = 2  # this many segment frees in a row, with nothing between, were an empty_cache
+
+
+def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=True, work=None):
+    """Write the trace for `device` of the loaded `snapshot` to `out`. Returns a dict of figures.
+    Raises SnapshotError (a ValueError) with a one-line message when the snapshot is malformed.
+    @p work (a _Work) bounds the items visited across several calls on one file."""
+    if work is None:
+        work = _Work(work_limit if work_limit is not None else float("inf"))
+    traces = _top(snapshot, source)
     segments = []
     for i, s in enumerate(_list(snapshot.get("segments", []), ["segments"])):
         work()
         s = _dict(s, ["segments", i])
         if _uint(s, "device", ["segments", i], 0) == device:
             segments.append((i, s))
+    if device < 0 or (device >= len(traces) and not segments):
+        raise SnapshotError("%s has traces for %d device(s); device %d is out of range"
+                            % (source, len(traces), device))
+    events = _list(traces[device], ["device_traces", device]) if device < len(traces) else []
+    work(len(events))
+
+    # Private pools (CUDA graphs, MemPool): the address ranges of the segments that belong to one.
+    # An allocation inside one goes to that pool (pool_begin/pool_end around it).
+    pool_ranges = []
+    for si, s in segments:
+        pool = _pool_of_segment(s, ["segments", si])
+        if pool:
+            start = _uint(s, "address", ["segments", si])
+            pool_ranges.append((start, start + _uint(s, "total_size", ["segments", si]), pool))
+    pool_ranges.sort()
+    starts = [r[0] for r in pool_ranges]
+
+    def pool_at(addr):
+        if not pool_ranges:
+            return None
+        k = bisect.bisect_right(starts, addr) - 1
+        return pool_ranges[k][2] if k >= 0 and addr < pool_ranges[k][1] else None
 
     streams = {}  # stream id -> name
 
@@ -673,11 +780,16 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
         by_id[key] = (ref, frames_list)  # keep the list alive: its id stays its own
         return ref
 
-    live = {}       # addr -> (name, size, stream)
-    seeds = []      # (addr, name, size, stream, block size, stack ref)
+    # First pass: the window's events as entries; the second pass writes them and follows
+    # PyTorch's allocated and reserved bytes. Entries: ("alloc", name, size, stream ref, stack
+    # ref, pool), ("free", name, note), ("seg", delta), ("empty_cache", count, bytes),
+    # ("oom", size, device free).
+    live = {}       # addr -> name
+    seeds = []      # (addr, name, size, stream, block size, stack ref, pool)
     body = []
     counter = 0
     seg_delta = 0   # reserved bytes added during the window
+    burst, burst_bytes = 0, 0
     for i, e in enumerate(events):
         path = ["device_traces", device, i]
         e = _dict(e, path)
@@ -687,50 +799,52 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
             addr = _uint(e, "addr", path)
             size = _uint(e, "size", path)
             sid = _uint(e, "stream", path, 0)
+        if action in ("segment_free", "segment_unmap"):
+            burst += 1
+            burst_bytes += size
+        elif burst:
+            if burst >= EMPTY_CACHE_BURST:
+                body.append(("empty_cache", burst, burst_bytes))
+            burst, burst_bytes = 0, 0
         if action == "alloc":
             if addr in live:
                 # The window lost this block's free (a ring buffer can): free it here.
-                body.append("free %s  # its free_completed is missing from the window" % live[addr][0])
+                body.append(("free", live.pop(addr), "  # its free_completed is missing from the window"))
             name = "a%d" % counter
             counter += 1
-            live[addr] = (name, size, sid)
-            body.append("alloc %s %d%s%s" % (name, size, stream_ref(sid), stack_ref(e.get("frames"), path)))
+            live[addr] = name
+            body.append(("alloc", name, size, stream_ref(sid), stack_ref(e.get("frames"), path), pool_at(addr)))
         elif action == "free_completed":
             if addr in live:
-                body.append("free %s" % live.pop(addr)[0])
+                body.append(("free", live.pop(addr), ""))
             else:
                 name = "pre%d" % counter
                 counter += 1
-                seeds.append((addr, name, size, sid, round_block(size), stack_ref(e.get("frames"), path)))
-                body.append("free %s" % name)
+                seeds.append((addr, name, size, sid, round_block(size), stack_ref(e.get("frames"), path),
+                              pool_at(addr)))
+                body.append(("free", name, ""))
         elif action in ("segment_alloc", "segment_map"):
             seg_delta += size
-            body.append(("#seg+ %d" % size))
+            body.append(("seg", size))
         elif action in ("segment_free", "segment_unmap"):
             seg_delta -= size
-            body.append(("#seg- %d" % size))
+            body.append(("seg", -size))
         elif action == "oom":
-            body.append("# the original run hit an OOM here (device free: %s)"
-                        % _uint(e, "device_free", path, "?"))
+            body.append(("oom", _uint(e, "size", path, 0), _uint(e, "device_free", path, -1)))
         # free_requested, snapshot, user annotations: nothing to replay
+    if burst >= EMPTY_CACHE_BURST:
+        body.append(("empty_cache", burst, burst_bytes))
     # Blocks alive when the snapshot was written that the window never allocated: live all along.
+    live_addrs = set(live)
     for si, s in segments:
-        blocks = _list(s.get("blocks", []), ["segments", si, "blocks"])
-        work(len(blocks))
-        for bi, b in enumerate(blocks):
-            path = ["segments", si, "blocks", bi]
-            b = _dict(b, path)
-            if b.get("state") in ("active_allocated", "active_pending_free"):
-                baddr = _uint(b, "address", path)
-                if baddr in live:
-                    continue
+        sstream = _uint(s, "stream", ["segments", si], 0)
+        for baddr, bsize, req, state, bframes, path in _blocks(s, si, work):
+            if state in ("active_allocated", "active_pending_free") and baddr not in live_addrs:
                 name = "pre%d" % counter
                 counter += 1
-                bsize = _uint(b, "size", path)
-                size = _uint(b, "requested_size", path, 0) or bsize
                 # The program asked for requested_size; PyTorch counted the whole block.
-                seeds.append((baddr, name, size, _uint(s, "stream", ["segments", si], 0), bsize,
-                              stack_ref(b.get("frames"), path)))
+                seeds.append((baddr, name, req or bsize, sstream, bsize, stack_ref(bframes, path),
+                              pool_at(baddr)))
     seeds.sort()
 
     # PyTorch's figures: reserved at the window's start is what the segments hold now minus what
@@ -738,32 +852,60 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
     reserved = sum(_uint(s, "total_size", ["segments", si]) for si, s in segments) - seg_delta
     allocated = sum(seed[4] for seed in seeds)
     peak_res, peak_alloc = reserved, allocated
-    sizes = {}
-    for seed in seeds:
-        sizes[seed[1]] = seed[4]
+    sizes = {seed[1]: seed[4] for seed in seeds}
     lines = []
-    for line in body:
-        if line.startswith("#seg+ "):
-            reserved += int(line[6:])
+    pool = [None]  # the private pool allocations go to now
+
+    def route(to, out_lines):
+        if to != pool[0]:
+            if pool[0]:
+                out_lines.append("pool_end %s" % pool[0])
+            if to:
+                out_lines.append("pool_begin %s" % to)
+            pool[0] = to
+
+    seed_lines = []
+    for _, name, sz, sid, _, ref, p in seeds:
+        route(p, seed_lines)
+        seed_lines.append("alloc %s %d%s%s" % (name, sz, stream_ref(sid), ref))
+    route(None, seed_lines)
+    ooms = empties = 0
+    for entry in body:
+        kind = entry[0]
+        if kind == "seg":
+            reserved += entry[1]
             peak_res = max(peak_res, reserved)
-            continue
-        if line.startswith("#seg- "):
-            reserved -= int(line[6:])
-            continue
-        if line.startswith("alloc "):
-            _, name, sz = line.split()[:3]
-            sizes[name] = round_block(int(sz))
+        elif kind == "alloc":
+            _, name, sz, sref, kref, p = entry
+            sizes[name] = round_block(sz)
             allocated += sizes[name]
             peak_alloc = max(peak_alloc, allocated)
-        elif line.startswith("free "):
-            allocated -= sizes.pop(line.split()[1])
-        lines.append(line)
+            route(p, lines)
+            lines.append("alloc %s %d%s%s" % (name, sz, sref, kref))
+        elif kind == "free":
+            allocated -= sizes.pop(entry[1])
+            lines.append("free %s%s" % (entry[1], entry[2]))
+        elif kind == "empty_cache":
+            route(None, lines)
+            empties += 1
+            lines.append("empty_cache  # PyTorch released %d segments (%s) here in a row"
+                         % (entry[1], _gib(entry[2])))
+        elif kind == "oom":
+            ooms += 1
+            free_txt = "%s free" % _gib(entry[2]) if entry[2] >= 0 else "free unknown"
+            # A mark: each mode's figures at the point where PyTorch failed, beside PyTorch's.
+            lines.append("mark PyTorch OOM: %s request, %s; PyTorch had %s allocated, %s reserved"
+                         % (_gib(entry[1]), free_txt, _gib(allocated), _gib(reserved)))
+    route(None, lines)
 
     figures = {
         "events": len(events),
         "peak_allocated_bytes": peak_alloc,
         "peak_reserved_bytes": peak_res,
         "utilization": peak_alloc / peak_res if peak_res else 0.0,
+        "ooms": ooms,
+        "empty_caches": empties,
+        "pools": len({r[2] for r in pool_ranges}),
     }
     settings = snapshot.get("allocator_settings") or {}
     if not isinstance(settings, dict):
@@ -772,6 +914,9 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
     w("# xseg-replay trace converted from the PyTorch snapshot %s (device %d) by tools/snapshot2trace.py\n"
       % ("".join(c if c.isprintable() else "?" for c in source), device))
     w("# %d events; %d allocations seeded from before the window\n" % (len(events), len(seeds)))
+    if ooms or empties or pool_ranges:
+        w("# %d OOM(s) PyTorch recorded (marks), %d empty_cache inferred from bursts of segment frees, "
+          "%d private pool(s) (CUDA graphs, MemPool)\n" % (ooms, empties, figures["pools"]))
     if settings:
         # repr, bounded: a crafted value must not add lines (actions) to the trace.
         w("# recorded with expandable_segments=%s PYTORCH_CUDA_ALLOC_CONF=%s\n"
@@ -785,8 +930,8 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
         w(line + "\n")
     for sid, name in sorted(streams.items()):
         w("stream %s\n" % name)
-    for _, name, sz, sid, _, ref in seeds:
-        w("alloc %s %d%s%s\n" % (name, sz, stream_ref(sid), ref))
+    for line in seed_lines:
+        w(line + "\n")
     w("mark window start (seeded)\n")
     for line in lines:
         w(line + "\n")
@@ -794,18 +939,47 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
     return figures
 
 
+def _pick_device(snap, source, prog):
+    """--device omitted: the only device with data, or the first of several (saying so)."""
+    devs = devices(snap, source)
+    if not devs:
+        raise SnapshotError("%s holds no events and no segments on any device" % source)
+    if len(devs) > 1:
+        print("%s: %s holds data on devices %s: converting device %d (--device N for another; "
+              "xseg-replay reads the snapshot itself and replays every device)"
+              % (prog, source, ", ".join(map(str, devs)), devs[0]), file=sys.stderr)
+    return devs[0]
+
+
+def _check_device(snap, source, device):
+    """--device N given: refuse a device without data rather than write an empty trace."""
+    devs = devices(snap, source)
+    if device not in devs:
+        traces = _top(snap, source)
+        if 0 <= device < len(traces):
+            raise SnapshotError("%s: device %d holds no events and no segments (devices with data: %s)"
+                                % (source, device, ", ".join(map(str, devs)) or "none"))
+    return device
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Writes the trace on standard output.")
+                                 epilog="Writes the trace on standard output (with --out-dir, one file per device).")
     ap.add_argument("snapshot", help="a pickle written by torch.cuda.memory._dump_snapshot")
-    ap.add_argument("--device", type=int, default=0, help="which device's trace (default 0)")
+    ap.add_argument("--device", type=int, default=None,
+                    help="which device's trace (default: the first device that holds data)")
+    ap.add_argument("--out-dir", metavar="DIR",
+                    help="write DIR/deviceN.trace for every device that holds data (or for --device N "
+                         "only) and list them on standard output, one 'N<tab>PATH<tab>EVENTS' line each")
     ap.add_argument("--no-frames", action="store_true",
                     help="leave out the allocations' frames (`frame` lines and ^STACK references)")
     ap.add_argument("--max-memory-mib", type=int, default=4096, metavar="MIB",
                     help="refuse snapshots that would need more host memory than this to load "
                          "(an estimate; default 4096)")
+    ap.add_argument("--prog", default="snapshot2trace", help=argparse.SUPPRESS)  # name in messages
     args = ap.parse_args(argv)
     name = args.snapshot
+    prog = args.prog
     if hasattr(sys.stdout, "reconfigure"):
         # The trace is UTF-8 whatever the locale: a frame name in any script must not end the
         # conversion with an encoding error (what cannot be encoded is escaped already).
@@ -814,13 +988,30 @@ def main(argv=None):
         with open(args.snapshot, "rb") as f:
             data = f.read()
     except OSError as e:
-        print("snapshot2trace: %s: %s" % (name, e.strerror or e), file=sys.stderr)
+        print("%s: %s: %s" % (prog, name, e.strerror or e), file=sys.stderr)
         return 1
+    source = name.rsplit("/", 1)[-1]
     try:
         snap = load_snapshot(data, max_memory=args.max_memory_mib << 20)
-        # Every item visited costs at least one byte of the file unless the pickle shares it.
-        convert(snap, args.device, sys.stdout, source=name.rsplit("/", 1)[-1],
-                work_limit=len(data) + 1024, frames=not args.no_frames)
+        # Every item visited costs at least one byte of the file unless the pickle shares it;
+        # each device visits the segment list once more.
+        work = _Work(2 * len(data) + 1024)
+        if args.out_dir is not None:
+            devs = [_check_device(snap, source, args.device)] if args.device is not None else devices(snap, source)
+            if not devs:
+                raise SnapshotError("%s holds no events and no segments on any device" % source)
+            for dev in devs:
+                path = os.path.join(args.out_dir, "device%d.trace" % dev)
+                try:
+                    with open(path, "w", encoding="utf-8") as f:
+                        fig = convert(snap, dev, f, source=source, frames=not args.no_frames, work=work)
+                except OSError as e:
+                    raise SnapshotError("cannot write %s: %s" % (path, e.strerror or e))
+                sys.stdout.write("%d\t%s\t%d\n" % (dev, path, fig["events"]))
+        else:
+            dev = (_check_device(snap, source, args.device) if args.device is not None
+                   else _pick_device(snap, source, prog))
+            convert(snap, dev, sys.stdout, source=source, frames=not args.no_frames, work=work)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except BrokenPipeError:
         # The reader has what it wanted (`| head`). Point stdout at /dev/null so the flush at
@@ -829,12 +1020,14 @@ def main(argv=None):
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     except SnapshotError as e:
-        print("snapshot2trace: %s: %s" % (name, e), file=sys.stderr)
+        print("%s: %s: %s" % (prog, name, e), file=sys.stderr)
         return 1
     except (RecursionError, MemoryError) as e:
-        print("snapshot2trace: %s: too large or too deeply nested to convert (%s)"
-              % (name, type(e).__name__), file=sys.stderr)
+        print("%s: %s: too large or too deeply nested to convert (%s)"
+              % (prog, name, type(e).__name__), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C: stop quietly, as a program killed by SIGINT would (no traceback)
     return 0
 
 

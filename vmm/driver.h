@@ -73,6 +73,8 @@
     /* pinned host memory, async copies and memset (services: sleep offload, wake) */   \
     X(cuMemHostAlloc)                                                                             \
     X(cuMemFreeHost)                                                                              \
+    X(cuMemHostRegister)                                                                          \
+    X(cuMemHostUnregister)                                                                        \
     X(cuMemcpyHtoDAsync)                                                                          \
     X(cuMemcpyDtoHAsync)                                                                          \
     X(cuMemsetD8Async)                                                                            \

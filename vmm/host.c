@@ -24,6 +24,26 @@ xseg_status vhost_alloc(size_t bytes, void **out)
     return drv_fail(r, what);
 }
 
+xseg_status vhost_register(void *p, size_t bytes)
+{
+    CUresult r = drv->cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+    if (r == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    char what[96];
+    snprintf(what, sizeof what, "cuMemHostRegister(%p, %zu bytes, PORTABLE)", p, bytes);
+    return drv_fail(r, what);
+}
+
+xseg_status vhost_unregister(void *p)
+{
+    CUresult r = drv->cuMemHostUnregister(p);
+    if (r == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    char what[64];
+    snprintf(what, sizeof what, "cuMemHostUnregister(%p)", p);
+    return drv_fail(r, what);
+}
+
 /* Host frees that failed, retried by vhost_retry (the leftovers of vmm/segment.c call it). */
 struct host_left {
     void *p;

@@ -1,7 +1,7 @@
 /*
  * Pinned host memory and the asynchronous copies and memset of sleep and wake (services,
- * core/sleep.c): a sleeping pool's live bytes wait in pinned host memory, and wake copies them
- * back or clears the pages.
+ * core/sleep.c): a sleeping pool's live bytes wait in pinned host memory (from the host caching
+ * allocator, core/hostalloc.c), and wake copies them back or clears the pages.
  *
  * Context: callers make the device's context current first (drv_ctx_ensure). Locking: none of
  * its own except the list of host frees to retry; callers may hold a device lock.
@@ -21,6 +21,11 @@ xseg_status vhost_alloc(size_t bytes, void **out);
 /* cuMemFreeHost @p p (NULL: nothing). A failure keeps it for vhost_retry (with device @p dev's
  * primary context current then), so nothing leaks; the caller goes on either way. */
 void vhost_free(void *p, CUdevice dev);
+
+/* cuMemHostRegister(PORTABLE) of [p, p + bytes) (host memory the caller owns), and its undo.
+ * Failures name the call; an unregister that fails leaves the range pinned (the caller keeps it). */
+xseg_status vhost_register(void *p, size_t bytes);
+xseg_status vhost_unregister(void *p);
 
 /* Retry the host frees that failed; the first failure is reported. Thread-safe. */
 xseg_status vhost_retry(void);

@@ -67,7 +67,7 @@ struct seg_params {
 /*
  * Create a segment able to hold at least @p min_size bytes (rounded up to pages) without moving.
  * Reserves VA only; maps nothing. The reservation policy (initial size, growth) is documented in
- * docs/design.md; it never reserves a multiple of device memory up front.
+ * vmm/README.md; it never reserves a multiple of device memory up front.
  */
 xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out);
 

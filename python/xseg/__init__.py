@@ -36,6 +36,7 @@ __all__ = [
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "trim",
     "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown",
+    "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",
 ]
 
 def __getattr__(name):
@@ -199,6 +200,51 @@ def _one(key, device, func):
     v = ctypes.c_int64()
     check(_lib.lib().xseg_stat(_device(device, func), key.encode(), ctypes.byref(v)))
     return v.value
+
+
+# --- pinned host memory ---------------------------------------------------------------------
+
+def host_malloc(size):
+    """Allocate `size` bytes of pinned host memory from xseg's caching host allocator; returns
+    the address (int). Free it with host_free()."""
+    p = ctypes.c_void_p()
+    check(_lib.need("xseg_host_malloc")(ctypes.byref(p), int_arg("xseg.host_malloc", "size", size, C_SIZE)))
+    return p.value
+
+
+def host_free(ptr):
+    """Return a block of host_malloc() to the cache (a no-op for 0 or None); it is reused once
+    the streams given to host_record_stream() are done."""
+    check(_lib.need("xseg_host_free")(_ptr(ptr, "xseg.host_free") if ptr else None))
+
+
+def host_record_stream(ptr, stream, device=None):
+    """Mark a pinned block as used by `stream` of `device` (a copy from or to it): its free
+    waits for the work queued there (CachingHostAllocator's record_event)."""
+    f = "xseg.host_record_stream"
+    check(_lib.need("xseg_host_record_stream")(_ptr(ptr, f), _device(device, f), _stream(stream, f)))
+
+
+def host_empty_cache():
+    """Give every wholly free cached pinned segment back to the driver (sleep backups kept by
+    sleep_keep_host_backup:True included)."""
+    check(_lib.need("xseg_host_empty_cache")())
+
+
+def host_memory_stats():
+    """torch.cuda.host_memory_stats(): the same keys (flattened, sorted)."""
+    keys, k = [], ctypes.c_char_p()
+    while True:
+        check(_lib.need("xseg_host_stat_key")(len(keys), ctypes.byref(k)))
+        if not k.value:
+            break
+        keys.append(k.value.decode())
+    v, out = ctypes.c_int64(), []
+    for key in keys:
+        check(_lib.need("xseg_host_stat")(key.encode(), ctypes.byref(v)))
+        out.append((key, v.value))
+    out.sort()
+    return collections.OrderedDict(out)
 
 
 def memory_allocated(device=None):

@@ -339,6 +339,17 @@ _PROTOS.update({
     "xseg_get_sleep_stats": (_S, [ctypes.c_int, ctypes.POINTER(PoolId), ctypes.POINTER(SleepStats)]),
 })
 
+# --- pinned host memory (include/xseg.h: xseg_host_malloc) ------------------------------------
+
+_PROTOS.update({
+    "xseg_host_malloc": (_S, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
+    "xseg_host_free": (_S, [ctypes.c_void_p]),
+    "xseg_host_record_stream": (_S, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
+    "xseg_host_empty_cache": (_S, []),
+    "xseg_host_stat": (_S, [ctypes.c_char_p, c_int64_p]),
+    "xseg_host_stat_key": (_S, [ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)]),
+})
+
 _PROTOS.update({
     "xseg_record_memory_history": (_S, [ctypes.POINTER(HistoryOptions)]),
     "xseg_dump_snapshot": (_S, [ctypes.c_int, ctypes.c_char_p]),

@@ -50,6 +50,7 @@ struct run {
     xseg_pool_id pool;
     int failures;       /* calls that returned OUT_OF_MEMORY */
     bool shut, shut_ok; /* xseg_shutdown was called; it succeeded */
+    unsigned char *host; /* a pinned host block (xseg_host_malloc) holding a pattern */
 };
 
 static CUstream s1, s2;
@@ -117,6 +118,17 @@ static void workload(struct run *r)
         if (ok(r, xseg_end_allocate_to_pool(0, r->pool), "xseg_end_allocate_to_pool"))
             r->routing = false;
     }
+
+    /* Pinned host memory: a block used on a stream and freed (it waits for an event), and one
+     * that holds a pattern to the end. */
+    void *hb = NULL;
+    if (ok(r, xseg_host_malloc(&hb, 3000), "xseg_host_malloc")) {
+        memset(hb, 0x5a, 3000);
+        ok(r, xseg_host_record_stream(hb, 0, s2), "xseg_host_record_stream");
+        ok(r, xseg_host_free(hb), "xseg_host_free");
+    }
+    if (ok(r, xseg_host_malloc((void **)&r->host, 5 * MiB), "xseg_host_malloc"))
+        memset(r->host, 0xa5, 5 * MiB);
 
     /* Sleep and wake the default pools (their live blocks come back with their data). */
     if (!classic && ok(r, xseg_sleep(0, default_pool, XSEG_SLEEP_OFFLOAD), "xseg_sleep")) {
@@ -186,6 +198,13 @@ static void finish(struct run *r)
         if (st != XSEG_SUCCESS && st != XSEG_ERROR_INVALID_VALUE)
             fail_msg("n=%lu: xseg_release_pool: %s", r->nth, xseg_last_error());
     }
+    if (r->host) {
+        for (size_t i = 0; i < 5 * MiB; i += 4096)
+            if (r->host[i] != 0xa5)
+                fail_msg("n=%lu: the pinned host block lost its pattern", r->nth);
+        ok(r, xseg_host_free(r->host), "xseg_host_free (after)");
+    }
+    ok(r, xseg_host_empty_cache(), "xseg_host_empty_cache (after)");
     xseg_history_options off = {.enabled = 0, .clear = 1};
     ok(r, xseg_record_memory_history(&off), "xseg_record_memory_history (off)");
     ok(r, xseg_empty_cache(0), "xseg_empty_cache (after)");

@@ -1,5 +1,5 @@
 /*
- * The stream slots (struct dev_slot, docs/design.md): a free that would merge into its free
+ * The stream slots (struct dev_slot, core/README.md): a free that would merge into its free
  * successor waits unmerged, and a malloc of the same size and stream that best fit would split it
  * off again takes it back without touching the index. It must be invisible: this test runs one
  * seeded sequence twice, each in its own process (same emulated device, same addresses):

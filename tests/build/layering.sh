@@ -28,7 +28,7 @@ check() { # layer, allowed include prefixes (space separated)
     done
 }
 # core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
-core_order="config_keys config stats block bins ptrmap history settings state device check capreuse pools ipc observe expandable
+core_order="config_keys config stats block bins ptrmap history settings hostalloc state device check capreuse pools ipc observe expandable
 events release sleep trim idle runtime snapshot alloc shutdown"
 # Includes allowed to point up: none (sub-state types live in core/state.h, below device.h, and
 # dev_unlock, which runs dev_check, in core/check.h above it). Format: "FILE:HEADER ...".

@@ -4,7 +4,8 @@
 # small traces that reach most of the format (two streams, frames, a deferred free, a private
 # pool, a capture with a fork, an OOM; both modes), and one of them pickled again in protocol 4,
 # as PyTorch's _dump_snapshot writes (frames, memo opcodes, short strings), and in protocol 0
-# (the text opcodes). Stream handles differ from run to run, so the bytes do too.
+# (the text opcodes); PyTorch 2.0's layout and a file with two devices, made from them. Stream
+# handles differ from run to run, so the bytes do too.
 #   tests/fuzz/make_snapshot_corpus.sh [BUILD_DIR]     (default build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -73,5 +74,23 @@ with open(os.path.join(out, "streams_frames_expandable.pickle"), "rb") as f:
 for proto in (0, 4):
     with open(os.path.join(out, "streams_frames_protocol%d.pickle" % proto), "wb") as f:
         pickle.dump(snap, f, protocol=proto)
+# PyTorch 2.0's layout (blocks without address, the request in `history`, no pool ids), and the
+# same data on device 1 beside device 0 (every device converts).
+with open(os.path.join(out, "pool_capture_classic.pickle"), "rb") as f:
+    snap = s2t.load_snapshot(f.read())
+old = {"segments": [], "device_traces": snap["device_traces"]}
+for s in snap["segments"]:
+    s = {k: v for k, v in s.items() if k not in ("segment_pool_id", "is_expandable", "frames")}
+    s["blocks"] = [{"size": b["size"], "requested_size": b.get("requested_size", 0), "state": b["state"],
+                    "history": [{"addr": b["address"], "real_size": b.get("requested_size", 0),
+                                 "frames": b.get("frames", [])}] if b["state"] != "inactive" else []}
+                   for b in s["blocks"]]
+    old["segments"].append(s)
+with open(os.path.join(out, "pt20_layout.pickle"), "wb") as f:
+    pickle.dump(old, f, protocol=2)
+two = dict(snap, device_traces=snap["device_traces"] * 2,
+           segments=snap["segments"] + [dict(s, device=1) for s in snap["segments"]])
+with open(os.path.join(out, "two_devices.pickle"), "wb") as f:
+    pickle.dump(two, f, protocol=4)
 PY
 ls -l "$out"

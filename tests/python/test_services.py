@@ -130,3 +130,39 @@ def test_sleep_arguments(awake):
         id = (12345, 678)
     with pytest.raises(x.XsegError):
         x.sleep_stats(MemPoolLike())
+
+
+# --- pinned host memory -----------------------------------------------------------------------
+
+def test_host_malloc_reuse_and_stats(xseg):
+    before = xseg.host_memory_stats()
+    assert "num_host_alloc" in before and "host_alloc_time.avg" in before
+    p = xseg.host_malloc(100 * MiB + 1)
+    try:
+        ctypes.memset(p, 0x5A, 100 * MiB + 1)  # host memory: writable from the CPU
+        st = xseg.host_memory_stats()
+        assert st["reserved_bytes.current"] - before["reserved_bytes.current"] == 102 * MiB  # not 128
+        assert st["allocation.current"] == before["allocation.current"] + 1
+    finally:
+        xseg.host_free(p)
+    q = xseg.host_malloc(100 * MiB)  # the cached block again, no new segment
+    assert q == p
+    assert xseg.host_memory_stats()["num_host_alloc"] == st["num_host_alloc"]
+    xseg.host_record_stream(q, 0)
+    xseg.host_free(q)
+    xseg.host_empty_cache()
+    assert xseg.host_memory_stats()["reserved_bytes.current"] == before["reserved_bytes.current"]
+
+
+def test_host_errors(xseg):
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.host_free(12345)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+    assert "host allocator" in str(ei.value)
+    with pytest.raises(ValueError):
+        xseg.host_malloc(-1)
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.host_record_stream(12345, None)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+    xseg.host_free(None)
+    xseg.host_free(xseg.host_malloc(10))

@@ -330,11 +330,21 @@ static void test_summary_json_and_compare(void **state)
     free(t);
 }
 
-/* --min-device bisects the smallest emulated device with no failed allocation.
+/* --min-device bisects the smallest emulated device with no failed allocation, to 2 MiB.
  * The trace leaves a 300 MiB gap in a's classic segment that classic cannot give back while c
- * lives there: it needs 600 + 600 + 900 = 2100 MiB, the 64 MiB step above is 2112 MiB. Expandable
- * mode unmaps the gap's pages under pressure and fits on 1856 MiB (the step above the
- * 1800 MiB peak). Too small a --device-mem is an error naming it. */
+ * lives there: it needs 600 + 600 + 900 = 2100 MiB. Expandable mode unmaps the gap's pages under
+ * pressure and fits on the 1800 MiB peak itself. --step 64MiB coarsens the answer to the 64 MiB
+ * multiples above them (2112 and 1856 MiB, what a 64 MiB bisection used to report). Too small a
+ * --device-mem is an error naming it, and so is a step that is not a multiple of 2 MiB. */
+static void expect_min_device(const char *out, const char *mode, unsigned long long mib, const char *ratio)
+{
+    char want[256];
+    snprintf(want, sizeof want, "\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,\"ratio\":%s,",
+             mode, 1800ull << 20, mib << 20, ratio);
+    if (!strstr(out, want))
+        fail_msg("expected %s in: %s", want, out);
+}
+
 static void test_min_device(void **state)
 {
     (void)state;
@@ -347,15 +357,22 @@ static void test_min_device(void **state)
     snprintf(args, sizeof args, "--min-device --compare --summary=json '%s'", t);
     struct result r = run(args);
     assert_int_equal(r.rc, 0);
-    char want[256];
-    snprintf(want, sizeof want, "\"mode\":\"classic\",\"peak_allocated\":%llu,\"min_device\":%llu,\"ratio\":1.1733",
-             1800ull << 20, 2112ull << 20);
-    if (!strstr(r.out, want))
-        fail_msg("expected %s in: %s", want, r.out);
-    snprintf(want, sizeof want, "\"mode\":\"expandable\",\"peak_allocated\":%llu,\"min_device\":%llu,\"ratio\":1.0311",
-             1800ull << 20, 1856ull << 20);
-    if (!strstr(r.out, want))
-        fail_msg("expected %s in: %s", want, r.out);
+    expect_min_device(r.out, "classic", 2100, "1.1667");
+    expect_min_device(r.out, "expandable", 1800, "1.0000");
+    result_free(&r);
+
+    snprintf(args, sizeof args, "--min-device --compare --step 64MiB --summary=json '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    expect_min_device(r.out, "classic", 2112, "1.1733");
+    expect_min_device(r.out, "expandable", 1856, "1.0311");
+    result_free(&r);
+
+    snprintf(args, sizeof args, "--min-device --step 3MiB '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 2);
+    if (!strstr(r.err, "--step: '3MiB' is not a positive multiple of 2MiB"))
+        fail_msg("stderr: %s", r.err);
     result_free(&r);
 
     snprintf(args, sizeof args, "--min-device --device-mem 1G '%s'", t);

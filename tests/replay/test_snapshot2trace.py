@@ -69,8 +69,8 @@ class Convert(unittest.TestCase):
         self.assertEqual(body[2], "alloc pre0 %d" % (2 * MiB))
         self.assertEqual(body[3], "mark window start (seeded)")
         self.assertEqual(body[4:], ["free pre0", "alloc a1 %d" % (3 * MiB), "alloc a2 %d @s55" % (6 * MiB),
-                                    "free a1", "mark end of window"])
-        self.assertIn("# the original run hit an OOM here", text)
+                                    "free a1", "mark PyTorch OOM: 0.0 MiB request, free unknown; PyTorch "
+                                    "had 10.0 MiB allocated, 40.0 MiB reserved", "mark end of window"])
         # PyTorch's figures: reserved 20 MiB before the window, 40 MiB at peak; allocated counts
         # whole blocks (4 MiB for the live one) and 512-byte-rounded requests.
         self.assertEqual(fig["peak_reserved_bytes"], 40 * MiB)

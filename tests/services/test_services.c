@@ -923,6 +923,97 @@ static void test_sleep_faults(void **state)
     }
 }
 
+/* sleep_keep_host_backup:True: the wake keeps the pinned backups in the host cache, so the next
+ * sleep of the same live bytes makes no cuMemHostAlloc; xseg_host_empty_cache gives them back,
+ * and the sleep after it allocates again. Data survives every cycle. */
+static void test_sleep_keep_backup(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_keep_host_backup:True");
+    tu_require_emulator_or_skip();
+    struct fixture f;
+    fixture_make(&f);
+    unsigned long allocs[4];
+    for (int cycle = 0; cycle < 4; cycle++) {
+        if (cycle == 3) /* everything given back: the next sleep allocates again */
+            assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
+        unsigned long before = tu_call_count("cuMemHostAlloc");
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+        allocs[cycle] = tu_call_count("cuMemHostAlloc") - before;
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        fixture_check(&f, false);
+        /* Kept: pinned memory stays with the host cache, none of it allocated. */
+        assert_true(tu_host_live(NULL) > 0);
+        int64_t used = -1;
+        assert_int_equal(xseg_host_stat("allocated_bytes.current", &used), XSEG_SUCCESS);
+        assert_int_equal(used, 0);
+    }
+    assert_int_equal(allocs[0], 2); /* one backup per segment with live bytes */
+    assert_int_equal(allocs[1], 0);
+    assert_int_equal(allocs[2], 0);
+    assert_int_equal(allocs[3], 2);
+    /* Off again: the wake gives the backups back to the driver. */
+    assert_int_equal(xseg_set_config("sleep_keep_host_backup:False"), XSEG_SUCCESS);
+    assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(tu_host_live(NULL), 0);
+    fixture_check(&f, false);
+    fixture_free(&f);
+    assert_nothing_held();
+}
+
+/* The host side of sleep and wake failing in turn, with backups pinned by cuMemHostRegister and
+ * with backups kept (sleep_keep_host_backup): a failed sleep leaves the pool awake with its data,
+ * a failed wake leaves it asleep (retried), the data survives, and once the host cache is emptied
+ * no pinned memory is left. */
+static void test_sleep_host_faults(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
+    tu_require_emulator_or_skip();
+    static const struct {
+        const char *config, *entries[4];
+    } cases[] = {
+        {"pinned_use_cuda_host_register:True,sleep_keep_host_backup:False",
+         {"cuMemHostRegister", "cuMemHostUnregister", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+        {"pinned_use_cuda_host_register:False,sleep_keep_host_backup:True",
+         {"cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+    };
+    for (size_t c = 0; c < 2; c++) {
+        assert_int_equal(xseg_set_config(cases[c].config), XSEG_SUCCESS);
+        for (size_t e = 0; e < 4; e++) {
+            for (unsigned long nth = 1; nth <= 2; nth++) {
+                const char *entry = cases[c].entries[e];
+                struct fixture f;
+                fixture_make(&f);
+                for (int step = 0; step < 2; step++) { /* 0: the sleep fails, 1: the wake */
+                    assert_true(tu_fail(entry, nth, CUDA_ERROR_UNKNOWN));
+                    xseg_status st = step ? xseg_wake(0, DEFAULT_POOL)
+                                          : xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD);
+                    tu_fail_clear();
+                    assert_books_match_driver();
+                    if (st != XSEG_SUCCESS) {
+                        print_message("%s / %s #%lu: %s\n", cases[c].config, entry, nth, xseg_last_error());
+                        assert_non_null(strstr(xseg_last_error(), entry));
+                        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, step);
+                        if (!step)
+                            fixture_check(&f, false);
+                        st = step ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD);
+                        assert_int_equal(st, XSEG_SUCCESS); /* the retry */
+                    }
+                    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, !step);
+                }
+                fixture_check(&f, false);
+                /* A failed unregister or free is retried here: nothing pinned is left. */
+                assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
+                fixture_free(&f);
+            }
+        }
+    }
+    assert_nothing_held();
+}
+
 static int count_fds(void)
 {
     int n = 0;
@@ -1223,7 +1314,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_ipc),        cmocka_unit_test(test_sleep_ipc_faults),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
-        cmocka_unit_test(test_idle_thread_race),
+        cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
+        cmocka_unit_test(test_sleep_host_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

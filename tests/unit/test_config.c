@@ -222,10 +222,18 @@ static void test_pinned_ignored(void **state)
     (void)state;
     struct cfg def;
     cfg_default(&def);
-    struct cfg c = parse_ok("pinned_use_cuda_host_register:True,pinned_num_register_threads:8,"
-                            "pinned_use_background_threads:False,pinned_reserve_segment_size_mb:64,"
-                            "pinned_free_catch_all:True,pinned_use_hip_host_register:False");
+    struct cfg c = parse_ok("pinned_reserve_segment_size_mb:64,pinned_free_catch_all:True");
     assert_memory_equal(&c, &def, sizeof c);
+    /* The keys xseg's host allocator honours (core/hostalloc.c). */
+    c = parse_ok("pinned_use_cuda_host_register:True,pinned_num_register_threads:8,"
+                 "pinned_use_background_threads:True");
+    assert_true(c.pinned_use_cuda_host_register);
+    assert_int_equal(c.pinned_num_register_threads, 8);
+    assert_true(c.pinned_use_background_threads);
+    c = parse_ok("pinned_use_hip_host_register:True,sleep_keep_host_backup:True");
+    assert_true(c.pinned_use_cuda_host_register);
+    assert_true(c.sleep_keep_host_backup);
+    assert_int_equal(def.pinned_num_register_threads, 1);
     parse_bad("pinned_num_register_threads:3", "pinned_num_register_threads", "power of 2");
     parse_bad("pinned_num_register_threads:256", "pinned_num_register_threads", "128");
     parse_bad("pinned_use_cuda_host_register:1", "pinned_use_cuda_host_register", "True or False");

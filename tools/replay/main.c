@@ -8,6 +8,7 @@
  * program once per (trace, mode) with --child, reading back its JSON lines and timeline file.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -16,12 +17,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "tools/replay/plot.h"
 #include "tools/replay/report.h"
 #include "tools/replay/runner.h"
+#include "tools/replay/snapshot.h"
 #include "tools/replay/trace.h"
 #include "tools/replay/workloads.h"
 
@@ -31,6 +35,10 @@
 #ifndef XSEG_REPLAY_LIBDIR
 #define XSEG_REPLAY_LIBDIR "/usr/local/lib"
 #endif
+
+/* --min-device answers to the page granularity: xseg maps 2 MiB pages, so a smaller step would
+ * only repeat probes (docs/trace-format.md). */
+#define MIN_DEVICE_GRANULE ((uint64_t)2 << 20)
 
 struct cli {
     const char *config;
@@ -48,7 +56,10 @@ struct cli {
     const char *snapshot; /* --snapshot FILE */
     int history;          /* --history */
     const char **traces;
+    const char **names;     /* what tables and messages call each trace (a snapshot: "F (device N)") */
     int ntraces;
+    int device;             /* --device N: that device of each snapshot only; -1 every device */
+    uint64_t step;          /* --step: the --min-device resolution, a multiple of 2 MiB */
 };
 
 static void usage(FILE *f)
@@ -59,8 +70,9 @@ static void usage(FILE *f)
         "With no TRACE: the bundled workloads, classic and expandable mode side by side.\n"
         "\n"
         "TRACE is a file in the trace language, an RMM CSV log (Thread,Time,Action,Pointer,Size,Stream),\n"
-        "or builtin:NAME for a bundled workload (see --list). PyTorch snapshots convert with\n"
-        "xseg-snapshot2trace SNAPSHOT.pickle > FILE.trace (tools/snapshot2trace.py in the source tree).\n"
+        "a PyTorch snapshot (torch.cuda.memory._dump_snapshot; told by its first byte, whatever its name;\n"
+        "every device that holds data is replayed as a trace of its own; needs python3 to run the\n"
+        "data-only converter xseg-snapshot2trace), or builtin:NAME for a bundled workload (see --list).\n"
         "The trace language in full: docs/trace-format.md.\n"
         "\n"
         "options:\n"
@@ -78,10 +90,12 @@ static void usage(FILE *f)
         "                       each `snapshot LABEL` action to FILE with .LABEL before its extension\n"
         "                       (the label as a file name: bytes outside A-Za-z0-9._- become _);\n"
         "                       with several replays, .MODE (and .N for the Nth trace) is inserted\n"
+        "  --device N           of a PyTorch snapshot, replay device N only (default: every device)\n"
         "  --device-mem SIZE    device memory on the emulator (default 80G)\n"
-        "  --min-device         the smallest emulated device (64 MiB steps, up to --device-mem) on\n"
-        "                       which the trace replays with no failed allocation, per mode (with\n"
+        "  --min-device         the smallest emulated device (to 2 MiB, up to --device-mem) on which\n"
+        "                       the trace replays with no failed allocation, per mode (with\n"
         "                       --compare: classic and expandable); bisection, one child per probe\n"
+        "  --step SIZE          --min-device's resolution (default 2MiB; a multiple of 2 MiB)\n"
         "  --seed N             seed of the bundled workload generators (default 1)\n"
         "  --check              parse the traces, report errors, replay nothing\n"
         "  --dump               print a trace (e.g. builtin:training) in the trace language\n"
@@ -127,12 +141,53 @@ static int is_opt(const char *arg, const char *name)
     return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
+/* The options about devices and the traces' names: --device-mem, --device, --step and the
+ * internal --source-name. Returns 0, or usage_error's status. */
+static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const char **source_name)
+{
+    const char *a = argv[*i], *v;
+    char e[TRACE_ERR_MAX];
+    if (is_opt(a, "--device-mem")) {
+        if (!(c->device_mem = opt_value(argc, argv, i, "--device-mem")))
+            return usage_error("%s needs a size (e.g. 80G)", a);
+        uint64_t b;
+        char norm[64];
+        if (trace_parse_size(c->device_mem, strlen(c->device_mem), &b, e, sizeof e) || b == 0)
+            return usage_error("--device-mem: bad size '%s' (e.g. 80G, 81920MiB)", c->device_mem);
+        snprintf(norm, sizeof norm, "%llu", (unsigned long long)b);
+        c->device_mem = strdup(norm); /* cudaemu reads bytes or K/M/G/T */
+    } else if (is_opt(a, "--device")) {
+        char *end;
+        if (!(v = opt_value(argc, argv, i, "--device")))
+            return usage_error("%s needs a device number", a);
+        errno = 0;
+        long d = strtol(v, &end, 10);
+        if (!*v || *end || errno || d < 0 || d > 65535)
+            return usage_error("--device: '%s' is not a device number (0, 1, ...)", v);
+        c->device = (int)d;
+    } else if (is_opt(a, "--step")) {
+        if (!(v = opt_value(argc, argv, i, "--step")))
+            return usage_error("%s needs a size (e.g. 64MiB)", a);
+        if (trace_parse_size(v, strlen(v), &c->step, e, sizeof e) || c->step == 0 || c->step % MIN_DEVICE_GRANULE)
+            return usage_error("--step: '%s' is not a positive multiple of 2MiB (the page granularity)", v);
+    } else if (!(*source_name = opt_value(argc, argv, i, "--source-name"))) {
+        return usage_error("%s needs a name", a); /* internal: a child's trace's name in tables */
+    }
+    return 0;
+}
+
 static int parse_cli(int argc, char **argv, struct cli *c)
 {
     memset(c, 0, sizeof *c);
     c->seed = 1;
     c->progress = -1;
+    c->device = -1;
+    c->step = MIN_DEVICE_GRANULE;
     c->traces = calloc((size_t)argc + 1, sizeof *c->traces);
+    c->names = calloc((size_t)argc + 1, sizeof *c->names);
+    if (!c->traces || !c->names)
+        return usage_error("%s", "out of host memory");
+    const char *source_name = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -188,16 +243,11 @@ static int parse_cli(int argc, char **argv, struct cli *c)
         } else if (is_opt(a, "--plot")) {
             if (!(c->plot = opt_value(argc, argv, &i, "--plot")))
                 return usage_error("%s needs a file name", a);
-        } else if (is_opt(a, "--device-mem")) {
-            if (!(c->device_mem = opt_value(argc, argv, &i, "--device-mem")))
-                return usage_error("%s needs a size (e.g. 80G)", a);
-            uint64_t b;
-            char e[TRACE_ERR_MAX];
-            char norm[64];
-            if (trace_parse_size(c->device_mem, strlen(c->device_mem), &b, e, sizeof e) || b == 0)
-                return usage_error("--device-mem: bad size '%s' (e.g. 80G, 81920MiB)", c->device_mem);
-            snprintf(norm, sizeof norm, "%llu", (unsigned long long)b);
-            c->device_mem = strdup(norm); /* cudaemu reads bytes or K/M/G/T */
+        } else if (is_opt(a, "--device-mem") || is_opt(a, "--device") || is_opt(a, "--step") ||
+                   is_opt(a, "--source-name")) {
+            int rc = parse_device_opt(argc, argv, &i, c, &source_name);
+            if (rc)
+                return rc;
         } else if (is_opt(a, "--seed")) {
             char *end;
             if (!(v = opt_value(argc, argv, &i, "--seed")))
@@ -215,6 +265,8 @@ static int parse_cli(int argc, char **argv, struct cli *c)
             c->traces[c->ntraces++] = a;
         }
     }
+    for (int t = 0; t < c->ntraces; t++)
+        c->names[t] = source_name && c->ntraces == 1 ? source_name : c->traces[t];
     return 0;
 }
 
@@ -263,8 +315,18 @@ static int find_driver(const struct cli *c)
     return 0;
 }
 
+/* Call @p t by @p name in tables and messages (a converted snapshot's "FILE (device N)"). */
+static void name_trace(struct trace *t, const char *name)
+{
+    char *n = name && t->source && strcmp(name, t->source) ? strdup(name) : NULL;
+    if (n) {
+        free(t->source);
+        t->source = n;
+    }
+}
+
 /* One (trace, mode) replay in this process. */
-static int replay_here(const struct cli *c, const char *spec)
+static int replay_here(const struct cli *c, const char *spec, const char *name)
 {
     char err[TRACE_ERR_MAX];
     struct trace t;
@@ -272,6 +334,7 @@ static int replay_here(const struct cli *c, const char *spec)
         fprintf(stderr, "xseg-replay: %s\n", err);
         return 1;
     }
+    name_trace(&t, name);
     if (run_init(c->config, err, sizeof err)) {
         fprintf(stderr, "xseg-replay: %s\n", err);
         trace_destroy(&t);
@@ -331,10 +394,10 @@ struct child_result {
 /* The command line of a child: its arguments and the strings they point into. */
 struct child_args {
     char cfg[1024], seed[32], pool[16];
-    const char *argv[32];
+    const char *argv[40];
 };
 
-static void child_argv(const struct cli *c, const char *self, const char *spec, const char *mode_cfg,
+static void child_argv(const struct cli *c, const char *self, const char *spec, const char *name, const char *mode_cfg,
                        const char *tl_path, const char *device_mem, const char *snap_path,
                        struct child_args *ca)
 {
@@ -374,6 +437,10 @@ static void child_argv(const struct cli *c, const char *self, const char *spec, 
         argv[k++] = "--snapshot";
         argv[k++] = snap_path;
     }
+    if (name && strcmp(name, spec)) {
+        argv[k++] = "--source-name";
+        argv[k++] = name;
+    }
     argv[k++] = spec;
     argv[k] = NULL;
 }
@@ -410,7 +477,7 @@ static void child_read(const struct cli *c, FILE *in, struct child_result *r)
 }
 
 /* Run one (trace, mode) in a child process and collect its JSON lines. */
-static void run_child(const struct cli *c, const char *spec, const char *mode_cfg, const char *tl_path,
+static void run_child(const struct cli *c, const char *spec, const char *name, const char *mode_cfg, const char *tl_path,
                       const char *device_mem, int quiet, const char *snap_path, struct child_result *r)
 {
     memset(r, 0, sizeof *r);
@@ -422,7 +489,7 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
     }
     self[n] = '\0';
     struct child_args ca;
-    child_argv(c, self, spec, mode_cfg, tl_path, device_mem, snap_path, &ca);
+    child_argv(c, self, spec, name, mode_cfg, tl_path, device_mem, snap_path, &ca);
     int fds[2];
     if (pipe(fds)) {
         r->rc = -1;
@@ -468,11 +535,9 @@ static void run_child(const struct cli *c, const char *spec, const char *mode_cf
 static const char *const cmp_modes[2][2] = {{"classic", "expandable_segments:False"},
                                             {"expandable", "expandable_segments:True"}};
 
-#define MIN_DEVICE_STEP ((uint64_t)64 << 20)
-
 /* Does @p spec replay with no failed allocation on a device of @p bytes? 1 yes, 0 no, -1 the
  * replay itself stopped (a bad trace, a crash): no answer. */
-static int fits_on(const struct cli *c, const char *spec, const char *mode_cfg, uint64_t bytes,
+static int fits_on(const struct cli *c, const char *spec, const char *name, const char *mode_cfg, uint64_t bytes,
                    struct child_result *r)
 {
     char mem[32];
@@ -481,7 +546,7 @@ static int fits_on(const struct cli *c, const char *spec, const char *mode_cfg, 
     q.marks = RUN_MARKS_NONE;
     q.progress = 0;
     q.history = 0; /* a fit probe records nothing and writes no snapshot */
-    run_child(&q, spec, mode_cfg, NULL, mem, 1, NULL, r);
+    run_child(&q, spec, name, mode_cfg, NULL, mem, 1, NULL, r);
     free(r->marks);
     r->marks = NULL;
     if (r->rc != 0 || !r->have_summary)
@@ -490,31 +555,35 @@ static int fits_on(const struct cli *c, const char *spec, const char *mode_cfg, 
 }
 
 /*
- * --min-device: for each trace and mode, the smallest device (a multiple of 64 MiB, at most
- * --device-mem) on which the replay has no failed allocation. A first run on the largest device
- * gives the peak allocated (no device below it can fit, so bisection starts at the 64 MiB
- * multiple under it); then bisection. Fitting is assumed monotonic in the device size, which
- * holds for these policies in practice but is not guaranteed: the answer is the smallest size
- * the bisection found to fit, with the next step below it found not to fit.
+ * --min-device: for each trace and mode, the smallest device (a multiple of --step, 2 MiB unless
+ * coarsened, at most --device-mem) on which the replay has no failed allocation. A first run on
+ * the largest device gives the peak allocated (no device below it can fit, so bisection starts at
+ * the step under it) and the peak reserved there (a device of that size is probed first: it
+ * usually fits, which leaves a short range to bisect); then bisection. Fitting is assumed
+ * monotonic in the device size, which holds for these policies in practice but is not
+ * guaranteed: the answer is the smallest size the bisection found to fit, with the step below it
+ * found not to fit.
  */
 static int min_device_children(const struct cli *c)
 {
     size_t nmodes = c->compare ? 2 : 1;
+    const uint64_t step = c->step;
     uint64_t top = 80ULL << 30;
     if (c->device_mem)
         top = strtoull(c->device_mem, NULL, 10);
-    top = top / MIN_DEVICE_STEP * MIN_DEVICE_STEP;
+    top = top / step * step;
     int rc = 0;
     if (c->summary == SUM_TEXT)
         printf("%-40s %-11s %14s %14s %7s %7s\n", "trace", "mode", "peak alloc", "min device", "ratio", "probes");
     for (int ti = 0; ti < c->ntraces; ti++) {
         for (size_t m = 0; m < nmodes; m++) {
             const char *mode_cfg = c->compare ? cmp_modes[m][1] : NULL;
+            const char *spec = c->traces[ti], *name = c->names[ti];
             struct child_result r;
             int probes = 1;
-            int f = top ? fits_on(c, c->traces[ti], mode_cfg, top, &r) : -1;
+            int f = top ? fits_on(c, spec, name, mode_cfg, top, &r) : -1;
             if (f <= 0) {
-                fprintf(stderr, "xseg-replay: %s%s%s: %s\n", c->traces[ti], c->compare ? " in " : "",
+                fprintf(stderr, "xseg-replay: %s%s%s: %s\n", name, c->compare ? " in " : "",
                         c->compare ? cmp_modes[m][0] : "",
                         f < 0 ? "the replay stopped" : "does not fit on --device-mem (raise it)");
                 run_timeline_free(&r.tl);
@@ -524,13 +593,19 @@ static int min_device_children(const struct cli *c)
             struct run_summary full = r.sum;
             run_timeline_free(&r.tl);
             uint64_t peak = full.peak_allocated > 0 ? (uint64_t)full.peak_allocated : 0;
+            uint64_t reserved = full.peak_reserved > 0 ? (uint64_t)full.peak_reserved : 0;
             /* lo: known (or certain) not to fit; hi: known to fit. */
-            uint64_t lo = peak ? (peak - 1) / MIN_DEVICE_STEP * MIN_DEVICE_STEP : 0, hi = top;
+            uint64_t lo = peak ? (peak - 1) / step * step : 0, hi = top;
+            uint64_t guess = reserved / step * step + (reserved % step ? step : 0);
             int broken = 0;
-            while (hi - lo > MIN_DEVICE_STEP) {
-                uint64_t mid = lo + (hi - lo) / MIN_DEVICE_STEP / 2 * MIN_DEVICE_STEP;
+            while (hi - lo > step) {
+                uint64_t mid = lo + (hi - lo) / step / 2 * step;
+                if (guess > lo && guess < hi) {
+                    mid = guess;
+                    guess = 0;
+                }
                 probes++;
-                f = fits_on(c, c->traces[ti], mode_cfg, mid, &r);
+                f = fits_on(c, spec, name, mode_cfg, mid, &r);
                 run_timeline_free(&r.tl);
                 if (f < 0) {
                     broken = 1;
@@ -542,19 +617,22 @@ static int min_device_children(const struct cli *c)
                     lo = mid;
             }
             if (broken) {
-                fprintf(stderr, "xseg-replay: %s: a probe's replay stopped\n", c->traces[ti]);
+                fprintf(stderr, "xseg-replay: %s: a probe's replay stopped\n", name);
                 rc = 1;
                 continue;
             }
             double ratio = peak ? (double)hi / (double)peak : 0;
             const char *mode = full.mode[0] ? full.mode : "?";
             if (c->summary == SUM_TEXT) {
-                printf("%-40s %-11s %10.3f GiB %10.3f GiB %7.3f %7d\n", c->traces[ti], mode,
+                printf("%-40s %-11s %10.3f GiB %10.3f GiB %7.4f %7d\n", name, mode,
                        (double)peak / (1 << 30), (double)hi / (1 << 30), ratio, probes);
             } else if (c->summary == SUM_JSON) {
-                printf("{\"trace\":\"%s\",\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,"
-                       "\"ratio\":%.4f,\"probes\":%d}\n",
-                       full.trace, mode, (unsigned long long)peak, (unsigned long long)hi, ratio, probes);
+                printf("{\"trace\":");
+                report_json_string(stdout, full.trace);
+                printf(",\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,"
+                       "\"ratio\":%.4f,\"step\":%llu,\"probes\":%d}\n",
+                       mode, (unsigned long long)peak, (unsigned long long)hi, ratio,
+                       (unsigned long long)step, probes);
             }
             fflush(stdout);
         }
@@ -564,7 +642,7 @@ static int min_device_children(const struct cli *c)
 
 static int replay_children(const struct cli *c)
 {
-        size_t nmodes = c->compare ? 2 : 1;
+    size_t nmodes = c->compare ? 2 : 1;
     size_t nt = (size_t)c->ntraces;
     struct child_result *res = calloc(nt * nmodes, sizeof *res);
     struct plot_panel *panels = calloc(nt, sizeof *panels);
@@ -586,16 +664,16 @@ static int replay_children(const struct cli *c)
                      nt > 1 ? ti + 1 : 0);
             if (c->snapshot)
                 run_snapshot_path(c->snapshot, tag, snap, sizeof snap);
-            run_child(c, c->traces[ti], c->compare ? cmp_modes[m][1] : NULL, c->plot ? tl_path : NULL, NULL, 0,
+            run_child(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, c->plot ? tl_path : NULL, NULL, 0,
                       c->snapshot ? (tag[0] ? snap : c->snapshot) : NULL, r);
             if (r->rc != 0 || !r->have_summary) {
-                fprintf(stderr, "xseg-replay: %s%s%s: the replay stopped (exit status %d)\n", c->traces[ti],
+                fprintf(stderr, "xseg-replay: %s%s%s: the replay stopped (exit status %d)\n", c->names[ti],
                         c->compare ? " in " : "", c->compare ? cmp_modes[m][0] : "", r->rc);
                 rc = 1;
             }
             if (!r->have_summary) {
                 snprintf(r->sum.mode, sizeof r->sum.mode, "%s", c->compare ? cmp_modes[m][0] : "?");
-                snprintf(r->sum.trace, sizeof r->sum.trace, "%s", c->traces[ti]);
+                snprintf(r->sum.trace, sizeof r->sum.trace, "%s", c->names[ti]);
             }
             if (c->summary == SUM_JSON && r->have_summary)
                 report_summary_json(stdout, &r->sum);
@@ -613,9 +691,9 @@ static int replay_children(const struct cli *c)
                 marks[m] = row[m].marks;
                 nmarks[m] = c->marks == RUN_MARKS_TABLE ? row[m].nmarks : 0;
             }
-            report_compare_text(stdout, c->traces[ti], sums, marks, nmarks, nmodes, c->pool);
+            report_compare_text(stdout, c->names[ti], sums, marks, nmarks, nmodes, c->pool);
         }
-        panels[ti] = (struct plot_panel){c->traces[ti], row[0].sum.actions, &series[ti * nmodes], nmodes};
+        panels[ti] = (struct plot_panel){c->names[ti], row[0].sum.actions, &series[ti * nmodes], nmodes};
         for (size_t m = 1; m < nmodes; m++)
             if (row[m].sum.actions > panels[ti].xmax)
                 panels[ti].xmax = row[m].sum.actions;
@@ -644,6 +722,8 @@ static int replay_children(const struct cli *c)
 static int dump_trace(const struct trace *t)
 {
     char sz[32];
+    unsigned char *shown = NULL; /* stacks whose frames are printed already */
+    size_t nshown = 0;
     for (size_t i = 0; i < t->count; i++) {
         const struct trace_action *a = &t->actions[i];
         const char *sname = a->stream >= 0 ? t->streams.names[a->stream] : "default";
@@ -651,8 +731,6 @@ static int dump_trace(const struct trace *t)
         case TRACE_STREAM: printf("stream %s\n", sname); break;
         case TRACE_ALLOC:
             if (a->stack) { /* its frames first, once per stack */
-                static unsigned char *shown;
-                static size_t nshown;
                 if (!shown) {
                     nshown = t->stack_names.count;
                     shown = calloc(nshown + 1, 1);
@@ -734,6 +812,142 @@ static int dump_trace(const struct trace *t)
         case TRACE_WORK: printf("work @%s\n", sname); break;
         }
     }
+    free(shown);
+    return 0;
+}
+
+/* The folder of converted snapshots, removed at exit and on a fatal signal with what is in it. */
+static char snapshot_tmp[64];
+
+/* Remove the files and folders in the folder @p fd (closed here), two levels deep: our own
+ * mkdtemp folder holds a subfolder per snapshot, trace files in them. Only system calls that are
+ * async-signal-safe (getdents64, unlinkat, openat, close), so a signal handler may call it. */
+static void remove_entries(int fd, int depth)
+{
+    char buf[4096];
+    long n;
+    while (fd >= 0 && (n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            struct linux_dirent64 {
+                uint64_t ino;
+                int64_t off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *e = (void *)(buf + off);
+            off += e->reclen;
+            if (e->name[0] == '.' && (!e->name[1] || (e->name[1] == '.' && !e->name[2])))
+                continue;
+            if (e->type == DT_DIR && depth > 0) {
+                remove_entries(openat(fd, e->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW), depth - 1);
+                unlinkat(fd, e->name, AT_REMOVEDIR);
+            } else {
+                unlinkat(fd, e->name, 0);
+            }
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+}
+
+static void snapshot_tmp_remove(void)
+{
+    if (!snapshot_tmp[0])
+        return;
+    remove_entries(open(snapshot_tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW), 1);
+    rmdir(snapshot_tmp);
+}
+
+/* Interrupted (Ctrl-C, kill): the converter (if it runs) stops first, the converted traces go,
+ * then the signal does what it does. */
+static void snapshot_tmp_signal(int sig)
+{
+    pid_t conv = snapshot_converter_pid;
+    if (conv > 0) {
+        kill(conv, SIGKILL);
+        waitpid(conv, NULL, 0);
+    }
+    snapshot_tmp_remove();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/*
+ * Replace each PyTorch snapshot among the traces (told by its first byte) by one converted trace
+ * per device that holds data (--device N: that one), named "FILE (device N)" in what is printed.
+ * Returns 0, or 1 after the one-line message of what was wrong.
+ */
+static int expand_snapshots(struct cli *c)
+{
+    int any = 0;
+    for (int i = 0; i < c->ntraces; i++) {
+        const char *spec = c->traces[i];
+        if (!strncmp(spec, "builtin:", 8) || !snapshot_is_pickle(spec))
+            continue;
+        any = 1;
+        if (!snapshot_tmp[0]) {
+            const char *tmp = getenv("TMPDIR");
+            snprintf(snapshot_tmp, sizeof snapshot_tmp, "%s/xseg-replay-XXXXXX",
+                     tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+            if (!mkdtemp(snapshot_tmp)) {
+                fprintf(stderr, "xseg-replay: cannot make a folder for the converted snapshot (%s): %m\n",
+                        snapshot_tmp);
+                snapshot_tmp[0] = '\0';
+                return 1;
+            }
+            atexit(snapshot_tmp_remove);
+            struct sigaction sa = {.sa_handler = snapshot_tmp_signal};
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGINT, &sa, NULL);
+            sigaction(SIGTERM, &sa, NULL);
+            sigaction(SIGHUP, &sa, NULL);
+        }
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%d", snapshot_tmp, i);
+        if (mkdir(dir, 0700)) {
+            fprintf(stderr, "xseg-replay: cannot make %s: %m\n", dir);
+            return 1;
+        }
+        struct snapshot_device *devs;
+        size_t n;
+        char err[TRACE_ERR_MAX];
+        if (snapshot_convert(spec, c->device, c->history, dir, &devs, &n, err, sizeof err)) {
+            if (err[0])
+                fprintf(stderr, "xseg-replay: %s\n", err);
+            return 1;
+        }
+        size_t total = (size_t)c->ntraces - 1 + n;
+        const char **traces = calloc(total + 1, sizeof *traces), **names = calloc(total + 1, sizeof *names);
+        if (!traces || !names) {
+            free(traces);
+            free(names);
+            snapshot_devices_free(devs, n);
+            fprintf(stderr, "xseg-replay: out of host memory\n");
+            return 1;
+        }
+        size_t k = 0;
+        for (int j = 0; j < i; j++, k++)
+            traces[k] = c->traces[j], names[k] = c->names[j];
+        for (size_t d = 0; d < n; d++, k++) { /* the strings stay to the end, like the arrays */
+            traces[k] = devs[d].trace_path, names[k] = devs[d].name;
+            devs[d].trace_path = devs[d].name = NULL;
+        }
+        for (int j = i + 1; j < c->ntraces; j++, k++)
+            traces[k] = c->traces[j], names[k] = c->names[j];
+
+        snapshot_devices_free(devs, n);
+        free((void *)c->traces);
+        free((void *)c->names);
+        c->traces = traces;
+        c->names = names;
+        c->ntraces = (int)total;
+        i += (int)n - 1;
+    }
+    if (c->device >= 0 && !any && !c->child) {
+        fprintf(stderr, "xseg-replay: --device %d: no PyTorch snapshot among the traces (--device picks a "
+                "device of a snapshot)\n", c->device);
+        return 1;
+    }
     return 0;
 }
 
@@ -749,10 +963,14 @@ int main(int argc, char **argv)
             return usage_error("%s needs a TRACE", c.check ? "--check" : "--dump");
         static const char *defaults[] = {"builtin:training", "builtin:inference"};
         free((void *)c.traces);
+        free((void *)c.names);
         c.traces = defaults;
+        c.names = defaults;
         c.ntraces = 2;
         c.compare = 1;
     }
+    if (expand_snapshots(&c))
+        return 1;
     if (c.check || c.dump) {
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;
@@ -762,6 +980,9 @@ int main(int argc, char **argv)
                 rc = 1;
                 continue;
             }
+            name_trace(&t, c.names[i]);
+            if (c.dump && c.ntraces > 1)
+                printf("# %s\n", t.source);
             if (c.dump)
                 dump_trace(&t);
             else
@@ -790,6 +1011,6 @@ int main(int argc, char **argv)
     if (c.min_device && !c.child)
         return min_device_children(&c);
     if (c.child || (!c.compare && c.ntraces == 1))
-        return replay_here(&c, c.traces[0]);
+        return replay_here(&c, c.traces[0], c.names[0]);
     return replay_children(&c);
 }

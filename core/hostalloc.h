@@ -1,0 +1,47 @@
+/*
+ * The pinned host caching allocator (xseg_host_malloc & co., and the backups of sleeping pools):
+ * pinned segments from the driver (cuMemHostAlloc, or host pages pinned with cuMemHostRegister
+ * under pinned_use_cuda_host_register), carved into blocks that are split and merged like device
+ * blocks, sizes rounded to 512 B rather than to powers of two. A freed block that streams used
+ * (hostalloc_record_stream) returns to the cache only once an event recorded on each of them at
+ * the free has completed (queried, never waited for).
+ *
+ * State: process-wide, owned here, under its own mutex (fork rank FORK_RANK_HOSTALLOC: callers
+ * may hold a device lock). Driver calls run with the context the caller names current (pinned
+ * memory is PORTABLE: any context may free it), events with their stream's context.
+ */
+#ifndef XSEG_CORE_HOSTALLOC_H
+#define XSEG_CORE_HOSTALLOC_H
+
+#include <cuda.h>
+#include <stdbool.h>
+
+#include "base/common.h"
+
+/* A block of at least @p size bytes (> 0) into *out; a cached block when one fits, else a new
+ * pinned segment with @p ctx current. OUT_OF_MEMORY (host or pinned) naming the size. */
+xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out);
+
+/* Free @p p (a block of hostalloc_malloc; NULL: nothing). INVALID_VALUE naming it when it is not
+ * one. With @p release, a segment left wholly free goes back to the driver at once (a backup the
+ * configuration does not keep), else it stays cached. */
+xseg_status hostalloc_free(void *p, bool release);
+
+/* @p stream (of context @p ctx) uses block @p p: its free waits for the stream's work. */
+xseg_status hostalloc_record_stream(void *p, CUcontext ctx, CUstream stream);
+
+/* Give every wholly free cached segment back to the driver (after returning the blocks whose
+ * events completed); the first driver failure is reported, the rest is still released. */
+xseg_status hostalloc_empty_cache(void);
+
+/* Statistics under PyTorch's host keys (torch.cuda.host_memory_stats()). */
+xseg_status hostalloc_stat(const char *key, int64_t *value);
+const char *hostalloc_stat_key(size_t index);
+/* Reset every peak to its current value. */
+void hostalloc_reset_peaks(void);
+
+/* Start or stop the event thread as pinned_use_background_threads says (called by the public
+ * entry points, holding no lock). */
+void hostalloc_sync_thread(void);
+
+#endif
