@@ -19,11 +19,11 @@ xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream
 static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {
     /* Every rare case goes to one out-of-line call with the same arguments, so this needs no
-     * stack frame. rt_ndevices is written once, before rt_ready is released. */
+     * stack frame. xseg_rt.rt.ndevices is written once, before .ready is released. */
     struct dev_alloc *d = NULL;
-    if (XSEG_LIKELY(ptr && size && atomic_load_explicit(&rt_ready, memory_order_acquire) &&
-                    (unsigned)device < (unsigned)rt_ndevices))
-        d = atomic_load_explicit(&rt_devs[device], memory_order_acquire);
+    if (XSEG_LIKELY(ptr && size && atomic_load_explicit(&xseg_rt.rt.ready, memory_order_acquire) &&
+                    (unsigned)device < (unsigned)xseg_rt.rt.ndevices))
+        d = atomic_load_explicit(&xseg_rt.rt.devs[device], memory_order_acquire);
     if (XSEG_UNLIKELY(!d))
         return api_malloc_slow(ptr, size, device, stream);
     *ptr = NULL;

@@ -35,13 +35,38 @@ XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts
     return XSEG_SUCCESS;
 }
 
-XSEG_API xseg_status xseg_dump_snapshot(int device, const char *path) { return snapshot_write(device, path, false); }
+/* The writers' arguments, checked here so that core/snapshot.c trusts its callers: a non-empty
+ * @p path, the runtime initialized, @p device -1 (all) or a device the driver reports. */
+static xseg_status check_writer(const char *what, int device, const char *path)
+{
+    if (!path || !*path)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: path is %s", what, path ? "empty" : "NULL");
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    int ndev = rt_device_count();
+    if (device < -1 || device >= ndev)
+        return err_set(XSEG_ERROR_INVALID_DEVICE, "%s: invalid device %d: the driver reports %d device%s", what,
+                       device, ndev, ndev == 1 ? "" : "s");
+    return XSEG_SUCCESS;
+}
+
+XSEG_API xseg_status xseg_dump_snapshot(int device, const char *path)
+{
+    xseg_status st = check_writer("xseg_dump_snapshot", device, path);
+    return st == XSEG_SUCCESS ? snapshot_write(device, path, false) : st;
+}
 
 XSEG_API xseg_status xseg_dump_snapshot_json(int device, const char *path)
 {
-    return snapshot_write(device, path, true);
+    xseg_status st = check_writer("xseg_dump_snapshot_json", device, path);
+    return st == XSEG_SUCCESS ? snapshot_write(device, path, true) : st;
 }
 
 XSEG_API xseg_status xseg_set_oom_snapshot(const char *path) { return snapshot_set_oom_path(path); }
 
-XSEG_API xseg_status xseg_dump_trace(int device, const char *path) { return snapshot_write_trace(device, path); }
+XSEG_API xseg_status xseg_dump_trace(int device, const char *path)
+{
+    xseg_status st = check_writer("xseg_dump_trace", device, path);
+    return st == XSEG_SUCCESS ? snapshot_write_trace(device, path) : st;
+}

@@ -34,13 +34,21 @@ static void arena_advise(char *p, size_t n, bool huge)
 #endif
 }
 
-/* A new reservation, PROT_NONE (no commit charge even where overcommit is strict), 2 MiB-aligned. */
-static bool arena_reserve(struct arena *a)
+/* Bytes one reservation spans (0: too large). */
+static size_t arena_span(const struct arena *a)
 {
     size_t n = a->reserve ? a->reserve : ARENA_RESERVE;
     if (n > SIZE_MAX / 4)
+        return 0;
+    return (n + HUGEMEM_PAGE - 1) & ~(HUGEMEM_PAGE - 1);
+}
+
+/* A new reservation, PROT_NONE (no commit charge even where overcommit is strict), 2 MiB-aligned. */
+static bool arena_reserve(struct arena *a)
+{
+    size_t n = arena_span(a);
+    if (!n || (a->base && a->nold == ARENA_OLD_MAX))
         return false;
-    n = (n + HUGEMEM_PAGE - 1) & ~(HUGEMEM_PAGE - 1);
     char *raw = mmap(NULL, n + HUGEMEM_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (raw == MAP_FAILED)
         return false;
@@ -56,6 +64,8 @@ static bool arena_reserve(struct arena *a)
     __lsan_register_root_region(p, n);
 #endif
     /* A full reservation's ranges still on 4 KiB pages stay so (khugepaged may collapse them). */
+    if (a->base)
+        a->old[a->nold++] = a->base;
     a->base = a->next = a->writable = p;
     a->end = p + n;
     a->collapse = a->collapse_end = p;
@@ -108,4 +118,22 @@ void *arena_take(struct arena *a, size_t bytes)
     a->next += bytes;
     a->used += bytes;
     return p;
+}
+
+static void arena_unmap(char *p, size_t n)
+{
+#ifdef ARENA_LSAN
+    __lsan_unregister_root_region(p, n);
+#endif
+    munmap(p, n);
+}
+
+void arena_release(struct arena *a)
+{
+    size_t n = arena_span(a);
+    for (unsigned i = 0; i < a->nold; i++)
+        arena_unmap(a->old[i], n);
+    if (a->base)
+        arena_unmap(a->base, n);
+    *a = (struct arena){.reserve = a->reserve, .huge_div = a->huge_div};
 }

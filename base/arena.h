@@ -11,7 +11,8 @@
  * collapsed (MADV_COLLAPSE) two per new range, so no call stalls for more than two 2 MiB copies.
  * The addresses never change: pointers into the arena stay valid throughout.
  *
- * Not thread-safe: its owner serializes the calls (the device lock).
+ * Not thread-safe: its owner serializes the calls (the device lock). arena_release gives it all
+ * back at once (xseg_shutdown).
  */
 #ifndef XSEG_BASE_ARENA_H
 #define XSEG_BASE_ARENA_H
@@ -38,6 +39,11 @@ struct arena {
     bool huge;       /* advised MADV_HUGEPAGE (the current reservation and any later one) */
     bool broken;     /* a reservation failed: no more tries, callers use calloc */
     size_t collapsed; /* 2 MiB ranges moved onto huge pages by MADV_COLLAPSE */
+    /* The full reservations before the current one, for arena_release: after ARENA_OLD_MAX of
+     * them (16 GiB of structs) the arena is broken and callers use calloc. */
+#define ARENA_OLD_MAX 15
+    char *old[ARENA_OLD_MAX];
+    unsigned nold;
 };
 
 #define ARENA_INIT {.huge_div = 16}
@@ -46,5 +52,8 @@ struct arena {
  * when no address space can be reserved or the kernel refuses to make it writable (then the
  * caller uses calloc: the arena is a speed-up, never a requirement). */
 void *arena_take(struct arena *a, size_t bytes);
+/* Unmap every reservation (whatever was handed out is gone) and start again as ARENA_INIT with
+ * the same reserve and huge_div. */
+void arena_release(struct arena *a);
 
 #endif

@@ -21,21 +21,21 @@
 #include <pthread.h>
 
 enum fork_rank {
-    FORK_RANK_IDLE_CTL,     /* core/idle.c idle_ctl_lock: held across the join of the idle thread */
+    FORK_RANK_IDLE_CTL,     /* core/idle.c xseg_rt.idle.ctl_lock: held across the join */
     FORK_RANK_HOSTALLOC_CTL, /* core/hostalloc.c hc_ctl_lock: starting and joining its thread */
-    FORK_RANK_RUNTIME,      /* core/runtime.c rt_lock: init (driver load, settings_apply), device table */
-    FORK_RANK_IDLE,         /* core/idle.c idle_lock: the thread's stop flag and wait */
+    FORK_RANK_RUNTIME,      /* core/runtime.c xseg_rt.rt.lock: init, settings_apply, device table */
+    FORK_RANK_IDLE,         /* core/idle.c xseg_rt.idle.lock: the thread's stop flag and wait */
     FORK_RANK_DEVICE,       /* (not a mutex) the per-device locks, base/lock.h: never taken here */
     FORK_RANK_HOSTALLOC,    /* core/hostalloc.c hc_lock: the host cache (sleep takes it under a device lock) */
-    FORK_RANK_OBSERVERS,    /* core/observe.c obs_lock: under a device lock; takes vmm's below */
-    FORK_RANK_SETTINGS,     /* core/settings.c settings_lock */
-    FORK_RANK_CALLBACKS,    /* core/settings.c cb_lock */
-    FORK_RANK_HISTORY,      /* core/history.c hist_lock */
-    FORK_RANK_OOM_SNAPSHOT, /* core/snapshot.c oom_lock */
-    FORK_RANK_IPC_IMPORTS,  /* core/ipc.c ipc_imports_lock */
-    FORK_RANK_VMM_LEFT,     /* vmm/segment.c left_lock */
-    FORK_RANK_VMM_CURSOR,   /* vmm/segment.c seg_cursor_lock */
-    FORK_RANK_VMM_HOST,     /* vmm/host.c host_left_lock */
+    FORK_RANK_OBSERVERS,    /* core/observe.c xseg_rt.obs.lock: under a device lock; takes vmm's below */
+    FORK_RANK_SETTINGS,     /* core/settings.c xseg_rt.settings.lock */
+    FORK_RANK_CALLBACKS,    /* core/settings.c xseg_rt.settings.cb_lock */
+    FORK_RANK_HISTORY,      /* core/history.c xseg_rt.hist.lock */
+    FORK_RANK_OOM_SNAPSHOT, /* core/snapshot.c xseg_rt.oom.lock */
+    FORK_RANK_IPC_IMPORTS,  /* core/ipc.c xseg_rt.ipc.imports_lock */
+    FORK_RANK_VMM_LEFT,     /* vmm/segment.c seg_proc.left_lock */
+    FORK_RANK_VMM_CURSOR,   /* vmm/segment.c seg_proc.cursor_lock */
+    FORK_RANK_VMM_HOST,     /* vmm/host.c host_proc.lock */
     FORK_RANK_COUNT
 };
 
@@ -48,6 +48,10 @@ void fork_register(enum fork_rank rank, pthread_mutex_t *m, void (*child)(void))
 #define FORK_MUTEX(rank, m)                                                                       \
     __attribute__((constructor)) static void fork_register_##m(void) { fork_register(rank, &m, NULL); }
 
+/* At file scope: register the mutex lvalue @p m (a field: xseg_rt.hist.lock) at @p rank, @p tag
+ * naming the constructor. */
+#define FORK_MUTEX_AT(rank, tag, m)                                                               \
+    __attribute__((constructor)) static void fork_register_##tag(void) { fork_register(rank, &(m), NULL); }
 /* At file scope: run @p fn in a forked child, in the slot of rank @p rank (no mutex). */
 #define FORK_CHILD(rank, fn)                                                                      \
     __attribute__((constructor)) static void fork_register_##fn(void) { fork_register(rank, NULL, fn); }

@@ -6,13 +6,20 @@
 #include <stdlib.h>
 
 static const char *const rank_name[FORK_RANK_COUNT] = {
-    [FORK_RANK_IDLE_CTL] = "idle_ctl_lock",   [FORK_RANK_RUNTIME] = "rt_lock",
-    [FORK_RANK_IDLE] = "idle_lock",           [FORK_RANK_DEVICE] = "a device lock",
-    [FORK_RANK_OBSERVERS] = "obs_lock",       [FORK_RANK_SETTINGS] = "settings_lock",
-    [FORK_RANK_CALLBACKS] = "cb_lock",        [FORK_RANK_HISTORY] = "hist_lock",
-    [FORK_RANK_OOM_SNAPSHOT] = "oom_lock",    [FORK_RANK_IPC_IMPORTS] = "ipc_imports_lock",
-    [FORK_RANK_VMM_LEFT] = "left_lock",       [FORK_RANK_VMM_CURSOR] = "seg_cursor_lock",
-    [FORK_RANK_VMM_HOST] = "host_left_lock",  [FORK_RANK_HOSTALLOC_CTL] = "hc_ctl_lock",
+    [FORK_RANK_IDLE_CTL] = "xseg_rt.idle.ctl_lock",
+    [FORK_RANK_RUNTIME] = "xseg_rt.rt.lock",
+    [FORK_RANK_IDLE] = "xseg_rt.idle.lock",
+    [FORK_RANK_DEVICE] = "a device lock",
+    [FORK_RANK_OBSERVERS] = "xseg_rt.obs.lock",
+    [FORK_RANK_SETTINGS] = "xseg_rt.settings.lock",
+    [FORK_RANK_CALLBACKS] = "xseg_rt.settings.cb_lock",
+    [FORK_RANK_HISTORY] = "xseg_rt.hist.lock",
+    [FORK_RANK_OOM_SNAPSHOT] = "xseg_rt.oom.lock",
+    [FORK_RANK_IPC_IMPORTS] = "xseg_rt.ipc.imports_lock",
+    [FORK_RANK_VMM_LEFT] = "seg_proc.left_lock",
+    [FORK_RANK_VMM_CURSOR] = "seg_proc.cursor_lock",
+    [FORK_RANK_VMM_HOST] = "host_proc.lock",
+    [FORK_RANK_HOSTALLOC_CTL] = "hc_ctl_lock",
     [FORK_RANK_HOSTALLOC] = "hc_lock",
 };
 

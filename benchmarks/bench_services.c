@@ -3,7 +3,7 @@
  *
  *   CUDAEMU_LATENCY=h100 bench_services [--gib G] [--reps R]
  *   bench_services --pairs CONFIG N       (N cached pairs only: benchmarks/callgrind_services.sh)
- *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--gib G] [--reps R]   (section 5 only)
+ *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--streams S] [--gib G] [--reps R]   (section 5)
  *
  * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
  *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
@@ -51,6 +51,7 @@ static struct {
     unsigned long (*count)(const char *);
     void (*reset)(void);
     int (*latency)(const char *, uint64_t *, uint64_t *);
+    uint64_t (*model)(void);
 } emu;
 
 static const char *const entries[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease",
@@ -105,6 +106,11 @@ static double model_ms(unsigned long calls[NENTRIES], size_t copied, const char 
 
 /* Weight-like live blocks (the sizes of one transformer layer of a 7B model, in turn) up to
  * @p live bytes, and KV-like 128 MiB blocks of @p cached bytes freed again (cache). */
+/* --streams S (copy-rate only): live blocks round-robin over S streams, so the pool has S
+ * segments (a wake's copies of one overlap the mapping of the next). */
+static struct CUstream_st *fill_streams[16];
+static int fill_nstreams;
+
 static void **fill(size_t live, size_t cached, size_t *n, struct CUstream_st *kv_stream)
 {
     static const size_t sizes[] = {96 * MiB, 32 * MiB, 172 * MiB, 86 * MiB, 16 * 1024};
@@ -118,7 +124,8 @@ static void **fill(size_t live, size_t cached, size_t *n, struct CUstream_st *kv
         size_t sz = sizes[i % (sizeof sizes / sizeof sizes[0])];
         if (k == cap && !(v = realloc(v, (cap *= 2) * sizeof *v)))
             exit(1);
-        if (xseg_malloc(&v[k], sz, 0, NULL) != XSEG_SUCCESS)
+        if (xseg_malloc(&v[k], sz, 0, fill_nstreams ? fill_streams[k % (size_t)fill_nstreams] : NULL) !=
+            XSEG_SUCCESS)
             die("xseg_malloc");
         got += sz;
         k++;
@@ -155,6 +162,7 @@ static void load_emu(void)
     *(void **)&emu.count = dlsym(h, "cudaemu_call_count");
     *(void **)&emu.reset = dlsym(h, "cudaemu_counts_reset");
     *(void **)&emu.latency = dlsym(h, "cudaemu_get_latency");
+    *(void **)&emu.model = dlsym(h, "cudaemu_model_ns"); /* the timeline model (optional) */
     if (!emu.count || !emu.reset || !emu.latency)
         memset(&emu, 0, sizeof emu);
 }
@@ -260,6 +268,9 @@ static double plain_copy(void **v, const size_t *sz, size_t n, char *host, int t
 /* GiB/s of @p bytes in @p ms. */
 static double rate(size_t bytes, double ms) { return ms > 0 ? (double)bytes / (double)GiB / (ms / 1e3) : 0; }
 
+/* The timeline model's clock (cudaemu_model_ns) in ms, 0 without it. */
+static double tl_ms(void) { return emu.model ? (double)emu.model() / 1e6 : 0; }
+
 /* One size: the table rows for @p live bytes of weight-like live blocks. */
 static void copy_rate_row(size_t live, int reps)
 {
@@ -278,6 +289,7 @@ static void copy_rate_row(size_t live, int reps)
     plain_copy(v, sz, n, host, 1); /* touch the pinned pages once, as the retained backup is */
     double pd[32], ph[32], sk[32], wk[32], sn[32], wn[32];
     double mpd = 0, mph = 0, msk = 0, mwk = 0, msn = 0, mwn = 0;
+    double tpd = 0, tph = 0, tsk = 0, twk = 0, tsn = 0, twn = 0; /* timeline model, ms (deterministic) */
     unsigned long c[NENTRIES];
     int nr = reps < 32 ? reps : 32;
     for (int keep = 1; keep >= 0; keep--) {
@@ -288,22 +300,29 @@ static void copy_rate_row(size_t live, int reps)
         for (int r = -keep; r < nr; r++) { /* with keep: one warm-up cycle allocates the backup */
             if (keep && r >= 0) {
                 reset_counts();
+                double l0 = tl_ms();
                 pd[r] = plain_copy(v, sz, n, host, 1);
                 mpd = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+                tpd = tl_ms() - l0;
                 reset_counts();
+                l0 = tl_ms();
                 ph[r] = plain_copy(v, sz, n, host, 0);
                 mph = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+                tph = tl_ms() - l0;
             }
             reset_counts();
-            double t0 = now_ms();
+            double t0 = now_ms(), l0 = tl_ms();
             if (xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD) != XSEG_SUCCESS)
                 die("xseg_sleep");
-            double ts = now_ms() - t0, ms = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+            double ts = now_ms() - t0, ms = model_ms(c, bytes, "cuMemcpyDtoHAsync"), ls = tl_ms() - l0;
             reset_counts();
             t0 = now_ms();
+            l0 = tl_ms();
             if (xseg_wake(0, DEFAULT_POOL) != XSEG_SUCCESS)
                 die("xseg_wake");
-            double tw = now_ms() - t0, mw = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+            double tw = now_ms() - t0, mw = model_ms(c, bytes, "cuMemcpyHtoDAsync"), lw = tl_ms() - l0;
+            *(keep ? &tsk : &tsn) = ls;
+            *(keep ? &twk : &twn) = lw;
             if (r < 0)
                 continue;
             (keep ? sk : sn)[r] = ts;
@@ -322,6 +341,10 @@ static void copy_rate_row(size_t live, int reps)
         printf("| %.2f | modelled | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
                rate(bytes, mpd), rate(bytes, msk), mpd / msk, rate(bytes, msn), mpd / msn, rate(bytes, mph),
                rate(bytes, mwk), mph / mwk, rate(bytes, mwn), mph / mwn);
+    if (emu.model && tpd > 0)
+        printf("| %.2f | timeline | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
+               rate(bytes, tpd), rate(bytes, tsk), tpd / tsk, rate(bytes, tsn), tpd / tsn, rate(bytes, tph),
+               rate(bytes, twk), tph / twk, rate(bytes, twn), tph / twn);
     xseg_host_free(host);
     if (xseg_host_empty_cache() != XSEG_SUCCESS)
         die("xseg_host_empty_cache");
@@ -329,16 +352,34 @@ static void copy_rate_row(size_t live, int reps)
     release(v, n);
 }
 
-static int copy_rate(long gib, int reps)
+static int copy_rate(long gib, int reps, long nstreams)
 {
     bench_find_driver("bench_services");
     if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
         die("xseg_init");
     load_emu();
     load_copies();
+    if (nstreams > 1) {
+        const char *lib = getenv("XSEG_LIBCUDA");
+        void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        int (*create)(struct CUstream_st **, unsigned) = NULL;
+        if (h)
+            *(void **)&create = dlsym(h, "cuStreamCreate");
+        if (!create)
+            die("the driver lacks cuStreamCreate");
+        void *p; /* an allocation makes the device's primary context current on this thread */
+        if (xseg_malloc(&p, 512, 0, NULL) != XSEG_SUCCESS)
+            die("xseg_malloc");
+        xseg_free(p);
+        for (long i = 0; i < nstreams; i++)
+            if (create(&fill_streams[i], 0) != 0)
+                die("cuStreamCreate");
+        fill_nstreams = (int)nstreams;
+    }
     const char *lat = getenv("CUDAEMU_LATENCY");
-    printf("bench_services --copy-rate: %d repetitions, %s%s\n\n", reps,
-           emu.count ? "cudaemu, CUDAEMU_LATENCY=" : "real driver", emu.count ? (lat ? lat : "(none)") : "");
+    printf("bench_services --copy-rate: %d repetitions, %ld stream%s, %s%s\n\n", reps, nstreams,
+           nstreams == 1 ? "" : "s", emu.count ? "cudaemu, CUDAEMU_LATENCY=" : "real driver",
+           emu.count ? (lat ? lat : "(none)") : "");
     printf("| live GiB | time | plain DtoH GiB/s | sleep, kept backup | sleep, new backup | plain HtoD GiB/s | "
            "wake, kept backup | wake, new backup |\n|---|---|---|---|---|---|---|---|\n");
     copy_rate_row(GiB, reps);
@@ -351,6 +392,7 @@ int main(int argc, char **argv)
 {
     long gib = 2;
     int reps = 5;
+    long nstreams = 1;
     if (argc == 4 && !strcmp(argv[1], "--pairs"))
         return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
     bool rate_only = false;
@@ -361,13 +403,19 @@ int main(int argc, char **argv)
             gib = parse_long("--gib", i + 1 < argc ? argv[++i] : NULL, 1);
         else if (!strcmp(argv[i], "--reps"))
             reps = (int)parse_long("--reps", i + 1 < argc ? argv[++i] : NULL, 1);
+        else if (!strcmp(argv[i], "--streams"))
+            nstreams = parse_long("--streams", i + 1 < argc ? argv[++i] : NULL, 1);
         else {
-            fprintf(stderr, "usage: bench_services [--copy-rate] [--gib G] [--reps R]\n");
+            fprintf(stderr, "usage: bench_services [--copy-rate [--streams S]] [--gib G] [--reps R]\n");
             return 2;
         }
     }
+    if (nstreams > 16) {
+        fprintf(stderr, "bench_services: --streams takes at most 16 (got %ld)\n", nstreams);
+        return 2;
+    }
     if (rate_only)
-        return copy_rate(gib, reps);
+        return copy_rate(gib, reps, nstreams);
     bench_find_driver("bench_services");
     if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
         die("xseg_init");

@@ -548,6 +548,10 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * what the request needs, runs of streams known idle first, waiting at most once per stream
      * (expandable_segments_recycle, core/trim.h), then allocate again. PyTorch goes straight to
      * the steps below, which release every cached block. */
+    bool recycling = st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&
+                     d->cfg.expandable_segments_recycle;
+    if (recycling)
+        exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/expandable.h) */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable && d->cfg.expandable_segments_recycle) {
         size_t got = 0;
         if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
@@ -564,6 +568,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
             st = alloc_block(d, p, true);
     }
+    if (recycling)
+        exp_recycle_end(d); /* what the growth did not take goes back to the driver */
     /* 7b. Partly used pages re-backed by granule chunks, their free granules given back
      * (expandable_segments_defrag, core/expandable.h); allocate again after each round. */
     for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&

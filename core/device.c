@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
@@ -49,19 +50,10 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
         d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
 }
 
-xseg_status dev_create(int device, struct dev_alloc **out)
+struct dev_alloc *dev_create(int device, const struct drv_device_info *info, void *home)
 {
-    /* Aligned for the slots (one cache line each). */
-    struct dev_alloc *d = xs_aligned_alloc(_Alignof(struct dev_alloc), sizeof *d);
-    if (d)
-        memset(d, 0, sizeof *d);
-    if (!d)
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory creating the allocator of device %d", device);
-    xseg_status st = drv_device_query(device, &d->info);
-    if (st != XSEG_SUCCESS) {
-        xs_free(d);
-        return st;
-    }
+    struct dev_alloc *d = home; /* zeroed: a fresh pages_map, or one dev_destroy discarded */
+    d->info = *info;
     lock_init(&d->lock);
     for (int i = 0; i < DEV_SLOTS; i++)
         spin_init(&d->fast.slots[i].lock);
@@ -77,8 +69,20 @@ xseg_status dev_create(int device, struct dev_alloc **out)
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
         fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
                 device);
-    *out = d;
-    return XSEG_SUCCESS;
+    return d;
+}
+
+void dev_destroy(struct dev_alloc *d)
+{
+    xseg_assert(!d->segs && !d->live.count);
+    xs_free(d->cap.capturing);
+    xs_free(d->by_stream);
+    ptrmap_destroy(&d->live);
+    for (void *s = d->heap_slabs, *next; s; s = next) {
+        next = *(void **)s;
+        xs_free(s);
+    }
+    arena_release(&d->structs);
 }
 
 void dev_lock(struct dev_alloc *d)
@@ -116,11 +120,17 @@ __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
         size_t n = d->slab_made / 32;
         n = n < 64 ? 64 : n > 4096 ? 4096 : n;
         struct block *slab = arena_take(&d->structs, n * sizeof *slab);
-        if (!slab)
-            slab = xs_calloc(n, sizeof *slab);
-        if (!slab)
-            return NULL;
-        ptrmap_admit(&d->live, slab, slab + n); /* the live map's fingerprints need room */
+        if (!slab) {
+            /* From the heap: its first struct links it into heap_slabs, for dev_destroy. */
+            if (!(slab = xs_calloc(n, sizeof *slab)))
+                return NULL;
+            ptrmap_admit(&d->live, slab, slab + n); /* the live map's fingerprints need room */
+            *(void **)slab = d->heap_slabs;
+            d->heap_slabs = slab++;
+            n--;
+        } else {
+            ptrmap_admit(&d->live, slab, slab + n);
+        }
         d->slab_next = slab;
         d->slab_left = n;
         d->slab_made += n;

@@ -26,13 +26,13 @@
 #include "core/block.h"
 #include "core/config.h"
 #include "core/history.h"
+#include "core/procstate.h" /* ALLOC_MAX_DEVICES */
 #include "core/ptrmap.h"
 #include "core/settings.h"
 #include "core/state.h"
 #include "core/stats.h"
 #include "vmm/driver.h"
-
-#define ALLOC_MAX_DEVICES 64
+#include "vmm/segment.h"
 
 struct dev_alloc;
 /* The allocator of @p device if it was created, else NULL: how a module below runtime.c (which
@@ -63,9 +63,14 @@ struct dev_alloc {
     struct segrec **by_stream;
     size_t nby_stream, capby_stream;
     struct block *spare;     /* recycled block structs (linked through next) */
+    /* Under pressure (exp_recycle_begin .. exp_recycle_end, expandable.c): the physical handles
+     * the reclaim unmaps, kept for the growth that follows; empty whenever the lock is free. */
+    struct seg_spares handles;
+    bool keep_handles;
     struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
     struct arena structs;    /* where the slabs come from (dev_block_carve) */
+    void *heap_slabs;        /* slabs calloc'd where the arena had none, linked through their first struct */
 
     struct acct acct; /* statistics, pending blocks, peaks, reserved bytes, memory fraction */
 
@@ -257,8 +262,15 @@ static inline void dev_fast_update(struct dev_alloc *d)
     d->fast.fast_gen = rare ? 0 : d->cfg_gen;
 }
 
-/* Create the allocator of @p device (drv loaded; device index validated by drv_device_query). */
-xseg_status dev_create(int device, struct dev_alloc **out);
+/* The bytes of a device's state: runtime.c keeps them in pages (base/pages.h) of its own. */
+#define DEV_HOME_BYTES sizeof(struct dev_alloc)
+/* Build the allocator of @p device, queried as @p info (drv_device_query), in @p home: zeroed,
+ * DEV_HOME_BYTES, aligned for struct dev_alloc. Cannot fail: it allocates nothing. */
+struct dev_alloc *dev_create(int device, const struct drv_device_info *info, void *home);
+/* Give back what an emptied device still holds (no segment, no live block; the modules above
+ * gave back their sub-states' arrays): its capture list, segment index, pointer map, block
+ * structs (slabs and arena). @p d's own memory is the caller's (runtime.c discards its pages). */
+void dev_destroy(struct dev_alloc *d);
 
 /* Take the device lock with the configuration in force refreshed (every operation's start). */
 void dev_lock(struct dev_alloc *d);

@@ -268,4 +268,11 @@ void ev_destroy(struct dev_alloc *d)
     xs_free(d->ev.event_pool);
     d->ev.event_pool = NULL;
     d->ev.nevent_pool = d->ev.capevent_pool = 0;
+    if (d->ev.pending_events || d->ev.ndeferred)
+        return; /* the queues still hold work: only the pooled events were given back */
+    for (size_t i = 0; i < d->ev.nevq; i++)
+        xs_free(d->ev.evq[i].items);
+    xs_free(d->ev.evq);
+    xs_free(d->ev.deferred);
+    d->ev = (struct ev_state){0};
 }

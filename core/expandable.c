@@ -260,7 +260,8 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
     size_t mapped = 0, chunks = 0;
-    xseg_status st = seg_map(s->vseg, seg_off(b), len, max_chunk, cut, &mapped, &chunks);
+    xseg_status st = seg_map_from(s->vseg, seg_off(b), len, max_chunk, cut, d->keep_handles ? &d->handles : NULL,
+                                  &mapped, &chunks);
     if (st != XSEG_SUCCESS) {
         if (r)
             dev_block_delete(d, r);
@@ -315,35 +316,48 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
         if (st != XSEG_SUCCESS)
             return st;
     }
-    size_t page = seg_page(c->seg);
+    size_t page = seg_page(c->seg), gran = seg_g(c->seg);
+    /* Growth maps whole pages (PyTorch's reserved figures). Under pressure (a retry after the
+     * reclaim, exp_recycle_begin), when whole pages do not fit, only the granules the request
+     * needs: the rest of a page may be what the device no longer has (the 103 MiB CNN of
+     * docs/benchmarks-replay.md needs a 20 MiB page for a 7.5 MiB request otherwise). */
+    size_t round = d->keep_handles ? gran : page;
 
     /* What would be mapped, for the fraction limit (checked before touching the driver). */
-    size_t need = 0, covered = 0;
-    for (const struct block *b = c; covered < size; b = b->next) {
-        if (b->mapped) {
-            covered += b->size;
-        } else {
-            size_t len = XSEG_MIN(b->size, page_up(size - covered, page));
-            need += len;
-            covered += len;
+    for (;;) {
+        size_t need = 0, covered = 0;
+        for (const struct block *b = c; covered < size; b = b->next) {
+            if (b->mapped) {
+                covered += b->size;
+            } else {
+                size_t len = XSEG_MIN(b->size, page_up(size - covered, round));
+                need += len;
+                covered += len;
+            }
         }
-    }
-    if (!dev_fraction_allows(d, need)) {
-        exp_release_empty_segments(d);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction limit reached");
+        if (dev_fraction_allows(d, need))
+            break;
+        if (!d->keep_handles || round == gran) {
+            exp_release_empty_segments(d);
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction limit reached");
+        }
+        round = gran;
     }
 
     /* Chunks smaller than the page also end where the new block ends (rounded up to the
      * granule), so that the slack after it is given back up to the block's edge. */
-    size_t gran = seg_g(c->seg);
     size_t max_chunk = chunk_limit(d, pool, page, gran);
     size_t cut = max_chunk < page ? page_up(seg_off(c) + size, gran) : SIZE_MAX;
     struct block *cur = c;
     while (!cur->mapped || cur->size < size) {
         struct block *to_map = cur->mapped ? cur->next : cur;
         size_t remaining = size - (cur->mapped ? cur->size : 0);
-        size_t len = XSEG_MIN(to_map->size, page_up(remaining, page));
+        size_t len = XSEG_MIN(to_map->size, page_up(remaining, round));
         xseg_status st = map_block(d, to_map, len, max_chunk, cut);
+        if (st == XSEG_ERROR_OUT_OF_MEMORY && d->keep_handles && round != gran) {
+            round = gran; /* the failed map changed nothing: again, in granules */
+            continue;
+        }
         if (st != XSEG_SUCCESS) {
             /* What was mapped so far stays as cached free pages; a segment that never got a
              * page goes away again. */
@@ -415,7 +429,11 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
 
     bpool_remove_free(pool, b);
     size_t unmapped = 0, chunks = 0;
-    xseg_status st = (idle ? seg_unmap_idle : seg_unmap)(s->vseg, lo, hi - lo, &unmapped, &chunks);
+    xseg_status st;
+    if (idle && d->keep_handles && !s->handles_out)
+        st = seg_unmap_keep(s->vseg, lo, hi - lo, &d->handles, &unmapped, &chunks);
+    else
+        st = (idle ? seg_unmap_idle : seg_unmap)(s->vseg, lo, hi - lo, &unmapped, &chunks);
     if (unmapped) {
         if (XSEG_UNLIKELY(hist_mode()))
             hist_record(HIST_SEGMENT_UNMAP, d->device, base + lo, unmapped, (uintptr_t)s->stream, d->hist_cur);
@@ -500,6 +518,21 @@ xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_byt
 }
 
 size_t exp_whole_page_bytes(const struct block *b) { return whole_page_bytes(b); }
+
+void exp_recycle_begin(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->keep_handles = true;
+}
+
+void exp_recycle_end(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->keep_handles = false;
+    if (d->handles.n && drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+        err_clear(); /* the releases need no context; a failed one waits in the leftovers */
+    seg_spares_drain(&d->handles);
+}
 
 bool exp_block_older(const struct block *a, const struct block *b) { return seg_order_less(a, b); }
 

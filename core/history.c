@@ -17,35 +17,10 @@
 #include "base/witness.h"
 
 #define HIST_DEFAULT_ENTRIES 100000
-#define HIST_DEFAULT_FRAMES 16
 #define HIST_MAX_FRAMES 256
 
-XSEG_HIDDEN _Atomic unsigned hist_mode_word;
-
-static pthread_mutex_t hist_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_HISTORY, hist_lock)
-
-/* Options in force (hist_lock; read by hist_capture under it). */
-static _Atomic int opt_stacks; /* also read without the lock: 0 skips the capture */
-static int opt_max_frames = HIST_DEFAULT_FRAMES;
-static xseg_stack_callback opt_callback;
-static void *opt_user;
-
-/* The ring: cap slots, count used, the oldest at head. */
-static struct hist_event *ring;
-static size_t ring_cap, ring_head, ring_count;
-static uint64_t ring_dropped;
-
-/* Stacks by hash (chained); frames by hash (chained). Power-of-two bucket counts. */
-static struct hstack **stk_buckets;
-static size_t stk_nbuckets, stk_count;
-static struct hframe **frm_buckets;
-static size_t frm_nbuckets, frm_count;
-
-/* Leading frames inside this range (libxseg's own text, when it is a shared object) are left out
- * of C stacks; 0/0 when xseg is linked into the program (then only hist_capture's frame is). */
-static uintptr_t self_lo, self_hi;
-static bool self_known;
+/* This module's state is xseg_rt.hist (core/procstate.h). */
+FORK_MUTEX_AT(FORK_RANK_HISTORY, hist_lock, xseg_rt.hist.lock)
 
 static const char *const action_names[HIST_NACTIONS] = {
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
@@ -109,19 +84,19 @@ static int phdr_cb(struct dl_phdr_info *info, size_t size, void *arg)
 static void find_self(void)
 {
     Dl_info di;
-    self_known = true;
+    xseg_rt.hist.self_known = true;
     if (!dladdr((void *)(uintptr_t)&find_self, &di) || !di.dli_fbase)
         return;
     struct self_find sf = {.base = (uintptr_t)di.dli_fbase};
     /* The main program shows dlpi_addr 0 when it is not position independent. */
     dl_iterate_phdr(phdr_cb, &sf);
     if (sf.found && !sf.is_main) {
-        self_lo = sf.lo;
-        self_hi = sf.hi;
+        xseg_rt.hist.self_lo = sf.lo;
+        xseg_rt.hist.self_hi = sf.hi;
     }
 }
 
-/* ---- stacks and frames (hist_lock held) -------------------------------------------------- */
+/* ---- stacks and frames (xseg_rt.hist.lock held) -------------------------------------------------- */
 
 static bool table_grow(void ***buckets, size_t *nbuckets, size_t count, size_t chain_off, size_t hash_off)
 {
@@ -150,10 +125,11 @@ static struct hframe *frame_intern(const xseg_frame *f)
 {
     const char *fn = f->filename ? f->filename : "", *nm = f->name ? f->name : "";
     uint64_t h = mix64(hash_str(hash_str(0x51ed, fn), nm), (uint64_t)(int64_t)f->line);
-    if (!table_grow((void ***)&frm_buckets, &frm_nbuckets, frm_count, offsetof(struct hframe, chain),
+    struct hist_state *hs = &xseg_rt.hist;
+    if (!table_grow((void ***)&hs->frm_buckets, &hs->frm_nbuckets, hs->frm_count, offsetof(struct hframe, chain),
                     offsetof(struct hframe, hash)))
         return NULL;
-    struct hframe **slot = &frm_buckets[h & (frm_nbuckets - 1)];
+    struct hframe **slot = &xseg_rt.hist.frm_buckets[h & (xseg_rt.hist.frm_nbuckets - 1)];
     for (struct hframe *e = *slot; e; e = e->chain)
         if (e->hash == h && e->line == f->line && !strcmp(e->filename, fn) && !strcmp(e->name, nm))
             return e;
@@ -170,7 +146,7 @@ static struct hframe *frame_intern(const xseg_frame *f)
     e->hash = h;
     e->chain = *slot;
     *slot = e;
-    frm_count++;
+    xseg_rt.hist.frm_count++;
     return e;
 }
 
@@ -180,10 +156,11 @@ static struct hstack *stack_intern(const uintptr_t *f, uint32_t n)
     uint64_t h = mix64(0x5eed, n);
     for (uint32_t i = 0; i < n; i++)
         h = mix64(h, f[i]);
-    if (!table_grow((void ***)&stk_buckets, &stk_nbuckets, stk_count, offsetof(struct hstack, chain),
+    struct hist_state *hs = &xseg_rt.hist;
+    if (!table_grow((void ***)&hs->stk_buckets, &hs->stk_nbuckets, hs->stk_count, offsetof(struct hstack, chain),
                     offsetof(struct hstack, hash)))
         return NULL;
-    struct hstack **slot = &stk_buckets[h & (stk_nbuckets - 1)];
+    struct hstack **slot = &xseg_rt.hist.stk_buckets[h & (xseg_rt.hist.stk_nbuckets - 1)];
     for (struct hstack *e = *slot; e; e = e->chain) {
         if (e->hash == h && e->n == n && !memcmp(e->f, f, n * sizeof *f)) {
             e->refs++;
@@ -199,7 +176,7 @@ static struct hstack *stack_intern(const uintptr_t *f, uint32_t n)
     memcpy(e->f, f, n * sizeof *f);
     e->chain = *slot;
     *slot = e;
-    stk_count++;
+    xseg_rt.hist.stk_count++;
     return e;
 }
 
@@ -207,38 +184,38 @@ static void stack_unref_locked(struct hstack *s)
 {
     if (!s || --s->refs)
         return;
-    struct hstack **p = &stk_buckets[s->hash & (stk_nbuckets - 1)];
+    struct hstack **p = &xseg_rt.hist.stk_buckets[s->hash & (xseg_rt.hist.stk_nbuckets - 1)];
     while (*p != s)
         p = &(*p)->chain;
     *p = s->chain;
-    stk_count--;
+    xseg_rt.hist.stk_count--;
     xs_free(s);
 }
 
 void hist_table_counts(size_t *stacks, size_t *frames)
 {
-    mutex_lock(&hist_lock);
-    *stacks = stk_count;
-    *frames = frm_count;
-    mutex_unlock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
+    *stacks = xseg_rt.hist.stk_count;
+    *frames = xseg_rt.hist.frm_count;
+    mutex_unlock(&xseg_rt.hist.lock);
 }
 
 void hist_stack_ref(struct hstack *s)
 {
     if (!s)
         return;
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     s->refs++;
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
 }
 
 void hist_stack_unref(struct hstack *s)
 {
     if (!s)
         return;
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     stack_unref_locked(s);
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
 }
 
 /* ---- C stacks ------------------------------------------------------------------------------
@@ -383,15 +360,15 @@ static _Thread_local bool in_callback;
 
 struct hstack *hist_capture(void)
 {
-    if (!atomic_load_explicit(&opt_stacks, memory_order_relaxed))
+    if (!atomic_load_explicit(&xseg_rt.hist.opt_stacks, memory_order_relaxed))
         return NULL;
-    mutex_lock(&hist_lock);
-    int stacks = opt_stacks, max = opt_max_frames;
-    xseg_stack_callback cb = opt_callback;
-    void *user = opt_user;
-    if (!self_known)
+    mutex_lock(&xseg_rt.hist.lock);
+    int stacks = xseg_rt.hist.opt_stacks, max = xseg_rt.hist.opt_max_frames;
+    xseg_stack_callback cb = xseg_rt.hist.opt_callback;
+    void *user = xseg_rt.hist.opt_user;
+    if (!xseg_rt.hist.self_known)
         find_self();
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
     if (!stacks || !hist_mode())
         return NULL;
 
@@ -402,7 +379,7 @@ struct hstack *hist_capture(void)
         uintptr_t raw[HIST_MAX_FRAMES + 16];
         int got = c_stack(raw, max + 8);
         int i = 1; /* raw[0] is in this function */
-        while (i < got && self_hi && raw[i] >= self_lo && raw[i] < self_hi)
+        while (i < got && xseg_rt.hist.self_hi && raw[i] >= xseg_rt.hist.self_lo && raw[i] < xseg_rt.hist.self_hi)
             i++;
         for (; i < got && n < (uint32_t)max; i++)
             f[n++] = raw[i];
@@ -416,35 +393,35 @@ struct hstack *hist_capture(void)
         if (nc < 0 || nc > max)
             nc = 0;
     }
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     for (int i = 0; i < nc; i++) {
         struct hframe *e = frame_intern(&cf[i]);
         if (e)
             f[n++] = HIST_FRAME_TAG | (uintptr_t)e;
     }
     struct hstack *s = stack_intern(f, n);
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
     return s;
 }
 
 /* ---- the ring ------------------------------------------------------------------------------ */
 
-/* Append @p e (hist_lock held), taking a reference on its stack. */
+/* Append @p e (xseg_rt.hist.lock held), taking a reference on its stack. */
 static void push_locked(const struct hist_event *e)
 {
-    if (!ring_cap)
+    if (!xseg_rt.hist.ring_cap)
         return;
     if (e->stack)
         e->stack->refs++;
-    if (ring_count == ring_cap) {
-        stack_unref_locked(ring[ring_head].stack);
-        ring[ring_head] = *e;
-        ring_head = ring_head + 1 == ring_cap ? 0 : ring_head + 1;
-        ring_dropped++;
+    if (xseg_rt.hist.ring_count == xseg_rt.hist.ring_cap) {
+        stack_unref_locked(xseg_rt.hist.ring[xseg_rt.hist.ring_head].stack);
+        xseg_rt.hist.ring[xseg_rt.hist.ring_head] = *e;
+        xseg_rt.hist.ring_head = xseg_rt.hist.ring_head + 1 == xseg_rt.hist.ring_cap ? 0 : xseg_rt.hist.ring_head + 1;
+        xseg_rt.hist.ring_dropped++;
     } else {
-        size_t i = ring_head + ring_count;
-        ring[i >= ring_cap ? i - ring_cap : i] = *e;
-        ring_count++;
+        size_t i = xseg_rt.hist.ring_head + xseg_rt.hist.ring_count;
+        xseg_rt.hist.ring[i >= xseg_rt.hist.ring_cap ? i - xseg_rt.hist.ring_cap : i] = *e;
+        xseg_rt.hist.ring_count++;
     }
 }
 
@@ -453,9 +430,9 @@ void hist_record(int action, int device, uint64_t addr, uint64_t size, uint64_t 
     if (!(hist_mode() & HIST_TRACE))
         return;
     struct hist_event e = {addr, size, stream, hist_now_us(), stack, device, action};
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     push_locked(&e);
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
 }
 
 struct hstack *hist_on_malloc(int device, uint64_t addr, uint64_t size, uint64_t stream, struct hstack **s,
@@ -468,9 +445,9 @@ struct hstack *hist_on_malloc(int device, uint64_t addr, uint64_t size, uint64_t
         return keep;
     }
     struct hist_event e = {addr, size, stream, hist_now_us(), *s, device, HIST_ALLOC};
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     push_locked(&e);
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
     if (keep)
         *s = NULL;
     return keep;
@@ -483,7 +460,7 @@ void hist_on_free(int device, uint64_t addr, uint64_t size, uint64_t stream, str
     if (!trace && !(completed && s))
         return;
     struct hist_event e = {addr, size, stream, trace ? hist_now_us() : 0, s, device, HIST_FREE_REQUESTED};
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     if (trace && requested)
         push_locked(&e);
     if (trace && completed) {
@@ -492,26 +469,26 @@ void hist_on_free(int device, uint64_t addr, uint64_t size, uint64_t stream, str
     }
     if (completed)
         stack_unref_locked(s);
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
 }
 
 xseg_status hist_events_copy(struct hist_event **out, size_t *n, uint64_t *dropped)
 {
-    mutex_lock(&hist_lock);
-    size_t cnt = ring_count;
+    mutex_lock(&xseg_rt.hist.lock);
+    size_t cnt = xseg_rt.hist.ring_count;
     struct hist_event *ev = xs_malloc((cnt ? cnt : 1) * sizeof *ev);
     if (!ev) {
-        mutex_unlock(&hist_lock);
+        mutex_unlock(&xseg_rt.hist.lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory copying %zu history events", cnt);
     }
     for (size_t i = 0; i < cnt; i++) {
-        ev[i] = ring[(ring_head + i) % ring_cap];
+        ev[i] = xseg_rt.hist.ring[(xseg_rt.hist.ring_head + i) % xseg_rt.hist.ring_cap];
         if (ev[i].stack)
             ev[i].stack->refs++;
     }
     if (dropped)
-        *dropped = ring_dropped;
-    mutex_unlock(&hist_lock);
+        *dropped = xseg_rt.hist.ring_dropped;
+    mutex_unlock(&xseg_rt.hist.lock);
     *out = ev;
     *n = cnt;
     return XSEG_SUCCESS;
@@ -521,89 +498,95 @@ void hist_events_free(struct hist_event *ev, size_t n)
 {
     if (!ev)
         return;
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     for (size_t i = 0; i < n; i++)
         stack_unref_locked(ev[i].stack);
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
     xs_free(ev);
 }
 
 static void clear_locked(void)
 {
-    for (size_t i = 0; i < ring_count; i++)
-        stack_unref_locked(ring[(ring_head + i) % ring_cap].stack);
-    ring_head = ring_count = 0;
-    ring_dropped = 0;
+    for (size_t i = 0; i < xseg_rt.hist.ring_count; i++)
+        stack_unref_locked(xseg_rt.hist.ring[(xseg_rt.hist.ring_head + i) % xseg_rt.hist.ring_cap].stack);
+    xseg_rt.hist.ring_head = xseg_rt.hist.ring_count = 0;
+    xseg_rt.hist.ring_dropped = 0;
 }
 
 void hist_clear_events(void)
 {
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     clear_locked();
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
 }
 
 void hist_shutdown(void)
 {
-    mutex_lock(&hist_lock);
-    atomic_store_explicit(&hist_mode_word, 0, memory_order_relaxed);
+    mutex_lock(&xseg_rt.hist.lock);
+    atomic_store_explicit(&xseg_rt.hist.mode_word, 0, memory_order_relaxed);
     clear_locked();
-    xs_free(ring);
-    ring = NULL;
-    ring_cap = 0;
-    opt_stacks = 0;
-    opt_max_frames = HIST_DEFAULT_FRAMES;
-    opt_callback = NULL;
-    opt_user = NULL;
+    xs_free(xseg_rt.hist.ring);
+    xseg_rt.hist.ring = NULL;
+    xseg_rt.hist.ring_cap = 0;
+    xseg_rt.hist.opt_stacks = 0;
+    xseg_rt.hist.opt_max_frames = HIST_DEFAULT_FRAMES;
+    xseg_rt.hist.opt_callback = NULL;
+    xseg_rt.hist.opt_user = NULL;
     /* Stacks go with their last reference; the tables (and the frames stacks point to) once
      * none is left, which is the case once every device is empty. */
-    if (stk_count == 0) {
-        xs_free(stk_buckets);
-        stk_buckets = NULL;
-        stk_nbuckets = 0;
-        for (size_t i = 0; i < frm_nbuckets; i++)
-            for (struct hframe *e = frm_buckets[i], *next; e; e = next) {
+    if (xseg_rt.hist.stk_count == 0) {
+        xs_free(xseg_rt.hist.stk_buckets);
+        xseg_rt.hist.stk_buckets = NULL;
+        xseg_rt.hist.stk_nbuckets = 0;
+        for (size_t i = 0; i < xseg_rt.hist.frm_nbuckets; i++)
+            for (struct hframe *e = xseg_rt.hist.frm_buckets[i], *next; e; e = next) {
                 next = e->chain;
                 xs_free(e);
             }
-        xs_free(frm_buckets);
-        frm_buckets = NULL;
-        frm_nbuckets = frm_count = 0;
+        xs_free(xseg_rt.hist.frm_buckets);
+        xseg_rt.hist.frm_buckets = NULL;
+        xseg_rt.hist.frm_nbuckets = xseg_rt.hist.frm_count = 0;
     }
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
+    /* The calling thread's stack cache; another thread's goes when it exits (cache_key). */
+    if (tls_cache) {
+        (void)pthread_setspecific(cache_key, NULL);
+        scache_free(tls_cache);
+        tls_cache = NULL;
+    }
 }
 
 /* Resize the ring to @p cap slots, keeping the newest events that fit. */
 static xseg_status ring_resize_locked(size_t cap)
 {
-    if (cap == ring_cap)
+    if (cap == xseg_rt.hist.ring_cap)
         return XSEG_SUCCESS;
     struct hist_event *nr = xs_malloc(cap * sizeof *nr);
     if (!nr)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                        "xseg_record_memory_history: out of host memory for a ring of %zu events", cap);
-    size_t keep = ring_count < cap ? ring_count : cap, skip = ring_count - keep;
+    size_t keep = xseg_rt.hist.ring_count < cap ? xseg_rt.hist.ring_count : cap, skip = xseg_rt.hist.ring_count - keep;
     for (size_t i = 0; i < skip; i++)
-        stack_unref_locked(ring[(ring_head + i) % ring_cap].stack);
+        stack_unref_locked(xseg_rt.hist.ring[(xseg_rt.hist.ring_head + i) % xseg_rt.hist.ring_cap].stack);
     for (size_t i = 0; i < keep; i++)
-        nr[i] = ring[(ring_head + skip + i) % ring_cap];
-    xs_free(ring);
-    ring = nr;
-    ring_cap = cap;
-    ring_head = 0;
-    ring_count = keep;
-    ring_dropped += skip;
+        nr[i] = xseg_rt.hist.ring[(xseg_rt.hist.ring_head + skip + i) % xseg_rt.hist.ring_cap];
+    xs_free(xseg_rt.hist.ring);
+    xseg_rt.hist.ring = nr;
+    xseg_rt.hist.ring_cap = cap;
+    xseg_rt.hist.ring_head = 0;
+    xseg_rt.hist.ring_count = keep;
+    xseg_rt.hist.ring_dropped += skip;
     return XSEG_SUCCESS;
 }
 
 xseg_status hist_configure(const xseg_history_options *o)
 {
     if (!o || !o->enabled) {
-        mutex_lock(&hist_lock);
-        atomic_store_explicit(&hist_mode_word, 0, memory_order_relaxed);
+        mutex_lock(&xseg_rt.hist.lock);
+        atomic_store_explicit(&xseg_rt.hist.mode_word, 0, memory_order_relaxed);
         if (o && o->clear)
             clear_locked();
-        mutex_unlock(&hist_lock);
+        mutex_unlock(&xseg_rt.hist.lock);
         return XSEG_SUCCESS;
     }
     const char *f = "xseg_record_memory_history";
@@ -629,18 +612,18 @@ xseg_status hist_configure(const xseg_history_options *o)
     size_t cap = o->max_entries ? o->max_entries : HIST_DEFAULT_ENTRIES;
     if (cap > ((size_t)1 << 40) / sizeof(struct hist_event))
         return err_set(XSEG_ERROR_INVALID_VALUE, "%s: max_entries %zu is too large", f, o->max_entries);
-    mutex_lock(&hist_lock);
+    mutex_lock(&xseg_rt.hist.lock);
     if (o->clear)
         clear_locked();
     xseg_status st = (mode & HIST_TRACE) ? ring_resize_locked(cap) : XSEG_SUCCESS;
     if (st == XSEG_SUCCESS) {
-        opt_stacks = o->stacks;
-        opt_max_frames = o->max_frames ? o->max_frames : HIST_DEFAULT_FRAMES;
-        opt_callback = o->callback;
-        opt_user = o->user;
-        atomic_store_explicit(&hist_mode_word, mode, memory_order_relaxed);
+        xseg_rt.hist.opt_stacks = o->stacks;
+        xseg_rt.hist.opt_max_frames = o->max_frames ? o->max_frames : HIST_DEFAULT_FRAMES;
+        xseg_rt.hist.opt_callback = o->callback;
+        xseg_rt.hist.opt_user = o->user;
+        atomic_store_explicit(&xseg_rt.hist.mode_word, mode, memory_order_relaxed);
     }
-    mutex_unlock(&hist_lock);
+    mutex_unlock(&xseg_rt.hist.lock);
     return st;
 }
 

@@ -15,7 +15,7 @@
  * released) and marks every live block `recorded`; a free checks `recorded` in the same test as
  * `oversize` (block_free_slow), so the free path has no extra branch either.
  *
- * Locking: one mutex (hist_lock) guards the ring, the stack table, the interned frames and the
+ * Locking: one mutex (xseg_rt.hist.lock) guards the ring, the stack table, the interned frames and the
  * options. It is a leaf: taken with or without a device lock, never the other way round.
  */
 #ifndef XSEG_CORE_HISTORY_H
@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "base/common.h"
+#include "core/procstate.h"
 #include "xseg.h"
 
 /* Trace actions, in the order of PyTorch's TraceEntry::Action; hist_action_name gives the
@@ -58,7 +59,7 @@ struct hframe {
 
 struct hstack {
     uint64_t hash;
-    uint32_t refs;   /* guarded by hist_lock */
+    uint32_t refs;   /* guarded by xseg_rt.hist.lock */
     uint32_t n;
     struct hstack *chain;
     uintptr_t f[];   /* C return addresses, or HIST_FRAME_TAG | (struct hframe *) */
@@ -80,8 +81,7 @@ struct hist_event {
 #define HIST_TRACE 2u   /* events go to the ring */
 
 /* The mode word: read without a lock on the slow paths (relaxed); 0 when recording is off. */
-extern XSEG_HIDDEN _Atomic unsigned hist_mode_word;
-static inline unsigned hist_mode(void) { return atomic_load_explicit(&hist_mode_word, memory_order_relaxed); }
+static inline unsigned hist_mode(void) { return atomic_load_explicit(&xseg_rt.hist.mode_word, memory_order_relaxed); }
 
 /* Apply options (NULL or enabled == 0: stop). Validates them first; nothing changes on error.
  * Does not touch devices: api/history.c marks live blocks and resets the permits. */
@@ -118,7 +118,8 @@ void hist_events_free(struct hist_event *ev, size_t n);
  * clear); the table of stacks held by blocks stays. */
 void hist_clear_events(void);
 /* Stop recording, drop every event and free the ring, and the stack and frame tables once no
- * stack is referenced (xseg_shutdown, after every device is empty); options back to defaults. */
+ * stack is referenced (xseg_shutdown, after every device is empty), and the calling thread's stack
+ * cache (another thread's goes at its exit); options back to defaults. */
 void hist_shutdown(void);
 
 /* How many distinct stacks and interned callback frames are stored now (tests, diagnostics). */

@@ -16,22 +16,11 @@
 #include "core/trim.h"
 #include "vmm/capture.h"
 
-/* ctl_lock serializes starting and stopping (held across the join); lock guards stop and the
- * wait. The thread never takes ctl_lock. */
-static pthread_mutex_t idle_ctl_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_IDLE_CTL, idle_ctl_lock)
-FORK_MUTEX(FORK_RANK_IDLE, idle_lock)
-static pthread_cond_t idle_cond;
-static bool idle_cond_ready; /* idle_init ran (written once, under idle_once) */
-static pthread_once_t idle_once = PTHREAD_ONCE_INIT;
-static pthread_t idle_tid;
-static bool idle_stop;            /* under idle_lock */
-/* The devices served, handed over by idle_thread_sync before the thread starts. */
-static dev_peek_fn idle_device_at;
-static int idle_ndevices;
+/* This module's state is xseg_rt.idle (core/procstate.h). */
+FORK_MUTEX_AT(FORK_RANK_IDLE_CTL, idle_ctl_lock, xseg_rt.idle.ctl_lock)
+FORK_MUTEX_AT(FORK_RANK_IDLE, idle_lock, xseg_rt.idle.lock)
 
-/* settings_idle_thread_running is written only under idle_ctl_lock (or in a forked child). */
+/* settings_idle_thread_running is written only under xseg_rt.idle.ctl_lock (or in a forked child). */
 static bool idle_running(void) { return settings_idle_thread_running(); }
 
 /* One pass over a device: pending frees whose events completed, the idle tick (and its trim),
@@ -66,11 +55,11 @@ static void *idle_main(void *arg)
     (void)arg;
     /* Its queries must never count as unsafe calls against another thread's GLOBAL capture. */
     (void)vmm_capture_relax_thread();
-    mutex_lock(&idle_lock);
-    while (!idle_stop) {
-        mutex_unlock(&idle_lock);
-        for (int i = 0; i < idle_ndevices; i++) {
-            struct dev_alloc *d = idle_device_at(i);
+    mutex_lock(&xseg_rt.idle.lock);
+    while (!xseg_rt.idle.stop) {
+        mutex_unlock(&xseg_rt.idle.lock);
+        for (int i = 0; i < xseg_rt.idle.ndevices; i++) {
+            struct dev_alloc *d = xseg_rt.idle.device_at(i);
             if (d)
                 idle_service(d);
         }
@@ -83,32 +72,33 @@ static void *idle_main(void *arg)
             until.tv_sec++;
             until.tv_nsec -= 1000000000L;
         }
-        mutex_lock(&idle_lock);
-        while (!idle_stop && pthread_cond_timedwait(&idle_cond, &idle_lock, &until) != ETIMEDOUT)
+        mutex_lock(&xseg_rt.idle.lock);
+        while (!xseg_rt.idle.stop &&
+               pthread_cond_timedwait(&xseg_rt.idle.cond, &xseg_rt.idle.lock, &until) != ETIMEDOUT)
             ;
     }
-    mutex_unlock(&idle_lock);
+    mutex_unlock(&xseg_rt.idle.lock);
     return NULL;
 }
 
-/* Stop and join the thread (idle_ctl_lock held). */
+/* Stop and join the thread (xseg_rt.idle.ctl_lock held). */
 static void idle_stop_locked(void)
 {
     if (!idle_running())
         return;
-    mutex_lock(&idle_lock);
-    idle_stop = true;
-    pthread_cond_signal(&idle_cond);
-    mutex_unlock(&idle_lock);
-    pthread_join(idle_tid, NULL);
+    mutex_lock(&xseg_rt.idle.lock);
+    xseg_rt.idle.stop = true;
+    pthread_cond_signal(&xseg_rt.idle.cond);
+    mutex_unlock(&xseg_rt.idle.lock);
+    pthread_join(xseg_rt.idle.tid, NULL);
     settings_set_idle_thread_running(false);
 }
 
 static void idle_atexit(void)
 {
-    mutex_lock(&idle_ctl_lock);
+    mutex_lock(&xseg_rt.idle.ctl_lock);
     idle_stop_locked();
-    mutex_unlock(&idle_ctl_lock);
+    mutex_unlock(&xseg_rt.idle.ctl_lock);
 }
 
 static void idle_cond_make(void)
@@ -116,7 +106,7 @@ static void idle_cond_make(void)
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&idle_cond, &a);
+    pthread_cond_init(&xseg_rt.idle.cond, &a);
     pthread_condattr_destroy(&a);
 }
 
@@ -126,7 +116,7 @@ static void idle_cond_make(void)
 static void idle_fork_child(void)
 {
     settings_set_idle_thread_running(false);
-    if (idle_cond_ready)
+    if (xseg_rt.idle.cond_ready)
         idle_cond_make();
 }
 FORK_CHILD(FORK_RANK_IDLE, idle_fork_child)
@@ -134,7 +124,7 @@ FORK_CHILD(FORK_RANK_IDLE, idle_fork_child)
 static void idle_init(void)
 {
     idle_cond_make();
-    idle_cond_ready = true;
+    xseg_rt.idle.cond_ready = true;
     atexit(idle_atexit);
 }
 
@@ -146,25 +136,25 @@ xseg_status idle_thread_sync(dev_peek_fn device_at, int ndevices)
     bool want = c.idle_release_thread && c.idle_release_ms;
     if (want == idle_running())
         return XSEG_SUCCESS;
-    pthread_once(&idle_once, idle_init);
+    pthread_once(&xseg_rt.idle.once, idle_init);
     xseg_status st = XSEG_SUCCESS;
-    mutex_lock(&idle_ctl_lock);
+    mutex_lock(&xseg_rt.idle.ctl_lock);
     /* Read again: another configuration change may have come first. */
     settings_copy(&c, &gen);
     want = c.idle_release_thread && c.idle_release_ms;
     if (!want) {
         idle_stop_locked();
     } else if (!idle_running()) {
-        idle_stop = false;
-        idle_device_at = device_at;
-        idle_ndevices = ndevices;
-        int rc = pthread_create(&idle_tid, NULL, idle_main, NULL);
+        xseg_rt.idle.stop = false;
+        xseg_rt.idle.device_at = device_at;
+        xseg_rt.idle.ndevices = ndevices;
+        int rc = pthread_create(&xseg_rt.idle.tid, NULL, idle_main, NULL);
         if (rc == 0)
             settings_set_idle_thread_running(true);
         else
             st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "idle_release_thread: cannot start the thread (%s); the next "
                          "mallocs do the idle reclaim instead", strerror(rc));
     }
-    mutex_unlock(&idle_ctl_lock);
+    mutex_unlock(&xseg_rt.idle.ctl_lock);
     return st;
 }

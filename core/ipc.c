@@ -218,9 +218,8 @@ struct ipc_import_rec {
     struct ipc_import_rec *next;
 };
 
-static pthread_mutex_t ipc_imports_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_IPC_IMPORTS, ipc_imports_lock)
-static struct ipc_import_rec *ipc_imports;
+/* The table of imports is xseg_rt.ipc (core/procstate.h). */
+FORK_MUTEX_AT(FORK_RANK_IPC_IMPORTS, ipc_imports_lock, xseg_rt.ipc.imports_lock)
 
 /* Bytes of all chunks of @p h (checked not to overflow by ipc_check_layout). */
 static size_t ipc_span(const xseg_ipc_handle *h)
@@ -293,24 +292,24 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
     rec->size = ipc_span(h);
     rec->ptr = (uintptr_t)base + h->offset;
     rec->ctx = d->info.primary_ctx;
-    mutex_lock(&ipc_imports_lock);
-    rec->next = ipc_imports;
-    ipc_imports = rec;
-    mutex_unlock(&ipc_imports_lock);
+    mutex_lock(&xseg_rt.ipc.imports_lock);
+    rec->next = xseg_rt.ipc.imports;
+    xseg_rt.ipc.imports = rec;
+    mutex_unlock(&xseg_rt.ipc.imports_lock);
     *ptr = (void *)rec->ptr;
     return XSEG_SUCCESS;
 }
 
 xseg_status ipc_close(void *ptr)
 {
-    mutex_lock(&ipc_imports_lock);
-    struct ipc_import_rec **pp = &ipc_imports;
+    mutex_lock(&xseg_rt.ipc.imports_lock);
+    struct ipc_import_rec **pp = &xseg_rt.ipc.imports;
     while (*pp && (*pp)->ptr != (uintptr_t)ptr)
         pp = &(*pp)->next;
     struct ipc_import_rec *rec = *pp;
     if (rec)
         *pp = rec->next; /* taken out while the driver works: a concurrent close of it fails */
-    mutex_unlock(&ipc_imports_lock);
+    mutex_unlock(&xseg_rt.ipc.imports_lock);
     if (!rec)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_close: %p is not an open import", ptr);
     xseg_status st = ipc_unmap(rec->ctx, rec->base, rec->size, &rec->unmapped);
@@ -319,10 +318,10 @@ xseg_status ipc_close(void *ptr)
          * usable; a failed address free leaves only the reservation, which the next close frees
          * (without unmapping again). */
         bool unmapped = rec->unmapped;
-        mutex_lock(&ipc_imports_lock);
-        rec->next = ipc_imports;
-        ipc_imports = rec;
-        mutex_unlock(&ipc_imports_lock);
+        mutex_lock(&xseg_rt.ipc.imports_lock);
+        rec->next = xseg_rt.ipc.imports;
+        xseg_rt.ipc.imports = rec;
+        mutex_unlock(&xseg_rt.ipc.imports_lock);
         return unmapped ? err_prefix(st, "xseg_ipc_close(%p): the import is unmapped but its address range is "
                                          "still reserved; call xseg_ipc_close again to free it", ptr)
                         : err_prefix(st, "xseg_ipc_close(%p): the import stays mapped; call xseg_ipc_close "
@@ -335,9 +334,9 @@ xseg_status ipc_close(void *ptr)
 xseg_status ipc_close_all(void)
 {
     for (;;) {
-        mutex_lock(&ipc_imports_lock);
-        void *ptr = ipc_imports ? (void *)ipc_imports->ptr : NULL;
-        mutex_unlock(&ipc_imports_lock);
+        mutex_lock(&xseg_rt.ipc.imports_lock);
+        void *ptr = xseg_rt.ipc.imports ? (void *)xseg_rt.ipc.imports->ptr : NULL;
+        mutex_unlock(&xseg_rt.ipc.imports_lock);
         if (!ptr)
             return XSEG_SUCCESS;
         xseg_status st = ipc_close(ptr);

@@ -11,7 +11,7 @@
  * hears a device's events only once it is ready for it: an event before the replay is already
  * part of the replayed state, every event after it is delivered.
  *
- * Lock order: a device lock, then obs_lock (events, replay); never the reverse.
+ * Lock order: a device lock, then xseg_rt.obs.lock (events, replay); never the reverse.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,24 +37,21 @@ struct observer {
     bool ready[ALLOC_MAX_DEVICES];
 };
 
-static pthread_mutex_t obs_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_OBSERVERS, obs_lock)
-static struct observer *obs_list;
-static size_t obs_n, obs_cap;
-static _Atomic size_t obs_count; /* obs_n, readable without the lock: 0 means no work at all */
+/* This module's state is xseg_rt.obs (core/procstate.h). */
+FORK_MUTEX_AT(FORK_RANK_OBSERVERS, obs_lock, xseg_rt.obs.lock)
 
-/* Deliver @p ev to every observer ready for its device (or only to @p only). obs_lock held. */
+/* Deliver @p ev to every observer ready for its device (or only to @p only). xseg_rt.obs.lock held. */
 static void obs_deliver_locked(const xseg_segment_event *ev, const struct observer *only)
 {
-    for (size_t i = 0; i < obs_n; i++) {
-        const struct observer *o = &obs_list[i];
+    for (size_t i = 0; i < xseg_rt.obs.n; i++) {
+        const struct observer *o = &xseg_rt.obs.list[i];
         if (only ? o == only : o->ready[ev->device])
             o->fn(ev, o->user);
     }
 }
 
 /* Report granules [first, last) of @p seg (whole chunks), one range per chunk, at most
- * OBS_RANGES_MAX ranges an event. obs_lock held. */
+ * OBS_RANGES_MAX ranges an event. xseg_rt.obs.lock held. */
 static void obs_pages_locked(struct seg *seg, int device, size_t first, size_t last, int mapped,
                              const struct observer *only)
 {
@@ -87,24 +84,24 @@ void obs_segment_hook(void *user, struct seg *seg, size_t first, size_t last, in
 {
     struct dev_alloc *d = user;
     lock_assert_held(&d->lock);
-    if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
+    if (!atomic_load_explicit(&xseg_rt.obs.count, memory_order_relaxed))
         return;
-    mutex_lock(&obs_lock);
+    mutex_lock(&xseg_rt.obs.lock);
     obs_pages_locked(seg, d->device, first, last, mapped, NULL);
-    mutex_unlock(&obs_lock);
+    mutex_unlock(&xseg_rt.obs.lock);
 }
 
 void obs_classic(struct dev_alloc *d, uintptr_t addr, size_t size, xseg_segment_event_kind kind)
 {
     lock_assert_held(&d->lock);
-    if (!atomic_load_explicit(&obs_count, memory_order_relaxed))
+    if (!atomic_load_explicit(&xseg_rt.obs.count, memory_order_relaxed))
         return;
     xseg_phys_range r = {.address = addr, .length = size, .handle = 0, .offset = 0};
     xseg_segment_event ev = {.kind = kind, .device = d->device, .address = addr, .size = size,
                              .is_expandable = 0, .nranges = 1, .ranges = &r};
-    mutex_lock(&obs_lock);
+    mutex_lock(&xseg_rt.obs.lock);
     obs_deliver_locked(&ev, NULL);
-    mutex_unlock(&obs_lock);
+    mutex_unlock(&xseg_rt.obs.lock);
 }
 
 /* Replay context for one device. */
@@ -120,28 +117,28 @@ static void obs_replay_run(void *user, struct seg *seg, size_t first, size_t las
     obs_pages_locked(seg, rp->d->device, first, last, mapped, rp->only);
 }
 
-/* Find (fn, user) in the list. obs_lock held. */
+/* Find (fn, user) in the list. xseg_rt.obs.lock held. */
 static struct observer *obs_find_locked(xseg_segment_observer fn, void *user)
 {
-    for (size_t i = 0; i < obs_n; i++)
-        if (obs_list[i].fn == fn && obs_list[i].user == user)
-            return &obs_list[i];
+    for (size_t i = 0; i < xseg_rt.obs.n; i++)
+        if (xseg_rt.obs.list[i].fn == fn && xseg_rt.obs.list[i].user == user)
+            return &xseg_rt.obs.list[i];
     return NULL;
 }
 
 xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_at)
 {
-    mutex_lock(&obs_lock);
+    mutex_lock(&xseg_rt.obs.lock);
     if (obs_find_locked(fn, user)) {
-        mutex_unlock(&obs_lock);
+        mutex_unlock(&xseg_rt.obs.lock);
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "xseg_attach_segment_observer: this (fn, user) pair is attached already");
     }
-    if (!VEC_RESERVE(obs_list, obs_cap, obs_n + 1)) {
-        mutex_unlock(&obs_lock);
+    if (!VEC_RESERVE(xseg_rt.obs.list, xseg_rt.obs.cap, xseg_rt.obs.n + 1)) {
+        mutex_unlock(&xseg_rt.obs.lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_attach_segment_observer: out of host memory");
     }
-    struct observer *o = &obs_list[obs_n++];
+    struct observer *o = &xseg_rt.obs.list[xseg_rt.obs.n++];
     memset(o, 0, sizeof *o);
     o->fn = fn;
     o->user = user;
@@ -150,15 +147,15 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
         pending[i] = device_at(i) != NULL;
         o->ready[i] = !pending[i];
     }
-    atomic_store_explicit(&obs_count, obs_n, memory_order_relaxed);
-    mutex_unlock(&obs_lock);
+    atomic_store_explicit(&xseg_rt.obs.count, xseg_rt.obs.n, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.obs.lock);
 
     for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
         if (!pending[i])
             continue;
         struct dev_alloc *d = device_at(i);
         dev_acquire(d);
-        mutex_lock(&obs_lock);
+        mutex_lock(&xseg_rt.obs.lock);
         /* The list may have moved (realloc by another attach) or this entry been detached. */
         struct observer *me = obs_find_locked(fn, user);
         if (me && !me->ready[i]) {
@@ -175,7 +172,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
             }
             me->ready[i] = true;
         }
-        mutex_unlock(&obs_lock);
+        mutex_unlock(&xseg_rt.obs.lock);
         dev_unlock(d);
     }
     return XSEG_SUCCESS;
@@ -183,26 +180,26 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
 
 void obs_detach_all(void)
 {
-    mutex_lock(&obs_lock);
-    xs_free(obs_list);
-    obs_list = NULL;
-    obs_n = obs_cap = 0;
-    atomic_store_explicit(&obs_count, 0, memory_order_relaxed);
-    mutex_unlock(&obs_lock);
+    mutex_lock(&xseg_rt.obs.lock);
+    xs_free(xseg_rt.obs.list);
+    xseg_rt.obs.list = NULL;
+    xseg_rt.obs.n = xseg_rt.obs.cap = 0;
+    atomic_store_explicit(&xseg_rt.obs.count, 0, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.obs.lock);
 }
 
 xseg_status obs_detach(xseg_segment_observer fn, void *user)
 {
-    mutex_lock(&obs_lock);
+    mutex_lock(&xseg_rt.obs.lock);
     struct observer *o = obs_find_locked(fn, user);
     if (!o) {
-        mutex_unlock(&obs_lock);
+        mutex_unlock(&xseg_rt.obs.lock);
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_detach_segment_observer: no such observer is attached");
     }
-    size_t i = (size_t)(o - obs_list);
-    memmove(&obs_list[i], &obs_list[i + 1], (obs_n - i - 1) * sizeof *obs_list);
-    obs_n--;
-    atomic_store_explicit(&obs_count, obs_n, memory_order_relaxed);
-    mutex_unlock(&obs_lock);
+    size_t i = (size_t)(o - xseg_rt.obs.list);
+    memmove(&xseg_rt.obs.list[i], &xseg_rt.obs.list[i + 1], (xseg_rt.obs.n - i - 1) * sizeof *xseg_rt.obs.list);
+    xseg_rt.obs.n--;
+    atomic_store_explicit(&xseg_rt.obs.count, xseg_rt.obs.n, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.obs.lock);
     return XSEG_SUCCESS;
 }

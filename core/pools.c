@@ -172,6 +172,17 @@ void pools_reap(struct dev_alloc *d)
     }
 }
 
+void pools_destroy(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    xseg_assert(!d->priv.nroutes);
+    pools_reap(d);
+    if (d->priv.pools)
+        return; /* a pool still has users or segments: nothing more to give back */
+    xs_free(d->priv.routes);
+    d->priv = (struct pool_state){0};
+}
+
 size_t pools_cached_bytes(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);

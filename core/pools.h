@@ -26,6 +26,9 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
 xseg_status pools_select(struct dev_alloc *d, CUstream stream, struct priv_pool **out);
 /* Free the structs of pools with no users and no segments left. */
 void pools_reap(struct dev_alloc *d);
+/* xseg_shutdown, once no route is left and every pool was released: forget the pools and free
+ * the route list (lock held). */
+void pools_destroy(struct dev_alloc *d);
 /* Bytes cached free in private pools (the OOM message's "allocated in private pools"). */
 size_t pools_cached_bytes(struct dev_alloc *d);
 

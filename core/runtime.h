@@ -9,11 +9,7 @@
 #include <stdatomic.h>
 
 #include "core/device.h"
-
-/* Process state read by the inline fast paths below (defined in runtime.c). */
-extern XSEG_HIDDEN _Atomic int rt_ready;
-extern XSEG_HIDDEN int rt_ndevices;
-extern XSEG_HIDDEN struct dev_alloc *_Atomic rt_devs[ALLOC_MAX_DEVICES];
+#include "core/procstate.h"
 
 /* xseg_init: load the driver, apply @p config (NULL: the environment's) over the defaults. */
 xseg_status rt_init(const char *config);
@@ -25,6 +21,11 @@ xseg_status rt_set_config(const char *config);
  * The device table keeps its (emptied) allocators for that next use. */
 xseg_status rt_reset(void);
 
+/* xseg_shutdown's last step, once every device was emptied: each allocator gives back what it
+ * holds (dev_destroy) and the pages of its state (kept mapped for its next creation); the
+ * device table is empty. */
+void rt_teardown(void);
+
 /* True in a child forked from a process that had loaded the CUDA driver: every call that needs
  * the runtime (rt_ensure, rt_init, hence every device) fails with XSEG_ERROR_ILLEGAL_STATE
  * saying why; the configuration (settings.h) stays readable and writable. */
@@ -34,7 +35,7 @@ bool rt_forked_child(void);
 xseg_status rt_ensure_slow(void);
 static inline xseg_status rt_ensure(void)
 {
-    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire)))
+    if (XSEG_LIKELY(atomic_load_explicit(&xseg_rt.rt.ready, memory_order_acquire)))
         return XSEG_SUCCESS;
     return rt_ensure_slow();
 }
@@ -45,9 +46,9 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out);
 static inline xseg_status rt_device(int device, struct dev_alloc **out)
 {
     /* rt_ndevices is written once, before rt_ready is released. */
-    if (XSEG_LIKELY(atomic_load_explicit(&rt_ready, memory_order_acquire) &&
-                    (unsigned)device < (unsigned)rt_ndevices)) {
-        struct dev_alloc *d = atomic_load_explicit(&rt_devs[device], memory_order_acquire);
+    if (XSEG_LIKELY(atomic_load_explicit(&xseg_rt.rt.ready, memory_order_acquire) &&
+                    (unsigned)device < (unsigned)xseg_rt.rt.ndevices)) {
+        struct dev_alloc *d = atomic_load_explicit(&xseg_rt.rt.devs[device], memory_order_acquire);
         if (XSEG_LIKELY(d != NULL)) {
             *out = d;
             return XSEG_SUCCESS;
@@ -61,10 +62,10 @@ static inline struct dev_alloc *rt_device_peek(int device)
 {
     if ((unsigned)device >= ALLOC_MAX_DEVICES)
         return NULL;
-    return atomic_load_explicit(&rt_devs[device], memory_order_acquire);
+    return atomic_load_explicit(&xseg_rt.rt.devs[device], memory_order_acquire);
 }
 
 /* Devices the driver reports (capped at ALLOC_MAX_DEVICES); 0 before initialization. */
-static inline int rt_device_count(void) { return rt_ndevices; }
+static inline int rt_device_count(void) { return xseg_rt.rt.ndevices; }
 
 #endif

@@ -13,12 +13,12 @@
 
 #include "base/common.h"
 #include "core/config.h"
+#include "core/procstate.h"
 
 /* Generation of the configuration: bumped by every successful settings_apply. */
-extern XSEG_HIDDEN _Atomic unsigned settings_generation;
 static inline unsigned settings_gen(void)
 {
-    return atomic_load_explicit(&settings_generation, memory_order_acquire);
+    return atomic_load_explicit(&xseg_rt.settings.generation, memory_order_acquire);
 }
 /* Copy the configuration in force and its generation (takes the settings lock briefly). */
 void settings_copy(struct cfg *out, unsigned *gen);

@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "core/alloc.h"
+#include "core/capreuse.h"
 #include "core/check.h"
 #include "core/events.h"
 #include "core/history.h"
@@ -119,6 +120,8 @@ static xseg_status shutdown_device(struct dev_alloc *d)
                        "back; call xseg_shutdown again", d->device);
     }
     ev_destroy(d);
+    capreuse_reset(d);
+    pools_destroy(d);
     d->cfg_gen = 0; /* the next lock takes the configuration (and its memory fraction) afresh */
     dev_unlock(d);
     alloc_reset_peaks(d);
@@ -157,6 +160,7 @@ xseg_status shutdown_process(void)
     hostalloc_sync_thread();
     if ((st = hostalloc_empty_cache()) != XSEG_SUCCESS)
         return err_prefix(st, "xseg_shutdown");
+    rt_teardown(); /* every device emptied: their structs, maps and slabs go too */
     hist_shutdown();
     obs_detach_all();
     snapshot_oom_reset();

@@ -2,9 +2,10 @@
  * xseg_shutdown: the process back to its start. Every device is emptied (live blocks freed,
  * private pools ended and released, cached memory and pooled events given back to the driver),
  * IPC imports closed, history cleared and its tables freed, observers and callbacks detached, the
- * settings back to their defaults, the idle thread joined; the next call initializes again.
- * The per-device state structs stay (empty) for that next use: another thread's last lazy hit
- * may still point into one (core/alloc.h, alloc_tls_slot).
+ * settings back to their defaults, the idle thread joined, and every sub-state of xseg_rt
+ * (core/procstate.h) back to its start with what it pointed to freed, the devices' included
+ * (rt_teardown); the next call initializes again. A device's state keeps its pages' address
+ * range (runtime.c): another thread's last lazy hit may still point into it (alloc_tls_slot).
  */
 #ifndef XSEG_CORE_SHUTDOWN_H
 #define XSEG_CORE_SHUTDOWN_H

@@ -11,10 +11,11 @@
  *   4. unmap every mapped page of the pool, keeping the handles (the bytes still exist): a
  *      failure maps them back with their own memory;
  *   5. release the handles: the memory goes back to the driver. Books: reserved_bytes drops.
- * Wake: map every asleep page (new memory), restore (copy back or zero) on the segment's stream,
- * wait, then give the host memory back (to the host cache under sleep_keep_host_backup, else to
- * the driver); a failure before the end unmaps what it mapped, and the pool
- * stays asleep with its host copy, ready for a retry.
+ * Wake: map every asleep page (new memory) and restore (copy back or zero) on the segment's stream,
+ * segment after segment (a segment's copies overlap the next one's mapping), wait, then give the
+ * host memory back (to the host cache under sleep_keep_host_backup, else to the driver). A failure
+ * before the end waits for the copies it queued, then unmaps what it mapped (if that wait fails
+ * too, the pages stay mapped), and the pool stays asleep with its host copy, ready for a retry.
  *
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
  * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
@@ -194,11 +195,11 @@ static CUstream copy_stream(const struct segrec *s)
     return vstream_check(s->stream, "sleep") == XSEG_SUCCESS ? s->stream : NULL;
 }
 
-/* Wait for the copies of every segment (each stream once). */
-static xseg_status wait_copies(struct pool_sleep *ps, const char *why)
+/* Wait for the copies of the first @p n segments (each stream once). */
+static xseg_status wait_copies(struct pool_sleep *ps, size_t n, const char *why)
 {
     xseg_status st = XSEG_SUCCESS;
-    for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
+    for (size_t i = 0; i < n && st == XSEG_SUCCESS; i++) {
         bool seen = false;
         for (size_t j = 0; j < i && !seen; j++)
             seen = ps->segs[j].stream == ps->segs[i].stream;
@@ -252,7 +253,7 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
                 return err_prefix(st, "xseg_sleep: offloading live blocks");
         }
     }
-    return wait_copies(ps, "for the copies of a sleep (xseg_sleep)");
+    return wait_copies(ps, ps->nsegs, "for the copies of a sleep (xseg_sleep)");
 }
 
 /* History: every mapped range of the pool's segments, as segment_unmap (or _map) events. */
@@ -520,23 +521,33 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
         ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
     }
-    size_t k = 0;
-    for (; k < ps->nsegs; k++) {
+    /* Each segment's restore is queued as soon as its pages are mapped, so its copies run while
+     * the next segment maps. k: segments mapped (or tried); queued: those whose copies may run. */
+    size_t k = 0, queued = 0;
+    for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
         size_t mapped;
         if ((st = seg_wake_map(ps->segs[k].s->vseg, &mapped)) != XSEG_SUCCESS) {
             k++; /* its own rollback may have left a page mapped: counted below */
             break;
         }
-    }
-    for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
-        ps->segs[i].stream = copy_stream(ps->segs[i].s);
-        st = restore(ps, &ps->segs[i]);
+        ps->segs[k].stream = copy_stream(ps->segs[k].s);
+        queued = k + 1;
+        st = restore(ps, &ps->segs[k]);
     }
     if (st == XSEG_SUCCESS)
-        st = wait_copies(ps, "for the copies of a wake (xseg_wake)");
+        st = wait_copies(ps, queued, "for the copies of a wake (xseg_wake)");
     if (st != XSEG_SUCCESS) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", err_message());
+        /* A copy already queued may still write into the pages: they are unmapped only once it
+         * is done. If even that wait fails they stay mapped (counted), and a retry reuses them. */
+        if (wait_copies(ps, queued, "for the copies of a failed wake (xseg_wake)") != XSEG_SUCCESS) {
+            char msg2[256];
+            snprintf(msg2, sizeof msg2, "%s", err_message());
+            count_woken(d, ps);
+            return err_set(st, "xseg_wake: %s; the pool is still asleep; its copies could not be waited for (%s), "
+                               "so the pages this wake mapped stay mapped (retry the wake)", msg, msg2);
+        }
         undo_maps(d, ps, k);
         return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; "
                            "retry the wake)", msg);

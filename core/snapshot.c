@@ -715,16 +715,8 @@ static xseg_status gather(int device, struct snap_acc *a)
 xseg_status snapshot_write(int device, const char *path, bool json)
 {
     const char *what = json ? "xseg_dump_snapshot_json" : "xseg_dump_snapshot";
-    if (!path || !*path)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: path is %s", what, path ? "empty" : "NULL");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
     int ndev = rt_device_count();
-    if (device < -1 || device >= ndev)
-        return err_set(XSEG_ERROR_INVALID_DEVICE, "%s: invalid device %d: the driver reports %d device%s", what,
-                       device, ndev, ndev == 1 ? "" : "s");
-
+    xseg_status st;
     struct snap_acc a = {.with_stacks = true};
     struct hist_event *ev = NULL;
     size_t nev = 0;
@@ -780,15 +772,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
 xseg_status snapshot_write_trace(int device, const char *path)
 {
     const char *what = "xseg_dump_trace";
-    if (!path || !*path)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: path is %s", what, path ? "empty" : "NULL");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    int ndev = rt_device_count();
-    if (device < -1 || device >= ndev)
-        return err_set(XSEG_ERROR_INVALID_DEVICE, "%s: invalid device %d: the driver reports %d device%s", what,
-                       device, ndev, ndev == 1 ? "" : "s");
+    xseg_status st;
     struct hist_event *ev;
     size_t nev;
     uint64_t dropped;
@@ -902,54 +886,50 @@ xseg_status snapshot_write_trace(int device, const char *path)
 
 #define OOM_SNAPSHOT_INTERVAL_US (10 * 1000000ll)
 
-static pthread_mutex_t oom_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_OOM_SNAPSHOT, oom_lock)
-static char *oom_path;      /* set by xseg_set_oom_snapshot */
-static bool oom_path_set;   /* the API decided (even NULL): the environment is not read */
-static int64_t oom_last_us; /* when the last OOM snapshot was written (0: never) */
-static bool oom_writing;    /* an OOM inside the writer (observer, another thread) does not recurse */
+/* This part's state is xseg_rt.oom (core/procstate.h). */
+FORK_MUTEX_AT(FORK_RANK_OOM_SNAPSHOT, oom_lock, xseg_rt.oom.lock)
 
 xseg_status snapshot_set_oom_path(const char *path)
 {
     char *p = NULL;
     if (path && *path && !(p = xs_strdup(path)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_set_oom_snapshot: out of host memory");
-    mutex_lock(&oom_lock);
-    xs_free(oom_path);
-    oom_path = p;
-    oom_path_set = true;
-    oom_last_us = 0;
-    mutex_unlock(&oom_lock);
+    mutex_lock(&xseg_rt.oom.lock);
+    xs_free(xseg_rt.oom.path);
+    xseg_rt.oom.path = p;
+    xseg_rt.oom.path_set = true;
+    xseg_rt.oom.last_us = 0;
+    mutex_unlock(&xseg_rt.oom.lock);
     return XSEG_SUCCESS;
 }
 
 void snapshot_oom_reset(void)
 {
-    mutex_lock(&oom_lock);
-    xs_free(oom_path);
-    oom_path = NULL;
-    oom_path_set = false;
-    oom_last_us = 0;
-    mutex_unlock(&oom_lock);
+    mutex_lock(&xseg_rt.oom.lock);
+    xs_free(xseg_rt.oom.path);
+    xseg_rt.oom.path = NULL;
+    xseg_rt.oom.path_set = false;
+    xseg_rt.oom.last_us = 0;
+    mutex_unlock(&xseg_rt.oom.lock);
 }
 
 void snapshot_on_oom(char *info, size_t size)
 {
     info[0] = 0;
-    mutex_lock(&oom_lock);
-    const char *path = oom_path_set ? oom_path : getenv("XSEG_OOM_SNAPSHOT");
-    if (!path || !*path || oom_writing) {
-        mutex_unlock(&oom_lock);
+    mutex_lock(&xseg_rt.oom.lock);
+    const char *path = xseg_rt.oom.path_set ? xseg_rt.oom.path : getenv("XSEG_OOM_SNAPSHOT");
+    if (!path || !*path || xseg_rt.oom.writing) {
+        mutex_unlock(&xseg_rt.oom.lock);
         return;
     }
     char *copy = xs_strdup(path);
-    int64_t now = hist_now_us(), last = oom_last_us;
+    int64_t now = hist_now_us(), last = xseg_rt.oom.last_us;
     bool due = copy && (last == 0 || now - last >= OOM_SNAPSHOT_INTERVAL_US);
     if (due) {
-        oom_writing = true;
-        oom_last_us = now;
+        xseg_rt.oom.writing = true;
+        xseg_rt.oom.last_us = now;
     }
-    mutex_unlock(&oom_lock);
+    mutex_unlock(&xseg_rt.oom.lock);
     if (!copy)
         return;
     if (!due) {
@@ -964,8 +944,8 @@ void snapshot_on_oom(char *info, size_t size)
         snprintf(info, size, " A memory snapshot was written to %.400s.", copy);
     else
         snprintf(info, size, " (The memory snapshot could not be written: %.400s)", err_message());
-    mutex_lock(&oom_lock);
-    oom_writing = false;
-    mutex_unlock(&oom_lock);
+    mutex_lock(&xseg_rt.oom.lock);
+    xseg_rt.oom.writing = false;
+    mutex_unlock(&xseg_rt.oom.lock);
     xs_free(copy);
 }

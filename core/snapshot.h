@@ -20,6 +20,9 @@
 struct dev_alloc;
 struct hstack;
 
+/* The writers trust their callers (api/history.c checks what the user passed): the runtime is
+ * initialized, @p device is -1 or a device index, @p path is a non-empty string. */
+
 /* Write a snapshot of @p device (-1: every device) to @p path (via a temporary file renamed
  * into place). @p json: JSON instead of the pickle. */
 xseg_status snapshot_write(int device, const char *path, bool json);

@@ -36,6 +36,8 @@ static atomic_ulong ctl_calls[EMU_E_COUNT];
 static _Atomic uint64_t ctl_latency_ns[EMU_E_COUNT];
 /* Per-byte cost of the copies (emu_bytes_wait), in picoseconds per byte: 40 is 25 GB/s. */
 static _Atomic uint64_t ctl_ps_per_byte[EMU_E_COUNT];
+/* The modelled host clock (emu_model_now), in ns since start. */
+static _Atomic uint64_t ctl_model_ns;
 
 /* Armed failures; under emu.lock. A short list: tests arm a handful at a time. */
 struct ctl_fail {
@@ -81,6 +83,26 @@ static uint64_t ctl_now_ns(void)
 
 uint64_t emu_now_ns(void) { return ctl_now_ns(); }
 
+uint64_t emu_model_now(void) { return atomic_load(&ctl_model_ns); }
+
+void emu_model_advance_to(uint64_t t)
+{
+    uint64_t cur = atomic_load(&ctl_model_ns);
+    while (cur < t && !atomic_compare_exchange_weak(&ctl_model_ns, &cur, t))
+        ;
+}
+
+uint64_t emu_bytes_ns(enum emu_entry e, size_t bytes)
+{
+    return (uint64_t)bytes * atomic_load_explicit(&ctl_ps_per_byte[e], memory_order_relaxed) / 1000;
+}
+
+uint64_t cudaemu_model_ns(void)
+{
+    emu_env_once();
+    return emu_model_now();
+}
+
 void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0)
 {
     uint64_t ps = atomic_load_explicit(&ctl_ps_per_byte[e], memory_order_relaxed);
@@ -125,6 +147,7 @@ CUresult emu_enter(enum emu_entry e)
     atomic_fetch_add_explicit(&ctl_calls[e], 1, memory_order_relaxed);
     uint64_t lat = atomic_load_explicit(&ctl_latency_ns[e], memory_order_relaxed);
     if (lat) {
+        atomic_fetch_add(&ctl_model_ns, lat);
         /* Busy-wait, like a driver call that spins in the kernel: sleeping would hand the core
          * to another thread and model a different cost. */
         uint64_t until = ctl_now_ns() + lat;

@@ -99,6 +99,12 @@ int cudaemu_set_latency(const char *entry, uint64_t ns);
  * CUDAEMU_LATENCY or the setters left them: what a benchmark needs to model the time of the calls
  * it counted. Either pointer may be NULL. -1 for an unknown name. */
 int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte);
+/* The timeline model's clock, in ns: each call adds its latency, a synchronous copy its bytes at
+ * its rate; an async copy occupies its stream and its direction's copy engine from when both (and
+ * the host) are ready for bytes / rate, and a wait (stream, context or event synchronize) moves
+ * the clock to the end of what it waited for. The difference across a sequence of calls is its
+ * modelled duration with copies overlapping host calls and each other as a GPU would run them. */
+uint64_t cudaemu_model_ns(void);
 /* Set the per-byte cost of a copy entry (cuMemcpyHtoD, ...) as a rate (0: none): a call that
  * moves n bytes lasts at least n / rate. -1 for an unknown name. */
 int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second);

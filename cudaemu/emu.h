@@ -205,6 +205,16 @@ struct CUstream_st {
     uint64_t completed;   /* work up to this sequence number has finished */
     struct emu_capseq *cap;    /* the capture this stream takes part in, or NULL */
     struct emu_nodeset deps;   /* while capturing: what the next captured node depends on */
+    struct emu_pend *pend;     /* device ranges of async work queued while held (pruned as it completes) */
+    uint64_t model_ready;      /* modelled time (emu_model_now) its last async copy completes */
+    size_t npend, cappend;
+};
+
+/* A device range that pending work (sequence number seq) of a held stream still reads or writes. */
+struct emu_pend {
+    uintptr_t addr;
+    size_t size;
+    uint64_t seq;
 };
 
 struct CUevent_st {
@@ -212,6 +222,7 @@ struct CUevent_st {
     CUstream stream;      /* stream of the last record, or NULL when complete at record time */
     uint64_t seq;
     uint64_t cap_id;      /* recorded in this capture (0: not in a capture) */
+    uint64_t model_ready; /* the recording stream's model_ready at the record */
     struct emu_nodeset deps;  /* the recording stream's dependencies at that point */
 };
 
@@ -267,6 +278,13 @@ void emu_latency_set(enum emu_entry e, uint64_t ns);
 void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s);
 uint64_t emu_now_ns(void);
 void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0);
+/* The timeline model (cudaemu_model_ns): a modelled host clock that each call advances by its
+ * latency and each synchronous copy by its bytes at its rate; an async copy occupies its stream
+ * and its direction's copy engine from max(stream ready, engine ready, now) for bytes / rate, and
+ * a wait (stream, context, event synchronize) moves the clock to the completion it waits for. */
+uint64_t emu_model_now(void);
+void emu_model_advance_to(uint64_t t);
+uint64_t emu_bytes_ns(enum emu_entry e, size_t bytes);
 
 /* Entry prologue: count/latency/injection, then the initialized check. */
 #define EMU_ENTER(fn)                                                                             \
@@ -298,6 +316,11 @@ void emu_streams_complete_all_locked(void);
 /* Resolve a CUstream argument (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD -> the NULL stream);
  * NULL when it is not a live stream. Lock held. */
 CUstream emu_stream_resolve_locked(CUstream s);
+/* Remember that pending work @p seq of held stream @p s touches device range [addr, addr + size):
+ * false when out of host memory. Lock held. */
+bool emu_stream_pend_locked(CUstream s, uintptr_t addr, size_t size, uint64_t seq);
+/* Does pending work of any stream still touch [addr, addr + size)? (cuMemUnmap's rule.) Lock held. */
+bool emu_streams_pending_touch_locked(uintptr_t addr, size_t size);
 
 /* ---- graphs (graph.c); lock held ---- */
 /* A new empty graph, registered in emu.graphs; NULL when out of host memory. */

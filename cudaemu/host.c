@@ -137,9 +137,28 @@ void cudaemu_host_live(size_t *count, size_t *bytes)
     emu_unlock();
 }
 
-/* Queue one unit of async work on @p hStream: 1 when it runs now, 0 when it was captured (a graph
- * node keeping @p op for launches; nothing runs), or a CUresult error (negated). */
-static int async_enqueue(CUstream hStream, CUgraphNodeType type, const struct emu_op *op)
+/* When each copy engine (0: host to device, 1: device to host, 2: device to device) is next free
+ * on the model timeline (emu_model_now). Under emu.lock. */
+static uint64_t engine_ready[3];
+
+/* The model timeline of a copy of @p bytes by entry @p e on @p s: it starts when the stream, its
+ * engine and the host (the call) are all ready and lasts bytes / rate. Lock held. */
+static void async_model_locked(CUstream s, enum emu_entry e, size_t bytes)
+{
+    int eng = e == EMU_E_cuMemcpyHtoDAsync ? 0 : e == EMU_E_cuMemcpyDtoHAsync ? 1 : 2;
+    uint64_t start = emu_model_now();
+    if (s->model_ready > start)
+        start = s->model_ready;
+    if (eng < 2 && engine_ready[eng] > start)
+        start = engine_ready[eng];
+    s->model_ready = start + emu_bytes_ns(e, bytes);
+    if (eng < 2)
+        engine_ready[eng] = s->model_ready;
+}
+
+/* Queue one unit of async work of entry @p e on @p hStream: 1 when it runs now, 0 when it was
+ * captured (a graph node keeping @p op for launches; nothing runs), or a CUresult error (negated). */
+static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType type, const struct emu_op *op)
 {
     emu_lock();
     int rc = 1;
@@ -150,8 +169,16 @@ static int async_enqueue(CUstream hStream, CUgraphNodeType type, const struct em
         CUresult r = emu_capture_add_locked(s, type, op);
         rc = r == CUDA_SUCCESS ? 0 : -(int)r;
     } else if (s->held) {
-        s->submitted++;
+        /* Pending work: its device operands may not be unmapped until it completes (cuMemUnmap). */
+        uint64_t seq = s->submitted + 1;
+        if ((op->dst_dev && op->size && !emu_stream_pend_locked(s, op->dst, op->size, seq)) ||
+            (op->src_dev && op->size && !emu_stream_pend_locked(s, op->src, op->size, seq)))
+            rc = -(int)CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            s->submitted = seq;
     }
+    if (rc > 0 && op->kind == EMU_OP_MEMCPY)
+        async_model_locked(s, e, op->size);
     emu_unlock();
     return rc;
 }
@@ -174,7 +201,7 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstDevice, (uintptr_t)srcHost, ByteCount, 0, true, false};
-    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyHtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -197,7 +224,7 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstHost, (uintptr_t)srcDevice, ByteCount, 0, false, true};
-    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoHAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -219,7 +246,7 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMSET, (uintptr_t)dstDevice, 0, N, uc, true, false};
-    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMSET, &op);
+    int rc = async_enqueue(hStream, EMU_E_cuMemsetD8Async, CU_GRAPH_NODE_TYPE_MEMSET, &op);
     if (rc < 0)
         return (CUresult)-rc;
     /* Zeros over VMM memory are punched out of the memory file (cuMemsetD8's reason). */
@@ -241,7 +268,7 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount, 0, true, true};
-    int rc = async_enqueue(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {

@@ -116,6 +116,7 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t
     uint64_t t0 = emu_now_ns();
     memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
     emu_bytes_wait(EMU_E_cuMemcpyHtoD, ByteCount, t0);
+    emu_model_advance_to(emu_model_now() + emu_bytes_ns(EMU_E_cuMemcpyHtoD, ByteCount));
     return CUDA_SUCCESS;
 }
 
@@ -136,6 +137,7 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
     uint64_t t0 = emu_now_ns();
     memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
     emu_bytes_wait(EMU_E_cuMemcpyDtoH, ByteCount, t0);
+    emu_model_advance_to(emu_model_now() + emu_bytes_ns(EMU_E_cuMemcpyDtoH, ByteCount));
     return CUDA_SUCCESS;
 }
 

@@ -61,7 +61,53 @@ CUstream emu_stream_resolve_locked(CUstream s)
     return emu_map_get(&emu.streams, (uint64_t)(uintptr_t)s);
 }
 
-static void stream_complete(CUstream s) { s->completed = s->submitted; }
+/* Waiting for a stream completes its work: the modelled clock moves to its last copy's end. */
+static void stream_complete(CUstream s)
+{
+    s->completed = s->submitted;
+    emu_model_advance_to(s->model_ready);
+}
+
+bool emu_stream_pend_locked(CUstream s, uintptr_t addr, size_t size, uint64_t seq)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < s->npend; i++)
+        if (s->pend[i].seq > s->completed)
+            s->pend[keep++] = s->pend[i];
+    s->npend = keep;
+    if (s->npend == s->cappend) {
+        size_t cap = s->cappend ? 2 * s->cappend : 8;
+        struct emu_pend *v = realloc(s->pend, cap * sizeof *v);
+        if (!v)
+            return false;
+        s->pend = v;
+        s->cappend = cap;
+    }
+    s->pend[s->npend++] = (struct emu_pend){addr, size, seq};
+    return true;
+}
+
+static bool pend_touches(CUstream s, uintptr_t addr, size_t size)
+{
+    for (size_t i = 0; i < s->npend; i++) {
+        const struct emu_pend *p = &s->pend[i];
+        if (p->seq > s->completed && p->addr < addr + size && addr < p->addr + p->size)
+            return true;
+    }
+    return false;
+}
+
+bool emu_streams_pending_touch_locked(uintptr_t addr, size_t size)
+{
+    if (pend_touches(&emu.null_stream, addr, size))
+        return true;
+    size_t pos = 0;
+    CUstream s;
+    while ((s = emu_map_next(&emu.streams, &pos, NULL)))
+        if (pend_touches(s, addr, size))
+            return true;
+    return false;
+}
 
 void emu_streams_complete_all_locked(void)
 {
@@ -192,6 +238,7 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
             seq->invalidated = true;
     }
     emu_nodeset_free(&s->deps);
+    free(s->pend);
     size_t pos = 0;
     CUevent e;
     while ((e = emu_map_next(&emu.events, &pos, NULL)))
@@ -296,6 +343,8 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
         /* An event from outside the capture would be a dependency across its boundary. */
         capture_invalidate(s);
         r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    } else if (!s->cap && e->model_ready > s->model_ready) {
+        s->model_ready = e->model_ready; /* the timeline model: later work starts after the event */
     }
     emu_unlock();
     return r;
@@ -512,9 +561,11 @@ CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
         e->stream = s;
         e->seq = ++s->submitted;
         e->cap_id = 0;
+        e->model_ready = s->model_ready;
     } else {
         e->stream = NULL;
         e->cap_id = 0;
+        e->model_ready = s->model_ready;
     }
     emu_unlock();
     return r;
@@ -544,6 +595,8 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
         r = CUDA_ERROR_INVALID_HANDLE;
     else if (event_pending(e))
         e->stream->completed = e->seq;
+    if (e)
+        emu_model_advance_to(e->model_ready);
     emu_unlock();
     return r;
 }

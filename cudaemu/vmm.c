@@ -793,6 +793,12 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
             goto out;
         last++;
     }
+    /* Emulator rule (undefined on the driver, where the copy would write into unmapped memory or
+     * fault): a range that pending async work of a held stream still touches cannot be unmapped. */
+    if (emu_streams_pending_touch_locked((uintptr_t)ptr, size)) {
+        r = CUDA_ERROR_ILLEGAL_STATE;
+        goto out;
+    }
     if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
         r = CUDA_ERROR_UNKNOWN;

@@ -103,9 +103,10 @@ XSEG_API xseg_status xseg_device_count(int *count);
  * cleared and stops, segment observers, OOM observers and free-memory callbacks are detached,
  * the OOM snapshot path is forgotten, statistics start again, the configuration is back to its
  * defaults, and the idle-reclaim thread is joined. The next xseg call initializes again, as the
- * first did (reading the environment's configuration; xseg_init may give another). The driver
- * stays loaded, and each device's (empty) allocator state stays allocated for that next use.
- * No other thread may call xseg while it runs.
+ * first did (reading the environment's configuration; xseg_init may give another). Every host
+ * allocation of xseg is freed too (another thread's history stack cache goes when that thread
+ * exits); the driver stays loaded, and each device's state keeps its (emptied, non-resident)
+ * address range for its next use. No other thread may call xseg while it runs.
  * @return XSEG_SUCCESS; XSEG_ERROR_ILLEGAL_STATE when a capture is under way on a device (end it
  *         first) or a pool sleeps (xseg_wake it first): nothing changes then, and in a process
  *         forked from one that had initialised CUDA; XSEG_ERROR_DRIVER when the driver refuses to

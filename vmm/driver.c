@@ -197,6 +197,11 @@ fail:
     return drv_fail(res, what);
 }
 
+void drv_device_unquery(const struct drv_device_info *info)
+{
+    (void)drv->cuDevicePrimaryCtxRelease(info->dev);
+}
+
 xseg_status drv_ctx_ensure(CUcontext ctx)
 {
     xseg_status st = drv_load();

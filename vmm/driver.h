@@ -135,6 +135,8 @@ struct drv_device_info {
 /* Query @p ordinal: handle, primary context (retained), memory, VMM support and granularity.
  * @return XSEG_ERROR_INVALID_DEVICE naming the index and the device count when out of range. */
 xseg_status drv_device_query(int ordinal, struct drv_device_info *info);
+/* Give back the primary context's retain of a drv_device_query whose result is not kept. */
+void drv_device_unquery(const struct drv_device_info *info);
 
 /* The minimum VMM granularity of a pinned allocation on @p dev with @p handle_types requested
  * (0: none): the one place it is asked (device query, segments, IPC probes). */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "base/fork.h"
 #include "base/vec.h"
 #include "base/witness.h"
@@ -49,37 +50,40 @@ struct host_left {
     void *p;
     CUdevice dev;
 };
-static pthread_mutex_t host_left_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_VMM_HOST, host_left_lock)
-static struct host_left *host_left;
-static size_t nhost_left, caphost_left;
+/* This file's process state. */
+static struct host_proc {
+    pthread_mutex_t lock;
+    struct host_left *left;
+    size_t nleft, capleft;
+} host_proc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+FORK_MUTEX_AT(FORK_RANK_VMM_HOST, host_left_lock, host_proc.lock)
 
 void vhost_free(void *p, CUdevice dev)
 {
     if (!p || drv->cuMemFreeHost(p) == CUDA_SUCCESS)
         return;
-    mutex_lock(&host_left_lock);
-    if (VEC_RESERVE(host_left, caphost_left, nhost_left + 1))
-        host_left[nhost_left++] = (struct host_left){p, dev};
+    mutex_lock(&host_proc.lock);
+    if (VEC_RESERVE(host_proc.left, host_proc.capleft, host_proc.nleft + 1))
+        host_proc.left[host_proc.nleft++] = (struct host_left){p, dev};
     /* else out of host memory as well: the pinned buffer is lost, as it was before the list */
-    mutex_unlock(&host_left_lock);
+    mutex_unlock(&host_proc.lock);
 }
 
 size_t vhost_pending(void)
 {
-    mutex_lock(&host_left_lock);
-    size_t n = nhost_left;
-    mutex_unlock(&host_left_lock);
+    mutex_lock(&host_proc.lock);
+    size_t n = host_proc.nleft;
+    mutex_unlock(&host_proc.lock);
     return n;
 }
 
 xseg_status vhost_retry(void)
 {
-    mutex_lock(&host_left_lock);
+    mutex_lock(&host_proc.lock);
     xseg_status first = XSEG_SUCCESS;
     size_t keep = 0;
-    for (size_t i = 0; i < nhost_left; i++) {
-        struct host_left l = host_left[i];
+    for (size_t i = 0; i < host_proc.nleft; i++) {
+        struct host_left l = host_proc.left[i];
         CUcontext ctx = NULL;
         CUresult r = drv->cuDevicePrimaryCtxRetain(&ctx, l.dev);
         if (r == CUDA_SUCCESS) {
@@ -93,10 +97,15 @@ xseg_status vhost_retry(void)
             snprintf(what, sizeof what, "cuMemFreeHost(%p), kept from an earlier failure", l.p);
             first = drv_fail(r, what);
         }
-        host_left[keep++] = l;
+        host_proc.left[keep++] = l;
     }
-    nhost_left = keep;
-    mutex_unlock(&host_left_lock);
+    host_proc.nleft = keep;
+    if (!keep) { /* all freed: the list goes too */
+        xs_free(host_proc.left);
+        host_proc.left = NULL;
+        host_proc.capleft = 0;
+    }
+    mutex_unlock(&host_proc.lock);
     return first;
 }
 

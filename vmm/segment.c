@@ -271,28 +271,35 @@ struct leftover {
     size_t size;                         /* LEFT_UNMAP (then released), LEFT_ADDRESS_FREE */
     CUmemGenericAllocationHandle handle; /* LEFT_UNMAP, LEFT_RELEASE */
 };
-static pthread_mutex_t left_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_VMM_LEFT, left_lock)
-static struct leftover *left;
-static size_t nleft, capleft;
+/* This file's process state: the leftovers kept for a retry, and the placement cursor below. */
+static struct seg_proc {
+    pthread_mutex_t left_lock;
+    struct leftover *left;
+    size_t nleft, capleft;
+    pthread_mutex_t cursor_lock;
+    CUdeviceptr cursor;
+    int cursor_off; /* set once the driver placed a hinted range elsewhere */
+} seg_proc = {.left_lock = PTHREAD_MUTEX_INITIALIZER, .cursor_lock = PTHREAD_MUTEX_INITIALIZER};
+FORK_MUTEX_AT(FORK_RANK_VMM_LEFT, left_lock, seg_proc.left_lock)
+FORK_MUTEX_AT(FORK_RANK_VMM_CURSOR, seg_cursor_lock, seg_proc.cursor_lock)
 
 /* Keep @p l for a retry. Only a host allocation failure loses it (the leak it was before). */
 static void left_push(struct leftover l)
 {
-    mutex_lock(&left_lock);
-    if (!VEC_RESERVE(left, capleft, nleft + 1)) {
-        mutex_unlock(&left_lock);
+    mutex_lock(&seg_proc.left_lock);
+    if (!VEC_RESERVE(seg_proc.left, seg_proc.capleft, seg_proc.nleft + 1)) {
+        mutex_unlock(&seg_proc.left_lock);
         return;
     }
-    left[nleft++] = l;
-    mutex_unlock(&left_lock);
+    seg_proc.left[seg_proc.nleft++] = l;
+    mutex_unlock(&seg_proc.left_lock);
 }
 
 size_t seg_leftovers_pending(void)
 {
-    mutex_lock(&left_lock);
-    size_t n = nleft;
-    mutex_unlock(&left_lock);
+    mutex_lock(&seg_proc.left_lock);
+    size_t n = seg_proc.nleft;
+    mutex_unlock(&seg_proc.left_lock);
     return n + vhost_pending();
 }
 
@@ -330,17 +337,17 @@ xseg_status seg_leftovers_retry(void)
 {
     /* Pinned host buffers of sleep and wake whose free failed (vmm/host.c) go with the rest. */
     xseg_status host_st = drv && vhost_pending() ? vhost_retry() : XSEG_SUCCESS;
-    mutex_lock(&left_lock);
-    if (nleft == 0 || !drv) {
-        mutex_unlock(&left_lock);
+    mutex_lock(&seg_proc.left_lock);
+    if (seg_proc.nleft == 0 || !drv) {
+        mutex_unlock(&seg_proc.left_lock);
         return host_st;
     }
     xseg_status first = host_st;
     /* Unmaps first (their handles then get released in the next pass), address frees last. */
     for (int pass = LEFT_UNMAP; pass <= LEFT_ADDRESS_FREE; pass++) {
         size_t keep = 0;
-        for (size_t i = 0; i < nleft; i++) {
-            struct leftover l = left[i];
+        for (size_t i = 0; i < seg_proc.nleft; i++) {
+            struct leftover l = seg_proc.left[i];
             if ((int)l.kind == pass) {
                 const char *what = "";
                 CUresult res = left_try(&l, &what);
@@ -350,11 +357,16 @@ xseg_status seg_leftovers_retry(void)
                     first = seg_failf(res, "%s of 0x%llx (%zu bytes), kept from an earlier failure", what,
                                       (unsigned long long)l.addr, l.size);
             }
-            left[keep++] = l;
+            seg_proc.left[keep++] = l;
         }
-        nleft = keep;
+        seg_proc.nleft = keep;
     }
-    mutex_unlock(&left_lock);
+    if (!seg_proc.nleft) { /* all retried: the list goes too (xseg_shutdown leaves nothing) */
+        xs_free(seg_proc.left);
+        seg_proc.left = NULL;
+        seg_proc.capleft = 0;
+    }
+    mutex_unlock(&seg_proc.left_lock);
     return first;
 }
 
@@ -369,7 +381,12 @@ static void seg_release_handle(struct seg *seg, CUmemGenericAllocationHandle h)
 
 /* Forget the chunk starting at granule @p first after the driver unmapped it, and release its
  * handle (a failed release is kept for a retry: the chunk is unmapped all the same). */
-static void chunk_forget(struct seg *seg, size_t first)
+static void chunk_forget_keep(struct seg *seg, size_t first, struct seg_spares *keep);
+static void chunk_forget(struct seg *seg, size_t first) { chunk_forget_keep(seg, first, NULL); }
+
+/* chunk_forget; with @p keep, the handle is listed there instead of released (released when the
+ * list has no room). */
+static void chunk_forget_keep(struct seg *seg, size_t first, struct seg_spares *keep)
 {
     size_t n = seg->clen[first];
     size_t bytes = n * seg->gran;
@@ -384,7 +401,42 @@ static void chunk_forget(struct seg *seg, size_t first)
         seg->cstart[g] = 0;
     }
     seg->clen[first] = 0;
+    if (keep && VEC_RESERVE(keep->v, keep->cap, keep->n + 1)) {
+        keep->v[keep->n++] = (struct seg_spare){h, bytes, seg->cudev, (unsigned)seg->prop.requestedHandleTypes,
+                                                seg->prop.allocFlags.gpuDirectRDMACapable};
+        return;
+    }
     seg_release_handle(seg, h);
+}
+
+void seg_spares_drain(struct seg_spares *sp)
+{
+    if (!sp)
+        return;
+    for (size_t i = 0; i < sp->n; i++)
+        if (drv->cuMemRelease(sp->v[i].handle) != CUDA_SUCCESS)
+            left_push((struct leftover){.kind = LEFT_RELEASE, .dev = sp->v[i].dev, .handle = sp->v[i].handle});
+    xs_free(sp->v);
+    sp->v = NULL;
+    sp->n = sp->cap = 0;
+}
+
+/* Take a kept handle of @p bytes that @p seg would create itself; 0 when there is none. */
+static CUmemGenericAllocationHandle spare_take(struct seg *seg, struct seg_spares *sp, size_t bytes)
+{
+    if (!sp)
+        return 0;
+    for (size_t i = sp->n; i-- > 0;) {
+        struct seg_spare *k = &sp->v[i];
+        if (k->bytes == bytes && k->dev == seg->cudev &&
+            k->handle_types == (unsigned)seg->prop.requestedHandleTypes &&
+            k->rdma == seg->prop.allocFlags.gpuDirectRDMACapable) {
+            CUmemGenericAllocationHandle h = k->handle;
+            *k = sp->v[--sp->n];
+            return h;
+        }
+    }
+    return 0;
 }
 
 /* Unmap and release the chunk starting at granule @p first (mapped, or stranded). On a failed
@@ -421,10 +473,7 @@ static xseg_status seg_sync(struct seg *seg, const char *why)
  * segment would land, and a probe for a large hole finds that same hole; cudaemu (the kernel's
  * mmap) hands out falling addresses. A hint past the previous segment's room works for both: the
  * driver honours a free, aligned hint and otherwise places the range where it likes. */
-static pthread_mutex_t seg_cursor_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_VMM_CURSOR, seg_cursor_lock)
-static CUdeviceptr seg_cursor;
-static int seg_cursor_off; /* set once the driver placed a hinted range elsewhere */
+/* (seg_proc.cursor, under seg_proc.cursor_lock.) */
 
 /* Find a hole of @p size + SEG_GROW_ROOM bytes, give it back, and return its start (0 if none):
  * reserving at its start leaves the rest free to grow into, on a driver that fills the highest
@@ -452,9 +501,9 @@ static CUdeviceptr seg_probe_room(CUdevice dev, size_t size)
  * room. Any placement is acceptable: without room the segment just grows into a further one. */
 static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *out)
 {
-    mutex_lock(&seg_cursor_lock);
-    CUdeviceptr hint = seg_cursor_off ? 0 : seg_cursor;
-    mutex_unlock(&seg_cursor_lock);
+    mutex_lock(&seg_proc.cursor_lock);
+    CUdeviceptr hint = seg_proc.cursor_off ? 0 : seg_proc.cursor;
+    mutex_unlock(&seg_proc.cursor_lock);
     CUdeviceptr base = 0;
     CUresult res;
     if (hint) {
@@ -471,9 +520,9 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
             base = 0;
         }
         if (base == 0) {
-            mutex_lock(&seg_cursor_lock);
-            seg_cursor_off = 1;
-            mutex_unlock(&seg_cursor_lock);
+            mutex_lock(&seg_proc.cursor_lock);
+            seg_proc.cursor_off = 1;
+            mutex_unlock(&seg_proc.cursor_lock);
         }
     }
     if (base == 0) {
@@ -483,10 +532,10 @@ static CUresult seg_reserve_with_room(CUdevice dev, size_t size, CUdeviceptr *ou
     }
     if (base <= UINT64_MAX - size - SEG_GROW_ROOM - SEG_VA_ALIGN) {
         CUdeviceptr next = (CUdeviceptr)xseg_align_up((size_t)(base + size + SEG_GROW_ROOM), SEG_VA_ALIGN);
-        mutex_lock(&seg_cursor_lock);
-        if (next > seg_cursor)
-            seg_cursor = next;
-        mutex_unlock(&seg_cursor_lock);
+        mutex_lock(&seg_proc.cursor_lock);
+        if (next > seg_proc.cursor)
+            seg_proc.cursor = next;
+        mutex_unlock(&seg_proc.cursor_lock);
     }
     *out = base;
     return CUDA_SUCCESS;
@@ -787,12 +836,31 @@ static void seg_map_rollback(struct seg *seg, size_t first, size_t last)
     }
 }
 
-/* Create and map one chunk over granules [g, g + n) (all unmapped, inside one piece). */
-static xseg_status chunk_create(struct seg *seg, size_t g, size_t n)
+/* Create and map one chunk over granules [g, g + n) (all unmapped, inside one piece), with a
+ * handle kept in @p spares when one fits (seg_map_from). */
+static xseg_status chunk_create(struct seg *seg, size_t g, size_t n, struct seg_spares *spares)
 {
     size_t bytes = n * seg->gran;
-    CUmemGenericAllocationHandle h = 0;
+    CUmemGenericAllocationHandle h = spare_take(seg, spares, bytes);
+    if (h) {
+        CUdeviceptr addr = gran_addr(seg, g);
+        CUresult res = drv->cuMemMap(addr, bytes, 0, h, 0);
+        if (res != CUDA_SUCCESS) {
+            /* Still the list's (it had room for it a moment ago). */
+            spares->v[spares->n++] = (struct seg_spare){h, bytes, seg->cudev,
+                                                        (unsigned)seg->prop.requestedHandleTypes,
+                                                        seg->prop.allocFlags.gpuDirectRDMACapable};
+            return seg_failf(res, "cuMemMap(0x%llx, %zu) of a kept chunk", (unsigned long long)addr, bytes);
+        }
+        spares->reused++;
+        goto mapped;
+    }
     CUresult res = drv->cuMemCreate(&h, bytes, &seg->prop, 0);
+    if (res == CUDA_ERROR_OUT_OF_MEMORY && spares && spares->n) {
+        /* The kept handles hold the memory this size needs: give them back and try again. */
+        seg_spares_drain(spares);
+        res = drv->cuMemCreate(&h, bytes, &seg->prop, 0);
+    }
     if (res != CUDA_SUCCESS)
         return seg_failf(res, "cuMemCreate(%zu bytes) for the segment at 0x%llx on device %d", bytes,
                          (unsigned long long)seg->base, seg->device);
@@ -807,6 +875,7 @@ static xseg_status chunk_create(struct seg *seg, size_t g, size_t n)
         seg_release_handle(seg, h);
         return seg_failf(res, "cuMemMap(0x%llx, %zu) of a new chunk", (unsigned long long)addr, bytes);
     }
+mapped:
     for (size_t k = g; k < g + n; k++) {
         seg->handles[k] = h;
         seg->cstart[k] = g;
@@ -819,6 +888,12 @@ static xseg_status chunk_create(struct seg *seg, size_t g, size_t n)
 
 xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut, size_t *mapped,
                     size_t *chunks)
+{
+    return seg_map_from(seg, offset, size, max_chunk, cut, NULL, mapped, chunks);
+}
+
+xseg_status seg_map_from(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut,
+                         struct seg_spares *spares, size_t *mapped, size_t *chunks)
 {
     if (mapped)
         *mapped = 0;
@@ -893,7 +968,7 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chun
         size_t n = 1;
         while (g + n < end && !seg->handles[g + n] && n < max_n && g + n != cut_g && (g + n) % page_g)
             n++;
-        if ((st = chunk_create(seg, g, n)) != XSEG_SUCCESS)
+        if ((st = chunk_create(seg, g, n, spares)) != XSEG_SUCCESS)
             goto fail;
         nnew++;
         if (run == SIZE_MAX)
@@ -923,16 +998,22 @@ fail:
 /* ---- unmap ---- */
 
 static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks,
-                                  bool sync);
+                                  bool sync, struct seg_spares *keep);
 
 xseg_status seg_unmap(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks)
 {
-    return seg_unmap_impl(seg, offset, size, unmapped, chunks, true);
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, true, NULL);
 }
 
 xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks)
 {
-    return seg_unmap_impl(seg, offset, size, unmapped, chunks, false);
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, false, NULL);
+}
+
+xseg_status seg_unmap_keep(struct seg *seg, size_t offset, size_t size, struct seg_spares *keep, size_t *unmapped,
+                           size_t *chunks)
+{
+    return seg_unmap_impl(seg, offset, size, unmapped, chunks, false, keep);
 }
 
 /* The next run [*run, *run_end) of live chunks wholly inside [g, last) and one piece, from g on;
@@ -959,7 +1040,7 @@ static bool next_inner_run(const struct seg *seg, size_t g, size_t last, size_t 
 }
 
 static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, size_t *unmapped, size_t *chunks,
-                                  bool sync)
+                                  bool sync, struct seg_spares *keep)
 {
     if (unmapped)
         *unmapped = 0;
@@ -1003,7 +1084,7 @@ static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, s
         }
         for (size_t g = run; g < run_end;) {
             size_t e = chunk_end(seg, g);
-            chunk_forget(seg, g);
+            chunk_forget_keep(seg, g, keep);
             ngone++;
             g = e;
         }

@@ -98,6 +98,43 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chun
                     size_t *chunks);
 
 /*
+ * Handles kept for reuse (pytorch#166116): under memory pressure the allocator gives cached
+ * chunks back and at once maps new ones for the growth that needed them. Kept in a seg_spares
+ * list, an unmapped handle is mapped again by that growth (cuMemUnmap + cuMemMap) instead of
+ * being released and a new one created (cuMemRelease + cuMemCreate: ~29 us on an H100,
+ * docs/benchmarks.md section 4). One list per device, shared by all its segments (any stream,
+ * any pool): a handle is only device memory of a size. The caller owns the list, fills it with
+ * seg_unmap_keep, passes it to seg_map_from, and empties it with seg_spares_drain before its lock
+ * is given back, so kept handles never outlive the operation that made them.
+ */
+struct seg_spare {
+    CUmemGenericAllocationHandle handle;
+    size_t bytes;
+    CUdevice dev;          /* the handle's properties: only a segment creating the same takes it */
+    unsigned handle_types;
+    unsigned rdma;
+};
+struct seg_spares {
+    struct seg_spare *v;
+    size_t n, cap;
+    size_t reused; /* handles mapped again instead of created, since the list was made */
+};
+
+/* seg_unmap_idle, keeping the handle of every chunk it unmaps in @p keep (when there is no host
+ * memory to list it, the handle is released as seg_unmap_idle does). */
+xseg_status seg_unmap_keep(struct seg *seg, size_t offset, size_t size, struct seg_spares *keep, size_t *unmapped,
+                           size_t *chunks);
+/* seg_map, taking each chunk's handle from @p spares (NULL: none) where one of the chunk's exact
+ * size and properties is kept there, else from cuMemCreate; a cuMemCreate refused for lack of
+ * memory while handles are kept releases them all (seg_spares_drain) and tries once more. A handle
+ * taken from @p spares belongs to the segment from then on (a rollback releases it). */
+xseg_status seg_map_from(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut,
+                         struct seg_spares *spares, size_t *mapped, size_t *chunks);
+/* Release every handle kept in @p sp (a failed cuMemRelease goes to the leftovers,
+ * seg_leftovers_retry) and free the list; @p sp is empty afterwards. */
+void seg_spares_drain(struct seg_spares *sp);
+
+/*
  * Unmap and release every mapped chunk that lies wholly inside [offset, offset + size) (granule
  * multiples), after synchronizing the segment's stream; chunks crossing the range's edges stay.
  * One cuMemUnmap per run of adjacent chunks inside a piece, one cuMemRelease per chunk.

@@ -6,7 +6,8 @@
 # their own headers, never an internal base/, vmm/, core/ or api/ one. Inside core/, the modules
 # are layered too (core_order below): a core/ file includes only core/ headers of its own module or
 # of modules earlier in the list, so calls between modules point one way. And each sub-state of
-# struct dev_alloc (core/state.h) is written only by the module that owns it (owners below).
+# struct dev_alloc (core/state.h), and of the process object xseg_rt (core/procstate.h), is written
+# only by the module that owns it (owners below).
 #   layering.sh SOURCE_ROOT
 set -u
 root=$1
@@ -28,7 +29,7 @@ check() { # layer, allowed include prefixes (space separated)
     done
 }
 # core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
-core_order="config_keys config stats block bins ptrmap history settings hostalloc state device check capreuse pools ipc observe expandable
+core_order="config_keys config stats block bins ptrmap procstate history settings hostalloc state device check capreuse pools ipc observe expandable
 events release sleep trim idle runtime snapshot alloc shutdown"
 # Includes allowed to point up: none (sub-state types live in core/state.h, below device.h, and
 # dev_unlock, which runs dev_check, in core/check.h above it). Format: "FILE:HEADER ...".
@@ -76,6 +77,26 @@ check_owners() {
     done
 }
 
+# Likewise each sub-state of the process object xseg_rt (core/procstate.h) is written (assigned,
+# stored atomically, or its lock taken) only by its module; procstate.c defines it.
+rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c ipc:ipc.c oom:snapshot.c"
+check_rt_owners() { # one grep over every file, then each hit checked against its sub-state's owner
+    grep -nE "xseg_rt\.[a-z]+\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)|(atomic_(store|fetch_[a-z]+|exchange|compare_exchange_[a-z]+)(_explicit)?|mutex_(lock|unlock)|pthread_[a-z_]+)\(&xseg_rt\.[a-z]+\." \
+        "$root"/core/*.[ch] "$root"/api/*.[ch] |
+    awk -v owners="$rt_owners" -v root="$root/" '
+        BEGIN { n = split(owners, o, " "); for (i = 1; i <= n; i++) { split(o[i], kv, ":"); own[kv[1]] = kv[2] } }
+        {
+            file = $0; sub(/:.*/, "", file); base = file; sub(/.*\//, "", base)
+            rest = $0
+            while (match(rest, /xseg_rt\.[a-z]+\./)) {
+                sub_ = substr(rest, RSTART + 8, RLENGTH - 9); rest = substr(rest, RSTART + RLENGTH)
+                if (!(sub_ in own) || base == own[sub_] || base == "procstate.c") continue
+                line = $0; sub(root, "", line)
+                print line "   <- writes xseg_rt." sub_ " outside its module (" own[sub_] ")"
+            }
+        }'
+}
+
 out=$( {
     check base "base"
     check vmm "base vmm"
@@ -83,6 +104,7 @@ out=$( {
     check api "base vmm core api"
     check_core_order
     check_owners
+    check_rt_owners
     find "$root/tools" -name '*.[ch]' | sort | while read -r f; do
         grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(base\|vmm\|core\|api\)/' "$f" |
             sed "s|^|${f#"$root"/}:|; s|\$|   <- tools use the public xseg.h only|"
@@ -98,4 +120,4 @@ if [ -n "$out" ]; then
     echo "layering violations:"; echo "$out"; exit 1
 fi
 n=$(cat "$root"/base/*.[ch] "$root"/vmm/*.[ch] "$root"/core/*.[ch] "$root"/api/*.[ch] | grep -c '^[[:space:]]*#[[:space:]]*include[[:space:]]*"')
-echo "ok: $n includes, all pointing down (base <- vmm <- core <- api; inside core/: $(echo "$core_order" | tr '\n' ' ' | sed 's/ / <- /g')); dev_alloc sub-states written only by their modules; no drv-> in core/ or api/; tools/ include only xseg.h and their own headers"
+echo "ok: $n includes, all pointing down (base <- vmm <- core <- api; inside core/: $(echo "$core_order" | tr '\n' ' ' | sed 's/ / <- /g')); dev_alloc and xseg_rt sub-states written only by their modules; no drv-> in core/ or api/; tools/ include only xseg.h and their own headers"

@@ -431,6 +431,61 @@ static void test_counters_latency(void **state)
     tu_assert_cu(drv->cuMemFree(dp));
 }
 
+/* The timeline model (cudaemu_model_ns): async copies occupy their stream and their direction's
+ * copy engine, overlapping host calls and the other direction; a wait moves the clock to the end
+ * of what it waited for. 1 GB/s is 1 ns per byte, so every figure is exact. */
+static void test_timeline_model(void **state)
+{
+    (void)state;
+    uint64_t (*model)(void) = (uint64_t (*)(void))dlsym(RTLD_DEFAULT, "cudaemu_model_ns");
+    if (!model) {
+        void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+        assert_non_null(lib);
+        *(void **)&model = dlsym(lib, "cudaemu_model_ns");
+    }
+    assert_non_null(model);
+    const uint64_t n = 1 << 20;
+    CUdeviceptr dp;
+    void *hb;
+    CUstream a, b;
+    CUevent ev;
+    tu_assert_cu(drv->cuMemAlloc(&dp, n));
+    tu_assert_cu(drv->cuMemHostAlloc(&hb, n, 0));
+    tu_assert_cu(drv->cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    assert_true(tu_set_bandwidth("cuMemcpyDtoHAsync", 1000000000));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoDAsync", 1000000000));
+    assert_true(tu_set_latency("cuMemGetInfo", 1000));
+    size_t f, t;
+    uint64_t t0 = model();
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(hb, dp, n, a));      /* DtoH engine: [t0, t0 + n) */
+    assert_int_equal(model(), t0);                            /* the host does not wait */
+    tu_assert_cu(drv->cuMemGetInfo(&f, &t));                  /* a host call during the copy */
+    assert_int_equal(model(), t0 + 1000);
+    tu_assert_cu(drv->cuMemcpyHtoDAsync(dp, hb, n, b));      /* HtoD engine: [t0 + 1000, + n) */
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(hb, dp, n, b));      /* after both stream b and engine */
+    tu_assert_cu(drv->cuStreamSynchronize(a));
+    assert_int_equal(model(), t0 + n);                        /* a's copy ended at t0 + n */
+    tu_assert_cu(drv->cuEventRecord(ev, b));
+    tu_assert_cu(drv->cuStreamWaitEvent(a, ev, 0));
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(hb, dp, n, a));      /* a now waits for b's last copy */
+    tu_assert_cu(drv->cuEventSynchronize(ev));
+    assert_int_equal(model(), t0 + 1000 + 2 * n);
+    tu_assert_cu(drv->cuCtxSynchronize());
+    assert_int_equal(model(), t0 + 1000 + 3 * n);
+    tu_assert_cu(drv->cuMemcpyDtoH(hb, dp, n));               /* no rate set for it: no time */
+    assert_int_equal(model(), t0 + 1000 + 3 * n);
+    assert_true(tu_set_bandwidth("cuMemcpyDtoHAsync", 0));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoDAsync", 0));
+    assert_true(tu_set_latency("cuMemGetInfo", 0));
+    tu_assert_cu(drv->cuEventDestroy(ev));
+    tu_assert_cu(drv->cuStreamDestroy(a));
+    tu_assert_cu(drv->cuStreamDestroy(b));
+    tu_assert_cu(drv->cuMemFreeHost(hb));
+    tu_assert_cu(drv->cuMemFree(dp));
+}
+
 static void test_error_names(void **state)
 {
     (void)state;
@@ -679,6 +734,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_counters_latency),
         cmocka_unit_test(test_fresh_memory), /* services */
+        cmocka_unit_test(test_timeline_model),
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_fork_child),
         cmocka_unit_test(test_threads),

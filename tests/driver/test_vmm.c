@@ -228,6 +228,31 @@ static CUresult m_unmap_unmapped(void) { return unmap_row(2 * G, G); }
 static CUresult m_unmap_plus_unmapped(void) { return unmap_row(G, 2 * G); }
 static CUresult m_unmap_two_whole(void) { return unmap_row(0, 2 * G); }
 static CUresult m_unmap_mid_start(void) { return unmap_row(G / 2, G); }
+/* A copy from the mapping queued on a held stream (still pending), then the unmap: undefined on
+ * the driver (the copy may read unmapped memory or fault); cudaemu refuses it, so an allocator
+ * that unmaps under its own queued copies shows (xseg's failed wake, core/sleep.c). */
+static CUresult m_unmap_pending_copy(void)
+{
+    CUdeviceptr va = reserve(G);
+    CUmemGenericAllocationHandle h = create(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    tu_assert_cu(set_rw(va, G));
+    CUstream s = NULL;
+    void *host = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuMemHostAlloc(&host, 4096, 0));
+    assert_true(tu_stream_hold(s));
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(host, va + 4096, 4096, s));
+    CUresult r = drv->cuMemUnmap(va, G);
+    assert_true(tu_stream_release(s)); /* the copy completes: now the unmap is legal */
+    if (r != CUDA_SUCCESS)
+        tu_assert_cu(drv->cuMemUnmap(va, G));
+    drv->cuStreamDestroy(s);
+    drv->cuMemFreeHost(host);
+    drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, G);
+    return r;
+}
 
 static CUresult m_access_unmapped(void)
 {
@@ -515,6 +540,8 @@ static const struct misuse misuse_table[] = {
     ROW_STRICTER("unmap: a mapping plus unmapped VA", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, m_unmap_plus_unmapped),
     ROW("unmap: starts inside a mapping", CUDA_ERROR_INVALID_VALUE, m_unmap_mid_start),
     ROW("unmap: two adjacent whole mappings (legal)", CUDA_SUCCESS, m_unmap_two_whole),
+    ROW_EMU_ONLY("unmap: under a pending async copy (UB on the driver)", CUDA_ERROR_ILLEGAL_STATE,
+                 m_unmap_pending_copy),
     ROW("set access: range not fully mapped", CUDA_ERROR_INVALID_VALUE, m_access_unmapped),
     ROW("set access: count 0", CUDA_ERROR_INVALID_VALUE, m_access_count0),
     ROW("set access: device 4242", CUDA_ERROR_INVALID_VALUE, m_access_baddev),

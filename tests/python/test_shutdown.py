@@ -40,3 +40,55 @@ def test_shutdown_refuses_while_a_pool_sleeps(xseg):
     assert xseg.memory_allocated(0) >= 3 * MiB  # nothing changed
     xseg.free(p)
     xseg.shutdown()
+
+
+RELOAD_SCRIPT = r"""
+import gc, importlib, sys
+import xseg
+MiB = 1 << 20
+seen = []
+xseg.set_config("expandable_segments:True")
+xseg.record_memory_history(enabled="all", stacks="python")
+xseg.attach_oom_observer(lambda *a: seen.append(a))
+ps = [xseg.malloc(n) for n in (4096, 3 * MiB, 5 * MiB)]
+xseg.shutdown()
+# The reload drops the old module's callbacks (ctypes trampolines): after the shutdown the
+# library must call none of them again.
+xseg = importlib.reload(xseg)
+gc.collect()
+assert xseg.memory_allocated(0) == 0 and xseg.memory_reserved(0) == 0
+try:
+    xseg.malloc(1 << 60)  # an OOM: observers run, none is attached
+except xseg.XsegError as e:
+    assert e.status_name == "XSEG_ERROR_OUT_OF_MEMORY", e.status_name
+else:
+    sys.exit("no OOM")
+assert not seen
+got = []
+xseg.attach_oom_observer(lambda *a: got.append(a))
+xseg.record_memory_history(enabled="all", stacks="python")
+p = xseg.malloc(MiB)
+snap = xseg.memory_snapshot()
+assert any(b["size"] >= MiB for s in snap for b in s["blocks"]), snap
+try:
+    xseg.malloc(1 << 60)
+except xseg.XsegError:
+    pass
+assert len(got) == 1, got
+xseg.shutdown()
+print("reloaded")
+"""
+
+
+def test_reload_after_shutdown():
+    """A Python reload after xseg.shutdown(): the old module's callbacks are never called again,
+    and the reloaded package works, with history and observers of its own."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.path.join(here, "..", "..", "python") + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", RELOAD_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "reloaded" in r.stdout

@@ -1164,6 +1164,51 @@ static void test_wake_faults(void **state)
     fixture_free(&f);
 }
 
+/* A failed wake waits for the copies it already queued before unmapping the pages they write:
+ * the segment's stream is held (cudaemu), so the first copy back is still pending when the second
+ * fails, and cudaemu refuses to unmap memory under pending work (ILLEGAL_STATE; on a GPU the copy
+ * would write into unmapped memory). The pages are given back all the same. If the wait fails
+ * too, the pages stay mapped (counted) and a retry completes the wake with the data intact. */
+static void test_wake_rollback_waits_copies(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
+    tu_require_emulator_or_skip();
+    for (int wait_fails = 0; wait_fails <= 1; wait_fails++) {
+        struct fixture f;
+        fixture_make(&f);
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+        size_t host = tu_host_live(NULL);
+        assert_true(tu_stream_hold(NULL)); /* the fixture's blocks use the legacy stream */
+        assert_true(tu_fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN));
+        if (wait_fails) /* the rollback's stream wait and its context fallback, each time */
+            for (unsigned long n = 1; n <= 2; n++) {
+                assert_true(tu_fail("cuStreamSynchronize", n, CUDA_ERROR_UNKNOWN));
+                assert_true(tu_fail("cuCtxSynchronize", n, CUDA_ERROR_UNKNOWN));
+            }
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_DRIVER);
+        tu_fail_clear();
+        print_message("%s\n", xseg_last_error());
+        assert_books_match_driver();
+        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+        assert_int_equal(tu_host_live(NULL), host);
+        struct cudaemu_live lv;
+        assert_true(tu_live(&lv));
+        if (!wait_fails) {
+            assert_int_equal(lv.mapped_bytes, 0); /* every unmap came after the copy */
+            assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+        } else {
+            assert_true(lv.mapped_bytes > 0); /* never unmapped under the copy */
+            assert_non_null(strstr(xseg_last_error(), "stay mapped"));
+        }
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_true(tu_stream_release(NULL));
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+        fixture_check(&f, false);
+        fixture_free(&f);
+    }
+}
+
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
  * larger keep), sleep and wake. */
 static void test_threshold_points(void **state)
@@ -1313,6 +1358,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_errors),     cmocka_unit_test(test_sleep_classic),
         cmocka_unit_test(test_sleep_ipc),        cmocka_unit_test(test_sleep_ipc_faults),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
+        cmocka_unit_test(test_wake_rollback_waits_copies),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),

@@ -115,6 +115,40 @@ static void test_new_reservation(void **state)
     assert_int_equal(a.used, 2 * half + 4096);
 }
 
+/* The range [p, p + n) is mapped (msync answers ENOMEM for an unmapped page). */
+static bool mapped(const void *p, size_t n)
+{
+    return msync((void *)((uintptr_t)p & ~(uintptr_t)4095), n, MS_ASYNC) == 0;
+}
+
+/* arena_release unmaps every reservation, the full ones too, and the arena starts again. */
+static void test_release(void **state)
+{
+    (void)state;
+    struct arena a = ARENA_INIT;
+    a.reserve = HUGEMEM_PAGE;
+    a.huge_div = 1000;
+    size_t half = HUGEMEM_PAGE / 2;
+    unsigned char *p1 = arena_take(&a, half), *p2 = arena_take(&a, half), *p3 = arena_take(&a, 4096);
+    assert_non_null(p1);
+    assert_non_null(p2);
+    assert_non_null(p3);
+    assert_int_equal(a.nold, 1);
+    assert_true(mapped(p1, HUGEMEM_PAGE) && mapped(p3, 4096));
+    arena_release(&a);
+    assert_false(mapped(p1, HUGEMEM_PAGE));
+    assert_false(mapped(p3, 4096));
+    assert_null(a.base);
+    assert_int_equal(a.used, 0);
+    assert_int_equal(a.nold, 0);
+    assert_int_equal(a.reserve, HUGEMEM_PAGE);
+    unsigned char *q = arena_take(&a, 4096);
+    assert_non_null(q);
+    assert_int_equal(q[0] | q[4095], 0);
+    arena_release(&a);
+    arena_release(&a); /* nothing left: a no-op */
+}
+
 /* At the threshold the arena is advised to huge pages and the ranges already written move onto
  * them, two per new range, their contents kept. */
 static void test_huge_at_threshold(void **state)
@@ -259,6 +293,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_takes_zeroed_aligned_in_order),
         cmocka_unit_test(test_new_reservation),
+        cmocka_unit_test(test_release),
         cmocka_unit_test(test_huge_at_threshold),
         cmocka_unit_test(test_huge_from_start),
         cmocka_unit_test(test_reservation_refused),

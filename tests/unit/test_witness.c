@@ -24,7 +24,7 @@ static void expect_abort(int (*fn)(void *))
     assert_int_equal(detail, SIGABRT);
 }
 
-/* In order: rt_lock, a device lock, hist_lock, host_left_lock; then given back in any order. */
+/* In order: xseg_rt.rt.lock, a device lock, xseg_rt.hist.lock, host_proc.lock; then given back in any order. */
 static void test_order_kept(void **state)
 {
     (void)state;

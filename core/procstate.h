@@ -1,0 +1,149 @@
+/*
+ * The process's state in one object (jemalloc's _structs.h idea, as core/state.h does for a
+ * device): `xseg_rt`, a short list of named sub-states, each written only by the module that owns
+ * it (tests/build/layering.sh checks the writes) and read elsewhere through that module's
+ * accessors. A leaf header: types and the one object, no functions, so that the modules below
+ * runtime.c keep their state here without including one another. xseg_shutdown
+ * (core/shutdown.c) brings every sub-state back to its initial value, freeing what it points to.
+ *
+ * What stays outside, and why: constants and once-resolved lookups (vmm/driver.c's driver table,
+ * history.c's unwinder and demangler symbols and its per-thread cache key, config.c's print-once
+ * notice), per-thread caches (the error message, alloc_tls_slot, api_last_device, history's
+ * stack cache, witness_held), base/fork.c's and base/witness.c's rank tables (registered by
+ * constructors before main), base/hostmem.c's test seam, and vmm's own state (one struct per
+ * module there: layers point one way).
+ */
+#ifndef XSEG_CORE_PROCSTATE_H
+#define XSEG_CORE_PROCSTATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/common.h"
+#include "core/config.h"
+#include "xseg.h"
+
+#define ALLOC_MAX_DEVICES 64
+/* Frames a C stack keeps until xseg_record_memory_history says otherwise. */
+#define HIST_DEFAULT_FRAMES 16
+
+struct dev_alloc;
+struct hist_event;
+struct hstack;
+struct hframe;
+struct observer;
+struct ipc_import_rec;
+
+/* ---- runtime.c: initialization and the device table (read inline by core/runtime.h) ------- */
+struct rt_state {
+    /* First: at offset 0 of xseg_rt, xseg_malloc indexes it with no add (callgrind_pairs.sh). */
+    struct dev_alloc *_Atomic devs[ALLOC_MAX_DEVICES];
+    _Atomic int ready;
+    int ndevices; /* written once, before ready is released */
+    _Atomic bool forked; /* a fork of a process that had initialised CUDA (set in the child) */
+    pthread_mutex_t lock; /* init, device creation, teardown */
+    /* Each device's state lives in pages of its own (base/pages.h), mapped at its first creation
+     * and never unmapped: xseg_shutdown gives their memory back and the next creation of the
+     * device reuses them, so a thread's cached slot pointer (alloc_tls_slot) never dangles. */
+    void *homes[ALLOC_MAX_DEVICES];
+    /* The device's primary context is retained (once for the process, like the driver's load:
+     * a program's streams on it outlive xseg_shutdown). */
+    bool retained[ALLOC_MAX_DEVICES];
+};
+
+/* ---- settings.c: what the user set (core/settings.h) --------------------------------------- */
+struct settings_cb {
+    void (*fn)(void);
+    void *user;
+};
+struct settings_state {
+    _Atomic unsigned generation;  /* bumped by every change: devices copy cfg when it moved */
+    _Atomic bool idle_thread;     /* idle.c's thread runs (written by idle.c through settings.h) */
+    _Atomic size_t nfree_atomic;  /* nfree, readable without the lock */
+    pthread_mutex_t lock;         /* cfg */
+    struct cfg cfg;
+    /* Callbacks: append-only arrays under xseg_rt.settings.cb_lock; callers copy and call without it. */
+    pthread_mutex_t cb_lock;
+    struct settings_cb *oom, *free;
+    size_t noom, nfree, capoom, capfree;
+};
+
+/* ---- idle.c: the idle-reclaim thread (core/idle.h) ---------------------------------------- */
+struct idle_state {
+    /* ctl_lock serializes starting and stopping (held across the join); lock guards stop and
+     * the wait. The thread never takes ctl_lock. */
+    pthread_mutex_t ctl_lock, lock;
+    pthread_cond_t cond;
+    bool cond_ready; /* cond made (written once, under once) */
+    pthread_once_t once;
+    pthread_t tid;
+    bool stop; /* under lock */
+    /* The devices served, handed over before the thread starts. */
+    struct dev_alloc *(*device_at)(int device);
+    int ndevices;
+};
+
+/* ---- history.c: the allocation history (core/history.h) ---------------------------------- */
+struct hist_state {
+    _Atomic unsigned mode_word; /* HIST_* bits in force, read without the lock */
+    _Atomic int opt_stacks;     /* also read without the lock: 0 skips the capture */
+    pthread_mutex_t lock;       /* everything below */
+    int opt_max_frames;
+    xseg_stack_callback opt_callback;
+    void *opt_user;
+    /* The ring: cap slots, count used, the oldest at head. */
+    struct hist_event *ring;
+    size_t ring_cap, ring_head, ring_count;
+    uint64_t ring_dropped;
+    /* Stacks by hash (chained); frames by hash (chained). Power-of-two bucket counts. */
+    struct hstack **stk_buckets;
+    size_t stk_nbuckets, stk_count;
+    struct hframe **frm_buckets;
+    size_t frm_nbuckets, frm_count;
+    /* Leading frames inside [self_lo, self_hi) (libxseg's own text, when it is a shared object)
+     * are left out of C stacks; 0/0 when xseg is linked into the program. */
+    uintptr_t self_lo, self_hi;
+    bool self_known;
+};
+
+/* ---- observe.c: segment observers (core/ipc.h) -------------------------------------------- */
+struct obs_state {
+    _Atomic size_t count; /* n, readable without the lock: 0 means no work at all */
+    pthread_mutex_t lock;
+    struct observer *list;
+    size_t n, cap;
+};
+
+/* ---- ipc.c: the table of imports (core/ipc.h) --------------------------------------------- */
+struct ipc_state {
+    pthread_mutex_t imports_lock;
+    struct ipc_import_rec *imports;
+};
+
+/* ---- snapshot.c: OOM snapshots (core/snapshot.h) ------------------------------------------ */
+struct oomsnap_state {
+    pthread_mutex_t lock;
+    char *path;     /* set by xseg_set_oom_snapshot */
+    bool path_set;  /* the API decided (even NULL): the environment is not read */
+    int64_t last_us; /* when the last OOM snapshot was written (0: never) */
+    bool writing;   /* an OOM inside the writer (observer, another thread) does not recurse */
+};
+
+/* The process: each sub-state on cache lines of its own, so that a lock taken in one (the idle
+ * thread's, history's) does not evict what the fast path reads in another (rt, settings). */
+struct xseg_runtime {
+    _Alignas(64) struct rt_state rt;
+    _Alignas(64) struct settings_state settings;
+    _Alignas(64) struct idle_state idle;
+    _Alignas(64) struct hist_state hist;
+    _Alignas(64) struct obs_state obs;
+    _Alignas(64) struct ipc_state ipc;
+    _Alignas(64) struct oomsnap_state oom;
+};
+
+extern XSEG_HIDDEN struct xseg_runtime xseg_rt;
+
+#endif

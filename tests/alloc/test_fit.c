@@ -1,0 +1,197 @@
+/*
+ * Fitting a device under pressure without moving live bytes (issue 33), through the public API on
+ * cudaemu, its call counters and live counts:
+ *  - kept_handles: chunks the reclaim unmaps under pressure are mapped again by the growth that
+ *    needed them (no cuMemRelease, no cuMemCreate), across streams and pools; none is held after
+ *    the malloc;
+ *  - kept_handles_faults: a failed cuMemMap / cuMemUnmap / cuMemCreate in that growth leaves the
+ *    allocator consistent and leaks nothing (a kept handle is given back);
+ *  - granules: the retry under pressure maps only the granules a request needs, so a request that
+ *    a whole page would not fit is served, with the live bytes untouched and no copy.
+ * Each test runs in its own process (meson passes its name).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tests/common/testutil.h"
+#include "xseg.h"
+
+#define MiB ((size_t)1 << 20)
+#define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
+
+static void start(const char *config)
+{
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    if (!tu_gpu_available())
+        skip();
+    tu_require_emulator_or_skip();
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+}
+
+static void *must_malloc(size_t size, CUstream s)
+{
+    void *p = NULL;
+    if (xseg_malloc(&p, size, 0, s) != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(%zu): %s", size, xseg_last_error());
+    return p;
+}
+
+/* Cap device 0 at @p bytes through the memory fraction. */
+static void cap_device(size_t bytes)
+{
+    size_t total = 0;
+    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
+    assert_int_equal(xseg_set_memory_fraction((double)bytes / (double)total, 0), XSEG_SUCCESS);
+}
+
+/* reserved_bytes is what the driver maps for xseg, and every handle alive is mapped. */
+static void check_driver_agrees(void)
+{
+    struct cudaemu_live lv;
+    assert_true(tu_live(&lv));
+    assert_int_equal((int64_t)lv.mapped_bytes, tu_stat("reserved_bytes.all.current"));
+}
+
+static void check_no_leaks(void)
+{
+    struct cudaemu_live live;
+    if (!tu_live(&live))
+        return;
+    if (live.handles || live.mapped_bytes || live.reservations || live.allocs)
+        fail_msg("leak: %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks",
+                 live.handles, live.mapped_bytes, live.reservations, live.allocs);
+}
+
+/* 200 MiB cached by a private pool nobody uses any more, 100 MiB cached by stream s1 in the
+ * default pool; on a device capped at 320 MiB, stream s2 asks for 300 MiB. The reclaim unmaps the
+ * 15 cached 20 MiB chunks and the growth maps the same handles on s2. @p fail_entry (optional):
+ * its @p nth call fails during that malloc, which may then fail too. @return the calls of
+ * @p fail_entry the malloc made. */
+static unsigned long kept_scenario(const char *fail_entry, unsigned long nth)
+{
+    start("expandable_segments:True");
+    CUstream s1, s2;
+    tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *x = must_malloc(200 * MiB, s1);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(x), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    void *y = must_malloc(100 * MiB, s1);
+    assert_int_equal(xseg_free(y), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(300 * MiB));
+
+    cap_device(320 * MiB);
+    tu_counts_reset();
+    if (fail_entry)
+        assert_true(tu_fail(fail_entry, nth, CUDA_ERROR_UNKNOWN));
+    void *z = NULL;
+    xseg_status st = xseg_malloc(&z, 300 * MiB, 0, s2);
+    unsigned long calls = fail_entry ? tu_call_count(fail_entry) : 0;
+    tu_fail_clear();
+    if (!fail_entry) {
+        assert_int_equal(st, XSEG_SUCCESS);
+        /* Unmapped and mapped again: no handle released, none created. */
+        assert_int_equal(tu_call_count("cuMemCreate"), 0);
+        assert_int_equal(tu_call_count("cuMemRelease"), 0);
+        assert_int_equal(tu_call_count("cuMemMap"), 15);
+        assert_true(tu_call_count("cuMemUnmap") >= 1);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(300 * MiB));
+        struct cudaemu_live lv;
+        assert_true(tu_live(&lv));
+        assert_int_equal(lv.handles, 15); /* nothing held back after the malloc */
+    } else {
+        assert_true(st == XSEG_SUCCESS || st == XSEG_ERROR_DRIVER || st == XSEG_ERROR_OUT_OF_MEMORY);
+    }
+    check_driver_agrees();
+    if (st == XSEG_SUCCESS) {
+        tu_assert_cu(tu_fill(DPTR(z), 300 * MiB, 5));
+        assert_true(tu_check(DPTR(z), 300 * MiB, 5));
+        assert_int_equal(xseg_free(z), XSEG_SUCCESS);
+    }
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    /* The allocator stays usable, and empty_cache gives everything back to the driver. */
+    void *w = must_malloc(300 * MiB, s2);
+    tu_assert_cu(tu_fill(DPTR(w), 300 * MiB, 6));
+    assert_int_equal(xseg_free(w), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS); /* retries what a failed release left */
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s1));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+    return calls;
+}
+
+static void test_kept_handles(void **state)
+{
+    (void)state;
+    kept_scenario(NULL, 0);
+}
+
+static void test_kept_handles_faults(void **state)
+{
+    (void)state;
+    const char *entries[] = {"cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemCreate"};
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
+        for (unsigned long n = 1; n <= 16 && kept_scenario(entries[e], n) >= n; n++)
+            ;
+}
+
+/* A 60 MiB block fills three 20 MiB pages of a device capped at 70 MiB; an 8 MiB request needs
+ * growth, and a whole page would take the device to 80 MiB. The retry under pressure maps only
+ * 8 MiB (four granules): the request is served, nothing of the live block is copied or remapped,
+ * its bytes are intact. */
+static void test_granules(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    void *a = must_malloc(60 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(a), 60 * MiB, 1));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(60 * MiB));
+    cap_device(70 * MiB);
+    tu_counts_reset();
+    void *b = NULL;
+    if (xseg_malloc(&b, 7 * MiB + 512 * 1024, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(7.5 MiB) on a 70 MiB device holding 60 MiB: %s", xseg_last_error());
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(68 * MiB));
+    check_driver_agrees();
+    /* No live byte moved: no copy, and a's chunks were neither unmapped nor mapped again. */
+    const char *copies[] = {"cuMemcpyDtoDAsync", "cuMemcpyDtoD", "cuMemcpyDtoH", "cuMemcpyHtoD",
+                            "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync", "cuMemUnmap"};
+    for (size_t k = 0; k < sizeof copies / sizeof copies[0]; k++)
+        assert_int_equal(tu_call_count(copies[k]), 0);
+    assert_true(tu_check(DPTR(a), 60 * MiB, 1));
+    tu_assert_cu(tu_fill(DPTR(b), 7 * MiB + 512 * 1024, 2));
+    assert_true(tu_check(DPTR(b), 7 * MiB + 512 * 1024, 2));
+    assert_true(tu_check(DPTR(a), 60 * MiB, 1));
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    /* With room again, growth maps whole pages (PyTorch's reserved figures). */
+    void *c = must_malloc(90 * MiB, NULL);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current") % (int64_t)(20 * MiB), 8 * (int64_t)MiB);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kept_handles),
+        cmocka_unit_test(test_kept_handles_faults),
+        cmocka_unit_test(test_granules),
+    };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
