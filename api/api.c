@@ -146,6 +146,17 @@ XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
     return st != XSEG_SUCCESS ? st : alloc_set_fraction(d, fraction);
 }
 
+XSEG_API xseg_status xseg_get_memory_fraction(int device, double *fraction)
+{
+    if (!fraction)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_get_memory_fraction: fraction is NULL");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    if (st == XSEG_SUCCESS)
+        *fraction = alloc_get_fraction(d);
+    return st;
+}
+
 XSEG_API xseg_status xseg_enable_peer_access(int device, int peer)
 {
     struct dev_alloc *d, *p;

@@ -7,6 +7,14 @@
 #include "core/runtime.h"
 #include "core/snapshot.h"
 
+XSEG_API xseg_status xseg_history_enabled(int *enabled)
+{
+    if (!enabled)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_history_enabled: enabled is NULL");
+    *enabled = hist_mode() != 0;
+    return XSEG_SUCCESS;
+}
+
 XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts)
 {
     xseg_status st = rt_ensure();

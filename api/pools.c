@@ -70,6 +70,15 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool)
     return st != XSEG_SUCCESS ? st : pools_retain(d, pool);
 }
 
+XSEG_API xseg_status xseg_pool_malloc_at(int device, xseg_pool_id pool, void *ptr, size_t size)
+{
+    if (id_is_default(pool))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_malloc_at: pool {0, 0} is the default pool");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : alloc_malloc_at(d, pool, (uintptr_t)ptr, size);
+}
+
 XSEG_API xseg_status xseg_capture_begin(int device, struct CUstream_st *stream, xseg_pool_id *pool,
                                         int capture_mode)
 {

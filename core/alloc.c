@@ -924,6 +924,110 @@ xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
     return XSEG_SUCCESS;
 }
 
+/* A spare block struct (dev_block_delete's contract: in no index, no side), or NULL. */
+static struct block *spare_block(struct dev_alloc *d)
+{
+    struct block *a = d->spare;
+    if (a)
+        d->spare = a->next;
+    else
+        a = dev_block_carve(d);
+    return a;
+}
+
+/* Split @p n bytes off the front (@p front) or back of free, unindexed @p b into a new free block
+ * @p x, which enters the pool's free index. */
+static void split_free(struct bpool *pool, struct block *b, struct block *x, size_t n, bool front)
+{
+    x->size = n;
+    x->stream = b->stream;
+    block_same_seg(x, b);
+    x->mapped = true;
+    x->allocated = false;
+    if (front) {
+        x->addr = b->addr;
+        block_link_before(b, x);
+        b->addr += n;
+    } else {
+        x->addr = b->addr + b->size - n;
+        block_link_after(b, x);
+    }
+    b->size -= n;
+    block_set_gc_base(x, pool->get_free_blocks_call_count);
+    bpool_insert_free(pool, x);
+}
+
+xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr, size_t size)
+{
+    dev_acquire(d);
+    refresh_cfg(d);
+    struct priv_pool *pp = pools_find(d, id);
+    struct block *b = NULL;
+    for (struct segrec *s = d->segs; pp && s && !b; s = s->next_seg)
+        if (s->pool == &pp->small || s->pool == &pp->large)
+            for (struct block *x = s->first; x; x = x->next)
+                if (x->addr <= addr && addr < x->addr + x->size) {
+                    b = x;
+                    break;
+                }
+    xseg_status st = XSEG_SUCCESS;
+    if (!pp || !b)
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_malloc_at: 0x%" PRIxPTR " is not in a segment of pool (%" PRIu64
+                     ", %" PRIu64 ") on device %d", addr, id.first, id.second, d->device);
+    else if (b->allocated || !block_in_free_index(b) || size == 0 || size > b->addr + b->size - addr)
+        st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_pool_malloc_at: [0x%" PRIxPTR ", +%zu) is not inside one free, "
+                     "mapped block of the pool (the block there: %zu bytes at 0x%" PRIxPTR ", %s)", addr, size,
+                     b->size, b->addr, b->allocated ? "allocated" : b->mapped ? "pending" : "unmapped");
+    else if (!b->expandable)
+        st = err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_pool_malloc_at: only expandable segments (the default) can "
+                     "place a block at an address");
+    if (st) {
+        dev_unlock(d);
+        return st;
+    }
+    size_t head = addr - b->addr, tail = b->addr + b->size - addr - size;
+    struct block *h = head ? spare_block(d) : NULL, *t = tail ? spare_block(d) : NULL;
+    if ((head && !h) || (tail && !t) || !ptrmap_reserve(&d->live, 1)) {
+        struct block *got[2] = {h, t};
+        for (int i = 0; i < 2; i++)
+            if (got[i]) { /* back to the spare list, untouched */
+                got[i]->next = d->spare;
+                d->spare = got[i];
+            }
+        dev_unlock(d);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory placing a block");
+    }
+    struct bpool *pool = block_pool(b);
+    bpool_remove_free(pool, b);
+    if (h)
+        split_free(pool, b, h, head, true);
+    if (t)
+        split_free(pool, b, t, tail, false);
+    int si = pool->stat_index;
+    b->allocated = true;
+    b->u.requested_size = size;
+    stat_up_pool(d->acct.stats.allocation, si, 1);
+    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)size);
+    b->oversize = b->size >= d->cfg.max_split_size;
+    if (b->oversize)
+        stat_up(&d->acct.stats.oversize_allocations, 1);
+    bool put = ptrmap_put(&d->live, b->addr, b); /* room reserved above */
+    xseg_assert(put);
+    (void)put;
+    dev_unlock(d);
+    return XSEG_SUCCESS;
+}
+
+double alloc_get_fraction(struct dev_alloc *d)
+{
+    dev_acquire(d);
+    refresh_cfg(d);
+    double f = d->acct.fraction;
+    dev_unlock(d);
+    return f;
+}
+
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
 {
     fast_lock(d, FAST_NONE, NULL); /* statistics only: the slots' debts are folded into the copy */

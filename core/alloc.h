@@ -30,6 +30,10 @@ xseg_status alloc_empty_cache(struct dev_alloc *d);
 xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool);
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction);
+double alloc_get_fraction(struct dev_alloc *d);
+/* Allocate exactly [addr, addr + size) from the free, mapped block of private pool @p id that
+ * holds it (xseg_pool_malloc_at). */
+xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr, size_t size);
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out);
 void alloc_reset_peaks(struct dev_alloc *d);
 /* Accumulated statistics start again from 0 (see acc_base). */

@@ -134,7 +134,8 @@ struct cfg_parser {
     bool have_max_split, have_non_split, have_large_segment, have_page, have_chunk;
     size_t max_split_pos, non_split_pos, page_pos, large_pos, chunk_pos;
     unsigned long long max_split_mb, non_split_mb, page_mb, chunk_mb;
-    bool saw_pinned;
+    uint64_t ignored; /* bit k: row k was given and is ignored (named in the one-time note) */
+    bool async_backend; /* backend:cudaMallocAsync was given (ignored, named in the note) */
 };
 
 static const char *cfg_peek(const struct cfg_parser *p)
@@ -360,11 +361,12 @@ static xseg_status cfg_parse_backend(struct cfg_parser *p, const struct cfg_key 
         return st;
     if (!strcmp(w, "native"))
         return XSEG_SUCCESS;
-    if (!strcmp(w, "cudaMallocAsync") || !strcmp(w, "hipMallocAsync"))
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: backend:%s is not supported: xseg is itself the caching "
-                       "allocator; the only accepted backend is 'native' (at index %zu)",
-                       w, pos);
+    /* PyTorch accepts it, so an inherited PYTORCH_ALLOC_CONF carrying it must not fail xseg's
+     * init: accepted, and named in the one-time note (xseg is itself the caching allocator). */
+    if (!strcmp(w, "cudaMallocAsync") || !strcmp(w, "hipMallocAsync")) {
+        p->async_backend = true;
+        return XSEG_SUCCESS;
+    }
     return err_set(XSEG_ERROR_INVALID_VALUE,
                    "allocator config: backend: expected native, got '%s' at index %zu", w, pos);
 }
@@ -531,6 +533,33 @@ static xseg_status cfg_parse_pinned_flag(struct cfg_parser *p, const struct cfg_
     return cfg_parse_bool(p, key, &ignored);
 }
 
+/* throw_on_cudamalloc_oom (PyTorch 2.12+): refuse a request over the memory fraction before any
+ * driver call. xseg always does (core/alloc.c: a request the device or the fraction can never
+ * hold fails before the driver is asked), so the value is checked and both are honoured as is. */
+static xseg_status cfg_parse_throw_on_oom(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    (void)k;
+    bool v;
+    return cfg_parse_bool(p, key, &v);
+}
+
+/* expandable_segments_reserve / _by_class (PyTorch 2.12+ VA bounds): a fraction, NG, or a
+ * [name:value,...] list. PyTorch only warns about a bad value; xseg reserves address space to
+ * need, so any value is taken (a bracketed list whole) and the key is named in the note. */
+static xseg_status cfg_parse_va_hint(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    (void)k;
+    const char *t = cfg_peek(p);
+    if (t && !strcmp(t, "[")) {
+        for (p->i++; (t = cfg_peek(p)) && strcmp(t, "]"); p->i++)
+            ;
+        return cfg_expect(p, ']', key, "[name:value,...]");
+    }
+    const char *w;
+    size_t pos;
+    return cfg_word(p, key, "a fraction, NG, or [name:value,...]", &w, &pos);
+}
+
 /* pinned_num_register_threads: a power of 2 up to 128 (PyTorch's bounds). */
 static xseg_status cfg_parse_pinned_threads(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
@@ -589,6 +618,7 @@ const struct cfg_key cfg_keys[] = {
 #undef CFG_KEY_NONE
 };
 const size_t cfg_nkeys = sizeof cfg_keys / sizeof cfg_keys[0];
+_Static_assert(sizeof cfg_keys / sizeof cfg_keys[0] < 63, "cfg_parser.ignored has a bit per row, and bit 63");
 
 /* Levenshtein distance of @p a and @p b (keys are short; longer strings count as far). */
 static size_t cfg_edit_distance(const char *a, const char *b)
@@ -690,7 +720,7 @@ static xseg_status cfg_parse_entry(struct cfg_parser *p)
     if (st)
         return st;
     if (k->flags & CFG_IGNORED)
-        p->saw_pinned = true;
+        p->ignored |= UINT64_C(1) << (size_t)(k - cfg_keys);
     return k->parse(p, k, key);
 }
 
@@ -763,7 +793,26 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
     return XSEG_SUCCESS;
 }
 
-static atomic_bool cfg_pinned_noted;
+/* Ignored rows already named in a note (bit per row; the last bit: backend:cudaMallocAsync). */
+static _Atomic uint64_t cfg_ignored_noted;
+
+/* One note per ignored key per process: which keys, and why each changes nothing. */
+static void cfg_note_ignored(uint64_t given)
+{
+    uint64_t fresh = given & ~atomic_fetch_or(&cfg_ignored_noted, given);
+    if (!fresh)
+        return;
+    fprintf(stderr, "xseg: warning: allocator config keys accepted for PyTorch and ignored:");
+    for (size_t k = 0; k < cfg_nkeys; k++)
+        if (fresh & (UINT64_C(1) << k))
+            fprintf(stderr, " %s (%s)", cfg_keys[k].name,
+                    !strncmp(cfg_keys[k].name, "pinned_", 7)
+                        ? "tunes PyTorch's pinned host allocator, which xseg's does not need"
+                        : "xseg reserves address space to need");
+    if (fresh & (UINT64_C(1) << 63))
+        fprintf(stderr, " backend:cudaMallocAsync (xseg is itself the caching allocator)");
+    fputc('\n', stderr);
+}
 
 xseg_status cfg_parse(const char *str, const struct cfg *base, struct cfg *out)
 {
@@ -795,9 +844,7 @@ xseg_status cfg_parse(const char *str, const struct cfg *base, struct cfg *out)
     if (st)
         return cfg_escape_message(st);
     *out = p.cfg;
-    if (p.saw_pinned && !atomic_exchange(&cfg_pinned_noted, true))
-        fprintf(stderr, "xseg: note: pinned_reserve_segment_size_mb and pinned_free_catch_all tune PyTorch's "
-                        "pinned host allocator, which xseg's does not need; they are accepted and ignored\n");
+    cfg_note_ignored(p.ignored | (p.async_backend ? UINT64_C(1) << 63 : 0));
     return XSEG_SUCCESS;
 }
 

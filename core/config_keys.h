@@ -20,9 +20,10 @@
  *            grammar has no spelling for "unlimited" or "off")
  *   snap     its place among the fields of a snapshot's allocator_settings (PyTorch's), 0: none
  *   doc      the default as docs/configuration.md's key table starts to spell it
- * A(name, alias, kind, parse, flags, doc): a key accepted with no field: ENUM (backend, whose
- *   only accepted value changes nothing) or IGNORED with CFG_IGNORED (the pinned_* keys of
- *   PyTorch's host allocator that xseg's does not need: checked, then ignored with a one-time note).
+ * A(name, alias, kind, parse, flags, doc): a key accepted with no field: ENUM (backend and
+ *   throw_on_cudamalloc_oom, whose values change nothing in xseg) or IGNORED with CFG_IGNORED
+ *   (the pinned_* keys of PyTorch's host allocator that xseg's does not need, and 2.12's VA
+ *   bounds: checked, then ignored with a one-time warning naming them).
  *
  * Leaf header: macros only, expanded where struct cfg and the parse functions are in scope.
  */
@@ -57,6 +58,10 @@
     K(graph_capture_record_stream_reuse, NULL, BOOL, graph_capture_record_stream_reuse, false,     \
       cfg_parse_flag, 0, 0, "False")                                                               \
     A(backend, NULL, ENUM, cfg_parse_backend, 0, "native")                                         \
+    /* PyTorch 2.12+: fail fast over the fraction (what xseg always does); VA bounds */           \
+    A(throw_on_cudamalloc_oom, NULL, ENUM, cfg_parse_throw_on_oom, 0, "False")                     \
+    A(expandable_segments_reserve, NULL, IGNORED, cfg_parse_va_hint, CFG_IGNORED, "")              \
+    A(expandable_segments_reserve_by_class, NULL, IGNORED, cfg_parse_va_hint, CFG_IGNORED, "")     \
     /* services (core/trim.c, core/idle.c) */                                                      \
     K(release_threshold_mb, NULL, MIB, release_threshold, SIZE_MAX, cfg_parse_release_threshold,   \
       CFG_OMIT_DEFAULT, 0, "unset")                                                                \

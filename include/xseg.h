@@ -184,6 +184,15 @@ XSEG_API xseg_status xseg_empty_cache(int device);
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device);
 
 /**
+ * The memory fraction in force on @p device (torch.cuda.get_per_process_memory_fraction): the
+ * last xseg_set_memory_fraction, else the per_process_memory_fraction config key (1.0: no limit).
+ * @param device the device index
+ * @param fraction receives the fraction, in [0, 1]
+ * @return XSEG_ERROR_INVALID_VALUE for a bad device or a NULL @p fraction.
+ */
+XSEG_API xseg_status xseg_get_memory_fraction(int device, double *fraction);
+
+/**
  * Enable access to @p device's memory from @p peer: every page mapped now and every page mapped
  * later, in one cuMemSetAccess per contiguous run (expandable segments; new runs get one call for
  * the owner and all peers). Classic cuMemAlloc segments are not covered (they need
@@ -380,6 +389,13 @@ typedef struct xseg_history_options {
 XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts);
 
 /**
+ * Whether history is being recorded (torch._C._cuda_isHistoryEnabled).
+ * @param enabled receives 1 while xseg_record_memory_history has recording on, else 0
+ * @return XSEG_ERROR_INVALID_VALUE for a NULL @p enabled.
+ */
+XSEG_API xseg_status xseg_history_enabled(int *enabled);
+
+/**
  * Write a snapshot of @p device (-1: every device) to @p path as a pickle (protocol 2, only
  * dicts, lists, strings, numbers, booleans and tuples: torch.cuda.memory._dump_snapshot's
  * format): `segments` (each with its blocks, their state, requested size and allocation frames),
@@ -516,6 +532,23 @@ XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *cou
  * @return XSEG_ERROR_INVALID_VALUE for the {0, 0} pool.
  */
 XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
+
+/**
+ * Allocate exactly [@p ptr, @p ptr + @p size) from @p pool on @p device: the bytes must lie in one
+ * free, mapped block of one of the pool's expandable segments (what a block of a checkpointed
+ * layout left when it was freed). The block is split there, and its head and tail stay free. It
+ * places a block of a layout captured earlier at its address again, as cudagraph trees'
+ * setCheckpointPoolState needs; free it with xseg_free.
+ * @param device a device index
+ * @param pool a private pool (not {0, 0})
+ * @param ptr the address to place the block at
+ * @param size its size in bytes (a block size of the layout: rounded as xseg rounds)
+ * @return XSEG_ERROR_INVALID_VALUE when @p ptr is in no segment of the pool;
+ *         XSEG_ERROR_ILLEGAL_STATE when the range is not inside one free mapped block (part of it
+ *         allocated, pending a stream's work, or given back by empty_cache);
+ *         XSEG_ERROR_NOT_SUPPORTED in a classic segment; XSEG_ERROR_OUT_OF_MEMORY (host).
+ */
+XSEG_API xseg_status xseg_pool_malloc_at(int device, xseg_pool_id pool, void *ptr, size_t size);
 
 /**
  * Begin capturing @p stream into a CUDA graph (cuStreamBeginCapture with @p capture_mode, a

@@ -27,6 +27,8 @@ why=$(torch_reason)
 if [ -n "$why" ]; then
     for c in "tests/python on the real driver (training loop bit for bit, graph, MemPool, OOM)" \
              'torch.compile(mode="reduce-overhead")' "torch.multiprocessing" \
+             "record_stream of an empty tensor and of foreign memory" \
+             "fraction, history flag, MemPool.snapshot, torch.accelerator" \
              "stats, summary and snapshot through torch.cuda"; do
         check "$c" skip "$why"
     done

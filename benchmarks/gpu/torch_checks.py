@@ -8,7 +8,9 @@ checks ran (failed ones included), so the caller reads the lines.
   torch_checks.py --group snapshot-emulator --lib LIBXSEG --out DIR   (no torch: xseg's own
       snapshot writer on whatever driver XSEG_LIBCUDA names; the CI dry run uses it)
 
-Group torch (xseg.torch.enable() first): torch.compile(mode="reduce-overhead"), torch.cuda.graph
+Group torch (xseg.torch.enable() first): record_stream of an empty tensor and of foreign memory,
+get_per_process_memory_fraction, _cuda_isHistoryEnabled, MemPool.snapshot() of one pool,
+torch.accelerator.memory_stats, torch.compile(mode="reduce-overhead"), torch.cuda.graph
 in a private pool, torch.cuda.MemPool, torch.multiprocessing (a CUDA tensor sent to a spawned
 process), memory_stats/memory_summary/memory_snapshot through torch.cuda, and a snapshot with
 history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle (checked afterwards
@@ -50,8 +52,11 @@ def report(name, fn):
 # --- group torch ---------------------------------------------------------------------------------
 
 def mp_child(q, r):
-    """torch.multiprocessing child (spawned: a fresh interpreter, PyTorch's own allocator)."""
+    """torch.multiprocessing child (spawned: a fresh interpreter). It installs xseg before its
+    first CUDA allocation, as every process of a job must: the handle it receives is xseg's."""
     try:
+        import xseg.torch
+        xseg.torch.enable()
         t = q.get(timeout=90)
         r.put(("ok", float(t.float().sum()), int(t.device.index)))
         del t
@@ -183,7 +188,57 @@ def torch_checks(args, xseg, torch):
         assert value == 2.0 * MiB and index == 0, (value, index)
         del t
 
+    def record_stream_edges():
+        # Tensor.record_stream of an empty tensor and of memory xseg did not allocate returns
+        # silently, as under PyTorch's own allocator (issue 34).
+        s = torch.cuda.Stream()
+        torch.empty(0, device=dev).record_stream(s)
+        import ctypes
+        cuda = ctypes.CDLL("libcuda.so.1")
+        ptr = ctypes.c_uint64()
+        assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(MiB)) == 0
+        try:
+            class Foreign:
+                __cuda_array_interface__ = {"shape": (MiB,), "typestr": "|u1", "data": (ptr.value, False),
+                                            "version": 2}
+            t = torch.as_tensor(Foreign(), device=dev)
+            assert t.data_ptr() == ptr.value
+            t.record_stream(s)
+            del t
+        finally:
+            torch.cuda.synchronize()
+            cuda.cuMemFree_v2(ctypes.c_uint64(ptr.value))
+
+    def queries():
+        # Answered by xseg: the fraction, the history flag, one pool's snapshot, torch.accelerator.
+        out = {}
+        torch.cuda.set_per_process_memory_fraction(0.75, dev)
+        assert abs(torch.cuda.get_per_process_memory_fraction(dev) - 0.75) < 1e-9
+        torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        assert torch._C._cuda_isHistoryEnabled()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        assert not torch._C._cuda_isHistoryEnabled()
+        if hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool"):
+            pool = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(pool):
+                t = torch.empty(4 * MiB, dtype=torch.uint8, device=dev)
+            u = torch.empty(4 * MiB, dtype=torch.uint8, device=dev)
+            segs = pool.snapshot()
+            assert segs and all(tuple(sg["segment_pool_id"]) == tuple(pool.id) for sg in segs), segs[:1]
+            out["pool_segments"] = len(segs)
+            del t, u
+        acc = getattr(torch, "accelerator", None)
+        if acc is not None and hasattr(acc, "memory_stats"):
+            x = torch.empty(5 * MiB, dtype=torch.uint8, device=dev)
+            assert acc.memory_stats(0)["allocated_bytes.all.current"] == xseg.memory_stats(0)["allocated_bytes.all.current"]
+            del x
+            out["accelerator"] = True
+        return out
+
     report("xseg.torch.enable", allocator)
+    report("record_stream of an empty tensor and of foreign memory", record_stream_edges)
+    report("fraction, history flag, MemPool.snapshot, torch.accelerator", queries)
     report("stats, summary and snapshot through torch.cuda", stats_summary_snapshot)
     report("torch.cuda.memory._dump_snapshot", snapshot_dump)
     report("torch.cuda.graph", graph)

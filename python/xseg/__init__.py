@@ -409,9 +409,22 @@ def set_per_process_memory_fraction(fraction, device=None):
 _STATES = {0: "inactive", 1: "active_allocated", 2: "active_pending_free"}
 
 
-def memory_snapshot(device=-1):
+def _pool_segments(segments, mempool_id):
+    """The segments of pool @p mempool_id (a (first, second) pair, as torch.cuda.MemPool.id);
+    None: all."""
+    if mempool_id is None:
+        return segments
+    try:
+        want = (int(mempool_id[0]), int(mempool_id[1]))
+    except (TypeError, ValueError, IndexError):
+        raise TypeError("mempool_id must be a pair of integers (a MemPool's .id), got %r" % (mempool_id,))
+    return [s for s in segments if tuple(s.get("segment_pool_id", (0, 0))) == want]
+
+
+def memory_snapshot(device=-1, mempool_id=None):
     """torch.cuda.memory_snapshot(): a list of segment dictionaries with their blocks, in
-    PyTorch's field names (all devices by default)."""
+    PyTorch's field names (all devices by default; only pool @p mempool_id's segments when given,
+    as MemPool.snapshot() asks)."""
     snap = ctypes.POINTER(_lib.Snapshot)()
     lib = _lib.lib()
     dev = _device(device, "xseg.memory_snapshot", all_devices=True)
@@ -433,7 +446,7 @@ def memory_snapshot(device=-1):
                 "segment_type": "large" if s.is_large else "small",
                 "segment_pool_id": (s.pool_id[0], s.pool_id[1]),
                 "is_expandable": bool(s.is_expandable), "frames": [], "blocks": blocks})
-        return segs
+        return _pool_segments(segs, mempool_id)
     finally:
         lib.xseg_snapshot_free(snap)
 

@@ -11,14 +11,13 @@
 // createOrIncrefPool and getPoolUseCount. So torch.cuda.memory_stats(), memory_summary(),
 // reset_accumulated_memory_stats(), cuDNN's benchmark mode and MemPool work unchanged.
 //
-// Left refusing, as the pluggable wrapper does:
-//  - shareIpcHandle / getIpcDevPtr: PyTorch sends the handle as a byte string, and xseg's usual
-//    handle (one POSIX file descriptor per page) cannot travel as bytes; share blocks with
-//    xseg.ipc_export / IpcHandle.send instead. (getBaseAllocation is answered: a classic block's
-//    cuMemAlloc range, which cudaIpcGetMemHandle can share with a process on PyTorch's allocator.)
-//  - attachAllocatorTraceTracker: its TraceEntry's constructor differs between releases; xseg's
-//    segment observers (xseg_attach_segment_observer) report the same maps and unmaps.
-//  - getCheckpointState / setCheckpointPoolState (cudagraph trees' checkpointing).
+// It also answers what the pluggable wrapper refuses or gets wrong (docs/python.md, issue 34):
+// record_stream of an empty tensor or foreign memory (silently), cudagraph trees' checkpoints
+// (getCheckpointState / setCheckpointPoolState: a pool's block layout captured and restored),
+// enablePeerAccess (xseg's mappings too) and memcpyAsync (a peer copy without p2p),
+// getMemoryFraction, isHistoryEnabled, attachAllocatorTraceTracker (fed by xseg's segment
+// observers), shareIpcHandle / getIpcDevPtr (xseg's IPC), 2.6's ensureExistsAndIncrefPool, and
+// the device-generic registry; MemPool's use_on_oom / no_split are refused with what to do.
 //
 // The C++ interface this builds against changed across PyTorch 2.x (docs/python.md has the table
 // and its sources):
@@ -44,12 +43,23 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -169,7 +179,14 @@ int stream_trampoline(struct CUstream_st *stream, void *user)
     xseg_check(xseg_end_allocate_to_pool(device, to_xseg(id)), "end_allocate_stream_to_pool");
 }
 
-void release_pool(int device, MempoolId id) { xseg_check(xseg_release_pool(device, to_xseg(id)), "release_pool"); }
+// Called from destructors (~CUDAGraph, ~MemPool): an exception there ends the process, so a
+// failure is reported on stderr instead.
+void release_pool(int device, MempoolId id) noexcept
+{
+    if (xseg_release_pool(device, to_xseg(id)) != XSEG_SUCCESS)
+        std::fprintf(stderr, "xseg: warning: release_pool(device %d, pool (%llu, %llu)): %s\n", device,
+                     (unsigned long long)id.first, (unsigned long long)id.second, xseg_last_error());
+}
 
 // The hooks this PyTorch declares: the filter form where set_begin_allocate_to_pool exists,
 // else the 2.1 stream form.
@@ -243,12 +260,34 @@ cca::DeviceStats device_stats(int device)
 
 // ---- snapshots and history -----------------------------------------------------------------
 
+// The allocator settings a snapshot reports (SnapshotInfo::config_metadata, where the release has
+// it): xseg's config string and the values PyTorch's fields name.
+template <class S>
+auto fill_config_metadata(S &out, int) -> decltype(out.config_metadata.last_allocator_settings, void())
+{
+    char buf[1024];
+    size_t len = 0;
+    if (xseg_get_config(buf, sizeof buf, &len) == XSEG_SUCCESS) {
+        std::string cfg(buf);
+        out.config_metadata.last_allocator_settings = cfg;
+        out.config_metadata.expandable_segments = cfg.find("expandable_segments:True") != std::string::npos;
+    }
+    int64_t v = 0;
+    if (xseg_stat(0, "max_split_size", &v) == XSEG_SUCCESS && v > 0)
+        out.config_metadata.max_split_size = (size_t)v;
+}
+template <class S>
+void fill_config_metadata(S &, long)
+{
+}
+
 // Segments of @p pool ({0, 0}: all), in PyTorch's structs.
 cca::SnapshotInfo take_snapshot(MempoolId pool)
 {
     xseg_snapshot *snap = nullptr;
     xseg_check(xseg_take_snapshot(-1, &snap), "snapshot");
-    cca::SnapshotInfo out;
+    cca::SnapshotInfo out{}; // value-initialized: 2.6's config_metadata scalars are otherwise indeterminate
+    fill_config_metadata(out, 0);
     bool all = pool.first == 0 && pool.second == 0;
     for (size_t i = 0; i < snap->nsegments; i++) {
         const xseg_segment_info &s = snap->segments[i];
@@ -312,6 +351,382 @@ void oom_trampoline(int device, size_t requested, size_t total, size_t free_byte
     }
 }
 
+// ---- record_stream --------------------------------------------------------------------------
+
+// An empty tensor (no pointer) and memory xseg did not allocate (DLPack imports, NCCL buffers) are
+// skipped silently, as PyTorch's own allocators do; a live xseg block with a bad stream raises.
+void record_stream(void *ptr, cudaStream_t s)
+{
+    if (!ptr)
+        return;
+    xseg_status st = xseg_record_stream(ptr, reinterpret_cast<struct CUstream_st *>(s));
+    if (st == XSEG_ERROR_INVALID_VALUE) {
+        size_t n = 0;
+        if (xseg_block_handles(ptr, nullptr, 0, &n) == XSEG_ERROR_INVALID_VALUE)
+            return; // not an xseg allocation
+    }
+    xseg_check(st, "record_stream");
+}
+
+// ---- allocator trace tracker, fed by xseg's segment observers --------------------------------
+
+// PyTorch's TraceEntry for one map or unmap: SEGMENT_MAP/SEGMENT_UNMAP for expandable pages,
+// SEGMENT_ALLOC/SEGMENT_FREE for a classic cuMemAlloc segment (what PyTorch's allocator reports;
+// NCCL's registration hook acts on the latter). The constructor differs by release: the newest
+// takes a stream as void* and a pool id, 2.6 a cudaStream_t and no pool. Time: 0 (the hooks that
+// consume these read action, device, address and size).
+template <class TE>
+using TraceTime = decltype(std::declval<TE &>().time_.approx_t_);
+
+template <class TE>
+auto make_trace(typename TE::Action a, int dev, uint64_t addr, size_t size, int)
+    -> decltype(TE(a, c10::DeviceIndex(), size_t(), size_t(), (void *)nullptr, MempoolId(), TraceTime<TE>()),
+                std::optional<TE>())
+{
+    return TE(a, (c10::DeviceIndex)dev, (size_t)addr, size, (void *)nullptr, MempoolId{0, 0}, TraceTime<TE>());
+}
+template <class TE>
+auto make_trace(typename TE::Action a, int dev, uint64_t addr, size_t size, long)
+    -> decltype(TE(a, c10::DeviceIndex(), size_t(), size_t(), (cudaStream_t) nullptr, TraceTime<TE>()),
+                std::optional<TE>())
+{
+    return TE(a, (c10::DeviceIndex)dev, (size_t)addr, size, (cudaStream_t) nullptr, TraceTime<TE>());
+}
+template <class TE>
+std::optional<TE> make_trace(...)
+{
+    return std::nullopt;
+}
+struct TraceTracker {
+    cca::AllocatorTraceTracker fn;
+};
+thread_local bool attaching_tracker = false; // xseg's replay of existing mappings at attach
+
+template <class TE>
+void trace_observer(const xseg_segment_event *ev, void *user)
+{
+    if (attaching_tracker)
+        return; // PyTorch's trackers see changes only, not the mappings that exist at attach
+    using A = typename TE::Action;
+    A a = ev->is_expandable ? (ev->kind == XSEG_SEGMENT_MAP ? A::SEGMENT_MAP : A::SEGMENT_UNMAP)
+                            : (ev->kind == XSEG_SEGMENT_MAP ? A::SEGMENT_ALLOC : A::SEGMENT_FREE);
+    std::optional<TE> te = make_trace<TE>(a, ev->device, ev->address, ev->size, 0);
+    try {
+        if (te)
+            static_cast<TraceTracker *>(user)->fn(*te);
+    } catch (...) {
+        // No exception may cross xseg's C frames (the device lock is held here).
+    }
+}
+
+template <class TE>
+auto attach_trace_tracker(cca::AllocatorTraceTracker tracker, int)
+    -> decltype(make_trace<TE>(typename TE::Action(), 0, 0, 0, 0)->action_, void())
+{
+    auto *t = new TraceTracker{std::move(tracker)}; // lives as long as the process, as PyTorch's
+    attaching_tracker = true;
+    xseg_status st = xseg_attach_segment_observer(trace_observer<TE>, t);
+    attaching_tracker = false;
+    if (st != XSEG_SUCCESS)
+        delete t;
+    xseg_check(st, "attachAllocatorTraceTracker");
+}
+template <class TE>
+void attach_trace_tracker(cca::AllocatorTraceTracker, long)
+{
+    TORCH_CHECK(false, "xseg: attachAllocatorTraceTracker: this PyTorch's TraceEntry has a constructor the adapter "
+                       "does not know; register segments from C/C++ with xseg_attach_segment_observer instead");
+}
+
+// ---- CUDA IPC of tensors (torch.multiprocessing) ---------------------------------------------
+
+// PyTorch moves a handle as a byte string. A fabric handle is bytes (xseg_ipc_serialize); POSIX
+// file descriptors are not, so the exporting process serves them over a Unix socket (abstract
+// name, this process's, with a random token): the string names the socket, the export's id and
+// its token, and the importer fetches the descriptors with xseg_ipc_recv. Exports stay open until
+// the block is freed (PyTorch's producer keeps the tensor alive while consumers use it).
+struct IpcExports {
+    std::mutex mu;
+    std::map<uint64_t, std::pair<void *, xseg_ipc_handle *>> by_id; // id -> (block, handle)
+    std::map<void *, uint64_t> by_ptr;
+    uint64_t next_id = 1;
+    std::string socket_name; // abstract (leading NUL dropped here); empty until the server runs
+    std::string token;       // 32 hex digits: a connection must present it
+    int listen_fd = -1;
+};
+IpcExports ipc;
+std::atomic<int> ipc_live{0}; // exports open: the free path looks the pointer up only when > 0
+
+const char IPC_FABRIC[] = "xseg-ipc-fabric:";
+const char IPC_FD[] = "xseg-ipc-fd:";
+
+sockaddr_un ipc_address(const std::string &name, socklen_t *len)
+{
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    a.sun_path[0] = '\0';
+    std::memcpy(a.sun_path + 1, name.data(), std::min(name.size(), sizeof a.sun_path - 2));
+    *len = (socklen_t)(offsetof(sockaddr_un, sun_path) + 1 + std::min(name.size(), sizeof a.sun_path - 2));
+    return a;
+}
+
+bool read_full(int fd, void *buf, size_t n)
+{
+    char *p = static_cast<char *>(buf);
+    while (n) {
+        ssize_t r = ::read(fd, p, n);
+        if (r <= 0)
+            return false;
+        p += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+// One request per connection: 8 bytes of export id and 32 of token, answered with
+// xseg_ipc_send of that export (or a close when the id or token is wrong).
+void ipc_serve(int lfd)
+{
+    for (;;) {
+        int c = ::accept(lfd, nullptr, nullptr);
+        if (c < 0)
+            continue;
+        uint64_t id = 0;
+        char token[32];
+        if (read_full(c, &id, sizeof id) && read_full(c, token, sizeof token)) {
+            std::lock_guard<std::mutex> g(ipc.mu);
+            auto it = ipc.by_id.find(id);
+            if (it != ipc.by_id.end() && ipc.token.compare(0, 32, token, 32) == 0)
+                (void)xseg_ipc_send(c, it->second.second);
+        }
+        ::close(c);
+    }
+}
+
+// Under ipc.mu: start the descriptor server once.
+void ipc_start_server()
+{
+    if (ipc.listen_fd >= 0)
+        return;
+    std::random_device rd;
+    char hex[40];
+    std::snprintf(hex, sizeof hex, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    std::string name = "xseg-torch-ipc-" + std::to_string(::getpid()) + "-" + std::string(hex, 8);
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    TORCH_CHECK(fd >= 0, "xseg: shareIpcHandle: socket: ", std::strerror(errno));
+    socklen_t len;
+    sockaddr_un a = ipc_address(name, &len);
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), len) != 0 || ::listen(fd, 64) != 0) {
+        int e = errno;
+        ::close(fd);
+        TORCH_CHECK(false, "xseg: shareIpcHandle: cannot serve file descriptors on a Unix socket (", std::strerror(e),
+                    "); share blocks with xseg.ipc_export and IpcHandle.send instead");
+    }
+    std::thread(ipc_serve, fd).detach();
+    ipc.listen_fd = fd;
+    ipc.socket_name = name;
+    ipc.token = std::string(hex, 32);
+}
+
+template <class Handle>
+Handle share_ipc_handle(void *ptr)
+{
+    xseg_ipc_handle *h = nullptr;
+    xseg_status st = xseg_ipc_export(ptr, &h);
+    TORCH_CHECK(st != XSEG_ERROR_NOT_SUPPORTED, "xseg: shareIpcHandle: ", xseg_last_error(),
+                ". CUDA IPC of tensors needs xseg's expandable segments with shareable pages "
+                "(expandable_segments:True, expandable_segments_ipc:True, the defaults)");
+    xseg_check(st, "shareIpcHandle");
+    xseg_ipc_info info{};
+    (void)xseg_ipc_handle_info(h, &info);
+    Handle out{};
+    out.offset = 0; // the import's address is the block's own
+    if (info.type == XSEG_IPC_FABRIC) {
+        size_t len = 0;
+        (void)xseg_ipc_serialize(h, nullptr, 0, &len);
+        std::string bytes(len, '\0');
+        st = xseg_ipc_serialize(h, &bytes[0], len, &len);
+        xseg_ipc_handle_free(h);
+        xseg_check(st, "shareIpcHandle");
+        out.handle = IPC_FABRIC + bytes;
+        return out;
+    }
+    std::lock_guard<std::mutex> g(ipc.mu);
+    try {
+        ipc_start_server();
+    } catch (...) {
+        xseg_ipc_handle_free(h);
+        throw;
+    }
+    auto old = ipc.by_ptr.find(ptr);
+    if (old != ipc.by_ptr.end()) { // shared again: the export already served stays
+        xseg_ipc_handle_free(h);
+        out.handle = IPC_FD + ipc.socket_name + ":" + std::to_string(old->second) + ":" + ipc.token;
+        return out;
+    }
+    uint64_t id = ipc.next_id++;
+    ipc.by_id[id] = {ptr, h};
+    ipc.by_ptr[ptr] = id;
+    ipc_live.fetch_add(1, std::memory_order_relaxed);
+    out.handle = IPC_FD + ipc.socket_name + ":" + std::to_string(id) + ":" + ipc.token;
+    return out;
+}
+
+// The block at @p ptr is being freed: close its export, if any.
+void ipc_forget(void *ptr)
+{
+    if (ipc_live.load(std::memory_order_relaxed) == 0)
+        return;
+    std::lock_guard<std::mutex> g(ipc.mu);
+    auto it = ipc.by_ptr.find(ptr);
+    if (it == ipc.by_ptr.end())
+        return;
+    auto e = ipc.by_id.find(it->second);
+    xseg_ipc_handle_free(e->second.second);
+    ipc.by_id.erase(e);
+    ipc.by_ptr.erase(it);
+    ipc_live.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::shared_ptr<void> get_ipc_dev_ptr(const std::string &handle)
+{
+    xseg_ipc_handle *h = nullptr;
+    if (handle.compare(0, sizeof IPC_FABRIC - 1, IPC_FABRIC) == 0) {
+        xseg_check(xseg_ipc_deserialize(handle.data() + sizeof IPC_FABRIC - 1, handle.size() - (sizeof IPC_FABRIC - 1), &h),
+                   "getIpcDevPtr");
+    } else if (handle.compare(0, sizeof IPC_FD - 1, IPC_FD) == 0) {
+        std::string rest = handle.substr(sizeof IPC_FD - 1);
+        size_t a = rest.find(':'), b = rest.find(':', a == std::string::npos ? a : a + 1);
+        TORCH_CHECK(a != std::string::npos && b != std::string::npos && rest.size() - b - 1 == 32,
+                    "xseg: getIpcDevPtr: malformed handle");
+        std::string name = rest.substr(0, a), token = rest.substr(b + 1);
+        uint64_t id = std::stoull(rest.substr(a + 1, b - a - 1));
+        int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        TORCH_CHECK(fd >= 0, "xseg: getIpcDevPtr: socket: ", std::strerror(errno));
+        socklen_t len;
+        sockaddr_un addr = ipc_address(name, &len);
+        if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), len) != 0) {
+            int e = errno;
+            ::close(fd);
+            TORCH_CHECK(false, "xseg: getIpcDevPtr: cannot reach the exporting process's socket (", std::strerror(e),
+                        "): it must be alive and in this network namespace; otherwise share blocks with "
+                        "xseg.ipc_export and IpcHandle.send over a Unix socket you pass");
+        }
+        bool sent = ::write(fd, &id, sizeof id) == (ssize_t)sizeof id &&
+                    ::write(fd, token.data(), 32) == 32;
+        xseg_status st = sent ? xseg_ipc_recv(fd, &h) : XSEG_ERROR_INVALID_VALUE;
+        ::close(fd);
+        TORCH_CHECK(st == XSEG_SUCCESS, "xseg: getIpcDevPtr: the exporting process did not send the block (",
+                    sent ? xseg_last_error() : "write failed", "): it was freed, or the handle is stale");
+    } else {
+        TORCH_CHECK(false, "xseg: getIpcDevPtr: not a handle of xseg's (the exporting process must use xseg as "
+                           "its CUDA allocator too: xseg.torch.enable())");
+    }
+    xseg_ipc_info info{};
+    (void)xseg_ipc_handle_info(h, &info);
+    void *p = nullptr;
+    xseg_status st = xseg_ipc_import(h, info.device, &p);
+    xseg_ipc_handle_free(h);
+    xseg_check(st, "getIpcDevPtr");
+    return std::shared_ptr<void>(p, [](void *q) {
+        if (xseg_ipc_close(q) != XSEG_SUCCESS)
+            std::fprintf(stderr, "xseg: warning: closing an IPC import: %s\n", xseg_last_error());
+    });
+}
+
+// ---- checkpoints of private pools (cudagraph trees) -------------------------------------------
+
+// The layout of a pool: its segments and their blocks, in address order.
+struct XsegPoolState : cca::AllocatorState {
+    int device = 0;
+    MempoolId pool{0, 0};
+    struct Block {
+        uint64_t address;
+        size_t size;
+        bool allocated;
+    };
+    std::vector<Block> blocks; // every block of the pool's segments
+};
+
+std::vector<XsegPoolState::Block> pool_layout(int device, MempoolId pool)
+{
+    xseg_snapshot *snap = nullptr;
+    xseg_check(xseg_take_snapshot(device, &snap), "getCheckpointState");
+    std::vector<XsegPoolState::Block> out;
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        const xseg_segment_info &s = snap->segments[i];
+        if (s.pool_id[0] != pool.first || s.pool_id[1] != pool.second)
+            continue;
+        uint64_t a = s.address;
+        for (size_t j = 0; j < s.nblocks; j++) {
+            out.push_back({a, s.blocks[j].size, s.blocks[j].state == XSEG_BLOCK_ACTIVE_ALLOCATED});
+            a += s.blocks[j].size;
+        }
+    }
+    xseg_snapshot_free(snap);
+    return out;
+}
+
+std::shared_ptr<cca::AllocatorState> get_checkpoint_state(int device, MempoolId id)
+{
+    auto st = std::make_shared<XsegPoolState>();
+    st->device = device;
+    st->pool = id;
+    st->blocks = pool_layout(device, id);
+    return st;
+}
+
+// Restores the checkpoint: every block allocated in the pool now is reported freed, and every
+// block allocated at the checkpoint reported allocated again, at its address, as PyTorch's
+// allocator does: the blocks allocated since are freed, then each checkpointed block freed since
+// is placed at its address again (xseg_pool_malloc_at; the caller frees those it finds dead), so
+// the pool's free space is what it was. @p note records a placed block with PyTorch's wrapper,
+// whose raw_delete frees only what it knows.
+template <class Delta, class Note>
+Delta set_checkpoint_pool_state(int device, const std::shared_ptr<cca::AllocatorState> &pps,
+                                c10::DeleterFnPtr deleter, Note note)
+{
+    auto *st = dynamic_cast<XsegPoolState *>(pps.get());
+    TORCH_CHECK(st, "xseg: setCheckpointPoolState: not a checkpoint taken by xseg's getCheckpointState");
+    TORCH_CHECK(st->device == device, "xseg: setCheckpointPoolState: the checkpoint is of device ", st->device,
+                ", not ", device);
+    std::vector<XsegPoolState::Block> now = pool_layout(device, st->pool);
+    std::map<uint64_t, size_t> keep; // checkpointed blocks allocated now, same address and size
+    std::map<uint64_t, size_t> live_now;
+    for (const auto &b : now)
+        if (b.allocated)
+            live_now[b.address] = b.size;
+    for (const auto &b : st->blocks) {
+        auto it = live_now.find(b.address);
+        if (b.allocated && it != live_now.end() && it->second == b.size)
+            keep[b.address] = b.size;
+    }
+    Delta d;
+    for (const auto &b : now)
+        if (b.allocated) {
+            d.ptrs_freed.push_back(reinterpret_cast<void *>(b.address));
+            if (!keep.count(b.address)) {
+                ipc_forget(reinterpret_cast<void *>(b.address));
+                xseg_check(xseg_free(reinterpret_cast<void *>(b.address)), "setCheckpointPoolState");
+            }
+        }
+    for (const auto &b : st->blocks)
+        if (b.allocated && !keep.count(b.address)) {
+            xseg_status s = xseg_pool_malloc_at(device, to_xseg(st->pool), reinterpret_cast<void *>(b.address), b.size);
+            TORCH_CHECK(s == XSEG_SUCCESS, "xseg: setCheckpointPoolState: cannot place the checkpointed block at 0x",
+                        std::hex, b.address, std::dec, " (", b.size, " bytes) again: ", xseg_last_error(),
+                        ". Keep CUDA graph outputs alive, or turn cudagraph trees off ",
+                        "(torch._inductor.config.triton.cudagraph_trees = False)");
+            note(reinterpret_cast<void *>(b.address), b.size, device);
+        }
+    for (const auto &b : st->blocks)
+        if (b.allocated) {
+            void *p = reinterpret_cast<void *>(b.address);
+            d.dataptrs_allocd.emplace_back(p, p, deleter, c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)device));
+        }
+    return d;
+}
+
 // ---- MemPool: overrides that exist only where the installed PyTorch declares them ----------
 
 template <class B, class = void>
@@ -345,7 +760,94 @@ struct WithCreateOrIncrefPool<B, std::void_t<decltype(&B::createOrIncrefPool)>> 
     }
 };
 
-using AdapterBase = WithCreateOrIncrefPool<WithPoolUseCount<PluggableBase>>;
+// 2.6 names MemPool's hook ensureExistsAndIncrefPool.
+template <class B, class = void>
+struct WithEnsureExistsAndIncrefPool : B {
+    using B::B;
+};
+template <class B>
+struct WithEnsureExistsAndIncrefPool<B, std::void_t<decltype(&B::ensureExistsAndIncrefPool)>> : B {
+    using B::B;
+    void ensureExistsAndIncrefPool(XSEG_TORCH_DEV device, MempoolId id) override
+    {
+        xseg_check(xseg_pool_retain(device, to_xseg(id)), "ensure_exists_and_incref_pool");
+    }
+};
+
+// MemPool(use_on_oom=True) / MemPool(no_split=True): refused with what to do instead.
+template <class B, class = void>
+struct WithPoolFlags : B {
+    using B::B;
+};
+template <class B>
+struct WithPoolFlags<B, std::void_t<decltype(&B::setUseOnOOM), decltype(&B::setNoSplit)>> : B {
+    using B::B;
+    void setUseOnOOM(XSEG_TORCH_DEV, MempoolId, bool use_on_oom) override
+    {
+        TORCH_CHECK(!use_on_oom, "xseg: MemPool(use_on_oom=True) is not supported: xseg does not serve ordinary "
+                                 "allocations from a private pool when the device is out of memory. Create the MemPool "
+                                 "without use_on_oom, and free its tensors or call torch.cuda.empty_cache() to give "
+                                 "its memory back");
+    }
+    void setNoSplit(XSEG_TORCH_DEV, MempoolId) override
+    {
+        TORCH_CHECK(false, "xseg: MemPool(no_split=True) is not supported: xseg has no per-pool split rule. Create the "
+                           "MemPool without no_split; max_split_size_mb (process-wide) keeps large blocks unsplit");
+    }
+};
+
+// torch.cuda.get_per_process_memory_fraction (where PyTorch declares getMemoryFraction).
+template <class B, class = void>
+struct WithMemoryFraction : B {
+    using B::B;
+};
+template <class B>
+struct WithMemoryFraction<B, std::void_t<decltype(&B::getMemoryFraction)>> : B {
+    using B::B;
+    double getMemoryFraction(XSEG_TORCH_DEV device) override
+    {
+        double f = 1.0;
+        xseg_check(xseg_get_memory_fraction(device, &f), "get_memory_fraction");
+        return f;
+    }
+};
+
+// memcpyAsync: a copy between devices without peer access must use the peer copy, since a plain
+// device-to-device copy of cuMemMap memory is an error then (PyTorch's own allocator does the
+// same for its expandable segments).
+template <class B, class = void>
+struct WithMemcpy : B {
+    using B::B;
+};
+template <class B>
+struct WithMemcpy<B, std::void_t<decltype(&B::memcpyAsync)>> : B {
+    using B::B;
+    cudaError_t memcpyAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
+                            cudaStream_t stream, bool p2p_enabled) override
+    {
+        if (p2p_enabled || dstDevice == srcDevice)
+            return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+        return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+    }
+};
+
+// CUDA IPC of tensors (where PyTorch declares shareIpcHandle).
+template <class B, class = void>
+struct WithIpc : B {
+    using B::B;
+};
+template <class B>
+struct WithIpc<B, std::void_t<decltype(&B::shareIpcHandle), decltype(&B::getIpcDevPtr)>> : B {
+    using B::B;
+    decltype(std::declval<B &>().shareIpcHandle(nullptr)) shareIpcHandle(void *ptr) override
+    {
+        return share_ipc_handle<decltype(std::declval<B &>().shareIpcHandle(nullptr))>(ptr);
+    }
+    std::shared_ptr<void> getIpcDevPtr(std::string handle) override { return get_ipc_dev_ptr(handle); }
+};
+
+using AdapterBase = WithIpc<WithMemcpy<WithMemoryFraction<
+    WithPoolFlags<WithEnsureExistsAndIncrefPool<WithCreateOrIncrefPool<WithPoolUseCount<PluggableBase>>>>>>>;
 
 // ---- the allocator -------------------------------------------------------------------------
 
@@ -355,15 +857,14 @@ class XsegAllocator : public AdapterBase {
         : AdapterBase(
               adapter_malloc,
               [](void *ptr, size_t size, int device, cudaStream_t stream) {
+                  ipc_forget(ptr);
                   xseg_torch_free(ptr, size, device, reinterpret_cast<struct CUstream_st *>(stream));
               })
     {
         set_init_fn([](int n) { xseg_torch_init(n); });
         set_reset_fn([]() { xseg_check(xseg_empty_cache(-1), "empty_cache"); });
         set_memory_fraction_fn([](double f, int dev) { xseg_check(xseg_set_memory_fraction(f, dev), "set_memory_fraction"); });
-        set_record_stream_fn([](void *ptr, cudaStream_t s) {
-            xseg_check(xseg_record_stream(ptr, reinterpret_cast<struct CUstream_st *>(s)), "record_stream");
-        });
+        set_record_stream_fn(record_stream);
         set_base_alloc_fn([](void *ptr, size_t *size) {
             void *base = nullptr;
             xseg_check(xseg_base_allocation(ptr, &base, size), "getBaseAllocation");
@@ -413,6 +914,51 @@ class XsegAllocator : public AdapterBase {
         xseg_check(xseg_attach_oom_observer(oom_trampoline, o), "attach_oom_observer");
     }
 
+    bool isHistoryEnabled() override
+    {
+        int on = 0;
+        xseg_check(xseg_history_enabled(&on), "is_history_enabled");
+        return on != 0;
+    }
+
+    void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override
+    {
+        attach_trace_tracker<cca::TraceEntry>(std::move(tracker), 0);
+    }
+
+    // Peer access: the driver's context-level access (PyTorch's base class), then xseg's own
+    // mappings of dev_to_access made accessible from dev (cuMemSetAccess), now and later.
+    void enablePeerAccess(XSEG_TORCH_DEV dev, XSEG_TORCH_DEV dev_to_access) override
+    {
+        AdapterBase::enablePeerAccess(dev, dev_to_access);
+        xseg_check(xseg_enable_peer_access(dev_to_access, dev), "enablePeerAccess");
+    }
+
+    std::shared_ptr<cca::AllocatorState> getCheckpointState(XSEG_TORCH_DEV device, MempoolId id) override
+    {
+        return get_checkpoint_state(device, id);
+    }
+    cca::CheckpointDelta setCheckpointPoolState(XSEG_TORCH_DEV device, std::shared_ptr<cca::AllocatorState> pps) override
+    {
+        return set_checkpoint_pool_state<cca::CheckpointDelta>(
+            device, pps, raw_deleter(), [this](void *p, size_t size, int dev) { note_allocation(p, size, dev, 0); });
+    }
+
+    // A block placed by the adapter itself, made known to PyTorch's wrapper (its protected
+    // allocation_metadata_, 2.6 and 2.14), whose raw_delete frees only pointers it has seen.
+    template <class S = XsegAllocator>
+    auto note_allocation(void *p, size_t size, int dev, int)
+        -> decltype(static_cast<S *>(this)->allocation_metadata_, void())
+    {
+        S *self = static_cast<S *>(this);
+        std::lock_guard<std::mutex> g(self->allocator_mutex_);
+        self->allocation_metadata_[p] = {size, (c10::DeviceIndex)dev, nullptr};
+    }
+    template <class S = XsegAllocator>
+    void note_allocation(void *, size_t, int, long)
+    {
+    }
+
     std::string name() override { return "xseg"; }
 };
 
@@ -426,6 +972,9 @@ void install()
         return;
     auto a = std::make_shared<XsegAllocator>();
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
+    // The device-generic registry (torch.accelerator.memory_stats(), empty_cache(), ...), which
+    // changeCurrentAllocator may leave on PyTorch's own allocator; the highest priority wins.
+    c10::SetAllocator(c10::DeviceType::CUDA, a.get(), UINT8_MAX);
     xseg_torch_adapter_attached(1);
     installed = std::move(a);
 }

@@ -14,9 +14,12 @@ torch.cuda.graph and MemPool use) and answers from xseg the statistics (memory_s
 reset_peak_memory_stats, reset_accumulated_memory_stats), cacheInfo (cuDNN benchmark mode),
 snapshot, history and OOM-observer calls.
 
-Still refused, as by the bare wrapper: CUDA IPC of tensors through torch.multiprocessing (share
-blocks with xseg.ipc_export instead), attachAllocatorTraceTracker, and cudagraph trees'
-checkpointing (getCheckpointState). docs/python.md lists what is answered on which PyTorch.
+Also answered: record_stream of empty tensors and foreign memory (silently), cudagraph trees'
+checkpoints (getCheckpointState/setCheckpointPoolState), peer access and peer copies, get_per_process_memory_fraction,
+_cuda_isHistoryEnabled, attachAllocatorTraceTracker (from xseg's segment observers), CUDA IPC
+of tensors for torch.multiprocessing, MemPool.snapshot() per pool, torch.accelerator.*.
+Refused with what to do instead: MemPool(use_on_oom=True), MemPool(no_split=True).
+docs/python.md lists what is answered on which PyTorch.
 
 Needs a CUDA build of PyTorch (2.1 or newer) and a C++ compiler.
 """
@@ -100,8 +103,11 @@ def _answer_history_calls(torch):
     def _snapshot(device=None, *_, **__):
         return xseg._snapshot()
 
-    def memory_snapshot(*_, **__):
-        return xseg._snapshot()["segments"]
+    def memory_snapshot(*args, mempool_id=None, **__):
+        # torch.cuda.memory_snapshot(mempool_id=None); MemPool.snapshot() passes its id.
+        if mempool_id is None and args:
+            mempool_id = args[0]
+        return xseg._pool_segments(xseg._snapshot()["segments"], mempool_id)
 
     mem._record_memory_history = _record_memory_history
     mem._snapshot = _snapshot

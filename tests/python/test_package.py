@@ -417,3 +417,34 @@ def test_warning_silenced_by_env_or_adapter():
     r = run_py(BARE_TORCH_MALLOC % True)
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stderr
+
+
+def test_memory_snapshot_of_one_pool(xseg):
+    """MemPool.snapshot() asks torch.cuda.memory_snapshot(mempool_id=pool.id): only that pool's
+    segments (issue 34; xseg.torch answers it with the same filter)."""
+    import ctypes
+    lib = xseg._lib.lib()
+    pool = xseg._lib.PoolId()
+    assert lib.xseg_pool_create(ctypes.byref(pool)) == 0
+    begin = lib.xseg_begin_allocate_to_pool
+    begin.argtypes = [ctypes.c_int, xseg._lib.PoolId, ctypes.c_void_p, ctypes.c_void_p]
+    end = lib.xseg_end_allocate_to_pool
+    end.argtypes = [ctypes.c_int, xseg._lib.PoolId]
+    assert begin(0, pool, None, None) == 0
+    inside = xseg.malloc(1 << 20)
+    assert end(0, pool) == 0
+    outside = xseg.malloc(1 << 20)
+    try:
+        pid = (pool.first, pool.second)
+        mine = xseg.memory_snapshot(mempool_id=pid)
+        assert mine and all(s["segment_pool_id"] == pid for s in mine)
+        assert any(b["address"] == inside for s in mine for b in s["blocks"])
+        assert not any(b["address"] == outside for s in mine for b in s["blocks"])
+        assert len(xseg.memory_snapshot()) > len(mine)
+        assert xseg.memory_snapshot(mempool_id=(123456789, 1)) == []
+        with pytest.raises(TypeError, match="mempool_id"):
+            xseg.memory_snapshot(mempool_id=5)
+    finally:
+        xseg.free(inside)
+        xseg.free(outside)
+        lib.xseg_release_pool(0, pool)

@@ -206,8 +206,6 @@ static void test_rejected(void **state)
     parse_bad("per_process_memory_fraction:-0.1", "per_process_memory_fraction", "[0.0, 1.0]");
     parse_bad("per_process_memory_fraction:1.1", "per_process_memory_fraction", "[0.0, 1.0]");
     parse_bad("per_process_memory_fraction:nan", "per_process_memory_fraction", NULL);
-    parse_bad("backend:cudaMallocAsync", "backend:cudaMallocAsync is not supported",
-              "xseg is itself");
     parse_bad("backend:foo", "backend", "native");
     /* Grammar errors name the key and the form, with a position. */
     parse_bad("expandable_segments", "expandable_segments", "':'");
@@ -240,6 +238,23 @@ static void test_pinned_ignored(void **state)
     parse_bad("pinned_num_register_threads:256", "pinned_num_register_threads", "128");
     parse_bad("pinned_use_cuda_host_register:1", "pinned_use_cuda_host_register", "True or False");
     parse_bad("pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb", "> 0");
+}
+
+/* Keys PyTorch 2.12+ accepts (issue 34): an inherited PYTORCH_ALLOC_CONF must not fail. */
+static void test_pytorch_212_keys(void **state)
+{
+    (void)state;
+    struct cfg def;
+    cfg_default(&def);
+    struct cfg c = parse_ok("throw_on_cudamalloc_oom:True,expandable_segments_reserve:0.5,"
+                            "expandable_segments_reserve_by_class:[large:64G,small:0.25],"
+                            "backend:cudaMallocAsync,expandable_segments_reserve:8G");
+    assert_memory_equal(&c, &def, sizeof c);
+    parse_ok("throw_on_cudamalloc_oom:False,backend:hipMallocAsync");
+    parse_bad("throw_on_cudamalloc_oom:yes", "throw_on_cudamalloc_oom", "True or False");
+    parse_bad("expandable_segments_reserve_by_class:[large:1", "expandable_segments_reserve_by_class", "']'");
+    parse_bad("expandable_segments_reserve:", "expandable_segments_reserve", "end of string");
+    parse_bad("throw_on_cudamalloc_oom_x:True", "unrecognized key 'throw_on_cudamalloc_oom_x'", NULL);
 }
 
 static void test_whitespace(void **state)
@@ -441,7 +456,9 @@ int main(void)
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_large_segment_order), cmocka_unit_test(test_rejected),
         cmocka_unit_test(test_expandable_page_size),
-        cmocka_unit_test(test_pinned_ignored),  cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_pinned_ignored),
+        cmocka_unit_test(test_pytorch_212_keys),
+        cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_reset_rule),      cmocka_unit_test(test_roundup_single),
         cmocka_unit_test(test_roundup_list),    cmocka_unit_test(test_format_round_trip),
         cmocka_unit_test(test_env_order),       cmocka_unit_test(test_null_args),

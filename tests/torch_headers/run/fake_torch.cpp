@@ -4,13 +4,17 @@
 // Where the check depends on it, it behaves as PyTorch's torch/csrc/cuda/CUDAPluggableAllocator.cpp
 // does (read at the 2.1 interface, at commit 00a1abb and at a recent main; the same in each):
 //  - malloc(size, device, stream) calls the alloc function, records (size, device, stream) for the
-//    pointer it returned, and returns it: a NULL is neither checked nor turned into an error;
+//    pointer it returned in allocation_metadata_ (a protected member, as in PyTorch), and returns it: a NULL is neither checked nor turned into an error;
 //  - raw_alloc / raw_alloc_with_stream call malloc on the current device (0 here);
 //  - raw_delete looks the pointer up (unknown: error) and calls the free function with what
 //    malloc recorded;
 //  - init calls the init function; setMemoryFraction, emptyCache, recordStream, getBaseAllocation
 //    and the pool calls forward to their hooks when set; name() is "pluggable";
-//  - changeCurrentAllocator / getCurrentAllocator keep the allocator installed.
+//  - changeCurrentAllocator / getCurrentAllocator keep the allocator installed;
+//  - raw_deleter's function calls the current allocator's raw_delete; memcpyAsync is a plain
+//    cudaMemcpyAsync (p2p_enabled unread); enablePeerAccess enables the context's peer access
+//    (recorded here, as fake_peer_calls); c10::SetAllocator keeps the highest priority's.
+// The CUDA runtime's copies only count their calls (fake_memcpy_plain, fake_memcpy_peer).
 // Everything else raises, as the check never reaches it. The real class keeps the hooks in
 // members the stub header leaves out; this one keeps them beside it, by object.
 #include <c10/util/Exception.h>
@@ -39,7 +43,6 @@ struct Hooks {
   std::function<void(int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>)> begin_fn;
   std::function<void(int, c10::cuda::MempoolId_t)> end_fn;
   std::function<void(int, c10::cuda::MempoolId_t)> release_fn;
-  std::map<void*, std::tuple<size_t, int, cudaStream_t>> metadata;
   bool initialized = false;
 };
 std::mutex mu;
@@ -56,7 +59,29 @@ Hooks& hooks(const Pluggable* a) {
 }
 
 std::shared_ptr<CUDAAllocator> current;
+std::map<int, std::pair<c10::Allocator*, uint8_t>> registry;
 } // namespace
+
+int fake_memcpy_plain = 0, fake_memcpy_peer = 0;
+std::vector<std::pair<int, int>> fake_peer_calls;
+
+cudaError_t cudaMemcpyAsync(void*, const void*, size_t, enum cudaMemcpyKind, cudaStream_t) {
+  fake_memcpy_plain++;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
+  fake_memcpy_peer++;
+  return cudaSuccess;
+}
+
+namespace c10 {
+void SetAllocator(DeviceType t, Allocator* alloc, uint8_t priority) {
+  auto& slot = registry[(int)t];
+  if (!slot.first || priority >= slot.second)
+    slot = {alloc, priority};
+}
+Allocator* GetAllocator(const DeviceType& t) { return registry[(int)t].first; }
+} // namespace c10
 
 namespace c10::cuda::CUDACachingAllocator {
 void CUDAAllocator::recordStream(const DataPtr&, c10::Stream) { not_in_stub("recordStream(Stream)"); }
@@ -87,7 +112,8 @@ CUDAPluggableAllocator::CUDAPluggableAllocator(std::function<void*(size_t, int, 
   hooks(this).alloc_fn = std::move(alloc_fn);
   hooks(this).free_fn = std::move(free_fn);
 }
-CUDAPluggableAllocator::CUDAPluggableAllocator(CUDAPluggableAllocator& other) { hooks(this) = hooks(&other); }
+CUDAPluggableAllocator::CUDAPluggableAllocator(CUDAPluggableAllocator& other)
+    : CUDAAllocator(other) { hooks(this) = hooks(&other); }
 
 void CUDAPluggableAllocator::set_init_fn(std::function<void(int)> f) { hooks(this).init_fn = std::move(f); }
 void CUDAPluggableAllocator::set_reset_fn(std::function<void()> f) { hooks(this).reset_fn = std::move(f); }
@@ -111,32 +137,35 @@ void CUDAPluggableAllocator::set_release_pool(std::function<void(int, c10::cuda:
   hooks(this).release_fn = std::move(f);
 }
 
+_AllocationMetadata::_AllocationMetadata() : size(0), device_idx(-1) {}
+_AllocationMetadata::_AllocationMetadata(size_t size, c10::DeviceIndex device_idx, cudaStream_t stream)
+    : size(size), device_idx(device_idx), stream(stream) {}
+
 void* CUDAPluggableAllocator::malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
-  Hooks& h = hooks(this);
-  void* r = h.alloc_fn(size, device, stream);
+  void* r = hooks(this).alloc_fn(size, device, stream);
   {
-    std::lock_guard<std::mutex> g(mu);
-    h.metadata.emplace(r, std::make_tuple(size, (int)device, stream));
+    const std::lock_guard<std::mutex> lock(allocator_mutex_);
+    allocation_metadata_[r] = _AllocationMetadata(size, device, stream);
   }
   return r;
 }
 
-c10::DeleterFnPtr CUDAPluggableAllocator::raw_deleter() const { not_in_stub("raw_deleter"); }
+static void local_raw_delete(void* ptr) { current->raw_delete(ptr); }
+c10::DeleterFnPtr CUDAPluggableAllocator::raw_deleter() const { return &local_raw_delete; }
 void* CUDAPluggableAllocator::raw_alloc(size_t nbytes) { return malloc(nbytes, 0, nullptr); }
 void* CUDAPluggableAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
   return malloc(nbytes, 0, stream);
 }
 void CUDAPluggableAllocator::raw_delete(void* ptr) {
-  Hooks& h = hooks(this);
-  std::tuple<size_t, int, cudaStream_t> m;
+  _AllocationMetadata m;
   {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = h.metadata.find(ptr);
-    TORCH_CHECK(it != h.metadata.end(), "Trying to free a pointer not allocated here");
+    const std::lock_guard<std::mutex> lock(allocator_mutex_);
+    auto it = allocation_metadata_.find(ptr);
+    TORCH_CHECK(it != allocation_metadata_.end(), "Trying to free a pointer not allocated here");
     m = it->second;
-    h.metadata.erase(it);
+    allocation_metadata_.erase(it);
   }
-  h.free_fn(ptr, std::get<0>(m), std::get<1>(m), std::get<2>(m));
+  hooks(this).free_fn(ptr, m.size, m.device_idx, m.stream);
 }
 void CUDAPluggableAllocator::init(int device_count) {
   if (hooks(this).init_fn)
@@ -160,9 +189,9 @@ void CUDAPluggableAllocator::cacheInfo(c10::DeviceIndex, size_t*) { not_in_stub(
 void* CUDAPluggableAllocator::getBaseAllocation(void* ptr, size_t* size) {
   return hooks(this).base_alloc_fn ? hooks(this).base_alloc_fn(ptr, size) : ptr;
 }
-void CUDAPluggableAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream) {
+void CUDAPluggableAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
   if (hooks(this).record_stream_fn)
-    hooks(this).record_stream_fn(ptr.get(), nullptr);
+    hooks(this).record_stream_fn(ptr.get(), stream.stream());
 }
 DeviceStats CUDAPluggableAllocator::getDeviceStats(c10::DeviceIndex) { not_in_stub("getDeviceStats"); }
 void CUDAPluggableAllocator::resetAccumulatedStats(c10::DeviceIndex) { not_in_stub("resetAccumulatedStats"); }
@@ -204,7 +233,13 @@ CheckpointDelta CUDAPluggableAllocator::setCheckpointPoolState(c10::DeviceIndex,
                                                                std::shared_ptr<AllocatorState>) {
   not_in_stub("setCheckpointPoolState");
 }
-void CUDAPluggableAllocator::enablePeerAccess(c10::DeviceIndex, c10::DeviceIndex) { not_in_stub("enablePeerAccess"); }
+void CUDAPluggableAllocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
+  fake_peer_calls.emplace_back(dev, dev_to_access);
+}
+cudaError_t CUDAPluggableAllocator::memcpyAsync(void* dst, int, const void* src, int, size_t count,
+                                                cudaStream_t stream, bool) {
+  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+}
 std::string CUDAPluggableAllocator::name() { return "pluggable"; }
 
 } // namespace torch::cuda::CUDAPluggableAllocator

@@ -18,10 +18,27 @@
 namespace c10 {
 using DeviceIndex = int8_t;
 using DeleterFnPtr = void (*)(void *);
-struct Device {};
+enum class DeviceType : int8_t { CPU = 0, CUDA = 1 };
+struct Device {
+    Device() = default;
+    Device(DeviceType t, DeviceIndex i) : type(t), index(i) {}
+    DeviceType type = DeviceType::CPU;
+    DeviceIndex index = -1;
+};
 struct Stream {};
 struct DataPtr {
-    void *get() const { return nullptr; }
+    DataPtr() = default;
+    DataPtr(void *data, void *ctx, DeleterFnPtr deleter, Device device)
+        : data_(data), ctx_(ctx), deleter_(deleter), device_(device)
+    {
+    }
+    void *get() const { return data_; }
+    DeleterFnPtr get_deleter() const { return deleter_; }
+    Device device() const { return device_; }
+    void *data_ = nullptr;
+    void *ctx_ = nullptr;
+    DeleterFnPtr deleter_ = nullptr;
+    Device device_;
 };
 struct GatheredContext {
     virtual ~GatheredContext() = default;
@@ -29,8 +46,13 @@ struct GatheredContext {
 struct Allocator {
     virtual ~Allocator() = default;
 };
+void SetAllocator(DeviceType t, Allocator *alloc, uint8_t priority = 0);
+Allocator *GetAllocator(const DeviceType &t);
 namespace cuda {
-struct CUDAStream {};
+struct CUDAStream {
+    cudaStream_t stream_ = nullptr;
+    cudaStream_t stream() const { return stream_; }
+};
 } // namespace cuda
 } // namespace c10
 namespace at {

@@ -5,6 +5,7 @@
 // sets only those).
 #pragma once
 #include <array>
+#include <ctime>
 
 #include <c10/core/Allocator.h>
 
@@ -81,8 +82,57 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;
 };
 
+using approx_time_t = int64_t;
+union trace_time_ {
+  time_t t_;
+  approx_time_t approx_t_;
+};
+
 struct TraceEntry {
-  int action_;
+  enum Action {
+    ALLOC,
+    FREE_REQUESTED,
+    FREE_COMPLETED,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    SNAPSHOT,
+    OOM,
+    ANNOTATE
+  };
+  TraceEntry(
+      Action action,
+      c10::DeviceIndex device,
+      size_t addr,
+      size_t size,
+      void* stream,
+      MempoolId_t mempool,
+      approx_time_t time,
+      std::shared_ptr<GatheredContext> context = nullptr,
+      std::string compile_context = "",
+      std::string user_metadata = "")
+      : action_(action),
+        device_(device),
+        addr_(addr),
+        context_(std::move(context)),
+        stream_(stream),
+        size_(size),
+        mempool_(std::move(mempool)),
+        compile_context_(std::move(compile_context)),
+        user_metadata_(std::move(user_metadata)) {
+    time_.approx_t_ = time;
+  }
+  Action action_;
+  c10::DeviceIndex device_;
+  size_t addr_;
+  std::shared_ptr<GatheredContext> context_;
+  void* stream_{};
+  size_t size_;
+  MempoolId_t mempool_;
+  trace_time_ time_{};
+  std::string compile_context_;
+  std::string user_metadata_;
 };
 
 using AllocatorTraceTracker = std::function<void(const TraceEntry&)>;

@@ -113,6 +113,14 @@ class CUDAAllocator : public DeviceAllocator {
   virtual void enablePeerAccess(
       c10::DeviceIndex dev,
       c10::DeviceIndex dev_to_access) = 0;
+  virtual cudaError_t memcpyAsync(
+      void* dst,
+      int dstDevice,
+      const void* src,
+      int srcDevice,
+      size_t count,
+      cudaStream_t stream,
+      bool p2p_enabled) = 0;
   virtual std::shared_ptr<AllocatorState> getCheckpointState(
       c10::DeviceIndex device,
       MempoolId_t id) = 0;

@@ -5,6 +5,9 @@
 #pragma once
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <mutex>
+#include <unordered_map>
+
 namespace torch::cuda::CUDAPluggableAllocator {
 
 std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>
@@ -13,6 +16,17 @@ getCurrentAllocator();
 void changeCurrentAllocator(
     const std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>&
         allocator);
+
+struct _AllocationMetadata {
+  _AllocationMetadata();
+  _AllocationMetadata(
+      size_t size,
+      c10::DeviceIndex device_idx,
+      cudaStream_t stream);
+  size_t size;
+  c10::DeviceIndex device_idx;
+  cudaStream_t stream{};
+};
 
 struct CUDAPluggableAllocator
     : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
@@ -115,6 +129,18 @@ struct CUDAPluggableAllocator
       override;
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access)
       override;
+  cudaError_t memcpyAsync(
+      void* dst,
+      int dstDevice,
+      const void* src,
+      int srcDevice,
+      size_t count,
+      cudaStream_t stream,
+      bool p2p_enabled) override;
   std::string name() override;
+
+ protected:
+  std::mutex allocator_mutex_;
+  std::unordered_map<void*, _AllocationMetadata> allocation_metadata_;
 };
 } // namespace torch::cuda::CUDAPluggableAllocator

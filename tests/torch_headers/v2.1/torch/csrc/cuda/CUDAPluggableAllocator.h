@@ -44,6 +44,7 @@ struct CUDAPluggableAllocator
 
   void* malloc(size_t size, int device, cudaStream_t stream);
 
+  c10::DeleterFnPtr raw_deleter() const;
   void* raw_alloc(size_t nbytes) override;
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
   void raw_delete(void* ptr) override;

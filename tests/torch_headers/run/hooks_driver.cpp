@@ -1,0 +1,302 @@
+// Every virtual the adapter overrides, called with the argument shapes PyTorch passes (the `main`
+// stub interface, through the stand-in fake_torch.cpp), on cudaemu with two devices; each check
+// reads the effect on xseg (statistics, pools, snapshots, observers, errors). Not a PyTorch test:
+// tests/torch_headers/README.md says what it shows.
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/extension.h>
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda.h>
+
+#include "xseg.h"
+
+void xseg_stub_init_module(xseg_stub_module &m);
+extern int fake_memcpy_plain, fake_memcpy_peer;
+extern std::vector<std::pair<int, int>> fake_peer_calls;
+
+namespace {
+namespace cca = c10::cuda::CUDACachingAllocator;
+using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+constexpr size_t MiB = size_t(1) << 20;
+int failures = 0;
+
+#define EXPECT(cond, ...)                                                                         \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                  \
+            std::fprintf(stderr, __VA_ARGS__);                                                    \
+            std::fputc('\n', stderr);                                                             \
+            failures++;                                                                           \
+        }                                                                                         \
+    } while (0)
+
+bool contains(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
+
+int64_t stat(int dev, const char *key)
+{
+    int64_t v = -1;
+    return xseg_stat(dev, key, &v) == XSEG_SUCCESS ? v : -1;
+}
+
+// f must raise c10::Error whose message holds every part.
+template <class F>
+void expect_error(const char *what, F f, std::vector<std::string> parts)
+{
+    try {
+        f();
+        EXPECT(false, "%s did not raise", what);
+    } catch (const c10::Error &e) {
+        std::string msg = e.what();
+        for (auto &p : parts)
+            EXPECT(contains(msg, p), "%s: message lacks '%s': %s", what, p.c_str(), msg.c_str());
+        std::printf("ok   %s raises: %s\n", what, msg.c_str());
+    }
+}
+
+// Which pool holds the segment under @p p (from xseg's snapshot).
+c10::cuda::MempoolId_t pool_of(void *p)
+{
+    xseg_snapshot *snap = nullptr;
+    c10::cuda::MempoolId_t id{~0ull, ~0ull};
+    if (xseg_take_snapshot(-1, &snap) != XSEG_SUCCESS)
+        return id;
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        const xseg_segment_info &s = snap->segments[i];
+        if ((uint64_t)p >= s.address && (uint64_t)p < s.address + s.total_size)
+            id = {s.pool_id[0], s.pool_id[1]};
+    }
+    xseg_snapshot_free(snap);
+    return id;
+}
+
+std::vector<cca::TraceEntry> traces;
+} // namespace
+
+int main()
+{
+    xseg_stub_module m;
+    xseg_stub_init_module(m);
+    m.fns.at("install")();
+    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
+    auto *a = dynamic_cast<Pluggable *>(current.get());
+    if (!a || a->name() != "xseg") {
+        std::fprintf(stderr, "FAIL install() did not make the adapter the current allocator\n");
+        return 1;
+    }
+    // torch.accelerator.* reach the allocator through the device-generic registry.
+    EXPECT(c10::GetAllocator(c10::DeviceType::CUDA) == static_cast<c10::Allocator *>(a),
+           "c10::GetAllocator(CUDA) is not the adapter");
+    a->init(2);
+    EXPECT(a->initialized(), "init");
+    cudaStream_t s0 = nullptr;
+
+    // ---- recordStream: empty tensor and foreign memory silently; a bad stream raises ----
+    void *p = a->malloc(MiB, 0, s0);
+    c10::cuda::CUDAStream legacy{};
+    a->recordStream(c10::DataPtr(nullptr, nullptr, nullptr, c10::Device(c10::DeviceType::CUDA, 0)), legacy);
+    static char foreign[64];
+    a->recordStream(c10::DataPtr(foreign, foreign, nullptr, c10::Device(c10::DeviceType::CUDA, 0)), legacy);
+    a->recordStream(c10::DataPtr(p, p, nullptr, c10::Device(c10::DeviceType::CUDA, 0)), legacy);
+    std::printf("ok   recordStream of an empty tensor, foreign memory and a live block\n");
+    c10::cuda::CUDAStream bogus{reinterpret_cast<cudaStream_t>(0x10)};
+    expect_error("recordStream(live block, bad stream)",
+                 [&] { a->recordStream(c10::DataPtr(p, p, nullptr, c10::Device(c10::DeviceType::CUDA, 0)), bogus); },
+                 {"xseg: record_stream"});
+
+    // ---- statistics, resets, cacheInfo, fraction, emptyCache ----
+    EXPECT(a->getDeviceStats(0).allocated_bytes[0].current == (int64_t)MiB, "allocated %lld",
+           (long long)a->getDeviceStats(0).allocated_bytes[0].current);
+    a->raw_delete(p);
+    size_t largest = 0;
+    a->cacheInfo(0, &largest);
+    EXPECT(largest >= MiB, "cacheInfo: largest cached block %zu", largest);
+    a->resetPeakStats(0);
+    EXPECT(stat(0, "allocated_bytes.all.peak") == 0, "peak after resetPeakStats: %lld",
+           (long long)stat(0, "allocated_bytes.all.peak"));
+    a->resetAccumulatedStats(0);
+    EXPECT(stat(0, "allocation.all.allocated") == 0, "allocated count after resetAccumulatedStats");
+    EXPECT(a->getMemoryFraction(0) == 1.0, "default fraction %g", a->getMemoryFraction(0));
+    a->setMemoryFraction(0.5, 1);
+    EXPECT(a->getMemoryFraction(1) == 0.5 && a->getMemoryFraction(0) == 1.0, "fraction %g / %g",
+           a->getMemoryFraction(1), a->getMemoryFraction(0));
+    a->setMemoryFraction(1.0, 1);
+    a->emptyCache();
+    EXPECT(stat(0, "reserved_bytes.all.current") == 0, "reserved after emptyCache: %lld",
+           (long long)stat(0, "reserved_bytes.all.current"));
+    std::printf("ok   getDeviceStats, cacheInfo, resets, get/setMemoryFraction, emptyCache\n");
+
+    // ---- history ----
+    EXPECT(!a->isHistoryEnabled(), "history on before recordHistory");
+    a->recordHistory(true, nullptr, 1000, cca::RecordContext::ALL, false, {});
+    EXPECT(a->isHistoryEnabled(), "isHistoryEnabled after recordHistory(true)");
+    a->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, true, {});
+    EXPECT(!a->isHistoryEnabled(), "isHistoryEnabled after recordHistory(false)");
+    std::printf("ok   recordHistory / isHistoryEnabled\n");
+
+    // ---- trace tracker: changes only, as PyTorch's SEGMENT_* entries ----
+    void *before = a->malloc(30 * MiB, 0, s0); // mapped before the attach: not reported
+    a->attachAllocatorTraceTracker([](const cca::TraceEntry &te) { traces.push_back(te); });
+    EXPECT(traces.empty(), "%zu entries at attach (the existing mapping was replayed)", traces.size());
+    void *big = a->malloc(64 * MiB, 0, s0);
+    a->raw_delete(big);
+    a->raw_delete(before);
+    a->emptyCache();
+    size_t mapped = 0;
+    bool unmap = false;
+    for (auto &te : traces) {
+        if (te.action_ == cca::TraceEntry::SEGMENT_MAP && te.device_ == 0)
+            mapped += te.size_;
+        if (te.action_ == cca::TraceEntry::SEGMENT_UNMAP && te.device_ == 0)
+            unmap = true;
+        EXPECT(te.action_ == cca::TraceEntry::SEGMENT_MAP || te.action_ == cca::TraceEntry::SEGMENT_UNMAP,
+               "action %d on expandable memory", (int)te.action_);
+    }
+    EXPECT(mapped >= 64 * MiB - 30 * MiB && unmap, "trace: %zu bytes mapped, unmap %d (%zu entries)", mapped, unmap,
+           traces.size());
+    xseg_set_config("expandable_segments:False");
+    traces.clear();
+    void *classic = a->malloc(4 * MiB, 0, s0);
+    EXPECT(!traces.empty() && traces.back().action_ == cca::TraceEntry::SEGMENT_ALLOC &&
+               traces.back().addr_ <= (size_t)classic,
+           "classic segment: %zu entries", traces.size());
+    void *base_ptr = nullptr;
+    size_t base_size = 0;
+    base_ptr = a->getBaseAllocation(classic, &base_size);
+    EXPECT(base_ptr == classic && base_size >= 4 * MiB, "getBaseAllocation %p size %zu", base_ptr, base_size);
+    a->raw_delete(classic);
+    a->emptyCache();
+    EXPECT(traces.back().action_ == cca::TraceEntry::SEGMENT_FREE, "classic release: action %d",
+           (int)traces.back().action_);
+    xseg_set_config("expandable_segments:True");
+    std::printf("ok   attachAllocatorTraceTracker: SEGMENT_MAP/UNMAP, SEGMENT_ALLOC/FREE, no replay\n");
+    void *exp = a->malloc(MiB, 0, s0);
+    expect_error("getBaseAllocation(expandable block)", [&] { a->getBaseAllocation(exp, &base_size); },
+                 {"xseg: getBaseAllocation"});
+    a->raw_delete(exp);
+
+    // ---- peer access and copies ----
+    a->enablePeerAccess(1, 0); // device 1 reads device 0's memory
+    EXPECT(fake_peer_calls.size() == 1 && fake_peer_calls[0] == std::make_pair(1, 0), "base enablePeerAccess not called");
+    void *on0 = a->malloc(2 * MiB, 0, s0);
+    auto get_access = reinterpret_cast<CUresult (*)(unsigned long long *, const CUmemLocation *, CUdeviceptr)>(
+        dlsym(dlopen(std::getenv("XSEG_LIBCUDA"), RTLD_NOLOAD | RTLD_NOW), "cuMemGetAccess"));
+    if (get_access) {
+        CUmemLocation loc{};
+        loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        loc.id = 1;
+        unsigned long long flags = 0;
+        EXPECT(get_access(&flags, &loc, (CUdeviceptr)on0) == CUDA_SUCCESS && flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+               "device 1 has no access to device 0's block (flags %llu)", flags);
+    }
+    expect_error("enablePeerAccess(0, 7)", [&] { a->enablePeerAccess(0, 7); }, {"xseg: enablePeerAccess"});
+    void *on1 = a->malloc(2 * MiB, 1, s0);
+    a->memcpyAsync(on1, 1, on0, 0, MiB, s0, false);
+    EXPECT(fake_memcpy_peer == 1 && fake_memcpy_plain == 0, "p2p off: peer %d plain %d", fake_memcpy_peer, fake_memcpy_plain);
+    a->memcpyAsync(on1, 1, on0, 0, MiB, s0, true);
+    a->memcpyAsync(on0, 0, on0, 0, MiB, s0, false);
+    EXPECT(fake_memcpy_peer == 1 && fake_memcpy_plain == 2, "p2p on / same device: peer %d plain %d", fake_memcpy_peer,
+           fake_memcpy_plain);
+    a->raw_delete(on1);
+    std::printf("ok   enablePeerAccess (xseg's mappings), memcpyAsync honours p2p_enabled\n");
+
+    // ---- CUDA IPC of tensors: a process may import its own export ----
+    auto sh = a->shareIpcHandle(on0);
+    EXPECT(sh.offset == 0 && contains(sh.handle, "xseg-ipc-"), "handle '%s' offset %lld", sh.handle.c_str(),
+           (long long)sh.offset);
+    std::memset(on0, 0x5a, 4096); // cudaemu's device memory is host memory
+    {
+        std::shared_ptr<void> imp = a->getIpcDevPtr(sh.handle);
+        EXPECT(imp && imp.get() != on0 && static_cast<unsigned char *>(imp.get())[4095] == 0x5a,
+               "import %p of %p does not see the bytes", imp.get(), on0);
+        EXPECT(a->shareIpcHandle(on0).handle == sh.handle, "sharing twice gave another handle");
+    }
+    a->raw_delete(on0); // the export closes with the block
+    expect_error("getIpcDevPtr(handle of a freed block)", [&] { a->getIpcDevPtr(sh.handle); }, {"xseg: getIpcDevPtr"});
+    expect_error("getIpcDevPtr(foreign handle)", [&] { a->getIpcDevPtr(std::string(64, '\1')); },
+                 {"not a handle of xseg's"});
+    std::printf("ok   shareIpcHandle / getIpcDevPtr\n");
+
+    // ---- private pools: capture hooks, MemPool hooks, snapshot by pool, checkpoints ----
+    c10::cuda::MempoolId_t pool{7, 0};
+    a->createOrIncrefPool(0, pool, nullptr);
+    EXPECT(a->getPoolUseCount(0, pool) == 1, "use count %d", a->getPoolUseCount(0, pool));
+    expect_error("createOrIncrefPool(allocator of its own)",
+                 [&] { a->createOrIncrefPool(0, pool, current); }, {"allocator of its own"});
+    expect_error("setUseOnOOM", [&] { a->setUseOnOOM(0, pool, true); }, {"use_on_oom", "Create the MemPool"});
+    expect_error("setNoSplit", [&] { a->setNoSplit(0, pool); }, {"no_split", "max_split_size_mb"});
+    a->beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });
+    void *x = a->malloc(MiB, 0, s0);
+    void *y = a->malloc(3 * MiB, 0, s0);
+    a->endAllocateToPool(0, pool);
+    void *outside = a->malloc(MiB, 0, s0);
+    EXPECT(pool_of(x) == pool && pool_of(y) == pool && pool_of(outside) != pool, "pool routing");
+    auto snap = a->snapshot(pool, true);
+    bool only_pool = !snap.segments.empty();
+    for (auto &seg : snap.segments)
+        only_pool = only_pool && seg.owner_private_pool_id == pool;
+    EXPECT(only_pool, "snapshot(pool): %zu segments, not all of the pool", snap.segments.size());
+    EXPECT(a->snapshot({0, 0}, true).segments.size() > snap.segments.size(), "snapshot({0,0}) is not every segment");
+
+    auto cp = a->getCheckpointState(0, pool);
+    a->beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });
+    void *z = a->malloc(2 * MiB, 0, s0);
+    a->endAllocateToPool(0, pool);
+    int64_t alloc_before = stat(0, "allocated_bytes.all.current");
+    cca::CheckpointDelta d = a->setCheckpointPoolState(0, cp);
+    EXPECT(d.ptrs_freed.size() == 3 && d.dataptrs_allocd.size() == 2, "delta: %zu freed, %zu allocated",
+           d.ptrs_freed.size(), d.dataptrs_allocd.size());
+    EXPECT(stat(0, "allocated_bytes.all.current") == alloc_before - (int64_t)(2 * MiB), "z was not freed: %lld -> %lld",
+           (long long)alloc_before, (long long)stat(0, "allocated_bytes.all.current"));
+    EXPECT(xseg_free(z) == XSEG_ERROR_INVALID_VALUE, "z is still live");
+    for (auto &dp : d.dataptrs_allocd)
+        EXPECT((dp.get() == x || dp.get() == y) && dp.get_deleter() == a->raw_deleter(), "allocd %p", dp.get());
+    // A checkpointed block freed since is placed at its address again (cudagraph trees then free
+    // the dead ones through raw_delete, which must know them).
+    void *gone = d.dataptrs_allocd[0].get();
+    size_t gone_size = gone == x ? MiB : 3 * MiB;
+    d.dataptrs_allocd[0].get_deleter()(gone); // PyTorch frees through the DataPtr
+    void *kept = d.dataptrs_allocd[1].get();
+    int64_t before_restore = stat(0, "allocated_bytes.all.current");
+    cca::CheckpointDelta d2 = a->setCheckpointPoolState(0, cp);
+    EXPECT(d2.ptrs_freed.size() == 1 && d2.dataptrs_allocd.size() == 2, "second delta: %zu freed, %zu allocated",
+           d2.ptrs_freed.size(), d2.dataptrs_allocd.size());
+    EXPECT(stat(0, "allocated_bytes.all.current") == before_restore + (int64_t)gone_size, "placed again: %lld -> %lld",
+           (long long)before_restore, (long long)stat(0, "allocated_bytes.all.current"));
+    a->raw_delete(gone); // cudagraph trees' raw_delete of a dead output
+    // xseg_pool_malloc_at's refusals.
+    xseg_pool_id xp{pool.first, pool.second};
+    EXPECT(xseg_pool_malloc_at(0, xp, kept, MiB) == XSEG_ERROR_ILLEGAL_STATE, "placing over a live block");
+    EXPECT(xseg_pool_malloc_at(0, xp, outside, MiB) == XSEG_ERROR_INVALID_VALUE, "placing outside the pool");
+    EXPECT(xseg_pool_malloc_at(0, xseg_pool_id{0, 0}, kept, MiB) == XSEG_ERROR_INVALID_VALUE, "the default pool");
+    expect_error("setCheckpointPoolState(other device)", [&] { a->setCheckpointPoolState(1, cp); }, {"device 0"});
+    a->raw_delete(kept);
+    a->raw_delete(outside);
+    a->releasePool(0, pool);
+    a->releasePool(0, pool); // a second release (a destructor's) must not throw
+    std::printf("ok   pools: allocate-to-pool, MemPool hooks, snapshot(pool), checkpoint state\n");
+
+    // ---- OOM observer ----
+    static int oom_calls = 0;
+    a->attachOutOfMemoryObserver([](int64_t, size_t, size_t, size_t) { oom_calls++; });
+    try {
+        a->malloc(size_t(1) << 40, 0, s0);
+    } catch (const c10::OutOfMemoryError &) {
+    }
+    EXPECT(oom_calls == 1, "OOM observer called %d times", oom_calls);
+
+    a->emptyCache();
+    EXPECT(stat(0, "allocated_bytes.all.current") == 0, "allocated at the end: %lld",
+           (long long)stat(0, "allocated_bytes.all.current"));
+    if (failures)
+        return 1;
+    std::printf("ok   every hook of the adapter\n");
+    return 0;
+}
