@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -417,8 +418,13 @@ static void test_read_errors(void **state)
 
 int main(int argc, char **argv)
 {
+    /* The pid and the boot clock: a name no earlier process used, so a table or accounting file
+     * left behind by a killed run (of any build, any layout) is never met again. */
     char share[64];
-    snprintf(share, sizeof share, "xg%d", (int)getpid());
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(share, sizeof share, "xg%d.%llx", (int)getpid(),
+             (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
     setenv("CUDAEMU_SHARED", share, 1);
     setenv("CUDAEMU_TOTAL_MEM", "1G", 1);
     atexit(reap_spawned);
