@@ -19,8 +19,8 @@ static const char *const rank_name[FORK_RANK_COUNT] = {
     [FORK_RANK_VMM_LEFT] = "seg_proc.left_lock",
     [FORK_RANK_VMM_CURSOR] = "seg_proc.cursor_lock",
     [FORK_RANK_VMM_HOST] = "host_proc.lock",
-    [FORK_RANK_HOSTALLOC_CTL] = "hc_ctl_lock",
-    [FORK_RANK_HOSTALLOC] = "hc_lock",
+    [FORK_RANK_HOSTALLOC_CTL] = "xseg_rt.host.ctl_lock",
+    [FORK_RANK_HOSTALLOC] = "xseg_rt.host.lock",
 };
 
 /* Locks of each rank the calling thread holds. */

@@ -23,6 +23,7 @@
 #include "base/hostmem.h"
 #include "core/check.h"
 #include "core/group.h"
+#include "core/procstate.h"
 #include "core/settings.h"
 #include "core/stats.h"
 #include "core/trim.h"
@@ -70,7 +71,8 @@ struct group {
     char error[512];            /* why the device is alone, "" when it is not */
 };
 
-static struct group *_Atomic g_groups[ALLOC_MAX_DEVICES];
+/* This module's state is xseg_rt.group (core/procstate.h), written only here (layering.sh). */
+#define g_groups xseg_rt.group.devs
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, const struct timespec *ts)
 {
