@@ -761,3 +761,36 @@ void hostalloc_sync_thread(void)
     }
     mutex_unlock(&hc.ctl_lock);
 }
+
+/* ---- xseg_shutdown ------------------------------------------------------------------------ */
+
+xseg_status hostalloc_shutdown(void)
+{
+    hc_atexit(); /* the event thread stopped and joined */
+    mutex_lock(&hc.lock);
+    process_events(true);
+    mutex_unlock(&hc.lock);
+    xseg_status st = hostalloc_empty_cache();
+    if (st != XSEG_SUCCESS)
+        return st;
+    mutex_lock(&hc.lock);
+    if (!hc.nblocks[0] && !hc.nblocks[1] && !hc.npending) {
+        /* Nothing left in the cache: its arrays go and it starts again as a fresh load's. */
+        for (int k = 0; k < 2; k++) {
+            xs_free(hc.fr[k].v);
+            hc.fr[k] = (struct hc_free){0};
+        }
+        xs_free(hc.map);
+        xs_free(hc.pending);
+        xs_free(hc.spare);
+        hc.map = NULL;
+        hc.pending = hc.spare = NULL;
+        hc.mapcap = hc.mapn = hc.npending = hc.cappending = hc.nspare = hc.capspare = 0;
+        hc.nuses = hc.nevents = 0;
+        hc.allocation = hc.segment = hc.allocated_bytes = hc.reserved_bytes = (struct hc_counter){0};
+        hc.alloc_time = hc.free_time = (struct hc_duration){0};
+        hc.num_host_alloc = hc.num_host_free = 0;
+    }
+    mutex_unlock(&hc.lock);
+    return XSEG_SUCCESS;
+}
