@@ -10,8 +10,10 @@
  * history.c's unwinder and demangler symbols and its per-thread cache key, config.c's print-once
  * notice), per-thread caches (the error message, fast_tls_slot, api_last_device, history's
  * stack cache, witness_held), base/fork.c's and base/witness.c's rank tables (registered by
- * constructors before main), base/hostmem.c's test seam, and vmm's own state (one struct per
- * module there: layers point one way).
+ * constructors before main), base/hostmem.c's test seam, vmm's own state (one struct per
+ * module there: layers point one way), api/pools.c's id counter (never reset: an id from before
+ * a shutdown names no later pool) and api/torch.c's adapter flag (the adapter outlives a
+ * shutdown). tests/build/static_state.sh lists each with its reason and fails on a new one.
  */
 #ifndef XSEG_CORE_PROCSTATE_H
 #define XSEG_CORE_PROCSTATE_H
