@@ -34,6 +34,7 @@ struct member {
 };
 
 static char shm_names[3][128];
+static pid_t kids[2]; /* test_pid_reuse's idle processes, killed at exit whatever happens */
 
 /* Start group_helper CONFIG (fork+exec) with pipes for its stdin and stdout; its stderr to
  * @p err when not NULL; as user @p pw when not NULL (dropping root's groups and ids first). */
@@ -107,6 +108,9 @@ static void kill9(struct member *m)
 /* This test's file names in /dev/shm (the device UUID from the driver), removed at exit. */
 static void shm_cleanup(void)
 {
+    for (int i = 0; i < 2; i++)
+        if (kids[i] > 0)
+            kill(kids[i], SIGKILL);
     for (int i = 0; i < 3; i++)
         if (shm_names[i][0])
             shm_unlink(shm_names[i]);
@@ -340,11 +344,12 @@ static void test_budget_refuses(void **state)
     xseg_free(b);
 }
 
-/* Over the budget, xseg gives back its own cache first, then grows. */
+/* Over the budget, xseg gives back its own cache first, then grows (classic segments: the cached
+ * one cannot serve the larger request). */
 static void test_budget_trims_own(void **state)
 {
     (void)state;
-    start("memory_budget_mb:512");
+    start("expandable_segments:False,memory_budget_mb:512");
     void *a = must_malloc(300 * MiB);
     xseg_free(a); /* 300 MiB cached */
     void *b = must_malloc(400 * MiB);
@@ -496,7 +501,6 @@ static void test_pid_reuse(void **state)
     (void)state;
     start(GROUP);
     void *q = must_malloc(2 * MiB); /* joins: slot 0 */
-    pid_t kids[2];
     for (int i = 0; i < 2; i++) {
         kids[i] = fork();
         assert_true(kids[i] >= 0);
@@ -533,6 +537,7 @@ static void test_pid_reuse(void **state)
     for (int i = 0; i < 2; i++) {
         kill(kids[i], SIGKILL);
         waitpid(kids[i], NULL, 0);
+        kids[i] = 0;
     }
     xseg_free(q);
 }
