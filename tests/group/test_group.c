@@ -595,6 +595,95 @@ static void test_two_users(void **state)
     xseg_free(q);
 }
 
+/* ---- cudaemu's shared accounting under a race ------------------------------------------------ */
+
+#define RACERS 6
+#define RACE_ROUNDS 200
+
+/* One racer (a forked child that loads the driver itself): each round, at the parent's word,
+ * cuMemAlloc 1 MiB until refused, report the count, wait, free everything, report again. */
+static int racer(int go, int report)
+{
+    if (!tu_gpu_available() || !tu_emulated())
+        return 77;
+    static CUdeviceptr held[1024];
+    for (int round = 0; round < RACE_ROUNDS; round++) {
+        char c;
+        if (read(go, &c, 1) != 1)
+            return 1;
+        int n = 0;
+        while (n < 1024 && drv->cuMemAlloc(&held[n], MiB) == CUDA_SUCCESS)
+            n++;
+        if (write(report, &n, sizeof n) != sizeof n || read(go, &c, 1) != 1)
+            return 1;
+        for (int i = 0; i < n; i++)
+            drv->cuMemFree(held[i]);
+        if (write(report, &n, sizeof n) != sizeof n)
+            return 1;
+    }
+    return 0;
+}
+
+/* Processes allocating at the same instant never overcommit the shared device: the sum of what
+ * they hold when every one was refused stays within its capacity (64 MiB here), round after
+ * round. */
+static void test_emu_race(void **state)
+{
+    (void)state;
+    setenv("CUDAEMU_TOTAL_MEM", "64M", 1);
+    int go[RACERS][2], report[2]; /* a word pipe each: a racer reads only its own words */
+    assert_int_equal(pipe(report), 0);
+    pid_t pids[RACERS];
+    for (int i = 0; i < RACERS; i++) {
+        assert_int_equal(pipe(go[i]), 0);
+        fflush(NULL);
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (!pids[i]) {
+            close(go[i][1]);
+            close(report[0]);
+            _exit(racer(go[i][0], report[1]));
+        }
+        close(go[i][0]);
+    }
+    close(report[1]);
+    int worst = 0, skipped = 0;
+    for (int round = 0; round < RACE_ROUNDS && !skipped; round++) {
+        for (int i = 0; i < RACERS; i++) /* all start at once */
+            assert_int_equal(write(go[i][1], "", 1), 1);
+        int sum = 0, n;
+        for (int i = 0; i < RACERS; i++) {
+            if (read(report[0], &n, sizeof n) != sizeof n) {
+                skipped = 1;
+                break;
+            }
+            sum += n;
+        }
+        if (skipped)
+            break;
+        worst = sum > worst ? sum : worst;
+        for (int i = 0; i < RACERS; i++)
+            assert_int_equal(write(go[i][1], "", 1), 1);
+        for (int i = 0; i < RACERS; i++)
+            assert_int_equal(read(report[0], &n, sizeof n), sizeof n);
+    }
+    for (int i = 0; i < RACERS; i++)
+        close(go[i][1]);
+    close(report[0]);
+    int status = 0;
+    for (int i = 0; i < RACERS; i++) {
+        assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+            print_message("[  SKIPPED ] needs cudaemu (its shared accounting)\n");
+            skip();
+        }
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    print_message("most held at once over %d rounds: %d MiB of 64\n", RACE_ROUNDS, worst);
+    if (worst > 64)
+        fail_msg("%d processes held %d MiB of a 64 MiB device", RACERS, worst);
+}
+
 /* xseg-top lists the group and its members (--once, --json); a bad option is one line. */
 static void test_top(void **state)
 {
@@ -679,6 +768,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
         cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
         cmocka_unit_test(test_pid_reuse),    cmocka_unit_test(test_two_users),
+        cmocka_unit_test(test_emu_race),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
