@@ -195,6 +195,10 @@ struct acct {
     size_t allowed_memory_maximum;
     bool set_fraction;
     double fraction;
+    /* A memory budget in force (core/group.h, group_budget_measure): set by malloc_policy for a
+     * growth, measured then, and cleared when the malloc returns, so only growth sees it. */
+    bool set_budget;
+    size_t budget_limit; /* the most total_allocated_memory may reach */
 };
 
 

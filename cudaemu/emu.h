@@ -271,6 +271,9 @@ extern struct emu_state emu;
 size_t emu_mem_free_locked(int dev);
 /* Count @p bytes more (@p add) or fewer in this process's use of @p dev, and publish it. */
 void emu_mem_add_locked(int dev, size_t bytes, bool add);
+/* Count @p bytes more in this process's use of @p dev if they fit, as one step among every
+ * sharer (a memory allocation's check and add): false, nothing counted, when they do not. */
+bool emu_mem_take_locked(int dev, size_t bytes);
 /* The UUID of @p dev: a hash of CUDAEMU_SHARED's name and the ordinal. */
 void emu_device_uuid(int dev, unsigned char out[16]);
 

@@ -1011,10 +1011,14 @@ typedef struct xseg_group_member {
     uint64_t reserved_bytes;    /**< device memory xseg holds for it (reserved_bytes.all.current) */
     uint64_t allocated_bytes;   /**< of which live allocations (allocated_bytes.all.current) */
     uint64_t reclaimable_bytes; /**< reserved but unallocated: what it could give way */
-    uint64_t budget_bytes;      /**< its budget; 0: none */
+    uint64_t budget_bytes;      /**< its memory_budget_mb, capped at the device; 0: none */
     uint64_t gave_way_count;    /**< requests it answered by giving memory back */
     uint64_t gave_way_bytes;    /**< bytes it gave back to other members */
     uint64_t asked_count;       /**< times it asked the group to give way */
+    uint64_t foreign_bytes;     /**< its estimate of device memory it holds outside xseg (CUDA
+                                     context, libraries' buffers), from cuMemGetInfo at its join,
+                                     growth and OOM, less what the members publish (docs/services.md) */
+    uint64_t group_budget_bytes; /**< the group's memory_group_budget_mb (its first member's); 0: none */
 } xseg_group_member;
 
 /**
