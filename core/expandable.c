@@ -299,7 +299,16 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
 static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran)
 {
     lock_assert_held(&d->lock);
-    if (pool->is_small || !d->cfg.expandable_chunk || d->cfg.expandable_chunk >= page)
+    if (pool->is_small)
+        return page;
+    /* Once the device has refused a growth, memory mapped from then on may have to be given back
+     * around live blocks of other sizes: one-granule chunks, so that every wholly free granule can
+     * go to the next growth (sqattn_qwen2_calib: 17 failed allocations at 1.01 x peak allocated
+     * with page chunks, 0 with these; docs/benchmarks-replay.md). An 80 GiB run of the six
+     * pytorch/ traces never gets here: its driver calls do not change. */
+    if (d->fine_chunks)
+        return gran;
+    if (!d->cfg.expandable_chunk || d->cfg.expandable_chunk >= page)
         return page;
     return XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
 }
@@ -523,7 +532,9 @@ void exp_recycle_begin(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     d->keep_handles = true;
+    d->fine_chunks = true;
 }
+
 
 void exp_recycle_end(struct dev_alloc *d)
 {
