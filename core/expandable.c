@@ -287,6 +287,9 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
 static size_t whole_page_bytes(const struct block *b);
 static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle);
 
+/* A chunk mapped under pressure is at most 1/FINE_CHUNK_DIV of its request (chunk_limit). */
+#define FINE_CHUNK_DIV 16
+
 /*
  * The largest chunk (one physical allocation, vmm/segment.h) of a mapping in @p pool: the page
  * (PyTorch's layout, one handle per page) unless expandable_chunk_mb asks for smaller chunks. A
@@ -296,21 +299,27 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
  * against driver calls, by chunk size). Mappings still cover whole pages, so reserved memory is
  * what PyTorch reserves. The small pool's chunks are its 2 MiB pages.
  */
-static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran)
+static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran, size_t size)
 {
     lock_assert_held(&d->lock);
     if (pool->is_small)
         return page;
-    /* Once the device has refused a growth, memory mapped from then on may have to be given back
-     * around live blocks of other sizes: one-granule chunks, so that every wholly free granule can
-     * go to the next growth (sqattn_qwen2_calib: 17 failed allocations at 1.01 x peak allocated
-     * with page chunks, 0 with these; docs/benchmarks-replay.md). An 80 GiB run of the six
-     * pytorch/ traces never gets here: its driver calls do not change. */
-    if (d->fine_chunks)
-        return gran;
-    if (!d->cfg.expandable_chunk || d->cfg.expandable_chunk >= page)
-        return page;
-    return XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
+    size_t chunk = page;
+    if (d->cfg.expandable_chunk && d->cfg.expandable_chunk < page)
+        chunk = XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
+    /* Once the device has refused a growth (d->fine_chunks), memory mapped from then on may have
+     * to be given back around live blocks of other sizes, and a chunk goes back only whole:
+     * chunks of 1/16 of the request (granule multiples, 2 MiB to a page), so that most of what a
+     * freed block leaves between live ones can go to the next growth. 1/16 and not one granule
+     * for the driver calls: at 1.01 x peak allocated, sqattn_qwen2_calib fits with either
+     * (17 failed allocations with page chunks) but makes 33,093 memory calls (326 ms modelled
+     * H100 time) with 1/16 against 176,842 (1,784 ms) with granules, and 29,149 (296 ms) before;
+     * docs/benchmarks-replay.md. Page chunks still while handles the reclaim kept wait to be
+     * mapped again (they are whole chunks of their own size). A run that never meets pressure
+     * (the six pytorch/ traces on 80 GiB) makes the same driver calls. */
+    if (d->fine_chunks && !d->handles.n)
+        chunk = XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
+    return chunk;
 }
 
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
@@ -355,7 +364,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
 
     /* Chunks smaller than the page also end where the new block ends (rounded up to the
      * granule), so that the slack after it is given back up to the block's edge. */
-    size_t max_chunk = chunk_limit(d, pool, page, gran);
+    size_t max_chunk = chunk_limit(d, pool, page, gran, size);
     size_t cut = max_chunk < page ? page_up(seg_off(c) + size, gran) : SIZE_MAX;
     struct block *cur = c;
     while (!cur->mapped || cur->size < size) {

@@ -7,7 +7,9 @@
  *  - kept_handles_faults: a failed cuMemMap / cuMemUnmap / cuMemCreate in that growth leaves the
  *    allocator consistent and leaks nothing (a kept handle is given back);
  *  - granules: the retry under pressure maps only the granules a request needs, so a request that
- *    a whole page would not fit is served, with the live bytes untouched and no copy.
+ *    a whole page would not fit is served, with the live bytes untouched and no copy;
+ *  - fragmented: once the device has refused a growth, memory is mapped in chunks smaller than a
+ *    page, so the free chunks between live blocks serve a larger request at 1.01 x peak allocated.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
@@ -184,12 +186,85 @@ static void test_granules(void **state)
     check_no_leaks();
 }
 
+/* Workload for test_fragmented: 60 blocks of 3 MiB, every other one freed, then 60 MiB asked for
+ * on a device of peak allocated (180 MiB) x 1.01 rounded up to 2 MiB. */
+#define FRAG_N 60
+#define FRAG_BLOCK (3 * MiB)
+
+/*
+ * A fragmented workload that fits at 1.01 x peak allocated only because memory mapped after the
+ * device first refused a growth comes in chunks smaller than a page (core/expandable.c
+ * chunk_limit): phase A meets pressure once (a growth on another stream is refused and served
+ * from the reclaim); phase B maps 180 MiB as 3 MiB blocks and frees every other one, leaving 90
+ * MiB free in 3 MiB holes beside live blocks; phase C asks for 60 MiB with 2 MiB of the device
+ * left. Each hole holds a whole 2 MiB chunk, which the reclaim gives to the growth; with 20 MiB
+ * page chunks (every page holds live blocks) nothing can be given back and the malloc fails. The
+ * live blocks' bytes are intact and no copy was made: no live byte moved.
+ */
+static void test_fragmented(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    CUstream s1, s2;
+    tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    cap_device(182 * MiB);
+
+    /* A: 120 MiB cached by s1; s2's 100 MiB growth is refused, then served by the reclaim. */
+    void *a = must_malloc(120 * MiB, s1);
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    void *b = must_malloc(100 * MiB, s2);
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+
+    /* B: 180 MiB in 3 MiB blocks, each with its own pattern; every other one freed. */
+    void *blk[FRAG_N];
+    for (int i = 0; i < FRAG_N; i++) {
+        blk[i] = must_malloc(FRAG_BLOCK, NULL);
+        tu_assert_cu(tu_fill(DPTR(blk[i]), FRAG_BLOCK, (unsigned char)(i + 1)));
+    }
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(180 * MiB));
+    for (int i = 1; i < FRAG_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+
+    /* C: 60 MiB with 2 MiB of the device left and 90 MiB free in 3 MiB holes. */
+    tu_counts_reset();
+    void *c = NULL;
+    if (xseg_malloc(&c, 60 * MiB, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(60 MiB) on a 182 MiB device with 90 MiB free in 3 MiB holes: %s", xseg_last_error());
+    check_driver_agrees();
+    const char *copies[] = {"cuMemcpyDtoDAsync", "cuMemcpyDtoD", "cuMemcpyDtoH", "cuMemcpyHtoD",
+                            "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"};
+    for (size_t k = 0; k < sizeof copies / sizeof copies[0]; k++)
+        assert_int_equal(tu_call_count(copies[k]), 0);
+    assert_true(tu_call_count("cuMemUnmap") >= 1); /* free chunks inside the holes went to the growth */
+    for (int i = 0; i < FRAG_N; i += 2)
+        if (!tu_check(DPTR(blk[i]), FRAG_BLOCK, (unsigned char)(i + 1)))
+            fail_msg("live block %d lost its bytes", i);
+    tu_assert_cu(tu_fill(DPTR(c), 60 * MiB, 0xC5));
+    assert_true(tu_check(DPTR(c), 60 * MiB, 0xC5));
+    for (int i = 0; i < FRAG_N; i += 2)
+        assert_true(tu_check(DPTR(blk[i]), FRAG_BLOCK, (unsigned char)(i + 1)));
+
+    for (int i = 0; i < FRAG_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s1));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kept_handles),
         cmocka_unit_test(test_kept_handles_faults),
         cmocka_unit_test(test_granules),
+        cmocka_unit_test(test_fragmented),
     };
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
