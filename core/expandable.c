@@ -314,12 +314,18 @@ static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, s
      * for the driver calls: at 1.01 x peak allocated, sqattn_qwen2_calib fits with either
      * (17 failed allocations with page chunks) but makes 33,093 memory calls (326 ms modelled
      * H100 time) with 1/16 against 176,842 (1,784 ms) with granules, and 29,149 (296 ms) before;
-     * docs/benchmarks-replay.md. Page chunks still while handles the reclaim kept wait to be
-     * mapped again (they are whole chunks of their own size). A run that never meets pressure
-     * (the six pytorch/ traces on 80 GiB) makes the same driver calls. */
-    if (d->fine_chunks && !d->handles.n)
-        chunk = XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
-    return chunk;
+     * docs/benchmarks-replay.md. While handles the reclaim kept wait to be mapped again, chunks
+     * of the largest one's size, so that they are (a kept handle is a whole chunk of its size;
+     * with a page here, eornn_cnn_small's granule handles went back and 7 allocations failed). A
+     * run that never meets pressure (the six pytorch/ traces on 80 GiB) makes the same calls. */
+    if (!d->fine_chunks)
+        return chunk;
+    if (!d->handles.n)
+        return XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
+    size_t spare = gran;
+    for (size_t i = 0; i < d->handles.n; i++)
+        spare = XSEG_MAX(spare, d->handles.v[i].bytes);
+    return XSEG_MIN(chunk, spare);
 }
 
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
