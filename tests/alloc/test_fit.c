@@ -8,8 +8,9 @@
  *    allocator consistent and leaks nothing (a kept handle is given back);
  *  - granules: the retry under pressure maps only the granules a request needs, so a request that
  *    a whole page would not fit is served, with the live bytes untouched and no copy;
- *  - fragmented: once the device has refused a growth, memory is mapped in chunks smaller than a
- *    page, so the free chunks between live blocks serve a larger request at 1.01 x peak allocated.
+ *  - fragmented, fragmented_after_refusal: once the device has refused a growth, or within its
+ *    last eighth, memory is mapped in chunks smaller than a page, so the free chunks between live
+ *    blocks serve a larger request at 1.01 x peak allocated.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
@@ -192,33 +193,34 @@ static void test_granules(void **state)
 #define FRAG_BLOCK (3 * MiB)
 
 /*
- * A fragmented workload that fits at 1.01 x peak allocated only because memory mapped after the
- * device first refused a growth comes in chunks smaller than a page (core/expandable.c
- * chunk_limit): phase A meets pressure once (a growth on another stream is refused and served
- * from the reclaim); phase B maps 180 MiB as 3 MiB blocks and frees every other one, leaving 90
- * MiB free in 3 MiB holes beside live blocks; phase C asks for 60 MiB with 2 MiB of the device
- * left. Each hole holds a whole 2 MiB chunk, which the reclaim gives to the growth; with 20 MiB
- * page chunks (every page holds live blocks) nothing can be given back and the malloc fails. The
- * live blocks' bytes are intact and no copy was made: no live byte moved.
+ * A fragmented workload served without moving a live byte because large-pool memory mapped after
+ * the device first refused a growth, or within its last eighth, comes in chunks smaller than a
+ * page (core/expandable.c chunk_limit). Phase A, on a device capped at @p cap_ab MiB, meets
+ * pressure once: @p a_mb cached by s1, then s2's @p b_mb growth is refused and served by the
+ * reclaim. Phase B, same cap, maps 180 MiB as 3 MiB blocks and frees every other one: 90 MiB free
+ * in 3 MiB holes beside live blocks. Phase C, on a device of 182 MiB (peak allocated of B x 1.01
+ * rounded up to 2 MiB), asks for 60 MiB with 2 MiB left. Each hole holds a whole 2 MiB chunk,
+ * which the reclaim gives to the growth; with 20 MiB page chunks (every page holds live blocks)
+ * nothing can be given back and the malloc fails (it does on the code before). The live blocks'
+ * bytes are intact and no copy was made.
  */
-static void test_fragmented(void **state)
+static void frag_scenario(size_t cap_ab, size_t a_mb, size_t b_mb)
 {
-    (void)state;
     start("expandable_segments:True");
     CUstream s1, s2;
     tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
-    cap_device(182 * MiB);
+    cap_device(cap_ab * MiB);
 
-    /* A: 120 MiB cached by s1; s2's 100 MiB growth is refused, then served by the reclaim. */
-    void *a = must_malloc(120 * MiB, s1);
+    void *a = must_malloc(a_mb * MiB, s1);
     assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    void *b = must_malloc(100 * MiB, s2);
+    tu_counts_reset();
+    void *b = must_malloc(b_mb * MiB, s2);
+    assert_true(tu_call_count("cuMemUnmap") >= 1); /* the growth was refused, then served */
     assert_int_equal(xseg_free(b), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
 
-    /* B: 180 MiB in 3 MiB blocks, each with its own pattern; every other one freed. */
     void *blk[FRAG_N];
     for (int i = 0; i < FRAG_N; i++) {
         blk[i] = must_malloc(FRAG_BLOCK, NULL);
@@ -228,7 +230,7 @@ static void test_fragmented(void **state)
     for (int i = 1; i < FRAG_N; i += 2)
         assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
 
-    /* C: 60 MiB with 2 MiB of the device left and 90 MiB free in 3 MiB holes. */
+    cap_device(182 * MiB);
     tu_counts_reset();
     void *c = NULL;
     if (xseg_malloc(&c, 60 * MiB, 0, NULL) != XSEG_SUCCESS)
@@ -258,6 +260,21 @@ static void test_fragmented(void **state)
     tu_assert_cu(drv->cuStreamDestroy(s2));
 }
 
+/* At 1.01 x peak allocated throughout: phase B maps within the device's last eighth. */
+static void test_fragmented(void **state)
+{
+    (void)state;
+    frag_scenario(182, 120, 100);
+}
+
+/* Phases A and B on a 400 MiB device (B's 180 MiB stays below its last eighth): only the refusal
+ * of phase A makes B's chunks small. */
+static void test_fragmented_after_refusal(void **state)
+{
+    (void)state;
+    frag_scenario(400, 300, 200);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -265,6 +282,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_kept_handles_faults),
         cmocka_unit_test(test_granules),
         cmocka_unit_test(test_fragmented),
+        cmocka_unit_test(test_fragmented_after_refusal),
     };
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
