@@ -333,8 +333,9 @@ static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, s
      * of the largest one's size, so that they are (a kept handle is a whole chunk of its size;
      * with a page here, eornn_cnn_small's granule handles went back and 7 allocations failed). A
      * run that never meets pressure (the six pytorch/ traces on 80 GiB) makes the same calls.
-     * The same within the device's last eighth (near_full), before any refusal. */
-    if (!d->fine_chunks && !near_full(d))
+     * The same within the device's last eighth (near_full), before any refusal. Both with
+     * expandable_segments_recycle only: without it, PyTorch's layout (one chunk a page). */
+    if (!d->fine_chunks && !(d->cfg.expandable_segments_recycle && near_full(d)))
         return chunk;
     if (!d->handles.n)
         return XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
