@@ -568,6 +568,12 @@ void exp_recycle_begin(struct dev_alloc *d)
 }
 
 
+void exp_pressure_reset(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->fine_chunks = false;
+}
+
 void exp_recycle_end(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
