@@ -6,16 +6,22 @@
  *   1. checks (known pool, awake, no capture, no block exported over IPC, expandable segments
  *      only) — nothing changes;
  *   2. wait for every stream that may use the pool, then return completed record_stream frees;
- *   3. OFFLOAD: copy each run of live blocks to pinned host memory (a block of the host cache,
- *      core/hostalloc.c), and wait for the copies;
- *   4. unmap every mapped page of the pool, keeping the handles (the bytes still exist): a
- *      failure maps them back with their own memory;
+ *   3. OFFLOAD: queue the copy of each run of live blocks to pinned host memory (a block of the
+ *      host cache, core/hostalloc.c) in chunks of sleep_copy_chunk_mb (64 MiB), round robin over the copy
+ *      streams xseg owns (d->sleep.copy), and record an event per stream used after each segment;
+ *   4. segment after segment: wait for its own chunks (its events), then unmap its mapped pages,
+ *      keeping the handles, while the later segments' chunks still copy; a failure maps every
+ *      unmapped page back with its own handle and memory;
  *   5. release the handles: the memory goes back to the driver. Books: reserved_bytes drops.
- * Wake: map every asleep page (new memory) and restore (copy back or zero) on the segment's stream,
- * segment after segment (a segment's copies overlap the next one's mapping), wait, then give the
- * host memory back (to the host cache under sleep_keep_host_backup, else to the driver). A failure
- * before the end waits for the copies it queued, then unmaps what it mapped (if that wait fails
- * too, the pages stay mapped), and the pool stays asleep with its host copy, ready for a retry.
+ * Why release only after every chunk is copied: cuMemRelease is the one step that loses bytes, so
+ * until it runs any failure is undone with the pool's own pages (no restore from the host copy,
+ * which could fail in turn); it costs ~2 % of the copy time (docs/benchmarks.md#services).
+ * Wake: map every asleep page (new memory) and restore (copy back or zero) in chunks round robin
+ * over the copy streams, segment after segment (a segment's chunks overlap the next one's
+ * mapping), wait, then give the host memory back (to the host cache under sleep_keep_host_backup,
+ * else to the driver). A failure before the end waits for the copies it queued, then unmaps what
+ * it mapped (if that wait fails too, the pages stay mapped), and the pool stays asleep with its
+ * host copy, ready for a retry.
  *
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
  * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
@@ -35,6 +41,7 @@
 #include "core/events.h"
 #include "core/hostalloc.h"
 #include "core/pools.h"
+#include "vmm/event.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
@@ -48,7 +55,8 @@ struct sleep_run {
 /* A segment of a sleeping pool. */
 struct sleep_seg {
     struct segrec *s;
-    CUstream stream;     /* where its copies run: its own stream, or the legacy one if that is gone */
+    unsigned used;                    /* the copy streams its chunks ran on (bit k: streams[k]) */
+    CUevent ev[SLEEP_COPY_STREAMS];   /* a sleep: recorded after its chunks on each used stream, or 0 */
     void *host;          /* OFFLOAD: the live bytes (host_bytes), NULL otherwise */
     size_t host_bytes;
     struct sleep_run *runs;
@@ -58,6 +66,9 @@ struct sleep_seg {
 
 struct pool_sleep {
     unsigned flags;
+    CUstream streams[SLEEP_COPY_STREAMS]; /* the running sleep's or wake's copy streams */
+    unsigned nstreams, next;              /* their count; the round robin's cursor */
+    size_t chunk;                         /* sleep_copy_chunk_mb in bytes */
     struct sleep_seg *segs;
     size_t nsegs, capsegs;
     size_t released; /* bytes the sleep unmapped (reserved_bytes given back) */
@@ -70,19 +81,27 @@ static bool active(const struct block *b) { return b->allocated || block_event_c
  * (the next sleep of as many live bytes allocates no pinned memory), else back to the driver.
  * With @p copies_may_run (a failed sleep), its copy stream is waited for first (else the block
  * waits for an event), so no cached block is reused under a copy still running. */
+static xseg_status wait_all(struct pool_sleep *ps, const char *why);
+static void drop_events(struct sleep_seg *ss);
+
 static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_may_run)
 {
     lock_assert_held(&d->lock);
     if (!ps)
         return;
+    bool waited = !copies_may_run || wait_all(ps, "for the copies of a failed sleep") == XSEG_SUCCESS;
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
+        drop_events(ss);
         xs_free(ss->runs);
         if (!ss->host)
             continue;
-        if (copies_may_run && vstream_wait(ss->stream, "for the copies of a failed sleep") != XSEG_SUCCESS &&
-            hostalloc_record_stream(ss->host, d->info.primary_ctx, ss->stream) != XSEG_SUCCESS)
-            continue; /* neither: kept allocated rather than reused under a copy */
+        bool recorded = true;
+        for (unsigned k = 0; !waited && k < ps->nstreams && recorded; k++)
+            recorded = !(ss->used & (1u << k)) ||
+                       hostalloc_record_stream(ss->host, d->info.primary_ctx, ps->streams[k]) == XSEG_SUCCESS;
+        if (!recorded)
+            continue; /* neither waited nor recorded: kept allocated rather than reused under a copy */
         (void)hostalloc_free(ss->host, !d->cfg.sleep_keep_host_backup);
     }
     xs_free(ps->segs);
@@ -188,25 +207,111 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
     return st;
 }
 
-/* The stream a segment's copies run on: its own, unless the program destroyed it (then the
- * legacy stream, after which sleep and wake wait anyway). */
-static CUstream copy_stream(const struct segrec *s)
+/* ---- chunks over the copy streams --------------------------------------------------------- */
+
+/* The streams of this sleep's or wake's chunks: xseg's own copy streams, created the first time
+ * (non-blocking, so user work on the legacy stream never serializes them; destroyed by
+ * sleep_teardown). Where the driver refuses one, fewer; none: every chunk on the legacy stream.
+ * The pool's streams were waited for before any chunk is queued, and sleep and wake wait for their
+ * chunks before returning, so no ordering between the streams is needed. */
+static void pick_streams(struct dev_alloc *d, struct pool_sleep *ps)
 {
-    return vstream_check(s->stream, "sleep") == XSEG_SUCCESS ? s->stream : NULL;
+    lock_assert_held(&d->lock);
+    struct sleep_state *sl = &d->sleep;
+    bool failed = false;
+    while (sl->ncopy < SLEEP_COPY_STREAMS && !failed) {
+        failed = vstream_create(&sl->copy[sl->ncopy]) != XSEG_SUCCESS;
+        sl->ncopy += !failed;
+    }
+    if (failed)
+        err_clear(); /* fewer streams only cost overlap; the next sleep tries again */
+    ps->nstreams = sl->ncopy ? sl->ncopy : 1;
+    for (unsigned k = 0; k < ps->nstreams; k++)
+        ps->streams[k] = sl->ncopy ? sl->copy[k] : NULL;
+    ps->next = 0;
+    ps->chunk = d->cfg.sleep_copy_chunk;
 }
 
-/* Wait for the copies of the first @p n segments (each stream once). */
-static xseg_status wait_copies(struct pool_sleep *ps, size_t n, const char *why)
+void sleep_teardown(struct dev_alloc *d)
 {
-    xseg_status st = XSEG_SUCCESS;
-    for (size_t i = 0; i < n && st == XSEG_SUCCESS; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < i && !seen; j++)
-            seen = ps->segs[j].stream == ps->segs[i].stream;
-        if (!seen)
-            st = vstream_wait(ps->segs[i].stream, why);
+    lock_assert_held(&d->lock);
+    for (unsigned k = 0; k < d->sleep.ncopy; k++)
+        vstream_destroy(d->sleep.copy[k]);
+    memset(d->sleep.copy, 0, sizeof d->sleep.copy);
+    d->sleep.ncopy = 0;
+}
+
+enum chunk_op { CHUNK_DTOH, CHUNK_HTOD, CHUNK_ZERO };
+
+/* Queue the copy of [dev, dev + len) to @p host (DTOH), from it (HTOD), or its clearing (ZERO), in
+ * chunks of at most ps->chunk bytes, round robin over @p ps's streams; @p ss notes the streams. */
+static xseg_status queue_chunks(struct pool_sleep *ps, struct sleep_seg *ss, enum chunk_op op, CUdeviceptr dev,
+                                char *host, size_t len)
+{
+    for (size_t done = 0; done < len;) {
+        size_t n = len - done < ps->chunk ? len - done : ps->chunk;
+        unsigned k = ps->next++ % ps->nstreams;
+        CUstream s = ps->streams[k];
+        xseg_status st = op == CHUNK_DTOH   ? vhost_copy_dtoh(host + done, dev + done, n, s)
+                         : op == CHUNK_HTOD ? vhost_copy_htod(dev + done, host + done, n, s)
+                                            : vhost_zero(dev + done, n, s);
+        if (st != XSEG_SUCCESS)
+            return st;
+        ss->used |= 1u << k;
+        done += n;
     }
-    return st;
+    return XSEG_SUCCESS;
+}
+
+/* Wait for every chunk queued on @p ps's streams (all of them, even after a failure: a rollback
+ * must know its copies are done); the first failure is returned. */
+static xseg_status wait_all(struct pool_sleep *ps, const char *why)
+{
+    xseg_status first = XSEG_SUCCESS;
+    for (unsigned k = 0; k < ps->nstreams; k++) {
+        xseg_status st = vstream_wait(ps->streams[k], why);
+        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+            first = st;
+    }
+    return first;
+}
+
+/* A sleep: an event after @p ss's chunks on each stream they used, so step 4 waits for this
+ * segment alone. An event the driver refuses is left 0: wait_seg waits for the stream then. */
+static void mark_seg(struct pool_sleep *ps, struct sleep_seg *ss)
+{
+    for (unsigned k = 0; k < ps->nstreams; k++) {
+        if (!(ss->used & (1u << k)))
+            continue;
+        if (vevent_create(&ss->ev[k]) != XSEG_SUCCESS) {
+            ss->ev[k] = NULL;
+            err_clear();
+        } else if (!vevent_record(ss->ev[k], ps->streams[k])) {
+            vevent_destroy(ss->ev[k]);
+            ss->ev[k] = NULL;
+        }
+    }
+}
+
+static xseg_status wait_seg(struct pool_sleep *ps, struct sleep_seg *ss, const char *why)
+{
+    for (unsigned k = 0; k < ps->nstreams; k++) {
+        if (!(ss->used & (1u << k)) || (ss->ev[k] && vevent_wait(ss->ev[k])))
+            continue;
+        xseg_status st = vstream_wait(ps->streams[k], why);
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
+    return XSEG_SUCCESS;
+}
+
+static void drop_events(struct sleep_seg *ss)
+{
+    for (unsigned k = 0; k < SLEEP_COPY_STREAMS; k++)
+        if (ss->ev[k]) {
+            vevent_destroy(ss->ev[k]);
+            ss->ev[k] = NULL;
+        }
 }
 
 /* ---- sleep ------------------------------------------------------------------------------- */
@@ -233,10 +338,11 @@ static bool collect_runs(struct sleep_seg *ss, size_t *bytes)
     return true;
 }
 
-/* Step 3: copy every run of live blocks to pinned host memory and wait for it. */
+/* Step 3: queue the copy of every run of live blocks to pinned host memory (step 4 waits). */
 static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
 {
     lock_assert_held(&d->lock);
+    pick_streams(d, ps);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
         if (!ss->host_bytes)
@@ -247,13 +353,14 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
         uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
         for (size_t r = 0; r < ss->nruns; r++) {
             const struct sleep_run *run = &ss->runs[r];
-            st = vhost_copy_dtoh((char *)ss->host + run->host_off, (CUdeviceptr)(base + run->off), run->len,
-                                 ss->stream);
+            st = queue_chunks(ps, ss, CHUNK_DTOH, (CUdeviceptr)(base + run->off), (char *)ss->host + run->host_off,
+                              run->len);
             if (st != XSEG_SUCCESS)
                 return err_prefix(st, "xseg_sleep: offloading live blocks");
         }
+        mark_seg(ps, ss);
     }
-    return wait_copies(ps, ps->nsegs, "for the copies of a sleep (xseg_sleep)");
+    return XSEG_SUCCESS;
 }
 
 /* History: every mapped range of the pool's segments, as segment_unmap (or _map) events. */
@@ -288,7 +395,11 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     xseg_status st = XSEG_SUCCESS;
     for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
         size_t un;
-        st = seg_sleep_unmap(ps->segs[k].s->vseg, &un);
+        /* its own chunks are copied (the later segments' may still run) */
+        st = wait_seg(ps, &ps->segs[k], "for the copies of a sleep (xseg_sleep)");
+        drop_events(&ps->segs[k]);
+        if (st == XSEG_SUCCESS)
+            st = seg_sleep_unmap(ps->segs[k].s->vseg, &un);
     }
     if (st != XSEG_SUCCESS) {
         char msg[512];
@@ -304,9 +415,11 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
         }
         if (ust == XSEG_SUCCESS)
             return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
-        /* Pages that could not be mapped back: the pool sleeps now, with nothing lost. */
+        /* Pages that could not be mapped back: the pool sleeps now, with nothing lost once the
+         * later segments' chunks are copied (their pages stay mapped, and a wake restores them). */
         char msg2[256];
         snprintf(msg2, sizeof msg2, "%s", err_message());
+        (void)wait_all(ps, "for the copies of a sleep (xseg_sleep)");
         *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
         st = err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so "
                          "the pool is asleep now; xseg_wake brings it back", msg, msg2, left);
@@ -397,7 +510,6 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
             state_free(d, ps, false);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
         }
-        ss->stream = copy_stream(ss->s);
         ps->live += bytes;
         if (flags == XSEG_SLEEP_OFFLOAD)
             ss->host_bytes = bytes;
@@ -411,7 +523,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     bool asleep;
     st = unmap_all(d, ps, &asleep);
     if (!asleep) {
-        state_free(d, ps, false);
+        state_free(d, ps, true); /* the later segments' chunks may still run */
         return st;
     }
     *slot(d, pp) = ps;
@@ -450,7 +562,7 @@ static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
 
 /* Restore segment @p ss: the host copy of every run of blocks still active, or zeros on every
  * mapped range. */
-static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *ss)
+static xseg_status restore(struct pool_sleep *ps, struct sleep_seg *ss)
 {
     const struct segrec *s = ss->s;
     uintptr_t base = (uintptr_t)seg_base(s->vseg);
@@ -465,7 +577,7 @@ static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *
             size_t len = 0;
             for (; b && b->mapped; b = b->next)
                 len += b->size;
-            st = vhost_zero((CUdeviceptr)start, len, ss->stream);
+            st = queue_chunks(ps, ss, CHUNK_ZERO, (CUdeviceptr)start, NULL, len);
         }
         return st;
     }
@@ -486,8 +598,8 @@ static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *
             return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: live bytes at offset %zu of a segment were not "
                            "live at the sleep", off);
         const struct sleep_run *run = &ss->runs[r];
-        st = vhost_copy_htod((CUdeviceptr)(base + off), (const char *)ss->host + run->host_off + (off - run->off),
-                             len, ss->stream);
+        st = queue_chunks(ps, ss, CHUNK_HTOD, (CUdeviceptr)(base + off),
+                          (char *)ss->host + run->host_off + (off - run->off), len);
     }
     return st;
 }
@@ -521,27 +633,26 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
         ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
     }
-    /* Each segment's restore is queued as soon as its pages are mapped, so its copies run while
-     * the next segment maps. k: segments mapped (or tried); queued: those whose copies may run. */
-    size_t k = 0, queued = 0;
+    /* Each segment's restore is queued as soon as its pages are mapped, so its chunks run while
+     * the next segment maps. k: segments mapped (or tried). */
+    pick_streams(d, ps);
+    size_t k = 0;
     for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
         size_t mapped;
         if ((st = seg_wake_map(ps->segs[k].s->vseg, &mapped)) != XSEG_SUCCESS) {
             k++; /* its own rollback may have left a page mapped: counted below */
             break;
         }
-        ps->segs[k].stream = copy_stream(ps->segs[k].s);
-        queued = k + 1;
         st = restore(ps, &ps->segs[k]);
     }
     if (st == XSEG_SUCCESS)
-        st = wait_copies(ps, queued, "for the copies of a wake (xseg_wake)");
+        st = wait_all(ps, "for the copies of a wake (xseg_wake)");
     if (st != XSEG_SUCCESS) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", err_message());
         /* A copy already queued may still write into the pages: they are unmapped only once it
          * is done. If even that wait fails they stay mapped (counted), and a retry reuses them. */
-        if (wait_copies(ps, queued, "for the copies of a failed wake (xseg_wake)") != XSEG_SUCCESS) {
+        if (wait_all(ps, "for the copies of a failed wake (xseg_wake)") != XSEG_SUCCESS) {
             char msg2[256];
             snprintf(msg2, sizeof msg2, "%s", err_message());
             count_woken(d, ps);

@@ -1165,7 +1165,7 @@ static void test_wake_faults(void **state)
 }
 
 /* A failed wake waits for the copies it already queued before unmapping the pages they write:
- * the segment's stream is held (cudaemu), so the first copy back is still pending when the second
+ * every stream is held (cudaemu), xseg's copy streams included, so the first copy back is still pending when the second
  * fails, and cudaemu refuses to unmap memory under pending work (ILLEGAL_STATE; on a GPU the copy
  * would write into unmapped memory). The pages are given back all the same. If the wait fails
  * too, the pages stay mapped (counted) and a retry completes the wake with the data intact. */
@@ -1179,7 +1179,7 @@ static void test_wake_rollback_waits_copies(void **state)
         fixture_make(&f);
         assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
         size_t host = tu_host_live(NULL);
-        assert_true(tu_stream_hold(NULL)); /* the fixture's blocks use the legacy stream */
+        assert_true(tu_stream_hold_all(true)); /* the copies run on xseg's own streams */
         assert_true(tu_fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN));
         if (wait_fails) /* the rollback's stream wait and its context fallback, each time */
             for (unsigned long n = 1; n <= 2; n++) {
@@ -1202,11 +1202,133 @@ static void test_wake_rollback_waits_copies(void **state)
             assert_non_null(strstr(xseg_last_error(), "stay mapped"));
         }
         assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
-        assert_true(tu_stream_release(NULL));
+        assert_true(tu_stream_hold_all(false));
         assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
         fixture_check(&f, false);
         fixture_free(&f);
     }
+}
+
+/* The fixture with sleep_copy_chunk_mb:2: a (3 MiB: 2 + 1), b (2.5 MiB: 2 + 0.5), sm (3 KiB). */
+#define FX_CHUNKS 5
+
+/* Chunked sleep and wake: each run of live bytes is copied in sleep_copy_chunk_mb chunks round
+ * robin over xseg's two copy streams, created at the first sleep (never again) and destroyed by
+ * xseg_shutdown. Every stream is held (cudaemu), so a chunk stays pending until someone waits for
+ * it, and cudaemu refuses to unmap memory under pending work: the sleep must wait for a segment's
+ * own chunks before unmapping it. The bytes survive both modes and several cycles. */
+static void test_sleep_chunks(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    tu_require_emulator_or_skip();
+    struct fixture f;
+    fixture_make(&f);
+    assert_true(tu_stream_hold_all(true));
+    for (int cycle = 0; cycle < 3; cycle++) {
+        unsigned mode = cycle == 2 ? XSEG_SLEEP_DISCARD : XSEG_SLEEP_OFFLOAD;
+        tu_counts_reset();
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, mode), XSEG_SUCCESS);
+        assert_int_equal(tu_call_count("cuStreamCreate"), cycle == 0 ? 2 : 0);
+        assert_int_equal(tu_call_count("cuMemcpyDtoHAsync"), mode == XSEG_SLEEP_OFFLOAD ? FX_CHUNKS : 0);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+        tu_counts_reset();
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(tu_call_count("cuStreamCreate"), 0);
+        if (mode == XSEG_SLEEP_OFFLOAD)
+            assert_int_equal(tu_call_count("cuMemcpyHtoDAsync"), FX_CHUNKS);
+        else /* every mapped page cleared: 10 MiB of large pages in 2 MiB chunks, a 2 MiB small page */
+            assert_int_equal(tu_call_count("cuMemsetD8Async"), 5 + 1);
+        fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+    }
+    assert_true(tu_stream_hold_all(false));
+    fixture_free(&f);
+    tu_counts_reset();
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuStreamDestroy"), 2);
+}
+
+/* The fault sweep of chunked sleep and wake (two copy streams, every stream held so chunks stay
+ * pending until waited for): every call of every driver entry point a sleep, then a wake, makes
+ * fails in turn (counted in a clean cycle first). A failed sleep leaves the pool awake with its
+ * own pages and bytes (nothing was released: the handles go only after every chunk is copied), a
+ * failed wake leaves it asleep with its backup; the books match the driver, a retry succeeds, the
+ * bytes are intact, and nothing is held afterwards. */
+static void test_sleep_chunk_faults(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    tu_require_emulator_or_skip();
+    static const char *const entries[] = {
+        "cuCtxGetCurrent",   "cuCtxSetCurrent",     "cuStreamIsCapturing", "cuStreamSynchronize",
+        "cuCtxSynchronize",  "cuStreamCreate",      "cuEventCreate",       "cuEventRecord",
+        "cuEventSynchronize", "cuEventDestroy",     "cuMemHostAlloc",      "cuMemFreeHost",
+        "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync",   "cuMemsetD8Async",     "cuMemUnmap",
+        "cuMemRelease",      "cuMemCreate",         "cuMemMap",            "cuMemSetAccess"};
+    enum { NE = sizeof entries / sizeof entries[0] };
+    unsigned runs = 0, destroy_failed = 0;
+    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
+        for (int phase = 0; phase < 2; phase++) { /* 0: the sleep fails, 1: the wake */
+            unsigned long calls[NE];
+            struct fixture f;
+            fixture_make(&f);
+            assert_true(tu_stream_hold_all(true));
+            if (phase)
+                assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_SUCCESS);
+            tu_counts_reset();
+            assert_int_equal(phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep(0, DEFAULT_POOL, (unsigned)mode),
+                             XSEG_SUCCESS);
+            for (size_t e = 0; e < NE; e++)
+                calls[e] = tu_call_count(entries[e]);
+            if (!phase)
+                assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+            assert_true(tu_stream_hold_all(false));
+            fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+            fixture_free(&f);
+            for (size_t e = 0; e < NE; e++) {
+                for (unsigned long nth = 1; nth <= calls[e]; nth++, runs++) {
+                    fixture_make(&f);
+                    assert_true(tu_stream_hold_all(true));
+                    if (phase)
+                        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_SUCCESS);
+                    size_t host = tu_host_live(NULL);
+                    assert_true(tu_fail(entries[e], nth, CUDA_ERROR_UNKNOWN));
+                    /* A stream wait fails only when its context fallback fails too. */
+                    if (!strcmp(entries[e], "cuStreamSynchronize"))
+                        assert_true(tu_fail("cuCtxSynchronize", nth, CUDA_ERROR_UNKNOWN));
+                    destroy_failed += !strcmp(entries[e], "cuEventDestroy"); /* that event stays the driver's */
+                    xseg_status st =
+                        phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep(0, DEFAULT_POOL, (unsigned)mode);
+                    tu_fail_clear();
+                    assert_books_match_driver();
+                    if (st != XSEG_SUCCESS) {
+                        print_message("%s %s #%lu (%s): %s\n", phase ? "wake" : "sleep", entries[e], nth,
+                                      mode == 1 ? "offload" : "discard", xseg_last_error());
+                        assert_true(strlen(xseg_last_error()) > 0);
+                        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, phase);
+                        assert_int_equal(tu_stat("reserved_bytes.all.current"), phase ? 0 : f.reserved);
+                        assert_int_equal(tu_host_live(NULL), host);
+                        if (!phase)
+                            fixture_check(&f, false);
+                        st = phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep(0, DEFAULT_POOL, (unsigned)mode);
+                        assert_int_equal(st, XSEG_SUCCESS); /* the retry */
+                    }
+                    if (!phase)
+                        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+                    assert_true(tu_stream_hold_all(false));
+                    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+                    assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+                    fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+                    fixture_free(&f);
+                }
+            }
+        }
+    }
+    print_message("%u runs\n", runs);
+    assert_true(runs > 50);
+    struct cudaemu_live lv;
+    assert_true(tu_live(&lv));
+    assert_int_equal(lv.events, destroy_failed); /* every other chunk event destroyed */
 }
 
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
@@ -1359,6 +1481,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_ipc),        cmocka_unit_test(test_sleep_ipc_faults),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_wake_rollback_waits_copies),
+        cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),
