@@ -292,24 +292,28 @@ static void copy_rate_row(size_t live, int reps)
     double tpd = 0, tph = 0, tsk = 0, twk = 0, tsn = 0, twn = 0; /* timeline model, ms (deterministic) */
     unsigned long c[NENTRIES];
     int nr = reps < 32 ? reps : 32;
+    for (int r = 0; r < nr; r++) {
+        reset_counts();
+        double l0 = tl_ms();
+        pd[r] = plain_copy(v, sz, n, host, 1);
+        mpd = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+        tpd = tl_ms() - l0;
+        reset_counts();
+        l0 = tl_ms();
+        ph[r] = plain_copy(v, sz, n, host, 0);
+        mph = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+        tph = tl_ms() - l0;
+    }
+    /* The plain buffer goes before the sleeps: host memory holds one copy of the bytes at a time. */
+    xseg_host_free(host);
+    if (xseg_host_empty_cache() != XSEG_SUCCESS)
+        die("xseg_host_empty_cache");
     for (int keep = 1; keep >= 0; keep--) {
         if (xseg_set_config(keep ? "sleep_keep_host_backup:True" : "sleep_keep_host_backup:False") != XSEG_SUCCESS)
             die("xseg_set_config");
         if (!keep && xseg_host_empty_cache() != XSEG_SUCCESS)
             die("xseg_host_empty_cache");
         for (int r = -keep; r < nr; r++) { /* with keep: one warm-up cycle allocates the backup */
-            if (keep && r >= 0) {
-                reset_counts();
-                double l0 = tl_ms();
-                pd[r] = plain_copy(v, sz, n, host, 1);
-                mpd = model_ms(c, bytes, "cuMemcpyDtoHAsync");
-                tpd = tl_ms() - l0;
-                reset_counts();
-                l0 = tl_ms();
-                ph[r] = plain_copy(v, sz, n, host, 0);
-                mph = model_ms(c, bytes, "cuMemcpyHtoDAsync");
-                tph = tl_ms() - l0;
-            }
             reset_counts();
             double t0 = now_ms(), l0 = tl_ms();
             if (xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD) != XSEG_SUCCESS)
@@ -345,7 +349,6 @@ static void copy_rate_row(size_t live, int reps)
         printf("| %.2f | timeline | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
                rate(bytes, tpd), rate(bytes, tsk), tpd / tsk, rate(bytes, tsn), tpd / tsn, rate(bytes, tph),
                rate(bytes, twk), tph / twk, rate(bytes, twn), tph / twn);
-    xseg_host_free(host);
     if (xseg_host_empty_cache() != XSEG_SUCCESS)
         die("xseg_host_empty_cache");
     free(sz);

@@ -36,6 +36,7 @@
 
 #include "base/error.h"
 #include "base/hostmem.h"
+#include "base/spill.h"
 #include "base/vec.h"
 #include "core/check.h"
 #include "core/events.h"
@@ -58,6 +59,7 @@ struct sleep_seg {
     unsigned used;                    /* the copy streams its chunks ran on (bit k: streams[k]) */
     CUevent ev[SLEEP_COPY_STREAMS];   /* a sleep: recorded after its chunks on each used stream, or 0 */
     void *host;          /* OFFLOAD: the live bytes (host_bytes), NULL otherwise */
+    uint64_t file_off;   /* OFFLOAD_FILE: where its host_bytes start in the file */
     size_t host_bytes;
     struct sleep_run *runs;
     size_t nruns, capruns;
@@ -69,6 +71,16 @@ struct pool_sleep {
     CUstream streams[SLEEP_COPY_STREAMS]; /* the running sleep's or wake's copy streams */
     unsigned nstreams, next;              /* their count; the round robin's cursor */
     size_t chunk;                         /* sleep_copy_chunk_mb in bytes */
+    /* OFFLOAD_FILE: the file, and a running sleep's or wake's two bounce buffers (slot j on
+     * streams[j % nstreams]) with what each holds: bytes [boff, boff + blen) of the file. */
+    struct spill file;
+    void *bounce[2];
+    size_t bounce_bytes;
+    bool busy[2];
+    uint64_t boff[2];
+    size_t blen[2];
+    CUdeviceptr bdev[2];
+    unsigned slot;
     struct sleep_seg *segs;
     size_t nsegs, capsegs;
     size_t released; /* bytes the sleep unmapped (reserved_bytes given back) */
@@ -104,6 +116,7 @@ static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
             continue; /* neither waited nor recorded: kept allocated rather than reused under a copy */
         (void)hostalloc_free(ss->host, !d->cfg.sleep_keep_host_backup);
     }
+    spill_close(&ps->file);
     xs_free(ps->segs);
     xs_free(ps);
 }
@@ -363,6 +376,121 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
     return XSEG_SUCCESS;
 }
 
+/* ---- OFFLOAD_FILE: the file through two bounce buffers ------------------------------------- */
+
+/* Two pinned bounce buffers from the host cache, each the largest chunk a run needs. */
+static xseg_status bounce_get(struct dev_alloc *d, struct pool_sleep *ps, const char *fn)
+{
+    size_t big = 0;
+    for (size_t i = 0; i < ps->nsegs; i++)
+        for (size_t r = 0; r < ps->segs[i].nruns; r++)
+            big = ps->segs[i].runs[r].len > big ? ps->segs[i].runs[r].len : big;
+    ps->bounce_bytes = big < ps->chunk ? big : ps->chunk;
+    ps->slot = 0;
+    ps->busy[0] = ps->busy[1] = false;
+    for (int j = 0; j < 2 && ps->bounce_bytes; j++) {
+        xseg_status st = hostalloc_malloc(d->info.primary_ctx, ps->bounce_bytes, &ps->bounce[j]);
+        if (st != XSEG_SUCCESS)
+            return err_prefix(st, "%s: a pinned bounce buffer of %zu bytes for the file", fn, ps->bounce_bytes);
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Give the bounce buffers back; after a failure (@p copies_may_run) once their copies are done. */
+static void bounce_put(struct dev_alloc *d, struct pool_sleep *ps, bool copies_may_run)
+{
+    bool waited = !copies_may_run || wait_all(ps, "for the copies of a failed sleep or wake") == XSEG_SUCCESS;
+    for (int j = 0; j < 2; j++) {
+        if (!ps->bounce[j])
+            continue;
+        bool recorded = true;
+        for (unsigned k = 0; !waited && k < ps->nstreams && recorded; k++)
+            recorded = hostalloc_record_stream(ps->bounce[j], d->info.primary_ctx, ps->streams[k]) == XSEG_SUCCESS;
+        if (recorded) /* else kept allocated rather than reused under a copy */
+            (void)hostalloc_free(ps->bounce[j], !d->cfg.sleep_keep_host_backup);
+        ps->bounce[j] = NULL;
+    }
+}
+
+static CUstream slot_stream(const struct pool_sleep *ps, unsigned j) { return ps->streams[j % ps->nstreams]; }
+
+/* Sleep: finish slot @p j (its copy to the bounce buffer, then the write to the file). */
+static xseg_status file_flush(struct pool_sleep *ps, unsigned j)
+{
+    if (!ps->busy[j])
+        return XSEG_SUCCESS;
+    ps->busy[j] = false;
+    xseg_status st = vstream_wait(slot_stream(ps, j), "for a copy to the bounce buffer");
+    if (st != XSEG_SUCCESS)
+        return err_prefix(st, "xseg_sleep_ex: offloading live blocks");
+    return spill_write(&ps->file, ps->bounce[j], ps->blen[j], ps->boff[j], "xseg_sleep_ex");
+}
+
+/* Sleep: the device bytes [dev, dev + len) to the file at @p off, chunk by chunk; a chunk's copy
+ * into one buffer runs while the other buffer's chunk is written. */
+static xseg_status file_out(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off, size_t len)
+{
+    for (size_t done = 0; done < len;) {
+        size_t n = len - done < ps->bounce_bytes ? len - done : ps->bounce_bytes;
+        unsigned j = ps->slot;
+        ps->slot ^= 1;
+        xseg_status st = file_flush(ps, j);
+        if (st != XSEG_SUCCESS)
+            return st;
+        if ((st = vhost_copy_dtoh(ps->bounce[j], dev + done, n, slot_stream(ps, j))) != XSEG_SUCCESS)
+            return err_prefix(st, "xseg_sleep_ex: offloading live blocks");
+        ps->busy[j] = true;
+        ps->boff[j] = off + done;
+        ps->blen[j] = n;
+        done += n;
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Step 3 with XSEG_SLEEP_OFFLOAD_FILE: every run of live blocks into the file (all written when it
+ * returns successfully: no page is unmapped before). */
+static xseg_status offload_file(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
+    pick_streams(d, ps);
+    xseg_status st = bounce_get(d, ps, "xseg_sleep_ex");
+    for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
+        struct sleep_seg *ss = &ps->segs[i];
+        uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
+        for (size_t r = 0; r < ss->nruns && st == XSEG_SUCCESS; r++)
+            st = file_out(ps, (CUdeviceptr)(base + ss->runs[r].off), ss->file_off + ss->runs[r].host_off,
+                          ss->runs[r].len);
+    }
+    for (unsigned k = 0; k < 2 && st == XSEG_SUCCESS; k++) /* the older slot first */
+        st = file_flush(ps, ps->slot ^ k);
+    bounce_put(d, ps, st != XSEG_SUCCESS);
+    return st;
+}
+
+/* Wake: the file's bytes [off, off + len) to [dev, dev + len), chunk by chunk: a chunk is read
+ * into one buffer while the other buffer's copy to the device runs. */
+static xseg_status file_in(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off, size_t len)
+{
+    for (size_t done = 0; done < len;) {
+        size_t n = len - done < ps->bounce_bytes ? len - done : ps->bounce_bytes;
+        unsigned j = ps->slot;
+        ps->slot ^= 1;
+        xseg_status st = XSEG_SUCCESS;
+        if (ps->busy[j]) /* its last copy to the device read the buffer: done first */
+            st = vstream_wait(slot_stream(ps, j), "for a copy from the bounce buffer (xseg_wake)");
+        ps->busy[j] = false;
+        if (st == XSEG_SUCCESS)
+            st = spill_read(&ps->file, ps->bounce[j], n, off + done, "reading the sleep's file back");
+        if (st == XSEG_SUCCESS)
+            st = vhost_copy_htod(dev + done, ps->bounce[j], n, slot_stream(ps, j));
+        if (st != XSEG_SUCCESS)
+            return st;
+        ps->busy[j] = true;
+        done += n;
+    }
+    return XSEG_SUCCESS;
+}
+
 /* History: every mapped range of the pool's segments, as segment_unmap (or _map) events. */
 static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int action)
 {
@@ -439,7 +567,7 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     return st;
 }
 
-xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags)
+xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags, const char *path)
 {
     lock_assert_held(&d->lock);
     struct priv_pool *pp;
@@ -472,6 +600,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     if (!ps)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
     ps->flags = flags;
+    ps->file.fd = -1;
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
         if (dev_pool_owner(d, s->pool) != pp)
             continue;
@@ -510,12 +639,18 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
             state_free(d, ps, false);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
         }
-        ps->live += bytes;
-        if (flags == XSEG_SLEEP_OFFLOAD)
+        if (flags != XSEG_SLEEP_DISCARD)
             ss->host_bytes = bytes;
+        ss->file_off = ps->live;
+        ps->live += bytes;
     }
-    if (flags == XSEG_SLEEP_OFFLOAD && (st = offload(d, ps)) != XSEG_SUCCESS) {
-        state_free(d, ps, true);
+    if (flags == XSEG_SLEEP_OFFLOAD_FILE && (st = spill_create(&ps->file, path, "xseg_sleep_ex")) != XSEG_SUCCESS) {
+        state_free(d, ps, false);
+        return st;
+    }
+    if (flags != XSEG_SLEEP_DISCARD &&
+        (st = flags == XSEG_SLEEP_OFFLOAD_FILE ? offload_file(d, ps) : offload(d, ps)) != XSEG_SUCCESS) {
+        state_free(d, ps, true); /* the file is removed */
         return st;
     }
 
@@ -598,8 +733,10 @@ static xseg_status restore(struct pool_sleep *ps, struct sleep_seg *ss)
             return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: live bytes at offset %zu of a segment were not "
                            "live at the sleep", off);
         const struct sleep_run *run = &ss->runs[r];
-        st = queue_chunks(ps, ss, CHUNK_HTOD, (CUdeviceptr)(base + off),
-                          (char *)ss->host + run->host_off + (off - run->off), len);
+        size_t from = run->host_off + (off - run->off); /* in the segment's backup */
+        st = ps->flags == XSEG_SLEEP_OFFLOAD_FILE
+                 ? file_in(ps, (CUdeviceptr)(base + off), ss->file_off + from, len)
+                 : queue_chunks(ps, ss, CHUNK_HTOD, (CUdeviceptr)(base + off), (char *)ss->host + from, len);
     }
     return st;
 }
@@ -636,6 +773,12 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
     /* Each segment's restore is queued as soon as its pages are mapped, so its chunks run while
      * the next segment maps. k: segments mapped (or tried). */
     pick_streams(d, ps);
+    if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE && (st = bounce_get(d, ps, "xseg_wake")) != XSEG_SUCCESS) {
+        bounce_put(d, ps, false);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", err_message());
+        return err_set(st, "%s; the pool is still asleep (retry the wake)", msg);
+    }
     size_t k = 0;
     for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
         size_t mapped;
@@ -656,14 +799,17 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
             char msg2[256];
             snprintf(msg2, sizeof msg2, "%s", err_message());
             count_woken(d, ps);
+            bounce_put(d, ps, true);
             return err_set(st, "xseg_wake: %s; the pool is still asleep; its copies could not be waited for (%s), "
                                "so the pages this wake mapped stay mapped (retry the wake)", msg, msg2);
         }
         undo_maps(d, ps, k);
+        bounce_put(d, ps, false);
         return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; "
                            "retry the wake)", msg);
     }
 
+    bounce_put(d, ps, false);
     count_woken(d, ps);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
@@ -687,7 +833,7 @@ static void add_stats(const struct pool_sleep *ps, xseg_sleep_stats *out)
     out->asleep++;
     out->flags = ps->flags;
     out->released_bytes += ps->released;
-    if (ps->flags == XSEG_SLEEP_OFFLOAD)
+    if (ps->flags != XSEG_SLEEP_DISCARD)
         out->offloaded_bytes += ps->live;
     else
         out->discarded_bytes += ps->live;
