@@ -938,10 +938,10 @@ static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
     return st;
 }
 
-xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
+xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path)
 {
     dev_lock(d);
-    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags));
+    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
 }
 
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)

@@ -161,10 +161,14 @@ struct pool_state {
 struct pool_sleep;
 /* The default pools' sleep (NULL: awake), how many pools sleep (a rare condition: malloc takes
  * the general path while > 0), and the device's counts. */
+/* Copy streams xseg owns for the chunks of sleep and wake (round robin, so chunks overlap). */
+#define SLEEP_COPY_STREAMS 2
 struct sleep_state {
     struct pool_sleep *sleep_default;
     unsigned nasleep;
     int64_t num_sleeps, num_wakes;
+    CUstream copy[SLEEP_COPY_STREAMS]; /* created at the first sleep or wake, destroyed at shutdown */
+    unsigned ncopy;
 };
 
 
