@@ -730,8 +730,16 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    /* A malloc moves counters up: the slots counted above what they hold settle first. */
-    fast_lock(d, FAST_RAISE, stream);
+    /* A malloc moves counters up: the slots counted above what they hold settle first, unless
+     * the stream's classic slot widens to this size (core/fast.h). */
+    lock_acquire(&d->lock);
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
+        if (fast_widen(d, size, stream, out)) {
+            dev_unlock(d);
+            return XSEG_SUCCESS;
+        }
+        fast_settle_slow(d, FAST_RAISE, stream);
+    }
     xseg_status st;
     /* fast_gen stands for every rare condition (core/fast.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
