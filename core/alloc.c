@@ -730,8 +730,16 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    /* A malloc moves counters up: the slots counted above what they hold settle first. */
-    fast_lock(d, FAST_RAISE, stream);
+    /* A malloc moves counters up: the slots counted above what they hold settle first, unless
+     * the stream's classic slot widens to this size (core/fast.h). */
+    lock_acquire(&d->lock);
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
+        if (fast_widen(d, size, stream, out)) {
+            dev_unlock(d);
+            return XSEG_SUCCESS;
+        }
+        fast_settle_slow(d, FAST_RAISE, stream);
+    }
     xseg_status st;
     /* fast_gen stands for every rare condition (core/fast.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
@@ -938,10 +946,10 @@ static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
     return st;
 }
 
-xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
+xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path)
 {
     dev_lock(d);
-    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags));
+    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
 }
 
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
@@ -955,6 +963,7 @@ xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
     dev_acquire(d);
     refresh_cfg(d);
     dev_apply_fraction(d, fraction);
+    exp_pressure_reset(d);
     dev_unlock(d);
     return XSEG_SUCCESS;
 }

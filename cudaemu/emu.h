@@ -263,6 +263,7 @@ struct emu_state {
     struct CUstream_st null_stream;
     uint64_t capture_seq;
     size_t captures_active;       /* streams taking part in a capture (cap != NULL) */
+    bool hold_all;                /* cudaemu_stream_hold_all: new streams start held */
 };
 extern struct emu_state emu;
 
