@@ -660,9 +660,9 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
     uint64_t got = 0;
     bool died = false;
     char why[160];
-    if (!table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
-        go_alone(g, "its lock cannot be taken");
-    } else {
+    /* Another member's ask holds the lock for up to its own wait (or a stopped member holds
+     * it): this ask gives up, and the process stays in the group for the next one. */
+    if (table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
         reap_dead(g->t);
         if (!table_ok(g->t, g->total, why, sizeof why)) {
             go_alone(g, why);

@@ -310,6 +310,46 @@ static void test_stopped_member(void **state)
     quit(&m);
 }
 
+/* Two askers at once: one holds the table for its whole wait (its member is stopped), so the
+ * other's ask cannot take the lock in its shorter wait. That ask fails, and its process stays
+ * in the group: it is served by the next give-way. */
+static void test_concurrent_askers(void **state)
+{
+    (void)state;
+    start("memory_group:tg,memory_group_wait_ms:200");
+    xseg_free(must_malloc(MiB)); /* joined before the table gets busy */
+    struct member m = spawn(GROUP);
+    struct member a = spawn("memory_group:tg,memory_group_wait_ms:3000");
+    assert_string_equal(cmd(&m, "alloc 600 1"), "ok");
+    assert_string_equal(cmd(&m, "free 0"), "ok");
+    kill(m.pid, SIGSTOP);
+    int status = 0;
+    assert_int_equal(waitpid(m.pid, &status, WUNTRACED), m.pid);
+    fprintf(a.in, "alloc 700 2\n"); /* asks the stopped member, holding the table up to 3 s */
+    fflush(a.in);
+    usleep(300000);
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, 700 * MiB, 0, NULL);
+    char err[512];
+    snprintf(err, sizeof err, "%s", xseg_last_error());
+    kill(m.pid, SIGCONT);
+    assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
+    if (strstr(err, "alone"))
+        fail_msg("the ask that found the table busy left the group: %s", err);
+    char line[256];
+    assert_non_null(fgets(line, sizeof line, a.out)); /* the member, continued, served it */
+    xseg_group_member mem[4];
+    size_t n = 0;
+    if (xseg_group_stats(0, mem, 4, &n) != XSEG_SUCCESS)
+        fail_msg("not in the group any more: %s", xseg_last_error());
+    assert_int_equal(n, 3);
+    assert_string_equal(cmd(&a, "free 0"), "ok"); /* 700 MiB cached in a: given way on asking */
+    p = must_malloc(700 * MiB);
+    xseg_free(p);
+    quit(&a);
+    quit(&m);
+}
+
 /* A hostile table (garbage of the right size and mode, or a bad slot): a clear error, and the
  * process goes on alone with a working allocator. */
 static void hostile(int kind)
@@ -833,7 +873,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_emu_shared),   cmocka_unit_test(test_give_way),
         cmocka_unit_test(test_oom_message),  cmocka_unit_test(test_dead_member),
-        cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_hostile_garbage),
+        cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_concurrent_askers), cmocka_unit_test(test_hostile_garbage),
         cmocka_unit_test(test_hostile_slot), cmocka_unit_test(test_read_errors),
         cmocka_unit_test(test_top),          cmocka_unit_test(test_budget_refuses),
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
