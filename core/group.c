@@ -391,8 +391,9 @@ static struct gtable *table_open(struct group *g)
 static int slot_claim(struct group *g)
 {
     if (!table_lock(g->t, GROUP_JOIN_NS)) {
-        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (its lock cannot "
-                 "be taken): device %d goes on alone", g->path, g->d->device);
+        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s: its lock was held for over "
+                 "1 s (a member's ask with memory_group_wait_ms over 1000, a stopped member, or a "
+                 "corrupted table): device %d goes on alone", g->path, g->d->device);
         return -1;
     }
     reap_dead(g->t);
