@@ -761,6 +761,8 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         b->oversize = false;
     }
     b->exported = false; /* the export ends with the block (its pool may sleep again) */
+    if (b->sided)
+        b->u.side->handle_holds = 0; /* so do the holds of handed-out handles */
     if (b->recorded)
         hist_free_requested(d, b);
     xseg_status st = XSEG_SUCCESS;

@@ -5,6 +5,7 @@
  * returns XSEG_ERROR_OUT_OF_MEMORY with a message, with everything rolled back: the statistics as
  * before, the block freed as an unrecorded one, nothing leaked (debug_level=2 builds run
  * dev_check after every operation). n goes up until the call makes fewer than n allocations.
+ * Also xseg_block_handles' hold.
  * tests/alloc/test_host_oom_sweep.c does the same for every call of a mixed workload.
  */
 #include <setjmp.h>
@@ -123,11 +124,47 @@ static void test_history(void **state)
     assert_int_equal(xseg_record_memory_history(&off), XSEG_SUCCESS);
 }
 
+/* xseg_block_handles' hold (recorded in the block's side struct): its nth host allocation
+ * failing, OUT_OF_MEMORY with nothing handed out and no hold to release; past the last, one hold,
+ * released once. */
+static void test_block_handles(void **state)
+{
+    (void)state;
+    void *a = NULL;
+    assert_int_equal(xseg_malloc(&a, 4096, 0, NULL), XSEG_SUCCESS);
+    int ooms = 0;
+    for (unsigned long n = 1;; n++) {
+        xseg_phys_range r;
+        size_t cnt = 7;
+        hostmem_fail_nth(n);
+        xseg_status st = xseg_block_handles(a, &r, 1, &cnt);
+        bool hit = hostmem_failed();
+        hostmem_disarm();
+        if (st == XSEG_ERROR_OUT_OF_MEMORY) {
+            ooms++;
+            assert_true(hit);
+            assert_non_null(strstr(xseg_last_error(), "out of host memory"));
+            assert_int_equal(cnt, 0);
+            assert_int_equal(xseg_block_handles_release(a), XSEG_ERROR_ILLEGAL_STATE);
+            continue;
+        }
+        assert_int_equal(st, XSEG_SUCCESS);
+        assert_int_equal(cnt, 1);
+        assert_int_equal(xseg_block_handles_release(a), XSEG_SUCCESS);
+        assert_int_equal(xseg_block_handles_release(a), XSEG_ERROR_ILLEGAL_STATE);
+        if (!hit)
+            break;
+    }
+    assert_true(ooms >= 1); /* the side struct */
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_record_stream, setup),
         cmocka_unit_test_setup(test_history, setup),
+        cmocka_unit_test_setup(test_block_handles, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
