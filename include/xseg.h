@@ -535,10 +535,12 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
 
 /**
  * Allocate exactly [@p ptr, @p ptr + @p size) from @p pool on @p device: the bytes must lie in one
- * free, mapped block of one of the pool's expandable segments (what a block of a checkpointed
- * layout left when it was freed). The block is split there, and its head and tail stay free. It
- * places a block of a layout captured earlier at its address again, as cudagraph trees'
- * setCheckpointPoolState needs; free it with xseg_free.
+ * free, mapped block of one of the pool's segments, expandable or classic (what a block of a
+ * checkpointed layout left when it was freed). The block is split there, and its head and tail
+ * stay free blocks of the segment (statistics as a split by malloc keeps them: inactive_split in
+ * classic segments). It places a block of a layout captured earlier at its address again, as
+ * cudagraph trees' setCheckpointPoolState needs; free it with xseg_free. With history on, the
+ * placed block is recorded as an alloc (with the caller's stack) and its free as a free.
  * @param device a device index
  * @param pool a private pool (not {0, 0})
  * @param ptr the address to place the block at
@@ -546,7 +548,7 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
  * @return XSEG_ERROR_INVALID_VALUE when @p ptr is in no segment of the pool;
  *         XSEG_ERROR_ILLEGAL_STATE when the range is not inside one free mapped block (part of it
  *         allocated, pending a stream's work, or given back by empty_cache);
- *         XSEG_ERROR_NOT_SUPPORTED in a classic segment; XSEG_ERROR_OUT_OF_MEMORY (host).
+ *         XSEG_ERROR_OUT_OF_MEMORY (host; nothing changed).
  */
 XSEG_API xseg_status xseg_pool_malloc_at(int device, xseg_pool_id pool, void *ptr, size_t size);
 
