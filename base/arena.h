@@ -4,11 +4,12 @@
  * onto 2 MiB huge pages once a page is a small share of it.
  *
  * Why: a calloc'd slab stays on 4 KiB pages for good, so at a million live blocks the ~420,000
- * structs made before huge pages pay (base/hugemem.h) kept missing the TLB. Here the first
- * megabytes start on 4 KiB pages (advised MADV_NOHUGEPAGE, so that a small process holds no
- * 2 MiB page even where transparent huge pages are always on); from the threshold the arena is
- * advised MADV_HUGEPAGE, new ranges fault in as huge pages, and the ranges already written are
- * collapsed (MADV_COLLAPSE) two per new range, so no call stalls for more than two 2 MiB copies.
+ * structs made before huge pages pay (32 MiB of 80-byte structs; base/hugemem.h) kept missing
+ * the TLB. Here the first megabytes start on 4 KiB pages (advised MADV_NOHUGEPAGE, so that a
+ * small process holds no 2 MiB page even where transparent huge pages are always on); from the
+ * threshold the arena is advised MADV_HUGEPAGE, new ranges fault in as huge pages, and the ranges
+ * already written are collapsed (MADV_COLLAPSE) two per new range, so no call stalls for more than
+ * two 2 MiB copies.
  * The addresses never change: pointers into the arena stay valid throughout.
  *
  * Not thread-safe: its owner serializes the calls (the device lock). arena_release gives it all

@@ -3,8 +3,8 @@
  * block structs use base/arena.h), in 2 MiB-aligned anonymous mappings advised to transparent
  * huge pages.
  *
- * Why: at a million live blocks the map (~15 MB) and the block structs (~85 MB) span ~25,000
- * 4 KiB pages, so a free's lookups miss the TLB as well as the cache, and under a hypervisor each
+ * Why: at a million live blocks the map (8-byte slots, ~15 MB) and the block structs (80 bytes
+ * each, ~85 MB) span ~25,000 4 KiB pages, so a free's lookups miss the TLB as well as the cache, and under a hypervisor each
  * TLB miss is a two-dimensional page walk. On 2 MiB pages the same tables need ~50 TLB entries.
  * Only tables large enough that a whole 2 MiB page costs them little use this; callers decide.
  */

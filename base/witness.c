@@ -9,6 +9,7 @@ static const char *const rank_name[FORK_RANK_COUNT] = {
     [FORK_RANK_IDLE_CTL] = "xseg_rt.idle.ctl_lock",
     [FORK_RANK_RUNTIME] = "xseg_rt.rt.lock",
     [FORK_RANK_IDLE] = "xseg_rt.idle.lock",
+    [FORK_RANK_GROUP_TABLE] = "a memory group's table lock",
     [FORK_RANK_DEVICE] = "a device lock",
     [FORK_RANK_OBSERVERS] = "xseg_rt.obs.lock",
     [FORK_RANK_SETTINGS] = "xseg_rt.settings.lock",
@@ -19,8 +20,8 @@ static const char *const rank_name[FORK_RANK_COUNT] = {
     [FORK_RANK_VMM_LEFT] = "seg_proc.left_lock",
     [FORK_RANK_VMM_CURSOR] = "seg_proc.cursor_lock",
     [FORK_RANK_VMM_HOST] = "host_proc.lock",
-    [FORK_RANK_HOSTALLOC_CTL] = "hc_ctl_lock",
-    [FORK_RANK_HOSTALLOC] = "hc_lock",
+    [FORK_RANK_HOSTALLOC_CTL] = "xseg_rt.host.ctl_lock",
+    [FORK_RANK_HOSTALLOC] = "xseg_rt.host.lock",
 };
 
 /* Locks of each rank the calling thread holds. */

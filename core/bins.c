@@ -409,24 +409,7 @@ struct block *bpool_next_free(const struct bpool *p, const struct block *b)
 {
     const struct sbins *s = bins_of(p, b);
     unsigned k = bins_index(b->size);
-    /* The successor in the bin: the leftmost of the right subtree, else the last ancestor where
-     * the descent to b turns left. */
-    struct block *succ = NULL;
-    if (b->right) {
-        for (succ = b->right; succ->left;)
-            succ = succ->left;
-        return succ;
-    }
-    for (struct block *t = s->bin[k]; t != b;) {
-        if (XSEG_UNLIKELY(!t))
-            abort(); /* index corrupted: the block is not where its key says */
-        if (zkey_less(b->size, b->addr, t->size, t->addr)) {
-            succ = t;
-            t = t->left;
-        } else {
-            t = t->right;
-        }
-    }
+    struct block *succ = bins_succ_in_bin(s->bin[k], b);
     if (succ)
         return succ;
     if ((succ = bins_first_from(s, k + 1)) != NULL)

@@ -233,6 +233,30 @@ static inline void bpool_free_take_front(struct bpool *p, struct block *b, size_
     }
 }
 
+/* The successor of free block @p b in its bin's treap @p root, NULL when b is the bin's last:
+ * the leftmost block of b's right subtree, else the last ancestor where the descent to b turns
+ * left. Serves the free's merge (bpool_free_grow) and the index walk (bpool_next_free). */
+static inline __attribute__((always_inline)) struct block *bins_succ_in_bin(struct block *root, const struct block *b)
+{
+    struct block *succ = NULL;
+    if (b->right) {
+        for (succ = b->right; succ->left;)
+            succ = succ->left;
+        return succ;
+    }
+    for (struct block *t = root; t != b;) {
+        if (XSEG_UNLIKELY(!t))
+            abort(); /* index corrupted: the block is not where its key says */
+        if (zkey_less(b->size, b->addr, t->size, t->addr)) {
+            succ = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return succ;
+}
+
 /*
  * Free block @p b (in the free index) grows to [addr, addr + size) with size > b->size (a merge
  * with a neighbour being freed). Its key only increases, so within its bin only the successor can
@@ -247,24 +271,7 @@ static inline __attribute__((always_inline)) void bpool_free_grow(struct bpool *
         bpool_rekey_free(p, b, addr, size);
         return;
     }
-    /* The successor in the bin: the leftmost block of the right subtree, else the last ancestor
-     * where the descent to b turns left. */
-    struct block *succ = NULL;
-    if (b->right) {
-        for (succ = b->right; succ->left;)
-            succ = succ->left;
-    } else {
-        for (struct block *t = bpool_bins(p, b->stream)->bin[k]; t != b;) {
-            if (XSEG_UNLIKELY(!t))
-                abort(); /* index corrupted: the block is not where its key says */
-            if (zkey_less(b->size, b->addr, t->size, t->addr)) {
-                succ = t;
-                t = t->left;
-            } else {
-                t = t->right;
-            }
-        }
-    }
+    struct block *succ = bins_succ_in_bin(bpool_bins(p, b->stream)->bin[k], b);
     if (!succ || zkey_less(size, addr, succ->size, succ->addr)) {
         b->addr = addr;
         b->size = size;

@@ -474,34 +474,23 @@ static xseg_status cfg_parse_release_threshold(struct cfg_parser *p, const struc
     return XSEG_SUCCESS;
 }
 
-static xseg_status cfg_parse_idle_ms(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+/* A bounded integer (CFG_BOUNDED rows): a whole number from 0 (1 with pow2) to the row's max,
+ * into its unsigned field; a word outside that is an error naming the key and the range. */
+static xseg_status cfg_parse_bounded(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
-    unsigned long long ms;
+    char form[96];
+    snprintf(form, sizeof form, "%s to %llu (%s)", k->pow2 ? "a power of 2 from 1" : "a whole number from 0",
+             k->max, k->unit);
+    const char *w;
     size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &ms, &pos);
+    unsigned long long v;
+    xseg_status st = cfg_word(p, key, form, &w, &pos);
     if (st)
         return st;
-    if (ms > 86400000ull)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: idle_release_ms must be at most 86400000 (a day), got %llu at "
-                       "index %zu", ms, pos);
-    *(unsigned *)cfg_out(p, k) = (unsigned)ms;
-    return XSEG_SUCCESS;
-}
-
-/* memory_group_wait_ms: a malloc waits this long at most for the group; a minute bounds it. */
-static xseg_status cfg_parse_group_wait_ms(struct cfg_parser *p, const struct cfg_key *k, const char *key)
-{
-    unsigned long long ms;
-    size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &ms, &pos);
-    if (st)
-        return st;
-    if (ms > 60000ull)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: memory_group_wait_ms must be at most 60000 (a minute), got "
-                       "%llu at index %zu", ms, pos);
-    *(unsigned *)cfg_out(p, k) = (unsigned)ms;
+    if (!cfg_to_ull(w, &v) || v > k->max || (k->pow2 && !cfg_pow2(v)))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "allocator config: %s: expected %s, got '%s' at index %zu", key,
+                       form, w, pos);
+    *(unsigned *)cfg_out(p, k) = (unsigned)v;
     return XSEG_SUCCESS;
 }
 
@@ -558,24 +547,6 @@ static xseg_status cfg_parse_va_hint(struct cfg_parser *p, const struct cfg_key 
     const char *w;
     size_t pos;
     return cfg_word(p, key, "a fraction, NG, or [name:value,...]", &w, &pos);
-}
-
-/* pinned_num_register_threads: a power of 2 up to 128 (PyTorch's bounds). */
-static xseg_status cfg_parse_pinned_threads(struct cfg_parser *p, const struct cfg_key *k, const char *key)
-{
-    const char *w;
-    size_t pos;
-    unsigned long long v;
-    xseg_status st = cfg_word(p, key, "a power of 2 up to 128", &w, &pos);
-    if (st)
-        return st;
-    if (!cfg_to_ull(w, &v) || !cfg_pow2(v) || v > 128)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: %s: expected a power of 2 up to 128, got '%s' at "
-                       "index %zu",
-                       key, w, pos);
-    *(unsigned *)cfg_out(p, k) = (unsigned)v;
-    return XSEG_SUCCESS;
 }
 
 static xseg_status cfg_parse_pinned_reserve(struct cfg_parser *p, const struct cfg_key *k, const char *key)

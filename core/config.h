@@ -87,6 +87,11 @@ struct cfg_key {
     unsigned snap;      /* place in a snapshot's allocator_settings, 0: not there */
     const char *doc;    /* the default as docs/configuration.md spells it */
     xseg_status (*parse)(struct cfg_parser *p, const struct cfg_key *k, const char *key);
+    /* A bounded integer's row (CFG_BOUNDED, core/config_keys.h): its largest value, its unit as
+     * the error spells it, whether only powers of 2 are accepted. */
+    unsigned long long max;
+    const char *unit;
+    bool pow2;
 };
 
 /* Every key, in the canonical string's order; cfg_nkeys rows. */

@@ -14,7 +14,10 @@
  *   field    its member of struct cfg
  *   default  its value in cfg_default (bytes for MIB; every bucket's for ROUNDUP)
  *   parse    the function in core/config.c that reads the value and checks it; keys whose
- *            bounds depend on large_segment_size_mb leave the final check to cfg_finish
+ *            bounds depend on large_segment_size_mb leave the final check to cfg_finish; or
+ *            CFG_BOUNDED(max, unit, pow2) for a bounded integer (MS, COUNT): a whole number from
+ *            0 (1 and powers of 2 with pow2) to max, in unit, read by one parser whose error names
+ *            the key and the range
  *   flags    CFG_RESET: back to the default on every parse (PyTorch's rule);
  *            CFG_OMIT_DEFAULT: left out of the canonical string while at the default (PyTorch's
  *            grammar has no spelling for "unlimited" or "off")
@@ -29,6 +32,9 @@
  */
 #ifndef XSEG_CORE_CONFIG_KEYS_H
 #define XSEG_CORE_CONFIG_KEYS_H
+
+/* The parse column of a bounded integer: the parser and the row's bounds (struct cfg_key). */
+#define CFG_BOUNDED(max, unit, pow2) cfg_parse_bounded, max, unit, pow2
 
 #define CFG_KEYS(K, A)                                                                             \
     K(expandable_segments, NULL, BOOL, expandable_segments, true, cfg_parse_flag, 0, 3, "True")    \
@@ -65,19 +71,20 @@
     /* services (core/trim.c, core/idle.c) */                                                      \
     K(release_threshold_mb, NULL, MIB, release_threshold, SIZE_MAX, cfg_parse_release_threshold,   \
       CFG_OMIT_DEFAULT, 0, "unset")                                                                \
-    K(idle_release_ms, NULL, MS, idle_release_ms, 0, cfg_parse_idle_ms, 0, 0, "0 (off)")           \
+    K(idle_release_ms, NULL, MS, idle_release_ms, 0, CFG_BOUNDED(86400000, "ms", false), 0, 0,     \
+      "0 (off)")                                                                                   \
     K(idle_release_thread, NULL, BOOL, idle_release_thread, false, cfg_parse_flag, 0, 0, "False")  \
     /* the memory group of processes on one device (core/group.c) */                               \
     K(memory_group, NULL, NAME, memory_group, "", cfg_parse_name, CFG_OMIT_DEFAULT, 0, "unset")    \
-    K(memory_group_wait_ms, NULL, MS, memory_group_wait_ms, 500, cfg_parse_group_wait_ms, 0, 0,    \
-      "500")                                                                                       \
+    K(memory_group_wait_ms, NULL, MS, memory_group_wait_ms, 500, CFG_BOUNDED(60000, "ms", false),  \
+      0, 0, "500")                                                                                 \
     K(sleep_keep_host_backup, NULL, BOOL, sleep_keep_host_backup, false, cfg_parse_flag,           \
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     /* PyTorch's pinned host allocator (core/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \
     K(pinned_num_register_threads, NULL, COUNT, pinned_num_register_threads, 1,                    \
-      cfg_parse_pinned_threads, CFG_OMIT_DEFAULT, 0, "1")                                          \
+      CFG_BOUNDED(128, "threads", true), CFG_OMIT_DEFAULT, 0, "1")                                 \
     K(pinned_use_background_threads, NULL, BOOL, pinned_use_background_threads, false,             \
       cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")                                                \
     A(pinned_reserve_segment_size_mb, NULL, IGNORED, cfg_parse_pinned_reserve, CFG_IGNORED, "")    \

@@ -100,11 +100,11 @@ struct block *dev_block_new(struct dev_alloc *d)
 
 /* Carved from slabs (a block struct is never given back to libc, only to the spare list): no
  * allocator header a struct, and neighbours in time are neighbours in memory. A new slab holds
- * 1/32 of the structs made so far (64 to 4096). Slabs come from the device's arena
- * (base/arena.h), where only the pages touched are resident and, from ~420,000 structs, every
- * struct lies on a 2 MiB huge page (a free's block is then a cache miss without a TLB miss); from
- * calloc where the arena cannot reserve address space, with the unused tail of the last slab
- * within 1/32 of the structs in use. */
+ * 1/32 of the structs made so far (64 to 4096). Slabs come from the device's arena (base/arena.h),
+ * where only the pages touched are resident and, from ~420,000 structs (32 MiB of 80-byte structs:
+ * a 2 MiB page is 1/16 of them), every struct lies on a 2 MiB huge page (a free's block is then a
+ * cache miss without a TLB miss); from calloc where the arena cannot reserve address space, with
+ * the unused tail of the last slab within 1/32 of the structs in use. */
 __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);

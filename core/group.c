@@ -21,8 +21,10 @@
 
 #include "base/error.h"
 #include "base/hostmem.h"
+#include "base/witness.h"
 #include "core/check.h"
 #include "core/group.h"
+#include "core/procstate.h"
 #include "core/settings.h"
 #include "core/stats.h"
 #include "core/trim.h"
@@ -70,7 +72,8 @@ struct group {
     char error[512];            /* why the device is alone, "" when it is not */
 };
 
-static struct group *_Atomic g_groups[ALLOC_MAX_DEVICES];
+/* This module's state is xseg_rt.group (core/procstate.h), written only here (layering.sh). */
+#define g_groups xseg_rt.group.devs
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, const struct timespec *ts)
 {
@@ -156,9 +159,11 @@ static void go_alone(struct group *g, const char *why)
              "goes on alone", g->path, why, g->d->device);
 }
 
-/* The table's lock within @p ns; EOWNERDEAD (a member died holding it) is repaired. */
+/* The table's lock within @p ns; EOWNERDEAD (a member died holding it) is repaired. Taken with no
+ * device lock held (rank FORK_RANK_GROUP_TABLE, base/fork.h); given back with table_unlock. */
 static bool table_lock(struct gtable *t, int64_t ns)
 {
+    witness_take(FORK_RANK_GROUP_TABLE);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     int64_t at = (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec + ns;
@@ -169,7 +174,15 @@ static bool table_lock(struct gtable *t, int64_t ns)
         pthread_mutex_consistent(&t->lock);
         return true;
     }
+    if (r)
+        witness_give(FORK_RANK_GROUP_TABLE);
     return r == 0;
+}
+
+static void table_unlock(struct gtable *t)
+{
+    pthread_mutex_unlock(&t->lock);
+    witness_give(FORK_RANK_GROUP_TABLE);
 }
 
 /* Free the slots of members that are gone (their memory went with them). Table lock held. */
@@ -334,7 +347,7 @@ static int slot_claim(struct group *g)
         atomic_store(&s->pid, (int32_t)getpid());
         me = i;
     }
-    pthread_mutex_unlock(&g->t->lock);
+    table_unlock(g->t);
     if (me < 0)
         snprintf(g->error, sizeof g->error, "memory group '%s' is full (%d members): device %d goes on "
                  "alone", g->name, GROUP_SLOTS, g->d->device);
@@ -398,7 +411,7 @@ void group_detach_all(void)
                     empty = empty && !atomic_load(&g->t->slot[s].pid);
                 if (empty)
                     shm_unlink(g->path);
-                pthread_mutex_unlock(&g->t->lock);
+                table_unlock(g->t);
             }
             munmap(g->t, sizeof *g->t);
         }
@@ -509,7 +522,7 @@ bool group_give_way(struct dev_alloc *d, size_t need)
                     got += ask_wait(g, batch[k], pids[k], seqs[k], end, &died);
             }
         }
-        pthread_mutex_unlock(&g->t->lock);
+        table_unlock(g->t);
     }
     dev_acquire(d);
     return got > 0 || died;

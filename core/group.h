@@ -7,7 +7,7 @@
  * (trim_device: never live bytes). Nothing read from the table is trusted: a bad header or field
  * is an error naming it, and the process goes on alone.
  *
- * State: one struct group per device, owned here (g_groups), created by group_attach when the
+ * State: one struct group per device, owned here (xseg_rt.group), created by group_attach when the
  * device is created and destroyed by group_detach_all at shutdown.
  */
 #ifndef XSEG_CORE_GROUP_H

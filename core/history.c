@@ -220,16 +220,16 @@ void hist_stack_unref(struct hstack *s)
 
 /* ---- C stacks ------------------------------------------------------------------------------
 
- * A DWARF unwind (glibc's backtrace, libgcc's _Unwind_Backtrace) costs ~100-300 ns per frame
- * (benchmarks/bench_history.c, docs/benchmarks-host.md): far too much per allocation. Programs
- * allocate from a limited set of call chains, so each
- * thread keeps a small cache of the chains it walked, keyed by where the capture starts (its
- * frame address): an entry holds each frame's return address and the stack slot it was read
- * from (the CFA libgcc reports with it, - 8, on x86-64). A capture that finds an entry re-reads those slots (a few
- * ns per frame); when every slot still holds the address recorded, the chain is the same (the
- * frames below are at the same addresses, hold the same return addresses, and so compute the
- * same CFAs), and the walk is skipped. Any difference walks again and replaces the entry. The
- * cache is per thread, so every slot it reads lies in the reading thread's own stack.
+ * A DWARF unwind (glibc's backtrace, libgcc's _Unwind_Backtrace) looks each frame up in the unwind
+ * tables: far too much per allocation. Programs allocate from a limited set of call chains, so each
+ * thread keeps a small cache of the chains it walked, keyed by where the capture starts (its frame
+ * address): an entry holds each frame's return address and the stack slot it was read from (the CFA
+ * libgcc reports with it, - 8, on x86-64). A capture that finds an entry re-reads those slots (what
+ * a recorded allocation costs: benchmarks/bench_history.c, docs/benchmarks-host.md#history); when
+ * every slot still holds the address recorded, the chain is the same (the frames below are at the
+ * same addresses, hold the same return addresses, and so compute the same CFAs), and the walk is
+ * skipped. Any difference walks again and replaces the entry. The cache is per thread, so every
+ * slot it reads lies in the reading thread's own stack.
  * libgcc_s is reached with dlopen/dlsym (glibc's backtrace loads it the same way), so libxseg
  * links nothing beyond libc, libpthread and libdl; without it, or off x86-64, backtrace() is used
  * with no cache. */

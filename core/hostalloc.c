@@ -27,6 +27,7 @@
 #include "base/vec.h"
 #include "base/witness.h"
 #include "core/config.h"
+#include "core/procstate.h"
 #include "core/settings.h"
 #include "vmm/event.h"
 #include "vmm/host.h"
@@ -71,41 +72,10 @@ struct hc_event {
     struct hc_block *b; /* NULL in the pool of spare events */
 };
 
-struct hc_counter {
-    int64_t current, peak, allocated, freed;
-};
-
-struct hc_duration {
-    int64_t total, max, min, count;
-};
-
-struct hc_free {
-    struct hc_block **v; /* sorted by (size, address) */
-    size_t n, cap;
-};
-
-static struct {
-    struct hc_free fr[2]; /* [small?] */
-    /* Live map: block address -> block, open addressing (linear probing, backward-shift delete),
-     * capacity a power of two at most half full. */
-    struct hc_block **map;
-    size_t mapcap, mapn;
-    struct hc_event *pending, *spare; /* recorded events; spare events by context */
-    size_t npending, cappending, nspare, capspare;
-    /* Room is reserved ahead so that a free never allocates: the free index of a class holds at
-     * most its blocks (nblocks), pending at most the streams recorded on live blocks (nuses),
-     * spare at most the events made (nevents). */
-    size_t nblocks[2], nuses, nevents;
-    struct hc_counter allocation, segment, allocated_bytes, reserved_bytes;
-    struct hc_duration alloc_time, free_time;
-    int64_t num_host_alloc, num_host_free;
-} hc;
-
-static pthread_mutex_t hc_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_HOSTALLOC, hc_lock)
-/* The event thread runs (pinned_use_background_threads): mallocs leave the events to it.
- * Written under hc_ctl_lock (below), read relaxed anywhere. */
-static bool hc_running;
+/* This module's state is xseg_rt.host (core/procstate.h), written only here (layering.sh): `hc`
+ * names it, so that this file reads as it did before the state moved into the process object. */
+#define hc xseg_rt.host
+FORK_MUTEX_AT(FORK_RANK_HOSTALLOC, hc_lock, hc.lock)
 
 /* ---- statistics ------------------------------------------------------------------------ */
 
@@ -516,13 +486,13 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     struct cfg c;
     unsigned gen;
     settings_copy(&c, &gen);
-    mutex_lock(&hc_lock);
+    mutex_lock(&hc.lock);
     if (!map_grow()) { /* before any pinning: the map's room for the block */
-        mutex_unlock(&hc_lock);
+        mutex_unlock(&hc.lock);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory");
     }
     struct hc_block *b = best_fit(rounded);
-    if (!b && hc.npending && !__atomic_load_n(&hc_running, __ATOMIC_RELAXED)) {
+    if (!b && hc.npending && !__atomic_load_n(&hc.running, __ATOMIC_RELAXED)) {
         process_events(false);
         b = best_fit(rounded);
     }
@@ -551,7 +521,7 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
         else if (fresh)
             (void)seg_release(whole); /* the segment made for this call goes back: nothing held */
     }
-    mutex_unlock(&hc_lock);
+    mutex_unlock(&hc.lock);
     return st;
 }
 
@@ -569,11 +539,11 @@ xseg_status hostalloc_free(void *p, bool release)
 {
     if (!p)
         return XSEG_SUCCESS;
-    mutex_lock(&hc_lock);
+    mutex_lock(&hc.lock);
     size_t slot;
     xseg_status st = find_block(p, "xseg_host_free", &slot);
     if (st != XSEG_SUCCESS) {
-        mutex_unlock(&hc_lock);
+        mutex_unlock(&hc.lock);
         return st;
     }
     struct hc_block *b = hc.map[slot];
@@ -603,13 +573,13 @@ xseg_status hostalloc_free(void *p, bool release)
         if (release && seg_whole_free(b)) /* b absorbed its free neighbours */
             st = seg_release(b);
     }
-    mutex_unlock(&hc_lock);
+    mutex_unlock(&hc.lock);
     return st;
 }
 
 xseg_status hostalloc_record_stream(void *p, CUcontext ctx, CUstream stream)
 {
-    mutex_lock(&hc_lock);
+    mutex_lock(&hc.lock);
     size_t slot;
     xseg_status st = find_block(p, "xseg_host_record_stream", &slot);
     if (st == XSEG_SUCCESS) {
@@ -625,13 +595,13 @@ xseg_status hostalloc_record_stream(void *p, CUcontext ctx, CUstream stream)
             hc.nuses++;
         }
     }
-    mutex_unlock(&hc_lock);
+    mutex_unlock(&hc.lock);
     return st;
 }
 
 xseg_status hostalloc_empty_cache(void)
 {
-    mutex_lock(&hc_lock);
+    mutex_lock(&hc.lock);
     process_events(false);
     for (size_t i = 0; i < hc.nspare; i++)
         if (drv_ctx_ensure(hc.spare[i].ctx) == XSEG_SUCCESS)
@@ -646,7 +616,7 @@ xseg_status hostalloc_empty_cache(void)
                 if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
                     first = st;
             }
-    mutex_unlock(&hc_lock);
+    mutex_unlock(&hc.lock);
     return first == XSEG_SUCCESS ? first : err_prefix(first, "xseg_host_empty_cache");
 }
 
@@ -685,9 +655,9 @@ xseg_status hostalloc_stat(const char *key, int64_t *value)
     for (size_t i = 0; i < HC_NKEYS; i++) {
         if (strcmp(key, hc_keys[i]))
             continue;
-        mutex_lock(&hc_lock);
+        mutex_lock(&hc.lock);
         *value = stat_value(i);
-        mutex_unlock(&hc_lock);
+        mutex_unlock(&hc.lock);
         return XSEG_SUCCESS;
     }
     return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_host_stat: unknown key '%s' (xseg_host_stat_key lists them)", key);
@@ -695,30 +665,22 @@ xseg_status hostalloc_stat(const char *key, int64_t *value)
 
 void hostalloc_reset_peaks(void)
 {
-    mutex_lock(&hc_lock);
+    mutex_lock(&hc.lock);
     struct hc_counter *ctr[] = {&hc.allocation, &hc.segment, &hc.allocated_bytes, &hc.reserved_bytes};
     for (size_t i = 0; i < 4; i++)
         ctr[i]->peak = ctr[i]->current;
-    mutex_unlock(&hc_lock);
+    mutex_unlock(&hc.lock);
 }
 
 /* ---- the event thread (pinned_use_background_threads) ------------------------------------- */
 
-/* ctl_lock serializes starting and stopping (held across the join); the thread takes only
- * hc_lock, whose condition variable carries the stop. */
-static pthread_mutex_t hc_ctl_lock = PTHREAD_MUTEX_INITIALIZER;
-FORK_MUTEX(FORK_RANK_HOSTALLOC_CTL, hc_ctl_lock)
-static pthread_cond_t hc_cond;
-static pthread_once_t hc_once = PTHREAD_ONCE_INIT;
-static bool hc_cond_ready;
-static pthread_t hc_tid;
-static bool hc_stop;    /* under hc_lock */
+FORK_MUTEX_AT(FORK_RANK_HOSTALLOC_CTL, hc_ctl_lock, hc.ctl_lock)
 
 static void *hc_main(void *arg)
 {
     (void)arg;
-    mutex_lock(&hc_lock);
-    while (!hc_stop) {
+    mutex_lock(&hc.lock);
+    while (!hc.stop) {
         if (hc.npending)
             process_events(false);
         struct timespec until;
@@ -728,30 +690,30 @@ static void *hc_main(void *arg)
             until.tv_sec++;
             until.tv_nsec -= 1000000000L;
         }
-        while (!hc_stop && pthread_cond_timedwait(&hc_cond, &hc_lock, &until) != ETIMEDOUT)
+        while (!hc.stop && pthread_cond_timedwait(&hc.cond, &hc.lock, &until) != ETIMEDOUT)
             ;
     }
-    mutex_unlock(&hc_lock);
+    mutex_unlock(&hc.lock);
     return NULL;
 }
 
 static void hc_stop_locked(void)
 {
-    if (!hc_running)
+    if (!hc.running)
         return;
-    mutex_lock(&hc_lock);
-    hc_stop = true;
-    pthread_cond_signal(&hc_cond);
-    mutex_unlock(&hc_lock);
-    pthread_join(hc_tid, NULL);
-    __atomic_store_n(&hc_running, false, __ATOMIC_RELAXED);
+    mutex_lock(&hc.lock);
+    hc.stop = true;
+    pthread_cond_signal(&hc.cond);
+    mutex_unlock(&hc.lock);
+    pthread_join(hc.tid, NULL);
+    __atomic_store_n(&hc.running, false, __ATOMIC_RELAXED);
 }
 
 static void hc_atexit(void)
 {
-    mutex_lock(&hc_ctl_lock);
+    mutex_lock(&hc.ctl_lock);
     hc_stop_locked();
-    mutex_unlock(&hc_ctl_lock);
+    mutex_unlock(&hc.ctl_lock);
 }
 
 static void hc_cond_make(void)
@@ -759,22 +721,22 @@ static void hc_cond_make(void)
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&hc_cond, &a);
+    pthread_cond_init(&hc.cond, &a);
     pthread_condattr_destroy(&a);
 }
 
 static void hc_init(void)
 {
     hc_cond_make();
-    hc_cond_ready = true;
+    hc.cond_ready = true;
     atexit(hc_atexit);
 }
 
 /* A forked child has no thread (the parent's is not copied). */
 static void hc_fork_child(void)
 {
-    __atomic_store_n(&hc_running, false, __ATOMIC_RELAXED);
-    if (hc_cond_ready)
+    __atomic_store_n(&hc.running, false, __ATOMIC_RELAXED);
+    if (hc.cond_ready)
         hc_cond_make();
 }
 FORK_CHILD(FORK_RANK_HOSTALLOC_CTL, hc_fork_child)
@@ -784,18 +746,51 @@ void hostalloc_sync_thread(void)
     struct cfg c;
     unsigned gen;
     settings_copy(&c, &gen);
-    /* hc_running is read without the lock as a hint; the decision is made under it. */
-    if (c.pinned_use_background_threads == __atomic_load_n(&hc_running, __ATOMIC_RELAXED))
+    /* hc.running is read without the lock as a hint; the decision is made under it. */
+    if (c.pinned_use_background_threads == __atomic_load_n(&hc.running, __ATOMIC_RELAXED))
         return;
-    pthread_once(&hc_once, hc_init);
-    mutex_lock(&hc_ctl_lock);
+    pthread_once(&hc.once, hc_init);
+    mutex_lock(&hc.ctl_lock);
     settings_copy(&c, &gen);
     if (!c.pinned_use_background_threads) {
         hc_stop_locked();
-    } else if (!hc_running) {
-        hc_stop = false;
+    } else if (!hc.running) {
+        hc.stop = false;
         /* Without a thread the mallocs process the events themselves: nothing is lost. */
-        __atomic_store_n(&hc_running, pthread_create(&hc_tid, NULL, hc_main, NULL) == 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&hc.running, pthread_create(&hc.tid, NULL, hc_main, NULL) == 0, __ATOMIC_RELAXED);
     }
-    mutex_unlock(&hc_ctl_lock);
+    mutex_unlock(&hc.ctl_lock);
+}
+
+/* ---- xseg_shutdown ------------------------------------------------------------------------ */
+
+xseg_status hostalloc_shutdown(void)
+{
+    hc_atexit(); /* the event thread stopped and joined */
+    mutex_lock(&hc.lock);
+    process_events(true);
+    mutex_unlock(&hc.lock);
+    xseg_status st = hostalloc_empty_cache();
+    if (st != XSEG_SUCCESS)
+        return st;
+    mutex_lock(&hc.lock);
+    if (!hc.nblocks[0] && !hc.nblocks[1] && !hc.npending) {
+        /* Nothing left in the cache: its arrays go and it starts again as a fresh load's. */
+        for (int k = 0; k < 2; k++) {
+            xs_free(hc.fr[k].v);
+            hc.fr[k] = (struct hc_free){0};
+        }
+        xs_free(hc.map);
+        xs_free(hc.pending);
+        xs_free(hc.spare);
+        hc.map = NULL;
+        hc.pending = hc.spare = NULL;
+        hc.mapcap = hc.mapn = hc.npending = hc.cappending = hc.nspare = hc.capspare = 0;
+        hc.nuses = hc.nevents = 0;
+        hc.allocation = hc.segment = hc.allocated_bytes = hc.reserved_bytes = (struct hc_counter){0};
+        hc.alloc_time = hc.free_time = (struct hc_duration){0};
+        hc.num_host_alloc = hc.num_host_free = 0;
+    }
+    mutex_unlock(&hc.lock);
+    return XSEG_SUCCESS;
 }

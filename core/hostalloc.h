@@ -44,4 +44,10 @@ void hostalloc_reset_peaks(void);
  * entry points, holding no lock). */
 void hostalloc_sync_thread(void);
 
+/* xseg_shutdown's part: the event thread stopped, the pending frees' events waited for, every
+ * wholly free segment and spare event given back (hostalloc_empty_cache's errors). With no block
+ * left, the cache's arrays are freed and its statistics start again; live blocks keep it as it
+ * is (they stay the program's: xseg_host_free them, then xseg_host_empty_cache). */
+xseg_status hostalloc_shutdown(void);
+
 #endif

@@ -10,4 +10,5 @@ XSEG_HIDDEN struct xseg_runtime xseg_rt = {
     .obs = {.lock = PTHREAD_MUTEX_INITIALIZER},
     .ipc = {.imports_lock = PTHREAD_MUTEX_INITIALIZER},
     .oom = {.lock = PTHREAD_MUTEX_INITIALIZER},
+    .host = {.lock = PTHREAD_MUTEX_INITIALIZER, .ctl_lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT},
 };

@@ -10,8 +10,10 @@
  * history.c's unwinder and demangler symbols and its per-thread cache key, config.c's print-once
  * notice), per-thread caches (the error message, fast_tls_slot, api_last_device, history's
  * stack cache, witness_held), base/fork.c's and base/witness.c's rank tables (registered by
- * constructors before main), base/hostmem.c's test seam, and vmm's own state (one struct per
- * module there: layers point one way).
+ * constructors before main), base/hostmem.c's test seam, vmm's own state (one struct per
+ * module there: layers point one way), api/pools.c's id counter (never reset: an id from before
+ * a shutdown names no later pool) and api/torch.c's adapter flag (the adapter outlives a
+ * shutdown). tests/build/static_state.sh lists each with its reason and fails on a new one.
  */
 #ifndef XSEG_CORE_PROCSTATE_H
 #define XSEG_CORE_PROCSTATE_H
@@ -132,6 +134,55 @@ struct oomsnap_state {
     bool writing;   /* an OOM inside the writer (observer, another thread) does not recurse */
 };
 
+/* ---- hostalloc.c: the pinned host cache (core/hostalloc.h) ------------------------------- */
+struct hc_block;
+struct hc_event;
+struct hc_counter {
+    int64_t current, peak, allocated, freed;
+};
+struct hc_duration {
+    int64_t total, max, min, count;
+};
+struct hc_free {
+    struct hc_block **v; /* sorted by (size, address) */
+    size_t n, cap;
+};
+struct host_state {
+    pthread_mutex_t lock; /* everything below but the event thread's control */
+    struct hc_free fr[2]; /* [small?] */
+    /* Live map: block address -> block, open addressing (linear probing, backward-shift delete),
+     * capacity a power of two at most half full. */
+    struct hc_block **map;
+    size_t mapcap, mapn;
+    struct hc_event *pending, *spare; /* recorded events; spare events by context */
+    size_t npending, cappending, nspare, capspare;
+    /* Room is reserved ahead so that a free never allocates: the free index of a class holds at
+     * most its blocks (nblocks), pending at most the streams recorded on live blocks (nuses),
+     * spare at most the events made (nevents). */
+    size_t nblocks[2], nuses, nevents;
+    struct hc_counter allocation, segment, allocated_bytes, reserved_bytes;
+    struct hc_duration alloc_time, free_time;
+    int64_t num_host_alloc, num_host_free;
+    /* The event thread (pinned_use_background_threads). ctl_lock serializes starting and
+     * stopping (held across the join); the thread takes only lock, whose condition variable
+     * carries the stop. */
+    pthread_mutex_t ctl_lock;
+    pthread_cond_t cond;
+    bool cond_ready; /* cond made (written once, under once) */
+    pthread_once_t once;
+    pthread_t tid;
+    bool stop;    /* under lock */
+    bool running; /* the thread runs: written under ctl_lock, read relaxed anywhere */
+};
+
+/* ---- group.c: memory groups (core/group.h) ------------------------------------------------ */
+struct group;
+struct group_state {
+    /* One group per device: set by group_attach when the device is created, taken back by
+     * group_detach_all at shutdown. */
+    struct group *_Atomic devs[ALLOC_MAX_DEVICES];
+};
+
 /* The process: each sub-state on cache lines of its own, so that a lock taken in one (the idle
  * thread's, history's) does not evict what the fast path reads in another (rt, settings). */
 struct xseg_runtime {
@@ -142,6 +193,8 @@ struct xseg_runtime {
     _Alignas(64) struct obs_state obs;
     _Alignas(64) struct ipc_state ipc;
     _Alignas(64) struct oomsnap_state oom;
+    _Alignas(64) struct host_state host;
+    _Alignas(64) struct group_state group;
 };
 
 extern XSEG_HIDDEN struct xseg_runtime xseg_rt;

@@ -46,7 +46,7 @@ struct ptrmap {
     size_t huge_min;
 };
 
-/* From 4 MiB (~260,000 live blocks) a table takes huge pages: rounded down to whole 2 MiB pages,
+/* From 4 MiB (524,288 slots: ~260,000 live blocks, half full after a growth) a table takes huge pages: rounded down to whole 2 MiB pages,
  * a growth by half is still a growth (ptrmap_grow). */
 #define PTRMAP_HUGE_MIN ((size_t)4 << 20)
 

@@ -157,10 +157,9 @@ xseg_status shutdown_process(void)
     }
     if (st != XSEG_SUCCESS)
         return st;
-    /* The host cache: its event thread stops (the defaults), its free pinned segments go back;
-     * live pinned blocks stay the program's (xseg_host_free them). */
-    hostalloc_sync_thread();
-    if ((st = hostalloc_empty_cache()) != XSEG_SUCCESS)
+    /* The host cache: its event thread stops, its free pinned segments go back, and its arrays
+     * when no block is left; live pinned blocks stay the program's (xseg_host_free them). */
+    if ((st = hostalloc_shutdown()) != XSEG_SUCCESS)
         return err_prefix(st, "xseg_shutdown");
     rt_teardown(); /* every device emptied: their structs, maps and slabs go too */
     hist_shutdown();

@@ -102,7 +102,10 @@ XSEG_API xseg_status xseg_device_count(int *count);
  * once the work recorded on the blocks' streams is complete (it waits for that); history is
  * cleared and stops, segment observers, OOM observers and free-memory callbacks are detached,
  * the OOM snapshot path is forgotten, statistics start again, the configuration is back to its
- * defaults, and the idle-reclaim thread is joined. The next xseg call initializes again, as the
+ * defaults, and the idle-reclaim thread is joined. Memory groups are left (each device joins
+ * again at its next use). The pinned host cache's thread is joined and its free segments go back;
+ * a live xseg_host_malloc block is not freed (it stays the program's), and the cache keeps its
+ * books until it is freed and the cache emptied. The next xseg call initializes again, as the
  * first did (reading the environment's configuration; xseg_init may give another). Every host
  * allocation of xseg is freed too (another thread's history stack cache goes when that thread
  * exits); the driver stays loaded, and each device's state keeps its (emptied, non-resident)

@@ -700,12 +700,8 @@ def _gib(n):
 EMPTY_CACHE_BURST = 2  # this many segment frees in a row, with nothing between, were an empty_cache
 
 
-def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=True, work=None):
-    """Write the trace for `device` of the loaded `snapshot` to `out`. Returns a dict of figures.
-    Raises SnapshotError (a ValueError) with a one-line message when the snapshot is malformed.
-    @p work (a _Work) bounds the items visited across several calls on one file."""
-    if work is None:
-        work = _Work(work_limit if work_limit is not None else float("inf"))
+def _device_data(snapshot, device, source, work):
+    """(segments as (index, segment) on @p device, its trace events), checked."""
     traces = _top(snapshot, source)
     segments = []
     for i, s in enumerate(_list(snapshot.get("segments", []), ["segments"])):
@@ -718,46 +714,56 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
                             % (source, len(traces), device))
     events = _list(traces[device], ["device_traces", device]) if device < len(traces) else []
     work(len(events))
+    return segments, events
 
-    # Private pools (CUDA graphs, MemPool): the address ranges of the segments that belong to one.
-    # An allocation inside one goes to that pool (pool_begin/pool_end around it).
-    pool_ranges = []
-    for si, s in segments:
-        pool = _pool_of_segment(s, ["segments", si])
-        if pool:
-            start = _uint(s, "address", ["segments", si])
-            pool_ranges.append((start, start + _uint(s, "total_size", ["segments", si]), pool))
-    pool_ranges.sort()
-    starts = [r[0] for r in pool_ranges]
 
-    def pool_at(addr):
-        if not pool_ranges:
+class _PoolMap:
+    """Private pools (CUDA graphs, MemPool): the address ranges of the segments that belong to
+    one. An allocation inside one goes to that pool (pool_begin/pool_end around it)."""
+
+    def __init__(self, segments):
+        self.ranges = []
+        for si, s in segments:
+            pool = _pool_of_segment(s, ["segments", si])
+            if pool:
+                start = _uint(s, "address", ["segments", si])
+                self.ranges.append((start, start + _uint(s, "total_size", ["segments", si]), pool))
+        self.ranges.sort()
+        self.starts = [r[0] for r in self.ranges]
+
+    def at(self, addr):
+        if not self.ranges:
             return None
-        k = bisect.bisect_right(starts, addr) - 1
-        return pool_ranges[k][2] if k >= 0 and addr < pool_ranges[k][1] else None
+        k = bisect.bisect_right(self.starts, addr) - 1
+        return self.ranges[k][2] if k >= 0 and addr < self.ranges[k][1] else None
 
-    streams = {}  # stream id -> name
 
-    def stream_ref(sid):
+class _Names:
+    """Streams and stacks as the trace names them. Each distinct stack becomes `frame kN ...`
+    lines and allocations refer to it with `^kN`, so xseg-replay --history --snapshot shows the
+    program's own stacks."""
+
+    def __init__(self, frames, work):
+        self.frames, self.work = frames, work
+        self.streams = {}      # stream id -> name
+        self.stack_names = {}  # tuple of (filename, name, line) -> "kN"
+        self.stack_lines = []
+        self.by_id = {}        # id(frames list) -> " ^kN" or "": lists a pickle shares are read once
+
+    def stream_ref(self, sid):
         if not sid:
             return ""
-        if sid not in streams:
-            streams[sid] = "s%x" % sid
-        return " @" + streams[sid]
+        if sid not in self.streams:
+            self.streams[sid] = "s%x" % sid
+        return " @" + self.streams[sid]
 
-    # Frames: each distinct stack becomes `frame kN ...` lines and allocations refer
-    # to it with `^kN`, so xseg-replay --history --snapshot shows the program's own stacks.
-    stack_names = {}   # tuple of (filename, name, line) -> "kN"
-    stack_lines = []
-    by_id = {}         # id(frames list) -> " ^kN" or "": lists a pickle shares are read once
-
-    def stack_ref(frames_list, path):
-        if not frames or not isinstance(frames_list, list) or not frames_list:
+    def stack_ref(self, frames_list, path):
+        if not self.frames or not isinstance(frames_list, list) or not frames_list:
             return ""
         key = id(frames_list)
-        if key in by_id:
-            return by_id[key][0]
-        work(len(frames_list))
+        if key in self.by_id:
+            return self.by_id[key][0]
+        self.work(len(frames_list))
         fr = []
         for f in frames_list:
             if not isinstance(f, dict):
@@ -771,106 +777,128 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
         ref = ""
         if fr:
             t = tuple(fr)
-            if t not in stack_names:
-                stack_names[t] = "k%d" % len(stack_names)
+            if t not in self.stack_names:
+                self.stack_names[t] = "k%d" % len(self.stack_names)
                 for fname, func, line in t:
-                    stack_lines.append("frame %s %d %s %s" % (stack_names[t], line, _frame_file(fname),
-                                                             _frame_name(func)))
-            ref = " ^" + stack_names[t]
-        by_id[key] = (ref, frames_list)  # keep the list alive: its id stays its own
+                    self.stack_lines.append("frame %s %d %s %s" % (self.stack_names[t], line, _frame_file(fname),
+                                                                  _frame_name(func)))
+            ref = " ^" + self.stack_names[t]
+        self.by_id[key] = (ref, frames_list)  # keep the list alive: its id stays its own
         return ref
 
-    # First pass: the window's events as entries; the second pass writes them and follows
-    # PyTorch's allocated and reserved bytes. Entries: ("alloc", name, size, stream ref, stack
-    # ref, pool), ("free", name, note), ("seg", delta), ("empty_cache", count, bytes),
-    # ("oom", size, device free).
-    live = {}       # addr -> name
-    seeds = []      # (addr, name, size, stream, block size, stack ref, pool)
-    body = []
-    counter = 0
-    seg_delta = 0   # reserved bytes added during the window
-    burst, burst_bytes = 0, 0
-    for i, e in enumerate(events):
-        path = ["device_traces", device, i]
-        e = _dict(e, path)
+
+class _Window:
+    """The first pass: the window's events as entries, ("alloc", name, size, stream ref, stack
+    ref, pool), ("free", name, note), ("seg", delta), ("empty_cache", count, bytes), ("oom", size,
+    device free); and the seeds, blocks alive before the window: (addr, name, size, stream, block
+    size, stack ref, pool)."""
+
+    def __init__(self, names, pools):
+        self.names, self.pools = names, pools
+        self.live = {}       # addr -> name
+        self.seeds = []
+        self.body = []
+        self.counter = 0
+        self.seg_delta = 0   # reserved bytes added during the window
+        self.burst, self.burst_bytes = 0, 0
+
+    def _name(self, prefix):
+        name = "%s%d" % (prefix, self.counter)
+        self.counter += 1
+        return name
+
+    def _burst(self, action, size):
+        """A run of segment frees with nothing between them was an empty_cache."""
+        if action in ("segment_free", "segment_unmap"):
+            self.burst += 1
+            self.burst_bytes += size
+        elif self.burst:
+            if self.burst >= EMPTY_CACHE_BURST:
+                self.body.append(("empty_cache", self.burst, self.burst_bytes))
+            self.burst, self.burst_bytes = 0, 0
+
+    def event(self, e, path):
         action = e.get("action")
+        addr = size = sid = 0
         if action in ("alloc", "free_completed", "segment_alloc", "segment_map", "segment_free",
                       "segment_unmap"):
             addr = _uint(e, "addr", path)
             size = _uint(e, "size", path)
             sid = _uint(e, "stream", path, 0)
-        if action in ("segment_free", "segment_unmap"):
-            burst += 1
-            burst_bytes += size
-        elif burst:
-            if burst >= EMPTY_CACHE_BURST:
-                body.append(("empty_cache", burst, burst_bytes))
-            burst, burst_bytes = 0, 0
+        self._burst(action, size)
+        names, body = self.names, self.body
         if action == "alloc":
-            if addr in live:
+            if addr in self.live:
                 # The window lost this block's free (a ring buffer can): free it here.
-                body.append(("free", live.pop(addr), "  # its free_completed is missing from the window"))
-            name = "a%d" % counter
-            counter += 1
-            live[addr] = name
-            body.append(("alloc", name, size, stream_ref(sid), stack_ref(e.get("frames"), path), pool_at(addr)))
+                body.append(("free", self.live.pop(addr), "  # its free_completed is missing from the window"))
+            name = self._name("a")
+            self.live[addr] = name
+            body.append(("alloc", name, size, names.stream_ref(sid), names.stack_ref(e.get("frames"), path),
+                         self.pools.at(addr)))
         elif action == "free_completed":
-            if addr in live:
-                body.append(("free", live.pop(addr), ""))
+            if addr in self.live:
+                body.append(("free", self.live.pop(addr), ""))
             else:
-                name = "pre%d" % counter
-                counter += 1
-                seeds.append((addr, name, size, sid, round_block(size), stack_ref(e.get("frames"), path),
-                              pool_at(addr)))
+                name = self._name("pre")
+                self.seeds.append((addr, name, size, sid, round_block(size),
+                                   names.stack_ref(e.get("frames"), path), self.pools.at(addr)))
                 body.append(("free", name, ""))
         elif action in ("segment_alloc", "segment_map"):
-            seg_delta += size
+            self.seg_delta += size
             body.append(("seg", size))
         elif action in ("segment_free", "segment_unmap"):
-            seg_delta -= size
+            self.seg_delta -= size
             body.append(("seg", -size))
         elif action == "oom":
             body.append(("oom", _uint(e, "size", path, 0), _uint(e, "device_free", path, -1)))
         # free_requested, snapshot, user annotations: nothing to replay
-    if burst >= EMPTY_CACHE_BURST:
-        body.append(("empty_cache", burst, burst_bytes))
-    # Blocks alive when the snapshot was written that the window never allocated: live all along.
-    live_addrs = set(live)
-    for si, s in segments:
-        sstream = _uint(s, "stream", ["segments", si], 0)
-        for baddr, bsize, req, state, bframes, path in _blocks(s, si, work):
-            if state in ("active_allocated", "active_pending_free") and baddr not in live_addrs:
-                name = "pre%d" % counter
-                counter += 1
-                # The program asked for requested_size; PyTorch counted the whole block.
-                seeds.append((baddr, name, req or bsize, sstream, bsize, stack_ref(bframes, path),
-                              pool_at(baddr)))
-    seeds.sort()
 
-    # PyTorch's figures: reserved at the window's start is what the segments hold now minus what
-    # the window added; allocated at the start is the seeds (rounded as PyTorch rounds blocks).
-    reserved = sum(_uint(s, "total_size", ["segments", si]) for si, s in segments) - seg_delta
-    allocated = sum(seed[4] for seed in seeds)
-    peak_res, peak_alloc = reserved, allocated
-    sizes = {seed[1]: seed[4] for seed in seeds}
-    lines = []
-    pool = [None]  # the private pool allocations go to now
+    def finish(self, segments, work):
+        """After the last event: a pending burst, then the blocks alive when the snapshot was
+        written that the window never allocated (live all along) as seeds."""
+        if self.burst >= EMPTY_CACHE_BURST:
+            self.body.append(("empty_cache", self.burst, self.burst_bytes))
+        live_addrs = set(self.live)
+        for si, s in segments:
+            sstream = _uint(s, "stream", ["segments", si], 0)
+            for baddr, bsize, req, state, bframes, path in _blocks(s, si, work):
+                if state in ("active_allocated", "active_pending_free") and baddr not in live_addrs:
+                    # The program asked for requested_size; PyTorch counted the whole block.
+                    self.seeds.append((baddr, self._name("pre"), req or bsize, sstream, bsize,
+                                       self.names.stack_ref(bframes, path), self.pools.at(baddr)))
+        self.seeds.sort()
 
-    def route(to, out_lines):
-        if to != pool[0]:
-            if pool[0]:
-                out_lines.append("pool_end %s" % pool[0])
+
+class _Router:
+    """The private pool allocations go to now: pool_end / pool_begin lines where it changes."""
+
+    def __init__(self):
+        self.pool = None
+
+    def route(self, to, out_lines):
+        if to != self.pool:
+            if self.pool:
+                out_lines.append("pool_end %s" % self.pool)
             if to:
                 out_lines.append("pool_begin %s" % to)
-            pool[0] = to
+            self.pool = to
 
-    seed_lines = []
-    for _, name, sz, sid, _, ref, p in seeds:
-        route(p, seed_lines)
-        seed_lines.append("alloc %s %d%s%s" % (name, sz, stream_ref(sid), ref))
-    route(None, seed_lines)
+
+def _replay(win, reserved):
+    """The second pass: the seeds' and the window's trace lines, following PyTorch's allocated
+    and reserved bytes from the window's start (@p reserved). @return (seed lines, lines,
+    figures without events and pools)."""
+    allocated = sum(seed[4] for seed in win.seeds)  # rounded as PyTorch rounds blocks
+    peak_res, peak_alloc = reserved, allocated
+    sizes = {seed[1]: seed[4] for seed in win.seeds}
+    router = _Router()
+    seed_lines, lines = [], []
+    for _, name, sz, sid, _, ref, p in win.seeds:
+        router.route(p, seed_lines)
+        seed_lines.append("alloc %s %d%s%s" % (name, sz, win.names.stream_ref(sid), ref))
+    router.route(None, seed_lines)
     ooms = empties = 0
-    for entry in body:
+    for entry in win.body:
         kind = entry[0]
         if kind == "seg":
             reserved += entry[1]
@@ -880,13 +908,13 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
             sizes[name] = round_block(sz)
             allocated += sizes[name]
             peak_alloc = max(peak_alloc, allocated)
-            route(p, lines)
+            router.route(p, lines)
             lines.append("alloc %s %d%s%s" % (name, sz, sref, kref))
         elif kind == "free":
             allocated -= sizes.pop(entry[1])
             lines.append("free %s%s" % (entry[1], entry[2]))
         elif kind == "empty_cache":
-            route(None, lines)
+            router.route(None, lines)
             empties += 1
             lines.append("empty_cache  # PyTorch released %d segments (%s) here in a row"
                          % (entry[1], _gib(entry[2])))
@@ -896,27 +924,28 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
             # A mark: each mode's figures at the point where PyTorch failed, beside PyTorch's.
             lines.append("mark PyTorch OOM: %s request, %s; PyTorch had %s allocated, %s reserved"
                          % (_gib(entry[1]), free_txt, _gib(allocated), _gib(reserved)))
-    route(None, lines)
-
+    router.route(None, lines)
     figures = {
-        "events": len(events),
         "peak_allocated_bytes": peak_alloc,
         "peak_reserved_bytes": peak_res,
         "utilization": peak_alloc / peak_res if peak_res else 0.0,
         "ooms": ooms,
         "empty_caches": empties,
-        "pools": len({r[2] for r in pool_ranges}),
     }
+    return seed_lines, lines, figures
+
+
+def _write(out, source, device, snapshot, figures, names, seed_lines, lines, nseeds, has_pools):
     settings = snapshot.get("allocator_settings") or {}
     if not isinstance(settings, dict):
         settings = {}
     w = out.write
     w("# xseg-replay trace converted from the PyTorch snapshot %s (device %d) by tools/snapshot2trace.py\n"
       % ("".join(c if c.isprintable() else "?" for c in source), device))
-    w("# %d events; %d allocations seeded from before the window\n" % (len(events), len(seeds)))
-    if ooms or empties or pool_ranges:
+    w("# %d events; %d allocations seeded from before the window\n" % (figures["events"], nseeds))
+    if figures["ooms"] or figures["empty_caches"] or has_pools:
         w("# %d OOM(s) PyTorch recorded (marks), %d empty_cache inferred from bursts of segment frees, "
-          "%d private pool(s) (CUDA graphs, MemPool)\n" % (ooms, empties, figures["pools"]))
+          "%d private pool(s) (CUDA graphs, MemPool)\n" % (figures["ooms"], figures["empty_caches"], figures["pools"]))
     if settings:
         # repr, bounded: a crafted value must not add lines (actions) to the trace.
         w("# recorded with expandable_segments=%s PYTORCH_CUDA_ALLOC_CONF=%s\n"
@@ -924,11 +953,11 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
     for k in ("peak_allocated_bytes", "peak_reserved_bytes"):
         w("# pytorch: %s=%d (%.2f GiB)\n" % (k, figures[k], figures[k] / 2**30))
     w("# pytorch: utilization=%.4f\n" % figures["utilization"])
-    if stack_lines:
+    if names.stack_lines:
         w("# the allocations' frames (xseg-replay --history --snapshot FILE shows them)\n")
-    for line in stack_lines:
+    for line in names.stack_lines:
         w(line + "\n")
-    for sid, name in sorted(streams.items()):
+    for sid, name in sorted(names.streams.items()):
         w("stream %s\n" % name)
     for line in seed_lines:
         w(line + "\n")
@@ -936,6 +965,30 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
     for line in lines:
         w(line + "\n")
     w("mark end of window\n")
+
+
+def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=True, work=None):
+    """Write the trace for `device` of the loaded `snapshot` to `out`. Returns a dict of figures.
+    Raises SnapshotError (a ValueError) with a one-line message when the snapshot is malformed.
+    @p work (a _Work) bounds the items visited across several calls on one file."""
+    if work is None:
+        work = _Work(work_limit if work_limit is not None else float("inf"))
+    segments, events = _device_data(snapshot, device, source, work)
+    pools = _PoolMap(segments)
+    names = _Names(frames, work)
+    win = _Window(names, pools)
+    for i, e in enumerate(events):
+        path = ["device_traces", device, i]
+        win.event(_dict(e, path), path)
+    win.finish(segments, work)
+    # PyTorch's reserved bytes at the window's start: what the segments hold now minus what the
+    # window added.
+    reserved = sum(_uint(s, "total_size", ["segments", si]) for si, s in segments) - win.seg_delta
+    seed_lines, lines, replayed = _replay(win, reserved)
+    figures = {"events": len(events)}
+    figures.update(replayed)
+    figures["pools"] = len({r[2] for r in pools.ranges})
+    _write(out, source, device, snapshot, figures, names, seed_lines, lines, len(win.seeds), bool(pools.ranges))
     return figures
 
 

@@ -101,8 +101,9 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chun
  * Handles kept for reuse (pytorch#166116): under memory pressure the allocator gives cached
  * chunks back and at once maps new ones for the growth that needed them. Kept in a seg_spares
  * list, an unmapped handle is mapped again by that growth (cuMemUnmap + cuMemMap) instead of
- * being released and a new one created (cuMemRelease + cuMemCreate: ~29 us on an H100,
- * docs/benchmarks.md section 4). One list per device, shared by all its segments (any stream,
+ * being released and a new one created (for a 20 MiB page, cuMemRelease + cuMemCreate took 29 us
+ * on an H100 against 16 us for cuMemUnmap + cuMemMap: benchmarks/bench_vmm_costs.c,
+ * docs/gpu-h100/vmm_costs.txt). One list per device, shared by all its segments (any stream,
  * any pool): a handle is only device memory of a size. The caller owns the list, fills it with
  * seg_unmap_keep, passes it to seg_map_from, and empties it with seg_spares_drain before its lock
  * is given back, so kept handles never outlive the operation that made them.

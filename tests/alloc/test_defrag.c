@@ -23,19 +23,17 @@
 
 #include <cmocka.h>
 
+#include "tests/alloc/fixture.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
 
-#define MiB ((size_t)1 << 20)
 #define NBLK 10
 #define BLK (10 * MiB)
 #define WANT (40 * MiB)
 
-static void start(const char *config)
+static void start_emu(const char *config)
 {
-    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
-    if (!tu_gpu_available())
-        skip();
+    start(config);
     tu_require_emulator_or_skip(); /* the device size and the faults are the emulator's */
 }
 
@@ -70,17 +68,7 @@ static void check_books(bool driver)
         fail_msg("reserved_bytes %lld, but the driver maps %zu bytes", (long long)reserved, live.mapped_bytes);
 }
 
-static void check_consistent(void) { check_books(true); }
 
-static void check_no_leaks(void)
-{
-    struct cudaemu_live live;
-    if (!tu_live(&live))
-        return;
-    if (live.handles || live.mapped_bytes || live.reservations || live.allocs)
-        fail_msg("leak: %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks", live.handles,
-                 live.mapped_bytes, live.reservations, live.allocs);
-}
 
 /* Five half-used pages: live[j] is the first half of page j, filled with tag 100 + j. */
 static void fragment(void *live[NBLK / 2])
@@ -120,7 +108,7 @@ static void teardown(void *live[NBLK / 2])
 /* The default: the free halves go back, the request is served, nothing live moves. */
 static void serves(void)
 {
-    start("expandable_segments:True,expandable_segments_defrag:True");
+    start_emu("expandable_segments:True,expandable_segments_defrag:True");
     void *live[NBLK / 2], *q = NULL;
     fragment(live);
     int64_t ooms = tu_stat("num_ooms"), frees = tu_stat("num_device_free");
@@ -129,7 +117,7 @@ static void serves(void)
     /* Four pages gave their free halves back (one handle each went, five granule chunks came). */
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(NBLK * BLK - 4 * BLK + WANT));
     assert_true(tu_stat("num_device_free") >= frees + 4);
-    check_consistent();
+    check_books(true);
     check_live(live);
     /* Everything stays writable: the new block and the re-backed live blocks. */
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)q, WANT, 7));
@@ -142,7 +130,7 @@ static void serves(void)
     /* The gaps are holes now: a 10 MiB request refills one without a new page. */
     void *r = NULL;
     assert_int_equal(xseg_malloc(&r, BLK, 0, NULL), XSEG_SUCCESS);
-    check_consistent();
+    check_books(true);
     tu_free(r);
     teardown(live);
 }
@@ -167,7 +155,7 @@ static void test_defrag_full_serves(void **state)
  * live bytes another thread may be writing) or the key set to False. */
 static void defrag_off(const char *config)
 {
-    start(config);
+    start_emu(config);
     void *live[NBLK / 2], *q = NULL;
     fragment(live);
     tu_counts_reset();
@@ -175,7 +163,7 @@ static void defrag_off(const char *config)
     assert_int_equal(tu_call_count("cuMemcpyDtoDAsync"), 0);
     assert_int_equal(tu_call_count("cuMemcpyDtoH"), 0);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(NBLK * BLK));
-    check_consistent();
+    check_books(true);
     check_live(live);
     teardown(live);
 }
@@ -200,7 +188,7 @@ static void test_defrag_off_by_default(void **state)
 static void test_defrag_idle_with_room(void **state)
 {
     (void)state;
-    start("expandable_segments:True,expandable_segments_defrag:True");
+    start_emu("expandable_segments:True,expandable_segments_defrag:True");
     void *live[NBLK / 2], *q = NULL;
     fragment(live);
     tu_counts_reset();
@@ -215,7 +203,7 @@ static void test_defrag_idle_with_room(void **state)
  * bytes survive, the books match the driver, and everything goes back at the end. */
 static void faults_sweep(void)
 {
-    start("expandable_segments:True,expandable_segments_defrag:True");
+    start_emu("expandable_segments:True,expandable_segments_defrag:True");
     static const struct {
         const char *entry;
         CUresult res;
@@ -257,7 +245,7 @@ static void faults_sweep(void)
             check_books(false);
             /* A reclaim retries the leftovers: then the driver maps exactly what is reserved. */
             assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-            check_consistent();
+            check_books(true);
             check_live(live);
             if (st == XSEG_SUCCESS) {
                 served++;
@@ -271,7 +259,7 @@ static void faults_sweep(void)
             assert_int_equal(xseg_malloc(&q, WANT, 0, NULL), XSEG_SUCCESS);
             check_live(live);
             tu_free(q);
-            check_consistent();
+            check_books(true);
             teardown(live);
         }
     }

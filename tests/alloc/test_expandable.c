@@ -14,74 +14,11 @@
 
 #include <cmocka.h>
 
+#include "tests/alloc/fixture.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
 
-#define MiB ((size_t)1 << 20)
 #define PAGE (20 * MiB)
-
-static void start(const char *config)
-{
-    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
-    if (!tu_gpu_available())
-        skip();
-    /* No cap left behind by a test that failed half-way (cap_device). */
-    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
-}
-
-/* Stats that a snapshot determines must match it (PyTorch's _check_memory_stat_consistency). */
-static void check_consistent(void)
-{
-    xseg_snapshot *s = NULL;
-    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
-    int64_t reserved = 0, allocated = 0, active = 0, requested = 0, nalloc = 0, segs = 0;
-    for (size_t i = 0; i < s->nsegments; i++) {
-        const xseg_segment_info *g = &s->segments[i];
-        reserved += (int64_t)g->total_size;
-        if (!g->is_expandable)
-            segs++;
-        uint64_t at = g->address;
-        for (size_t j = 0; j < g->nblocks; j++) {
-            const xseg_block_info *b = &g->blocks[j];
-            assert_int_equal(b->address, at); /* blocks tile the range */
-            at += b->size;
-            if (b->state == XSEG_BLOCK_ACTIVE_ALLOCATED) {
-                allocated += (int64_t)b->size;
-                nalloc++;
-            }
-            if (b->state != XSEG_BLOCK_INACTIVE) {
-                active += (int64_t)b->size;
-                requested += (int64_t)b->requested_size;
-            }
-        }
-        assert_int_equal(at, g->address + g->total_size);
-    }
-    xseg_snapshot_free(s);
-    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
-    assert_int_equal(tu_stat("allocated_bytes.all.current"), allocated);
-    assert_int_equal(tu_stat("active_bytes.all.current"), active);
-    assert_int_equal(tu_stat("requested_bytes.all.current"), requested);
-    assert_int_equal(tu_stat("allocation.all.current"), nalloc);
-    assert_int_equal(tu_stat("segment.all.current"), segs);
-}
-
-static void check_no_leaks(void)
-{
-    struct cudaemu_live live;
-    if (!tu_live(&live))
-        return;
-    if (live.handles || live.mapped_bytes || live.reservations || live.allocs)
-        fail_msg("leak: %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks",
-                 live.handles, live.mapped_bytes, live.reservations, live.allocs);
-}
-
-static void *must_malloc(size_t size, CUstream s)
-{
-    void *p = NULL;
-    if (xseg_malloc(&p, size, 0, s) != XSEG_SUCCESS)
-        fail_msg("xseg_malloc(%zu): %s", size, xseg_last_error());
-    return p;
-}
 
 static int touch(void *arg)
 {
@@ -415,16 +352,6 @@ static void test_page_size(void **state)
 }
 
 /* ---- reclaim under pressure (expandable_segments_recycle) ---- */
-
-#define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
-
-/* Cap device 0 at @p bytes through the memory fraction. */
-static void cap_device(size_t bytes)
-{
-    size_t total = 0;
-    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
-    assert_int_equal(xseg_set_memory_fraction((double)bytes / (double)total, 0), XSEG_SUCCESS);
-}
 
 /* a | gap | c, 100 MiB each, page-aligned (the segment starts on a page), on a device capped at
  * 330 MiB: a 120 MiB request fits no free block and the growth is refused. With recycling the

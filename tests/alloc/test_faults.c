@@ -18,62 +18,14 @@
 
 #include <cmocka.h>
 
+#include "tests/alloc/fixture.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
-
-#define MiB ((size_t)1 << 20)
 
 static void must_contain(const char *what)
 {
     if (!strstr(xseg_last_error(), what))
         fail_msg("message \"%s\" lacks \"%s\"", xseg_last_error(), what);
-}
-
-static void start(const char *config)
-{
-    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
-    if (!tu_gpu_available())
-        skip();
-}
-
-/* Stats that a snapshot determines must match it (as tests/alloc/test_expandable.c). */
-static void check_consistent(void)
-{
-    xseg_snapshot *s = NULL;
-    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
-    int64_t reserved = 0, allocated = 0, active = 0, nalloc = 0;
-    for (size_t i = 0; i < s->nsegments; i++) {
-        const xseg_segment_info *g = &s->segments[i];
-        reserved += (int64_t)g->total_size;
-        uint64_t at = g->address;
-        for (size_t j = 0; j < g->nblocks; j++) {
-            const xseg_block_info *b = &g->blocks[j];
-            assert_int_equal(b->address, at);
-            at += b->size;
-            if (b->state == XSEG_BLOCK_ACTIVE_ALLOCATED) {
-                allocated += (int64_t)b->size;
-                nalloc++;
-            }
-            if (b->state != XSEG_BLOCK_INACTIVE)
-                active += (int64_t)b->size;
-        }
-    }
-    xseg_snapshot_free(s);
-    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
-    assert_int_equal(tu_stat("allocated_bytes.all.current"), allocated);
-    assert_int_equal(tu_stat("active_bytes.all.current"), active);
-    assert_int_equal(tu_stat("allocation.all.current"), nalloc);
-}
-
-/* Nothing left with the driver (cudaemu's live counts). */
-static void check_no_leaks(void)
-{
-    struct cudaemu_live live;
-    if (!tu_live(&live))
-        return;
-    if (live.handles || live.mapped_bytes || live.reservations || live.allocs)
-        fail_msg("leak: %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks",
-                 live.handles, live.mapped_bytes, live.reservations, live.allocs);
 }
 
 /* Everything freed by the caller: empty_cache gives all of it back. */

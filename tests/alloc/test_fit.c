@@ -18,35 +18,15 @@
 
 #include <cmocka.h>
 
+#include "tests/alloc/fixture.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
 
-#define MiB ((size_t)1 << 20)
-#define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
-
-static void start(const char *config)
+/* The fixture's start, on cudaemu only (its call counters and live counts). */
+static void start_emu(const char *config)
 {
-    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
-    if (!tu_gpu_available())
-        skip();
+    start(config);
     tu_require_emulator_or_skip();
-    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
-}
-
-static void *must_malloc(size_t size, CUstream s)
-{
-    void *p = NULL;
-    if (xseg_malloc(&p, size, 0, s) != XSEG_SUCCESS)
-        fail_msg("xseg_malloc(%zu): %s", size, xseg_last_error());
-    return p;
-}
-
-/* Cap device 0 at @p bytes through the memory fraction. */
-static void cap_device(size_t bytes)
-{
-    size_t total = 0;
-    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
-    assert_int_equal(xseg_set_memory_fraction((double)bytes / (double)total, 0), XSEG_SUCCESS);
 }
 
 /* reserved_bytes is what the driver maps for xseg, and every handle alive is mapped. */
@@ -57,16 +37,6 @@ static void check_driver_agrees(void)
     assert_int_equal((int64_t)lv.mapped_bytes, tu_stat("reserved_bytes.all.current"));
 }
 
-static void check_no_leaks(void)
-{
-    struct cudaemu_live live;
-    if (!tu_live(&live))
-        return;
-    if (live.handles || live.mapped_bytes || live.reservations || live.allocs)
-        fail_msg("leak: %zu handles, %zu bytes mapped, %zu reservations, %zu cuMemAlloc blocks",
-                 live.handles, live.mapped_bytes, live.reservations, live.allocs);
-}
-
 /* 200 MiB cached by a private pool nobody uses any more, 100 MiB cached by stream s1 in the
  * default pool; on a device capped at 320 MiB, stream s2 asks for 300 MiB. The reclaim unmaps the
  * 15 cached 20 MiB chunks and the growth maps the same handles on s2. @p fail_entry (optional):
@@ -74,7 +44,7 @@ static void check_no_leaks(void)
  * @p fail_entry the malloc made. */
 static unsigned long kept_scenario(const char *fail_entry, unsigned long nth)
 {
-    start("expandable_segments:True");
+    start_emu("expandable_segments:True");
     CUstream s1, s2;
     tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
@@ -153,7 +123,7 @@ static void test_kept_handles_faults(void **state)
 static void test_granules(void **state)
 {
     (void)state;
-    start("expandable_segments:True");
+    start_emu("expandable_segments:True");
     void *a = must_malloc(60 * MiB, NULL);
     tu_assert_cu(tu_fill(DPTR(a), 60 * MiB, 1));
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(60 * MiB));

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -56,7 +57,8 @@ static int free_cb(int device, size_t requested, void *user)
 
 /* A bit of everything that makes host state: both pools and kinds of segment, two streams, a
  * record_stream'ed free, a private pool, an IPC import, history with C stacks, observers,
- * callbacks, the idle thread, an OOM snapshot path, many live blocks (slabs, map growth). */
+ * callbacks, the idle thread, an OOM snapshot path, many live blocks (slabs, map growth), the
+ * pinned host cache and its thread, a memory group. */
 static void work(CUstream s1, CUstream s2)
 {
     /* Ping-pong first: lazy hits leave this thread's slot pointer (fast_tls_slot) in the
@@ -99,6 +101,22 @@ static void work(CUstream s1, CUstream s2)
     void *c = NULL;
     OK(xseg_malloc(&c, 5 * MiB, 0, s1)); /* a classic segment too */
     OK(xseg_empty_cache(0));
+    /* The pinned host cache with its event thread: blocks of both classes, one freed while a
+     * stream's event on it is pending (the shutdown waits for it). Freed before the shutdown: a
+     * live host block would keep the cache (and its arrays) for the program. */
+    OK(xseg_set_config("pinned_use_background_threads:True"));
+    void *hb[3] = {NULL, NULL, NULL};
+    OK(xseg_host_malloc(&hb[0], 4 * KiB));
+    OK(xseg_host_malloc(&hb[1], 3 * MiB));
+    OK(xseg_host_malloc(&hb[2], 100 * KiB));
+    OK(xseg_host_record_stream(hb[1], 0, s2));
+    for (int i = 0; i < 3; i++)
+        OK(xseg_host_free(hb[i]));
+    xseg_group_member m[4];
+    size_t nm = 0;
+    OK(xseg_group_stats(0, m, 4, &nm)); /* the device joined the group at its creation */
+    if (nm != 1)
+        fail_msg("the memory group lists %zu members, not this process alone", nm);
 }
 
 static void test_cycles(void **state)
@@ -106,7 +124,11 @@ static void test_cycles(void **state)
     (void)state;
     CUstream s1 = NULL, s2 = NULL;
     for (int round = 0; round < 2; round++) {
-        tu_xseg_init_or_skip(NULL); /* xseg_init: the first loads the driver (a static table) */
+        /* xseg_init: the first loads the driver (a static table); the device joins a group of
+         * its own (the table in /dev/shm goes with the last member out: this process) */
+        char config[64];
+        snprintf(config, sizeof config, "memory_group:leaks%d", (int)getpid());
+        tu_xseg_init_or_skip(config);
         if (round == 0) {
             tu_require_emulator_or_skip();
             tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));

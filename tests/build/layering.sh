@@ -79,7 +79,8 @@ check_owners() {
 
 # Likewise each sub-state of the process object xseg_rt (core/procstate.h) is written (assigned,
 # stored atomically, or its lock taken) only by its module; procstate.c defines it.
-rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c ipc:ipc.c oom:snapshot.c"
+rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c ipc:ipc.c oom:snapshot.c
+host:hostalloc.c group:group.c"
 check_rt_owners() { # one grep over every file, then each hit checked against its sub-state's owner
     grep -nE "xseg_rt\.[a-z]+\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)|(atomic_(store|fetch_[a-z]+|exchange|compare_exchange_[a-z]+)(_explicit)?|mutex_(lock|unlock)|pthread_[a-z_]+)\(&xseg_rt\.[a-z]+\." \
         "$root"/core/*.[ch] "$root"/api/*.[ch] |

@@ -16,43 +16,8 @@
 #include <cmocka.h>
 
 #include "tests/common/testutil.h"
+#include "tests/services/fixture.h"
 #include "xseg.h"
-
-#define MiB ((size_t)1 << 20)
-
-static int64_t hstat(const char *key)
-{
-    int64_t v = -1;
-    if (xseg_host_stat(key, &v) != XSEG_SUCCESS)
-        fail_msg("xseg_host_stat(%s): %s", key, xseg_last_error());
-    return v;
-}
-
-static void *hmalloc(size_t size)
-{
-    void *p = NULL;
-    if (xseg_host_malloc(&p, size) != XSEG_SUCCESS)
-        fail_msg("xseg_host_malloc(%zu): %s", size, xseg_last_error());
-    assert_non_null(p);
-    return p;
-}
-
-static void hfree(void *p)
-{
-    if (xseg_host_free(p) != XSEG_SUCCESS)
-        fail_msg("xseg_host_free(%p): %s", p, xseg_last_error());
-}
-
-/* Everything given back: no pinned memory left with the driver, the statistics at zero. */
-static void assert_host_empty(void)
-{
-    assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
-    assert_int_equal(hstat("segment.current"), 0);
-    assert_int_equal(hstat("reserved_bytes.current"), 0);
-    assert_int_equal(hstat("allocation.current"), 0);
-    if (tu_emulated())
-        assert_int_equal(tu_host_live(NULL), 0);
-}
 
 /* Sizes round to 512 B and share segments as device blocks do; a freed block is reused with no
  * driver call; empty_cache gives every free segment back. */

@@ -18,9 +18,8 @@
 #include <cmocka.h>
 
 #include "tests/common/testutil.h"
+#include "tests/services/fixture.h"
 #include "xseg.h"
-
-#define MiB ((size_t)1 << 20)
 
 static int64_t cached(void)
 {
@@ -1031,9 +1030,7 @@ static void test_sleep_keep_backup(void **state)
         fixture_check(&f, false);
         /* Kept: pinned memory stays with the host cache, none of it allocated. */
         assert_true(tu_host_live(NULL) > 0);
-        int64_t used = -1;
-        assert_int_equal(xseg_host_stat("allocated_bytes.current", &used), XSEG_SUCCESS);
-        assert_int_equal(used, 0);
+        assert_int_equal(hstat("allocated_bytes.current"), 0);
     }
     assert_int_equal(allocs[0], 2); /* one backup per segment with live bytes */
     assert_int_equal(allocs[1], 0);

@@ -240,6 +240,35 @@ static void test_pinned_ignored(void **state)
     parse_bad("pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb", "> 0");
 }
 
+/* The bounded integers (CFG_BOUNDED rows, one parser): the largest value is accepted, anything
+ * else (above it, not a whole number, not a power of 2 where one is needed, empty) is refused with
+ * a message naming the key and the whole range. */
+static void test_bounded(void **state)
+{
+    (void)state;
+    struct cfg c = parse_ok("memory_group_wait_ms:60000,idle_release_ms:86400000,pinned_num_register_threads:128");
+    assert_int_equal(c.memory_group_wait_ms, 60000);
+    assert_int_equal(c.idle_release_ms, 86400000);
+    assert_int_equal(c.pinned_num_register_threads, 128);
+    c = parse_ok("memory_group_wait_ms:0,idle_release_ms:0,pinned_num_register_threads:1");
+    assert_int_equal(c.memory_group_wait_ms, 0);
+    assert_int_equal(c.pinned_num_register_threads, 1);
+    const char *const bad[][2] = {
+        {"memory_group_wait_ms:60001", "memory_group_wait_ms: expected a whole number from 0 to 60000 (ms), got '60001'"},
+        {"memory_group_wait_ms:-1", "memory_group_wait_ms: expected a whole number from 0 to 60000 (ms), got '-1'"},
+        {"memory_group_wait_ms:1.5", "memory_group_wait_ms: expected a whole number from 0 to 60000 (ms)"},
+        {"memory_group_wait_ms:", "memory_group_wait_ms: expected a whole number from 0 to 60000 (ms)"},
+        {"idle_release_ms:86400001", "idle_release_ms: expected a whole number from 0 to 86400000 (ms)"},
+        {"idle_release_ms:soon", "idle_release_ms: expected a whole number from 0 to 86400000 (ms), got 'soon'"},
+        {"pinned_num_register_threads:0", "pinned_num_register_threads: expected a power of 2 from 1 to 128 (threads)"},
+        {"pinned_num_register_threads:3", "pinned_num_register_threads: expected a power of 2 from 1 to 128 (threads)"},
+        {"pinned_num_register_threads:256", "pinned_num_register_threads: expected a power of 2 from 1 to 128"},
+        {"pinned_num_register_threads:99999999999999999999999", "pinned_num_register_threads: expected a power of 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        parse_bad(bad[i][0], bad[i][1], "at index");
+}
+
 /* Keys PyTorch 2.12+ accepts (issue 34): an inherited PYTORCH_ALLOC_CONF must not fail. */
 static void test_pytorch_212_keys(void **state)
 {
@@ -456,7 +485,7 @@ int main(void)
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_large_segment_order), cmocka_unit_test(test_rejected),
         cmocka_unit_test(test_expandable_page_size),
-        cmocka_unit_test(test_pinned_ignored),
+        cmocka_unit_test(test_pinned_ignored),  cmocka_unit_test(test_bounded),
         cmocka_unit_test(test_pytorch_212_keys),
         cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_reset_rule),      cmocka_unit_test(test_roundup_single),

@@ -24,14 +24,19 @@ static void expect_abort(int (*fn)(void *))
     assert_int_equal(detail, SIGABRT);
 }
 
-/* In order: xseg_rt.rt.lock, a device lock, xseg_rt.hist.lock, host_proc.lock; then given back in any order. */
+/* In order: xseg_rt.rt.lock, a group table, a device lock, the host cache's, xseg_rt.hist.lock, host_proc.lock;
+ * then given back in any order. */
 static void test_order_kept(void **state)
 {
     (void)state;
     struct lock dev;
     lock_init(&dev);
     witness_take(FORK_RANK_RUNTIME);
+    witness_take(FORK_RANK_GROUP_TABLE); /* a memory group's table: below a device lock */
+    witness_give(FORK_RANK_GROUP_TABLE);
     lock_acquire(&dev);
+    witness_take(FORK_RANK_HOSTALLOC); /* sleep's backups under a device lock */
+    witness_give(FORK_RANK_HOSTALLOC);
     witness_take(FORK_RANK_HISTORY);
     witness_take(FORK_RANK_VMM_HOST);
     witness_give(FORK_RANK_HISTORY);
@@ -62,6 +67,24 @@ static int device_then_idle_ctl(void *arg)
     lock_init(&dev);
     lock_acquire(&dev);
     witness_take(FORK_RANK_IDLE_CTL); /* aborts: the join of the idle thread under a device lock */
+    return 0;
+}
+
+static int device_then_group_table(void *arg)
+{
+    (void)arg;
+    struct lock dev;
+    lock_init(&dev);
+    lock_acquire(&dev);
+    witness_take(FORK_RANK_GROUP_TABLE); /* aborts: give-way asks the group with the device lock dropped */
+    return 0;
+}
+
+static int host_cache_then_host_ctl(void *arg)
+{
+    (void)arg;
+    witness_take(FORK_RANK_HOSTALLOC);
+    witness_take(FORK_RANK_HOSTALLOC_CTL); /* aborts: the event thread is joined without the cache's lock */
     return 0;
 }
 
@@ -98,6 +121,8 @@ static void test_order_broken(void **state)
     (void)state;
     expect_abort(history_then_runtime);
     expect_abort(device_then_idle_ctl);
+    expect_abort(device_then_group_table);
+    expect_abort(host_cache_then_host_ctl);
     expect_abort(settings_then_device);
     expect_abort(two_devices);
     expect_abort(give_unheld);

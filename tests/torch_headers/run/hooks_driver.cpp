@@ -2,43 +2,21 @@
 // stub interface, through the stand-in fake_torch.cpp), on cudaemu with two devices; each check
 // reads the effect on xseg (statistics, pools, snapshots, observers, errors). Not a PyTorch test:
 // tests/torch_headers/README.md says what it shows.
-#include <c10/util/Exception.h>
-#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
-#include <torch/extension.h>
-
 #include <dlfcn.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include <cuda.h>
 
-#include "xseg.h"
+#include "driver.h"
 
-void xseg_stub_init_module(xseg_stub_module &m);
 extern int fake_memcpy_plain, fake_memcpy_peer;
 extern std::vector<std::pair<int, int>> fake_peer_calls;
 
 namespace {
 namespace cca = c10::cuda::CUDACachingAllocator;
-using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
-constexpr size_t MiB = size_t(1) << 20;
-int failures = 0;
-
-#define EXPECT(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                  \
-            std::fprintf(stderr, __VA_ARGS__);                                                    \
-            std::fputc('\n', stderr);                                                             \
-            failures++;                                                                           \
-        }                                                                                         \
-    } while (0)
-
-bool contains(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
 
 int64_t stat(int dev, const char *key)
 {
@@ -82,15 +60,9 @@ std::vector<cca::TraceEntry> traces;
 
 int main()
 {
-    xseg_stub_module m;
-    xseg_stub_init_module(m);
-    m.fns.at("install")();
-    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
-    auto *a = dynamic_cast<Pluggable *>(current.get());
-    if (!a || a->name() != "xseg") {
-        std::fprintf(stderr, "FAIL install() did not make the adapter the current allocator\n");
+    Pluggable *a = install_adapter();
+    if (!a)
         return 1;
-    }
     // torch.accelerator.* reach the allocator through the device-generic registry.
     EXPECT(c10::GetAllocator(c10::DeviceType::CUDA) == static_cast<c10::Allocator *>(a),
            "c10::GetAllocator(CUDA) is not the adapter");
@@ -229,7 +201,8 @@ int main()
     a->createOrIncrefPool(0, pool, nullptr);
     EXPECT(a->getPoolUseCount(0, pool) == 1, "use count %d", a->getPoolUseCount(0, pool));
     expect_error("createOrIncrefPool(allocator of its own)",
-                 [&] { a->createOrIncrefPool(0, pool, current); }, {"allocator of its own"});
+                 [&] { a->createOrIncrefPool(0, pool, torch::cuda::CUDAPluggableAllocator::getCurrentAllocator()); },
+                 {"allocator of its own"});
     expect_error("setUseOnOOM", [&] { a->setUseOnOOM(0, pool, true); }, {"use_on_oom", "Create the MemPool"});
     expect_error("setNoSplit", [&] { a->setNoSplit(0, pool); }, {"no_split", "max_split_size_mb"});
     a->beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });

@@ -4,38 +4,14 @@
 // c10::OutOfMemoryError carrying xseg's message, which names the OOM snapshot, where a bare
 // CUDAPluggableAllocator would hand the NULL on as a tensor's data pointer. Not a PyTorch test:
 // tests/torch_headers/README.md says what it shows.
-#include <c10/util/Exception.h>
-#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
-#include <torch/extension.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
-#include <string>
 
-#include "xseg.h"
-
-void xseg_stub_init_module(xseg_stub_module &m);
+#include "driver.h"
 
 namespace {
-using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
-constexpr size_t MiB = size_t(1) << 20;
-int failures = 0;
-
-#define EXPECT(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                  \
-            std::fprintf(stderr, __VA_ARGS__);                                                    \
-            std::fputc('\n', stderr);                                                             \
-            failures++;                                                                           \
-        }                                                                                         \
-    } while (0)
-
-bool contains(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
-
 int64_t allocated_bytes()
 {
     int64_t v = -1;
@@ -75,15 +51,9 @@ int main()
     std::string snapshot = dir + "/oom.pickle";
     setenv("XSEG_OOM_SNAPSHOT", snapshot.c_str(), 1); // read when xseg initializes
 
-    xseg_stub_module m;
-    xseg_stub_init_module(m);
-    m.fns.at("install")();
-    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
-    auto *a = dynamic_cast<Pluggable *>(current.get());
-    if (!a || a->name() != "xseg") {
-        std::fprintf(stderr, "FAIL install() did not make the adapter the current allocator\n");
+    Pluggable *a = install_adapter();
+    if (!a)
         return 1;
-    }
 
     void *p = a->malloc(MiB, 0, nullptr);
     EXPECT(p != nullptr, "malloc(1 MiB): %s", xseg_last_error());
