@@ -31,11 +31,29 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags)
 {
     if (flags != XSEG_SLEEP_OFFLOAD && flags != XSEG_SLEEP_DISCARD)
         return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "xseg_sleep: flags must be XSEG_SLEEP_OFFLOAD (%d) or XSEG_SLEEP_DISCARD (%d), got 0x%x",
-                       XSEG_SLEEP_OFFLOAD, XSEG_SLEEP_DISCARD, flags);
+                       "xseg_sleep: flags must be XSEG_SLEEP_OFFLOAD (%d) or XSEG_SLEEP_DISCARD (%d), got 0x%x%s",
+                       XSEG_SLEEP_OFFLOAD, XSEG_SLEEP_DISCARD, flags,
+                       flags == XSEG_SLEEP_OFFLOAD_FILE ? " (XSEG_SLEEP_OFFLOAD_FILE needs xseg_sleep_ex and a path)"
+                                                        : "");
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_sleep(d, pool, flags);
+    return st != XSEG_SUCCESS ? st : alloc_sleep(d, pool, flags, NULL);
+}
+
+XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags, const char *path)
+{
+    if (flags != XSEG_SLEEP_OFFLOAD_FILE) {
+        if (path)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_sleep_ex: a path is only for XSEG_SLEEP_OFFLOAD_FILE (%d), "
+                           "got flags 0x%x", XSEG_SLEEP_OFFLOAD_FILE, flags);
+        return xseg_sleep(device, pool, flags);
+    }
+    if (!path || !*path)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_sleep_ex: XSEG_SLEEP_OFFLOAD_FILE needs a path (got %s)",
+                       path ? "an empty string" : "NULL");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : alloc_sleep(d, pool, flags, path);
 }
 
 XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool)

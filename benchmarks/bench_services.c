@@ -3,7 +3,8 @@
  *
  *   CUDAEMU_LATENCY=h100 bench_services [--gib G] [--reps R]
  *   bench_services --pairs CONFIG N       (N cached pairs only: benchmarks/callgrind_services.sh)
- *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--streams S] [--gib G] [--reps R]   (section 5)
+ *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] [--gib G]
+ *                                       [--reps R]   (section 5)
  *
  * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
  *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
@@ -24,7 +25,11 @@
  *    cuMemcpyDtoHAsync / cuMemcpyHtoDAsync into / from one pinned buffer (xseg_host_malloc,
  *    touched once before) and waits; sleep and wake run with sleep_keep_host_backup:True after a
  *    warm-up cycle (the retained backup), and once more without it (a backup allocated and given
- *    back every cycle). GiB/s from the median of R repetitions, wall and modelled.
+ *    back every cycle). GiB/s from the median of R repetitions, wall and modelled. --chunk-mb C
+ *    sets sleep_copy_chunk_mb; --file DIR adds XSEG_SLEEP_OFFLOAD_FILE rows (a file in DIR, through
+ *    the bounce buffers; the timeline model has no cost for the file I/O: see the wall row);
+ *    --file-only DIR gives only those and the plain copy, through a 256 MiB pinned ring, so host
+ *    memory holds no second copy of the bytes (the 10 GiB row on a small machine).
  * Links the shared libxseg, as a program would. Without a GPU it runs on the cudaemu built here.
  */
 #define _GNU_SOURCE
@@ -250,15 +255,22 @@ static void load_copies(void)
 }
 
 /* One plain copy of every block of @p v (sizes @p sz) to (or from) @p host, then a wait; wall ms. */
+static size_t ring_bytes; /* --file-only: the plain copies go through a buffer this large (0: all) */
+
 static double plain_copy(void **v, const size_t *sz, size_t n, char *host, int to_host)
 {
     double t0 = now_ms();
     size_t off = 0;
     for (size_t i = 0; i < n; off += sz[i], i++) {
-        int r = to_host ? cu.dtoh(host + off, (unsigned long long)(uintptr_t)v[i], sz[i], NULL)
-                        : cu.htod((unsigned long long)(uintptr_t)v[i], host + off, sz[i], NULL);
-        if (r != 0)
-            die("plain copy");
+        for (size_t done = 0; done < sz[i];) { /* one call a block, or a ring-sized piece */
+            size_t len = ring_bytes && sz[i] - done > ring_bytes ? ring_bytes : sz[i] - done;
+            char *h = ring_bytes ? host : host + off + done;
+            unsigned long long d = (unsigned long long)(uintptr_t)v[i] + done;
+            int r = to_host ? cu.dtoh(h, d, len, NULL) : cu.htod(d, h, len, NULL);
+            if (r != 0)
+                die("plain copy");
+            done += len;
+        }
     }
     if (cu.sync(NULL) != 0)
         die("cuStreamSynchronize");
@@ -270,6 +282,36 @@ static double rate(size_t bytes, double ms) { return ms > 0 ? (double)bytes / (d
 
 /* The timeline model's clock (cudaemu_model_ns) in ms, 0 without it. */
 static double tl_ms(void) { return emu.model ? (double)emu.model() / 1e6 : 0; }
+
+static const char *file_dir; /* --file DIR */
+static bool file_only;        /* --file-only: no host-backup rows, plain copies through a ring */
+
+/* --file: sleep to a file and wake, @p nr times: wall and timeline GiB/s against the plain copy's
+ * (@p pw, @p hw: wall DtoH, HtoD GiB/s; @p pt, @p ht: timeline). */
+static void file_rows(size_t bytes, int nr, double pw, double hw, double pt, double ht)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/bench_services-%ld.bin", file_dir, (long)getpid());
+    double fs[32], fw[32], tfs = 0, tfw = 0;
+    for (int r = 0; r < nr; r++) {
+        double t0 = now_ms(), l0 = tl_ms();
+        if (xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path) != XSEG_SUCCESS)
+            die("xseg_sleep_ex");
+        fs[r] = now_ms() - t0;
+        tfs = tl_ms() - l0;
+        t0 = now_ms();
+        l0 = tl_ms();
+        if (xseg_wake(0, DEFAULT_POOL) != XSEG_SUCCESS)
+            die("xseg_wake");
+        fw[r] = now_ms() - t0;
+        tfw = tl_ms() - l0;
+    }
+    double g = (double)bytes / (double)GiB, s = rate(bytes, median(fs, nr)), w = rate(bytes, median(fw, nr));
+    printf("| %.2f | file, wall | %.2f | %.2f (%.2fx) | | %.2f | %.2f (%.2fx) | |\n", g, pw, s, s / pw, hw, w, w / hw);
+    if (emu.model)
+        printf("| %.2f | file, timeline | %.2f | %.2f (%.2fx) | | %.2f | %.2f (%.2fx) | |\n", g, pt, rate(bytes, tfs),
+               rate(bytes, tfs) / pt, ht, rate(bytes, tfw), rate(bytes, tfw) / ht);
+}
 
 /* One size: the table rows for @p live bytes of weight-like live blocks. */
 static void copy_rate_row(size_t live, int reps)
@@ -284,7 +326,8 @@ static void copy_rate_row(size_t live, int reps)
     for (size_t i = 0; i < n; i++)
         bytes += sz[i] = sizes[i % (sizeof sizes / sizeof sizes[0])];
     void *host;
-    if (xseg_host_malloc(&host, bytes) != XSEG_SUCCESS)
+    ring_bytes = file_only ? 256 * MiB : 0;
+    if (xseg_host_malloc(&host, ring_bytes ? ring_bytes : bytes) != XSEG_SUCCESS)
         die("xseg_host_malloc");
     plain_copy(v, sz, n, host, 1); /* touch the pinned pages once, as the retained backup is */
     double pd[32], ph[32], sk[32], wk[32], sn[32], wn[32];
@@ -292,24 +335,39 @@ static void copy_rate_row(size_t live, int reps)
     double tpd = 0, tph = 0, tsk = 0, twk = 0, tsn = 0, twn = 0; /* timeline model, ms (deterministic) */
     unsigned long c[NENTRIES];
     int nr = reps < 32 ? reps : 32;
+    for (int r = 0; r < nr; r++) {
+        reset_counts();
+        double l0 = tl_ms();
+        pd[r] = plain_copy(v, sz, n, host, 1);
+        mpd = model_ms(c, bytes, "cuMemcpyDtoHAsync");
+        tpd = tl_ms() - l0;
+        reset_counts();
+        l0 = tl_ms();
+        ph[r] = plain_copy(v, sz, n, host, 0);
+        mph = model_ms(c, bytes, "cuMemcpyHtoDAsync");
+        tph = tl_ms() - l0;
+    }
+    /* The plain buffer goes before the sleeps: host memory holds one copy of the bytes at a time. */
+    xseg_host_free(host);
+    if (xseg_host_empty_cache() != XSEG_SUCCESS)
+        die("xseg_host_empty_cache");
+    double g = (double)bytes / (double)GiB;
+    double cd = rate(bytes, median(pd, nr)), ch = rate(bytes, median(ph, nr));
+    if (file_only) {
+        printf("| %.2f | wall | %.2f | | | %.2f | | |\n", g, cd, ch);
+        if (emu.model)
+            printf("| %.2f | timeline | %.2f | | | %.2f | | |\n", g, rate(bytes, tpd), rate(bytes, tph));
+        file_rows(bytes, nr, cd, ch, rate(bytes, tpd), rate(bytes, tph));
+        free(sz);
+        release(v, n);
+        return;
+    }
     for (int keep = 1; keep >= 0; keep--) {
         if (xseg_set_config(keep ? "sleep_keep_host_backup:True" : "sleep_keep_host_backup:False") != XSEG_SUCCESS)
             die("xseg_set_config");
         if (!keep && xseg_host_empty_cache() != XSEG_SUCCESS)
             die("xseg_host_empty_cache");
         for (int r = -keep; r < nr; r++) { /* with keep: one warm-up cycle allocates the backup */
-            if (keep && r >= 0) {
-                reset_counts();
-                double l0 = tl_ms();
-                pd[r] = plain_copy(v, sz, n, host, 1);
-                mpd = model_ms(c, bytes, "cuMemcpyDtoHAsync");
-                tpd = tl_ms() - l0;
-                reset_counts();
-                l0 = tl_ms();
-                ph[r] = plain_copy(v, sz, n, host, 0);
-                mph = model_ms(c, bytes, "cuMemcpyHtoDAsync");
-                tph = tl_ms() - l0;
-            }
             reset_counts();
             double t0 = now_ms(), l0 = tl_ms();
             if (xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD) != XSEG_SUCCESS)
@@ -331,8 +389,6 @@ static void copy_rate_row(size_t live, int reps)
             *(keep ? &mwk : &mwn) = mw;
         }
     }
-    double g = (double)bytes / (double)GiB;
-    double cd = rate(bytes, median(pd, nr)), ch = rate(bytes, median(ph, nr));
     double s1 = rate(bytes, median(sk, nr)), w1 = rate(bytes, median(wk, nr));
     double s0 = rate(bytes, median(sn, nr)), w0 = rate(bytes, median(wn, nr));
     printf("| %.2f | wall | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g, cd, s1,
@@ -345,17 +401,20 @@ static void copy_rate_row(size_t live, int reps)
         printf("| %.2f | timeline | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
                rate(bytes, tpd), rate(bytes, tsk), tpd / tsk, rate(bytes, tsn), tpd / tsn, rate(bytes, tph),
                rate(bytes, twk), tph / twk, rate(bytes, twn), tph / twn);
-    xseg_host_free(host);
+    if (file_dir)
+        file_rows(bytes, nr, cd, ch, rate(bytes, tpd), rate(bytes, tph));
     if (xseg_host_empty_cache() != XSEG_SUCCESS)
         die("xseg_host_empty_cache");
     free(sz);
     release(v, n);
 }
 
-static int copy_rate(long gib, int reps, long nstreams)
+static int copy_rate(long gib, int reps, long nstreams, long chunk_mb)
 {
     bench_find_driver("bench_services");
-    if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
+    char conf[96];
+    snprintf(conf, sizeof conf, "expandable_segments:True,sleep_copy_chunk_mb:%ld", chunk_mb);
+    if (xseg_init(conf) != XSEG_SUCCESS)
         die("xseg_init");
     load_emu();
     load_copies();
@@ -377,8 +436,8 @@ static int copy_rate(long gib, int reps, long nstreams)
         fill_nstreams = (int)nstreams;
     }
     const char *lat = getenv("CUDAEMU_LATENCY");
-    printf("bench_services --copy-rate: %d repetitions, %ld stream%s, %s%s\n\n", reps, nstreams,
-           nstreams == 1 ? "" : "s", emu.count ? "cudaemu, CUDAEMU_LATENCY=" : "real driver",
+    printf("bench_services --copy-rate: %d repetitions, %ld stream%s, sleep_copy_chunk_mb:%ld, %s%s\n\n", reps,
+           nstreams, nstreams == 1 ? "" : "s", chunk_mb, emu.count ? "cudaemu, CUDAEMU_LATENCY=" : "real driver",
            emu.count ? (lat ? lat : "(none)") : "");
     printf("| live GiB | time | plain DtoH GiB/s | sleep, kept backup | sleep, new backup | plain HtoD GiB/s | "
            "wake, kept backup | wake, new backup |\n|---|---|---|---|---|---|---|---|\n");
@@ -392,7 +451,7 @@ int main(int argc, char **argv)
 {
     long gib = 2;
     int reps = 5;
-    long nstreams = 1;
+    long nstreams = 1, chunk_mb = 64;
     if (argc == 4 && !strcmp(argv[1], "--pairs"))
         return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
     bool rate_only = false;
@@ -405,8 +464,15 @@ int main(int argc, char **argv)
             reps = (int)parse_long("--reps", i + 1 < argc ? argv[++i] : NULL, 1);
         else if (!strcmp(argv[i], "--streams"))
             nstreams = parse_long("--streams", i + 1 < argc ? argv[++i] : NULL, 1);
+        else if (!strcmp(argv[i], "--chunk-mb"))
+            chunk_mb = parse_long("--chunk-mb", i + 1 < argc ? argv[++i] : NULL, 1);
+        else if (!strcmp(argv[i], "--file") && i + 1 < argc)
+            file_dir = argv[++i];
+        else if (!strcmp(argv[i], "--file-only") && i + 1 < argc)
+            file_dir = argv[++i], file_only = true;
         else {
-            fprintf(stderr, "usage: bench_services [--copy-rate [--streams S]] [--gib G] [--reps R]\n");
+            fprintf(stderr, "usage: bench_services [--copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR]] [--gib G] "
+                            "[--reps R]\n");
             return 2;
         }
     }
@@ -415,7 +481,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (rate_only)
-        return copy_rate(gib, reps, nstreams);
+        return copy_rate(gib, reps, nstreams, chunk_mb);
     bench_find_driver("bench_services");
     if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
         die("xseg_init");

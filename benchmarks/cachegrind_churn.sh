@@ -7,7 +7,7 @@
 # models what that VM actually keeps (a dependent load past ~2 MiB costs a DRAM trip there:
 # bench_scale's latency line), so its misses are the DRAM trips a pair makes.
 #   benchmarks/cachegrind_churn.sh [BUILD_DIR] [LIVE,LIVE,...] [LL_BYTES]
-#   (default build, 1000,1000000, 33554432)
+#   (default build, 1000,1000000, 33554432; CHURN_N1 / CHURN_N2: the pair counts, 20000 / 60000)
 # Needs valgrind. Prints a table: live blocks, mode, instructions, L1 data misses and last-level
 # misses per churn pair.
 set -euo pipefail
@@ -19,7 +19,8 @@ ll=${3:-33554432}
 bench="$build/benchmarks/bench_scale"
 [ -x "$bench" ] || { echo "cachegrind_churn.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
 command -v valgrind >/dev/null || { echo "cachegrind_churn.sh: valgrind is not installed" >&2; exit 1; }
-n1=20000; n2=60000
+n1=${CHURN_N1:-20000}; n2=${CHURN_N2:-60000} # the two pair counts
+[[ $n1 =~ ^[0-9]+$ && $n2 =~ ^[0-9]+$ && $n2 -gt $n1 ]] || { echo "cachegrind_churn.sh: CHURN_N1 and CHURN_N2 must be numbers, CHURN_N1 < CHURN_N2" >&2; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # One run: per child (classic, then expandable: bench_scale forks them in that order), the

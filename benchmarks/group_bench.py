@@ -2,7 +2,7 @@
 """Memory groups (issue 37; docs/benchmarks.md#memory-groups): member processes on one cudaemu
 device shared among them (CUDAEMU_SHARED), driven through tests/group/group_helper.
 
-  benchmarks/group_bench.py BUILD_DIR [--rounds N]
+  benchmarks/group_bench.py BUILD_DIR [--rounds N] [--only budget]
 
 1. Staggered bursts: four members on a 1 GiB device; each keeps 100 MiB live and in its turn
    bursts 300 MiB more (ten 30 MiB allocations), every member checks its byte patterns, then it
@@ -13,6 +13,14 @@ device shared among them (CUDAEMU_SHARED), driven through tests/group/group_help
 2. A member killed with SIGKILL while a request to it is pending (stopped first, so it cannot
    answer): the asker's malloc round trip.
 3. 32 members holding 20 MiB cached each; one 800 MiB malloc that needs 416 MiB of it.
+4. Budgets: a process B with memory_budget_mb:400 holding 64 MiB outside xseg (cuMemAlloc, as a
+   library's workspace) beside a hog H holding 300 MiB outside xseg and 100 MiB through xseg;
+   B allocates 10 MiB at a time until refused. Its estimate of its foreign bytes against the true
+   64 MiB, and what it reached, with H outside B's group, in it (measured after H's memory came),
+   and in it with H's foreign memory coming after B measured. Then the group budget: B and H in
+   a group with memory_group_budget_mb:700, H holding 300 MiB cached; B allocates 10 MiB at a
+   time until refused. Driver calls (cudaemu's counts, CUDAEMU_REPORT): cuMemGetInfo per growth,
+   and over 1000 cached malloc/free pairs.
 Wall times are this machine's, on cudaemu (no GPU), including the pipe round trip.
 """
 import os
@@ -23,9 +31,9 @@ import time
 
 
 class Member:
-    def __init__(self, helper, config, env):
+    def __init__(self, helper, config, env, stderr=None):
         self.p = subprocess.Popen([helper, config], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  env=env, text=True, bufsize=1)
+                                  stderr=stderr, env=env, text=True, bufsize=1)
         self.next = 0  # the helper numbers successful allocations from 0
 
     def send(self, line):
@@ -52,6 +60,19 @@ class Member:
     def group(self):
         r = self.cmd("group").split()
         return (int(r[1]), int(r[3]), int(r[5])) if r and r[0] == "asked" else (0, 0, 0)
+
+    def foreign(self):
+        r = self.cmd("group").split()
+        return int(r[7]) if r and r[0] == "asked" else None
+
+    def fill(self, step, tag):
+        """Allocate `step` MiB at a time until refused: (MiB reached, the refusal's message)."""
+        n = 0
+        while True:
+            a = self.cmd("alloc %d %d" % (step, tag + n))
+            if a != "ok":
+                return n * step, a
+            n += 1
 
     def quit(self):
         try:
@@ -141,6 +162,71 @@ def many(helper, share, n=32):
     return ans, dt, givers, moved
 
 
+def budget(helper, share, case):
+    """Case 4 (docstring): B's true foreign bytes are 64 MiB; @return (estimate MiB, reached MiB,
+    xseg reserved MiB at the refusal, the refusal's budget sentence)."""
+    env = env_for(share, "1G")
+    bcfg = "memory_group:bb,memory_budget_mb:400"
+    h = Member(helper, "memory_group:bb" if case != "outside" else "", env)
+    b = Member(helper, bcfg, env)
+    first = 0
+    if case == "late":  # H's 300 MiB come after it measured; B measures (grows) next
+        assert h.alloc(100, 2) == 0
+        assert b.cmd("cualloc 64") == "ok" and b.alloc(10, 1) == 0
+        assert h.cmd("cualloc 300") == "ok"
+        first = 10
+    else:
+        assert h.cmd("cualloc 300") == "ok" and h.alloc(100, 2) == 0
+        assert b.cmd("cualloc 64") == "ok"
+    reached, msg = b.fill(10, 10)
+    est = (b.foreign() or 0) / 2**20
+    res = b.reserved() / 2**20
+    i = msg.find("memory_budget_mb is")
+    b.quit()
+    h.quit()
+    return est, first + reached, res, msg[i:i + 150] if i >= 0 else msg[:150]
+
+
+def group_budget(helper, share):
+    env = env_for(share, "1G")
+    cfg = "memory_group:gb,memory_group_wait_ms:2000,memory_group_budget_mb:700"
+    h = Member(helper, cfg, env)
+    assert h.alloc(300, 1) == 0
+    h.cmd("free 0")
+    b = Member(helper, cfg, env)
+    reached, msg = b.fill(10, 10)
+    gave = h.group()[2] / 2**20
+    held = (b.reserved() + h.reserved()) / 2**20
+    i = msg.find("memory_group_budget_mb")
+    b.quit()
+    h.quit()
+    return reached, gave, held, msg[i:i + 160] if i >= 0 else msg[:160]
+
+
+def driver_calls(helper, share):
+    """cuMemGetInfo and cuMemCreate calls (cudaemu's counts) of a budgeted process: 8 growths of
+    100 MiB, then 1000 cached malloc/free pairs."""
+    env = dict(env_for(share, "1G"), CUDAEMU_REPORT="1")
+    counts = []
+    for pairs in (0, 1000):
+        b = Member(helper, "memory_budget_mb:900", env, stderr=subprocess.PIPE)
+        for k in range(8):
+            assert b.alloc(100, k) is not None
+        b.cmd("free 7")
+        for k in range(pairs):
+            b.alloc(100, 99)
+            b.cmd("free %d" % (8 + k))
+        b.send("quit")
+        err = b.p.communicate()[1]
+        c = {}
+        for line in err.splitlines():
+            w = line.split()
+            if len(w) == 5 and w[0] == "cudaemu" and w[4] == "call(s)":
+                c[w[2]] = int(w[3])
+        counts.append((c.get("cuMemGetInfo", 0), c.get("cuMemCreate", 0)))
+    return counts
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit("usage: group_bench.py BUILD_DIR [--rounds N]")
@@ -148,6 +234,8 @@ def main():
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 16
     os.environ.setdefault("XSEG_LIBCUDA", os.path.join(sys.argv[1], "cudaemu", "libcudaemu.so"))
     tag = "gb%d" % os.getpid()
+    if "--only" in sys.argv and sys.argv[sys.argv.index("--only") + 1] == "budget":
+        return budgets(helper, tag)
     print("| staggered bursts, %d rounds | OOMs | failed pattern checks | malloc p50 ms, new pages, no ask "
           "(n) | malloc p50 / p99 ms, asked (n) | bytes moved |" % rounds)
     print("|---|---|---|---|---|---|")
@@ -163,6 +251,24 @@ def main():
     ans, dt, givers, moved = many(helper, tag + "m")
     print("32 members x 20 MiB cached, one 800 MiB malloc: '%s' in %.1f ms, %d members gave "
           "%.0f MiB" % (ans[:40], dt * 1e3, givers, moved / 2**20))
+    budgets(helper, tag)
+
+
+def budgets(helper, tag):
+    print("\n| B: memory_budget_mb:400, 64 MiB outside xseg; H: 300 MiB outside xseg + 100 MiB in xseg "
+          "| B's foreign estimate MiB (true 64) | B reached MiB (within the budget: 336) "
+          "| B's xseg reserved at the refusal MiB |")
+    print("|---|---|---|---|")
+    for case, name in (("outside", "H in no group"), ("member", "H in B's group"),
+                       ("late", "H in B's group, its memory after B measured")):
+        est, reached, res, _ = budget(helper, tag + "b" + case[0], case)
+        print("| %s | %.0f | %d | %.0f |" % (name, est, reached, res))
+    reached, gave, held, msg = group_budget(helper, tag + "gb")
+    print("\ngroup budget 700 MiB, H 300 MiB cached: B reached %d MiB, H gave %.0f MiB, the two hold "
+          "%.0f MiB at B's refusal: '%s'" % (reached, gave, held, msg))
+    (i0, c0), (i1, c1) = driver_calls(helper, tag + "dc")
+    print("budgeted process, 8 growths: %d cuMemGetInfo, %d cuMemCreate; with 1000 cached pairs "
+          "more: %d cuMemGetInfo, %d cuMemCreate" % (i0, c0, i1, c1))
 
 
 if __name__ == "__main__":

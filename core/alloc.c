@@ -266,7 +266,7 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
         d->acct.stats.num_alloc_retries++;
     if (d->use_expandable)
         return exp_allocate(d, p->pool, p->stream, p->size, &p->block);
-    if (d->acct.set_fraction && d->acct.total_allocated_memory + p->alloc_size > d->acct.allowed_memory_maximum)
+    if (!dev_fraction_allows(d, p->alloc_size))
         return XSEG_ERROR_OUT_OF_MEMORY;
     return alloc_classic(d, p);
 }
@@ -392,8 +392,9 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     dev_acquire(d);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
-    char group_info[1024];
+    char group_info[1024], budget_info[640];
     group_oom_info(d, group_info, sizeof group_info);
+    group_budget_oom_info(d, alloc_size, budget_info, sizeof budget_info);
     char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
     if (asleep)
         snprintf(asleep_info, sizeof asleep_info, " %s more is allocated in sleeping pools (xseg_sleep).",
@@ -410,13 +411,13 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s%s%s",
+                   "reserved by xseg but unallocated.%s%s%s%s%s%s",
                    va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
                         "of a new segment (the address space is exhausted or limited; device memory is not)"
                       : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, group_info, over,
+                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, group_info, over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.",
                    snap_info);
@@ -476,6 +477,31 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     return XSEG_SUCCESS;
 }
 
+/* Measure the budgets (core/group.h) and put their limit in force for this growth. */
+static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct budget_view *v)
+{
+    lock_assert_held(&d->lock);
+    group_budget_measure(d, v);
+    d->acct.set_budget = v->limit != SIZE_MAX;
+    d->acct.budget_limit = v->limit;
+}
+
+/* Step 7c of malloc_policy (core/group.h): the group's members give their cache way, the lock
+ * dropped meanwhile; then the cache (a free may have come) and a new segment once more. Not when
+ * our own budget refused (@p bv: the budgets in force, NULL: none): no member's memory counts in
+ * it. @return the growth's status (XSEG_ERROR_OUT_OF_MEMORY when nothing came). */
+static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d, struct alloc_params *p,
+                                                             struct budget_view *bv)
+{
+    size_t want = d->acct.total_allocated_memory + p->alloc_size;
+    size_t over = bv && want > bv->group_limit ? want - bv->group_limit : 0;
+    if ((bv && want > bv->own_limit) || !group_give_way(d, p->alloc_size, over))
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    if (bv)
+        budget_enter(d, bv); /* the members' figures moved */
+    return get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
+}
+
 /*
  * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
  * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
@@ -508,7 +534,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * before the OOM path empties the cache for nothing. */
     p->alloc_size = allocation_size(d, p->size);
     size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
-    if (XSEG_UNLIKELY(size > limit))
+    size_t cap = group_budget_cap(d); /* memory_budget_mb, memory_group_budget_mb */
+    if (XSEG_UNLIKELY(size > limit || size > cap))
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
     xseg_status st = XSEG_SUCCESS;
@@ -533,7 +560,12 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (XSEG_UNLIKELY(dev_gc_on(d)))
         release_garbage_collect(d);
 
-    /* 4. A new segment (classic), or room in an expandable one. */
+    /* 4. A new segment (classic), or room in an expandable one; under a budget, measured now
+     * (core/group.h: one cuMemGetInfo a growth) and in force until this malloc returns. */
+    struct budget_view bv;
+    bool budgeted = XSEG_UNLIKELY(group_measure_on(d));
+    if (budgeted)
+        budget_enter(d, &bv);
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
     bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
@@ -544,9 +576,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * the steps below, which release every cached block. */
     bool recycling = st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&
                      d->cfg.expandable_segments_recycle;
-    if (recycling)
+    if (recycling) {
         exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/expandable.h) */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable && d->cfg.expandable_segments_recycle) {
         size_t got = 0;
         if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
             st = alloc_block(d, p, false);
@@ -570,10 +601,14 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
                            d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
         st = alloc_block(d, p, false);
 
-    /* 7c. The memory group (core/group.h): members give their cache way, the lock dropped
-     * meanwhile; then the cache (a free may have come) and a new segment once more. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && XSEG_UNLIKELY(group_on(d)) && group_give_way(d, p->alloc_size))
-        st = get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
+    /* 7c. The memory group. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && XSEG_UNLIKELY(group_on(d)))
+        st = malloc_give_way(d, p, budgeted ? &bv : NULL);
+    if (budgeted) {
+        d->acct.set_budget = false;
+        if (st == XSEG_SUCCESS)
+            group_note_reserved(d);
+    }
 
     /* 8. Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
@@ -695,8 +730,16 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    /* A malloc moves counters up: the slots counted above what they hold settle first. */
-    fast_lock(d, FAST_RAISE, stream);
+    /* A malloc moves counters up: the slots counted above what they hold settle first, unless
+     * the stream's classic slot widens to this size (core/fast.h). */
+    lock_acquire(&d->lock);
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
+        if (fast_widen(d, size, stream, out)) {
+            dev_unlock(d);
+            return XSEG_SUCCESS;
+        }
+        fast_settle_slow(d, FAST_RAISE, stream);
+    }
     xseg_status st;
     /* fast_gen stands for every rare condition (core/fast.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
@@ -905,10 +948,10 @@ static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
     return st;
 }
 
-xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags)
+xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path)
 {
     dev_lock(d);
-    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags));
+    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
 }
 
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)

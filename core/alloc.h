@@ -27,7 +27,7 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
 xseg_status alloc_empty_cache(struct dev_alloc *d);
 /* xseg_sleep / xseg_wake on one device (core/sleep.h), then release_threshold_mb (core/trim.h):
  * the pool's streams were waited for, or its pages mapped again. */
-xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
+xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path);
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool);
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction);
 double alloc_get_fraction(struct dev_alloc *d);

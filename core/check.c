@@ -237,8 +237,10 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
                 rc->inactive_split_bytes[si] += (int64_t)(lz->size + b->size);
             }
         } else if (b->in_index && block_is_split(b)) {
+            /* The rest of a hit's B (a widened classic slot's) is this block's. */
+            const struct dev_slot *hit = b->prev ? slot_live(d, b->prev) : NULL;
             rc->inactive_split[si]++;
-            rc->inactive_split_bytes[si] += (int64_t)b->size;
+            rc->inactive_split_bytes[si] += (int64_t)(b->size + (hit ? hit->blk->size - hit->cur_size : 0));
         }
         return;
     }
@@ -355,7 +357,9 @@ static void check_walk(struct dev_alloc *d)
         /* B's own fields stay as the fill left them; the slot holds their truth. */
         CHECK(!b->allocated && block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
         CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
-        CHECK(b->expandable || sl->min_size == b->size);
+        /* Classic: min_size is where fast_widen took it, each widening a hit. */
+        CHECK(BLOCK_MIN_SIZE <= sl->min_fit && sl->min_fit <= sl->min_size);
+        CHECK(b->expandable ? sl->min_fit == sl->min_size : sl->reps || sl->min_size == b->size);
         CHECK(sl->span == b->size - sl->min_size);
         CHECK(sl->reps || (sl->cur_size == b->size && !sl->size_sum));
         CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);

@@ -494,6 +494,38 @@ static xseg_status cfg_parse_bounded(struct cfg_parser *p, const struct cfg_key 
     return XSEG_SUCCESS;
 }
 
+/* memory_budget_mb / memory_group_budget_mb: 0 is none; a pebibyte bounds it (no device is near). */
+static xseg_status cfg_parse_budget(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    unsigned long long mb;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    if (st)
+        return st;
+    if (mb > (1ull << 30))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: %s must be at most 1073741824 (a PiB), got %llu at index %zu",
+                       key, mb, pos);
+    *(size_t *)cfg_out(p, k) = (size_t)mb * XSEG_MiB;
+    return XSEG_SUCCESS;
+}
+
+/* sleep_copy_chunk_mb: 1 MiB to 1 GiB. */
+static xseg_status cfg_parse_copy_chunk(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+{
+    unsigned long long mb;
+    size_t pos;
+    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    if (st)
+        return st;
+    if (mb < 1 || mb > 1024)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: sleep_copy_chunk_mb must be from 1 to 1024, got %llu at index %zu", mb,
+                       pos);
+    *(size_t *)cfg_out(p, k) = (size_t)mb * XSEG_MiB;
+    return XSEG_SUCCESS;
+}
+
 /* A NAME (memory_group): it becomes part of a shared-memory object's name, so only letters,
  * digits, '_', '.', '-', at most CFG_NAME_MAX of them. */
 static xseg_status cfg_parse_name(struct cfg_parser *p, const struct cfg_key *k, const char *key)

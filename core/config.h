@@ -48,7 +48,11 @@ struct cfg {
     /* The memory group (core/group.c). */
     char memory_group[CFG_NAME_MAX + 1]; /* the group's name; "" (default): no group */
     unsigned memory_group_wait_ms;      /* how long a malloc waits for members to give way */
+    size_t memory_budget;               /* bytes this process may hold on a device, foreign bytes
+                                         * included (core/group.c); 0 (default): none */
+    size_t memory_group_budget;         /* the same for the group's sum (its first member's value) */
     bool sleep_keep_host_backup;        /* a woken pool's pinned backup stays in the host cache */
+    size_t sleep_copy_chunk;            /* bytes: the largest copy sleep and wake queue at once */
     /* PyTorch's pinned host allocator keys (core/hostalloc.c). */
     bool pinned_use_cuda_host_register; /* pin malloc'd pages (cuMemHostRegister), not cuMemHostAlloc */
     unsigned pinned_num_register_threads; /* threads faulting in the pages before registering */

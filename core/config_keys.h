@@ -78,8 +78,14 @@
     K(memory_group, NULL, NAME, memory_group, "", cfg_parse_name, CFG_OMIT_DEFAULT, 0, "unset")    \
     K(memory_group_wait_ms, NULL, MS, memory_group_wait_ms, 500, CFG_BOUNDED(60000, "ms", false),  \
       0, 0, "500")                                                                                 \
+    K(memory_budget_mb, NULL, MIB, memory_budget, 0, cfg_parse_budget, CFG_OMIT_DEFAULT, 0,        \
+      "0 (none)")                                                                                  \
+    K(memory_group_budget_mb, NULL, MIB, memory_group_budget, 0, cfg_parse_budget,                 \
+      CFG_OMIT_DEFAULT, 0, "0 (none)")                                                             \
     K(sleep_keep_host_backup, NULL, BOOL, sleep_keep_host_backup, false, cfg_parse_flag,           \
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
+    K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20, cfg_parse_copy_chunk,    \
+      CFG_OMIT_DEFAULT, 0, "64")                                                                   \
     /* PyTorch's pinned host allocator (core/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \

@@ -174,7 +174,9 @@ void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t by
 bool dev_fraction_allows(const struct dev_alloc *d, size_t more)
 {
     lock_assert_held(&d->lock);
-    return !d->acct.set_fraction || d->acct.total_allocated_memory + more <= d->acct.allowed_memory_maximum;
+    size_t after = d->acct.total_allocated_memory + more;
+    return (!d->acct.set_fraction || after <= d->acct.allowed_memory_maximum) &&
+           (!d->acct.set_budget || after <= d->acct.budget_limit);
 }
 
 void dev_count_sync_all(struct dev_alloc *d)

@@ -175,7 +175,8 @@ void dev_apply_fraction(struct dev_alloc *d, double fraction);
 void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
 /* @p bytes of @p pool unmapped, in @p pages driver pages (reserved_bytes, num_device_free). */
 void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
-/* Would reserving @p more bytes stay within the memory fraction (always, when none is set)? */
+/* Would reserving @p more bytes stay within the memory fraction and a budget in force (always,
+ * when none is set)? */
 bool dev_fraction_allows(const struct dev_alloc *d, size_t more);
 /* One synchronization of every stream with pending events (num_sync_all_streams). */
 void dev_count_sync_all(struct dev_alloc *d);

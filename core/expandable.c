@@ -339,7 +339,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
             break;
         if (!d->keep_handles || round == gran) {
             exp_release_empty_segments(d);
-            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction limit reached");
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction or budget limit reached");
         }
         round = gran;
     }

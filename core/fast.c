@@ -27,20 +27,21 @@ void dev_lock(struct dev_alloc *d)
  * merged into R as M) and an eager malloc that split its rounded size off M again, and the
  * statistics count B allocated with its own size and base_req requested bytes while it is freed
  * or holds less. Every change below moves a current down or an accumulated count up (freed is
- * derived, core/stats.h). Classic slots serve B's size only (fast_fits): for a classic M that spans
- * its segment each pair makes one inactive split block of R's bytes.
+ * derived, core/stats.h). A classic B + R spans its segment (fast_fill), so each pair makes one
+ * inactive split block of |M| - its size, and the statistics count |M| - min_size (fast_widen
+ * raised them to it): a hit of s owes min_size - s there, a freed B all of it.
  */
 static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
 {
     const struct block *b = s->blk, *r = b->next;
     int si = block_pool(b)->stat_index;
-    int64_t n = (int64_t)s->reps;
+    int64_t n = (int64_t)s->reps, msize = (int64_t)(b->size + r->size);
     st->allocation[si].allocated += n;
     st->allocated_bytes[si].allocated += (int64_t)s->size_sum;
     st->requested_bytes[si].allocated += (int64_t)s->req_sum;
     if (!b->expandable) {
         st->inactive_split[si].allocated += n;
-        st->inactive_split_bytes[si].allocated += n * (int64_t)r->size;
+        st->inactive_split_bytes[si].allocated += n * msize - (int64_t)s->size_sum;
     }
     if (s->lazy) {
         stat_down_pool(st->allocation, si, 1);
@@ -48,11 +49,13 @@ static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
         stat_down_pool(st->requested_bytes, si, (int64_t)s->base_req);
         if (!b->expandable) {
             stat_down_pool(st->inactive_split, si, 1);
-            stat_down_pool(st->inactive_split_bytes, si, (int64_t)r->size);
+            stat_down_pool(st->inactive_split_bytes, si, msize - (int64_t)s->min_size);
         }
     } else {
         stat_down_pool(st->allocated_bytes, si, (int64_t)(b->size - s->cur_size));
         stat_down_pool(st->requested_bytes, si, (int64_t)(s->base_req - s->cur_req));
+        if (!b->expandable)
+            stat_down_pool(st->inactive_split_bytes, si, (int64_t)(s->cur_size - s->min_size));
     }
 }
 
@@ -129,8 +132,10 @@ void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stre
         unsigned i = (unsigned)__builtin_ctz(m);
         struct dev_slot *s = &d->fast.slots[i];
         spin_acquire(&s->lock);
-        /* FAST_RAISE keeps the slots whose block is handed out exactly as counted. */
-        if (need == FAST_ALL || i == own || s->lazy || s->cur_req != s->base_req || s->cur_size != s->blk->size)
+        /* FAST_RAISE keeps the slots whose block is handed out exactly as counted (a widened
+         * classic slot never is: its inactive split bytes are counted for min_size). */
+        if (need == FAST_ALL || i == own || s->lazy || s->cur_req != s->base_req || s->cur_size != s->blk->size ||
+            (!s->blk->expandable && s->min_size != s->blk->size))
             slot_settle_locked(d, i);
         spin_release(&s->lock);
     }
@@ -149,8 +154,9 @@ static inline size_t expandable_size(const struct block *b)
  * at key (stream, |M|, B's address) -- makes find_free_block (core/alloc.c) pick M for a request of
  * s on B's pool and stream, and alloc_found_block split s off it. Then a hit hands out what the
  * eager free and malloc would, and stays so until a device-lock holder settles the slot (every
- * change to the stream's blocks settles it first). Only B's size on classic segments: a smaller
- * one would leave a larger inactive split block than the statistics count, a peak no one sees.
+ * change to the stream's blocks settles it first). A classic slot starts at B's size and widens
+ * towards this size through the device lock (fast_widen): a smaller hit leaves a larger inactive
+ * split block, which the statistics must have counted first.
  */
 static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct block *b)
 {
@@ -192,8 +198,6 @@ static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct bl
         size_t mexp = msize + (r->next && !r->next->mapped ? r->next->size : 0);
         if (same && expandable_size(x) < mexp)
             return 0;
-    } else {
-        return size;
     }
     /* Smaller sizes: M stays the first fit above the largest block of the stream below M's key
      * (R aside), and in B's pool. */
@@ -219,9 +223,9 @@ bool fast_fill(struct dev_alloc *d, struct block *b)
         return false;
     if (!b->expandable && (prev || next->next))
         return false;
-    size_t min_size = fast_fits(d, b);
+    size_t min_fit = fast_fits(d, b);
     /* Counted allocated while in the slot: its map entry stays (the debt and the settle count it). */
-    if (!min_size || !ptrmap_put(&d->live, b->addr, b))
+    if (!min_fit || !ptrmap_put(&d->live, b->addr, b))
         return false;
     unsigned i = fast_slot_index(b->stream);
     struct dev_slot *s = &d->fast.slots[i];
@@ -229,11 +233,70 @@ bool fast_fill(struct dev_alloc *d, struct block *b)
     spin_acquire(&s->lock);
     s->blk = s->lazy = b;
     s->gen = d->fast.fast_gen;
-    s->min_size = min_size;
-    s->span = b->size - min_size;
+    s->min_fit = min_fit;
+    s->min_size = b->expandable ? min_fit : b->size; /* classic: what the statistics count */
+    s->span = b->size - s->min_size;
     s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
     s->cur_size = b->size;
     spin_release(&s->lock);
     d->fast.busy_slots |= (uint32_t)1 << i;
+    return true;
+}
+
+/* ---- widen (classic) ---------------------------------------------------------------------- */
+
+/* Busy slot @p s (locked) owes inactive split bytes: a classic B freed, or handed out with more
+ * than min_size. */
+static inline bool slot_owes_split(const struct dev_slot *s)
+{
+    return !s->blk->expandable && (s->lazy || s->cur_size != s->min_size);
+}
+
+bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    lock_assert_held(&d->lock);
+    unsigned i = fast_slot_index(stream);
+    struct dev_slot *s = &d->fast.slots[i];
+    if (!(d->fast.busy_slots >> i & 1) || size == 0)
+        return false;
+    spin_acquire(&s->lock);
+    struct block *b = s->lazy;
+    size_t r = fast_round(size);
+    if (!b || b->expandable || b->stream != stream || s->gen != settings_gen() || size > s->base_req ||
+        r >= s->min_size || r < s->min_fit) {
+        spin_release(&s->lock);
+        return false;
+    }
+    /* The peak taken below is exact only if d->acct.stats holds every other slot's truth in
+     * inactive_split_bytes (both pools: the "all" entry sums them). */
+    for (uint32_t m = d->fast.busy_slots & ~((uint32_t)1 << i); m; m &= m - 1) {
+        unsigned j = (unsigned)__builtin_ctz(m);
+        struct dev_slot *o = &d->fast.slots[j];
+        spin_acquire(&o->lock);
+        if (slot_owes_split(o))
+            slot_settle_locked(d, j);
+        spin_release(&o->lock);
+    }
+    /* The eager malloc of r leaves |M| - r inactive split bytes where min_size's left |M| -
+     * min_size: count the rise (current and peak; it accumulates with the hit in slot_owe). */
+    int si = block_pool(b)->stat_index;
+    xseg_stat_counter *isb = d->acct.stats.inactive_split_bytes; /* the settle's books, as slot_owe's */
+    stat_up_pool(isb, si, (int64_t)(s->min_size - r));
+    isb[si].allocated -= (int64_t)(s->min_size - r);
+    s->min_size = r;
+    s->span = b->size - r;
+    s->lazy = NULL;
+    s->live = b->addr;
+    s->cur_req = size;
+    s->cur_size = r;
+    s->reps++;
+    s->req_sum += size;
+    s->size_sum += r;
+#if XSEG_DEBUG_LEVEL >= 1
+    s->hits++;
+#endif
+    *out = (void *)s->live;
+    fast_tls_slot = s;
+    spin_release(&s->lock);
     return true;
 }

@@ -13,7 +13,9 @@
  * does not move. A debt lowers every current it touches (a hit takes at most B's size and
  * requested bytes), so no peak is missed while a slot is busy; a device-lock path that may move a
  * counter up first settles the slots counted above what they hold (FAST_RAISE), because the peak
- * it records would be taken from d->acct.stats alone.
+ * it records would be taken from d->acct.stats alone. A classic slot counts the inactive split
+ * bytes of its smallest hit (min_size): fast_widen lowers min_size through the device lock, so
+ * its hits, larger or smaller, only lower allocated_bytes or inactive_split_bytes.
  *
  * Locking: the device lock first, then a slot's spin lock; a slot is filled and settled only with
  * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
@@ -139,6 +141,12 @@ miss:
     spin_release(&s->lock);
     return false;
 }
+
+/* malloc through the device lock, before its settle: a classic slot on @p stream whose B is freed
+ * widens to a rounded size below min_size and at least min_fit (counting the larger inactive split
+ * block first, with every other slot owing such bytes settled so that its peak is exact) and hands
+ * B out (true). False: nothing changed. */
+bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out);
 
 /* xseg_free's first try: @p ptr is the block this thread's last hit handed out, and it goes back
  * to the slot under the slot's lock alone (true). False: nothing changed. */

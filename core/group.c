@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -31,7 +32,7 @@
 #include "vmm/driver.h"
 
 #define GROUP_MAGIC 0x3170726767657378ull /* "xseggrp1" */
-#define GROUP_VERSION 1u
+#define GROUP_VERSION 2u
 #define GROUP_SLOTS 64
 #define GROUP_PID_MAX 4194304 /* /proc/sys/kernel/pid_max's ceiling */
 /* The responder republishes this often, so a member's figures are at most this old. */
@@ -49,12 +50,15 @@ struct gslot {
     _Atomic uint64_t req_bytes, freed_bytes; /* the request, and what the answer gave back */
     _Atomic uint64_t reserved, allocated, reclaimable, budget;
     _Atomic uint64_t gave_count, gave_bytes, asked_count;
+    _Atomic uint64_t foreign;    /* its estimate of the device memory it holds outside xseg */
+    _Atomic uint64_t start_time; /* its process's start (/proc/PID/stat field 22): pid reuse */
 };
 
 struct gtable {
     _Atomic uint64_t magic;     /* written last by the creator */
     uint32_t version, nslots;
     uint64_t size, total_mem;
+    uint64_t group_budget;      /* memory_group_budget_mb of the first member, in bytes; 0: none */
     pthread_mutex_t lock;       /* robust, process-shared */
     char name[CFG_NAME_MAX + 1];
     struct gslot slot[GROUP_SLOTS];
@@ -67,6 +71,7 @@ struct group {
     char name[CFG_NAME_MAX + 1];
     int me;                     /* our slot */
     uint64_t total;             /* the device's memory: the bound of every byte field */
+    uint64_t group_budget;      /* the table's memory_group_budget_mb (checked at join) */
     pthread_t responder;
     _Atomic bool stop, alone;
     char error[512];            /* why the device is alone, "" when it is not */
@@ -92,6 +97,38 @@ static bool pid_alive(int32_t pid)
     return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
 }
 
+/* When process @p pid started (/proc/PID/stat field 22, clock ticks since boot); 0 when it cannot
+ * be read (no /proc, or the process is gone). */
+static uint64_t proc_start_time(int32_t pid)
+{
+    char path[40], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* The command (field 2) may hold spaces and parentheses: count from the last ')'. */
+    char *p = strrchr(buf, ')');
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* Is the member in slot @p s alive: its pid is, and (pid reuse) the process with that pid started
+ * when the member recorded. A slot recording no start time is checked by pid alone only where
+ * /proc cannot be read. */
+static bool member_alive(const struct gslot *s, int32_t pid)
+{
+    if (!pid_alive(pid))
+        return false;
+    uint64_t now = proc_start_time(pid);
+    return !now || now == atomic_load(&s->start_time);
+}
+
 /* A slot's figures, each bounds-checked against the device. @return false naming the bad
  * field in @p why. */
 static bool slot_read(const struct gslot *s, uint64_t total, xseg_group_member *m, char *why, size_t n)
@@ -106,11 +143,15 @@ static bool slot_read(const struct gslot *s, uint64_t total, xseg_group_member *
     m->gave_way_count = atomic_load(&s->gave_count);
     m->gave_way_bytes = atomic_load(&s->gave_bytes);
     m->asked_count = atomic_load(&s->asked_count);
+    m->foreign_bytes = atomic_load(&s->foreign);
+    /* Each field alone (a member rewrites several while others read): reclaimable is clamped to
+     * reserved where it is used. */
     const char *bad = pid < 0 || pid > GROUP_PID_MAX ? "pid"
                       : m->reserved_bytes > total   ? "reserved bytes"
                       : m->allocated_bytes > total  ? "allocated bytes"
-                      : m->reclaimable_bytes > m->reserved_bytes ? "reclaimable bytes"
-                      : m->budget_bytes > total     ? "budget bytes" : NULL;
+                      : m->reclaimable_bytes > total ? "reclaimable bytes"
+                      : m->budget_bytes > total     ? "budget bytes"
+                      : m->foreign_bytes > total    ? "foreign bytes" : NULL;
     if (bad)
         snprintf(why, n, "its %s are out of range (%s)", bad, bad[0] == 'p' ? "pid" : "above the device");
     return !bad;
@@ -127,6 +168,8 @@ static const char *header_bad(const struct gtable *t, uint64_t total)
         return "bad size";
     if (t->total_mem != total)
         return "another device's capacity";
+    if (t->group_budget > total)
+        return "a group budget above the device";
     return NULL;
 }
 
@@ -190,12 +233,14 @@ static void reap_dead(struct gtable *t)
 {
     for (int i = 0; i < GROUP_SLOTS; i++) {
         int32_t p = atomic_load(&t->slot[i].pid);
-        if (p && !pid_alive(p)) {
+        if (p && !member_alive(&t->slot[i], p)) {
             struct gslot *s = &t->slot[i];
             atomic_store(&s->reserved, 0);
             atomic_store(&s->allocated, 0);
             atomic_store(&s->reclaimable, 0);
             atomic_store(&s->budget, 0);
+            atomic_store(&s->foreign, 0);
+            atomic_store(&s->start_time, 0);
             atomic_store(&s->pid, 0);
         }
     }
@@ -209,11 +254,13 @@ static void publish(struct group *g)
     uint64_t reserved = (uint64_t)stats_all_current(d->acct.stats.reserved_bytes);
     uint64_t allocated = (uint64_t)stats_all_current(d->acct.stats.allocated_bytes);
     uint64_t cached = trim_cached_bytes(d);
+    uint64_t budget = d->cfg.memory_budget;
     dev_unlock(d);
     struct gslot *s = &g->t->slot[g->me];
     atomic_store(&s->reserved, reserved < g->total ? reserved : g->total);
     atomic_store(&s->allocated, allocated < reserved ? allocated : reserved);
     atomic_store(&s->reclaimable, cached < reserved ? cached : reserved);
+    atomic_store(&s->budget, budget < g->total ? budget : g->total);
 }
 
 /* The responder: answers requests in our slot by trimming our cache, republishes our figures
@@ -311,6 +358,7 @@ static struct gtable *table_open(struct group *g)
         t->nslots = GROUP_SLOTS;
         t->size = sizeof *t;
         t->total_mem = g->total;
+        t->group_budget = g->group_budget;
         snprintf(t->name, sizeof t->name, "%s", g->name);
         atomic_store_explicit(&t->magic, GROUP_MAGIC, memory_order_release);
     } else {
@@ -325,6 +373,16 @@ static struct gtable *table_open(struct group *g)
                  "goes on alone", g->path, why, g->d->device);
         munmap(t, sizeof *t);
         return NULL;
+    }
+    /* The first member's group budget is the group's: a later member's other value is named in
+     * one warning (at its join) and yields. */
+    if (!created && t->group_budget != g->group_budget) {
+        if (g->group_budget)
+            fprintf(stderr, "xseg: warning: memory_group_budget_mb:%llu differs from group '%s''s "
+                    "%llu MiB (its first member's): device %d uses the group's\n",
+                    (unsigned long long)(g->group_budget >> 20), g->name,
+                    (unsigned long long)(t->group_budget >> 20), g->d->device);
+        g->group_budget = t->group_budget;
     }
     return t;
 }
@@ -344,6 +402,7 @@ static int slot_claim(struct group *g)
         if (atomic_load(&s->pid))
             continue;
         memset((void *)s, 0, sizeof *s);
+        atomic_store(&s->start_time, proc_start_time(getpid()));
         atomic_store(&s->pid, (int32_t)getpid());
         me = i;
     }
@@ -353,6 +412,8 @@ static int slot_claim(struct group *g)
                  "alone", g->name, GROUP_SLOTS, g->d->device);
     return me;
 }
+
+static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v);
 
 void group_attach(struct dev_alloc *d)
 {
@@ -366,6 +427,7 @@ void group_attach(struct dev_alloc *d)
         return; /* no host memory: the device works alone, as without the key */
     g->d = d;
     g->total = d->info.total_mem;
+    g->group_budget = cfg.memory_group_budget < g->total ? cfg.memory_group_budget : g->total;
     g->me = -1;
     snprintf(g->name, sizeof g->name, "%s", cfg.memory_group);
     int n = snprintf(g->path, sizeof g->path, "/xseg-group-");
@@ -375,6 +437,10 @@ void group_attach(struct dev_alloc *d)
     g->t = table_open(g);
     if (g->t && (g->me = slot_claim(g)) >= 0) {
         publish(g);
+        struct budget_view v;
+        dev_acquire(d);
+        budget_measure(d, g, &v); /* our foreign bytes, published */
+        dev_unlock(d);
         if (pthread_create(&g->responder, NULL, responder, g)) {
             snprintf(g->error, sizeof g->error, "memory group: no responder thread: device %d goes on "
                      "alone", d->device);
@@ -425,6 +491,119 @@ bool group_on(const struct dev_alloc *d)
     return g && !atomic_load_explicit(&g->alone, memory_order_relaxed);
 }
 
+/* ---- budgets ------------------------------------------------------------------------------ */
+
+/* The group @p d works in, or NULL. */
+static struct group *group_live(const struct dev_alloc *d)
+{
+    struct group *g = atomic_load_explicit(&g_groups[d->device], memory_order_acquire);
+    return g && g->t && !atomic_load_explicit(&g->alone, memory_order_relaxed) ? g : NULL;
+}
+
+size_t group_budget_cap(const struct dev_alloc *d)
+{
+    size_t cap = d->cfg.memory_budget ? d->cfg.memory_budget : SIZE_MAX;
+    struct group *g = group_live(d);
+    if (g && g->group_budget && g->group_budget < cap)
+        cap = (size_t)g->group_budget;
+    return cap;
+}
+
+bool group_measure_on(const struct dev_alloc *d)
+{
+    return d->cfg.memory_budget || group_on(d);
+}
+
+/* The measure itself (group_budget_measure) for @p g (NULL: none). Device lock held. */
+static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v)
+{
+    lock_assert_held(&d->lock);
+    memset(v, 0, sizeof *v);
+    v->limit = v->own_limit = v->group_limit = SIZE_MAX;
+    v->reserved = d->acct.total_allocated_memory;
+    v->budget = d->cfg.memory_budget;
+    size_t dfree = 0, dtotal = 0;
+    /* No driver query while a capture is underway (a query is not capturable work in every
+     * capture mode): the last estimate stands. */
+    bool measured = !dev_capture_underway(d) && drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS &&
+                    drv_mem_info(&dfree, &dtotal) == XSEG_SUCCESS;
+    size_t used = measured && dtotal > dfree ? dtotal - dfree : 0;
+    struct gslot *mine = NULL;
+    if (g) {
+        mine = &g->t->slot[g->me];
+        v->group_budget = (size_t)g->group_budget;
+        /* The other live members' published figures, each bounded by the device (no overflow:
+         * 64 slots of at most 2^47 bytes each on any device there is). */
+        for (int i = 0; i < GROUP_SLOTS; i++) {
+            const struct gslot *s = &g->t->slot[i];
+            int32_t pid = atomic_load(&s->pid);
+            if (i == g->me || !pid || !pid_alive(pid))
+                continue;
+            uint64_t r = atomic_load(&s->reserved), f = atomic_load(&s->foreign);
+            v->others_reserved += r <= g->total ? (size_t)r : 0;
+            v->others_foreign += f <= g->total ? (size_t)f : 0;
+        }
+    }
+    size_t accounted = v->others_reserved + v->others_foreign + v->reserved;
+    if (measured)
+        v->foreign = used > accounted ? used - accounted : 0;
+    else if (mine)
+        v->foreign = (size_t)atomic_load(&mine->foreign); /* the last estimate stands */
+    if (mine) {
+        atomic_store(&mine->reserved, v->reserved < g->total ? v->reserved : g->total);
+        atomic_store(&mine->foreign, v->foreign < g->total ? v->foreign : g->total);
+    }
+    if (v->budget)
+        v->own_limit = v->budget > v->foreign ? v->budget - v->foreign : 0;
+    size_t group_rest = v->others_reserved + v->others_foreign + v->foreign;
+    if (v->group_budget)
+        v->group_limit = v->group_budget > group_rest ? v->group_budget - group_rest : 0;
+    v->limit = v->own_limit < v->group_limit ? v->own_limit : v->group_limit;
+}
+
+void group_budget_measure(struct dev_alloc *d, struct budget_view *v)
+{
+    budget_measure(d, group_live(d), v);
+}
+
+void group_note_reserved(struct dev_alloc *d)
+{
+    struct group *g = group_live(d);
+    if (g) {
+        size_t r = d->acct.total_allocated_memory;
+        atomic_store(&g->t->slot[g->me].reserved, r < g->total ? r : g->total);
+    }
+}
+
+void group_budget_oom_info(struct dev_alloc *d, size_t alloc_size, char *buf, size_t size)
+{
+    lock_assert_held(&d->lock);
+    if (size)
+        buf[0] = '\0';
+    struct group *g = group_live(d);
+    if (!size || (!d->cfg.memory_budget && !(g && g->group_budget)))
+        return;
+    struct budget_view v;
+    budget_measure(d, g, &v);
+    char s1[32], s2[32], s3[32];
+    size_t n = 0;
+    if (v.budget)
+        n += (size_t)snprintf(buf, size, " memory_budget_mb is %s: xseg holds %s reserved and an estimated "
+                              "%s of device memory is this process's but not xseg's (CUDA context, "
+                              "libraries; memory of processes outside a memory group counts too), so the "
+                              "request %s it.", err_format_size(v.budget, s1), err_format_size(v.reserved, s2),
+                              err_format_size(v.foreign, s3),
+                              v.reserved + alloc_size > v.own_limit ? "would pass" : "stays within");
+    if (v.group_budget && n < size) {
+        size_t limit = v.group_limit;
+        snprintf(buf + n, size - n, " memory_group_budget_mb of group '%s' is %s: its members hold %s "
+                 "reserved by xseg and an estimated %s not xseg's, so the request %s it.", g->name,
+                 err_format_size(v.group_budget, s1), err_format_size(v.reserved + v.others_reserved, s2),
+                 err_format_size(v.foreign + v.others_foreign, s3),
+                 v.reserved + alloc_size > limit ? "would pass" : "stays within");
+    }
+}
+
 /* Send member @p i a request for @p need bytes; @return the sequence number its answer carries. */
 static uint32_t ask_send(struct group *g, int i, uint64_t need)
 {
@@ -449,7 +628,7 @@ static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int6
         int64_t left = end - now_ns();
         if (left <= 0)
             return 0;
-        if (!pid_alive(pid) || atomic_load(&s->pid) != pid) {
+        if (atomic_load(&s->pid) != pid || !member_alive(s, pid)) {
             reap_dead(g->t);
             *died = true; /* its memory went back to the driver with it */
             return 0;
@@ -459,18 +638,24 @@ static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int6
     }
 }
 
-bool group_give_way(struct dev_alloc *d, size_t need)
+bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
 {
     struct group *g = atomic_load(&g_groups[d->device]);
     if (!g || atomic_load(&g->alone))
         return false;
     unsigned wait_ms = d->cfg.memory_group_wait_ms;
     dev_unlock(d);
-    /* Ask for what the device lacks, not the whole request (the driver's free memory counts). */
+    /* Ask for what the device lacks, not the whole request (the driver's free memory counts), or
+     * what the group budget lacks where the device has room. */
     size_t dfree = 0, dtotal = 0;
-    if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS &&
-        drv_mem_info(&dfree, &dtotal) == XSEG_SUCCESS && dfree < need)
-        need -= dfree;
+    bool room = false;
+    if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && drv_mem_info(&dfree, &dtotal) == XSEG_SUCCESS) {
+        room = dfree >= need;
+        if (!room)
+            need -= dfree;
+    }
+    if (over_budget && (room || over_budget > need))
+        need = over_budget;
     int64_t end = now_ns() + (int64_t)wait_ms * 1000000ll;
     uint64_t got = 0;
     bool died = false;
@@ -557,8 +742,9 @@ static xseg_status table_members(const struct gtable *t, uint64_t total, const c
     size_t k = 0;
     for (int i = 0; i < GROUP_SLOTS; i++) {
         xseg_group_member m;
-        if (!slot_read(&t->slot[i], total, &m, why, sizeof why) || !m.pid || !pid_alive(m.pid))
+        if (!slot_read(&t->slot[i], total, &m, why, sizeof why) || !m.pid || !member_alive(&t->slot[i], m.pid))
             continue;
+        m.group_budget_bytes = t->group_budget;
         if (k < capacity)
             members[k] = m;
         k++;

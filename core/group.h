@@ -30,10 +30,40 @@ void group_detach_all(void);
 bool group_on(const struct dev_alloc *d);
 
 /* A malloc of @p need bytes failed: ask members to give way, largest reclaimable cache first,
- * for at most memory_group_wait_ms. The device lock is held on entry and on return, dropped
+ * for at most memory_group_wait_ms: what the device lacks, or @p over_budget (the bytes the group
+ * budget lacks, 0: none) where more. The device lock is held on entry and on return, dropped
  * while asking (nothing read before is trusted after). @return whether any bytes were given, or
  * a member asked died (its memory is back): worth allocating again. */
-bool group_give_way(struct dev_alloc *d, size_t need);
+bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget);
+
+/*
+ * Budgets (memory_budget_mb per process, memory_group_budget_mb for a group's sum) count what a
+ * process really holds on the device: xseg's reserved bytes plus its foreign bytes, estimated as
+ * the driver's used memory (cuMemGetInfo) less what the other members publish (reserved +
+ * foreign) less our reserved. Measured at join, at growth and at OOM, never on a cached malloc.
+ */
+struct budget_view {
+    size_t reserved;        /* ours (xseg's), total_allocated_memory */
+    size_t foreign;         /* ours, estimated */
+    size_t others_reserved, others_foreign; /* the other live members', as published */
+    size_t budget, group_budget;            /* bytes; 0: none */
+    size_t own_limit, group_limit, limit;   /* the most our reserved may reach; SIZE_MAX: none */
+};
+
+/* The smaller budget in force on @p d (no measure, no driver call); SIZE_MAX when none. */
+size_t group_budget_cap(const struct dev_alloc *d);
+
+/* Whether growth on @p d measures (a budget, or a group whose figures it keeps exact). */
+bool group_measure_on(const struct dev_alloc *d);
+
+/* Measure (one cuMemGetInfo) and publish our reserved and foreign bytes. Device lock held. */
+void group_budget_measure(struct dev_alloc *d, struct budget_view *v);
+
+/* Publish our reserved bytes now (after a growth), so members measuring see them. Lock held. */
+void group_note_reserved(struct dev_alloc *d);
+
+/* The OOM message's budget sentences ("" without a budget): measured now. Lock held. */
+void group_budget_oom_info(struct dev_alloc *d, size_t alloc_size, char *buf, size_t size);
 
 /* The OOM message's tail: the group's cached and live bytes per member ("" when none). */
 void group_oom_info(const struct dev_alloc *d, char *buf, size_t size);

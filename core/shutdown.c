@@ -14,6 +14,7 @@
 #include "core/pools.h"
 #include "core/runtime.h"
 #include "core/settings.h"
+#include "core/sleep.h"
 #include "core/snapshot.h"
 
 /* Refuse what cannot be undone safely: a capture under way (its graph would point at freed
@@ -121,6 +122,7 @@ static xseg_status shutdown_device(struct dev_alloc *d)
                        "back; call xseg_shutdown again", d->device);
     }
     ev_destroy(d);
+    sleep_teardown(d);
     capreuse_reset(d);
     pools_destroy(d);
     d->cfg_gen = 0; /* the next lock takes the configuration (and its memory fraction) afresh */

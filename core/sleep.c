@@ -6,16 +6,22 @@
  *   1. checks (known pool, awake, no capture, no block exported over IPC or with handles handed
  *      out by xseg_block_handles, expandable segments only) — nothing changes;
  *   2. wait for every stream that may use the pool, then return completed record_stream frees;
- *   3. OFFLOAD: copy each run of live blocks to pinned host memory (a block of the host cache,
- *      core/hostalloc.c), and wait for the copies;
- *   4. unmap every mapped page of the pool, keeping the handles (the bytes still exist): a
- *      failure maps them back with their own memory;
+ *   3. OFFLOAD: queue the copy of each run of live blocks to pinned host memory (a block of the
+ *      host cache, core/hostalloc.c) in chunks of sleep_copy_chunk_mb (64 MiB), round robin over the copy
+ *      streams xseg owns (d->sleep.copy), and record an event per stream used after each segment;
+ *   4. segment after segment: wait for its own chunks (its events), then unmap its mapped pages,
+ *      keeping the handles, while the later segments' chunks still copy; a failure maps every
+ *      unmapped page back with its own handle and memory;
  *   5. release the handles: the memory goes back to the driver. Books: reserved_bytes drops.
- * Wake: map every asleep page (new memory) and restore (copy back or zero) on the segment's stream,
- * segment after segment (a segment's copies overlap the next one's mapping), wait, then give the
- * host memory back (to the host cache under sleep_keep_host_backup, else to the driver). A failure
- * before the end waits for the copies it queued, then unmaps what it mapped (if that wait fails
- * too, the pages stay mapped), and the pool stays asleep with its host copy, ready for a retry.
+ * Why release only after every chunk is copied: cuMemRelease is the one step that loses bytes, so
+ * until it runs any failure is undone with the pool's own pages (no restore from the host copy,
+ * which could fail in turn); it costs ~2 % of the copy time (docs/benchmarks.md#services).
+ * Wake: map every asleep page (new memory) and restore (copy back or zero) in chunks round robin
+ * over the copy streams, segment after segment (a segment's chunks overlap the next one's
+ * mapping), wait, then give the host memory back (to the host cache under sleep_keep_host_backup,
+ * else to the driver). A failure before the end waits for the copies it queued, then unmaps what
+ * it mapped (if that wait fails too, the pages stay mapped), and the pool stays asleep with its
+ * host copy, ready for a retry.
  *
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
  * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
@@ -30,11 +36,13 @@
 
 #include "base/error.h"
 #include "base/hostmem.h"
+#include "base/spill.h"
 #include "base/vec.h"
 #include "core/check.h"
 #include "core/events.h"
 #include "core/hostalloc.h"
 #include "core/pools.h"
+#include "vmm/event.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
@@ -48,8 +56,10 @@ struct sleep_run {
 /* A segment of a sleeping pool. */
 struct sleep_seg {
     struct segrec *s;
-    CUstream stream;     /* where its copies run: its own stream, or the legacy one if that is gone */
+    unsigned used;                    /* the copy streams its chunks ran on (bit k: streams[k]) */
+    CUevent ev[SLEEP_COPY_STREAMS];   /* a sleep: recorded after its chunks on each used stream, or 0 */
     void *host;          /* OFFLOAD: the live bytes (host_bytes), NULL otherwise */
+    uint64_t file_off;   /* OFFLOAD_FILE: where its host_bytes start in the file */
     size_t host_bytes;
     struct sleep_run *runs;
     size_t nruns, capruns;
@@ -58,6 +68,19 @@ struct sleep_seg {
 
 struct pool_sleep {
     unsigned flags;
+    CUstream streams[SLEEP_COPY_STREAMS]; /* the running sleep's or wake's copy streams */
+    unsigned nstreams, next;              /* their count; the round robin's cursor */
+    size_t chunk;                         /* sleep_copy_chunk_mb in bytes */
+    /* OFFLOAD_FILE: the file, and a running sleep's or wake's two bounce buffers (slot j on
+     * streams[j % nstreams]) with what each holds: bytes [boff, boff + blen) of the file. */
+    struct spill file;
+    void *bounce[2];
+    size_t bounce_bytes;
+    bool busy[2];
+    uint64_t boff[2];
+    size_t blen[2];
+    CUdeviceptr bdev[2];
+    unsigned slot;
     struct sleep_seg *segs;
     size_t nsegs, capsegs;
     size_t released; /* bytes the sleep unmapped (reserved_bytes given back) */
@@ -70,21 +93,30 @@ static bool active(const struct block *b) { return b->allocated || block_event_c
  * (the next sleep of as many live bytes allocates no pinned memory), else back to the driver.
  * With @p copies_may_run (a failed sleep), its copy stream is waited for first (else the block
  * waits for an event), so no cached block is reused under a copy still running. */
+static xseg_status wait_all(struct pool_sleep *ps, const char *why);
+static void drop_events(struct sleep_seg *ss);
+
 static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_may_run)
 {
     lock_assert_held(&d->lock);
     if (!ps)
         return;
+    bool waited = !copies_may_run || wait_all(ps, "for the copies of a failed sleep") == XSEG_SUCCESS;
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
+        drop_events(ss);
         xs_free(ss->runs);
         if (!ss->host)
             continue;
-        if (copies_may_run && vstream_wait(ss->stream, "for the copies of a failed sleep") != XSEG_SUCCESS &&
-            hostalloc_record_stream(ss->host, d->info.primary_ctx, ss->stream) != XSEG_SUCCESS)
-            continue; /* neither: kept allocated rather than reused under a copy */
+        bool recorded = true;
+        for (unsigned k = 0; !waited && k < ps->nstreams && recorded; k++)
+            recorded = !(ss->used & (1u << k)) ||
+                       hostalloc_record_stream(ss->host, d->info.primary_ctx, ps->streams[k]) == XSEG_SUCCESS;
+        if (!recorded)
+            continue; /* neither waited nor recorded: kept allocated rather than reused under a copy */
         (void)hostalloc_free(ss->host, !d->cfg.sleep_keep_host_backup);
     }
+    spill_close(&ps->file);
     xs_free(ps->segs);
     xs_free(ps);
 }
@@ -188,25 +220,111 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
     return st;
 }
 
-/* The stream a segment's copies run on: its own, unless the program destroyed it (then the
- * legacy stream, after which sleep and wake wait anyway). */
-static CUstream copy_stream(const struct segrec *s)
+/* ---- chunks over the copy streams --------------------------------------------------------- */
+
+/* The streams of this sleep's or wake's chunks: xseg's own copy streams, created the first time
+ * (non-blocking, so user work on the legacy stream never serializes them; destroyed by
+ * sleep_teardown). Where the driver refuses one, fewer; none: every chunk on the legacy stream.
+ * The pool's streams were waited for before any chunk is queued, and sleep and wake wait for their
+ * chunks before returning, so no ordering between the streams is needed. */
+static void pick_streams(struct dev_alloc *d, struct pool_sleep *ps)
 {
-    return vstream_check(s->stream, "sleep") == XSEG_SUCCESS ? s->stream : NULL;
+    lock_assert_held(&d->lock);
+    struct sleep_state *sl = &d->sleep;
+    bool failed = false;
+    while (sl->ncopy < SLEEP_COPY_STREAMS && !failed) {
+        failed = vstream_create(&sl->copy[sl->ncopy]) != XSEG_SUCCESS;
+        sl->ncopy += !failed;
+    }
+    if (failed)
+        err_clear(); /* fewer streams only cost overlap; the next sleep tries again */
+    ps->nstreams = sl->ncopy ? sl->ncopy : 1;
+    for (unsigned k = 0; k < ps->nstreams; k++)
+        ps->streams[k] = sl->ncopy ? sl->copy[k] : NULL;
+    ps->next = 0;
+    ps->chunk = d->cfg.sleep_copy_chunk;
 }
 
-/* Wait for the copies of the first @p n segments (each stream once). */
-static xseg_status wait_copies(struct pool_sleep *ps, size_t n, const char *why)
+void sleep_teardown(struct dev_alloc *d)
 {
-    xseg_status st = XSEG_SUCCESS;
-    for (size_t i = 0; i < n && st == XSEG_SUCCESS; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < i && !seen; j++)
-            seen = ps->segs[j].stream == ps->segs[i].stream;
-        if (!seen)
-            st = vstream_wait(ps->segs[i].stream, why);
+    lock_assert_held(&d->lock);
+    for (unsigned k = 0; k < d->sleep.ncopy; k++)
+        vstream_destroy(d->sleep.copy[k]);
+    memset(d->sleep.copy, 0, sizeof d->sleep.copy);
+    d->sleep.ncopy = 0;
+}
+
+enum chunk_op { CHUNK_DTOH, CHUNK_HTOD, CHUNK_ZERO };
+
+/* Queue the copy of [dev, dev + len) to @p host (DTOH), from it (HTOD), or its clearing (ZERO), in
+ * chunks of at most ps->chunk bytes, round robin over @p ps's streams; @p ss notes the streams. */
+static xseg_status queue_chunks(struct pool_sleep *ps, struct sleep_seg *ss, enum chunk_op op, CUdeviceptr dev,
+                                char *host, size_t len)
+{
+    for (size_t done = 0; done < len;) {
+        size_t n = len - done < ps->chunk ? len - done : ps->chunk;
+        unsigned k = ps->next++ % ps->nstreams;
+        CUstream s = ps->streams[k];
+        xseg_status st = op == CHUNK_DTOH   ? vhost_copy_dtoh(host + done, dev + done, n, s)
+                         : op == CHUNK_HTOD ? vhost_copy_htod(dev + done, host + done, n, s)
+                                            : vhost_zero(dev + done, n, s);
+        if (st != XSEG_SUCCESS)
+            return st;
+        ss->used |= 1u << k;
+        done += n;
     }
-    return st;
+    return XSEG_SUCCESS;
+}
+
+/* Wait for every chunk queued on @p ps's streams (all of them, even after a failure: a rollback
+ * must know its copies are done); the first failure is returned. */
+static xseg_status wait_all(struct pool_sleep *ps, const char *why)
+{
+    xseg_status first = XSEG_SUCCESS;
+    for (unsigned k = 0; k < ps->nstreams; k++) {
+        xseg_status st = vstream_wait(ps->streams[k], why);
+        if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
+            first = st;
+    }
+    return first;
+}
+
+/* A sleep: an event after @p ss's chunks on each stream they used, so step 4 waits for this
+ * segment alone. An event the driver refuses is left 0: wait_seg waits for the stream then. */
+static void mark_seg(struct pool_sleep *ps, struct sleep_seg *ss)
+{
+    for (unsigned k = 0; k < ps->nstreams; k++) {
+        if (!(ss->used & (1u << k)))
+            continue;
+        if (vevent_create(&ss->ev[k]) != XSEG_SUCCESS) {
+            ss->ev[k] = NULL;
+            err_clear();
+        } else if (!vevent_record(ss->ev[k], ps->streams[k])) {
+            vevent_destroy(ss->ev[k]);
+            ss->ev[k] = NULL;
+        }
+    }
+}
+
+static xseg_status wait_seg(struct pool_sleep *ps, struct sleep_seg *ss, const char *why)
+{
+    for (unsigned k = 0; k < ps->nstreams; k++) {
+        if (!(ss->used & (1u << k)) || (ss->ev[k] && vevent_wait(ss->ev[k])))
+            continue;
+        xseg_status st = vstream_wait(ps->streams[k], why);
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
+    return XSEG_SUCCESS;
+}
+
+static void drop_events(struct sleep_seg *ss)
+{
+    for (unsigned k = 0; k < SLEEP_COPY_STREAMS; k++)
+        if (ss->ev[k]) {
+            vevent_destroy(ss->ev[k]);
+            ss->ev[k] = NULL;
+        }
 }
 
 /* ---- sleep ------------------------------------------------------------------------------- */
@@ -233,10 +351,11 @@ static bool collect_runs(struct sleep_seg *ss, size_t *bytes)
     return true;
 }
 
-/* Step 3: copy every run of live blocks to pinned host memory and wait for it. */
+/* Step 3: queue the copy of every run of live blocks to pinned host memory (step 4 waits). */
 static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
 {
     lock_assert_held(&d->lock);
+    pick_streams(d, ps);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
         if (!ss->host_bytes)
@@ -247,13 +366,129 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
         uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
         for (size_t r = 0; r < ss->nruns; r++) {
             const struct sleep_run *run = &ss->runs[r];
-            st = vhost_copy_dtoh((char *)ss->host + run->host_off, (CUdeviceptr)(base + run->off), run->len,
-                                 ss->stream);
+            st = queue_chunks(ps, ss, CHUNK_DTOH, (CUdeviceptr)(base + run->off), (char *)ss->host + run->host_off,
+                              run->len);
             if (st != XSEG_SUCCESS)
                 return err_prefix(st, "xseg_sleep: offloading live blocks");
         }
+        mark_seg(ps, ss);
     }
-    return wait_copies(ps, ps->nsegs, "for the copies of a sleep (xseg_sleep)");
+    return XSEG_SUCCESS;
+}
+
+/* ---- OFFLOAD_FILE: the file through two bounce buffers ------------------------------------- */
+
+/* Two pinned bounce buffers from the host cache, each the largest chunk a run needs. */
+static xseg_status bounce_get(struct dev_alloc *d, struct pool_sleep *ps, const char *fn)
+{
+    size_t big = 0;
+    for (size_t i = 0; i < ps->nsegs; i++)
+        for (size_t r = 0; r < ps->segs[i].nruns; r++)
+            big = ps->segs[i].runs[r].len > big ? ps->segs[i].runs[r].len : big;
+    ps->bounce_bytes = big < ps->chunk ? big : ps->chunk;
+    ps->slot = 0;
+    ps->busy[0] = ps->busy[1] = false;
+    for (int j = 0; j < 2 && ps->bounce_bytes; j++) {
+        xseg_status st = hostalloc_malloc(d->info.primary_ctx, ps->bounce_bytes, &ps->bounce[j]);
+        if (st != XSEG_SUCCESS)
+            return err_prefix(st, "%s: a pinned bounce buffer of %zu bytes for the file", fn, ps->bounce_bytes);
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Give the bounce buffers back; after a failure (@p copies_may_run) once their copies are done. */
+static void bounce_put(struct dev_alloc *d, struct pool_sleep *ps, bool copies_may_run)
+{
+    bool waited = !copies_may_run || wait_all(ps, "for the copies of a failed sleep or wake") == XSEG_SUCCESS;
+    for (int j = 0; j < 2; j++) {
+        if (!ps->bounce[j])
+            continue;
+        bool recorded = true;
+        for (unsigned k = 0; !waited && k < ps->nstreams && recorded; k++)
+            recorded = hostalloc_record_stream(ps->bounce[j], d->info.primary_ctx, ps->streams[k]) == XSEG_SUCCESS;
+        if (recorded) /* else kept allocated rather than reused under a copy */
+            (void)hostalloc_free(ps->bounce[j], !d->cfg.sleep_keep_host_backup);
+        ps->bounce[j] = NULL;
+    }
+}
+
+static CUstream slot_stream(const struct pool_sleep *ps, unsigned j) { return ps->streams[j % ps->nstreams]; }
+
+/* Sleep: finish slot @p j (its copy to the bounce buffer, then the write to the file). */
+static xseg_status file_flush(struct pool_sleep *ps, unsigned j)
+{
+    if (!ps->busy[j])
+        return XSEG_SUCCESS;
+    ps->busy[j] = false;
+    xseg_status st = vstream_wait(slot_stream(ps, j), "for a copy to the bounce buffer");
+    if (st != XSEG_SUCCESS)
+        return err_prefix(st, "xseg_sleep_ex: offloading live blocks");
+    return spill_write(&ps->file, ps->bounce[j], ps->blen[j], ps->boff[j], "xseg_sleep_ex");
+}
+
+/* Sleep: the device bytes [dev, dev + len) to the file at @p off, chunk by chunk; a chunk's copy
+ * into one buffer runs while the other buffer's chunk is written. */
+static xseg_status file_out(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off, size_t len)
+{
+    for (size_t done = 0; done < len;) {
+        size_t n = len - done < ps->bounce_bytes ? len - done : ps->bounce_bytes;
+        unsigned j = ps->slot;
+        ps->slot ^= 1;
+        xseg_status st = file_flush(ps, j);
+        if (st != XSEG_SUCCESS)
+            return st;
+        if ((st = vhost_copy_dtoh(ps->bounce[j], dev + done, n, slot_stream(ps, j))) != XSEG_SUCCESS)
+            return err_prefix(st, "xseg_sleep_ex: offloading live blocks");
+        ps->busy[j] = true;
+        ps->boff[j] = off + done;
+        ps->blen[j] = n;
+        done += n;
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Step 3 with XSEG_SLEEP_OFFLOAD_FILE: every run of live blocks into the file (all written when it
+ * returns successfully: no page is unmapped before). */
+static xseg_status offload_file(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
+    pick_streams(d, ps);
+    xseg_status st = bounce_get(d, ps, "xseg_sleep_ex");
+    for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
+        struct sleep_seg *ss = &ps->segs[i];
+        uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
+        for (size_t r = 0; r < ss->nruns && st == XSEG_SUCCESS; r++)
+            st = file_out(ps, (CUdeviceptr)(base + ss->runs[r].off), ss->file_off + ss->runs[r].host_off,
+                          ss->runs[r].len);
+    }
+    for (unsigned k = 0; k < 2 && st == XSEG_SUCCESS; k++) /* the older slot first */
+        st = file_flush(ps, ps->slot ^ k);
+    bounce_put(d, ps, st != XSEG_SUCCESS);
+    return st;
+}
+
+/* Wake: the file's bytes [off, off + len) to [dev, dev + len), chunk by chunk: a chunk is read
+ * into one buffer while the other buffer's copy to the device runs. */
+static xseg_status file_in(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off, size_t len)
+{
+    for (size_t done = 0; done < len;) {
+        size_t n = len - done < ps->bounce_bytes ? len - done : ps->bounce_bytes;
+        unsigned j = ps->slot;
+        ps->slot ^= 1;
+        xseg_status st = XSEG_SUCCESS;
+        if (ps->busy[j]) /* its last copy to the device read the buffer: done first */
+            st = vstream_wait(slot_stream(ps, j), "for a copy from the bounce buffer (xseg_wake)");
+        ps->busy[j] = false;
+        if (st == XSEG_SUCCESS)
+            st = spill_read(&ps->file, ps->bounce[j], n, off + done, "reading the sleep's file back");
+        if (st == XSEG_SUCCESS)
+            st = vhost_copy_htod(dev + done, ps->bounce[j], n, slot_stream(ps, j));
+        if (st != XSEG_SUCCESS)
+            return st;
+        ps->busy[j] = true;
+        done += n;
+    }
+    return XSEG_SUCCESS;
 }
 
 /* History: every mapped range of the pool's segments, as segment_unmap (or _map) events. */
@@ -288,7 +523,11 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     xseg_status st = XSEG_SUCCESS;
     for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
         size_t un;
-        st = seg_sleep_unmap(ps->segs[k].s->vseg, &un);
+        /* its own chunks are copied (the later segments' may still run) */
+        st = wait_seg(ps, &ps->segs[k], "for the copies of a sleep (xseg_sleep)");
+        drop_events(&ps->segs[k]);
+        if (st == XSEG_SUCCESS)
+            st = seg_sleep_unmap(ps->segs[k].s->vseg, &un);
     }
     if (st != XSEG_SUCCESS) {
         char msg[512];
@@ -304,9 +543,11 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
         }
         if (ust == XSEG_SUCCESS)
             return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
-        /* Pages that could not be mapped back: the pool sleeps now, with nothing lost. */
+        /* Pages that could not be mapped back: the pool sleeps now, with nothing lost once the
+         * later segments' chunks are copied (their pages stay mapped, and a wake restores them). */
         char msg2[256];
         snprintf(msg2, sizeof msg2, "%s", err_message());
+        (void)wait_all(ps, "for the copies of a sleep (xseg_sleep)");
         *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
         st = err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so "
                          "the pool is asleep now; xseg_wake brings it back", msg, msg2, left);
@@ -326,7 +567,7 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     return st;
 }
 
-xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags)
+xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags, const char *path)
 {
     lock_assert_held(&d->lock);
     struct priv_pool *pp;
@@ -373,6 +614,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     if (!ps)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
     ps->flags = flags;
+    ps->file.fd = -1;
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
         if (dev_pool_owner(d, s->pool) != pp)
             continue;
@@ -411,13 +653,18 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
             state_free(d, ps, false);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
         }
-        ss->stream = copy_stream(ss->s);
-        ps->live += bytes;
-        if (flags == XSEG_SLEEP_OFFLOAD)
+        if (flags != XSEG_SLEEP_DISCARD)
             ss->host_bytes = bytes;
+        ss->file_off = ps->live;
+        ps->live += bytes;
     }
-    if (flags == XSEG_SLEEP_OFFLOAD && (st = offload(d, ps)) != XSEG_SUCCESS) {
-        state_free(d, ps, true);
+    if (flags == XSEG_SLEEP_OFFLOAD_FILE && (st = spill_create(&ps->file, path, "xseg_sleep_ex")) != XSEG_SUCCESS) {
+        state_free(d, ps, false);
+        return st;
+    }
+    if (flags != XSEG_SLEEP_DISCARD &&
+        (st = flags == XSEG_SLEEP_OFFLOAD_FILE ? offload_file(d, ps) : offload(d, ps)) != XSEG_SUCCESS) {
+        state_free(d, ps, true); /* the file is removed */
         return st;
     }
 
@@ -425,7 +672,7 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     bool asleep;
     st = unmap_all(d, ps, &asleep);
     if (!asleep) {
-        state_free(d, ps, false);
+        state_free(d, ps, true); /* the later segments' chunks may still run */
         return st;
     }
     *slot(d, pp) = ps;
@@ -464,7 +711,7 @@ static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
 
 /* Restore segment @p ss: the host copy of every run of blocks still active, or zeros on every
  * mapped range. */
-static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *ss)
+static xseg_status restore(struct pool_sleep *ps, struct sleep_seg *ss)
 {
     const struct segrec *s = ss->s;
     uintptr_t base = (uintptr_t)seg_base(s->vseg);
@@ -479,7 +726,7 @@ static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *
             size_t len = 0;
             for (; b && b->mapped; b = b->next)
                 len += b->size;
-            st = vhost_zero((CUdeviceptr)start, len, ss->stream);
+            st = queue_chunks(ps, ss, CHUNK_ZERO, (CUdeviceptr)start, NULL, len);
         }
         return st;
     }
@@ -500,8 +747,10 @@ static xseg_status restore(const struct pool_sleep *ps, const struct sleep_seg *
             return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: live bytes at offset %zu of a segment were not "
                            "live at the sleep", off);
         const struct sleep_run *run = &ss->runs[r];
-        st = vhost_copy_htod((CUdeviceptr)(base + off), (const char *)ss->host + run->host_off + (off - run->off),
-                             len, ss->stream);
+        size_t from = run->host_off + (off - run->off); /* in the segment's backup */
+        st = ps->flags == XSEG_SLEEP_OFFLOAD_FILE
+                 ? file_in(ps, (CUdeviceptr)(base + off), ss->file_off + from, len)
+                 : queue_chunks(ps, ss, CHUNK_HTOD, (CUdeviceptr)(base + off), (char *)ss->host + from, len);
     }
     return st;
 }
@@ -535,38 +784,46 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
         ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
     }
-    /* Each segment's restore is queued as soon as its pages are mapped, so its copies run while
-     * the next segment maps. k: segments mapped (or tried); queued: those whose copies may run. */
-    size_t k = 0, queued = 0;
+    /* Each segment's restore is queued as soon as its pages are mapped, so its chunks run while
+     * the next segment maps. k: segments mapped (or tried). */
+    pick_streams(d, ps);
+    if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE && (st = bounce_get(d, ps, "xseg_wake")) != XSEG_SUCCESS) {
+        bounce_put(d, ps, false);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", err_message());
+        return err_set(st, "%s; the pool is still asleep (retry the wake)", msg);
+    }
+    size_t k = 0;
     for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
         size_t mapped;
         if ((st = seg_wake_map(ps->segs[k].s->vseg, &mapped)) != XSEG_SUCCESS) {
             k++; /* its own rollback may have left a page mapped: counted below */
             break;
         }
-        ps->segs[k].stream = copy_stream(ps->segs[k].s);
-        queued = k + 1;
         st = restore(ps, &ps->segs[k]);
     }
     if (st == XSEG_SUCCESS)
-        st = wait_copies(ps, queued, "for the copies of a wake (xseg_wake)");
+        st = wait_all(ps, "for the copies of a wake (xseg_wake)");
     if (st != XSEG_SUCCESS) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", err_message());
         /* A copy already queued may still write into the pages: they are unmapped only once it
          * is done. If even that wait fails they stay mapped (counted), and a retry reuses them. */
-        if (wait_copies(ps, queued, "for the copies of a failed wake (xseg_wake)") != XSEG_SUCCESS) {
+        if (wait_all(ps, "for the copies of a failed wake (xseg_wake)") != XSEG_SUCCESS) {
             char msg2[256];
             snprintf(msg2, sizeof msg2, "%s", err_message());
             count_woken(d, ps);
+            bounce_put(d, ps, true);
             return err_set(st, "xseg_wake: %s; the pool is still asleep; its copies could not be waited for (%s), "
                                "so the pages this wake mapped stay mapped (retry the wake)", msg, msg2);
         }
         undo_maps(d, ps, k);
+        bounce_put(d, ps, false);
         return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; "
                            "retry the wake)", msg);
     }
 
+    bounce_put(d, ps, false);
     count_woken(d, ps);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
@@ -590,7 +847,7 @@ static void add_stats(const struct pool_sleep *ps, xseg_sleep_stats *out)
     out->asleep++;
     out->flags = ps->flags;
     out->released_bytes += ps->released;
-    if (ps->flags == XSEG_SLEEP_OFFLOAD)
+    if (ps->flags != XSEG_SLEEP_DISCARD)
         out->offloaded_bytes += ps->live;
     else
         out->discarded_bytes += ps->live;

@@ -19,8 +19,11 @@
 #include "core/device.h"
 
 /* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). Lock held. */
-xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id pool, unsigned flags);
+xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path);
 xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id pool);
+/* xseg_shutdown: destroy the device's copy streams (sleep and wake wait for their chunks, so none
+ * has work queued). Lock held. */
+void sleep_teardown(struct dev_alloc *d);
 /* xseg_get_sleep_stats: @p pool, or every pool of the device when NULL. */
 xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out);
 

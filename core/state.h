@@ -52,7 +52,8 @@ struct ev_state {
  * common path whose block B has a free successor R and no free predecessor (and whose merge would
  * move no counter up) leaves B in its stream's slot instead of merging it into R. A malloc on B's
  * stream whose rounded size best fit would serve by splitting it off the merged block M = [B, R)
- * (fast_fits, at the fill: min_size to B's size; B's size only on classic segments) hands B's
+ * (fast_fits, at the fill: min_size to B's size; on classic segments B's size, widened by
+ * fast_widen towards min_fit) hands B's
  * address out again with that size (a hit); its free puts it back. Neither touches the device
  * lock, the index, the map or the statistics: what they owe is the slot's (core/fast.h).
  * Locking: the slot's fields are guarded by its lock; the fast paths read only B's address and
@@ -68,6 +69,8 @@ struct dev_slot {
     struct block *lazy;    /* B while freed by the user, not merged, else NULL */
     uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
     size_t min_size;       /* the smallest rounded size a hit may take (at most B's size) */
+    size_t min_fit;        /* the smallest rounded size eager best fit gives B's place (<= min_size):
+                            * a classic slot widens min_size down to it (fast_widen) */
     size_t span;           /* B's size - min_size: a hit's rounded size r has r - min_size <= span */
     size_t base_req;       /* B's requested bytes as the statistics count them (its requested_size) */
     size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
@@ -161,10 +164,14 @@ struct pool_state {
 struct pool_sleep;
 /* The default pools' sleep (NULL: awake), how many pools sleep (a rare condition: malloc takes
  * the general path while > 0), and the device's counts. */
+/* Copy streams xseg owns for the chunks of sleep and wake (round robin, so chunks overlap). */
+#define SLEEP_COPY_STREAMS 2
 struct sleep_state {
     struct pool_sleep *sleep_default;
     unsigned nasleep;
     int64_t num_sleeps, num_wakes;
+    CUstream copy[SLEEP_COPY_STREAMS]; /* created at the first sleep or wake, destroyed at shutdown */
+    unsigned ncopy;
 };
 
 
@@ -195,6 +202,10 @@ struct acct {
     size_t allowed_memory_maximum;
     bool set_fraction;
     double fraction;
+    /* A memory budget in force (core/group.h, group_budget_measure): set by malloc_policy for a
+     * growth, measured then, and cleared when the malloc returns, so only growth sees it. */
+    bool set_budget;
+    size_t budget_limit; /* the most total_allocated_memory may reach */
 };
 
 

@@ -46,6 +46,10 @@ extern "C" {
  * stream (or context). The NULL stream may be held too. */
 void cudaemu_stream_hold(CUstream stream);
 void cudaemu_stream_release(CUstream stream);
+/* Hold (@p on) every stream, the NULL stream and streams created from now on included, as
+ * cudaemu_stream_hold does one: for work queued on streams a test cannot name (a library's own).
+ * 0 releases every stream (their work completes) and new streams start unheld again. */
+void cudaemu_stream_hold_all(int on);
 
 /* Enqueue a unit of work on @p stream, standing for a kernel launch, so that tests can express
  * forks and joins in a capture. While @p stream captures: a kernel node that depends on the

@@ -263,6 +263,7 @@ struct emu_state {
     struct CUstream_st null_stream;
     uint64_t capture_seq;
     size_t captures_active;       /* streams taking part in a capture (cap != NULL) */
+    bool hold_all;                /* cudaemu_stream_hold_all: new streams start held */
 };
 extern struct emu_state emu;
 
@@ -271,6 +272,9 @@ extern struct emu_state emu;
 size_t emu_mem_free_locked(int dev);
 /* Count @p bytes more (@p add) or fewer in this process's use of @p dev, and publish it. */
 void emu_mem_add_locked(int dev, size_t bytes, bool add);
+/* Count @p bytes more in this process's use of @p dev if they fit, as one step among every
+ * sharer (a memory allocation's check and add): false, nothing counted, when they do not. */
+bool emu_mem_take_locked(int dev, size_t bytes);
 /* The UUID of @p dev: a hash of CUDAEMU_SHARED's name and the ordinal. */
 void emu_device_uuid(int dev, unsigned char out[16]);
 

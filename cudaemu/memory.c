@@ -51,25 +51,26 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
         goto fail;
     r = CUDA_ERROR_OUT_OF_MEMORY;
     /* Accounting counts whole host pages, what the mapping really takes. */
-    if (len > emu_mem_free_locked(dev))
+    if (!emu_mem_take_locked(dev, len))
         goto fail;
     /* Page-aligned, so the driver's 256-byte alignment holds. */
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED)
-        goto fail;
+        goto fail_taken;
     a->base = (uintptr_t)p;
     a->size = bytesize;
     a->mapped = len;
     a->dev = dev;
     if (emu_map_put(&emu.allocs, a->base, a)) {
         munmap(p, len);
-        goto fail;
+        goto fail_taken;
     }
-    emu_mem_add_locked(dev, len, true);
     emu_unlock();
     *dptr = (CUdeviceptr)a->base;
     return CUDA_SUCCESS;
+fail_taken:
+    emu_mem_add_locked(dev, len, false);
 fail:
     emu_unlock();
     free(a);

@@ -6,23 +6,27 @@
  * process is gone (kill(pid, 0) says ESRCH) counts nothing and is taken over, as the driver frees
  * a dead process's memory. Without the variable each process has its own device, as before.
  *
- * The check and the publish are two steps: two processes allocating at the same instant may both
- * pass the check (an overcommit of at most one allocation each; a GPU would refuse one of them).
+ * An allocation's check and its publish are one step among the sharers (emu_mem_take_locked): a
+ * lock word in the file names its holder's pid, and a holder found dead is replaced (its slot no
+ * longer counts, so whatever it left half done does not matter). Processes allocating at the
+ * same instant never overcommit the device together; giving memory back needs no lock.
  * The device UUID (cuDeviceGetUuid) hashes the name and the ordinal, so processes sharing a name
  * see the same device, as processes on one GPU see one UUID.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudaemu/emu.h"
 
-#define SHARED_MAGIC 0x31726873756d6563ull /* "cemushr1" */
+#define SHARED_MAGIC 0x32726873756d6563ull /* "cemushr2" */
 #define SHARED_SLOTS 256
 
 struct shared_slot {
@@ -33,6 +37,8 @@ struct shared_slot {
 
 struct shared_file {
     _Atomic uint64_t magic;
+    _Atomic int32_t lock;   /* the pid of the process checking and adding; 0: free */
+    uint32_t pad;
     struct shared_slot slot[SHARED_SLOTS];
 };
 
@@ -156,6 +162,53 @@ static size_t shared_others(struct shared_file *f, int dev)
             sum += atomic_load(&f->slot[i].bytes);
     }
     return sum;
+}
+
+/* The file's lock: taken from a dead holder (kill says ESRCH), else waited for (a holder does a
+ * sum of 256 slots and a store: microseconds). */
+static void shared_lock(struct shared_file *f)
+{
+    int32_t me = (int32_t)getpid();
+    for (unsigned spins = 0;; spins++) {
+        int32_t holder = 0;
+        if (atomic_compare_exchange_strong(&f->lock, &holder, me))
+            return;
+        if (holder == me || !pid_alive(holder)) {
+            /* A dead holder (our own pid: a dead process's, reused since) */
+            if (atomic_compare_exchange_strong(&f->lock, &holder, me))
+                return;
+            continue;
+        }
+        if (spins < 64)
+            sched_yield();
+        else
+            nanosleep(&(struct timespec){0, 20000}, NULL);
+    }
+}
+
+static void shared_unlock(struct shared_file *f)
+{
+    atomic_store(&f->lock, 0);
+}
+
+bool emu_mem_take_locked(int dev, size_t bytes)
+{
+    struct shared_file *f = shared_open_locked(dev);
+    if (!f) {
+        if (bytes > emu_mem_free_locked(dev))
+            return false;
+        emu.used[dev] += bytes;
+        return true;
+    }
+    shared_lock(f);
+    size_t used = emu.used[dev] + shared_others(f, dev);
+    bool fits = used <= emu.cfg.total_mem && bytes <= emu.cfg.total_mem - used;
+    if (fits) {
+        emu.used[dev] += bytes;
+        atomic_store(&f->slot[shared_slot_of[dev]].bytes, emu.used[dev]);
+    }
+    shared_unlock(f);
+    return fits;
 }
 
 size_t emu_mem_free_locked(int dev)

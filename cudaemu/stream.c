@@ -205,6 +205,7 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     s->flags = Flags;
     emu_lock();
+    s->held = emu.hold_all;
     int bad = emu_map_put(&emu.streams, (uint64_t)(uintptr_t)s, s);
     emu_unlock();
     if (bad) {
@@ -622,6 +623,21 @@ void cudaemu_stream_release(CUstream stream)
         s->held = false;
         stream_complete(s);
     }
+    emu_unlock();
+}
+
+void cudaemu_stream_hold_all(int on)
+{
+    emu_env_once();
+    emu_lock();
+    emu.hold_all = on != 0;
+    size_t pos = 0;
+    CUstream s = &emu.null_stream;
+    do {
+        s->held = on != 0;
+        if (!on)
+            stream_complete(s);
+    } while ((s = emu_map_next(&emu.streams, &pos, NULL)));
     emu_unlock();
 }
 

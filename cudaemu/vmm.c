@@ -385,9 +385,10 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (!ph)
         return CUDA_ERROR_OUT_OF_MEMORY;
     emu_lock();
-    if (size > emu_mem_free_locked(dev)) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-        goto fail;
+    if (!emu_mem_take_locked(dev, size)) {
+        emu_unlock();
+        free(ph);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     /* Every handle starts as a range of the device file, exportable or not: xseg asks for
      * shareable pages by default (expandable_segments_ipc), and a descriptor per page would hit
@@ -422,7 +423,6 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
             close(ph->fd);
         goto fail;
     }
-    emu_mem_add_locked(dev, size, true);
     emu.nphys++;
     int fd = ph->fd;
     off_t off = ph->off;
@@ -431,6 +431,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     vmm_fresh_fill(fd, off, size);
     return CUDA_SUCCESS;
 fail:
+    emu_mem_add_locked(dev, size, false); /* taken above */
     emu_unlock();
     free(ph);
     return r;

@@ -848,6 +848,10 @@ typedef enum xseg_sleep_flags {
     XSEG_SLEEP_OFFLOAD = 1,
     /** Drop the bytes: after the wake every page of the pool reads zero (never stale data). */
     XSEG_SLEEP_DISCARD = 2,
+    /** Copy the live blocks' bytes to a new file (xseg_sleep_ex's path) through two pinned bounce
+     *  buffers of sleep_copy_chunk_mb each, for pools too large for host memory; the wake reads
+     *  them back and removes the file. */
+    XSEG_SLEEP_OFFLOAD_FILE = 4,
 } xseg_sleep_flags;
 
 /**
@@ -877,6 +881,28 @@ typedef enum xseg_sleep_flags {
 XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
 
 /**
+ * xseg_sleep with a file: with XSEG_SLEEP_OFFLOAD_FILE the live blocks' bytes are written to a
+ * file created at @p path, in sleep_copy_chunk_mb chunks through two pinned bounce buffers from
+ * the host cache (a chunk's copy overlaps the previous chunk's write), and read back by
+ * xseg_wake, which then removes the file. The file is created with O_CREAT | O_EXCL |
+ * O_NOFOLLOW | O_CLOEXEC and mode 0600: an existing file or a symbolic link at @p path is refused
+ * (XSEG_ERROR_INVALID_VALUE), never followed or overwritten. It lives from the sleep to the wake
+ * (xseg_shutdown refuses while a pool sleeps); a failed sleep removes it, a failed wake keeps it
+ * for the retry. The file is removed only while @p path still names it.
+ * @param device a device index.
+ * @param pool   {0, 0} for the default pools, or a private pool's id.
+ * @param flags  XSEG_SLEEP_OFFLOAD_FILE, or XSEG_SLEEP_OFFLOAD / XSEG_SLEEP_DISCARD (as
+ *               xseg_sleep; @p path must then be NULL).
+ * @param path   the file to create with XSEG_SLEEP_OFFLOAD_FILE (a new path), else NULL.
+ * @return as xseg_sleep, and XSEG_ERROR_INVALID_VALUE for a missing or unneeded @p path, an
+ *         existing file or link at it, or a failed create, write or read (the message names the
+ *         path and the errno: EIO, EFBIG, ...); XSEG_ERROR_OUT_OF_MEMORY when the file system is
+ *         full (ENOSPC, EDQUOT) or the bounce buffers cannot be had. A failure leaves the pool
+ *         awake with its data and the file removed.
+ */
+XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags, const char *path);
+
+/**
  * Wake @p pool of @p device: map a page at every address the sleep gave back (new physical
  * memory, with access for the device and its enabled peers), restore the live blocks (the
  * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on their segment's stream,
@@ -887,9 +913,11 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
  *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep or a capture is underway;
  *         XSEG_ERROR_OUT_OF_MEMORY when the device (or the memory fraction) cannot hold the pages
- *         now; XSEG_ERROR_DRIVER when a driver call fails. A failed wake is rolled back: the
- *         pages it mapped are given back, the pool stays asleep with its offloaded bytes, nothing
- *         leaks, and the wake can be retried.
+ *         now; XSEG_ERROR_DRIVER when a driver call fails; after XSEG_SLEEP_OFFLOAD_FILE,
+ *         XSEG_ERROR_INVALID_VALUE when reading the file fails (the message names the errno, or a
+ *         file cut short). A failed wake is rolled back: the pages it mapped are given back, the
+ *         pool stays asleep with its offloaded bytes (or file), nothing leaks, and the wake can
+ *         be retried.
  */
 XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool);
 
@@ -1034,10 +1062,14 @@ typedef struct xseg_group_member {
     uint64_t reserved_bytes;    /**< device memory xseg holds for it (reserved_bytes.all.current) */
     uint64_t allocated_bytes;   /**< of which live allocations (allocated_bytes.all.current) */
     uint64_t reclaimable_bytes; /**< reserved but unallocated: what it could give way */
-    uint64_t budget_bytes;      /**< its budget; 0: none */
+    uint64_t budget_bytes;      /**< its memory_budget_mb, capped at the device; 0: none */
     uint64_t gave_way_count;    /**< requests it answered by giving memory back */
     uint64_t gave_way_bytes;    /**< bytes it gave back to other members */
     uint64_t asked_count;       /**< times it asked the group to give way */
+    uint64_t foreign_bytes;     /**< its estimate of device memory it holds outside xseg (CUDA
+                                     context, libraries' buffers), from cuMemGetInfo at its join,
+                                     growth and OOM, less what the members publish (docs/services.md) */
+    uint64_t group_budget_bytes; /**< the group's memory_group_budget_mb (its first member's); 0: none */
 } xseg_group_member;
 
 /**

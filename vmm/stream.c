@@ -47,3 +47,19 @@ xseg_status vstream_check(CUstream stream, const char *caller)
 
 /* Services. */
 bool vstream_idle(CUstream stream) { return drv->cuStreamQuery(stream) == CUDA_SUCCESS; }
+
+xseg_status vstream_create(CUstream *out)
+{
+    *out = NULL;
+    CUresult res = drv->cuStreamCreate(out, CU_STREAM_NON_BLOCKING);
+    if (res == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    *out = NULL;
+    return drv_fail(res, "cuStreamCreate(CU_STREAM_NON_BLOCKING) for the copies of sleep and wake");
+}
+
+void vstream_destroy(CUstream stream)
+{
+    if (stream)
+        (void)drv->cuStreamDestroy(stream);
+}

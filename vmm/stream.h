@@ -39,4 +39,9 @@ xseg_status vstream_check(CUstream stream, const char *caller);
  * cuStreamQuery, never a wait; any error (a destroyed stream, a capture) answers false. */
 bool vstream_idle(CUstream stream);
 
+/* Services: a non-blocking stream of the current context for xseg's own copies (sleep and wake's
+ * chunks), and its destruction (the driver finishes work still queued on it). */
+xseg_status vstream_create(CUstream *out);
+void vstream_destroy(CUstream stream);
+
 #endif

@@ -323,13 +323,15 @@ class _GroupMember(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_int), ("reserved_bytes", ctypes.c_uint64),
                 ("allocated_bytes", ctypes.c_uint64), ("reclaimable_bytes", ctypes.c_uint64),
                 ("budget_bytes", ctypes.c_uint64), ("gave_way_count", ctypes.c_uint64),
-                ("gave_way_bytes", ctypes.c_uint64), ("asked_count", ctypes.c_uint64)]
+                ("gave_way_bytes", ctypes.c_uint64), ("asked_count", ctypes.c_uint64),
+                ("foreign_bytes", ctypes.c_uint64), ("group_budget_bytes", ctypes.c_uint64)]
 
 
 def group_members(device=None):
     """The members of the memory group (config key memory_group) this process's `device` is in,
     each a dict: pid, reserved_bytes, allocated_bytes, reclaimable_bytes, budget_bytes,
-    gave_way_count, gave_way_bytes, asked_count (as each last published, at most ~100 ms old).
+    gave_way_count, gave_way_bytes, asked_count, foreign_bytes (its estimate of device memory it
+    holds outside xseg), group_budget_bytes (as each last published, at most ~100 ms old).
     Raises XsegError when the device is in no group or went on alone (the message says why)."""
     f = "xseg.group_members"
     dev = _device(device, f)
@@ -360,7 +362,7 @@ def _pool(pool, func):
     return _lib.PoolId(int_arg(func, "pool[0]", pool[0], C_UINT64), int_arg(func, "pool[1]", pool[1], C_UINT64))
 
 
-def sleep(pool=DEFAULT_POOL, device=None, offload=True):
+def sleep(pool=DEFAULT_POOL, device=None, offload=True, path=None):
     """Put `pool` of `device` to sleep: give back the device memory of every page it has mapped,
     live blocks and cache alike, while its virtual addresses stay reserved (pointers and CUDA
     graphs stay valid). With `offload` (the default) the live blocks' bytes wait in pinned host
@@ -368,10 +370,24 @@ def sleep(pool=DEFAULT_POOL, device=None, offload=True):
     first. While asleep, freeing works and allocating from the pool raises XsegError
     (XSEG_ERROR_ILLEGAL_STATE); the memory must not be touched. Raises XsegError when the pool
     sleeps already, a capture is underway, or it holds classic (non-expandable) segments
-    (XSEG_ERROR_NOT_SUPPORTED); a failed sleep leaves the pool awake with its data."""
-    flags = _lib.SLEEP_OFFLOAD if offload else _lib.SLEEP_DISCARD
+    (XSEG_ERROR_NOT_SUPPORTED); a failed sleep leaves the pool awake with its data.
+    With `path` (str, bytes or os.PathLike) the bytes go to a new file there instead, created
+    0600 (an existing file or a symbolic link is refused: XsegError), read back and removed by
+    wake() (xseg_sleep_ex, XSEG_SLEEP_OFFLOAD_FILE)."""
     pid, dev = _pool(pool, "xseg.sleep"), _device(device, "xseg.sleep")
-    check(_lib.need("xseg_sleep")(dev, pid, flags))
+    if path is None:
+        flags = _lib.SLEEP_OFFLOAD if offload else _lib.SLEEP_DISCARD
+        check(_lib.need("xseg_sleep")(dev, pid, flags))
+        return
+    if not offload:
+        raise ValueError("xseg.sleep: a path keeps the bytes in a file, so it needs offload=True")
+    try:
+        raw = os.fsencode(path)
+    except TypeError:
+        raise TypeError("xseg.sleep: path must be str, bytes or os.PathLike, not %s" % type(path).__name__) from None
+    if not raw or b"\0" in raw:
+        raise ValueError("xseg.sleep: path must be a non-empty file name without NUL bytes, got %r" % (path,))
+    check(_lib.need("xseg_sleep_ex")(dev, pid, _lib.SLEEP_OFFLOAD_FILE, raw))
 
 
 def wake(pool=DEFAULT_POOL, device=None):
@@ -393,7 +409,8 @@ def sleep_stats(pool=None, device=None):
     check(_lib.need("xseg_get_sleep_stats")(dev, ref, ctypes.byref(st)))
     out = {k: getattr(st, k) for k, _ in _lib.SleepStats._fields_ if k != "flags"}
     if pool is not None:
-        out["offload"] = st.flags == _lib.SLEEP_OFFLOAD
+        out["offload"] = st.flags in (_lib.SLEEP_OFFLOAD, _lib.SLEEP_OFFLOAD_FILE)
+        out["to_file"] = st.flags == _lib.SLEEP_OFFLOAD_FILE
     return out
 
 

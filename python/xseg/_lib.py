@@ -324,7 +324,7 @@ STACKS_NONE, STACKS_C, STACKS_CALLBACK = 0, 1, 2
 
 # --- sleep and wake (include/xseg.h: xseg_sleep) ---------------------------------------------
 
-SLEEP_OFFLOAD, SLEEP_DISCARD = 1, 2
+SLEEP_OFFLOAD, SLEEP_DISCARD, SLEEP_OFFLOAD_FILE = 1, 2, 4
 
 
 class SleepStats(ctypes.Structure):
@@ -335,6 +335,7 @@ class SleepStats(ctypes.Structure):
 
 _PROTOS.update({
     "xseg_sleep": (_S, [ctypes.c_int, PoolId, ctypes.c_uint]),
+    "xseg_sleep_ex": (_S, [ctypes.c_int, PoolId, ctypes.c_uint, ctypes.c_char_p]),
     "xseg_wake": (_S, [ctypes.c_int, PoolId]),
     "xseg_get_sleep_stats": (_S, [ctypes.c_int, ctypes.POINTER(PoolId), ctypes.POINTER(SleepStats)]),
 })

@@ -1,6 +1,6 @@
 /*
  * Threads: eight workers allocate, fill, check and free on several streams of two devices (with
- * bursts of malloc/free pairs of one size), and hand some blocks to each other to be freed on
+ * bursts of malloc/free pairs of one size or cycling four), and hand some blocks to each other to be freed on
  * another thread; alongside, one thread empties the cache of every device and one reads
  * statistics, summaries and snapshots. Checks data
  * integrity, the invariants that hold at any instant, and that everything drains to zero.
@@ -150,10 +150,13 @@ static void *worker(void *arg)
              * slots serve, core/device.h), each block written and checked while the other threads work. */
             int d = (int)(rnd(&rng) % (uint64_t)ndev);
             int s = (int)(rnd(&rng) % (STREAMS_PER_DEV + 1));
-            size_t size = rnd(&rng) % 2 ? 512 + rnd(&rng) % 4096 : 2 * MiB + rnd(&rng) % MiB;
+            size_t size0 = rnd(&rng) % 2 ? 2048 + rnd(&rng) % 4096 : 2 * MiB + rnd(&rng) % MiB;
+            /* Half the bursts cycle four sizes (bench_scale --mixed's pattern: slots widen). */
+            bool mixed = rnd(&rng) % 2;
             if (!use_dev(d))
                 break;
             for (int k = 0; k < 8; k++) {
+                size_t size = mixed ? size0 - (size_t)(k % 4) * 512 : size0;
                 struct blk b = {NULL, size, (uint32_t)atomic_fetch_add(&next_tag, 1) + 1, d};
                 xseg_status st = xseg_malloc(&b.ptr, size, d, (struct CUstream_st *)streams[d][s]);
                 if (st == XSEG_ERROR_OUT_OF_MEMORY)

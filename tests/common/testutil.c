@@ -87,6 +87,20 @@ bool tu_stream_release(CUstream s)
     return e != NULL;
 }
 
+bool tu_stream_hold_all(bool on)
+{
+    const char *path = getenv("XSEG_LIBCUDA");
+    void *lib = tu_emu() && path ? dlopen(path, RTLD_NOLOAD | RTLD_NOW) : NULL;
+    void (*hold_all)(int) = NULL;
+    if (lib) {
+        *(void **)&hold_all = dlsym(lib, "cudaemu_stream_hold_all");
+        dlclose(lib);
+    }
+    if (hold_all)
+        hold_all(on);
+    return hold_all != NULL;
+}
+
 bool tu_fail(const char *entry, unsigned long nth, CUresult res)
 {
     const struct tu_emu_api *e = tu_emu();

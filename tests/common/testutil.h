@@ -78,6 +78,8 @@ size_t tu_steps(size_t n, size_t min);
  * CUDA_ERROR_NOT_READY until released or synchronized. @return false when not emulated. */
 bool tu_stream_hold(CUstream s);
 bool tu_stream_release(CUstream s);
+/* cudaemu_stream_hold_all: hold every stream (xseg's own copy streams too), or release them all. */
+bool tu_stream_hold_all(bool on);
 
 /* Fail the nth call from now of @p entry (API or ABI name) with @p res. @return false when not
  * emulated or when @p entry is unknown to cudaemu. */

@@ -486,6 +486,34 @@ static void test_timeline_model(void **state)
     tu_assert_cu(drv->cuMemFree(dp));
 }
 
+/* cudaemu_stream_hold_all: every stream is held, a stream created afterwards too, until the
+ * release, which completes their work. */
+static void test_stream_hold_all(void **state)
+{
+    (void)state;
+    CUstream a, b;
+    CUevent ea, eb;
+    tu_assert_cu(drv->cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuEventCreate(&ea, CU_EVENT_DISABLE_TIMING));
+    tu_assert_cu(drv->cuEventCreate(&eb, CU_EVENT_DISABLE_TIMING));
+    assert_true(tu_stream_hold_all(true));
+    tu_assert_cu(drv->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING)); /* held from its start */
+    tu_assert_cu(drv->cuEventRecord(ea, a));
+    tu_assert_cu(drv->cuEventRecord(eb, b));
+    assert_int_equal(drv->cuEventQuery(ea), CUDA_ERROR_NOT_READY);
+    assert_int_equal(drv->cuEventQuery(eb), CUDA_ERROR_NOT_READY);
+    assert_int_equal(drv->cuStreamQuery(NULL), CUDA_SUCCESS); /* nothing recorded on it */
+    assert_true(tu_stream_hold_all(false));
+    assert_int_equal(drv->cuEventQuery(ea), CUDA_SUCCESS);
+    assert_int_equal(drv->cuEventQuery(eb), CUDA_SUCCESS);
+    tu_assert_cu(drv->cuEventRecord(eb, b)); /* released: completes at once again */
+    assert_int_equal(drv->cuEventQuery(eb), CUDA_SUCCESS);
+    tu_assert_cu(drv->cuEventDestroy(ea));
+    tu_assert_cu(drv->cuEventDestroy(eb));
+    tu_assert_cu(drv->cuStreamDestroy(a));
+    tu_assert_cu(drv->cuStreamDestroy(b));
+}
+
 static void test_error_names(void **state)
 {
     (void)state;
@@ -735,6 +763,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_counters_latency),
         cmocka_unit_test(test_fresh_memory), /* services */
         cmocka_unit_test(test_timeline_model),
+        cmocka_unit_test(test_stream_hold_all),
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_fork_child),
         cmocka_unit_test(test_threads),

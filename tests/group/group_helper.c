@@ -6,7 +6,9 @@
  *   free N         free the Nth allocation made (0-based): "ok"
  *   check          every live allocation still holds its pattern: "ok", or "bad N"
  *   stats          "reserved R allocated A" (bytes, this process, device 0)
- *   group          "asked A gave G gave_bytes B" (this process's row of xseg_group_stats)
+ *   group          "asked A gave G gave_bytes B foreign F budget U group_budget V" (this process's
+ *                  row of xseg_group_stats)
+ *   cualloc MIB    cuMemAlloc MIB MiB outside xseg (memory a library holds): "ok", or "error CODE"
  *   trim           xseg_trim(0, 0): "ok"
  *   quit           xseg_shutdown, then exit 0
  * Started by fork+exec (a fresh process: a forked copy of a CUDA process is refused by design).
@@ -81,6 +83,13 @@ int main(int argc, char **argv)
             xseg_stat(0, "reserved_bytes.all.current", &r);
             xseg_stat(0, "allocated_bytes.all.current", &al);
             printf("reserved %lld allocated %lld\n", (long long)r, (long long)al);
+        } else if (sscanf(line, "cualloc %zu", &a) == 1) {
+            CUdeviceptr dp = 0;
+            CUresult r = drv->cuMemAlloc(&dp, a << 20);
+            if (r == CUDA_SUCCESS)
+                printf("ok\n");
+            else
+                printf("error %d\n", (int)r);
         } else if (!strncmp(line, "trim", 4)) {
             printf(xseg_trim(0, 0) == XSEG_SUCCESS ? "ok\n" : "error trim\n");
         } else if (!strncmp(line, "group", 5)) {
@@ -94,8 +103,10 @@ int main(int argc, char **argv)
             while (i < n && i < 64 && m[i].pid != getpid())
                 i++;
             if (i < n && i < 64)
-                printf("asked %llu gave %llu gave_bytes %llu\n", (unsigned long long)m[i].asked_count,
-                       (unsigned long long)m[i].gave_way_count, (unsigned long long)m[i].gave_way_bytes);
+                printf("asked %llu gave %llu gave_bytes %llu foreign %llu budget %llu group_budget %llu\n",
+                       (unsigned long long)m[i].asked_count, (unsigned long long)m[i].gave_way_count,
+                       (unsigned long long)m[i].gave_way_bytes, (unsigned long long)m[i].foreign_bytes,
+                       (unsigned long long)m[i].budget_bytes, (unsigned long long)m[i].group_budget_bytes);
             else
                 printf("error not a member\n");
         } else if (!strncmp(line, "quit", 4)) {

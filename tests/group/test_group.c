@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -31,10 +33,12 @@ struct member {
     FILE *in, *out;
 };
 
-static char shm_names[2][128];
+static char shm_names[3][128];
+static pid_t kids[2]; /* test_pid_reuse's idle processes, killed at exit whatever happens */
 
-/* Start group_helper CONFIG (fork+exec) with pipes for its stdin and stdout. */
-static struct member spawn(const char *config)
+/* Start group_helper CONFIG (fork+exec) with pipes for its stdin and stdout; its stderr to
+ * @p err when not NULL; as user @p pw when not NULL (dropping root's groups and ids first). */
+static struct member spawn_as(const char *config, const char *err, const struct passwd *pw)
 {
     int to[2], from[2];
     assert_int_equal(pipe(to), 0);
@@ -46,6 +50,14 @@ static struct member spawn(const char *config)
         dup2(from[1], 1);
         close(to[1]);
         close(from[0]);
+        if (err) {
+            int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd < 0 || dup2(fd, 2) < 0)
+                _exit(126);
+            close(fd);
+        }
+        if (pw && (setgroups(0, NULL) || setgid(pw->pw_gid) || setuid(pw->pw_uid)))
+            _exit(125);
         execl(getenv("GROUP_HELPER"), "group_helper", config, (char *)NULL);
         _exit(127);
     }
@@ -55,6 +67,8 @@ static struct member spawn(const char *config)
     setvbuf(m.in, NULL, _IOLBF, 0);
     return m;
 }
+
+static struct member spawn(const char *config) { return spawn_as(config, NULL, NULL); }
 
 /* Send one command; @return its answer line (static, newline removed). */
 static const char *cmd(struct member *m, const char *fmt, ...)
@@ -95,6 +109,9 @@ static void kill9(struct member *m)
 static void shm_cleanup(void)
 {
     for (int i = 0; i < 2; i++)
+        if (kids[i] > 0)
+            kill(kids[i], SIGKILL);
+    for (int i = 0; i < 3; i++)
         if (shm_names[i][0])
             shm_unlink(shm_names[i]);
 }
@@ -108,6 +125,7 @@ static void names_from_uuid(void)
         snprintf(hex + 2 * i, 3, "%02x", (unsigned char)u.bytes[i]);
     snprintf(shm_names[0], sizeof shm_names[0], "/cudaemu-%s", hex);
     snprintf(shm_names[1], sizeof shm_names[1], "/xseg-group-%s-tg", hex);
+    snprintf(shm_names[2], sizeof shm_names[2], "/xseg-group-%s-tu", hex);
     atexit(shm_cleanup);
 }
 
@@ -275,8 +293,8 @@ static void hostile(int kind)
         fd = shm_open(shm_names[1], O_RDWR, 0);
         unsigned char *t = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
-        /* The last slot's reserved bytes (at byte 32 of an 88-byte slot) set to 2^62. */
-        size_t slot = (size_t)st.st_size - 88;
+        /* The last slot's reserved bytes (at byte 32 of a 104-byte slot) set to 2^62. */
+        size_t slot = (size_t)st.st_size - 104;
         uint64_t big = (uint64_t)1 << 62;
         memcpy(t + slot + 32, &big, 8);
         munmap(t, (size_t)st.st_size);
@@ -302,6 +320,386 @@ static void hostile(int kind)
 
 static void test_hostile_garbage(void **state) { (void)state; hostile(0); }
 static void test_hostile_slot(void **state) { (void)state; hostile(1); }
+
+/* ---- budgets (memory_budget_mb, memory_group_budget_mb) ------------------------------------ */
+
+static void expect_oom(size_t bytes, const char *want1, const char *want2)
+{
+    void *p = NULL;
+    assert_int_equal(xseg_malloc(&p, bytes, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    const char *msg = xseg_last_error();
+    if (!strstr(msg, want1) || (want2 && !strstr(msg, want2)))
+        fail_msg("the OOM message lacks '%s' / '%s': %s", want1, want2 ? want2 : "", msg);
+}
+
+/* A growth past memory_budget_mb fails naming the budget, xseg's bytes and the foreign bytes,
+ * on a device with room; what fits within it is served. */
+static void test_budget_refuses(void **state)
+{
+    (void)state;
+    start("memory_budget_mb:512");
+    void *a = must_malloc(300 * MiB);
+    expect_oom(300 * MiB, "memory_budget_mb is 512.00 MiB: xseg holds 300.00 MiB reserved and an "
+               "estimated 0 bytes of device memory", "so the request would pass it");
+    /* A request above the budget fails at once, naming it too. */
+    expect_oom(600 * MiB, "memory_budget_mb is 512.00 MiB", NULL);
+    void *b = must_malloc(200 * MiB);
+    assert_true(tu_stat("reserved_bytes.all.current") <= (int64_t)(512 * MiB));
+    xseg_free(a);
+    xseg_free(b);
+}
+
+/* Over the budget, xseg gives back its own cache first, then grows (classic segments: the cached
+ * one cannot serve the larger request). */
+static void test_budget_trims_own(void **state)
+{
+    (void)state;
+    start("expandable_segments:False,memory_budget_mb:512");
+    void *a = must_malloc(300 * MiB);
+    xseg_free(a); /* 300 MiB cached */
+    void *b = must_malloc(400 * MiB);
+    assert_true(tu_stat("reserved_bytes.all.current") <= (int64_t)(512 * MiB));
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), (int64_t)(400 * MiB));
+    xseg_free(b);
+}
+
+/* Device memory the process holds outside xseg (a library's cuMemAlloc) counts in the budget. */
+static void test_budget_foreign_self(void **state)
+{
+    (void)state;
+    start("memory_budget_mb:512");
+    CUdeviceptr lib = 0;
+    assert_int_equal(drv->cuMemAlloc(&lib, 300 * MiB), CUDA_SUCCESS);
+    expect_oom(300 * MiB, "xseg holds 0 bytes reserved and an estimated 300.00 MiB of device memory",
+               "would pass it");
+    void *a = must_malloc(200 * MiB);
+    assert_int_equal(drv->cuMemFree(lib), CUDA_SUCCESS);
+    void *b = must_malloc(300 * MiB);
+    xseg_free(a);
+    xseg_free(b);
+}
+
+/* Another process's memory: outside a group it counts as foreign (the driver cannot tell whose);
+ * a member's reserved bytes do not, and a member's own foreign bytes are published as its. */
+static void test_budget_foreign_other(void **state)
+{
+    (void)state;
+    start("memory_group:tg,memory_budget_mb:512");
+    struct member out = spawn(""); /* in no group */
+    assert_string_equal(cmd(&out, "alloc 300 1"), "ok");
+    expect_oom(300 * MiB, "an estimated 300.00 MiB of device memory", "would pass it");
+    quit(&out);
+    void *q = must_malloc(2 * MiB); /* joined already: the device was created above */
+    struct member m = spawn("memory_group:tg");
+    assert_string_equal(cmd(&m, "cualloc 100"), "ok");
+    assert_string_equal(cmd(&m, "alloc 300 1"), "ok"); /* a growth: it measures its 100 MiB */
+    void *p = must_malloc(400 * MiB);
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 2);
+    const xseg_group_member *other = mem[0].pid == m.pid ? &mem[0] : &mem[1];
+    const xseg_group_member *self = mem[0].pid == m.pid ? &mem[1] : &mem[0];
+    assert_int_equal(other->foreign_bytes, 100 * MiB);
+    assert_int_equal(self->foreign_bytes, 0);
+    assert_int_equal(self->budget_bytes, 512 * MiB);
+    assert_int_equal(self->reserved_bytes, tu_stat("reserved_bytes.all.current")); /* published at growth */
+    xseg_free(p);
+    xseg_free(q);
+    quit(&m);
+}
+
+#define GB800 "memory_group:tg,memory_group_wait_ms:5000,memory_group_budget_mb:800"
+
+/* The group budget across two processes: a growth past it gets a member's cache (give-way);
+ * one that live bytes leave no room for fails naming the group budget, on a device with room. A
+ * later member's other value is named in one warning and yields to the group's. */
+static void test_group_budget(void **state)
+{
+    (void)state;
+    start(GB800);
+    void *q = must_malloc(2 * MiB); /* creates the table: its budget is 800 MiB */
+    struct member m = spawn(GB800);
+    assert_string_equal(cmd(&m, "alloc 500 1"), "ok");
+    assert_string_equal(cmd(&m, "free 0"), "ok"); /* 500 MiB cached there */
+    void *p = must_malloc(500 * MiB);
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 2);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        sum += mem[i].reserved_bytes + mem[i].foreign_bytes;
+        assert_int_equal(mem[i].group_budget_bytes, 800 * MiB);
+        if (mem[i].pid == m.pid)
+            assert_true(mem[i].gave_way_bytes >= 200 * MiB);
+    }
+    if (sum > 800 * MiB)
+        fail_msg("the group holds %llu MiB, above its 800 MiB budget", (unsigned long long)(sum / MiB));
+    /* 502 MiB live here: 400 more there would pass 800 MiB (the device has 1 GiB). */
+    const char *a = cmd(&m, "alloc 400 2");
+    if (strncmp(a, "oom ", 4) || !strstr(a, "memory_group_budget_mb of group 'tg' is 800.00 MiB") ||
+        !strstr(a, "would pass it"))
+        fail_msg("expected an OOM naming the group budget: %s", a);
+    assert_string_equal(cmd(&m, "check"), "ok");
+    /* A later member with another value: one warning naming both; it uses the group's. */
+    char err[64];
+    snprintf(err, sizeof err, "/tmp/xseg-test-group-%d.err", (int)getpid());
+    struct member w = spawn_as("memory_group:tg,memory_group_budget_mb:700", err, NULL);
+    assert_string_equal(cmd(&w, "alloc 2 3"), "ok");
+    const char *g = cmd(&w, "group");
+    if (!strstr(g, " group_budget 838860800"))
+        fail_msg("the later member does not use the group's budget: %s", g);
+    quit(&w);
+    FILE *f = fopen(err, "r");
+    assert_non_null(f);
+    char text[4096];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    text[len] = '\0';
+    fclose(f);
+    unlink(err);
+    const char *warn = "xseg: warning: memory_group_budget_mb:700 differs from group 'tg''s 800 MiB";
+    const char *at = strstr(text, warn);
+    if (!at || strstr(at + 1, warn))
+        fail_msg("expected one warning '%s': %s", warn, text);
+    xseg_free(p);
+    xseg_free(q);
+    quit(&m);
+}
+
+/* ---- pid reuse and other users ------------------------------------------------------------- */
+
+/* /proc/PID/stat field 22 (the process's start), as a member records it. */
+static uint64_t start_time_of(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    assert_non_null(p);
+    return strtoull(p + 1, NULL, 10);
+}
+
+/* A slot (104 bytes at the table's end, 64 of them): pid at byte 0, start time at byte 96. */
+static void forge_slot(unsigned char *t, size_t size, int i, int32_t pid, uint64_t start)
+{
+    unsigned char *s = t + size - 64 * 104 + (size_t)i * 104;
+    memcpy(s + 96, &start, 8);
+    __atomic_store_n((int32_t *)(void *)s, pid, __ATOMIC_SEQ_CST);
+}
+
+static int32_t slot_pid(const unsigned char *t, size_t size, int i)
+{
+    return __atomic_load_n((const int32_t *)(const void *)(t + size - 64 * 104 + (size_t)i * 104), __ATOMIC_SEQ_CST);
+}
+
+/* A slot whose pid is alive but belongs to a process started later (pid reuse) is a dead
+ * member's: not listed, and reclaimed at the next join; one with the right start time stays. */
+static void test_pid_reuse(void **state)
+{
+    (void)state;
+    start(GROUP);
+    void *q = must_malloc(2 * MiB); /* joins: slot 0 */
+    for (int i = 0; i < 2; i++) {
+        kids[i] = fork();
+        assert_true(kids[i] >= 0);
+        if (!kids[i]) {
+            pause();
+            _exit(0);
+        }
+    }
+    int fd = shm_open(shm_names[1], O_RDWR, 0);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    size_t size = (size_t)st.st_size;
+    unsigned char *t = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(t != MAP_FAILED);
+    forge_slot(t, size, 62, kids[0], start_time_of(kids[0]) + 1000); /* the pid reused since */
+    forge_slot(t, size, 63, kids[1], start_time_of(kids[1]));        /* the member itself */
+    xseg_group_member mem[8];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < n; i++)
+        assert_true(mem[i].pid == getpid() || mem[i].pid == kids[1]);
+    struct member m = spawn(GROUP); /* its join reaps dead slots */
+    assert_string_equal(cmd(&m, "alloc 2 1"), "ok");
+    assert_int_equal(slot_pid(t, size, 62), 0);
+    assert_int_equal(slot_pid(t, size, 63), kids[1]);
+    assert_int_equal(xseg_group_stats(0, mem, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 3);
+    quit(&m);
+    forge_slot(t, size, 63, 0, 0);
+    munmap(t, size);
+    for (int i = 0; i < 2; i++) {
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+        kids[i] = 0;
+    }
+    xseg_free(q);
+}
+
+/* Another user (root dropping to nobody; skipped without root): it cannot join our 0600 table
+ * and goes on alone with the reason; our table keeps its members. A table another user created
+ * is refused by owner (root could open it), and its member is left alone. */
+static void test_two_users(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("[  SKIPPED ] needs root to run a member as another user\n");
+        skip();
+    }
+    struct passwd *pw = getpwnam("nobody");
+    if (!pw || !pw->pw_uid) {
+        print_message("[  SKIPPED ] no user 'nobody' to run a member as\n");
+        skip();
+    }
+    /* The build may sit under a folder that user cannot enter (CI's checkout in /root). */
+    pid_t probe = fork();
+    assert_true(probe >= 0);
+    if (!probe)
+        _exit(setgroups(0, NULL) || setgid(pw->pw_gid) || setuid(pw->pw_uid) ? 2
+              : access(getenv("GROUP_HELPER"), X_OK) || access(getenv("XSEG_LIBCUDA"), R_OK) ? 1 : 0);
+    int status = 0;
+    assert_int_equal(waitpid(probe, &status, 0), probe);
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+        print_message("[  SKIPPED ] user 'nobody' cannot %s\n", WIFEXITED(status) && WEXITSTATUS(status) == 1
+                      ? "run the helper or read the emulator (a folder above is closed to it)"
+                      : "be switched to");
+        skip();
+    }
+    start(GROUP);
+    void *q = must_malloc(2 * MiB); /* our table, 0600 */
+    struct member other = spawn_as(GROUP, "/dev/null", pw);
+    assert_string_equal(cmd(&other, "alloc 20 1"), "ok"); /* it works, alone */
+    const char *g = cmd(&other, "group");
+    if (strncmp(g, "error ", 6) || !strstr(g, "cannot open /dev/shm/xseg-group-") ||
+        !strstr(g, "Permission denied"))
+        fail_msg("the other user's member should go on alone with the reason: %s", g);
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 1);
+    assert_int_equal(mem[0].pid, getpid());
+    quit(&other);
+
+    /* A table of another user's: it creates group 'tu' first; a member of ours refuses it. */
+    struct member theirs = spawn_as("memory_group:tu", "/dev/null", pw);
+    assert_string_equal(cmd(&theirs, "alloc 20 1"), "ok");
+    assert_true(!strncmp(cmd(&theirs, "group"), "asked 0 ", 8));
+    struct stat st;
+    int fd = shm_open(shm_names[2], O_RDONLY, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(fstat(fd, &st), 0);
+    close(fd);
+    assert_int_equal(st.st_uid, pw->pw_uid);
+    struct member ours = spawn("memory_group:tu");
+    assert_string_equal(cmd(&ours, "alloc 20 1"), "ok");
+    g = cmd(&ours, "group");
+    if (strncmp(g, "error ", 6) || !strstr(g, "is not usable (owned by another user)"))
+        fail_msg("a table of another user's should be refused by owner: %s", g);
+    assert_true(!strncmp(cmd(&theirs, "group"), "asked 0 ", 8)); /* still its only member */
+    quit(&ours);
+    quit(&theirs);
+    xseg_free(q);
+}
+
+/* ---- cudaemu's shared accounting under a race ------------------------------------------------ */
+
+#define RACERS 6
+#define RACE_ROUNDS 200
+
+/* One racer (a forked child that loads the driver itself): each round, at the parent's word,
+ * cuMemAlloc 1 MiB until refused, report the count, wait, free everything, report again. */
+static int racer(int go, int report)
+{
+    if (!tu_gpu_available() || !tu_emulated())
+        return 77;
+    static CUdeviceptr held[1024];
+    for (int round = 0; round < RACE_ROUNDS; round++) {
+        char c;
+        if (read(go, &c, 1) != 1)
+            return 1;
+        int n = 0;
+        while (n < 1024 && drv->cuMemAlloc(&held[n], MiB) == CUDA_SUCCESS)
+            n++;
+        if (write(report, &n, sizeof n) != sizeof n || read(go, &c, 1) != 1)
+            return 1;
+        for (int i = 0; i < n; i++)
+            drv->cuMemFree(held[i]);
+        if (write(report, &n, sizeof n) != sizeof n)
+            return 1;
+    }
+    return 0;
+}
+
+/* Processes allocating at the same instant never overcommit the shared device: the sum of what
+ * they hold when every one was refused stays within its capacity (64 MiB here), round after
+ * round. */
+static void test_emu_race(void **state)
+{
+    (void)state;
+    setenv("CUDAEMU_TOTAL_MEM", "64M", 1);
+    int go[RACERS][2], report[2]; /* a word pipe each: a racer reads only its own words */
+    assert_int_equal(pipe(report), 0);
+    pid_t pids[RACERS];
+    for (int i = 0; i < RACERS; i++) {
+        assert_int_equal(pipe(go[i]), 0);
+        fflush(NULL);
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (!pids[i]) {
+            close(go[i][1]);
+            close(report[0]);
+            _exit(racer(go[i][0], report[1]));
+        }
+        close(go[i][0]);
+    }
+    close(report[1]);
+    int worst = 0, skipped = 0;
+    for (int round = 0; round < RACE_ROUNDS && !skipped; round++) {
+        for (int i = 0; i < RACERS; i++) /* all start at once */
+            assert_int_equal(write(go[i][1], "", 1), 1);
+        int sum = 0, n;
+        for (int i = 0; i < RACERS; i++) {
+            if (read(report[0], &n, sizeof n) != sizeof n) {
+                skipped = 1;
+                break;
+            }
+            sum += n;
+        }
+        if (skipped)
+            break;
+        worst = sum > worst ? sum : worst;
+        for (int i = 0; i < RACERS; i++)
+            assert_int_equal(write(go[i][1], "", 1), 1);
+        for (int i = 0; i < RACERS; i++)
+            assert_int_equal(read(report[0], &n, sizeof n), sizeof n);
+    }
+    for (int i = 0; i < RACERS; i++)
+        close(go[i][1]);
+    close(report[0]);
+    int status = 0;
+    for (int i = 0; i < RACERS; i++) {
+        assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+            print_message("[  SKIPPED ] needs cudaemu (its shared accounting)\n");
+            skip();
+        }
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    print_message("most held at once over %d rounds: %d MiB of 64\n", RACE_ROUNDS, worst);
+    if (worst > 64)
+        fail_msg("%d processes held %d MiB of a 64 MiB device", RACERS, worst);
+}
 
 /* xseg-top lists the group and its members (--once, --json); a bad option is one line. */
 static void test_top(void **state)
@@ -342,6 +740,8 @@ static void test_top(void **state)
         snprintf(want, sizeof want, json ? "{\"pid\": %d," : "%8d ", (int)getpid());
         if (!strstr(out, want))
             fail_msg("xseg-top lacks this process: %s", out);
+        if (!strstr(out, json ? "\"foreign_bytes\": 0, \"group_budget_bytes\": 0}" : " FOREIGN "))
+            fail_msg("xseg-top lacks the foreign bytes and group budget: %s", out);
     }
     snprintf(command, sizeof command, "%s --bogus 2>&1", getenv("XSEG_TOP"));
     FILE *f = popen(command, "r");
@@ -383,7 +783,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_oom_message),  cmocka_unit_test(test_dead_member),
         cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_hostile_garbage),
         cmocka_unit_test(test_hostile_slot), cmocka_unit_test(test_read_errors),
-        cmocka_unit_test(test_top),
+        cmocka_unit_test(test_top),          cmocka_unit_test(test_budget_refuses),
+        cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
+        cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
+        cmocka_unit_test(test_pid_reuse),    cmocka_unit_test(test_two_users),
+        cmocka_unit_test(test_emu_race),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,9 +11,15 @@ MiB = 1 << 20
 # A fresh process with a group (the configuration is read once per process): its own cudaemu
 # share, so its device and its group table are its own.
 CHILD = r"""
-import json, os, sys
+import ctypes, json, os, sys
 import xseg
 p = xseg.malloc(40 << 20, 0)
+# 64 MiB outside xseg (as a library's cudaMalloc), then a growth: xseg measures its foreign bytes.
+lib = ctypes.CDLL(os.environ["XSEG_LIBCUDA"])
+dp = ctypes.c_uint64(0)
+assert lib.cuMemAlloc_v2(ctypes.byref(dp), ctypes.c_size_t(64 << 20)) == 0
+q = xseg.malloc(100 << 20, 0)
+xseg.free(q)
 print(json.dumps(xseg.group_members(0)))
 xseg.free(p)
 xseg.shutdown()
@@ -23,7 +29,8 @@ xseg.shutdown()
 def test_group_members_lists_this_process():
     if not os.environ.get("XSEG_LIBCUDA"):
         pytest.skip("needs cudaemu (CUDAEMU_SHARED)")
-    env = dict(os.environ, XSEG_ALLOC_CONF="memory_group:py", CUDAEMU_SHARED="py%d" % os.getpid(),
+    env = dict(os.environ, XSEG_ALLOC_CONF="memory_group:py,memory_budget_mb:512,memory_group_budget_mb:900",
+               CUDAEMU_SHARED="py%d" % os.getpid(),
                CUDAEMU_TOTAL_MEM="1G")
     pkg = os.path.join(os.path.dirname(__file__), "..", "..", "python")
     env["PYTHONPATH"] = os.path.abspath(pkg) + os.pathsep + env.get("PYTHONPATH", "")
@@ -35,7 +42,10 @@ def test_group_members_lists_this_process():
     (m,) = members
     assert m["pid"] > 0 and m["pid"] != os.getpid()
     assert set(m) == {"pid", "reserved_bytes", "allocated_bytes", "reclaimable_bytes",
-                      "budget_bytes", "gave_way_count", "gave_way_bytes", "asked_count"}
+                      "budget_bytes", "gave_way_count", "gave_way_bytes", "asked_count",
+                      "foreign_bytes", "group_budget_bytes"}
+    assert m["foreign_bytes"] == 64 * MiB
+    assert m["budget_bytes"] == 512 * MiB and m["group_budget_bytes"] == 900 * MiB
 
 
 def test_group_members_without_group_raises(xseg):

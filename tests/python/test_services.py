@@ -113,6 +113,43 @@ def test_sleep_discard_reads_zero(awake):
     assert _read(live, MiB) == bytes(MiB)  # its pages read zero (the block is free now)
 
 
+def test_sleep_to_file(awake, tmp_path):
+    x = awake
+    data = bytes(range(256)) * 4096 * 3  # 3 MiB
+    live = x.malloc(len(data))
+    _write(live, data)
+    path = tmp_path / "pool.bin"
+    x.sleep(path=path)
+    try:
+        assert path.stat().st_size == len(data) and (path.stat().st_mode & 0o777) == 0o600
+        st = x.sleep_stats(x.DEFAULT_POOL)
+        assert st["asleep"] == 1 and st["offload"] and st["to_file"]
+        assert st["offloaded_bytes"] == len(data)
+        assert x.memory_reserved(0) == 0
+    finally:
+        x.wake()
+    assert not path.exists()  # the wake removed it
+    assert _read(live, len(data)) == data
+    # a planted link and an existing file are refused; the pool stays awake with its bytes
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    path.symlink_to(victim)
+    with pytest.raises(x.XsegError) as ei:
+        x.sleep(path=str(path))
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE" and "refusing" in str(ei.value)
+    assert victim.read_bytes() == b"keep" and x.sleep_stats(x.DEFAULT_POOL)["asleep"] == 0
+    with pytest.raises(x.XsegError):
+        x.sleep(path=bytes(victim))
+    with pytest.raises(ValueError):
+        x.sleep(path=path, offload=False)
+    with pytest.raises(ValueError):
+        x.sleep(path="")
+    with pytest.raises(TypeError):
+        x.sleep(path=5)
+    assert _read(live, len(data)) == data
+    x.free(live)
+
+
 def test_sleep_arguments(awake):
     x = awake
     with pytest.raises(TypeError):

@@ -5,6 +5,12 @@
  */
 #include <dirent.h>
 #include <inttypes.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1249,7 +1255,7 @@ static void test_wake_faults(void **state)
 }
 
 /* A failed wake waits for the copies it already queued before unmapping the pages they write:
- * the segment's stream is held (cudaemu), so the first copy back is still pending when the second
+ * every stream is held (cudaemu), xseg's copy streams included, so the first copy back is still pending when the second
  * fails, and cudaemu refuses to unmap memory under pending work (ILLEGAL_STATE; on a GPU the copy
  * would write into unmapped memory). The pages are given back all the same. If the wait fails
  * too, the pages stay mapped (counted) and a retry completes the wake with the data intact. */
@@ -1263,7 +1269,7 @@ static void test_wake_rollback_waits_copies(void **state)
         fixture_make(&f);
         assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
         size_t host = tu_host_live(NULL);
-        assert_true(tu_stream_hold(NULL)); /* the fixture's blocks use the legacy stream */
+        assert_true(tu_stream_hold_all(true)); /* the copies run on xseg's own streams */
         assert_true(tu_fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN));
         if (wait_fails) /* the rollback's stream wait and its context fallback, each time */
             for (unsigned long n = 1; n <= 2; n++) {
@@ -1286,11 +1292,313 @@ static void test_wake_rollback_waits_copies(void **state)
             assert_non_null(strstr(xseg_last_error(), "stay mapped"));
         }
         assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
-        assert_true(tu_stream_release(NULL));
+        assert_true(tu_stream_hold_all(false));
         assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
         fixture_check(&f, false);
         fixture_free(&f);
     }
+}
+
+/* The fixture with sleep_copy_chunk_mb:2: a (3 MiB: 2 + 1), b (2.5 MiB: 2 + 0.5), sm (3 KiB). */
+#define FX_CHUNKS 5
+
+/* Chunked sleep and wake: each run of live bytes is copied in sleep_copy_chunk_mb chunks round
+ * robin over xseg's two copy streams, created at the first sleep (never again) and destroyed by
+ * xseg_shutdown. Every stream is held (cudaemu), so a chunk stays pending until someone waits for
+ * it, and cudaemu refuses to unmap memory under pending work: the sleep must wait for a segment's
+ * own chunks before unmapping it. The bytes survive both modes and several cycles. */
+static void test_sleep_chunks(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    tu_require_emulator_or_skip();
+    struct fixture f;
+    fixture_make(&f);
+    assert_true(tu_stream_hold_all(true));
+    for (int cycle = 0; cycle < 3; cycle++) {
+        unsigned mode = cycle == 2 ? XSEG_SLEEP_DISCARD : XSEG_SLEEP_OFFLOAD;
+        tu_counts_reset();
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, mode), XSEG_SUCCESS);
+        assert_int_equal(tu_call_count("cuStreamCreate"), cycle == 0 ? 2 : 0);
+        assert_int_equal(tu_call_count("cuMemcpyDtoHAsync"), mode == XSEG_SLEEP_OFFLOAD ? FX_CHUNKS : 0);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+        tu_counts_reset();
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(tu_call_count("cuStreamCreate"), 0);
+        if (mode == XSEG_SLEEP_OFFLOAD)
+            assert_int_equal(tu_call_count("cuMemcpyHtoDAsync"), FX_CHUNKS);
+        else /* every mapped page cleared: 10 MiB of large pages in 2 MiB chunks, a 2 MiB small page */
+            assert_int_equal(tu_call_count("cuMemsetD8Async"), 5 + 1);
+        fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+    }
+    assert_true(tu_stream_hold_all(false));
+    fixture_free(&f);
+    tu_counts_reset();
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuStreamDestroy"), 2);
+}
+
+/* The fault sweep of chunked sleep and wake (two copy streams, every stream held so chunks stay
+ * pending until waited for), offloading to host memory, discarding and to a file: every call of
+ * every driver entry point a sleep, then a wake, makes fails in turn (counted in a clean cycle first). A failed sleep leaves the pool awake with its
+ * own pages and bytes (nothing was released: the handles go only after every chunk is copied), a
+ * failed wake leaves it asleep with its backup; the books match the driver, a retry succeeds, the
+ * bytes are intact, and nothing is held afterwards. */
+static void test_sleep_chunk_faults(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    tu_require_emulator_or_skip();
+    static const char *const entries[] = {
+        "cuCtxGetCurrent",   "cuCtxSetCurrent",     "cuStreamIsCapturing", "cuStreamSynchronize",
+        "cuCtxSynchronize",  "cuStreamCreate",      "cuEventCreate",       "cuEventRecord",
+        "cuEventSynchronize", "cuEventDestroy",     "cuMemHostAlloc",      "cuMemFreeHost",
+        "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync",   "cuMemsetD8Async",     "cuMemUnmap",
+        "cuMemRelease",      "cuMemCreate",         "cuMemMap",            "cuMemSetAccess"};
+    enum { NE = sizeof entries / sizeof entries[0] };
+    unsigned runs = 0, destroy_failed = 0;
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    static const unsigned modes[] = {XSEG_SLEEP_OFFLOAD, XSEG_SLEEP_DISCARD, XSEG_SLEEP_OFFLOAD_FILE};
+    for (size_t mi = 0; mi < 3; mi++) {
+        unsigned mode = modes[mi];
+        const char *file = mode == XSEG_SLEEP_OFFLOAD_FILE ? path : NULL;
+        for (int phase = 0; phase < 2; phase++) { /* 0: the sleep fails, 1: the wake */
+            unsigned long calls[NE];
+            struct fixture f;
+            fixture_make(&f);
+            assert_true(tu_stream_hold_all(true));
+            if (phase)
+                assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, mode, file), XSEG_SUCCESS);
+            tu_counts_reset();
+            assert_int_equal(phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep_ex(0, DEFAULT_POOL, mode, file),
+                             XSEG_SUCCESS);
+            for (size_t e = 0; e < NE; e++)
+                calls[e] = tu_call_count(entries[e]);
+            if (!phase)
+                assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+            assert_true(tu_stream_hold_all(false));
+            fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+            fixture_free(&f);
+            for (size_t e = 0; e < NE; e++) {
+                for (unsigned long nth = 1; nth <= calls[e]; nth++, runs++) {
+                    fixture_make(&f);
+                    assert_true(tu_stream_hold_all(true));
+                    if (phase)
+                        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, mode, file), XSEG_SUCCESS);
+                    size_t host = tu_host_live(NULL);
+                    assert_true(tu_fail(entries[e], nth, CUDA_ERROR_UNKNOWN));
+                    /* A stream wait fails only when its context fallback fails too. */
+                    if (!strcmp(entries[e], "cuStreamSynchronize"))
+                        assert_true(tu_fail("cuCtxSynchronize", nth, CUDA_ERROR_UNKNOWN));
+                    destroy_failed += !strcmp(entries[e], "cuEventDestroy"); /* that event stays the driver's */
+                    xseg_status st = phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep_ex(0, DEFAULT_POOL, mode, file);
+                    tu_fail_clear();
+                    assert_books_match_driver();
+                    if (st != XSEG_SUCCESS) {
+                        print_message("%s %s #%lu (%s): %s\n", phase ? "wake" : "sleep", entries[e], nth,
+                                      mode == 1 ? "offload" : mode == 2 ? "discard" : "file", xseg_last_error());
+                        assert_true(strlen(xseg_last_error()) > 0);
+                        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, phase);
+                        assert_int_equal(tu_stat("reserved_bytes.all.current"), phase ? 0 : f.reserved);
+                        assert_int_equal(tu_host_live(NULL), host);
+                        if (!phase)
+                            fixture_check(&f, false);
+                        if (file) /* removed by a failed sleep, kept by a failed wake */
+                            assert_int_equal(access(file, F_OK) == 0, phase);
+                        st = phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep_ex(0, DEFAULT_POOL, mode, file);
+                        assert_int_equal(st, XSEG_SUCCESS); /* the retry */
+                    }
+                    if (!phase)
+                        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+                    assert_true(tu_stream_hold_all(false));
+                    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+                    assert_true(!file || access(file, F_OK) != 0); /* the wake removed it */
+                    assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+                    fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
+                    fixture_free(&f);
+                }
+            }
+        }
+    }
+    assert_int_equal(rmdir(dir), 0); /* no file left behind */
+    print_message("%u runs\n", runs);
+    assert_true(runs > 100);
+    struct cudaemu_live lv;
+    assert_true(tu_live(&lv));
+    assert_int_equal(lv.events, destroy_failed); /* every other chunk event destroyed */
+}
+
+/* The bytes of @p path (malloc'd, *n its size), or NULL when it cannot be read. */
+static unsigned char *read_file(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    unsigned char *buf = malloc(64 * MiB);
+    assert_non_null(buf);
+    *n = fread(buf, 1, 64 * MiB, fp);
+    fclose(fp);
+    return buf;
+}
+
+/* xseg_sleep_ex with XSEG_SLEEP_OFFLOAD_FILE (sleep_copy_chunk_mb:1, so runs span several chunks
+ * through the two bounce buffers): the live bytes go to a new 0600 file of exactly their size,
+ * the pages go back, the wake reads them back and removes the file; in both pools and a private
+ * pool, over cycles. Misuse of the arguments is refused naming what was wrong. */
+static void test_sleep_file(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    struct fixture f;
+    fixture_make(&f);
+    for (int cycle = 0; cycle < 2; cycle++) {
+        tu_counts_reset();
+        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+        struct stat st;
+        assert_int_equal(lstat(path, &st), 0);
+        assert_true(S_ISREG(st.st_mode));
+        assert_int_equal(st.st_mode & 0777, 0600);
+        xseg_sleep_stats ss = sleep_stats(&DEFAULT_POOL);
+        assert_int_equal(ss.flags, XSEG_SLEEP_OFFLOAD_FILE);
+        assert_int_equal((size_t)st.st_size, ss.offloaded_bytes);
+        assert_int_equal(ss.offloaded_bytes, FX_A + FX_B + 3072);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+        /* 1 MiB chunks: a 3 + b 3 (2.5) + sm 1 copies, through the bounce buffers only */
+        assert_int_equal(tu_call_count("cuMemcpyDtoHAsync"), 7);
+        assert_int_equal(tu_host_live(NULL), 0); /* bounce buffers given back (no kept backups) */
+        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_ERROR_ILLEGAL_STATE);
+        assert_int_equal(xseg_shutdown(), XSEG_ERROR_ILLEGAL_STATE); /* the file lives until the wake */
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(access(path, F_OK), -1);
+        assert_int_equal(tu_call_count("cuMemcpyHtoDAsync"), 7);
+        fixture_check(&f, false);
+    }
+    /* Arguments. */
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "needs a path"));
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, ""), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD, path), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "only for XSEG_SLEEP_OFFLOAD_FILE"));
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "xseg_sleep_ex"));
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE | XSEG_SLEEP_DISCARD, path),
+                     XSEG_ERROR_INVALID_VALUE);
+    char missing[96];
+    snprintf(missing, sizeof missing, "%s/no/such/dir/pool.bin", dir);
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, missing), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "No such file"));
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+    /* A private pool sleeps to a file too; the default pool stays awake meanwhile. */
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *p = tu_malloc(5 * MiB, NULL);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(tu_fill((CUdeviceptr)p, 5 * MiB, 21));
+    assert_int_equal(xseg_sleep_ex(0, pool, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+    fixture_check(&f, false);
+    assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)p, 5 * MiB, 21));
+    tu_free(p);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    fixture_free(&f);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* Hostile and failing files: a symbolic link planted at the path (to a file, or dangling) and an
+ * existing file are refused, never followed or written; a write failing (EFBIG: RLIMIT_FSIZE with
+ * SIGXFSZ ignored) rolls the sleep back with the pool's own pages and bytes and removes the file;
+ * a file cut short while asleep fails the wake (the pool stays asleep, the file kept) until its
+ * bytes are back. Each time the pool stays usable. */
+static void test_sleep_file_hostile(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64], target[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    snprintf(target, sizeof target, "%s/victim", dir);
+    struct fixture f;
+    fixture_make(&f);
+    FILE *fp = fopen(target, "w");
+    assert_non_null(fp);
+    fputs("keep me", fp);
+    fclose(fp);
+    /* A link to a file, a dangling link, an existing file: refused, nothing written or changed. */
+    for (int k = 0; k < 3; k++) {
+        if (k == 0)
+            assert_int_equal(symlink(target, path), 0);
+        else if (k == 1)
+            assert_int_equal(symlink("/nonexistent/xseg-target", path), 0);
+        else
+            assert_int_equal(link(target, path), 0);
+        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_ERROR_INVALID_VALUE);
+        print_message("%s\n", xseg_last_error());
+        assert_non_null(strstr(xseg_last_error(), "refusing"));
+        assert_non_null(strstr(xseg_last_error(), "EEXIST"));
+        assert_non_null(strstr(xseg_last_error(), path));
+        assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+        fixture_check(&f, false);
+        size_t n = 0;
+        unsigned char *got = read_file(target, &n);
+        assert_non_null(got);
+        assert_int_equal(n, 7);
+        assert_memory_equal(got, "keep me", 7);
+        free(got);
+        assert_int_equal(unlink(path), 0);
+    }
+    /* A write that fails: the file may hold at most 1 MiB. */
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = MiB + 4096;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    xseg_status st = xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), "EFBIG"));
+    assert_non_null(strstr(xseg_last_error(), path));
+    assert_int_equal(access(path, F_OK), -1); /* removed */
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+    assert_int_equal(tu_host_live(NULL), 0);
+    fixture_check(&f, false);
+    /* A file cut short while asleep: the wake fails and keeps the pool asleep, then succeeds once
+     * the bytes are back. */
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+    size_t n = 0;
+    unsigned char *saved = read_file(path, &n);
+    assert_non_null(saved);
+    assert_int_equal(truncate(path, (off_t)(n / 2)), 0);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_INVALID_VALUE);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), "ends early"));
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+    assert_books_match_driver();
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_host_live(NULL), 0);
+    fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(saved, 1, n, fp), n);
+    fclose(fp);
+    free(saved);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(access(path, F_OK), -1);
+    fixture_check(&f, false);
+    fixture_free(&f);
+    assert_int_equal(unlink(target), 0);
+    assert_int_equal(rmdir(dir), 0);
 }
 
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
@@ -1444,6 +1752,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_handles),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_wake_rollback_waits_copies),
+        cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
+        cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),

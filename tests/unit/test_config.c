@@ -238,6 +238,12 @@ static void test_pinned_ignored(void **state)
     parse_bad("pinned_num_register_threads:256", "pinned_num_register_threads", "128");
     parse_bad("pinned_use_cuda_host_register:1", "pinned_use_cuda_host_register", "True or False");
     parse_bad("pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb", "> 0");
+    /* sleep_copy_chunk_mb: the chunk of sleep and wake copies (core/sleep.c). */
+    assert_int_equal(def.sleep_copy_chunk, (size_t)64 << 20);
+    c = parse_ok("sleep_copy_chunk_mb:1");
+    assert_int_equal(c.sleep_copy_chunk, (size_t)1 << 20);
+    parse_bad("sleep_copy_chunk_mb:0", "sleep_copy_chunk_mb", "from 1 to 1024");
+    parse_bad("sleep_copy_chunk_mb:2048", "sleep_copy_chunk_mb", "from 1 to 1024");
 }
 
 /* The bounded integers (CFG_BOUNDED rows, one parser): the largest value is accepted, anything

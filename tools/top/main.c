@@ -1,8 +1,8 @@
 /*
  * xseg-top: the memory groups of this user on this machine (issue 37). Reads every table in
  * /dev/shm named xseg-group-<device uuid>-<group> through xseg_group_read (no driver, no
- * joining) and prints each group's members: pid, reserved, allocated, cached, budget and
- * give-way counts. Refreshes every second on a terminal; once with --once, or when stdout is not
+ * joining) and prints each group's members: pid, reserved, allocated, cached, budget, foreign
+ * bytes (device memory held outside xseg, estimated) and give-way counts, and the group budget. Refreshes every second on a terminal; once with --once, or when stdout is not
  * a terminal; --json prints one JSON document (once).
  */
 #include <dirent.h>
@@ -68,8 +68,9 @@ static void show(bool json)
     if (json)
         printf("{\"groups\": [");
     else
-        printf("%-20s %-34s %8s %10s %10s %10s %10s %6s %10s %6s\n", "GROUP", "DEVICE UUID", "PID",
-               "RESERVED", "ALLOCATED", "CACHED", "BUDGET", "GAVE", "GAVE MiB", "ASKED");
+        printf("%-20s %-34s %8s %10s %10s %10s %10s %10s %6s %10s %6s %10s\n", "GROUP", "DEVICE UUID", "PID",
+               "RESERVED", "ALLOCATED", "CACHED", "BUDGET", "FOREIGN", "GAVE", "GAVE MiB", "ASKED",
+               "GRP BUDGET");
     for (size_t i = 0; i < n; i++) {
         char uuid[33] = "?";
         const char *group = names[i];
@@ -95,11 +96,13 @@ static void show(bool json)
             for (size_t k = 0; k < count; k++)
                 printf("%s{\"pid\": %d, \"reserved_bytes\": %llu, \"allocated_bytes\": %llu, "
                        "\"cached_bytes\": %llu, \"budget_bytes\": %llu, \"gave_way_count\": %llu, "
-                       "\"gave_way_bytes\": %llu, \"asked_count\": %llu}",
+                       "\"gave_way_bytes\": %llu, \"asked_count\": %llu, \"foreign_bytes\": %llu, "
+                       "\"group_budget_bytes\": %llu}",
                        k ? ", " : "", m[k].pid, (unsigned long long)m[k].reserved_bytes,
                        (unsigned long long)m[k].allocated_bytes, (unsigned long long)m[k].reclaimable_bytes,
                        (unsigned long long)m[k].budget_bytes, (unsigned long long)m[k].gave_way_count,
-                       (unsigned long long)m[k].gave_way_bytes, (unsigned long long)m[k].asked_count);
+                       (unsigned long long)m[k].gave_way_bytes, (unsigned long long)m[k].asked_count,
+                       (unsigned long long)m[k].foreign_bytes, (unsigned long long)m[k].group_budget_bytes);
             printf("]}");
             continue;
         }
@@ -108,18 +111,21 @@ static void show(bool json)
             continue;
         }
         for (size_t k = 0; k < count; k++) {
-            char r[32], a[32], c[32], b[32], g[32];
+            char r[32], a[32], c[32], b[32], g[32], f[32], gb[32] = "";
             mib(r, sizeof r, m[k].reserved_bytes);
             mib(a, sizeof a, m[k].allocated_bytes);
             mib(c, sizeof c, m[k].reclaimable_bytes);
             mib(g, sizeof g, m[k].gave_way_bytes);
+            mib(f, sizeof f, m[k].foreign_bytes);
+            if (!k)
+                m[k].group_budget_bytes ? mib(gb, sizeof gb, m[k].group_budget_bytes) : (void)snprintf(gb, sizeof gb, "-");
             if (m[k].budget_bytes)
                 mib(b, sizeof b, m[k].budget_bytes);
             else
                 snprintf(b, sizeof b, "-");
-            printf("%-20.20s %-34s %8d %10s %10s %10s %10s %6llu %10s %6llu\n", k ? "" : group, k ? "" : uuid,
-                   m[k].pid, r, a, c, b, (unsigned long long)m[k].gave_way_count, g,
-                   (unsigned long long)m[k].asked_count);
+            printf("%-20.20s %-34s %8d %10s %10s %10s %10s %10s %6llu %10s %6llu %10s\n", k ? "" : group,
+                   k ? "" : uuid, m[k].pid, r, a, c, b, f, (unsigned long long)m[k].gave_way_count, g,
+                   (unsigned long long)m[k].asked_count, gb);
         }
     }
     if (json)
@@ -140,7 +146,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: xseg-top [--once] [--json]\n"
                    "  the memory groups (memory_group) of this user on this machine, with each member's\n"
-                   "  pid, reserved, allocated, cached and budget MiB and give-way counts; refreshes every\n"
+                   "  pid, reserved, allocated, cached, budget and foreign MiB (device memory held outside\n"
+                   "  xseg, estimated), give-way counts and the group budget; refreshes every\n"
                    "  second on a terminal, once with --once, --json or when stdout is not a terminal\n");
             return 0;
         } else {

@@ -1,0 +1,93 @@
+/* The file behind a file-backed sleep (spill.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/hostmem.h"
+#include "base/spill.h"
+
+xseg_status spill_create(struct spill *sp, const char *path, const char *what)
+{
+    *sp = (struct spill){.fd = -1};
+    size_t n = strlen(path) + 1;
+    char *copy = xs_malloc(n);
+    if (!copy)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    memcpy(copy, path, n);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = errno;
+        xs_free(copy);
+        if (e == EEXIST || e == ELOOP)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "%s: refusing '%s': a file or link is there already (%s); the "
+                           "file must be new (a link is never followed)", what, path, e == EEXIST ? "EEXIST" : "ELOOP");
+        return err_set(e == ENOSPC || e == EDQUOT ? XSEG_ERROR_OUT_OF_MEMORY : XSEG_ERROR_INVALID_VALUE,
+                       "%s: cannot create '%s': %s (errno %d)", what, path, strerror(e), e);
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        (void)unlink(path);
+        (void)close(fd);
+        xs_free(copy);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: fstat of '%s': %s (errno %d)", what, path, strerror(e), e);
+    }
+    *sp = (struct spill){.fd = fd, .path = copy, .dev = st.st_dev, .ino = st.st_ino};
+    return XSEG_SUCCESS;
+}
+
+static xseg_status io_fail(const struct spill *sp, const char *what, const char *op, uint64_t off, size_t len, int e)
+{
+    if (!e)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "%s: %s of %zu bytes at offset %" PRIu64 " of '%s': the file ends "
+                       "early (truncated by someone else?)", what, op, len, off, sp->path);
+    return err_set(e == ENOSPC || e == EFBIG || e == EDQUOT ? XSEG_ERROR_OUT_OF_MEMORY : XSEG_ERROR_INVALID_VALUE,
+                   "%s: %s of %zu bytes at offset %" PRIu64 " of '%s' failed: %s (%s, errno %d)", what, op, len, off,
+                   sp->path, strerror(e), e == ENOSPC ? "ENOSPC" : e == EIO ? "EIO" : e == EFBIG ? "EFBIG"
+                                                      : e == EDQUOT ? "EDQUOT" : "see errno", e);
+}
+
+xseg_status spill_write(struct spill *sp, const void *buf, size_t len, uint64_t off, const char *what)
+{
+    const char *p = buf;
+    for (size_t done = 0; done < len;) {
+        ssize_t w = pwrite(sp->fd, p + done, len - done, (off_t)(off + done));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return io_fail(sp, what, "write", off + done, len - done, w < 0 ? errno : ENOSPC);
+        done += (size_t)w;
+    }
+    return XSEG_SUCCESS;
+}
+
+xseg_status spill_read(struct spill *sp, void *buf, size_t len, uint64_t off, const char *what)
+{
+    char *p = buf;
+    for (size_t done = 0; done < len;) {
+        ssize_t r = pread(sp->fd, p + done, len - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return io_fail(sp, what, "read", off + done, len - done, r < 0 ? errno : 0);
+        done += (size_t)r;
+    }
+    return XSEG_SUCCESS;
+}
+
+void spill_close(struct spill *sp)
+{
+    if (sp->fd < 0)
+        return;
+    struct stat st;
+    if (lstat(sp->path, &st) == 0 && st.st_dev == sp->dev && st.st_ino == sp->ino)
+        (void)unlink(sp->path);
+    (void)close(sp->fd);
+    xs_free(sp->path);
+    *sp = (struct spill){.fd = -1};
+}
