@@ -965,6 +965,7 @@ xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
     dev_acquire(d);
     refresh_cfg(d);
     dev_apply_fraction(d, fraction);
+    exp_pressure_reset(d);
     dev_unlock(d);
     return XSEG_SUCCESS;
 }

@@ -66,6 +66,10 @@ struct dev_alloc {
      * the reclaim unmaps, kept for the growth that follows; empty whenever the lock is free. */
     struct seg_spares handles;
     bool keep_handles;
+    /* Set at the first growth the device refused (exp_recycle_begin), until the memory fraction
+     * changes (exp_pressure_reset; an empty_cache between layers does not end the pressure:
+     * sqattn_qwen2_calib): growth maps smaller chunks meanwhile (expandable.c chunk_limit). */
+    bool fine_chunks;
     struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
     struct arena structs;    /* where the slabs come from (dev_block_carve) */

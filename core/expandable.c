@@ -287,6 +287,24 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
 static size_t whole_page_bytes(const struct block *b);
 static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle);
 
+/* A chunk mapped under pressure is at most 1/FINE_CHUNK_DIV of its request (chunk_limit). */
+#define FINE_CHUNK_DIV 16
+
+/*
+ * Whether xseg's reserved memory is within the last 1/8 of the device (or of the memory fraction's
+ * limit): what is mapped there is what a later refusal has to give back first, so it is mapped as
+ * under pressure (chunk_limit). codeloc_qwen3_gnn_3gpu device 2 fails one allocation at 1.01 x
+ * peak allocated without it, none with it (docs/benchmarks-replay.md); the six pytorch/ traces on
+ * 80 GiB stay below (at most 66 % reserved): their driver calls do not change. Other processes'
+ * memory is not counted (no driver call here): near the limit a refusal says the rest.
+ */
+static bool near_full(const struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
+    return limit && d->acct.total_allocated_memory >= limit - limit / 8;
+}
+
 /*
  * The largest chunk (one physical allocation, vmm/segment.h) of a mapping in @p pool: the page
  * (PyTorch's layout, one handle per page) unless expandable_chunk_mb asks for smaller chunks. A
@@ -296,12 +314,35 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
  * against driver calls, by chunk size). Mappings still cover whole pages, so reserved memory is
  * what PyTorch reserves. The small pool's chunks are its 2 MiB pages.
  */
-static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran)
+static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran, size_t size)
 {
     lock_assert_held(&d->lock);
-    if (pool->is_small || !d->cfg.expandable_chunk || d->cfg.expandable_chunk >= page)
+    if (pool->is_small)
         return page;
-    return XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
+    size_t chunk = page;
+    if (d->cfg.expandable_chunk && d->cfg.expandable_chunk < page)
+        chunk = XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
+    /* Once the device has refused a growth (d->fine_chunks), memory mapped from then on may have
+     * to be given back around live blocks of other sizes, and a chunk goes back only whole:
+     * chunks of 1/16 of the request (granule multiples, 2 MiB to a page), so that most of what a
+     * freed block leaves between live ones can go to the next growth. 1/16 and not one granule
+     * for the driver calls: at 1.01 x peak allocated, sqattn_qwen2_calib fits with either
+     * (17 failed allocations with page chunks) but makes 33,093 memory calls (326 ms modelled
+     * H100 time) with 1/16 against 176,842 (1,784 ms) with granules, and 29,149 (296 ms) before;
+     * docs/benchmarks-replay.md. While handles the reclaim kept wait to be mapped again, chunks
+     * of the largest one's size, so that they are (a kept handle is a whole chunk of its size;
+     * with a page here, eornn_cnn_small's granule handles went back and 7 allocations failed). A
+     * run that never meets pressure (the six pytorch/ traces on 80 GiB) makes the same calls.
+     * The same within the device's last eighth (near_full), before any refusal. Both with
+     * expandable_segments_recycle only: without it, PyTorch's layout (one chunk a page). */
+    if (!d->fine_chunks && !(d->cfg.expandable_segments_recycle && near_full(d)))
+        return chunk;
+    if (!d->handles.n)
+        return XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
+    size_t spare = gran;
+    for (size_t i = 0; i < d->handles.n; i++)
+        spare = XSEG_MAX(spare, d->handles.v[i].bytes);
+    return XSEG_MIN(chunk, spare);
 }
 
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
@@ -346,7 +387,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
 
     /* Chunks smaller than the page also end where the new block ends (rounded up to the
      * granule), so that the slack after it is given back up to the block's edge. */
-    size_t max_chunk = chunk_limit(d, pool, page, gran);
+    size_t max_chunk = chunk_limit(d, pool, page, gran, size);
     size_t cut = max_chunk < page ? page_up(seg_off(c) + size, gran) : SIZE_MAX;
     struct block *cur = c;
     while (!cur->mapped || cur->size < size) {
@@ -523,6 +564,14 @@ void exp_recycle_begin(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     d->keep_handles = true;
+    d->fine_chunks = true;
+}
+
+
+void exp_pressure_reset(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->fine_chunks = false;
 }
 
 void exp_recycle_end(struct dev_alloc *d)

@@ -50,6 +50,9 @@ size_t exp_whole_page_bytes(const struct block *b);
  * Both with the lock held, in the same lock hold.
  */
 void exp_recycle_begin(struct dev_alloc *d);
+/* A new memory fraction: the refusals seen were against the old limit, so growth maps whole pages
+ * again until the next one (exp_recycle_begin makes chunks small from there on). Lock held. */
+void exp_pressure_reset(struct dev_alloc *d);
 void exp_recycle_end(struct dev_alloc *d);
 bool exp_block_older(const struct block *a, const struct block *b);
 

@@ -391,8 +391,9 @@ static struct gtable *table_open(struct group *g)
 static int slot_claim(struct group *g)
 {
     if (!table_lock(g->t, GROUP_JOIN_NS)) {
-        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (its lock cannot "
-                 "be taken): device %d goes on alone", g->path, g->d->device);
+        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s: its lock was held for over "
+                 "1 s (a member's ask with memory_group_wait_ms over 1000, a stopped member, or a "
+                 "corrupted table): device %d goes on alone", g->path, g->d->device);
         return -1;
     }
     reap_dead(g->t);
@@ -660,9 +661,9 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
     uint64_t got = 0;
     bool died = false;
     char why[160];
-    if (!table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
-        go_alone(g, "its lock cannot be taken");
-    } else {
+    /* Another member's ask holds the lock for up to its own wait (or a stopped member holds
+     * it): this ask gives up, and the process stays in the group for the next one. */
+    if (table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
         reap_dead(g->t);
         if (!table_ok(g->t, g->total, why, sizeof why)) {
             go_alone(g, why);

@@ -7,7 +7,10 @@
  *  - kept_handles_faults: a failed cuMemMap / cuMemUnmap / cuMemCreate in that growth leaves the
  *    allocator consistent and leaks nothing (a kept handle is given back);
  *  - granules: the retry under pressure maps only the granules a request needs, so a request that
- *    a whole page would not fit is served, with the live bytes untouched and no copy.
+ *    a whole page would not fit is served, with the live bytes untouched and no copy;
+ *  - fragmented, fragmented_after_refusal: once the device has refused a growth, or within its
+ *    last eighth, memory is mapped in chunks smaller than a page, so the free chunks between live
+ *    blocks serve a larger request at 1.01 x peak allocated.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
@@ -154,12 +157,102 @@ static void test_granules(void **state)
     check_no_leaks();
 }
 
+/* Workload for test_fragmented: 60 blocks of 3 MiB, every other one freed, then 60 MiB asked for
+ * on a device of peak allocated (180 MiB) x 1.01 rounded up to 2 MiB. */
+#define FRAG_N 60
+#define FRAG_BLOCK (3 * MiB)
+
+/*
+ * A fragmented workload served without moving a live byte because large-pool memory mapped after
+ * the device first refused a growth, or within its last eighth, comes in chunks smaller than a
+ * page (core/expandable.c chunk_limit). Phase A, on a device capped at @p cap_ab MiB, meets
+ * pressure once: @p a_mb cached by s1, then s2's @p b_mb growth is refused and served by the
+ * reclaim. Phase B, same cap, maps 180 MiB as 3 MiB blocks and frees every other one: 90 MiB free
+ * in 3 MiB holes beside live blocks. Phase C, on a device of 182 MiB (peak allocated of B x 1.01
+ * rounded up to 2 MiB), asks for 60 MiB with 2 MiB left. Each hole holds a whole 2 MiB chunk,
+ * which the reclaim gives to the growth; with 20 MiB page chunks (every page holds live blocks)
+ * nothing can be given back and the malloc fails (it does on the code before). The live blocks'
+ * bytes are intact and no copy was made.
+ */
+static void frag_scenario(size_t cap_ab, size_t a_mb, size_t b_mb)
+{
+    start_emu("expandable_segments:True");
+    CUstream s1, s2;
+    tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    cap_device(cap_ab * MiB);
+
+    void *a = must_malloc(a_mb * MiB, s1);
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    tu_counts_reset();
+    void *b = must_malloc(b_mb * MiB, s2);
+    assert_true(tu_call_count("cuMemUnmap") >= 1); /* the growth was refused, then served */
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+
+    void *blk[FRAG_N];
+    for (int i = 0; i < FRAG_N; i++) {
+        blk[i] = must_malloc(FRAG_BLOCK, NULL);
+        tu_assert_cu(tu_fill(DPTR(blk[i]), FRAG_BLOCK, (unsigned char)(i + 1)));
+    }
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(180 * MiB));
+    for (int i = 1; i < FRAG_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+
+    cap_device(182 * MiB);
+    tu_counts_reset();
+    void *c = NULL;
+    if (xseg_malloc(&c, 60 * MiB, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(60 MiB) on a 182 MiB device with 90 MiB free in 3 MiB holes: %s", xseg_last_error());
+    check_driver_agrees();
+    const char *copies[] = {"cuMemcpyDtoDAsync", "cuMemcpyDtoD", "cuMemcpyDtoH", "cuMemcpyHtoD",
+                            "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"};
+    for (size_t k = 0; k < sizeof copies / sizeof copies[0]; k++)
+        assert_int_equal(tu_call_count(copies[k]), 0);
+    assert_true(tu_call_count("cuMemUnmap") >= 1); /* free chunks inside the holes went to the growth */
+    for (int i = 0; i < FRAG_N; i += 2)
+        if (!tu_check(DPTR(blk[i]), FRAG_BLOCK, (unsigned char)(i + 1)))
+            fail_msg("live block %d lost its bytes", i);
+    tu_assert_cu(tu_fill(DPTR(c), 60 * MiB, 0xC5));
+    assert_true(tu_check(DPTR(c), 60 * MiB, 0xC5));
+    for (int i = 0; i < FRAG_N; i += 2)
+        assert_true(tu_check(DPTR(blk[i]), FRAG_BLOCK, (unsigned char)(i + 1)));
+
+    for (int i = 0; i < FRAG_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s1));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+}
+
+/* At 1.01 x peak allocated throughout: phase B maps within the device's last eighth. */
+static void test_fragmented(void **state)
+{
+    (void)state;
+    frag_scenario(182, 120, 100);
+}
+
+/* Phases A and B on a 400 MiB device (B's 180 MiB stays below its last eighth): only the refusal
+ * of phase A makes B's chunks small. */
+static void test_fragmented_after_refusal(void **state)
+{
+    (void)state;
+    frag_scenario(400, 300, 200);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kept_handles),
         cmocka_unit_test(test_kept_handles_faults),
         cmocka_unit_test(test_granules),
+        cmocka_unit_test(test_fragmented),
+        cmocka_unit_test(test_fragmented_after_refusal),
     };
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);

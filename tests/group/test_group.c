@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -35,6 +36,26 @@ struct member {
 
 static char shm_names[3][128];
 static pid_t kids[2]; /* test_pid_reuse's idle processes, killed at exit whatever happens */
+/* Members started and not yet reaped: killed at exit, so a failed assertion never leaves one
+ * behind (a stopped one holds the test's output pipes, and meson waits on them until timeout). */
+static pid_t spawned[16];
+
+static void reap_spawned(void)
+{
+    for (size_t i = 0; i < sizeof spawned / sizeof spawned[0]; i++)
+        if (spawned[i] > 0) {
+            kill(spawned[i], SIGKILL);
+            waitpid(spawned[i], NULL, 0);
+            spawned[i] = 0;
+        }
+}
+
+static void forget(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof spawned / sizeof spawned[0]; i++)
+        if (spawned[i] == pid)
+            spawned[i] = 0;
+}
 
 /* Start group_helper CONFIG (fork+exec) with pipes for its stdin and stdout; its stderr to
  * @p err when not NULL; as user @p pw when not NULL (dropping root's groups and ids first). */
@@ -63,6 +84,11 @@ static struct member spawn_as(const char *config, const char *err, const struct 
     }
     close(to[0]);
     close(from[1]);
+    for (size_t i = 0; i < sizeof spawned / sizeof spawned[0]; i++)
+        if (!spawned[i]) {
+            spawned[i] = pid;
+            break;
+        }
     struct member m = {pid, fdopen(to[1], "w"), fdopen(from[0], "r")};
     setvbuf(m.in, NULL, _IOLBF, 0);
     return m;
@@ -91,6 +117,7 @@ static void quit(struct member *m)
     assert_string_equal(cmd(m, "quit"), "eof");
     int status = 0;
     assert_int_equal(waitpid(m->pid, &status, 0), m->pid);
+    forget(m->pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     fclose(m->in);
     fclose(m->out);
@@ -101,6 +128,7 @@ static void kill9(struct member *m)
     kill(m->pid, SIGKILL);
     int status = 0;
     assert_int_equal(waitpid(m->pid, &status, 0), m->pid); /* reaped: its pid is gone */
+    forget(m->pid);
     fclose(m->in);
     fclose(m->out);
 }
@@ -241,8 +269,21 @@ static void test_dead_member(void **state)
     xseg_free(q);
 }
 
+/* The member's gave_way_count in this process's view of the group. */
+static uint64_t gave_count(pid_t pid)
+{
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    for (size_t i = 0; i < n && i < 4; i++)
+        if (mem[i].pid == pid)
+            return mem[i].gave_way_count;
+    fail_msg("pid %d is not in the group", (int)pid);
+    return 0;
+}
+
 /* A member that never answers (stopped): the asker waits memory_group_wait_ms, then reports
- * the OOM; the member, continued, still answers later requests. */
+ * the OOM; the member, continued, answers the request it missed and later ones. */
 static void test_stopped_member(void **state)
 {
     (void)state;
@@ -250,17 +291,62 @@ static void test_stopped_member(void **state)
     struct member m = spawn("memory_group:tg,memory_group_wait_ms:200");
     assert_string_equal(cmd(&m, "alloc 600 1"), "ok");
     assert_string_equal(cmd(&m, "free 0"), "ok");
+    /* kill() only queues SIGSTOP: until the member's threads have all stopped, its responder
+     * may still run and answer. WUNTRACED returns once the whole process has stopped. */
     kill(m.pid, SIGSTOP);
-    /* Stopped before we ask: a kill returns before the signal has stopped a running member,
-     * whose responder could still answer (seen on a loaded machine). */
     int status = 0;
     assert_int_equal(waitpid(m.pid, &status, WUNTRACED), m.pid);
     assert_true(WIFSTOPPED(status));
     void *p = NULL;
-    assert_int_equal(xseg_malloc(&p, 700 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    xseg_status st = xseg_malloc(&p, 700 * MiB, 0, NULL);
+    kill(m.pid, SIGCONT); /* before any assertion: a failure must not leave it stopped */
+    assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
+    /* Continued, it answers the missed request (wait up to 10 s, however loaded the machine). */
+    for (int tries = 0; tries < 1000 && gave_count(m.pid) == 0; tries++)
+        usleep(10000);
+    p = must_malloc(700 * MiB);
+    assert_true(gave_count(m.pid) >= 1);
+    xseg_free(p);
+    quit(&m);
+}
+
+/* Two askers at once: one holds the table for its whole wait (its member is stopped), so the
+ * other's ask cannot take the lock in its shorter wait. That ask fails, and its process stays
+ * in the group: it is served by the next give-way. */
+static void test_concurrent_askers(void **state)
+{
+    (void)state;
+    start("memory_group:tg,memory_group_wait_ms:200");
+    xseg_free(must_malloc(MiB)); /* joined before the table gets busy */
+    struct member m = spawn(GROUP);
+    struct member a = spawn("memory_group:tg,memory_group_wait_ms:3000");
+    assert_string_equal(cmd(&m, "alloc 600 1"), "ok");
+    assert_string_equal(cmd(&m, "free 0"), "ok");
+    kill(m.pid, SIGSTOP);
+    int status = 0;
+    assert_int_equal(waitpid(m.pid, &status, WUNTRACED), m.pid);
+    fprintf(a.in, "alloc 700 2\n"); /* asks the stopped member, holding the table up to 3 s */
+    fflush(a.in);
+    usleep(300000);
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, 700 * MiB, 0, NULL);
+    char err[512];
+    snprintf(err, sizeof err, "%s", xseg_last_error());
     kill(m.pid, SIGCONT);
+    assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
+    if (strstr(err, "alone"))
+        fail_msg("the ask that found the table busy left the group: %s", err);
+    char line[256];
+    assert_non_null(fgets(line, sizeof line, a.out)); /* the member, continued, served it */
+    xseg_group_member mem[4];
+    size_t n = 0;
+    if (xseg_group_stats(0, mem, 4, &n) != XSEG_SUCCESS)
+        fail_msg("not in the group any more: %s", xseg_last_error());
+    assert_int_equal(n, 3);
+    assert_string_equal(cmd(&a, "free 0"), "ok"); /* 700 MiB cached in a: given way on asking */
     p = must_malloc(700 * MiB);
     xseg_free(p);
+    quit(&a);
     quit(&m);
 }
 
@@ -772,16 +858,22 @@ static void test_read_errors(void **state)
 
 int main(int argc, char **argv)
 {
+    /* The pid and the boot clock: a name no earlier process used, so a table or accounting file
+     * left behind by a killed run (of any build, any layout) is never met again. */
     char share[64];
-    snprintf(share, sizeof share, "xg%d", (int)getpid());
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(share, sizeof share, "xg%d.%llx", (int)getpid(),
+             (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
     setenv("CUDAEMU_SHARED", share, 1);
     setenv("CUDAEMU_TOTAL_MEM", "1G", 1);
+    atexit(reap_spawned);
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_emu_shared),   cmocka_unit_test(test_give_way),
         cmocka_unit_test(test_oom_message),  cmocka_unit_test(test_dead_member),
-        cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_hostile_garbage),
+        cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_concurrent_askers), cmocka_unit_test(test_hostile_garbage),
         cmocka_unit_test(test_hostile_slot), cmocka_unit_test(test_read_errors),
         cmocka_unit_test(test_top),          cmocka_unit_test(test_budget_refuses),
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -29,8 +30,10 @@ xseg.shutdown()
 def test_group_members_lists_this_process():
     if not os.environ.get("XSEG_LIBCUDA"):
         pytest.skip("needs cudaemu (CUDAEMU_SHARED)")
+    # A name no earlier process used: a file a killed run left in /dev/shm is never met again.
+    share = "py%d.%x" % (os.getpid(), time.monotonic_ns())
     env = dict(os.environ, XSEG_ALLOC_CONF="memory_group:py,memory_budget_mb:512,memory_group_budget_mb:900",
-               CUDAEMU_SHARED="py%d" % os.getpid(),
+               CUDAEMU_SHARED=share,
                CUDAEMU_TOTAL_MEM="1G")
     pkg = os.path.join(os.path.dirname(__file__), "..", "..", "python")
     env["PYTHONPATH"] = os.path.abspath(pkg) + os.pathsep + env.get("PYTHONPATH", "")
