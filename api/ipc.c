@@ -142,3 +142,24 @@ XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size
     }
     return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_block_handles: pointer %p is not a live allocation of xseg", ptr);
 }
+
+XSEG_API xseg_status xseg_block_handles_release(void *ptr)
+{
+    if (!ptr)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_block_handles_release: ptr is NULL");
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (int dev = 0; dev < rt_device_count(); dev++) {
+        struct dev_alloc *d = rt_device_peek(dev);
+        if (!d)
+            continue;
+        bool owned = false;
+        st = ipc_block_handles_release(d, ptr, &owned);
+        if (owned)
+            return st;
+    }
+    return err_set(XSEG_ERROR_INVALID_VALUE,
+                   "xseg_block_handles_release: pointer %p is not a live allocation of xseg (freed already? a free "
+                   "ends its holds)", ptr);
+}

@@ -804,6 +804,8 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         b->oversize = false;
     }
     b->exported = false; /* the export ends with the block (its pool may sleep again) */
+    if (b->sided)
+        b->u.side->handle_holds = 0; /* so do the holds of handed-out handles */
     if (b->recorded)
         hist_free_requested(d, b);
     xseg_status st = XSEG_SUCCESS;
@@ -1001,8 +1003,46 @@ static void split_free(struct bpool *pool, struct block *b, struct block *x, siz
     bpool_insert_free(pool, x);
 }
 
+/* Placing [addr, addr + size) in free block @p b (taken out of its index): head and tail stay
+ * free blocks of the segment; statistics as alloc_found_block keeps them. In a classic segment
+ * inactive_split counts the free blocks of a split segment (PyTorch's): b was one when its segment
+ * was split, the head and tail are after. @p h, @p t: spare structs for a head and a tail. */
+static void malloc_at_place(struct dev_alloc *d, struct block *b, uintptr_t addr, size_t size, struct block *h,
+                            struct block *t)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = block_pool(b);
+    int si = pool->stat_index;
+    size_t head = addr - b->addr, tail = b->addr + b->size - addr - size, was = b->size;
+    bool was_split = block_is_split(b);
+    bpool_remove_free(pool, b);
+    if (h)
+        split_free(pool, b, h, head, true);
+    if (t)
+        split_free(pool, b, t, tail, false);
+    if (!b->expandable) {
+        stat_add_pool(d->acct.stats.inactive_split, si, (int64_t)(!!h + !!t) - was_split);
+        stat_add_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)(head + tail) - (was_split ? (int64_t)was : 0));
+    }
+    b->allocated = true;
+    b->u.requested_size = size; /* no side: it was free */
+    stat_up_pool(d->acct.stats.allocation, si, 1);
+    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)size);
+    b->oversize = b->size >= d->cfg.max_split_size;
+    if (b->oversize)
+        stat_up(&d->acct.stats.oversize_allocations, 1);
+}
+
 xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr, size_t size)
 {
+    /* History records the placed block as an alloc with the caller's stack, as PyTorch's
+     * setCheckpointPoolState does (alloc_found_block with its context); captured unlocked. */
+    struct hist_mctx hm = {NULL, false}, *hp = NULL;
+    if (XSEG_UNLIKELY(hist_mode())) {
+        hm.stack = hist_capture();
+        hp = &hm;
+    }
     dev_acquire(d);
     refresh_cfg(d);
     struct priv_pool *pp = pools_find(d, id);
@@ -1022,45 +1062,32 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
         st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_pool_malloc_at: [0x%" PRIxPTR ", +%zu) is not inside one free, "
                      "mapped block of the pool (the block there: %zu bytes at 0x%" PRIxPTR ", %s)", addr, size,
                      b->size, b->addr, b->allocated ? "allocated" : b->mapped ? "pending" : "unmapped");
-    else if (!b->expandable)
-        st = err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_pool_malloc_at: only expandable segments (the default) can "
-                     "place a block at an address");
-    if (st) {
-        dev_unlock(d);
-        return st;
-    }
-    size_t head = addr - b->addr, tail = b->addr + b->size - addr - size;
+    size_t head = st ? 0 : addr - b->addr, tail = st ? 0 : b->addr + b->size - addr - size;
     struct block *h = head ? spare_block(d) : NULL, *t = tail ? spare_block(d) : NULL;
-    if ((head && !h) || (tail && !t) || !ptrmap_reserve(&d->live, 1)) {
+    if (!st && ((head && !h) || (tail && !t) || !ptrmap_reserve(&d->live, 1))) {
         struct block *got[2] = {h, t};
         for (int i = 0; i < 2; i++)
             if (got[i]) { /* back to the spare list, untouched */
                 got[i]->next = d->spare;
                 d->spare = got[i];
             }
-        dev_unlock(d);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory placing a block");
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory placing a block");
     }
-    struct bpool *pool = block_pool(b);
-    bpool_remove_free(pool, b);
-    if (h)
-        split_free(pool, b, h, head, true);
-    if (t)
-        split_free(pool, b, t, tail, false);
-    int si = pool->stat_index;
-    b->allocated = true;
-    b->u.requested_size = size;
-    stat_up_pool(d->acct.stats.allocation, si, 1);
-    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)size);
-    b->oversize = b->size >= d->cfg.max_split_size;
-    if (b->oversize)
-        stat_up(&d->acct.stats.oversize_allocations, 1);
-    bool put = ptrmap_put(&d->live, b->addr, b); /* room reserved above */
-    xseg_assert(put);
-    (void)put;
+    if (!st) {
+        malloc_at_place(d, b, addr, size, h, t);
+        bool put = ptrmap_put(&d->live, b->addr, b); /* room reserved above */
+        xseg_assert(put);
+        (void)put;
+        if (hp && !hist_on_alloc(d, b, hp)) {
+            (void)ptrmap_take(&d->live, b->addr);
+            undo_alloc(d, b); /* merges head and tail back: the block as it was */
+            st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording a placed block's history");
+        }
+    }
     dev_unlock(d);
-    return XSEG_SUCCESS;
+    if (hp)
+        hist_stack_unref(hm.stack); /* unless the block took it */
+    return st;
 }
 
 double alloc_get_fraction(struct dev_alloc *d)

@@ -62,11 +62,13 @@ struct stream_set {
 
 /* What only some blocks need, allocated on demand (block_side_get) and released when the block
  * returns to its pool (block_side_drop) or is deleted: the streams and events of record_stream,
- * and the history stack. The requested size moves here while the side exists (the block's last
+ * the history stack, and the holds of handed-out handles. The requested size moves here while the side exists (the block's last
  * word points here then). */
 struct block_side {
     size_t requested_size;
     int event_count;           /* events still pending before the block can be freed */
+    unsigned handle_holds;     /* xseg_block_handles hand-outs not yet released (allocated blocks
+                                * only; its pool refuses to sleep while any: core/sleep.c) */
     struct stream_set uses;    /* streams recorded besides the block's own (record_stream) */
     struct hstack *hist_stack; /* the allocation's stack (history on; valid while `recorded`) */
 };
@@ -199,8 +201,9 @@ static inline struct hstack *block_hist_stack(const struct block *b) { return b-
 /* The side struct of allocated or pending block @p b, made now if it has none (its requested
  * size moves in). NULL on host OOM, @p b unchanged. */
 struct block_side *block_side_get(struct block *b);
-/* Give back @p b's side struct when it holds nothing any more (no streams, events or stack): the
- * requested size moves back inline. A no-op without a side or when it still holds something. */
+/* Give back @p b's side struct when it holds nothing any more (no streams, events, stack or
+ * handle holds): the requested size moves back inline. A no-op without a side or when it still
+ * holds something. */
 void block_side_drop(struct block *b);
 /* Release @p b's side struct whatever it holds (its stream set freed; a stack reference it holds
  * is not released: the caller's). */

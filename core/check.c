@@ -130,14 +130,15 @@ static size_t walk_unmapped(const struct bpool *pool, const struct block *t, con
 }
 
 /* The block's last word and its side struct (struct block): in an index it is the GC clock, so no
- * side; a side exactly while something needs one (recorded streams, events, a history stack); a
- * stack only on a recorded block; `exported` only on an allocated one. */
+ * side; a side exactly while something needs one (recorded streams, events, a history stack,
+ * handle holds); a stack only on a recorded block; `exported` and holds only on an allocated one. */
 static void check_block_word(const struct block *b)
 {
     const struct block_side *sd = block_side(b);
     CHECK(!(b->in_index && b->sided));
     if (sd) {
-        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack);
+        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack || sd->handle_holds);
+        CHECK(!sd->handle_holds || b->allocated); /* the holds end with the block's free */
         CHECK(sd->uses.n <= sd->uses.cap && (sd->uses.cap <= 2 || sd->uses.heap));
     }
     CHECK(!block_hist_stack(b) || b->recorded);

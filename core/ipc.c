@@ -159,6 +159,37 @@ out:
     return st;
 }
 
+/* One more hold on allocated block @p b (device lock held): false, with the message set, on host
+ * OOM for its side struct (nothing changed). */
+static bool handles_hold(struct block *b, const void *ptr, int device)
+{
+    struct block_side *sd = block_side_get(b);
+    if (!sd) {
+        err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_block_handles: out of host memory recording the hand-out of block %p "
+                "on device %d", ptr, device);
+        return false;
+    }
+    sd->handle_holds++;
+    return true;
+}
+
+xseg_status ipc_block_handles_release(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    dev_acquire(d);
+    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
+    *owned = b != NULL;
+    xseg_status st = XSEG_SUCCESS;
+    if (b && !(b->sided && b->u.side->handle_holds))
+        st = err_set(XSEG_ERROR_ILLEGAL_STATE,
+                     "xseg_block_handles_release: block %p on device %d has no handles handed out to release "
+                     "(xseg_block_handles with cap > 0 was never called on it, or each hand-out was released "
+                     "already)", ptr, d->device);
+    else if (b && --b->u.side->handle_holds == 0)
+        block_side_drop(b); /* given back if nothing else needs it */
+    dev_unlock(d);
+    return st;
+}
+
 xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n,
                               bool *owned)
 {
@@ -170,6 +201,11 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         return XSEG_SUCCESS;
     }
     if (!b->expandable || !b->seg->vseg) {
+        /* Classic memory never sleeps, but the hold keeps the release contract the same. */
+        if (cap && !handles_hold(b, ptr, d->device)) {
+            dev_unlock(d);
+            return XSEG_ERROR_OUT_OF_MEMORY;
+        }
         if (cap)
             ranges[0] = (xseg_phys_range){.address = b->addr, .length = b->size, .handle = 0,
                                           .offset = b->addr - b->seg->first->addr};
@@ -182,6 +218,11 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_block_handles: block %p on device %d belongs to a sleeping pool (xseg_sleep): its pages "
                        "have no physical memory now; wake the pool first", ptr, d->device);
+    }
+    /* Handles handed out hold the block's pool awake until released or freed (core/sleep.c). */
+    if (cap && !handles_hold(b, ptr, d->device)) {
+        dev_unlock(d);
+        return XSEG_ERROR_OUT_OF_MEMORY;
     }
     const struct seg *vs = b->seg->vseg;
     size_t gran = seg_gran(vs);

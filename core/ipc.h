@@ -27,9 +27,12 @@ struct xseg_ipc_handle {
 
 /* Export the live block at @p ptr if @p d owns it (*owned = false and nothing happens when not). */
 xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned);
-/* The ranges under the live block at @p ptr (xseg_block_handles) if @p d owns it. */
+/* The ranges under the live block at @p ptr (xseg_block_handles) if @p d owns it; with cap > 0 the
+ * block takes one more hold (its side struct's handle_holds), which keeps its pool from sleeping. */
 xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n,
                               bool *owned);
+/* Drop one hold of the live block at @p ptr (xseg_block_handles_release) if @p d owns it. */
+xseg_status ipc_block_handles_release(struct dev_alloc *d, void *ptr, bool *owned);
 /* Map @p h on @p d's device and remember the import. */
 xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr);
 /* Unmap an import made by ipc_import. */

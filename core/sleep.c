@@ -3,8 +3,8 @@
  * seg_sleep_* / seg_wake_*), the pinned host memory and the copies (vmm/host.c).
  *
  * Sleep, in order, so that any failure can be undone with nothing lost:
- *   1. checks (known pool, awake, no capture, no block exported over IPC, expandable segments
- *      only) — nothing changes;
+ *   1. checks (known pool, awake, no capture, no block exported over IPC or with handles handed
+ *      out by xseg_block_handles, expandable segments only) — nothing changes;
  *   2. wait for every stream that may use the pool, then return completed record_stream frees;
  *   3. OFFLOAD: queue the copy of each run of live blocks to pinned host memory (a block of the
  *      host cache, core/hostalloc.c) in chunks of sleep_copy_chunk_mb (64 MiB), round robin over the copy
@@ -584,17 +584,31 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
 
     /* Importers map the exported chunks' own memory: a sleep would give it back and the wake map
      * new memory here, so the two processes would part silently. Refused while any lives. */
-    size_t nexported = 0;
+    /* Handles handed out by xseg_block_handles likewise, until released (or the block freed). */
+    size_t nexported = 0, nheld = 0;
+    const struct block *held = NULL;
     for (const struct segrec *s = d->segs; s; s = s->next_seg)
         if (s->vseg && dev_pool_owner(d, s->pool) == pp)
-            for (const struct block *b = s->first; b; b = b->next)
+            for (const struct block *b = s->first; b; b = b->next) {
                 nexported += b->exported;
+                if (b->sided && b->u.side->handle_holds && !nheld++)
+                    held = b;
+            }
     if (nexported)
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_sleep: %s on device %d holds %zu block%s exported over IPC (xseg_ipc_export): another "
                        "process may map their memory, which a sleep would give back; xseg_free them (once every "
                        "importer has closed them) first",
                        pool_name(pp, buf), d->device, nexported, nexported == 1 ? "" : "s");
+    if (nheld)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                       "xseg_sleep: %s on device %d holds %zu block%s whose physical handles were handed out by "
+                       "xseg_block_handles, the first at 0x%" PRIxPTR " (%u hand-out%s): whoever holds them would "
+                       "keep the old memory while the wake maps new memory there; call "
+                       "xseg_block_handles_release(0x%" PRIxPTR ") once per hand-out when the handles are no longer "
+                       "used (or xseg_free the block) first",
+                       pool_name(pp, buf), d->device, nheld, nheld == 1 ? "" : "s", held->addr,
+                       held->u.side->handle_holds, held->u.side->handle_holds == 1 ? "" : "s", held->addr);
 
     struct pool_sleep *ps = xs_calloc(1, sizeof *ps);
     if (!ps)

@@ -538,10 +538,12 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
 
 /**
  * Allocate exactly [@p ptr, @p ptr + @p size) from @p pool on @p device: the bytes must lie in one
- * free, mapped block of one of the pool's expandable segments (what a block of a checkpointed
- * layout left when it was freed). The block is split there, and its head and tail stay free. It
- * places a block of a layout captured earlier at its address again, as cudagraph trees'
- * setCheckpointPoolState needs; free it with xseg_free.
+ * free, mapped block of one of the pool's segments, expandable or classic (what a block of a
+ * checkpointed layout left when it was freed). The block is split there, and its head and tail
+ * stay free blocks of the segment (statistics as a split by malloc keeps them: inactive_split in
+ * classic segments). It places a block of a layout captured earlier at its address again, as
+ * cudagraph trees' setCheckpointPoolState needs; free it with xseg_free. With history on, the
+ * placed block is recorded as an alloc (with the caller's stack) and its free as a free.
  * @param device a device index
  * @param pool a private pool (not {0, 0})
  * @param ptr the address to place the block at
@@ -549,7 +551,7 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
  * @return XSEG_ERROR_INVALID_VALUE when @p ptr is in no segment of the pool;
  *         XSEG_ERROR_ILLEGAL_STATE when the range is not inside one free mapped block (part of it
  *         allocated, pending a stream's work, or given back by empty_cache);
- *         XSEG_ERROR_NOT_SUPPORTED in a classic segment; XSEG_ERROR_OUT_OF_MEMORY (host).
+ *         XSEG_ERROR_OUT_OF_MEMORY (host; nothing changed).
  */
 XSEG_API xseg_status xseg_pool_malloc_at(int device, xseg_pool_id pool, void *ptr, size_t size);
 
@@ -757,10 +759,27 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
  * handle 0. snprintf-style: at most @p cap ranges are written, @p n receives how many there are.
  * Once handles are handed out (cap > 0, or xseg_ipc_export), the block's segment is never
  * re-backed by expandable_segments_defrag, so the handles stay those of the memory.
+ * Each call with cap > 0 also takes a hold on the block: while it holds any, its pool refuses
+ * xseg_sleep (a sleep would give the memory behind the handles back and the wake map new memory
+ * at the block's addresses, so whoever holds them would silently part from the block). Drop each
+ * hold with xseg_block_handles_release; freeing the block drops them all. cap == 0 (counting
+ * only) takes none.
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
- *         XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (its pages have no memory now).
+ *         XSEG_ERROR_ILLEGAL_STATE for a block of a sleeping pool (its pages have no memory now);
+ *         XSEG_ERROR_OUT_OF_MEMORY when the hold cannot be recorded (host memory; nothing written).
  */
 XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n);
+
+/**
+ * Drop one hold xseg_block_handles (cap > 0) took on the live block at @p ptr: call it once per
+ * such call, when the handles are no longer used (unregistered from the NIC, unmapped by the
+ * other process). Once a block holds none, its pool may sleep again.
+ * @param ptr the block's address, as xseg_block_handles was given it.
+ * @return XSEG_ERROR_INVALID_VALUE for NULL or a pointer that is not a live allocation (a freed
+ *         block's holds ended with its free); XSEG_ERROR_ILLEGAL_STATE when the block holds no
+ *         hand-out (never handed out with cap > 0, or released as often as handed out).
+ */
+XSEG_API xseg_status xseg_block_handles_release(void *ptr);
 
 /* --- end of many processes and many GPUs --- */
 
@@ -809,7 +828,9 @@ XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes);
  * importers map that block's physical memory, which a sleep would give back while the wake maps
  * new memory at the exporter's addresses, so the processes would silently part. Such a sleep is
  * refused (XSEG_ERROR_ILLEGAL_STATE, naming the count) and nothing changes; once those blocks are
- * freed (after every importer closed them) the pool sleeps.
+ * freed (after every importer closed them) the pool sleeps. The same holds for a block whose
+ * handles xseg_block_handles handed out (cap > 0), until each hand-out is released
+ * (xseg_block_handles_release) or the block freed; the refusal names the first such block.
  *
  * While a pool sleeps: xseg_free of its blocks works (and xseg_record_stream); allocating from it
  * fails with XSEG_ERROR_ILLEGAL_STATE naming the pool (it is never woken implicitly: a wake
@@ -848,7 +869,9 @@ typedef enum xseg_sleep_flags {
  *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already, a capture is underway on the
  *         device (or a pool records: xseg_begin_allocate_to_pool), or the pool holds live blocks
  *         exported with xseg_ipc_export (the message gives their count; free them once every
- *         importer has closed them, then sleep); XSEG_ERROR_NOT_SUPPORTED when
+ *         importer has closed them, then sleep) or blocks whose handles xseg_block_handles handed
+ *         out (the message names the first; xseg_block_handles_release each hand-out, or free
+ *         the block, then sleep); XSEG_ERROR_NOT_SUPPORTED when
  *         the pool holds classic segments; XSEG_ERROR_OUT_OF_MEMORY when pinned host memory cannot
  *         be had; XSEG_ERROR_DRIVER when a driver call fails. A failure leaves the pool awake and
  *         usable with its data, nothing held: pages unmapped before the failure are mapped back

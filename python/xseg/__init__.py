@@ -22,7 +22,7 @@ import threading
 
 from . import _lib
 from ._lib import C_INT, C_PTR, C_SIZE, C_UINT64, XsegError, XsegOutOfMemoryError, check, int_arg
-from .ipc import IpcHandle, block_handles, ipc_close, ipc_export, ipc_import
+from .ipc import IpcHandle, block_handles, block_handles_release, ipc_close, ipc_export, ipc_import
 
 __all__ = [
     "XsegError", "XsegOutOfMemoryError", "__version__", "library_path", "version",
@@ -34,7 +34,8 @@ __all__ = [
     "empty_cache", "set_per_process_memory_fraction",
     "memory_snapshot", "dump_snapshot", "attach_oom_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
-    "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "trim",
+    "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "block_handles_release",
+    "trim",
     "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown", "group_members",
     "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",
 ]

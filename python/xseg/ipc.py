@@ -16,7 +16,8 @@ import ctypes
 from . import _lib
 from ._lib import C_INT, C_PTR, check, int_arg
 
-__all__ = ["IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles"]
+__all__ = ["IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles",
+           "block_handles_release"]
 
 _TYPES = {1: "posix_fd", 2: "fabric"}
 
@@ -47,6 +48,7 @@ _lib._PROTOS.update({
     "xseg_ipc_handle_free": (None, [_H]),
     "xseg_block_handles": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_PhysRange),
                                           ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "xseg_block_handles_release": (ctypes.c_int, [ctypes.c_void_p]),
 })
 if _lib._lib is not None:  # loaded before this module: declare the new prototypes now
     _lib._declare(_lib._lib)
@@ -161,7 +163,8 @@ def ipc_close(ptr):
 def block_handles(ptr):
     """The physical pieces under the live block at `ptr`, for NCCL/RDMA registration: a list of
     {'address', 'length', 'handle' (CUmemGenericAllocationHandle, 0 for classic memory),
-    'offset'} in address order."""
+    'offset'} in address order. Each call holds the block: its pool refuses xseg.sleep until
+    block_handles_release(ptr) (once per call) or the block is freed."""
     ptr = int_arg("xseg.block_handles", "ptr", ptr, C_PTR)
     fn = _lib.need("xseg_block_handles")
     n = ctypes.c_size_t()
@@ -170,3 +173,9 @@ def block_handles(ptr):
     check(fn(ptr, arr, n.value, ctypes.byref(n)))
     return [{"address": r.address, "length": r.length, "handle": r.handle, "offset": r.offset}
             for r in arr[:n.value]]
+
+
+def block_handles_release(ptr):
+    """Drop the hold one block_handles(ptr) call took, once its handles are no longer used."""
+    check(_lib.need("xseg_block_handles_release")(
+        int_arg("xseg.block_handles_release", "ptr", ptr, C_PTR)))

@@ -131,6 +131,7 @@ def refusals(xseg, tmp):
         (lambda: xseg.ipc_export(big), OverflowError, f % ("ipc_export", "ptr")),
         (lambda: xseg.ipc_close(big), OverflowError, f % ("ipc_close", "ptr")),
         (lambda: xseg.block_handles(-1), ValueError, f % ("block_handles", "ptr")),
+        (lambda: xseg.block_handles_release(big), OverflowError, f % ("block_handles_release", "ptr")),
         (lambda: xseg.ipc_import(None, 2**31), OverflowError, f % ("ipc_import", "device")),
         (lambda: xseg.ipc_import(None, -1), ValueError, f % ("ipc_import", "device")),
         (lambda: xseg.IpcHandle(None).send(-1), ValueError, f % ("IpcHandle.send", "sock")),

@@ -96,6 +96,33 @@ def test_import_in_same_process_and_block_handles(xseg):
         xseg.free(p)
 
 
+def test_block_handles_hold_sleep(xseg):
+    """Handed-out handles keep the block's pool awake until each hand-out is released."""
+    p = xseg.malloc(5 * MiB)
+    try:
+        xseg.block_handles(p)
+        xseg.block_handles(p)
+        for _ in range(2):
+            with pytest.raises(xseg.XsegError) as ei:
+                xseg.sleep()
+            assert ei.value.status_name == "XSEG_ERROR_ILLEGAL_STATE"
+            assert "xseg_block_handles_release(0x%x)" % p in str(ei.value)
+            xseg.block_handles_release(p)
+        xseg.sleep()
+        xseg.wake()
+        with pytest.raises(xseg.XsegError) as ei:
+            xseg.block_handles_release(p)  # released as often as handed out
+        assert ei.value.status_name == "XSEG_ERROR_ILLEGAL_STATE"
+        xseg.block_handles(p)
+    finally:
+        xseg.free(p)  # ends the hold
+    xseg.sleep()
+    xseg.wake()
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.block_handles_release(p)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+
+
 def test_ipc_errors(xseg):
     with pytest.raises(xseg.XsegError) as ei:
         xseg.ipc_export(0x1000)

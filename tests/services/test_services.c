@@ -4,6 +4,7 @@
  * name): each starts from an empty allocator.
  */
 #include <dirent.h>
+#include <inttypes.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -799,6 +800,91 @@ static void test_sleep_ipc(void **state)
     xseg_ipc_handle_free(ha);
     xseg_ipc_handle_free(hb);
     tu_free(c);
+    assert_nothing_held();
+}
+
+/* Handles handed out by xseg_block_handles (cap > 0) hold the block's pool awake as exports do:
+ * whoever holds them (another process's mapping, a NIC registration) keeps the old memory, which
+ * a sleep would give back while the wake maps new memory at the block's addresses. Each hand-out
+ * is one hold, dropped by xseg_block_handles_release or by the block's free; the refusal names
+ * the first held block and how to release it; counting (cap 0) holds nothing; other pools sleep. */
+static void test_sleep_handles(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False");
+    void *a = tu_malloc(30 * MiB, NULL), *b = tu_malloc(4 * MiB, NULL);
+    xseg_pool_id priv;
+    assert_int_equal(xseg_pool_create(&priv), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, priv, NULL, NULL), XSEG_SUCCESS);
+    void *x = tu_malloc(6 * MiB, NULL);
+    assert_int_equal(xseg_end_allocate_to_pool(0, priv), XSEG_SUCCESS);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 30 * MiB, 1));
+    tu_assert_cu(tu_fill((CUdeviceptr)b, 4 * MiB, 2));
+    tu_assert_cu(tu_fill((CUdeviceptr)x, 6 * MiB, 3));
+
+    /* Counting the ranges hands nothing out: the pool sleeps. */
+    xseg_phys_range r[8];
+    size_t n = 0;
+    assert_int_equal(xseg_block_handles(a, NULL, 0, &n), XSEG_SUCCESS);
+    assert_true(n >= 1 && n <= 8);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+
+    /* a handed out twice, b once (cap smaller than its count: still a hand-out). */
+    assert_int_equal(xseg_block_handles(a, r, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_handles(a, r, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_handles(b, r, 1, &n), XSEG_SUCCESS);
+    int64_t reserved = tu_stat("reserved_bytes.all.current");
+    char want[160];
+    snprintf(want, sizeof want, "the first at 0x%" PRIxPTR " (2 hand-outs)", (uintptr_t)a);
+    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
+        assert_int_equal(xseg_sleep(0, DEFAULT_POOL, (unsigned)mode), XSEG_ERROR_ILLEGAL_STATE);
+        print_message("%s\n", xseg_last_error());
+        assert_non_null(strstr(xseg_last_error(), "holds 2 blocks whose physical handles were handed out"));
+        assert_non_null(strstr(xseg_last_error(), want));
+        assert_non_null(strstr(xseg_last_error(), "xseg_block_handles_release("));
+    }
+    /* Nothing changed: awake, the same pages, the data where it was. */
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved);
+    assert_true(tu_check((CUdeviceptr)a, 30 * MiB, 1));
+    /* Another pool is not held by them. */
+    assert_int_equal(xseg_sleep(0, priv, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, priv), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)x, 6 * MiB, 3));
+
+    /* One release per hand-out: after a's two, b is the one named. */
+    assert_int_equal(xseg_block_handles_release(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "(1 hand-out)"));
+    assert_int_equal(xseg_block_handles_release(a), XSEG_SUCCESS);
+    snprintf(want, sizeof want, "holds 1 block whose physical handles were handed out by xseg_block_handles, "
+             "the first at 0x%" PRIxPTR, (uintptr_t)b);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), want));
+    /* A third release of a: nothing left to release, a clear error, nothing changes. */
+    assert_int_equal(xseg_block_handles_release(a), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "no handles handed out to release"));
+    /* The free of b ends its hold: the pool sleeps and wakes with a's data. */
+    tu_free(b);
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)a, 30 * MiB, 1));
+
+    /* Pointers that are no live block: NULL, freed, foreign. */
+    assert_int_equal(xseg_block_handles_release(b), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "not a live allocation"));
+    assert_int_equal(xseg_block_handles_release(NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "ptr is NULL"));
+    int local;
+    assert_int_equal(xseg_block_handles_release(&local), XSEG_ERROR_INVALID_VALUE);
+    /* A freed block's address handed out again to a new block starts with no hold. */
+    void *b2 = tu_malloc(4 * MiB, NULL);
+    assert_int_equal(xseg_block_handles_release(b2), XSEG_ERROR_ILLEGAL_STATE);
+    tu_free(b2);
+    tu_free(x);
+    tu_free(a);
+    assert_int_equal(xseg_release_pool(0, priv), XSEG_SUCCESS);
     assert_nothing_held();
 }
 
@@ -1663,6 +1749,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_graph_replay_discard),
         cmocka_unit_test(test_sleep_errors),     cmocka_unit_test(test_sleep_classic),
         cmocka_unit_test(test_sleep_ipc),        cmocka_unit_test(test_sleep_ipc_faults),
+        cmocka_unit_test(test_sleep_handles),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_wake_rollback_waits_copies),
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),

@@ -254,7 +254,36 @@ int main()
     a->raw_delete(outside);
     a->releasePool(0, pool);
     a->releasePool(0, pool); // a second release (a destructor's) must not throw
-    std::printf("ok   pools: allocate-to-pool, MemPool hooks, snapshot(pool), checkpoint state\n");
+
+    // The same restore with classic segments (expandable_segments:False, PyTorch's default): a
+    // checkpointed block freed since is placed again inside its classic segment.
+    EXPECT(xseg_set_config("expandable_segments:False") == XSEG_SUCCESS, "%s", xseg_last_error());
+    c10::cuda::MempoolId_t cpool{8, 0};
+    a->createOrIncrefPool(0, cpool, nullptr);
+    a->beginAllocateToPool(0, cpool, [](cudaStream_t) { return true; });
+    void *cx = a->malloc(2 * MiB, 0, s0);
+    void *cy = a->malloc(3 * MiB, 0, s0);
+    a->endAllocateToPool(0, cpool);
+    auto ccp = a->getCheckpointState(0, cpool);
+    auto csnap = a->snapshot(cpool, true);
+    EXPECT(csnap.segments.size() == 1 && !csnap.segments[0].is_expandable, "classic pool: %zu segments",
+           csnap.segments.size());
+    a->raw_delete(cx); // a dead output: cudagraph trees restore it, then free it through raw_delete
+    int64_t split_before = stat(0, "inactive_split.all.current");
+    int64_t alloc_classic = stat(0, "allocated_bytes.all.current");
+    cca::CheckpointDelta cd = a->setCheckpointPoolState(0, ccp);
+    EXPECT(cd.ptrs_freed.size() == 1 && cd.dataptrs_allocd.size() == 2, "classic delta: %zu freed, %zu allocated",
+           cd.ptrs_freed.size(), cd.dataptrs_allocd.size());
+    EXPECT(stat(0, "allocated_bytes.all.current") == alloc_classic + (int64_t)(2 * MiB),
+           "classic: cx not placed again: %lld -> %lld", (long long)alloc_classic,
+           (long long)stat(0, "allocated_bytes.all.current"));
+    EXPECT(stat(0, "inactive_split.all.current") == split_before - 1, "classic: inactive_split %lld -> %lld",
+           (long long)split_before, (long long)stat(0, "inactive_split.all.current"));
+    a->raw_delete(cx);
+    a->raw_delete(cy);
+    a->releasePool(0, cpool);
+    EXPECT(xseg_set_config("expandable_segments:True") == XSEG_SUCCESS, "%s", xseg_last_error());
+    std::printf("ok   pools: allocate-to-pool, MemPool hooks, snapshot(pool), checkpoint state (both segment kinds)\n");
 
     // ---- OOM observer ----
     static int oom_calls = 0;
