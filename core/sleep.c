@@ -64,6 +64,7 @@ struct sleep_seg {
     struct sleep_run *runs;
     size_t nruns, capruns;
     size_t live0, chunks0; /* its mapped bytes and chunks when the running wake began (a failed sleep's) */
+    bool kept; /* a failed sleep left all its pages mapped: they hold the bytes, the wake copies none */
 };
 
 struct pool_sleep {
@@ -557,6 +558,9 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
         size_t bytes = seg_asleep_bytes(s->vseg), chunks = seg_asleep_chunks(s->vseg);
+        /* Copies of a segment whose pages stayed mapped may not have completed (its wait failed):
+         * its pages, not the backup, hold the bytes. */
+        ps->segs[i].kept = !bytes;
         seg_sleep_commit(s->vseg);
         s->asleep = true;
         ps->released += bytes;
@@ -730,6 +734,8 @@ static xseg_status restore(struct pool_sleep *ps, struct sleep_seg *ss)
         }
         return st;
     }
+    if (ss->kept)
+        return XSEG_SUCCESS;
     /* Nothing was allocated while asleep, so each run of blocks still active lies inside one run
      * of the sleep (blocks only merged or were freed since). */
     size_t r = 0;

@@ -1338,6 +1338,57 @@ static void test_sleep_chunks(void **state)
     assert_int_equal(tu_call_count("cuStreamDestroy"), 2);
 }
 
+/* A sleep whose segment wait, page re-map and final wait all fail is left asleep with some
+ * segments' pages still mapped. Their copies may not have completed (their wait failed), so the
+ * wake copies nothing into them: their pages hold the bytes. Searched over where the stream
+ * waits and event waits start failing (every stream held, so nothing completes on its own). */
+static void test_sleep_kept_pages(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    tu_require_emulator_or_skip();
+    bool seen = false;
+    for (unsigned long sn = 1; sn <= 6 && !seen; sn++) {
+        for (unsigned long en = 1; en <= 6 && !seen; en++) {
+            struct fixture f;
+            fixture_make(&f);
+            assert_true(tu_stream_hold_all(true));
+            for (unsigned long n = 1; n <= 24; n++) {
+                assert_true(n < en || tu_fail("cuEventSynchronize", n, CUDA_ERROR_UNKNOWN));
+                assert_true(n < sn || tu_fail("cuStreamSynchronize", n, CUDA_ERROR_UNKNOWN));
+                assert_true(tu_fail("cuCtxSynchronize", n, CUDA_ERROR_UNKNOWN));
+                assert_true(tu_fail("cuMemMap", n, CUDA_ERROR_UNKNOWN));
+            }
+            xseg_status st = xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD);
+            tu_fail_clear();
+            print_message("streams from %lu, events from %lu: %s\n", sn, en,
+                          st == XSEG_SUCCESS ? "ok" : xseg_last_error());
+            assert_books_match_driver();
+            struct cudaemu_live lv;
+            assert_true(tu_live(&lv));
+            bool target = st != XSEG_SUCCESS && sleep_stats(&DEFAULT_POOL).asleep == 1 && lv.mapped_bytes > 0;
+            if (target)
+                assert_non_null(strstr(xseg_last_error(), "mapping the pages back failed too"));
+            tu_counts_reset();
+            if (st == XSEG_SUCCESS || sleep_stats(&DEFAULT_POOL).asleep == 1)
+                assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+            assert_true(tu_stream_hold_all(false));
+            if (target) { /* the kept segments' chunks are not copied back */
+                assert_true(tu_call_count("cuMemcpyHtoDAsync") < FX_CHUNKS);
+                seen = true;
+            }
+            assert_int_equal(tu_stat("reserved_bytes.all.current"), f.reserved);
+            fixture_check(&f, false);
+            /* Not fixture_free: a backup whose copies could not be waited for stays allocated
+             * (never reused under a copy), by design. */
+            tu_free(f.a);
+            tu_free(f.b);
+            tu_free(f.sm);
+        }
+    }
+    assert_true(seen);
+}
+
 /* The fault sweep of chunked sleep and wake (two copy streams, every stream held so chunks stay
  * pending until waited for), offloading to host memory, discarding and to a file: every call of
  * every driver entry point a sleep, then a wake, makes fails in turn (counted in a clean cycle first). A failed sleep leaves the pool awake with its
@@ -1752,7 +1803,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_handles),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_wake_rollback_waits_copies),
-        cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
+        cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
