@@ -285,18 +285,7 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
     isb[si].allocated -= (int64_t)(s->min_size - r);
     s->min_size = r;
     s->span = b->size - r;
-    s->lazy = NULL;
-    s->live = b->addr;
-    s->cur_req = size;
-    s->cur_size = r;
-    s->reps++;
-    s->req_sum += size;
-    s->size_sum += r;
-#if XSEG_DEBUG_LEVEL >= 1
-    s->hits++;
-#endif
-    *out = (void *)s->live;
-    fast_tls_slot = s;
+    *out = slot_take(s, b, size, r);
     spin_release(&s->lock);
     return true;
 }

@@ -107,6 +107,26 @@ bool fast_fill(struct dev_alloc *d, struct block *b);
  * the shared library too (one pointer of static TLS, which a dlopen of libxseg can always have). */
 extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
 
+/* A hit's bookkeeping, written once for fast_hit and fast_widen: slot @p s (locked, its B @p lz
+ * freed in it) hands B out for @p size bytes rounded to @p r, and becomes this thread's last
+ * slot. Returns B's address. */
+static inline __attribute__((always_inline)) void *slot_take(struct dev_slot *s, const struct block *lz, size_t size,
+                                                             size_t r)
+{
+    s->lazy = NULL;
+    s->live = lz->addr;
+    s->cur_req = size;
+    s->cur_size = r;
+    s->reps++;
+    s->req_sum += size;
+    s->size_sum += r;
+#if XSEG_DEBUG_LEVEL >= 1
+    s->hits++;
+#endif
+    fast_tls_slot = s;
+    return (void *)s->live;
+}
+
 /* malloc's first try, under the slot's lock alone: a hit needs the permit current at the fill,
  * the slot's block freed, on @p stream, a rounded size in [min_size, B's size] and no more
  * requested bytes than the statistics count for it. False: nothing changed (also when another
@@ -123,18 +143,7 @@ static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, v
     size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
     if (r - s->min_size > s->span)
         goto miss;
-    s->lazy = NULL;
-    s->live = lz->addr;
-    s->cur_req = size;
-    s->cur_size = r;
-    s->reps++;
-    s->req_sum += size;
-    s->size_sum += r;
-#if XSEG_DEBUG_LEVEL >= 1
-    s->hits++;
-#endif
-    *out = (void *)s->live;
-    fast_tls_slot = s;
+    *out = slot_take(s, lz, size, r);
     spin_release(&s->lock);
     return true;
 miss:
