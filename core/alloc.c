@@ -733,6 +733,7 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     /* A malloc moves counters up: the slots counted above what they hold settle first, unless
      * the stream's classic slot widens to this size (core/fast.h). */
     lock_acquire(&d->lock);
+    FAST_COUNT(d, lock_mallocs);
     if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
         if (fast_widen(d, size, stream, out)) {
             dev_unlock(d);
@@ -826,6 +827,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
 static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
 {
     fast_lock(d, FAST_NONE, NULL);
+    FAST_COUNT(d, lock_frees);
     /* The block's stream's slot settles first (it may hold this very block, freed or handed
      * out), and so does every slot counted above what it holds: a merge into a split block moves
      * inactive_split_bytes up. */

@@ -113,6 +113,7 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
         dev_block_delete(d, b);
     }
     block_set_gc_base(r, pool->get_free_blocks_call_count);
+    FAST_COUNT(d, settles);
 #if XSEG_DEBUG_LEVEL >= 1
     d->fast.lazy_hits += s->hits;
     s->hits = 0;
@@ -135,8 +136,11 @@ void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stre
         /* FAST_RAISE keeps the slots whose block is handed out exactly as counted (a widened
          * classic slot never is: its inactive split bytes are counted for min_size). */
         if (need == FAST_ALL || i == own || s->lazy || s->cur_req != s->base_req || s->cur_size != s->blk->size ||
-            (!s->blk->expandable && s->min_size != s->blk->size))
+            (!s->blk->expandable && s->min_size != s->blk->size)) {
+            if (need != FAST_ALL && i != own)
+                FAST_COUNT(d, settles_cross);
             slot_settle_locked(d, i);
+        }
         spin_release(&s->lock);
     }
 }
@@ -273,8 +277,10 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
         unsigned j = (unsigned)__builtin_ctz(m);
         struct dev_slot *o = &d->fast.slots[j];
         spin_acquire(&o->lock);
-        if (slot_owes_split(o))
+        if (slot_owes_split(o)) {
+            FAST_COUNT(d, settles_cross);
             slot_settle_locked(d, j);
+        }
         spin_release(&o->lock);
     }
     /* The eager malloc of r leaves |M| - r inactive split bytes where min_size's left |M| -

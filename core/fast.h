@@ -39,6 +39,13 @@ static inline struct dev_slot *fast_slot_of(struct dev_alloc *d, const void *str
     return &d->fast.slots[fast_slot_index(stream)];
 }
 
+/* Debug builds count what the slots do (struct dev_fast; device lock held). */
+#if XSEG_DEBUG_LEVEL >= 1
+#define FAST_COUNT(d, field) ((void)(d)->fast.field++)
+#else
+#define FAST_COUNT(d, field) ((void)0)
+#endif
+
 /* The rounding of the fast paths (no roundup_power2_divisions: the permit excludes them). */
 static inline size_t fast_round(size_t size)
 {

@@ -222,7 +222,12 @@ struct dev_fast {
      * ping-pong frees what it just allocated). Compared, never dereferenced. */
     const struct block *last_alloc;
 #if XSEG_DEBUG_LEVEL >= 1
-    uint64_t lazy_hits; /* debug builds: hits of settled slots, so a test can see them used */
+    /* Debug builds count, so that tests and bench_slot_counts see the slots used: */
+    uint64_t lazy_hits;     /* hits of settled slots */
+    uint64_t lock_mallocs;  /* mallocs through the device lock (malloc_locked, fast_widen's included) */
+    uint64_t lock_frees;    /* frees through the device lock (free_locked) */
+    uint64_t settles;       /* slots settled */
+    uint64_t settles_cross; /* of them, by an operation on another slot's stream for its statistics */
 #endif
     struct dev_slot slots[DEV_SLOTS]; /* a stream's is slots[fast_slot_index(stream)] */
 };
