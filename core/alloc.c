@@ -725,22 +725,11 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
  * handles: a best-fit search, a split that leaves the remainder in its index place, statistics,
  * one hash insert. No driver call, no allocation (block structs come from the spare list), no
  * atomic read-modify-write besides the lock's compare-exchange. A miss goes on to malloc_policy's
- * later steps. The device lock is taken here and given back here.
+ * later steps. Lock held (malloc_locked takes and gives it back).
  */
-static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
-                                                           void **out)
+static inline __attribute__((always_inline)) xseg_status malloc_cached(struct dev_alloc *d, size_t size,
+                                                                       CUstream stream, void **out)
 {
-    /* A malloc moves counters up: the slots counted above what they hold settle first, unless
-     * the stream's classic slot widens to this size (core/fast.h). */
-    lock_acquire(&d->lock);
-    FAST_COUNT(d, lock_mallocs);
-    if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
-        if (fast_widen(d, size, stream, out)) {
-            dev_unlock(d);
-            return XSEG_SUCCESS;
-        }
-        fast_settle_slow(d, FAST_RAISE, stream);
-    }
     xseg_status st;
     /* fast_gen stands for every rare condition (core/fast.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
@@ -760,11 +749,43 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
             xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
             st = malloc_finish(d, &p, size, true, pred, out, NULL);
         } else {
-            st = malloc_slow(d, size, stream, true, b, out);
+            st = malloc_slow(d, size, stream, true, b, out); /* every slot settled first */
         }
     } else {
         st = malloc_slow(d, size, stream, false, NULL, out);
     }
+    return st;
+}
+
+/* malloc_locked beside other busy slots (lock held, given back here): the peaks the malloc raises
+ * are guarded (core/fast.h). */
+static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d, size_t size, CUstream stream,
+                                                            void **out)
+{
+    struct fast_guard g;
+    fast_guard_begin(d, &g, d->fast.busy_slots);
+    xseg_status st = malloc_cached(d, size, stream, out);
+    fast_guard_end(d, &g); /* malloc_slow settled every slot before it raised a counter */
+    dev_unlock(d);
+    return st;
+}
+
+static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
+                                                           void **out)
+{
+    lock_acquire(&d->lock);
+    FAST_COUNT(d, lock_mallocs);
+    /* Unless the stream's classic slot widens to this size, it settles (core/fast.h). */
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
+        if (fast_widen(d, size, stream, out)) {
+            dev_unlock(d);
+            return XSEG_SUCCESS;
+        }
+        fast_settle_slow(d, FAST_STREAM, stream);
+        if (d->fast.busy_slots)
+            return malloc_guarded(d, size, stream, out);
+    }
+    xseg_status st = malloc_cached(d, size, stream, out);
     dev_unlock(d);
     return st;
 }
@@ -823,32 +844,19 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     return st;
 }
 
-/* Every free but the slot's: the device lock taken and given back here. */
-static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
+/* Every free but the slot's, lock held (free_locked takes and gives it back). */
+static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    fast_lock(d, FAST_NONE, NULL);
-    FAST_COUNT(d, lock_frees);
-    /* The block's stream's slot settles first (it may hold this very block, freed or handed
-     * out), and so does every slot counted above what it holds: a merge into a split block moves
-     * inactive_split_bytes up. */
-    if (XSEG_UNLIKELY(d->fast.busy_slots)) {
-        struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
-        if (x)
-            fast_settle(d, FAST_RAISE, x->stream);
-    }
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
-        dev_unlock(d);
         *owned = false;
         return XSEG_SUCCESS;
     }
     *owned = true;
     b->allocated = false;
     xseg_status st = XSEG_SUCCESS;
-    if (fast_fill(d, b)) {
-        dev_unlock(d);
+    if (fast_fill(d, b))
         return XSEG_SUCCESS;
-    }
     int si = dev_block_pool(d, b)->stat_index;
     stat_down_pool(d->acct.stats.allocation, si, 1);
     stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
@@ -859,6 +867,34 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
         st = free_ptr_rare(d, b);
     else
         dev_free_block_inline(d, b);
+    return st;
+}
+
+/* free_locked beside other busy slots (lock held, given back here): a merge into a split block
+ * moves inactive_split_bytes up, so the free's peaks are guarded (core/fast.h). */
+static __attribute__((noinline)) xseg_status free_guarded(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    struct fast_guard g;
+    fast_guard_begin(d, &g, d->fast.busy_slots);
+    xseg_status st = free_cached(d, ptr, owned);
+    fast_guard_end(d, &g); /* a fill moved no counter */
+    dev_unlock(d);
+    return st;
+}
+
+static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    fast_lock(d, FAST_NONE, NULL);
+    FAST_COUNT(d, lock_frees);
+    /* The block's stream's slot settles first (it may hold this very block, freed or handed out). */
+    if (XSEG_UNLIKELY(d->fast.busy_slots)) {
+        struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
+        if (x)
+            fast_settle(d, FAST_STREAM, x->stream);
+        if (d->fast.busy_slots)
+            return free_guarded(d, ptr, owned);
+    }
+    xseg_status st = free_cached(d, ptr, owned);
     dev_unlock(d);
     return st;
 }

@@ -388,6 +388,16 @@ static void check_walk(struct dev_alloc *d)
     check_counter(st->inactive_split_bytes, rc.inactive_split_bytes);
     CHECK(st->oversize_allocations.current == rc.oversize_allocations);
     CHECK(st->oversize_segments.current == rc.oversize_segments);
+    /* core/fast.h: no hit can take a row past its peak unseen (the guard keeps d->acct.stats's
+     * currents at most their peaks, the "all" entry the sum of the pools'). */
+    const xseg_stat_counter *rows[] = {d->acct.stats.allocation, d->acct.stats.allocated_bytes,
+                                       d->acct.stats.requested_bytes, d->acct.stats.inactive_split,
+                                       d->acct.stats.inactive_split_bytes};
+    for (size_t k = 0; k < sizeof rows / sizeof *rows; k++) {
+        CHECK(rows[k][XSEG_STAT_SMALL_POOL].current <= rows[k][XSEG_STAT_SMALL_POOL].peak);
+        CHECK(rows[k][XSEG_STAT_LARGE_POOL].current <= rows[k][XSEG_STAT_LARGE_POOL].peak);
+        CHECK(stats_all_current(rows[k]) <= rows[k][XSEG_STAT_ALL].peak);
+    }
 }
 
 #endif

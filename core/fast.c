@@ -31,6 +31,35 @@ void dev_lock(struct dev_alloc *d)
  * inactive split block of |M| - its size, and the statistics count |M| - min_size (fast_widen
  * raised them to it): a hit of s owes min_size - s there, a freed B all of it.
  */
+
+/* The rows of FAST_ROWS, in its order. */
+static xseg_stat_counter *fast_row(xseg_device_stats *st, int k)
+{
+    xseg_stat_counter *rows[FAST_ROWS] = {st->allocation, st->allocated_bytes, st->requested_bytes,
+                                          st->inactive_split, st->inactive_split_bytes};
+    return rows[k];
+}
+
+/* What busy slot @p s (locked) lowers each current of the FAST_ROWS rows by, in its pool. */
+static void slot_lowers(const struct dev_slot *s, int64_t low[FAST_ROWS])
+{
+    const struct block *b = s->blk;
+    int64_t msize = (int64_t)(b->size + b->next->size), classic = !b->expandable;
+    if (s->lazy) {
+        low[0] = 1;
+        low[1] = (int64_t)b->size;
+        low[2] = (int64_t)s->base_req;
+        low[3] = classic;
+        low[4] = classic * (msize - (int64_t)s->min_size);
+    } else {
+        low[0] = 0;
+        low[1] = (int64_t)(b->size - s->cur_size);
+        low[2] = (int64_t)(s->base_req - s->cur_req);
+        low[3] = 0;
+        low[4] = classic * (int64_t)(s->cur_size - s->min_size);
+    }
+}
+
 static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
 {
     const struct block *b = s->blk, *r = b->next;
@@ -43,20 +72,10 @@ static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
         st->inactive_split[si].allocated += n;
         st->inactive_split_bytes[si].allocated += n * msize - (int64_t)s->size_sum;
     }
-    if (s->lazy) {
-        stat_down_pool(st->allocation, si, 1);
-        stat_down_pool(st->allocated_bytes, si, (int64_t)b->size);
-        stat_down_pool(st->requested_bytes, si, (int64_t)s->base_req);
-        if (!b->expandable) {
-            stat_down_pool(st->inactive_split, si, 1);
-            stat_down_pool(st->inactive_split_bytes, si, msize - (int64_t)s->min_size);
-        }
-    } else {
-        stat_down_pool(st->allocated_bytes, si, (int64_t)(b->size - s->cur_size));
-        stat_down_pool(st->requested_bytes, si, (int64_t)(s->base_req - s->cur_req));
-        if (!b->expandable)
-            stat_down_pool(st->inactive_split_bytes, si, (int64_t)(s->cur_size - s->min_size));
-    }
+    int64_t low[FAST_ROWS];
+    slot_lowers(s, low);
+    for (int k = 0; k < FAST_ROWS; k++)
+        stat_down_pool(fast_row(st, k), si, low[k]);
 }
 
 void fast_owed(const struct dev_alloc *d, xseg_device_stats *st)
@@ -128,20 +147,81 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
 void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stream)
 {
     lock_assert_held(&d->lock);
-    unsigned own = need == FAST_RAISE ? fast_slot_index(stream) : DEV_SLOTS;
-    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1) {
+    uint32_t m = d->fast.busy_slots;
+    if (need == FAST_STREAM)
+        m &= (uint32_t)1 << fast_slot_index(stream);
+    for (; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctz(m);
         struct dev_slot *s = &d->fast.slots[i];
         spin_acquire(&s->lock);
-        /* FAST_RAISE keeps the slots whose block is handed out exactly as counted (a widened
-         * classic slot never is: its inactive split bytes are counted for min_size). */
-        if (need == FAST_ALL || i == own || s->lazy || s->cur_req != s->base_req || s->cur_size != s->blk->size ||
-            (!s->blk->expandable && s->min_size != s->blk->size)) {
-            if (need != FAST_ALL && i != own)
-                FAST_COUNT(d, settles_cross);
+        slot_settle_locked(d, i);
+        spin_release(&s->lock);
+    }
+}
+
+/* ---- the peaks of an operation beside busy slots ------------------------------------------ */
+
+void fast_guard_save(struct dev_alloc *d, struct fast_guard *g)
+{
+    lock_assert_held(&d->lock);
+    for (int k = 0; k < FAST_ROWS; k++)
+        for (int p = 0; p < XSEG_STAT_POOLS; p++)
+            g->peak[k][p] = fast_row(&d->acct.stats, k)[p].peak;
+}
+
+/*
+ * A peak the operation raised was taken from d->acct.stats, which counts each busy slot above what
+ * it holds by its debt; every busy slot is locked here, so the operation takes place at this
+ * instant, where the recount is d->acct.stats less the debts. The peak becomes the larger of the
+ * one before and the operation's highest value less the debts on that row (the "all" entry: of
+ * both pools). The slots owing on such a row settle, so that its current is at most its peak
+ * again: what a later hit raises, the peak has seen.
+ */
+void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
+{
+    lock_assert_held(&d->lock);
+    xseg_device_stats *st = &d->acct.stats;
+    bool raised = false;
+    for (int k = 0; k < FAST_ROWS; k++)
+        for (int p = 0; p < XSEG_STAT_POOLS; p++)
+            raised |= fast_row(st, k)[p].peak > g->peak[k][p];
+    uint32_t busy = d->fast.busy_slots;
+    if (!raised || !busy)
+        return;
+    int64_t low[DEV_SLOTS][FAST_ROWS], owed[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
+    int pool[DEV_SLOTS];
+    for (uint32_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        const struct dev_slot *s = &d->fast.slots[i];
+        spin_acquire(&d->fast.slots[i].lock);
+        slot_lowers(s, low[i]);
+        pool[i] = block_pool(s->blk)->stat_index;
+        for (int k = 0; k < FAST_ROWS; k++) {
+            owed[k][pool[i]] += low[i][k];
+            owed[k][XSEG_STAT_ALL] += low[i][k];
+        }
+    }
+    uint32_t settle = 0;
+    for (int k = 0; k < FAST_ROWS; k++)
+        for (int p = 0; p < XSEG_STAT_POOLS; p++) {
+            xseg_stat_counter *c = &fast_row(st, k)[p];
+            if (c->peak <= g->peak[k][p] || !owed[k][p])
+                continue;
+            int64_t seen = c->peak - owed[k][p];
+            c->peak = seen > g->peak[k][p] ? seen : g->peak[k][p];
+            for (uint32_t m = busy; m; m &= m - 1) {
+                unsigned i = (unsigned)__builtin_ctz(m);
+                if (low[i][k] && (p == XSEG_STAT_ALL || p == pool[i]))
+                    settle |= (uint32_t)1 << i;
+            }
+        }
+    for (uint32_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        if (settle >> i & 1) {
+            FAST_COUNT(d, settles_cross);
             slot_settle_locked(d, i);
         }
-        spin_release(&s->lock);
+        spin_release(&d->fast.slots[i].lock);
     }
 }
 
@@ -249,13 +329,6 @@ bool fast_fill(struct dev_alloc *d, struct block *b)
 
 /* ---- widen (classic) ---------------------------------------------------------------------- */
 
-/* Busy slot @p s (locked) owes inactive split bytes: a classic B freed, or handed out with more
- * than min_size. */
-static inline bool slot_owes_split(const struct dev_slot *s)
-{
-    return !s->blk->expandable && (s->lazy || s->cur_size != s->min_size);
-}
-
 bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     lock_assert_held(&d->lock);
@@ -271,18 +344,9 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
         spin_release(&s->lock);
         return false;
     }
-    /* The peak taken below is exact only if d->acct.stats holds every other slot's truth in
-     * inactive_split_bytes (both pools: the "all" entry sums them). */
-    for (uint32_t m = d->fast.busy_slots & ~((uint32_t)1 << i); m; m &= m - 1) {
-        unsigned j = (unsigned)__builtin_ctz(m);
-        struct dev_slot *o = &d->fast.slots[j];
-        spin_acquire(&o->lock);
-        if (slot_owes_split(o)) {
-            FAST_COUNT(d, settles_cross);
-            slot_settle_locked(d, j);
-        }
-        spin_release(&o->lock);
-    }
+    /* The peak taken below counts the other busy slots above what they hold: guarded. */
+    struct fast_guard g;
+    fast_guard_begin(d, &g, d->fast.busy_slots & ~((uint32_t)1 << i));
     /* The eager malloc of r leaves |M| - r inactive split bytes where min_size's left |M| -
      * min_size: count the rise (current and peak; it accumulates with the hit in slot_owe). */
     int si = block_pool(b)->stat_index;
@@ -293,5 +357,6 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
     s->span = b->size - r;
     *out = slot_take(s, b, size, r);
     spin_release(&s->lock);
+    fast_guard_end(d, &g);
     return true;
 }

@@ -11,11 +11,19 @@
  * Settling a slot (fast_settle) moves its debt into d->acct.stats and B's truth into B (merged
  * into its successor R when freed; its true size and requested bytes when handed out): the sum
  * does not move. A debt lowers every current it touches (a hit takes at most B's size and
- * requested bytes), so no peak is missed while a slot is busy; a device-lock path that may move a
- * counter up first settles the slots counted above what they hold (FAST_RAISE), because the peak
- * it records would be taken from d->acct.stats alone. A classic slot counts the inactive split
- * bytes of its smallest hit (min_size): fast_widen lowers min_size through the device lock, so
- * its hits, larger or smaller, only lower allocated_bytes or inactive_split_bytes.
+ * requested bytes), and every current of d->acct.stats is at most its peak, so no hit can take a
+ * statistic past its peak unseen. A classic slot counts the inactive split bytes of its smallest
+ * hit (min_size): fast_widen lowers min_size through the device lock, so its hits, larger or
+ * smaller, only lower allocated_bytes or inactive_split_bytes.
+ *
+ * Peaks: a device-lock operation that moves a counter up records its peak from d->acct.stats,
+ * which counts every busy slot above what it holds. Where that raised a peak on a row some busy
+ * slot owes (the FAST_ROWS rows), the peak is the recount's instead (the operation's highest value
+ * less the debts, every busy slot locked: the instant the operation is placed at), and the slots
+ * owing on it settle, so that the current is at most the peak again (fast_guard_end). A raise
+ * that stays under the peak settles no other slot: a thread keeps its slot, however often
+ * another thread's stream takes the device lock, once the peaks are where both threads' blocks
+ * took them.
  *
  * Locking: the device lock first, then a slot's spin lock; a slot is filled and settled only with
  * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
@@ -54,19 +62,47 @@ static inline size_t fast_round(size_t size)
 
 /* What a device-lock taker needs settled. */
 enum fast_need {
-    FAST_NONE,  /* nothing: the statistics' reads fold the debts, malloc and free settle below */
-    FAST_RAISE, /* before a counter may move up: the slots counted above what they hold, and the
-                 * slot of the stream touched (its neighbours may change) */
-    FAST_ALL,   /* every slot: the state is the eager one (every other operation) */
+    FAST_NONE,   /* nothing: the statistics' reads fold the debts, malloc and free settle below */
+    FAST_STREAM, /* the slot of the stream a malloc or free touches (its blocks may change); the
+                  * other slots stay, the operation's peaks guarded (struct fast_guard) */
+    FAST_ALL,    /* every slot: the state is the eager one (every other operation) */
 };
 
-/* Settle the busy slots @p need names (@p stream: FAST_RAISE's). Device lock held. */
+/* Settle the busy slots @p need names (@p stream: FAST_STREAM's). Device lock held. */
 void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stream);
 static inline void fast_settle(struct dev_alloc *d, enum fast_need need, const void *stream)
 {
     lock_assert_held(&d->lock);
     if (XSEG_UNLIKELY(d->fast.busy_slots != 0) && need != FAST_NONE)
         fast_settle_slow(d, need, stream);
+}
+
+/* The rows of the statistics a busy slot's debt lowers (slot_owe): allocation, allocated_bytes,
+ * requested_bytes, inactive_split and inactive_split_bytes. */
+#define FAST_ROWS 5
+
+/* The peaks of the FAST_ROWS rows before a device-lock operation that may move them up while
+ * other slots are busy (on), for fast_guard_end (the peaks paragraph above). */
+struct fast_guard {
+    bool on;
+    int64_t peak[FAST_ROWS][XSEG_STAT_POOLS];
+};
+void fast_guard_save(struct dev_alloc *d, struct fast_guard *g);
+/* Before the operation, its own stream's slot settled: @p others are the busy slots it may
+ * leave owing (none: nothing to guard). */
+static inline void fast_guard_begin(struct dev_alloc *d, struct fast_guard *g, uint32_t others)
+{
+    g->on = others != 0;
+    if (g->on)
+        fast_guard_save(d, g);
+}
+void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g);
+/* After the operation (device lock held, no slot's lock): every peak it raised is exact, and
+ * every current at most its peak. */
+static inline void fast_guard_end(struct dev_alloc *d, const struct fast_guard *g)
+{
+    if (XSEG_UNLIKELY(g->on))
+        fast_guard_end_slow(d, g);
 }
 
 /* The one way to take the device lock: then what @p need names is settled. */
@@ -160,8 +196,7 @@ miss:
 
 /* malloc through the device lock, before its settle: a classic slot on @p stream whose B is freed
  * widens to a rounded size below min_size and at least min_fit (counting the larger inactive split
- * block first, with every other slot owing such bytes settled so that its peak is exact) and hands
- * B out (true). False: nothing changed. */
+ * block first, its peak guarded) and hands B out (true). False: nothing changed. */
 bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out);
 
 /* xseg_free's first try: @p ptr is the block this thread's last hit handed out, and it goes back

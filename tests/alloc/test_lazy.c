@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fast.h"
 #include "core/runtime.h"
 #include "tests/common/testutil.h"
 #include "vmm/driver.h"
@@ -182,6 +183,58 @@ static int run(const char *kind, bool eager)
      * widening once through the device lock). */
     if (!eager && mixed < 390)
         return 10;
+#endif
+    /* Two streams in turn, each cycling the four sizes, as two threads on streams of their own
+     * interleave (here in one seeded order, so that the eager run can follow it): both streams
+     * first hold 512 B, then 2 KiB, at once (the peaks two threads reach), and from then on a
+     * malloc or free through the device lock on one stream leaves the other stream's slot busy
+     * (core/fast.h, the peaks paragraph), so both slots serve nearly every pair. */
+    xseg_empty_cache(0);
+    CUstream two[2] = {NULL, NULL};
+    for (int tries = 0; tries < 8 && fast_slot_index(two[0]) == fast_slot_index(two[1]); tries++)
+        if (drv->cuStreamCreate(&two[1], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+            return 2;
+    if (fast_slot_index(two[0]) == fast_slot_index(two[1]))
+        return 2;
+    static const size_t both[] = {512, 2048};
+    for (unsigned k = 0; k < 2; k++) {
+        void *q[2];
+        for (int s = 0; s < 2; s++) {
+            if (xseg_malloc(&q[s], both[k], 0, (struct CUstream_st *)two[s]) != XSEG_SUCCESS)
+                return 5;
+            dump(stdout, 20000 + k, "malloc", q[s]);
+        }
+        for (int s = 0; s < 2; s++) {
+            if (xseg_free(q[s]) != XSEG_SUCCESS)
+                return 4;
+            dump(stdout, 20000 + k, "free", NULL);
+        }
+        if (eager)
+            xseg_cache_info(0, &largest);
+    }
+#if XSEG_DEBUG_LEVEL >= 1
+    hits0 = rt_device_peek(0)->fast.lazy_hits;
+#endif
+    for (unsigned i = 0; i < 800; i++) {
+        void *q;
+        if (xseg_malloc(&q, cycle[(i / 2) % 4] - i % 3, 0, (struct CUstream_st *)two[i % 2]) != XSEG_SUCCESS)
+            return 5;
+        dump(stdout, 30000 + i, "malloc", q);
+        if (eager)
+            xseg_cache_info(0, &largest);
+        if (xseg_free(q) != XSEG_SUCCESS)
+            return 4;
+        dump(stdout, 30000 + i, "free", NULL);
+        if (eager)
+            xseg_cache_info(0, &largest);
+    }
+    xseg_cache_info(0, &largest);
+#if XSEG_DEBUG_LEVEL >= 1
+    mixed = rt_device_peek(0)->fast.lazy_hits - hits0;
+    fprintf(stderr, "%s %s: %" PRIu64 " hits of 800 pairs on two streams in turn\n", kind, eager ? "eager" : "lazy",
+            mixed);
+    if (!eager && mixed < 780)
+        return 11;
 #endif
     xseg_empty_cache(0);
     dump(stdout, 99999, "drain", NULL);
