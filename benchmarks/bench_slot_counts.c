@@ -3,7 +3,7 @@
  * pairs (bench_scale's threads cell), counted rather than timed, so that the mechanism shows on
  * a loaded machine too.
  *
- *   bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed]
+ *   bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed] [--overlap]
  *
  * T threads, each on a stream of its own on device 0, make N malloc+free pairs each (--mixed:
  * cycling 512, 1024, 1536 and 2048 B, else 512 B), classic and expandable mode, each cell in a
@@ -11,7 +11,11 @@
  * and frees through the device lock, slots settled, of them settled by an operation on another
  * slot's stream (cross), and slot hits. Median of R runs, with the smallest and largest. The
  * counters exist in debug builds only (-Ddebug_level=1 or 2; struct dev_fast); a release build
- * says so and exits 77. Without a GPU it runs on the cudaemu built here.
+ * says so and exits 77. --overlap: the threads meet at a barrier after each malloc and after each
+ * free, so that every pair overlaps the other threads' pairs, as free-running threads' pairs do
+ * when each has a core; on a loaded machine free-running threads mostly take turns, which hides
+ * what one thread's device-lock operations do to another's slot. Without a GPU it runs on the
+ * cudaemu built here.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -35,7 +39,7 @@ static const char *const count_names[NCOUNTS] = {"lock mallocs", "lock frees", "
 static int (*stream_create)(CUstream *, unsigned);
 static int (*set_current)(void *);
 static void *primary;
-static bool mixed;
+static bool mixed, overlap;
 static const size_t mixed_sizes[4] = {512, 1024, 1536, 2048};
 
 static int driver_open(void)
@@ -58,8 +62,7 @@ struct worker {
     pthread_t tid;
     CUstream stream;
     size_t pairs;
-    pthread_barrier_t *start;
-    int rc;
+    pthread_barrier_t *start, *step;
 } __attribute__((aligned(64)));
 
 static void *worker_main(void *arg)
@@ -71,10 +74,13 @@ static void *worker_main(void *arg)
         void *p;
         if (xseg_malloc(&p, mixed ? mixed_sizes[i & 3] : 512, 0, w->stream) != XSEG_SUCCESS) {
             fprintf(stderr, "bench_slot_counts: xseg_malloc: %s\n", xseg_last_error());
-            w->rc = -1;
-            break;
+            exit(1); /* the other threads may wait at the barrier: the cell's process ends */
         }
+        if (overlap)
+            pthread_barrier_wait(w->step);
         xseg_free(p);
+        if (overlap)
+            pthread_barrier_wait(w->step);
     }
     return NULL;
 }
@@ -89,10 +95,11 @@ static int cell(bool expandable, int nthreads, size_t pairs)
     if (driver_open())
         return 1;
     struct worker w[64];
-    pthread_barrier_t start;
+    pthread_barrier_t start, step;
     pthread_barrier_init(&start, NULL, (unsigned)nthreads);
+    pthread_barrier_init(&step, NULL, (unsigned)nthreads);
     for (int i = 0; i < nthreads; i++) {
-        w[i] = (struct worker){.pairs = pairs, .start = &start};
+        w[i] = (struct worker){.pairs = pairs, .start = &start, .step = &step};
         if (stream_create(&w[i].stream, 1 /* non-blocking */) != 0) {
             fprintf(stderr, "bench_slot_counts: cuStreamCreate failed\n");
             return 1;
@@ -100,13 +107,8 @@ static int cell(bool expandable, int nthreads, size_t pairs)
     }
     for (int i = 0; i < nthreads; i++)
         pthread_create(&w[i].tid, NULL, worker_main, &w[i]);
-    int rc = 0;
-    for (int i = 0; i < nthreads; i++) {
+    for (int i = 0; i < nthreads; i++)
         pthread_join(w[i].tid, NULL);
-        rc |= w[i].rc;
-    }
-    if (rc)
-        return 1;
 #if XSEG_DEBUG_LEVEL >= 1
     xseg_empty_cache(0); /* settles every slot: their hits are counted then */
     const struct dev_fast *f = &rt_device_peek(0)->fast;
@@ -164,8 +166,10 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--mixed")) {
             mixed = true;
+        } else if (!strcmp(argv[i], "--overlap")) {
+            overlap = true;
         } else {
-            fprintf(stderr, "usage: bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed]\n");
+            fprintf(stderr, "usage: bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed] [--overlap]\n");
             return 2;
         }
     }
@@ -179,9 +183,9 @@ int main(int argc, char **argv)
             return 2;
         }
     bench_find_driver("bench_slot_counts");
-    printf("Cached %s pairs, threads on streams of their own (%zu pairs per thread): counts per 10^6 pairs, "
+    printf("Cached %s pairs, threads on streams of their own (%zu pairs per thread%s): counts per 10^6 pairs, "
            "median of %d (smallest - largest)\n\n| mode | threads |", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B",
-           pairs, reps);
+           pairs, overlap ? ", overlapping at a barrier" : "", reps);
     for (int k = 0; k < NCOUNTS; k++)
         printf(" %s |", count_names[k]);
     printf("\n|---|---|---|---|---|---|---|\n");
