@@ -519,23 +519,15 @@ static xseg_status cfg_parse_name(struct cfg_parser *p, const struct cfg_key *k,
     return XSEG_SUCCESS;
 }
 
-/* pinned_* keys PyTorch's host allocator has and xseg's (core/hostalloc.c) does not need are
- * validated (so a typo still fails) and ignored. */
-static xseg_status cfg_parse_pinned_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+/* A boolean checked (so a typo still fails) and dropped: pinned_free_catch_all (PyTorch's host
+ * allocator has it, xseg's in core/hostalloc.c does not need it) and throw_on_cudamalloc_oom
+ * (PyTorch 2.12+: refuse a request over the memory fraction before any driver call, which
+ * core/alloc.c always does, so both values are honoured as they are). */
+static xseg_status cfg_parse_checked_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
     (void)k;
-    bool ignored;
-    return cfg_parse_bool(p, key, &ignored);
-}
-
-/* throw_on_cudamalloc_oom (PyTorch 2.12+): refuse a request over the memory fraction before any
- * driver call. xseg always does (core/alloc.c: a request the device or the fraction can never
- * hold fails before the driver is asked), so the value is checked and both are honoured as is. */
-static xseg_status cfg_parse_throw_on_oom(struct cfg_parser *p, const struct cfg_key *k, const char *key)
-{
-    (void)k;
-    bool v;
-    return cfg_parse_bool(p, key, &v);
+    bool dropped;
+    return cfg_parse_bool(p, key, &dropped);
 }
 
 /* expandable_segments_reserve / _by_class (PyTorch 2.12+ VA bounds): a fraction, NG, or a

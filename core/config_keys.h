@@ -69,7 +69,7 @@
       cfg_parse_flag, 0, 0, "False")                                                               \
     A(backend, NULL, ENUM, cfg_parse_backend, 0, "native")                                         \
     /* PyTorch 2.12+: fail fast over the fraction (what xseg always does); VA bounds */           \
-    A(throw_on_cudamalloc_oom, NULL, ENUM, cfg_parse_throw_on_oom, 0, "False")                     \
+    A(throw_on_cudamalloc_oom, NULL, ENUM, cfg_parse_checked_flag, 0, "False")                     \
     A(expandable_segments_reserve, NULL, IGNORED, cfg_parse_va_hint, CFG_IGNORED, "")              \
     A(expandable_segments_reserve_by_class, NULL, IGNORED, cfg_parse_va_hint, CFG_IGNORED, "")     \
     /* services (core/trim.c, core/idle.c) */                                                      \
@@ -99,6 +99,6 @@
       cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")                                                \
     A(pinned_reserve_segment_size_mb, NULL, IGNORED, CFG_BOUNDED_MIB(1, CFG_MAX_MB), CFG_IGNORED,  \
       "")                                                                                          \
-    A(pinned_free_catch_all, NULL, IGNORED, cfg_parse_pinned_flag, CFG_IGNORED, "")
+    A(pinned_free_catch_all, NULL, IGNORED, cfg_parse_checked_flag, CFG_IGNORED, "")
 
 #endif
