@@ -82,6 +82,8 @@ struct group {
      * group_stats never reads a message being rewritten. */
     char rejoin_error[512];
     _Atomic bool rejoin_failed;
+    ino_t ino;                  /* the table's file, told apart from one created since */
+    dev_t dev;
 };
 
 /* This module's state is xseg_rt.group (core/procstate.h), written only here (layering.sh). */
@@ -318,8 +320,8 @@ static void *responder(void *arg)
     return NULL;
 }
 
-/* Open or create the table; NULL with the reason in g->error. */
-static struct gtable *table_open(struct group *g)
+/* Open or create the table (its file's identity in g->ino, g->dev); NULL with the reason in @p err. */
+static struct gtable *table_open(struct group *g, char *err, size_t n)
 {
     struct gtable *t = NULL;
     bool created = false;
@@ -327,7 +329,7 @@ static struct gtable *table_open(struct group *g)
     if (fd >= 0) {
         created = true;
         if (ftruncate(fd, sizeof *t)) {
-            snprintf(g->error, sizeof g->error, "memory group: cannot size /dev/shm%s: %s", g->path,
+            snprintf(err, n, "memory group: cannot size /dev/shm%s: %s", g->path,
                      strerror(errno));
             close(fd);
             shm_unlink(g->path);
@@ -338,7 +340,7 @@ static struct gtable *table_open(struct group *g)
     }
     struct stat st;
     if (fd < 0 || fstat(fd, &st)) {
-        snprintf(g->error, sizeof g->error, "memory group: cannot open /dev/shm%s: %s", g->path,
+        snprintf(err, n, "memory group: cannot open /dev/shm%s: %s", g->path,
                  strerror(errno));
         if (fd >= 0)
             close(fd);
@@ -346,17 +348,19 @@ static struct gtable *table_open(struct group *g)
     }
     /* Only the same user joins, and only a table of exactly our layout is mapped. */
     if (st.st_uid != geteuid() || (st.st_mode & 077) || st.st_size != (off_t)sizeof *t) {
-        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is not usable (%s): "
+        snprintf(err, n, "memory group table /dev/shm%s is not usable (%s): "
                  "device %d goes on alone", g->path,
                  st.st_uid != geteuid() ? "owned by another user"
                  : (st.st_mode & 077) ? "open to other users" : "wrong size", g->d->device);
         close(fd);
         return NULL;
     }
+    g->ino = st.st_ino;
+    g->dev = st.st_dev;
     void *m = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED) {
-        snprintf(g->error, sizeof g->error, "memory group: cannot map /dev/shm%s: %s", g->path,
+        snprintf(err, n, "memory group: cannot map /dev/shm%s: %s", g->path,
                  strerror(errno));
         return NULL;
     }
@@ -383,7 +387,7 @@ static struct gtable *table_open(struct group *g)
     }
     char why[160];
     if (!table_ok(t, g->total, why, sizeof why)) {
-        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
+        snprintf(err, n, "memory group table /dev/shm%s is corrupted (%s): device %d "
                  "goes on alone", g->path, why, g->d->device);
         munmap(t, sizeof *t);
         return NULL;
@@ -459,7 +463,7 @@ void group_attach(struct dev_alloc *d)
     for (int i = 0; i < 16; i++)
         n += snprintf(g->path + n, sizeof g->path - (size_t)n, "%02x", d->info.uuid[i]);
     snprintf(g->path + n, sizeof g->path - (size_t)n, "-%s", cfg.memory_group);
-    g->t = table_open(g);
+    g->t = table_open(g, g->error, sizeof g->error);
     if (g->t && (g->me = slot_claim(g)) >= 0) {
         publish(g);
         struct budget_view v;
@@ -491,19 +495,49 @@ static void rejoin_fail(struct group *g, const char *why)
     atomic_store(&g->rejoin, false);
 }
 
+/* The table's lock if free now (no wait; a try is outside the rank order: base/witness.h). */
+static bool table_trylock(struct gtable *t)
+{
+    int r = pthread_mutex_trylock(&t->lock);
+    if (r && r != EOWNERDEAD)
+        return false;
+    witness_took(FORK_RANK_GROUP_TABLE);
+    if (r == EOWNERDEAD)
+        pthread_mutex_consistent(&t->lock);
+    return true;
+}
+
+/* Whether the file at g->path is still the table mapped: the last member out removes it (a
+ * joiner still to retry holds no slot), and a process starting then creates another. */
+static bool table_current(const struct group *g)
+{
+    int fd = shm_open(g->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    struct stat st;
+    bool same = fd >= 0 && !fstat(fd, &st) && st.st_ino == g->ino && st.st_dev == g->dev;
+    if (fd >= 0)
+        close(fd);
+    return same;
+}
+
 /* The join group_attach could not finish (its table lock was busy), tried again at a growth:
  * a try of the lock, so a growth never waits for another member's ask. Device lock held: the
  * slot's figures are published here, and the responder (which takes the lock) starts waiting. */
 static void rejoin(struct dev_alloc *d, struct group *g)
 {
     lock_assert_held(&d->lock);
-    int r = pthread_mutex_trylock(&g->t->lock);
-    if (r && r != EOWNERDEAD)
-        return; /* still busy (EBUSY): the next growth tries again */
-    witness_took(FORK_RANK_GROUP_TABLE);
-    if (r == EOWNERDEAD)
-        pthread_mutex_consistent(&g->t->lock);
+    if (!table_trylock(g->t))
+        return; /* still busy: the next growth tries again */
     char why[160], err[512];
+    if (!table_current(g)) {
+        table_unlock(g->t);
+        munmap(g->t, sizeof *g->t);
+        if (!(g->t = table_open(g, err, sizeof err))) {
+            rejoin_fail(g, err);
+            return;
+        }
+        if (!table_trylock(g->t))
+            return;
+    }
     if (!table_ok(g->t, g->total, why, sizeof why)) {
         table_unlock(g->t);
         snprintf(err, sizeof err, "memory group table /dev/shm%s is corrupted (%s): device %d goes on alone",
