@@ -478,10 +478,10 @@ void group_attach(struct dev_alloc *d)
         }
     }
     if (g->me < 0) {
-        if (g->t && !atomic_load(&g->rejoin))
+        if (g->t && !atomic_load(&g->rejoin)) { /* a join to retry keeps the table mapped */
             munmap(g->t, sizeof *g->t);
-        if (!atomic_load(&g->rejoin))
             g->t = NULL;
+        }
         atomic_store(&g->alone, true);
     }
     atomic_store(&g_groups[d->device], g);
