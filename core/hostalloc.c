@@ -672,6 +672,17 @@ void hostalloc_reset_peaks(void)
     mutex_unlock(&hc.lock);
 }
 
+void hostalloc_reset_accumulated(void)
+{
+    mutex_lock(&hc.lock);
+    struct hc_counter *ctr[] = {&hc.allocation, &hc.segment, &hc.allocated_bytes, &hc.reserved_bytes};
+    for (size_t i = 0; i < 4; i++)
+        ctr[i]->allocated = ctr[i]->freed = 0;
+    hc.alloc_time = hc.free_time = (struct hc_duration){0};
+    hc.num_host_alloc = hc.num_host_free = 0;
+    mutex_unlock(&hc.lock);
+}
+
 /* ---- the event thread (pinned_use_background_threads) ------------------------------------- */
 
 FORK_MUTEX_AT(FORK_RANK_HOSTALLOC_CTL, hc_ctl_lock, hc.ctl_lock)

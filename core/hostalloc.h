@@ -39,6 +39,9 @@ xseg_status hostalloc_stat(const char *key, int64_t *value);
 const char *hostalloc_stat_key(size_t index);
 /* Reset every peak to its current value. */
 void hostalloc_reset_peaks(void);
+/* Zero the accumulated figures: each counter's allocated and freed, both durations, and the
+ * driver call counts (PyTorch's reset_accumulated_host_memory_stats). */
+void hostalloc_reset_accumulated(void);
 
 /* Start or stop the event thread as pinned_use_background_threads says (called by the public
  * entry points, holding no lock). */
