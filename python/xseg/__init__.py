@@ -235,13 +235,13 @@ def host_empty_cache():
 
 def host_reset_peak_stats():
     """torch.cuda.reset_peak_host_memory_stats(): each peak of host_memory_stats() becomes its
-    current value."""
+    current value (the times' .max and .min 0)."""
     check(_lib.need("xseg_host_reset_peak_stats")())
 
 
 def host_reset_accumulated_stats():
     """torch.cuda.reset_accumulated_host_memory_stats(): the .allocated/.freed counts, the
-    host_alloc_time/host_free_time figures and num_host_alloc/num_host_free become 0."""
+    times' .total/.count and num_host_alloc/num_host_free become 0."""
     check(_lib.need("xseg_host_reset_accumulated_stats")())
 
 

@@ -116,8 +116,8 @@ static void test_host_stats_keys(void **state)
     assert_int_equal(xseg_host_stat_key(0, NULL), XSEG_ERROR_INVALID_VALUE);
 }
 
-/* The resets: peaks become the current values; the accumulated figures (counts, durations,
- * driver calls) become 0 while current values stay. */
+/* The resets, as PyTorch's: peaks become the current values (durations' max 0); the accumulated
+ * figures (counts, durations' totals, driver calls) become 0 while current values stay. */
 static void test_host_stats_reset(void **state)
 {
     (void)state;
@@ -129,6 +129,7 @@ static void test_host_stats_reset(void **state)
     assert_int_equal(hstat("allocated_bytes.peak"), 1024);
     assert_int_equal(hstat("allocation.peak"), 1);
     assert_int_equal(hstat("segment.peak"), hstat("segment.current"));
+    assert_int_equal(hstat("host_alloc_time.max"), 0);
     assert_int_equal(hstat("allocation.allocated"), 2);
     assert_true(hstat("num_host_alloc") > 0 && hstat("host_alloc_time.count") > 0);
     assert_int_equal(xseg_host_reset_accumulated_stats(), XSEG_SUCCESS);
