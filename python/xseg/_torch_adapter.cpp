@@ -56,6 +56,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -988,6 +989,7 @@ std::shared_ptr<XsegAllocator> installed;
 struct HostState {
     std::mutex mu;
     at::HostAllocator *prev = nullptr; // the allocator installed before (pinned tensors it made)
+    std::atomic<size_t> ncapturing{0}; // capturing.size(), read without the lock
     std::vector<std::pair<MempoolId, std::function<bool(c10::Stream)>>> capturing;
     std::map<void *, MempoolId> held;                // live blocks of a pool
     std::map<MempoolId, std::vector<void *>> freed; // their frees, until the pool is released
@@ -1014,7 +1016,12 @@ void host_delete(void *p) noexcept
         std::lock_guard<std::mutex> g(hs.mu);
         auto it = hs.held.find(p);
         if (it != hs.held.end()) {
-            hs.freed[it->second].push_back(p);
+            try {
+                hs.freed[it->second].push_back(p);
+            } catch (const std::bad_alloc &) {
+                // Out of host memory: the block stays allocated (a replay may still read it).
+                std::fprintf(stderr, "xseg: warning: out of host memory; a pinned block of a graph pool is kept\n");
+            }
             hs.held.erase(it);
             return;
         }
@@ -1026,6 +1033,8 @@ void host_delete(void *p) noexcept
 std::optional<MempoolId> capture_pool_of(const c10::Stream &stream)
 {
     HostState &hs = host_state();
+    if (hs.ncapturing.load(std::memory_order_acquire) == 0)
+        return std::nullopt;
     std::vector<std::pair<MempoolId, std::function<bool(c10::Stream)>>> caps;
     {
         std::lock_guard<std::mutex> g(hs.mu);
@@ -1125,8 +1134,13 @@ class XsegHostBase : public at::HostAllocator {
         xseg_status st = xseg_host_malloc(&p, size);
         TORCH_CHECK_WITH(OutOfMemoryError, st != XSEG_ERROR_OUT_OF_MEMORY, "xseg: ", xseg_last_error());
         xseg_check(st, "pinned host memory");
-        if (auto pool = capture_pool_of(c10::cuda::getCurrentCUDAStream().unwrap()))
-            hold_for_pool(p, *pool);
+        try {
+            if (auto pool = capture_pool_of(c10::cuda::getCurrentCUDAStream().unwrap()))
+                hold_for_pool(p, *pool);
+        } catch (...) {
+            host_free_now(p);
+            throw;
+        }
         return {p, p, host_delete, cpu};
     }
     c10::DeleterFnPtr raw_deleter() const override { return host_delete; }
@@ -1178,6 +1192,7 @@ struct WithHostPools<B, std::void_t<decltype(&B::begin_allocate_to_pool), declty
     {
         std::lock_guard<std::mutex> g(host_state().mu);
         host_state().capturing.emplace_back(pool, std::move(filter));
+        host_state().ncapturing.store(host_state().capturing.size(), std::memory_order_release);
     }
     void end_allocate_to_pool(MempoolId pool) override
     {
@@ -1185,6 +1200,7 @@ struct WithHostPools<B, std::void_t<decltype(&B::begin_allocate_to_pool), declty
         auto &caps = host_state().capturing;
         for (auto it = caps.begin(); it != caps.end();)
             it = it->first == pool ? caps.erase(it) : std::next(it);
+        host_state().ncapturing.store(caps.size(), std::memory_order_release);
     }
     // The graph is gone: its blocks freed meanwhile return to the cache (after their streams'
     // work), and those still live are freed normally later.
