@@ -18,6 +18,8 @@
 // getMemoryFraction, isHistoryEnabled, attachAllocatorTraceTracker (fed by xseg's segment
 // observers), shareIpcHandle / getIpcDevPtr (xseg's IPC), 2.6's ensureExistsAndIncrefPool, and
 // the device-generic registry; MemPool's use_on_oom / no_split are refused with what to do.
+// From 2.8 install_host() also makes xseg's pinned host cache PyTorch's CUDA host allocator
+// (at::HostAllocator: pin_memory(), non_blocking copies, torch.cuda.host_memory_stats()).
 //
 // The C++ interface this builds against changed across PyTorch 2.x (docs/python.md has the table
 // and its sources):
