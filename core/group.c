@@ -202,13 +202,15 @@ static bool table_ok(const struct gtable *t, uint64_t total, char *why, size_t n
 }
 
 /* Go alone after finding the table bad: the error kept for xseg_group_stats; the responder sees
- * `alone` and ends. */
+ * `alone` and ends. Only the responder calls it, the one writer of alone once it runs: the
+ * message is written before alone is published (release), so group_stats never reads it torn. */
 static void go_alone(struct group *g, const char *why)
 {
-    if (atomic_exchange(&g->alone, true))
+    if (atomic_load(&g->alone))
         return;
     snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
              "goes on alone", g->path, why, g->d->device);
+    atomic_store_explicit(&g->alone, true, memory_order_release);
 }
 
 /* The table's lock within @p ns; EOWNERDEAD (a member died holding it) is repaired. Taken with no
