@@ -355,7 +355,7 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
     isb[si].allocated -= (int64_t)(s->min_size - r);
     s->min_size = r;
     s->span = b->size - r;
-    *out = slot_take(s, b, size, r);
+    *out = fast_take(s, b, size, r);
     spin_release(&s->lock);
     fast_guard_end(d, &g);
     return true;

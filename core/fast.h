@@ -153,8 +153,8 @@ extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_slot __attribute__((t
 /* A hit's bookkeeping, written once for fast_hit and fast_widen: slot @p s (locked, its B @p lz
  * freed in it) hands B out for @p size bytes rounded to @p r, and becomes this thread's last
  * slot. Returns B's address. */
-static inline __attribute__((always_inline)) void *slot_take(struct dev_slot *s, const struct block *lz, size_t size,
-                                                             size_t r)
+static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s, const struct block *lz, size_t size,
+                                                          size_t r)
 {
     s->lazy = NULL;
     s->live = lz->addr;
@@ -186,7 +186,7 @@ static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, v
     size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
     if (r - s->min_size > s->span)
         goto miss;
-    *out = slot_take(s, lz, size, r);
+    *out = fast_take(s, lz, size, r);
     spin_release(&s->lock);
     return true;
 miss:
