@@ -424,51 +424,38 @@ static size_t whole_page_bytes(const struct block *b)
     return hi - lo;
 }
 
-/*
- * Unmap the whole chunks inside free block @p b (in the free index): all of them, or only the
- * highest ones, as few as cover at least @p max_bytes (SIZE_MAX = all). The block is re-tiled by
- * the granules' actual state afterwards, so a partly failed unmap leaves correct bookkeeping.
- * Only unmapped neighbours of @p b can be merged away (and deleted) here. With @p idle the caller
- * knows the segment's stream has completed its work: no synchronize.
- */
-static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
+/* The range [*lo, *hi) (offsets in its segment) of the whole chunks inside free block @p b: all
+ * of them, or the highest ones, as few as cover at least @p max_bytes (SIZE_MAX = all); false
+ * when there is none. */
+static bool unmap_range(const struct block *b, size_t max_bytes, size_t *lo, size_t *hi)
 {
-    lock_assert_held(&d->lock);
-    struct segrec *s = b->seg;
-    struct bpool *pool = block_pool(b);
-    size_t gran = seg_g(s);
-    uintptr_t base = (uintptr_t)seg_base(s->vseg);
-    size_t off = b->addr - base;
-    size_t lo = page_up(off, gran), hi = page_down(off + b->size, gran);
-    if (lo >= hi)
-        return XSEG_SUCCESS;
-    seg_inner_range(s->vseg, lo, hi - lo, &lo, &hi);
-    if (lo >= hi)
-        return XSEG_SUCCESS;
-    if (max_bytes < hi - lo) {
+    const struct segrec *s = b->seg;
+    size_t gran = seg_g(s), off = b->addr - (uintptr_t)seg_base(s->vseg);
+    size_t a = page_up(off, gran), e = page_down(off + b->size, gran);
+    if (a >= e)
+        return false;
+    seg_inner_range(s->vseg, a, e - a, lo, hi);
+    if (*lo >= *hi)
+        return false;
+    if (max_bytes < *hi - *lo) {
         /* The highest chunks first, down to at least max_bytes. */
-        size_t from = hi;
-        while (from > lo && hi - from < max_bytes) {
+        size_t from = *hi;
+        while (from > *lo && *hi - from < max_bytes) {
             size_t first = 0, n = 0;
             if (!seg_chunk(s->vseg, from / gran - 1, NULL, &first, &n))
                 first = from / gran - 1;
-            from = XSEG_MAX(first * gran, lo);
+            from = XSEG_MAX(first * gran, *lo);
         }
-        lo = from;
+        *lo = from;
     }
+    return true;
+}
 
-    /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
-     * host allocation failure cannot strike after the driver has unmapped. */
-    struct block *spare[2] = {dev_block_new(d), dev_block_new(d)};
-    if (!spare[0] || !spare[1]) {
-        for (int i = 0; i < 2; i++)
-            if (spare[i])
-                dev_block_delete(d, spare[i]);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
-    }
-    int nspare = 2;
-
-    bpool_remove_free(pool, b);
+/* Unmap [lo, hi) of free block @p b's segment, the handles kept for this malloc's retries when
+ * the stream is known @p idle and the device keeps handles; what went is recorded and counted. */
+static xseg_status unmap_chunks(struct dev_alloc *d, struct block *b, size_t lo, size_t hi, bool idle)
+{
+    struct segrec *s = b->seg;
     size_t unmapped = 0, chunks = 0;
     xseg_status st;
     if (idle && d->keep_handles && !s->handles_out)
@@ -477,33 +464,47 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         st = (idle ? seg_unmap_idle : seg_unmap)(s->vseg, lo, hi - lo, &unmapped, &chunks);
     if (unmapped) {
         if (XSEG_UNLIKELY(hist_mode()))
-            hist_record(HIST_SEGMENT_UNMAP, d->device, base + lo, unmapped, (uintptr_t)s->stream, d->hist_cur);
-        dev_count_unmapped(d, pool, unmapped, chunks);
+            hist_record(HIST_SEGMENT_UNMAP, d->device, (uintptr_t)seg_base(s->vseg) + lo, unmapped,
+                        (uintptr_t)s->stream, d->hist_cur);
+        dev_count_unmapped(d, block_pool(b), unmapped, chunks);
     }
+    return st;
+}
 
-    /* Re-tile [b->addr, end) by mapped state: head (mapped), pages lo..hi as the driver left
-     * them (all unmapped on success), tail (mapped). b becomes the first piece. */
-    uintptr_t end = b->addr + b->size;
-    struct block *orig_prev = b->prev, *orig_next = b->next;
+/* From @p pos in free block @p b: the end of the run with one mapped state (@p m), where the
+ * head below @p lo and the tail from @p hi are mapped and [lo, hi) is as the driver left it. */
+static uintptr_t retile_run(const struct block *b, uintptr_t end, size_t lo, size_t hi, uintptr_t pos, bool *m)
+{
+    const struct segrec *s = b->seg;
+    uintptr_t base = (uintptr_t)seg_base(s->vseg);
+    size_t gran = seg_g(s), poff = pos - base;
+    if (poff < lo) {
+        *m = true;
+        return base + lo;
+    }
+    if (poff >= hi) {
+        *m = true;
+        return end;
+    }
+    *m = seg_gran_is_mapped(s->vseg, poff / gran) != 0;
+    size_t q = poff + gran;
+    while (q < hi && (seg_gran_is_mapped(s->vseg, q / gran) != 0) == *m)
+        q += gran;
+    return base + q;
+}
+
+/* Re-tile free block @p b (out of the free index) by mapped state after unmap_chunks: head
+ * (mapped), [lo, hi) as the driver left it (all unmapped on success), tail (mapped). b becomes
+ * the first piece; the others come from @p spare (two, enough for the usual three pieces; the
+ * ones left over are deleted). @return the last piece. */
+static struct block *retile(struct dev_alloc *d, struct block *b, size_t lo, size_t hi, struct block *spare[2])
+{
+    uintptr_t end = b->addr + b->size, pos = b->addr;
     struct block *cur = NULL;
-    uintptr_t pos = b->addr;
+    int nspare = 2;
     while (pos < end) {
-        size_t poff = pos - base;
         bool m;
-        uintptr_t run_end;
-        if (poff < lo) {
-            m = true;
-            run_end = base + lo;
-        } else if (poff >= hi) {
-            m = true;
-            run_end = end;
-        } else {
-            m = seg_gran_is_mapped(s->vseg, poff / gran) != 0;
-            size_t q = poff + gran;
-            while (q < hi && (seg_gran_is_mapped(s->vseg, q / gran) != 0) == m)
-                q += gran;
-            run_end = base + q;
-        }
+        uintptr_t run_end = retile_run(b, end, lo, hi, pos, &m);
         if (cur && cur->mapped == m) {
             /* Same state as the piece before (the head, or pages a failed unmap left mapped
              * next to it): one block, or two free neighbours would sit unmerged. */
@@ -531,10 +532,39 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
     }
     while (nspare)
         dev_block_delete(d, spare[--nspare]);
+    return cur;
+}
+
+/*
+ * Unmap the whole chunks inside free block @p b (in the free index): all of them, or only the
+ * highest ones, as few as cover at least @p max_bytes (SIZE_MAX = all). The block is re-tiled by
+ * the granules' actual state afterwards, so a partly failed unmap leaves correct bookkeeping.
+ * Only unmapped neighbours of @p b can be merged away (and deleted) here. With @p idle the caller
+ * knows the segment's stream has completed its work: no synchronize.
+ */
+static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = block_pool(b);
+    size_t lo, hi;
+    if (!unmap_range(b, max_bytes, &lo, &hi))
+        return XSEG_SUCCESS;
+    /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
+     * host allocation failure cannot strike after the driver has unmapped. */
+    struct block *spare[2] = {dev_block_new(d), dev_block_new(d)};
+    if (!spare[0] || !spare[1]) {
+        for (int i = 0; i < 2; i++)
+            if (spare[i])
+                dev_block_delete(d, spare[i]);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
+    }
+    bpool_remove_free(pool, b);
+    xseg_status st = unmap_chunks(d, b, lo, hi, idle);
+    struct block *orig_prev = b->prev, *orig_next = b->next;
+    struct block *first = b, *last = retile(d, b, lo, hi, spare);
 
     /* Pieces merge with the original neighbours where the states match (an unmapped hole next
      * to an unmapped neighbour); then everything goes into its index. */
-    struct block *first = b, *last = cur;
     if (orig_prev)
         dev_try_merge(d, first, orig_prev);
     if (orig_next)
