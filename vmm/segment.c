@@ -237,6 +237,21 @@ static size_t seg_piece_end_of(const struct seg *seg, size_t g)
     return p->first_gran + p->size / seg->gran;
 }
 
+/* The next run [*run, *g) of live granules inside one piece, from *g on; false when none is
+ * left. */
+static bool next_live_run(const struct seg *seg, size_t *g, size_t *run)
+{
+    while (*g < seg->ngran && !gran_live(seg, *g))
+        (*g)++;
+    if (*g >= seg->ngran)
+        return false;
+    size_t end = seg_piece_end_of(seg, *g);
+    *run = *g;
+    while (*g < end && gran_live(seg, *g))
+        (*g)++;
+    return true;
+}
+
 /* Check that [offset, offset + size) is a granule-multiple range inside the VA; on success writes
  * the granule range [*first, *last). */
 static xseg_status seg_check_range(const struct seg *seg, const char *fn, size_t offset, size_t size,
@@ -450,6 +465,20 @@ static xseg_status chunk_unmap(struct seg *seg, size_t first)
         return seg_failf(res, "cuMemUnmap(0x%llx, %zu) of a chunk", (unsigned long long)addr, bytes);
     chunk_forget(seg, first);
     return XSEG_SUCCESS;
+}
+
+/* Unmap granules [first, last), whole chunks of one piece, in one call (the driver unmaps
+ * adjacent whole mappings together: a conformance row), told to the observer before, so that a
+ * registration can be dropped while the memory is still there, and again as mapped when the unmap
+ * fails (nothing of it was unmapped). */
+static CUresult seg_unmap_run(struct seg *seg, size_t first, size_t last)
+{
+    if (seg->observe)
+        seg->observe(seg->observe_user, seg, first, last, 0);
+    CUresult res = drv->cuMemUnmap(gran_addr(seg, first), (last - first) * seg->gran);
+    if (res != CUDA_SUCCESS && seg->observe)
+        seg->observe(seg->observe_user, seg, first, last, 1);
+    return res;
 }
 
 /* Wait for the work queued on the segment's stream before its pages are unmapped. A destroyed
@@ -813,6 +842,31 @@ static xseg_status seg_set_access(struct seg *seg, size_t first, size_t last, si
     return XSEG_SUCCESS;
 }
 
+/* A run of chunks that the running seg_map or wake mapped, granted access in one call when it
+ * ends: before a chunk not mapped here, at the walk's end, and at a piece's end (no
+ * cuMemSetAccess spans two reservations). */
+struct fresh_run {
+    size_t start;     /* first granule of the run, SIZE_MAX: none */
+    size_t piece_end; /* end of the piece the walk is in */
+};
+
+/* End the run at granule @p g: grant access to [start, g). */
+static xseg_status fresh_run_end(struct seg *seg, struct fresh_run *r, size_t g)
+{
+    size_t start = r->start;
+    r->start = SIZE_MAX;
+    return start == SIZE_MAX ? XSEG_SUCCESS : seg_set_access(seg, start, g, 0);
+}
+
+/* The walk is at granule @p g: at a piece's end, end the run and enter the next piece. */
+static xseg_status fresh_run_at(struct seg *seg, struct fresh_run *r, size_t g)
+{
+    if (g != r->piece_end)
+        return XSEG_SUCCESS;
+    r->piece_end = seg_piece_end_of(seg, g);
+    return fresh_run_end(seg, r, g);
+}
+
 /* Report the runs of chunks of [first, last) this seg_map mapped (fresh), split at pieces. */
 static void seg_observe_fresh(struct seg *seg, size_t first, size_t last)
 {
@@ -951,16 +1005,11 @@ static xseg_status seg_map_walk(struct seg *seg, size_t first, size_t last, cons
                                 struct seg_spares *spares, size_t *at, size_t *nnew)
 {
     xseg_status st = XSEG_SUCCESS;
-    size_t run = SIZE_MAX; /* first granule of the current run of new chunks, SIZE_MAX: none */
-    size_t g = first, piece_end = seg_piece_end_of(seg, first);
+    struct fresh_run fr = {SIZE_MAX, seg_piece_end_of(seg, first)};
+    size_t g = first;
     while (g < last) {
-        if (g == piece_end) {
-            /* Never let a cuMemSetAccess span two reservations. */
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
-                break;
-            run = SIZE_MAX;
-            piece_end = seg_piece_end_of(seg, g);
-        }
+        if ((st = fresh_run_at(seg, &fr, g)) != XSEG_SUCCESS)
+            break;
         if (seg->gflags[g] & GRAN_ASLEEP) {
             /* The allocator never maps into a sleeping segment: only a wake does. */
             st = err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_map: granule %zu of the segment at 0x%llx is asleep", g,
@@ -970,9 +1019,8 @@ static xseg_status seg_map_walk(struct seg *seg, size_t first, size_t last, cons
         size_t n = 0;
         if (seg->handles[g] && !(seg->gflags[g] & GRAN_STRANDED)) {
             /* Mapped already: the run of new chunks before it ends here. */
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
+            if ((st = fresh_run_end(seg, &fr, g)) != XSEG_SUCCESS)
                 break;
-            run = SIZE_MAX;
             g = chunk_end(seg, g);
             continue;
         }
@@ -980,7 +1028,7 @@ static xseg_status seg_map_walk(struct seg *seg, size_t first, size_t last, cons
             chunk_unstrand(seg, g);
             n = chunk_end(seg, g) - g;
         } else {
-            size_t end = XSEG_MIN(last, piece_end);
+            size_t end = XSEG_MIN(last, fr.piece_end);
             n = 1;
             while (g + n < end && !seg->handles[g + n] && n < cuts->max_n && g + n != cuts->cut_g &&
                    (g + n) % cuts->page_g)
@@ -989,12 +1037,12 @@ static xseg_status seg_map_walk(struct seg *seg, size_t first, size_t last, cons
                 break;
         }
         (*nnew)++;
-        if (run == SIZE_MAX)
-            run = g;
+        if (fr.start == SIZE_MAX)
+            fr.start = g;
         g += n;
     }
-    if (st == XSEG_SUCCESS && run != SIZE_MAX)
-        st = seg_set_access(seg, run, last, 0);
+    if (st == XSEG_SUCCESS)
+        st = fresh_run_end(seg, &fr, last);
     *at = XSEG_MIN(g, last);
     return st;
 }
@@ -1106,19 +1154,11 @@ static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, s
     }
     size_t before = seg->mapped_bytes, ngone = 0;
     do {
-        /* Announced to the observer before the driver unmaps it, so a registration can be
-         * dropped while the memory is still there. One cuMemUnmap for the whole run: the driver
-         * unmaps adjacent whole mappings together (a conformance row). */
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, run, run_end, 0);
-        CUdeviceptr addr = gran_addr(seg, run);
-        size_t bytes = (run_end - run) * seg->gran;
-        CUresult res = drv->cuMemUnmap(addr, bytes);
+        CUresult res = seg_unmap_run(seg, run, run_end);
         if (res != CUDA_SUCCESS) {
             /* Nothing of the run was unmapped: it stays mapped and usable. */
-            if (seg->observe)
-                seg->observe(seg->observe_user, seg, run, run_end, 1);
-            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu)", (unsigned long long)addr, bytes);
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu)", (unsigned long long)gran_addr(seg, run),
+                           (run_end - run) * seg->gran);
             break;
         }
         for (size_t g = run; g < run_end;) {
@@ -1189,11 +1229,11 @@ static bool keep_run(const unsigned char *keep, size_t n, size_t *i, size_t *e)
     return true;
 }
 
-/* Tell the observer the whole chunk is mapped (@p mapped 1) or about to be unmapped (0). */
-static void refine_announce(const struct refine *r, int mapped)
+/* Tell the observer the whole chunk is mapped again. */
+static void refine_announce(const struct refine *r)
 {
     if (r->seg->observe)
-        r->seg->observe(r->seg->observe_user, r->seg, r->c, r->c + r->n, mapped);
+        r->seg->observe(r->seg->observe_user, r->seg, r->c, r->c + r->n, 1);
 }
 
 enum refine_copy_dir { REFINE_TO_SCRATCH, REFINE_TO_HOST, REFINE_FROM_HOST };
@@ -1240,15 +1280,12 @@ static CUresult refine_new_chunk(struct refine *r, CUdeviceptr at, const char *w
     return CUDA_SUCCESS;
 }
 
-/* Take the old chunk out of its place: announced before, announced again if the unmap fails. */
+/* Take the old chunk out of its place (seg_unmap_run). */
 static CUresult refine_unmap_old(struct refine *r)
 {
-    refine_announce(r, 0);
-    CUresult res = drv->cuMemUnmap(r->addr, r->n * r->seg->gran);
-    if (res != CUDA_SUCCESS) {
-        refine_announce(r, 1);
+    CUresult res = seg_unmap_run(r->seg, r->c, r->c + r->n);
+    if (res != CUDA_SUCCESS)
         r->what = "cuMemUnmap of the old chunk";
-    }
     return res;
 }
 
@@ -1381,7 +1418,7 @@ static xseg_status refine_device(struct refine *r)
         (res = refine_place(r, false)) != CUDA_SUCCESS) {
         refine_unplace(r, false);
         refine_remap(r, r->old);
-        refine_announce(r, 1);
+        refine_announce(r);
     }
     if (res != CUDA_SUCCESS) {
         refine_drop(r, true);
@@ -1403,7 +1440,7 @@ static CUresult refine_release_old(struct refine *r)
         return res;
     if ((res = drv->cuMemRelease(r->old)) != CUDA_SUCCESS) {
         refine_remap(r, r->old); /* the memory is still the old handle's */
-        refine_announce(r, 1);
+        refine_announce(r);
         r->what = "cuMemRelease of the old chunk";
     }
     return res;
@@ -1422,7 +1459,7 @@ static void refine_host_restore(struct refine *r, char *buf)
         abort();
     for (size_t q = r->c; q < r->c + r->n; q++)
         r->seg->handles[q] = back;
-    refine_announce(r, 1);
+    refine_announce(r);
 }
 
 /*
@@ -1507,19 +1544,8 @@ xseg_status seg_add_peer(struct seg *seg, int peer)
     size_t k = seg->naccess - 1;
     if (seg->mapped_bytes) {
         st = drv_ctx_ensure(seg->ctx);
-        for (size_t piece = 0; st == XSEG_SUCCESS && piece < seg->npieces; piece++) {
-            size_t g = seg->pieces[piece].first_gran;
-            size_t end = g + seg->pieces[piece].size / seg->gran;
-            while (st == XSEG_SUCCESS && g < end) {
-                while (g < end && !gran_live(seg, g))
-                    g++;
-                size_t run = g;
-                while (g < end && gran_live(seg, g))
-                    g++;
-                if (run < g)
-                    st = seg_set_access(seg, run, g, k);
-            }
-        }
+        for (size_t g = 0, run; st == XSEG_SUCCESS && next_live_run(seg, &g, &run);)
+            st = seg_set_access(seg, run, g, k);
     }
     if (st != XSEG_SUCCESS)
         seg->naccess--; /* runs granted before the failure keep the (harmless) extra access */
@@ -1571,19 +1597,8 @@ void seg_inner_range(const struct seg *seg, size_t offset, size_t size, size_t *
 static void seg_runs(const struct seg *seg, void (*fn)(void *, struct seg *, size_t, size_t, int), void *user,
                      int mapped)
 {
-    for (size_t piece = 0; piece < seg->npieces; piece++) {
-        size_t g = seg->pieces[piece].first_gran;
-        size_t end = g + seg->pieces[piece].size / seg->gran;
-        while (g < end) {
-            while (g < end && !gran_live(seg, g))
-                g++;
-            size_t run = g;
-            while (g < end && gran_live(seg, g))
-                g++;
-            if (run < g)
-                fn(user, (struct seg *)(uintptr_t)seg, run, g, mapped);
-        }
-    }
+    for (size_t g = 0, run; next_live_run(seg, &g, &run);)
+        fn(user, (struct seg *)(uintptr_t)seg, run, g, mapped);
 }
 
 void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg *seg, size_t first, size_t last, int mapped),
@@ -1640,16 +1655,12 @@ xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped)
         return st;
     size_t before = seg->mapped_bytes, run, run_end;
     for (size_t g = 0; next_inner_run(seg, g, seg->ngran, 0, &run, &run_end); g = run_end) {
-        /* Announced before it goes (as seg_unmap), one cuMemUnmap for the run; the handles stay,
-         * so the memory and its bytes live on until seg_sleep_commit. */
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, run, run_end, 0);
+        /* As seg_unmap, but the handles stay, so the memory and its bytes live on until
+         * seg_sleep_commit. */
         CUdeviceptr addr = gran_addr(seg, run);
         size_t bytes = (run_end - run) * seg->gran;
-        CUresult res = drv->cuMemUnmap(addr, bytes);
+        CUresult res = seg_unmap_run(seg, run, run_end);
         if (res != CUDA_SUCCESS) {
-            if (seg->observe)
-                seg->observe(seg->observe_user, seg, run, run_end, 1);
             *unmapped = before - seg->mapped_bytes;
             return seg_failf(res, "cuMemUnmap(0x%llx, %zu) to put it to sleep", (unsigned long long)addr, bytes);
         }
@@ -1770,19 +1781,13 @@ xseg_status seg_wake_map(struct seg *seg, size_t *mapped)
     if (st != XSEG_SUCCESS)
         return st;
     size_t before = seg->mapped_bytes;
-    size_t run = SIZE_MAX; /* first granule of the current run of chunks mapped here */
-    size_t piece_end = seg_piece_end_of(seg, 0);
+    struct fresh_run fr = {SIZE_MAX, seg_piece_end_of(seg, 0)};
     for (size_t g = 0; g < seg->ngran;) {
-        if (g == piece_end) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
-                goto fail;
-            run = SIZE_MAX;
-            piece_end = seg_piece_end_of(seg, g);
-        }
+        if ((st = fresh_run_at(seg, &fr, g)) != XSEG_SUCCESS)
+            goto fail;
         if (!(seg->gflags[g] & GRAN_ASLEEP)) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
+            if ((st = fresh_run_end(seg, &fr, g)) != XSEG_SUCCESS)
                 goto fail;
-            run = SIZE_MAX;
             g = chunk_end(seg, g);
             continue;
         }
@@ -1812,11 +1817,11 @@ xseg_status seg_wake_map(struct seg *seg, size_t *mapped)
         }
         seg->asleep_bytes -= bytes;
         seg->mapped_bytes += bytes;
-        if (run == SIZE_MAX)
-            run = c;
+        if (fr.start == SIZE_MAX)
+            fr.start = c;
         g = end;
     }
-    if (run != SIZE_MAX && (st = seg_set_access(seg, run, seg->ngran, 0)) != XSEG_SUCCESS)
+    if ((st = fresh_run_end(seg, &fr, seg->ngran)) != XSEG_SUCCESS)
         goto fail;
     if (seg->observe)
         seg_observe_fresh(seg, 0, seg->ngran);
