@@ -715,16 +715,17 @@ static void defrag_retile(struct dev_alloc *d, struct segrec *s, size_t lo, size
     }
 }
 
-size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
+/* The chunks exp_defragment may re-back, most free granules first (then by segment and place):
+ * chunks of several granules with free ones, in the default large pool only. Fewer when host
+ * memory runs out. */
+static size_t defrag_candidates(struct dev_alloc *d, struct defrag_cand **out)
 {
-    lock_assert_held(&d->lock);
     struct defrag_cand *cand = NULL;
-    size_t ncand = 0, cap = 0, got = 0;
-    need = page_up(need, d->cfg.expandable_page_size); /* what a growth maps */
+    size_t ncand = 0, cap = 0;
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        /* The default large pool only: a private pool's free blocks may still be a captured
-         * graph's memory (release_cached_blocks leaves pools in use alone too); small-pool
-         * pages are one granule already. */
+        /* A private pool's free blocks may still be a captured graph's memory
+         * (release_cached_blocks leaves pools in use alone too); small-pool pages are one
+         * granule already. */
         if (!s->vseg || s->pool != &d->large || s->asleep || s->handles_out || seg_asleep_bytes(s->vseg))
             continue;
         unsigned char *keep = defrag_keep_map(s);
@@ -751,33 +752,53 @@ size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
     }
     if (ncand > 1) /* qsort with a null base is undefined even for zero elements */
         qsort(cand, ncand, sizeof *cand, defrag_cmp);
+    *out = cand;
+    return ncand;
+}
+
+/* Re-back candidate @p c (seg_refine) and account for it: @p freed the bytes given back (0 when
+ * it failed), @p created the new chunks. @return false when host memory ran out (no more). */
+static bool defrag_one(struct dev_alloc *d, const struct defrag_cand *c, size_t *freed, size_t *created)
+{
+    struct segrec *s = c->s;
+    /* The map again: an earlier re-backing in this segment changed nothing of this chunk's
+     * blocks, but this keeps the rule in one place. */
+    unsigned char *keep = defrag_keep_map(s);
+    if (!keep)
+        return false;
+    size_t G = seg_g(s);
+    /* Staged on the device (the old chunk kept until the new ones hold the bytes); through the
+     * host only when the device (or the memory fraction) has no room for the new chunks beside
+     * the old one. */
+    bool host = !dev_fraction_allows(d, (c->n - c->nfree) * G);
+    xseg_status st = seg_refine(s->vseg, c->first, keep + c->first, host, freed, created);
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !host)
+        st = seg_refine(s->vseg, c->first, keep + c->first, true, freed, created);
+    xs_free(keep);
+    if (st != XSEG_SUCCESS || !*freed)
+        return true;
+    dev_count_unmapped(d, s->pool, *freed, 1);
+    dev_count_mapped(d, s->pool, 0, *created);
+    if (XSEG_UNLIKELY(hist_mode()))
+        hist_record(HIST_SEGMENT_UNMAP, d->device, (uintptr_t)seg_base(s->vseg) + c->first * G, *freed,
+                    (uintptr_t)s->stream, d->hist_cur);
+    defrag_retile(d, s, c->first * G, (c->first + c->n) * G);
+    return true;
+}
+
+size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
+{
+    lock_assert_held(&d->lock);
+    struct defrag_cand *cand = NULL;
+    size_t ncand = defrag_candidates(d, &cand), got = 0;
+    need = page_up(need, d->cfg.expandable_page_size); /* what a growth maps */
     size_t i = 0, live_done = 0;
     for (; i < ncand && got < need; i++) {
-        struct segrec *s = cand[i].s;
-        /* The map again: an earlier re-backing in this segment changed nothing of this chunk's
-         * blocks, but this keeps the rule in one place. */
-        unsigned char *keep = defrag_keep_map(s);
-        if (!keep)
+        size_t freed = 0, created = 0;
+        if (!defrag_one(d, &cand[i], &freed, &created))
             break;
-        size_t freed = 0, created = 0, G = seg_g(s);
-        /* Staged on the device (the old chunk kept until the new ones hold the bytes); through the
-         * host only when the device (or the memory fraction) has no room for the new chunks
-         * beside the old one. */
-        bool host = !dev_fraction_allows(d, (cand[i].n - cand[i].nfree) * G);
-        xseg_status st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, host, &freed, &created);
-        if (st == XSEG_ERROR_OUT_OF_MEMORY && !host)
-            st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, true, &freed, &created);
-        xs_free(keep);
-        if (st != XSEG_SUCCESS || !freed)
-            continue;
-        dev_count_unmapped(d, s->pool, freed, 1);
-        dev_count_mapped(d, s->pool, 0, created);
-        if (XSEG_UNLIKELY(hist_mode()))
-            hist_record(HIST_SEGMENT_UNMAP, d->device, (uintptr_t)seg_base(s->vseg) + cand[i].first * G, freed,
-                        (uintptr_t)s->stream, d->hist_cur);
-        defrag_retile(d, s, cand[i].first * G, (cand[i].first + cand[i].n) * G);
         got += freed;
-        live_done += created != 0;
+        live_done += freed && created != 0;
     }
     /* Another round may help only if this one re-backed a page holding live bytes (those never
      * come back as candidates) and such pages are left: the rounds end. A round of wholly free
