@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""benchmarks/fit_probe.py on a hand-made trace (test_fit.c's placed_whole_pages workload): with
+"""benchmarks/fit_probe.py on a hand-made trace (a backward pass in miniature): with
 PyTorch's layout the last allocation fails on a 102 MiB device and the report names the pages that
-hold free and live bytes and the blocks that pin them; with the default config it fits; bad input
+hold free and live bytes and the blocks that pin them; on a device 20 MiB larger it fits; bad input
 gets one line, no traceback.
 usage: test_fit_probe.py FIT_PROBE_PY XSEG_REPLAY"""
 import os
@@ -40,10 +40,13 @@ class FitProbe(unittest.TestCase):
         self.assertIn("pinning live blocks: 2; by size (MiB x count): 30.0 x 2", r.stdout)
         self.assertIn("freed later in the trace: 0; never: 2", r.stdout)
 
-    def test_default_fits(self):
+    def test_default_fails_and_larger_fits(self):
         r = probe(self.trace)  # peak allocated (100 MiB) x 1.01: 102 MiB
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("no failed allocation on a device of 102 MiB", r.stdout)
+        self.assertIn("first failed allocation at line 9: 40.0 MiB", r.stdout)
+        r = probe("--device-mem", str(122 << 20), self.trace)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("no failed allocation on a device of 122 MiB", r.stdout)
 
     def test_bad_input(self):
         for args, what in ((["/nonexistent.trace"], "no such trace file"),
