@@ -89,3 +89,12 @@ xseg_status afile_commit(struct afile *a, const char *path, const char *what)
     a->tmp = NULL;
     return st;
 }
+
+void afile_discard(struct afile *a)
+{
+    fclose(a->f);
+    a->f = NULL;
+    unlink(a->tmp);
+    xs_free(a->tmp);
+    a->tmp = NULL;
+}

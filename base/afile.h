@@ -27,4 +27,8 @@ xseg_status afile_open(struct afile *a, const char *path, const char *what);
  * temporary file is removed and the message names @p path and the cause. *a is empty after. */
 xseg_status afile_commit(struct afile *a, const char *path, const char *what);
 
+/* Close and remove the temporary file; @p path is left as it was (the caller found the data
+ * incomplete, e.g. out of host memory half way). *a is empty after. */
+void afile_discard(struct afile *a);
+
 #endif

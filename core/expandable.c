@@ -424,51 +424,38 @@ static size_t whole_page_bytes(const struct block *b)
     return hi - lo;
 }
 
-/*
- * Unmap the whole chunks inside free block @p b (in the free index): all of them, or only the
- * highest ones, as few as cover at least @p max_bytes (SIZE_MAX = all). The block is re-tiled by
- * the granules' actual state afterwards, so a partly failed unmap leaves correct bookkeeping.
- * Only unmapped neighbours of @p b can be merged away (and deleted) here. With @p idle the caller
- * knows the segment's stream has completed its work: no synchronize.
- */
-static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
+/* The range [*lo, *hi) (offsets in its segment) of the whole chunks inside free block @p b: all
+ * of them, or the highest ones, as few as cover at least @p max_bytes (SIZE_MAX = all); false
+ * when there is none. */
+static bool unmap_range(const struct block *b, size_t max_bytes, size_t *lo, size_t *hi)
 {
-    lock_assert_held(&d->lock);
-    struct segrec *s = b->seg;
-    struct bpool *pool = block_pool(b);
-    size_t gran = seg_g(s);
-    uintptr_t base = (uintptr_t)seg_base(s->vseg);
-    size_t off = b->addr - base;
-    size_t lo = page_up(off, gran), hi = page_down(off + b->size, gran);
-    if (lo >= hi)
-        return XSEG_SUCCESS;
-    seg_inner_range(s->vseg, lo, hi - lo, &lo, &hi);
-    if (lo >= hi)
-        return XSEG_SUCCESS;
-    if (max_bytes < hi - lo) {
+    const struct segrec *s = b->seg;
+    size_t gran = seg_g(s), off = b->addr - (uintptr_t)seg_base(s->vseg);
+    size_t a = page_up(off, gran), e = page_down(off + b->size, gran);
+    if (a >= e)
+        return false;
+    seg_inner_range(s->vseg, a, e - a, lo, hi);
+    if (*lo >= *hi)
+        return false;
+    if (max_bytes < *hi - *lo) {
         /* The highest chunks first, down to at least max_bytes. */
-        size_t from = hi;
-        while (from > lo && hi - from < max_bytes) {
+        size_t from = *hi;
+        while (from > *lo && *hi - from < max_bytes) {
             size_t first = 0, n = 0;
             if (!seg_chunk(s->vseg, from / gran - 1, NULL, &first, &n))
                 first = from / gran - 1;
-            from = XSEG_MAX(first * gran, lo);
+            from = XSEG_MAX(first * gran, *lo);
         }
-        lo = from;
+        *lo = from;
     }
+    return true;
+}
 
-    /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
-     * host allocation failure cannot strike after the driver has unmapped. */
-    struct block *spare[2] = {dev_block_new(d), dev_block_new(d)};
-    if (!spare[0] || !spare[1]) {
-        for (int i = 0; i < 2; i++)
-            if (spare[i])
-                dev_block_delete(d, spare[i]);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
-    }
-    int nspare = 2;
-
-    bpool_remove_free(pool, b);
+/* Unmap [lo, hi) of free block @p b's segment, the handles kept for this malloc's retries when
+ * the stream is known @p idle and the device keeps handles; what went is recorded and counted. */
+static xseg_status unmap_chunks(struct dev_alloc *d, struct block *b, size_t lo, size_t hi, bool idle)
+{
+    struct segrec *s = b->seg;
     size_t unmapped = 0, chunks = 0;
     xseg_status st;
     if (idle && d->keep_handles && !s->handles_out)
@@ -477,33 +464,47 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         st = (idle ? seg_unmap_idle : seg_unmap)(s->vseg, lo, hi - lo, &unmapped, &chunks);
     if (unmapped) {
         if (XSEG_UNLIKELY(hist_mode()))
-            hist_record(HIST_SEGMENT_UNMAP, d->device, base + lo, unmapped, (uintptr_t)s->stream, d->hist_cur);
-        dev_count_unmapped(d, pool, unmapped, chunks);
+            hist_record(HIST_SEGMENT_UNMAP, d->device, (uintptr_t)seg_base(s->vseg) + lo, unmapped,
+                        (uintptr_t)s->stream, d->hist_cur);
+        dev_count_unmapped(d, block_pool(b), unmapped, chunks);
     }
+    return st;
+}
 
-    /* Re-tile [b->addr, end) by mapped state: head (mapped), pages lo..hi as the driver left
-     * them (all unmapped on success), tail (mapped). b becomes the first piece. */
-    uintptr_t end = b->addr + b->size;
-    struct block *orig_prev = b->prev, *orig_next = b->next;
+/* From @p pos in free block @p b: the end of the run with one mapped state (@p m), where the
+ * head below @p lo and the tail from @p hi are mapped and [lo, hi) is as the driver left it. */
+static uintptr_t retile_run(const struct block *b, uintptr_t end, size_t lo, size_t hi, uintptr_t pos, bool *m)
+{
+    const struct segrec *s = b->seg;
+    uintptr_t base = (uintptr_t)seg_base(s->vseg);
+    size_t gran = seg_g(s), poff = pos - base;
+    if (poff < lo) {
+        *m = true;
+        return base + lo;
+    }
+    if (poff >= hi) {
+        *m = true;
+        return end;
+    }
+    *m = seg_gran_is_mapped(s->vseg, poff / gran) != 0;
+    size_t q = poff + gran;
+    while (q < hi && (seg_gran_is_mapped(s->vseg, q / gran) != 0) == *m)
+        q += gran;
+    return base + q;
+}
+
+/* Re-tile free block @p b (out of the free index) by mapped state after unmap_chunks: head
+ * (mapped), [lo, hi) as the driver left it (all unmapped on success), tail (mapped). b becomes
+ * the first piece; the others come from @p spare (two, enough for the usual three pieces; the
+ * ones left over are deleted). @return the last piece. */
+static struct block *retile(struct dev_alloc *d, struct block *b, size_t lo, size_t hi, struct block *spare[2])
+{
+    uintptr_t end = b->addr + b->size, pos = b->addr;
     struct block *cur = NULL;
-    uintptr_t pos = b->addr;
+    int nspare = 2;
     while (pos < end) {
-        size_t poff = pos - base;
         bool m;
-        uintptr_t run_end;
-        if (poff < lo) {
-            m = true;
-            run_end = base + lo;
-        } else if (poff >= hi) {
-            m = true;
-            run_end = end;
-        } else {
-            m = seg_gran_is_mapped(s->vseg, poff / gran) != 0;
-            size_t q = poff + gran;
-            while (q < hi && (seg_gran_is_mapped(s->vseg, q / gran) != 0) == m)
-                q += gran;
-            run_end = base + q;
-        }
+        uintptr_t run_end = retile_run(b, end, lo, hi, pos, &m);
         if (cur && cur->mapped == m) {
             /* Same state as the piece before (the head, or pages a failed unmap left mapped
              * next to it): one block, or two free neighbours would sit unmerged. */
@@ -531,10 +532,39 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
     }
     while (nspare)
         dev_block_delete(d, spare[--nspare]);
+    return cur;
+}
+
+/*
+ * Unmap the whole chunks inside free block @p b (in the free index): all of them, or only the
+ * highest ones, as few as cover at least @p max_bytes (SIZE_MAX = all). The block is re-tiled by
+ * the granules' actual state afterwards, so a partly failed unmap leaves correct bookkeeping.
+ * Only unmapped neighbours of @p b can be merged away (and deleted) here. With @p idle the caller
+ * knows the segment's stream has completed its work: no synchronize.
+ */
+static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = block_pool(b);
+    size_t lo, hi;
+    if (!unmap_range(b, max_bytes, &lo, &hi))
+        return XSEG_SUCCESS;
+    /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
+     * host allocation failure cannot strike after the driver has unmapped. */
+    struct block *spare[2] = {dev_block_new(d), dev_block_new(d)};
+    if (!spare[0] || !spare[1]) {
+        for (int i = 0; i < 2; i++)
+            if (spare[i])
+                dev_block_delete(d, spare[i]);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
+    }
+    bpool_remove_free(pool, b);
+    xseg_status st = unmap_chunks(d, b, lo, hi, idle);
+    struct block *orig_prev = b->prev, *orig_next = b->next;
+    struct block *first = b, *last = retile(d, b, lo, hi, spare);
 
     /* Pieces merge with the original neighbours where the states match (an unmapped hole next
      * to an unmapped neighbour); then everything goes into its index. */
-    struct block *first = b, *last = cur;
     if (orig_prev)
         dev_try_merge(d, first, orig_prev);
     if (orig_next)
@@ -685,16 +715,17 @@ static void defrag_retile(struct dev_alloc *d, struct segrec *s, size_t lo, size
     }
 }
 
-size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
+/* The chunks exp_defragment may re-back, most free granules first (then by segment and place):
+ * chunks of several granules with free ones, in the default large pool only. Fewer when host
+ * memory runs out. */
+static size_t defrag_candidates(struct dev_alloc *d, struct defrag_cand **out)
 {
-    lock_assert_held(&d->lock);
     struct defrag_cand *cand = NULL;
-    size_t ncand = 0, cap = 0, got = 0;
-    need = page_up(need, d->cfg.expandable_page_size); /* what a growth maps */
+    size_t ncand = 0, cap = 0;
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        /* The default large pool only: a private pool's free blocks may still be a captured
-         * graph's memory (release_cached_blocks leaves pools in use alone too); small-pool
-         * pages are one granule already. */
+        /* A private pool's free blocks may still be a captured graph's memory
+         * (release_cached_blocks leaves pools in use alone too); small-pool pages are one
+         * granule already. */
         if (!s->vseg || s->pool != &d->large || s->asleep || s->handles_out || seg_asleep_bytes(s->vseg))
             continue;
         unsigned char *keep = defrag_keep_map(s);
@@ -721,33 +752,53 @@ size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
     }
     if (ncand > 1) /* qsort with a null base is undefined even for zero elements */
         qsort(cand, ncand, sizeof *cand, defrag_cmp);
+    *out = cand;
+    return ncand;
+}
+
+/* Re-back candidate @p c (seg_refine) and account for it: @p freed the bytes given back (0 when
+ * it failed), @p created the new chunks. @return false when host memory ran out (no more). */
+static bool defrag_one(struct dev_alloc *d, const struct defrag_cand *c, size_t *freed, size_t *created)
+{
+    struct segrec *s = c->s;
+    /* The map again: an earlier re-backing in this segment changed nothing of this chunk's
+     * blocks, but this keeps the rule in one place. */
+    unsigned char *keep = defrag_keep_map(s);
+    if (!keep)
+        return false;
+    size_t G = seg_g(s);
+    /* Staged on the device (the old chunk kept until the new ones hold the bytes); through the
+     * host only when the device (or the memory fraction) has no room for the new chunks beside
+     * the old one. */
+    bool host = !dev_fraction_allows(d, (c->n - c->nfree) * G);
+    xseg_status st = seg_refine(s->vseg, c->first, keep + c->first, host, freed, created);
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !host)
+        st = seg_refine(s->vseg, c->first, keep + c->first, true, freed, created);
+    xs_free(keep);
+    if (st != XSEG_SUCCESS || !*freed)
+        return true;
+    dev_count_unmapped(d, s->pool, *freed, 1);
+    dev_count_mapped(d, s->pool, 0, *created);
+    if (XSEG_UNLIKELY(hist_mode()))
+        hist_record(HIST_SEGMENT_UNMAP, d->device, (uintptr_t)seg_base(s->vseg) + c->first * G, *freed,
+                    (uintptr_t)s->stream, d->hist_cur);
+    defrag_retile(d, s, c->first * G, (c->first + c->n) * G);
+    return true;
+}
+
+size_t exp_defragment(struct dev_alloc *d, size_t need, bool *more)
+{
+    lock_assert_held(&d->lock);
+    struct defrag_cand *cand = NULL;
+    size_t ncand = defrag_candidates(d, &cand), got = 0;
+    need = page_up(need, d->cfg.expandable_page_size); /* what a growth maps */
     size_t i = 0, live_done = 0;
     for (; i < ncand && got < need; i++) {
-        struct segrec *s = cand[i].s;
-        /* The map again: an earlier re-backing in this segment changed nothing of this chunk's
-         * blocks, but this keeps the rule in one place. */
-        unsigned char *keep = defrag_keep_map(s);
-        if (!keep)
+        size_t freed = 0, created = 0;
+        if (!defrag_one(d, &cand[i], &freed, &created))
             break;
-        size_t freed = 0, created = 0, G = seg_g(s);
-        /* Staged on the device (the old chunk kept until the new ones hold the bytes); through the
-         * host only when the device (or the memory fraction) has no room for the new chunks
-         * beside the old one. */
-        bool host = !dev_fraction_allows(d, (cand[i].n - cand[i].nfree) * G);
-        xseg_status st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, host, &freed, &created);
-        if (st == XSEG_ERROR_OUT_OF_MEMORY && !host)
-            st = seg_refine(s->vseg, cand[i].first, keep + cand[i].first, true, &freed, &created);
-        xs_free(keep);
-        if (st != XSEG_SUCCESS || !freed)
-            continue;
-        dev_count_unmapped(d, s->pool, freed, 1);
-        dev_count_mapped(d, s->pool, 0, created);
-        if (XSEG_UNLIKELY(hist_mode()))
-            hist_record(HIST_SEGMENT_UNMAP, d->device, (uintptr_t)seg_base(s->vseg) + cand[i].first * G, freed,
-                        (uintptr_t)s->stream, d->hist_cur);
-        defrag_retile(d, s, cand[i].first * G, (cand[i].first + cand[i].n) * G);
         got += freed;
-        live_done += created != 0;
+        live_done += freed && created != 0;
     }
     /* Another round may help only if this one re-backed a page holding live bytes (those never
      * come back as candidates) and such pages are left: the rounds end. A round of wholly free

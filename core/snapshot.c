@@ -770,91 +770,96 @@ xseg_status snapshot_write(int device, const char *path, bool json)
 
 /* ---- the live-process log: events as an xseg-replay trace ---------------------------------- */
 
-xseg_status snapshot_write_trace(int device, const char *path)
-{
-    const char *what = "xseg_dump_trace";
-    xseg_status st;
+/* xseg_dump_trace's names over the ring's events of one device (or all): the streams used, the
+ * seeds (buffers freed in the window but allocated before it, p1.. in the order of their
+ * frees), and whether a map could not grow (then the trace would be wrong: out of memory). */
+struct trace_names {
     struct hist_event *ev;
     size_t nev;
-    uint64_t dropped;
-    if ((st = hist_events_copy(&ev, &nev, &dropped)) != XSEG_SUCCESS)
-        return st;
+    int device; /* -1: every device */
+    struct u64map streams, seeded;
+    bool oom;
+};
 
-    /* Buffers: one name per allocation, "b<N>"; live[addr] = N while allocated. Frees whose
-     * alloc the ring dropped (or that came before recording) are seeded at the start. */
-    struct u64map live = {0}, streams = {0}, seeded = {0};
-    uint32_t next = 1, nseed = 0;
-    bool oom = false;
-    for (size_t i = 0; i < nev && !oom; i++) {
-        const struct hist_event *x = &ev[i];
-        if (device != -1 && x->device != device)
+/* Whether event @p i is one of the trace's device. */
+static bool trace_has(const struct trace_names *t, size_t i)
+{
+    return t->device == -1 || t->ev[i].device == t->device;
+}
+
+/* Put (k, v) in map @p m, noting a failure to grow it in t->oom. */
+static void trace_put(struct trace_names *t, struct u64map *m, uint64_t k, uint32_t v)
+{
+    if (!u64map_put(m, k, v))
+        t->oom = true;
+}
+
+/* The first pass: the streams used, and the frees whose alloc the ring dropped (or that came
+ * before recording) as seeds. */
+static void trace_scan(struct trace_names *t)
+{
+    struct u64map live = {0}; /* live[addr] = N while b<N> is allocated, 0 once freed */
+    uint32_t next = 1, nseed = 0, v;
+    for (size_t i = 0; i < t->nev && !t->oom; i++) {
+        const struct hist_event *x = &t->ev[i];
+        if (!trace_has(t, i))
             continue;
-        uint32_t v;
-        if (x->stream && !u64map_get(&streams, x->stream, &v) && !u64map_put(&streams, x->stream, 1))
-            oom = true;
+        if (x->stream && !u64map_get(&t->streams, x->stream, &v))
+            trace_put(t, &t->streams, x->stream, 1);
         if (x->action == HIST_ALLOC) {
-            if (!u64map_put(&live, x->addr, next++))
-                oom = true;
+            trace_put(t, &live, x->addr, next++);
         } else if (x->action == HIST_FREE_COMPLETED && x->addr) {
             if (!u64map_get(&live, x->addr, &v)) {
-                if (!u64map_get(&seeded, x->addr, &v) && !u64map_put(&seeded, x->addr, ++nseed))
-                    oom = true;
+                if (!u64map_get(&t->seeded, x->addr, &v))
+                    trace_put(t, &t->seeded, x->addr, ++nseed);
             } else {
-                /* A key can't be deleted from u64map: mark freed with 0. */
-                u64map_put(&live, x->addr, 0);
+                trace_put(t, &live, x->addr, 0); /* a key can't be deleted from u64map */
             }
         }
     }
     u64map_free(&live);
-    if (oom) {
-        u64map_free(&streams);
-        u64map_free(&seeded);
-        hist_events_free(ev, nev);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
-    }
+}
 
-    struct afile af;
-    if ((st = afile_open(&af, path, what)) != XSEG_SUCCESS) {
-        u64map_free(&streams);
-        u64map_free(&seeded);
-        hist_events_free(ev, nev);
-        return st;
-    }
-    FILE *f = af.f;
+/* The header, the streams and the seeds' allocs (in the order their frees appear). */
+static void trace_write_head(struct trace_names *t, FILE *f, uint64_t dropped)
+{
     fprintf(f, "# xseg-replay trace written by xseg_dump_trace (xseg %s) from the allocation history\n",
             XSEG_VERSION_STRING);
     fprintf(f, "# device %d: %zu events in the ring, %llu older ones dropped; buffers freed in the window\n"
                "# but allocated before it are allocated first (their sizes are their requested sizes)\n",
-            device, nev, (unsigned long long)dropped);
-    for (size_t i = 0; i < streams.cap; i++)
-        if (streams.keys[i])
-            fprintf(f, "stream s%llx\n", (unsigned long long)streams.keys[i]);
-    /* Seeds, in the order their frees appear. */
+            t->device, t->nev, (unsigned long long)dropped);
+    for (size_t i = 0; i < t->streams.cap; i++)
+        if (t->streams.keys[i])
+            fprintf(f, "stream s%llx\n", (unsigned long long)t->streams.keys[i]);
     struct u64map done = {0};
-    for (size_t i = 0; i < nev; i++) {
-        const struct hist_event *x = &ev[i];
+    for (size_t i = 0; i < t->nev && !t->oom; i++) {
+        const struct hist_event *x = &t->ev[i];
         uint32_t v, w;
-        if ((device != -1 && x->device != device) || x->action != HIST_FREE_COMPLETED ||
-            !u64map_get(&seeded, x->addr, &v) || u64map_get(&done, x->addr, &w))
+        if (!trace_has(t, i) || x->action != HIST_FREE_COMPLETED || !u64map_get(&t->seeded, x->addr, &v) ||
+            u64map_get(&done, x->addr, &w))
             continue;
-        u64map_put(&done, x->addr, 1);
+        trace_put(t, &done, x->addr, 1);
         fprintf(f, "alloc p%u %llu", v, (unsigned long long)(x->size ? x->size : 1));
         if (x->stream)
             fprintf(f, " @s%llx", (unsigned long long)x->stream);
         fputc('\n', f);
     }
     u64map_free(&done);
-    /* The window, in order. A seeded buffer's first free is its own; later allocs at the same
-     * address get fresh names. */
+}
+
+/* The window, in order. A seeded buffer's first free is its own; later allocs at the same
+ * address get fresh names. */
+static void trace_write_window(struct trace_names *t, FILE *f)
+{
     struct u64map cur = {0}, seed_used = {0};
-    next = 1;
-    for (size_t i = 0; i < nev; i++) {
-        const struct hist_event *x = &ev[i];
-        if (device != -1 && x->device != device)
-            continue;
+    uint32_t next = 1;
+    for (size_t i = 0; i < t->nev && !t->oom; i++) {
+        const struct hist_event *x = &t->ev[i];
         uint32_t v;
+        if (!trace_has(t, i))
+            continue;
         if (x->action == HIST_ALLOC) {
-            u64map_put(&cur, x->addr, next);
+            trace_put(t, &cur, x->addr, next);
             fprintf(f, "alloc b%u %llu", next++, (unsigned long long)x->size);
             if (x->stream)
                 fprintf(f, " @s%llx", (unsigned long long)x->stream);
@@ -862,11 +867,11 @@ xseg_status snapshot_write_trace(int device, const char *path)
         } else if (x->action == HIST_FREE_COMPLETED) {
             if (u64map_get(&cur, x->addr, &v) && v) {
                 fprintf(f, "free b%u\n", v);
-                u64map_put(&cur, x->addr, 0);
-            } else if (u64map_get(&seeded, x->addr, &v) && !u64map_get(&seed_used, x->addr, &v)) {
-                u64map_get(&seeded, x->addr, &v);
+                trace_put(t, &cur, x->addr, 0);
+            } else if (u64map_get(&t->seeded, x->addr, &v) && !u64map_get(&seed_used, x->addr, &v)) {
+                u64map_get(&t->seeded, x->addr, &v);
                 fprintf(f, "free p%u\n", v);
-                u64map_put(&seed_used, x->addr, 1);
+                trace_put(t, &seed_used, x->addr, 1);
             }
         } else if (x->action == HIST_OOM) {
             fprintf(f, "# oom: %llu bytes requested, %llu free on the device\n", (unsigned long long)x->size,
@@ -877,10 +882,32 @@ xseg_status snapshot_write_trace(int device, const char *path)
     }
     u64map_free(&cur);
     u64map_free(&seed_used);
-    u64map_free(&streams);
-    u64map_free(&seeded);
-    hist_events_free(ev, nev);
-    return afile_commit(&af, path, what);
+}
+
+xseg_status snapshot_write_trace(int device, const char *path)
+{
+    const char *what = "xseg_dump_trace";
+    struct trace_names t = {.device = device};
+    uint64_t dropped;
+    xseg_status st = hist_events_copy(&t.ev, &t.nev, &dropped);
+    if (st != XSEG_SUCCESS)
+        return st;
+    trace_scan(&t);
+    struct afile af = {0};
+    if (!t.oom && (st = afile_open(&af, path, what)) == XSEG_SUCCESS) {
+        trace_write_head(&t, af.f, dropped);
+        trace_write_window(&t, af.f);
+        if (t.oom)
+            afile_discard(&af);
+        else
+            st = afile_commit(&af, path, what);
+    }
+    u64map_free(&t.streams);
+    u64map_free(&t.seeded);
+    hist_events_free(t.ev, t.nev);
+    if (t.oom)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    return st;
 }
 
 /* ---- OOM snapshots ------------------------------------------------------------------------- */

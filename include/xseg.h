@@ -430,7 +430,8 @@ XSEG_API xseg_status xseg_set_oom_snapshot(const char *path);
  * trace (tools/replay: alloc/free lines with declared streams), so a live program's allocations
  * can be replayed under other settings. Allocations whose alloc event the ring dropped are seeded
  * at the start; blocks still live are left allocated.
- * @return XSEG_ERROR_ILLEGAL_STATE when history has never recorded trace events.
+ * @return XSEG_ERROR_ILLEGAL_STATE when history has never recorded trace events;
+ *         XSEG_ERROR_OUT_OF_MEMORY when host memory runs out (then nothing is written).
  */
 XSEG_API xseg_status xseg_dump_trace(int device, const char *path);
 

@@ -237,6 +237,21 @@ static size_t seg_piece_end_of(const struct seg *seg, size_t g)
     return p->first_gran + p->size / seg->gran;
 }
 
+/* The next run [*run, *g) of live granules inside one piece, from *g on; false when none is
+ * left. */
+static bool next_live_run(const struct seg *seg, size_t *g, size_t *run)
+{
+    while (*g < seg->ngran && !gran_live(seg, *g))
+        (*g)++;
+    if (*g >= seg->ngran)
+        return false;
+    size_t end = seg_piece_end_of(seg, *g);
+    *run = *g;
+    while (*g < end && gran_live(seg, *g))
+        (*g)++;
+    return true;
+}
+
 /* Check that [offset, offset + size) is a granule-multiple range inside the VA; on success writes
  * the granule range [*first, *last). */
 static xseg_status seg_check_range(const struct seg *seg, const char *fn, size_t offset, size_t size,
@@ -452,6 +467,20 @@ static xseg_status chunk_unmap(struct seg *seg, size_t first)
     return XSEG_SUCCESS;
 }
 
+/* Unmap granules [first, last), whole chunks of one piece, in one call (the driver unmaps
+ * adjacent whole mappings together: a conformance row), told to the observer before, so that a
+ * registration can be dropped while the memory is still there, and again as mapped when the unmap
+ * fails (nothing of it was unmapped). */
+static CUresult seg_unmap_run(struct seg *seg, size_t first, size_t last)
+{
+    if (seg->observe)
+        seg->observe(seg->observe_user, seg, first, last, 0);
+    CUresult res = drv->cuMemUnmap(gran_addr(seg, first), (last - first) * seg->gran);
+    if (res != CUDA_SUCCESS && seg->observe)
+        seg->observe(seg->observe_user, seg, first, last, 1);
+    return res;
+}
+
 /* Wait for the work queued on the segment's stream before its pages are unmapped. A destroyed
  * stream falls back to a context synchronize (vstream_wait): otherwise memory cached for a
  * destroyed stream could never be released. */
@@ -553,11 +582,12 @@ static void seg_free_meta(struct seg *seg)
     xs_free(seg);
 }
 
-xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out)
+/* Check seg_create's parameters and size its first reservation: @p unit, what every piece is a
+ * multiple of (lcm(page_size, SEG_VA_ALIGN)), and @p initial, min_size but at least
+ * SEG_INITIAL_PAGES pages, in units. */
+static xseg_status seg_create_sizes(const struct seg_params *params, size_t min_size, size_t *unit,
+                                    size_t *initial)
 {
-    if (!params || !out)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: params and out must not be NULL");
-    *out = NULL;
     if (!drv)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_create: the driver is not loaded (drv_load)");
     if (params->page_size == 0)
@@ -567,31 +597,24 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
                        (const void *)params->peers);
     if (params->device < 0)
         return err_set(XSEG_ERROR_INVALID_DEVICE, "seg_create: device %d", params->device);
-
     size_t P = params->page_size;
-    size_t unit = P / seg_gcd(P, SEG_VA_ALIGN);
-    if (unit > SIZE_MAX / SEG_VA_ALIGN)
+    size_t u = P / seg_gcd(P, SEG_VA_ALIGN);
+    if (u > SIZE_MAX / SEG_VA_ALIGN)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: page_size %zu is too large", P);
-    unit *= SEG_VA_ALIGN;
-    size_t initial;
-    if (!seg_round_up(XSEG_MAX(min_size, (size_t)1), unit, &initial))
+    u *= SEG_VA_ALIGN;
+    if (!seg_round_up(XSEG_MAX(min_size, (size_t)1), u, initial))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_create: min_size %zu overflows when rounded to pages",
                        min_size);
-    if (initial / P < SEG_INITIAL_PAGES && P <= SIZE_MAX / SEG_INITIAL_PAGES &&
-        !seg_round_up((size_t)SEG_INITIAL_PAGES * P, unit, &initial))
+    if (*initial / P < SEG_INITIAL_PAGES && P <= SIZE_MAX / SEG_INITIAL_PAGES &&
+        !seg_round_up((size_t)SEG_INITIAL_PAGES * P, u, initial))
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: page_size %zu is too large", P);
+    *unit = u;
+    return XSEG_SUCCESS;
+}
 
-    struct seg *seg = xs_calloc(1, sizeof(*seg));
-    if (!seg)
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_create: out of host memory");
-    seg->device = params->device;
-    seg->cudev = params->cudev;
-    seg->stream = params->stream;
-    seg->page_size = P;
-    seg->unit = unit;
-    seg->observe = params->observe;
-    seg->observe_user = params->observe_user;
-
+/* The access list of a new segment: its owner first, then each peer of @p params once. */
+static xseg_status seg_create_access(struct seg *seg, const struct seg_params *params)
+{
     xseg_status st = seg_push_access(seg, params->device);
     for (int i = 0; st == XSEG_SUCCESS && i < params->npeers; i++) {
         int peer = params->peers[i];
@@ -600,32 +623,25 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         else if (!seg_has_access(seg, peer))
             st = seg_push_access(seg, peer);
     }
-    if (st != XSEG_SUCCESS)
-        goto fail_meta;
+    return st;
+}
 
-    CUresult res = drv->cuDevicePrimaryCtxRetain(&seg->ctx, seg->cudev);
-    if (res != CUDA_SUCCESS) {
-        st = seg_failf(res, "cuDevicePrimaryCtxRetain(device %d)", seg->device);
-        goto fail_meta;
-    }
-    st = drv_ctx_ensure(seg->ctx);
-    if (st != XSEG_SUCCESS)
-        goto fail_ctx;
-
+/* The cuMemCreate properties of a new segment's chunks and the granularity they come in, which
+ * the page size must be a multiple of. */
+static xseg_status seg_create_props(struct seg *seg, unsigned handle_types)
+{
     seg->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     seg->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     seg->prop.location.id = seg->device;
-    seg->prop.requestedHandleTypes = (CUmemAllocationHandleType)params->handle_types;
+    seg->prop.requestedHandleTypes = (CUmemAllocationHandleType)handle_types;
     size_t gran = 0;
-    st = drv_granularity((CUdevice)seg->device, params->handle_types, &gran);
+    xseg_status st = drv_granularity((CUdevice)seg->device, handle_types, &gran);
     if (st != XSEG_SUCCESS)
-        goto fail_ctx;
-    if (gran == 0 || P % gran != 0 || SEG_VA_ALIGN % gran != 0) {
-        st = err_set(XSEG_ERROR_INVALID_VALUE,
-                     "seg_create: page_size %zu is not a multiple of device %d's VMM granularity %zu", P,
-                     seg->device, gran);
-        goto fail_ctx;
-    }
+        return st;
+    if (gran == 0 || seg->page_size % gran != 0 || SEG_VA_ALIGN % gran != 0)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "seg_create: page_size %zu is not a multiple of device %d's VMM granularity %zu",
+                       seg->page_size, seg->device, gran);
     /* Optional: RDMA-capable pages where the device supports it (as PyTorch does), so NICs can
      * register them. A failed query just leaves the flag off. */
     int rdma = 0;
@@ -633,10 +649,40 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
                                   seg->cudev) == CUDA_SUCCESS &&
         rdma)
         seg->prop.allocFlags.gpuDirectRDMACapable = 1;
-
     seg->gran = gran;
-    st = seg_reserve_meta(seg, initial / gran);
+    return XSEG_SUCCESS;
+}
+
+xseg_status seg_create(const struct seg_params *params, size_t min_size, struct seg **out)
+{
+    if (!params || !out)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_create: params and out must not be NULL");
+    *out = NULL;
+    size_t unit = 0, initial = 0;
+    xseg_status st = seg_create_sizes(params, min_size, &unit, &initial);
     if (st != XSEG_SUCCESS)
+        return st;
+    struct seg *seg = xs_calloc(1, sizeof(*seg));
+    if (!seg)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_create: out of host memory");
+    seg->device = params->device;
+    seg->cudev = params->cudev;
+    seg->stream = params->stream;
+    seg->page_size = params->page_size;
+    seg->unit = unit;
+    seg->observe = params->observe;
+    seg->observe_user = params->observe_user;
+    if ((st = seg_create_access(seg, params)) != XSEG_SUCCESS)
+        goto fail_meta;
+
+    CUresult res = drv->cuDevicePrimaryCtxRetain(&seg->ctx, seg->cudev);
+    if (res != CUDA_SUCCESS) {
+        st = seg_failf(res, "cuDevicePrimaryCtxRetain(device %d)", seg->device);
+        goto fail_meta;
+    }
+    if ((st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS ||
+        (st = seg_create_props(seg, params->handle_types)) != XSEG_SUCCESS ||
+        (st = seg_reserve_meta(seg, initial / seg->gran)) != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;
     res = seg_reserve_with_room(seg->cudev, initial, &base);
@@ -796,6 +842,31 @@ static xseg_status seg_set_access(struct seg *seg, size_t first, size_t last, si
     return XSEG_SUCCESS;
 }
 
+/* A run of chunks that the running seg_map or wake mapped, granted access in one call when it
+ * ends: before a chunk not mapped here, at the walk's end, and at a piece's end (no
+ * cuMemSetAccess spans two reservations). */
+struct fresh_run {
+    size_t start;     /* first granule of the run, SIZE_MAX: none */
+    size_t piece_end; /* end of the piece the walk is in */
+};
+
+/* End the run at granule @p g: grant access to [start, g). */
+static xseg_status fresh_run_end(struct seg *seg, struct fresh_run *r, size_t g)
+{
+    size_t start = r->start;
+    r->start = SIZE_MAX;
+    return start == SIZE_MAX ? XSEG_SUCCESS : seg_set_access(seg, start, g, 0);
+}
+
+/* The walk is at granule @p g: at a piece's end, end the run and enter the next piece. */
+static xseg_status fresh_run_at(struct seg *seg, struct fresh_run *r, size_t g)
+{
+    if (g != r->piece_end)
+        return XSEG_SUCCESS;
+    r->piece_end = seg_piece_end_of(seg, g);
+    return fresh_run_end(seg, r, g);
+}
+
 /* Report the runs of chunks of [first, last) this seg_map mapped (fresh), split at pieces. */
 static void seg_observe_fresh(struct seg *seg, size_t first, size_t last)
 {
@@ -892,6 +963,90 @@ xseg_status seg_map(struct seg *seg, size_t offset, size_t size, size_t max_chun
     return seg_map_from(seg, offset, size, max_chunk, cut, NULL, mapped, chunks);
 }
 
+/* Release the stranded chunks that cross an edge of granules [first, last): seg_map cannot use
+ * them whole (never handed out, so no work uses them: no synchronize). */
+static xseg_status seg_unstrand_edges(struct seg *seg, size_t first, size_t last)
+{
+    size_t edges[2] = {first, last - 1};
+    for (int e = 0; e < 2; e++) {
+        size_t g = edges[e];
+        xseg_status st;
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED) &&
+            (chunk_first(seg, g) < first || chunk_end(seg, g) > last) &&
+            (st = chunk_unmap(seg, chunk_first(seg, g))) != XSEG_SUCCESS)
+            return st;
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Use again the stranded chunk holding granule @p g, left mapped by an earlier failed rollback:
+ * counted mapped and fresh, so that the running seg_map grants it access with its run. */
+static void chunk_unstrand(struct seg *seg, size_t g)
+{
+    size_t c = chunk_first(seg, g), bytes = seg->clen[c] * seg->gran;
+    chunk_flags(seg, c, GRAN_STRANDED, 0);
+    chunk_flags(seg, c, GRAN_FRESH, 1);
+    seg->stranded_bytes -= bytes;
+    seg->mapped_bytes += bytes;
+}
+
+/* Where seg_map cuts an unmapped run into chunks, in granules: at most max_n a chunk, never
+ * across cut_g (SIZE_MAX: none) or a multiple of page_g. */
+struct map_cuts {
+    size_t max_n, cut_g, page_g;
+};
+
+/* seg_map's walk over granules [first, last): a chunk for each unmapped run (to the range's end,
+ * the piece's end, the next chunk, a cut, or the next page boundary: a page is a union of chunks,
+ * so it can be given back whole), stranded chunks taken back, access granted per run of new
+ * chunks and piece. @p nnew counts the new chunks; on failure @p at is the first granule not
+ * touched (everything before may hold fresh chunks, the current run included). */
+static xseg_status seg_map_walk(struct seg *seg, size_t first, size_t last, const struct map_cuts *cuts,
+                                struct seg_spares *spares, size_t *at, size_t *nnew)
+{
+    xseg_status st = XSEG_SUCCESS;
+    struct fresh_run fr = {SIZE_MAX, seg_piece_end_of(seg, first)};
+    size_t g = first;
+    while (g < last) {
+        if ((st = fresh_run_at(seg, &fr, g)) != XSEG_SUCCESS)
+            break;
+        if (seg->gflags[g] & GRAN_ASLEEP) {
+            /* The allocator never maps into a sleeping segment: only a wake does. */
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_map: granule %zu of the segment at 0x%llx is asleep", g,
+                         (unsigned long long)seg->base);
+            break;
+        }
+        size_t n = 0;
+        if (seg->handles[g] && !(seg->gflags[g] & GRAN_STRANDED)) {
+            /* Mapped already: the run of new chunks before it ends here. */
+            if ((st = fresh_run_end(seg, &fr, g)) != XSEG_SUCCESS)
+                break;
+            g = chunk_end(seg, g);
+            continue;
+        }
+        if (seg->handles[g]) {
+            chunk_unstrand(seg, g);
+            n = chunk_end(seg, g) - g;
+        } else {
+            size_t end = XSEG_MIN(last, fr.piece_end);
+            n = 1;
+            while (g + n < end && !seg->handles[g + n] && n < cuts->max_n && g + n != cuts->cut_g &&
+                   (g + n) % cuts->page_g)
+                n++;
+            if ((st = chunk_create(seg, g, n, spares)) != XSEG_SUCCESS)
+                break;
+        }
+        (*nnew)++;
+        if (fr.start == SIZE_MAX)
+            fr.start = g;
+        g += n;
+    }
+    if (st == XSEG_SUCCESS)
+        st = fresh_run_end(seg, &fr, last);
+    *at = XSEG_MIN(g, last);
+    return st;
+}
+
 xseg_status seg_map_from(struct seg *seg, size_t offset, size_t size, size_t max_chunk, size_t cut,
                          struct seg_spares *spares, size_t *mapped, size_t *chunks)
 {
@@ -905,79 +1060,17 @@ xseg_status seg_map_from(struct seg *seg, size_t offset, size_t size, size_t max
     xseg_status st = seg_check_range(seg, "seg_map", offset, size, &first, &last);
     if (st != XSEG_SUCCESS || first == last)
         return st;
-    st = drv_ctx_ensure(seg->ctx);
-    if (st != XSEG_SUCCESS)
+    if ((st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS || (st = seg_unstrand_edges(seg, first, last)) != XSEG_SUCCESS)
         return st;
-    /* A stranded chunk crossing an edge of the range cannot be used whole: release it first (it
-     * was never handed out, so no work uses it: no synchronize). */
-    size_t edges[2] = {first, last - 1};
-    for (int e = 0; e < 2; e++) {
-        size_t g = edges[e];
-        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED) &&
-            (chunk_first(seg, g) < first || chunk_end(seg, g) > last) &&
-            (st = chunk_unmap(seg, chunk_first(seg, g))) != XSEG_SUCCESS)
-            return st;
-    }
-
     size_t G = seg->gran;
-    size_t max_n = max_chunk ? XSEG_MAX(max_chunk / G, (size_t)1) : SIZE_MAX;
-    size_t cut_g = cut == SIZE_MAX || cut % G ? SIZE_MAX : cut / G;
-    size_t page_g = seg->page_size / G;
-    size_t before = seg->mapped_bytes, nnew = 0;
-    size_t run = SIZE_MAX; /* first granule of the current run of new chunks, SIZE_MAX: none */
-    size_t g = first;
-    size_t piece_end = seg_piece_end_of(seg, first);
-
-    while (g < last) {
-        if (g == piece_end) {
-            /* Never let a cuMemSetAccess span two reservations. */
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
-                goto fail;
-            run = SIZE_MAX;
-            piece_end = seg_piece_end_of(seg, g);
-        }
-        if (seg->gflags[g] & GRAN_ASLEEP) {
-            /* The allocator never maps into a sleeping segment: only a wake does. */
-            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "seg_map: granule %zu of the segment at 0x%llx is asleep", g,
-                         (unsigned long long)seg->base);
-            goto fail;
-        }
-        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED)) {
-            /* Left mapped by an earlier failed rollback: use it, granting access with the run. */
-            size_t c = chunk_first(seg, g), bytes = seg->clen[c] * G;
-            chunk_flags(seg, c, GRAN_STRANDED, 0);
-            chunk_flags(seg, c, GRAN_FRESH, 1);
-            seg->stranded_bytes -= bytes;
-            seg->mapped_bytes += bytes;
-            nnew++;
-            if (run == SIZE_MAX)
-                run = g;
-            g = chunk_end(seg, g);
-            continue;
-        }
-        if (seg->handles[g]) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
-                goto fail;
-            run = SIZE_MAX;
-            g = chunk_end(seg, g);
-            continue;
-        }
-        /* The unmapped run from g: to the range's end, the piece's end, the next chunk, cut, or
-         * the next page boundary (a page is a union of chunks, so it can be given back whole). */
-        size_t end = XSEG_MIN(last, piece_end);
-        size_t n = 1;
-        while (g + n < end && !seg->handles[g + n] && n < max_n && g + n != cut_g && (g + n) % page_g)
-            n++;
-        if ((st = chunk_create(seg, g, n, spares)) != XSEG_SUCCESS)
-            goto fail;
-        nnew++;
-        if (run == SIZE_MAX)
-            run = g;
-        g += n;
+    struct map_cuts cuts = {.max_n = max_chunk ? XSEG_MAX(max_chunk / G, (size_t)1) : SIZE_MAX,
+                            .cut_g = cut == SIZE_MAX || cut % G ? SIZE_MAX : cut / G,
+                            .page_g = seg->page_size / G};
+    size_t before = seg->mapped_bytes, nnew = 0, at;
+    if ((st = seg_map_walk(seg, first, last, &cuts, spares, &at, &nnew)) != XSEG_SUCCESS) {
+        seg_map_rollback(seg, first, at);
+        return st;
     }
-    if (run != SIZE_MAX && (st = seg_set_access(seg, run, last, 0)) != XSEG_SUCCESS)
-        goto fail;
-
     if (seg->observe)
         seg_observe_fresh(seg, first, last);
     for (size_t k = first; k < last; k++)
@@ -987,12 +1080,6 @@ xseg_status seg_map_from(struct seg *seg, size_t offset, size_t size, size_t max
     if (chunks)
         *chunks = nnew;
     return XSEG_SUCCESS;
-
-fail:
-    /* Granules from g on were never touched by this call; everything before may hold fresh
-     * chunks, the current run included (mapped, access not or only partly granted). */
-    seg_map_rollback(seg, first, XSEG_MIN(g, last));
-    return st;
 }
 
 /* ---- unmap ---- */
@@ -1067,19 +1154,11 @@ static xseg_status seg_unmap_impl(struct seg *seg, size_t offset, size_t size, s
     }
     size_t before = seg->mapped_bytes, ngone = 0;
     do {
-        /* Announced to the observer before the driver unmaps it, so a registration can be
-         * dropped while the memory is still there. One cuMemUnmap for the whole run: the driver
-         * unmaps adjacent whole mappings together (a conformance row). */
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, run, run_end, 0);
-        CUdeviceptr addr = gran_addr(seg, run);
-        size_t bytes = (run_end - run) * seg->gran;
-        CUresult res = drv->cuMemUnmap(addr, bytes);
+        CUresult res = seg_unmap_run(seg, run, run_end);
         if (res != CUDA_SUCCESS) {
             /* Nothing of the run was unmapped: it stays mapped and usable. */
-            if (seg->observe)
-                seg->observe(seg->observe_user, seg, run, run_end, 1);
-            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu)", (unsigned long long)addr, bytes);
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu)", (unsigned long long)gran_addr(seg, run),
+                           (run_end - run) * seg->gran);
             break;
         }
         for (size_t g = run; g < run_end;) {
@@ -1120,66 +1199,22 @@ xseg_status seg_reclaim(struct seg *seg)
     return st;
 }
 
-/* ---- peers ---- */
-
 /* ---- refine: a partly used chunk re-backed by one-granule chunks (the OOM path) ---- */
 
-/* Give back seg_refine's scratch range at @p scratch (@p bytes, its first @p nmapped bytes mapped)
- * and the new handles @p h[0..nh). A failed unmap or free goes to the leftovers. */
-static void refine_drop(struct seg *seg, CUdeviceptr scratch, size_t bytes, size_t nmapped,
-                        const CUmemGenericAllocationHandle *h, size_t nh)
-{
-    bool unmapped = true;
-    if (nmapped && drv->cuMemUnmap(scratch, nmapped) != CUDA_SUCCESS) {
-        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = scratch, .size = nmapped});
-        unmapped = false;
-    }
-    for (size_t j = 0; j < nh; j++)
-        seg_release_handle(seg, h[j]);
-    if (!scratch)
-        return;
-    if (!unmapped || drv->cuMemAddressFree(scratch, bytes) != CUDA_SUCCESS)
-        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = bytes});
-}
-
-static xseg_status seg_refine_host(struct seg *seg, size_t c, size_t n, size_t k, const unsigned char *keep,
-                                   size_t *freed, size_t *created);
-
-/* seg_refine's commit: granules [c, c + n) describe one-granule chunks h[0..] where @p keep is set
- * and nothing elsewhere; the new chunks are announced to the observer. The old handle is the
- * caller's. */
-static void refine_commit(struct seg *seg, size_t c, size_t n, const unsigned char *keep,
-                          const CUmemGenericAllocationHandle *h)
-{
-    size_t k = 0;
-    for (size_t i = 0, j = 0; i < n; i++) {
-        size_t q = c + i;
-        seg->clen[q] = 0;
-        if (keep[i]) {
-            seg->handles[q] = h[j++];
-            seg->cstart[q] = q;
-            seg->clen[q] = 1;
-            k++;
-        } else {
-            seg->handles[q] = 0;
-            seg->cstart[q] = 0;
-        }
-        seg->gflags[q] = 0;
-    }
-    seg->mapped_bytes -= (n - k) * seg->gran;
-    if (seg->observe)
-        for (size_t i = 0; i < n;) {
-            if (!keep[i]) {
-                i++;
-                continue;
-            }
-            size_t e = i;
-            while (e < n && keep[e])
-                e++;
-            seg->observe(seg->observe_user, seg, c + i, c + e, 1);
-            i = e;
-        }
-}
+/* One seg_refine, through the device (refine_device) or the host (refine_host): the chunk of
+ * granules [c, c + n) at addr, keep[i] set for the k granules that stay, and how far it got. */
+struct refine {
+    struct seg *seg;
+    size_t c, n, k;
+    CUdeviceptr addr;
+    const unsigned char *keep;
+    CUmemGenericAllocationHandle old; /* the chunk's handle */
+    CUmemGenericAllocationHandle *h;  /* the new one-granule handles, k of them */
+    size_t nh;                        /* h[0..nh) created (the segment's only after the commit) */
+    size_t placed;                    /* h[0..placed) mapped at their granules */
+    CUdeviceptr scratch;              /* refine_device's range of k granules (h[0..nh) mapped), or 0 */
+    const char *what;                 /* the step that failed, for the message */
+};
 
 /* The next run [*i, *e) of kept granules from *i on; false when none is left. */
 static bool keep_run(const unsigned char *keep, size_t n, size_t *i, size_t *e)
@@ -1194,6 +1229,239 @@ static bool keep_run(const unsigned char *keep, size_t n, size_t *i, size_t *e)
     return true;
 }
 
+/* Tell the observer the whole chunk is mapped again. */
+static void refine_announce(const struct refine *r)
+{
+    if (r->seg->observe)
+        r->seg->observe(r->seg->observe_user, r->seg, r->c, r->c + r->n, 1);
+}
+
+enum refine_copy_dir { REFINE_TO_SCRATCH, REFINE_TO_HOST, REFINE_FROM_HOST };
+
+/* Copy the kept granules, run by run, between their places and the packed staging area (the
+ * scratch range, or the host buffer @p buf); stops at the first failure. */
+static CUresult refine_copy(const struct refine *r, enum refine_copy_dir dir, char *buf)
+{
+    size_t G = r->seg->gran, i = 0, e, j = 0;
+    CUresult res = CUDA_SUCCESS;
+    for (; res == CUDA_SUCCESS && keep_run(r->keep, r->n, &i, &e); j += e - i, i = e) {
+        CUdeviceptr at = r->addr + i * G;
+        size_t len = (e - i) * G;
+        if (dir == REFINE_TO_SCRATCH)
+            res = drv->cuMemcpyDtoDAsync(r->scratch + j * G, at, len, NULL);
+        else if (dir == REFINE_TO_HOST)
+            res = drv->cuMemcpyDtoH(buf + j * G, at, len);
+        else
+            res = drv->cuMemcpyHtoD(at, buf + j * G, len);
+    }
+    return res;
+}
+
+/* Create the next new handle, h[nh], and map it at @p at (@p where names that map in the
+ * message); a failed map releases it. */
+static CUresult refine_new_chunk(struct refine *r, CUdeviceptr at, const char *where)
+{
+    CUmemGenericAllocationHandle *h = &r->h[r->nh];
+    CUresult res = drv->cuMemCreate(h, r->seg->gran, &r->seg->prop, 0);
+    if (res != CUDA_SUCCESS) {
+        r->what = "cuMemCreate";
+        return res;
+    }
+    if (*h == 0) {
+        r->what = "cuMemCreate (a null handle)";
+        return CUDA_ERROR_UNKNOWN;
+    }
+    if ((res = drv->cuMemMap(at, r->seg->gran, 0, *h, 0)) != CUDA_SUCCESS) {
+        seg_release_handle(r->seg, *h);
+        r->what = where;
+        return res;
+    }
+    r->nh++;
+    return CUDA_SUCCESS;
+}
+
+/* Take the old chunk out of its place (seg_unmap_run). */
+static CUresult refine_unmap_old(struct refine *r)
+{
+    CUresult res = seg_unmap_run(r->seg, r->c, r->c + r->n);
+    if (res != CUDA_SUCCESS)
+        r->what = "cuMemUnmap of the old chunk";
+    return res;
+}
+
+/* Map the new chunks at the kept granules (created here with @p create, else h[] as the scratch
+ * stage made them) and grant every device access; placed counts those mapped. */
+static CUresult refine_place(struct refine *r, bool create)
+{
+    size_t G = r->seg->gran;
+    CUresult res = CUDA_SUCCESS;
+    for (size_t i = 0; i < r->n && res == CUDA_SUCCESS; i++) {
+        if (!r->keep[i])
+            continue;
+        CUdeviceptr at = r->addr + i * G;
+        if (create)
+            res = refine_new_chunk(r, at, "cuMemMap of a new chunk at its place");
+        else if ((res = drv->cuMemMap(at, G, 0, r->h[r->placed], 0)) != CUDA_SUCCESS)
+            r->what = "cuMemMap of a new chunk at its place";
+        if (res == CUDA_SUCCESS)
+            r->placed++;
+    }
+    for (size_t i = 0, e; res == CUDA_SUCCESS && keep_run(r->keep, r->n, &i, &e); i = e)
+        if ((res = drv->cuMemSetAccess(r->addr + i * G, (e - i) * G, r->seg->access, r->seg->naccess)) !=
+            CUDA_SUCCESS)
+            r->what = "cuMemSetAccess of the new chunks";
+    return res;
+}
+
+/* Undo refine_place: unmap the placed chunks, releasing their handles with @p release. A failed
+ * unmap leaves no sound mapping for the live bytes: abort(). */
+static void refine_unplace(struct refine *r, bool release)
+{
+    size_t G = r->seg->gran;
+    for (size_t i = 0, j = 0; i < r->n && j < r->placed; i++)
+        if (r->keep[i]) {
+            if (drv->cuMemUnmap(r->addr + i * G, G) != CUDA_SUCCESS)
+                abort(); /* cannot restore the live bytes' mapping */
+            if (release)
+                seg_release_handle(r->seg, r->h[j]);
+            j++;
+        }
+    if (release)
+        r->nh = 0;
+    r->placed = 0;
+}
+
+/* Map @p handle over the whole chunk again, every device granted access; abort() if that fails
+ * (the live bytes would be lost: nothing sound is left to do). */
+static void refine_remap(const struct refine *r, CUmemGenericAllocationHandle handle)
+{
+    size_t bytes = r->n * r->seg->gran;
+    if (drv->cuMemMap(r->addr, bytes, 0, handle, 0) != CUDA_SUCCESS ||
+        drv->cuMemSetAccess(r->addr, bytes, r->seg->access, r->seg->naccess) != CUDA_SUCCESS)
+        abort();
+}
+
+/* Give back the scratch range (its first nh granules mapped) and, with @p release, the new
+ * handles. A failed unmap or free goes to the leftovers. */
+static void refine_drop(struct refine *r, bool release)
+{
+    struct seg *seg = r->seg;
+    size_t nmapped = r->nh * seg->gran, bytes = r->k * seg->gran;
+    bool unmapped = true;
+    if (r->scratch && nmapped && drv->cuMemUnmap(r->scratch, nmapped) != CUDA_SUCCESS) {
+        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = r->scratch, .size = nmapped});
+        unmapped = false;
+    }
+    for (size_t j = 0; release && j < r->nh; j++)
+        seg_release_handle(seg, r->h[j]);
+    if (!r->scratch)
+        return;
+    if (!unmapped || drv->cuMemAddressFree(r->scratch, bytes) != CUDA_SUCCESS)
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = r->scratch, .size = bytes});
+}
+
+/* The commit: granules [c, c + n) describe one-granule chunks h[0..] where keep is set and
+ * nothing elsewhere, and the new chunks are announced. The old handle is the caller's. */
+static void refine_commit(struct refine *r)
+{
+    struct seg *seg = r->seg;
+    for (size_t i = 0, j = 0; i < r->n; i++) {
+        size_t q = r->c + i;
+        seg->clen[q] = 0;
+        if (r->keep[i]) {
+            seg->handles[q] = r->h[j++];
+            seg->cstart[q] = q;
+            seg->clen[q] = 1;
+        } else {
+            seg->handles[q] = 0;
+            seg->cstart[q] = 0;
+        }
+        seg->gflags[q] = 0;
+    }
+    seg->mapped_bytes -= (r->n - r->k) * seg->gran;
+    if (seg->observe)
+        for (size_t i = 0, e; keep_run(r->keep, r->n, &i, &e); i = e)
+            seg->observe(seg->observe_user, seg, r->c + i, r->c + e, 1);
+}
+
+/* refine_device's first step: the new chunks at a scratch range and the live bytes copied there,
+ * after every stream's work on the old chunk (and waited for). */
+static CUresult refine_stage(struct refine *r)
+{
+    size_t G = r->seg->gran;
+    CUresult res = drv->cuMemAddressReserve(&r->scratch, r->k * G, 0, 0, 0);
+    if (res != CUDA_SUCCESS) {
+        r->scratch = 0;
+        r->what = "cuMemAddressReserve of the scratch range";
+        return res;
+    }
+    while (r->nh < r->k)
+        if ((res = refine_new_chunk(r, r->scratch + r->nh * G, "cuMemMap at the scratch range")) != CUDA_SUCCESS)
+            return res;
+    if ((res = drv->cuMemSetAccess(r->scratch, r->k * G, &r->seg->access[0], 1)) != CUDA_SUCCESS)
+        r->what = "cuMemSetAccess of the scratch range";
+    else if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
+        r->what = "cuCtxSynchronize before the copy";
+    else if ((res = refine_copy(r, REFINE_TO_SCRATCH, NULL)) != CUDA_SUCCESS)
+        r->what = "cuMemcpyDtoDAsync of the live granules";
+    else if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
+        r->what = "cuCtxSynchronize after the copy";
+    return res;
+}
+
+/* seg_refine with room on the device: the new chunks staged at a scratch range, then swapped in
+ * for the old chunk, whose handle keeps the bytes until the commit (any failure maps it back). */
+static xseg_status refine_device(struct refine *r)
+{
+    CUresult res = r->k ? refine_stage(r) : CUDA_SUCCESS;
+    if (res == CUDA_SUCCESS && (res = refine_unmap_old(r)) == CUDA_SUCCESS &&
+        (res = refine_place(r, false)) != CUDA_SUCCESS) {
+        refine_unplace(r, false);
+        refine_remap(r, r->old);
+        refine_announce(r);
+    }
+    if (res != CUDA_SUCCESS) {
+        refine_drop(r, true);
+        return seg_failf(res, "seg_refine: %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)", r->what,
+                         (unsigned long long)r->addr, r->n * r->seg->gran, r->k);
+    }
+    seg_release_handle(r->seg, r->old);
+    refine_commit(r);
+    refine_drop(r, false); /* the scratch mappings only: the handles are the segment's now */
+    return XSEG_SUCCESS;
+}
+
+/* refine_host's second step: the old chunk unmapped and released, so that its memory can back
+ * the new chunks; a failed release maps it back (nothing changed). */
+static CUresult refine_release_old(struct refine *r)
+{
+    CUresult res = refine_unmap_old(r);
+    if (res != CUDA_SUCCESS)
+        return res;
+    if ((res = drv->cuMemRelease(r->old)) != CUDA_SUCCESS) {
+        refine_remap(r, r->old); /* the memory is still the old handle's */
+        refine_announce(r);
+        r->what = "cuMemRelease of the old chunk";
+    }
+    return res;
+}
+
+/* A failed refine_host after the old handle went: back to one chunk of the old size, a new
+ * handle, the bytes from @p buf. abort() if the device's memory went elsewhere meanwhile. */
+static void refine_host_restore(struct refine *r, char *buf)
+{
+    refine_unplace(r, true);
+    CUmemGenericAllocationHandle back = 0;
+    if (drv->cuMemCreate(&back, r->n * r->seg->gran, &r->seg->prop, 0) != CUDA_SUCCESS || back == 0)
+        abort(); /* the live bytes cannot be put back */
+    refine_remap(r, back);
+    if (refine_copy(r, REFINE_FROM_HOST, buf) != CUDA_SUCCESS)
+        abort();
+    for (size_t q = r->c; q < r->c + r->n; q++)
+        r->seg->handles[q] = back;
+    refine_announce(r);
+}
+
 /*
  * seg_refine through host memory, for a device with no room for the new chunks beside the old
  * one: the live granules are copied to a host buffer, the old chunk is unmapped and released
@@ -1204,109 +1472,32 @@ static bool keep_run(const unsigned char *keep, size_t n, size_t *i, size_t *e)
  * holds the device lock: only another process competes for that memory); if even that fails,
  * the live bytes are lost: abort().
  */
-static xseg_status seg_refine_host(struct seg *seg, size_t c, size_t n, size_t k, const unsigned char *keep,
-                                   size_t *freed, size_t *created)
+static xseg_status refine_host(struct refine *r)
 {
-    size_t G = seg->gran, i, e, j;
-    CUdeviceptr addr = gran_addr(seg, c);
-    CUmemGenericAllocationHandle old = seg->handles[c];
-    CUmemGenericAllocationHandle *h = xs_calloc(k, sizeof *h);
-    char *buf = xs_malloc(k * G);
-    CUresult res;
-    const char *what = "";
-    if (!h || !buf) {
-        xs_free(h);
-        xs_free(buf);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory for %zu bytes of staging", k * G);
+    size_t G = r->seg->gran;
+    char *buf = xs_malloc(r->k * G);
+    if (!buf)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory for %zu bytes of staging",
+                       r->k * G);
+    CUresult res = drv->cuCtxSynchronize(); /* every stream's work on the chunk done */
+    if (res != CUDA_SUCCESS)
+        r->what = "cuCtxSynchronize before the copy";
+    else if ((res = refine_copy(r, REFINE_TO_HOST, buf)) != CUDA_SUCCESS)
+        r->what = "cuMemcpyDtoH of the live granules";
+    else if ((res = refine_release_old(r)) == CUDA_SUCCESS) {
+        if ((res = refine_place(r, true)) == CUDA_SUCCESS &&
+            (res = refine_copy(r, REFINE_FROM_HOST, buf)) != CUDA_SUCCESS)
+            r->what = "cuMemcpyHtoD of the live granules";
+        if (res != CUDA_SUCCESS)
+            refine_host_restore(r, buf);
     }
-    /* 1. Every stream's work on the chunk done, then the live bytes to the host. */
-    if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS) {
-        what = "cuCtxSynchronize before the copy";
-        goto fail;
-    }
-    for (i = 0, j = 0; keep_run(keep, n, &i, &e); j += e - i, i = e)
-        if ((res = drv->cuMemcpyDtoH(buf + j * G, addr + i * G, (e - i) * G)) != CUDA_SUCCESS) {
-            what = "cuMemcpyDtoH of the live granules";
-            goto fail;
-        }
-    /* 2. The old chunk out and given back. */
-    if (seg->observe)
-        seg->observe(seg->observe_user, seg, c, c + n, 0);
-    if ((res = drv->cuMemUnmap(addr, n * G)) != CUDA_SUCCESS) {
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, c, c + n, 1);
-        what = "cuMemUnmap of the old chunk";
-        goto fail;
-    }
-    if ((res = drv->cuMemRelease(old)) != CUDA_SUCCESS) {
-        /* The memory stays the old handle's: map it back, nothing changed. */
-        if (drv->cuMemMap(addr, n * G, 0, old, 0) != CUDA_SUCCESS ||
-            drv->cuMemSetAccess(addr, n * G, seg->access, seg->naccess) != CUDA_SUCCESS)
-            abort(); /* the live bytes' mapping cannot be restored */
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, c, c + n, 1);
-        what = "cuMemRelease of the old chunk";
-        goto fail;
-    }
-    /* 3. The new chunks in its place, access, the bytes back. */
-    size_t nh = 0;
-    for (i = 0; i < n && res == CUDA_SUCCESS; i++) {
-        if (!keep[i])
-            continue;
-        if ((res = drv->cuMemCreate(&h[nh], G, &seg->prop, 0)) != CUDA_SUCCESS || h[nh] == 0) {
-            what = "cuMemCreate";
-            res = res != CUDA_SUCCESS ? res : CUDA_ERROR_UNKNOWN;
-            break;
-        }
-        if ((res = drv->cuMemMap(addr + i * G, G, 0, h[nh], 0)) != CUDA_SUCCESS) {
-            seg_release_handle(seg, h[nh]);
-            what = "cuMemMap of a new chunk at its place";
-            break;
-        }
-        nh++;
-    }
-    for (i = 0; res == CUDA_SUCCESS && keep_run(keep, n, &i, &e); i = e)
-        if ((res = drv->cuMemSetAccess(addr + i * G, (e - i) * G, seg->access, seg->naccess)) != CUDA_SUCCESS)
-            what = "cuMemSetAccess of the new chunks";
-    for (i = 0, j = 0; res == CUDA_SUCCESS && keep_run(keep, n, &i, &e); j += e - i, i = e)
-        if ((res = drv->cuMemcpyHtoD(addr + i * G, buf + j * G, (e - i) * G)) != CUDA_SUCCESS)
-            what = "cuMemcpyHtoD of the live granules";
-    if (res != CUDA_SUCCESS) {
-        /* Back to one chunk of the old size, new handle, bytes from the buffer. */
-        for (i = 0, j = 0; i < n && j < nh; i++)
-            if (keep[i]) {
-                if (drv->cuMemUnmap(addr + i * G, G) != CUDA_SUCCESS)
-                    abort();
-                seg_release_handle(seg, h[j++]);
-            }
-        CUmemGenericAllocationHandle back = 0;
-        if (drv->cuMemCreate(&back, n * G, &seg->prop, 0) != CUDA_SUCCESS || back == 0 ||
-            drv->cuMemMap(addr, n * G, 0, back, 0) != CUDA_SUCCESS ||
-            drv->cuMemSetAccess(addr, n * G, seg->access, seg->naccess) != CUDA_SUCCESS)
-            abort(); /* the device's memory went elsewhere: the live bytes cannot be put back */
-        for (i = 0, j = 0; keep_run(keep, n, &i, &e); j += e - i, i = e)
-            if (drv->cuMemcpyHtoD(addr + i * G, buf + j * G, (e - i) * G) != CUDA_SUCCESS)
-                abort();
-        for (size_t q = c; q < c + n; q++)
-            seg->handles[q] = back;
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, c, c + n, 1);
-        goto fail;
-    }
-    refine_commit(seg, c, n, keep, h);
-    xs_free(h);
     xs_free(buf);
-    *freed = (n - k) * G;
-    *created = k;
+    if (res != CUDA_SUCCESS)
+        return seg_failf(res, "seg_refine (through the host): %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)",
+                         r->what, (unsigned long long)r->addr, r->n * G, r->k);
+    refine_commit(r);
     return XSEG_SUCCESS;
-
-fail:
-    xs_free(h);
-    xs_free(buf);
-    return seg_failf(res, "seg_refine (through the host): %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)",
-                     what, (unsigned long long)addr, n * G, k);
 }
-
 
 xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, bool host, size_t *freed,
                        size_t *created)
@@ -1315,147 +1506,29 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
     *created = 0;
     if (!seg || g >= seg->ngran || !gran_live(seg, g) || !keep)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_refine: granule %zu is not a mapped chunk", g);
-    size_t c = seg->cstart[g], n = seg->clen[c], G = seg->gran, k = 0;
-    for (size_t i = 0; i < n; i++)
-        k += keep[i] != 0;
-    if (n < 2 || k == n)
+    struct refine r = {.seg = seg, .c = seg->cstart[g], .keep = keep, .what = ""};
+    r.n = seg->clen[r.c];
+    for (size_t i = 0; i < r.n; i++)
+        r.k += keep[i] != 0;
+    if (r.n < 2 || r.k == r.n)
         return XSEG_SUCCESS;
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    if (host && k)
-        return seg_refine_host(seg, c, n, k, keep, freed, created);
-    CUmemGenericAllocationHandle old = seg->handles[c];
-    CUdeviceptr addr = gran_addr(seg, c);
-    CUmemGenericAllocationHandle *h = k ? xs_calloc(k, sizeof *h) : NULL;
-    if (k && !h)
+    r.old = seg->handles[r.c];
+    r.addr = gran_addr(seg, r.c);
+    if (r.k && !(r.h = xs_calloc(r.k, sizeof *r.h)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory");
-    CUdeviceptr scratch = 0;
-    size_t nh = 0, nmapped = 0;
-    CUresult res = CUDA_SUCCESS;
-    const char *what = "";
-
-    /* 1. The new chunks at a scratch range, with the live bytes copied over. */
-    if (k) {
-        if ((res = drv->cuMemAddressReserve(&scratch, k * G, 0, 0, 0)) != CUDA_SUCCESS) {
-            what = "cuMemAddressReserve of the scratch range";
-            scratch = 0;
-            goto fail;
-        }
-        for (; nh < k; nh++) {
-            if ((res = drv->cuMemCreate(&h[nh], G, &seg->prop, 0)) != CUDA_SUCCESS) {
-                what = "cuMemCreate";
-                goto fail;
-            }
-            if (h[nh] == 0) {
-                res = CUDA_ERROR_UNKNOWN;
-                what = "cuMemCreate (a null handle)";
-                goto fail;
-            }
-            if ((res = drv->cuMemMap(scratch + nh * G, G, 0, h[nh], 0)) != CUDA_SUCCESS) {
-                seg_release_handle(seg, h[nh]);
-                what = "cuMemMap at the scratch range";
-                goto fail;
-            }
-            nmapped += G;
-        }
-        if ((res = drv->cuMemSetAccess(scratch, k * G, &seg->access[0], 1)) != CUDA_SUCCESS) {
-            what = "cuMemSetAccess of the scratch range";
-            goto fail;
-        }
-        /* Every stream's work on the old chunk done, then the copies, then their end. */
-        if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS) {
-            what = "cuCtxSynchronize before the copy";
-            goto fail;
-        }
-        for (size_t i = 0, j = 0; i < n;) {
-            if (!keep[i]) {
-                i++;
-                continue;
-            }
-            size_t e = i;
-            while (e < n && keep[e])
-                e++;
-            if ((res = drv->cuMemcpyDtoDAsync(scratch + j * G, addr + i * G, (e - i) * G, NULL)) != CUDA_SUCCESS) {
-                what = "cuMemcpyDtoDAsync of the live granules";
-                goto fail;
-            }
-            j += e - i;
-            i = e;
-        }
-        if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS) {
-            what = "cuCtxSynchronize after the copy";
-            goto fail;
-        }
+    st = host && r.k ? refine_host(&r) : refine_device(&r);
+    xs_free(r.h);
+    if (st == XSEG_SUCCESS) {
+        *freed = (r.n - r.k) * seg->gran;
+        *created = r.k;
     }
-
-    /* 2. The old chunk out, the new ones in at the same places. */
-    if (seg->observe)
-        seg->observe(seg->observe_user, seg, c, c + n, 0);
-    if ((res = drv->cuMemUnmap(addr, n * G)) != CUDA_SUCCESS) {
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, c, c + n, 1);
-        what = "cuMemUnmap of the old chunk";
-        goto fail;
-    }
-    size_t placed = 0;
-    for (size_t i = 0; i < n && res == CUDA_SUCCESS; i++)
-        if (keep[i]) {
-            if ((res = drv->cuMemMap(addr + i * G, G, 0, h[placed], 0)) != CUDA_SUCCESS)
-                what = "cuMemMap of a new chunk at its place";
-            else
-                placed++;
-        }
-    for (size_t i = 0; i < n && res == CUDA_SUCCESS;) {
-        if (!keep[i]) {
-            i++;
-            continue;
-        }
-        size_t e = i;
-        while (e < n && keep[e])
-            e++;
-        if ((res = drv->cuMemSetAccess(addr + i * G, (e - i) * G, seg->access, seg->naccess)) != CUDA_SUCCESS)
-            what = "cuMemSetAccess of the new chunks";
-        i = e;
-    }
-    if (res != CUDA_SUCCESS) {
-        /* Put the old chunk back: its handle still holds the bytes. */
-        for (size_t i = 0, j = 0; i < n && j < placed; i++)
-            if (keep[i]) {
-                if (drv->cuMemUnmap(addr + i * G, G) != CUDA_SUCCESS)
-                    abort(); /* cannot restore the live bytes' mapping */
-                j++;
-            }
-        if (drv->cuMemMap(addr, n * G, 0, old, 0) != CUDA_SUCCESS ||
-            drv->cuMemSetAccess(addr, n * G, seg->access, seg->naccess) != CUDA_SUCCESS)
-            abort(); /* the live bytes would be lost: nothing sound is left to do */
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, c, c + n, 1);
-        goto fail;
-    }
-
-    /* 3. Commit: the old handle goes, the granules describe the new chunks. */
-    seg_release_handle(seg, old);
-    refine_commit(seg, c, n, keep, h);
-    if (k) {
-        if (drv->cuMemUnmap(scratch, k * G) != CUDA_SUCCESS) {
-            left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = scratch, .size = k * G});
-            left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = k * G});
-        } else if (drv->cuMemAddressFree(scratch, k * G) != CUDA_SUCCESS) {
-            left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = k * G});
-        }
-    }
-    xs_free(h);
-    *freed = (n - k) * G;
-    *created = k;
-    return XSEG_SUCCESS;
-
-fail:
-    refine_drop(seg, scratch, k * G, nmapped, h, nh);
-    xs_free(h);
-    return seg_failf(res, "seg_refine: %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)", what,
-                     (unsigned long long)addr, n * G, k);
+    return st;
 }
+
+/* ---- peers ---- */
 
 xseg_status seg_add_peer(struct seg *seg, int peer)
 {
@@ -1471,19 +1544,8 @@ xseg_status seg_add_peer(struct seg *seg, int peer)
     size_t k = seg->naccess - 1;
     if (seg->mapped_bytes) {
         st = drv_ctx_ensure(seg->ctx);
-        for (size_t piece = 0; st == XSEG_SUCCESS && piece < seg->npieces; piece++) {
-            size_t g = seg->pieces[piece].first_gran;
-            size_t end = g + seg->pieces[piece].size / seg->gran;
-            while (st == XSEG_SUCCESS && g < end) {
-                while (g < end && !gran_live(seg, g))
-                    g++;
-                size_t run = g;
-                while (g < end && gran_live(seg, g))
-                    g++;
-                if (run < g)
-                    st = seg_set_access(seg, run, g, k);
-            }
-        }
+        for (size_t g = 0, run; st == XSEG_SUCCESS && next_live_run(seg, &g, &run);)
+            st = seg_set_access(seg, run, g, k);
     }
     if (st != XSEG_SUCCESS)
         seg->naccess--; /* runs granted before the failure keep the (harmless) extra access */
@@ -1535,19 +1597,8 @@ void seg_inner_range(const struct seg *seg, size_t offset, size_t size, size_t *
 static void seg_runs(const struct seg *seg, void (*fn)(void *, struct seg *, size_t, size_t, int), void *user,
                      int mapped)
 {
-    for (size_t piece = 0; piece < seg->npieces; piece++) {
-        size_t g = seg->pieces[piece].first_gran;
-        size_t end = g + seg->pieces[piece].size / seg->gran;
-        while (g < end) {
-            while (g < end && !gran_live(seg, g))
-                g++;
-            size_t run = g;
-            while (g < end && gran_live(seg, g))
-                g++;
-            if (run < g)
-                fn(user, (struct seg *)(uintptr_t)seg, run, g, mapped);
-        }
-    }
+    for (size_t g = 0, run; next_live_run(seg, &g, &run);)
+        fn(user, (struct seg *)(uintptr_t)seg, run, g, mapped);
 }
 
 void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg *seg, size_t first, size_t last, int mapped),
@@ -1604,16 +1655,12 @@ xseg_status seg_sleep_unmap(struct seg *seg, size_t *unmapped)
         return st;
     size_t before = seg->mapped_bytes, run, run_end;
     for (size_t g = 0; next_inner_run(seg, g, seg->ngran, 0, &run, &run_end); g = run_end) {
-        /* Announced before it goes (as seg_unmap), one cuMemUnmap for the run; the handles stay,
-         * so the memory and its bytes live on until seg_sleep_commit. */
-        if (seg->observe)
-            seg->observe(seg->observe_user, seg, run, run_end, 0);
+        /* As seg_unmap, but the handles stay, so the memory and its bytes live on until
+         * seg_sleep_commit. */
         CUdeviceptr addr = gran_addr(seg, run);
         size_t bytes = (run_end - run) * seg->gran;
-        CUresult res = drv->cuMemUnmap(addr, bytes);
+        CUresult res = seg_unmap_run(seg, run, run_end);
         if (res != CUDA_SUCCESS) {
-            if (seg->observe)
-                seg->observe(seg->observe_user, seg, run, run_end, 1);
             *unmapped = before - seg->mapped_bytes;
             return seg_failf(res, "cuMemUnmap(0x%llx, %zu) to put it to sleep", (unsigned long long)addr, bytes);
         }
@@ -1734,19 +1781,13 @@ xseg_status seg_wake_map(struct seg *seg, size_t *mapped)
     if (st != XSEG_SUCCESS)
         return st;
     size_t before = seg->mapped_bytes;
-    size_t run = SIZE_MAX; /* first granule of the current run of chunks mapped here */
-    size_t piece_end = seg_piece_end_of(seg, 0);
+    struct fresh_run fr = {SIZE_MAX, seg_piece_end_of(seg, 0)};
     for (size_t g = 0; g < seg->ngran;) {
-        if (g == piece_end) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
-                goto fail;
-            run = SIZE_MAX;
-            piece_end = seg_piece_end_of(seg, g);
-        }
+        if ((st = fresh_run_at(seg, &fr, g)) != XSEG_SUCCESS)
+            goto fail;
         if (!(seg->gflags[g] & GRAN_ASLEEP)) {
-            if (run != SIZE_MAX && (st = seg_set_access(seg, run, g, 0)) != XSEG_SUCCESS)
+            if ((st = fresh_run_end(seg, &fr, g)) != XSEG_SUCCESS)
                 goto fail;
-            run = SIZE_MAX;
             g = chunk_end(seg, g);
             continue;
         }
@@ -1776,11 +1817,11 @@ xseg_status seg_wake_map(struct seg *seg, size_t *mapped)
         }
         seg->asleep_bytes -= bytes;
         seg->mapped_bytes += bytes;
-        if (run == SIZE_MAX)
-            run = c;
+        if (fr.start == SIZE_MAX)
+            fr.start = c;
         g = end;
     }
-    if (run != SIZE_MAX && (st = seg_set_access(seg, run, seg->ngran, 0)) != XSEG_SUCCESS)
+    if ((st = fresh_run_end(seg, &fr, seg->ngran)) != XSEG_SUCCESS)
         goto fail;
     if (seg->observe)
         seg_observe_fresh(seg, 0, seg->ngran);

@@ -17,11 +17,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "base/hostmem.h"
 #include "core/history.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
@@ -655,6 +658,64 @@ static void test_dump_trace(void **state)
     assert_int_equal(xseg_dump_trace(0, NULL), XSEG_ERROR_INVALID_VALUE);
 }
 
+/* Files in folder @p dir (a written file, or a temporary one left behind). */
+static int count_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* xseg_dump_trace with its nth host allocation failing, for each n it makes: OUT_OF_MEMORY and
+ * no file, not even a temporary one, or a trace equal to the one written without a failure;
+ * never a wrong trace (a name map that could not grow used to drop names silently). */
+static void test_dump_trace_host_oom(void **state)
+{
+    (void)state;
+    void *early = tu_malloc(7000, NULL);
+    record(XSEG_HISTORY_ALL, XSEG_STACKS_NONE, 0);
+    void *a = tu_malloc(1234, NULL), *b = tu_malloc(3 * MiB, NULL);
+    tu_free(early);
+    tu_free(a);
+    const char *ref = tmp_path("ref.trace");
+    assert_int_equal(xseg_dump_trace(0, ref), XSEG_SUCCESS);
+    char *want = slurp(ref, NULL);
+    char dir[300], out[320];
+    snprintf(dir, sizeof dir, "%s/oom", tmpdir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(out, sizeof out, "%s/live.trace", dir);
+    int nfailed = 0;
+    for (unsigned long n = 1;; n++) {
+        hostmem_fail_nth(n);
+        xseg_status st = xseg_dump_trace(0, out);
+        bool failed = hostmem_failed();
+        hostmem_disarm();
+        if (st == XSEG_SUCCESS) {
+            char *got = slurp(out, NULL);
+            if (strcmp(got, want))
+                fail_msg("host allocation %lu failed, and xseg_dump_trace wrote a wrong trace:\n%s", n, got);
+            free(got);
+            assert_int_equal(unlink(out), 0);
+            if (!failed)
+                break; /* past the last allocation */
+            continue;
+        }
+        assert_true(failed);
+        assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
+        assert_non_null(strstr(xseg_last_error(), "out of host memory"));
+        assert_int_equal(count_files(dir), 0);
+        nfailed++;
+    }
+    assert_true(nfailed >= 4); /* the ring's copy, the name maps, the temporary file's name */
+    assert_int_equal(rmdir(dir), 0);
+    free(want);
+    tu_free(b);
+}
+
 static void test_bad_options(void **state)
 {
     (void)state;
@@ -759,6 +820,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_dump_pickle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_observer_dumps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dump_trace, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dump_trace_host_oom, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_options, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
