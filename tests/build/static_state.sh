@@ -2,8 +2,8 @@
 # The library's writable statics (file scope or in a function, process-wide or per thread) are
 # the process object xseg_rt (core/procstate.h) and the list below, each with why it stays
 # outside; a new one fails until it is folded into its module's sub-state or listed here with a
-# reason (core/README.md, "Process state"). Read from the objects' symbol tables, so a static
-# inside a function (NAME.N) is seen as well as one at file scope.
+# reason (docs/design.md, "Process state and teardown"). Read from the objects' symbol tables,
+# so a static inside a function (NAME.N) is seen as well as one at file scope.
 #   static_state.sh LIBXSEG_INTERNAL_A
 set -u
 archive=$1
