@@ -789,7 +789,18 @@ static xseg_status sleep_backup(struct dev_alloc *d, struct priv_pool *pp, struc
         return st;
     if (ev_waiting(d))
         ev_process(d);
-    /* 3. What the wake restores. */
+    /* 3. What the wake restores. Its plan gets room for a copy per block now (nothing is allocated
+     * in the pool until the wake ends, so a segment's blocks only merge): a wake allocates no host
+     * memory, as before the plan existed. */
+    size_t most = 0;
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        size_t nb = 0;
+        for (const struct block *b = ps->segs[i].s->first; b; b = b->next)
+            nb++;
+        most = nb > most ? nb : most;
+    }
+    if (!VEC_RESERVE(ps->plan, ps->capplan, most))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
         size_t bytes;
@@ -876,6 +887,7 @@ static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
     count_woken(d, ps);
 }
 
+/* Room was made at the sleep (sleep_backup); the check only guards that bound. */
 static bool plan_add(struct pool_sleep *ps, CUdeviceptr dev, size_t from, size_t len)
 {
     if (!VEC_RESERVE(ps->plan, ps->capplan, ps->nplan + 1))
