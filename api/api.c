@@ -6,6 +6,7 @@
 #include "base/hostmem.h"
 #include "core/alloc.h"
 #include "api/api.h"
+#include "api/dispatch.h"
 #include "base/error.h"
 #include "core/runtime.h"
 #include "core/snapshot.h"
@@ -48,85 +49,54 @@ XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUs
     return api_malloc(ptr, size, device, stream);
 }
 
+static xseg_status free_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
+{
+    (void)ctx;
+    return alloc_free(d, ptr, owned);
+}
+
 xseg_status api_free_multi(void *ptr, int n)
 {
-    int first = n > 1 ? api_last_device : 0;
-    for (int i = 0; i < n; i++) {
-        int dev = (first + i) % n;
-        struct dev_alloc *d = rt_device_peek(dev);
-        if (!d)
-            continue;
-        bool owned = false;
-        xseg_status st = alloc_free(d, ptr, &owned);
-        if (owned) {
-            if (dev != first)
-                api_last_device = dev;
-            return st;
-        }
-    }
-    return alloc_free_unknown(ptr);
+    int first = n > 1 ? api_last_device : 0, dev;
+    xseg_status st;
+    if (!api_owner(ptr, first, free_on, NULL, &st, &dev))
+        return alloc_free_unknown(ptr);
+    if (dev != first)
+        api_last_device = dev;
+    return st;
 }
 
 XSEG_API xseg_status xseg_free(void *ptr) { return api_free(ptr); }
+
+static xseg_status record_stream_on(struct dev_alloc *d, void *ptr, void *stream, bool *owned)
+{
+    return alloc_record_stream(d, ptr, stream, owned);
+}
 
 XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream)
 {
     if (!ptr)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_record_stream: ptr is NULL");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    for (int dev = 0; dev < rt_device_count(); dev++) {
-        struct dev_alloc *d = rt_device_peek(dev);
-        if (!d)
-            continue;
-        bool owned = false;
-        st = alloc_record_stream(d, ptr, stream, &owned);
-        if (owned)
-            return st;
-    }
-    return err_set(XSEG_ERROR_INVALID_VALUE,
-                   "xseg_record_stream: pointer %p is not a live allocation of xseg", ptr);
+    return api_on_owner("xseg_record_stream", ptr, record_stream_on, stream, NULL);
+}
+
+struct base_out {
+    void **base;
+    size_t *size;
+};
+
+static xseg_status base_allocation_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
+{
+    struct base_out *o = ctx;
+    return alloc_base_allocation(d, ptr, o->base, o->size, owned);
 }
 
 XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size)
 {
     if (!ptr || !base)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_base_allocation: %s is NULL", ptr ? "base" : "ptr");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    for (int dev = 0; dev < rt_device_count(); dev++) {
-        struct dev_alloc *d = rt_device_peek(dev);
-        if (!d)
-            continue;
-        bool owned = false;
-        st = alloc_base_allocation(d, ptr, base, size, &owned);
-        if (owned)
-            return st;
-    }
-    return err_set(XSEG_ERROR_INVALID_VALUE,
-                   "xseg_base_allocation: pointer %p is not a live allocation of xseg", ptr);
-}
-
-/* Run @p fn on @p device, or on every device created so far when it is -1. */
-static xseg_status each_device(int device, xseg_status (*fn)(struct dev_alloc *, void *), void *arg)
-{
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    if (device != -1) {
-        struct dev_alloc *d;
-        st = rt_device(device, &d);
-        return st != XSEG_SUCCESS ? st : fn(d, arg);
-    }
-    xseg_status first = XSEG_SUCCESS;
-    for (int i = 0; i < rt_device_count(); i++) {
-        struct dev_alloc *d = rt_device_peek(i);
-        if (d && (st = fn(d, arg)) != XSEG_SUCCESS && first == XSEG_SUCCESS)
-            first = st;
-    }
-    return first;
+    struct base_out o = {base, size};
+    return api_on_owner("xseg_base_allocation", ptr, base_allocation_on, &o, NULL);
 }
 
 static xseg_status do_empty(struct dev_alloc *d, void *arg)
@@ -135,7 +105,7 @@ static xseg_status do_empty(struct dev_alloc *d, void *arg)
     return alloc_empty_cache(d);
 }
 
-XSEG_API xseg_status xseg_empty_cache(int device) { return each_device(device, do_empty, NULL); }
+XSEG_API xseg_status xseg_empty_cache(int device) { return api_each_device(device, do_empty, NULL); }
 
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
 {
@@ -213,7 +183,7 @@ static xseg_status do_reset(struct dev_alloc *d, void *arg)
     return XSEG_SUCCESS;
 }
 
-XSEG_API xseg_status xseg_reset_peak_stats(int device) { return each_device(device, do_reset, NULL); }
+XSEG_API xseg_status xseg_reset_peak_stats(int device) { return api_each_device(device, do_reset, NULL); }
 
 static xseg_status do_reset_accumulated(struct dev_alloc *d, void *arg)
 {
@@ -224,7 +194,7 @@ static xseg_status do_reset_accumulated(struct dev_alloc *d, void *arg)
 
 XSEG_API xseg_status xseg_reset_accumulated_stats(int device)
 {
-    return each_device(device, do_reset_accumulated, NULL);
+    return api_each_device(device, do_reset_accumulated, NULL);
 }
 
 XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block)
@@ -258,7 +228,7 @@ XSEG_API xseg_status xseg_take_snapshot(int device, xseg_snapshot **snapshot)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_take_snapshot: snapshot is NULL");
     *snapshot = NULL;
     struct snap_acc a = {0};
-    xseg_status st = each_device(device, do_snap, &a);
+    xseg_status st = api_each_device(device, do_snap, &a);
     xseg_snapshot *s = xs_calloc(1, sizeof *s);
     if (st != XSEG_SUCCESS || !s) {
         snap_acc_free(&a);

@@ -1,6 +1,7 @@
 /* Public entry points of allocation history and snapshots (include/xseg.h): argument
  * checks and device iteration; the work is in core/history.c and core/snapshot.c. */
 #include "api/api.h"
+#include "api/dispatch.h"
 #include "base/error.h"
 #include "core/alloc.h"
 #include "core/history.h"
@@ -15,6 +16,13 @@ XSEG_API xseg_status xseg_history_enabled(int *enabled)
     return XSEG_SUCCESS;
 }
 
+static xseg_status history_start_on(struct dev_alloc *d, void *ctx)
+{
+    (void)ctx;
+    alloc_history_start(d);
+    return XSEG_SUCCESS;
+}
+
 XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts)
 {
     xseg_status st = rt_ensure();
@@ -25,14 +33,7 @@ XSEG_API xseg_status xseg_record_memory_history(const xseg_history_options *opts
         return st;
     /* Starting: every device's live blocks get their frees recorded, and malloc leaves its fast
      * path (devices created later start without the permit and see the mode themselves). */
-    if (!before && hist_mode()) {
-        for (int i = 0; i < rt_device_count(); i++) {
-            struct dev_alloc *d = rt_device_peek(i);
-            if (d)
-                alloc_history_start(d);
-        }
-    }
-    return XSEG_SUCCESS;
+    return !before && hist_mode() ? api_each_device(-1, history_start_on, NULL) : XSEG_SUCCESS;
 }
 
 /* The writers' arguments, checked here so that core/snapshot.c trusts its callers: a non-empty

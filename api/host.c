@@ -68,3 +68,15 @@ XSEG_API xseg_status xseg_host_stat_key(size_t index, const char **key)
     *key = hostalloc_stat_key(index);
     return XSEG_SUCCESS;
 }
+
+XSEG_API xseg_status xseg_host_reset_peak_stats(void)
+{
+    hostalloc_reset_peaks();
+    return XSEG_SUCCESS;
+}
+
+XSEG_API xseg_status xseg_host_reset_accumulated_stats(void)
+{
+    hostalloc_reset_accumulated();
+    return XSEG_SUCCESS;
+}

@@ -1,8 +1,14 @@
 /* Public entry points for IPC, segment observers and block handles (include/xseg.h):
  * argument checks and device lookup; the work is in core/ipc.c and core/observe.c. */
+#include "api/dispatch.h"
 #include "base/error.h"
 #include "core/ipc.h"
 #include "core/runtime.h"
+
+static xseg_status export_on(struct dev_alloc *d, void *ptr, void *out, bool *owned)
+{
+    return ipc_export_block(d, ptr, out, owned);
+}
 
 XSEG_API xseg_status xseg_ipc_export(void *ptr, xseg_ipc_handle **out)
 {
@@ -11,19 +17,7 @@ XSEG_API xseg_status xseg_ipc_export(void *ptr, xseg_ipc_handle **out)
     *out = NULL;
     if (!ptr)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_export: ptr is NULL");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    for (int dev = 0; dev < rt_device_count(); dev++) {
-        struct dev_alloc *d = rt_device_peek(dev);
-        if (!d)
-            continue;
-        bool owned = false;
-        st = ipc_export_block(d, ptr, out, &owned);
-        if (owned)
-            return st;
-    }
-    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_ipc_export: pointer %p is not a live allocation of xseg", ptr);
+    return api_on_owner("xseg_ipc_export", ptr, export_on, out, NULL);
 }
 
 XSEG_API xseg_status xseg_ipc_handle_info(const xseg_ipc_handle *handle, xseg_ipc_info *info)
@@ -119,6 +113,17 @@ XSEG_API xseg_status xseg_detach_segment_observer(xseg_segment_observer fn, void
     return obs_detach(fn, user);
 }
 
+struct handles_out {
+    xseg_phys_range *ranges;
+    size_t cap, *n;
+};
+
+static xseg_status handles_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
+{
+    struct handles_out *o = ctx;
+    return ipc_block_handles(d, ptr, o->ranges, o->cap, o->n, owned);
+}
+
 XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n)
 {
     if (!n)
@@ -128,38 +133,20 @@ XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_block_handles: ptr is NULL");
     if (!ranges && cap)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_block_handles: ranges is NULL but cap is %zu", cap);
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    for (int dev = 0; dev < rt_device_count(); dev++) {
-        struct dev_alloc *d = rt_device_peek(dev);
-        if (!d)
-            continue;
-        bool owned = false;
-        st = ipc_block_handles(d, ptr, ranges, cap, n, &owned);
-        if (owned)
-            return st;
-    }
-    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_block_handles: pointer %p is not a live allocation of xseg", ptr);
+    struct handles_out o = {ranges, cap, n};
+    return api_on_owner("xseg_block_handles", ptr, handles_on, &o, NULL);
+}
+
+static xseg_status handles_release_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
+{
+    (void)ctx;
+    return ipc_block_handles_release(d, ptr, owned);
 }
 
 XSEG_API xseg_status xseg_block_handles_release(void *ptr)
 {
     if (!ptr)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_block_handles_release: ptr is NULL");
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    for (int dev = 0; dev < rt_device_count(); dev++) {
-        struct dev_alloc *d = rt_device_peek(dev);
-        if (!d)
-            continue;
-        bool owned = false;
-        st = ipc_block_handles_release(d, ptr, &owned);
-        if (owned)
-            return st;
-    }
-    return err_set(XSEG_ERROR_INVALID_VALUE,
-                   "xseg_block_handles_release: pointer %p is not a live allocation of xseg (freed already? a free "
-                   "ends its holds)", ptr);
+    return api_on_owner("xseg_block_handles_release", ptr, handles_release_on, NULL,
+                        " (freed already? a free ends its holds)");
 }

@@ -1,6 +1,7 @@
 /* Public entry points for long-running services (include/xseg.h): trim (core/trim.c), sleep and
  * wake (core/sleep.c, through core/alloc.c, which applies release_threshold_mb after them). */
 #include "api/api.h"
+#include "api/dispatch.h"
 #include "base/error.h"
 #include "core/alloc.h"
 #include "core/group.h"
@@ -8,23 +9,14 @@
 #include "core/sleep.h"
 #include "core/trim.h"
 
+static xseg_status trim_on(struct dev_alloc *d, void *keep_bytes)
+{
+    return trim_device(d, *(const size_t *)keep_bytes, NULL);
+}
+
 XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes)
 {
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    if (device != -1) {
-        struct dev_alloc *d;
-        st = rt_device(device, &d);
-        return st != XSEG_SUCCESS ? st : trim_device(d, keep_bytes, NULL);
-    }
-    xseg_status first = XSEG_SUCCESS;
-    for (int i = 0; i < rt_device_count(); i++) {
-        struct dev_alloc *d = rt_device_peek(i);
-        if (d && (st = trim_device(d, keep_bytes, NULL)) != XSEG_SUCCESS && first == XSEG_SUCCESS)
-            first = st;
-    }
-    return first;
+    return api_each_device(device, trim_on, &keep_bytes);
 }
 
 XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags)

@@ -474,55 +474,29 @@ static xseg_status cfg_parse_release_threshold(struct cfg_parser *p, const struc
     return XSEG_SUCCESS;
 }
 
-/* A bounded integer (CFG_BOUNDED rows): a whole number from 0 (1 with pow2) to the row's max,
- * into its unsigned field; a word outside that is an error naming the key and the range. */
+/* A bounded number (CFG_BOUNDED and CFG_BOUNDED_MIB rows): a whole number from the row's min to
+ * its max (powers of 2 only with pow2), into its unsigned field, or its size_t field in bytes for
+ * MIB (an IGNORED row is only checked); anything else is an error naming the key and the range. */
 static xseg_status cfg_parse_bounded(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
+    /* A MIB row's bytes must fit a size_t (a 32-bit build's bound is lower than the row's). */
+    unsigned long long max = k->kind == CFG_KIND_MIB ? XSEG_MIN(k->max, CFG_MAX_MB) : k->max;
     char form[96];
-    snprintf(form, sizeof form, "%s to %llu (%s)", k->pow2 ? "a power of 2 from 1" : "a whole number from 0",
-             k->max, k->unit);
+    snprintf(form, sizeof form, "%s from %llu to %llu (%s)", k->pow2 ? "a power of 2" : "a whole number",
+             k->min, max, k->unit);
     const char *w;
     size_t pos;
     unsigned long long v;
     xseg_status st = cfg_word(p, key, form, &w, &pos);
     if (st)
         return st;
-    if (!cfg_to_ull(w, &v) || v > k->max || (k->pow2 && !cfg_pow2(v)))
+    if (!cfg_to_ull(w, &v) || v < k->min || v > max || (k->pow2 && !cfg_pow2(v)))
         return err_set(XSEG_ERROR_INVALID_VALUE, "allocator config: %s: expected %s, got '%s' at index %zu", key,
                        form, w, pos);
-    *(unsigned *)cfg_out(p, k) = (unsigned)v;
-    return XSEG_SUCCESS;
-}
-
-/* memory_budget_mb / memory_group_budget_mb: 0 is none; a pebibyte bounds it (no device is near). */
-static xseg_status cfg_parse_budget(struct cfg_parser *p, const struct cfg_key *k, const char *key)
-{
-    unsigned long long mb;
-    size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
-    if (st)
-        return st;
-    if (mb > (1ull << 30))
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: %s must be at most 1073741824 (a PiB), got %llu at index %zu",
-                       key, mb, pos);
-    *(size_t *)cfg_out(p, k) = (size_t)mb * XSEG_MiB;
-    return XSEG_SUCCESS;
-}
-
-/* sleep_copy_chunk_mb: 1 MiB to 1 GiB. */
-static xseg_status cfg_parse_copy_chunk(struct cfg_parser *p, const struct cfg_key *k, const char *key)
-{
-    unsigned long long mb;
-    size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
-    if (st)
-        return st;
-    if (mb < 1 || mb > 1024)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: sleep_copy_chunk_mb must be from 1 to 1024, got %llu at index %zu", mb,
-                       pos);
-    *(size_t *)cfg_out(p, k) = (size_t)mb * XSEG_MiB;
+    if (k->kind == CFG_KIND_MIB)
+        *(size_t *)cfg_out(p, k) = (size_t)v * XSEG_MiB;
+    else if (k->kind == CFG_KIND_MS || k->kind == CFG_KIND_COUNT)
+        *(unsigned *)cfg_out(p, k) = (unsigned)v;
     return XSEG_SUCCESS;
 }
 
@@ -545,23 +519,15 @@ static xseg_status cfg_parse_name(struct cfg_parser *p, const struct cfg_key *k,
     return XSEG_SUCCESS;
 }
 
-/* pinned_* keys PyTorch's host allocator has and xseg's (core/hostalloc.c) does not need are
- * validated (so a typo still fails) and ignored. */
-static xseg_status cfg_parse_pinned_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
+/* A boolean checked (so a typo still fails) and dropped: pinned_free_catch_all (PyTorch's host
+ * allocator has it, xseg's in core/hostalloc.c does not need it) and throw_on_cudamalloc_oom
+ * (PyTorch 2.12+: refuse a request over the memory fraction before any driver call, which
+ * core/alloc.c always does, so both values are honoured as they are). */
+static xseg_status cfg_parse_checked_flag(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
     (void)k;
-    bool ignored;
-    return cfg_parse_bool(p, key, &ignored);
-}
-
-/* throw_on_cudamalloc_oom (PyTorch 2.12+): refuse a request over the memory fraction before any
- * driver call. xseg always does (core/alloc.c: a request the device or the fraction can never
- * hold fails before the driver is asked), so the value is checked and both are honoured as is. */
-static xseg_status cfg_parse_throw_on_oom(struct cfg_parser *p, const struct cfg_key *k, const char *key)
-{
-    (void)k;
-    bool v;
-    return cfg_parse_bool(p, key, &v);
+    bool dropped;
+    return cfg_parse_bool(p, key, &dropped);
 }
 
 /* expandable_segments_reserve / _by_class (PyTorch 2.12+ VA bounds): a fraction, NG, or a
@@ -579,21 +545,6 @@ static xseg_status cfg_parse_va_hint(struct cfg_parser *p, const struct cfg_key 
     const char *w;
     size_t pos;
     return cfg_word(p, key, "a fraction, NG, or [name:value,...]", &w, &pos);
-}
-
-static xseg_status cfg_parse_pinned_reserve(struct cfg_parser *p, const struct cfg_key *k, const char *key)
-{
-    (void)k;
-    unsigned long long mb;
-    size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
-    if (st)
-        return st;
-    if (mb == 0)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: %s: expected a number of MiB > 0, got 0 at index %zu",
-                       key, pos);
-    return XSEG_SUCCESS;
 }
 
 /* Each kind's field type, checked at compile time for every row. */

@@ -91,9 +91,10 @@ struct cfg_key {
     unsigned snap;      /* place in a snapshot's allocator_settings, 0: not there */
     const char *doc;    /* the default as docs/configuration.md spells it */
     xseg_status (*parse)(struct cfg_parser *p, const struct cfg_key *k, const char *key);
-    /* A bounded integer's row (CFG_BOUNDED, core/config_keys.h): its largest value, its unit as
-     * the error spells it, whether only powers of 2 are accepted. */
-    unsigned long long max;
+    /* A bounded number's row (CFG_BOUNDED, CFG_BOUNDED_MIB in core/config_keys.h): its smallest
+     * and largest value (in MiB for MIB rows), its unit as the error spells it, whether only
+     * powers of 2 are accepted. */
+    unsigned long long min, max;
     const char *unit;
     bool pow2;
 };

@@ -16,8 +16,9 @@
  *   parse    the function in core/config.c that reads the value and checks it; keys whose
  *            bounds depend on large_segment_size_mb leave the final check to cfg_finish; or
  *            CFG_BOUNDED(max, unit, pow2) for a bounded integer (MS, COUNT): a whole number from
- *            0 (1 and powers of 2 with pow2) to max, in unit, read by one parser whose error names
- *            the key and the range
+ *            0 (1 and powers of 2 with pow2) to max, in unit; CFG_BOUNDED_MIB(min, max) for a
+ *            byte size (MIB; or an IGNORED row, checked only) from min to max MiB. One parser
+ *            reads both, and its error names the key and the range
  *   flags    CFG_RESET: back to the default on every parse (PyTorch's rule);
  *            CFG_OMIT_DEFAULT: left out of the canonical string while at the default (PyTorch's
  *            grammar has no spelling for "unlimited" or "off")
@@ -33,8 +34,11 @@
 #ifndef XSEG_CORE_CONFIG_KEYS_H
 #define XSEG_CORE_CONFIG_KEYS_H
 
-/* The parse column of a bounded integer: the parser and the row's bounds (struct cfg_key). */
-#define CFG_BOUNDED(max, unit, pow2) cfg_parse_bounded, max, unit, pow2
+/* The parse column of a bounded number: the parser and the row's bounds (struct cfg_key). */
+#define CFG_BOUNDED(max, unit, pow2) cfg_parse_bounded, (pow2) ? 1 : 0, max, unit, pow2
+#define CFG_BOUNDED_MIB(min, max) cfg_parse_bounded, min, max, "MiB", false
+/* The largest budget: a pebibyte, far beyond any device. */
+#define CFG_MAX_BUDGET_MB (1ull << 30)
 
 #define CFG_KEYS(K, A)                                                                             \
     K(expandable_segments, NULL, BOOL, expandable_segments, true, cfg_parse_flag, 0, 3, "True")    \
@@ -65,7 +69,7 @@
       cfg_parse_flag, 0, 0, "False")                                                               \
     A(backend, NULL, ENUM, cfg_parse_backend, 0, "native")                                         \
     /* PyTorch 2.12+: fail fast over the fraction (what xseg always does); VA bounds */           \
-    A(throw_on_cudamalloc_oom, NULL, ENUM, cfg_parse_throw_on_oom, 0, "False")                     \
+    A(throw_on_cudamalloc_oom, NULL, ENUM, cfg_parse_checked_flag, 0, "False")                     \
     A(expandable_segments_reserve, NULL, IGNORED, cfg_parse_va_hint, CFG_IGNORED, "")              \
     A(expandable_segments_reserve_by_class, NULL, IGNORED, cfg_parse_va_hint, CFG_IGNORED, "")     \
     /* services (core/trim.c, core/idle.c) */                                                      \
@@ -78,14 +82,14 @@
     K(memory_group, NULL, NAME, memory_group, "", cfg_parse_name, CFG_OMIT_DEFAULT, 0, "unset")    \
     K(memory_group_wait_ms, NULL, MS, memory_group_wait_ms, 500, CFG_BOUNDED(60000, "ms", false),  \
       0, 0, "500")                                                                                 \
-    K(memory_budget_mb, NULL, MIB, memory_budget, 0, cfg_parse_budget, CFG_OMIT_DEFAULT, 0,        \
-      "0 (none)")                                                                                  \
-    K(memory_group_budget_mb, NULL, MIB, memory_group_budget, 0, cfg_parse_budget,                 \
+    K(memory_budget_mb, NULL, MIB, memory_budget, 0, CFG_BOUNDED_MIB(0, CFG_MAX_BUDGET_MB),        \
       CFG_OMIT_DEFAULT, 0, "0 (none)")                                                             \
+    K(memory_group_budget_mb, NULL, MIB, memory_group_budget, 0,                                   \
+      CFG_BOUNDED_MIB(0, CFG_MAX_BUDGET_MB), CFG_OMIT_DEFAULT, 0, "0 (none)")                      \
     K(sleep_keep_host_backup, NULL, BOOL, sleep_keep_host_backup, false, cfg_parse_flag,           \
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
-    K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20, cfg_parse_copy_chunk,    \
-      CFG_OMIT_DEFAULT, 0, "64")                                                                   \
+    K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20,                          \
+      CFG_BOUNDED_MIB(1, 1024), CFG_OMIT_DEFAULT, 0, "64")                                         \
     /* PyTorch's pinned host allocator (core/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \
@@ -93,7 +97,8 @@
       CFG_BOUNDED(128, "threads", true), CFG_OMIT_DEFAULT, 0, "1")                                 \
     K(pinned_use_background_threads, NULL, BOOL, pinned_use_background_threads, false,             \
       cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")                                                \
-    A(pinned_reserve_segment_size_mb, NULL, IGNORED, cfg_parse_pinned_reserve, CFG_IGNORED, "")    \
-    A(pinned_free_catch_all, NULL, IGNORED, cfg_parse_pinned_flag, CFG_IGNORED, "")
+    A(pinned_reserve_segment_size_mb, NULL, IGNORED, CFG_BOUNDED_MIB(1, CFG_MAX_MB), CFG_IGNORED,  \
+      "")                                                                                          \
+    A(pinned_free_catch_all, NULL, IGNORED, cfg_parse_checked_flag, CFG_IGNORED, "")
 
 #endif

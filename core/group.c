@@ -74,7 +74,16 @@ struct group {
     uint64_t group_budget;      /* the table's memory_group_budget_mb (checked at join) */
     pthread_t responder;
     _Atomic bool stop, alone;
+    /* The table's lock was busy at join: the table stays mapped and the next growth tries a join
+     * again (group_budget_measure, device lock held), with a try of the lock: no wait. */
+    _Atomic bool rejoin;
     char error[512];            /* why the device is alone, "" when it is not */
+    /* Why a retried join failed for good: written once, before rejoin_failed (release), so that
+     * group_stats never reads a message being rewritten. */
+    char rejoin_error[512];
+    _Atomic bool rejoin_failed;
+    ino_t ino;                  /* the table's file, told apart from one created since */
+    dev_t dev;
 };
 
 /* This module's state is xseg_rt.group (core/procstate.h), written only here (layering.sh). */
@@ -193,13 +202,15 @@ static bool table_ok(const struct gtable *t, uint64_t total, char *why, size_t n
 }
 
 /* Go alone after finding the table bad: the error kept for xseg_group_stats; the responder sees
- * `alone` and ends. */
+ * `alone` and ends. Only the responder calls it, the one writer of alone once it runs: the
+ * message is written before alone is published (release), so group_stats never reads it torn. */
 static void go_alone(struct group *g, const char *why)
 {
-    if (atomic_exchange(&g->alone, true))
+    if (atomic_load(&g->alone))
         return;
     snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
              "goes on alone", g->path, why, g->d->device);
+    atomic_store_explicit(&g->alone, true, memory_order_release);
 }
 
 /* The table's lock within @p ns; EOWNERDEAD (a member died holding it) is repaired. Taken with no
@@ -246,21 +257,28 @@ static void reap_dead(struct gtable *t)
     }
 }
 
-/* Our own figures into our slot. Takes the device lock. */
-static void publish(struct group *g)
+/* Our own figures into our slot. Device lock held. */
+static void publish_locked(struct group *g)
 {
     struct dev_alloc *d = g->d;
-    dev_acquire(d);
+    lock_assert_held(&d->lock);
     uint64_t reserved = (uint64_t)stats_all_current(d->acct.stats.reserved_bytes);
     uint64_t allocated = (uint64_t)stats_all_current(d->acct.stats.allocated_bytes);
     uint64_t cached = trim_cached_bytes(d);
     uint64_t budget = d->cfg.memory_budget;
-    dev_unlock(d);
     struct gslot *s = &g->t->slot[g->me];
     atomic_store(&s->reserved, reserved < g->total ? reserved : g->total);
     atomic_store(&s->allocated, allocated < reserved ? allocated : reserved);
     atomic_store(&s->reclaimable, cached < reserved ? cached : reserved);
     atomic_store(&s->budget, budget < g->total ? budget : g->total);
+}
+
+/* publish_locked, taking the device lock. */
+static void publish(struct group *g)
+{
+    dev_acquire(g->d);
+    publish_locked(g);
+    dev_unlock(g->d);
 }
 
 /* The responder: answers requests in our slot by trimming our cache, republishes our figures
@@ -304,8 +322,8 @@ static void *responder(void *arg)
     return NULL;
 }
 
-/* Open or create the table; NULL with the reason in g->error. */
-static struct gtable *table_open(struct group *g)
+/* Open or create the table (its file's identity in g->ino, g->dev); NULL with the reason in @p err. */
+static struct gtable *table_open(struct group *g, char *err, size_t n)
 {
     struct gtable *t = NULL;
     bool created = false;
@@ -313,7 +331,7 @@ static struct gtable *table_open(struct group *g)
     if (fd >= 0) {
         created = true;
         if (ftruncate(fd, sizeof *t)) {
-            snprintf(g->error, sizeof g->error, "memory group: cannot size /dev/shm%s: %s", g->path,
+            snprintf(err, n, "memory group: cannot size /dev/shm%s: %s", g->path,
                      strerror(errno));
             close(fd);
             shm_unlink(g->path);
@@ -324,7 +342,7 @@ static struct gtable *table_open(struct group *g)
     }
     struct stat st;
     if (fd < 0 || fstat(fd, &st)) {
-        snprintf(g->error, sizeof g->error, "memory group: cannot open /dev/shm%s: %s", g->path,
+        snprintf(err, n, "memory group: cannot open /dev/shm%s: %s", g->path,
                  strerror(errno));
         if (fd >= 0)
             close(fd);
@@ -332,17 +350,19 @@ static struct gtable *table_open(struct group *g)
     }
     /* Only the same user joins, and only a table of exactly our layout is mapped. */
     if (st.st_uid != geteuid() || (st.st_mode & 077) || st.st_size != (off_t)sizeof *t) {
-        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is not usable (%s): "
+        snprintf(err, n, "memory group table /dev/shm%s is not usable (%s): "
                  "device %d goes on alone", g->path,
                  st.st_uid != geteuid() ? "owned by another user"
                  : (st.st_mode & 077) ? "open to other users" : "wrong size", g->d->device);
         close(fd);
         return NULL;
     }
+    g->ino = st.st_ino;
+    g->dev = st.st_dev;
     void *m = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED) {
-        snprintf(g->error, sizeof g->error, "memory group: cannot map /dev/shm%s: %s", g->path,
+        snprintf(err, n, "memory group: cannot map /dev/shm%s: %s", g->path,
                  strerror(errno));
         return NULL;
     }
@@ -369,7 +389,7 @@ static struct gtable *table_open(struct group *g)
     }
     char why[160];
     if (!table_ok(t, g->total, why, sizeof why)) {
-        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
+        snprintf(err, n, "memory group table /dev/shm%s is corrupted (%s): device %d "
                  "goes on alone", g->path, why, g->d->device);
         munmap(t, sizeof *t);
         return NULL;
@@ -387,15 +407,10 @@ static struct gtable *table_open(struct group *g)
     return t;
 }
 
-/* Take a free slot (dead members' reaped first); -1 when the group is full or the lock is bad. */
-static int slot_claim(struct group *g)
+/* Take a free slot (dead members' reaped first), table lock held and given back; -1 when the
+ * group is full (the reason in @p err). */
+static int slot_take(struct group *g, char *err, size_t n)
 {
-    if (!table_lock(g->t, GROUP_JOIN_NS)) {
-        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s: its lock was held for over "
-                 "1 s (a member's ask with memory_group_wait_ms over 1000, a stopped member, or a "
-                 "corrupted table): device %d goes on alone", g->path, g->d->device);
-        return -1;
-    }
     reap_dead(g->t);
     int me = -1;
     for (int i = 0; i < GROUP_SLOTS && me < 0; i++) {
@@ -409,9 +424,24 @@ static int slot_claim(struct group *g)
     }
     table_unlock(g->t);
     if (me < 0)
-        snprintf(g->error, sizeof g->error, "memory group '%s' is full (%d members): device %d goes on "
-                 "alone", g->name, GROUP_SLOTS, g->d->device);
+        snprintf(err, n, "memory group '%s' is full (%d members): device %d goes on alone", g->name,
+                 GROUP_SLOTS, g->d->device);
     return me;
+}
+
+/* slot_take once the table's lock is had within GROUP_JOIN_NS; -1 otherwise, with g->rejoin set:
+ * a member's ask holds the lock up to its memory_group_wait_ms, so the next growth tries again. */
+static int slot_claim(struct group *g)
+{
+    if (!table_lock(g->t, GROUP_JOIN_NS)) {
+        snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s: its lock was held for over "
+                 "1 s (a member's ask with memory_group_wait_ms over 1000, a stopped member, or a "
+                 "corrupted table): device %d goes on alone for now and tries to join again at its "
+                 "next growth", g->path, g->d->device);
+        atomic_store(&g->rejoin, true);
+        return -1;
+    }
+    return slot_take(g, g->error, sizeof g->error);
 }
 
 static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v);
@@ -435,7 +465,7 @@ void group_attach(struct dev_alloc *d)
     for (int i = 0; i < 16; i++)
         n += snprintf(g->path + n, sizeof g->path - (size_t)n, "%02x", d->info.uuid[i]);
     snprintf(g->path + n, sizeof g->path - (size_t)n, "-%s", cfg.memory_group);
-    g->t = table_open(g);
+    g->t = table_open(g, g->error, sizeof g->error);
     if (g->t && (g->me = slot_claim(g)) >= 0) {
         publish(g);
         struct budget_view v;
@@ -450,12 +480,88 @@ void group_attach(struct dev_alloc *d)
         }
     }
     if (g->me < 0) {
-        if (g->t)
+        if (g->t && !atomic_load(&g->rejoin)) { /* a join to retry keeps the table mapped */
             munmap(g->t, sizeof *g->t);
-        g->t = NULL;
+            g->t = NULL;
+        }
         atomic_store(&g->alone, true);
     }
     atomic_store(&g_groups[d->device], g);
+}
+
+/* A retried join for good failed: @p why kept for group_stats, no more retries. */
+static void rejoin_fail(struct group *g, const char *why)
+{
+    snprintf(g->rejoin_error, sizeof g->rejoin_error, "%s", why);
+    atomic_store_explicit(&g->rejoin_failed, true, memory_order_release);
+    atomic_store(&g->rejoin, false);
+}
+
+/* The table's lock if free now (no wait; a try is outside the rank order: base/witness.h). */
+static bool table_trylock(struct gtable *t)
+{
+    int r = pthread_mutex_trylock(&t->lock);
+    if (r && r != EOWNERDEAD)
+        return false;
+    witness_took(FORK_RANK_GROUP_TABLE);
+    if (r == EOWNERDEAD)
+        pthread_mutex_consistent(&t->lock);
+    return true;
+}
+
+/* Whether the file at g->path is still the table mapped: the last member out removes it (a
+ * joiner still to retry holds no slot), and a process starting then creates another. */
+static bool table_current(const struct group *g)
+{
+    int fd = shm_open(g->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    struct stat st;
+    bool same = fd >= 0 && !fstat(fd, &st) && st.st_ino == g->ino && st.st_dev == g->dev;
+    if (fd >= 0)
+        close(fd);
+    return same;
+}
+
+/* The join group_attach could not finish (its table lock was busy), tried again at a growth:
+ * a try of the lock, so a growth never waits for another member's ask. Device lock held: the
+ * slot's figures are published here, and the responder (which takes the lock) starts waiting. */
+static void rejoin(struct dev_alloc *d, struct group *g)
+{
+    lock_assert_held(&d->lock);
+    if (!table_trylock(g->t))
+        return; /* still busy: the next growth tries again */
+    char why[160], err[512];
+    if (!table_current(g)) {
+        table_unlock(g->t);
+        munmap(g->t, sizeof *g->t);
+        if (!(g->t = table_open(g, err, sizeof err))) {
+            rejoin_fail(g, err);
+            return;
+        }
+        if (!table_trylock(g->t))
+            return;
+    }
+    if (!table_ok(g->t, g->total, why, sizeof why)) {
+        table_unlock(g->t);
+        snprintf(err, sizeof err, "memory group table /dev/shm%s is corrupted (%s): device %d goes on alone",
+                 g->path, why, d->device);
+        rejoin_fail(g, err);
+        return;
+    }
+    if ((g->me = slot_take(g, err, sizeof err)) < 0) {
+        rejoin_fail(g, err);
+        return;
+    }
+    publish_locked(g);
+    atomic_store_explicit(&g->alone, false, memory_order_release); /* before the responder looks */
+    if (pthread_create(&g->responder, NULL, responder, g)) {
+        atomic_store(&g->t->slot[g->me].pid, 0);
+        g->me = -1;
+        atomic_store(&g->alone, true);
+        snprintf(err, sizeof err, "memory group: no responder thread: device %d goes on alone", d->device);
+        rejoin_fail(g, err);
+        return;
+    }
+    atomic_store(&g->rejoin, false);
 }
 
 void group_detach_all(void)
@@ -464,7 +570,9 @@ void group_detach_all(void)
         struct group *g = atomic_exchange(&g_groups[i], NULL);
         if (!g)
             continue;
-        if (g->t) {
+        if (g->t && g->me < 0) {
+            munmap(g->t, sizeof *g->t); /* a join still to retry: no slot, no responder */
+        } else if (g->t) {
             atomic_store(&g->stop, true);
             futex(&g->t->slot[g->me].req_seq, FUTEX_WAKE, INT32_MAX, NULL);
             pthread_join(g->responder, NULL);
@@ -510,9 +618,16 @@ size_t group_budget_cap(const struct dev_alloc *d)
     return cap;
 }
 
+/* Whether @p d's join is to be retried at this growth. */
+static bool rejoin_due(const struct dev_alloc *d)
+{
+    struct group *g = atomic_load_explicit(&g_groups[d->device], memory_order_acquire);
+    return g && atomic_load_explicit(&g->rejoin, memory_order_relaxed);
+}
+
 bool group_measure_on(const struct dev_alloc *d)
 {
-    return d->cfg.memory_budget || group_on(d);
+    return d->cfg.memory_budget || group_on(d) || rejoin_due(d);
 }
 
 /* The measure itself (group_budget_measure) for @p g (NULL: none). Device lock held. */
@@ -564,7 +679,16 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
 
 void group_budget_measure(struct dev_alloc *d, struct budget_view *v)
 {
-    budget_measure(d, group_live(d), v);
+    if (rejoin_due(d))
+        rejoin(d, atomic_load(&g_groups[d->device]));
+    struct group *g = group_live(d);
+    if (!g && !d->cfg.memory_budget) { /* the join still to retry: nothing to measure */
+        memset(v, 0, sizeof *v);
+        v->reserved = d->acct.total_allocated_memory;
+        v->limit = v->own_limit = v->group_limit = SIZE_MAX;
+        return;
+    }
+    budget_measure(d, g, v);
 }
 
 void group_note_reserved(struct dev_alloc *d)
@@ -767,7 +891,8 @@ xseg_status group_stats(int device, xseg_group_member *members, size_t capacity,
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: device %d is in no memory group "
                        "(memory_group unset, or the device not used yet)", device);
     if (atomic_load(&g->alone))
-        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: %s", g->error);
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: %s",
+                       atomic_load_explicit(&g->rejoin_failed, memory_order_acquire) ? g->rejoin_error : g->error);
     return table_members(g->t, g->total, g->path, members, capacity, count);
 }
 

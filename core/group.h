@@ -20,7 +20,8 @@
 #include "xseg.h"
 
 /* Join the group the configuration names for @p d, if any, and start its responder thread.
- * A failure leaves the device alone (the reason kept for xseg_group_stats); never fails d. */
+ * A failure leaves the device alone (the reason kept for xseg_group_stats); never fails d. When
+ * only the table's lock was busy (over 1 s: a member's long ask), the next growth tries again. */
 void group_attach(struct dev_alloc *d);
 
 /* Leave every group (responders joined, slots freed); at shutdown. */
@@ -53,10 +54,13 @@ struct budget_view {
 /* The smaller budget in force on @p d (no measure, no driver call); SIZE_MAX when none. */
 size_t group_budget_cap(const struct dev_alloc *d);
 
-/* Whether growth on @p d measures (a budget, or a group whose figures it keeps exact). */
+/* Whether growth on @p d measures (a budget, or a group whose figures it keeps exact), or has a
+ * join to retry. */
 bool group_measure_on(const struct dev_alloc *d);
 
-/* Measure (one cuMemGetInfo) and publish our reserved and foreign bytes. Device lock held. */
+/* Measure (one cuMemGetInfo) and publish our reserved and foreign bytes. Device lock held. A join
+ * group_attach could not finish is tried first, with a try of the table's lock (no wait; no
+ * measure while still alone without a budget). */
 void group_budget_measure(struct dev_alloc *d, struct budget_view *v);
 
 /* Publish our reserved bytes now (after a growth), so members measuring see them. Lock held. */

@@ -669,6 +669,18 @@ void hostalloc_reset_peaks(void)
     struct hc_counter *ctr[] = {&hc.allocation, &hc.segment, &hc.allocated_bytes, &hc.reserved_bytes};
     for (size_t i = 0; i < 4; i++)
         ctr[i]->peak = ctr[i]->current;
+    hc.alloc_time.max = hc.alloc_time.min = hc.free_time.max = hc.free_time.min = 0;
+    mutex_unlock(&hc.lock);
+}
+
+void hostalloc_reset_accumulated(void)
+{
+    mutex_lock(&hc.lock);
+    struct hc_counter *ctr[] = {&hc.allocation, &hc.segment, &hc.allocated_bytes, &hc.reserved_bytes};
+    for (size_t i = 0; i < 4; i++)
+        ctr[i]->allocated = ctr[i]->freed = 0;
+    hc.alloc_time.total = hc.alloc_time.count = hc.free_time.total = hc.free_time.count = 0;
+    hc.num_host_alloc = hc.num_host_free = 0;
     mutex_unlock(&hc.lock);
 }
 

@@ -37,8 +37,11 @@ xseg_status hostalloc_empty_cache(void);
 /* Statistics under PyTorch's host keys (torch.cuda.host_memory_stats()). */
 xseg_status hostalloc_stat(const char *key, int64_t *value);
 const char *hostalloc_stat_key(size_t index);
-/* Reset every peak to its current value. */
+/* Reset every peak to its current value, and the durations' max and min to 0 (as PyTorch). */
 void hostalloc_reset_peaks(void);
+/* Zero the accumulated figures: each counter's allocated and freed, the durations' total and
+ * count, and the driver call counts (PyTorch's reset_accumulated_host_memory_stats). */
+void hostalloc_reset_accumulated(void);
 
 /* Start or stop the event thread as pinned_use_background_threads says (called by the public
  * entry points, holding no lock). */

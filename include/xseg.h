@@ -1018,6 +1018,21 @@ XSEG_API xseg_status xseg_host_stat(const char *key, int64_t *value);
  */
 XSEG_API xseg_status xseg_host_stat_key(size_t index, const char **key);
 
+/**
+ * Reset each peak of the host allocator's statistics to its current value, and the max and min
+ * of host_alloc_time and host_free_time to 0 (torch.cuda.reset_peak_host_memory_stats()).
+ * @return XSEG_SUCCESS.
+ */
+XSEG_API xseg_status xseg_host_reset_peak_stats(void);
+
+/**
+ * Zero the host allocator's accumulated statistics: the ".allocated" and ".freed" of each counter,
+ * the total and count of host_alloc_time and host_free_time, num_host_alloc and num_host_free
+ * (torch.cuda.reset_accumulated_host_memory_stats()). Current values and peaks stay.
+ * @return XSEG_SUCCESS.
+ */
+XSEG_API xseg_status xseg_host_reset_accumulated_stats(void);
+
 /* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable-allocator entry points:
  *   torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free")

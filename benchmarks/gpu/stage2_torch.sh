@@ -3,7 +3,8 @@
 # test_torch_adapter.py: a training loop bit for bit against PyTorch's own allocator, stats,
 # resets, cuDNN's cache info, torch.cuda.graph, MemPool, the OOM error, a snapshot dump), then
 # torch_checks.py --group torch (torch.compile reduce-overhead, torch.multiprocessing, a snapshot
-# kept for the memory-viz check run afterwards: check_snapshots.sh). Each test and check is a
+# kept for the memory-viz check run afterwards: check_snapshots.sh; pinned tensors from xseg's
+# host cache on PyTorch 2.8+). Each test and check is a
 # line of the summary. On the emulator PyTorch skips with its reason; xseg's own snapshot writer
 # runs instead, so check_snapshots.sh has a file to check.
 set -uo pipefail
@@ -29,7 +30,7 @@ if [ -n "$why" ]; then
              'torch.compile(mode="reduce-overhead")' "torch.multiprocessing" \
              "record_stream of an empty tensor and of foreign memory" \
              "fraction, history flag, MemPool.snapshot, torch.accelerator" \
-             "stats, summary and snapshot through torch.cuda"; do
+             "stats, summary and snapshot through torch.cuda" "pinned tensors from xseg's host cache"; do
         check "$c" skip "$why"
     done
     if [ "$XSEG_GPU_EMULATOR" = 1 ]; then

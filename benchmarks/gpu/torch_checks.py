@@ -12,7 +12,9 @@ Group torch (xseg.torch.enable() first): record_stream of an empty tensor and of
 get_per_process_memory_fraction, _cuda_isHistoryEnabled, MemPool.snapshot() of one pool,
 torch.accelerator.memory_stats, torch.compile(mode="reduce-overhead"), torch.cuda.graph
 in a private pool, torch.cuda.MemPool, torch.multiprocessing (a CUDA tensor sent to a spawned
-process), memory_stats/memory_summary/memory_snapshot through torch.cuda, and a snapshot with
+process), memory_stats/memory_summary/memory_snapshot through torch.cuda, pinned tensors from
+xseg's host cache (PyTorch 2.8+: pointer, stats, non_blocking copies, no reuse under a queued
+copy), and a snapshot with
 history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle (checked afterwards
 with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh).
 Group services: sleep/wake of live tensors (GiB/s each way, the time until a kernel runs again),
@@ -236,7 +238,44 @@ def torch_checks(args, xseg, torch):
             out["accelerator"] = True
         return out
 
+    def pinned():
+        # PyTorch 2.8+: pin_memory() and the pinned buffers of non_blocking copies come from
+        # xseg's host cache (the adapter's at::HostAllocator), their stats move, a copy through
+        # them is correct, and a block is not reused while a copy from it is still queued.
+        if not xseg.torch.pinned_installed():
+            raise Skip(xseg.torch.pinned_reason())
+        before = xseg.host_memory_stats()
+        src = torch.arange(4 * MiB, dtype=torch.float32).pin_memory()
+        assert src.is_pinned()
+        xseg.host_record_stream(src.data_ptr(), 0)  # raises unless the pointer is an xseg host block
+        st = xseg.host_memory_stats()
+        assert st["allocation.current"] == before["allocation.current"] + 1, (before, st)
+        assert st["allocated_bytes.current"] >= before["allocated_bytes.current"] + 16 * MiB
+        ths = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+        if "num_host_alloc" in ths:  # PyTorch's view is xseg's figures
+            assert ths["num_host_alloc"] == st["num_host_alloc"], (ths, st)
+        d = src.to(dev, non_blocking=True)
+        back = d.to("cpu", non_blocking=True)  # a pinned destination, from xseg too
+        torch.cuda.current_stream().synchronize()
+        assert back.is_pinned() and torch.equal(back, src)
+        xseg.host_record_stream(back.data_ptr(), 0)
+        # A copy queued behind a long kernel: the freed source must not be handed out again.
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(int(2e9))
+            d2 = src.to(dev, non_blocking=True)
+        ptr = src.data_ptr()
+        del src
+        again = torch.empty(4 * MiB, dtype=torch.float32, pin_memory=True)
+        reused = again.data_ptr() == ptr
+        s.synchronize()
+        assert not reused, "a pinned block was reused while a copy from it was queued"
+        assert torch.equal(d2.cpu(), torch.arange(4 * MiB, dtype=torch.float32))
+        del back, again, d, d2
+        return {"num_host_alloc": xseg.host_memory_stats()["num_host_alloc"]}
+
     report("xseg.torch.enable", allocator)
+    report("pinned tensors from xseg's host cache", pinned)
     report("record_stream of an empty tensor and of foreign memory", record_stream_edges)
     report("fraction, history flag, MemPool.snapshot, torch.accelerator", queries)
     report("stats, summary and snapshot through torch.cuda", stats_summary_snapshot)

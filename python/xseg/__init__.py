@@ -38,6 +38,7 @@ __all__ = [
     "trim",
     "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown", "group_members",
     "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",
+    "host_reset_peak_stats", "host_reset_accumulated_stats",
 ]
 
 def __getattr__(name):
@@ -230,6 +231,18 @@ def host_empty_cache():
     """Give every wholly free cached pinned segment back to the driver (sleep backups kept by
     sleep_keep_host_backup:True included)."""
     check(_lib.need("xseg_host_empty_cache")())
+
+
+def host_reset_peak_stats():
+    """torch.cuda.reset_peak_host_memory_stats(): each peak of host_memory_stats() becomes its
+    current value (the times' .max and .min 0)."""
+    check(_lib.need("xseg_host_reset_peak_stats")())
+
+
+def host_reset_accumulated_stats():
+    """torch.cuda.reset_accumulated_host_memory_stats(): the .allocated/.freed counts, the
+    times' .total/.count and num_host_alloc/num_host_free become 0."""
+    check(_lib.need("xseg_host_reset_accumulated_stats")())
 
 
 def host_memory_stats():

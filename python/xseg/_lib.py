@@ -349,6 +349,8 @@ _PROTOS.update({
     "xseg_host_empty_cache": (_S, []),
     "xseg_host_stat": (_S, [ctypes.c_char_p, c_int64_p]),
     "xseg_host_stat_key": (_S, [ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)]),
+    "xseg_host_reset_peak_stats": (_S, []),
+    "xseg_host_reset_accumulated_stats": (_S, []),
 })
 
 _PROTOS.update({

@@ -18,6 +18,8 @@
 // getMemoryFraction, isHistoryEnabled, attachAllocatorTraceTracker (fed by xseg's segment
 // observers), shareIpcHandle / getIpcDevPtr (xseg's IPC), 2.6's ensureExistsAndIncrefPool, and
 // the device-generic registry; MemPool's use_on_oom / no_split are refused with what to do.
+// From 2.8 install_host() also makes xseg's pinned host cache PyTorch's CUDA host allocator
+// (at::HostAllocator: pin_memory(), non_blocking copies, torch.cuda.host_memory_stats()).
 //
 // The C++ interface this builds against changed across PyTorch 2.x (docs/python.md has the table
 // and its sources):
@@ -56,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -68,6 +71,19 @@
 
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 1)
 #error "xseg's PyTorch adapter needs PyTorch 2.1 or newer (the allocate-to-pool hooks)"
+#endif
+
+// Pinned tensors: from 2.8 pin_memory(), empty(pin_memory=True), the pinned destinations of
+// non_blocking copies to the CPU and the copy kernel's record_event reach the host allocator
+// through at::getHostAllocator(at::kCUDA), a registry where another one can be installed
+// (at::setHostAllocator; pytorch#151431, merged 2025-04-22, after 2.7's branch cut). Up to 2.7
+// they call PyTorch's CachingHostAllocator directly, and the adapter leaves them to it.
+#if (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 8) && __has_include(<ATen/core/CachingHostAllocator.h>)
+#define XSEG_TORCH_HOST_REGISTRY 1
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#else
+#define XSEG_TORCH_HOST_REGISTRY 0
 #endif
 
 // The device argument of the allocator's virtual functions.
@@ -964,6 +980,278 @@ class XsegAllocator : public AdapterBase {
 
 std::shared_ptr<XsegAllocator> installed;
 
+// ---- pinned host memory: xseg's host cache as PyTorch's CUDA host allocator (2.8+) ---------
+
+#if XSEG_TORCH_HOST_REGISTRY
+// State of the installed host allocator. Never destroyed: pinned tensors may be freed at exit.
+// A block allocated, or used by a stream, while a CUDA graph captures into a pool (the
+// allocate-to-pool hooks, where the release has them) belongs to that pool: the graph's replays
+// read it, so its free is deferred until the pool is released, as PyTorch's own host allocator
+// never reuses such a block.
+struct HostState {
+    std::mutex mu;
+    at::HostAllocator *prev = nullptr; // the allocator installed before (pinned tensors it made)
+    std::atomic<size_t> ncapturing{0}; // capturing.size(), read without the lock
+    std::vector<std::pair<MempoolId, std::function<bool(c10::Stream)>>> capturing;
+    std::map<void *, MempoolId> held;                // live blocks of a pool
+    std::map<MempoolId, std::vector<void *>> freed; // their frees, until the pool is released
+};
+HostState &host_state()
+{
+    static HostState *s = new HostState;
+    return *s;
+}
+
+void host_free_now(void *p) noexcept
+{
+    if (xseg_host_free(p) != XSEG_SUCCESS)
+        std::fprintf(stderr, "xseg: warning: freeing a pinned tensor: %s\n", xseg_last_error());
+}
+
+// The DataPtr deleter of every pinned tensor xseg made (called by PyTorch; must not throw).
+void host_delete(void *p) noexcept
+{
+    if (!p)
+        return;
+    HostState &hs = host_state();
+    {
+        std::lock_guard<std::mutex> g(hs.mu);
+        auto it = hs.held.find(p);
+        if (it != hs.held.end()) {
+            try {
+                hs.freed[it->second].push_back(p);
+            } catch (const std::bad_alloc &) {
+                // Out of host memory: the block stays allocated (a replay may still read it).
+                std::fprintf(stderr, "xseg: warning: out of host memory; a pinned block of a graph pool is kept\n");
+            }
+            hs.held.erase(it);
+            return;
+        }
+    }
+    host_free_now(p);
+}
+
+// The pool a capture routes @p stream to, if any (the filters run without the lock held).
+std::optional<MempoolId> capture_pool_of(const c10::Stream &stream)
+{
+    HostState &hs = host_state();
+    if (hs.ncapturing.load(std::memory_order_acquire) == 0)
+        return std::nullopt;
+    std::vector<std::pair<MempoolId, std::function<bool(c10::Stream)>>> caps;
+    {
+        std::lock_guard<std::mutex> g(hs.mu);
+        if (hs.capturing.empty())
+            return std::nullopt;
+        caps = hs.capturing;
+    }
+    for (auto &c : caps)
+        if (c.second(stream))
+            return c.first;
+    return std::nullopt;
+}
+
+void hold_for_pool(void *p, MempoolId pool)
+{
+    std::lock_guard<std::mutex> g(host_state().mu);
+    host_state().held.emplace(p, pool);
+}
+
+template <class T, class = void>
+struct HasPeak : std::false_type {
+};
+template <class T>
+struct HasPeak<T, std::void_t<decltype(std::declval<T &>().peak)>> : std::true_type {
+};
+
+// One HostStats field from xseg's host statistic @p key: a count, a Stat (current, peak,
+// allocated, freed) or a DurationStat (total, max, min, count; microseconds).
+template <class StatT>
+void host_fill(StatT &out, const std::string &key)
+{
+    auto get = [&](const char *part) {
+        int64_t v = 0;
+        xseg_check(xseg_host_stat((key + part).c_str(), &v), "host_memory_stats");
+        return v;
+    };
+    if constexpr (std::is_integral_v<StatT>) {
+        out = get("");
+    } else if constexpr (HasPeak<StatT>::value) {
+        out.current = get(".current");
+        out.peak = get(".peak");
+        out.allocated = get(".allocated");
+        out.freed = get(".freed");
+    } else {
+        out.total = get(".total");
+        out.max = get(".max");
+        out.min = get(".min");
+        out.count = get(".count");
+    }
+}
+
+// HostStats' fields, set where this release declares them. PyTorch's host allocator does not
+// split blocks, so its "allocations" (blocks, live and cached) and "allocated_bytes" (their
+// bytes) are xseg's segments and reserved bytes; active requests and bytes are xseg's live blocks.
+#define XSEG_HOST_FIELD(name)                                                                     \
+    template <class S>                                                                            \
+    auto host_##name(S &s, const char *key, int)->decltype(s.name, void())                        \
+    {                                                                                             \
+        host_fill(s.name, key);                                                                   \
+    }                                                                                             \
+    template <class S>                                                                            \
+    void host_##name(S &, const char *, long)                                                     \
+    {                                                                                             \
+    }
+XSEG_HOST_FIELD(active_requests)
+XSEG_HOST_FIELD(active_bytes)
+XSEG_HOST_FIELD(allocations)
+XSEG_HOST_FIELD(allocated_bytes)
+XSEG_HOST_FIELD(host_alloc_time)
+XSEG_HOST_FIELD(host_free_time)
+XSEG_HOST_FIELD(num_host_alloc)
+XSEG_HOST_FIELD(num_host_free)
+#undef XSEG_HOST_FIELD
+
+at::HostStats host_stats()
+{
+    at::HostStats out;
+    host_active_requests(out, "allocation", 0);
+    host_active_bytes(out, "allocated_bytes", 0);
+    host_allocations(out, "segment", 0);
+    host_allocated_bytes(out, "reserved_bytes", 0);
+    host_host_alloc_time(out, "host_alloc_time", 0);
+    host_host_free_time(out, "host_free_time", 0);
+    host_num_host_alloc(out, "num_host_alloc", 0);
+    host_num_host_free(out, "num_host_free", 0);
+    return out;
+}
+
+class XsegHostBase : public at::HostAllocator {
+  public:
+    at::DataPtr allocate(size_t size) override
+    {
+        c10::Device cpu(c10::DeviceType::CPU, -1);
+        if (size == 0)
+            return {nullptr, nullptr, host_delete, cpu};
+        void *p = nullptr;
+        xseg_status st = xseg_host_malloc(&p, size);
+        TORCH_CHECK_WITH(OutOfMemoryError, st != XSEG_ERROR_OUT_OF_MEMORY, "xseg: ", xseg_last_error());
+        xseg_check(st, "pinned host memory");
+        try {
+            if (auto pool = capture_pool_of(c10::cuda::getCurrentCUDAStream().unwrap()))
+                hold_for_pool(p, *pool);
+        } catch (...) {
+            host_free_now(p);
+            throw;
+        }
+        return {p, p, host_delete, cpu};
+    }
+    c10::DeleterFnPtr raw_deleter() const override { return host_delete; }
+    void copy_data(void *dest, const void *src, std::size_t count) const override { std::memcpy(dest, src, count); }
+
+    // The copy kernel's record_event: the block is reused only once @p stream's work queued up to
+    // its free is done. A block of the allocator installed before xseg's (a tensor pinned earlier)
+    // is passed on to that allocator.
+    bool record_event(void *ptr, void *ctx, c10::Stream stream) override
+    {
+        void *block = ctx ? ctx : ptr;
+        if (!block)
+            return false;
+        xseg_status st = xseg_host_record_stream(block, stream.device_index(),
+                                                 static_cast<struct CUstream_st *>(stream.native_handle()));
+        if (st == XSEG_ERROR_INVALID_VALUE) {
+            at::HostAllocator *prev = host_state().prev;
+            return prev ? prev->record_event(ptr, ctx, stream) : false;
+        }
+        xseg_check(st, "record_event");
+        if (auto pool = capture_pool_of(stream))
+            hold_for_pool(block, *pool);
+        return true;
+    }
+    // torch.cuda.host_memory_stats() and its resets; empty_cache also empties the allocator
+    // installed before (what it cached stays out of xseg's figures).
+    void empty_cache() override
+    {
+        xseg_check(xseg_host_empty_cache(), "host_empty_cache");
+        if (host_state().prev)
+            host_state().prev->empty_cache();
+    }
+    at::HostStats get_stats() override { return host_stats(); }
+    void reset_accumulated_stats() override
+    {
+        xseg_check(xseg_host_reset_accumulated_stats(), "reset_accumulated_host_memory_stats");
+    }
+    void reset_peak_stats() override { xseg_check(xseg_host_reset_peak_stats(), "reset_peak_host_memory_stats"); }
+};
+
+// The pool hooks CUDA graph capture calls on the host allocator (releases after 2.8 declare them;
+// pytorch#167507): allocations and stream uses on the capturing streams join the pool.
+template <class B, class = void>
+struct WithHostPools : B {
+};
+template <class B>
+struct WithHostPools<B, std::void_t<decltype(&B::begin_allocate_to_pool), decltype(&B::release_pool)>> : B {
+    void begin_allocate_to_pool(MempoolId pool, std::function<bool(c10::Stream)> filter) override
+    {
+        std::lock_guard<std::mutex> g(host_state().mu);
+        host_state().capturing.emplace_back(pool, std::move(filter));
+        host_state().ncapturing.store(host_state().capturing.size(), std::memory_order_release);
+    }
+    void end_allocate_to_pool(MempoolId pool) override
+    {
+        std::lock_guard<std::mutex> g(host_state().mu);
+        auto &caps = host_state().capturing;
+        for (auto it = caps.begin(); it != caps.end();)
+            it = it->first == pool ? caps.erase(it) : std::next(it);
+        host_state().ncapturing.store(caps.size(), std::memory_order_release);
+    }
+    // The graph is gone: its blocks freed meanwhile return to the cache (after their streams'
+    // work), and those still live are freed normally later.
+    void release_pool(MempoolId pool) override
+    {
+        std::vector<void *> ready;
+        {
+            HostState &hs = host_state();
+            std::lock_guard<std::mutex> g(hs.mu);
+            auto it = hs.freed.find(pool);
+            if (it != hs.freed.end()) {
+                ready = std::move(it->second);
+                hs.freed.erase(it);
+            }
+            for (auto h = hs.held.begin(); h != hs.held.end();)
+                h = h->second == pool ? hs.held.erase(h) : std::next(h);
+        }
+        for (void *p : ready)
+            host_free_now(p);
+    }
+};
+
+using XsegHostAllocator = WithHostPools<XsegHostBase>;
+#endif
+
+// Make xseg's host cache PyTorch's CUDA host allocator, where the release has the registry.
+// @return "" when installed, else why not (one line, for xseg.torch.pinned_reason()).
+std::string install_host()
+{
+#if XSEG_TORCH_HOST_REGISTRY
+    static at::HostAllocator *mine = nullptr; // never destroyed: pinned tensors outlive modules
+    if (mine)
+        return "";
+    at::HostAllocator *prev = at::getHostAllocator(c10::DeviceType::CUDA);
+    mine = new XsegHostAllocator;
+    host_state().prev = prev;
+    // The highest priority, as for the device allocator: a registration at PyTorch's default
+    // priority (0) made later does not displace it.
+    at::setHostAllocator(c10::DeviceType::CUDA, mine, UINT8_MAX);
+    if (at::getHostAllocator(c10::DeviceType::CUDA) != mine)
+        return "at::setHostAllocator(kCUDA) kept another host allocator";
+    return "";
+#else
+    return "PyTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
+           " has no host allocator registry (at::setHostAllocator, 2.8 and later): pinned tensors keep "
+           "PyTorch's CachingHostAllocator";
+#endif
+}
+
 // Create the allocator, make it PyTorch's current CUDA allocator, and tell libxseg every hook is
 // wired (which silences its bare-CUDAPluggableAllocator warning).
 void install()
@@ -984,4 +1272,6 @@ void install()
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
     m.def("install", &install, "Install xseg as PyTorch's CUDA allocator with every hook wired.");
+    m.def("install_host", &install_host,
+          "Install xseg's pinned host cache as PyTorch's CUDA host allocator; returns \"\" or why not.");
 }

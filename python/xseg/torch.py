@@ -19,6 +19,8 @@ checkpoints (getCheckpointState/setCheckpointPoolState), peer access and peer co
 _cuda_isHistoryEnabled, attachAllocatorTraceTracker (from xseg's segment observers), CUDA IPC
 of tensors for torch.multiprocessing, MemPool.snapshot() per pool, torch.accelerator.*.
 Refused with what to do instead: MemPool(use_on_oom=True), MemPool(no_split=True).
+From PyTorch 2.8, pinned tensors come from xseg's host cache too (enable(pinned=False) keeps
+PyTorch's; pinned_installed() and pinned_reason() say which).
 docs/python.md lists what is answered on which PyTorch.
 
 Needs a CUDA build of PyTorch (2.1 or newer) and a C++ compiler.
@@ -29,9 +31,10 @@ import sys
 from . import _lib
 from . import set_config
 
-__all__ = ["enable", "is_enabled", "adapter_source", "header_dir"]
+__all__ = ["enable", "is_enabled", "pinned_installed", "pinned_reason", "adapter_source", "header_dir"]
 
 _enabled = False
+_pinned_reason = "xseg.torch.enable() has not run"
 
 
 def adapter_source():
@@ -62,15 +65,32 @@ def is_enabled():
     return _enabled
 
 
-def enable(config=None, verbose=False):
+def pinned_installed():
+    """True when enable() made xseg's pinned host cache PyTorch's CUDA host allocator (pinned
+    tensors, non_blocking copies' pinned buffers, torch.cuda.host_memory_stats()); False, with
+    pinned_reason() saying why, before enable(), with pinned=False, or on PyTorch before 2.8."""
+    return _pinned_reason == ""
+
+
+def pinned_reason():
+    """Why pinned tensors do not come from xseg's host cache (one line); "" when they do."""
+    return _pinned_reason
+
+
+def enable(config=None, verbose=False, pinned=True):
     """Install xseg as PyTorch's CUDA allocator with every hook wired.
 
     config: an optional xseg config string applied first (e.g. "expandable_segments:True").
+    pinned: also make xseg's pinned host cache PyTorch's CUDA host allocator where PyTorch has a
+    registry for it (2.8 and later; see pinned_installed()). Pinned tensors made before keep
+    their allocator until freed.
     Must run before PyTorch's first CUDA allocation (PyTorch refuses to change its allocator
     after that). Calling it again is a no-op."""
-    global _enabled
+    global _enabled, _pinned_reason
     if _enabled:
         return
+    if not isinstance(pinned, bool):
+        raise TypeError("xseg.torch.enable: pinned must be True or False, not %r" % (pinned,))
     import torch  # noqa: F401 (a clear ImportError when torch is missing)
     import torch.utils.cpp_extension as cpp
     if not torch.cuda.is_available() and torch.version.cuda is None:
@@ -84,6 +104,7 @@ def enable(config=None, verbose=False):
                    extra_include_paths=[header_dir()], extra_cflags=["-O2"],
                    with_cuda=True, verbose=verbose)
     mod.install()
+    _pinned_reason = mod.install_host() if pinned else "enable(pinned=False)"
     _answer_history_calls(torch)
     _enabled = True
 

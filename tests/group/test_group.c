@@ -350,6 +350,118 @@ static void test_concurrent_askers(void **state)
     quit(&m);
 }
 
+/* The group's members as the table lists them (this process need not be one). */
+static size_t table_members(xseg_group_member *mem, size_t cap)
+{
+    size_t n = 0;
+    if (xseg_group_read(shm_names[1] + 1, mem, cap, &n) != XSEG_SUCCESS)
+        fail_msg("%s", xseg_last_error());
+    return n;
+}
+
+/* The asked_count @p pid publishes (0 while it is no member yet). */
+static uint64_t asked_count(pid_t pid)
+{
+    xseg_group_member mem[8];
+    size_t n = table_members(mem, 8);
+    for (size_t i = 0; i < n && i < 8; i++)
+        if (mem[i].pid == pid)
+            return mem[i].asked_count;
+    return 0;
+}
+
+/* The late joiners' set-up: member *m holds 600 MiB cached and is stopped; *a asks it
+ * (memory_group_wait_ms 30 s), holding the table's lock until *m answers; *late starts meanwhile:
+ * its join waits 1 s for the lock and goes on alone for now, and a growth while the lock is still
+ * held leaves it so (a try, no wait). *m continued and *a's answer read: the lock is free again. */
+static void late_pending(struct member *m, struct member *a, struct member *late)
+{
+    *m = spawn(GROUP);
+    *a = spawn("memory_group:tg,memory_group_wait_ms:30000");
+    assert_string_equal(cmd(m, "alloc 600 1"), "ok");
+    assert_string_equal(cmd(m, "free 0"), "ok");
+    kill(m->pid, SIGSTOP);
+    int status = 0;
+    assert_int_equal(waitpid(m->pid, &status, WUNTRACED), m->pid);
+    fprintf(a->in, "alloc 700 2\n");
+    fflush(a->in);
+    for (int tries = 0; tries < 1000 && asked_count(a->pid) == 0; tries++)
+        usleep(10000); /* a counts its ask once it holds the lock */
+    *late = spawn(GROUP);
+    const char *r1 = cmd(late, "alloc 2 3");
+    const char *g1 = r1[0] == 'o' && r1[1] == 'k' ? cmd(late, "group") : r1;
+    char first[512], second[512];
+    snprintf(first, sizeof first, "%s", g1);
+    size_t k = (size_t)snprintf(second, sizeof second, "%s / ", cmd(late, "alloc 64 4"));
+    snprintf(second + k, sizeof second - k, "%s", cmd(late, "group"));
+    kill(m->pid, SIGCONT); /* before any assertion: a failure must not leave it stopped */
+    if (strncmp(first, "error ", 6) || !strstr(first, "goes on alone for now and tries to join again at its "
+                                                       "next growth"))
+        fail_msg("a join that found the lock busy should say it retries: %s", first);
+    if (strncmp(second, "ok / error ", 11) || !strstr(second, "tries to join again"))
+        fail_msg("a growth while the lock is busy should leave it alone, to retry: %s", second);
+    /* The ask is over (served, or not where late's growths took the room it asked for). */
+    char line[4096];
+    assert_non_null(fgets(line, sizeof line, a->out));
+}
+
+/* A process that started while a member's long ask held the table's lock joins at its first
+ * growth after the ask, and is then a member like any: its cache gives way to an ask. */
+static void test_late_joiner(void **state)
+{
+    (void)state;
+    start("memory_group:tg,memory_group_wait_ms:200");
+    xseg_free(must_malloc(MiB)); /* joined before the table gets busy */
+    struct member m, a, late;
+    late_pending(&m, &a, &late);
+    quit(&a);
+    assert_string_equal(cmd(&late, "alloc 64 5"), "ok"); /* a growth: joins */
+    const char *g3 = cmd(&late, "group");
+    if (strncmp(g3, "asked 0 ", 8))
+        fail_msg("the late process should be a member after its next growth: %s", g3);
+    xseg_group_member mem[8];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 3);
+    /* Its cache (148 MiB) gives way to our ask. */
+    assert_string_equal(cmd(&m, "trim"), "ok");
+    assert_string_equal(cmd(&late, "free 1"), "ok");
+    assert_string_equal(cmd(&late, "free 2"), "ok");
+    void *p = must_malloc(900 * MiB);
+    assert_true(gave_count(late.pid) >= 1);
+    xseg_free(p);
+    assert_string_equal(cmd(&late, "check"), "ok");
+    quit(&late);
+    quit(&m);
+}
+
+/* The members leave while the late process waits to join (it holds no slot, so the last one out
+ * removes the table) and a new process creates the group again: the late process's next growth
+ * joins the new table, not the removed one it had mapped. */
+static void test_late_joiner_new_table(void **state)
+{
+    (void)state;
+    start(""); /* this process is no member: the table goes with the last one */
+    struct member m, a, late;
+    late_pending(&m, &a, &late);
+    quit(&a);
+    quit(&m);
+    int fd = shm_open(shm_names[1], O_RDONLY, 0);
+    if (fd >= 0)
+        close(fd);
+    assert_true(fd < 0); /* removed */
+    struct member n2 = spawn(GROUP);
+    assert_string_equal(cmd(&n2, "alloc 2 1"), "ok"); /* creates the table again */
+    assert_string_equal(cmd(&late, "alloc 64 5"), "ok"); /* a growth: joins */
+    xseg_group_member mem[8];
+    size_t n = table_members(mem, 8);
+    if (n != 2 || !((mem[0].pid == late.pid && mem[1].pid == n2.pid) || (mem[0].pid == n2.pid && mem[1].pid == late.pid)))
+        fail_msg("the new table should list the new process and the late one: %zu member(s), the first pid %d",
+                 n, n ? (int)mem[0].pid : 0);
+    quit(&late);
+    quit(&n2);
+}
+
 /* A hostile table (garbage of the right size and mode, or a bad slot): a clear error, and the
  * process goes on alone with a working allocator. */
 static void hostile(int kind)
@@ -873,7 +985,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_emu_shared),   cmocka_unit_test(test_give_way),
         cmocka_unit_test(test_oom_message),  cmocka_unit_test(test_dead_member),
-        cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_concurrent_askers), cmocka_unit_test(test_hostile_garbage),
+        cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_concurrent_askers), cmocka_unit_test(test_late_joiner), cmocka_unit_test(test_late_joiner_new_table),
+        cmocka_unit_test(test_hostile_garbage),
         cmocka_unit_test(test_hostile_slot), cmocka_unit_test(test_read_errors),
         cmocka_unit_test(test_top),          cmocka_unit_test(test_budget_refuses),
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),

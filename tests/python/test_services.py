@@ -191,6 +191,30 @@ def test_host_malloc_reuse_and_stats(xseg):
     assert xseg.host_memory_stats()["reserved_bytes.current"] == before["reserved_bytes.current"]
 
 
+def test_host_stats_resets(xseg):
+    p = xseg.host_malloc(3 * MiB)
+    xseg.host_free(p)
+    assert xseg.host_memory_stats()["allocated_bytes.peak"] >= 3 * MiB
+    xseg.host_reset_peak_stats()
+    st = xseg.host_memory_stats()
+    assert st["allocated_bytes.peak"] == st["allocated_bytes.current"]
+    assert st["num_host_alloc"] > 0
+    xseg.host_reset_accumulated_stats()
+    st = xseg.host_memory_stats()
+    assert st["num_host_alloc"] == 0 and st["allocation.allocated"] == 0 and st["host_alloc_time.count"] == 0
+
+
+def test_torch_pinned_status_without_enable():
+    """xseg.torch says why pinned tensors are not xseg's before enable() (no torch needed), and
+    enable() refuses a pinned= that is not a bool before touching torch."""
+    import xseg.torch as xt
+    assert xt.pinned_installed() is False
+    assert "enable()" in xt.pinned_reason()
+    with pytest.raises(TypeError, match="pinned must be True or False"):
+        xt.enable(pinned="yes")
+    assert not xt.is_enabled()
+
+
 def test_host_errors(xseg):
     with pytest.raises(xseg.XsegError) as ei:
         xseg.host_free(12345)

@@ -1,6 +1,6 @@
 /*
  * The pinned host caching allocator through the public API (xseg_host_malloc, xseg_host_free,
- * xseg_host_record_stream, xseg_host_empty_cache, xseg_host_stat): rounding to 512 B and device
+ * xseg_host_record_stream, xseg_host_empty_cache, xseg_host_stat and its resets): rounding to 512 B and device
  * segment sizes (not powers of two), reuse, blocks held back until the streams that used them
  * are done, PyTorch's pinned_* keys (cuMemHostRegister with threads, the event thread), every
  * driver call failing in turn, misuse. One process per test (meson passes the test name).
@@ -114,6 +114,37 @@ static void test_host_stats_keys(void **state)
     assert_non_null(strstr(xseg_last_error(), "allocation.all.current"));
     assert_int_equal(xseg_host_stat(NULL, &v), XSEG_ERROR_INVALID_VALUE);
     assert_int_equal(xseg_host_stat_key(0, NULL), XSEG_ERROR_INVALID_VALUE);
+}
+
+/* The resets, as PyTorch's: peaks become the current values (durations' max 0); the accumulated
+ * figures (counts, durations' totals, driver calls) become 0 while current values stay. */
+static void test_host_stats_reset(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip(NULL);
+    void *a = hmalloc(3 * MiB), *b = hmalloc(1000);
+    hfree(a);
+    assert_int_equal(hstat("allocated_bytes.peak"), 3 * MiB + 1024);
+    assert_int_equal(xseg_host_reset_peak_stats(), XSEG_SUCCESS);
+    assert_int_equal(hstat("allocated_bytes.peak"), 1024);
+    assert_int_equal(hstat("allocation.peak"), 1);
+    assert_int_equal(hstat("segment.peak"), hstat("segment.current"));
+    assert_int_equal(hstat("host_alloc_time.max"), 0);
+    assert_int_equal(hstat("allocation.allocated"), 2);
+    assert_true(hstat("num_host_alloc") > 0 && hstat("host_alloc_time.count") > 0);
+    assert_int_equal(xseg_host_reset_accumulated_stats(), XSEG_SUCCESS);
+    static const char *const zero[] = {"allocation.allocated",    "allocation.freed",      "segment.allocated",
+                                       "allocated_bytes.freed",   "reserved_bytes.allocated", "host_alloc_time.count",
+                                       "host_alloc_time.total",   "host_free_time.count",  "num_host_alloc",
+                                       "num_host_free"};
+    for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++)
+        assert_int_equal(hstat(zero[i]), 0);
+    assert_int_equal(hstat("allocation.current"), 1);
+    assert_int_equal(hstat("allocated_bytes.current"), 1024);
+    assert_int_equal(hstat("allocated_bytes.peak"), 1024);
+    hfree(b);
+    assert_int_equal(hstat("allocation.freed"), 1);
+    assert_host_empty();
 }
 
 /* A block used on a stream is not reused (nor its segment released) before the stream's work up
@@ -295,6 +326,7 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_host_basic),           cmocka_unit_test(test_host_stats_keys),
+        cmocka_unit_test(test_host_stats_reset),
         cmocka_unit_test(test_host_record_stream),   cmocka_unit_test(test_host_background_thread),
         cmocka_unit_test(test_host_register),        cmocka_unit_test(test_host_faults),
         cmocka_unit_test(test_host_errors),

@@ -16,8 +16,10 @@ skip() { echo "SKIP torch $rel: $*"; exit 77; }
 fail() { echo "FAIL torch $rel: $*"; exit 1; }
 
 case $rel in
-2.6) pkgs="libtorch-cuda-dev/trixie pybind11-dev/trixie" std=c++17 hooks="ensureExistsAndIncrefPool getPoolUseCount" ;;
-sid) pkgs="libtorch-dev/sid pybind11-dev/sid" std=c++20 hooks="createOrIncrefPool getPoolUseCount setUseOnOOM setNoSplit" ;;
+2.6) pkgs="libtorch-cuda-dev/trixie pybind11-dev/trixie" std=c++17 hooks="ensureExistsAndIncrefPool getPoolUseCount"
+    host_on= ;;
+sid) pkgs="libtorch-dev/sid pybind11-dev/sid" std=c++20 hooks="createOrIncrefPool getPoolUseCount setUseOnOOM setNoSplit"
+    host_on=1 ;;
 *) fail "unknown release '$rel' (2.6 or sid)" ;;
 esac
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || skip "no apt-get/dpkg-deb here"
@@ -118,6 +120,17 @@ XSEG_HOOKS="getDeviceStats resetPeakStats cacheInfo snapshot recordHistory attac
 for sym in $XSEG_HOOKS $hooks; do
     nm -C --defined-only "$obj" 2>/dev/null | grep -q "(anonymous namespace)::.*::$sym(" ||
         fail "the adapter defines no $sym for PyTorch $version (a detection no longer matches its header)"
+done
+# xseg's pinned host allocator (at::HostAllocator, 2.8 and later) with the pool hooks CUDA graph
+# capture calls; none for a release without the registry.
+XSEG_HOST_HOOKS="allocate record_event empty_cache get_stats reset_accumulated_stats reset_peak_stats
+    begin_allocate_to_pool end_allocate_to_pool release_pool"
+for sym in $XSEG_HOST_HOOKS; do
+    if nm -C --defined-only "$obj" 2>/dev/null | grep -q "(anonymous namespace)::.*Host.*::$sym("; then
+        [ -n "$host_on" ] || fail "the adapter defines a host allocator ($sym) for PyTorch $version, which has no registry"
+    else
+        [ -z "$host_on" ] || fail "the adapter defines no host allocator $sym for PyTorch $version (at::HostAllocator)"
+    fi
 done
 # A checkpointed block placed again must be recorded with PyTorch's wrapper (its protected
 # allocation_metadata_): the adapter then calls _AllocationMetadata's constructor, from libtorch.

@@ -237,13 +237,7 @@ static void test_pinned_ignored(void **state)
     parse_bad("pinned_num_register_threads:3", "pinned_num_register_threads", "power of 2");
     parse_bad("pinned_num_register_threads:256", "pinned_num_register_threads", "128");
     parse_bad("pinned_use_cuda_host_register:1", "pinned_use_cuda_host_register", "True or False");
-    parse_bad("pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb", "> 0");
-    /* sleep_copy_chunk_mb: the chunk of sleep and wake copies (core/sleep.c). */
-    assert_int_equal(def.sleep_copy_chunk, (size_t)64 << 20);
-    c = parse_ok("sleep_copy_chunk_mb:1");
-    assert_int_equal(c.sleep_copy_chunk, (size_t)1 << 20);
-    parse_bad("sleep_copy_chunk_mb:0", "sleep_copy_chunk_mb", "from 1 to 1024");
-    parse_bad("sleep_copy_chunk_mb:2048", "sleep_copy_chunk_mb", "from 1 to 1024");
+    parse_bad("pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb", "from 1 to");
 }
 
 /* The bounded integers (CFG_BOUNDED rows, one parser): the largest value is accepted, anything
@@ -270,6 +264,48 @@ static void test_bounded(void **state)
         {"pinned_num_register_threads:3", "pinned_num_register_threads: expected a power of 2 from 1 to 128 (threads)"},
         {"pinned_num_register_threads:256", "pinned_num_register_threads: expected a power of 2 from 1 to 128"},
         {"pinned_num_register_threads:99999999999999999999999", "pinned_num_register_threads: expected a power of 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        parse_bad(bad[i][0], bad[i][1], "at index");
+}
+
+/* The bounded byte sizes (CFG_BOUNDED_MIB rows, the same parser): both ends are accepted and
+ * held in bytes; zero, garbage and one past either end are refused naming the key and the range;
+ * a budget of 0 (none) is the default, which the canonical string leaves out. */
+static void test_bounded_mib(void **state)
+{
+    (void)state;
+    struct cfg def;
+    cfg_default(&def);
+    assert_int_equal(def.sleep_copy_chunk, 64 * MiB);
+    assert_int_equal(def.memory_budget, 0);
+    assert_int_equal(def.memory_group_budget, 0);
+    struct cfg c = parse_ok("sleep_copy_chunk_mb:1,memory_budget_mb:1073741824,memory_group_budget_mb:1");
+    assert_int_equal(c.sleep_copy_chunk, MiB);
+    assert_true(c.memory_budget == ((size_t)1 << 30) * MiB);
+    assert_int_equal(c.memory_group_budget, MiB);
+    char buf[2048];
+    cfg_format(&c, buf, sizeof buf, NULL);
+    assert_non_null(strstr(buf, ",memory_budget_mb:1073741824,memory_group_budget_mb:1,"));
+    assert_non_null(strstr(buf, ",sleep_copy_chunk_mb:1"));
+    c = parse_ok("sleep_copy_chunk_mb:1024,memory_budget_mb:0,memory_group_budget_mb:0");
+    assert_int_equal(c.sleep_copy_chunk, 1024 * MiB);
+    assert_int_equal(c.memory_budget, 0);
+    cfg_format(&c, buf, sizeof buf, NULL);
+    assert_null(strstr(buf, "budget"));
+    assert_non_null(strstr(buf, ",sleep_copy_chunk_mb:1024"));
+    const char *const bad[][2] = {
+        {"sleep_copy_chunk_mb:0", "sleep_copy_chunk_mb: expected a whole number from 1 to 1024 (MiB), got '0'"},
+        {"sleep_copy_chunk_mb:1025", "sleep_copy_chunk_mb: expected a whole number from 1 to 1024 (MiB), got '1025'"},
+        {"sleep_copy_chunk_mb:64M", "sleep_copy_chunk_mb: expected a whole number from 1 to 1024 (MiB), got '64M'"},
+        {"sleep_copy_chunk_mb:", "sleep_copy_chunk_mb: expected a whole number from 1 to 1024 (MiB), got 'end of string'"},
+        {"memory_budget_mb:1073741825", "memory_budget_mb: expected a whole number from 0 to 1073741824 (MiB), got '1073741825'"},
+        {"memory_budget_mb:-1", "memory_budget_mb: expected a whole number from 0 to 1073741824 (MiB), got '-1'"},
+        {"memory_budget_mb:99999999999999999999999", "memory_budget_mb: expected a whole number from 0 to 1073741824"},
+        {"memory_group_budget_mb:0.5", "memory_group_budget_mb: expected a whole number from 0 to 1073741824 (MiB), got '0.5'"},
+        {"memory_group_budget_mb:1073741825", "memory_group_budget_mb: expected a whole number from 0 to 1073741824 (MiB)"},
+        {"pinned_reserve_segment_size_mb:0", "pinned_reserve_segment_size_mb: expected a whole number from 1 to"},
+        {"pinned_reserve_segment_size_mb:x", "pinned_reserve_segment_size_mb: expected a whole number from 1 to"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         parse_bad(bad[i][0], bad[i][1], "at index");
@@ -491,7 +527,7 @@ int main(void)
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_large_segment_order), cmocka_unit_test(test_rejected),
         cmocka_unit_test(test_expandable_page_size),
-        cmocka_unit_test(test_pinned_ignored),  cmocka_unit_test(test_bounded),
+        cmocka_unit_test(test_pinned_ignored),  cmocka_unit_test(test_bounded), cmocka_unit_test(test_bounded_mib),
         cmocka_unit_test(test_pytorch_212_keys),
         cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_reset_rule),      cmocka_unit_test(test_roundup_single),

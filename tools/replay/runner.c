@@ -367,6 +367,7 @@ struct run_ctx {
     int moved;                  /* the action may have changed allocated or reserved bytes */
     CUdevice dev0;
     CUcontext ctx0;             /* device 0's primary context, retained while streams exist */
+    FILE *addr_log;             /* XSEG_REPLAY_ADDR_LOG: each alloc's address and each free */
 };
 
 /* "SOURCE:LINE: op: xseg's message" for an action whose xseg call failed; returns @p st. */
@@ -418,6 +419,9 @@ static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
         c->rs.failed[a->buf] = 0;
         c->rs.ptrs[a->buf] = p;
     }
+    if (c->addr_log)
+        fprintf(c->addr_log, "a %u %u %#lx %llu\n", a->line, a->buf,
+                as == XSEG_SUCCESS ? (unsigned long)(uintptr_t)p : 0ul, (unsigned long long)a->size);
     c->moved = 1;
     return XSEG_SUCCESS;
 }
@@ -432,6 +436,8 @@ static xseg_status run_free(struct run_ctx *c, const struct trace_action *a)
     c->ns_free += now_ns() - t0;
     c->sum->frees++;
     c->rs.ptrs[a->buf] = NULL;
+    if (c->addr_log)
+        fprintf(c->addr_log, "f %u %u\n", a->line, a->buf);
     if (fs != XSEG_SUCCESS) {
         snprintf(c->err, c->errlen, "%s:%u: free %s: %s", c->t->source, a->line, c->t->bufs.names[a->buf],
                  xseg_last_error());
@@ -781,12 +787,18 @@ static void run_cleanup(struct run_ctx *c)
     free(rs->failed);
     free(rs->streams);
     free(rs->held);
+    if (c->addr_log)
+        fclose(c->addr_log);
 }
 
 xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
                       struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen)
 {
     struct run_ctx c = {.t = t, .o = o, .out = out, .sum = sum, .err = err, .errlen = errlen};
+    /* A debugging aid (benchmarks/fit_probe.py): where each allocation went, for placement work. */
+    const char *log = getenv("XSEG_REPLAY_ADDR_LOG");
+    if (log && *log && !(c.addr_log = fopen(log, "w")))
+        fprintf(stderr, "xseg-replay: XSEG_REPLAY_ADDR_LOG: cannot open %s\n", log);
     memset(sum, 0, sizeof *sum);
     snprintf(sum->trace, sizeof sum->trace, "%s", t->source);
     xseg_status st = run_setup(&c);

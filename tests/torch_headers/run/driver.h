@@ -33,7 +33,7 @@ bool contains(const std::string &s, const std::string &part) { return s.find(par
 
 // The stub module's install(), as `xseg.torch.enable()` calls it; @return the adapter, now the
 // current allocator, or nullptr (said on stderr) when it did not become it.
-Pluggable *install_adapter()
+[[maybe_unused]] Pluggable *install_adapter()
 {
     static xseg_stub_module m;
     xseg_stub_init_module(m);

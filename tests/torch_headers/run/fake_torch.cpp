@@ -13,10 +13,15 @@
 //  - changeCurrentAllocator / getCurrentAllocator keep the allocator installed;
 //  - raw_deleter's function calls the current allocator's raw_delete; memcpyAsync is a plain
 //    cudaMemcpyAsync (p2p_enabled unread); enablePeerAccess enables the context's peer access
-//    (recorded here, as fake_peer_calls); c10::SetAllocator keeps the highest priority's.
+//    (recorded here, as fake_peer_calls); c10::SetAllocator keeps the highest priority's;
+//  - at::setHostAllocator / getHostAllocator keep one host allocator per device type, a later
+//    registration replacing it when its priority is at least as high (2.8 to 2.14);
+//    getCurrentCUDAStream returns fake_current_stream.
 // The CUDA runtime's copies only count their calls (fake_memcpy_plain, fake_memcpy_peer).
 // Everything else raises, as the check never reaches it. The real class keeps the hooks in
 // members the stub header leaves out; this one keeps them beside it, by object.
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
@@ -82,6 +87,26 @@ void SetAllocator(DeviceType t, Allocator* alloc, uint8_t priority) {
 }
 Allocator* GetAllocator(const DeviceType& t) { return registry[(int)t].first; }
 } // namespace c10
+
+// The host allocator registry, as ATen/core/CachingHostAllocator.cpp keeps it (2.8 to 2.14): one
+// slot per device type, taken by a registration whose priority is at least the slot's.
+namespace {
+std::map<int, std::pair<at::HostAllocator*, uint8_t>> host_registry;
+} // namespace
+namespace at {
+void setHostAllocator(c10::DeviceType t, HostAllocator* alloc, uint8_t priority) {
+  auto& slot = host_registry[(int)t];
+  if (priority >= slot.second)
+    slot = {alloc, priority};
+}
+HostAllocator* getHostAllocator(c10::DeviceType t) { return host_registry[(int)t].first; }
+} // namespace at
+
+// The current stream (what getCurrentCUDAStream returns; a driver sets it).
+cudaStream_t fake_current_stream = nullptr;
+namespace c10::cuda {
+CUDAStream getCurrentCUDAStream(DeviceIndex) { return CUDAStream{fake_current_stream}; }
+} // namespace c10::cuda
 
 namespace c10::cuda::CUDACachingAllocator {
 void CUDAAllocator::recordStream(const DataPtr&, c10::Stream) { not_in_stub("recordStream(Stream)"); }

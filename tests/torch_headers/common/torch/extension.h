@@ -1,6 +1,7 @@
 // Scaffolding (tests/torch_headers/common/README.md): what the adapter uses of
 // torch/extension.h (pybind11's module macro). The stub module keeps the functions defined with
-// no arguments by name, so that run/oom_driver.cpp can call the adapter's install().
+// no arguments by name (and apart, those returning a string), so that the run/ drivers can call
+// the adapter's install() and install_host().
 #pragma once
 #include <functional>
 #include <map>
@@ -12,11 +13,14 @@
 #endif
 struct xseg_stub_module {
     std::map<std::string, std::function<void()>> fns;
+    std::map<std::string, std::function<std::string()>> strs; // those that return a string
     template <class F>
     void def(const char *name, F f, const char *)
     {
         if constexpr (std::is_invocable_v<F>)
             fns[name] = f;
+        if constexpr (std::is_invocable_r_v<std::string, F>)
+            strs[name] = f;
     }
 };
 #define PYBIND11_MODULE(name, m)                                                                  \

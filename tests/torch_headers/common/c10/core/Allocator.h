@@ -25,7 +25,16 @@ struct Device {
     DeviceType type = DeviceType::CPU;
     DeviceIndex index = -1;
 };
-struct Stream {};
+// A stream: its device and native handle (PyTorch's keeps a device type, index and id and asks
+// the device's guard for the handle; the stubs keep the handle itself).
+struct Stream {
+    Stream() = default;
+    Stream(DeviceIndex device, void *handle) : device_(device), handle_(handle) {}
+    DeviceIndex device_index() const noexcept { return device_; }
+    void *native_handle() const { return handle_; }
+    DeviceIndex device_ = 0;
+    void *handle_ = nullptr;
+};
 struct DataPtr {
     DataPtr() = default;
     DataPtr(void *data, void *ctx, DeleterFnPtr deleter, Device device)
@@ -52,6 +61,7 @@ namespace cuda {
 struct CUDAStream {
     cudaStream_t stream_ = nullptr;
     cudaStream_t stream() const { return stream_; }
+    Stream unwrap() const { return Stream(0, stream_); }
 };
 } // namespace cuda
 } // namespace c10
