@@ -1069,6 +1069,8 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
     if (!pp || !b)
         st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_malloc_at: 0x%" PRIxPTR " is not in a segment of pool (%" PRIu64
                      ", %" PRIu64 ") on device %d", addr, id.first, id.second, d->device);
+    else if (sleep_pool_asleep(d, pp)) /* asleep, going to sleep or waking: its pages are not its own */
+        st = sleep_refuse(d, pp);
     else if (b->allocated || !block_in_free_index(b) || size == 0 || size > b->addr + b->size - addr)
         st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_pool_malloc_at: [0x%" PRIxPTR ", +%zu) is not inside one free, "
                      "mapped block of the pool (the block there: %zu bytes at 0x%" PRIxPTR ", %s)", addr, size,
