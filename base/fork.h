@@ -27,7 +27,7 @@ enum fork_rank {
     FORK_RANK_IDLE,         /* core/idle.c xseg_rt.idle.lock: the thread's stop flag and wait */
     FORK_RANK_GROUP_TABLE,  /* (not registered) core/group.c's table lock, in shared memory: with no device lock held */
     FORK_RANK_DEVICE,       /* (not a mutex) the per-device locks, base/lock.h: never taken here */
-    FORK_RANK_HOSTALLOC,    /* core/hostalloc.c xseg_rt.host.lock: the host cache (sleep takes it under a device lock) */
+    FORK_RANK_HOSTALLOC,    /* core/hostalloc.c xseg_rt.host.lock: the host cache (sleep takes it alone, or under a device lock) */
     FORK_RANK_OBSERVERS,    /* core/observe.c xseg_rt.obs.lock: under a device lock; takes vmm's below */
     FORK_RANK_SETTINGS,     /* core/settings.c xseg_rt.settings.lock */
     FORK_RANK_CALLBACKS,    /* core/settings.c xseg_rt.settings.cb_lock */

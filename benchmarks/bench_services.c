@@ -5,6 +5,7 @@
  *   bench_services --pairs CONFIG N       (N cached pairs only: benchmarks/callgrind_services.sh)
  *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] [--gib G]
  *                                       [--reps R]   (section 5)
+ *   bench_services --concurrent DIR [--gib G] [--reps R]   (section 6)
  *
  * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
  *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
@@ -30,11 +31,20 @@
  *    the bounce buffers; the timeline model has no cost for the file I/O: see the wall row);
  *    --file-only DIR gives only those and the plain copy, through a 256 MiB pinned ring, so host
  *    memory holds no second copy of the bytes (the 10 GiB row on a small machine).
+ * 6. (--concurrent DIR) Another pool's work during a file sleep: a private pool of G GiB of
+ *    weight-like live blocks sleeps to a file in DIR (XSEG_SLEEP_OFFLOAD_FILE) and wakes while a
+ *    second thread runs cached 512 B malloc+free pairs on the default pool; the pairs it completed
+ *    during the sleep and during the wake, and its rate then against its rate alone while the
+ *    pool sleeps (the main thread idle for as long as the sleep took, at most 2 s) in the same
+ *    run; and the sleep's and wake's wall time alone (before the worker starts) and beside it.
+ *    Medians of R repetitions.
  * Links the shared libxseg, as a program would. Without a GPU it runs on the cudaemu built here.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -447,6 +457,100 @@ static int copy_rate(long gib, int reps, long nstreams, long chunk_mb)
     return 0;
 }
 
+/* ---- 6: another pool's pairs during a file sleep ---- */
+static _Atomic unsigned long conc_pairs;
+static atomic_bool conc_stop;
+
+static void *conc_worker(void *arg)
+{
+    (void)arg;
+    while (!atomic_load_explicit(&conc_stop, memory_order_relaxed)) {
+        void *p;
+        if (xseg_malloc(&p, 512, 0, NULL) != XSEG_SUCCESS)
+            die("xseg_malloc (the other pool)");
+        xseg_free(p);
+        atomic_fetch_add_explicit(&conc_pairs, 1, memory_order_relaxed);
+    }
+    return NULL;
+}
+
+/* The worker's pairs while @p fn runs (its wall ms in *ms). */
+static unsigned long conc_during(xseg_status (*fn)(void *), void *arg, double *ms)
+{
+    unsigned long c0 = atomic_load(&conc_pairs);
+    double t0 = now_ms();
+    if (fn(arg) != XSEG_SUCCESS)
+        die("the sleep or wake");
+    *ms = now_ms() - t0;
+    return atomic_load(&conc_pairs) - c0;
+}
+
+/* The worker's pairs per second alone for @p ms (the main thread idle). */
+static double conc_alone(double ms)
+{
+    unsigned long c0 = atomic_load(&conc_pairs);
+    double t0 = now_ms();
+    struct timespec nap = {(time_t)(ms / 1e3), (long)((ms - 1e3 * (double)(long)(ms / 1e3)) * 1e6)};
+    nanosleep(&nap, NULL);
+    return (double)(atomic_load(&conc_pairs) - c0) / (now_ms() - t0) * 1e3;
+}
+
+static xseg_pool_id conc_pool;
+static char conc_path[4096];
+static xseg_status conc_sleep(void *a) { (void)a; return xseg_sleep_ex(0, conc_pool, XSEG_SLEEP_OFFLOAD_FILE, conc_path); }
+static xseg_status conc_wake(void *a) { (void)a; return xseg_wake(0, conc_pool); }
+
+static int concurrent(const char *dir, long gib, int reps)
+{
+    bench_find_driver("bench_services");
+    if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
+        die("xseg_init");
+    load_emu();
+    snprintf(conc_path, sizeof conc_path, "%s/bench_services-%ld.bin", dir, (long)getpid());
+    if (xseg_pool_create(&conc_pool) != XSEG_SUCCESS ||
+        xseg_begin_allocate_to_pool(0, conc_pool, NULL, NULL) != XSEG_SUCCESS)
+        die("xseg_begin_allocate_to_pool");
+    size_t n;
+    void **v = fill((size_t)gib * GiB, 0, &n, NULL);
+    if (xseg_end_allocate_to_pool(0, conc_pool) != XSEG_SUCCESS)
+        die("xseg_end_allocate_to_pool");
+    double sm[32], wm[32], sr[32], wr[32], sa[32], wa[32], s0[32], w0[32];
+    unsigned long sp[32], wp[32];
+    reps = reps > 32 ? 32 : reps;
+    for (int r = 0; r < reps; r++) { /* the sleep and wake alone first (the worker not started) */
+        sp[r] = conc_during(conc_sleep, NULL, &s0[r]);
+        wp[r] = conc_during(conc_wake, NULL, &w0[r]);
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, conc_worker, NULL) != 0)
+        die("pthread_create");
+    for (int r = 0; r < reps; r++) {
+        /* Alone while the pool sleeps: the worker's pairs take the device lock's path then, as
+         * during a sleep or wake (a sleeping pool turns the stream slots off). */
+        sp[r] = conc_during(conc_sleep, NULL, &sm[r]);
+        sr[r] = (double)sp[r] / sm[r] * 1e3;
+        sa[r] = wa[r] = conc_alone(sm[r] < 2000 ? sm[r] : 2000);
+        wp[r] = conc_during(conc_wake, NULL, &wm[r]);
+        wr[r] = (double)wp[r] / wm[r] * 1e3;
+    }
+    atomic_store(&conc_stop, true);
+    pthread_join(t, NULL);
+    double spd[32], wpd[32];
+    for (int r = 0; r < reps; r++)
+        spd[r] = (double)sp[r], wpd[r] = (double)wp[r];
+    printf("bench_services --concurrent: %ld GiB of live blocks in a private pool, a file in %s, %d repetitions, "
+           "%s\n\n", gib, dir, reps, emu.count ? "cudaemu" : "real driver");
+    printf("| operation | wall ms alone | wall ms beside the pairs | other pool's pairs during it | pairs/s during "
+           "it | pairs/s alone, pool asleep | ratio |\n|---|---|---|---|---|---|---|\n");
+    double a = median(sa, reps), b = median(wa, reps);
+    printf("| file sleep | %.0f | %.0f | %.0f | %.3g | %.3g | %.2f |\n", median(s0, reps), median(sm, reps),
+           median(spd, reps), median(sr, reps), a, a > 0 ? median(sr, reps) / a : 0);
+    printf("| wake | %.0f | %.0f | %.0f | %.3g | %.3g | %.2f |\n", median(w0, reps), median(wm, reps),
+           median(wpd, reps), median(wr, reps), b, b > 0 ? median(wr, reps) / b : 0);
+    release(v, n);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long gib = 2;
@@ -455,8 +559,11 @@ int main(int argc, char **argv)
     if (argc == 4 && !strcmp(argv[1], "--pairs"))
         return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
     bool rate_only = false;
+    const char *conc_dir = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--copy-rate"))
+        if (!strcmp(argv[i], "--concurrent") && i + 1 < argc)
+            conc_dir = argv[++i];
+        else if (!strcmp(argv[i], "--copy-rate"))
             rate_only = true;
         else if (!strcmp(argv[i], "--gib"))
             gib = parse_long("--gib", i + 1 < argc ? argv[++i] : NULL, 1);
@@ -471,8 +578,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--file-only") && i + 1 < argc)
             file_dir = argv[++i], file_only = true;
         else {
-            fprintf(stderr, "usage: bench_services [--copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR]] [--gib G] "
-                            "[--reps R]\n");
+            fprintf(stderr, "usage: bench_services [--copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] | "
+                            "--concurrent DIR] [--gib G] [--reps R]\n");
             return 2;
         }
     }
@@ -480,6 +587,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_services: --streams takes at most 16 (got %ld)\n", nstreams);
         return 2;
     }
+    if (conc_dir)
+        return concurrent(conc_dir, gib, reps);
     if (rate_only)
         return copy_rate(gib, reps, nstreams, chunk_mb);
     bench_find_driver("bench_services");

@@ -502,6 +502,44 @@ static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d
     return get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
 }
 
+/* Steps 5-7b of malloc_policy: the growth for @p p was refused and no capture is underway (nothing
+ * may be freed during one). Gives back cached memory in widening rounds, allocating again after
+ * each; OUT_OF_MEMORY when none was enough. */
+static xseg_status malloc_reclaim(struct dev_alloc *d, struct alloc_params *p)
+{
+    /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
+     * what the request needs, runs of streams known idle first, waiting at most once per stream
+     * (expandable_segments_recycle, core/trim.h), then allocate again. PyTorch goes straight to
+     * the steps below, which release every cached block. */
+    xseg_status st = XSEG_ERROR_OUT_OF_MEMORY;
+    bool recycling = d->use_expandable && d->cfg.expandable_segments_recycle;
+    if (recycling) {
+        exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/expandable.h) */
+        size_t got = 0;
+        if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
+            st = alloc_block(d, p, false);
+    }
+
+    /* 6. Release one cached oversize block large enough (or several), then allocate. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && release_available_cached_blocks(d, p->pool, p->stream, p->size))
+        st = alloc_block(d, p, false);
+
+    /* 7. Release every cached block (empty_cache), then allocate once more. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY) {
+        xseg_status rs = release_cached_blocks(d, NULL);
+        if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
+            st = alloc_block(d, p, true);
+    }
+    if (recycling)
+        exp_recycle_end(d); /* what the growth did not take goes back to the driver */
+    /* 7b. Partly used pages re-backed by granule chunks, their free granules given back
+     * (expandable_segments_defrag, core/expandable.h); allocate again after each round. */
+    for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && d->use_expandable &&
+                           d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
+        st = alloc_block(d, p, false);
+    return st;
+}
+
 /*
  * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
  * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
@@ -570,36 +608,9 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
     bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
 
-    /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
-     * what the request needs, runs of streams known idle first, waiting at most once per stream
-     * (expandable_segments_recycle, core/trim.h), then allocate again. PyTorch goes straight to
-     * the steps below, which release every cached block. */
-    bool recycling = st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&
-                     d->cfg.expandable_segments_recycle;
-    if (recycling) {
-        exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/expandable.h) */
-        size_t got = 0;
-        if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
-            st = alloc_block(d, p, false);
-    }
-
-    /* 6. Release one cached oversize block large enough (or several), then allocate. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && release_available_cached_blocks(d, p->pool, p->stream, p->size))
-        st = alloc_block(d, p, false);
-
-    /* 7. Release every cached block (empty_cache), then allocate once more. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
-        xseg_status rs = release_cached_blocks(d, NULL);
-        if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
-            st = alloc_block(d, p, true);
-    }
-    if (recycling)
-        exp_recycle_end(d); /* what the growth did not take goes back to the driver */
-    /* 7b. Partly used pages re-backed by granule chunks, their free granules given back
-     * (expandable_segments_defrag, core/expandable.h); allocate again after each round. */
-    for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && !capture && d->use_expandable &&
-                           d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
-        st = alloc_block(d, p, false);
+    /* 5-7b. Under pressure: give back cached memory and allocate again (malloc_reclaim). */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture)
+        st = malloc_reclaim(d, p);
 
     /* 7c. The memory group. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && XSEG_UNLIKELY(group_on(d)))
@@ -1096,6 +1107,8 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
     if (!pp || !b)
         st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_malloc_at: 0x%" PRIxPTR " is not in a segment of pool (%" PRIu64
                      ", %" PRIu64 ") on device %d", addr, id.first, id.second, d->device);
+    else if (sleep_pool_asleep(d, pp)) /* asleep, going to sleep or waking: its pages are not its own */
+        st = sleep_refuse(d, pp);
     else if (b->allocated || !block_in_free_index(b) || size == 0 || size > b->addr + b->size - addr)
         st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_pool_malloc_at: [0x%" PRIxPTR ", +%zu) is not inside one free, "
                      "mapped block of the pool (the block there: %zu bytes at 0x%" PRIxPTR ", %s)", addr, size,

@@ -26,6 +26,20 @@
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
  * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
  * synchronize costs little next to it.
+ *
+ * Locking: the long steps run without the device lock (step_out / step_in): the waits for the
+ * pool's streams and for the copies, the host backups' allocation, the file's creation, writes
+ * and reads. Mallocs and frees of the device's other pools go on meanwhile (a 10 GiB file sleep
+ * on a slow disk would otherwise stop them all). What keeps everyone else off the pool: its
+ * struct pool_sleep is in its slot from the first check to the end (phase SLEEPING, ASLEEP,
+ * WAKING), so a malloc from it, a second sleep or wake of it and a release of the pool are refused
+ * (sleep_refuse names the phase), and its segments are marked asleep from the start, so no reclaim,
+ * export or snapshot touches them. A free of one of its blocks only changes the books, as while
+ * it sleeps: the runs to copy were taken under the lock, and a copy into a freed block is harmless
+ * (nothing can allocate it). Pages are mapped and unmapped, and the books changed, only under the
+ * lock, and reserved_bytes follows each segment's pages as they go (dev_check may run between). The
+ * thread running the sleep or wake owns the rest of the struct; other threads read only its phase
+ * and, once asleep, its statistics.
  */
 #include "core/sleep.h"
 
@@ -67,8 +81,23 @@ struct sleep_seg {
     bool kept; /* a failed sleep left all its pages mapped: they hold the bytes, the wake copies none */
 };
 
+/* Where a pool's sleep stands; awake is no struct in the slot. */
+enum sleep_phase {
+    PHASE_SLEEPING, /* an xseg_sleep of it runs */
+    PHASE_ASLEEP,
+    PHASE_WAKING, /* an xseg_wake of it runs */
+};
+
+/* A wake's copy into a segment: [dev, dev + len) from byte @p from of its backup (or zeros). */
+struct sleep_copy {
+    CUdeviceptr dev;
+    size_t from, len;
+};
+
 struct pool_sleep {
+    enum sleep_phase phase; /* written under the device lock; read by other threads */
     unsigned flags;
+    bool keep_backup; /* sleep_keep_host_backup when this sleep or wake began (read unlocked) */
     CUstream streams[SLEEP_COPY_STREAMS]; /* the running sleep's or wake's copy streams */
     unsigned nstreams, next;              /* their count; the round robin's cursor */
     size_t chunk;                         /* sleep_copy_chunk_mb in bytes */
@@ -84,6 +113,8 @@ struct pool_sleep {
     unsigned slot;
     struct sleep_seg *segs;
     size_t nsegs, capsegs;
+    struct sleep_copy *plan; /* a wake: the copies of the segment being restored */
+    size_t nplan, capplan;
     size_t released; /* bytes the sleep unmapped (reserved_bytes given back) */
     size_t live;     /* bytes of live blocks at the sleep: offloaded or discarded */
 };
@@ -99,7 +130,6 @@ static void drop_events(struct sleep_seg *ss);
 
 static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_may_run)
 {
-    lock_assert_held(&d->lock);
     if (!ps)
         return;
     bool waited = !copies_may_run || wait_all(ps, "for the copies of a failed sleep") == XSEG_SUCCESS;
@@ -115,9 +145,10 @@ static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
                        hostalloc_record_stream(ss->host, d->info.primary_ctx, ps->streams[k]) == XSEG_SUCCESS;
         if (!recorded)
             continue; /* neither waited nor recorded: kept allocated rather than reused under a copy */
-        (void)hostalloc_free(ss->host, !d->cfg.sleep_keep_host_backup);
+        (void)hostalloc_free(ss->host, !ps->keep_backup);
     }
     spill_close(&ps->file);
+    xs_free(ps->plan);
     xs_free(ps->segs);
     xs_free(ps);
 }
@@ -150,11 +181,34 @@ static struct pool_sleep **slot(struct dev_alloc *d, struct priv_pool *pp)
     return pp ? &pp->sleep : &d->sleep.sleep_default;
 }
 
+/* What a pool not awake is doing, for the messages of the calls it refuses. */
+static const char *phase_words(const struct pool_sleep *ps)
+{
+    switch (ps->phase) {
+    case PHASE_SLEEPING:
+        return "is going to sleep (an xseg_sleep of it is underway)";
+    case PHASE_WAKING:
+        return "is waking up (an xseg_wake of it is underway)";
+    default:
+        return "is asleep (xseg_sleep)";
+    }
+}
+
+/* The device lock given back around a long step of a sleep or wake, and taken again (see the top:
+ * the pool's phase and asleep segments keep the others off it). The state must be whole at
+ * step_out (dev_unlock may check it); after step_in nothing of the device but the pool's own
+ * segments and blocks is trusted as before. */
+static void step_out(struct dev_alloc *d) { dev_unlock(d); }
+static void step_in(struct dev_alloc *d) { dev_acquire(d); }
+
 xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
 {
+    lock_assert_held(&d->lock);
+    const struct pool_sleep *ps = pp ? pp->sleep : d->sleep.sleep_default;
     char buf[64];
-    return err_set(XSEG_ERROR_ILLEGAL_STATE, "cannot allocate from %s on device %d: it is asleep (xseg_sleep); "
-                   "xseg_wake it first", pool_name(pp, buf), d->device);
+    return err_set(XSEG_ERROR_ILLEGAL_STATE, "cannot allocate from %s on device %d: it %s; %s", pool_name(pp, buf),
+                   d->device, phase_words(ps), ps->phase == PHASE_ASLEEP ? "xseg_wake it first"
+                                                                         : "allocate once that call has returned");
 }
 
 size_t sleep_allocated_bytes(const struct dev_alloc *d)
@@ -163,11 +217,15 @@ size_t sleep_allocated_bytes(const struct dev_alloc *d)
     if (!d->sleep.nasleep)
         return 0;
     size_t bytes = 0;
-    for (const struct segrec *s = d->segs; s; s = s->next_seg)
-        if (s->asleep)
-            for (const struct block *b = s->first; b; b = b->next)
-                if (b->allocated)
-                    bytes += b->size;
+    for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+        if (!s->asleep)
+            continue;
+        /* Only blocks whose pages are gone (a sleep underway unmaps segment after segment). */
+        uintptr_t base = (uintptr_t)seg_base(s->vseg);
+        for (const struct block *b = s->first; b; b = b->next)
+            if (b->allocated && seg_gran_is_asleep(s->vseg, (b->addr - base) / seg_gran(s->vseg)))
+                bytes += b->size;
+    }
     return bytes;
 }
 
@@ -191,7 +249,7 @@ static bool stream_add(struct stream_list *l, CUstream s)
 
 /* Wait for every stream that may still use the blocks of pool @p pp (@p ps's segments): theirs,
  * the streams recorded for their live blocks, and the streams of pending record_stream events on
- * its blocks. */
+ * its blocks. Lock held; given back while waiting. */
 static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp, const struct pool_sleep *ps,
                                 const char *why)
 {
@@ -215,8 +273,10 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
         }
     }
     xseg_status st = ok ? XSEG_SUCCESS : err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", why);
+    step_out(d);
     for (size_t i = 0; i < l.n && st == XSEG_SUCCESS; i++)
         st = vstream_wait(l.v[i], why);
+    step_in(d);
     xs_free(l.v);
     return st;
 }
@@ -352,11 +412,10 @@ static bool collect_runs(struct sleep_seg *ss, size_t *bytes)
     return true;
 }
 
-/* Step 3: queue the copy of every run of live blocks to pinned host memory (step 4 waits). */
+/* Step 3: queue the copy of every run of live blocks to pinned host memory (step 4 waits). Lock
+ * not held: the backups come from the host cache (its own lock), the runs were taken before. */
 static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
 {
-    lock_assert_held(&d->lock);
-    pick_streams(d, ps);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
         if (!ss->host_bytes)
@@ -408,7 +467,7 @@ static void bounce_put(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
         for (unsigned k = 0; !waited && k < ps->nstreams && recorded; k++)
             recorded = hostalloc_record_stream(ps->bounce[j], d->info.primary_ctx, ps->streams[k]) == XSEG_SUCCESS;
         if (recorded) /* else kept allocated rather than reused under a copy */
-            (void)hostalloc_free(ps->bounce[j], !d->cfg.sleep_keep_host_backup);
+            (void)hostalloc_free(ps->bounce[j], !ps->keep_backup);
         ps->bounce[j] = NULL;
     }
 }
@@ -449,11 +508,9 @@ static xseg_status file_out(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off
 }
 
 /* Step 3 with XSEG_SLEEP_OFFLOAD_FILE: every run of live blocks into the file (all written when it
- * returns successfully: no page is unmapped before). */
+ * returns successfully: no page is unmapped before). Lock not held. */
 static xseg_status offload_file(struct dev_alloc *d, struct pool_sleep *ps)
 {
-    lock_assert_held(&d->lock);
-    pick_streams(d, ps);
     xseg_status st = bounce_get(d, ps, "xseg_sleep_ex");
     for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
         struct sleep_seg *ss = &ps->segs[i];
@@ -514,47 +571,82 @@ static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int ac
     }
 }
 
-/* Steps 4 and 5, and the books. On a failed unmap everything is mapped back; only if that fails
- * too does the pool stay asleep (with every byte recoverable: held pages, or the host copy). */
+/* Step 4 for segment @p k: wait for its own chunks (the later segments' may still run) with the
+ * lock given back, then unmap its pages, keeping the handles. reserved_bytes drops by the bytes
+ * now, so the books match the pages whenever the lock is given back (its chunks count in
+ * num_device_free at the commit). */
+static xseg_status unmap_seg(struct dev_alloc *d, struct pool_sleep *ps, size_t k)
+{
+    lock_assert_held(&d->lock);
+    struct sleep_seg *ss = &ps->segs[k];
+    xseg_status st = XSEG_SUCCESS;
+    if (ss->used) {
+        step_out(d);
+        st = wait_seg(ps, ss, "for the copies of a sleep (xseg_sleep)");
+        drop_events(ss);
+        step_in(d);
+    }
+    size_t un = 0;
+    if (st == XSEG_SUCCESS)
+        st = seg_sleep_unmap(ss->s->vseg, &un);
+    if (un) /* a failed unmap keeps what it unmapped asleep (and held) */
+        dev_count_unmapped(d, ss->s->pool, un, 0);
+    return st;
+}
+
+/* A failed step 4: map segments [0, @p k) back with their own handles, bytes intact. True when
+ * every page is back; *left: the bytes that could not be mapped back. */
+static bool unmap_undo(struct dev_alloc *d, struct pool_sleep *ps, size_t k, size_t *left)
+{
+    lock_assert_held(&d->lock);
+    bool all = true;
+    *left = 0;
+    for (size_t j = 0; j < k; j++) {
+        struct segrec *s = ps->segs[j].s;
+        size_t re;
+        all &= seg_sleep_undo(s->vseg, &re) == XSEG_SUCCESS;
+        if (re)
+            dev_count_mapped(d, s->pool, re, 0);
+        *left += seg_asleep_bytes(s->vseg);
+    }
+    return all;
+}
+
+/* Step 4, segment after segment. On a failed unmap everything is mapped back; only if that fails
+ * too does the pool sleep (*asleep, with every byte recoverable: held pages, or the host copy). */
 static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *asleep)
 {
     lock_assert_held(&d->lock);
     *asleep = false;
     size_t k = 0;
     xseg_status st = XSEG_SUCCESS;
-    for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
-        size_t un;
-        /* its own chunks are copied (the later segments' may still run) */
-        st = wait_seg(ps, &ps->segs[k], "for the copies of a sleep (xseg_sleep)");
-        drop_events(&ps->segs[k]);
-        if (st == XSEG_SUCCESS)
-            st = seg_sleep_unmap(ps->segs[k].s->vseg, &un);
-    }
-    if (st != XSEG_SUCCESS) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", err_message());
-        xseg_status ust = XSEG_SUCCESS;
-        size_t left = 0;
-        for (size_t j = 0; j < k; j++) {
-            size_t re;
-            xseg_status u = seg_sleep_undo(ps->segs[j].s->vseg, &re);
-            if (u != XSEG_SUCCESS && ust == XSEG_SUCCESS)
-                ust = u;
-            left += seg_asleep_bytes(ps->segs[j].s->vseg);
-        }
-        if (ust == XSEG_SUCCESS)
-            return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
-        /* Pages that could not be mapped back: the pool sleeps now, with nothing lost once the
-         * later segments' chunks are copied (their pages stay mapped, and a wake restores them). */
-        char msg2[256];
-        snprintf(msg2, sizeof msg2, "%s", err_message());
-        (void)wait_all(ps, "for the copies of a sleep (xseg_sleep)");
-        *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
-        st = err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so "
-                         "the pool is asleep now; xseg_wake brings it back", msg, msg2, left);
-    } else {
+    while (k < ps->nsegs && st == XSEG_SUCCESS)
+        st = unmap_seg(d, ps, k++);
+    if (st == XSEG_SUCCESS) {
         *asleep = true;
+        return st;
     }
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", err_message());
+    size_t left;
+    if (unmap_undo(d, ps, k, &left))
+        return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
+    /* Pages that could not be mapped back: the pool sleeps now, with nothing lost once the later
+     * segments' chunks are copied (their pages stay mapped, and a wake restores them). */
+    char msg2[256];
+    snprintf(msg2, sizeof msg2, "%s", err_message());
+    step_out(d);
+    (void)wait_all(ps, "for the copies of a sleep (xseg_sleep)");
+    step_in(d);
+    *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
+    return err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so the "
+                       "pool is asleep now; xseg_wake brings it back", msg, msg2, left);
+}
+
+/* Step 5 and the books: the handles go back to the driver and the pool is asleep. */
+static void sleep_commit(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
         size_t bytes = seg_asleep_bytes(s->vseg), chunks = seg_asleep_chunks(s->vseg);
@@ -562,35 +654,24 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
          * its pages, not the backup, hold the bytes. */
         ps->segs[i].kept = !bytes;
         seg_sleep_commit(s->vseg);
-        s->asleep = true;
         ps->released += bytes;
-        if (bytes)
-            dev_count_unmapped(d, s->pool, bytes, chunks);
+        if (chunks)
+            dev_count_unmapped(d, s->pool, 0, chunks);
     }
     hist_ranges(d, ps, HIST_SEGMENT_UNMAP);
-    return st;
+    ps->phase = PHASE_ASLEEP;
+    d->sleep.num_sleeps++;
 }
 
-xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags, const char *path)
+/* Importers map the exported chunks' own memory: a sleep would give it back and the wake map new
+ * memory there, so the two processes would part silently. Refused while any lives; handles handed
+ * out by xseg_block_handles likewise, until released (or the block freed). */
+static xseg_status refuse_lent(struct dev_alloc *d, struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    struct priv_pool *pp;
-    char buf[64];
-    xseg_status st = find_pool(d, "xseg_sleep", id, &pp);
-    if (st != XSEG_SUCCESS)
-        return st;
-    if (*slot(d, pp))
-        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: %s on device %d is asleep already (xseg_wake it first)",
-                       pool_name(pp, buf), d->device);
-    if (dev_capture_underway(d))
-        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
-                       "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
-
-    /* Importers map the exported chunks' own memory: a sleep would give it back and the wake map
-     * new memory here, so the two processes would part silently. Refused while any lives. */
-    /* Handles handed out by xseg_block_handles likewise, until released (or the block freed). */
     size_t nexported = 0, nheld = 0;
     const struct block *held = NULL;
+    char buf[64];
     for (const struct segrec *s = d->segs; s; s = s->next_seg)
         if (s->vseg && dev_pool_owner(d, s->pool) == pp)
             for (const struct block *b = s->first; b; b = b->next) {
@@ -613,12 +694,44 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
                        "used (or xseg_free the block) first",
                        pool_name(pp, buf), d->device, nheld, nheld == 1 ? "" : "s", held->addr,
                        held->u.side->handle_holds, held->u.side->handle_holds == 1 ? "" : "s", held->addr);
+    return XSEG_SUCCESS;
+}
 
+/* Step 1's checks: @p id names a pool of @p d that is awake (no sleep or wake of it underway), no
+ * capture, nothing of it lent out. Nothing changes on a refusal. */
+static xseg_status sleep_admit(struct dev_alloc *d, xseg_pool_id id, struct priv_pool **pp)
+{
+    lock_assert_held(&d->lock);
+    char buf[64];
+    xseg_status st = find_pool(d, "xseg_sleep", id, pp);
+    if (st != XSEG_SUCCESS)
+        return st;
+    const struct pool_sleep *ps = *slot(d, *pp);
+    if (ps && ps->phase == PHASE_ASLEEP)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: %s on device %d is asleep already (xseg_wake it first)",
+                       pool_name(*pp, buf), d->device);
+    if (ps)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: %s on device %d %s%s", pool_name(*pp, buf), d->device,
+                       phase_words(ps), ps->phase == PHASE_SLEEPING ? ": a second sleep of it is refused"
+                                                                    : "; sleep it once that call has returned");
+    if (dev_capture_underway(d))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
+                       "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
+    return refuse_lent(d, *pp);
+}
+
+/* Step 1's end: a struct for the pool listing its segments with mapped pages (a classic segment
+ * refuses the sleep), in the pool's slot (SLEEPING), its segments marked asleep: from here on the
+ * pool refuses mallocs and no reclaim touches it, with the lock given back or not. */
+static xseg_status sleep_begin(struct dev_alloc *d, struct priv_pool *pp, unsigned flags, struct pool_sleep **out)
+{
+    lock_assert_held(&d->lock);
+    char buf[64];
     struct pool_sleep *ps = xs_calloc(1, sizeof *ps);
     if (!ps)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
-    ps->flags = flags;
-    ps->file.fd = -1;
+    *ps = (struct pool_sleep){.phase = PHASE_SLEEPING, .flags = flags, .file.fd = -1,
+                              .keep_backup = d->cfg.sleep_keep_host_backup};
     for (struct segrec *s = d->segs; s; s = s->next_seg) {
         if (dev_pool_owner(d, s->pool) != pp)
             continue;
@@ -637,68 +750,129 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
         }
         ps->segs[ps->nsegs++] = (struct sleep_seg){.s = s};
     }
+    for (size_t i = 0; i < ps->nsegs; i++)
+        ps->segs[i].s->asleep = true;
+    *slot(d, pp) = ps;
+    d->sleep.nasleep++;
+    dev_fast_off(d);
+    *out = ps;
+    return XSEG_SUCCESS;
+}
 
+/* A sleep that failed with every page of the pool mapped: awake again, its struct freed once no
+ * other thread can reach it (the file removed; with @p copies_may_run, after its copies). */
+static void sleep_abort(struct dev_alloc *d, struct priv_pool *pp, struct pool_sleep *ps, bool copies_may_run)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < ps->nsegs; i++)
+        ps->segs[i].s->asleep = false;
+    *slot(d, pp) = NULL;
+    d->sleep.nasleep--;
+    step_out(d);
+    state_free(d, ps, copies_may_run);
+    step_in(d);
+}
+
+/* Steps 2 and 3: wait for the pool's streams, take the runs of live bytes, copy them (to host
+ * memory or the file; DISCARD: nothing). *copies: some may have been queued. The waits, the file
+ * and the copies run with the lock given back. */
+static xseg_status sleep_backup(struct dev_alloc *d, struct priv_pool *pp, struct pool_sleep *ps, const char *path,
+                                bool *copies)
+{
+    lock_assert_held(&d->lock);
+    *copies = false;
     /* 2. Every use of the pages on the GPU finishes first; completed frees go back to the pool. */
-    st = drv_ctx_ensure(d->info.primary_ctx);
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
     if (st == XSEG_SUCCESS && ps->nsegs)
         st = wait_streams(d, pp, ps, "before a sleep (xseg_sleep)");
-    if (st != XSEG_SUCCESS) {
-        state_free(d, ps, false);
+    if (st != XSEG_SUCCESS)
         return st;
-    }
     if (ev_waiting(d))
         ev_process(d);
-
-    /* 3. What the wake restores. */
+    /* 3. What the wake restores. Its plan gets room for a copy per block now (nothing is allocated
+     * in the pool until the wake ends, so a segment's blocks only merge): a wake allocates no host
+     * memory, as before the plan existed. */
+    size_t most = 0;
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        size_t nb = 0;
+        for (const struct block *b = ps->segs[i].s->first; b; b = b->next)
+            nb++;
+        most = nb > most ? nb : most;
+    }
+    if (!VEC_RESERVE(ps->plan, ps->capplan, most))
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct sleep_seg *ss = &ps->segs[i];
         size_t bytes;
-        if (!collect_runs(ss, &bytes)) {
-            state_free(d, ps, false);
+        if (!collect_runs(ss, &bytes))
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep: out of host memory");
-        }
-        if (flags != XSEG_SLEEP_DISCARD)
+        if (ps->flags != XSEG_SLEEP_DISCARD)
             ss->host_bytes = bytes;
         ss->file_off = ps->live;
         ps->live += bytes;
     }
-    if (flags == XSEG_SLEEP_OFFLOAD_FILE && (st = spill_create(&ps->file, path, "xseg_sleep_ex")) != XSEG_SUCCESS) {
-        state_free(d, ps, false);
-        return st;
+    if (ps->flags == XSEG_SLEEP_DISCARD)
+        return XSEG_SUCCESS;
+    pick_streams(d, ps);
+    step_out(d);
+    if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE)
+        st = spill_create(&ps->file, path, "xseg_sleep_ex");
+    if (st == XSEG_SUCCESS) {
+        *copies = true;
+        st = ps->flags == XSEG_SLEEP_OFFLOAD_FILE ? offload_file(d, ps) : offload(d, ps);
     }
-    if (flags != XSEG_SLEEP_DISCARD &&
-        (st = flags == XSEG_SLEEP_OFFLOAD_FILE ? offload_file(d, ps) : offload(d, ps)) != XSEG_SUCCESS) {
-        state_free(d, ps, true); /* the file is removed */
-        return st;
-    }
+    step_in(d);
+    return st;
+}
 
-    /* 4, 5. */
-    bool asleep;
-    st = unmap_all(d, ps, &asleep);
-    if (!asleep) {
-        state_free(d, ps, true); /* the later segments' chunks may still run */
+xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned flags, const char *path)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp;
+    struct pool_sleep *ps = NULL;
+    xseg_status st = sleep_admit(d, id, &pp);
+    if (st == XSEG_SUCCESS)
+        st = sleep_begin(d, pp, flags, &ps);
+    if (st != XSEG_SUCCESS)
         return st;
-    }
-    *slot(d, pp) = ps;
-    d->sleep.nasleep++;
-    d->sleep.num_sleeps++;
-    dev_fast_off(d);
+    bool copies, asleep = false;
+    st = sleep_backup(d, pp, ps, path, &copies);
+    if (st == XSEG_SUCCESS)
+        st = unmap_all(d, ps, &asleep);
+    if (!asleep)
+        sleep_abort(d, pp, ps, copies); /* a failed copy removes the file; later chunks may still run */
+    else
+        sleep_commit(d, ps);
     return st;
 }
 
 /* ---- wake -------------------------------------------------------------------------------- */
 
-/* Books: the bytes of each segment's pages mapped since the wake began, counted as reserved. */
+/* Books: reserved_bytes follows each segment's mapped bytes since the wake began, up or down (a
+ * failed wake's undo), each time before the lock is given back. */
 static void count_woken(struct dev_alloc *d, struct pool_sleep *ps)
 {
     lock_assert_held(&d->lock);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
-        size_t now = seg_mapped_bytes(s->vseg), chunks = seg_live_chunks(s->vseg);
-        if (now > ps->segs[i].live0)
-            dev_count_mapped(d, s->pool, now - ps->segs[i].live0,
-                               chunks > ps->segs[i].chunks0 ? chunks - ps->segs[i].chunks0 : 0);
+        size_t now = seg_mapped_bytes(s->vseg), was = ps->segs[i].live0;
+        if (now > was)
+            dev_count_mapped(d, s->pool, now - was, 0);
+        else if (now < was)
+            dev_count_unmapped(d, s->pool, was - now, 0);
         ps->segs[i].live0 = now;
+    }
+}
+
+/* Books: the chunks the wake left mapped count in num_device_alloc (at its end). */
+static void count_chunks(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        struct segrec *s = ps->segs[i].s;
+        size_t chunks = seg_live_chunks(s->vseg);
+        if (chunks > ps->segs[i].chunks0)
+            dev_count_mapped(d, s->pool, 0, chunks - ps->segs[i].chunks0);
         ps->segs[i].chunks0 = chunks;
     }
 }
@@ -713,66 +887,106 @@ static void undo_maps(struct dev_alloc *d, struct pool_sleep *ps, size_t n)
     count_woken(d, ps);
 }
 
-/* Restore segment @p ss: the host copy of every run of blocks still active, or zeros on every
- * mapped range. */
-static xseg_status restore(struct pool_sleep *ps, struct sleep_seg *ss)
+/* Room was made at the sleep (sleep_backup); the check only guards that bound. */
+static bool plan_add(struct pool_sleep *ps, CUdeviceptr dev, size_t from, size_t len)
+{
+    if (!VEC_RESERVE(ps->plan, ps->capplan, ps->nplan + 1))
+        return false;
+    ps->plan[ps->nplan++] = (struct sleep_copy){dev, from, len};
+    return true;
+}
+
+/* The restore of segment @p ss into ps->plan (lock held: it walks the blocks): the backup of every
+ * run of blocks still active, or zeros on every mapped range (DISCARD). */
+static xseg_status restore_plan(struct pool_sleep *ps, struct sleep_seg *ss)
 {
     const struct segrec *s = ss->s;
     uintptr_t base = (uintptr_t)seg_base(s->vseg);
-    xseg_status st = XSEG_SUCCESS;
-    if (ps->flags == XSEG_SLEEP_DISCARD) {
-        for (const struct block *b = s->first; b && st == XSEG_SUCCESS;) {
-            if (!b->mapped) {
-                b = b->next;
-                continue;
-            }
-            uintptr_t start = b->addr;
-            size_t len = 0;
-            for (; b && b->mapped; b = b->next)
-                len += b->size;
-            st = queue_chunks(ps, ss, CHUNK_ZERO, (CUdeviceptr)start, NULL, len);
-        }
-        return st;
-    }
-    if (ss->kept)
+    bool discard = ps->flags == XSEG_SLEEP_DISCARD;
+    ps->nplan = 0;
+    if (ss->kept && !discard)
         return XSEG_SUCCESS;
     /* Nothing was allocated while asleep, so each run of blocks still active lies inside one run
      * of the sleep (blocks only merged or were freed since). */
     size_t r = 0;
-    for (const struct block *b = s->first; b && st == XSEG_SUCCESS;) {
-        if (!active(b)) {
+    for (const struct block *b = s->first; b;) {
+        if (discard ? !b->mapped : !active(b)) {
             b = b->next;
             continue;
         }
         size_t off = b->addr - base, len = 0;
-        for (; b && active(b); b = b->next)
+        for (; b && (discard ? b->mapped : active(b)); b = b->next)
             len += b->size;
-        while (r < ss->nruns && ss->runs[r].off + ss->runs[r].len <= off)
-            r++;
-        if (r == ss->nruns || off < ss->runs[r].off || off + len > ss->runs[r].off + ss->runs[r].len)
-            return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: live bytes at offset %zu of a segment were not "
-                           "live at the sleep", off);
-        const struct sleep_run *run = &ss->runs[r];
-        size_t from = run->host_off + (off - run->off); /* in the segment's backup */
-        st = ps->flags == XSEG_SLEEP_OFFLOAD_FILE
-                 ? file_in(ps, (CUdeviceptr)(base + off), ss->file_off + from, len)
-                 : queue_chunks(ps, ss, CHUNK_HTOD, (CUdeviceptr)(base + off), (char *)ss->host + from, len);
+        size_t from = 0;
+        if (!discard) {
+            while (r < ss->nruns && ss->runs[r].off + ss->runs[r].len <= off)
+                r++;
+            if (r == ss->nruns || off < ss->runs[r].off || off + len > ss->runs[r].off + ss->runs[r].len)
+                return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: live bytes at offset %zu of a segment were "
+                               "not live at the sleep", off);
+            from = ss->runs[r].host_off + (off - ss->runs[r].off); /* in the segment's backup */
+        }
+        if (!plan_add(ps, (CUdeviceptr)(base + off), from, len))
+            return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_wake: out of host memory");
+    }
+    return XSEG_SUCCESS;
+}
+
+/* Queue ps->plan for segment @p ss (lock not held: only the pool's own mapped pages are written,
+ * and a block freed meanwhile cannot be handed out before the wake ends). */
+static xseg_status restore_run(struct pool_sleep *ps, struct sleep_seg *ss)
+{
+    xseg_status st = XSEG_SUCCESS;
+    for (size_t i = 0; i < ps->nplan && st == XSEG_SUCCESS; i++) {
+        const struct sleep_copy *c = &ps->plan[i];
+        st = ps->flags == XSEG_SLEEP_DISCARD        ? queue_chunks(ps, ss, CHUNK_ZERO, c->dev, NULL, c->len)
+             : ps->flags == XSEG_SLEEP_OFFLOAD_FILE ? file_in(ps, c->dev, ss->file_off + c->from, c->len)
+                                                    : queue_chunks(ps, ss, CHUNK_HTOD, c->dev,
+                                                                   (char *)ss->host + c->from, c->len);
     }
     return st;
 }
 
-xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
+/* Segment after segment: map its pages (lock held), then queue its restore with the lock given
+ * back, so a segment's chunks (and the file's reads) run while the next one maps. *k: segments
+ * mapped (or tried). */
+static xseg_status wake_segments(struct dev_alloc *d, struct pool_sleep *ps, size_t *k)
 {
     lock_assert_held(&d->lock);
-    struct priv_pool *pp;
+    xseg_status st = XSEG_SUCCESS;
+    for (*k = 0; *k < ps->nsegs && st == XSEG_SUCCESS;) {
+        struct sleep_seg *ss = &ps->segs[(*k)++];
+        size_t mapped;
+        st = seg_wake_map(ss->s->vseg, &mapped);
+        count_woken(d, ps); /* a failed map's own rollback may have left a page mapped */
+        if (st == XSEG_SUCCESS)
+            st = restore_plan(ps, ss);
+        if (st != XSEG_SUCCESS || !ps->nplan)
+            continue;
+        step_out(d);
+        st = restore_run(ps, ss);
+        step_in(d);
+    }
+    return st;
+}
+
+/* The checks of a wake: @p id names a pool of @p d that is asleep (no sleep or wake of it
+ * underway), no capture, the fraction has room for its pages. Nothing changes on a refusal. */
+static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, struct priv_pool **pp, struct pool_sleep **out)
+{
+    lock_assert_held(&d->lock);
     char buf[64];
-    xseg_status st = find_pool(d, "xseg_wake", id, &pp);
+    xseg_status st = find_pool(d, "xseg_wake", id, pp);
     if (st != XSEG_SUCCESS)
         return st;
-    struct pool_sleep *ps = *slot(d, pp);
+    struct pool_sleep *ps = *slot(d, *pp);
     if (!ps)
-        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: %s on device %d is not asleep", pool_name(pp, buf),
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: %s on device %d is not asleep", pool_name(*pp, buf),
                        d->device);
+    if (ps->phase != PHASE_ASLEEP)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: %s on device %d %s%s", pool_name(*pp, buf), d->device,
+                       phase_words(ps), ps->phase == PHASE_WAKING ? ": a second wake of it is refused"
+                                                                  : "; wake it once that call has returned");
     if (dev_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); wake after it ends", d->device);
@@ -781,56 +995,45 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         need += seg_asleep_bytes(ps->segs[i].s->vseg);
     if (!dev_fraction_allows(d, need))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_wake: %s on device %d needs %zu bytes, over the memory "
-                       "fraction's limit of %zu (%zu in use)", pool_name(pp, buf), d->device, need,
+                       "fraction's limit of %zu (%zu in use)", pool_name(*pp, buf), d->device, need,
                        d->acct.allowed_memory_maximum, d->acct.total_allocated_memory);
-    if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
-        return st;
+    *out = ps;
+    return drv_ctx_ensure(d->info.primary_ctx);
+}
 
-    for (size_t i = 0; i < ps->nsegs; i++) {
-        ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
-        ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
-    }
-    /* Each segment's restore is queued as soon as its pages are mapped, so its chunks run while
-     * the next segment maps. k: segments mapped (or tried). */
-    pick_streams(d, ps);
-    if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE && (st = bounce_get(d, ps, "xseg_wake")) != XSEG_SUCCESS) {
-        bounce_put(d, ps, false);
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", err_message());
-        return err_set(st, "%s; the pool is still asleep (retry the wake)", msg);
-    }
-    size_t k = 0;
-    for (; k < ps->nsegs && st == XSEG_SUCCESS; k++) {
-        size_t mapped;
-        if ((st = seg_wake_map(ps->segs[k].s->vseg, &mapped)) != XSEG_SUCCESS) {
-            k++; /* its own rollback may have left a page mapped: counted below */
-            break;
-        }
-        st = restore(ps, &ps->segs[k]);
-    }
-    if (st == XSEG_SUCCESS)
-        st = wait_all(ps, "for the copies of a wake (xseg_wake)");
-    if (st != XSEG_SUCCESS) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", err_message());
-        /* A copy already queued may still write into the pages: they are unmapped only once it
-         * is done. If even that wait fails they stay mapped (counted), and a retry reuses them. */
-        if (wait_all(ps, "for the copies of a failed wake (xseg_wake)") != XSEG_SUCCESS) {
-            char msg2[256];
-            snprintf(msg2, sizeof msg2, "%s", err_message());
-            count_woken(d, ps);
-            bounce_put(d, ps, true);
-            return err_set(st, "xseg_wake: %s; the pool is still asleep; its copies could not be waited for (%s), "
-                               "so the pages this wake mapped stay mapped (retry the wake)", msg, msg2);
-        }
+/* A failed wake (the first failure's status @p st, message current; @p k segments mapped or
+ * tried): the pool stays asleep with its backup, ready for a retry. A copy already queued may
+ * still write into the pages: they are unmapped only once it is done; if even that wait fails
+ * they stay mapped (counted), and a retry reuses them. */
+static xseg_status wake_fail(struct dev_alloc *d, struct pool_sleep *ps, xseg_status st, size_t k)
+{
+    lock_assert_held(&d->lock);
+    char msg[512], msg2[256];
+    snprintf(msg, sizeof msg, "%s", err_message());
+    step_out(d);
+    xseg_status wst = wait_all(ps, "for the copies of a failed wake (xseg_wake)");
+    snprintf(msg2, sizeof msg2, "%s", err_message());
+    bounce_put(d, ps, wst != XSEG_SUCCESS);
+    step_in(d);
+    if (wst == XSEG_SUCCESS)
         undo_maps(d, ps, k);
-        bounce_put(d, ps, false);
-        return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; "
-                           "retry the wake)", msg);
-    }
+    else
+        count_chunks(d, ps);
+    ps->phase = PHASE_ASLEEP; /* last: another thread may wake it as soon as the lock goes */
+    if (wst != XSEG_SUCCESS)
+        return err_set(st, "xseg_wake: %s; the pool is still asleep; its copies could not be waited for (%s), so "
+                           "the pages this wake mapped stay mapped (retry the wake)", msg, msg2);
+    return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; retry "
+                       "the wake)", msg);
+}
 
-    bounce_put(d, ps, false);
+/* The end of a successful wake: the books, the pool awake, its struct freed (the host backups to
+ * the host cache, the file removed) once no other thread can reach it. */
+static void wake_commit(struct dev_alloc *d, struct priv_pool *pp, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
     count_woken(d, ps);
+    count_chunks(d, ps);
     for (size_t i = 0; i < ps->nsegs; i++) {
         struct segrec *s = ps->segs[i].s;
         seg_wake_commit(s->vseg);
@@ -840,7 +1043,52 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
     *slot(d, pp) = NULL;
     d->sleep.nasleep--;
     d->sleep.num_wakes++;
+    step_out(d);
+    bounce_put(d, ps, false);
     state_free(d, ps, false);
+    step_in(d);
+}
+
+xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp;
+    struct pool_sleep *ps = NULL;
+    xseg_status st = wake_admit(d, id, &pp, &ps);
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (size_t i = 0; i < ps->nsegs; i++) {
+        ps->segs[i].live0 = seg_mapped_bytes(ps->segs[i].s->vseg);
+        ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
+    }
+    ps->phase = PHASE_WAKING;
+    ps->keep_backup = d->cfg.sleep_keep_host_backup;
+    pick_streams(d, ps);
+    if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE) {
+        step_out(d);
+        st = bounce_get(d, ps, "xseg_wake");
+        if (st != XSEG_SUCCESS) {
+            bounce_put(d, ps, false);
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", err_message());
+            st = err_set(st, "%s; the pool is still asleep (retry the wake)", msg);
+        }
+        step_in(d);
+        if (st != XSEG_SUCCESS) {
+            ps->phase = PHASE_ASLEEP;
+            return st;
+        }
+    }
+    size_t k = 0;
+    st = wake_segments(d, ps, &k);
+    if (st == XSEG_SUCCESS) {
+        step_out(d);
+        st = wait_all(ps, "for the copies of a wake (xseg_wake)");
+        step_in(d);
+    }
+    if (st != XSEG_SUCCESS)
+        return wake_fail(d, ps, st, k);
+    wake_commit(d, pp, ps);
     return XSEG_SUCCESS;
 }
 
@@ -848,7 +1096,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
 
 static void add_stats(const struct pool_sleep *ps, xseg_sleep_stats *out)
 {
-    if (!ps)
+    if (!ps || ps->phase == PHASE_SLEEPING) /* asleep once its sleep has returned */
         return;
     out->asleep++;
     out->flags = ps->flags;

@@ -11,14 +11,17 @@
  *
  * Locking: sleep_stats takes the device lock; the rest expect it held. alloc.c (alloc_sleep,
  * alloc_wake) takes it around a sleep or wake and applies release_threshold_mb after it (core/trim.h,
- * above this module: it reads sleep_allocated_bytes).
+ * above this module: it reads sleep_allocated_bytes). A sleep or wake gives the lock back during
+ * its waits and file I/O (core/sleep.c): the pool is not awake from its first check to its end,
+ * so its own operations are refused, while the device's other pools go on.
  */
 #ifndef XSEG_CORE_SLEEP_H
 #define XSEG_CORE_SLEEP_H
 
 #include "core/device.h"
 
-/* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). Lock held. */
+/* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). Lock held on entry
+ * and return, given back in between (nothing read before may be trusted after). */
 xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path);
 xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id pool);
 /* xseg_shutdown: destroy the device's copy streams (sleep and wake wait for their chunks, so none
@@ -27,14 +30,16 @@ void sleep_teardown(struct dev_alloc *d);
 /* xseg_get_sleep_stats: @p pool, or every pool of the device when NULL. */
 xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out);
 
-/* Does @p pp (NULL: the default pools) sleep? Lock held. */
+/* Is @p pp (NULL: the default pools) not awake: asleep, or a sleep or wake of it underway? Lock
+ * held. */
 static inline bool sleep_pool_asleep(const struct dev_alloc *d, const struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
     return pp ? pp->sleep != NULL : d->sleep.sleep_default != NULL;
 }
 
-/* The error of a malloc routed to a sleeping pool (XSEG_ERROR_ILLEGAL_STATE naming it). */
+/* The error of a malloc routed to a pool not awake (XSEG_ERROR_ILLEGAL_STATE naming it and its
+ * state). Lock held. */
 xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp);
 
 /* Bytes of allocated blocks in sleeping pools: allocated_bytes counts them, reserved_bytes does

@@ -138,6 +138,74 @@ __attribute__((constructor)) static void emu_fork_register(void)
     (void)pthread_atfork(NULL, NULL, emu_fork_child);
 }
 
+/* The gate (cudaemu_gate): its own mutex, never held with emu.lock, so a parked call blocks
+ * nobody else. */
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static atomic_bool gate_armed;
+static int gate_entry = -1;          /* under gate_lock */
+static unsigned long gate_remaining; /* calls until it parks one */
+static bool gate_parked, gate_opened;
+
+static void gate_pass(enum emu_entry e)
+{
+    pthread_mutex_lock(&gate_lock);
+    if (gate_entry == (int)e && --gate_remaining == 0) {
+        gate_entry = -1;
+        atomic_store(&gate_armed, false);
+        gate_parked = true;
+        pthread_cond_broadcast(&gate_cv);
+        while (!gate_opened)
+            pthread_cond_wait(&gate_cv, &gate_lock);
+        gate_parked = false;
+    }
+    pthread_mutex_unlock(&gate_lock);
+}
+
+int cudaemu_gate(const char *entry, unsigned long nth)
+{
+    emu_env_once();
+    int e = emu_entry_lookup(entry);
+    if (e < 0 || nth == 0)
+        return -1;
+    pthread_mutex_lock(&gate_lock);
+    gate_entry = e;
+    gate_remaining = nth;
+    gate_opened = false;
+    atomic_store(&gate_armed, true);
+    pthread_mutex_unlock(&gate_lock);
+    return 0;
+}
+
+int cudaemu_gate_wait(unsigned timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&gate_lock);
+    int r = 0;
+    while (!gate_parked && !gate_opened && r == 0)
+        r = pthread_cond_timedwait(&gate_cv, &gate_lock, &until);
+    bool parked = gate_parked;
+    pthread_mutex_unlock(&gate_lock);
+    return parked ? 0 : -1;
+}
+
+void cudaemu_gate_open(void)
+{
+    pthread_mutex_lock(&gate_lock);
+    gate_entry = -1;
+    atomic_store(&gate_armed, false);
+    gate_opened = true;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_lock);
+}
+
 CUresult emu_enter(enum emu_entry e)
 {
     if (atomic_load_explicit(&emu_forked, memory_order_relaxed) && e != EMU_E_cuGetErrorName &&
@@ -154,6 +222,8 @@ CUresult emu_enter(enum emu_entry e)
         while (ctl_now_ns() < until)
             ;
     }
+    if (atomic_load_explicit(&gate_armed, memory_order_relaxed))
+        gate_pass(e);
     if (!atomic_load_explicit(&ctl_armed, memory_order_relaxed))
         return CUDA_SUCCESS;
     CUresult res = CUDA_SUCCESS;

@@ -66,6 +66,16 @@ int cudaemu_fail(const char *entry, unsigned long nth, CUresult result);
 /* Disarm every pending failure. */
 void cudaemu_fail_clear(void);
 
+/* A gate, for tests that must catch a caller inside a call (a library's long operation between
+ * two steps): the @p nth call of @p entry from now (1 = the next) parks at its start, holding no
+ * cudaemu lock, until cudaemu_gate_open(); other calls and threads go on. One gate at a time (a
+ * new one replaces it). cudaemu_gate_wait returns 0 once a call is parked, -1 after @p timeout_ms
+ * without one (a hang guard) or when the gate was opened first. @return 0, or -1 for an unknown
+ * entry or nth 0. */
+int cudaemu_gate(const char *entry, unsigned long nth);
+int cudaemu_gate_wait(unsigned timeout_ms);
+void cudaemu_gate_open(void);
+
 /* Calls made to @p entry since start or the last reset (0 for unknown names). */
 unsigned long cudaemu_call_count(const char *entry);
 void cudaemu_counts_reset(void);

@@ -551,7 +551,8 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
  * @param size its size in bytes (a block size of the layout: rounded as xseg rounds)
  * @return XSEG_ERROR_INVALID_VALUE when @p ptr is in no segment of the pool;
  *         XSEG_ERROR_ILLEGAL_STATE when the range is not inside one free mapped block (part of it
- *         allocated, pending a stream's work, or given back by empty_cache);
+ *         allocated, pending a stream's work, or given back by empty_cache) or the pool is not
+ *         awake (xseg_sleep: asleep, going to sleep or waking up);
  *         XSEG_ERROR_OUT_OF_MEMORY (host; nothing changed).
  */
 XSEG_API xseg_status xseg_pool_malloc_at(int device, xseg_pool_id pool, void *ptr, size_t size);
@@ -840,6 +841,13 @@ XSEG_API xseg_status xseg_trim(int device, size_t keep_bytes);
  * blocks are refused; empty_cache, trim and the release policies leave it alone; snapshots leave
  * its segments out; reserved_bytes no longer counts its pages while allocated_bytes still counts
  * its live blocks; while any pool sleeps, mallocs take the allocator's general path.
+ *
+ * Threads: a sleep or wake waits for streams and copies and does its file I/O without holding
+ * the device's lock, so other threads' mallocs and frees of the device's other pools (and their
+ * sleeps and wakes) go on meanwhile. Until it returns, its own pool refuses a malloc, a second
+ * xseg_sleep or xseg_wake (XSEG_ERROR_ILLEGAL_STATE, "is going to sleep" / "is waking up": the
+ * caller that started it owns the outcome), export and block handles; frees of its blocks work,
+ * as while it sleeps.
  * ------------------------------------------------------------------------------------------- */
 
 /** How a pool sleeps: exactly one of these. */
@@ -867,7 +875,8 @@ typedef enum xseg_sleep_flags {
  * @param pool   {0, 0} for the default pools, or a private pool's id.
  * @param flags  XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD.
  * @return XSEG_ERROR_INVALID_VALUE for bad flags or a private pool unknown on @p device;
- *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already, a capture is underway on the
+ *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already (or another thread's sleep or
+ *         wake of it is underway), a capture is underway on the
  *         device (or a pool records: xseg_begin_allocate_to_pool), or the pool holds live blocks
  *         exported with xseg_ipc_export (the message gives their count; free them once every
  *         importer has closed them, then sleep) or blocks whose handles xseg_block_handles handed
@@ -912,7 +921,8 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
  * @param device a device index.
  * @param pool   the pool given to xseg_sleep.
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
- *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep or a capture is underway;
+ *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep (or its sleep or another wake of it
+ *         is underway in another thread) or a capture is underway;
  *         XSEG_ERROR_OUT_OF_MEMORY when the device (or the memory fraction) cannot hold the pages
  *         now; XSEG_ERROR_DRIVER when a driver call fails; after XSEG_SLEEP_OFFLOAD_FILE,
  *         XSEG_ERROR_INVALID_VALUE when reading the file fails (the message names the errno, or a

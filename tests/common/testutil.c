@@ -101,6 +101,40 @@ bool tu_stream_hold_all(bool on)
     return hold_all != NULL;
 }
 
+/* A control of cudaemu's resolved when first used (NULL when not emulated). */
+static void *tu_emu_sym(const char *name)
+{
+    const char *path = getenv("XSEG_LIBCUDA");
+    void *lib = tu_emu() && path ? dlopen(path, RTLD_NOLOAD | RTLD_NOW) : NULL, *f = NULL;
+    if (lib) {
+        f = dlsym(lib, name);
+        dlclose(lib);
+    }
+    return f;
+}
+
+bool tu_gate(const char *entry, unsigned long nth)
+{
+    int (*f)(const char *, unsigned long);
+    *(void **)&f = tu_emu_sym("cudaemu_gate");
+    return f && f(entry, nth) == 0;
+}
+
+bool tu_gate_wait(unsigned timeout_ms)
+{
+    int (*f)(unsigned);
+    *(void **)&f = tu_emu_sym("cudaemu_gate_wait");
+    return f && f(timeout_ms) == 0;
+}
+
+void tu_gate_open(void)
+{
+    void (*f)(void);
+    *(void **)&f = tu_emu_sym("cudaemu_gate_open");
+    if (f)
+        f();
+}
+
 bool tu_fail(const char *entry, unsigned long nth, CUresult res)
 {
     const struct tu_emu_api *e = tu_emu();

@@ -81,6 +81,13 @@ bool tu_stream_release(CUstream s);
 /* cudaemu_stream_hold_all: hold every stream (xseg's own copy streams too), or release them all. */
 bool tu_stream_hold_all(bool on);
 
+/* cudaemu_gate: park the nth call from now of @p entry until tu_gate_open (a test catches xseg
+ * inside a long operation); tu_gate_wait: true once a call is parked (false after @p timeout_ms, a
+ * hang guard). @return false when not emulated (or @p entry unknown). */
+bool tu_gate(const char *entry, unsigned long nth);
+bool tu_gate_wait(unsigned timeout_ms);
+void tu_gate_open(void);
+
 /* Fail the nth call from now of @p entry (API or ABI name) with @p res. @return false when not
  * emulated or when @p entry is unknown to cudaemu. */
 bool tu_fail(const char *entry, unsigned long nth, CUresult res);

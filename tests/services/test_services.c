@@ -3,6 +3,7 @@
  * (in malloc and on its thread), sleep and wake. One process per test (meson passes the test
  * name): each starts from an empty allocator.
  */
+#define _GNU_SOURCE /* pthread_timedjoin_np */
 #include <dirent.h>
 #include <inttypes.h>
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1652,6 +1654,150 @@ static void test_sleep_file_hostile(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* A sleep or wake running in another thread (tu_ctx_set first). */
+struct sleeper {
+    pthread_t t;
+    xseg_pool_id pool;
+    unsigned mode; /* 0: wake */
+    const char *path;
+    xseg_status st;
+    char msg[512]; /* its error message */
+};
+
+static void *sleeper_run(void *arg)
+{
+    struct sleeper *s = arg;
+    tu_ctx_set();
+    s->st = s->mode ? xseg_sleep_ex(0, s->pool, s->mode, s->path) : xseg_wake(0, s->pool);
+    snprintf(s->msg, sizeof s->msg, "%s", s->st ? xseg_last_error() : "it succeeded");
+    return NULL;
+}
+
+/* Cached pairs on the default pool (another pool than the one asleep). */
+struct pairs {
+    pthread_t t;
+    _Atomic unsigned n;
+    xseg_status st;
+};
+
+static void *pairs_run(void *arg)
+{
+    struct pairs *pa = arg;
+    tu_ctx_set();
+    pa->st = XSEG_SUCCESS;
+    for (pa->n = 0; pa->n < 1000 && pa->st == XSEG_SUCCESS; pa->n++) {
+        void *p = NULL;
+        pa->st = xseg_malloc(&p, MiB, 0, NULL);
+        if (pa->st == XSEG_SUCCESS)
+            pa->st = xseg_free(p);
+    }
+    return NULL;
+}
+
+/* While a sleep or wake of one pool waits inside its long steps (parked by cudaemu's gate in a copy
+ * call, between the file's writes or reads, or in a copy wait), the device's other pools serve:
+ * another thread's mallocs and frees complete, and the default pool sleeps and wakes. The pool in
+ * transition answers clearly: a second sleep or wake of it and a malloc from it are refused
+ * naming its state, a free of one of its blocks works. Before the long steps ran without the
+ * device lock, the other thread's first malloc blocked until the gate opened (the guard below). */
+static void test_sleep_concurrent(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    CUstream other;
+    tu_assert_cu(drv->cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    unsigned uses = 0; /* each begin adds a use of the pool */
+    /* Where each mode parks: the file's third chunk copy (two chunks written or read before), the
+     * host copies' first wait. */
+    static const struct {
+        unsigned mode;
+        const char *gate[2]; /* sleep, wake */
+        unsigned long nth[2];
+    } cases[] = {{XSEG_SLEEP_OFFLOAD_FILE, {"cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}, {3, 3}},
+                 {XSEG_SLEEP_OFFLOAD, {"cuEventSynchronize", "cuStreamSynchronize"}, {1, 1}}};
+    for (size_t c = 0; c < 2; c++) {
+        assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+        uses++;
+        void *big = tu_malloc(24 * MiB, NULL), *gone = tu_malloc(2 * MiB, NULL);
+        assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+        tu_assert_cu(tu_fill((CUdeviceptr)big, 24 * MiB, 31));
+        for (int waking = 0; waking < 2; waking++) {
+            struct sleeper sl = {.pool = pool, .mode = waking ? 0 : cases[c].mode,
+                                 .path = cases[c].mode == XSEG_SLEEP_OFFLOAD_FILE ? path : NULL};
+            assert_true(tu_gate(cases[c].gate[waking], cases[c].nth[waking]));
+            assert_int_equal(pthread_create(&sl.t, NULL, sleeper_run, &sl), 0);
+            if (!tu_gate_wait(60000)) { /* the sleep or wake is inside its long steps */
+                assert_int_equal(pthread_join(sl.t, NULL), 0);
+                fail_msg("the %s never reached %s #%lu: %s", waking ? "wake" : "sleep", cases[c].gate[waking],
+                         cases[c].nth[waking], sl.msg);
+            }
+            struct stat fst;
+            if (cases[c].mode == XSEG_SLEEP_OFFLOAD_FILE && !waking) /* written in part */
+                assert_true(lstat(path, &fst) == 0 && fst.st_size > 0 && fst.st_size < (off_t)(26 * MiB));
+            struct pairs pa = {0};
+            assert_int_equal(pthread_create(&pa.t, NULL, pairs_run, &pa), 0);
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 30; /* a hang guard, not a timing: 1,000 cached pairs take milliseconds */
+            if (pthread_timedjoin_np(pa.t, NULL, &until) != 0) {
+                unsigned done = pa.n;
+                tu_gate_open();
+                assert_int_equal(pthread_join(pa.t, NULL), 0);
+                assert_int_equal(pthread_join(sl.t, NULL), 0);
+                fail_msg("another pool's malloc and free waited for the %s of a pool (%u pairs done)",
+                         waking ? "wake" : "sleep", done);
+            }
+            assert_int_equal(pa.st, XSEG_SUCCESS);
+            assert_int_equal(pa.n, 1000);
+            /* The default pool sleeps and wakes meanwhile. */
+            assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_DISCARD), XSEG_SUCCESS);
+            assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+            /* The pool in transition: clear refusals, naming its state. */
+            const char *state_words = waking ? "is waking up" : "is going to sleep";
+            assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+            print_message("%s\n", xseg_last_error());
+            assert_non_null(strstr(xseg_last_error(), state_words));
+            assert_int_equal(xseg_wake(0, pool), XSEG_ERROR_ILLEGAL_STATE);
+            print_message("%s\n", xseg_last_error());
+            assert_non_null(strstr(xseg_last_error(), state_words));
+            assert_int_equal(sleep_stats(&pool).asleep, waking); /* asleep once the sleep returned */
+            assert_int_equal(xseg_begin_allocate_to_pool(0, pool, only_stream, other), XSEG_SUCCESS);
+            uses++;
+            void *p = NULL;
+            assert_int_equal(xseg_malloc(&p, MiB, 0, other), XSEG_ERROR_ILLEGAL_STATE);
+            print_message("%s\n", xseg_last_error());
+            assert_non_null(strstr(xseg_last_error(), state_words));
+            assert_null(p);
+            assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+            if (!waking) { /* a free of a block of the pool works, as while it sleeps */
+                tu_free(gone);
+                assert_int_equal(xseg_pool_malloc_at(0, pool, gone, MiB), XSEG_ERROR_ILLEGAL_STATE);
+                assert_non_null(strstr(xseg_last_error(), state_words));
+            }
+            tu_gate_open();
+            assert_int_equal(pthread_join(sl.t, NULL), 0);
+            if (sl.st != XSEG_SUCCESS)
+                fail_msg("%s: %s", waking ? "xseg_wake" : "xseg_sleep_ex", sl.msg);
+            assert_int_equal(sleep_stats(&pool).asleep, !waking);
+        }
+        assert_true(tu_check((CUdeviceptr)big, 24 * MiB, 31));
+        assert_int_equal(access(path, F_OK), -1);
+        assert_books_match_driver();
+        tu_free(big);
+    }
+    while (uses--)
+        assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(other));
+    assert_int_equal(rmdir(dir), 0);
+    assert_nothing_held();
+}
+
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
  * larger keep), sleep and wake. */
 static void test_threshold_points(void **state)
@@ -1805,6 +1951,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wake_rollback_waits_copies),
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
+        cmocka_unit_test(test_sleep_concurrent),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),
