@@ -399,19 +399,6 @@ static int run_child(int (*fn)(bool, size_t, size_t, int), bool expandable, size
 
 static int threads_adapter(bool e, size_t t, size_t pairs, int reps) { return threads_cell(e, (int)t, pairs, reps); }
 
-static size_t parse_list(const char *s, size_t *v, size_t max)
-{
-    size_t n = 0;
-    while (*s && n < max) {
-        char *end;
-        v[n++] = strtoull(s, &end, 10);
-        s = *end == ',' ? end + 1 : end;
-        if (end == s && *s != ',')
-            break;
-    }
-    return n;
-}
-
 int main(int argc, char **argv)
 {
     size_t threads[8] = {1, 2, 4, 8}, nthreads = 4;
@@ -421,9 +408,9 @@ int main(int argc, char **argv)
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            nthreads = parse_list(argv[++i], threads, 8);
+            nthreads = bench_parse_list(argv[++i], threads, 8);
         else if (!strcmp(argv[i], "--live") && i + 1 < argc)
-            nlives = parse_list(argv[++i], lives, 8);
+            nlives = bench_parse_list(argv[++i], lives, 8);
         else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
             pairs = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
@@ -444,11 +431,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_scale: --reps is 1 to 64, --pairs at least 1\n");
         return 2;
     }
-    for (size_t i = 0; i < nthreads; i++)
-        if (threads[i] < 1 || threads[i] > 64) {
-            fprintf(stderr, "bench_scale: --threads takes 1 to 64\n");
-            return 2;
-        }
+    if (!bench_threads_ok("bench_scale", threads, nthreads))
+        return 2;
     bench_find_driver("bench_scale");
     printf("driver: %s\n\n", getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1");
     char line[256];

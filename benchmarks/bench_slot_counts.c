@@ -154,12 +154,7 @@ int main(int argc, char **argv)
     int reps = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-            nthreads = 0;
-            for (char *s = argv[++i], *end; *s && nthreads < 8; s = *end ? end + 1 : end) {
-                threads[nthreads++] = strtoull(s, &end, 10);
-                if (end == s)
-                    break;
-            }
+            nthreads = bench_parse_list(argv[++i], threads, 8);
         } else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) {
             pairs = strtoull(argv[++i], NULL, 10);
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
@@ -177,11 +172,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_slot_counts: --reps is 1 to 64, --pairs and --threads at least 1\n");
         return 2;
     }
-    for (size_t i = 0; i < nthreads; i++)
-        if (threads[i] < 1 || threads[i] > 64) {
-            fprintf(stderr, "bench_slot_counts: --threads takes 1 to 64\n");
-            return 2;
-        }
+    if (!bench_threads_ok("bench_slot_counts", threads, nthreads))
+        return 2;
     bench_find_driver("bench_slot_counts");
     printf("Cached %s pairs, threads on streams of their own (%zu pairs per thread%s): counts per 10^6 pairs, "
            "median of %d (smallest - largest)\n\n| mode | threads |", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B",

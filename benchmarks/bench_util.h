@@ -6,6 +6,7 @@
 #define XSEG_BENCH_UTIL_H
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,31 @@ static inline void bench_find_driver(const char *prog)
         setenv("XSEG_LIBCUDA", BENCH_CUDAEMU, 1);
         fprintf(stderr, "%s: no GPU driver found, using the emulator (cudaemu)\n", prog);
     }
+}
+
+/* A comma-separated list of whole numbers into @p v (at most @p max): how many were read. */
+static inline size_t bench_parse_list(const char *s, size_t *v, size_t max)
+{
+    size_t n = 0;
+    while (*s && n < max) {
+        char *end;
+        v[n++] = strtoull(s, &end, 10);
+        s = *end == ',' ? end + 1 : end;
+        if (end == s && *s != ',')
+            break;
+    }
+    return n;
+}
+
+/* Every thread count from 1 to 64; else @p prog's message on stderr and false. */
+static inline bool bench_threads_ok(const char *prog, const size_t *threads, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (threads[i] < 1 || threads[i] > 64) {
+            fprintf(stderr, "%s: --threads takes 1 to 64\n", prog);
+            return false;
+        }
+    return true;
 }
 
 #endif
