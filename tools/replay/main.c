@@ -129,7 +129,10 @@ static void usage(FILE *f)
         "  mark After alloc x1 | wait @s1 @s2 (s1 waits for s2's work so far) | work @s1 (a kernel)\n"
         "  snapshot peak | frame k1 42 model.py forward | alloc x2 1MiB ^k1\n"
         "Sizes: bytes, or B, KiB, MiB, GiB, TiB (binary). @default is the legacy default stream.\n"
-        "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n");
+        "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n"
+        "Experiment (issue 33): XSEG_REPLAY_ORACLE=never sends each allocation never freed in the\n"
+        "trace to a private pool of its own (=N: also those freed more than N actions later),\n"
+        "an upper bound of lifetime-aware placement; what went there is reported on stderr.\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)
