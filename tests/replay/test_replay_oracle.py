@@ -18,7 +18,7 @@ TRACE = "alloc a 20MiB\nalloc keep 30MiB\nalloc b 10MiB\nfree b\nfree a\n"
 NAMES = ["a", "keep", "b"]  # buffer indices in order of first use
 
 
-def pools_of(snapshot, addr_log):
+def pools_of(snapshot, addr_log, names=NAMES):
     """{buffer name: the pool id of the segment its allocation went to} (the address log gives
     each allocation's address, the snapshot each segment's range and pool)."""
     with open(snapshot, "rb") as f:
@@ -32,7 +32,7 @@ def pools_of(snapshot, addr_log):
             addr = int(w[3], 16)
             pool = [tuple(s["segment_pool_id"]) for s in segs
                     if s["address"] <= addr < s["address"] + s["total_size"]]
-            out[NAMES[int(w[2])]] = pool[0] if len(pool) == 1 else None
+            out[names[int(w[2])]] = pool[0] if len(pool) == 1 else None
     return out
 
 
@@ -46,7 +46,7 @@ class Oracle(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def replay(self, oracle):
+    def replay(self, oracle, extra=(), names=NAMES):
         snap = os.path.join(self.dir.name, "s.pickle")
         log = os.path.join(self.dir.name, "addr.log")
         env = dict(os.environ, XSEG_REPLAY_ADDR_LOG=log)
@@ -54,9 +54,10 @@ class Oracle(unittest.TestCase):
         if oracle is not None:
             env["XSEG_REPLAY_ORACLE"] = oracle
         r = subprocess.run([REPLAY, "--summary=json", "--marks=none", "--config", "expandable_segments:True",
-                            "--snapshot", snap, self.trace], capture_output=True, text=True, env=env)
+                            "--snapshot", snap] + list(extra) + [self.trace], capture_output=True, text=True,
+                           env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
-        return json.loads(r.stdout.splitlines()[-1]), pools_of(snap, log), r.stderr
+        return json.loads(r.stdout.splitlines()[-1]), pools_of(snap, log, names), r.stderr
 
     def test_never_freed_goes_to_its_own_pool(self):
         base, pools, err = self.replay(None)
@@ -78,6 +79,18 @@ class Oracle(unittest.TestCase):
         self.assertIn("1 allocations (30.0 MiB)", err)
         self.assertEqual((pools["a"], pools["b"]), ((0, 0), (0, 0)))
         self.assertNotIn(pools["keep"], ((0, 0), None))
+
+    def test_under_pressure_the_pool_gets_the_cache(self):
+        # a's 40 MiB stay cached in the default pool; keep's growth in its own pool is refused on a
+        # 60 MiB device, and a pool that records cannot reclaim: the oracle trims and retries.
+        with open(self.trace, "w") as f:
+            f.write("alloc a 40MiB\nfree a\nalloc keep 40MiB\n")
+        summ, pools, err = self.replay("never", ["--device-mem", "60M"], ["a", "keep"])
+        self.assertEqual(summ["failed_allocs"], 0)
+        self.assertIn(pools["a"], ((0, 0), None))  # None: its segment was given back
+        self.assertNotIn(pools["keep"], ((0, 0), None))
+        self.assertIn("1 allocations (40.0 MiB) to the long-lived pool, 1 retried after a trim, "
+                      "0 to the default pool", err)
 
     def test_bad_value(self):
         for v in ("sometimes", "-1", "3x"):
