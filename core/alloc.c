@@ -1003,10 +1003,19 @@ xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, 
     return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
 }
 
+/* The wake maps pages: under a budget its limit is measured first, as for a malloc's growth
+ * (step 4 of malloc_policy), and our reserved bytes published after. */
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
 {
     dev_lock(d);
-    return sleep_wake_done(d, wake_pool_locked(d, pool));
+    struct budget_view bv = {.limit = SIZE_MAX};
+    bool budgeted = group_measure_on(d);
+    if (budgeted)
+        group_budget_measure(d, &bv);
+    xseg_status st = wake_pool_locked(d, pool, bv.limit);
+    if (budgeted && st == XSEG_SUCCESS)
+        group_note_reserved(d);
+    return sleep_wake_done(d, st);
 }
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)

@@ -1798,6 +1798,156 @@ static void test_sleep_concurrent(void **state)
     assert_nothing_held();
 }
 
+/* A capture another thread begins while a sleep has the device lock given back (parked by cudaemu's
+ * gate in its wait for the pool's streams, or in its wait for the copies of the first segment) is
+ * seen when the sleep takes the lock again: the sleep is refused naming the capture, with the
+ * pool awake and its data intact, and the capture goes on (its graph ends valid; before, the sleep
+ * queried record_stream's events beside a GLOBAL capture, invalidating it, or unmapped the pool
+ * under it). Once the capture ends the pool sleeps. In every capture mode, on another stream or
+ * the pool's own. */
+static void test_sleep_capture_begun(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    CUstream mine, other, rs;
+    tu_assert_cu(drv->cuStreamCreate(&mine, CU_STREAM_NON_BLOCKING)); /* the pool's blocks' stream */
+    tu_assert_cu(drv->cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&rs, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *big = tu_malloc(8 * MiB, mine);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    unsigned uses = 1;
+    tu_assert_cu(tu_fill((CUdeviceptr)big, 8 * MiB, 51));
+    static const struct {
+        const char *gate; /* where the sleep is parked, its first call of it */
+        bool on_mine;     /* the capture is on the pool's stream */
+        int mode;
+    } cases[] = {{"cuStreamSynchronize", false, CU_STREAM_CAPTURE_MODE_GLOBAL},
+                 {"cuStreamSynchronize", false, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL},
+                 {"cuStreamSynchronize", false, CU_STREAM_CAPTURE_MODE_RELAXED},
+                 {"cuEventSynchronize", true, CU_STREAM_CAPTURE_MODE_GLOBAL}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        /* A freed block of the pool waits for its record_stream event: the sleep processes it. */
+        assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+        uses++;
+        void *pend = tu_malloc(MiB, mine);
+        assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+        assert_int_equal(xseg_record_stream(pend, rs), XSEG_SUCCESS);
+        tu_free(pend);
+        struct sleeper sl = {.pool = pool, .mode = XSEG_SLEEP_OFFLOAD};
+        assert_true(tu_gate(cases[c].gate, 1));
+        assert_int_equal(pthread_create(&sl.t, NULL, sleeper_run, &sl), 0);
+        if (!tu_gate_wait(60000)) {
+            assert_int_equal(pthread_join(sl.t, NULL), 0);
+            fail_msg("case %zu: the sleep never reached %s: %s", c, cases[c].gate, sl.msg);
+        }
+        CUstream cs = cases[c].on_mine ? mine : other;
+        xseg_pool_id cpool = {0, 0};
+        assert_int_equal(xseg_capture_begin(0, cs, &cpool, cases[c].mode), XSEG_SUCCESS);
+        assert_true(tu_stream_work(cs));
+        tu_gate_open();
+        assert_int_equal(pthread_join(sl.t, NULL), 0);
+        CUgraph g = NULL;
+        xseg_status end = xseg_capture_end(0, cs, &g);
+        if (end != XSEG_SUCCESS)
+            fail_msg("case %zu: the capture did not survive the sleep: %s (the sleep: %s)", c, xseg_last_error(),
+                     sl.msg);
+        assert_non_null(g);
+        tu_assert_cu(drv->cuGraphDestroy(g));
+        assert_int_equal(xseg_release_pool(0, cpool), XSEG_SUCCESS);
+        if (sl.st != XSEG_ERROR_ILLEGAL_STATE)
+            fail_msg("case %zu: a sleep beside a capture begun meanwhile returned %d: %s", c, sl.st, sl.msg);
+        print_message("%s\n", sl.msg);
+        assert_non_null(strstr(sl.msg, "capture began"));
+        assert_int_equal(sleep_stats(&pool).asleep, 0);
+        assert_true(tu_check((CUdeviceptr)big, 8 * MiB, 51));
+        assert_books_match_driver();
+        /* The capture over, the pool sleeps and wakes with its data. */
+        assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+        assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+        assert_true(tu_check((CUdeviceptr)big, 8 * MiB, 51));
+    }
+    tu_free(big);
+    while (uses--)
+        assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(mine));
+    tu_assert_cu(drv->cuStreamDestroy(other));
+    tu_assert_cu(drv->cuStreamDestroy(rs));
+    assert_nothing_held();
+}
+
+/* A wake checks the memory fraction and the memory budget again before it maps each segment: while
+ * it restores its first segment with the lock given back (parked by cudaemu's gate), another
+ * thread's malloc on the default pool takes what the second segment needed. The wake fails with
+ * XSEG_ERROR_OUT_OF_MEMORY, gives back what it mapped, and the pool stays asleep with its backup;
+ * once that memory is freed the wake succeeds with every byte. Before, the fraction was checked
+ * at the wake's start only and the budget (memory_budget_mb) not at all. */
+static void test_wake_room(void **state)
+{
+    (void)state;
+    static const char conf[] = "expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1";
+    tu_xseg_init_or_skip(conf);
+    tu_require_emulator_or_skip();
+    CUstream s1, s2;
+    tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *a = tu_malloc(8 * MiB, s1), *b = tu_malloc(8 * MiB, s2); /* a segment each */
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 8 * MiB, 61));
+    tu_assert_cu(tu_fill((CUdeviceptr)b, 8 * MiB, 62));
+    for (int round = 0; round < 2; round++) {
+        const char *limit_words = round ? "memory budget" : "memory fraction";
+        if (round == 0) { /* 40 MiB of the emulated 8 GiB */
+            assert_int_equal(xseg_set_memory_fraction(40.0 / 8192.0, 0), XSEG_SUCCESS);
+        } else {
+            char budget[160];
+            snprintf(budget, sizeof budget, "%s,memory_budget_mb:40", conf);
+            assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+            assert_int_equal(xseg_set_config(budget), XSEG_SUCCESS);
+        }
+        assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+        struct sleeper sl = {.pool = pool, .mode = 0};
+        assert_true(tu_gate("cuMemcpyHtoDAsync", 1)); /* the first segment mapped, its restore queued */
+        assert_int_equal(pthread_create(&sl.t, NULL, sleeper_run, &sl), 0);
+        if (!tu_gate_wait(60000)) {
+            assert_int_equal(pthread_join(sl.t, NULL), 0);
+            fail_msg("the wake never reached its first copy: %s", sl.msg);
+        }
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 8 * MiB);
+        void *other = tu_malloc(30 * MiB, NULL); /* 38 of 40 MiB: room for it, not for the second segment */
+        tu_gate_open();
+        assert_int_equal(pthread_join(sl.t, NULL), 0);
+        if (sl.st != XSEG_ERROR_OUT_OF_MEMORY)
+            fail_msg("round %d: a wake over the %s's 40 MiB returned %d: %s (reserved %" PRId64 " bytes)", round,
+                     limit_words, sl.st, sl.msg, tu_stat("reserved_bytes.all.current"));
+        print_message("%s\n", sl.msg);
+        assert_non_null(strstr(sl.msg, limit_words));
+        assert_non_null(strstr(sl.msg, "still asleep"));
+        assert_int_equal(sleep_stats(&pool).asleep, 1);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 30 * MiB);
+        assert_books_match_driver();
+        tu_free(other);
+        assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+        assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+        assert_true(tu_check((CUdeviceptr)a, 8 * MiB, 61));
+        assert_true(tu_check((CUdeviceptr)b, 8 * MiB, 62));
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 16 * MiB);
+    }
+    tu_free(a);
+    tu_free(b);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(s1));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+    assert_nothing_held();
+}
+
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
  * larger keep), sleep and wake. */
 static void test_threshold_points(void **state)
@@ -1951,7 +2101,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wake_rollback_waits_copies),
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
-        cmocka_unit_test(test_sleep_concurrent),
+        cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
+        cmocka_unit_test(test_wake_room),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),
