@@ -486,6 +486,20 @@ static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct b
     d->acct.budget_limit = v->limit;
 }
 
+/* Did @p p's pool stop being awake while the lock was given back (a sleep begun by another thread
+ * or by a free-memory callback)? Then the malloc is refused as malloc_prepare would have refused it:
+ * its blocks and holes lie in pages a sleep is giving back. */
+static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, const struct alloc_params *p,
+                                                      xseg_status *st)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp = dev_pool_owner(d, p->pool);
+    if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
+        return false;
+    *st = sleep_refuse(d, pp);
+    return true;
+}
+
 /* Step 7c of malloc_policy (core/group.h): the group's members give their cache way, the lock
  * dropped meanwhile; then the cache (a free may have come) and a new segment once more. Not when
  * our own budget refused (@p bv: the budgets in force, NULL: none): no member's memory counts in
@@ -497,6 +511,9 @@ static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d
     size_t over = bv && want > bv->group_limit ? want - bv->group_limit : 0;
     if ((bv && want > bv->own_limit) || !group_give_way(d, p->alloc_size, over))
         return XSEG_ERROR_OUT_OF_MEMORY;
+    xseg_status st;
+    if (pool_fell_asleep(d, p, &st))
+        return st;
     if (bv)
         budget_enter(d, bv); /* the members' figures moved */
     return get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
@@ -590,6 +607,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
         dev_acquire(d);
+        if (pool_fell_asleep(d, p, &st))
+            return st;
         if (freed && get_free_block(d, p))
             return malloc_finish(d, p, size, false, NULL, out, h);
     }

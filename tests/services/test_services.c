@@ -1948,6 +1948,52 @@ static void test_wake_room(void **state)
     assert_nothing_held();
 }
 
+/* The free-memory callback (called by a malloc that missed the cache, with the device lock given
+ * back) frees a block and puts the malloc's own pool to sleep: the malloc, taking the lock again,
+ * must refuse the sleeping pool as its start would have. Before, it handed out the freed block
+ * (or grew the pool) in a pool whose pages were gone: a pointer to unmapped memory, and a block the
+ * wake had no backup for. */
+static int callback_sleeps;
+static int sleep_in_callback(int device, size_t requested, void *user)
+{
+    (void)requested;
+    void **victim = user;
+    if (device != 0 || !*victim)
+        return 0;
+    callback_sleeps++;
+    if (xseg_free(*victim) != XSEG_SUCCESS)
+        return 0;
+    *victim = NULL;
+    return xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD) == XSEG_SUCCESS;
+}
+
+static void test_sleep_in_callback(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    void *keep = tu_malloc(20 * MiB, NULL), *victim = tu_malloc(20 * MiB, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)keep, 20 * MiB, 71));
+    assert_int_equal(xseg_attach_free_memory_callback(sleep_in_callback, &victim), XSEG_SUCCESS);
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, 20 * MiB, 0, NULL); /* a miss: the callback runs */
+    assert_int_equal(callback_sleeps, 1);
+    assert_null(victim);
+    if (st == XSEG_SUCCESS)
+        fail_msg("a malloc returned %p from the default pool that its free-memory callback put to sleep", p);
+    assert_int_equal(st, XSEG_ERROR_ILLEGAL_STATE);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), "is asleep"));
+    assert_null(p);
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+    assert_books_match_driver();
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)keep, 20 * MiB, 71));
+    p = tu_malloc(20 * MiB, NULL); /* awake: the freed block is handed out again */
+    tu_free(p);
+    tu_free(keep);
+    assert_nothing_held();
+}
+
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
  * larger keep), sleep and wake. */
 static void test_threshold_points(void **state)
@@ -2102,7 +2148,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
-        cmocka_unit_test(test_wake_room),
+        cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),
