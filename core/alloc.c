@@ -197,6 +197,20 @@ static inline bool should_split(const struct dev_alloc *d, const struct block *b
 
 /* ---- classic segments -------------------------------------------------------------------- */
 
+/* Did @p p's pool stop being awake while the lock was given back (a sleep begun by another thread
+ * or by a free-memory callback)? Then the malloc is refused as malloc_prepare would have refused it:
+ * its blocks and holes lie in pages a sleep is giving back. */
+static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, const struct alloc_params *p,
+                                                      xseg_status *st)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp = dev_pool_owner(d, p->pool);
+    if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
+        return false;
+    *st = sleep_refuse(d, pp);
+    return true;
+}
+
 /* cuMemAlloc a new segment for p (PyTorch's alloc_block, classic branch). Returns SUCCESS with
  * p->block set, OUT_OF_MEMORY (recoverable), or another error. The lock may be dropped. */
 static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
@@ -223,6 +237,11 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
         dev_unlock(d);
         st = classic_alloc(size, relax, d->device, &ptr);
         dev_acquire(d);
+        xseg_status asleep;
+        if (st == XSEG_SUCCESS && pool_fell_asleep(d, p, &asleep)) {
+            (void)classic_free(ptr, d->device); /* not added to a pool that is going to sleep */
+            st = sleep_refuse(d, dev_pool_owner(d, p->pool));
+        }
     } else {
         st = classic_alloc(size, relax, d->device, &ptr);
     }
@@ -484,20 +503,6 @@ static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct b
     group_budget_measure(d, v);
     d->acct.set_budget = v->limit != SIZE_MAX;
     d->acct.budget_limit = v->limit;
-}
-
-/* Did @p p's pool stop being awake while the lock was given back (a sleep begun by another thread
- * or by a free-memory callback)? Then the malloc is refused as malloc_prepare would have refused it:
- * its blocks and holes lie in pages a sleep is giving back. */
-static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, const struct alloc_params *p,
-                                                      xseg_status *st)
-{
-    lock_assert_held(&d->lock);
-    struct priv_pool *pp = dev_pool_owner(d, p->pool);
-    if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
-        return false;
-    *st = sleep_refuse(d, pp);
-    return true;
 }
 
 /* Step 7c of malloc_policy (core/group.h): the group's members give their cache way, the lock

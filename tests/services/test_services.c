@@ -1994,6 +1994,58 @@ static void test_sleep_in_callback(void **state)
     assert_nothing_held();
 }
 
+/* With release_lock_on_cudamalloc a malloc gives the device lock back inside cuMemAlloc (parked
+ * there by cudaemu's gate) while another thread puts the malloc's pool to sleep: taking the lock
+ * again, the malloc frees what it got and refuses the pool. Before, it added a classic segment to
+ * the sleeping pool and handed out a block of it. */
+struct mallocer {
+    pthread_t t;
+    size_t size;
+    void *p;
+    xseg_status st;
+    char msg[512];
+};
+
+static void *mallocer_run(void *arg)
+{
+    struct mallocer *m = arg;
+    tu_ctx_set();
+    m->st = xseg_malloc(&m->p, m->size, 0, NULL);
+    snprintf(m->msg, sizeof m->msg, "%s", m->st ? xseg_last_error() : "it succeeded");
+    return NULL;
+}
+
+static void test_sleep_during_cumemalloc(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False");
+    tu_require_emulator_or_skip();
+    void *keep = tu_malloc(20 * MiB, NULL); /* an expandable segment: the pool can sleep */
+    tu_assert_cu(tu_fill((CUdeviceptr)keep, 20 * MiB, 81));
+    assert_int_equal(xseg_set_config("expandable_segments:False,release_lock_on_cudamalloc:True"), XSEG_SUCCESS);
+    struct mallocer m = {.size = 30 * MiB};
+    assert_true(tu_gate("cuMemAlloc", 1));
+    assert_int_equal(pthread_create(&m.t, NULL, mallocer_run, &m), 0);
+    if (!tu_gate_wait(60000)) {
+        assert_int_equal(pthread_join(m.t, NULL), 0);
+        fail_msg("the malloc never reached cuMemAlloc: %s", m.msg);
+    }
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    tu_gate_open();
+    assert_int_equal(pthread_join(m.t, NULL), 0);
+    if (m.st == XSEG_SUCCESS)
+        fail_msg("a malloc returned %p from the default pool, asleep since its cuMemAlloc began", m.p);
+    assert_int_equal(m.st, XSEG_ERROR_ILLEGAL_STATE);
+    print_message("%s\n", m.msg);
+    assert_non_null(strstr(m.msg, "is asleep"));
+    assert_null(m.p);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)keep, 20 * MiB, 81));
+    assert_books_match_driver();
+    tu_free(keep);
+    assert_nothing_held();
+}
+
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
  * larger keep), sleep and wake. */
 static void test_threshold_points(void **state)
@@ -2149,6 +2201,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
         cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
+        cmocka_unit_test(test_sleep_during_cumemalloc),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),
