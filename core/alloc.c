@@ -211,6 +211,27 @@ static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, cons
     return true;
 }
 
+/* alloc_classic's cuMemAlloc with the lock given back (release_lock_on_cudamalloc). The bins
+ * reference is given back meanwhile (dev_check, which any unlock may run, finds no reference
+ * without a segment) and taken again after (*held: it is); a pool that fell asleep meanwhile gets
+ * nothing (the memory is freed). */
+static xseg_status classic_alloc_unlocked(struct dev_alloc *d, struct alloc_params *p, bool relax, CUdeviceptr *ptr,
+                                          bool *held)
+{
+    bpool_bins_release(p->pool, p->stream);
+    dev_unlock(d);
+    xseg_status st = classic_alloc(p->alloc_size, relax, d->device, ptr);
+    dev_acquire(d);
+    *held = bpool_bins_acquire(p->pool, p->stream);
+    xseg_status refused = XSEG_SUCCESS;
+    if (st == XSEG_SUCCESS && (!*held || pool_fell_asleep(d, p, &refused))) {
+        (void)classic_free(*ptr, d->device);
+        st = *held ? sleep_refuse(d, dev_pool_owner(d, p->pool))
+                   : err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
+    }
+    return st;
+}
+
 /* cuMemAlloc a new segment for p (PyTorch's alloc_block, classic branch). Returns SUCCESS with
  * p->block set, OUT_OF_MEMORY (recoverable), or another error. The lock may be dropped. */
 static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
@@ -232,21 +253,14 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     xseg_status st;
     /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
      * per thread, so dropping the lock is fine. */
-    bool relax = cap_underway(d);
-    if (d->cfg.release_lock_on_cudamalloc) {
-        dev_unlock(d);
+    bool relax = cap_underway(d), held = true;
+    if (d->cfg.release_lock_on_cudamalloc)
+        st = classic_alloc_unlocked(d, p, relax, &ptr, &held);
+    else
         st = classic_alloc(size, relax, d->device, &ptr);
-        dev_acquire(d);
-        xseg_status asleep;
-        if (st == XSEG_SUCCESS && pool_fell_asleep(d, p, &asleep)) {
-            (void)classic_free(ptr, d->device); /* not added to a pool that is going to sleep */
-            st = sleep_refuse(d, dev_pool_owner(d, p->pool));
-        }
-    } else {
-        st = classic_alloc(size, relax, d->device, &ptr);
-    }
     if (st != XSEG_SUCCESS) {
-        bpool_bins_release(p->pool, p->stream);
+        if (held)
+            bpool_bins_release(p->pool, p->stream);
         xs_free(sr);
         dev_block_delete(d, b);
         return st;
