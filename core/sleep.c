@@ -40,8 +40,15 @@
  * lock, and reserved_bytes follows each segment's pages as they go (dev_check may run between).
  * What others may start meanwhile is checked again where the lock is retaken: a capture before the
  * sleep queries an event or unmaps (capture_recheck), the fraction and budgets before the wake
- * maps a segment (wake_room). The thread running the sleep or wake owns the rest of the struct;
- * other threads read only its phase and, once asleep, its statistics.
+ * maps a segment (wake_room). A malloc that gave the lock back itself (free-memory callbacks, the
+ * group's give-way, release_lock_on_cudamalloc) refuses its pool if it fell asleep meanwhile
+ * (alloc.c). Safe without more: frees and completed record_stream events of the pool's blocks
+ * (books only; the runs were taken before), reclaim, trim, the group's responder and defrag (they
+ * skip asleep segments), export and block handles (refused on asleep segments), a release of the
+ * pool (kept while it has a sleep struct), xseg_shutdown (refused while one is underway), peer
+ * access (granted on mapped runs; a wake maps with the list in force). The thread running the
+ * sleep or wake owns the rest of the struct; other threads read only its phase and, once asleep,
+ * its statistics.
  */
 #include "core/sleep.h"
 
