@@ -25,7 +25,7 @@ static int64_t now_ns(void)
 
 /* A waiter asleep this long takes the lock by hand-off (Go's sync.Mutex starvation mode uses the
  * same 1 ms): against a thread looping cached pairs through the lock, a woken sleeper otherwise
- * lost to it for up to 0.5 s (bench_services --lock-wait). */
+ * lost to it for up to 0.8 s (bench_services --lock-wait: docs/benchmarks.md). */
 #define LOCK_STARVE_NS 1000000
 
 /* Starving: counted in l->starving, so each release hands the lock over (lock_hand_off) until it
