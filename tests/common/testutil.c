@@ -148,6 +148,13 @@ void tu_fail_clear(void)
         e->fail_clear();
 }
 
+unsigned long tu_fail_fired(void)
+{
+    unsigned long (*f)(void);
+    *(void **)&f = tu_emu_sym("cudaemu_fail_fired");
+    return f ? f() : 0;
+}
+
 unsigned long tu_call_count(const char *entry)
 {
     const struct tu_emu_api *e = tu_emu();

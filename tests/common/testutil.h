@@ -93,6 +93,10 @@ void tu_gate_open(void);
 bool tu_fail(const char *entry, unsigned long nth, CUresult res);
 /* Disarm every injected failure (no-op when not emulated). */
 void tu_fail_clear(void);
+/* Injected failures that fired since the process started (cudaemu_fail_fired; 0 when not
+ * emulated). A fault sweep takes it before a run and checks it grew: a sweep whose fault never
+ * fires tests nothing. */
+unsigned long tu_fail_fired(void);
 
 /* Calls of @p entry since start or tu_counts_reset() (0 when not emulated). */
 unsigned long tu_call_count(const char *entry);
