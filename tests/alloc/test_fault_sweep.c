@@ -343,9 +343,18 @@ static void sweep(const char *mode, const char *config)
     int full = full_env && !strcmp(full_env, "full");
     size_t samples = tu_scaled(2, 1);
 
-    /* A clean run first: which entries the workload reaches, how often, and which calls are the
-     * workload's own. Everything must succeed, the capture included. */
+    /* A warm-up run: the calls only a process's first run makes (device discovery, the event
+     * pool's first events) are never made again, so a fault armed on them never fires. */
+    unsigned long cold[NENTRIES];
+    tu_counts_reset();
+    workload(&w);
+    for (size_t e = 0; e < NENTRIES; e++)
+        cold[e] = tu_call_count(all_entries[e]);
+    check_after(&w, "the warm-up run");
+    /* A clean run: which entries a run reaches, how often, and which calls are the workload's
+     * own. Everything must succeed, the capture included. */
     unsigned long calls[NENTRIES];
+    memset(w.p, 0, sizeof w.p);
     tu_counts_reset();
     nowned = 0;
     recording_owned = true;
@@ -362,6 +371,10 @@ static void sweep(const char *mode, const char *config)
     check_after(&w, "the run without faults");
 
     unsigned runs = 0, entries_hit = 0;
+    for (size_t e = 0; e < NENTRIES; e++)
+        if (cold[e] && !calls[e] && swept(all_entries[e]))
+            print_message("fault sweep (%s): %s not swept: only a process's first run calls it\n", mode,
+                          all_entries[e]);
     for (size_t e = 0; e < NENTRIES; e++) {
         const char *entry = all_entries[e];
         if (!calls[e] || !swept(entry))
@@ -380,10 +393,14 @@ static void sweep(const char *mode, const char *config)
                      own ? " (the workload's own call)" : "");
             CUresult res = n % 2 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
             memset(w.p, 0, sizeof w.p);
+            unsigned long fired = tu_fail_fired();
+            tu_counts_reset();
             assert_true(tu_fail(entry, n, res));
             cur_run = when;
             workload(&w);
             tu_fail_clear();
+            /* The run left the clean run's path before the call (state an earlier run left)? */
+            tu_assert_fired(fired, "%s (%lu calls this run)", when, tu_call_count(entry));
             tu_stream_release(w.s2);
             /* A failed switch back from relaxed capture mode (classic_alloc) leaves this thread
              * relaxed: put it back, so later runs see the GLOBAL capture rules. */

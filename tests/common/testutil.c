@@ -155,6 +155,18 @@ unsigned long tu_fail_fired(void)
     return f ? f() : 0;
 }
 
+void tu_assert_fired(unsigned long since, const char *fmt, ...)
+{
+    if (tu_fail_fired() != since)
+        return;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fail_msg("%s: the injected fault never fired, so the run tested nothing", what);
+}
+
 unsigned long tu_call_count(const char *entry)
 {
     const struct tu_emu_api *e = tu_emu();

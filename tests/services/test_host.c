@@ -280,9 +280,11 @@ static void test_host_faults(void **state)
     for (size_t i = 0; i < 2; i++) {
         void *p = hmalloc(4096);
         assert_int_equal(xseg_host_record_stream(p, 0, s), XSEG_SUCCESS);
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail(ev_entries[i], 1, CUDA_ERROR_UNKNOWN));
         hfree(p);
         tu_fail_clear();
+        tu_assert_fired(fired, "host free: %s", ev_entries[i]);
         assert_host_empty();
     }
     tu_assert_cu(drv->cuStreamDestroy(s));
