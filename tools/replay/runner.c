@@ -634,7 +634,7 @@ static xseg_status run_mark(struct run_ctx *c, const struct trace_action *a)
 
 /* The run function of each trace_op (tools/replay/actions.h). */
 static xseg_status (*const run_table[])(struct run_ctx *, const struct trace_action *) = {
-#define RUN_ROW(name, op, parse, run) [op] = run,
+#define RUN_ROW(name, op, parse, run, dump) [op] = run,
 #define RUN_NO_ACTION(name, parse)
     TRACE_ACTIONS(RUN_ROW, RUN_NO_ACTION)
 #undef RUN_ROW
