@@ -306,6 +306,21 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
 
 /* ---- malloc ------------------------------------------------------------------------------ */
 
+/* Free block @p b (of pool stat index @p si) becomes allocated for @p requested bytes: its flags
+ * and the allocation statistics (the block's split statistics are the caller's). */
+static inline __attribute__((always_inline)) void alloc_mark_taken(struct dev_alloc *d, struct block *b, int si,
+                                                                   size_t requested)
+{
+    b->allocated = true;
+    b->u.requested_size = requested; /* no side: it was free */
+    stat_up_pool(d->acct.stats.allocation, si, 1);
+    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)requested);
+    b->oversize = b->size >= d->cfg.max_split_size;
+    if (b->oversize)
+        stat_up(&d->acct.stats.oversize_allocations, 1);
+}
+
 /* Hand out p->block: split off the remainder, account. @p indexed: the block is still in the free
  * index with index predecessor @p pred (the fast path); else it was taken out of the index. */
 static inline __attribute__((always_inline)) struct block *
@@ -366,14 +381,7 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
             stat_down_pool(d->acct.stats.inactive_split, si, 1);
         }
     }
-    b->allocated = true;
-    b->u.requested_size = orig_size; /* no side: it was free */
-    stat_up_pool(d->acct.stats.allocation, si, 1);
-    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)orig_size);
-    b->oversize = b->size >= d->cfg.max_split_size;
-    if (b->oversize)
-        stat_up(&d->acct.stats.oversize_allocations, 1);
+    alloc_mark_taken(d, b, si, orig_size);
     return b;
 }
 
@@ -1120,14 +1128,7 @@ static void malloc_at_place(struct dev_alloc *d, struct block *b, uintptr_t addr
         stat_add_pool(d->acct.stats.inactive_split, si, (int64_t)(!!h + !!t) - was_split);
         stat_add_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)(head + tail) - (was_split ? (int64_t)was : 0));
     }
-    b->allocated = true;
-    b->u.requested_size = size; /* no side: it was free */
-    stat_up_pool(d->acct.stats.allocation, si, 1);
-    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)size);
-    b->oversize = b->size >= d->cfg.max_split_size;
-    if (b->oversize)
-        stat_up(&d->acct.stats.oversize_allocations, 1);
+    alloc_mark_taken(d, b, si, size);
 }
 
 xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr, size_t size)

@@ -654,21 +654,19 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
         *asleep = true;
         return st;
     }
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", err_message());
+    struct err_kept first = err_keep(); /* the undo may write its own failure */
     size_t left;
     if (unmap_undo(d, ps, k, &left))
-        return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
+        return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", first.msg);
     /* Pages that could not be mapped back: the pool sleeps now, with nothing lost once the later
      * segments' chunks are copied (their pages stay mapped, and a wake restores them). */
-    char msg2[256];
-    snprintf(msg2, sizeof msg2, "%s", err_message());
+    struct err_kept undo = err_keep(); /* the wait may write its own failure */
     step_out(d);
     (void)wait_all(ps, "for the copies of a sleep (xseg_sleep)");
     step_in(d);
     *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
     return err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so the "
-                       "pool is asleep now; xseg_wake brings it back", msg, msg2, left);
+                       "pool is asleep now; xseg_wake brings it back", first.msg, undo.msg, left);
 }
 
 /* Step 5 and the books: the handles go back to the driver and the pool is asleep. */
@@ -1059,11 +1057,10 @@ static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, size_t limit
 static xseg_status wake_fail(struct dev_alloc *d, struct pool_sleep *ps, xseg_status st, size_t k)
 {
     lock_assert_held(&d->lock);
-    char msg[512], msg2[256];
-    snprintf(msg, sizeof msg, "%s", err_message());
+    struct err_kept first = err_keep(); /* the wait, bounce_put and the undo may write theirs */
     step_out(d);
     xseg_status wst = wait_all(ps, "for the copies of a failed wake (xseg_wake)");
-    snprintf(msg2, sizeof msg2, "%s", err_message());
+    struct err_kept wait = err_keep();
     bounce_put(d, ps, wst != XSEG_SUCCESS);
     step_in(d);
     if (wst == XSEG_SUCCESS)
@@ -1073,9 +1070,9 @@ static xseg_status wake_fail(struct dev_alloc *d, struct pool_sleep *ps, xseg_st
     ps->phase = PHASE_ASLEEP; /* last: another thread may wake it as soon as the lock goes */
     if (wst != XSEG_SUCCESS)
         return err_set(st, "xseg_wake: %s; the pool is still asleep; its copies could not be waited for (%s), so "
-                           "the pages this wake mapped stay mapped (retry the wake)", msg, msg2);
+                           "the pages this wake mapped stay mapped (retry the wake)", first.msg, wait.msg);
     return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; retry "
-                       "the wake)", msg);
+                       "the wake)", first.msg);
 }
 
 /* The end of a successful wake: the books, the pool awake, its struct freed (the host backups to
@@ -1120,9 +1117,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id, size_t limit)
         st = bounce_get(d, ps, "xseg_wake");
         if (st != XSEG_SUCCESS) {
             bounce_put(d, ps, false);
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", err_message());
-            st = err_set(st, "%s; the pool is still asleep (retry the wake)", msg);
+            st = err_suffix(st, "; the pool is still asleep (retry the wake)");
         }
         step_in(d);
         if (st != XSEG_SUCCESS) {

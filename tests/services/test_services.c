@@ -152,8 +152,11 @@ static void test_trim_faults(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments_recycle:False");
     tu_require_emulator_or_skip();
-    const char *entries[] = {"cuMemUnmap", "cuMemRelease", "cuStreamSynchronize", "cuMemAddressFree"};
+    /* Not cuMemAddressFree: the live block keeps its segment's reservation (test_faults fails it
+     * under empty_cache). */
+    const char *entries[] = {"cuMemUnmap", "cuMemRelease", "cuStreamSynchronize"};
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
         for (unsigned long nth = 1; nth <= 3; nth++) {
             void *a = tu_malloc(100 * MiB, NULL), *live = tu_malloc(20 * MiB, NULL);
             void *c = tu_malloc(60 * MiB, NULL);
@@ -175,6 +178,7 @@ static void test_trim_faults(void **state)
             assert_true(tu_live(&lv));
             assert_int_equal(lv.mapped_bytes, 0);
         }
+        tu_assert_fired(fired, "trim faults: %s", entries[e]);
     }
 }
 
@@ -964,10 +968,14 @@ static void test_sleep_faults(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
     tu_require_emulator_or_skip();
-    const char *entries[] = {"cuStreamSynchronize", "cuCtxSynchronize", "cuStreamIsCapturing", "cuMemHostAlloc",
-                             "cuMemcpyDtoHAsync", "cuMemUnmap", "cuMemRelease", "cuCtxGetCurrent"};
+    /* cuCtxSynchronize fails with cuStreamSynchronize (its fallback); a sleep asks no capture
+     * status of the driver. The last two: offloading only. */
+    const char *entries[] = {"cuStreamSynchronize", "cuMemUnmap", "cuMemRelease", "cuCtxGetCurrent",
+                             "cuMemHostAlloc", "cuMemcpyDtoHAsync"};
     for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
-        for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        size_t ne = sizeof entries / sizeof entries[0] - (mode == XSEG_SLEEP_DISCARD ? 2 : 0);
+        for (size_t e = 0; e < ne; e++) {
+            unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
             for (unsigned long nth = 1; nth <= 4; nth++) {
                 struct fixture f;
                 fixture_make(&f);
@@ -994,6 +1002,8 @@ static void test_sleep_faults(void **state)
                 fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
                 fixture_free(&f);
             }
+            tu_assert_fired(fired, "sleep faults (%s): %s", mode == XSEG_SLEEP_OFFLOAD ? "offload" : "discard",
+                            entries[e]);
         }
     }
     /* Two failures: an unmap, then mapping the first page back (or granting it access). The pool
@@ -1069,12 +1079,15 @@ static void test_sleep_host_faults(void **state)
     } cases[] = {
         {"pinned_use_cuda_host_register:True,sleep_keep_host_backup:False",
          {"cuMemHostRegister", "cuMemHostUnregister", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+        /* No cuMemFreeHost: the kept backups are freed by xseg_host_empty_cache (test_wake_faults
+         * fails it without keeping). */
         {"pinned_use_cuda_host_register:False,sleep_keep_host_backup:True",
-         {"cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+         {"cuMemHostAlloc", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync", NULL}},
     };
     for (size_t c = 0; c < 2; c++) {
         assert_int_equal(xseg_set_config(cases[c].config), XSEG_SUCCESS);
-        for (size_t e = 0; e < 4; e++) {
+        for (size_t e = 0; e < 4 && cases[c].entries[e]; e++) {
+            unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
             for (unsigned long nth = 1; nth <= 2; nth++) {
                 const char *entry = cases[c].entries[e];
                 struct fixture f;
@@ -1101,6 +1114,7 @@ static void test_sleep_host_faults(void **state)
                 assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
                 fixture_free(&f);
             }
+            tu_assert_fired(fired, "sleep host faults (%s): %s", cases[c].config, cases[c].entries[e]);
         }
     }
     assert_nothing_held();
@@ -1153,6 +1167,7 @@ static void test_sleep_ipc_faults(void **state)
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
         const char *entry = entries[e];
         bool hit = true; /* the armed failure fired: try the next call of the entry */
+        unsigned long fired = tu_fail_fired();
         for (unsigned long nth = 1; hit; nth++) {
             assert_true(nth < 40);
             struct fixture f;
@@ -1192,6 +1207,7 @@ static void test_sleep_ipc_faults(void **state)
             fixture_free(&f); /* nothing held (a release that failed in the sleep: by empty_cache) */
             assert_int_equal(count_fds(), fds0); /* cudaemu: an exported page's memfd went with it */
         }
+        tu_assert_fired(fired, "sleep ipc faults: %s", entry);
     }
 }
 
@@ -1203,11 +1219,21 @@ static void test_wake_faults(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
     tu_require_emulator_or_skip();
-    const char *entries[] = {"cuMemCreate",      "cuMemMap",        "cuMemSetAccess", "cuMemcpyHtoDAsync",
-                             "cuMemsetD8Async",  "cuStreamIsCapturing", "cuMemFreeHost", "cuCtxGetCurrent",
-                             "cuStreamSynchronize"};
+    /* A wake asks no capture status of the driver. Per mode: copies back and host frees when
+     * offloading, clearing when discarding. */
+    const char *common[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuCtxGetCurrent", "cuStreamSynchronize"};
+    const char *offload[] = {"cuMemcpyHtoDAsync", "cuMemFreeHost"}, *discard[] = {"cuMemsetD8Async"};
     for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
-        for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        const char *entries[8];
+        size_t ne = 0;
+        for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
+            entries[ne++] = common[i];
+        for (size_t i = 0; mode == XSEG_SLEEP_OFFLOAD && i < sizeof offload / sizeof offload[0]; i++)
+            entries[ne++] = offload[i];
+        if (mode == XSEG_SLEEP_DISCARD)
+            entries[ne++] = discard[0];
+        for (size_t e = 0; e < ne; e++) {
+            unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
             for (unsigned long nth = 1; nth <= 4; nth++) {
                 struct fixture f;
                 fixture_make(&f);
@@ -1236,6 +1262,8 @@ static void test_wake_faults(void **state)
                 fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
                 fixture_free(&f); /* empty_cache retries a failed host free: nothing held */
             }
+            tu_assert_fired(fired, "wake faults (%s): %s", mode == XSEG_SLEEP_OFFLOAD ? "offload" : "discard",
+                            entries[e]);
         }
     }
     /* Two failures: a copy back, then giving back the first page the wake mapped. That page stays
@@ -1400,7 +1428,8 @@ static void test_sleep_kept_pages(void **state)
 static void test_sleep_chunk_faults(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    const char *config = "expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2";
+    tu_xseg_init_or_skip(config);
     tu_require_emulator_or_skip();
     static const char *const entries[] = {
         "cuCtxGetCurrent",   "cuCtxSetCurrent",     "cuStreamIsCapturing", "cuStreamSynchronize",
@@ -1436,11 +1465,18 @@ static void test_sleep_chunk_faults(void **state)
             fixture_free(&f);
             for (size_t e = 0; e < NE; e++) {
                 for (unsigned long nth = 1; nth <= calls[e]; nth++, runs++) {
+                    /* The copy streams are made at a process's first sleep only (the clean
+                     * count's): a restart makes them again. */
+                    if (!strcmp(entries[e], "cuStreamCreate")) {
+                        assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+                        assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+                    }
                     fixture_make(&f);
                     assert_true(tu_stream_hold_all(true));
                     if (phase)
                         assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, mode, file), XSEG_SUCCESS);
                     size_t host = tu_host_live(NULL);
+                    unsigned long fired = tu_fail_fired();
                     assert_true(tu_fail(entries[e], nth, CUDA_ERROR_UNKNOWN));
                     /* A stream wait fails only when its context fallback fails too. */
                     if (!strcmp(entries[e], "cuStreamSynchronize"))
@@ -1448,6 +1484,7 @@ static void test_sleep_chunk_faults(void **state)
                     destroy_failed += !strcmp(entries[e], "cuEventDestroy"); /* that event stays the driver's */
                     xseg_status st = phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep_ex(0, DEFAULT_POOL, mode, file);
                     tu_fail_clear();
+                    tu_assert_fired(fired, "%s %s #%lu (mode %u)", phase ? "wake" : "sleep", entries[e], nth, mode);
                     assert_books_match_driver();
                     if (st != XSEG_SUCCESS) {
                         print_message("%s %s #%lu (%s): %s\n", phase ? "wake" : "sleep", entries[e], nth,
