@@ -10,7 +10,10 @@
  *    a whole page would not fit is served, with the live bytes untouched and no copy;
  *  - fragmented, fragmented_after_refusal: once the device has refused a growth, or within its
  *    last eighth, memory is mapped in chunks smaller than a page, so the free chunks between live
- *    blocks serve a larger request at 1.01 x peak allocated.
+ *    blocks serve a larger request at 1.01 x peak allocated;
+ *  - small_device, large_device_pages: on a device under 10 GiB, memory mapped before any
+ *    pressure comes in chunks of at most 1/512 of the device, so pages split early between
+ *    long-lived and freed blocks give the freed part back; larger devices keep one chunk a page.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
@@ -245,6 +248,109 @@ static void test_fragmented_after_refusal(void **state)
     frag_scenario(400, 300, 200);
 }
 
+/* Workload for test_small_device: SMALL_N blocks of 4 MiB, a 100 MiB block, every other small
+ * block freed, then 40 MiB; peak allocated 180 MiB, its 1.01 x rounded up to 2 MiB is 182 MiB. */
+#define SMALL_N 20
+#define SMALL_BLOCK (4 * MiB)
+#define SMALL_DEVICE (182 * MiB)
+
+/* The 20 blocks of 4 MiB (four 20 MiB pages), each filled with its own pattern. @return the
+ * cuMemCreate calls (chunks) they took. */
+static unsigned long small_blocks(void **blk)
+{
+    tu_counts_reset();
+    for (int i = 0; i < SMALL_N; i++) {
+        blk[i] = must_malloc(SMALL_BLOCK, NULL);
+        tu_assert_cu(tu_fill(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
+    }
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(80 * MiB));
+    return tu_call_count("cuMemCreate");
+}
+
+/*
+ * bcrafton's pattern (docs/benchmarks-replay.md) at 1.01 x peak allocated throughout: the 4 MiB
+ * blocks are mapped at 0-44 % of the device (below its last eighth, before any refusal), the
+ * 100 MiB block fills it, every other 4 MiB block is freed (40 MiB in holes, every page still
+ * holding live blocks) and 40 MiB is asked for with 2 MiB of the device left. The pages came in
+ * 2 MiB chunks (182 MiB / 512 rounds down to a granule), so the reclaim gives the holes to the
+ * growth; with one chunk a page nothing can go back and the malloc fails (it does on the code
+ * before). No byte of a live block is copied or moved.
+ */
+static void test_small_device(void **state)
+{
+    (void)state;
+    start_emu("expandable_segments:True");
+    cap_device(SMALL_DEVICE);
+    void *blk[SMALL_N];
+    assert_int_equal(small_blocks(blk), 40); /* 80 MiB in 2 MiB chunks */
+    void *big = must_malloc(100 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(big), 100 * MiB, 0xB1));
+    for (int i = 1; i < SMALL_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+
+    tu_counts_reset();
+    void *c = NULL;
+    if (xseg_malloc(&c, 40 * MiB, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(40 MiB) on a 182 MiB device with 40 MiB free in 4 MiB holes: %s", xseg_last_error());
+    check_driver_agrees();
+    const char *copies[] = {"cuMemcpyDtoDAsync", "cuMemcpyDtoD", "cuMemcpyDtoH", "cuMemcpyHtoD",
+                            "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"};
+    for (size_t k = 0; k < sizeof copies / sizeof copies[0]; k++)
+        assert_int_equal(tu_call_count(copies[k]), 0);
+    assert_true(tu_call_count("cuMemUnmap") >= 1); /* the holes' chunks went to the growth */
+    tu_assert_cu(tu_fill(DPTR(c), 40 * MiB, 0xC5));
+    for (int i = 0; i < SMALL_N; i += 2)
+        if (!tu_check(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)))
+            fail_msg("live block %d lost its bytes", i);
+    assert_true(tu_check(DPTR(big), 100 * MiB, 0xB1));
+    assert_true(tu_check(DPTR(c), 40 * MiB, 0xC5));
+
+    for (int i = 0; i < SMALL_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(big), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* The same blocks take one chunk a page on the emulator's whole device (80 GiB by default: 10 GiB
+ * or more keeps PyTorch's layout), under PyTorch's layout (expandable_segments_recycle:False) and
+ * with expandable_chunk_mb set to the page. */
+static void test_large_device_pages(void **state)
+{
+    (void)state;
+    const struct {
+        const char *config;
+        bool cap;
+    } runs[] = {
+        {"expandable_segments:True", false},
+        {"expandable_segments:True,expandable_segments_recycle:False", true},
+        {"expandable_segments:True,expandable_chunk_mb:20", true},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        start_emu(runs[r].config);
+        size_t total = 0;
+        tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
+        if (!runs[r].cap && total < ((size_t)10 << 30))
+            skip(); /* CUDAEMU_TOTAL_MEM made the emulated device small */
+        if (runs[r].cap)
+            cap_device(SMALL_DEVICE);
+        void *blk[SMALL_N];
+        if (small_blocks(blk) != 4)
+            fail_msg("%s: 20 blocks of 4 MiB took %lu chunks, not one a page", runs[r].config,
+                     tu_call_count("cuMemCreate"));
+        for (int i = 0; i < SMALL_N; i++)
+            assert_true(tu_check(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
+        for (int i = 0; i < SMALL_N; i++)
+            assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+        assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+        assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+        check_no_leaks();
+    }
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -253,6 +359,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_granules),
         cmocka_unit_test(test_fragmented),
         cmocka_unit_test(test_fragmented_after_refusal),
+        cmocka_unit_test(test_small_device),
+        cmocka_unit_test(test_large_device_pages),
     };
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
