@@ -310,20 +310,20 @@ static bool near_full(const struct dev_alloc *d)
 
 /*
  * The largest chunk of a large-pool mapping outside pressure when expandable_chunk_mb is unset:
- * a page, or 1/512 of the device (or of the memory fraction's limit) in granules where that is
- * less (under 10 GiB with 20 MiB pages). A page partly held by a long-lived block cannot go back,
- * and on a small device a page is a large share of it: bcrafton (3.6 GiB) fails one allocation at
- * 1.01 x peak allocated with page chunks (pages mapped at 10-35 % fill, later split between its
- * 2.2 and 9 MiB blocks that live to the end), none with these 6 MiB chunks. Mapping a whole device
- * takes at most ~512 chunks (an 80 GiB device takes 4,096 pages); devices of 10 GiB and more keep
- * PyTorch's layout, so the six pytorch/ traces on 80 GiB make the same calls
- * (docs/benchmarks-replay.md). With expandable_segments_recycle only, as the fine chunks.
+ * a page, or 1/512 of the device's memory in granules where that is less (under 10 GiB with
+ * 20 MiB pages; the device's size, not the memory fraction, which may change at any time). A page
+ * partly held by a long-lived block cannot go back, and on a small device a page is a large share
+ * of it: bcrafton (3.6 GiB) fails one allocation at 1.01 x peak allocated with page chunks (pages
+ * mapped at 10-35 % fill, later split between its 2.2 and 9 MiB blocks that live to the end),
+ * none with these 6 MiB chunks. Mapping a whole device takes at most 512 chunks (an 80 GiB device
+ * takes 4,096 pages); devices of 10 GiB and more keep PyTorch's layout, so the six pytorch/
+ * traces on 80 GiB make the same calls (docs/benchmarks-replay.md). With
+ * expandable_segments_recycle only, as the fine chunks.
  */
 static size_t device_chunk(const struct dev_alloc *d, size_t page, size_t gran)
 {
     lock_assert_held(&d->lock);
-    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
-    size_t chunk = limit / DEVICE_CHUNK_DIV / gran * gran;
+    size_t chunk = d->info.total_mem / DEVICE_CHUNK_DIV / gran * gran;
     if (!d->cfg.expandable_segments_recycle || chunk >= page)
         return page;
     return XSEG_MAX(chunk, gran);
