@@ -11,15 +11,17 @@
  *  - fragmented, fragmented_after_refusal: once the device has refused a growth, or within its
  *    last eighth, memory is mapped in chunks smaller than a page, so the free chunks between live
  *    blocks serve a larger request at 1.01 x peak allocated;
- *  - small_device, large_device_pages: on a device under 10 GiB, memory mapped before any
- *    pressure comes in chunks of at most 1/512 of the device, so pages split early between
- *    long-lived and freed blocks give the freed part back; larger devices keep one chunk a page.
+ *  - small_device, small_device_pages, large_device_pages: on a device under 10 GiB, memory
+ *    mapped before any pressure comes in chunks of at most 1/512 of the device, so pages split
+ *    early between long-lived and freed blocks give the freed part back; PyTorch's layout, an
+ *    explicit expandable_chunk_mb and larger devices keep one chunk a page.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -249,10 +251,10 @@ static void test_fragmented_after_refusal(void **state)
 }
 
 /* Workload for test_small_device: SMALL_N blocks of 4 MiB, a 100 MiB block, every other small
- * block freed, then 40 MiB; peak allocated 180 MiB, its 1.01 x rounded up to 2 MiB is 182 MiB. */
+ * block freed, then 40 MiB; peak allocated 180 MiB, its 1.01 x rounded up to 2 MiB is 182 MiB,
+ * the emulated device of the small_device tests (CUDAEMU_TOTAL_MEM, set in main). */
 #define SMALL_N 20
 #define SMALL_BLOCK (4 * MiB)
-#define SMALL_DEVICE (182 * MiB)
 
 /* The 20 blocks of 4 MiB (four 20 MiB pages), each filled with its own pattern. @return the
  * cuMemCreate calls (chunks) they took. */
@@ -267,8 +269,16 @@ static unsigned long small_blocks(void **blk)
     return tu_call_count("cuMemCreate");
 }
 
+/* The emulated device's memory. */
+static size_t device_total(void)
+{
+    size_t total = 0;
+    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
+    return total;
+}
+
 /*
- * bcrafton's pattern (docs/benchmarks-replay.md) at 1.01 x peak allocated throughout: the 4 MiB
+ * bcrafton's pattern (docs/benchmarks-replay.md) on a device of 1.01 x peak allocated: the 4 MiB
  * blocks are mapped at 0-44 % of the device (below its last eighth, before any refusal), the
  * 100 MiB block fills it, every other 4 MiB block is freed (40 MiB in holes, every page still
  * holding live blocks) and 40 MiB is asked for with 2 MiB of the device left. The pages came in
@@ -280,7 +290,7 @@ static void test_small_device(void **state)
 {
     (void)state;
     start_emu("expandable_segments:True");
-    cap_device(SMALL_DEVICE);
+    assert_int_equal(device_total(), 182 * MiB);
     void *blk[SMALL_N];
     assert_int_equal(small_blocks(blk), 40); /* 80 MiB in 2 MiB chunks */
     void *big = must_malloc(100 * MiB, NULL);
@@ -309,46 +319,48 @@ static void test_small_device(void **state)
         assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
     assert_int_equal(xseg_free(big), XSEG_SUCCESS);
     assert_int_equal(xseg_free(c), XSEG_SUCCESS);
-    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     check_no_leaks();
 }
 
-/* The same blocks take one chunk a page on the emulator's whole device (80 GiB by default: 10 GiB
- * or more keeps PyTorch's layout), under PyTorch's layout (expandable_segments_recycle:False) and
- * with expandable_chunk_mb set to the page. */
+/* The blocks of test_small_device take one chunk a page with @p config, on a device of
+ * @p device_mib (0: the emulator's, capped at 182 MiB by the memory fraction). */
+static void pages_run(const char *config, size_t device_mib)
+{
+    start_emu(config);
+    if (!device_mib)
+        cap_device(182 * MiB);
+    void *blk[SMALL_N];
+    if (small_blocks(blk) != 4)
+        fail_msg("%s: 20 blocks of 4 MiB took %lu chunks, not one a page", config, tu_call_count("cuMemCreate"));
+    for (int i = 0; i < SMALL_N; i++)
+        assert_true(tu_check(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
+    for (int i = 0; i < SMALL_N; i++)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+/* On the 182 MiB device, PyTorch's layout (expandable_segments_recycle:False) and
+ * expandable_chunk_mb set to the page keep one chunk a page. */
+static void test_small_device_pages(void **state)
+{
+    (void)state;
+    pages_run("expandable_segments:True,expandable_segments_recycle:False", 182);
+    pages_run("expandable_segments:True,expandable_chunk_mb:20", 182);
+}
+
+/* A device of 10 GiB or more (the emulator's 80 GiB) keeps one chunk a page, a small memory
+ * fraction too: the rule reads the device's size. */
 static void test_large_device_pages(void **state)
 {
     (void)state;
-    const struct {
-        const char *config;
-        bool cap;
-    } runs[] = {
-        {"expandable_segments:True", false},
-        {"expandable_segments:True,expandable_segments_recycle:False", true},
-        {"expandable_segments:True,expandable_chunk_mb:20", true},
-    };
-    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-        start_emu(runs[r].config);
-        size_t total = 0;
-        tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
-        if (!runs[r].cap && total < ((size_t)10 << 30))
-            skip(); /* CUDAEMU_TOTAL_MEM made the emulated device small */
-        if (runs[r].cap)
-            cap_device(SMALL_DEVICE);
-        void *blk[SMALL_N];
-        if (small_blocks(blk) != 4)
-            fail_msg("%s: 20 blocks of 4 MiB took %lu chunks, not one a page", runs[r].config,
-                     tu_call_count("cuMemCreate"));
-        for (int i = 0; i < SMALL_N; i++)
-            assert_true(tu_check(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
-        for (int i = 0; i < SMALL_N; i++)
-            assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
-        assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
-        assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-        check_no_leaks();
-    }
+    start_emu("expandable_segments:True");
+    if (device_total() < ((size_t)10 << 30))
+        skip(); /* CUDAEMU_TOTAL_MEM made the emulated device small */
+    pages_run("expandable_segments:True", 0);
 }
 
 int main(int argc, char **argv)
@@ -360,8 +372,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fragmented),
         cmocka_unit_test(test_fragmented_after_refusal),
         cmocka_unit_test(test_small_device),
+        cmocka_unit_test(test_small_device_pages),
         cmocka_unit_test(test_large_device_pages),
     };
+    /* Before the emulator starts: the small_device tests' device is 182 MiB. */
+    if (argc > 1 && strncmp(argv[1], "test_small_device", 17) == 0)
+        setenv("CUDAEMU_TOTAL_MEM", "182M", 1);
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
