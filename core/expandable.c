@@ -324,8 +324,8 @@ static size_t device_chunk(const struct dev_alloc *d, size_t page, size_t gran)
 {
     lock_assert_held(&d->lock);
     size_t chunk = d->info.total_mem / DEVICE_CHUNK_DIV / gran * gran;
-    if (!d->cfg.expandable_segments_recycle || chunk >= page)
-        return page;
+    if (!d->cfg.expandable_segments_recycle || !d->info.total_mem || chunk >= page)
+        return page; /* 0: the size is unknown */
     return XSEG_MAX(chunk, gran);
 }
 
