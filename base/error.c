@@ -32,6 +32,25 @@ xseg_status err_prefix(xseg_status status, const char *fmt, ...)
     return status;
 }
 
+xseg_status err_suffix(xseg_status status, const char *fmt, ...)
+{
+    size_t n = strlen(err_msg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_msg + n, sizeof err_msg - n, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+struct err_kept err_keep(void)
+{
+    struct err_kept k;
+    size_t n = strnlen(err_msg, sizeof k.msg - 1);
+    memcpy(k.msg, err_msg, n);
+    k.msg[n] = '\0';
+    return k;
+}
+
 void err_clear(void) { err_msg[0] = '\0'; }
 
 const char *err_format_size(size_t bytes, char buf[32])

@@ -12,6 +12,17 @@ xseg_status err_set(xseg_status status, const char *fmt, ...) __attribute__((for
 /* Append context in front of the current message: "ctx: previous message". Returns @p status. */
 xseg_status err_prefix(xseg_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Append context after the current message: "previous message" followed by the formatted text,
+ * which brings its own separator ("; ...", " (...)"). Returns @p status. */
+xseg_status err_suffix(xseg_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A copy of this thread's message, for a failure reported only after steps that may write their
+ * own (a rollback, a second attempt): err_set(st, "...%s...", kept.msg) puts it back. */
+struct err_kept {
+    char msg[512];
+};
+struct err_kept err_keep(void);
+
 /* Forget the last failure (xseg_last_error() returns "" afterwards). */
 void err_clear(void);
 

@@ -2,16 +2,56 @@
  * mutex) or yield (the spin lock). */
 #include <linux/futex.h>
 #include <sched.h>
+#include <stdint.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/lock.h"
 
-static void futex_wait(atomic_int *word, int val)
+static void futex_wait(atomic_int *word, int val, const struct timespec *timeout)
 {
     /* Returns at once (EAGAIN) when *word no longer holds val; spurious wake-ups (EINTR) are
      * fine: the caller re-checks the word. The lock is process-private. */
-    (void)syscall(SYS_futex, (int *)word, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+    (void)syscall(SYS_futex, (int *)word, FUTEX_WAIT_PRIVATE, val, timeout, NULL, 0);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* A waiter asleep this long takes the lock by hand-off (Go's sync.Mutex starvation mode uses the
+ * same 1 ms): against a thread looping cached pairs through the lock, a woken sleeper otherwise
+ * lost to it for up to 0.8 s (bench_services --lock-wait: docs/benchmarks.md). */
+#define LOCK_STARVE_NS 1000000
+
+/* Starving: counted in l->starving, so each release hands the lock over (lock_hand_off) until it
+ * has it. Waits on l->handed with a timeout: a release that read l->starving before the count
+ * made a plain release instead, and the retry then finds the word free. */
+static void lock_starve(struct lock *l)
+{
+    static const struct timespec retry = {0, LOCK_STARVE_NS};
+    atomic_fetch_add_explicit(&l->starving, 1, memory_order_seq_cst);
+    for (;;) {
+        if (atomic_exchange_explicit(&l->word, 2, memory_order_acquire) == 0)
+            break;
+        int one = 1;
+        if (atomic_compare_exchange_strong_explicit(&l->handed, &one, 0, memory_order_acquire, memory_order_relaxed))
+            break;
+        futex_wait(&l->handed, 0, &retry);
+    }
+    atomic_fetch_sub_explicit(&l->starving, 1, memory_order_relaxed);
+}
+
+void lock_hand_off(struct lock *l)
+{
+    /* The word stays nonzero (held): the lock passes to whichever starving waiter takes handed. */
+    atomic_fetch_add_explicit(&l->handoffs, 1, memory_order_relaxed);
+    atomic_store_explicit(&l->handed, 1, memory_order_release);
+    (void)syscall(SYS_futex, (int *)&l->handed, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 void lock_acquire_slow(struct lock *l)
@@ -35,8 +75,16 @@ void lock_acquire_slow(struct lock *l)
     }
     /* Mark the lock contended (2) whatever state it was in; if it was free we now hold it
      * (as "contended", which costs at most one needless wake-up at release). */
-    while (atomic_exchange_explicit(&l->word, 2, memory_order_acquire) != 0)
-        futex_wait(&l->word, 2);
+    int64_t since = 0;
+    while (atomic_exchange_explicit(&l->word, 2, memory_order_acquire) != 0) {
+        if (!since) {
+            since = now_ns();
+        } else if (now_ns() - since > LOCK_STARVE_NS) {
+            lock_starve(l);
+            return;
+        }
+        futex_wait(&l->word, 2, NULL);
+    }
 }
 
 void lock_wake(struct lock *l)

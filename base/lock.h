@@ -24,6 +24,12 @@
 
 struct lock {
     atomic_int word; /* 0 unlocked, 1 locked, 2 locked with possible sleepers */
+    /* Starvation (base/lock.c): waiters that slept past LOCK_STARVE_NS, and 1 while a release
+     * has handed the lock, still held, to one of them. A taker looping lock/unlock otherwise wins
+     * every race against a woken sleeper (bench_services --lock-wait). */
+    atomic_int starving;
+    atomic_int handed;
+    atomic_uint handoffs; /* hand-offs so far (tests/unit/test_lock.c) */
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds only: the holder (lock_self() of its thread), for lock_assert_held. Written by
      * the holder alone, read by threads that claim to hold the lock: relaxed is enough. */
@@ -48,12 +54,16 @@ const void *lock_self(void);
 static inline void lock_init(struct lock *l)
 {
     atomic_init(&l->word, 0);
+    atomic_init(&l->starving, 0);
+    atomic_init(&l->handed, 0);
+    atomic_init(&l->handoffs, 0);
     lock_set_owner(l, NULL);
 }
 
 /* Contended halves, out of line (base/lock.c). */
 void lock_acquire_slow(struct lock *l);
 void lock_wake(struct lock *l);
+void lock_hand_off(struct lock *l);
 
 /* Device locks rank FORK_RANK_DEVICE in the lock order (base/fork.h), checked at debug_level >= 1. */
 static inline void lock_acquire(struct lock *l)
@@ -84,6 +94,12 @@ static inline void lock_release(struct lock *l)
     lock_assert_held(l);
     witness_give(FORK_RANK_DEVICE);
     lock_set_owner(l, NULL);
+    /* A waiter starves: the lock goes to it without being released (no barging taker can get it).
+     * Seen here since it counted itself before its last try (or, if not yet, it retries in 1 ms). */
+    if (XSEG_UNLIKELY(atomic_load_explicit(&l->starving, memory_order_relaxed))) {
+        lock_hand_off(l);
+        return;
+    }
     /* 2 means a thread may be sleeping in the kernel: wake one. It will set 2 again when it
      * takes the lock, so any further sleeper is woken by its release in turn. */
     if (XSEG_UNLIKELY(atomic_exchange_explicit(&l->word, 0, memory_order_release) == 2))

@@ -6,6 +6,7 @@
  *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] [--gib G]
  *                                       [--reps R]   (section 5)
  *   bench_services --concurrent DIR [--gib G] [--reps R]   (section 6)
+ *   bench_services --lock-wait [--reps R]                   (section 7)
  *
  * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
  *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
@@ -38,6 +39,11 @@
  *    pool sleeps (the main thread idle for as long as the sleep took, at most 2 s) in the same
  *    run; and the sleep's and wake's wall time alone (before the worker starts) and beside it.
  *    Medians of R repetitions.
+ * 7. (--lock-wait) How long a thread waits for the device lock against another thread's loop of
+ *    cached 512 B pairs through it (a pool sleeps, so the pairs take the device lock's path, as
+ *    during a sleep or wake): 5,000 xseg_get_sleep_stats calls (one device-lock take each, as a
+ *    sleep's or wake's retake), 20 us apart, timed one by one with the loop stopped and running, in the same run;
+ *    median, 99th percentile and longest per repetition, and the loop's pairs per second.
  * Links the shared libxseg, as a program would. Without a GPU it runs on the cudaemu built here.
  */
 #define _GNU_SOURCE
@@ -49,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -551,6 +558,69 @@ static int concurrent(const char *dir, long gib, int reps)
     return 0;
 }
 
+/* ---- 7: the device lock against a loop of pairs ---- */
+#define LW_CALLS 5000
+static double lw_ns[LW_CALLS];
+
+/* LW_CALLS device-lock takes, each timed: median, p99, longest (ns) into @p out. */
+static void lw_sample(double out[3])
+{
+    xseg_sleep_stats st;
+    for (int i = 0; i < LW_CALLS; i++) {
+        struct timespec a, b, gap = {0, 20000}; /* arrive as a sleep's retake does: after a wait */
+        nanosleep(&gap, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (xseg_get_sleep_stats(0, NULL, &st) != XSEG_SUCCESS)
+            die("xseg_get_sleep_stats");
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        lw_ns[i] = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
+    }
+    qsort(lw_ns, LW_CALLS, sizeof lw_ns[0], cmp_double);
+    out[0] = lw_ns[LW_CALLS / 2];
+    out[1] = lw_ns[LW_CALLS * 99 / 100];
+    out[2] = lw_ns[LW_CALLS - 1];
+}
+
+static int lock_wait(int reps)
+{
+    bench_find_driver("bench_services");
+    if (xseg_init("expandable_segments:True") != XSEG_SUCCESS)
+        die("xseg_init");
+    load_emu();
+    xseg_pool_id pool;
+    void *p;
+    if (xseg_pool_create(&pool) != XSEG_SUCCESS || xseg_begin_allocate_to_pool(0, pool, NULL, NULL) != XSEG_SUCCESS ||
+        xseg_malloc(&p, 1 << 20, 0, NULL) != XSEG_SUCCESS || xseg_end_allocate_to_pool(0, pool) != XSEG_SUCCESS ||
+        xseg_sleep(0, pool, XSEG_SLEEP_DISCARD) != XSEG_SUCCESS)
+        die("a sleeping pool");
+    printf("bench_services --lock-wait: %d calls a sample, %d repetitions, %s\n\n", LW_CALLS, reps,
+           emu.count ? "cudaemu" : "real driver");
+    printf("| rep | alone: median ns | p99 ns | longest ns | beside the pairs: median ns | p99 ns | longest ns | "
+           "pairs/s beside |\n|---|---|---|---|---|---|---|---|\n");
+    for (int r = 0; r < reps; r++) {
+        double alone[3], beside[3];
+        lw_sample(alone);
+        atomic_store(&conc_stop, false);
+        unsigned long c0 = atomic_load(&conc_pairs);
+        pthread_t t;
+        if (pthread_create(&t, NULL, conc_worker, NULL) != 0)
+            die("pthread_create");
+        while (atomic_load(&conc_pairs) - c0 < 1000) /* the loop runs */
+            sched_yield();
+        unsigned long c1 = atomic_load(&conc_pairs);
+        double t0 = now_ms();
+        lw_sample(beside);
+        double rate = (double)(atomic_load(&conc_pairs) - c1) / (now_ms() - t0) * 1e3;
+        atomic_store(&conc_stop, true);
+        pthread_join(t, NULL);
+        printf("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3g |\n", r + 1, alone[0], alone[1], alone[2],
+               beside[0], beside[1], beside[2], rate);
+    }
+    if (xseg_wake(0, pool) != XSEG_SUCCESS || xseg_free(p) != XSEG_SUCCESS)
+        die("xseg_wake");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long gib = 2;
@@ -558,13 +628,15 @@ int main(int argc, char **argv)
     long nstreams = 1, chunk_mb = 64;
     if (argc == 4 && !strcmp(argv[1], "--pairs"))
         return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
-    bool rate_only = false;
+    bool rate_only = false, lw_only = false;
     const char *conc_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--concurrent") && i + 1 < argc)
             conc_dir = argv[++i];
         else if (!strcmp(argv[i], "--copy-rate"))
             rate_only = true;
+        else if (!strcmp(argv[i], "--lock-wait"))
+            lw_only = true;
         else if (!strcmp(argv[i], "--gib"))
             gib = parse_long("--gib", i + 1 < argc ? argv[++i] : NULL, 1);
         else if (!strcmp(argv[i], "--reps"))
@@ -579,7 +651,7 @@ int main(int argc, char **argv)
             file_dir = argv[++i], file_only = true;
         else {
             fprintf(stderr, "usage: bench_services [--copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] | "
-                            "--concurrent DIR] [--gib G] [--reps R]\n");
+                            "--concurrent DIR | --lock-wait] [--gib G] [--reps R]\n");
             return 2;
         }
     }
@@ -589,6 +661,8 @@ int main(int argc, char **argv)
     }
     if (conc_dir)
         return concurrent(conc_dir, gib, reps);
+    if (lw_only)
+        return lock_wait(reps);
     if (rate_only)
         return copy_rate(gib, reps, nstreams, chunk_mb);
     bench_find_driver("bench_services");

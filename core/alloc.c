@@ -197,6 +197,41 @@ static inline bool should_split(const struct dev_alloc *d, const struct block *b
 
 /* ---- classic segments -------------------------------------------------------------------- */
 
+/* Did @p p's pool stop being awake while the lock was given back (a sleep begun by another thread
+ * or by a free-memory callback)? Then the malloc is refused as malloc_prepare would have refused it:
+ * its blocks and holes lie in pages a sleep is giving back. */
+static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, const struct alloc_params *p,
+                                                      xseg_status *st)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp = dev_pool_owner(d, p->pool);
+    if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
+        return false;
+    *st = sleep_refuse(d, pp);
+    return true;
+}
+
+/* alloc_classic's cuMemAlloc with the lock given back (release_lock_on_cudamalloc). The bins
+ * reference is given back meanwhile (dev_check, which any unlock may run, finds no reference
+ * without a segment) and taken again after (*held: it is); a pool that fell asleep meanwhile gets
+ * nothing (the memory is freed). */
+static xseg_status classic_alloc_unlocked(struct dev_alloc *d, struct alloc_params *p, bool relax, CUdeviceptr *ptr,
+                                          bool *held)
+{
+    bpool_bins_release(p->pool, p->stream);
+    dev_unlock(d);
+    xseg_status st = classic_alloc(p->alloc_size, relax, d->device, ptr);
+    dev_acquire(d);
+    *held = bpool_bins_acquire(p->pool, p->stream);
+    xseg_status refused = XSEG_SUCCESS;
+    if (st == XSEG_SUCCESS && (!*held || pool_fell_asleep(d, p, &refused))) {
+        (void)classic_free(*ptr, d->device);
+        st = *held ? sleep_refuse(d, dev_pool_owner(d, p->pool))
+                   : err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
+    }
+    return st;
+}
+
 /* cuMemAlloc a new segment for p (PyTorch's alloc_block, classic branch). Returns SUCCESS with
  * p->block set, OUT_OF_MEMORY (recoverable), or another error. The lock may be dropped. */
 static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
@@ -218,16 +253,14 @@ static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
     xseg_status st;
     /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
      * per thread, so dropping the lock is fine. */
-    bool relax = cap_underway(d);
-    if (d->cfg.release_lock_on_cudamalloc) {
-        dev_unlock(d);
+    bool relax = cap_underway(d), held = true;
+    if (d->cfg.release_lock_on_cudamalloc)
+        st = classic_alloc_unlocked(d, p, relax, &ptr, &held);
+    else
         st = classic_alloc(size, relax, d->device, &ptr);
-        dev_acquire(d);
-    } else {
-        st = classic_alloc(size, relax, d->device, &ptr);
-    }
     if (st != XSEG_SUCCESS) {
-        bpool_bins_release(p->pool, p->stream);
+        if (held)
+            bpool_bins_release(p->pool, p->stream);
         xs_free(sr);
         dev_block_delete(d, b);
         return st;
@@ -272,6 +305,21 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
+
+/* Free block @p b (of pool stat index @p si) becomes allocated for @p requested bytes: its flags
+ * and the allocation statistics (the block's split statistics are the caller's). */
+static inline __attribute__((always_inline)) void alloc_mark_taken(struct dev_alloc *d, struct block *b, int si,
+                                                                   size_t requested)
+{
+    b->allocated = true;
+    b->u.requested_size = requested; /* no side: it was free */
+    stat_up_pool(d->acct.stats.allocation, si, 1);
+    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)requested);
+    b->oversize = b->size >= d->cfg.max_split_size;
+    if (b->oversize)
+        stat_up(&d->acct.stats.oversize_allocations, 1);
+}
 
 /* Hand out p->block: split off the remainder, account. @p indexed: the block is still in the free
  * index with index predecessor @p pred (the fast path); else it was taken out of the index. */
@@ -333,14 +381,7 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
             stat_down_pool(d->acct.stats.inactive_split, si, 1);
         }
     }
-    b->allocated = true;
-    b->u.requested_size = orig_size; /* no side: it was free */
-    stat_up_pool(d->acct.stats.allocation, si, 1);
-    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)orig_size);
-    b->oversize = b->size >= d->cfg.max_split_size;
-    if (b->oversize)
-        stat_up(&d->acct.stats.oversize_allocations, 1);
+    alloc_mark_taken(d, b, si, orig_size);
     return b;
 }
 
@@ -497,6 +538,9 @@ static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d
     size_t over = bv && want > bv->group_limit ? want - bv->group_limit : 0;
     if ((bv && want > bv->own_limit) || !group_give_way(d, p->alloc_size, over))
         return XSEG_ERROR_OUT_OF_MEMORY;
+    xseg_status st;
+    if (pool_fell_asleep(d, p, &st))
+        return st;
     if (bv)
         budget_enter(d, bv); /* the members' figures moved */
     return get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
@@ -590,6 +634,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
         dev_acquire(d);
+        if (pool_fell_asleep(d, p, &st))
+            return st;
         if (freed && get_free_block(d, p))
             return malloc_finish(d, p, size, false, NULL, out, h);
     }
@@ -1003,10 +1049,19 @@ xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, 
     return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
 }
 
+/* The wake maps pages: under a budget its limit is measured first, as for a malloc's growth
+ * (step 4 of malloc_policy), and our reserved bytes published after. */
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
 {
     dev_lock(d);
-    return sleep_wake_done(d, wake_pool_locked(d, pool));
+    struct budget_view bv = {.limit = SIZE_MAX};
+    bool budgeted = group_measure_on(d);
+    if (budgeted)
+        group_budget_measure(d, &bv);
+    xseg_status st = wake_pool_locked(d, pool, bv.limit);
+    if (budgeted && st == XSEG_SUCCESS)
+        group_note_reserved(d);
+    return sleep_wake_done(d, st);
 }
 
 xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
@@ -1073,14 +1128,7 @@ static void malloc_at_place(struct dev_alloc *d, struct block *b, uintptr_t addr
         stat_add_pool(d->acct.stats.inactive_split, si, (int64_t)(!!h + !!t) - was_split);
         stat_add_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)(head + tail) - (was_split ? (int64_t)was : 0));
     }
-    b->allocated = true;
-    b->u.requested_size = size; /* no side: it was free */
-    stat_up_pool(d->acct.stats.allocation, si, 1);
-    stat_up_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
-    stat_up_pool(d->acct.stats.requested_bytes, si, (int64_t)size);
-    b->oversize = b->size >= d->cfg.max_split_size;
-    if (b->oversize)
-        stat_up(&d->acct.stats.oversize_allocations, 1);
+    alloc_mark_taken(d, b, si, size);
 }
 
 xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr, size_t size)

@@ -213,9 +213,10 @@ static void queue_drop(struct dev_alloc *d, size_t i)
     d->ev.evq[i] = d->ev.evq[--d->ev.nevq];
 }
 
-void ev_process(struct dev_alloc *d)
+/* Each queue's blocks, oldest first, while their event is done (@p wait: waited for); emptied
+ * queues dropped. */
+static void drain_queues(struct dev_alloc *d, bool wait)
 {
-    lock_assert_held(&d->lock);
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return;
     if (d->ev.ndeferred)
@@ -223,9 +224,13 @@ void ev_process(struct dev_alloc *d)
     for (size_t i = 0; i < d->ev.nevq;) {
         struct ev_queue *q = &d->ev.evq[i];
         while (q->count) {
+            CUevent ev = q->items[q->head].event;
             /* Not ready, or the query failed: the work may still run; ask again next time
-             * (ev_synchronize_all waits for it). */
-            if (!vevent_done(q->items[q->head].event))
+             * (ev_synchronize_all waits for it). An event that cannot be waited for: wait for its
+             * stream (or the context); when nothing works the block stays pending and a later
+             * call tries again. */
+            if (!wait ? !vevent_done(ev)
+                      : !vevent_wait(ev) && vstream_wait(q->stream, "for a freed block's event") != XSEG_SUCCESS)
                 break;
             queue_pop_done(d, q);
         }
@@ -236,29 +241,17 @@ void ev_process(struct dev_alloc *d)
     }
 }
 
+void ev_process(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    drain_queues(d, false);
+}
+
 void ev_synchronize_all(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     dev_count_sync_all(d);
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
-        return;
-    if (d->ev.ndeferred)
-        insert_deferred(d);
-    for (size_t i = 0; i < d->ev.nevq;) {
-        struct ev_queue *q = &d->ev.evq[i];
-        while (q->count) {
-            /* An event that cannot be waited for: wait for its stream (or the context); when
-             * nothing works the block stays pending and a later call tries again. */
-            if (!vevent_wait(q->items[q->head].event) &&
-                vstream_wait(q->stream, "for a freed block's event") != XSEG_SUCCESS)
-                break;
-            queue_pop_done(d, q);
-        }
-        if (q->count == 0)
-            queue_drop(d, i);
-        else
-            i++;
-    }
+    drain_queues(d, true);
 }
 
 void ev_destroy(struct dev_alloc *d)

@@ -499,9 +499,8 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     xseg_status st = XSEG_SUCCESS;
     bool fresh = !b;
     if (!b && (st = seg_new(ctx, rounded, &c, &b)) == XSEG_ERROR_OUT_OF_MEMORY) {
-        /* Pinned memory is scarce: give the free cached segments back and try once more. */
-        char msg[256];
-        snprintf(msg, sizeof msg, "%s", err_message());
+        /* Pinned memory is scarce: give the free cached segments back and try once more (the
+         * message is the last attempt's, whose status is returned). */
         size_t released = 0;
         for (int k = 0; k < 2; k++)
             for (size_t i = hc.fr[k].n; i-- > 0;)
@@ -510,9 +509,7 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
                     released++;
                 }
         if (released && (st = seg_new(ctx, rounded, &c, &b)) != XSEG_SUCCESS)
-            st = err_set(st, "%s (after giving back every free cached segment)", msg);
-        else if (!released)
-            st = err_set(st, "%s", msg);
+            st = err_suffix(st, " (after giving back every free cached segment)");
     }
     if (st == XSEG_SUCCESS) {
         struct hc_block *whole = b;

@@ -368,11 +368,10 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
      * keep routing, so that the capture goes on and a second call can end it. */
     bool still_open = false;
     if (st != XSEG_SUCCESS) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", err_message());
+        struct err_kept end = err_keep(); /* a failed query writes its own */
         bool capturing = false;
         still_open = vmm_stream_capturing(stream, device, &capturing) == XSEG_SUCCESS && capturing;
-        err_set(st, "%s%s", msg, still_open ? "; the capture is still open (call xseg_capture_end again)" : "");
+        err_set(st, "%s%s", end.msg, still_open ? "; the capture is still open (call xseg_capture_end again)" : "");
     }
     /* Otherwise stop routing whatever the driver said: the capture is over, and a route left
      * behind would keep the device in capture mode (PyTorch's capture_end leaks it there). */

@@ -74,13 +74,19 @@ static xseg_status init_locked(const char *config, bool explicit_config)
     return XSEG_SUCCESS;
 }
 
+/* Before initializing: refused in a forked child (rt_fork_refuse), else the driver loaded. */
+static xseg_status rt_enter(void)
+{
+    if (rt_forked_child())
+        return rt_fork_refuse();
+    return rt_load_driver();
+}
+
 xseg_status rt_ensure_slow(void)
 {
     if (XSEG_LIKELY(atomic_load_explicit(&xseg_rt.rt.ready, memory_order_acquire)))
         return XSEG_SUCCESS;
-    if (rt_forked_child())
-        return rt_fork_refuse();
-    xseg_status st = rt_load_driver();
+    xseg_status st = rt_enter();
     if (st != XSEG_SUCCESS)
         return st;
     mutex_lock(&xseg_rt.rt.lock);
@@ -167,9 +173,7 @@ xseg_status rt_reset(void)
 
 xseg_status rt_init(const char *config)
 {
-    if (rt_forked_child())
-        return rt_fork_refuse();
-    xseg_status st = rt_load_driver();
+    xseg_status st = rt_enter();
     if (st != XSEG_SUCCESS)
         return st;
     mutex_lock(&xseg_rt.rt.lock);

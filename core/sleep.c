@@ -37,9 +37,18 @@
  * export or snapshot touches them. A free of one of its blocks only changes the books, as while
  * it sleeps: the runs to copy were taken under the lock, and a copy into a freed block is harmless
  * (nothing can allocate it). Pages are mapped and unmapped, and the books changed, only under the
- * lock, and reserved_bytes follows each segment's pages as they go (dev_check may run between). The
- * thread running the sleep or wake owns the rest of the struct; other threads read only its phase
- * and, once asleep, its statistics.
+ * lock, and reserved_bytes follows each segment's pages as they go (dev_check may run between).
+ * What others may start meanwhile is checked again where the lock is retaken: a capture before the
+ * sleep queries an event or unmaps (capture_recheck), the fraction and budgets before the wake
+ * maps a segment (wake_room). A malloc that gave the lock back itself (free-memory callbacks, the
+ * group's give-way, release_lock_on_cudamalloc) refuses its pool if it fell asleep meanwhile
+ * (alloc.c). Safe without more: frees and completed record_stream events of the pool's blocks
+ * (books only; the runs were taken before), reclaim, trim, the group's responder and defrag (they
+ * skip asleep segments), export and block handles (refused on asleep segments), a release of the
+ * pool (kept while it has a sleep struct), xseg_shutdown (refused while one is underway), peer
+ * access (granted on mapped runs; a wake maps with the list in force). The thread running the
+ * sleep or wake owns the rest of the struct; other threads read only its phase and, once asleep,
+ * its statistics.
  */
 #include "core/sleep.h"
 
@@ -571,6 +580,23 @@ static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int ac
     }
 }
 
+/* A capture another thread began while the sleep had given the lock back (the admit's check is
+ * stale then): rechecked each time the sleep retakes the lock before it queries an event or unmaps
+ * a page. Refused rather than carried on: the driver allows cuMemUnmap beside a capture (measured
+ * on an H100: docs/gpu-h100), but not cuEventQuery (a GLOBAL capture is invalidated), and the
+ * commit's cuMemRelease was never measured there; xseg releases nothing during a capture
+ * elsewhere either. The undo maps the pool's own pages back (cuMemMap and cuMemSetAccess: allowed
+ * in a capture). Message without the function's name: the callers add it. */
+static xseg_status capture_recheck(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (!dev_capture_underway(d))
+        return XSEG_SUCCESS;
+    return err_set(XSEG_ERROR_ILLEGAL_STATE, "a stream capture began on device %d while the sleep ran (or a pool "
+                   "records: xseg_begin_allocate_to_pool, xseg_capture_begin); the sleep is refused, sleep after "
+                   "the capture ends", d->device);
+}
+
 /* Step 4 for segment @p k: wait for its own chunks (the later segments' may still run) with the
  * lock given back, then unmap its pages, keeping the handles. reserved_bytes drops by the bytes
  * now, so the books match the pages whenever the lock is given back (its chunks count in
@@ -587,6 +613,8 @@ static xseg_status unmap_seg(struct dev_alloc *d, struct pool_sleep *ps, size_t 
         step_in(d);
     }
     size_t un = 0;
+    if (st == XSEG_SUCCESS)
+        st = capture_recheck(d);
     if (st == XSEG_SUCCESS)
         st = seg_sleep_unmap(ss->s->vseg, &un);
     if (un) /* a failed unmap keeps what it unmapped asleep (and held) */
@@ -626,21 +654,19 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
         *asleep = true;
         return st;
     }
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", err_message());
+    struct err_kept first = err_keep(); /* the undo may write its own failure */
     size_t left;
     if (unmap_undo(d, ps, k, &left))
-        return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", msg);
+        return err_set(st, "xseg_sleep: %s; every page is mapped back with its data", first.msg);
     /* Pages that could not be mapped back: the pool sleeps now, with nothing lost once the later
      * segments' chunks are copied (their pages stay mapped, and a wake restores them). */
-    char msg2[256];
-    snprintf(msg2, sizeof msg2, "%s", err_message());
+    struct err_kept undo = err_keep(); /* the wait may write its own failure */
     step_out(d);
     (void)wait_all(ps, "for the copies of a sleep (xseg_sleep)");
     step_in(d);
     *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
     return err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so the "
-                       "pool is asleep now; xseg_wake brings it back", msg, msg2, left);
+                       "pool is asleep now; xseg_wake brings it back", first.msg, undo.msg, left);
 }
 
 /* Step 5 and the books: the handles go back to the driver and the pool is asleep. */
@@ -785,6 +811,8 @@ static xseg_status sleep_backup(struct dev_alloc *d, struct priv_pool *pp, struc
     xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
     if (st == XSEG_SUCCESS && ps->nsegs)
         st = wait_streams(d, pp, ps, "before a sleep (xseg_sleep)");
+    if (st == XSEG_SUCCESS && capture_recheck(d) != XSEG_SUCCESS) /* before ev_process queries events */
+        st = err_prefix(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep");
     if (st != XSEG_SUCCESS)
         return st;
     if (ev_waiting(d))
@@ -947,14 +975,38 @@ static xseg_status restore_run(struct pool_sleep *ps, struct sleep_seg *ss)
     return st;
 }
 
+/* Room for the pages of segments [@p k, n) of the waking pool: within the memory fraction and
+ * @p limit, the budgets' cap on total_allocated_memory (alloc.c measures it at the wake's start;
+ * SIZE_MAX: none), counting what other threads hold now. Checked at the start and again before each
+ * segment is mapped: another pool may have grown while the lock was given back. Lock held. */
+static xseg_status wake_room(struct dev_alloc *d, const struct pool_sleep *ps, size_t k, size_t limit)
+{
+    lock_assert_held(&d->lock);
+    size_t need = 0;
+    for (size_t i = k; i < ps->nsegs; i++)
+        need += seg_asleep_bytes(ps->segs[i].s->vseg);
+    size_t total = d->acct.total_allocated_memory;
+    if (!need || (dev_fraction_allows(d, need) && total + need <= limit))
+        return XSEG_SUCCESS;
+    char s1[32], s2[32], s3[32];
+    bool fraction = d->acct.set_fraction && total + need > d->acct.allowed_memory_maximum;
+    return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s more needed on device %d for its pages, over %s of %s (%s in use%s)",
+                   err_format_size(need, s1), d->device,
+                   fraction ? "the memory fraction's limit" : "the memory budget's limit (memory_budget_mb or the "
+                   "group's)", err_format_size(fraction ? d->acct.allowed_memory_maximum : limit, s2),
+                   err_format_size(total, s3), k ? ", after another thread's growth while this wake ran" : "");
+}
+
 /* Segment after segment: map its pages (lock held), then queue its restore with the lock given
  * back, so a segment's chunks (and the file's reads) run while the next one maps. *k: segments
  * mapped (or tried). */
-static xseg_status wake_segments(struct dev_alloc *d, struct pool_sleep *ps, size_t *k)
+static xseg_status wake_segments(struct dev_alloc *d, struct pool_sleep *ps, size_t limit, size_t *k)
 {
     lock_assert_held(&d->lock);
     xseg_status st = XSEG_SUCCESS;
     for (*k = 0; *k < ps->nsegs && st == XSEG_SUCCESS;) {
+        if ((st = wake_room(d, ps, *k, limit)) != XSEG_SUCCESS)
+            break;
         struct sleep_seg *ss = &ps->segs[(*k)++];
         size_t mapped;
         st = seg_wake_map(ss->s->vseg, &mapped);
@@ -971,8 +1023,10 @@ static xseg_status wake_segments(struct dev_alloc *d, struct pool_sleep *ps, siz
 }
 
 /* The checks of a wake: @p id names a pool of @p d that is asleep (no sleep or wake of it
- * underway), no capture, the fraction has room for its pages. Nothing changes on a refusal. */
-static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, struct priv_pool **pp, struct pool_sleep **out)
+ * underway), no capture, the fraction and @p limit have room for its pages. Nothing changes on a
+ * refusal. */
+static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, size_t limit, struct priv_pool **pp,
+                              struct pool_sleep **out)
 {
     lock_assert_held(&d->lock);
     char buf[64];
@@ -990,13 +1044,8 @@ static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, struct priv_
     if (dev_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: a stream capture is underway on device %d (or a pool "
                        "records: xseg_begin_allocate_to_pool); wake after it ends", d->device);
-    size_t need = 0;
-    for (size_t i = 0; i < ps->nsegs; i++)
-        need += seg_asleep_bytes(ps->segs[i].s->vseg);
-    if (!dev_fraction_allows(d, need))
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_wake: %s on device %d needs %zu bytes, over the memory "
-                       "fraction's limit of %zu (%zu in use)", pool_name(*pp, buf), d->device, need,
-                       d->acct.allowed_memory_maximum, d->acct.total_allocated_memory);
+    if ((st = wake_room(d, ps, 0, limit)) != XSEG_SUCCESS)
+        return err_prefix(st, "xseg_wake: %s", pool_name(*pp, buf));
     *out = ps;
     return drv_ctx_ensure(d->info.primary_ctx);
 }
@@ -1008,11 +1057,10 @@ static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, struct priv_
 static xseg_status wake_fail(struct dev_alloc *d, struct pool_sleep *ps, xseg_status st, size_t k)
 {
     lock_assert_held(&d->lock);
-    char msg[512], msg2[256];
-    snprintf(msg, sizeof msg, "%s", err_message());
+    struct err_kept first = err_keep(); /* the wait, bounce_put and the undo may write theirs */
     step_out(d);
     xseg_status wst = wait_all(ps, "for the copies of a failed wake (xseg_wake)");
-    snprintf(msg2, sizeof msg2, "%s", err_message());
+    struct err_kept wait = err_keep();
     bounce_put(d, ps, wst != XSEG_SUCCESS);
     step_in(d);
     if (wst == XSEG_SUCCESS)
@@ -1022,9 +1070,9 @@ static xseg_status wake_fail(struct dev_alloc *d, struct pool_sleep *ps, xseg_st
     ps->phase = PHASE_ASLEEP; /* last: another thread may wake it as soon as the lock goes */
     if (wst != XSEG_SUCCESS)
         return err_set(st, "xseg_wake: %s; the pool is still asleep; its copies could not be waited for (%s), so "
-                           "the pages this wake mapped stay mapped (retry the wake)", msg, msg2);
+                           "the pages this wake mapped stay mapped (retry the wake)", first.msg, wait.msg);
     return err_set(st, "xseg_wake: %s; the pool is still asleep (the pages this wake mapped are given back; retry "
-                       "the wake)", msg);
+                       "the wake)", first.msg);
 }
 
 /* The end of a successful wake: the books, the pool awake, its struct freed (the host backups to
@@ -1049,12 +1097,12 @@ static void wake_commit(struct dev_alloc *d, struct priv_pool *pp, struct pool_s
     step_in(d);
 }
 
-xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
+xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id, size_t limit)
 {
     lock_assert_held(&d->lock);
     struct priv_pool *pp;
     struct pool_sleep *ps = NULL;
-    xseg_status st = wake_admit(d, id, &pp, &ps);
+    xseg_status st = wake_admit(d, id, limit, &pp, &ps);
     if (st != XSEG_SUCCESS)
         return st;
     for (size_t i = 0; i < ps->nsegs; i++) {
@@ -1069,9 +1117,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         st = bounce_get(d, ps, "xseg_wake");
         if (st != XSEG_SUCCESS) {
             bounce_put(d, ps, false);
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", err_message());
-            st = err_set(st, "%s; the pool is still asleep (retry the wake)", msg);
+            st = err_suffix(st, "; the pool is still asleep (retry the wake)");
         }
         step_in(d);
         if (st != XSEG_SUCCESS) {
@@ -1080,7 +1126,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id)
         }
     }
     size_t k = 0;
-    st = wake_segments(d, ps, &k);
+    st = wake_segments(d, ps, limit, &k);
     if (st == XSEG_SUCCESS) {
         step_out(d);
         st = wait_all(ps, "for the copies of a wake (xseg_wake)");

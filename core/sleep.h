@@ -21,9 +21,11 @@
 #include "core/device.h"
 
 /* xseg_sleep / xseg_wake on one device (arguments checked by api/services.c). Lock held on entry
- * and return, given back in between (nothing read before may be trusted after). */
+ * and return, given back in between (nothing read before may be trusted after). @p limit: the most
+ * total_allocated_memory may reach under the budgets (core/group.h, measured by the caller;
+ * SIZE_MAX: none), checked with the memory fraction at the start and before each segment maps. */
 xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path);
-xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id pool);
+xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id pool, size_t limit);
 /* xseg_shutdown: destroy the device's copy streams (sleep and wake wait for their chunks, so none
  * has work queued). Lock held. */
 void sleep_teardown(struct dev_alloc *d);

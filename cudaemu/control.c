@@ -49,6 +49,8 @@ static struct ctl_fail *ctl_fails;
 static size_t ctl_nfails, ctl_capfails;
 /* Fast path: no lock taken on calls while nothing is armed. */
 static atomic_size_t ctl_armed;
+/* Armed failures that fired (cudaemu_fail_fired). */
+static atomic_ulong ctl_fired;
 
 void emu_fail_arm(enum emu_entry e, unsigned long nth, CUresult res)
 {
@@ -234,8 +236,10 @@ CUresult emu_enter(enum emu_entry e)
     for (size_t i = 0; i < ctl_nfails; i++) {
         struct ctl_fail f = ctl_fails[i];
         if (f.entry == e && --f.remaining == 0) {
-            if (res == CUDA_SUCCESS)
+            if (res == CUDA_SUCCESS) {
                 res = f.result;
+                atomic_fetch_add(&ctl_fired, 1);
+            }
             continue;
         }
         ctl_fails[kept++] = f;
@@ -268,6 +272,8 @@ void cudaemu_fail_clear(void)
     atomic_store(&ctl_armed, 0);
     emu_unlock();
 }
+
+unsigned long cudaemu_fail_fired(void) { return atomic_load(&ctl_fired); }
 
 unsigned long cudaemu_call_count(const char *entry)
 {

@@ -65,6 +65,10 @@ int cudaemu_stream_work(CUstream stream);
 int cudaemu_fail(const char *entry, unsigned long nth, CUresult result);
 /* Disarm every pending failure. */
 void cudaemu_fail_clear(void);
+/* Armed failures (cudaemu_fail, CUDAEMU_FAIL) that fired since start, never reset: a test
+ * compares it before and after a run to know its fault struck (a call answered with the armed
+ * CUresult; two armed for the same call count once). */
+unsigned long cudaemu_fail_fired(void);
 
 /* A gate, for tests that must catch a caller inside a call (a library's long operation between
  * two steps): the @p nth call of @p entry from now (1 = the next) parks at its start, holding no

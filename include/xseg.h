@@ -877,7 +877,8 @@ typedef enum xseg_sleep_flags {
  * @return XSEG_ERROR_INVALID_VALUE for bad flags or a private pool unknown on @p device;
  *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already (or another thread's sleep or
  *         wake of it is underway), a capture is underway on the
- *         device (or a pool records: xseg_begin_allocate_to_pool), or the pool holds live blocks
+ *         device (or a pool records: xseg_begin_allocate_to_pool; also one begun by another thread
+ *         while the sleep ran, seen before the sleep unmaps a page), or the pool holds live blocks
  *         exported with xseg_ipc_export (the message gives their count; free them once every
  *         importer has closed them, then sleep) or blocks whose handles xseg_block_handles handed
  *         out (the message names the first; xseg_block_handles_release each hand-out, or free
@@ -923,9 +924,10 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
  *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep (or its sleep or another wake of it
  *         is underway in another thread) or a capture is underway;
- *         XSEG_ERROR_OUT_OF_MEMORY when the device (or the memory fraction) cannot hold the pages
- *         now; XSEG_ERROR_DRIVER when a driver call fails; after XSEG_SLEEP_OFFLOAD_FILE,
- *         XSEG_ERROR_INVALID_VALUE when reading the file fails (the message names the errno, or a
+ *         XSEG_ERROR_OUT_OF_MEMORY when the device, the memory fraction or memory_budget_mb
+ *         cannot hold the pages now (checked again before each segment is mapped, as other
+ *         threads may allocate meanwhile); XSEG_ERROR_DRIVER when a driver call fails; after
+ *         XSEG_SLEEP_OFFLOAD_FILE, XSEG_ERROR_INVALID_VALUE when reading the file fails (the message names the errno, or a
  *         file cut short). A failed wake is rolled back: the pages it mapped are given back, the
  *         pool stays asleep with its offloaded bytes (or file), nothing leaks, and the wake can
  *         be retried.

@@ -327,6 +327,31 @@ static void check_after(struct work *w, const char *when)
                  live.events, MAX_EVENTS);
 }
 
+/* The checks after a run whose fault was at @p entry (@p own: the workload's own call). */
+static void after_run(struct work *w, const char *entry, bool own, const char *when)
+{
+    tu_stream_release(w->s2);
+    /* A failed switch back from relaxed capture mode (classic_alloc) leaves this thread relaxed:
+     * put it back, so later runs see the GLOBAL capture rules. */
+    CUstreamCaptureMode global = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    tu_assert_cu(drv->cuThreadExchangeStreamCaptureMode(&global));
+    /* Only a failure of the capture's own begin/end, or of the program's fork/join, may cost the
+     * capture: whatever else fails, xseg must not invalidate it. */
+    bool may_break = own || !strcmp(entry, "cuStreamBeginCapture") || !strcmp(entry, "cuStreamEndCapture");
+    if (!may_break && w->cap_begun && w->cap_end != XSEG_SUCCESS)
+        fail_msg("%s: the capture ended invalid", when);
+    /* Begun or not, nothing is left capturing, and the pool has no use left. */
+    CUstreamCaptureStatus cs;
+    tu_assert_cu(drv->cuStreamIsCapturing(w->s, &cs));
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        fail_msg("%s: the stream still captures after the workload", when);
+    int uses = -1;
+    assert_int_equal(xseg_pool_use_count(0, w->pool, &uses), XSEG_SUCCESS);
+    if (uses != 0)
+        fail_msg("%s: the capture's pool has %d uses left", when, uses);
+    check_after(w, when);
+}
+
 static void sweep(const char *mode, const char *config)
 {
     assert_int_equal(xseg_init(config), XSEG_SUCCESS);
@@ -343,9 +368,18 @@ static void sweep(const char *mode, const char *config)
     int full = full_env && !strcmp(full_env, "full");
     size_t samples = tu_scaled(2, 1);
 
-    /* A clean run first: which entries the workload reaches, how often, and which calls are the
-     * workload's own. Everything must succeed, the capture included. */
+    /* A warm-up run: the calls only a process's first run makes (device discovery, the event
+     * pool's first events) are never made again, so a fault armed on them never fires. */
+    unsigned long cold[NENTRIES];
+    tu_counts_reset();
+    workload(&w);
+    for (size_t e = 0; e < NENTRIES; e++)
+        cold[e] = tu_call_count(all_entries[e]);
+    check_after(&w, "the warm-up run");
+    /* A clean run: which entries a run reaches, how often, and which calls are the workload's
+     * own. Everything must succeed, the capture included. */
     unsigned long calls[NENTRIES];
+    memset(w.p, 0, sizeof w.p);
     tu_counts_reset();
     nowned = 0;
     recording_owned = true;
@@ -361,7 +395,7 @@ static void sweep(const char *mode, const char *config)
             fail_msg("%s: buffer %d is %s after the run without faults", mode, i, w.p[i] ? "live" : "not live");
     check_after(&w, "the run without faults");
 
-    unsigned runs = 0, entries_hit = 0;
+    unsigned runs = 0, entries_hit = 0, cold_runs = 0;
     for (size_t e = 0; e < NENTRIES; e++) {
         const char *entry = all_entries[e];
         if (!calls[e] || !swept(entry))
@@ -380,36 +414,43 @@ static void sweep(const char *mode, const char *config)
                      own ? " (the workload's own call)" : "");
             CUresult res = n % 2 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
             memset(w.p, 0, sizeof w.p);
+            unsigned long fired = tu_fail_fired();
+            tu_counts_reset();
             assert_true(tu_fail(entry, n, res));
             cur_run = when;
             workload(&w);
             tu_fail_clear();
-            tu_stream_release(w.s2);
-            /* A failed switch back from relaxed capture mode (classic_alloc) leaves this thread
-             * relaxed: put it back, so later runs see the GLOBAL capture rules. */
-            CUstreamCaptureMode global = CU_STREAM_CAPTURE_MODE_GLOBAL;
-            tu_assert_cu(drv->cuThreadExchangeStreamCaptureMode(&global));
-            /* Only a failure of the capture's own begin/end, or of the program's fork/join, may
-             * cost the capture: whatever else fails, xseg must not invalidate it. */
-            bool may_break = own || !strcmp(entry, "cuStreamBeginCapture") || !strcmp(entry, "cuStreamEndCapture");
-            if (!may_break && w.cap_begun && w.cap_end != XSEG_SUCCESS)
-                fail_msg("%s: the capture ended invalid", when);
-            /* Begun or not, nothing is left capturing, and the pool has no use left. */
-            CUstreamCaptureStatus cs;
-            tu_assert_cu(drv->cuStreamIsCapturing(w.s, &cs));
-            if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-                fail_msg("%s: the stream still captures after the workload", when);
-            int uses = -1;
-            assert_int_equal(xseg_pool_use_count(0, w.pool, &uses), XSEG_SUCCESS);
-            if (uses != 0)
-                fail_msg("%s: the capture's pool has %d uses left", when, uses);
-            check_after(&w, when);
+            /* The run left the clean run's path before the call (state an earlier run left)? */
+            tu_assert_fired(fired, "%s (%lu calls this run)", when, tu_call_count(entry));
+            after_run(&w, entry, own, when);
             runs++;
         }
     }
+    /* The calls only a process's first run makes, each failed at its first call after a restart
+     * (xseg_shutdown): device discovery, the first events. */
+    for (size_t e = 0; e < NENTRIES; e++) {
+        const char *entry = all_entries[e];
+        if (!cold[e] || calls[e] || !swept(entry) || pending_reason(entry))
+            continue;
+        char when[160];
+        snprintf(when, sizeof when, "%s: %s failing at its first call after xseg_shutdown", mode, entry);
+        assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+        assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+        assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
+        memset(w.p, 0, sizeof w.p);
+        unsigned long fired = tu_fail_fired();
+        assert_true(tu_fail(entry, 1, CUDA_ERROR_UNKNOWN));
+        cur_run = when;
+        workload(&w);
+        tu_fail_clear();
+        tu_assert_fired(fired, "%s", when);
+        after_run(&w, entry, false, when);
+        runs++;
+        cold_runs++;
+    }
     cur_run = "the run without faults";
-    print_message("fault sweep (%s): %u entry points reached, %u runs%s\n", mode, entries_hit, runs,
-                  full ? " (every call index)" : "");
+    print_message("fault sweep (%s): %u entry points reached, %u runs (%u after a restart)%s\n", mode, entries_hit,
+                  runs, cold_runs, full ? " (every call index)" : "");
     assert_true(entries_hit >= 8);
     tu_assert_cu(drv->cuEventDestroy(w.ev));
     tu_assert_cu(drv->cuStreamDestroy(w.s));

@@ -148,6 +148,25 @@ void tu_fail_clear(void)
         e->fail_clear();
 }
 
+unsigned long tu_fail_fired(void)
+{
+    unsigned long (*f)(void);
+    *(void **)&f = tu_emu_sym("cudaemu_fail_fired");
+    return f ? f() : 0;
+}
+
+void tu_assert_fired(unsigned long since, const char *fmt, ...)
+{
+    if (tu_fail_fired() != since)
+        return;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fail_msg("%s: the injected fault never fired, so the run tested nothing", what);
+}
+
 unsigned long tu_call_count(const char *entry)
 {
     const struct tu_emu_api *e = tu_emu();

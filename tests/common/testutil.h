@@ -93,6 +93,13 @@ void tu_gate_open(void);
 bool tu_fail(const char *entry, unsigned long nth, CUresult res);
 /* Disarm every injected failure (no-op when not emulated). */
 void tu_fail_clear(void);
+/* Injected failures that fired since the process started (cudaemu_fail_fired; 0 when not
+ * emulated). A fault sweep takes it before a run and checks it grew: a sweep whose fault never
+ * fires tests nothing. */
+unsigned long tu_fail_fired(void);
+/* Fail the test, naming the run (printf-style), when no injected failure fired since @p since (a
+ * tu_fail_fired() value). Emulator-only, like tu_fail. */
+void tu_assert_fired(unsigned long since, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Calls of @p entry since start or tu_counts_reset() (0 when not emulated). */
 unsigned long tu_call_count(const char *entry);

@@ -309,11 +309,14 @@ static void test_fault_injection(void **state)
     CUmemAllocationProp p = prop0();
     struct cudaemu_live before, after;
     tu_live(&before);
-    /* A failed injected call does nothing else. */
+    unsigned long fired = tu_fail_fired();
+    /* A failed injected call does nothing else, and counts as fired. */
     assert_true(tu_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_int_equal(tu_fail_fired(), fired);
     CUmemGenericAllocationHandle h = 0;
     tu_assert_cu_eq(drv->cuMemCreate(&h, MiB2, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
     assert_int_equal(h, 0);
+    assert_int_equal(tu_fail_fired(), fired + 1);
     tu_live(&after);
     assert_int_equal(after.handles, before.handles);
     assert_int_equal(after.used_bytes[0], before.used_bytes[0]);
@@ -325,7 +328,9 @@ static void test_fault_injection(void **state)
     tu_assert_cu(drv->cuMemCreate(&h2, MiB2, &p, 0));
     assert_true(tu_fail("cuMemMap", 2, CUDA_ERROR_OUT_OF_MEMORY));
     tu_assert_cu(drv->cuMemMap(va, MiB2, 0, h, 0));
+    assert_int_equal(tu_fail_fired(), fired + 1); /* armed, not reached yet */
     tu_assert_cu_eq(drv->cuMemMap(va + MiB2, MiB2, 0, h2, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(tu_fail_fired(), fired + 2);
     tu_live(&after);
     assert_int_equal(after.mapped_bytes, before.mapped_bytes + MiB2);
     tu_assert_cu(drv->cuMemMap(va + MiB2, MiB2, 0, h2, 0));   /* the VA was left unmapped */
@@ -335,6 +340,7 @@ static void test_fault_injection(void **state)
     assert_false(tu_fail("cuNotAnEntry", 1, CUDA_ERROR_UNKNOWN));
     tu_assert_cu_eq(drv->cuMemUnmap(va, 2 * MiB2), CUDA_ERROR_UNKNOWN);
     tu_fail_clear();
+    assert_int_equal(tu_fail_fired(), fired + 3); /* the cleared cuMemAlloc one never fired */
     CUdeviceptr d;
     tu_assert_cu(drv->cuMemAlloc(&d, 100));
     tu_assert_cu(drv->cuMemFree(d));

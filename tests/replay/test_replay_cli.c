@@ -691,6 +691,102 @@ static void test_capture_rules(void **state)
     }
 }
 
+/* --dump writes every action (each row of tools/replay/actions.h) and frame back exactly as a
+ * trace written in the canonical form spells it. */
+static void test_dump_every_action(void **state)
+{
+    (void)state;
+    static const char canonical[] =
+    "stream s1\n"
+    "stream s2\n"
+    "config expandable_segments:True\n"
+    "frame st1 12 train%20x.py forward pass\n"
+    "frame st1 0 - <unknown>\n"
+    "alloc a 1MiB @s1 ^st1\n"
+    "frame st2 7 a%23b.py f\n"
+    "alloc b 3000 ^st2\n"
+    "alloc c 1536KiB ^st1\n"
+    "record a @s2\n"
+    "free a\n"
+    "hold @s1\n"
+    "release @s1\n"
+    "sync @s1\n"
+    "sync\n"
+    "empty_cache\n"
+    "trim 1048576\n"
+    "pool_begin p1 @s1\n"
+    "alloc d 2MiB @s1\n"
+    "pool_end p1\n"
+    "pool_begin p2\n"
+    "alloc e 4MiB\n"
+    "pool_end p2\n"
+    "free e\n"
+    "sleep p2 offload\n"
+    "wake p2\n"
+    "sleep default discard\n"
+    "wake default\n"
+    "idle 300ms\n"
+    "idle 1500ms\n"
+    "idle 20us\n"
+    "idle 7ns\n"
+    "idle 2s\n"
+    "capture_begin @s2\n"
+    "alloc f 1MiB @s2\n"
+    "wait @s1 @s2\n"
+    "work @s2\n"
+    "capture_end @s2\n"
+    "capture_begin @s1 p1\n"
+    "capture_end @s1\n"
+    "mark after the captures\n"
+    "snapshot snap one\n"
+    "free b\n"
+    "free c\n"
+    "free d\n"
+    "free f\n"
+    "pool_release p1\n"
+    "pool_release p2\n";
+    char *t = write_tmp("every.trace", canonical);
+    char args[512];
+    snprintf(args, sizeof args, "--dump '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    assert_string_equal(r.out, canonical);
+    result_free(&r);
+    free(t);
+}
+
+/* XSEG_REPLAY_ADDR_LOG: where each alloc went (0 when it failed) and each free; said in --help. */
+static void test_addr_log(void **state)
+{
+    (void)state;
+    char *t = write_tmp("addr.trace", "alloc a 64MiB\nalloc huge 1024TiB\nfree a\nalloc b 1MiB\n");
+    char *log, args[512];
+    assert_true(asprintf(&log, "%s/addr.log", tmpdir) > 0);
+    setenv("XSEG_REPLAY_ADDR_LOG", log, 1);
+    snprintf(args, sizeof args, "--marks=none --summary=none '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    result_free(&r);
+    char *text = slurp(log);
+    unsigned long long a = 0, b = 0;
+    if (sscanf(text, "a 1 0 %llx 67108864\na 2 1 0 1125899906842624\nf 3 0\na 4 2 %llx 1048576\n", &a, &b) != 2 ||
+        !a || !b)
+        fail_msg("address log: %s", text);
+    free(text);
+    setenv("XSEG_REPLAY_ADDR_LOG", "/nonexistent-dir/addr.log", 1);
+    r = run(args);
+    assert_int_equal(r.rc, 0); /* a debugging aid: the replay goes on */
+    assert_non_null(strstr(r.err, "XSEG_REPLAY_ADDR_LOG: cannot open /nonexistent-dir/addr.log"));
+    result_free(&r);
+    unsetenv("XSEG_REPLAY_ADDR_LOG");
+    r = run("--help");
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.out, "XSEG_REPLAY_ADDR_LOG=FILE"));
+    result_free(&r);
+    free(log);
+    free(t);
+}
+
 static void test_check_builtins(void **state)
 {
     (void)state;
@@ -730,6 +826,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_snapshot_labels_stay_inside),
         cmocka_unit_test(test_plot_written),
         cmocka_unit_test(test_check_builtins),
+        cmocka_unit_test(test_dump_every_action),
+        cmocka_unit_test(test_addr_log),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

@@ -280,11 +280,28 @@ static void test_host_faults(void **state)
     for (size_t i = 0; i < 2; i++) {
         void *p = hmalloc(4096);
         assert_int_equal(xseg_host_record_stream(p, 0, s), XSEG_SUCCESS);
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail(ev_entries[i], 1, CUDA_ERROR_UNKNOWN));
         hfree(p);
         tu_fail_clear();
+        tu_assert_fired(fired, "host free: %s", ev_entries[i]);
         assert_host_empty();
     }
+    /* Out of pinned memory with a free segment cached: it is given back and the malloc tried once
+     * more; when that fails too, the message says so after the driver's. */
+    assert_int_equal(xseg_set_config("pinned_use_cuda_host_register:False"), XSEG_SUCCESS);
+    hfree(hmalloc(3 * MiB)); /* a 20 MiB segment, cached whole and free */
+    assert_int_equal(hstat("segment.current"), 1);
+    assert_true(tu_fail("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_true(tu_fail("cuMemHostAlloc", 2, CUDA_ERROR_OUT_OF_MEMORY));
+    void *p = (void *)1;
+    assert_int_equal(xseg_host_malloc(&p, 30 * MiB), XSEG_ERROR_OUT_OF_MEMORY);
+    tu_fail_clear();
+    assert_null(p);
+    assert_non_null(strstr(xseg_last_error(), "cuMemHostAlloc"));
+    assert_non_null(strstr(xseg_last_error(), "(after giving back every free cached segment)"));
+    assert_int_equal(hstat("segment.current"), 0);
+    assert_host_empty();
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 

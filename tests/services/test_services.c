@@ -152,8 +152,11 @@ static void test_trim_faults(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments_recycle:False");
     tu_require_emulator_or_skip();
-    const char *entries[] = {"cuMemUnmap", "cuMemRelease", "cuStreamSynchronize", "cuMemAddressFree"};
+    /* Not cuMemAddressFree: the live block keeps its segment's reservation (test_faults fails it
+     * under empty_cache). */
+    const char *entries[] = {"cuMemUnmap", "cuMemRelease", "cuStreamSynchronize"};
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
         for (unsigned long nth = 1; nth <= 3; nth++) {
             void *a = tu_malloc(100 * MiB, NULL), *live = tu_malloc(20 * MiB, NULL);
             void *c = tu_malloc(60 * MiB, NULL);
@@ -175,6 +178,7 @@ static void test_trim_faults(void **state)
             assert_true(tu_live(&lv));
             assert_int_equal(lv.mapped_bytes, 0);
         }
+        tu_assert_fired(fired, "trim faults: %s", entries[e]);
     }
 }
 
@@ -964,10 +968,14 @@ static void test_sleep_faults(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
     tu_require_emulator_or_skip();
-    const char *entries[] = {"cuStreamSynchronize", "cuCtxSynchronize", "cuStreamIsCapturing", "cuMemHostAlloc",
-                             "cuMemcpyDtoHAsync", "cuMemUnmap", "cuMemRelease", "cuCtxGetCurrent"};
+    /* cuCtxSynchronize fails with cuStreamSynchronize (its fallback); a sleep asks no capture
+     * status of the driver. The last two: offloading only. */
+    const char *entries[] = {"cuStreamSynchronize", "cuMemUnmap", "cuMemRelease", "cuCtxGetCurrent",
+                             "cuMemHostAlloc", "cuMemcpyDtoHAsync"};
     for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
-        for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        size_t ne = sizeof entries / sizeof entries[0] - (mode == XSEG_SLEEP_DISCARD ? 2 : 0);
+        for (size_t e = 0; e < ne; e++) {
+            unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
             for (unsigned long nth = 1; nth <= 4; nth++) {
                 struct fixture f;
                 fixture_make(&f);
@@ -994,6 +1002,8 @@ static void test_sleep_faults(void **state)
                 fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
                 fixture_free(&f);
             }
+            tu_assert_fired(fired, "sleep faults (%s): %s", mode == XSEG_SLEEP_OFFLOAD ? "offload" : "discard",
+                            entries[e]);
         }
     }
     /* Two failures: an unmap, then mapping the first page back (or granting it access). The pool
@@ -1069,12 +1079,15 @@ static void test_sleep_host_faults(void **state)
     } cases[] = {
         {"pinned_use_cuda_host_register:True,sleep_keep_host_backup:False",
          {"cuMemHostRegister", "cuMemHostUnregister", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+        /* No cuMemFreeHost: the kept backups are freed by xseg_host_empty_cache (test_wake_faults
+         * fails it without keeping). */
         {"pinned_use_cuda_host_register:False,sleep_keep_host_backup:True",
-         {"cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"}},
+         {"cuMemHostAlloc", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync", NULL}},
     };
     for (size_t c = 0; c < 2; c++) {
         assert_int_equal(xseg_set_config(cases[c].config), XSEG_SUCCESS);
-        for (size_t e = 0; e < 4; e++) {
+        for (size_t e = 0; e < 4 && cases[c].entries[e]; e++) {
+            unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
             for (unsigned long nth = 1; nth <= 2; nth++) {
                 const char *entry = cases[c].entries[e];
                 struct fixture f;
@@ -1101,6 +1114,7 @@ static void test_sleep_host_faults(void **state)
                 assert_int_equal(xseg_host_empty_cache(), XSEG_SUCCESS);
                 fixture_free(&f);
             }
+            tu_assert_fired(fired, "sleep host faults (%s): %s", cases[c].config, cases[c].entries[e]);
         }
     }
     assert_nothing_held();
@@ -1153,6 +1167,7 @@ static void test_sleep_ipc_faults(void **state)
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
         const char *entry = entries[e];
         bool hit = true; /* the armed failure fired: try the next call of the entry */
+        unsigned long fired = tu_fail_fired();
         for (unsigned long nth = 1; hit; nth++) {
             assert_true(nth < 40);
             struct fixture f;
@@ -1192,6 +1207,7 @@ static void test_sleep_ipc_faults(void **state)
             fixture_free(&f); /* nothing held (a release that failed in the sleep: by empty_cache) */
             assert_int_equal(count_fds(), fds0); /* cudaemu: an exported page's memfd went with it */
         }
+        tu_assert_fired(fired, "sleep ipc faults: %s", entry);
     }
 }
 
@@ -1203,11 +1219,21 @@ static void test_wake_faults(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2");
     tu_require_emulator_or_skip();
-    const char *entries[] = {"cuMemCreate",      "cuMemMap",        "cuMemSetAccess", "cuMemcpyHtoDAsync",
-                             "cuMemsetD8Async",  "cuStreamIsCapturing", "cuMemFreeHost", "cuCtxGetCurrent",
-                             "cuStreamSynchronize"};
+    /* A wake asks no capture status of the driver. Per mode: copies back and host frees when
+     * offloading, clearing when discarding. */
+    const char *common[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuCtxGetCurrent", "cuStreamSynchronize"};
+    const char *offload[] = {"cuMemcpyHtoDAsync", "cuMemFreeHost"}, *discard[] = {"cuMemsetD8Async"};
     for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
-        for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        const char *entries[8];
+        size_t ne = 0;
+        for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
+            entries[ne++] = common[i];
+        for (size_t i = 0; mode == XSEG_SLEEP_OFFLOAD && i < sizeof offload / sizeof offload[0]; i++)
+            entries[ne++] = offload[i];
+        if (mode == XSEG_SLEEP_DISCARD)
+            entries[ne++] = discard[0];
+        for (size_t e = 0; e < ne; e++) {
+            unsigned long fired = tu_fail_fired(); /* the later runs may go past the last call */
             for (unsigned long nth = 1; nth <= 4; nth++) {
                 struct fixture f;
                 fixture_make(&f);
@@ -1236,6 +1262,8 @@ static void test_wake_faults(void **state)
                 fixture_check(&f, mode == XSEG_SLEEP_DISCARD);
                 fixture_free(&f); /* empty_cache retries a failed host free: nothing held */
             }
+            tu_assert_fired(fired, "wake faults (%s): %s", mode == XSEG_SLEEP_OFFLOAD ? "offload" : "discard",
+                            entries[e]);
         }
     }
     /* Two failures: a copy back, then giving back the first page the wake mapped. That page stays
@@ -1400,7 +1428,8 @@ static void test_sleep_kept_pages(void **state)
 static void test_sleep_chunk_faults(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    const char *config = "expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2";
+    tu_xseg_init_or_skip(config);
     tu_require_emulator_or_skip();
     static const char *const entries[] = {
         "cuCtxGetCurrent",   "cuCtxSetCurrent",     "cuStreamIsCapturing", "cuStreamSynchronize",
@@ -1436,11 +1465,18 @@ static void test_sleep_chunk_faults(void **state)
             fixture_free(&f);
             for (size_t e = 0; e < NE; e++) {
                 for (unsigned long nth = 1; nth <= calls[e]; nth++, runs++) {
+                    /* The copy streams are made at a process's first sleep only (the clean
+                     * count's): a restart makes them again. */
+                    if (!strcmp(entries[e], "cuStreamCreate")) {
+                        assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+                        assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+                    }
                     fixture_make(&f);
                     assert_true(tu_stream_hold_all(true));
                     if (phase)
                         assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, mode, file), XSEG_SUCCESS);
                     size_t host = tu_host_live(NULL);
+                    unsigned long fired = tu_fail_fired();
                     assert_true(tu_fail(entries[e], nth, CUDA_ERROR_UNKNOWN));
                     /* A stream wait fails only when its context fallback fails too. */
                     if (!strcmp(entries[e], "cuStreamSynchronize"))
@@ -1448,6 +1484,7 @@ static void test_sleep_chunk_faults(void **state)
                     destroy_failed += !strcmp(entries[e], "cuEventDestroy"); /* that event stays the driver's */
                     xseg_status st = phase ? xseg_wake(0, DEFAULT_POOL) : xseg_sleep_ex(0, DEFAULT_POOL, mode, file);
                     tu_fail_clear();
+                    tu_assert_fired(fired, "%s %s #%lu (mode %u)", phase ? "wake" : "sleep", entries[e], nth, mode);
                     assert_books_match_driver();
                     if (st != XSEG_SUCCESS) {
                         print_message("%s %s #%lu (%s): %s\n", phase ? "wake" : "sleep", entries[e], nth,
@@ -1798,6 +1835,254 @@ static void test_sleep_concurrent(void **state)
     assert_nothing_held();
 }
 
+/* A capture another thread begins while a sleep has the device lock given back (parked by cudaemu's
+ * gate in its wait for the pool's streams, or in its wait for the copies of the first segment) is
+ * seen when the sleep takes the lock again: the sleep is refused naming the capture, with the
+ * pool awake and its data intact, and the capture goes on (its graph ends valid; before, the sleep
+ * queried record_stream's events beside a GLOBAL capture, invalidating it, or unmapped the pool
+ * under it). Once the capture ends the pool sleeps. In every capture mode, on another stream or
+ * the pool's own. */
+static void test_sleep_capture_begun(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    CUstream mine, other, rs;
+    tu_assert_cu(drv->cuStreamCreate(&mine, CU_STREAM_NON_BLOCKING)); /* the pool's blocks' stream */
+    tu_assert_cu(drv->cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&rs, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *big = tu_malloc(8 * MiB, mine);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    unsigned uses = 1;
+    tu_assert_cu(tu_fill((CUdeviceptr)big, 8 * MiB, 51));
+    static const struct {
+        const char *gate; /* where the sleep is parked, its first call of it */
+        bool on_mine;     /* the capture is on the pool's stream */
+        int mode;
+    } cases[] = {{"cuStreamSynchronize", false, CU_STREAM_CAPTURE_MODE_GLOBAL},
+                 {"cuStreamSynchronize", false, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL},
+                 {"cuStreamSynchronize", false, CU_STREAM_CAPTURE_MODE_RELAXED},
+                 {"cuEventSynchronize", true, CU_STREAM_CAPTURE_MODE_GLOBAL}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        /* A freed block of the pool waits for its record_stream event: the sleep processes it. */
+        assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+        uses++;
+        void *pend = tu_malloc(MiB, mine);
+        assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+        assert_int_equal(xseg_record_stream(pend, rs), XSEG_SUCCESS);
+        tu_free(pend);
+        struct sleeper sl = {.pool = pool, .mode = XSEG_SLEEP_OFFLOAD};
+        assert_true(tu_gate(cases[c].gate, 1));
+        assert_int_equal(pthread_create(&sl.t, NULL, sleeper_run, &sl), 0);
+        if (!tu_gate_wait(60000)) {
+            assert_int_equal(pthread_join(sl.t, NULL), 0);
+            fail_msg("case %zu: the sleep never reached %s: %s", c, cases[c].gate, sl.msg);
+        }
+        CUstream cs = cases[c].on_mine ? mine : other;
+        xseg_pool_id cpool = {0, 0};
+        assert_int_equal(xseg_capture_begin(0, cs, &cpool, cases[c].mode), XSEG_SUCCESS);
+        assert_true(tu_stream_work(cs));
+        tu_gate_open();
+        assert_int_equal(pthread_join(sl.t, NULL), 0);
+        CUgraph g = NULL;
+        xseg_status end = xseg_capture_end(0, cs, &g);
+        if (end != XSEG_SUCCESS)
+            fail_msg("case %zu: the capture did not survive the sleep: %s (the sleep: %s)", c, xseg_last_error(),
+                     sl.msg);
+        assert_non_null(g);
+        tu_assert_cu(drv->cuGraphDestroy(g));
+        assert_int_equal(xseg_release_pool(0, cpool), XSEG_SUCCESS);
+        if (sl.st != XSEG_ERROR_ILLEGAL_STATE)
+            fail_msg("case %zu: a sleep beside a capture begun meanwhile returned %d: %s", c, sl.st, sl.msg);
+        print_message("%s\n", sl.msg);
+        assert_non_null(strstr(sl.msg, "capture began"));
+        assert_int_equal(sleep_stats(&pool).asleep, 0);
+        assert_true(tu_check((CUdeviceptr)big, 8 * MiB, 51));
+        assert_books_match_driver();
+        /* The capture over, the pool sleeps and wakes with its data. */
+        assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+        assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+        assert_true(tu_check((CUdeviceptr)big, 8 * MiB, 51));
+    }
+    tu_free(big);
+    while (uses--)
+        assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(mine));
+    tu_assert_cu(drv->cuStreamDestroy(other));
+    tu_assert_cu(drv->cuStreamDestroy(rs));
+    assert_nothing_held();
+}
+
+/* A wake checks the memory fraction and the memory budget again before it maps each segment: while
+ * it restores its first segment with the lock given back (parked by cudaemu's gate), another
+ * thread's malloc on the default pool takes what the second segment needed. The wake fails with
+ * XSEG_ERROR_OUT_OF_MEMORY, gives back what it mapped, and the pool stays asleep with its backup;
+ * once that memory is freed the wake succeeds with every byte. Before, the fraction was checked
+ * at the wake's start only and the budget (memory_budget_mb) not at all. */
+static void test_wake_room(void **state)
+{
+    (void)state;
+    static const char conf[] = "expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1";
+    tu_xseg_init_or_skip(conf);
+    tu_require_emulator_or_skip();
+    CUstream s1, s2;
+    tu_assert_cu(drv->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *a = tu_malloc(8 * MiB, s1), *b = tu_malloc(8 * MiB, s2); /* a segment each */
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 8 * MiB, 61));
+    tu_assert_cu(tu_fill((CUdeviceptr)b, 8 * MiB, 62));
+    for (int round = 0; round < 2; round++) {
+        const char *limit_words = round ? "memory budget" : "memory fraction";
+        if (round == 0) { /* 40 MiB of the emulated 8 GiB */
+            assert_int_equal(xseg_set_memory_fraction(40.0 / 8192.0, 0), XSEG_SUCCESS);
+        } else {
+            char budget[160];
+            snprintf(budget, sizeof budget, "%s,memory_budget_mb:40", conf);
+            assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+            assert_int_equal(xseg_set_config(budget), XSEG_SUCCESS);
+        }
+        assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+        struct sleeper sl = {.pool = pool, .mode = 0};
+        assert_true(tu_gate("cuMemcpyHtoDAsync", 1)); /* the first segment mapped, its restore queued */
+        assert_int_equal(pthread_create(&sl.t, NULL, sleeper_run, &sl), 0);
+        if (!tu_gate_wait(60000)) {
+            assert_int_equal(pthread_join(sl.t, NULL), 0);
+            fail_msg("the wake never reached its first copy: %s", sl.msg);
+        }
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 8 * MiB);
+        void *other = tu_malloc(30 * MiB, NULL); /* 38 of 40 MiB: room for it, not for the second segment */
+        tu_gate_open();
+        assert_int_equal(pthread_join(sl.t, NULL), 0);
+        if (sl.st != XSEG_ERROR_OUT_OF_MEMORY)
+            fail_msg("round %d: a wake over the %s's 40 MiB returned %d: %s (reserved %" PRId64 " bytes)", round,
+                     limit_words, sl.st, sl.msg, tu_stat("reserved_bytes.all.current"));
+        print_message("%s\n", sl.msg);
+        assert_non_null(strstr(sl.msg, limit_words));
+        assert_non_null(strstr(sl.msg, "still asleep"));
+        assert_int_equal(sleep_stats(&pool).asleep, 1);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 30 * MiB);
+        assert_books_match_driver();
+        tu_free(other);
+        assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+        assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+        assert_true(tu_check((CUdeviceptr)a, 8 * MiB, 61));
+        assert_true(tu_check((CUdeviceptr)b, 8 * MiB, 62));
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 16 * MiB);
+    }
+    tu_free(a);
+    tu_free(b);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(s1));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+    assert_nothing_held();
+}
+
+/* The free-memory callback (called by a malloc that missed the cache, with the device lock given
+ * back) frees a block and puts the malloc's own pool to sleep: the malloc, taking the lock again,
+ * must refuse the sleeping pool as its start would have. Before, it handed out the freed block
+ * (or grew the pool) in a pool whose pages were gone: a pointer to unmapped memory, and a block the
+ * wake had no backup for. */
+static int callback_sleeps;
+static int sleep_in_callback(int device, size_t requested, void *user)
+{
+    (void)requested;
+    void **victim = user;
+    if (device != 0 || !*victim)
+        return 0;
+    callback_sleeps++;
+    if (xseg_free(*victim) != XSEG_SUCCESS)
+        return 0;
+    *victim = NULL;
+    return xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD) == XSEG_SUCCESS;
+}
+
+static void test_sleep_in_callback(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False");
+    void *keep = tu_malloc(20 * MiB, NULL), *victim = tu_malloc(20 * MiB, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)keep, 20 * MiB, 71));
+    assert_int_equal(xseg_attach_free_memory_callback(sleep_in_callback, &victim), XSEG_SUCCESS);
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, 20 * MiB, 0, NULL); /* a miss: the callback runs */
+    assert_int_equal(callback_sleeps, 1);
+    assert_null(victim);
+    if (st == XSEG_SUCCESS)
+        fail_msg("a malloc returned %p from the default pool that its free-memory callback put to sleep", p);
+    assert_int_equal(st, XSEG_ERROR_ILLEGAL_STATE);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), "is asleep"));
+    assert_null(p);
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+    assert_books_match_driver();
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)keep, 20 * MiB, 71));
+    p = tu_malloc(20 * MiB, NULL); /* awake: the freed block is handed out again */
+    tu_free(p);
+    tu_free(keep);
+    assert_nothing_held();
+}
+
+/* With release_lock_on_cudamalloc a malloc gives the device lock back inside cuMemAlloc (parked
+ * there by cudaemu's gate) while another thread puts the malloc's pool to sleep: taking the lock
+ * again, the malloc frees what it got and refuses the pool. Before, it added a classic segment to
+ * the sleeping pool and handed out a block of it. */
+struct mallocer {
+    pthread_t t;
+    size_t size;
+    void *p;
+    xseg_status st;
+    char msg[512];
+};
+
+static void *mallocer_run(void *arg)
+{
+    struct mallocer *m = arg;
+    tu_ctx_set();
+    m->st = xseg_malloc(&m->p, m->size, 0, NULL);
+    snprintf(m->msg, sizeof m->msg, "%s", m->st ? xseg_last_error() : "it succeeded");
+    return NULL;
+}
+
+static void test_sleep_during_cumemalloc(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False");
+    tu_require_emulator_or_skip();
+    void *keep = tu_malloc(20 * MiB, NULL); /* an expandable segment: the pool can sleep */
+    tu_assert_cu(tu_fill((CUdeviceptr)keep, 20 * MiB, 81));
+    assert_int_equal(xseg_set_config("expandable_segments:False,release_lock_on_cudamalloc:True"), XSEG_SUCCESS);
+    struct mallocer m = {.size = 30 * MiB};
+    assert_true(tu_gate("cuMemAlloc", 1));
+    assert_int_equal(pthread_create(&m.t, NULL, mallocer_run, &m), 0);
+    if (!tu_gate_wait(60000)) {
+        assert_int_equal(pthread_join(m.t, NULL), 0);
+        fail_msg("the malloc never reached cuMemAlloc: %s", m.msg);
+    }
+    assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    tu_gate_open();
+    assert_int_equal(pthread_join(m.t, NULL), 0);
+    if (m.st == XSEG_SUCCESS)
+        fail_msg("a malloc returned %p from the default pool, asleep since its cuMemAlloc began", m.p);
+    assert_int_equal(m.st, XSEG_ERROR_ILLEGAL_STATE);
+    print_message("%s\n", m.msg);
+    assert_non_null(strstr(m.msg, "is asleep"));
+    assert_null(m.p);
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)keep, 20 * MiB, 81));
+    assert_books_match_driver();
+    tu_free(keep);
+    assert_nothing_held();
+}
+
 /* release_threshold_mb also applies where xseg waits for streams itself: xseg_trim (even with a
  * larger keep), sleep and wake. */
 static void test_threshold_points(void **state)
@@ -1951,7 +2236,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wake_rollback_waits_copies),
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
-        cmocka_unit_test(test_sleep_concurrent),
+        cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
+        cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
+        cmocka_unit_test(test_sleep_during_cumemalloc),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),

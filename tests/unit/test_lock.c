@@ -88,11 +88,80 @@ static void test_lock_sleeping_holders(void **state)
     run(true, tu_scaled(4000, 400));
 }
 
+/* Starvation: one thread takes and gives back the lock in a loop, sometimes holding it across a
+ * 2 ms sleep, while others take it now and then; a waiter asleep past 1 ms gets the lock handed
+ * over at a release (base/lock.c) rather than losing every race to the loop. Counts exact, one
+ * thread inside at a time, hand-offs happened, and nothing is left starving or handed. */
+static atomic_bool looping;
+static void *looper(void *arg)
+{
+    (void)arg;
+    for (unsigned i = 0; atomic_load_explicit(&looping, memory_order_relaxed); i++) {
+        lock_acquire(&lk);
+        if (atomic_fetch_add_explicit(&inside, 1, memory_order_relaxed) != 0)
+            atomic_store_explicit(&max_inside, 2, memory_order_relaxed);
+        uint64_t c = counter;
+        if (i % 256 == 0)
+            nanosleep(&(struct timespec){0, 2000000}, NULL);
+        counter = c + 1;
+        atomic_fetch_sub_explicit(&inside, 1, memory_order_relaxed);
+        lock_release(&lk);
+    }
+    return NULL;
+}
+
+static void *taker(void *arg)
+{
+    uint64_t *took = arg;
+    for (size_t i = 0; i < iters; i++) {
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+        lock_acquire(&lk);
+        if (atomic_fetch_add_explicit(&inside, 1, memory_order_relaxed) != 0)
+            atomic_store_explicit(&max_inside, 2, memory_order_relaxed);
+        counter++;
+        (*took)++;
+        atomic_fetch_sub_explicit(&inside, 1, memory_order_relaxed);
+        lock_release(&lk);
+    }
+    return NULL;
+}
+
+static void test_lock_starving(void **state)
+{
+    (void)state;
+    counter = 0;
+    atomic_store(&inside, 0);
+    atomic_store(&max_inside, 0);
+    iters = tu_scaled(400, 40);
+    unsigned handoffs0 = atomic_load(&lk.handoffs);
+    atomic_store(&looping, true);
+    pthread_t loop, th[2];
+    uint64_t took[2] = {0, 0};
+    assert_int_equal(pthread_create(&loop, NULL, looper, NULL), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, taker, &took[i]), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    atomic_store(&looping, false);
+    assert_int_equal(pthread_join(loop, NULL), 0);
+    assert_int_equal(took[0] + took[1], 2 * iters);
+    assert_int_equal(atomic_load(&max_inside), 0);
+    assert_true(counter >= 2 * iters);
+    print_message("%u hand-offs\n", atomic_load(&lk.handoffs) - handoffs0);
+    assert_true(atomic_load(&lk.handoffs) > handoffs0);
+    assert_int_equal(atomic_load(&lk.starving), 0);
+    assert_int_equal(atomic_load(&lk.handed), 0);
+    assert_int_equal(atomic_load(&lk.word), 0);
+    assert_true(lock_try(&lk));
+    lock_release(&lk);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lock_counts_exact),
         cmocka_unit_test(test_lock_sleeping_holders),
+        cmocka_unit_test(test_lock_starving),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -129,7 +129,9 @@ static void usage(FILE *f)
         "  mark After alloc x1 | wait @s1 @s2 (s1 waits for s2's work so far) | work @s1 (a kernel)\n"
         "  snapshot peak | frame k1 42 model.py forward | alloc x2 1MiB ^k1\n"
         "Sizes: bytes, or B, KiB, MiB, GiB, TiB (binary). @default is the legacy default stream.\n"
-        "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n");
+        "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n"
+        "XSEG_REPLAY_ADDR_LOG=FILE: write each alloc (a LINE BUF ADDRESS SIZE; address 0: it failed)\n"
+        "and each free (f LINE BUF) to FILE, BUF the buffer's index (benchmarks/fit_probe.py).\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)
@@ -159,8 +161,104 @@ static int is_opt(const char *arg, const char *name)
     return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
-/* The output side's options (--driver-stats, --tune, --tune-budget, --report) at argv[*i]:
- * 1 taken, 0 not one of them, 2 a usage error (reported). */
+/* Each parse_*_opt below takes the option at argv[*i] (and its value, advancing *i): 1 taken,
+ * 0 not one of its own, 2 a usage error (reported). */
+
+/* What the run does: --help and --list (answered here), --compare, --check, --dump,
+ * --min-device, --progress, --no-progress and the internal --child. */
+static int parse_job_opt(const char *a, struct cli *c)
+{
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        usage(stdout);
+        exit(0);
+    } else if (!strcmp(a, "--list")) {
+        for (size_t w = 0; w < wl_count; w++)
+            printf("builtin:%-12s %s\n", wl_list[w].name, wl_list[w].description);
+        exit(0);
+    }
+    if (!strcmp(a, "--compare"))
+        c->compare = 1;
+    else if (!strcmp(a, "--check"))
+        c->check = 1;
+    else if (!strcmp(a, "--dump"))
+        c->dump = 1;
+    else if (!strcmp(a, "--min-device"))
+        c->min_device = 1;
+    else if (!strcmp(a, "--child"))
+        c->child = 1;
+    else if (!strcmp(a, "--progress") || !strcmp(a, "--no-progress"))
+        c->progress = a[2] == 'p';
+    else
+        return 0;
+    return 1;
+}
+
+/* @p v as one of the three @p words (NULL-terminated) of option @p name: 1 and its index in *out,
+ * else a usage error naming them. */
+static int pick_word(const char *v, const char *name, const char *const *words, int *out)
+{
+    for (int w = 0; words[w]; w++)
+        if (!strcmp(v, words[w])) {
+            *out = w;
+            return 1;
+        }
+    char e[160];
+    snprintf(e, sizeof e, "%s: '%%s' is not %s, %s or %s", name, words[0], words[1], words[2]);
+    return usage_error(e, v);
+}
+
+/* How the figures are shown: --marks, --summary, --pool. */
+static int parse_view_opt(int argc, char **argv, int *i, struct cli *c)
+{
+    static const char *const marks[] = {"table", "jsonl", "none", NULL};
+    static const char *const summary[] = {"text", "json", "none", NULL};
+    static const char *const pools[] = {"all", "large", "small", NULL};
+    static const enum run_marks mark_of[] = {RUN_MARKS_TABLE, RUN_MARKS_JSONL, RUN_MARKS_NONE};
+    static const int pool_of[] = {XSEG_STAT_ALL, XSEG_STAT_LARGE_POOL, XSEG_STAT_SMALL_POOL};
+    const char *a = argv[*i], *v;
+    int w, rc;
+    if (is_opt(a, "--marks")) {
+        if (!(v = opt_value(argc, argv, i, "--marks")))
+            return usage_error("%s needs table, jsonl or none", a);
+        if ((rc = pick_word(v, "--marks", marks, &w)) == 1)
+            c->marks = mark_of[w];
+    } else if (is_opt(a, "--summary")) {
+        if (!(v = opt_value(argc, argv, i, "--summary")))
+            return usage_error("%s needs text, json or none", a);
+        if ((rc = pick_word(v, "--summary", summary, &w)) == 1)
+            c->summary = w == 0 ? SUM_TEXT : w == 1 ? SUM_JSON : SUM_NONE;
+    } else if (is_opt(a, "--pool")) {
+        if (!(v = opt_value(argc, argv, i, "--pool")))
+            return usage_error("%s needs all, large or small", a);
+        if ((rc = pick_word(v, "--pool", pools, &w)) == 1)
+            c->pool = pool_of[w];
+    } else {
+        return 0;
+    }
+    return rc;
+}
+
+/* The files written besides the tables: --history (for them), --snapshot, --plot and
+ * --timeline-out. */
+static int parse_file_opt(int argc, char **argv, int *i, struct cli *c)
+{
+    static const char *const names[] = {"--snapshot", "--plot", "--timeline-out"};
+    const char **dest[] = {&c->snapshot, &c->plot, &c->timeline_out};
+    const char *a = argv[*i];
+    if (!strcmp(a, "--history")) {
+        c->history = 1;
+        return 1;
+    }
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        if (is_opt(a, names[k])) {
+            if (!(*dest[k] = opt_value(argc, argv, i, names[k])))
+                return usage_error("%s needs a file name", a);
+            return 1;
+        }
+    return 0;
+}
+
+/* The output side's options: --driver-stats, --tune, --tune-budget, --report. */
 static int parse_output_opt(int argc, char **argv, int *i, struct cli *c)
 {
     const char *a = argv[*i], *v;
@@ -184,7 +282,7 @@ static int parse_output_opt(int argc, char **argv, int *i, struct cli *c)
 }
 
 /* The options about devices and the traces' names: --device-mem, --device, --step and the
- * internal --source-name. Returns 0, or usage_error's status. */
+ * internal --source-name. */
 static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const char **source_name)
 {
     const char *a = argv[*i], *v;
@@ -212,10 +310,34 @@ static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const 
             return usage_error("%s needs a size (e.g. 64MiB)", a);
         if (trace_parse_size(v, strlen(v), &c->step, e, sizeof e) || c->step == 0 || c->step % MIN_DEVICE_GRANULE)
             return usage_error("--step: '%s' is not a positive multiple of 2MiB (the page granularity)", v);
-    } else if (!(*source_name = opt_value(argc, argv, i, "--source-name"))) {
-        return usage_error("%s needs a name", a); /* internal: a child's trace's name in tables */
+    } else if (is_opt(a, "--source-name")) {
+        if (!(*source_name = opt_value(argc, argv, i, "--source-name")))
+            return usage_error("%s needs a name", a); /* internal: a child's trace's name in tables */
+    } else {
+        return 0;
     }
-    return 0;
+    return 1;
+}
+
+/* What the traces are made with: --config, --seed. */
+static int parse_input_opt(int argc, char **argv, int *i, struct cli *c)
+{
+    const char *a = argv[*i], *v;
+    if (is_opt(a, "--config")) {
+        if (!(c->config = opt_value(argc, argv, i, "--config")))
+            return usage_error("%s needs a config string", a);
+    } else if (is_opt(a, "--seed")) {
+        char *end;
+        if (!(v = opt_value(argc, argv, i, "--seed")))
+            return usage_error("%s needs a number", a);
+        errno = 0;
+        c->seed = strtoull(v, &end, 0);
+        if (*end || errno)
+            return usage_error("--seed: '%s' is not a number", v);
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 static int parse_cli(int argc, char **argv, struct cli *c)
@@ -232,85 +354,24 @@ static int parse_cli(int argc, char **argv, struct cli *c)
         return usage_error("%s", "out of host memory");
     const char *source_name = NULL;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        int handled;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            exit(0);
-        } else if (!strcmp(a, "--list")) {
-            for (size_t w = 0; w < wl_count; w++)
-                printf("builtin:%-12s %s\n", wl_list[w].name, wl_list[w].description);
-            exit(0);
-        } else if (!strcmp(a, "--compare")) {
-            c->compare = 1;
-        } else if (!strcmp(a, "--check")) {
-            c->check = 1;
-        } else if (!strcmp(a, "--dump")) {
-            c->dump = 1;
-        } else if (!strcmp(a, "--min-device")) {
-            c->min_device = 1;
-        } else if (!strcmp(a, "--child")) {
-            c->child = 1;
-        } else if (!strcmp(a, "--progress")) {
-            c->progress = 1;
-        } else if (!strcmp(a, "--no-progress")) {
-            c->progress = 0;
-        } else if (is_opt(a, "--config")) {
-            if (!(c->config = opt_value(argc, argv, &i, "--config")))
-                return usage_error("%s needs a config string", a);
-        } else if (is_opt(a, "--marks")) {
-            if (!(v = opt_value(argc, argv, &i, "--marks")))
-                return usage_error("%s needs table, jsonl or none", a);
-            if (!strcmp(v, "table")) c->marks = RUN_MARKS_TABLE;
-            else if (!strcmp(v, "jsonl")) c->marks = RUN_MARKS_JSONL;
-            else if (!strcmp(v, "none")) c->marks = RUN_MARKS_NONE;
-            else return usage_error("--marks: '%s' is not table, jsonl or none", v);
-        } else if (is_opt(a, "--summary")) {
-            if (!(v = opt_value(argc, argv, &i, "--summary")))
-                return usage_error("%s needs text, json or none", a);
-            if (!strcmp(v, "text")) c->summary = SUM_TEXT;
-            else if (!strcmp(v, "json")) c->summary = SUM_JSON;
-            else if (!strcmp(v, "none")) c->summary = SUM_NONE;
-            else return usage_error("--summary: '%s' is not text, json or none", v);
-        } else if (is_opt(a, "--pool")) {
-            if (!(v = opt_value(argc, argv, &i, "--pool")))
-                return usage_error("%s needs all, large or small", a);
-            if (!strcmp(v, "all")) c->pool = XSEG_STAT_ALL;
-            else if (!strcmp(v, "large")) c->pool = XSEG_STAT_LARGE_POOL;
-            else if (!strcmp(v, "small")) c->pool = XSEG_STAT_SMALL_POOL;
-            else return usage_error("--pool: '%s' is not all, large or small", v);
-        } else if (!strcmp(a, "--history")) {
-            c->history = 1;
-        } else if ((handled = parse_output_opt(argc, argv, &i, c)) != 0) {
-            if (handled > 1)
-                return handled;
-        } else if (is_opt(a, "--snapshot")) {
-            if (!(c->snapshot = opt_value(argc, argv, &i, "--snapshot")))
-                return usage_error("%s needs a file name", a);
-        } else if (is_opt(a, "--plot")) {
-            if (!(c->plot = opt_value(argc, argv, &i, "--plot")))
-                return usage_error("%s needs a file name", a);
-        } else if (is_opt(a, "--device-mem") || is_opt(a, "--device") || is_opt(a, "--step") ||
-                   is_opt(a, "--source-name")) {
-            int rc = parse_device_opt(argc, argv, &i, c, &source_name);
-            if (rc)
-                return rc;
-        } else if (is_opt(a, "--seed")) {
-            char *end;
-            if (!(v = opt_value(argc, argv, &i, "--seed")))
-                return usage_error("%s needs a number", a);
-            errno = 0;
-            c->seed = strtoull(v, &end, 0);
-            if (*end || errno)
-                return usage_error("--seed: '%s' is not a number", v);
-        } else if (is_opt(a, "--timeline-out")) {
-            if (!(c->timeline_out = opt_value(argc, argv, &i, "--timeline-out")))
-                return usage_error("%s needs a file name", a);
-        } else if (a[0] == '-' && a[1] != '\0') {
-            return usage_error("unknown option '%s'", a);
-        } else {
+        const char *a = argv[i];
+        if (a[0] != '-' || a[1] == '\0') {
             c->traces[c->ntraces++] = a;
+            continue;
         }
+        int rc = parse_job_opt(a, c);
+        if (!rc)
+            rc = parse_view_opt(argc, argv, &i, c);
+        if (!rc)
+            rc = parse_file_opt(argc, argv, &i, c);
+        if (!rc)
+            rc = parse_output_opt(argc, argv, &i, c);
+        if (!rc)
+            rc = parse_device_opt(argc, argv, &i, c, &source_name);
+        if (!rc)
+            rc = parse_input_opt(argc, argv, &i, c);
+        if (rc != 1)
+            return rc ? rc : usage_error("unknown option '%s'", a);
     }
     for (int t = 0; t < c->ntraces; t++)
         c->names[t] = source_name && c->ntraces == 1 ? source_name : c->traces[t];
@@ -913,103 +974,6 @@ static int replay_children(const struct cli *c)
     return rc;
 }
 
-static int dump_trace(const struct trace *t)
-{
-    char sz[32];
-    unsigned char *shown = NULL; /* stacks whose frames are printed already */
-    size_t nshown = 0;
-    for (size_t i = 0; i < t->count; i++) {
-        const struct trace_action *a = &t->actions[i];
-        const char *sname = a->stream >= 0 ? t->streams.names[a->stream] : "default";
-        switch (a->op) {
-        case TRACE_STREAM: printf("stream %s\n", sname); break;
-        case TRACE_ALLOC:
-            if (a->stack) { /* its frames first, once per stack */
-                if (!shown) {
-                    nshown = t->stack_names.count;
-                    shown = calloc(nshown + 1, 1);
-                }
-                size_t si = a->stack - 1;
-                if (shown && si < nshown && !shown[si]) {
-                    shown[si] = 1;
-                    for (size_t f = 0; f < t->stacks[si].n; f++) {
-                        const struct trace_frame *fr = &t->stacks[si].f[f];
-                        const char *file = trace_text(t, fr->file);
-                        printf("frame %s %d ", t->stack_names.names[si], (int)fr->line);
-                        if (!*file)
-                            putchar('-');
-                        for (const char *q = file; *q; q++) {
-                            if (*q == ' ' || *q == '\t' || *q == '%' || *q == '#')
-                                printf("%%%02x", (unsigned char)*q);
-                            else
-                                putchar(*q);
-                        }
-                        printf(" %s\n", trace_text(t, fr->name));
-                    }
-                }
-            }
-            printf("alloc %s %s", t->bufs.names[a->buf], trace_format_size(a->size, sz, sizeof sz));
-            if (a->stream >= 0)
-                printf(" @%s", sname);
-            if (a->stack)
-                printf(" ^%s", t->stack_names.names[a->stack - 1]);
-            putchar('\n');
-            break;
-        case TRACE_FREE: printf("free %s\n", t->bufs.names[a->buf]); break;
-        case TRACE_RECORD: printf("record %s @%s\n", t->bufs.names[a->buf], sname); break;
-        case TRACE_HOLD:
-        case TRACE_RELEASE: printf("%s @%s\n", trace_op_name(a->op), sname); break;
-        case TRACE_SYNC:
-            if (a->stream == TRACE_ALL_STREAMS)
-                printf("sync\n");
-            else
-                printf("sync @%s\n", sname);
-            break;
-        case TRACE_EMPTY_CACHE: printf("empty_cache\n"); break;
-        case TRACE_TRIM: printf("trim %llu\n", (unsigned long long)a->size); break;
-        case TRACE_SLEEP:
-            printf("sleep %s %s\n", a->pool >= 0 ? t->pools.names[a->pool] : "default",
-                   a->size == XSEG_SLEEP_OFFLOAD ? "offload" : "discard");
-            break;
-        case TRACE_WAKE: printf("wake %s\n", a->pool >= 0 ? t->pools.names[a->pool] : "default"); break;
-        case TRACE_IDLE: {
-            /* The largest unit that is exact. */
-            static const char *const unit[] = {"s", "ms", "us", "ns"};
-            uint64_t div = 1000000000u;
-            int u = 0;
-            while (a->size % div)
-                div /= 1000, u++;
-            printf("idle %llu%s\n", (unsigned long long)(a->size / div), unit[u]);
-            break;
-        }
-        case TRACE_CONFIG:
-        case TRACE_MARK:
-        case TRACE_SNAPSHOT: printf("%s %s\n", trace_op_name(a->op), trace_text(t, a->text)); break;
-        case TRACE_POOL_BEGIN:
-            printf("pool_begin %s", t->pools.names[a->pool]);
-            if (a->stream != TRACE_ALL_STREAMS)
-                printf(" @%s", sname);
-            putchar('\n');
-            break;
-        case TRACE_POOL_END:
-        case TRACE_POOL_RELEASE: printf("%s %s\n", trace_op_name(a->op), t->pools.names[a->pool]); break;
-        case TRACE_CAPTURE_BEGIN:
-            printf("capture_begin @%s", sname);
-            if (a->pool >= 0)
-                printf(" %s", t->pools.names[a->pool]);
-            putchar('\n');
-            break;
-        case TRACE_CAPTURE_END: printf("capture_end @%s\n", sname); break;
-        case TRACE_WAIT:
-            printf("wait @%s @%s\n", sname, a->stream2 >= 0 ? t->streams.names[a->stream2] : "default");
-            break;
-        case TRACE_WORK: printf("work @%s\n", sname); break;
-        }
-    }
-    free(shown);
-    return 0;
-}
-
 /* The folder of converted snapshots, removed at exit and on a fatal signal with what is in it. */
 static char snapshot_tmp[64];
 
@@ -1200,7 +1164,7 @@ int main(int argc, char **argv)
             if (c.dump && c.ntraces > 1)
                 printf("# %s\n", t.source);
             if (c.dump)
-                dump_trace(&t);
+                trace_dump(&t, stdout);
             else
                 printf("%s: ok, %zu actions, %llu allocations, %zu buffers, %zu streams\n", t.source, t.count,
                        (unsigned long long)t.nallocs, t.bufs.count, t.streams.count);

@@ -890,7 +890,7 @@ static const struct parse_row {
     int op;
     xseg_status (*parse)(struct parser *, const struct line *, struct trace_action *);
 } parse_table[] = {
-#define PARSE_ROW(name, op, parse, run) {#name, op, parse},
+#define PARSE_ROW(name, op, parse, run, dump) {#name, op, parse},
 #define PARSE_ROW_NO_ACTION(name, parse) {#name, -1, parse},
     TRACE_ACTIONS(PARSE_ROW, PARSE_ROW_NO_ACTION)
 #undef PARSE_ROW

@@ -276,25 +276,11 @@ xseg_status plot_timeline_read(const char *path, struct run_timeline *tl, char *
     uint64_t x;
     int64_t a, r;
     while (fscanf(f, "%" SCNu64 " %" SCNd64 " %" SCNd64, &x, &a, &r) == 3) {
-        if (tl->n == tl->cap) {
-            size_t cap = tl->cap ? tl->cap * 2 : 1024;
-            uint64_t *nx = realloc(tl->x, cap * sizeof *nx);
-            if (nx) tl->x = nx;
-            int64_t *na = realloc(tl->allocated, cap * sizeof *na);
-            if (na) tl->allocated = na;
-            int64_t *nr = realloc(tl->reserved, cap * sizeof *nr);
-            if (nr) tl->reserved = nr;
-            if (!nx || !na || !nr) {
-                fclose(f);
-                snprintf(err, errlen, "out of host memory");
-                return XSEG_ERROR_OUT_OF_MEMORY;
-            }
-            tl->cap = cap;
+        if (run_timeline_push(tl, x, a, r) != XSEG_SUCCESS) {
+            fclose(f);
+            snprintf(err, errlen, "out of host memory");
+            return XSEG_ERROR_OUT_OF_MEMORY;
         }
-        tl->x[tl->n] = x;
-        tl->allocated[tl->n] = a;
-        tl->reserved[tl->n] = r;
-        tl->n++;
     }
     fclose(f);
     return XSEG_SUCCESS;

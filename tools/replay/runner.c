@@ -153,7 +153,7 @@ static void read_calls(uint64_t calls[RUN_NENTRIES])
     }
 }
 
-static xseg_status timeline_push(struct run_timeline *tl, uint64_t x, int64_t a, int64_t r)
+xseg_status run_timeline_push(struct run_timeline *tl, uint64_t x, int64_t a, int64_t r)
 {
     if (tl->n == tl->cap) {
         size_t cap = tl->cap ? tl->cap * 2 : 4096;
@@ -634,7 +634,7 @@ static xseg_status run_mark(struct run_ctx *c, const struct trace_action *a)
 
 /* The run function of each trace_op (tools/replay/actions.h). */
 static xseg_status (*const run_table[])(struct run_ctx *, const struct trace_action *) = {
-#define RUN_ROW(name, op, parse, run) [op] = run,
+#define RUN_ROW(name, op, parse, run, dump) [op] = run,
 #define RUN_NO_ACTION(name, parse)
     TRACE_ACTIONS(RUN_ROW, RUN_NO_ACTION)
 #undef RUN_ROW
@@ -713,7 +713,7 @@ static xseg_status run_actions(struct run_ctx *c, struct run_timeline *tl)
         if (c->moved && tl) {
             xseg_device_stats ds;
             if (xseg_get_stats(0, &ds) == XSEG_SUCCESS &&
-                timeline_push(tl, i, ds.allocated_bytes[XSEG_STAT_ALL].current,
+                run_timeline_push(tl, i, ds.allocated_bytes[XSEG_STAT_ALL].current,
                               ds.reserved_bytes[XSEG_STAT_ALL].current) != XSEG_SUCCESS) {
                 snprintf(c->err, c->errlen, "out of host memory for the timeline");
                 return XSEG_ERROR_OUT_OF_MEMORY;

@@ -95,6 +95,9 @@ xseg_status run_init(const char *config, char *err, size_t errlen);
 xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
                       struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen);
 
+/* Append a point, growing the arrays: XSEG_ERROR_OUT_OF_MEMORY (the timeline unchanged) when the
+ * host has no memory. */
+xseg_status run_timeline_push(struct run_timeline *tl, uint64_t x, int64_t a, int64_t r);
 void run_timeline_free(struct run_timeline *tl);
 
 #endif

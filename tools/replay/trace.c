@@ -237,7 +237,7 @@ xseg_status trace_add_frame(struct trace *t, const char *name, size_t len, int32
 const char *trace_op_name(enum trace_op op)
 {
     static const char *const names[] = {
-#define NAME_ROW(name, op, parse, run) [op] = #name,
+#define NAME_ROW(name, op, parse, run, dump) [op] = #name,
 #define NAME_NO_ACTION(name, parse)
         TRACE_ACTIONS(NAME_ROW, NAME_NO_ACTION)
 #undef NAME_ROW

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "xseg.h"
 
@@ -136,6 +137,10 @@ static inline const char *trace_text(const struct trace *t, size_t off) { return
 
 /* Name of an action's operation as the trace language spells it ("empty_cache"). */
 const char *trace_op_name(enum trace_op op);
+
+/* Write @p t to @p out in the trace language (dump.c): each stack's frames before its first
+ * allocation, then the actions, one line each. @return 0, or -1 when @p out reports an error. */
+int trace_dump(const struct trace *t, FILE *out);
 
 /* Format "SOURCE:LINE: message" into err (errlen bytes) for the parsers; bytes of the message
  * outside printable ASCII (echoed from the input) appear as \xNN. Returns
