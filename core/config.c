@@ -451,7 +451,7 @@ static xseg_status cfg_parse_chunk(struct cfg_parser *p, const struct cfg_key *k
         return st;
     if (mb % CFG_PAGE_MULTIPLE_MB || mb > CFG_MAX_LARGE_SEGMENT_MB)
         return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: expandable_chunk_mb must be 0 (chunks of one page) or "
+                       "allocator config: expandable_chunk_mb must be 0 (the default chunk) or "
                        "an even number of MB (a multiple of the driver's %d MB granularity); got "
                        "%llu at index %zu",
                        CFG_PAGE_MULTIPLE_MB, mb, pos);

@@ -305,14 +305,39 @@ static bool near_full(const struct dev_alloc *d)
     return limit && d->acct.total_allocated_memory >= limit - limit / 8;
 }
 
+/* Chunks outside pressure are at most 1/DEVICE_CHUNK_DIV of the device (device_chunk). */
+#define DEVICE_CHUNK_DIV 512
+
+/*
+ * The largest chunk of a large-pool mapping outside pressure when expandable_chunk_mb is unset:
+ * a page, or 1/512 of the device's memory rounded down to granules where that is less (under
+ * 10 GiB with 20 MiB pages; the device's size, not the memory fraction, which may change at any
+ * time). A page partly held by a long-lived block cannot go back, and on a small device a page is
+ * a large share of it: bcrafton (3.6 GiB) fails one allocation at 1.01 x peak allocated with page
+ * chunks (pages mapped at 0-35 % fill, later shared between its 2.2, 9 and 147 MiB blocks that
+ * live to the end and freed ones), none with these 6 MiB chunks (8 MiB fits, 10 does not).
+ * Mapping a whole device takes at most 1,024 chunks (an 80 GiB device takes 4,096 pages);
+ * devices of 10 GiB and more keep PyTorch's layout, so the six pytorch/ traces on 80 GiB make the
+ * same calls (docs/benchmarks-replay.md). With expandable_segments_recycle only, as the fine
+ * chunks.
+ */
+static size_t device_chunk(const struct dev_alloc *d, size_t page, size_t gran)
+{
+    lock_assert_held(&d->lock);
+    size_t chunk = d->info.total_mem / DEVICE_CHUNK_DIV / gran * gran;
+    if (!d->cfg.expandable_segments_recycle || !d->info.total_mem || chunk >= page)
+        return page; /* 0: the size is unknown */
+    return XSEG_MAX(chunk, gran);
+}
+
 /*
  * The largest chunk (one physical allocation, vmm/segment.h) of a mapping in @p pool: the page
- * (PyTorch's layout, one handle per page) unless expandable_chunk_mb asks for smaller chunks. A
- * chunk is given back only whole, so where a later, differently sized block reuses memory, a
- * chunk it covers only in part keeps its free rest mapped: smaller chunks let the OOM path give
- * more back under pressure (docs/benchmarks-replay.md: the smallest device each workload fits on,
- * against driver calls, by chunk size). Mappings still cover whole pages, so reserved memory is
- * what PyTorch reserves. The small pool's chunks are its 2 MiB pages.
+ * (PyTorch's layout, one handle per page) unless expandable_chunk_mb asks for smaller chunks or the
+ * device is small (device_chunk). A chunk is given back only whole, so where a later, differently
+ * sized block reuses memory, a chunk it covers only in part keeps its free rest mapped: smaller
+ * chunks let the OOM path give more back under pressure (docs/benchmarks-replay.md: the smallest
+ * device each workload fits on, against driver calls, by chunk size). Mappings still cover whole
+ * pages, so reserved memory is what PyTorch reserves. The small pool's chunks are its 2 MiB pages.
  */
 static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran, size_t size)
 {
@@ -336,7 +361,7 @@ static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, s
      * The same within the device's last eighth (near_full), before any refusal. Both with
      * expandable_segments_recycle only: without it, PyTorch's layout (one chunk a page). */
     if (!d->fine_chunks && !(d->cfg.expandable_segments_recycle && near_full(d)))
-        return chunk;
+        return d->cfg.expandable_chunk ? chunk : device_chunk(d, page, gran);
     if (!d->handles.n)
         return XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
     size_t spare = gran;

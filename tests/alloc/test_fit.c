@@ -10,13 +10,18 @@
  *    a whole page would not fit is served, with the live bytes untouched and no copy;
  *  - fragmented, fragmented_after_refusal: once the device has refused a growth, or within its
  *    last eighth, memory is mapped in chunks smaller than a page, so the free chunks between live
- *    blocks serve a larger request at 1.01 x peak allocated.
+ *    blocks serve a larger request at 1.01 x peak allocated;
+ *  - small_device, small_device_pages, large_device_pages: on a device under 10 GiB, memory
+ *    mapped before any pressure comes in chunks of at most 1/512 of the device, so pages split
+ *    early between long-lived and freed blocks give the freed part back; PyTorch's layout, an
+ *    explicit expandable_chunk_mb and larger devices keep one chunk a page.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -249,6 +254,119 @@ static void test_fragmented_after_refusal(void **state)
     frag_scenario(400, 300, 200);
 }
 
+/* Workload for test_small_device: SMALL_N blocks of 4 MiB, a 100 MiB block, every other small
+ * block freed, then 40 MiB; peak allocated 180 MiB, its 1.01 x rounded up to 2 MiB is 182 MiB,
+ * the emulated device of the small_device tests (CUDAEMU_TOTAL_MEM, set in main). */
+#define SMALL_N 20
+#define SMALL_BLOCK (4 * MiB)
+
+/* The 20 blocks of 4 MiB (four 20 MiB pages), each filled with its own pattern. @return the
+ * cuMemCreate calls (chunks) they took. */
+static unsigned long small_blocks(void **blk)
+{
+    tu_counts_reset();
+    for (int i = 0; i < SMALL_N; i++) {
+        blk[i] = must_malloc(SMALL_BLOCK, NULL);
+        tu_assert_cu(tu_fill(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
+    }
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(80 * MiB));
+    return tu_call_count("cuMemCreate");
+}
+
+/* The emulated device's memory. */
+static size_t device_total(void)
+{
+    size_t total = 0;
+    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
+    return total;
+}
+
+/*
+ * bcrafton's pattern (docs/benchmarks-replay.md) on a device of 1.01 x peak allocated: the 4 MiB
+ * blocks are mapped at 0-44 % of the device (below its last eighth, before any refusal), the
+ * 100 MiB block fills it, every other 4 MiB block is freed (40 MiB in holes, every page still
+ * holding live blocks) and 40 MiB is asked for with 2 MiB of the device left. The pages came in
+ * 2 MiB chunks (182 MiB / 512 rounds down to a granule), so the reclaim gives the holes to the
+ * growth; with one chunk a page nothing can go back and the malloc fails (it does on the code
+ * before). No byte of a live block is copied or moved.
+ */
+static void test_small_device(void **state)
+{
+    (void)state;
+    start_emu("expandable_segments:True");
+    assert_int_equal(device_total(), 182 * MiB);
+    void *blk[SMALL_N];
+    assert_int_equal(small_blocks(blk), 40); /* 80 MiB in 2 MiB chunks */
+    void *big = must_malloc(100 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(big), 100 * MiB, 0xB1));
+    for (int i = 1; i < SMALL_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+
+    tu_counts_reset();
+    void *c = NULL;
+    if (xseg_malloc(&c, 40 * MiB, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("xseg_malloc(40 MiB) on a 182 MiB device with 40 MiB free in 4 MiB holes: %s", xseg_last_error());
+    check_driver_agrees();
+    const char *copies[] = {"cuMemcpyDtoDAsync", "cuMemcpyDtoD", "cuMemcpyDtoH", "cuMemcpyHtoD",
+                            "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"};
+    for (size_t k = 0; k < sizeof copies / sizeof copies[0]; k++)
+        assert_int_equal(tu_call_count(copies[k]), 0);
+    assert_true(tu_call_count("cuMemUnmap") >= 1); /* the holes' chunks went to the growth */
+    tu_assert_cu(tu_fill(DPTR(c), 40 * MiB, 0xC5));
+    for (int i = 0; i < SMALL_N; i += 2)
+        if (!tu_check(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)))
+            fail_msg("live block %d lost its bytes", i);
+    assert_true(tu_check(DPTR(big), 100 * MiB, 0xB1));
+    assert_true(tu_check(DPTR(c), 40 * MiB, 0xC5));
+
+    for (int i = 0; i < SMALL_N; i += 2)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(big), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* The blocks of test_small_device take one chunk a page with @p config, on a device of
+ * @p device_mib (0: the emulator's, capped at 182 MiB by the memory fraction). */
+static void pages_run(const char *config, size_t device_mib)
+{
+    start_emu(config);
+    if (!device_mib)
+        cap_device(182 * MiB);
+    void *blk[SMALL_N];
+    if (small_blocks(blk) != 4)
+        fail_msg("%s: 20 blocks of 4 MiB took %lu chunks, not one a page", config, tu_call_count("cuMemCreate"));
+    for (int i = 0; i < SMALL_N; i++)
+        assert_true(tu_check(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
+    for (int i = 0; i < SMALL_N; i++)
+        assert_int_equal(xseg_free(blk[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+/* On the 182 MiB device, PyTorch's layout (expandable_segments_recycle:False) and
+ * expandable_chunk_mb set to the page keep one chunk a page. */
+static void test_small_device_pages(void **state)
+{
+    (void)state;
+    pages_run("expandable_segments:True,expandable_segments_recycle:False", 182);
+    pages_run("expandable_segments:True,expandable_chunk_mb:20", 182);
+}
+
+/* A device of 10 GiB or more (the emulator's 80 GiB) keeps one chunk a page, a small memory
+ * fraction too: the rule reads the device's size. */
+static void test_large_device_pages(void **state)
+{
+    (void)state;
+    start_emu("expandable_segments:True");
+    if (device_total() < ((size_t)10 << 30))
+        skip(); /* CUDAEMU_TOTAL_MEM made the emulated device small */
+    pages_run("expandable_segments:True", 0);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -257,7 +375,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_granules),
         cmocka_unit_test(test_fragmented),
         cmocka_unit_test(test_fragmented_after_refusal),
+        cmocka_unit_test(test_small_device),
+        cmocka_unit_test(test_small_device_pages),
+        cmocka_unit_test(test_large_device_pages),
     };
+    /* Before the emulator starts: the small_device tests' device is 182 MiB. */
+    if (argc > 1 && strncmp(argv[1], "test_small_device", 17) == 0)
+        setenv("CUDAEMU_TOTAL_MEM", "182M", 1);
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);

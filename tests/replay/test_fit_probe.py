@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """benchmarks/fit_probe.py on a hand-made trace (a backward pass in miniature): with
-PyTorch's layout the last allocation fails on a 102 MiB device and the report names the pages that
-hold free and live bytes and the blocks that pin them; on a device 20 MiB larger it fits; bad input
-gets one line, no traceback.
+PyTorch's layout (and with one chunk a page) the last allocation fails on a 102 MiB device and the
+report names the pages that hold free and live bytes and the blocks that pin them; on a device
+20 MiB larger it fits, and with the default's small-device chunks too; bad input gets one line, no
+traceback.
 usage: test_fit_probe.py FIT_PROBE_PY XSEG_REPLAY"""
 import os
 import subprocess
@@ -40,13 +41,18 @@ class FitProbe(unittest.TestCase):
         self.assertIn("pinning live blocks: 2; by size (MiB x count): 30.0 x 2", r.stdout)
         self.assertIn("freed later in the trace: 0; never: 2", r.stdout)
 
-    def test_default_fails_and_larger_fits(self):
-        r = probe(self.trace)  # peak allocated (100 MiB) x 1.01: 102 MiB
+    def test_page_chunks_fail_default_and_larger_fit(self):
+        pages = "expandable_segments:True,expandable_chunk_mb:20"
+        r = probe("--config", pages, self.trace)  # peak allocated (100 MiB) x 1.01: 102 MiB
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("first failed allocation at line 9: 40.0 MiB", r.stdout)
-        r = probe("--device-mem", str(122 << 20), self.trace)
+        r = probe("--config", pages, "--device-mem", str(122 << 20), self.trace)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("no failed allocation on a device of 122 MiB", r.stdout)
+        # The default maps 2 MiB chunks on a device this small (core/expandable.c device_chunk).
+        r = probe(self.trace)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("no failed allocation on a device of 102 MiB", r.stdout)
 
     def test_bad_input(self):
         for args, what in ((["/nonexistent.trace"], "no such trace file"),
