@@ -72,6 +72,8 @@ struct model {
 };
 
 static struct model model;
+static struct trace trace; /* the replayed trace; freed by observer_teardown */
+static bool trace_live;
 
 static void model_bad(struct model *m, const char *fmt, ...)
 {
@@ -350,17 +352,18 @@ static void test_observer_replay(void **state)
     size_t mlen = 0;
     char *marked = with_marks(text, len, &mlen);
     free(text);
-    struct trace t;
+    struct trace *t = &trace;
     char source[64];
     snprintf(source, sizeof source, "builtin:%s", workload);
-    assert_int_equal(trace_init(&t, source), XSEG_SUCCESS);
-    if (trace_parse_text(&t, marked, mlen, err, sizeof err) != XSEG_SUCCESS)
+    assert_int_equal(trace_init(t, source), XSEG_SUCCESS);
+    trace_live = true;
+    if (trace_parse_text(t, marked, mlen, err, sizeof err) != XSEG_SUCCESS)
         fail_msg("parse: %s", err);
     free(marked);
     bool scaled = !strcmp(variant, "small") || !strcmp(variant, "pressure");
     size_t nmarks = 0;
-    for (size_t i = 0; i < t.count; i++) {
-        struct trace_action *a = &t.actions[i];
+    for (size_t i = 0; i < t->count; i++) {
+        struct trace_action *a = &t->actions[i];
         nmarks += a->op == TRACE_MARK;
         if (scaled && (a->op == TRACE_ALLOC || a->op == TRACE_TRIM))
             a->size = a->size / SCALE ? a->size / SCALE : 1;
@@ -383,7 +386,7 @@ static void test_observer_replay(void **state)
     struct run_options o = {.pool = XSEG_STAT_ALL, .marks = RUN_MARKS_JSONL};
     struct run_summary sum;
     replaying = true;
-    xseg_status st = run_trace(&t, &o, out, &sum, NULL, err, sizeof err);
+    xseg_status st = run_trace(t, &o, out, &sum, NULL, err, sizeof err);
     fclose(out);
     replaying = false;
     if (model.bad) /* first: a wrong model may be why the replay went wrong */
@@ -418,8 +421,20 @@ static void test_observer_replay(void **state)
                   model.n, (long long)retries, (unsigned long long)sum.failed_allocs);
 
     assert_int_equal(xseg_detach_segment_observer(observe, &model), XSEG_SUCCESS);
-    trace_destroy(&t);
+}
+
+/* Runs after a failure too (cmocka's longjmp skips the test's own cleanup). */
+static int observer_teardown(void **state)
+{
+    (void)state;
+    if (trace_live)
+        trace_destroy(&trace);
+    trace_live = false;
+    (void)xseg_detach_segment_observer(observe, &model); /* still attached after a failure */
     free(model.r);
+    model.r = NULL;
+    model.n = model.cap = 0;
+    return 0;
 }
 
 /* A problem found at a mark fails the test cleanly: the `inject` variant, run in a child, exits
@@ -485,6 +500,6 @@ int main(int argc, char **argv)
     mode = argv[2];
     if (argc == 4)
         variant = argv[3];
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_observer_replay)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test_teardown(test_observer_replay, observer_teardown)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
