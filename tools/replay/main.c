@@ -131,7 +131,10 @@ static void usage(FILE *f)
         "Sizes: bytes, or B, KiB, MiB, GiB, TiB (binary). @default is the legacy default stream.\n"
         "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n"
         "XSEG_REPLAY_ADDR_LOG=FILE: write each alloc (a LINE BUF ADDRESS SIZE; address 0: it failed)\n"
-        "and each free (f LINE BUF) to FILE, BUF the buffer's index (benchmarks/fit_probe.py).\n");
+        "and each free (f LINE BUF) to FILE, BUF the buffer's index (benchmarks/fit_probe.py).\n"
+        "Experiment (issue 33): XSEG_REPLAY_ORACLE=never sends each allocation never freed in the\n"
+        "trace to a private pool of its own (=N: also those freed more than N actions later),\n"
+        "an upper bound of lifetime-aware placement; what went there is reported on stderr.\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)

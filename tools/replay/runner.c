@@ -13,6 +13,7 @@
 #include <cuda.h>
 
 #include "tools/replay/actions.h"
+#include "tools/replay/oracle.h"
 #include "tools/replay/report.h"
 
 const char *const run_entry_names[RUN_NENTRIES] = {
@@ -368,6 +369,7 @@ struct run_ctx {
     CUdevice dev0;
     CUcontext ctx0;             /* device 0's primary context, retained while streams exist */
     FILE *addr_log;             /* XSEG_REPLAY_ADDR_LOG: each alloc's address and each free */
+    struct oracle oracle;       /* XSEG_REPLAY_ORACLE: long-lived blocks to a pool (oracle.h) */
 };
 
 /* "SOURCE:LINE: op: xseg's message" for an action whose xseg call failed; returns @p st. */
@@ -404,7 +406,9 @@ static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
     void *p = NULL;
     hist_stack = a->stack ? &t->stacks[a->stack - 1] : NULL;
     uint64_t t0 = now_ns();
-    xseg_status as = xseg_malloc(&p, (size_t)a->size, 0, stream_of(&c->rs, a->stream));
+    xseg_status as = oracle_wants(&c->oracle, (size_t)(a - t->actions))
+                         ? oracle_malloc(&c->oracle, &p, (size_t)a->size, stream_of(&c->rs, a->stream))
+                         : xseg_malloc(&p, (size_t)a->size, 0, stream_of(&c->rs, a->stream));
     c->ns_alloc += now_ns() - t0;
     c->sum->allocs++;
     if (as != XSEG_SUCCESS) {
@@ -553,12 +557,14 @@ static xseg_status run_pool_begin(struct run_ctx *c, const struct trace_action *
     bool every = a->stream == TRACE_ALL_STREAMS;
     xseg_status st = xseg_begin_allocate_to_pool(0, run_pool_id(&c->rs, a->pool), every ? NULL : run_only_stream,
                                                  every ? NULL : stream_of(&c->rs, a->stream));
+    c->oracle.trace_routes += st == XSEG_SUCCESS;
     return st ? run_failed(c, a, st) : XSEG_SUCCESS;
 }
 
 static xseg_status run_pool_end(struct run_ctx *c, const struct trace_action *a)
 {
     xseg_status st = xseg_end_allocate_to_pool(0, run_pool_id(&c->rs, a->pool));
+    c->oracle.trace_routes -= st == XSEG_SUCCESS;
     return st ? run_failed(c, a, st) : XSEG_SUCCESS;
 }
 
@@ -573,6 +579,7 @@ static xseg_status run_capture_begin(struct run_ctx *c, const struct trace_actio
     /* Without a pool named, the capture gets a pool of its own, kept to the end. */
     xseg_pool_id id = a->pool >= 0 ? run_pool_id(&c->rs, a->pool) : (xseg_pool_id){0, 0};
     xseg_status st = xseg_capture_begin(0, stream_of(&c->rs, a->stream), &id, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    c->oracle.trace_routes += st == XSEG_SUCCESS;
     return st ? run_failed(c, a, st) : XSEG_SUCCESS;
 }
 
@@ -580,6 +587,7 @@ static xseg_status run_capture_end(struct run_ctx *c, const struct trace_action 
 {
     CUgraph g = NULL;
     xseg_status st = xseg_capture_end(0, stream_of(&c->rs, a->stream), &g);
+    c->oracle.trace_routes -= st == XSEG_SUCCESS;
     if (c->rs.graphs[a->stream])
         (void)rdrv.cuGraphDestroy(c->rs.graphs[a->stream]);
     c->rs.graphs[a->stream] = g;
@@ -789,6 +797,8 @@ static void run_cleanup(struct run_ctx *c)
     free(rs->held);
     if (c->addr_log)
         fclose(c->addr_log);
+    oracle_report(&c->oracle, stderr);
+    oracle_destroy(&c->oracle);
 }
 
 xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
@@ -801,7 +811,9 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
         fprintf(stderr, "xseg-replay: XSEG_REPLAY_ADDR_LOG: cannot open %s\n", log);
     memset(sum, 0, sizeof *sum);
     snprintf(sum->trace, sizeof sum->trace, "%s", t->source);
-    xseg_status st = run_setup(&c);
+    xseg_status st = oracle_init(&c.oracle, t, err, errlen);
+    if (st == XSEG_SUCCESS)
+        st = run_setup(&c);
     if (st == XSEG_SUCCESS) {
         uint64_t calls0[RUN_NENTRIES];
         read_calls(calls0);
