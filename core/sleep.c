@@ -109,6 +109,7 @@ struct pool_sleep {
     bool keep_backup; /* sleep_keep_host_backup when this sleep or wake began (read unlocked) */
     CUstream streams[SLEEP_COPY_STREAMS]; /* the running sleep's or wake's copy streams */
     unsigned nstreams, next;              /* their count; the round robin's cursor */
+    unsigned used;                        /* the streams any chunk of this sleep or wake ran on (bits) */
     size_t chunk;                         /* sleep_copy_chunk_mb in bytes */
     /* OFFLOAD_FILE: the file, and a running sleep's or wake's two bounce buffers (slot j on
      * streams[j % nstreams]) with what each holds: bytes [boff, boff + blen) of the file. */
@@ -135,6 +136,7 @@ static bool active(const struct block *b) { return b->allocated || block_event_c
  * With @p copies_may_run (a failed sleep), its copy stream is waited for first (else the block
  * waits for an event), so no cached block is reused under a copy still running. */
 static xseg_status wait_all(struct pool_sleep *ps, const char *why);
+static xseg_status wait_streams_in(struct pool_sleep *ps, unsigned mask, const char *why);
 static void drop_events(struct sleep_seg *ss);
 
 static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_may_run)
@@ -312,6 +314,7 @@ static void pick_streams(struct dev_alloc *d, struct pool_sleep *ps)
     for (unsigned k = 0; k < ps->nstreams; k++)
         ps->streams[k] = sl->ncopy ? sl->copy[k] : NULL;
     ps->next = 0;
+    ps->used = 0;
     ps->chunk = d->cfg.sleep_copy_chunk;
 }
 
@@ -341,6 +344,7 @@ static xseg_status queue_chunks(struct pool_sleep *ps, struct sleep_seg *ss, enu
         if (st != XSEG_SUCCESS)
             return st;
         ss->used |= 1u << k;
+        ps->used |= 1u << k;
         done += n;
     }
     return XSEG_SUCCESS;
@@ -350,8 +354,18 @@ static xseg_status queue_chunks(struct pool_sleep *ps, struct sleep_seg *ss, enu
  * must know its copies are done); the first failure is returned. */
 static xseg_status wait_all(struct pool_sleep *ps, const char *why)
 {
+    return wait_streams_in(ps, ~0u, why);
+}
+
+/* Wait for the streams of @p mask (bit k: ps->streams[k]); the first failure is returned. A
+ * successful wake waits only for the streams its chunks ran on (ps->used): a wake of less than a
+ * chunk waits once, one with nothing to restore not at all (8f0fcc4's wake waited for both). */
+static xseg_status wait_streams_in(struct pool_sleep *ps, unsigned mask, const char *why)
+{
     xseg_status first = XSEG_SUCCESS;
     for (unsigned k = 0; k < ps->nstreams; k++) {
+        if (!(mask & (1u << k)))
+            continue;
         xseg_status st = vstream_wait(ps->streams[k], why);
         if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
             first = st;
@@ -509,6 +523,7 @@ static xseg_status file_out(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off
         if ((st = vhost_copy_dtoh(ps->bounce[j], dev + done, n, slot_stream(ps, j))) != XSEG_SUCCESS)
             return err_prefix(st, "xseg_sleep_ex: offloading live blocks");
         ps->busy[j] = true;
+        ps->used |= 1u << (j % ps->nstreams);
         ps->boff[j] = off + done;
         ps->blen[j] = n;
         done += n;
@@ -553,6 +568,7 @@ static xseg_status file_in(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off,
         if (st != XSEG_SUCCESS)
             return st;
         ps->busy[j] = true;
+        ps->used |= 1u << (j % ps->nstreams);
         done += n;
     }
     return XSEG_SUCCESS;
@@ -1129,7 +1145,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id, size_t limit)
     st = wake_segments(d, ps, limit, &k);
     if (st == XSEG_SUCCESS) {
         step_out(d);
-        st = wait_all(ps, "for the copies of a wake (xseg_wake)");
+        st = wait_streams_in(ps, ps->used, "for the copies of a wake (xseg_wake)");
         step_in(d);
     }
     if (st != XSEG_SUCCESS)

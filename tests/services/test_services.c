@@ -1368,6 +1368,40 @@ static void test_sleep_chunks(void **state)
     assert_int_equal(tu_call_count("cuStreamDestroy"), 2);
 }
 
+/* A wake waits only for the copy streams its chunks ran on (cudaemu counts the waits): a live
+ * block of less than a chunk, one wait; nothing live, none; chunks on both streams, two; a file
+ * wake of one chunk, one (its copy from the bounce buffer). Before, every wake waited for both. */
+static void test_wake_syncs(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,sleep_copy_chunk_mb:2");
+    tu_require_emulator_or_skip();
+    char dir[] = "/tmp/xseg-wake-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    const size_t sizes[] = {1000, 0, 6 * MiB, 1000};
+    const unsigned long waits[] = {1, 0, 2, 1};
+    void *cached = tu_malloc(8 * MiB, NULL);
+    tu_free(cached); /* mapped and free: an offload copies nothing of it */
+    for (int i = 0; i < 4; i++) {
+        void *p = sizes[i] ? tu_malloc(sizes[i], NULL) : NULL;
+        if (p)
+            tu_assert_cu(tu_fill((CUdeviceptr)p, sizes[i], 7));
+        bool file = i == 3;
+        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, file ? XSEG_SLEEP_OFFLOAD_FILE : XSEG_SLEEP_OFFLOAD,
+                                       file ? path : NULL),
+                         XSEG_SUCCESS);
+        tu_counts_reset();
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(tu_call_count("cuStreamSynchronize") + tu_call_count("cuCtxSynchronize"), waits[i]);
+        assert_int_equal(tu_call_count("cuMemcpyHtoDAsync"), (sizes[i] + 2 * MiB - 1) / (2 * MiB));
+        if (p)
+            tu_free(p);
+    }
+    assert_int_equal(rmdir(dir), 0); /* the wake removed the file */
+    assert_nothing_held();
+}
+
 /* A sleep whose segment wait, page re-map and final wait all fail is left asleep with some
  * segments' pages still mapped. Their copies may not have completed (their wait failed), so the
  * wake copies nothing into them: their pages hold the bytes. Searched over where the stream
@@ -2234,7 +2268,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_handles),
         cmocka_unit_test(test_sleep_faults),     cmocka_unit_test(test_wake_faults),
         cmocka_unit_test(test_wake_rollback_waits_copies),
-        cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults), cmocka_unit_test(test_sleep_kept_pages),
+        cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
+        cmocka_unit_test(test_wake_syncs), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
         cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
