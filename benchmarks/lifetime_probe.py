@@ -7,7 +7,12 @@ how many it predicts long, precision and recall by count, and the bytes it gets 
 
   for f in SNAPDIR/*.pickle; do tools/snapshot2trace.py --out-dir DIR/$(basename $f .pickle) $f; done
   (keep the frames: stack-live needs them)
-  benchmarks/lifetime_probe.py [--life N] [--min-size BYTES] DIR...
+  benchmarks/lifetime_probe.py [--life N] [--min-size BYTES] [--write-mask RULE FILE] DIR...
+
+--write-mask RULE FILE writes the action index of each scored request RULE predicts long, one per
+line, for `XSEG_REPLAY_ORACLE=file:FILE xseg-replay TRACE` (DIR must then hold one trace): how the
+rule's guesses place, beside XSEG_REPLAY_ORACLE=never's truth. Seeds and requests of min-size or
+less are never in it (the oracle's `never` routes those too when never freed).
 
 DIR holds .trace files (found recursively; snapshot2trace writes one per device). Actions are
 counted as the oracle counts them: every line but blanks, comments and frames. The leading `pre*`
@@ -149,6 +154,14 @@ def requests(path):
         seeding = seeding and op in ("alloc", "stream")
 
 
+def write_mask(path, rule, min_size, out):
+    """Write the action indices of the requests over min_size that `rule` predicts long."""
+    with open(out, "w", encoding="utf-8") as f:
+        for req, _ in requests(path):
+            if req.size > min_size and RULES[rule](req):
+                f.write(f"{req.t}\n")
+
+
 def score(path, life, min_size, rules):
     """{rule: [tp, fp, fn, tp bytes, fp bytes, fn bytes]} over the trace's requests over
     min_size, and (scored requests, long-lived requests, long-lived bytes)."""
@@ -183,7 +196,13 @@ def main():
     ap.add_argument("--life", type=int, help="long-lived: never freed or freed more than N "
                     "actions later (default: never freed)")
     ap.add_argument("--min-size", type=int, default=MIB, help="score requests over this (bytes)")
+    ap.add_argument("--write-mask", nargs=2, metavar=("RULE", "FILE"),
+                    help="write the action indices RULE predicts long to FILE (one trace only), "
+                    "for XSEG_REPLAY_ORACLE=file:FILE; rules: " + ", ".join(RULES))
     args = ap.parse_args()
+    if args.write_mask and args.write_mask[0] not in RULES:
+        raise SystemExit(f"lifetime_probe.py: --write-mask: no rule {args.write_mask[0]!r} "
+                         f"(rules: {', '.join(RULES)})")
     if args.life is not None and args.life < 0:
         raise SystemExit("lifetime_probe.py: --life must be 0 or more")
     traces = []
@@ -196,6 +215,11 @@ def main():
             raise SystemExit(f"lifetime_probe.py: {d}: no .trace files (convert snapshots with "
                              "tools/snapshot2trace.py --out-dir)")
         traces += [(os.path.relpath(t, d), t) for t in found]
+    if args.write_mask:
+        if len(traces) != 1:
+            raise SystemExit(f"lifetime_probe.py: --write-mask: a mask is for one trace, "
+                             f"found {len(traces)}")
+        write_mask(traces[0][1], args.write_mask[0], args.min_size, args.write_mask[1])
     truth = "never freed" if args.life is None else f"freed after more than {args.life} actions"
     print(f"long-lived: {truth}; requests over {args.min_size:,} bytes; MiB = 2^20 bytes")
     print("| trace | large requests | long-lived (MiB) | rule | predicted long | precision % | "

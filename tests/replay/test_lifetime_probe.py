@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """benchmarks/lifetime_probe.py on a hand-made trace whose counts are worked out below: a seed
 (not scored), three 8 MiB blocks from one stack never freed, an 8 MiB and a 2 MiB temporary, a
-small block (not scored); --life 0 makes every block long-lived; bad input gets one line.
+small block (not scored); --life 0 makes every block long-lived; --write-mask writes a rule's
+action indices; bad input gets one line.
 usage: test_lifetime_probe.py LIFETIME_PROBE_PY"""
 import os
 import subprocess
@@ -67,6 +68,24 @@ class LifetimeProbe(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("| dev/t.trace | 5 | 5 (34) |", r.stdout)
         self.assertEqual(rows(r.stdout)["all"], ["5", "100.0", "100.0", "0", "0"])
+
+    def test_write_mask(self):
+        # The action indices each rule predicts long (see test_counts), for XSEG_REPLAY_ORACLE=file:.
+        mask = os.path.join(self.dir.name, "mask")
+        for rule, want in (("stack-live", "7\n"), ("size-live", "4\n5\n"), ("all", "1\n3\n4\n5\n7\n"),
+                           ("frees>mallocs", "")):
+            r = probe("--write-mask", rule, mask, self.dir.name)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(mask) as f:
+                self.assertEqual(f.read(), want, rule)
+        for args, what in ((["--write-mask", "oracle", mask, self.dir.name], "--write-mask: no rule 'oracle'"),
+                           (["--write-mask", "all", self.dir.name, self.dir.name], "Is a directory"),
+                           (["--write-mask", "all", mask, self.dir.name, self.dir.name],
+                            "a mask is for one trace, found 2")):
+            r = probe(*args)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(what, r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
 
     def test_bad_input(self):
         empty = os.path.join(self.dir.name, "empty")

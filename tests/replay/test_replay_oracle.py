@@ -2,7 +2,8 @@
 """XSEG_REPLAY_ORACLE (an experiment of issue 33) through xseg-replay's command line: an
 allocation never freed in the trace goes to a private pool of its own (its segment in the
 snapshot names a pool other than the default), one freed goes there only when it lives longer
-than N actions; sizes and peaks do not change; a bad value gets one line, no crash.
+than N actions; with file:PATH the allocations the file lists; sizes and peaks do not change;
+a bad value or mask file gets one line, no crash.
 usage: test_replay_oracle.py XSEG_REPLAY"""
 import json
 import os
@@ -92,12 +93,44 @@ class Oracle(unittest.TestCase):
         self.assertIn("1 allocations (40.0 MiB) to the long-lived pool, 1 retried after a trim, "
                       "0 to the default pool", err)
 
+    def test_mask_file(self):
+        # file:PATH routes exactly the listed allocs (a and b, freed), not the never-freed keep.
+        mask = os.path.join(self.dir.name, "mask")
+        with open(mask, "w") as f:
+            f.write("# a predictor's guesses\n0\n\n2\n")
+        summ, pools, err = self.replay("file:" + mask)
+        self.assertIn("XSEG_REPLAY_ORACLE: 2 allocations (30.0 MiB) to the long-lived pool", err)
+        self.assertEqual(pools["keep"], (0, 0))
+        self.assertNotIn(pools["a"], ((0, 0), None))
+        self.assertEqual(pools["b"], pools["a"])
+        self.assertEqual(summ["failed_allocs"], 0)
+
+    def test_bad_mask_file(self):
+        mask = os.path.join(self.dir.name, "mask")
+        for text, what in (("1\nkeep\n", "mask:2: expected one action index per line"),
+                           ("-1\n", "mask:1: expected one action index per line"),
+                           ("0\n3\n", "mask:2: that action is not an alloc (the trace has 5 actions)"),
+                           ("5\n", "mask:1: index past the trace's last action"),
+                           (None, "file:" + mask + ": No such file or directory")):
+            if text is None:
+                os.unlink(mask)
+            else:
+                with open(mask, "w") as f:
+                    f.write(text)
+            env = dict(os.environ, XSEG_REPLAY_ORACLE="file:" + mask)
+            r = subprocess.run([REPLAY, "--marks=none", self.trace], capture_output=True, text=True, env=env)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertNotIn(r.returncode, (-6, -11))
+            lines = [l for l in r.stderr.splitlines() if "XSEG_REPLAY_ORACLE" in l]
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertIn(what, lines[0])
+
     def test_bad_value(self):
         for v in ("sometimes", "-1", "3x"):
             env = dict(os.environ, XSEG_REPLAY_ORACLE=v)
             r = subprocess.run([REPLAY, "--marks=none", self.trace], capture_output=True, text=True, env=env)
             self.assertNotEqual(r.returncode, 0)
-            self.assertIn('XSEG_REPLAY_ORACLE: expected "never" or a number of actions', r.stderr)
+            self.assertIn('XSEG_REPLAY_ORACLE: expected "never", a number of actions or file:PATH', r.stderr)
             self.assertEqual(len([l for l in r.stderr.splitlines() if "XSEG_REPLAY_ORACLE" in l]), 1)
 
     def test_help_names_it(self):

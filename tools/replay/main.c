@@ -133,7 +133,9 @@ static void usage(FILE *f)
         "XSEG_REPLAY_ADDR_LOG=FILE: write each alloc (a LINE BUF ADDRESS SIZE; address 0: it failed)\n"
         "and each free (f LINE BUF) to FILE, BUF the buffer's index (benchmarks/fit_probe.py).\n"
         "Experiment (issue 33): XSEG_REPLAY_ORACLE=never sends each allocation never freed in the\n"
-        "trace to a private pool of its own (=N: also those freed more than N actions later),\n"
+        "trace to a private pool of its own (=N: also those freed more than N actions later;\n"
+        "=file:PATH: the allocations whose action indices PATH lists, one per line, counting every\n"
+        "line but blanks, comments and frames from 0, as benchmarks/lifetime_probe.py --write-mask),\n"
         "an upper bound of lifetime-aware placement; what went there is reported on stderr.\n");
 }
 

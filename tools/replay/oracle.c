@@ -5,19 +5,72 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* file:PATH: one action index per line (the allocations to route; blank lines and # comments
+ * skipped), as benchmarks/lifetime_probe.py --write-mask writes them. Every index must name an
+ * alloc of @p t, so a mask made for another trace is refused rather than routing at random. */
+static xseg_status read_mask(struct oracle *o, const struct trace *t, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "XSEG_REPLAY_ORACLE: file:%.200s: %s", path, strerror(errno));
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    o->long_lived = calloc(t->count + 1, 1);
+    if (!o->long_lived) {
+        fclose(f);
+        snprintf(err, errlen, "XSEG_REPLAY_ORACLE: out of host memory");
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    }
+    char line[128];
+    const char *bad = NULL;
+    unsigned long long idx = 0;
+    size_t n = 0;
+    while (!bad && fgets(line, sizeof line, f)) {
+        n++;
+        char *s = line + strspn(line, " \t");
+        if (*s == '#' || *s == '\n' || *s == '\r' || !*s)
+            continue;
+        char *end;
+        errno = 0;
+        idx = strtoull(s, &end, 10);
+        end += strspn(end, " \t\r\n");
+        if (*s < '0' || *s > '9' || *end || errno)
+            bad = "expected one action index per line";
+        else if (idx >= t->count)
+            bad = "index past the trace's last action";
+        else if (t->actions[idx].op != TRACE_ALLOC)
+            bad = "that action is not an alloc";
+        else
+            o->long_lived[idx] = 1;
+    }
+    if (!bad && ferror(f))
+        bad = "read error";
+    fclose(f);
+    if (bad) {
+        snprintf(err, errlen, "XSEG_REPLAY_ORACLE: file:%.200s:%zu: %s (the trace has %zu actions)", path, n,
+                 bad, t->count);
+        oracle_destroy(o);
+        return XSEG_ERROR_INVALID_VALUE;
+    }
+    o->on = 1;
+    return XSEG_SUCCESS;
+}
+
 xseg_status oracle_init(struct oracle *o, const struct trace *t, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
     const char *v = getenv("XSEG_REPLAY_ORACLE");
     if (!v || !*v)
         return XSEG_SUCCESS;
+    if (!strncmp(v, "file:", 5))
+        return read_mask(o, t, v + 5, err, errlen);
     uint64_t min_life = UINT64_MAX; /* "never": only never freed */
     if (strcmp(v, "never")) {
         char *end;
         errno = 0;
         unsigned long long n = strtoull(v, &end, 10);
         if (*v < '0' || *v > '9' || *end || errno) {
-            snprintf(err, errlen, "XSEG_REPLAY_ORACLE: expected \"never\" or a number of actions, got \"%.64s\"",
+            snprintf(err, errlen, "XSEG_REPLAY_ORACLE: expected \"never\", a number of actions or file:PATH, got \"%.64s\"",
                      v);
             return XSEG_ERROR_INVALID_VALUE;
         }

@@ -8,6 +8,8 @@
  *
  *   XSEG_REPLAY_ORACLE=never   only allocations never freed in the trace
  *   XSEG_REPLAY_ORACLE=N       also those freed more than N actions after their allocation
+ *   XSEG_REPLAY_ORACLE=file:PATH  the allocations whose action indices PATH lists, one per line
+ *                              (a predictor's guesses: benchmarks/lifetime_probe.py --write-mask)
  *
  * Under pressure a malloc routed to a pool cannot reclaim (xseg takes a capture to be underway
  * while a pool records), so a refused one ends the route, gives back what the request needs with
@@ -31,8 +33,8 @@ struct oracle {
 
 /*
  * Read XSEG_REPLAY_ORACLE and mark @p t's long-lived allocations. Unset or empty: off.
- * @return XSEG_ERROR_INVALID_VALUE with a message in @p err for a value that is neither "never"
- *         nor a number of actions; XSEG_ERROR_OUT_OF_MEMORY for host memory.
+ * @return XSEG_ERROR_INVALID_VALUE with a message in @p err for a value that is not "never", a
+ *         number of actions or a readable mask file of @p t's allocs; XSEG_ERROR_OUT_OF_MEMORY for host memory.
  */
 xseg_status oracle_init(struct oracle *o, const struct trace *t, char *err, size_t errlen);
 void oracle_destroy(struct oracle *o);
