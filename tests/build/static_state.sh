@@ -3,7 +3,7 @@
 # the process object xseg_rt (core/procstate.h) and the list below, each with why it stays
 # outside; a new one fails until it is folded into its module's sub-state or listed here with a
 # reason (docs/design.md, "Process state and teardown"). Read from the objects' symbol tables,
-# so a static inside a function (NAME.N) is seen as well as one at file scope.
+# so a static inside a function (NAME.N, listed as NAME) is seen as well as one at file scope.
 #   static_state.sh LIBXSEG_INTERNAL_A
 set -u
 archive=$1
@@ -15,20 +15,20 @@ base_fork.c.o:fork_mutex the fork table: written by constructors before main
 base_fork.c.o:fork_child_hook the fork table: written by constructors before main
 base_fork.c.o:fork_installed the fork table: written by constructors before main
 base_witness.c.o:witness_held per thread: the ranks it holds
-base_lock.c.o:self.0 per thread: its address names the lock holder (debug_level >= 1)
+base_lock.c.o:self per thread: its address names the lock holder (debug_level >= 1)
 base_hostmem.c.o:hostmem_armed the host-allocation test seam (tests arm it)
 base_hostmem.c.o:hostmem_count the host-allocation test seam
 base_hostmem.c.o:hostmem_hit the host-allocation test seam
 base_hostmem.c.o:hostmem_nlive the host-allocation test seam
 base_hostmem.c.o:hostmem_nth the host-allocation test seam
-base_afile.c.o:seq.0 mixed into random bits when getrandom fails: its value does not matter
+base_afile.c.o:seq mixed into random bits when getrandom fails: its value does not matter
 vmm_driver.c.o:drv the driver table, resolved once, kept across xseg_shutdown
 vmm_driver.c.o:drv_table the driver table, resolved once
 vmm_driver.c.o:drv_once the driver table, resolved once
 vmm_driver.c.o:drv_load_status the driver load result, once
 vmm_driver.c.o:drv_load_msg the driver load result, once
 vmm_driver.c.o:va_oom per thread: the last call ran out of address space
-vmm_driver.c.o:buf.0 per thread: an unknown error code'"'"'s name
+vmm_driver.c.o:buf per thread: an unknown error code'"'"'s name
 vmm_segment.c.o:seg_proc vmm'"'"'s own state (layers point one way: not in core'"'"'s object)
 vmm_host.c.o:host_proc vmm'"'"'s own state
 vmm_ipc.c.o:ipc_types_cache a per-device driver answer, resolved once
@@ -62,7 +62,9 @@ found=$(objdump -t "$archive" | awk '
 [ -n "$found" ] || { echo "no writable symbol found in $archive: objdump output not understood"; exit 1; }
 bad=0
 for s in $found; do
-    obj=${s%%:*}; sym=${s#*:}
+    # A static inside a function is NAME.N, N the compiler's count of the file's function statics
+    # (another static in the file changes it): listed without it.
+    obj=${s%%:*}; sym=$(echo "${s#*:}" | sed 's/\.[0-9][0-9]*$//')
     ok=0
     for suffix in $(echo "$allowed" | awk 'NF { print $1 }'); do
         case "$obj:$sym" in *"$suffix") ok=1; break ;; esac
