@@ -19,6 +19,7 @@
 #include "core/expandable.h"
 #include "core/fast.h"
 #include "core/group.h"
+#include "core/lifetime.h"
 #include "core/ipc.h"
 #include "core/pools.h"
 #include "core/release.h"
@@ -39,6 +40,7 @@ struct alloc_params {
     CUstream stream;
     struct bpool *pool;
     struct block *block; /* the block found or made */
+    bool top;            /* predicted long-lived: carved from the top (core/lifetime.h) */
 };
 
 /* ---- configuration ----------------------------------------------------------------------- */
@@ -172,13 +174,71 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
         return NULL;
     return b;
 }
+/* Is the request of @p p (@p requested bytes) predicted long-lived? Large requests in expandable
+ * mode only (core/lifetime.h); XSEG_TOPFIT & 4 turns it off while experimenting. */
+static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
+{
+    return !p->pool->is_small && d->use_expandable && !(d->life.variant & 4) &&
+           life_predict_long(&d->life, requested, p->stream, p->pool);
+}
+
+/* Free blocks a top-fit search looks at, at most: beyond, the highest found so far is taken. */
+#define TOP_WALK_MAX 4096
+
+/* Is free block @p a higher than @p best (NULL: yes)? In segment order, newest segment first
+ * (XSEG_TOPFIT & 1: oldest first), then the higher address in one segment. */
+static inline bool top_higher(const struct dev_alloc *d, const struct block *a, const struct block *best)
+{
+    if (!best)
+        return true;
+    if (a->seg != best->seg && a->seg->seq != best->seg->seq)
+        return (d->life.variant & 1) ? a->seg->seq < best->seg->seq : a->seg->seq > best->seg->seq;
+    return a->addr > best->addr;
+}
+
+/*
+ * The placement of a request predicted long-lived (core/lifetime.h): among the free blocks of its
+ * (pool, stream) that fit it, the highest (top_higher), so that long-lived blocks collect at the
+ * top of the mapped range and short-lived ones, best fit from the bottom, below them. A walk of
+ * the stream's bins from the request's size class up (blocks of lower classes are smaller), at
+ * most TOP_WALK_MAX blocks. NULL when none fits. The block stays in the free index.
+ */
+static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *d, const struct alloc_params *p)
+{
+    lock_assert_held(&d->lock);
+    struct sbins *s = bpool_bins(p->pool, p->stream);
+    if (!s)
+        return NULL;
+    size_t msplit = d->cfg.max_split_size, size = p->size;
+    struct block *best = NULL, *stack[128];
+    unsigned walked = 0;
+    for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < TOP_WALK_MAX; k = bins_next(s, (unsigned)k + 1)) {
+        unsigned n = 0;
+        stack[n++] = s->bin[k];
+        while (n && walked < TOP_WALK_MAX) {
+            struct block *b = stack[--n];
+            walked++;
+            if (b->left && n < 128)
+                stack[n++] = b->left;
+            if (b->right && n < 128)
+                stack[n++] = b->right;
+            if (b->size < size || (size < msplit && b->size >= msplit) ||
+                (size >= msplit && b->size >= size + d->cfg.max_non_split_rounding))
+                continue;
+            if (top_higher(d, b, best))
+                best = b;
+        }
+    }
+    return best;
+}
+
 /* get_free_block for the slow path: the block found is taken out of the free index. */
 static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 {
     lock_assert_held(&d->lock);
     struct block *pred;
     bool pred_ok;
-    struct block *b = find_free_block(d, p, &pred, &pred_ok);
+    struct block *b = XSEG_UNLIKELY(p->top) ? find_top_block(d, p) : find_free_block(d, p, &pred, &pred_ok);
     if (!b)
         return false;
     bpool_remove_free(p->pool, b);
@@ -385,6 +445,37 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
     return b;
 }
 
+static struct block *spare_block(struct dev_alloc *d);
+
+/* Hand out the top @p p->size bytes of p->block (out of the index) for @p requested bytes: the
+ * free remainder stays below it, back in the index. The whole block when no struct is spare or
+ * the rest is under BLOCK_MIN_SIZE. Expandable blocks only (no split statistics). */
+static __attribute__((noinline)) struct block *alloc_top_block(struct dev_alloc *d, struct alloc_params *p,
+                                                               size_t requested)
+{
+    lock_assert_held(&d->lock);
+    struct block *b = p->block;
+    struct bpool *pool = p->pool;
+    xseg_assert(b->expandable);
+    if (should_split(d, b, p->size)) {
+        struct block *a = spare_block(d);
+        if (a) {
+            a->addr = b->addr + b->size - p->size;
+            a->size = p->size;
+            a->stream = b->stream;
+            block_same_seg(a, b);
+            a->mapped = true;
+            block_link_after(b, a);
+            b->size -= p->size;
+            block_set_gc_base(b, pool->get_free_blocks_call_count);
+            bpool_insert_free(pool, b);
+            b = a;
+        }
+    }
+    alloc_mark_taken(d, b, pool->stat_index, requested);
+    return b;
+}
+
 /* The free half of a malloc that could not record its pointer (host OOM): undo the accounting
  * and return the block to the pool. */
 static void undo_alloc(struct dev_alloc *d, struct block *b)
@@ -503,7 +594,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
                                                                        struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
-    struct block *b = alloc_found_block(d, p, size, indexed, pred);
+    struct block *b = XSEG_UNLIKELY(p->top) ? alloc_top_block(d, p, size) : alloc_found_block(d, p, size, indexed, pred);
     if (XSEG_UNLIKELY(!ptrmap_put(&d->live, b->addr, b))) {
         undo_alloc(d, b);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation");
@@ -514,6 +605,9 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording an allocation's history");
     }
     fast_note_alloc(d, b);
+    life_note(&d->life, 0);
+    if (XSEG_UNLIKELY(!p->pool->is_small) && d->use_expandable)
+        life_record(&d->life, size, p->stream, p->pool, b->addr);
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -595,11 +689,13 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
                                                            void **out, struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
-    /* 1. The cache: best fit on the stream, with the max_split_size rules (get_free_block). */
+    /* 1. The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
+     * request predicted long-lived, the highest fitting block (find_top_block). */
     if (!searched) {
         struct block *pred;
-        bool pred_ok;
-        found = find_free_block(d, p, &pred, &pred_ok);
+        bool pred_ok = false;
+        p->top = malloc_predict_long(d, p, size);
+        found = p->top ? find_top_block(d, p) : find_free_block(d, p, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
             return malloc_finish(d, p, size, true, pred, out, h);
@@ -650,6 +746,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     bool budgeted = XSEG_UNLIKELY(group_measure_on(d));
     if (budgeted)
         budget_enter(d, &bv);
+    if (d->life.variant & 2)
+        p->top = false; /* experiment: growth hands out the front */
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
     bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
@@ -724,6 +822,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         p->pool = p->size <= BLOCK_SMALL_SIZE ? &priv->small : &priv->large;
     p->stream = stream;
     p->block = NULL;
+    p->top = false;
     return XSEG_SUCCESS;
 }
 
@@ -733,7 +832,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
  * Lock held on entry and on return (dropped while history captures the stack: the stack
  * callback may take its time). Scalars only, so the fast path keeps its request in registers. */
 static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, size_t size, CUstream stream,
-                                                         bool searched, struct block *found, void **out)
+                                                         bool searched, struct block *found, bool top, void **out)
 {
     lock_assert_held(&d->lock);
     (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (out_of_memory) */
@@ -745,6 +844,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.block = NULL;
+        p.top = top;
         xseg_assert(!d->acct.pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.acct.pending) */
         return malloc_policy(d, &p, true, found, size, out, NULL);
     }
@@ -777,6 +877,23 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     return st;
 }
 
+/* A malloc under the permit predicted long-lived: the highest fitting free block, carved from its
+ * top; else the policy's growth, which takes the top of what it maps. */
+static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    struct alloc_params p;
+    p.size = fast_round(size);
+    p.pool = &d->large;
+    p.stream = stream;
+    p.top = true;
+    struct block *b = find_top_block(d, &p);
+    if (!b)
+        return malloc_slow(d, size, stream, true, NULL, true, out);
+    bpool_remove_free(p.pool, b);
+    p.block = b;
+    return malloc_finish(d, &p, size, false, NULL, out, NULL);
+}
+
 /*
  * malloc. The fast path is the policy's first step minus the rare conditions, which malloc_slow
  * handles: a best-fit search, a split that leaves the remainder in its index place, statistics,
@@ -794,6 +911,9 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
         p.size = fast_round(size);
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
+        p.top = false;
+        if (XSEG_UNLIKELY(p.pool == &d->large) && malloc_predict_long(d, &p, size))
+            return malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;
         struct block *b = find_free_block(d, &p, &pred, &pred_ok);
@@ -806,10 +926,10 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
             xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
             st = malloc_finish(d, &p, size, true, pred, out, NULL);
         } else {
-            st = malloc_slow(d, size, stream, true, b, out); /* every slot settled first */
+            st = malloc_slow(d, size, stream, true, b, false, out); /* every slot settled first */
         }
     } else {
-        st = malloc_slow(d, size, stream, false, NULL, out);
+        st = malloc_slow(d, size, stream, false, NULL, false, out);
     }
     return st;
 }
@@ -914,7 +1034,11 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     xseg_status st = XSEG_SUCCESS;
     if (fast_fill(d, b))
         return XSEG_SUCCESS;
-    int si = dev_block_pool(d, b)->stat_index;
+    struct bpool *pool = dev_block_pool(d, b);
+    int si = pool->stat_index;
+    life_note(&d->life, 1);
+    if (XSEG_UNLIKELY(b->expandable && !b->small_pool))
+        life_forget(&d->life, block_requested(b), b->stream, pool, b->addr);
     stat_down_pool(d->acct.stats.allocation, si, 1);
     stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
     /* oversize, recorded, exported and a side struct (recorded streams) in one test

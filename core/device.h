@@ -96,6 +96,8 @@ struct dev_alloc {
 
     /* The fast path's permit and stream slots (core/fast.h). */
     struct dev_fast fast;
+
+    struct life_state life; /* the lifetime predictor of large expandable requests (lifetime.c) */
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so

@@ -209,6 +209,26 @@ struct acct {
 };
 
 
+/* ---- lifetime.{h,c}: the lifetime predictor (core/lifetime.h) ------------------------------- */
+#define LIFE_KEYS 1024 /* key table entries (a power of two) */
+#define LIFE_DEPTH 4   /* blocks remembered a key */
+/* One key (requested size, stream, pool) and its last LIFE_DEPTH blocks' addresses. */
+struct life_key {
+    size_t req; /* 0: an empty entry */
+    CUstream stream;
+    const void *pool;
+    uintptr_t addr[LIFE_DEPTH];
+    uint8_t n;    /* blocks recorded, at most LIFE_DEPTH */
+    uint8_t live; /* bit i: addr[i] is still allocated */
+    uint8_t next; /* where the next block goes (the oldest is replaced) */
+};
+struct life_state {
+    uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
+    uint32_t count; /* entries of ring in use, at most 64 */
+    unsigned variant; /* XSEG_TOPFIT while experimenting */
+    struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
+};
+
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/fast.h) ------------------- */
 struct dev_fast {
     /* The permit: equal to cfg_gen while none of the rare conditions the fast paths skip holds

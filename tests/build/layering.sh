@@ -29,7 +29,7 @@ check() { # layer, allowed include prefixes (space separated)
     done
 }
 # core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
-core_order="config_keys config stats block bins ptrmap procstate history settings hostalloc state device fast check capreuse pools ipc observe expandable
+core_order="config_keys config stats block bins ptrmap procstate history settings hostalloc state lifetime device fast check capreuse pools ipc observe expandable
 events release sleep trim group idle runtime snapshot alloc shutdown"
 # Includes allowed to point up: none (sub-state types live in core/state.h, below device.h, and
 # dev_unlock, which runs dev_check, in core/check.h above it). Format: "FILE:HEADER ...".
@@ -65,7 +65,7 @@ check_core_order() {
 # (`d->SUB.field =`, `op=`, `++`, `--`, also through an index or a member) elsewhere fails.
 # "SUB: files" (basenames in core/); reads go through accessors or stay reads.
 owners="ev:events.c cap:device.c priv:pools.c sleep:sleep.c cr:capreuse.c
-acct:device.c,device.h,alloc.c,release.c fast:fast.c,fast.h"
+acct:device.c,device.h,alloc.c,release.c fast:fast.c,fast.h life:lifetime.c,lifetime.h"
 check_owners() {
     for o in $owners; do
         sub=${o%%:*}; files=,${o#*:},
