@@ -73,12 +73,15 @@ static void check_books(bool driver)
 
 
 
-/* Five half-used pages: live[j] is the first half of page j, filled with tag 100 + j. */
+/* Five half-used pages: live[j] is the first half of page j, filled with tag 100 + j. Each block
+ * asks for a different byte count (all round to BLK), so that none of a sweep's later runs looks
+ * long-lived to the lifetime predictor (core/lifetime.h: same-size twins still live after a run
+ * of frees), which would place it at the top of the free range. */
 static void fragment(void *live[NBLK / 2])
 {
     void *p[NBLK];
     for (int i = 0; i < NBLK; i++) {
-        p[i] = tu_malloc(BLK, NULL);
+        p[i] = tu_malloc(BLK - (size_t)i, NULL);
         assert_ptr_equal(p[i], (char *)p[0] + (size_t)i * BLK);
     }
     for (int i = 0; i < NBLK; i++) {
