@@ -175,24 +175,25 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
     return b;
 }
 /* Is the request of @p p (@p requested bytes) predicted long-lived? Large requests in expandable
- * mode only (core/lifetime.h); XSEG_TOPFIT & 4 turns it off while experimenting. */
+ * mode only (core/lifetime.h). */
 static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
 {
-    return !p->pool->is_small && d->use_expandable && !(d->life.variant & 4) &&
+    return !p->pool->is_small && d->use_expandable &&
            life_predict_long(&d->life, requested, p->stream, p->pool);
 }
 
 /* Free blocks a top-fit search looks at, at most: beyond, the highest found so far is taken. */
 #define TOP_WALK_MAX 4096
 
-/* Is free block @p a higher than @p best (NULL: yes)? In segment order, newest segment first
- * (XSEG_TOPFIT & 1: oldest first), then the higher address in one segment. */
-static inline bool top_higher(const struct dev_alloc *d, const struct block *a, const struct block *best)
+/* Is free block @p a higher than @p best (NULL: yes)? Later in expandable.c's seg_order_less:
+ * a newer segment, else a higher address in the same one. (The oldest segment's top instead
+ * changed nothing that counts: docs/benchmarks-replay.md.) */
+static inline bool top_higher(const struct block *a, const struct block *best)
 {
     if (!best)
         return true;
     if (a->seg != best->seg && a->seg->seq != best->seg->seq)
-        return (d->life.variant & 1) ? a->seg->seq < best->seg->seq : a->seg->seq > best->seg->seq;
+        return a->seg->seq > best->seg->seq;
     return a->addr > best->addr;
 }
 
@@ -225,7 +226,7 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
             if (b->size < size || (size < msplit && b->size >= msplit) ||
                 (size >= msplit && b->size >= size + d->cfg.max_non_split_rounding))
                 continue;
-            if (top_higher(d, b, best))
+            if (top_higher(b, best))
                 best = b;
         }
     }
@@ -746,8 +747,6 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     bool budgeted = XSEG_UNLIKELY(group_measure_on(d));
     if (budgeted)
         budget_enter(d, &bv);
-    if (d->life.variant & 2)
-        p->top = false; /* experiment: growth hands out the front */
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
     bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);

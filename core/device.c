@@ -12,7 +12,6 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
-#include "core/lifetime.h"
 #include "core/settings.h"
 #include "vmm/capture.h"
 
@@ -63,7 +62,6 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
     d->structs = (struct arena)ARENA_INIT;
-    life_init(&d->life);
     lock_acquire(&d->lock); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
     lock_release(&d->lock); /* not dev_unlock (core/check.h, above): a new device has nothing to walk */

@@ -1,8 +1,6 @@
 /* The lifetime predictor (core/lifetime.h): a window of mallocs and frees, and a key table. */
 #include "core/lifetime.h"
 
-#include <stdlib.h>
-
 /* Entries probed from a key's home before one is replaced (linear probing, no deletion). */
 #define LIFE_PROBES 8
 
@@ -73,10 +71,4 @@ void life_forget(struct life_state *l, size_t req, CUstream stream, const void *
     for (unsigned i = 0; i < LIFE_DEPTH; i++)
         if ((k->live >> i & 1) && k->addr[i] == addr)
             k->live &= (uint8_t)~(1u << i);
-}
-
-void life_init(struct life_state *l)
-{
-    const char *v = getenv("XSEG_TOPFIT");
-    l->variant = v ? (unsigned)strtoul(v, NULL, 0) : 0;
 }

@@ -42,7 +42,4 @@ void life_record(struct life_state *l, size_t req, CUstream stream, const void *
 /* The block at @p addr of the key was freed: no longer live (nothing when it is not recorded). */
 void life_forget(struct life_state *l, size_t req, CUstream stream, const void *pool, uintptr_t addr);
 
-/* The experiment's variant (XSEG_TOPFIT, read at device creation). */
-void life_init(struct life_state *l);
-
 #endif

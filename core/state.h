@@ -225,7 +225,6 @@ struct life_key {
 struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
     uint32_t count; /* entries of ring in use, at most 64 */
-    unsigned variant; /* XSEG_TOPFIT while experimenting */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
 
