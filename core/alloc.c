@@ -178,7 +178,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
  * mode only (core/lifetime.h). */
 static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
 {
-    return !p->pool->is_small && d->use_expandable &&
+    return p->size > BLOCK_SMALL_SIZE && d->use_expandable && /* the large pools */
            life_predict_long(&d->life, requested, p->stream, p->pool);
 }
 
@@ -607,7 +607,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (XSEG_UNLIKELY(!p->pool->is_small) && d->use_expandable)
+    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) /* the large pools */
         life_record(&d->life, size, p->stream, p->pool, b->addr);
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
@@ -911,7 +911,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.top = false;
-        if (XSEG_UNLIKELY(p.pool == &d->large) && malloc_predict_long(d, &p, size))
+        if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && malloc_predict_long(d, &p, size))
             return malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;

@@ -33,7 +33,8 @@ static const struct life_key *life_find(const struct life_state *l, size_t req, 
 
 bool life_predict_long(const struct life_state *l, size_t req, CUstream stream, const void *pool)
 {
-    if (2u * (unsigned)__builtin_popcountll(l->ring) <= l->count)
+    uint64_t count = l->events < 64 ? l->events : 64;
+    if (2u * (unsigned)__builtin_popcountll(l->ring) <= count)
         return false;
     const struct life_key *k = life_find(l, req, stream, pool);
     return k && k->n >= 2 && k->live == (1u << k->n) - 1u;

@@ -224,7 +224,7 @@ struct life_key {
 };
 struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
-    uint32_t count; /* entries of ring in use, at most 64 */
+    uint64_t events; /* mallocs and frees seen: the window holds min(events, 64) of them */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
 
