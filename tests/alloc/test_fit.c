@@ -457,7 +457,7 @@ static void ts_workload(struct ts_run *r)
  * allocated while the backward pass frees activations, would sit in the activations' holes with
  * best fit and pin pages between them (the fullstep traces' pattern, docs/benchmarks-replay.md).
  * Predicted long-lived (core/lifetime.h), they are carved from the top of the free range instead,
- * and the three steps fit (the code before fails a 120 MiB activation of the third step). No live
+ * and the three steps fit (the code before fails a 20 MiB activation of the second step). No live
  * byte is copied: no copy call, and every kept block's ends keep their pattern.
  */
 static void test_training_step(void **state)
