@@ -15,8 +15,9 @@
  *    mapped before any pressure comes in chunks of at most 1/512 of the device, so pages split
  *    early between long-lived and freed blocks give the freed part back; PyTorch's layout, an
  *    explicit expandable_chunk_mb and larger devices keep one chunk a page;
- *  - training_step: gradients and optimizer states predicted long-lived are carved from the top
- *    of the free range, so a training step's shape fits 1.01 x peak allocated.
+ *  - training_step, top_placement: gradients and optimizer states predicted long-lived are carved
+ *    from the top of the free range, so a training step's shape fits 1.01 x peak allocated; the
+ *    placement by addresses.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
@@ -489,6 +490,49 @@ static void test_training_step(void **state)
     check_no_leaks();
 }
 
+/*
+ * The placement itself, by addresses: 16 pages (a new segment's reserve) hold an 80 MiB block, four
+ * live 25 MiB twins, then
+ * A (60 MiB), B, C (60 MiB), D; A and C freed, then 40 small blocks, so that frees lead the last
+ * 64 mallocs and frees. A fifth 25 MiB request is predicted long-lived (core/lifetime.h): it takes
+ * the top of the highest fitting free block, C's hole (best fit would take A's front). A request
+ * of another byte count has no live twins: best fit, the front of what is left of C's hole.
+ */
+static void test_top_placement(void **state)
+{
+    (void)state;
+    start_emu("expandable_segments:True");
+    void *small[40];
+    for (int i = 0; i < 40; i++)
+        small[i] = must_malloc(512 << 10, NULL);
+    void *f = must_malloc(80 * MiB, NULL), *k[4];
+    for (int i = 0; i < 4; i++)
+        k[i] = must_malloc(25 * MiB, NULL);
+    void *a = must_malloc(60 * MiB, NULL), *b = must_malloc(10 * MiB, NULL);
+    void *c = must_malloc(60 * MiB, NULL), *e = must_malloc(10 * MiB, NULL);
+    assert_ptr_equal(e, (char *)f + 310 * MiB); /* one segment, in address order, no free tail */
+    assert_int_equal(tu_stat("reserved_bytes.large_pool.current"), (int64_t)(320 * MiB));
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(xseg_free(small[i]), XSEG_SUCCESS);
+
+    void *q = must_malloc(25 * MiB, NULL);
+    if (q != (char *)c + 35 * MiB)
+        fail_msg("a request with four live twins after a run of frees went to %p, not C's top %p (A %p, C %p)", q,
+                 (void *)((char *)c + 35 * MiB), a, c);
+    void *r = must_malloc(25 * MiB - 512, NULL);
+    assert_ptr_equal(r, c); /* best fit: the 35 MiB left of C's hole, from its front */
+    assert_int_equal(tu_stat("reserved_bytes.large_pool.current"), (int64_t)(320 * MiB)); /* no growth */
+
+    void *all[] = {f, k[0], k[1], k[2], k[3], b, e, q, r};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        assert_int_equal(xseg_free(all[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -501,6 +545,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_small_device_pages),
         cmocka_unit_test(test_large_device_pages),
         cmocka_unit_test(test_training_step),
+        cmocka_unit_test(test_top_placement),
     };
     /* Before the emulator starts: the small_device tests' device is 182 MiB. */
     if (argc > 1 && strncmp(argv[1], "test_small_device", 17) == 0)
