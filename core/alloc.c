@@ -450,14 +450,16 @@ static struct block *spare_block(struct dev_alloc *d);
 
 /* Hand out the top @p p->size bytes of p->block (out of the index) for @p requested bytes: the
  * free remainder stays below it, back in the index. The whole block when no struct is spare or
- * the rest is under BLOCK_MIN_SIZE. Expandable blocks only (no split statistics). */
+ * the rest is under BLOCK_MIN_SIZE. A classic block (cached from before expandable_segments was
+ * turned on) is split as always: its split statistics are alloc_found_block's. */
 static __attribute__((noinline)) struct block *alloc_top_block(struct dev_alloc *d, struct alloc_params *p,
                                                                size_t requested)
 {
     lock_assert_held(&d->lock);
     struct block *b = p->block;
     struct bpool *pool = p->pool;
-    xseg_assert(b->expandable);
+    if (!b->expandable)
+        return alloc_found_block(d, p, requested, false, NULL);
     if (should_split(d, b, p->size)) {
         struct block *a = spare_block(d);
         if (a) {
