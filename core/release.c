@@ -132,25 +132,17 @@ static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, 
     return first;
 }
 
-static xseg_status release_blocks(struct dev_alloc *d, struct bpool *pool)
-{
-    lock_assert_held(&d->lock);
-    struct stream_memo memo = {0};
-    xseg_status st = release_blocks_memo(d, pool, &memo);
-    memo_free(&memo);
-    return st;
-}
-
-/* The cached blocks of every private pool with no users (pools.c's list, read only). */
-static xseg_status release_unused_pools(struct dev_alloc *d)
+/* The cached blocks of every private pool with no users (pools.c's list, read only), each stream
+ * waited for at most once in the pass (@p memo: the default pools' streams are known idle). */
+static xseg_status release_unused_pools(struct dev_alloc *d, struct stream_memo *memo)
 {
     lock_assert_held(&d->lock);
     xseg_status first = XSEG_SUCCESS;
     for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
         if (pp->use_count > 0)
             continue;
-        xseg_status st1 = release_blocks(d, &pp->large);
-        xseg_status st2 = release_blocks(d, &pp->small);
+        xseg_status st1 = release_blocks_memo(d, &pp->large, memo);
+        xseg_status st2 = release_blocks_memo(d, &pp->small, memo);
         if (first == XSEG_SUCCESS)
             first = st1 != XSEG_SUCCESS ? st1 : st2;
     }
@@ -176,8 +168,8 @@ xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st)
     struct stream_memo memo = {0};
     xseg_status st1 = release_blocks_memo(d, &d->large, &memo);
     xseg_status st2 = release_blocks_memo(d, &d->small, &memo);
+    xseg_status st3 = d->priv.pools ? release_unused_pools(d, &memo) : XSEG_SUCCESS;
     memo_free(&memo);
-    xseg_status st3 = d->priv.pools ? release_unused_pools(d) : XSEG_SUCCESS;
     exp_release_empty_segments(d);
     if (d->priv.pools)
         pools_reap(d);

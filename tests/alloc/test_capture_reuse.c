@@ -174,11 +174,13 @@ static void graph_call_fails(const char *entry, bool retried)
     assert_true(tu_stream_work(side));
     wait_stream(s, side);
     int64_t base = active();
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail(entry, 1, CUDA_ERROR_OUT_OF_MEMORY));
     tu_free(a);
     poke(s);
     assert_int_equal(active(), base);
-    tu_fail_clear();
+    tu_fail_clear(); /* first: a failed check would leave it armed for the next test (one process) */
+    tu_assert_fired_n(fired, 1, "%s during the walk", entry);
     poke(s);
     assert_int_equal(active(), base - (retried ? (int64_t)(4 * MiB) : 0));
     finish(s, pool);

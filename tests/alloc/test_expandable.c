@@ -502,6 +502,32 @@ static void test_recycle_waits_once(void **state)
     tu_assert_cu(drv->cuStreamDestroy(busy));
 }
 
+/* empty_cache waits for a stream once per pass, not once per pool: the default pool's and an
+ * unused private pool's cached pages on one stream go back after one cuStreamSynchronize. */
+static void test_empty_cache_waits_once(void **state)
+{
+    (void)state;
+    start("expandable_segments:True");
+    tu_require_emulator_or_skip();
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *in_pool = must_malloc(40 * MiB, s);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    void *plain = must_malloc(40 * MiB, s);
+    assert_int_equal(xseg_free(in_pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(plain), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_counts_reset();
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuStreamSynchronize"), 1);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
 /* expandable_chunk_mb: smaller chunks let the OOM path give back a free gap up to the live
  * blocks' edges (as expandable_segments_defrag does with page chunks, at the OOM itself). a, b, c are 30 MiB each on 20 MiB pages; b's gap [30, 60) MiB shares a page with
  * a, so with one chunk per page only [40, 60) can go. On a device capped 10 MiB above what is
@@ -632,6 +658,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_recycle_gap),
         cmocka_unit_test(test_recycle_across_streams),
         cmocka_unit_test(test_recycle_waits_once),
+        cmocka_unit_test(test_empty_cache_waits_once),
         cmocka_unit_test(test_steady_state_quiet),
         cmocka_unit_test(test_chunk_size),
         cmocka_unit_test(test_recycle_faults),

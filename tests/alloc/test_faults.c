@@ -95,11 +95,13 @@ static void rollback_unmap_fails(int unmap_fails)
     void *live = tu_malloc(10 * MiB, NULL);
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)live, 10 * MiB, 9));
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)PAGE);
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
     for (int k = 0; k < unmap_fails; k++)
         assert_true(tu_fail("cuMemUnmap", 1 + 3 * (unsigned long)k, CUDA_ERROR_UNKNOWN));
     void *p = NULL;
     xseg_status st = xseg_malloc(&p, 80 * MiB, 0, NULL);
+    tu_assert_fired_n(fired, 1ul + (unsigned long)unmap_fails, "rollback with %d unmap failures", unmap_fails);
     tu_fail_clear();
     /* The OOM path's retry serves it (the injected OOM was one call). */
     if (st != XSEG_SUCCESS)
@@ -139,12 +141,14 @@ static void test_rollback_stranded_reclaimed(void **state)
     tu_require_emulator_or_skip();
     void *live = tu_malloc(10 * MiB, NULL);
     /* Fail the create of page 4 in the first try and of the retry, so the malloc fails. */
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
     assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
     assert_true(tu_fail("cuMemUnmap", 4, CUDA_ERROR_UNKNOWN)); /* the OOM path's reclaim */
     assert_true(tu_fail("cuMemCreate", 7, CUDA_ERROR_OUT_OF_MEMORY)); /* page 4 of the retry */
     void *p = NULL;
     assert_int_equal(xseg_malloc(&p, 80 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    tu_assert_fired_n(fired, 4, "stranded page");
     tu_fail_clear();
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)PAGE);
     check_consistent();
@@ -163,10 +167,12 @@ static void leftover_retried(const char *entry, unsigned long nth)
     tu_require_emulator_or_skip();
     void *p = tu_malloc(60 * MiB, NULL);
     tu_free(p);
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail(entry, nth, CUDA_ERROR_UNKNOWN));
     xseg_status st = xseg_empty_cache(0);
     unsigned long calls = tu_call_count(entry);
     (void)calls;
+    tu_assert_fired_n(fired, 1, "%s #%lu at empty_cache", entry, nth);
     tu_fail_clear();
     (void)st; /* an unmap failure is reported; a release or address-free failure is kept quietly */
     struct cudaemu_live live;
@@ -202,11 +208,13 @@ static void test_rollback_release_fails(void **state)
     start("expandable_segments:True,expandable_segments_defrag:False"); /* as above: the OOM report */
     tu_require_emulator_or_skip();
     void *live = tu_malloc(10 * MiB, NULL);
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
     assert_true(tu_fail("cuMemCreate", 7, CUDA_ERROR_OUT_OF_MEMORY));
     assert_true(tu_fail("cuMemRelease", 1, CUDA_ERROR_UNKNOWN));
     void *p = NULL;
     assert_int_equal(xseg_malloc(&p, 80 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    tu_assert_fired_n(fired, 3, "rollback release");
     tu_fail_clear();
     check_reserved_is_mapped();
     check_consistent();
@@ -343,8 +351,10 @@ static void record_stream_faults(const char *config, size_t size)
     /* The device's context cannot be made current at the free: nothing can be recorded now. */
     void *p = tu_malloc(size, NULL);
     assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuCtxGetCurrent", 1, CUDA_ERROR_UNKNOWN));
     must_free(p);
+    tu_assert_fired_n(fired, 1, "context at the free");
     tu_fail_clear();
     assert_true(is_pending(p));
     check_consistent();
@@ -356,10 +366,12 @@ static void record_stream_faults(const char *config, size_t size)
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p, size, 5));
     assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);
     assert_true(tu_stream_hold(s2));
+    fired = tu_fail_fired();
     assert_true(tu_fail("cuEventRecord", 1, CUDA_ERROR_UNKNOWN));
     assert_true(tu_fail("cuStreamSynchronize", 1, CUDA_ERROR_UNKNOWN));
     assert_true(tu_fail("cuCtxSynchronize", 1, CUDA_ERROR_UNKNOWN));
     must_free(p);
+    tu_assert_fired_n(fired, 3, "no event, no synchronize");
     tu_fail_clear();
     assert_true(is_pending(p));
     void *q = tu_malloc(size, NULL); /* retries the recording: an event on held s2 */
@@ -503,8 +515,10 @@ static void test_capture_id_unread(void **state)
     tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
     xseg_pool_id pool = {0, 0};
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuStreamGetCaptureInfo", 1, CUDA_ERROR_UNKNOWN));
     assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    tu_assert_fired_n(fired, 1, "cuStreamGetCaptureInfo");
     tu_fail_clear();
     stream_wait(side, s);
     void *p = NULL;
@@ -529,10 +543,12 @@ static void test_capture_mode_switch_fails(void **state)
     tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
     xseg_pool_id pool = {0, 0};
     assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuThreadExchangeStreamCaptureMode", 1, CUDA_ERROR_UNKNOWN));
     void *p = NULL;
     assert_int_equal(xseg_malloc(&p, 4 * MiB, 0, s), XSEG_ERROR_DRIVER);
     must_contain("cuThreadExchangeStreamCaptureMode");
+    tu_assert_fired_n(fired, 1, "cuThreadExchangeStreamCaptureMode");
     tu_fail_clear();
     p = tu_malloc(4 * MiB, s);
     capture_done(s, side, pool, p);
@@ -553,8 +569,10 @@ static void test_capture_end_fails(void **state)
     assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
     void *a = tu_malloc(1 * MiB, s);
     CUgraph g = NULL;
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuStreamEndCapture", 1, CUDA_ERROR_UNKNOWN));
     assert_int_equal(xseg_capture_end(0, s, &g), XSEG_ERROR_DRIVER);
+    tu_assert_fired_n(fired, 1, "cuStreamEndCapture");
     tu_fail_clear();
     assert_null(g);
     must_contain("still open");

@@ -247,10 +247,12 @@ static int child_import_faults(int s)
         unsigned long failures = 0;
         for (unsigned long n = 1;; n++) {
             CHECK(drv->cuCtxSetCurrent(NULL) == CUDA_SUCCESS);
+            unsigned long fired = tu_fail_fired();
             CHECK(tu_fail(entries[e], n, CUDA_ERROR_OUT_OF_MEMORY));
             q = (void *)1;
             xseg_status st = xseg_ipc_import(h, 0, &q);
             tu_fail_clear();
+            CHECK(tu_fail_fired() - fired == (st == XSEG_SUCCESS ? 0u : 1u)); /* it failed because of the fault */
             if (st == XSEG_SUCCESS) {
                 CHECK(tu_check(dp(q), info.size, 41));
                 OK(xseg_ipc_close(q));
@@ -275,9 +277,11 @@ static int child_import_faults(int s)
     for (size_t e = 0; e < 2; e++) {
         OK(xseg_ipc_import(h, 0, &q));
         CHECK(drv->cuCtxSetCurrent(NULL) == CUDA_SUCCESS);
+        unsigned long fired = tu_fail_fired();
         CHECK(tu_fail(ctx_entries[e], 1, CUDA_ERROR_INVALID_CONTEXT));
         CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has(ctx_entries[e]));
         tu_fail_clear();
+        CHECK(tu_fail_fired() - fired == 1);
         CHECK(drv->cuCtxSetCurrent(ctx) == CUDA_SUCCESS); /* the failed close left none current */
         CHECK(tu_check(dp(q), info.size, 41));
         OK(xseg_ipc_close(q));
@@ -287,17 +291,21 @@ static int child_import_faults(int s)
     /* Close: a failed unmap keeps the import (close again later); a failed address free keeps
      * the reservation, which closing again frees without unmapping again. */
     OK(xseg_ipc_import(h, 0, &q));
+    unsigned long fired = tu_fail_fired();
     CHECK(tu_fail("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE));
     CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemUnmap"));
     tu_fail_clear();
+    CHECK(tu_fail_fired() - fired == 1);
     CHECK(tu_check(dp(q), info.size, 41));
     OK(xseg_ipc_close(q));
     tu_live(&l1);
     CHECK(live_eq(&l0, &l1));
     OK(xseg_ipc_import(h, 0, &q));
+    fired = tu_fail_fired();
     CHECK(tu_fail("cuMemAddressFree", 1, CUDA_ERROR_INVALID_VALUE));
     CHECK(xseg_ipc_close(q) == XSEG_ERROR_DRIVER && msg_has("cuMemAddressFree") && msg_has("close again"));
     tu_fail_clear();
+    CHECK(tu_fail_fired() - fired == 1);
     tu_live(&l1);
     CHECK(l1.reservations == l0.reservations + 1 && l1.mapped_bytes == l0.mapped_bytes);
     tu_counts_reset();
@@ -553,10 +561,12 @@ static void test_export_faults(void **state)
     for (int k = 0; k < 2; k++) {
         unsigned long failures = 0;
         for (unsigned long n = 1;; n++) {
+            unsigned long fired = tu_fail_fired();
             assert_true(tu_fail("cuMemExportToShareableHandle", n, codes[k]));
             xseg_ipc_handle *h = (xseg_ipc_handle *)1;
             xseg_status st = xseg_ipc_export(p, &h);
             tu_fail_clear();
+            tu_assert_fired_n(fired, st == XSEG_SUCCESS ? 0 : 1, "export: cuMemExportToShareableHandle #%lu", n);
             if (st == XSEG_SUCCESS) {
                 xseg_ipc_handle_free(h);
                 break;

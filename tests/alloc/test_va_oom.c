@@ -27,14 +27,19 @@ static void test_va_reservation_oom(void **state)
     tu_xseg_init_or_skip("expandable_segments:True");
     tu_require_emulator_or_skip();
     void *warm = tu_malloc(MiB, NULL);
-    /* Every cuMemAddressReserve from now on fails: the address space is exhausted. */
+    /* Every cuMemAddressReserve from now on fails: the address space is exhausted. Not all
+     * FAILS fire, by design: each reservation the malloc tries must, and it must try one. */
+    unsigned long fired = tu_fail_fired(), tries = tu_call_count("cuMemAddressReserve");
     for (unsigned long i = 1; i <= FAILS; i++)
         assert_true(tu_fail("cuMemAddressReserve", i, CUDA_ERROR_OUT_OF_MEMORY));
     void *p = NULL;
     xseg_status st = xseg_malloc(&p, 512 * MiB, 0, NULL);
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", xseg_last_error());
+    tries = tu_call_count("cuMemAddressReserve") - tries;
     tu_fail_clear();
+    assert_true(tries >= 1 && tries < FAILS);
+    tu_assert_fired_n(fired, tries, "the %lu reservations the malloc tried", tries);
     assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
     assert_null(p);
     if (!strstr(msg, "virtual address") || !strstr(msg, "cuMemAddressReserve"))

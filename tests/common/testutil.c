@@ -167,6 +167,19 @@ void tu_assert_fired(unsigned long since, const char *fmt, ...)
     fail_msg("%s: the injected fault never fired, so the run tested nothing", what);
 }
 
+void tu_assert_fired_n(unsigned long since, unsigned long n, const char *fmt, ...)
+{
+    unsigned long got = tu_fail_fired() - since;
+    if (got == n)
+        return;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fail_msg("%s: %lu of the %lu injected faults fired", what, got, n);
+}
+
 unsigned long tu_call_count(const char *entry)
 {
     const struct tu_emu_api *e = tu_emu();

@@ -100,6 +100,9 @@ unsigned long tu_fail_fired(void);
 /* Fail the test, naming the run (printf-style), when no injected failure fired since @p since (a
  * tu_fail_fired() value). Emulator-only, like tu_fail. */
 void tu_assert_fired(unsigned long since, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Fail the test, naming the run, unless exactly @p n injected failures fired since @p since: a test
+ * that arms several faults checks that each one was reached. Emulator-only, like tu_fail. */
+void tu_assert_fired_n(unsigned long since, unsigned long n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Calls of @p entry since start or tu_counts_reset() (0 when not emulated). */
 unsigned long tu_call_count(const char *entry);

@@ -517,6 +517,15 @@ static void test_fault_sweep_reserve(void **state)
     struct cudaemu_live before, after;
     size_t P = SEG_INITIAL_PAGES;
 
+    /* Which placement path runs depends on where the driver put earlier segments
+     * (vmm/README.md): at the cursor a create makes one reservation call; with the probe two
+     * (the probe, then the segment at its start). cudaemu honours a free hint, so the cursor is
+     * on here; test_fault_probe (last) turns it off and fails the probe's calls. */
+    tu_counts_reset();
+    struct seg *s = mkseg(G);
+    assert_int_equal(tu_call_count("cuMemAddressReserve"), 1);
+    destroy_ok(s);
+
     /* seg_create: every driver call it makes, failing, leaves nothing behind. */
     const char *create_entries[] = {"cuDevicePrimaryCtxRetain", "cuMemGetAllocationGranularity",
                                     "cuMemAddressReserve"};
@@ -525,48 +534,14 @@ static void test_fault_sweep_reserve(void **state)
         struct seg_params p = {0};
         tu_assert_cu(drv->cuDeviceGet(&p.cudev, 0));
         p.page_size = G;
-        struct seg *s = (struct seg *)&p;
+        s = (struct seg *)&p;
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail(create_entries[i], 1, CUDA_ERROR_OUT_OF_MEMORY));
-        if (i == 2) /* the first reservation only probes for room: fail the real one too */
-            assert_true(tu_fail(create_entries[i], 2, CUDA_ERROR_OUT_OF_MEMORY));
         assert_int_equal(seg_create(&p, G, &s), XSEG_ERROR_OUT_OF_MEMORY);
         tu_fail_clear();
+        tu_assert_fired_n(fired, 1, "seg_create: %s", create_entries[i]);
         assert_null(s);
         assert_msg_has(create_entries[i]);
-        live(&after);
-        assert_live_eq(&after, &before);
-    }
-
-    /* Which placement path runs depends on where the driver put earlier segments
-     * (vmm/README.md): at the cursor a create makes one reservation call; with the probe two
-     * (the probe, then the segment at its start). */
-    tu_counts_reset();
-    struct seg *s = mkseg(G);
-    unsigned long nres = tu_call_count("cuMemAddressReserve");
-    destroy_ok(s);
-    live(&before);
-    if (nres == 2) {
-        /* A failed probe for growth room (or a failed free of it) is no error. */
-        assert_true(tu_fail("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
-        s = mkseg(G);
-        tu_fail_clear();
-        destroy_ok(s);
-        assert_true(tu_fail("cuMemAddressFree", 1, CUDA_ERROR_INVALID_VALUE));
-        s = mkseg(G);
-        tu_fail_clear();
-        destroy_ok(s);
-        live(&after);
-        if (after.reservations != before.reservations + 1) /* the probe that could not be freed */
-            fail_msg("reservations %zu -> %zu", before.reservations, after.reservations);
-    } else {
-        /* At the cursor, the one reservation failing fails the create, leaving nothing. */
-        assert_int_equal(nres, 1);
-        struct seg_params p = {0};
-        tu_assert_cu(drv->cuDeviceGet(&p.cudev, 0));
-        p.page_size = G;
-        assert_true(tu_fail("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
-        assert_int_equal(seg_create(&p, G, &s), XSEG_ERROR_OUT_OF_MEMORY);
-        tu_fail_clear();
         live(&after);
         assert_live_eq(&after, &before);
     }
@@ -576,9 +551,11 @@ static void test_fault_sweep_reserve(void **state)
     assert_int_equal(P * G, SEG_VA_ALIGN); /* 2 MiB pages: the unit is P pages */
     assert_int_equal(seg_grow(s, 2 * P * G), XSEG_SUCCESS);
     /* The geometric step fails: the need (one unit) is reserved instead. */
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
     assert_int_equal(seg_grow(s, 2 * P * G + 1), XSEG_SUCCESS);
     tu_fail_clear();
+    tu_assert_fired_n(fired, 1, "the geometric step");
     assert_int_equal(seg_va_size(s), 3 * P * G);
     /* The step and the exact need both fail: nothing changes, the segment stays usable, and a
      * retry grows it. */
@@ -586,11 +563,13 @@ static void test_fault_sweep_reserve(void **state)
         CUresult res = code ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
         live(&before);
         tu_counts_reset();
+        fired = tu_fail_fired();
         assert_true(tu_fail("cuMemAddressReserve", 1, res));
         assert_true(tu_fail("cuMemAddressReserve", 2, res));
         xseg_status st = seg_grow(s, 3 * P * G + 1);
         assert_int_equal(tu_call_count("cuMemAddressReserve"), 2);
         tu_fail_clear();
+        tu_assert_fired_n(fired, 2, "the step and the need");
         assert_int_equal(st, code ? XSEG_ERROR_DRIVER : XSEG_ERROR_OUT_OF_MEMORY);
         assert_msg_has("cuMemAddressReserve");
         assert_int_equal(seg_va_size(s), 3 * P * G);
@@ -623,20 +602,24 @@ static void test_unmap_failure(void **state)
 
     /* The synchronize fails, and so does the context synchronize it falls back to (vmm/stream.h):
      * nothing is unmapped. */
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuStreamSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED));
     assert_true(tu_fail("cuCtxSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED));
     size_t u = 1;
     assert_int_equal(seg_unmap(s, 0, 6 * G, &u, NULL), XSEG_ERROR_DRIVER);
     tu_fail_clear();
+    tu_assert_fired_n(fired, 2, "both synchronizes");
     assert_int_equal(u, 0);
     assert_int_equal(seg_mapped_bytes(s), 6 * G);
 
     /* One cuMemUnmap per run of adjacent chunks: when it fails, the whole run stays mapped with
      * its data. */
     tu_counts_reset();
+    fired = tu_fail_fired();
     assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE));
     assert_int_equal(seg_unmap(s, 0, 6 * G, &u, NULL), XSEG_ERROR_DRIVER);
     tu_fail_clear();
+    tu_assert_fired_n(fired, 1, "the one run's unmap");
     assert_msg_has("cuMemUnmap");
     assert_int_equal(u, 0);
     assert_int_equal(seg_mapped_bytes(s), 6 * G);
@@ -648,9 +631,11 @@ static void test_unmap_failure(void **state)
     unmap_ok(s, 2, 1, 1);
     live(&before);
     tu_counts_reset();
+    fired = tu_fail_fired();
     assert_true(tu_fail("cuMemUnmap", 2, CUDA_ERROR_INVALID_VALUE));
     assert_int_equal(seg_unmap(s, 0, 6 * G, &u, NULL), XSEG_ERROR_DRIVER);
     tu_fail_clear();
+    tu_assert_fired_n(fired, 1, "the second run's unmap");
     assert_int_equal(u, 2 * G);
     assert_int_equal(tu_call_count("cuStreamSynchronize"), 1);
     assert_int_equal(seg_mapped_bytes(s), 3 * G);
@@ -761,9 +746,11 @@ static void test_peers(void **state)
         /* A failing peer grant is reported and not remembered; a retry succeeds. */
         struct seg *t = mkseg(G);
         map_ok(t, 0, 1, 1);
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail("cuMemSetAccess", 1, CUDA_ERROR_INVALID_DEVICE));
         assert_int_equal(seg_add_peer(t, 1), XSEG_ERROR_DRIVER);
         tu_fail_clear();
+        tu_assert_fired_n(fired, 1, "the peer grant");
         assert_int_equal(seg_add_peer(t, 1), XSEG_SUCCESS);
         assert_true(peer_access_rw(page_addr(t, 0), 1));
         destroy_ok(t);
@@ -851,10 +838,12 @@ static void test_observer_hook(void **state)
     if (emu) {
         /* A failed unmap announced as an unmap is reported mapped again (the whole run). */
         log.n = 0;
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE));
         size_t gone = 0;
         assert_int_equal(seg_unmap(s, 3 * G, 3 * G, &gone, NULL), XSEG_ERROR_DRIVER);
         tu_fail_clear();
+        tu_assert_fired_n(fired, 1, "the observed unmap");
         assert_int_equal(gone, 0);
         assert_int_equal(log.n, 2);
         obs_expect(&log, 0, 3, 6, 0);
@@ -869,6 +858,67 @@ static void test_observer_hook(void **state)
         total += log.last[i] - log.first[i];
     }
     assert_int_equal(total, 4);
+}
+
+/* The probe's path (vmm/README.md): a driver that does not place a reservation where the cursor
+ * points turns the cursor off for the process; each create then probes for a hole with room to
+ * grow and reserves at its start. Last in the list, since the cursor stays off afterwards. */
+static void test_fault_probe(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    /* Take the range the cursor points at (past the newest segment's room): the next create's
+     * hinted reservation lands elsewhere and is given back, and the create probes. */
+    struct seg *s = mkseg(G);
+    CUdeviceptr cursor = seg_base(s) + seg_va_size(s) + SEG_GROW_ROOM;
+    cursor = (cursor + SEG_VA_ALIGN - 1) & ~(CUdeviceptr)(SEG_VA_ALIGN - 1);
+    destroy_ok(s);
+    CUdeviceptr block = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&block, SEG_VA_ALIGN, 0, cursor, 0));
+    assert_true(block == cursor);
+    tu_counts_reset();
+    s = mkseg(G);
+    assert_int_equal(tu_call_count("cuMemAddressReserve"), 3); /* at the cursor, the probe, the segment */
+    assert_int_equal(tu_call_count("cuMemAddressFree"), 2);
+    destroy_ok(s);
+    tu_counts_reset();
+    s = mkseg(G);
+    assert_int_equal(tu_call_count("cuMemAddressReserve"), 2); /* the probe, the segment */
+    destroy_ok(s);
+
+    /* Both reservations fail: the create fails, leaving nothing. */
+    struct cudaemu_live before, after;
+    live(&before);
+    struct seg_params p = {0};
+    tu_assert_cu(drv->cuDeviceGet(&p.cudev, 0));
+    p.page_size = G;
+    unsigned long fired = tu_fail_fired();
+    assert_true(tu_fail("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_true(tu_fail("cuMemAddressReserve", 2, CUDA_ERROR_OUT_OF_MEMORY));
+    assert_int_equal(seg_create(&p, G, &s), XSEG_ERROR_OUT_OF_MEMORY);
+    tu_fail_clear();
+    tu_assert_fired_n(fired, 2, "the probe and the segment's reservation");
+    assert_msg_has("cuMemAddressReserve");
+    live(&after);
+    assert_live_eq(&after, &before);
+
+    /* A failed probe for growth room (or a failed free of it) is no error. */
+    fired = tu_fail_fired();
+    assert_true(tu_fail("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
+    s = mkseg(G);
+    tu_fail_clear();
+    tu_assert_fired_n(fired, 1, "the probe's reservation");
+    destroy_ok(s);
+    fired = tu_fail_fired();
+    assert_true(tu_fail("cuMemAddressFree", 1, CUDA_ERROR_INVALID_VALUE));
+    s = mkseg(G);
+    tu_fail_clear();
+    tu_assert_fired_n(fired, 1, "the probe's address free");
+    destroy_ok(s);
+    live(&after);
+    if (after.reservations != before.reservations + 1) /* the probe that could not be freed */
+        fail_msg("reservations %zu -> %zu", before.reservations, after.reservations);
+    tu_assert_cu(drv->cuMemAddressFree(block, SEG_VA_ALIGN));
 }
 
 int main(void)
@@ -909,6 +959,7 @@ int main(void)
         cmocka_unit_test(test_peers),
         cmocka_unit_test(test_context_made_current),
         cmocka_unit_test(test_observer_hook),
+        cmocka_unit_test(test_fault_probe), /* last: it turns the placement cursor off */
     };
     return cmocka_run_group_tests_name("segment", tests, NULL, NULL);
 }

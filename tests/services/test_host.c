@@ -260,6 +260,7 @@ static void test_host_faults(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         assert_int_equal(xseg_set_config(cases[i].config), XSEG_SUCCESS);
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail(cases[i].entry, 1, cases[i].r));
         void *p = (void *)1;
         xseg_status st = xseg_host_malloc(&p, 3 * MiB);
@@ -268,6 +269,7 @@ static void test_host_faults(void **state)
         assert_non_null(strstr(xseg_last_error(), cases[i].entry));
         assert_non_null(strstr(xseg_last_error(), "3145728 bytes"));
         tu_fail_clear();
+        tu_assert_fired_n(fired, 1, "host malloc: %s", cases[i].entry);
         assert_int_equal(hstat("segment.current"), 0);
         assert_int_equal(tu_host_live(NULL), 0);
         p = hmalloc(3 * MiB);
@@ -284,7 +286,7 @@ static void test_host_faults(void **state)
         assert_true(tu_fail(ev_entries[i], 1, CUDA_ERROR_UNKNOWN));
         hfree(p);
         tu_fail_clear();
-        tu_assert_fired(fired, "host free: %s", ev_entries[i]);
+        tu_assert_fired_n(fired, 1, "host free: %s", ev_entries[i]);
         assert_host_empty();
     }
     /* Out of pinned memory with a free segment cached: it is given back and the malloc tried once
@@ -292,11 +294,13 @@ static void test_host_faults(void **state)
     assert_int_equal(xseg_set_config("pinned_use_cuda_host_register:False"), XSEG_SUCCESS);
     hfree(hmalloc(3 * MiB)); /* a 20 MiB segment, cached whole and free */
     assert_int_equal(hstat("segment.current"), 1);
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY));
     assert_true(tu_fail("cuMemHostAlloc", 2, CUDA_ERROR_OUT_OF_MEMORY));
     void *p = (void *)1;
     assert_int_equal(xseg_host_malloc(&p, 30 * MiB), XSEG_ERROR_OUT_OF_MEMORY);
     tu_fail_clear();
+    tu_assert_fired_n(fired, 2, "host malloc and its retry");
     assert_null(p);
     assert_non_null(strstr(xseg_last_error(), "cuMemHostAlloc"));
     assert_non_null(strstr(xseg_last_error(), "(after giving back every free cached segment)"));

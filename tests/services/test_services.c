@@ -1012,10 +1012,12 @@ static void test_sleep_faults(void **state)
     for (size_t e = 0; e < 2; e++) {
         struct fixture f;
         fixture_make(&f);
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN)); /* the second segment's run */
         assert_true(tu_fail(second[e], 1, CUDA_ERROR_UNKNOWN));
         assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_DRIVER);
         tu_fail_clear();
+        tu_assert_fired_n(fired, 2, "cuMemUnmap #2 and %s #1", second[e]);
         print_message("cuMemUnmap #2 and %s #1: %s\n", second[e], xseg_last_error());
         assert_non_null(strstr(xseg_last_error(), "xseg_wake brings it back"));
         assert_books_match_driver();
@@ -1271,10 +1273,12 @@ static void test_wake_faults(void **state)
     struct fixture f;
     fixture_make(&f);
     assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN));
     assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
     assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_DRIVER);
     tu_fail_clear();
+    tu_assert_fired_n(fired, 2, "cuMemcpyHtoDAsync #2 and cuMemUnmap #1");
     assert_books_match_driver();
     assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
     assert_true(tu_stat("reserved_bytes.all.current") > 0);
@@ -1300,6 +1304,7 @@ static void test_wake_rollback_waits_copies(void **state)
         assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
         size_t host = tu_host_live(NULL);
         assert_true(tu_stream_hold_all(true)); /* the copies run on xseg's own streams */
+        unsigned long fired = tu_fail_fired();
         assert_true(tu_fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_UNKNOWN));
         if (wait_fails) /* the rollback's stream wait and its context fallback, each time */
             for (unsigned long n = 1; n <= 2; n++) {
@@ -1308,6 +1313,7 @@ static void test_wake_rollback_waits_copies(void **state)
             }
         assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_DRIVER);
         tu_fail_clear();
+        tu_assert_fired_n(fired, wait_fails ? 5 : 1, "the second copy back%s", wait_fails ? " and the waits" : "");
         print_message("%s\n", xseg_last_error());
         assert_books_match_driver();
         assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
@@ -1417,6 +1423,9 @@ static void test_sleep_kept_pages(void **state)
             struct fixture f;
             fixture_make(&f);
             assert_true(tu_stream_hold_all(true));
+            /* Every call from the Nth on fails (24 armed of each): how many fire differs from run
+             * to run, so no exact count; at least one must. */
+            unsigned long fired = tu_fail_fired();
             for (unsigned long n = 1; n <= 24; n++) {
                 assert_true(n < en || tu_fail("cuEventSynchronize", n, CUDA_ERROR_UNKNOWN));
                 assert_true(n < sn || tu_fail("cuStreamSynchronize", n, CUDA_ERROR_UNKNOWN));
@@ -1425,6 +1434,7 @@ static void test_sleep_kept_pages(void **state)
             }
             xseg_status st = xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD);
             tu_fail_clear();
+            tu_assert_fired(fired, "streams from %lu, events from %lu", sn, en);
             print_message("streams from %lu, events from %lu: %s\n", sn, en,
                           st == XSEG_SUCCESS ? "ok" : xseg_last_error());
             assert_books_match_driver();
