@@ -175,10 +175,10 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
     return b;
 }
 /* Is the request of @p p (@p requested bytes) predicted long-lived? Large requests in expandable
- * mode only (core/lifetime.h). */
+ * mode with expandable_segments_recycle only (core/lifetime.h): without it, PyTorch's layout. */
 static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
 {
-    return p->size > BLOCK_SMALL_SIZE && d->use_expandable && /* the large pools */
+    return p->size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle &&
            life_predict_long(&d->life, requested, p->stream, p->pool);
 }
 

@@ -498,10 +498,9 @@ static void test_training_step(void **state)
  * the top of the highest fitting free block, C's hole (best fit would take A's front). A request
  * of another byte count has no live twins: best fit, the front of what is left of C's hole.
  */
-static void test_top_placement(void **state)
+static void top_placement(const char *config, bool top)
 {
-    (void)state;
-    start_emu("expandable_segments:True");
+    start_emu(config);
     void *small[40];
     for (int i = 0; i < 40; i++)
         small[i] = must_malloc(512 << 10, NULL);
@@ -518,11 +517,13 @@ static void test_top_placement(void **state)
         assert_int_equal(xseg_free(small[i]), XSEG_SUCCESS);
 
     void *q = must_malloc(25 * MiB, NULL);
-    if (q != (char *)c + 35 * MiB)
-        fail_msg("a request with four live twins after a run of frees went to %p, not C's top %p (A %p, C %p)", q,
-                 (void *)((char *)c + 35 * MiB), a, c);
+    void *want = top ? (char *)c + 35 * MiB : a; /* without the placement, best fit: A's front */
+    if (q != want)
+        fail_msg("%s: a request with four live twins after a run of frees went to %p, not %p (A %p, C %p)", config, q,
+                 want, a, c);
     void *r = must_malloc(25 * MiB - 512, NULL);
-    assert_ptr_equal(r, c); /* best fit: the 35 MiB left of C's hole, from its front */
+    /* best fit: the 35 MiB left of C's hole (of A's without the placement), from its front */
+    assert_ptr_equal(r, top ? c : (char *)a + 25 * MiB);
     assert_int_equal(tu_stat("reserved_bytes.large_pool.current"), (int64_t)(320 * MiB)); /* no growth */
 
     void *all[] = {f, k[0], k[1], k[2], k[3], b, e, q, r};
@@ -531,6 +532,19 @@ static void test_top_placement(void **state)
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     check_no_leaks();
+}
+
+static void test_top_placement(void **state)
+{
+    (void)state;
+    top_placement("expandable_segments:True", true);
+}
+
+/* expandable_segments_recycle:False keeps PyTorch's layout: best fit for every request. */
+static void test_top_placement_off(void **state)
+{
+    (void)state;
+    top_placement("expandable_segments:True,expandable_segments_recycle:False", false);
 }
 
 int main(int argc, char **argv)
@@ -546,6 +560,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_large_device_pages),
         cmocka_unit_test(test_training_step),
         cmocka_unit_test(test_top_placement),
+        cmocka_unit_test(test_top_placement_off),
     };
     /* Before the emulator starts: the small_device tests' device is 182 MiB. */
     if (argc > 1 && strncmp(argv[1], "test_small_device", 17) == 0)
