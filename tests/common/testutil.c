@@ -155,16 +155,25 @@ unsigned long tu_fail_fired(void)
     return f ? f() : 0;
 }
 
+/* Fail naming the run (@p fmt, @p ap): none fired (@p n 0: at least one was wanted), or @p got of @p n. */
+static void fired_fail(unsigned long got, unsigned long n, const char *fmt, va_list ap)
+{
+    char what[256];
+    vsnprintf(what, sizeof what, fmt, ap);
+    if (n == 0)
+        fail_msg("%s: the injected fault never fired, so the run tested nothing", what);
+    else
+        fail_msg("%s: %lu of the %lu injected faults fired", what, got, n);
+}
+
 void tu_assert_fired(unsigned long since, const char *fmt, ...)
 {
     if (tu_fail_fired() != since)
         return;
-    char what[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
+    fired_fail(0, 0, fmt, ap);
     va_end(ap);
-    fail_msg("%s: the injected fault never fired, so the run tested nothing", what);
 }
 
 void tu_assert_fired_n(unsigned long since, unsigned long n, const char *fmt, ...)
@@ -172,12 +181,10 @@ void tu_assert_fired_n(unsigned long since, unsigned long n, const char *fmt, ..
     unsigned long got = tu_fail_fired() - since;
     if (got == n)
         return;
-    char what[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
+    fired_fail(got, n, fmt, ap);
     va_end(ap);
-    fail_msg("%s: %lu of the %lu injected faults fired", what, got, n);
 }
 
 unsigned long tu_call_count(const char *entry)
