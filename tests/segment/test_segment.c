@@ -878,8 +878,12 @@ static void test_fault_probe(void **state)
     assert_true(block == cursor);
     tu_counts_reset();
     s = mkseg(G);
-    assert_int_equal(tu_call_count("cuMemAddressReserve"), 3); /* at the cursor, the probe, the segment */
-    assert_int_equal(tu_call_count("cuMemAddressFree"), 2);
+    /* At the cursor (given back), the probe (given back), the segment: 3 and 2. Or 2 and 1 where an
+     * earlier test's hinted range already landed elsewhere and turned the cursor off (under TSan
+     * the emulator's mmap does not always honour the hint). */
+    unsigned long nres = tu_call_count("cuMemAddressReserve"), nfree = tu_call_count("cuMemAddressFree");
+    if (!(nres == 3 && nfree == 2) && !(nres == 2 && nfree == 1))
+        fail_msg("a create past a taken cursor: %lu reservations, %lu frees", nres, nfree);
     destroy_ok(s);
     tu_counts_reset();
     s = mkseg(G);
