@@ -321,7 +321,7 @@ static void refusals(bool expandable)
     assert_int_equal(xseg_pool_retain(0, pool), XSEG_SUCCESS); /* a graph's use, as cudagraph trees hold */
     uintptr_t a = (uintptr_t)pool_malloc(pool, 2 * MiB), b = (uintptr_t)pool_malloc(pool, 3 * MiB);
     assert_int_equal(b, a + 2 * MiB);
-    uintptr_t base;
+    uintptr_t base = 0;
     size_t seg;
     segment_of(a, &base, &seg);
     tu_free((void *)b);
