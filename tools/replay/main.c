@@ -1074,7 +1074,9 @@ static int expand_snapshots(struct cli *c)
         struct snapshot_device *devs;
         size_t n;
         char err[TRACE_ERR_MAX];
-        if (snapshot_convert(spec, c->device, c->history, dir, &devs, &n, err, sizeof err)) {
+        /* Frames for --history (the snapshot's stacks) and for --report (its live allocations'
+         * frames); left out otherwise, as a smaller trace parses faster in every replay. */
+        if (snapshot_convert(spec, c->device, c->history || c->report, dir, &devs, &n, err, sizeof err)) {
             if (err[0])
                 fprintf(stderr, "xseg-replay: %s\n", err);
             return 1;
