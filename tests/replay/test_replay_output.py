@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """xseg-replay's output side through its command line: the verdict (with PyTorch's recorded
 figures), the emulator figures behind --driver-stats, the sleep note, the main job's first lines,
---tune and --tune-budget, and --report's page loaded in headless Chromium (skipped with the
-reason when there is none). Traces are written here; nothing is timed.
+--tune and --tune-budget, the cap on a trace's total idle, and --report's page loaded in headless
+Chromium (skipped with the reason when there is none). Traces are written here; nothing is timed.
 
 usage: test_replay_output.py XSEG_REPLAY
 """
@@ -182,6 +182,27 @@ class Output(unittest.TestCase):
         rc, out, err = run("--tune", "--tune-budget", "3runs", "--marks=none", t)
         self.assertEqual(rc, 0, err)
         self.assertIn("the budget ended the search", out)
+
+    def test_total_idle_is_capped(self):
+        """1,000 `idle 3600s` lines, each allowed alone, would keep a replay waiting 42 days:
+        --check and the replay refuse the trace, naming the total and the cap; --max-total-idle
+        lets it through (in the replays' child processes too)."""
+        t = self.trace("alloc a 1MiB\n" + "idle 3600s\n" * 1000 + "free a\n", "idle.trace")
+        want = ("%s: its 1000 idle actions add up to 3600000 s (1000.0 h), more than the cap on a trace's total "
+                "idle, 7200 s: a replay would wait that long (--max-total-idle DURATION raises the cap" % t)
+        for args in (("--check",), ("--marks=none",), ("--compare", "--marks=none")):
+            rc, out, err = run(*args, t, timeout=60)
+            self.assertEqual(rc, 1, (args, out, err))
+            self.assertIn(want, err, args)
+        rc, out, err = run("--check", "--max-total-idle", "1000h", t, timeout=60)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("ok, 1002 actions", out)
+        # Without idle_release_ms nothing waits: the children replay it at once.
+        rc, out, err = run("--compare", "--marks=none", "--max-total-idle", "3600000s", t, timeout=60)
+        self.assertEqual(rc, 0, err)
+        rc, out, err = run("--check", "--max-total-idle", "1000x", t, timeout=60)
+        self.assertEqual(rc, 2)
+        self.assertIn("--max-total-idle: '1000x' is not a duration", err)
 
     def test_report_html(self):
         hostile = '<script>alert("x")</script>&amp;\'q\''

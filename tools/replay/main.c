@@ -68,6 +68,7 @@ struct cli {
     int ntraces;
     int device;             /* --device N: that device of each snapshot only; -1 every device */
     uint64_t step;          /* --step: the --min-device resolution, a multiple of 2 MiB */
+    uint64_t max_idle_ns;   /* --max-total-idle: the cap on a trace's idle actions all together */
 };
 
 static void usage(FILE *f)
@@ -115,6 +116,8 @@ static void usage(FILE *f)
         "                       --compare: classic and expandable); bisection, one child per probe\n"
         "  --step SIZE          --min-device's resolution (default 2MiB; a multiple of 2 MiB)\n"
         "  --seed N             seed of the bundled workload generators (default 1)\n"
+        "  --max-total-idle D   the cap on a trace's `idle` actions all together (default 2h; e.g. 48h):\n"
+        "                       a trace past it fails --check and is not replayed\n"
         "  --check              parse the traces, report errors, replay nothing\n"
         "  --dump               print a trace (e.g. builtin:training) in the trace language\n"
         "  --list               list the bundled workloads\n"
@@ -324,7 +327,7 @@ static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const 
     return 1;
 }
 
-/* What the traces are made with: --config, --seed. */
+/* What the traces are made with: --config, --seed, --max-total-idle. */
 static int parse_input_opt(int argc, char **argv, int *i, struct cli *c)
 {
     const char *a = argv[*i], *v;
@@ -339,6 +342,11 @@ static int parse_input_opt(int argc, char **argv, int *i, struct cli *c)
         c->seed = strtoull(v, &end, 0);
         if (*end || errno)
             return usage_error("--seed: '%s' is not a number", v);
+    } else if (is_opt(a, "--max-total-idle")) {
+        if (!(v = opt_value(argc, argv, i, "--max-total-idle")))
+            return usage_error("%s needs a duration (e.g. 48h, 7200s)", a);
+        if (trace_parse_duration(v, strlen(v), &c->max_idle_ns))
+            return usage_error("--max-total-idle: '%s' is not a duration (e.g. 48h, 7200s, 500ms)", v);
     } else {
         return 0;
     }
@@ -353,6 +361,7 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     c->budget = (struct tune_budget){.seconds = TUNE_DEFAULT_SECONDS};
     c->device = -1;
     c->step = MIN_DEVICE_GRANULE;
+    c->max_idle_ns = TRACE_IDLE_TOTAL_MAX_NS;
     c->traces = calloc((size_t)argc + 1, sizeof *c->traces);
     c->names = calloc((size_t)argc + 1, sizeof *c->names);
     if (!c->traces || !c->names)
@@ -383,7 +392,7 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     return 0;
 }
 
-static xseg_status load_trace(const char *spec, unsigned long long seed, struct trace *t, char *err, size_t errlen)
+static xseg_status load_trace_any(const char *spec, unsigned long long seed, struct trace *t, char *err, size_t errlen)
 {
     if (!strncmp(spec, "builtin:", 8)) {
         char *text;
@@ -397,6 +406,15 @@ static xseg_status load_trace(const char *spec, unsigned long long seed, struct 
         return st;
     }
     return trace_load_file(t, spec, err, errlen);
+}
+
+/* @p spec loaded, and held to --max-total-idle (--check, the parent's check and each replay). */
+static xseg_status load_trace(const struct cli *c, const char *spec, struct trace *t, char *err, size_t errlen)
+{
+    xseg_status st = load_trace_any(spec, c->seed, t, err, errlen);
+    if (st == XSEG_SUCCESS && (st = trace_check_idle(t, c->max_idle_ns, err, errlen)))
+        trace_destroy(t);
+    return st;
 }
 
 static void exe_dir(char *buf, size_t len)
@@ -443,7 +461,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
 {
     char err[TRACE_ERR_MAX];
     struct trace t;
-    if (load_trace(spec, c->seed, &t, err, sizeof err)) {
+    if (load_trace(c, spec, &t, err, sizeof err)) {
         fprintf(stderr, "xseg-replay: %s\n", err);
         return 1;
     }
@@ -514,7 +532,7 @@ struct child_result {
 
 /* The command line of a child: its arguments and the strings they point into. */
 struct child_args {
-    char cfg[1024], seed[32], pool[16];
+    char cfg[1024], seed[32], pool[16], idle[32];
     const char *argv[40];
 };
 
@@ -538,6 +556,11 @@ static void child_argv(const struct cli *c, const char *self, const char *spec, 
     argv[k++] = ca->pool;
     argv[k++] = "--seed";
     argv[k++] = ca->seed;
+    if (c->max_idle_ns != TRACE_IDLE_TOTAL_MAX_NS) {
+        snprintf(ca->idle, sizeof ca->idle, "%lluns", (unsigned long long)c->max_idle_ns);
+        argv[k++] = "--max-total-idle";
+        argv[k++] = ca->idle;
+    }
     if (c->progress >= 0)
         argv[k++] = c->progress ? "--progress" : "--no-progress";
     if (ca->cfg[0]) {
@@ -847,7 +870,7 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
 {
     int rc = 0;
     char err[TRACE_ERR_MAX];
-    if (load_trace(c->traces[ti], c->seed, &ch->traces[ti], err, sizeof err) ||
+    if (load_trace(c, c->traces[ti], &ch->traces[ti], err, sizeof err) ||
         plot_marks_of_trace(&ch->traces[ti], &ch->marks[ti], &ch->nmarks[ti])) {
         fprintf(stderr, "xseg-replay: %s\n", err);
         return 1;
@@ -1162,7 +1185,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;
             char err[TRACE_ERR_MAX];
-            if (load_trace(c.traces[i], c.seed, &t, err, sizeof err)) {
+            if (load_trace(&c, c.traces[i], &t, err, sizeof err)) {
                 fprintf(stderr, "xseg-replay: %s\n", err);
                 rc = 1;
                 continue;
@@ -1186,7 +1209,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;
             char err[TRACE_ERR_MAX];
-            if (load_trace(c.traces[i], c.seed, &t, err, sizeof err)) {
+            if (load_trace(&c, c.traces[i], &t, err, sizeof err)) {
                 fprintf(stderr, "xseg-replay: %s\n", err);
                 return 1;
             }
