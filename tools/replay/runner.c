@@ -533,12 +533,12 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* The replay is past its deadline at action @p a: the message, and the summary says so. */
+/* The replay is past its deadline at action @p i (0-based): the message, and the summary says so. */
 static xseg_status run_over_deadline(struct run_ctx *c, size_t i)
 {
     c->sum->over_deadline = 1;
     snprintf(c->err, c->errlen, "%s:%u: the time limit ran out: the replay stopped at action %zu of %zu",
-             c->t->source, i < c->t->count ? c->t->actions[i].line : 0, i, c->t->count);
+             c->t->source, i < c->t->count ? c->t->actions[i].line : 0, i + 1, c->t->count);
     return XSEG_ERROR_ILLEGAL_STATE;
 }
 
