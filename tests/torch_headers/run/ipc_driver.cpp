@@ -2,7 +2,8 @@
 // local peer, through the stand-in fake_torch.cpp on cudaemu: a silent connection (same user, and
 // user nobody) does not stop an import that follows; a handle whose export id is edited to another
 // live export is refused; a process of uid 65534 holding a valid handle string gets no block, even
-// with the socket's directory opened up; the socket name holds no part of any token.
+// with the socket's directory opened up; the socket name holds no part of any token; a malformed
+// XSEG_TORCH_IPC_ALLOW_UIDS is refused naming it.
 // With `--allowed` (run with XSEG_TORCH_IPC_ALLOW_UIDS=65534), that process imports the block.
 #include <fcntl.h>
 #include <grp.h>
@@ -187,6 +188,17 @@ int main(int argc, char **argv)
     void *b1 = a->malloc(2 * MiB, 0, s0), *b2 = a->malloc(2 * MiB, 0, s0);
     std::memset(b1, 0x11, 4096); // cudaemu's device memory is host memory
     std::memset(b2, 0x22, 4096);
+    if (!allowed) { // a malformed opt-in is refused, naming it, and nothing is served
+        ::setenv("XSEG_TORCH_IPC_ALLOW_UIDS", "65534,nobody", 1);
+        try {
+            std::string h = a->shareIpcHandle(b1).handle;
+            EXPECT(!contains(h, "xseg-ipc-fd:"), "XSEG_TORCH_IPC_ALLOW_UIDS=65534,nobody was accepted: %s", h.c_str());
+        } catch (const c10::Error &e) {
+            EXPECT(contains(e.what(), "XSEG_TORCH_IPC_ALLOW_UIDS='65534,nobody'"), "message: %s", e.what());
+            std::printf("ok   a malformed XSEG_TORCH_IPC_ALLOW_UIDS is refused: %s\n", e.what());
+        }
+        ::unsetenv("XSEG_TORCH_IPC_ALLOW_UIDS");
+    }
     std::string h1 = a->shareIpcHandle(b1).handle, h2 = a->shareIpcHandle(b2).handle;
     Parsed p1, p2;
     if (!parse(h1, &p1) || !parse(h2, &p2)) {
