@@ -651,8 +651,11 @@ void ipc_serve(int lfd)
             continue;
         for (;;) { // the listening socket is non-blocking: take every connection waiting
             int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-            if (c < 0)
+            if (c < 0) {
+                if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50)); // EMFILE etc.: no spin
                 break;
+            }
             if (!ipc_peer_admitted(c) || pend.size() >= IPC_PENDING_MAX) {
                 ::close(c);
                 continue;
@@ -692,14 +695,15 @@ std::vector<uid_t> ipc_allowed_uids()
 }
 
 // A new 0700 directory for the socket: under $XDG_RUNTIME_DIR when it is this user's and short
-// enough for a socket path, else /tmp.
-std::string ipc_make_dir()
+// enough for a socket path, else (and when other uids are admitted: the runtime directory is
+// theirs to search only if it is 0711 or looser, so not relied on) under /tmp.
+std::string ipc_make_dir(bool others)
 {
     std::string uid = std::to_string(::geteuid());
     std::vector<std::string> bases;
     const char *xdg = std::getenv("XDG_RUNTIME_DIR");
     struct stat st {};
-    if (xdg && xdg[0] == '/' && std::strlen(xdg) < 64 && ::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) &&
+    if (!others && xdg && xdg[0] == '/' && std::strlen(xdg) < 64 && ::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) &&
         st.st_uid == ::geteuid())
         bases.push_back(xdg);
     bases.push_back("/tmp");
@@ -727,7 +731,7 @@ void ipc_start_server()
         ipc.path.clear();
     }
     std::vector<uid_t> allow = ipc_allowed_uids();
-    std::string dir = ipc_make_dir(), path = dir + "/socket";
+    std::string dir = ipc_make_dir(!allow.empty()), path = dir + "/socket";
     sockaddr_un a;
     socklen_t len = 0;
     int fd = -1, e = ENAMETOOLONG;
