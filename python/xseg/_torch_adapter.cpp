@@ -474,9 +474,9 @@ void attach_trace_tracker(cca::AllocatorTraceTracker, long)
 // drawn apart from the socket's name) opens only its export, and no peer can stall the server: it
 // polls every connection, drops one that has not sent its request within IPC_PEER_MS, and holds
 // at most IPC_PENDING_MAX at once. The importer bounds its own waits (IPC_CLIENT_S).
-constexpr int IPC_PEER_MS = 10000;   // a request is 40 bytes written at once: generous under load
+constexpr int IPC_PEER_MS = 10000;     // a request is 40 bytes written at once: generous under load
 constexpr size_t IPC_PENDING_MAX = 64; // connections awaiting their request; more are closed
-constexpr int IPC_CLIENT_S = 30;     // the importer's limit on connect, send and each receive
+constexpr int IPC_CLIENT_S = 30;       // the importer's limit on connect, send and each receive
 constexpr size_t IPC_TOKEN_HEX = 32;
 const char IPC_ALLOW_ENV[] = "XSEG_TORCH_IPC_ALLOW_UIDS";
 
@@ -491,7 +491,7 @@ struct IpcExports {
     std::map<uint64_t, IpcExport> by_id;
     std::map<void *, uint64_t> by_ptr;
     uint64_t next_id = 1;
-    std::string dir, path;   // the 0700 directory and the socket in it; empty until the server runs
+    std::string dir, path;    // the 0700 directory and the socket in it; empty until the server runs
     std::vector<uid_t> allow; // uids admitted besides this process's (XSEG_TORCH_IPC_ALLOW_UIDS)
     pid_t owner = 0;          // the process whose server thread serves path (not a forked child)
     int listen_fd = -1;
