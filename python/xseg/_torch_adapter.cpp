@@ -473,9 +473,9 @@ void attach_trace_tracker(cca::AllocatorTraceTracker, long)
 // uids only where XSEG_TORCH_IPC_ALLOW_UIDS lists them), a token (128 random bits, one per export,
 // drawn apart from the socket's name) opens only its export, and no peer can stall the server: it
 // polls every connection, drops one that has not sent its request within IPC_PEER_MS, and holds
-// at most IPC_PENDING_MAX at once. The importer bounds its own waits (IPC_CLIENT_S).
+// at most IPC_PENDING_MAX at once (dropping the oldest). The importer bounds its own waits (IPC_CLIENT_S).
 constexpr int IPC_PEER_MS = 10000;     // a request is 40 bytes written at once: generous under load
-constexpr size_t IPC_PENDING_MAX = 64; // connections awaiting their request; more are closed
+constexpr size_t IPC_PENDING_MAX = 64; // connections awaiting their request; more close the oldest
 constexpr int IPC_CLIENT_S = 30;       // the importer's limit on connect, send and each receive
 constexpr size_t IPC_TOKEN_HEX = 32;
 const char IPC_ALLOW_ENV[] = "XSEG_TORCH_IPC_ALLOW_UIDS";
@@ -656,9 +656,13 @@ void ipc_serve(int lfd)
                     std::this_thread::sleep_for(std::chrono::milliseconds(50)); // EMFILE etc.: no spin
                 break;
             }
-            if (!ipc_peer_admitted(c) || pend.size() >= IPC_PENDING_MAX) {
+            if (!ipc_peer_admitted(c)) {
                 ::close(c);
                 continue;
+            }
+            if (pend.size() >= IPC_PENDING_MAX) { // the oldest goes: a flood cannot lock out new requests
+                ::close(pend.front().fd);
+                pend.erase(pend.begin());
             }
             pend.push_back(Pending{c, 0, {}, now + std::chrono::milliseconds(IPC_PEER_MS)});
         }

@@ -273,6 +273,14 @@ int main(int argc, char **argv)
     int partial = connect_to(p1.name);
     EXPECT(partial >= 0 && ::write(partial, "abc", 3) == 3, "partial request to %s", p1.name.c_str());
     import_bounded(a, h1, 0x11, "a silent connection open");
+    std::vector<int> flood; // more silent connections than the server keeps waiting
+    for (int i = 0; i < 100; i++)
+        flood.push_back(connect_to(p1.name));
+    EXPECT(flood.back() >= 0, "cannot connect a 100th time: %s", std::strerror(errno));
+    import_bounded(a, h1, 0x11, "100 silent connections open");
+    for (int fd : flood)
+        if (fd >= 0)
+            ::close(fd);
     if (::geteuid() == 0)
         silent_nobody_then_import(a, p1.name, h1, 0x11);
     ::close(silent);
