@@ -906,10 +906,11 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  *               xseg_sleep; @p path must then be NULL).
  * @param path   the file to create with XSEG_SLEEP_OFFLOAD_FILE (a new path), else NULL.
  * @return as xseg_sleep, and XSEG_ERROR_INVALID_VALUE for a missing or unneeded @p path, an
- *         existing file or link at it, or a failed create, write or read (the message names the
- *         path and the errno: EIO, EFBIG, ...); XSEG_ERROR_OUT_OF_MEMORY when the file system is
- *         full (ENOSPC, EDQUOT) or the bounce buffers cannot be had. A failure leaves the pool
- *         awake with its data and the file removed.
+ *         existing file or link at it, or a failed create or write (the message names the path
+ *         and the errno: EIO, ...); XSEG_ERROR_OUT_OF_MEMORY when the file system is full (ENOSPC,
+ *         EDQUOT), the file would pass RLIMIT_FSIZE (EFBIG: SIGXFSZ is blocked on the writing
+ *         thread meanwhile, so the signal does not end the process) or the bounce buffers cannot
+ *         be had. A failure leaves the pool awake with its data and the file removed.
  */
 XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags, const char *path);
 

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1735,6 +1736,87 @@ static void test_sleep_file_hostile(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* The child of test_sleep_file_fsize: a file sleep past RLIMIT_FSIZE with SIGXFSZ at its default
+ * action (terminate). Exit 0: the sleep failed with EFBIG, rolled back, and the process lives on
+ * (also once the signal is unblocked); 77: no device; any other code names the failed check. */
+#define FSIZE_CHECK(cond, code)                                                                          \
+    do {                                                                                                 \
+        if (!(cond)) {                                                                                   \
+            fprintf(stderr, "child: check failed: %s (last error: %s)\n", #cond, xseg_last_error());    \
+            _exit(code);                                                                                 \
+        }                                                                                                \
+    } while (0)
+
+static int fsize_child(const char *path)
+{
+    alarm(60); /* only a hang reaches it */
+    FSIZE_CHECK(signal(SIGXFSZ, SIG_DFL) != SIG_ERR, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    FSIZE_CHECK(pthread_sigmask(SIG_SETMASK, &none, NULL) == 0, 3);
+    FSIZE_CHECK(xseg_init("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1") ==
+                    XSEG_SUCCESS, 4);
+    if (!tu_gpu_available() || !tu_emulated())
+        _exit(77);
+    void *a = NULL;
+    FSIZE_CHECK(xseg_malloc(&a, 3 * MiB, 0, NULL) == XSEG_SUCCESS, 5);
+    FSIZE_CHECK(tu_fill((CUdeviceptr)a, 3 * MiB, 41) == CUDA_SUCCESS, 6);
+    struct rlimit lim;
+    FSIZE_CHECK(getrlimit(RLIMIT_FSIZE, &lim) == 0, 7);
+    lim.rlim_cur = MiB + 4096; /* the second 1 MiB chunk goes past it */
+    FSIZE_CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, 8);
+    xseg_status st = xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path);
+    fprintf(stderr, "child: xseg_sleep_ex returned %d: %s\n", st, st ? xseg_last_error() : "success");
+    FSIZE_CHECK(st == XSEG_ERROR_OUT_OF_MEMORY, 9);
+    FSIZE_CHECK(strstr(xseg_last_error(), "EFBIG") != NULL, 10);
+    FSIZE_CHECK(access(path, F_OK) == -1, 11); /* removed */
+    xseg_sleep_stats ss;
+    FSIZE_CHECK(xseg_get_sleep_stats(0, &DEFAULT_POOL, &ss) == XSEG_SUCCESS && ss.asleep == 0, 12);
+    FSIZE_CHECK(tu_check((CUdeviceptr)a, 3 * MiB, 41), 13);
+    sigset_t pending;
+    FSIZE_CHECK(sigpending(&pending) == 0 && !sigismember(&pending, SIGXFSZ), 14);
+    /* The process keeps working: under the limit a sleep to a file succeeds. */
+    lim.rlim_cur = lim.rlim_max;
+    FSIZE_CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, 15);
+    FSIZE_CHECK(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path) == XSEG_SUCCESS, 16);
+    FSIZE_CHECK(xseg_wake(0, DEFAULT_POOL) == XSEG_SUCCESS, 17);
+    FSIZE_CHECK(tu_check((CUdeviceptr)a, 3 * MiB, 41), 18);
+    FSIZE_CHECK(xseg_free(a) == XSEG_SUCCESS, 19);
+    _exit(0);
+}
+
+/* A file sleep past RLIMIT_FSIZE where SIGXFSZ keeps its default action (which terminates the
+ * process): the sleep fails with the documented EFBIG error (XSEG_ERROR_OUT_OF_MEMORY) and the
+ * process lives. In a forked child (the limit and the signal are per process), before any xseg
+ * call here (a child of a process that initialised CUDA may not use it); the parent checks how
+ * the child ended. Before, the write's SIGXFSZ killed the child. */
+static void test_sleep_file_fsize(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fsize_child(path));
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    (void)unlink(path);
+    assert_int_equal(rmdir(dir), 0);
+    if (WIFSIGNALED(ws))
+        fail_msg("the child was killed by signal %d%s", WTERMSIG(ws),
+                 WTERMSIG(ws) == SIGXFSZ ? " (SIGXFSZ: the write past RLIMIT_FSIZE)" : "");
+    assert_true(WIFEXITED(ws));
+    if (WEXITSTATUS(ws) == 77) {
+        print_message("[  SKIPPED ] needs cudaemu (emulator-only check)\n");
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 /* A sleep or wake running in another thread (tu_ctx_set first). */
 struct sleeper {
     pthread_t t;
@@ -2281,6 +2363,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
         cmocka_unit_test(test_wake_syncs), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
+        cmocka_unit_test(test_sleep_file_fsize),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
         cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
         cmocka_unit_test(test_sleep_during_cumemalloc),
