@@ -895,9 +895,11 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  * xseg_sleep with a file: with XSEG_SLEEP_OFFLOAD_FILE the live blocks' bytes are written to a
  * file created at @p path, in sleep_copy_chunk_mb chunks through two pinned bounce buffers from
  * the host cache (a chunk's copy overlaps the previous chunk's write), and read back by
- * xseg_wake, which then removes the file. The file is created with O_CREAT | O_EXCL |
- * O_NOFOLLOW | O_CLOEXEC and mode 0600: an existing file or a symbolic link at @p path is refused
- * (XSEG_ERROR_INVALID_VALUE), never followed or overwritten. It lives from the sleep to the wake
+ * xseg_wake, which then removes the file; the wake checks each chunk against a checksum the
+ * sleep kept in host memory (not in the file), so bytes changed while asleep fail it. The file
+ * is created with O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC and mode 0600: an existing file or a
+ * symbolic link at @p path is refused (XSEG_ERROR_INVALID_VALUE), never followed or
+ * overwritten. It lives from the sleep to the wake
  * (xseg_shutdown refuses while a pool sleeps); a failed sleep removes it, a failed wake keeps it
  * for the retry. The file is removed only while @p path still names it.
  * @param device a device index.
@@ -928,8 +930,10 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
  *         XSEG_ERROR_OUT_OF_MEMORY when the device, the memory fraction or memory_budget_mb
  *         cannot hold the pages now (checked again before each segment is mapped, as other
  *         threads may allocate meanwhile); XSEG_ERROR_DRIVER when a driver call fails; after
- *         XSEG_SLEEP_OFFLOAD_FILE, XSEG_ERROR_INVALID_VALUE when reading the file fails (the message names the errno, or a
- *         file cut short). A failed wake is rolled back: the pages it mapped are given back, the
+ *         XSEG_SLEEP_OFFLOAD_FILE, XSEG_ERROR_INVALID_VALUE when reading the file fails (the
+ *         message names the errno, or a file cut short) or its bytes changed since the sleep (each
+ *         chunk is checked against a checksum the sleep kept in host memory; the message names the
+ *         file and the chunk). A failed wake is rolled back: the pages it mapped are given back, the
  *         pool stays asleep with its offloaded bytes (or file), nothing leaks, and the wake can
  *         be retried.
  */

@@ -1736,6 +1736,104 @@ static void test_sleep_file_hostile(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* Flip @p n bytes at @p off of @p path in place. */
+static void flip_bytes(const char *path, size_t off, size_t n)
+{
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    unsigned char buf[64];
+    assert_true(n <= sizeof buf);
+    assert_int_equal(fseek(fp, (long)off, SEEK_SET), 0);
+    assert_int_equal(fread(buf, 1, n, fp), n);
+    for (size_t i = 0; i < n; i++)
+        buf[i] ^= 0x5a;
+    assert_int_equal(fseek(fp, (long)off, SEEK_SET), 0);
+    assert_int_equal(fwrite(buf, 1, n, fp), n);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* A wake that found the file changed: the status and a message naming the file and the chunk, the
+ * pool still asleep with the file kept, no page or pinned memory held. */
+static void assert_wake_refuses_changed(const char *path)
+{
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_INVALID_VALUE);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), path));
+    assert_non_null(strstr(xseg_last_error(), "changed while the pool slept"));
+    assert_non_null(strstr(xseg_last_error(), "chunk"));
+    assert_non_null(strstr(xseg_last_error(), "still asleep"));
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+    assert_int_equal(access(path, F_OK), 0);
+    assert_books_match_driver();
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_host_live(NULL), 0);
+}
+
+/* Bytes of the file changed while the pool sleeps (16 overwritten, the size kept): the wake
+ * checks each chunk against the checksum the sleep kept in host memory, fails like a file cut
+ * short (the pool asleep, the file kept), and succeeds with every byte once the file is put
+ * back. Also where blocks freed while asleep leave two ranges inside one chunk: the chunk is
+ * still read whole and checked, and the ranges still live come back exactly. Before, the changed
+ * bytes came back as the pool's data and the wake returned success. */
+static void test_sleep_file_changed(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    struct fixture f;
+    fixture_make(&f);
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+    size_t n = 0;
+    unsigned char *saved = read_file(path, &n);
+    assert_non_null(saved);
+    assert_int_equal(n, FX_A + FX_B + 3072);
+    flip_bytes(path, n / 2, 16); /* inside a or b, whichever segment the file holds first */
+    assert_wake_refuses_changed(path);
+    assert_wake_refuses_changed(path); /* a retry fails the same while the bytes stay changed */
+    flip_bytes(path, n / 2, 16);       /* put back */
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(access(path, F_OK), -1);
+    fixture_check(&f, false);
+    free(saved);
+
+    /* x and y follow sm in its small segment: one run sm | x | y, one chunk of the file. */
+    enum { XY = 4096 };
+    unsigned char xb[XY], yb[XY];
+    for (size_t i = 0; i < XY; i++) {
+        xb[i] = (unsigned char)(i * 29 + 3);
+        yb[i] = (unsigned char)(i * 131 + 7);
+    }
+    void *x = tu_malloc(XY, NULL), *y = tu_malloc(XY, NULL);
+    tu_assert_cu(drv->cuMemcpyHtoD((CUdeviceptr)x, xb, XY));
+    tu_assert_cu(drv->cuMemcpyHtoD((CUdeviceptr)y, yb, XY));
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+        if (round == 0)
+            tu_free(x); /* freed while asleep: sm and y, two ranges of one chunk */
+        saved = read_file(path, &n);
+        assert_non_null(saved);
+        unsigned char *at = memmem(saved, n, yb, XY);
+        assert_non_null(at);
+        size_t yoff = (size_t)(at - saved);
+        free(saved);
+        flip_bytes(path, yoff + XY - 16, 16); /* y's last bytes */
+        assert_wake_refuses_changed(path);
+        flip_bytes(path, yoff + XY - 16, 16);
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(access(path, F_OK), -1);
+        unsigned char got[XY];
+        tu_assert_cu(drv->cuMemcpyDtoH(got, (CUdeviceptr)y, XY));
+        assert_memory_equal(got, yb, XY);
+        fixture_check(&f, false);
+    }
+    tu_free(y);
+    fixture_free(&f);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* The child of test_sleep_file_fsize: a file sleep past RLIMIT_FSIZE with SIGXFSZ at its default
  * action (terminate). Exit 0: the sleep failed with EFBIG, rolled back, and the process lives on
  * (also once the signal is unblocked); 77: no device; any other code names the failed check. */
@@ -2363,7 +2461,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
         cmocka_unit_test(test_wake_syncs), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
-        cmocka_unit_test(test_sleep_file_fsize),
+        cmocka_unit_test(test_sleep_file_changed), cmocka_unit_test(test_sleep_file_fsize),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
         cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
         cmocka_unit_test(test_sleep_during_cumemalloc),
