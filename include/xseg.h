@@ -927,9 +927,10 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
  *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep (or its sleep or another wake of it
  *         is underway in another thread) or a capture is underway;
- *         XSEG_ERROR_OUT_OF_MEMORY when the device, the memory fraction or memory_budget_mb
- *         cannot hold the pages now (checked again before each segment is mapped, as other
- *         threads may allocate meanwhile); XSEG_ERROR_DRIVER when a driver call fails; after
+ *         XSEG_ERROR_OUT_OF_MEMORY when the device, the memory fraction, memory_budget_mb or
+ *         memory_group_budget_mb cannot hold the pages now, counting the process's cached bytes
+ *         (checked again before each segment is mapped, as other threads may allocate meanwhile;
+ *         a wake gives no cache back and asks no group member: xseg_empty_cache, then retry); XSEG_ERROR_DRIVER when a driver call fails; after
  *         XSEG_SLEEP_OFFLOAD_FILE, XSEG_ERROR_INVALID_VALUE when reading the file fails (the
  *         message names the errno, or a file cut short) or its bytes changed since the sleep (each
  *         chunk is checked against a checksum the sleep kept in host memory; the message names the

@@ -2209,6 +2209,47 @@ static void test_wake_room(void **state)
     assert_nothing_held();
 }
 
+/* What docs/services.md (Budgets) and xseg_wake's header say of a wake and the budgets: it is
+ * held to memory_group_budget_mb (here) as to memory_budget_mb (test_wake_room), counting what
+ * the process holds, cached bytes included: over the budget it fails with
+ * XSEG_ERROR_OUT_OF_MEMORY naming the budget and the pool stays asleep; it gives no cache back
+ * and asks no member first, so it fails even when the process's own cache would make room, until
+ * xseg_empty_cache; then it succeeds with every byte. A group of its own (the table goes with
+ * this process at xseg_shutdown). */
+static void test_wake_group_budget(void **state)
+{
+    (void)state;
+    char conf[200];
+    snprintf(conf, sizeof conf, "expandable_segments_recycle:False,expandable_page_size_mb:2,"
+             "memory_group:wake%d,memory_group_budget_mb:12", (int)getpid());
+    tu_xseg_init_or_skip(conf);
+    tu_require_emulator_or_skip();
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *a = tu_malloc(8 * MiB, NULL);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 8 * MiB, 71));
+    assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    void *other = tu_malloc(8 * MiB, NULL); /* 8 of 12 MiB: no room for the pool's 8 */
+    assert_int_equal(xseg_wake(0, pool), XSEG_ERROR_OUT_OF_MEMORY);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), "memory budget"));
+    assert_int_equal(sleep_stats(&pool).asleep, 1);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 8 * MiB);
+    tu_free(other); /* cached now: the wake does not give it back itself */
+    assert_int_equal(xseg_wake(0, pool), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(sleep_stats(&pool).asleep, 1);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)a, 8 * MiB, 71));
+    tu_free(a);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_nothing_held();
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+}
+
 /* The free-memory callback (called by a malloc that missed the cache, with the device lock given
  * back) frees a block and puts the malloc's own pool to sleep: the malloc, taking the lock again,
  * must refuse the sleeping pool as its start would have. Before, it handed out the freed block
@@ -2464,6 +2505,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_file_changed), cmocka_unit_test(test_sleep_file_fsize),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
         cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
+        cmocka_unit_test(test_wake_group_budget),
         cmocka_unit_test(test_sleep_during_cumemalloc),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
