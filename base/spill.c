@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -52,18 +53,55 @@ static xseg_status io_fail(const struct spill *sp, const char *what, const char 
                                                       : e == EDQUOT ? "EDQUOT" : "see errno", e);
 }
 
+/* SIGXFSZ blocked on this thread around a write: a write past RLIMIT_FSIZE then fails with
+ * EFBIG instead of the signal's default action killing the process. The kernel sends that signal
+ * to the writing thread, so blocking it here is enough whatever other threads' masks are. *old:
+ * the mask before; false when it could not be changed (the write goes on as before). */
+static bool xfsz_block(sigset_t *old)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGXFSZ);
+    return pthread_sigmask(SIG_BLOCK, &set, old) == 0;
+}
+
+/* The mask of xfsz_block back. After an EFBIG (@p efbig) the SIGXFSZ it raised is pending:
+ * taken first (unless the caller had it blocked already: theirs to handle), or unblocking would
+ * deliver it and kill the process after all. */
+static void xfsz_restore(const sigset_t *old, bool efbig)
+{
+    if (efbig && !sigismember(old, SIGXFSZ)) {
+        sigset_t set, pending;
+        sigemptyset(&set);
+        sigaddset(&set, SIGXFSZ);
+        const struct timespec now = {0, 0};
+        while (sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ))
+            if (sigtimedwait(&set, NULL, &now) < 0 && errno != EINTR)
+                break;
+    }
+    (void)pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
 xseg_status spill_write(struct spill *sp, const void *buf, size_t len, uint64_t off, const char *what)
 {
     const char *p = buf;
-    for (size_t done = 0; done < len;) {
+    sigset_t old;
+    bool masked = xfsz_block(&old);
+    int e = 0;
+    size_t done = 0;
+    while (done < len) {
         ssize_t w = pwrite(sp->fd, p + done, len - done, (off_t)(off + done));
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
-            return io_fail(sp, what, "write", off + done, len - done, w < 0 ? errno : ENOSPC);
+        if (w <= 0) {
+            e = w < 0 ? errno : ENOSPC;
+            break;
+        }
         done += (size_t)w;
     }
-    return XSEG_SUCCESS;
+    if (masked)
+        xfsz_restore(&old, e == EFBIG);
+    return e ? io_fail(sp, what, "write", off + done, len - done, e) : XSEG_SUCCESS;
 }
 
 xseg_status spill_read(struct spill *sp, void *buf, size_t len, uint64_t off, const char *what)

@@ -4,7 +4,9 @@
  * planted at the path is refused, never followed, truncated or reused, and only the owner reads
  * the device bytes in it. Transfers are whole: pwrite/pread continue after a short transfer and
  * retry EINTR; a failure (ENOSPC, EIO, EFBIG over RLIMIT_FSIZE, a file shorter than written)
- * names the path, the offset and the errno. spill_close unlinks the path only while it still
+ * names the path, the offset and the errno. A write blocks SIGXFSZ on its thread and takes the
+ * one its EFBIG raised, so going past RLIMIT_FSIZE is that error, not the signal killing the
+ * process. spill_close unlinks the path only while it still
  * names the file created here (same device and inode), so a file someone put there is kept. */
 #ifndef XSEG_BASE_SPILL_H
 #define XSEG_BASE_SPILL_H

@@ -21,7 +21,10 @@
  * mapping), wait, then give the host memory back (to the host cache under sleep_keep_host_backup,
  * else to the driver). A failure before the end waits for the copies it queued, then unmaps what
  * it mapped (if that wait fails too, the pages stay mapped), and the pool stays asleep with its
- * host copy, ready for a retry.
+ * host copy, ready for a retry. OFFLOAD_FILE: the sleep keeps a checksum of each chunk it writes
+ * in host memory, the wake reads whole chunks and checks each before copying any of it, so a file
+ * changed while asleep fails the wake as a file cut short does (host memory is the process's own:
+ * its backups are not checked).
  *
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
  * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
@@ -57,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checksum.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/spill.h"
@@ -121,6 +125,16 @@ struct pool_sleep {
     size_t blen[2];
     CUdeviceptr bdev[2];
     unsigned slot;
+    size_t bsum[2]; /* a sleep: where in sums each slot's chunk is */
+    /* OFFLOAD_FILE: the file's chunks as the sleep wrote them, in file order and contiguous from 0,
+     * each at most file_chunk bytes: where it ends and its checksum (base/checksum.h). Kept in host
+     * memory, never in the file: the wake reads and checks whole chunks, so bytes changed while
+     * the pool slept fail the wake (as a file cut short does) instead of being restored. */
+    struct file_sum {
+        uint64_t end, sum;
+    } *sums;
+    size_t nsums, capsums;
+    size_t file_chunk;
     struct sleep_seg *segs;
     size_t nsegs, capsegs;
     struct sleep_copy *plan; /* a wake: the copies of the segment being restored */
@@ -160,6 +174,7 @@ static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
     }
     spill_close(&ps->file);
     xs_free(ps->plan);
+    xs_free(ps->sums);
     xs_free(ps->segs);
     xs_free(ps);
 }
@@ -461,16 +476,15 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
 
 /* ---- OFFLOAD_FILE: the file through two bounce buffers ------------------------------------- */
 
-/* Two pinned bounce buffers from the host cache, each the largest chunk a run needs. */
-static xseg_status bounce_get(struct dev_alloc *d, struct pool_sleep *ps, const char *fn)
+/* Two pinned bounce buffers from the host cache of @p bytes each: a sleep's, the largest chunk a
+ * run needs (at most sleep_copy_chunk_mb); a wake's, the largest chunk the sleep wrote (it reads
+ * whole chunks, whatever sleep_copy_chunk_mb says now). */
+static xseg_status bounce_get(struct dev_alloc *d, struct pool_sleep *ps, size_t bytes, const char *fn)
 {
-    size_t big = 0;
-    for (size_t i = 0; i < ps->nsegs; i++)
-        for (size_t r = 0; r < ps->segs[i].nruns; r++)
-            big = ps->segs[i].runs[r].len > big ? ps->segs[i].runs[r].len : big;
-    ps->bounce_bytes = big < ps->chunk ? big : ps->chunk;
+    ps->bounce_bytes = bytes;
     ps->slot = 0;
     ps->busy[0] = ps->busy[1] = false;
+    ps->blen[0] = ps->blen[1] = 0;
     for (int j = 0; j < 2 && ps->bounce_bytes; j++) {
         xseg_status st = hostalloc_malloc(d->info.primary_ctx, ps->bounce_bytes, &ps->bounce[j]);
         if (st != XSEG_SUCCESS)
@@ -497,7 +511,8 @@ static void bounce_put(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
 
 static CUstream slot_stream(const struct pool_sleep *ps, unsigned j) { return ps->streams[j % ps->nstreams]; }
 
-/* Sleep: finish slot @p j (its copy to the bounce buffer, then the write to the file). */
+/* Sleep: finish slot @p j (its copy to the bounce buffer, its checksum, then the write to the
+ * file: the sum is of the very bytes written). */
 static xseg_status file_flush(struct pool_sleep *ps, unsigned j)
 {
     if (!ps->busy[j])
@@ -506,6 +521,7 @@ static xseg_status file_flush(struct pool_sleep *ps, unsigned j)
     xseg_status st = vstream_wait(slot_stream(ps, j), "for a copy to the bounce buffer");
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "xseg_sleep_ex: offloading live blocks");
+    ps->sums[ps->bsum[j]].sum = checksum64(ps->bounce[j], ps->blen[j]);
     return spill_write(&ps->file, ps->bounce[j], ps->blen[j], ps->boff[j], "xseg_sleep_ex");
 }
 
@@ -526,6 +542,9 @@ static xseg_status file_out(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off
         ps->used |= 1u << (j % ps->nstreams);
         ps->boff[j] = off + done;
         ps->blen[j] = n;
+        xseg_assert(ps->nsums < ps->capsums); /* counted by offload_file */
+        ps->bsum[j] = ps->nsums;
+        ps->sums[ps->nsums++].end = off + done + n;
         done += n;
     }
     return XSEG_SUCCESS;
@@ -535,7 +554,20 @@ static xseg_status file_out(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off
  * returns successfully: no page is unmapped before). Lock not held. */
 static xseg_status offload_file(struct dev_alloc *d, struct pool_sleep *ps)
 {
-    xseg_status st = bounce_get(d, ps, "xseg_sleep_ex");
+    size_t big = 0;
+    for (size_t i = 0; i < ps->nsegs; i++)
+        for (size_t r = 0; r < ps->segs[i].nruns; r++)
+            big = ps->segs[i].runs[r].len > big ? ps->segs[i].runs[r].len : big;
+    xseg_status st = bounce_get(d, ps, big < ps->chunk ? big : ps->chunk, "xseg_sleep_ex");
+    ps->file_chunk = ps->bounce_bytes;
+    /* A checksum per chunk, room for all of them first (file_out splits each run in chunks). */
+    size_t nchunks = 0;
+    for (size_t i = 0; i < ps->nsegs && ps->bounce_bytes; i++)
+        for (size_t r = 0; r < ps->segs[i].nruns; r++)
+            nchunks += (ps->segs[i].runs[r].len + ps->bounce_bytes - 1) / ps->bounce_bytes;
+    if (st == XSEG_SUCCESS && nchunks && !VEC_RESERVE(ps->sums, ps->capsums, nchunks))
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_sleep_ex: out of host memory (the checksums of %zu chunks)",
+                     nchunks);
     for (size_t i = 0; i < ps->nsegs && st == XSEG_SUCCESS; i++) {
         struct sleep_seg *ss = &ps->segs[i];
         uintptr_t base = (uintptr_t)seg_base(ss->s->vseg);
@@ -549,22 +581,66 @@ static xseg_status offload_file(struct dev_alloc *d, struct pool_sleep *ps)
     return st;
 }
 
-/* Wake: the file's bytes [off, off + len) to [dev, dev + len), chunk by chunk: a chunk is read
- * into one buffer while the other buffer's copy to the device runs. */
+/* Wake: the index of the file chunk holding byte @p off (the first whose end lies past it). */
+static size_t sum_find(const struct pool_sleep *ps, uint64_t off)
+{
+    size_t lo = 0, hi = ps->nsums;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ps->sums[mid].end <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Wake: read chunk @p c of the file whole into slot @p j and check it against the sleep's sum. */
+static xseg_status chunk_read(struct pool_sleep *ps, unsigned j, size_t c)
+{
+    uint64_t start = c ? ps->sums[c - 1].end : 0;
+    size_t n = (size_t)(ps->sums[c].end - start);
+    xseg_status st = spill_read(&ps->file, ps->bounce[j], n, start, "reading the sleep's file back");
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (checksum64(ps->bounce[j], n) != ps->sums[c].sum)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "the sleep's file '%s' changed while the pool slept: chunk %zu of "
+                       "%zu (bytes %" PRIu64 " to %" PRIu64 ") does not match the checksum the sleep took of it, so "
+                       "nothing of it is restored (put the file's bytes back)", ps->file.path, c + 1, ps->nsums,
+                       start, start + n);
+    ps->boff[j] = start;
+    ps->blen[j] = n;
+    return XSEG_SUCCESS;
+}
+
+/* Wake: the file's bytes [off, off + len) to [dev, dev + len). The file is read in the chunks the
+ * sleep wrote, each whole and checked before any of its bytes is copied, one into a buffer while
+ * the other buffer's copy to the device runs. Blocks freed while asleep leave ranges inside a
+ * chunk: a range in the chunk the last buffer holds copies from it again, no second read. */
 static xseg_status file_in(struct pool_sleep *ps, CUdeviceptr dev, uint64_t off, size_t len)
 {
-    for (size_t done = 0; done < len;) {
-        size_t n = len - done < ps->bounce_bytes ? len - done : ps->bounce_bytes;
-        unsigned j = ps->slot;
-        ps->slot ^= 1;
+    size_t c = sum_find(ps, off);
+    for (size_t done = 0; done < len; c++) {
+        if (c >= ps->nsums) /* the plan lies inside the runs the sums cover */
+            return err_set(XSEG_ERROR_ILLEGAL_STATE, "byte %" PRIu64 " of the sleep's file was never written",
+                           off + done);
+        uint64_t start = c ? ps->sums[c - 1].end : 0;
+        unsigned j = ps->slot ^ 1; /* the slot used last */
         xseg_status st = XSEG_SUCCESS;
-        if (ps->busy[j]) /* its last copy to the device read the buffer: done first */
-            st = vstream_wait(slot_stream(ps, j), "for a copy from the bounce buffer (xseg_wake)");
-        ps->busy[j] = false;
+        if (!ps->blen[j] || ps->boff[j] != start) {
+            j = ps->slot;
+            ps->slot ^= 1;
+            if (ps->busy[j]) /* its last copy to the device read the buffer: done first */
+                st = vstream_wait(slot_stream(ps, j), "for a copy from the bounce buffer (xseg_wake)");
+            ps->busy[j] = false;
+            ps->blen[j] = 0;
+            if (st == XSEG_SUCCESS)
+                st = chunk_read(ps, j, c);
+        }
+        uint64_t at = off + done;
+        size_t n = (size_t)(ps->sums[c].end - at) < len - done ? (size_t)(ps->sums[c].end - at) : len - done;
         if (st == XSEG_SUCCESS)
-            st = spill_read(&ps->file, ps->bounce[j], n, off + done, "reading the sleep's file back");
-        if (st == XSEG_SUCCESS)
-            st = vhost_copy_htod(dev + done, ps->bounce[j], n, slot_stream(ps, j));
+            st = vhost_copy_htod(dev + done, (char *)ps->bounce[j] + (at - start), n, slot_stream(ps, j));
         if (st != XSEG_SUCCESS)
             return st;
         ps->busy[j] = true;
@@ -1130,7 +1206,7 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id, size_t limit)
     pick_streams(d, ps);
     if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE) {
         step_out(d);
-        st = bounce_get(d, ps, "xseg_wake");
+        st = bounce_get(d, ps, ps->file_chunk, "xseg_wake");
         if (st != XSEG_SUCCESS) {
             bounce_put(d, ps, false);
             st = err_suffix(st, "; the pool is still asleep (retry the wake)");

@@ -898,9 +898,11 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  * xseg_sleep with a file: with XSEG_SLEEP_OFFLOAD_FILE the live blocks' bytes are written to a
  * file created at @p path, in sleep_copy_chunk_mb chunks through two pinned bounce buffers from
  * the host cache (a chunk's copy overlaps the previous chunk's write), and read back by
- * xseg_wake, which then removes the file. The file is created with O_CREAT | O_EXCL |
- * O_NOFOLLOW | O_CLOEXEC and mode 0600: an existing file or a symbolic link at @p path is refused
- * (XSEG_ERROR_INVALID_VALUE), never followed or overwritten. It lives from the sleep to the wake
+ * xseg_wake, which then removes the file; the wake checks each chunk against a checksum the
+ * sleep kept in host memory (not in the file), so bytes changed while asleep fail it. The file
+ * is created with O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC and mode 0600: an existing file or a
+ * symbolic link at @p path is refused (XSEG_ERROR_INVALID_VALUE), never followed or
+ * overwritten. It lives from the sleep to the wake
  * (xseg_shutdown refuses while a pool sleeps); a failed sleep removes it, a failed wake keeps it
  * for the retry. The file is removed only while @p path still names it.
  * @param device a device index.
@@ -909,10 +911,11 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  *               xseg_sleep; @p path must then be NULL).
  * @param path   the file to create with XSEG_SLEEP_OFFLOAD_FILE (a new path), else NULL.
  * @return as xseg_sleep, and XSEG_ERROR_INVALID_VALUE for a missing or unneeded @p path, an
- *         existing file or link at it, or a failed create, write or read (the message names the
- *         path and the errno: EIO, EFBIG, ...); XSEG_ERROR_OUT_OF_MEMORY when the file system is
- *         full (ENOSPC, EDQUOT) or the bounce buffers cannot be had. A failure leaves the pool
- *         awake with its data and the file removed.
+ *         existing file or link at it, or a failed create or write (the message names the path
+ *         and the errno: EIO, ...); XSEG_ERROR_OUT_OF_MEMORY when the file system is full (ENOSPC,
+ *         EDQUOT), the file would pass RLIMIT_FSIZE (EFBIG: SIGXFSZ is blocked on the writing
+ *         thread meanwhile, so the signal does not end the process) or the bounce buffers cannot
+ *         be had. A failure leaves the pool awake with its data and the file removed.
  */
 XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags, const char *path);
 
@@ -927,11 +930,14 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
  *         XSEG_ERROR_ILLEGAL_STATE when the pool is not asleep (or its sleep or another wake of it
  *         is underway in another thread) or a capture is underway;
- *         XSEG_ERROR_OUT_OF_MEMORY when the device, the memory fraction or memory_budget_mb
- *         cannot hold the pages now (checked again before each segment is mapped, as other
- *         threads may allocate meanwhile); XSEG_ERROR_DRIVER when a driver call fails; after
- *         XSEG_SLEEP_OFFLOAD_FILE, XSEG_ERROR_INVALID_VALUE when reading the file fails (the message names the errno, or a
- *         file cut short). A failed wake is rolled back: the pages it mapped are given back, the
+ *         XSEG_ERROR_OUT_OF_MEMORY when the device, the memory fraction, memory_budget_mb or
+ *         memory_group_budget_mb cannot hold the pages now, counting the process's cached bytes
+ *         (checked again before each segment is mapped, as other threads may allocate meanwhile;
+ *         a wake gives no cache back and asks no group member: xseg_empty_cache, then retry); XSEG_ERROR_DRIVER when a driver call fails; after
+ *         XSEG_SLEEP_OFFLOAD_FILE, XSEG_ERROR_INVALID_VALUE when reading the file fails (the
+ *         message names the errno, or a file cut short) or its bytes changed since the sleep (each
+ *         chunk is checked against a checksum the sleep kept in host memory; the message names the
+ *         file and the chunk). A failed wake is rolled back: the pages it mapped are given back, the
  *         pool stays asleep with its offloaded bytes (or file), nothing leaks, and the wake can
  *         be retried.
  */

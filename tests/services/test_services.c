@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1735,6 +1736,185 @@ static void test_sleep_file_hostile(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* Flip @p n bytes at @p off of @p path in place. */
+static void flip_bytes(const char *path, size_t off, size_t n)
+{
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    unsigned char buf[64];
+    assert_true(n <= sizeof buf);
+    assert_int_equal(fseek(fp, (long)off, SEEK_SET), 0);
+    assert_int_equal(fread(buf, 1, n, fp), n);
+    for (size_t i = 0; i < n; i++)
+        buf[i] ^= 0x5a;
+    assert_int_equal(fseek(fp, (long)off, SEEK_SET), 0);
+    assert_int_equal(fwrite(buf, 1, n, fp), n);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* A wake that found the file changed: the status and a message naming the file and the chunk, the
+ * pool still asleep with the file kept, no page or pinned memory held. */
+static void assert_wake_refuses_changed(const char *path)
+{
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_ERROR_INVALID_VALUE);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), path));
+    assert_non_null(strstr(xseg_last_error(), "changed while the pool slept"));
+    assert_non_null(strstr(xseg_last_error(), "chunk"));
+    assert_non_null(strstr(xseg_last_error(), "still asleep"));
+    assert_int_equal(sleep_stats(&DEFAULT_POOL).asleep, 1);
+    assert_int_equal(access(path, F_OK), 0);
+    assert_books_match_driver();
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_host_live(NULL), 0);
+}
+
+/* Bytes of the file changed while the pool sleeps (16 overwritten, the size kept): the wake
+ * checks each chunk against the checksum the sleep kept in host memory, fails like a file cut
+ * short (the pool asleep, the file kept), and succeeds with every byte once the file is put
+ * back. Also where blocks freed while asleep leave two ranges inside one chunk: the chunk is
+ * still read whole and checked, and the ranges still live come back exactly. Before, the changed
+ * bytes came back as the pool's data and the wake returned success. */
+static void test_sleep_file_changed(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    struct fixture f;
+    fixture_make(&f);
+    assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+    size_t n = 0;
+    unsigned char *saved = read_file(path, &n);
+    assert_non_null(saved);
+    assert_int_equal(n, FX_A + FX_B + 3072);
+    flip_bytes(path, n / 2, 16); /* inside a or b, whichever segment the file holds first */
+    assert_wake_refuses_changed(path);
+    assert_wake_refuses_changed(path); /* a retry fails the same while the bytes stay changed */
+    flip_bytes(path, n / 2, 16);       /* put back */
+    assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+    assert_int_equal(access(path, F_OK), -1);
+    fixture_check(&f, false);
+    free(saved);
+
+    /* x and y follow sm in its small segment: one run sm | x | y, one chunk of the file. */
+    enum { XY = 4096 };
+    unsigned char xb[XY], yb[XY];
+    for (size_t i = 0; i < XY; i++) {
+        xb[i] = (unsigned char)(i * 29 + 3);
+        yb[i] = (unsigned char)(i * 131 + 7);
+    }
+    void *x = tu_malloc(XY, NULL), *y = tu_malloc(XY, NULL);
+    tu_assert_cu(drv->cuMemcpyHtoD((CUdeviceptr)x, xb, XY));
+    tu_assert_cu(drv->cuMemcpyHtoD((CUdeviceptr)y, yb, XY));
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+        if (round == 0)
+            tu_free(x); /* freed while asleep: sm and y, two ranges of one chunk */
+        saved = read_file(path, &n);
+        assert_non_null(saved);
+        unsigned char *at = memmem(saved, n, yb, XY);
+        assert_non_null(at);
+        size_t yoff = (size_t)(at - saved);
+        free(saved);
+        flip_bytes(path, yoff + XY - 16, 16); /* y's last bytes */
+        assert_wake_refuses_changed(path);
+        flip_bytes(path, yoff + XY - 16, 16);
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(access(path, F_OK), -1);
+        unsigned char got[XY];
+        tu_assert_cu(drv->cuMemcpyDtoH(got, (CUdeviceptr)y, XY));
+        assert_memory_equal(got, yb, XY);
+        fixture_check(&f, false);
+    }
+    tu_free(y);
+    fixture_free(&f);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* The child of test_sleep_file_fsize: a file sleep past RLIMIT_FSIZE with SIGXFSZ at its default
+ * action (terminate). Exit 0: the sleep failed with EFBIG, rolled back, and the process lives on
+ * (also once the signal is unblocked); 77: no device; any other code names the failed check. */
+#define FSIZE_CHECK(cond, code)                                                                          \
+    do {                                                                                                 \
+        if (!(cond)) {                                                                                   \
+            fprintf(stderr, "child: check failed: %s (last error: %s)\n", #cond, xseg_last_error());    \
+            _exit(code);                                                                                 \
+        }                                                                                                \
+    } while (0)
+
+static int fsize_child(const char *path)
+{
+    alarm(60); /* only a hang reaches it */
+    FSIZE_CHECK(signal(SIGXFSZ, SIG_DFL) != SIG_ERR, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    FSIZE_CHECK(pthread_sigmask(SIG_SETMASK, &none, NULL) == 0, 3);
+    FSIZE_CHECK(xseg_init("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1") ==
+                    XSEG_SUCCESS, 4);
+    if (!tu_gpu_available() || !tu_emulated())
+        _exit(77);
+    void *a = NULL;
+    FSIZE_CHECK(xseg_malloc(&a, 3 * MiB, 0, NULL) == XSEG_SUCCESS, 5);
+    FSIZE_CHECK(tu_fill((CUdeviceptr)a, 3 * MiB, 41) == CUDA_SUCCESS, 6);
+    struct rlimit lim;
+    FSIZE_CHECK(getrlimit(RLIMIT_FSIZE, &lim) == 0, 7);
+    lim.rlim_cur = MiB + 4096; /* the second 1 MiB chunk goes past it */
+    FSIZE_CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, 8);
+    xseg_status st = xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path);
+    fprintf(stderr, "child: xseg_sleep_ex returned %d: %s\n", st, st ? xseg_last_error() : "success");
+    FSIZE_CHECK(st == XSEG_ERROR_OUT_OF_MEMORY, 9);
+    FSIZE_CHECK(strstr(xseg_last_error(), "EFBIG") != NULL, 10);
+    FSIZE_CHECK(access(path, F_OK) == -1, 11); /* removed */
+    xseg_sleep_stats ss;
+    FSIZE_CHECK(xseg_get_sleep_stats(0, &DEFAULT_POOL, &ss) == XSEG_SUCCESS && ss.asleep == 0, 12);
+    FSIZE_CHECK(tu_check((CUdeviceptr)a, 3 * MiB, 41), 13);
+    sigset_t pending;
+    FSIZE_CHECK(sigpending(&pending) == 0 && !sigismember(&pending, SIGXFSZ), 14);
+    /* The process keeps working: under the limit a sleep to a file succeeds. */
+    lim.rlim_cur = lim.rlim_max;
+    FSIZE_CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, 15);
+    FSIZE_CHECK(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path) == XSEG_SUCCESS, 16);
+    FSIZE_CHECK(xseg_wake(0, DEFAULT_POOL) == XSEG_SUCCESS, 17);
+    FSIZE_CHECK(tu_check((CUdeviceptr)a, 3 * MiB, 41), 18);
+    FSIZE_CHECK(xseg_free(a) == XSEG_SUCCESS, 19);
+    _exit(0);
+}
+
+/* A file sleep past RLIMIT_FSIZE where SIGXFSZ keeps its default action (which terminates the
+ * process): the sleep fails with the documented EFBIG error (XSEG_ERROR_OUT_OF_MEMORY) and the
+ * process lives. In a forked child (the limit and the signal are per process), before any xseg
+ * call here (a child of a process that initialised CUDA may not use it); the parent checks how
+ * the child ended. Before, the write's SIGXFSZ killed the child. */
+static void test_sleep_file_fsize(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fsize_child(path));
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    (void)unlink(path);
+    assert_int_equal(rmdir(dir), 0);
+    if (WIFSIGNALED(ws))
+        fail_msg("the child was killed by signal %d%s", WTERMSIG(ws),
+                 WTERMSIG(ws) == SIGXFSZ ? " (SIGXFSZ: the write past RLIMIT_FSIZE)" : "");
+    assert_true(WIFEXITED(ws));
+    if (WEXITSTATUS(ws) == 77) {
+        print_message("[  SKIPPED ] needs cudaemu (emulator-only check)\n");
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 /* A sleep or wake running in another thread (tu_ctx_set first). */
 struct sleeper {
     pthread_t t;
@@ -2029,6 +2209,47 @@ static void test_wake_room(void **state)
     assert_nothing_held();
 }
 
+/* What docs/services.md (Budgets) and xseg_wake's header say of a wake and the budgets: it is
+ * held to memory_group_budget_mb (here) as to memory_budget_mb (test_wake_room), counting what
+ * the process holds, cached bytes included: over the budget it fails with
+ * XSEG_ERROR_OUT_OF_MEMORY naming the budget and the pool stays asleep; it gives no cache back
+ * and asks no member first, so it fails even when the process's own cache would make room, until
+ * xseg_empty_cache; then it succeeds with every byte. A group of its own (the table goes with
+ * this process at xseg_shutdown). */
+static void test_wake_group_budget(void **state)
+{
+    (void)state;
+    char conf[200];
+    snprintf(conf, sizeof conf, "expandable_segments_recycle:False,expandable_page_size_mb:2,"
+             "memory_group:wake%d,memory_group_budget_mb:12", (int)getpid());
+    tu_xseg_init_or_skip(conf);
+    tu_require_emulator_or_skip();
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *a = tu_malloc(8 * MiB, NULL);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 8 * MiB, 71));
+    assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    void *other = tu_malloc(8 * MiB, NULL); /* 8 of 12 MiB: no room for the pool's 8 */
+    assert_int_equal(xseg_wake(0, pool), XSEG_ERROR_OUT_OF_MEMORY);
+    print_message("%s\n", xseg_last_error());
+    assert_non_null(strstr(xseg_last_error(), "memory budget"));
+    assert_int_equal(sleep_stats(&pool).asleep, 1);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 8 * MiB);
+    tu_free(other); /* cached now: the wake does not give it back itself */
+    assert_int_equal(xseg_wake(0, pool), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(sleep_stats(&pool).asleep, 1);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, pool), XSEG_SUCCESS);
+    assert_true(tu_check((CUdeviceptr)a, 8 * MiB, 71));
+    tu_free(a);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_nothing_held();
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+}
+
 /* The free-memory callback (called by a malloc that missed the cache, with the device lock given
  * back) frees a block and puts the malloc's own pool to sleep: the malloc, taking the lock again,
  * must refuse the sleeping pool as its start would have. Before, it handed out the freed block
@@ -2281,8 +2502,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
         cmocka_unit_test(test_wake_syncs), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
+        cmocka_unit_test(test_sleep_file_changed), cmocka_unit_test(test_sleep_file_fsize),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
         cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
+        cmocka_unit_test(test_wake_group_budget),
         cmocka_unit_test(test_sleep_during_cumemalloc),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
