@@ -123,7 +123,7 @@ class Output(unittest.TestCase):
         t = self.trace(FRAG)
         rc, out, err = run("--tune", "--tune-budget", "60runs", "--marks=none", t)
         self.assertEqual(rc, 0, err)
-        m = re.search(r"== --tune .*: (\d+) replays in", out)
+        m = re.search(r"== --tune .*: (\d+) replays? in", out)
         self.assertTrue(m, out)
         self.assertLessEqual(int(m.group(1)), 62)  # the budget, and each family's default first
         tune = out[m.start():]

@@ -382,7 +382,7 @@ static void figures(FILE *out, const char *label, const struct tune_family_resul
 
 void tune_print(FILE *out, const char *trace, const struct tune_result *r)
 {
-    fprintf(out, "== --tune %s: %u replays in %.1f s%s\n", trace, r->runs, r->seconds,
+    fprintf(out, "== --tune %s: %u replay%s in %.1f s%s\n", trace, r->runs, r->runs == 1 ? "" : "s", r->seconds,
             r->cut_short ? " (the budget ended the search: --tune-budget for more)" : "");
     if (r->stopped_replay)
         fprintf(out, "The budget's %g s ran out during a replay: it was stopped there; the figures are of the "
