@@ -10,9 +10,12 @@
  *                  row of xseg_group_stats)
  *   cualloc MIB    cuMemAlloc MIB MiB outside xseg (memory a library holds): "ok", or "error CODE"
  *   trim           xseg_trim(0, 0): "ok"
+ *   grab MIB       xseg_malloc MIB MiB at a time (no pattern) until refused: "got N" (N taken)
+ *   freeall        free every live allocation: "ok"
  *   quit           xseg_shutdown, then exit 0
  * Started by fork+exec (a fresh process: a forked copy of a CUDA process is refused by design).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +75,7 @@ int main(int argc, char **argv)
         } else if (!strncmp(line, "check", 5)) {
             size_t bad = SIZE_MAX;
             for (size_t i = 0; i < nlive && bad == SIZE_MAX; i++)
-                if (live[i].p && !tu_check((CUdeviceptr)(uintptr_t)live[i].p, live[i].size, live[i].tag))
+                if (live[i].p && live[i].tag != UINT_MAX && !tu_check((CUdeviceptr)(uintptr_t)live[i].p, live[i].size, live[i].tag))
                     bad = i;
             if (bad == SIZE_MAX)
                 printf("ok\n");
@@ -90,6 +93,20 @@ int main(int argc, char **argv)
                 printf("ok\n");
             else
                 printf("error %d\n", (int)r);
+        } else if (sscanf(line, "grab %zu", &a) == 1) {
+            size_t got = 0;
+            void *p = NULL;
+            while (nlive < MAX_LIVE && xseg_malloc(&p, a << 20, 0, NULL) == XSEG_SUCCESS) {
+                live[nlive++] = (struct live){p, a << 20, UINT_MAX}; /* no pattern: check skips it */
+                got++;
+            }
+            printf("got %zu\n", got);
+        } else if (!strncmp(line, "freeall", 7)) {
+            for (size_t i = 0; i < nlive; i++)
+                if (live[i].p)
+                    xseg_free(live[i].p);
+            nlive = 0;
+            printf("ok\n");
         } else if (!strncmp(line, "trim", 4)) {
             printf(xseg_trim(0, 0) == XSEG_SUCCESS ? "ok\n" : "error trim\n");
         } else if (!strncmp(line, "group", 5)) {

@@ -665,6 +665,51 @@ static void test_group_budget(void **state)
     quit(&m);
 }
 
+/* Six members under a 300 MiB group budget grow at once (each 50 MiB at a time until refused),
+ * five rounds: the device memory they hold, measured by this process (in no group), never passes
+ * the budget (issue 53: measure, grow and publish raced, and the group reached 600 MiB). */
+static void test_budget_race(void **state)
+{
+    (void)state;
+    start("");
+    size_t free0 = 0, free1 = 0, total = 0;
+    assert_int_equal(drv->cuMemGetInfo(&free0, &total), CUDA_SUCCESS);
+    struct member m[6];
+    for (int i = 0; i < 6; i++) {
+        m[i] = spawn("memory_group:tg,memory_group_budget_mb:300,memory_group_wait_ms:200");
+        assert_string_equal(cmd(&m[i], "alloc 2 %d", i + 1), "ok"); /* joined */
+        assert_string_equal(cmd(&m[i], "freeall"), "ok");
+        assert_string_equal(cmd(&m[i], "trim"), "ok");
+    }
+    for (int round = 0; round < 50; round++) {
+        for (int i = 0; i < 6; i++) { /* all six start before any answer is read */
+            fputs("grab 100\n", m[i].in);
+            fflush(m[i].in);
+        }
+        size_t got = 0;
+        for (int i = 0; i < 6; i++) {
+            char line[256];
+            unsigned long n = 0;
+            assert_non_null(fgets(line, sizeof line, m[i].out));
+            if (sscanf(line, "got %lu", &n) != 1)
+                fail_msg("member %d: %s", i, line);
+            got += n;
+        }
+        assert_int_equal(drv->cuMemGetInfo(&free1, &total), CUDA_SUCCESS);
+        size_t used = free0 - free1;
+        if (used > 300 * MiB)
+            fail_msg("round %d: the group holds %zu MiB of the device (%zu allocations of 100 MiB), above its "
+                     "300 MiB budget", round, used / MiB, got);
+        assert_true(got >= 2); /* the budget is used, not refused for nothing */
+        for (int i = 0; i < 6; i++) {
+            assert_string_equal(cmd(&m[i], "freeall"), "ok");
+            assert_string_equal(cmd(&m[i], "trim"), "ok");
+        }
+    }
+    for (int i = 0; i < 6; i++)
+        quit(&m[i]);
+}
+
 /* ---- pid reuse and other users ------------------------------------------------------------- */
 
 /* /proc/PID/stat field 22 (the process's start), as a member records it. */
@@ -991,6 +1036,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_top),          cmocka_unit_test(test_budget_refuses),
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
         cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
+        cmocka_unit_test(test_budget_race),
         cmocka_unit_test(test_pid_reuse),    cmocka_unit_test(test_two_users),
         cmocka_unit_test(test_emu_race),
     };
