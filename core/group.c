@@ -32,7 +32,7 @@
 #include "vmm/driver.h"
 
 #define GROUP_MAGIC 0x3170726767657378ull /* "xseggrp1" */
-#define GROUP_VERSION 2u
+#define GROUP_VERSION 3u
 #define GROUP_SLOTS 64
 #define GROUP_PID_MAX 4194304 /* /proc/sys/kernel/pid_max's ceiling */
 /* The responder republishes this often, so a member's figures are at most this old. */
@@ -52,6 +52,10 @@ struct gslot {
     _Atomic uint64_t gave_count, gave_bytes, asked_count;
     _Atomic uint64_t foreign;    /* its estimate of the device memory it holds outside xseg */
     _Atomic uint64_t start_time; /* its process's start (/proc/PID/stat field 22): pid reuse */
+    /* Under a group budget, the bytes a growth underway may add to reserved: published before
+     * the member reads the others' figures and cleared once its new reserved is published, so
+     * of two members growing at once at least one counts the other's (group_budget_measure). */
+    _Atomic uint64_t growing;
 };
 
 struct gtable {
@@ -82,6 +86,7 @@ struct group {
      * group_stats never reads a message being rewritten. */
     char rejoin_error[512];
     _Atomic bool rejoin_failed;
+    unsigned seed;              /* rand_r: the back-off of a growth that steps aside */
     ino_t ino;                  /* the table's file, told apart from one created since */
     dev_t dev;
 };
@@ -160,7 +165,8 @@ static bool slot_read(const struct gslot *s, uint64_t total, xseg_group_member *
                       : m->allocated_bytes > total  ? "allocated bytes"
                       : m->reclaimable_bytes > total ? "reclaimable bytes"
                       : m->budget_bytes > total     ? "budget bytes"
-                      : m->foreign_bytes > total    ? "foreign bytes" : NULL;
+                      : m->foreign_bytes > total    ? "foreign bytes"
+                      : atomic_load(&s->growing) > total ? "growing bytes" : NULL;
     if (bad)
         snprintf(why, n, "its %s are out of range (%s)", bad, bad[0] == 'p' ? "pid" : "above the device");
     return !bad;
@@ -251,6 +257,7 @@ static void reap_dead(struct gtable *t)
             atomic_store(&s->reclaimable, 0);
             atomic_store(&s->budget, 0);
             atomic_store(&s->foreign, 0);
+            atomic_store(&s->growing, 0);
             atomic_store(&s->start_time, 0);
             atomic_store(&s->pid, 0);
         }
@@ -267,7 +274,8 @@ static void publish_locked(struct group *g)
     uint64_t cached = trim_cached_bytes(d);
     uint64_t budget = d->cfg.memory_budget;
     struct gslot *s = &g->t->slot[g->me];
-    atomic_store(&s->reserved, reserved < g->total ? reserved : g->total);
+    if (!atomic_load(&s->growing)) /* a growth underway keeps what it measured (group_budget_measure) */
+        atomic_store(&s->reserved, reserved < g->total ? reserved : g->total);
     atomic_store(&s->allocated, allocated < reserved ? allocated : reserved);
     atomic_store(&s->reclaimable, cached < reserved ? cached : reserved);
     atomic_store(&s->budget, budget < g->total ? budget : g->total);
@@ -444,7 +452,7 @@ static int slot_claim(struct group *g)
     return slot_take(g, g->error, sizeof g->error);
 }
 
-static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v);
+static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v, uint64_t grow);
 
 void group_attach(struct dev_alloc *d)
 {
@@ -460,6 +468,7 @@ void group_attach(struct dev_alloc *d)
     g->total = d->info.total_mem;
     g->group_budget = cfg.memory_group_budget < g->total ? cfg.memory_group_budget : g->total;
     g->me = -1;
+    g->seed = (unsigned)getpid() ^ (unsigned)now_ns();
     snprintf(g->name, sizeof g->name, "%s", cfg.memory_group);
     int n = snprintf(g->path, sizeof g->path, "/xseg-group-");
     for (int i = 0; i < 16; i++)
@@ -470,7 +479,7 @@ void group_attach(struct dev_alloc *d)
         publish(g);
         struct budget_view v;
         dev_acquire(d);
-        budget_measure(d, g, &v); /* our foreign bytes, published */
+        budget_measure(d, g, &v, 0); /* our foreign bytes, published */
         dev_unlock(d);
         if (pthread_create(&g->responder, NULL, responder, g)) {
             snprintf(g->error, sizeof g->error, "memory group: no responder thread: device %d goes on "
@@ -630,8 +639,9 @@ bool group_measure_on(const struct dev_alloc *d)
     return d->cfg.memory_budget || group_on(d) || rejoin_due(d);
 }
 
-/* The measure itself (group_budget_measure) for @p g (NULL: none). Device lock held. */
-static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v)
+/* The measure itself (group_budget_measure) for @p g (NULL: none); @p grow: the growth to
+ * publish first (0: none; group budget only). Device lock held. */
+static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v, uint64_t grow)
 {
     lock_assert_held(&d->lock);
     memset(v, 0, sizeof *v);
@@ -648,6 +658,10 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
     if (g) {
         mine = &g->t->slot[g->me];
         v->group_budget = (size_t)g->group_budget;
+        /* Our intent first, then the others' figures (both sequentially consistent): a member
+         * growing at once either sees ours or we see its. */
+        if (grow && g->group_budget)
+            atomic_store(&mine->growing, grow < g->total ? grow : g->total);
         /* The other live members' published figures, each bounded by the device (no overflow:
          * 64 slots of at most 2^47 bytes each on any device there is). */
         for (int i = 0; i < GROUP_SLOTS; i++) {
@@ -655,29 +669,38 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
             int32_t pid = atomic_load(&s->pid);
             if (i == g->me || !pid || !pid_alive(pid))
                 continue;
-            uint64_t r = atomic_load(&s->reserved), f = atomic_load(&s->foreign);
+            uint64_t r = atomic_load(&s->reserved), f = atomic_load(&s->foreign), w = atomic_load(&s->growing);
             v->others_reserved += r <= g->total ? (size_t)r : 0;
             v->others_foreign += f <= g->total ? (size_t)f : 0;
+            v->others_growing += w <= g->total ? (size_t)w : (size_t)g->total;
         }
     }
+    /* Others' growths underway may show in `used` before their reserved bytes do: they are theirs,
+     * not ours, in the estimate we publish (else it would stay inflated after they publish). Our
+     * own budget keeps the larger estimate (it never passes for a member's growth). */
     size_t accounted = v->others_reserved + v->others_foreign + v->reserved;
-    if (measured)
+    size_t foreign_hi = 0;
+    if (measured) {
+        foreign_hi = used > accounted ? used - accounted : 0;
+        accounted += v->others_growing;
         v->foreign = used > accounted ? used - accounted : 0;
-    else if (mine)
-        v->foreign = (size_t)atomic_load(&mine->foreign); /* the last estimate stands */
+    } else if (mine) {
+        foreign_hi = v->foreign = (size_t)atomic_load(&mine->foreign); /* the last estimate stands */
+    }
     if (mine) {
         atomic_store(&mine->reserved, v->reserved < g->total ? v->reserved : g->total);
         atomic_store(&mine->foreign, v->foreign < g->total ? v->foreign : g->total);
     }
     if (v->budget)
-        v->own_limit = v->budget > v->foreign ? v->budget - v->foreign : 0;
-    size_t group_rest = v->others_reserved + v->others_foreign + v->foreign;
+        v->own_limit = v->budget > foreign_hi ? v->budget - foreign_hi : 0;
+    /* Growths underway count in full: what `used` shows of them is out of our estimate above. */
+    size_t group_rest = v->others_reserved + v->others_foreign + v->foreign + v->others_growing;
     if (v->group_budget)
         v->group_limit = v->group_budget > group_rest ? v->group_budget - group_rest : 0;
     v->limit = v->own_limit < v->group_limit ? v->own_limit : v->group_limit;
 }
 
-void group_budget_measure(struct dev_alloc *d, struct budget_view *v)
+void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t grow)
 {
     if (rejoin_due(d))
         rejoin(d, atomic_load(&g_groups[d->device]));
@@ -688,7 +711,36 @@ void group_budget_measure(struct dev_alloc *d, struct budget_view *v)
         v->limit = v->own_limit = v->group_limit = SIZE_MAX;
         return;
     }
-    budget_measure(d, g, v);
+    if (!g || !g->group_budget || !grow) {
+        budget_measure(d, g, v, 0);
+        return;
+    }
+    struct gslot *mine = &g->t->slot[g->me];
+    bool unknown = grow == SIZE_MAX; /* a wake: up to the limit */
+    int64_t end = now_ns() + (int64_t)d->cfg.memory_group_wait_ms * 1000000ll;
+    for (long pause = 100000;; pause = pause < 4000000 ? pause * 2 : pause) {
+        budget_measure(d, g, v, unknown ? g->total : grow);
+        size_t want = v->reserved + (unknown ? 0 : grow);
+        /* Refused only for others' growths underway: step aside (our intent withdrawn, so two
+         * members never refuse each other for good) and measure again once they may be done,
+         * for at most memory_group_wait_ms. */
+        size_t rest = v->others_reserved + v->others_foreign + v->foreign;
+        size_t alone = v->group_budget > rest ? v->group_budget - rest : 0;
+        bool fits_alone = want <= alone && want <= v->own_limit;
+        if (unknown || want <= v->limit || !v->others_growing || !fits_alone || now_ns() >= end)
+            break;
+        atomic_store(&mine->growing, 0);
+        struct timespec ts = {0, pause + (long)((uint64_t)rand_r(&g->seed) % (uint64_t)pause)};
+        nanosleep(&ts, NULL);
+    }
+    /* What stays published bounds this growth: its limit is at most our reserved now plus
+     * `growing`, and our reserved as published does not drop until group_note_reserved
+     * (publish_locked), so members that count both never miss a byte of it. A refused growth
+     * keeps only the headroom its retries (malloc_reclaim, after trimming our cache) may use. */
+    if (!unknown && v->limit > v->reserved + grow)
+        v->limit = v->reserved + grow;
+    size_t head = v->limit > v->reserved ? v->limit - v->reserved : 0;
+    atomic_store(&mine->growing, head < g->total ? head : g->total);
 }
 
 void group_note_reserved(struct dev_alloc *d)
@@ -696,7 +748,9 @@ void group_note_reserved(struct dev_alloc *d)
     struct group *g = group_live(d);
     if (g) {
         size_t r = d->acct.total_allocated_memory;
-        atomic_store(&g->t->slot[g->me].reserved, r < g->total ? r : g->total);
+        struct gslot *s = &g->t->slot[g->me];
+        atomic_store(&s->reserved, r < g->total ? r : g->total);
+        atomic_store(&s->growing, 0); /* after the reserved bytes that replace it */
     }
 }
 
@@ -709,7 +763,7 @@ void group_budget_oom_info(struct dev_alloc *d, size_t alloc_size, char *buf, si
     if (!size || (!d->cfg.memory_budget && !(g && g->group_budget)))
         return;
     struct budget_view v;
-    budget_measure(d, g, &v);
+    budget_measure(d, g, &v, 0);
     char s1[32], s2[32], s3[32];
     size_t n = 0;
     if (v.budget)

@@ -28,6 +28,8 @@
 
 #define MiB ((size_t)1 << 20)
 #define GROUP "memory_group:tg,memory_group_wait_ms:5000"
+/* The table's layout (core/group.c, version 3): 64 slots of SLOT bytes at its end. */
+#define SLOT 112
 
 struct member {
     pid_t pid;
@@ -491,8 +493,8 @@ static void hostile(int kind)
         fd = shm_open(shm_names[1], O_RDWR, 0);
         unsigned char *t = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
-        /* The last slot's reserved bytes (at byte 32 of a 104-byte slot) set to 2^62. */
-        size_t slot = (size_t)st.st_size - 104;
+        /* The last slot's reserved bytes (at byte 32 of a slot) set to 2^62. */
+        size_t slot = (size_t)st.st_size - SLOT;
         uint64_t big = (uint64_t)1 << 62;
         memcpy(t + slot + 32, &big, 8);
         munmap(t, (size_t)st.st_size);
@@ -729,17 +731,17 @@ static uint64_t start_time_of(pid_t pid)
     return strtoull(p + 1, NULL, 10);
 }
 
-/* A slot (104 bytes at the table's end, 64 of them): pid at byte 0, start time at byte 96. */
+/* A slot (SLOT bytes at the table's end, 64 of them): pid at byte 0, start time at byte 96. */
 static void forge_slot(unsigned char *t, size_t size, int i, int32_t pid, uint64_t start)
 {
-    unsigned char *s = t + size - 64 * 104 + (size_t)i * 104;
+    unsigned char *s = t + size - 64 * SLOT + (size_t)i * SLOT;
     memcpy(s + 96, &start, 8);
     __atomic_store_n((int32_t *)(void *)s, pid, __ATOMIC_SEQ_CST);
 }
 
 static int32_t slot_pid(const unsigned char *t, size_t size, int i)
 {
-    return __atomic_load_n((const int32_t *)(const void *)(t + size - 64 * 104 + (size_t)i * 104), __ATOMIC_SEQ_CST);
+    return __atomic_load_n((const int32_t *)(const void *)(t + size - 64 * SLOT + (size_t)i * SLOT), __ATOMIC_SEQ_CST);
 }
 
 /* A slot whose pid is alive but belongs to a process started later (pid reuse) is a dead
