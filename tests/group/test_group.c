@@ -521,6 +521,76 @@ static void hostile(int kind)
 static void test_hostile_garbage(void **state) { (void)state; hostile(0); }
 static void test_hostile_slot(void **state) { (void)state; hostile(1); }
 
+/* A table file truncated by another process of this user (issue 53: every member and xseg-top
+ * died of SIGBUS): xseg_group_read, racing a process that shrinks and restores a copy of the
+ * table, answers or names what is wrong; then the real table shrunk under two members: both live
+ * on alone, naming the truncation, and allocate. */
+static void test_truncated(void **state)
+{
+    (void)state;
+    start(GROUP);
+    void *q = must_malloc(2 * MiB); /* joins */
+    struct member m = spawn(GROUP);
+    assert_string_equal(cmd(&m, "alloc 20 1"), "ok");
+    int fd = shm_open(shm_names[1], O_RDWR, 0);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    unsigned char *copy = malloc((size_t)st.st_size);
+    assert_non_null(copy);
+    assert_int_equal(pread(fd, copy, (size_t)st.st_size, 0), st.st_size);
+    /* The copy as "tu", shrunk and restored (its bytes rewritten) by a child while we read it. */
+    int cf = shm_open(shm_names[2], O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(cf >= 0);
+    assert_int_equal(pwrite(cf, copy, (size_t)st.st_size, 0), st.st_size);
+    pid_t shrinker = fork();
+    assert_true(shrinker >= 0);
+    if (!shrinker) {
+        for (;;) {
+            if (ftruncate(cf, 100) || pwrite(cf, copy, (size_t)st.st_size, 0) != st.st_size)
+                _exit(1);
+        }
+    }
+    kids[0] = shrinker;
+    size_t answered = 0, refused = 0;
+    for (int i = 0; i < 3000; i++) {
+        xseg_group_member mem[4];
+        size_t n = 0;
+        xseg_status r = xseg_group_read(shm_names[2] + 1, mem, 4, &n);
+        if (r == XSEG_SUCCESS)
+            answered++;
+        else if (r == XSEG_ERROR_INVALID_VALUE && strstr(xseg_last_error(), shm_names[2]))
+            refused++;
+        else
+            fail_msg("xseg_group_read: %d %s", (int)r, xseg_last_error());
+    }
+    kill(shrinker, SIGKILL);
+    waitpid(shrinker, NULL, 0);
+    kids[0] = 0;
+    close(cf);
+    free(copy);
+    assert_int_equal(answered + refused, 3000);
+    /* The real table shrunk under both members. */
+    assert_int_equal(ftruncate(fd, 0), 0);
+    close(fd);
+    nanosleep(&(struct timespec){0, 300000000}, NULL); /* a few of the responders' rounds */
+    assert_string_equal(cmd(&m, "alloc 20 2"), "ok"); /* alive */
+    const char *g = cmd(&m, "group");
+    if (strncmp(g, "error ", 6) || !strstr(g, "truncated"))
+        fail_msg("the member does not name the truncation: %s", g);
+    assert_string_equal(cmd(&m, "check"), "ok");
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_ERROR_ILLEGAL_STATE);
+    if (!strstr(xseg_last_error(), "truncated") || !strstr(xseg_last_error(), "goes on alone"))
+        fail_msg("%s", xseg_last_error());
+    assert_int_equal(xseg_group_read(shm_names[1] + 1, mem, 4, &n), XSEG_ERROR_INVALID_VALUE);
+    void *p = must_malloc(100 * MiB);
+    xseg_free(p);
+    xseg_free(q);
+    quit(&m);
+}
+
 /* ---- budgets (memory_budget_mb, memory_group_budget_mb) ------------------------------------ */
 
 static void expect_oom(size_t bytes, const char *want1, const char *want2)
@@ -1038,7 +1108,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_top),          cmocka_unit_test(test_budget_refuses),
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
         cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
-        cmocka_unit_test(test_budget_race),
+        cmocka_unit_test(test_budget_race), cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_pid_reuse),    cmocka_unit_test(test_two_users),
         cmocka_unit_test(test_emu_race),
     };
