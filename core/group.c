@@ -78,6 +78,7 @@ struct group {
     uint64_t group_budget;      /* the table's memory_group_budget_mb (checked at join) */
     pthread_t responder;
     _Atomic bool stop, alone;
+    _Atomic bool erring;        /* go_alone's message claimed */
     /* The table's lock was busy at join: the table stays mapped and the next growth tries a join
      * again (group_budget_measure, device lock held), with a try of the lock: no wait. */
     _Atomic bool rejoin;
@@ -87,6 +88,7 @@ struct group {
     char rejoin_error[512];
     _Atomic bool rejoin_failed;
     unsigned seed;              /* rand_r: the back-off of a growth that steps aside */
+    int fd;                     /* the mapped table's file, open: its size checked (table_intact) */
     ino_t ino;                  /* the table's file, told apart from one created since */
     dev_t dev;
 };
@@ -208,11 +210,12 @@ static bool table_ok(const struct gtable *t, uint64_t total, char *why, size_t n
 }
 
 /* Go alone after finding the table bad: the error kept for xseg_group_stats; the responder sees
- * `alone` and ends. Only the responder calls it, the one writer of alone once it runs: the
- * message is written before alone is published (release), so group_stats never reads it torn. */
+ * `alone` and ends. The responder, an asker or a measure may call it: the first one writes the
+ * message (`erring` claimed), before alone is published (release), so group_stats never reads it
+ * torn. */
 static void go_alone(struct group *g, const char *why)
 {
-    if (atomic_load(&g->alone))
+    if (atomic_load(&g->alone) || atomic_exchange(&g->erring, true))
         return;
     snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
              "goes on alone", g->path, why, g->d->device);
@@ -243,6 +246,90 @@ static void table_unlock(struct gtable *t)
 {
     pthread_mutex_unlock(&t->lock);
     witness_give(FORK_RANK_GROUP_TABLE);
+}
+
+/* ---- a table file truncated under its mapping ------------------------------------------------
+ * A page of a shared mapping past its file's end faults with SIGBUS. Another process of this user
+ * may shrink the file at any time, so its size is checked (fstat) before the table is read at
+ * each step (table_intact), and the guard below covers the instant between the check and the read:
+ * the faulting table's pages are replaced by zero pages, which read as a bad table (the member goes
+ * on alone at its next check), and the access is retried. A fault elsewhere goes to the
+ * disposition the guard replaced. */
+
+static void bus_guard(int sig, siginfo_t *si, void *uc)
+{
+    int saved = errno;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (size_t i = 0; i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
+        uintptr_t t = (uintptr_t)atomic_load(&xseg_rt.group.maps[i]);
+        /* mmap is a plain system call on Linux: safe in a handler. */
+        if (t && a >= t && a < t + sizeof(struct gtable) &&
+            mmap((void *)t, sizeof(struct gtable), PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS,
+                 -1, 0) != MAP_FAILED) {
+            errno = saved;
+            return;
+        }
+    }
+    const struct sigaction *old = &xseg_rt.group.bus_old;
+    if (old->sa_flags & SA_SIGINFO) {
+        old->sa_sigaction(sig, si, uc);
+    } else if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) {
+        old->sa_handler(sig);
+    } else {
+        signal(SIGBUS, SIG_DFL); /* the fault comes again, to the default action */
+    }
+    errno = saved;
+}
+
+/* Map the table in @p fd (NULL on failure), known to the guard (installed once). */
+static struct gtable *table_map(int fd)
+{
+    if (!atomic_exchange(&xseg_rt.group.bus_on, true)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = bus_guard;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, &xseg_rt.group.bus_old);
+    }
+    void *m = mmap(NULL, sizeof(struct gtable), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    for (size_t i = 0; i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
+        void *none = NULL;
+        if (atomic_compare_exchange_strong(&xseg_rt.group.maps[i], &none, m))
+            return m;
+    }
+    munmap(m, sizeof(struct gtable)); /* never: two maps a device at most */
+    errno = ENOMEM;
+    return NULL;
+}
+
+/* Unmap @p t (table_map's) and close @p fd (-1: none). */
+static void table_unmap(struct gtable *t, int fd)
+{
+    for (size_t i = 0; i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
+        void *want = t;
+        if (atomic_compare_exchange_strong(&xseg_rt.group.maps[i], &want, NULL))
+            break;
+    }
+    munmap(t, sizeof *t);
+    if (fd >= 0)
+        close(fd);
+}
+
+/* Whether g's table file still has the table's size; @return false with the reason in @p why. */
+static bool table_intact(const struct group *g, char *why, size_t n)
+{
+    struct stat st;
+    if (g->fd >= 0 && !fstat(g->fd, &st) && st.st_size == (off_t)sizeof(struct gtable))
+        return true;
+    if (g->fd >= 0 && !fstat(g->fd, &st))
+        snprintf(why, n, "its file was truncated to %lld bytes, not %zu", (long long)st.st_size,
+                 sizeof(struct gtable));
+    else
+        snprintf(why, n, "its file cannot be checked: %s", strerror(errno));
+    return false;
 }
 
 /* Free the slots of members that are gone (their memory went with them). Table lock held. */
@@ -295,7 +382,12 @@ static void *responder(void *arg)
 {
     struct group *g = arg;
     struct gslot *s = &g->t->slot[g->me];
+    char why[160];
     while (!atomic_load(&g->stop) && !atomic_load(&g->alone)) {
+        if (!table_intact(g, why, sizeof why)) { /* before the table is read */
+            go_alone(g, why);
+            break;
+        }
         uint32_t req = atomic_load(&s->req_seq);
         if (req != atomic_load(&s->ack_seq)) {
             uint64_t need = atomic_load(&s->req_bytes);
@@ -315,7 +407,6 @@ static void *responder(void *arg)
             continue;
         }
         publish(g);
-        char why[160];
         if (atomic_load(&s->pid) != getpid()) {
             go_alone(g, "our slot was taken by another process");
             break;
@@ -367,14 +458,14 @@ static struct gtable *table_open(struct group *g, char *err, size_t n)
     }
     g->ino = st.st_ino;
     g->dev = st.st_dev;
-    void *m = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
+    t = table_map(fd);
+    if (!t) {
         snprintf(err, n, "memory group: cannot map /dev/shm%s: %s", g->path,
                  strerror(errno));
+        close(fd);
         return NULL;
     }
-    t = m;
+    g->fd = fd; /* kept: its size checked before the table is read (table_intact) */
     if (created) {
         pthread_mutexattr_t a;
         pthread_mutexattr_init(&a);
@@ -396,10 +487,11 @@ static struct gtable *table_open(struct group *g, char *err, size_t n)
             nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
     char why[160];
-    if (!table_ok(t, g->total, why, sizeof why)) {
+    if (!table_intact(g, why, sizeof why) || !table_ok(t, g->total, why, sizeof why)) {
         snprintf(err, n, "memory group table /dev/shm%s is corrupted (%s): device %d "
                  "goes on alone", g->path, why, g->d->device);
-        munmap(t, sizeof *t);
+        table_unmap(t, fd);
+        g->fd = -1;
         return NULL;
     }
     /* The first member's group budget is the group's: a later member's other value is named in
@@ -468,6 +560,7 @@ void group_attach(struct dev_alloc *d)
     g->total = d->info.total_mem;
     g->group_budget = cfg.memory_group_budget < g->total ? cfg.memory_group_budget : g->total;
     g->me = -1;
+    g->fd = -1;
     g->seed = (unsigned)getpid() ^ (unsigned)now_ns();
     snprintf(g->name, sizeof g->name, "%s", cfg.memory_group);
     int n = snprintf(g->path, sizeof g->path, "/xseg-group-");
@@ -490,8 +583,9 @@ void group_attach(struct dev_alloc *d)
     }
     if (g->me < 0) {
         if (g->t && !atomic_load(&g->rejoin)) { /* a join to retry keeps the table mapped */
-            munmap(g->t, sizeof *g->t);
+            table_unmap(g->t, g->fd);
             g->t = NULL;
+            g->fd = -1;
         }
         atomic_store(&g->alone, true);
     }
@@ -541,7 +635,8 @@ static void rejoin(struct dev_alloc *d, struct group *g)
     char why[160], err[512];
     if (!table_current(g)) {
         table_unlock(g->t);
-        munmap(g->t, sizeof *g->t);
+        table_unmap(g->t, g->fd);
+        g->fd = -1;
         if (!(g->t = table_open(g, err, sizeof err))) {
             rejoin_fail(g, err);
             return;
@@ -549,7 +644,7 @@ static void rejoin(struct dev_alloc *d, struct group *g)
         if (!table_trylock(g->t))
             return;
     }
-    if (!table_ok(g->t, g->total, why, sizeof why)) {
+    if (!table_intact(g, why, sizeof why) || !table_ok(g->t, g->total, why, sizeof why)) {
         table_unlock(g->t);
         snprintf(err, sizeof err, "memory group table /dev/shm%s is corrupted (%s): device %d goes on alone",
                  g->path, why, d->device);
@@ -579,14 +674,17 @@ void group_detach_all(void)
         struct group *g = atomic_exchange(&g_groups[i], NULL);
         if (!g)
             continue;
+        char why[160];
         if (g->t && g->me < 0) {
-            munmap(g->t, sizeof *g->t); /* a join still to retry: no slot, no responder */
+            table_unmap(g->t, g->fd); /* a join still to retry: no slot, no responder */
         } else if (g->t) {
             atomic_store(&g->stop, true);
-            futex(&g->t->slot[g->me].req_seq, FUTEX_WAKE, INT32_MAX, NULL);
-            pthread_join(g->responder, NULL);
-            /* The last member out removes the table (a crashed member's table stays, reused). */
-            if (table_lock(g->t, GROUP_JOIN_NS)) {
+            if (table_intact(g, why, sizeof why))
+                futex(&g->t->slot[g->me].req_seq, FUTEX_WAKE, INT32_MAX, NULL);
+            pthread_join(g->responder, NULL); /* it wakes within GROUP_PUBLISH_NS anyway */
+            /* The last member out removes the table (a crashed member's table stays, reused); a
+             * truncated one is left alone. */
+            if (table_intact(g, why, sizeof why) && table_lock(g->t, GROUP_JOIN_NS)) {
                 if (atomic_load(&g->t->slot[g->me].pid) == getpid())
                     atomic_store(&g->t->slot[g->me].pid, 0);
                 reap_dead(g->t);
@@ -597,7 +695,7 @@ void group_detach_all(void)
                     shm_unlink(g->path);
                 table_unlock(g->t);
             }
-            munmap(g->t, sizeof *g->t);
+            table_unmap(g->t, g->fd);
         }
         xs_free(g);
     }
@@ -700,11 +798,23 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
     v->limit = v->own_limit < v->group_limit ? v->own_limit : v->group_limit;
 }
 
+/* group_live, its table file checked first (one fstat): a truncated one sends us on alone. */
+static struct group *group_checked(const struct dev_alloc *d)
+{
+    struct group *g = group_live(d);
+    char why[160];
+    if (g && !table_intact(g, why, sizeof why)) {
+        go_alone(g, why);
+        return NULL;
+    }
+    return g;
+}
+
 void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t grow)
 {
     if (rejoin_due(d))
         rejoin(d, atomic_load(&g_groups[d->device]));
-    struct group *g = group_live(d);
+    struct group *g = group_checked(d);
     if (!g && !d->cfg.memory_budget) { /* the join still to retry: nothing to measure */
         memset(v, 0, sizeof *v);
         v->reserved = d->acct.total_allocated_memory;
@@ -745,7 +855,7 @@ void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t gro
 
 void group_note_reserved(struct dev_alloc *d)
 {
-    struct group *g = group_live(d);
+    struct group *g = group_checked(d);
     if (g) {
         size_t r = d->acct.total_allocated_memory;
         struct gslot *s = &g->t->slot[g->me];
@@ -759,7 +869,7 @@ void group_budget_oom_info(struct dev_alloc *d, size_t alloc_size, char *buf, si
     lock_assert_held(&d->lock);
     if (size)
         buf[0] = '\0';
-    struct group *g = group_live(d);
+    struct group *g = group_checked(d);
     if (!size || (!d->cfg.memory_budget && !(g && g->group_budget)))
         return;
     struct budget_view v;
@@ -839,6 +949,11 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
     uint64_t got = 0;
     bool died = false;
     char why[160];
+    if (!table_intact(g, why, sizeof why)) {
+        go_alone(g, why);
+        dev_acquire(d);
+        return false;
+    }
     /* Another member's ask holds the lock for up to its own wait (or a stopped member holds
      * it): this ask gives up, and the process stays in the group for the next one. */
     if (table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
@@ -897,7 +1012,8 @@ void group_oom_info(const struct dev_alloc *d, char *buf, size_t size)
     if (size)
         buf[0] = '\0';
     struct group *g = atomic_load(&g_groups[d->device]);
-    if (!g || !g->t || atomic_load(&g->alone) || !size)
+    char bad[160];
+    if (!g || !g->t || atomic_load(&g->alone) || !size || !table_intact(g, bad, sizeof bad))
         return;
     size_t n = (size_t)snprintf(buf, size, " Memory group '%s' (cached / live per member):", g->name);
     for (int i = 0; i < GROUP_SLOTS && n < size; i++) {
@@ -944,6 +1060,10 @@ xseg_status group_stats(int device, xseg_group_member *members, size_t capacity,
     if (!g)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: device %d is in no memory group "
                        "(memory_group unset, or the device not used yet)", device);
+    char why[160];
+    if (!atomic_load(&g->alone) && !table_intact(g, why, sizeof why))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: memory group table /dev/shm%s is corrupted "
+                       "(%s): device %d goes on alone", g->path, why, device);
     if (atomic_load(&g->alone))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: %s",
                        atomic_load_explicit(&g->rejoin_failed, memory_order_acquire) ? g->rejoin_error : g->error);
@@ -975,14 +1095,25 @@ xseg_status group_read(const char *table, xseg_group_member *members, size_t cap
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is %s", path,
                        st.st_uid != geteuid() ? "another user's" : "not a memory group table (wrong size)");
     }
-    const struct gtable *t = mmap(NULL, sizeof *t, PROT_READ, MAP_SHARED, fd, 0);
+    /* A copy read, not a mapping: a file shrunk meanwhile reads short, never faults (SIGBUS). */
+    struct gtable *t = xs_malloc(sizeof *t);
+    size_t got = 0;
+    while (t && got < sizeof *t) {
+        ssize_t r = pread(fd, (char *)t + got, sizeof *t - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
     close(fd);
-    if (t == MAP_FAILED)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: cannot map /dev/shm%s", path);
-    uint64_t total = t->total_mem;
-    xseg_status st2 = total ? table_members(t, total, path, members, capacity, count)
-                            : err_set(XSEG_ERROR_INVALID_VALUE, "memory group table /dev/shm%s is corrupted "
-                                      "(no device capacity)", path);
-    munmap((void *)t, sizeof *t);
+    if (!t)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_group_read: out of host memory reading /dev/shm%s", path);
+    xseg_status st2 = got < sizeof *t ? err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is not a "
+                                                "memory group table (it shrank to %zu bytes while read)", path, got)
+                      : !t->total_mem ? err_set(XSEG_ERROR_INVALID_VALUE, "memory group table /dev/shm%s is corrupted "
+                                                "(no device capacity)", path)
+                      : table_members(t, t->total_mem, path, members, capacity, count);
+    xs_free(t);
     return st2;
 }
