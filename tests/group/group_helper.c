@@ -6,10 +6,11 @@
  *   free N         free the Nth allocation made (0-based): "ok"
  *   check          every live allocation still holds its pattern: "ok", or "bad N"
  *   stats          "reserved R allocated A" (bytes, this process, device 0)
- *   group          "asked A gave G gave_bytes B foreign F budget U group_budget V" (this process's
- *                  row of xseg_group_stats)
+ *   group          "asked A gave G gave_bytes B foreign F budget U group_budget V timeouts T
+ *                  cached C" (this process's row of xseg_group_stats)
  *   cualloc MIB    cuMemAlloc MIB MiB outside xseg (memory a library holds): "ok", or "error CODE"
  *   trim           xseg_trim(0, 0): "ok"
+ *   take MIB       one xseg_malloc of MIB MiB (no pattern): "ok", or "oom MESSAGE"
  *   grab MIB       xseg_malloc MIB MiB at a time (no pattern) until refused: "got N" (N taken)
  *   freeall        free every live allocation: "ok"
  *   quit           xseg_shutdown, then exit 0
@@ -93,6 +94,17 @@ int main(int argc, char **argv)
                 printf("ok\n");
             else
                 printf("error %d\n", (int)r);
+        } else if (sscanf(line, "take %zu", &a) == 1) {
+            void *p = NULL;
+            if (nlive == MAX_LIVE) {
+                printf("oom too many allocations\n");
+            } else if (xseg_malloc(&p, a << 20, 0, NULL) != XSEG_SUCCESS) {
+                const char *msg = xseg_last_error();
+                printf("oom %.*s\n", (int)strcspn(msg, "\n"), msg);
+            } else {
+                live[nlive++] = (struct live){p, a << 20, UINT_MAX};
+                printf("ok\n");
+            }
         } else if (sscanf(line, "grab %zu", &a) == 1) {
             size_t got = 0;
             void *p = NULL;
@@ -120,10 +132,12 @@ int main(int argc, char **argv)
             while (i < n && i < 64 && m[i].pid != getpid())
                 i++;
             if (i < n && i < 64)
-                printf("asked %llu gave %llu gave_bytes %llu foreign %llu budget %llu group_budget %llu\n",
+                printf("asked %llu gave %llu gave_bytes %llu foreign %llu budget %llu group_budget %llu "
+                       "timeouts %u cached %llu\n",
                        (unsigned long long)m[i].asked_count, (unsigned long long)m[i].gave_way_count,
                        (unsigned long long)m[i].gave_way_bytes, (unsigned long long)m[i].foreign_bytes,
-                       (unsigned long long)m[i].budget_bytes, (unsigned long long)m[i].group_budget_bytes);
+                       (unsigned long long)m[i].budget_bytes, (unsigned long long)m[i].group_budget_bytes,
+                       m[i].ask_timeouts, (unsigned long long)m[i].reclaimable_bytes);
             else
                 printf("error not a member\n");
         } else if (!strncmp(line, "quit", 4)) {

@@ -29,7 +29,7 @@
 #define MiB ((size_t)1 << 20)
 #define GROUP "memory_group:tg,memory_group_wait_ms:5000"
 /* The table's layout (core/group.c, version 3): 64 slots of SLOT bytes at its end. */
-#define SLOT 112
+#define SLOT 128
 
 struct member {
     pid_t pid;
@@ -591,6 +591,51 @@ static void test_truncated(void **state)
     quit(&m);
 }
 
+/* A member whose answer takes longer than memory_group_wait_ms (its cuMemUnmap busy-waits 600 ms:
+ * a responder a busy host is slow to run) is waited for while it answers: the asker's malloc gets
+ * its cache (issue 53: it gave up at 500 ms with the cache still there). A stopped member is not
+ * waited for past 500 ms: that ask counts in ask_timeouts. */
+static void test_slow_responder(void **state)
+{
+    (void)state;
+    const char *cfg = "memory_group:tg,memory_group_wait_ms:500";
+    start(cfg);
+    void *q = must_malloc(2 * MiB); /* joins */
+    setenv("CUDAEMU_LATENCY", "cuMemUnmap:600ms", 1);
+    struct member m = spawn(cfg);
+    unsetenv("CUDAEMU_LATENCY");
+    assert_string_equal(cmd(&m, "alloc 600 1"), "ok");
+    assert_string_equal(cmd(&m, "free 0"), "ok"); /* 600 MiB cached there */
+    void *p = NULL;
+    if (xseg_malloc(&p, 600 * MiB, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("the member answering slowly was not waited for: %s", xseg_last_error());
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    for (size_t i = 0; i < n; i++)
+        if (mem[i].pid == getpid())
+            assert_int_equal(mem[i].ask_timeouts, 0);
+    /* Stopped with its cache (about 400 MiB): the next ask times out, counted. */
+    assert_string_equal(cmd(&m, "alloc 300 2"), "ok");
+    assert_string_equal(cmd(&m, "free 1"), "ok");
+    kill(m.pid, SIGSTOP);
+    void *r = NULL;
+    assert_int_equal(xseg_malloc(&r, 300 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    kill(m.pid, SIGCONT);
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    bool seen = false;
+    for (size_t i = 0; i < n; i++)
+        if (mem[i].pid == getpid()) {
+            assert_int_equal(mem[i].ask_timeouts, 1);
+            seen = true;
+        }
+    assert_true(seen);
+    assert_string_equal(cmd(&m, "check"), "ok");
+    xseg_free(p);
+    xseg_free(q);
+    kill9(&m); /* no shutdown: its unmaps would busy-wait 600 ms each */
+}
+
 /* ---- budgets (memory_budget_mb, memory_group_budget_mb) ------------------------------------ */
 
 static void expect_oom(size_t bytes, const char *want1, const char *want2)
@@ -1109,6 +1154,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
         cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
         cmocka_unit_test(test_budget_race), cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_slow_responder),
         cmocka_unit_test(test_pid_reuse),    cmocka_unit_test(test_two_users),
         cmocka_unit_test(test_emu_race),
     };
