@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,10 @@
 #define GROUP_PID_MAX 4194304 /* /proc/sys/kernel/pid_max's ceiling */
 /* The responder republishes this often, so a member's figures are at most this old. */
 #define GROUP_PUBLISH_NS 100000000ll
+/* A member that has not answered when memory_group_wait_ms is over is waited for while it is
+ * answering, or its responder is runnable (waiting for a CPU) with cache published, up to this
+ * many times memory_group_wait_ms in all. */
+#define GROUP_GRACE 4
 /* An asker checks that the member it waits for is alive this often. */
 #define GROUP_POLL_NS 10000000ll
 /* Joining waits at most this long for the table's lock or a creator's initialization. */
@@ -56,7 +61,14 @@ struct gslot {
      * the member reads the others' figures and cleared once its new reserved is published, so
      * of two members growing at once at least one counts the other's (group_budget_measure). */
     _Atomic uint64_t growing;
+    _Atomic uint32_t took_seq;  /* the request its responder is answering (set as it starts) */
+    _Atomic int32_t tid;        /* its responder thread: runnable or not (an asker's grace) */
+    _Atomic uint64_t ask_timeouts; /* its asks in which a member asked never answered */
 };
+
+/* ask_timeouts sits in the padding after pid: the public struct keeps its size and offsets. */
+_Static_assert(offsetof(xseg_group_member, ask_timeouts) == 4 && offsetof(xseg_group_member, reserved_bytes) == 8 &&
+               sizeof(xseg_group_member) == 8 + 9 * 8, "xseg_group_member's layout changed");
 
 struct gtable {
     _Atomic uint64_t magic;     /* written last by the creator */
@@ -169,6 +181,7 @@ static bool slot_read(const struct gslot *s, uint64_t total, xseg_group_member *
                       : m->budget_bytes > total     ? "budget bytes"
                       : m->foreign_bytes > total    ? "foreign bytes"
                       : atomic_load(&s->growing) > total ? "growing bytes" : NULL;
+    m->ask_timeouts = (uint32_t)atomic_load(&s->ask_timeouts);
     if (bad)
         snprintf(why, n, "its %s are out of range (%s)", bad, bad[0] == 'p' ? "pid" : "above the device");
     return !bad;
@@ -383,6 +396,8 @@ static void *responder(void *arg)
     struct group *g = arg;
     struct gslot *s = &g->t->slot[g->me];
     char why[160];
+    if (table_intact(g, why, sizeof why))
+        atomic_store(&s->tid, (int32_t)syscall(SYS_gettid));
     while (!atomic_load(&g->stop) && !atomic_load(&g->alone)) {
         if (!table_intact(g, why, sizeof why)) { /* before the table is read */
             go_alone(g, why);
@@ -393,6 +408,7 @@ static void *responder(void *arg)
             uint64_t need = atomic_load(&s->req_bytes);
             if (need > g->total)
                 need = g->total;
+            atomic_store(&s->took_seq, req); /* the asker waits for an answer underway */
             publish(g); /* our cache now, not as last published */
             uint64_t cached = atomic_load(&s->reclaimable);
             size_t released = 0;
@@ -903,9 +919,43 @@ static uint32_t ask_send(struct group *g, int i, uint64_t need)
     return seq;
 }
 
-/* Wait for member @p i's answer @p seq until it answers, dies or @p end passes; @return the bytes
- * it gave. No member waits for a dead one: its pid is checked between short waits. */
-static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int64_t end, bool *died)
+/* The state letter of thread @p tid of process @p pid (/proc/PID/task/TID/stat field 3); '?'
+ * when it cannot be read. */
+static char thread_state(int32_t pid, int32_t tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", (int)pid, (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return '?';
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return '?';
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+    return p && p[1] == ' ' && p[2] ? p[2] : '?';
+}
+
+/* Whether member @p pid (slot @p s), asked @p seq, is worth more waiting once memory_group_wait_ms
+ * is over: its responder answers now (took the request), or is runnable (a busy host has not
+ * scheduled it yet) with cache published. Never a stopped one. */
+static bool ask_underway(const struct gslot *s, int32_t pid, uint32_t seq, uint64_t total)
+{
+    int32_t tid = atomic_load(&s->tid);
+    char st = tid > 0 && tid <= GROUP_PID_MAX ? thread_state(pid, tid) : '?';
+    if (st == 'T' || st == 't' || st == '?' || st == 'Z' || st == 'X')
+        return false;
+    uint64_t cached = atomic_load(&s->reclaimable);
+    return atomic_load(&s->took_seq) == seq || (st == 'R' && cached && cached <= total);
+}
+
+/* Wait for member @p i's answer @p seq until it answers, dies or @p end passes, and past @p end
+ * while its answer is underway (ask_underway) until @p grace_end; @return the bytes it gave,
+ * with @p timed_out set when it never answered. No member waits for a dead one: its pid is
+ * checked between short waits. */
+static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int64_t end, int64_t grace_end,
+                         bool *died, bool *timed_out)
 {
     struct gslot *s = &g->t->slot[i];
     for (;;) {
@@ -914,14 +964,17 @@ static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int6
             uint64_t got = atomic_load(&s->freed_bytes);
             return got <= g->total ? got : 0;
         }
-        int64_t left = end - now_ns();
-        if (left <= 0)
+        int64_t now = now_ns();
+        if (now >= end && (now >= grace_end || !ask_underway(s, pid, seq, g->total))) {
+            *timed_out = true;
             return 0;
+        }
         if (atomic_load(&s->pid) != pid || !member_alive(s, pid)) {
             reap_dead(g->t);
             *died = true; /* its memory went back to the driver with it */
             return 0;
         }
+        int64_t left = (now < end ? end : grace_end) - now;
         struct timespec ts = {0, left < GROUP_POLL_NS ? left : GROUP_POLL_NS};
         futex(&s->ack_seq, FUTEX_WAIT, ack, &ts);
     }
@@ -945,9 +998,10 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
     }
     if (over_budget && (room || over_budget > need))
         need = over_budget;
-    int64_t end = now_ns() + (int64_t)wait_ms * 1000000ll;
+    int64_t start = now_ns(), end = start + (int64_t)wait_ms * 1000000ll;
+    int64_t grace_end = start + (int64_t)GROUP_GRACE * wait_ms * 1000000ll;
     uint64_t got = 0;
-    bool died = false;
+    bool died = false, timed_out = false;
     char why[160];
     if (!table_intact(g, why, sizeof why)) {
         go_alone(g, why);
@@ -998,8 +1052,10 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
                 if (!nb)
                     break;
                 for (int k = 0; k < nb; k++)
-                    got += ask_wait(g, batch[k], pids[k], seqs[k], end, &died);
+                    got += ask_wait(g, batch[k], pids[k], seqs[k], end, grace_end, &died, &timed_out);
             }
+            if (timed_out)
+                atomic_fetch_add(&g->t->slot[g->me].ask_timeouts, 1);
         }
         table_unlock(g->t);
     }
