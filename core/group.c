@@ -715,6 +715,13 @@ void group_detach_all(void)
         }
         xs_free(g);
     }
+    /* The guard goes with the last table, unless a handler was installed over it since. */
+    struct sigaction cur;
+    if (atomic_load(&xseg_rt.group.bus_on) && !sigaction(SIGBUS, NULL, &cur) && (cur.sa_flags & SA_SIGINFO) &&
+        cur.sa_sigaction == bus_guard) {
+        sigaction(SIGBUS, &xseg_rt.group.bus_old, NULL);
+        atomic_store(&xseg_rt.group.bus_on, false);
+    }
 }
 
 bool group_on(const struct dev_alloc *d)
