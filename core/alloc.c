@@ -764,7 +764,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         st = malloc_give_way(d, p, budgeted ? &bv : NULL);
     if (budgeted) {
         d->acct.set_budget = false;
-        group_note_reserved(d); /* the growth's intent withdrawn, failed or not */
+        group_note_reserved(d, false); /* the growth's intent withdrawn, failed or not */
     }
 
     /* 8. Out of memory: observers, then the message. */
@@ -1186,7 +1186,7 @@ xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
         group_budget_measure(d, &bv, SIZE_MAX); /* the wake's growth: up to the limit */
     xseg_status st = wake_pool_locked(d, pool, bv.limit);
     if (budgeted)
-        group_note_reserved(d);
+        group_note_reserved(d, true);
     return sleep_wake_done(d, st);
 }
 

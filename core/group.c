@@ -101,6 +101,10 @@ struct group {
     _Atomic bool rejoin_failed;
     unsigned seed;              /* rand_r: the back-off of a growth that steps aside */
     int fd;                     /* the mapped table's file, open: its size checked (table_intact) */
+    /* The headroom a wake underway claimed (device lock held): a wake gives the lock back while
+     * it restores, so a malloc's growth may come meanwhile; it publishes its bytes on top of
+     * these, counts them as taken, and leaves them published when it is done. */
+    size_t wake_growing;
     ino_t ino;                  /* the table's file, told apart from one created since */
     dev_t dev;
 };
@@ -781,8 +785,10 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
         v->group_budget = (size_t)g->group_budget;
         /* Our intent first, then the others' figures (both sequentially consistent): a member
          * growing at once either sees ours or we see its. */
-        if (grow && g->group_budget)
-            atomic_store(&mine->growing, grow < g->total ? grow : g->total);
+        if (grow && g->group_budget) {
+            uint64_t w = grow < g->total ? grow + g->wake_growing : g->total;
+            atomic_store(&mine->growing, w < g->total ? w : g->total);
+        }
         /* The other live members' published figures, each bounded by the device (no overflow:
          * 64 slots of at most 2^47 bytes each on any device there is). */
         for (int i = 0; i < GROUP_SLOTS; i++) {
@@ -815,7 +821,8 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
     if (v->budget)
         v->own_limit = v->budget > foreign_hi ? v->budget - foreign_hi : 0;
     /* Growths underway count in full: what `used` shows of them is out of our estimate above. */
-    size_t group_rest = v->others_reserved + v->others_foreign + v->foreign + v->others_growing;
+    size_t group_rest = v->others_reserved + v->others_foreign + v->foreign + v->others_growing +
+                        (g && grow != g->total ? g->wake_growing : 0);
     if (v->group_budget)
         v->group_limit = v->group_budget > group_rest ? v->group_budget - group_rest : 0;
     v->limit = v->own_limit < v->group_limit ? v->own_limit : v->group_limit;
@@ -862,7 +869,7 @@ void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t gro
         bool fits_alone = want <= alone && want <= v->own_limit;
         if (unknown || want <= v->limit || !v->others_growing || !fits_alone || now_ns() >= end)
             break;
-        atomic_store(&mine->growing, 0);
+        atomic_store(&mine->growing, g->wake_growing);
         struct timespec ts = {0, pause + (long)((uint64_t)rand_r(&g->seed) % (uint64_t)pause)};
         nanosleep(&ts, NULL);
     }
@@ -873,17 +880,23 @@ void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t gro
     if (!unknown && v->limit > v->reserved + grow)
         v->limit = v->reserved + grow;
     size_t head = v->limit > v->reserved ? v->limit - v->reserved : 0;
+    if (unknown)
+        g->wake_growing = head < g->total ? head : (size_t)g->total;
+    else
+        head += g->wake_growing;
     atomic_store(&mine->growing, head < g->total ? head : g->total);
 }
 
-void group_note_reserved(struct dev_alloc *d)
+void group_note_reserved(struct dev_alloc *d, bool wake)
 {
     struct group *g = group_checked(d);
     if (g) {
         size_t r = d->acct.total_allocated_memory;
         struct gslot *s = &g->t->slot[g->me];
+        if (wake)
+            g->wake_growing = 0;
         atomic_store(&s->reserved, r < g->total ? r : g->total);
-        atomic_store(&s->growing, 0); /* after the reserved bytes that replace it */
+        atomic_store(&s->growing, g->wake_growing); /* after the reserved bytes that replace it */
     }
 }
 

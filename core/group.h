@@ -69,8 +69,8 @@ bool group_measure_on(const struct dev_alloc *d);
 void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t grow);
 
 /* Publish our reserved bytes now and withdraw the growth group_budget_measure published: after
- * every measured growth, failed or not. Lock held. */
-void group_note_reserved(struct dev_alloc *d);
+ * every measured growth, failed or not (@p wake: a wake's, measured with SIZE_MAX). Lock held. */
+void group_note_reserved(struct dev_alloc *d, bool wake);
 
 /* The OOM message's budget sentences ("" without a budget): measured now. Lock held. */
 void group_budget_oom_info(struct dev_alloc *d, size_t alloc_size, char *buf, size_t size);
