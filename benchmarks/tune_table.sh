@@ -30,8 +30,12 @@ name = sys.argv[1]
 rows = [json.loads(l) for l in sys.stdin if l.startswith("{\"tune\"")]
 if not rows:
     sys.exit("tune_table.sh: no --tune result for %s (its messages follow)" % name)
-get = lambda fam, rank: next(r for r in rows if r.get("family") == fam and r.get("rank") == rank)
+# A family with no replay finished within the budget has no rows (the last row lists it).
+none = {"config": "(no replay within the budget)", "peak_reserved_bytes": None}
+get = lambda fam, rank: next((r for r in rows if r.get("family") == fam and r.get("rank") == rank), none)
 def figs(r):
+    if r["peak_reserved_bytes"] is None:
+        return "-"
     d = r["min_device_bytes"]
     dev = "-" if d is None else ("" if r["min_device_exact"] else "<= ") + "%.2f" % (d / 2**30)
     return "%.2f / %s" % (r["peak_reserved_bytes"] / 2**30, dev)

@@ -1278,12 +1278,23 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
                     break;
                 }
     xseg_status st = XSEG_SUCCESS;
-    if (!pp || !b)
+    /* Only a block of a layout xseg made can be placed: its size a nonzero multiple of
+     * BLOCK_MIN_SIZE (round_size's unit, whichever rounding made it), its address on the same
+     * grid from its segment's base (every block's address is; b's is). Anything else would leave
+     * blocks off the grid, and later mallocs would hand out unaligned addresses. */
+    if (size == 0 || size % BLOCK_MIN_SIZE)
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_malloc_at: size %zu at 0x%" PRIxPTR " is not a block size "
+                     "(a nonzero multiple of %zu bytes, as xseg rounds every request)", size, addr, BLOCK_MIN_SIZE);
+    else if (!pp || !b)
         st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_malloc_at: 0x%" PRIxPTR " is not in a segment of pool (%" PRIu64
                      ", %" PRIu64 ") on device %d", addr, id.first, id.second, d->device);
+    else if ((addr - b->addr) % BLOCK_MIN_SIZE)
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_malloc_at: 0x%" PRIxPTR " is not a block address: blocks "
+                     "start at multiples of %zu bytes from their segment's base (the block there starts at 0x%"
+                     PRIxPTR ")", addr, BLOCK_MIN_SIZE, b->addr);
     else if (sleep_pool_asleep(d, pp)) /* asleep, going to sleep or waking: its pages are not its own */
         st = sleep_refuse(d, pp);
-    else if (b->allocated || !block_in_free_index(b) || size == 0 || size > b->addr + b->size - addr)
+    else if (b->allocated || !block_in_free_index(b) || size > b->addr + b->size - addr)
         st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_pool_malloc_at: [0x%" PRIxPTR ", +%zu) is not inside one free, "
                      "mapped block of the pool (the block there: %zu bytes at 0x%" PRIxPTR ", %s)", addr, size,
                      b->size, b->addr, b->allocated ? "allocated" : b->mapped ? "pending" : "unmapped");

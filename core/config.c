@@ -35,6 +35,8 @@
  * granularity (2 MiB on NVIDIA GPUs); an odd large_segment_size_mb could never be mapped. */
 #define CFG_LARGE_SEGMENT_MULTIPLE_MB 2
 #define CFG_MAX_LARGE_SEGMENT_MB (1024ull * 1024) /* 1 TiB pages: far beyond any device */
+/* The bound of large_segment_size_mb and of the keys it bounds: 1 TiB, or what fits a 32-bit size_t. */
+#define CFG_MAX_SEGMENT_MB XSEG_MIN(CFG_MAX_LARGE_SEGMENT_MB, CFG_MAX_MB)
 /* expandable_page_size_mb: pages are created with cuMemCreate, in multiples of the driver's 2 MiB
  * granularity. */
 #define CFG_PAGE_MULTIPLE_MB 2
@@ -134,6 +136,7 @@ struct cfg_parser {
     bool have_max_split, have_non_split, have_large_segment, have_page, have_chunk;
     size_t max_split_pos, non_split_pos, page_pos, large_pos, chunk_pos;
     unsigned long long max_split_mb, non_split_mb, page_mb, chunk_mb;
+    const char *max_split_word, *non_split_word, *page_word, *chunk_word; /* as typed, for messages */
     uint64_t ignored; /* bit k: row k was given and is ignored (named in the one-time note) */
     bool async_backend; /* backend:cudaMallocAsync was given (ignored, named in the note) */
 };
@@ -178,7 +181,9 @@ static xseg_status cfg_word(struct cfg_parser *p, const char *key, const char *f
     return XSEG_SUCCESS;
 }
 
-/* Decimal digits only: no sign, no fraction, no exponent (stoul would take "-1" or "12abc"). */
+/* Decimal digits only: no sign, no fraction, no exponent (stoul would take "-1" or "12abc"); a
+ * value past ULLONG_MAX is refused too, never saturated, so no caller can take a clamped number
+ * for the one typed (every caller's message quotes the word and names its range). */
 static bool cfg_to_ull(const char *s, unsigned long long *v)
 {
     if (!*s)
@@ -189,9 +194,8 @@ static bool cfg_to_ull(const char *s, unsigned long long *v)
             return false;
         unsigned d = (unsigned)(*s - '0');
         if (r > (ULLONG_MAX - d) / 10)
-            r = ULLONG_MAX; /* saturate: callers range-check */
-        else
-            r = r * 10 + d;
+            return false;
+        r = r * 10 + d;
     }
     *v = r;
     return true;
@@ -228,19 +232,24 @@ static xseg_status cfg_parse_bool(struct cfg_parser *p, const char *key, bool *o
     return XSEG_SUCCESS;
 }
 
-/* A whole number of MiB; range checks that depend on other keys are the caller's. */
-static xseg_status cfg_parse_mb(struct cfg_parser *p, const char *key, unsigned long long *mb,
-                                size_t *pos)
+/* A MiB value refused: the key, the range it must be in, the word as typed. */
+static xseg_status cfg_bad_mb(const char *key, const char *form, const char *word, size_t pos)
 {
-    const char *w;
-    xseg_status st = cfg_word(p, key, "a whole number of MiB", &w, pos);
+    return err_set(XSEG_ERROR_INVALID_VALUE, "allocator config: %s: expected %s, got '%s' at index %zu", key, form,
+                   word, pos);
+}
+
+/* A whole number of MiB up to @p max; @p form spells the key's whole range for the message, which
+ * quotes the word as typed (*word: the token, alive until cfg_parse returns). Checks that depend
+ * on other keys are the caller's (or cfg_finish's). */
+static xseg_status cfg_parse_mb(struct cfg_parser *p, const char *key, const char *form, unsigned long long max,
+                                unsigned long long *mb, const char **word, size_t *pos)
+{
+    xseg_status st = cfg_word(p, key, form, word, pos);
     if (st)
         return st;
-    if (!cfg_to_ull(w, mb))
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: %s: expected a whole number of MiB, got '%s' at index "
-                       "%zu",
-                       key, w, *pos);
+    if (!cfg_to_ull(*word, mb) || *mb > max)
+        return cfg_bad_mb(key, form, *word, *pos);
     return XSEG_SUCCESS;
 }
 
@@ -265,7 +274,7 @@ static xseg_status cfg_parse_fraction(struct cfg_parser *p, const char *key, con
 /* A division count: 0 (off) or a power of two. */
 static xseg_status cfg_parse_division(struct cfg_parser *p, const char *key, unsigned *out)
 {
-    static const char form[] = "a power of 2 or 0";
+    static const char form[] = "a power of 2 or 0, up to 2147483648";
     const char *w;
     size_t pos;
     unsigned long long v;
@@ -322,7 +331,7 @@ static xseg_status cfg_parse_roundup(struct cfg_parser *p, const struct cfg_key 
         if (!rest && (!cfg_to_ull(w, &mb) || !cfg_pow2(mb)))
             return err_set(XSEG_ERROR_INVALID_VALUE,
                            "allocator config: %s: interval '%s' at index %zu must be a power of 2 "
-                           "(in MB) or '>'",
+                           "(in MB, up to 2^63) or '>'",
                            key, w, pos);
         if ((st = cfg_expect(p, ':', key, list_form)))
             return st;
@@ -389,72 +398,96 @@ static xseg_status cfg_parse_closed_fraction(struct cfg_parser *p, const struct 
     return cfg_parse_fraction(p, key, "a number in [0.0, 1.0]", false, cfg_out(p, k));
 }
 
-/* max_split_size_mb and max_non_split_rounding_mb: checked against large_segment_size_mb by
- * cfg_finish, once the whole string is read. */
+/* max_split_size_mb and max_non_split_rounding_mb: from large_segment_size_mb (checked by
+ * cfg_finish, once the whole string is read) to the most whose bytes fit a size_t. */
+static xseg_status cfg_parse_split_mb(struct cfg_parser *p, const char *key, unsigned long long *mb,
+                                      const char **word, size_t *pos)
+{
+    char form[96];
+    snprintf(form, sizeof form, "a whole number of MiB from large_segment_size_mb to %llu", CFG_MAX_MB);
+    return cfg_parse_mb(p, key, form, CFG_MAX_MB, mb, word, pos);
+}
+
 static xseg_status cfg_parse_max_split(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
     (void)k;
     p->have_max_split = true;
-    return cfg_parse_mb(p, key, &p->max_split_mb, &p->max_split_pos);
+    return cfg_parse_split_mb(p, key, &p->max_split_mb, &p->max_split_word, &p->max_split_pos);
 }
 
 static xseg_status cfg_parse_non_split(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
     (void)k;
     p->have_non_split = true;
-    return cfg_parse_mb(p, key, &p->non_split_mb, &p->non_split_pos);
+    return cfg_parse_split_mb(p, key, &p->non_split_mb, &p->non_split_word, &p->non_split_pos);
 }
 
 static xseg_status cfg_parse_large_segment(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
+    char form[128];
+    snprintf(form, sizeof form, "a whole number of MiB > %d and a multiple of %d (the driver's page granularity), "
+             "up to %llu", CFG_MIN_LARGE_SEGMENT_MB, CFG_LARGE_SEGMENT_MULTIPLE_MB, CFG_MAX_SEGMENT_MB);
     unsigned long long mb;
+    const char *w;
     size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    xseg_status st = cfg_parse_mb(p, key, form, CFG_MAX_SEGMENT_MB, &mb, &w, &pos);
     if (st)
         return st;
-    if (mb <= CFG_MIN_LARGE_SEGMENT_MB || mb % CFG_LARGE_SEGMENT_MULTIPLE_MB || mb > CFG_MAX_LARGE_SEGMENT_MB)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: large_segment_size_mb must be > %d MB and a multiple "
-                       "of %d MB (the driver's page granularity), up to %llu; got %llu at "
-                       "index %zu",
-                       CFG_MIN_LARGE_SEGMENT_MB, CFG_LARGE_SEGMENT_MULTIPLE_MB,
-                       CFG_MAX_LARGE_SEGMENT_MB, mb, pos);
+    if (mb <= CFG_MIN_LARGE_SEGMENT_MB || mb % CFG_LARGE_SEGMENT_MULTIPLE_MB)
+        return cfg_bad_mb(key, form, w, pos);
     p->have_large_segment = true;
     p->large_pos = pos;
     *(size_t *)cfg_out(p, k) = (size_t)mb * XSEG_MiB;
     return XSEG_SUCCESS;
 }
 
+/* expandable_page_size_mb's range; @p large_mb: its upper bound in force (0: not known yet). */
+static void cfg_page_form(char *form, size_t size, unsigned long long large_mb)
+{
+    char bound[64] = "large_segment_size_mb";
+    if (large_mb)
+        snprintf(bound, sizeof bound, "%llu (large_segment_size_mb)", large_mb);
+    snprintf(form, size, "an even whole number of MiB >= %d (a multiple of the driver's %d MiB page granularity), "
+             "up to %s", CFG_PAGE_MULTIPLE_MB, CFG_PAGE_MULTIPLE_MB, bound);
+}
+
 /* expandable_page_size_mb: its upper bound (large_segment_size_mb) is cfg_finish's. */
 static xseg_status cfg_parse_page(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
     (void)k;
-    xseg_status st = cfg_parse_mb(p, key, &p->page_mb, &p->page_pos);
+    char form[160];
+    cfg_page_form(form, sizeof form, 0);
+    xseg_status st = cfg_parse_mb(p, key, form, CFG_MAX_SEGMENT_MB, &p->page_mb, &p->page_word, &p->page_pos);
     if (st)
         return st;
     if (p->page_mb < CFG_PAGE_MULTIPLE_MB || p->page_mb % CFG_PAGE_MULTIPLE_MB)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: expandable_page_size_mb must be an even number of MB "
-                       ">= %d (a multiple of the driver's %d MB page granularity); got %llu at "
-                       "index %zu",
-                       CFG_PAGE_MULTIPLE_MB, CFG_PAGE_MULTIPLE_MB, p->page_mb, p->page_pos);
+        return cfg_bad_mb(key, form, p->page_word, p->page_pos);
     p->have_page = true;
     return XSEG_SUCCESS;
 }
 
+/* expandable_chunk_mb's range; @p page_mb: its upper bound in force (0: not known yet). */
+static void cfg_chunk_form(char *form, size_t size, unsigned long long page_mb)
+{
+    char bound[64] = "expandable_page_size_mb";
+    if (page_mb)
+        snprintf(bound, sizeof bound, "%llu (expandable_page_size_mb)", page_mb);
+    snprintf(form, size, "0 (the default chunk) or an even whole number of MiB (a multiple of the driver's %d MiB "
+             "granularity), up to %s", CFG_PAGE_MULTIPLE_MB, bound);
+}
+
+/* expandable_chunk_mb: its upper bound (expandable_page_size_mb) is cfg_finish's. */
 static xseg_status cfg_parse_chunk(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
+    char form[160];
+    cfg_chunk_form(form, sizeof form, 0);
     unsigned long long mb;
     size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    xseg_status st = cfg_parse_mb(p, key, form, CFG_MAX_SEGMENT_MB, &mb, &p->chunk_word, &pos);
     if (st)
         return st;
-    if (mb % CFG_PAGE_MULTIPLE_MB || mb > CFG_MAX_LARGE_SEGMENT_MB)
-        return err_set(XSEG_ERROR_INVALID_VALUE,
-                       "allocator config: expandable_chunk_mb must be 0 (the default chunk) or "
-                       "an even number of MB (a multiple of the driver's %d MB granularity); got "
-                       "%llu at index %zu",
-                       CFG_PAGE_MULTIPLE_MB, mb, pos);
+    if (mb % CFG_PAGE_MULTIPLE_MB)
+        return cfg_bad_mb(key, form, p->chunk_word, pos);
     p->have_chunk = true;
     p->chunk_mb = mb;
     p->chunk_pos = pos;
@@ -462,15 +495,18 @@ static xseg_status cfg_parse_chunk(struct cfg_parser *p, const struct cfg_key *k
     return XSEG_SUCCESS;
 }
 
-/* services */
+/* services: release_threshold_mb's largest value means unset (keep all), as the default. */
 static xseg_status cfg_parse_release_threshold(struct cfg_parser *p, const struct cfg_key *k, const char *key)
 {
+    char form[96];
+    snprintf(form, sizeof form, "a whole number of MiB up to %llu", CFG_MAX_MB);
     unsigned long long mb;
+    const char *w;
     size_t pos;
-    xseg_status st = cfg_parse_mb(p, key, &mb, &pos);
+    xseg_status st = cfg_parse_mb(p, key, form, CFG_MAX_MB, &mb, &w, &pos);
     if (st)
         return st;
-    *(size_t *)cfg_out(p, k) = mb >= CFG_MAX_MB ? SIZE_MAX : (size_t)mb * XSEG_MiB;
+    *(size_t *)cfg_out(p, k) = mb == CFG_MAX_MB ? SIZE_MAX : (size_t)mb * XSEG_MiB;
     return XSEG_SUCCESS;
 }
 
@@ -683,23 +719,19 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
 {
     struct cfg *c = &p->cfg;
     unsigned long long large_mb = c->large_segment_size / XSEG_MiB;
+    char form[192];
+    snprintf(form, sizeof form, "a whole number of MiB from %llu (large_segment_size_mb) to %llu", large_mb,
+             CFG_MAX_MB);
     if (p->have_max_split) {
         if (p->max_split_mb < large_mb)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: max_split_size_mb too small: must be >= %llu "
-                           "(large_segment_size_mb), got %llu at index %zu",
-                           large_mb, p->max_split_mb, p->max_split_pos);
-        /* Beyond what size_t can hold in bytes means "never split-limited". */
-        c->max_split_size =
-            p->max_split_mb >= CFG_MAX_MB ? SIZE_MAX : (size_t)p->max_split_mb * XSEG_MiB;
+            return cfg_bad_mb("max_split_size_mb", form, p->max_split_word, p->max_split_pos);
+        /* The largest value (its bytes just fit a size_t) means "never split-limited", the default. */
+        c->max_split_size = p->max_split_mb == CFG_MAX_MB ? SIZE_MAX : (size_t)p->max_split_mb * XSEG_MiB;
     }
     if (p->have_non_split) {
         if (p->non_split_mb < large_mb)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: max_non_split_rounding_mb too small: must be >= %llu "
-                           "(large_segment_size_mb), got %llu at index %zu",
-                           large_mb, p->non_split_mb, p->non_split_pos);
-        c->max_non_split_rounding = (size_t)XSEG_MIN(p->non_split_mb, CFG_MAX_MB) * XSEG_MiB;
+            return cfg_bad_mb("max_non_split_rounding_mb", form, p->non_split_word, p->non_split_pos);
+        c->max_non_split_rounding = (size_t)p->non_split_mb * XSEG_MiB;
     } else if (p->have_large_segment && base->max_non_split_rounding == base->large_segment_size) {
         /* It was following its default (= large_segment_size): keep following it. */
         c->max_non_split_rounding = c->large_segment_size;
@@ -716,11 +748,10 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
      * classic segment PyTorch gives it, and fewer, larger pages never help utilization: the
      * default (PyTorch's page) is the largest page. */
     if (p->have_page) {
-        if (p->page_mb > large_mb)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: expandable_page_size_mb too large: must be <= %llu "
-                           "(large_segment_size_mb), got %llu at index %zu",
-                           large_mb, p->page_mb, p->page_pos);
+        if (p->page_mb > large_mb) {
+            cfg_page_form(form, sizeof form, large_mb);
+            return cfg_bad_mb("expandable_page_size_mb", form, p->page_word, p->page_pos);
+        }
         c->expandable_page_size = (size_t)p->page_mb * XSEG_MiB;
     } else if (p->have_large_segment && base->expandable_page_size == base->large_segment_size) {
         c->expandable_page_size = c->large_segment_size; /* following it, as by default */
@@ -733,11 +764,10 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
     }
     /* A chunk is a piece of a page (pages are what growth maps and what PyTorch reserves). */
     if (c->expandable_chunk > c->expandable_page_size) {
-        if (p->have_chunk)
-            return err_set(XSEG_ERROR_INVALID_VALUE,
-                           "allocator config: expandable_chunk_mb too large: must be <= %zu "
-                           "(expandable_page_size_mb), got %llu at index %zu",
-                           c->expandable_page_size / XSEG_MiB, p->chunk_mb, p->chunk_pos);
+        if (p->have_chunk) {
+            cfg_chunk_form(form, sizeof form, c->expandable_page_size / XSEG_MiB);
+            return cfg_bad_mb("expandable_chunk_mb", form, p->chunk_word, p->chunk_pos);
+        }
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "allocator config: expandable_page_size_mb %zu is below expandable_chunk_mb %zu in "
                        "force; set expandable_chunk_mb too (0, or <= expandable_page_size_mb), at index %zu",

@@ -547,9 +547,12 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
  * placed block is recorded as an alloc (with the caller's stack) and its free as a free.
  * @param device a device index
  * @param pool a private pool (not {0, 0})
- * @param ptr the address to place the block at
- * @param size its size in bytes (a block size of the layout: rounded as xseg rounds)
- * @return XSEG_ERROR_INVALID_VALUE when @p ptr is in no segment of the pool;
+ * @param ptr the address to place the block at: a block address of the layout (a multiple of
+ *            512 bytes from its segment's base, as every block of xseg starts)
+ * @param size its size in bytes: a block size of the layout (as xseg rounds: a nonzero multiple
+ *             of 512), as a snapshot gives it, not the size requested
+ * @return XSEG_ERROR_INVALID_VALUE when @p ptr is in no segment of the pool, or @p ptr or
+ *         @p size is not on that 512-byte grid (size 0 included);
  *         XSEG_ERROR_ILLEGAL_STATE when the range is not inside one free mapped block (part of it
  *         allocated, pending a stream's work, or given back by empty_cache) or the pool is not
  *         awake (xseg_sleep: asleep, going to sleep or waking up);

@@ -45,11 +45,17 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -60,7 +66,6 @@
 #include <mutex>
 #include <new>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -457,17 +462,38 @@ void attach_trace_tracker(cca::AllocatorTraceTracker, long)
 // ---- CUDA IPC of tensors (torch.multiprocessing) ---------------------------------------------
 
 // PyTorch moves a handle as a byte string. A fabric handle is bytes (xseg_ipc_serialize); POSIX
-// file descriptors are not, so the exporting process serves them over a Unix socket (abstract
-// name, this process's, with a random token): the string names the socket, the export's id and
-// its token, and the importer fetches the descriptors with xseg_ipc_recv. Exports stay open until
-// the block is freed (PyTorch's producer keeps the tensor alive while consumers use it).
+// file descriptors are not, so the exporting process serves them over a Unix socket: the string
+// names the socket, the export's id and that export's own token, and the importer fetches the
+// descriptors with xseg_ipc_recv. Exports stay open until the block is freed (PyTorch's producer
+// keeps the tensor alive while consumers use it).
+//
+// Handle strings travel through pickles, queues and logs, and the socket is visible to every
+// local user, so the server trusts neither: the socket lives in a 0700 directory of its own
+// (mkdtemp), a connection from another uid is closed before anything is read (SO_PEERCRED; other
+// uids only where XSEG_TORCH_IPC_ALLOW_UIDS lists them), a token (128 random bits, one per export,
+// drawn apart from the socket's name) opens only its export, and no peer can stall the server: it
+// polls every connection, drops one that has not sent its request within IPC_PEER_MS, and holds
+// at most IPC_PENDING_MAX at once (dropping the oldest). The importer bounds its own waits (IPC_CLIENT_S).
+constexpr int IPC_PEER_MS = 10000;     // a request is 40 bytes written at once: generous under load
+constexpr size_t IPC_PENDING_MAX = 64; // connections awaiting their request; more close the oldest
+constexpr int IPC_CLIENT_S = 30;       // the importer's limit on connect, send and each receive
+constexpr size_t IPC_TOKEN_HEX = 32;
+const char IPC_ALLOW_ENV[] = "XSEG_TORCH_IPC_ALLOW_UIDS";
+
+using IpcHandlePtr = std::shared_ptr<xseg_ipc_handle>; // the server sends without holding ipc.mu
+struct IpcExport {
+    void *block;
+    IpcHandlePtr handle;
+    std::string token; // IPC_TOKEN_HEX hex digits
+};
 struct IpcExports {
     std::mutex mu;
-    std::map<uint64_t, std::pair<void *, xseg_ipc_handle *>> by_id; // id -> (block, handle)
+    std::map<uint64_t, IpcExport> by_id;
     std::map<void *, uint64_t> by_ptr;
     uint64_t next_id = 1;
-    std::string socket_name; // abstract (leading NUL dropped here); empty until the server runs
-    std::string token;       // 32 hex digits: a connection must present it
+    std::string dir, path;    // the 0700 directory and the socket in it; empty until the server runs
+    std::vector<uid_t> allow; // uids admitted besides this process's (XSEG_TORCH_IPC_ALLOW_UIDS)
+    pid_t owner = 0;          // the process whose server thread serves path (not a forked child)
     int listen_fd = -1;
 };
 IpcExports ipc;
@@ -476,72 +502,278 @@ std::atomic<int> ipc_live{0}; // exports open: the free path looks the pointer u
 const char IPC_FABRIC[] = "xseg-ipc-fabric:";
 const char IPC_FD[] = "xseg-ipc-fd:";
 
-sockaddr_un ipc_address(const std::string &name, socklen_t *len)
+bool ipc_address(const std::string &path, sockaddr_un *a, socklen_t *len)
 {
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    a.sun_path[0] = '\0';
-    std::memcpy(a.sun_path + 1, name.data(), std::min(name.size(), sizeof a.sun_path - 2));
-    *len = (socklen_t)(offsetof(sockaddr_un, sun_path) + 1 + std::min(name.size(), sizeof a.sun_path - 2));
-    return a;
-}
-
-bool read_full(int fd, void *buf, size_t n)
-{
-    char *p = static_cast<char *>(buf);
-    while (n) {
-        ssize_t r = ::read(fd, p, n);
-        if (r <= 0)
-            return false;
-        p += r;
-        n -= (size_t)r;
-    }
+    *a = sockaddr_un{};
+    a->sun_family = AF_UNIX;
+    if (path.empty() || path[0] != '/' || path.size() >= sizeof a->sun_path || path.find('\0') != std::string::npos)
+        return false;
+    std::memcpy(a->sun_path, path.data(), path.size());
+    *len = (socklen_t)(offsetof(sockaddr_un, sun_path) + path.size() + 1);
     return true;
 }
 
-// One request per connection: 8 bytes of export id and 32 of token, answered with
-// xseg_ipc_send of that export (or a close when the id or token is wrong).
+// IPC_TOKEN_HEX hex digits of the kernel's random bits (getrandom, else /dev/urandom).
+std::string ipc_new_token()
+{
+    unsigned char raw[IPC_TOKEN_HEX / 2];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t r = ::getrandom(raw + got, sizeof raw - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    if (got < sizeof raw) {
+        int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+        while (fd >= 0 && got < sizeof raw) {
+            ssize_t r = ::read(fd, raw + got, sizeof raw - got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        if (fd >= 0)
+            ::close(fd);
+    }
+    TORCH_CHECK(got == sizeof raw, "xseg: shareIpcHandle: no random bytes for the export's token (getrandom and "
+                                   "/dev/urandom failed)");
+    static const char digits[] = "0123456789abcdef";
+    std::string t(IPC_TOKEN_HEX, '0');
+    for (size_t i = 0; i < sizeof raw; i++) {
+        t[2 * i] = digits[raw[i] >> 4];
+        t[2 * i + 1] = digits[raw[i] & 15];
+    }
+    return t;
+}
+
+// Token comparison whose time does not depend on where the bytes differ.
+bool ipc_same_token(const std::string &want, const char *got)
+{
+    if (want.size() != IPC_TOKEN_HEX) // never: every export's token has this length
+        return false;
+    unsigned char d = 0;
+    for (size_t i = 0; i < IPC_TOKEN_HEX; i++)
+        d |= (unsigned char)(want[i] ^ got[i]);
+    return d == 0;
+}
+
+bool ipc_peer_admitted(int c)
+{
+    ucred cr{};
+    socklen_t len = sizeof cr;
+    if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof cr)
+        return false;
+    if (cr.uid == ::geteuid())
+        return true;
+    std::lock_guard<std::mutex> g(ipc.mu);
+    return std::find(ipc.allow.begin(), ipc.allow.end(), cr.uid) != ipc.allow.end();
+}
+
+// A complete request: 8 bytes of export id and IPC_TOKEN_HEX of token, answered with
+// xseg_ipc_send of that export when the token is the export's (else the connection just closes).
+void ipc_answer(int c, const char *req)
+{
+    uint64_t id;
+    std::memcpy(&id, req, sizeof id);
+    IpcHandlePtr h;
+    {
+        std::lock_guard<std::mutex> g(ipc.mu);
+        auto it = ipc.by_id.find(id);
+        if (it != ipc.by_id.end() && ipc_same_token(it->second.token, req + sizeof id))
+            h = it->second.handle;
+    }
+    if (!h)
+        return;
+    int fl = ::fcntl(c, F_GETFL);
+    timeval tv{IPC_PEER_MS / 1000, (IPC_PEER_MS % 1000) * 1000};
+    if (fl >= 0 && ::fcntl(c, F_SETFL, fl & ~O_NONBLOCK) == 0 &&
+        ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0)
+        (void)xseg_ipc_send(c, h.get()); // a peer that stops reading is dropped at the timeout
+}
+
+// The server: one thread polling the listening socket and every connection awaiting its request,
+// so a silent or slow peer delays no one.
 void ipc_serve(int lfd)
 {
+    constexpr size_t REQ = sizeof(uint64_t) + IPC_TOKEN_HEX;
+    struct Pending {
+        int fd;
+        size_t got;
+        char req[REQ];
+        std::chrono::steady_clock::time_point deadline;
+    };
+    std::vector<Pending> pend;
+    std::vector<pollfd> pfd;
     for (;;) {
-        int c = ::accept(lfd, nullptr, nullptr);
-        if (c < 0)
-            continue;
-        uint64_t id = 0;
-        char token[32];
-        if (read_full(c, &id, sizeof id) && read_full(c, token, sizeof token)) {
-            std::lock_guard<std::mutex> g(ipc.mu);
-            auto it = ipc.by_id.find(id);
-            if (it != ipc.by_id.end() && ipc.token.compare(0, 32, token, 32) == 0)
-                (void)xseg_ipc_send(c, it->second.second);
+        auto now = std::chrono::steady_clock::now();
+        int wait_ms = -1;
+        pfd.assign(1, pollfd{lfd, POLLIN, 0});
+        for (auto &p : pend) {
+            pfd.push_back(pollfd{p.fd, POLLIN, 0});
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count();
+            int ms = (int)std::max<long long>(0, std::min<long long>(left + 1, IPC_PEER_MS));
+            wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
         }
-        ::close(c);
+        if (::poll(pfd.data(), pfd.size(), wait_ms) < 0) {
+            if (errno != EINTR)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10)); // ENOMEM: try again
+            continue;
+        }
+        now = std::chrono::steady_clock::now();
+        std::vector<Pending> keep;
+        for (size_t i = 0; i < pend.size(); i++) {
+            Pending &p = pend[i];
+            bool done = false;
+            if (pfd[i + 1].revents) {
+                ssize_t r = ::recv(p.fd, p.req + p.got, REQ - p.got, MSG_DONTWAIT);
+                if (r > 0)
+                    p.got += (size_t)r;
+                else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                    done = true;
+                if (p.got == REQ) {
+                    ipc_answer(p.fd, p.req);
+                    done = true;
+                }
+            }
+            if (!done && now >= p.deadline)
+                done = true;
+            if (done)
+                ::close(p.fd);
+            else
+                keep.push_back(p);
+        }
+        pend.swap(keep);
+        if (!(pfd[0].revents & POLLIN))
+            continue;
+        for (;;) { // the listening socket is non-blocking: take every connection waiting
+            int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (c < 0) {
+                if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50)); // EMFILE etc.: no spin
+                break;
+            }
+            if (!ipc_peer_admitted(c)) {
+                ::close(c);
+                continue;
+            }
+            if (pend.size() >= IPC_PENDING_MAX) { // the oldest goes: a flood cannot lock out new requests
+                ::close(pend.front().fd);
+                pend.erase(pend.begin());
+            }
+            pend.push_back(Pending{c, 0, {}, now + std::chrono::milliseconds(IPC_PEER_MS)});
+        }
     }
 }
 
-// Under ipc.mu: start the descriptor server once.
+// At exit: the socket and its directory go (only by the process that made them).
+void ipc_remove_socket()
+{
+    if (ipc.owner != ::getpid() || ipc.path.empty())
+        return;
+    (void)::unlink(ipc.path.c_str());
+    (void)::rmdir(ipc.dir.c_str());
+}
+
+// XSEG_TORCH_IPC_ALLOW_UIDS: decimal uids separated by commas (unset or empty: none).
+std::vector<uid_t> ipc_allowed_uids()
+{
+    std::vector<uid_t> out;
+    const char *env = std::getenv(IPC_ALLOW_ENV);
+    if (!env)
+        return out;
+    const char *s = env;
+    while (*s) {
+        char *end = nullptr;
+        errno = 0;
+        unsigned long long v = *s >= '0' && *s <= '9' ? std::strtoull(s, &end, 10) : 0;
+        TORCH_CHECK(end && end != s && errno == 0 && v < (uid_t)-1 && (*end == ',' || *end == '\0'), "xseg: ",
+                    IPC_ALLOW_ENV, "='", env, "': expected decimal uids separated by commas");
+        out.push_back((uid_t)v);
+        s = *end == ',' ? end + 1 : end;
+    }
+    return out;
+}
+
+// A new 0700 directory for the socket: under $XDG_RUNTIME_DIR when it is this user's and short
+// enough for a socket path, else (and when other uids are admitted: the runtime directory is
+// theirs to search only if it is 0711 or looser, so not relied on) under /tmp.
+std::string ipc_make_dir(bool others)
+{
+    std::string uid = std::to_string(::geteuid());
+    std::vector<std::string> bases;
+    const char *xdg = std::getenv("XDG_RUNTIME_DIR");
+    struct stat st {};
+    if (!others && xdg && xdg[0] == '/' && std::strlen(xdg) < 64 && ::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) &&
+        st.st_uid == ::geteuid())
+        bases.push_back(xdg);
+    bases.push_back("/tmp");
+    int err = 0;
+    for (auto &b : bases) {
+        std::string tmpl = b + "/xseg-torch-ipc-" + uid + "-XXXXXX";
+        if (::mkdtemp(&tmpl[0]))
+            return tmpl;
+        err = errno;
+    }
+    TORCH_CHECK(false, "xseg: shareIpcHandle: cannot make a directory for the descriptor socket under /tmp (",
+                std::strerror(err), "); share blocks with xseg.ipc_export and IpcHandle.send instead");
+    return {};
+}
+
+// Under ipc.mu: start the descriptor server once per process (a forked child starts its own).
 void ipc_start_server()
 {
-    if (ipc.listen_fd >= 0)
+    if (ipc.listen_fd >= 0 && ipc.owner == ::getpid())
         return;
-    std::random_device rd;
-    char hex[40];
-    std::snprintf(hex, sizeof hex, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-    std::string name = "xseg-torch-ipc-" + std::to_string(::getpid()) + "-" + std::string(hex, 8);
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    TORCH_CHECK(fd >= 0, "xseg: shareIpcHandle: socket: ", std::strerror(errno));
-    socklen_t len;
-    sockaddr_un a = ipc_address(name, &len);
-    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), len) != 0 || ::listen(fd, 64) != 0) {
-        int e = errno;
-        ::close(fd);
-        TORCH_CHECK(false, "xseg: shareIpcHandle: cannot serve file descriptors on a Unix socket (", std::strerror(e),
-                    "); share blocks with xseg.ipc_export and IpcHandle.send instead");
+    if (ipc.listen_fd >= 0) { // inherited through fork: the parent's server, not ours
+        ::close(ipc.listen_fd);
+        ipc.listen_fd = -1;
+        ipc.dir.clear();
+        ipc.path.clear();
     }
-    std::thread(ipc_serve, fd).detach();
+    std::vector<uid_t> allow = ipc_allowed_uids();
+    std::string dir = ipc_make_dir(!allow.empty()), path = dir + "/socket";
+    sockaddr_un a;
+    socklen_t len = 0;
+    int fd = -1, e = ENAMETOOLONG;
+    if (ipc_address(path, &a, &len)) {
+        fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        e = errno;
+        // Admitted uids need to search the directory and write the socket; SO_PEERCRED keeps out
+        // the rest.
+        bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr *>(&a), len) == 0 &&
+                  (allow.empty() || (::chmod(dir.c_str(), 0711) == 0 && ::chmod(path.c_str(), 0666) == 0)) &&
+                  ::listen(fd, 64) == 0;
+        e = errno;
+        if (!ok && fd >= 0) {
+            ::close(fd);
+            fd = -1;
+        }
+    }
+    if (fd < 0) {
+        (void)::unlink(path.c_str());
+        (void)::rmdir(dir.c_str());
+        TORCH_CHECK(false, "xseg: shareIpcHandle: cannot serve file descriptors on the Unix socket ", path, " (",
+                    std::strerror(e), "); share blocks with xseg.ipc_export and IpcHandle.send instead");
+    }
+    try {
+        std::thread(ipc_serve, fd).detach();
+    } catch (...) {
+        ::close(fd);
+        (void)::unlink(path.c_str());
+        (void)::rmdir(dir.c_str());
+        throw;
+    }
+    static bool at_exit = std::atexit(ipc_remove_socket) == 0;
+    (void)at_exit;
     ipc.listen_fd = fd;
-    ipc.socket_name = name;
-    ipc.token = std::string(hex, 32);
+    ipc.dir = dir;
+    ipc.path = path;
+    ipc.allow = std::move(allow);
+    ipc.owner = ::getpid();
 }
 
 template <class Handle>
@@ -553,6 +785,7 @@ Handle share_ipc_handle(void *ptr)
                 ". CUDA IPC of tensors needs xseg's expandable segments with shareable pages "
                 "(expandable_segments:True, expandable_segments_ipc:True, the defaults)");
     xseg_check(st, "shareIpcHandle");
+    IpcHandlePtr hp(h, xseg_ipc_handle_free);
     xseg_ipc_info info{};
     (void)xseg_ipc_handle_info(h, &info);
     Handle out{};
@@ -561,47 +794,90 @@ Handle share_ipc_handle(void *ptr)
         size_t len = 0;
         (void)xseg_ipc_serialize(h, nullptr, 0, &len);
         std::string bytes(len, '\0');
-        st = xseg_ipc_serialize(h, &bytes[0], len, &len);
-        xseg_ipc_handle_free(h);
-        xseg_check(st, "shareIpcHandle");
+        xseg_check(xseg_ipc_serialize(h, &bytes[0], len, &len), "shareIpcHandle");
         out.handle = IPC_FABRIC + bytes;
         return out;
     }
     std::lock_guard<std::mutex> g(ipc.mu);
-    try {
-        ipc_start_server();
-    } catch (...) {
-        xseg_ipc_handle_free(h);
-        throw;
-    }
+    ipc_start_server();
     auto old = ipc.by_ptr.find(ptr);
     if (old != ipc.by_ptr.end()) { // shared again: the export already served stays
-        xseg_ipc_handle_free(h);
-        out.handle = IPC_FD + ipc.socket_name + ":" + std::to_string(old->second) + ":" + ipc.token;
+        out.handle = IPC_FD + ipc.path + ":" + std::to_string(old->second) + ":" + ipc.by_id.at(old->second).token;
         return out;
     }
-    uint64_t id = ipc.next_id++;
-    ipc.by_id[id] = {ptr, h};
-    ipc.by_ptr[ptr] = id;
+    std::string token = ipc_new_token();
+    uint64_t id = ipc.next_id;
+    ipc.by_id.emplace(id, IpcExport{ptr, hp, token});
+    try {
+        ipc.by_ptr[ptr] = id;
+    } catch (...) {
+        ipc.by_id.erase(id);
+        throw;
+    }
+    ipc.next_id++;
     ipc_live.fetch_add(1, std::memory_order_relaxed);
-    out.handle = IPC_FD + ipc.socket_name + ":" + std::to_string(id) + ":" + ipc.token;
+    out.handle = IPC_FD + ipc.path + ":" + std::to_string(id) + ":" + token;
     return out;
 }
 
-// The block at @p ptr is being freed: close its export, if any.
+// The block at @p ptr is being freed: close its export, if any (the descriptors close once a
+// send in progress is done with them).
 void ipc_forget(void *ptr)
 {
     if (ipc_live.load(std::memory_order_relaxed) == 0)
         return;
+    IpcHandlePtr h; // released after ipc.mu
     std::lock_guard<std::mutex> g(ipc.mu);
     auto it = ipc.by_ptr.find(ptr);
     if (it == ipc.by_ptr.end())
         return;
     auto e = ipc.by_id.find(it->second);
-    xseg_ipc_handle_free(e->second.second);
+    h = std::move(e->second.handle);
     ipc.by_id.erase(e);
     ipc.by_ptr.erase(it);
     ipc_live.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// "xseg-ipc-fd:PATH:ID:TOKEN": fetch the descriptors from the exporting process's server.
+xseg_ipc_handle *ipc_fetch(const std::string &rest)
+{
+    size_t b = rest.rfind(':');
+    size_t a = b == std::string::npos || b == 0 ? std::string::npos : rest.rfind(':', b - 1);
+    TORCH_CHECK(a != std::string::npos && rest.size() - b - 1 == IPC_TOKEN_HEX && b - a - 1 >= 1 && b - a - 1 <= 19 &&
+                    rest.find_first_not_of("0123456789", a + 1) == b &&
+                    rest.find_first_not_of("0123456789abcdef", b + 1) == std::string::npos,
+                "xseg: getIpcDevPtr: malformed handle (xseg-ipc-fd:PATH:ID:TOKEN expected)");
+    std::string path = rest.substr(0, a), token = rest.substr(b + 1);
+    uint64_t id = std::strtoull(rest.c_str() + a + 1, nullptr, 10);
+    sockaddr_un addr;
+    socklen_t len = 0;
+    TORCH_CHECK(ipc_address(path, &addr, &len), "xseg: getIpcDevPtr: malformed handle (the socket path '", path,
+                "' is not an absolute path that fits a Unix socket address)");
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    TORCH_CHECK(fd >= 0, "xseg: getIpcDevPtr: socket: ", std::strerror(errno));
+    timeval tv{IPC_CLIENT_S, 0}; // connect (a full backlog), the request and each receive
+    bool bounded = ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0 &&
+                   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0;
+    if (!bounded || ::connect(fd, reinterpret_cast<sockaddr *>(&addr), len) != 0) {
+        int e = errno;
+        ::close(fd);
+        TORCH_CHECK(false, "xseg: getIpcDevPtr: cannot reach the exporting process's socket ", path, " (",
+                    std::strerror(e), "): it must be alive, in this mount namespace, and of this user (or admit "
+                    "this uid with ", IPC_ALLOW_ENV, " in the exporting process); otherwise share blocks with "
+                    "xseg.ipc_export and IpcHandle.send over a Unix socket you pass");
+    }
+    char req[sizeof id + IPC_TOKEN_HEX];
+    std::memcpy(req, &id, sizeof id);
+    std::memcpy(req + sizeof id, token.data(), IPC_TOKEN_HEX);
+    bool sent = ::send(fd, req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req;
+    xseg_ipc_handle *h = nullptr;
+    xseg_status st = sent ? xseg_ipc_recv(fd, &h) : XSEG_ERROR_INVALID_VALUE;
+    ::close(fd);
+    TORCH_CHECK(st == XSEG_SUCCESS, "xseg: getIpcDevPtr: the exporting process did not send the block (",
+                sent ? xseg_last_error() : "the request could not be sent",
+                "): it was freed, the handle is stale or not this block's, this uid is not admitted (",
+                IPC_ALLOW_ENV, "), or the exporter did not answer within ", IPC_CLIENT_S, " s");
+    return h;
 }
 
 std::shared_ptr<void> get_ipc_dev_ptr(const std::string &handle)
@@ -611,29 +887,7 @@ std::shared_ptr<void> get_ipc_dev_ptr(const std::string &handle)
         xseg_check(xseg_ipc_deserialize(handle.data() + sizeof IPC_FABRIC - 1, handle.size() - (sizeof IPC_FABRIC - 1), &h),
                    "getIpcDevPtr");
     } else if (handle.compare(0, sizeof IPC_FD - 1, IPC_FD) == 0) {
-        std::string rest = handle.substr(sizeof IPC_FD - 1);
-        size_t a = rest.find(':'), b = rest.find(':', a == std::string::npos ? a : a + 1);
-        TORCH_CHECK(a != std::string::npos && b != std::string::npos && rest.size() - b - 1 == 32,
-                    "xseg: getIpcDevPtr: malformed handle");
-        std::string name = rest.substr(0, a), token = rest.substr(b + 1);
-        uint64_t id = std::stoull(rest.substr(a + 1, b - a - 1));
-        int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        TORCH_CHECK(fd >= 0, "xseg: getIpcDevPtr: socket: ", std::strerror(errno));
-        socklen_t len;
-        sockaddr_un addr = ipc_address(name, &len);
-        if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), len) != 0) {
-            int e = errno;
-            ::close(fd);
-            TORCH_CHECK(false, "xseg: getIpcDevPtr: cannot reach the exporting process's socket (", std::strerror(e),
-                        "): it must be alive and in this network namespace; otherwise share blocks with "
-                        "xseg.ipc_export and IpcHandle.send over a Unix socket you pass");
-        }
-        bool sent = ::write(fd, &id, sizeof id) == (ssize_t)sizeof id &&
-                    ::write(fd, token.data(), 32) == 32;
-        xseg_status st = sent ? xseg_ipc_recv(fd, &h) : XSEG_ERROR_INVALID_VALUE;
-        ::close(fd);
-        TORCH_CHECK(st == XSEG_SUCCESS, "xseg: getIpcDevPtr: the exporting process did not send the block (",
-                    sent ? xseg_last_error() : "write failed", "): it was freed, or the handle is stale");
+        h = ipc_fetch(handle.substr(sizeof IPC_FD - 1));
     } else {
         TORCH_CHECK(false, "xseg: getIpcDevPtr: not a handle of xseg's (the exporting process must use xseg as "
                            "its CUDA allocator too: xseg.torch.enable())");

@@ -8,10 +8,14 @@
     xseg.ipc_close(p); h.free()
 
 Fabric handles also travel as bytes: h.serialize() / xseg.IpcHandle.deserialize(data).
+A socket object's timeout (sock.settimeout) bounds each receive and send of recv() and send().
 The lifetime rules are the C API's: keep the block allocated in the exporter until every
 importer has closed it.
 """
+import contextlib
 import ctypes
+import socket
+import struct
 
 from . import _lib
 from ._lib import C_INT, C_PTR, check, int_arg
@@ -61,6 +65,28 @@ def _fd(sock, func):
     return int_arg(func, "sock", sock, C_INT, 0)
 
 
+@contextlib.contextmanager
+def _timeout_as_sockopt(sock, opt):
+    """A socket object with a timeout (settimeout) is non-blocking underneath, where the C calls
+    would fail at once instead of waiting: for the call, make it blocking with the timeout as
+    SO_RCVTIMEO / SO_SNDTIMEO (@p opt), which bounds each receive or send, then restore it."""
+    t = sock.gettimeout() if isinstance(sock, socket.socket) else None
+    if not t:  # a descriptor, no timeout (blocking), or 0 (non-blocking, as its owner chose)
+        yield
+        return
+    tv = struct.Struct("@ll")
+    old = sock.getsockopt(socket.SOL_SOCKET, opt, tv.size)
+    sec = int(t)
+    usec = max(int((t - sec) * 1e6), 0 if sec else 1)  # 0:0 would mean no limit
+    sock.setblocking(True)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, opt, tv.pack(sec, usec))
+        yield
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, opt, old)
+        sock.settimeout(t)
+
+
 def _handle(handle, func):
     if not isinstance(handle, IpcHandle):
         raise TypeError("%s: handle must be an xseg.IpcHandle, not %s" % (func, type(handle).__name__))
@@ -88,15 +114,21 @@ class IpcHandle:
                 "offset": i.offset, "nchunks": i.nchunks, "span": i.span}
 
     def send(self, sock):
-        """Send over a connected AF_UNIX socket (a socket object or a descriptor)."""
-        check(_lib.need("xseg_ipc_send")(_fd(sock, "xseg.IpcHandle.send"), self._ptr))
+        """Send over a connected AF_UNIX socket (a socket object or a descriptor). A socket
+        object's timeout bounds each send (then XsegError)."""
+        fd = _fd(sock, "xseg.IpcHandle.send")
+        with _timeout_as_sockopt(sock, socket.SO_SNDTIMEO):
+            check(_lib.need("xseg_ipc_send")(fd, self._ptr))
 
     @classmethod
     def recv(cls, sock):
-        """Receive a handle sent with send()."""
+        """Receive a handle sent with send(). Waits as long as the socket does: a socket
+        object's timeout bounds each receive (then XsegError); a descriptor waits until its
+        SO_RCVTIMEO, if any."""
         fd = _fd(sock, "xseg.IpcHandle.recv")
         raw = ctypes.c_void_p()
-        check(_lib.need("xseg_ipc_recv")(fd, ctypes.byref(raw)))
+        with _timeout_as_sockopt(sock, socket.SO_RCVTIMEO):
+            check(_lib.need("xseg_ipc_recv")(fd, ctypes.byref(raw)))
         return cls(raw.value)
 
     def serialize(self):

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -222,7 +223,7 @@ static void test_classic(void **state)
     assert_non_null(strstr(xseg_last_error(), "allocated"));
     assert_int_equal(xseg_pool_malloc_at(0, pool, (void *)(c + 4 * MiB + 768 * KiB), MiB),
                      XSEG_ERROR_ILLEGAL_STATE);
-    assert_int_equal(xseg_pool_malloc_at(0, pool, (void *)(c + 9 * MiB), 0), XSEG_ERROR_ILLEGAL_STATE);
+    assert_int_equal(xseg_pool_malloc_at(0, pool, (void *)(c + 9 * MiB), 0), XSEG_ERROR_INVALID_VALUE);
     assert_int_equal(xseg_pool_malloc_at(0, pool, outside, MiB), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "is not in a segment of pool"));
     assert_int_equal(xseg_pool_malloc_at(0, (xseg_pool_id){0, 0}, (void *)(c + 9 * MiB), MiB),
@@ -271,6 +272,104 @@ static void test_expandable(void **state)
     assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+}
+
+/* The mapped range [*base, *base + *size) of the segment entry that holds @p addr. */
+static void segment_of(uintptr_t addr, uintptr_t *base, size_t *size)
+{
+    xseg_snapshot *snap = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &snap), XSEG_SUCCESS);
+    *size = 0;
+    for (size_t i = 0; i < snap->nsegments; i++)
+        if (snap->segments[i].address <= addr && addr < snap->segments[i].address + snap->segments[i].total_size) {
+            *base = (uintptr_t)snap->segments[i].address;
+            *size = snap->segments[i].total_size;
+        }
+    xseg_snapshot_free(snap);
+    assert_true(*size > 0);
+}
+
+/* xseg_pool_malloc_at(@p p, @p size) is refused with @p want, its message holding @p needle (and
+ * @p needle2 unless NULL), nothing changed. */
+static void refused(xseg_pool_id pool, uintptr_t p, size_t size, xseg_status want, const char *needle,
+                    const char *needle2)
+{
+    int64_t before[NKEYS], after[NKEYS];
+    currents(before);
+    xseg_status st = xseg_pool_malloc_at(0, pool, (void *)p, size);
+    if (st != want)
+        fail_msg("xseg_pool_malloc_at(0x%lx, %zu) returned %d (%s), expected %d", (unsigned long)p, size, (int)st,
+                 st ? xseg_last_error() : "success", (int)want);
+    if (!strstr(xseg_last_error(), needle) || (needle2 && !strstr(xseg_last_error(), needle2)))
+        fail_msg("xseg_pool_malloc_at(0x%lx, %zu): the message lacks '%s'%s%s: %s", (unsigned long)p, size, needle,
+                 needle2 ? " or " : "", needle2 ? needle2 : "", xseg_last_error());
+    currents(after);
+    same_currents(before, after, "after a refusal");
+}
+
+/* What a layout's block cannot be is refused, naming what was wrong, with nothing changed: an
+ * address off the 512 B grid xseg's blocks start on (1 B at a free block's base + 1 was once
+ * placed, and later mallocs returned odd addresses), a size that is not a nonzero multiple of
+ * 512 B (xseg's rounding of every request), a size whose end wraps around the address space, an
+ * address inside a live block or past the segment, a range over the segment's end. The free
+ * block stays whole: a malloc of its size takes it at its aligned base. */
+static void refusals(bool expandable)
+{
+    tu_xseg_init_or_skip(expandable ? "expandable_segments:True" : "expandable_segments:False");
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_pool_retain(0, pool), XSEG_SUCCESS); /* a graph's use, as cudagraph trees hold */
+    uintptr_t a = (uintptr_t)pool_malloc(pool, 2 * MiB), b = (uintptr_t)pool_malloc(pool, 3 * MiB);
+    assert_int_equal(b, a + 2 * MiB);
+    uintptr_t base = 0;
+    size_t seg;
+    segment_of(a, &base, &seg);
+    tu_free((void *)b);
+    char hex[32];
+
+    /* Off the grid: the finding's 1 B at base + 1, and 512 B at + 256 (an aligned size). */
+    snprintf(hex, sizeof hex, "0x%lx", (unsigned long)(b + 1));
+    refused(pool, b + 1, 1, XSEG_ERROR_INVALID_VALUE, hex, "512");
+    snprintf(hex, sizeof hex, "0x%lx", (unsigned long)(b + 256));
+    refused(pool, b + 256, 512, XSEG_ERROR_INVALID_VALUE, hex, "512");
+    /* Sizes that are no block's: 0, 1, 513, one rounding would overflow. */
+    refused(pool, b, 0, XSEG_ERROR_INVALID_VALUE, "size 0", "512");
+    refused(pool, b + 512, 1, XSEG_ERROR_INVALID_VALUE, "size 1 ", "512");
+    refused(pool, b, 513, XSEG_ERROR_INVALID_VALUE, "size 513", "512");
+    refused(pool, b, SIZE_MAX, XSEG_ERROR_INVALID_VALUE, "512", NULL);
+    /* A block size whose end wraps past the top of the address space. */
+    refused(pool, b, SIZE_MAX & ~(size_t)511, XSEG_ERROR_ILLEGAL_STATE, "is not inside one free", NULL);
+    /* Inside a live block (not at its start), and over its edge from the free side. */
+    refused(pool, a + 512, 512, XSEG_ERROR_ILLEGAL_STATE, "allocated", NULL);
+    refused(pool, a + 2 * MiB - 512, MiB, XSEG_ERROR_ILLEGAL_STATE, "allocated", NULL);
+    /* Over the end of the segment's range, and past it. */
+    refused(pool, base + seg - MiB, 2 * MiB, XSEG_ERROR_ILLEGAL_STATE, "is not inside one free", NULL);
+    xseg_status st = xseg_pool_malloc_at(0, pool, (void *)(base + seg), 512);
+    /* Classic: the pool's only segment ends there; expandable: its reserved, unmapped range goes on. */
+    assert_int_equal(st, expandable ? XSEG_ERROR_ILLEGAL_STATE : XSEG_ERROR_INVALID_VALUE);
+    /* The free block is still one, at b: a malloc of 3 MiB takes it there. */
+    uintptr_t again = (uintptr_t)pool_malloc(pool, 3 * MiB);
+    assert_int_equal(again, b);
+    assert_int_equal(again % 512, 0);
+    place(pool, b + 3 * MiB, 512, "aligned, after the refusals");
+    tu_free((void *)(b + 3 * MiB));
+    tu_free((void *)again);
+    tu_free((void *)a);
+    check_stats("all freed");
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), 0);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+}
+
+static void test_refusals_classic(void **state)
+{
+    (void)state;
+    refusals(false);
+}
+
+static void test_refusals_expandable(void **state)
+{
+    (void)state;
+    refusals(true);
 }
 
 /* Frames from the "interpreter", as Python's callback gives them. */
@@ -389,6 +488,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_expandable),
         cmocka_unit_test(test_history_classic),
         cmocka_unit_test(test_history_expandable),
+        cmocka_unit_test(test_refusals_classic),
+        cmocka_unit_test(test_refusals_expandable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

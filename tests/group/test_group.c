@@ -1113,6 +1113,187 @@ static void test_top(void **state)
     quit(&m);
 }
 
+/* ---- xseg-top against another local user (root dropping to uid 65534) ------------------------ */
+
+#define JUNK 300
+/* Tables made as uid 65534 by this test: removed at exit whatever happens (root may unlink). */
+static char evil_name[2][160], junk_prefix[96];
+
+static void foreign_cleanup(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (evil_name[i][0])
+            shm_unlink(evil_name[i]);
+    for (int i = 0; junk_prefix[0] && i < JUNK; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s%d", junk_prefix, i);
+        shm_unlink(name);
+    }
+}
+
+/* Create the tables @p names (count @p n, or JUNK of junk_prefix when @p names is NULL) as uid and
+ * gid 65534, as any other local user could; cmocka skip when not root or when the switch fails. */
+static void skip_unless_root(void)
+{
+    if (geteuid() != 0) {
+        print_message("[  SKIPPED ] needs root to create tables as another user (uid 65534)\n");
+        skip();
+    }
+}
+
+static void make_foreign_tables(const char *const *names, int n)
+{
+    skip_unless_root();
+    static bool registered;
+    if (!registered)
+        atexit(foreign_cleanup);
+    registered = true;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (!pid) {
+        gid_t gid = 65534;
+        if (setgroups(0, NULL) || setgid(gid) || setuid(65534))
+            _exit(2);
+        for (int i = 0; i < n; i++) {
+            char junk[128];
+            if (!names)
+                snprintf(junk, sizeof junk, "%s%d", junk_prefix, i);
+            int fd = shm_open(names ? names[i] : junk, O_RDWR | O_CREAT | O_EXCL, 0600);
+            if (fd < 0 || ftruncate(fd, 4096))
+                _exit(1);
+            close(fd);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 2) {
+        print_message("[  SKIPPED ] cannot switch to uid 65534\n");
+        skip();
+    }
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* xseg-top ARGS' standard output (malloc'd, NUL-terminated; @p len its length); exits 0. */
+static char *top_output(const char *args, size_t *len)
+{
+    char command[1024];
+    snprintf(command, sizeof command, "%s %s", getenv("XSEG_TOP"), args);
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    size_t cap = 1 << 16, n = 0, got;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    while ((got = fread(out + n, 1, cap - 1 - n, f)) > 0)
+        if ((n += got) == cap - 1) {
+            out = realloc(out, cap *= 2);
+            assert_non_null(out);
+        }
+    out[n] = '\0';
+    assert_int_equal(pclose(f), 0);
+    *len = n;
+    return out;
+}
+
+/* @p json parsed by Python's json module and written back as ASCII (the group names, sorted) into
+ * @p names; false when Python is missing. Fails the test when the document does not parse. */
+static bool parse_json_groups(const char *json, size_t len, char *names, size_t cap)
+{
+    const char *py = getenv("PYTHON3");
+    if (!py || !*py)
+        return false;
+    char path[] = "/tmp/xseg-top-json-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, json, len), (ssize_t)len);
+    close(fd);
+    char command[1200];
+    snprintf(command, sizeof command, "%s -c 'import json, sys; d = json.loads(sys.stdin.buffer.read()); "
+             "print(json.dumps(sorted(g[\"group\"] for g in d[\"groups\"])))' < %s 2>&1", py, path);
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    size_t n = fread(names, 1, cap - 1, f);
+    names[n] = '\0';
+    int status = pclose(f);
+    unlink(path);
+    if (status)
+        fail_msg("xseg-top --json is not valid JSON: %s\n%s", names, json);
+    return true;
+}
+
+/* Table names another user made with a quote, ESC, a backslash and an invalid UTF-8 byte, in the
+ * group part and in the device uuid part: not shown by default; with --all-users shown escaped
+ * (terminal: \x1b; JSON: strict UTF-8 that parses, \u001b, U+FFFD); no ESC byte reaches the
+ * output in any mode. */
+static void test_top_hostile(void **state)
+{
+    (void)state;
+    skip_unless_root();
+    start(GROUP);
+    void *p = must_malloc(2 * MiB); /* our table, with this process in it */
+    snprintf(evil_name[0], sizeof evil_name[0], "%.45sev\"il\033[2J\\\377", shm_names[1]);
+    snprintf(evil_name[1], sizeof evil_name[1], "/xseg-group-\"\033[31m%-26d-ev2", (int)getpid());
+    const char *names[] = {evil_name[0], evil_name[1]};
+    make_foreign_tables(names, 2);
+    char mine[32], names_json[65536];
+    for (int all = 0; all < 2; all++) {
+        size_t len;
+        char *out = top_output(all ? "--once --all-users" : "--once", &len);
+        snprintf(mine, sizeof mine, "%8d ", (int)getpid());
+        if (memchr(out, '\033', len) || !strstr(out, mine))
+            fail_msg("xseg-top%s: a raw ESC, or this process missing:\n%s", all ? " --all-users" : "", out);
+        if (all ? !strstr(out, "ev\"il\\x1b[2J\\\\\\xff") : strstr(out, "ev\"il") != NULL)
+            fail_msg("xseg-top%s should %s the other user's table:\n%s", all ? " --all-users" : "",
+                     all ? "show (escaped)" : "not show", out);
+        free(out);
+
+        out = top_output(all ? "--json --all-users" : "--json", &len);
+        snprintf(mine, sizeof mine, "{\"pid\": %d,", (int)getpid());
+        if (memchr(out, '\033', len) || !strstr(out, mine))
+            fail_msg("xseg-top --json%s: a raw ESC, or this process missing:\n%s", all ? " --all-users" : "",
+                     out);
+        if (!parse_json_groups(out, len, names_json, sizeof names_json)) {
+            free(out);
+            xseg_free(p);
+            print_message("[  SKIPPED ] no python3 to parse the JSON (PYTHON3)\n");
+            skip();
+        }
+        bool evil = strstr(names_json, "\"ev\\\"il\\u001b[2J\\\\\\ufffd\"") != NULL;
+        bool evil2 = strstr(names_json, "\"ev2\"") != NULL; /* its device uuid part is hostile */
+        if (!strstr(names_json, "\"tg\"") || evil != (all == 1) || evil2 != (all == 1))
+            fail_msg("xseg-top --json%s groups: %s\n%s", all ? " --all-users" : "", names_json, out);
+        free(out);
+    }
+    xseg_free(p);
+}
+
+/* 300 junk tables of another user, named to sort first, do not push this user's group out. */
+static void test_top_junk(void **state)
+{
+    (void)state;
+    skip_unless_root();
+    start(GROUP);
+    void *p = must_malloc(2 * MiB);
+    snprintf(junk_prefix, sizeof junk_prefix, "/xseg-group-00000000000000000000000000000000-j%d.",
+             (int)getpid());
+    make_foreign_tables(NULL, JUNK);
+    const char *modes[] = {"--once", "--json", "--once --all-users", "--json --all-users"};
+    for (int i = 0; i < 4; i++) {
+        char mine[32];
+        snprintf(mine, sizeof mine, i % 2 ? "{\"pid\": %d," : "%8d ", (int)getpid());
+        size_t len;
+        char *out = top_output(modes[i], &len);
+        if (!strstr(out, mine))
+            fail_msg("xseg-top %s lost this process's group among %d junk tables:\n%.4000s", modes[i],
+                     JUNK, out);
+        if (i < 2 && strstr(out, junk_prefix + 1))
+            fail_msg("xseg-top %s shows another user's tables:\n%.4000s", modes[i], out);
+        free(out);
+    }
+    xseg_free(p);
+}
+
 /* Arguments checked; a name that is no table refused by name. */
 static void test_read_errors(void **state)
 {
@@ -1150,7 +1331,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stopped_member), cmocka_unit_test(test_concurrent_askers), cmocka_unit_test(test_late_joiner), cmocka_unit_test(test_late_joiner_new_table),
         cmocka_unit_test(test_hostile_garbage),
         cmocka_unit_test(test_hostile_slot), cmocka_unit_test(test_read_errors),
-        cmocka_unit_test(test_top),          cmocka_unit_test(test_budget_refuses),
+        cmocka_unit_test(test_top),          cmocka_unit_test(test_top_hostile),
+        cmocka_unit_test(test_top_junk),     cmocka_unit_test(test_budget_refuses),
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
         cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
         cmocka_unit_test(test_budget_race), cmocka_unit_test(test_truncated),

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -65,6 +66,33 @@ def test_export_send_import_in_another_process(xseg):
         h.free()  # idempotent
         with pytest.raises(ValueError):
             h.info()
+    finally:
+        xseg.free(p)
+
+
+def test_socket_timeout_bounds_recv(xseg):
+    """A socket object's timeout: recv waits for a slow peer (it did not: the socket is
+    non-blocking underneath) and gives up on a silent one with an error, the timeout kept."""
+    p = xseg.malloc(2 * MiB)
+    try:
+        with xseg.ipc_export(p) as h:
+            a, b = socket.socketpair()
+            with a, b:
+                b.settimeout(0.5)
+                with pytest.raises(xseg.XsegError):
+                    xseg.IpcHandle.recv(b)  # nothing sent: an error, not a hang
+                assert b.gettimeout() == 0.5
+                b.settimeout(60)
+                a.settimeout(60)
+                later = threading.Timer(0.3, h.send, args=(a,))
+                later.start()
+                try:
+                    got = xseg.IpcHandle.recv(b)
+                finally:
+                    later.join()
+                assert got.info()["size"] == h.info()["size"]
+                assert b.gettimeout() == 60
+                got.free()
     finally:
         xseg.free(p)
 

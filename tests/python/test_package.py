@@ -391,6 +391,48 @@ def test_init_errors():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
+def test_config_overflow_is_refused_as_typed():
+    """A numeric value past the integer parse, or whose MiB overflow bytes, is refused through the
+    environment and set_config alike (one parser), quoting the value as typed with the key and
+    its range: max_split_size_mb of one was once taken as unlimited, expandable_chunk_mb's
+    message showed 18446744073709551615."""
+    code = """
+        import xseg
+        try:
+            xseg.init()
+        except xseg.XsegError as e:
+            assert e.status_name == "XSEG_ERROR_INVALID_VALUE", e
+            print(e)
+        else:
+            print("accepted")
+        """
+    for var in ("XSEG_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        env = {"XSEG_ALLOC_CONF": None, var: "expandable_segments:True,max_split_size_mb:99999999999999999999"}
+        r = run_py(code, **env)
+        assert r.returncode == 0, r.stderr
+        for want in (var, "max_split_size_mb", "got '99999999999999999999' at index 43", "to 17592186044415"):
+            assert want in r.stdout, (want, r.stdout)
+    r = run_py("""
+        import xseg
+        xseg.init("")
+        for conf in ("expandable_chunk_mb:99999999999999999999", "release_threshold_mb:17592186044416"):
+            try:
+                xseg.set_config(conf)
+            except xseg.XsegError as e:
+                print(e)
+            else:
+                print("accepted", conf)
+        print(xseg.get_config())
+        """, XSEG_ALLOC_CONF=None)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "expandable_chunk_mb" in lines[0] and "got '99999999999999999999'" in lines[0], lines
+    assert "18446744073709551615" not in lines[0], lines
+    assert "release_threshold_mb" in lines[1] and "got '17592186044416'" in lines[1], lines
+    assert "up to 17592186044415" in lines[1], lines
+    assert "expandable_chunk_mb:0" in lines[2] and "release_threshold_mb" not in lines[2], lines
+
+
 BARE_TORCH_MALLOC = """
     import ctypes, xseg
     lib = xseg._lib.lib()

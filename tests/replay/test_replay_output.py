@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """xseg-replay's output side through its command line: the verdict (with PyTorch's recorded
 figures), the emulator figures behind --driver-stats, the sleep note, the main job's first lines,
---tune and --tune-budget, and --report's page loaded in headless Chromium (skipped with the
-reason when there is none). Traces are written here; nothing is timed.
+--tune and --tune-budget (a budget that holds a replay in progress), the cap on a trace's total
+idle, and --report's page loaded in headless Chromium (skipped with the reason when there is none).
+Traces are written here; nothing is timed (time-outs only bound a hang).
 
 usage: test_replay_output.py XSEG_REPLAY
 """
@@ -182,6 +183,66 @@ class Output(unittest.TestCase):
         rc, out, err = run("--tune", "--tune-budget", "3runs", "--marks=none", t)
         self.assertEqual(rc, 0, err)
         self.assertIn("the budget ended the search", out)
+
+    def slow_trace(self, idles, each):
+        """A trace whose every replay waits idles x each (idle_release_ms set: idle waits)."""
+        return self.trace("config idle_release_ms:20\nalloc a 10MiB\n" + "idle %s\n" % each * idles + "free a\n",
+                          "slow.trace")
+
+    def test_tune_budget_holds_a_replay(self):
+        """--tune-budget 1s where one replay takes 4 s: the replay in progress is stopped at the
+        budget (before: each family's default replayed to its end, and a budget of seconds was
+        overrun by whole replays: 200 s and more on a large trace)."""
+        t = self.slow_trace(8, "500ms")
+        rc, out, err = run("--tune", "--tune-budget", "1s", "--marks=none", t, timeout=60)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("The budget's 1 s ran out during a replay: it was stopped there", out)
+        for fam in ("PyTorch's allocator", "xseg"):
+            self.assertIn("%s:\n  no replay finished within the budget (1 s)" % fam, out)
+        rc, out, err = run("--tune", "--tune-budget", "1s", "--marks=none", "--summary=json", t, timeout=60)
+        self.assertEqual(rc, 0, err)
+        last = json.loads(out.splitlines()[-1])
+        self.assertEqual((last["replays"], last["cut_short"], last["stopped_replay"], last["no_result"]),
+                         (1, True, True, ["pytorch", "xseg"]), last)
+
+    def test_tune_budget_keeps_what_finished(self):
+        """Replays of 1 s under a budget of 5 s: each family's default finishes (well within),
+        the search goes on until a replay in progress is stopped at the budget, and the best so
+        far is reported, not ranked as a config that cannot replay."""
+        t = self.slow_trace(2, "500ms")
+        rc, out, err = run("--tune", "--tune-budget", "5s", "--marks=none", "--summary=json", t, timeout=60)
+        self.assertEqual(rc, 0, err)
+        rows = [json.loads(l) for l in out.splitlines() if l.startswith('{"tune"')]
+        last = rows[-1]
+        self.assertTrue(last["stopped_replay"], last)
+        self.assertEqual(last["no_result"], [], last)
+        for fam in ("pytorch", "xseg"):
+            best = [r for r in rows if r.get("family") == fam and r["rank"] == "best"]
+            self.assertEqual(len(best), 1, rows)
+            self.assertFalse(best[0]["stopped"], best[0])
+            self.assertEqual(best[0]["failed_allocs"], 0, best[0])
+            self.assertGreaterEqual(best[0]["peak_reserved_bytes"], 10 * MiB, best[0])
+
+    def test_total_idle_is_capped(self):
+        """1,000 `idle 3600s` lines, each allowed alone, would keep a replay waiting 42 days:
+        --check and the replay refuse the trace, naming the total and the cap; --max-total-idle
+        lets it through (in the replays' child processes too)."""
+        t = self.trace("alloc a 1MiB\n" + "idle 3600s\n" * 1000 + "free a\n", "idle.trace")
+        want = ("%s: its 1000 idle actions add up to 3600000 s (1000.0 h), more than the cap on a trace's total "
+                "idle, 7200 s: a replay would wait that long (--max-total-idle DURATION raises the cap" % t)
+        for args in (("--check",), ("--marks=none",), ("--compare", "--marks=none")):
+            rc, out, err = run(*args, t, timeout=60)
+            self.assertEqual(rc, 1, (args, out, err))
+            self.assertIn(want, err, args)
+        rc, out, err = run("--check", "--max-total-idle", "1000h", t, timeout=60)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("ok, 1002 actions", out)
+        # Without idle_release_ms nothing waits: the children replay it at once.
+        rc, out, err = run("--compare", "--marks=none", "--max-total-idle", "3600000s", t, timeout=60)
+        self.assertEqual(rc, 0, err)
+        rc, out, err = run("--check", "--max-total-idle", "1000x", t, timeout=60)
+        self.assertEqual(rc, 2)
+        self.assertIn("--max-total-idle: '1000x' is not a duration", err)
 
     def test_report_html(self):
         hostile = '<script>alert("x")</script>&amp;\'q\''

@@ -302,6 +302,34 @@ class BadInput(Base):
         self.assertEqual(summaries(r.stdout)[0]["allocs"], 1)
 
 
+class Report(Base):
+    def test_report_finds_the_frames(self):
+        """--report without --history: the largest live allocations at the peak show the frames
+        the pickle holds, of a block alive before the window (seeded from the segment's block)
+        and of an allocation in device_traces."""
+        seg_addr = 0x7f0000000000
+
+        def frames(fn, line, name):
+            return [{"filename": fn, "line": line, "name": name},
+                    {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"}]
+
+        seeded = block(seg_addr, 64 * MiB)
+        seeded["frames"] = frames("embed.py", 31, "build_table")
+        seg = segment(seg_addr, 64 * MiB, [seeded])
+        alloc = ev("alloc", 0x7e0000000000, 32 * MiB, frames=frames("attn.py", 77, "forward"))
+        path = self.write("frames.pickle", {"segments": [seg], "device_traces": [[alloc]]})
+        page = os.path.join(self.dir, "out.html")
+        r = replay(path, "--report", page, "--tune-budget", "2runs", "--marks=none")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        live = html[html.index('<table class="live">'):]
+        live = live[:live.index("</table>")]
+        self.assertIn("embed.py:31 build_table", live)
+        self.assertIn("attn.py:77 forward", live)
+        self.assertNotIn("no frames", live)
+
+
 class Cleanup(Base):
     def test_converted_traces_go(self):
         """The converted traces live in a folder of TMPDIR while xseg-replay runs: gone after a

@@ -99,8 +99,10 @@ static void test_accepted(void **state)
     c = parse_ok("backend:native");
     c = parse_ok("expandable_segments:True,");  /* trailing comma, as PyTorch accepts */
     assert_true(c.expandable_segments);
-    /* A value too large for bytes means unlimited. */
-    c = parse_ok("max_split_size_mb:99999999999999999999999");
+    /* The largest value (its bytes just fit a size_t) means unlimited; past it: test_overflow. */
+    char most[64];
+    snprintf(most, sizeof most, "max_split_size_mb:%zu", SIZE_MAX / MiB);
+    c = parse_ok(most);
     assert_true(c.max_split_size == SIZE_MAX);
 }
 
@@ -113,9 +115,9 @@ static void test_large_segment_order(void **state)
     assert_int_equal(c.max_split_size, 40 * MiB);
     /* max_non_split_rounding follows large_segment_size while it is at its default. */
     assert_int_equal(c.max_non_split_rounding, 40 * MiB);
-    parse_bad("max_split_size_mb:30,large_segment_size_mb:40", "max_split_size_mb", ">= 40");
+    parse_bad("max_split_size_mb:30,large_segment_size_mb:40", "max_split_size_mb", "from 40 (large_segment_size_mb)");
     parse_bad("max_non_split_rounding_mb:30,large_segment_size_mb:40", "max_non_split_rounding_mb",
-              ">= 40");
+              "from 40 (large_segment_size_mb)");
     c = parse_ok("large_segment_size_mb:12,max_split_size_mb:12");
     assert_int_equal(c.max_split_size, 12 * MiB);
     parse_bad("large_segment_size_mb:10", "large_segment_size_mb", "> 10");
@@ -151,11 +153,12 @@ static void test_expandable_page_size(void **state)
     c = parse_ok("large_segment_size_mb:40");
     assert_int_equal(c.expandable_page_size, 40 * MiB);
 
-    parse_bad("expandable_page_size_mb:0", "expandable_page_size_mb", "even number of MB >= 2");
-    parse_bad("expandable_page_size_mb:3", "expandable_page_size_mb", "2 MB page granularity");
-    parse_bad("expandable_page_size_mb:1", "expandable_page_size_mb", "got 1 at index 24");
-    parse_bad("expandable_page_size_mb:22", "expandable_page_size_mb too large", "<= 20");
-    parse_bad("expandable_page_size_mb:48,large_segment_size_mb:40", "<= 40", "got 48 at index 24");
+    parse_bad("expandable_page_size_mb:0", "expandable_page_size_mb", "even whole number of MiB >= 2");
+    parse_bad("expandable_page_size_mb:3", "expandable_page_size_mb", "2 MiB page granularity");
+    parse_bad("expandable_page_size_mb:1", "expandable_page_size_mb", "got '1' at index 24");
+    parse_bad("expandable_page_size_mb:22", "expandable_page_size_mb: expected", "up to 20 (large_segment_size_mb)");
+    parse_bad("expandable_page_size_mb:48,large_segment_size_mb:40", "up to 40 (large_segment_size_mb)",
+              "got '48' at index 24");
     parse_bad("expandable_page_size_mb:4MB", "expandable_page_size_mb", "whole number");
     parse_bad("expandable_page_size_mb:-4", "expandable_page_size_mb", "whole number");
     parse_bad("expandable_page_size_mb:", "expandable_page_size_mb", "end of string");
@@ -191,10 +194,10 @@ static void test_rejected(void **state)
     parse_bad("garbage_collection_threshold:0", "garbage_collection_threshold", "(0.0, 1.0)");
     parse_bad("garbage_collection_threshold:1", "garbage_collection_threshold", NULL);
     parse_bad("garbage_collection_threshold:abc", "garbage_collection_threshold", "'abc'");
-    parse_bad("max_split_size_mb:2", "max_split_size_mb", ">= 20");
+    parse_bad("max_split_size_mb:2", "max_split_size_mb", "from 20 (large_segment_size_mb)");
     parse_bad("max_split_size_mb:-1", "max_split_size_mb", "whole number");
     parse_bad("max_split_size_mb:1.5", "max_split_size_mb", "whole number");
-    parse_bad("max_non_split_rounding_mb:5", "max_non_split_rounding_mb", ">= 20");
+    parse_bad("max_non_split_rounding_mb:5", "max_non_split_rounding_mb", "from 20 (large_segment_size_mb)");
     parse_bad("release_lock_on_cudamalloc:none", "release_lock_on_cudamalloc",
               "expected True or False, got 'none'");
     parse_bad("release_lock_on_cudamalloc:1", "release_lock_on_cudamalloc", "True or False");
@@ -309,6 +312,54 @@ static void test_bounded_mib(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         parse_bad(bad[i][0], bad[i][1], "at index");
+}
+
+/* Every numeric key (the rows walked, so a key added later is covered) refuses a value past the
+ * integer parse and, in MiB, one whose bytes overflow a size_t, with a message naming the key and
+ * its range and quoting the value as typed: no silent "unlimited" for max_split_size_mb, no
+ * saturated 18446744073709551615 for expandable_chunk_mb. The largest value of the keys whose
+ * bound is what fits in bytes is still accepted. */
+static void test_overflow(void **state)
+{
+    (void)state;
+    char past_bytes[32], most[32], s[256], quoted[64];
+    snprintf(past_bytes, sizeof past_bytes, "%zu", SIZE_MAX / MiB + 1);
+    snprintf(most, sizeof most, "%zu", SIZE_MAX / MiB);
+    const char *const values[] = {"99999999999999999999", "18446744073709551616", "18446744073709551615",
+                                  past_bytes, "1e999"};
+    size_t numeric = 0;
+    for (size_t k = 0; k < cfg_nkeys; k++) {
+        const struct cfg_key *row = &cfg_keys[k];
+        bool whole = row->kind == CFG_KIND_MIB || row->kind == CFG_KIND_MS || row->kind == CFG_KIND_COUNT ||
+                     row->unit; /* an IGNORED row parsed as a bounded number */
+        if (!whole && row->kind != CFG_KIND_FRACTION && row->kind != CFG_KIND_ROUNDUP)
+            continue;
+        numeric++;
+        /* The range, as each kind's message spells it. */
+        const char *range = row->kind == CFG_KIND_FRACTION ? ".0, 1.0" : row->kind == CFG_KIND_ROUNDUP ? "up to " : " to ";
+        for (size_t v = 0; v < sizeof values / sizeof *values; v++) {
+            snprintf(s, sizeof s, "%s:%s", row->name, values[v]);
+            snprintf(quoted, sizeof quoted, "got '%s' at index %zu", values[v], strlen(row->name) + 1);
+            parse_bad(s, row->name, quoted);
+            if (!strstr(xseg_last_error(), range))
+                fail_msg("message for \"%s\" names no range ('%s'): %s", s, range, xseg_last_error());
+        }
+    }
+    assert_true(numeric >= 16);
+    /* A roundup_power2_divisions interval past the integer parse. */
+    parse_bad("roundup_power2_divisions:[99999999999999999999:4]", "'99999999999999999999' at index 26", "2^63");
+    /* Where the bound is what fits in bytes, that value is accepted: unlimited, a rounding limit, unset. */
+    snprintf(s, sizeof s, "max_split_size_mb:%s,max_non_split_rounding_mb:%s,release_threshold_mb:%s", most, most,
+             most);
+    struct cfg c = parse_ok(s);
+    assert_true(c.max_split_size == SIZE_MAX);
+    assert_true(c.max_non_split_rounding == SIZE_MAX / MiB * MiB);
+    assert_true(c.release_threshold == SIZE_MAX);
+    /* After a valid key too, and after large_segment_size_mb (checked once the string is read). */
+    parse_bad("large_segment_size_mb:40,max_split_size_mb:99999999999999999999",
+              "max_split_size_mb: expected a whole number of MiB", "got '99999999999999999999' at index 43");
+    parse_bad("expandable_chunk_mb:0099999999999999999999", "expandable_chunk_mb",
+              "got '0099999999999999999999' at index 20");
 }
 
 /* Keys PyTorch 2.12+ accepts (issue 34): an inherited PYTORCH_ALLOC_CONF must not fail. */
@@ -528,7 +579,7 @@ int main(void)
         cmocka_unit_test(test_large_segment_order), cmocka_unit_test(test_rejected),
         cmocka_unit_test(test_expandable_page_size),
         cmocka_unit_test(test_pinned_ignored),  cmocka_unit_test(test_bounded), cmocka_unit_test(test_bounded_mib),
-        cmocka_unit_test(test_pytorch_212_keys),
+        cmocka_unit_test(test_pytorch_212_keys), cmocka_unit_test(test_overflow),
         cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_reset_rule),      cmocka_unit_test(test_roundup_single),
         cmocka_unit_test(test_roundup_list),    cmocka_unit_test(test_format_round_trip),

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tools/replay/plot.h"
@@ -41,6 +43,13 @@
 /* --min-device answers to the page granularity: xseg maps 2 MiB pages, so a smaller step would
  * only repeat probes (docs/trace-format.md). */
 #define MIN_DEVICE_GRANULE ((uint64_t)2 << 20)
+
+/* A child's exit status when its replay ran out of time (--time-limit): not a failure of the
+ * trace, so a probe is not tried again. */
+#define EXIT_OVER_DEADLINE 3
+/* How long past its deadline the parent waits for a child to stop by itself before killing it
+ * (one in a long driver call, or still loading a large trace). */
+#define DEADLINE_GRACE_S 1.0
 
 struct cli {
     const char *config;
@@ -68,7 +77,18 @@ struct cli {
     int ntraces;
     int device;             /* --device N: that device of each snapshot only; -1 every device */
     uint64_t step;          /* --step: the --min-device resolution, a multiple of 2 MiB */
+    uint64_t max_idle_ns;   /* --max-total-idle: the cap on a trace's idle actions all together */
+    /* CLOCK_MONOTONIC seconds, 0: none. A child's own, from the internal --time-limit; in the
+     * parent, what a child it starts is held to (--tune's budget). */
+    double deadline;
 };
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static void usage(FILE *f)
 {
@@ -104,7 +124,8 @@ static void usage(FILE *f)
         "                       reserved: prints the best PYTORCH_CUDA_ALLOC_CONF line for PyTorch's\n"
         "                       allocator (as modelled by classic mode and expandable mode) and the\n"
         "                       best XSEG_ALLOC_CONF line for xseg, each with its runner-up\n"
-        "  --tune-budget N[s|runs]  bound --tune: seconds (default 60s) or replays (e.g. 40runs)\n"
+        "  --tune-budget N[s|runs]  bound --tune: seconds (default 60s; a replay still running then\n"
+        "                       is stopped) or replays (e.g. 40runs)\n"
         "  --report FILE.html   one self-contained page: verdict, table, plot with marks and failed\n"
         "                       allocations, the --tune result, the largest live allocations at\n"
         "                       the peak with their frames (implies --tune)\n"
@@ -115,6 +136,8 @@ static void usage(FILE *f)
         "                       --compare: classic and expandable); bisection, one child per probe\n"
         "  --step SIZE          --min-device's resolution (default 2MiB; a multiple of 2 MiB)\n"
         "  --seed N             seed of the bundled workload generators (default 1)\n"
+        "  --max-total-idle D   the cap on a trace's `idle` actions all together (default 2h; e.g. 48h):\n"
+        "                       a trace past it fails --check and is not replayed\n"
         "  --check              parse the traces, report errors, replay nothing\n"
         "  --dump               print a trace (e.g. builtin:training) in the trace language\n"
         "  --list               list the bundled workloads\n"
@@ -287,7 +310,7 @@ static int parse_output_opt(int argc, char **argv, int *i, struct cli *c)
 }
 
 /* The options about devices and the traces' names: --device-mem, --device, --step and the
- * internal --source-name. */
+ * internal --source-name and --time-limit. */
 static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const char **source_name)
 {
     const char *a = argv[*i], *v;
@@ -315,6 +338,15 @@ static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const 
             return usage_error("%s needs a size (e.g. 64MiB)", a);
         if (trace_parse_size(v, strlen(v), &c->step, e, sizeof e) || c->step == 0 || c->step % MIN_DEVICE_GRANULE)
             return usage_error("--step: '%s' is not a positive multiple of 2MiB (the page granularity)", v);
+    } else if (is_opt(a, "--time-limit")) {
+        char *end;
+        if (!(v = opt_value(argc, argv, i, "--time-limit")))
+            return usage_error("%s needs seconds", a); /* internal: --tune's budget, for a child */
+        errno = 0;
+        double s = strtod(v, &end);
+        if (!*v || *end || errno || !(s > 0) || s > 1e9)
+            return usage_error("--time-limit: '%s' is not a number of seconds", v);
+        c->deadline = mono_s() + s;
     } else if (is_opt(a, "--source-name")) {
         if (!(*source_name = opt_value(argc, argv, i, "--source-name")))
             return usage_error("%s needs a name", a); /* internal: a child's trace's name in tables */
@@ -324,7 +356,7 @@ static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const 
     return 1;
 }
 
-/* What the traces are made with: --config, --seed. */
+/* What the traces are made with: --config, --seed, --max-total-idle. */
 static int parse_input_opt(int argc, char **argv, int *i, struct cli *c)
 {
     const char *a = argv[*i], *v;
@@ -339,6 +371,11 @@ static int parse_input_opt(int argc, char **argv, int *i, struct cli *c)
         c->seed = strtoull(v, &end, 0);
         if (*end || errno)
             return usage_error("--seed: '%s' is not a number", v);
+    } else if (is_opt(a, "--max-total-idle")) {
+        if (!(v = opt_value(argc, argv, i, "--max-total-idle")))
+            return usage_error("%s needs a duration (e.g. 48h, 7200s)", a);
+        if (trace_parse_duration(v, strlen(v), &c->max_idle_ns))
+            return usage_error("--max-total-idle: '%s' is not a duration (e.g. 48h, 7200s, 500ms)", v);
     } else {
         return 0;
     }
@@ -353,6 +390,7 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     c->budget = (struct tune_budget){.seconds = TUNE_DEFAULT_SECONDS};
     c->device = -1;
     c->step = MIN_DEVICE_GRANULE;
+    c->max_idle_ns = TRACE_IDLE_TOTAL_MAX_NS;
     c->traces = calloc((size_t)argc + 1, sizeof *c->traces);
     c->names = calloc((size_t)argc + 1, sizeof *c->names);
     if (!c->traces || !c->names)
@@ -383,7 +421,7 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     return 0;
 }
 
-static xseg_status load_trace(const char *spec, unsigned long long seed, struct trace *t, char *err, size_t errlen)
+static xseg_status load_trace_any(const char *spec, unsigned long long seed, struct trace *t, char *err, size_t errlen)
 {
     if (!strncmp(spec, "builtin:", 8)) {
         char *text;
@@ -397,6 +435,15 @@ static xseg_status load_trace(const char *spec, unsigned long long seed, struct 
         return st;
     }
     return trace_load_file(t, spec, err, errlen);
+}
+
+/* @p spec loaded, and held to --max-total-idle (--check, the parent's check and each replay). */
+static xseg_status load_trace(const struct cli *c, const char *spec, struct trace *t, char *err, size_t errlen)
+{
+    xseg_status st = load_trace_any(spec, c->seed, t, err, errlen);
+    if (st == XSEG_SUCCESS && (st = trace_check_idle(t, c->max_idle_ns, err, errlen)))
+        trace_destroy(t);
+    return st;
 }
 
 static void exe_dir(char *buf, size_t len)
@@ -443,7 +490,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
 {
     char err[TRACE_ERR_MAX];
     struct trace t;
-    if (load_trace(spec, c->seed, &t, err, sizeof err)) {
+    if (load_trace(c, spec, &t, err, sizeof err)) {
         fprintf(stderr, "xseg-replay: %s\n", err);
         return 1;
     }
@@ -458,13 +505,14 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
     o.timeline = c->plot || c->timeline_out;
     o.history = c->history;
     o.snapshot = c->snapshot;
+    o.deadline = c->deadline;
     struct run_summary sum;
     struct run_timeline tl = {0};
     xseg_status st = run_trace(&t, &o, stdout, &sum, o.timeline ? &tl : NULL, err, sizeof err);
     int rc = 0;
     if (st) {
         fprintf(stderr, "xseg-replay: %s\n", err);
-        rc = 1;
+        rc = sum.over_deadline ? EXIT_OVER_DEADLINE : 1;
     } else {
         if (c->summary == SUM_TEXT) {
             if (c->marks == RUN_MARKS_TABLE)
@@ -510,11 +558,12 @@ struct child_result {
     size_t nmarks, capmarks;
     struct run_timeline tl;
     int rc;
+    int over_deadline;    /* stopped at cli.deadline: by itself, or killed DEADLINE_GRACE_S after */
 };
 
 /* The command line of a child: its arguments and the strings they point into. */
 struct child_args {
-    char cfg[1024], seed[32], pool[16];
+    char cfg[1024], seed[32], pool[16], idle[32], limit[32];
     const char *argv[40];
 };
 
@@ -538,6 +587,17 @@ static void child_argv(const struct cli *c, const char *self, const char *spec, 
     argv[k++] = ca->pool;
     argv[k++] = "--seed";
     argv[k++] = ca->seed;
+    if (c->deadline > 0) {
+        double left = c->deadline - mono_s();
+        snprintf(ca->limit, sizeof ca->limit, "%.3f", left > 0.001 ? left : 0.001);
+        argv[k++] = "--time-limit";
+        argv[k++] = ca->limit;
+    }
+    if (c->max_idle_ns != TRACE_IDLE_TOTAL_MAX_NS) {
+        snprintf(ca->idle, sizeof ca->idle, "%lluns", (unsigned long long)c->max_idle_ns);
+        argv[k++] = "--max-total-idle";
+        argv[k++] = ca->idle;
+    }
     if (c->progress >= 0)
         argv[k++] = c->progress ? "--progress" : "--no-progress";
     if (ca->cfg[0]) {
@@ -597,7 +657,48 @@ static void child_read(const struct cli *c, FILE *in, struct child_result *r)
     free(line);
 }
 
-/* Run one (trace, mode) in a child process and collect its JSON lines. */
+/* The output of child @p pid on @p fd (closed here) into *@p buf, until its end or @p until
+ * (CLOCK_MONOTONIC seconds), when the child is killed. @return 1 when it was killed. What does
+ * not fit in host memory is dropped (the summary, last, then counts as missing). */
+static int read_until(int fd, pid_t pid, double until, char **buf, size_t *len)
+{
+    size_t cap = 0;
+    char chunk[4096];
+    *buf = NULL;
+    *len = 0;
+    for (;;) {
+        double left = until - mono_s();
+        if (left <= 0) {
+            kill(pid, SIGKILL);
+            close(fd);
+            return 1;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int pr = poll(&p, 1, left < 1.0 ? (int)(left * 1000) + 1 : 1000);
+        if (pr <= 0)
+            continue; /* EINTR, or the time is up: the loop's head decides */
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        if (*len + (size_t)n + 1 > cap) {
+            size_t nc = (*len + (size_t)n + 1) * 2;
+            char *nb = realloc(*buf, nc);
+            if (!nb)
+                continue;
+            *buf = nb;
+            cap = nc;
+        }
+        memcpy(*buf + *len, chunk, (size_t)n);
+        *len += (size_t)n;
+    }
+    close(fd);
+    return 0;
+}
+
+/* Run one (trace, mode) in a child process and collect its JSON lines; held to c->deadline when
+ * set (the child stops by itself there, or is killed DEADLINE_GRACE_S later). */
 static void run_child(const struct cli *c, const char *spec, const char *name, const char *mode_cfg, const char *tl_path,
                       const char *device_mem, int quiet, const char *snap_path, struct child_result *r)
 {
@@ -638,14 +739,29 @@ static void run_child(const struct cli *c, const char *spec, const char *name, c
         _exit(127);
     }
     close(fds[1]);
-    FILE *in = fdopen(fds[0], "r");
-    child_read(c, in, r);
-    if (in)
-        fclose(in);
+    if (c->deadline > 0) {
+        char *buf;
+        size_t len;
+        r->over_deadline = read_until(fds[0], pid, c->deadline + DEADLINE_GRACE_S, &buf, &len);
+        FILE *in = len ? fmemopen(buf, len, "r") : NULL;
+        child_read(c, in, r);
+        if (in)
+            fclose(in);
+        free(buf);
+    } else {
+        FILE *in = fdopen(fds[0], "r");
+        child_read(c, in, r);
+        if (in)
+            fclose(in);
+        else
+            close(fds[0]);
+    }
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r->rc == EXIT_OVER_DEADLINE)
+        r->over_deadline = 1;
     if (tl_path && r->have_summary) {
         char err[TRACE_ERR_MAX];
         if (plot_timeline_read(tl_path, &r->tl, err, sizeof err))
@@ -767,10 +883,11 @@ struct tune_ctx {
     const char *spec, *name;
 };
 
-static int tune_probe(void *user, const char *config, uint64_t device_bytes, struct run_summary *out)
+static int tune_probe(void *user, const char *config, uint64_t device_bytes, double deadline, struct run_summary *out)
 {
     const struct tune_ctx *tc = user;
     struct cli q = *tc->c;
+    q.deadline = deadline;
     q.marks = RUN_MARKS_NONE;
     q.progress = 0;
     q.history = 0;
@@ -780,6 +897,8 @@ static int tune_probe(void *user, const char *config, uint64_t device_bytes, str
     run_child(&q, tc->spec, tc->name, config, NULL, device_bytes ? mem : NULL, 1, NULL, &r);
     free(r.marks);
     run_timeline_free(&r.tl);
+    if (r.over_deadline)
+        return 1; /* the budget ran out during this replay: tune.c says so */
     if (r.rc != 0 || !r.have_summary) {
         fprintf(stderr, "\nxseg-replay: --tune: the replay of %s with --config %s%s%s stopped (exit status %d)\n",
                 tc->name, config, device_bytes ? " --device-mem " : "", device_bytes ? mem : "", r.rc);
@@ -847,7 +966,7 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
 {
     int rc = 0;
     char err[TRACE_ERR_MAX];
-    if (load_trace(c->traces[ti], c->seed, &ch->traces[ti], err, sizeof err) ||
+    if (load_trace(c, c->traces[ti], &ch->traces[ti], err, sizeof err) ||
         plot_marks_of_trace(&ch->traces[ti], &ch->marks[ti], &ch->nmarks[ti])) {
         fprintf(stderr, "xseg-replay: %s\n", err);
         return 1;
@@ -1074,7 +1193,9 @@ static int expand_snapshots(struct cli *c)
         struct snapshot_device *devs;
         size_t n;
         char err[TRACE_ERR_MAX];
-        if (snapshot_convert(spec, c->device, c->history, dir, &devs, &n, err, sizeof err)) {
+        /* Frames for --history (the snapshot's stacks) and for --report (its live allocations'
+         * frames); left out otherwise, as a smaller trace parses faster in every replay. */
+        if (snapshot_convert(spec, c->device, c->history || c->report, dir, &devs, &n, err, sizeof err)) {
             if (err[0])
                 fprintf(stderr, "xseg-replay: %s\n", err);
             return 1;
@@ -1160,7 +1281,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;
             char err[TRACE_ERR_MAX];
-            if (load_trace(c.traces[i], c.seed, &t, err, sizeof err)) {
+            if (load_trace(&c, c.traces[i], &t, err, sizeof err)) {
                 fprintf(stderr, "xseg-replay: %s\n", err);
                 rc = 1;
                 continue;
@@ -1184,7 +1305,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;
             char err[TRACE_ERR_MAX];
-            if (load_trace(c.traces[i], c.seed, &t, err, sizeof err)) {
+            if (load_trace(&c, c.traces[i], &t, err, sizeof err)) {
                 fprintf(stderr, "xseg-replay: %s\n", err);
                 return 1;
             }

@@ -362,30 +362,37 @@ static xseg_status capture_join(struct parser *p, struct stream_state *o, const 
     return XSEG_SUCCESS;
 }
 
-/* "300ms", "1.5s", "20us", "500ns": a duration in nanoseconds (up to 9 fraction digits). */
-static xseg_status parse_duration(struct parser *p, const struct tok *tk, uint64_t *ns)
+int trace_parse_duration(const char *s, size_t len, uint64_t *ns)
 {
     size_t i = 0;
     uint64_t whole = 0, frac = 0, div = 1;
-    while (i < tk->len && tk->s[i] >= '0' && tk->s[i] <= '9' && whole < UINT64_MAX / 10)
-        whole = whole * 10 + (uint64_t)(tk->s[i++] - '0');
+    while (i < len && s[i] >= '0' && s[i] <= '9' && whole < UINT64_MAX / 10)
+        whole = whole * 10 + (uint64_t)(s[i++] - '0');
     int digits = i > 0;
-    if (i < tk->len && tk->s[i] == '.')
-        for (i++; i < tk->len && tk->s[i] >= '0' && tk->s[i] <= '9' && div < 1000000000; i++, digits = 1) {
-            frac = frac * 10 + (uint64_t)(tk->s[i] - '0');
+    if (i < len && s[i] == '.')
+        for (i++; i < len && s[i] >= '0' && s[i] <= '9' && div < 1000000000; i++, digits = 1) {
+            frac = frac * 10 + (uint64_t)(s[i] - '0');
             div *= 10;
         }
     static const struct {
         const char *unit;
         uint64_t mul;
-    } units[] = {{"ns", 1}, {"us", 1000}, {"ms", 1000000}, {"s", 1000000000}};
+    } units[] = {{"ns", 1}, {"us", 1000}, {"ms", 1000000}, {"s", 1000000000}, {"h", 3600000000000}};
     for (size_t u = 0; digits && u < sizeof units / sizeof units[0]; u++) {
         size_t ul = strlen(units[u].unit);
-        if (tk->len - i == ul && !memcmp(tk->s + i, units[u].unit, ul) && whole <= UINT64_MAX / units[u].mul) {
-            *ns = whole * units[u].mul + frac * units[u].mul / div;
-            return XSEG_SUCCESS;
+        if (len - i == ul && !memcmp(s + i, units[u].unit, ul) && whole <= (UINT64_MAX - units[u].mul) / units[u].mul) {
+            uint64_t m = units[u].mul; /* m % div == 0 when m >= div: the fraction never overflows */
+            *ns = whole * m + (m >= div ? frac * (m / div) : frac * m / div);
+            return 0;
         }
     }
+    return -1;
+}
+
+static xseg_status parse_duration(struct parser *p, const struct tok *tk, uint64_t *ns)
+{
+    if (trace_parse_duration(tk->s, tk->len, ns) == 0)
+        return XSEG_SUCCESS;
     return perr(p, "idle: '%.*s' is not a duration (e.g. 300ms, 1.5s, 20us)", (int)tk->len, tk->s);
 }
 

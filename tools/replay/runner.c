@@ -526,7 +526,24 @@ static xseg_status run_sleep_wake(struct run_ctx *c, const struct trace_action *
     return XSEG_SUCCESS;
 }
 
-/* Wall time matters only to idle reclaim: without idle_release_ms nothing waits. */
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The replay is past its deadline at action @p i (0-based): the message, and the summary says so. */
+static xseg_status run_over_deadline(struct run_ctx *c, size_t i)
+{
+    c->sum->over_deadline = 1;
+    snprintf(c->err, c->errlen, "%s:%u: the time limit ran out: the replay stopped at action %zu of %zu",
+             c->t->source, i < c->t->count ? c->t->actions[i].line : 0, i + 1, c->t->count);
+    return XSEG_ERROR_ILLEGAL_STATE;
+}
+
+/* Wall time matters only to idle reclaim: without idle_release_ms nothing waits. A deadline
+ * (run_options) cuts the wait short, and the replay stops there. */
 static xseg_status run_idle(struct run_ctx *c, const struct trace_action *a)
 {
     if (c->rs.idle_ms < 0)
@@ -534,10 +551,20 @@ static xseg_status run_idle(struct run_ctx *c, const struct trace_action *a)
     if (c->rs.idle_ms > 0) {
         /* The parser bounds idle; a trace built another way is held to the same bound. */
         uint64_t ns = a->size < TRACE_IDLE_MAX_NS ? a->size : TRACE_IDLE_MAX_NS;
+        int cut = 0;
+        if (c->o->deadline > 0) {
+            double left = c->o->deadline - mono_s();
+            if (left <= 0 || (double)ns > left * 1e9) {
+                ns = left > 0 ? (uint64_t)(left * 1e9) : 0;
+                cut = 1;
+            }
+        }
         struct timespec d = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
         while (nanosleep(&d, &d) != 0 && errno == EINTR)
             ;
         c->moved = 1;
+        if (cut)
+            return run_over_deadline(c, (size_t)(a - c->t->actions));
     }
     return XSEG_SUCCESS;
 }
@@ -714,6 +741,8 @@ static xseg_status run_actions(struct run_ctx *c, struct run_timeline *tl)
         const struct trace_action *a = &t->actions[i];
         if (c->o->progress && i % progress_step == 0)
             fprintf(stderr, "\rxseg-replay: %s [%s] %3zu%%", t->source, c->sum->mode, i * 100 / t->count);
+        if (c->o->deadline > 0 && i % RUN_DEADLINE_EVERY == 0 && mono_s() >= c->o->deadline)
+            return run_over_deadline(c, i);
         c->moved = 0;
         xseg_status st = run_table[a->op](c, a);
         if (st != XSEG_SUCCESS)

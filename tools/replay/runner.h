@@ -40,7 +40,11 @@ struct run_options {
      * label made a safe, unique file name: see snapshot_tag in runner.c). */
     int history;
     const char *snapshot;
+    /* CLOCK_MONOTONIC seconds (0: none): the replay stops when it is reached, checked every
+     * RUN_DEADLINE_EVERY actions and inside `idle` (which waits no longer than to it). */
+    double deadline;
 };
+#define RUN_DEADLINE_EVERY 64
 
 /* @p path with ".@p tag" inserted before its extension ("out.pickle", "peak" ->
  * "out.peak.pickle") into @p buf. */
@@ -62,6 +66,7 @@ struct run_summary {
     uint64_t memory_calls;  /* sum of the first RUN_MEMORY_ENTRIES */
     /* Action index of the first RUN_FAILED_AT_MAX failed allocations (the plot's OOM points). */
     uint64_t failed_at[RUN_FAILED_AT_MAX];
+    int over_deadline;      /* run_trace stopped at run_options.deadline (the rest is not filled) */
 };
 
 /* allocated and reserved bytes (all pools) after each allocating / freeing action. */
@@ -90,7 +95,8 @@ xseg_status run_init(const char *config, char *err, size_t errlen);
  * without a stream routes every stream; capture_begin without a pool gets a new one; captures
  * are GLOBAL mode and their graphs live to the end); a failed one stops the replay with xseg's
  * message. At the end, held streams are released, the summary is filled, then a final empty_cache gives
- * reserved_after_empty_cache.
+ * reserved_after_empty_cache. Past o->deadline: XSEG_ERROR_ILLEGAL_STATE with sum->over_deadline
+ * set and the message saying where it stopped.
  */
 xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *out,
                       struct run_summary *sum, struct run_timeline *tl, char *err, size_t errlen);

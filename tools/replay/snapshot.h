@@ -27,7 +27,7 @@ int snapshot_is_pickle(const char *path);
 /*
  * Convert the snapshot at @p path into @p dir (an existing folder the caller owns): one trace per
  * device that holds data, or device @p device only when it is >= 0. @p frames keeps the
- * allocations' frames (for --history). On success *@p devs (malloc'd, free with
+ * allocations' frames (for --history and --report). On success *@p devs (malloc'd, free with
  * snapshot_devices_free) holds *@p n >= 1 entries. On failure returns XSEG_ERROR_INVALID_VALUE;
  * the converter has then printed its one-line message on stderr, or @p err holds one (python3 or
  * the converter missing), possibly empty when the message is already out.

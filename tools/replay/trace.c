@@ -161,6 +161,18 @@ void trace_destroy(struct trace *t)
     memset(t, 0, sizeof *t);
 }
 
+xseg_status trace_check_idle(const struct trace *t, uint64_t cap_ns, char *err, size_t errlen)
+{
+    if (t->idle_ns <= cap_ns)
+        return XSEG_SUCCESS;
+    snprintf(err, errlen,
+             "%s: its %llu idle actions add up to %.10g s (%.1f h), more than the cap on a trace's total idle, "
+             "%.10g s: a replay would wait that long (--max-total-idle DURATION raises the cap, e.g. 48h)",
+             t->source, (unsigned long long)t->nidle, (double)t->idle_ns / 1e9, (double)t->idle_ns / 3.6e12,
+             (double)cap_ns / 1e9);
+    return XSEG_ERROR_INVALID_VALUE;
+}
+
 xseg_status trace_push(struct trace *t, const struct trace_action *a)
 {
     if (t->count == t->cap) {
@@ -175,6 +187,9 @@ xseg_status trace_push(struct trace *t, const struct trace_action *a)
     if (a->op == TRACE_ALLOC) {
         t->nallocs++;
         t->total_alloc_bytes += a->size;
+    } else if (a->op == TRACE_IDLE) {
+        t->nidle++;
+        t->idle_ns = a->size > UINT64_MAX - t->idle_ns ? UINT64_MAX : t->idle_ns + a->size;
     }
     return XSEG_SUCCESS;
 }

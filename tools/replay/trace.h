@@ -49,6 +49,10 @@ enum trace_op {
 /* The longest `idle` a trace may hold (one hour, in ns): the parser refuses more, so neither
  * --check nor a replay accepts a trace that would keep xseg-replay waiting for years. */
 #define TRACE_IDLE_MAX_NS (3600ull * 1000000000ull)
+/* The default cap on a trace's idle actions all together (two hours, in ns): 1,000 idles of an
+ * hour are each allowed, but would keep a replay waiting for 42 days. xseg-replay's
+ * --max-total-idle changes it; trace_check_idle enforces it. */
+#define TRACE_IDLE_TOTAL_MAX_NS (7200ull * 1000000000ull)
 
 /* Stream index of the legacy default stream, and of "every stream" for sync. */
 #define TRACE_DEFAULT_STREAM (-1)
@@ -107,6 +111,7 @@ struct trace {
     char *strings;  /* NUL-separated texts; offset 0 is the empty string */
     size_t strings_len, strings_cap;
     uint64_t nallocs, total_alloc_bytes;
+    uint64_t idle_ns, nidle; /* the `idle` actions: their total (saturating at UINT64_MAX), their count */
 };
 
 /* Start an empty trace; @p source names it in messages. */
@@ -137,6 +142,14 @@ static inline const char *trace_text(const struct trace *t, size_t off) { return
 
 /* Name of an action's operation as the trace language spells it ("empty_cache"). */
 const char *trace_op_name(enum trace_op op);
+
+/* Is the total of @p t's idle actions at most @p cap_ns? XSEG_ERROR_INVALID_VALUE otherwise, with
+ * "SOURCE: ..." in @p err naming the total, the count and the cap. */
+xseg_status trace_check_idle(const struct trace *t, uint64_t cap_ns, char *err, size_t errlen);
+
+/* "300ms", "1.5s", "20us", "500ns", "2h": a duration into @p ns (up to 9 fraction digits).
+ * @return 0, or -1 when @p s (@p len bytes) is not one or does not fit in 64 bits. */
+int trace_parse_duration(const char *s, size_t len, uint64_t *ns);
 
 /* Write @p t to @p out in the trace language (dump.c): each stack's frames before its first
  * allocation, then the actions, one line each. @return 0, or -1 when @p out reports an error. */

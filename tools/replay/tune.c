@@ -85,6 +85,8 @@ struct search {
     struct tune_candidate *tried;
     size_t ntried, cap;
     const char *stage;
+    int over;               /* the seconds ran out (a replay was stopped, or none could start) */
+    int stopped_replay;     /* a replay in progress was stopped at the deadline */
 };
 
 static double now_s(void)
@@ -94,9 +96,17 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The end of the budget's seconds (CLOCK_MONOTONIC), 0 for none: every replay stops there. */
+static double deadline(const struct search *s)
+{
+    return s->budget.seconds > 0 ? s->t0 + s->budget.seconds : 0;
+}
+
 /* May another replay start? @p share: the part of the budget this stage may use. */
 static int budget_left(const struct search *s, double share)
 {
+    if (s->over)
+        return 0;
     if (s->budget.runs && s->runs >= (unsigned)ceil(s->budget.runs * share))
         return 0;
     if (s->budget.seconds > 0 && now_s() - s->t0 >= s->budget.seconds * share)
@@ -104,19 +114,33 @@ static int budget_left(const struct search *s, double share)
     return 1;
 }
 
-static int probe(struct search *s, const char *config, uint64_t device, struct run_summary *sum)
+/* One replay: 0 done, -1 stopped, 1 the budget's seconds ran out (before or during it). */
+static int probe_once(struct search *s, const char *config, uint64_t device, struct run_summary *sum)
 {
+    double end = deadline(s);
+    if (s->over || (end > 0 && now_s() >= end)) {
+        s->over = 1;
+        return 1;
+    }
     s->runs++;
     if (s->progress)
         fprintf(stderr, "\rxseg-replay: --tune: %s, %u replays in %.0f s (budget %g %s)   ", s->stage, s->runs,
                 now_s() - s->t0, s->budget.runs ? (double)s->budget.runs : s->budget.seconds,
                 s->budget.runs ? "replays" : "s");
-    if (s->probe(s->user, config, device, sum) == 0)
-        return 0;
+    int r = s->probe(s->user, config, device, end, sum);
+    if (r > 0)
+        s->over = s->stopped_replay = 1;
+    return r;
+}
+
+static int probe(struct search *s, const char *config, uint64_t device, struct run_summary *sum)
+{
+    int r = probe_once(s, config, device, sum);
+    if (r >= 0)
+        return r;
     /* A replay that stopped (a child that could not start, or was killed, on a loaded host) is
      * tried once more before the config counts as one that cannot replay. */
-    s->runs++;
-    return s->probe(s->user, config, device, sum);
+    return probe_once(s, config, device, sum);
 }
 
 /* Lower is better: fits on the full device first, then the smallest device (known before
@@ -153,7 +177,8 @@ static void compose(const struct family *f, const size_t *pick, struct tune_cand
         snprintf(c->config, sizeof c->config, "%s%s%s", f->fixed, *c->shown ? "," : "", c->shown);
 }
 
-/* Replay @p c once on the full device (or find it among those tried). 0 done, -1 stopped. */
+/* Replay @p c once on the full device (or find it among those tried). 0 done, -1 stopped, 1 over
+ * budget. */
 static int evaluate(struct search *s, struct tune_candidate *c)
 {
     for (size_t i = 0; i < s->ntried; i++)
@@ -162,8 +187,9 @@ static int evaluate(struct search *s, struct tune_candidate *c)
             return 0;
         }
     struct run_summary sum;
-    if (probe(s, c->config, 0, &sum) != 0)
-        return -1;
+    int r = probe(s, c->config, 0, &sum);
+    if (r != 0)
+        return r;
     c->peak_reserved = sum.peak_reserved;
     c->peak_allocated = sum.peak_allocated;
     c->failed_allocs = sum.failed_allocs;
@@ -218,6 +244,8 @@ static void bisect(struct search *s, struct tune_candidate *c)
     uint64_t lo = c->peak_allocated > 0 ? ((uint64_t)c->peak_allocated - 1) / STEP * STEP : 0;
     struct run_summary sum;
     int r = hi > s->device ? 0 : probe(s, c->config, hi, &sum);
+    if (r > 0)
+        return; /* out of time before the first answer: not bisected */
     if (r == 0 && (hi > s->device || sum.failed_allocs))
         hi = s->device; /* the device needed more than what was reserved: stay on the full one */
     c->min_device = hi;
@@ -231,10 +259,10 @@ static void bisect(struct search *s, struct tune_candidate *c)
             hi = mid;
         c->min_device = hi;
     }
-    if (r != 0) { /* no answer: it ranks after every config that has one */
+    if (r < 0) { /* no answer: it ranks after every config that has one */
         c->stopped = 1;
         c->min_device = 0;
-    }
+    } /* out of time (r > 0): min_device stays the upper bound found so far */
     c->device_exact = r == 0 && hi - lo <= STEP;
 }
 
@@ -298,23 +326,32 @@ xseg_status tune_run(tune_probe_fn probe_fn, void *user, uint64_t device_bytes, 
     struct search s = {.probe = probe_fn, .user = user, .device = device_bytes, .budget = *b, .t0 = now_s(),
                        .progress = progress, .stage = "searching configs"};
     size_t start[TUNE_FAMILIES + 1];
+    int out_of_time[TUNE_FAMILIES]; /* a family with no replay finished, as the seconds ran out */
     for (size_t f = 0; f < TUNE_FAMILIES; f++) {
         start[f] = s.ntried;
         coordinate_search(&s, &families[f]);
+        out_of_time[f] = s.ntried == start[f] && s.over;
     }
     start[TUNE_FAMILIES] = s.ntried;
     xseg_status st = XSEG_SUCCESS;
-    if (start[1] == 0 || start[2] == start[1]) {
+    int empty = 0;
+    for (size_t f = 0; f < TUNE_FAMILIES; f++)
+        empty |= start[f + 1] == start[f] && !out_of_time[f];
+    if (empty) {
         snprintf(err, errlen, "--tune: the trace does not replay with the default config (see the replay's message)");
         st = XSEG_ERROR_INVALID_VALUE;
     } else {
         s.stage = "bisecting the smallest device";
-        for (size_t f = 0; f < TUNE_FAMILIES; f++)
+        for (size_t f = 0; f < TUNE_FAMILIES; f++) {
+            r->fam[f].over_budget = out_of_time[f];
             finish_family(&s, &families[f], start[f], start[f + 1], &r->fam[f]);
+        }
     }
     r->runs = s.runs;
     r->seconds = now_s() - s.t0;
     r->cut_short = !budget_left(&s, 1.0);
+    r->stopped_replay = s.stopped_replay;
+    r->budget_seconds = s.budget.seconds;
     if (progress)
         fprintf(stderr, "\r%60s\r", "");
     free(s.tried);
@@ -347,8 +384,14 @@ void tune_print(FILE *out, const char *trace, const struct tune_result *r)
 {
     fprintf(out, "== --tune %s: %u replays in %.1f s%s\n", trace, r->runs, r->seconds,
             r->cut_short ? " (the budget ended the search: --tune-budget for more)" : "");
+    if (r->stopped_replay)
+        fprintf(out, "The budget's %g s ran out during a replay: it was stopped there; the figures are of the "
+                     "replays that finished.\n", r->budget_seconds);
     for (size_t i = 0; i < TUNE_FAMILIES; i++) {
         const struct tune_family_result *f = &r->fam[i];
+        if (f->over_budget)
+            fprintf(out, "%s:\n  no replay finished within the budget (%g s): a replay of this trace takes longer, "
+                         "--tune-budget for more\n", f->name, r->budget_seconds);
         if (!f->have_best)
             continue;
         fprintf(out, "%s:\n", f->name);
@@ -396,6 +439,10 @@ void tune_print_json(FILE *out, const char *trace, const struct tune_result *r)
     }
     fputs("{\"tune\": ", out);
     report_json_string(out, trace);
-    fprintf(out, ", \"replays\": %u, \"seconds\": %.3f, \"cut_short\": %s}\n", r->runs, r->seconds,
-            r->cut_short ? "true" : "false");
+    fprintf(out, ", \"replays\": %u, \"seconds\": %.3f, \"cut_short\": %s, \"stopped_replay\": %s, \"no_result\": [",
+            r->runs, r->seconds, r->cut_short ? "true" : "false", r->stopped_replay ? "true" : "false");
+    for (size_t i = 0, n = 0; i < TUNE_FAMILIES; i++)
+        if (r->fam[i].over_budget)
+            fprintf(out, "%s\"%s\"", n++ ? ", " : "", i ? "xseg" : "pytorch");
+    fputs("]}\n", out);
 }

@@ -21,7 +21,8 @@
 
 #include "tools/replay/runner.h"
 
-/* --tune-budget: seconds or replays; the search stops starting replays past either. */
+/* --tune-budget: seconds or replays; the search stops starting replays past either, and a
+ * replay still running when the seconds are up is stopped there (the tune keeps what finished). */
 struct tune_budget {
     double seconds; /* 0: no bound */
     unsigned runs;  /* 0: no bound */
@@ -33,8 +34,10 @@ struct tune_budget {
 xseg_status tune_parse_budget(const char *s, struct tune_budget *b, char *err, size_t errlen);
 
 /* One replay of the trace with @p config on an emulated device of @p device_bytes (0: the
- * default device). @return 0 with @p out filled, -1 when the replay itself stopped. */
-typedef int (*tune_probe_fn)(void *user, const char *config, uint64_t device_bytes, struct run_summary *out);
+ * default device), stopped at @p deadline (CLOCK_MONOTONIC seconds; 0: none). @return 0 with
+ * @p out filled, -1 when the replay itself stopped, 1 when it was stopped at the deadline. */
+typedef int (*tune_probe_fn)(void *user, const char *config, uint64_t device_bytes, double deadline,
+                             struct run_summary *out);
 
 struct tune_candidate {
     char shown[256];        /* the keys set, as the user writes them ("" for the defaults) */
@@ -52,6 +55,7 @@ struct tune_family_result {
     const char *env;        /* "PYTORCH_CUDA_ALLOC_CONF", "XSEG_ALLOC_CONF" */
     struct tune_candidate def, best, runner_up;
     int have_def, have_best, have_runner_up;
+    int over_budget;        /* the budget ran out before any replay of this family finished */
 };
 
 struct tune_result {
@@ -59,11 +63,14 @@ struct tune_result {
     unsigned runs;
     double seconds;
     int cut_short;          /* the budget ended the search before it converged */
+    int stopped_replay;     /* a replay was stopped in progress when the seconds ran out */
+    double budget_seconds;  /* the budget's seconds (0: none), for the messages */
 };
 
 /* Search (see above). @p device_bytes: the full device (--device-mem). Progress on stderr when
  * @p progress. @return XSEG_ERROR_INVALID_VALUE when the default configs themselves cannot
- * replay the trace, XSEG_ERROR_OUT_OF_MEMORY; the message in @p err. */
+ * replay the trace, XSEG_ERROR_OUT_OF_MEMORY; the message in @p err. A budget that ran out
+ * before a family's first replay finished is no error: that family has over_budget set. */
 xseg_status tune_run(tune_probe_fn probe, void *user, uint64_t device_bytes, const struct tune_budget *b,
                      int progress, struct tune_result *r, char *err, size_t errlen);
 
@@ -75,7 +82,8 @@ void tune_print(FILE *out, const char *trace, const struct tune_result *r);
  * "rank": "best"|"runner-up"|"default", "env": the line, "config": the keys shown,
  * "replay_config": what the replay ran with, "peak_reserved_bytes", "failed_allocs", "stopped",
  * "min_device_bytes" (null: not bisected), "min_device_exact"}, then {"tune": trace, "replays",
- * "seconds", "cut_short"}. */
+ * "seconds", "cut_short", "stopped_replay", "no_result": the families with no replay finished
+ * within the budget ("pytorch", "xseg")}. */
 void tune_print_json(FILE *out, const char *trace, const struct tune_result *r);
 
 /* "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" for @p c of family @p f into @p buf. */

@@ -149,10 +149,16 @@ static void tune_section(FILE *f, const struct tune_result *r)
     fprintf(f, "<p class=\"note\">%u replays in %.1f s%s. Predicted figures of each config replayed on the "
                "emulator; smallest device by 2 MiB bisection.</p>\n",
             r->runs, r->seconds, r->cut_short ? " (the budget ended the search: --tune-budget for more)" : "");
+    if (r->stopped_replay)
+        fprintf(f, "<p class=\"note\">The budget's %g s ran out during a replay: it was stopped there; the figures "
+                   "are of the replays that finished.</p>\n", r->budget_seconds);
     fputs("<table class=\"tune\"><tr><th></th><th>config</th><th>peak reserved (GiB)</th>"
           "<th>smallest device (GiB)</th></tr>\n", f);
     for (size_t i = 0; i < TUNE_FAMILIES; i++) {
         const struct tune_family_result *fr = &r->fam[i];
+        if (fr->over_budget)
+            fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n<tr><td colspan=\"4\">no replay finished within the "
+                       "budget (%g s): --tune-budget for more</td></tr>\n", fr->name, r->budget_seconds);
         if (!fr->have_best)
             continue;
         fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n", fr->name);

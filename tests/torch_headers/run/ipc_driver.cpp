@@ -1,0 +1,295 @@
+// The adapter's CUDA-IPC descriptor server (shareIpcHandle / getIpcDevPtr) against a hostile
+// local peer, through the stand-in fake_torch.cpp on cudaemu: a silent connection (same user, and
+// user nobody) does not stop an import that follows; a handle whose export id is edited to another
+// live export is refused; a process of uid 65534 holding a valid handle string gets no block, even
+// with the socket's directory opened up; the socket name holds no part of any token; a malformed
+// XSEG_TORCH_IPC_ALLOW_UIDS is refused naming it.
+// With `--allowed` (run with XSEG_TORCH_IPC_ALLOW_UIDS=65534), that process imports the block.
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "driver.h"
+
+namespace {
+const char FD_PREFIX[] = "xseg-ipc-fd:";
+constexpr int BOUND_S = 60; // an import that takes longer than this is stalled (generous, load)
+
+struct Parsed {
+    std::string name, id, token;
+};
+
+// "xseg-ipc-fd:NAME:ID:TOKEN" (NAME may itself hold ':').
+bool parse(const std::string &h, Parsed *p)
+{
+    if (h.compare(0, sizeof FD_PREFIX - 1, FD_PREFIX) != 0)
+        return false;
+    size_t b = h.rfind(':');
+    size_t a = b == std::string::npos || b == 0 ? std::string::npos : h.rfind(':', b - 1);
+    if (a == std::string::npos || a < sizeof FD_PREFIX - 1)
+        return false;
+    p->name = h.substr(sizeof FD_PREFIX - 1, a - (sizeof FD_PREFIX - 1));
+    p->id = h.substr(a + 1, b - a - 1);
+    p->token = h.substr(b + 1);
+    return true;
+}
+
+// A connection to the server named in a handle (a path, or an abstract name as older adapters
+// used); -1 when it cannot be made.
+int connect_to(const std::string &name)
+{
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    bool abstract = name.empty() || name[0] != '/';
+    size_t n = std::min(name.size(), sizeof a.sun_path - 2);
+    std::memcpy(a.sun_path + (abstract ? 1 : 0), name.data(), n);
+    socklen_t len = (socklen_t)(offsetof(sockaddr_un, sun_path) + n + 1);
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&a), len) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// getIpcDevPtr(@p h) must return (a block whose last byte of 4096 is @p byte) within BOUND_S;
+// a stalled import cannot be cancelled, so the driver stops there.
+void import_bounded(Pluggable *a, const std::string &h, unsigned char byte, const char *what)
+{
+    auto fut = std::async(std::launch::async, [a, h, byte] {
+        std::shared_ptr<void> p = a->getIpcDevPtr(h);
+        return p && static_cast<unsigned char *>(p.get())[4095] == byte;
+    });
+    if (fut.wait_for(std::chrono::seconds(BOUND_S)) != std::future_status::ready) {
+        std::fprintf(stderr, "FAIL %s: getIpcDevPtr did not return within %d s\n", what, BOUND_S);
+        std::fflush(stderr);
+        std::_Exit(1);
+    }
+    try {
+        EXPECT(fut.get(), "%s: the import does not see the exporter's bytes", what);
+        std::printf("ok   %s: getIpcDevPtr still answers\n", what);
+    } catch (const c10::Error &e) {
+        EXPECT(false, "%s: getIpcDevPtr raised: %s", what, e.what());
+    }
+}
+
+// Drop to uid/gid 65534 (in a child); false when that is refused.
+bool drop_to_nobody() { return ::setgroups(0, nullptr) == 0 && ::setgid(65534) == 0 && ::setuid(65534) == 0; }
+
+// Run this driver as `--import HANDLE BYTE` in a new process of uid/gid 65534 (a fresh process:
+// CUDA state does not survive fork). @return its exit status (import_main's codes), 100 when it
+// could not drop or exec, -1 when it did not end within BOUND_S (killed).
+int nobody_imports(const std::string &h, unsigned char byte)
+{
+    char self[4096];
+    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return 100;
+    self[n] = '\0';
+    std::string b = std::to_string(byte);
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        if (drop_to_nobody())
+            ::execl(self, self, "--import", h.c_str(), b.c_str(), (char *)nullptr);
+        std::_Exit(100);
+    }
+    for (int i = 0; i < BOUND_S * 10; i++) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return -1;
+}
+
+// `--import HANDLE BYTE`: getIpcDevPtr(HANDLE). Exit 0: refused by the exporter (the message
+// names its socket or says it sent nothing); 2: the block was mapped and holds BYTE; 3: another
+// error or other bytes.
+int import_main(const char *h, const char *byte)
+{
+    Pluggable *a = install_adapter();
+    if (!a)
+        return 3;
+    a->init(1);
+    try {
+        std::shared_ptr<void> p = a->getIpcDevPtr(h);
+        std::fprintf(stderr, "     uid %d mapped the block at %p\n", (int)::getuid(), p.get());
+        return p && static_cast<unsigned char *>(p.get())[4095] == std::atoi(byte) ? 2 : 3;
+    } catch (const c10::Error &e) {
+        std::fprintf(stderr, "     uid %d: %s\n", (int)::getuid(), e.what());
+        return contains(e.what(), "exporting process") ? 0 : 3;
+    }
+}
+// A child of uid 65534 connects to @p name and stays silent while getIpcDevPtr(@p h) runs here.
+// @return whether that child could connect.
+bool silent_nobody_then_import(Pluggable *a, const std::string &name, const std::string &h, unsigned char byte)
+{
+    int ready[2];
+    if (::pipe(ready) != 0) {
+        EXPECT(false, "pipe: %s", std::strerror(errno));
+        return false;
+    }
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+        ::close(ready[0]);
+        char c = drop_to_nobody() && connect_to(name) >= 0 ? 'c' : 'n';
+        (void)!::write(ready[1], &c, 1);
+        ::pause(); // the connection stays open until the parent kills this child
+        std::_Exit(0);
+    }
+    ::close(ready[1]);
+    char c = 0;
+    pollfd pf{ready[0], POLLIN, 0};
+    if (pid > 0 && ::poll(&pf, 1, BOUND_S * 1000) == 1)
+        (void)!::read(ready[0], &c, 1);
+    ::close(ready[0]);
+    std::printf("     uid 65534 %s\n", c == 'c' ? "connected and stays silent" : "cannot connect");
+    import_bounded(a, h, byte, "a silent connection of uid 65534 open");
+    if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+    }
+    return c == 'c';
+}
+} // namespace
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && std::strcmp(argv[1], "--import") == 0)
+        return import_main(argv[2], argv[3]);
+    bool allowed = argc > 1 && std::strcmp(argv[1], "--allowed") == 0;
+    ::signal(SIGPIPE, SIG_IGN);
+    Pluggable *a = install_adapter();
+    if (!a)
+        return 1;
+    a->init(1);
+    cudaStream_t s0 = nullptr;
+    void *b1 = a->malloc(2 * MiB, 0, s0), *b2 = a->malloc(2 * MiB, 0, s0);
+    std::memset(b1, 0x11, 4096); // cudaemu's device memory is host memory
+    std::memset(b2, 0x22, 4096);
+    if (!allowed) { // a malformed opt-in is refused, naming it, and nothing is served
+        ::setenv("XSEG_TORCH_IPC_ALLOW_UIDS", "65534,nobody", 1);
+        try {
+            std::string h = a->shareIpcHandle(b1).handle;
+            EXPECT(!contains(h, "xseg-ipc-fd:"), "XSEG_TORCH_IPC_ALLOW_UIDS=65534,nobody was accepted: %s", h.c_str());
+        } catch (const c10::Error &e) {
+            EXPECT(contains(e.what(), "XSEG_TORCH_IPC_ALLOW_UIDS='65534,nobody'"), "message: %s", e.what());
+            std::printf("ok   a malformed XSEG_TORCH_IPC_ALLOW_UIDS is refused: %s\n", e.what());
+        }
+        ::unsetenv("XSEG_TORCH_IPC_ALLOW_UIDS");
+    }
+    std::string h1 = a->shareIpcHandle(b1).handle, h2 = a->shareIpcHandle(b2).handle;
+    Parsed p1, p2;
+    if (!parse(h1, &p1) || !parse(h2, &p2)) {
+        std::printf("SKIP the blocks are not shared as file descriptors here: %s\n", h1.c_str());
+        return 77;
+    }
+
+    if (allowed) { // XSEG_TORCH_IPC_ALLOW_UIDS=65534: that uid is admitted
+        if (::geteuid() != 0) {
+            std::printf("SKIP not root: cannot run a process of uid 65534\n");
+            return 77;
+        }
+        int st = nobody_imports(h1, 0x11);
+        EXPECT(st == 2, "an admitted uid 65534 did not map the block (exit %d)", st);
+        EXPECT(silent_nobody_then_import(a, p1.name, h1, 0x11), "an admitted uid 65534 cannot connect");
+        a->raw_delete(b1);
+        a->raw_delete(b2);
+        if (failures)
+            return 1;
+        std::printf("ok   XSEG_TORCH_IPC_ALLOW_UIDS admits uid 65534\n");
+        return 0;
+    }
+
+    // ---- the socket name holds no part of a token; every export has its own ----
+    EXPECT(p1.token != p2.token, "two exports share the token %s", p1.token.c_str());
+    for (const Parsed *p : {&p1, &p2})
+        for (size_t i = 0; i + 8 <= p->token.size(); i++)
+            EXPECT(p->name.find(p->token.substr(i, 8)) == std::string::npos,
+                   "the socket name '%s' holds '%s' of the token %s", p->name.c_str(), p->token.substr(i, 8).c_str(),
+                   p->token.c_str());
+    if (!failures)
+        std::printf("ok   socket name %s holds no part of a token\n", p1.name.c_str());
+
+    // ---- one handle does not open another export ----
+    std::string edited = FD_PREFIX + p1.name + ":" + p2.id + ":" + p1.token;
+    try {
+        std::shared_ptr<void> p = a->getIpcDevPtr(edited);
+        EXPECT(false, "a handle edited to export %s mapped it at %p", p2.id.c_str(), p.get());
+    } catch (const c10::Error &e) {
+        std::printf("ok   a handle edited to another export is refused: %s\n", e.what());
+    }
+    import_bounded(a, h2, 0x22, "after an edited handle");
+
+    // ---- uid 65534 holding a valid handle gets nothing, even where it can reach the socket ----
+    if (::geteuid() != 0) {
+        std::printf("SKIP uid 65534 checks: not root (cannot run a second user)\n");
+    } else {
+        int st = nobody_imports(h1, 0x11);
+        EXPECT(st == 0, "uid 65534 holding a handle: exit %d (0: refused, 2: mapped the block)", st);
+        if (p1.name[0] == '/') { // defeat the directory's permissions: the peer check must hold
+            std::string dir = p1.name.substr(0, p1.name.rfind('/'));
+            struct stat sd {}, ss {};
+            EXPECT(::stat(dir.c_str(), &sd) == 0 && (sd.st_mode & 077) == 0,
+                   "the socket's directory %s is open to others (mode %o)", dir.c_str(), sd.st_mode & 0777);
+            if (::stat(p1.name.c_str(), &ss) == 0 && ::chmod(dir.c_str(), 0755) == 0 &&
+                ::chmod(p1.name.c_str(), 0777) == 0) {
+                st = nobody_imports(h1, 0x11);
+                EXPECT(st == 0, "uid 65534 reaching the socket: exit %d (0: refused, 2: mapped the block)", st);
+                (void)::chmod(p1.name.c_str(), ss.st_mode & 07777);
+                (void)::chmod(dir.c_str(), sd.st_mode & 07777);
+            } else {
+                EXPECT(false, "cannot open up %s: %s", dir.c_str(), std::strerror(errno));
+            }
+        }
+        if (!failures)
+            std::printf("ok   uid 65534 holding a valid handle is refused\n");
+    }
+
+    // ---- a silent peer (and one that sends part of a request) stalls no one ----
+    int silent = connect_to(p1.name);
+    EXPECT(silent >= 0, "cannot connect to %s: %s", p1.name.c_str(), std::strerror(errno));
+    int partial = connect_to(p1.name);
+    EXPECT(partial >= 0 && ::write(partial, "abc", 3) == 3, "partial request to %s", p1.name.c_str());
+    import_bounded(a, h1, 0x11, "a silent connection open");
+    std::vector<int> flood; // more silent connections than the server keeps waiting
+    for (int i = 0; i < 100; i++)
+        flood.push_back(connect_to(p1.name));
+    EXPECT(flood.back() >= 0, "cannot connect a 100th time: %s", std::strerror(errno));
+    import_bounded(a, h1, 0x11, "100 silent connections open");
+    for (int fd : flood)
+        if (fd >= 0)
+            ::close(fd);
+    if (::geteuid() == 0)
+        silent_nobody_then_import(a, p1.name, h1, 0x11);
+    ::close(silent);
+    ::close(partial);
+
+    a->raw_delete(b1);
+    a->raw_delete(b2);
+    if (failures)
+        return 1;
+    std::printf("ok   the descriptor server refuses other exports and other users, and no peer stalls it\n");
+    return 0;
+}
