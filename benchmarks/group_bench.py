@@ -2,7 +2,7 @@
 """Memory groups (issue 37; docs/benchmarks.md#memory-groups): member processes on one cudaemu
 device shared among them (CUDAEMU_SHARED), driven through tests/group/group_helper.
 
-  benchmarks/group_bench.py BUILD_DIR [--rounds N] [--only budget]
+  benchmarks/group_bench.py BUILD_DIR [--rounds N] [--only budget|load] [--load-rounds N]
 
 1. Staggered bursts: four members on a 1 GiB device; each keeps 100 MiB live and in its turn
    bursts 300 MiB more (ten 30 MiB allocations), every member checks its byte patterns, then it
@@ -21,6 +21,13 @@ device shared among them (CUDAEMU_SHARED), driven through tests/group/group_help
    a group with memory_group_budget_mb:700, H holding 300 MiB cached; B allocates 10 MiB at a
    time until refused. Driver calls (cudaemu's counts, CUDAEMU_REPORT): cuMemGetInfo per growth,
    and over 1000 cached malloc/free pairs.
+5. Give-way on a busy host (--only load; issue 53): four members on an 8 GiB device take turns
+   with 2.4 GiB bursts (24 mallocs of 100 MiB, no pattern), each burst freed (it stays cached)
+   before the next member's, with a CPU hog process per core. Failed mallocs (and of them, those
+   while other members held at least 100 MiB cached), the give-way latency p50 / p99 (mallocs
+   that asked), and asks that timed out (xseg_group_member.ask_timeouts), with the group and
+   without; memory_group_wait_ms at its default (500 ms), and at 5 ms (a wait a busy host's
+   scheduling delays can pass).
 Wall times are this machine's, on cudaemu (no GPU), including the pipe round trip.
 """
 import os
@@ -64,6 +71,14 @@ class Member:
     def foreign(self):
         r = self.cmd("group").split()
         return int(r[7]) if r and r[0] == "asked" else None
+
+    def cached(self):
+        r = self.cmd("stats").split()
+        return int(r[1]) - int(r[3])
+
+    def timeouts(self):
+        r = self.cmd("group").split()
+        return int(r[13]) if len(r) > 13 and r[12] == "timeouts" else 0
 
     def fill(self, step, tag):
         """Allocate `step` MiB at a time until refused: (MiB reached, the refusal's message)."""
@@ -125,6 +140,61 @@ def bursts(helper, config, rounds, share):
     for m in ms:
         m.quit()
     return ooms, bad, lat, plain, moved
+
+
+def hogs_start():
+    """One CPU hog process per core (a busy loop each)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+
+
+def hogs_stop(hogs):
+    for h in hogs:
+        h.kill()
+        h.wait()
+
+
+def load_bursts(helper, config, rounds, share):
+    """Section 5: (failed mallocs, of them with >= 100 MiB cached in other members, give-way
+    latencies in s, asks timed out)."""
+    ms = [Member(helper, config, env_for(share, "8G")) for _ in range(4)]
+    hogs = hogs_start()
+    ooms = idle = 0
+    lat = []
+    try:
+        for _ in range(rounds):
+            for i, m in enumerate(ms):
+                asked = m.group()[0] if config else 0
+                for _ in range(24):
+                    t = time.perf_counter()
+                    a = m.cmd("take 100")
+                    dt = time.perf_counter() - t
+                    if a != "ok":
+                        ooms += 1
+                        idle += sum(o.cached() for o in ms if o is not m) >= 100 << 20
+                        continue
+                    now = m.group()[0] if config else asked
+                    if now != asked:
+                        lat.append(dt)
+                        asked = now
+                m.cmd("freeall")  # the burst stays cached
+    finally:
+        hogs_stop(hogs)
+    timeouts = sum(m.timeouts() for m in ms) if config else 0
+    for m in ms:
+        m.quit()
+    return ooms, idle, lat, timeouts
+
+
+def load_table(helper, tag, rounds):
+    print("| four members, 2.4 GiB bursts in turn on 8 GiB, %d CPU hogs, %d rounds | failed mallocs "
+          "(with >= 100 MiB cached elsewhere) | give-way p50 / p99 ms (n) | asks timed out |"
+          % (os.cpu_count() or 1, rounds))
+    print("|---|---|---|---|")
+    for name, cfg in (("without the group", ""), ("with the group", "memory_group:load"),
+                      ("with the group, memory_group_wait_ms:5", "memory_group:load,memory_group_wait_ms:5")):
+        ooms, idle, lat, timeouts = load_bursts(helper, cfg, rounds, tag + ("lg" if cfg else "ln"))
+        l = "%.1f / %.1f (%d)" % (pct(lat, .5) * 1e3, pct(lat, .99) * 1e3, len(lat)) if cfg else "-"
+        print("| %s | %d (%d) | %s | %s |" % (name, ooms, idle, l, timeouts if cfg else "-"))
 
 
 def killed_mid_request(helper, share):
@@ -234,8 +304,12 @@ def main():
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 16
     os.environ.setdefault("XSEG_LIBCUDA", os.path.join(sys.argv[1], "cudaemu", "libcudaemu.so"))
     tag = "gb%d" % os.getpid()
-    if "--only" in sys.argv and sys.argv[sys.argv.index("--only") + 1] == "budget":
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    load_rounds = int(sys.argv[sys.argv.index("--load-rounds") + 1]) if "--load-rounds" in sys.argv else 10
+    if only == "budget":
         return budgets(helper, tag)
+    if only == "load":
+        return load_table(helper, tag, load_rounds)
     print("| staggered bursts, %d rounds | OOMs | failed pattern checks | malloc p50 ms, new pages, no ask "
           "(n) | malloc p50 / p99 ms, asked (n) | bytes moved |" % rounds)
     print("|---|---|---|---|---|---|")
@@ -252,6 +326,8 @@ def main():
     print("32 members x 20 MiB cached, one 800 MiB malloc: '%s' in %.1f ms, %d members gave "
           "%.0f MiB" % (ans[:40], dt * 1e3, givers, moved / 2**20))
     budgets(helper, tag)
+    print()
+    load_table(helper, tag, load_rounds)
 
 
 def budgets(helper, tag):

@@ -617,11 +617,11 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     return XSEG_SUCCESS;
 }
 
-/* Measure the budgets (core/group.h) and put their limit in force for this growth. */
-static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct budget_view *v)
+/* Measure the budgets (core/group.h) and put their limit in force for this growth of @p grow bytes. */
+static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct budget_view *v, size_t grow)
 {
     lock_assert_held(&d->lock);
-    group_budget_measure(d, v);
+    group_budget_measure(d, v, grow);
     d->acct.set_budget = v->limit != SIZE_MAX;
     d->acct.budget_limit = v->limit;
 }
@@ -641,7 +641,7 @@ static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d
     if (pool_fell_asleep(d, p, &st))
         return st;
     if (bv)
-        budget_enter(d, bv); /* the members' figures moved */
+        budget_enter(d, bv, p->alloc_size); /* the members' figures moved */
     return get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
 }
 
@@ -750,7 +750,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     struct budget_view bv;
     bool budgeted = XSEG_UNLIKELY(group_measure_on(d));
     if (budgeted)
-        budget_enter(d, &bv);
+        budget_enter(d, &bv, p->alloc_size);
     st = alloc_block(d, p, false);
     /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
     bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
@@ -764,8 +764,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         st = malloc_give_way(d, p, budgeted ? &bv : NULL);
     if (budgeted) {
         d->acct.set_budget = false;
-        if (st == XSEG_SUCCESS)
-            group_note_reserved(d);
+        group_note_reserved(d, false); /* the growth's intent withdrawn, failed or not */
     }
 
     /* 8. Out of memory: observers, then the message. */
@@ -1184,10 +1183,10 @@ xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
     struct budget_view bv = {.limit = SIZE_MAX};
     bool budgeted = group_measure_on(d);
     if (budgeted)
-        group_budget_measure(d, &bv);
+        group_budget_measure(d, &bv, SIZE_MAX); /* the wake's growth: up to the limit */
     xseg_status st = wake_pool_locked(d, pool, bv.limit);
-    if (budgeted && st == XSEG_SUCCESS)
-        group_note_reserved(d);
+    if (budgeted)
+        group_note_reserved(d, true);
     return sleep_wake_done(d, st);
 }
 

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,11 +33,15 @@
 #include "vmm/driver.h"
 
 #define GROUP_MAGIC 0x3170726767657378ull /* "xseggrp1" */
-#define GROUP_VERSION 2u
+#define GROUP_VERSION 3u
 #define GROUP_SLOTS 64
 #define GROUP_PID_MAX 4194304 /* /proc/sys/kernel/pid_max's ceiling */
 /* The responder republishes this often, so a member's figures are at most this old. */
 #define GROUP_PUBLISH_NS 100000000ll
+/* A member that has not answered when memory_group_wait_ms is over is waited for while it is
+ * answering, or its responder is runnable (waiting for a CPU) with cache published, up to this
+ * many times memory_group_wait_ms in all. */
+#define GROUP_GRACE 4
 /* An asker checks that the member it waits for is alive this often. */
 #define GROUP_POLL_NS 10000000ll
 /* Joining waits at most this long for the table's lock or a creator's initialization. */
@@ -52,7 +57,18 @@ struct gslot {
     _Atomic uint64_t gave_count, gave_bytes, asked_count;
     _Atomic uint64_t foreign;    /* its estimate of the device memory it holds outside xseg */
     _Atomic uint64_t start_time; /* its process's start (/proc/PID/stat field 22): pid reuse */
+    /* Under a group budget, the bytes a growth underway may add to reserved: published before
+     * the member reads the others' figures and cleared once its new reserved is published, so
+     * of two members growing at once at least one counts the other's (group_budget_measure). */
+    _Atomic uint64_t growing;
+    _Atomic uint32_t took_seq;  /* the request its responder is answering (set as it starts) */
+    _Atomic int32_t tid;        /* its responder thread: runnable or not (an asker's grace) */
+    _Atomic uint64_t ask_timeouts; /* its asks in which a member asked never answered */
 };
+
+/* ask_timeouts sits in the padding after pid: the public struct keeps its size and offsets. */
+_Static_assert(offsetof(xseg_group_member, ask_timeouts) == 4 && offsetof(xseg_group_member, reserved_bytes) == 8 &&
+               sizeof(xseg_group_member) == 8 + 9 * 8, "xseg_group_member's layout changed");
 
 struct gtable {
     _Atomic uint64_t magic;     /* written last by the creator */
@@ -74,6 +90,7 @@ struct group {
     uint64_t group_budget;      /* the table's memory_group_budget_mb (checked at join) */
     pthread_t responder;
     _Atomic bool stop, alone;
+    _Atomic bool erring;        /* go_alone's message claimed */
     /* The table's lock was busy at join: the table stays mapped and the next growth tries a join
      * again (group_budget_measure, device lock held), with a try of the lock: no wait. */
     _Atomic bool rejoin;
@@ -82,6 +99,12 @@ struct group {
      * group_stats never reads a message being rewritten. */
     char rejoin_error[512];
     _Atomic bool rejoin_failed;
+    unsigned seed;              /* rand_r: the back-off of a growth that steps aside */
+    int fd;                     /* the mapped table's file, open: its size checked (table_intact) */
+    /* The headroom a wake underway claimed (device lock held): a wake gives the lock back while
+     * it restores, so a malloc's growth may come meanwhile; it publishes its bytes on top of
+     * these, counts them as taken, and leaves them published when it is done. */
+    size_t wake_growing;
     ino_t ino;                  /* the table's file, told apart from one created since */
     dev_t dev;
 };
@@ -160,7 +183,9 @@ static bool slot_read(const struct gslot *s, uint64_t total, xseg_group_member *
                       : m->allocated_bytes > total  ? "allocated bytes"
                       : m->reclaimable_bytes > total ? "reclaimable bytes"
                       : m->budget_bytes > total     ? "budget bytes"
-                      : m->foreign_bytes > total    ? "foreign bytes" : NULL;
+                      : m->foreign_bytes > total    ? "foreign bytes"
+                      : atomic_load(&s->growing) > total ? "growing bytes" : NULL;
+    m->ask_timeouts = (uint32_t)atomic_load(&s->ask_timeouts);
     if (bad)
         snprintf(why, n, "its %s are out of range (%s)", bad, bad[0] == 'p' ? "pid" : "above the device");
     return !bad;
@@ -202,11 +227,12 @@ static bool table_ok(const struct gtable *t, uint64_t total, char *why, size_t n
 }
 
 /* Go alone after finding the table bad: the error kept for xseg_group_stats; the responder sees
- * `alone` and ends. Only the responder calls it, the one writer of alone once it runs: the
- * message is written before alone is published (release), so group_stats never reads it torn. */
+ * `alone` and ends. The responder, an asker or a measure may call it: the first one writes the
+ * message (`erring` claimed), before alone is published (release), so group_stats never reads it
+ * torn. */
 static void go_alone(struct group *g, const char *why)
 {
-    if (atomic_load(&g->alone))
+    if (atomic_load(&g->alone) || atomic_exchange(&g->erring, true))
         return;
     snprintf(g->error, sizeof g->error, "memory group table /dev/shm%s is corrupted (%s): device %d "
              "goes on alone", g->path, why, g->d->device);
@@ -239,6 +265,90 @@ static void table_unlock(struct gtable *t)
     witness_give(FORK_RANK_GROUP_TABLE);
 }
 
+/* ---- a table file truncated under its mapping ------------------------------------------------
+ * A page of a shared mapping past its file's end faults with SIGBUS. Another process of this user
+ * may shrink the file at any time, so its size is checked (fstat) before the table is read at
+ * each step (table_intact), and the guard below covers the instant between the check and the read:
+ * the faulting table's pages are replaced by zero pages, which read as a bad table (the member goes
+ * on alone at its next check), and the access is retried. A fault elsewhere goes to the
+ * disposition the guard replaced. */
+
+static void bus_guard(int sig, siginfo_t *si, void *uc)
+{
+    int saved = errno;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (size_t i = 0; i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
+        uintptr_t t = (uintptr_t)atomic_load(&xseg_rt.group.maps[i]);
+        /* mmap is a plain system call on Linux: safe in a handler. */
+        if (t && a >= t && a < t + sizeof(struct gtable) &&
+            mmap((void *)t, sizeof(struct gtable), PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS,
+                 -1, 0) != MAP_FAILED) {
+            errno = saved;
+            return;
+        }
+    }
+    const struct sigaction *old = &xseg_rt.group.bus_old;
+    if (old->sa_flags & SA_SIGINFO) {
+        old->sa_sigaction(sig, si, uc);
+    } else if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) {
+        old->sa_handler(sig);
+    } else {
+        signal(SIGBUS, SIG_DFL); /* the fault comes again, to the default action */
+    }
+    errno = saved;
+}
+
+/* Map the table in @p fd (NULL on failure), known to the guard (installed once). */
+static struct gtable *table_map(int fd)
+{
+    if (!atomic_exchange(&xseg_rt.group.bus_on, true)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = bus_guard;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, &xseg_rt.group.bus_old);
+    }
+    void *m = mmap(NULL, sizeof(struct gtable), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    for (size_t i = 0; i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
+        void *none = NULL;
+        if (atomic_compare_exchange_strong(&xseg_rt.group.maps[i], &none, m))
+            return m;
+    }
+    munmap(m, sizeof(struct gtable)); /* never: two maps a device at most */
+    errno = ENOMEM;
+    return NULL;
+}
+
+/* Unmap @p t (table_map's) and close @p fd (-1: none). */
+static void table_unmap(struct gtable *t, int fd)
+{
+    for (size_t i = 0; i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
+        void *want = t;
+        if (atomic_compare_exchange_strong(&xseg_rt.group.maps[i], &want, NULL))
+            break;
+    }
+    munmap(t, sizeof *t);
+    if (fd >= 0)
+        close(fd);
+}
+
+/* Whether g's table file still has the table's size; @return false with the reason in @p why. */
+static bool table_intact(const struct group *g, char *why, size_t n)
+{
+    struct stat st;
+    if (g->fd >= 0 && !fstat(g->fd, &st) && st.st_size == (off_t)sizeof(struct gtable))
+        return true;
+    if (g->fd >= 0 && !fstat(g->fd, &st))
+        snprintf(why, n, "its file was truncated to %lld bytes, not %zu", (long long)st.st_size,
+                 sizeof(struct gtable));
+    else
+        snprintf(why, n, "its file cannot be checked: %s", strerror(errno));
+    return false;
+}
+
 /* Free the slots of members that are gone (their memory went with them). Table lock held. */
 static void reap_dead(struct gtable *t)
 {
@@ -251,6 +361,7 @@ static void reap_dead(struct gtable *t)
             atomic_store(&s->reclaimable, 0);
             atomic_store(&s->budget, 0);
             atomic_store(&s->foreign, 0);
+            atomic_store(&s->growing, 0);
             atomic_store(&s->start_time, 0);
             atomic_store(&s->pid, 0);
         }
@@ -267,7 +378,8 @@ static void publish_locked(struct group *g)
     uint64_t cached = trim_cached_bytes(d);
     uint64_t budget = d->cfg.memory_budget;
     struct gslot *s = &g->t->slot[g->me];
-    atomic_store(&s->reserved, reserved < g->total ? reserved : g->total);
+    if (!atomic_load(&s->growing)) /* a growth underway keeps what it measured (group_budget_measure) */
+        atomic_store(&s->reserved, reserved < g->total ? reserved : g->total);
     atomic_store(&s->allocated, allocated < reserved ? allocated : reserved);
     atomic_store(&s->reclaimable, cached < reserved ? cached : reserved);
     atomic_store(&s->budget, budget < g->total ? budget : g->total);
@@ -287,12 +399,20 @@ static void *responder(void *arg)
 {
     struct group *g = arg;
     struct gslot *s = &g->t->slot[g->me];
+    char why[160];
+    if (table_intact(g, why, sizeof why))
+        atomic_store(&s->tid, (int32_t)syscall(SYS_gettid));
     while (!atomic_load(&g->stop) && !atomic_load(&g->alone)) {
+        if (!table_intact(g, why, sizeof why)) { /* before the table is read */
+            go_alone(g, why);
+            break;
+        }
         uint32_t req = atomic_load(&s->req_seq);
         if (req != atomic_load(&s->ack_seq)) {
             uint64_t need = atomic_load(&s->req_bytes);
             if (need > g->total)
                 need = g->total;
+            atomic_store(&s->took_seq, req); /* the asker waits for an answer underway */
             publish(g); /* our cache now, not as last published */
             uint64_t cached = atomic_load(&s->reclaimable);
             size_t released = 0;
@@ -307,7 +427,6 @@ static void *responder(void *arg)
             continue;
         }
         publish(g);
-        char why[160];
         if (atomic_load(&s->pid) != getpid()) {
             go_alone(g, "our slot was taken by another process");
             break;
@@ -359,14 +478,14 @@ static struct gtable *table_open(struct group *g, char *err, size_t n)
     }
     g->ino = st.st_ino;
     g->dev = st.st_dev;
-    void *m = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
+    t = table_map(fd);
+    if (!t) {
         snprintf(err, n, "memory group: cannot map /dev/shm%s: %s", g->path,
                  strerror(errno));
+        close(fd);
         return NULL;
     }
-    t = m;
+    g->fd = fd; /* kept: its size checked before the table is read (table_intact) */
     if (created) {
         pthread_mutexattr_t a;
         pthread_mutexattr_init(&a);
@@ -388,10 +507,11 @@ static struct gtable *table_open(struct group *g, char *err, size_t n)
             nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
     char why[160];
-    if (!table_ok(t, g->total, why, sizeof why)) {
+    if (!table_intact(g, why, sizeof why) || !table_ok(t, g->total, why, sizeof why)) {
         snprintf(err, n, "memory group table /dev/shm%s is corrupted (%s): device %d "
                  "goes on alone", g->path, why, g->d->device);
-        munmap(t, sizeof *t);
+        table_unmap(t, fd);
+        g->fd = -1;
         return NULL;
     }
     /* The first member's group budget is the group's: a later member's other value is named in
@@ -444,7 +564,7 @@ static int slot_claim(struct group *g)
     return slot_take(g, g->error, sizeof g->error);
 }
 
-static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v);
+static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v, uint64_t grow);
 
 void group_attach(struct dev_alloc *d)
 {
@@ -460,6 +580,8 @@ void group_attach(struct dev_alloc *d)
     g->total = d->info.total_mem;
     g->group_budget = cfg.memory_group_budget < g->total ? cfg.memory_group_budget : g->total;
     g->me = -1;
+    g->fd = -1;
+    g->seed = (unsigned)getpid() ^ (unsigned)now_ns();
     snprintf(g->name, sizeof g->name, "%s", cfg.memory_group);
     int n = snprintf(g->path, sizeof g->path, "/xseg-group-");
     for (int i = 0; i < 16; i++)
@@ -470,7 +592,7 @@ void group_attach(struct dev_alloc *d)
         publish(g);
         struct budget_view v;
         dev_acquire(d);
-        budget_measure(d, g, &v); /* our foreign bytes, published */
+        budget_measure(d, g, &v, 0); /* our foreign bytes, published */
         dev_unlock(d);
         if (pthread_create(&g->responder, NULL, responder, g)) {
             snprintf(g->error, sizeof g->error, "memory group: no responder thread: device %d goes on "
@@ -481,8 +603,9 @@ void group_attach(struct dev_alloc *d)
     }
     if (g->me < 0) {
         if (g->t && !atomic_load(&g->rejoin)) { /* a join to retry keeps the table mapped */
-            munmap(g->t, sizeof *g->t);
+            table_unmap(g->t, g->fd);
             g->t = NULL;
+            g->fd = -1;
         }
         atomic_store(&g->alone, true);
     }
@@ -532,7 +655,8 @@ static void rejoin(struct dev_alloc *d, struct group *g)
     char why[160], err[512];
     if (!table_current(g)) {
         table_unlock(g->t);
-        munmap(g->t, sizeof *g->t);
+        table_unmap(g->t, g->fd);
+        g->fd = -1;
         if (!(g->t = table_open(g, err, sizeof err))) {
             rejoin_fail(g, err);
             return;
@@ -540,7 +664,7 @@ static void rejoin(struct dev_alloc *d, struct group *g)
         if (!table_trylock(g->t))
             return;
     }
-    if (!table_ok(g->t, g->total, why, sizeof why)) {
+    if (!table_intact(g, why, sizeof why) || !table_ok(g->t, g->total, why, sizeof why)) {
         table_unlock(g->t);
         snprintf(err, sizeof err, "memory group table /dev/shm%s is corrupted (%s): device %d goes on alone",
                  g->path, why, d->device);
@@ -570,14 +694,17 @@ void group_detach_all(void)
         struct group *g = atomic_exchange(&g_groups[i], NULL);
         if (!g)
             continue;
+        char why[160];
         if (g->t && g->me < 0) {
-            munmap(g->t, sizeof *g->t); /* a join still to retry: no slot, no responder */
+            table_unmap(g->t, g->fd); /* a join still to retry: no slot, no responder */
         } else if (g->t) {
             atomic_store(&g->stop, true);
-            futex(&g->t->slot[g->me].req_seq, FUTEX_WAKE, INT32_MAX, NULL);
-            pthread_join(g->responder, NULL);
-            /* The last member out removes the table (a crashed member's table stays, reused). */
-            if (table_lock(g->t, GROUP_JOIN_NS)) {
+            if (table_intact(g, why, sizeof why))
+                futex(&g->t->slot[g->me].req_seq, FUTEX_WAKE, INT32_MAX, NULL);
+            pthread_join(g->responder, NULL); /* it wakes within GROUP_PUBLISH_NS anyway */
+            /* The last member out removes the table (a crashed member's table stays, reused); a
+             * truncated one is left alone. */
+            if (table_intact(g, why, sizeof why) && table_lock(g->t, GROUP_JOIN_NS)) {
                 if (atomic_load(&g->t->slot[g->me].pid) == getpid())
                     atomic_store(&g->t->slot[g->me].pid, 0);
                 reap_dead(g->t);
@@ -588,9 +715,16 @@ void group_detach_all(void)
                     shm_unlink(g->path);
                 table_unlock(g->t);
             }
-            munmap(g->t, sizeof *g->t);
+            table_unmap(g->t, g->fd);
         }
         xs_free(g);
+    }
+    /* The guard goes with the last table, unless a handler was installed over it since. */
+    struct sigaction cur;
+    if (atomic_load(&xseg_rt.group.bus_on) && !sigaction(SIGBUS, NULL, &cur) && (cur.sa_flags & SA_SIGINFO) &&
+        cur.sa_sigaction == bus_guard) {
+        sigaction(SIGBUS, &xseg_rt.group.bus_old, NULL);
+        atomic_store(&xseg_rt.group.bus_on, false);
     }
 }
 
@@ -630,8 +764,9 @@ bool group_measure_on(const struct dev_alloc *d)
     return d->cfg.memory_budget || group_on(d) || rejoin_due(d);
 }
 
-/* The measure itself (group_budget_measure) for @p g (NULL: none). Device lock held. */
-static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v)
+/* The measure itself (group_budget_measure) for @p g (NULL: none); @p grow: the growth to
+ * publish first (0: none; group budget only). Device lock held. */
+static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_view *v, uint64_t grow)
 {
     lock_assert_held(&d->lock);
     memset(v, 0, sizeof *v);
@@ -648,6 +783,12 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
     if (g) {
         mine = &g->t->slot[g->me];
         v->group_budget = (size_t)g->group_budget;
+        /* Our intent first, then the others' figures (both sequentially consistent): a member
+         * growing at once either sees ours or we see its. */
+        if (grow && g->group_budget) {
+            uint64_t w = grow < g->total ? grow + g->wake_growing : g->total;
+            atomic_store(&mine->growing, w < g->total ? w : g->total);
+        }
         /* The other live members' published figures, each bounded by the device (no overflow:
          * 64 slots of at most 2^47 bytes each on any device there is). */
         for (int i = 0; i < GROUP_SLOTS; i++) {
@@ -655,48 +796,107 @@ static void budget_measure(struct dev_alloc *d, struct group *g, struct budget_v
             int32_t pid = atomic_load(&s->pid);
             if (i == g->me || !pid || !pid_alive(pid))
                 continue;
-            uint64_t r = atomic_load(&s->reserved), f = atomic_load(&s->foreign);
+            uint64_t r = atomic_load(&s->reserved), f = atomic_load(&s->foreign), w = atomic_load(&s->growing);
             v->others_reserved += r <= g->total ? (size_t)r : 0;
             v->others_foreign += f <= g->total ? (size_t)f : 0;
+            v->others_growing += w <= g->total ? (size_t)w : (size_t)g->total;
         }
     }
+    /* Others' growths underway may show in `used` before their reserved bytes do: they are theirs,
+     * not ours, in the estimate we publish (else it would stay inflated after they publish). Our
+     * own budget keeps the larger estimate (it never passes for a member's growth). */
     size_t accounted = v->others_reserved + v->others_foreign + v->reserved;
-    if (measured)
+    size_t foreign_hi = 0;
+    if (measured) {
+        foreign_hi = used > accounted ? used - accounted : 0;
+        accounted += v->others_growing;
         v->foreign = used > accounted ? used - accounted : 0;
-    else if (mine)
-        v->foreign = (size_t)atomic_load(&mine->foreign); /* the last estimate stands */
+    } else if (mine) {
+        foreign_hi = v->foreign = (size_t)atomic_load(&mine->foreign); /* the last estimate stands */
+    }
     if (mine) {
         atomic_store(&mine->reserved, v->reserved < g->total ? v->reserved : g->total);
         atomic_store(&mine->foreign, v->foreign < g->total ? v->foreign : g->total);
     }
     if (v->budget)
-        v->own_limit = v->budget > v->foreign ? v->budget - v->foreign : 0;
-    size_t group_rest = v->others_reserved + v->others_foreign + v->foreign;
+        v->own_limit = v->budget > foreign_hi ? v->budget - foreign_hi : 0;
+    /* Growths underway count in full: what `used` shows of them is out of our estimate above. */
+    size_t group_rest = v->others_reserved + v->others_foreign + v->foreign + v->others_growing +
+                        (g && grow != g->total ? g->wake_growing : 0);
     if (v->group_budget)
         v->group_limit = v->group_budget > group_rest ? v->group_budget - group_rest : 0;
     v->limit = v->own_limit < v->group_limit ? v->own_limit : v->group_limit;
 }
 
-void group_budget_measure(struct dev_alloc *d, struct budget_view *v)
+/* group_live, its table file checked first (one fstat): a truncated one sends us on alone. */
+static struct group *group_checked(const struct dev_alloc *d)
+{
+    struct group *g = group_live(d);
+    char why[160];
+    if (g && !table_intact(g, why, sizeof why)) {
+        go_alone(g, why);
+        return NULL;
+    }
+    return g;
+}
+
+void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t grow)
 {
     if (rejoin_due(d))
         rejoin(d, atomic_load(&g_groups[d->device]));
-    struct group *g = group_live(d);
+    struct group *g = group_checked(d);
     if (!g && !d->cfg.memory_budget) { /* the join still to retry: nothing to measure */
         memset(v, 0, sizeof *v);
         v->reserved = d->acct.total_allocated_memory;
         v->limit = v->own_limit = v->group_limit = SIZE_MAX;
         return;
     }
-    budget_measure(d, g, v);
+    if (!g || !g->group_budget || !grow) {
+        budget_measure(d, g, v, 0);
+        return;
+    }
+    struct gslot *mine = &g->t->slot[g->me];
+    bool unknown = grow == SIZE_MAX; /* a wake: up to the limit */
+    int64_t end = now_ns() + (int64_t)d->cfg.memory_group_wait_ms * 1000000ll;
+    for (long pause = 100000;; pause = pause < 4000000 ? pause * 2 : pause) {
+        budget_measure(d, g, v, unknown ? g->total : grow);
+        size_t want = v->reserved + (unknown ? 0 : grow);
+        /* Refused only for others' growths underway: step aside (our intent withdrawn, so two
+         * members never refuse each other for good) and measure again once they may be done,
+         * for at most memory_group_wait_ms. */
+        size_t rest = v->others_reserved + v->others_foreign + v->foreign;
+        size_t alone = v->group_budget > rest ? v->group_budget - rest : 0;
+        bool fits_alone = want <= alone && want <= v->own_limit;
+        if (unknown || want <= v->limit || !v->others_growing || !fits_alone || now_ns() >= end)
+            break;
+        atomic_store(&mine->growing, g->wake_growing);
+        struct timespec ts = {0, pause + (long)((uint64_t)rand_r(&g->seed) % (uint64_t)pause)};
+        nanosleep(&ts, NULL);
+    }
+    /* What stays published bounds this growth: its limit is at most our reserved now plus
+     * `growing`, and our reserved as published does not drop until group_note_reserved
+     * (publish_locked), so members that count both never miss a byte of it. A refused growth
+     * keeps only the headroom its retries (malloc_reclaim, after trimming our cache) may use. */
+    if (!unknown && v->limit > v->reserved + grow)
+        v->limit = v->reserved + grow;
+    size_t head = v->limit > v->reserved ? v->limit - v->reserved : 0;
+    if (unknown)
+        g->wake_growing = head < g->total ? head : (size_t)g->total;
+    else
+        head += g->wake_growing;
+    atomic_store(&mine->growing, head < g->total ? head : g->total);
 }
 
-void group_note_reserved(struct dev_alloc *d)
+void group_note_reserved(struct dev_alloc *d, bool wake)
 {
-    struct group *g = group_live(d);
+    struct group *g = group_checked(d);
     if (g) {
         size_t r = d->acct.total_allocated_memory;
-        atomic_store(&g->t->slot[g->me].reserved, r < g->total ? r : g->total);
+        struct gslot *s = &g->t->slot[g->me];
+        if (wake)
+            g->wake_growing = 0;
+        atomic_store(&s->reserved, r < g->total ? r : g->total);
+        atomic_store(&s->growing, g->wake_growing); /* after the reserved bytes that replace it */
     }
 }
 
@@ -705,11 +905,11 @@ void group_budget_oom_info(struct dev_alloc *d, size_t alloc_size, char *buf, si
     lock_assert_held(&d->lock);
     if (size)
         buf[0] = '\0';
-    struct group *g = group_live(d);
+    struct group *g = group_checked(d);
     if (!size || (!d->cfg.memory_budget && !(g && g->group_budget)))
         return;
     struct budget_view v;
-    budget_measure(d, g, &v);
+    budget_measure(d, g, &v, 0);
     char s1[32], s2[32], s3[32];
     size_t n = 0;
     if (v.budget)
@@ -739,9 +939,43 @@ static uint32_t ask_send(struct group *g, int i, uint64_t need)
     return seq;
 }
 
-/* Wait for member @p i's answer @p seq until it answers, dies or @p end passes; @return the bytes
- * it gave. No member waits for a dead one: its pid is checked between short waits. */
-static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int64_t end, bool *died)
+/* The state letter of thread @p tid of process @p pid (/proc/PID/task/TID/stat field 3); '?'
+ * when it cannot be read. */
+static char thread_state(int32_t pid, int32_t tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", (int)pid, (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return '?';
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return '?';
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+    return p && p[1] == ' ' && p[2] ? p[2] : '?';
+}
+
+/* Whether member @p pid (slot @p s), asked @p seq, is worth more waiting once memory_group_wait_ms
+ * is over: its responder answers now (took the request), or is runnable (a busy host has not
+ * scheduled it yet) with cache published. Never a stopped one. */
+static bool ask_underway(const struct gslot *s, int32_t pid, uint32_t seq, uint64_t total)
+{
+    int32_t tid = atomic_load(&s->tid);
+    char st = tid > 0 && tid <= GROUP_PID_MAX ? thread_state(pid, tid) : '?';
+    if (st == 'T' || st == 't' || st == '?' || st == 'Z' || st == 'X')
+        return false;
+    uint64_t cached = atomic_load(&s->reclaimable);
+    return atomic_load(&s->took_seq) == seq || (st == 'R' && cached && cached <= total);
+}
+
+/* Wait for member @p i's answer @p seq until it answers, dies or @p end passes, and past @p end
+ * while its answer is underway (ask_underway) until @p grace_end; @return the bytes it gave,
+ * with @p timed_out set when it never answered. No member waits for a dead one: its pid is
+ * checked between short waits. */
+static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int64_t end, int64_t grace_end,
+                         bool *died, bool *timed_out)
 {
     struct gslot *s = &g->t->slot[i];
     for (;;) {
@@ -750,14 +984,17 @@ static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int6
             uint64_t got = atomic_load(&s->freed_bytes);
             return got <= g->total ? got : 0;
         }
-        int64_t left = end - now_ns();
-        if (left <= 0)
+        int64_t now = now_ns();
+        if (now >= end && (now >= grace_end || !ask_underway(s, pid, seq, g->total))) {
+            *timed_out = true;
             return 0;
+        }
         if (atomic_load(&s->pid) != pid || !member_alive(s, pid)) {
             reap_dead(g->t);
             *died = true; /* its memory went back to the driver with it */
             return 0;
         }
+        int64_t left = (now < end ? end : grace_end) - now;
         struct timespec ts = {0, left < GROUP_POLL_NS ? left : GROUP_POLL_NS};
         futex(&s->ack_seq, FUTEX_WAIT, ack, &ts);
     }
@@ -781,10 +1018,16 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
     }
     if (over_budget && (room || over_budget > need))
         need = over_budget;
-    int64_t end = now_ns() + (int64_t)wait_ms * 1000000ll;
+    int64_t start = now_ns(), end = start + (int64_t)wait_ms * 1000000ll;
+    int64_t grace_end = start + (int64_t)GROUP_GRACE * wait_ms * 1000000ll;
     uint64_t got = 0;
-    bool died = false;
+    bool died = false, timed_out = false;
     char why[160];
+    if (!table_intact(g, why, sizeof why)) {
+        go_alone(g, why);
+        dev_acquire(d);
+        return false;
+    }
     /* Another member's ask holds the lock for up to its own wait (or a stopped member holds
      * it): this ask gives up, and the process stays in the group for the next one. */
     if (table_lock(g->t, (int64_t)wait_ms * 1000000ll)) {
@@ -829,8 +1072,10 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
                 if (!nb)
                     break;
                 for (int k = 0; k < nb; k++)
-                    got += ask_wait(g, batch[k], pids[k], seqs[k], end, &died);
+                    got += ask_wait(g, batch[k], pids[k], seqs[k], end, grace_end, &died, &timed_out);
             }
+            if (timed_out)
+                atomic_fetch_add(&g->t->slot[g->me].ask_timeouts, 1);
         }
         table_unlock(g->t);
     }
@@ -843,7 +1088,8 @@ void group_oom_info(const struct dev_alloc *d, char *buf, size_t size)
     if (size)
         buf[0] = '\0';
     struct group *g = atomic_load(&g_groups[d->device]);
-    if (!g || !g->t || atomic_load(&g->alone) || !size)
+    char bad[160];
+    if (!g || !g->t || atomic_load(&g->alone) || !size || !table_intact(g, bad, sizeof bad))
         return;
     size_t n = (size_t)snprintf(buf, size, " Memory group '%s' (cached / live per member):", g->name);
     for (int i = 0; i < GROUP_SLOTS && n < size; i++) {
@@ -890,6 +1136,10 @@ xseg_status group_stats(int device, xseg_group_member *members, size_t capacity,
     if (!g)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: device %d is in no memory group "
                        "(memory_group unset, or the device not used yet)", device);
+    char why[160];
+    if (!atomic_load(&g->alone) && !table_intact(g, why, sizeof why))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: memory group table /dev/shm%s is corrupted "
+                       "(%s): device %d goes on alone", g->path, why, device);
     if (atomic_load(&g->alone))
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_group_stats: %s",
                        atomic_load_explicit(&g->rejoin_failed, memory_order_acquire) ? g->rejoin_error : g->error);
@@ -921,14 +1171,25 @@ xseg_status group_read(const char *table, xseg_group_member *members, size_t cap
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is %s", path,
                        st.st_uid != geteuid() ? "another user's" : "not a memory group table (wrong size)");
     }
-    const struct gtable *t = mmap(NULL, sizeof *t, PROT_READ, MAP_SHARED, fd, 0);
+    /* A copy read, not a mapping: a file shrunk meanwhile reads short, never faults (SIGBUS). */
+    struct gtable *t = xs_malloc(sizeof *t);
+    size_t got = 0;
+    while (t && got < sizeof *t) {
+        ssize_t r = pread(fd, (char *)t + got, sizeof *t - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
     close(fd);
-    if (t == MAP_FAILED)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: cannot map /dev/shm%s", path);
-    uint64_t total = t->total_mem;
-    xseg_status st2 = total ? table_members(t, total, path, members, capacity, count)
-                            : err_set(XSEG_ERROR_INVALID_VALUE, "memory group table /dev/shm%s is corrupted "
-                                      "(no device capacity)", path);
-    munmap((void *)t, sizeof *t);
+    if (!t)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_group_read: out of host memory reading /dev/shm%s", path);
+    xseg_status st2 = got < sizeof *t ? err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is not a "
+                                                "memory group table (it shrank to %zu bytes while read)", path, got)
+                      : !t->total_mem ? err_set(XSEG_ERROR_INVALID_VALUE, "memory group table /dev/shm%s is corrupted "
+                                                "(no device capacity)", path)
+                      : table_members(t, t->total_mem, path, members, capacity, count);
+    xs_free(t);
     return st2;
 }

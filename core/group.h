@@ -47,6 +47,7 @@ struct budget_view {
     size_t reserved;        /* ours (xseg's), total_allocated_memory */
     size_t foreign;         /* ours, estimated */
     size_t others_reserved, others_foreign; /* the other live members', as published */
+    size_t others_growing;                  /* their growths underway (group budget only) */
     size_t budget, group_budget;            /* bytes; 0: none */
     size_t own_limit, group_limit, limit;   /* the most our reserved may reach; SIZE_MAX: none */
 };
@@ -60,11 +61,16 @@ bool group_measure_on(const struct dev_alloc *d);
 
 /* Measure (one cuMemGetInfo) and publish our reserved and foreign bytes. Device lock held. A join
  * group_attach could not finish is tried first, with a try of the table's lock (no wait; no
- * measure while still alone without a budget). */
-void group_budget_measure(struct dev_alloc *d, struct budget_view *v);
+ * measure while still alone without a budget). Under a group budget, @p grow (the bytes the
+ * growth may add; SIZE_MAX: unknown, up to the limit) is published before the others' figures are
+ * read and stays until group_note_reserved, so members growing at once never both pass the
+ * budget; v->limit is then at most our reserved + @p grow. A growth refused only for others'
+ * growths underway measures again after a short back-off (bounded: ~20 ms). */
+void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t grow);
 
-/* Publish our reserved bytes now (after a growth), so members measuring see them. Lock held. */
-void group_note_reserved(struct dev_alloc *d);
+/* Publish our reserved bytes now and withdraw the growth group_budget_measure published: after
+ * every measured growth, failed or not (@p wake: a wake's, measured with SIZE_MAX). Lock held. */
+void group_note_reserved(struct dev_alloc *d, bool wake);
 
 /* The OOM message's budget sentences ("" without a budget): measured now. Lock held. */
 void group_budget_oom_info(struct dev_alloc *d, size_t alloc_size, char *buf, size_t size);

@@ -19,6 +19,7 @@
 #define XSEG_CORE_PROCSTATE_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -181,6 +182,11 @@ struct group_state {
     /* One group per device: set by group_attach when the device is created, taken back by
      * group_detach_all at shutdown. */
     struct group *_Atomic devs[ALLOC_MAX_DEVICES];
+    /* The tables mapped (NULL: a free entry), for the SIGBUS guard of a table file truncated
+     * under its mapping; the disposition it replaced, installed once (bus_on). */
+    void *_Atomic maps[2 * ALLOC_MAX_DEVICES];
+    struct sigaction bus_old;
+    _Atomic bool bus_on;
 };
 
 /* The process: each sub-state on cache lines of its own, so that a lock taken in one (the idle

@@ -1096,6 +1096,10 @@ XSEG_API void xseg_torch_release_pool(int device, xseg_pool_id id);
 /** One member of a memory group, as it last published itself (at most ~100 ms old). */
 typedef struct xseg_group_member {
     int pid;                    /**< the member's process id */
+    uint32_t ask_timeouts;      /**< its asks in which a member asked gave no answer within
+                                     memory_group_wait_ms and its grace (modulo 2^32; added in
+                                     the padding after pid: the struct's size and offsets are
+                                     unchanged) */
     uint64_t reserved_bytes;    /**< device memory xseg holds for it (reserved_bytes.all.current) */
     uint64_t allocated_bytes;   /**< of which live allocations (allocated_bytes.all.current) */
     uint64_t reclaimable_bytes; /**< reserved but unallocated: what it could give way */

@@ -333,7 +333,7 @@ def trim(keep_bytes=0, device=-1):
 
 
 class _GroupMember(ctypes.Structure):
-    _fields_ = [("pid", ctypes.c_int), ("reserved_bytes", ctypes.c_uint64),
+    _fields_ = [("pid", ctypes.c_int), ("ask_timeouts", ctypes.c_uint32), ("reserved_bytes", ctypes.c_uint64),
                 ("allocated_bytes", ctypes.c_uint64), ("reclaimable_bytes", ctypes.c_uint64),
                 ("budget_bytes", ctypes.c_uint64), ("gave_way_count", ctypes.c_uint64),
                 ("gave_way_bytes", ctypes.c_uint64), ("asked_count", ctypes.c_uint64),
@@ -343,8 +343,8 @@ class _GroupMember(ctypes.Structure):
 def group_members(device=None):
     """The members of the memory group (config key memory_group) this process's `device` is in,
     each a dict: pid, reserved_bytes, allocated_bytes, reclaimable_bytes, budget_bytes,
-    gave_way_count, gave_way_bytes, asked_count, foreign_bytes (its estimate of device memory it
-    holds outside xseg), group_budget_bytes (as each last published, at most ~100 ms old).
+    gave_way_count, gave_way_bytes, asked_count, ask_timeouts (its asks a member never answered),
+    foreign_bytes (its estimate of device memory it holds outside xseg), group_budget_bytes (as each last published, at most ~100 ms old).
     Raises XsegError when the device is in no group or went on alone (the message says why)."""
     f = "xseg.group_members"
     dev = _device(device, f)

@@ -6,13 +6,17 @@
  *   free N         free the Nth allocation made (0-based): "ok"
  *   check          every live allocation still holds its pattern: "ok", or "bad N"
  *   stats          "reserved R allocated A" (bytes, this process, device 0)
- *   group          "asked A gave G gave_bytes B foreign F budget U group_budget V" (this process's
- *                  row of xseg_group_stats)
+ *   group          "asked A gave G gave_bytes B foreign F budget U group_budget V timeouts T
+ *                  cached C" (this process's row of xseg_group_stats)
  *   cualloc MIB    cuMemAlloc MIB MiB outside xseg (memory a library holds): "ok", or "error CODE"
  *   trim           xseg_trim(0, 0): "ok"
+ *   take MIB       one xseg_malloc of MIB MiB (no pattern): "ok", or "oom MESSAGE"
+ *   grab MIB       xseg_malloc MIB MiB at a time (no pattern) until refused: "got N" (N taken)
+ *   freeall        free every live allocation: "ok"
  *   quit           xseg_shutdown, then exit 0
  * Started by fork+exec (a fresh process: a forked copy of a CUDA process is refused by design).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +76,7 @@ int main(int argc, char **argv)
         } else if (!strncmp(line, "check", 5)) {
             size_t bad = SIZE_MAX;
             for (size_t i = 0; i < nlive && bad == SIZE_MAX; i++)
-                if (live[i].p && !tu_check((CUdeviceptr)(uintptr_t)live[i].p, live[i].size, live[i].tag))
+                if (live[i].p && live[i].tag != UINT_MAX && !tu_check((CUdeviceptr)(uintptr_t)live[i].p, live[i].size, live[i].tag))
                     bad = i;
             if (bad == SIZE_MAX)
                 printf("ok\n");
@@ -90,6 +94,31 @@ int main(int argc, char **argv)
                 printf("ok\n");
             else
                 printf("error %d\n", (int)r);
+        } else if (sscanf(line, "take %zu", &a) == 1) {
+            void *p = NULL;
+            if (nlive == MAX_LIVE) {
+                printf("oom too many allocations\n");
+            } else if (xseg_malloc(&p, a << 20, 0, NULL) != XSEG_SUCCESS) {
+                const char *msg = xseg_last_error();
+                printf("oom %.*s\n", (int)strcspn(msg, "\n"), msg);
+            } else {
+                live[nlive++] = (struct live){p, a << 20, UINT_MAX};
+                printf("ok\n");
+            }
+        } else if (sscanf(line, "grab %zu", &a) == 1) {
+            size_t got = 0;
+            void *p = NULL;
+            while (nlive < MAX_LIVE && xseg_malloc(&p, a << 20, 0, NULL) == XSEG_SUCCESS) {
+                live[nlive++] = (struct live){p, a << 20, UINT_MAX}; /* no pattern: check skips it */
+                got++;
+            }
+            printf("got %zu\n", got);
+        } else if (!strncmp(line, "freeall", 7)) {
+            for (size_t i = 0; i < nlive; i++)
+                if (live[i].p)
+                    xseg_free(live[i].p);
+            nlive = 0;
+            printf("ok\n");
         } else if (!strncmp(line, "trim", 4)) {
             printf(xseg_trim(0, 0) == XSEG_SUCCESS ? "ok\n" : "error trim\n");
         } else if (!strncmp(line, "group", 5)) {
@@ -103,10 +132,12 @@ int main(int argc, char **argv)
             while (i < n && i < 64 && m[i].pid != getpid())
                 i++;
             if (i < n && i < 64)
-                printf("asked %llu gave %llu gave_bytes %llu foreign %llu budget %llu group_budget %llu\n",
+                printf("asked %llu gave %llu gave_bytes %llu foreign %llu budget %llu group_budget %llu "
+                       "timeouts %u cached %llu\n",
                        (unsigned long long)m[i].asked_count, (unsigned long long)m[i].gave_way_count,
                        (unsigned long long)m[i].gave_way_bytes, (unsigned long long)m[i].foreign_bytes,
-                       (unsigned long long)m[i].budget_bytes, (unsigned long long)m[i].group_budget_bytes);
+                       (unsigned long long)m[i].budget_bytes, (unsigned long long)m[i].group_budget_bytes,
+                       m[i].ask_timeouts, (unsigned long long)m[i].reclaimable_bytes);
             else
                 printf("error not a member\n");
         } else if (!strncmp(line, "quit", 4)) {

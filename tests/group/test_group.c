@@ -28,6 +28,8 @@
 
 #define MiB ((size_t)1 << 20)
 #define GROUP "memory_group:tg,memory_group_wait_ms:5000"
+/* The table's layout (core/group.c, version 3): 64 slots of SLOT bytes at its end. */
+#define SLOT 128
 
 struct member {
     pid_t pid;
@@ -491,8 +493,8 @@ static void hostile(int kind)
         fd = shm_open(shm_names[1], O_RDWR, 0);
         unsigned char *t = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
-        /* The last slot's reserved bytes (at byte 32 of a 104-byte slot) set to 2^62. */
-        size_t slot = (size_t)st.st_size - 104;
+        /* The last slot's reserved bytes (at byte 32 of a slot) set to 2^62. */
+        size_t slot = (size_t)st.st_size - SLOT;
         uint64_t big = (uint64_t)1 << 62;
         memcpy(t + slot + 32, &big, 8);
         munmap(t, (size_t)st.st_size);
@@ -518,6 +520,121 @@ static void hostile(int kind)
 
 static void test_hostile_garbage(void **state) { (void)state; hostile(0); }
 static void test_hostile_slot(void **state) { (void)state; hostile(1); }
+
+/* A table file truncated by another process of this user (issue 53: every member and xseg-top
+ * died of SIGBUS): xseg_group_read, racing a process that shrinks and restores a copy of the
+ * table, answers or names what is wrong; then the real table shrunk under two members: both live
+ * on alone, naming the truncation, and allocate. */
+static void test_truncated(void **state)
+{
+    (void)state;
+    start(GROUP);
+    void *q = must_malloc(2 * MiB); /* joins */
+    struct member m = spawn(GROUP);
+    assert_string_equal(cmd(&m, "alloc 20 1"), "ok");
+    int fd = shm_open(shm_names[1], O_RDWR, 0);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    unsigned char *copy = malloc((size_t)st.st_size);
+    assert_non_null(copy);
+    assert_int_equal(pread(fd, copy, (size_t)st.st_size, 0), st.st_size);
+    /* The copy as "tu", shrunk and restored (its bytes rewritten) by a child while we read it. */
+    int cf = shm_open(shm_names[2], O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(cf >= 0);
+    assert_int_equal(pwrite(cf, copy, (size_t)st.st_size, 0), st.st_size);
+    pid_t shrinker = fork();
+    assert_true(shrinker >= 0);
+    if (!shrinker) {
+        for (;;) {
+            if (ftruncate(cf, 100) || pwrite(cf, copy, (size_t)st.st_size, 0) != st.st_size)
+                _exit(1);
+        }
+    }
+    kids[0] = shrinker;
+    size_t answered = 0, refused = 0;
+    for (int i = 0; i < 3000; i++) {
+        xseg_group_member mem[4];
+        size_t n = 0;
+        xseg_status r = xseg_group_read(shm_names[2] + 1, mem, 4, &n);
+        if (r == XSEG_SUCCESS)
+            answered++;
+        else if (r == XSEG_ERROR_INVALID_VALUE && strstr(xseg_last_error(), shm_names[2]))
+            refused++;
+        else
+            fail_msg("xseg_group_read: %d %s", (int)r, xseg_last_error());
+    }
+    kill(shrinker, SIGKILL);
+    waitpid(shrinker, NULL, 0);
+    kids[0] = 0;
+    close(cf);
+    free(copy);
+    assert_int_equal(answered + refused, 3000);
+    /* The real table shrunk under both members. */
+    assert_int_equal(ftruncate(fd, 0), 0);
+    close(fd);
+    nanosleep(&(struct timespec){0, 300000000}, NULL); /* a few of the responders' rounds */
+    assert_string_equal(cmd(&m, "alloc 20 2"), "ok"); /* alive */
+    const char *g = cmd(&m, "group");
+    if (strncmp(g, "error ", 6) || !strstr(g, "truncated"))
+        fail_msg("the member does not name the truncation: %s", g);
+    assert_string_equal(cmd(&m, "check"), "ok");
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_ERROR_ILLEGAL_STATE);
+    if (!strstr(xseg_last_error(), "truncated") || !strstr(xseg_last_error(), "goes on alone"))
+        fail_msg("%s", xseg_last_error());
+    assert_int_equal(xseg_group_read(shm_names[1] + 1, mem, 4, &n), XSEG_ERROR_INVALID_VALUE);
+    void *p = must_malloc(100 * MiB);
+    xseg_free(p);
+    xseg_free(q);
+    quit(&m);
+}
+
+/* A member whose answer takes longer than memory_group_wait_ms (its cuMemUnmap busy-waits 600 ms:
+ * a responder a busy host is slow to run) is waited for while it answers: the asker's malloc gets
+ * its cache (issue 53: it gave up at 500 ms with the cache still there). A stopped member is not
+ * waited for past 500 ms: that ask counts in ask_timeouts. */
+static void test_slow_responder(void **state)
+{
+    (void)state;
+    const char *cfg = "memory_group:tg,memory_group_wait_ms:500";
+    start(cfg);
+    void *q = must_malloc(2 * MiB); /* joins */
+    setenv("CUDAEMU_LATENCY", "cuMemUnmap:600ms", 1);
+    struct member m = spawn(cfg);
+    unsetenv("CUDAEMU_LATENCY");
+    assert_string_equal(cmd(&m, "alloc 600 1"), "ok");
+    assert_string_equal(cmd(&m, "free 0"), "ok"); /* 600 MiB cached there */
+    void *p = NULL;
+    if (xseg_malloc(&p, 600 * MiB, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("the member answering slowly was not waited for: %s", xseg_last_error());
+    xseg_group_member mem[4];
+    size_t n = 0;
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    for (size_t i = 0; i < n; i++)
+        if (mem[i].pid == getpid())
+            assert_int_equal(mem[i].ask_timeouts, 0);
+    /* Stopped with its cache (about 400 MiB): the next ask times out, counted. */
+    assert_string_equal(cmd(&m, "alloc 300 2"), "ok");
+    assert_string_equal(cmd(&m, "free 1"), "ok");
+    kill(m.pid, SIGSTOP);
+    void *r = NULL;
+    assert_int_equal(xseg_malloc(&r, 300 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    kill(m.pid, SIGCONT);
+    assert_int_equal(xseg_group_stats(0, mem, 4, &n), XSEG_SUCCESS);
+    bool seen = false;
+    for (size_t i = 0; i < n; i++)
+        if (mem[i].pid == getpid()) {
+            assert_int_equal(mem[i].ask_timeouts, 1);
+            seen = true;
+        }
+    assert_true(seen);
+    assert_string_equal(cmd(&m, "check"), "ok");
+    xseg_free(p);
+    xseg_free(q);
+    kill9(&m); /* no shutdown: its unmaps would busy-wait 600 ms each */
+}
 
 /* ---- budgets (memory_budget_mb, memory_group_budget_mb) ------------------------------------ */
 
@@ -665,6 +782,51 @@ static void test_group_budget(void **state)
     quit(&m);
 }
 
+/* Six members under a 300 MiB group budget grow at once (each 50 MiB at a time until refused),
+ * five rounds: the device memory they hold, measured by this process (in no group), never passes
+ * the budget (issue 53: measure, grow and publish raced, and the group reached 600 MiB). */
+static void test_budget_race(void **state)
+{
+    (void)state;
+    start("");
+    size_t free0 = 0, free1 = 0, total = 0;
+    assert_int_equal(drv->cuMemGetInfo(&free0, &total), CUDA_SUCCESS);
+    struct member m[6];
+    for (int i = 0; i < 6; i++) {
+        m[i] = spawn("memory_group:tg,memory_group_budget_mb:300,memory_group_wait_ms:200");
+        assert_string_equal(cmd(&m[i], "alloc 2 %d", i + 1), "ok"); /* joined */
+        assert_string_equal(cmd(&m[i], "freeall"), "ok");
+        assert_string_equal(cmd(&m[i], "trim"), "ok");
+    }
+    for (int round = 0; round < 50; round++) {
+        for (int i = 0; i < 6; i++) { /* all six start before any answer is read */
+            fputs("grab 100\n", m[i].in);
+            fflush(m[i].in);
+        }
+        size_t got = 0;
+        for (int i = 0; i < 6; i++) {
+            char line[256];
+            unsigned long n = 0;
+            assert_non_null(fgets(line, sizeof line, m[i].out));
+            if (sscanf(line, "got %lu", &n) != 1)
+                fail_msg("member %d: %s", i, line);
+            got += n;
+        }
+        assert_int_equal(drv->cuMemGetInfo(&free1, &total), CUDA_SUCCESS);
+        size_t used = free0 - free1;
+        if (used > 300 * MiB)
+            fail_msg("round %d: the group holds %zu MiB of the device (%zu allocations of 100 MiB), above its "
+                     "300 MiB budget", round, used / MiB, got);
+        assert_true(got >= 2); /* the budget is used, not refused for nothing */
+        for (int i = 0; i < 6; i++) {
+            assert_string_equal(cmd(&m[i], "freeall"), "ok");
+            assert_string_equal(cmd(&m[i], "trim"), "ok");
+        }
+    }
+    for (int i = 0; i < 6; i++)
+        quit(&m[i]);
+}
+
 /* ---- pid reuse and other users ------------------------------------------------------------- */
 
 /* /proc/PID/stat field 22 (the process's start), as a member records it. */
@@ -684,17 +846,17 @@ static uint64_t start_time_of(pid_t pid)
     return strtoull(p + 1, NULL, 10);
 }
 
-/* A slot (104 bytes at the table's end, 64 of them): pid at byte 0, start time at byte 96. */
+/* A slot (SLOT bytes at the table's end, 64 of them): pid at byte 0, start time at byte 96. */
 static void forge_slot(unsigned char *t, size_t size, int i, int32_t pid, uint64_t start)
 {
-    unsigned char *s = t + size - 64 * 104 + (size_t)i * 104;
+    unsigned char *s = t + size - 64 * SLOT + (size_t)i * SLOT;
     memcpy(s + 96, &start, 8);
     __atomic_store_n((int32_t *)(void *)s, pid, __ATOMIC_SEQ_CST);
 }
 
 static int32_t slot_pid(const unsigned char *t, size_t size, int i)
 {
-    return __atomic_load_n((const int32_t *)(const void *)(t + size - 64 * 104 + (size_t)i * 104), __ATOMIC_SEQ_CST);
+    return __atomic_load_n((const int32_t *)(const void *)(t + size - 64 * SLOT + (size_t)i * SLOT), __ATOMIC_SEQ_CST);
 }
 
 /* A slot whose pid is alive but belongs to a process started later (pid reuse) is a dead
@@ -1173,6 +1335,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_top_junk),     cmocka_unit_test(test_budget_refuses),
         cmocka_unit_test(test_budget_trims_own), cmocka_unit_test(test_budget_foreign_self),
         cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
+        cmocka_unit_test(test_budget_race), cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_slow_responder),
         cmocka_unit_test(test_pid_reuse),    cmocka_unit_test(test_two_users),
         cmocka_unit_test(test_emu_race),
     };

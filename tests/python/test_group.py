@@ -44,9 +44,10 @@ def test_group_members_lists_this_process():
     assert len(members) == 1
     (m,) = members
     assert m["pid"] > 0 and m["pid"] != os.getpid()
-    assert set(m) == {"pid", "reserved_bytes", "allocated_bytes", "reclaimable_bytes",
+    assert set(m) == {"pid", "ask_timeouts", "reserved_bytes", "allocated_bytes", "reclaimable_bytes",
                       "budget_bytes", "gave_way_count", "gave_way_bytes", "asked_count",
                       "foreign_bytes", "group_budget_bytes"}
+    assert m["ask_timeouts"] == 0
     assert m["foreign_bytes"] == 64 * MiB
     assert m["budget_bytes"] == 512 * MiB and m["group_budget_bytes"] == 900 * MiB
 
