@@ -1146,29 +1146,46 @@ xseg_status group_stats(int device, xseg_group_member *members, size_t capacity,
     return table_members(g->t, g->total, g->path, members, capacity, count);
 }
 
+/* @p in as printable ASCII (other bytes, quotes and backslash as \xNN): a table name is another
+ * user's text and must not reach a terminal or a log through xseg_last_error() raw. */
+static const char *name_shown(char *out, size_t cap, const char *in)
+{
+    size_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)in; *c && n + 5 < cap; c++) {
+        if (*c < 0x20 || *c >= 0x7f || *c == '\\' || *c == '\'' || *c == '"')
+            n += (size_t)snprintf(out + n, cap - n, "\\x%02x", *c);
+        else
+            out[n++] = (char)*c;
+    }
+    out[n] = 0;
+    return out;
+}
+
 xseg_status group_read(const char *table, xseg_group_member *members, size_t capacity, size_t *count)
 {
     if (!table || !count || (capacity && !members))
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: table or count is NULL, or members is "
                        "NULL with a capacity of %zu", capacity);
     *count = 0;
+    char shown[4 * 100 + 8];
     if (strncmp(table, "xseg-group-", 11) || strchr(table, '/') || strlen(table) > 90)
-        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: '%.100s' is not a memory group table "
-                       "name (xseg-group-<uuid>-<name> in /dev/shm)", table);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: '%s' is not a memory group table "
+                       "name (xseg-group-<uuid>-<name> in /dev/shm)", name_shown(shown, 4 * 100 + 5, table));
     char path[96];
     snprintf(path, sizeof path, "/%s", table);
+    name_shown(shown, sizeof shown, path);
     int fd = shm_open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
     struct stat st;
     if (fd < 0 || fstat(fd, &st)) {
         xseg_status e = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: cannot open /dev/shm%s: %s",
-                                path, strerror(errno));
+                                shown, strerror(errno));
         if (fd >= 0)
             close(fd);
         return e;
     }
     if (st.st_uid != geteuid() || st.st_size != (off_t)sizeof(struct gtable)) {
         close(fd);
-        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is %s", path,
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is %s", shown,
                        st.st_uid != geteuid() ? "another user's" : "not a memory group table (wrong size)");
     }
     /* A copy read, not a mapping: a file shrunk meanwhile reads short, never faults (SIGBUS). */
@@ -1184,12 +1201,12 @@ xseg_status group_read(const char *table, xseg_group_member *members, size_t cap
     }
     close(fd);
     if (!t)
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_group_read: out of host memory reading /dev/shm%s", path);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_group_read: out of host memory reading /dev/shm%s", shown);
     xseg_status st2 = got < sizeof *t ? err_set(XSEG_ERROR_INVALID_VALUE, "xseg_group_read: /dev/shm%s is not a "
-                                                "memory group table (it shrank to %zu bytes while read)", path, got)
+                                                "memory group table (it shrank to %zu bytes while read)", shown, got)
                       : !t->total_mem ? err_set(XSEG_ERROR_INVALID_VALUE, "memory group table /dev/shm%s is corrupted "
-                                                "(no device capacity)", path)
-                      : table_members(t, t->total_mem, path, members, capacity, count);
+                                                "(no device capacity)", shown)
+                      : table_members(t, t->total_mem, shown, members, capacity, count);
     xs_free(t);
     return st2;
 }

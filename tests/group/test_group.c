@@ -1304,6 +1304,13 @@ static void test_read_errors(void **state)
     assert_non_null(strstr(xseg_last_error(), "is not a memory group table name"));
     assert_int_equal(xseg_group_read("xseg-group-none", NULL, 0, &n), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "cannot open"));
+    /* A name is another user's text: its bytes reach the message escaped, never raw. */
+    assert_int_equal(xseg_group_read("xseg-group-\x1b[2J\"q\xff", NULL, 0, &n), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "xseg-group-\\x1b[2J\\x22q\\xff"));
+    assert_null(strchr(xseg_last_error(), 0x1b));
+    assert_int_equal(xseg_group_read("\x1b]0;x\x07", NULL, 0, &n), XSEG_ERROR_INVALID_VALUE);
+    assert_null(strchr(xseg_last_error(), 0x1b));
+    assert_null(strchr(xseg_last_error(), 0x07));
     assert_int_equal(xseg_group_stats(0, NULL, 1, &n), XSEG_ERROR_INVALID_VALUE);
     assert_int_equal(xseg_group_stats(0, NULL, 0, &n), XSEG_ERROR_ILLEGAL_STATE);
     assert_int_equal(xseg_init("memory_group:a/b"), XSEG_ERROR_INVALID_VALUE);
