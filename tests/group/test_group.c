@@ -1100,8 +1100,8 @@ static void test_top(void **state)
         snprintf(want, sizeof want, json ? "{\"pid\": %d," : "%8d ", (int)getpid());
         if (!strstr(out, want))
             fail_msg("xseg-top lacks this process: %s", out);
-        if (!strstr(out, json ? "\"foreign_bytes\": 0, \"group_budget_bytes\": 0}" : " FOREIGN "))
-            fail_msg("xseg-top lacks the foreign bytes and group budget: %s", out);
+        if (!strstr(out, json ? "\"ask_timeouts\": 0, \"foreign_bytes\": 0, \"group_budget_bytes\": 0}" : " FOREIGN "))
+            fail_msg("xseg-top lacks the ask time-outs, foreign bytes and group budget: %s", out);
     }
     snprintf(command, sizeof command, "%s --bogus 2>&1", getenv("XSEG_TOP"));
     FILE *f = popen(command, "r");

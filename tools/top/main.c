@@ -238,13 +238,13 @@ static bool show(bool json, bool all_users)
             for (size_t k = 0; k < count; k++)
                 printf("%s{\"pid\": %d, \"reserved_bytes\": %llu, \"allocated_bytes\": %llu, "
                        "\"cached_bytes\": %llu, \"budget_bytes\": %llu, \"gave_way_count\": %llu, "
-                       "\"gave_way_bytes\": %llu, \"asked_count\": %llu, \"foreign_bytes\": %llu, "
+                       "\"gave_way_bytes\": %llu, \"asked_count\": %llu, \"ask_timeouts\": %u, \"foreign_bytes\": %llu, "
                        "\"group_budget_bytes\": %llu}",
                        k ? ", " : "", m[k].pid, (unsigned long long)m[k].reserved_bytes,
                        (unsigned long long)m[k].allocated_bytes, (unsigned long long)m[k].reclaimable_bytes,
                        (unsigned long long)m[k].budget_bytes, (unsigned long long)m[k].gave_way_count,
                        (unsigned long long)m[k].gave_way_bytes, (unsigned long long)m[k].asked_count,
-                       (unsigned long long)m[k].foreign_bytes, (unsigned long long)m[k].group_budget_bytes);
+                       (unsigned)m[k].ask_timeouts, (unsigned long long)m[k].foreign_bytes, (unsigned long long)m[k].group_budget_bytes);
             printf("]}");
             continue;
         }
