@@ -91,12 +91,16 @@ struct misuse {
     bool emu_only;          /* undefined behaviour on the real driver (e.g. an unknown handle) */
     CUresult (*run)(void);
     bool needs_no_fabric;   /* only where the device reports no fabric handles */
+    CUresult alt;           /* another documented code the real driver may answer (unmeasured) */
 };
 #define ROW(what, exp, fn) {what, exp, exp, false, false, fn}
 #define ROW_EMU_ONLY(what, exp, fn) {what, exp, exp, false, true, fn}
 #define ROW_EMU_NO_FABRIC(what, exp, fn) {what, exp, exp, false, true, fn, true}
 /* cudaemu stricter than the driver: the allocator must not rely on the driver's leniency. */
 #define ROW_STRICTER(what, exp, real_res, fn) {what, exp, real_res, true, false, fn}
+/* Unmeasured, and the driver documents two codes for it: cudaemu answers exp; on the real driver
+ * either passes and the printed line says which (then make it a ROW). */
+#define ROW_DOC(what, exp, alt_res, fn) {what, exp, exp, false, false, fn, false, alt_res}
 
 static CUresult m_reserve_size0(void) { CUdeviceptr p; return drv->cuMemAddressReserve(&p, 0, 0, 0, 0); }
 static CUresult m_reserve_flags(void)
@@ -515,6 +519,450 @@ static CUresult m_export_bad_type(void)
     return r;
 }
 
+/* ---- a row for every other entry point of xseg's driver table (vmm/driver.h): each makes the
+ * call as xseg makes it, then one misuse. A row whose legal call fails returns that failure (it
+ * then prints as a mismatch). Where the driver documents more than one code for the misuse and
+ * none was measured, ROW_DOC accepts either on the real driver and the run prints which. ---- */
+static CUresult m_devcount_null(void)
+{
+    int n = 0;
+    CUresult r = drv->cuDeviceGetCount(&n);
+    if (r != CUDA_SUCCESS || n < 1)
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+    return drv->cuDeviceGetCount(NULL);
+}
+static CUresult m_devget_baddev(void)
+{
+    CUdevice d = -1;
+    CUresult r = drv->cuDeviceGet(&d, 0);
+    if (r != CUDA_SUCCESS || d < 0)
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+    return drv->cuDeviceGet(&d, 4242);
+}
+static CUresult m_attr_bad_attr(void)
+{
+    CUdevice d0;
+    int v = -1;
+    CUresult r = drv->cuDeviceGet(&d0, 0);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d0);
+    if (r != CUDA_SUCCESS || v != 1)
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+    return drv->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, d0);
+}
+static CUresult m_attr_baddev(void)
+{
+    int v = -1;
+    return drv->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 4242);
+}
+static CUresult m_retain_baddev(void)
+{
+    CUdevice d0;
+    CUcontext c = NULL, cur = NULL;
+    CUresult r = drv->cuDeviceGet(&d0, 0);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuDevicePrimaryCtxRetain(&c, d0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = drv->cuDevicePrimaryCtxRelease(d0);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuCtxGetCurrent(&cur);
+    if (r != CUDA_SUCCESS || c != cur) /* the primary context is the one setup() made current */
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+    return drv->cuDevicePrimaryCtxRetain(&c, 4242);
+}
+static CUresult m_release_baddev(void) { return drv->cuDevicePrimaryCtxRelease(4242); }
+/* On a thread with no context: r[0] cuCtxSetCurrent(primary), r[1] the thread now has it, r[2]
+ * cuCtxSetCurrent(NULL), r[3] it has none again, r[4] cuCtxSynchronize with none. */
+struct set_cur {
+    CUcontext primary;
+    CUresult r[5];
+};
+static void *set_current_thread(void *arg)
+{
+    struct set_cur *a = arg;
+    CUcontext cur = NULL;
+    a->r[0] = drv->cuCtxSetCurrent(a->primary);
+    a->r[1] = drv->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == a->primary ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+    a->r[2] = drv->cuCtxSetCurrent(NULL);
+    cur = (CUcontext)1;
+    a->r[3] = drv->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && !cur ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+    a->r[4] = drv->cuCtxSynchronize();
+    return NULL;
+}
+/* r[i], or the first earlier step that failed. */
+static CUresult set_current_result(int i)
+{
+    struct set_cur a = {NULL, {CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN,
+                               CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN}};
+    tu_assert_cu(drv->cuCtxGetCurrent(&a.primary));
+    pthread_t th;
+    if (pthread_create(&th, NULL, set_current_thread, &a))
+        return CUDA_ERROR_UNKNOWN;
+    pthread_join(th, NULL);
+    for (int k = 0; k < i; k++)
+        if (a.r[k] != CUDA_SUCCESS)
+            return a.r[k];
+    return a.r[i];
+}
+static CUresult m_ctx_set_unset(void) { return set_current_result(3); }
+static CUresult m_ctx_sync_no_ctx(void) { return set_current_result(4); }
+/* An address that names no context object: undefined on the driver, refused by cudaemu. */
+static CUresult m_ctx_set_bogus(void)
+{
+    static char not_a_context[64];
+    CUcontext cur = NULL;
+    tu_assert_cu(drv->cuCtxGetCurrent(&cur));
+    CUresult r = drv->cuCtxSetCurrent((CUcontext)(void *)not_a_context);
+    tu_assert_cu(drv->cuCtxSetCurrent(cur));
+    return r;
+}
+/* Synchronous copies and memset over a cuMemAlloc block, then the misuse (NULL pointers, which
+ * the driver refuses before any transfer, so no context is lost if it does not). */
+static CUresult sync_copy_row(int which)
+{
+    unsigned char in[256], out[256];
+    for (size_t i = 0; i < sizeof in; i++)
+        in[i] = (unsigned char)(i * 3 + 1);
+    CUdeviceptr d = 0;
+    CUresult r = drv->cuMemAlloc(&d, sizeof in);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = drv->cuMemcpyHtoD(d, in, sizeof in)) == CUDA_SUCCESS &&
+        (r = drv->cuMemsetD8(d + 16, 0x5a, 16)) == CUDA_SUCCESS &&
+        (r = drv->cuMemcpyDtoH(out, d, sizeof out)) == CUDA_SUCCESS) {
+        memset(in + 16, 0x5a, 16);
+        if (memcmp(in, out, sizeof in))
+            r = CUDA_ERROR_UNKNOWN;
+    }
+    if (r == CUDA_SUCCESS) {
+        if (which == 0)
+            r = drv->cuMemcpyHtoD(d, NULL, sizeof in);
+        else if (which == 1)
+            r = drv->cuMemcpyDtoH(NULL, d, sizeof out);
+        else
+            r = drv->cuMemsetD8(0, 1, sizeof in);
+    }
+    drv->cuMemFree(d);
+    return r;
+}
+static CUresult m_htod_null(void) { return sync_copy_row(0); }
+static CUresult m_dtoh_null(void) { return sync_copy_row(1); }
+static CUresult m_memset_null(void) { return sync_copy_row(2); }
+static CUresult m_gran_option(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    size_t g = 0;
+    CUresult r = drv->cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS || g != G) /* xseg's IPC probe asks with the POSIX fd type */
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+    return drv->cuMemGetAllocationGranularity(&g, &p, (CUmemAllocationGranularity_flags)7);
+}
+static CUresult m_gran_null_prop(void)
+{
+    size_t g = 0;
+    return drv->cuMemGetAllocationGranularity(&g, NULL, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+}
+/* Mapped with READWRITE for device 0, as xseg grants; the misuse asks about reserved VA past the
+ * mapping. */
+static CUresult m_getaccess_unmapped(void)
+{
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(G);
+    CUresult r = drv->cuMemMap(va, G, 0, h, 0);
+    if (r == CUDA_SUCCESS)
+        r = set_rw(va, G);
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    unsigned long long fl = 0;
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemGetAccess(&fl, &loc, va);
+    if (r == CUDA_SUCCESS && fl != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        r = CUDA_ERROR_UNKNOWN;
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemGetAccess(&fl, &loc, va + G);
+    drv->cuMemUnmap(va, G);
+    drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, 2 * G);
+    return r;
+}
+static CUresult m_stream_create_flags(void)
+{
+    CUstream s = NULL;
+    CUresult r = drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = drv->cuStreamDestroy(s)) != CUDA_SUCCESS)
+        return r;
+    r = drv->cuStreamCreate(&s, 0x80u);
+    if (r == CUDA_SUCCESS)
+        drv->cuStreamDestroy(s);
+    return r;
+}
+static CUresult m_stream_destroy_legacy(void) { return drv->cuStreamDestroy(NULL); }
+static CUresult m_stream_destroy_twice(void)
+{
+    CUstream s = NULL;
+    CUresult r = drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS || (r = drv->cuStreamDestroy(s)) != CUDA_SUCCESS)
+        return r;
+    return drv->cuStreamDestroy(s);
+}
+static CUresult m_wait_flags(void)
+{
+    CUstream s = NULL;
+    CUevent e = NULL;
+    CUresult r = drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = drv->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS &&
+        (r = drv->cuEventRecord(e, NULL)) == CUDA_SUCCESS &&
+        (r = drv->cuStreamWaitEvent(s, e, 0)) == CUDA_SUCCESS)
+        r = drv->cuStreamWaitEvent(s, e, 0x10u);
+    if (e)
+        drv->cuEventDestroy(e);
+    drv->cuStreamDestroy(s);
+    return r;
+}
+/* Capture misuse on a fresh non-blocking stream; the capture (if any) is ended and dropped. */
+static CUresult capture_misuse(int which)
+{
+    CUstream s = NULL;
+    CUresult r = drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), end = CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUgraph g = NULL;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    switch (which) {
+    case 0: /* begin on a stream already capturing */
+        if ((r = drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) == CUDA_SUCCESS)
+            r = drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        end = drv->cuStreamEndCapture(s, &g);
+        break;
+    case 1: /* end on a stream not capturing */
+        if ((r = drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED)) == CUDA_SUCCESS &&
+            (r = drv->cuStreamEndCapture(s, &g)) == CUDA_SUCCESS && g &&
+            (r = drv->cuGraphDestroy(g)) == CUDA_SUCCESS) {
+            g = NULL;
+            r = drv->cuStreamEndCapture(s, &g);
+        }
+        break;
+    case 2: /* is-capturing with no status out */
+        if ((r = drv->cuStreamIsCapturing(s, &st)) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
+            r = CUDA_ERROR_UNKNOWN;
+        if (r == CUDA_SUCCESS)
+            r = drv->cuStreamIsCapturing(s, NULL);
+        break;
+    case 3: /* the legacy stream asked while a blocking stream captures (GLOBAL) */
+        drv->cuStreamDestroy(s);
+        s = NULL;
+        if ((r = drv->cuStreamCreate(&s, 0)) != CUDA_SUCCESS)
+            return r;
+        if ((r = drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) == CUDA_SUCCESS &&
+            (r = drv->cuStreamIsCapturing(s, &st)) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+            r = CUDA_ERROR_UNKNOWN;
+        if (r == CUDA_SUCCESS)
+            r = drv->cuStreamIsCapturing(NULL, &st);
+        end = drv->cuStreamEndCapture(s, &g);
+        if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT && end != CUDA_SUCCESS)
+            r = end; /* documented: the capture is not invalidated */
+        break;
+    default: /* cuGraphDestroy(NULL) after a legal destroy */
+        if ((r = drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) == CUDA_SUCCESS &&
+            (r = drv->cuStreamEndCapture(s, &g)) == CUDA_SUCCESS && (r = drv->cuGraphDestroy(g)) == CUDA_SUCCESS)
+            r = drv->cuGraphDestroy(NULL);
+        g = NULL;
+        break;
+    }
+    (void)end;
+    if (g)
+        drv->cuGraphDestroy(g);
+    drv->cuStreamDestroy(s);
+    return r;
+}
+static CUresult m_begin_twice(void) { return capture_misuse(0); }
+static CUresult m_end_not_capturing(void) { return capture_misuse(1); }
+static CUresult m_iscapturing_null(void) { return capture_misuse(2); }
+static CUresult m_iscapturing_legacy(void) { return capture_misuse(3); }
+static CUresult m_graph_destroy_null(void) { return capture_misuse(4); }
+static CUresult m_begin_legacy(void)
+{
+    CUresult r = drv->cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (r == CUDA_SUCCESS) {
+        CUgraph g = NULL;
+        drv->cuStreamEndCapture(NULL, &g);
+        if (g)
+            drv->cuGraphDestroy(g);
+    }
+    return r;
+}
+static CUresult exchange_row(CUstreamCaptureMode *bad)
+{
+    /* As xseg: RELAXED for its own calls, then the old mode back. */
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUresult r = drv->cuThreadExchangeStreamCaptureMode(&m);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUstreamCaptureMode old = m;
+    if ((r = drv->cuThreadExchangeStreamCaptureMode(&m)) != CUDA_SUCCESS)
+        return r;
+    if (m != CU_STREAM_CAPTURE_MODE_RELAXED || old != CU_STREAM_CAPTURE_MODE_GLOBAL)
+        return CUDA_ERROR_UNKNOWN;
+    r = drv->cuThreadExchangeStreamCaptureMode(bad);
+    if (r == CUDA_SUCCESS && bad)
+        drv->cuThreadExchangeStreamCaptureMode(bad); /* put back whatever it set */
+    return r;
+}
+static CUresult m_exchange_null(void) { return exchange_row(NULL); }
+static CUresult m_exchange_mode7(void)
+{
+    CUstreamCaptureMode m = (CUstreamCaptureMode)7;
+    return exchange_row(&m);
+}
+/* Events as xseg makes them (record_stream: DISABLE_TIMING), then a misuse: [0] bad create
+ * flags, [1] destroy twice, [2] record a destroyed event, [3] synchronize a destroyed event. */
+static CUresult event_row(int which)
+{
+    CUevent e = NULL;
+    CUresult r = drv->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = drv->cuEventRecord(e, NULL)) != CUDA_SUCCESS || (r = drv->cuEventSynchronize(e)) != CUDA_SUCCESS ||
+        (r = drv->cuEventQuery(e)) != CUDA_SUCCESS || (r = drv->cuEventDestroy(e)) != CUDA_SUCCESS)
+        return r;
+    CUevent x = NULL;
+    switch (which) {
+    case 0:
+        r = drv->cuEventCreate(&x, 0x80u);
+        if (r == CUDA_SUCCESS)
+            drv->cuEventDestroy(x);
+        return r;
+    case 1: return drv->cuEventDestroy(e);
+    case 2: return drv->cuEventRecord(e, NULL);
+    default: return drv->cuEventSynchronize(e);
+    }
+}
+static CUresult m_event_create_flags(void) { return event_row(0); }
+static CUresult m_event_destroy_twice(void) { return event_row(1); }
+static CUresult m_event_record_destroyed(void) { return event_row(2); }
+static CUresult m_event_sync_destroyed(void) { return event_row(3); }
+static CUresult m_event_record_null(void) { return drv->cuEventRecord(NULL, NULL); }
+static CUresult m_event_sync_null(void) { return drv->cuEventSynchronize(NULL); }
+static CUresult m_event_destroy_null(void) { return drv->cuEventDestroy(NULL); }
+/* Pinned host memory as the services use it, then the misuse. */
+static CUresult m_hostalloc_flags(void)
+{
+    void *h = NULL;
+    CUresult r = drv->cuMemHostAlloc(&h, 1 << 20, CU_MEMHOSTALLOC_PORTABLE);
+    if (r != CUDA_SUCCESS)
+        return r;
+    memset(h, 7, 1 << 20);
+    if ((r = drv->cuMemFreeHost(h)) != CUDA_SUCCESS)
+        return r;
+    h = NULL;
+    r = drv->cuMemHostAlloc(&h, 1 << 20, 0x80u);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemFreeHost(h);
+    return r;
+}
+static CUresult m_freehost_interior(void)
+{
+    void *h = NULL;
+    CUresult r = drv->cuMemHostAlloc(&h, 1 << 20, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = drv->cuMemFreeHost((char *)h + 4096);
+    if (r != CUDA_SUCCESS)
+        drv->cuMemFreeHost(h);
+    return r;
+}
+/* [0] register with bad flags, [1] register an overlapping range, [2] unregister one not
+ * registered; after a legal register/unregister of the same pages. */
+static CUresult host_register_row(int which)
+{
+    const size_t n = 2u << 20;
+    void *h = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (h == MAP_FAILED)
+        return CUDA_ERROR_UNKNOWN;
+    memset(h, 1, n);
+    CUresult r = drv->cuMemHostRegister(h, n, CU_MEMHOSTREGISTER_PORTABLE);
+    if (r == CUDA_SUCCESS && which == 1) {
+        r = drv->cuMemHostRegister((char *)h + n / 2, n / 4, CU_MEMHOSTREGISTER_PORTABLE);
+        CUresult u = drv->cuMemHostUnregister(h);
+        if (r == CUDA_SUCCESS) /* registered twice: undo the second too */
+            drv->cuMemHostUnregister((char *)h + n / 2);
+        (void)u;
+    } else if (r == CUDA_SUCCESS && (r = drv->cuMemHostUnregister(h)) == CUDA_SUCCESS) {
+        if (which == 0) {
+            r = drv->cuMemHostRegister(h, n, 0x80u);
+            if (r == CUDA_SUCCESS)
+                drv->cuMemHostUnregister(h);
+        } else {
+            r = drv->cuMemHostUnregister(h);
+        }
+    }
+    munmap(h, n);
+    return r;
+}
+static CUresult m_hostreg_flags(void) { return host_register_row(0); }
+static CUresult m_hostreg_overlap(void) { return host_register_row(1); }
+static CUresult m_hostunreg_not(void) { return host_register_row(2); }
+/* Async copies and memset on a stream over VMM memory (sleep/wake's calls, refine's device to
+ * device copy on the legacy stream), the bytes checked, then a NULL-pointer misuse. */
+static CUresult async_row(int which)
+{
+    const size_t n = 64 * 1024;
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(2 * G);
+    CUstream s = NULL;
+    unsigned char *in = NULL, *out = NULL;
+    CUresult r = drv->cuMemMap(va, 2 * G, 0, h, 0);
+    if (r == CUDA_SUCCESS)
+        r = set_rw(va, 2 * G);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemHostAlloc((void **)&in, n, 0);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemHostAlloc((void **)&out, n, 0);
+    if (r == CUDA_SUCCESS) {
+        for (size_t i = 0; i < n; i++)
+            in[i] = (unsigned char)(i * 13 + 5);
+        if ((r = drv->cuMemcpyHtoDAsync(va, in, n, s)) == CUDA_SUCCESS &&
+            (r = drv->cuMemsetD8Async(va + 100, 0xc3, 50, s)) == CUDA_SUCCESS &&
+            (r = drv->cuStreamSynchronize(s)) == CUDA_SUCCESS &&
+            (r = drv->cuMemcpyDtoDAsync(va + G, va, n, NULL)) == CUDA_SUCCESS &&
+            (r = drv->cuMemcpyDtoHAsync(out, va + G, n, NULL)) == CUDA_SUCCESS &&
+            (r = drv->cuStreamSynchronize(NULL)) == CUDA_SUCCESS) {
+            memset(in + 100, 0xc3, 50);
+            if (memcmp(in, out, n))
+                r = CUDA_ERROR_UNKNOWN;
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        switch (which) {
+        case 0: r = drv->cuMemcpyHtoDAsync(va, NULL, n, s); break;
+        case 1: r = drv->cuMemcpyDtoHAsync(NULL, va, n, s); break;
+        case 2: r = drv->cuMemsetD8Async(0, 1, n, s); break;
+        default: r = drv->cuMemcpyDtoDAsync(va + G, 0, n, s); break;
+        }
+        drv->cuStreamSynchronize(s);
+    }
+    if (s)
+        drv->cuStreamDestroy(s);
+    if (in)
+        drv->cuMemFreeHost(in);
+    if (out)
+        drv->cuMemFreeHost(out);
+    drv->cuMemUnmap(va, 2 * G);
+    drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, 2 * G);
+    return r;
+}
+static CUresult m_htod_async_null(void) { return async_row(0); }
+static CUresult m_dtoh_async_null(void) { return async_row(1); }
+static CUresult m_memset_async_null(void) { return async_row(2); }
+static CUresult m_dtod_async_null(void) { return async_row(3); }
+
 /* "misuse -> expected CUresult". Measured on an H100 80GB HBM3, driver 580.159.04 (CUDA 13.0)
  * (every row; rerun on a new driver to refresh: each run prints the answers). Where
  * cudaemu is deliberately stricter than the driver (ROW_STRICTER), the driver's answer is the
@@ -586,6 +1034,56 @@ static const struct misuse misuse_table[] = {
     ROW("cuCtxGetDevice: no current context", CUDA_ERROR_INVALID_CONTEXT, m_ctx_device_no_ctx),
     ROW("cuCtxPopCurrent: empty stack", CUDA_ERROR_INVALID_CONTEXT, m_ctx_pop_empty),
     ROW("cuCtxPushCurrent + cuCtxPopCurrent: the same context back", CUDA_SUCCESS, m_ctx_push_pop),
+    /* The rest of xseg's driver table (vmm/driver.h), one row each at least
+     * (tests/build/conformance_rows.sh keeps it so); not yet run on a GPU. */
+    ROW("cuDeviceGetCount: NULL count", CUDA_ERROR_INVALID_VALUE, m_devcount_null),
+    ROW("cuDeviceGet: ordinal 4242", CUDA_ERROR_INVALID_DEVICE, m_devget_baddev),
+    ROW("cuDeviceGetAttribute: attribute CU_DEVICE_ATTRIBUTE_MAX", CUDA_ERROR_INVALID_VALUE, m_attr_bad_attr),
+    ROW("cuDeviceGetAttribute: device 4242", CUDA_ERROR_INVALID_DEVICE, m_attr_baddev),
+    ROW("cuDevicePrimaryCtxRetain: device 4242", CUDA_ERROR_INVALID_DEVICE, m_retain_baddev),
+    ROW("cuDevicePrimaryCtxRelease: device 4242", CUDA_ERROR_INVALID_DEVICE, m_release_baddev),
+    ROW("cuCtxSetCurrent: NULL unbinds the thread's context (legal)", CUDA_SUCCESS, m_ctx_set_unset),
+    ROW_EMU_ONLY("cuCtxSetCurrent: not a context (UB on the driver)", CUDA_ERROR_INVALID_CONTEXT, m_ctx_set_bogus),
+    ROW("cuCtxSynchronize: no current context", CUDA_ERROR_INVALID_CONTEXT, m_ctx_sync_no_ctx),
+    ROW("cuMemcpyHtoD: NULL host source", CUDA_ERROR_INVALID_VALUE, m_htod_null),
+    ROW("cuMemcpyDtoH: NULL host destination", CUDA_ERROR_INVALID_VALUE, m_dtoh_null),
+    ROW("cuMemsetD8: device pointer 0", CUDA_ERROR_INVALID_VALUE, m_memset_null),
+    ROW("cuMemGetAllocationGranularity: option 7", CUDA_ERROR_INVALID_VALUE, m_gran_option),
+    ROW("cuMemGetAllocationGranularity: NULL prop", CUDA_ERROR_INVALID_VALUE, m_gran_null_prop),
+    ROW("cuMemGetAccess: reserved VA not mapped", CUDA_ERROR_INVALID_VALUE, m_getaccess_unmapped),
+    ROW("cuStreamCreate: flags 0x80", CUDA_ERROR_INVALID_VALUE, m_stream_create_flags),
+    ROW_DOC("cuStreamDestroy: the legacy NULL stream", CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
+            m_stream_destroy_legacy),
+    ROW_EMU_ONLY("cuStreamDestroy: twice (UB on the driver)", CUDA_ERROR_INVALID_HANDLE, m_stream_destroy_twice),
+    ROW("cuStreamWaitEvent: flags 0x10", CUDA_ERROR_INVALID_VALUE, m_wait_flags),
+    ROW("cuStreamBeginCapture: the legacy NULL stream", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, m_begin_legacy),
+    ROW("cuStreamBeginCapture: stream already capturing", CUDA_ERROR_ILLEGAL_STATE, m_begin_twice),
+    ROW("cuStreamEndCapture: stream not capturing", CUDA_ERROR_ILLEGAL_STATE, m_end_not_capturing),
+    ROW("cuStreamIsCapturing: NULL status out", CUDA_ERROR_INVALID_VALUE, m_iscapturing_null),
+    ROW("cuStreamIsCapturing: legacy stream while a blocking stream captures",
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, m_iscapturing_legacy),
+    ROW("cuThreadExchangeStreamCaptureMode: NULL mode", CUDA_ERROR_INVALID_VALUE, m_exchange_null),
+    ROW("cuThreadExchangeStreamCaptureMode: mode 7", CUDA_ERROR_INVALID_VALUE, m_exchange_mode7),
+    ROW("cuGraphDestroy: NULL graph", CUDA_ERROR_INVALID_VALUE, m_graph_destroy_null),
+    ROW("cuEventCreate: flags 0x80", CUDA_ERROR_INVALID_VALUE, m_event_create_flags),
+    ROW_DOC("cuEventDestroy: NULL event", CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, m_event_destroy_null),
+    ROW_EMU_ONLY("cuEventDestroy: twice (UB on the driver)", CUDA_ERROR_INVALID_HANDLE, m_event_destroy_twice),
+    ROW_DOC("cuEventRecord: NULL event", CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, m_event_record_null),
+    ROW_EMU_ONLY("cuEventRecord: a destroyed event (UB on the driver)", CUDA_ERROR_INVALID_HANDLE,
+                 m_event_record_destroyed),
+    ROW_DOC("cuEventSynchronize: NULL event", CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, m_event_sync_null),
+    ROW_EMU_ONLY("cuEventSynchronize: a destroyed event (UB on the driver)", CUDA_ERROR_INVALID_HANDLE,
+                 m_event_sync_destroyed),
+    ROW("cuMemHostAlloc: flags 0x80", CUDA_ERROR_INVALID_VALUE, m_hostalloc_flags),
+    ROW("cuMemFreeHost: interior pointer", CUDA_ERROR_INVALID_VALUE, m_freehost_interior),
+    ROW("cuMemHostRegister: flags 0x80", CUDA_ERROR_INVALID_VALUE, m_hostreg_flags),
+    ROW("cuMemHostRegister: range overlapping a registered one", CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+        m_hostreg_overlap),
+    ROW("cuMemHostUnregister: not registered", CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, m_hostunreg_not),
+    ROW("cuMemcpyHtoDAsync: NULL host source", CUDA_ERROR_INVALID_VALUE, m_htod_async_null),
+    ROW("cuMemcpyDtoHAsync: NULL host destination", CUDA_ERROR_INVALID_VALUE, m_dtoh_async_null),
+    ROW("cuMemsetD8Async: device pointer 0", CUDA_ERROR_INVALID_VALUE, m_memset_async_null),
+    ROW("cuMemcpyDtoDAsync: source device pointer 0", CUDA_ERROR_INVALID_VALUE, m_dtod_async_null),
 };
 
 static bool fabric_reported(void)
@@ -614,7 +1112,7 @@ static void test_misuse_table(void **state)
         }
         CUresult got = m->run();
         CUresult want = emu ? m->expected : m->real;
-        bool ok = got == want;
+        bool ok = got == want || (!emu && m->alt != CUDA_SUCCESS && got == m->alt);
         mismatches += !ok;
         print_message("misuse: %-62s -> %s%s%s\n", m->what, drv_error_name(got),
                       ok ? "" : ", expected ", ok ? "" : drv_error_name(want));
