@@ -963,6 +963,35 @@ static CUresult m_dtoh_async_null(void) { return async_row(1); }
 static CUresult m_memset_async_null(void) { return async_row(2); }
 static CUresult m_dtod_async_null(void) { return async_row(3); }
 
+/* Release and import as xseg does (an exported page imported back, both released), then a misuse
+ * the driver can see without undefined behaviour: handle 0, descriptor -1. */
+static CUresult import_release_row(int which)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle h = 0, imp = 0;
+    CUresult r = drv->cuMemCreate(&h, G, &p, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    int fd = -1;
+    if ((r = drv->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) == CUDA_SUCCESS) {
+        r = drv->cuMemImportFromShareableHandle(&imp, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+        if (r == CUDA_SUCCESS)
+            r = drv->cuMemRelease(imp);
+    }
+    CUresult rel = drv->cuMemRelease(h);
+    if (r != CUDA_SUCCESS || rel != CUDA_SUCCESS)
+        return r != CUDA_SUCCESS ? r : rel;
+    if (which == 0)
+        return drv->cuMemRelease(0);
+    r = drv->cuMemImportFromShareableHandle(&imp, (void *)(uintptr_t)-1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(imp);
+    return r;
+}
+static CUresult m_release_zero(void) { return import_release_row(0); }
+static CUresult m_import_bad_fd(void) { return import_release_row(1); }
+
 /* "misuse -> expected CUresult". Measured on an H100 80GB HBM3, driver 580.159.04 (CUDA 13.0)
  * (every row; rerun on a new driver to refresh: each run prints the answers). Where
  * cudaemu is deliberately stricter than the driver (ROW_STRICTER), the driver's answer is the
@@ -1084,6 +1113,9 @@ static const struct misuse misuse_table[] = {
     ROW("cuMemcpyDtoHAsync: NULL host destination", CUDA_ERROR_INVALID_VALUE, m_dtoh_async_null),
     ROW("cuMemsetD8Async: device pointer 0", CUDA_ERROR_INVALID_VALUE, m_memset_async_null),
     ROW("cuMemcpyDtoDAsync: source device pointer 0", CUDA_ERROR_INVALID_VALUE, m_dtod_async_null),
+    ROW("cuMemRelease: handle 0", CUDA_ERROR_INVALID_VALUE, m_release_zero),
+    ROW_DOC("cuMemImportFromShareableHandle: descriptor -1", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
+            m_import_bad_fd),
 };
 
 static bool fabric_reported(void)
