@@ -14,6 +14,7 @@
  * on a GPU it uses cuMemsetD8 + cuCtxSynchronize and must fail or crash.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/common/testutil.h"
@@ -992,6 +994,116 @@ static CUresult import_release_row(int which)
 static CUresult m_release_zero(void) { return import_release_row(0); }
 static CUresult m_import_bad_fd(void) { return import_release_row(1); }
 
+/* ---- entry points xseg does not load (yet), resolved from the loaded driver ---- */
+static __typeof__(cuMemGetHandleForAddressRange) *get_range_handle; /* NULL: the driver lacks it */
+
+static void resolve_extra(void)
+{
+    const char *path = getenv("XSEG_LIBCUDA");
+    void *lib = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
+    if (lib)
+        *(void **)&get_range_handle = dlsym(lib, "cuMemGetHandleForAddressRange");
+}
+
+/* A mapped, device-writable range of @p n bytes (one handle of @p p) for the rows and probes
+ * below; *step names the call that failed. */
+struct vmm_range {
+    CUdeviceptr va;
+    size_t size;
+    CUmemGenericAllocationHandle h;
+    bool mapped;
+};
+static CUresult range_make(struct vmm_range *r, const CUmemAllocationProp *p, size_t n, const char **step)
+{
+    memset(r, 0, sizeof *r);
+    r->size = n;
+    CUresult res;
+    if ((res = drv->cuMemCreate(&r->h, n, p, 0)) != CUDA_SUCCESS) {
+        *step = "cuMemCreate";
+        r->h = 0;
+        return res;
+    }
+    if ((res = drv->cuMemAddressReserve(&r->va, n, 0, 0, 0)) != CUDA_SUCCESS) {
+        *step = "cuMemAddressReserve";
+        r->va = 0;
+        return res;
+    }
+    if ((res = drv->cuMemMap(r->va, n, 0, r->h, 0)) != CUDA_SUCCESS) {
+        *step = "cuMemMap";
+        return res;
+    }
+    r->mapped = true;
+    if ((res = set_rw(r->va, n)) != CUDA_SUCCESS)
+        *step = "cuMemSetAccess(device 0, READWRITE)";
+    return res;
+}
+static void range_drop(struct vmm_range *r)
+{
+    if (r->mapped)
+        drv->cuMemUnmap(r->va, r->size);
+    if (r->va)
+        drv->cuMemAddressFree(r->va, r->size);
+    if (r->h)
+        drv->cuMemRelease(r->h);
+    memset(r, 0, sizeof *r);
+}
+
+static CUresult m_range_handle_type(void)
+{
+    if (!get_range_handle)
+        return CUDA_ERROR_NOT_FOUND;
+    struct vmm_range r;
+    const char *step = "";
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUresult res = range_make(&r, &p, G, &step);
+    int fd = -1;
+    if (res == CUDA_SUCCESS)
+        res = get_range_handle(&fd, r.va, G, (CUmemRangeHandleType)7, 0);
+    if (res == CUDA_SUCCESS && fd >= 0)
+        close(fd);
+    range_drop(&r);
+    return res;
+}
+static CUresult m_range_unaligned(void)
+{
+    if (!get_range_handle)
+        return CUDA_ERROR_NOT_FOUND;
+    struct vmm_range r;
+    const char *step = "";
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUresult res = range_make(&r, &p, G, &step);
+    int fd = -1;
+    if (res == CUDA_SUCCESS)
+        res = get_range_handle(&fd, r.va + 100, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (res == CUDA_SUCCESS && fd >= 0)
+        close(fd);
+    range_drop(&r);
+    return res;
+}
+static CUresult m_create_host_numa_current(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = drv->cuMemCreate(&h, G, &p, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    return r;
+}
+static CUresult m_access_host_on_device_mem(void)
+{
+    struct vmm_range r;
+    const char *step = "";
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUresult res = range_make(&r, &p, G, &step);
+    if (res == CUDA_SUCCESS) {
+        CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        res = drv->cuMemSetAccess(r.va, G, &d, 1);
+    }
+    range_drop(&r);
+    return res;
+}
+
 /* "misuse -> expected CUresult". Measured on an H100 80GB HBM3, driver 580.159.04 (CUDA 13.0)
  * (every row; rerun on a new driver to refresh: each run prints the answers). Where
  * cudaemu is deliberately stricter than the driver (ROW_STRICTER), the driver's answer is the
@@ -1116,6 +1228,16 @@ static const struct misuse misuse_table[] = {
     ROW("cuMemRelease: handle 0", CUDA_ERROR_INVALID_VALUE, m_release_zero),
     ROW_DOC("cuMemImportFromShareableHandle: descriptor -1", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
             m_import_bad_fd),
+    /* Host-located VMM memory and dma-buf export (this round's probes, below); on a driver
+     * without them NOT_SUPPORTED may come first. */
+    ROW_DOC("create: HOST_NUMA_CURRENT location", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
+            m_create_host_numa_current),
+    ROW_DOC("set access: HOST_NUMA access to device memory", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
+            m_access_host_on_device_mem),
+    ROW_DOC("cuMemGetHandleForAddressRange: handle type 7", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
+            m_range_handle_type),
+    ROW_DOC("cuMemGetHandleForAddressRange: range not host-page aligned", CUDA_ERROR_INVALID_VALUE,
+            CUDA_ERROR_NOT_SUPPORTED, m_range_unaligned),
 };
 
 static bool fabric_reported(void)
@@ -2503,6 +2625,179 @@ static void test_access_per_device(void **state)
     tu_assert_cu(drv->cuMemAddressFree(va, G));
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Probes for this round's other work: each prints "probe: WHAT -> supported" or "-> not
+ * supported: CALL -> CUresult" and passes either way on a GPU (the run records the answer); on
+ * cudaemu it must give cudaemu's documented answer.
+ * ------------------------------------------------------------------------------------------- */
+
+static void probe_print(const char *what, const char *step, CUresult r, const char *detail)
+{
+    if (r == CUDA_SUCCESS)
+        print_message("probe: %s -> supported%s%s\n", what, *detail ? ": " : "", detail);
+    else
+        print_message("probe: %s -> not supported: %s -> %s%s%s\n", what, step, drv_error_name(r),
+                      *detail ? "; " : "", detail);
+}
+
+/* Bytes [0, n) of @p va read back as @p v at offsets 0, n/2 and n-64 (64 bytes each)? */
+static CUresult probe_reads(CUdeviceptr va, size_t n, unsigned char v, const char **step)
+{
+    unsigned char buf[64];
+    size_t at[3] = {0, n / 2, n - sizeof buf};
+    for (int i = 0; i < 3; i++) {
+        CUresult r = drv->cuMemcpyDtoH(buf, va + at[i], sizeof buf);
+        if (r != CUDA_SUCCESS) {
+            *step = "cuMemcpyDtoH";
+            return r;
+        }
+        for (size_t k = 0; k < sizeof buf; k++)
+            if (buf[k] != v) {
+                *step = "read back (wrong bytes)";
+                return CUDA_ERROR_UNKNOWN;
+            }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Host-located VMM memory (CU_MEM_LOCATION_TYPE_HOST_NUMA, node 0) mapped for device 0 and
+ * written and read by the device's copy engines (cuMemsetD8, cuMemcpyHtoD/DtoH); it does not
+ * count against device memory. A kernel's access is the GPU run's own check. */
+static void test_probe_host_numa(void **state)
+{
+    (void)state;
+    CUdevice d0;
+    tu_assert_cu(drv->cuDeviceGet(&d0, 0));
+    int attr = -1;
+    CUresult ra = drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d0);
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    p.location.id = 0;
+    size_t hg = 0, before = free_mem();
+    const char *step = "cuMemGetAllocationGranularity(HOST_NUMA)";
+    CUresult r = drv->cuMemGetAllocationGranularity(&hg, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    struct vmm_range v = {0};
+    size_t n = 0;
+    if (r == CUDA_SUCCESS) {
+        n = hg > G ? hg : G;
+        n = xseg_align_up(2 * n, hg); /* two granules of each: a multiple of both */
+        r = range_make(&v, &p, n, &step);
+    }
+    size_t used = 0;
+    if (r == CUDA_SUCCESS) {
+        used = before - free_mem();
+        unsigned char pat[256];
+        memset(pat, 0x3c, sizeof pat);
+        if ((r = drv->cuMemsetD8(v.va, 0x3c, n)) != CUDA_SUCCESS)
+            step = "cuMemsetD8";
+        else if ((r = drv->cuMemcpyHtoD(v.va + n - sizeof pat, pat, sizeof pat)) != CUDA_SUCCESS)
+            step = "cuMemcpyHtoD";
+        else if ((r = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
+            step = "cuCtxSynchronize";
+        else
+            r = probe_reads(v.va, n, 0x3c, &step);
+    }
+    char detail[160];
+    snprintf(detail, sizeof detail, "attribute %d (%s), granularity %zu, %zu bytes, device memory used %zu",
+             attr, drv_error_name(ra), hg, n, used);
+    probe_print("host-located VMM memory (HOST_NUMA 0), device copies and memset", step, r, detail);
+    range_drop(&v);
+    if (tu_emulated()) {
+        tu_assert_cu(r);
+        assert_int_equal(attr, 1);
+        assert_int_equal(used, 0);
+        assert_int_equal(free_mem(), before);
+    }
+}
+
+/* One physical handle mapped at 8 addresses: a memset through one and a copy through another are
+ * seen through all. */
+static void test_probe_many_aliases(void **state)
+{
+    (void)state;
+    enum { K = 8 };
+    CUdeviceptr va[K] = {0};
+    bool mapped[K] = {false};
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    const char *step = "cuMemCreate";
+    CUresult r = drv->cuMemCreate(&h, G, &p, 0);
+    for (int k = 0; k < K && r == CUDA_SUCCESS; k++) {
+        if ((r = drv->cuMemAddressReserve(&va[k], G, 0, 0, 0)) != CUDA_SUCCESS) {
+            step = "cuMemAddressReserve";
+            va[k] = 0;
+        } else if ((r = drv->cuMemMap(va[k], G, 0, h, 0)) != CUDA_SUCCESS) {
+            step = "cuMemMap";
+        } else {
+            mapped[k] = true;
+            if ((r = set_rw(va[k], G)) != CUDA_SUCCESS)
+                step = "cuMemSetAccess";
+        }
+    }
+    if (r == CUDA_SUCCESS && (r = drv->cuMemsetD8(va[3], 0x71, G)) != CUDA_SUCCESS)
+        step = "cuMemsetD8 through address 3";
+    for (int k = 0; k < K && r == CUDA_SUCCESS; k++)
+        r = probe_reads(va[k], G, 0x71, &step);
+    unsigned char pat[64];
+    memset(pat, 0x19, sizeof pat);
+    if (r == CUDA_SUCCESS && (r = drv->cuMemcpyHtoD(va[K - 1] + G / 2, pat, sizeof pat)) != CUDA_SUCCESS)
+        step = "cuMemcpyHtoD through address 7";
+    unsigned char got[64];
+    for (int k = 0; k < K && r == CUDA_SUCCESS; k++) {
+        if ((r = drv->cuMemcpyDtoH(got, va[k] + G / 2, sizeof got)) != CUDA_SUCCESS)
+            step = "cuMemcpyDtoH";
+        else if (memcmp(got, pat, sizeof got)) {
+            step = "read back (wrong bytes)";
+            r = CUDA_ERROR_UNKNOWN;
+        }
+    }
+    char detail[64];
+    snprintf(detail, sizeof detail, "%d addresses of one %zu-byte handle", K, G);
+    probe_print("one physical handle mapped at 8 addresses", step, r, detail);
+    for (int k = 0; k < K; k++) {
+        if (mapped[k])
+            tu_assert_cu(drv->cuMemUnmap(va[k], G));
+        if (va[k])
+            tu_assert_cu(drv->cuMemAddressFree(va[k], G));
+    }
+    if (h)
+        tu_assert_cu(drv->cuMemRelease(h));
+    if (tu_emulated())
+        tu_assert_cu(r);
+}
+
+/* A dma-buf descriptor for a mapped VMM range (cuMemGetHandleForAddressRange, for RDMA
+ * registration). cudaemu has no dma-buf exporter: attribute 0, NOT_SUPPORTED. */
+static void test_probe_dmabuf(void **state)
+{
+    (void)state;
+    CUdevice d0;
+    tu_assert_cu(drv->cuDeviceGet(&d0, 0));
+    int attr = -1;
+    CUresult ra = drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d0);
+    struct vmm_range v = {0};
+    const char *step = "cuMemGetHandleForAddressRange (not exported by the driver)";
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    int fd = -1;
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    if (get_range_handle && (r = range_make(&v, &p, 2 * G, &step)) == CUDA_SUCCESS) {
+        step = "cuMemGetHandleForAddressRange(DMA_BUF_FD)";
+        r = get_range_handle(&fd, v.va, 2 * G, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    }
+    char detail[128];
+    struct stat st;
+    snprintf(detail, sizeof detail, "attribute %d (%s)%s", attr, drv_error_name(ra),
+             r == CUDA_SUCCESS && fd >= 0 && !fstat(fd, &st) ? ", a descriptor came back" : "");
+    probe_print("dma-buf export of a mapped VMM range", step, r, detail);
+    if (r == CUDA_SUCCESS && fd >= 0)
+        close(fd);
+    range_drop(&v);
+    if (tu_emulated()) {
+        assert_int_equal(attr, 0);
+        tu_assert_cu_eq(r, CUDA_ERROR_NOT_SUPPORTED);
+    }
+}
+
 int main(int argc, char **argv)
 {
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
@@ -2519,6 +2814,7 @@ int main(int argc, char **argv)
         return 77;
     }
     G = info.granularity;
+    resolve_extra();
     print_message("device 0: %s, %zu bytes, granularity %zu, %s\n", info.name, info.total_mem, G,
                   tu_emulated() ? "cudaemu" : "real driver");
     const struct CMUnitTest tests[] = {
@@ -2550,6 +2846,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_access_per_device, setup),
         cmocka_unit_test_setup(test_host_copies, setup), /* services */
         cmocka_unit_test_setup(test_host_register, setup),
+        /* probes for this round's other issues */
+        cmocka_unit_test_setup(test_probe_host_numa, setup),
+        cmocka_unit_test_setup(test_probe_many_aliases, setup),
+        cmocka_unit_test_setup(test_probe_dmabuf, setup),
     };
     return cmocka_run_group_tests_name("driver-vmm", tests, NULL, NULL);
 }
