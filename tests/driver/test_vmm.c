@@ -2142,8 +2142,9 @@ static void test_capture_graph_table(void **state)
         fail_msg("%d graph row(s) differ from the expected CUresult (see above)", mismatches);
 }
 
-/* ---- executable graphs: a capture replayed (cuGraphInstantiate / cuGraphLaunch /
- * cuGraphExecDestroy, reached through tu_graph(): xseg's driver table does not hold them). ---- */
+/* ---- executable graphs: a capture replayed (cuGraphInstantiate, ABI name
+ * cuGraphInstantiateWithFlags / cuGraphLaunch / cuGraphExecDestroy, reached through tu_graph():
+ * xseg's driver table does not hold them). ---- */
 
 /* Are the @p n bytes at @p d all @p v (read with cuMemcpyDtoH)? */
 static bool dev_all(CUdeviceptr d, size_t n, unsigned char v)
