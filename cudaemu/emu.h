@@ -49,7 +49,9 @@
     X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                                  \
     /* pinned host memory, async copies and memset (host.c; services) */                \
     X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) \
-    X(cuMemcpyDtoDAsync)
+    X(cuMemcpyDtoDAsync)                                                                          \
+    /* dma-buf export of a range (vmm.c; tests probe it, xseg does not call it) */               \
+    X(cuMemGetHandleForAddressRange)
 
 #define EMU_STR2(x) #x
 #define EMU_ABI_NAME(fn) EMU_STR2(fn)
@@ -110,9 +112,9 @@ struct emu_phys {
     int fd;
     bool own_fd;        /* fd is this object's own memfd (closed with it), not the device file */
     off_t off;          /* offset of the memory in fd */
-    int dev;
+    int dev;            /* its device; -1: host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA) */
     size_t size;
-    bool counted;       /* counted in the device's used bytes (not for foreign imports) */
+    bool counted;       /* counted in the device's used bytes (not for foreign imports, host memory) */
     unsigned handle_types; /* CUmemAllocationHandleType bits requested at create (or imported) */
     unsigned handles;   /* live handle objects pointing here */
 };
@@ -132,6 +134,7 @@ struct emu_mapping {
     size_t offset;
     struct emu_handle *handle;
     unsigned char access[EMU_MAX_DEVICES]; /* CUmemAccess_flags per device */
+    unsigned char host_access;             /* the CPU's (HOST_NUMA descriptors; host memory only) */
 };
 
 struct emu_resv {

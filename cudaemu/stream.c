@@ -42,7 +42,8 @@
  *   - synchronizing or querying a capturing stream, or cuCtxSynchronize while any stream
  *     captures, is invalid whatever the modes: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the
  *     capture is invalidated. Synchronizing the legacy NULL stream while a blocking stream
- *     captures gives CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates that capture.
+ *     captures gives CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates that capture;
+ *     cuStreamIsCapturing of the legacy stream then gives IMPLICIT and leaves it valid (documented).
  *   - the legacy NULL stream cannot capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
  *   - cuEventRecord on a capturing stream is allowed; the event is then complete for queries.
  * All state is under emu.lock; the capture interaction mode is per thread.
@@ -250,15 +251,17 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
     return CUDA_SUCCESS;
 }
 
-/* Synchronize of the legacy stream while a blocking stream captures. Lock held. */
-static CUresult stream_legacy_capture_check(void)
+/* The legacy stream used or asked about while a blocking stream captures: IMPLICIT; a use
+ * (@p invalidate) also invalidates the capture. Lock held. */
+static CUresult stream_legacy_capture_check(bool invalidate)
 {
     CUresult r = CUDA_SUCCESS;
     size_t pos = 0;
     CUstream s;
     while ((s = emu_map_next(&emu.streams, &pos, NULL))) {
         if (s->cap && !(s->flags & CU_STREAM_NON_BLOCKING)) {
-            capture_invalidate(s);
+            if (invalidate)
+                capture_invalidate(s);
             r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
         }
     }
@@ -277,7 +280,7 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
         capture_invalidate(s);
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     } else if (s == &emu.null_stream) {
-        r = stream_legacy_capture_check();
+        r = stream_legacy_capture_check(true);
         if (r == CUDA_SUCCESS) {
             /* The legacy stream waits for all work in blocking streams. */
             stream_complete(s);
@@ -435,9 +438,9 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *ca
     if (!s) {
         r = CUDA_ERROR_INVALID_HANDLE;
     } else if (s == &emu.null_stream && emu.captures_active) {
-        /* Asking about the legacy stream while a blocking stream captures is itself an implicit
-         * dependency on the capture. */
-        r = stream_legacy_capture_check();
+        /* Asking about the legacy stream while a blocking stream captures is refused, and (as
+         * documented, unlike using the legacy stream) leaves the capture valid. */
+        r = stream_legacy_capture_check(false);
     } else {
         *captureStatus = capture_status(s);
     }
@@ -465,7 +468,7 @@ CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus 
         return CUDA_ERROR_INVALID_HANDLE;
     }
     if (s == &emu.null_stream && emu.captures_active) {
-        CUresult r = stream_legacy_capture_check();
+        CUresult r = stream_legacy_capture_check(true);
         if (r != CUDA_SUCCESS) {
             emu_unlock();
             return r;

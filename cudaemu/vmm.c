@@ -32,14 +32,18 @@
 
 /* ---- allocation properties ---- */
 
-/* Validate a CUmemAllocationProp; *dev receives its device. */
+/* Validate a CUmemAllocationProp; *dev receives its device, or -1 for host memory (location
+ * CU_MEM_LOCATION_TYPE_HOST_NUMA: the emulated host is one NUMA node, 0, as on a machine without
+ * NUMA, where the driver documents id 0; HOST_NUMA_CURRENT is INVALID_VALUE, as documented). */
 static CUresult vmm_prop_check(const CUmemAllocationProp *prop, int *dev)
 {
-    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!emu_dev_valid(prop->location.id))
-        return CUDA_ERROR_INVALID_DEVICE;
+    bool host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    if (!host && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (host ? prop->location.id != 0 : !emu_dev_valid(prop->location.id))
+        return host ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_DEVICE;
     if (!emu.cfg.vmm)
         return CUDA_ERROR_NOT_SUPPORTED;
     /* A bit mask: POSIX file descriptors always, fabric handles only when emulated
@@ -48,7 +52,7 @@ static CUresult vmm_prop_check(const CUmemAllocationProp *prop, int *dev)
     unsigned ok = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (emu.cfg.fabric ? CU_MEM_HANDLE_TYPE_FABRIC : 0);
     if (types & ~ok)
         return CUDA_ERROR_NOT_SUPPORTED;
-    *dev = prop->location.id;
+    *dev = host ? -1 : prop->location.id;
     return CUDA_SUCCESS;
 }
 
@@ -63,7 +67,7 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemA
         return CUDA_ERROR_INVALID_VALUE;
     /* Measured on an H100 (driver 580.159.04): the device id is not checked here. */
     CUmemAllocationProp p;
-    if (prop) {
+    if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         p = *prop;
         p.location.id = 0;
         prop = &p;
@@ -384,8 +388,9 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     struct emu_phys *ph = calloc(1, sizeof *ph);
     if (!ph)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    bool host = dev < 0;
     emu_lock();
-    if (!emu_mem_take_locked(dev, size)) {
+    if (!host && !emu_mem_take_locked(dev, size)) {
         emu_unlock();
         free(ph);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -395,7 +400,18 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
      * the descriptor limit on large traces. A handle gets a memfd of its own when it is first
      * exported (vmm_phys_promote). */
     ph->handle_types = types;
-    {
+    if (host) {
+        /* Host memory: a memfd of its own, counted on no device. */
+        int fd = memfd_create("cudaemu-host", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)size)) {
+            if (fd >= 0)
+                close(fd);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        ph->fd = fd;
+        ph->own_fd = true;
+    } else {
         if (!emu.dev_fd_open[dev]) {
             int fd = memfd_create("cudaemu-device", MFD_CLOEXEC);
             if (fd < 0) {
@@ -416,7 +432,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     }
     ph->dev = dev;
     ph->size = size;
-    ph->counted = true;
+    ph->counted = !host;
     r = vmm_handle_new(ph, handle);
     if (r != CUDA_SUCCESS) {
         if (ph->own_fd)
@@ -431,7 +447,8 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     vmm_fresh_fill(fd, off, size);
     return CUDA_SUCCESS;
 fail:
-    emu_mem_add_locked(dev, size, false); /* taken above */
+    if (!host)
+        emu_mem_add_locked(dev, size, false); /* taken above */
     emu_unlock();
     free(ph);
     return r;
@@ -824,7 +841,7 @@ out:
 
 static int vmm_prot(const struct emu_mapping *m)
 {
-    unsigned best = 0;
+    unsigned best = m->host_access;
     for (int d = 0; d < emu.cfg.devices; d++)
         best |= m->access[d];
     if (best & CU_MEM_ACCESS_FLAGS_PROT_READWRITE & ~CU_MEM_ACCESS_FLAGS_PROT_READ)
@@ -838,11 +855,15 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
     EMU_ENTER(cuMemSetAccess);
     if (!ptr || size == 0 || !vmm_aligned(ptr) || !vmm_aligned(size) || !desc || count == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    bool host_desc = false;
     for (size_t k = 0; k < count; k++) {
-        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        /* HOST_NUMA: the CPU's access, id ignored (documented); only for host-located memory. */
+        host_desc |= desc[k].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE &&
+            desc[k].location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
             return CUDA_ERROR_INVALID_VALUE;
         /* INVALID_VALUE, not INVALID_DEVICE: measured on an H100 (driver 580.159.04). */
-        if (!emu_dev_valid(desc[k].location.id))
+        if (desc[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE && !emu_dev_valid(desc[k].location.id))
             return CUDA_ERROR_INVALID_VALUE;
         if (desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
             desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
@@ -863,12 +884,18 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
     for (; at < end; i++) {
         if (i >= rv->nmaps || rv->maps[i].base > at || rv->maps[i].base + rv->maps[i].size <= at)
             goto out;
+        if (host_desc && rv->maps[i].handle->phys->dev >= 0)
+            goto out;
         at = rv->maps[i].base + rv->maps[i].size;
     }
     for (size_t j = (size_t)first; j < i; j++) {
         struct emu_mapping *m = &rv->maps[j];
-        for (size_t k = 0; k < count; k++)
-            m->access[desc[k].location.id] = (unsigned char)desc[k].flags;
+        for (size_t k = 0; k < count; k++) {
+            if (desc[k].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+                m->host_access = (unsigned char)desc[k].flags;
+            else
+                m->access[desc[k].location.id] = (unsigned char)desc[k].flags;
+        }
         uintptr_t lo = m->base > (uintptr_t)ptr ? m->base : (uintptr_t)ptr;
         uintptr_t hi = m->base + m->size < end ? m->base + m->size : end;
         if (mprotect((void *)lo, hi - lo, vmm_prot(m))) {
@@ -885,16 +912,33 @@ out:
 CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
 {
     EMU_ENTER(cuMemGetAccess);
-    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+    bool host = location && location->type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    if (!flags || !location || (!host && location->type != CU_MEM_LOCATION_TYPE_DEVICE))
         return CUDA_ERROR_INVALID_VALUE;
-    if (!emu_dev_valid(location->id))
+    if (!host && !emu_dev_valid(location->id))
         return CUDA_ERROR_INVALID_DEVICE;
     emu_lock();
     struct emu_mapping *m = vmm_mapping_at((uintptr_t)ptr, NULL);
     if (m)
-        *flags = m->access[location->id];
+        *flags = host ? m->host_access : m->access[location->id];
     emu_unlock();
     return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A dma-buf descriptor for a range: the emulated device has no dma-buf exporter (a dma-buf is a
+ * kernel driver's object), so CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED reads 0 and a well-formed
+ * request is NOT_SUPPORTED, as on a device without it; malformed ones are INVALID_VALUE first (the
+ * documented rules: one handle type, flags 0 or MAPPING_TYPE_PCIE, host-page-aligned range). */
+CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                               CUmemRangeHandleType handleType, unsigned long long flags)
+{
+    EMU_ENTER(cuMemGetHandleForAddressRange);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD ||
+        (flags & ~(unsigned long long)CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) || !dptr || !size ||
+        ((uintptr_t)dptr | size) & (page - 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 /* ---- per-device access ---- */
