@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage 3: fragmentation. The training loop of train_transformer.py under each allocator (peak
+# Check frag: fragmentation. The training loop of train_transformer.py under each allocator (peak
 # reserved, median step time, stream synchronizations), then every trace of .gpu-traces replayed
 # through real tensors by compare_pytorch.py under PyTorch's allocators (classic,
 # expandable_segments, cudaMallocAsync) and xseg (both modes): peak reserved, the smallest
@@ -10,7 +10,6 @@ set -uo pipefail
 cd "$XSEG_GPU_ROOT"
 W=$XSEG_GPU_WORK
 B=$XSEG_GPU_BUILD
-ensure_build || { check build fail "$(tail -30 "$W/meson-setup.log" "$W/ninja.log" 2>/dev/null)"; exit 0; }
 lib=$B/libxseg.so
 shopt -s nullglob
 traces=(.gpu-traces/*.trace.gz .gpu-traces/*.trace)   # prepare.sh writes .gz; plain ones work too
@@ -74,7 +73,9 @@ fi
 
 steps=20; budget=200
 [ "$XSEG_GPU_QUICK" = 1 ] && steps=6 budget=30
-timeout 150 "$PY" "$GPU_DIR/train_transformer.py" --lib "$lib" --steps $steps --json > "$W/train.txt" 2>&1
+# The training loop: at most 150 s, and a third of the check's time.
+t=$(( $(time_left) / 3 )); [ $t -lt 150 ] || t=150
+timeout --kill-after=5 $t "$PY" "$GPU_DIR/train_transformer.py" --lib "$lib" --steps $steps --json > "$W/train.txt" 2>&1
 rc=$?
 if grep -q '^{' "$W/train.txt"; then
     rows "$W/train.txt" training "train_transformer.py"
@@ -85,8 +86,8 @@ fi
 # The fraction search shares the budget: each allocator's process stops bisecting when its part
 # is spent (the uncapped replay of every trace always runs).
 left=$(time_left)
-[ "$budget" -lt "$(time_left 120)" ] || budget=$(time_left 120)
-timeout --kill-after=10 $left "$PY" "$GPU_DIR/compare_pytorch.py" --lib "$lib" --json --min-fraction \
+[ "$budget" -lt "$(time_left $(( left / 3 )))" ] || budget=$(time_left $(( left / 3 )))
+timeout --kill-after=5 $left "$PY" "$GPU_DIR/compare_pytorch.py" --lib "$lib" --json --min-fraction \
     --budget $budget "${traces[@]}" > "$W/compare.jsonl" 2> "$W/compare.err"
 rc=$?
 [ $rc = 0 ] || check "compare_pytorch.py" fail "exit $rc: $(tail -5 "$W/compare.err")"
