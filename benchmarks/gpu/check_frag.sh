@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Check frag: fragmentation. The training loop of train_transformer.py under each allocator (peak
-# reserved, median step time, stream synchronizations), then every trace of .gpu-traces replayed
+# reserved, median step time, stream synchronizations), then three traces of .gpu-traces replayed
 # through real tensors by compare_pytorch.py under PyTorch's allocators (classic,
 # expandable_segments, cudaMallocAsync) and xseg (both modes): peak reserved, the smallest
 # set_per_process_memory_fraction that runs it, num_sync_all_streams. On the emulator: the replay
@@ -24,7 +24,14 @@ else
     check "traces in .gpu-traces" fail "none: run benchmarks/gpu/prepare.sh where ../shared is, and carry .gpu-traces"
     exit 0
 fi
-[ "$XSEG_GPU_QUICK" = 1 ] && traces=("${traces[@]:0:2}")
+# Three traces fit the check's share on a GPU (XSEG_GPU_TRACES=all: every one, on a call of its own).
+if [ "$XSEG_GPU_QUICK" = 1 ]; then
+    traces=("${traces[@]:0:2}")
+elif [ "${XSEG_GPU_TRACES:-3}" != all ]; then
+    n=${XSEG_GPU_TRACES:-3}
+    [[ $n =~ ^[0-9]+$ ]] || { check "XSEG_GPU_TRACES" fail "a count or all, not '$n'"; exit 0; }
+    traces=("${traces[@]:0:$n}")
+fi
 
 # rows FILE KEY WHAT: compare_pytorch/train_transformer JSON rows as checks and data[KEY].
 rows() {

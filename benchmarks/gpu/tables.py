@@ -226,7 +226,7 @@ FEATURES = (
      "services (VMM call costs, remap of a kept handle)"),
     ("fragmentation against PyTorch's allocators, training loop",
      [("frag", "train_transformer.py"), ("frag", "replay ")],
-     "frag (every convertible trace, smallest memory fraction, sync counts)"),
+     "frag (three traces, smallest memory fraction, sync counts)"),
     ("`xseg-replay` on the driver", [("suites", "suite replay")], "suites (`replay`)"),
     ("services: trim, release threshold, idle reclaim", [("suites", "suite services"), ("services", "trim")],
      "suites (`services`), services (trim through PyTorch)"),
