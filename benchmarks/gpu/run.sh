@@ -35,7 +35,6 @@
 # Exit status: 0 when no check failed (not reached is no failure), 1 otherwise, 2 bad usage.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
 CHECKS=(build driver torch suites services probes frag)
 # Shares of the budget, oversubscribed on purpose: most checks end well inside theirs, and the
 # time they leave goes to the next ones in order of value.
@@ -65,12 +64,23 @@ while [ $# -gt 0 ]; do
 done
 [[ $budget =~ ^[0-9]+$ ]] && [ "$budget" -ge 30 ] && [ "$budget" -le 3600 ] ||
     usage "--budget takes whole seconds from 30 to 3600, not '$budget'"
+# Relative paths (--resume, --build, $OUT) are the caller's; from here on the root is the cwd.
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+[ -z "$resume" ] || resume=$(abs "$resume")
+[ -z "$build" ] || build=$(abs "$build")
+[ -z "${OUT:-}" ] || OUT=$(abs "$OUT")
+cd "$ROOT" || exit 2
 previous=""
 if [ -n "$resume" ]; then
     previous=$resume/summary.json
     [ -f "$resume" ] && previous=$resume
     [ -s "$previous" ] || usage "--resume $resume: no summary.json there"
     previous=$(cd "$(dirname "$previous")" && pwd)/$(basename "$previous")
+fi
+# The checks to run: all, or on --resume the build and what the summary marks failed or not reached.
+todo=" ${CHECKS[*]} "
+if [ -n "$previous" ]; then
+    todo=" build $("${PYTHON:-python3}" "$ROOT/benchmarks/gpu/summary.py" todo "$previous" | tr '\n' ' ') " || exit 2
 fi
 if [ -z "${OUT:-}" ]; then
     if [ $emulator = 1 ]; then OUT=$(mktemp -d "${TMPDIR:-/tmp}/xseg-gpu-run.XXXXXX"); else OUT=$ROOT/gpu-results; fi
@@ -94,10 +104,6 @@ end=$(( start + budget - 15 ))
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/xseg-gpu-run.XXXXXX")
 trap 'rm -rf "$RUN"' EXIT
 say() { echo "run.sh: $*" | tee -a "$RUN/run.log"; }
-todo=" ${CHECKS[*]} "
-if [ -n "$previous" ]; then
-    todo=" build $("$PY" "$GPU_DIR/summary.py" todo "$previous" | tr '\n' ' ') " || exit 2
-fi
 say "$([ $emulator = 1 ] && echo "emulator dry run" || echo "real driver"), budget $budget s, checks:$todo(results in $OUT)"
 {
     date -u; uname -a

@@ -140,17 +140,31 @@ def not_reached(run, name, reason):
                             "limit": 0, "items": [], "data": {}}) + "\n")
 
 
+def load_summary(path):
+    """A previous summary.json (--resume), checked before it is trusted: a list of checks, each
+    with a name, a known status and a list of items of the same shape."""
+    s = read_json(path)
+
+    def line_ok(x):
+        return (isinstance(x, dict) and isinstance(x.get("name"), str) and x.get("status") in STATUSES and
+                isinstance(x.get("reason", ""), str))
+    if not (isinstance(s, dict) and isinstance(s.get("checks"), list) and all(
+            line_ok(c) and isinstance(c.get("items", []), list) and all(line_ok(i) for i in c.get("items", []))
+            and isinstance(c.get("data", {}), dict) and isinstance(c.get("seconds", 0), (int, float))
+            for c in s["checks"])):
+        raise SystemExit("summary.py: %s is no summary.json of run.sh" % path)
+    return s
+
+
 def todo(previous):
-    s = read_json(previous)
-    if not s or "checks" not in s:
-        raise SystemExit("summary.py: %s is no summary.json of run.sh" % previous)
+    s = load_summary(previous)
     for c in s["checks"]:
         if c["status"] in ("fail", "not-reached"):
             print(c["name"])
 
 
 def item_status(previous, check, item):
-    for c in (read_json(previous) or {}).get("checks", []):
+    for c in load_summary(previous)["checks"]:
         if c["name"] == check:
             for i in c.get("items", []):
                 if i["name"] == item:
@@ -175,7 +189,7 @@ def merge(prev, new):
 
 def write(run, out, budget, previous=None):
     checks = read_lines(os.path.join(run, "checks.jsonl"))
-    prev = read_json(previous) if previous else None
+    prev = load_summary(previous) if previous else None
     if prev:
         now = {c["name"]: c for c in checks}
         merged = []

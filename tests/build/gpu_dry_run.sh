@@ -102,7 +102,9 @@ OUT=$tmp/bad "$run" --emulator --quick --build "$tmp/notabuild" > "$tmp/bad.log"
     fail "run.sh passed on a folder that is no build"
 grep -q "FAIL .*build" "$tmp/bad.log" && grep -q "NOT-REACHED frag .*the build failed" "$tmp/bad.log" ||
     fail "the failed build is not reported as such: $(cat "$tmp/bad.log")"
-for args in "--budget 5" "--budget x" "--share nosuch=0.5" "--share torch=2" "--resume $tmp/nothing" "--stage 1"; do
+mkdir -p "$tmp/bogus" && echo '{"checks": 1}' > "$tmp/bogus/summary.json"
+for args in "--budget 5" "--budget x" "--share nosuch=0.5" "--share torch=2" "--resume $tmp/nothing" \
+            "--resume $tmp/bogus" "--stage 1"; do
     "$run" $args > /dev/null 2>&1; [ $? = 2 ] || fail "run.sh $args was not refused"
 done
 
