@@ -1,13 +1,20 @@
-# Sourced by run.sh and the stage scripts: the environment of the acceptance run.
+# Sourced by run.sh and the check scripts (check_NAME.sh): the environment of the acceptance run.
 # Set by run.sh: XSEG_GPU_EMULATOR (0|1), XSEG_GPU_QUICK (0|1), XSEG_GPU_BUILD (build folder),
-# XSEG_GPU_WORK (this stage's scratch folder: raw logs, tarred into $OUT/stageN.tgz),
-# XSEG_GPU_ROOT (repository root).
+# XSEG_GPU_WORK (this check's scratch folder: raw logs, tarred into $OUT/logs.tgz),
+# XSEG_GPU_DEADLINE (when this check's time ends, epoch seconds), XSEG_GPU_PREVIOUS (the
+# summary.json a --resume continues, or empty), XSEG_GPU_ROOT (repository root).
 GPU_DIR="$XSEG_GPU_ROOT/benchmarks/gpu"
 PY=${PYTHON:-python3}
 
-# check NAME pass|fail|skip [REASON]: one line of the stage's summary.
+# check NAME pass|fail|skip|not-reached [REASON]: one item of this check.
 check() { "$PY" "$GPU_DIR/summary.py" check "$XSEG_GPU_WORK" "$@"; }
-# data KEY FILE.json: a JSON value stored under data.KEY of the stage's summary.
+# summarize tests|lines|junit ARGS...: summary.py reading a tool's output into items; a failure
+# of its own is an item that fails (its traceback is in check.log), never a silent loss.
+summarize() {
+    "$PY" "$GPU_DIR/summary.py" "$1" "$XSEG_GPU_WORK" "${@:2}" ||
+        check "summary.py $1 $(basename "$2")" fail "summary.py could not read $(basename "$2") (traceback in check.log)"
+}
+# data KEY FILE.json: a JSON value stored under data.KEY of this check's line.
 data() { "$PY" "$GPU_DIR/summary.py" data "$XSEG_GPU_WORK" "$@"; }
 # run_logged NAME CMD...: runs CMD with its output in WORK/NAME.log; returns CMD's status.
 run_logged() {
@@ -83,12 +90,14 @@ run_pytest() {
         env PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH:}$XSEG_GPU_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
         "$PY" -m pytest -p no:cacheprovider "$@"
 }
-# time_left [RESERVE]: seconds left before this stage's limit (run.sh sets XSEG_GPU_DEADLINE),
-# less a margin for writing the summary and RESERVE for what comes after; at least 10.
+# time_left [RESERVE]: seconds left before this check's limit (run.sh sets XSEG_GPU_DEADLINE),
+# less 3 s to record what a step did and RESERVE for the steps after it; at least 5.
 time_left() {
-    local t=$(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 20 - ${1:-0} ))
-    echo $(( t > 10 ? t : 10 ))
+    local t=$(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 3 - ${1:-0} ))
+    echo $(( t > 5 ? t : 5 ))
 }
+# has_time SECONDS: whether this check has that much time left (before a step worth starting).
+has_time() { [ $(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 3 )) -ge "$1" ]; }
 
 # The build this run tests: an existing one (--build, the CI dry run), else build-gpu
 # (-Demulator=false: the tests load the real libcuda.so.1) or build-gpu-emu (--emulator).

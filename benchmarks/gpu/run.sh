@@ -1,111 +1,175 @@
 #!/usr/bin/env bash
-# The GPU acceptance run: proves the whole project on a real device, in four stages that each fit
-# one command of at most 10 minutes (benchmarks/gpu/README.md says what to run there, in order).
-#   1 tests     build against the real libcuda.so.1; every meson test, one at a time; the
-#               conformance rows of tests/driver (where the driver disagrees, cudaemu is wrong)
-#   2 torch     the real-PyTorch checks: tests/python on the real driver, the adapter's training
-#               loop bit for bit against PyTorch's allocator, graphs, torch.compile, MemPool,
-#               torch.multiprocessing, stats/summary/snapshot through torch.cuda
-#   3 frag      every trace of .gpu-traces through real tensors under PyTorch's allocators and
-#               xseg: peak reserved, smallest memory fraction, stream syncs; the training loop
-#   4 services  sleep/wake, a graph replayed after wake, trim, VMM call costs, IPC between two
-#               processes, peer access
-# Each stage writes $OUT/stageN.json (its summary: one pass/fail/skip line per check) and
-# $OUT/stageN.tgz (its raw logs); benchmarks/gpu/tables.py turns the summaries into the tables of
-# docs/benchmarks.md.
+# The GPU acceptance run: every check in one command that fits the device tool's 10 minutes,
+# in order of value, each under its time share, stopping cleanly before the budget.
+#   build     build against the real libcuda.so.1 (parallel)
+#   driver    the driver suite (tests/driver): each conformance row compares the driver's answer
+#             with cudaemu's (where they differ, cudaemu is wrong)
+#   torch     xseg.torch.enable() in real PyTorch: torch.compile(mode="reduce-overhead"), graphs in
+#             a private pool, MemPool, record_stream, memory_stats keys, _dump_snapshot
+#             (snapshot.pickle), then tests/python/test_torch_adapter.py (the training loop bit
+#             for bit against PyTorch's allocator)
+#   suites    the test suites on the driver, most valuable first (alloc, services, history,
+#             python, ...), as far as the share allows; the rest "not reached"
+#   services  sleep/wake GiB/s, time to a kernel after wake, a graph replayed after wake, trim;
+#             VMM call costs, the remap of a kept handle; IPC between two processes
+#   probes    host-located VMM memory read and written by a kernel, one physical handle mapped
+#             at many addresses, a dma-buf export: supported or not, in the driver's words
+#   frag      the traces of .gpu-traces through real tensors under PyTorch's allocators and xseg
+# A check is given min(its share of the budget, what is left of the budget); one that cannot
+# start with 10 s left is "not reached". $OUT gets at most four files: summary.json (one line per
+# check: pass/fail/skip/not-reached, its reason, its items, its figures under data), logs.tgz,
+# snapshot.pickle (the torch check's _dump_snapshot, for memory-viz), and nothing else today.
 #
-# usage: run.sh [--emulator] [--quick] [--stage N|all] [--resume] [--build DIR]
-#        (run.sh tests|bench|all, the earlier form: stage 1, stages 3 and 4, everything)
-#   --emulator  run on cudaemu (the CI dry run: the PyTorch parts skip with their reason)
-#   --quick     a few seconds per stage: a subset of each (the dry run uses it)
-#   --stage     one stage (1-4) or all (default)
-#   --resume    skip the stages whose complete summary is already in $OUT
+# usage: run.sh [--budget SECONDS] [--resume DIR] [--share CHECK=FRACTION]... [--emulator] [--quick]
+#               [--build DIR]
+#   --budget    the whole run's seconds (default 540: the device tool's 600 s less its start)
+#   --resume    run only the checks DIR/summary.json marks failed or not reached (and the build);
+#               the new summary keeps the others from it (a suite that passed is not run again)
+#   --share     a check's share of the budget (defaults below), e.g. --share suites=0.5
+#   --emulator  run on cudaemu (the CI dry run: what needs PyTorch or kernels skips, with why)
+#   --quick     a small part of each check (the dry run uses it)
 #   --build     an existing build folder (default build-gpu, -Demulator=false; build-gpu-emu)
-# $OUT: where the results go (default ./gpu-results; a new temporary folder with --emulator).
-# Exit status: 0 when no check failed.
+# $OUT: where the files go (default ./gpu-results; a new temporary folder with --emulator).
+# XSEG_GPU_TEST_SLEEP=CHECK=SECONDS[,...]: a test-only hook, the named checks sleep that long
+# first (gpu-dry-run proves the cut-off and --resume with it).
+# Exit status: 0 when no check failed (not reached is no failure), 1 otherwise, 2 bad usage.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-emulator=0 quick=0 stage=all resume=0 build=""
+CHECKS=(build driver torch suites services probes frag)
+# Shares of the budget, oversubscribed on purpose: most checks end well inside theirs, and the
+# time they leave goes to the next ones in order of value.
+declare -A SHARE=([build]=0.30 [driver]=0.10 [torch]=0.25 [suites]=0.40 [services]=0.20 [probes]=0.08 [frag]=0.40)
+emulator=0 quick=0 budget=540 resume="" build=""
+usage() { echo "run.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
         --emulator) emulator=1 ;;
         --quick) quick=1 ;;
-        --stage) stage=${2:-}; shift ;;
-        --stage=*) stage=${1#--stage=} ;;
-        --resume) resume=1 ;;
+        --budget) budget=${2:-}; shift ;;
+        --budget=*) budget=${1#--budget=} ;;
+        --resume) resume=${2:-}; shift ;;
+        --resume=*) resume=${1#--resume=} ;;
+        --share|--share=*)
+            if [ "$1" = --share ]; then kv=${2:-}; shift; else kv=${1#--share=}; fi
+            k=${kv%%=*} v=${kv#*=}
+            [ -n "${SHARE[$k]:-}" ] || usage "--share: no check named '$k' (${CHECKS[*]})"
+            [[ $v =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || usage "--share $k: a fraction of the budget in (0, 1], not '$v'"
+            SHARE[$k]=$v ;;
         --build) build=${2:-}; shift ;;
         --build=*) build=${1#--build=} ;;
-        # The earlier interface (docs/gpu-h100 was made with it): tests, bench, all.
-        tests) stage=1 ;;
-        bench) stage=bench ;;
-        all) stage=all ;;
         -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+        *) usage "unknown argument '$1' (see --help)" ;;
     esac
     shift
 done
-case $stage in
-    all) stages="1 2 3 4" ;;
-    1|2|3|4) stages=$stage ;;
-    bench) stages="3 4" ;;
-    *) echo "run.sh: --stage takes 1, 2, 3, 4 or all, not '$stage'" >&2; exit 2 ;;
-esac
+[[ $budget =~ ^[0-9]+$ ]] && [ "$budget" -ge 30 ] && [ "$budget" -le 3600 ] ||
+    usage "--budget takes whole seconds from 30 to 3600, not '$budget'"
+# Relative paths (--resume, --build, $OUT) are the caller's; from here on the root is the cwd.
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+[ -z "$resume" ] || resume=$(abs "$resume")
+[ -z "$build" ] || build=$(abs "$build")
+[ -z "${OUT:-}" ] || OUT=$(abs "$OUT")
+cd "$ROOT" || exit 2
+previous=""
+if [ -n "$resume" ]; then
+    previous=$resume/summary.json
+    [ -f "$resume" ] && previous=$resume
+    [ -s "$previous" ] || usage "--resume $resume: no summary.json there"
+    previous=$(cd "$(dirname "$previous")" && pwd)/$(basename "$previous")
+fi
+# The checks to run: all, or on --resume the build and what the summary marks failed or not reached.
+todo=" ${CHECKS[*]} "
+if [ -n "$previous" ]; then
+    todo=" build $("${PYTHON:-python3}" "$ROOT/benchmarks/gpu/summary.py" todo "$previous" | tr '\n' ' ') " || exit 2
+fi
 if [ -z "${OUT:-}" ]; then
     if [ $emulator = 1 ]; then OUT=$(mktemp -d "${TMPDIR:-/tmp}/xseg-gpu-run.XXXXXX"); else OUT=$ROOT/gpu-results; fi
 fi
 mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
+[ "$previous" = "$OUT/summary.json" ] && usage "--resume: give the earlier results another folder than \$OUT"
 export XSEG_GPU_BUILD_GIVEN=$([ -n "$build" ] && echo 1 || echo 0)
 [ -n "$build" ] || build=$ROOT/build-gpu$([ $emulator = 1 ] && echo -emu)
-export XSEG_GPU_ROOT=$ROOT XSEG_GPU_EMULATOR=$emulator XSEG_GPU_QUICK=$quick
+export XSEG_GPU_ROOT=$ROOT XSEG_GPU_EMULATOR=$emulator XSEG_GPU_QUICK=$quick XSEG_GPU_PREVIOUS=$previous
 export XSEG_GPU_BUILD=$(cd "$(dirname "$build")" && pwd)/$(basename "$build")
 export PYTHONDONTWRITEBYTECODE=1
 # PyTorch and the real-driver builds must load libcuda.so.1; only the emulator run sets this.
 [ $emulator = 1 ] || unset XSEG_LIBCUDA
 [ $emulator = 0 ] || export XSEG_LIBCUDA=${XSEG_LIBCUDA:-$XSEG_GPU_BUILD/cudaemu/libcudaemu.so}
 . "$ROOT/benchmarks/gpu/lib.sh"
-names=(x tests torch frag services)
-# A stage's own limit, under the device tool's 10 minutes a command (setup time included).
-# XSEG_GPU_STAGE_LIMIT overrides it (the dry-run test uses a tiny one).
-limit=${XSEG_GPU_STAGE_LIMIT:-$([ $quick = 1 ] && echo 120 || echo 540)}
-echo "run.sh: $([ $emulator = 1 ] && echo "emulator dry run" || echo "real driver"), stages $stages, results in $OUT"
 
-failed=0
-for n in $stages; do
-    if [ $resume = 1 ] && "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["complete"] else 1)' \
-            "$OUT/stage$n.json" 2>/dev/null; then
-        echo "run.sh: stage $n already complete in $OUT (--resume)"
+start=$(date +%s)
+# The last 15 s are for the summary and logs.tgz, and a check's 5 s of --kill-after.
+end=$(( start + budget - 15 ))
+RUN=$(mktemp -d "${TMPDIR:-/tmp}/xseg-gpu-run.XXXXXX")
+trap 'rm -rf "$RUN"' EXIT
+say() { echo "run.sh: $*" | tee -a "$RUN/run.log"; }
+say "$([ $emulator = 1 ] && echo "emulator dry run" || echo "real driver"), budget $budget s, checks:$todo(results in $OUT)"
+{
+    date -u; uname -a
+    nvidia-smi 2>&1 | head -20
+    nvcc --version 2>&1 | tail -1
+    "$PY" -c 'import sys; print("python", sys.version.split()[0])'
+    git -C "$ROOT" log -1 --oneline 2>&1
+} > "$RUN/env.txt" 2>&1
+gpu_deps_ok=1
+gpu_deps_env >> "$RUN/env.txt" 2>&1 || gpu_deps_ok=0
+
+declare -A sleep_for=()
+IFS=, read -ra hooks <<< "${XSEG_GPU_TEST_SLEEP:-}"
+for h in "${hooks[@]}"; do [ -n "$h" ] && sleep_for[${h%%=*}]=${h#*=}; done
+
+build_ok=1
+for c in "${CHECKS[@]}"; do
+    case $todo in *" $c "*) ;; *) continue ;; esac
+    now=$(date +%s)
+    left=$(( end - now ))
+    if [ $build_ok = 0 ]; then
+        "$PY" "$GPU_DIR/summary.py" not-reached "$RUN" "$c" "the build failed"
+        say "$c: not reached (the build failed)"
         continue
     fi
-    export XSEG_GPU_WORK=$(mktemp -d "${TMPDIR:-/tmp}/xseg-gpu-stage$n.XXXXXX")
-    {
-        date -u; uname -a
-        nvidia-smi 2>&1 | head -20
-        nvcc --version 2>&1 | tail -1
-        "$PY" -c 'import sys; print("python", sys.version.split()[0])'
-        "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-        git -C "$ROOT" log -1 --oneline 2>&1
-    } > "$XSEG_GPU_WORK/env.txt" 2>&1
-    if ! gpu_deps_env >> "$XSEG_GPU_WORK/env.txt" 2>&1; then
-        check "tools from .gpu-deps" fail "unpacking .gpu-deps failed: $(tail -1 "$XSEG_GPU_WORK/env.txt")"
+    if [ $left -lt 10 ]; then
+        "$PY" "$GPU_DIR/summary.py" not-reached "$RUN" "$c" \
+            "the budget of $budget s was spent ($(( now - start )) s gone, $left s left before the summary)"
+        say "$c: not reached ($left s left)"
+        continue
     fi
-    # The stage runs in its own process group under the limit, so its summary is written anyway;
-    # its long steps stop themselves before it (XSEG_GPU_DEADLINE) and keep what they measured.
-    export XSEG_GPU_DEADLINE=$(( $(date +%s) + limit ))
-    timeout --kill-after=10 "$limit" bash "$ROOT/benchmarks/gpu/stage${n}_${names[$n]}.sh" \
-        > "$XSEG_GPU_WORK/stage.log" 2>&1
+    share=$("$PY" -c 'import sys; print(max(1, int(float(sys.argv[1]) * int(sys.argv[2]))))' "${SHARE[$c]}" "$budget")
+    limit=$(( share < left ? share : left ))
+    export XSEG_GPU_WORK=$RUN/$c XSEG_GPU_DEADLINE=$(( now + limit ))
+    mkdir -p "$XSEG_GPU_WORK"
+    [ $gpu_deps_ok = 1 ] || [ $c != build ] ||
+        check "tools from .gpu-deps" fail "unpacking .gpu-deps failed: $(tail -1 "$RUN/env.txt")"
+    say "$c: up to $limit s (share $share s, $left s left)"
+    # Its own process group under timeout: whatever it leaves running is stopped with it.
+    timeout --kill-after=5 "$limit" bash -c '[ "$1" = 0 ] || sleep "$1"; exec bash "$2"' check \
+        "${sleep_for[$c]:-0}" "$GPU_DIR/check_$c.sh" > "$XSEG_GPU_WORK/check.log" 2>&1
     rc=$?
-    if [ $rc = 124 ] || [ $rc = 137 ]; then
-        "$PY" "$GPU_DIR/summary.py" finish "$XSEG_GPU_WORK" "$n" "${names[$n]}" "$OUT" --timed-out "$limit"
-    else
-        [ $rc = 0 ] || check "stage script" fail "stage${n}_${names[$n]}.sh exited $rc (see stage.log)"
-        "$PY" "$GPU_DIR/summary.py" finish "$XSEG_GPU_WORK" "$n" "${names[$n]}" "$OUT"
+    "$PY" "$GPU_DIR/summary.py" finish-check "$RUN" "$c" "$XSEG_GPU_WORK" $rc $limit $(( $(date +%s) - now ))
+    if [ $c = build ] && ! tail -1 "$RUN/checks.jsonl" | grep -q '"status": "pass"'; then
+        build_ok=0
     fi
-    "$PY" -c 'import json,sys; sys.exit(1 if json.load(open(sys.argv[1]))["counts"]["fail"] else 0)' \
-        "$OUT/stage$n.json" || failed=1
-    tar -C "$XSEG_GPU_WORK" -czf "$OUT/stage$n.tgz" --exclude=./checks.jsonl --exclude=./data .
-    rm -rf "$XSEG_GPU_WORK"
+    if [ $c = build ] && [ $build_ok = 1 ]; then
+        # What the device is (count, VMM and fabric support, peers): the summary's device_info.
+        "$PY" "$GPU_DIR/device_probe.py" info > "$RUN/device.json" 2> "$RUN/device.err" || rm -f "$RUN/device.json"
+    fi
 done
-echo "run.sh: results in $OUT ($(cd "$OUT" && ls | tr '\n' ' '))"
+
+# The files: summary.json, logs.tgz, snapshot.pickle (this run's, else the resumed run's).
+if [ -s "$RUN/torch/snapshot.pickle" ]; then
+    mv "$RUN/torch/snapshot.pickle" "$OUT/snapshot.pickle"
+elif [ -n "$previous" ] && [ -s "$(dirname "$previous")/snapshot.pickle" ]; then
+    cp "$(dirname "$previous")/snapshot.pickle" "$OUT/snapshot.pickle"
+fi
+"$PY" "$GPU_DIR/summary.py" write "$RUN" "$OUT" "$budget" $previous | tee -a "$RUN/run.log"
+failed=${PIPESTATUS[0]}
+tar -C "$RUN" -czf "$OUT/logs.tgz" --exclude='*/data' --exclude='./checks.jsonl' .
+# The device tool brings back files of 16 MiB at most: without meson's JSON logs (their tests'
+# output is in the summary's items already) if it is larger.
+if [ "$(stat -c %s "$OUT/logs.tgz")" -gt $(( 15 << 20 )) ]; then
+    tar -C "$RUN" -czf "$OUT/logs.tgz" --exclude='*/data' --exclude='./checks.jsonl' --exclude='testlog*.json' .
+    say "logs.tgz over 15 MiB: written again without the testlog*.json files"
+fi
+say "$(( $(date +%s) - start )) s; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 exit $failed

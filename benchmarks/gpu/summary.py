@@ -1,19 +1,32 @@
 #!/usr/bin/env python3
-"""The summaries of the GPU acceptance run (benchmarks/gpu/run.sh), standard library only.
+"""The summary of the GPU acceptance run (benchmarks/gpu/run.sh), standard library only.
 
-  summary.py check WORK NAME pass|fail|skip [REASON...]   one check of the stage
+A check's script (check_NAME.sh) records items in its work folder:
+  summary.py check WORK NAME pass|fail|skip|not-reached [REASON...]   one item of the check
   summary.py data WORK KEY FILE.json                      a JSON value kept as data[KEY]
-  summary.py finish WORK N NAME OUT [--timed-out S]       writes OUT/stageN.json, prints a digest
-  summary.py lines WORK FILE KEY                          check lines (torch_checks.py's JSON
-                                                          lines): one check each, data[KEY][name]
-  summary.py junit WORK FILE.xml PREFIX                   pytest's JUnit XML: one check per test
-  summary.py rows-cover WORK LIBCUDAEMU TEST.c...        which of cudaemu's exported entry points
+  summary.py lines WORK FILE KEY                          JSON lines {name, status, reason, data}
+                                                          (torch_checks.py, device_probe.py
+                                                          probes): one item each, data[KEY][name]
+  summary.py junit WORK FILE.xml PREFIX                   pytest's JUnit XML: one item per test
+  summary.py rows-cover WORK LIBCUDAEMU TEST.c...         which of cudaemu's exported entry points
                                                           no conformance test names (data)
-  summary.py tests WORK TESTLOG.json                      meson's test log: one check per test,
+  summary.py tests WORK TESTLOG.json                      meson's test log: one item per test,
                                                           one per conformance row (tests/driver)
+run.sh turns each check into one line of the summary:
+  summary.py finish-check RUN NAME WORK RC LIMIT SECONDS  RUN/checks.jsonl gets the check's line
+  summary.py not-reached RUN NAME REASON...               a check that did not start
+  summary.py todo PREVIOUS.json                           the checks a --resume runs (failed or
+                                                          not reached), one name a line
+  summary.py item-status PREVIOUS.json CHECK ITEM         an item's status in a previous summary
+  summary.py write RUN OUT BUDGET [PREVIOUS.json]         OUT/summary.json; prints a digest;
+                                                          exits 1 when a check failed
 
-stageN.json: {"stage", "name", "complete", "emulator", "quick", "date", "commit", "device",
-"counts": {"pass", "fail", "skip"}, "checks": [{"name", "status", "reason"}], "data": {...}}.
+summary.json: {"device", "driver", "torch", "commit", "date", "budget", "seconds", "emulator",
+"quick", "resumed_from", "counts": {status: n}, "checks": [{"name", "status", "reason", "seconds",
+"limit", "items": [{"name", "status", "reason"}], "data": {...}, "previous": DATE where a --resume
+kept it from the summary of DATE}]}; a check's status is fail when
+one of its items failed or it ran out of its time, not-reached when it did not start (or left
+items not reached), skip when it only skipped, else pass.
 """
 import datetime
 import json
@@ -22,7 +35,7 @@ import re
 import subprocess
 import sys
 
-STATUSES = ("pass", "fail", "skip")
+STATUSES = ("pass", "fail", "skip", "not-reached")
 
 
 def add_check(work, name, status, reason=""):
@@ -40,53 +53,174 @@ def git_commit(root):
         return "unknown"
 
 
-def device_name(emulator):
+def device_and_driver(emulator, run):
+    """The device's name and the driver (nvidia-smi, else device_probe.py info's RUN/device.json)."""
     if emulator:
-        return "cudaemu (emulator dry run)"
+        return "cudaemu (emulator dry run)", "cudaemu"
+    info = read_json(os.path.join(run, "device.json")) or {}
+    ver = info.get("driver_version")
+    cuda = "CUDA %d.%d" % (ver // 1000, ver % 1000 // 10) if isinstance(ver, int) else None
     try:
         r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=30)
-        lines = [l.strip() for l in r.stdout.splitlines() if l.strip()]
-        if lines:
-            return "; ".join(lines)
+        rows = [[c.strip() for c in l.split(",")] for l in r.stdout.splitlines() if l.strip()]
+        if rows:
+            return "; ".join(r[0] for r in rows), ", ".join(filter(None, [rows[0][-1], cuda]))
     except (OSError, subprocess.SubprocessError):
         pass
-    return "unknown (nvidia-smi failed)"
+    names = [d["name"] for d in info.get("devices", [])]
+    return ("; ".join(names) or "unknown (nvidia-smi and device_probe.py failed)"), cuda or "unknown"
 
 
-def finish(work, n, name, out, timed_out=None):
-    checks = []
-    path = os.path.join(work, "checks.jsonl")
-    if os.path.exists(path):
+def torch_version():
+    """PyTorch's version from its metadata (importing torch would cost seconds of the budget)."""
+    try:
+        from importlib import metadata
+        return metadata.version("torch")
+    except Exception as e:  # not installed, or broken metadata: the reason is the answer
+        return "none (%s)" % type(e).__name__
+
+
+def read_json(path):
+    try:
         with open(path) as f:
-            checks = [json.loads(l) for l in f if l.strip()]
-    if timed_out:
-        checks.append({"name": "stage time limit", "status": "fail",
-                       "reason": "stopped after %s s; the checks above ran, the rest did not" % timed_out})
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_lines(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def status_of(items, rc, limit):
+    """A check's status and reason from its items and its script's exit status."""
+    n = {s: sum(i["status"] == s for i in items) for s in STATUSES}
+    failed = [i["name"] for i in items if i["status"] == "fail"]
+    if rc in (124, 137):
+        return "fail", "stopped at its limit of %s s; %d items ran before (%s failed)%s" % (
+            limit, len(items), len(failed), ": " + ", ".join(failed[:5]) if failed else "")
+    if failed:
+        return "fail", "%d of %d items failed: %s" % (len(failed), len(items), ", ".join(failed[:5]) +
+                                                     (", ..." if len(failed) > 5 else ""))
+    if rc != 0:
+        return "fail", "its script exited %s (see its log in logs.tgz)" % rc
+    if n["not-reached"]:
+        late = [i["name"] for i in items if i["status"] == "not-reached"]
+        return "not-reached", "%d items passed, %d not reached in its time: %s" % (
+            n["pass"], len(late), ", ".join(late[:8]) + (", ..." if len(late) > 8 else ""))
+    if not items:
+        return "fail", "it recorded nothing"
+    if not n["pass"]:
+        return "skip", items[0]["reason"] or "every item skipped"
+    return "pass", "%d items passed, %d skipped" % (n["pass"], n["skip"])
+
+
+def finish_check(run, name, work, rc, limit, seconds):
+    items = read_lines(os.path.join(work, "checks.jsonl"))
     data = {}
     ddir = os.path.join(work, "data")
     if os.path.isdir(ddir):
         for fn in sorted(os.listdir(ddir)):
-            with open(os.path.join(ddir, fn)) as f:
-                data[fn[:-5]] = json.load(f)
+            data[fn[:-5]] = read_json(os.path.join(ddir, fn))
+    status, reason = status_of(items, int(rc), limit)
+    line = {"name": name, "status": status, "reason": reason, "seconds": round(float(seconds), 1),
+            "limit": int(limit), "items": items, "data": data}
+    with open(os.path.join(run, "checks.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")
+    return line
+
+
+def not_reached(run, name, reason):
+    with open(os.path.join(run, "checks.jsonl"), "a") as f:
+        f.write(json.dumps({"name": name, "status": "not-reached", "reason": reason, "seconds": 0,
+                            "limit": 0, "items": [], "data": {}}) + "\n")
+
+
+def load_summary(path):
+    """A previous summary.json (--resume), checked before it is trusted: a list of checks, each
+    with a name, a known status and a list of items of the same shape."""
+    s = read_json(path)
+
+    def line_ok(x):
+        return (isinstance(x, dict) and isinstance(x.get("name"), str) and x.get("status") in STATUSES and
+                isinstance(x.get("reason", ""), str))
+    if not (isinstance(s, dict) and isinstance(s.get("checks"), list) and all(
+            line_ok(c) and isinstance(c.get("items", []), list) and all(line_ok(i) for i in c.get("items", []))
+            and isinstance(c.get("data", {}), dict) and isinstance(c.get("seconds", 0), (int, float))
+            for c in s["checks"])):
+        raise SystemExit("summary.py: %s is no summary.json of run.sh" % path)
+    return s
+
+
+def todo(previous):
+    s = load_summary(previous)
+    for c in s["checks"]:
+        if c["status"] in ("fail", "not-reached"):
+            print(c["name"])
+
+
+def item_status(previous, check, item):
+    for c in load_summary(previous)["checks"]:
+        if c["name"] == check:
+            for i in c.get("items", []):
+                if i["name"] == item:
+                    print(i["status"])
+                    return
+
+
+def merge(prev, new):
+    """A check run again on --resume: the items of the previous line it did not run again and
+    that passed or skipped (the suites it left alone) are kept, marked as such."""
+    names = {i["name"] for i in new["items"]}
+    kept = [dict(i, reason=(i["reason"] + " (previous run)").strip()) for i in prev.get("items", [])
+            if i["name"] not in names and i["status"] in ("pass", "skip")]
+    if not kept:
+        return new
+    items = kept + new["items"]
+    status, reason = status_of(items, 0, new["limit"])
+    if new["status"] == "fail":
+        status, reason = new["status"], new["reason"]
+    return dict(new, items=items, status=status, reason=reason)
+
+
+def write(run, out, budget, previous=None):
+    checks = read_lines(os.path.join(run, "checks.jsonl"))
+    prev = load_summary(previous) if previous else None
+    if prev:
+        now = {c["name"]: c for c in checks}
+        merged = []
+        for c in prev["checks"]:
+            if c["name"] in now:
+                merged.append(merge(c, now.pop(c["name"])))
+            else:
+                merged.append(dict(c, previous=prev.get("date", "?")))
+        checks = merged + list(now.values())
     emulator = os.environ.get("XSEG_GPU_EMULATOR") == "1"
+    device, driver = device_and_driver(emulator, run)
     summary = {
-        "stage": int(n), "name": name, "complete": not timed_out, "emulator": emulator,
-        "quick": os.environ.get("XSEG_GPU_QUICK") == "1",
+        "device": device, "driver": driver, "torch": torch_version(),
+        "commit": git_commit(os.environ.get("XSEG_GPU_ROOT", ".")),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": git_commit(os.environ.get("XSEG_GPU_ROOT", ".")), "device": device_name(emulator),
+        "budget": int(budget), "seconds": round(sum(c["seconds"] for c in checks if not c.get("previous")), 1),
+        "emulator": emulator, "quick": os.environ.get("XSEG_GPU_QUICK") == "1",
+        "resumed_from": {"date": prev.get("date"), "commit": prev.get("commit")} if prev else None,
+        "device_info": read_json(os.path.join(run, "device.json")),
         "counts": {s: sum(c["status"] == s for c in checks) for s in STATUSES},
-        "checks": checks, "data": data,
+        "checks": checks,
     }
-    with open(os.path.join(out, "stage%s.json" % n), "w") as f:
+    with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    c = summary["counts"]
-    print("stage %s (%s) on %s: %d pass, %d fail, %d skip%s" % (n, name, summary["device"], c["pass"], c["fail"],
-                                                             c["skip"], "" if not timed_out else ", TIMED OUT"))
-    for ch in checks:
-        if ch["status"] == "fail":
-            print("  FAIL %s: %s" % (ch["name"], ch["reason"].strip().splitlines()[-1] if ch["reason"].strip() else ""))
-    return 0
+    print("run.sh on %s (driver %s, torch %s, commit %s), budget %d s:" % (
+        device, driver, summary["torch"], summary["commit"], int(budget)))
+    for c in checks:
+        print("  %-11s %-8s %6.1f s  %s%s" % (c["status"].upper(), c["name"], c["seconds"],
+                                              "(previous run) " if c.get("previous") else "",
+                                              c["reason"].strip().splitlines()[0][:150] if c["reason"].strip() else ""))
+    return 1 if summary["counts"]["fail"] else 0
 
 
 ROW = re.compile(r"^(misuse|capture|graph|exec): (.*?)\s+(?:-> (.*)|skipped \((.*)\))$")
@@ -139,11 +273,12 @@ def tests(work, testlog):
                 add_check(work, "row %s: %s (%s)" % (table, what, name.split(" / ")[-1]), st, detail)
                 rows.append({"test": name.split(" / ")[-1], "table": table, "row": what, "status": st,
                              "result": detail})
-    os.makedirs(os.path.join(work, "data"), exist_ok=True)
-    with open(os.path.join(work, "data", "suites.json"), "w") as f:
-        json.dump(per_suite, f)
-    with open(os.path.join(work, "data", "conformance_rows.json"), "w") as f:
-        json.dump(rows, f)
+    # Added to what earlier calls on this work folder stored (the suites check: once per suite).
+    before = read_json(os.path.join(work, "data", "suites.json")) or {}
+    before.update(per_suite)
+    store(work, "suites", before)
+    if rows or os.path.exists(os.path.join(work, "data", "conformance_rows.json")):
+        store(work, "conformance_rows", (read_json(os.path.join(work, "data", "conformance_rows.json")) or []) + rows)
 
 
 def store(work, key, value):
@@ -199,12 +334,7 @@ def main(argv):
         add_check(argv[1], argv[2], argv[3], " ".join(argv[4:]))
     elif len(argv) == 4 and argv[0] == "data":
         with open(argv[3]) as f:
-            value = json.load(f)
-        os.makedirs(os.path.join(argv[1], "data"), exist_ok=True)
-        with open(os.path.join(argv[1], "data", argv[2] + ".json"), "w") as f:
-            json.dump(value, f)
-    elif len(argv) in (5, 7) and argv[0] == "finish":
-        return finish(argv[1], argv[2], argv[3], argv[4], argv[6] if len(argv) == 7 else None)
+            store(argv[1], argv[2], json.load(f))
     elif len(argv) == 4 and argv[0] == "lines":
         lines(argv[1], argv[2], argv[3])
     elif len(argv) == 4 and argv[0] == "junit":
@@ -213,6 +343,16 @@ def main(argv):
         rows_cover(argv[1], argv[2], argv[3:])
     elif len(argv) == 3 and argv[0] == "tests":
         tests(argv[1], argv[2])
+    elif len(argv) == 7 and argv[0] == "finish-check":
+        finish_check(*argv[1:])
+    elif len(argv) >= 3 and argv[0] == "not-reached":
+        not_reached(argv[1], argv[2], " ".join(argv[3:]))
+    elif len(argv) == 2 and argv[0] == "todo":
+        todo(argv[1])
+    elif len(argv) == 4 and argv[0] == "item-status":
+        item_status(*argv[1:])
+    elif len(argv) in (4, 5) and argv[0] == "write":
+        return write(*argv[1:])
     else:
         print(__doc__.strip(), file=sys.stderr)
         return 2

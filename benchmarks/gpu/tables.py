@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Turn the summaries of a GPU acceptance run (benchmarks/gpu/run.sh: RESULTS/stageN.json) into
-the markdown tables of docs/benchmarks.md's GPU sections. Standard library only.
+"""Turn the summary of a GPU acceptance run (benchmarks/gpu/run.sh: RESULTS/summary.json) into
+the markdown tables of docs/benchmarks.md's GPU sections, or (--features) docs/gpu.md's feature
+table. Standard library only.
 
-usage: tables.py RESULTS_DIR | stageN.json...    (markdown on stdout)
+usage: tables.py RESULTS_DIR|summary.json              (the GPU tables, markdown on stdout)
+       tables.py --features RESULTS_DIR|summary.json   (docs/gpu.md's feature table)
 
-A run on the emulator (run.sh --emulator) is labelled so in every heading: its figures are
-cudaemu's, not a GPU's.
+A run on the emulator (run.sh --emulator) is labelled so in every heading and cell: its figures
+are cudaemu's, not a GPU's.
 """
 import json
 import os
@@ -14,19 +16,17 @@ import sys
 GiB = float(1 << 30)
 
 
-def load(args):
-    paths = []
-    for a in args:
-        if os.path.isdir(a):
-            paths += sorted(os.path.join(a, f) for f in os.listdir(a) if f.startswith("stage") and f.endswith(".json"))
-        else:
-            paths.append(a)
-    stages = {}
-    for p in paths:
-        with open(p) as f:
-            s = json.load(f)
-        stages[s["stage"]] = s
-    return stages
+def load(arg):
+    path = os.path.join(arg, "summary.json") if os.path.isdir(arg) else arg
+    with open(path) as f:
+        s = json.load(f)
+    if "checks" not in s or "device" not in s:
+        raise SystemExit("tables.py: %s is no summary.json of run.sh" % path)
+    return s
+
+
+def check(s, name):
+    return next((c for c in s["checks"] if c["name"] == name), None)
 
 
 def table(header, rows):
@@ -52,25 +52,30 @@ def num(x, fmt="%.1f"):
 def heading(s):
     where = "cudaemu, emulator dry run: not GPU figures" if s["emulator"] else s["device"]
     c = s["counts"]
-    return "### Stage %d (%s): %s, %s, commit %s%s\n\n%d pass, %d fail, %d skip%s." % (
-        s["stage"], s["name"], where, s["date"][:10], s["commit"], " (--quick)" if s["quick"] else "",
-        c["pass"], c["fail"], c["skip"], "" if s["complete"] else "; the stage ran out of time")
+    return ("### GPU acceptance run: %s, driver %s, torch %s, %s, commit %s%s\n\n"
+            "Budget %d s, %.0f s used%s: %d pass, %d fail, %d skip, %d not reached." % (
+                where, s["driver"], s["torch"], s["date"][:10], s["commit"], " (--quick)" if s["quick"] else "",
+                s["budget"], s["seconds"], "; resumed from the run of %s" % s["resumed_from"]["date"]
+                if s.get("resumed_from") else "", c["pass"], c["fail"], c["skip"], c["not-reached"]))
 
 
-def checks_table(s, only=None):
-    rows = [(c["name"], c["status"].upper() if c["status"] == "fail" else c["status"],
-             first_line(c["reason"]).replace("|", "\\|"))
-            for c in s["checks"] if only is None or only(c)]
-    return table(["check", "result", "detail"], rows) if rows else ""
+def overview(s):
+    return table(["check", "result", "time", "detail"],
+                 [(c["name"], c["status"].upper() if c["status"] == "fail" else c["status"],
+                   "%.0f / %d s" % (c["seconds"], c["limit"]) if not c.get("previous") else "earlier run",
+                   first_line(c["reason"]).replace("|", "\\|")) for c in s["checks"]])
 
 
-def stage1(s):
-    out = [heading(s)]
-    suites = s["data"].get("suites", {})
-    if suites:
-        out.append(table(["suite", "pass", "fail", "skip"],
-                         [(k, v["pass"], v["fail"], v["skip"]) for k, v in sorted(suites.items())]))
-    rows = s["data"].get("conformance_rows", [])
+def items_table(c, only=None):
+    rows = [(i["name"].replace("|", "\\|"), i["status"].upper() if i["status"] == "fail" else i["status"],
+             first_line(i["reason"]).replace("|", "\\|"))
+            for i in (c or {}).get("items", []) if only is None or only(i)]
+    return table(["item", "result", "detail"], rows) if rows else ""
+
+
+def driver(s, c):
+    out = []
+    rows = c["data"].get("conformance_rows") or []
     if rows:
         bad = [r for r in rows if r["status"] == "fail"]
         out.append("Conformance rows (tests/driver): %d, %d agree with cudaemu, %d differ, %d skipped." % (
@@ -78,38 +83,53 @@ def stage1(s):
         if bad:
             out.append("Rows where the driver differs from cudaemu (cudaemu bugs):\n\n" + table(
                 ["test", "row", "driver / expected"], [(r["test"], r["table"] + ": " + r["row"], r["result"]) for r in bad]))
-    ep = s["data"].get("entry_points")
+    ep = c["data"].get("entry_points")
     if ep:
-        out.append("cudaemu exports %d entry points; %d are named by no conformance test (tests/driver/test_vmm.c), "
+        out.append("cudaemu exports %d entry points; %d are named by no conformance test (tests/driver), "
                    "so the driver's answers there are not compared: %s." % (
                        ep["exported"], len(ep["not_in_conformance_tests"]),
                        ", ".join("`%s`" % n for n in ep["not_in_conformance_tests"]) or "none"))
-    other = checks_table(s, lambda c: c["status"] != "pass" and not c["name"].startswith("row "))
+    other = items_table(c, lambda i: i["status"] != "pass" and not i["name"].startswith("row "))
+    if other:
+        out.append("Tests and cases of the driver suite that did not pass:\n\n" + other)
+    return out
+
+
+def suites(s, c):
+    out = []
+    per = c["data"].get("suites") or {}
+    status = {i["name"][6:]: i for i in c["items"] if i["name"].startswith("suite ")}
+    if status:
+        out.append(table(["suite", "result", "pass", "fail", "skip", "detail"], [
+            (k, i["status"].upper() if i["status"] == "fail" else i["status"], per.get(k, {}).get("pass", "-"),
+             per.get(k, {}).get("fail", "-"), per.get(k, {}).get("skip", "-"), first_line(i["reason"]).replace("|", "\\|"))
+            for k, i in status.items()]))
+    other = items_table(c, lambda i: i["status"] not in ("pass",) and not i["name"].startswith("suite "))
     if other:
         out.append("Tests and cases that did not pass, skips with their reasons:\n\n" + other)
     return out
 
 
-def stage2(s):
-    return [heading(s), checks_table(s)]
+def torch_(s, c):
+    return [items_table(c)]
 
 
-def stage3(s):
-    out = [heading(s)]
-    train = s["data"].get("training", [])
+def frag(s, c):
+    out = []
+    train = c["data"].get("training", [])
     if train:
         out.append("Training loop (train_transformer.py, %s steps):\n\n" % train[0].get("steps", "?") + table(
             ["allocator", "peak allocated", "peak reserved", "utilization", "step (median)", "ns per pair", "syncs"],
             [(r["mode"], gib(r["peak_allocated"]), gib(r["peak_reserved"]), "%.3f" % r["utilization"],
               "%.1f ms" % r["step_ms_median"], "%.0f" % r["pair_ns"], num(r.get("num_sync_all_streams"), "%d"))
              for r in train]))
-    frag = s["data"].get("fragmentation", [])
-    if frag:
+    rows_in = c["data"].get("fragmentation", [])
+    if rows_in:
         rows = []
         modes = ["native", "native-exp", "async", "xseg", "xseg-classic"]
-        frag = sorted(frag, key=lambda r: (r.get("order", 0), r["trace"],
-                                           modes.index(r["mode"]) if r["mode"] in modes else len(modes)))
-        for r in frag:
+        rows_in = sorted(rows_in, key=lambda r: (r.get("order", 0), r["trace"],
+                                                 modes.index(r["mode"]) if r["mode"] in modes else len(modes)))
+        for r in rows_in:
             f = r.get("min_fraction")
             rows.append((os.path.basename(r["trace"]).replace(".gz", "").replace(".trace", ""), r["mode"],
                          gib(r["peak_allocated_bytes"]), gib(r["peak_reserved_bytes"]), "%.3f" % r["utilization"],
@@ -119,15 +139,15 @@ def stage3(s):
             ", fake backend" if s["emulator"] else "") + table(
             ["trace", "allocator", "peak allocated", "peak reserved", "utilization", "smallest fraction",
              "syncs", "failed allocs"], rows))
-    other = checks_table(s, lambda c: c["status"] != "pass")
+    other = items_table(c, lambda i: i["status"] != "pass")
     if other:
         out.append(other)
     return out
 
 
-def stage4(s):
-    out = [heading(s)]
-    d = s["data"]
+def services(s, c):
+    out = []
+    d = c["data"]
     dev = d.get("device")
     if dev:
         out.append("Devices: %d (%s); fabric handles: %s; peer access: %s." % (
@@ -164,23 +184,120 @@ def stage4(s):
         cell = {(r["page_mib"], r["op"]): r["median_us"] for r in rm["rows"]}
         out.append("Remap of a kept handle (device_probe.py remap, median µs):\n\n" + table(
             ["page"] + ops, [["%d MiB" % p] + [num(cell.get((p, o))) for o in ops] for p in pages]))
-    out.append(checks_table(s))
+    out.append(items_table(c))
     return out
+
+
+def probes(s, c):
+    rows = []
+    for i in c["items"]:
+        d = (c["data"].get("probes") or {}).get(i["name"]) or {}
+        answer = {"pass": "supported" if d.get("supported") else "not supported"}.get(i["status"], i["status"])
+        if i["status"] == "fail":
+            answer = "FAIL"
+        rows.append((i["name"], answer, first_line(d.get("words") or i["reason"], 200).replace("|", "\\|")))
+    return ["Probes (device_probe.py probes):\n\n" + table(["probe", "answer", "the driver's words"], rows)] if rows else []
+
+
+SECTIONS = (("driver", driver), ("suites", suites), ("torch", torch_), ("services", services),
+            ("probes", probes), ("frag", frag))
+
+
+def gpu_tables(s):
+    parts = [heading(s), overview(s)]
+    for name, fn in SECTIONS:
+        c = check(s, name)
+        if c and c["status"] != "not-reached":
+            body = [p for p in fn(s, c) if p]
+            if body:
+                parts.append("#### %s%s\n\n" % (name, " (earlier run)" if c.get("previous") else "") + "\n\n".join(body))
+    return "\n\n".join(parts)
+
+
+# docs/gpu.md's feature table: each feature, the items of the summary that prove it (check name,
+# item name prefix; None: the whole check), and the check(s) of run.sh that run it.
+FEATURES = (
+    ("core allocator: both segment kinds, seed-003 tables, `record_stream`, OOM, errors, pools and capture, "
+     "statistics oracle, data fuzzer, threads", [("suites", "suite alloc")], "suites (`alloc`)"),
+    ("VMM conformance rows (`driver-vmm`)", [("driver", "row "), ("driver", "test driver/driver-vmm")], "driver"),
+    ("segment manager, driver loader", [("suites", "suite segment"), ("driver", "test driver/driver-loader")],
+     "driver, suites (`segment`)"),
+    ("host fast path, VMM call costs", [("services", "bench_vmm_costs"), ("services", "remap of a kept handle")],
+     "services (VMM call costs, remap of a kept handle)"),
+    ("fragmentation against PyTorch's allocators, training loop",
+     [("frag", "train_transformer.py"), ("frag", "replay ")],
+     "frag (three traces, smallest memory fraction, sync counts)"),
+    ("`xseg-replay` on the driver", [("suites", "suite replay")], "suites (`replay`)"),
+    ("services: trim, release threshold, idle reclaim", [("suites", "suite services"), ("services", "trim")],
+     "suites (`services`), services (trim through PyTorch)"),
+    ("sleep and wake (offload, discard, a graph's pool)",
+     [("services", "sleep and wake"), ("services", "graph replayed after wake")],
+     "services (GiB/s, resume time, graph replay after wake)"),
+    ("IPC, fabric handles, segment observers, block handles", [("services", "ipc ")],
+     "services (`test_ipc main`; fabric where reported), suites (`alloc`)"),
+    ("peer access", [("services", "peer access")], "services, with two GPUs"),
+    ("allocation history and snapshots", [("suites", "suite history"), ("torch", "torch.cuda.memory._dump_snapshot")],
+     "suites (`history`), torch (`_dump_snapshot`, then memory-viz here)"),
+    ("capture reuse (`graph_capture_record_stream_reuse`) with graph launches",
+     [("suites", "suite alloc"), ("torch", "torch.cuda.graph"), ("torch", "torch.compile")],
+     "suites (`alloc`), torch (`torch.cuda.graph`, `torch.compile` reduce-overhead)"),
+    ("the defragmenting OOM path", [("suites", "suite alloc")], "suites (`alloc`)"),
+    ("Python package", [("suites", "suite python")], "suites (`python`)"),
+    ("PyTorch adapter (`xseg.torch.enable()`)",
+     [("torch", "xseg.torch.enable"), ("torch", "torch.cuda.MemPool"), ("torch", "record_stream"),
+      ("torch", "stats, summary"), ("torch", "pytest ")], "torch"),
+    ("host-located VMM memory read and written by a kernel", [("probes", "host-located")], "probes"),
+    ("one physical handle mapped at many addresses", [("probes", "one physical handle")], "probes"),
+    ("dma-buf export (`cuMemGetHandleForAddressRange`)", [("probes", "dma-buf")], "probes"),
+)
+
+
+def feature_cell(s, proofs):
+    """What the summary says of a feature: yes (all its items passed), the first failure, not
+    reached, or skipped with the reason; probes answer supported / not supported."""
+    found = []
+    for name, prefix in proofs:
+        c = check(s, name)
+        if c is None:
+            found.append(("not-reached", "no `%s` check in this run" % name, None))
+        elif prefix is None:
+            found.append((c["status"], c["reason"], c))
+        else:
+            items = [i for i in c["items"] if i["name"].startswith(prefix)]
+            if not items:
+                found.append(("not-reached" if c["status"] in ("not-reached", "fail") else "skip",
+                              c["reason"] if c["status"] != "pass" else "not run", c))
+            for i in items:
+                d = (c["data"].get("probes") or {}).get(i["name"]) if name == "probes" else None
+                found.append((i["status"], (("supported" if d["supported"] else "not supported: " + d["words"])
+                                            if d else i["reason"]), c))
+    where = "cudaemu dry run, not a GPU" if s["emulator"] else "%s, %s" % (s["device"].split(";")[0], s["date"][:10])
+    for status, label in (("fail", "**failed**"), ("not-reached", "not reached"), ("skip", "skipped")):
+        bad = [f for f in found if f[0] == status]
+        if bad:
+            return "%s (%s): %s" % (label, where, first_line(bad[0][1], 100).replace("|", "\\|"))
+    probe = [f[1] for f in found if f[1].startswith(("supported", "not supported"))]
+    if probe:
+        return "%s (%s)" % (first_line(probe[0], 120).replace("|", "\\|"), where)
+    return "yes, %s" % where
+
+
+def features(s):
+    return table(["feature", "on a real GPU", "check of run.sh"],
+                 [(f, feature_cell(s, proofs), checks) for f, proofs, checks in FEATURES])
 
 
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip(), file=sys.stderr)
         return 0 if argv else 2
-    stages = load(argv)
-    if not stages:
-        print("tables.py: no stageN.json in %s" % " ".join(argv), file=sys.stderr)
-        return 1
-    parts = []
-    for n, fn in ((1, stage1), (2, stage2), (3, stage3), (4, stage4)):
-        if n in stages:
-            parts += [p for p in fn(stages[n]) if p]
-    print("\n\n".join(parts))
+    if argv[0] == "--features" and len(argv) == 2:
+        print(features(load(argv[1])))
+    elif len(argv) == 1:
+        print(gpu_tables(load(argv[0])))
+    else:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
     return 0
 
 

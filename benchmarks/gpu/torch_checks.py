@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Checks of xseg under real PyTorch (stage 2) and of its services through PyTorch (stage 4),
-each run on its own so that one failure hides none of the others. Every check prints one JSON
-line {"name", "status": "pass"|"fail"|"skip", "reason", "data"}; the exit status is 0 when the
-checks ran (failed ones included), so the caller reads the lines.
+"""Checks of xseg under real PyTorch (run.sh's torch check) and of its services through PyTorch
+(its services check), each run on its own so that one failure hides none of the others. Every
+check prints one JSON line {"name", "status": "pass"|"fail"|"skip", "reason", "data"}; the exit
+status is 0 when the checks ran (failed ones included), so the caller reads the lines.
 
   torch_checks.py --lib LIBXSEG --out DIR --group torch|services [--quick]
   torch_checks.py --group snapshot-emulator --lib LIBXSEG --out DIR   (no torch: xseg's own

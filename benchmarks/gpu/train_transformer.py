@@ -16,7 +16,7 @@ torch.cuda.memory_stats). The package is taken from the source tree beside this 
 (python/xseg), with libxseg from --lib.
 
 Usage: train_transformer.py --lib build/libxseg.so [--steps 60] [--modes native,xseg,...] [--json]
-(--json: also one JSON line per allocator, as benchmarks/gpu/run.sh's stage 3 reads them; the
+(--json: also one JSON line per allocator, as benchmarks/gpu/run.sh's frag check reads them; the
 first 5 steps are warm-up, so --steps must be at least 6)
 """
 import argparse

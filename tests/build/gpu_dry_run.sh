@@ -1,109 +1,162 @@
 #!/usr/bin/env bash
-# The GPU acceptance run's dry run on cudaemu, so that benchmarks/gpu/ cannot rot without a GPU:
-# run.sh --emulator --quick runs every stage on this build, each writes its summary and raw logs
-# (8 files at most: what the device tool brings back), the PyTorch parts skip with their reason,
-# --resume skips a complete stage, a failed check fails the run; then tables.py turns a
-# fabricated GPU summary (the dry run's format, a GPU's figures) into the tables of
-# docs/benchmarks.md, and labels emulator figures as such.
+# The GPU acceptance run's dry run on cudaemu, so that benchmarks/gpu/ cannot rot without a GPU,
+# and the proof of its budget logic:
+#  1. run.sh --emulator --quick --budget 60, the torch check made to sleep past the budget (the
+#     test-only hook XSEG_GPU_TEST_SLEEP) with the whole budget as its share: the checks before it
+#     pass, it fails at its limit, every check after it is "not reached", the run exits 1, and
+#     $OUT holds at most four files (summary.json, logs.tgz, snapshot.pickle);
+#  2. --resume of that run: only the failed and not reached checks run (and the build), the
+#     driver check is kept from the first summary, everything passes on cudaemu (what needs
+#     PyTorch or a kernel skips with the reason), the probes answer;
+#  3. refusals: a folder that is no build (the other checks "not reached: the build failed"),
+#     bad arguments;
+#  4. tables.py and tables.py --features on the dry run (labelled as emulator figures) and on a
+#     fabricated GPU summary (the dry run's format, a GPU's figures).
+# Wall time is mostly the sleep of step 1 (~60 s); CPU time is ~15 s.
 # usage: gpu_dry_run.sh SOURCE_ROOT BUILD_ROOT
 set -uo pipefail
 src=$1 build=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "gpu-dry-run: FAIL: $*"; exit 1; }
-py() { python3 - "$@"; }
+run=$src/benchmarks/gpu/run.sh
 
-OUT=$tmp/out "$src/benchmarks/gpu/run.sh" --emulator --quick --build "$build" > "$tmp/run.log" 2>&1
+# 1. The cut-off: budget 60 s; driver and torch may take all of it; torch sleeps past it.
+XSEG_GPU_TEST_SLEEP=torch=1000 OUT=$tmp/a "$run" --emulator --quick --build "$build" --budget 60 \
+    --share driver=1 --share torch=1 > "$tmp/a.log" 2>&1
 rc=$?
-cat "$tmp/run.log"
-[ $rc = 0 ] || fail "run.sh --emulator --quick exited $rc"
-n=$(ls "$tmp/out" | wc -l)
-[ "$n" -le 8 ] || fail "$n files in OUT (the device tool brings back 8)"
-for s in 1 2 3 4; do
-    [ -s "$tmp/out/stage$s.json" ] && [ -s "$tmp/out/stage$s.tgz" ] || fail "stage $s wrote no stage$s.json / stage$s.tgz"
-    case " $(tar -tzf "$tmp/out/stage$s.tgz" | tr '\n' ' ')" in *" ./env.txt "*) ;; *) fail "stage$s.tgz has no env.txt" ;; esac
-done
-py "$tmp/out" <<'PYEOF' || exit 1
+cat "$tmp/a.log"
+[ $rc = 1 ] || fail "the run cut off by its budget exited $rc, not 1 (a check failed)"
+[ "$(ls "$tmp/a" | wc -l)" -le 4 ] || fail "more than four files in OUT: $(ls "$tmp/a")"
+[ -s "$tmp/a/summary.json" ] && [ -s "$tmp/a/logs.tgz" ] || fail "no summary.json / logs.tgz: $(ls "$tmp/a")"
+case " $(tar -tzf "$tmp/a/logs.tgz" | tr '\n' ' ')" in *" ./env.txt "*" ./torch/check.log "*|*" ./torch/check.log "*" ./env.txt "*) ;;
+    *) fail "logs.tgz lacks env.txt or torch/check.log: $(tar -tzf "$tmp/a/logs.tgz" | head -20)" ;; esac
+python3 - "$tmp/a/summary.json" <<'PYEOF' || exit 1
 import json, sys
-out = sys.argv[1]
+s = json.load(open(sys.argv[1]))
 def fail(msg):
     print("gpu-dry-run: FAIL:", msg); sys.exit(1)
-S = {n: json.load(open("%s/stage%d.json" % (out, n))) for n in (1, 2, 3, 4)}
-for n, s in S.items():
-    if not (s["complete"] and s["emulator"] and s["quick"] and s["device"].startswith("cudaemu")):
-        fail("stage %d summary: %r" % (n, {k: s[k] for k in ("complete", "emulator", "quick", "device")}))
-    if s["counts"]["fail"]:
-        fail("stage %d has failed checks" % n)
-rows = [c for c in S[1]["checks"] if c["name"].startswith("row misuse:")]
-if len(rows) < 10 or any(c["status"] == "fail" for c in rows):
-    fail("stage 1: %d misuse conformance rows as checks" % len(rows))
-if not any(c["name"] == "test driver/driver-vmm" and c["status"] == "pass" for c in S[1]["checks"]):
-    fail("stage 1: no passing driver/driver-vmm test")
-torch = [c for c in S[2]["checks"] if c["name"] == "torch.multiprocessing"]
-if not torch or torch[0]["status"] != "skip" or "emulator" not in torch[0]["reason"]:
-    fail("stage 2: torch.multiprocessing should skip with the emulator as its reason: %r" % torch)
-if not any(c["name"].startswith("xseg.dump_snapshot") and c["status"] == "pass" for c in S[2]["checks"]):
-    fail("stage 2: xseg's snapshot writer did not run")
-if not S[3]["data"].get("fragmentation") or not any(
-        c["name"].startswith("xseg-replay --compare") and c["status"] == "pass" for c in S[3]["checks"]):
-    fail("stage 3: no replay rows")
-if not S[4]["data"].get("vmm_costs") or not S[4]["data"].get("remap") or not S[4]["data"].get("device"):
-    fail("stage 4: missing VMM costs, remap or device facts: %s" % sorted(S[4]["data"]))
-if not any(c["name"].startswith("ipc between two processes") and c["status"] == "pass" for c in S[4]["checks"]):
-    fail("stage 4: IPC between two processes did not pass")
+for k in ("device", "driver", "torch", "commit", "date", "budget", "checks", "counts"):
+    if k not in s:
+        fail("summary.json has no %r" % k)
+if not (s["emulator"] and s["quick"] and s["device"].startswith("cudaemu") and s["budget"] == 60):
+    fail("summary: %r" % {k: s[k] for k in ("emulator", "quick", "device", "budget")})
+got = [(c["name"], c["status"]) for c in s["checks"]]
+want = [("build", "pass"), ("driver", "pass"), ("torch", "fail"), ("suites", "not-reached"),
+        ("services", "not-reached"), ("probes", "not-reached"), ("frag", "not-reached")]
+if got != want:
+    fail("checks after the cut-off: %r, not %r" % (got, want))
+c = {c["name"]: c for c in s["checks"]}
+if "stopped at its limit" not in c["torch"]["reason"] or c["torch"]["limit"] > 60:
+    fail("torch: %r" % {k: c["torch"][k] for k in ("reason", "limit")})
+if "budget of 60 s was spent" not in c["frag"]["reason"]:
+    fail("frag: %r" % c["frag"]["reason"])
+rows = [i for i in c["driver"]["items"] if i["name"].startswith("row misuse:")]
+if len(rows) < 10 or any(i["status"] == "fail" for i in rows):
+    fail("driver: %d misuse conformance rows as items" % len(rows))
+if not any(i["name"] == "test driver/driver-vmm" and i["status"] == "pass" for i in c["driver"]["items"]):
+    fail("driver: no passing driver/driver-vmm test")
 PYEOF
 
-# --resume: a complete stage is not run again.
-before=$(stat -c %Y.%s "$tmp/out/stage2.json")
-sleep 1
-OUT=$tmp/out "$src/benchmarks/gpu/run.sh" --emulator --quick --build "$build" --stage 2 --resume > "$tmp/resume.log" 2>&1 ||
-    fail "run.sh --resume exited non-zero: $(cat "$tmp/resume.log")"
-grep -q "stage 2 already complete" "$tmp/resume.log" || fail "--resume ran stage 2 again: $(cat "$tmp/resume.log")"
-[ "$before" = "$(stat -c %Y.%s "$tmp/out/stage2.json")" ] || fail "--resume rewrote stage2.json"
+# 2. --resume: the failed and not reached checks, with the whole default budget.
+OUT=$tmp/b "$run" --emulator --quick --build "$build" --resume "$tmp/a" > "$tmp/b.log" 2>&1
+rc=$?
+cat "$tmp/b.log"
+[ $rc = 0 ] || fail "run.sh --resume exited $rc"
+grep -q "checks: build torch suites services probes frag " "$tmp/b.log" || fail "--resume ran other checks than those left"
+[ "$(ls "$tmp/b" | wc -l)" -le 4 ] || fail "more than four files in OUT: $(ls "$tmp/b")"
+[ -s "$tmp/b/snapshot.pickle" ] || fail "no snapshot.pickle after --resume"
+python3 - "$tmp/b/summary.json" <<'PYEOF' || exit 1
+import json, sys
+s = json.load(open(sys.argv[1]))
+def fail(msg):
+    print("gpu-dry-run: FAIL:", msg); sys.exit(1)
+c = {c["name"]: c for c in s["checks"]}
+if [x["name"] for x in s["checks"]] != ["build", "driver", "torch", "suites", "services", "probes", "frag"]:
+    fail("checks: %r" % [x["name"] for x in s["checks"]])
+if not c["driver"].get("previous") or c["driver"]["status"] != "pass" or c["torch"].get("previous"):
+    fail("the driver check should be the first run's, the torch check this one's")
+if not s["resumed_from"] or s["counts"]["fail"] or s["counts"]["not-reached"]:
+    fail("after --resume: %r, %r" % (s["resumed_from"], s["counts"]))
+items = {i["name"]: i for x in s["checks"] for i in x["items"]}
+def item(name, status, word=""):
+    i = items.get(name)
+    if not i or i["status"] != status or word not in i["reason"]:
+        fail("item %r should be %s (%r): %r" % (name, status, word, i))
+item("torch.multiprocessing", "skip", "emulator")
+item("xseg.dump_snapshot (no torch)", "pass")
+item("suite alloc", "pass")
+item("ipc between two processes (test_ipc main)", "pass")
+item("one physical handle mapped at many addresses", "pass", "supported")
+item("host-located VMM memory read and written by a kernel", "skip", "cudaemu runs no kernels")
+item("dma-buf export (cuMemGetHandleForAddressRange)", "skip", "cudaemu has no")
+if not any(n.startswith("xseg-replay --compare") and i["status"] == "pass" for n, i in items.items()):
+    fail("frag: no replay on cudaemu")
+d = c["services"]["data"]
+if not d.get("vmm_costs") or not d.get("remap") or not d.get("device"):
+    fail("services: missing VMM costs, remap or device facts: %s" % sorted(d))
+PYEOF
 
-# A failed check fails the run (a build folder that is not one), and bad arguments are refused.
+# 3. A failed build: the rest is not reached, the run fails; bad arguments are refused.
 mkdir -p "$tmp/notabuild"
-OUT=$tmp/bad "$src/benchmarks/gpu/run.sh" --emulator --quick --stage 1 --build "$tmp/notabuild" > "$tmp/bad.log" 2>&1 &&
+OUT=$tmp/bad "$run" --emulator --quick --build "$tmp/notabuild" > "$tmp/bad.log" 2>&1 &&
     fail "run.sh passed on a folder that is no build"
-grep -q "FAIL build" "$tmp/bad.log" || fail "the failed build check is not reported: $(cat "$tmp/bad.log")"
-"$src/benchmarks/gpu/run.sh" --stage 5 > /dev/null 2>&1; [ $? = 2 ] || fail "--stage 5 was not refused"
-# A stage stopped by its limit still writes its summary (incomplete, failed) and its logs.
-XSEG_GPU_STAGE_LIMIT=1 OUT=$tmp/late "$src/benchmarks/gpu/run.sh" --emulator --quick --stage 4 --build "$build" \
-    > "$tmp/late.log" 2>&1 && fail "a stage stopped by its limit passed"
-[ -s "$tmp/late/stage4.tgz" ] || fail "no stage4.tgz after the limit"
-python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if not s["complete"] and any(
-    c["name"] == "stage time limit" and c["status"] == "fail" for c in s["checks"]) else 1)' "$tmp/late/stage4.json" ||
-    fail "the summary after the limit: $(cat "$tmp/late/stage4.json" 2>&1 | head -20)"
+grep -q "FAIL .*build" "$tmp/bad.log" && grep -q "NOT-REACHED frag .*the build failed" "$tmp/bad.log" ||
+    fail "the failed build is not reported as such: $(cat "$tmp/bad.log")"
+mkdir -p "$tmp/bogus" && echo '{"checks": 1}' > "$tmp/bogus/summary.json"
+for args in "--budget 5" "--budget x" "--share nosuch=0.5" "--share torch=2" "--resume $tmp/nothing" \
+            "--resume $tmp/bogus" "--stage 1"; do
+    "$run" $args > /dev/null 2>&1; [ $? = 2 ] || fail "run.sh $args was not refused"
+done
 
-# tables.py: the dry run's own summaries are labelled as emulator figures ...
-python3 "$src/benchmarks/gpu/tables.py" "$tmp/out" > "$tmp/dry.md" || fail "tables.py on the dry run failed"
-[ "$(grep -c 'emulator dry run: not GPU figures' "$tmp/dry.md")" = 4 ] || fail "emulator headings: $(grep '^###' "$tmp/dry.md")"
+# 4. tables.py: the dry run's own summary is labelled as emulator figures ...
+python3 "$src/benchmarks/gpu/tables.py" "$tmp/b" > "$tmp/dry.md" || fail "tables.py on the dry run failed"
+grep -q '^### GPU acceptance run: cudaemu, emulator dry run: not GPU figures' "$tmp/dry.md" ||
+    fail "emulator heading: $(grep '^###' "$tmp/dry.md")"
+grep -qF '| one physical handle mapped at many addresses | supported |' "$tmp/dry.md" || fail "no probe table"
+python3 "$src/benchmarks/gpu/tables.py" --features "$tmp/b" > "$tmp/dry-features.md" || fail "tables.py --features failed"
+grep -qF '| sleep and wake' "$tmp/dry-features.md" && ! grep -q 'yes, NVIDIA' "$tmp/dry-features.md" &&
+    grep -qF 'cudaemu dry run, not a GPU' "$tmp/dry-features.md" || fail "features of a dry run: $(cat "$tmp/dry-features.md")"
 # ... and a fabricated GPU run (the dry run's format with a GPU's figures) gives the GPU tables.
-py "$tmp/out" "$tmp/gpu" <<'PYEOF' || exit 1
-import json, os, sys
-src, dst = sys.argv[1:]
-os.makedirs(dst)
+python3 - "$tmp/b/summary.json" "$tmp/gpu.json" <<'PYEOF' || exit 1
+import json, sys
+s = json.load(open(sys.argv[1]))
 G = 1 << 30
-for n in (3, 4):
-    s = json.load(open("%s/stage%d.json" % (src, n)))
-    s.update(emulator=False, quick=False, device="NVIDIA H100 80GB HBM3, 580.159.04 (fabricated)")
-    if n == 3:
-        s["data"]["training"] = [{"mode": "xseg", "peak_allocated": int(18.673 * G), "peak_reserved": int(19.156 * G),
+s.update(emulator=False, quick=False, device="NVIDIA H100 80GB HBM3 (fabricated)", driver="580.159.04, CUDA 13.0",
+         torch="2.11.0+cu130")
+c = {x["name"]: x for x in s["checks"]}
+c["frag"]["data"]["training"] = [{"mode": "xseg", "peak_allocated": int(18.673 * G), "peak_reserved": int(19.156 * G),
                                   "utilization": 0.975, "step_ms_median": 243.8, "pair_ns": 2519.0,
                                   "num_sync_all_streams": 0, "steps": 20}]
-        for r in s["data"]["fragmentation"]:
-            r["min_fraction"], r["min_fraction_bytes"] = 0.25, 20 * G
-    else:
-        s["data"]["services"] = {"sleep and wake": {"offload": {"gib": 4, "released_bytes": 4 * G, "sleep_s": 0.25,
-                                 "wake_s": 0.5, "resume_s": 0.51, "sleep_gib_s": 16.0, "wake_gib_s": 8.0}}}
-    json.dump(s, open("%s/stage%d.json" % (dst, n), "w"))
+for r in c["frag"]["data"]["fragmentation"]:
+    r["min_fraction"], r["min_fraction_bytes"] = 0.25, 20 * G
+c["services"]["data"]["services"] = {"sleep and wake": {"offload": {
+    "gib": 4, "released_bytes": 4 * G, "sleep_s": 0.25, "wake_s": 0.5, "resume_s": 0.51, "sleep_gib_s": 16.0,
+    "wake_gib_s": 8.0}}}
+for i in c["services"]["items"]:
+    if i["name"] == "sleep and wake":
+        i.update(status="pass", reason="")
+name = "dma-buf export (cuMemGetHandleForAddressRange)"
+for i in c["probes"]["items"]:
+    if i["name"] == name:
+        i.update(status="pass", reason="not supported: VMM mapping: cuMemGetHandleForAddressRange returned "
+                 "CUDA_ERROR_NOT_SUPPORTED (operation not supported)")
+c["probes"]["data"]["probes"][name] = {"supported": False, "words": "VMM mapping: cuMemGetHandleForAddressRange "
+                                       "returned CUDA_ERROR_NOT_SUPPORTED (operation not supported)"}
+json.dump(s, open(sys.argv[2], "w"))
 PYEOF
-python3 "$src/benchmarks/gpu/tables.py" "$tmp/gpu" > "$tmp/gpu.md" || fail "tables.py on the fabricated run failed"
-cat "$tmp/gpu.md"
-for want in '### Stage 3 (frag): NVIDIA H100 80GB HBM3, 580.159.04 (fabricated)' \
+python3 "$src/benchmarks/gpu/tables.py" "$tmp/gpu.json" > "$tmp/gpu.md" || fail "tables.py on the fabricated run failed"
+python3 "$src/benchmarks/gpu/tables.py" --features "$tmp/gpu.json" > "$tmp/gpu-features.md" || fail "--features failed"
+cat "$tmp/gpu-features.md"
+for want in '### GPU acceptance run: NVIDIA H100 80GB HBM3 (fabricated), driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130' \
             '| xseg | 18.673 GiB | 19.156 GiB | 0.975 | 243.8 ms | 2519 | 0 |' \
             '| 0.2500 (20.000 GiB) |' '| offload | 4 | 250.0 ms | 500.0 ms | 510.0 ms | 16.0 | 8.0 |' \
-            '| page | cuMemCreate | cuMemMap |'; do
+            '| page | cuMemCreate | cuMemMap |' \
+            '| dma-buf export (cuMemGetHandleForAddressRange) | not supported | VMM mapping: cuMemGetHandleForAddressRange returned CUDA_ERROR_NOT_SUPPORTED'; do
     grep -qF -- "$want" "$tmp/gpu.md" || fail "tables.py output lacks: $want"
 done
 grep '^###' "$tmp/gpu.md" | grep -q 'emulator' && fail "a GPU run's headings say emulator"
+grep -qF '| sleep and wake (offload, discard, a graph'"'"'s pool) | skipped (NVIDIA H100 80GB HBM3 (fabricated), ' "$tmp/gpu-features.md" ||
+    fail "--features: sleep and wake should be skipped (its graph item skipped)"
+grep -qF '| dma-buf export (`cuMemGetHandleForAddressRange`) | not supported: VMM mapping: cuMemGetHandleForAddressRange returned CUDA_ERROR_NOT_SUPPORTED' "$tmp/gpu-features.md" ||
+    fail "--features: the dma-buf probe's answer"
 echo "gpu-dry-run: ok"

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Stage 4: services and driver costs. bench_services (sleep/wake GiB/s and driver calls, trim,
-# the release threshold), torch_checks.py --group services (sleep/wake of live tensors and the
-# time until a kernel runs again, a CUDA graph replayed after its pool slept and woke, trim),
-# bench_vmm_costs (create, map, set access, unmap, release per size) and device_probe.py (the
-# remap of a kept handle; devices, fabric support, the peer matrix), test_ipc between two
-# processes (and its fabric and peer cases where the device has them).
+# Check services: services and driver costs, most valuable first. torch_checks.py --group
+# services (sleep/wake of live tensors in GiB/s and the time until a kernel runs again, a CUDA
+# graph replayed after its pool slept and woke, trim), test_ipc between two processes (and its
+# fabric and peer cases where the device has them), bench_vmm_costs (create, map, set access,
+# unmap, release per size), device_probe.py (the remap of a kept handle; devices, fabric
+# support, the peer matrix), bench_services (sleep/wake GiB/s and driver calls through the C
+# API, trim, the release threshold). A step with no time left is an item "not reached".
 set -uo pipefail
 . "$XSEG_GPU_ROOT/benchmarks/gpu/lib.sh"
 cd "$XSEG_GPU_ROOT"
 W=$XSEG_GPU_WORK
 B=$XSEG_GPU_BUILD
-ensure_build || { check build fail "$(tail -30 "$W/meson-setup.log" "$W/ninja.log" 2>/dev/null)"; exit 0; }
 q=$XSEG_GPU_QUICK
 
 # What the device is: count, fabric handles, peer access.
@@ -24,10 +24,22 @@ else
     fabric=no ndev=1
 fi
 
+# The services through PyTorch: live tensors asleep and awake, a graph replayed after a wake.
+why=$(torch_reason)
+if [ -n "$why" ]; then
+    for c in "sleep and wake" "graph replayed after wake" "trim"; do check "$c" skip "$why"; done
+else
+    quick=(); [ "$q" = 1 ] && quick=(--quick)
+    timeout --kill-after=5 "$(time_left $(( $(time_left) / 2 )))" "$PY" "$GPU_DIR/torch_checks.py" --group services --lib "$B/libxseg.so" --out "$W" "${quick[@]}" \
+        > "$W/services_checks.log" 2>&1
+    summarize lines "$W/services_checks.log" services
+fi
+
 # binary NAME CMD...: a cmocka program as one check (exit 77 or only skipped cases: skip).
 binary() {
     local name=$1; shift
-    run_logged "$(echo "$name" | tr ' /' '__')" "$@"
+    has_time 5 || { check "$name" not-reached "the check's share was spent before it"; return; }
+    run_logged "$(echo "$name" | tr ' /' '__')" timeout --kill-after=5 "$(time_left)" "$@"
     local rc=$? log="$W/$(echo "$name" | tr ' /' '__').log"
     if [ $rc = 77 ] || { [ $rc = 0 ] && grep -q '\[  PASSED  \] 0 test' "$log"; }; then
         check "$name" skip "$(grep -m1 'SKIPPED \]' "$log" | sed 's/.*SKIPPED \] *//')"
@@ -61,14 +73,19 @@ fi
 # VMM call costs per size, and the remap of a kept handle.
 reps=20 max=1024 sizes=2,20,64,512
 [ "$q" = 1 ] && reps=3 max=64 sizes=2,64
-if run_logged vmm_costs "$B/benchmarks/bench_vmm_costs" --reps $reps --max-size $max --csv "$W/vmm_costs.csv"; then
+if ! has_time 5; then
+    check "bench_vmm_costs" not-reached "the check's share was spent before it"
+elif run_logged vmm_costs timeout --kill-after=5 "$(time_left)" "$B/benchmarks/bench_vmm_costs" --reps $reps --max-size $max --csv "$W/vmm_costs.csv"; then
     "$PY" -c 'import csv,json,sys; json.dump(list(csv.DictReader(open(sys.argv[1]))), open(sys.argv[2], "w"))' \
         "$W/vmm_costs.csv" "$W/vmm_costs.json" && data vmm_costs "$W/vmm_costs.json"
     check "bench_vmm_costs" pass
 else
     check "bench_vmm_costs" fail "$(tail -5 "$W/vmm_costs.log")"
 fi
-if "$PY" "$GPU_DIR/device_probe.py" remap --reps $reps --sizes $sizes > "$W/remap.json" 2> "$W/remap.err"; then
+if ! has_time 5; then
+    check "remap of a kept handle (device_probe.py remap)" not-reached "the check's share was spent before it"
+elif timeout --kill-after=5 "$(time_left)" "$PY" "$GPU_DIR/device_probe.py" remap --reps $reps --sizes $sizes \
+        > "$W/remap.json" 2> "$W/remap.err"; then
     data remap "$W/remap.json"
     check "remap of a kept handle (device_probe.py remap)" pass
 else
@@ -76,9 +93,11 @@ else
 fi
 
 # The services through the C API (sleep/wake per GiB, trim, release threshold).
-if [ "$XSEG_GPU_EMULATOR" = 1 ] && [ "$q" = 1 ]; then
+if ! has_time 10; then
+    check "bench_services" not-reached "the check's share was spent before it"
+elif [ "$XSEG_GPU_EMULATOR" = 1 ] && [ "$q" = 1 ]; then
     check "bench_services" skip "--quick on the emulator: its 1 GiB of host copies takes 15 s on a loaded 2-core VM"
-elif run_logged bench_services "$B/benchmarks/bench_services" --gib $([ "$q" = 1 ] && echo 1 || echo 4) --reps $([ "$q" = 1 ] && echo 1 || echo 3); then
+elif run_logged bench_services timeout --kill-after=5 "$(time_left)" "$B/benchmarks/bench_services" --gib $([ "$q" = 1 ] && echo 1 || echo 4) --reps $([ "$q" = 1 ] && echo 1 || echo 3); then
     check "bench_services" pass
     # Its markdown tables as data: [[header cells], [row cells]...] per table.
     "$PY" - "$W/bench_services.log" "$W/bench_services.json" <<'PYEOF'
@@ -102,14 +121,4 @@ else
     check "bench_services" fail "$(tail -5 "$W/bench_services.log")"
 fi
 
-# The services through PyTorch: live tensors asleep and awake, a graph replayed after a wake.
-why=$(torch_reason)
-if [ -n "$why" ]; then
-    for c in "sleep and wake" "graph replayed after wake" "trim"; do check "$c" skip "$why"; done
-else
-    quick=(); [ "$q" = 1 ] && quick=(--quick)
-    timeout --kill-after=10 $(time_left) "$PY" "$GPU_DIR/torch_checks.py" --group services --lib "$B/libxseg.so" --out "$W" "${quick[@]}" \
-        > "$W/services_checks.log" 2>&1
-    "$PY" "$GPU_DIR/summary.py" lines "$W" "$W/services_checks.log" services
-fi
 exit 0

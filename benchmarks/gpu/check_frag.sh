@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stage 3: fragmentation. The training loop of train_transformer.py under each allocator (peak
-# reserved, median step time, stream synchronizations), then every trace of .gpu-traces replayed
+# Check frag: fragmentation. The training loop of train_transformer.py under each allocator (peak
+# reserved, median step time, stream synchronizations), then three traces of .gpu-traces replayed
 # through real tensors by compare_pytorch.py under PyTorch's allocators (classic,
 # expandable_segments, cudaMallocAsync) and xseg (both modes): peak reserved, the smallest
 # set_per_process_memory_fraction that runs it, num_sync_all_streams. On the emulator: the replay
@@ -10,7 +10,6 @@ set -uo pipefail
 cd "$XSEG_GPU_ROOT"
 W=$XSEG_GPU_WORK
 B=$XSEG_GPU_BUILD
-ensure_build || { check build fail "$(tail -30 "$W/meson-setup.log" "$W/ninja.log" 2>/dev/null)"; exit 0; }
 lib=$B/libxseg.so
 shopt -s nullglob
 traces=(.gpu-traces/*.trace.gz .gpu-traces/*.trace)   # prepare.sh writes .gz; plain ones work too
@@ -25,7 +24,14 @@ else
     check "traces in .gpu-traces" fail "none: run benchmarks/gpu/prepare.sh where ../shared is, and carry .gpu-traces"
     exit 0
 fi
-[ "$XSEG_GPU_QUICK" = 1 ] && traces=("${traces[@]:0:2}")
+# Three traces fit the check's share on a GPU (XSEG_GPU_TRACES=all: every one, on a call of its own).
+if [ "$XSEG_GPU_QUICK" = 1 ]; then
+    traces=("${traces[@]:0:2}")
+elif [ "${XSEG_GPU_TRACES:-3}" != all ]; then
+    n=${XSEG_GPU_TRACES:-3}
+    [[ $n =~ ^[0-9]+$ ]] || { check "XSEG_GPU_TRACES" fail "a count or all, not '$n'"; exit 0; }
+    traces=("${traces[@]:0:$n}")
+fi
 
 # rows FILE KEY WHAT: compare_pytorch/train_transformer JSON rows as checks and data[KEY].
 rows() {
@@ -74,7 +80,9 @@ fi
 
 steps=20; budget=200
 [ "$XSEG_GPU_QUICK" = 1 ] && steps=6 budget=30
-timeout 150 "$PY" "$GPU_DIR/train_transformer.py" --lib "$lib" --steps $steps --json > "$W/train.txt" 2>&1
+# The training loop: at most 150 s, and a third of the check's time.
+t=$(( $(time_left) / 3 )); [ $t -lt 150 ] || t=150
+timeout --kill-after=5 $t "$PY" "$GPU_DIR/train_transformer.py" --lib "$lib" --steps $steps --json > "$W/train.txt" 2>&1
 rc=$?
 if grep -q '^{' "$W/train.txt"; then
     rows "$W/train.txt" training "train_transformer.py"
@@ -85,8 +93,8 @@ fi
 # The fraction search shares the budget: each allocator's process stops bisecting when its part
 # is spent (the uncapped replay of every trace always runs).
 left=$(time_left)
-[ "$budget" -lt "$(time_left 120)" ] || budget=$(time_left 120)
-timeout --kill-after=10 $left "$PY" "$GPU_DIR/compare_pytorch.py" --lib "$lib" --json --min-fraction \
+[ "$budget" -lt "$(time_left $(( left / 3 )))" ] || budget=$(time_left $(( left / 3 )))
+timeout --kill-after=5 $left "$PY" "$GPU_DIR/compare_pytorch.py" --lib "$lib" --json --min-fraction \
     --budget $budget "${traces[@]}" > "$W/compare.jsonl" 2> "$W/compare.err"
 rc=$?
 [ $rc = 0 ] || check "compare_pytorch.py" fail "exit $rc: $(tail -5 "$W/compare.err")"

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Check suites: the test suites on the real driver, one test at a time (they share the device
+# and compare cuMemGetInfo exactly), most valuable first, each under what is left of the check's
+# time; a suite it cannot start is an item "not reached", one it stopped keeps the tests that
+# finished. On --resume, a suite that passed before is not run again. --quick: each suite's
+# first test only (python's is all of tests/python: skipped). The driver suite is the driver check's; the build suite checks the source.
+set -uo pipefail
+. "$XSEG_GPU_ROOT/benchmarks/gpu/lib.sh"
+cd "$XSEG_GPU_ROOT"
+W=$XSEG_GPU_WORK
+B=$XSEG_GPU_BUILD
+SUITES=(alloc services history python group segment replay unit fuzz)
+# XSEG_GPU_SUITES: another list (space-separated), e.g. on a call of its own.
+[ -n "${XSEG_GPU_SUITES:-}" ] && read -ra SUITES <<< "$XSEG_GPU_SUITES"
+meson test -C "$B" --no-rebuild --list > "$W/list.txt" 2> "$W/list.err"
+for s in "${SUITES[@]}"; do
+    tests=$(sed -n "s|^[^ ]*:$s / ||p" "$W/list.txt")
+    if [ -z "$tests" ]; then
+        check "suite $s" skip "this build has no test in suite $s"
+        continue
+    fi
+    if [ -n "${XSEG_GPU_PREVIOUS:-}" ] &&
+       [ "$("$PY" "$GPU_DIR/summary.py" item-status "$XSEG_GPU_PREVIOUS" suites "suite $s")" = pass ]; then
+        continue   # kept from the previous summary by summary.py write
+    fi
+    if [ "$XSEG_GPU_QUICK" = 1 ] && [ "$s" = python ]; then
+        check "suite $s" skip "--quick: its one test is the whole of tests/python (half a minute of CPU)"
+        continue
+    fi
+    if ! has_time 8; then
+        check "suite $s" not-reached "the check's share was spent before it"
+        continue
+    fi
+    args=(--suite "$s")
+    [ "$XSEG_GPU_QUICK" = 1 ] && args=("$(echo "$tests" | head -1)")
+    left=$(time_left)
+    timeout --kill-after=5 "$left" meson test -C "$B" --no-rebuild --logbase "gpu-suite-$s" --num-processes 1 \
+        --print-errorlogs --timeout-multiplier 2 "${args[@]}" > "$W/suite-$s.log" 2>&1
+    rc=$?
+    echo "meson test exited $rc" >> "$W/suite-$s.log"
+    cp "$B/meson-logs/gpu-suite-$s.json" "$W/testlog-$s.json" 2>/dev/null
+    [ -s "$W/testlog-$s.json" ] && summarize tests "$W/testlog-$s.json"
+    ran=$(grep -c . "$W/testlog-$s.json" 2>/dev/null || echo 0)
+    total=$(echo "$tests" | wc -l)
+    [ "$XSEG_GPU_QUICK" = 1 ] && total=1
+    if [ $rc = 124 ] || [ $rc = 137 ]; then
+        check "suite $s" not-reached "stopped after $left s: $ran of $total tests ran"
+    elif [ $rc = 0 ]; then
+        check "suite $s" pass "$ran of $total tests$([ "$XSEG_GPU_QUICK" = 1 ] && echo " (--quick: the first)")"
+    else
+        check "suite $s" fail "meson test exited $rc: $(grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)' "$W/suite-$s.log" | head -5)"
+    fi
+done
+
+exit 0
