@@ -223,7 +223,7 @@ def write(run, out, budget, previous=None):
     return 1 if summary["counts"]["fail"] else 0
 
 
-ROW = re.compile(r"^(misuse|capture|graph|exec): (.*?)\s+(?:-> (.*)|skipped \((.*)\))$")
+ROW = re.compile(r"^(misuse|capture|graph|exec|probe): (.*?)\s+(?:-> (.*)|skipped \((.*)\))$")
 
 
 def rows_of(stdout):
