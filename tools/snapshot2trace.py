@@ -953,6 +953,9 @@ def _write(out, source, device, snapshot, figures, names, seed_lines, lines, nse
     for k in ("peak_allocated_bytes", "peak_reserved_bytes"):
         w("# pytorch: %s=%d (%.2f GiB)\n" % (k, figures[k], figures[k] / 2**30))
     w("# pytorch: utilization=%.4f\n" % figures["utilization"])
+    if figures.get("expandable") is not None:
+        # xseg-replay compares the recording with the mode that matches it (--report).
+        w("# pytorch: expandable_segments=%d\n" % figures["expandable"])
     if names.stack_lines:
         w("# the allocations' frames (xseg-replay --history --snapshot FILE shows them)\n")
     for line in names.stack_lines:
@@ -965,6 +968,21 @@ def _write(out, source, device, snapshot, figures, names, seed_lines, lines, nse
     for line in lines:
         w(line + "\n")
     w("mark end of window\n")
+
+
+def _recorded_expandable(snapshot, segments, events):
+    """Whether PyTorch ran with expandable segments: its settings say so, else a segment of the
+    device is expandable or the window maps pages (segment_map). None: the file does not tell."""
+    settings = snapshot.get("allocator_settings")
+    if isinstance(settings, dict) and isinstance(settings.get("expandable_segments"), bool):
+        return settings["expandable_segments"]
+    if any(s.get("is_expandable") is True for _, s in segments):
+        return True
+    if any(isinstance(e, dict) and e.get("action") in ("segment_map", "segment_unmap") for e in events):
+        return True
+    if any(isinstance(s.get("is_expandable"), bool) for _, s in segments):
+        return False
+    return None
 
 
 def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=True, work=None):
@@ -988,6 +1006,7 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
     figures = {"events": len(events)}
     figures.update(replayed)
     figures["pools"] = len({r[2] for r in pools.ranges})
+    figures["expandable"] = _recorded_expandable(snapshot, segments, events)
     _write(out, source, device, snapshot, figures, names, seed_lines, lines, len(win.seeds), bool(pools.ranges))
     return figures
 

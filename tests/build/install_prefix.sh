@@ -39,6 +39,11 @@ else
     echo "ok   setup and install say $pydir is not on $python's sys.path"
 fi
 
+# The install-python test holds for this prefix too (it assumed the default one, whose folders
+# Python reads): into a DESTDIR, from this build, with the package imported through PYTHONPATH.
+sh "$src/tests/build/install_python.sh" "$meson" "$tmp/build" "$python" "$pydir" "$libdir" "$prefix" ||
+    fail "tests/build/install_python.sh with the prefix $prefix"
+
 [ -n "$emulate" ] && export XSEG_LIBCUDA="$libdir/xseg/libcudaemu.so"
 (cd "$tmp" && PYTHONPATH=$pydir "$python" -s -c '
 import os, sys

@@ -4,9 +4,11 @@
 # installed package, importing from there, must load the installed library by itself (no
 # XSEG_LIBRARY, no loader path) and read statistics
 # (on cudaemu when XSEG_LIBCUDA names it, as the test environment does).
-# Usage: install_python.sh MESON BUILDDIR PYTHON PYDIR LIBDIR
+# Any prefix: where none of the interpreter's folders lies under it (a custom --prefix), meson
+# installs to its own folder and says so; the package is then imported through PYTHONPATH.
+# Usage: install_python.sh MESON BUILDDIR PYTHON PYDIR LIBDIR PREFIX
 set -u
-meson=$1 build=$2 python=$3 pydir=$4 libdir=$5
+meson=$1 build=$2 python=$3 pydir=$4 libdir=$5 prefix=$6
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 dest=$tmp/dest
@@ -25,10 +27,22 @@ lib=$dest$libdir/libxseg.so.0
 echo "ok   package in $pydir/xseg, library in $libdir"
 
 # The folder is one the interpreter imports from (not, say, a lib/python3/dist-packages that
-# Debian's Python does not read).
-"$python" -E -c 'import os, sys; sys.exit(os.path.normpath(sys.argv[1]) not in [os.path.normpath(p) for p in sys.path])' \
-    "$pydir" || fail "$pydir is not on $python's sys.path: $("$python" -E -c 'import sys; print(sys.path)')"
-echo "ok   $pydir is on $python's sys.path"
+# Debian's Python does not read) whenever one of its folders lies under the prefix; where none
+# does (a custom prefix), meson's own folder, which setup and install said is not on sys.path.
+# The same rule as python/meson.build's.
+where=$("$python" -E -c '
+import os, sys
+pydir, prefix = os.path.normpath(sys.argv[1]), os.path.normpath(sys.argv[2])
+path = [os.path.normpath(p) for p in sys.path if p]
+under = [p for p in path if p.startswith(prefix + os.sep) and os.path.basename(p) in ("site-packages", "dist-packages")]
+print("on" if pydir in path else "none" if not under else "missed " + " ".join(under))
+' "$pydir" "$prefix") || fail "$python could not run"
+case $where in
+on) echo "ok   $pydir is on $python's sys.path" ;;
+none) echo "ok   no folder of $python's sys.path is under the prefix $prefix: the package went to $pydir" \
+          "(meson says to use PYTHONPATH); imported through PYTHONPATH below" ;;
+*) fail "$pydir is not on $python's sys.path, though ${where#missed } is under the prefix $prefix" ;;
+esac
 
 # Import the installed package (never the source tree's: run from the scratch folder, PYTHONPATH
 # naming only the installed folder) with no XSEG_LIBRARY and no loader path: the package loads the

@@ -266,6 +266,18 @@ class Output(unittest.TestCase):
         self.assertNotIn("<evil>", html)
         self.assertIn("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;amp;&#39;q&#39;", html)
         self.assertIn("m&lt;b&gt;.py:7", html)
+        # Both modes failed allocations: the verdict box is coloured as a failure, not green.
+        self.assertIn('<div class="verdict fail" data-outcome="fail">', html)
+        # Reserved drawn first, the allocated curves on top with dashes that take turns, so that
+        # two coinciding allocated curves both show.
+        plot = html[html.index('<figure class="plot">'):html.index("</figure>")]
+        kinds = re.findall(r'<polyline class="(\w+)"', plot)
+        self.assertEqual(kinds, ["reserved", "reserved", "allocated", "allocated"])
+        dashes = re.findall(r'<polyline class="allocated"[^>]*stroke-dasharray="([\d,]+)" stroke-dashoffset="(\d+)"',
+                            plot)
+        self.assertEqual(len(dashes), 2, plot[:3000])
+        self.assertEqual(dashes[0][0], dashes[1][0])
+        self.assertNotEqual(dashes[0][1], dashes[1][1])
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         if not chromium:
             self.skipTest("no chromium (Debian: apt-get install chromium): the page was not loaded")
@@ -280,7 +292,7 @@ class Output(unittest.TestCase):
         self.assertGreater(int(attrs["points"]), 20)
         self.assertGreater(int(attrs["plot-width"]), 300)  # laid out, not an empty box
         self.assertEqual(dom.count("<script"), 1)         # nothing from the trace became a script
-        verdict = re.search(r'<div class="verdict">(.*?)</div>', dom, re.S).group(1)
+        verdict = re.search(r'<div class="verdict fail"[^>]*>(.*?)</div>', dom, re.S).group(1)
         self.assertIn("where PyTorch's allocator reserved 360 MiB", verdict)
         self.assertIn("allocation failed on the emulated device", verdict)
         self.assertRegex(dom, r'<table class="modes">(.|\n)*PyTorch \(recorded\)')
@@ -297,6 +309,24 @@ class Output(unittest.TestCase):
         self.assertIn('<td class="frames">m&lt;b&gt;.py:7 ', live)
         self.assertIn("<summary>all 2 frames</summary>??:0 c10::cuda::malloc<br>m&lt;b&gt;.py:7 ", live)
         self.assertIn("&lt;script&gt;", live)
+
+    def test_report_verdict_colour(self):
+        """The verdict box takes the outcome's colour: green only when xseg reserves less than
+        what it is compared with and nothing failed, amber when it reserves more."""
+        page = os.path.join(self.tmp, "good.html")
+        rc, out, err = run("--report", page, "--tune-budget", "2runs", "--marks=none", self.trace(FRAG))
+        self.assertEqual(rc, 0, err)
+        with open(page, encoding="utf-8") as f:
+            self.assertIn('<div class="verdict good" data-outcome="good">', f.read())
+        # The recording claims far less than any replay reserves: xseg's result is worse.
+        worse = FRAG.replace("peak_reserved_bytes=%d" % (360 * MiB), "peak_reserved_bytes=%d" % (100 * MiB))
+        page = os.path.join(self.tmp, "worse.html")
+        rc, out, err = run("--report", page, "--tune-budget", "2runs", "--marks=none", self.trace(worse, "w.trace"))
+        self.assertEqual(rc, 0, err)
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        self.assertIn('<div class="verdict worse" data-outcome="worse">', html)
+        self.assertNotIn('class="verdict good"', html)
 
 
 if __name__ == "__main__":

@@ -329,6 +329,51 @@ class Report(Base):
         self.assertIn("attn.py:77 forward", live)
         self.assertNotIn("no frames", live)
 
+    def recorded_mode_page(self, name, expandable_settings, is_expandable, map_events=False):
+        """A snapshot of a fragmenting window (64 MiB pieces freed, then 96 MiB requests) whose
+        recording reserved 3 segments' worth; its --report page."""
+        act = "segment_map" if map_events else "segment_alloc"
+        evs = []
+        for i in range(3):
+            a = 0x7f0000000000 + i * (1 << 30)
+            evs += [ev(act, a, 160 * MiB), ev("alloc", a, 64 * MiB), ev("alloc", a + 64 * MiB, 96 * MiB)]
+        for i in range(3):
+            evs.append(ev("free_completed", 0x7f0000000000 + i * (1 << 30), 64 * MiB))
+        segs = []
+        for i in range(3):
+            seg = segment(0x7f0000000000 + i * (1 << 30), 160 * MiB,
+                          [block(0x7f0000000000 + i * (1 << 30) + 64 * MiB, 96 * MiB)])
+            seg["is_expandable"] = is_expandable
+            segs.append(seg)
+        snap = {"segments": segs, "device_traces": [evs]}
+        if expandable_settings is not None:
+            snap["allocator_settings"] = {"expandable_segments": expandable_settings, "PYTORCH_CUDA_ALLOC_CONF": ""}
+        path = self.write(name, snap)
+        page = os.path.join(self.dir, name + ".html")
+        r = replay(path, "--report", page, "--tune-budget", "2runs", "--marks=none")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(page, encoding="utf-8") as f:
+            return f.read()
+
+    def test_report_compares_like_with_like(self):
+        """A recording made with expandable_segments:True (its settings, or without settings its
+        expandable segments, or its segment_map events) is compared with the expandable replay,
+        never with classic mode as if the gap were model error; a classic recording keeps the
+        classic comparison. The page says which mode PyTorch ran in."""
+        for how, args in (("settings", (True, True)), ("segments", (None, True)), ("events", (None, None, True))):
+            with self.subTest(how=how):
+                html = self.recorded_mode_page("exp-%s.pickle" % how, *args)
+                self.assertIn('data-recorded-mode="expandable"', html)
+                self.assertIn("compared with the expandable replay", html)
+                verdict = html[html.index('<div class="verdict'):]
+                verdict = verdict[:verdict.index("</div>")]
+                self.assertNotIn("Classic mode", verdict)
+                self.assertIn("PyTorch (recorded, expandable)", html)
+        html = self.recorded_mode_page("classic.pickle", False, False)
+        self.assertIn('data-recorded-mode="classic"', html)
+        self.assertIn("PyTorch (recorded, classic)", html)
+        self.assertIn("Classic mode", html[html.index('<div class="verdict'):])
+
 
 class Cleanup(Base):
     def test_converted_traces_go(self):

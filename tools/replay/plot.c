@@ -40,15 +40,33 @@ void plot_xml_text(FILE *f, const char *s)
     }
 }
 
-/* One polyline of @p v over the plot area, reduced to the min and max per horizontal pixel. */
+/* How a series' two lines look, so that none hides another: reserved wide and translucent,
+ * drawn first; allocated thin and dashed on top. The modes' allocated curves often coincide (the
+ * same trace), so their dashes take turns (dash D, gap D x (n-1), offset D x s): where they
+ * overlap each colour still shows. */
+enum { PLOT_DASH = 6 };
+static void line_style(FILE *f, int allocated, size_t s, size_t n)
+{
+    if (!allocated) {
+        fputs(" stroke-width=\"3.2\" stroke-opacity=\"0.45\"", f);
+        return;
+    }
+    size_t gap = n > 1 ? PLOT_DASH * (n - 1) : PLOT_DASH / 2;
+    fprintf(f, " stroke-width=\"1.6\" stroke-dasharray=\"%d,%zu\" stroke-dashoffset=\"%zu\"", PLOT_DASH, gap,
+            n > 1 ? (size_t)PLOT_DASH * s : 0);
+}
+
+/* One polyline of @p v over the plot area, reduced to the min and max per horizontal pixel;
+ * @p allocated: the allocated curve of series @p s of @p n (else the reserved one). */
 static void polyline(FILE *f, const struct run_timeline *tl, const int64_t *v, double x0, double y0,
-                     double w, double h, double xmax, double ymax, const char *color, const char *dash)
+                     double w, double h, double xmax, double ymax, const char *color, int allocated, size_t s,
+                     size_t n)
 {
     if (!tl->n)
         return;
-    fprintf(f, "<polyline class=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"%s%s%s points=\"",
-            dash ? "allocated" : "reserved", color,
-            dash ? " stroke-dasharray=\"" : "", dash ? dash : "", dash ? "\"" : "");
+    fprintf(f, "<polyline class=\"%s\" fill=\"none\" stroke=\"%s\"", allocated ? "allocated" : "reserved", color);
+    line_style(f, allocated, s, n);
+    fputs(" points=\"", f);
     size_t i = 0;
     int64_t prev = 0; /* the value holds until the next sample: draw steps */
     double prev_px = x0;
@@ -184,8 +202,9 @@ static void panel_legend(FILE *f, const struct plot_panel *pn, const struct area
     for (size_t s = 0; s < pn->n; s++) {
         const char *c = mode_color(pn->series[s].mode, s);
         for (int k = 0; k < 2; k++) {
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>\n",
-                    lx, ly, lx + 26, ly, c, k ? " stroke-dasharray=\"5,3\"" : "");
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"", lx, ly, lx + 26, ly, c);
+            line_style(f, k, s, pn->n);
+            fputs("/>\n", f);
             fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s (", lx + 32, ly + 4, k ? "allocated" : "reserved");
             plot_xml_text(f, pn->series[s].mode);
             fputs(")</text>\n", f);
@@ -208,13 +227,12 @@ xseg_status plot_svg(FILE *f, const struct plot_panel *panels, size_t npanels, i
         const struct plot_panel *pn = &panels[p];
         struct area a;
         panel_axes(f, pn, (double)(p * PANEL_H), &a);
-        /* Allocated first (dashed) so the reserved lines draw on top. */
-        for (size_t s = 0; s < pn->n; s++)
-            polyline(f, pn->series[s].tl, pn->series[s].tl->allocated, a.x0, a.y0, a.w, a.h, a.xmax, a.ymax,
-                     mode_color(pn->series[s].mode, s), "5,3");
-        for (size_t s = 0; s < pn->n; s++)
-            polyline(f, pn->series[s].tl, pn->series[s].tl->reserved, a.x0, a.y0, a.w, a.h, a.xmax, a.ymax,
-                     mode_color(pn->series[s].mode, s), NULL);
+        /* Reserved first (wide, translucent), allocated on top: reserved is never below allocated,
+         * so where they meet the allocated curve stays visible. */
+        for (int k = 0; k < 2; k++)
+            for (size_t s = 0; s < pn->n; s++)
+                polyline(f, pn->series[s].tl, k ? pn->series[s].tl->allocated : pn->series[s].tl->reserved, a.x0,
+                         a.y0, a.w, a.h, a.xmax, a.ymax, mode_color(pn->series[s].mode, s), k, s, pn->n);
         panel_marks(f, pn, &a);
         panel_legend(f, pn, &a);
     }

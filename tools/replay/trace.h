@@ -97,6 +97,7 @@ struct trace_recorded {
     int64_t peak_allocated, peak_reserved; /* bytes, -1: not recorded */
     uint64_t oom_at[TRACE_RECORDED_OOM_MAX]; /* action index (the next action) of each recorded OOM */
     size_t noom;                            /* all of them, even past TRACE_RECORDED_OOM_MAX */
+    int expandable; /* 1: PyTorch ran with expandable segments, 0: classic, -1: not recorded */
 };
 
 struct trace {

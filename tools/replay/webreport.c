@@ -12,7 +12,9 @@ static const double GiB = 1073741824.0;
 static const char *const style =
     "body{font-family:sans-serif;max-width:1000px;margin:1em auto;color:#222;line-height:1.4}"
     "h1{font-size:1.5em}h2{font-size:1.25em;border-bottom:1px solid #ccc;margin-top:2em}"
-    ".verdict p{font-size:1.1em;background:#eef6ee;border-left:4px solid #3a3;padding:.4em .7em;margin:.3em 0}"
+    ".verdict p{font-size:1.1em;background:#eef2f6;border-left:4px solid #789;padding:.4em .7em;margin:.3em 0}"
+    ".verdict.good p{background:#eef6ee;border-color:#3a3}.verdict.worse p{background:#fdf3e1;border-color:#d80}"
+    ".verdict.fail p{background:#fbe9e9;border-color:#c33}"
     "table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
     "td:first-child,th:first-child{text-align:left}code{background:#f3f3f3;padding:0 .2em}"
     ".frames{text-align:left;font-family:monospace;font-size:.85em}.note{color:#666;font-size:.9em}"
@@ -44,7 +46,8 @@ static void mode_table(FILE *f, const struct webreport_trace *w)
         H(w->sums[m].mode);
         fputs("</th>", f);
     }
-    fprintf(f, "%s</tr>\n", rec_on ? "<th>PyTorch (recorded)</th>" : "");
+    fprintf(f, "%s%s</tr>\n", rec_on ? "<th>PyTorch (recorded" : "",
+            !rec_on ? "" : rec->expandable == 1 ? ", expandable)</th>" : rec->expandable == 0 ? ", classic)</th>" : ")</th>");
     static const char *const rows[] = {"peak allocated (GiB)", "peak reserved (GiB)", "utilization",
                                        "reserved at the end (GiB)", "reserved after empty_cache (GiB)",
                                        "failed allocations"};
@@ -89,7 +92,10 @@ static void peak_bars(FILE *f, const struct webreport_trace *w)
                "font-family=\"sans-serif\" font-size=\"12\">\n", nb * 30 + 24);
     for (size_t i = 0; i < nb; i++) {
         int recorded = i == w->n;
-        const char *label = recorded ? "PyTorch (recorded)" : w->sums[i].mode;
+        const char *label = !recorded               ? w->sums[i].mode
+                            : rec->expandable == 1 ? "PyTorch (expandable)"
+                            : rec->expandable == 0 ? "PyTorch (classic)"
+                                                   : "PyTorch (recorded)";
         double res = recorded ? (double)rec->peak_reserved : (double)w->sums[i].peak_reserved;
         double al = recorded ? (double)rec->peak_allocated : (double)w->sums[i].peak_allocated;
         double y = 6 + 30.0 * (double)i;
@@ -288,22 +294,102 @@ static xseg_status live_at_peak(FILE *f, const struct trace *t)
     return XSEG_SUCCESS;
 }
 
+static int is_classic_mode(const struct run_summary *s) { return !strncmp(s->mode, "classic", 7); }
+
+/* The replay the recording is compared with: the mode PyTorch ran in when the trace says
+ * (expandable_segments), else xseg's (the first non-classic replay); NULL when there is none. */
+static const struct run_summary *matching_mode(const struct webreport_trace *w)
+{
+    int want_classic = w->t->recorded.expandable == 0;
+    for (size_t m = 0; m < w->n; m++)
+        if (is_classic_mode(&w->sums[m]) == want_classic)
+            return &w->sums[m];
+    return NULL;
+}
+
+/* The verdict's outcome, for its colour: "fail" when xseg's replay (or the only one) had failed
+ * allocations, "worse" when it reserves more than what it is compared with (the recording, else
+ * classic mode), "good" when less (or the other failed), "same" otherwise. */
+static const char *verdict_outcome(const struct webreport_trace *w)
+{
+    const struct run_summary *xs = NULL, *cl = NULL;
+    for (size_t m = 0; m < w->n; m++) {
+        if (is_classic_mode(&w->sums[m]) && !cl)
+            cl = &w->sums[m];
+        else if (!is_classic_mode(&w->sums[m]) && !xs)
+            xs = &w->sums[m];
+    }
+    const struct run_summary *own = xs ? xs : cl;
+    if (!own)
+        return "same";
+    if (own->failed_allocs)
+        return "fail";
+    const struct trace_recorded *rec = &w->t->recorded;
+    int64_t base = rec->peak_reserved > 0 ? rec->peak_reserved : own != cl && cl ? cl->peak_reserved : -1;
+    if (own != cl && cl && cl->failed_allocs && rec->peak_reserved <= 0)
+        return "good";
+    if (base < 0 || own->peak_reserved == base)
+        return "same";
+    return own->peak_reserved > base ? "worse" : "good";
+}
+
+/* Which allocator mode PyTorch ran in, when the trace records it, and what it is compared with. */
+static void recorded_mode_note(FILE *f, const struct webreport_trace *w)
+{
+    const struct trace_recorded *rec = &w->t->recorded;
+    const struct run_summary *m = matching_mode(w);
+    if (rec->peak_reserved <= 0 || rec->expandable < 0)
+        return;
+    fprintf(f, "<p class=\"note recorded-mode\" data-recorded-mode=\"%s\">PyTorch ran with expandable_segments:%s "
+               "(the snapshot says so).", rec->expandable ? "expandable" : "classic", rec->expandable ? "True" : "False");
+    if (m && rec->expandable == 1)
+        fprintf(f, " Its figures are compared with the %s replay: PyTorch reserved %.3f GiB at its peak, the "
+                   "replay %.3f GiB (%+.2f %%). Classic mode is another allocator mode, not a model error.",
+                m->mode, (double)rec->peak_reserved / GiB, (double)m->peak_reserved / GiB,
+                100.0 * (double)(m->peak_reserved - rec->peak_reserved) / (double)rec->peak_reserved);
+    fputs("</p>\n", f);
+}
+
+/* The verdict lines. A recording made with expandable segments is compared with xseg's
+ * expandable replay only: report_verdict's classic-against-the-recording sentence would read the
+ * gap between two modes as model error, so classic mode's failures are said here instead. */
+static size_t verdict_lines(const struct webreport_trace *w, char lines[][REPORT_VERDICT_MAX])
+{
+    if (w->t->recorded.expandable != 1 || w->t->recorded.peak_reserved <= 0)
+        return report_verdict(w->sums, w->n, &w->t->recorded, lines, REPORT_VERDICT_LINES);
+    struct run_summary like[8];
+    size_t n = 0, k;
+    for (size_t m = 0; m < w->n && n < 8; m++)
+        if (!is_classic_mode(&w->sums[m]))
+            like[n++] = w->sums[m];
+    k = n ? report_verdict(like, n, &w->t->recorded, lines, REPORT_VERDICT_LINES) : 0;
+    for (size_t m = 0; m < w->n && k < REPORT_VERDICT_LINES; m++)
+        if (is_classic_mode(&w->sums[m]) && w->sums[m].failed_allocs)
+            snprintf(lines[k++], REPORT_VERDICT_MAX, "In %s mode %llu allocation%s failed on the emulated device.",
+                     w->sums[m].mode, (unsigned long long)w->sums[m].failed_allocs,
+                     w->sums[m].failed_allocs > 1 ? "s" : "");
+    return k;
+}
+
 static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
 {
     char lines[REPORT_VERDICT_LINES][REPORT_VERDICT_MAX];
-    size_t k = report_verdict(w->sums, w->n, &w->t->recorded, lines, REPORT_VERDICT_LINES);
+    size_t k = verdict_lines(w, lines);
+    const char *outcome = verdict_outcome(w);
     fputs("<section class=\"trace\"><h2>", f);
     H(w->t->source);
-    fputs("</h2>\n<div class=\"verdict\">", f);
+    fprintf(f, "</h2>\n<div class=\"verdict %s\" data-outcome=\"%s\">", outcome, outcome);
     for (size_t i = 0; i < k; i++) {
         fputs("<p>", f);
         H(lines[i]);
         fputs("</p>", f);
     }
     fputs("</div>\n", f);
+    recorded_mode_note(f, w);
     peak_bars(f, w);
     mode_table(f, w);
-    fputs("<h3>Memory over the trace</h3>\n<p class=\"note\">Solid: reserved; dashed: allocated. Numbered lines: "
+    fputs("<h3>Memory over the trace</h3>\n<p class=\"note\">Wide, light: reserved; thin, dashed, on top: "
+          "allocated (the modes' dashes alternate where their curves coincide). Numbered lines: "
           "the trace's marks (red: an OOM PyTorch recorded); circles: allocations that failed in the replay.</p>\n"
           "<figure class=\"plot\">", f);
     xseg_status st = plot_svg(f, w->panel, 1, 0);
