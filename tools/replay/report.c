@@ -91,7 +91,7 @@ static void oom_sentence(char *buf, size_t len, const struct run_summary *xs, co
                                                  : "xseg would not have avoided this OOM: an allocation fails there too");
     if (cl && cl->oom_device)
         snprintf(k, sizeof k, "%s%s %s there%s", x[0] ? "; " : "", classic_name, cl->oom_fits ? "fits" : "fails",
-                 cl->oom_fits || !x[0] ? "" : " too");
+                 !cl->oom_fits && xs && xs->oom_device && !xs->oom_fits ? " too" : "");
     snprintf(buf, len, "On your %s device (%s), %s%s.", d,
              o->oom_device == o->device_bytes ? "--device-mem" : "the memory PyTorch held plus what was free when it failed",
              x, k);
