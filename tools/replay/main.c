@@ -990,11 +990,41 @@ static int replay_child_mode(const struct cli *c, struct children *ch, size_t ti
     return rc;
 }
 
+/* What verdict_probes finds for one mode (also what a forked helper writes back). */
+struct verdict_found {
+    uint64_t min_device, oom_device;
+    int oom_fits;
+};
+
+static void verdict_probe_mode(const struct cli *c, const char *spec, const char *name, const char *cfg,
+                               const struct run_summary *s, uint64_t oom_dev, uint64_t top, struct verdict_found *v)
+{
+    *v = (struct verdict_found){0};
+    if (oom_dev && c->device_mem) { /* the replay just made ran on that device */
+        v->oom_device = oom_dev;
+        v->oom_fits = s->failed_allocs == 0;
+    } else if (oom_dev) {
+        struct child_result r;
+        int f = fits_on(c, spec, name, cfg, oom_dev, &r);
+        run_timeline_free(&r.tl);
+        if (f >= 0) {
+            v->oom_device = oom_dev;
+            v->oom_fits = f;
+        }
+    }
+    uint64_t min = 0;
+    int probes = 1;
+    if (!s->failed_allocs && s->device_bytes == top && min_device_bisect(c, spec, name, cfg, s, top, &min, &probes) == 0)
+        v->min_device = min;
+}
+
 /*
  * The verdict's device figures, in each mode's summary: the smallest device it fits on (the
  * bisection of --min-device, from the replay already made on the full device), and for a
  * recording that ended in an OOM, whether the run (the failing request included) fits the device
  * PyTorch failed on: --device-mem when given, else PyTorch's reserved plus free bytes at the OOM.
+ * The modes' probes run at once, one forked helper each (a replay mostly waits on the emulated
+ * driver); where fork or the pipe fails, one after the other here.
  */
 static void verdict_probes(const struct cli *c, struct children *ch, size_t ti)
 {
@@ -1003,27 +1033,51 @@ static void verdict_probes(const struct cli *c, struct children *ch, size_t ti)
     uint64_t oom_dev = !oom ? 0 : c->device_mem ? strtoull(c->device_mem, NULL, 10)
                                 : rec->oom_device > 0 ? (uint64_t)rec->oom_device : 0;
     uint64_t top = device_bytes(c) / c->step * c->step;
-    for (size_t m = 0; m < ch->nmodes; m++) {
+    pid_t pid[2] = {-1, -1};
+    int fd[2] = {-1, -1};
+    if (c->progress > 0 || (c->progress < 0 && isatty(2)))
+        fprintf(stderr, "xseg-replay: %s: finding each mode's smallest device for the verdict (a few replays)\n",
+                c->names[ti]);
+    fflush(NULL); /* a helper exits with _exit, but nothing buffered must be written twice */
+    for (size_t m = 0; m < ch->nmodes && m < 2; m++) {
         struct run_summary *s = &ch->res[ti * ch->nmodes + m].sum;
-        const char *cfg = c->compare ? cmp_modes[m][1] : NULL;
         s->device_bytes = device_bytes(c);
-        if (oom_dev && c->device_mem) { /* the replay just made ran on that device */
-            s->oom_device = oom_dev;
-            s->oom_fits = s->failed_allocs == 0;
-        } else if (oom_dev) {
-            struct child_result r;
-            int f = fits_on(c, c->traces[ti], c->names[ti], cfg, oom_dev, &r);
-            run_timeline_free(&r.tl);
-            if (f >= 0) {
-                s->oom_device = oom_dev;
-                s->oom_fits = f;
-            }
+        int p[2];
+        if (pipe(p))
+            continue;
+        pid[m] = fork();
+        if (pid[m] == 0) {
+            close(p[0]);
+            struct verdict_found v;
+            verdict_probe_mode(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, s, oom_dev, top,
+                               &v);
+            _exit(write(p[1], &v, sizeof v) == (ssize_t)sizeof v ? 0 : 1);
         }
-        uint64_t min = 0;
-        int probes = 1;
-        if (!s->failed_allocs && s->device_bytes == top &&
-            min_device_bisect(c, c->traces[ti], c->names[ti], cfg, s, top, &min, &probes) == 0)
-            s->min_device = min;
+        close(p[1]);
+        if (pid[m] < 0)
+            close(p[0]);
+        else
+            fd[m] = p[0];
+    }
+    for (size_t m = 0; m < ch->nmodes && m < 2; m++) {
+        struct run_summary *s = &ch->res[ti * ch->nmodes + m].sum;
+        struct verdict_found v;
+        int got = 0;
+        if (pid[m] > 0) {
+            ssize_t n;
+            while ((n = read(fd[m], &v, sizeof v)) < 0 && errno == EINTR)
+                ;
+            got = n == (ssize_t)sizeof v;
+            close(fd[m]);
+            while (waitpid(pid[m], NULL, 0) < 0 && errno == EINTR)
+                ;
+        }
+        if (!got)
+            verdict_probe_mode(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, s, oom_dev, top,
+                               &v);
+        s->min_device = v.min_device;
+        s->oom_device = v.oom_device;
+        s->oom_fits = v.oom_fits;
     }
 }
 
