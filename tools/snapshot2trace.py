@@ -790,7 +790,7 @@ class _Names:
 class _Window:
     """The first pass: the window's events as entries, ("alloc", name, size, stream ref, stack
     ref, pool), ("free", name, note), ("seg", delta), ("empty_cache", count, bytes), ("oom", size,
-    device free); and the seeds, blocks alive before the window: (addr, name, size, stream, block
+    device free, stream ref); and the seeds, blocks alive before the window: (addr, name, size, stream, block
     size, stack ref, pool)."""
 
     def __init__(self, names, pools):
@@ -850,7 +850,8 @@ class _Window:
             self.seg_delta -= size
             body.append(("seg", -size))
         elif action == "oom":
-            body.append(("oom", _uint(e, "size", path, 0), _uint(e, "device_free", path, -1)))
+            body.append(("oom", _uint(e, "size", path, 0), _uint(e, "device_free", path, -1),
+                         names.stream_ref(_uint(e, "stream", path, 0))))
         # free_requested, snapshot, user annotations: nothing to replay
 
     def finish(self, segments, work):
@@ -898,6 +899,7 @@ def _replay(win, reserved):
         seed_lines.append("alloc %s %d%s%s" % (name, sz, win.names.stream_ref(sid), ref))
     router.route(None, seed_lines)
     ooms = empties = 0
+    oom_device = None
     for entry in win.body:
         kind = entry[0]
         if kind == "seg":
@@ -921,9 +923,18 @@ def _replay(win, reserved):
         elif kind == "oom":
             ooms += 1
             free_txt = "%s free" % _gib(entry[2]) if entry[2] >= 0 else "free unknown"
+            if oom_device is None:
+                # What PyTorch could have used: what it held plus what the device still had
+                # (0: the snapshot does not say).
+                oom_device = reserved + entry[2] if entry[2] >= 0 else 0
             # A mark: each mode's figures at the point where PyTorch failed, beside PyTorch's.
             lines.append("mark PyTorch OOM: %s request, %s; PyTorch had %s allocated, %s reserved"
                          % (_gib(entry[1]), free_txt, _gib(allocated), _gib(reserved)))
+            if entry[1] > 0:
+                # The request that failed, so a replay asks for it too ("would xseg have served
+                # it?"); freed at once, as the program got no memory to keep.
+                lines.append("alloc oom%d %d%s  # the request PyTorch could not serve" % (ooms, entry[1], entry[3]))
+                lines.append("free oom%d" % ooms)
     router.route(None, lines)
     figures = {
         "peak_allocated_bytes": peak_alloc,
@@ -931,6 +942,7 @@ def _replay(win, reserved):
         "utilization": peak_alloc / peak_res if peak_res else 0.0,
         "ooms": ooms,
         "empty_caches": empties,
+        "oom_device_bytes": oom_device,
     }
     return seed_lines, lines, figures
 
@@ -956,6 +968,10 @@ def _write(out, source, device, snapshot, figures, names, seed_lines, lines, nse
     if figures.get("expandable") is not None:
         # xseg-replay compares the recording with the mode that matches it (--report).
         w("# pytorch: expandable_segments=%d\n" % figures["expandable"])
+    if figures["oom_device_bytes"] is not None:
+        # The device an OOM is replayed on: PyTorch's reserved plus free bytes at the first OOM
+        # (0: unknown); xseg-replay answers "would xseg have avoided it?" there.
+        w("# pytorch: oom_device_bytes=%d\n" % figures["oom_device_bytes"])
     if names.stack_lines:
         w("# the allocations' frames (xseg-replay --history --snapshot FILE shows them)\n")
     for line in names.stack_lines:

@@ -62,11 +62,12 @@ class Output(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         lines = out.splitlines()
         head = lines.index("== " + t)
-        # The section starts with the verdict: xseg against what PyTorch recorded, then classic
-        # mode against the recording.
-        self.assertRegex(lines[head + 1], r"^xseg needs \d+ MiB where PyTorch's allocator reserved 360 MiB: "
-                                          r"this run fits a \d+ MiB device instead of 384 MiB\.$")
-        self.assertRegex(lines[head + 2], r"^Classic mode, PyTorch's allocator as modelled, reserves \d+ MiB where "
+        # The section starts with the verdict: the smallest devices, xseg's reserved memory on the
+        # device it ran on against what PyTorch recorded, then classic mode against the recording.
+        self.assertRegex(lines[head + 1], r"^Smallest device: ")
+        self.assertRegex(lines[head + 2], r"^On the 80\.0 GiB device, xseg reserves \d+ MiB at its peak where "
+                                          r"PyTorch's allocator reserved 360 MiB \(recorded\)\.$")
+        self.assertRegex(lines[head + 3], r"^Classic mode, PyTorch's allocator as modelled, reserves \d+ MiB where "
                                           r"the recording shows 360 MiB \([+-]\d+\.\d %\)\.$")
         row = [l for l in lines if l.startswith("peak reserved (GiB)")][0]
         self.assertIn("0.352", row)  # the recorded column, beside the replayed ones
@@ -83,19 +84,24 @@ class Output(unittest.TestCase):
         t = self.trace("alloc a 100MiB\nalloc b 200MiB\nfree a\nmark m\n")
         rc, out, err = run("--marks=none", t)
         self.assertEqual(rc, 0, err)
-        self.assertRegex(out.splitlines()[0], r"^xseg needs \d+ MiB \(peak reserved\) for 300 MiB allocated at its "
-                                              r"peak: this run fits a \d+ MiB device\.$")
+        # One mode, no smallest device measured: a sentence about reserved memory, saying where.
+        self.assertRegex(out.splitlines()[0], r"^On the 80\.0 GiB device, xseg reserves \d+ MiB at its peak for 300 "
+                                              r"MiB allocated \(--min-device: the smallest device it fits on\)\.$")
+        self.assertNotIn("fits a", out)
         rc, out, err = run("--compare", "--marks=none", "--device-mem", "256M", t)
         self.assertEqual(rc, 0, err)
-        self.assertIn("In expandable mode 1 allocation failed on the emulated device (--device-mem)", out)
-        self.assertNotIn("fits a", out)
+        self.assertIn("In expandable mode 1 allocation failed on the 256 MiB emulated device (--device-mem)", out)
+        self.assertNotIn("Smallest device", out)  # neither mode fits: no size to give
 
     def test_verdict_when_xseg_needs_more(self):
         # One 121 MiB block: classic rounds to 2 MiB, expandable maps 20 MiB pages.
         rc, out, err = run("--compare", "--marks=none", self.trace("alloc a 121MiB\n"))
         self.assertEqual(rc, 0, err)
-        self.assertIn("xseg needs 140 MiB where PyTorch's allocator (classic mode, as modelled) reserves 122 MiB: "
-                      "this run needs a 192 MiB device instead of 128 MiB.", out)
+        self.assertIn("On the 80.0 GiB device, xseg reserves 140 MiB at its peak where PyTorch's allocator (classic "
+                      "mode, as modelled) reserves 122 MiB.", out)
+        # A device size comes from the smallest devices, never from peak reserved.
+        self.assertRegex(out, r"\nSmallest device: .* 122 MiB")
+        self.assertNotIn("192 MiB", out)
 
     def test_sleep_is_a_note(self):
         t = self.trace("alloc w 100MiB\nsleep default discard\nwake default\nfree w\n")
@@ -117,7 +123,7 @@ class Output(unittest.TestCase):
         # Then each workload opens with its verdict.
         lines = out.splitlines()
         i = lines.index("== builtin:training")
-        self.assertTrue(lines[i + 1].startswith("xseg needs "), lines[i + 1])
+        self.assertTrue(lines[i + 1].startswith("Smallest device: xseg fits this run on "), lines[i + 1])
 
     def test_tune(self):
         t = self.trace(FRAG)
@@ -294,7 +300,10 @@ class Output(unittest.TestCase):
         self.assertEqual(dom.count("<script"), 1)         # nothing from the trace became a script
         verdict = re.search(r'<div class="verdict fail"[^>]*>(.*?)</div>', dom, re.S).group(1)
         self.assertIn("where PyTorch's allocator reserved 360 MiB", verdict)
-        self.assertIn("allocation failed on the emulated device", verdict)
+        self.assertIn("allocation failed on the 270 MiB emulated device", verdict)
+        # The recording hit an OOM: answered first, on the device given.
+        self.assertTrue(verdict.startswith("<p>On your 270 MiB device (--device-mem), xseg would not have avoided "
+                                           "this OOM"), verdict)
         self.assertRegex(dom, r'<table class="modes">(.|\n)*PyTorch \(recorded\)')
         bars = re.search(r'<svg class="bars"(.*?)</svg>', dom, re.S).group(1)
         self.assertEqual(bars.count('class="bar"'), 3)  # classic, expandable, PyTorch (recorded)

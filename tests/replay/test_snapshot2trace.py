@@ -76,6 +76,25 @@ class Convert(unittest.TestCase):
         self.assertEqual(fig["peak_reserved_bytes"], 40 * MiB)
         self.assertEqual(fig["peak_allocated_bytes"], 4 * MiB + 3 * MiB + 6 * MiB)
         self.assertIn("# pytorch: peak_reserved_bytes=%d" % (40 * MiB), text)
+        # An OOM without device_free: the device it happened on is unknown (0).
+        self.assertIn("# pytorch: oom_device_bytes=0\n", text)
+
+    def test_oom_request_and_device(self):
+        """The request PyTorch failed is replayed (and freed) after the OOM mark, on its stream; the
+        device is PyTorch's reserved bytes at the first OOM plus the free bytes it reported."""
+        snap = snapshot()
+        snap["device_traces"][0][-1] = {"action": "oom", "size": 64 * MiB, "device_free": 3 * MiB,
+                                        "stream": 0x55, "time_us": 0}
+        text, fig = self.convert(snap)
+        body = [l for l in text.splitlines() if l and not l.startswith("#")]
+        i = [j for j, l in enumerate(body) if l.startswith("mark PyTorch OOM")][0]
+        self.assertEqual(body[i + 1:i + 3], ["alloc oom1 %d @s55  # the request PyTorch could not serve" % (64 * MiB),
+                                             "free oom1"])
+        self.assertIn("# pytorch: oom_device_bytes=%d\n" % (40 * MiB + 3 * MiB), text)
+        self.assertEqual(fig["peak_allocated_bytes"], 4 * MiB + 3 * MiB + 6 * MiB)  # PyTorch's, without it
+        no_oom = snapshot()
+        no_oom["device_traces"][0].pop()
+        self.assertNotIn("oom_device_bytes", self.convert(no_oom)[0])
 
     def test_errors(self):
         with self.assertRaisesRegex(ValueError, "only segments"):

@@ -100,7 +100,9 @@ static void usage(FILE *f)
         "TRACE is a file in the trace language, an RMM CSV log (Thread,Time,Action,Pointer,Size,Stream),\n"
         "a PyTorch snapshot (torch.cuda.memory._dump_snapshot; told by its first byte, whatever its name;\n"
         "every device that holds data is replayed as a trace of its own; needs python3 to run the\n"
-        "data-only converter xseg-snapshot2trace), or builtin:NAME for a bundled workload (see --list).\n"
+        "data-only converter xseg-snapshot2trace; one that ended in an OOM is replayed in both modes on\n"
+        "the device it failed on, or --device-mem, and answered first), or builtin:NAME for a bundled\n"
+        "workload (see --list).\n"
         "The trace language in full: docs/trace-format.md.\n"
         "\n"
         "options:\n"
@@ -517,6 +519,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
         if (c->summary == SUM_TEXT) {
             if (c->marks == RUN_MARKS_TABLE)
                 putchar('\n');
+            sum.device_bytes = c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
             report_summary_text(stdout, &sum, &t.recorded, c->driver_stats);
         } else if (c->summary == SUM_JSON) {
             report_summary_json(stdout, &sum);
@@ -801,63 +804,89 @@ static int fits_on(const struct cli *c, const char *spec, const char *name, cons
  * guaranteed: the answer is the smallest size the bisection found to fit, with the step below it
  * found not to fit.
  */
+/* That bisection for one (trace, mode), from @p full: the figures of a replay that fitted on the
+ * largest device, @p top (a multiple of the step). @return 0 (*@p min set), -1 when a replay
+ * stopped. */
+static int min_device_bisect(const struct cli *c, const char *spec, const char *name, const char *mode_cfg,
+                             const struct run_summary *full, uint64_t top, uint64_t *min, int *probes)
+{
+    const uint64_t step = c->step;
+    struct child_result r;
+    int f;
+    uint64_t peak = full->peak_allocated > 0 ? (uint64_t)full->peak_allocated : 0;
+    uint64_t reserved = full->peak_reserved > 0 ? (uint64_t)full->peak_reserved : 0;
+    if (peak > top)
+        return 1;
+    /* lo: known (or certain) not to fit; hi: known to fit. */
+    uint64_t lo = peak ? (peak - 1) / step * step : 0, hi = top;
+    uint64_t guess = reserved / step * step + (reserved % step ? step : 0);
+    while (hi - lo > step) {
+        uint64_t mid = lo + (hi - lo) / step / 2 * step;
+        if (guess > lo && guess < hi) {
+            mid = guess;
+            guess = 0;
+        }
+        (*probes)++;
+        f = fits_on(c, spec, name, mode_cfg, mid, &r);
+        run_timeline_free(&r.tl);
+        if (f < 0)
+            return -1;
+        if (f)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    *min = hi;
+    return 0;
+}
+
+/*
+ * The smallest device (see above) of one (trace, mode): *@p min, the figures of the replay on the
+ * largest device in *@p full, the replays it took in *@p probes. @return 0; 1 when it does not fit
+ * on the largest device; -1 when a replay stopped.
+ */
+static int min_device_of(const struct cli *c, const char *spec, const char *name, const char *mode_cfg,
+                         struct run_summary *full, uint64_t *min, int *probes)
+{
+    const uint64_t step = c->step;
+    uint64_t top = c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
+    top = top / step * step;
+    struct child_result r;
+    *probes = 1;
+    int f = top ? fits_on(c, spec, name, mode_cfg, top, &r) : -1;
+    if (top)
+        run_timeline_free(&r.tl);
+    if (f <= 0)
+        return f < 0 ? -1 : 1;
+    *full = r.sum;
+    return min_device_bisect(c, spec, name, mode_cfg, full, top, min, probes);
+}
+
 static int min_device_children(const struct cli *c)
 {
     size_t nmodes = c->compare ? 2 : 1;
-    const uint64_t step = c->step;
-    uint64_t top = 80ULL << 30;
-    if (c->device_mem)
-        top = strtoull(c->device_mem, NULL, 10);
-    top = top / step * step;
     int rc = 0;
     if (c->summary == SUM_TEXT)
         printf("%-40s %-11s %14s %14s %7s %7s\n", "trace", "mode", "peak alloc", "min device", "ratio", "probes");
     for (int ti = 0; ti < c->ntraces; ti++) {
         for (size_t m = 0; m < nmodes; m++) {
             const char *mode_cfg = c->compare ? cmp_modes[m][1] : NULL;
-            const char *spec = c->traces[ti], *name = c->names[ti];
-            struct child_result r;
-            int probes = 1;
-            int f = top ? fits_on(c, spec, name, mode_cfg, top, &r) : -1;
-            if (f <= 0) {
-                fprintf(stderr, "xseg-replay: %s%s%s: %s\n", name, c->compare ? " in " : "",
-                        c->compare ? cmp_modes[m][0] : "",
-                        f < 0 ? "the replay stopped" : "does not fit on --device-mem (raise it)");
-                run_timeline_free(&r.tl);
-                rc = 1;
-                continue;
-            }
-            struct run_summary full = r.sum;
-            run_timeline_free(&r.tl);
-            uint64_t peak = full.peak_allocated > 0 ? (uint64_t)full.peak_allocated : 0;
-            uint64_t reserved = full.peak_reserved > 0 ? (uint64_t)full.peak_reserved : 0;
-            /* lo: known (or certain) not to fit; hi: known to fit. */
-            uint64_t lo = peak ? (peak - 1) / step * step : 0, hi = top;
-            uint64_t guess = reserved / step * step + (reserved % step ? step : 0);
-            int broken = 0;
-            while (hi - lo > step) {
-                uint64_t mid = lo + (hi - lo) / step / 2 * step;
-                if (guess > lo && guess < hi) {
-                    mid = guess;
-                    guess = 0;
-                }
-                probes++;
-                f = fits_on(c, spec, name, mode_cfg, mid, &r);
-                run_timeline_free(&r.tl);
-                if (f < 0) {
-                    broken = 1;
-                    break;
-                }
-                if (f)
-                    hi = mid;
+            const char *name = c->names[ti];
+            struct run_summary full;
+            uint64_t hi = 0;
+            int probes;
+            int f = min_device_of(c, c->traces[ti], name, mode_cfg, &full, &hi, &probes);
+            if (f) {
+                if (probes == 1)
+                    fprintf(stderr, "xseg-replay: %s%s%s: %s\n", name, c->compare ? " in " : "",
+                            c->compare ? cmp_modes[m][0] : "",
+                            f < 0 ? "the replay stopped" : "does not fit on --device-mem (raise it)");
                 else
-                    lo = mid;
-            }
-            if (broken) {
-                fprintf(stderr, "xseg-replay: %s: a probe's replay stopped\n", name);
+                    fprintf(stderr, "xseg-replay: %s: a probe's replay stopped\n", name);
                 rc = 1;
                 continue;
             }
+            uint64_t peak = full.peak_allocated > 0 ? (uint64_t)full.peak_allocated : 0;
             double ratio = peak ? (double)hi / (double)peak : 0;
             const char *mode = full.mode[0] ? full.mode : "?";
             if (c->summary == SUM_TEXT) {
@@ -869,7 +898,7 @@ static int min_device_children(const struct cli *c)
                 printf(",\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,"
                        "\"ratio\":%.4f,\"step\":%llu,\"probes\":%d}\n",
                        mode, (unsigned long long)peak, (unsigned long long)hi, ratio,
-                       (unsigned long long)step, probes);
+                       (unsigned long long)c->step, probes);
             }
             fflush(stdout);
         }
@@ -961,6 +990,97 @@ static int replay_child_mode(const struct cli *c, struct children *ch, size_t ti
     return rc;
 }
 
+/* What verdict_probes finds for one mode (also what a forked helper writes back). */
+struct verdict_found {
+    uint64_t min_device, oom_device;
+    int oom_fits;
+};
+
+static void verdict_probe_mode(const struct cli *c, const char *spec, const char *name, const char *cfg,
+                               const struct run_summary *s, uint64_t oom_dev, uint64_t top, struct verdict_found *v)
+{
+    *v = (struct verdict_found){0};
+    if (oom_dev && c->device_mem) { /* the replay just made ran on that device */
+        v->oom_device = oom_dev;
+        v->oom_fits = s->failed_allocs == 0;
+    } else if (oom_dev) {
+        struct child_result r;
+        int f = fits_on(c, spec, name, cfg, oom_dev, &r);
+        run_timeline_free(&r.tl);
+        if (f >= 0) {
+            v->oom_device = oom_dev;
+            v->oom_fits = f;
+        }
+    }
+    uint64_t min = 0;
+    int probes = 1;
+    if (!s->failed_allocs && s->device_bytes == top && min_device_bisect(c, spec, name, cfg, s, top, &min, &probes) == 0)
+        v->min_device = min;
+}
+
+/*
+ * The verdict's device figures, in each mode's summary: the smallest device it fits on (the
+ * bisection of --min-device, from the replay already made on the full device), and for a
+ * recording that ended in an OOM, whether the run (the failing request included) fits the device
+ * PyTorch failed on: --device-mem when given, else PyTorch's reserved plus free bytes at the OOM.
+ * The modes' probes run at once, one forked helper each (a replay mostly waits on the emulated
+ * driver); where fork or the pipe fails, one after the other here.
+ */
+static void verdict_probes(const struct cli *c, struct children *ch, size_t ti)
+{
+    const struct trace_recorded *rec = &ch->traces[ti].recorded;
+    int oom = rec->noom > 0 || rec->oom_device >= 0;
+    uint64_t oom_dev = !oom ? 0 : c->device_mem ? strtoull(c->device_mem, NULL, 10)
+                                : rec->oom_device > 0 ? (uint64_t)rec->oom_device : 0;
+    uint64_t top = device_bytes(c) / c->step * c->step;
+    pid_t pid[2] = {-1, -1};
+    int fd[2] = {-1, -1};
+    if (c->progress > 0 || (c->progress < 0 && isatty(2)))
+        fprintf(stderr, "xseg-replay: %s: finding each mode's smallest device for the verdict (a few replays)\n",
+                c->names[ti]);
+    fflush(NULL); /* a helper exits with _exit, but nothing buffered must be written twice */
+    for (size_t m = 0; m < ch->nmodes && m < 2; m++) {
+        struct run_summary *s = &ch->res[ti * ch->nmodes + m].sum;
+        s->device_bytes = device_bytes(c);
+        int p[2];
+        if (pipe(p))
+            continue;
+        pid[m] = fork();
+        if (pid[m] == 0) {
+            close(p[0]);
+            struct verdict_found v;
+            verdict_probe_mode(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, s, oom_dev, top,
+                               &v);
+            _exit(write(p[1], &v, sizeof v) == (ssize_t)sizeof v ? 0 : 1);
+        }
+        close(p[1]);
+        if (pid[m] < 0)
+            close(p[0]);
+        else
+            fd[m] = p[0];
+    }
+    for (size_t m = 0; m < ch->nmodes && m < 2; m++) {
+        struct run_summary *s = &ch->res[ti * ch->nmodes + m].sum;
+        struct verdict_found v;
+        int got = 0;
+        if (pid[m] > 0) {
+            ssize_t n;
+            while ((n = read(fd[m], &v, sizeof v)) < 0 && errno == EINTR)
+                ;
+            got = n == (ssize_t)sizeof v;
+            close(fd[m]);
+            while (waitpid(pid[m], NULL, 0) < 0 && errno == EINTR)
+                ;
+        }
+        if (!got)
+            verdict_probe_mode(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, s, oom_dev, top,
+                               &v);
+        s->min_device = v.min_device;
+        s->oom_device = v.oom_device;
+        s->oom_fits = v.oom_fits;
+    }
+}
+
 /* Every mode of trace @p ti, then its comparison, its plot panel and its tuning. */
 static int replay_child_trace(const struct cli *c, struct children *ch, size_t ti)
 {
@@ -974,6 +1094,8 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
     name_trace(&ch->traces[ti], c->names[ti]);
     for (size_t m = 0; m < ch->nmodes; m++)
         rc |= replay_child_mode(c, ch, ti, m);
+    if (rc == 0 && (c->summary == SUM_TEXT || c->report))
+        verdict_probes(c, ch, ti);
     struct child_result *row = &ch->res[ti * ch->nmodes];
     if (c->summary == SUM_TEXT || (c->summary == SUM_NONE && c->marks == RUN_MARKS_TABLE)) {
         struct run_summary sums[2];
@@ -1309,6 +1431,12 @@ int main(int argc, char **argv)
                 fprintf(stderr, "xseg-replay: %s\n", err);
                 return 1;
             }
+            /* A recording that ended in an OOM is answered for both modes ("would xseg have
+             * avoided it?", against PyTorch's allocator as modelled), unless options name one
+             * mode or files whose names depend on the number of modes. */
+            if ((t.recorded.noom || t.recorded.oom_device >= 0) && c.summary == SUM_TEXT && !c.config &&
+                !c.min_device && !c.snapshot && !c.plot && !c.timeline_out)
+                c.compare = 1;
             trace_destroy(&t);
         }
     }

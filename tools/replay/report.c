@@ -74,37 +74,49 @@ static void human(char *buf, size_t len, int64_t b)
         snprintf(buf, len, "%.0f MiB", (double)b / (1 << 20));
 }
 
-/* The device a peak reserved figure fits on, in bytes: whole GiB from 2 GiB, else 64 MiB steps;
- * and as text. */
-static int64_t device_of(char *buf, size_t len, int64_t b)
-{
-    int64_t unit = b >= (int64_t)2 << 30 ? (int64_t)1 << 30 : (int64_t)64 << 20;
-    int64_t d = (b + unit - 1) / unit * unit;
-    if (unit == (int64_t)1 << 30)
-        snprintf(buf, len, "%lld GiB", (long long)(d >> 30));
-    else
-        snprintf(buf, len, "%lld MiB", (long long)(d >> 20));
-    return d;
-}
-
 static int is_classic(const struct run_summary *s) { return !strncmp(s->mode, "classic", 7); }
 
-/* "xseg needs A where B reserved C: this run fits a D device instead of E." (or "both fit", or
- * which needs the larger device when xseg does) */
-static void needs_sentence(char *buf, size_t len, const char *who, int64_t mine, const char *whom,
-                           const char *verb, int64_t theirs, int fits)
+static const char *const classic_name = "PyTorch's allocator (classic mode, as modelled)";
+
+/* "On your D device (...), xseg would have avoided this OOM: ...; PyTorch's allocator ... fails
+ * there too." from the summaries' oom_device and oom_fits (either mode may be missing). */
+static void oom_sentence(char *buf, size_t len, const struct run_summary *xs, const struct run_summary *cl)
 {
-    char a[32], b[32], da[32], db[32], tail[128] = "";
-    human(a, sizeof a, mine);
-    human(b, sizeof b, theirs);
-    int64_t dm = device_of(da, sizeof da, mine), dt = device_of(db, sizeof db, theirs);
-    if (fits && dm < dt)
-        snprintf(tail, sizeof tail, ": this run fits a %s device instead of %s", da, db);
-    else if (fits && dm == dt)
-        snprintf(tail, sizeof tail, ": both fit a %s device", da);
-    else if (fits)
-        snprintf(tail, sizeof tail, ": this run needs a %s device instead of %s", da, db);
-    snprintf(buf, len, "%s needs %s where %s %s %s%s.", who, a, whom, verb, b, tail);
+    const struct run_summary *o = xs && xs->oom_device ? xs : cl;
+    char d[32], x[160] = "", k[128] = "";
+    human(d, sizeof d, (int64_t)o->oom_device);
+    if (xs && xs->oom_device)
+        snprintf(x, sizeof x, "%s", xs->oom_fits ? "xseg would have avoided this OOM: the whole run, the failing request "
+                                                   "included, fits there"
+                                                 : "xseg would not have avoided this OOM: an allocation fails there too");
+    if (cl && cl->oom_device)
+        snprintf(k, sizeof k, "%s%s %s there%s", x[0] ? "; " : "", classic_name, cl->oom_fits ? "fits" : "fails",
+                 !cl->oom_fits && xs && xs->oom_device && !xs->oom_fits ? " too" : "");
+    snprintf(buf, len, "On your %s device (%s), %s%s.", d,
+             o->oom_device == o->device_bytes ? "--device-mem" : "the memory PyTorch held plus what was free when it failed",
+             x, k);
+}
+
+/* The device-size sentence, from each mode's smallest device (--min-device's bisection). */
+static void device_sentence(char *buf, size_t len, const struct run_summary *xs, const struct run_summary *cl)
+{
+    char a[32], b[32];
+    if (xs && xs->min_device)
+        human(a, sizeof a, (int64_t)xs->min_device);
+    if (cl && cl->min_device)
+        human(b, sizeof b, (int64_t)cl->min_device);
+    if (xs && xs->min_device && cl && cl->min_device) {
+        if (!strcmp(a, b))
+            snprintf(buf, len, "Smallest device: xseg and %s both fit this run on %s (as --min-device finds it).",
+                     classic_name, a);
+        else
+            snprintf(buf, len, "Smallest device: xseg fits this run on %s where %s needs %s (as --min-device finds "
+                     "them).", a, classic_name, b);
+    } else if (xs && xs->min_device) {
+        snprintf(buf, len, "Smallest device: xseg fits this run on %s (as --min-device finds it).", a);
+    } else {
+        snprintf(buf, len, "Smallest device: %s fits this run on %s (as --min-device finds it).", classic_name, b);
+    }
 }
 
 size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
@@ -119,14 +131,28 @@ size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_
     }
     int have_rec = rec && rec->peak_reserved > 0;
     size_t k = 0;
-    char a[32], b[32];
-    if (xs && have_rec && k < maxlines)
-        needs_sentence(lines[k++], REPORT_VERDICT_MAX, "xseg", xs->peak_reserved, "PyTorch's allocator",
-                       "reserved", rec->peak_reserved, !xs->failed_allocs);
-    if (xs && cl && !have_rec && k < maxlines)
-        needs_sentence(lines[k++], REPORT_VERDICT_MAX, "xseg", xs->peak_reserved,
-                       "PyTorch's allocator (classic mode, as modelled)", "reserves", cl->peak_reserved,
-                       !xs->failed_allocs && !cl->failed_allocs);
+    char a[32], b[32], dev[32] = "";
+    if (s[0].device_bytes)
+        human(dev, sizeof dev, (int64_t)s[0].device_bytes);
+    /* A recording that ended in an OOM: its question first. */
+    if (rec && (rec->noom || rec->oom_device >= 0) && k < maxlines) {
+        if ((xs && xs->oom_device) || (cl && cl->oom_device))
+            oom_sentence(lines[k++], REPORT_VERDICT_MAX, xs, cl);
+        else
+            snprintf(lines[k++], REPORT_VERDICT_MAX, "This run ended in an OOM on a device of unknown size: "
+                     "--device-mem SIZE (your device's memory) answers whether xseg would have avoided it.");
+    }
+    /* Device size: from the smallest devices only, never from peak reserved. */
+    if (((xs && xs->min_device) || (cl && cl->min_device)) && k < maxlines)
+        device_sentence(lines[k++], REPORT_VERDICT_MAX, xs, cl);
+    /* Reserved memory: on the device the replay ran on, and said so. */
+    if (xs && (have_rec || cl) && k < maxlines) {
+        human(a, sizeof a, xs->peak_reserved);
+        human(b, sizeof b, have_rec ? rec->peak_reserved : cl->peak_reserved);
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "On the %s%s device, xseg reserves %s at its peak where %s %s %s%s.",
+                 dev, dev[0] ? "" : "emulated", a, have_rec ? "PyTorch's allocator" : classic_name,
+                 have_rec ? "reserved" : "reserves", b, have_rec ? " (recorded)" : "");
+    }
     if (cl && have_rec && k < maxlines) {
         human(a, sizeof a, cl->peak_reserved);
         human(b, sizeof b, rec->peak_reserved);
@@ -135,20 +161,18 @@ size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_
                  "(%+.1f %%).", a, b, 100.0 * (double)(cl->peak_reserved - rec->peak_reserved) / (double)rec->peak_reserved);
     }
     if (n == 1 && !(xs && have_rec) && !(cl && have_rec) && k < maxlines) {
-        char d[32];
         human(a, sizeof a, s[0].peak_reserved);
         human(b, sizeof b, s[0].peak_allocated);
-        device_of(d, sizeof d, s[0].peak_reserved);
-        snprintf(lines[k++], REPORT_VERDICT_MAX, "%s needs %s (peak reserved) for %s allocated at its peak%s%s%s.",
-                 xs ? "xseg" : "PyTorch's allocator (classic mode, as modelled)", a, b,
-                 s[0].failed_allocs ? "" : ": this run fits a ", s[0].failed_allocs ? "" : d,
-                 s[0].failed_allocs ? "" : " device");
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "On the %s%s device, %s reserves %s at its peak for %s allocated "
+                 "(--min-device: the smallest device it fits on).", dev, dev[0] ? "" : "emulated",
+                 xs ? "xseg" : classic_name, a, b);
     }
     for (size_t m = 0; m < n && k < maxlines; m++)
         if (s[m].failed_allocs)
             snprintf(lines[k++], REPORT_VERDICT_MAX,
-                     "In %s mode %llu allocation%s failed on the emulated device (--device-mem): the run does not "
-                     "fit there.", s[m].mode, (unsigned long long)s[m].failed_allocs, s[m].failed_allocs > 1 ? "s" : "");
+                     "In %s mode %llu allocation%s failed on the %s%semulated device (--device-mem): the run does "
+                     "not fit there.", s[m].mode, (unsigned long long)s[m].failed_allocs,
+                     s[m].failed_allocs > 1 ? "s" : "", dev, dev[0] ? " " : "");
     return k;
 }
 

@@ -67,6 +67,11 @@ struct run_summary {
     /* Action index of the first RUN_FAILED_AT_MAX failed allocations (the plot's OOM points). */
     uint64_t failed_at[RUN_FAILED_AT_MAX];
     int over_deadline;      /* run_trace stopped at run_options.deadline (the rest is not filled) */
+    /* Filled by the parent for the verdict, never by a replay (0 / -1: not measured). */
+    uint64_t device_bytes;  /* the device the replay ran on (--device-mem, else 80 GiB) */
+    uint64_t min_device;    /* the smallest device it fits on, as --min-device finds it */
+    uint64_t oom_device;    /* the device an OOM recording was replayed on (0: none) */
+    int oom_fits;           /* on oom_device (when not 0): 1 the whole run fits, 0 an allocation failed */
 };
 
 /* allocated and reserved bytes (all pools) after each allocating / freeing action. */

@@ -106,7 +106,7 @@ xseg_status trace_init(struct trace *t, const char *source)
     t->strings[0] = '\0';
     t->strings_len = 1;
     t->strings_cap = 256;
-    t->recorded.peak_allocated = t->recorded.peak_reserved = -1;
+    t->recorded.peak_allocated = t->recorded.peak_reserved = t->recorded.oom_device = -1;
     t->recorded.expandable = -1;
     return XSEG_SUCCESS;
 }
@@ -142,6 +142,8 @@ void trace_note_comment(struct trace *t, const char *s, const char *end)
             t->recorded.peak_reserved = v;
         else if ((v = recorded_value(kv, end, "expandable_segments")) >= 0 && v <= 1)
             t->recorded.expandable = (int)v;
+        else if ((v = recorded_value(kv, end, "oom_device_bytes")) >= 0)
+            t->recorded.oom_device = v;
     } else if (len >= sizeof oom - 1 && !strncmp(s, oom, sizeof oom - 1)) {
         if (t->recorded.noom < TRACE_RECORDED_OOM_MAX)
             t->recorded.oom_at[t->recorded.noom] = t->count;

@@ -98,6 +98,10 @@ struct trace_recorded {
     uint64_t oom_at[TRACE_RECORDED_OOM_MAX]; /* action index (the next action) of each recorded OOM */
     size_t noom;                            /* all of them, even past TRACE_RECORDED_OOM_MAX */
     int expandable; /* 1: PyTorch ran with expandable segments, 0: classic, -1: not recorded */
+    /* The memory PyTorch could use when it first failed (its reserved bytes plus the device's
+     * free bytes, "# pytorch: oom_device_bytes=N"): the device to replay an OOM on; 0 an OOM on
+     * a device of unknown size; -1 not written (no OOM unless noom says so). */
+    int64_t oom_device;
 };
 
 struct trace {
