@@ -175,17 +175,18 @@ static int compose(const struct family *f, const size_t *pick, struct tune_candi
 static void canonical(const struct tune_candidate *c, char *buf, size_t len)
 {
     struct cfg def, out;
+    size_t n = len;
     cfg_default(&def);
     if (cfg_parse(c->config, &def, &out) == XSEG_SUCCESS)
-        cfg_format(&out, buf, len, NULL);
-    else
+        cfg_format(&out, buf, len, &n);
+    if (n >= len) /* refused, or longer than the buffer: its own spelling */
         snprintf(buf, len, "%s", c->config);
 }
 
 /* Seen before in this search (by canonical config)? If not, it is noted. -1: out of memory. */
 static int seen(struct search *s, const struct tune_candidate *c)
 {
-    char key[CANON_MAX];
+    char key[CANON_MAX] = "";
     canonical(c, key, sizeof key);
     for (size_t i = 0; i < s->nseen; i++)
         if (!strcmp(s->seen[i], key))
