@@ -40,9 +40,9 @@ def figs(r):
     dev = "-" if d is None else ("" if r["min_device_exact"] else "<= ") + "%.2f" % (d / 2**30)
     return "%.2f / %s" % (r["peak_reserved_bytes"] / 2**30, dev)
 end = rows[-1]
-print("| %s | %s | `%s` | %s | `%s` | %s | %d, %.0f |" % (
-    name, figs(get("pytorch", "default")), get("pytorch", "best")["config"] or "(unset)",
-    figs(get("pytorch", "best")), get("xseg", "best")["config"] or "(unset)", figs(get("xseg", "best")),
-    end["replays"], end["seconds"]))
+line = lambda r: "`%s`" % r["config"] if r["config"] and r["peak_reserved_bytes"] is not None else r["config"] or "(unset)"
+print("| %s | %s | %s | %s | %s | %s | %d, %.0f |" % (
+    name, figs(get("pytorch", "default")), line(get("pytorch", "best")), figs(get("pytorch", "best")),
+    line(get("xseg", "best")), figs(get("xseg", "best")), end["replays"], end["seconds"]))
 ' "$(basename "$spec")" || { cat "$tmp/err" >&2; exit 1; }
 done

@@ -8,11 +8,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/config.h"
 #include "tools/replay/report.h"
 
 static const double GiB = 1073741824.0;
 #define STEP ((uint64_t)2 << 20) /* the bisection's step: the driver's granularity */
-#define TUNE_BISECTED 5          /* configs per family whose smallest device is bisected */
+#define CANON_MAX 1024           /* a canonical config string (cfg_format) */
 
 /* One searched key and its values; values[0] is the family's default (left unset). */
 struct axis {
@@ -82,8 +83,9 @@ struct search {
     double t0;
     unsigned runs;
     int progress;
-    struct tune_candidate *tried;
-    size_t ntried, cap;
+    char (*seen)[CANON_MAX]; /* the canonical configs tried */
+    size_t nseen, cap;
+    int cut_short;          /* a stage stopped with candidates left (its share of the budget spent) */
     const char *stage;
     int over;               /* the seconds ran out (a replay was stopped, or none could start) */
     int stopped_replay;     /* a replay in progress was stopped at the deadline */
@@ -102,15 +104,15 @@ static double deadline(const struct search *s)
     return s->budget.seconds > 0 ? s->t0 + s->budget.seconds : 0;
 }
 
-/* May another replay start? @p share: the part of the budget this stage may use. */
-static int budget_left(const struct search *s, double share)
+/* May another replay start? @p share: the part of the budget spent so far that this stage may
+ * reach. Asked only when there is a replay to start: a no notes that the search was cut short. */
+static int budget_left(struct search *s, double share)
 {
-    if (s->over)
+    if (s->over || (s->budget.runs && s->runs >= (unsigned)ceil(s->budget.runs * share)) ||
+        (s->budget.seconds > 0 && now_s() - s->t0 >= s->budget.seconds * share)) {
+        s->cut_short = 1;
         return 0;
-    if (s->budget.runs && s->runs >= (unsigned)ceil(s->budget.runs * share))
-        return 0;
-    if (s->budget.seconds > 0 && now_s() - s->t0 >= s->budget.seconds * share)
-        return 0;
+    }
     return 1;
 }
 
@@ -143,23 +145,10 @@ static int probe(struct search *s, const char *config, uint64_t device, struct r
     return probe_once(s, config, device, sum);
 }
 
-/* Lower is better: fits on the full device first, then the smallest device (known before
- * unknown), then peak reserved. */
-static int better(const struct tune_candidate *a, const struct tune_candidate *b)
-{
-    if (a->stopped != b->stopped)
-        return !a->stopped;
-    if ((a->failed_allocs == 0) != (b->failed_allocs == 0))
-        return a->failed_allocs == 0;
-    if (!a->min_device != !b->min_device) /* a bisected config ranks before one never bisected */
-        return a->min_device != 0;
-    if (a->min_device != b->min_device)
-        return a->min_device < b->min_device;
-    return a->peak_reserved < b->peak_reserved;
-}
-
-/* The candidate for @p pick (one value index per axis): its shown keys and replay config. */
-static void compose(const struct family *f, const size_t *pick, struct tune_candidate *c)
+/* The candidate for @p pick (one value index per axis): its shown keys and replay config.
+ * @return 0, or -1 when the config parser refuses the combination (e.g. expandable_chunk_mb
+ * over expandable_page_size_mb): such a config is never replayed. */
+static int compose(const struct family *f, const size_t *pick, struct tune_candidate *c)
 {
     memset(c, 0, sizeof *c);
     size_t n = 0;
@@ -175,17 +164,48 @@ static void compose(const struct family *f, const size_t *pick, struct tune_cand
         snprintf(c->config, sizeof c->config, "expandable_segments:False%s%s", *c->shown ? "," : "", c->shown);
     else
         snprintf(c->config, sizeof c->config, "%s%s%s", f->fixed, *c->shown ? "," : "", c->shown);
+    /* The parser the replay's xseg_init runs, on the defaults the replay starts from. */
+    struct cfg def, out;
+    cfg_default(&def);
+    return cfg_parse(c->config, &def, &out) == XSEG_SUCCESS ? 0 : -1;
 }
 
-/* Replay @p c once on the full device (or find it among those tried). 0 done, -1 stopped, 1 over
- * budget. */
-static int evaluate(struct search *s, struct tune_candidate *c)
+/* @p c's canonical config (every key, as the parser resolved it): two spellings of one
+ * configuration are one candidate. */
+static void canonical(const struct tune_candidate *c, char *buf, size_t len)
 {
-    for (size_t i = 0; i < s->ntried; i++)
-        if (!strcmp(s->tried[i].config, c->config)) {
-            *c = s->tried[i];
-            return 0;
-        }
+    struct cfg def, out;
+    size_t n = len;
+    cfg_default(&def);
+    if (cfg_parse(c->config, &def, &out) == XSEG_SUCCESS)
+        cfg_format(&out, buf, len, &n);
+    if (n >= len) /* refused, or longer than the buffer: its own spelling */
+        snprintf(buf, len, "%s", c->config);
+}
+
+/* Seen before in this search (by canonical config)? If not, it is noted. -1: out of memory. */
+static int seen(struct search *s, const struct tune_candidate *c)
+{
+    char key[CANON_MAX] = "";
+    canonical(c, key, sizeof key);
+    for (size_t i = 0; i < s->nseen; i++)
+        if (!strcmp(s->seen[i], key))
+            return 1;
+    if (s->nseen == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 64;
+        char(*n)[CANON_MAX] = realloc(s->seen, cap * sizeof *n);
+        if (!n)
+            return -1;
+        s->seen = n;
+        s->cap = cap;
+    }
+    memcpy(s->seen[s->nseen++], key, CANON_MAX);
+    return 0;
+}
+
+/* One replay of @p c on the full device: its figures. 0 done, -1 stopped, 1 over budget. */
+static int full_replay(struct search *s, struct tune_candidate *c)
+{
     struct run_summary sum;
     int r = probe(s, c->config, 0, &sum);
     if (r != 0)
@@ -193,63 +213,23 @@ static int evaluate(struct search *s, struct tune_candidate *c)
     c->peak_reserved = sum.peak_reserved;
     c->peak_allocated = sum.peak_allocated;
     c->failed_allocs = sum.failed_allocs;
-    if (s->ntried == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 64;
-        struct tune_candidate *n = realloc(s->tried, cap * sizeof *n);
-        if (!n)
-            return -1;
-        s->tried = n;
-        s->cap = cap;
-    }
-    s->tried[s->ntried++] = *c;
     return 0;
 }
 
-/* Coordinate search from the defaults: each axis in turn takes its best value, until a pass
- * changes nothing or the stage's budget is spent. */
-static void coordinate_search(struct search *s, const struct family *f)
+static uint64_t round_up(uint64_t v)
 {
-    size_t pick[8] = {0};
-    struct tune_candidate cur;
-    compose(f, pick, &cur);
-    if (evaluate(s, &cur))
-        return;
-    for (int pass = 0, changed = 1; changed && pass < 3; pass++) {
-        changed = 0;
-        for (size_t a = 0; a < f->naxes; a++) {
-            size_t keep = pick[a];
-            for (size_t v = 0; v < nvalues(&f->axes[a]) && budget_left(s, 0.3 * (f == &families[0] ? 1 : 2)); v++) {
-                if (v == keep)
-                    continue;
-                struct tune_candidate c;
-                pick[a] = v;
-                compose(f, pick, &c);
-                if (evaluate(s, &c) == 0 && better(&c, &cur)) {
-                    cur = c;
-                    keep = v;
-                    changed = 1;
-                }
-            }
-            pick[a] = keep;
-        }
-    }
+    return (v + STEP - 1) / STEP * STEP;
 }
 
-/* The smallest device (2 MiB steps) @p c replays on with no failed allocation. */
-static void bisect(struct search *s, struct tune_candidate *c)
+/* The smallest device (2 MiB steps) @p c replays on with no failed allocation, between @p lo
+ * (fails or below the peak allocated) and @p hi (fits). Stops within the family's @p share of
+ * the budget: min_device is then an upper bound (device_exact 0). */
+static void bisect_between(struct search *s, struct tune_candidate *c, uint64_t lo, uint64_t hi, double share)
 {
-    if (c->failed_allocs || c->min_device || c->stopped || !budget_left(s, 1.0))
-        return;
-    uint64_t hi = ((uint64_t)c->peak_reserved + STEP - 1) / STEP * STEP;
-    uint64_t lo = c->peak_allocated > 0 ? ((uint64_t)c->peak_allocated - 1) / STEP * STEP : 0;
     struct run_summary sum;
-    int r = hi > s->device ? 0 : probe(s, c->config, hi, &sum);
-    if (r > 0)
-        return; /* out of time before the first answer: not bisected */
-    if (r == 0 && (hi > s->device || sum.failed_allocs))
-        hi = s->device; /* the device needed more than what was reserved: stay on the full one */
+    int r = 0;
     c->min_device = hi;
-    while (r == 0 && hi - lo > STEP && budget_left(s, 1.0)) {
+    while (hi - lo > STEP && budget_left(s, share)) {
         uint64_t mid = lo + (hi - lo) / STEP / 2 * STEP;
         if ((r = probe(s, c->config, mid, &sum)) != 0)
             break;
@@ -259,62 +239,165 @@ static void bisect(struct search *s, struct tune_candidate *c)
             hi = mid;
         c->min_device = hi;
     }
-    if (r < 0) { /* no answer: it ranks after every config that has one */
-        c->stopped = 1;
-        c->min_device = 0;
-    } /* out of time (r > 0): min_device stays the upper bound found so far */
     c->device_exact = r == 0 && hi - lo <= STEP;
 }
 
-/* Ranked; among equal figures, the config with fewer keys first (nothing set for nothing). */
-static int by_rank(const void *x, const void *y)
+/* The default's smallest device: from its peak reserved (rounded up to the step) down to its
+ * peak allocated; on the full device when it needed more than it reserved. */
+static void bisect(struct search *s, struct tune_candidate *c, double share)
 {
-    const struct tune_candidate *a = x, *b = y;
-    if (better(a, b))
-        return -1;
-    if (better(b, a))
+    if (c->failed_allocs || c->min_device || c->stopped || !budget_left(s, share))
+        return;
+    uint64_t hi = round_up((uint64_t)c->peak_reserved);
+    uint64_t lo = c->peak_allocated > 0 ? ((uint64_t)c->peak_allocated - 1) / STEP * STEP : 0;
+    struct run_summary sum;
+    int r = hi >= s->device ? 0 : probe(s, c->config, hi, &sum);
+    if (r > 0)
+        return; /* out of time before the first answer: not bisected */
+    if (r < 0) {
+        c->stopped = 1; /* no answer on a smaller device: no smallest device */
+        return;
+    }
+    if (hi >= s->device || sum.failed_allocs) {
+        if (hi < s->device)
+            lo = hi; /* it failed there: the answer lies above */
+        hi = s->device; /* it fits the full device (its replay had no failed allocation) */
+    }
+    bisect_between(s, c, lo, hi, share);
+}
+
+/* Does @p c beat @p cur (the family's pick so far)? Ranked by the smallest device: when @p cur
+ * has one, @p c is replayed once on 2 MiB less, and beats it only if it fits there (then its
+ * own smallest device is bisected below that and its peak reserved taken on the full device).
+ * When @p cur fails on the full device, @p c beats it by fitting there, or by fewer failed
+ * allocations. Equal outcomes keep @p cur: a key is changed only for a smaller device.
+ * @return 1 better (@p c filled), 0 not, -2 out of the budget. */
+static int challenge(struct search *s, const struct tune_candidate *cur, struct tune_candidate *c, double share)
+{
+    struct run_summary sum;
+    if (cur->min_device && !cur->stopped) {
+        if (cur->min_device <= STEP)
+            return 0;
+        uint64_t target = cur->min_device - STEP;
+        int r = probe(s, c->config, target, &sum);
+        if (r > 0)
+            return -2;
+        if (r < 0 || sum.failed_allocs)
+            return 0;
+        uint64_t lo = sum.peak_allocated > 0 ? ((uint64_t)sum.peak_allocated - 1) / STEP * STEP : 0;
+        /* Its figures on the full device first (what the line reports), then its device. */
+        c->peak_reserved = sum.peak_reserved;
+        c->peak_allocated = sum.peak_allocated;
+        if (budget_left(s, share))
+            full_replay(s, c); /* when it did not finish: the figures of the smaller device */
+        if (c->failed_allocs) { /* fits smaller but not on the full device: not monotone, not taken */
+            c->failed_allocs = 0;
+            return 0;
+        }
+        bisect_between(s, c, lo < target ? lo : 0, target, share);
         return 1;
-    size_t la = strlen(a->shown), lb = strlen(b->shown);
-    return la < lb ? -1 : la > lb ? 1 : strcmp(a->shown, b->shown);
+    }
+    int r = full_replay(s, c);
+    if (r > 0)
+        return -2;
+    if (r < 0)
+        return 0;
+    if (c->failed_allocs) {
+        if (cur->stopped || c->failed_allocs < cur->failed_allocs)
+            return 1;
+        return 0;
+    }
+    bisect(s, c, share);
+    return !c->stopped || cur->stopped ? 1 : 0;
 }
 
-static int same_figures(const struct tune_candidate *a, const struct tune_candidate *b)
-{
-    return a->peak_reserved == b->peak_reserved && a->min_device == b->min_device && a->failed_allocs == b->failed_allocs;
-}
-
-/* Of a family's configs (@p from..@p to in s->tried): the default, and the best and runner-up
- * after bisecting the default and the most promising few. */
-static void finish_family(struct search *s, const struct family *f, size_t from, size_t to,
-                          struct tune_family_result *fr)
+/* One family: its default (replayed on the full device, its smallest device bisected), then a
+ * coordinate search in the axes' fixed order: each axis in turn tries its values (those the
+ * parser accepts, each configuration once) against the pick so far and keeps a value that gives
+ * a smaller device; passes repeat until one changes nothing. The family may spend the budget up
+ * to @p share (its own part, and what the ones before it left). Runner-up: the last pick the
+ * best displaced, else the first alternative tried (its figures replayed). */
+static void search_family(struct search *s, const struct family *f, double share, struct tune_family_result *fr,
+                          int *failed)
 {
     fr->name = f->name;
     fr->env = f->env;
-    struct tune_candidate *c = s->tried + from;
-    size_t n = to - from;
-    if (!n)
+    size_t pick[8] = {0};
+    struct tune_candidate cur, first_alt;
+    int have_first_alt = 0;
+    compose(f, pick, &cur); /* the defaults: always accepted */
+    if (seen(s, &cur) < 0)
         return;
-    bisect(s, &c[0]); /* the first tried: the defaults, the baseline of the figures */
-    fr->def = c[0];
+    int r = full_replay(s, &cur);
+    if (r > 0) {
+        fr->over_budget = 1;
+        return;
+    }
+    if (r < 0) {
+        *failed = 1;
+        return;
+    }
+    bisect(s, &cur, share);
+    fr->def = cur;
     fr->have_def = 1;
-    qsort(c, n, sizeof *c, by_rank);
-    for (size_t i = 0, done = 0; i < n && done < TUNE_BISECTED && budget_left(s, 1.0); i++)
-        if (!c[i].min_device && !c[i].failed_allocs && !c[i].stopped) {
-            bisect(s, &c[i]);
-            done++;
+    for (int pass = 0, changed = 1; changed && pass < 3; pass++) {
+        changed = 0;
+        for (size_t a = 0; a < f->naxes; a++) {
+            size_t keep = pick[a];
+            for (size_t v = 0; v < nvalues(&f->axes[a]); v++) {
+                if (v == keep)
+                    continue;
+                struct tune_candidate c;
+                pick[a] = v;
+                if (compose(f, pick, &c) || seen(s, &c))
+                    continue; /* refused by the parser, or the same configuration as one tried */
+                if (!budget_left(s, share)) {
+                    pick[a] = keep;
+                    goto done;
+                }
+                int b = challenge(s, &cur, &c, share);
+                if (b == -2) {
+                    pick[a] = keep;
+                    goto done;
+                }
+                if (!have_first_alt) {
+                    first_alt = c;
+                    have_first_alt = 1;
+                }
+                if (b == 1) {
+                    fr->runner_up = cur;
+                    fr->have_runner_up = 1;
+                    cur = c;
+                    keep = v;
+                    changed = 1;
+                }
+            }
+            pick[a] = keep;
         }
-    qsort(c, n, sizeof *c, by_rank);
-    fr->best = c[0];
+    }
+done:
+    fr->best = cur;
     fr->have_best = 1;
-    /* The runner-up: the next different outcome (a key that changes nothing is no alternative),
-     * else the next config. */
-    for (size_t i = 1; i < n && !fr->have_runner_up; i++)
-        if (!same_figures(&c[i], &c[0])) {
-            fr->runner_up = c[i];
-            fr->have_runner_up = 1;
+    if (fr->have_runner_up || !have_first_alt)
+        return;
+    /* The best is the default: the runner-up is the first alternative tried, with its own
+     * figures (it did not fit on the best's device less a step: its device lies above). */
+    if (!first_alt.peak_reserved && !first_alt.failed_allocs && budget_left(s, share) &&
+        full_replay(s, &first_alt) != 0)
+        return;
+    if (!first_alt.failed_allocs && !first_alt.min_device && budget_left(s, share)) {
+        uint64_t lo = cur.min_device > STEP ? cur.min_device - STEP : 0;
+        uint64_t hi = round_up((uint64_t)first_alt.peak_reserved);
+        struct run_summary sum;
+        int pr = hi <= lo ? 0 : hi >= s->device ? 0 : probe(s, first_alt.config, hi, &sum);
+        if (pr == 0) {
+            if (hi >= s->device || hi <= lo || sum.failed_allocs)
+                hi = s->device;
+            bisect_between(s, &first_alt, lo, hi, share);
         }
-    if (!fr->have_runner_up && n > 1) {
-        fr->runner_up = c[1];
+    }
+    if (first_alt.peak_reserved || first_alt.failed_allocs) {
+        fr->runner_up = first_alt;
         fr->have_runner_up = 1;
     }
 }
@@ -324,37 +407,26 @@ xseg_status tune_run(tune_probe_fn probe_fn, void *user, uint64_t device_bytes, 
 {
     memset(r, 0, sizeof *r);
     struct search s = {.probe = probe_fn, .user = user, .device = device_bytes, .budget = *b, .t0 = now_s(),
-                       .progress = progress, .stage = "searching configs"};
-    size_t start[TUNE_FAMILIES + 1];
-    int out_of_time[TUNE_FAMILIES]; /* a family with no replay finished, as the seconds ran out */
-    for (size_t f = 0; f < TUNE_FAMILIES; f++) {
-        start[f] = s.ntried;
-        coordinate_search(&s, &families[f]);
-        out_of_time[f] = s.ntried == start[f] && s.over;
+                       .progress = progress, .stage = "searching"};
+    int failed = 0;
+    /* Each family its share of the budget, in order: the first may not starve the second. */
+    for (size_t f = 0; f < TUNE_FAMILIES && !failed; f++) {
+        s.stage = f ? "searching xseg's configs" : "searching PyTorch's configs";
+        search_family(&s, &families[f], (double)(f + 1) / TUNE_FAMILIES, &r->fam[f], &failed);
     }
-    start[TUNE_FAMILIES] = s.ntried;
     xseg_status st = XSEG_SUCCESS;
-    int empty = 0;
-    for (size_t f = 0; f < TUNE_FAMILIES; f++)
-        empty |= start[f + 1] == start[f] && !out_of_time[f];
-    if (empty) {
+    if (failed) {
         snprintf(err, errlen, "--tune: the trace does not replay with the default config (see the replay's message)");
         st = XSEG_ERROR_INVALID_VALUE;
-    } else {
-        s.stage = "bisecting the smallest device";
-        for (size_t f = 0; f < TUNE_FAMILIES; f++) {
-            r->fam[f].over_budget = out_of_time[f];
-            finish_family(&s, &families[f], start[f], start[f + 1], &r->fam[f]);
-        }
     }
     r->runs = s.runs;
     r->seconds = now_s() - s.t0;
-    r->cut_short = !budget_left(&s, 1.0);
+    r->cut_short = s.cut_short || s.over;
     r->stopped_replay = s.stopped_replay;
     r->budget_seconds = s.budget.seconds;
     if (progress)
         fprintf(stderr, "\r%60s\r", "");
-    free(s.tried);
+    free(s.seen);
     return st;
 }
 

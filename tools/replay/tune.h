@@ -1,6 +1,6 @@
 /*
- * xseg-replay --tune: which allocator config gives this trace the smallest device and the lowest
- * peak reserved? Two families are searched, each from its own default:
+ * xseg-replay --tune: which allocator config gives this trace the smallest device? Two families
+ * are searched, each from its own default:
  *   PyTorch's allocator, as xseg models it: classic mode (expandable_segments:False), and
  *     expandable mode with xseg's extras off (expandable_segments_recycle and _defrag False:
  *     PyTorch's expandable layout and OOM path); over expandable_segments, max_split_size_mb,
@@ -10,9 +10,15 @@
  *     max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold. Its line is
  *     XSEG_ALLOC_CONF=.... expandable_segments_defrag is not searched: it moves live bytes and is
  *     safe only in single-threaded programs (docs/configuration.md).
- * First a coordinate search on peak reserved (one replay per config on the full device), then
- * the smallest device of the best few (2 MiB bisection); ranked by smallest device, then peak
- * reserved. The replays themselves are the caller's (a child process each: see main.c).
+ * Ranked by the smallest device (the 2 MiB bisection of --min-device), deterministically: each
+ * family starts from its default (replayed on the full device, its smallest device bisected),
+ * then a coordinate search in a fixed order (axes and values as listed in tune.c) replays each
+ * challenger once on the pick's smallest device less 2 MiB and takes it only if it fits there
+ * (then bisects it); equal devices keep the earlier pick, so no key is set for nothing.
+ * Candidates are checked with the config parser first (a combination it refuses is never
+ * replayed) and each configuration is tried once. Each family gets its half of the budget (the
+ * second also what the first left). The replays themselves are the caller's (a child process
+ * each: see main.c).
  */
 #ifndef XSEG_TOOLS_REPLAY_TUNE_H
 #define XSEG_TOOLS_REPLAY_TUNE_H
@@ -46,7 +52,7 @@ struct tune_candidate {
     uint64_t failed_allocs;
     uint64_t min_device;    /* bytes; 0: not bisected */
     int device_exact;       /* 1: the bisection finished (else min_device is an upper bound) */
-    int stopped;            /* a replay of the bisection stopped twice: ranks last */
+    int stopped;            /* a replay on a smaller device stopped twice: no smallest device */
 };
 
 #define TUNE_FAMILIES 2
@@ -75,7 +81,7 @@ xseg_status tune_run(tune_probe_fn probe, void *user, uint64_t device_bytes, con
                      int progress, struct tune_result *r, char *err, size_t errlen);
 
 /* The result as text: per family the winning env line, its predicted figures, the default's and
- * the runner-up's. */
+ * the runner-up's (the last pick the best displaced, else the first alternative tried). */
 void tune_print(FILE *out, const char *trace, const struct tune_result *r);
 
 /* The result as JSON lines, one per (family, rank): {"tune": trace, "family": "pytorch"|"xseg",
