@@ -79,14 +79,20 @@ def setup_multipliers():
     return mult
 
 
+def same_value(got, want):
+    """An environment value as set; a path list (LD_LIBRARY_PATH) in any order."""
+    return got == want or (got is not None and set(got.split(':')) == set(want.split(':')))
+
+
 def match(tests, rec):
     """The introspected test that REC ran: same command line, and the most of its own env set."""
     best, score = None, -1
     for t in tests:
-        if t['cmd'] != rec['argv']:
+        # the program by name: find_program's path depends on the PATH of the last reconfigure
+        if t['cmd'][1:] != rec['argv'][1:] or os.path.basename(t['cmd'][0]) != os.path.basename(rec['argv'][0]):
             continue
         env = t.get('env') or {}
-        if any(rec['env'].get(k) != v for k, v in env.items()):
+        if any(not same_value(rec['env'].get(k), v) for k, v in env.items()):
             continue
         if len(env) > score:
             best, score = t, len(env)
