@@ -13,7 +13,7 @@ the limits are set from CPU time, with margin. The tests run with their limits r
 (--measure-multiplier, default 4) so that a loaded machine yields a measurement, not a timeout;
 tools/test.sh --cpu-times runs every setup through this script at the limits themselves (1).
 
-    tests/build/cpu_times.py --summary [--min S] BUILD[:SETUP]...   (no run: one table over the
+    tests/build/cpu_times.py --summary [--min S] BUILD[:SETUP[:LOG]]...   (no run: one table over the
         setups' last runs, the tests with S or more seconds of CPU (2) or within 10x of their limit)
     tests/build/cpu_times.py --wrap LOG CMD...   (the wrapper itself; meson calls it)
 """
@@ -157,11 +157,12 @@ def main():
     return 1 if bad or meson_rc else 0
 
 
-def records(build, setup):
-    """{test name: cpu, wall, result, limit} from BUILD's last run in SETUP (its wrapper log)."""
+def records(build, setup, log=None):
+    """{test name: cpu, wall, result, limit} from BUILD's last run in SETUP (its wrapper log,
+    or LOG, a copy of one)."""
     suffix = '-' + setup if setup else ''
     mult = setup_multipliers().get(setup, 1.0) if setup else 1.0
-    log = os.path.join(build, 'meson-logs', f'cpu-times{suffix}.jsonl')
+    log = log or os.path.join(build, 'meson-logs', f'cpu-times{suffix}.jsonl')
     tests = json.loads(subprocess.run(['meson', 'introspect', build, '--tests'], check=True,
                                       capture_output=True, text=True).stdout)
     results = {}
@@ -195,17 +196,17 @@ def fmt_ratio(r):
 
 
 def summary(argv):
-    """--summary [--min S] BUILD[:SETUP]...: one table over the setups' last runs (no run): the
+    """--summary [--min S] BUILD[:SETUP[:LOG]]...: one table over the setups' last runs (no run): the
     tests that took at least S seconds of CPU (default 2) in one of them, or came within 10x of
     their limit."""
     ap = argparse.ArgumentParser(prog='cpu_times.py --summary')
     ap.add_argument('--min', type=float, default=2.0)
-    ap.add_argument('runs', nargs='+', help='BUILD or BUILD:SETUP')
+    ap.add_argument('runs', nargs='+', help='BUILD, BUILD:SETUP or BUILD:SETUP:LOG')
     a = ap.parse_args(argv)
-    runs = [(r.split(':', 1) + [''])[:2] for r in a.runs]
-    data = [records(os.path.abspath(b), s) for b, s in runs]
+    runs = [(r.split(':', 2) + ['', ''])[:3] for r in a.runs]
+    data = [records(os.path.abspath(b), s, log or None) for b, s, log in runs]
     names = sorted({n for d in data for n in d})
-    heads = [f"{os.path.basename(os.path.abspath(b))}{' (' + s + ')' if s else ''}" for b, s in runs]
+    heads = [f"{os.path.basename(os.path.abspath(b))}{' (' + s + ')' if s else ''}" for b, s, _ in runs]
     out = ['| test | ' + ' | '.join(f'{h}: CPU s, limit s' for h in heads) + ' | lowest limit / CPU |',
            '|---|' + '---:|' * (len(runs) + 1)]
     keep = []
