@@ -5,10 +5,19 @@
 # ($XSEG_FUZZ_SECONDS; tools/fuzz.sh). Exits non-zero if any test fails.
 #   tools/test.sh            everything
 #   tools/test.sh --quick    the plain build only
+#   tools/test.sh --cpu-times   also each test's CPU time against its limit (tests/build/cpu_times.py:
+#                               a table per setup, in DIR/meson-logs/cpu-times*.md; a limit below 3x
+#                               the CPU time fails the run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+quick=0; cpu_times=0
+for a in "$@"; do
+  case $a in
+    --quick) quick=1 ;;
+    --cpu-times) cpu_times=1 ;;
+    *) echo "usage: tools/test.sh [--quick] [--cpu-times]" >&2; exit 2 ;;
+  esac
+done
 
 . tools/ensure-build-tools.sh
 ensure_build_tools test.sh --tests
@@ -42,7 +51,11 @@ for c in "${configs[@]}"; do
   echo "=== meson test in $dir${setup:+ (setup $setup)}"
   args=(-C "$dir" --print-errorlogs --num-processes 2)
   [ -n "$setup" ] && args+=(--setup "$setup")
-  if ! meson test "${args[@]}"; then rc=1; fi
+  if [ $cpu_times = 1 ]; then
+    # The same run with each test wrapped (its CPU time recorded) at the limits themselves.
+    if ! python3 tests/build/cpu_times.py "$dir" ${setup:+--setup "$setup"} --measure-multiplier 1 \
+        --markdown "$dir/meson-logs/cpu-times${setup:+-$setup}.md"; then rc=1; fi
+  elif ! meson test "${args[@]}"; then rc=1; fi
   log="$dir/meson-logs/testlog${setup:+-$setup}.json"
   if [ -f "$log" ]; then
     read -r p f s < <(python3 - "$log" <<'PY'

@@ -12,53 +12,56 @@
 set -u
 root=$1
 bad=0
-check() { # layer, allowed include prefixes (space separated)
-    layer=$1; allowed=$2
-    for f in "$root/$layer"/*.c "$root/$layer"/*.h; do
-        [ -e "$f" ] || continue
-        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" |
-        sed 's/^\([0-9]*\):[^"]*"\([^"]*\)".*/\1 \2/' |
-        while read -r line inc; do
-            ok=0
-            [ "$inc" = xseg.h ] && ok=1
-            for a in $allowed; do
-                case $inc in "$a"/*) ok=1 ;; esac
-            done
-            [ $ok = 1 ] || echo "$layer/$(basename "$f"):$line: includes \"$inc\" (a $layer/ file may include: $allowed, xseg.h)"
-        done
-    done
-}
-# core/'s modules from the bottom up (a module: NAME.c and NAME.h). A new module must be placed.
+# Every check below is one pass of grep or awk over all the files it reads (no process per file
+# or per include line), so that the test stays cheap on a loaded machine.
+
+# The layers' includes and core/'s module order, in one awk over base/, vmm/, core/ and api/:
+# a file of a layer includes only xseg.h and headers of its own layer or those below it (allowed
+# prefixes per layer below); a core/ file includes only core/ headers of its own module or of
+# modules earlier in core_order (a module: NAME.c and NAME.h; a new module must be placed).
 core_order="config_keys config stats block bins ptrmap procstate history settings hostalloc state lifetime device fast check capreuse pools ipc observe expandable
 events release sleep trim group idle runtime snapshot alloc shutdown"
 # Includes allowed to point up: none (sub-state types live in core/state.h, below device.h, and
 # dev_unlock, which runs dev_check, in core/check.h above it). Format: "FILE:HEADER ...".
 core_up=""
-core_pos() { # module name -> its position in core_order (empty when absent)
-    i=0
-    for m in $core_order; do
-        i=$((i + 1))
-        [ "$m" = "$1" ] && { echo $i; return; }
-    done
-}
-check_core_order() {
-    for f in "$root"/core/*.c "$root"/core/*.h; do
-        [ -e "$f" ] || continue
-        name=$(basename "$f"); mod=${name%.*}
-        me=$(core_pos "$mod")
-        if [ -z "$me" ]; then
-            echo "core/$name: module $mod is not in core_order (tests/build/layering.sh): place it"
-            continue
-        fi
-        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"core/' "$f" |
-        sed 's/^\([0-9]*\):[^"]*"core\/\([^"]*\)".*/\1 \2/' |
-        while read -r line inc; do
-            them=$(core_pos "${inc%.*}")
-            case " $core_up " in *" $name:$inc "*) continue ;; esac
-            [ -n "$them" ] && [ "$them" -le "$me" ] ||
-                echo "core/$name:$line: includes \"core/$inc\", above $mod in core_order (calls between core/ modules point down)"
+check_includes() {
+    set --
+    for layer in base vmm core api; do
+        for f in "$root/$layer"/*.c "$root/$layer"/*.h; do
+            [ -e "$f" ] && set -- "$@" "$f"
         done
     done
+    [ $# -gt 0 ] || return 0
+    awk -v order="$core_order" -v up="$core_up" '
+        BEGIN {
+            allowed["base"] = "base"; allowed["vmm"] = "base vmm"
+            allowed["core"] = "base vmm core"; allowed["api"] = "base vmm core api"
+            n = split(order, o, /[ \n]+/); for (i = 1; i <= n; i++) if (o[i] != "" && !(o[i] in pos)) pos[o[i]] = i
+            nl = 0; nc = 0
+        }
+        FNR == 1 {
+            name = FILENAME; sub(/.*\//, "", name)
+            layer = FILENAME; sub(/\/[^\/]*$/, "", layer); sub(/.*\//, "", layer)
+            mod = name; sub(/\.[^.]*$/, "", mod)
+            me = (layer == "core" && (mod in pos)) ? pos[mod] : 0
+            if (layer == "core" && !me)
+                cmsg[++nc] = "core/" name ": module " mod " is not in core_order (tests/build/layering.sh): place it"
+        }
+        /^[[:space:]]*#[[:space:]]*include[[:space:]]*"/ {
+            inc = $0; sub(/^[^"]*"/, "", inc); sub(/".*/, "", inc)
+            ok = (inc == "xseg.h")
+            na = split(allowed[layer], a, " ")
+            for (i = 1; i <= na; i++) if (index(inc, a[i] "/") == 1) ok = 1
+            if (!ok)
+                lmsg[++nl] = layer "/" name ":" FNR ": includes \"" inc "\" (a " layer "/ file may include: " allowed[layer] ", xseg.h)"
+            if (layer == "core" && me && index(inc, "core/") == 1) {
+                h = substr(inc, 6); hm = h; sub(/\.[^.]*$/, "", hm)
+                if (index(" " up " ", " " name ":" h " ")) next
+                if (!(hm in pos) || pos[hm] > me)
+                    cmsg[++nc] = "core/" name ":" FNR ": includes \"core/" h "\", above " mod " in core_order (calls between core/ modules point down)"
+            }
+        }
+        END { for (i = 1; i <= nl; i++) print lmsg[i]; for (i = 1; i <= nc; i++) print cmsg[i] }' "$@"
 }
 
 # Each sub-state of struct dev_alloc (core/state.h) is written only by its module: a write
@@ -66,17 +69,24 @@ check_core_order() {
 # "SUB: files" (basenames in core/); reads go through accessors or stay reads.
 owners="ev:events.c cap:device.c priv:pools.c sleep:sleep.c cr:capreuse.c
 acct:device.c,device.h,alloc.c,release.c fast:fast.c,fast.h life:lifetime.c,lifetime.h"
-check_owners() {
-    for o in $owners; do
-        sub=${o%%:*}; files=,${o#*:},
-        for f in "$root"/core/*.[ch] "$root"/api/*.[ch]; do
-            case $files in *,"$(basename "$f")",*) continue ;; esac
-            grep -nE "(->|\.)$sub\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)" "$f" |
-                sed "s|^|${f#"$root"/}:|; s|\$|   <- writes dev_alloc.$sub outside its module (${o#*:})|"
-        done
-    done
+check_owners() { # one awk over core/ and api/; the hits listed sub-state by sub-state
+    awk -v owners="$owners" -v root="$root/" '
+        BEGIN {
+            n = split(owners, o, /[ \n]+/)
+            for (i = 1; i <= n; i++) {
+                if (o[i] == "") continue
+                k++; s[k] = o[i]; sub(/:.*/, "", s[k]); fl[k] = o[i]; sub(/^[^:]*:/, "", fl[k])
+                re[k] = "(->|\\.)" s[k] "\\.[a-z_]+(\\[[^]]*\\])*(\\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\\+\\+|--)"
+            }
+        }
+        FNR == 1 { base = FILENAME; sub(/.*\//, "", base); rel = substr(FILENAME, length(root) + 1) }
+        {
+            for (i = 1; i <= k; i++)
+                if (index("," fl[i] ",", "," base ",") == 0 && $0 ~ re[i])
+                    hits[i] = hits[i] rel ":" FNR ":" $0 "   <- writes dev_alloc." s[i] " outside its module (" fl[i] ")\n"
+        }
+        END { for (i = 1; i <= k; i++) printf "%s", hits[i] }' "$root"/core/*.[ch] "$root"/api/*.[ch]
 }
-
 # Likewise each sub-state of the process object xseg_rt (core/procstate.h) is written (assigned,
 # stored atomically, or its lock taken) only by its module; procstate.c defines it.
 rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c ipc:ipc.c oom:snapshot.c
@@ -99,19 +109,18 @@ check_rt_owners() { # one grep over every file, then each hit checked against it
 }
 
 out=$( {
-    check base "base"
-    check vmm "base vmm"
-    check core "base vmm core"
-    check api "base vmm core api"
-    check_core_order
+    check_includes
     check_owners
     check_rt_owners
-    find "$root/tools" -name '*.[ch]' | sort | while read -r f; do
-        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(base\|vmm\|core\|api\)/' "$f" |
-            sed "s|^|${f#"$root"/}:|; s|\$|   <- tools use the public xseg.h only|"
-        grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" | grep -v '"\(xseg\.h\|tools/[^"]*\)"' |
-            sed "s|^|${f#"$root"/}:|; s|\$|   <- tools may include xseg.h and tools/ headers|"
-    done
+    # tools/: one awk over every C file, the hits file by file (angle-bracket includes first)
+    find "$root/tools" -name '*.[ch]' | sort | xargs -r awk -v root="$root/" '
+        function flush() { printf "%s%s", angle, quote; angle = quote = "" }
+        FNR == 1 { flush(); rel = substr(FILENAME, length(root) + 1) }
+        /^[[:space:]]*#[[:space:]]*include[[:space:]]*<(base|vmm|core|api)\// {
+            angle = angle rel ":" FNR ":" $0 "   <- tools use the public xseg.h only\n" }
+        /^[[:space:]]*#[[:space:]]*include[[:space:]]*"/ && $0 !~ /"(xseg\.h|tools\/[^"]*)"/ {
+            quote = quote rel ":" FNR ":" $0 "   <- tools may include xseg.h and tools/ headers\n" }
+        END { flush() }'
     for layer in core api; do
         grep -n 'drv->' "$root/$layer"/*.c "$root/$layer"/*.h 2>/dev/null |
             sed "s|^$root/||; s|\$|   <- a driver call outside vmm/: add a vmm/ function|"
