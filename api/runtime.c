@@ -1,6 +1,7 @@
 /* Public: initialization, configuration, device count, callbacks (state in core/runtime.c and
  * core/settings.c). */
 #include "base/error.h"
+#include "core/config.h"
 #include "core/runtime.h"
 #include "core/settings.h"
 #include "core/shutdown.h"
@@ -26,6 +27,21 @@ XSEG_API xseg_status xseg_get_config(char *buf, size_t size, size_t *len)
     unsigned gen;
     settings_copy(&c, &gen);
     cfg_format(&c, buf, size, len);
+    return XSEG_SUCCESS;
+}
+
+XSEG_API xseg_status xseg_check_config(const char *config, char *canonical, size_t size, size_t *len)
+{
+    if (!config)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_check_config: config is NULL");
+    if (!canonical && size)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_check_config: canonical is NULL but size is %zu", size);
+    struct cfg def, out;
+    cfg_default(&def);
+    xseg_status st = cfg_parse(config, &def, &out);
+    if (st != XSEG_SUCCESS)
+        return st;
+    cfg_format(&out, canonical, size, len);
     return XSEG_SUCCESS;
 }
 

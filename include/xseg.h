@@ -88,6 +88,20 @@ XSEG_API xseg_status xseg_set_config(const char *config);
  */
 XSEG_API xseg_status xseg_get_config(char *buf, size_t size, size_t *len);
 
+/**
+ * Check a configuration string without applying it: parse it as xseg_init would, over the
+ * defaults, and write the configuration it would give as a canonical config string. Loads no
+ * driver and changes nothing in force.
+ * @param config    the string (PyTorch's grammar, as for xseg_init).
+ * @param canonical where to write every key in canonical spelling (NUL-terminated, truncated to
+ *                  size), or NULL with size 0.
+ * @param size      bytes available in canonical.
+ * @param len       if non-NULL, receives the canonical string's full length (without NUL).
+ * @return XSEG_SUCCESS; XSEG_ERROR_INVALID_VALUE when config is NULL or refused (the message
+ *         names the key, as xseg_init's does), or canonical is NULL with a nonzero size.
+ */
+XSEG_API xseg_status xseg_check_config(const char *config, char *canonical, size_t size, size_t *len);
+
 /** Number of CUDA devices the driver reports. */
 XSEG_API xseg_status xseg_device_count(int *count);
 

@@ -136,6 +136,40 @@ static void test_bad_config(void **state)
     assert_int_equal(xseg_set_config("expandable_segments:True"), XSEG_SUCCESS);
 }
 
+/* xseg_check_config parses as xseg_init would and applies nothing. */
+static void test_check_config(void **state)
+{
+    (void)state;
+    char before[4096], after[4096], canon[4096];
+    size_t len = 0;
+    assert_int_equal(xseg_get_config(before, sizeof before, NULL), XSEG_SUCCESS);
+    assert_int_equal(xseg_check_config("expandable_segments:False,max_split_size_mb:64", canon, sizeof canon, &len),
+                     XSEG_SUCCESS);
+    assert_int_equal(len, strlen(canon));
+    assert_non_null(strstr(canon, "expandable_segments:False"));
+    assert_non_null(strstr(canon, "max_split_size_mb:64"));
+    assert_int_equal(xseg_get_config(after, sizeof after, NULL), XSEG_SUCCESS);
+    assert_string_equal(before, after); /* nothing applied */
+    /* Two spellings of one configuration are one canonical string. */
+    char other[4096];
+    assert_int_equal(xseg_check_config("max_split_size_mb:64,expandable_segments:False", other, sizeof other, NULL),
+                     XSEG_SUCCESS);
+    assert_string_equal(canon, other);
+    assert_int_equal(xseg_check_config("max_split_size_mb:2", NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+    must_contain("max_split_size_mb");
+    assert_int_equal(xseg_check_config("foo:1", NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+    must_contain("foo");
+    assert_int_equal(xseg_check_config(NULL, NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+    must_contain("config is NULL");
+    assert_int_equal(xseg_check_config("", NULL, 8, NULL), XSEG_ERROR_INVALID_VALUE);
+    must_contain("canonical is NULL");
+    /* Truncated: the full length comes back. */
+    char small[8];
+    assert_int_equal(xseg_check_config("max_split_size_mb:64", small, sizeof small, &len), XSEG_SUCCESS);
+    assert_true(len >= sizeof small);
+    assert_int_equal(strlen(small), sizeof small - 1);
+}
+
 static void test_torch_entry_points(void **state)
 {
     (void)state;
@@ -158,6 +192,7 @@ int main(void)
         cmocka_unit_test(test_bad_pointers),
         cmocka_unit_test(test_size_zero_and_devices),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_check_config),
         cmocka_unit_test(test_torch_entry_points),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -8,7 +8,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/config.h"
 #include "tools/replay/report.h"
 
 static const double GiB = 1073741824.0;
@@ -165,20 +164,16 @@ static int compose(const struct family *f, const size_t *pick, struct tune_candi
     else
         snprintf(c->config, sizeof c->config, "%s%s%s", f->fixed, *c->shown ? "," : "", c->shown);
     /* The parser the replay's xseg_init runs, on the defaults the replay starts from. */
-    struct cfg def, out;
-    cfg_default(&def);
-    return cfg_parse(c->config, &def, &out) == XSEG_SUCCESS ? 0 : -1;
+    return xseg_check_config(c->config, NULL, 0, NULL) == XSEG_SUCCESS ? 0 : -1;
 }
 
 /* @p c's canonical config (every key, as the parser resolved it): two spellings of one
  * configuration are one candidate. */
 static void canonical(const struct tune_candidate *c, char *buf, size_t len)
 {
-    struct cfg def, out;
     size_t n = len;
-    cfg_default(&def);
-    if (cfg_parse(c->config, &def, &out) == XSEG_SUCCESS)
-        cfg_format(&out, buf, len, &n);
+    if (xseg_check_config(c->config, buf, len, &n) != XSEG_SUCCESS)
+        n = len;
     if (n >= len) /* refused, or longer than the buffer: its own spelling */
         snprintf(buf, len, "%s", c->config);
 }
