@@ -5,6 +5,7 @@
 // with the socket's directory opened up; the socket name holds no part of any token; a malformed
 // XSEG_TORCH_IPC_ALLOW_UIDS is refused naming it.
 // With `--allowed` (run with XSEG_TORCH_IPC_ALLOW_UIDS=65534), that process imports the block.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "driver.h"
+#include "xseg.h"
 
 namespace {
 const char FD_PREFIX[] = "xseg-ipc-fd:";
@@ -91,24 +93,79 @@ void import_bounded(Pluggable *a, const std::string &h, unsigned char byte, cons
 // Drop to uid/gid 65534 (in a child); false when that is refused.
 bool drop_to_nobody() { return ::setgroups(0, nullptr) == 0 && ::setgid(65534) == 0 && ::setuid(65534) == 0; }
 
+// Copy @p from to a new file @p to of mode 0755. false on any failure.
+bool copy_file(const char *from, const std::string &to)
+{
+    int in = ::open(from, O_RDONLY | O_CLOEXEC);
+    int out = in < 0 ? -1 : ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+    bool ok = out >= 0;
+    char buf[1 << 16];
+    for (ssize_t r; ok && (r = ::read(in, buf, sizeof buf)) != 0;) {
+        if (r < 0 && errno == EINTR)
+            continue;
+        ok = r > 0 && ::write(out, buf, (size_t)r) == r;
+    }
+    if (in >= 0)
+        ::close(in);
+    if (out >= 0)
+        ok = ::close(out) == 0 && ok;
+    return ok && ::chmod(to.c_str(), 0755) == 0;
+}
+
+// This driver, libxseg and the emulated driver copied into a 0755 folder under /tmp, made once:
+// the build tree may sit below a folder uid 65534 cannot enter (a CI clone in a 0700 mkdtemp),
+// and the second user must still run the same code. Empty when a copy fails.
+const std::string &nobody_stage()
+{
+    static std::string stage, made;
+    static bool tried = false;
+    static pid_t owner = 0;
+    if (tried)
+        return stage;
+    tried = true;
+    char dir[] = "/tmp/xseg-ipc-nobody-XXXXXX";
+    Dl_info xi {};
+    const char *cuda = std::getenv("XSEG_LIBCUDA");
+    if (!::mkdtemp(dir))
+        return stage;
+    made = dir;
+    owner = ::getpid();
+    std::atexit([] { // only the process that made it (a forked child leaves it be)
+        if (::getpid() != owner)
+            return;
+        for (const char *f : {"/driver", "/libxseg.so.0", "/libcuda.so"})
+            (void)::unlink((made + f).c_str());
+        (void)::rmdir(made.c_str());
+    });
+    if (!::chmod(dir, 0755) && ::dladdr((void *)&xseg_malloc, &xi) && xi.dli_fname &&
+        copy_file("/proc/self/exe", made + "/driver") && copy_file(xi.dli_fname, made + "/libxseg.so.0") &&
+        (!cuda || copy_file(cuda, made + "/libcuda.so")))
+        stage = made;
+    else
+        std::fprintf(stderr, "FAIL cannot stage a copy of the driver for uid 65534 in %s: %s\n", dir,
+                     std::strerror(errno));
+    return stage;
+}
+
 // Run this driver as `--import HANDLE BYTE` in a new process of uid/gid 65534 (a fresh process:
 // CUDA state does not survive fork). @return its exit status (import_main's codes), 100 when it
 // could not drop or exec, -1 when it did not end within BOUND_S (killed).
 int nobody_imports(const std::string &h, unsigned char byte)
 {
-    char self[4096];
-    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
+    const std::string &stage = nobody_stage();
+    if (stage.empty())
         return 100;
-    self[n] = '\0';
-    std::string b = std::to_string(byte);
+    std::string self = stage + "/driver", b = std::to_string(byte);
     std::fflush(nullptr);
     pid_t pid = ::fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        if (std::getenv("XSEG_LIBCUDA"))
+            ::setenv("XSEG_LIBCUDA", (stage + "/libcuda.so").c_str(), 1);
+        ::setenv("LD_LIBRARY_PATH", stage.c_str(), 1);
         if (drop_to_nobody())
-            ::execl(self, self, "--import", h.c_str(), b.c_str(), (char *)nullptr);
+            ::execl(self.c_str(), self.c_str(), "--import", h.c_str(), b.c_str(), (char *)nullptr);
         std::_Exit(100);
     }
     for (int i = 0; i < BOUND_S * 10; i++) {
