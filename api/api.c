@@ -10,7 +10,7 @@
 #include "base/error.h"
 #include "core/runtime.h"
 #include "core/snapshot.h"
-#include "core/stats.h"
+#include "core/index/stats.h"
 
 #define XSEG_STR2(x) #x
 #define XSEG_STR(x) XSEG_STR2(x)

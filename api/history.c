@@ -1,10 +1,10 @@
 /* Public entry points of allocation history and snapshots (include/xseg.h): argument
- * checks and device iteration; the work is in core/history.c and core/snapshot.c. */
+ * checks and device iteration; the work is in core/process/history.c and core/snapshot.c. */
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
 #include "core/alloc.h"
-#include "core/history.h"
+#include "core/process/history.h"
 #include "core/runtime.h"
 #include "core/snapshot.h"
 

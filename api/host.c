@@ -1,9 +1,9 @@
-/* Public entry points of the pinned host caching allocator (include/xseg.h; core/hostalloc.c):
+/* Public entry points of the pinned host caching allocator (include/xseg.h; core/services/hostalloc.c):
  * argument checks, the context the driver calls run in (device 0's primary context, or the
  * stream's device's), then one call into core/. */
 #include "api/api.h"
 #include "base/error.h"
-#include "core/hostalloc.h"
+#include "core/services/hostalloc.h"
 #include "core/runtime.h"
 
 /* The primary context of @p device (initializing xseg and the device on first use). */

@@ -1,8 +1,9 @@
 /* Public entry points for IPC, segment observers and block handles (include/xseg.h):
- * argument checks and device lookup; the work is in core/ipc.c and core/observe.c. */
+ * argument checks and device lookup; the work is in core/policy/ipc.c and core/policy/observe.c. */
 #include "api/dispatch.h"
 #include "base/error.h"
-#include "core/ipc.h"
+#include "core/policy/ipc.h"
+#include "core/policy/observe.h"
 #include "core/runtime.h"
 
 static xseg_status export_on(struct dev_alloc *d, void *ptr, void *out, bool *owned)

@@ -1,9 +1,9 @@
-/* Public: private pools and CUDA-graph capture (the routes and pools live in core/pools.c). */
+/* Public: private pools and CUDA-graph capture (the routes and pools live in core/policy/pools.c). */
 #include <stdatomic.h>
 
 #include "base/error.h"
 #include "core/alloc.h"
-#include "core/pools.h"
+#include "core/policy/pools.h"
 #include "core/runtime.h"
 
 /* First word of the ids xseg_pool_create hands out ("xseg"): keeps them apart from PyTorch's own

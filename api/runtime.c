@@ -1,9 +1,9 @@
 /* Public: initialization, configuration, device count, callbacks (state in core/runtime.c and
- * core/settings.c). */
+ * core/process/settings.c). */
 #include "base/error.h"
-#include "core/config.h"
+#include "core/process/config.h"
 #include "core/runtime.h"
-#include "core/settings.h"
+#include "core/process/settings.h"
 #include "core/shutdown.h"
 
 XSEG_API xseg_status xseg_init(const char *config) { return rt_init(config); }

@@ -1,13 +1,13 @@
-/* Public entry points for long-running services (include/xseg.h): trim (core/trim.c), sleep and
- * wake (core/sleep.c, through core/alloc.c, which applies release_threshold_mb after them). */
+/* Public entry points for long-running services (include/xseg.h): trim (core/services/trim.c), sleep and
+ * wake (core/services/sleep.c, through core/alloc.c, which applies release_threshold_mb after them). */
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
 #include "core/alloc.h"
-#include "core/group.h"
+#include "core/services/group.h"
 #include "core/runtime.h"
-#include "core/sleep.h"
-#include "core/trim.h"
+#include "core/services/sleep.h"
+#include "core/services/trim.h"
 
 static xseg_status trim_on(struct dev_alloc *d, void *keep_bytes)
 {

@@ -5,7 +5,7 @@
  *   1  cheap:   xseg_assert (O(1) conditions: argument contracts, the device lock held by the
  *               caller, counters that must not go negative).
  *   2  expensive: also xseg_assert_expensive and the XSEG_CHECK_EXPENSIVE walks (dev_check in
- *               core/check.c: every block, index and counter of a device after each state
+ *               core/device/check.c: every block, index and counter of a device after each state
  *               transition). CI's sanitizer builds run at this level.
  * A failed assertion prints the condition, file, line and function to stderr and aborts: it is a
  * bug in xseg, never a user error (user errors are status codes with a message).

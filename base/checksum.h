@@ -1,5 +1,5 @@
 /* A 64-bit checksum of a byte range: what a file-backed sleep keeps in host memory for each chunk
- * it writes, so the wake finds bytes changed in the file while the pool slept (core/sleep.c).
+ * it writes, so the wake finds bytes changed in the file while the pool slept (core/services/sleep.c).
  *
  * Eight lanes of 8-byte words; each step of a lane (xor the word, multiply by an odd constant, xor
  * the high bits down) is a bijection of the lane for a fixed word and injective in the word for

@@ -21,19 +21,19 @@
 #include <pthread.h>
 
 enum fork_rank {
-    FORK_RANK_IDLE_CTL,     /* core/idle.c xseg_rt.idle.ctl_lock: held across the join */
-    FORK_RANK_HOSTALLOC_CTL, /* core/hostalloc.c xseg_rt.host.ctl_lock: starting and joining its thread */
+    FORK_RANK_IDLE_CTL,     /* core/services/idle.c xseg_rt.idle.ctl_lock: held across the join */
+    FORK_RANK_HOSTALLOC_CTL, /* core/services/hostalloc.c xseg_rt.host.ctl_lock: starting and joining its thread */
     FORK_RANK_RUNTIME,      /* core/runtime.c xseg_rt.rt.lock: init, settings_apply, device table */
-    FORK_RANK_IDLE,         /* core/idle.c xseg_rt.idle.lock: the thread's stop flag and wait */
-    FORK_RANK_GROUP_TABLE,  /* (not registered) core/group.c's table lock, in shared memory: with no device lock held */
+    FORK_RANK_IDLE,         /* core/services/idle.c xseg_rt.idle.lock: the thread's stop flag and wait */
+    FORK_RANK_GROUP_TABLE,  /* (not registered) core/services/group.c's table lock, in shared memory: with no device lock held */
     FORK_RANK_DEVICE,       /* (not a mutex) the per-device locks, base/lock.h: never taken here */
-    FORK_RANK_HOSTALLOC,    /* core/hostalloc.c xseg_rt.host.lock: the host cache (sleep takes it alone, or under a device lock) */
-    FORK_RANK_OBSERVERS,    /* core/observe.c xseg_rt.obs.lock: under a device lock; takes vmm's below */
-    FORK_RANK_SETTINGS,     /* core/settings.c xseg_rt.settings.lock */
-    FORK_RANK_CALLBACKS,    /* core/settings.c xseg_rt.settings.cb_lock */
-    FORK_RANK_HISTORY,      /* core/history.c xseg_rt.hist.lock */
+    FORK_RANK_HOSTALLOC,    /* core/services/hostalloc.c xseg_rt.host.lock: the host cache (sleep takes it alone, or under a device lock) */
+    FORK_RANK_OBSERVERS,    /* core/policy/observe.c xseg_rt.obs.lock: under a device lock; takes vmm's below */
+    FORK_RANK_SETTINGS,     /* core/process/settings.c xseg_rt.settings.lock */
+    FORK_RANK_CALLBACKS,    /* core/process/settings.c xseg_rt.settings.cb_lock */
+    FORK_RANK_HISTORY,      /* core/process/history.c xseg_rt.hist.lock */
     FORK_RANK_OOM_SNAPSHOT, /* core/snapshot.c xseg_rt.oom.lock */
-    FORK_RANK_IPC_IMPORTS,  /* core/ipc.c xseg_rt.ipc.imports_lock */
+    FORK_RANK_IPC_IMPORTS,  /* core/policy/ipc.c xseg_rt.ipc.imports_lock */
     FORK_RANK_VMM_LEFT,     /* vmm/segment.c seg_proc.left_lock */
     FORK_RANK_VMM_CURSOR,   /* vmm/segment.c seg_proc.cursor_lock */
     FORK_RANK_VMM_HOST,     /* vmm/host.c host_proc.lock */

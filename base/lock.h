@@ -108,7 +108,7 @@ static inline void lock_release(struct lock *l)
 
 /*
  * A spin lock for critical sections of a few dozen instructions that only try-lockers take on
- * the hot path (the stream slots, core/device.h): taking it is one compare-exchange, giving it
+ * the hot path (the stream slots, core/device/device.h): taking it is one compare-exchange, giving it
  * back one release store, with no read-modify-write (no sleeper can be waiting, so nothing to
  * wake). Waiting takers (spin_acquire) spin, then yield the CPU to a holder that was preempted.
  */

@@ -13,21 +13,22 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
-#include "core/capreuse.h"
-#include "core/check.h"
-#include "core/events.h"
-#include "core/expandable.h"
-#include "core/fast.h"
-#include "core/group.h"
-#include "core/lifetime.h"
-#include "core/ipc.h"
-#include "core/pools.h"
-#include "core/release.h"
-#include "core/settings.h"
-#include "core/sleep.h"
+#include "core/policy/capreuse.h"
+#include "core/device/check.h"
+#include "core/policy/events.h"
+#include "core/policy/expandable.h"
+#include "core/device/fast.h"
+#include "core/services/group.h"
+#include "core/device/lifetime.h"
+#include "core/policy/ipc.h"
+#include "core/policy/observe.h"
+#include "core/policy/pools.h"
+#include "core/policy/release.h"
+#include "core/process/settings.h"
+#include "core/services/sleep.h"
 #include "core/snapshot.h"
-#include "core/stats.h"
-#include "core/trim.h"
+#include "core/index/stats.h"
+#include "core/services/trim.h"
 #include "vmm/capture.h"
 #include "vmm/classic.h"
 #include "vmm/segment.h"
@@ -40,7 +41,7 @@ struct alloc_params {
     CUstream stream;
     struct bpool *pool;
     struct block *block; /* the block found or made */
-    bool top;            /* predicted long-lived: carved from the top (core/lifetime.h) */
+    bool top;            /* predicted long-lived: carved from the top (core/device/lifetime.h) */
 };
 
 /* ---- configuration ----------------------------------------------------------------------- */
@@ -175,7 +176,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
     return b;
 }
 /* Is the request of @p p (@p requested bytes) predicted long-lived? Large requests in expandable
- * mode with expandable_segments_recycle only (core/lifetime.h): without it, PyTorch's layout. */
+ * mode with expandable_segments_recycle only (core/device/lifetime.h): without it, PyTorch's layout. */
 static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
 {
     return p->size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle &&
@@ -198,7 +199,7 @@ static inline bool top_higher(const struct block *a, const struct block *best)
 }
 
 /*
- * The placement of a request predicted long-lived (core/lifetime.h): among the free blocks of its
+ * The placement of a request predicted long-lived (core/device/lifetime.h): among the free blocks of its
  * (pool, stream) that fit it, the highest (top_higher), so that long-lived blocks collect at the
  * top of the mapped range and short-lived ones, best fit from the bottom, below them. A walk of
  * the stream's bins from the request's size class up (blocks of lower classes are smaller), at
@@ -617,7 +618,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     return XSEG_SUCCESS;
 }
 
-/* Measure the budgets (core/group.h) and put their limit in force for this growth of @p grow bytes. */
+/* Measure the budgets (core/services/group.h) and put their limit in force for this growth of @p grow bytes. */
 static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct budget_view *v, size_t grow)
 {
     lock_assert_held(&d->lock);
@@ -626,7 +627,7 @@ static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct b
     d->acct.budget_limit = v->limit;
 }
 
-/* Step 7c of malloc_policy (core/group.h): the group's members give their cache way, the lock
+/* Step 7c of malloc_policy (core/services/group.h): the group's members give their cache way, the lock
  * dropped meanwhile; then the cache (a free may have come) and a new segment once more. Not when
  * our own budget refused (@p bv: the budgets in force, NULL: none): no member's memory counts in
  * it. @return the growth's status (XSEG_ERROR_OUT_OF_MEMORY when nothing came). */
@@ -652,12 +653,12 @@ static xseg_status malloc_reclaim(struct dev_alloc *d, struct alloc_params *p)
 {
     /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
      * what the request needs, runs of streams known idle first, waiting at most once per stream
-     * (expandable_segments_recycle, core/trim.h), then allocate again. PyTorch goes straight to
+     * (expandable_segments_recycle, core/services/trim.h), then allocate again. PyTorch goes straight to
      * the steps below, which release every cached block. */
     xseg_status st = XSEG_ERROR_OUT_OF_MEMORY;
     bool recycling = d->use_expandable && d->cfg.expandable_segments_recycle;
     if (recycling) {
-        exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/expandable.h) */
+        exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/policy/expandable.h) */
         size_t got = 0;
         if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
             st = alloc_block(d, p, false);
@@ -676,7 +677,7 @@ static xseg_status malloc_reclaim(struct dev_alloc *d, struct alloc_params *p)
     if (recycling)
         exp_recycle_end(d); /* what the growth did not take goes back to the driver */
     /* 7b. Partly used pages re-backed by granule chunks, their free granules given back
-     * (expandable_segments_defrag, core/expandable.h); allocate again after each round. */
+     * (expandable_segments_defrag, core/policy/expandable.h); allocate again after each round. */
     for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && d->use_expandable &&
                            d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
         st = alloc_block(d, p, false);
@@ -746,7 +747,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         release_garbage_collect(d);
 
     /* 4. A new segment (classic), or room in an expandable one; under a budget, measured now
-     * (core/group.h: one cuMemGetInfo a growth) and in force until this malloc returns. */
+     * (core/services/group.h: one cuMemGetInfo a growth) and in force until this malloc returns. */
     struct budget_view bv;
     bool budgeted = XSEG_UNLIKELY(group_measure_on(d));
     if (budgeted)
@@ -773,7 +774,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (st != XSEG_SUCCESS)
         return st;
     /* A cache miss went to the driver anyway: keep the cache within release_threshold_mb by giving
-     * back runs of streams known idle (no wait; core/trim.h). p->block is out of the free index,
+     * back runs of streams known idle (no wait; core/services/trim.h). p->block is out of the free index,
      * so it cannot be a candidate. */
     if (XSEG_UNLIKELY(d->cfg.release_threshold != SIZE_MAX))
         trim_threshold(d, p->size);
@@ -800,13 +801,13 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         if (st != XSEG_SUCCESS)
             return st;
     }
-    /* A sleeping pool hands nothing out (no wake behind the caller's back: core/sleep.h). */
+    /* A sleeping pool hands nothing out (no wake behind the caller's back: core/services/sleep.h). */
     if (XSEG_UNLIKELY(d->sleep.nasleep) && sleep_pool_asleep(d, priv))
         return sleep_refuse(d, priv);
     if (XSEG_UNLIKELY(ev_waiting(d)) && !cap_underway(d)) {
         size_t pending = d->ev.pending_events + d->ev.ndeferred;
         ev_process(d);
-        /* Events completed: work is known done, a point for release_threshold_mb (core/trim.h). */
+        /* Events completed: work is known done, a point for release_threshold_mb (core/services/trim.h). */
         if (d->cfg.release_threshold != SIZE_MAX && d->ev.pending_events < pending)
             trim_threshold(d, 0);
     } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
@@ -815,7 +816,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     if (XSEG_UNLIKELY(d->cr.nwalks) && !cap_underway(d))
         capreuse_reset(d); /* the walks of captures that are over */
     if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && settings_idle_thread_running()))
-        trim_idle_tick(d); /* else the background thread ticks (core/idle.h) */
+        trim_idle_tick(d); /* else the background thread ticks (core/services/idle.h) */
     dev_fast_update(d);
 
     p->size = round_size(d, size);
@@ -907,7 +908,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
                                                                        CUstream stream, void **out)
 {
     xseg_status st;
-    /* fast_gen stands for every rare condition (core/fast.h); a moved generation means a new config. */
+    /* fast_gen stands for every rare condition (core/device/fast.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
         struct alloc_params p;
         p.size = fast_round(size);
@@ -937,7 +938,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
 }
 
 /* malloc_locked beside other busy slots (lock held, given back here): the peaks the malloc raises
- * are guarded (core/fast.h). */
+ * are guarded (core/device/fast.h). */
 static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d, size_t size, CUstream stream,
                                                             void **out)
 {
@@ -954,7 +955,7 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
 {
     lock_acquire(&d->lock);
     FAST_COUNT(d, lock_mallocs);
-    /* Unless the stream's classic slot widens to this size, it settles (core/fast.h). */
+    /* Unless the stream's classic slot widens to this size, it settles (core/device/fast.h). */
     if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
         if (fast_widen(d, size, stream, out)) {
             dev_unlock(d);
@@ -969,7 +970,7 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     return st;
 }
 
-/* malloc: the slot's hit under its lock alone (core/fast.h), everything else in malloc_locked. */
+/* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in malloc_locked. */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     if (XSEG_LIKELY(fast_hit(d, size, stream, out)))
@@ -1054,7 +1055,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
 }
 
 /* free_locked beside other busy slots (lock held, given back here): a merge into a split block
- * moves inactive_split_bytes up, so the free's peaks are guarded (core/fast.h). */
+ * moves inactive_split_bytes up, so the free's peaks are guarded (core/device/fast.h). */
 static __attribute__((noinline)) xseg_status free_guarded(struct dev_alloc *d, void *ptr, bool *owned)
 {
     struct fast_guard g;
@@ -1143,7 +1144,7 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
     refresh_cfg(d);
     xseg_status left_st;
     xseg_status st = release_cached_blocks(d, &left_st);
-    /* It waited for the pending frees' streams: a point for release_threshold_mb (core/trim.h),
+    /* It waited for the pending frees' streams: a point for release_threshold_mb (core/services/trim.h),
      * which can only matter for what empty_cache keeps (a pool in use, a capture). */
     if (d->cfg.release_threshold != SIZE_MAX)
         trim_threshold(d, 0);
@@ -1158,7 +1159,7 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
 
 /* The end of a sleep or a wake (lock held, given back here): a sleep waited for the pool's
  * streams and a wake mapped pages again, so either is a point where release_threshold_mb
- * applies (core/trim.h); the permit follows the sleeping pools' count. */
+ * applies (core/services/trim.h); the permit follows the sleeping pools' count. */
 static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
 {
     lock_assert_held(&d->lock);

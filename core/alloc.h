@@ -1,6 +1,6 @@
 /*
  * The device allocator's operations: one allocator per device, one lock each (base/lock.h; the
- * state itself is core/device.h). PyTorch's DeviceCachingAllocator semantics (rounding, best fit
+ * state itself is core/device/device.h). PyTorch's DeviceCachingAllocator semantics (rounding, best fit
  * per stream, split/merge, deferred frees, OOM path, statistics) over classic cuMemAlloc segments
  * and expandable VMM segments (vmm/segment.h). These are the entry points api/ calls; each takes
  * the device lock and gives it back. The top of core/: it calls the policy modules (events,
@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/fast.h"
+#include "core/device/fast.h"
 
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out);
 /* Free @p ptr if this device owns it: *owned = false (and nothing happens) when it does not. */
@@ -25,7 +25,7 @@ xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr);
 xseg_status alloc_free_unknown(void *ptr);
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned);
 xseg_status alloc_empty_cache(struct dev_alloc *d);
-/* xseg_sleep / xseg_wake on one device (core/sleep.h), then release_threshold_mb (core/trim.h):
+/* xseg_sleep / xseg_wake on one device (core/services/sleep.h), then release_threshold_mb (core/services/trim.h):
  * the pool's streams were waited for, or its pages mapped again. */
 xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path);
 xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool);

@@ -7,12 +7,12 @@
 #include "base/hostmem.h"
 #include "base/pages.h"
 #include "base/witness.h"
-#include "core/group.h"
-#include "core/idle.h"
+#include "core/services/group.h"
+#include "core/services/idle.h"
 #include "core/runtime.h"
-#include "core/settings.h"
+#include "core/process/settings.h"
 
-/* This module's state is xseg_rt.rt (core/procstate.h). */
+/* This module's state is xseg_rt.rt (core/process/procstate.h). */
 FORK_MUTEX_AT(FORK_RANK_RUNTIME, rt_lock, xseg_rt.rt.lock)
 
 /* In a forked child (base/fork.c runs this on its one thread): CUDA forbids using the parent's

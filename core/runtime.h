@@ -1,15 +1,15 @@
 /*
  * Process-wide state above the devices: initialization, the device table (creating each device's
  * allocator on first use), and the idle thread started or stopped with every configuration
- * change. The configuration itself and the callbacks are core/settings.h's, below the devices.
+ * change. The configuration itself and the callbacks are core/process/settings.h's, below the devices.
  */
 #ifndef XSEG_CORE_RUNTIME_H
 #define XSEG_CORE_RUNTIME_H
 
 #include <stdatomic.h>
 
-#include "core/device.h"
-#include "core/procstate.h"
+#include "core/device/device.h"
+#include "core/process/procstate.h"
 
 /* xseg_init: load the driver, apply @p config (NULL: the environment's) over the defaults. */
 xseg_status rt_init(const char *config);

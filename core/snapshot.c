@@ -12,11 +12,11 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "base/witness.h"
-#include "core/check.h"
-#include "core/device.h"
-#include "core/history.h"
+#include "core/device/check.h"
+#include "core/device/device.h"
+#include "core/process/history.h"
 #include "core/runtime.h"
-#include "core/settings.h"
+#include "core/process/settings.h"
 #include "core/snapshot.h"
 
 /* ---- a map from 64-bit keys to 32-bit values (open addressing; keys never 0) ------------- */
@@ -499,7 +499,7 @@ static void e_event(struct emit *e, struct frames_out *fo, const struct hist_eve
     e_end(e);
 }
 
-/* One key of PyTorch's allocator_settings, from its row (core/config_keys.h): sizes in bytes (-1
+/* One key of PyTorch's allocator_settings, from its row (core/process/config_keys.h): sizes in bytes (-1
  * unlimited) under the key's name without "_mb", the divisions as a dict by bucket's MiB. */
 static void e_setting(struct emit *e, const struct cfg *c, const struct cfg_key *k)
 {
@@ -914,7 +914,7 @@ xseg_status snapshot_write_trace(int device, const char *path)
 
 #define OOM_SNAPSHOT_INTERVAL_US (10 * 1000000ll)
 
-/* This part's state is xseg_rt.oom (core/procstate.h). */
+/* This part's state is xseg_rt.oom (core/process/procstate.h). */
 FORK_MUTEX_AT(FORK_RANK_OOM_SNAPSHOT, oom_lock, xseg_rt.oom.lock)
 
 xseg_status snapshot_set_oom_path(const char *path)

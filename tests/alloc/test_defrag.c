@@ -31,7 +31,7 @@
 #define BLK (10 * MiB)
 #define WANT (40 * MiB)
 /* One chunk a page, the layout defrag re-backs: on this small device the default maps 2 MiB
- * chunks (core/expandable.c device_chunk), whose free ones go back without a copy. */
+ * chunks (core/policy/expandable.c device_chunk), whose free ones go back without a copy. */
 #define PAGES "expandable_segments:True,expandable_chunk_mb:20"
 
 static void start_emu(const char *config)
@@ -75,7 +75,7 @@ static void check_books(bool driver)
 
 /* Five half-used pages: live[j] is the first half of page j, filled with tag 100 + j. Each block
  * asks for a different byte count (all round to BLK), so that none of a sweep's later runs looks
- * long-lived to the lifetime predictor (core/lifetime.h: same-size twins still live after a run
+ * long-lived to the lifetime predictor (core/device/lifetime.h: same-size twins still live after a run
  * of frees), which would place it at the top of the free range. */
 static void fragment(void *live[NBLK / 2])
 {

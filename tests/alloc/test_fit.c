@@ -177,7 +177,7 @@ static void test_granules(void **state)
 /*
  * A fragmented workload served without moving a live byte because large-pool memory mapped after
  * the device first refused a growth, or within its last eighth, comes in chunks smaller than a
- * page (core/expandable.c chunk_limit). Phase A, on a device capped at @p cap_ab MiB, meets
+ * page (core/policy/expandable.c chunk_limit). Phase A, on a device capped at @p cap_ab MiB, meets
  * pressure once: @p a_mb cached by s1, then s2's @p b_mb growth is refused and served by the
  * reclaim. Phase B, same cap, maps 180 MiB as 3 MiB blocks and frees every other one: 90 MiB free
  * in 3 MiB holes beside live blocks. Phase C, on a device of 182 MiB (peak allocated of B x 1.01
@@ -457,7 +457,7 @@ static void ts_workload(struct ts_run *r)
  * memory fraction, so one chunk a page), a training step whose gradients and optimizer states,
  * allocated while the backward pass frees activations, would sit in the activations' holes with
  * best fit and pin pages between them (the fullstep traces' pattern, docs/benchmarks-replay.md).
- * Predicted long-lived (core/lifetime.h), they are carved from the top of the free range instead,
+ * Predicted long-lived (core/device/lifetime.h), they are carved from the top of the free range instead,
  * and the three steps fit (the code before fails a 20 MiB activation of the second step). No live
  * byte is copied: no copy call, and every kept block's ends keep their pattern.
  */
@@ -494,7 +494,7 @@ static void test_training_step(void **state)
  * The placement itself, by addresses: 16 pages (a new segment's reserve) hold an 80 MiB block, four
  * live 25 MiB twins, then
  * A (60 MiB), B, C (60 MiB), D; A and C freed, then 40 small blocks, so that frees lead the last
- * 64 mallocs and frees. A fifth 25 MiB request is predicted long-lived (core/lifetime.h): it takes
+ * 64 mallocs and frees. A fifth 25 MiB request is predicted long-lived (core/device/lifetime.h): it takes
  * the top of the highest fitting free block, C's hole (best fit would take A's front). A request
  * of another byte count has no live twins: best fit, the front of what is left of C's hole.
  */

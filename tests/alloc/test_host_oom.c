@@ -1,5 +1,5 @@
 /*
- * Host OOM for a block's side struct (core/block.h: record_stream's streams, events, the history
+ * Host OOM for a block's side struct (core/index/block.h: record_stream's streams, events, the history
  * stack live there, allocated on demand) and whatever else the call allocates: each host
  * allocation of the call fails in turn (base/hostmem.h, the seam: the nth from now), and the call
  * returns XSEG_ERROR_OUT_OF_MEMORY with a message, with everything rolled back: the statistics as

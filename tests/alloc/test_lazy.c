@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/fast.h"
+#include "core/device/fast.h"
 #include "core/runtime.h"
 #include "tests/common/testutil.h"
 #include "vmm/driver.h"
@@ -188,7 +188,7 @@ static int run(const char *kind, bool eager)
      * interleave (here in one seeded order, so that the eager run can follow it): both streams
      * first hold 512 B, then 2 KiB, at once (the peaks two threads reach), and from then on a
      * malloc or free through the device lock on one stream leaves the other stream's slot busy
-     * (core/fast.h, the peaks paragraph), so both slots serve nearly every pair. */
+     * (core/device/fast.h, the peaks paragraph), so both slots serve nearly every pair. */
     xseg_empty_cache(0);
     CUstream two[2] = {NULL, NULL};
     for (int tries = 0; tries < 8 && fast_slot_index(two[0]) == fast_slot_index(two[1]); tries++)

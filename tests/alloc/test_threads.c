@@ -47,7 +47,7 @@ static atomic_bool stop;
 static atomic_int failures;
 static atomic_uint_fast32_t next_tag;
 /* Successful mallocs and their requested bytes per device: the accumulated counters must add up
- * to them exactly, however the stream slots deferred the counting (core/device.h). */
+ * to them exactly, however the stream slots deferred the counting (core/device/device.h). */
 static atomic_uint_fast64_t mallocs_done[MAX_DEVS], requested_done[MAX_DEVS];
 
 static void count_malloc(int d, size_t size)
@@ -147,7 +147,7 @@ static void *worker(void *arg)
             live[nlive++] = b;
         } else if (r < 50) {
             /* A burst of malloc/free pairs of one size on one stream (the ping-pong the stream
-             * slots serve, core/device.h), each block written and checked while the other threads work. */
+             * slots serve, core/device/device.h), each block written and checked while the other threads work. */
             int d = (int)(rnd(&rng) % (uint64_t)ndev);
             int s = (int)(rnd(&rng) % (STREAMS_PER_DEV + 1));
             size_t size0 = rnd(&rng) % 2 ? 2048 + rnd(&rng) % 4096 : 2 * MiB + rnd(&rng) % MiB;

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The library's writable statics (file scope or in a function, process-wide or per thread) are
-# the process object xseg_rt (core/procstate.h) and the list below, each with why it stays
+# the process object xseg_rt (core/process/procstate.h) and the list below, each with why it stays
 # outside; a new one fails until it is folded into its module's sub-state or listed here with a
 # reason (docs/design.md, "Process state and teardown"). Read from the objects' symbol tables,
 # so a static inside a function (NAME.N, listed as NAME) is seen as well as one at file scope.
@@ -9,7 +9,7 @@ set -u
 archive=$1
 # "object-file-suffix:symbol  reason" (the object's name ends with the source's path, / as _).
 allowed='
-core_procstate.c.o:xseg_rt the process object
+core_process_procstate.c.o:xseg_rt the process object
 base_error.c.o:err_msg per thread: the error message
 base_fork.c.o:fork_mutex the fork table: written by constructors before main
 base_fork.c.o:fork_child_hook the fork table: written by constructors before main
@@ -32,17 +32,17 @@ vmm_driver.c.o:buf per thread: an unknown error code'"'"'s name
 vmm_segment.c.o:seg_proc vmm'"'"'s own state (layers point one way: not in core'"'"'s object)
 vmm_host.c.o:host_proc vmm'"'"'s own state
 vmm_ipc.c.o:ipc_types_cache a per-device driver answer, resolved once
-core_config.c.o:cfg_ignored_noted print-once notices
-core_fast.c.o:fast_tls_slot per thread: the last stream slot
-core_history.c.o:uw_backtrace the unwinder, resolved once
-core_history.c.o:uw_getip the unwinder, resolved once
-core_history.c.o:uw_getcfa the unwinder, resolved once
-core_history.c.o:uw_once the unwinder, resolved once
-core_history.c.o:demangle the demangler, resolved once
-core_history.c.o:demangle_once the demangler, resolved once
-core_history.c.o:cache_key the per-thread stack cache'"'"'s key, made once
-core_history.c.o:tls_cache per thread: the stack cache
-core_history.c.o:in_callback per thread: inside the user'"'"'s stack callback
+core_process_config.c.o:cfg_ignored_noted print-once notices
+core_device_fast.c.o:fast_tls_slot per thread: the last stream slot
+core_process_history.c.o:uw_backtrace the unwinder, resolved once
+core_process_history.c.o:uw_getip the unwinder, resolved once
+core_process_history.c.o:uw_getcfa the unwinder, resolved once
+core_process_history.c.o:uw_once the unwinder, resolved once
+core_process_history.c.o:demangle the demangler, resolved once
+core_process_history.c.o:demangle_once the demangler, resolved once
+core_process_history.c.o:cache_key the per-thread stack cache'"'"'s key, made once
+core_process_history.c.o:tls_cache per thread: the stack cache
+core_process_history.c.o:in_callback per thread: inside the user'"'"'s stack callback
 api_api.c.o:api_last_device per thread: the last device used
 api_pools.c.o:pools_seq pool ids: never reset, so an id from before xseg_shutdown names no later pool
 api_torch.c.o:torch_checked set by the PyTorch adapter, which outlives xseg_shutdown
@@ -70,7 +70,7 @@ for s in $found; do
         case "$obj:$sym" in *"$suffix") ok=1; break ;; esac
     done
     if [ $ok = 0 ]; then
-        echo "$obj: $sym is writable process state outside xseg_rt: fold it into its module's sub-state (core/procstate.h) or list it with its reason in tests/build/static_state.sh"
+        echo "$obj: $sym is writable process state outside xseg_rt: fold it into its module's sub-state (core/process/procstate.h) or list it with its reason in tests/build/static_state.sh"
         bad=1
     fi
 done

@@ -236,7 +236,7 @@ static CUresult m_unmap_two_whole(void) { return unmap_row(0, 2 * G); }
 static CUresult m_unmap_mid_start(void) { return unmap_row(G / 2, G); }
 /* A copy from the mapping queued on a held stream (still pending), then the unmap: undefined on
  * the driver (the copy may read unmapped memory or fault); cudaemu refuses it, so an allocator
- * that unmaps under its own queued copies shows (xseg's failed wake, core/sleep.c). */
+ * that unmaps under its own queued copies shows (xseg's failed wake, core/services/sleep.c). */
 static CUresult m_unmap_pending_copy(void)
 {
     CUdeviceptr va = reserve(G);

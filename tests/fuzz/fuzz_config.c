@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the config-string parser (core/config.c), what xseg_set_config,
+ * libFuzzer target: the config-string parser (core/process/config.c), what xseg_set_config,
  * XSEG_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF feed it. Any input must give XSEG_SUCCESS or
  * XSEG_ERROR_INVALID_VALUE with a message, never a crash; and what parses must print back
  * (cfg_format) as a string that parses to the same config: xseg_get_config's string is always
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "core/config.h"
+#include "core/process/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

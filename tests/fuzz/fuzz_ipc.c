@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the IPC handle decoders (core/ipc.c), which read bytes from another process.
+ * libFuzzer target: the IPC handle decoders (core/policy/ipc.c), which read bytes from another process.
  * Each input goes to xseg_ipc_deserialize (the flat form), and to xseg_ipc_recv three ways: over
  * a stream socket, as one seqpacket message, and as seqpacket messages of the wire format's
  * first part (the 48-byte header) and then the rest; the sending end is shut after the input, so
@@ -20,7 +20,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define IPC_HEADER_BYTES 48 /* the wire header (core/ipc.c struct ipc_wire) */
+#define IPC_HEADER_BYTES 48 /* the wire header (core/policy/ipc.c struct ipc_wire) */
 
 static void check(int ok, const char *what)
 {

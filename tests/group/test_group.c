@@ -28,7 +28,7 @@
 
 #define MiB ((size_t)1 << 20)
 #define GROUP "memory_group:tg,memory_group_wait_ms:5000"
-/* The table's layout (core/group.c, version 3): 64 slots of SLOT bytes at its end. */
+/* The table's layout (core/services/group.c, version 3): 64 slots of SLOT bytes at its end. */
 #define SLOT 128
 
 struct member {

@@ -25,7 +25,7 @@
 #include <cmocka.h>
 
 #include "base/hostmem.h"
-#include "core/history.h"
+#include "core/process/history.h"
 #include "tests/common/testutil.h"
 #include "xseg.h"
 

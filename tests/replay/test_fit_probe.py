@@ -49,7 +49,7 @@ class FitProbe(unittest.TestCase):
         r = probe("--config", pages, "--device-mem", str(122 << 20), self.trace)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("no failed allocation on a device of 122 MiB", r.stdout)
-        # The default maps 2 MiB chunks on a device this small (core/expandable.c device_chunk).
+        # The default maps 2 MiB chunks on a device this small (core/policy/expandable.c device_chunk).
         r = probe(self.trace)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("no failed allocation on a device of 102 MiB", r.stdout)

@@ -18,7 +18,7 @@
  *
  *   test_replay_observer WORKLOAD MODE [VARIANT]   (training|inference, classic|expandable)
  * VARIANT (emulator only) replays the workload at 1/SCALE of its sizes on a small emulated device:
- *   small     4 GiB: expandable pages come in the device's smaller chunks (core/expandable.c
+ *   small     4 GiB: expandable pages come in the device's smaller chunks (core/policy/expandable.c
  *             device_chunk), and no allocation fails;
  *   pressure  a device below the scaled workload's peak: refused growth, reclaim, fine chunks.
  *   inject    (self-check) a problem at the third check; selfcheck runs it in a child and wants a

@@ -15,9 +15,9 @@
 #include <cmocka.h>
 
 #include "base/hugemem.h"
-#include "core/bins.h"
-#include "core/block.h"
-#include "core/ptrmap.h"
+#include "core/index/bins.h"
+#include "core/index/block.h"
+#include "core/index/ptrmap.h"
 #include "tests/common/testutil.h"
 
 #define NB 64

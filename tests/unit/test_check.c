@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "core/check.h"
+#include "core/device/check.h"
 #include "core/runtime.h"
 #include "tests/common/testutil.h"
 
@@ -98,7 +98,7 @@ static int corrupt_pool_bit(void *arg)
     return 0;
 }
 
-/* A busy slot (the parent filled it) whose debt the sum of core/fast.h's invariant leaves out. */
+/* A busy slot (the parent filled it) whose debt the sum of core/device/fast.h's invariant leaves out. */
 static int corrupt_owed(void *arg)
 {
     (void)arg;

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "core/config.h"
+#include "core/process/config.h"
 #include "base/error.h"
 
 #define MiB ((size_t)1 << 20)
@@ -227,7 +227,7 @@ static void test_pinned_ignored(void **state)
     cfg_default(&def);
     struct cfg c = parse_ok("pinned_reserve_segment_size_mb:64,pinned_free_catch_all:True");
     assert_memory_equal(&c, &def, sizeof c);
-    /* The keys xseg's host allocator honours (core/hostalloc.c). */
+    /* The keys xseg's host allocator honours (core/services/hostalloc.c). */
     c = parse_ok("pinned_use_cuda_host_register:True,pinned_num_register_threads:8,"
                  "pinned_use_background_threads:True");
     assert_true(c.pinned_use_cuda_host_register);

@@ -1,4 +1,4 @@
-/* docs/configuration.md cannot drift from the key table (core/config_keys.h): every key has a row
+/* docs/configuration.md cannot drift from the key table (core/process/config_keys.h): every key has a row
  * in the doc's key table whose default starts with the row's spelling, the doc's table names no
  * key the table lacks, the ignored pinned_* keys are listed under "Ignored keys", and each
  * spelling holds the value the canonical string of the defaults writes. Argument: the doc. */
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "core/config.h"
+#include "core/process/config.h"
 
 static const char *doc_path;
 static char *doc;
@@ -100,12 +100,12 @@ static void test_doc_matches_table(void **state)
             if (!strcmp(rows[i].key, key->name))
                 r = &rows[i];
         if (!r)
-            fail_msg("%s: key %s (core/config_keys.h) has no row in the key table", doc_path, key->name);
+            fail_msg("%s: key %s (core/process/config_keys.h) has no row in the key table", doc_path, key->name);
         if (strcmp(r->alias, key->alias ? key->alias : ""))
             fail_msg("%s: key %s: the doc gives alias '%s', the table '%s'", doc_path, key->name, r->alias,
                      key->alias ? key->alias : "");
         if (strncmp(r->deflt, key->doc, strlen(key->doc)))
-            fail_msg("%s: key %s: default '%s' does not start with '%s' (core/config_keys.h)", doc_path,
+            fail_msg("%s: key %s: default '%s' does not start with '%s' (core/process/config_keys.h)", doc_path,
                      key->name, r->deflt, key->doc);
         /* The spelling holds the value the defaults' canonical string writes. */
         char pat[80];
@@ -126,7 +126,7 @@ static void test_doc_matches_table(void **state)
         for (size_t k = 0; k < cfg_nkeys && !found; k++)
             found = !strcmp(rows[i].key, cfg_keys[k].name) && !(cfg_keys[k].flags & CFG_IGNORED);
         if (!found)
-            fail_msg("%s: the key table lists '%s', which core/config_keys.h does not have", doc_path, rows[i].key);
+            fail_msg("%s: the key table lists '%s', which core/process/config_keys.h does not have", doc_path, rows[i].key);
     }
 }
 

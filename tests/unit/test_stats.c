@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
-#include "core/stats.h"
+#include "core/index/stats.h"
 
 static const char *const pooled_names[] = {
     "allocation",      "segment",      "active",

@@ -1,0 +1,403 @@
+/* The expensive invariant walk (see check.h). Compiled in at debug_level=2 only. */
+#include "core/device/check.h"
+
+#if XSEG_CHECK_EXPENSIVE
+
+#include "base/hostmem.h"
+#include "core/device/fast.h"
+#include "core/index/stats.h"
+#include "vmm/segment.h"
+
+/* Always on inside this file: dev_check exists only at the expensive level. */
+#define CHECK(cond) ((cond) ? (void)0 : assert_fail(#cond, __FILE__, __LINE__, __func__))
+
+struct recount {
+    int64_t allocation[XSEG_STAT_POOLS], allocated_bytes[XSEG_STAT_POOLS];
+    int64_t active[XSEG_STAT_POOLS], active_bytes[XSEG_STAT_POOLS], requested_bytes[XSEG_STAT_POOLS];
+    int64_t reserved_bytes[XSEG_STAT_POOLS], segment[XSEG_STAT_POOLS];
+    int64_t inactive_split[XSEG_STAT_POOLS], inactive_split_bytes[XSEG_STAT_POOLS];
+    int64_t oversize_allocations, oversize_segments;
+    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed, slot_lazy;
+};
+
+static bool pending(const struct block *b) { return !b->allocated && (block_event_count(b) > 0 || block_uses_n(b)); }
+
+/* @p b if it is a busy slot's freed block (struct dev_slot), else NULL (also for NULL). */
+static const struct block *slot_lazy(const struct dev_alloc *d, const struct block *b)
+{
+    if (!b)
+        return NULL;
+    unsigned i = fast_slot_index(b->stream);
+    return (d->fast.busy_slots >> i & 1) && d->fast.slots[i].lazy == b ? b : NULL;
+}
+
+/* Is @p b in the live map? */
+static bool live_has(const struct dev_alloc *d, const struct block *b) { return ptrmap_get(&d->live, b->addr) == b; }
+
+/* The slot whose hit handed out @p b, or NULL: B's `allocated`, `size` and `requested_size` are
+ * the slot's `live`, `cur_size` and `cur_req` then (struct dev_slot). */
+static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct block *b)
+{
+    const struct dev_slot *s = &d->fast.slots[fast_slot_index(b->stream)];
+    return (d->fast.busy_slots >> fast_slot_index(b->stream) & 1) && s->live && s->blk == b ? s : NULL;
+}
+
+/* Bin treap below @p t (bin @p k of @p sb): ordered by (size, addr) within (lo, hi), heap-ordered
+ * by prio, only free mapped blocks of @p pool on the bins' stream whose size is of bin k. Returns
+ * the node count. */
+static size_t walk_bin(const struct bpool *pool, const struct sbins *sb, unsigned k, const struct block *t,
+                       const struct block *lo, const struct block *hi)
+{
+    if (!t)
+        return 0;
+    CHECK(block_pool(t) == pool && t->stream == sb->stream && bins_index(t->size) == k);
+    CHECK(t->in_index && t->mapped && !t->allocated && !t->sided);
+    CHECK(!lo || zkey_less(lo->size, lo->addr, t->size, t->addr));
+    CHECK(!hi || zkey_less(t->size, t->addr, hi->size, hi->addr));
+    CHECK(!t->left || t->left->prio <= t->prio);
+    CHECK(!t->right || t->right->prio <= t->prio);
+    return 1 + walk_bin(pool, sb, k, t->left, lo, t) + walk_bin(pool, sb, k, t->right, t, hi);
+}
+
+/* The free index of @p pool: its streams' bins in strictly ascending stream order, each found by
+ * the hash (and `last` one of them), holding one reference per segment of (pool, stream); every
+ * bin the bitmap marks non-empty, the summary word exact; the block count (nfree). Returns the
+ * blocks found through the bitmap: the caller compares it with the indexed blocks of the segment
+ * walk, so a non-empty bin the bitmap does not mark (its blocks unreachable) fails there. */
+static size_t check_free_index(const struct dev_alloc *d, const struct bpool *pool)
+{
+    size_t total = 0;
+    const struct sbins *last = pool->last; /* before the lookups below move it */
+    bool last_found = last == NULL;
+    CHECK(pool->nstreams <= pool->capstreams);
+    CHECK(!pool->nstreams || (pool->hash && 2 * (size_t)pool->nstreams <= pool->hmask + 1));
+    size_t hashed = 0;
+    for (size_t i = 0; pool->hash && i <= pool->hmask; i++)
+        hashed += pool->hash[i] != NULL;
+    CHECK(hashed == pool->nstreams);
+    /* References: one per segment of (pool, stream), counted in one pass over the segments. */
+    unsigned *segs = pool->nstreams ? xs_calloc(pool->nstreams, sizeof *segs) : NULL;
+    for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+        if (s->pool != pool)
+            continue;
+        const struct sbins *sb = bpool_bins_lookup(pool, s->stream);
+        CHECK(sb != NULL); /* every segment's (pool, stream) has its bins */
+        unsigned lo = 0, hi = pool->nstreams;
+        while (lo < hi) {
+            unsigned mid = lo + (hi - lo) / 2;
+            if ((uintptr_t)pool->by_stream[mid]->stream < (uintptr_t)s->stream)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        CHECK(lo < pool->nstreams && pool->by_stream[lo] == sb);
+        if (segs)
+            segs[lo]++;
+    }
+    for (unsigned i = 0; i < pool->nstreams; i++) {
+        const struct sbins *sb = pool->by_stream[i];
+        CHECK(i == 0 || (uintptr_t)pool->by_stream[i - 1]->stream < (uintptr_t)sb->stream);
+        CHECK(bpool_bins_lookup(pool, sb->stream) == sb);
+        last_found |= last == sb;
+        CHECK(sb->refs > 0 && (!segs || sb->refs == segs[i]));
+        for (unsigned w = 0; w < BINS_WORDS; w++) {
+            CHECK(!!(sb->summary >> w & 1) == (sb->map[w] != 0));
+            for (uint64_t m = sb->map[w]; m; m &= m - 1) {
+                unsigned k = w << 6 | (unsigned)__builtin_ctzll(m);
+                CHECK(sb->bin[k] != NULL);
+                total += walk_bin(pool, sb, k, sb->bin[k], NULL, NULL);
+            }
+        }
+        CHECK(sb->summary >> BINS_WORDS == 0);
+    }
+    xs_free(segs);
+    CHECK(last_found);
+    CHECK(total == pool->nfree);
+    return total;
+}
+
+/* Unmapped treap below @p t: ordered by (stream, addr), only unmapped blocks of @p pool. */
+static size_t walk_unmapped(const struct bpool *pool, const struct block *t, const struct block *lo,
+                            const struct block *hi)
+{
+    if (!t)
+        return 0;
+    CHECK(block_pool(t) == pool);
+    CHECK(t->in_index && !t->mapped && !t->allocated && !t->sided);
+    CHECK(!lo || (uintptr_t)lo->stream < (uintptr_t)t->stream || (lo->stream == t->stream && lo->addr < t->addr));
+    CHECK(!hi || (uintptr_t)t->stream < (uintptr_t)hi->stream || (t->stream == hi->stream && t->addr < hi->addr));
+    return 1 + walk_unmapped(pool, t->left, lo, t) + walk_unmapped(pool, t->right, t, hi);
+}
+
+/* The block's last word and its side struct (struct block): in an index it is the GC clock, so no
+ * side; a side exactly while something needs one (recorded streams, events, a history stack,
+ * handle holds); a stack only on a recorded block; `exported` and holds only on an allocated one. */
+static void check_block_word(const struct block *b)
+{
+    const struct block_side *sd = block_side(b);
+    CHECK(!(b->in_index && b->sided));
+    if (sd) {
+        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack || sd->handle_holds);
+        CHECK(!sd->handle_holds || b->allocated); /* the holds end with the block's free */
+        CHECK(sd->uses.n <= sd->uses.cap && (sd->uses.cap <= 2 || sd->uses.heap));
+    }
+    CHECK(!block_hist_stack(b) || b->recorded);
+    CHECK(!b->exported || b->allocated); /* an export ends with its block's free */
+}
+
+/* block_free_slow tests BLOCK_FREE_SLOW in `flags`: the bit-fields must sit where it says. */
+static void check_flag_bits(void)
+{
+    struct block t = {0};
+    t.oversize = true;
+    t.recorded = true;
+    t.sided = true;
+    t.exported = true;
+    CHECK(t.flags == BLOCK_FREE_SLOW);
+    t = (struct block){0};
+    t.expandable = true;
+    t.small_pool = true;
+    t.private_pool = true;
+    CHECK(t.flags == BLOCK_SEG_BITS && !(t.flags & BLOCK_FREE_SLOW));
+}
+
+static void check_pool(const struct dev_alloc *d, const struct bpool *pool, size_t *free_nodes,
+                       size_t *unmapped_nodes)
+{
+    *free_nodes += check_free_index(d, pool);
+    *unmapped_nodes += walk_unmapped(pool, pool->unmapped, NULL, NULL);
+}
+
+static void check_block(struct dev_alloc *d, const struct segrec *s, const struct block *b, struct recount *rc)
+{
+    lock_assert_held(&d->lock);
+    int si = s->pool->stat_index;
+    CHECK(b->seg == s && block_pool(b) == s->pool && b->stream == s->stream);
+    CHECK(dev_block_pool(d, b) == s->pool); /* the pool bits (block_set_seg) */
+    check_block_word(b);
+    /* A slot's freed block (struct dev_slot): B is free but unmerged, its successor R free and
+     * indexed at its own key, no free predecessor, its map entry kept; the folded statistics count
+     * them as one merged free block, so the recount does too (B's bytes here, R's as the merged
+     * block's). */
+    if (slot_lazy(d, b)) {
+        CHECK(!b->allocated && !b->in_index && !pending(b) && b->mapped);
+        CHECK(block_in_free_index(b->next) && !block_in_free_index(b->prev));
+        CHECK(live_has(d, b));
+        rc->slot_lazy++;
+        rc->reserved_bytes[si] += (int64_t)b->size;
+        rc->driver_bytes += b->size;
+        return; /* expandable granules: checked with R, whose mapped state it shares */
+    }
+    const struct dev_slot *sl = slot_live(d, b);
+    bool allocated = b->allocated || sl;
+    size_t requested = sl ? sl->cur_req : block_requested(b);
+    size_t size = sl ? sl->cur_size : b->size; /* the rest of a hit's B is R's (below) */
+    CHECK(b->expandable == (s->vseg != NULL));
+    CHECK(b->size > 0);
+    CHECK(!allocated || (!b->in_index && b->mapped));
+    CHECK(block_event_count(b) >= 0);
+    /* A side struct only while the block is in use (allocated, pending, or a slot's). */
+    CHECK(!b->sided || allocated || pending(b) || slot_lazy(d, b));
+    /* Two free neighbours merge; so do two unmapped ones. */
+    CHECK(!(block_in_free_index(b) && block_in_free_index(b->next)));
+    CHECK(!(b->next && !b->mapped && !b->next->mapped));
+    /* Free, mapped, nothing pending: cached, so in the free index; unmapped: in the unmapped one.
+     */
+    if (!allocated && !pending(b))
+        CHECK(b->in_index);
+    if (b->in_index)
+        CHECK(!pending(b));
+    if (allocated) {
+        CHECK(live_has(d, b));
+        rc->allocated_blocks++;
+        rc->allocation[si]++;
+        rc->allocated_bytes[si] += (int64_t)size;
+        if (b->oversize)
+            rc->oversize_allocations++;
+    }
+    if (allocated || pending(b)) {
+        rc->active[si]++;
+        rc->active_bytes[si] += (int64_t)size;
+        rc->requested_bytes[si] += (int64_t)requested;
+    }
+    if (b->mapped && !s->asleep) { /* a sleeping segment's pages count in check_segment */
+        rc->reserved_bytes[si] += (int64_t)b->size;
+        rc->driver_bytes += b->size;
+    }
+    if (block_in_free_index(b))
+        rc->free_indexed++;
+    else if (b->in_index)
+        rc->unmapped_indexed++;
+    if (!b->expandable) {
+        CHECK(b->mapped);
+        const struct block *lz = slot_lazy(d, b->prev);
+        if (lz) { /* the merged block [lz, b) */
+            if (lz->prev || b->next) {
+                rc->inactive_split[si]++;
+                rc->inactive_split_bytes[si] += (int64_t)(lz->size + b->size);
+            }
+        } else if (b->in_index && block_is_split(b)) {
+            /* The rest of a hit's B (a widened classic slot's) is this block's. */
+            const struct dev_slot *hit = b->prev ? slot_live(d, b->prev) : NULL;
+            rc->inactive_split[si]++;
+            rc->inactive_split_bytes[si] += (int64_t)(b->size + (hit ? hit->blk->size - hit->cur_size : 0));
+        }
+        return;
+    }
+    /* Granules: an unmapped block covers whole granules; the granules at both ends of a block
+     * are mapped exactly when the block is (the ones between follow from the byte count in
+     * check_segment), so no chunk reaches into an unmapped block. */
+    size_t gran = seg_gran(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
+    if (!b->mapped)
+        CHECK(off % gran == 0 && b->size % gran == 0);
+    /* In a sleeping segment, "mapped" blocks lie on asleep granules (or ones a failed sleep left). */
+    size_t lo = off / gran, hi = (off + b->size - 1) / gran;
+    CHECK((seg_gran_is_mapped(s->vseg, lo) || (s->asleep && seg_gran_is_asleep(s->vseg, lo))) == b->mapped);
+    CHECK((seg_gran_is_mapped(s->vseg, hi) || (s->asleep && seg_gran_is_asleep(s->vseg, hi))) == b->mapped);
+}
+
+static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)
+{
+    lock_assert_held(&d->lock);
+    CHECK(s->first && s->last && !s->first->prev && !s->last->next);
+    if (s->vseg)
+        CHECK(s->first->addr == (uintptr_t)seg_base(s->vseg) && s->size <= seg_va_size(s->vseg));
+    size_t bytes = 0, mapped = 0;
+    for (const struct block *b = s->first; b; b = b->next) {
+        CHECK(!b->next || (b->next->prev == b && b->addr + b->size == b->next->addr));
+        CHECK(b->next || b == s->last);
+        check_block(d, s, b, rc);
+        bytes += b->size;
+        if (b->mapped)
+            mapped += b->size;
+    }
+    CHECK(bytes == s->size);
+    CHECK(!s->asleep || s->vseg);
+    if (s->vseg && s->asleep) {
+        /* Only what a failed sleep left mapped is reserved. */
+        CHECK(seg_mapped_bytes(s->vseg) + seg_asleep_bytes(s->vseg) == mapped);
+        rc->reserved_bytes[s->pool->stat_index] += (int64_t)seg_mapped_bytes(s->vseg);
+        rc->driver_bytes += seg_mapped_bytes(s->vseg);
+    } else if (s->vseg) {
+        CHECK(seg_mapped_bytes(s->vseg) == mapped);
+        CHECK(seg_asleep_bytes(s->vseg) == 0);
+    } else {
+        rc->segment[s->pool->stat_index]++;
+        if (s->oversize)
+            rc->oversize_segments++;
+    }
+}
+
+static void check_counter(const xseg_stat_counter arr[XSEG_STAT_POOLS], const int64_t want[XSEG_STAT_POOLS])
+{
+    CHECK(arr[XSEG_STAT_SMALL_POOL].current == want[XSEG_STAT_SMALL_POOL]);
+    CHECK(arr[XSEG_STAT_LARGE_POOL].current == want[XSEG_STAT_LARGE_POOL]);
+}
+
+static void check_walk(struct dev_alloc *d);
+
+/* The walk with every busy slot locked: the fast paths of other threads move their blocks
+ * between freed and handed out under those locks alone. */
+void dev_check(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    uint32_t busy = d->fast.busy_slots;
+    for (uint32_t m = busy; m; m &= m - 1)
+        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
+    check_walk(d);
+    for (uint32_t m = busy; m; m &= m - 1)
+        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
+}
+
+static void check_walk(struct dev_alloc *d)
+{
+    check_flag_bits();
+    lock_assert_held(&d->lock);
+    struct recount rc = {0};
+    size_t free_nodes = 0, unmapped_nodes = 0;
+    check_pool(d, &d->small, &free_nodes, &unmapped_nodes);
+    check_pool(d, &d->large, &free_nodes, &unmapped_nodes);
+    for (const struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
+        check_pool(d, &pp->small, &free_nodes, &unmapped_nodes);
+        check_pool(d, &pp->large, &free_nodes, &unmapped_nodes);
+    }
+    size_t nexp = 0;
+    for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+        CHECK(s->prev_seg ? s->prev_seg->next_seg == s : d->segs == s);
+        CHECK(!s->next_seg || s->next_seg->prev_seg == s);
+        check_segment(d, s, &rc);
+        nexp += s->vseg != NULL;
+    }
+    /* The (pool, stream, seq) order of the expandable segments holds each of them once. */
+    CHECK(d->nby_stream == nexp);
+    for (size_t i = 0; i < d->nby_stream; i++) {
+        const struct segrec *a = d->by_stream[i], *b = i + 1 < d->nby_stream ? d->by_stream[i + 1] : NULL;
+        CHECK(a->vseg != NULL);
+        if (b)
+            CHECK((uintptr_t)a->pool < (uintptr_t)b->pool ||
+                  (a->pool == b->pool && ((uintptr_t)a->stream < (uintptr_t)b->stream ||
+                                          (a->stream == b->stream && a->seq < b->seq))));
+    }
+    /* Every indexed block was found in a bin or the unmapped treap, and every node is a block of a
+     * segment. */
+    CHECK(rc.free_indexed == free_nodes);
+    CHECK(rc.unmapped_indexed == unmapped_nodes);
+    /* A slot's freed block keeps its map entry, as a hit's block does. */
+    CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count);
+    for (unsigned i = 0; i < DEV_SLOTS; i++) {
+        const struct dev_slot *sl = &d->fast.slots[i];
+        const struct block *b = sl->blk;
+        CHECK(!(sl->lazy && sl->live) && (!b || !!sl->lazy != !!sl->live));
+        CHECK(!sl->lazy || sl->lazy == b);
+        CHECK(!sl->live || sl->live == b->addr);
+        CHECK(!!b == (d->fast.busy_slots >> i & 1));
+        if (!b)
+            continue;
+        CHECK(fast_slot_index(b->stream) == i && sl->gen != 0);
+        /* B's own fields stay as the fill left them; the slot holds their truth. */
+        CHECK(!b->allocated && block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
+        CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
+        /* Classic: min_size is where fast_widen took it, each widening a hit. */
+        CHECK(BLOCK_MIN_SIZE <= sl->min_fit && sl->min_fit <= sl->min_size);
+        CHECK(b->expandable ? sl->min_fit == sl->min_size : sl->reps || sl->min_size == b->size);
+        CHECK(sl->span == b->size - sl->min_size);
+        CHECK(sl->reps || (sl->cur_size == b->size && !sl->size_sum));
+        CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
+        CHECK(sl->reps || !sl->live);
+    }
+    CHECK(rc.driver_bytes == d->acct.total_allocated_memory);
+    /* The invariant of core/device/fast.h: what a reader sees (d->acct.stats plus the slots' debts,
+     * dev_stats_copy; active is allocation + pending) is the recount of the eager state. */
+    xseg_device_stats folded = d->acct.stats;
+    fast_owed(d, &folded);
+    dev_stats_fold(d, &folded);
+    const xseg_device_stats *st = &folded;
+    check_counter(d->acct.stats.active, (const int64_t[XSEG_STAT_POOLS]){0});
+    check_counter(d->acct.stats.active_bytes, (const int64_t[XSEG_STAT_POOLS]){0});
+    CHECK(d->acct.pending[XSEG_STAT_ALL] == d->acct.pending[XSEG_STAT_SMALL_POOL] + d->acct.pending[XSEG_STAT_LARGE_POOL]);
+    CHECK(d->acct.pending_bytes[XSEG_STAT_ALL] ==
+          d->acct.pending_bytes[XSEG_STAT_SMALL_POOL] + d->acct.pending_bytes[XSEG_STAT_LARGE_POOL]);
+    check_counter(st->allocation, rc.allocation);
+    check_counter(st->allocated_bytes, rc.allocated_bytes);
+    check_counter(st->active, rc.active);
+    check_counter(st->active_bytes, rc.active_bytes);
+    check_counter(st->requested_bytes, rc.requested_bytes);
+    check_counter(st->reserved_bytes, rc.reserved_bytes);
+    check_counter(st->segment, rc.segment);
+    check_counter(st->inactive_split, rc.inactive_split);
+    check_counter(st->inactive_split_bytes, rc.inactive_split_bytes);
+    CHECK(st->oversize_allocations.current == rc.oversize_allocations);
+    CHECK(st->oversize_segments.current == rc.oversize_segments);
+    /* core/device/fast.h: no hit can take a row past its peak unseen (the guard keeps d->acct.stats's
+     * currents at most their peaks, the "all" entry the sum of the pools'). */
+    const xseg_stat_counter *rows[] = {d->acct.stats.allocation, d->acct.stats.allocated_bytes,
+                                       d->acct.stats.requested_bytes, d->acct.stats.inactive_split,
+                                       d->acct.stats.inactive_split_bytes};
+    for (size_t k = 0; k < sizeof rows / sizeof *rows; k++) {
+        CHECK(rows[k][XSEG_STAT_SMALL_POOL].current <= rows[k][XSEG_STAT_SMALL_POOL].peak);
+        CHECK(rows[k][XSEG_STAT_LARGE_POOL].current <= rows[k][XSEG_STAT_LARGE_POOL].peak);
+        CHECK(stats_all_current(rows[k]) <= rows[k][XSEG_STAT_ALL].peak);
+    }
+}
+
+#endif

@@ -1,0 +1,362 @@
+/*
+ * The device state (see device.h): creation, the configuration copy, block structs, the segment
+ * list, memory accounting, the capture state, and the free path's merge.
+ */
+#include "core/device/device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/error.h"
+#include "base/hostmem.h"
+#include "base/vec.h"
+#include "core/process/settings.h"
+#include "vmm/capture.h"
+
+/* ---- creation and configuration --------------------------------------------------------- */
+
+void dev_apply_fraction(struct dev_alloc *d, double fraction)
+{
+    lock_assert_held(&d->lock);
+    d->acct.fraction = fraction;
+    if (fraction < 1.0) {
+        d->acct.set_fraction = true;
+        d->acct.allowed_memory_maximum = (size_t)(fraction * (double)d->info.total_mem);
+    } else {
+        d->acct.set_fraction = false;
+        d->acct.allowed_memory_maximum = d->info.total_mem;
+    }
+}
+
+/* Device lock held (dev_create holds it too, before @p d is published). */
+void dev_refresh_cfg_slow(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    double old_fraction = d->cfg.per_process_memory_fraction;
+    bool first = d->cfg_gen == 0;
+    settings_copy(&d->cfg, &d->cfg_gen);
+    d->roundup_any = false;
+    for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++)
+        if (d->cfg.roundup_power2_divisions[i] > 1)
+            d->roundup_any = true;
+    d->use_expandable = d->cfg.expandable_segments && d->info.vmm_supported;
+    /* The config key sets the fraction when it changes; xseg_set_memory_fraction overrides it
+     * until the key changes again. */
+    if (first || d->cfg.per_process_memory_fraction != old_fraction)
+        dev_apply_fraction(d, d->cfg.per_process_memory_fraction);
+    d->acct.stats.max_split_size =
+        d->cfg.max_split_size == SIZE_MAX ? INT64_MAX : (int64_t)d->cfg.max_split_size;
+}
+
+struct dev_alloc *dev_create(int device, const struct drv_device_info *info, void *home)
+{
+    struct dev_alloc *d = home; /* zeroed: a fresh pages_map, or one dev_destroy discarded */
+    d->info = *info;
+    lock_init(&d->lock);
+    for (int i = 0; i < DEV_SLOTS; i++)
+        spin_init(&d->fast.slots[i].lock);
+    d->device = device;
+    d->small.is_small = true;
+    d->small.stat_index = XSEG_STAT_SMALL_POOL;
+    d->large.stat_index = XSEG_STAT_LARGE_POOL;
+    d->structs = (struct arena)ARENA_INIT;
+    lock_acquire(&d->lock); /* no other thread can see d yet; the lock keeps the helpers' contract */
+    dev_refresh_cfg_slow(d);
+    lock_release(&d->lock); /* not dev_unlock (core/device/check.h, above): a new device has nothing to walk */
+    if (d->cfg.expandable_segments && !d->info.vmm_supported)
+        fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
+                device);
+    return d;
+}
+
+void dev_destroy(struct dev_alloc *d)
+{
+    xseg_assert(!d->segs && !d->live.count);
+    xs_free(d->cap.capturing);
+    xs_free(d->by_stream);
+    ptrmap_destroy(&d->live);
+    for (void *s = d->heap_slabs, *next; s; s = next) {
+        next = *(void **)s;
+        xs_free(s);
+    }
+    arena_release(&d->structs);
+}
+
+/* ---- block structs and the segment list ------------------------------------------------ */
+
+struct block *dev_block_new(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    struct block *b = d->spare;
+    if (b) {
+        d->spare = b->next;
+        memset(b, 0, sizeof *b);
+        return b;
+    }
+    return dev_block_carve(d);
+}
+
+/* Carved from slabs (a block struct is never given back to libc, only to the spare list): no
+ * allocator header a struct, and neighbours in time are neighbours in memory. A new slab holds
+ * 1/32 of the structs made so far (64 to 4096). Slabs come from the device's arena (base/arena.h),
+ * where only the pages touched are resident and, from ~420,000 structs (32 MiB of 80-byte structs:
+ * a 2 MiB page is 1/16 of them), every struct lies on a 2 MiB huge page (a free's block is then a
+ * cache miss without a TLB miss); from calloc where the arena cannot reserve address space, with
+ * the unused tail of the last slab within 1/32 of the structs in use. */
+__attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (d->slab_left == 0) {
+        size_t n = d->slab_made / 32;
+        n = n < 64 ? 64 : n > 4096 ? 4096 : n;
+        struct block *slab = arena_take(&d->structs, n * sizeof *slab);
+        if (!slab) {
+            /* From the heap: its first struct links it into heap_slabs, for dev_destroy. */
+            if (!(slab = xs_calloc(n, sizeof *slab)))
+                return NULL;
+            ptrmap_admit(&d->live, slab, slab + n); /* the live map's fingerprints need room */
+            *(void **)slab = d->heap_slabs;
+            d->heap_slabs = slab++;
+            n--;
+        } else {
+            ptrmap_admit(&d->live, slab, slab + n);
+        }
+        d->slab_next = slab;
+        d->slab_left = n;
+        d->slab_made += n;
+    }
+    d->slab_left--;
+    return d->slab_next++; /* zeroed by the arena or calloc */
+}
+
+void dev_seglist_add(struct dev_alloc *d, struct segrec *s)
+{
+    lock_assert_held(&d->lock);
+    s->prev_seg = NULL;
+    s->next_seg = d->segs;
+    if (d->segs)
+        d->segs->prev_seg = s;
+    d->segs = s;
+}
+
+void dev_seglist_remove(struct dev_alloc *d, struct segrec *s)
+{
+    lock_assert_held(&d->lock);
+    if (s->prev_seg)
+        s->prev_seg->next_seg = s->next_seg;
+    else
+        d->segs = s->next_seg;
+    if (s->next_seg)
+        s->next_seg->prev_seg = s->prev_seg;
+}
+
+/* ---- accounting for the other modules ------------------------------------------------- */
+
+void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
+{
+    lock_assert_held(&d->lock);
+    d->acct.total_allocated_memory += bytes;
+    stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, (int64_t)bytes);
+    d->acct.stats.num_device_alloc += (int64_t)pages;
+}
+
+void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages)
+{
+    lock_assert_held(&d->lock);
+    xseg_assert(bytes <= d->acct.total_allocated_memory);
+    d->acct.total_allocated_memory -= bytes;
+    stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
+    d->acct.stats.num_device_free += (int64_t)pages;
+}
+
+bool dev_fraction_allows(const struct dev_alloc *d, size_t more)
+{
+    lock_assert_held(&d->lock);
+    size_t after = d->acct.total_allocated_memory + more;
+    return (!d->acct.set_fraction || after <= d->acct.allowed_memory_maximum) &&
+           (!d->acct.set_budget || after <= d->acct.budget_limit);
+}
+
+void dev_count_sync_all(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->acct.stats.num_sync_all_streams++;
+}
+
+/* ---- capture ----------------------------------------------------------------------------- */
+
+bool dev_stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st)
+{
+    lock_assert_held(&d->lock);
+    bool capturing = false;
+    if ((*st = drv_ctx_ensure(d->info.primary_ctx)) == XSEG_SUCCESS)
+        *st = vmm_stream_capturing(stream, d->device, &capturing);
+    return capturing;
+}
+
+void dev_capture_note(struct dev_alloc *d, CUstream stream)
+{
+    lock_assert_held(&d->lock);
+    for (size_t i = 0; i < d->cap.ncapturing; i++)
+        if (d->cap.capturing[i] == stream)
+            return;
+    if (!VEC_RESERVE(d->cap.capturing, d->cap.capcapturing, d->cap.ncapturing + 1))
+        return; /* only a hint; the slow path re-checks anyway */
+    d->cap.capturing[d->cap.ncapturing++] = stream;
+}
+
+bool dev_capture_underway(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    xseg_status st;
+    bool any = false;
+    if (d->priv.nroutes)
+        return true; /* a pool records: take a capture to be underway without asking the driver */
+    for (size_t i = 0; i < d->cap.ncapturing;) {
+        if (dev_stream_capturing(d, d->cap.capturing[i], &st)) {
+            any = true;
+            i++;
+        } else {
+            d->cap.capturing[i] = d->cap.capturing[--d->cap.ncapturing];
+        }
+    }
+    return any;
+}
+
+/* ---- merge / free ------------------------------------------------------------------------ */
+
+/* Insert a free block into its pool's free index (resetting its GC clock). */
+static inline void pool_insert_free(struct bpool *pool, struct block *b)
+{
+    block_set_gc_base(b, pool->get_free_blocks_call_count);
+    bpool_insert_free(pool, b);
+}
+
+size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
+{
+    lock_assert_held(&d->lock);
+    if (!src || src->allocated || block_event_count(src) > 0 || block_uses_n(src) || dst->mapped != src->mapped)
+        return 0;
+    bpool_unindex(src);
+    if (dst->prev == src)
+        dst->addr = src->addr;
+    block_splice_out(src->seg, src->prev, src->next);
+    size_t sub = src->size;
+    dst->size += sub;
+    dev_block_delete(d, src);
+    return sub;
+}
+
+/* dev_free_block_inline when b has no free neighbour or two: merge through dev_try_merge, re-index. Out
+ * of line so that the common case keeps few registers live. */
+__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = dev_block_pool(d, b);
+    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
+    size_t requested = b->u.requested_size;
+    int64_t net_blocks = 0, net_bytes = 0;
+    struct block *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        size_t sub = dev_try_merge(d, b, cands[i]);
+        if (sub) {
+            net_blocks -= 1;
+            net_bytes -= (int64_t)sub;
+        }
+    }
+    pool_insert_free(pool, b);
+    if (block_is_split(b)) {
+        net_blocks += 1;
+        net_bytes += (int64_t)b->size;
+    }
+    /* inactive_split leaves expandable blocks out: their free pages can always be released. */
+    if (!b->expandable) {
+        if (net_blocks)
+            stat_add_pool(d->acct.stats.inactive_split, pool->stat_index, net_blocks);
+        if (net_bytes)
+            stat_add_pool(d->acct.stats.inactive_split_bytes, pool->stat_index, net_bytes);
+    }
+    dev_account_inactive(d, pool->stat_index, requested);
+}
+
+/* The free of a recorded block is complete (its memory may be reused): the event, and the block
+ * lets its stack go. */
+static void hist_free_completed(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block_side *sd = block_side(b);
+    hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, false,
+                 true);
+    if (sd)
+        sd->hist_stack = NULL;
+    b->recorded = false;
+}
+
+/* active's current per pool and for all (allocation + pending; see dev_alloc.acct.pending). */
+static void active_current(const struct dev_alloc *d, const xseg_device_stats *st, int64_t cur[XSEG_STAT_POOLS],
+                           int64_t bytes[XSEG_STAT_POOLS])
+{
+    lock_assert_held(&d->lock);
+    const xseg_stat_counter *n = st->allocation, *b = st->allocated_bytes;
+    cur[XSEG_STAT_ALL] = stats_all_current(n) + d->acct.pending[XSEG_STAT_ALL];
+    bytes[XSEG_STAT_ALL] = stats_all_current(b) + d->acct.pending_bytes[XSEG_STAT_ALL];
+    for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
+        cur[i] = n[i].current + d->acct.pending[i];
+        bytes[i] = b[i].current + d->acct.pending_bytes[i];
+    }
+}
+
+void dev_track_active_peak(struct dev_alloc *d)
+{
+    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
+    active_current(d, &d->acct.stats, cur, bytes);
+    /* Every entry, the other pool's too: each value is one active has now, so a peak may take it. */
+    for (int i = 0; i < XSEG_STAT_POOLS; i++) {
+        if (cur[i] > d->acct.active_peak[i])
+            d->acct.active_peak[i] = cur[i];
+        if (bytes[i] > d->acct.active_bytes_peak[i])
+            d->acct.active_bytes_peak[i] = bytes[i];
+    }
+}
+
+void dev_stats_fold(const struct dev_alloc *d, xseg_device_stats *out)
+{
+    lock_assert_held(&d->lock);
+    int64_t cur[XSEG_STAT_POOLS], bytes[XSEG_STAT_POOLS];
+    active_current(d, out, cur, bytes);
+    const xseg_stat_counter *n = out->allocation, *b = out->allocated_bytes;
+    for (int i = XSEG_STAT_SMALL_POOL; i <= XSEG_STAT_LARGE_POOL; i++) {
+        out->active[i].current = cur[i];
+        out->active[i].allocated = n[i].allocated;
+        out->active_bytes[i].current = bytes[i];
+        out->active_bytes[i].allocated = b[i].allocated;
+    }
+    for (int i = 0; i < XSEG_STAT_POOLS; i++) {
+        out->active[i].peak = d->acct.active_peak[i] > n[i].peak ? d->acct.active_peak[i] : n[i].peak;
+        out->active_bytes[i].peak = d->acct.active_bytes_peak[i] > b[i].peak ? d->acct.active_bytes_peak[i] : b[i].peak;
+    }
+    stats_fill_all(out); /* the "all" currents and allocated, every freed */
+}
+
+void dev_stats_reset_peaks(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    stats_fill_all(&d->acct.stats);
+    stats_reset_peaks(&d->acct.stats);
+    active_current(d, &d->acct.stats, d->acct.active_peak, d->acct.active_bytes_peak);
+}
+
+/* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
+void dev_free_block(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(b->recorded))
+        hist_free_completed(d, b);
+    block_side_drop(b); /* nothing left in it: no streams, events or stack */
+    xseg_assert(!b->sided);
+    if (XSEG_UNLIKELY(b->sided))
+        block_side_free(b); /* release builds: the word must hold the requested size below */
+    dev_free_block_inline(d, b);
+}

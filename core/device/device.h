@@ -1,0 +1,314 @@
+/*
+ * The state of one device allocator (struct dev_alloc: a few shared fields and the named
+ * sub-states of core/device/state.h, each written by its own module) and what every core module shares
+ * about it: block structs, the segment list, the device's memory accounting, the capture state, the
+ * configuration copy, and the free that returns a block to its pool (split/merge and its
+ * statistics). It sits below every policy module (check, capreuse, pools, ipc, observe,
+ * expandable, events, release, sleep, trim, idle, snapshot), which call it and never alloc.c;
+ * alloc.c (malloc, free, empty_cache) sits above them all.
+ *
+ * Locking: every field of struct dev_alloc is guarded by `lock` (base/lock.h) unless marked
+ * otherwise, and every function here needs it held (each asserts it) unless it says it takes it.
+ * The lock is released only around user callbacks (free-memory callbacks, OOM observers),
+ * history's stack capture and, with release_lock_on_cudamalloc, around cuMemAlloc; code that drops
+ * it re-reads any state it uses.
+ */
+#ifndef XSEG_CORE_DEVICE_H
+#define XSEG_CORE_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/arena.h"
+#include "base/lock.h"
+#include "core/index/bins.h"
+#include "core/index/block.h"
+#include "core/process/config.h"
+#include "core/process/history.h"
+#include "core/process/procstate.h" /* ALLOC_MAX_DEVICES */
+#include "core/index/ptrmap.h"
+#include "core/process/settings.h"
+#include "core/device/state.h"
+#include "core/index/stats.h"
+#include "vmm/driver.h"
+#include "vmm/segment.h"
+
+struct dev_alloc;
+/* The allocator of @p device if it was created, else NULL: how a module below runtime.c (which
+ * owns the device table and hands this down) reaches every device without calling up. */
+typedef struct dev_alloc *(*dev_peek_fn)(int device);
+
+struct pool_sleep; /* core/services/sleep.c */
+
+struct dev_alloc {
+    struct lock lock;
+    int device;
+    struct drv_device_info info; /* read-only after creation */
+
+    /* Configuration in force on this device: a copy of the global one, refreshed at the start
+     * of each operation when the global generation moved (one relaxed load on the fast path). */
+    struct cfg cfg;
+    unsigned cfg_gen;
+    bool roundup_any;    /* some roundup_power2_divisions bucket is > 1 */
+    bool use_expandable; /* cfg.expandable_segments && the device supports VMM */
+
+    struct bpool small, large;
+    uint64_t idle_tick_ns; /* idle reclaim (core/services/trim.c): time of the last tick, CLOCK_MONOTONIC */
+    struct ptrmap live;      /* allocated blocks by address (and the blocks of busy slots) */
+    struct segrec *segs;     /* every segment, both kinds */
+    uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
+    /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
+     * segments of its (pool, stream) in O(log segments), whatever the number of streams. */
+    struct segrec **by_stream;
+    size_t nby_stream, capby_stream;
+    struct block *spare;     /* recycled block structs (linked through next) */
+    /* Under pressure (exp_recycle_begin .. exp_recycle_end, expandable.c): the physical handles
+     * the reclaim unmaps, kept for the growth that follows; empty whenever the lock is free. */
+    struct seg_spares handles;
+    bool keep_handles;
+    /* Set at the first growth the device refused (exp_recycle_begin), until the memory fraction
+     * changes (exp_pressure_reset; an empty_cache between layers does not end the pressure:
+     * sqattn_qwen2_calib): growth maps smaller chunks meanwhile (expandable.c chunk_limit). */
+    bool fine_chunks;
+    struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
+    size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
+    struct arena structs;    /* where the slabs come from (dev_block_carve) */
+    void *heap_slabs;        /* slabs calloc'd where the arena had none, linked through their first struct */
+
+    struct acct acct; /* statistics, pending blocks, peaks, reserved bytes, memory fraction */
+
+    struct ev_state ev; /* record_stream's events and deferred frees (events.c; ev_waiting) */
+    /* graph_capture_record_stream_reuse: markers of deferred blocks, graph walks (capreuse.c) */
+    struct capreuse cr;
+
+    struct cap_state cap; /* streams seen capturing (device.c: dev_capture_note; cap_underway) */
+
+    int peers[ALLOC_MAX_DEVICES]; /* devices given access to new expandable segments */
+    int npeers;
+
+    struct pool_state priv; /* private pools and allocate-to-pool routes (pools.c) */
+
+    /* History (core/process/history.h): the stack of the recorded malloc in progress, for the segment
+     * events it causes (best effort: a malloc that drops the lock may see another's). */
+    struct hstack *hist_cur;
+
+    struct sleep_state sleep; /* sleep and wake (sleep.c) */
+
+    /* The fast path's permit and stream slots (core/device/fast.h). */
+    struct dev_fast fast;
+
+    struct life_state life; /* the lifetime predictor of large expandable requests (lifetime.c) */
+};
+
+/* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
+ * its blocks are never reused by the default pools or other private pools, and theirs never by
+ * it. Statistics count its blocks in the same counters as the default pools (PyTorch does). */
+struct priv_pool {
+    xseg_pool_id id;
+    struct bpool small, large;
+    int use_count;          /* begins (captures, graphs) not yet released */
+    struct priv_pool *next; /* device's list */
+    struct pool_sleep *sleep; /* core/services/sleep.c: NULL while awake; a sleeping pool is never reaped */
+};
+
+/* One allocate-to-pool in progress: allocations on streams it matches go to its pool. */
+struct pool_route {
+    struct priv_pool *pool;
+    xseg_stream_filter filter; /* NULL: every stream (unless by_capture) */
+    void *user;
+    bool by_capture;           /* xseg_capture_begin: streams of capture `capture_id` */
+    CUstream capture_stream;
+    unsigned long long capture_id; /* 0 until cuStreamBeginCapture returned */
+};
+
+/* Do record_stream's events or frees deferred to a capture's end wait (events.c's state, read)? */
+static inline bool ev_waiting(const struct dev_alloc *d)
+{
+    return d->ev.pending_events || d->ev.ndeferred;
+}
+
+/* Is a capture taken to be underway without asking the driver: a stream was seen capturing (the
+ * capture state, device.c) or an allocate-to-pool route is in force (pools.c)? While it is, no
+ * event is queried and nothing is released. dev_capture_underway re-checks the streams. */
+static inline bool cap_underway(const struct dev_alloc *d)
+{
+    return d->cap.ncapturing || d->priv.nroutes;
+}
+
+/* The private pool that owns @p p, or NULL for the default pools. */
+static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const struct bpool *p)
+{
+    if (p == &d->small || p == &d->large)
+        return NULL;
+    return (struct priv_pool *)(void *)((char *)(uintptr_t)p -
+                                        (p->is_small ? offsetof(struct priv_pool, small)
+                                                     : offsetof(struct priv_pool, large)));
+}
+
+/* The pool of block @p b, from its pool bits: the device's own two without reading the segment
+ * record, a private pool's through it (block_pool). */
+static inline struct bpool *dev_block_pool(struct dev_alloc *d, const struct block *b)
+{
+    if (XSEG_UNLIKELY(b->private_pool))
+        return block_pool(b);
+    return b->small_pool ? &d->small : &d->large;
+}
+
+/* Does every search tick the GC clock (garbage_collection_threshold with a memory fraction set)? */
+static inline bool dev_gc_on(const struct dev_alloc *d)
+{
+    return d->acct.set_fraction && d->cfg.garbage_collection_threshold > 0.0;
+}
+
+/* The bytes of a device's state: runtime.c keeps them in pages (base/pages.h) of its own. */
+#define DEV_HOME_BYTES sizeof(struct dev_alloc)
+/* Build the allocator of @p device, queried as @p info (drv_device_query), in @p home: zeroed,
+ * DEV_HOME_BYTES, aligned for struct dev_alloc. Cannot fail: it allocates nothing. */
+struct dev_alloc *dev_create(int device, const struct drv_device_info *info, void *home);
+/* Give back what an emptied device still holds (no segment, no live block; the modules above
+ * gave back their sub-states' arrays): its capture list, segment index, pointer map, block
+ * structs (slabs and arena). @p d's own memory is the caller's (runtime.c discards its pages). */
+void dev_destroy(struct dev_alloc *d);
+
+/* Copy the global configuration again (its generation moved; the caller tested it). */
+void dev_refresh_cfg_slow(struct dev_alloc *d);
+/* The memory fraction in force: the config key's, or xseg_set_memory_fraction's. */
+void dev_apply_fraction(struct dev_alloc *d, double fraction);
+
+/* Device memory accounting: the policy modules (expandable, sleep) report what they mapped and
+ * unmapped through these instead of writing total_allocated_memory and the statistics. */
+/* @p bytes of @p pool newly mapped, in @p pages driver allocations (chunks) (reserved_bytes, num_device_alloc). */
+void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
+/* @p bytes of @p pool unmapped, in @p pages driver pages (reserved_bytes, num_device_free). */
+void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
+/* Would reserving @p more bytes stay within the memory fraction and a budget in force (always,
+ * when none is set)? */
+bool dev_fraction_allows(const struct dev_alloc *d, size_t more);
+/* One synchronization of every stream with pending events (num_sync_all_streams). */
+void dev_count_sync_all(struct dev_alloc *d);
+
+/* The device's segment list (d->segs, newest first): the one insert and remove. */
+void dev_seglist_add(struct dev_alloc *d, struct segrec *s);
+void dev_seglist_remove(struct dev_alloc *d, struct segrec *s);
+
+/* A block struct: a recycled one (zeroed) or a new one; NULL on host OOM. */
+struct block *dev_block_new(struct dev_alloc *d);
+/* A new (zeroed) block struct from the slabs, never a recycled one; NULL on host OOM. */
+struct block *dev_block_carve(struct dev_alloc *d);
+/* @p b must be in no index and have no pending events; its side struct (if any) is released
+ * here, so a spare struct has `sided` clear. The split on the fast path relies on this to reuse a
+ * spare struct without clearing it. Inline: the free path's merge calls it. */
+static inline void dev_block_delete(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(b->sided))
+        block_side_free(b);
+    b->next = d->spare;
+    d->spare = b;
+}
+
+/* Is @p stream capturing (cuStreamIsCapturing in the device's context)? *@p st: the driver's
+ * failure, if any (then false). */
+bool dev_stream_capturing(struct dev_alloc *d, CUstream stream, xseg_status *st);
+/* Remember that @p stream was seen capturing (a rare condition: malloc re-checks it). */
+void dev_capture_note(struct dev_alloc *d, CUstream stream);
+/* Is a capture underway that the allocator knows of: a pool records (xseg_capture_begin,
+ * xseg_begin_allocate_to_pool, the PyTorch hooks), or a stream was seen capturing (a malloc on it
+ * missed the cache)? Re-checks only the streams seen capturing, dropping finished ones: O(1) in
+ * the number of streams. As in PyTorch, a capture must be announced for the allocator to keep
+ * its memory mapped. */
+bool dev_capture_underway(struct dev_alloc *d);
+
+/* Absorb @p src (a neighbour of @p dst) into dst when both are free and equally mapped. dst must
+ * not be in an index; src is removed from its index and deleted. Returns bytes absorbed. */
+size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
+/* Return a block whose events are done to its pool: merge, index, statistics (events.c,
+ * capreuse.c, the undo of a malloc). */
+void dev_free_block(struct dev_alloc *d, struct block *b);
+
+/* The free path's merge when @p b has no free neighbour or two (out of line). */
+void dev_free_block_general(struct dev_alloc *d, struct block *b);
+
+/* The counters of a block that stops being active (every path of the free). `active` and
+ * `active_bytes` are folded from allocation and pending (see dev_alloc.acct.pending). */
+static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t requested)
+{
+    lock_assert_held(&d->lock);
+    stat_down_pool(d->acct.stats.requested_bytes, si, (int64_t)requested);
+}
+
+/* Freed block @p b becomes pending (@p sign 1: ev_insert) or stops being pending (-1: its events
+ * are done, or a capture let it be reused; dev_free_block follows). */
+static inline void dev_pending_add(struct dev_alloc *d, const struct block *b, int64_t sign)
+{
+    lock_assert_held(&d->lock);
+    int si = block_pool(b)->stat_index;
+    int64_t bytes = sign * (int64_t)b->size;
+    d->acct.pending[si] += sign;
+    d->acct.pending[XSEG_STAT_ALL] += sign;
+    d->acct.pending_bytes[si] += bytes;
+    d->acct.pending_bytes[XSEG_STAT_ALL] += bytes;
+    xseg_assert(d->acct.pending[si] >= 0 && d->acct.pending_bytes[si] >= 0);
+}
+
+/* A malloc made while blocks are pending: active_peak follows active (see dev_alloc.acct.pending). */
+void dev_track_active_peak(struct dev_alloc *d);
+/* @p out, a copy of the statistics with the slots' debts added (core/device/fast.h, dev_stats_copy):
+ * the `active` rows folded and the "all" entries filled (stats_fill_all). */
+void dev_stats_fold(const struct dev_alloc *d, xseg_device_stats *out);
+/* Every peak to its current (reset_peak_memory_stats). */
+void dev_stats_reset_peaks(struct dev_alloc *d);
+
+/* Does exactly one neighbour of @p b lie in the free index (in_index && mapped)? Such a
+ * neighbour is free, mapped, with no events and no recorded streams: dev_try_merge's rule holds
+ * for it (b is mapped). A mergeable neighbour outside every index does not exist while a free
+ * runs, so this is "exactly one can merge": dev_free_block_inline's own case. */
+static inline bool dev_free_merges_one(const struct block *b)
+{
+    return block_in_free_index(b->prev) != block_in_free_index(b->next);
+}
+
+/* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
+ * statistics. Inline for the free path (alloc.c); the other modules call dev_free_block. */
+static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block *prev = b->prev, *next = b->next;
+    if (XSEG_UNLIKELY(!dev_free_merges_one(b))) {
+        dev_free_block_general(d, b);
+        return;
+    }
+    bool fn = block_in_free_index(next);
+    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
+     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
+     * path (the merged block is the same range), with no treap remove/insert. */
+    struct bpool *pool = dev_block_pool(d, b);
+    int si = pool->stat_index;
+    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
+    size_t orig_size = b->size, requested = b->u.requested_size;
+    struct block *keep = fn ? next : prev;
+    size_t keep_size = keep->size;
+    if (keep == next) {
+        bpool_free_grow(pool, next, b->addr, next->size + b->size);
+        block_splice_out(next->seg, prev, next); /* per branch: one of the two is known non-NULL */
+    } else {
+        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
+        block_splice_out(prev->seg, prev, next);
+    }
+    block_set_gc_base(keep, pool->get_free_blocks_call_count);
+    dev_block_delete(d, b);
+    /* dev_free_block_general's accounting with its signs known: keep was an inactive split block of
+     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
+     * spans its whole segment. */
+    if (!keep->expandable) {
+        if (XSEG_LIKELY(block_is_split(keep))) {
+            stat_up_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)orig_size);
+        } else {
+            stat_down_pool(d->acct.stats.inactive_split, si, 1);
+            stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)keep_size);
+        }
+    }
+    dev_account_inactive(d, si, requested);
+}
+
+#endif

@@ -1,0 +1,373 @@
+/*
+ * The fast path's owed work (see fast.h): the stream slots' fill, debts and settle, the lock
+ * entry's configuration refresh, the statistics as every reader sees them.
+ */
+#include "core/device/fast.h"
+
+#include "base/fork.h"
+#include "core/device/lifetime.h"
+
+_Thread_local struct dev_slot *fast_tls_slot;
+
+/* A forked child never frees into the parent's devices (core/runtime.c refuses them): forget
+ * the forking thread's last hit, whose slot lies in one. */
+static void fast_fork_child(void) { fast_tls_slot = NULL; }
+FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
+
+void dev_lock(struct dev_alloc *d)
+{
+    dev_acquire(d);
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
+        dev_refresh_cfg_slow(d);
+}
+
+/* ---- the debt of a slot ------------------------------------------------------------------ */
+
+/*
+ * Add to @p st what busy slot @p s (locked) owes it. Each hit stands for an eager free of B (B
+ * merged into R as M) and an eager malloc that split its rounded size off M again, and the
+ * statistics count B allocated with its own size and base_req requested bytes while it is freed
+ * or holds less. Every change below moves a current down or an accumulated count up (freed is
+ * derived, core/index/stats.h). A classic B + R spans its segment (fast_fill), so each pair makes one
+ * inactive split block of |M| - its size, and the statistics count |M| - min_size (fast_widen
+ * raised them to it): a hit of s owes min_size - s there, a freed B all of it.
+ */
+
+/* The rows of FAST_ROWS, in its order. */
+static xseg_stat_counter *fast_row(xseg_device_stats *st, int k)
+{
+    xseg_stat_counter *rows[FAST_ROWS] = {st->allocation, st->allocated_bytes, st->requested_bytes,
+                                          st->inactive_split, st->inactive_split_bytes};
+    return rows[k];
+}
+
+/* What busy slot @p s (locked) lowers each current of the FAST_ROWS rows by, in its pool. */
+static void slot_lowers(const struct dev_slot *s, int64_t low[FAST_ROWS])
+{
+    const struct block *b = s->blk;
+    int64_t msize = (int64_t)(b->size + b->next->size), classic = !b->expandable;
+    if (s->lazy) {
+        low[0] = 1;
+        low[1] = (int64_t)b->size;
+        low[2] = (int64_t)s->base_req;
+        low[3] = classic;
+        low[4] = classic * (msize - (int64_t)s->min_size);
+    } else {
+        low[0] = 0;
+        low[1] = (int64_t)(b->size - s->cur_size);
+        low[2] = (int64_t)(s->base_req - s->cur_req);
+        low[3] = 0;
+        low[4] = classic * (int64_t)(s->cur_size - s->min_size);
+    }
+}
+
+static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
+{
+    const struct block *b = s->blk, *r = b->next;
+    int si = block_pool(b)->stat_index;
+    int64_t n = (int64_t)s->reps, msize = (int64_t)(b->size + r->size);
+    st->allocation[si].allocated += n;
+    st->allocated_bytes[si].allocated += (int64_t)s->size_sum;
+    st->requested_bytes[si].allocated += (int64_t)s->req_sum;
+    if (!b->expandable) {
+        st->inactive_split[si].allocated += n;
+        st->inactive_split_bytes[si].allocated += n * msize - (int64_t)s->size_sum;
+    }
+    int64_t low[FAST_ROWS];
+    slot_lowers(s, low);
+    for (int k = 0; k < FAST_ROWS; k++)
+        stat_down_pool(fast_row(st, k), si, low[k]);
+}
+
+void fast_owed(const struct dev_alloc *d, xseg_device_stats *st)
+{
+    lock_assert_held(&d->lock);
+    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
+        slot_owe(&d->fast.slots[__builtin_ctz(m)], st);
+}
+
+void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
+{
+    lock_assert_held(&d->lock);
+    uint32_t busy = d->fast.busy_slots;
+    for (uint32_t m = busy; m; m &= m - 1)
+        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
+    *out = d->acct.stats;
+    fast_owed(d, out);
+    for (uint32_t m = busy; m; m &= m - 1)
+        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
+    dev_stats_fold(d, out);
+}
+
+/* ---- settle ------------------------------------------------------------------------------ */
+
+/* A slot's block freed and settled: the free the lifetime predictor sees (core/device/lifetime.h; the
+ * slot's own pairs were not seen), for the key of the malloc that filled the slot. */
+static void slot_settle_free(struct dev_alloc *d, const struct block *b, size_t req)
+{
+    life_note(&d->life, 1);
+    if (b->expandable && !b->small_pool)
+        life_forget(&d->life, req, b->stream, block_pool(b), b->addr);
+}
+
+/* Settle busy slot @p i, its lock held (kept): the debt paid, B's truth written back. A freed B
+ * merges into R (dev_free_block_inline's keep == next branch: nothing but the slot's own pairs
+ * touched B, R or the GC clock since the fill); a B handed out with fewer bytes than its size
+ * gives the rest to R, whose key only grows. */
+static void slot_settle_locked(struct dev_alloc *d, unsigned i)
+{
+    lock_assert_held(&d->lock);
+    struct dev_slot *s = &d->fast.slots[i];
+    lock_assert_held(&s->lock);
+    struct block *b = s->blk;
+    xseg_assert(b && (d->fast.busy_slots >> i & 1));
+    slot_owe(s, &d->acct.stats);
+    struct block *r = b->next;
+    struct bpool *pool = block_pool(b);
+    xseg_assert(block_in_free_index(r) && !block_in_free_index(b->prev));
+    if (s->live) {
+        if (s->cur_size != b->size) {
+            size_t rest = b->size - s->cur_size;
+            bpool_free_grow(pool, r, r->addr - rest, r->size + rest);
+            b->size = s->cur_size;
+        }
+        b->allocated = true;
+        block_set_requested(b, s->cur_req);
+    } else {
+        struct block *prev = b->prev;
+        xseg_assert(!b->allocated && !b->in_index && !block_uses_n(b) && !block_event_count(b));
+        (void)ptrmap_take(&d->live, b->addr);
+        slot_settle_free(d, b, s->base_req);
+        bpool_free_grow(pool, r, b->addr, r->size + b->size);
+        block_splice_out(r->seg, prev, r);
+        dev_block_delete(d, b);
+    }
+    block_set_gc_base(r, pool->get_free_blocks_call_count);
+    FAST_COUNT(d, settles);
+#if XSEG_DEBUG_LEVEL >= 1
+    d->fast.lazy_hits += s->hits;
+    s->hits = 0;
+#endif
+    s->blk = s->lazy = NULL;
+    s->live = 0;
+    s->reps = 0;
+    s->req_sum = s->size_sum = 0;
+    d->fast.busy_slots &= ~((uint32_t)1 << i);
+}
+
+void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stream)
+{
+    lock_assert_held(&d->lock);
+    uint32_t m = d->fast.busy_slots;
+    if (need == FAST_STREAM)
+        m &= (uint32_t)1 << fast_slot_index(stream);
+    for (; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        struct dev_slot *s = &d->fast.slots[i];
+        spin_acquire(&s->lock);
+        slot_settle_locked(d, i);
+        spin_release(&s->lock);
+    }
+}
+
+/* ---- the peaks of an operation beside busy slots ------------------------------------------ */
+
+void fast_guard_save(struct dev_alloc *d, struct fast_guard *g)
+{
+    lock_assert_held(&d->lock);
+    for (int k = 0; k < FAST_ROWS; k++)
+        for (int p = 0; p < XSEG_STAT_POOLS; p++)
+            g->peak[k][p] = fast_row(&d->acct.stats, k)[p].peak;
+}
+
+/*
+ * A peak the operation raised was taken from d->acct.stats, which counts each busy slot above what
+ * it holds by its debt; every busy slot is locked here, so the operation takes place at this
+ * instant, where the recount is d->acct.stats less the debts. The peak becomes the larger of the
+ * one before and the operation's highest value less the debts on that row (the "all" entry: of
+ * both pools). The slots owing on such a row settle, so that its current is at most its peak
+ * again: what a later hit raises, the peak has seen.
+ */
+void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
+{
+    lock_assert_held(&d->lock);
+    xseg_device_stats *st = &d->acct.stats;
+    bool raised = false;
+    for (int k = 0; k < FAST_ROWS; k++)
+        for (int p = 0; p < XSEG_STAT_POOLS; p++)
+            raised |= fast_row(st, k)[p].peak > g->peak[k][p];
+    uint32_t busy = d->fast.busy_slots;
+    if (!raised || !busy)
+        return;
+    int64_t low[DEV_SLOTS][FAST_ROWS], owed[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
+    int pool[DEV_SLOTS];
+    for (uint32_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        const struct dev_slot *s = &d->fast.slots[i];
+        spin_acquire(&d->fast.slots[i].lock);
+        slot_lowers(s, low[i]);
+        pool[i] = block_pool(s->blk)->stat_index;
+        for (int k = 0; k < FAST_ROWS; k++) {
+            owed[k][pool[i]] += low[i][k];
+            owed[k][XSEG_STAT_ALL] += low[i][k];
+        }
+    }
+    uint32_t settle = 0;
+    for (int k = 0; k < FAST_ROWS; k++)
+        for (int p = 0; p < XSEG_STAT_POOLS; p++) {
+            xseg_stat_counter *c = &fast_row(st, k)[p];
+            if (c->peak <= g->peak[k][p] || !owed[k][p])
+                continue;
+            int64_t seen = c->peak - owed[k][p];
+            c->peak = seen > g->peak[k][p] ? seen : g->peak[k][p];
+            for (uint32_t m = busy; m; m &= m - 1) {
+                unsigned i = (unsigned)__builtin_ctz(m);
+                if (low[i][k] && (p == XSEG_STAT_ALL || p == pool[i]))
+                    settle |= (uint32_t)1 << i;
+            }
+        }
+    for (uint32_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        if (settle >> i & 1) {
+            FAST_COUNT(d, settles_cross);
+            slot_settle_locked(d, i);
+        }
+        spin_release(&d->fast.slots[i].lock);
+    }
+}
+
+/* ---- fill -------------------------------------------------------------------------------- */
+
+static inline size_t expandable_size(const struct block *b)
+{
+    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
+/*
+ * The slot's hit test, at the fill: the smallest rounded size s (returned; 0: none) such that, for
+ * every s from it to B's size, the eager state -- B merged into its free successor R as M = [B, R)
+ * at key (stream, |M|, B's address) -- makes find_free_block (core/alloc.c) pick M for a request of
+ * s on B's pool and stream, and alloc_found_block split s off it. Then a hit hands out what the
+ * eager free and malloc would, and stays so until a device-lock holder settles the slot (every
+ * change to the stream's blocks settles it first). A classic slot starts at B's size and widens
+ * towards this size through the device lock (fast_widen): a smaller hit leaves a larger inactive
+ * split block, which the statistics must have counted first.
+ */
+static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block *r = b->next;
+    struct bpool *pool = block_pool(b);
+    size_t size = b->size, msize = b->size + r->size, msplit = d->cfg.max_split_size;
+    /* The fast path's pool for this size is a default one; an oversize allocation is left to
+     * the eager path (so the hit never sets `oversize`). */
+    if (dev_pool_owner(d, pool) || (size <= BLOCK_SMALL_SIZE) != pool->is_small || size >= msplit)
+        return 0;
+    /* find_free_block's max_split_size rule (s < msplit), then should_split (its remainder
+     * holds R, so it only grows as s shrinks). */
+    if (msize >= msplit)
+        return 0;
+    if (pool->is_small || d->use_expandable) {
+        if (r->size < BLOCK_MIN_SIZE)
+            return 0;
+    } else if (!(r->size > BLOCK_SMALL_SIZE)) {
+        return 0;
+    }
+    /* Best fit in the eager index: the index without R (it sits there at its own key), plus M.
+     * x: the first block without R at or above B's size; M comes first iff x is above M, and then
+     * x is M's successor (find_free_block's `next`). */
+    struct block *pred, *x;
+    struct block *first = bpool_fit(pool, b->stream, size, &pred, &x);
+    if (first != r)
+        x = first;
+    else if (!x)
+        x = bpool_fit_next_bin(pool, r); /* R is the last of its bin (only a successor on the stream counts) */
+    bool same = x && x->stream == b->stream;
+    if (same && bkey_less((uintptr_t)x->stream, x->size, x->addr, (uintptr_t)b->stream, msize, b->addr))
+        return 0;
+    if (b->expandable) {
+        /* find_free_block leaves an expandable first fit for the next one when expandable segments
+         * are off or the next one counts less with its unmapped tail: not M, so no hit. */
+        if (!d->use_expandable)
+            return 0;
+        size_t mexp = msize + (r->next && !r->next->mapped ? r->next->size : 0);
+        if (same && expandable_size(x) < mexp)
+            return 0;
+    }
+    /* Smaller sizes: M stays the first fit above the largest block of the stream below M's key
+     * (R aside), and in B's pool. */
+    struct block *y = bpool_prev_free(pool, b->stream, msize, b->addr);
+    if (y == r)
+        y = bpool_prev_free(pool, b->stream, r->size, r->addr);
+    size_t lo = pool->is_small ? BLOCK_MIN_SIZE : BLOCK_SMALL_SIZE + BLOCK_MIN_SIZE;
+    if (y && y->stream == b->stream && y->size + BLOCK_MIN_SIZE > lo)
+        lo = y->size + BLOCK_MIN_SIZE;
+    return lo <= size ? lo : size;
+}
+
+bool fast_fill(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    const struct block *prev = b->prev, *next = b->next;
+    /* The common free (nothing recorded, not oversize, no other stream), the permit on, no GC
+     * clock to tick, dev_free_block_inline's keep == next case (a free, indexed successor and no
+     * free predecessor) with a merge that moves no counter up (an expandable block, or a classic
+     * B + R that spans its segment). */
+    if (b != d->fast.last_alloc || block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
+        settings_gen() != d->fast.fast_gen || dev_gc_on(d))
+        return false;
+    if (!b->expandable && (prev || next->next))
+        return false;
+    size_t min_fit = fast_fits(d, b);
+    /* Counted allocated while in the slot: its map entry stays (the debt and the settle count it). */
+    if (!min_fit || !ptrmap_put(&d->live, b->addr, b))
+        return false;
+    unsigned i = fast_slot_index(b->stream);
+    struct dev_slot *s = &d->fast.slots[i];
+    xseg_assert(!(d->fast.busy_slots >> i & 1));
+    spin_acquire(&s->lock);
+    s->blk = s->lazy = b;
+    s->gen = d->fast.fast_gen;
+    s->min_fit = min_fit;
+    s->min_size = b->expandable ? min_fit : b->size; /* classic: what the statistics count */
+    s->span = b->size - s->min_size;
+    s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
+    s->cur_size = b->size;
+    spin_release(&s->lock);
+    d->fast.busy_slots |= (uint32_t)1 << i;
+    return true;
+}
+
+/* ---- widen (classic) ---------------------------------------------------------------------- */
+
+bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    lock_assert_held(&d->lock);
+    unsigned i = fast_slot_index(stream);
+    struct dev_slot *s = &d->fast.slots[i];
+    if (!(d->fast.busy_slots >> i & 1) || size == 0)
+        return false;
+    spin_acquire(&s->lock);
+    struct block *b = s->lazy;
+    size_t r = fast_round(size);
+    if (!b || b->expandable || b->stream != stream || s->gen != settings_gen() || size > s->base_req ||
+        r >= s->min_size || r < s->min_fit) {
+        spin_release(&s->lock);
+        return false;
+    }
+    /* The peak taken below counts the other busy slots above what they hold: guarded. */
+    struct fast_guard g;
+    fast_guard_begin(d, &g, d->fast.busy_slots & ~((uint32_t)1 << i));
+    /* The eager malloc of r leaves |M| - r inactive split bytes where min_size's left |M| -
+     * min_size: count the rise (current and peak; it accumulates with the hit in slot_owe). */
+    int si = block_pool(b)->stat_index;
+    xseg_stat_counter *isb = d->acct.stats.inactive_split_bytes; /* the settle's books, as slot_owe's */
+    stat_up_pool(isb, si, (int64_t)(s->min_size - r));
+    isb[si].allocated -= (int64_t)(s->min_size - r);
+    s->min_size = r;
+    s->span = b->size - r;
+    *out = fast_take(s, b, size, r);
+    spin_release(&s->lock);
+    fast_guard_end(d, &g);
+    return true;
+}

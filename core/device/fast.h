@@ -1,0 +1,225 @@
+/*
+ * The fast path's owed work: the permit and the stream slots (struct dev_fast and struct dev_slot,
+ * core/device/state.h), written only here and in fast.c (tests/build/layering.sh). A busy slot holds a
+ * block B whose free and later mallocs (hits) ran under the slot's lock alone: nothing of the
+ * device lock's state moved, and the slot owes it what they did. The invariant, written once and
+ * walked by dev_check (core/device/check.c) with every busy slot locked:
+ *
+ *     statistics read = d->acct.stats + sum over busy slots of fast_owed(slot)
+ *                     = the recount of the block state with every slot settled (eager)
+ *
+ * Settling a slot (fast_settle) moves its debt into d->acct.stats and B's truth into B (merged
+ * into its successor R when freed; its true size and requested bytes when handed out): the sum
+ * does not move. A debt lowers every current it touches (a hit takes at most B's size and
+ * requested bytes), and every current of d->acct.stats is at most its peak, so no hit can take a
+ * statistic past its peak unseen. A classic slot counts the inactive split bytes of its smallest
+ * hit (min_size): fast_widen lowers min_size through the device lock, so its hits, larger or
+ * smaller, only lower allocated_bytes or inactive_split_bytes.
+ *
+ * Peaks: a device-lock operation that moves a counter up records its peak from d->acct.stats,
+ * which counts every busy slot above what it holds. Where that raised a peak on a row some busy
+ * slot owes (the FAST_ROWS rows), the peak is the recount's instead (the operation's highest value
+ * less the debts, every busy slot locked: the instant the operation is placed at), and the slots
+ * owing on it settle, so that the current is at most the peak again (fast_guard_end). A raise
+ * that stays under the peak settles no other slot: a thread keeps its slot, however often
+ * another thread's stream takes the device lock, once the peaks are where both threads' blocks
+ * took them.
+ *
+ * Locking: the device lock first, then a slot's spin lock; a slot is filled and settled only with
+ * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
+ */
+#ifndef XSEG_CORE_FAST_H
+#define XSEG_CORE_FAST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/device/device.h"
+
+/* The slot of @p stream: a multiplicative hash of the handle (streams sharing a slot share its
+ * one block, never its correctness). */
+static inline unsigned fast_slot_index(const void *stream)
+{
+    return (unsigned)((((uintptr_t)stream >> 4) * UINT64_C(0x9E3779B97F4A7C15)) >> 59);
+}
+static inline struct dev_slot *fast_slot_of(struct dev_alloc *d, const void *stream)
+{
+    return &d->fast.slots[fast_slot_index(stream)];
+}
+
+/* Debug builds count what the slots do (struct dev_fast; device lock held). */
+#if XSEG_DEBUG_LEVEL >= 1
+#define FAST_COUNT(d, field) ((void)(d)->fast.field++)
+#else
+#define FAST_COUNT(d, field) ((void)0)
+#endif
+
+/* The rounding of the fast paths (no roundup_power2_divisions: the permit excludes them). */
+static inline size_t fast_round(size_t size)
+{
+    return size < BLOCK_MIN_SIZE ? BLOCK_MIN_SIZE : xseg_align_up(size, BLOCK_MIN_SIZE);
+}
+
+/* What a device-lock taker needs settled. */
+enum fast_need {
+    FAST_NONE,   /* nothing: the statistics' reads fold the debts, malloc and free settle below */
+    FAST_STREAM, /* the slot of the stream a malloc or free touches (its blocks may change); the
+                  * other slots stay, the operation's peaks guarded (struct fast_guard) */
+    FAST_ALL,    /* every slot: the state is the eager one (every other operation) */
+};
+
+/* Settle the busy slots @p need names (@p stream: FAST_STREAM's). Device lock held. */
+void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stream);
+static inline void fast_settle(struct dev_alloc *d, enum fast_need need, const void *stream)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0) && need != FAST_NONE)
+        fast_settle_slow(d, need, stream);
+}
+
+/* The rows of the statistics a busy slot's debt lowers (slot_owe): allocation, allocated_bytes,
+ * requested_bytes, inactive_split and inactive_split_bytes. */
+#define FAST_ROWS 5
+
+/* The peaks of the FAST_ROWS rows before a device-lock operation that may move them up while
+ * other slots are busy (on), for fast_guard_end (the peaks paragraph above). */
+struct fast_guard {
+    bool on;
+    int64_t peak[FAST_ROWS][XSEG_STAT_POOLS];
+};
+void fast_guard_save(struct dev_alloc *d, struct fast_guard *g);
+/* Before the operation, its own stream's slot settled: @p others are the busy slots it may
+ * leave owing (none: nothing to guard). */
+static inline void fast_guard_begin(struct dev_alloc *d, struct fast_guard *g, uint32_t others)
+{
+    g->on = others != 0;
+    if (g->on)
+        fast_guard_save(d, g);
+}
+void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g);
+/* After the operation (device lock held, no slot's lock): every peak it raised is exact, and
+ * every current at most its peak. */
+static inline void fast_guard_end(struct dev_alloc *d, const struct fast_guard *g)
+{
+    if (XSEG_UNLIKELY(g->on))
+        fast_guard_end_slow(d, g);
+}
+
+/* The one way to take the device lock: then what @p need names is settled. */
+static inline void fast_lock(struct dev_alloc *d, enum fast_need need, const void *stream)
+{
+    lock_acquire(&d->lock);
+    fast_settle(d, need, stream);
+}
+/* The policy modules' lock: every slot settled. */
+static inline void dev_acquire(struct dev_alloc *d) { fast_lock(d, FAST_ALL, NULL); }
+/* dev_acquire with the configuration in force refreshed (every operation's start). */
+void dev_lock(struct dev_alloc *d);
+
+/* A rare condition begins (see dev_fast.fast_gen): malloc takes the general path until it is over,
+ * and no slot may wait without the permit. */
+static inline void dev_fast_off(struct dev_alloc *d)
+{
+    fast_settle(d, FAST_ALL, NULL);
+    d->fast.fast_gen = 0;
+}
+
+/* Grant the permit again when no rare condition holds (config current). */
+static inline void dev_fast_update(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    /* Idle reclaim ticks in malloc_prepare unless its thread does (core/services/idle.c); a sleeping pool
+     * refuses allocations there (core/services/sleep.c). */
+    bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any || hist_mode() ||
+                (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
+                d->sleep.nasleep;
+    d->fast.fast_gen = rare ? 0 : d->cfg_gen;
+}
+
+/* @p b was handed out through the device lock: a free of it may fill its slot. */
+static inline void fast_note_alloc(struct dev_alloc *d, const struct block *b) { d->fast.last_alloc = b; }
+
+/* The free of @p b (device lock held; its map entry still there, its counters not yet down): fill
+ * its stream's slot when that is invisible (the block was the last one allocated, the permit on,
+ * the merge with its free successor the only one and one best fit would undo, see struct
+ * dev_slot). True: done, the block is the slot's. */
+bool fast_fill(struct dev_alloc *d, struct block *b);
+
+/* The slot of this thread's last hit (NULL before the first): where its next free looks first,
+ * without the device lock or even the device. Initial-exec: one thread-pointer-relative load, in
+ * the shared library too (one pointer of static TLS, which a dlopen of libxseg can always have). */
+extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
+
+/* A hit's bookkeeping, written once for fast_hit and fast_widen: slot @p s (locked, its B @p lz
+ * freed in it) hands B out for @p size bytes rounded to @p r, and becomes this thread's last
+ * slot. Returns B's address. */
+static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s, const struct block *lz, size_t size,
+                                                          size_t r)
+{
+    s->lazy = NULL;
+    s->live = lz->addr;
+    s->cur_req = size;
+    s->cur_size = r;
+    s->reps++;
+    s->req_sum += size;
+    s->size_sum += r;
+#if XSEG_DEBUG_LEVEL >= 1
+    s->hits++;
+#endif
+    fast_tls_slot = s;
+    return (void *)s->live;
+}
+
+/* malloc's first try, under the slot's lock alone: a hit needs the permit current at the fill,
+ * the slot's block freed, on @p stream, a rounded size in [min_size, B's size] and no more
+ * requested bytes than the statistics count for it. False: nothing changed (also when another
+ * thread holds the slot's lock: no waiting here). */
+static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    struct dev_slot *s = fast_slot_of(d, stream);
+    __asm__("" : "+r"(s)); /* one base register for every field (GCC would keep three) */
+    if (XSEG_UNLIKELY(!spin_try(&s->lock)))
+        return false;
+    struct block *lz = s->lazy;
+    if (!lz || s->gen != settings_gen() || lz->stream != stream || size > s->base_req)
+        goto miss;
+    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
+    if (r - s->min_size > s->span)
+        goto miss;
+    *out = fast_take(s, lz, size, r);
+    spin_release(&s->lock);
+    return true;
+miss:
+    spin_release(&s->lock);
+    return false;
+}
+
+/* malloc through the device lock, before its settle: a classic slot on @p stream whose B is freed
+ * widens to a rounded size below min_size and at least min_fit (counting the larger inactive split
+ * block first, its peak guarded) and hands B out (true). False: nothing changed. */
+bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out);
+
+/* xseg_free's first try: @p ptr is the block this thread's last hit handed out, and it goes back
+ * to the slot under the slot's lock alone (true). False: nothing changed. */
+static inline bool fast_free_hit(void *ptr)
+{
+    struct dev_slot *s = fast_tls_slot;
+    if (!s || !spin_try(&s->lock))
+        return false;
+    bool hit = s->live == (uintptr_t)ptr; /* ptr is not NULL (xseg_free's) */
+    if (hit) {
+        s->live = 0;
+        s->lazy = s->blk;
+    }
+    spin_release(&s->lock);
+    return hit;
+}
+
+/* Add to @p st what every busy slot owes it (each busy slot's lock held by the caller). */
+void fast_owed(const struct dev_alloc *d, xseg_device_stats *st);
+/* What every reader sees: d->acct.stats with the slots' debts (every busy slot locked at once, so
+ * the copy is one state they were in together), then the active rows and "all" entries
+ * (dev_stats_fold). Accumulated values are not rebased here. */
+void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out);
+
+#endif

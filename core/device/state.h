@@ -1,0 +1,254 @@
+/*
+ * The types of a device allocator's sub-states (jemalloc's _structs.h idea): struct dev_alloc
+ * (core/device/device.h) is a short list of these, each written only by the module that owns it
+ * (tests/build/layering.sh checks the writes) and read elsewhere through its accessors. A leaf
+ * header: types only, no functions, so that device.h embeds a module's state without including
+ * the module (the modules sit above device.h and call down into it).
+ *
+ * Locking: every field is guarded by the device lock (dev_alloc.lock) unless marked otherwise.
+ */
+#ifndef XSEG_CORE_STATE_H
+#define XSEG_CORE_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "base/assert.h"
+#include "base/lock.h"
+#include "xseg.h"
+
+struct block;
+
+/* ---- events.c: record_stream's events and the frees deferred to them (core/policy/events.h) ------- */
+
+/* A per-stream FIFO of (event, block) pairs recorded by frees of record_stream'ed blocks. */
+struct ev_item {
+    CUevent event;
+    struct block *block;
+};
+struct ev_queue {
+    CUstream stream;
+    struct ev_item *items;
+    size_t head, count, cap; /* ring buffer */
+};
+
+struct ev_state {
+    struct ev_queue *evq;
+    size_t nevq, capevq;
+    size_t pending_events;    /* events in all queues: the fast path polls only when > 0 */
+    CUevent *event_pool;
+    size_t nevent_pool, capevent_pool;
+    struct block **deferred;  /* freed during a capture: events recorded once it ends */
+    size_t ndeferred, capdeferred;
+};
+
+/* ---- the stream slots (dev_fast.slots, below; core/device/fast.h) ------------------------------------ */
+/*
+ * A stream slot: a depth-one delayed merge per stream for the malloc+free ping-pong, under a lock
+ * of its own so that threads on their own streams do not meet on the device lock. A free on the
+ * common path whose block B has a free successor R and no free predecessor (and whose merge would
+ * move no counter up) leaves B in its stream's slot instead of merging it into R. A malloc on B's
+ * stream whose rounded size best fit would serve by splitting it off the merged block M = [B, R)
+ * (fast_fits, at the fill: min_size to B's size; on classic segments B's size, widened by
+ * fast_widen towards min_fit) hands B's
+ * address out again with that size (a hit); its free puts it back. Neither touches the device
+ * lock, the index, the map or the statistics: what they owe is the slot's (core/device/fast.h).
+ * Locking: the slot's fields are guarded by its lock; the fast paths read only B's address and
+ * stream and write only the slot, so while the slot is busy B's own `allocated` (false), `size`
+ * and `requested_size` are stale and the slot holds their truth (live, cur_size, cur_req), written
+ * back at the settle. A slot is filled and settled only with the device lock held too.
+ */
+#define DEV_SLOTS 32
+struct dev_slot {
+    struct spin lock;
+    unsigned gen;          /* the permit (fast_gen) at the fill: a hit needs it current */
+    struct block *blk;     /* B while the slot is busy, else NULL */
+    struct block *lazy;    /* B while freed by the user, not merged, else NULL */
+    uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
+    size_t min_size;       /* the smallest rounded size a hit may take (at most B's size) */
+    size_t min_fit;        /* the smallest rounded size eager best fit gives B's place (<= min_size):
+                            * a classic slot widens min_size down to it (fast_widen) */
+    size_t span;           /* B's size - min_size: a hit's rounded size r has r - min_size <= span */
+    size_t base_req;       /* B's requested bytes as the statistics count them (its requested_size) */
+    size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
+    size_t cur_size;       /* the rounded size of its last malloc (B's true size while live) */
+    uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
+    size_t req_sum;        /* the requested bytes of those hits */
+    size_t size_sum;       /* their rounded sizes */
+#if XSEG_DEBUG_LEVEL >= 1
+    uint64_t hits;         /* debug builds: added to dev_alloc.fast.lazy_hits at the settle */
+#endif
+} __attribute__((aligned(64))); /* threads on other slots share no cache line */
+
+/* ---- capreuse.c: graph_capture_record_stream_reuse (core/policy/capreuse.h) ---------------------- */
+
+/* An open-addressing map from graph nodes to a pointer (NULL: present with no value). */
+struct cr_nodemap {
+    uintptr_t *keys; /* 0 = empty */
+    void **vals;
+    size_t cap, count;
+};
+
+/* A block freed during the capture, with its markers, waiting on markers[next]. */
+struct cr_entry {
+    struct block *block;
+    size_t deferred_slot;     /* its index in the device's deferred list */
+    CUgraphNode *markers;
+    size_t nmarkers, next;
+    struct cr_entry *link;    /* next waiter on the same node, or next ready entry */
+};
+
+/* A dependency of the stream at its last walk, and whether the current walk reached it again. */
+struct cr_term {
+    CUgraphNode node;
+    bool hit;
+};
+
+/* Per (capture, stream): the nodes known to precede the stream's dependency set, and the
+ * entries of that stream, each filed under the first of its markers not yet reached (so a node
+ * reached by the walk wakes exactly the entries waiting on it: the check costs O(markers) per
+ * block over the whole capture, not O(blocks) per allocation). */
+struct cr_walk {
+    unsigned long long capture_id;
+    CUstream stream;
+    struct cr_nodemap seen;     /* reached nodes (values unused) */
+    struct cr_nodemap waiting;  /* node -> list of entries waiting on it */
+    struct cr_entry *ready;     /* entries whose markers were all reached */
+    size_t nentries;
+    size_t nwaiting;            /* entries filed in `waiting` (not ready) */
+    CUgraphNode *frontier;      /* reached nodes whose dependencies were not read yet */
+    size_t nfrontier, capfrontier;
+    struct cr_term *terms;      /* the stream's dependencies at the last walk */
+    size_t nterms, capterms, nhit;
+};
+
+struct capreuse {
+    struct cr_walk *walks;
+    size_t nwalks, capwalks;
+    size_t n;                 /* entries in all walks */
+    CUgraphNode *queue;       /* the walk's work list (first in, first out) */
+    size_t capqueue;
+    struct cr_entry *collected; /* found reusable by capreuse_collect, for capreuse_take */
+    uint64_t nodes_read;      /* dependency lists read from the driver */
+    uint64_t reused;          /* blocks returned to their pool during a capture */
+};
+
+
+/* ---- device.c: the capture state (dev_capture_note, dev_capture_underway) ----------------- */
+/* Streams seen capturing. While non-empty every malloc re-checks them (and its own stream): this
+ * is how the allocator "knows a capture might be underway" without a driver call on the fast path
+ * otherwise. */
+struct cap_state {
+    CUstream *capturing;
+    size_t ncapturing, capcapturing;
+};
+
+
+/* ---- pools.c: private pools and allocate-to-pool routes (core/policy/pools.h) --------------------- */
+struct priv_pool;
+struct pool_route;
+/* Private pools and the allocate-to-pool routes in force, oldest first (PyTorch's graph_pools and
+ * captures_underway). While nroutes > 0 a capture is taken to be underway: no event is queried,
+ * frees with recorded streams are deferred, nothing is released. */
+struct pool_state {
+    struct priv_pool *pools;
+    struct pool_route *routes;
+    size_t nroutes, caproutes;
+};
+
+
+/* ---- sleep.c: sleep and wake (core/services/sleep.h) ------------------------------------------------ */
+struct pool_sleep;
+/* The default pools' sleep (NULL: awake), how many pools sleep (a rare condition: malloc takes
+ * the general path while > 0), and the device's counts. */
+/* Copy streams xseg owns for the chunks of sleep and wake (round robin, so chunks overlap). */
+#define SLEEP_COPY_STREAMS 2
+struct sleep_state {
+    struct pool_sleep *sleep_default;
+    unsigned nasleep;
+    int64_t num_sleeps, num_wakes;
+    CUstream copy[SLEEP_COPY_STREAMS]; /* created at the first sleep or wake, destroyed at shutdown */
+    unsigned ncopy;
+};
+
+
+/* ---- device.c: the device's memory accounting (statistics, peaks, fraction) --------------- */
+/* Written by device.c's accounting functions and by the malloc, free and segment release paths
+ * whose counters move with the block (alloc.c, release.c); read elsewhere (core/index/stats.h). */
+struct acct {
+    xseg_device_stats stats;
+    /* The accumulated values (.allocated, .freed, the num_* counts) at the last
+     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
+     * so the internal counters keep freed == allocated - current. */
+    xseg_device_stats acc_base;
+    /*
+     * The `active` rows are folded at query time (dev_stats_copy), so malloc and free leave them
+     * alone: d->acct.stats.active and .active_bytes stay zero. A block is active while allocated or
+     * pending (freed by the user, waiting for its events or a capture's end), so per pool
+     * active = allocation + pending, in blocks and in bytes (both count block sizes), and
+     * active's allocated is allocation's (both count at malloc). The peaks: active rises only at
+     * a malloc, where allocation rises by as much, and equals it while nothing is pending, so
+     * active.peak = max(active_peak, allocation.peak), with active_peak raised at every malloc
+     * made while something is pending (dev_track_active_peak, from malloc_slow: the fast paths
+     * never run then, their permit being off while events or deferred frees exist) and set to
+     * active.current at a peak reset. [XSEG_STAT_ALL] of pending holds the sum of the pools.
+     */
+    int64_t pending[XSEG_STAT_POOLS], pending_bytes[XSEG_STAT_POOLS];
+    int64_t active_peak[XSEG_STAT_POOLS], active_bytes_peak[XSEG_STAT_POOLS];
+    size_t total_allocated_memory; /* bytes reserved from the driver (mapped or cuMemAlloc'd) */
+    size_t allowed_memory_maximum;
+    bool set_fraction;
+    double fraction;
+    /* A memory budget in force (core/services/group.h, group_budget_measure): set by malloc_policy for a
+     * growth, measured then, and cleared when the malloc returns, so only growth sees it. */
+    bool set_budget;
+    size_t budget_limit; /* the most total_allocated_memory may reach */
+};
+
+
+/* ---- lifetime.{h,c}: the lifetime predictor (core/device/lifetime.h) ------------------------------- */
+#define LIFE_KEYS 1024 /* key table entries (a power of two) */
+#define LIFE_DEPTH 4   /* blocks remembered a key */
+/* One key (requested size, stream, pool) and its last LIFE_DEPTH blocks' addresses. */
+struct life_key {
+    size_t req; /* 0: an empty entry */
+    CUstream stream;
+    const void *pool;
+    uintptr_t addr[LIFE_DEPTH];
+    uint8_t n;    /* blocks recorded, at most LIFE_DEPTH */
+    uint8_t live; /* bit i: addr[i] is still allocated */
+    uint8_t next; /* where the next block goes (the oldest is replaced) */
+};
+struct life_state {
+    uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
+    uint64_t events; /* mallocs and frees seen: the window holds min(events, 64) of them */
+    struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
+};
+
+/* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */
+struct dev_fast {
+    /* The permit: equal to cfg_gen while none of the rare conditions the fast paths skip holds
+     * (streams seen capturing, routes, events or deferred frees waiting, roundup divisions,
+     * history, idle ticks in malloc, sleeping pools), else 0 (no generation is 0). One test for
+     * all of them; dev_fast_off takes it, dev_fast_update grants it again. */
+    unsigned fast_gen;
+    /* Bit i is set while slots[i] holds a block (exact under the device lock). */
+    uint32_t busy_slots;
+    /* The block of the last malloc through the device lock: only a free of it fills a slot (a
+     * ping-pong frees what it just allocated). Compared, never dereferenced. */
+    const struct block *last_alloc;
+#if XSEG_DEBUG_LEVEL >= 1
+    /* Debug builds count, so that tests and bench_slot_counts see the slots used: */
+    uint64_t lazy_hits;     /* hits of settled slots */
+    uint64_t lock_mallocs;  /* mallocs through the device lock (malloc_locked, fast_widen's included) */
+    uint64_t lock_frees;    /* frees through the device lock (free_locked) */
+    uint64_t settles;       /* slots settled */
+    uint64_t settles_cross; /* of them, by an operation on another slot's stream for its statistics */
+#endif
+    struct dev_slot slots[DEV_SLOTS]; /* a stream's is slots[fast_slot_index(stream)] */
+};
+
+#endif

@@ -1,0 +1,50 @@
+/*
+ * Giving cached blocks back to the driver: PyTorch's release path (release_block, release_blocks,
+ * release_cached_blocks, release_available_cached_blocks, garbage_collect_cached_blocks) for
+ * malloc's OOM steps and empty_cache, and the stream memo that core/services/trim.c's passes share. Below
+ * alloc.c and trim.c; above expandable, events and pools.
+ *
+ * Locking: every function here runs under the device lock.
+ */
+#ifndef XSEG_CORE_RELEASE_H
+#define XSEG_CORE_RELEASE_H
+
+#include "core/device/device.h"
+
+/* The streams of one reclaim pass, each queried and waited for at most once. Zero-initialize;
+ * free with memo_free. */
+struct stream_memo {
+    CUstream *s;
+    signed char *state; /* -1 not asked, 0 busy, 1 idle (queried, or waited for) */
+    size_t n, cap_s, cap_state;
+};
+/* Has every work item queued on @p s completed? One cuStreamQuery per stream and pass; any error
+ * counts as busy. */
+bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s);
+/* Wait for @p s (vstream_wait: a destroyed stream waits for the context) unless this pass already
+ * did or found it idle. */
+xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s);
+void memo_free(struct stream_memo *m);
+
+/* cuMemFree an unsplit free classic block (in the free index) and its segment (PyTorch's
+ * release_block). */
+xseg_status release_block(struct dev_alloc *d, struct block *b);
+
+/* PyTorch's release_cached_blocks: the default pools, then the private pools nobody uses any
+ * more; nothing while a capture is underway. Also retries what earlier driver failures left with
+ * the driver (exp_reclaim_leftovers); its status goes to *@p left_st (NULL: ignored), so that the
+ * OOM path's retry does not depend on it. */
+xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st);
+
+/* PyTorch's release_available_cached_blocks for a request of @p size (rounded) on @p stream from
+ * @p pool: with a max_split_size, free one oversize cached block that is large enough, else
+ * several oversize blocks, largest first. True when enough was freed; false, freeing nothing,
+ * while a capture is underway (dev_capture_underway). */
+bool release_available_cached_blocks(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size);
+
+/* PyTorch's garbage_collect_cached_blocks: free aged unsplit classic blocks of the large pool
+ * until the reserve is back under garbage_collection_threshold x the allowed memory. Frees nothing
+ * while a capture is underway (dev_capture_underway): cuMemFree would invalidate it. */
+void release_garbage_collect(struct dev_alloc *d);
+
+#endif
