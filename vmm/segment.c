@@ -1607,7 +1607,7 @@ void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg 
     seg_runs(seg, fn, user, 1);
 }
 
-/* ---- sleep and wake (services, core/sleep.c) ---- */
+/* ---- sleep and wake (services, core/services/sleep.c) ---- */
 
 /* The asleep chunk holding granule @p g (GRAN_ASLEEP set): its first granule and end. */
 static size_t asleep_first(const struct seg *seg, size_t g) { return seg->cstart[g]; }

@@ -193,7 +193,7 @@ xseg_status seg_leftovers_retry(void);
 size_t seg_leftovers_pending(void);
 
 /*
- * Sleep and wake (services, core/sleep.c): give back the physical memory of every mapped chunk
+ * Sleep and wake (services, core/services/sleep.c): give back the physical memory of every mapped chunk
  * of a segment while its virtual addresses stay reserved, and map chunks of the same sizes at the
  * same places again. The caller has waited for every use of the memory on the GPU and copied what
  * it keeps. A pool of several segments sleeps in two steps, so that one segment's failure can
