@@ -1,5 +1,5 @@
-/* core/stats: the key table (complete, distinct, each key reading its own field), lookup errors,
- * peak reset, stat_add semantics, and the memory_summary table for a hand-filled struct. */
+/* core/index/stats: the key table (complete, distinct, each key reading its own field), lookup
+ * errors, peak reset, stat_add semantics, and the memory_summary table for a hand-filled struct. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
