@@ -126,8 +126,11 @@ static void usage(FILE *f)
         "                       finds it): prints the best PYTORCH_CUDA_ALLOC_CONF line for PyTorch's\n"
         "                       allocator (as modelled by classic mode and expandable mode) and the\n"
         "                       best XSEG_ALLOC_CONF line for xseg, each with its runner-up\n"
-        "  --tune-budget N[s|runs]  bound --tune: seconds (default 60s; a replay still running then\n"
-        "                       is stopped) or replays (e.g. 40runs)\n"
+        "  --tune-budget N{runs|s}  bound --tune's search (and --report's): replays (default 400runs,\n"
+        "                       room for the whole search of a typical trace: the same answer on any\n"
+        "                       machine) or seconds (e.g. 60s; a replay still running then is stopped,\n"
+        "                       and the answer depends on the machine's speed); a bare N is seconds.\n"
+        "                       The result says when a budget cut the search short, and which one\n"
         "  --report FILE.html   one self-contained page: verdict, table, plot with marks and failed\n"
         "                       allocations, the --tune result, the largest live allocations at\n"
         "                       the peak with their frames (implies --tune)\n"
@@ -389,7 +392,7 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     memset(c, 0, sizeof *c);
     c->seed = 1;
     c->progress = -1;
-    c->budget = (struct tune_budget){.seconds = TUNE_DEFAULT_SECONDS};
+    c->budget = (struct tune_budget){.runs = TUNE_DEFAULT_RUNS};
     c->device = -1;
     c->step = MIN_DEVICE_GRANULE;
     c->max_idle_ns = TRACE_IDLE_TOTAL_MAX_NS;

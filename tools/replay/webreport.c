@@ -152,9 +152,12 @@ static void tune_section(FILE *f, const struct tune_result *r)
         fputs("<p class=\"tune none\">Not run.</p>\n", f);
         return;
     }
-    fprintf(f, "<p class=\"note\">%u replays in %.1f s%s. Predicted figures of each config replayed on the "
-               "emulator; smallest device by 2 MiB bisection.</p>\n",
-            r->runs, r->seconds, r->cut_short ? " (the budget ended the search: --tune-budget for more)" : "");
+    char budget[96];
+    tune_budget_text(r, budget, sizeof budget);
+    fprintf(f, "<p class=\"note\">%u replays in %.1f s (%s %s%s). Predicted figures of each config replayed on "
+               "the emulator; smallest device by 2 MiB bisection.</p>\n",
+            r->runs, r->seconds, r->cut_short ? "cut short by" : "the search completed within", budget,
+            r->cut_short ? ": --tune-budget for more" : "");
     if (r->stopped_replay)
         fprintf(f, "<p class=\"note\">The budget's %g s ran out during a replay: it was stopped there; the figures "
                    "are of the replays that finished.</p>\n", r->budget_seconds);
@@ -163,8 +166,8 @@ static void tune_section(FILE *f, const struct tune_result *r)
     for (size_t i = 0; i < TUNE_FAMILIES; i++) {
         const struct tune_family_result *fr = &r->fam[i];
         if (fr->over_budget)
-            fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n<tr><td colspan=\"4\">no replay finished within the "
-                       "budget (%g s): --tune-budget for more</td></tr>\n", fr->name, r->budget_seconds);
+            fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n<tr><td colspan=\"4\">no replay finished within %s: "
+                       "--tune-budget for more</td></tr>\n", fr->name, budget);
         if (!fr->have_best)
             continue;
         fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n", fr->name);
