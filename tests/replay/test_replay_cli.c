@@ -384,6 +384,76 @@ static void test_min_device(void **state)
     free(t);
 }
 
+/* Fit is not monotonic in the device size, and --min-device answers the smallest device above
+ * which every size fits, up to the ceiling. In classic mode, b (144 MiB) does not fit a's cached
+ * 66 MiB segment: on a device under 210 MiB the OOM path frees that segment and c gets a segment
+ * of its own; from 210 MiB b's segment is added beside it and c splits it. Then e (150 MiB) needs
+ * b's freed segment given back: 50 + 150 MiB fit from 200 MiB in the first layout, 66 + 150 from
+ * 216 MiB in the second. So 200-208 MiB fit, 210-214 fail, 216 and up fit; a bisection answers
+ * 200 MiB, false for a 212 MiB device. Each claimed size is checked by a replay of its own. */
+static const char gap_trace[] = "alloc a 66MiB\nfree a\nalloc b 144MiB\nalloc c 50MiB\nfree b\nalloc e 150MiB\n";
+
+static int failed_on(const char *t, unsigned mib)
+{
+    char args[512];
+    snprintf(args, sizeof args, "--config expandable_segments:False --summary=json --marks=none --device-mem %uMiB '%s'",
+             mib, t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    int zero = strstr(r.out, "\"failed_allocs\": 0,") != NULL;
+    result_free(&r);
+    return !zero;
+}
+
+static void test_min_device_not_monotonic(void **state)
+{
+    (void)state;
+    if (!emulated()) {
+        print_message("[  SKIPPED ] --min-device needs cudaemu\n");
+        return;
+    }
+    char *t = write_tmp("gap.trace", gap_trace);
+    /* the shape first: fits at 200 and 208, fails at 210 and 214, fits at 216 */
+    assert_false(failed_on(t, 200));
+    assert_false(failed_on(t, 208));
+    assert_true(failed_on(t, 210));
+    assert_true(failed_on(t, 214));
+    assert_false(failed_on(t, 216));
+    char args[512];
+    snprintf(args, sizeof args, "--min-device --config expandable_segments:False --summary=json '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    const char *want[] = {"\"peak_allocated\":209715200,\"min_device\":226492416,",
+                          "\"ceiling\":230686720,\"above_ceiling\":false,", /* 1.10 x 200 MiB */
+                          "\"also_fits\":[[209715200,218103808]],\"gaps\":[[220200960,224395264]]"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(r.out, want[i]))
+            fail_msg("expected %s in: %s", want[i], r.out);
+    result_free(&r);
+    snprintf(args, sizeof args, "--min-device --config expandable_segments:False '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "fits every device from 216 MiB (to 220 MiB scanned); also fits 200-208 MiB alone "
+                       "(fails 210-214 MiB)"))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
+    /* --fit-ceiling none: the bisection's answer alone; a ceiling below it scans nothing */
+    snprintf(args, sizeof args, "--min-device --fit-ceiling none --config expandable_segments:False --summary=json '%s'",
+             t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "\"min_device\":209715200,"))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
+    snprintf(args, sizeof args, "--min-device --fit-ceiling 0.5 '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 2);
+    if (!strstr(r.err, "--fit-ceiling: '0.5' is not a ratio"))
+        fail_msg("stderr: %s", r.err);
+    result_free(&r);
+    free(t);
+}
+
 static void test_oom_goes_on(void **state)
 {
     (void)state;
@@ -818,6 +888,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_summary_json_and_compare),
         cmocka_unit_test(test_oom_goes_on),
         cmocka_unit_test(test_min_device), /* frag */
+        cmocka_unit_test(test_min_device_not_monotonic),
         cmocka_unit_test(test_errors_and_pools),
         cmocka_unit_test(test_capture_rules),
         cmocka_unit_test(test_rmm_csv_file),
