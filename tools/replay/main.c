@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tools/replay/explain.h"
 #include "tools/replay/fitscan.h"
 #include "tools/replay/plot.h"
 #include "tools/replay/report.h"
@@ -64,6 +65,7 @@ struct cli {
     int progress; /* -1 auto */
     int child, check, dump;
     int min_device;         /* --min-device: the smallest device each (trace, mode) fits on (fitscan.h) */
+    int explain_oom;        /* --explain-oom: why the first failed allocation failed (explain.h) */
     const char *timeline_out;
     const char *snapshot; /* --snapshot FILE */
     int history;          /* --history */
@@ -149,6 +151,10 @@ static void usage(FILE *f)
         "                       the answer the verdict gives). Cost: about (ceiling - answer) / step\n"
         "                       replays, on a 40 GiB trace ~2,000 at 1.10: lower it or coarsen --step\n"
         "  --step SIZE          --min-device's resolution (default 2MiB; a multiple of 2 MiB)\n"
+        "  --explain-oom        at the first failed allocation: the pages that still hold free bytes\n"
+        "                       after xseg's OOM path (stranded: they share a chunk or a classic\n"
+        "                       segment with live blocks) and the live blocks pinning them, with the\n"
+        "                       lines that allocate and free them (also in --report's page)\n"
         "  --seed N             seed of the bundled workload generators (default 1)\n"
         "  --max-total-idle D   the cap on a trace's `idle` actions all together (default 2h; e.g. 48h):\n"
         "                       a trace past it fails --check and is not replayed\n"
@@ -226,6 +232,8 @@ static int parse_job_opt(const char *a, struct cli *c)
         c->dump = 1;
     else if (!strcmp(a, "--min-device"))
         c->min_device = 1;
+    else if (!strcmp(a, "--explain-oom"))
+        c->explain_oom = 1;
     else if (!strcmp(a, "--child"))
         c->child = 1;
     else if (!strcmp(a, "--progress") || !strcmp(a, "--no-progress"))
@@ -526,6 +534,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
     o.history = c->history;
     o.snapshot = c->snapshot;
     o.deadline = c->deadline;
+    o.explain_oom = c->explain_oom;
     struct run_summary sum;
     struct run_timeline tl = {0};
     xseg_status st = run_trace(&t, &o, stdout, &sum, o.timeline ? &tl : NULL, err, sizeof err);
@@ -578,6 +587,7 @@ struct child_result {
     struct report_mark *marks;
     size_t nmarks, capmarks;
     struct run_timeline tl;
+    char *explain;        /* --explain-oom's text, NULL: none */
     int rc;
     int over_deadline;    /* stopped at cli.deadline: by itself, or killed DEADLINE_GRACE_S after */
 };
@@ -635,6 +645,8 @@ static void child_argv(const struct cli *c, const char *self, const char *spec, 
     }
     if (c->history)
         argv[k++] = "--history";
+    if (c->explain_oom)
+        argv[k++] = "--explain-oom";
     if (snap_path) {
         argv[k++] = "--snapshot";
         argv[k++] = snap_path;
@@ -656,6 +668,14 @@ static void child_read(const struct cli *c, FILE *in, struct child_result *r)
     while (in && getline(&line, &cap, in) > 0) {
         if (c->marks == RUN_MARKS_JSONL && !strncmp(line, "{\"mark\"", 7))
             fputs(line, stdout); /* forwarded as they come */
+        char *x = explain_oom_from_json(line);
+        if (x) {
+            free(r->explain);
+            r->explain = x;
+            if (c->summary == SUM_JSON)
+                fputs(line, stdout);
+            continue;
+        }
         struct report_mark m = {{0}};
         struct report_mark_reader mr = {.m = &m, .pool = c->pool};
         if (report_json_parse(line, report_mark_from_json, &mr) != 0)
@@ -804,6 +824,7 @@ static int fits_on(const struct cli *c, const char *spec, const char *name, cons
     q.marks = RUN_MARKS_NONE;
     q.progress = 0;
     q.history = 0; /* a fit probe records nothing and writes no snapshot */
+    q.explain_oom = 0;
     run_child(&q, spec, name, mode_cfg, NULL, mem, 1, NULL, r);
     free(r->marks);
     r->marks = NULL;
@@ -990,6 +1011,7 @@ static int tune_probe(void *user, const char *config, uint64_t device_bytes, dou
     q.marks = RUN_MARKS_NONE;
     q.progress = 0;
     q.history = 0;
+    q.explain_oom = 0;
     char mem[32];
     snprintf(mem, sizeof mem, "%llu", (unsigned long long)device_bytes);
     struct child_result r;
@@ -1178,6 +1200,14 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
         }
         report_compare_text(stdout, c->names[ti], sums, marks, nmarks, ch->nmodes, c->pool,
                             &ch->traces[ti].recorded, c->driver_stats);
+        for (size_t m = 0; m < ch->nmodes; m++) {
+            if (!row[m].explain)
+                continue;
+            if (ch->nmodes > 1)
+                printf("In %s mode:\n", row[m].sum.mode);
+            fputs(row[m].explain, stdout);
+            putchar('\n');
+        }
     }
     ch->panels[ti] = (struct plot_panel){c->names[ti], row[0].sum.actions, &ch->series[ti * ch->nmodes], ch->nmodes,
                                          ch->marks[ti], ch->nmarks[ti]};
@@ -1219,13 +1249,16 @@ static int children_outputs(const struct cli *c, struct children *ch)
     if (c->report) {
         struct webreport_trace *wt = calloc(ch->nt, sizeof *wt);
         struct run_summary *sums = calloc(ch->nt * ch->nmodes, sizeof *sums);
-        for (size_t ti = 0; wt && sums && ti < ch->nt; ti++) {
-            for (size_t m = 0; m < ch->nmodes; m++)
+        const char **explain = calloc(ch->nt * ch->nmodes, sizeof *explain);
+        for (size_t ti = 0; wt && sums && explain && ti < ch->nt; ti++) {
+            for (size_t m = 0; m < ch->nmodes; m++) {
                 sums[ti * ch->nmodes + m] = ch->res[ti * ch->nmodes + m].sum;
+                explain[ti * ch->nmodes + m] = ch->res[ti * ch->nmodes + m].explain;
+            }
             wt[ti] = (struct webreport_trace){&ch->traces[ti], &sums[ti * ch->nmodes], ch->nmodes, &ch->panels[ti],
-                                              ch->tuned[ti] ? &ch->tunes[ti] : NULL};
+                                              ch->tuned[ti] ? &ch->tunes[ti] : NULL, &explain[ti * ch->nmodes]};
         }
-        if (!wt || !sums) {
+        if (!wt || !sums || !explain) {
             fprintf(stderr, "xseg-replay: out of host memory\n");
             fclose(c->report_file);
             unlink(c->report);
@@ -1238,6 +1271,7 @@ static int children_outputs(const struct cli *c, struct children *ch)
         }
         free(wt);
         free(sums);
+        free(explain);
     }
     return rc;
 }
@@ -1273,6 +1307,7 @@ static int replay_children(const struct cli *c)
     }
     for (size_t i = 0; ch.res && i < nt * ch.nmodes; i++) {
         free(ch.res[i].marks);
+        free(ch.res[i].explain);
         run_timeline_free(&ch.res[i].tl);
     }
     for (size_t ti = 0; ch.traces && ti < nt; ti++) {
@@ -1467,8 +1502,10 @@ int main(int argc, char **argv)
     }
     if (expand_snapshots(&c))
         return 1;
-    if (c.report)
-        c.compare = 1; /* the page compares PyTorch's allocator (classic mode) with xseg */
+    if (c.report) {
+        c.compare = 1;     /* the page compares PyTorch's allocator (classic mode) with xseg */
+        c.explain_oom = 1; /* and says why a failed allocation failed */
+    }
     if (c.check || c.dump) {
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;

@@ -374,6 +374,24 @@ static size_t verdict_lines(const struct webreport_trace *w, char lines[][REPORT
     return k;
 }
 
+/* Why each mode's first failed allocation failed (--explain-oom), when one did. */
+static void oom_section(FILE *f, const struct webreport_trace *w)
+{
+    int any = 0;
+    for (size_t m = 0; w->explain && m < w->n; m++) {
+        if (!w->explain[m])
+            continue;
+        if (!any++)
+            fputs("<h3>Failed allocations: stranded free bytes (--explain-oom)</h3>\n<p class=\"note\">After xseg's "
+                  "OOM path, the pages still holding free bytes and the live blocks pinning them.</p>\n", f);
+        fputs("<pre class=\"explain\" data-mode=\"", f);
+        H(w->sums[m].mode);
+        fputs("\">", f);
+        H(w->explain[m]);
+        fputs("</pre>\n", f);
+    }
+}
+
 static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
 {
     char lines[REPORT_VERDICT_LINES][REPORT_VERDICT_MAX];
@@ -398,6 +416,7 @@ static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
     xseg_status st = plot_svg(f, w->panel, 1, 0);
     fputs("</figure>\n", f);
     marks_table(f, w->panel);
+    oom_section(f, w);
     tune_section(f, w->tune);
     if (st == XSEG_SUCCESS)
         st = live_at_peak(f, w->t);
