@@ -396,8 +396,8 @@ static const char gap_trace[] = "alloc a 66MiB\nfree a\nalloc b 144MiB\nalloc c 
 static int failed_on(const char *t, unsigned mib)
 {
     char args[512];
-    snprintf(args, sizeof args, "--config expandable_segments:False --summary=json --marks=none --device-mem %uMiB '%s'",
-             mib, t);
+    snprintf(args, sizeof args,
+             "--config expandable_segments:False --summary=json --marks=none --device-mem %uMiB '%s'", mib, t);
     struct result r = run(args);
     assert_int_equal(r.rc, 0);
     int zero = strstr(r.out, "\"failed_allocs\": 0,") != NULL;
@@ -438,8 +438,8 @@ static void test_min_device_not_monotonic(void **state)
         fail_msg("stdout: %s", r.out);
     result_free(&r);
     /* --fit-ceiling none: the bisection's answer alone; a ceiling below it scans nothing */
-    snprintf(args, sizeof args, "--min-device --fit-ceiling none --config expandable_segments:False --summary=json '%s'",
-             t);
+    snprintf(args, sizeof args,
+             "--min-device --fit-ceiling none --config expandable_segments:False --summary=json '%s'", t);
     r = run(args);
     assert_int_equal(r.rc, 0);
     if (!strstr(r.out, "\"min_device\":209715200,"))
@@ -495,6 +495,14 @@ static void test_explain_oom(void **state)
         snprintf(want, sizeof want, "x%d: 9.0 MiB, allocated at line %d, never freed in the trace\n", i, i + 1);
         expect_in(r.out, want);
     }
+    result_free(&r);
+    /* JSON output stays JSON: the explanation as one line of its own */
+    snprintf(args, sizeof args, "--explain-oom --device-mem 100MiB --marks=none --summary=json --config %s '%s'",
+             layout, t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (strncmp(r.out, "{\"explain_oom\": \"== --explain-oom: ", 34) || !strstr(r.out, "}\n{\"mode\": "))
+        fail_msg("stdout: %s", r.out);
     result_free(&r);
     /* without the flag, no explanation */
     snprintf(args, sizeof args, "--device-mem 100MiB --marks=none --config %s '%s'", layout, t);

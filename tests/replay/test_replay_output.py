@@ -2,7 +2,8 @@
 """xseg-replay's output side through its command line: the verdict (with PyTorch's recorded
 figures), the emulator figures behind --driver-stats, the sleep note, the main job's first lines,
 --tune and --tune-budget (a budget that holds a replay in progress; the default counts replays),
-the cap on a trace's total idle, and --report's page loaded in headless Chromium (skipped with the reason when there is none).
+the cap on a trace's total idle, and --report's page loaded in headless Chromium (skipped with the
+reason when there is none).
 Traces are written here; nothing is timed (time-outs only bound a hang).
 
 usage: test_replay_output.py XSEG_REPLAY
@@ -293,8 +294,8 @@ class Output(unittest.TestCase):
         rc, out, err = run("--tune", "--tune-budget", "1s", "--marks=none", "--summary=json", t, timeout=60)
         self.assertEqual(rc, 0, err)
         last = json.loads(out.splitlines()[-1])
-        self.assertEqual((last["replays"], last["cut_short"], last["cut_by"], last["stopped_replay"], last["no_result"]),
-                         (1, True, "seconds", True, ["pytorch", "xseg"]), last)
+        self.assertEqual((last["replays"], last["cut_short"], last["cut_by"], last["stopped_replay"],
+                          last["no_result"]), (1, True, "seconds", True, ["pytorch", "xseg"]), last)
 
     def test_tune_budget_keeps_what_finished(self):
         """Replays of 1 s under a budget of 5 s: each family's default finishes (well within),

@@ -241,7 +241,10 @@ void explain_oom_emit(FILE *out, int json, const struct trace *t, size_t ai, voi
 
 static int hex(char h)
 {
-    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+    return h >= '0' && h <= '9'   ? h - '0'
+           : h >= 'a' && h <= 'f' ? h - 'a' + 10
+           : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                  : -1;
 }
 
 char *explain_oom_from_json(const char *line)

@@ -534,7 +534,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
     o.history = c->history;
     o.snapshot = c->snapshot;
     o.deadline = c->deadline;
-    o.explain_oom = c->explain_oom;
+    o.explain_oom = c->explain_oom ? (c->summary == SUM_JSON ? 2 : 1) : 0; /* JSON output stays JSON */
     struct run_summary sum;
     struct run_timeline tl = {0};
     xseg_status st = run_trace(&t, &o, stdout, &sum, o.timeline ? &tl : NULL, err, sizeof err);
