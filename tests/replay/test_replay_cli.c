@@ -437,6 +437,14 @@ static void test_min_device_not_monotonic(void **state)
                        "(fails 210-214 MiB)"))
         fail_msg("stdout: %s", r.out);
     result_free(&r);
+    /* a ceiling inside the gap: the scan goes on past it to the first size that fits */
+    snprintf(args, sizeof args, "--min-device --fit-ceiling 212MiB --config expandable_segments:False --summary=json '%s'",
+             t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "\"min_device\":226492416,") || !strstr(r.out, "\"ceiling\":226492416,"))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
     /* --fit-ceiling none: the bisection's answer alone; a ceiling below it scans nothing */
     snprintf(args, sizeof args,
              "--min-device --fit-ceiling none --config expandable_segments:False --summary=json '%s'", t);

@@ -895,7 +895,7 @@ static int fit_probe(void *user, uint64_t bytes)
 /*
  * The smallest device of one (trace, mode) as fitscan.h defines it, in *@p fr; the figures of the
  * replay on the largest device in *@p full. @return 0; 1 when it does not fit on the largest
- * device; -1 when a replay stopped (*@p probes: the replays made).
+ * device; -1 when a replay stopped, -2 out of host memory (*@p probes: the replays made).
  */
 static int min_device_of(const struct cli *c, const char *spec, const char *name, const char *mode_cfg,
                          struct run_summary *full, struct fitscan_result *fr, int *probes)
@@ -916,7 +916,7 @@ static int min_device_of(const struct cli *c, const char *spec, const char *name
     struct fit_probe_ctx pc = {c, spec, name, mode_cfg};
     int rc = fitscan_run(fit_probe, &pc, peak, reserved, top, step, &c->ceiling, 1, fr);
     *probes = fr->probes;
-    return rc == 0 ? 0 : -1;
+    return rc;
 }
 
 /* What --min-device says of one row besides the table: the ceiling, and what fits below it. */
@@ -957,9 +957,10 @@ static int min_device_children(const struct cli *c)
             struct fitscan_result fr;
             int probes;
             int f = min_device_of(c, c->traces[ti], name, mode_cfg, &full, &fr, &probes);
-            uint64_t hi = fr.min_device;
             if (f) {
-                if (probes == 1)
+                if (f == -2)
+                    fprintf(stderr, "xseg-replay: %s: out of host memory\n", name);
+                else if (probes == 1)
                     fprintf(stderr, "xseg-replay: %s%s%s: %s\n", name, c->compare ? " in " : "",
                             c->compare ? cmp_modes[m][0] : "",
                             f < 0 ? "the replay stopped" : "does not fit on --device-mem (raise it)");
@@ -969,6 +970,7 @@ static int min_device_children(const struct cli *c)
                 continue;
             }
             uint64_t peak = full.peak_allocated > 0 ? (uint64_t)full.peak_allocated : 0;
+            uint64_t hi = fr.min_device;
             double ratio = peak ? (double)hi / (double)peak : 0;
             const char *mode = full.mode[0] ? full.mode : "?";
             if (c->summary == SUM_TEXT) {
