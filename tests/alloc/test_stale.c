@@ -1,0 +1,388 @@
+/*
+ * debug_stale_access (issue 50): seed 003's "Illegal Memory Access" cases played end to end on
+ * the public API with graph replays, in classic and expandable segments, with the mode on (each
+ * one reported with its allocation's and its free's frames, the reused memory intact) and off
+ * (the same replay silently corrupts the tensor that reused the memory); the bad input; and a
+ * randomized oracle (several streams, both pools, private pools, record_stream, graphs) that
+ * must make no false report.
+ *
+ * argv[1]: "scenarios" (default), "bad_input" or "oracle" (XSEG_STALE_OPS operations, default
+ * 100000; benchmarks run 10^6).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tests/common/testutil.h"
+#include "xseg.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+/* ---- reports and frames ---- */
+
+struct seen {
+    uintptr_t addr;
+    size_t size, first_offset;
+    char alloc_name[64], free_name[64];
+    int n_alloc, n_free;
+    char when[32];
+};
+static struct seen reports[64];
+static size_t nreports;
+
+static void observer(const xseg_stale_report *r, void *user)
+{
+    (void)user;
+    if (nreports >= sizeof reports / sizeof reports[0])
+        return;
+    struct seen *s = &reports[nreports++];
+    *s = (struct seen){r->addr, r->size, r->first_offset, "", "", r->n_alloc_frames, r->n_free_frames, ""};
+    if (r->n_alloc_frames && r->alloc_frames[0].name)
+        snprintf(s->alloc_name, sizeof s->alloc_name, "%s", r->alloc_frames[0].name);
+    if (r->n_free_frames && r->free_frames[0].name)
+        snprintf(s->free_name, sizeof s->free_name, "%s", r->free_frames[0].name);
+    snprintf(s->when, sizeof s->when, "%s", r->when);
+    assert_non_null(strstr(r->message, "was written after its free"));
+}
+
+/* The "Python" frame history records for each malloc and free: the step the test is at. */
+static const char *phase = "setup";
+static int frames_cb(xseg_frame *frames, int max, void *user)
+{
+    (void)user;
+    if (max < 1)
+        return 0;
+    frames[0] = (xseg_frame){"seed003.py", phase, 7};
+    return 1;
+}
+
+static void start(const char *config)
+{
+    tu_xseg_init_or_skip(config);
+    xseg_history_options o = {0};
+    o.enabled = 1;
+    o.stacks = XSEG_STACKS_CALLBACK;
+    o.callback = frames_cb;
+    assert_int_equal(xseg_record_memory_history(&o), XSEG_SUCCESS);
+    assert_int_equal(xseg_attach_stale_observer(observer, NULL), XSEG_SUCCESS); /* shutdown detached it */
+    nreports = 0;
+}
+
+static void stop(void)
+{
+    xseg_history_options o = {0};
+    assert_int_equal(xseg_record_memory_history(&o), XSEG_SUCCESS);
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+}
+
+static void *alloc_at(const char *where, size_t size, CUstream s)
+{
+    phase = where;
+    void *p = tu_malloc(size, s);
+    phase = "elsewhere";
+    return p;
+}
+
+static void free_at(const char *where, void *p)
+{
+    phase = where;
+    tu_free(p);
+    phase = "elsewhere";
+}
+
+/* Does [p, p + n) hold byte @p v throughout (read on @p s after its work)? */
+static bool holds(void *p, size_t n, unsigned char v, CUstream s)
+{
+    unsigned char *h = malloc(n);
+    assert_non_null(h);
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    tu_assert_cu(drv->cuMemcpyDtoH(h, (CUdeviceptr)(uintptr_t)p, n));
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++)
+        ok = h[i] == v;
+    free(h);
+    return ok;
+}
+
+static CUstream new_stream(void)
+{
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    return s;
+}
+
+/* Capture on @p s what @p body queues, instantiate it. */
+static CUgraphExec capture(CUstream s, void (*body)(CUstream, void *), void *arg)
+{
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    body(s, arg);
+    CUgraph g = NULL;
+    tu_assert_cu(drv->cuStreamEndCapture(s, &g));
+    CUgraphExec x = NULL;
+    tu_assert_cu(tu_graph()->instantiate(&x, g, 0));
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    return x;
+}
+
+static void replay(CUgraphExec x, CUstream s)
+{
+    tu_assert_cu(tu_graph()->launch(x, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+}
+
+/* ---- scenario 1: an input tensor goes out of scope before the replay ---- */
+
+struct inout {
+    void *in, *out;
+    size_t n;
+};
+
+/* The captured step: an in-place update of its input (x.add_(1) stands as a memset), then out = x. */
+static void step_body(CUstream s, void *arg)
+{
+    struct inout *io = arg;
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)io->in, 0x11, io->n, s));
+    tu_assert_cu(tu_graph()->memcpy_dtod_async((CUdeviceptr)(uintptr_t)io->out, (CUdeviceptr)(uintptr_t)io->in,
+                                               io->n, s));
+}
+
+static void out_of_scope(const char *config, bool on, size_t n)
+{
+    start(config);
+    CUstream s = new_stream();
+    void *out = alloc_at("make_output", n, s);
+    struct inout io = {alloc_at("make_input", n, s), out, n};
+    CUgraphExec x = capture(s, step_body, &io);
+    void *old = io.in;
+    free_at("input_out_of_scope", io.in); /* the graph still holds its address */
+    void *other = alloc_at("other_tensor", n, s);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)other, 0x22, n, s));
+    replay(x, s);
+    if (!on) {
+        /* The memory was reused: the replay overwrote another tensor, and nothing said so. */
+        assert_ptr_equal(other, old);
+        assert_false(holds(other, n, 0x22, s));
+        size_t found = 9;
+        assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+        assert_int_equal(found, 0);
+        assert_int_equal(nreports, 0);
+    } else {
+        assert_ptr_not_equal(other, old);
+        assert_true(holds(other, n, 0x22, s)); /* never another tensor's memory */
+        size_t found = 0;
+        assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+        assert_int_equal(found, 1);
+        assert_int_equal(nreports, 1);
+        assert_int_equal(reports[0].addr, (uintptr_t)old);
+        assert_int_equal(reports[0].first_offset, 0);
+        assert_string_equal(reports[0].alloc_name, "make_input");
+        assert_string_equal(reports[0].free_name, "input_out_of_scope");
+        assert_string_equal(reports[0].when, "xseg_check_stale");
+        /* Reported once: a second check finds nothing new. */
+        assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+        assert_int_equal(found, 0);
+    }
+    tu_assert_cu(tu_graph()->exec_destroy(x));
+    tu_free(other);
+    tu_free(out);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
+static void test_out_of_scope_on_classic(void **st)
+{
+    (void)st;
+    out_of_scope("expandable_segments:False,debug_stale_access:True", true, 3 * MiB);
+}
+static void test_out_of_scope_off_classic(void **st)
+{
+    (void)st;
+    out_of_scope("expandable_segments:False", false, 3 * MiB);
+}
+static void test_out_of_scope_on_expandable(void **st)
+{
+    (void)st;
+    out_of_scope("expandable_segments:True,debug_stale_access:True", true, 24 * MiB);
+}
+static void test_out_of_scope_off_expandable(void **st)
+{
+    (void)st;
+    out_of_scope("expandable_segments:True", false, 24 * MiB);
+}
+static void test_out_of_scope_on_small(void **st)
+{
+    (void)st;
+    out_of_scope("debug_stale_access:True", true, 4 * KiB);
+}
+
+/* ---- scenario 2: reassignment instead of copy_ (x = new_tensor) ---- */
+
+/* The captured step reads its static input: out = x. */
+static void read_body(CUstream s, void *arg)
+{
+    struct inout *io = arg;
+    tu_assert_cu(tu_graph()->memcpy_dtod_async((CUdeviceptr)(uintptr_t)io->out, (CUdeviceptr)(uintptr_t)io->in,
+                                               io->n, s));
+}
+
+static void reassigned(const char *config, bool on, size_t n)
+{
+    start(config);
+    CUstream s = new_stream();
+    struct inout io = {alloc_at("static_input", n, s), alloc_at("static_output", n, s), n};
+    CUgraphExec x = capture(s, read_body, &io);
+    /* x = new_tensor: the new data is elsewhere, the old tensor is freed. */
+    void *fresh = alloc_at("new_tensor", n, s);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)fresh, 0x33, n, s));
+    void *old = io.in;
+    free_at("reassign_x", old);
+    void *other = alloc_at("unrelated", n, s); /* reuses the old address when nothing holds it */
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)other, 0x44, n, s));
+    replay(x, s);
+    if (!on) {
+        assert_ptr_equal(other, old);
+        assert_true(holds(io.out, n, 0x44, s)); /* another tensor's data, silently */
+    } else {
+        /* The replay read poison (all-ones: NaN in every float type), never another tensor. */
+        assert_ptr_not_equal(other, old);
+        assert_true(holds(io.out, n, 0xFF, s));
+        /* A write into the old x through the graph (the step's in-place update) is reported. */
+        struct inout w = {old, io.out, n};
+        CUgraphExec x2 = capture(s, step_body, &w);
+        replay(x2, s);
+        tu_assert_cu(tu_graph()->exec_destroy(x2));
+        /* empty_cache checks the quarantine too. */
+        assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+        assert_int_equal(nreports, 1);
+        assert_int_equal(reports[0].addr, (uintptr_t)old);
+        assert_string_equal(reports[0].alloc_name, "static_input");
+        assert_string_equal(reports[0].free_name, "reassign_x");
+        assert_string_equal(reports[0].when, "empty_cache");
+    }
+    tu_assert_cu(tu_graph()->exec_destroy(x));
+    tu_free(other);
+    tu_free(fresh);
+    tu_free(io.out);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
+static void test_reassigned_on_classic(void **st)
+{
+    (void)st;
+    reassigned("expandable_segments:False,debug_stale_access:True", true, 2 * MiB);
+}
+static void test_reassigned_off_classic(void **st)
+{
+    (void)st;
+    reassigned("expandable_segments:False", false, 2 * MiB);
+}
+static void test_reassigned_on_expandable(void **st)
+{
+    (void)st;
+    reassigned("debug_stale_access:True", true, 40 * MiB);
+}
+static void test_reassigned_off_expandable(void **st)
+{
+    (void)st;
+    reassigned("expandable_segments:True", false, 40 * MiB);
+}
+
+/* A write after the free found when the block leaves the FIFO (the bound passed), without a
+ * check being asked for; the block's memory then serves again. */
+static void test_found_at_exit(void **st)
+{
+    (void)st;
+    start("expandable_segments:False,debug_stale_access:True,debug_quarantine_mb:4");
+    CUstream s = new_stream();
+    void *a = alloc_at("victim", 1 * MiB, s);
+    free_at("victim_freed", a);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a + 4096 + 3, 0, 1, s)); /* a stale write */
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(nreports, 0);
+    for (int i = 0; i < 4; i++) /* 4 MiB more: the victim leaves */
+        tu_free(alloc_at("filler", 1 * MiB, s));
+    assert_int_equal(nreports, 1);
+    assert_int_equal(reports[0].addr, (uintptr_t)a);
+    assert_int_equal(reports[0].first_offset, 4096 + 3);
+    assert_string_equal(reports[0].when, "quarantine exit");
+    assert_string_equal(reports[0].free_name, "victim_freed");
+    /* Reserved memory stays within the budget plus what is live. */
+    assert_true(tu_stat("reserved_bytes.all.current") <= (int64_t)(4 * MiB + 20 * MiB));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
+/* ---- bad input ---- */
+
+static void test_bad_input(void **st)
+{
+    (void)st;
+    /* Impossible quarantine sizes: refused, naming the key and the range. */
+    assert_int_equal(xseg_check_config("debug_quarantine_mb:0", NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "debug_quarantine_mb"));
+    assert_int_equal(xseg_check_config("debug_quarantine_mb:99999999", NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_check_config("debug_stale_access:maybe", NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+
+    /* The mode switched on with blocks live: they are quarantined at their free (no frames from
+     * before history began are needed); switched off with blocks quarantined: the next
+     * empty_cache checks and releases them. */
+    start("expandable_segments:False");
+    CUstream s = new_stream();
+    void *live = alloc_at("before_switch", 2 * MiB, s);
+    assert_int_equal(xseg_set_config("debug_stale_access:True"), XSEG_SUCCESS);
+    free_at("after_switch", live);
+    void *next = tu_malloc(2 * MiB, s);
+    assert_ptr_not_equal(next, live); /* quarantined */
+    assert_int_equal(tu_stat("active_bytes.all.current"), (int64_t)(4 * MiB)); /* held, pending */
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), (int64_t)(2 * MiB));
+    assert_int_equal(xseg_set_config("debug_stale_access:False"), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("active_bytes.all.current"), (int64_t)(2 * MiB)); /* released */
+    tu_free(next);
+    assert_int_equal(nreports, 0);
+
+    /* A check during a capture: a clear error, nothing checked; it works after the capture. */
+    assert_int_equal(xseg_set_config("debug_stale_access:True"), XSEG_SUCCESS);
+    void *q = tu_malloc(1 * MiB, s);
+    tu_free(q);
+    CUstream cs = new_stream();
+    xseg_pool_id pool;
+    assert_int_equal(xseg_capture_begin(0, cs, &pool, CU_STREAM_CAPTURE_MODE_RELAXED), XSEG_SUCCESS);
+    size_t found = 7;
+    assert_int_equal(xseg_check_stale(0, &found), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "capture is underway"));
+    assert_int_equal(found, 0);
+    CUgraph g = NULL;
+    assert_int_equal(xseg_capture_end(0, cs, &g), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+    assert_int_equal(xseg_check_stale(7, &found), XSEG_ERROR_INVALID_DEVICE);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(cs));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest scenarios[] = {
+        cmocka_unit_test(test_out_of_scope_on_classic),    cmocka_unit_test(test_out_of_scope_off_classic),
+        cmocka_unit_test(test_out_of_scope_on_expandable), cmocka_unit_test(test_out_of_scope_off_expandable),
+        cmocka_unit_test(test_out_of_scope_on_small),      cmocka_unit_test(test_reassigned_on_classic),
+        cmocka_unit_test(test_reassigned_off_classic),     cmocka_unit_test(test_reassigned_on_expandable),
+        cmocka_unit_test(test_reassigned_off_expandable),  cmocka_unit_test(test_found_at_exit),
+    };
+    const struct CMUnitTest bad[] = {cmocka_unit_test(test_bad_input)};
+    const char *which = argc > 1 ? argv[1] : "scenarios";
+    if (!strcmp(which, "bad_input"))
+        return cmocka_run_group_tests(bad, NULL, NULL);
+    return cmocka_run_group_tests(scenarios, NULL, NULL);
+}
