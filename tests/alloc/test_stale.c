@@ -12,10 +12,12 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -188,6 +190,26 @@ static void out_of_scope(const char *config, bool on, size_t n)
         /* Reported once: a second check finds nothing new. */
         assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
         assert_int_equal(found, 0);
+        /* The snapshot holds the quarantined block (pending, with its allocation's frames) and the
+         * finding with both stacks. */
+        char path[] = "/tmp/xseg-stale-XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        assert_int_equal(xseg_dump_snapshot_json(0, path), XSEG_SUCCESS);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        static char text[1 << 20];
+        size_t len = fread(text, 1, sizeof text - 1, f);
+        text[len] = 0;
+        fclose(f);
+        unlink(path);
+        assert_non_null(strstr(text, "\"active_pending_free\""));
+        const char *st = strstr(text, "\"xseg_stale_accesses\"");
+        assert_non_null(st);
+        assert_non_null(strstr(st, "\"make_input\""));
+        assert_non_null(strstr(st, "\"input_out_of_scope\""));
+        assert_non_null(strstr(st, "\"xseg_check_stale\""));
     }
     tu_assert_cu(tu_graph()->exec_destroy(x));
     tu_free(other);
@@ -371,6 +393,177 @@ static void test_bad_input(void **st)
     stop();
 }
 
+/* ---- the randomized oracle: no false report, every injected stale write found ---- */
+
+struct live {
+    void *p;
+    size_t size;
+    CUstream s;
+    unsigned char tag;
+    bool recorded; /* record_stream'ed on another stream */
+};
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Mostly small tensors, some up to 1 MiB, a few large (the cost is a memset and a read-back of
+ * each freed byte). */
+static size_t rnd_size(void)
+{
+    uint64_t r = rnd() % 1000;
+    if (r < 900)
+        return 1 + rnd() % (8 * KiB);
+    if (r < 995)
+        return 8 * KiB + rnd() % (1 * MiB);
+    return 2 * MiB + rnd() % (22 * MiB);
+}
+
+/* Does live block @p l still hold its tag (its first, middle and last byte)? */
+static bool intact(const struct live *l)
+{
+    tu_assert_cu(drv->cuStreamSynchronize(l->s));
+    size_t at[3] = {0, l->size / 2, l->size - 1};
+    for (int i = 0; i < 3; i++) {
+        unsigned char v;
+        tu_assert_cu(drv->cuMemcpyDtoH(&v, (CUdeviceptr)(uintptr_t)l->p + at[i], 1));
+        if (v != l->tag)
+            return false;
+    }
+    return true;
+}
+
+struct injected {
+    uintptr_t addr;
+    size_t off;
+};
+
+static void oracle(const char *config)
+{
+    start(config);
+    size_t ops = tu_steps(100000, 2000);
+    const char *env = getenv("XSEG_STALE_OPS");
+    if (env && *env)
+        ops = strtoull(env, NULL, 10);
+    enum { NS = 3, MAXLIVE = 256, MAXINJ = 64 };
+    CUstream st[NS];
+    for (int i = 0; i < NS; i++)
+        st[i] = new_stream();
+    struct live *lv = calloc(MAXLIVE, sizeof *lv);
+    size_t nlive = 0;
+    struct injected inj[MAXINJ];
+    size_t ninj = 0, graphs = 0, recorded = 0;
+    for (size_t op = 0; op < ops; op++) {
+        uint64_t r = rnd() % 100;
+        if ((r < 48 && nlive < MAXLIVE) || nlive == 0) {
+            struct live l = {NULL, rnd_size(), st[rnd() % NS], (unsigned char)(1 + rnd() % 250), false};
+            l.p = tu_malloc(l.size, l.s);
+            tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)l.p, l.tag, l.size, l.s));
+            lv[nlive++] = l;
+        } else if (r < 94) {
+            size_t i = rnd() % nlive;
+            struct live l = lv[i];
+            lv[i] = lv[--nlive];
+            /* The quarantine never handed a live block's memory out nor filled it. */
+            if (!intact(&l))
+                fail_msg("op %zu: live block %p (%zu bytes) lost its tag", op, l.p, l.size);
+            tu_free(l.p);
+            /* Now and then a stale write right after the free (stream-ordered after the fill). */
+            if (!l.recorded && ninj < MAXINJ && rnd() % 200 == 0) {
+                size_t off = rnd() % l.size;
+                tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)l.p + off, 0x5a, 1, l.s));
+                inj[ninj++] = (struct injected){(uintptr_t)l.p, off};
+            }
+        } else if (r < 96) {
+            /* record_stream: the block is used on another stream (held, so its event waits). */
+            struct live *l = &lv[rnd() % nlive];
+            CUstream o = st[(size_t)(l->s == st[0] ? 1 : 0)];
+            if (!l->recorded && tu_stream_hold(o)) {
+                assert_int_equal(xseg_record_stream(l->p, o), XSEG_SUCCESS);
+                tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)l->p, l->tag, l->size, o));
+                l->recorded = true;
+                recorded++;
+                tu_stream_release(o);
+            }
+        } else if (r < 98) {
+            /* A graph: captured into a private pool (whose frees are the graph's, not stale), with
+             * a node writing a live default-pool block, replayed while that block lives. */
+            CUstream cs = st[rnd() % NS];
+            struct live *l = &lv[rnd() % nlive];
+            if (l->s != cs)
+                tu_assert_cu(drv->cuStreamSynchronize(l->s));
+            xseg_pool_id pool;
+            assert_int_equal(xseg_capture_begin(0, cs, &pool, CU_STREAM_CAPTURE_MODE_RELAXED), XSEG_SUCCESS);
+            void *tmp[3];
+            for (int k = 0; k < 3; k++) {
+                tmp[k] = tu_malloc(rnd_size(), cs);
+                tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)tmp[k], 7, 1, cs));
+            }
+            tu_free(tmp[0]);
+            tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)l->p, l->tag, l->size, cs));
+            tu_free(tmp[1]);
+            CUgraph g = NULL;
+            assert_int_equal(xseg_capture_end(0, cs, &g), XSEG_SUCCESS);
+            CUgraphExec x = NULL;
+            tu_assert_cu(tu_graph()->instantiate(&x, g, 0));
+            tu_assert_cu(drv->cuGraphDestroy(g));
+            for (int k = 0; k < 2; k++)
+                replay(x, cs);
+            tu_assert_cu(tu_graph()->exec_destroy(x));
+            tu_free(tmp[2]);
+            assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+            if (l->s != cs)
+                tu_assert_cu(drv->cuStreamSynchronize(cs));
+            graphs++;
+        } else if (r < 99) {
+            size_t found = 0;
+            assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+        } else {
+            assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+        }
+    }
+    while (nlive) {
+        struct live l = lv[--nlive];
+        assert_true(intact(&l));
+        tu_free(l.p);
+    }
+    size_t found = 0;
+    assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+    free(lv);
+    for (int i = 0; i < NS; i++)
+        tu_assert_cu(drv->cuStreamDestroy(st[i]));
+    /* Every report is an injected write (no false report), and every injected write is found. */
+    for (size_t i = 0; i < nreports; i++) {
+        bool known = false;
+        for (size_t k = 0; k < ninj && !known; k++)
+            known = inj[k].addr == reports[i].addr && inj[k].off == reports[i].first_offset;
+        if (!known)
+            fail_msg("false report: block 0x%" PRIxPTR " offset %zu (%s)", reports[i].addr, reports[i].first_offset,
+                     reports[i].when);
+    }
+    assert_int_equal(nreports, ninj);
+    printf("oracle: %zu operations, %zu graphs, %zu record_stream, %zu stale writes injected and found, 0 false\n",
+           ops, graphs, recorded, ninj);
+    stop(); /* the quarantine drains: nothing more is found there */
+    assert_int_equal(nreports, ninj);
+}
+
+static void test_oracle_classic(void **st)
+{
+    (void)st;
+    oracle("expandable_segments:False,debug_stale_access:True,debug_quarantine_mb:32");
+}
+static void test_oracle_expandable(void **st)
+{
+    (void)st;
+    oracle("expandable_segments:True,debug_stale_access:True,debug_quarantine_mb:32");
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest scenarios[] = {
@@ -381,7 +574,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reassigned_off_expandable),  cmocka_unit_test(test_found_at_exit),
     };
     const struct CMUnitTest bad[] = {cmocka_unit_test(test_bad_input)};
+    const struct CMUnitTest oracle_classic[] = {cmocka_unit_test(test_oracle_classic)};
+    const struct CMUnitTest oracle_expandable[] = {cmocka_unit_test(test_oracle_expandable)};
     const char *which = argc > 1 ? argv[1] : "scenarios";
+    if (!strcmp(which, "oracle_classic"))
+        return cmocka_run_group_tests(oracle_classic, NULL, NULL);
+    if (!strcmp(which, "oracle_expandable"))
+        return cmocka_run_group_tests(oracle_expandable, NULL, NULL);
     if (!strcmp(which, "bad_input"))
         return cmocka_run_group_tests(bad, NULL, NULL);
     return cmocka_run_group_tests(scenarios, NULL, NULL);
