@@ -1019,6 +1019,8 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     xseg_status st = XSEG_SUCCESS;
     if (block_uses_n(b)) {
         refresh_cfg(d);
+        if (XSEG_UNLIKELY(d->cfg.debug_stale_access))
+            quar_keep_free_stack(d, b); /* for its quarantine entry once the events are done */
         st = ev_insert(d, b);
     } else {
         block_side_drop(b); /* nothing left in it: no streams, events or stack */
@@ -1207,6 +1209,9 @@ static xseg_status check_quarantine(struct dev_alloc *d, const char *when, bool 
 xseg_status alloc_check_stale(struct dev_alloc *d, const char *when, bool drain, size_t *found)
 {
     dev_lock(d);
+    /* Frees whose record_stream events completed enter the quarantine first (filled there). */
+    if (ev_waiting(d) && !cap_underway(d))
+        ev_process(d);
     return check_quarantine(d, when, drain, found);
 }
 

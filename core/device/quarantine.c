@@ -164,20 +164,36 @@ static xseg_status trim(struct dev_alloc *d, size_t bound)
     return st;
 }
 
+void quar_keep_free_stack(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block_side *sd = block_side(b);
+    if (!sd || !d->quar.free_stack || b->private_pool) /* a private pool's block is not quarantined */
+        return;
+    hist_stack_unref(sd->free_stack);
+    sd->free_stack = d->quar.free_stack;
+    d->quar.free_stack = NULL;
+}
+
 bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
 {
     lock_assert_held(&d->lock);
-    if (!d->cfg.debug_stale_access || b->private_pool || b->size > d->cfg.debug_quarantine)
-        return false;
-    if (d->quar.head + d->quar.n == d->quar.cap && d->quar.head) {
+    /* The stack of a free that waited for events travels in the side struct (quar_keep_free_stack). */
+    struct hstack *waited = NULL;
+    if (b->sided && b->u.side->free_stack) {
+        waited = b->u.side->free_stack;
+        b->u.side->free_stack = NULL;
+    }
+    bool fits = d->cfg.debug_stale_access && !b->private_pool && b->size <= d->cfg.debug_quarantine;
+    if (fits && d->quar.head + d->quar.n == d->quar.cap && d->quar.head) {
         memmove(d->quar.q, d->quar.q + d->quar.head, d->quar.n * sizeof *d->quar.q);
         d->quar.head = 0;
     }
-    if (!VEC_RESERVE(d->quar.q, d->quar.cap, d->quar.n + 1))
+    struct block_side *sd = NULL;
+    if (!fits || !VEC_RESERVE(d->quar.q, d->quar.cap, d->quar.n + 1) || !(sd = block_side_get(b))) {
+        hist_stack_unref(waited);
         return false;
-    struct block_side *sd = block_side_get(b);
-    if (!sd)
-        return false;
+    }
     xseg_assert(sd->event_count == 0 && sd->uses.n == 0);
     sd->event_count = 1; /* the quarantine's hold: no merge takes it, dev_check counts it pending */
     if (!pending)
@@ -191,11 +207,12 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
         .pool = b->small_pool ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL,
         .expandable = b->expandable,
         .alloc_stack = sd->hist_stack,
-        .free_stack = d->quar.free_stack,
+        .free_stack = waited ? waited : d->quar.free_stack,
         .freed_us = hist_now_us(),
     };
     hist_stack_ref(it.alloc_stack);
-    d->quar.free_stack = NULL; /* the entry took the free's reference */
+    if (!waited)
+        d->quar.free_stack = NULL; /* the entry took the free's reference */
     d->quar.unfilled++;
     bool cap = capturing(d, b->stream);
     if (!cap)
@@ -310,7 +327,7 @@ static void put(char *buf, size_t size, size_t *len, const char *fmt, ...)
 
 static void put_frames(char *buf, size_t size, size_t *len, const char *what, const xseg_frame *fr, int n)
 {
-    put(buf, size, len, "  %s:%s\n", what, n ? "" : " (no frames: history was not recording stacks)");
+    put(buf, size, len, "  %s:%s\n", what, n ? "" : " (no frames recorded: history was off or kept no stack)");
     for (int i = 0; i < n; i++)
         put(buf, size, len, "    %s (%s:%d)\n", fr[i].name ? fr[i].name : "??", fr[i].filename ? fr[i].filename : "??",
             fr[i].line);

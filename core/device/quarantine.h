@@ -42,6 +42,9 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending);
  * when no entry took it). */
 void quar_begin_free(struct dev_alloc *d, struct hstack *free_stack);
 void quar_end_free(struct dev_alloc *d);
+/* Freed block @p b waits for record_stream's events: the free's stack moves to its side struct,
+ * for quar_enter (from events.c) to take. */
+void quar_keep_free_stack(struct dev_alloc *d, struct block *b);
 /* Check every quarantined block (a finding each, once) and, with @p drain or the mode off,
  * release them all; @p when names the occasion. XSEG_ERROR_ILLEGAL_STATE during a capture
  * (nothing done). *@p found (optional): findings made. */

@@ -342,6 +342,37 @@ static void test_found_at_exit(void **st)
     stop();
 }
 
+/* A block record_stream'ed on a stream still working when it is freed enters the quarantine once
+ * that stream is done, filled after the stream's use, and keeps its free's frames. */
+static void test_recorded_stream(void **st)
+{
+    (void)st;
+    start("expandable_segments:False,debug_stale_access:True");
+    CUstream s = new_stream(), side = new_stream();
+    void *a = alloc_at("shared_buffer", 1 * MiB, s);
+    bool held = tu_stream_hold(side);
+    assert_int_equal(xseg_record_stream(a, side), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a, 0x66, 1 * MiB, side)); /* its last use */
+    free_at("freed_while_used", a);
+    if (held)
+        tu_stream_release(side);
+    tu_assert_cu(drv->cuStreamSynchronize(side));
+    size_t found = 9;
+    assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS); /* processes the event: it enters */
+    assert_int_equal(found, 0); /* the side stream's write came before the free completed */
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a + 100, 1, 1, side)); /* now stale */
+    tu_assert_cu(drv->cuStreamSynchronize(side));
+    assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+    assert_int_equal(found, 1);
+    assert_int_equal(reports[0].addr, (uintptr_t)a);
+    assert_int_equal(reports[0].first_offset, 100);
+    assert_string_equal(reports[0].alloc_name, "shared_buffer");
+    assert_string_equal(reports[0].free_name, "freed_while_used");
+    tu_assert_cu(drv->cuStreamDestroy(side));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
 /* ---- bad input ---- */
 
 static void test_bad_input(void **st)
@@ -572,6 +603,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_out_of_scope_on_small),      cmocka_unit_test(test_reassigned_on_classic),
         cmocka_unit_test(test_reassigned_off_classic),     cmocka_unit_test(test_reassigned_on_expandable),
         cmocka_unit_test(test_reassigned_off_expandable),  cmocka_unit_test(test_found_at_exit),
+        cmocka_unit_test(test_recorded_stream),
     };
     const struct CMUnitTest bad[] = {cmocka_unit_test(test_bad_input)};
     const struct CMUnitTest oracle_classic[] = {cmocka_unit_test(test_oracle_classic)};
