@@ -1231,7 +1231,15 @@ static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
 xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path)
 {
     dev_lock(d);
-    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
+    /* debug_stale_access: a sleep drains the quarantine first (checked, canary pages restored). */
+    struct quar_batch batch = {0};
+    if (XSEG_UNLIKELY(d->quar.n)) {
+        (void)quar_check_all(d, "sleep", true, NULL);
+        quar_take(d, &batch);
+    }
+    xseg_status st = sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
+    quar_deliver(&batch);
+    return st;
 }
 
 /* The wake maps pages: under a budget its limit is measured first, as for a malloc's growth

@@ -11,6 +11,7 @@
 #include "base/vec.h"
 #include "core/process/settings.h"
 #include "vmm/host.h"
+#include "vmm/segment.h"
 #include "vmm/stream.h"
 
 #define QUAR_POISON 0xFFu               /* all-ones bytes: NaN in fp32, fp16 and bf16 */
@@ -27,14 +28,50 @@ static bool capturing(struct dev_alloc *d, CUstream stream)
     return c || st != XSEG_SUCCESS;
 }
 
+/* The ranges of @p it that hold the pattern, as (offset, length): the bytes before a canary
+ * span, one page of it (every granule of the span maps that page), the bytes after. */
+static int ranges(const struct dev_alloc *d, const struct quar_item *it, size_t off[3], size_t len[3])
+{
+    if (it->swap_lo == it->swap_hi) {
+        off[0] = 0;
+        len[0] = it->size;
+        return 1;
+    }
+    off[0] = 0, len[0] = it->swap_lo;
+    off[1] = it->swap_lo, len[1] = d->info.granularity;
+    off[2] = it->swap_hi, len[2] = it->size - it->swap_hi;
+    return 3;
+}
+
 /* Queue the pattern over @p it's bytes on its stream (after everything queued there before). */
 static void fill(struct dev_alloc *d, struct quar_item *it)
 {
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return;
-    if (vhost_fill((CUdeviceptr)it->addr, (unsigned char)QUAR_POISON, it->size, it->stream) == XSEG_SUCCESS) {
-        it->filled = true;
-        d->quar.unfilled -= 1;
+    size_t off[3], len[3];
+    int n = ranges(d, it, off, len);
+    for (int i = 0; i < n; i++)
+        if (len[i] && vhost_fill((CUdeviceptr)(it->addr + off[i]), (unsigned char)QUAR_POISON, len[i], it->stream) !=
+                          XSEG_SUCCESS)
+            return;
+    it->filled = true;
+    d->quar.unfilled -= 1;
+}
+
+/* Swap the whole chunks inside expandable block @p b for a canary page (vmm/segment.h), so that
+ * its fill and its check touch one page there: not for a segment whose handles were handed out
+ * (importers map them) or under expandable_segments_defrag (it re-backs pages of blocks in use). */
+static void swap(struct dev_alloc *d, struct block *b, struct quar_item *it)
+{
+    if (!b->expandable || b->seg->handles_out || d->cfg.expandable_segments_defrag)
+        return;
+    struct seg *vs = b->seg->vseg;
+    size_t g = d->info.granularity, base = (size_t)seg_base(vs);
+    size_t lo = (b->addr - base + g - 1) / g * g, hi = (b->addr + b->size - base) / g * g;
+    size_t f, e;
+    if (hi > lo && seg_canary_swap(vs, lo, hi - lo, &f, &e) == XSEG_SUCCESS && e > f) {
+        it->swap_lo = base + f - b->addr;
+        it->swap_hi = base + e - b->addr;
     }
 }
 
@@ -62,19 +99,22 @@ static xseg_status read_back(struct dev_alloc *d, const struct quar_item *it, un
     xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    for (size_t at = 0; at < it->size; at += QUAR_CHECK_CHUNK) {
-        size_t len = it->size - at < QUAR_CHECK_CHUNK ? it->size - at : QUAR_CHECK_CHUNK;
-        st = vhost_copy_dtoh(buf, (CUdeviceptr)(it->addr + at), len, it->stream);
-        if (st == XSEG_SUCCESS)
-            st = vstream_wait(it->stream, "debug_stale_access: reading a quarantined block back");
-        if (st != XSEG_SUCCESS)
-            return st;
-        size_t f = first_changed(buf, len);
-        if (f < len) {
-            *off = at + f;
-            return XSEG_SUCCESS;
+    size_t ro[3], rl[3];
+    int n = ranges(d, it, ro, rl);
+    for (int i = 0; i < n; i++)
+        for (size_t at = ro[i]; at < ro[i] + rl[i]; at += QUAR_CHECK_CHUNK) {
+            size_t len = ro[i] + rl[i] - at < QUAR_CHECK_CHUNK ? ro[i] + rl[i] - at : QUAR_CHECK_CHUNK;
+            st = vhost_copy_dtoh(buf, (CUdeviceptr)(it->addr + at), len, it->stream);
+            if (st == XSEG_SUCCESS)
+                st = vstream_wait(it->stream, "debug_stale_access: reading a quarantined block back");
+            if (st != XSEG_SUCCESS)
+                return st;
+            size_t f = first_changed(buf, len);
+            if (f < len) {
+                *off = at + f; /* in the canary page: the offset in the first page of the span */
+                return XSEG_SUCCESS;
+            }
         }
-    }
     return XSEG_SUCCESS;
 }
 
@@ -126,6 +166,10 @@ static void leave_oldest(struct dev_alloc *d, unsigned char *buf, xseg_status *s
     if (buf)
         (void)check_item(d, it, buf, "quarantine exit", st);
     struct block *b = it->b;
+    if (it->swap_lo != it->swap_hi) { /* the chunks' own handles back under the block */
+        size_t at = b->addr - (size_t)seg_base(b->seg->vseg);
+        seg_canary_restore(b->seg->vseg, at + it->swap_lo, at + it->swap_hi);
+    }
     struct block_side *sd = block_side(b);
     xseg_assert(sd && sd->event_count == 1);
     sd->event_count = 0;
@@ -215,8 +259,10 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
         d->quar.free_stack = NULL; /* the entry took the free's reference */
     d->quar.unfilled++;
     bool cap = capturing(d, b->stream);
-    if (!cap)
+    if (!cap) {
+        swap(d, b, &it);
         fill(d, &it);
+    }
     d->quar.q[d->quar.head + d->quar.n++] = it;
     d->quar.bytes += it.size;
     d->quar.entered++;

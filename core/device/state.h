@@ -240,6 +240,7 @@ struct quar_item {
     int pool;                  /* XSEG_STAT_SMALL_POOL or XSEG_STAT_LARGE_POOL */
     bool expandable;
     bool filled;               /* the pattern was queued at the free: the check means something */
+    size_t swap_lo, swap_hi;   /* [lo, hi) of the block (offsets) reads one canary page (equal: none) */
     bool reported;             /* a finding was made for it already */
     struct hstack *alloc_stack, *free_stack; /* one reference each (NULL: none recorded) */
     int64_t freed_us, found_us;
