@@ -3,9 +3,11 @@
 # mode off and on, in both segment kinds; one table (markdown) on stdout:
 #   - driver memory calls and their modelled H100 time (docs/benchmarks.md's medians, as
 #     fit_table.sh), the synchronizations;
-#   - the mode's own work: a memset of each quarantined block at its free and a read-back at its
-#     check, modelled at 2 TB/s + 5 us a memset and 25 GB/s + 10 us a read-back (cudaemu's h100
-#     preset rate for device-to-host copies); an upper bound: every freed byte of the default pools;
+#   - the mode's own work, as cudaemu counted it (CUDAEMU_REPORT: calls and bytes): the memsets of
+#     quarantined blocks at their free and the read-backs of their checks, modelled at 2 TB/s + 5 us
+#     a memset and 25 GB/s + 10 us a read-back (cudaemu's h100 preset rate for device-to-host
+#     copies); in expandable segments whole chunks are swapped for a canary page (one page filled
+#     and read back), which the rows with 2 MiB chunks (expandable_chunk_mb:2) show at this scale;
 #   - the peak reserved bytes, and what the mode adds against the quarantine's bound.
 #   benchmarks/stale_cost.sh [BUILD_DIR] [TRACE_OR_PICKLE]
 # Default trace: /work/shared/traces/pytorch/memory_ctx128_fullstep.pickle (a full training step
@@ -65,15 +67,21 @@ run() { # config -> one JSON summary line, and the emulator's call counts in $tm
   XSEG_LIBCUDA=$emu CUDAEMU_REPORT=1 "$replay" --summary=json --marks=none --config "$1" "$tmp/scaled.trace" \
     2> "$tmp/report" | tail -n 1
 }
-for kind in expandable classic; do
-  ex=True; [ $kind = classic ] && ex=False
+for kind in expandable expandable-2MiB-chunks classic; do
+  case $kind in
+    expandable) base=expandable_segments:True ;;
+    expandable-2MiB-chunks) base=expandable_segments:True,expandable_chunk_mb:2 ;;
+    classic) base=expandable_segments:False ;;
+  esac
   for mode in off on; do
-    cfg="expandable_segments:$ex"
+    cfg=$base
     [ $mode = on ] && cfg="$cfg,debug_stale_access:True,debug_quarantine_mb:$qmb"
     summary=$(run "$cfg")
-    memsets=$(awk '/cudaemu report: cuMemsetD8Async /{print $4}' "$tmp/report"); memsets=${memsets:-0}
-    reads=$(awk '/cudaemu report: cuMemcpyDtoHAsync /{print $4}' "$tmp/report"); reads=${reads:-0}
-    printf '%s\t%s\t%s\t%s\t%s\n' "$kind" "$mode" "$summary" "$memsets" "$reads" >> "$tmp/rows"
+    memsets=$(awk '/cudaemu report: cuMemsetD8Async .*call/{print $4}' "$tmp/report"); memsets=${memsets:-0}
+    reads=$(awk '/cudaemu report: cuMemcpyDtoHAsync .*call/{print $4}' "$tmp/report"); reads=${reads:-0}
+    mbytes=$(awk '/cudaemu report: cuMemsetD8Async .*moved/{print $4}' "$tmp/report"); mbytes=${mbytes:-0}
+    rbytes=$(awk '/cudaemu report: cuMemcpyDtoHAsync .*moved/{print $4}' "$tmp/report"); rbytes=${rbytes:-0}
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$kind" "$mode" "$summary" "$memsets" "$reads" "$mbytes" "$rbytes" >> "$tmp/rows"
   done
 done
 
@@ -84,25 +92,24 @@ us = {"cuMemCreate": 8.6, "cuMemMap": 0.7, "cuMemSetAccess": 21.9, "cuMemUnmap":
       "cuMemRelease": 20.4, "cuMemAlloc": 39.0, "cuMemFree": 42.8}
 print(f"Trace: {src}, sizes / {scale}; {frees:,} frees of {freed / 2**20:,.1f} MiB; "
       f"on: debug_quarantine_mb:{qmb}.\n")
-print("| segments | mode | driver memory calls | VMM time (ms) | syncs | memsets | read-backs | "
-      "fill + check bound (ms) | total modelled (ms) | × off | peak reserved (MiB) | added (MiB) |")
+print("| segments | mode | driver memory calls | VMM time (ms) | syncs | memsets (MiB) | read-backs (MiB) | "
+      "fill + check (ms) | total modelled (ms) | × off | peak reserved (MiB) | added (MiB) |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 base = {}
 for line in open(rows):
-    kind, mode, summary, memsets, reads = line.rstrip("\n").split("\t")
+    kind, mode, summary, memsets, reads, mbytes, rbytes = line.rstrip("\n").split("\t")
     s = json.loads(summary)
     calls = s["driver_calls"]
     vmm = sum(us.get(k, 0) * v for k, v in calls.items()) / 1000
-    memsets, reads = int(memsets), int(reads)
-    extra = 0.0
-    if mode == "on":  # every freed byte filled once and read back once at most
-        extra = (freed / 2e12 * 1e3 + memsets * 5e-3) + (freed / 25e9 * 1e3 + reads * 10e-3)
+    memsets, reads, mbytes, rbytes = int(memsets), int(reads), int(mbytes), int(rbytes)
+    extra = (mbytes / 2e12 * 1e3 + memsets * 5e-3) + (rbytes / 25e9 * 1e3 + reads * 10e-3)
     total = vmm + extra
     peak = s["peak_reserved_bytes"] / 2**20
     if mode == "off":
         base[kind] = (total, peak)
     t0, p0 = base[kind]
     print(f"| {kind} | {mode} | {s['driver_memory_calls']:,} | {vmm:.1f} | {calls.get('cuStreamSynchronize', 0)} | "
-          f"{memsets:,} | {reads:,} | {extra:.1f} | {total:.1f} | {total / t0 if t0 else float('nan'):.2f} | "
+          f"{memsets:,} ({mbytes / 2**20:,.0f}) | {reads:,} ({rbytes / 2**20:,.0f}) | {extra:.1f} | {total:.1f} | "
+          f"{total / t0 if t0 else float('nan'):.2f} | "
           f"{peak:,.1f} | {peak - p0:+,.1f} |")
 PY
