@@ -497,8 +497,10 @@ XSEG_API xseg_status xseg_attach_stale_observer(xseg_stale_observer fn, void *us
  * its free is reported (observers, else stderr) once, and stays quarantined. Waits for the
  * blocks' streams. @p found (optional): the findings this call made. With the mode off or
  * nothing quarantined: XSEG_SUCCESS, 0 found.
+ * Blocks whose record_stream streams finished enter the quarantine first.
  * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a check would
- *         synchronize its streams); XSEG_ERROR_INVALID_DEVICE; XSEG_ERROR_DRIVER.
+ *         synchronize its streams; nothing is checked); XSEG_ERROR_INVALID_DEVICE;
+ *         XSEG_ERROR_DRIVER when a read-back fails (that block stays unreported).
  */
 XSEG_API xseg_status xseg_check_stale(int device, size_t *found);
 

@@ -198,11 +198,11 @@ static void fill_pending(struct dev_alloc *d)
 /* Keep the bound: the oldest leave while the bytes pass it (never during a capture). */
 static xseg_status trim(struct dev_alloc *d, size_t bound)
 {
-    if (d->quar.bytes <= bound || cap_underway(d))
+    if ((d->quar.bytes <= bound && d->quar.n <= QUAR_MAX_BLOCKS) || cap_underway(d))
         return XSEG_SUCCESS;
     xseg_status st = XSEG_SUCCESS;
     unsigned char *buf = xs_malloc(QUAR_CHECK_CHUNK);
-    while (d->quar.n && d->quar.bytes > bound)
+    while (d->quar.n && (d->quar.bytes > bound || d->quar.n > QUAR_MAX_BLOCKS))
         leave_oldest(d, buf, &st); /* without a buffer (host OOM) it leaves unchecked */
     xs_free(buf);
     return st;
@@ -293,13 +293,13 @@ xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, si
     lock_assert_held(&d->lock);
     if (found)
         *found = 0;
-    if (!d->quar.n)
-        return XSEG_SUCCESS;
     if (dev_capture_underway(d))
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "%s: a capture is underway on device %d: quarantined blocks are checked once it ends "
                        "(a check would synchronize the captured streams)",
                        when, d->device);
+    if (!d->quar.n)
+        return XSEG_SUCCESS;
     if (d->quar.unfilled)
         fill_pending(d);
     unsigned char *buf = xs_malloc(QUAR_CHECK_CHUNK);

@@ -32,6 +32,7 @@
 #include "core/device/device.h"
 
 #define QUAR_MAX_FINDINGS 1024 /* findings kept a device (later ones are counted in `dropped`) */
+#define QUAR_MAX_BLOCKS ((size_t)1 << 20) /* blocks held a device: their records' host memory is bounded too */
 
 /* Freed block @p b (not allocated, no events or recorded streams left; @p pending: already
  * counted pending) enters the quarantine when the mode is on and it qualifies: true, and it is
