@@ -6,8 +6,8 @@
  * randomized oracle (several streams, both pools, private pools, record_stream, graphs) that
  * must make no false report.
  *
- * argv[1]: "scenarios" (default), "bad_input" or "oracle" (XSEG_STALE_OPS operations, default
- * 100000; benchmarks run 10^6).
+ * argv[1]: "scenarios" (default), "bad_input", "oracle_classic" or "oracle_expandable"
+ * (XSEG_STALE_OPS operations, default 100000 or XSEG_TEST_STEPS; the CI-level run is 10^6).
  */
 #include <setjmp.h>
 #include <stdarg.h>
