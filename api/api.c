@@ -107,6 +107,17 @@ static xseg_status do_empty(struct dev_alloc *d, void *arg)
 
 XSEG_API xseg_status xseg_empty_cache(int device) { return api_each_device(device, do_empty, NULL); }
 
+XSEG_API xseg_status xseg_check_stale(int device, size_t *found)
+{
+    if (found)
+        *found = 0;
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    return alloc_check_stale(d, "xseg_check_stale", false, found);
+}
+
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
 {
     if (!(fraction >= 0.0 && fraction <= 1.0))

@@ -20,6 +20,7 @@
 #include "core/device/fast.h"
 #include "core/services/group.h"
 #include "core/device/lifetime.h"
+#include "core/device/quarantine.h"
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
 #include "core/policy/pools.h"
@@ -985,7 +986,7 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
 static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    bool completed = !block_uses_n(b);
+    bool completed = !block_uses_n(b) && !block_event_count(b); /* quarantined: completed when it leaves */
     struct block_side *sd = block_side(b);
     hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, true,
                  completed);
@@ -1008,11 +1009,18 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     b->exported = false; /* the export ends with the block (its pool may sleep again) */
     if (b->sided)
         b->u.side->handle_holds = 0; /* so do the holds of handed-out handles */
+    /* debug_stale_access: held out of the pool (core/device/quarantine.h), its free completed when
+     * it leaves; a block with recorded streams enters once their events are done (events.c). */
+    bool held = XSEG_UNLIKELY(d->cfg.debug_stale_access) && !block_uses_n(b) && quar_enter(d, b, false);
     if (b->recorded)
         hist_free_requested(d, b);
+    if (held)
+        return XSEG_SUCCESS;
     xseg_status st = XSEG_SUCCESS;
     if (block_uses_n(b)) {
         refresh_cfg(d);
+        if (XSEG_UNLIKELY(d->cfg.debug_stale_access))
+            quar_keep_free_stack(d, b); /* for its quarantine entry once the events are done */
         st = ev_insert(d, b);
     } else {
         block_side_drop(b); /* nothing left in it: no streams, events or stack */
@@ -1025,7 +1033,8 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
 }
 
 /* Every free but the slot's, lock held (free_locked takes and gives it back). */
-static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_alloc *d, void *ptr, bool *owned)
+static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_alloc *d, void *ptr, bool *owned,
+                                                                     bool stale)
 {
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
@@ -1047,7 +1056,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     /* oversize, recorded, exported and a side struct (recorded streams) in one test
      * (block_free_slow), handled out of line with the rest of the free: a call on this path would
      * make the compiler reload the block's fields after it. */
-    if (XSEG_UNLIKELY(block_free_slow(b)))
+    if (XSEG_UNLIKELY(block_free_slow(b) || stale))
         st = free_ptr_rare(d, b);
     else
         dev_free_block_inline(d, b);
@@ -1060,7 +1069,7 @@ static __attribute__((noinline)) xseg_status free_guarded(struct dev_alloc *d, v
 {
     struct fast_guard g;
     fast_guard_begin(d, &g, d->fast.busy_slots);
-    xseg_status st = free_cached(d, ptr, owned);
+    xseg_status st = free_cached(d, ptr, owned, false);
     fast_guard_end(d, &g); /* a fill moved no counter */
     dev_unlock(d);
     return st;
@@ -1078,14 +1087,34 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
         if (d->fast.busy_slots)
             return free_guarded(d, ptr, owned);
     }
-    xseg_status st = free_cached(d, ptr, owned);
+    xseg_status st = free_cached(d, ptr, owned, false);
     dev_unlock(d);
+    return st;
+}
+
+/* A free with debug_stale_access in force (core/device/quarantine.h): the free's stack is taken
+ * before the lock (history's callback may run), every slot settles (the permit is off while the
+ * mode is on), the block enters the quarantine, and findings its entry made (older blocks left)
+ * go to the observers once the lock is given back. */
+static __attribute__((noinline)) xseg_status free_stale(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    struct hstack *fs = hist_mode() ? hist_capture() : NULL;
+    dev_lock(d);
+    quar_begin_free(d, fs);
+    xseg_status st = free_cached(d, ptr, owned, d->cfg.debug_stale_access);
+    quar_end_free(d);
+    struct quar_batch batch;
+    quar_take(d, &batch);
+    dev_unlock(d);
+    quar_deliver(&batch);
     return st;
 }
 
 /* free through the device lock (xseg_free tried the thread's slot first: fast_free_hit). */
 static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
 {
+    if (XSEG_UNLIKELY(settings_stale_on()))
+        return free_stale(d, ptr, owned);
     return free_locked(d, ptr, owned);
 }
 
@@ -1142,6 +1171,13 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
 {
     dev_acquire(d);
     refresh_cfg(d);
+    /* debug_stale_access: every quarantined block is checked (they stay quarantined; during a
+     * capture they wait for its end), its findings delivered with the lock given back. */
+    struct quar_batch batch = {0};
+    if (XSEG_UNLIKELY(d->quar.n)) {
+        (void)quar_check_all(d, "empty_cache", false, NULL);
+        quar_take(d, &batch);
+    }
     xseg_status left_st;
     xseg_status st = release_cached_blocks(d, &left_st);
     /* It waited for the pending frees' streams: a point for release_threshold_mb (core/services/trim.h),
@@ -1154,7 +1190,29 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
         err_prefix(st, "empty_cache: memory kept from an earlier driver failure could not be given back yet");
     }
     dev_unlock(d);
+    if (XSEG_UNLIKELY(batch.n))
+        quar_deliver(&batch);
     return st;
+}
+
+/* alloc_check_stale's work and the delivery of its findings (lock held, given back here). */
+static xseg_status check_quarantine(struct dev_alloc *d, const char *when, bool drain, size_t *found)
+{
+    xseg_status st = quar_check_all(d, when, drain, found);
+    struct quar_batch batch;
+    quar_take(d, &batch);
+    dev_unlock(d);
+    quar_deliver(&batch);
+    return st;
+}
+
+xseg_status alloc_check_stale(struct dev_alloc *d, const char *when, bool drain, size_t *found)
+{
+    dev_lock(d);
+    /* Frees whose record_stream events completed enter the quarantine first (filled there). */
+    if (ev_waiting(d) && !cap_underway(d))
+        ev_process(d);
+    return check_quarantine(d, when, drain, found);
 }
 
 /* The end of a sleep or a wake (lock held, given back here): a sleep waited for the pool's
@@ -1173,7 +1231,15 @@ static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
 xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path)
 {
     dev_lock(d);
-    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
+    /* debug_stale_access: a sleep drains the quarantine first (checked, canary pages restored). */
+    struct quar_batch batch = {0};
+    if (XSEG_UNLIKELY(d->quar.n)) {
+        (void)quar_check_all(d, "sleep", true, NULL);
+        quar_take(d, &batch);
+    }
+    xseg_status st = sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
+    quar_deliver(&batch);
+    return st;
 }
 
 /* The wake maps pages: under a budget its limit is measured first, as for a malloc's growth

@@ -25,6 +25,9 @@ xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr);
 xseg_status alloc_free_unknown(void *ptr);
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned);
 xseg_status alloc_empty_cache(struct dev_alloc *d);
+/* debug_stale_access: check every quarantined block (@p when names the occasion), release them
+ * all with @p drain, deliver the findings (core/device/quarantine.h); *@p found: findings made. */
+xseg_status alloc_check_stale(struct dev_alloc *d, const char *when, bool drain, size_t *found);
 /* xseg_sleep / xseg_wake on one device (core/services/sleep.h), then release_threshold_mb (core/services/trim.h):
  * the pool's streams were waited for, or its pages mapped again. */
 xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path);

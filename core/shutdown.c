@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "core/policy/capreuse.h"
 #include "core/device/check.h"
+#include "core/device/quarantine.h"
 #include "core/policy/events.h"
 #include "core/services/group.h"
 #include "core/process/history.h"
@@ -114,6 +115,12 @@ static xseg_status shutdown_device(struct dev_alloc *d)
         st = shutdown_pools(d);
     if (st == XSEG_SUCCESS)
         st = alloc_empty_cache(d); /* waits for the pending frees' events */
+    if (st == XSEG_SUCCESS && quar_count(d, NULL)) {
+        /* debug_stale_access: the quarantine is checked and drains, then its blocks go too */
+        st = alloc_check_stale(d, "xseg_shutdown", true, NULL);
+        if (st == XSEG_SUCCESS)
+            st = alloc_empty_cache(d);
+    }
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "xseg_shutdown on device %d", d->device);
     dev_lock(d);
@@ -123,6 +130,7 @@ static xseg_status shutdown_device(struct dev_alloc *d)
                        "back; call xseg_shutdown again", d->device);
     }
     ev_destroy(d);
+    quar_destroy(d);
     sleep_teardown(d);
     capreuse_reset(d);
     pools_destroy(d);

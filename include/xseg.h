@@ -464,6 +464,47 @@ typedef void (*xseg_oom_observer)(int device, size_t requested, size_t device_to
 XSEG_API xseg_status xseg_attach_oom_observer(xseg_oom_observer fn, void *user);
 
 /**
+ * A stale access found by the debug mode `debug_stale_access:True` (docs/troubleshooting.md):
+ * a block was written after its free. While the mode is on, a freed block is quarantined (not
+ * reused) until it leaves a FIFO of at most `debug_quarantine_mb` MiB; it is filled with all-ones
+ * bytes at its free (stream-ordered after its last use) and checked when it leaves, at
+ * xseg_empty_cache, at snapshot time and by xseg_check_stale. Frames are those history recorded
+ * (xseg_record_memory_history; none when it was off). Valid during the call only.
+ */
+typedef struct xseg_stale_report {
+    int device;
+    uintptr_t addr;              /**< the freed block's address */
+    size_t size;                 /**< its bytes (rounded) */
+    size_t requested;            /**< the bytes its malloc asked for */
+    struct CUstream_st *stream;  /**< the stream it was allocated on */
+    const char *pool;            /**< "small" or "large" */
+    int expandable;              /**< 1: an expandable segment's block, 0: a classic one */
+    size_t first_offset;         /**< the first byte (from addr) that lost the pattern */
+    int64_t freed_us, found_us;  /**< when it was freed and found (microseconds since the epoch) */
+    const char *when;            /**< "quarantine exit", "empty_cache", "snapshot" or "xseg_check_stale", "xseg_shutdown" */
+    const xseg_frame *alloc_frames; /**< the allocation's frames, innermost first */
+    int n_alloc_frames;
+    const xseg_frame *free_frames;  /**< the free's frames, innermost first */
+    int n_free_frames;
+    const char *message;         /**< all of it as one text, as printed to stderr */
+} xseg_stale_report;
+typedef void (*xseg_stale_observer)(const xseg_stale_report *report, void *user);
+/** Attach a stale-access observer (several may be attached; called in order, with no xseg lock
+ * held). While none is attached, each report is printed to stderr. */
+XSEG_API xseg_status xseg_attach_stale_observer(xseg_stale_observer fn, void *user);
+/**
+ * Check every block quarantined on @p device now (debug_stale_access): each one written since
+ * its free is reported (observers, else stderr) once, and stays quarantined. Waits for the
+ * blocks' streams. @p found (optional): the findings this call made. With the mode off or
+ * nothing quarantined: XSEG_SUCCESS, 0 found.
+ * Blocks whose record_stream streams finished enter the quarantine first.
+ * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a check would
+ *         synchronize its streams; nothing is checked); XSEG_ERROR_INVALID_DEVICE;
+ *         XSEG_ERROR_DRIVER when a read-back fails (that block stays unreported).
+ */
+XSEG_API xseg_status xseg_check_stale(int device, size_t *found);
+
+/**
  * First step of the OOM recovery path: a chance for the program to free memory it holds
  * (PyTorch's FreeMemoryCallback). Return nonzero if anything was freed; xseg then retries.
  * Called with xseg's device lock released.

@@ -36,5 +36,7 @@ size_t vhost_pending(void);
 xseg_status vhost_copy_dtoh(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
 xseg_status vhost_copy_htod(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
 xseg_status vhost_zero(CUdeviceptr dst, size_t bytes, CUstream stream);
+/* Enqueue on @p stream a memset of every byte to @p value (debug_stale_access's pattern). */
+xseg_status vhost_fill(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream);
 
 #endif

@@ -236,6 +236,22 @@ size_t seg_live_chunks(const struct seg *seg);             /* mapped chunks (a w
  * and every peer together). */
 xseg_status seg_add_peer(struct seg *seg, int peer);
 
+/*
+ * debug_stale_access's canary (core/device/quarantine.h): every mapped chunk lying wholly inside
+ * [offset, offset + size) (granule multiples) stops backing its range until seg_canary_restore:
+ * after a synchronize of the segment's stream its handle is unmapped (kept, the chunk still
+ * counted mapped) and one canary page of one granule, created here, is mapped over each of its
+ * granules, access granted to the owner and every peer; so the range reads and writes one
+ * page. The observer (seg_params.observe) hears of each chunk as unmapped before its swap and as
+ * mapped once restored. *@p first, *@p end: the span swapped (equal: none: no whole chunk
+ * inside). On a failure nothing changed. The caller keeps every other user off the
+ * range until it restores it; seg_canary_restore maps the handles back (the canary page goes
+ * with its last mapping) and aborts when it cannot (the chunk's place would be lost under a
+ * block counted mapped).
+ */
+xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end);
+void seg_canary_restore(struct seg *seg, size_t first, size_t end);
+
 /* Accessors. Offsets are bytes from seg_base, granule indexes are offset / seg_gran. */
 CUdeviceptr seg_base(const struct seg *seg);
 size_t seg_va_size(const struct seg *seg);        /* bytes of VA reserved, a page multiple */

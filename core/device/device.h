@@ -98,6 +98,8 @@ struct dev_alloc {
     struct dev_fast fast;
 
     struct life_state life; /* the lifetime predictor of large expandable requests (lifetime.c) */
+
+    struct quar_state quar; /* debug_stale_access: freed blocks held and checked (quarantine.c) */
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so

@@ -132,7 +132,7 @@ static inline void dev_fast_update(struct dev_alloc *d)
      * refuses allocations there (core/services/sleep.c). */
     bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any || hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
-                d->sleep.nasleep;
+                d->sleep.nasleep || d->cfg.debug_stale_access; /* every free goes through the quarantine */
     d->fast.fast_gen = rare ? 0 : d->cfg_gen;
 }
 

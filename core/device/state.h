@@ -228,6 +228,37 @@ struct life_state {
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
 
+/* ---- quarantine.{h,c}: the stale-access debug mode (core/device/quarantine.h) ------------------- */
+struct hstack;
+/* A freed block held out of its pool (FIFO order), or a finding (a block found written after its
+ * free). Addresses and sizes are copied: a finding outlives its block. */
+struct quar_item {
+    struct block *b;           /* NULL in a finding */
+    uintptr_t addr;
+    size_t size, requested;
+    CUstream stream;
+    int pool;                  /* XSEG_STAT_SMALL_POOL or XSEG_STAT_LARGE_POOL */
+    bool expandable;
+    bool filled;               /* the pattern was queued at the free: the check means something */
+    size_t swap_lo, swap_hi;   /* [lo, hi) of the block (offsets) reads one canary page (equal: none) */
+    bool reported;             /* a finding was made for it already */
+    struct hstack *alloc_stack, *free_stack; /* one reference each (NULL: none recorded) */
+    int64_t freed_us, found_us;
+    size_t first_offset;       /* findings: the first byte that lost the pattern */
+    const char *when;          /* findings: "quarantine exit", "empty_cache", "snapshot", "xseg_check_stale", "xseg_shutdown" */
+    bool delivered;            /* findings: given to the observers (or stderr) */
+};
+struct quar_state {
+    struct quar_item *q;       /* q[head .. head + n): the oldest first */
+    size_t head, n, cap;
+    size_t bytes;              /* block bytes held */
+    struct hstack *free_stack; /* the stack of the free in progress (free_stale), or NULL */
+    struct quar_item *found;   /* findings, oldest first, at most QUAR_MAX_FINDINGS */
+    size_t nfound, capfound, ndelivered;
+    uint64_t dropped;          /* findings beyond the bound (counted, not kept) */
+    uint64_t entered, checked, unfilled;
+};
+
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */
 struct dev_fast {
     /* The permit: equal to cfg_gen while none of the rare conditions the fast paths skip holds

@@ -90,6 +90,11 @@
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20,                          \
       CFG_BOUNDED_MIB(1, 1024), CFG_OMIT_DEFAULT, 0, "64")                                         \
+    /* the stale-access debug mode (core/device/quarantine.c) */                                 \
+    K(debug_stale_access, NULL, BOOL, debug_stale_access, false, cfg_parse_flag,                   \
+      CFG_OMIT_DEFAULT, 0, "False")                                                                \
+    K(debug_quarantine_mb, NULL, MIB, debug_quarantine, (size_t)1024 << 20,                        \
+      CFG_BOUNDED_MIB(1, 1048576), CFG_OMIT_DEFAULT, 0, "1024")                                    \
     /* PyTorch's pinned host allocator (core/services/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \

@@ -66,12 +66,13 @@ struct settings_state {
     _Atomic unsigned generation;  /* bumped by every change: devices copy cfg when it moved */
     _Atomic bool idle_thread;     /* idle.c's thread runs (written by idle.c through settings.h) */
     _Atomic size_t nfree_atomic;  /* nfree, readable without the lock */
+    _Atomic bool stale_on;        /* cfg.debug_stale_access, readable without the lock */
     pthread_mutex_t lock;         /* cfg */
     struct cfg cfg;
     /* Callbacks: append-only arrays under xseg_rt.settings.cb_lock; callers copy and call without it. */
     pthread_mutex_t cb_lock;
-    struct settings_cb *oom, *free;
-    size_t noom, nfree, capoom, capfree;
+    struct settings_cb *oom, *free, *stale;
+    size_t noom, nfree, capoom, capfree, nstale, capstale;
 };
 
 /* ---- core/services/idle.c: the idle-reclaim thread (core/services/idle.h) -------------------- */

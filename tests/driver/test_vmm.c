@@ -260,6 +260,40 @@ static CUresult m_unmap_pending_copy(void)
     return r;
 }
 
+/* One handle mapped at two ranges (debug_stale_access's canary needs it): legal on the driver
+ * (a handle may back several mappings); a write through one range reads back through the other,
+ * and a release while both are mapped keeps the memory until the last unmap. Returns the first
+ * failure, or CUDA_ERROR_UNKNOWN when the two ranges do not share the bytes. */
+static CUresult m_map_twice(void)
+{
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(G);
+    CUresult r = drv->cuMemMap(va, G, 0, h, 0);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemMap(va + G, G, 0, h, 0);
+    if (r == CUDA_SUCCESS)
+        r = set_rw(va, 2 * G);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemRelease(h); /* both mappings keep the memory */
+    else
+        drv->cuMemRelease(h);
+    unsigned char back[2] = {0, 0};
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemsetD8(va + 4096, 0xAB, 1);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemsetD8(va + G + G - 1, 0xCD, 1);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemcpyDtoH(&back[0], va + G + 4096, 1);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemcpyDtoH(&back[1], va + G - 1, 1);
+    if (r == CUDA_SUCCESS && (back[0] != 0xAB || back[1] != 0xCD))
+        r = CUDA_ERROR_UNKNOWN;
+    CUresult u = drv->cuMemUnmap(va, 2 * G);
+    if (r == CUDA_SUCCESS)
+        r = u;
+    drv->cuMemAddressFree(va, 2 * G);
+    return r;
+}
 static CUresult m_access_unmapped(void)
 {
     CUdeviceptr va = reserve(2 * G);
@@ -1128,6 +1162,7 @@ static const struct misuse misuse_table[] = {
     ROW_STRICTER("map: whole handle straddling the reservation end", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, m_map_straddle),
     ROW("map: whole handle outside any reservation", CUDA_ERROR_INVALID_VALUE, m_map_outside),
     ROW("map: over already-mapped VA", CUDA_ERROR_INVALID_VALUE, m_map_over_mapped),
+    ROW("map: one handle at two ranges, shared bytes, released while mapped (legal)", CUDA_SUCCESS, m_map_twice),
     ROW_EMU_ONLY("map: unknown handle (UB on the driver)", CUDA_ERROR_INVALID_VALUE, m_map_unknown_handle),
     ROW("unmap: half of a mapping", CUDA_ERROR_INVALID_VALUE, m_unmap_partial),
     ROW("unmap: size 0", CUDA_ERROR_INVALID_VALUE, m_unmap_size0),
