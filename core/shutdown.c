@@ -23,7 +23,7 @@
 static xseg_status shutdown_check(struct dev_alloc *d)
 {
     xseg_status st = XSEG_SUCCESS;
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     bool by_capture = false;
     for (size_t i = 0; i < d->priv.nroutes; i++)
         by_capture |= d->priv.routes[i].by_capture;
@@ -43,7 +43,7 @@ static xseg_status shutdown_check(struct dev_alloc *d)
 /* The addresses of every live block of @p d (*out: xs_free it; NULL when none). */
 static xseg_status shutdown_live(struct dev_alloc *d, void ***out, size_t *n)
 {
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     fast_settle(d, FAST_ALL, NULL); /* a slot's block is allocated or free again, as it counts */
     size_t count = 0;
     for (struct segrec *s = d->segs; s; s = s->next_seg)
@@ -70,7 +70,7 @@ static xseg_status shutdown_live(struct dev_alloc *d, void ***out, size_t *n)
 static xseg_status shutdown_pools(struct dev_alloc *d)
 {
     for (;;) {
-        dev_lock(d);
+        dev_lock(d, DEV_NEED_OP);
         bool any = d->priv.nroutes > 0;
         xseg_pool_id id = any ? d->priv.routes[0].pool->id : (xseg_pool_id){0, 0};
         dev_unlock(d);
@@ -81,7 +81,7 @@ static xseg_status shutdown_pools(struct dev_alloc *d)
             return st;
     }
     for (;;) {
-        dev_lock(d);
+        dev_lock(d, DEV_NEED_OP);
         xseg_pool_id id = {0, 0};
         bool any = false;
         for (struct priv_pool *pp = d->priv.pools; pp && !any; pp = pp->next)
@@ -116,7 +116,7 @@ static xseg_status shutdown_device(struct dev_alloc *d)
         st = alloc_empty_cache(d); /* waits for the pending frees' events */
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "xseg_shutdown on device %d", d->device);
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     if (d->segs) {
         dev_unlock(d);
         return err_set(XSEG_ERROR_DRIVER, "xseg_shutdown: device %d still holds segments the driver would not take "

@@ -659,7 +659,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
 xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 {
     xseg_status st = XSEG_SUCCESS;
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
         if (!s->vseg) {
             st = snap_range(d, s, s->first, NULL, a);
@@ -687,7 +687,7 @@ xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 
 static size_t active_bytes(struct dev_alloc *d)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     /* active_bytes.all.current, folded (dev_alloc.acct.pending) */
     size_t n = (size_t)(stats_all_current(d->acct.stats.allocated_bytes) + d->acct.pending_bytes[XSEG_STAT_ALL]);
     dev_unlock(d);

@@ -24,6 +24,7 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "core/device/blockops.h"
 #include "core/index/stats.h"
 #include "vmm/segment.h"
 #include "vmm/ipc.h"

@@ -388,7 +388,7 @@ static void publish_locked(struct group *g)
 /* publish_locked, taking the device lock. */
 static void publish(struct group *g)
 {
-    dev_acquire(g->d);
+    dev_lock(g->d, DEV_NEED_SLOTS);
     publish_locked(g);
     dev_unlock(g->d);
 }
@@ -591,7 +591,7 @@ void group_attach(struct dev_alloc *d)
     if (g->t && (g->me = slot_claim(g)) >= 0) {
         publish(g);
         struct budget_view v;
-        dev_acquire(d);
+        dev_lock(d, DEV_NEED_SLOTS);
         budget_measure(d, g, &v, 0); /* our foreign bytes, published */
         dev_unlock(d);
         if (pthread_create(&g->responder, NULL, responder, g)) {
@@ -1025,7 +1025,7 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
     char why[160];
     if (!table_intact(g, why, sizeof why)) {
         go_alone(g, why);
-        dev_acquire(d);
+        dev_lock(d, DEV_NEED_SLOTS);
         return false;
     }
     /* Another member's ask holds the lock for up to its own wait (or a stopped member holds
@@ -1079,7 +1079,7 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
         }
         table_unlock(g->t);
     }
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     return got > 0 || died;
 }
 

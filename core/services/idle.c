@@ -28,7 +28,7 @@ static bool idle_running(void) { return settings_idle_thread_running(); }
  * invalidate it, and nothing is released during a capture anyway). */
 static void idle_service(struct dev_alloc *d)
 {
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     if (d->cfg.idle_release_ms && !cap_underway(d)) {
         if (ev_waiting(d))
             ev_process(d);

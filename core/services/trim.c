@@ -169,7 +169,7 @@ void trim_threshold(struct dev_alloc *d, size_t handing_out)
 
 xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
 {
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     /* Blocks whose record_stream events have completed go back to their pools first; pending
      * ones are not waited for (empty_cache does that). Event queries are illegal during a
      * capture, and nothing is released then anyway. */

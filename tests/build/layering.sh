@@ -23,7 +23,7 @@ bad=0
 wing_rank="index:1 process:1 device:2 policy:3 services:4 top:5"
 wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
-device:state,lifetime,device,fast,check
+device:state,lifetime,device,blockops,fast,check
 policy:capreuse,events,pools,ipc,observe,expandable,release
 services:hostalloc,sleep,trim,group,idle
 top:runtime,snapshot,alloc,shutdown"
