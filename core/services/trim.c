@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
@@ -210,9 +211,7 @@ void trim_idle_tick(struct dev_alloc *d)
     unsigned ms = d->cfg.idle_release_ms;
     if (!ms)
         return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t now = (uint64_t)clock_mono_ns();
     uint64_t window = (uint64_t)ms * 1000000ull;
     if (d->idle_tick_ns && now - d->idle_tick_ns < window / 4)
         return;
