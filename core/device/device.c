@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "base/assert.h"
 #include "base/error.h"
 #include "base/hostmem.h"
@@ -66,8 +67,7 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
     dev_refresh_cfg_slow(d);
     lock_release(&d->lock); /* not dev_unlock (core/device/check.h, above): a new device has nothing to walk */
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
-        fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
-                device);
+        log_warn("device %d does not support virtual memory management; using classic segments", device);
     return d;
 }
 

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hostmem.h"
@@ -508,8 +509,8 @@ static struct gtable *table_open(struct group *g, char *err, size_t n)
      * one warning (at its join) and yields. */
     if (!created && t->group_budget != g->group_budget) {
         if (g->group_budget)
-            fprintf(stderr, "xseg: warning: memory_group_budget_mb:%llu differs from group '%s''s "
-                    "%llu MiB (its first member's): device %d uses the group's\n",
+            log_warn("warning: memory_group_budget_mb:%llu differs from group '%s''s "
+                    "%llu MiB (its first member's): device %d uses the group's",
                     (unsigned long long)(g->group_budget >> 20), g->name,
                     (unsigned long long)(t->group_budget >> 20), g->d->device);
         g->group_budget = t->group_budget;
