@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "core/alloc.h"
+#include "core/devops.h"
 #include "core/policy/capreuse.h"
 #include "core/device/check.h"
 #include "core/policy/events.h"
@@ -113,7 +114,7 @@ static xseg_status shutdown_device(struct dev_alloc *d)
     if (st == XSEG_SUCCESS)
         st = shutdown_pools(d);
     if (st == XSEG_SUCCESS)
-        st = alloc_empty_cache(d); /* waits for the pending frees' events */
+        st = devops_empty_cache(d); /* waits for the pending frees' events */
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "xseg_shutdown on device %d", d->device);
     dev_lock(d, DEV_NEED_OP);
@@ -128,8 +129,8 @@ static xseg_status shutdown_device(struct dev_alloc *d)
     pools_destroy(d);
     d->cfg_gen = 0; /* the next lock takes the configuration (and its memory fraction) afresh */
     dev_unlock(d);
-    alloc_reset_peaks(d);
-    alloc_reset_accumulated(d);
+    devops_reset_peaks(d);
+    devops_reset_accumulated(d);
     return XSEG_SUCCESS;
 }
 

@@ -113,6 +113,14 @@ enum dev_need {
     DEV_NEED_OP,    /* every slot settled and the configuration in force refreshed (an operation's start) */
 };
 
+/* Copy the configuration in force again when its generation moved (one load when not). Lock held. */
+static inline void dev_refresh_cfg(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
+        dev_refresh_cfg_slow(d);
+}
+
 /* The one way to take the device lock: on return, what @p need names is done. Inline, so that a
  * constant @p need leaves only its own work (DEV_NEED_NONE: the lock's acquire alone). */
 static inline void dev_lock(struct dev_alloc *d, enum dev_need need)
@@ -120,8 +128,8 @@ static inline void dev_lock(struct dev_alloc *d, enum dev_need need)
     lock_acquire(&d->lock);
     if (need != DEV_NEED_NONE)
         fast_settle(d, FAST_ALL, NULL);
-    if (need == DEV_NEED_OP && XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
-        dev_refresh_cfg_slow(d);
+    if (need == DEV_NEED_OP)
+        dev_refresh_cfg(d);
 }
 
 /* A rare condition begins (see dev_fast.fast_gen): malloc takes the general path until it is over,

@@ -181,7 +181,7 @@ struct sleep_state {
 struct acct {
     xseg_device_stats stats;
     /* The accumulated values (.allocated, .freed, the num_* counts) at the last
-     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
+     * devops_reset_accumulated, filled as a copy is: devops_get_stats hands out stats minus these,
      * so the internal counters keep freed == allocated - current. */
     xseg_device_stats acc_base;
     /*
