@@ -75,7 +75,7 @@ void dev_destroy(struct dev_alloc *d)
 {
     xseg_assert(!d->segs && !d->live.count);
     xs_free(d->cap.capturing);
-    xs_free(d->by_stream);
+    xs_free(d->exp.by_stream);
     ptrmap_destroy(&d->live);
     for (void *s = d->heap_slabs, *next; s; s = next) {
         next = *(void **)s;

@@ -56,20 +56,8 @@ struct dev_alloc {
     uint64_t idle_tick_ns; /* idle reclaim (core/services/trim.c): time of the last tick, CLOCK_MONOTONIC */
     struct ptrmap live;      /* allocated blocks by address (and the blocks of busy slots) */
     struct segrec *segs;     /* every segment, both kinds */
-    uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
-    /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
-     * segments of its (pool, stream) in O(log segments), whatever the number of streams. */
-    struct segrec **by_stream;
-    size_t nby_stream, capby_stream;
+    struct exp_state exp;    /* the expandable segments' order, spare handles, pressure (expandable.c) */
     struct block *spare;     /* recycled block structs (linked through next) */
-    /* Under pressure (exp_recycle_begin .. exp_recycle_end, expandable.c): the physical handles
-     * the reclaim unmaps, kept for the growth that follows; empty whenever the lock is free. */
-    struct seg_spares handles;
-    bool keep_handles;
-    /* Set at the first growth the device refused (exp_recycle_begin), until the memory fraction
-     * changes (exp_pressure_reset; an empty_cache between layers does not end the pressure:
-     * sqattn_qwen2_calib): growth maps smaller chunks meanwhile (expandable.c chunk_limit). */
-    bool fine_chunks;
     struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
     struct arena structs;    /* where the slabs come from (dev_block_carve) */
