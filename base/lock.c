@@ -89,7 +89,7 @@ void lock_wake(struct lock *l)
 void spin_acquire_slow(struct spin *l)
 {
     for (unsigned i = 0;; i++) {
-        if (atomic_load_explicit(&l->word, memory_order_relaxed) == 0 && spin_try(l))
+        if (atomic_load_explicit(&l->word, memory_order_relaxed) == 0 && spin_try_raw(l))
             return;
         if (i < 100) {
 #if defined(__x86_64__) || defined(__i386__)
