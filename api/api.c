@@ -5,6 +5,7 @@
 
 #include "base/hostmem.h"
 #include "core/alloc.h"
+#include "core/devops.h"
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
@@ -88,7 +89,7 @@ struct base_out {
 static xseg_status base_allocation_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
 {
     struct base_out *o = ctx;
-    return alloc_base_allocation(d, ptr, o->base, o->size, owned);
+    return devops_base_allocation(d, ptr, o->base, o->size, owned);
 }
 
 XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size)
@@ -102,7 +103,7 @@ XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size)
 static xseg_status do_empty(struct dev_alloc *d, void *arg)
 {
     (void)arg;
-    return alloc_empty_cache(d);
+    return devops_empty_cache(d);
 }
 
 XSEG_API xseg_status xseg_empty_cache(int device) { return api_each_device(device, do_empty, NULL); }
@@ -115,7 +116,7 @@ XSEG_API xseg_status xseg_check_stale(int device, size_t *found)
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
         return st;
-    return alloc_check_stale(d, "xseg_check_stale", false, found);
+    return devops_check_stale(d, "xseg_check_stale", false, found);
 }
 
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
@@ -124,7 +125,7 @@ XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
         return err_set(XSEG_ERROR_INVALID_VALUE, "invalid fraction: %g. Please set within [0, 1].", fraction);
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_set_fraction(d, fraction);
+    return st != XSEG_SUCCESS ? st : devops_set_fraction(d, fraction);
 }
 
 XSEG_API xseg_status xseg_get_memory_fraction(int device, double *fraction)
@@ -134,7 +135,7 @@ XSEG_API xseg_status xseg_get_memory_fraction(int device, double *fraction)
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
     if (st == XSEG_SUCCESS)
-        *fraction = alloc_get_fraction(d);
+        *fraction = devops_get_fraction(d);
     return st;
 }
 
@@ -153,7 +154,7 @@ XSEG_API xseg_status xseg_enable_peer_access(int device, int peer)
         return st;
     if (!can)
         return err_set(XSEG_ERROR_NOT_SUPPORTED, "device %d cannot access the memory of device %d", peer, device);
-    return alloc_enable_peer(d, peer);
+    return devops_enable_peer(d, peer);
 }
 
 /* ---- statistics ---------------------------------------------------------------------------- */
@@ -166,7 +167,7 @@ XSEG_API xseg_status xseg_get_stats(int device, xseg_device_stats *stats)
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
         return st;
-    alloc_get_stats(d, stats);
+    devops_get_stats(d, stats);
     return XSEG_SUCCESS;
 }
 
@@ -190,7 +191,7 @@ XSEG_API xseg_status xseg_stat_key(size_t index, const char **key)
 static xseg_status do_reset(struct dev_alloc *d, void *arg)
 {
     (void)arg;
-    alloc_reset_peaks(d);
+    devops_reset_peaks(d);
     return XSEG_SUCCESS;
 }
 
@@ -199,7 +200,7 @@ XSEG_API xseg_status xseg_reset_peak_stats(int device) { return api_each_device(
 static xseg_status do_reset_accumulated(struct dev_alloc *d, void *arg)
 {
     (void)arg;
-    alloc_reset_accumulated(d);
+    devops_reset_accumulated(d);
     return XSEG_SUCCESS;
 }
 
@@ -214,7 +215,7 @@ XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_cache_info: largest_block is NULL");
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_cache_info(d, largest_block);
+    return st != XSEG_SUCCESS ? st : devops_cache_info(d, largest_block);
 }
 
 XSEG_API xseg_status xseg_memory_summary(int device, char *buf, size_t size, size_t *len)

@@ -1,5 +1,5 @@
 /* Public entry points for long-running services (include/xseg.h): trim (core/services/trim.c), sleep and
- * wake (core/services/sleep.c, through core/alloc.c, which applies release_threshold_mb after them). */
+ * wake (core/services/sleepwake.c: the lock and release_threshold_mb around core/services/sleep.c). */
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
@@ -7,6 +7,7 @@
 #include "core/services/group.h"
 #include "core/runtime.h"
 #include "core/services/sleep.h"
+#include "core/services/sleepwake.h"
 #include "core/services/trim.h"
 
 static xseg_status trim_on(struct dev_alloc *d, void *keep_bytes)
@@ -29,7 +30,7 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags)
                                                         : "");
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_sleep(d, pool, flags, NULL);
+    return st != XSEG_SUCCESS ? st : sleep_device(d, pool, flags, NULL);
 }
 
 XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags, const char *path)
@@ -45,14 +46,14 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
                        path ? "an empty string" : "NULL");
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_sleep(d, pool, flags, path);
+    return st != XSEG_SUCCESS ? st : sleep_device(d, pool, flags, path);
 }
 
 XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool)
 {
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_wake(d, pool);
+    return st != XSEG_SUCCESS ? st : wake_device(d, pool);
 }
 
 XSEG_API xseg_status xseg_get_sleep_stats(int device, const xseg_pool_id *pool, xseg_sleep_stats *stats)

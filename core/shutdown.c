@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "core/alloc.h"
+#include "core/devops.h"
 #include "core/policy/capreuse.h"
 #include "core/device/check.h"
 #include "core/device/quarantine.h"
@@ -24,7 +25,7 @@
 static xseg_status shutdown_check(struct dev_alloc *d)
 {
     xseg_status st = XSEG_SUCCESS;
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     bool by_capture = false;
     for (size_t i = 0; i < d->priv.nroutes; i++)
         by_capture |= d->priv.routes[i].by_capture;
@@ -44,7 +45,7 @@ static xseg_status shutdown_check(struct dev_alloc *d)
 /* The addresses of every live block of @p d (*out: xs_free it; NULL when none). */
 static xseg_status shutdown_live(struct dev_alloc *d, void ***out, size_t *n)
 {
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     fast_settle(d, FAST_ALL, NULL); /* a slot's block is allocated or free again, as it counts */
     size_t count = 0;
     for (struct segrec *s = d->segs; s; s = s->next_seg)
@@ -71,7 +72,7 @@ static xseg_status shutdown_live(struct dev_alloc *d, void ***out, size_t *n)
 static xseg_status shutdown_pools(struct dev_alloc *d)
 {
     for (;;) {
-        dev_lock(d);
+        dev_lock(d, DEV_NEED_OP);
         bool any = d->priv.nroutes > 0;
         xseg_pool_id id = any ? d->priv.routes[0].pool->id : (xseg_pool_id){0, 0};
         dev_unlock(d);
@@ -82,7 +83,7 @@ static xseg_status shutdown_pools(struct dev_alloc *d)
             return st;
     }
     for (;;) {
-        dev_lock(d);
+        dev_lock(d, DEV_NEED_OP);
         xseg_pool_id id = {0, 0};
         bool any = false;
         for (struct priv_pool *pp = d->priv.pools; pp && !any; pp = pp->next)
@@ -114,16 +115,16 @@ static xseg_status shutdown_device(struct dev_alloc *d)
     if (st == XSEG_SUCCESS)
         st = shutdown_pools(d);
     if (st == XSEG_SUCCESS)
-        st = alloc_empty_cache(d); /* waits for the pending frees' events */
+        st = devops_empty_cache(d); /* waits for the pending frees' events */
     if (st == XSEG_SUCCESS && quar_count(d, NULL)) {
         /* debug_stale_access: the quarantine is checked and drains, then its blocks go too */
-        st = alloc_check_stale(d, "xseg_shutdown", true, NULL);
+        st = devops_check_stale(d, "xseg_shutdown", true, NULL);
         if (st == XSEG_SUCCESS)
-            st = alloc_empty_cache(d);
+            st = devops_empty_cache(d);
     }
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "xseg_shutdown on device %d", d->device);
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     if (d->segs) {
         dev_unlock(d);
         return err_set(XSEG_ERROR_DRIVER, "xseg_shutdown: device %d still holds segments the driver would not take "
@@ -136,8 +137,8 @@ static xseg_status shutdown_device(struct dev_alloc *d)
     pools_destroy(d);
     d->cfg_gen = 0; /* the next lock takes the configuration (and its memory fraction) afresh */
     dev_unlock(d);
-    alloc_reset_peaks(d);
-    alloc_reset_accumulated(d);
+    devops_reset_peaks(d);
+    devops_reset_accumulated(d);
     return XSEG_SUCCESS;
 }
 

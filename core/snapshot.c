@@ -660,7 +660,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
 xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 {
     xseg_status st = XSEG_SUCCESS;
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
         if (!s->vseg) {
             st = snap_range(d, s, s->first, NULL, a);
@@ -688,7 +688,7 @@ xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 
 static size_t active_bytes(struct dev_alloc *d)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     /* active_bytes.all.current, folded (dev_alloc.acct.pending) */
     size_t n = (size_t)(stats_all_current(d->acct.stats.allocated_bytes) + d->acct.pending_bytes[XSEG_STAT_ALL]);
     dev_unlock(d);
@@ -707,7 +707,7 @@ struct stale_acc {
  * capture), the findings delivered, and every finding kept so far copied into @p sa. */
 static void stale_gather(struct dev_alloc *d, struct stale_acc *sa)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct quar_batch batch = {0};
     if (quar_count(d, NULL) && !cap_underway(d)) {
         (void)quar_check_all(d, "snapshot", false, NULL); /* a failed read-back leaves its block unreported */

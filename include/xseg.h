@@ -1,9 +1,10 @@
 /*
  * xseg — a CUDA caching allocator over expandable (virtual-memory) segments.
  *
- * This is the only public header. It compiles on its own, as C99 or later and as C++, without
- * the CUDA headers: streams are taken as `struct CUstream_st *`, which is the same type as the
- * driver's CUstream and the runtime's cudaStream_t. A NULL stream is the legacy default stream.
+ * The public header (with xseg_torch.h, PyTorch's entry points, which it includes). It compiles on
+ * its own, as C99 or later and as C++, without the CUDA headers: streams are taken as
+ * `struct CUstream_st *`, which is the same type as the driver's CUstream and the runtime's
+ * cudaStream_t. A NULL stream is the legacy default stream.
  *
  * Every function that can fail returns an ::xseg_status and writes its results through
  * out-parameters. On failure, xseg_last_error() returns a message (thread-local) that names what
@@ -1101,48 +1102,6 @@ XSEG_API xseg_status xseg_host_reset_peak_stats(void);
 XSEG_API xseg_status xseg_host_reset_accumulated_stats(void);
 
 /* ---------------------------------------------------------------------------------------------
- * PyTorch pluggable-allocator entry points:
- *   torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free")
- * They report failures through xseg_last_error() and return NULL / nothing. PyTorch does not
- * check the NULL (a tensor gets it as its data pointer); xseg.torch.enable()'s adapter calls
- * xseg_malloc instead and raises torch.cuda.OutOfMemoryError with xseg's message.
- * ------------------------------------------------------------------------------------------- */
-
-XSEG_API void *xseg_torch_malloc(size_t size, int device, struct CUstream_st *stream);
-XSEG_API void xseg_torch_free(void *ptr, size_t size, int device, struct CUstream_st *stream);
-XSEG_API void xseg_torch_init(int device_count);
-XSEG_API void xseg_torch_empty_cache(void);
-XSEG_API void xseg_torch_set_memory_fraction(double fraction, int device);
-XSEG_API void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
-
-/**
- * Tell xseg that every hook of the pluggable allocator is wired (record_stream, empty_cache,
- * memory fraction, the pool hooks), as the Python package's adapter (xseg.torch.enable) does.
- * Without it, the first xseg_torch_malloc prints one warning on stderr: a bare
- * CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free") drops
- * Tensor.record_stream() silently. XSEG_NO_TORCH_WARNING=1 in the environment silences it too.
- * Call it before the first allocation. @p attached 0 re-arms the warning.
- */
-XSEG_API void xseg_torch_adapter_attached(int attached);
-
-/*
- * Private-pool hooks, for allocator.set_end_allocate_to_pool_fn / set_release_pool. They take
- * (int, MempoolId_t): a struct of two 64-bit integers passed by value has the same calling
- * convention as std::pair<unsigned long long, unsigned long long> (Itanium C++ ABI).
- *
- * set_begin_allocate_to_pool takes a std::function<void(int, MempoolId_t,
- * std::function<bool(cudaStream_t)>)>, which no C function can be. Without it, xseg refuses
- * allocations on a capturing stream (XSEG_ERROR_ILLEGAL_STATE), so torch.cuda.graph() fails
- * cleanly instead of capturing into the default pool. To capture graphs through the pluggable
- * allocator, register a small C++ adapter as the begin hook: keep the std::function filter alive
- * (e.g. in a map keyed by the pool id, erased by the end hook) and call
- * xseg_begin_allocate_to_pool(device, {id.first, id.second}, trampoline, &filter), where
- * trampoline(stream, user) returns (*(std::function<bool(cudaStream_t)> *)user)(stream).
- */
-XSEG_API void xseg_torch_end_allocate_to_pool(int device, xseg_pool_id id);
-XSEG_API void xseg_torch_release_pool(int device, xseg_pool_id id);
-
-/* ---------------------------------------------------------------------------------------------
  * Memory groups (docs/services.md): processes on one device that set the same memory_group:NAME
  * publish their figures in a shared table and give cached memory way to a member whose malloc
  * would fail.
@@ -1196,5 +1155,9 @@ XSEG_API xseg_status xseg_group_read(const char *table, xseg_group_member *membe
 #ifdef __cplusplus
 }
 #endif
+
+/* PyTorch's pluggable-allocator entry points (xseg_torch_*) have their own header, included here
+ * so that code written against xseg.h alone compiles unchanged. */
+#include "xseg_torch.h"
 
 #endif /* XSEG_H */

@@ -329,9 +329,9 @@ static void check_walk(struct dev_alloc *d)
         nexp += s->vseg != NULL;
     }
     /* The (pool, stream, seq) order of the expandable segments holds each of them once. */
-    CHECK(d->nby_stream == nexp);
-    for (size_t i = 0; i < d->nby_stream; i++) {
-        const struct segrec *a = d->by_stream[i], *b = i + 1 < d->nby_stream ? d->by_stream[i + 1] : NULL;
+    CHECK(d->exp.nby_stream == nexp);
+    for (size_t i = 0; i < d->exp.nby_stream; i++) {
+        const struct segrec *a = d->exp.by_stream[i], *b = i + 1 < d->exp.nby_stream ? d->exp.by_stream[i + 1] : NULL;
         CHECK(a->vseg != NULL);
         if (b)
             CHECK((uintptr_t)a->pool < (uintptr_t)b->pool ||

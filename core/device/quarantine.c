@@ -1,5 +1,6 @@
 /* The stale-access debug mode: quarantine, pattern, checks and findings (quarantine.h). */
 #include "core/device/quarantine.h"
+#include "core/device/blockops.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

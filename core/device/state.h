@@ -18,9 +18,30 @@
 
 #include "base/assert.h"
 #include "base/lock.h"
+#include "vmm/segment.h" /* struct seg_spares */
 #include "xseg.h"
 
 struct block;
+
+/* ---- expandable.c: the device's expandable segments (core/policy/expandable.h) ----------------- */
+
+struct segrec;
+
+struct exp_state {
+    uint64_t seg_seq; /* expandable segments created so far (segrec.seq) */
+    /* Expandable segments ordered by (pool, stream, seq): a growth finds the segments of its
+     * (pool, stream) in O(log segments), whatever the number of streams. */
+    struct segrec **by_stream;
+    size_t nby_stream, capby_stream;
+    /* Under pressure (exp_recycle_begin .. exp_recycle_end): the physical handles the reclaim
+     * unmaps, kept for the growth that follows; empty whenever the lock is free. */
+    struct seg_spares handles;
+    bool keep_handles;
+    /* Set at the first growth the device refused (exp_recycle_begin), until the memory fraction
+     * changes (exp_pressure_reset; an empty_cache between layers does not end the pressure:
+     * sqattn_qwen2_calib): growth maps smaller chunks meanwhile (chunk_limit). */
+    bool fine_chunks;
+};
 
 /* ---- events.c: record_stream's events and the frees deferred to them (core/policy/events.h) ------- */
 
@@ -181,7 +202,7 @@ struct sleep_state {
 struct acct {
     xseg_device_stats stats;
     /* The accumulated values (.allocated, .freed, the num_* counts) at the last
-     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
+     * devops_reset_accumulated, filled as a copy is: devops_get_stats hands out stats minus these,
      * so the internal counters keep freed == allocated - current. */
     xseg_device_stats acc_base;
     /*

@@ -225,7 +225,7 @@ static const char *phase_words(const struct pool_sleep *ps)
  * step_out (dev_unlock may check it); after step_in nothing of the device but the pool's own
  * segments and blocks is trusted as before. */
 static void step_out(struct dev_alloc *d) { dev_unlock(d); }
-static void step_in(struct dev_alloc *d) { dev_acquire(d); }
+static void step_in(struct dev_alloc *d) { dev_lock(d, DEV_NEED_SLOTS); }
 
 xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
 {
@@ -1248,7 +1248,7 @@ static void add_stats(const struct pool_sleep *ps, xseg_sleep_stats *out)
 xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out)
 {
     memset(out, 0, sizeof *out);
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     xseg_status st = XSEG_SUCCESS;
     if (pool) {
         struct priv_pool *pp;

@@ -21,6 +21,7 @@ base_hostmem.c.o:hostmem_count the host-allocation test seam
 base_hostmem.c.o:hostmem_hit the host-allocation test seam
 base_hostmem.c.o:hostmem_nlive the host-allocation test seam
 base_hostmem.c.o:hostmem_nth the host-allocation test seam
+base_log.c.o:log_sink where warnings go (stderr when NULL): set by a test or a host, not process state xseg_shutdown resets
 base_afile.c.o:seq mixed into random bits when getrandom fails: its value does not matter
 vmm_driver.c.o:drv the driver table, resolved once, kept across xseg_shutdown
 vmm_driver.c.o:drv_table the driver table, resolved once

@@ -201,7 +201,7 @@ static void test_lazy_all_matches_eager(void **state)
         stat_add(&eager[XSEG_STAT_ALL], up ? n : -n);
         stat_add(&eager[pool], up ? n : -n);
         assert_int_equal(stats_all_current(lazy), eager[XSEG_STAT_ALL].current);
-        if (i % 997 == 0) { /* alloc_reset_peaks: fill, then reset */
+        if (i % 997 == 0) { /* devops_reset_peaks: fill, then reset */
             xseg_device_stats s;
             memset(&s, 0, sizeof s);
             memcpy(s.active, lazy, sizeof lazy);
