@@ -40,3 +40,25 @@ XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_s
         reg_stats(d, stats);
     return st;
 }
+
+XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *offset)
+{
+    if (!ptr || !size || !fd || !offset)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: %s", !ptr ? "ptr is NULL" : !size ? "size is 0"
+                       : !fd ? "fd is NULL" : "offset is NULL");
+    *fd = -1;
+    *offset = 0;
+    if ((uintptr_t)ptr + size < (uintptr_t)ptr)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) wraps around", ptr, size);
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (int i = 0; i < rt_device_count(); i++) {
+        struct dev_alloc *d = rt_device_peek(i);
+        bool mine = false;
+        if (d && ((st = reg_dmabuf(d, (uintptr_t)ptr, size, fd, offset, &mine)) != XSEG_SUCCESS || mine))
+            return st;
+    }
+    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) is not inside one segment of xseg", ptr,
+                   size);
+}

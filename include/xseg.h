@@ -866,6 +866,22 @@ XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_rang
  */
 XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx);
 
+/**
+ * One dma-buf file descriptor for [@p ptr, @p ptr + @p size) of xseg's memory (mapped now, inside
+ * one expandable segment), however many physical chunks it spans: cuMemGetHandleForAddressRange
+ * on the host-page-aligned range around it, for ibv_reg_dmabuf_mr, UCX or NIXL. The dma-buf pins
+ * the pages it covers: register the range (xseg_register_range) and close the fd in the before
+ * callback, or the pages xseg unmaps would not go back to the driver.
+ * @param fd     out: the descriptor (the caller closes it); -1 on failure.
+ * @param offset out: where @p ptr sits in it (the range starts at a host page).
+ * @return XSEG_ERROR_NOT_SUPPORTED when the driver exports no dma-buf of the range
+ *         (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0, or no such entry point; the documented
+ *         alternative is one registration per chunk from xseg_block_handles) or for a classic
+ *         segment; XSEG_ERROR_INVALID_VALUE for NULL arguments, size 0, or a range that is not
+ *         mapped memory of one segment of xseg; XSEG_ERROR_DRIVER when the driver refuses it.
+ */
+XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *offset);
+
 /** The registrations of one device (xseg_registration_stats). */
 typedef struct xseg_registration_stats {
     size_t active;       /**< registered on their current pages */

@@ -214,6 +214,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .handle_types = d->cfg.expandable_segments_ipc ? ipc_handle_types(d->device, d->info.dev) : 0,
         .observe = obs_segment_hook,
         .observe_user = d,
+        .require_rdma = d->cfg.gpu_direct_rdma, /* docs/registrations.md */
     };
     struct segrec *s = xs_calloc(1, sizeof *s);
     /* The segment's reference on its bins: indexing its blocks later never allocates. */

@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "base/fork.h"
@@ -31,6 +32,7 @@
 #include "base/witness.h"
 #include "core/device/check.h"
 #include "core/policy/pools.h"
+#include "vmm/driver.h"
 #include "vmm/segment.h"
 
 struct reg_entry {
@@ -571,4 +573,51 @@ xseg_status reg_around(struct dev_alloc *d, enum reg_scope scope, xseg_pool_id p
     if (before != XSEG_SUCCESS)
         return err_set(before, "%s", kept.msg);
     return after;
+}
+
+/* ---- whole-range dma-buf export ----------------------------------------------------------- */
+
+xseg_status reg_dmabuf(struct dev_alloc *d, uintptr_t addr, size_t size, int *fd, size_t *offset, bool *mine)
+{
+    dev_acquire(d);
+    bool classic;
+    struct segrec *s = find_seg(d, addr, size, &classic);
+    *mine = s || classic;
+    if (!*mine) {
+        dev_unlock(d);
+        return XSEG_SUCCESS;
+    }
+    if (!s) {
+        dev_unlock(d);
+        return err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_range_dmabuf: %p is in a classic (cuMemAlloc) segment of "
+                       "device %d; export its block with cuMemGetHandleForAddressRange directly", (void *)addr,
+                       d->device);
+    }
+    if (!all_mapped(s, addr, size)) {
+        dev_unlock(d);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) of device %d is not all mapped now",
+                       (void *)addr, size, d->device);
+    }
+    /* The driver wants a host-page-aligned range; granules are host-page multiples, so the
+     * aligned range covers the same (mapped) granules. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = addr & ~(page - 1);
+    uintptr_t hi = (addr + size + page - 1) & ~(page - 1);
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+    CUresult res = CUDA_SUCCESS;
+    if (st == XSEG_SUCCESS)
+        res = drv_range_dmabuf((CUdeviceptr)lo, hi - lo, fd);
+    int attr = st == XSEG_SUCCESS && res == CUDA_ERROR_NOT_SUPPORTED ? drv_dmabuf_attribute(d->info.dev) : -1;
+    dev_unlock(d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (res == CUDA_ERROR_NOT_SUPPORTED)
+        return err_set(XSEG_ERROR_NOT_SUPPORTED,
+                       "xseg_range_dmabuf: the driver exports no dma-buf for [%p, +%zu) on device %d "
+                       "(cuMemGetHandleForAddressRange: CUDA_ERROR_NOT_SUPPORTED; CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED "
+                       "%d); use xseg_block_handles and register each chunk (docs/registrations.md)",
+                       (void *)addr, size, d->device, attr);
+    if (res != CUDA_SUCCESS)
+        return drv_fail(res, "xseg_range_dmabuf: cuMemGetHandleForAddressRange(DMA_BUF_FD) of a mapped range");
+    *offset = addr - lo;
+    return XSEG_SUCCESS;
 }

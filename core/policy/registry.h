@@ -70,6 +70,10 @@ bool reg_after_due(const struct dev_alloc *d);
 /* Note under the device lock that pages [addr, addr + size) of @p d were mapped. */
 void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size);
 
+/* xseg_range_dmabuf on @p d: *mine false (nothing done) when the range is in none of @p d's
+ * segments. Takes the device lock around the driver call (the pages cannot go meanwhile). */
+xseg_status reg_dmabuf(struct dev_alloc *d, uintptr_t addr, size_t size, int *fd, size_t *offset, bool *mine);
+
 /* xseg_registration_stats_get. Takes the device lock. */
 void reg_stats(struct dev_alloc *d, xseg_registration_stats *out);
 

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -473,6 +474,72 @@ static void test_registry_pinned(void **state)
     teardown();
 }
 
+/* One dma-buf for a block over three chunks (xseg_range_dmabuf), where the device exports them
+ * (CUDAEMU_DMA_BUF=1: services_registry_dmabuf_on); else NOT_SUPPORTED naming the alternative. */
+static void test_registry_dmabuf(void **state)
+{
+    (void)state;
+    setup("expandable_segments:True,expandable_segments_recycle:False");
+    void *a = tu_malloc(60 * MiB, NULL);
+    int attr = 0, fd = -1;
+    size_t off = 7;
+    tu_ctx_set();
+    tu_assert_cu(drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0));
+    xseg_status st = xseg_range_dmabuf(a, 60 * MiB, &fd, &off);
+    if (!attr) {
+        assert_int_equal(st, XSEG_ERROR_NOT_SUPPORTED);
+        assert_non_null(strstr(xseg_last_error(), "xseg_block_handles"));
+        assert_int_equal(fd, -1);
+    } else {
+        if (st != XSEG_SUCCESS)
+            fail_msg("xseg_range_dmabuf: %s", xseg_last_error());
+        struct stat sb;
+        assert_int_equal(fstat(fd, &sb), 0);
+        assert_int_equal((size_t)sb.st_size, 60 * MiB); /* one fd for all three chunks */
+        assert_int_equal(off, 0);
+        close(fd);
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        assert_int_equal(xseg_range_dmabuf((char *)a + 21 * MiB + 100, 4096, &fd, &off), XSEG_SUCCESS);
+        assert_int_equal(off, 100);
+        assert_int_equal(fstat(fd, &sb), 0);
+        assert_int_equal((size_t)sb.st_size, ((100 + 4096 + page - 1) / page) * page);
+        close(fd);
+    }
+    /* Misuse, either way. */
+    assert_int_equal(xseg_range_dmabuf(a, 0, &fd, &off), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_range_dmabuf(a, MiB, NULL, &off), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_range_dmabuf((char *)a + 60 * MiB, MiB, &fd, &off), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "not"));
+    tu_free(a);
+    teardown();
+}
+
+/* gpu_direct_rdma:True: where the device says VMM memory supports GPUDirect RDMA
+ * (CUDAEMU_RDMA=1) allocations work; elsewhere they fail with the attribute named. */
+static void test_registry_rdma(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True,gpu_direct_rdma:True");
+    int attr = 0;
+    tu_ctx_set();
+    tu_assert_cu(drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0));
+    void *p = NULL;
+    xseg_status st = xseg_malloc(&p, 4 * MiB, 0, NULL);
+    if (attr) {
+        if (st != XSEG_SUCCESS)
+            fail_msg("xseg_malloc: %s", xseg_last_error());
+        tu_free(p);
+    } else {
+        assert_int_equal(st, XSEG_ERROR_NOT_SUPPORTED);
+        assert_non_null(strstr(xseg_last_error(), "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED"));
+        assert_null(p);
+        /* The default asks nothing of the device. */
+        assert_int_equal(xseg_set_config("gpu_direct_rdma:False"), XSEG_SUCCESS);
+        p = tu_malloc(4 * MiB, NULL);
+        tu_free(p);
+    }
+}
+
 int main(int argc, char **argv)
 {
     setenv("CUDAEMU_TOTAL_MEM", "2G", 0);
@@ -482,6 +549,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registry_cycles),   cmocka_unit_test(test_registry_before_fails),
         cmocka_unit_test(test_registry_timeout),  cmocka_unit_test(test_registry_reentrant),
         cmocka_unit_test(test_registry_errors),   cmocka_unit_test(test_registry_pinned),
+        cmocka_unit_test(test_registry_dmabuf),   cmocka_unit_test(test_registry_rdma),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
