@@ -805,19 +805,20 @@ XSEG_API xseg_status xseg_block_handles_release(void *ptr);
  *
  * A library that pins device memory for a NIC or another GPU (NCCL's ncclCommRegister, UCX/NIXL,
  * ibv_reg_mr of a dmabuf) registers the range here. Before xseg unmaps or re-backs any page of a
- * registered range (xseg_empty_cache, xseg_trim, the idle thread's reclaim, xseg_sleep,
- * xseg_shutdown) it calls the range's @c before callback, with no xseg lock held, and waits for it
+ * registered range (xseg_empty_cache, xseg_trim, xseg_sleep, xseg_shutdown) it calls the
+ * range's @c before callback, with no xseg lock held, and waits for it
  * to return: 0 means the registrant dropped its own registration, so the pages may go. When every
  * page of a released range is mapped again (xseg_wake, a later allocation that maps pages there),
  * the @c after callback is called so the registrant registers the new pages. A range whose
  * registrant does not release (non-zero, or no return within timeout_ms) stays mapped and the
- * call that wanted its pages reports it; reclaim that cannot call back (the release threshold, an
- * allocation's out-of-memory retry, defragmentation) leaves the pages of a registered range alone.
+ * call that wanted its pages reports it; reclaim that does not call back (idle reclaim, the
+ * release threshold, an allocation's out-of-memory retry, the memory group's give-way,
+ * defragmentation) leaves the pages of a registered range alone.
  * ------------------------------------------------------------------------------------------- */
 
 /** Why a registration callback runs. */
 typedef enum xseg_range_reason {
-    XSEG_RANGE_RECLAIM = 1,  /**< before: xseg_empty_cache, xseg_trim or idle reclaim may unmap pages */
+    XSEG_RANGE_RECLAIM = 1,  /**< before: xseg_empty_cache or xseg_trim may unmap pages */
     XSEG_RANGE_SLEEP = 2,    /**< before: xseg_sleep gives the pool's pages back */
     XSEG_RANGE_SHUTDOWN = 3, /**< before: xseg_shutdown; no after follows */
     XSEG_RANGE_MOVE = 4,     /**< before: pages are moved elsewhere (spill to host) */

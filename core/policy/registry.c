@@ -412,7 +412,7 @@ static const char *reason_words(xseg_range_reason why)
 {
     switch (why) {
     case XSEG_RANGE_RECLAIM:
-        return "reclaim (empty_cache, trim, idle)";
+        return "reclaim (empty_cache, trim)";
     case XSEG_RANGE_SLEEP:
         return "sleep";
     case XSEG_RANGE_SHUTDOWN:

@@ -6,7 +6,7 @@
  * Two kinds of hook:
  *   - under the device lock, reg_range_registered: the pages of a range still registered
  *     (its registrant has not released it) are never unmapped or re-backed; every unmap site
- *     that cannot call back (threshold, OOM retry, defrag) skips them;
+ *     that does not call back (idle, threshold, OOM retry, give-way, defrag) skips them;
  *   - with no lock held, reg_before_* asks the registrants of the pages an operation may take to
  *     release them, and reg_after asks the released ones whose pages are all mapped again to
  *     register again. An operation runs its "before" pass, its work, then reg_after.
@@ -21,7 +21,7 @@
 
 /* What an operation may take (reg_before). */
 enum reg_scope {
-    REG_SCOPE_FREE,  /* pages that hold no live byte (trim, empty_cache, idle reclaim) */
+    REG_SCOPE_FREE,  /* pages that hold no live byte (trim, empty_cache) */
     REG_SCOPE_POOL,  /* every page of one pool's segments (sleep): @p pool, {0, 0} the default */
     REG_SCOPE_ALL,   /* every page (shutdown) */
     REG_SCOPE_RANGE, /* the pages of one range (spill, reg_before_move) */
