@@ -50,6 +50,9 @@ if _lib._lib is not None:  # loaded before this module: declare the new prototyp
     _lib._declare(_lib._lib)
 
 _live = {}  # id -> Registration: keeps the C callbacks alive while registered
+# Callbacks of unregistered ranges with a timeout: a timed-out callback may still run on its own
+# thread after unregister(), so its ctypes trampoline must outlive the registration.
+_retired = []
 _next_id = [1]
 
 
@@ -76,6 +79,8 @@ class Registration:
     def unregister(self):
         if _live.pop(self._id, None) is None:
             return
+        if self._cbs.timeout_ms:
+            _retired.append(self._cbs)
         check(_lib.need("xseg_unregister_range")(self.ptr, self.size, self._id))
 
 
