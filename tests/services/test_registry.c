@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include "base/hostmem.h"
 #include "tests/common/testutil.h"
 #include "tests/services/fixture.h"
 #include "xseg.h"
@@ -540,6 +541,55 @@ static void test_registry_rdma(void **state)
     }
 }
 
+/* Every host allocation of a registration, a pass and a timed callback failing in turn: OUT_OF_MEMORY
+ * with nothing registered, or the pass reported with the registrant's pages still mapped (never
+ * stale); past the last, all works. */
+static void test_registry_host_faults(void **state)
+{
+    (void)state;
+    setup("expandable_segments:True,expandable_segments_recycle:False");
+    const xseg_range_callbacks timed = {fake_before, fake_after, 60000};
+    int ooms = 0;
+    for (unsigned long n = 1;; n++) {
+        void *a = tu_malloc(40 * MiB, NULL);
+        struct fake *f = &regs[0];
+        *f = (struct fake){.ptr = a, .size = 40 * MiB, .in_use = true};
+        take(f);
+        hostmem_fail_nth(n);
+        xseg_status st = xseg_register_range(a, 40 * MiB, &timed, f);
+        bool hit = hostmem_failed();
+        if (st == XSEG_SUCCESS) {
+            tu_free(a);
+            st = xseg_empty_cache(0);
+            hit = hostmem_failed();
+        }
+        hostmem_disarm();
+        if (st == XSEG_ERROR_OUT_OF_MEMORY) {
+            assert_true(hit);
+            assert_non_null(strstr(xseg_last_error(), "out of host memory"));
+            ooms++;
+        } else {
+            if (st != XSEG_SUCCESS)
+                fail_msg("run %lu: %s", n, xseg_last_error());
+        }
+        check_held();
+        xseg_registration_stats rs = rstats();
+        if (rs.active + rs.released) {
+            f->in_use = false;
+            assert_int_equal(xseg_unregister_range(a, 40 * MiB, f), XSEG_SUCCESS);
+        } else {
+            tu_free(a); /* never registered: still live */
+        }
+        f->in_use = f->held = false;
+        assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+        assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+        if (!hit)
+            break;
+    }
+    assert_true(ooms >= 2); /* the entry; the pass's list */
+    teardown();
+}
+
 int main(int argc, char **argv)
 {
     setenv("CUDAEMU_TOTAL_MEM", "2G", 0);
@@ -550,6 +600,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registry_timeout),  cmocka_unit_test(test_registry_reentrant),
         cmocka_unit_test(test_registry_errors),   cmocka_unit_test(test_registry_pinned),
         cmocka_unit_test(test_registry_dmabuf),   cmocka_unit_test(test_registry_rdma),
+        cmocka_unit_test(test_registry_host_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
