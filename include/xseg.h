@@ -809,7 +809,8 @@ XSEG_API xseg_status xseg_block_handles_release(void *ptr);
  * range's @c before callback, with no xseg lock held, and waits for it
  * to return: 0 means the registrant dropped its own registration, so the pages may go. When every
  * page of a released range is mapped again (xseg_wake, a later allocation that maps pages there),
- * the @c after callback is called so the registrant registers the new pages. A range whose
+ * the @c after callback is called so the registrant registers the new pages (inside that
+ * xseg_wake or xseg_malloc, with no xseg lock held). A range whose
  * registrant does not release (non-zero, or no return within timeout_ms) stays mapped and the
  * call that wanted its pages reports it; reclaim that does not call back (idle reclaim, the
  * release threshold, an allocation's out-of-memory retry, the memory group's give-way,
