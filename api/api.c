@@ -9,6 +9,7 @@
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
+#include "core/policy/registry.h"
 #include "core/runtime.h"
 #include "core/snapshot.h"
 #include "core/index/stats.h"
@@ -100,10 +101,16 @@ XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size)
     return api_on_owner("xseg_base_allocation", ptr, base_allocation_on, &o, NULL);
 }
 
-static xseg_status do_empty(struct dev_alloc *d, void *arg)
+static xseg_status empty_op(struct dev_alloc *d, void *arg)
 {
     (void)arg;
     return devops_empty_cache(d);
+}
+
+/* Registrants of cached pages release them first (docs/registrations.md). */
+static xseg_status do_empty(struct dev_alloc *d, void *arg)
+{
+    return reg_around(d, REG_SCOPE_FREE, (xseg_pool_id){0, 0}, XSEG_RANGE_RECLAIM, empty_op, arg);
 }
 
 XSEG_API xseg_status xseg_empty_cache(int device) { return api_each_device(device, do_empty, NULL); }

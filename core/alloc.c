@@ -24,6 +24,7 @@
 #include "core/device/quarantine.h"
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
+#include "core/policy/registry.h"
 #include "core/policy/pools.h"
 #include "core/policy/release.h"
 #include "core/process/settings.h"
@@ -934,6 +935,8 @@ static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d,
     xseg_status st = malloc_cached(d, size, stream, out);
     fast_guard_end(d, &g); /* malloc_slow settled every slot before it raised a counter */
     dev_unlock(d);
+    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
+        (void)reg_after(d, XSEG_RANGE_REMAPPED);
     return st;
 }
 
@@ -954,6 +957,8 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     }
     xseg_status st = malloc_cached(d, size, stream, out);
     dev_unlock(d);
+    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
+        (void)reg_after(d, XSEG_RANGE_REMAPPED); /* pages of a released registration mapped again */
     return st;
 }
 

@@ -15,6 +15,7 @@
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
 #include "core/policy/pools.h"
+#include "core/policy/registry.h"
 #include "core/runtime.h"
 #include "core/process/settings.h"
 #include "core/services/sleep.h"
@@ -153,6 +154,9 @@ xseg_status shutdown_process(void)
         if (d)
             st = shutdown_check(d);
     }
+    /* Registrants release every page first; one that does not: refused, nothing changed. */
+    if (st == XSEG_SUCCESS)
+        st = reg_shutdown(rt_device_peek);
     if (st != XSEG_SUCCESS)
         return st;
     /* The defaults first: the idle thread stops (joined) before the devices are emptied. */

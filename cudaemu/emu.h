@@ -79,6 +79,8 @@ struct emu_config {
     bool vmm;
     bool report;
     bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC */
+    bool dma_buf;     /* CUDAEMU_DMA_BUF=1: dma-buf export of mapped ranges (cuMemGetHandleForAddressRange) */
+    bool rdma;        /* CUDAEMU_RDMA=1: GPUDirect RDMA on VMM memory (the device attribute) */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
     char shared[49];  /* CUDAEMU_SHARED: devices shared among processes under this name (shared.c) */
 };

@@ -842,6 +842,101 @@ XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size
  */
 XSEG_API xseg_status xseg_block_handles_release(void *ptr);
 
+/* ---------------------------------------------------------------------------------------------
+ * Registrations that stay valid (docs/registrations.md)
+ *
+ * A library that pins device memory for a NIC or another GPU (NCCL's ncclCommRegister, UCX/NIXL,
+ * ibv_reg_mr of a dmabuf) registers the range here. Before xseg unmaps or re-backs any page of a
+ * registered range (xseg_empty_cache, xseg_trim, xseg_sleep, xseg_shutdown) it calls the
+ * range's @c before callback, with no xseg lock held, and waits for it
+ * to return: 0 means the registrant dropped its own registration, so the pages may go. When every
+ * page of a released range is mapped again (xseg_wake, a later allocation that maps pages there),
+ * the @c after callback is called so the registrant registers the new pages (inside that
+ * xseg_wake or xseg_malloc, with no xseg lock held). A range whose
+ * registrant does not release (non-zero, or no return within timeout_ms) stays mapped and the
+ * call that wanted its pages reports it; reclaim that does not call back (idle reclaim, the
+ * release threshold, an allocation's out-of-memory retry, the memory group's give-way,
+ * defragmentation) leaves the pages of a registered range alone.
+ * ------------------------------------------------------------------------------------------- */
+
+/** Why a registration callback runs. */
+typedef enum xseg_range_reason {
+    XSEG_RANGE_RECLAIM = 1,  /**< before: xseg_empty_cache or xseg_trim may unmap pages */
+    XSEG_RANGE_SLEEP = 2,    /**< before: xseg_sleep gives the pool's pages back */
+    XSEG_RANGE_SHUTDOWN = 3, /**< before: xseg_shutdown; no after follows */
+    XSEG_RANGE_MOVE = 4,     /**< before: pages are moved elsewhere (spill to host) */
+    XSEG_RANGE_REMAPPED = 5, /**< after: every page of the range is mapped again (new physical memory) */
+    XSEG_RANGE_KEPT = 6,     /**< after: the pages did not go after all (a failed or partial operation) */
+} xseg_range_reason;
+
+/** What a registration callback is told. */
+typedef struct xseg_range_event {
+    int device;
+    void *ptr;   /**< the range as registered */
+    size_t size;
+    xseg_range_reason reason;
+} xseg_range_event;
+
+/** A registrant's callbacks (copied by xseg_register_range). */
+typedef struct xseg_range_callbacks {
+    /** Drop your registration of the range; return 0 once done, else the pages stay mapped. May
+     *  call xseg (even xseg_unregister_range of this range). May be NULL: always released. */
+    int (*before)(const xseg_range_event *ev, void *ctx);
+    /** Register the range again (its pages may be new physical memory); 0 on success. A failure
+     *  leaves the range released (asked again at the next after). May be NULL. */
+    int (*after)(const xseg_range_event *ev, void *ctx);
+    /** 0: wait for each callback as long as it takes, on the calling thread. Otherwise each runs
+     *  on a thread of its own and xseg waits at most this long; a callback still running then
+     *  counts as not released (its range stays mapped until it returns 0). */
+    unsigned timeout_ms;
+} xseg_range_callbacks;
+
+/**
+ * Register [@p ptr, @p ptr + @p size) of xseg's memory: mapped now, inside one expandable segment
+ * (a live block, part of one, or several blocks of one segment).
+ * @param callbacks what to call before the pages go and after they are back (copied).
+ * @param ctx       passed to the callbacks; (ptr, size, ctx) names the registration.
+ * @return XSEG_ERROR_INVALID_VALUE for NULL arguments, size 0, the same (ptr, size, ctx) twice, or
+ *         a range that is not mapped memory of one expandable segment of xseg (the message says
+ *         which); XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) segment;
+ *         XSEG_ERROR_OUT_OF_MEMORY when host memory runs out (nothing registered).
+ */
+XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_range_callbacks *callbacks, void *ctx);
+
+/**
+ * Forget the registration (@p ptr, @p size, @p ctx); no callback runs. Allowed from inside its
+ * own callback, and while a timed-out callback still runs (the record goes when it returns).
+ * @return XSEG_ERROR_INVALID_VALUE when no such registration exists.
+ */
+XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx);
+
+/**
+ * One dma-buf file descriptor for [@p ptr, @p ptr + @p size) of xseg's memory (mapped now, inside
+ * one expandable segment), however many physical chunks it spans: cuMemGetHandleForAddressRange
+ * on the host-page-aligned range around it, for ibv_reg_dmabuf_mr, UCX or NIXL. The dma-buf pins
+ * the pages it covers: register the range (xseg_register_range) and close the fd in the before
+ * callback, or the pages xseg unmaps would not go back to the driver.
+ * @param fd     out: the descriptor (the caller closes it); -1 on failure.
+ * @param offset out: where @p ptr sits in it (the range starts at a host page).
+ * @return XSEG_ERROR_NOT_SUPPORTED when the driver exports no dma-buf of the range
+ *         (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0, or no such entry point; the documented
+ *         alternative is one registration per chunk from xseg_block_handles) or for a classic
+ *         segment; XSEG_ERROR_INVALID_VALUE for NULL arguments, size 0, or a range that is not
+ *         mapped memory of one segment of xseg; XSEG_ERROR_DRIVER when the driver refuses it.
+ */
+XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *offset);
+
+/** The registrations of one device (xseg_registration_stats). */
+typedef struct xseg_registration_stats {
+    size_t active;       /**< registered on their current pages */
+    size_t released;     /**< released by their before callback, waiting for their pages */
+    size_t kept_bytes;   /**< bytes of pages left mapped because a registrant did not release (cumulative) */
+    size_t failures;     /**< callbacks that failed or timed out (cumulative) */
+} xseg_registration_stats;
+
+/** The registrations of @p device. @return XSEG_ERROR_INVALID_VALUE for NULL @p stats. */
+XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_stats *stats);
+
 /* --- end of many processes and many GPUs --- */
 
 /* ---------------------------------------------------------------------------------------------

@@ -632,7 +632,7 @@ static xseg_status seg_create_access(struct seg *seg, const struct seg_params *p
 
 /* The cuMemCreate properties of a new segment's chunks and the granularity they come in, which
  * the page size must be a multiple of. */
-static xseg_status seg_create_props(struct seg *seg, unsigned handle_types)
+static xseg_status seg_create_props(struct seg *seg, unsigned handle_types, bool require_rdma)
 {
     seg->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     seg->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -653,6 +653,11 @@ static xseg_status seg_create_props(struct seg *seg, unsigned handle_types)
                                   seg->cudev) == CUDA_SUCCESS &&
         rdma)
         seg->prop.allocFlags.gpuDirectRDMACapable = 1;
+    else if (require_rdma)
+        return err_set(XSEG_ERROR_NOT_SUPPORTED,
+                       "gpu_direct_rdma:True, but device %d does not support GPUDirect RDMA on CUDA VMM memory "
+                       "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0 or unreadable); set "
+                       "gpu_direct_rdma:False, or register memory through a bounce buffer", seg->device);
     seg->gran = gran;
     return XSEG_SUCCESS;
 }
@@ -685,7 +690,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         goto fail_meta;
     }
     if ((st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS ||
-        (st = seg_create_props(seg, params->handle_types)) != XSEG_SUCCESS ||
+        (st = seg_create_props(seg, params->handle_types, params->require_rdma)) != XSEG_SUCCESS ||
         (st = seg_reserve_meta(seg, initial / seg->gran)) != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;

@@ -62,6 +62,9 @@ struct seg_params {
      * reservation pieces. NULL: no calls. It must not change the segment. */
     void (*observe)(void *user, struct seg *seg, size_t first, size_t last, int mapped);
     void *observe_user;
+    /* Chunks are created GPUDirect-RDMA capable where the device supports it with VMM memory;
+     * with require_rdma a device without it is XSEG_ERROR_NOT_SUPPORTED (gpu_direct_rdma:True). */
+    bool require_rdma;
 };
 
 /*

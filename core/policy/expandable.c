@@ -30,6 +30,7 @@
 #include "vmm/ipc.h"
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
+#include "core/policy/registry.h"
 
 static inline bool allocatable(const struct block *b)
 {
@@ -214,6 +215,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .handle_types = d->cfg.expandable_segments_ipc ? ipc_handle_types(d->device, d->info.dev) : 0,
         .observe = obs_segment_hook,
         .observe_user = d,
+        .require_rdma = d->cfg.gpu_direct_rdma, /* docs/registrations.md */
     };
     struct segrec *s = xs_calloc(1, sizeof *s);
     /* The segment's reference on its bins: indexing its blocks later never allocates. */
@@ -271,6 +273,7 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
     }
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_MAP, d->device, b->addr, len, (uintptr_t)s->stream, d->hist_cur);
+    reg_note_mapped(d, b->addr, len); /* a released registration's pages may be whole again */
     bpool_remove_unmapped(pool, b);
     if (r) {
         block_link_after(b, r);
@@ -498,6 +501,41 @@ static xseg_status unmap_chunks(struct dev_alloc *d, struct block *b, size_t lo,
     return st;
 }
 
+/* unmap_chunks over [lo, hi) (whole chunks) except the chunks holding pages of a registration
+ * in force (core/policy/registry.h): those stay mapped, and retile follows the granules' state. */
+static xseg_status unmap_unregistered(struct dev_alloc *d, struct block *b, size_t lo, size_t hi, bool idle)
+{
+    struct segrec *s = b->seg;
+    uintptr_t base = (uintptr_t)seg_base(s->vseg), plo, phi;
+    if (XSEG_LIKELY(!reg_first_registered(d, base + lo, base + hi, &plo, &phi)))
+        return unmap_chunks(d, b, lo, hi, idle);
+    xseg_status first = XSEG_SUCCESS;
+    size_t gran = seg_g(s), cur = lo;
+    while (cur < hi) {
+        size_t end = hi, next = hi, c0, n;
+        if (reg_first_registered(d, base + cur, base + hi, &plo, &phi)) {
+            size_t a = plo > base + cur ? plo - base : cur, z = XSEG_MIN(phi - base, hi) - 1;
+            if (!seg_chunk(s->vseg, a / gran, NULL, &c0, &n))
+                c0 = a / gran;
+            end = XSEG_MAX(c0 * gran, cur);
+            if (!seg_chunk(s->vseg, z / gran, NULL, &c0, &n)) {
+                c0 = z / gran;
+                n = 1;
+            }
+            next = XSEG_MIN((c0 + n) * gran, hi);
+        }
+        size_t ilo, ihi;
+        if (end > cur) {
+            seg_inner_range(s->vseg, cur, end - cur, &ilo, &ihi);
+            xseg_status st = ilo < ihi ? unmap_chunks(d, b, ilo, ihi, idle) : XSEG_SUCCESS;
+            if (first == XSEG_SUCCESS)
+                first = st;
+        }
+        cur = next > cur ? next : hi;
+    }
+    return first;
+}
+
 /* From @p pos in free block @p b: the end of the run with one mapped state (@p m), where the
  * head below @p lo and the tail from @p hi are mapped and [lo, hi) is as the driver left it. */
 static uintptr_t retile_run(const struct block *b, uintptr_t end, size_t lo, size_t hi, uintptr_t pos, bool *m)
@@ -586,7 +624,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
     bpool_remove_free(pool, b);
-    xseg_status st = unmap_chunks(d, b, lo, hi, idle);
+    xseg_status st = unmap_unregistered(d, b, lo, hi, idle);
     struct block *orig_prev = b->prev, *orig_next = b->next;
     struct block *first = b, *last = retile(d, b, lo, hi, spare);
 
@@ -768,7 +806,8 @@ static size_t defrag_candidates(struct dev_alloc *d, struct defrag_cand **out)
             size_t kept = 0;
             for (size_t i = first; i < first + n; i++)
                 kept += keep[i];
-            if (n > 1 && kept < n) {
+            /* A registered range's pages keep their physical memory (core/policy/registry.h). */
+            if (n > 1 && kept < n && !reg_range_registered(d, (uintptr_t)seg_base(s->vseg) + first * seg_g(s), n * seg_g(s))) {
                 if (!VEC_RESERVE(cand, cap, ncand + 1))
                     break;
                 cand[ncand++] = (struct defrag_cand){s, first, n, n - kept};

@@ -38,6 +38,8 @@ struct cfg {
                                          * bytes, so it needs the device's xseg memory unused */
     bool expandable_segments_ipc;       /* default true: pages are created exportable (POSIX fd,
                                          * fabric where supported) so xseg_ipc_export works */
+    bool gpu_direct_rdma;               /* default false: RDMA-capable pages where the device says
+                                         * so; true: required, a segment fails without it */
     bool release_lock_on_cudamalloc;
     double per_process_memory_fraction; /* [0, 1]; 1 = no cap */
     bool graph_capture_record_stream_reuse; /* reuse record_stream'ed blocks in capture (capreuse.c) */

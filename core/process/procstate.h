@@ -121,6 +121,16 @@ struct obs_state {
     size_t n, cap;
 };
 
+/* ---- core/policy/registry.c: the registration ledger (core/policy/registry.h) ------------------------------ */
+struct reg_entry;
+struct reg_state {
+    _Atomic size_t count; /* entries in the list, readable without the lock: 0 means no work at all */
+    pthread_mutex_t lock;
+    struct reg_entry *list;
+    _Atomic bool due[ALLOC_MAX_DEVICES]; /* a released range's pages were mapped again: run reg_after */
+    size_t failures[ALLOC_MAX_DEVICES], kept_bytes[ALLOC_MAX_DEVICES];
+};
+
 /* ---- core/policy/ipc.c: the table of imports (core/policy/ipc.h) ----------------------------- */
 struct ipc_state {
     pthread_mutex_t imports_lock;
@@ -198,6 +208,7 @@ struct xseg_runtime {
     _Alignas(64) struct idle_state idle;
     _Alignas(64) struct hist_state hist;
     _Alignas(64) struct obs_state obs;
+    _Alignas(64) struct reg_state reg;
     _Alignas(64) struct ipc_state ipc;
     _Alignas(64) struct oomsnap_state oom;
     _Alignas(64) struct host_state host;

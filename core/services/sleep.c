@@ -69,6 +69,7 @@
 #include "core/policy/events.h"
 #include "core/services/hostalloc.h"
 #include "core/policy/pools.h"
+#include "core/policy/registry.h"
 #include "vmm/event.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
@@ -812,6 +813,18 @@ static xseg_status refuse_lent(struct dev_alloc *d, struct priv_pool *pp)
                        "used (or xseg_free the block) first",
                        pool_name(pp, buf), d->device, nheld, nheld == 1 ? "" : "s", held->addr,
                        held->u.side->handle_holds, held->u.side->handle_holds == 1 ? "" : "s", held->addr);
+    /* A registration still in force (its before callback did not release it: xseg_sleep's
+     * before pass ran first) pins its pages (core/policy/registry.h). */
+    for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+        uintptr_t lo, hi, base = s->vseg ? (uintptr_t)seg_base(s->vseg) : 0;
+        if (s->vseg && dev_pool_owner(d, s->pool) == pp &&
+            reg_first_registered(d, base, base + seg_va_size(s->vseg), &lo, &hi))
+            return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                           "xseg_sleep: %s on device %d holds a registration in force at [0x%" PRIxPTR ", 0x%" PRIxPTR
+                           ") (xseg_register_range; its before callback did not release it): a sleep would give "
+                           "its pages back under the registrant; nothing changed",
+                           pool_name(pp, buf), d->device, lo, hi);
+    }
     return XSEG_SUCCESS;
 }
 

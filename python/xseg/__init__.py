@@ -23,6 +23,7 @@ import threading
 from . import _lib
 from ._lib import C_INT, C_PTR, C_SIZE, C_UINT64, XsegError, XsegOutOfMemoryError, check, int_arg
 from .ipc import IpcHandle, block_handles, block_handles_release, ipc_close, ipc_export, ipc_import
+from .registry import Registration, range_dmabuf, register_range, registration_stats
 
 __all__ = [
     "XsegError", "XsegOutOfMemoryError", "__version__", "library_path", "version",
@@ -35,6 +36,7 @@ __all__ = [
     "memory_snapshot", "dump_snapshot", "attach_oom_observer", "check_stale", "attach_stale_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "block_handles_release",
+    "register_range", "Registration", "range_dmabuf", "registration_stats",
     "trim",
     "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown", "group_members",
     "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",

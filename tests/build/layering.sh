@@ -24,7 +24,7 @@ wing_rank="index:1 process:1 device:2 policy:3 services:4 top:5"
 wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
 device:state,lifetime,device,blockops,fast,quarantine,check
-policy:capreuse,events,pools,ipc,observe,expandable,release
+policy:capreuse,events,pools,ipc,observe,registry,expandable,release
 services:hostalloc,sleep,trim,group,sleepwake,idle
 top:runtime,snapshot,alloc,devops,shutdown"
 # Includes allowed to point up: none (sub-state types live in core/device/state.h, below device.h,
@@ -119,7 +119,7 @@ check_owners() { # one awk over core/ and api/; the hits listed sub-state by sub
 }
 # Likewise each sub-state of the process object xseg_rt (core/process/procstate.h) is written (assigned,
 # stored atomically, or its lock taken) only by its module; procstate.c defines it.
-rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c ipc:ipc.c oom:snapshot.c
+rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c reg:registry.c ipc:ipc.c oom:snapshot.c
 host:hostalloc.c group:group.c"
 check_rt_owners() { # one grep over every file, then each hit checked against its sub-state's owner
     grep -nE "xseg_rt\.[a-z]+\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)|(atomic_(store|fetch_[a-z]+|exchange|compare_exchange_[a-z]+)(_explicit)?|mutex_(lock|unlock)|pthread_[a-z_]+)\(&xseg_rt\.[a-z]+\." \

@@ -28,6 +28,7 @@ vmm_driver.c.o:drv_table the driver table, resolved once
 vmm_driver.c.o:drv_once the driver table, resolved once
 vmm_driver.c.o:drv_load_status the driver load result, once
 vmm_driver.c.o:drv_load_msg the driver load result, once
+vmm_driver.c.o:drv_dmabuf_fn the optional dma-buf entry point, resolved once with the table
 vmm_driver.c.o:va_oom per thread: the last call ran out of address space
 vmm_driver.c.o:buf per thread: an unknown error code'"'"'s name
 vmm_segment.c.o:seg_proc vmm'"'"'s own state (layers point one way: not in core'"'"'s object)
