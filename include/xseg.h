@@ -894,6 +894,8 @@ typedef struct xseg_range_callbacks {
 /**
  * Register [@p ptr, @p ptr + @p size) of xseg's memory: mapped now, inside one expandable segment
  * (a live block, part of one, or several blocks of one segment).
+ * @param ptr       the range's first byte.
+ * @param size      its length in bytes.
  * @param callbacks what to call before the pages go and after they are back (copied).
  * @param ctx       passed to the callbacks; (ptr, size, ctx) names the registration.
  * @return XSEG_ERROR_INVALID_VALUE for NULL arguments, size 0, the same (ptr, size, ctx) twice, or
@@ -916,6 +918,8 @@ XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx);
  * on the host-page-aligned range around it, for ibv_reg_dmabuf_mr, UCX or NIXL. The dma-buf pins
  * the pages it covers: register the range (xseg_register_range) and close the fd in the before
  * callback, or the pages xseg unmaps would not go back to the driver.
+ * @param ptr    the range's first byte.
+ * @param size   its length in bytes.
  * @param fd     out: the descriptor (the caller closes it); -1 on failure.
  * @param offset out: where @p ptr sits in it (the range starts at a host page).
  * @return XSEG_ERROR_NOT_SUPPORTED when the driver exports no dma-buf of the range
