@@ -26,6 +26,7 @@
 #include "core/policy/release.h"
 #include "core/process/settings.h"
 #include "core/services/sleep.h"
+#include "core/services/spill.h"
 #include "core/snapshot.h"
 #include "core/index/stats.h"
 #include "core/services/trim.h"
@@ -530,8 +531,9 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     dev_acquire(d);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
-    char group_info[1024], budget_info[640];
+    char group_info[1024], budget_info[640], spill_info[400];
     group_oom_info(d, group_info, sizeof group_info);
+    spill_oom_info(d, spill_info, sizeof spill_info);
     group_budget_oom_info(d, alloc_size, budget_info, sizeof budget_info);
     char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
     if (asleep)
@@ -549,13 +551,14 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s%s%s%s",
+                   "reserved by xseg but unallocated.%s%s%s%s%s%s%s",
                    va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
                         "of a new segment (the address space is exhausted or limited; device memory is not)"
                       : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, group_info, over,
+                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, group_info,
+                   spill_info, over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.",
                    snap_info);
@@ -767,6 +770,12 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         d->acct.set_budget = false;
         group_note_reserved(d, false); /* the growth's intent withdrawn, failed or not */
     }
+
+    /* 7d. Spill (spill_to_host, core/services/spill.h): pages of live blocks to host memory at
+     * their addresses, then allocate again, while pages move and the request does not fit. */
+    while (st == XSEG_ERROR_OUT_OF_MEMORY && XSEG_UNLIKELY(d->cfg.spill_to_host) &&
+           spill_make_room(d, p->alloc_size) == XSEG_SUCCESS)
+        st = alloc_block(d, p, false);
 
     /* 8. Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
@@ -1001,6 +1010,12 @@ static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, s
 static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
+    /* Spill's block (core/services/spill.h): its host chunks go once it merged into free memory. */
+    struct segrec *spilled = NULL;
+    uintptr_t spilled_at = b->addr;
+    xseg_status spill_st = XSEG_SUCCESS;
+    if (XSEG_UNLIKELY(b->spill) && spill_on_free(d, b, &spill_st))
+        spilled = b->seg;
     if (b->oversize) {
         stat_down(&d->acct.stats.oversize_allocations, 1);
         b->oversize = false;
@@ -1021,7 +1036,9 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
             block_side_free(b); /* release builds: the word must hold the requested size below */
         dev_free_block_inline(d, b);
     }
-    return st;
+    if (XSEG_UNLIKELY(spilled))
+        spill_after_free(d, spilled, spilled_at);
+    return st != XSEG_SUCCESS ? st : spill_st;
 }
 
 /* Every free but the slot's, lock held (free_locked takes and gives it back). */
@@ -1148,6 +1165,9 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
      * which can only matter for what empty_cache keeps (a pool in use, a capture). */
     if (d->cfg.release_threshold != SIZE_MAX)
         trim_threshold(d, 0);
+    /* Device memory went back: spilled pages come home where it allows (best effort). */
+    if (XSEG_UNLIKELY(d->spill.host_bytes))
+        (void)spill_promote(d);
     if (st == XSEG_SUCCESS && left_st != XSEG_SUCCESS) {
         /* Everything cached went back; only an earlier failure's leftover is still stuck. */
         st = left_st;
@@ -1399,6 +1419,36 @@ xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, s
         if (size)
             *size = b->seg->size;
     }
+    dev_unlock(d);
+    return st;
+}
+
+/* ---- spill (core/services/spill.h) -------------------------------------------------------- */
+
+xseg_status alloc_promote(struct dev_alloc *d)
+{
+    dev_acquire(d);
+    refresh_cfg(d);
+    /* Room first: the cache goes back to the driver (as empty_cache) while pages are on host. */
+    if (d->spill.host_bytes)
+        (void)release_cached_blocks(d, NULL);
+    xseg_status st = spill_promote(d);
+    dev_unlock(d);
+    return st;
+}
+
+xseg_status alloc_spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)
+{
+    dev_acquire(d);
+    xseg_status st = spill_hint(d, ptr, hint, owned);
+    dev_unlock(d);
+    return st;
+}
+
+xseg_status alloc_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, bool *owned)
+{
+    dev_acquire(d);
+    xseg_status st = spill_location(d, ptr, location, host_bytes, owned);
     dev_unlock(d);
     return st;
 }

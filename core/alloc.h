@@ -36,6 +36,10 @@ double alloc_get_fraction(struct dev_alloc *d);
 xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr, size_t size);
 void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out);
 void alloc_reset_peaks(struct dev_alloc *d);
+/* Spill (core/services/spill.h): xseg_promote, xseg_spill_hint, xseg_block_location on one device. */
+xseg_status alloc_promote(struct dev_alloc *d);
+xseg_status alloc_spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned);
+xseg_status alloc_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, bool *owned);
 /* Accumulated statistics start again from 0 (see acc_base). */
 void alloc_reset_accumulated(struct dev_alloc *d);
 /* xseg_cache_info: a 0 in *largest becomes the driver's free memory, then *largest is raised to

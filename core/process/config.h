@@ -53,6 +53,9 @@ struct cfg {
     size_t memory_group_budget;         /* the same for the group's sum (its first member's value) */
     bool sleep_keep_host_backup;        /* a woken pool's pinned backup stays in the host cache */
     size_t sleep_copy_chunk;            /* bytes: the largest copy sleep and wake queue at once */
+    /* Spill (core/services/spill.c). */
+    bool spill_to_host;                 /* default false: out of memory moves live pages to host memory */
+    size_t spill_host_limit;            /* bytes of host memory spill may hold; 0 (default): no limit */
     /* PyTorch's pinned host allocator keys (core/services/hostalloc.c). */
     bool pinned_use_cuda_host_register; /* pin malloc'd pages (cuMemHostRegister), not cuMemHostAlloc */
     unsigned pinned_num_register_threads; /* threads faulting in the pages before registering */

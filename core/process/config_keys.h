@@ -90,6 +90,11 @@
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20,                          \
       CFG_BOUNDED_MIB(1, 1024), CFG_OMIT_DEFAULT, 0, "64")                                         \
+    /* spill to host memory out of memory (core/services/spill.c) */                               \
+    K(spill_to_host, NULL, BOOL, spill_to_host, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0,        \
+      "False")                                                                                     \
+    K(spill_host_limit_mb, NULL, MIB, spill_host_limit, 0, CFG_BOUNDED_MIB(0, CFG_MAX_BUDGET_MB),  \
+      CFG_OMIT_DEFAULT, 0, "0 (no limit)")                                                         \
     /* PyTorch's pinned host allocator (core/services/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \

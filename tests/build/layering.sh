@@ -25,7 +25,7 @@ wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
 device:state,lifetime,device,fast,check
 policy:capreuse,events,pools,ipc,observe,expandable,release
-services:hostalloc,sleep,trim,group,idle
+services:hostalloc,spill,sleep,trim,group,idle
 top:runtime,snapshot,alloc,shutdown"
 # Includes allowed to point up: none (sub-state types live in core/device/state.h, below device.h,
 # and dev_unlock, which runs dev_check, in core/device/check.h above it). Format: "FILE:HEADER ...".
@@ -97,7 +97,7 @@ check_includes() {
 # (`d->SUB.field =`, `op=`, `++`, `--`, also through an index or a member) elsewhere fails.
 # "SUB: files" (basenames in core/); reads go through accessors or stay reads.
 owners="ev:events.c cap:device.c priv:pools.c sleep:sleep.c cr:capreuse.c
-acct:device.c,device.h,alloc.c,release.c fast:fast.c,fast.h life:lifetime.c,lifetime.h"
+acct:device.c,device.h,alloc.c,release.c fast:fast.c,fast.h life:lifetime.c,lifetime.h spill:spill.c"
 check_owners() { # one awk over core/ and api/; the hits listed sub-state by sub-state
     awk -v owners="$owners" -v root="$root/" '
         BEGIN {
