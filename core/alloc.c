@@ -508,9 +508,11 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv_mem_info(&dfree, &dtotal);
     d->acct.stats.num_ooms++;
-    /* A sleeping pool's live blocks count as allocated but hold no reserved page. */
+    /* A sleeping pool's live blocks count as allocated but hold no reserved page; nor do spilled
+     * pages (the spill sentence says how many). */
     size_t asleep = sleep_allocated_bytes(d);
-    size_t allocated = (size_t)stats_all_current(d->acct.stats.allocated_bytes) - asleep;
+    size_t allocated = (size_t)stats_all_current(d->acct.stats.allocated_bytes) - asleep -
+                       (size_t)d->acct.stats.spilled_bytes.current;
     size_t reserved = (size_t)stats_all_current(d->acct.stats.reserved_bytes);
     /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
      * replays, not releasable), counted with the allocated memory rather than the unallocated. */
@@ -1167,7 +1169,7 @@ xseg_status alloc_empty_cache(struct dev_alloc *d)
         trim_threshold(d, 0);
     /* Device memory went back: spilled pages come home where it allows (best effort). */
     if (XSEG_UNLIKELY(d->spill.host_bytes))
-        (void)spill_promote(d);
+        (void)spill_promote(d, true);
     if (st == XSEG_SUCCESS && left_st != XSEG_SUCCESS) {
         /* Everything cached went back; only an earlier failure's leftover is still stuck. */
         st = left_st;
@@ -1432,7 +1434,7 @@ xseg_status alloc_promote(struct dev_alloc *d)
     /* Room first: the cache goes back to the driver (as empty_cache) while pages are on host. */
     if (d->spill.host_bytes)
         (void)release_cached_blocks(d, NULL);
-    xseg_status st = spill_promote(d);
+    xseg_status st = spill_promote(d, true);
     dev_unlock(d);
     return st;
 }

@@ -230,6 +230,7 @@ XSEG_API xseg_status xseg_block_location(void *ptr, int *location, size_t *host_
  * Release cached memory to the driver: every unused segment (classic mode), and every page that
  * holds no live byte (expandable mode), even inside segments still in use.
  * Waits for pending cross-stream frees first. Releases nothing while a stream capture is underway.
+ * Pages spilled to host memory (spill_to_host) then move back where device memory allows.
  * @param device a device index, or -1 for every initialized device.
  */
 XSEG_API xseg_status xseg_empty_cache(int device);
@@ -865,7 +866,8 @@ XSEG_API xseg_status xseg_block_handles_release(void *ptr);
  * (or nothing more can go): the largest free runs first, ties to the older segment; only the
  * pages needed are unmapped. Synchronizes the stream of each segment it unmaps pages of (as
  * xseg_empty_cache does); frees waiting for record_stream events that have not completed are not
- * waited for. xseg_trim(device, 0) releases what xseg_empty_cache releases, except those.
+ * waited for. xseg_trim(device, 0) releases what xseg_empty_cache releases, except those. Pages
+ * spilled to host memory (spill_to_host) then move back where device memory allows.
  * @param device     a device index, or -1 for every initialized device (each keeps @p keep_bytes).
  * @param keep_bytes the cache to keep, in bytes (0: give back all that can go).
  * @return XSEG_ERROR_INVALID_DEVICE for a bad index; XSEG_ERROR_DRIVER when an unmap fails (what

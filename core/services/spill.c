@@ -111,6 +111,18 @@ static bool add_bytes(void *ctx, size_t g, size_t bytes)
     return true;
 }
 
+/* Are all streams that used @p b (its own, record_stream's) known idle (one query each, no wait)? */
+static bool block_idle(struct dev_alloc *d, const struct block *b)
+{
+    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS || !vstream_idle(b->stream))
+        return false;
+    const struct block_side *sd = block_side(b);
+    for (unsigned i = 0; sd && i < sd->uses.n; i++)
+        if (!vstream_idle(stream_set_get(&sd->uses, i)))
+            return false;
+    return true;
+}
+
 /* Wait for every stream that used @p b (its own, record_stream's): a stream synchronize each. */
 static xseg_status wait_block(struct dev_alloc *d, const struct block *b)
 {
@@ -311,7 +323,7 @@ static int newest_first(const void *pa, const void *pb)
     return a->seq > b->seq ? -1 : a->seq < b->seq;
 }
 
-xseg_status spill_promote(struct dev_alloc *d)
+xseg_status spill_promote(struct dev_alloc *d, bool wait)
 {
     lock_assert_held(&d->lock);
     if (!d->spill.host_bytes)
@@ -332,7 +344,9 @@ xseg_status spill_promote(struct dev_alloc *d)
         struct spill_rec *r = rec_find(d, order[i].b);
         if (!r || !r->host)
             continue;
-        if ((st = wait_block(d, r->b)) != XSEG_SUCCESS)
+        if (!wait && !block_idle(d, r->b))
+            continue; /* its streams still work: the next point */
+        if (wait && (st = wait_block(d, r->b)) != XSEG_SUCCESS)
             break;
         struct move_ctx m = {d, r->b, r, false, SIZE_MAX, 0, 0, XSEG_SUCCESS};
         each_chunk(r->b, true, move_one, &m);

@@ -34,9 +34,11 @@
 xseg_status spill_make_room(struct dev_alloc *d, size_t need);
 
 /* Move host chunks back to the device, newest spill first, while the driver and the memory
- * fraction allow: empty_cache and xseg_promote. XSEG_SUCCESS when nothing is left on host; the
- * first failure otherwise (a driver call rolled back, or OUT_OF_MEMORY naming what stays). */
-xseg_status spill_promote(struct dev_alloc *d);
+ * fraction allow: empty_cache, xseg_promote and xseg_trim (@p wait: each block's streams are
+ * synchronized), the idle pass (not @p wait: only blocks whose streams are known idle). The
+ * first failure (a driver call rolled back, or OUT_OF_MEMORY naming what stays) stops it;
+ * XSEG_SUCCESS otherwise (with !wait, blocks still in use may stay on host). */
+xseg_status spill_promote(struct dev_alloc *d, bool wait);
 
 /* The free of @p b (b->spill set; allocated already false, before it joins its pool): the record
  * goes; with host chunks, the block's streams are waited for (its recorded streams then need no

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -28,6 +29,12 @@
 #define B_SIZE (16 * MiB)
 #define C_SIZE (20 * MiB)
 #define SPILL "expandable_segments:True,spill_to_host:True"
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
 static void start_emu(const char *config)
 {
@@ -350,6 +357,46 @@ static void test_spill_sleep_ipc(void **state)
     check_no_leaks();
 }
 
+/* xseg_trim gives the cache back and promotes; the idle thread promotes a block once its streams
+ * are idle (never waiting for them): while a stream it was recorded on holds work, A stays. */
+static void test_spill_trim_idle(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    tu_free(c);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_data(a, b);
+
+    CUstream w;
+    tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    tu_free(c);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    assert_int_equal(xseg_record_stream(a, w), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(w));
+    assert_true(tu_stream_work(w)); /* a kernel on A still queued */
+    assert_int_equal(xseg_set_config("idle_release_ms:20,idle_release_thread:True"), XSEG_SUCCESS);
+    int64_t promotions = tu_stat("num_promotions");
+    for (int i = 0; i < 20; i++)
+        nap_ms(10); /* several idle passes */
+    assert_int_equal(tu_stat("num_promotions"), promotions); /* busy: not waited for, not moved */
+    assert_true(tu_stream_release(w));
+    /* A hang guard only: the thread's next passes promote A (generous bound). */
+    for (int i = 0; i < 1000 && tu_stat("spilled_bytes.all.current"); i++)
+        nap_ms(10);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    assert_int_equal(xseg_set_config("idle_release_ms:0,idle_release_thread:False"), XSEG_SUCCESS);
+    check_books(true);
+    check_data(a, b);
+    finish(a, b);
+    tu_assert_cu(drv->cuStreamDestroy(w));
+}
+
 /* Every call of a spill and of a promotion, failed in turn: the call rolls back (the data where
  * it was, the books matching the driver), the allocator stays usable, nothing is left behind. */
 static const struct {
@@ -456,6 +503,7 @@ static const struct {
     {"test_spill_graph_replay", cmocka_unit_test(test_spill_graph_replay)},
     {"test_spill_free_drops", cmocka_unit_test(test_spill_free_drops)},
     {"test_spill_sleep_ipc", cmocka_unit_test(test_spill_sleep_ipc)},
+    {"test_spill_trim_idle", cmocka_unit_test(test_spill_trim_idle)},
     {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
     {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
 };
