@@ -362,6 +362,8 @@ typedef struct xseg_block_info {
     size_t size;
     size_t requested_size; /**< 0 unless allocated or pending free */
     xseg_block_state state;
+    size_t host_bytes;     /**< bytes of the block spilled to host memory (spill_to_host); snapshots
+                                write it as "host_bytes" when not 0 */
 } xseg_block_info;
 
 typedef struct xseg_segment_info {

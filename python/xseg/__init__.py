@@ -498,6 +498,8 @@ def memory_snapshot(device=-1, mempool_id=None):
                 blocks.append({"address": b.address, "size": b.size,
                                "requested_size": b.requested_size,
                                "state": _STATES.get(b.state, "inactive"), "frames": []})
+                if b.host_bytes:  # spill_to_host: bytes of the block on host memory
+                    blocks[-1]["host_bytes"] = b.host_bytes
             segs.append({
                 "device": s.device, "address": s.address, "total_size": s.total_size,
                 "allocated_size": s.allocated_size, "active_size": s.active_size,

@@ -239,7 +239,8 @@ class StatCounter(ctypes.Structure):
 
 class BlockInfo(ctypes.Structure):
     _fields_ = [("address", ctypes.c_uint64), ("size", ctypes.c_size_t),
-                ("requested_size", ctypes.c_size_t), ("state", ctypes.c_int)]
+                ("requested_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("host_bytes", ctypes.c_size_t)]
 
 
 class SegmentInfo(ctypes.Structure):

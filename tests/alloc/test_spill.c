@@ -96,6 +96,20 @@ static void check_books(bool driver)
         fail_msg("the snapshot spans %lld bytes, but the driver maps %zu", (long long)span, live.mapped_bytes);
 }
 
+/* The snapshot's host_bytes of the block at @p p (SIZE_MAX: no such block). */
+static size_t snapshot_host_bytes(void *p)
+{
+    xseg_snapshot *s = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
+    size_t host = SIZE_MAX;
+    for (size_t i = 0; i < s->nsegments; i++)
+        for (size_t j = 0; j < s->segments[i].nblocks; j++)
+            if (s->segments[i].blocks[j].address == (uint64_t)(uintptr_t)p)
+                host = s->segments[i].blocks[j].host_bytes;
+    xseg_snapshot_free(s);
+    return host;
+}
+
 static void check_data(void *a, void *b)
 {
     if (!tu_check(DPTR(a), A_SIZE, 1))
@@ -133,6 +147,8 @@ static void test_spill_serves(void **state)
     assert_int_equal(tu_stat("spilled_bytes.all.peak"), (int64_t)host);
     assert_true(tu_stat("num_spills") >= 1);
     assert_int_equal(tu_stat("spill_copied_bytes"), (int64_t)host);
+    assert_int_equal(snapshot_host_bytes(a), host); /* the snapshot says where A is */
+    assert_int_equal(snapshot_host_bytes(b), 0);
     char summary[8192];
     assert_int_equal(xseg_memory_summary(0, summary, sizeof summary, NULL), XSEG_SUCCESS);
     assert_non_null(strstr(summary, "Spilled to host"));
