@@ -1033,6 +1033,10 @@ static xseg_status seg_map_walk(struct seg *seg, size_t first, size_t last, cons
             g = chunk_end(seg, g);
             continue;
         }
+        /* A stranded host chunk (seg_drop_host) is never used again: it goes first. */
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_HOST) &&
+            (st = chunk_unmap(seg, chunk_first(seg, g))) != XSEG_SUCCESS)
+            break;
         if (seg->handles[g]) {
             chunk_unstrand(seg, g);
             n = chunk_end(seg, g) - g;
@@ -1684,14 +1688,23 @@ xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, size_t *d
         }
         size_t bytes = (e - g) * seg->gran;
         CUresult res = seg_unmap_run(seg, g, e);
-        if (res != CUDA_SUCCESS)
-            return seg_failf(res, "cuMemUnmap(0x%llx, %zu) of a host chunk", (unsigned long long)gran_addr(seg, g),
-                             bytes);
+        if (res != CUDA_SUCCESS) {
+            /* Stranded: counted unmapped from now on (no free byte on host memory is handed out),
+             * unmapped by seg_reclaim, or before seg_map maps device memory there. */
+            chunk_flags(seg, g, GRAN_STRANDED, 1);
+            seg->host_bytes -= bytes;
+            seg->stranded_bytes += bytes;
+            *dropped += bytes;
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) of a host chunk (left for the next reclaim)",
+                           (unsigned long long)gran_addr(seg, g), bytes);
+            g = e;
+            continue;
+        }
         chunk_forget(seg, g);
         *dropped += bytes;
         g = e;
     }
-    return XSEG_SUCCESS;
+    return st;
 }
 
 size_t seg_host_bytes(const struct seg *seg) { return seg->host_bytes; }

@@ -248,7 +248,9 @@ size_t seg_live_chunks(const struct seg *seg);             /* mapped chunks (a w
 xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *bytes);
 /* Unmap and release the host chunks wholly inside [offset, offset + size) (granule multiples):
  * their contents are dead (the caller freed the block and waited for its streams). @p dropped
- * receives the bytes; on a failed unmap the chunks not yet dropped stay. */
+ * receives the bytes no longer counted as host chunks; a chunk whose unmap fails becomes stranded
+ * (counted unmapped; seg_reclaim unmaps it, seg_map unmaps it before mapping device memory
+ * there) and the failure is returned after the others went. */
 xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, size_t *dropped);
 size_t seg_host_bytes(const struct seg *seg);           /* bytes of host chunks */
 int seg_gran_is_host(const struct seg *seg, size_t g);  /* granule @p g is in a host chunk */

@@ -331,6 +331,29 @@ static void test_spill_free_drops(void **state)
     check_books(true);
     tu_free(d);
     tu_free(c);
+
+    /* The drop's unmap fails: the free still succeeds, the page is counted unmapped (never handed
+     * out as host memory), and the next reclaim gives it back. */
+    a = must_malloc(A_SIZE, NULL);
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    unsigned long fired = tu_fail_fired();
+    assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    tu_fail_clear();
+    tu_assert_fired(fired, "the drop's cuMemUnmap");
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_books(false);
+    d = must_malloc(A_SIZE / 2, NULL); /* maps device memory where the stranded page was, if there */
+    assert_int_equal(location(d, NULL), XSEG_LOCATION_DEVICE);
+    tu_assert_cu(tu_fill(DPTR(d), A_SIZE / 2, 6));
+    assert_true(tu_check(DPTR(d), A_SIZE / 2, 6));
+    tu_free(d);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_books(true);
+    tu_free(c);
     tu_free(b);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     check_no_leaks();
