@@ -1671,14 +1671,14 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
     return XSEG_SUCCESS;
 }
 
-xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, size_t *dropped)
+xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool strand, size_t *dropped)
 {
     *dropped = 0;
     size_t first, last;
     xseg_status st = seg_check_range(seg, "seg_drop_host", offset, size, &first, &last);
     if (st != XSEG_SUCCESS || !seg->host_bytes)
         return st;
-    if ((st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS)
+    if (!strand && (st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS)
         return st;
     for (size_t g = first; g < last;) {
         size_t e = chunk_end(seg, g);
@@ -1687,7 +1687,15 @@ xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, size_t *d
             continue;
         }
         size_t bytes = (e - g) * seg->gran;
-        CUresult res = seg_unmap_run(seg, g, e);
+        CUresult res = strand ? CUDA_ERROR_NOT_PERMITTED : seg_unmap_run(seg, g, e);
+        if (strand) {
+            chunk_flags(seg, g, GRAN_STRANDED, 1);
+            seg->host_bytes -= bytes;
+            seg->stranded_bytes += bytes;
+            *dropped += bytes;
+            g = e;
+            continue;
+        }
         if (res != CUDA_SUCCESS) {
             /* Stranded: counted unmapped from now on (no free byte on host memory is handed out),
              * unmapped by seg_reclaim, or before seg_map maps device memory there. */

@@ -569,16 +569,17 @@ static struct block *retile(struct dev_alloc *d, struct block *b, size_t lo, siz
  * knows the segment's stream has completed its work: no synchronize.
  */
 static xseg_status unmap_pages_how(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle,
-                                   size_t *host);
+                                   size_t *host, bool strand);
 
 static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
 {
-    return unmap_pages_how(d, b, max_bytes, idle, NULL);
+    return unmap_pages_how(d, b, max_bytes, idle, NULL, false);
 }
 
-/* unmap_pages; with @p host, the host chunks (spill) inside b go instead, their bytes added there. */
+/* unmap_pages; with @p host, the host chunks (spill) inside b go instead, their bytes added there
+ * (with @p strand, stranded with no driver call: seg_drop_host). */
 static xseg_status unmap_pages_how(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle,
-                                   size_t *host)
+                                   size_t *host, bool strand)
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = block_pool(b);
@@ -602,7 +603,7 @@ static xseg_status unmap_pages_how(struct dev_alloc *d, struct block *b, size_t 
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
     bpool_remove_free(pool, b);
-    xseg_status st = host ? seg_drop_host(b->seg->vseg, lo, hi - lo, host) : unmap_chunks(d, b, lo, hi, idle);
+    xseg_status st = host ? seg_drop_host(b->seg->vseg, lo, hi - lo, strand, host) : unmap_chunks(d, b, lo, hi, idle);
     struct block *orig_prev = b->prev, *orig_next = b->next;
     struct block *first = b, *last = retile(d, b, lo, hi, spare);
 
@@ -633,11 +634,11 @@ xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_byt
 
 size_t exp_whole_page_bytes(const struct block *b) { return whole_page_bytes(b); }
 
-xseg_status exp_drop_host(struct dev_alloc *d, struct block *b, size_t *dropped)
+xseg_status exp_drop_host(struct dev_alloc *d, struct block *b, bool strand, size_t *dropped)
 {
     lock_assert_held(&d->lock);
     *dropped = 0;
-    return unmap_pages_how(d, b, SIZE_MAX, true, dropped);
+    return unmap_pages_how(d, b, SIZE_MAX, true, dropped, strand);
 }
 
 void exp_recycle_begin(struct dev_alloc *d)

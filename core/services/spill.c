@@ -379,8 +379,10 @@ bool spill_on_free(struct dev_alloc *d, struct block *b, xseg_status *st)
     if (!host)
         return false;
     /* The host chunks go once the free merged the block: wait for its streams first, after which
-     * its recorded streams need no events (nothing of theirs is left to wait for). */
-    *st = wait_block(d, b);
+     * its recorded streams need no events (nothing of theirs is left to wait for). During a
+     * capture nothing is waited for or unmapped: the pages are stranded (spill_after_free). */
+    if (!dev_capture_underway(d))
+        *st = wait_block(d, b);
     /* Even after a failed wait (the driver could not say): free bytes must never stay on host
      * memory, so the chunks go with the free all the same, and the failure is reported. */
     struct block_side *sd = block_side(b);
@@ -398,7 +400,7 @@ void spill_after_free(struct dev_alloc *d, struct segrec *s, uintptr_t addr)
     if (!b || !block_in_free_index(b))
         return; /* cannot be: spill_on_free left it nothing to wait for */
     size_t dropped = 0;
-    (void)exp_drop_host(d, b, &dropped);
+    (void)exp_drop_host(d, b, dev_capture_underway(d), &dropped);
     if (dropped) {
         dev_count_spill(d, dropped, 0);
         d->spill.host_bytes -= dropped;

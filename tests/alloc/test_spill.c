@@ -359,6 +359,43 @@ static void test_spill_free_drops(void **state)
     check_no_leaks();
 }
 
+/* A spilled block freed while a capture is underway: nothing is waited for or unmapped (either
+ * would break the capture); its host pages are stranded, counted unmapped, and the first reclaim
+ * after the capture gives them back. Spill itself refuses during the capture, saying so. */
+static void test_spill_capture_free(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    tu_free(c);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    void *big = NULL; /* the capture's pool cannot grow past the device, and spill may not help */
+    assert_int_equal(xseg_malloc(&big, 16 * MiB, 0, s), XSEG_ERROR_OUT_OF_MEMORY);
+    if (!strstr(xseg_last_error(), "a stream capture is underway"))
+        fail_msg("the OOM during the capture does not say why spill could not help: %s", xseg_last_error());
+    tu_free(a);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    assert_true(tu_stream_work(s));
+    CUgraph g = NULL;
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS); /* not invalidated */
+    assert_non_null(g);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_true(tu_check(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_books(true);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
 /* Sleep and IPC against spilled pages: both refused (the message says to promote), nothing
  * changed; after the promotion both work. */
 static void test_spill_sleep_ipc(void **state)
@@ -543,6 +580,7 @@ static const struct {
     {"test_spill_free_drops", cmocka_unit_test(test_spill_free_drops)},
     {"test_spill_sleep_ipc", cmocka_unit_test(test_spill_sleep_ipc)},
     {"test_spill_trim_idle", cmocka_unit_test(test_spill_trim_idle)},
+    {"test_spill_capture_free", cmocka_unit_test(test_spill_capture_free)},
     {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
     {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
 };
