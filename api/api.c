@@ -5,9 +5,11 @@
 
 #include "base/hostmem.h"
 #include "core/alloc.h"
+#include "core/devops.h"
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
+#include "core/policy/registry.h"
 #include "core/runtime.h"
 #include "core/snapshot.h"
 #include "core/index/stats.h"
@@ -88,7 +90,7 @@ struct base_out {
 static xseg_status base_allocation_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
 {
     struct base_out *o = ctx;
-    return alloc_base_allocation(d, ptr, o->base, o->size, owned);
+    return devops_base_allocation(d, ptr, o->base, o->size, owned);
 }
 
 XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size)
@@ -99,13 +101,30 @@ XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size)
     return api_on_owner("xseg_base_allocation", ptr, base_allocation_on, &o, NULL);
 }
 
-static xseg_status do_empty(struct dev_alloc *d, void *arg)
+static xseg_status empty_op(struct dev_alloc *d, void *arg)
 {
     (void)arg;
-    return alloc_empty_cache(d);
+    return devops_empty_cache(d);
+}
+
+/* Registrants of cached pages release them first (docs/registrations.md). */
+static xseg_status do_empty(struct dev_alloc *d, void *arg)
+{
+    return reg_around(d, REG_SCOPE_FREE, (xseg_pool_id){0, 0}, XSEG_RANGE_RECLAIM, empty_op, arg);
 }
 
 XSEG_API xseg_status xseg_empty_cache(int device) { return api_each_device(device, do_empty, NULL); }
+
+XSEG_API xseg_status xseg_check_stale(int device, size_t *found)
+{
+    if (found)
+        *found = 0;
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    return devops_check_stale(d, "xseg_check_stale", false, found);
+}
 
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
 {
@@ -113,7 +132,7 @@ XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
         return err_set(XSEG_ERROR_INVALID_VALUE, "invalid fraction: %g. Please set within [0, 1].", fraction);
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_set_fraction(d, fraction);
+    return st != XSEG_SUCCESS ? st : devops_set_fraction(d, fraction);
 }
 
 XSEG_API xseg_status xseg_get_memory_fraction(int device, double *fraction)
@@ -123,7 +142,7 @@ XSEG_API xseg_status xseg_get_memory_fraction(int device, double *fraction)
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
     if (st == XSEG_SUCCESS)
-        *fraction = alloc_get_fraction(d);
+        *fraction = devops_get_fraction(d);
     return st;
 }
 
@@ -142,7 +161,7 @@ XSEG_API xseg_status xseg_enable_peer_access(int device, int peer)
         return st;
     if (!can)
         return err_set(XSEG_ERROR_NOT_SUPPORTED, "device %d cannot access the memory of device %d", peer, device);
-    return alloc_enable_peer(d, peer);
+    return devops_enable_peer(d, peer);
 }
 
 /* ---- statistics ---------------------------------------------------------------------------- */
@@ -155,7 +174,7 @@ XSEG_API xseg_status xseg_get_stats(int device, xseg_device_stats *stats)
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
         return st;
-    alloc_get_stats(d, stats);
+    devops_get_stats(d, stats);
     return XSEG_SUCCESS;
 }
 
@@ -179,7 +198,7 @@ XSEG_API xseg_status xseg_stat_key(size_t index, const char **key)
 static xseg_status do_reset(struct dev_alloc *d, void *arg)
 {
     (void)arg;
-    alloc_reset_peaks(d);
+    devops_reset_peaks(d);
     return XSEG_SUCCESS;
 }
 
@@ -188,7 +207,7 @@ XSEG_API xseg_status xseg_reset_peak_stats(int device) { return api_each_device(
 static xseg_status do_reset_accumulated(struct dev_alloc *d, void *arg)
 {
     (void)arg;
-    alloc_reset_accumulated(d);
+    devops_reset_accumulated(d);
     return XSEG_SUCCESS;
 }
 
@@ -203,7 +222,7 @@ XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_cache_info: largest_block is NULL");
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    return st != XSEG_SUCCESS ? st : alloc_cache_info(d, largest_block);
+    return st != XSEG_SUCCESS ? st : devops_cache_info(d, largest_block);
 }
 
 XSEG_API xseg_status xseg_memory_summary(int device, char *buf, size_t size, size_t *len)

@@ -4,6 +4,7 @@
 #include "api/dispatch.h"
 #include "base/error.h"
 #include "core/alloc.h"
+#include "core/devops.h"
 #include "core/process/history.h"
 #include "core/runtime.h"
 #include "core/snapshot.h"
@@ -19,7 +20,7 @@ XSEG_API xseg_status xseg_history_enabled(int *enabled)
 static xseg_status history_start_on(struct dev_alloc *d, void *ctx)
 {
     (void)ctx;
-    alloc_history_start(d);
+    devops_history_start(d);
     return XSEG_SUCCESS;
 }
 

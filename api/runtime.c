@@ -65,6 +65,13 @@ XSEG_API xseg_status xseg_attach_oom_observer(xseg_oom_observer fn, void *user)
     return settings_add_oom_observer(fn, user);
 }
 
+XSEG_API xseg_status xseg_attach_stale_observer(xseg_stale_observer fn, void *user)
+{
+    if (!fn)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_attach_stale_observer: fn is NULL");
+    return settings_add_stale_observer(fn, user);
+}
+
 XSEG_API xseg_status xseg_attach_free_memory_callback(xseg_free_memory_callback fn, void *user)
 {
     if (!fn)

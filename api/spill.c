@@ -3,11 +3,11 @@
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
-#include "core/alloc.h"
+#include "core/devops.h"
 
 static xseg_status hint_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
 {
-    return alloc_spill_hint(d, ptr, *(const int *)ctx, owned);
+    return devops_spill_hint(d, ptr, *(const int *)ctx, owned);
 }
 
 XSEG_API xseg_status xseg_spill_hint(void *ptr, int hint)
@@ -20,7 +20,7 @@ XSEG_API xseg_status xseg_spill_hint(void *ptr, int hint)
 static xseg_status promote_on(struct dev_alloc *d, void *ctx)
 {
     (void)ctx;
-    return alloc_promote(d);
+    return devops_promote(d);
 }
 
 XSEG_API xseg_status xseg_promote(int device) { return api_each_device(device, promote_on, NULL); }
@@ -33,7 +33,7 @@ struct location_out {
 static xseg_status location_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
 {
     struct location_out *o = ctx;
-    return alloc_block_location(d, ptr, o->location, o->host_bytes, owned);
+    return devops_block_location(d, ptr, o->location, o->host_bytes, owned);
 }
 
 XSEG_API xseg_status xseg_block_location(void *ptr, int *location, size_t *host_bytes)

@@ -11,6 +11,7 @@
 
 #include "api/api.h"
 #include "base/common.h"
+#include "base/log.h"
 #include "core/runtime.h"
 
 /* Nonzero once the first xseg_torch_malloc has looked for the adapter (or the adapter said it is
@@ -38,12 +39,11 @@ __attribute__((noinline, cold)) static void *torch_malloc_first(size_t size, int
 {
     const char *quiet = getenv("XSEG_NO_TORCH_WARNING");
     if (!atomic_exchange(&torch_checked, 1) && !(quiet && *quiet && *quiet != '0'))
-        fputs("xseg: warning: xseg_torch_malloc is called without xseg's PyTorch adapter, so "
-              "Tensor.record_stream(), torch.cuda.empty_cache(), memory_stats() and graph capture "
-              "do not reach xseg (a bare CUDAPluggableAllocator calls only malloc and free). "
-              "Install it with `import xseg.torch; xseg.torch.enable()`, or wire every hook in C++ "
-              "and call xseg_torch_adapter_attached(1); XSEG_NO_TORCH_WARNING=1 silences this.\n",
-              stderr);
+        log_warn("warning: xseg_torch_malloc is called without xseg's PyTorch adapter, so "
+                 "Tensor.record_stream(), torch.cuda.empty_cache(), memory_stats() and graph capture "
+                 "do not reach xseg (a bare CUDAPluggableAllocator calls only malloc and free). "
+                 "Install it with `import xseg.torch; xseg.torch.enable()`, or wire every hook in C++ "
+                 "and call xseg_torch_adapter_attached(1); XSEG_NO_TORCH_WARNING=1 silences this.");
     return torch_malloc(size, device, stream);
 }
 

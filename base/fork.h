@@ -29,6 +29,7 @@ enum fork_rank {
     FORK_RANK_DEVICE,       /* (not a mutex) the per-device locks, base/lock.h: never taken here */
     FORK_RANK_HOSTALLOC,    /* core/services/hostalloc.c xseg_rt.host.lock: the host cache (sleep takes it alone, or under a device lock) */
     FORK_RANK_OBSERVERS,    /* core/policy/observe.c xseg_rt.obs.lock: under a device lock; takes vmm's below */
+    FORK_RANK_REGISTRY,     /* core/policy/registry.c xseg_rt.reg.lock: under a device lock; never held across a callback */
     FORK_RANK_SETTINGS,     /* core/process/settings.c xseg_rt.settings.lock */
     FORK_RANK_CALLBACKS,    /* core/process/settings.c xseg_rt.settings.cb_lock */
     FORK_RANK_HISTORY,      /* core/process/history.c xseg_rt.hist.lock */
@@ -37,6 +38,9 @@ enum fork_rank {
     FORK_RANK_VMM_LEFT,     /* vmm/segment.c seg_proc.left_lock */
     FORK_RANK_VMM_CURSOR,   /* vmm/segment.c seg_proc.cursor_lock */
     FORK_RANK_VMM_HOST,     /* vmm/host.c host_proc.lock */
+    FORK_RANK_SLOT,         /* (not a mutex) the stream slots' spin locks (struct spin, base/lock.h): a leaf,
+                             * nothing is taken under one; blocking takes only under the device lock
+                             * (several at once, in slot order: that lock serialises such takers) */
     FORK_RANK_COUNT
 };
 

@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/lock.h"
 
 static void futex_wait(atomic_int *word, int val, const struct timespec *timeout)
@@ -14,13 +15,6 @@ static void futex_wait(atomic_int *word, int val, const struct timespec *timeout
     /* Returns at once (EAGAIN) when *word no longer holds val; spurious wake-ups (EINTR) are
      * fine: the caller re-checks the word. The lock is process-private. */
     (void)syscall(SYS_futex, (int *)word, FUTEX_WAIT_PRIVATE, val, timeout, NULL, 0);
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 /* A waiter asleep this long takes the lock by hand-off (Go's sync.Mutex starvation mode uses the
@@ -78,8 +72,8 @@ void lock_acquire_slow(struct lock *l)
     int64_t since = 0;
     while (atomic_exchange_explicit(&l->word, 2, memory_order_acquire) != 0) {
         if (!since) {
-            since = now_ns();
-        } else if (now_ns() - since > LOCK_STARVE_NS) {
+            since = clock_mono_ns();
+        } else if (clock_mono_ns() - since > LOCK_STARVE_NS) {
             lock_starve(l);
             return;
         }
@@ -95,7 +89,7 @@ void lock_wake(struct lock *l)
 void spin_acquire_slow(struct spin *l)
 {
     for (unsigned i = 0;; i++) {
-        if (atomic_load_explicit(&l->word, memory_order_relaxed) == 0 && spin_try(l))
+        if (atomic_load_explicit(&l->word, memory_order_relaxed) == 0 && spin_try_raw(l))
             return;
         if (i < 100) {
 #if defined(__x86_64__) || defined(__i386__)

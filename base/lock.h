@@ -125,7 +125,8 @@ static inline void spin_init(struct spin *l)
     lock_set_owner(l, NULL);
 }
 
-static inline bool spin_try(struct spin *l)
+/* The compare-exchange of spin_try and spin_acquire, with no lock-order record. */
+static inline bool spin_try_raw(struct spin *l)
 {
     int expected = 0;
     bool taken = atomic_compare_exchange_strong_explicit(&l->word, &expected, 1, memory_order_acquire,
@@ -135,17 +136,29 @@ static inline bool spin_try(struct spin *l)
     return taken;
 }
 
+/* Spin locks rank FORK_RANK_SLOT (base/fork.h), a leaf: a try is recorded; a blocking take
+ * (spin_acquire) is checked at debug_level >= 1 to hold the device lock. */
+static inline bool spin_try(struct spin *l)
+{
+    bool taken = spin_try_raw(l);
+    if (taken)
+        witness_took(FORK_RANK_SLOT);
+    return taken;
+}
+
 void spin_acquire_slow(struct spin *l);
 
 static inline void spin_acquire(struct spin *l)
 {
-    if (XSEG_UNLIKELY(!spin_try(l)))
+    witness_take_slot();
+    if (XSEG_UNLIKELY(!spin_try_raw(l)))
         spin_acquire_slow(l);
 }
 
 static inline void spin_release(struct spin *l)
 {
     lock_assert_held(l);
+    witness_give(FORK_RANK_SLOT);
     lock_set_owner(l, NULL);
     atomic_store_explicit(&l->word, 0, memory_order_release);
 }

@@ -22,6 +22,7 @@ static const char *const rank_name[FORK_RANK_COUNT] = {
     [FORK_RANK_VMM_HOST] = "host_proc.lock",
     [FORK_RANK_HOSTALLOC_CTL] = "xseg_rt.host.ctl_lock",
     [FORK_RANK_HOSTALLOC] = "xseg_rt.host.lock",
+    [FORK_RANK_SLOT] = "a stream slot's lock",
 };
 
 /* Locks of each rank the calling thread holds. */
@@ -39,6 +40,16 @@ void witness_take(enum fork_rank rank)
 }
 
 void witness_took(enum fork_rank rank) { witness_held[rank]++; }
+
+void witness_take_slot(void)
+{
+    if (!witness_held[FORK_RANK_DEVICE]) {
+        fprintf(stderr, "xseg: lock order violated: taking %s (rank %d) without holding %s; base/fork.h\n",
+                rank_name[FORK_RANK_SLOT], (int)FORK_RANK_SLOT, rank_name[FORK_RANK_DEVICE]);
+        abort();
+    }
+    witness_held[FORK_RANK_SLOT]++; /* the top rank: any later take aborts (a leaf) */
+}
 
 void witness_give(enum fork_rank rank)
 {

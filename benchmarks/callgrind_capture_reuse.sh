@@ -6,6 +6,7 @@
 # of the machine's load. Columns: all instructions per allocation and their ratio to off, then
 # the part spent in the emulated driver's entry points (libcudaemu, inclusive: graph building,
 # capture queries; a real driver's cost differs), then the rest (the program's and xseg's own).
+# A Markdown table: docs/benchmarks.md's (benchmarks/record.py --write capture-reuse).
 #   benchmarks/callgrind_capture_reuse.sh [BUILD_DIR] [NODES...]   (default build, 1000 4000 16000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,14 +29,15 @@ count() { # NODES CONFIG
     END { printf "%d %d\n", t, e }'
 }
 
-printf "%7s %6s %-9s %10s %7s %10s %10s\n" nodes allocs config "Ir/alloc" "vs off" "driver Ir" "rest Ir"
+echo "| nodes | allocations | capture reuse | instructions per allocation | vs off | in cudaemu | the rest |"
+echo "|---:|---:|---|---:|---:|---:|---:|"
 for n in "${nodes[@]}"; do
   allocs=$(( 2 * (n / 6 + 1) ))   # two allocations per layer of 6 nodes (--work 4)
   off=
   for c in off on unjoined; do
     read -r total emu < <(count "$n" "$c")
     [ -z "$off" ] && off=$total
-    printf "%7d %6d %-9s %10.0f %7.2f %10.0f %10.0f\n" "$n" "$allocs" "$c" \
+    printf "| %d | %d | %s | %.0f | %.2f | %.0f | %.0f |\n" "$n" "$allocs" "$c" \
       "$(echo "$total / $allocs" | bc -l)" "$(echo "$total / $off" | bc -l)" \
       "$(echo "$emu / $allocs" | bc -l)" "$(echo "($total - $emu) / $allocs" | bc -l)"
   done

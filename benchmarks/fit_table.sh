@@ -3,8 +3,13 @@
 #   - peak allocated (replay on an 80 GiB emulated device) and the failed allocations when the
 #     same replay runs on a device of peak allocated x 1.01 rounded up to 2 MiB (the "1 %" bar:
 #     0 means it fits);
-#   - the smallest emulated device it replays on with no failed allocation (`xseg-replay
-#     --min-device`, 2 MiB steps), as a ratio to peak allocated (FIT_MIN_DEVICE=0 skips it);
+#   - the smallest emulated device above which every size up to FIT_CEILING (default 1.10 x peak
+#     allocated) replays with no failed allocation (`xseg-replay --min-device --fit-ceiling`, 2 MiB
+#     steps), as a ratio to peak allocated, and its gaps: the sizes below it that fail though a
+#     smaller one fits ("fails 210-214 MiB; fits 200-208 alone"), "above the ceiling" when the
+#     bisection's answer lies above it (not scanned), "-" for none. Cost: every 2 MiB step from the
+#     answer to the ceiling is a replay (~2,500 for a 50 GiB trace at 1.10); FIT_CEILING=none is the
+#     bisection alone (no gaps column), FIT_MIN_DEVICE=0 skips both;
 #   - on the 80 GiB device: the driver's memory calls, their H100 driver time (each call weighted
 #     by its H100 median: the figures of cudaemu's CUDAEMU_LATENCY=h100 preset, docs/benchmarks.md
 #     section 4) and the stream synchronizations; and the memory calls of the run at the 1 % cap.
@@ -69,7 +74,8 @@ for col in "${cols[@]}"; do
     atcap=$("$replay" --summary=json --marks=none --device-mem "$cap" --config "$cfg" "$spec" 2>/dev/null | tail -n 1)
     fit='{}'
     if [ "${FIT_MIN_DEVICE:-1}" != 0 ]; then
-      fit=$("$replay" --min-device --summary=json --config "$cfg" "$spec" 2>/dev/null | tail -n 1) || fit='{}'
+      fit=$("$replay" --min-device --fit-ceiling "${FIT_CEILING:-1.10}" --summary=json --config "$cfg" "$spec" \
+              2>/dev/null | tail -n 1) || fit='{}'
     fi
     printf '%s\t%s\t%s\t%s\t%s\n' "${groups[$i]}" "$spec" "$run" "$atcap" "$fit" >> "$tmp/out"
   done
@@ -81,9 +87,24 @@ us = {"cuMemCreate": 8.6, "cuMemMap": 0.7, "cuMemSetAccess": 21.9, "cuMemUnmap":
       "cuMemRelease": 20.4, "cuMemAlloc": 39.0, "cuMemFree": 42.8}
 print(f"\n{name} (`{cfg}`)\n")
 print("| workload | peak allocated (MiB) | failed allocations at 1.01 × peak | smallest device / peak "
-      "(--min-device) | driver memory calls (80 GiB) | H100 driver time (ms) | synchronizations | "
-      "memory calls at 1.01 × peak |")
-print("|---|---|---|---|---|---|---|---|")
+      "(--min-device) | gaps up to the ceiling | driver memory calls (80 GiB) | H100 driver time (ms) | "
+      "synchronizations | memory calls at 1.01 × peak |")
+print("|---|---|---|---|---|---|---|---|---|")
+
+
+def mib_ranges(rs):
+    return ", ".join(f"{lo >> 20}" if lo == hi else f"{lo >> 20}–{hi >> 20}" for lo, hi in rs)
+
+
+def gaps_of(fit):
+    """The gaps column: the failing sizes below the answer and the smaller ones that fit alone."""
+    if fit.get("above_ceiling"):
+        return "above the ceiling"
+    if "gaps" not in fit or not fit.get("ceiling"):
+        return "—"
+    if not fit["gaps"]:
+        return "none"
+    return f"fails {mib_ranges(fit['gaps'])} MiB; fits {mib_ranges(fit['also_fits'])} alone"
 six = [0, 0.0, 0, 0]
 fits = worst = n = 0
 for line in open(out):
@@ -92,12 +113,13 @@ for line in open(out):
     try:
         run, atcap = json.loads(run), json.loads(atcap)
     except ValueError:
-        print(f"| {label} | failed to replay | | | | | | |")
+        print(f"| {label} | failed to replay | | | | | | | |")
         continue
     try:
-        ratio = f"{json.loads(fit)['ratio']:.4f}"
+        fit = json.loads(fit)
+        ratio, gaps = f"{fit['ratio']:.4f}", gaps_of(fit)
     except (ValueError, KeyError):
-        ratio = "—"
+        ratio = gaps = "—"
     calls = run["driver_calls"]
     ms = sum(us.get(k, 0) * v for k, v in calls.items()) / 1000
     syncs = calls.get("cuStreamSynchronize", 0)
@@ -107,7 +129,7 @@ for line in open(out):
     worst = max(worst, failed)
     if group == "pytorch":
         six = [six[0] + run["driver_memory_calls"], six[1] + ms, six[2] + syncs, six[3] + 1]
-    print(f"| {label} | {run['peak_allocated_bytes'] / 2**20:,.1f} | {failed} | {ratio} | "
+    print(f"| {label} | {run['peak_allocated_bytes'] / 2**20:,.1f} | {failed} | {ratio} | {gaps} | "
           f"{run['driver_memory_calls']:,} | {ms:.1f} | {syncs} | {atcap['driver_memory_calls']:,} |")
 print(f"\n{name}: {fits} of {n} workloads with no failed allocation at 1.01 × peak allocated "
       f"(most failures: {worst})" +

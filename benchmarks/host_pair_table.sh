@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cached-pair table of docs/benchmarks-host.md, in its Markdown form: for xseg (both modes,
 # both entry points), glibc malloc and mimalloc at 512 B and 4 MiB, the instructions per pair
-# (benchmarks/callgrind_pairs.sh) and the range of bench_host_path's median ns over RUNS runs.
+# (benchmarks/callgrind_pairs.sh) and the range of bench_host_path's median ns over RUNS runs;
+# then xseg's pair through the device lock (benchmarks/callgrind_round_robin.sh), instructions only.
 #   benchmarks/host_pair_table.sh [BUILD_DIR]        (default build; needs valgrind)
 #   PAIRS=200000 REPS=5 RUNS=3                       (bench_host_path's settings, the doc's)
 set -euo pipefail
@@ -13,13 +14,14 @@ pairs=${PAIRS:-200000}; reps=${REPS:-5}; runs=${RUNS:-3}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 benchmarks/callgrind_pairs.sh "$build" > "$tmp/ir"
+benchmarks/callgrind_round_robin.sh "$build" > "$tmp/rr"
 for r in $(seq "$runs"); do
   "$bench" --pairs "$pairs" --reps "$reps" 2>/dev/null | sed 's/^/plain /' >> "$tmp/ns"
   "$bench" --pairs "$pairs" --reps "$reps" --only xseg --api torch 2>/dev/null | sed 's/^/torch /' >> "$tmp/ns"
 done
-/usr/bin/python3 - "$tmp/ir" "$tmp/ns" "$runs" <<'PY'
+/usr/bin/python3 - "$tmp/ir" "$tmp/ns" "$runs" "$tmp/rr" <<'PY'
 import re, sys
-ir_file, ns_file, runs = sys.argv[1], sys.argv[2], sys.argv[3]
+ir_file, ns_file, runs, rr_file = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 ir = {}
 for line in open(ir_file).read().splitlines()[1:]:
     f = line.split(None, 3)
@@ -46,4 +48,8 @@ for who, modes in (("xseg", ("classic", "expandable")), ("torch", ("classic", "e
             t = ns.get((who, mode, size))
             t = "n/a" if not t else (f"{min(t):.1f}" if min(t) == max(t) else f"{min(t):.1f}–{max(t):.1f}")
             print(f"| {label[who].format(mode)} | {sizes[size]} | {i} | {t} |")
+for line in open(rr_file).read().splitlines()[1:]:
+    f = line.split()
+    if len(f) == 2:
+        print(f"| xseg, {f[0]}, through the device lock (round robin) | 512 B – 1.5 KiB | {float(f[1]):,.0f} | n/a |")
 PY

@@ -14,14 +14,17 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/policy/capreuse.h"
+#include "core/device/blockops.h"
 #include "core/device/check.h"
 #include "core/policy/events.h"
 #include "core/policy/expandable.h"
 #include "core/device/fast.h"
 #include "core/services/group.h"
 #include "core/device/lifetime.h"
+#include "core/device/quarantine.h"
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
+#include "core/policy/registry.h"
 #include "core/policy/pools.h"
 #include "core/policy/release.h"
 #include "core/process/settings.h"
@@ -139,7 +142,7 @@ static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_al
     return b;
 }
 
-/* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules. The block
+/* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules (BOPS_FITS). The block
  * found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
  * false when the search moved past the first fit and the predecessor is unknown. */
 static inline __attribute__((always_inline)) struct block *
@@ -169,10 +172,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
             return NULL;
         *pred_ok = b == first;
     }
-    size_t msplit = d->cfg.max_split_size;
-    if (p->size < msplit && b->size >= msplit)
-        return NULL;
-    if (p->size >= msplit && b->size >= p->size + d->cfg.max_non_split_rounding)
+    if (!BOPS_FITS(d, p->size, b->size))
         return NULL;
     return b;
 }
@@ -212,7 +212,7 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
     struct sbins *s = bpool_bins(p->pool, p->stream);
     if (!s)
         return NULL;
-    size_t msplit = d->cfg.max_split_size, size = p->size;
+    size_t size = p->size;
     struct block *best = NULL, *stack[128];
     unsigned walked = 0;
     for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < TOP_WALK_MAX; k = bins_next(s, (unsigned)k + 1)) {
@@ -225,10 +225,7 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
                 stack[n++] = b->left;
             if (b->right && n < 128)
                 stack[n++] = b->right;
-            /* find_free_block's max_split_size rules, written out: a shared inline helper made
-             * the device-lock pair 5-8 instructions longer (benchmarks/callgrind_round_robin.sh). */
-            if (b->size < size || (size < msplit && b->size >= msplit) ||
-                (size >= msplit && b->size >= size + d->cfg.max_non_split_rounding))
+            if (b->size < size || !BOPS_FITS(d, size, b->size))
                 continue;
             if (top_higher(b, best))
                 best = b;
@@ -249,15 +246,6 @@ static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
     bpool_remove_free(p->pool, b);
     p->block = b;
     return true;
-}
-
-static inline bool should_split(const struct dev_alloc *d, const struct block *b, size_t size)
-{
-    lock_assert_held(&d->lock);
-    size_t remaining = b->size - size;
-    if (b->small_pool || d->use_expandable) /* the pool's is_small, without reading the segment */
-        return remaining >= BLOCK_MIN_SIZE;
-    return size < d->cfg.max_split_size && remaining > BLOCK_SMALL_SIZE;
 }
 
 /* ---- classic segments -------------------------------------------------------------------- */
@@ -286,7 +274,7 @@ static xseg_status classic_alloc_unlocked(struct dev_alloc *d, struct alloc_para
     bpool_bins_release(p->pool, p->stream);
     dev_unlock(d);
     xseg_status st = classic_alloc(p->alloc_size, relax, d->device, ptr);
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     *held = bpool_bins_acquire(p->pool, p->stream);
     xseg_status refused = XSEG_SUCCESS;
     if (st == XSEG_SUCCESS && (!*held || pool_fell_asleep(d, p, &refused))) {
@@ -530,7 +518,7 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     /* Then the OOM snapshot, when one is asked for (it takes every device's lock). */
     char snap_info[640];
     snapshot_on_oom(snap_info, sizeof snap_info);
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
     char group_info[1024], budget_info[640], spill_info[400];
@@ -740,7 +728,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (settings_have_free_memory_callbacks()) {
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
-        dev_acquire(d);
+        dev_lock(d, DEV_NEED_SLOTS);
         if (pool_fell_asleep(d, p, &st))
             return st;
         if (freed && get_free_block(d, p))
@@ -867,7 +855,7 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     if (XSEG_UNLIKELY(hist_mode())) {
         dev_unlock(d);
         h.stack = cur = hist_capture();
-        dev_acquire(d);
+        dev_lock(d, DEV_NEED_SLOTS);
         d->hist_cur = cur; /* the segment events of this malloc take it from here */
         hp = &h;
     }
@@ -958,13 +946,15 @@ static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d,
     xseg_status st = malloc_cached(d, size, stream, out);
     fast_guard_end(d, &g); /* malloc_slow settled every slot before it raised a counter */
     dev_unlock(d);
+    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
+        (void)reg_after(d, XSEG_RANGE_REMAPPED);
     return st;
 }
 
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    lock_acquire(&d->lock);
+    dev_lock(d, DEV_NEED_NONE); /* its stream's slot settles below, unless it widens */
     FAST_COUNT(d, lock_mallocs);
     /* Unless the stream's classic slot widens to this size, it settles (core/device/fast.h). */
     if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
@@ -978,6 +968,8 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     }
     xseg_status st = malloc_cached(d, size, stream, out);
     dev_unlock(d);
+    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
+        (void)reg_after(d, XSEG_RANGE_REMAPPED); /* pages of a released registration mapped again */
     return st;
 }
 
@@ -996,7 +988,7 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
 static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
-    bool completed = !block_uses_n(b);
+    bool completed = !block_uses_n(b) && !block_event_count(b); /* quarantined: completed when it leaves */
     struct block_side *sd = block_side(b);
     hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, true,
                  completed);
@@ -1025,11 +1017,18 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     b->exported = false; /* the export ends with the block (its pool may sleep again) */
     if (b->sided)
         b->u.side->handle_holds = 0; /* so do the holds of handed-out handles */
+    /* debug_stale_access: held out of the pool (core/device/quarantine.h), its free completed when
+     * it leaves; a block with recorded streams enters once their events are done (events.c). */
+    bool held = XSEG_UNLIKELY(d->cfg.debug_stale_access) && !block_uses_n(b) && quar_enter(d, b, false);
     if (b->recorded)
         hist_free_requested(d, b);
+    if (held)
+        return XSEG_SUCCESS;
     xseg_status st = XSEG_SUCCESS;
     if (block_uses_n(b)) {
         refresh_cfg(d);
+        if (XSEG_UNLIKELY(d->cfg.debug_stale_access))
+            quar_keep_free_stack(d, b); /* for its quarantine entry once the events are done */
         st = ev_insert(d, b);
     } else {
         block_side_drop(b); /* nothing left in it: no streams, events or stack */
@@ -1044,7 +1043,8 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
 }
 
 /* Every free but the slot's, lock held (free_locked takes and gives it back). */
-static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_alloc *d, void *ptr, bool *owned)
+static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_alloc *d, void *ptr, bool *owned,
+                                                                     bool stale)
 {
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
@@ -1066,7 +1066,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     /* oversize, recorded, exported and a side struct (recorded streams) in one test
      * (block_free_slow), handled out of line with the rest of the free: a call on this path would
      * make the compiler reload the block's fields after it. */
-    if (XSEG_UNLIKELY(block_free_slow(b)))
+    if (XSEG_UNLIKELY(block_free_slow(b) || stale))
         st = free_ptr_rare(d, b);
     else
         dev_free_block_inline(d, b);
@@ -1079,7 +1079,7 @@ static __attribute__((noinline)) xseg_status free_guarded(struct dev_alloc *d, v
 {
     struct fast_guard g;
     fast_guard_begin(d, &g, d->fast.busy_slots);
-    xseg_status st = free_cached(d, ptr, owned);
+    xseg_status st = free_cached(d, ptr, owned, false);
     fast_guard_end(d, &g); /* a fill moved no counter */
     dev_unlock(d);
     return st;
@@ -1087,7 +1087,7 @@ static __attribute__((noinline)) xseg_status free_guarded(struct dev_alloc *d, v
 
 static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    fast_lock(d, FAST_NONE, NULL);
+    dev_lock(d, DEV_NEED_NONE);
     FAST_COUNT(d, lock_frees);
     /* The block's stream's slot settles first (it may hold this very block, freed or handed out). */
     if (XSEG_UNLIKELY(d->fast.busy_slots)) {
@@ -1097,14 +1097,34 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
         if (d->fast.busy_slots)
             return free_guarded(d, ptr, owned);
     }
-    xseg_status st = free_cached(d, ptr, owned);
+    xseg_status st = free_cached(d, ptr, owned, false);
     dev_unlock(d);
+    return st;
+}
+
+/* A free with debug_stale_access in force (core/device/quarantine.h): the free's stack is taken
+ * before the lock (history's callback may run), every slot settles (the permit is off while the
+ * mode is on), the block enters the quarantine, and findings its entry made (older blocks left)
+ * go to the observers once the lock is given back. */
+static __attribute__((noinline)) xseg_status free_stale(struct dev_alloc *d, void *ptr, bool *owned)
+{
+    struct hstack *fs = hist_mode() ? hist_capture() : NULL;
+    dev_lock(d, DEV_NEED_OP);
+    quar_begin_free(d, fs);
+    xseg_status st = free_cached(d, ptr, owned, d->cfg.debug_stale_access);
+    quar_end_free(d);
+    struct quar_batch batch;
+    quar_take(d, &batch);
+    dev_unlock(d);
+    quar_deliver(&batch);
     return st;
 }
 
 /* free through the device lock (xseg_free tried the thread's slot first: fast_free_hit). */
 static inline __attribute__((always_inline)) xseg_status free_ptr(struct dev_alloc *d, void *ptr, bool *owned)
 {
+    if (XSEG_UNLIKELY(settings_stale_on()))
+        return free_stale(d, ptr, owned);
     return free_locked(d, ptr, owned);
 }
 
@@ -1127,7 +1147,7 @@ xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr)
 
 xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     if (!b) {
         dev_unlock(d);
@@ -1155,74 +1175,6 @@ xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream,
     return st;
 }
 
-/* ---- empty_cache, fraction, stats, peers ------------------------------------------------- */
-
-xseg_status alloc_empty_cache(struct dev_alloc *d)
-{
-    dev_acquire(d);
-    refresh_cfg(d);
-    xseg_status left_st;
-    xseg_status st = release_cached_blocks(d, &left_st);
-    /* It waited for the pending frees' streams: a point for release_threshold_mb (core/services/trim.h),
-     * which can only matter for what empty_cache keeps (a pool in use, a capture). */
-    if (d->cfg.release_threshold != SIZE_MAX)
-        trim_threshold(d, 0);
-    /* Device memory went back: spilled pages come home where it allows (best effort). */
-    if (XSEG_UNLIKELY(d->spill.host_bytes))
-        (void)spill_promote(d, true);
-    if (st == XSEG_SUCCESS && left_st != XSEG_SUCCESS) {
-        /* Everything cached went back; only an earlier failure's leftover is still stuck. */
-        st = left_st;
-        err_prefix(st, "empty_cache: memory kept from an earlier driver failure could not be given back yet");
-    }
-    dev_unlock(d);
-    return st;
-}
-
-/* The end of a sleep or a wake (lock held, given back here): a sleep waited for the pool's
- * streams and a wake mapped pages again, so either is a point where release_threshold_mb
- * applies (core/services/trim.h); the permit follows the sleeping pools' count. */
-static xseg_status sleep_wake_done(struct dev_alloc *d, xseg_status st)
-{
-    lock_assert_held(&d->lock);
-    if (st == XSEG_SUCCESS && d->cfg.release_threshold != SIZE_MAX)
-        trim_threshold(d, 0);
-    dev_fast_update(d);
-    dev_unlock(d);
-    return st;
-}
-
-xseg_status alloc_sleep(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path)
-{
-    dev_lock(d);
-    return sleep_wake_done(d, sleep_pool_locked(d, pool, flags, path));
-}
-
-/* The wake maps pages: under a budget its limit is measured first, as for a malloc's growth
- * (step 4 of malloc_policy), and our reserved bytes published after. */
-xseg_status alloc_wake(struct dev_alloc *d, xseg_pool_id pool)
-{
-    dev_lock(d);
-    struct budget_view bv = {.limit = SIZE_MAX};
-    bool budgeted = group_measure_on(d);
-    if (budgeted)
-        group_budget_measure(d, &bv, SIZE_MAX); /* the wake's growth: up to the limit */
-    xseg_status st = wake_pool_locked(d, pool, bv.limit);
-    if (budgeted)
-        group_note_reserved(d, true);
-    return sleep_wake_done(d, st);
-}
-
-xseg_status alloc_set_fraction(struct dev_alloc *d, double fraction)
-{
-    dev_acquire(d);
-    refresh_cfg(d);
-    dev_apply_fraction(d, fraction);
-    exp_pressure_reset(d);
-    dev_unlock(d);
-    return XSEG_SUCCESS;
-}
-
 /* A spare block struct (dev_block_delete's contract: in no index, no side), or NULL. */
 static struct block *spare_block(struct dev_alloc *d)
 {
@@ -1232,28 +1184,6 @@ static struct block *spare_block(struct dev_alloc *d)
     else
         a = dev_block_carve(d);
     return a;
-}
-
-/* Split @p n bytes off the front (@p front) or back of free, unindexed @p b into a new free block
- * @p x, which enters the pool's free index. */
-static void split_free(struct bpool *pool, struct block *b, struct block *x, size_t n, bool front)
-{
-    x->size = n;
-    x->stream = b->stream;
-    block_same_seg(x, b);
-    x->mapped = true;
-    x->allocated = false;
-    if (front) {
-        x->addr = b->addr;
-        block_link_before(b, x);
-        b->addr += n;
-    } else {
-        x->addr = b->addr + b->size - n;
-        block_link_after(b, x);
-    }
-    b->size -= n;
-    block_set_gc_base(x, pool->get_free_blocks_call_count);
-    bpool_insert_free(pool, x);
 }
 
 /* Placing [addr, addr + size) in free block @p b (taken out of its index): head and tail stay
@@ -1270,9 +1200,9 @@ static void malloc_at_place(struct dev_alloc *d, struct block *b, uintptr_t addr
     bool was_split = block_is_split(b);
     bpool_remove_free(pool, b);
     if (h)
-        split_free(pool, b, h, head, true);
+        bops_split_free(pool, b, h, head, true);
     if (t)
-        split_free(pool, b, t, tail, false);
+        bops_split_free(pool, b, t, tail, false);
     if (!b->expandable) {
         stat_add_pool(d->acct.stats.inactive_split, si, (int64_t)(!!h + !!t) - was_split);
         stat_add_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)(head + tail) - (was_split ? (int64_t)was : 0));
@@ -1289,7 +1219,7 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
         hm.stack = hist_capture();
         hp = &hm;
     }
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     refresh_cfg(d);
     struct priv_pool *pp = pools_find(d, id);
     struct block *b = NULL;
@@ -1348,150 +1278,3 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
         hist_stack_unref(hm.stack); /* unless the block took it */
     return st;
 }
-
-double alloc_get_fraction(struct dev_alloc *d)
-{
-    dev_acquire(d);
-    refresh_cfg(d);
-    double f = d->acct.fraction;
-    dev_unlock(d);
-    return f;
-}
-
-void alloc_get_stats(struct dev_alloc *d, xseg_device_stats *out)
-{
-    fast_lock(d, FAST_NONE, NULL); /* statistics only: the slots' debts are folded into the copy */
-    refresh_cfg(d);
-    dev_stats_copy(d, out);
-    xseg_device_stats base = d->acct.acc_base;
-    dev_unlock(d);
-    stats_subtract_accumulated(out, &base);
-}
-
-void alloc_reset_accumulated(struct dev_alloc *d)
-{
-    fast_lock(d, FAST_NONE, NULL); /* statistics only: the slots' debts are folded into the copy */
-    xseg_device_stats now;
-    dev_stats_copy(d, &now);
-    d->acct.acc_base = now;
-    dev_unlock(d);
-}
-
-static void largest_free(const struct bpool *p, size_t *largest)
-{
-    for (struct block *b = bpool_lower_bound(p, NULL, 0, 0); b; b = bpool_next_free(p, b))
-        if (b->size > *largest)
-            *largest = b->size;
-}
-
-xseg_status alloc_cache_info(struct dev_alloc *d, size_t *largest)
-{
-    if (*largest == 0) {
-        size_t total = 0;
-        xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
-        if (st == XSEG_SUCCESS)
-            st = drv_mem_info(largest, &total);
-        if (st != XSEG_SUCCESS)
-            return err_prefix(st, "xseg_cache_info(device %d)", d->device);
-    }
-    dev_acquire(d);
-    largest_free(&d->small, largest);
-    largest_free(&d->large, largest);
-    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
-        largest_free(&pp->small, largest);
-        largest_free(&pp->large, largest);
-    }
-    dev_unlock(d);
-    return XSEG_SUCCESS;
-}
-
-xseg_status alloc_base_allocation(struct dev_alloc *d, void *ptr, void **base, size_t *size, bool *owned)
-{
-    dev_acquire(d);
-    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
-    xseg_status st = XSEG_SUCCESS;
-    *owned = b != NULL;
-    if (b && b->seg->vseg) {
-        st = err_set(XSEG_ERROR_NOT_SUPPORTED,
-                     "xseg_base_allocation: %p is a block of an expandable segment, whose pages cannot be "
-                     "shared with cuIpcGetMemHandle (use xseg_ipc_export, or expandable_segments:False)",
-                     ptr);
-    } else if (b) {
-        *base = (void *)b->seg->first->addr;
-        if (size)
-            *size = b->seg->size;
-    }
-    dev_unlock(d);
-    return st;
-}
-
-/* ---- spill (core/services/spill.h) -------------------------------------------------------- */
-
-xseg_status alloc_promote(struct dev_alloc *d)
-{
-    dev_acquire(d);
-    refresh_cfg(d);
-    /* Room first: the cache goes back to the driver (as empty_cache) while pages are on host. */
-    if (d->spill.host_bytes)
-        (void)release_cached_blocks(d, NULL);
-    xseg_status st = spill_promote(d, true);
-    dev_unlock(d);
-    return st;
-}
-
-xseg_status alloc_spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)
-{
-    dev_acquire(d);
-    xseg_status st = spill_hint(d, ptr, hint, owned);
-    dev_unlock(d);
-    return st;
-}
-
-xseg_status alloc_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, bool *owned)
-{
-    dev_acquire(d);
-    xseg_status st = spill_location(d, ptr, location, host_bytes, owned);
-    dev_unlock(d);
-    return st;
-}
-
-void alloc_reset_peaks(struct dev_alloc *d)
-{
-    dev_acquire(d); /* a peak becomes a current: the slots' debts are paid first */
-    dev_stats_reset_peaks(d);
-    dev_unlock(d);
-}
-
-xseg_status alloc_enable_peer(struct dev_alloc *d, int peer)
-{
-    dev_acquire(d);
-    for (int i = 0; i < d->npeers; i++) {
-        if (d->peers[i] == peer) {
-            dev_unlock(d);
-            return XSEG_SUCCESS;
-        }
-    }
-    xseg_status st = XSEG_SUCCESS;
-    for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg)
-        if (s->vseg)
-            st = seg_add_peer(s->vseg, peer);
-    if (st == XSEG_SUCCESS && d->npeers < ALLOC_MAX_DEVICES)
-        d->peers[d->npeers++] = peer;
-    dev_unlock(d);
-    return st;
-}
-
-/* ---- history ----------------------------------------------------------------------------- */
-
-void alloc_history_start(struct dev_alloc *d)
-{
-    dev_acquire(d);
-    dev_fast_off(d);
-    for (size_t i = 0; i < d->live.cap; i++) {
-        struct block *b = ptrmap_block(&d->live, d->live.slots[i]);
-        if (b && !b->recorded)
-            b->recorded = true; /* with no stack: a side struct, if any, holds none */
-    }
-    dev_unlock(d);
-}
-

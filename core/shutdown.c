@@ -4,8 +4,10 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "core/alloc.h"
+#include "core/devops.h"
 #include "core/policy/capreuse.h"
 #include "core/device/check.h"
+#include "core/device/quarantine.h"
 #include "core/policy/events.h"
 #include "core/services/group.h"
 #include "core/process/history.h"
@@ -13,6 +15,7 @@
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
 #include "core/policy/pools.h"
+#include "core/policy/registry.h"
 #include "core/runtime.h"
 #include "core/process/settings.h"
 #include "core/services/sleep.h"
@@ -23,7 +26,7 @@
 static xseg_status shutdown_check(struct dev_alloc *d)
 {
     xseg_status st = XSEG_SUCCESS;
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     bool by_capture = false;
     for (size_t i = 0; i < d->priv.nroutes; i++)
         by_capture |= d->priv.routes[i].by_capture;
@@ -43,7 +46,7 @@ static xseg_status shutdown_check(struct dev_alloc *d)
 /* The addresses of every live block of @p d (*out: xs_free it; NULL when none). */
 static xseg_status shutdown_live(struct dev_alloc *d, void ***out, size_t *n)
 {
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     fast_settle(d, FAST_ALL, NULL); /* a slot's block is allocated or free again, as it counts */
     size_t count = 0;
     for (struct segrec *s = d->segs; s; s = s->next_seg)
@@ -70,7 +73,7 @@ static xseg_status shutdown_live(struct dev_alloc *d, void ***out, size_t *n)
 static xseg_status shutdown_pools(struct dev_alloc *d)
 {
     for (;;) {
-        dev_lock(d);
+        dev_lock(d, DEV_NEED_OP);
         bool any = d->priv.nroutes > 0;
         xseg_pool_id id = any ? d->priv.routes[0].pool->id : (xseg_pool_id){0, 0};
         dev_unlock(d);
@@ -81,7 +84,7 @@ static xseg_status shutdown_pools(struct dev_alloc *d)
             return st;
     }
     for (;;) {
-        dev_lock(d);
+        dev_lock(d, DEV_NEED_OP);
         xseg_pool_id id = {0, 0};
         bool any = false;
         for (struct priv_pool *pp = d->priv.pools; pp && !any; pp = pp->next)
@@ -113,23 +116,30 @@ static xseg_status shutdown_device(struct dev_alloc *d)
     if (st == XSEG_SUCCESS)
         st = shutdown_pools(d);
     if (st == XSEG_SUCCESS)
-        st = alloc_empty_cache(d); /* waits for the pending frees' events */
+        st = devops_empty_cache(d); /* waits for the pending frees' events */
+    if (st == XSEG_SUCCESS && quar_count(d, NULL)) {
+        /* debug_stale_access: the quarantine is checked and drains, then its blocks go too */
+        st = devops_check_stale(d, "xseg_shutdown", true, NULL);
+        if (st == XSEG_SUCCESS)
+            st = devops_empty_cache(d);
+    }
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "xseg_shutdown on device %d", d->device);
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     if (d->segs) {
         dev_unlock(d);
         return err_set(XSEG_ERROR_DRIVER, "xseg_shutdown: device %d still holds segments the driver would not take "
                        "back; call xseg_shutdown again", d->device);
     }
     ev_destroy(d);
+    quar_destroy(d);
     sleep_teardown(d);
     capreuse_reset(d);
     pools_destroy(d);
     d->cfg_gen = 0; /* the next lock takes the configuration (and its memory fraction) afresh */
     dev_unlock(d);
-    alloc_reset_peaks(d);
-    alloc_reset_accumulated(d);
+    devops_reset_peaks(d);
+    devops_reset_accumulated(d);
     return XSEG_SUCCESS;
 }
 
@@ -144,6 +154,9 @@ xseg_status shutdown_process(void)
         if (d)
             st = shutdown_check(d);
     }
+    /* Registrants release every page first; one that does not: refused, nothing changed. */
+    if (st == XSEG_SUCCESS)
+        st = reg_shutdown(rt_device_peek);
     if (st != XSEG_SUCCESS)
         return st;
     /* The defaults first: the idle thread stops (joined) before the devices are emptied. */

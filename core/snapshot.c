@@ -14,6 +14,7 @@
 #include "base/witness.h"
 #include "core/device/check.h"
 #include "core/device/device.h"
+#include "core/device/quarantine.h"
 #include "core/process/history.h"
 #include "core/runtime.h"
 #include "core/process/settings.h"
@@ -665,7 +666,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
 xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 {
     xseg_status st = XSEG_SUCCESS;
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
         if (!s->vseg) {
             st = snap_range(d, s, s->first, NULL, a);
@@ -693,11 +694,93 @@ xseg_status snapshot_segments(struct dev_alloc *d, struct snap_acc *a)
 
 static size_t active_bytes(struct dev_alloc *d)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     /* active_bytes.all.current, folded (dev_alloc.acct.pending) */
     size_t n = (size_t)(stats_all_current(d->acct.stats.allocated_bytes) + d->acct.pending_bytes[XSEG_STAT_ALL]);
     dev_unlock(d);
     return n;
+}
+
+/* ---- debug_stale_access's findings (core/device/quarantine.h) ------------------------------ */
+
+struct stale_acc {
+    struct quar_item *v; /* stacks referenced */
+    int *dev;
+    size_t n, cap, capdev;
+};
+
+/* A snapshot is one of the checks' occasions: @p d's quarantine is checked (not during a
+ * capture), the findings delivered, and every finding kept so far copied into @p sa. */
+static void stale_gather(struct dev_alloc *d, struct stale_acc *sa)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    struct quar_batch batch = {0};
+    if (quar_count(d, NULL) && !cap_underway(d)) {
+        (void)quar_check_all(d, "snapshot", false, NULL); /* a failed read-back leaves its block unreported */
+        quar_take(d, &batch);
+    }
+    size_t n;
+    const struct quar_item *f = quar_findings(d, &n);
+    if (n && VEC_RESERVE(sa->v, sa->cap, sa->n + n) && VEC_RESERVE(sa->dev, sa->capdev, sa->n + n)) {
+        for (size_t i = 0; i < n; i++) {
+            hist_stack_ref(f[i].alloc_stack);
+            hist_stack_ref(f[i].free_stack);
+            sa->dev[sa->n] = d->device;
+            sa->v[sa->n++] = f[i];
+        }
+    }
+    dev_unlock(d);
+    quar_deliver(&batch);
+}
+
+static void stale_free(struct stale_acc *sa)
+{
+    for (size_t i = 0; i < sa->n; i++) {
+        hist_stack_unref(sa->v[i].alloc_stack);
+        hist_stack_unref(sa->v[i].free_stack);
+    }
+    xs_free(sa->v);
+    xs_free(sa->dev);
+}
+
+/* xseg's own key (PyTorch's readers ignore it): each write after a free found, with the
+ * allocation's frames (`frames`) and the free's (`free_frames`). */
+static void e_stale(struct emit *e, struct frames_out *fo, const struct stale_acc *sa)
+{
+    e_key(e, "xseg_stale_accesses");
+    e_list(e);
+    for (size_t i = 0; i < sa->n; i++) {
+        const struct quar_item *f = &sa->v[i];
+        e_dict(e);
+        e_key(e, "device");
+        e_int(e, sa->dev[i]);
+        e_key(e, "address");
+        e_int(e, (int64_t)f->addr);
+        e_key(e, "size");
+        e_int(e, (int64_t)f->size);
+        e_key(e, "requested_size");
+        e_int(e, (int64_t)f->requested);
+        e_key(e, "stream");
+        e_int(e, (int64_t)(uintptr_t)f->stream);
+        e_key(e, "segment_type");
+        e_str(e, f->pool == XSEG_STAT_SMALL_POOL ? "small" : "large");
+        e_key(e, "is_expandable");
+        e_bool(e, f->expandable);
+        e_key(e, "first_changed_offset");
+        e_int(e, (int64_t)f->first_offset);
+        e_key(e, "freed_time_us");
+        e_int(e, f->freed_us);
+        e_key(e, "found_time_us");
+        e_int(e, f->found_us);
+        e_key(e, "found_at");
+        e_str(e, f->when);
+        e_key(e, "frames");
+        e_frames(e, fo, f->alloc_stack);
+        e_key(e, "free_frames");
+        e_frames(e, fo, f->free_stack);
+        e_end(e);
+    }
+    e_end(e);
 }
 
 /* The segments of @p device (-1: every device created so far) into @p a. */
@@ -728,7 +811,14 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     struct hist_event *ev = NULL;
     size_t nev = 0;
     uint64_t dropped = 0;
+    struct stale_acc sa = {0};
+    for (int i = 0; i < ndev; i++) {
+        struct dev_alloc *d = (device == -1 || i == device) ? rt_device_peek(i) : NULL;
+        if (d)
+            stale_gather(d, &sa);
+    }
     if ((st = gather(device, &a)) != XSEG_SUCCESS || (st = hist_events_copy(&ev, &nev, &dropped)) != XSEG_SUCCESS) {
+        stale_free(&sa);
         snap_acc_free(&a);
         return st;
     }
@@ -736,6 +826,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     /* A fresh file renamed into place: nothing planted at either name is written through. */
     struct afile af;
     if ((st = afile_open(&af, path, what)) != XSEG_SUCCESS) {
+        stale_free(&sa);
         snap_acc_free(&a);
         hist_events_free(ev, nev);
         return st;
@@ -762,6 +853,8 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     }
     e_end(&e);
     e_settings(&e, dropped);
+    if (sa.n)
+        e_stale(&e, &fo, &sa);
     e_end(&e);
     if (!json)
         put1(&e, P_STOP);
@@ -770,6 +863,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     u64map_free(&fo.frame_memo);
     u64map_free(&fo.stack_memo);
     snap_acc_free(&a);
+    stale_free(&sa);
     hist_events_free(ev, nev);
     return afile_commit(&af, path, what);
 }

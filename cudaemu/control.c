@@ -105,8 +105,13 @@ uint64_t cudaemu_model_ns(void)
     return emu_model_now();
 }
 
+/* Bytes each copy and memset entry moved (CUDAEMU_REPORT: what a debug mode or a service wrote). */
+static _Atomic uint64_t ctl_bytes[EMU_E_COUNT];
+void emu_bytes_note(enum emu_entry e, size_t bytes) { atomic_fetch_add_explicit(&ctl_bytes[e], bytes, memory_order_relaxed); }
+
 void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0)
 {
+    emu_bytes_note(e, bytes);
     uint64_t ps = atomic_load_explicit(&ctl_ps_per_byte[e], memory_order_relaxed);
     if (!ps || !bytes)
         return;
@@ -392,6 +397,9 @@ void emu_report_print(void)
         if (ps)
             fprintf(stderr, ", %llu ps per byte", (unsigned long long)ps);
         fprintf(stderr, "\n");
+        uint64_t moved = atomic_load(&ctl_bytes[i]);
+        if (moved)
+            fprintf(stderr, "cudaemu report: %-34s %llu byte(s) moved\n", emu_api_names[i], (unsigned long long)moved);
     }
 }
 

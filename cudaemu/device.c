@@ -134,6 +134,9 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = emu.cfg.vmm; break;
     /* Off unless CUDAEMU_FABRIC=1, like a GPU outside an NVLink/IMEX fabric. */
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: v = emu.cfg.vmm && emu.cfg.fabric; break;
+    /* Off unless CUDAEMU_DMA_BUF=1 / CUDAEMU_RDMA=1 (a device without them: the default). */
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: v = emu.cfg.dma_buf; break;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: v = emu.cfg.vmm && emu.cfg.rdma; break;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = emu.cfg.vmm; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;

@@ -79,6 +79,8 @@ struct emu_config {
     bool vmm;
     bool report;
     bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC */
+    bool dma_buf;     /* CUDAEMU_DMA_BUF=1: dma-buf export of mapped ranges (cuMemGetHandleForAddressRange) */
+    bool rdma;        /* CUDAEMU_RDMA=1: GPUDirect RDMA on VMM memory (the device attribute) */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
     char shared[49];  /* CUDAEMU_SHARED: devices shared among processes under this name (shared.c) */
 };
@@ -294,6 +296,8 @@ void emu_latency_set(enum emu_entry e, uint64_t ns);
 void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s);
 uint64_t emu_now_ns(void);
 void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0);
+/* Count @p bytes moved by entry @p e (emu_bytes_wait counts its own; CUDAEMU_REPORT prints them). */
+void emu_bytes_note(enum emu_entry e, size_t bytes);
 /* The timeline model (cudaemu_model_ns): a modelled host clock that each call advances by its
  * latency and each synchronous copy by its bytes at its rate; an async copy occupies its stream
  * and its direction's copy engine from max(stream ready, engine ready, now) for bytes / rate, and

@@ -19,6 +19,8 @@ static const char *const env_known[] = {
     "CUDAEMU_DEVICES", "CUDAEMU_TOTAL_MEM", "CUDAEMU_GRANULARITY", "CUDAEMU_VMM",
     "CUDAEMU_FAIL",    "CUDAEMU_LATENCY",   "CUDAEMU_REPORT",
     "CUDAEMU_FABRIC", /* emulated fabric handles */
+    "CUDAEMU_DMA_BUF", /* dma-buf export of mapped ranges */
+    "CUDAEMU_RDMA",   /* GPUDirect RDMA on VMM memory */
     "CUDAEMU_FRESH",  /* what new physical memory holds */
     "CUDAEMU_SHARED", /* devices shared among processes (shared.c) */
 };
@@ -233,7 +235,8 @@ static void env_load(void)
             snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100), *ep);
             env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
                           "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
-                          "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH, CUDAEMU_SHARED)");
+                          "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH, CUDAEMU_SHARED, CUDAEMU_DMA_BUF, "
+                          "CUDAEMU_RDMA)");
         }
     }
 
@@ -244,6 +247,8 @@ static void env_load(void)
     c->vmm = true;
     c->report = false;
     c->fabric = false;
+    c->dma_buf = false;
+    c->rdma = false;
     const char *v;
     if ((v = getenv("CUDAEMU_DEVICES")))
         c->devices = (int)env_int("CUDAEMU_DEVICES", v, 0, EMU_MAX_DEVICES);
@@ -262,6 +267,10 @@ static void env_load(void)
         c->report = env_int("CUDAEMU_REPORT", v, 0, 1);
     if ((v = getenv("CUDAEMU_FABRIC")))
         c->fabric = env_int("CUDAEMU_FABRIC", v, 0, 1);
+    if ((v = getenv("CUDAEMU_DMA_BUF")))
+        c->dma_buf = env_int("CUDAEMU_DMA_BUF", v, 0, 1);
+    if ((v = getenv("CUDAEMU_RDMA")))
+        c->rdma = env_int("CUDAEMU_RDMA", v, 0, 1);
     c->fresh = EMU_FRESH_SPARSE;
     if ((v = getenv("CUDAEMU_FRESH"))) {
         if (!strcmp(v, "sparse"))

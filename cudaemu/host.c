@@ -249,6 +249,7 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
     int rc = async_enqueue(hStream, EMU_E_cuMemsetD8Async, CU_GRAPH_NODE_TYPE_MEMSET, &op);
     if (rc < 0)
         return (CUresult)-rc;
+    emu_bytes_note(EMU_E_cuMemsetD8Async, N);
     /* Zeros over VMM memory are punched out of the memory file (cuMemsetD8's reason). */
     if (rc && N && (uc || !emu_vmm_zero((uintptr_t)dstDevice, N)))
         memset((void *)(uintptr_t)dstDevice, uc, N);

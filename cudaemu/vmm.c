@@ -925,10 +925,14 @@ CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *
     return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* A dma-buf descriptor for a range: the emulated device has no dma-buf exporter (a dma-buf is a
- * kernel driver's object), so CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED reads 0 and a well-formed
- * request is NOT_SUPPORTED, as on a device without it; malformed ones are INVALID_VALUE first (the
- * documented rules: one handle type, flags 0 or MAPPING_TYPE_PCIE, host-page-aligned range). */
+/* A dma-buf descriptor for a range. Malformed requests are INVALID_VALUE (the documented rules:
+ * one handle type, flags 0 or MAPPING_TYPE_PCIE, a host-page-aligned range). By default the
+ * emulated device has no dma-buf exporter (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED reads 0) and a
+ * well-formed request is NOT_SUPPORTED, as on a device without it. With CUDAEMU_DMA_BUF=1 every
+ * byte of the range must be mapped to device memory of one device, across as many mappings
+ * (physical handles) as it spans; a hole, host-located memory or two devices is INVALID_VALUE.
+ * The descriptor is a memfd of the range's size (fstat reads it): it names no pages (a dma-buf
+ * is a kernel object cudaemu cannot make), so only its size and lifetime are emulated. */
 CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
                                                CUmemRangeHandleType handleType, unsigned long long flags)
 {
@@ -936,9 +940,43 @@ CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, s
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD ||
         (flags & ~(unsigned long long)CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) || !dptr || !size ||
-        ((uintptr_t)dptr | size) & (page - 1))
+        ((uintptr_t)dptr | size) & (page - 1) || (uintptr_t)dptr + size < (uintptr_t)dptr)
         return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (!emu.cfg.dma_buf)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    emu_lock();
+    uintptr_t cur = (uintptr_t)dptr, end = cur + size;
+    int dev = -2;
+    bool ok = true;
+    while (ok && cur < end) {
+        struct emu_mapping *m = vmm_mapping_at(cur, NULL);
+        ok = m && m->handle->phys->dev >= 0 && (dev == -2 || dev == m->handle->phys->dev);
+        if (ok) {
+            dev = m->handle->phys->dev;
+            cur = m->base + m->size;
+        }
+    }
+    if (!ok) { /* cuMemAlloc memory: one allocation holding the whole range */
+        size_t pos = 0;
+        uint64_t key;
+        for (struct emu_alloc *a; cur == (uintptr_t)dptr && (a = emu_map_next(&emu.allocs, &pos, &key));)
+            if ((uintptr_t)dptr >= a->base && end <= a->base + a->mapped) {
+                ok = true;
+                break;
+            }
+    }
+    emu_unlock();
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("cudaemu-dmabuf", MFD_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
 }
 
 /* ---- per-device access ---- */

@@ -1,9 +1,10 @@
 /*
  * xseg — a CUDA caching allocator over expandable (virtual-memory) segments.
  *
- * This is the only public header. It compiles on its own, as C99 or later and as C++, without
- * the CUDA headers: streams are taken as `struct CUstream_st *`, which is the same type as the
- * driver's CUstream and the runtime's cudaStream_t. A NULL stream is the legacy default stream.
+ * The public header (with xseg_torch.h, PyTorch's entry points, which it includes). It compiles on
+ * its own, as C99 or later and as C++, without the CUDA headers: streams are taken as
+ * `struct CUstream_st *`, which is the same type as the driver's CUstream and the runtime's
+ * cudaStream_t. A NULL stream is the legacy default stream.
  *
  * Every function that can fail returns an ::xseg_status and writes its results through
  * out-parameters. On failure, xseg_last_error() returns a message (thread-local) that names what
@@ -514,6 +515,47 @@ typedef void (*xseg_oom_observer)(int device, size_t requested, size_t device_to
 XSEG_API xseg_status xseg_attach_oom_observer(xseg_oom_observer fn, void *user);
 
 /**
+ * A stale access found by the debug mode `debug_stale_access:True` (docs/troubleshooting.md):
+ * a block was written after its free. While the mode is on, a freed block is quarantined (not
+ * reused) until it leaves a FIFO of at most `debug_quarantine_mb` MiB; it is filled with all-ones
+ * bytes at its free (stream-ordered after its last use) and checked when it leaves, at
+ * xseg_empty_cache, at snapshot time and by xseg_check_stale. Frames are those history recorded
+ * (xseg_record_memory_history; none when it was off). Valid during the call only.
+ */
+typedef struct xseg_stale_report {
+    int device;
+    uintptr_t addr;              /**< the freed block's address */
+    size_t size;                 /**< its bytes (rounded) */
+    size_t requested;            /**< the bytes its malloc asked for */
+    struct CUstream_st *stream;  /**< the stream it was allocated on */
+    const char *pool;            /**< "small" or "large" */
+    int expandable;              /**< 1: an expandable segment's block, 0: a classic one */
+    size_t first_offset;         /**< the first byte (from addr) that lost the pattern */
+    int64_t freed_us, found_us;  /**< when it was freed and found (microseconds since the epoch) */
+    const char *when;            /**< "quarantine exit", "empty_cache", "snapshot" or "xseg_check_stale", "xseg_shutdown" */
+    const xseg_frame *alloc_frames; /**< the allocation's frames, innermost first */
+    int n_alloc_frames;
+    const xseg_frame *free_frames;  /**< the free's frames, innermost first */
+    int n_free_frames;
+    const char *message;         /**< all of it as one text, as printed to stderr */
+} xseg_stale_report;
+typedef void (*xseg_stale_observer)(const xseg_stale_report *report, void *user);
+/** Attach a stale-access observer (several may be attached; called in order, with no xseg lock
+ * held). While none is attached, each report is printed to stderr. */
+XSEG_API xseg_status xseg_attach_stale_observer(xseg_stale_observer fn, void *user);
+/**
+ * Check every block quarantined on @p device now (debug_stale_access): each one written since
+ * its free is reported (observers, else stderr) once, and stays quarantined. Waits for the
+ * blocks' streams. @p found (optional): the findings this call made. With the mode off or
+ * nothing quarantined: XSEG_SUCCESS, 0 found.
+ * Blocks whose record_stream streams finished enter the quarantine first.
+ * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a check would
+ *         synchronize its streams; nothing is checked); XSEG_ERROR_INVALID_DEVICE;
+ *         XSEG_ERROR_DRIVER when a read-back fails (that block stays unreported).
+ */
+XSEG_API xseg_status xseg_check_stale(int device, size_t *found);
+
+/**
  * First step of the OOM recovery path: a chance for the program to free memory it holds
  * (PyTorch's FreeMemoryCallback). Return nonzero if anything was freed; xseg then retries.
  * Called with xseg's device lock released.
@@ -850,6 +892,101 @@ XSEG_API xseg_status xseg_block_handles(void *ptr, xseg_phys_range *ranges, size
  */
 XSEG_API xseg_status xseg_block_handles_release(void *ptr);
 
+/* ---------------------------------------------------------------------------------------------
+ * Registrations that stay valid (docs/registrations.md)
+ *
+ * A library that pins device memory for a NIC or another GPU (NCCL's ncclCommRegister, UCX/NIXL,
+ * ibv_reg_mr of a dmabuf) registers the range here. Before xseg unmaps or re-backs any page of a
+ * registered range (xseg_empty_cache, xseg_trim, xseg_sleep, xseg_shutdown) it calls the
+ * range's @c before callback, with no xseg lock held, and waits for it
+ * to return: 0 means the registrant dropped its own registration, so the pages may go. When every
+ * page of a released range is mapped again (xseg_wake, a later allocation that maps pages there),
+ * the @c after callback is called so the registrant registers the new pages (inside that
+ * xseg_wake or xseg_malloc, with no xseg lock held). A range whose
+ * registrant does not release (non-zero, or no return within timeout_ms) stays mapped and the
+ * call that wanted its pages reports it; reclaim that does not call back (idle reclaim, the
+ * release threshold, an allocation's out-of-memory retry, the memory group's give-way,
+ * defragmentation) leaves the pages of a registered range alone.
+ * ------------------------------------------------------------------------------------------- */
+
+/** Why a registration callback runs. */
+typedef enum xseg_range_reason {
+    XSEG_RANGE_RECLAIM = 1,  /**< before: xseg_empty_cache or xseg_trim may unmap pages */
+    XSEG_RANGE_SLEEP = 2,    /**< before: xseg_sleep gives the pool's pages back */
+    XSEG_RANGE_SHUTDOWN = 3, /**< before: xseg_shutdown; no after follows */
+    XSEG_RANGE_MOVE = 4,     /**< before: pages are moved elsewhere (spill to host) */
+    XSEG_RANGE_REMAPPED = 5, /**< after: every page of the range is mapped again (new physical memory) */
+    XSEG_RANGE_KEPT = 6,     /**< after: the pages did not go after all (a failed or partial operation) */
+} xseg_range_reason;
+
+/** What a registration callback is told. */
+typedef struct xseg_range_event {
+    int device;
+    void *ptr;   /**< the range as registered */
+    size_t size;
+    xseg_range_reason reason;
+} xseg_range_event;
+
+/** A registrant's callbacks (copied by xseg_register_range). */
+typedef struct xseg_range_callbacks {
+    /** Drop your registration of the range; return 0 once done, else the pages stay mapped. May
+     *  call xseg (even xseg_unregister_range of this range). May be NULL: always released. */
+    int (*before)(const xseg_range_event *ev, void *ctx);
+    /** Register the range again (its pages may be new physical memory); 0 on success. A failure
+     *  leaves the range released (asked again at the next after). May be NULL. */
+    int (*after)(const xseg_range_event *ev, void *ctx);
+    /** 0: wait for each callback as long as it takes, on the calling thread. Otherwise each runs
+     *  on a thread of its own and xseg waits at most this long; a callback still running then
+     *  counts as not released (its range stays mapped until it returns 0). */
+    unsigned timeout_ms;
+} xseg_range_callbacks;
+
+/**
+ * Register [@p ptr, @p ptr + @p size) of xseg's memory: mapped now, inside one expandable segment
+ * (a live block, part of one, or several blocks of one segment).
+ * @param callbacks what to call before the pages go and after they are back (copied).
+ * @param ctx       passed to the callbacks; (ptr, size, ctx) names the registration.
+ * @return XSEG_ERROR_INVALID_VALUE for NULL arguments, size 0, the same (ptr, size, ctx) twice, or
+ *         a range that is not mapped memory of one expandable segment of xseg (the message says
+ *         which); XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) segment;
+ *         XSEG_ERROR_OUT_OF_MEMORY when host memory runs out (nothing registered).
+ */
+XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_range_callbacks *callbacks, void *ctx);
+
+/**
+ * Forget the registration (@p ptr, @p size, @p ctx); no callback runs. Allowed from inside its
+ * own callback, and while a timed-out callback still runs (the record goes when it returns).
+ * @return XSEG_ERROR_INVALID_VALUE when no such registration exists.
+ */
+XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx);
+
+/**
+ * One dma-buf file descriptor for [@p ptr, @p ptr + @p size) of xseg's memory (mapped now, inside
+ * one expandable segment), however many physical chunks it spans: cuMemGetHandleForAddressRange
+ * on the host-page-aligned range around it, for ibv_reg_dmabuf_mr, UCX or NIXL. The dma-buf pins
+ * the pages it covers: register the range (xseg_register_range) and close the fd in the before
+ * callback, or the pages xseg unmaps would not go back to the driver.
+ * @param fd     out: the descriptor (the caller closes it); -1 on failure.
+ * @param offset out: where @p ptr sits in it (the range starts at a host page).
+ * @return XSEG_ERROR_NOT_SUPPORTED when the driver exports no dma-buf of the range
+ *         (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0, or no such entry point; the documented
+ *         alternative is one registration per chunk from xseg_block_handles) or for a classic
+ *         segment; XSEG_ERROR_INVALID_VALUE for NULL arguments, size 0, or a range that is not
+ *         mapped memory of one segment of xseg; XSEG_ERROR_DRIVER when the driver refuses it.
+ */
+XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *offset);
+
+/** The registrations of one device (xseg_registration_stats). */
+typedef struct xseg_registration_stats {
+    size_t active;       /**< registered on their current pages */
+    size_t released;     /**< released by their before callback, waiting for their pages */
+    size_t kept_bytes;   /**< bytes of pages left mapped because a registrant did not release (cumulative) */
+    size_t failures;     /**< callbacks that failed or timed out (cumulative) */
+} xseg_registration_stats;
+
+/** The registrations of @p device. @return XSEG_ERROR_INVALID_VALUE for NULL @p stats. */
+XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_stats *stats);
+
 /* --- end of many processes and many GPUs --- */
 
 /* ---------------------------------------------------------------------------------------------
@@ -1111,48 +1248,6 @@ XSEG_API xseg_status xseg_host_reset_peak_stats(void);
 XSEG_API xseg_status xseg_host_reset_accumulated_stats(void);
 
 /* ---------------------------------------------------------------------------------------------
- * PyTorch pluggable-allocator entry points:
- *   torch.cuda.memory.CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free")
- * They report failures through xseg_last_error() and return NULL / nothing. PyTorch does not
- * check the NULL (a tensor gets it as its data pointer); xseg.torch.enable()'s adapter calls
- * xseg_malloc instead and raises torch.cuda.OutOfMemoryError with xseg's message.
- * ------------------------------------------------------------------------------------------- */
-
-XSEG_API void *xseg_torch_malloc(size_t size, int device, struct CUstream_st *stream);
-XSEG_API void xseg_torch_free(void *ptr, size_t size, int device, struct CUstream_st *stream);
-XSEG_API void xseg_torch_init(int device_count);
-XSEG_API void xseg_torch_empty_cache(void);
-XSEG_API void xseg_torch_set_memory_fraction(double fraction, int device);
-XSEG_API void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
-
-/**
- * Tell xseg that every hook of the pluggable allocator is wired (record_stream, empty_cache,
- * memory fraction, the pool hooks), as the Python package's adapter (xseg.torch.enable) does.
- * Without it, the first xseg_torch_malloc prints one warning on stderr: a bare
- * CUDAPluggableAllocator("libxseg.so", "xseg_torch_malloc", "xseg_torch_free") drops
- * Tensor.record_stream() silently. XSEG_NO_TORCH_WARNING=1 in the environment silences it too.
- * Call it before the first allocation. @p attached 0 re-arms the warning.
- */
-XSEG_API void xseg_torch_adapter_attached(int attached);
-
-/*
- * Private-pool hooks, for allocator.set_end_allocate_to_pool_fn / set_release_pool. They take
- * (int, MempoolId_t): a struct of two 64-bit integers passed by value has the same calling
- * convention as std::pair<unsigned long long, unsigned long long> (Itanium C++ ABI).
- *
- * set_begin_allocate_to_pool takes a std::function<void(int, MempoolId_t,
- * std::function<bool(cudaStream_t)>)>, which no C function can be. Without it, xseg refuses
- * allocations on a capturing stream (XSEG_ERROR_ILLEGAL_STATE), so torch.cuda.graph() fails
- * cleanly instead of capturing into the default pool. To capture graphs through the pluggable
- * allocator, register a small C++ adapter as the begin hook: keep the std::function filter alive
- * (e.g. in a map keyed by the pool id, erased by the end hook) and call
- * xseg_begin_allocate_to_pool(device, {id.first, id.second}, trampoline, &filter), where
- * trampoline(stream, user) returns (*(std::function<bool(cudaStream_t)> *)user)(stream).
- */
-XSEG_API void xseg_torch_end_allocate_to_pool(int device, xseg_pool_id id);
-XSEG_API void xseg_torch_release_pool(int device, xseg_pool_id id);
-
-/* ---------------------------------------------------------------------------------------------
  * Memory groups (docs/services.md): processes on one device that set the same memory_group:NAME
  * publish their figures in a shared table and give cached memory way to a member whose malloc
  * would fail.
@@ -1206,5 +1301,9 @@ XSEG_API xseg_status xseg_group_read(const char *table, xseg_group_member *membe
 #ifdef __cplusplus
 }
 #endif
+
+/* PyTorch's pluggable-allocator entry points (xseg_torch_*) have their own header, included here
+ * so that code written against xseg.h alone compiles unchanged. */
+#include "xseg_torch.h"
 
 #endif /* XSEG_H */

@@ -80,7 +80,7 @@ xseg_status vmm_node_deps(CUgraphNode node, CUgraphNode *out, size_t cap, size_t
     return XSEG_SUCCESS;
 }
 
-/* ---- the capture calls of core/alloc.c and core/pools.c (messages name the device) -------- */
+/* ---- the capture calls of core/alloc.c and core/policy/pools.c (messages name the device) -------- */
 
 /* drv_fail, with CUDA_ERROR_OUT_OF_MEMORY reported as a driver error: a capture query or
  * begin/end that runs out of memory is not the allocator's out-of-memory condition. */

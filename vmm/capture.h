@@ -1,6 +1,6 @@
 /*
  * The capture graph, as the driver reports it: the driver calls behind
- * graph_capture_record_stream_reuse (core/capreuse.c holds the policy). Thread-safe as the driver
+ * graph_capture_record_stream_reuse (core/policy/capreuse.c holds the policy). Thread-safe as the driver
  * is; no state of its own.
  */
 #ifndef XSEG_VMM_CAPTURE_H
@@ -39,7 +39,7 @@ xseg_status vmm_capture_end(CUstream stream, int device, CUgraph *graph);
 
 /* Put the calling thread in relaxed capture mode for good (cuThreadExchangeStreamCaptureMode):
  * a background thread's event and stream queries must never invalidate a GLOBAL capture another
- * thread runs (core/idle.c). @return XSEG_ERROR_DRIVER naming the call when it fails. */
+ * thread runs (core/services/idle.c). @return XSEG_ERROR_DRIVER naming the call when it fails. */
 xseg_status vmm_capture_relax_thread(void);
 
 /* Query @p stream. @return XSEG_ERROR_DRIVER naming the call and the stream when it fails. */

@@ -1,5 +1,5 @@
 /*
- * Classic segments at the driver boundary: one cuMemAlloc range each (core/alloc.c and core/release.c hold the
+ * Classic segments at the driver boundary: one cuMemAlloc range each (core/alloc.c and core/policy/release.c hold the
  * policy: sizes, when to allocate and release, the bookkeeping). Context: callers make the
  * device's context current. Locking: none of its own; callers may hold the device lock (or drop
  * it around classic_alloc, with release_lock_on_cudamalloc).

@@ -35,6 +35,23 @@ static xseg_status drv_load_fail(xseg_status st, const char *fmt, ...)
     return st;
 }
 
+/* cuMemGetHandleForAddressRange, resolved apart from the table because it is optional. */
+static CUresult (*drv_dmabuf_fn)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+
+CUresult drv_range_dmabuf(CUdeviceptr ptr, size_t size, int *fd)
+{
+    *fd = -1;
+    if (!drv_dmabuf_fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return drv_dmabuf_fn(fd, ptr, size, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+}
+
+int drv_dmabuf_attribute(CUdevice dev)
+{
+    int v = -1;
+    return drv->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) == CUDA_SUCCESS ? v : -1;
+}
+
 static xseg_status drv_do_load(void)
 {
     const char *env = getenv("XSEG_LIBCUDA");
@@ -60,6 +77,9 @@ static xseg_status drv_do_load(void)
     } while (0);
     DRV_FOREACH_ENTRY(DRV_RESOLVE)
 #undef DRV_RESOLVE
+    /* Optional (CUDA 11.7 on): an older driver still loads, and drv_range_dmabuf says so. */
+    void *dmabuf = dlsym(lib, "cuMemGetHandleForAddressRange");
+    memcpy(&drv_dmabuf_fn, &dmabuf, sizeof dmabuf);
     CUresult res = drv_table.cuInit(0);
     if (res != CUDA_SUCCESS) {
         const char *name = NULL;

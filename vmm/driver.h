@@ -144,6 +144,12 @@ void drv_device_unquery(const struct drv_device_info *info);
  * (0: none): the one place it is asked (device query, segments, IPC probes). */
 xseg_status drv_granularity(CUdevice dev, unsigned handle_types, size_t *out);
 
+/* A dma-buf fd for [ptr, ptr + size) (cuMemGetHandleForAddressRange, DMA_BUF_FD, no flags): the
+ * driver's result; CUDA_ERROR_NOT_SUPPORTED when the driver lacks the entry point. Context current. */
+CUresult drv_range_dmabuf(CUdeviceptr ptr, size_t size, int *fd);
+/* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED of @p dev; -1 when unreadable. */
+int drv_dmabuf_attribute(CUdevice dev);
+
 /* Devices the driver reports (cuDeviceGetCount). Driver loaded. */
 xseg_status drv_device_count(int *count);
 

@@ -1,5 +1,5 @@
 /*
- * Events at the driver boundary: the calls behind record_stream's deferred frees (core/events.c
+ * Events at the driver boundary: the calls behind record_stream's deferred frees (core/policy/events.c
  * holds the policy: pooling, per-stream queues). Context: callers make the device's context
  * current. Locking: none of its own (the driver is thread-safe).
  */

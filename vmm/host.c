@@ -133,6 +133,12 @@ xseg_status vhost_copy_htod(CUdeviceptr dst, const void *src, size_t bytes, CUst
                              : copy_fail(r, "cuMemcpyHtoDAsync", (uintptr_t)dst, (uintptr_t)src, bytes, stream);
 }
 
+xseg_status vhost_fill(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream)
+{
+    CUresult r = drv->cuMemsetD8Async(dst, value, bytes, stream);
+    return r == CUDA_SUCCESS ? XSEG_SUCCESS : copy_fail(r, "cuMemsetD8Async", (uintptr_t)dst, 0, bytes, stream);
+}
+
 xseg_status vhost_zero(CUdeviceptr dst, size_t bytes, CUstream stream)
 {
     CUresult r = drv->cuMemsetD8Async(dst, 0, bytes, stream);

@@ -1,7 +1,7 @@
 /*
  * Pinned host memory and the asynchronous copies and memset of sleep and wake (services,
- * core/sleep.c): a sleeping pool's live bytes wait in pinned host memory (from the host caching
- * allocator, core/hostalloc.c), and wake copies them back or clears the pages.
+ * core/services/sleep.c): a sleeping pool's live bytes wait in pinned host memory (from the host caching
+ * allocator, core/services/hostalloc.c), and wake copies them back or clears the pages.
  *
  * Context: callers make the device's context current first (drv_ctx_ensure). Locking: none of
  * its own except the list of host frees to retry; callers may hold a device lock.
@@ -36,5 +36,7 @@ size_t vhost_pending(void);
 xseg_status vhost_copy_dtoh(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
 xseg_status vhost_copy_htod(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
 xseg_status vhost_zero(CUdeviceptr dst, size_t bytes, CUstream stream);
+/* Enqueue on @p stream a memset of every byte to @p value (debug_stale_access's pattern). */
+xseg_status vhost_fill(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream);
 
 #endif

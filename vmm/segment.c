@@ -94,10 +94,14 @@ struct seg {
  * with its held handle (a rollback keeps that handle). */
 #define GRAN_ASLEEP 4
 #define GRAN_WAS_HELD 8
+/* debug_stale_access (seg_canary_swap): the chunk's handle is held, unmapped, and a one-granule
+ * canary page is mapped over each of its granules; still counted mapped (nothing else may touch
+ * it until seg_canary_restore maps the handle back). */
+#define GRAN_CANARY 16
 /* Spill (seg_move_chunk): the chunk's handle is host-located memory mapped at its place with the
  * device's access. It is live (gran_live) but counts in host_bytes, not mapped_bytes; the generic
  * unmap paths leave it alone (only seg_drop_host and seg_move_chunk take it away). */
-#define GRAN_HOST 16
+#define GRAN_HOST 32
 
 /* ---- small helpers ---- */
 
@@ -637,7 +641,7 @@ static xseg_status seg_create_access(struct seg *seg, const struct seg_params *p
 
 /* The cuMemCreate properties of a new segment's chunks and the granularity they come in, which
  * the page size must be a multiple of. */
-static xseg_status seg_create_props(struct seg *seg, unsigned handle_types)
+static xseg_status seg_create_props(struct seg *seg, unsigned handle_types, bool require_rdma)
 {
     seg->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     seg->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -658,6 +662,11 @@ static xseg_status seg_create_props(struct seg *seg, unsigned handle_types)
                                   seg->cudev) == CUDA_SUCCESS &&
         rdma)
         seg->prop.allocFlags.gpuDirectRDMACapable = 1;
+    else if (require_rdma)
+        return err_set(XSEG_ERROR_NOT_SUPPORTED,
+                       "gpu_direct_rdma:True, but device %d does not support GPUDirect RDMA on CUDA VMM memory "
+                       "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0 or unreadable); set "
+                       "gpu_direct_rdma:False, or register memory through a bounce buffer", seg->device);
     seg->gran = gran;
     return XSEG_SUCCESS;
 }
@@ -690,7 +699,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         goto fail_meta;
     }
     if ((st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS ||
-        (st = seg_create_props(seg, params->handle_types)) != XSEG_SUCCESS ||
+        (st = seg_create_props(seg, params->handle_types, params->require_rdma)) != XSEG_SUCCESS ||
         (st = seg_reserve_meta(seg, initial / seg->gran)) != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;
@@ -1805,7 +1814,7 @@ void seg_replay_mapped(const struct seg *seg, void (*fn)(void *user, struct seg 
     seg_runs(seg, fn, user, 1);
 }
 
-/* ---- sleep and wake (services, core/sleep.c) ---- */
+/* ---- sleep and wake (services, core/services/sleep.c) ---- */
 
 /* The asleep chunk holding granule @p g (GRAN_ASLEEP set): its first granule and end. */
 static size_t asleep_first(const struct seg *seg, size_t g) { return seg->cstart[g]; }
@@ -2040,4 +2049,96 @@ void seg_wake_commit(struct seg *seg)
 {
     for (size_t g = 0; g < seg->ngran; g++)
         seg->gflags[g] &= (unsigned char)~(GRAN_FRESH | GRAN_WAS_HELD);
+}
+
+/* ---- debug_stale_access's canary (seg_canary_swap) ---- */
+
+/* Map chunk @p cf's own handle back over its granules (the canary mappings unmapped first, when
+ * @p canary_mapped), access granted. A failure here loses the chunk's place under a block the
+ * allocator counts mapped, with nothing to roll back to: abort, as seg_refine does. */
+static void canary_unswap(struct seg *seg, size_t cf, size_t canary_mapped)
+{
+    CUdeviceptr addr = gran_addr(seg, cf);
+    size_t bytes = seg->clen[cf] * seg->gran;
+    CUresult res = canary_mapped ? drv->cuMemUnmap(addr, canary_mapped * seg->gran) : CUDA_SUCCESS;
+    if (res == CUDA_SUCCESS)
+        res = drv->cuMemMap(addr, bytes, 0, seg->handles[cf], 0);
+    if (res == CUDA_SUCCESS)
+        res = drv->cuMemSetAccess(addr, bytes, seg->access, seg->naccess);
+    if (res != CUDA_SUCCESS) {
+        fprintf(stderr, "xseg: debug_stale_access: cannot map a chunk back at 0x%llx (%zu bytes): %s\n",
+                (unsigned long long)addr, bytes, drv_error_name(res));
+        abort();
+    }
+    chunk_flags(seg, cf, GRAN_CANARY, 0);
+    if (seg->observe) /* the chunk's memory is back under its range */
+        seg->observe(seg->observe_user, seg, cf, cf + seg->clen[cf], 1);
+}
+
+xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end)
+{
+    *first = *end = 0;
+    if (size == 0 || offset % seg->gran || size % seg->gran || offset + size > seg->va_size)
+        return XSEG_SUCCESS;
+    size_t g0 = offset / seg->gran, g1 = (offset + size) / seg->gran;
+    size_t lo = SIZE_MAX, hi = 0;
+    for (size_t g = g0; g < g1; g = chunk_end(seg, g))
+        if (gran_live(seg, g) && seg->cstart[g] == g && chunk_end(seg, g) <= g1 && !(seg->gflags[g] & GRAN_CANARY)) {
+            lo = lo < g ? lo : g;
+            hi = chunk_end(seg, g);
+        }
+    if (lo == SIZE_MAX)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st == XSEG_SUCCESS)
+        st = seg_sync(seg, "before a quarantined block's pages are swapped for a canary");
+    if (st != XSEG_SUCCESS)
+        return st;
+    CUmemGenericAllocationHandle canary = 0;
+    CUresult res = drv->cuMemCreate(&canary, seg->gran, &seg->prop, 0);
+    if (res != CUDA_SUCCESS || !canary)
+        return seg_failf(res, "cuMemCreate(%zu bytes) of a canary page", seg->gran);
+    for (size_t g = lo; g < hi; g = chunk_end(seg, g)) {
+        if (!(gran_live(seg, g) && seg->cstart[g] == g && chunk_end(seg, g) <= hi && !(seg->gflags[g] & GRAN_CANARY)))
+            continue;
+        CUdeviceptr addr = gran_addr(seg, g);
+        size_t n = seg->clen[g], k = 0;
+        /* As for an unmap, the observer hears of it first (a registration goes with the memory). */
+        res = seg_unmap_run(seg, g, g + n);
+        if (res != CUDA_SUCCESS) {
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)addr, n * seg->gran);
+            break;
+        }
+        while (k < n && (res = drv->cuMemMap(addr + k * seg->gran, seg->gran, 0, canary, 0)) == CUDA_SUCCESS)
+            k++;
+        if (res == CUDA_SUCCESS)
+            res = drv->cuMemSetAccess(addr, n * seg->gran, seg->access, seg->naccess);
+        if (res != CUDA_SUCCESS) {
+            st = seg_failf(res, "mapping a canary page at 0x%llx", (unsigned long long)addr);
+            canary_unswap(seg, g, k); /* this chunk back as it was */
+            break;
+        }
+        chunk_flags(seg, g, GRAN_CANARY, 1);
+    }
+    if (st != XSEG_SUCCESS) /* the chunks swapped so far go back: nothing changed */
+        for (size_t g = lo; g < hi; g = chunk_end(seg, g))
+            if (seg->handles[g] && seg->cstart[g] == g && (seg->gflags[g] & GRAN_CANARY))
+                canary_unswap(seg, g, seg->clen[g]);
+    seg_release_handle(seg, canary); /* the page lives while a mapping holds it */
+    if (st == XSEG_SUCCESS) {
+        *first = lo * seg->gran;
+        *end = hi * seg->gran;
+    }
+    return st;
+}
+
+void seg_canary_restore(struct seg *seg, size_t first, size_t end)
+{
+    if (drv_ctx_ensure(seg->ctx) != XSEG_SUCCESS) {
+        fprintf(stderr, "xseg: debug_stale_access: cannot make the device's context current\n");
+        abort();
+    }
+    for (size_t g = first / seg->gran; g < end / seg->gran; g = chunk_end(seg, g))
+        if (seg->handles[g] && seg->cstart[g] == g && (seg->gflags[g] & GRAN_CANARY))
+            canary_unswap(seg, g, seg->clen[g]);
 }

@@ -62,6 +62,9 @@ struct seg_params {
      * reservation pieces. NULL: no calls. It must not change the segment. */
     void (*observe)(void *user, struct seg *seg, size_t first, size_t last, int mapped);
     void *observe_user;
+    /* Chunks are created GPUDirect-RDMA capable where the device supports it with VMM memory;
+     * with require_rdma a device without it is XSEG_ERROR_NOT_SUPPORTED (gpu_direct_rdma:True). */
+    bool require_rdma;
 };
 
 /*
@@ -193,7 +196,7 @@ xseg_status seg_leftovers_retry(void);
 size_t seg_leftovers_pending(void);
 
 /*
- * Sleep and wake (services, core/sleep.c): give back the physical memory of every mapped chunk
+ * Sleep and wake (services, core/services/sleep.c): give back the physical memory of every mapped chunk
  * of a segment while its virtual addresses stay reserved, and map chunks of the same sizes at the
  * same places again. The caller has waited for every use of the memory on the GPU and copied what
  * it keeps. A pool of several segments sleeps in two steps, so that one segment's failure can
@@ -262,6 +265,22 @@ bool seg_host_supported(const struct seg *seg);
  * cuMemSetAccess per run of mapped granules in a piece (new mappings get one call for the owner
  * and every peer together). */
 xseg_status seg_add_peer(struct seg *seg, int peer);
+
+/*
+ * debug_stale_access's canary (core/device/quarantine.h): every mapped chunk lying wholly inside
+ * [offset, offset + size) (granule multiples) stops backing its range until seg_canary_restore:
+ * after a synchronize of the segment's stream its handle is unmapped (kept, the chunk still
+ * counted mapped) and one canary page of one granule, created here, is mapped over each of its
+ * granules, access granted to the owner and every peer; so the range reads and writes one
+ * page. The observer (seg_params.observe) hears of each chunk as unmapped before its swap and as
+ * mapped once restored. *@p first, *@p end: the span swapped (equal: none: no whole chunk
+ * inside). On a failure nothing changed. The caller keeps every other user off the
+ * range until it restores it; seg_canary_restore maps the handles back (the canary page goes
+ * with its last mapping) and aborts when it cannot (the chunk's place would be lost under a
+ * block counted mapped).
+ */
+xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end);
+void seg_canary_restore(struct seg *seg, size_t first, size_t end);
 
 /* Accessors. Offsets are bytes from seg_base, granule indexes are offset / seg_gran. */
 CUdeviceptr seg_base(const struct seg *seg);

@@ -11,7 +11,8 @@ ctypes (standard library) on libcuda.so.1, or on the library $XSEG_LIBCUDA names
         what other issues need to know of the driver, one JSON line each {"name", "status",
         "reason", "data"} (benchmarks/gpu/check_probes.sh): host-located VMM memory read and
         written by a kernel, one physical handle mapped at many addresses, a dma-buf fd from
-        cuMemGetHandleForAddressRange. A probe passes when the driver answered (data.supported
+        cuMemGetHandleForAddressRange, one over several chunks and the RDMA flag of cuMemCreate
+        (xseg_range_dmabuf, gpu_direct_rdma). A probe passes when the driver answered (data.supported
         true or false, data.words: the driver's own words); it fails only when the answer is
         inconsistent (say, a kernel ran but the bytes are wrong); --emulator: what cudaemu cannot
         do is skipped with the reason.
@@ -137,6 +138,7 @@ ATTR_CC_MAJOR, ATTR_CC_MINOR = 75, 76
 ATTR_DMA_BUF = 124
 ATTR_HOST_NUMA_ID = 134
 ATTR_HOST_NUMA_VMM = 141
+ATTR_RDMA_VMM = 110  # CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
 RANGE_HANDLE_DMA_BUF_FD = 1
 
 # The probe kernel: p[i] += 1 for i < n (32-bit words). Hand-written PTX, loaded by the driver's
@@ -438,6 +440,78 @@ def probe_dmabuf(drv, dev, emulator, ptx_dir):
     return data
 
 
+def probe_dmabuf_chunks(drv, dev, emulator, ptx_dir, chunks=3):
+    """What xseg_range_dmabuf needs (issue 51): cuMemGetHandleForAddressRange on one range over
+    CHUNKS physical handles mapped side by side (the fd and its size, or the driver's words), and
+    whether cuMemCreate takes the GPUDirect RDMA flag (gpu_direct_rdma:True)."""
+    if not drv.has("cuMemGetHandleForAddressRange"):
+        if emulator:
+            raise Skip("cudaemu has no cuMemGetHandleForAddressRange: the real driver answers")
+        return {"supported": False, "words": "this driver library has no cuMemGetHandleForAddressRange"}
+    cu = drv.cu
+    cu.cuMemGetHandleForAddressRange.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t,
+                                                 ctypes.c_int, ctypes.c_ulonglong]
+    for name, args in (("cuMemMap", [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64,
+                                     ctypes.c_uint64]),
+                       ("cuMemUnmap", [ctypes.c_uint64, ctypes.c_size_t]),
+                       ("cuMemSetAccess", [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]),
+                       ("cuMemAddressFree", [ctypes.c_uint64, ctypes.c_size_t]),
+                       ("cuMemRelease", [ctypes.c_uint64])):
+        getattr(cu, name).argtypes = args
+    data = {"dma_buf_attribute": drv.attr(ATTR_DMA_BUF, dev), "rdma_vmm_attribute": drv.attr(ATTR_RDMA_VMM, dev),
+            "chunks": chunks}
+    prop = AllocationProp(type=1, requestedHandleTypes=0, location=Location(LOC_DEVICE, dev))
+    gran = ctypes.c_size_t()
+    drv.check("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(prop), 0)
+    g = gran.value
+    handles, mapped, va = [], 0, ctypes.c_uint64()
+    try:
+        drv.check("cuMemAddressReserve", ctypes.byref(va), ctypes.c_size_t(chunks * g), ctypes.c_size_t(0),
+                  ctypes.c_uint64(0), ctypes.c_uint64(0))
+        for i in range(chunks):
+            h = ctypes.c_uint64()
+            drv.check("cuMemCreate", ctypes.byref(h), ctypes.c_size_t(g), ctypes.byref(prop), ctypes.c_uint64(0))
+            handles.append(h.value)
+            drv.check("cuMemMap", va.value + i * g, g, 0, h.value, 0)
+            mapped += 1
+        access = AccessDesc(location=Location(LOC_DEVICE, dev), flags=3)
+        drv.check("cuMemSetAccess", va.value, chunks * g, ctypes.addressof(access), 1)
+        fd = ctypes.c_int(-1)
+        try:
+            drv.check("cuMemGetHandleForAddressRange", ctypes.byref(fd), va.value, chunks * g,
+                      RANGE_HANDLE_DMA_BUF_FD, 0)
+            size = os.fstat(fd.value).st_size
+            data["range"] = {"supported": True, "bytes": chunks * g, "fd_size": size,
+                             "words": "one fd for %d chunks of %d bytes: fd size %d" % (chunks, g, size)}
+        except Refused as e:
+            data["range"] = {"supported": False, "words": str(e)}
+        finally:
+            if fd.value >= 0:
+                os.close(fd.value)
+    finally:
+        for i in range(mapped):
+            cu.cuMemUnmap(va.value + i * g, g)
+        for h in handles:
+            cu.cuMemRelease(h)
+        if va.value:
+            cu.cuMemAddressFree(va.value, chunks * g)
+    rdma = AllocationProp(type=1, requestedHandleTypes=0, location=Location(LOC_DEVICE, dev))
+    rdma.allocFlags.gpuDirectRDMACapable = 1
+    h = ctypes.c_uint64()
+    try:
+        drv.check("cuMemCreate", ctypes.byref(h), ctypes.c_size_t(g), ctypes.byref(rdma), ctypes.c_uint64(0))
+        cu.cuMemRelease(h.value)
+        data["rdma_flag"] = {"accepted": True, "words": "cuMemCreate(gpuDirectRDMACapable=1) succeeded"}
+    except Refused as e:
+        data["rdma_flag"] = {"accepted": False, "words": str(e)}
+    data["supported"] = data["range"]["supported"]
+    data["words"] = "%s; RDMA flag: %s (attribute %s)" % (data["range"]["words"], data["rdma_flag"]["words"],
+                                                           data["rdma_vmm_attribute"])
+    if data["range"]["supported"] and data["range"]["fd_size"] != chunks * g:
+        raise AssertionError("the dma-buf of %d bytes has size %d" % (chunks * g, data["range"]["fd_size"]))
+    return data
+
+
 class Skip(Exception):
     pass
 
@@ -453,7 +527,9 @@ def probes(emulator, ptx_dir):
         return
     for name, fn in (("host-located VMM memory read and written by a kernel", probe_host_vmm),
                      ("one physical handle mapped at many addresses", probe_multimap),
-                     ("dma-buf export (cuMemGetHandleForAddressRange)", probe_dmabuf)):
+                     ("dma-buf export (cuMemGetHandleForAddressRange)", probe_dmabuf),
+                     ("whole-range dma-buf over chunks and the RDMA flag (xseg_range_dmabuf)",
+                      probe_dmabuf_chunks)):
         t0 = time.perf_counter()
         try:
             data = fn(drv, dev, emulator, ptx_dir)

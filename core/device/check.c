@@ -137,7 +137,7 @@ static void check_block_word(const struct block *b)
     const struct block_side *sd = block_side(b);
     CHECK(!(b->in_index && b->sided));
     if (sd) {
-        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack || sd->handle_holds);
+        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack || sd->handle_holds || sd->free_stack);
         CHECK(!sd->handle_holds || b->allocated); /* the holds end with the block's free */
         CHECK(sd->uses.n <= sd->uses.cap && (sd->uses.cap <= 2 || sd->uses.heap));
     }
@@ -347,9 +347,9 @@ static void check_walk(struct dev_alloc *d)
         nexp += s->vseg != NULL;
     }
     /* The (pool, stream, seq) order of the expandable segments holds each of them once. */
-    CHECK(d->nby_stream == nexp);
-    for (size_t i = 0; i < d->nby_stream; i++) {
-        const struct segrec *a = d->by_stream[i], *b = i + 1 < d->nby_stream ? d->by_stream[i + 1] : NULL;
+    CHECK(d->exp.nby_stream == nexp);
+    for (size_t i = 0; i < d->exp.nby_stream; i++) {
+        const struct segrec *a = d->exp.by_stream[i], *b = i + 1 < d->exp.nby_stream ? d->exp.by_stream[i + 1] : NULL;
         CHECK(a->vseg != NULL);
         if (b)
             CHECK((uintptr_t)a->pool < (uintptr_t)b->pool ||

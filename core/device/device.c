@@ -1,6 +1,6 @@
 /*
  * The device state (see device.h): creation, the configuration copy, block structs, the segment
- * list, memory accounting, the capture state, and the free path's merge.
+ * list, memory accounting, the capture state (split and merge: blockops.c).
  */
 #include "core/device/device.h"
 
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "base/assert.h"
 #include "base/error.h"
 #include "base/hostmem.h"
@@ -66,8 +67,7 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
     dev_refresh_cfg_slow(d);
     lock_release(&d->lock); /* not dev_unlock (core/device/check.h, above): a new device has nothing to walk */
     if (d->cfg.expandable_segments && !d->info.vmm_supported)
-        fprintf(stderr, "xseg: device %d does not support virtual memory management; using classic segments\n",
-                device);
+        log_warn("device %d does not support virtual memory management; using classic segments", device);
     return d;
 }
 
@@ -75,7 +75,7 @@ void dev_destroy(struct dev_alloc *d)
 {
     xseg_assert(!d->segs && !d->live.count);
     xs_free(d->cap.capturing);
-    xs_free(d->by_stream);
+    xs_free(d->exp.by_stream);
     xs_free(d->spill.v); /* core/services/spill.c's records (empty: every block went) */
     ptrmap_destroy(&d->live);
     for (void *s = d->heap_slabs, *next; s; s = next) {
@@ -243,75 +243,6 @@ bool dev_capture_underway(struct dev_alloc *d)
     return any;
 }
 
-/* ---- merge / free ------------------------------------------------------------------------ */
-
-/* Insert a free block into its pool's free index (resetting its GC clock). */
-static inline void pool_insert_free(struct bpool *pool, struct block *b)
-{
-    block_set_gc_base(b, pool->get_free_blocks_call_count);
-    bpool_insert_free(pool, b);
-}
-
-size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
-{
-    lock_assert_held(&d->lock);
-    if (!src || src->allocated || block_event_count(src) > 0 || block_uses_n(src) || dst->mapped != src->mapped)
-        return 0;
-    bpool_unindex(src);
-    if (dst->prev == src)
-        dst->addr = src->addr;
-    block_splice_out(src->seg, src->prev, src->next);
-    size_t sub = src->size;
-    dst->size += sub;
-    dev_block_delete(d, src);
-    return sub;
-}
-
-/* dev_free_block_inline when b has no free neighbour or two: merge through dev_try_merge, re-index. Out
- * of line so that the common case keeps few registers live. */
-__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct bpool *pool = dev_block_pool(d, b);
-    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
-    size_t requested = b->u.requested_size;
-    int64_t net_blocks = 0, net_bytes = 0;
-    struct block *cands[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; i++) {
-        size_t sub = dev_try_merge(d, b, cands[i]);
-        if (sub) {
-            net_blocks -= 1;
-            net_bytes -= (int64_t)sub;
-        }
-    }
-    pool_insert_free(pool, b);
-    if (block_is_split(b)) {
-        net_blocks += 1;
-        net_bytes += (int64_t)b->size;
-    }
-    /* inactive_split leaves expandable blocks out: their free pages can always be released. */
-    if (!b->expandable) {
-        if (net_blocks)
-            stat_add_pool(d->acct.stats.inactive_split, pool->stat_index, net_blocks);
-        if (net_bytes)
-            stat_add_pool(d->acct.stats.inactive_split_bytes, pool->stat_index, net_bytes);
-    }
-    dev_account_inactive(d, pool->stat_index, requested);
-}
-
-/* The free of a recorded block is complete (its memory may be reused): the event, and the block
- * lets its stack go. */
-static void hist_free_completed(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct block_side *sd = block_side(b);
-    hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, false,
-                 true);
-    if (sd)
-        sd->hist_stack = NULL;
-    b->recorded = false;
-}
-
 /* active's current per pool and for all (allocation + pending; see dev_alloc.acct.pending). */
 static void active_current(const struct dev_alloc *d, const xseg_device_stats *st, int64_t cur[XSEG_STAT_POOLS],
                            int64_t bytes[XSEG_STAT_POOLS])
@@ -366,15 +297,3 @@ void dev_stats_reset_peaks(struct dev_alloc *d)
     active_current(d, &d->acct.stats, d->acct.active_peak, d->acct.active_bytes_peak);
 }
 
-/* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
-void dev_free_block(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(b->recorded))
-        hist_free_completed(d, b);
-    block_side_drop(b); /* nothing left in it: no streams, events or stack */
-    xseg_assert(!b->sided);
-    if (XSEG_UNLIKELY(b->sided))
-        block_side_free(b); /* release builds: the word must hold the requested size below */
-    dev_free_block_inline(d, b);
-}

@@ -56,20 +56,8 @@ struct dev_alloc {
     uint64_t idle_tick_ns; /* idle reclaim (core/services/trim.c): time of the last tick, CLOCK_MONOTONIC */
     struct ptrmap live;      /* allocated blocks by address (and the blocks of busy slots) */
     struct segrec *segs;     /* every segment, both kinds */
-    uint64_t seg_seq;        /* expandable segments created so far (segrec.seq) */
-    /* Expandable segments ordered by (pool, stream, seq) (expandable.c): a growth finds the
-     * segments of its (pool, stream) in O(log segments), whatever the number of streams. */
-    struct segrec **by_stream;
-    size_t nby_stream, capby_stream;
+    struct exp_state exp;    /* the expandable segments' order, spare handles, pressure (expandable.c) */
     struct block *spare;     /* recycled block structs (linked through next) */
-    /* Under pressure (exp_recycle_begin .. exp_recycle_end, expandable.c): the physical handles
-     * the reclaim unmaps, kept for the growth that follows; empty whenever the lock is free. */
-    struct seg_spares handles;
-    bool keep_handles;
-    /* Set at the first growth the device refused (exp_recycle_begin), until the memory fraction
-     * changes (exp_pressure_reset; an empty_cache between layers does not end the pressure:
-     * sqattn_qwen2_calib): growth maps smaller chunks meanwhile (expandable.c chunk_limit). */
-    bool fine_chunks;
     struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */
     size_t slab_left, slab_made; /* left in the current slab; made in all slabs so far */
     struct arena structs;    /* where the slabs come from (dev_block_carve) */
@@ -98,6 +86,8 @@ struct dev_alloc {
     struct dev_fast fast;
 
     struct life_state life; /* the lifetime predictor of large expandable requests (lifetime.c) */
+
+    struct quar_state quar; /* debug_stale_access: freed blocks held and checked (quarantine.c) */
     struct spill_state spill; /* live pages moved to host memory (core/services/spill.c) */
 };
 
@@ -224,16 +214,6 @@ void dev_capture_note(struct dev_alloc *d, CUstream stream);
  * its memory mapped. */
 bool dev_capture_underway(struct dev_alloc *d);
 
-/* Absorb @p src (a neighbour of @p dst) into dst when both are free and equally mapped. dst must
- * not be in an index; src is removed from its index and deleted. Returns bytes absorbed. */
-size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
-/* Return a block whose events are done to its pool: merge, index, statistics (events.c,
- * capreuse.c, the undo of a malloc). */
-void dev_free_block(struct dev_alloc *d, struct block *b);
-
-/* The free path's merge when @p b has no free neighbour or two (out of line). */
-void dev_free_block_general(struct dev_alloc *d, struct block *b);
-
 /* The counters of a block that stops being active (every path of the free). `active` and
  * `active_bytes` are folded from allocation and pending (see dev_alloc.acct.pending). */
 static inline void dev_account_inactive(struct dev_alloc *d, int si, size_t requested)
@@ -263,57 +243,5 @@ void dev_track_active_peak(struct dev_alloc *d);
 void dev_stats_fold(const struct dev_alloc *d, xseg_device_stats *out);
 /* Every peak to its current (reset_peak_memory_stats). */
 void dev_stats_reset_peaks(struct dev_alloc *d);
-
-/* Does exactly one neighbour of @p b lie in the free index (in_index && mapped)? Such a
- * neighbour is free, mapped, with no events and no recorded streams: dev_try_merge's rule holds
- * for it (b is mapped). A mergeable neighbour outside every index does not exist while a free
- * runs, so this is "exactly one can merge": dev_free_block_inline's own case. */
-static inline bool dev_free_merges_one(const struct block *b)
-{
-    return block_in_free_index(b->prev) != block_in_free_index(b->next);
-}
-
-/* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
- * statistics. Inline for the free path (alloc.c); the other modules call dev_free_block. */
-static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct block *prev = b->prev, *next = b->next;
-    if (XSEG_UNLIKELY(!dev_free_merges_one(b))) {
-        dev_free_block_general(d, b);
-        return;
-    }
-    bool fn = block_in_free_index(next);
-    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
-     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
-     * path (the merged block is the same range), with no treap remove/insert. */
-    struct bpool *pool = dev_block_pool(d, b);
-    int si = pool->stat_index;
-    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
-    size_t orig_size = b->size, requested = b->u.requested_size;
-    struct block *keep = fn ? next : prev;
-    size_t keep_size = keep->size;
-    if (keep == next) {
-        bpool_free_grow(pool, next, b->addr, next->size + b->size);
-        block_splice_out(next->seg, prev, next); /* per branch: one of the two is known non-NULL */
-    } else {
-        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
-        block_splice_out(prev->seg, prev, next);
-    }
-    block_set_gc_base(keep, pool->get_free_blocks_call_count);
-    dev_block_delete(d, b);
-    /* dev_free_block_general's accounting with its signs known: keep was an inactive split block of
-     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
-     * spans its whole segment. */
-    if (!keep->expandable) {
-        if (XSEG_LIKELY(block_is_split(keep))) {
-            stat_up_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)orig_size);
-        } else {
-            stat_down_pool(d->acct.stats.inactive_split, si, 1);
-            stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)keep_size);
-        }
-    }
-    dev_account_inactive(d, si, requested);
-}
 
 #endif

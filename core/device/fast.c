@@ -14,13 +14,6 @@ _Thread_local struct dev_slot *fast_tls_slot;
 static void fast_fork_child(void) { fast_tls_slot = NULL; }
 FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
 
-void dev_lock(struct dev_alloc *d)
-{
-    dev_acquire(d);
-    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
-        dev_refresh_cfg_slow(d);
-}
-
 /* ---- the debt of a slot ------------------------------------------------------------------ */
 
 /*
@@ -263,9 +256,9 @@ static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct bl
      * the eager path (so the hit never sets `oversize`). */
     if (dev_pool_owner(d, pool) || (size <= BLOCK_SMALL_SIZE) != pool->is_small || size >= msplit)
         return 0;
-    /* find_free_block's max_split_size rule (s < msplit), then should_split (its remainder
-     * holds R, so it only grows as s shrinks). */
-    if (msize >= msplit)
+    /* find_free_block's max_split_size rule for every s <= size (all below msplit, so one test
+     * of M), then should_split (its remainder holds R, so it only grows as s shrinks). */
+    if (!BOPS_FITS(d, size, msize))
         return 0;
     if (pool->is_small || d->use_expandable) {
         if (r->size < BLOCK_MIN_SIZE)

@@ -34,7 +34,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/device/device.h"
+#include "core/device/blockops.h"
 
 /* The slot of @p stream: a multiplicative hash of the handle (streams sharing a slot share its
  * one block, never its correctness). */
@@ -105,16 +105,32 @@ static inline void fast_guard_end(struct dev_alloc *d, const struct fast_guard *
         fast_guard_end_slow(d, g);
 }
 
-/* The one way to take the device lock: then what @p need names is settled. */
-static inline void fast_lock(struct dev_alloc *d, enum fast_need need, const void *stream)
+/* What a device-lock taker needs done when dev_lock returns. */
+enum dev_need {
+    DEV_NEED_NONE,  /* the lock alone: statistics' reads fold the slots' debts; malloc and free settle
+                     * their own stream's slot (fast_settle with FAST_STREAM) */
+    DEV_NEED_SLOTS, /* every slot settled, the eager state (taking the lock again inside an operation) */
+    DEV_NEED_OP,    /* every slot settled and the configuration in force refreshed (an operation's start) */
+};
+
+/* Copy the configuration in force again when its generation moved (one load when not). Lock held. */
+static inline void dev_refresh_cfg(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
+        dev_refresh_cfg_slow(d);
+}
+
+/* The one way to take the device lock: on return, what @p need names is done. Inline, so that a
+ * constant @p need leaves only its own work (DEV_NEED_NONE: the lock's acquire alone). */
+static inline void dev_lock(struct dev_alloc *d, enum dev_need need)
 {
     lock_acquire(&d->lock);
-    fast_settle(d, need, stream);
+    if (need != DEV_NEED_NONE)
+        fast_settle(d, FAST_ALL, NULL);
+    if (need == DEV_NEED_OP)
+        dev_refresh_cfg(d);
 }
-/* The policy modules' lock: every slot settled. */
-static inline void dev_acquire(struct dev_alloc *d) { fast_lock(d, FAST_ALL, NULL); }
-/* dev_acquire with the configuration in force refreshed (every operation's start). */
-void dev_lock(struct dev_alloc *d);
 
 /* A rare condition begins (see dev_fast.fast_gen): malloc takes the general path until it is over,
  * and no slot may wait without the permit. */
@@ -132,7 +148,7 @@ static inline void dev_fast_update(struct dev_alloc *d)
      * refuses allocations there (core/services/sleep.c). */
     bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any || hist_mode() ||
                 (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
-                d->sleep.nasleep;
+                d->sleep.nasleep || d->cfg.debug_stale_access; /* every free goes through the quarantine */
     d->fast.fast_gen = rare ? 0 : d->cfg_gen;
 }
 

@@ -18,9 +18,30 @@
 
 #include "base/assert.h"
 #include "base/lock.h"
+#include "vmm/segment.h" /* struct seg_spares */
 #include "xseg.h"
 
 struct block;
+
+/* ---- expandable.c: the device's expandable segments (core/policy/expandable.h) ----------------- */
+
+struct segrec;
+
+struct exp_state {
+    uint64_t seg_seq; /* expandable segments created so far (segrec.seq) */
+    /* Expandable segments ordered by (pool, stream, seq): a growth finds the segments of its
+     * (pool, stream) in O(log segments), whatever the number of streams. */
+    struct segrec **by_stream;
+    size_t nby_stream, capby_stream;
+    /* Under pressure (exp_recycle_begin .. exp_recycle_end): the physical handles the reclaim
+     * unmaps, kept for the growth that follows; empty whenever the lock is free. */
+    struct seg_spares handles;
+    bool keep_handles;
+    /* Set at the first growth the device refused (exp_recycle_begin), until the memory fraction
+     * changes (exp_pressure_reset; an empty_cache between layers does not end the pressure:
+     * sqattn_qwen2_calib): growth maps smaller chunks meanwhile (chunk_limit). */
+    bool fine_chunks;
+};
 
 /* ---- events.c: record_stream's events and the frees deferred to them (core/policy/events.h) ------- */
 
@@ -197,7 +218,7 @@ struct spill_state {
 struct acct {
     xseg_device_stats stats;
     /* The accumulated values (.allocated, .freed, the num_* counts) at the last
-     * alloc_reset_accumulated, filled as a copy is: alloc_get_stats hands out stats minus these,
+     * devops_reset_accumulated, filled as a copy is: devops_get_stats hands out stats minus these,
      * so the internal counters keep freed == allocated - current. */
     xseg_device_stats acc_base;
     /*
@@ -242,6 +263,37 @@ struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
     uint64_t events; /* mallocs and frees seen: the window holds min(events, 64) of them */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
+};
+
+/* ---- quarantine.{h,c}: the stale-access debug mode (core/device/quarantine.h) ------------------- */
+struct hstack;
+/* A freed block held out of its pool (FIFO order), or a finding (a block found written after its
+ * free). Addresses and sizes are copied: a finding outlives its block. */
+struct quar_item {
+    struct block *b;           /* NULL in a finding */
+    uintptr_t addr;
+    size_t size, requested;
+    CUstream stream;
+    int pool;                  /* XSEG_STAT_SMALL_POOL or XSEG_STAT_LARGE_POOL */
+    bool expandable;
+    bool filled;               /* the pattern was queued at the free: the check means something */
+    size_t swap_lo, swap_hi;   /* [lo, hi) of the block (offsets) reads one canary page (equal: none) */
+    bool reported;             /* a finding was made for it already */
+    struct hstack *alloc_stack, *free_stack; /* one reference each (NULL: none recorded) */
+    int64_t freed_us, found_us;
+    size_t first_offset;       /* findings: the first byte that lost the pattern */
+    const char *when;          /* findings: "quarantine exit", "empty_cache", "snapshot", "xseg_check_stale", "xseg_shutdown" */
+    bool delivered;            /* findings: given to the observers (or stderr) */
+};
+struct quar_state {
+    struct quar_item *q;       /* q[head .. head + n): the oldest first */
+    size_t head, n, cap;
+    size_t bytes;              /* block bytes held */
+    struct hstack *free_stack; /* the stack of the free in progress (free_stale), or NULL */
+    struct quar_item *found;   /* findings, oldest first, at most QUAR_MAX_FINDINGS */
+    size_t nfound, capfound, ndelivered;
+    uint64_t dropped;          /* findings beyond the bound (counted, not kept) */
+    uint64_t entered, checked, unfilled;
 };
 
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */

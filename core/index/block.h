@@ -71,6 +71,8 @@ struct block_side {
                                 * only; its pool refuses to sleep while any: core/services/sleep.c) */
     struct stream_set uses;    /* streams recorded besides the block's own (record_stream) */
     struct hstack *hist_stack; /* the allocation's stack (history on; valid while `recorded`) */
+    struct hstack *free_stack; /* debug_stale_access: the free's stack while record_stream's events
+                                * wait (one reference; core/device/quarantine.c takes it) */
 };
 
 struct block {

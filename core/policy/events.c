@@ -13,6 +13,7 @@
 #include "base/vec.h"
 #include "core/policy/capreuse.h"
 #include "core/device/fast.h"
+#include "core/device/quarantine.h"
 #include "vmm/event.h"
 #include "vmm/stream.h"
 
@@ -75,7 +76,7 @@ static void event_done(struct dev_alloc *d, struct block *b)
     lock_assert_held(&d->lock);
     struct block_side *sd = block_side(b);
     xseg_assert(sd); /* a block with events has a side struct */
-    if (--sd->event_count == 0 && sd->uses.n == 0) {
+    if (--sd->event_count == 0 && sd->uses.n == 0 && !quar_enter(d, b, true)) {
         dev_pending_add(d, b, -1);
         dev_free_block(d, b);
     }

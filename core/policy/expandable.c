@@ -24,11 +24,13 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
+#include "core/device/blockops.h"
 #include "core/index/stats.h"
 #include "vmm/segment.h"
 #include "vmm/ipc.h"
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
+#include "core/policy/registry.h"
 
 static inline bool allocatable(const struct block *b)
 {
@@ -100,7 +102,7 @@ static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream
     return best;
 }
 
-/* Order of d->by_stream: (pool, stream, seq). */
+/* Order of d->exp.by_stream: (pool, stream, seq). */
 static int by_stream_cmp(const struct bpool *pool, CUstream stream, uint64_t seq, const struct segrec *s)
 {
     if (pool != s->pool)
@@ -110,14 +112,14 @@ static int by_stream_cmp(const struct bpool *pool, CUstream stream, uint64_t seq
     return seq < s->seq ? -1 : seq > s->seq;
 }
 
-/* The first index of d->by_stream not below (pool, stream, seq). */
+/* The first index of d->exp.by_stream not below (pool, stream, seq). */
 static size_t by_stream_lower(const struct dev_alloc *d, const struct bpool *pool, CUstream stream, uint64_t seq)
 {
     lock_assert_held(&d->lock);
-    size_t lo = 0, hi = d->nby_stream;
+    size_t lo = 0, hi = d->exp.nby_stream;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (by_stream_cmp(pool, stream, seq, d->by_stream[mid]) > 0)
+        if (by_stream_cmp(pool, stream, seq, d->exp.by_stream[mid]) > 0)
             lo = mid + 1;
         else
             hi = mid;
@@ -130,18 +132,18 @@ static void by_stream_add(struct dev_alloc *d, struct segrec *s)
 {
     lock_assert_held(&d->lock);
     size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
-    memmove(&d->by_stream[i + 1], &d->by_stream[i], (d->nby_stream - i) * sizeof *d->by_stream);
-    d->by_stream[i] = s;
-    d->nby_stream++;
+    memmove(&d->exp.by_stream[i + 1], &d->exp.by_stream[i], (d->exp.nby_stream - i) * sizeof *d->exp.by_stream);
+    d->exp.by_stream[i] = s;
+    d->exp.nby_stream++;
 }
 
 static void by_stream_remove(struct dev_alloc *d, struct segrec *s)
 {
     lock_assert_held(&d->lock);
     size_t i = by_stream_lower(d, s->pool, s->stream, s->seq);
-    xseg_assert(i < d->nby_stream && d->by_stream[i] == s);
-    memmove(&d->by_stream[i], &d->by_stream[i + 1], (d->nby_stream - i - 1) * sizeof *d->by_stream);
-    d->nby_stream--;
+    xseg_assert(i < d->exp.nby_stream && d->exp.by_stream[i] == s);
+    memmove(&d->exp.by_stream[i], &d->exp.by_stream[i + 1], (d->exp.nby_stream - i - 1) * sizeof *d->exp.by_stream);
+    d->exp.nby_stream--;
 }
 
 /* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. The
@@ -151,7 +153,7 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     lock_assert_held(&d->lock);
     size_t lo = by_stream_lower(d, pool, stream, 0), hi = by_stream_lower(d, pool, stream, UINT64_MAX);
     for (size_t k = hi; k-- > lo;) {
-        struct segrec *s = d->by_stream[k];
+        struct segrec *s = d->exp.by_stream[k];
         if (s->first == NULL)
             continue;
         if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size))
@@ -213,10 +215,11 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .handle_types = d->cfg.expandable_segments_ipc ? ipc_handle_types(d->device, d->info.dev) : 0,
         .observe = obs_segment_hook,
         .observe_user = d,
+        .require_rdma = d->cfg.gpu_direct_rdma, /* docs/registrations.md */
     };
     struct segrec *s = xs_calloc(1, sizeof *s);
     /* The segment's reference on its bins: indexing its blocks later never allocates. */
-    if (!s || !VEC_RESERVE(d->by_stream, d->capby_stream, d->nby_stream + 1) || !bpool_bins_acquire(pool, stream)) {
+    if (!s || !VEC_RESERVE(d->exp.by_stream, d->exp.capby_stream, d->exp.nby_stream + 1) || !bpool_bins_acquire(pool, stream)) {
         xs_free(s);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
     }
@@ -231,7 +234,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     s->pool = pool;
     s->stream = stream;
     s->size = seg_va_size(vseg);
-    s->seq = ++d->seg_seq;
+    s->seq = ++d->exp.seg_seq;
     struct block *b = new_unmapped(d, s, (uintptr_t)seg_base(vseg), s->size);
     if (!b) {
         (void)seg_destroy(vseg);
@@ -261,7 +264,7 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
     size_t mapped = 0, chunks = 0;
-    xseg_status st = seg_map_from(s->vseg, seg_off(b), len, max_chunk, cut, d->keep_handles ? &d->handles : NULL,
+    xseg_status st = seg_map_from(s->vseg, seg_off(b), len, max_chunk, cut, d->exp.keep_handles ? &d->exp.handles : NULL,
                                   &mapped, &chunks);
     if (st != XSEG_SUCCESS) {
         if (r)
@@ -270,6 +273,7 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
     }
     if (XSEG_UNLIKELY(hist_mode()))
         hist_record(HIST_SEGMENT_MAP, d->device, b->addr, len, (uintptr_t)s->stream, d->hist_cur);
+    reg_note_mapped(d, b->addr, len); /* a released registration's pages may be whole again */
     bpool_remove_unmapped(pool, b);
     if (r) {
         block_link_after(b, r);
@@ -348,7 +352,7 @@ static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, s
     size_t chunk = page;
     if (d->cfg.expandable_chunk && d->cfg.expandable_chunk < page)
         chunk = XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
-    /* Once the device has refused a growth (d->fine_chunks), memory mapped from then on may have
+    /* Once the device has refused a growth (d->exp.fine_chunks), memory mapped from then on may have
      * to be given back around live blocks of other sizes, and a chunk goes back only whole:
      * chunks of 1/16 of the request (granule multiples, 2 MiB to a page), so that most of what a
      * freed block leaves between live ones can go to the next growth. 1/16 and not one granule
@@ -361,13 +365,13 @@ static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, s
      * run that never meets pressure (the six pytorch/ traces on 80 GiB) makes the same calls.
      * The same within the device's last eighth (near_full), before any refusal. Both with
      * expandable_segments_recycle only: without it, PyTorch's layout (one chunk a page). */
-    if (!d->fine_chunks && !(d->cfg.expandable_segments_recycle && near_full(d)))
+    if (!d->exp.fine_chunks && !(d->cfg.expandable_segments_recycle && near_full(d)))
         return d->cfg.expandable_chunk ? chunk : device_chunk(d, page, gran);
-    if (!d->handles.n)
+    if (!d->exp.handles.n)
         return XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
     size_t spare = gran;
-    for (size_t i = 0; i < d->handles.n; i++)
-        spare = XSEG_MAX(spare, d->handles.v[i].bytes);
+    for (size_t i = 0; i < d->exp.handles.n; i++)
+        spare = XSEG_MAX(spare, d->exp.handles.v[i].bytes);
     return XSEG_MIN(chunk, spare);
 }
 
@@ -388,7 +392,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
      * reclaim, exp_recycle_begin), when whole pages do not fit, only the granules the request
      * needs: the rest of a page may be what the device no longer has (the 103 MiB CNN of
      * docs/benchmarks-replay.md needs a 20 MiB page for a 7.5 MiB request otherwise). */
-    size_t round = d->keep_handles ? gran : page;
+    size_t round = d->exp.keep_handles ? gran : page;
 
     /* What would be mapped, for the fraction limit (checked before touching the driver). */
     for (;;) {
@@ -404,7 +408,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
         }
         if (dev_fraction_allows(d, need))
             break;
-        if (!d->keep_handles || round == gran) {
+        if (!d->exp.keep_handles || round == gran) {
             exp_release_empty_segments(d);
             return err_set(XSEG_ERROR_OUT_OF_MEMORY, "memory fraction or budget limit reached");
         }
@@ -421,7 +425,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
         size_t remaining = size - (cur->mapped ? cur->size : 0);
         size_t len = XSEG_MIN(to_map->size, page_up(remaining, round));
         xseg_status st = map_block(d, to_map, len, max_chunk, cut);
-        if (st == XSEG_ERROR_OUT_OF_MEMORY && d->keep_handles && round != gran) {
+        if (st == XSEG_ERROR_OUT_OF_MEMORY && d->exp.keep_handles && round != gran) {
             round = gran; /* the failed map changed nothing: again, in granules */
             continue;
         }
@@ -484,8 +488,8 @@ static xseg_status unmap_chunks(struct dev_alloc *d, struct block *b, size_t lo,
     struct segrec *s = b->seg;
     size_t unmapped = 0, chunks = 0;
     xseg_status st;
-    if (idle && d->keep_handles && !s->handles_out)
-        st = seg_unmap_keep(s->vseg, lo, hi - lo, &d->handles, &unmapped, &chunks);
+    if (idle && d->exp.keep_handles && !s->handles_out)
+        st = seg_unmap_keep(s->vseg, lo, hi - lo, &d->exp.handles, &unmapped, &chunks);
     else
         st = (idle ? seg_unmap_idle : seg_unmap)(s->vseg, lo, hi - lo, &unmapped, &chunks);
     if (unmapped) {
@@ -495,6 +499,41 @@ static xseg_status unmap_chunks(struct dev_alloc *d, struct block *b, size_t lo,
         dev_count_unmapped(d, block_pool(b), unmapped, chunks);
     }
     return st;
+}
+
+/* unmap_chunks over [lo, hi) (whole chunks) except the chunks holding pages of a registration
+ * in force (core/policy/registry.h): those stay mapped, and retile follows the granules' state. */
+static xseg_status unmap_unregistered(struct dev_alloc *d, struct block *b, size_t lo, size_t hi, bool idle)
+{
+    struct segrec *s = b->seg;
+    uintptr_t base = (uintptr_t)seg_base(s->vseg), plo, phi;
+    if (XSEG_LIKELY(!reg_first_registered(d, base + lo, base + hi, &plo, &phi)))
+        return unmap_chunks(d, b, lo, hi, idle);
+    xseg_status first = XSEG_SUCCESS;
+    size_t gran = seg_g(s), cur = lo;
+    while (cur < hi) {
+        size_t end = hi, next = hi, c0, n;
+        if (reg_first_registered(d, base + cur, base + hi, &plo, &phi)) {
+            size_t a = plo > base + cur ? plo - base : cur, z = XSEG_MIN(phi - base, hi) - 1;
+            if (!seg_chunk(s->vseg, a / gran, NULL, &c0, &n))
+                c0 = a / gran;
+            end = XSEG_MAX(c0 * gran, cur);
+            if (!seg_chunk(s->vseg, z / gran, NULL, &c0, &n)) {
+                c0 = z / gran;
+                n = 1;
+            }
+            next = XSEG_MIN((c0 + n) * gran, hi);
+        }
+        size_t ilo, ihi;
+        if (end > cur) {
+            seg_inner_range(s->vseg, cur, end - cur, &ilo, &ihi);
+            xseg_status st = ilo < ihi ? unmap_chunks(d, b, ilo, ihi, idle) : XSEG_SUCCESS;
+            if (first == XSEG_SUCCESS)
+                first = st;
+        }
+        cur = next > cur ? next : hi;
+    }
+    return first;
 }
 
 /* From @p pos in free block @p b: the end of the run with one mapped state (@p m), where the
@@ -603,7 +642,7 @@ static xseg_status unmap_pages_how(struct dev_alloc *d, struct block *b, size_t 
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
     bpool_remove_free(pool, b);
-    xseg_status st = host ? seg_drop_host(b->seg->vseg, lo, hi - lo, strand, host) : unmap_chunks(d, b, lo, hi, idle);
+    xseg_status st = host ? seg_drop_host(b->seg->vseg, lo, hi - lo, strand, host) : unmap_unregistered(d, b, lo, hi, idle);
     struct block *orig_prev = b->prev, *orig_next = b->next;
     struct block *first = b, *last = retile(d, b, lo, hi, spare);
 
@@ -644,24 +683,24 @@ xseg_status exp_drop_host(struct dev_alloc *d, struct block *b, bool strand, siz
 void exp_recycle_begin(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    d->keep_handles = true;
-    d->fine_chunks = true;
+    d->exp.keep_handles = true;
+    d->exp.fine_chunks = true;
 }
 
 
 void exp_pressure_reset(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    d->fine_chunks = false;
+    d->exp.fine_chunks = false;
 }
 
 void exp_recycle_end(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    d->keep_handles = false;
-    if (d->handles.n && drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+    d->exp.keep_handles = false;
+    if (d->exp.handles.n && drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         err_clear(); /* the releases need no context; a failed one waits in the leftovers */
-    seg_spares_drain(&d->handles);
+    seg_spares_drain(&d->exp.handles);
 }
 
 bool exp_block_older(const struct block *a, const struct block *b) { return seg_order_less(a, b); }
@@ -792,7 +831,8 @@ static size_t defrag_candidates(struct dev_alloc *d, struct defrag_cand **out)
             size_t kept = 0;
             for (size_t i = first; i < first + n; i++)
                 kept += keep[i];
-            if (n > 1 && kept < n) {
+            /* A registered range's pages keep their physical memory (core/policy/registry.h). */
+            if (n > 1 && kept < n && !reg_range_registered(d, (uintptr_t)seg_base(s->vseg) + first * seg_g(s), n * seg_g(s))) {
                 if (!VEC_RESERVE(cand, cap, ncand + 1))
                     break;
                 cand[ncand++] = (struct defrag_cand){s, first, n, n - kept};

@@ -48,7 +48,7 @@ xseg_status exp_drop_host(struct dev_alloc *d, struct block *b, bool strand, siz
 /*
  * Under pressure, memory given back goes straight to the growth that needed it (pytorch#166116):
  * between exp_recycle_begin and exp_recycle_end, the chunks exp_unmap_pages unmaps (known idle,
- * of a segment whose handles were never handed out) keep their handles in d->handles, and
+ * of a segment whose handles were never handed out) keep their handles in d->exp.handles, and
  * exp_allocate maps them again where it needs a chunk of their size, on any stream and in any
  * pool: one cuMemUnmap + cuMemMap instead of cuMemUnmap + cuMemRelease + cuMemCreate + cuMemMap.
  * exp_recycle_end releases what the growth did not take, so the driver gets it back as before.

@@ -108,7 +108,7 @@ static xseg_status refuse_spilled(const char *fn, const void *ptr, int device)
 
 xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
@@ -200,7 +200,7 @@ static bool handles_hold(struct block *b, const void *ptr, int device)
 
 xseg_status ipc_block_handles_release(struct dev_alloc *d, void *ptr, bool *owned)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     xseg_status st = XSEG_SUCCESS;
@@ -218,7 +218,7 @@ xseg_status ipc_block_handles_release(struct dev_alloc *d, void *ptr, bool *owne
 xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *ranges, size_t cap, size_t *n,
                               bool *owned)
 {
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
     *owned = b != NULL;
     if (!b) {
@@ -340,7 +340,7 @@ xseg_status ipc_import(struct dev_alloc *d, const xseg_ipc_handle *h, void **ptr
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_ipc_import: out of host memory");
     }
     int naccess = 0;
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     access[naccess].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access[naccess].location.id = d->device;
     access[naccess++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;

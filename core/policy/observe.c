@@ -154,7 +154,7 @@ xseg_status obs_attach(xseg_segment_observer fn, void *user, dev_peek_fn device_
         if (!pending[i])
             continue;
         struct dev_alloc *d = device_at(i);
-        dev_acquire(d);
+        dev_lock(d, DEV_NEED_SLOTS);
         mutex_lock(&xseg_rt.obs.lock);
         /* The list may have moved (realloc by another attach) or this entry been detached. */
         struct observer *me = obs_find_locked(fn, user);

@@ -242,7 +242,7 @@ static void unbegin_locked(struct dev_alloc *d, size_t i)
 xseg_status pools_begin(struct dev_alloc *d, xseg_pool_id pool, xseg_stream_filter filter, void *user)
 {
     struct pool_route tmpl = {.filter = filter, .user = user};
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     xseg_status st = begin_locked(d, "xseg_begin_allocate_to_pool", pool, &tmpl);
     dev_unlock(d);
     return st;
@@ -253,7 +253,7 @@ xseg_status pools_end(struct dev_alloc *d, xseg_pool_id pool)
     int device = d->device;
     xseg_status st = XSEG_SUCCESS;
     char buf[48];
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct priv_pool *pp = pool_find(d, pool);
     ptrdiff_t i = pp ? route_of_pool(d, pp) : -1;
     if (i < 0) {
@@ -275,7 +275,7 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool)
     int device = d->device;
     xseg_status st = XSEG_SUCCESS;
     char buf[48];
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct priv_pool *pp = pool_find(d, pool);
     if (!pp) {
         st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_release_pool: no pool %s on device %d", id_text(pool, buf),
@@ -297,7 +297,7 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool)
 int pools_use_count(struct dev_alloc *d, xseg_pool_id pool)
 {
     int count;
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct priv_pool *pp = pool_find(d, pool);
     count = pp ? pp->use_count : 0;
     dev_unlock(d);
@@ -308,7 +308,7 @@ xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
 {
     char buf[48];
     xseg_status st = XSEG_SUCCESS;
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     struct priv_pool *pp = pool_find(d, pool);
     if (!pp && !(pp = pool_new(d, pool)))
         st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_pool_retain: out of host memory for pool %s",
@@ -328,7 +328,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     /* Route first, then begin: nothing can allocate on the stream in between, and undoing a
      * route is simpler than undoing a capture. */
     struct pool_route tmpl = {.by_capture = true, .capture_stream = stream};
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     st = begin_locked(d, "xseg_capture_begin", id, &tmpl);
     dev_unlock(d);
     if (st != XSEG_SUCCESS)
@@ -338,7 +338,7 @@ xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_
     st = drv_ctx_ensure(d->info.primary_ctx);
     if (st == XSEG_SUCCESS)
         st = vmm_capture_begin(stream, (CUstreamCaptureMode)capture_mode, device, &cid);
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     ptrdiff_t i = route_of_capture(d, stream);
     if (st != XSEG_SUCCESS) {
         if (i >= 0)
@@ -354,7 +354,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
 {
     int device = d->device;
     xseg_status st;
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     bool known = route_of_capture(d, stream) >= 0;
     dev_unlock(d);
     if (!known)
@@ -375,7 +375,7 @@ xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *gra
     }
     /* Otherwise stop routing whatever the driver said: the capture is over, and a route left
      * behind would keep the device in capture mode (PyTorch's capture_end leaks it there). */
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     ptrdiff_t i = route_of_capture(d, stream);
     if (i >= 0 && !still_open)
         route_remove(d, (size_t)i); /* the use stays until xseg_release_pool */

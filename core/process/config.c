@@ -22,6 +22,7 @@
 
 #include "core/process/config.h"
 #include "core/process/config_keys.h"
+#include "base/log.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/strbuf.h"
@@ -786,16 +787,17 @@ static void cfg_note_ignored(uint64_t given)
     uint64_t fresh = given & ~atomic_fetch_or(&cfg_ignored_noted, given);
     if (!fresh)
         return;
-    fprintf(stderr, "xseg: warning: allocator config keys accepted for PyTorch and ignored:");
+    char keys[900] = "";
+    struct strbuf sb = {keys, sizeof keys, 0};
     for (size_t k = 0; k < cfg_nkeys; k++)
         if (fresh & (UINT64_C(1) << k))
-            fprintf(stderr, " %s (%s)", cfg_keys[k].name,
-                    !strncmp(cfg_keys[k].name, "pinned_", 7)
-                        ? "tunes PyTorch's pinned host allocator, which xseg's does not need"
-                        : "xseg reserves address space to need");
+            strbuf_printf(&sb, " %s (%s)", cfg_keys[k].name,
+                          !strncmp(cfg_keys[k].name, "pinned_", 7)
+                              ? "tunes PyTorch's pinned host allocator, which xseg's does not need"
+                              : "xseg reserves address space to need");
     if (fresh & (UINT64_C(1) << 63))
-        fprintf(stderr, " backend:cudaMallocAsync (xseg is itself the caching allocator)");
-    fputc('\n', stderr);
+        strbuf_printf(&sb, " backend:cudaMallocAsync (xseg is itself the caching allocator)");
+    log_warn("warning: allocator config keys accepted for PyTorch and ignored:%s", keys);
 }
 
 xseg_status cfg_parse(const char *str, const struct cfg *base, struct cfg *out)

@@ -38,6 +38,8 @@ struct cfg {
                                          * bytes, so it needs the device's xseg memory unused */
     bool expandable_segments_ipc;       /* default true: pages are created exportable (POSIX fd,
                                          * fabric where supported) so xseg_ipc_export works */
+    bool gpu_direct_rdma;               /* default false: RDMA-capable pages where the device says
+                                         * so; true: required, a segment fails without it */
     bool release_lock_on_cudamalloc;
     double per_process_memory_fraction; /* [0, 1]; 1 = no cap */
     bool graph_capture_record_stream_reuse; /* reuse record_stream'ed blocks in capture (capreuse.c) */
@@ -53,6 +55,8 @@ struct cfg {
     size_t memory_group_budget;         /* the same for the group's sum (its first member's value) */
     bool sleep_keep_host_backup;        /* a woken pool's pinned backup stays in the host cache */
     size_t sleep_copy_chunk;            /* bytes: the largest copy sleep and wake queue at once */
+    bool debug_stale_access;            /* freed blocks go through a quarantine (core/device/quarantine.h) */
+    size_t debug_quarantine;            /* bytes: the quarantine's bound */
     /* Spill (core/services/spill.c). */
     bool spill_to_host;                 /* default false: out of memory moves live pages to host memory */
     size_t spill_host_limit;            /* bytes of host memory spill may hold; 0 (default): no limit */

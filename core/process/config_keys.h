@@ -48,6 +48,8 @@
       "True")                                                                                      \
     K(expandable_segments_defrag, NULL, BOOL, expandable_segments_defrag, false, cfg_parse_flag,   \
       0, 0, "False")                                                                               \
+    K(gpu_direct_rdma, NULL, BOOL, gpu_direct_rdma, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0,    \
+      "False")                                                                                     \
     K(large_segment_size_mb, NULL, MIB, large_segment_size, CFG_DEFAULT_LARGE_SEGMENT,             \
       cfg_parse_large_segment, 0, 0, "20")                                                         \
     K(expandable_page_size_mb, NULL, MIB, expandable_page_size, CFG_DEFAULT_LARGE_SEGMENT,         \
@@ -90,6 +92,11 @@
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20,                          \
       CFG_BOUNDED_MIB(1, 1024), CFG_OMIT_DEFAULT, 0, "64")                                         \
+    /* the stale-access debug mode (core/device/quarantine.c) */                                 \
+    K(debug_stale_access, NULL, BOOL, debug_stale_access, false, cfg_parse_flag,                   \
+      CFG_OMIT_DEFAULT, 0, "False")                                                                \
+    K(debug_quarantine_mb, NULL, MIB, debug_quarantine, (size_t)1024 << 20,                        \
+      CFG_BOUNDED_MIB(1, 1048576), CFG_OMIT_DEFAULT, 0, "1024")                                    \
     /* spill to host memory out of memory (core/services/spill.c) */                               \
     K(spill_to_host, NULL, BOOL, spill_to_host, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0,        \
       "False")                                                                                     \

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unwind.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/hostmem.h"
@@ -32,12 +33,7 @@ const char *hist_action_name(int action)
     return action >= 0 && action < HIST_NACTIONS ? action_names[action] : "unknown";
 }
 
-int64_t hist_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
+int64_t hist_now_us(void) { return clock_real_us(); }
 
 static inline uint64_t mix64(uint64_t h, uint64_t v)
 {

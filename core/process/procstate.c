@@ -8,6 +8,7 @@ XSEG_HIDDEN struct xseg_runtime xseg_rt = {
     .idle = {.ctl_lock = PTHREAD_MUTEX_INITIALIZER, .lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT},
     .hist = {.lock = PTHREAD_MUTEX_INITIALIZER, .opt_max_frames = HIST_DEFAULT_FRAMES},
     .obs = {.lock = PTHREAD_MUTEX_INITIALIZER},
+    .reg = {.lock = PTHREAD_MUTEX_INITIALIZER},
     .ipc = {.imports_lock = PTHREAD_MUTEX_INITIALIZER},
     .oom = {.lock = PTHREAD_MUTEX_INITIALIZER},
     .host = {.lock = PTHREAD_MUTEX_INITIALIZER, .ctl_lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT},

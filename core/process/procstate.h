@@ -40,7 +40,7 @@ struct hframe;
 struct observer;
 struct ipc_import_rec;
 
-/* ---- runtime.c: initialization and the device table (read inline by core/runtime.h) ------- */
+/* ---- core/runtime.c: initialization and the device table (read inline by core/runtime.h) ----- */
 struct rt_state {
     /* First: at offset 0 of xseg_rt, xseg_malloc indexes it with no add (callgrind_pairs.sh). */
     struct dev_alloc *_Atomic devs[ALLOC_MAX_DEVICES];
@@ -57,7 +57,7 @@ struct rt_state {
     bool retained[ALLOC_MAX_DEVICES];
 };
 
-/* ---- settings.c: what the user set (core/process/settings.h) --------------------------------------- */
+/* ---- core/process/settings.c: what the user set (core/process/settings.h) -------------------- */
 struct settings_cb {
     void (*fn)(void);
     void *user;
@@ -66,15 +66,16 @@ struct settings_state {
     _Atomic unsigned generation;  /* bumped by every change: devices copy cfg when it moved */
     _Atomic bool idle_thread;     /* idle.c's thread runs (written by idle.c through settings.h) */
     _Atomic size_t nfree_atomic;  /* nfree, readable without the lock */
+    _Atomic bool stale_on;        /* cfg.debug_stale_access, readable without the lock */
     pthread_mutex_t lock;         /* cfg */
     struct cfg cfg;
     /* Callbacks: append-only arrays under xseg_rt.settings.cb_lock; callers copy and call without it. */
     pthread_mutex_t cb_lock;
-    struct settings_cb *oom, *free;
-    size_t noom, nfree, capoom, capfree;
+    struct settings_cb *oom, *free, *stale;
+    size_t noom, nfree, capoom, capfree, nstale, capstale;
 };
 
-/* ---- idle.c: the idle-reclaim thread (core/services/idle.h) ---------------------------------------- */
+/* ---- core/services/idle.c: the idle-reclaim thread (core/services/idle.h) -------------------- */
 struct idle_state {
     /* ctl_lock serializes starting and stopping (held across the join); lock guards stop and
      * the wait. The thread never takes ctl_lock. */
@@ -89,7 +90,7 @@ struct idle_state {
     int ndevices;
 };
 
-/* ---- history.c: the allocation history (core/process/history.h) ---------------------------------- */
+/* ---- core/process/history.c: the allocation history (core/process/history.h) ----------------- */
 struct hist_state {
     _Atomic unsigned mode_word; /* HIST_* bits in force, read without the lock */
     _Atomic int opt_stacks;     /* also read without the lock: 0 skips the capture */
@@ -112,7 +113,7 @@ struct hist_state {
     bool self_known;
 };
 
-/* ---- observe.c: segment observers (core/policy/ipc.h) -------------------------------------------- */
+/* ---- core/policy/observe.c: segment observers (core/policy/observe.h) ------------------------ */
 struct obs_state {
     _Atomic size_t count; /* n, readable without the lock: 0 means no work at all */
     pthread_mutex_t lock;
@@ -120,13 +121,23 @@ struct obs_state {
     size_t n, cap;
 };
 
-/* ---- ipc.c: the table of imports (core/policy/ipc.h) --------------------------------------------- */
+/* ---- core/policy/registry.c: the registration ledger (core/policy/registry.h) ------------------------------ */
+struct reg_entry;
+struct reg_state {
+    _Atomic size_t count; /* entries in the list, readable without the lock: 0 means no work at all */
+    pthread_mutex_t lock;
+    struct reg_entry *list;
+    _Atomic bool due[ALLOC_MAX_DEVICES]; /* a released range's pages were mapped again: run reg_after */
+    size_t failures[ALLOC_MAX_DEVICES], kept_bytes[ALLOC_MAX_DEVICES];
+};
+
+/* ---- core/policy/ipc.c: the table of imports (core/policy/ipc.h) ----------------------------- */
 struct ipc_state {
     pthread_mutex_t imports_lock;
     struct ipc_import_rec *imports;
 };
 
-/* ---- snapshot.c: OOM snapshots (core/snapshot.h) ------------------------------------------ */
+/* ---- core/snapshot.c: OOM snapshots (core/snapshot.h) ---------------------------------------- */
 struct oomsnap_state {
     pthread_mutex_t lock;
     char *path;     /* set by xseg_set_oom_snapshot */
@@ -135,7 +146,7 @@ struct oomsnap_state {
     bool writing;   /* an OOM inside the writer (observer, another thread) does not recurse */
 };
 
-/* ---- hostalloc.c: the pinned host cache (core/services/hostalloc.h) ------------------------------- */
+/* ---- core/services/hostalloc.c: the pinned host cache (core/services/hostalloc.h) ------------ */
 struct hc_block;
 struct hc_event;
 struct hc_counter {
@@ -176,7 +187,7 @@ struct host_state {
     bool running; /* the thread runs: written under ctl_lock, read relaxed anywhere */
 };
 
-/* ---- group.c: memory groups (core/services/group.h) ------------------------------------------------ */
+/* ---- core/services/group.c: memory groups (core/services/group.h) ---------------------------- */
 struct group;
 struct group_state {
     /* One group per device: set by group_attach when the device is created, taken back by
@@ -197,6 +208,7 @@ struct xseg_runtime {
     _Alignas(64) struct idle_state idle;
     _Alignas(64) struct hist_state hist;
     _Alignas(64) struct obs_state obs;
+    _Alignas(64) struct reg_state reg;
     _Alignas(64) struct ipc_state ipc;
     _Alignas(64) struct oomsnap_state oom;
     _Alignas(64) struct host_state host;

@@ -36,6 +36,8 @@ xseg_status settings_apply(const char *config, bool over_current)
     xseg_status st = config ? cfg_parse(config, &base, &parsed) : XSEG_SUCCESS;
     if (st == XSEG_SUCCESS) {
         xseg_rt.settings.cfg = config ? parsed : base;
+        atomic_store_explicit(&xseg_rt.settings.stale_on, xseg_rt.settings.cfg.debug_stale_access,
+                              memory_order_relaxed);
         atomic_fetch_add_explicit(&xseg_rt.settings.generation, 1, memory_order_release);
     }
     mutex_unlock(&xseg_rt.settings.lock);
@@ -46,12 +48,15 @@ void settings_reset(void)
 {
     mutex_lock(&xseg_rt.settings.lock);
     cfg_default(&xseg_rt.settings.cfg);
+    atomic_store_explicit(&xseg_rt.settings.stale_on, false, memory_order_relaxed);
     atomic_fetch_add_explicit(&xseg_rt.settings.generation, 1, memory_order_release);
     mutex_unlock(&xseg_rt.settings.lock);
     mutex_lock(&xseg_rt.settings.cb_lock);
     xs_free(xseg_rt.settings.oom);
     xs_free(xseg_rt.settings.free);
-    xseg_rt.settings.oom = xseg_rt.settings.free = NULL;
+    xs_free(xseg_rt.settings.stale);
+    xseg_rt.settings.oom = xseg_rt.settings.free = xseg_rt.settings.stale = NULL;
+    xseg_rt.settings.nstale = xseg_rt.settings.capstale = 0;
     xseg_rt.settings.noom = xseg_rt.settings.nfree = xseg_rt.settings.capoom = xseg_rt.settings.capfree = 0;
     atomic_store(&xseg_rt.settings.nfree_atomic, 0);
     mutex_unlock(&xseg_rt.settings.cb_lock);
@@ -97,6 +102,22 @@ xseg_status settings_add_oom_observer(xseg_oom_observer fn, void *user)
 xseg_status settings_add_free_memory_callback(xseg_free_memory_callback fn, void *user)
 {
     return cb_add(&xseg_rt.settings.free, &xseg_rt.settings.nfree, &xseg_rt.settings.capfree, (void (*)(void))fn, user);
+}
+
+xseg_status settings_add_stale_observer(xseg_stale_observer fn, void *user)
+{
+    return cb_add(&xseg_rt.settings.stale, &xseg_rt.settings.nstale, &xseg_rt.settings.capstale, (void (*)(void))fn,
+                  user);
+}
+
+bool settings_run_stale_observers(const xseg_stale_report *r)
+{
+    size_t n;
+    struct settings_cb *c = cb_copy(&xseg_rt.settings.stale, &xseg_rt.settings.nstale, &n);
+    for (size_t i = 0; i < n; i++)
+        ((xseg_stale_observer)c[i].fn)(r, c[i].user);
+    xs_free(c);
+    return n > 0;
 }
 
 bool settings_have_free_memory_callbacks(void) { return atomic_load(&xseg_rt.settings.nfree_atomic) != 0; }

@@ -33,6 +33,16 @@ void settings_reset(void);
 xseg_status settings_add_oom_observer(xseg_oom_observer fn, void *user);
 xseg_status settings_add_free_memory_callback(xseg_free_memory_callback fn, void *user);
 
+/* The stale-access observers (xseg_attach_stale_observer): run them on @p r (no allocator lock
+ * held); false when none is attached (the report then goes to stderr). */
+xseg_status settings_add_stale_observer(xseg_stale_observer fn, void *user);
+bool settings_run_stale_observers(const xseg_stale_report *r);
+/* Is debug_stale_access in force (the free path's one test: relaxed, no lock)? */
+static inline bool settings_stale_on(void)
+{
+    return atomic_load_explicit(&xseg_rt.settings.stale_on, memory_order_relaxed);
+}
+
 /* Run the free-memory callbacks (no allocator lock held). Returns nonzero if any freed. */
 int settings_run_free_memory_callbacks(int device, size_t requested);
 bool settings_have_free_memory_callbacks(void);

@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/log.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/witness.h"
@@ -115,13 +117,6 @@ struct group {
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, const struct timespec *ts)
 {
     return syscall(SYS_futex, (uint32_t *)w, op, val, ts, NULL, 0);
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
 static bool pid_alive(int32_t pid)
@@ -244,11 +239,7 @@ static void go_alone(struct group *g, const char *why)
 static bool table_lock(struct gtable *t, int64_t ns)
 {
     witness_take(FORK_RANK_GROUP_TABLE);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t at = (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec + ns;
-    ts.tv_sec = (time_t)(at / 1000000000ll);
-    ts.tv_nsec = (long)(at % 1000000000ll);
+    struct timespec ts = clock_deadline(CLOCK_REALTIME, ns);
     int r = pthread_mutex_timedlock(&t->lock, &ts);
     if (r == EOWNERDEAD) {
         pthread_mutex_consistent(&t->lock);
@@ -388,7 +379,7 @@ static void publish_locked(struct group *g)
 /* publish_locked, taking the device lock. */
 static void publish(struct group *g)
 {
-    dev_acquire(g->d);
+    dev_lock(g->d, DEV_NEED_SLOTS);
     publish_locked(g);
     dev_unlock(g->d);
 }
@@ -502,7 +493,7 @@ static struct gtable *table_open(struct group *g, char *err, size_t n)
         atomic_store_explicit(&t->magic, GROUP_MAGIC, memory_order_release);
     } else {
         /* A creator may be initializing it this instant. */
-        for (int64_t end = now_ns() + GROUP_JOIN_NS; now_ns() < end &&
+        for (int64_t end = clock_mono_ns() + GROUP_JOIN_NS; clock_mono_ns() < end &&
              atomic_load_explicit(&t->magic, memory_order_acquire) != GROUP_MAGIC;)
             nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
@@ -518,8 +509,8 @@ static struct gtable *table_open(struct group *g, char *err, size_t n)
      * one warning (at its join) and yields. */
     if (!created && t->group_budget != g->group_budget) {
         if (g->group_budget)
-            fprintf(stderr, "xseg: warning: memory_group_budget_mb:%llu differs from group '%s''s "
-                    "%llu MiB (its first member's): device %d uses the group's\n",
+            log_warn("warning: memory_group_budget_mb:%llu differs from group '%s''s "
+                    "%llu MiB (its first member's): device %d uses the group's",
                     (unsigned long long)(g->group_budget >> 20), g->name,
                     (unsigned long long)(t->group_budget >> 20), g->d->device);
         g->group_budget = t->group_budget;
@@ -581,7 +572,7 @@ void group_attach(struct dev_alloc *d)
     g->group_budget = cfg.memory_group_budget < g->total ? cfg.memory_group_budget : g->total;
     g->me = -1;
     g->fd = -1;
-    g->seed = (unsigned)getpid() ^ (unsigned)now_ns();
+    g->seed = (unsigned)getpid() ^ (unsigned)clock_mono_ns();
     snprintf(g->name, sizeof g->name, "%s", cfg.memory_group);
     int n = snprintf(g->path, sizeof g->path, "/xseg-group-");
     for (int i = 0; i < 16; i++)
@@ -591,7 +582,7 @@ void group_attach(struct dev_alloc *d)
     if (g->t && (g->me = slot_claim(g)) >= 0) {
         publish(g);
         struct budget_view v;
-        dev_acquire(d);
+        dev_lock(d, DEV_NEED_SLOTS);
         budget_measure(d, g, &v, 0); /* our foreign bytes, published */
         dev_unlock(d);
         if (pthread_create(&g->responder, NULL, responder, g)) {
@@ -857,7 +848,7 @@ void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t gro
     }
     struct gslot *mine = &g->t->slot[g->me];
     bool unknown = grow == SIZE_MAX; /* a wake: up to the limit */
-    int64_t end = now_ns() + (int64_t)d->cfg.memory_group_wait_ms * 1000000ll;
+    int64_t end = clock_mono_ns() + (int64_t)d->cfg.memory_group_wait_ms * 1000000ll;
     for (long pause = 100000;; pause = pause < 4000000 ? pause * 2 : pause) {
         budget_measure(d, g, v, unknown ? g->total : grow);
         size_t want = v->reserved + (unknown ? 0 : grow);
@@ -867,7 +858,7 @@ void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t gro
         size_t rest = v->others_reserved + v->others_foreign + v->foreign;
         size_t alone = v->group_budget > rest ? v->group_budget - rest : 0;
         bool fits_alone = want <= alone && want <= v->own_limit;
-        if (unknown || want <= v->limit || !v->others_growing || !fits_alone || now_ns() >= end)
+        if (unknown || want <= v->limit || !v->others_growing || !fits_alone || clock_mono_ns() >= end)
             break;
         atomic_store(&mine->growing, g->wake_growing);
         struct timespec ts = {0, pause + (long)((uint64_t)rand_r(&g->seed) % (uint64_t)pause)};
@@ -984,7 +975,7 @@ static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int6
             uint64_t got = atomic_load(&s->freed_bytes);
             return got <= g->total ? got : 0;
         }
-        int64_t now = now_ns();
+        int64_t now = clock_mono_ns();
         if (now >= end && (now >= grace_end || !ask_underway(s, pid, seq, g->total))) {
             *timed_out = true;
             return 0;
@@ -1018,14 +1009,14 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
     }
     if (over_budget && (room || over_budget > need))
         need = over_budget;
-    int64_t start = now_ns(), end = start + (int64_t)wait_ms * 1000000ll;
+    int64_t start = clock_mono_ns(), end = start + (int64_t)wait_ms * 1000000ll;
     int64_t grace_end = start + (int64_t)GROUP_GRACE * wait_ms * 1000000ll;
     uint64_t got = 0;
     bool died = false, timed_out = false;
     char why[160];
     if (!table_intact(g, why, sizeof why)) {
         go_alone(g, why);
-        dev_acquire(d);
+        dev_lock(d, DEV_NEED_SLOTS);
         return false;
     }
     /* Another member's ask holds the lock for up to its own wait (or a stopped member holds
@@ -1042,7 +1033,7 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
              * GROUP_PUBLISH_NS old, so a member that last published no cache is asked in a later
              * round (it answers 0 at once if it has none). */
             bool asked[GROUP_SLOTS] = {false};
-            while (got < need && now_ns() < end) {
+            while (got < need && clock_mono_ns() < end) {
                 int batch[GROUP_SLOTS], nb = 0;
                 int32_t pids[GROUP_SLOTS];
                 uint32_t seqs[GROUP_SLOTS];
@@ -1079,7 +1070,7 @@ bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
         }
         table_unlock(g->t);
     }
-    dev_acquire(d);
+    dev_lock(d, DEV_NEED_SLOTS);
     return got > 0 || died;
 }
 

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/hostmem.h"
@@ -89,13 +90,6 @@ static void ctr_add(struct hc_counter *c, int64_t d)
     } else {
         c->freed -= d;
     }
-}
-
-static int64_t now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
 }
 
 static void dur_add(struct hc_duration *d, int64_t us)
@@ -262,7 +256,7 @@ static xseg_status seg_pin(CUcontext ctx, size_t size, const struct cfg *c, stru
     xseg_status st = drv_ctx_ensure(ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    int64_t t0 = now_us();
+    int64_t t0 = clock_mono_us();
     s->size = size;
     s->registered = c->pinned_use_cuda_host_register;
     if (!s->registered) {
@@ -281,7 +275,7 @@ static xseg_status seg_pin(CUcontext ctx, size_t size, const struct cfg *c, stru
         s->base = p;
     }
     if (st == XSEG_SUCCESS) {
-        dur_add(&hc.alloc_time, now_us() - t0);
+        dur_add(&hc.alloc_time, clock_mono_us() - t0);
         hc.num_host_alloc++;
     }
     return st;
@@ -292,14 +286,14 @@ static xseg_status seg_pin(CUcontext ctx, size_t size, const struct cfg *c, stru
  * keeps the segment cached, for the next empty_cache). */
 static xseg_status seg_unpin(struct hc_seg *s)
 {
-    int64_t t0 = now_us();
+    int64_t t0 = clock_mono_us();
     xseg_status st = XSEG_SUCCESS;
     if (!s->registered)
         vhost_free(s->base, 0);
     else if ((st = vhost_unregister(s->base)) == XSEG_SUCCESS)
         munmap(s->base, s->size);
     if (st == XSEG_SUCCESS) {
-        dur_add(&hc.free_time, now_us() - t0);
+        dur_add(&hc.free_time, clock_mono_us() - t0);
         hc.num_host_free++;
     }
     return st;
@@ -692,13 +686,7 @@ static void *hc_main(void *arg)
     while (!hc.stop) {
         if (hc.npending)
             process_events(false);
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += 1000000L; /* every millisecond */
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = clock_deadline(CLOCK_MONOTONIC, 1000000); /* every millisecond */
         while (!hc.stop && pthread_cond_timedwait(&hc.cond, &hc.lock, &until) != ETIMEDOUT)
             ;
     }

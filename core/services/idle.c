@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/fork.h"
 #include "base/witness.h"
@@ -29,7 +30,7 @@ static bool idle_running(void) { return settings_idle_thread_running(); }
  * invalidate it, and nothing is released during a capture anyway). */
 static void idle_service(struct dev_alloc *d)
 {
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     if (d->cfg.idle_release_ms && !cap_underway(d)) {
         if (ev_waiting(d))
             ev_process(d);
@@ -68,14 +69,7 @@ static void *idle_main(void *arg)
                 idle_service(d);
         }
         unsigned ms = idle_period_ms();
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_sec += ms / 1000;
-        until.tv_nsec += (long)(ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = clock_deadline(CLOCK_MONOTONIC, (int64_t)ms * 1000000);
         mutex_lock(&xseg_rt.idle.lock);
         while (!xseg_rt.idle.stop &&
                pthread_cond_timedwait(&xseg_rt.idle.cond, &xseg_rt.idle.lock, &until) != ETIMEDOUT)

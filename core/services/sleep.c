@@ -70,6 +70,7 @@
 #include "core/policy/events.h"
 #include "core/services/hostalloc.h"
 #include "core/policy/pools.h"
+#include "core/policy/registry.h"
 #include "vmm/event.h"
 #include "vmm/host.h"
 #include "vmm/segment.h"
@@ -226,7 +227,7 @@ static const char *phase_words(const struct pool_sleep *ps)
  * step_out (dev_unlock may check it); after step_in nothing of the device but the pool's own
  * segments and blocks is trusted as before. */
 static void step_out(struct dev_alloc *d) { dev_unlock(d); }
-static void step_in(struct dev_alloc *d) { dev_acquire(d); }
+static void step_in(struct dev_alloc *d) { dev_lock(d, DEV_NEED_SLOTS); }
 
 xseg_status sleep_refuse(const struct dev_alloc *d, const struct priv_pool *pp)
 {
@@ -820,6 +821,18 @@ static xseg_status refuse_lent(struct dev_alloc *d, struct priv_pool *pp)
                        "used (or xseg_free the block) first",
                        pool_name(pp, buf), d->device, nheld, nheld == 1 ? "" : "s", held->addr,
                        held->u.side->handle_holds, held->u.side->handle_holds == 1 ? "" : "s", held->addr);
+    /* A registration still in force (its before callback did not release it: xseg_sleep's
+     * before pass ran first) pins its pages (core/policy/registry.h). */
+    for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+        uintptr_t lo, hi, base = s->vseg ? (uintptr_t)seg_base(s->vseg) : 0;
+        if (s->vseg && dev_pool_owner(d, s->pool) == pp &&
+            reg_first_registered(d, base, base + seg_va_size(s->vseg), &lo, &hi))
+            return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                           "xseg_sleep: %s on device %d holds a registration in force at [0x%" PRIxPTR ", 0x%" PRIxPTR
+                           ") (xseg_register_range; its before callback did not release it): a sleep would give "
+                           "its pages back under the registrant; nothing changed",
+                           pool_name(pp, buf), d->device, lo, hi);
+    }
     return XSEG_SUCCESS;
 }
 
@@ -1256,7 +1269,7 @@ static void add_stats(const struct pool_sleep *ps, xseg_sleep_stats *out)
 xseg_status sleep_stats(struct dev_alloc *d, const xseg_pool_id *pool, xseg_sleep_stats *out)
 {
     memset(out, 0, sizeof *out);
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     xseg_status st = XSEG_SUCCESS;
     if (pool) {
         struct priv_pool *pp;

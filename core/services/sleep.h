@@ -9,9 +9,9 @@
  * trim, recycling, idle reclaim) skip asleep segments. Frees and completed record_stream events
  * only change the blocks' books.
  *
- * Locking: sleep_stats takes the device lock; the rest expect it held. alloc.c (alloc_sleep,
- * alloc_wake) takes it around a sleep or wake and applies release_threshold_mb after it (core/services/trim.h,
- * above this module: it reads sleep_allocated_bytes). A sleep or wake gives the lock back during
+ * Locking: sleep_stats takes the device lock; the rest expect it held. core/services/sleepwake.c
+ * (sleep_device, wake_device) takes it around a sleep or wake and applies release_threshold_mb after
+ * it (core/services/trim.h, above this module: it reads sleep_allocated_bytes). A sleep or wake gives the lock back during
  * its waits and file I/O (core/services/sleep.c): the pool is not awake from its first check to its end,
  * so its own operations are refused, while the device's other pools go on.
  */

@@ -16,6 +16,7 @@
 #include "core/device/fast.h"
 #include "core/device/lifetime.h"
 #include "core/policy/expandable.h"
+#include "core/policy/registry.h"
 #include "core/process/procstate.h"
 #include "vmm/driver.h"
 #include "vmm/segment.h"
@@ -74,6 +75,8 @@ bool spill_pinned(struct dev_alloc *d, uintptr_t addr, size_t size)
     lock_assert_held(&d->lock);
     if (atomic_load_explicit(&xseg_rt.obs.count, memory_order_relaxed))
         return true; /* an observer may have registered these pages */
+    if (reg_range_registered(d, addr, size))
+        return true; /* registered with xseg_register_range (core/policy/registry.h) */
     const struct segrec *s = seg_of(d, addr);
     if (!s || s->handles_out || s->asleep)
         return true;
@@ -249,6 +252,10 @@ static bool spill_possible(struct dev_alloc *d)
     }
     if (dev_capture_underway(d)) {
         why(d, "a stream capture is underway on the device");
+        return false;
+    }
+    if (d->cfg.debug_stale_access) {
+        why(d, "debug_stale_access is on (its quarantine and canary pages keep every page where it is)");
         return false;
     }
     for (const struct segrec *s = d->segs; s; s = s->next_seg)

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
@@ -172,7 +173,7 @@ void trim_threshold(struct dev_alloc *d, size_t handing_out)
 
 xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
 {
-    dev_lock(d);
+    dev_lock(d, DEV_NEED_OP);
     /* Blocks whose record_stream events have completed go back to their pools first; pending
      * ones are not waited for (empty_cache does that). Event queries are illegal during a
      * capture, and nothing is released then anyway. */
@@ -216,9 +217,7 @@ void trim_idle_tick(struct dev_alloc *d)
     unsigned ms = d->cfg.idle_release_ms;
     if (!ms)
         return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t now = (uint64_t)clock_mono_ns();
     uint64_t window = (uint64_t)ms * 1000000ull;
     if (d->idle_tick_ns && now - d->idle_tick_ns < window / 4)
         return;

@@ -23,6 +23,7 @@ import threading
 from . import _lib
 from ._lib import C_INT, C_PTR, C_SIZE, C_UINT64, XsegError, XsegOutOfMemoryError, check, int_arg
 from .ipc import IpcHandle, block_handles, block_handles_release, ipc_close, ipc_export, ipc_import
+from .registry import Registration, range_dmabuf, register_range, registration_stats
 
 __all__ = [
     "XsegError", "XsegOutOfMemoryError", "__version__", "library_path", "version",
@@ -32,9 +33,10 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "empty_cache", "set_per_process_memory_fraction",
-    "memory_snapshot", "dump_snapshot", "attach_oom_observer",
+    "memory_snapshot", "dump_snapshot", "attach_oom_observer", "check_stale", "attach_stale_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "block_handles_release",
+    "register_range", "Registration", "range_dmabuf", "registration_stats",
     "trim",
     "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown", "group_members",
     "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",
@@ -660,3 +662,47 @@ def attach_oom_observer(fn):
     cb = _lib.OOM_OBSERVER(tramp)
     check(_lib.lib().xseg_attach_oom_observer(cb, None))
     _observers.append(cb)
+
+
+def _frames(arr, n):
+    return [{"filename": (arr[i].filename or b"").decode("utf-8", "replace"),
+             "name": (arr[i].name or b"").decode("utf-8", "replace"), "line": arr[i].line}
+            for i in range(n)]
+
+
+def attach_stale_observer(fn):
+    """Call fn(report) for each stale access the debug mode finds (config key
+    debug_stale_access:True; docs/troubleshooting.md): a dict with device, address, size,
+    requested_size, stream, pool ("small"/"large"), expandable, first_offset, freed_us,
+    found_us, when, alloc_frames and free_frames (lists of {filename, name, line}, innermost
+    first) and message. While one is attached, reports no longer go to stderr. Exceptions from
+    fn are printed, not raised."""
+    if not callable(fn):
+        raise TypeError("fn must be callable")
+
+    def tramp(rp, user):
+        try:
+            r = rp.contents
+            fn({"device": r.device, "address": r.addr, "size": r.size, "requested_size": r.requested,
+                "stream": r.stream or 0, "pool": (r.pool or b"").decode(), "expandable": bool(r.expandable),
+                "first_offset": r.first_offset, "freed_us": r.freed_us, "found_us": r.found_us,
+                "when": (r.when or b"").decode(),
+                "alloc_frames": _frames(r.alloc_frames, r.n_alloc_frames),
+                "free_frames": _frames(r.free_frames, r.n_free_frames),
+                "message": (r.message or b"").decode("utf-8", "replace")})
+        except Exception:  # an exception cannot cross the C frame
+            import traceback
+            traceback.print_exc()
+
+    cb = _lib.STALE_OBSERVER(tramp)
+    check(_lib.need("xseg_attach_stale_observer")(cb, None))
+    _observers.append(cb)
+
+
+def check_stale(device=None):
+    """Check every block the debug mode (debug_stale_access:True) holds in quarantine on
+    `device` now: each one written since its free is reported (observers, else stderr) once.
+    Returns how many this call found. Raises XsegError (ILLEGAL_STATE) during a capture."""
+    found = ctypes.c_size_t(0)
+    check(_lib.need("xseg_check_stale")(_device(device, "xseg.check_stale"), ctypes.byref(found)))
+    return found.value

@@ -326,6 +326,22 @@ class HistoryOptions(ctypes.Structure):
 HISTORY_ALL, HISTORY_STATE, HISTORY_TRACE = 0, 1, 2
 STACKS_NONE, STACKS_C, STACKS_CALLBACK = 0, 1, 2
 
+# --- stale-access debug mode (include/xseg.h: xseg_stale_report) -----------------------------
+
+class StaleReport(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int), ("addr", ctypes.c_size_t), ("size", ctypes.c_size_t),
+                ("requested", ctypes.c_size_t), ("stream", ctypes.c_void_p), ("pool", ctypes.c_char_p),
+                ("expandable", ctypes.c_int), ("first_offset", ctypes.c_size_t),
+                ("freed_us", ctypes.c_int64), ("found_us", ctypes.c_int64), ("when", ctypes.c_char_p),
+                ("alloc_frames", ctypes.POINTER(Frame)), ("n_alloc_frames", ctypes.c_int),
+                ("free_frames", ctypes.POINTER(Frame)), ("n_free_frames", ctypes.c_int),
+                ("message", ctypes.c_char_p)]
+
+
+STALE_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.POINTER(StaleReport), ctypes.c_void_p)
+_PROTOS["xseg_check_stale"] = (_S, [ctypes.c_int, c_size_p])
+_PROTOS["xseg_attach_stale_observer"] = (_S, [STALE_OBSERVER, ctypes.c_void_p])
+
 # --- sleep and wake (include/xseg.h: xseg_sleep) ---------------------------------------------
 
 SLEEP_OFFLOAD, SLEEP_DISCARD, SLEEP_OFFLOAD_FILE = 1, 2, 4

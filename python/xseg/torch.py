@@ -85,10 +85,14 @@ def mark_cold(tensor):
     xseg.spill_hint(tensor.untyped_storage().data_ptr())
 
 
-def enable(config=None, verbose=False, pinned=True):
+def enable(config=None, verbose=False, pinned=True, debug_stale_access=False, debug_quarantine_mb=None):
     """Install xseg as PyTorch's CUDA allocator with every hook wired.
 
     config: an optional xseg config string applied first (e.g. "expandable_segments:True").
+    debug_stale_access: the stale-access debug mode (docs/troubleshooting.md): freed tensors are
+    quarantined and poisoned, writes after their free reported with the allocation's and the
+    free's Python frames (history recording starts in "state" mode for them);
+    debug_quarantine_mb bounds the quarantine (default 1024).
     pinned: also make xseg's pinned host cache PyTorch's CUDA host allocator where PyTorch has a
     registry for it (2.8 and later; see pinned_installed()). Pinned tensors made before keep
     their allocator until freed.
@@ -104,8 +108,24 @@ def enable(config=None, verbose=False, pinned=True):
     if not torch.cuda.is_available() and torch.version.cuda is None:
         raise RuntimeError("xseg.torch.enable: this PyTorch has no CUDA support "
                            "(torch.version.cuda is None)")
+    if not isinstance(debug_stale_access, bool):
+        raise TypeError("xseg.torch.enable: debug_stale_access must be True or False, not %r"
+                        % (debug_stale_access,))
+    if debug_stale_access:
+        extra = "debug_stale_access:True"
+        if debug_quarantine_mb is not None:
+            if isinstance(debug_quarantine_mb, bool) or not isinstance(debug_quarantine_mb, int):
+                raise TypeError("xseg.torch.enable: debug_quarantine_mb must be an int, not %r"
+                                % (debug_quarantine_mb,))
+            extra += ",debug_quarantine_mb:%d" % debug_quarantine_mb
+        config = extra if config is None else config + "," + extra
+    elif debug_quarantine_mb is not None:
+        raise ValueError("xseg.torch.enable: debug_quarantine_mb needs debug_stale_access=True")
     if config is not None:
         set_config(config)
+    if debug_stale_access:
+        import xseg
+        xseg.record_memory_history(enabled="state", stacks="python")
     _lib.lib()  # load libxseg with RTLD_GLOBAL: the adapter's xseg_* references bind to it
     tag = "xseg_torch_adapter_" + torch.__version__.replace(".", "_").replace("+", "_")
     mod = cpp.load(name=tag.replace("-", "_"), sources=[adapter_source()],

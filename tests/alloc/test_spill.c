@@ -396,6 +396,27 @@ static void test_spill_capture_free(void **state)
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 
+/* A range registered with xseg_register_range never moves (spill_pinned asks the ledger): the
+ * hinted A stays on the device and B's pages go instead. */
+static void test_spill_registered(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    static const xseg_range_callbacks cb = {NULL, NULL, 0};
+    int ctx = 0;
+    assert_int_equal(xseg_register_range(a, A_SIZE, &cb, &ctx), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE - 6 * MiB, 0, NULL), XSEG_SUCCESS);
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    assert_int_not_equal(location(b, NULL), XSEG_LOCATION_DEVICE);
+    check_books(true);
+    check_data(a, b);
+    tu_free(c);
+    assert_int_equal(xseg_unregister_range(a, A_SIZE, &ctx), XSEG_SUCCESS);
+    finish(a, b);
+}
+
 /* Sleep and IPC against spilled pages: both refused (the message says to promote), nothing
  * changed; after the promotion both work. */
 static void test_spill_sleep_ipc(void **state)
@@ -581,6 +602,7 @@ static const struct {
     {"test_spill_sleep_ipc", cmocka_unit_test(test_spill_sleep_ipc)},
     {"test_spill_trim_idle", cmocka_unit_test(test_spill_trim_idle)},
     {"test_spill_capture_free", cmocka_unit_test(test_spill_capture_free)},
+    {"test_spill_registered", cmocka_unit_test(test_spill_registered)},
     {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
     {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
 };

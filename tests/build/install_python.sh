@@ -19,7 +19,7 @@ unset LD_LIBRARY_PATH # meson test points it at the build tree; the library must
     { cat "$tmp/install.txt"; fail "meson install --destdir failed"; }
 
 pkg=$dest$pydir/xseg
-for f in __init__.py _lib.py torch.py cupy.py ipc.py _torch_adapter.cpp xseg.h _version.py; do
+for f in __init__.py _lib.py torch.py cupy.py ipc.py _torch_adapter.cpp xseg.h xseg_torch.h _version.py; do
     [ -f "$pkg/$f" ] || fail "$pydir/xseg/$f was not installed (installed: $(cd "$dest" && find . -path '*xseg/*.py' | head -3))"
 done
 lib=$dest$libdir/libxseg.so.0

@@ -23,10 +23,10 @@ bad=0
 wing_rank="index:1 process:1 device:2 policy:3 services:4 top:5"
 wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
-device:state,lifetime,device,fast,check
-policy:capreuse,events,pools,ipc,observe,expandable,release
-services:hostalloc,spill,sleep,trim,group,idle
-top:runtime,snapshot,alloc,shutdown"
+device:state,lifetime,device,blockops,fast,quarantine,check
+policy:capreuse,events,pools,ipc,observe,registry,expandable,release
+services:hostalloc,spill,sleep,trim,group,sleepwake,idle
+top:runtime,snapshot,alloc,devops,shutdown"
 # Includes allowed to point up: none (sub-state types live in core/device/state.h, below device.h,
 # and dev_unlock, which runs dev_check, in core/device/check.h above it). Format: "FILE:HEADER ...".
 core_up=""
@@ -97,7 +97,8 @@ check_includes() {
 # (`d->SUB.field =`, `op=`, `++`, `--`, also through an index or a member) elsewhere fails.
 # "SUB: files" (basenames in core/); reads go through accessors or stay reads.
 owners="ev:events.c cap:device.c priv:pools.c sleep:sleep.c cr:capreuse.c
-acct:device.c,device.h,alloc.c,release.c fast:fast.c,fast.h life:lifetime.c,lifetime.h spill:spill.c"
+acct:device.c,device.h,alloc.c,devops.c,release.c fast:fast.c,fast.h life:lifetime.c,lifetime.h quar:quarantine.c
+exp:expandable.c spill:spill.c"
 check_owners() { # one awk over core/ and api/; the hits listed sub-state by sub-state
     awk -v owners="$owners" -v root="$root/" '
         BEGIN {
@@ -118,7 +119,7 @@ check_owners() { # one awk over core/ and api/; the hits listed sub-state by sub
 }
 # Likewise each sub-state of the process object xseg_rt (core/process/procstate.h) is written (assigned,
 # stored atomically, or its lock taken) only by its module; procstate.c defines it.
-rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c ipc:ipc.c oom:snapshot.c
+rt_owners="rt:runtime.c settings:settings.c idle:idle.c hist:history.c obs:observe.c reg:registry.c ipc:ipc.c oom:snapshot.c
 host:hostalloc.c group:group.c"
 check_rt_owners() { # one grep over every file, then each hit checked against its sub-state's owner
     grep -nE "xseg_rt\.[a-z]+\.[a-z_]+(\[[^]]*\])*(\.[a-z_]+)*[[:space:]]*([-+*/|&^]?=[^=]|\+\+|--)|(atomic_(store|fetch_[a-z]+|exchange|compare_exchange_[a-z]+)(_explicit)?|mutex_(lock|unlock)|pthread_[a-z_]+)\(&xseg_rt\.[a-z]+\." \

@@ -21,12 +21,14 @@ base_hostmem.c.o:hostmem_count the host-allocation test seam
 base_hostmem.c.o:hostmem_hit the host-allocation test seam
 base_hostmem.c.o:hostmem_nlive the host-allocation test seam
 base_hostmem.c.o:hostmem_nth the host-allocation test seam
+base_log.c.o:log_sink where warnings go (stderr when NULL): set by a test or a host, not process state xseg_shutdown resets
 base_afile.c.o:seq mixed into random bits when getrandom fails: its value does not matter
 vmm_driver.c.o:drv the driver table, resolved once, kept across xseg_shutdown
 vmm_driver.c.o:drv_table the driver table, resolved once
 vmm_driver.c.o:drv_once the driver table, resolved once
 vmm_driver.c.o:drv_load_status the driver load result, once
 vmm_driver.c.o:drv_load_msg the driver load result, once
+vmm_driver.c.o:drv_dmabuf_fn the optional dma-buf entry point, resolved once with the table
 vmm_driver.c.o:va_oom per thread: the last call ran out of address space
 vmm_driver.c.o:buf per thread: an unknown error code'"'"'s name
 vmm_segment.c.o:seg_proc vmm'"'"'s own state (layers point one way: not in core'"'"'s object)

@@ -260,6 +260,40 @@ static CUresult m_unmap_pending_copy(void)
     return r;
 }
 
+/* One handle mapped at two ranges (debug_stale_access's canary needs it): legal on the driver
+ * (a handle may back several mappings); a write through one range reads back through the other,
+ * and a release while both are mapped keeps the memory until the last unmap. Returns the first
+ * failure, or CUDA_ERROR_UNKNOWN when the two ranges do not share the bytes. */
+static CUresult m_map_twice(void)
+{
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(G);
+    CUresult r = drv->cuMemMap(va, G, 0, h, 0);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemMap(va + G, G, 0, h, 0);
+    if (r == CUDA_SUCCESS)
+        r = set_rw(va, 2 * G);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemRelease(h); /* both mappings keep the memory */
+    else
+        drv->cuMemRelease(h);
+    unsigned char back[2] = {0, 0};
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemsetD8(va + 4096, 0xAB, 1);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemsetD8(va + G + G - 1, 0xCD, 1);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemcpyDtoH(&back[0], va + G + 4096, 1);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuMemcpyDtoH(&back[1], va + G - 1, 1);
+    if (r == CUDA_SUCCESS && (back[0] != 0xAB || back[1] != 0xCD))
+        r = CUDA_ERROR_UNKNOWN;
+    CUresult u = drv->cuMemUnmap(va, 2 * G);
+    if (r == CUDA_SUCCESS)
+        r = u;
+    drv->cuMemAddressFree(va, 2 * G);
+    return r;
+}
 static CUresult m_access_unmapped(void)
 {
     CUdeviceptr va = reserve(2 * G);
@@ -1104,6 +1138,80 @@ static CUresult m_access_host_on_device_mem(void)
     return res;
 }
 
+/* dma-buf export of a mapped range spanning several physical handles (xseg_range_dmabuf's one
+ * call per block): where the device says it exports dma-bufs, a range over 3 handles mapped side
+ * by side gives one fd of the range's size; what the driver refuses, and with which code: a range
+ * with an unmapped hole, a range not host-page aligned, size 0. On cudaemu: CUDAEMU_DMA_BUF=1
+ * (meson test driver-vmm-dmabuf); skipped with the reason where the attribute reads 0. */
+static void test_dmabuf_ranges(void **state)
+{
+    (void)state;
+    int attr = 0;
+    tu_assert_cu(drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0));
+    if (!get_range_handle || !attr) {
+        print_message("dma-buf ranges: skipped (%s)\n", get_range_handle ? "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0"
+                                                                        : "the driver has no cuMemGetHandleForAddressRange");
+        skip();
+    }
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h[4] = {0};
+    tu_assert_cu(drv->cuMemAddressReserve(&va, 4 * G, 0, 0, 0));
+    for (int i = 0; i < 4; i++) {
+        tu_assert_cu(drv->cuMemCreate(&h[i], G, &p, 0));
+        if (i != 3) /* the fourth granule stays unmapped: a hole after three handles */
+            tu_assert_cu(drv->cuMemMap(va + i * G, G, 0, h[i], 0));
+    }
+    CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    tu_assert_cu(drv->cuMemSetAccess(va, 3 * G, &a, 1));
+    int fd = -1;
+    /* Three handles, one fd of the whole range. */
+    tu_assert_cu(get_range_handle(&fd, va, 3 * G, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    print_message("dma-buf of 3 handles: fd size %lld of %zu\n", (long long)st.st_size, 3 * G);
+    assert_int_equal((size_t)st.st_size, 3 * G);
+    close(fd);
+    /* Part of a handle (one host page inside the second). */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    fd = -1;
+    tu_assert_cu(get_range_handle(&fd, va + G + page, page, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+    close(fd);
+    /* Refusals. */
+    fd = -1;
+    assert_int_equal(get_range_handle(&fd, va + 2 * G, 2 * G, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                     CUDA_ERROR_INVALID_VALUE); /* runs into the unmapped hole */
+    assert_int_equal(get_range_handle(&fd, va + 100, page, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                     CUDA_ERROR_INVALID_VALUE); /* not host-page aligned */
+    assert_int_equal(get_range_handle(&fd, va, 0, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                     CUDA_ERROR_INVALID_VALUE); /* size 0 */
+    assert_int_equal(get_range_handle(&fd, va + 3 * G, G, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                     CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
+    tu_assert_cu(drv->cuMemUnmap(va, 3 * G));
+    for (int i = 0; i < 4; i++)
+        tu_assert_cu(drv->cuMemRelease(h[i]));
+    tu_assert_cu(drv->cuMemAddressFree(va, 4 * G));
+}
+
+/* The RDMA allocation flag where the device says VMM memory supports GPUDirect RDMA
+ * (CUDAEMU_RDMA=1 on cudaemu): cuMemCreate accepts it. Skipped where the attribute reads 0. */
+static void test_rdma_flag(void **state)
+{
+    (void)state;
+    int attr = 0;
+    tu_assert_cu(drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0));
+    if (!attr) {
+        print_message("RDMA flag: skipped (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0)\n");
+        skip();
+    }
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    p.allocFlags.gpuDirectRDMACapable = 1;
+    CUmemGenericAllocationHandle h = 0;
+    tu_assert_cu(drv->cuMemCreate(&h, G, &p, 0));
+    tu_assert_cu(drv->cuMemRelease(h));
+}
+
 /* "misuse -> expected CUresult". Measured on an H100 80GB HBM3, driver 580.159.04 (CUDA 13.0)
  * (every row; rerun on a new driver to refresh: each run prints the answers). Where
  * cudaemu is deliberately stricter than the driver (ROW_STRICTER), the driver's answer is the
@@ -1128,6 +1236,7 @@ static const struct misuse misuse_table[] = {
     ROW_STRICTER("map: whole handle straddling the reservation end", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, m_map_straddle),
     ROW("map: whole handle outside any reservation", CUDA_ERROR_INVALID_VALUE, m_map_outside),
     ROW("map: over already-mapped VA", CUDA_ERROR_INVALID_VALUE, m_map_over_mapped),
+    ROW("map: one handle at two ranges, shared bytes, released while mapped (legal)", CUDA_SUCCESS, m_map_twice),
     ROW_EMU_ONLY("map: unknown handle (UB on the driver)", CUDA_ERROR_INVALID_VALUE, m_map_unknown_handle),
     ROW("unmap: half of a mapping", CUDA_ERROR_INVALID_VALUE, m_unmap_partial),
     ROW("unmap: size 0", CUDA_ERROR_INVALID_VALUE, m_unmap_size0),
@@ -2859,10 +2968,8 @@ static void test_probe_dmabuf(void **state)
     if (r == CUDA_SUCCESS && fd >= 0)
         close(fd);
     range_drop(&v);
-    if (tu_emulated()) {
-        assert_int_equal(attr, 0);
-        tu_assert_cu_eq(r, CUDA_ERROR_NOT_SUPPORTED);
-    }
+    if (tu_emulated()) /* no dma-buf unless CUDAEMU_DMA_BUF=1 (driver-vmm-dmabuf) */
+        tu_assert_cu_eq(r, attr ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED);
 }
 
 int main(int argc, char **argv)
@@ -2895,6 +3002,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_classic_alloc, setup),
         cmocka_unit_test_setup(test_capacity_oom, setup),
         cmocka_unit_test_setup(test_misuse_table, setup),
+        cmocka_unit_test_setup(test_dmabuf_ranges, setup),
+        cmocka_unit_test_setup(test_rdma_flag, setup),
         cmocka_unit_test_setup(test_fault_unmapped, setup),
         cmocka_unit_test_setup(test_fault_noaccess, setup),
         cmocka_unit_test_setup(test_fault_after_unmap, setup),

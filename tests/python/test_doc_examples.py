@@ -1,4 +1,4 @@
-"""Every tagged example of README.md and docs/guide.md runs: the fenced block after a line
+"""Every tagged example of README.md, docs/guide.md, docs/troubleshooting.md and docs/registrations.md runs: the fenced block after a line
 `<!-- test: KIND [OPTIONS] -->` is extracted and run in a scratch folder, so the docs never drift
 from what the package, the library and the tools do.
 
@@ -28,7 +28,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-DOCS = ["README.md", os.path.join("docs", "guide.md")]
+DOCS = ["README.md", os.path.join("docs", "guide.md"), os.path.join("docs", "troubleshooting.md"),
+        os.path.join("docs", "registrations.md")]
 TAG = re.compile(r"^<!-- test: (\w+)((?: [^ ]+)*) -->$")
 
 

@@ -60,7 +60,7 @@ def test_pip_install_bundles_the_library(tmp_path):
     assert not unwanted, unwanted
     assert sorted(n for n in names if n.startswith("xseg" + os.sep) and "__pycache__" not in n) == [
         os.path.join("xseg", f) for f in ("__init__.py", "_lib.py", "_torch_adapter.cpp", "_version.py",
-                                          "cupy.py", "ipc.py", "torch.py", "xseg.h")]
+                                          "cupy.py", "ipc.py", "registry.py", "torch.py", "xseg.h", "xseg_torch.h")]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pip") is None,

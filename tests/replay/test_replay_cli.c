@@ -384,6 +384,174 @@ static void test_min_device(void **state)
     free(t);
 }
 
+/* Fit is not monotonic in the device size, and --min-device answers the smallest device above
+ * which every size fits, up to the ceiling. In classic mode, b (144 MiB) does not fit a's cached
+ * 66 MiB segment: on a device under 210 MiB the OOM path frees that segment and c gets a segment
+ * of its own; from 210 MiB b's segment is added beside it and c splits it. Then e (150 MiB) needs
+ * b's freed segment given back: 50 + 150 MiB fit from 200 MiB in the first layout, 66 + 150 from
+ * 216 MiB in the second. So 200-208 MiB fit, 210-214 fail, 216 and up fit; a bisection answers
+ * 200 MiB, false for a 212 MiB device. Each claimed size is checked by a replay of its own. */
+static const char gap_trace[] = "alloc a 66MiB\nfree a\nalloc b 144MiB\nalloc c 50MiB\nfree b\nalloc e 150MiB\n";
+
+static int failed_on(const char *t, unsigned mib)
+{
+    char args[512];
+    snprintf(args, sizeof args,
+             "--config expandable_segments:False --summary=json --marks=none --device-mem %uMiB '%s'", mib, t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    int zero = strstr(r.out, "\"failed_allocs\": 0,") != NULL;
+    result_free(&r);
+    return !zero;
+}
+
+static void test_min_device_not_monotonic(void **state)
+{
+    (void)state;
+    if (!emulated()) {
+        print_message("[  SKIPPED ] --min-device needs cudaemu\n");
+        return;
+    }
+    char *t = write_tmp("gap.trace", gap_trace);
+    /* the shape first: fits at 200 and 208, fails at 210 and 214, fits at 216 */
+    assert_false(failed_on(t, 200));
+    assert_false(failed_on(t, 208));
+    assert_true(failed_on(t, 210));
+    assert_true(failed_on(t, 214));
+    assert_false(failed_on(t, 216));
+    char args[512];
+    snprintf(args, sizeof args, "--min-device --config expandable_segments:False --summary=json '%s'", t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    const char *want[] = {"\"peak_allocated\":209715200,\"min_device\":226492416,",
+                          "\"ceiling\":230686720,\"above_ceiling\":false,", /* 1.10 x 200 MiB */
+                          "\"also_fits\":[[209715200,218103808]],\"gaps\":[[220200960,224395264]]"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(r.out, want[i]))
+            fail_msg("expected %s in: %s", want[i], r.out);
+    result_free(&r);
+    snprintf(args, sizeof args, "--min-device --config expandable_segments:False '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "fits every device from 216 MiB (to 220 MiB scanned); also fits 200-208 MiB alone "
+                       "(fails 210-214 MiB)"))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
+    /* a ceiling inside the gap: the scan goes on past it to the first size that fits */
+    snprintf(args, sizeof args, "--min-device --fit-ceiling 212MiB --config expandable_segments:False --summary=json '%s'",
+             t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "\"min_device\":226492416,") || !strstr(r.out, "\"ceiling\":226492416,"))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
+    /* --fit-ceiling none: the bisection's answer alone; a ceiling below it scans nothing */
+    snprintf(args, sizeof args,
+             "--min-device --fit-ceiling none --config expandable_segments:False --summary=json '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "\"min_device\":209715200,"))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
+    snprintf(args, sizeof args, "--min-device --fit-ceiling 0.5 '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 2);
+    if (!strstr(r.err, "--fit-ceiling: '0.5' is not a ratio"))
+        fail_msg("stderr: %s", r.err);
+    result_free(&r);
+    free(t);
+}
+
+/* --explain-oom names, at the first failed allocation, the pages still holding free bytes after
+ * the OOM path and the live blocks pinning them. Ten 9 MiB blocks fill five 20 MiB pages of
+ * PyTorch's expandable layout on a 100 MiB device; every other one is freed: 55 MiB free, none of
+ * it in a page of its own, so a 40 MiB request fails and each page is pinned by one odd block
+ * (x1 is freed after the failure, the others never). In classic mode the unit is the segment: the
+ * gap trace at 212 MiB strands e's 16 MiB beside c in a's old segment. The report has the text too. */
+static void expect_in(const char *out, const char *want)
+{
+    if (!strstr(out, want))
+        fail_msg("expected \"%s\" in: %s", want, out);
+}
+
+static void test_explain_oom(void **state)
+{
+    (void)state;
+    if (!emulated()) {
+        print_message("[  SKIPPED ] --explain-oom needs cudaemu's --device-mem\n");
+        return;
+    }
+    char text[1024] = "";
+    for (int i = 0; i < 10; i++)
+        snprintf(text + strlen(text), sizeof text - strlen(text), "alloc x%d 9MiB\n", i);
+    for (int i = 0; i < 10; i += 2)
+        snprintf(text + strlen(text), sizeof text - strlen(text), "free x%d\n", i);
+    strcat(text, "alloc big 40MiB\nfree x1\n");
+    char *t = write_tmp("strand.trace", text);
+    char args[1024];
+    const char *layout = "expandable_segments:True,expandable_segments_recycle:False";
+    snprintf(args, sizeof args, "--explain-oom --device-mem 100MiB --marks=none --config %s '%s'", layout, t);
+    struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    expect_in(r.out, ":16: alloc big 40.0 MiB failed");
+    expect_in(r.out, "100.0 MiB reserved, 45.0 MiB allocated; 55.0 MiB free but still mapped in 5 pages (5 with "
+                     "live bytes");
+    expect_in(r.out, "(20.0 MiB): 11.0 MiB free, 9.0 MiB live\n      x1: 9.0 MiB, allocated at line 2, freed at "
+                     "line 17\n");
+    for (int i = 3; i < 10; i += 2) {
+        char want[128];
+        snprintf(want, sizeof want, "x%d: 9.0 MiB, allocated at line %d, never freed in the trace\n", i, i + 1);
+        expect_in(r.out, want);
+    }
+    result_free(&r);
+    /* JSON output stays JSON: the explanation as one line of its own */
+    snprintf(args, sizeof args, "--explain-oom --device-mem 100MiB --marks=none --summary=json --config %s '%s'",
+             layout, t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (strncmp(r.out, "{\"explain_oom\": \"== --explain-oom: ", 34) || !strstr(r.out, "}\n{\"mode\": "))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
+    /* without the flag, no explanation */
+    snprintf(args, sizeof args, "--device-mem 100MiB --marks=none --config %s '%s'", layout, t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    assert_null(strstr(r.out, "--explain-oom"));
+    result_free(&r);
+    free(t);
+
+    t = write_tmp("gap.trace", gap_trace);
+    snprintf(args, sizeof args, "--explain-oom --compare --device-mem 212MiB --marks=none '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    expect_in(r.out, "In classic mode:\n== --explain-oom: ");
+    expect_in(r.out, "66.0 MiB reserved, 50.0 MiB allocated; 16.0 MiB free but still mapped in 1 page (1 with");
+    expect_in(r.out, "large-pool classic segment ");
+    expect_in(r.out, "(66.0 MiB): 16.0 MiB free, 50.0 MiB live\n      c: 50.0 MiB, allocated at line 4, never freed");
+    assert_null(strstr(r.out, "In expandable mode:")); /* it fits there */
+    result_free(&r);
+    snprintf(args, sizeof args, "--explain-oom --compare --device-mem 212MiB --summary=json --marks=none '%s'", t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    expect_in(r.out, "{\"explain_oom\": \"== --explain-oom: ");
+    result_free(&r);
+    char page[600];
+    snprintf(page, sizeof page, "%s/oom.html", tmpdir);
+    snprintf(args, sizeof args, "--report '%s' --tune-budget 4runs --device-mem 212MiB --marks=none '%s'", page, t);
+    r = run(args);
+    assert_int_equal(r.rc, 0);
+    result_free(&r);
+    FILE *f = fopen(page, "r");
+    assert_non_null(f);
+    static char html[1 << 20];
+    size_t n = fread(html, 1, sizeof html - 1, f);
+    html[n] = '\0';
+    fclose(f);
+    expect_in(html, "<pre class=\"explain\" data-mode=\"classic\">== --explain-oom: ");
+    expect_in(html, "c: 50.0 MiB, allocated at line 4, never freed in the trace");
+    free(t);
+}
+
 static void test_oom_goes_on(void **state)
 {
     (void)state;
@@ -818,6 +986,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_summary_json_and_compare),
         cmocka_unit_test(test_oom_goes_on),
         cmocka_unit_test(test_min_device), /* frag */
+        cmocka_unit_test(test_min_device_not_monotonic),
+        cmocka_unit_test(test_explain_oom),
         cmocka_unit_test(test_errors_and_pools),
         cmocka_unit_test(test_capture_rules),
         cmocka_unit_test(test_rmm_csv_file),

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """xseg-replay's output side through its command line: the verdict (with PyTorch's recorded
 figures), the emulator figures behind --driver-stats, the sleep note, the main job's first lines,
---tune and --tune-budget (a budget that holds a replay in progress), the cap on a trace's total
-idle, and --report's page loaded in headless Chromium (skipped with the reason when there is none).
+--tune and --tune-budget (a budget that holds a replay in progress; the default counts replays),
+the cap on a trace's total idle, and --report's page loaded in headless Chromium (skipped with the
+reason when there is none).
 Traces are written here; nothing is timed (time-outs only bound a hang).
 
 usage: test_replay_output.py XSEG_REPLAY
@@ -218,6 +219,38 @@ class Output(unittest.TestCase):
             if r.get("rank") == "best":
                 self.assertIsNotNone(r["min_device_bytes"], r)
 
+    def test_tune_budget_counts_replays(self):
+        """The default budget counts replays, not seconds: a replay slowed down (cudaemu busy-waits
+        in each memory call) gives the same search and picks, which completes and says so; a
+        budget of 7 replays stops at 7, says it cut the search short and by which budget, and
+        gives the same answer twice."""
+        t = self.trace(self.EXP_SMALLER)
+        strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+        def rows(*args, env=None):
+            rc, out, err = run("--tune", "--summary=json", "--marks=none", *args, t, env=env)
+            self.assertEqual(rc, 0, err)
+            return [json.loads(l) for l in out.splitlines() if l.startswith('{"tune"')]
+        plain = rows()
+        self.assertFalse(plain[-1]["cut_short"], plain[-1])
+        self.assertIsNone(plain[-1]["cut_by"])
+        self.assertEqual(plain[-1]["budget_replays"], 400)
+        self.assertIsNone(plain[-1]["budget_seconds"])
+        slow = rows(env={"CUDAEMU_LATENCY": "cuMemCreate:2ms,cuMemAlloc:2ms"})
+        self.assertEqual(strip(plain), strip(slow))
+        cut = rows("--tune-budget", "7runs")
+        self.assertEqual(cut[-1]["replays"], 7)
+        self.assertTrue(cut[-1]["cut_short"])
+        self.assertEqual(cut[-1]["cut_by"], "replays")
+        self.assertEqual(strip(cut), strip(rows("--tune-budget", "7runs")))
+        rc, out, err = run("--tune", "--tune-budget", "7runs", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out, r"== --tune .*: 7 replays in [\d.]+ s \(cut short by the replay budget \(7 replays\): "
+                              r"--tune-budget for more")
+        rc, out, err = run("--tune", "--marks=none", t)
+        self.assertRegex(out, r"== --tune .*: %d replays in [\d.]+ s \(the search completed within the replay "
+                              r"budget \(400 replays\)\)" % plain[-1]["replays"])
+
     def test_bad_options(self):
         t = self.trace("alloc a 1MiB\n")
         for bad in ("abc", "0", "-5s", "1.5runs", "10 parsecs"):
@@ -241,7 +274,7 @@ class Output(unittest.TestCase):
         self.assertFalse(os.path.exists(page))
         rc, out, err = run("--tune", "--tune-budget", "3runs", "--marks=none", t)
         self.assertEqual(rc, 0, err)
-        self.assertIn("the budget ended the search", out)
+        self.assertIn("cut short by the replay budget (3 replays)", out)
 
     def slow_trace(self, idles, each):
         """A trace whose every replay waits idles x each (idle_release_ms set: idle waits)."""
@@ -257,12 +290,12 @@ class Output(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn("The budget's 1 s ran out during a replay: it was stopped there", out)
         for fam in ("PyTorch's allocator", "xseg"):
-            self.assertIn("%s:\n  no replay finished within the budget (1 s)" % fam, out)
+            self.assertIn("%s:\n  no replay finished within the time budget (1 s)" % fam, out)
         rc, out, err = run("--tune", "--tune-budget", "1s", "--marks=none", "--summary=json", t, timeout=60)
         self.assertEqual(rc, 0, err)
         last = json.loads(out.splitlines()[-1])
-        self.assertEqual((last["replays"], last["cut_short"], last["stopped_replay"], last["no_result"]),
-                         (1, True, True, ["pytorch", "xseg"]), last)
+        self.assertEqual((last["replays"], last["cut_short"], last["cut_by"], last["stopped_replay"],
+                          last["no_result"]), (1, True, "seconds", True, ["pytorch", "xseg"]), last)
 
     def test_tune_budget_keeps_what_finished(self):
         """Replays of 1 s under a budget of 5 s: each family's default finishes (well within),

@@ -1,7 +1,7 @@
-/* core/block: the free index (size bins per stream) and its in-place key changes (bpool_fit with
- * its predecessor and successor in the bin, bpool_free_take_front, bpool_free_grow), its walks
- * (bpool_lower_bound, bpool_next_free, bpool_prev_free, bpool_collect_free) and the live pointer
- * map, against plain reference implementations over random operation sequences. */
+/* core/index/block: the free index (size bins per stream) and its in-place key changes (bpool_fit
+ * with its predecessor and successor in the bin, bpool_free_take_front, bpool_free_grow), its
+ * walks (bpool_lower_bound, bpool_next_free, bpool_prev_free, bpool_collect_free) and the live
+ * pointer map, against plain reference implementations over random operation sequences. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>

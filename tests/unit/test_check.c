@@ -1,7 +1,7 @@
-/* core/check: dev_check accepts a consistent device and aborts on each kind of broken invariant
- * (a miscounted statistic, a broken neighbour link, a block missing from its index). Needs the
- * expensive level (-Ddebug_level=2, as in tools/test.sh's ASan build); skips otherwise. Each
- * corruption is made in a forked child, which must die by SIGABRT. */
+/* core/device/check: dev_check accepts a consistent device and aborts on each kind of broken
+ * invariant (a miscounted statistic, a broken neighbour link, a block missing from its index).
+ * Needs the expensive level (-Ddebug_level=2, as in tools/test.sh's ASan build); skips otherwise.
+ * Each corruption is made in a forked child, which must die by SIGABRT. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* core/config: the grammar, every key's validation, the reset rule, round trip through
+/* core/process/config: the grammar, every key's validation, the reset rule, round trip through
  * cfg_format, and roundup_power2_divisions bucket semantics. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,5 +1,5 @@
-/* core/stats: the key table (complete, distinct, each key reading its own field), lookup errors,
- * peak reset, stat_add semantics, and the memory_summary table for a hand-filled struct. */
+/* core/index/stats: the key table (complete, distinct, each key reading its own field), lookup
+ * errors, peak reset, stat_add semantics, and the memory_summary table for a hand-filled struct. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -206,7 +206,7 @@ static void test_lazy_all_matches_eager(void **state)
         stat_add(&eager[XSEG_STAT_ALL], up ? n : -n);
         stat_add(&eager[pool], up ? n : -n);
         assert_int_equal(stats_all_current(lazy), eager[XSEG_STAT_ALL].current);
-        if (i % 997 == 0) { /* alloc_reset_peaks: fill, then reset */
+        if (i % 997 == 0) { /* devops_reset_peaks: fill, then reset */
             xseg_device_stats s;
             memset(&s, 0, sizeof s);
             memcpy(s.active, lazy, sizeof lazy);

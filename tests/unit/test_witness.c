@@ -1,7 +1,8 @@
 /*
  * base/witness.h: the lock order of base/fork.h checked per thread (debug_level >= 1 builds;
  * skips at 0, where the check compiles to nothing). Taking ranks upward works; taking a rank not
- * above one held aborts (in a child process), for the process-wide ranks and the device lock.
+ * above one held aborts (in a child process), for the process-wide ranks, the device lock and the
+ * stream slots' leaf rank.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -109,6 +110,61 @@ static int two_devices(void *arg)
     return 0;
 }
 
+/* The stream slots' spin locks (FORK_RANK_SLOT), a leaf under the device lock: several at once under
+ * it, a try without it; given back in any order. */
+static void test_slots_kept(void **state)
+{
+    (void)state;
+    struct lock dev;
+    struct spin s1, s2;
+    lock_init(&dev);
+    spin_init(&s1);
+    spin_init(&s2);
+    lock_acquire(&dev);
+    spin_acquire(&s1);
+    spin_acquire(&s2); /* settle and dev_check hold every busy slot */
+    spin_release(&s1);
+    spin_release(&s2);
+    lock_release(&dev);
+    assert_true(spin_try(&s1)); /* the fast path's hit: no device lock */
+    spin_release(&s1);
+}
+
+static int slot_without_device(void *arg)
+{
+    (void)arg;
+    struct spin s;
+    spin_init(&s);
+    spin_acquire(&s); /* aborts: a blocking take needs the device lock */
+    return 0;
+}
+
+static int slot_then_history(void *arg)
+{
+    (void)arg;
+    struct lock dev;
+    struct spin s;
+    lock_init(&dev);
+    spin_init(&s);
+    lock_acquire(&dev);
+    spin_acquire(&s);
+    witness_take(FORK_RANK_VMM_HOST); /* aborts: nothing is taken under a slot's lock */
+    return 0;
+}
+
+static int tried_slot_then_device(void *arg)
+{
+    (void)arg;
+    struct lock dev;
+    struct spin s;
+    lock_init(&dev);
+    spin_init(&s);
+    if (!spin_try(&s))
+        return 0;
+    lock_acquire(&dev); /* aborts: the device lock comes first */
+    return 0;
+}
+
 static int give_unheld(void *arg)
 {
     (void)arg;
@@ -126,6 +182,9 @@ static void test_order_broken(void **state)
     expect_abort(settings_then_device);
     expect_abort(two_devices);
     expect_abort(give_unheld);
+    expect_abort(slot_without_device);
+    expect_abort(slot_then_history);
+    expect_abort(tried_slot_then_device);
 }
 
 int main(void)
@@ -133,6 +192,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_kept),
         cmocka_unit_test(test_order_broken),
+        cmocka_unit_test(test_slots_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tools/replay/explain.h"
+#include "tools/replay/fitscan.h"
 #include "tools/replay/plot.h"
 #include "tools/replay/report.h"
 #include "tools/replay/runner.h"
@@ -62,7 +64,8 @@ struct cli {
     unsigned long long seed;
     int progress; /* -1 auto */
     int child, check, dump;
-    int min_device;         /* --min-device: bisect the smallest device each (trace, mode) fits on */
+    int min_device;         /* --min-device: the smallest device each (trace, mode) fits on (fitscan.h) */
+    int explain_oom;        /* --explain-oom: why the first failed allocation failed (explain.h) */
     const char *timeline_out;
     const char *snapshot; /* --snapshot FILE */
     int history;          /* --history */
@@ -77,6 +80,7 @@ struct cli {
     int ntraces;
     int device;             /* --device N: that device of each snapshot only; -1 every device */
     uint64_t step;          /* --step: the --min-device resolution, a multiple of 2 MiB */
+    struct fitscan_ceiling ceiling; /* --fit-ceiling: how far above its answer --min-device scans */
     uint64_t max_idle_ns;   /* --max-total-idle: the cap on a trace's idle actions all together */
     /* CLOCK_MONOTONIC seconds, 0: none. A child's own, from the internal --time-limit; in the
      * parent, what a child it starts is held to (--tune's budget). */
@@ -126,17 +130,31 @@ static void usage(FILE *f)
         "                       finds it): prints the best PYTORCH_CUDA_ALLOC_CONF line for PyTorch's\n"
         "                       allocator (as modelled by classic mode and expandable mode) and the\n"
         "                       best XSEG_ALLOC_CONF line for xseg, each with its runner-up\n"
-        "  --tune-budget N[s|runs]  bound --tune: seconds (default 60s; a replay still running then\n"
-        "                       is stopped) or replays (e.g. 40runs)\n"
+        "  --tune-budget N{runs|s}  bound --tune's search (and --report's): replays (default 400runs,\n"
+        "                       room for the whole search of a typical trace: the same answer on any\n"
+        "                       machine) or seconds (e.g. 60s; a replay still running then is stopped,\n"
+        "                       and the answer depends on the machine's speed); a bare N is seconds.\n"
+        "                       The result says when a budget cut the search short, and which one\n"
         "  --report FILE.html   one self-contained page: verdict, table, plot with marks and failed\n"
         "                       allocations, the --tune result, the largest live allocations at\n"
         "                       the peak with their frames (implies --tune)\n"
         "  --device N           of a PyTorch snapshot, replay device N only (default: every device)\n"
         "  --device-mem SIZE    device memory on the emulator (default 80G)\n"
-        "  --min-device         the smallest emulated device (to 2 MiB, up to --device-mem) on which\n"
-        "                       the trace replays with no failed allocation, per mode (with\n"
-        "                       --compare: classic and expandable); bisection, one child per probe\n"
+        "  --min-device         the smallest emulated device (to 2 MiB, up to --device-mem) ABOVE WHICH\n"
+        "                       EVERY SIZE up to --fit-ceiling replays with no failed allocation, per\n"
+        "                       mode (with --compare: classic and expandable); fit is not monotonic in\n"
+        "                       the device size, so a bisection finds a candidate, then every step from\n"
+        "                       it to the ceiling and 32 steps below it are replayed; smaller sizes that\n"
+        "                       fit alone are listed (\"also fits\"). One child per probe\n"
+        "  --fit-ceiling R|SIZE|none  how high --min-device checks every size: a ratio to the peak\n"
+        "                       allocated (default 1.10), a size (e.g. 45GiB), or none (bisection only,\n"
+        "                       the answer the verdict gives). Cost: about (ceiling - answer) / step\n"
+        "                       replays, on a 40 GiB trace ~2,000 at 1.10: lower it or coarsen --step\n"
         "  --step SIZE          --min-device's resolution (default 2MiB; a multiple of 2 MiB)\n"
+        "  --explain-oom        at the first failed allocation: the pages that still hold free bytes\n"
+        "                       after xseg's OOM path (stranded: they share a chunk or a classic\n"
+        "                       segment with live blocks) and the live blocks pinning them, with the\n"
+        "                       lines that allocate and free them (also in --report's page)\n"
         "  --seed N             seed of the bundled workload generators (default 1)\n"
         "  --max-total-idle D   the cap on a trace's `idle` actions all together (default 2h; e.g. 48h):\n"
         "                       a trace past it fails --check and is not replayed\n"
@@ -214,6 +232,8 @@ static int parse_job_opt(const char *a, struct cli *c)
         c->dump = 1;
     else if (!strcmp(a, "--min-device"))
         c->min_device = 1;
+    else if (!strcmp(a, "--explain-oom"))
+        c->explain_oom = 1;
     else if (!strcmp(a, "--child"))
         c->child = 1;
     else if (!strcmp(a, "--progress") || !strcmp(a, "--no-progress"))
@@ -340,6 +360,11 @@ static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const 
             return usage_error("%s needs a size (e.g. 64MiB)", a);
         if (trace_parse_size(v, strlen(v), &c->step, e, sizeof e) || c->step == 0 || c->step % MIN_DEVICE_GRANULE)
             return usage_error("--step: '%s' is not a positive multiple of 2MiB (the page granularity)", v);
+    } else if (is_opt(a, "--fit-ceiling")) {
+        if (!(v = opt_value(argc, argv, i, "--fit-ceiling")))
+            return usage_error("%s needs a ratio, a size or none (e.g. 1.10, 45GiB)", a);
+        if (fitscan_parse_ceiling(v, &c->ceiling, e, sizeof e))
+            return usage_error("%s", e);
     } else if (is_opt(a, "--time-limit")) {
         char *end;
         if (!(v = opt_value(argc, argv, i, "--time-limit")))
@@ -389,9 +414,10 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     memset(c, 0, sizeof *c);
     c->seed = 1;
     c->progress = -1;
-    c->budget = (struct tune_budget){.seconds = TUNE_DEFAULT_SECONDS};
+    c->budget = (struct tune_budget){.runs = TUNE_DEFAULT_RUNS};
     c->device = -1;
     c->step = MIN_DEVICE_GRANULE;
+    c->ceiling = (struct fitscan_ceiling){.ratio = FITSCAN_DEFAULT_RATIO};
     c->max_idle_ns = TRACE_IDLE_TOTAL_MAX_NS;
     c->traces = calloc((size_t)argc + 1, sizeof *c->traces);
     c->names = calloc((size_t)argc + 1, sizeof *c->names);
@@ -508,6 +534,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
     o.history = c->history;
     o.snapshot = c->snapshot;
     o.deadline = c->deadline;
+    o.explain_oom = c->explain_oom ? (c->summary == SUM_JSON ? 2 : 1) : 0; /* JSON output stays JSON */
     struct run_summary sum;
     struct run_timeline tl = {0};
     xseg_status st = run_trace(&t, &o, stdout, &sum, o.timeline ? &tl : NULL, err, sizeof err);
@@ -560,6 +587,7 @@ struct child_result {
     struct report_mark *marks;
     size_t nmarks, capmarks;
     struct run_timeline tl;
+    char *explain;        /* --explain-oom's text, NULL: none */
     int rc;
     int over_deadline;    /* stopped at cli.deadline: by itself, or killed DEADLINE_GRACE_S after */
 };
@@ -617,6 +645,8 @@ static void child_argv(const struct cli *c, const char *self, const char *spec, 
     }
     if (c->history)
         argv[k++] = "--history";
+    if (c->explain_oom)
+        argv[k++] = "--explain-oom";
     if (snap_path) {
         argv[k++] = "--snapshot";
         argv[k++] = snap_path;
@@ -638,6 +668,14 @@ static void child_read(const struct cli *c, FILE *in, struct child_result *r)
     while (in && getline(&line, &cap, in) > 0) {
         if (c->marks == RUN_MARKS_JSONL && !strncmp(line, "{\"mark\"", 7))
             fputs(line, stdout); /* forwarded as they come */
+        char *x = explain_oom_from_json(line);
+        if (x) {
+            free(r->explain);
+            r->explain = x;
+            if (c->summary == SUM_JSON)
+                fputs(line, stdout);
+            continue;
+        }
         struct report_mark m = {{0}};
         struct report_mark_reader mr = {.m = &m, .pool = c->pool};
         if (report_json_parse(line, report_mark_from_json, &mr) != 0)
@@ -786,6 +824,7 @@ static int fits_on(const struct cli *c, const char *spec, const char *name, cons
     q.marks = RUN_MARKS_NONE;
     q.progress = 0;
     q.history = 0; /* a fit probe records nothing and writes no snapshot */
+    q.explain_oom = 0;
     run_child(&q, spec, name, mode_cfg, NULL, mem, 1, NULL, r);
     free(r->marks);
     r->marks = NULL;
@@ -795,18 +834,16 @@ static int fits_on(const struct cli *c, const char *spec, const char *name, cons
 }
 
 /*
- * --min-device: for each trace and mode, the smallest device (a multiple of --step, 2 MiB unless
- * coarsened, at most --device-mem) on which the replay has no failed allocation. A first run on
- * the largest device gives the peak allocated (no device below it can fit, so bisection starts at
- * the step under it) and the peak reserved there (a device of that size is probed first: it
- * usually fits, which leaves a short range to bisect); then bisection. Fitting is assumed
- * monotonic in the device size, which holds for these policies in practice but is not
- * guaranteed: the answer is the smallest size the bisection found to fit, with the step below it
- * found not to fit.
+ * The verdict's smallest device (a multiple of --step, at most --device-mem): a bisection only,
+ * what --min-device --fit-ceiling none answers. A first run on the largest device gives the peak
+ * allocated (no device below it can fit, so bisection starts at the step under it) and the peak
+ * reserved there (a device of that size is probed first: it usually fits, which leaves a short
+ * range to bisect). Fit is not monotonic in the device size (fitscan.h): the answer is the
+ * smallest size the bisection found to fit, with the step below it found not to fit; --min-device
+ * also scans above it. That bisection for one (trace, mode), from @p full: the figures of a
+ * replay that fitted on the largest device, @p top (a multiple of the step). @return 0 (*@p min
+ * set), -1 when a replay stopped.
  */
-/* That bisection for one (trace, mode), from @p full: the figures of a replay that fitted on the
- * largest device, @p top (a multiple of the step). @return 0 (*@p min set), -1 when a replay
- * stopped. */
 static int min_device_bisect(const struct cli *c, const char *spec, const char *name, const char *mode_cfg,
                              const struct run_summary *full, uint64_t top, uint64_t *min, int *probes)
 {
@@ -840,13 +877,28 @@ static int min_device_bisect(const struct cli *c, const char *spec, const char *
     return 0;
 }
 
+/* fitscan's probe: one quiet child replay of a (trace, mode) on a device of the given size. */
+struct fit_probe_ctx {
+    const struct cli *c;
+    const char *spec, *name, *mode_cfg;
+};
+
+static int fit_probe(void *user, uint64_t bytes)
+{
+    const struct fit_probe_ctx *p = user;
+    struct child_result r;
+    int f = fits_on(p->c, p->spec, p->name, p->mode_cfg, bytes, &r);
+    run_timeline_free(&r.tl);
+    return f;
+}
+
 /*
- * The smallest device (see above) of one (trace, mode): *@p min, the figures of the replay on the
- * largest device in *@p full, the replays it took in *@p probes. @return 0; 1 when it does not fit
- * on the largest device; -1 when a replay stopped.
+ * The smallest device of one (trace, mode) as fitscan.h defines it, in *@p fr; the figures of the
+ * replay on the largest device in *@p full. @return 0; 1 when it does not fit on the largest
+ * device; -1 when a replay stopped, -2 out of host memory (*@p probes: the replays made).
  */
 static int min_device_of(const struct cli *c, const char *spec, const char *name, const char *mode_cfg,
-                         struct run_summary *full, uint64_t *min, int *probes)
+                         struct run_summary *full, struct fitscan_result *fr, int *probes)
 {
     const uint64_t step = c->step;
     uint64_t top = c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
@@ -859,7 +911,35 @@ static int min_device_of(const struct cli *c, const char *spec, const char *name
     if (f <= 0)
         return f < 0 ? -1 : 1;
     *full = r.sum;
-    return min_device_bisect(c, spec, name, mode_cfg, full, top, min, probes);
+    uint64_t peak = full->peak_allocated > 0 ? (uint64_t)full->peak_allocated : 0;
+    uint64_t reserved = full->peak_reserved > 0 ? (uint64_t)full->peak_reserved : 0;
+    struct fit_probe_ctx pc = {c, spec, name, mode_cfg};
+    int rc = fitscan_run(fit_probe, &pc, peak, reserved, top, step, &c->ceiling, 1, fr);
+    *probes = fr->probes;
+    return rc;
+}
+
+/* What --min-device says of one row besides the table: the ceiling, and what fits below it. */
+static void min_device_note(const char *name, const char *mode, const struct fitscan_result *fr)
+{
+    char iso[256], gaps[256];
+    fitscan_ranges_text(fr->isolated, fr->nisolated, iso, sizeof iso);
+    fitscan_ranges_text(fr->gaps, fr->ngaps, gaps, sizeof gaps);
+    if (fr->above_ceiling)
+        printf("  %s (%s): the bisection's answer lies above the ceiling (%llu MiB): not scanned\n", name, mode,
+               (unsigned long long)(fr->ceiling >> 20));
+    else if (fr->nisolated)
+        printf("  %s (%s): fits every device from %llu MiB (to %llu MiB scanned); also fits %s alone (fails %s)\n",
+               name, mode, (unsigned long long)(fr->min_device >> 20), (unsigned long long)(fr->ceiling >> 20), iso,
+               gaps);
+}
+
+static void json_ranges(const char *key, const struct fitscan_range *rs, size_t n)
+{
+    printf(",\"%s\":[", key);
+    for (size_t i = 0; i < n && i < FITSCAN_RANGES_MAX; i++)
+        printf("%s[%llu,%llu]", i ? "," : "", (unsigned long long)rs[i].lo, (unsigned long long)rs[i].hi);
+    putchar(']');
 }
 
 static int min_device_children(const struct cli *c)
@@ -867,17 +947,20 @@ static int min_device_children(const struct cli *c)
     size_t nmodes = c->compare ? 2 : 1;
     int rc = 0;
     if (c->summary == SUM_TEXT)
-        printf("%-40s %-11s %14s %14s %7s %7s\n", "trace", "mode", "peak alloc", "min device", "ratio", "probes");
+        printf("%-40s %-11s %14s %14s %7s %7s %14s\n", "trace", "mode", "peak alloc", "min device", "ratio", "probes",
+               "every size to");
     for (int ti = 0; ti < c->ntraces; ti++) {
         for (size_t m = 0; m < nmodes; m++) {
             const char *mode_cfg = c->compare ? cmp_modes[m][1] : NULL;
             const char *name = c->names[ti];
             struct run_summary full;
-            uint64_t hi = 0;
+            struct fitscan_result fr;
             int probes;
-            int f = min_device_of(c, c->traces[ti], name, mode_cfg, &full, &hi, &probes);
+            int f = min_device_of(c, c->traces[ti], name, mode_cfg, &full, &fr, &probes);
             if (f) {
-                if (probes == 1)
+                if (f == -2)
+                    fprintf(stderr, "xseg-replay: %s: out of host memory\n", name);
+                else if (probes == 1)
                     fprintf(stderr, "xseg-replay: %s%s%s: %s\n", name, c->compare ? " in " : "",
                             c->compare ? cmp_modes[m][0] : "",
                             f < 0 ? "the replay stopped" : "does not fit on --device-mem (raise it)");
@@ -887,18 +970,28 @@ static int min_device_children(const struct cli *c)
                 continue;
             }
             uint64_t peak = full.peak_allocated > 0 ? (uint64_t)full.peak_allocated : 0;
+            uint64_t hi = fr.min_device;
             double ratio = peak ? (double)hi / (double)peak : 0;
             const char *mode = full.mode[0] ? full.mode : "?";
             if (c->summary == SUM_TEXT) {
-                printf("%-40s %-11s %10.3f GiB %10.3f GiB %7.4f %7d\n", name, mode,
-                       (double)peak / (1 << 30), (double)hi / (1 << 30), ratio, probes);
+                char to[32] = "-";
+                if (fr.ceiling && !fr.above_ceiling)
+                    snprintf(to, sizeof to, "%10.3f GiB", (double)fr.ceiling / (1 << 30));
+                printf("%-40s %-11s %10.3f GiB %10.3f GiB %7.4f %7d %14s\n", name, mode,
+                       (double)peak / (1 << 30), (double)hi / (1 << 30), ratio, probes, to);
+                min_device_note(name, mode, &fr);
             } else if (c->summary == SUM_JSON) {
                 printf("{\"trace\":");
                 report_json_string(stdout, full.trace);
                 printf(",\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,"
-                       "\"ratio\":%.4f,\"step\":%llu,\"probes\":%d}\n",
+                       "\"ratio\":%.4f,\"step\":%llu,\"probes\":%d,\"bisection\":%llu,\"ceiling\":%llu,"
+                       "\"above_ceiling\":%s",
                        mode, (unsigned long long)peak, (unsigned long long)hi, ratio,
-                       (unsigned long long)c->step, probes);
+                       (unsigned long long)c->step, probes, (unsigned long long)fr.candidate,
+                       (unsigned long long)fr.ceiling, fr.above_ceiling ? "true" : "false");
+                json_ranges("also_fits", fr.isolated, fr.nisolated);
+                json_ranges("gaps", fr.gaps, fr.ngaps);
+                printf("}\n");
             }
             fflush(stdout);
         }
@@ -920,6 +1013,7 @@ static int tune_probe(void *user, const char *config, uint64_t device_bytes, dou
     q.marks = RUN_MARKS_NONE;
     q.progress = 0;
     q.history = 0;
+    q.explain_oom = 0;
     char mem[32];
     snprintf(mem, sizeof mem, "%llu", (unsigned long long)device_bytes);
     struct child_result r;
@@ -1108,6 +1202,14 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
         }
         report_compare_text(stdout, c->names[ti], sums, marks, nmarks, ch->nmodes, c->pool,
                             &ch->traces[ti].recorded, c->driver_stats);
+        for (size_t m = 0; m < ch->nmodes; m++) {
+            if (!row[m].explain)
+                continue;
+            if (ch->nmodes > 1)
+                printf("In %s mode:\n", row[m].sum.mode);
+            fputs(row[m].explain, stdout);
+            putchar('\n');
+        }
     }
     ch->panels[ti] = (struct plot_panel){c->names[ti], row[0].sum.actions, &ch->series[ti * ch->nmodes], ch->nmodes,
                                          ch->marks[ti], ch->nmarks[ti]};
@@ -1149,13 +1251,16 @@ static int children_outputs(const struct cli *c, struct children *ch)
     if (c->report) {
         struct webreport_trace *wt = calloc(ch->nt, sizeof *wt);
         struct run_summary *sums = calloc(ch->nt * ch->nmodes, sizeof *sums);
-        for (size_t ti = 0; wt && sums && ti < ch->nt; ti++) {
-            for (size_t m = 0; m < ch->nmodes; m++)
+        const char **explain = calloc(ch->nt * ch->nmodes, sizeof *explain);
+        for (size_t ti = 0; wt && sums && explain && ti < ch->nt; ti++) {
+            for (size_t m = 0; m < ch->nmodes; m++) {
                 sums[ti * ch->nmodes + m] = ch->res[ti * ch->nmodes + m].sum;
+                explain[ti * ch->nmodes + m] = ch->res[ti * ch->nmodes + m].explain;
+            }
             wt[ti] = (struct webreport_trace){&ch->traces[ti], &sums[ti * ch->nmodes], ch->nmodes, &ch->panels[ti],
-                                              ch->tuned[ti] ? &ch->tunes[ti] : NULL};
+                                              ch->tuned[ti] ? &ch->tunes[ti] : NULL, &explain[ti * ch->nmodes]};
         }
-        if (!wt || !sums) {
+        if (!wt || !sums || !explain) {
             fprintf(stderr, "xseg-replay: out of host memory\n");
             fclose(c->report_file);
             unlink(c->report);
@@ -1168,6 +1273,7 @@ static int children_outputs(const struct cli *c, struct children *ch)
         }
         free(wt);
         free(sums);
+        free(explain);
     }
     return rc;
 }
@@ -1203,6 +1309,7 @@ static int replay_children(const struct cli *c)
     }
     for (size_t i = 0; ch.res && i < nt * ch.nmodes; i++) {
         free(ch.res[i].marks);
+        free(ch.res[i].explain);
         run_timeline_free(&ch.res[i].tl);
     }
     for (size_t ti = 0; ch.traces && ti < nt; ti++) {
@@ -1397,8 +1504,10 @@ int main(int argc, char **argv)
     }
     if (expand_snapshots(&c))
         return 1;
-    if (c.report)
-        c.compare = 1; /* the page compares PyTorch's allocator (classic mode) with xseg */
+    if (c.report) {
+        c.compare = 1;     /* the page compares PyTorch's allocator (classic mode) with xseg */
+        c.explain_oom = 1; /* and says why a failed allocation failed */
+    }
     if (c.check || c.dump) {
         for (int i = 0; i < c.ntraces; i++) {
             struct trace t;

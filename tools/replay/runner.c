@@ -13,6 +13,7 @@
 #include <cuda.h>
 
 #include "tools/replay/actions.h"
+#include "tools/replay/explain.h"
 #include "tools/replay/oracle.h"
 #include "tools/replay/report.h"
 
@@ -419,6 +420,9 @@ static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
         c->rs.failed[a->buf] = 1;
         fprintf(stderr, "%s:%u: alloc %s %s failed (%s): %s\n", t->source, a->line, t->bufs.names[a->buf],
                 trace_format_size(a->size, sz, sizeof sz), xseg_status_name(as), xseg_last_error());
+        if (c->o->explain_oom && c->sum->failed_allocs == 1)
+            explain_oom_emit(c->out, c->o->explain_oom == 2 || c->o->marks == RUN_MARKS_JSONL, t,
+                             (size_t)(a - t->actions), (void *const *)c->rs.ptrs);
     } else {
         c->rs.failed[a->buf] = 0;
         c->rs.ptrs[a->buf] = p;

@@ -43,6 +43,10 @@ struct run_options {
     /* CLOCK_MONOTONIC seconds (0: none): the replay stops when it is reached, checked every
      * RUN_DEADLINE_EVERY actions and inside `idle` (which waits no longer than to it). */
     double deadline;
+    /* --explain-oom: at the first failed allocation, the pages holding stranded free bytes and the
+     * blocks pinning them (explain.h): 1 text on `out`, 2 a JSON line {"explain_oom": TEXT} (also
+     * whenever the marks are JSON lines, as a child's are). */
+    int explain_oom;
 };
 #define RUN_DEADLINE_EVERY 64
 

@@ -87,6 +87,7 @@ struct search {
     int cut_short;          /* a stage stopped with candidates left (its share of the budget spent) */
     const char *stage;
     int over;               /* the seconds ran out (a replay was stopped, or none could start) */
+    const char *cut_by;     /* the first bound that stopped the search: "replays" or "seconds" */
     int stopped_replay;     /* a replay in progress was stopped at the deadline */
 };
 
@@ -107,9 +108,14 @@ static double deadline(const struct search *s)
  * reach. Asked only when there is a replay to start: a no notes that the search was cut short. */
 static int budget_left(struct search *s, double share)
 {
-    if (s->over || (s->budget.runs && s->runs >= (unsigned)ceil(s->budget.runs * share)) ||
-        (s->budget.seconds > 0 && now_s() - s->t0 >= s->budget.seconds * share)) {
+    const char *by = s->over ? "seconds"
+                     : s->budget.runs && s->runs >= (unsigned)ceil(s->budget.runs * share) ? "replays"
+                     : s->budget.seconds > 0 && now_s() - s->t0 >= s->budget.seconds * share ? "seconds"
+                                                                                                 : NULL;
+    if (by) {
         s->cut_short = 1;
+        if (!s->cut_by)
+            s->cut_by = by;
         return 0;
     }
     return 1;
@@ -121,6 +127,8 @@ static int probe_once(struct search *s, const char *config, uint64_t device, str
     double end = deadline(s);
     if (s->over || (end > 0 && now_s() >= end)) {
         s->over = 1;
+        if (!s->cut_by)
+            s->cut_by = "seconds";
         return 1;
     }
     s->runs++;
@@ -129,8 +137,11 @@ static int probe_once(struct search *s, const char *config, uint64_t device, str
                 now_s() - s->t0, s->budget.runs ? (double)s->budget.runs : s->budget.seconds,
                 s->budget.runs ? "replays" : "s");
     int r = s->probe(s->user, config, device, end, sum);
-    if (r > 0)
+    if (r > 0) {
         s->over = s->stopped_replay = 1;
+        if (!s->cut_by)
+            s->cut_by = "seconds";
+    }
     return r;
 }
 
@@ -419,10 +430,22 @@ xseg_status tune_run(tune_probe_fn probe_fn, void *user, uint64_t device_bytes, 
     r->cut_short = s.cut_short || s.over;
     r->stopped_replay = s.stopped_replay;
     r->budget_seconds = s.budget.seconds;
+    r->budget_runs = s.budget.runs;
+    r->cut_by = r->cut_short ? (s.cut_by ? s.cut_by : "seconds") : NULL;
     if (progress)
         fprintf(stderr, "\r%60s\r", "");
     free(s.seen);
     return st;
+}
+
+void tune_budget_text(const struct tune_result *r, char *buf, size_t len)
+{
+    if (r->cut_by && !strcmp(r->cut_by, "seconds"))
+        snprintf(buf, len, "the time budget (%g s)", r->budget_seconds);
+    else if (r->budget_runs)
+        snprintf(buf, len, "the replay budget (%u replays)", r->budget_runs);
+    else
+        snprintf(buf, len, "no budget");
 }
 
 void tune_env_line(const struct tune_family_result *f, const struct tune_candidate *c, char *buf, size_t len)
@@ -449,16 +472,20 @@ static void figures(FILE *out, const char *label, const struct tune_family_resul
 
 void tune_print(FILE *out, const char *trace, const struct tune_result *r)
 {
-    fprintf(out, "== --tune %s: %u replay%s in %.1f s%s\n", trace, r->runs, r->runs == 1 ? "" : "s", r->seconds,
-            r->cut_short ? " (the budget ended the search: --tune-budget for more)" : "");
+    char budget[96];
+    tune_budget_text(r, budget, sizeof budget);
+    fprintf(out, "== --tune %s: %u replay%s in %.1f s", trace, r->runs, r->runs == 1 ? "" : "s", r->seconds);
+    if (r->cut_short)
+        fprintf(out, " (cut short by %s: --tune-budget for more; the picks are of the configs tried)\n", budget);
+    else
+        fprintf(out, " (the search completed within %s)\n", budget);
     if (r->stopped_replay)
         fprintf(out, "The budget's %g s ran out during a replay: it was stopped there; the figures are of the "
                      "replays that finished.\n", r->budget_seconds);
     for (size_t i = 0; i < TUNE_FAMILIES; i++) {
         const struct tune_family_result *f = &r->fam[i];
         if (f->over_budget)
-            fprintf(out, "%s:\n  no replay finished within the budget (%g s): a replay of this trace takes longer, "
-                         "--tune-budget for more\n", f->name, r->budget_seconds);
+            fprintf(out, "%s:\n  no replay finished within %s: --tune-budget for more\n", f->name, budget);
         if (!f->have_best)
             continue;
         fprintf(out, "%s:\n", f->name);
@@ -506,8 +533,21 @@ void tune_print_json(FILE *out, const char *trace, const struct tune_result *r)
     }
     fputs("{\"tune\": ", out);
     report_json_string(out, trace);
-    fprintf(out, ", \"replays\": %u, \"seconds\": %.3f, \"cut_short\": %s, \"stopped_replay\": %s, \"no_result\": [",
-            r->runs, r->seconds, r->cut_short ? "true" : "false", r->stopped_replay ? "true" : "false");
+    fprintf(out, ", \"replays\": %u, \"seconds\": %.3f, \"cut_short\": %s, \"cut_by\": ", r->runs, r->seconds,
+            r->cut_short ? "true" : "false");
+    if (r->cut_by)
+        fprintf(out, "\"%s\"", r->cut_by);
+    else
+        fputs("null", out);
+    if (r->budget_runs)
+        fprintf(out, ", \"budget_replays\": %u", r->budget_runs);
+    else
+        fputs(", \"budget_replays\": null", out);
+    if (r->budget_seconds > 0)
+        fprintf(out, ", \"budget_seconds\": %g", r->budget_seconds);
+    else
+        fputs(", \"budget_seconds\": null", out);
+    fprintf(out, ", \"stopped_replay\": %s, \"no_result\": [", r->stopped_replay ? "true" : "false");
     for (size_t i = 0, n = 0; i < TUNE_FAMILIES; i++)
         if (r->fam[i].over_budget)
             fprintf(out, "%s\"%s\"", n++ ? ", " : "", i ? "xseg" : "pytorch");

@@ -27,13 +27,17 @@
 
 #include "tools/replay/runner.h"
 
-/* --tune-budget: seconds or replays; the search stops starting replays past either, and a
- * replay still running when the seconds are up is stopped there (the tune keeps what finished). */
+/* --tune-budget: replays or seconds; the search stops starting replays past either, and a
+ * replay still running when the seconds are up is stopped there (the tune keeps what finished).
+ * The default counts replays, so the answer is the same on a busy machine as on an idle one;
+ * seconds are the user's choice (their answer then depends on the machine's speed). */
 struct tune_budget {
     double seconds; /* 0: no bound */
     unsigned runs;  /* 0: no bound */
 };
-#define TUNE_DEFAULT_SECONDS 60.0
+/* Room for the whole coordinate search of a typical trace (136 replays on the public2 traces;
+ * each family may use half, the second also what the first left). */
+#define TUNE_DEFAULT_RUNS 400u
 
 /* "60", "60s", "40runs" (also "40 runs", "1.5s"). @return XSEG_ERROR_INVALID_VALUE with a
  * message naming the value otherwise. */
@@ -71,7 +75,13 @@ struct tune_result {
     int cut_short;          /* the budget ended the search before it converged */
     int stopped_replay;     /* a replay was stopped in progress when the seconds ran out */
     double budget_seconds;  /* the budget's seconds (0: none), for the messages */
+    unsigned budget_runs;   /* the budget's replays (0: none), for the messages */
+    const char *cut_by;     /* what ended it when cut_short: "replays" or "seconds" (NULL: not cut) */
 };
+
+/* What bounded the search, for the messages: "the replay budget (400 replays)" or "the time
+ * budget (60 s)" into @p buf. */
+void tune_budget_text(const struct tune_result *r, char *buf, size_t len);
 
 /* Search (see above). @p device_bytes: the full device (--device-mem). Progress on stderr when
  * @p progress. @return XSEG_ERROR_INVALID_VALUE when the default configs themselves cannot
@@ -88,8 +98,9 @@ void tune_print(FILE *out, const char *trace, const struct tune_result *r);
  * "rank": "best"|"runner-up"|"default", "env": the line, "config": the keys shown,
  * "replay_config": what the replay ran with, "peak_reserved_bytes", "failed_allocs", "stopped",
  * "min_device_bytes" (null: not bisected), "min_device_exact"}, then {"tune": trace, "replays",
- * "seconds", "cut_short", "stopped_replay", "no_result": the families with no replay finished
- * within the budget ("pytorch", "xseg")}. */
+ * "seconds", "cut_short", "cut_by": "replays"|"seconds"|null, "budget_replays" (null: none),
+ * "budget_seconds" (null: none), "stopped_replay", "no_result": the families with no replay
+ * finished within the budget ("pytorch", "xseg")}. */
 void tune_print_json(FILE *out, const char *trace, const struct tune_result *r);
 
 /* "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" for @p c of family @p f into @p buf. */

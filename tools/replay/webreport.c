@@ -152,9 +152,12 @@ static void tune_section(FILE *f, const struct tune_result *r)
         fputs("<p class=\"tune none\">Not run.</p>\n", f);
         return;
     }
-    fprintf(f, "<p class=\"note\">%u replays in %.1f s%s. Predicted figures of each config replayed on the "
-               "emulator; smallest device by 2 MiB bisection.</p>\n",
-            r->runs, r->seconds, r->cut_short ? " (the budget ended the search: --tune-budget for more)" : "");
+    char budget[96];
+    tune_budget_text(r, budget, sizeof budget);
+    fprintf(f, "<p class=\"note\">%u replays in %.1f s (%s %s%s). Predicted figures of each config replayed on "
+               "the emulator; smallest device by 2 MiB bisection.</p>\n",
+            r->runs, r->seconds, r->cut_short ? "cut short by" : "the search completed within", budget,
+            r->cut_short ? ": --tune-budget for more" : "");
     if (r->stopped_replay)
         fprintf(f, "<p class=\"note\">The budget's %g s ran out during a replay: it was stopped there; the figures "
                    "are of the replays that finished.</p>\n", r->budget_seconds);
@@ -163,8 +166,8 @@ static void tune_section(FILE *f, const struct tune_result *r)
     for (size_t i = 0; i < TUNE_FAMILIES; i++) {
         const struct tune_family_result *fr = &r->fam[i];
         if (fr->over_budget)
-            fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n<tr><td colspan=\"4\">no replay finished within the "
-                       "budget (%g s): --tune-budget for more</td></tr>\n", fr->name, r->budget_seconds);
+            fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n<tr><td colspan=\"4\">no replay finished within %s: "
+                       "--tune-budget for more</td></tr>\n", fr->name, budget);
         if (!fr->have_best)
             continue;
         fprintf(f, "<tr><th colspan=\"4\">%s</th></tr>\n", fr->name);
@@ -371,6 +374,24 @@ static size_t verdict_lines(const struct webreport_trace *w, char lines[][REPORT
     return k;
 }
 
+/* Why each mode's first failed allocation failed (--explain-oom), when one did. */
+static void oom_section(FILE *f, const struct webreport_trace *w)
+{
+    int any = 0;
+    for (size_t m = 0; w->explain && m < w->n; m++) {
+        if (!w->explain[m])
+            continue;
+        if (!any++)
+            fputs("<h3>Failed allocations: stranded free bytes (--explain-oom)</h3>\n<p class=\"note\">After xseg's "
+                  "OOM path, the pages still holding free bytes and the live blocks pinning them.</p>\n", f);
+        fputs("<pre class=\"explain\" data-mode=\"", f);
+        H(w->sums[m].mode);
+        fputs("\">", f);
+        H(w->explain[m]);
+        fputs("</pre>\n", f);
+    }
+}
+
 static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
 {
     char lines[REPORT_VERDICT_LINES][REPORT_VERDICT_MAX];
@@ -395,6 +416,7 @@ static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
     xseg_status st = plot_svg(f, w->panel, 1, 0);
     fputs("</figure>\n", f);
     marks_table(f, w->panel);
+    oom_section(f, w);
     tune_section(f, w->tune);
     if (st == XSEG_SUCCESS)
         st = live_at_peak(f, w->t);

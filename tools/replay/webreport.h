@@ -18,6 +18,8 @@ struct webreport_trace {
     size_t n;
     const struct plot_panel *panel;
     const struct tune_result *tune; /* NULL: not tuned */
+    const char *const *explain;     /* per mode, --explain-oom's text at its first failed allocation
+                                     * (NULL: none, or no failure) */
 };
 
 /* How many allocations the "live at the peak" table lists. */

@@ -1,0 +1,64 @@
+/* Public entry points of the registration ledger (include/xseg.h, docs/registrations.md; the work
+ * is core/policy/registry.c). */
+#include "api/dispatch.h"
+#include "base/error.h"
+#include "core/policy/registry.h"
+#include "core/runtime.h"
+
+XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_range_callbacks *callbacks, void *ctx)
+{
+    if (!ptr || !callbacks || !size)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_register_range: %s", !ptr ? "ptr is NULL"
+                       : !callbacks ? "callbacks is NULL" : "size is 0");
+    if ((uintptr_t)ptr + size < (uintptr_t)ptr)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_register_range: [%p, +%zu) wraps around", ptr, size);
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (int i = 0; i < rt_device_count(); i++) {
+        struct dev_alloc *d = rt_device_peek(i);
+        bool mine = false;
+        if (d && ((st = reg_add(d, (uintptr_t)ptr, size, callbacks, ctx, &mine)) != XSEG_SUCCESS || mine))
+            return st;
+    }
+    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_register_range: [%p, +%zu) is not inside one expandable segment "
+                   "of xseg (a range across two segments, or memory xseg did not allocate)", ptr, size);
+}
+
+XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx)
+{
+    return reg_remove((uintptr_t)ptr, size, ctx);
+}
+
+XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_stats *stats)
+{
+    if (!stats)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_registration_stats_get: stats is NULL");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    if (st == XSEG_SUCCESS)
+        reg_stats(d, stats);
+    return st;
+}
+
+XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *offset)
+{
+    if (!ptr || !size || !fd || !offset)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: %s", !ptr ? "ptr is NULL" : !size ? "size is 0"
+                       : !fd ? "fd is NULL" : "offset is NULL");
+    *fd = -1;
+    *offset = 0;
+    if ((uintptr_t)ptr + size < (uintptr_t)ptr)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) wraps around", ptr, size);
+    xseg_status st = rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (int i = 0; i < rt_device_count(); i++) {
+        struct dev_alloc *d = rt_device_peek(i);
+        bool mine = false;
+        if (d && ((st = reg_dmabuf(d, (uintptr_t)ptr, size, fd, offset, &mine)) != XSEG_SUCCESS || mine))
+            return st;
+    }
+    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) is not inside one segment of xseg", ptr,
+                   size);
+}

@@ -1,0 +1,110 @@
+/*
+ * Split and merge (see blockops.h): the merge on free (the general case out of line; the common
+ * one, dev_free_block_inline, in the header) and a free block's split into free pieces.
+ */
+#include "core/device/blockops.h"
+
+#include "base/assert.h"
+#include "core/process/history.h"
+
+/* ---- merge / free ------------------------------------------------------------------------ */
+
+/* Insert a free block into its pool's free index (resetting its GC clock). */
+static inline void pool_insert_free(struct bpool *pool, struct block *b)
+{
+    block_set_gc_base(b, pool->get_free_blocks_call_count);
+    bpool_insert_free(pool, b);
+}
+
+size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src)
+{
+    lock_assert_held(&d->lock);
+    if (!src || src->allocated || block_event_count(src) > 0 || block_uses_n(src) || dst->mapped != src->mapped)
+        return 0;
+    bpool_unindex(src);
+    if (dst->prev == src)
+        dst->addr = src->addr;
+    block_splice_out(src->seg, src->prev, src->next);
+    size_t sub = src->size;
+    dst->size += sub;
+    dev_block_delete(d, src);
+    return sub;
+}
+
+/* dev_free_block_inline when b has no free neighbour or two: merge through dev_try_merge, re-index. Out
+ * of line so that the common case keeps few registers live. */
+__attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = dev_block_pool(d, b);
+    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
+    size_t requested = b->u.requested_size;
+    int64_t net_blocks = 0, net_bytes = 0;
+    struct block *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        size_t sub = dev_try_merge(d, b, cands[i]);
+        if (sub) {
+            net_blocks -= 1;
+            net_bytes -= (int64_t)sub;
+        }
+    }
+    pool_insert_free(pool, b);
+    if (block_is_split(b)) {
+        net_blocks += 1;
+        net_bytes += (int64_t)b->size;
+    }
+    /* inactive_split leaves expandable blocks out: their free pages can always be released. */
+    if (!b->expandable) {
+        if (net_blocks)
+            stat_add_pool(d->acct.stats.inactive_split, pool->stat_index, net_blocks);
+        if (net_bytes)
+            stat_add_pool(d->acct.stats.inactive_split_bytes, pool->stat_index, net_bytes);
+    }
+    dev_account_inactive(d, pool->stat_index, requested);
+}
+
+/* The free of a recorded block is complete (its memory may be reused): the event, and the block
+ * lets its stack go. */
+static void hist_free_completed(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block_side *sd = block_side(b);
+    hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, false,
+                 true);
+    if (sd)
+        sd->hist_stack = NULL;
+    b->recorded = false;
+}
+
+/* The deferred free of a block whose events are done (events.c), or the undo of a malloc. */
+void dev_free_block(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (XSEG_UNLIKELY(b->recorded))
+        hist_free_completed(d, b);
+    block_side_drop(b); /* nothing left in it: no streams, events or stack */
+    xseg_assert(!b->sided);
+    if (XSEG_UNLIKELY(b->sided))
+        block_side_free(b); /* release builds: the word must hold the requested size below */
+    dev_free_block_inline(d, b);
+}
+
+void bops_split_free(struct bpool *pool, struct block *b, struct block *x, size_t n, bool front)
+{
+    x->size = n;
+    x->stream = b->stream;
+    block_same_seg(x, b);
+    x->mapped = true;
+    x->allocated = false;
+    if (front) {
+        x->addr = b->addr;
+        block_link_before(b, x);
+        b->addr += n;
+    } else {
+        x->addr = b->addr + b->size - n;
+        block_link_after(b, x);
+    }
+    b->size -= n;
+    block_set_gc_base(x, pool->get_free_blocks_call_count);
+    bpool_insert_free(pool, x);
+}

@@ -1,0 +1,103 @@
+/*
+ * Split and merge of blocks, and the rules that decide them (PyTorch's get_free_block fit rule and
+ * should_split; the merge on free). Every finder (find_free_block and find_top_block in
+ * core/alloc.c, the stream slots' fast_fits in core/device/fast.c) asks BOPS_FITS, every split
+ * asks should_split: a policy change is made here once.
+ */
+#ifndef XSEG_CORE_DEVICE_BLOCKOPS_H
+#define XSEG_CORE_DEVICE_BLOCKOPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/device/device.h"
+
+/* PyTorch's max_split_size rules: may a request of @p size rounded bytes take a free block of
+ * @p bsize bytes (bsize >= size)? Below max_split_size, only a block below it too (an oversize
+ * block is never split for a small request); from max_split_size on, only a block less than
+ * max_non_split_rounding larger (no large waste). A macro for the finders' conditions: as an
+ * inline function its bool result cost the device-lock pair 5-8 instructions
+ * (benchmarks/callgrind_round_robin.sh). Each argument is evaluated once or twice: pass plain
+ * values. */
+#define BOPS_FITS(d, size, bsize)                                                                  \
+    (!((size) < (d)->cfg.max_split_size && (bsize) >= (d)->cfg.max_split_size) &&                  \
+     !((size) >= (d)->cfg.max_split_size && (bsize) >= (size) + (d)->cfg.max_non_split_rounding))
+
+/* PyTorch's should_split: is the rest of free block @p b after a request of @p size bytes worth a
+ * block of its own? */
+static inline bool should_split(const struct dev_alloc *d, const struct block *b, size_t size)
+{
+    lock_assert_held(&d->lock);
+    size_t remaining = b->size - size;
+    if (b->small_pool || d->use_expandable) /* the pool's is_small, without reading the segment */
+        return remaining >= BLOCK_MIN_SIZE;
+    return size < d->cfg.max_split_size && remaining > BLOCK_SMALL_SIZE;
+}
+
+/* Split @p n bytes off the front (@p front) or back of free, unindexed @p b into a new free block
+ * @p x, which enters the pool's free index. */
+void bops_split_free(struct bpool *pool, struct block *b, struct block *x, size_t n, bool front);
+
+/* Absorb @p src (a neighbour of @p dst) into dst when both are free and equally mapped. dst must
+ * not be in an index; src is removed from its index and deleted. Returns bytes absorbed. */
+size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
+/* Return a block whose events are done to its pool: merge, index, statistics (events.c,
+ * capreuse.c, the undo of a malloc). */
+void dev_free_block(struct dev_alloc *d, struct block *b);
+
+/* The free path's merge when @p b has no free neighbour or two (out of line). */
+void dev_free_block_general(struct dev_alloc *d, struct block *b);
+
+/* Does exactly one neighbour of @p b lie in the free index (in_index && mapped)? Such a
+ * neighbour is free, mapped, with no events and no recorded streams: dev_try_merge's rule holds
+ * for it (b is mapped). A mergeable neighbour outside every index does not exist while a free
+ * runs, so this is "exactly one can merge": dev_free_block_inline's own case. */
+static inline bool dev_free_merges_one(const struct block *b)
+{
+    return block_in_free_index(b->prev) != block_in_free_index(b->next);
+}
+
+/* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
+ * statistics. Inline for the free path (alloc.c); the other modules call dev_free_block. */
+static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct block *prev = b->prev, *next = b->next;
+    if (XSEG_UNLIKELY(!dev_free_merges_one(b))) {
+        dev_free_block_general(d, b);
+        return;
+    }
+    bool fn = block_in_free_index(next);
+    /* One free neighbour, in the free index: it absorbs b and stays where it is in the index
+     * unless its larger key crosses its successor's (bpool_free_grow). Same result as the general
+     * path (the merged block is the same range), with no treap remove/insert. */
+    struct bpool *pool = dev_block_pool(d, b);
+    int si = pool->stat_index;
+    xseg_assert(!b->sided); /* callers drop the side first (block_side_drop) */
+    size_t orig_size = b->size, requested = b->u.requested_size;
+    struct block *keep = fn ? next : prev;
+    size_t keep_size = keep->size;
+    if (keep == next) {
+        bpool_free_grow(pool, next, b->addr, next->size + b->size);
+        block_splice_out(next->seg, prev, next); /* per branch: one of the two is known non-NULL */
+    } else {
+        bpool_free_grow(pool, prev, prev->addr, prev->size + b->size);
+        block_splice_out(prev->seg, prev, next);
+    }
+    block_set_gc_base(keep, pool->get_free_blocks_call_count);
+    dev_block_delete(d, b);
+    /* dev_free_block_general's accounting with its signs known: keep was an inactive split block of
+     * keep_size bytes; the merged one is split (same count, orig_size more bytes) unless it now
+     * spans its whole segment. */
+    if (!keep->expandable) {
+        if (XSEG_LIKELY(block_is_split(keep))) {
+            stat_up_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)orig_size);
+        } else {
+            stat_down_pool(d->acct.stats.inactive_split, si, 1);
+            stat_down_pool(d->acct.stats.inactive_split_bytes, si, (int64_t)keep_size);
+        }
+    }
+    dev_account_inactive(d, si, requested);
+}
+
+#endif

@@ -1,0 +1,79 @@
+/*
+ * The stale-access debug mode (debug_stale_access, debug_quarantine_mb; issue 50, seed 003):
+ * freed blocks are held out of their pool in a FIFO of at most debug_quarantine bytes, filled
+ * with all-ones bytes at their free (cuMemsetD8Async on the block's stream, so after its last
+ * use there; NaN in fp32/fp16/bf16), and checked (read back on that stream) when they leave it,
+ * at empty_cache, at snapshot time and on demand (xseg_check_stale). A byte that lost the pattern
+ * is a write after the free: a finding, naming the block, its allocation's and its free's stacks
+ * (history), the first changed offset and when it was found, delivered to the stale observers or
+ * stderr with no lock held (quar_take / quar_deliver) and kept for snapshots.
+ *
+ * A quarantined block is pending, like a block waiting for record_stream's events: not
+ * allocated, out of every index, one quarantine hold in its side struct's event_count (so no
+ * merge takes it and dev_check counts it active), its free_completed recorded when it leaves.
+ * Not quarantined (they go straight back): blocks of private pools (a graph's replays own
+ * them), blocks larger than the whole quarantine, and any block when host memory for the
+ * record is lacking. While a capture is underway nothing is filled, checked or released (a
+ * driver call on a capturing stream would join the graph): blocks freed then are held unfilled
+ * (never reported) and the FIFO may pass its bound until the capture ends.
+ *
+ * The mode costs nothing while off: the free path reads settings_stale_on() once before the
+ * device lock (core/alloc.c free_stale), and the fast-path permit is off while it is on
+ * (dev_fast_update), so every free goes through the quarantine; never on the cached-pair path.
+ *
+ * Locking: device lock held by every function unless it says otherwise.
+ */
+#ifndef XSEG_CORE_QUARANTINE_H
+#define XSEG_CORE_QUARANTINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/device/device.h"
+
+#define QUAR_MAX_FINDINGS 1024 /* findings kept a device (later ones are counted in `dropped`) */
+#define QUAR_MAX_BLOCKS ((size_t)1 << 20) /* blocks held a device: their records' host memory is bounded too */
+
+/* Freed block @p b (not allocated, no events or recorded streams left; @p pending: already
+ * counted pending) enters the quarantine when the mode is on and it qualifies: true, and it is
+ * now pending with the quarantine's hold; older blocks may leave to keep the bound. false: the
+ * caller returns it to its pool as usual (nothing changed). */
+bool quar_enter(struct dev_alloc *d, struct block *b, bool pending);
+/* The stack of the free in progress (taken by its quarantine entry; released by quar_end_free
+ * when no entry took it). */
+void quar_begin_free(struct dev_alloc *d, struct hstack *free_stack);
+void quar_end_free(struct dev_alloc *d);
+/* Freed block @p b waits for record_stream's events: the free's stack moves to its side struct,
+ * for quar_enter (from events.c) to take. */
+void quar_keep_free_stack(struct dev_alloc *d, struct block *b);
+/* Check every quarantined block (a finding each, once) and, with @p drain or the mode off,
+ * release them all; @p when names the occasion. XSEG_ERROR_ILLEGAL_STATE during a capture
+ * (nothing done). *@p found (optional): findings made. */
+xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, size_t *found);
+/* Blocks and bytes held now. */
+size_t quar_count(const struct dev_alloc *d, size_t *bytes);
+
+/* Undelivered findings, taken under the lock (their stacks referenced) for quar_deliver. */
+struct quar_batch {
+    int device;
+    struct quar_item *v;
+    size_t n;
+};
+void quar_take(struct dev_alloc *d, struct quar_batch *out);
+/* Deliver @p b to the observers or stderr and release it. No lock held. */
+void quar_deliver(struct quar_batch *b);
+/* The findings kept (snapshots: read under the lock). */
+static inline const struct quar_item *quar_findings(const struct dev_alloc *d, size_t *n)
+{
+    *n = d->quar.nfound;
+    return d->quar.found;
+}
+/* The quarantined block records, oldest first: quar_at(d, i) for i < d->quar.n. */
+static inline const struct quar_item *quar_at(const struct dev_alloc *d, size_t i)
+{
+    return &d->quar.q[d->quar.head + i];
+}
+/* Give back the quarantine's arrays and stacks (an emptied device: quar_check_all drained it). */
+void quar_destroy(struct dev_alloc *d);
+
+#endif

@@ -1,0 +1,623 @@
+/*
+ * The registration ledger (core/policy/registry.h, xseg_register_range).
+ *
+ * A registration is in force (its registrant holds a registration of the current pages) or
+ * released (its before callback returned 0). Pages of a registration in force are never unmapped
+ * or re-backed: every unmap site asks reg_range_registered under the device lock. Callbacks never
+ * run under a lock of xseg, so they may call xseg, and a pass holds a reference on each entry it
+ * calls, so an xseg_unregister_range from inside the callback (or from another thread meanwhile)
+ * takes the entry out of the list at once and frees it when the last reference goes.
+ *
+ * A pass: under the device lock and the ledger's lock, the entries it concerns are marked busy
+ * (a busy entry is skipped by other passes: one callback of an entry at a time) and referenced;
+ * both locks are dropped; each callback runs, on the calling thread, or, with timeout_ms, on a
+ * thread of its own that the pass waits for at most that long; the result is settled under the
+ * ledger's lock. A callback that has not returned by then keeps its entry busy and in force (its
+ * pages stay mapped); its thread settles the entry when it does return.
+ *
+ * Lock order: a device lock, then xseg_rt.reg.lock; neither is held across a callback.
+ */
+#include "core/policy/registry.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/fork.h"
+#include "base/hostmem.h"
+#include "base/witness.h"
+#include "core/device/check.h"
+#include "core/policy/pools.h"
+#include "vmm/driver.h"
+#include "vmm/segment.h"
+
+struct reg_entry {
+    struct reg_entry *next;
+    int device;
+    uintptr_t addr;
+    size_t size;
+    xseg_range_callbacks cb;
+    void *ctx;
+    bool released; /* before returned 0 (or no before): the registrant holds no registration */
+    bool busy;     /* a callback of it runs */
+    bool gone;     /* unregistered: out of the list, freed with its last reference */
+    unsigned refs; /* the list's (until gone), each pass's and each callback thread's */
+};
+
+FORK_MUTEX_AT(FORK_RANK_REGISTRY, reg_lock, xseg_rt.reg.lock)
+
+static bool overlaps(const struct reg_entry *e, uintptr_t lo, uintptr_t hi)
+{
+    return e->addr < hi && lo < e->addr + e->size;
+}
+
+/* Drop a reference. xseg_rt.reg.lock held. */
+static void unref_locked(struct reg_entry *e)
+{
+    if (--e->refs == 0)
+        xs_free(e);
+}
+
+/* The expandable segment of @p d holding all of [addr, addr + size), or NULL. Device lock held. */
+static struct segrec *find_seg(struct dev_alloc *d, uintptr_t addr, size_t size, bool *classic)
+{
+    if (classic)
+        *classic = false;
+    for (struct segrec *s = d->segs; s; s = s->next_seg) {
+        if (s->vseg) {
+            uintptr_t base = (uintptr_t)seg_base(s->vseg);
+            if (addr >= base && size <= seg_va_size(s->vseg) && addr - base <= seg_va_size(s->vseg) - size)
+                return s;
+        } else if (classic && s->first && addr >= s->first->addr && addr - s->first->addr < s->size) {
+            *classic = true;
+        }
+    }
+    return NULL;
+}
+
+/* Every page of [addr, addr + size) in @p s is mapped and awake. Device lock held. */
+static bool all_mapped(const struct segrec *s, uintptr_t addr, size_t size)
+{
+    if (s->asleep)
+        return false;
+    uintptr_t base = (uintptr_t)seg_base(s->vseg);
+    size_t g = seg_gran(s->vseg), first = (addr - base) / g, last = (addr - base + size - 1) / g;
+    for (size_t i = first; i <= last; i++)
+        if (!seg_gran_is_mapped(s->vseg, i) || seg_gran_is_asleep(s->vseg, i))
+            return false;
+    return true;
+}
+
+xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg_range_callbacks *cb, void *ctx,
+                    bool *mine)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    bool classic;
+    struct segrec *s = find_seg(d, addr, size, &classic);
+    *mine = s || classic;
+    xseg_status st = XSEG_SUCCESS;
+    if (!s) {
+        if (classic)
+            st = err_set(XSEG_ERROR_NOT_SUPPORTED,
+                         "xseg_register_range: %p is in a classic (cuMemAlloc) segment of device %d; registrations "
+                         "follow expandable segments only (expandable_segments:True)", (void *)addr, d->device);
+        dev_unlock(d);
+        return st;
+    }
+    if (!all_mapped(s, addr, size)) {
+        dev_unlock(d);
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_register_range: [%p, +%zu) of device %d is not all mapped now (free pages given back, "
+                       "or its pool sleeps); register memory that is mapped", (void *)addr, size, d->device);
+    }
+    mutex_lock(&xseg_rt.reg.lock);
+    for (struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+        if (e->addr == addr && e->size == size && e->ctx == ctx) {
+            mutex_unlock(&xseg_rt.reg.lock);
+            dev_unlock(d);
+            return err_set(XSEG_ERROR_INVALID_VALUE,
+                           "xseg_register_range: [%p, +%zu) is registered already with this ctx", (void *)addr, size);
+        }
+    struct reg_entry *e = xs_calloc(1, sizeof *e);
+    if (!e) {
+        mutex_unlock(&xseg_rt.reg.lock);
+        dev_unlock(d);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_register_range: out of host memory");
+    }
+    *e = (struct reg_entry){.next = xseg_rt.reg.list, .device = d->device, .addr = addr, .size = size,
+                            .cb = *cb, .ctx = ctx, .refs = 1};
+    xseg_rt.reg.list = e;
+    atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.reg.lock);
+    dev_unlock(d);
+    return XSEG_SUCCESS;
+}
+
+xseg_status reg_remove(uintptr_t addr, size_t size, void *ctx)
+{
+    mutex_lock(&xseg_rt.reg.lock);
+    for (struct reg_entry **pe = &xseg_rt.reg.list; *pe; pe = &(*pe)->next) {
+        struct reg_entry *e = *pe;
+        if (e->addr != addr || e->size != size || e->ctx != ctx)
+            continue;
+        *pe = e->next;
+        e->gone = true;
+        atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+        unref_locked(e);
+        mutex_unlock(&xseg_rt.reg.lock);
+        return XSEG_SUCCESS;
+    }
+    mutex_unlock(&xseg_rt.reg.lock);
+    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_unregister_range: no registration of [%p, +%zu) with ctx %p",
+                   (void *)addr, size, ctx);
+}
+
+bool reg_first_registered(struct dev_alloc *d, uintptr_t lo, uintptr_t hi, uintptr_t *plo, uintptr_t *phi)
+{
+    lock_assert_held(&d->lock);
+    if (!atomic_load_explicit(&xseg_rt.reg.count, memory_order_relaxed))
+        return false;
+    bool any = false;
+    mutex_lock(&xseg_rt.reg.lock);
+    for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next) {
+        if (e->device != d->device || e->released || !overlaps(e, lo, hi))
+            continue;
+        if (!any || e->addr < *plo) {
+            *plo = e->addr;
+            *phi = e->addr + e->size;
+        }
+        any = true;
+    }
+    if (any) { /* extend over in-force neighbours that overlap it */
+        for (bool grew = true; grew;) {
+            grew = false;
+            for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+                if (e->device == d->device && !e->released && overlaps(e, *plo, *phi + 1) &&
+                    e->addr + e->size > *phi) {
+                    *phi = e->addr + e->size;
+                    grew = true;
+                }
+        }
+    }
+    mutex_unlock(&xseg_rt.reg.lock);
+    return any;
+}
+
+bool reg_range_registered(struct dev_alloc *d, uintptr_t addr, size_t size)
+{
+    uintptr_t lo, hi;
+    return reg_first_registered(d, addr, addr + size, &lo, &hi);
+}
+
+void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size)
+{
+    lock_assert_held(&d->lock);
+    if (!atomic_load_explicit(&xseg_rt.reg.count, memory_order_relaxed))
+        return;
+    mutex_lock(&xseg_rt.reg.lock);
+    for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+        if (e->device == d->device && e->released && overlaps(e, addr, addr + size))
+            atomic_store_explicit(&xseg_rt.reg.due[d->device], true, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.reg.lock);
+}
+
+bool reg_after_due(const struct dev_alloc *d)
+{
+    return atomic_load_explicit(&xseg_rt.reg.due[d->device], memory_order_relaxed);
+}
+
+/* ---- calling back ------------------------------------------------------------------------ */
+
+/* One callback run on a thread of its own (timeout_ms): whoever comes last frees it. */
+struct reg_call {
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    struct reg_entry *e;
+    xseg_range_event ev;
+    bool before, done, abandoned;
+    int rc;
+};
+
+/* Record the result of a callback of @p e (busy until now) and drop the caller's reference. */
+static void settle(struct reg_entry *e, bool before, int rc, bool count)
+{
+    mutex_lock(&xseg_rt.reg.lock);
+    e->busy = false;
+    if (before) {
+        if (rc == 0 || e->gone) {
+            e->released = true;
+        } else if (count) {
+            xseg_rt.reg.failures[e->device]++;
+            xseg_rt.reg.kept_bytes[e->device] += e->size;
+        }
+    } else if (!e->gone) {
+        if (rc == 0)
+            e->released = false;
+        else if (count)
+            xseg_rt.reg.failures[e->device]++;
+    }
+    unref_locked(e);
+    mutex_unlock(&xseg_rt.reg.lock);
+}
+
+static int run_callback(struct reg_entry *e, bool before, const xseg_range_event *ev)
+{
+    int (*fn)(const xseg_range_event *, void *) = before ? e->cb.before : e->cb.after;
+    return fn ? fn(ev, e->ctx) : 0;
+}
+
+static void *call_main(void *arg)
+{
+    struct reg_call *c = arg;
+    int rc = run_callback(c->e, c->before, &c->ev);
+    pthread_mutex_lock(&c->m);
+    c->done = true;
+    c->rc = rc;
+    bool abandoned = c->abandoned;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->m);
+    if (abandoned) { /* the pass gave up on it: this thread settles the entry and cleans up */
+        settle(c->e, c->before, rc, false); /* counted when the pass gave up */
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->m);
+        xs_free(c);
+    }
+    return NULL;
+}
+
+/* Run one callback of busy entry @p e and settle it. *timed_out: it did not return within
+ * timeout_ms (it still runs; its thread settles it). */
+static int call_one(struct reg_entry *e, bool before, const xseg_range_event *ev, bool *timed_out)
+{
+    *timed_out = false;
+    struct reg_call *c = e->cb.timeout_ms ? xs_calloc(1, sizeof *c) : NULL;
+    pthread_condattr_t ca;
+    bool ready = c && pthread_condattr_init(&ca) == 0;
+    if (ready) {
+        (void)pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        ready = pthread_cond_init(&c->cv, &ca) == 0;
+        pthread_condattr_destroy(&ca);
+        if (ready && pthread_mutex_init(&c->m, NULL) != 0) {
+            pthread_cond_destroy(&c->cv);
+            ready = false;
+        }
+    }
+    pthread_t t;
+    if (ready) {
+        c->e = e;
+        c->ev = *ev;
+        c->before = before;
+        if (pthread_create(&t, NULL, call_main, c) != 0) {
+            pthread_cond_destroy(&c->cv);
+            pthread_mutex_destroy(&c->m);
+            ready = false;
+        }
+    }
+    if (!ready) { /* no timeout asked, or no thread to be had: on this thread (documented) */
+        xs_free(c);
+        int rc = run_callback(e, before, ev);
+        settle(e, before, rc, true);
+        return rc;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += e->cb.timeout_ms / 1000;
+    until.tv_nsec += (long)(e->cb.timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->m);
+    while (!c->done && pthread_cond_timedwait(&c->cv, &c->m, &until) != ETIMEDOUT) {
+    }
+    bool done = c->done;
+    int rc = c->rc;
+    if (!done)
+        c->abandoned = true;
+    pthread_mutex_unlock(&c->m);
+    if (!done) {
+        pthread_detach(t);
+        *timed_out = true;
+        return -1;
+    }
+    pthread_join(t, NULL);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->m);
+    xs_free(c);
+    settle(e, before, rc, true);
+    return rc;
+}
+
+/* ---- passes ------------------------------------------------------------------------------ */
+
+struct reg_pass {
+    enum reg_scope scope;
+    xseg_pool_id pool_id;          /* REG_SCOPE_POOL */
+    const struct priv_pool *pool;  /* found from pool_id under the device lock */
+    bool pool_known;
+    uintptr_t lo, hi; /* REG_SCOPE_RANGE */
+};
+
+/* Whether an operation of @p p may take pages of @p e. Device lock held. */
+static bool in_scope(struct dev_alloc *d, const struct reg_entry *e, const struct reg_pass *p)
+{
+    if (p->scope == REG_SCOPE_ALL)
+        return true;
+    if (p->scope == REG_SCOPE_RANGE)
+        return overlaps(e, p->lo, p->hi);
+    struct segrec *s = find_seg(d, e->addr, e->size, NULL);
+    if (!s)
+        return false;
+    if (p->scope == REG_SCOPE_POOL)
+        return p->pool_known && dev_pool_owner(d, s->pool) == p->pool;
+    if (s->asleep)
+        return false;
+    /* REG_SCOPE_FREE: a free mapped block overlaps it (pages it shares with a live block stay,
+     * so this may ask for more than goes: the after pass gives those back at once). */
+    for (const struct block *b = s->first; b; b = b->next)
+        if (!b->allocated && b->mapped && overlaps(e, b->addr, b->addr + b->size))
+            return true;
+    return false;
+}
+
+/* A released entry's pages are all mapped again. Device lock held. */
+static bool all_mapped_entry(struct dev_alloc *d, const struct reg_entry *e)
+{
+    const struct segrec *s = find_seg(d, e->addr, e->size, NULL);
+    return s && all_mapped(s, e->addr, e->size);
+}
+
+/* Collect (busy, referenced) the entries of @p d that @p want picks; *n of them. Device lock
+ * and xseg_rt.reg.lock held. NULL with *n == 0 when none, or host memory ran out (*oom). */
+static struct reg_entry **collect_locked(struct dev_alloc *d, bool before, struct reg_pass *p, size_t *n,
+                                         bool *oom, size_t *busy_left)
+{
+    size_t k = 0;
+    *n = 0;
+    *oom = false;
+    *busy_left = 0;
+    for (struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+        k += e->device == d->device;
+    if (p->scope == REG_SCOPE_POOL) {
+        p->pool = p->pool_id.first || p->pool_id.second ? pools_find(d, p->pool_id) : NULL;
+        p->pool_known = p->pool || (!p->pool_id.first && !p->pool_id.second);
+    }
+    struct reg_entry **v = k ? xs_malloc(k * sizeof *v) : NULL;
+    if (k && !v) {
+        *oom = true;
+        return NULL;
+    }
+    for (struct reg_entry *e = xseg_rt.reg.list; e; e = e->next) {
+        if (e->device != d->device || e->released != !before)
+            continue;
+        bool want = before ? in_scope(d, e, p) : all_mapped_entry(d, e);
+        if (!want)
+            continue;
+        if (e->busy) {
+            *busy_left += before;
+            continue;
+        }
+        e->busy = true;
+        e->refs++;
+        v[(*n)++] = e;
+    }
+    return v;
+}
+
+static const char *reason_words(xseg_range_reason why)
+{
+    switch (why) {
+    case XSEG_RANGE_RECLAIM:
+        return "reclaim (empty_cache, trim)";
+    case XSEG_RANGE_SLEEP:
+        return "sleep";
+    case XSEG_RANGE_SHUTDOWN:
+        return "shutdown";
+    case XSEG_RANGE_MOVE:
+        return "a page move";
+    case XSEG_RANGE_REMAPPED:
+        return "pages mapped again";
+    default:
+        return "pages kept";
+    }
+}
+
+/* One pass over @p d: before (@p p) or after. The first failure's message, after all ran. */
+static xseg_status pass(struct dev_alloc *d, bool before, struct reg_pass *p, xseg_range_reason why)
+{
+    if (!before)
+        atomic_store_explicit(&xseg_rt.reg.due[d->device], false, memory_order_relaxed);
+    if (!atomic_load_explicit(&xseg_rt.reg.count, memory_order_relaxed))
+        return XSEG_SUCCESS;
+    size_t n, busy_left;
+    bool oom;
+    dev_lock(d, DEV_NEED_SLOTS);
+    mutex_lock(&xseg_rt.reg.lock);
+    struct reg_entry **v = collect_locked(d, before, p, &n, &oom, &busy_left);
+    mutex_unlock(&xseg_rt.reg.lock);
+    dev_unlock(d);
+    if (oom)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "registrations of device %d: out of host memory for a %s pass "
+                       "(the registered ranges stay mapped)", d->device, before ? "before" : "after");
+    xseg_status st = XSEG_SUCCESS;
+    struct err_kept first = {{0}};
+    for (size_t i = 0; i < n; i++) {
+        struct reg_entry *e = v[i];
+        xseg_range_event ev = {.device = d->device, .ptr = (void *)e->addr, .size = e->size, .reason = why};
+        bool timed_out;
+        unsigned tmo = e->cb.timeout_ms; /* e may be freed once settled: not read after the call */
+        int rc = call_one(e, before, &ev, &timed_out);
+        if (timed_out) { /* e is still referenced by its thread, which settles it */
+            mutex_lock(&xseg_rt.reg.lock);
+            xseg_rt.reg.failures[d->device]++;
+            if (before)
+                xseg_rt.reg.kept_bytes[d->device] += ev.size;
+            mutex_unlock(&xseg_rt.reg.lock);
+        }
+        if (rc == 0 || st != XSEG_SUCCESS)
+            continue;
+        if (timed_out)
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE,
+                         "registration [%p, +%zu) on device %d: its %s callback (%s) did not return within %u ms; %s",
+                         ev.ptr, ev.size, d->device, before ? "before" : "after", reason_words(why), tmo,
+                         before ? "its pages stay mapped until it returns 0" : "it is asked again next time");
+        else
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "registration [%p, +%zu) on device %d: its %s callback (%s) "
+                         "returned %d; %s", ev.ptr, ev.size, d->device, before ? "before" : "after",
+                         reason_words(why), rc, before ? "its pages stay mapped" : "it stays released, asked again next time");
+        first = err_keep();
+    }
+    xs_free(v);
+    if (st == XSEG_SUCCESS && before && busy_left)
+        st = err_set(XSEG_ERROR_ILLEGAL_STATE, "%zu registration%s on device %d still run%s a callback of an earlier "
+                     "call; %s pages stay mapped", busy_left, busy_left == 1 ? "" : "s", d->device,
+                     busy_left == 1 ? "s" : "", busy_left == 1 ? "its" : "their");
+    else if (st != XSEG_SUCCESS)
+        err_set(st, "%s", first.msg);
+    return st;
+}
+
+xseg_status reg_before(struct dev_alloc *d, enum reg_scope scope, xseg_pool_id pool, xseg_range_reason why)
+{
+    struct reg_pass p = {.scope = scope, .pool_id = pool};
+    return pass(d, true, &p, why);
+}
+
+xseg_status reg_after(struct dev_alloc *d, xseg_range_reason why)
+{
+    struct reg_pass p = {.scope = REG_SCOPE_ALL};
+    return pass(d, false, &p, why);
+}
+
+xseg_status reg_before_move(struct dev_alloc *d, uintptr_t addr, size_t size)
+{
+    struct reg_pass p = {.scope = REG_SCOPE_RANGE, .lo = addr, .hi = addr + size};
+    return pass(d, true, &p, XSEG_RANGE_MOVE);
+}
+
+xseg_status reg_after_move(struct dev_alloc *d) { return reg_after(d, XSEG_RANGE_REMAPPED); }
+
+void reg_stats(struct dev_alloc *d, xseg_registration_stats *out)
+{
+    *out = (xseg_registration_stats){0};
+    mutex_lock(&xseg_rt.reg.lock);
+    for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next) {
+        if (e->device != d->device)
+            continue;
+        if (e->released)
+            out->released++;
+        else
+            out->active++;
+    }
+    out->failures = xseg_rt.reg.failures[d->device];
+    out->kept_bytes = xseg_rt.reg.kept_bytes[d->device];
+    mutex_unlock(&xseg_rt.reg.lock);
+}
+
+xseg_status reg_shutdown(dev_peek_fn device_at)
+{
+    if (!atomic_load_explicit(&xseg_rt.reg.count, memory_order_relaxed))
+        return XSEG_SUCCESS;
+    xseg_status st = XSEG_SUCCESS;
+    struct err_kept first = {{0}};
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
+        struct dev_alloc *d = device_at(i);
+        if (!d)
+            continue;
+        xseg_status s = reg_before(d, REG_SCOPE_ALL, (xseg_pool_id){0, 0}, XSEG_RANGE_SHUTDOWN);
+        if (s != XSEG_SUCCESS && st == XSEG_SUCCESS) {
+            st = s;
+            first = err_keep();
+        }
+    }
+    if (st != XSEG_SUCCESS) {
+        /* Nothing is torn down: the released ones hear that their pages stayed. */
+        for (int i = 0; i < ALLOC_MAX_DEVICES; i++)
+            if (device_at(i))
+                (void)reg_after(device_at(i), XSEG_RANGE_KEPT);
+        return err_set(st, "xseg_shutdown: %s (unregister it, or make its callback release, then call xseg_shutdown "
+                       "again)", first.msg);
+    }
+    mutex_lock(&xseg_rt.reg.lock);
+    while (xseg_rt.reg.list) {
+        struct reg_entry *e = xseg_rt.reg.list;
+        xseg_rt.reg.list = e->next;
+        e->gone = true;
+        unref_locked(e);
+    }
+    atomic_store_explicit(&xseg_rt.reg.count, 0, memory_order_relaxed);
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
+        xseg_rt.reg.failures[i] = xseg_rt.reg.kept_bytes[i] = 0;
+        atomic_store_explicit(&xseg_rt.reg.due[i], false, memory_order_relaxed);
+    }
+    mutex_unlock(&xseg_rt.reg.lock);
+    return XSEG_SUCCESS;
+}
+
+xseg_status reg_around(struct dev_alloc *d, enum reg_scope scope, xseg_pool_id pool, xseg_range_reason why,
+                       xseg_status (*op)(struct dev_alloc *d, void *ctx), void *ctx)
+{
+    xseg_status before = reg_before(d, scope, pool, why);
+    struct err_kept kept = err_keep();
+    xseg_status st = op(d, ctx);
+    if (st != XSEG_SUCCESS) {
+        struct err_kept opmsg = err_keep();
+        (void)reg_after(d, XSEG_RANGE_KEPT);
+        return err_set(st, "%s", opmsg.msg);
+    }
+    xseg_status after = reg_after(d, XSEG_RANGE_KEPT);
+    if (before != XSEG_SUCCESS)
+        return err_set(before, "%s", kept.msg);
+    return after;
+}
+
+/* ---- whole-range dma-buf export ----------------------------------------------------------- */
+
+xseg_status reg_dmabuf(struct dev_alloc *d, uintptr_t addr, size_t size, int *fd, size_t *offset, bool *mine)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    bool classic;
+    struct segrec *s = find_seg(d, addr, size, &classic);
+    *mine = s || classic;
+    if (!*mine) {
+        dev_unlock(d);
+        return XSEG_SUCCESS;
+    }
+    if (!s) {
+        dev_unlock(d);
+        return err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_range_dmabuf: %p is in a classic (cuMemAlloc) segment of "
+                       "device %d; export its block with cuMemGetHandleForAddressRange directly", (void *)addr,
+                       d->device);
+    }
+    if (!all_mapped(s, addr, size)) {
+        dev_unlock(d);
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) of device %d is not all mapped now",
+                       (void *)addr, size, d->device);
+    }
+    /* The driver wants a host-page-aligned range; granules are host-page multiples, so the
+     * aligned range covers the same (mapped) granules. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = addr & ~(page - 1);
+    uintptr_t hi = (addr + size + page - 1) & ~(page - 1);
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+    CUresult res = CUDA_SUCCESS;
+    if (st == XSEG_SUCCESS)
+        res = drv_range_dmabuf((CUdeviceptr)lo, hi - lo, fd);
+    int attr = st == XSEG_SUCCESS && res == CUDA_ERROR_NOT_SUPPORTED ? drv_dmabuf_attribute(d->info.dev) : -1;
+    dev_unlock(d);
+    if (st != XSEG_SUCCESS)
+        return st;
+    if (res == CUDA_ERROR_NOT_SUPPORTED)
+        return err_set(XSEG_ERROR_NOT_SUPPORTED,
+                       "xseg_range_dmabuf: the driver exports no dma-buf for [%p, +%zu) on device %d "
+                       "(cuMemGetHandleForAddressRange: CUDA_ERROR_NOT_SUPPORTED; CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED "
+                       "%d); use xseg_block_handles and register each chunk (docs/registrations.md)",
+                       (void *)addr, size, d->device, attr);
+    if (res != CUDA_SUCCESS)
+        return drv_fail(res, "xseg_range_dmabuf: cuMemGetHandleForAddressRange(DMA_BUF_FD) of a mapped range");
+    *offset = addr - lo;
+    return XSEG_SUCCESS;
+}

@@ -1,0 +1,85 @@
+/*
+ * The registration ledger (xseg_register_range): ranges a registrant (NCCL, UCX, an RDMA NIC)
+ * pinned, and the before / after callbacks around every unmap or re-backing of their pages.
+ * core/policy/registry.c says how the passes are ordered.
+ *
+ * Two kinds of hook:
+ *   - under the device lock, reg_range_registered: the pages of a range still registered
+ *     (its registrant has not released it) are never unmapped or re-backed; every unmap site
+ *     that does not call back (idle, threshold, OOM retry, give-way, defrag) skips them;
+ *   - with no lock held, reg_before_* asks the registrants of the pages an operation may take to
+ *     release them, and reg_after asks the released ones whose pages are all mapped again to
+ *     register again. An operation runs its "before" pass, its work, then reg_after.
+ */
+#ifndef XSEG_CORE_REGISTRY_H
+#define XSEG_CORE_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/device/device.h"
+
+/* What an operation may take (reg_before). */
+enum reg_scope {
+    REG_SCOPE_FREE,  /* pages that hold no live byte (trim, empty_cache) */
+    REG_SCOPE_POOL,  /* every page of one pool's segments (sleep): @p pool, {0, 0} the default */
+    REG_SCOPE_ALL,   /* every page (shutdown) */
+    REG_SCOPE_RANGE, /* the pages of one range (spill, reg_before_move) */
+};
+
+/* xseg_register_range on device @p d: *mine false (nothing done) when the range is not in one of
+ * @p d's segments. Takes the device lock. */
+xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg_range_callbacks *cb, void *ctx,
+                    bool *mine);
+/* xseg_unregister_range; any device. No lock held (may run inside a callback). */
+xseg_status reg_remove(uintptr_t addr, size_t size, void *ctx);
+
+/* True when a registration still in force (not released) overlaps [addr, addr + size) on @p d:
+ * its pages must stay mapped, with their physical memory. Device lock held; free when no range
+ * is registered (one relaxed load). */
+bool reg_range_registered(struct dev_alloc *d, uintptr_t addr, size_t size);
+/* The first registered span overlapping [lo, hi) on @p d (its start and end, clipped to nothing):
+ * false when none. Device lock held. */
+bool reg_first_registered(struct dev_alloc *d, uintptr_t lo, uintptr_t hi, uintptr_t *plo, uintptr_t *phi);
+
+/* The before pass: call the before callback of each registration of @p d in @p scope still in
+ * force, no lock held on entry (takes the device lock briefly), and wait for each. Those that
+ * return 0 are released; the others stay in force (their pages stay mapped): then
+ * XSEG_ERROR_ILLEGAL_STATE naming the first, after every callback ran. */
+xseg_status reg_before(struct dev_alloc *d, enum reg_scope scope, xseg_pool_id pool, xseg_range_reason why);
+/* The after pass: each released registration of @p d whose pages are all mapped (and awake)
+ * again hears after (@p why) and is in force again on 0. No lock held. A failure:
+ * XSEG_ERROR_ILLEGAL_STATE naming it (the range stays released, asked again next time). */
+xseg_status reg_after(struct dev_alloc *d, xseg_range_reason why);
+
+/* reg_before, then @p op, then reg_after (KEPT: what did not go is registered again). The
+ * operation's failure comes first, then the before pass's, then the after pass's. */
+xseg_status reg_around(struct dev_alloc *d, enum reg_scope scope, xseg_pool_id pool, xseg_range_reason why,
+                       xseg_status (*op)(struct dev_alloc *d, void *ctx), void *ctx);
+
+/* For page moves elsewhere (spill to host): before pages [addr, addr + size) of @p d move,
+ * reg_before_move (no lock held) asks their registrants to release; where it fails the pages are
+ * still registered (reg_range_registered) and must not move. After the move (and again after
+ * the pages come back) reg_after_move lets them register the pages again. */
+xseg_status reg_before_move(struct dev_alloc *d, uintptr_t addr, size_t size);
+xseg_status reg_after_move(struct dev_alloc *d);
+
+/* Whether any registration of @p d is released with its pages mapped again since the last after
+ * pass (a malloc mapped them): the caller runs reg_after with no lock held. */
+bool reg_after_due(const struct dev_alloc *d);
+/* Note under the device lock that pages [addr, addr + size) of @p d were mapped. */
+void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size);
+
+/* xseg_range_dmabuf on @p d: *mine false (nothing done) when the range is in none of @p d's
+ * segments. Takes the device lock around the driver call (the pages cannot go meanwhile). */
+xseg_status reg_dmabuf(struct dev_alloc *d, uintptr_t addr, size_t size, int *fd, size_t *offset, bool *mine);
+
+/* xseg_registration_stats_get. Takes the device lock. */
+void reg_stats(struct dev_alloc *d, xseg_registration_stats *out);
+
+/* xseg_shutdown: the before pass with REG_SCOPE_ALL on every device (@p device_at), then, when
+ * every registrant released, the ledger is emptied; else XSEG_ERROR_ILLEGAL_STATE and the
+ * released ones hear after (KEPT): nothing changed. */
+xseg_status reg_shutdown(dev_peek_fn device_at);
+
+#endif

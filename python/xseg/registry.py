@@ -1,0 +1,120 @@
+"""Registrations that stay valid (include/xseg.h, docs/registrations.md).
+
+    reg = xseg.register_range(ptr, size, before=drop, after=again)   # drop(ptr, size, reason)
+    fd, offset = xseg.range_dmabuf(ptr, size)                        # one dma-buf for the range
+    ...
+    reg.unregister()
+
+`before` is called before xseg unmaps or re-backs a page of the range (xseg.empty_cache, xseg.trim,
+xseg.sleep, xseg.shutdown): drop your registration and return (None or True); return False or
+raise to keep the pages mapped (the xseg call then raises, naming the range). `after` is called
+once every page is mapped again (xseg.wake, or an allocation that maps them): register again.
+Neither runs under an xseg lock; both may call xseg.
+"""
+import ctypes
+
+from . import _lib
+from ._lib import C_PTR, C_SIZE, check, int_arg
+
+__all__ = ["register_range", "Registration", "range_dmabuf", "registration_stats"]
+
+REASONS = {1: "reclaim", 2: "sleep", 3: "shutdown", 4: "move", 5: "remapped", 6: "kept"}
+
+
+class _Event(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int), ("ptr", ctypes.c_void_p), ("size", ctypes.c_size_t),
+                ("reason", ctypes.c_int)]
+
+
+_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Event), ctypes.c_void_p)
+
+
+class _Callbacks(ctypes.Structure):
+    _fields_ = [("before", _CB), ("after", _CB), ("timeout_ms", ctypes.c_uint)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("active", ctypes.c_size_t), ("released", ctypes.c_size_t),
+                ("kept_bytes", ctypes.c_size_t), ("failures", ctypes.c_size_t)]
+
+
+_lib._PROTOS.update({
+    "xseg_register_range": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_Callbacks),
+                                           ctypes.c_void_p]),
+    "xseg_unregister_range": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+    "xseg_range_dmabuf": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
+                                         ctypes.POINTER(ctypes.c_size_t)]),
+    "xseg_registration_stats_get": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_Stats)]),
+})
+if _lib._lib is not None:  # loaded before this module: declare the new prototypes now
+    _lib._declare(_lib._lib)
+
+_live = {}  # id -> Registration: keeps the C callbacks alive while registered
+# Callbacks of unregistered ranges with a timeout: a timed-out callback may still run on its own
+# thread after unregister(), so its ctypes trampoline must outlive the registration.
+_retired = []
+_next_id = [1]
+
+
+def _wrap(fn):
+    def call(ev, ctx):
+        e = ev.contents
+        try:
+            ok = fn(e.ptr or 0, e.size, REASONS.get(e.reason, str(e.reason)))
+        except Exception:  # a failing callback keeps the pages mapped; xseg reports it
+            return 1
+        return 1 if ok is False else 0
+    return _CB(call) if fn is not None else _CB()
+
+
+class Registration:
+    """One registered range; unregister() forgets it (no callback runs)."""
+
+    def __init__(self, ptr, size, before, after, timeout_ms):
+        self.ptr, self.size = ptr, size
+        self._id = _next_id[0]
+        _next_id[0] += 1
+        self._cbs = _Callbacks(_wrap(before), _wrap(after), timeout_ms)
+
+    def unregister(self):
+        if _live.pop(self._id, None) is None:
+            return
+        if self._cbs.timeout_ms:
+            _retired.append(self._cbs)
+        check(_lib.need("xseg_unregister_range")(self.ptr, self.size, self._id))
+
+
+def register_range(ptr, size, before=None, after=None, timeout_ms=0):
+    """Register [ptr, ptr + size) (mapped xseg memory inside one expandable segment). `before` and
+    `after` are called as fn(ptr, size, reason); `timeout_ms` > 0 runs each on a thread of its own
+    and gives up waiting after that long (the pages then stay mapped)."""
+    f = "xseg.register_range"
+    ptr, size = int_arg(f, "ptr", ptr, C_PTR), int_arg(f, "size", size, C_SIZE)
+    timeout_ms = int_arg(f, "timeout_ms", timeout_ms, (0, 1 << 32))
+    r = Registration(ptr, size, before, after, timeout_ms)
+    _live[r._id] = r
+    try:
+        check(_lib.need("xseg_register_range")(ptr, size, ctypes.byref(r._cbs), r._id))
+    except BaseException:
+        del _live[r._id]
+        raise
+    return r
+
+
+def range_dmabuf(ptr, size):
+    """(fd, offset): one dma-buf file descriptor for [ptr, ptr + size) however many physical
+    chunks it spans (close it yourself), and where ptr sits in it. XsegError (NOT_SUPPORTED) where
+    the driver exports none: register each chunk of xseg.block_handles(ptr) instead."""
+    f = "xseg.range_dmabuf"
+    ptr, size = int_arg(f, "ptr", ptr, C_PTR), int_arg(f, "size", size, C_SIZE)
+    fd, off = ctypes.c_int(-1), ctypes.c_size_t()
+    check(_lib.need("xseg_range_dmabuf")(ptr, size, ctypes.byref(fd), ctypes.byref(off)))
+    return fd.value, off.value
+
+
+def registration_stats(device=0):
+    """{'active', 'released', 'kept_bytes', 'failures'} of the registrations of `device`."""
+    st = _Stats()
+    check(_lib.need("xseg_registration_stats_get")(int_arg("xseg.registration_stats", "device", device,
+                                                           (0, 1 << 31)), ctypes.byref(st)))
+    return {k: getattr(st, k) for k, _ in _Stats._fields_}
