@@ -190,9 +190,10 @@ XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size);
  * Spill (config key spill_to_host:True, docs/configuration.md): out of memory, after the cache was
  * released, pages of live blocks move to host memory at the same addresses (slower to reach, still
  * valid for kernels and captured graphs), and come back when device memory frees
- * (xseg_empty_cache, xseg_promote). Only pages whose every byte belongs to one live block move;
- * pages exported over IPC or handed out by xseg_block_handles, or any while a segment observer is
- * attached or a capture is underway, never do.
+ * (xseg_empty_cache, xseg_trim, xseg_promote). Only pages whose every byte belongs to one live
+ * block move; pages exported over IPC, handed out by xseg_block_handles or registered
+ * (xseg_register_range), or any while a segment observer is attached, a capture is underway or
+ * debug_stale_access is on, never do.
  */
 /** Hints for xseg_spill_hint. */
 enum xseg_spill_hint_kind {

@@ -12,9 +12,10 @@
  * each class. Promotion goes newest spill first (so hinted blocks come back last).
  *
  * Safety before any unmap: the block's streams (its own and record_stream's) are waited for (a
- * stream synchronize each, no device-wide synchronize); nothing moves while a capture is underway;
- * pinned pages never move (spill_pinned: segments whose handles were handed out, exported blocks,
- * blocks with handle holds, any segment observer attached). A failed driver call rolls the chunk
+ * stream synchronize each, no device-wide synchronize); nothing moves while a capture is underway
+ * or debug_stale_access is on; pinned pages never move (spill_pinned: registered ranges, segments
+ * whose handles were handed out, exported blocks, blocks with handle holds, any segment observer
+ * attached). A failed driver call rolls the chunk
  * back to where it was (seg_move_chunk), and what spill could not do is said in the OOM message.
  *
  * Books: a host chunk counts in spilled_bytes and num_spills, not in reserved_bytes (device memory
@@ -57,10 +58,10 @@ xseg_status spill_location(struct dev_alloc *d, void *ptr, int *location, size_t
 /* Bytes of @p b's chunks on host memory (0 unless b->spill). */
 size_t spill_block_host(const struct dev_alloc *d, const struct block *b);
 
-/* Must the pages in [addr, addr + size) of @p d stay where they are? Their segment's handles were
- * handed out (IPC, xseg_block_handles), the block there is exported or its handles held, or a
- * segment observer is attached. The one predicate every move asks (a registration ledger extends
- * it). */
+/* Must the pages in [addr, addr + size) of @p d stay where they are? A registration in force
+ * overlaps them (xseg_register_range, core/policy/registry.h), their segment's handles were handed
+ * out (IPC, xseg_block_handles), the block there is exported or its handles held, or a segment
+ * observer is attached. The one predicate every move asks. */
 bool spill_pinned(struct dev_alloc *d, uintptr_t addr, size_t size);
 
 /* The OOM message's spill sentence (empty when spill is off), NUL-terminated in @p buf. */
