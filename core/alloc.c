@@ -29,6 +29,7 @@
 #include "core/policy/release.h"
 #include "core/process/settings.h"
 #include "core/services/sleep.h"
+#include "core/services/spill.h"
 #include "core/snapshot.h"
 #include "core/index/stats.h"
 #include "core/services/trim.h"
@@ -495,9 +496,11 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv_mem_info(&dfree, &dtotal);
     d->acct.stats.num_ooms++;
-    /* A sleeping pool's live blocks count as allocated but hold no reserved page. */
+    /* A sleeping pool's live blocks count as allocated but hold no reserved page; nor do spilled
+     * pages (the spill sentence says how many). */
     size_t asleep = sleep_allocated_bytes(d);
-    size_t allocated = (size_t)stats_all_current(d->acct.stats.allocated_bytes) - asleep;
+    size_t allocated = (size_t)stats_all_current(d->acct.stats.allocated_bytes) - asleep -
+                       (size_t)d->acct.stats.spilled_bytes.current;
     size_t reserved = (size_t)stats_all_current(d->acct.stats.reserved_bytes);
     /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
      * replays, not releasable), counted with the allocated memory rather than the unallocated. */
@@ -518,8 +521,9 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     dev_lock(d, DEV_NEED_SLOTS);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
-    char group_info[1024], budget_info[640];
+    char group_info[1024], budget_info[640], spill_info[400];
     group_oom_info(d, group_info, sizeof group_info);
+    spill_oom_info(d, spill_info, sizeof spill_info);
     group_budget_oom_info(d, alloc_size, budget_info, sizeof budget_info);
     char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
     if (asleep)
@@ -537,13 +541,14 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s%s%s%s",
+                   "reserved by xseg but unallocated.%s%s%s%s%s%s%s",
                    va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
                         "of a new segment (the address space is exhausted or limited; device memory is not)"
                       : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, group_info, over,
+                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, group_info,
+                   spill_info, over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.",
                    snap_info);
@@ -755,6 +760,12 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         d->acct.set_budget = false;
         group_note_reserved(d, false); /* the growth's intent withdrawn, failed or not */
     }
+
+    /* 7d. Spill (spill_to_host, core/services/spill.h): pages of live blocks to host memory at
+     * their addresses, then allocate again, while pages move and the request does not fit. */
+    while (st == XSEG_ERROR_OUT_OF_MEMORY && XSEG_UNLIKELY(d->cfg.spill_to_host) &&
+           spill_make_room(d, p->alloc_size) == XSEG_SUCCESS)
+        st = alloc_block(d, p, false);
 
     /* 8. Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
@@ -993,6 +1004,12 @@ static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, s
 static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
+    /* Spill's block (core/services/spill.h): its host chunks go once it merged into free memory. */
+    struct segrec *spilled = NULL;
+    uintptr_t spilled_at = b->addr;
+    xseg_status spill_st = XSEG_SUCCESS;
+    if (XSEG_UNLIKELY(b->spill) && spill_on_free(d, b, &spill_st))
+        spilled = b->seg;
     if (b->oversize) {
         stat_down(&d->acct.stats.oversize_allocations, 1);
         b->oversize = false;
@@ -1020,7 +1037,9 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
             block_side_free(b); /* release builds: the word must hold the requested size below */
         dev_free_block_inline(d, b);
     }
-    return st;
+    if (XSEG_UNLIKELY(spilled))
+        spill_after_free(d, spilled, spilled_at);
+    return st != XSEG_SUCCESS ? st : spill_st;
 }
 
 /* Every free but the slot's, lock held (free_locked takes and gives it back). */

@@ -12,6 +12,7 @@
 #include "core/policy/expandable.h"
 #include "core/policy/pools.h"
 #include "core/policy/release.h"
+#include "core/services/spill.h"
 #include "core/services/trim.h"
 #include "vmm/segment.h"
 
@@ -31,6 +32,9 @@ xseg_status devops_empty_cache(struct dev_alloc *d)
      * which can only matter for what empty_cache keeps (a pool in use, a capture). */
     if (d->cfg.release_threshold != SIZE_MAX)
         trim_threshold(d, 0);
+    /* Device memory went back: spilled pages come home where it allows (best effort). */
+    if (XSEG_UNLIKELY(d->spill.host_bytes))
+        (void)spill_promote(d, true);
     if (st == XSEG_SUCCESS && left_st != XSEG_SUCCESS) {
         /* Everything cached went back; only an earlier failure's leftover is still stuck. */
         st = left_st;
@@ -178,4 +182,33 @@ void devops_history_start(struct dev_alloc *d)
             b->recorded = true; /* with no stack: a side struct, if any, holds none */
     }
     dev_unlock(d);
+}
+
+/* ---- spill (core/services/spill.h) -------------------------------------------------------- */
+
+xseg_status devops_promote(struct dev_alloc *d)
+{
+    dev_lock(d, DEV_NEED_OP);
+    /* Room first: the cache goes back to the driver (as empty_cache) while pages are on host. */
+    if (d->spill.host_bytes)
+        (void)release_cached_blocks(d, NULL);
+    xseg_status st = spill_promote(d, true);
+    dev_unlock(d);
+    return st;
+}
+
+xseg_status devops_spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    xseg_status st = spill_hint(d, ptr, hint, owned);
+    dev_unlock(d);
+    return st;
+}
+
+xseg_status devops_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, bool *owned)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    xseg_status st = spill_location(d, ptr, location, host_bytes, owned);
+    dev_unlock(d);
+    return st;
 }

@@ -18,6 +18,7 @@
 #include "core/process/history.h"
 #include "core/runtime.h"
 #include "core/process/settings.h"
+#include "core/services/spill.h"
 #include "core/snapshot.h"
 
 /* ---- a map from 64-bit keys to 32-bit values (open addressing; keys never 0) ------------- */
@@ -467,6 +468,10 @@ static void e_segments(struct emit *e, struct frames_out *fo, const struct snap_
             e_int(e, (int64_t)b->requested_size);
             e_key(e, "state");
             e_str(e, state_name(b->state));
+            if (b->host_bytes) { /* spill_to_host: where the block is (xseg only; viewers ignore it) */
+                e_key(e, "host_bytes");
+                e_int(e, (int64_t)b->host_bytes);
+            }
             e_key(e, "frames");
             e_frames(e, fo, a->with_stacks ? a->stacks[i][j] : NULL);
             e_end(e);
@@ -631,6 +636,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
         bi->address = b->addr;
         bi->size = b->size;
         si.total_size += b->size;
+        bi->host_bytes = XSEG_UNLIKELY(b->spill) ? spill_block_host(d, b) : 0;
         if (b->allocated) {
             bi->state = XSEG_BLOCK_ACTIVE_ALLOCATED;
             bi->requested_size = block_requested(b);

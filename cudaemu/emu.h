@@ -378,6 +378,12 @@ CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsig
  * edges are written. @return false, having done nothing, when any of the range is not mapped
  * (the caller memsets, which faults where a device would). Takes emu.lock. */
 bool emu_vmm_zero(uintptr_t addr, size_t size);
+/* memmove(dst, src, size) where both ranges are VMM-mapped memory and do not overlap: only the
+ * source's data extents are copied (lseek SEEK_DATA/SEEK_HOLE on its file), and the destination
+ * is punched out over the source's holes, so that copying memory never written (a replay's
+ * pages, spill's moves) takes no host memory. @return false, having done nothing, when a range
+ * is not all mapped or they overlap (the caller copies). Takes emu.lock. */
+bool emu_vmm_copy(uintptr_t dst, uintptr_t src, size_t size);
 
 /* Free all state at exit (teardown.c); registered by cuInit. */
 void emu_report_print(void);

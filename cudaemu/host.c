@@ -275,7 +275,8 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
     if (rc && ByteCount) {
         uint64_t t0 = emu_now_ns();
         /* Overlapping ranges are the caller's bug on a GPU; memmove keeps the emulator defined. */
-        memmove((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+        if (!emu_vmm_copy((uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount))
+            memmove((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
         emu_bytes_wait(EMU_E_cuMemcpyDtoDAsync, ByteCount, t0);
     }
     return CUDA_SUCCESS;

@@ -1028,6 +1028,78 @@ CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned nee
     return r;
 }
 
+static size_t vmm_min(size_t a, size_t b) { return a < b ? a : b; }
+
+/* The file offset of mapped @p addr (mapping @p m). */
+static off_t vmm_file_off(const struct emu_mapping *m, uintptr_t addr)
+{
+    return m->handle->phys->off + (off_t)(m->offset + (addr - m->base));
+}
+
+/* One piece of emu_vmm_copy inside mapping @p ms (source) and @p md (destination): data extents
+ * copied, holes punched (written as zeros where the punch is refused or the edges are unaligned). */
+static void vmm_copy_piece(const struct emu_mapping *md, uintptr_t dst, const struct emu_mapping *ms, uintptr_t src,
+                           size_t len, uintptr_t page)
+{
+    int fs = ms->handle->phys->fd;
+    off_t s0 = vmm_file_off(ms, src), s1 = s0 + (off_t)len, at = s0;
+    while (at < s1) {
+        off_t data = lseek(fs, at, SEEK_DATA);
+        if (data < 0 || data > s1)
+            data = s1; /* ENXIO: no data past at */
+        if (data > at) { /* a hole [at, data): the destination reads zero there too */
+            uintptr_t d = dst + (uintptr_t)(at - s0), e = dst + (uintptr_t)(data - s0);
+            uintptr_t lo = (d + page - 1) & ~(page - 1), hi = e & ~(page - 1);
+            if (lo < hi && fallocate(md->handle->phys->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                     vmm_file_off(md, lo), (off_t)(hi - lo)) == 0) {
+                memset((void *)d, 0, lo - d);
+                memset((void *)hi, 0, e - hi);
+            } else {
+                memset((void *)d, 0, e - d);
+            }
+        }
+        if (data >= s1)
+            break;
+        off_t hole = lseek(fs, data, SEEK_HOLE);
+        if (hole < 0 || hole > s1)
+            hole = s1;
+        memcpy((void *)(dst + (uintptr_t)(data - s0)), (const void *)(src + (uintptr_t)(data - s0)),
+               (size_t)(hole - data));
+        at = hole;
+    }
+}
+
+bool emu_vmm_copy(uintptr_t dst, uintptr_t src, size_t size)
+{
+    if (size == 0 || dst + size < dst || src + size < src || (dst < src + size && src < dst + size))
+        return false;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if ((dst - src) & (page - 1))
+        return false; /* holes line up only when both sides share their page offset */
+    emu_lock();
+    for (size_t done = 0; done < size;) {
+        const struct emu_mapping *ms = vmm_mapping_at(src + done, NULL), *md = vmm_mapping_at(dst + done, NULL);
+        if (!ms || !md) {
+            emu_unlock();
+            return false;
+        }
+        size_t len = size - done;
+        len = vmm_min(len, ms->base + ms->size - (src + done));
+        len = vmm_min(len, md->base + md->size - (dst + done));
+        done += len;
+    }
+    for (size_t done = 0; done < size;) {
+        const struct emu_mapping *ms = vmm_mapping_at(src + done, NULL), *md = vmm_mapping_at(dst + done, NULL);
+        size_t len = size - done;
+        len = vmm_min(len, ms->base + ms->size - (src + done));
+        len = vmm_min(len, md->base + md->size - (dst + done));
+        vmm_copy_piece(md, dst + done, ms, src + done, len, page);
+        done += len;
+    }
+    emu_unlock();
+    return true;
+}
+
 bool emu_vmm_zero(uintptr_t addr, size_t size)
 {
     if (size == 0 || addr + size < addr)

@@ -187,9 +187,52 @@ XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream);
 XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size);
 
 /**
+ * Spill (config key spill_to_host:True, docs/configuration.md): out of memory, after the cache was
+ * released, pages of live blocks move to host memory at the same addresses (slower to reach, still
+ * valid for kernels and captured graphs), and come back when device memory frees
+ * (xseg_empty_cache, xseg_trim, xseg_promote). Only pages whose every byte belongs to one live
+ * block move; pages exported over IPC, handed out by xseg_block_handles or registered
+ * (xseg_register_range), or any while a segment observer is attached, a capture is underway or
+ * debug_stale_access is on, never do.
+ */
+/** Hints for xseg_spill_hint. */
+enum xseg_spill_hint_kind {
+    XSEG_SPILL_NONE = 0, /**< no hint (the default): spilled after hinted blocks */
+    XSEG_SPILL_COLD = 1, /**< spill this block's pages first */
+};
+/** Where a block's bytes are (xseg_block_location). */
+enum xseg_block_location_kind {
+    XSEG_LOCATION_DEVICE = 0, /**< every byte in device memory */
+    XSEG_LOCATION_HOST = 1,   /**< every byte spilled to host memory */
+    XSEG_LOCATION_MIXED = 2,  /**< some pages on host memory (a block's edge pages shared with
+                                   another block stay on the device) */
+};
+/**
+ * Mark the live block at @p ptr (what xseg_malloc returned) cold: spill moves its pages first.
+ * @param hint XSEG_SPILL_COLD, or XSEG_SPILL_NONE to take the hint back.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation or a bad hint.
+ */
+XSEG_API xseg_status xseg_spill_hint(void *ptr, int hint);
+/**
+ * Move spilled pages of @p device (-1: every initialized device) back to device memory, newest
+ * first, as far as the device and the memory fraction allow. While pages are spilled it first
+ * gives the cache back (as xseg_empty_cache) to make room. Waits for each block's streams.
+ * @return XSEG_SUCCESS when nothing is left on host memory; XSEG_ERROR_OUT_OF_MEMORY (the message
+ *         names the bytes that stay) or the driver's error (that page rolled back) otherwise.
+ */
+XSEG_API xseg_status xseg_promote(int device);
+/**
+ * Where the live block at @p ptr is.
+ * @param location   receives an xseg_block_location_kind.
+ * @param host_bytes if non-NULL, receives the bytes of the block on host memory.
+ */
+XSEG_API xseg_status xseg_block_location(void *ptr, int *location, size_t *host_bytes);
+
+/**
  * Release cached memory to the driver: every unused segment (classic mode), and every page that
  * holds no live byte (expandable mode), even inside segments still in use.
  * Waits for pending cross-stream frees first. Releases nothing while a stream capture is underway.
+ * Pages spilled to host memory (spill_to_host) then move back where device memory allows.
  * @param device a device index, or -1 for every initialized device.
  */
 XSEG_API xseg_status xseg_empty_cache(int device);
@@ -254,6 +297,12 @@ typedef struct xseg_device_stats {
     int64_t num_device_alloc; /**< cuMemAlloc calls, and page maps in expandable mode */
     int64_t num_device_free;  /**< cuMemFree calls, and page unmaps in expandable mode */
     int64_t max_split_size;   /**< bytes; SIZE_MAX-like (INT64_MAX) when unlimited */
+    /** spilled_bytes.all.*: bytes of live blocks' pages moved to host memory (spill_to_host:True);
+     *  not in reserved_bytes while there. xseg only (not a PyTorch key). */
+    xseg_stat_counter spilled_bytes;
+    int64_t num_spills;     /**< chunks (pages) moved to host memory by spill (xseg only) */
+    int64_t num_promotions; /**< chunks moved back to device memory (xseg only) */
+    int64_t spill_copied_bytes; /**< bytes spill and promotion copied over the link, both ways (xseg only) */
 } xseg_device_stats;
 
 /** Copy every statistic of @p device. */
@@ -315,6 +364,8 @@ typedef struct xseg_block_info {
     size_t size;
     size_t requested_size; /**< 0 unless allocated or pending free */
     xseg_block_state state;
+    size_t host_bytes;     /**< bytes of the block spilled to host memory (spill_to_host); snapshots
+                                write it as "host_bytes" when not 0 */
 } xseg_block_info;
 
 typedef struct xseg_segment_info {
@@ -959,7 +1010,8 @@ XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_s
  * (or nothing more can go): the largest free runs first, ties to the older segment; only the
  * pages needed are unmapped. Synchronizes the stream of each segment it unmaps pages of (as
  * xseg_empty_cache does); frees waiting for record_stream events that have not completed are not
- * waited for. xseg_trim(device, 0) releases what xseg_empty_cache releases, except those.
+ * waited for. xseg_trim(device, 0) releases what xseg_empty_cache releases, except those. Pages
+ * spilled to host memory (spill_to_host) then move back where device memory allows.
  * @param device     a device index, or -1 for every initialized device (each keeps @p keep_bytes).
  * @param keep_bytes the cache to keep, in bytes (0: give back all that can go).
  * @return XSEG_ERROR_INVALID_DEVICE for a bad index; XSEG_ERROR_DRIVER when an unmap fails (what

@@ -70,6 +70,7 @@ struct seg {
     size_t mapped_bytes;
     size_t stranded_bytes;
     size_t asleep_bytes; /* chunks given back by a sleep (GRAN_ASLEEP), mapped again by a wake */
+    size_t host_bytes;   /* chunks backed by host memory (GRAN_HOST): mapped, not in mapped_bytes */
 
     struct seg_piece *pieces;
     size_t npieces, cap_pieces;
@@ -97,6 +98,10 @@ struct seg {
  * canary page is mapped over each of its granules; still counted mapped (nothing else may touch
  * it until seg_canary_restore maps the handle back). */
 #define GRAN_CANARY 16
+/* Spill (seg_move_chunk): the chunk's handle is host-located memory mapped at its place with the
+ * device's access. It is live (gran_live) but counts in host_bytes, not mapped_bytes; the generic
+ * unmap paths leave it alone (only seg_drop_host and seg_move_chunk take it away). */
+#define GRAN_HOST 32
 
 /* ---- small helpers ---- */
 
@@ -412,8 +417,12 @@ static void chunk_forget_keep(struct seg *seg, size_t first, struct seg_spares *
     CUmemGenericAllocationHandle h = seg->handles[first];
     if (seg->gflags[first] & GRAN_STRANDED)
         seg->stranded_bytes -= bytes;
+    else if (seg->gflags[first] & GRAN_HOST)
+        seg->host_bytes -= bytes;
     else
         seg->mapped_bytes -= bytes;
+    if (seg->gflags[first] & GRAN_HOST)
+        keep = NULL; /* host memory is never a device chunk's spare */
     for (size_t g = first; g < first + n; g++) {
         seg->handles[g] = 0;
         seg->gflags[g] = 0;
@@ -1033,6 +1042,10 @@ static xseg_status seg_map_walk(struct seg *seg, size_t first, size_t last, cons
             g = chunk_end(seg, g);
             continue;
         }
+        /* A stranded host chunk (seg_drop_host) is never used again: it goes first. */
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_HOST) &&
+            (st = chunk_unmap(seg, chunk_first(seg, g))) != XSEG_SUCCESS)
+            break;
         if (seg->handles[g]) {
             chunk_unstrand(seg, g);
             n = chunk_end(seg, g) - g;
@@ -1121,12 +1134,12 @@ static bool next_inner_run(const struct seg *seg, size_t g, size_t last, size_t 
             g = chunk_end(seg, g);
             continue;
         }
-        if (chunk_first(seg, g) < first || chunk_end(seg, g) > last) {
-            g = chunk_end(seg, g); /* crosses an edge: stays */
+        if (chunk_first(seg, g) < first || chunk_end(seg, g) > last || (seg->gflags[g] & GRAN_HOST)) {
+            g = chunk_end(seg, g); /* crosses an edge, or host memory (seg_drop_host): stays */
             continue;
         }
         size_t pend = seg_piece_end_of(seg, g), e = g;
-        while (e < last && e < pend && gran_live(seg, e) && chunk_end(seg, e) <= last)
+        while (e < last && e < pend && gran_live(seg, e) && !(seg->gflags[e] & GRAN_HOST) && chunk_end(seg, e) <= last)
             e = chunk_end(seg, e);
         *run = g;
         *run_end = e;
@@ -1536,6 +1549,191 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
     }
     return st;
 }
+
+/* ---- spill: a chunk moved between device and host memory at the same addresses ---- */
+
+/* The properties of a chunk created in host memory (@p host) or on the segment's device. Host
+ * memory is HOST_NUMA node 0 (the node cudaemu and a one-node machine have); it keeps the
+ * segment's handle types and never asks for GPUDirect RDMA. */
+static CUmemAllocationProp move_prop(const struct seg *seg, bool host)
+{
+    CUmemAllocationProp prop = seg->prop;
+    if (host) {
+        prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        prop.location.id = 0;
+        prop.allocFlags.gpuDirectRDMACapable = 0;
+    }
+    return prop;
+}
+
+/* Map @p handle over granules [c, c + n) again with every device's access; abort() if that fails
+ * (the live bytes would be lost: nothing sound is left to do). */
+static void move_remap(struct seg *seg, size_t c, size_t n, CUmemGenericAllocationHandle handle)
+{
+    CUdeviceptr addr = gran_addr(seg, c);
+    if (drv->cuMemMap(addr, n * seg->gran, 0, handle, 0) != CUDA_SUCCESS ||
+        drv->cuMemSetAccess(addr, n * seg->gran, seg->access, seg->naccess) != CUDA_SUCCESS)
+        abort();
+    if (seg->observe)
+        seg->observe(seg->observe_user, seg, c, c + n, 1);
+}
+
+/* seg_move_chunk's first step: the new memory at a scratch range, the live bytes copied there on
+ * the segment's stream and waited for. *scratch is 0 until reserved; *mapped says whether h is
+ * mapped there. @p what receives the failed step. */
+static CUresult move_stage(struct seg *seg, CUdeviceptr addr, size_t len, CUmemGenericAllocationHandle h,
+                           CUdeviceptr *scratch, bool *mapped, const char **what)
+{
+    CUresult res = drv->cuMemAddressReserve(scratch, len, 0, 0, 0);
+    if (res != CUDA_SUCCESS) {
+        *scratch = 0;
+        *what = "cuMemAddressReserve of the scratch range";
+        return res;
+    }
+    if ((res = drv->cuMemMap(*scratch, len, 0, h, 0)) != CUDA_SUCCESS) {
+        *what = "cuMemMap at the scratch range";
+        return res;
+    }
+    *mapped = true;
+    if ((res = drv->cuMemSetAccess(*scratch, len, &seg->access[0], 1)) != CUDA_SUCCESS)
+        *what = "cuMemSetAccess of the scratch range";
+    else if ((res = drv->cuMemcpyDtoDAsync(*scratch, addr, len, seg->stream)) != CUDA_SUCCESS)
+        *what = "cuMemcpyDtoDAsync of the chunk";
+    else if ((res = drv->cuStreamSynchronize(seg->stream)) != CUDA_SUCCESS)
+        *what = "cuStreamSynchronize after the copy";
+    return res;
+}
+
+/* Give back the scratch range (h mapped there when @p mapped); failures go to the leftovers. */
+static void move_drop_scratch(struct seg *seg, CUdeviceptr scratch, size_t len, bool mapped)
+{
+    if (!scratch)
+        return;
+    if (mapped && drv->cuMemUnmap(scratch, len) != CUDA_SUCCESS) {
+        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = scratch, .size = len});
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = len});
+        return;
+    }
+    if (drv->cuMemAddressFree(scratch, len) != CUDA_SUCCESS)
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = len});
+}
+
+xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *bytes)
+{
+    *bytes = 0;
+    if (!seg || g >= seg->ngran || !gran_live(seg, g))
+        return err_set(XSEG_ERROR_INVALID_VALUE, "seg_move_chunk: granule %zu is not a mapped chunk", g);
+    size_t c = seg->cstart[g], n = seg->clen[c], len = n * seg->gran;
+    if (((seg->gflags[c] & GRAN_HOST) != 0) == to_host)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    CUdeviceptr addr = gran_addr(seg, c), scratch = 0;
+    CUmemAllocationProp prop = move_prop(seg, to_host);
+    CUmemGenericAllocationHandle old = seg->handles[c], h = 0;
+    const char *what = "cuMemCreate";
+    bool staged = false, placed = false;
+    CUresult res = drv->cuMemCreate(&h, len, &prop, 0);
+    if (res == CUDA_SUCCESS && h == 0) {
+        res = CUDA_ERROR_UNKNOWN;
+        what = "cuMemCreate (a null handle)";
+    }
+    if (res == CUDA_SUCCESS)
+        res = move_stage(seg, addr, len, h, &scratch, &staged, &what);
+    /* The swap: until the old handle is released its bytes are intact, so any failure maps it back. */
+    if (res == CUDA_SUCCESS && (res = seg_unmap_run(seg, c, c + n)) != CUDA_SUCCESS)
+        what = "cuMemUnmap of the old chunk";
+    else if (res == CUDA_SUCCESS) {
+        if ((res = drv->cuMemMap(addr, len, 0, h, 0)) != CUDA_SUCCESS)
+            what = "cuMemMap of the new chunk at its place";
+        else if ((placed = true, res = drv->cuMemSetAccess(addr, len, seg->access, seg->naccess)) != CUDA_SUCCESS)
+            what = "cuMemSetAccess of the new chunk";
+        if (res != CUDA_SUCCESS) {
+            if (placed && drv->cuMemUnmap(addr, len) != CUDA_SUCCESS)
+                abort(); /* cannot restore the live bytes' mapping */
+            move_remap(seg, c, n, old);
+        }
+    }
+    move_drop_scratch(seg, scratch, len, staged);
+    if (res != CUDA_SUCCESS) {
+        if (h)
+            seg_release_handle(seg, h);
+        return seg_failf(res, "moving the chunk at 0x%llx (%zu bytes) to %s memory: %s", (unsigned long long)addr,
+                         len, to_host ? "host" : "device", what);
+    }
+    seg_release_handle(seg, old);
+    for (size_t q = c; q < c + n; q++) {
+        seg->handles[q] = h;
+        seg->gflags[q] = to_host ? (unsigned char)(seg->gflags[q] | GRAN_HOST) : (unsigned char)(seg->gflags[q] & ~GRAN_HOST);
+    }
+    if (to_host) {
+        seg->mapped_bytes -= len;
+        seg->host_bytes += len;
+    } else {
+        seg->host_bytes -= len;
+        seg->mapped_bytes += len;
+    }
+    if (seg->observe)
+        seg->observe(seg->observe_user, seg, c, c + n, 1);
+    *bytes = len;
+    return XSEG_SUCCESS;
+}
+
+xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool strand, size_t *dropped)
+{
+    *dropped = 0;
+    size_t first, last;
+    xseg_status st = seg_check_range(seg, "seg_drop_host", offset, size, &first, &last);
+    if (st != XSEG_SUCCESS || !seg->host_bytes)
+        return st;
+    if (!strand && (st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS)
+        return st;
+    for (size_t g = first; g < last;) {
+        size_t e = chunk_end(seg, g);
+        if (!gran_live(seg, g) || !(seg->gflags[g] & GRAN_HOST) || chunk_first(seg, g) < first || e > last) {
+            g = e;
+            continue;
+        }
+        size_t bytes = (e - g) * seg->gran;
+        CUresult res = strand ? CUDA_ERROR_NOT_PERMITTED : seg_unmap_run(seg, g, e);
+        if (strand) {
+            chunk_flags(seg, g, GRAN_STRANDED, 1);
+            seg->host_bytes -= bytes;
+            seg->stranded_bytes += bytes;
+            *dropped += bytes;
+            g = e;
+            continue;
+        }
+        if (res != CUDA_SUCCESS) {
+            /* Stranded: counted unmapped from now on (no free byte on host memory is handed out),
+             * unmapped by seg_reclaim, or before seg_map maps device memory there. */
+            chunk_flags(seg, g, GRAN_STRANDED, 1);
+            seg->host_bytes -= bytes;
+            seg->stranded_bytes += bytes;
+            *dropped += bytes;
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) of a host chunk (left for the next reclaim)",
+                           (unsigned long long)gran_addr(seg, g), bytes);
+            g = e;
+            continue;
+        }
+        chunk_forget(seg, g);
+        *dropped += bytes;
+        g = e;
+    }
+    return st;
+}
+
+size_t seg_host_bytes(const struct seg *seg) { return seg->host_bytes; }
+
+bool seg_host_supported(const struct seg *seg)
+{
+    int v = 0;
+    return drv->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                     seg->cudev) == CUDA_SUCCESS &&
+           v != 0;
+}
+int seg_gran_is_host(const struct seg *seg, size_t g) { return g < seg->ngran && gran_live(seg, g) && (seg->gflags[g] & GRAN_HOST); }
 
 /* ---- peers ---- */
 

@@ -234,6 +234,33 @@ int seg_gran_is_asleep(const struct seg *seg, size_t g);    /* granule @p g belo
 size_t seg_asleep_chunks(const struct seg *seg);           /* asleep chunks (a walk) */
 size_t seg_live_chunks(const struct seg *seg);             /* mapped chunks (a walk) */
 
+/*
+ * Spill (core/services/spill.h): move the whole mapped chunk holding granule @p g to host memory
+ * (@p to_host: a HOST_NUMA cuMemCreate) or back to the device, at the same addresses. Steps:
+ * cuMemCreate, cuMemAddressReserve + cuMemMap + cuMemSetAccess (owner) of a scratch range,
+ * cuMemcpyDtoDAsync on the segment's stream and cuStreamSynchronize, cuMemUnmap of the old
+ * chunk (announced to the observer first), cuMemMap of the new handle at its place,
+ * cuMemSetAccess (owner and peers), cuMemRelease of the old handle; the scratch range goes.
+ * Until the old handle is released its bytes are intact: any failure maps it back (nothing
+ * changed; only a failure to map it back aborts). The caller guarantees that no work touches the
+ * chunk meanwhile (its blocks' streams were waited for). A host chunk is live (seg_gran_is_mapped)
+ * but counts in seg_host_bytes, not seg_mapped_bytes; seg_unmap, seg_sleep_unmap and
+ * seg_inner_range's callers never unmap it (only seg_drop_host, seg_move_chunk, seg_destroy).
+ * Already where asked: success, nothing done. @p bytes receives the chunk's bytes moved.
+ */
+xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *bytes);
+/* Unmap and release the host chunks wholly inside [offset, offset + size) (granule multiples):
+ * their contents are dead (the caller freed the block and waited for its streams). @p dropped
+ * receives the bytes no longer counted as host chunks; a chunk whose unmap fails becomes stranded
+ * (counted unmapped; seg_reclaim unmaps it, seg_map unmaps it before mapping device memory
+ * there) and the failure is returned after the others went. With @p strand no driver call is
+ * made (a capture is underway): every such chunk becomes stranded so. */
+xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool strand, size_t *dropped);
+size_t seg_host_bytes(const struct seg *seg);           /* bytes of host chunks */
+int seg_gran_is_host(const struct seg *seg, size_t g);  /* granule @p g is in a host chunk */
+/* Can the segment's device map host-located memory (HOST_NUMA VMM, CUDA 12.2+)? One attribute query. */
+bool seg_host_supported(const struct seg *seg);
+
 /* Grant @p peer read-write access to every mapped chunk, and to chunks mapped from now on: one
  * cuMemSetAccess per run of mapped granules in a piece (new mappings get one call for the owner
  * and every peer together). */

@@ -143,6 +143,7 @@ static void check_block_word(const struct block *b)
     }
     CHECK(!block_hist_stack(b) || b->recorded);
     CHECK(!b->exported || b->allocated); /* an export ends with its block's free */
+    CHECK(!b->spill || b->allocated);    /* so does the spill module's record */
 }
 
 /* block_free_slow tests BLOCK_FREE_SLOW in `flags`: the bit-fields must sit where it says. */
@@ -153,6 +154,7 @@ static void check_flag_bits(void)
     t.recorded = true;
     t.sided = true;
     t.exported = true;
+    t.spill = true;
     CHECK(t.flags == BLOCK_FREE_SLOW);
     t = (struct block){0};
     t.expandable = true;
@@ -256,6 +258,15 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     CHECK((seg_gran_is_mapped(s->vseg, hi) || (s->asleep && seg_gran_is_asleep(s->vseg, hi))) == b->mapped);
 }
 
+/* Every granule of @p b on host memory lies in it whole and @p b is an allocated spill block. */
+static void check_host_pages(const struct segrec *s, const struct block *b)
+{
+    size_t gran = seg_gran(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
+    for (size_t g = off / gran; g * gran < off + b->size; g++)
+        if (seg_gran_is_host(s->vseg, g))
+            CHECK(b->allocated && b->spill && g * gran >= off && (g + 1) * gran <= off + b->size);
+}
+
 static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)
 {
     lock_assert_held(&d->lock);
@@ -279,7 +290,14 @@ static void check_segment(struct dev_alloc *d, const struct segrec *s, struct re
         rc->reserved_bytes[s->pool->stat_index] += (int64_t)seg_mapped_bytes(s->vseg);
         rc->driver_bytes += seg_mapped_bytes(s->vseg);
     } else if (s->vseg) {
-        CHECK(seg_mapped_bytes(s->vseg) == mapped);
+        /* Host chunks (spill) are mapped blocks' pages but not reserved device memory, and lie
+         * inside allocated blocks the spill module knows (free bytes on host are never handed out). */
+        size_t host = seg_host_bytes(s->vseg);
+        CHECK(seg_mapped_bytes(s->vseg) + host == mapped);
+        rc->reserved_bytes[s->pool->stat_index] -= (int64_t)host;
+        rc->driver_bytes -= host;
+        for (const struct block *b = s->first; host && b; b = b->next)
+            check_host_pages(s, b);
         CHECK(seg_asleep_bytes(s->vseg) == 0);
     } else {
         rc->segment[s->pool->stat_index]++;

@@ -76,6 +76,7 @@ void dev_destroy(struct dev_alloc *d)
     xseg_assert(!d->segs && !d->live.count);
     xs_free(d->cap.capturing);
     xs_free(d->exp.by_stream);
+    xs_free(d->spill.v); /* core/services/spill.c's records (empty: every block went) */
     ptrmap_destroy(&d->live);
     for (void *s = d->heap_slabs, *next; s; s = next) {
         next = *(void **)s;
@@ -169,6 +170,23 @@ void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t by
     d->acct.total_allocated_memory -= bytes;
     stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
     d->acct.stats.num_device_free += (int64_t)pages;
+}
+
+void dev_count_spill(struct dev_alloc *d, size_t bytes, int dir)
+{
+    lock_assert_held(&d->lock);
+    xseg_stat_counter *c = &d->acct.stats.spilled_bytes;
+    if (dir)
+        d->acct.stats.spill_copied_bytes += (int64_t)bytes;
+    if (dir > 0) {
+        stat_up(c, (int64_t)bytes);
+        d->acct.stats.num_spills++;
+    } else {
+        xseg_assert((int64_t)bytes <= c->current);
+        stat_down(c, (int64_t)bytes);
+        if (dir < 0)
+            d->acct.stats.num_promotions++;
+    }
 }
 
 bool dev_fraction_allows(const struct dev_alloc *d, size_t more)

@@ -88,6 +88,7 @@ struct dev_alloc {
     struct life_state life; /* the lifetime predictor of large expandable requests (lifetime.c) */
 
     struct quar_state quar; /* debug_stale_access: freed blocks held and checked (quarantine.c) */
+    struct spill_state spill; /* live pages moved to host memory (core/services/spill.c) */
 };
 
 /* A private pool of one device (PyTorch's PrivatePool): its own small and large block pools, so
@@ -171,6 +172,10 @@ void dev_apply_fraction(struct dev_alloc *d, double fraction);
 void dev_count_mapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
 /* @p bytes of @p pool unmapped, in @p pages driver pages (reserved_bytes, num_device_free). */
 void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t bytes, size_t pages);
+/* Spill's statistics (core/services/spill.c): @p bytes of live pages went to host memory (@p dir
+ * 1: num_spills counts a chunk), came back (-1: num_promotions), or were dropped with their
+ * block's free (0); spill_copied_bytes counts the copies. */
+void dev_count_spill(struct dev_alloc *d, size_t bytes, int dir);
 /* Would reserving @p more bytes stay within the memory fraction and a budget in force (always,
  * when none is set)? */
 bool dev_fraction_allows(const struct dev_alloc *d, size_t more);

@@ -196,6 +196,22 @@ struct sleep_state {
 };
 
 
+/* ---- spill.c: live pages moved to host memory out of memory (core/services/spill.h) ------------ */
+/* A block the spill module knows (block.spill set): hinted cold, or holding host chunks. */
+struct spill_rec {
+    struct block *b;  /* allocated; the record goes with its free (spill_on_free) */
+    uint64_t seq;     /* when its first chunk moved (promotion goes newest first); 0: none on host */
+    size_t host;      /* bytes of its chunks on host memory */
+    bool hint;        /* xseg_spill_hint(XSEG_SPILL_COLD) */
+};
+struct spill_state {
+    struct spill_rec *v;
+    size_t n, cap;
+    uint64_t seq;
+    size_t host_bytes;                  /* spilled_bytes.all.current */
+    char why[256];                      /* why the last OOM could not spill ("" : it did, or it is off) */
+};
+
 /* ---- device.c: the device's memory accounting (statistics, peaks, fraction) --------------- */
 /* Written by device.c's accounting functions and by the malloc, free and segment release paths
  * whose counters move with the block (alloc.c, release.c); read elsewhere (core/index/stats.h). */

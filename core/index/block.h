@@ -87,7 +87,7 @@ struct block {
     bool allocated;
     bool mapped;     /* always true in classic segments */
     /* What a free must do besides the common work, tested as one byte (block_free_slow):
-     * `oversize`, `recorded`, `sided` and `exported` (the BLOCK_FREE_SLOW bits; check.c verifies
+     * `oversize`, `recorded`, `sided`, `exported` and `spill` (the BLOCK_FREE_SLOW bits; check.c verifies
      * the compiler's bit order). */
     union {
         struct {
@@ -107,6 +107,9 @@ struct block {
              * refuses to sleep (core/services/sleep.c), as importers map these very pages. Cleared by its
              * free (free_ptr_rare), so free blocks and spare structs have it clear. */
             bool exported : 1;
+            /* Known to core/services/spill.c (hinted cold, or some of its chunks on host memory):
+             * its free goes through spill_on_free first. Allocated blocks only. */
+            bool spill : 1;
         };
         uint8_t flags;
     };
@@ -122,11 +125,11 @@ struct block {
     } u;
 };
 
-#define BLOCK_FREE_SLOW 0x47u /* oversize | recorded | sided | exported in `flags` */
+#define BLOCK_FREE_SLOW 0xC7u /* oversize | recorded | sided | exported | spill in `flags` */
 #define BLOCK_SEG_BITS 0x38u /* expandable | small_pool | private_pool: what its segment decides */
 
 /* Does the free of @p b need more than the common path (oversize, recorded, a side struct,
- * exported)? */
+ * exported, spill)? */
 static inline bool block_free_slow(const struct block *b) { return b->flags & BLOCK_FREE_SLOW; }
 
 /* The live map tags block pointers in their low 4 bits (ptrmap): slabs of this size keep every

@@ -49,6 +49,10 @@ static const struct stats_row stats_rows[] = {
     STATS_SCALAR(num_device_alloc),
     STATS_SCALAR(num_device_free),
     STATS_SCALAR(max_split_size),
+    STATS_COUNTER("spilled_bytes.all", spilled_bytes), /* xseg's spill (core/services/spill.c) */
+    STATS_SCALAR(num_spills),
+    STATS_SCALAR(num_promotions),
+    STATS_SCALAR(spill_copied_bytes),
 };
 
 #define STATS_NROWS (sizeof stats_rows / sizeof stats_rows[0])
@@ -108,6 +112,7 @@ void stats_fill_all(xseg_device_stats *stats)
     size_t ncounters = offsetof(xseg_device_stats, oversize_segments) / sizeof *c + 1;
     for (size_t i = 0; i < ncounters; i++)
         c[i].freed = c[i].allocated - c[i].current;
+    stats->spilled_bytes.freed = stats->spilled_bytes.allocated - stats->spilled_bytes.current;
 }
 
 void stats_subtract_accumulated(xseg_device_stats *stats, const xseg_device_stats *base)
@@ -124,6 +129,11 @@ void stats_subtract_accumulated(xseg_device_stats *stats, const xseg_device_stat
     stats->num_sync_all_streams -= base->num_sync_all_streams;
     stats->num_device_alloc -= base->num_device_alloc;
     stats->num_device_free -= base->num_device_free;
+    stats->spilled_bytes.allocated -= base->spilled_bytes.allocated;
+    stats->spilled_bytes.freed -= base->spilled_bytes.freed;
+    stats->num_spills -= base->num_spills;
+    stats->num_promotions -= base->num_promotions;
+    stats->spill_copied_bytes -= base->spill_copied_bytes;
 }
 
 void stats_reset_peaks(xseg_device_stats *stats)
@@ -251,6 +261,10 @@ void stats_format_summary(const xseg_device_stats *stats, int device, char *buf,
     stats_rule(&o, '-');
     stats_row_line(&o, "Oversize GPU segments", &stats->oversize_segments,
                    &stats->oversize_segments, stats_cell_count);
+    if (stats->spilled_bytes.allocated || stats->spilled_bytes.current) { /* spill_to_host ran */
+        stats_rule(&o, '-');
+        stats_row_line(&o, "Spilled to host", &stats->spilled_bytes, &stats->spilled_bytes, stats_cell_size);
+    }
     stats_rule(&o, '=');
     if (len)
         *len = o.len;

@@ -607,13 +607,31 @@ static struct block *retile(struct dev_alloc *d, struct block *b, size_t lo, siz
  * Only unmapped neighbours of @p b can be merged away (and deleted) here. With @p idle the caller
  * knows the segment's stream has completed its work: no synchronize.
  */
+static xseg_status unmap_pages_how(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle,
+                                   size_t *host, bool strand);
+
 static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle)
+{
+    return unmap_pages_how(d, b, max_bytes, idle, NULL, false);
+}
+
+/* unmap_pages; with @p host, the host chunks (spill) inside b go instead, their bytes added there
+ * (with @p strand, stranded with no driver call: seg_drop_host). */
+static xseg_status unmap_pages_how(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle,
+                                   size_t *host, bool strand)
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = block_pool(b);
     size_t lo, hi;
-    if (!unmap_range(b, max_bytes, &lo, &hi))
+    if (host) {
+        size_t gran = seg_g(b->seg), off = seg_off(b);
+        lo = page_up(off, gran);
+        hi = page_down(off + b->size, gran);
+        if (lo >= hi)
+            return XSEG_SUCCESS;
+    } else if (!unmap_range(b, max_bytes, &lo, &hi)) {
         return XSEG_SUCCESS;
+    }
     /* The usual outcome has three pieces (head, hole, tail): get their structs first so that a
      * host allocation failure cannot strike after the driver has unmapped. */
     struct block *spare[2] = {dev_block_new(d), dev_block_new(d)};
@@ -624,7 +642,7 @@ static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for block metadata");
     }
     bpool_remove_free(pool, b);
-    xseg_status st = unmap_unregistered(d, b, lo, hi, idle);
+    xseg_status st = host ? seg_drop_host(b->seg->vseg, lo, hi - lo, strand, host) : unmap_unregistered(d, b, lo, hi, idle);
     struct block *orig_prev = b->prev, *orig_next = b->next;
     struct block *first = b, *last = retile(d, b, lo, hi, spare);
 
@@ -654,6 +672,13 @@ xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_byt
 }
 
 size_t exp_whole_page_bytes(const struct block *b) { return whole_page_bytes(b); }
+
+xseg_status exp_drop_host(struct dev_alloc *d, struct block *b, bool strand, size_t *dropped)
+{
+    lock_assert_held(&d->lock);
+    *dropped = 0;
+    return unmap_pages_how(d, b, SIZE_MAX, true, dropped, strand);
+}
 
 void exp_recycle_begin(struct dev_alloc *d)
 {

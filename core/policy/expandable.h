@@ -40,6 +40,11 @@ xseg_status exp_reclaim_leftovers(struct dev_alloc *d);
  * blocks (older segment, then lower offset). */
 xseg_status exp_unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle);
 size_t exp_whole_page_bytes(const struct block *b);
+/* Spill (core/services/spill.h): unmap the host chunks inside free block @p b (in the free index;
+ * its freed block's streams were waited for) and re-tile it as exp_unmap_pages does, so that no
+ * free byte on host memory stays in the free index. @p dropped receives the bytes. With @p strand
+ * (a capture is underway: no unmap) they are stranded instead, unmapped by the next reclaim. */
+xseg_status exp_drop_host(struct dev_alloc *d, struct block *b, bool strand, size_t *dropped);
 /*
  * Under pressure, memory given back goes straight to the growth that needed it (pytorch#166116):
  * between exp_recycle_begin and exp_recycle_end, the chunks exp_unmap_pages unmaps (known idle,

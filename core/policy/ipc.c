@@ -85,6 +85,27 @@ static void ipc_block_chunks(const struct block *b, size_t *firsts, size_t *n, s
     *n = k;
 }
 
+/* Are some of @p b's pages on host memory (spill, core/services/spill.h)? Spilled pages are never
+ * handed out: an importer or a registration would map memory that promotion replaces. */
+static bool block_spilled(const struct block *b)
+{
+    if (!b->spill)
+        return false;
+    const struct seg *vs = b->seg->vseg;
+    size_t gran = seg_gran(vs), off = b->addr - (uintptr_t)seg_base(vs);
+    for (size_t g = off / gran; g * gran < off + b->size; g++)
+        if (seg_gran_is_host(vs, g))
+            return true;
+    return false;
+}
+
+static xseg_status refuse_spilled(const char *fn, const void *ptr, int device)
+{
+    return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                   "%s: block %p on device %d has pages spilled to host memory (spill_to_host); "
+                   "xseg_promote(%d) it back first", fn, ptr, device, device);
+}
+
 xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **out, bool *owned)
 {
     dev_lock(d, DEV_NEED_SLOTS);
@@ -106,6 +127,10 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
         st = err_set(XSEG_ERROR_ILLEGAL_STATE,
                      "xseg_ipc_export: block %p on device %d belongs to a sleeping pool (xseg_sleep): its pages "
                      "are given back; wake the pool first", ptr, d->device);
+        goto out;
+    }
+    if (block_spilled(b)) {
+        st = refuse_spilled("xseg_ipc_export", ptr, d->device);
         goto out;
     }
     unsigned types = seg_handle_types(b->seg->vseg);
@@ -218,6 +243,10 @@ xseg_status ipc_block_handles(struct dev_alloc *d, void *ptr, xseg_phys_range *r
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_block_handles: block %p on device %d belongs to a sleeping pool (xseg_sleep): its pages "
                        "have no physical memory now; wake the pool first", ptr, d->device);
+    }
+    if (cap && block_spilled(b)) {
+        dev_unlock(d);
+        return refuse_spilled("xseg_block_handles", ptr, d->device);
     }
     /* Handles handed out hold the block's pool awake until released or freed (core/services/sleep.c). */
     if (cap && !handles_hold(b, ptr, d->device)) {

@@ -97,6 +97,11 @@
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     K(debug_quarantine_mb, NULL, MIB, debug_quarantine, (size_t)1024 << 20,                        \
       CFG_BOUNDED_MIB(1, 1048576), CFG_OMIT_DEFAULT, 0, "1024")                                    \
+    /* spill to host memory out of memory (core/services/spill.c) */                               \
+    K(spill_to_host, NULL, BOOL, spill_to_host, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0,        \
+      "False")                                                                                     \
+    K(spill_host_limit_mb, NULL, MIB, spill_host_limit, 0, CFG_BOUNDED_MIB(0, CFG_MAX_BUDGET_MB),  \
+      CFG_OMIT_DEFAULT, 0, "0 (no limit)")                                                         \
     /* PyTorch's pinned host allocator (core/services/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \

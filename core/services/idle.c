@@ -14,6 +14,7 @@
 #include "core/device/check.h"
 #include "core/policy/events.h"
 #include "core/process/settings.h"
+#include "core/services/spill.h"
 #include "core/services/trim.h"
 #include "vmm/capture.h"
 
@@ -37,6 +38,9 @@ static void idle_service(struct dev_alloc *d)
         if (d->cfg.release_threshold != SIZE_MAX)
             trim_threshold(d, 0);
     }
+    /* Spilled pages whose blocks' streams are idle come home where device memory allows. */
+    if (XSEG_UNLIKELY(d->spill.host_bytes) && !cap_underway(d))
+        (void)spill_promote(d, false);
     dev_fast_update(d);
     dev_unlock(d);
 }

@@ -54,6 +54,7 @@
  * its statistics.
  */
 #include "core/services/sleep.h"
+#include "core/services/spill.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -788,16 +789,23 @@ static void sleep_commit(struct dev_alloc *d, struct pool_sleep *ps)
 static xseg_status refuse_lent(struct dev_alloc *d, struct priv_pool *pp)
 {
     lock_assert_held(&d->lock);
-    size_t nexported = 0, nheld = 0;
+    size_t nexported = 0, nheld = 0, spilled = 0;
     const struct block *held = NULL;
-    char buf[64];
+    char buf[64], sz[32];
     for (const struct segrec *s = d->segs; s; s = s->next_seg)
         if (s->vseg && dev_pool_owner(d, s->pool) == pp)
             for (const struct block *b = s->first; b; b = b->next) {
                 nexported += b->exported;
+                spilled += spill_block_host(d, b);
                 if (b->sided && b->u.side->handle_holds && !nheld++)
                     held = b;
             }
+    /* Spilled pages (core/services/spill.h) sit on host memory already; a sleep keeps device pages. */
+    if (spilled)
+        return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                       "xseg_sleep: %s on device %d holds %s of live blocks spilled to host memory "
+                       "(spill_to_host); xseg_promote(%d) them back first",
+                       pool_name(pp, buf), d->device, err_format_size(spilled, sz), d->device);
     if (nexported)
         return err_set(XSEG_ERROR_ILLEGAL_STATE,
                        "xseg_sleep: %s on device %d holds %zu block%s exported over IPC (xseg_ipc_export): another "

@@ -24,6 +24,7 @@
 #include "core/policy/release.h"
 #include "core/services/sleep.h"
 #include "core/index/stats.h"
+#include "core/services/spill.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
@@ -31,8 +32,10 @@ size_t trim_cached_bytes(const struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     int64_t reserved = stats_all_current(d->acct.stats.reserved_bytes);
-    /* Sleeping pools' live blocks hold no reserved page (core/services/sleep.h). */
-    int64_t allocated = stats_all_current(d->acct.stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d);
+    /* Sleeping pools' live blocks hold no reserved page (core/services/sleep.h), nor do spilled
+     * pages (core/services/spill.h: on host memory). */
+    int64_t allocated = stats_all_current(d->acct.stats.allocated_bytes) - (int64_t)sleep_allocated_bytes(d) -
+                        d->acct.stats.spilled_bytes.current;
     return reserved > allocated ? (size_t)(reserved - allocated) : 0;
 }
 
@@ -180,6 +183,9 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released)
     /* The streams it synchronized are known idle now: release_threshold_mb applies as well. */
     if (st == XSEG_SUCCESS && d->cfg.release_threshold < keep)
         trim_threshold(d, 0);
+    /* Device memory went back: spilled pages come home where it allows (best effort). */
+    if (XSEG_UNLIKELY(d->spill.host_bytes))
+        (void)spill_promote(d, true);
     dev_fast_update(d);
     dev_unlock(d);
     return st;

@@ -322,6 +322,34 @@ def empty_cache(device=-1):
     check(_lib.lib().xseg_empty_cache(_device(device, "xseg.empty_cache", all_devices=True)))
 
 
+# --- spill to host memory (spill_to_host:True) ---------------------------------------------
+
+SPILL_NONE, SPILL_COLD = 0, 1
+_LOCATIONS = {0: "device", 1: "host", 2: "mixed"}
+
+
+def spill_hint(ptr, cold=True):
+    """Mark the live block at `ptr` (what malloc returned) cold, so that spill moves its pages
+    to host memory first when memory runs out (cold=False takes the hint back)."""
+    f = "xseg.spill_hint"
+    check(_lib.lib().xseg_spill_hint(_ptr(ptr, f), SPILL_COLD if cold else SPILL_NONE))
+
+
+def promote(device=-1):
+    """Move spilled pages back to device memory (all devices by default), giving the cache
+    back first. Raises XsegError (XSEG_ERROR_OUT_OF_MEMORY) naming what stays on host memory
+    when the device has no room."""
+    check(_lib.lib().xseg_promote(_device(device, "xseg.promote", all_devices=True)))
+
+
+def block_location(ptr):
+    """Where the live block at `ptr` is: ("device" | "host" | "mixed", bytes on host)."""
+    f = "xseg.block_location"
+    loc, host = ctypes.c_int(), ctypes.c_size_t()
+    check(_lib.lib().xseg_block_location(_ptr(ptr, f), ctypes.byref(loc), ctypes.byref(host)))
+    return _LOCATIONS.get(loc.value, str(loc.value)), host.value
+
+
 def trim(keep_bytes=0, device=-1):
     """Give cached memory back until at most `keep_bytes` of cache remain on each device (all
     initialized devices by default): the largest free runs first, only the pages needed
@@ -472,6 +500,8 @@ def memory_snapshot(device=-1, mempool_id=None):
                 blocks.append({"address": b.address, "size": b.size,
                                "requested_size": b.requested_size,
                                "state": _STATES.get(b.state, "inactive"), "frames": []})
+                if b.host_bytes:  # spill_to_host: bytes of the block on host memory
+                    blocks[-1]["host_bytes"] = b.host_bytes
             segs.append({
                 "device": s.device, "address": s.address, "total_size": s.total_size,
                 "allocated_size": s.allocated_size, "active_size": s.active_size,

@@ -77,6 +77,14 @@ def pinned_reason():
     return _pinned_reason
 
 
+def mark_cold(tensor):
+    """Hint that `tensor`'s memory is cold: with spill_to_host:True its pages move to host
+    memory first when the device runs out (the tensor keeps its address; reading it is slower).
+    Names the tensor's storage, which xseg allocated (enable() first)."""
+    import xseg
+    xseg.spill_hint(tensor.untyped_storage().data_ptr())
+
+
 def enable(config=None, verbose=False, pinned=True, debug_stale_access=False, debug_quarantine_mb=None):
     """Install xseg as PyTorch's CUDA allocator with every hook wired.
 

@@ -2820,6 +2820,72 @@ static void test_probe_host_numa(void **state)
     }
 }
 
+/* Spill's swap (vmm/segment.c seg_move_chunk, issue 49): a device chunk's bytes copied on a stream
+ * (cuMemcpyDtoDAsync) into a HOST_NUMA chunk mapped at a scratch range, the device chunk unmapped
+ * and released, the host chunk mapped at the same address with the device's access: the bytes
+ * read back there, the device memory is free again; then the way back. */
+static void test_probe_spill_swap(void **state)
+{
+    (void)state;
+    CUmemAllocationProp pd = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE), ph = pd;
+    ph.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    ph.location.id = 0;
+    size_t n = 2 * G, before = free_mem(), used_dev = 0, used_host = 0;
+    struct vmm_range dev = {0}, scratch = {0};
+    const char *step = "";
+    CUresult r = range_make(&dev, &pd, n, &step);
+    for (int way = 0; r == CUDA_SUCCESS && way < 2; way++) {
+        unsigned char v = way ? 0x77 : 0x5a;
+        if ((r = drv->cuMemsetD8(dev.va, v, n)) != CUDA_SUCCESS) {
+            step = "cuMemsetD8";
+            break;
+        }
+        if (!way)
+            used_dev = before - free_mem();
+        if ((r = range_make(&scratch, way ? &pd : &ph, n, &step)) != CUDA_SUCCESS)
+            break;
+        if ((r = drv->cuMemcpyDtoDAsync(scratch.va, dev.va, n, NULL)) != CUDA_SUCCESS ||
+            (r = drv->cuStreamSynchronize(NULL)) != CUDA_SUCCESS) {
+            step = "cuMemcpyDtoDAsync to the scratch range";
+            break;
+        }
+        if ((r = drv->cuMemUnmap(dev.va, n)) != CUDA_SUCCESS) {
+            step = "cuMemUnmap of the old chunk";
+            break;
+        }
+        dev.mapped = false;
+        drv->cuMemRelease(dev.h);
+        dev.h = scratch.h; /* the new memory moves to the old address */
+        scratch.h = 0;
+        if ((r = drv->cuMemMap(dev.va, n, 0, dev.h, 0)) != CUDA_SUCCESS) {
+            step = "cuMemMap of the new chunk at the old address";
+            break;
+        }
+        dev.mapped = true;
+        if ((r = set_rw(dev.va, n)) != CUDA_SUCCESS) {
+            step = "cuMemSetAccess of the new chunk";
+            break;
+        }
+        range_drop(&scratch); /* unmaps the scratch range; the handle is the old address's now */
+        if (!way)
+            used_host = before - free_mem();
+        if ((r = probe_reads(dev.va, n, v, &step)) != CUDA_SUCCESS)
+            break;
+    }
+    char detail[160];
+    snprintf(detail, sizeof detail, "%zu bytes; device memory used: %zu before, %zu with the page on host", n,
+             used_dev, used_host);
+    probe_print("spill swap: a device page to HOST_NUMA memory at the same address and back", step, r, detail);
+    range_drop(&scratch);
+    range_drop(&dev);
+    if (tu_emulated()) {
+        tu_assert_cu(r);
+        assert_int_equal(used_dev, n);
+        assert_int_equal(used_host, 0);
+        assert_int_equal(free_mem(), before);
+    }
+}
+
 /* One physical handle mapped at 8 addresses: a memset through one and a copy through another are
  * seen through all. */
 static void test_probe_many_aliases(void **state)
@@ -2958,6 +3024,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_host_register, setup),
         /* probes for this round's other issues */
         cmocka_unit_test_setup(test_probe_host_numa, setup),
+        cmocka_unit_test_setup(test_probe_spill_swap, setup),
         cmocka_unit_test_setup(test_probe_many_aliases, setup),
         cmocka_unit_test_setup(test_probe_dmabuf, setup),
     };

@@ -37,6 +37,9 @@ def torch_stat_keys():
             keys.append("%s.%s" % (name, f))
     keys += ["num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
              "num_device_free", "max_split_size"]
+    # xseg's spill (spill_to_host)
+    keys += ["spilled_bytes.all.current", "spilled_bytes.all.peak", "spilled_bytes.all.allocated",
+             "spilled_bytes.all.freed", "num_spills", "num_promotions", "spill_copied_bytes"]
     return sorted(keys)
 
 
@@ -123,7 +126,7 @@ def test_torch_named_getters_read_memory_stats(xseg):
 def test_stats_keys_equal_pytorchs(xseg):
     stats = xseg.memory_stats(0)
     assert list(stats) == torch_stat_keys()
-    assert len(stats) == 122
+    assert len(stats) == 122 + 7  # PyTorch's, and spill's (spilled_bytes.all.*, 3 counts)
     nested = xseg.memory_stats_as_nested_dict(0)
     assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]
     assert nested["num_ooms"] == stats["num_ooms"]
@@ -158,6 +161,21 @@ def test_reset_accumulated(xseg):
     with pytest.raises(xseg.XsegError) as ei:
         xseg.reset_accumulated_memory_stats(99)
     assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
+
+
+def test_spill_hint_location_promote(xseg):
+    p = xseg.malloc(8 * MiB)
+    xseg.spill_hint(p)
+    assert xseg.block_location(p) == ("device", 0)
+    xseg.spill_hint(p, cold=False)
+    xseg.promote()  # nothing spilled: nothing to do
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.block_location(p + 4096)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
+    xseg.free(p)
+    with pytest.raises(xseg.XsegError):
+        xseg.spill_hint(p)
+    assert xseg.memory_stats()["spilled_bytes.all.current"] == 0
 
 
 def test_summary(xseg):

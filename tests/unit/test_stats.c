@@ -22,7 +22,11 @@ static const char *const pooled_names[] = {
 static const char *const pools[] = {"all", "small_pool", "large_pool"};
 static const char *const fields[] = {"current", "peak", "allocated", "freed"};
 static const char *const scalars[] = {"num_alloc_retries", "num_ooms", "num_sync_all_streams",
-                                      "num_device_alloc", "num_device_free", "max_split_size"};
+                                      "num_device_alloc", "num_device_free", "max_split_size",
+                                      /* xseg's spill (spill_to_host) */
+                                      "spilled_bytes.all.current", "spilled_bytes.all.peak",
+                                      "spilled_bytes.all.allocated", "spilled_bytes.all.freed",
+                                      "num_spills", "num_promotions", "spill_copied_bytes"};
 
 /* Every int64 of the struct gets a distinct value: its index. */
 static void fill_distinct(xseg_device_stats *s)
@@ -36,8 +40,9 @@ static void test_key_set(void **state)
 {
     (void)state;
     size_t n = stats_key_count();
-    /* 9 pooled stats x 3 pools x 4 fields, 2 oversize x 4, 6 scalars: PyTorch's key set. */
-    assert_int_equal(n, 9 * 3 * 4 + 2 * 4 + 6);
+    /* 9 pooled stats x 3 pools x 4 fields, 2 oversize x 4, 6 scalars: PyTorch's key set; then
+     * spill's counter (4 fields) and 3 scalars. */
+    assert_int_equal(n, 9 * 3 * 4 + 2 * 4 + 6 + 4 + 3);
     assert_int_equal(n, sizeof(xseg_device_stats) / sizeof(int64_t));
     assert_null(stats_key_name(n));
 

@@ -203,6 +203,12 @@ void report_summary_text(FILE *out, const struct run_summary *s, const struct tr
     fprintf(out, "\n  %-28s %.4f\n", "utilization", s->utilization);
     fprintf(out, "  %-28s %.3f GiB\n", "reserved at the end", (double)s->reserved_end / GiB);
     fprintf(out, "  %-28s %.3f GiB\n", "reserved after empty_cache", (double)s->reserved_after_empty_cache / GiB);
+    if (s->spills)
+        fprintf(out, "  %-28s %.3f GiB at the peak, %" PRIu64 " pages spilled, %" PRIu64 " promoted, %.3f GiB "
+                     "copied: %.1f ms of link time at %.0f GB/s (modelled)\n",
+                "spilled to host", (double)s->spilled_peak / GiB, s->spills, s->promotions,
+                (double)s->spill_copied / GiB, 1e3 * (double)s->spill_copied / (REPORT_LINK_GBPS * 1e9),
+                REPORT_LINK_GBPS);
     if (!driver_stats)
         return;
     if (s->have_calls)
@@ -241,6 +247,10 @@ void report_summary_json(FILE *out, const struct run_summary *s)
             s->reserved_after_empty_cache);
     fprintf(out, ", \"host_ns_per_alloc\": %.1f, \"host_ns_per_free\": %.1f", s->host_ns_per_alloc,
             s->host_ns_per_free);
+    fprintf(out, ", \"spilled_peak_bytes\": %" PRId64 ", \"num_spills\": %" PRIu64 ", \"num_promotions\": %" PRIu64
+                 ", \"spill_copied_bytes\": %" PRId64 ", \"spill_link_seconds\": %.6f",
+            s->spilled_peak, s->spills, s->promotions, s->spill_copied,
+            (double)s->spill_copied / (REPORT_LINK_GBPS * 1e9));
     if (s->have_calls) {
         fputs(", \"driver_calls\": {", out);
         for (int e = 0; e < RUN_NENTRIES; e++)

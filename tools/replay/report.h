@@ -43,6 +43,9 @@ void report_compare_text(FILE *out, const char *trace, const struct run_summary 
  * against the recording; failed allocations), each into lines[i]. @return the number written.
  */
 #define REPORT_VERDICT_MAX 320
+/* The link a spilled page is copied over (spill_to_host), for the modelled link time: PCIe 4.0
+ * x16's practical rate, as cudaemu's h100 preset charges host copies. */
+#define REPORT_LINK_GBPS 25.0
 #define REPORT_VERDICT_LINES 6
 size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
                       char lines[][REPORT_VERDICT_MAX], size_t maxlines);

@@ -795,6 +795,10 @@ static xseg_status run_finish(struct run_ctx *c, const uint64_t calls0[RUN_NENTR
         return st;
     }
     sum->reserved_after_empty_cache = ds.reserved_bytes[XSEG_STAT_ALL].current;
+    sum->spilled_peak = ds.spilled_bytes.peak;
+    sum->spill_copied = ds.spill_copied_bytes;
+    sum->spills = (uint64_t)ds.num_spills;
+    sum->promotions = (uint64_t)ds.num_promotions;
     if (emu.count) {
         uint64_t calls1[RUN_NENTRIES];
         read_calls(calls1);

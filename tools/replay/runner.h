@@ -71,6 +71,10 @@ struct run_summary {
     /* Action index of the first RUN_FAILED_AT_MAX failed allocations (the plot's OOM points). */
     uint64_t failed_at[RUN_FAILED_AT_MAX];
     int over_deadline;      /* run_trace stopped at run_options.deadline (the rest is not filled) */
+    /* spill_to_host (after the final empty_cache, which promotes): the peak of spilled bytes,
+     * pages spilled and promoted, bytes copied over the link both ways. */
+    int64_t spilled_peak, spill_copied;
+    uint64_t spills, promotions;
     /* Filled by the parent for the verdict, never by a replay (0 / -1: not measured). */
     uint64_t device_bytes;  /* the device the replay ran on (--device-mem, else 80 GiB) */
     uint64_t min_device;    /* the smallest device it fits on, as --min-device finds it */

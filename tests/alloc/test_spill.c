@@ -1,0 +1,624 @@
+/*
+ * spill_to_host: out of memory, pages of live blocks move to host memory at the same addresses
+ * and come back (xseg_promote, empty_cache). Through the public API on a small emulated device
+ * (CUDAEMU_TOTAL_MEM 50M): the request that failed is served, live bytes survive the spill and
+ * the promotion, the books match the driver's mappings (a host page is mapped but not reserved),
+ * a stream still writing a block is waited for, a captured graph replays over spilled and
+ * promoted input, every driver call of spill and of promotion can fail and is rolled back, and
+ * sleep and IPC refuse spilled pages until they are promoted.
+ *
+ * The scenario: A (24 MiB, hinted cold, tag 1) and B (16 MiB, tag 2) are live; C (20 MiB) does
+ * not fit beside them. argv[1] names one test (one process each); without it every test runs.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "tests/alloc/fixture.h"
+#include "tests/common/testutil.h"
+#include "xseg.h"
+
+#define A_SIZE (24 * MiB)
+#define B_SIZE (16 * MiB)
+#define C_SIZE (20 * MiB)
+#define SPILL "expandable_segments:True,spill_to_host:True"
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void start_emu(const char *config)
+{
+    start(config);
+    tu_require_emulator_or_skip(); /* the device size, holds, graphs and faults are the emulator's */
+}
+
+/* A and B live and filled; A hinted cold. */
+static void scenario(void **a, void **b)
+{
+    *a = must_malloc(A_SIZE, NULL);
+    *b = must_malloc(B_SIZE, NULL);
+    tu_assert_cu(tu_fill(DPTR(*a), A_SIZE, 1));
+    tu_assert_cu(tu_fill(DPTR(*b), B_SIZE, 2));
+    assert_int_equal(xseg_spill_hint(*a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+}
+
+/* Do [x, x + n) and [y, y + n) hold the same bytes (every 64 KiB of the first 4 KiB read)? */
+static bool same_bytes(void *x, void *y, size_t n)
+{
+    static unsigned char bx[4096], by[4096];
+    for (size_t off = 0; off < n; off += 64 * 1024) {
+        tu_assert_cu(drv->cuMemcpyDtoH(bx, DPTR(x) + off, sizeof bx));
+        tu_assert_cu(drv->cuMemcpyDtoH(by, DPTR(y) + off, sizeof by));
+        if (memcmp(bx, by, sizeof bx))
+            return false;
+    }
+    return true;
+}
+
+static int location(void *p, size_t *host)
+{
+    int loc = -1;
+    assert_int_equal(xseg_block_location(p, &loc, host), XSEG_SUCCESS);
+    return loc;
+}
+
+/* The books: the snapshot's segments tile their blocks; reserved is what they span less the
+ * spilled bytes; the driver maps exactly both (when @p driver: no leftover waits). */
+static void check_books(bool driver)
+{
+    xseg_snapshot *s = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
+    int64_t span = 0, allocated = 0;
+    for (size_t i = 0; i < s->nsegments; i++) {
+        const xseg_segment_info *g = &s->segments[i];
+        span += (int64_t)g->total_size;
+        for (size_t j = 0; j < g->nblocks; j++)
+            if (g->blocks[j].state == XSEG_BLOCK_ACTIVE_ALLOCATED)
+                allocated += (int64_t)g->blocks[j].size;
+    }
+    xseg_snapshot_free(s);
+    int64_t spilled = tu_stat("spilled_bytes.all.current");
+    assert_true(spilled >= 0 && spilled <= allocated);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), span - spilled);
+    assert_int_equal(tu_stat("allocated_bytes.all.current"), allocated);
+    struct cudaemu_live live;
+    if (driver && tu_live(&live) && (int64_t)live.mapped_bytes != span)
+        fail_msg("the snapshot spans %lld bytes, but the driver maps %zu", (long long)span, live.mapped_bytes);
+}
+
+/* The snapshot's host_bytes of the block at @p p (SIZE_MAX: no such block). */
+static size_t snapshot_host_bytes(void *p)
+{
+    xseg_snapshot *s = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &s), XSEG_SUCCESS);
+    size_t host = SIZE_MAX;
+    for (size_t i = 0; i < s->nsegments; i++)
+        for (size_t j = 0; j < s->segments[i].nblocks; j++)
+            if (s->segments[i].blocks[j].address == (uint64_t)(uintptr_t)p)
+                host = s->segments[i].blocks[j].host_bytes;
+    xseg_snapshot_free(s);
+    return host;
+}
+
+static void check_data(void *a, void *b)
+{
+    if (!tu_check(DPTR(a), A_SIZE, 1))
+        fail_msg("A lost its bytes");
+    if (!tu_check(DPTR(b), B_SIZE, 2))
+        fail_msg("B lost its bytes");
+}
+
+static void finish(void *a, void *b)
+{
+    tu_free(a);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* The request is served by spilling A's pages; A and B keep their bytes; C works; xseg_promote
+ * brings A back whole once C went. */
+static void test_spill_serves(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    int64_t ooms = tu_stat("num_ooms");
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("num_ooms"), ooms);
+    size_t host = 0;
+    assert_int_not_equal(location(a, &host), XSEG_LOCATION_DEVICE);
+    assert_true(host >= 10 * MiB && host <= A_SIZE);
+    assert_int_equal(location(b, NULL), XSEG_LOCATION_DEVICE); /* the hint chose A */
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), (int64_t)host);
+    assert_int_equal(tu_stat("spilled_bytes.all.peak"), (int64_t)host);
+    assert_true(tu_stat("num_spills") >= 1);
+    assert_int_equal(tu_stat("spill_copied_bytes"), (int64_t)host);
+    assert_int_equal(snapshot_host_bytes(a), host); /* the snapshot says where A is */
+    assert_int_equal(snapshot_host_bytes(b), 0);
+    char summary[8192];
+    assert_int_equal(xseg_memory_summary(0, summary, sizeof summary, NULL), XSEG_SUCCESS);
+    assert_non_null(strstr(summary, "Spilled to host"));
+    check_books(true);
+    check_data(a, b);
+    /* Everything stays writable at its address: the new block and the spilled one. */
+    tu_assert_cu(tu_fill(DPTR(c), C_SIZE, 3));
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 4));
+    assert_true(tu_check(DPTR(c), C_SIZE, 3));
+    assert_true(tu_check(DPTR(a), A_SIZE, 4));
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
+    /* No room yet: promotion says what stays. */
+    assert_int_equal(xseg_promote(0), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(xseg_last_error(), "stay on host memory"));
+    check_books(true);
+    check_data(a, b);
+    tu_free(c);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* gives C's pages back, then promotes */
+    assert_int_equal(location(a, &host), XSEG_LOCATION_DEVICE);
+    assert_int_equal(host, 0);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("num_promotions"), tu_stat("num_spills"));
+    assert_int_equal(tu_stat("spill_copied_bytes"), 2 * tu_stat("spilled_bytes.all.allocated"));
+    assert_int_equal(xseg_promote(0), XSEG_SUCCESS); /* nothing left */
+    check_books(true);
+    check_data(a, b);
+    finish(a, b);
+}
+
+/* Off (the default) the same request fails as before, nothing copied; classic segments cannot
+ * spill, and the OOM message says why. */
+static void test_spill_off(void **state)
+{
+    (void)state;
+    start_emu("expandable_segments:True");
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    tu_counts_reset();
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_null(strstr(xseg_last_error(), "pill"));
+    assert_int_equal(tu_call_count("cuMemcpyDtoDAsync"), 0);
+    assert_int_equal(tu_stat("num_spills"), 0);
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    check_books(true);
+    check_data(a, b);
+    finish(a, b);
+
+    char buf[2048];
+    assert_int_equal(xseg_get_config(buf, sizeof buf, NULL), XSEG_SUCCESS);
+    assert_null(strstr(buf, "spill")); /* left out of the canonical string at its default */
+
+    /* The host limit: what fits under it moves, then the OOM says the limit stopped it. */
+    assert_int_equal(xseg_init(SPILL ",spill_host_limit_mb:4"), XSEG_SUCCESS);
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(xseg_last_error(), "spill_host_limit_mb (4 MiB) is reached"));
+    assert_true(tu_stat("spilled_bytes.all.current") > 0 && tu_stat("spilled_bytes.all.current") <= (int64_t)(4 * MiB));
+    check_books(true);
+    check_data(a, b);
+    assert_int_equal(xseg_promote(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_data(a, b);
+    finish(a, b);
+
+    assert_int_equal(xseg_init("expandable_segments:False,spill_to_host:True"), XSEG_SUCCESS);
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(xseg_last_error(), "Spill to host memory was not possible: its memory is in classic "
+                                               "segments"));
+    check_data(a, b);
+    finish(a, b);
+}
+
+/* A stream still writing A when the malloc runs out: the spill waits for it (no copy of stale
+ * bytes, no unmap under its work), and A holds what the stream wrote. The writer is a side
+ * stream A was recorded on (xseg_record_stream), so no copy on A's own stream orders after it:
+ * only the wait does (cudaemu refuses to unmap memory a held stream's work still touches). */
+static void test_spill_stream_writing(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    CUstream w;
+    tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
+    void *a = must_malloc(A_SIZE, NULL), *b = must_malloc(B_SIZE, NULL), *c = NULL;
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
+    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    assert_int_equal(xseg_record_stream(a, w), XSEG_SUCCESS);
+    /* The write: a memset of A's first 8 MiB (the first pages to move) queued on the held stream
+     * (pending work). */
+    assert_true(tu_stream_hold(w));
+    tu_assert_cu(drv->cuMemsetD8Async(DPTR(a), 0x5a, 8 * MiB, w));
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_true(tu_stream_release(w));
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    unsigned char probe[4096];
+    for (size_t off = 0; off < 8 * MiB; off += MiB) {
+        tu_assert_cu(drv->cuMemcpyDtoH(probe, DPTR(a) + off, sizeof probe));
+        for (size_t i = 0; i < sizeof probe; i++)
+            if (probe[i] != 0x5a)
+                fail_msg("byte %zu of A lost the stream's write", off + i);
+    }
+    assert_true(tu_check(DPTR(b), B_SIZE, 2));
+    check_books(true);
+    /* The side stream still counts for A's free (its host pages are dropped after a wait). */
+    tu_free(c);
+    tu_free(a);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(w));
+}
+
+/* A graph captured over A (a copy of A's first 4 MiB into OUT) replays the same after A was
+ * spilled and after it was promoted: its nodes hold A's address, which never changed. */
+static void test_spill_graph_replay(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    const struct tu_graph_api *gx = tu_graph();
+    const size_t n = 4 * MiB;
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *a, *b, *c = NULL, *out = must_malloc(n, NULL);
+    scenario(&a, &b);
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    tu_assert_cu(gx->memcpy_dtod_async(DPTR(out), DPTR(a), n, s));
+    CUgraph g = NULL;
+    tu_assert_cu(drv->cuStreamEndCapture(s, &g));
+    CUgraphExec x = NULL;
+    tu_assert_cu(gx->instantiate(&x, g, 0));
+
+    assert_int_equal(xseg_malloc(&c, C_SIZE - 4 * MiB, 0, NULL), XSEG_SUCCESS);
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    tu_assert_cu(drv->cuMemsetD8(DPTR(out), 0, n));
+    tu_assert_cu(gx->launch(x, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_true(same_bytes(out, a, n)); /* A's first n bytes, read from host memory */
+    assert_true(tu_check(DPTR(a), A_SIZE, 1));
+
+    tu_free(c);
+    tu_free(b); /* room for all of A again */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    tu_assert_cu(drv->cuMemsetD8(DPTR(out), 0, n));
+    tu_assert_cu(gx->launch(x, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_true(same_bytes(out, a, n));
+    assert_true(tu_check(DPTR(a), A_SIZE, 1));
+
+    tu_assert_cu(gx->exec_destroy(x));
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    tu_free(out);
+    tu_free(a);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* A spilled block's free drops its host pages: spilled bytes go to 0, the driver maps no host
+ * page, and the freed range serves a new block from device memory. */
+static void test_spill_free_drops(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    int64_t promotions = tu_stat("num_promotions");
+    tu_free(a);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    assert_int_equal(tu_stat("num_promotions"), promotions); /* dropped, not copied back */
+    check_books(true);
+    void *d = must_malloc(A_SIZE / 2, NULL);
+    assert_int_equal(location(d, NULL), XSEG_LOCATION_DEVICE);
+    tu_assert_cu(tu_fill(DPTR(d), A_SIZE / 2, 5));
+    assert_true(tu_check(DPTR(d), A_SIZE / 2, 5));
+    assert_true(tu_check(DPTR(b), B_SIZE, 2));
+    check_books(true);
+    tu_free(d);
+    tu_free(c);
+
+    /* The drop's unmap fails: the free still succeeds, the page is counted unmapped (never handed
+     * out as host memory), and the next reclaim gives it back. */
+    a = must_malloc(A_SIZE, NULL);
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    unsigned long fired = tu_fail_fired();
+    assert_true(tu_fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN));
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    tu_fail_clear();
+    tu_assert_fired(fired, "the drop's cuMemUnmap");
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_books(false);
+    d = must_malloc(A_SIZE / 2, NULL); /* maps device memory where the stranded page was, if there */
+    assert_int_equal(location(d, NULL), XSEG_LOCATION_DEVICE);
+    tu_assert_cu(tu_fill(DPTR(d), A_SIZE / 2, 6));
+    assert_true(tu_check(DPTR(d), A_SIZE / 2, 6));
+    tu_free(d);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_books(true);
+    tu_free(c);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+/* A spilled block freed while a capture is underway: nothing is waited for or unmapped (either
+ * would break the capture); its host pages are stranded, counted unmapped, and the first reclaim
+ * after the capture gives them back. Spill itself refuses during the capture, saying so. */
+static void test_spill_capture_free(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    tu_free(c);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    void *big = NULL; /* the capture's pool cannot grow past the device, and spill may not help */
+    assert_int_equal(xseg_malloc(&big, 16 * MiB, 0, s), XSEG_ERROR_OUT_OF_MEMORY);
+    if (!strstr(xseg_last_error(), "a stream capture is underway"))
+        fail_msg("the OOM during the capture does not say why spill could not help: %s", xseg_last_error());
+    tu_free(a);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    assert_true(tu_stream_work(s));
+    CUgraph g = NULL;
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS); /* not invalidated */
+    assert_non_null(g);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_true(tu_check(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_books(true);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* A range registered with xseg_register_range never moves (spill_pinned asks the ledger): the
+ * hinted A stays on the device and B's pages go instead. */
+static void test_spill_registered(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    static const xseg_range_callbacks cb = {NULL, NULL, 0};
+    int ctx = 0;
+    assert_int_equal(xseg_register_range(a, A_SIZE, &cb, &ctx), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE - 6 * MiB, 0, NULL), XSEG_SUCCESS);
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    assert_int_not_equal(location(b, NULL), XSEG_LOCATION_DEVICE);
+    check_books(true);
+    check_data(a, b);
+    tu_free(c);
+    assert_int_equal(xseg_unregister_range(a, A_SIZE, &ctx), XSEG_SUCCESS);
+    finish(a, b);
+}
+
+/* Sleep and IPC against spilled pages: both refused (the message says to promote), nothing
+ * changed; after the promotion both work. */
+static void test_spill_sleep_ipc(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    xseg_ipc_handle *h = NULL;
+    assert_int_equal(xseg_ipc_export(a, &h), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "xseg_promote"));
+    xseg_phys_range r[64];
+    size_t nr = 0;
+    assert_int_equal(xseg_block_handles(a, r, 64, &nr), XSEG_ERROR_ILLEGAL_STATE);
+    xseg_pool_id def = {0, 0};
+    assert_int_equal(xseg_sleep(0, def, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "spilled to host memory"));
+    check_books(true);
+    check_data(a, b);
+    /* B is not spilled: it exports, and its pages are pinned from then on (never spilled). */
+    assert_int_equal(xseg_ipc_export(b, &h), XSEG_SUCCESS);
+    xseg_ipc_handle_free(h);
+    h = NULL;
+    tu_free(c);
+    tu_free(b); /* the export ends with the block */
+    assert_int_equal(xseg_promote(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_sleep(0, def, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
+    assert_int_equal(xseg_wake(0, def), XSEG_SUCCESS);
+    assert_true(tu_check(DPTR(a), A_SIZE, 1));
+    assert_int_equal(xseg_ipc_export(a, &h), XSEG_SUCCESS);
+    xseg_ipc_handle_free(h);
+    tu_free(a);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+/* xseg_trim gives the cache back and promotes; the idle thread promotes a block once its streams
+ * are idle (never waiting for them): while a stream it was recorded on holds work, A stays. */
+static void test_spill_trim_idle(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    tu_free(c);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_data(a, b);
+
+    CUstream w;
+    tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    tu_free(c);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    assert_int_equal(xseg_record_stream(a, w), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(w));
+    assert_true(tu_stream_work(w)); /* a kernel on A still queued */
+    assert_int_equal(xseg_set_config("idle_release_ms:20,idle_release_thread:True"), XSEG_SUCCESS);
+    int64_t promotions = tu_stat("num_promotions");
+    for (int i = 0; i < 20; i++)
+        nap_ms(10); /* several idle passes */
+    assert_int_equal(tu_stat("num_promotions"), promotions); /* busy: not waited for, not moved */
+    assert_true(tu_stream_release(w));
+    /* A hang guard only: the thread's next passes promote A (generous bound). */
+    for (int i = 0; i < 1000 && tu_stat("spilled_bytes.all.current"); i++)
+        nap_ms(10);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    assert_int_equal(xseg_set_config("idle_release_ms:0,idle_release_thread:False"), XSEG_SUCCESS);
+    check_books(true);
+    check_data(a, b);
+    finish(a, b);
+    tu_assert_cu(drv->cuStreamDestroy(w));
+}
+
+/* Every call of a spill and of a promotion, failed in turn: the call rolls back (the data where
+ * it was, the books matching the driver), the allocator stays usable, nothing is left behind. */
+static const struct {
+    const char *entry;
+    CUresult res;
+} faults[] = {
+    {"cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY},  {"cuMemAddressReserve", CUDA_ERROR_OUT_OF_MEMORY},
+    {"cuMemMap", CUDA_ERROR_UNKNOWN},           {"cuMemSetAccess", CUDA_ERROR_UNKNOWN},
+    {"cuMemcpyDtoDAsync", CUDA_ERROR_UNKNOWN},  {"cuStreamSynchronize", CUDA_ERROR_UNKNOWN},
+    {"cuMemUnmap", CUDA_ERROR_UNKNOWN},         {"cuMemRelease", CUDA_ERROR_UNKNOWN},
+    {"cuMemAddressFree", CUDA_ERROR_UNKNOWN},
+};
+#define NFAULTS (sizeof faults / sizeof faults[0])
+
+static void sweep(bool promote)
+{
+    start_emu(SPILL);
+    unsigned long calls[NFAULTS];
+    {
+        void *a, *b, *c = NULL;
+        scenario(&a, &b);
+        if (!promote)
+            tu_counts_reset();
+        assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+        tu_free(c);
+        if (promote)
+            tu_counts_reset();
+        assert_int_equal(xseg_promote(0), XSEG_SUCCESS);
+        for (size_t f = 0; f < NFAULTS; f++)
+            calls[f] = tu_call_count(faults[f].entry);
+        /* A 2 MiB chunk a call: a page of each is enough to reach every step. */
+        for (size_t f = 0; f < NFAULTS; f++)
+            if (calls[f] > 3)
+                calls[f] = 3;
+        finish(a, b);
+    }
+    size_t served = 0, refused = 0;
+    for (size_t f = 0; f < NFAULTS; f++)
+        for (unsigned long nth = 1; nth <= calls[f]; nth++) {
+            void *a, *b, *c = NULL;
+            assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+            scenario(&a, &b);
+            xseg_status st;
+            unsigned long fired = tu_fail_fired();
+            if (!promote) {
+                assert_true(tu_fail(faults[f].entry, nth, faults[f].res));
+                st = xseg_malloc(&c, C_SIZE, 0, NULL);
+                tu_fail_clear();
+                if (st != XSEG_SUCCESS && st != XSEG_ERROR_OUT_OF_MEMORY && st != XSEG_ERROR_DRIVER)
+                    fail_msg("%s #%lu: xseg_malloc returned %d: %s", faults[f].entry, nth, (int)st, xseg_last_error());
+                served += st == XSEG_SUCCESS;
+                refused += st != XSEG_SUCCESS;
+                if (st == XSEG_SUCCESS) {
+                    tu_assert_cu(tu_fill(DPTR(c), C_SIZE, 3));
+                    assert_true(tu_check(DPTR(c), C_SIZE, 3));
+                    tu_free(c);
+                }
+            } else {
+                assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+                tu_free(c);
+                assert_true(tu_fail(faults[f].entry, nth, faults[f].res));
+                st = xseg_promote(0);
+                tu_fail_clear();
+                served += st == XSEG_SUCCESS;
+                refused += st != XSEG_SUCCESS;
+            }
+            tu_assert_fired(fired, "%s #%lu: the fault did not strike", faults[f].entry, nth);
+            check_data(a, b);
+            check_books(false);
+            /* A reclaim retries the leftovers and promotes: the driver maps what the books say. */
+            assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+            check_books(true);
+            check_data(a, b);
+            assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+            /* Still usable: the request is served now that the fault is gone. */
+            assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+            check_data(a, b);
+            tu_free(c);
+            finish(a, b);
+        }
+    print_message("spill %s faults: %zu served despite the fault, %zu refused\n", promote ? "promotion" : "demotion",
+                  served, refused);
+}
+
+static void test_spill_faults(void **state)
+{
+    (void)state;
+    sweep(false);
+}
+
+static void test_spill_promote_faults(void **state)
+{
+    (void)state;
+    sweep(true);
+}
+
+static const struct {
+    const char *name;
+    struct CMUnitTest test;
+} all_tests[] = {
+    {"test_spill_serves", cmocka_unit_test(test_spill_serves)},
+    {"test_spill_off", cmocka_unit_test(test_spill_off)},
+    {"test_spill_stream_writing", cmocka_unit_test(test_spill_stream_writing)},
+    {"test_spill_graph_replay", cmocka_unit_test(test_spill_graph_replay)},
+    {"test_spill_free_drops", cmocka_unit_test(test_spill_free_drops)},
+    {"test_spill_sleep_ipc", cmocka_unit_test(test_spill_sleep_ipc)},
+    {"test_spill_trim_idle", cmocka_unit_test(test_spill_trim_idle)},
+    {"test_spill_capture_free", cmocka_unit_test(test_spill_capture_free)},
+    {"test_spill_registered", cmocka_unit_test(test_spill_registered)},
+    {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
+    {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
+};
+
+int main(int argc, char **argv)
+{
+    setenv("CUDAEMU_TOTAL_MEM", "50M", 0);
+    size_t n = sizeof all_tests / sizeof all_tests[0];
+    struct CMUnitTest run[sizeof all_tests / sizeof all_tests[0]];
+    size_t nrun = 0;
+    for (size_t i = 0; i < n; i++)
+        if (argc < 2 || strcmp(argv[1], all_tests[i].name) == 0)
+            run[nrun++] = all_tests[i].test;
+    if (nrun == 0) {
+        fprintf(stderr, "test_spill: no test named %s\n", argv[1]);
+        return 2;
+    }
+    return _cmocka_run_group_tests("spill", run, nrun, NULL, NULL);
+}
