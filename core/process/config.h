@@ -57,6 +57,7 @@ struct cfg {
     size_t sleep_copy_chunk;            /* bytes: the largest copy sleep and wake queue at once */
     bool debug_stale_access;            /* freed blocks go through a quarantine (core/device/quarantine.h) */
     size_t debug_quarantine;            /* bytes: the quarantine's bound */
+    bool debug_stale_full_check;        /* checks read every quarantined byte, not samples */
     /* PyTorch's pinned host allocator keys (core/services/hostalloc.c). */
     bool pinned_use_cuda_host_register; /* pin malloc'd pages (cuMemHostRegister), not cuMemHostAlloc */
     unsigned pinned_num_register_threads; /* threads faulting in the pages before registering */

@@ -97,6 +97,8 @@
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     K(debug_quarantine_mb, NULL, MIB, debug_quarantine, (size_t)1024 << 20,                        \
       CFG_BOUNDED_MIB(1, 1048576), CFG_OMIT_DEFAULT, 0, "1024")                                    \
+    K(debug_stale_full_check, NULL, BOOL, debug_stale_full_check, false, cfg_parse_flag,           \
+      CFG_OMIT_DEFAULT, 0, "False")                                                                \
     /* PyTorch's pinned host allocator (core/services/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \
