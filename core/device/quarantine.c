@@ -243,7 +243,8 @@ static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *
     xseg_status s = r.n ? drv_ctx_ensure(d->info.primary_ctx) : XSEG_SUCCESS;
     if (s != XSEG_SUCCESS)
         *st = *st == XSEG_SUCCESS ? s : *st;
-    qsort(r.v, r.n, sizeof *r.v, range_cmp);
+    if (r.n)
+        qsort(r.v, r.n, sizeof *r.v, range_cmp);
     size_t used = 0, pend = 0; /* ranges [pend, k) are queued into buf[0, used) */
     for (size_t k = 0; s == XSEG_SUCCESS && k < r.n;) {
         /* One copy: ranges k.. of one segment (a copy never spans two allocations) that touch,
