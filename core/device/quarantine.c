@@ -217,6 +217,18 @@ static size_t flush(struct dev_alloc *d, struct qrange *v, size_t from, size_t t
     return found;
 }
 
+/* The read-back buffer: pinned host memory, so that a batch's copies run asynchronously until
+ * its one wait (pageable memory would make each copy wait), else host memory. Context current. */
+static unsigned char *batch_buffer(struct dev_alloc *d)
+{
+    if (!d->quar.buf) {
+        void *p = NULL;
+        d->quar.buf_pinned = vhost_alloc(QUAR_BATCH_BUF, &p) == XSEG_SUCCESS;
+        d->quar.buf = d->quar.buf_pinned ? p : xs_malloc(QUAR_BATCH_BUF);
+    }
+    return d->quar.buf;
+}
+
 /* Check items [i0, i0 + n) of the FIFO (index from head) that are filled and not reported yet.
  * Returns the findings; *@p st: the first failure (the blocks not read stay unreported). */
 static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *when, xseg_status *st)
@@ -230,17 +242,16 @@ static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *
             items++;
         }
     }
-    unsigned char *buf = r.n ? xs_malloc(QUAR_BATCH_BUF) : NULL;
-    if (r.oom || (r.n && !buf)) {
+    xseg_status s = r.n ? drv_ctx_ensure(d->info.primary_ctx) : XSEG_SUCCESS;
+    unsigned char *buf = r.n && s == XSEG_SUCCESS ? batch_buffer(d) : NULL;
+    if (r.oom || (r.n && s == XSEG_SUCCESS && !buf)) {
         xs_free(r.v);
-        xs_free(buf);
         if (*st == XSEG_SUCCESS)
             *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: no host memory to read quarantined blocks back", when);
         return 0;
     }
     d->quar.checked += items;
     size_t found = 0;
-    xseg_status s = r.n ? drv_ctx_ensure(d->info.primary_ctx) : XSEG_SUCCESS;
     if (s != XSEG_SUCCESS)
         *st = *st == XSEG_SUCCESS ? s : *st;
     if (r.n)
@@ -274,7 +285,6 @@ static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *
     }
     if (s != XSEG_SUCCESS && *st == XSEG_SUCCESS)
         *st = s;
-    xs_free(buf);
     xs_free(r.v);
     return found;
 }
@@ -582,6 +592,10 @@ void quar_destroy(struct dev_alloc *d)
         hist_stack_unref(d->quar.found[i].free_stack);
     }
     hist_stack_unref(d->quar.free_stack);
+    if (d->quar.buf_pinned)
+        vhost_free(d->quar.buf, d->info.dev);
+    else
+        xs_free(d->quar.buf);
     xs_free(d->quar.q);
     xs_free(d->quar.found);
     d->quar = (struct quar_state){0};

@@ -282,6 +282,8 @@ struct quar_state {
     uint64_t dropped;          /* findings beyond the bound (counted, not kept) */
     uint64_t entered, checked, unfilled;
     size_t stuck;              /* items marked stuck */
+    unsigned char *buf;        /* the checks' read-back buffer (QUAR_BATCH_BUF), kept for the device's life */
+    bool buf_pinned;           /* from vhost_alloc (else host malloc: pinned memory lacked) */
 };
 
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */
