@@ -1956,9 +1956,7 @@ xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t 
         res = seg_unmap_run(seg, g, g + n);
         if (res != CUDA_SUCCESS) {
             st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)addr, n * seg->gran);
-            if (seg->observe) /* nothing changed: the chunk is still mapped */
-                seg->observe(seg->observe_user, seg, g, g + n, 1);
-            break;
+            break; /* nothing changed (seg_unmap_run announced the chunk mapped again) */
         }
         chunk_flags(seg, g, GRAN_CANARY | GRAN_BARE, 1);
         while (k < n && (res = drv->cuMemMap(addr + k * seg->gran, seg->gran, 0, canary, 0)) == CUDA_SUCCESS)
