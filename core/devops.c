@@ -5,6 +5,8 @@
  */
 #include "core/devops.h"
 
+#include <stdio.h>
+
 #include "base/error.h"
 #include "core/device/check.h"
 #include "core/device/quarantine.h"
@@ -22,12 +24,18 @@ xseg_status devops_empty_cache(struct dev_alloc *d)
     /* debug_stale_access: every quarantined block is checked (they stay quarantined; during a
      * capture they wait for its end), its findings delivered with the lock given back. */
     struct quar_batch batch = {0};
+    xseg_status quar_st = XSEG_SUCCESS;
+    char quar_msg[512];
     if (XSEG_UNLIKELY(d->quar.n)) {
-        (void)quar_check_all(d, "empty_cache", false, NULL);
+        quar_st = quar_check_all(d, "empty_cache", false, NULL);
+        if (quar_st != XSEG_SUCCESS)
+            snprintf(quar_msg, sizeof quar_msg, "%s", xseg_last_error());
         quar_take(d, &batch);
     }
     xseg_status left_st;
     xseg_status st = release_cached_blocks(d, &left_st);
+    if (XSEG_UNLIKELY(d->quar.stuck) && st == XSEG_SUCCESS && quar_st != XSEG_SUCCESS)
+        st = err_set(quar_st, "empty_cache: %s", quar_msg); /* a canary restore failed again: its block stays quarantined */
     /* It waited for the pending frees' streams: a point for release_threshold_mb (core/services/trim.h),
      * which can only matter for what empty_cache keeps (a pool in use, a capture). */
     if (d->cfg.release_threshold != SIZE_MAX)

@@ -102,6 +102,9 @@ struct seg {
  * device's access. It is live (gran_live) but counts in host_bytes, not mapped_bytes; the generic
  * unmap paths leave it alone (only seg_drop_host and seg_move_chunk take it away). */
 #define GRAN_HOST 32
+/* A canary chunk's granule that maps nothing now (a swap or restore failed half way and its
+ * rollback could not map the canary back): the next restore maps the chunk's handle over it. */
+#define GRAN_BARE 64
 
 /* ---- small helpers ---- */
 
@@ -2053,31 +2056,75 @@ void seg_wake_commit(struct seg *seg)
 
 /* ---- debug_stale_access's canary (seg_canary_swap) ---- */
 
-/* Map chunk @p cf's own handle back over its granules (the canary mappings unmapped first, when
- * @p canary_mapped), access granted. A failure here loses the chunk's place under a block the
- * allocator counts mapped, with nothing to roll back to: abort, as seg_refine does. */
-static void canary_unswap(struct seg *seg, size_t cf, size_t canary_mapped)
+/* Map @p canary over chunk @p cf's bare granules, access granted (best effort: a rollback). A
+ * granule whose map fails stays bare: it faults on access, and the next restore maps it. */
+static void canary_remap(struct seg *seg, size_t cf, CUmemGenericAllocationHandle canary)
 {
-    CUdeviceptr addr = gran_addr(seg, cf);
-    size_t bytes = seg->clen[cf] * seg->gran;
-    CUresult res = canary_mapped ? drv->cuMemUnmap(addr, canary_mapped * seg->gran) : CUDA_SUCCESS;
-    if (res == CUDA_SUCCESS)
-        res = drv->cuMemMap(addr, bytes, 0, seg->handles[cf], 0);
-    if (res == CUDA_SUCCESS)
-        res = drv->cuMemSetAccess(addr, bytes, seg->access, seg->naccess);
-    if (res != CUDA_SUCCESS) {
-        fprintf(stderr, "xseg: debug_stale_access: cannot map a chunk back at 0x%llx (%zu bytes): %s\n",
-                (unsigned long long)addr, bytes, drv_error_name(res));
-        abort();
-    }
-    chunk_flags(seg, cf, GRAN_CANARY, 0);
-    if (seg->observe) /* the chunk's memory is back under its range */
-        seg->observe(seg->observe_user, seg, cf, cf + seg->clen[cf], 1);
+    for (size_t g = cf; canary && g < cf + seg->clen[cf]; g++)
+        if (seg->gflags[g] & GRAN_BARE) {
+            CUdeviceptr a = gran_addr(seg, g);
+            if (drv->cuMemMap(a, seg->gran, 0, canary, 0) != CUDA_SUCCESS)
+                return;
+            seg->gflags[g] &= (unsigned char)~GRAN_BARE;
+            (void)drv->cuMemSetAccess(a, seg->gran, seg->access, seg->naccess);
+        }
 }
 
-xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end)
+/* Map canary chunk @p cf's own handle back over its granules (the canary mappings unmapped
+ * first), access granted. On a failure the chunk stays a canary chunk, its canary mappings put
+ * back with @p canary (granules it cannot map stay bare), and nothing is lost: its handle is
+ * still held under a block the caller keeps off limits. */
+static xseg_status canary_unswap(struct seg *seg, size_t cf, CUmemGenericAllocationHandle canary)
+{
+    CUdeviceptr addr = gran_addr(seg, cf);
+    size_t end = cf + seg->clen[cf], bytes = seg->clen[cf] * seg->gran;
+    CUresult res = CUDA_SUCCESS;
+    const char *what = "cuMemUnmap of its canary page";
+    for (size_t g = cf; g < end;) { /* the canary-mapped runs (normally one) */
+        size_t e = g;
+        while (e < end && !(seg->gflags[e] & GRAN_BARE))
+            e++;
+        if (e > g) {
+            if ((res = drv->cuMemUnmap(gran_addr(seg, g), (e - g) * seg->gran)) != CUDA_SUCCESS)
+                goto fail;
+            for (size_t k = g; k < e; k++)
+                seg->gflags[k] |= GRAN_BARE;
+        }
+        g = e + 1;
+    }
+    what = "cuMemMap of its own handle";
+    if ((res = drv->cuMemMap(addr, bytes, 0, seg->handles[cf], 0)) != CUDA_SUCCESS)
+        goto fail;
+    what = "cuMemSetAccess";
+    if ((res = drv->cuMemSetAccess(addr, bytes, seg->access, seg->naccess)) != CUDA_SUCCESS) {
+        if (drv->cuMemUnmap(addr, bytes) != CUDA_SUCCESS) { /* mapped, not accessible: counted restored */
+            chunk_flags(seg, cf, GRAN_CANARY | GRAN_BARE, 0);
+            return seg_failf(res, "cuMemSetAccess(0x%llx, %zu) mapping a chunk back from its canary, and its "
+                             "unmap after it", (unsigned long long)addr, bytes);
+        }
+        goto fail;
+    }
+    chunk_flags(seg, cf, GRAN_CANARY | GRAN_BARE, 0);
+    if (seg->observe) /* the chunk's memory is back under its range */
+        seg->observe(seg->observe_user, seg, cf, end, 1);
+    return XSEG_SUCCESS;
+fail:
+    canary_remap(seg, cf, canary);
+    return seg_failf(res, "%s mapping a chunk back at 0x%llx (%zu bytes) from its canary (kept swapped)", what,
+                     (unsigned long long)addr, bytes);
+}
+
+/* Is the chunk at @p g a canary chunk? */
+static bool canary_chunk(const struct seg *seg, size_t g)
+{
+    return seg->handles[g] && seg->cstart[g] == g && (seg->gflags[g] & GRAN_CANARY);
+}
+
+xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end,
+                            CUmemGenericAllocationHandle *canary_out)
 {
     *first = *end = 0;
+    *canary_out = 0;
     if (size == 0 || offset % seg->gran || size % seg->gran || offset + size > seg->va_size)
         return XSEG_SUCCESS;
     size_t g0 = offset / seg->gran, g1 = (offset + size) / seg->gran;
@@ -2107,38 +2154,50 @@ xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t 
         res = seg_unmap_run(seg, g, g + n);
         if (res != CUDA_SUCCESS) {
             st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)addr, n * seg->gran);
-            break;
+            break; /* nothing changed (seg_unmap_run announced the chunk mapped again) */
         }
+        chunk_flags(seg, g, GRAN_CANARY | GRAN_BARE, 1);
         while (k < n && (res = drv->cuMemMap(addr + k * seg->gran, seg->gran, 0, canary, 0)) == CUDA_SUCCESS)
-            k++;
+            seg->gflags[g + k++] &= (unsigned char)~GRAN_BARE;
         if (res == CUDA_SUCCESS)
             res = drv->cuMemSetAccess(addr, n * seg->gran, seg->access, seg->naccess);
         if (res != CUDA_SUCCESS) {
             st = seg_failf(res, "mapping a canary page at 0x%llx", (unsigned long long)addr);
-            canary_unswap(seg, g, k); /* this chunk back as it was */
             break;
         }
-        chunk_flags(seg, g, GRAN_CANARY, 1);
     }
-    if (st != XSEG_SUCCESS) /* the chunks swapped so far go back: nothing changed */
-        for (size_t g = lo; g < hi; g = chunk_end(seg, g))
-            if (seg->handles[g] && seg->cstart[g] == g && (seg->gflags[g] & GRAN_CANARY))
-                canary_unswap(seg, g, seg->clen[g]);
-    seg_release_handle(seg, canary); /* the page lives while a mapping holds it */
-    if (st == XSEG_SUCCESS) {
-        *first = lo * seg->gran;
-        *end = hi * seg->gran;
+    char msg[512] = "";
+    if (st != XSEG_SUCCESS)
+        snprintf(msg, sizeof msg, "%s", xseg_last_error());
+    size_t left_lo = SIZE_MAX, left_hi = 0;
+    for (size_t g = lo; g < hi; g = chunk_end(seg, g)) {
+        if (!canary_chunk(seg, g))
+            continue;
+        /* On a failure the chunks swapped so far go back (each one that cannot stays swapped). */
+        if (st != XSEG_SUCCESS && canary_unswap(seg, g, canary) == XSEG_SUCCESS)
+            continue;
+        left_lo = left_lo < g ? left_lo : g;
+        left_hi = chunk_end(seg, g);
     }
+    if (st != XSEG_SUCCESS)
+        err_set(st, "%s", msg); /* the first failure's message, not a rollback's */
+    if (left_lo == SIZE_MAX) {
+        seg_release_handle(seg, canary);
+        return st;
+    }
+    *first = left_lo * seg->gran;
+    *end = left_hi * seg->gran;
+    *canary_out = canary; /* the caller's reference, for the restore's rollback */
     return st;
 }
 
-void seg_canary_restore(struct seg *seg, size_t first, size_t end)
+xseg_status seg_canary_restore(struct seg *seg, size_t first, size_t end, CUmemGenericAllocationHandle canary)
 {
-    if (drv_ctx_ensure(seg->ctx) != XSEG_SUCCESS) {
-        fprintf(stderr, "xseg: debug_stale_access: cannot make the device's context current\n");
-        abort();
-    }
-    for (size_t g = first / seg->gran; g < end / seg->gran; g = chunk_end(seg, g))
-        if (seg->handles[g] && seg->cstart[g] == g && (seg->gflags[g] & GRAN_CANARY))
-            canary_unswap(seg, g, seg->clen[g]);
+    xseg_status st = drv_ctx_ensure(seg->ctx);
+    for (size_t g = first / seg->gran; st == XSEG_SUCCESS && g < end / seg->gran; g = chunk_end(seg, g))
+        if (canary_chunk(seg, g))
+            st = canary_unswap(seg, g, canary);
+    if (st == XSEG_SUCCESS && canary)
+        seg_release_handle(seg, canary);
+    return st;
 }

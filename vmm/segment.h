@@ -274,13 +274,17 @@ xseg_status seg_add_peer(struct seg *seg, int peer);
  * granules, access granted to the owner and every peer; so the range reads and writes one
  * page. The observer (seg_params.observe) hears of each chunk as unmapped before its swap and as
  * mapped once restored. *@p first, *@p end: the span swapped (equal: none: no whole chunk
- * inside). On a failure nothing changed. The caller keeps every other user off the
- * range until it restores it; seg_canary_restore maps the handles back (the canary page goes
- * with its last mapping) and aborts when it cannot (the chunk's place would be lost under a
- * block counted mapped).
+ * inside); *@p canary: a reference to the canary page, for seg_canary_restore. On a failure the
+ * chunks swapped so far go back; one whose rollback fails too stays swapped, and *@p first,
+ * *@p end, *@p canary then name what the caller must restore (equal: nothing changed). The
+ * caller keeps every other user off the range until it restores it. seg_canary_restore maps
+ * the handles back and releases @p canary; on a driver failure the chunks not restored stay
+ * swapped (their canary mappings put back) and @p canary is kept: nothing is lost, and the
+ * caller tries again later with the same arguments.
  */
-xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end);
-void seg_canary_restore(struct seg *seg, size_t first, size_t end);
+xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end,
+                            CUmemGenericAllocationHandle *canary);
+xseg_status seg_canary_restore(struct seg *seg, size_t first, size_t end, CUmemGenericAllocationHandle canary);
 
 /* Accessors. Offsets are bytes from seg_base, granule indexes are offset / seg_gran. */
 CUdeviceptr seg_base(const struct seg *seg);

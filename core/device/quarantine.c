@@ -70,53 +70,17 @@ static void swap(struct dev_alloc *d, struct block *b, struct quar_item *it)
     size_t g = d->info.granularity, base = (size_t)seg_base(vs);
     size_t lo = (b->addr - base + g - 1) / g * g, hi = (b->addr + b->size - base) / g * g;
     size_t f, e;
-    if (hi > lo && seg_canary_swap(vs, lo, hi - lo, &f, &e) == XSEG_SUCCESS && e > f) {
+    if (hi <= lo)
+        return;
+    xseg_status st = seg_canary_swap(vs, lo, hi - lo, &f, &e, &it->canary);
+    if (e > f) {
         it->swap_lo = base + f - b->addr;
         it->swap_hi = base + e - b->addr;
     }
-}
-
-/* The first byte of @p p[0, n) that is not the pattern, or n. */
-static size_t first_changed(const unsigned char *p, size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        if (w != UINT64_MAX)
-            break;
+    if (st != XSEG_SUCCESS && e > f) { /* a rollback failed too: restored when it leaves, never checked */
+        it->stuck = true;
+        d->quar.stuck++;
     }
-    for (; i < n; i++)
-        if (p[i] != QUAR_POISON)
-            return i;
-    return n;
-}
-
-/* Read @p it back on its stream (after its fill and whatever else was queued there): the first
- * changed offset in *@p off (it->size: none). */
-static xseg_status read_back(struct dev_alloc *d, const struct quar_item *it, unsigned char *buf, size_t *off)
-{
-    *off = it->size;
-    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
-    if (st != XSEG_SUCCESS)
-        return st;
-    size_t ro[3], rl[3];
-    int n = ranges(d, it, ro, rl);
-    for (int i = 0; i < n; i++)
-        for (size_t at = ro[i]; at < ro[i] + rl[i]; at += QUAR_CHECK_CHUNK) {
-            size_t len = ro[i] + rl[i] - at < QUAR_CHECK_CHUNK ? ro[i] + rl[i] - at : QUAR_CHECK_CHUNK;
-            st = vhost_copy_dtoh(buf, (CUdeviceptr)(it->addr + at), len, it->stream);
-            if (st == XSEG_SUCCESS)
-                st = vstream_wait(it->stream, "debug_stale_access: reading a quarantined block back");
-            if (st != XSEG_SUCCESS)
-                return st;
-            size_t f = first_changed(buf, len);
-            if (f < len) {
-                *off = at + f; /* in the canary page: the offset in the first page of the span */
-                return XSEG_SUCCESS;
-            }
-        }
-    return XSEG_SUCCESS;
 }
 
 /* A finding from @p it (its stacks referenced again: the finding outlives the item). */
@@ -138,39 +102,222 @@ static void add_finding(struct dev_alloc *d, const struct quar_item *it, size_t 
     d->quar.found[d->quar.nfound++] = f;
 }
 
-/* Check @p it once (filled and not reported yet). Returns 1 on a finding, 0 otherwise; *st: a
- * driver failure (the block stays unreported). */
-static int check_item(struct dev_alloc *d, struct quar_item *it, unsigned char *buf, const char *when,
-                      xseg_status *st)
+/* ---- the checks: batched and sampled read-backs ----
+ *
+ * Blocks are checked in batches (those leaving the FIFO together, or all of them for a check):
+ * the ranges to read are sorted by stream and address, ranges of one segment that touch (or, in a
+ * classic segment, lie within QUAR_MERGE_GAP of each other: all mapped there) go in one copy, the copies
+ * fill one host buffer of QUAR_BATCH_BUF queued on their streams, and the buffer is checked
+ * after one wait of its stream: a wait per stream and buffer, not per block. Sampled (the
+ * default, debug_stale_full_check off): a range up to QUAR_WHOLE is read whole; a longer one
+ * only its first and last QUAR_PROBE bytes and a probe of QUAR_PROBE at every QUAR_PROBE_STEP
+ * (a kernel's stale write normally covers a tensor's whole range or its start). A canary span
+ * is sampled as one granule: a write near the span's start or end lands near its page's. */
+#define QUAR_WHOLE ((size_t)256 << 10)
+#define QUAR_PROBE ((size_t)4 << 10)
+#define QUAR_PROBE_STEP ((size_t)4 << 20)
+#define QUAR_MERGE_GAP ((size_t)256 << 10)
+#define QUAR_BATCH_BUF ((size_t)4 << 20)
+
+struct qrange {
+    CUstream s;
+    const void *seg; /* the block's segment */
+    bool classic;
+    uintptr_t addr;
+    size_t len, item, boff; /* item: index into q from head; boff: where it lies in the buffer */
+};
+
+struct qranges {
+    struct qrange *v;
+    size_t n, cap;
+    bool oom;
+};
+
+static void add_range(struct qranges *r, const struct quar_item *it, size_t item, size_t off, size_t len)
 {
-    if (!it->filled || it->reported)
+    for (size_t at = off; at < off + len; at += QUAR_CHECK_CHUNK) {
+        if (!VEC_RESERVE(r->v, r->cap, r->n + 1)) {
+            r->oom = true;
+            return;
+        }
+        size_t l = off + len - at < QUAR_CHECK_CHUNK ? off + len - at : QUAR_CHECK_CHUNK;
+        r->v[r->n++] = (struct qrange){it->stream, it->b->seg, !it->expandable, it->addr + at, l, item, 0};
+    }
+}
+
+/* The ranges of item @p i (index from head) that its check reads. */
+static void item_ranges(const struct dev_alloc *d, const struct quar_item *it, size_t i, struct qranges *r)
+{
+    size_t off[3], len[3];
+    int n = ranges(d, it, off, len);
+    for (int k = 0; k < n; k++) {
+        if (!len[k])
+            continue;
+        if (d->cfg.debug_stale_full_check || len[k] <= QUAR_WHOLE) {
+            add_range(r, it, i, off[k], len[k]);
+            continue;
+        }
+        size_t o = off[k], e = off[k] + len[k];
+        add_range(r, it, i, o, QUAR_PROBE);
+        for (size_t p = o + QUAR_PROBE_STEP; p + QUAR_PROBE <= e - QUAR_PROBE; p += QUAR_PROBE_STEP)
+            add_range(r, it, i, p, QUAR_PROBE);
+        add_range(r, it, i, e - QUAR_PROBE, QUAR_PROBE);
+    }
+}
+
+static int range_cmp(const void *a, const void *b)
+{
+    const struct qrange *x = a, *y = b;
+    if (x->s != y->s)
+        return (uintptr_t)x->s < (uintptr_t)y->s ? -1 : 1;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* The first byte of @p p[0, n) that is not the pattern, or n. */
+static size_t first_changed(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w != UINT64_MAX)
+            break;
+    }
+    for (; i < n; i++)
+        if (p[i] != QUAR_POISON)
+            return i;
+    return n;
+}
+
+/* Wait for the copies of ranges [from, to) (one stream) and check them: a finding for each item
+ * at its first changed byte (its ranges come in address order). Returns the findings. */
+static size_t flush(struct dev_alloc *d, struct qrange *v, size_t from, size_t to, const unsigned char *buf,
+                    const char *when, xseg_status *st)
+{
+    if (from == to)
         return 0;
-    size_t off;
-    xseg_status s = read_back(d, it, buf, &off);
-    d->quar.checked++;
+    xseg_status s = vstream_wait(v[from].s, "debug_stale_access: reading quarantined blocks back");
     if (s != XSEG_SUCCESS) {
         if (*st == XSEG_SUCCESS)
             *st = s;
         return 0;
     }
-    if (off >= it->size)
-        return 0;
-    it->reported = true;
-    add_finding(d, it, off, when);
-    return 1;
+    size_t found = 0;
+    for (size_t r = from; r < to; r++) {
+        struct quar_item *it = &d->quar.q[d->quar.head + v[r].item];
+        if (it->reported)
+            continue;
+        size_t f = first_changed(buf + v[r].boff, v[r].len);
+        if (f < v[r].len) { /* in the canary page: the offset in the first page of the span */
+            it->reported = true;
+            add_finding(d, it, v[r].addr - it->addr + f, when);
+            found++;
+        }
+    }
+    return found;
 }
 
-/* The oldest block leaves: checked (with @p buf, NULL: not checked), then back to its pool. */
-static void leave_oldest(struct dev_alloc *d, unsigned char *buf, xseg_status *st)
+/* The read-back buffer: pinned host memory, so that a batch's copies run asynchronously until
+ * its one wait (pageable memory would make each copy wait), else host memory. Context current. */
+static unsigned char *batch_buffer(struct dev_alloc *d)
+{
+    if (!d->quar.buf) {
+        void *p = NULL;
+        d->quar.buf_pinned = vhost_alloc(QUAR_BATCH_BUF, &p) == XSEG_SUCCESS;
+        d->quar.buf = d->quar.buf_pinned ? p : xs_malloc(QUAR_BATCH_BUF);
+    }
+    return d->quar.buf;
+}
+
+/* Check items [i0, i0 + n) of the FIFO (index from head) that are filled and not reported yet.
+ * Returns the findings; *@p st: the first failure (the blocks not read stay unreported). */
+static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *when, xseg_status *st)
+{
+    struct qranges r = {0};
+    size_t items = 0;
+    for (size_t i = i0; i < i0 + n && !r.oom; i++) {
+        struct quar_item *it = &d->quar.q[d->quar.head + i];
+        if (it->filled && !it->reported && !it->stuck) {
+            item_ranges(d, it, i, &r);
+            items++;
+        }
+    }
+    xseg_status s = r.n ? drv_ctx_ensure(d->info.primary_ctx) : XSEG_SUCCESS;
+    unsigned char *buf = r.n && s == XSEG_SUCCESS ? batch_buffer(d) : NULL;
+    if (r.oom || (r.n && s == XSEG_SUCCESS && !buf)) {
+        xs_free(r.v);
+        if (*st == XSEG_SUCCESS)
+            *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: no host memory to read quarantined blocks back", when);
+        return 0;
+    }
+    d->quar.checked += items;
+    size_t found = 0;
+    if (s != XSEG_SUCCESS)
+        *st = *st == XSEG_SUCCESS ? s : *st;
+    if (r.n)
+        qsort(r.v, r.n, sizeof *r.v, range_cmp);
+    size_t used = 0, pend = 0; /* ranges [pend, k) are queued into buf[0, used) */
+    for (size_t k = 0; s == XSEG_SUCCESS && k < r.n;) {
+        /* One copy: ranges k.. of one segment (a copy never spans two allocations) that touch,
+         * or lie close in a classic segment (all of it mapped). */
+        size_t e = k + 1;
+        uintptr_t lo = r.v[k].addr, hi = lo + r.v[k].len;
+        while (e < r.n && r.v[e].s == r.v[k].s && r.v[e].seg == r.v[k].seg && r.v[e].addr >= hi &&
+               (r.v[e].addr == hi || (r.v[e].classic && r.v[e].addr - hi <= QUAR_MERGE_GAP)) &&
+               r.v[e].addr + r.v[e].len - lo <= QUAR_CHECK_CHUNK) {
+            hi = r.v[e].addr + r.v[e].len;
+            e++;
+        }
+        if (pend < k && (r.v[pend].s != r.v[k].s || used + (hi - lo) > QUAR_BATCH_BUF)) {
+            found += flush(d, r.v, pend, k, buf, when, &s);
+            pend = k;
+            used = 0;
+        }
+        if (s != XSEG_SUCCESS)
+            break;
+        s = vhost_copy_dtoh(buf + used, (CUdeviceptr)lo, hi - lo, r.v[k].s);
+        for (size_t j = k; j < e; j++)
+            r.v[j].boff = used + (r.v[j].addr - lo);
+        used += hi - lo;
+        k = e;
+        if (s == XSEG_SUCCESS && k == r.n)
+            found += flush(d, r.v, pend, k, buf, when, &s);
+    }
+    if (s != XSEG_SUCCESS && *st == XSEG_SUCCESS)
+        *st = s;
+    xs_free(r.v);
+    return found;
+}
+
+/* The oldest block leaves (checked already, or leaving unchecked), back to its pool. When its
+ * canary pages cannot be mapped back (a driver failure), it stays quarantined instead: moved to
+ * the FIFO's end, marked stuck (never checked again), tried again when it next leaves. */
+static void leave_oldest(struct dev_alloc *d, xseg_status *st)
 {
     struct quar_item *it = &d->quar.q[d->quar.head];
-    if (buf)
-        (void)check_item(d, it, buf, "quarantine exit", st);
     struct block *b = it->b;
     if (it->swap_lo != it->swap_hi) { /* the chunks' own handles back under the block */
         size_t at = b->addr - (size_t)seg_base(b->seg->vseg);
-        seg_canary_restore(b->seg->vseg, at + it->swap_lo, at + it->swap_hi);
+        xseg_status s = seg_canary_restore(b->seg->vseg, at + it->swap_lo, at + it->swap_hi, it->canary);
+        if (s != XSEG_SUCCESS) {
+            if (*st == XSEG_SUCCESS)
+                *st = err_prefix(s, "debug_stale_access: block 0x%" PRIxPTR " (%zu bytes) stays quarantined, "
+                                    "tried again at its next exit or empty_cache", it->addr, it->size);
+            struct quar_item keep = *it;
+            if (!keep.stuck)
+                d->quar.stuck++;
+            keep.stuck = true;
+            d->quar.head++;
+            if (d->quar.head + d->quar.n - 1 == d->quar.cap) { /* room at the end: compact */
+                memmove(d->quar.q, d->quar.q + d->quar.head, (d->quar.n - 1) * sizeof *d->quar.q);
+                d->quar.head = 0;
+            }
+            d->quar.q[d->quar.head + d->quar.n - 1] = keep;
+            return;
+        }
     }
+    if (it->stuck)
+        d->quar.stuck--;
     struct block_side *sd = block_side(b);
     xseg_assert(sd && sd->event_count == 1);
     sd->event_count = 0;
@@ -196,16 +343,22 @@ static void fill_pending(struct dev_alloc *d)
     }
 }
 
-/* Keep the bound: the oldest leave while the bytes pass it (never during a capture). */
-static xseg_status trim(struct dev_alloc *d, size_t bound)
+/* Keep the bound (never during a capture): when the bytes (or blocks) pass it, the oldest leave
+ * as one batch, checked together, down to 7/8 of it (so batches are large and rare). @p check:
+ * check them first (a block whose check failed leaves unreported). */
+static xseg_status trim(struct dev_alloc *d, size_t bound, bool check)
 {
     if ((d->quar.bytes <= bound && d->quar.n <= QUAR_MAX_BLOCKS) || cap_underway(d))
         return XSEG_SUCCESS;
+    size_t low = bound - bound / 8, lown = QUAR_MAX_BLOCKS - QUAR_MAX_BLOCKS / 8;
+    size_t k = 0, bytes = d->quar.bytes;
+    while (k < d->quar.n && (bytes > low || d->quar.n - k > lown))
+        bytes -= d->quar.q[d->quar.head + k++].size;
     xseg_status st = XSEG_SUCCESS;
-    unsigned char *buf = xs_malloc(QUAR_CHECK_CHUNK);
-    while (d->quar.n && (d->quar.bytes > bound || d->quar.n > QUAR_MAX_BLOCKS))
-        leave_oldest(d, buf, &st); /* without a buffer (host OOM) it leaves unchecked */
-    xs_free(buf);
+    if (check)
+        (void)check_batch(d, 0, k, "quarantine exit", &st);
+    for (size_t i = 0; i < k && d->quar.n; i++)
+        leave_oldest(d, &st); /* a stuck block goes to the end: each leaves (or is tried) once */
     return st;
 }
 
@@ -270,7 +423,7 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
     if (!cap) {
         if (d->quar.unfilled)
             fill_pending(d);
-        (void)trim(d, d->cfg.debug_quarantine); /* a failed check leaves the block unreported */
+        (void)trim(d, d->cfg.debug_quarantine, true); /* a failed check leaves its blocks unreported */
     }
     return true;
 }
@@ -303,17 +456,11 @@ xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, si
         return XSEG_SUCCESS;
     if (d->quar.unfilled)
         fill_pending(d);
-    unsigned char *buf = xs_malloc(QUAR_CHECK_CHUNK);
-    if (!buf)
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: no host memory to read quarantined blocks back", when);
     xseg_status st = XSEG_SUCCESS;
-    size_t n = 0;
-    for (size_t i = 0; i < d->quar.n; i++)
-        n += (size_t)check_item(d, &d->quar.q[d->quar.head + i], buf, when, &st);
-    xs_free(buf);
+    size_t n = check_batch(d, 0, d->quar.n, when, &st);
     if (found)
         *found = n;
-    xseg_status st2 = trim(d, drain || !d->cfg.debug_stale_access ? 0 : d->cfg.debug_quarantine);
+    xseg_status st2 = trim(d, drain || !d->cfg.debug_stale_access ? 0 : d->cfg.debug_quarantine, false);
     return st != XSEG_SUCCESS ? st : st2;
 }
 
@@ -445,6 +592,10 @@ void quar_destroy(struct dev_alloc *d)
         hist_stack_unref(d->quar.found[i].free_stack);
     }
     hist_stack_unref(d->quar.free_stack);
+    if (d->quar.buf_pinned)
+        vhost_free(d->quar.buf, d->info.dev);
+    else
+        xs_free(d->quar.buf);
     xs_free(d->quar.q);
     xs_free(d->quar.found);
     d->quar = (struct quar_state){0};

@@ -3,7 +3,13 @@
  * freed blocks are held out of their pool in a FIFO of at most debug_quarantine bytes, filled
  * with all-ones bytes at their free (cuMemsetD8Async on the block's stream, so after its last
  * use there; NaN in fp32/fp16/bf16), and checked (read back on that stream) when they leave it,
- * at empty_cache, at snapshot time and on demand (xseg_check_stale). A byte that lost the pattern
+ * at empty_cache, at snapshot time and on demand (xseg_check_stale). Checks go by batches (the
+ * blocks leaving together, down to 7/8 of the bound, or all of them): one host buffer of copies,
+ * one wait per stream, never a synchronize per block; sampled unless debug_stale_full_check (a
+ * block up to 256 KiB whole, else its first and last 4 KiB and 4 KiB every 4 MiB). In expandable
+ * segments whole chunks are swapped for a canary page (vmm/segment.h); a block whose chunks
+ * cannot be mapped back when it leaves stays quarantined (stuck: never checked again, tried again
+ * at its next exit), the failure returned by the check or empty_cache. A byte that lost the pattern
  * is a write after the free: a finding, naming the block, its allocation's and its free's stacks
  * (history), the first changed offset and when it was found, delivered to the stale observers or
  * stderr with no lock held (quar_take / quar_deliver) and kept for snapshots.

@@ -279,6 +279,9 @@ struct quar_item {
     bool filled;               /* the pattern was queued at the free: the check means something */
     size_t swap_lo, swap_hi;   /* [lo, hi) of the block (offsets) reads one canary page (equal: none) */
     bool reported;             /* a finding was made for it already */
+    CUmemGenericAllocationHandle canary; /* with a swap: the canary page's reference (seg_canary_restore) */
+    bool stuck;                /* never checked: a canary swap or restore failed (pages not all the
+                                * canary); a failed restore keeps it, tried again at its next exit */
     struct hstack *alloc_stack, *free_stack; /* one reference each (NULL: none recorded) */
     int64_t freed_us, found_us;
     size_t first_offset;       /* findings: the first byte that lost the pattern */
@@ -294,6 +297,9 @@ struct quar_state {
     size_t nfound, capfound, ndelivered;
     uint64_t dropped;          /* findings beyond the bound (counted, not kept) */
     uint64_t entered, checked, unfilled;
+    size_t stuck;              /* items marked stuck */
+    unsigned char *buf;        /* the checks' read-back buffer (QUAR_BATCH_BUF), kept for the device's life */
+    bool buf_pinned;           /* from vhost_alloc (else host malloc: pinned memory lacked) */
 };
 
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */

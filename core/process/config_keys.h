@@ -97,6 +97,8 @@
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
     K(debug_quarantine_mb, NULL, MIB, debug_quarantine, (size_t)1024 << 20,                        \
       CFG_BOUNDED_MIB(1, 1048576), CFG_OMIT_DEFAULT, 0, "1024")                                    \
+    K(debug_stale_full_check, NULL, BOOL, debug_stale_full_check, false, cfg_parse_flag,           \
+      CFG_OMIT_DEFAULT, 0, "False")                                                                \
     /* spill to host memory out of memory (core/services/spill.c) */                               \
     K(spill_to_host, NULL, BOOL, spill_to_host, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0,        \
       "False")                                                                                     \

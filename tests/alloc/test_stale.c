@@ -318,11 +318,12 @@ static void test_reassigned_off_expandable(void **st)
 }
 
 /* A write after the free found when the block leaves the FIFO (the bound passed), without a
- * check being asked for; the block's memory then serves again. */
+ * check being asked for; the block's memory then serves again. debug_stale_full_check: the
+ * write lies between the samples a default check reads (test_sampled_at_exit). */
 static void test_found_at_exit(void **st)
 {
     (void)st;
-    start("expandable_segments:False,debug_stale_access:True,debug_quarantine_mb:4");
+    start("expandable_segments:False,debug_stale_access:True,debug_quarantine_mb:4,debug_stale_full_check:True");
     CUstream s = new_stream();
     void *a = alloc_at("victim", 1 * MiB, s);
     free_at("victim_freed", a);
@@ -338,6 +339,29 @@ static void test_found_at_exit(void **st)
     assert_string_equal(reports[0].free_name, "victim_freed");
     /* Reserved memory stays within the budget plus what is live. */
     assert_true(tu_stat("reserved_bytes.all.current") <= (int64_t)(4 * MiB + 20 * MiB));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
+/* The default check reads samples of a block over 256 KiB: its first and last 4 KiB and 4 KiB at
+ * every 4 MiB. A write at a probe is found when the block leaves; one between the samples is not
+ * (the documented limit of the sampled check: debug_stale_full_check reads every byte). */
+static void test_sampled_at_exit(void **st)
+{
+    (void)st;
+    start("expandable_segments:False,debug_stale_access:True,debug_quarantine_mb:24");
+    CUstream s = new_stream();
+    void *a = alloc_at("between_samples", 9 * MiB, s), *b = alloc_at("at_a_probe", 9 * MiB, s);
+    free_at("a_freed", a);
+    free_at("b_freed", b);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a + 4096 + 3, 0, 1, s));
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)b + 4 * MiB + 5, 0, 1, s));
+    for (int i = 0; i < 12; i++) /* 24 MiB more: both leave */
+        tu_free(alloc_at("filler", 2 * MiB, s));
+    assert_int_equal(nreports, 1);
+    assert_int_equal(reports[0].addr, (uintptr_t)b);
+    assert_int_equal(reports[0].first_offset, 4 * MiB + 5);
+    assert_string_equal(reports[0].when, "quarantine exit");
     tu_assert_cu(drv->cuStreamDestroy(s));
     stop();
 }
@@ -376,11 +400,12 @@ static void test_recorded_stream(void **st)
 /* Expandable segments: the whole pages of a quarantined block are swapped for one canary page
  * mapped over each of their granules, so a stale write anywhere in them shows in all of them and
  * the check reads one page; the first changed offset is then known within a granule (its place
- * in the first page of the span). When the block leaves, its own pages are back, distinct. */
+ * in the first page of the span). When the block leaves, its own pages are back, distinct.
+ * debug_stale_full_check: the page read whole (by default it is sampled as a granule). */
 static void test_canary_pages(void **st)
 {
     (void)st;
-    start("expandable_segments:True,debug_stale_access:True,debug_quarantine_mb:64");
+    start("expandable_segments:True,debug_stale_access:True,debug_quarantine_mb:64,debug_stale_full_check:True");
     CUstream s = new_stream();
     const size_t n = 60 * MiB, G = 2 * MiB;
     unsigned char *a = alloc_at("big_activation", n, s);
@@ -520,6 +545,7 @@ struct injected {
 static void oracle(const char *config)
 {
     start(config);
+    bool full = strstr(config, "debug_stale_full_check:True") != NULL;
     size_t ops = tu_steps(100000, 2000);
     const char *env = getenv("XSEG_STALE_OPS");
     if (env && *env)
@@ -547,9 +573,13 @@ static void oracle(const char *config)
             if (!intact(&l))
                 fail_msg("op %zu: live block %p (%zu bytes) lost its tag", op, l.p, l.size);
             tu_free(l.p);
-            /* Now and then a stale write right after the free (stream-ordered after the fill). */
+            /* Now and then a stale write right after the free (stream-ordered after the fill):
+             * anywhere with debug_stale_full_check, else where the sampled check reads (the
+             * whole of a block up to 256 KiB, else its first or last 4 KiB). */
             if (!l.recorded && ninj < MAXINJ && rnd() % 200 == 0) {
                 size_t off = rnd() % l.size;
+                if (!full && l.size > 256 * KiB)
+                    off = rnd() % 2 ? rnd() % (4 * KiB) : l.size - 1 - rnd() % (4 * KiB);
                 tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)l.p + off, 0x5a, 1, l.s));
                 inj[ninj++] = (struct injected){(uintptr_t)l.p, off};
             }
@@ -632,12 +662,14 @@ static void oracle(const char *config)
 static void test_oracle_classic(void **st)
 {
     (void)st;
-    oracle("expandable_segments:False,debug_stale_access:True,debug_quarantine_mb:32");
+    /* Every byte checked: stale writes anywhere in a block. */
+    oracle("expandable_segments:False,debug_stale_access:True,debug_quarantine_mb:32,debug_stale_full_check:True");
 }
 static void test_oracle_expandable(void **st)
 {
     (void)st;
-    /* 2 MiB chunks: most blocks from 4 MiB hold whole chunks, swapped for canary pages. */
+    /* 2 MiB chunks: most blocks from 4 MiB hold whole chunks, swapped for canary pages. The
+     * default, sampled check: stale writes where it reads. */
     oracle("expandable_segments:True,expandable_chunk_mb:2,debug_stale_access:True,debug_quarantine_mb:32");
 }
 
@@ -650,6 +682,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reassigned_off_classic),     cmocka_unit_test(test_reassigned_on_expandable),
         cmocka_unit_test(test_reassigned_off_expandable),  cmocka_unit_test(test_found_at_exit),
         cmocka_unit_test(test_recorded_stream),            cmocka_unit_test(test_canary_pages),
+        cmocka_unit_test(test_sampled_at_exit),
     };
     const struct CMUnitTest bad[] = {cmocka_unit_test(test_bad_input)};
     const struct CMUnitTest oracle_classic[] = {cmocka_unit_test(test_oracle_classic)};
