@@ -5,7 +5,7 @@
 #include "core/device/fast.h"
 
 #include "base/fork.h"
-#include "core/device/lifetime.h"
+#include "core/device/placement.h"
 
 _Thread_local struct dev_slot *fast_tls_slot;
 
@@ -94,7 +94,7 @@ void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
 
 /* ---- settle ------------------------------------------------------------------------------ */
 
-/* A slot's block freed and settled: the free the lifetime predictor sees (core/device/lifetime.h; the
+/* A slot's block freed and settled: the free the lifetime predictor sees (core/device/placement.h, L1; the
  * slot's own pairs were not seen), for the key of the malloc that filled the slot. */
 static void slot_settle_free(struct dev_alloc *d, const struct block *b, size_t req)
 {

@@ -246,7 +246,7 @@ struct acct {
 };
 
 
-/* ---- lifetime.{h,c}: the lifetime predictor (core/device/lifetime.h) ------------------------------- */
+/* ---- placement.{h,c}: the lifetime predictor (core/device/placement.h, L1) ------------------------ */
 #define LIFE_KEYS 1024 /* key table entries (a power of two) */
 #define LIFE_DEPTH 4   /* blocks remembered a key */
 /* One key (requested size, stream, pool) and its last LIFE_DEPTH blocks' addresses. */
