@@ -589,7 +589,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
     if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) /* the large pools */
-        life_record(&d->life, size, p->stream, p->pool, b->addr);
+        life_record(&d->life, size, p->stream, p->pool, b);
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -1043,7 +1043,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     int si = pool->stat_index;
     life_note(&d->life, 1);
     if (XSEG_UNLIKELY(b->expandable && !b->small_pool))
-        life_forget(&d->life, block_requested(b), b->stream, pool, b->addr);
+        life_forget(&d->life, b);
     stat_down_pool(d->acct.stats.allocation, si, 1);
     stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
     /* oversize, recorded, exported and a side struct (recorded streams) in one test

@@ -53,6 +53,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cuda.h>
 
@@ -67,6 +68,14 @@
 #define PLACE_NEAR_FULL_DIV 8    /* C2 */
 #define PLACE_FINE_CHUNK_DIV 16  /* C3 */
 
+/* XSEG_PLACEMENT_OFF (a -D of a benchmark build only): L1 and L2 compiled out, to measure their
+ * cost against the same tree (benchmarks/callgrind_round_robin.sh). */
+#ifdef XSEG_PLACEMENT_OFF
+#define life_note(l, is_free) ((void)(l), (void)(is_free))
+#define life_predict_long(l, req, stream, pool) ((void)(l), false)
+#define life_record(l, req, stream, pool, b) ((void)(l))
+#define life_forget(l, b) ((void)(l))
+#else
 /* L1: a malloc (@p is_free 0) or a free (1) enters the window. */
 static inline __attribute__((always_inline)) void life_note(struct life_state *l, unsigned is_free)
 {
@@ -74,8 +83,108 @@ static inline __attribute__((always_inline)) void life_note(struct life_state *l
     l->events++; /* not saturated here: one instruction (the window's count is min(events, 64)) */
 }
 
-/* L1: predicted long: frees lead the window, and the key's last blocks (2 to LIFE_DEPTH) are live. */
-bool life_predict_long(const struct life_state *l, size_t req, CUstream stream, const void *pool);
+/* L1's tag of a recorded block, in its `prio` while it is allocated (no index holds it then; an
+ * index insert sets prio anew): LIFE_TAG | the key entry's index << 2 | its slot there. */
+#define LIFE_TAG 0x80000000u
+_Static_assert(LIFE_DEPTH == 4 && LIFE_KEYS <= (1u << 29), "a tag holds a slot in 2 bits, an entry below bit 31");
+
+/* The key's home entry: one multiply over its words mixed by xor, the top bits. */
+static inline __attribute__((always_inline)) size_t life_hash(size_t req, CUstream stream, const void *pool)
+{
+    _Static_assert(LIFE_KEYS == 1024, "the hash's top 10 bits index the key table");
+    uint64_t h = ((uint64_t)req ^ (uint64_t)(uintptr_t)stream ^ (uint64_t)(uintptr_t)pool) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 54);
+}
+
+static inline __attribute__((always_inline)) bool life_is(const struct life_key *k, size_t req, CUstream stream,
+                                                          const void *pool)
+{
+    return k->req == req && k->stream == stream && k->pool == pool;
+}
+
+/* The set bits of @p x, inline (libgcc's __popcountdi2 is a call where the target has no popcnt). */
+static inline __attribute__((always_inline)) unsigned life_popcount(uint64_t x)
+{
+#ifdef __POPCNT__
+    return (unsigned)__builtin_popcountll(x);
+#else
+    x -= (x >> 1) & 0x5555555555555555ull;
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+    return (unsigned)((x * 0x0101010101010101ull) >> 56);
+#endif
+}
+
+/* L1's first half: frees outnumbered mallocs in the window. */
+static inline __attribute__((always_inline)) bool life_frees_lead(const struct life_state *l)
+{
+    uint64_t count = l->events < PLACE_LIFE_WINDOW ? l->events : PLACE_LIFE_WINDOW;
+    return 2u * (uint64_t)life_popcount(l->ring) > count;
+}
+
+/* L1's second half for entry @p k: its last blocks (2 to LIFE_DEPTH) are all live. */
+static inline __attribute__((always_inline)) bool life_key_live(const struct life_key *k)
+{
+    static const uint32_t all_live[LIFE_DEPTH + 1] = {0, 0x1, 0x101, 0x10101, 0x1010101};
+    unsigned n = k->recs < LIFE_DEPTH ? k->recs : LIFE_DEPTH;
+    uint32_t v;
+    memcpy(&v, k->live, sizeof v); /* unrecorded slots hold 0 */
+    return n >= PLACE_LIFE_TWINS && v == all_live[n];
+}
+
+/* L1's second half past the key's home entry (probing). */
+bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, const void *pool);
+
+/* L1: predicted long. Both halves are pure; the key's home entry first (the cheaper test, and
+ * false on a steady malloc-free cycle), then the window. */
+static inline bool life_predict_long(const struct life_state *l, size_t req, CUstream stream, const void *pool)
+{
+    const struct life_key *k = &l->keys[life_hash(req, stream, pool)];
+    if (XSEG_LIKELY(life_is(k, req, stream, pool)))
+        return life_key_live(k) && life_frees_lead(l);
+    return life_frees_lead(l) && life_twins_live(l, req, stream, pool);
+}
+
+/* Block @p b goes into entry @p j (its key's) in place of the key's oldest; b->prio gets its tag. */
+static inline __attribute__((always_inline)) void life_put(struct life_state *l, size_t j, struct block *b)
+{
+    struct life_key *k = &l->keys[j];
+    unsigned i = k->recs & (LIFE_DEPTH - 1);
+    k->addr[i] = b->addr;
+    k->live[i] = 1;
+    k->recs++;
+    b->prio = LIFE_TAG | (uint32_t)j << 2 | i;
+}
+
+/* life_record past the key's home entry (probing, a new or replaced entry). */
+void life_record_slow(struct life_state *l, size_t req, CUstream stream, const void *pool, struct block *b);
+
+/* Block @p b was handed out for the key (req, stream, pool): it replaces the key's oldest (a full
+ * table replaces an entry; never fails), and b->prio gets its tag. Inline when the key sits in its
+ * home entry. */
+static inline __attribute__((always_inline)) void life_record(struct life_state *l, size_t req, CUstream stream,
+                                                              const void *pool, struct block *b)
+{
+    size_t h = life_hash(req, stream, pool);
+    if (XSEG_LIKELY(life_is(&l->keys[h], req, stream, pool)))
+        life_put(l, h, b);
+    else
+        life_record_slow(l, req, stream, pool, b);
+}
+
+/* Recorded block @p b is freed: no longer live. Through its tag, no lookup: a slot that has since
+ * recorded another block (or an entry another key took) holds another address and is left alone
+ * (two live blocks never share an address). */
+static inline __attribute__((always_inline)) void life_forget(struct life_state *l, const struct block *b)
+{
+    uint32_t t = b->prio;
+    struct life_key *k = &l->keys[(t >> 2) & (LIFE_KEYS - 1)];
+    unsigned i = t & (LIFE_DEPTH - 1);
+    if ((t & LIFE_TAG) && k->addr[i] == b->addr)
+        k->live[i] = 0;
+}
+
+#endif
 
 /* L1 for a malloc of @p size rounded bytes (@p requested asked): large requests in expandable
  * mode with expandable_segments_recycle only; without it, PyTorch's layout. */
@@ -85,13 +194,6 @@ static inline bool place_predict_long(const struct dev_alloc *d, size_t size, si
     return size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle &&
            life_predict_long(&d->life, requested, stream, pool);
 }
-
-/* A block at @p addr was handed out for the key: it replaces the key's oldest (a full table
- * replaces an entry; never fails). */
-void life_record(struct life_state *l, size_t req, CUstream stream, const void *pool, uintptr_t addr);
-
-/* The block at @p addr of the key was freed: no longer live (nothing when it is not recorded). */
-void life_forget(struct life_state *l, size_t req, CUstream stream, const void *pool, uintptr_t addr);
 
 /* L2: is free block @p a higher than @p best (NULL: yes)? A newer segment (expandable.c's
  * seg_order_less), else a higher address in the same one. (The oldest segment's top instead

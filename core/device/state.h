@@ -255,9 +255,9 @@ struct life_key {
     CUstream stream;
     const void *pool;
     uintptr_t addr[LIFE_DEPTH];
-    uint8_t n;    /* blocks recorded, at most LIFE_DEPTH */
-    uint8_t live; /* bit i: addr[i] is still allocated */
-    uint8_t next; /* where the next block goes (the oldest is replaced) */
+    uint32_t recs; /* blocks recorded (the next goes to addr[recs % LIFE_DEPTH], the oldest's);
+                    * after 2^32 it wraps, and the key counts as new for a few records */
+    uint8_t live[LIFE_DEPTH]; /* 1: addr[i] is still allocated (a byte each: a free stores one) */
 };
 struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
