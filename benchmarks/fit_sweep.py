@@ -30,7 +30,10 @@ def replay(args, trace, device_mem=None):
     cmd = [args.replay, "--summary=json", "--marks=none", "--config", args.config]
     if device_mem:
         cmd += ["--device-mem", str(device_mem)]
-    out = subprocess.run(cmd + [trace], capture_output=True, text=True, check=False).stdout
+    try:
+        out = subprocess.run(cmd + [trace], capture_output=True, text=True, check=False).stdout
+    except OSError as e:
+        raise RuntimeError(f"cannot run {args.replay}: {e.strerror}") from None
     lines = [l for l in out.splitlines() if l.startswith("{")]
     if not lines:
         raise RuntimeError(f"{trace}: replay printed no summary")
@@ -76,14 +79,17 @@ def main():
                     above = m + step
             name = os.path.basename(trace).removesuffix(".trace")
             gap_text = ", ".join(f"{m // MIB} ({f})" for m, f in gaps) or "none"
-            from_text = (f"{above / peak:.4f}" if above <= band[-1] else "none in the band")
+            from_text = (f"{above // MIB} MiB (x {above / peak:.4f})" if above <= band[-1] else "none in the band")
             sampled = f" every {args.step} MiB (sampled)" if step != STEP else ""
             print(f"{name}: peak {peak / MIB:,.1f} MiB, {len(band)} sizes {band[0] // MIB}-{band[-1] // MIB} MiB{sampled}, "
-                  f"gaps (MiB, failed allocations): {gap_text}; every size fits from x {from_text}",
+                  f"gaps (MiB, failed allocations): {gap_text}; every size fits from {from_text}",
                   flush=True)
             bad += bool(gaps)
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        sys.exit(f"fit_sweep.py: {e}")
