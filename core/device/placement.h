@@ -84,9 +84,8 @@ static inline __attribute__((always_inline)) void life_note(struct life_state *l
 }
 
 /* L1's tag of a recorded block, in its `prio` while it is allocated (no index holds it then; an
- * index insert sets prio anew): LIFE_TAG | the key entry's index << 2 | its slot there. */
-#define LIFE_TAG 0x80000000u
-_Static_assert(LIFE_DEPTH == 4 && LIFE_KEYS <= (1u << 29), "a tag holds a slot in 2 bits, an entry below bit 31");
+ * index insert sets prio anew): the key entry's index << 2 | its slot there. */
+_Static_assert(LIFE_DEPTH == 4 && LIFE_KEYS <= (1u << 30), "a tag holds a slot in 2 bits and an entry above");
 
 /* The key's home entry: one multiply over its words mixed by xor, the top bits. */
 static inline __attribute__((always_inline)) size_t life_hash(size_t req, CUstream stream, const void *pool)
@@ -125,11 +124,9 @@ static inline __attribute__((always_inline)) bool life_frees_lead(const struct l
 /* L1's second half for entry @p k: its last blocks (2 to LIFE_DEPTH) are all live. */
 static inline __attribute__((always_inline)) bool life_key_live(const struct life_key *k)
 {
-    static const uint32_t all_live[LIFE_DEPTH + 1] = {0, 0x1, 0x101, 0x10101, 0x1010101};
-    unsigned n = k->recs < LIFE_DEPTH ? k->recs : LIFE_DEPTH;
     uint32_t v;
-    memcpy(&v, k->live, sizeof v); /* unrecorded slots hold 0 */
-    return n >= PLACE_LIFE_TWINS && v == all_live[n];
+    memcpy(&v, k->live, sizeof v); /* a new entry's slots start live: "all recorded ones live" */
+    return k->recs >= PLACE_LIFE_TWINS && v == 0x01010101u;
 }
 
 /* L1's second half past the key's home entry (probing). */
@@ -153,7 +150,7 @@ static inline __attribute__((always_inline)) void life_put(struct life_state *l,
     k->addr[i] = b->addr;
     k->live[i] = 1;
     k->recs++;
-    b->prio = LIFE_TAG | (uint32_t)j << 2 | i;
+    b->prio = (uint32_t)j << 2 | i;
 }
 
 /* life_record past the key's home entry (probing, a new or replaced entry). */
@@ -172,15 +169,16 @@ static inline __attribute__((always_inline)) void life_record(struct life_state 
         life_record_slow(l, req, stream, pool, b);
 }
 
-/* Recorded block @p b is freed: no longer live. Through its tag, no lookup: a slot that has since
- * recorded another block (or an entry another key took) holds another address and is left alone
- * (two live blocks never share an address). */
+/* Large expandable block @p b is freed: no longer live. Through its tag, no lookup: a slot that has
+ * since recorded another block (or an entry another key took) holds another address and is left
+ * alone (two live blocks never share an address); a block never recorded (its prio a treap's) can
+ * only clear a stale flag of an earlier block at its address. */
 static inline __attribute__((always_inline)) void life_forget(struct life_state *l, const struct block *b)
 {
-    uint32_t t = b->prio;
+    uint32_t t = b->prio; /* a block recorded at its malloc; else any value: the address decides */
     struct life_key *k = &l->keys[(t >> 2) & (LIFE_KEYS - 1)];
     unsigned i = t & (LIFE_DEPTH - 1);
-    if ((t & LIFE_TAG) && k->addr[i] == b->addr)
+    if (k->addr[i] == b->addr)
         k->live[i] = 0;
 }
 
