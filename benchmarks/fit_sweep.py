@@ -8,12 +8,13 @@ answer this; every size is replayed.
                           [--step MIB] TRACE_OR_DIR...
 
 A folder stands for its *.trace files (convert PyTorch snapshots first with
-tools/snapshot2trace.py; benchmarks/fit_table.sh does so). Peak allocated comes from a replay on
-an 80 GiB device, as in fit_table.sh. One line per trace: the sizes replayed, the gaps (MiB, with
-the failed allocations) and the smallest size from which every larger one up to HI fits. Exit
-status 1 when a trace has a gap. Replays run on cudaemu, whose placements repeat exactly. An
-80 GiB trace takes some 3,700 replays: --step (a multiple of 2) samples the band more coarsely, and
-then says so (a sampled sweep can miss a gap).
+tools/snapshot2trace.py; benchmarks/fit_table.sh does so). Peak allocated comes from a replay on an
+80 GiB device, as in fit_table.sh, or on 1 TiB where that one fails (a trace that recorded an OOM).
+One line per trace: the sizes replayed, the gaps (MiB, with the failed allocations) and the
+smallest size from which every larger one up to HI fits. Exit status 1 when a trace has a gap.
+Replays run on cudaemu, whose placements repeat exactly. An 80 GiB trace takes some 3,700 replays:
+--step (a multiple of 2) samples the band more coarsely, and then says so (a sampled sweep can
+miss a gap).
 """
 import argparse
 import concurrent.futures
@@ -69,7 +70,12 @@ def main():
     bad = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
         for trace in traces:
-            peak = replay(args, trace)["peak_allocated_bytes"]
+            base = replay(args, trace)
+            note = ""
+            if base["failed_allocs"]:  # a recorded OOM: its peak is that of a device it fits on
+                base = replay(args, trace, 1 << 40)
+                note = " (fails on 80 GiB: peak from a 1 TiB device)"
+            peak = base["peak_allocated_bytes"]
             band = sizes(peak, args.lo, args.hi, step)
             runs = list(pool.map(lambda m: replay(args, trace, m)["failed_allocs"], band))
             gaps = [(m, f) for m, f in zip(band, runs) if f]
@@ -81,7 +87,7 @@ def main():
             gap_text = ", ".join(f"{m // MIB} ({f})" for m, f in gaps) or "none"
             from_text = (f"{above // MIB} MiB (x {above / peak:.4f})" if above <= band[-1] else "none in the band")
             sampled = f" every {args.step} MiB (sampled)" if step != STEP else ""
-            print(f"{name}: peak {peak / MIB:,.1f} MiB, {len(band)} sizes {band[0] // MIB}-{band[-1] // MIB} MiB{sampled}, "
+            print(f"{name}: peak {peak / MIB:,.1f} MiB{note}, {len(band)} sizes {band[0] // MIB}-{band[-1] // MIB} MiB{sampled}, "
                   f"gaps (MiB, failed allocations): {gap_text}; every size fits from {from_text}",
                   flush=True)
             bad += bool(gaps)
