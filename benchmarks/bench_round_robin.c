@@ -1,9 +1,10 @@
 /*
- * The device path's pair when no stream slot serves it: a three-block round robin of 512 B, 1 KiB
- * and 1.5 KiB (each step frees the oldest block and allocates the next size, through
- * xseg_free / xseg_malloc), N steps in one mode. Meant for callgrind's two-count difference
- * (benchmarks/callgrind_round_robin.sh); prints the wall ns per step too.
- *   bench_round_robin [--mode classic|expandable] [--pairs N]
+ * The device path's pair when no stream slot serves it: a three-block round robin of B, 2 B and
+ * 3 B bytes (B: --size, default 512 B, the small pool; 2 MiB: the large pool), each step freeing
+ * the oldest block and allocating the next size through xseg_free / xseg_malloc, N steps in one
+ * mode. Meant for callgrind's two-count difference (benchmarks/callgrind_round_robin.sh); prints
+ * the wall ns per step too.
+ *   bench_round_robin [--mode classic|expandable] [--pairs N] [--size B]
  */
 #include <dlfcn.h>
 #include <stdbool.h>
@@ -18,14 +19,16 @@
 int main(int argc, char **argv)
 {
     bool expandable = false;
-    size_t pairs = 1000000;
+    size_t pairs = 1000000, base = 512;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             expandable = !strcmp(argv[++i], "expandable");
         } else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) {
             pairs = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
+            base = strtoull(argv[++i], NULL, 10);
         } else {
-            fprintf(stderr, "usage: bench_round_robin [--mode classic|expandable] [--pairs N]\n");
+            fprintf(stderr, "usage: bench_round_robin [--mode classic|expandable] [--pairs N] [--size B]\n");
             return 2;
         }
     }
@@ -34,7 +37,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_round_robin: xseg_init: %s\n", xseg_last_error());
         return 1;
     }
-    static const size_t sizes[3] = {512, 1024, 1536};
+    const size_t sizes[3] = {base, 2 * base, 3 * base};
     void *v[3];
     for (int i = 0; i < 3; i++)
         if (xseg_malloc(&v[i], sizes[i], 0, NULL) != XSEG_SUCCESS) {

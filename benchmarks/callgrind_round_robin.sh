@@ -1,26 +1,50 @@
 #!/usr/bin/env bash
 # Instructions per free+malloc of bench_round_robin (a three-block round robin on the device path,
 # which no stream slot serves), repeatable on a noisy machine: callgrind at two step counts, the
-# difference of the totals divided by the difference of the counts.
-#   benchmarks/callgrind_round_robin.sh [BUILD_DIR]      (default build)
+# difference of the totals divided by the difference of the counts. Two rows a mode: the small
+# pool (512 B, 1 KiB, 1.5 KiB) and the large pool (2, 4, 6 MiB).
+#   benchmarks/callgrind_round_robin.sh [BUILD_DIR [BASE_BUILD_DIR]]      (default build)
+# With BASE_BUILD_DIR, a column for it and the difference: e.g. the same tree with the placement's
+# lifetime rules compiled out (core/device/placement.h), issue 52's cost figure:
+#   meson setup build-off -Dc_args=-DXSEG_PLACEMENT_OFF -Dtests=disabled && ninja -C build-off
+#   benchmarks/callgrind_round_robin.sh build build-off
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-bench="$build/benchmarks/bench_round_robin"
-[ -x "$bench" ] || { echo "callgrind_round_robin.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
+base=${2:-}
+for b in "$build" $base; do
+  [ -x "$b/benchmarks/bench_round_robin" ] || { echo "callgrind_round_robin.sh: $b/benchmarks/bench_round_robin not built (ninja -C $b)" >&2; exit 1; }
+done
 command -v valgrind >/dev/null || { echo "callgrind_round_robin.sh: valgrind is not installed" >&2; exit 1; }
 n1=20000; n2=120000
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-count() { # mode pairs: total instructions (Ir) of one run
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/out" "$bench" --mode "$1" --pairs "$2" >/dev/null 2>"$tmp/log" \
-    || { cat "$tmp/log" >&2; exit 1; }
+count() { # build mode size pairs: total instructions (Ir) of one run
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/out" "$1/benchmarks/bench_round_robin" --mode "$2" \
+    --size "$3" --pairs "$4" >/dev/null 2>"$tmp/log" || { cat "$tmp/log" >&2; exit 1; }
   callgrind_annotate "$tmp/out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }'
 }
+pair() { # build mode size: instructions per pair
+  local a b
+  a=$(count "$1" "$2" "$3" $n1)
+  b=$(count "$1" "$2" "$3" $n2)
+  echo "($b - $a) / ($n2 - $n1)" | bc -l
+}
 
-printf "%-11s %18s\n" mode "instructions/pair"
+if [ -z "$base" ]; then
+  printf "%-11s %-6s %18s\n" mode pool "instructions/pair"
+else
+  printf "%-11s %-6s %18s %18s %10s\n" mode pool "instructions/pair" "$(basename "$base")" difference
+fi
 for mode in classic expandable; do
-  a=$(count "$mode" $n1)
-  b=$(count "$mode" $n2)
-  printf "%-11s %18.1f\n" "$mode" "$(echo "($b - $a) / ($n2 - $n1)" | bc -l)"
+  for size in 512 2097152; do
+    pool=small; [ "$size" -gt 1048576 ] && pool=large
+    x=$(pair "$build" "$mode" "$size")
+    if [ -z "$base" ]; then
+      printf "%-11s %-6s %18.1f\n" "$mode" "$pool" "$x"
+    else
+      y=$(pair "$base" "$mode" "$size")
+      printf "%-11s %-6s %18.1f %18.1f %+9.1f%%\n" "$mode" "$pool" "$x" "$y" "$(echo "($x - $y) * 100 / $y" | bc -l)"
+    fi
+  done
 done

@@ -48,8 +48,9 @@ for who, modes in (("xseg", ("classic", "expandable")), ("torch", ("classic", "e
             t = ns.get((who, mode, size))
             t = "n/a" if not t else (f"{min(t):.1f}" if min(t) == max(t) else f"{min(t):.1f}–{max(t):.1f}")
             print(f"| {label[who].format(mode)} | {sizes[size]} | {i} | {t} |")
+rr_sizes = {"small": "512 B – 1.5 KiB", "large": "2 – 6 MiB"}
 for line in open(rr_file).read().splitlines()[1:]:
-    f = line.split()
-    if len(f) == 2:
-        print(f"| xseg, {f[0]}, through the device lock (round robin) | 512 B – 1.5 KiB | {float(f[1]):,.0f} | n/a |")
+    f = line.split()  # mode, pool, instructions per pair
+    if len(f) == 3 and f[1] in rr_sizes:
+        print(f"| xseg, {f[0]}, through the device lock (round robin) | {rr_sizes[f[1]]} | {float(f[2]):,.0f} | n/a |")
 PY

@@ -20,13 +20,13 @@
 #include "core/policy/expandable.h"
 #include "core/device/fast.h"
 #include "core/services/group.h"
-#include "core/device/lifetime.h"
 #include "core/device/quarantine.h"
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
 #include "core/policy/registry.h"
 #include "core/policy/pools.h"
 #include "core/policy/release.h"
+#include "core/device/placement.h"
 #include "core/process/settings.h"
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
@@ -45,7 +45,7 @@ struct alloc_params {
     CUstream stream;
     struct bpool *pool;
     struct block *block; /* the block found or made */
-    bool top;            /* predicted long-lived: carved from the top (core/device/lifetime.h) */
+    bool top;            /* predicted long-lived: carved from the top (core/device/placement.h) */
 };
 
 /* ---- configuration ----------------------------------------------------------------------- */
@@ -176,35 +176,17 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
         return NULL;
     return b;
 }
-/* Is the request of @p p (@p requested bytes) predicted long-lived? Large requests in expandable
- * mode with expandable_segments_recycle only (core/device/lifetime.h): without it, PyTorch's layout. */
+/* Is the request of @p p (@p requested bytes) predicted long-lived (core/device/placement.h, L1)? */
 static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
 {
-    return p->size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle &&
-           life_predict_long(&d->life, requested, p->stream, p->pool);
-}
-
-/* Free blocks a top-fit search looks at, at most: beyond, the highest found so far is taken. */
-#define TOP_WALK_MAX 4096
-
-/* Is free block @p a higher than @p best (NULL: yes)? Later in expandable.c's seg_order_less:
- * a newer segment, else a higher address in the same one. (The oldest segment's top instead
- * changed nothing that counts: docs/benchmarks-replay.md.) */
-static inline bool top_higher(const struct block *a, const struct block *best)
-{
-    if (!best)
-        return true;
-    if (a->seg != best->seg && a->seg->seq != best->seg->seq)
-        return a->seg->seq > best->seg->seq;
-    return a->addr > best->addr;
+    return place_predict_long(d, p->size, requested, p->stream, p->pool);
 }
 
 /*
- * The placement of a request predicted long-lived (core/device/lifetime.h): among the free blocks of its
- * (pool, stream) that fit it, the highest (top_higher), so that long-lived blocks collect at the
- * top of the mapped range and short-lived ones, best fit from the bottom, below them. A walk of
- * the stream's bins from the request's size class up (blocks of lower classes are smaller), at
- * most TOP_WALK_MAX blocks. NULL when none fits. The block stays in the free index.
+ * The placement of a request predicted long-lived (core/device/placement.h, L2): among the free
+ * blocks of its (pool, stream) that fit it, the highest (place_top_higher). A walk of the stream's
+ * bins from the request's size class up (blocks of lower classes are smaller), at most
+ * PLACE_TOP_WALK_MAX blocks. NULL when none fits. The block stays in the free index.
  */
 static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *d, const struct alloc_params *p)
 {
@@ -215,10 +197,11 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
     size_t size = p->size;
     struct block *best = NULL, *stack[128];
     unsigned walked = 0;
-    for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < TOP_WALK_MAX; k = bins_next(s, (unsigned)k + 1)) {
+    for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < PLACE_TOP_WALK_MAX;
+         k = bins_next(s, (unsigned)k + 1)) {
         unsigned n = 0;
         stack[n++] = s->bin[k];
-        while (n && walked < TOP_WALK_MAX) {
+        while (n && walked < PLACE_TOP_WALK_MAX) {
             struct block *b = stack[--n];
             walked++;
             if (b->left && n < 128)
@@ -227,7 +210,7 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
                 stack[n++] = b->right;
             if (b->size < size || !BOPS_FITS(d, size, b->size))
                 continue;
-            if (top_higher(b, best))
+            if (place_top_higher(b, best))
                 best = b;
         }
     }
@@ -606,7 +589,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
     if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) /* the large pools */
-        life_record(&d->life, size, p->stream, p->pool, b->addr);
+        life_record(&d->life, size, p->stream, p->pool, b);
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
 }
@@ -1060,7 +1043,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     int si = pool->stat_index;
     life_note(&d->life, 1);
     if (XSEG_UNLIKELY(b->expandable && !b->small_pool))
-        life_forget(&d->life, block_requested(b), b->stream, pool, b->addr);
+        life_forget(&d->life, b);
     stat_down_pool(d->acct.stats.allocation, si, 1);
     stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
     /* oversize, recorded, exported and a side struct (recorded streams) in one test

@@ -85,7 +85,7 @@ struct dev_alloc {
     /* The fast path's permit and stream slots (core/device/fast.h). */
     struct dev_fast fast;
 
-    struct life_state life; /* the lifetime predictor of large expandable requests (lifetime.c) */
+    struct life_state life; /* the lifetime predictor of large expandable requests (placement.c, L1) */
 
     struct quar_state quar; /* debug_stale_access: freed blocks held and checked (quarantine.c) */
     struct spill_state spill; /* live pages moved to host memory (core/services/spill.c) */

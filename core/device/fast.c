@@ -5,7 +5,7 @@
 #include "core/device/fast.h"
 
 #include "base/fork.h"
-#include "core/device/lifetime.h"
+#include "core/device/placement.h"
 
 _Thread_local struct dev_slot *fast_tls_slot;
 
@@ -94,13 +94,13 @@ void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
 
 /* ---- settle ------------------------------------------------------------------------------ */
 
-/* A slot's block freed and settled: the free the lifetime predictor sees (core/device/lifetime.h; the
- * slot's own pairs were not seen), for the key of the malloc that filled the slot. */
-static void slot_settle_free(struct dev_alloc *d, const struct block *b, size_t req)
+/* A slot's block freed and settled: the free the lifetime predictor sees (core/device/placement.h, L1; the
+ * slot's own pairs were not seen), through the tag of the malloc that filled the slot. */
+static void slot_settle_free(struct dev_alloc *d, const struct block *b)
 {
     life_note(&d->life, 1);
     if (b->expandable && !b->small_pool)
-        life_forget(&d->life, req, b->stream, block_pool(b), b->addr);
+        life_forget(&d->life, b);
 }
 
 /* Settle busy slot @p i, its lock held (kept): the debt paid, B's truth written back. A freed B
@@ -130,7 +130,7 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
         struct block *prev = b->prev;
         xseg_assert(!b->allocated && !b->in_index && !block_uses_n(b) && !block_event_count(b));
         (void)ptrmap_take(&d->live, b->addr);
-        slot_settle_free(d, b, s->base_req);
+        slot_settle_free(d, b);
         bpool_free_grow(pool, r, b->addr, r->size + b->size);
         block_splice_out(r->seg, prev, r);
         dev_block_delete(d, b);

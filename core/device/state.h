@@ -246,7 +246,7 @@ struct acct {
 };
 
 
-/* ---- lifetime.{h,c}: the lifetime predictor (core/device/lifetime.h) ------------------------------- */
+/* ---- placement.{h,c}: the lifetime predictor (core/device/placement.h, L1) ------------------------ */
 #define LIFE_KEYS 1024 /* key table entries (a power of two) */
 #define LIFE_DEPTH 4   /* blocks remembered a key */
 /* One key (requested size, stream, pool) and its last LIFE_DEPTH blocks' addresses. */
@@ -255,9 +255,9 @@ struct life_key {
     CUstream stream;
     const void *pool;
     uintptr_t addr[LIFE_DEPTH];
-    uint8_t n;    /* blocks recorded, at most LIFE_DEPTH */
-    uint8_t live; /* bit i: addr[i] is still allocated */
-    uint8_t next; /* where the next block goes (the oldest is replaced) */
+    uint32_t recs; /* blocks recorded (the next goes to addr[recs % LIFE_DEPTH], the oldest's);
+                    * after 2^32 it wraps, and the key counts as new for a few records */
+    uint8_t live[LIFE_DEPTH]; /* 1: addr[i] is still allocated (a byte each: a free stores one) */
 };
 struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */

@@ -83,7 +83,7 @@ struct block {
     CUstream stream;       /* the stream it was allocated on; reused only there */
     /* index linkage (free or unmapped treap) */
     struct block *left, *right;
-    uint32_t prio;
+    uint32_t prio; /* the treap's; while allocated, the lifetime tag (core/device/placement.h) */
     bool allocated;
     bool mapped;     /* always true in classic segments */
     /* What a free must do besides the common work, tested as one byte (block_free_slow):

@@ -31,6 +31,7 @@
 #include "core/policy/ipc.h"
 #include "core/policy/observe.h"
 #include "core/policy/registry.h"
+#include "core/device/placement.h"
 
 static inline bool allocatable(const struct block *b)
 {
@@ -292,89 +293,6 @@ static xseg_status map_block(struct dev_alloc *d, struct block *b, size_t len, s
 static size_t whole_page_bytes(const struct block *b);
 static xseg_status unmap_pages(struct dev_alloc *d, struct block *b, size_t max_bytes, bool idle);
 
-/* A chunk mapped under pressure is at most 1/FINE_CHUNK_DIV of its request (chunk_limit). */
-#define FINE_CHUNK_DIV 16
-
-/*
- * Whether xseg's reserved memory is within the last 1/8 of the device (or of the memory fraction's
- * limit): what is mapped there is what a later refusal has to give back first, so it is mapped as
- * under pressure (chunk_limit). codeloc_qwen3_gnn_3gpu device 2 fails one allocation at 1.01 x
- * peak allocated without it, none with it (docs/benchmarks-replay.md); the six pytorch/ traces on
- * 80 GiB stay below (at most 66 % reserved): their driver calls do not change. Other processes'
- * memory is not counted (no driver call here): near the limit a refusal says the rest.
- */
-static bool near_full(const struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
-    return limit && d->acct.total_allocated_memory >= limit - limit / 8;
-}
-
-/* Chunks outside pressure are at most 1/DEVICE_CHUNK_DIV of the device (device_chunk). */
-#define DEVICE_CHUNK_DIV 512
-
-/*
- * The largest chunk of a large-pool mapping outside pressure when expandable_chunk_mb is unset:
- * a page, or 1/512 of the device's memory rounded down to granules where that is less (under
- * 10 GiB with 20 MiB pages; the device's size, not the memory fraction, which may change at any
- * time). A page partly held by a long-lived block cannot go back, and on a small device a page is
- * a large share of it: bcrafton (3.6 GiB) fails one allocation at 1.01 x peak allocated with page
- * chunks (pages mapped at 0-35 % fill, later shared between its 2.2, 9 and 147 MiB blocks that
- * live to the end and freed ones), none with these 6 MiB chunks (8 MiB fits, 10 does not).
- * Mapping a whole device takes at most 1,024 chunks (an 80 GiB device takes 4,096 pages);
- * devices of 10 GiB and more keep PyTorch's layout, so the six pytorch/ traces on 80 GiB make the
- * same calls (docs/benchmarks-replay.md). With expandable_segments_recycle only, as the fine
- * chunks.
- */
-static size_t device_chunk(const struct dev_alloc *d, size_t page, size_t gran)
-{
-    lock_assert_held(&d->lock);
-    size_t chunk = d->info.total_mem / DEVICE_CHUNK_DIV / gran * gran;
-    if (!d->cfg.expandable_segments_recycle || !d->info.total_mem || chunk >= page)
-        return page; /* 0: the size is unknown */
-    return XSEG_MAX(chunk, gran);
-}
-
-/*
- * The largest chunk (one physical allocation, vmm/segment.h) of a mapping in @p pool: the page
- * (PyTorch's layout, one handle per page) unless expandable_chunk_mb asks for smaller chunks or the
- * device is small (device_chunk). A chunk is given back only whole, so where a later, differently
- * sized block reuses memory, a chunk it covers only in part keeps its free rest mapped: smaller
- * chunks let the OOM path give more back under pressure (docs/benchmarks-replay.md: the smallest
- * device each workload fits on, against driver calls, by chunk size). Mappings still cover whole
- * pages, so reserved memory is what PyTorch reserves. The small pool's chunks are its 2 MiB pages.
- */
-static size_t chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran, size_t size)
-{
-    lock_assert_held(&d->lock);
-    if (pool->is_small)
-        return page;
-    size_t chunk = page;
-    if (d->cfg.expandable_chunk && d->cfg.expandable_chunk < page)
-        chunk = XSEG_MAX(d->cfg.expandable_chunk / gran * gran, gran);
-    /* Once the device has refused a growth (d->exp.fine_chunks), memory mapped from then on may have
-     * to be given back around live blocks of other sizes, and a chunk goes back only whole:
-     * chunks of 1/16 of the request (granule multiples, 2 MiB to a page), so that most of what a
-     * freed block leaves between live ones can go to the next growth. 1/16 and not one granule
-     * for the driver calls: at 1.01 x peak allocated, sqattn_qwen2_calib fits with either
-     * (17 failed allocations with page chunks) but makes 33,093 memory calls (326 ms modelled
-     * H100 time) with 1/16 against 176,842 (1,784 ms) with granules, and 29,149 (296 ms) before;
-     * docs/benchmarks-replay.md. While handles the reclaim kept wait to be mapped again, chunks
-     * of the largest one's size, so that they are (a kept handle is a whole chunk of its size;
-     * with a page here, eornn_cnn_small's granule handles went back and 7 allocations failed). A
-     * run that never meets pressure (the six pytorch/ traces on 80 GiB) makes the same calls.
-     * The same within the device's last eighth (near_full), before any refusal. Both with
-     * expandable_segments_recycle only: without it, PyTorch's layout (one chunk a page). */
-    if (!d->exp.fine_chunks && !(d->cfg.expandable_segments_recycle && near_full(d)))
-        return d->cfg.expandable_chunk ? chunk : device_chunk(d, page, gran);
-    if (!d->exp.handles.n)
-        return XSEG_MIN(chunk, XSEG_MAX(size / FINE_CHUNK_DIV / gran * gran, gran));
-    size_t spare = gran;
-    for (size_t i = 0; i < d->exp.handles.n; i++)
-        spare = XSEG_MAX(spare, d->exp.handles.v[i].bytes);
-    return XSEG_MIN(chunk, spare);
-}
-
 xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
                          struct block **out)
 {
@@ -417,7 +335,7 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
 
     /* Chunks smaller than the page also end where the new block ends (rounded up to the
      * granule), so that the slack after it is given back up to the block's edge. */
-    size_t max_chunk = chunk_limit(d, pool, page, gran, size);
+    size_t max_chunk = place_chunk_limit(d, pool, page, gran, size);
     size_t cut = max_chunk < page ? page_up(seg_off(c) + size, gran) : SIZE_MAX;
     struct block *cur = c;
     while (!cur->mapped || cur->size < size) {

@@ -14,7 +14,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/device/fast.h"
-#include "core/device/lifetime.h"
+#include "core/device/placement.h"
 #include "core/policy/expandable.h"
 #include "core/policy/registry.h"
 #include "core/process/procstate.h"

@@ -8,7 +8,7 @@
  * chunk belongs to one live block and no free byte on host memory is ever handed out (the block's
  * free drops its host chunks before its bytes join the free index: spill_on_free,
  * spill_after_free). Which blocks: those hinted cold (xseg_spill_hint) first, then those the
- * lifetime predictor calls long-lived (core/device/lifetime.h), then the rest; largest first in
+ * lifetime predictor calls long-lived (core/device/placement.h, L1), then the rest; largest first in
  * each class. Promotion goes newest spill first (so hinted blocks come back last).
  *
  * Safety before any unmap: the block's streams (its own and record_stream's) are waited for (a

@@ -75,7 +75,7 @@ static void check_books(bool driver)
 
 /* Five half-used pages: live[j] is the first half of page j, filled with tag 100 + j. Each block
  * asks for a different byte count (all round to BLK), so that none of a sweep's later runs looks
- * long-lived to the lifetime predictor (core/device/lifetime.h: same-size twins still live after a run
+ * long-lived to the lifetime predictor (core/device/placement.h: same-size twins still live after a run
  * of frees), which would place it at the top of the free range. */
 static void fragment(void *live[NBLK / 2])
 {

@@ -457,7 +457,7 @@ static void ts_workload(struct ts_run *r)
  * memory fraction, so one chunk a page), a training step whose gradients and optimizer states,
  * allocated while the backward pass frees activations, would sit in the activations' holes with
  * best fit and pin pages between them (the fullstep traces' pattern, docs/benchmarks-replay.md).
- * Predicted long-lived (core/device/lifetime.h), they are carved from the top of the free range instead,
+ * Predicted long-lived (core/device/placement.h, L1), they are carved from the top of the free range instead,
  * and the three steps fit (the code before fails a 20 MiB activation of the second step). No live
  * byte is copied: no copy call, and every kept block's ends keep their pattern.
  */
@@ -494,7 +494,7 @@ static void test_training_step(void **state)
  * The placement itself, by addresses: 16 pages (a new segment's reserve) hold an 80 MiB block, four
  * live 25 MiB twins, then
  * A (60 MiB), B, C (60 MiB), D; A and C freed, then 40 small blocks, so that frees lead the last
- * 64 mallocs and frees. A fifth 25 MiB request is predicted long-lived (core/device/lifetime.h): it takes
+ * 64 mallocs and frees. A fifth 25 MiB request is predicted long-lived (core/device/placement.h, L1): it takes
  * the top of the highest fitting free block, C's hole (best fit would take A's front). A request
  * of another byte count has no live twins: best fit, the front of what is left of C's hole.
  */

@@ -1,0 +1,217 @@
+/*
+ * Placement (issue 48 item 4): where a large request in expandable mode goes, and how large the
+ * chunks are that back it. Every rule and the constant it turns on is in the table below, with what
+ * the constant trades, the record that measured it (docs/benchmarks-replay.md, the row named) and
+ * the test that guards it (tests/alloc/test_fit.c). A rule changes by its row, re-measured on the
+ * row's benchmark and test, never for one trace.
+ *
+ *  rule  constant (value)            trades                           record row; test
+ *  ----  --------------------------  -------------------------------  --------------------------------
+ *  L1    PLACE_LIFE_WINDOW (64)      a longer window reacts later to  #lifetime-placement,
+ *        PLACE_LIFE_TWINS (2)        a new phase; fewer twins put     "size-live+frees";
+ *        LIFE_DEPTH (4, state.h)     more short blocks on top         fit_training_step,
+ *        LIFE_KEYS (1024, state.h),  host memory (in the device's     fit_top_placement(_off)
+ *        PLACE_LIFE_PROBES (8)       state) against forgotten keys
+ *  L2    PLACE_TOP_WALK_MAX (4096)   host time under the lock against #lifetime-placement, "highest
+ *                                    a lower block taken              fitting block, its top end";
+ *                                                                     fit_top_placement
+ *  C1    PLACE_DEVICE_CHUNK_DIV      smaller chunks give more back    "The 1 % bar", Small devices
+ *        (512)                       around live blocks; at most      (bcrafton); fit_small_device,
+ *                                    1,024 chunks a device            fit_small_device_pages,
+ *                                                                     fit_large_device_pages
+ *  C2    PLACE_NEAR_FULL_DIV (8)     driver calls near a full device  "The 1 % bar" (codeloc_qwen3_
+ *                                    against what a refusal can give  gnn_3gpu-dev2); fit_fragmented
+ *  C3    PLACE_FINE_CHUNK_DIV (16)   granule chunks fit as well but   #chunk-size (sqattn_qwen2_calib:
+ *                                    cost 5x the calls                33,093 calls against 176,842);
+ *                                                                     fit_fragmented_after_refusal,
+ *                                                                     fit_kept_handles
+ *
+ *  L1  A large request is predicted long-lived when frees outnumbered mallocs among the last
+ *      PLACE_LIFE_WINDOW the device lock saw and the last 2 to LIFE_DEPTH blocks of its (requested
+ *      size, stream, pool) are all still allocated (a training step's gradients and optimizer
+ *      states match, a forward pass's activations do not).
+ *  L2  A predicted-long request takes the top end of the highest fitting free block (newer
+ *      segment, then higher address), everything else best fit: long-lived blocks collect above
+ *      the holes best fit reuses.
+ *  C1  On a device under 10 GiB a chunk is at most 1/PLACE_DEVICE_CHUNK_DIV of the device (in
+ *      granules): a page shared with a long-lived block can still give back its freed part.
+ *  C2  Within the device's (or fraction's) last 1/PLACE_NEAR_FULL_DIV, memory is mapped as under
+ *      pressure (C3): a later refusal has to give back what is mapped there first.
+ *  C3  After a refused growth a chunk is 1/PLACE_FINE_CHUNK_DIV of its request (granules to a
+ *      page), or the largest kept handle's size while handles wait to be mapped again.
+ *
+ * All with expandable_segments_recycle only (off: PyTorch's layout, one chunk a page, best fit);
+ * an explicit expandable_chunk_mb replaces C1. A run that never meets pressure on a device of
+ * 10 GiB or more (the six pytorch/ traces on 80 GiB) makes the same driver calls without C1-C3.
+ * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
+ * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
+ * lock, for all of it.
+ */
+#ifndef XSEG_CORE_PLACEMENT_H
+#define XSEG_CORE_PLACEMENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "base/common.h"
+#include "core/device/device.h"
+
+#define PLACE_LIFE_WINDOW 64     /* L1: mallocs and frees in the window (the bits of life_state.ring) */
+#define PLACE_LIFE_TWINS 2       /* L1: live blocks of the key needed, at least */
+#define PLACE_LIFE_PROBES 8      /* L1: key entries probed from a key's home before one is replaced */
+#define PLACE_TOP_WALK_MAX 4096  /* L2: free blocks a top-fit search looks at, at most */
+#define PLACE_DEVICE_CHUNK_DIV 512 /* C1 */
+#define PLACE_NEAR_FULL_DIV 8    /* C2 */
+#define PLACE_FINE_CHUNK_DIV 16  /* C3 */
+
+/* XSEG_PLACEMENT_OFF (a -D of a benchmark build only): L1 and L2 compiled out, to measure their
+ * cost against the same tree (benchmarks/callgrind_round_robin.sh). */
+#ifdef XSEG_PLACEMENT_OFF
+#define life_note(l, is_free) ((void)(l), (void)(is_free))
+#define life_predict_long(l, req, stream, pool) ((void)(l), false)
+#define life_record(l, req, stream, pool, b) ((void)(l))
+#define life_forget(l, b) ((void)(l))
+#else
+/* L1: a malloc (@p is_free 0) or a free (1) enters the window. */
+static inline __attribute__((always_inline)) void life_note(struct life_state *l, unsigned is_free)
+{
+    l->ring = l->ring << 1 | is_free;
+    l->events++; /* not saturated here: one instruction (the window's count is min(events, 64)) */
+}
+
+/* L1's tag of a recorded block, in its `prio` while it is allocated (no index holds it then; an
+ * index insert sets prio anew): the key entry's index << 2 | its slot there. */
+_Static_assert(LIFE_DEPTH == 4 && LIFE_KEYS <= (1u << 30), "a tag holds a slot in 2 bits and an entry above");
+
+/* The key's home entry: one multiply over its words mixed by xor, the top bits. */
+static inline __attribute__((always_inline)) size_t life_hash(size_t req, CUstream stream, const void *pool)
+{
+    _Static_assert(LIFE_KEYS == 1024, "the hash's top 10 bits index the key table");
+    uint64_t h = ((uint64_t)req ^ (uint64_t)(uintptr_t)stream ^ (uint64_t)(uintptr_t)pool) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 54);
+}
+
+static inline __attribute__((always_inline)) bool life_is(const struct life_key *k, size_t req, CUstream stream,
+                                                          const void *pool)
+{
+    return k->req == req && k->stream == stream && k->pool == pool;
+}
+
+/* The set bits of @p x, inline (libgcc's __popcountdi2 is a call where the target has no popcnt). */
+static inline __attribute__((always_inline)) unsigned life_popcount(uint64_t x)
+{
+#ifdef __POPCNT__
+    return (unsigned)__builtin_popcountll(x);
+#else
+    x -= (x >> 1) & 0x5555555555555555ull;
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+    return (unsigned)((x * 0x0101010101010101ull) >> 56);
+#endif
+}
+
+/* L1's first half: frees outnumbered mallocs in the window. */
+static inline __attribute__((always_inline)) bool life_frees_lead(const struct life_state *l)
+{
+    uint64_t count = l->events < PLACE_LIFE_WINDOW ? l->events : PLACE_LIFE_WINDOW;
+    return 2u * (uint64_t)life_popcount(l->ring) > count;
+}
+
+/* L1's second half for entry @p k: its last blocks (2 to LIFE_DEPTH) are all live. */
+static inline __attribute__((always_inline)) bool life_key_live(const struct life_key *k)
+{
+    uint32_t v;
+    memcpy(&v, k->live, sizeof v); /* a new entry's slots start live: "all recorded ones live" */
+    return k->recs >= PLACE_LIFE_TWINS && v == 0x01010101u;
+}
+
+/* L1's second half past the key's home entry (probing). */
+bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, const void *pool);
+
+/* L1: predicted long. Both halves are pure; the key's home entry first (the cheaper test, and
+ * false on a steady malloc-free cycle), then the window. */
+static inline bool life_predict_long(const struct life_state *l, size_t req, CUstream stream, const void *pool)
+{
+    const struct life_key *k = &l->keys[life_hash(req, stream, pool)];
+    if (XSEG_LIKELY(life_is(k, req, stream, pool)))
+        return life_key_live(k) && life_frees_lead(l);
+    return life_frees_lead(l) && life_twins_live(l, req, stream, pool);
+}
+
+/* Block @p b goes into entry @p j (its key's) in place of the key's oldest; b->prio gets its tag. */
+static inline __attribute__((always_inline)) void life_put(struct life_state *l, size_t j, struct block *b)
+{
+    struct life_key *k = &l->keys[j];
+    unsigned i = k->recs & (LIFE_DEPTH - 1);
+    k->addr[i] = b->addr;
+    k->live[i] = 1;
+    k->recs++;
+    b->prio = (uint32_t)j << 2 | i;
+}
+
+/* life_record past the key's home entry (probing, a new or replaced entry). */
+void life_record_slow(struct life_state *l, size_t req, CUstream stream, const void *pool, struct block *b);
+
+/* Block @p b was handed out for the key (req, stream, pool): it replaces the key's oldest (a full
+ * table replaces an entry; never fails), and b->prio gets its tag. Inline when the key sits in its
+ * home entry. */
+static inline __attribute__((always_inline)) void life_record(struct life_state *l, size_t req, CUstream stream,
+                                                              const void *pool, struct block *b)
+{
+    size_t h = life_hash(req, stream, pool);
+    if (XSEG_LIKELY(life_is(&l->keys[h], req, stream, pool)))
+        life_put(l, h, b);
+    else
+        life_record_slow(l, req, stream, pool, b);
+}
+
+/* Large expandable block @p b is freed: no longer live. Through its tag, no lookup: a slot that has
+ * since recorded another block (or an entry another key took) holds another address and is left
+ * alone (two live blocks never share an address); a block never recorded (its prio a treap's) can
+ * only clear a stale flag of an earlier block at its address. */
+static inline __attribute__((always_inline)) void life_forget(struct life_state *l, const struct block *b)
+{
+    uint32_t t = b->prio; /* a block recorded at its malloc; else any value: the address decides */
+    struct life_key *k = &l->keys[(t >> 2) & (LIFE_KEYS - 1)];
+    unsigned i = t & (LIFE_DEPTH - 1);
+    if (k->addr[i] == b->addr)
+        k->live[i] = 0;
+}
+
+#endif
+
+/* L1 for a malloc of @p size rounded bytes (@p requested asked): large requests in expandable
+ * mode with expandable_segments_recycle only; without it, PyTorch's layout. */
+static inline bool place_predict_long(const struct dev_alloc *d, size_t size, size_t requested, CUstream stream,
+                                      const void *pool)
+{
+    return size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle &&
+           life_predict_long(&d->life, requested, stream, pool);
+}
+
+/* L2: is free block @p a higher than @p best (NULL: yes)? A newer segment (expandable.c's
+ * seg_order_less), else a higher address in the same one. (The oldest segment's top instead
+ * changed nothing that counts: docs/benchmarks-replay.md#lifetime-placement.) */
+static inline bool place_top_higher(const struct block *a, const struct block *best)
+{
+    if (!best)
+        return true;
+    if (a->seg != best->seg && a->seg->seq != best->seg->seq)
+        return a->seg->seq > best->seg->seq;
+    return a->addr > best->addr;
+}
+
+/* C1-C3: the largest chunk (one physical allocation, vmm/segment.h) of a growth of @p size bytes in
+ * @p pool whose segment has pages of @p page and granules of @p gran: the page (PyTorch's layout,
+ * one handle a page) unless expandable_chunk_mb asks for smaller chunks, the device is small (C1),
+ * near full (C2) or has refused a growth (C3). A chunk is given back only whole, so smaller chunks
+ * let the OOM path give back more of what freed blocks leave between live ones. Mappings still
+ * cover whole pages (reserved memory is PyTorch's). The small pool's chunks are its 2 MiB pages.
+ * Device lock held. */
+size_t place_chunk_limit(const struct dev_alloc *d, const struct bpool *pool, size_t page, size_t gran, size_t size);
+
+#endif
