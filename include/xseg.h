@@ -209,6 +209,7 @@ enum xseg_block_location_kind {
 };
 /**
  * Mark the live block at @p ptr (what xseg_malloc returned) cold: spill moves its pages first.
+ * @param ptr  the block's address.
  * @param hint XSEG_SPILL_COLD, or XSEG_SPILL_NONE to take the hint back.
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation or a bad hint.
  */
@@ -223,6 +224,7 @@ XSEG_API xseg_status xseg_spill_hint(void *ptr, int hint);
 XSEG_API xseg_status xseg_promote(int device);
 /**
  * Where the live block at @p ptr is.
+ * @param ptr        the block's address (what xseg_malloc returned).
  * @param location   receives an xseg_block_location_kind.
  * @param host_bytes if non-NULL, receives the bytes of the block on host memory.
  */
