@@ -5,6 +5,7 @@
 int main()
 {
     xseg_stat_counter c = {};
-    void (*torch_free)(void *, size_t, int, struct CUstream_st *) = xseg_torch_free;
-    return static_cast<int>(c.current) + (torch_free == nullptr);
+    // Type-checked, never evaluated (inside sizeof): nothing to link.
+    void (*torch_free)(void *, size_t, int, struct CUstream_st *) = nullptr;
+    return static_cast<int>(c.current) + (sizeof(torch_free = xseg_torch_free) == 0);
 }
