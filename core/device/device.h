@@ -51,6 +51,9 @@ struct dev_alloc {
     unsigned cfg_gen;
     bool roundup_any;    /* some roundup_power2_divisions bucket is > 1 */
     bool use_expandable; /* cfg.expandable_segments && the device supports VMM */
+    /* registry.c: a released registration's pages were mapped again, reg_after is due (read
+     * after every malloc through the device lock: one load here, benchmarks/callgrind_round_robin.sh) */
+    _Atomic bool reg_due;
 
     struct bpool small, large;
     uint64_t idle_tick_ns; /* idle reclaim (core/services/trim.c): time of the last tick, CLOCK_MONOTONIC */

@@ -201,13 +201,8 @@ void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size)
     mutex_lock(&xseg_rt.reg.lock);
     for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
         if (e->device == d->device && e->released && overlaps(e, addr, addr + size))
-            atomic_store_explicit(&xseg_rt.reg.due[d->device], true, memory_order_relaxed);
+            atomic_store_explicit(&d->reg_due, true, memory_order_relaxed);
     mutex_unlock(&xseg_rt.reg.lock);
-}
-
-bool reg_after_due(const struct dev_alloc *d)
-{
-    return atomic_load_explicit(&xseg_rt.reg.due[d->device], memory_order_relaxed);
 }
 
 /* ---- calling back ------------------------------------------------------------------------ */
@@ -430,7 +425,7 @@ static const char *reason_words(xseg_range_reason why)
 static xseg_status pass(struct dev_alloc *d, bool before, struct reg_pass *p, xseg_range_reason why)
 {
     if (!before)
-        atomic_store_explicit(&xseg_rt.reg.due[d->device], false, memory_order_relaxed);
+        atomic_store_explicit(&d->reg_due, false, memory_order_relaxed);
     if (!atomic_load_explicit(&xseg_rt.reg.count, memory_order_relaxed))
         return XSEG_SUCCESS;
     size_t n, busy_left;
@@ -550,10 +545,8 @@ xseg_status reg_shutdown(dev_peek_fn device_at)
         unref_locked(e);
     }
     atomic_store_explicit(&xseg_rt.reg.count, 0, memory_order_relaxed);
-    for (int i = 0; i < ALLOC_MAX_DEVICES; i++) {
-        xseg_rt.reg.failures[i] = xseg_rt.reg.kept_bytes[i] = 0;
-        atomic_store_explicit(&xseg_rt.reg.due[i], false, memory_order_relaxed);
-    }
+    for (int i = 0; i < ALLOC_MAX_DEVICES; i++)
+        xseg_rt.reg.failures[i] = xseg_rt.reg.kept_bytes[i] = 0; /* the devices' reg_due go with them */
     mutex_unlock(&xseg_rt.reg.lock);
     return XSEG_SUCCESS;
 }

@@ -65,8 +65,12 @@ xseg_status reg_before_move(struct dev_alloc *d, uintptr_t addr, size_t size);
 xseg_status reg_after_move(struct dev_alloc *d);
 
 /* Whether any registration of @p d is released with its pages mapped again since the last after
- * pass (a malloc mapped them): the caller runs reg_after with no lock held. */
-bool reg_after_due(const struct dev_alloc *d);
+ * pass (a malloc mapped them): the caller runs reg_after with no lock held. Inline, a field of
+ * the device: every malloc through the device lock asks. */
+static inline bool reg_after_due(const struct dev_alloc *d)
+{
+    return atomic_load_explicit(&d->reg_due, memory_order_relaxed);
+}
 /* Note under the device lock that pages [addr, addr + size) of @p d were mapped. */
 void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size);
 

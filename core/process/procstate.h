@@ -127,7 +127,6 @@ struct reg_state {
     _Atomic size_t count; /* entries in the list, readable without the lock: 0 means no work at all */
     pthread_mutex_t lock;
     struct reg_entry *list;
-    _Atomic bool due[ALLOC_MAX_DEVICES]; /* a released range's pages were mapped again: run reg_after */
     size_t failures[ALLOC_MAX_DEVICES], kept_bytes[ALLOC_MAX_DEVICES];
 };
 
