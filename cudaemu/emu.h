@@ -82,11 +82,14 @@ struct emu_config {
     bool dma_buf;     /* CUDAEMU_DMA_BUF=1: dma-buf export of mapped ranges (cuMemGetHandleForAddressRange) */
     bool rdma;        /* CUDAEMU_RDMA=1: GPUDirect RDMA on VMM memory (the device attribute) */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
+    unsigned host_vmm; /* CUDAEMU_HOST_VMM: host locations cuMemCreate takes (EMU_HOST_VMM_* bits) */
     char shared[49];  /* CUDAEMU_SHARED: devices shared among processes under this name (shared.c) */
 };
 /* New physical memory: the driver promises nothing about it (stale data is possible), so by
  * default it does not read as zero where code might assume it does. */
 enum { EMU_FRESH_SPARSE, EMU_FRESH_GARBAGE, EMU_FRESH_ZERO };
+/* Host-located VMM memory the device supports: location HOST_NUMA, location HOST (CUDA 12.2+). */
+enum { EMU_HOST_VMM_NUMA = 1, EMU_HOST_VMM_HOST = 2 };
 
 /* ---- open-addressed map from nonzero 64-bit keys to pointers (map.c) ---- */
 struct emu_map {
@@ -114,7 +117,7 @@ struct emu_phys {
     int fd;
     bool own_fd;        /* fd is this object's own memfd (closed with it), not the device file */
     off_t off;          /* offset of the memory in fd */
-    int dev;            /* its device; -1: host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA) */
+    int dev;            /* its device; -1: host memory (location HOST or HOST_NUMA) */
     size_t size;
     bool counted;       /* counted in the device's used bytes (not for foreign imports, host memory) */
     unsigned handle_types; /* CUmemAllocationHandleType bits requested at create (or imported) */

@@ -21,6 +21,7 @@ static const char *const env_known[] = {
     "CUDAEMU_FABRIC", /* emulated fabric handles */
     "CUDAEMU_DMA_BUF", /* dma-buf export of mapped ranges */
     "CUDAEMU_RDMA",   /* GPUDirect RDMA on VMM memory */
+    "CUDAEMU_HOST_VMM", /* which host locations VMM memory may have */
     "CUDAEMU_FRESH",  /* what new physical memory holds */
     "CUDAEMU_SHARED", /* devices shared among processes (shared.c) */
 };
@@ -236,7 +237,7 @@ static void env_load(void)
             env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
                           "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
                           "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH, CUDAEMU_SHARED, CUDAEMU_DMA_BUF, "
-                          "CUDAEMU_RDMA)");
+                          "CUDAEMU_RDMA, CUDAEMU_HOST_VMM)");
         }
     }
 
@@ -271,6 +272,17 @@ static void env_load(void)
         c->dma_buf = env_int("CUDAEMU_DMA_BUF", v, 0, 1);
     if ((v = getenv("CUDAEMU_RDMA")))
         c->rdma = env_int("CUDAEMU_RDMA", v, 0, 1);
+    c->host_vmm = EMU_HOST_VMM_NUMA | EMU_HOST_VMM_HOST;
+    if ((v = getenv("CUDAEMU_HOST_VMM"))) {
+        if (!strcmp(v, "all"))
+            c->host_vmm = EMU_HOST_VMM_NUMA | EMU_HOST_VMM_HOST;
+        else if (!strcmp(v, "numa"))
+            c->host_vmm = EMU_HOST_VMM_NUMA;
+        else if (!strcmp(v, "none"))
+            c->host_vmm = 0;
+        else
+            env_die("CUDAEMU_HOST_VMM", "'%s' is not all, numa or none", v);
+    }
     c->fresh = EMU_FRESH_SPARSE;
     if ((v = getenv("CUDAEMU_FRESH"))) {
         if (!strcmp(v, "sparse"))
