@@ -187,6 +187,7 @@ static const struct {
 #define ENV_H100_COPY_BYTES_PER_S 25000000000ull
 static const char *const env_copy_entries[] = {"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync",
                                                "cuMemcpyDtoHAsync"};
+/* Copies to or from host-located VMM memory (spill) cross the same link: the same rate. */
 
 static void env_latency_item(const char *var, char *item)
 {
@@ -196,12 +197,20 @@ static void env_latency_item(const char *var, char *item)
                             env_latency_h100[i].ns);
         for (size_t i = 0; i < sizeof env_copy_entries / sizeof env_copy_entries[0]; i++)
             emu_bandwidth_set((enum emu_entry)emu_entry_lookup(env_copy_entries[i]), ENV_H100_COPY_BYTES_PER_S);
+        emu_link_set(ENV_H100_COPY_BYTES_PER_S);
         return;
     }
     char *d = strchr(item, ':');
     if (!d)
         env_die(var, "'%s' is neither entry:duration, entry:rate nor the preset h100", item);
     *d++ = '\0';
+    if (!strcmp(item, "link")) { /* link:RATE, the host link (host-located VMM memory's copies) */
+        uint64_t rate;
+        if (!strstr(d, "/s") || env_parse_rate(d, &rate))
+            env_die(var, "'%s' is not a rate (e.g. link:25GB/s)", d);
+        emu_link_set(rate);
+        return;
+    }
     int e = emu_entry_lookup(item);
     if (e < 0)
         env_die(var, "'%s' is not an emulated entry point", item);

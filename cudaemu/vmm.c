@@ -1031,6 +1031,29 @@ CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsig
     return CUDA_SUCCESS;
 }
 
+size_t emu_vmm_link_bytes(uintptr_t addr, size_t size)
+{
+    if (size == 0 || addr + size < addr)
+        return 0;
+    uintptr_t end = addr + size;
+    size_t n = 0;
+    emu_lock();
+    long i = vmm_resv_floor(addr);
+    for (i = i < 0 ? 0 : i; (size_t)i < emu.nresv && emu.resv[i]->base < end; i++) {
+        struct emu_resv *rv = emu.resv[i];
+        long j = vmm_map_floor(rv, addr);
+        for (j = j < 0 ? 0 : j; (size_t)j < rv->nmaps && rv->maps[j].base < end; j++) {
+            const struct emu_mapping *m = &rv->maps[j];
+            if (m->base + m->size <= addr || m->handle->phys->dev >= 0)
+                continue;
+            uintptr_t lo = m->base > addr ? m->base : addr, hi = m->base + m->size < end ? m->base + m->size : end;
+            n += hi - lo;
+        }
+    }
+    emu_unlock();
+    return n;
+}
+
 CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need)
 {
     emu_lock();
