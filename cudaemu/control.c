@@ -34,8 +34,12 @@ int emu_entry_lookup(const char *name)
 
 static atomic_ulong ctl_calls[EMU_E_COUNT];
 static _Atomic uint64_t ctl_latency_ns[EMU_E_COUNT];
-/* Per-byte cost of the copies (emu_bytes_wait), in picoseconds per byte: 40 is 25 GB/s. */
+/* Per-byte cost of the copies (emu_copy_wait), in picoseconds per byte: 40 is 25 GB/s. */
 static _Atomic uint64_t ctl_ps_per_byte[EMU_E_COUNT];
+/* The host link's per-byte cost (copies to or from host-located VMM memory) and the bytes it
+ * carried (cudaemu_link_bytes, CUDAEMU_REPORT). */
+static _Atomic uint64_t ctl_link_ps;
+static _Atomic uint64_t ctl_link_bytes;
 /* The modelled host clock (emu_model_now), in ns since start. */
 static _Atomic uint64_t ctl_model_ns;
 
@@ -70,11 +74,18 @@ void emu_fail_arm(enum emu_entry e, unsigned long nth, CUresult res)
 
 void emu_latency_set(enum emu_entry e, uint64_t ns) { atomic_store(&ctl_latency_ns[e], ns); }
 
-void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s)
+static uint64_t ctl_ps(uint64_t bytes_per_s)
 {
     /* Rounded to whole picoseconds per byte: exact for the figures used (25 GB/s = 40 ps). */
-    atomic_store(&ctl_ps_per_byte[e], bytes_per_s ? (1000000000000ull + bytes_per_s / 2) / bytes_per_s : 0);
+    return bytes_per_s ? (1000000000000ull + bytes_per_s / 2) / bytes_per_s : 0;
 }
+
+void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s)
+{
+    atomic_store(&ctl_ps_per_byte[e], ctl_ps(bytes_per_s));
+}
+
+void emu_link_set(uint64_t bytes_per_s) { atomic_store(&ctl_link_ps, ctl_ps(bytes_per_s)); }
 
 static uint64_t ctl_now_ns(void)
 {
@@ -99,6 +110,20 @@ uint64_t emu_bytes_ns(enum emu_entry e, size_t bytes)
     return (uint64_t)bytes * atomic_load_explicit(&ctl_ps_per_byte[e], memory_order_relaxed) / 1000;
 }
 
+uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link)
+{
+    if (link > bytes)
+        link = bytes;
+    return emu_bytes_ns(e, bytes - link) +
+           (uint64_t)link * atomic_load_explicit(&ctl_link_ps, memory_order_relaxed) / 1000;
+}
+
+uint64_t cudaemu_link_bytes(void)
+{
+    emu_env_once();
+    return atomic_load(&ctl_link_bytes);
+}
+
 uint64_t cudaemu_model_ns(void)
 {
     emu_env_once();
@@ -109,15 +134,14 @@ uint64_t cudaemu_model_ns(void)
 static _Atomic uint64_t ctl_bytes[EMU_E_COUNT];
 void emu_bytes_note(enum emu_entry e, size_t bytes) { atomic_fetch_add_explicit(&ctl_bytes[e], bytes, memory_order_relaxed); }
 
-void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0)
+void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, uint64_t t0)
 {
     emu_bytes_note(e, bytes);
-    uint64_t ps = atomic_load_explicit(&ctl_ps_per_byte[e], memory_order_relaxed);
-    if (!ps || !bytes)
-        return;
+    if (link)
+        atomic_fetch_add_explicit(&ctl_link_bytes, link, memory_order_relaxed);
     /* The copy itself counts towards the modelled time: the call lasts max(memcpy, model). */
-    uint64_t until = t0 + (uint64_t)bytes * ps / 1000;
-    while (ctl_now_ns() < until)
+    uint64_t ns = bytes ? emu_copy_ns(e, bytes, link) : 0;
+    while (ns && ctl_now_ns() < t0 + ns)
         ;
 }
 
@@ -305,6 +329,13 @@ int cudaemu_set_latency(const char *entry, uint64_t ns)
 int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte)
 {
     emu_env_once();
+    if (entry && !strcmp(entry, "link")) { /* the host link: a rate, no latency */
+        if (ns)
+            *ns = 0;
+        if (ps_per_byte)
+            *ps_per_byte = atomic_load(&ctl_link_ps);
+        return 0;
+    }
     int e = emu_entry_lookup(entry);
     if (e < 0)
         return -1;
@@ -318,6 +349,10 @@ int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte)
 int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second)
 {
     emu_env_once();
+    if (entry && !strcmp(entry, "link")) {
+        emu_link_set(bytes_per_second);
+        return 0;
+    }
     int e = emu_entry_lookup(entry);
     if (e < 0)
         return -1;
@@ -401,6 +436,11 @@ void emu_report_print(void)
         if (moved)
             fprintf(stderr, "cudaemu report: %-34s %llu byte(s) moved\n", emu_api_names[i], (unsigned long long)moved);
     }
+    uint64_t link = atomic_load(&ctl_link_bytes), lps = atomic_load(&ctl_link_ps);
+    if (link || lps)
+        fprintf(stderr, "cudaemu report: link bytes %llu (copies to or from host-located VMM memory, "
+                "counted in their entries' bytes moved too), %llu ps per byte\n", (unsigned long long)link,
+                (unsigned long long)lps);
 }
 
 void cudaemu_report(void)

@@ -82,11 +82,14 @@ struct emu_config {
     bool dma_buf;     /* CUDAEMU_DMA_BUF=1: dma-buf export of mapped ranges (cuMemGetHandleForAddressRange) */
     bool rdma;        /* CUDAEMU_RDMA=1: GPUDirect RDMA on VMM memory (the device attribute) */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
+    unsigned host_vmm; /* CUDAEMU_HOST_VMM: host locations cuMemCreate takes (EMU_HOST_VMM_* bits) */
     char shared[49];  /* CUDAEMU_SHARED: devices shared among processes under this name (shared.c) */
 };
 /* New physical memory: the driver promises nothing about it (stale data is possible), so by
  * default it does not read as zero where code might assume it does. */
 enum { EMU_FRESH_SPARSE, EMU_FRESH_GARBAGE, EMU_FRESH_ZERO };
+/* Host-located VMM memory the device supports: location HOST_NUMA, location HOST (CUDA 12.2+). */
+enum { EMU_HOST_VMM_NUMA = 1, EMU_HOST_VMM_HOST = 2 };
 
 /* ---- open-addressed map from nonzero 64-bit keys to pointers (map.c) ---- */
 struct emu_map {
@@ -114,7 +117,7 @@ struct emu_phys {
     int fd;
     bool own_fd;        /* fd is this object's own memfd (closed with it), not the device file */
     off_t off;          /* offset of the memory in fd */
-    int dev;            /* its device; -1: host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA) */
+    int dev;            /* its device; -1: host memory (location HOST or HOST_NUMA) */
     size_t size;
     bool counted;       /* counted in the device's used bytes (not for foreign imports, host memory) */
     unsigned handle_types; /* CUmemAllocationHandleType bits requested at create (or imported) */
@@ -291,12 +294,11 @@ CUresult emu_enter(enum emu_entry e);
 void emu_env_once(void);
 void emu_fail_arm(enum emu_entry e, unsigned long nth, CUresult res);  /* lock held */
 void emu_latency_set(enum emu_entry e, uint64_t ns);
-/* Per-byte cost of a copy entry (0: none): emu_bytes_wait busy-waits until a call that moved
+/* Per-byte cost of a copy entry (0: none): emu_copy_wait busy-waits until a call that moved
  * @p bytes, started at @p t0 (emu_now_ns), has lasted bytes / bandwidth. */
 void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s);
 uint64_t emu_now_ns(void);
-void emu_bytes_wait(enum emu_entry e, size_t bytes, uint64_t t0);
-/* Count @p bytes moved by entry @p e (emu_bytes_wait counts its own; CUDAEMU_REPORT prints them). */
+/* Count @p bytes moved by entry @p e (emu_copy_wait counts its own; CUDAEMU_REPORT prints them). */
 void emu_bytes_note(enum emu_entry e, size_t bytes);
 /* The timeline model (cudaemu_model_ns): a modelled host clock that each call advances by its
  * latency and each synchronous copy by its bytes at its rate; an async copy occupies its stream
@@ -305,6 +307,13 @@ void emu_bytes_note(enum emu_entry e, size_t bytes);
 uint64_t emu_model_now(void);
 void emu_model_advance_to(uint64_t t);
 uint64_t emu_bytes_ns(enum emu_entry e, size_t bytes);
+/* A copy by @p e of @p bytes of which @p link touch host-located VMM memory: those run at the
+ * link's rate (CUDAEMU_LATENCY link:RATE, cudaemu_set_bandwidth("link")), the rest at e's.
+ * emu_copy_ns is its modelled duration; emu_copy_wait counts the bytes (link bytes apart as
+ * well) and busy-waits until the call, started at @p t0 (emu_now_ns), has lasted that. */
+void emu_link_set(uint64_t bytes_per_s);
+uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link);
+void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, uint64_t t0);
 
 /* Entry prologue: count/latency/injection, then the initialized check. */
 #define EMU_ENTER(fn)                                                                             \
@@ -372,6 +381,10 @@ CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned nee
 /* The same check with emu.lock held, and with @p whole also every byte of the range that lies in
  * a reservation must be mapped (a graph launch reports the fault instead of taking SIGSEGV). */
 CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsigned need, bool whole);
+
+/* Bytes of [addr, addr + size) mapped to host-located VMM memory (location HOST or HOST_NUMA):
+ * what a copy moves over the host link, not within the device. Takes emu.lock. */
+size_t emu_vmm_link_bytes(uintptr_t addr, size_t size);
 
 /* memset(addr, 0, size) where the whole range is VMM-mapped memory: the physical memory's file
  * range is punched out (it reads zero, and holds no host memory any more) and only unaligned

@@ -21,6 +21,7 @@ static const char *const env_known[] = {
     "CUDAEMU_FABRIC", /* emulated fabric handles */
     "CUDAEMU_DMA_BUF", /* dma-buf export of mapped ranges */
     "CUDAEMU_RDMA",   /* GPUDirect RDMA on VMM memory */
+    "CUDAEMU_HOST_VMM", /* which host locations VMM memory may have */
     "CUDAEMU_FRESH",  /* what new physical memory holds */
     "CUDAEMU_SHARED", /* devices shared among processes (shared.c) */
 };
@@ -186,6 +187,7 @@ static const struct {
 #define ENV_H100_COPY_BYTES_PER_S 25000000000ull
 static const char *const env_copy_entries[] = {"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync",
                                                "cuMemcpyDtoHAsync"};
+/* Copies to or from host-located VMM memory (spill) cross the same link: the same rate. */
 
 static void env_latency_item(const char *var, char *item)
 {
@@ -195,12 +197,20 @@ static void env_latency_item(const char *var, char *item)
                             env_latency_h100[i].ns);
         for (size_t i = 0; i < sizeof env_copy_entries / sizeof env_copy_entries[0]; i++)
             emu_bandwidth_set((enum emu_entry)emu_entry_lookup(env_copy_entries[i]), ENV_H100_COPY_BYTES_PER_S);
+        emu_link_set(ENV_H100_COPY_BYTES_PER_S);
         return;
     }
     char *d = strchr(item, ':');
     if (!d)
         env_die(var, "'%s' is neither entry:duration, entry:rate nor the preset h100", item);
     *d++ = '\0';
+    if (!strcmp(item, "link")) { /* link:RATE, the host link (host-located VMM memory's copies) */
+        uint64_t rate;
+        if (!strstr(d, "/s") || env_parse_rate(d, &rate))
+            env_die(var, "'%s' is not a rate (e.g. link:25GB/s)", d);
+        emu_link_set(rate);
+        return;
+    }
     int e = emu_entry_lookup(item);
     if (e < 0)
         env_die(var, "'%s' is not an emulated entry point", item);
@@ -236,7 +246,7 @@ static void env_load(void)
             env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
                           "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
                           "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH, CUDAEMU_SHARED, CUDAEMU_DMA_BUF, "
-                          "CUDAEMU_RDMA)");
+                          "CUDAEMU_RDMA, CUDAEMU_HOST_VMM)");
         }
     }
 
@@ -271,6 +281,17 @@ static void env_load(void)
         c->dma_buf = env_int("CUDAEMU_DMA_BUF", v, 0, 1);
     if ((v = getenv("CUDAEMU_RDMA")))
         c->rdma = env_int("CUDAEMU_RDMA", v, 0, 1);
+    c->host_vmm = EMU_HOST_VMM_NUMA | EMU_HOST_VMM_HOST;
+    if ((v = getenv("CUDAEMU_HOST_VMM"))) {
+        if (!strcmp(v, "all"))
+            c->host_vmm = EMU_HOST_VMM_NUMA | EMU_HOST_VMM_HOST;
+        else if (!strcmp(v, "numa"))
+            c->host_vmm = EMU_HOST_VMM_NUMA;
+        else if (!strcmp(v, "none"))
+            c->host_vmm = 0;
+        else
+            env_die("CUDAEMU_HOST_VMM", "'%s' is not all, numa or none", v);
+    }
     c->fresh = EMU_FRESH_SPARSE;
     if ((v = getenv("CUDAEMU_FRESH"))) {
         if (!strcmp(v, "sparse"))

@@ -141,24 +141,28 @@ void cudaemu_host_live(size_t *count, size_t *bytes)
  * on the model timeline (emu_model_now). Under emu.lock. */
 static uint64_t engine_ready[3];
 
-/* The model timeline of a copy of @p bytes by entry @p e on @p s: it starts when the stream, its
- * engine and the host (the call) are all ready and lasts bytes / rate. Lock held. */
-static void async_model_locked(CUstream s, enum emu_entry e, size_t bytes)
+/* The model timeline of a copy of @p bytes by entry @p e on @p s, @p link of them in host-located
+ * VMM memory (@p link_dir: 1 when they are the destination, as spill's copies to host memory, 0
+ * when the source): it starts when the stream, its engine and the host (the call) are all ready
+ * and lasts bytes / rate (emu_copy_ns). A device-to-device copy over the link takes the engine of
+ * its direction across the link. Lock held. */
+static void async_model_locked(CUstream s, enum emu_entry e, size_t bytes, size_t link, int link_dir)
 {
-    int eng = e == EMU_E_cuMemcpyHtoDAsync ? 0 : e == EMU_E_cuMemcpyDtoHAsync ? 1 : 2;
+    int eng = e == EMU_E_cuMemcpyHtoDAsync ? 0 : e == EMU_E_cuMemcpyDtoHAsync ? 1 : link ? link_dir : 2;
     uint64_t start = emu_model_now();
     if (s->model_ready > start)
         start = s->model_ready;
     if (eng < 2 && engine_ready[eng] > start)
         start = engine_ready[eng];
-    s->model_ready = start + emu_bytes_ns(e, bytes);
+    s->model_ready = start + emu_copy_ns(e, bytes, link);
     if (eng < 2)
         engine_ready[eng] = s->model_ready;
 }
 
 /* Queue one unit of async work of entry @p e on @p hStream: 1 when it runs now, 0 when it was
  * captured (a graph node keeping @p op for launches; nothing runs), or a CUresult error (negated). */
-static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType type, const struct emu_op *op)
+static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType type, const struct emu_op *op,
+                         size_t link, int link_dir)
 {
     emu_lock();
     int rc = 1;
@@ -178,7 +182,7 @@ static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType typ
             s->submitted = seq;
     }
     if (rc > 0 && op->kind == EMU_OP_MEMCPY)
-        async_model_locked(s, e, op->size);
+        async_model_locked(s, e, op->size, link, link_dir);
     emu_unlock();
     return rc;
 }
@@ -201,14 +205,15 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstDevice, (uintptr_t)srcHost, ByteCount, 0, true, false};
-    int rc = async_enqueue(hStream, EMU_E_cuMemcpyHtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
+    size_t link = emu_vmm_link_bytes((uintptr_t)dstDevice, ByteCount);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyHtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, 0);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
         /* Charged to the call, as if the host waited for the copy (sleep and wake do). */
         uint64_t t0 = emu_now_ns();
         memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
-        emu_bytes_wait(EMU_E_cuMemcpyHtoDAsync, ByteCount, t0);
+        emu_copy_wait(EMU_E_cuMemcpyHtoDAsync, ByteCount, link, t0);
     }
     return CUDA_SUCCESS;
 }
@@ -224,13 +229,14 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstHost, (uintptr_t)srcDevice, ByteCount, 0, false, true};
-    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoHAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
+    size_t link = emu_vmm_link_bytes((uintptr_t)srcDevice, ByteCount);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoHAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, 1);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
         uint64_t t0 = emu_now_ns();
         memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
-        emu_bytes_wait(EMU_E_cuMemcpyDtoHAsync, ByteCount, t0);
+        emu_copy_wait(EMU_E_cuMemcpyDtoHAsync, ByteCount, link, t0);
     }
     return CUDA_SUCCESS;
 }
@@ -246,7 +252,7 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMSET, (uintptr_t)dstDevice, 0, N, uc, true, false};
-    int rc = async_enqueue(hStream, EMU_E_cuMemsetD8Async, CU_GRAPH_NODE_TYPE_MEMSET, &op);
+    int rc = async_enqueue(hStream, EMU_E_cuMemsetD8Async, CU_GRAPH_NODE_TYPE_MEMSET, &op, 0, 0);
     if (rc < 0)
         return (CUresult)-rc;
     emu_bytes_note(EMU_E_cuMemsetD8Async, N);
@@ -269,7 +275,11 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount, 0, true, true};
-    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
+    /* Over the link: the larger of the host-located bytes of either side (spill's copies have one). */
+    size_t lsrc = emu_vmm_link_bytes((uintptr_t)srcDevice, ByteCount);
+    size_t ldst = emu_vmm_link_bytes((uintptr_t)dstDevice, ByteCount);
+    size_t link = lsrc > ldst ? lsrc : ldst;
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, ldst >= lsrc);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -277,7 +287,7 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
         /* Overlapping ranges are the caller's bug on a GPU; memmove keeps the emulator defined. */
         if (!emu_vmm_copy((uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount))
             memmove((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
-        emu_bytes_wait(EMU_E_cuMemcpyDtoDAsync, ByteCount, t0);
+        emu_copy_wait(EMU_E_cuMemcpyDtoDAsync, ByteCount, link, t0);
     }
     return CUDA_SUCCESS;
 }

@@ -116,8 +116,9 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t
         return acc;
     uint64_t t0 = emu_now_ns();
     memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
-    emu_bytes_wait(EMU_E_cuMemcpyHtoD, ByteCount, t0);
-    emu_model_advance_to(emu_model_now() + emu_bytes_ns(EMU_E_cuMemcpyHtoD, ByteCount));
+    size_t link = emu_vmm_link_bytes((uintptr_t)dstDevice, ByteCount); /* host-located VMM memory */
+    emu_copy_wait(EMU_E_cuMemcpyHtoD, ByteCount, link, t0);
+    emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyHtoD, ByteCount, link));
     return CUDA_SUCCESS;
 }
 
@@ -137,8 +138,9 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
         return acc;
     uint64_t t0 = emu_now_ns();
     memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
-    emu_bytes_wait(EMU_E_cuMemcpyDtoH, ByteCount, t0);
-    emu_model_advance_to(emu_model_now() + emu_bytes_ns(EMU_E_cuMemcpyDtoH, ByteCount));
+    size_t link = emu_vmm_link_bytes((uintptr_t)srcDevice, ByteCount); /* host-located VMM memory */
+    emu_copy_wait(EMU_E_cuMemcpyDtoH, ByteCount, link, t0);
+    emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyDtoH, ByteCount, link));
     return CUDA_SUCCESS;
 }
 

@@ -32,19 +32,30 @@
 
 /* ---- allocation properties ---- */
 
-/* Validate a CUmemAllocationProp; *dev receives its device, or -1 for host memory (location
- * CU_MEM_LOCATION_TYPE_HOST_NUMA: the emulated host is one NUMA node, 0, as on a machine without
- * NUMA, where the driver documents id 0; HOST_NUMA_CURRENT is INVALID_VALUE, as documented). */
+/* Validate a CUmemAllocationProp; *dev receives its device, or -1 for host memory. Host
+ * locations, as documented (cuMemCreate): HOST_NUMA names a node, and the emulated host is one
+ * node, 0, as on a machine without NUMA, where the driver documents id 0; HOST ignores the id
+ * and is not IPC capable (requestedHandleTypes other than 0: INVALID_VALUE); HOST_NUMA_CURRENT
+ * is INVALID_VALUE. */
 static CUresult vmm_prop_check(const CUmemAllocationProp *prop, int *dev)
 {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
-    bool host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    bool numa = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    bool any = prop->location.type == CU_MEM_LOCATION_TYPE_HOST;
+    bool host = numa || any;
     if (!host && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    if (host ? prop->location.id != 0 : !emu_dev_valid(prop->location.id))
-        return host ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_DEVICE;
+    if (numa && prop->location.id != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (any && prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!host && !emu_dev_valid(prop->location.id))
+        return CUDA_ERROR_INVALID_DEVICE;
     if (!emu.cfg.vmm)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    /* A location the device says it lacks (its attribute reads 0; CUDAEMU_HOST_VMM). */
+    if (host && !(emu.cfg.host_vmm & (numa ? EMU_HOST_VMM_NUMA : EMU_HOST_VMM_HOST)))
         return CUDA_ERROR_NOT_SUPPORTED;
     /* A bit mask: POSIX file descriptors always, fabric handles only when emulated
      * (CUDAEMU_FABRIC=1); any other type (Win32, KMT) is not supported. */
@@ -1018,6 +1029,29 @@ CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsig
             return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
     return CUDA_SUCCESS;
+}
+
+size_t emu_vmm_link_bytes(uintptr_t addr, size_t size)
+{
+    if (size == 0 || addr + size < addr)
+        return 0;
+    uintptr_t end = addr + size;
+    size_t n = 0;
+    emu_lock();
+    long i = vmm_resv_floor(addr);
+    for (i = i < 0 ? 0 : i; (size_t)i < emu.nresv && emu.resv[i]->base < end; i++) {
+        struct emu_resv *rv = emu.resv[i];
+        long j = vmm_map_floor(rv, addr);
+        for (j = j < 0 ? 0 : j; (size_t)j < rv->nmaps && rv->maps[j].base < end; j++) {
+            const struct emu_mapping *m = &rv->maps[j];
+            if (m->base + m->size <= addr || m->handle->phys->dev >= 0)
+                continue;
+            uintptr_t lo = m->base > addr ? m->base : addr, hi = m->base + m->size < end ? m->base + m->size : end;
+            n += hi - lo;
+        }
+    }
+    emu_unlock();
+    return n;
 }
 
 CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need)

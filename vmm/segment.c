@@ -71,6 +71,7 @@ struct seg {
     size_t stranded_bytes;
     size_t asleep_bytes; /* chunks given back by a sleep (GRAN_ASLEEP), mapped again by a wake */
     size_t host_bytes;   /* chunks backed by host memory (GRAN_HOST): mapped, not in mapped_bytes */
+    CUmemLocationType host_loc; /* where spill creates host memory (seg_host_supported); 0: not asked yet */
 
     struct seg_piece *pieces;
     size_t npieces, cap_pieces;
@@ -1556,17 +1557,28 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
 /* ---- spill: a chunk moved between device and host memory at the same addresses ---- */
 
 /* The properties of a chunk created in host memory (@p host) or on the segment's device. Host
- * memory is HOST_NUMA node 0 (the node cudaemu and a one-node machine have); it keeps the
- * segment's handle types and never asks for GPUDirect RDMA. */
+ * memory is at seg_host_supported's location: HOST (no handle types: the driver refuses any for
+ * it; host chunks are never exported) or HOST_NUMA node 0 (the segment's handle types); never
+ * GPUDirect RDMA. */
 static CUmemAllocationProp move_prop(const struct seg *seg, bool host)
 {
     CUmemAllocationProp prop = seg->prop;
     if (host) {
-        prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        prop.location.type = seg->host_loc == CU_MEM_LOCATION_TYPE_HOST ? CU_MEM_LOCATION_TYPE_HOST
+                                                                         : CU_MEM_LOCATION_TYPE_HOST_NUMA;
         prop.location.id = 0;
+        if (prop.location.type == CU_MEM_LOCATION_TYPE_HOST)
+            prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
         prop.allocFlags.gpuDirectRDMACapable = 0;
     }
     return prop;
+}
+
+static const char *move_where(const CUmemAllocationProp *prop)
+{
+    return prop->location.type == CU_MEM_LOCATION_TYPE_HOST        ? "host memory (location HOST)"
+           : prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? "host memory (location HOST_NUMA node 0)"
+                                                                   : "device memory";
 }
 
 /* Map @p handle over granules [c, c + n) again with every device's access; abort() if that fails
@@ -1633,6 +1645,8 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
     if (st != XSEG_SUCCESS)
         return st;
     CUdeviceptr addr = gran_addr(seg, c), scratch = 0;
+    if (to_host && !seg->host_loc)
+        (void)seg_host_supported(seg); /* not asked for this segment yet: a failed query means HOST_NUMA */
     CUmemAllocationProp prop = move_prop(seg, to_host);
     CUmemGenericAllocationHandle old = seg->handles[c], h = 0;
     const char *what = "cuMemCreate";
@@ -1662,8 +1676,8 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
     if (res != CUDA_SUCCESS) {
         if (h)
             seg_release_handle(seg, h);
-        return seg_failf(res, "moving the chunk at 0x%llx (%zu bytes) to %s memory: %s", (unsigned long long)addr,
-                         len, to_host ? "host" : "device", what);
+        return seg_failf(res, "moving the chunk at 0x%llx (%zu bytes) to %s: %s", (unsigned long long)addr, len,
+                         move_where(&prop), what);
     }
     seg_release_handle(seg, old);
     for (size_t q = c; q < c + n; q++) {
@@ -1729,12 +1743,22 @@ xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool stra
 
 size_t seg_host_bytes(const struct seg *seg) { return seg->host_bytes; }
 
-bool seg_host_supported(const struct seg *seg)
+/* HOST first, then HOST_NUMA node 0: HOST needs no NUMA node id (node 0 is a guess that is
+ * wrong where the device's memory sits next to another node, or where node 0 has no memory);
+ * HOST_NUMA is the fallback for drivers that have only it. The choice is kept for move_prop. */
+bool seg_host_supported(struct seg *seg)
 {
-    int v = 0;
-    return drv->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                     seg->cudev) == CUDA_SUCCESS &&
-           v != 0;
+    static const CUdevice_attribute attrs[] = {CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                               CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED};
+    static const CUmemLocationType locs[] = {CU_MEM_LOCATION_TYPE_HOST, CU_MEM_LOCATION_TYPE_HOST_NUMA};
+    for (size_t i = 0; i < 2; i++) {
+        int v = 0;
+        if (drv->cuDeviceGetAttribute(&v, attrs[i], seg->cudev) == CUDA_SUCCESS && v) {
+            seg->host_loc = locs[i];
+            return true;
+        }
+    }
+    return false;
 }
 int seg_gran_is_host(const struct seg *seg, size_t g) { return g < seg->ngran && gran_live(seg, g) && (seg->gflags[g] & GRAN_HOST); }
 

@@ -236,7 +236,8 @@ size_t seg_live_chunks(const struct seg *seg);             /* mapped chunks (a w
 
 /*
  * Spill (core/services/spill.h): move the whole mapped chunk holding granule @p g to host memory
- * (@p to_host: a HOST_NUMA cuMemCreate) or back to the device, at the same addresses. Steps:
+ * (@p to_host: a cuMemCreate at seg_host_supported's location) or back to the device, at the
+ * same addresses. Steps:
  * cuMemCreate, cuMemAddressReserve + cuMemMap + cuMemSetAccess (owner) of a scratch range,
  * cuMemcpyDtoDAsync on the segment's stream and cuStreamSynchronize, cuMemUnmap of the old
  * chunk (announced to the observer first), cuMemMap of the new handle at its place,
@@ -258,8 +259,9 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
 xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool strand, size_t *dropped);
 size_t seg_host_bytes(const struct seg *seg);           /* bytes of host chunks */
 int seg_gran_is_host(const struct seg *seg, size_t g);  /* granule @p g is in a host chunk */
-/* Can the segment's device map host-located memory (HOST_NUMA VMM, CUDA 12.2+)? One attribute query. */
-bool seg_host_supported(const struct seg *seg);
+/* Can the segment's device map host-located memory (VMM with location HOST or HOST_NUMA, CUDA
+ * 12.2+)? One or two attribute queries; the location found is the one seg_move_chunk uses. */
+bool seg_host_supported(struct seg *seg);
 
 /* Grant @p peer read-write access to every mapped chunk, and to chunks mapped from now on: one
  * cuMemSetAccess per run of mapped granules in a piece (new mappings get one call for the owner

@@ -263,7 +263,8 @@ static bool spill_possible(struct dev_alloc *d)
             if (seg_host_supported(s->vseg))
                 return true;
             why(d, "the driver cannot map host memory into device address ranges "
-                   "(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)");
+                   "(CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and "
+                   "..._HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED are 0)");
             return false;
         }
     why(d, "no expandable segment holds live blocks");

@@ -10,6 +10,8 @@
  * The scenario: A (24 MiB, hinted cold, tag 1) and B (16 MiB, tag 2) are live; C (20 MiB) does
  * not fit beside them. argv[1] names one test (one process each); without it every test runs.
  */
+#define _GNU_SOURCE /* RTLD_DEFAULT, RTLD_NOLOAD */
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -590,6 +592,79 @@ static void test_spill_promote_faults(void **state)
     sweep(true);
 }
 
+/* cudaemu's count of bytes copied to or from host-located VMM memory (cudaemu_link_bytes). */
+static uint64_t link_bytes(void)
+{
+    uint64_t (*f)(void) = (uint64_t (*)(void))dlsym(RTLD_DEFAULT, "cudaemu_link_bytes");
+    void *lib = f ? NULL : dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+    if (lib)
+        *(void **)&f = dlsym(lib, "cudaemu_link_bytes");
+    if (!f)
+        fail_msg("cudaemu_link_bytes: not exported by the emulator");
+    return f();
+}
+
+/* Where spill puts pages: location HOST where the device supports it (CUDAEMU_HOST_VMM=all, the
+ * default), else HOST_NUMA node 0 (=numa), else nowhere (=none: the OOM says why). A copy that
+ * fails names the location tried; a spill and a promotion cross the host link with exactly the
+ * bytes they copied (cudaemu's link bytes). */
+static void location_case(const char *host_vmm, const char *named)
+{
+    setenv("CUDAEMU_HOST_VMM", host_vmm, 1); /* read at the first driver call */
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    if (!named) {
+        assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+        if (!strstr(xseg_last_error(), "the driver cannot map host memory into device address ranges"))
+            fail_msg("the OOM does not say why spill could not help: %s", xseg_last_error());
+        check_data(a, b);
+        finish(a, b);
+        return;
+    }
+    unsigned long fired = tu_fail_fired();
+    assert_true(tu_fail("cuMemcpyDtoDAsync", 1, CUDA_ERROR_UNKNOWN));
+    xseg_status st = xseg_malloc(&c, C_SIZE, 0, NULL);
+    tu_fail_clear();
+    tu_assert_fired(fired, "the copy's fault did not strike");
+    assert_int_not_equal(st, XSEG_SUCCESS);
+    if (!strstr(xseg_last_error(), named))
+        fail_msg("the OOM does not name %s: %s", named, xseg_last_error());
+    check_data(a, b);
+    uint64_t l0 = link_bytes();
+    int64_t copied0 = tu_stat("spill_copied_bytes");
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    int64_t copied = tu_stat("spill_copied_bytes") - copied0;
+    assert_true(copied > 0);
+    assert_int_equal(link_bytes() - l0, (uint64_t)copied);
+    tu_free(c);
+    l0 = link_bytes();
+    copied0 = tu_stat("spill_copied_bytes");
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* promotes */
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    assert_int_equal(link_bytes() - l0, (uint64_t)(tu_stat("spill_copied_bytes") - copied0));
+    check_data(a, b);
+    finish(a, b);
+}
+
+static void test_spill_location(void **state)
+{
+    (void)state;
+    location_case("all", "to host memory (location HOST)");
+}
+
+static void test_spill_location_numa(void **state)
+{
+    (void)state;
+    location_case("numa", "to host memory (location HOST_NUMA node 0)");
+}
+
+static void test_spill_location_none(void **state)
+{
+    (void)state;
+    location_case("none", NULL);
+}
+
 static const struct {
     const char *name;
     struct CMUnitTest test;
@@ -605,6 +680,9 @@ static const struct {
     {"test_spill_registered", cmocka_unit_test(test_spill_registered)},
     {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
     {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
+    {"test_spill_location", cmocka_unit_test(test_spill_location)},
+    {"test_spill_location_numa", cmocka_unit_test(test_spill_location_numa)},
+    {"test_spill_location_none", cmocka_unit_test(test_spill_location_none)},
 };
 
 int main(int argc, char **argv)

@@ -225,6 +225,7 @@ static void test_env_errors(void **state)
         "CUDAEMU_LATENCY=cuMemMap", "CUDAEMU_LATENCY=h200", "CUDAEMU_REPORT=on", "CUDAEMU_TYPO=1",
         "CUDAEMU_LATENCY=cuMemcpyDtoH:25GB", "CUDAEMU_LATENCY=cuMemcpyDtoH:0GB/s",
         "CUDAEMU_LATENCY=cuMemcpyDtoH:25XB/s", "CUDAEMU_LATENCY=cuMemcpyDtoH:1.2345GB/s", "CUDAEMU_FRESH=maybe",
+        "CUDAEMU_LATENCY=link:3us", "CUDAEMU_LATENCY=link:0GB/s", "CUDAEMU_HOST_VMM=maybe",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         expect_bad_env(bad[i]);
@@ -269,6 +270,11 @@ static void test_env_fail_latency_report(void **state)
     assert_non_null(strstr(out, ", latency 2000 ns"));  /* cuMemMap, overridden */
     assert_null(strstr(out, ", latency 700 ns"));
     assert_non_null(strstr(out, "cuMemcpyDtoHAsync                  0 call(s), 40 ps per byte")); /* 25 GB/s */
+    assert_non_null(strstr(out, "link bytes 0 (")); /* the preset's link rate is listed */
+    const char *ll[] = {"CUDAEMU_LATENCY=link:12.5GB/s", "CUDAEMU_REPORT=1", NULL};
+    assert_int_equal(run_self("report", ll, out, sizeof out), 0);
+    assert_non_null(strstr(out, "link bytes 0 (copies to or from host-located VMM memory"));
+    assert_non_null(strstr(out, "80 ps per byte"));
     const char *lr[] = {"CUDAEMU_LATENCY=cuMemcpyHtoD:12.5GB/s", "CUDAEMU_REPORT=1", NULL};
     assert_int_equal(run_self("report", lr, out, sizeof out), 0);
     assert_non_null(strstr(out, ", 80 ps per byte"));
@@ -490,6 +496,81 @@ static void test_timeline_model(void **state)
     tu_assert_cu(drv->cuStreamDestroy(b));
     tu_assert_cu(drv->cuMemFreeHost(hb));
     tu_assert_cu(drv->cuMemFree(dp));
+}
+
+/* A range of @p n bytes at a new reservation over one cuMemCreate of location @p type, read and
+ * write for device 0. */
+static CUdeviceptr link_range(CUmemLocationType type, size_t n, CUmemGenericAllocationHandle *h)
+{
+    CUmemAllocationProp p = prop0();
+    p.location.type = type;
+    CUdeviceptr va = 0;
+    CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    tu_assert_cu(drv->cuMemCreate(h, n, &p, 0));
+    tu_assert_cu(drv->cuMemAddressReserve(&va, n, 0, 0, 0));
+    tu_assert_cu(drv->cuMemMap(va, n, 0, *h, 0));
+    tu_assert_cu(drv->cuMemSetAccess(va, n, &a, 1));
+    return va;
+}
+
+/* Copies to or from host-located VMM memory (location HOST or HOST_NUMA) cross the host link:
+ * their bytes count as link bytes (cudaemu_link_bytes, the report's "link bytes") and run at the
+ * link's rate on the timeline model, not at the device-to-device rate; copies within the device
+ * count none. 1 GB/s is 1 ns per byte, so every figure is exact. */
+static void test_link_bytes(void **state)
+{
+    (void)state;
+    void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(lib);
+    uint64_t (*link_bytes)(void) = (uint64_t (*)(void))dlsym(lib, "cudaemu_link_bytes");
+    uint64_t (*model)(void) = (uint64_t (*)(void))dlsym(lib, "cudaemu_model_ns");
+    int (*get)(const char *, uint64_t *, uint64_t *) =
+        (int (*)(const char *, uint64_t *, uint64_t *))dlsym(lib, "cudaemu_get_latency");
+    assert_non_null(link_bytes);
+    assert_non_null(model);
+    assert_non_null(get);
+    const size_t n = MiB2;
+    CUmemGenericAllocationHandle hd, hd2, hh, hn;
+    CUdeviceptr dev = link_range(CU_MEM_LOCATION_TYPE_DEVICE, n, &hd);
+    CUdeviceptr dev2 = link_range(CU_MEM_LOCATION_TYPE_DEVICE, n, &hd2);
+    CUdeviceptr host = link_range(CU_MEM_LOCATION_TYPE_HOST, n, &hh);
+    CUdeviceptr numa = link_range(CU_MEM_LOCATION_TYPE_HOST_NUMA, n, &hn);
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    assert_true(tu_set_bandwidth("link", 1000000000));
+    uint64_t ps = 0;
+    assert_int_equal(get("link", NULL, &ps), 0);
+    assert_int_equal(ps, 1000);
+    /* The device's own copies: no rate for them here, no time, no link bytes. */
+    uint64_t b0 = link_bytes(), t0 = model();
+    tu_assert_cu(drv->cuMemcpyDtoDAsync(dev2, dev, n, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(link_bytes(), b0);
+    assert_int_equal(model(), t0);
+    /* Spill's copy (device to HOST memory) and promotion's (HOST_NUMA to device): the link. */
+    tu_assert_cu(drv->cuMemcpyDtoDAsync(host, dev, n, s));
+    tu_assert_cu(drv->cuMemcpyDtoDAsync(dev, numa, n / 2, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(link_bytes(), b0 + n + n / 2);
+    assert_int_equal(model(), t0 + n + n / 2);
+    /* Synchronous copies between pageable host memory and host-located VMM memory: the link. */
+    unsigned char *buf = malloc(n);
+    assert_non_null(buf);
+    tu_assert_cu(drv->cuMemcpyDtoH(buf, host, n));
+    tu_assert_cu(drv->cuMemcpyHtoD(numa, buf, n));
+    tu_assert_cu(drv->cuMemcpyHtoD(dev, buf, n)); /* device memory: not the link */
+    assert_int_equal(link_bytes(), b0 + 3 * n + n / 2);
+    assert_int_equal(model(), t0 + 3 * n + n / 2);
+    assert_true(tu_set_bandwidth("link", 0));
+    free(buf);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    CUdeviceptr va[] = {dev, dev2, host, numa};
+    CUmemGenericAllocationHandle hs[] = {hd, hd2, hh, hn};
+    for (int i = 0; i < 4; i++) {
+        tu_assert_cu(drv->cuMemUnmap(va[i], n));
+        tu_assert_cu(drv->cuMemAddressFree(va[i], n));
+        tu_assert_cu(drv->cuMemRelease(hs[i]));
+    }
 }
 
 /* cudaemu_stream_hold_all: every stream is held, a stream created afterwards too, until the
@@ -769,6 +850,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_counters_latency),
         cmocka_unit_test(test_fresh_memory), /* services */
         cmocka_unit_test(test_timeline_model),
+        cmocka_unit_test(test_link_bytes), /* spill */
         cmocka_unit_test(test_stream_hold_all),
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_fork_child),

@@ -1124,6 +1124,17 @@ static CUresult m_create_host_numa_current(void)
         drv->cuMemRelease(h);
     return r;
 }
+/* HOST allocations are not IPC capable: requestedHandleTypes must be 0 (documented). */
+static CUresult m_create_host_handle_type(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = drv->cuMemCreate(&h, G, &p, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    return r;
+}
 static CUresult m_access_host_on_device_mem(void)
 {
     struct vmm_range r;
@@ -1343,6 +1354,8 @@ static const struct misuse misuse_table[] = {
             m_create_host_numa_current),
     ROW_DOC("set access: HOST_NUMA access to device memory", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
             m_access_host_on_device_mem),
+    ROW_DOC("create: HOST location with a POSIX fd handle type", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
+            m_create_host_handle_type),
     ROW_DOC("cuMemGetHandleForAddressRange: handle type 7", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
             m_range_handle_type),
     ROW_DOC("cuMemGetHandleForAddressRange: range not host-page aligned", CUDA_ERROR_INVALID_VALUE,
@@ -2770,21 +2783,21 @@ static CUresult probe_reads(CUdeviceptr va, size_t n, unsigned char v, const cha
     return CUDA_SUCCESS;
 }
 
-/* Host-located VMM memory (CU_MEM_LOCATION_TYPE_HOST_NUMA, node 0) mapped for device 0 and
- * written and read by the device's copy engines (cuMemsetD8, cuMemcpyHtoD/DtoH); it does not
- * count against device memory. A kernel's access is the GPU run's own check. */
-static void test_probe_host_numa(void **state)
+/* Host-located VMM memory (location @p type: HOST_NUMA node 0, or HOST, whose id is ignored: 7
+ * here) mapped for device 0 and written and read by the device's copy engines (cuMemsetD8,
+ * cuMemcpyHtoD/DtoH); it does not count against device memory. @p attrib is the device
+ * attribute that says the driver supports it. A kernel's access is the GPU run's own check. */
+static void probe_host_located(CUmemLocationType type, CUdevice_attribute attrib, const char *what)
 {
-    (void)state;
     CUdevice d0;
     tu_assert_cu(drv->cuDeviceGet(&d0, 0));
     int attr = -1;
-    CUresult ra = drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d0);
+    CUresult ra = drv->cuDeviceGetAttribute(&attr, attrib, d0);
     CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
-    p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-    p.location.id = 0;
+    p.location.type = type;
+    p.location.id = type == CU_MEM_LOCATION_TYPE_HOST ? 7 : 0;
     size_t hg = 0, before = free_mem();
-    const char *step = "cuMemGetAllocationGranularity(HOST_NUMA)";
+    const char *step = "cuMemGetAllocationGranularity";
     CUresult r = drv->cuMemGetAllocationGranularity(&hg, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     struct vmm_range v = {0};
     size_t n = 0;
@@ -2810,7 +2823,7 @@ static void test_probe_host_numa(void **state)
     char detail[160];
     snprintf(detail, sizeof detail, "attribute %d (%s), granularity %zu, %zu bytes, device memory used %zu",
              attr, drv_error_name(ra), hg, n, used);
-    probe_print("host-located VMM memory (HOST_NUMA 0), device copies and memset", step, r, detail);
+    probe_print(what, step, r, detail);
     range_drop(&v);
     if (tu_emulated()) {
         tu_assert_cu(r);
@@ -2818,6 +2831,21 @@ static void test_probe_host_numa(void **state)
         assert_int_equal(used, 0);
         assert_int_equal(free_mem(), before);
     }
+}
+
+static void test_probe_host_numa(void **state)
+{
+    (void)state;
+    probe_host_located(CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                       "host-located VMM memory (HOST_NUMA 0), device copies and memset");
+}
+
+/* Location HOST (CUDA 12.2+: no NUMA node named; what spill uses where the device supports it). */
+static void test_probe_host(void **state)
+{
+    (void)state;
+    probe_host_located(CU_MEM_LOCATION_TYPE_HOST, CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                       "host-located VMM memory (HOST, id ignored), device copies and memset");
 }
 
 /* Spill's swap (vmm/segment.c seg_move_chunk, issue 49): a device chunk's bytes copied on a stream
@@ -3024,6 +3052,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_host_register, setup),
         /* probes for this round's other issues */
         cmocka_unit_test_setup(test_probe_host_numa, setup),
+        cmocka_unit_test_setup(test_probe_host, setup),
         cmocka_unit_test_setup(test_probe_spill_swap, setup),
         cmocka_unit_test_setup(test_probe_many_aliases, setup),
         cmocka_unit_test_setup(test_probe_dmabuf, setup),
