@@ -177,7 +177,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
     return b;
 }
 /* Is the request of @p p (@p requested bytes) predicted long-lived (core/device/placement.h, L1)? */
-static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
+static inline bool malloc_predict_long(struct dev_alloc *d, const struct alloc_params *p, size_t requested)
 {
     return place_predict_long(d, p->size, requested, p->stream, p->pool);
 }
@@ -569,11 +569,13 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 }
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
- * split, account, record the pointer. Lock held (and kept). */
-static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
-                                                                       size_t size, bool indexed,
-                                                                       const struct block *pred, void **out,
-                                                                       struct hist_mctx *h)
+ * split, account, record the pointer. @p home (a constant): place_predict_home ran for this malloc
+ * with the lock held since, its life_state.home is this key's. Lock held (and kept). */
+static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct dev_alloc *d, struct alloc_params *p,
+                                                                          size_t size, bool indexed,
+                                                                          const struct block *pred,
+                                                                          bool home, void **out,
+                                                                          struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
     struct block *b = XSEG_UNLIKELY(p->top) ? alloc_top_block(d, p, size) : alloc_found_block(d, p, size, indexed, pred);
@@ -588,10 +590,22 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) /* the large pools */
-        life_record(&d->life, size, p->stream, p->pool, b);
+    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) { /* the large pools */
+        if (home)
+            life_record_home(&d->life, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
+        else
+            life_record(&d->life, size, p->stream, p->pool, b);
+    }
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
+}
+
+static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
+                                                                       size_t size, bool indexed,
+                                                                       const struct block *pred, void **out,
+                                                                       struct hist_mctx *h)
+{
+    return malloc_finish_at(d, p, size, indexed, pred, false, out, h);
 }
 
 /* Measure the budgets (core/services/group.h) and put their limit in force for this growth of @p grow bytes. */
@@ -897,7 +911,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.top = false;
-        if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && malloc_predict_long(d, &p, size))
+        if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && place_predict_home(d, p.size, size, stream, p.pool))
             return malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;
@@ -909,7 +923,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
             p.block = b;
             /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
             xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
-            st = malloc_finish(d, &p, size, true, pred, out, NULL);
+            st = malloc_finish_at(d, &p, size, true, pred, true, out, NULL);
         } else {
             st = malloc_slow(d, size, stream, true, b, false, out); /* every slot settled first */
         }
