@@ -830,8 +830,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
  * the permit was off, and history's stack and the rare conditions come first. Then the policy.
  * Lock held on entry and on return (dropped while history captures the stack: the stack
  * callback may take its time). Scalars only, so the fast path keeps its request in registers. */
-static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, size_t size, CUstream stream,
-                                                         bool searched, struct block *found, bool top, void **out)
+static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct dev_alloc *d, size_t size,
+                                                                         CUstream stream, bool searched,
+                                                                         struct block *found, bool top, void **out)
 {
     lock_assert_held(&d->lock);
     (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (out_of_memory) */
@@ -874,6 +875,30 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
         hist_stack_unref(h.stack); /* unless the block took it; the events hold their own */
     }
     return st;
+}
+
+/* malloc_slow's success when registrations are due (reg_after_due: this malloc mapped pages of a
+ * released one): its caller runs the after pass once the device lock is given back
+ * (malloc_reg_after). Only the slow path maps pages, so a cache hit never tests the ledger. Never
+ * returned past malloc_locked / malloc_guarded. */
+#define MALLOC_REG_DUE ((xseg_status)0x7fff)
+
+/* malloc_slow_body, whose success says MALLOC_REG_DUE when registrations are due. */
+static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, size_t size, CUstream stream,
+                                                         bool searched, struct block *found, bool top, void **out)
+{
+    xseg_status st = malloc_slow_body(d, size, stream, searched, found, top, out);
+    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
+        st = MALLOC_REG_DUE;
+    return st;
+}
+
+/* The after pass a MALLOC_REG_DUE asked for, no lock held: pages of a released registration were
+ * mapped again. The malloc succeeded whatever the pass says (docs/registrations.md). */
+static __attribute__((noinline, cold)) xseg_status malloc_reg_after(struct dev_alloc *d)
+{
+    (void)reg_after(d, XSEG_RANGE_REMAPPED);
+    return XSEG_SUCCESS;
 }
 
 /* A malloc under the permit predicted long-lived: the highest fitting free block, carved from its
@@ -943,8 +968,8 @@ static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d,
     xseg_status st = malloc_cached(d, size, stream, out);
     fast_guard_end(d, &g); /* malloc_slow settled every slot before it raised a counter */
     dev_unlock(d);
-    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
-        (void)reg_after(d, XSEG_RANGE_REMAPPED);
+    if (XSEG_UNLIKELY(st == MALLOC_REG_DUE))
+        st = malloc_reg_after(d);
     return st;
 }
 
@@ -965,8 +990,8 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     }
     xseg_status st = malloc_cached(d, size, stream, out);
     dev_unlock(d);
-    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
-        (void)reg_after(d, XSEG_RANGE_REMAPPED); /* pages of a released registration mapped again */
+    if (XSEG_UNLIKELY(st == MALLOC_REG_DUE))
+        st = malloc_reg_after(d); /* pages of a released registration mapped again */
     return st;
 }
 
