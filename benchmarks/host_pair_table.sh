@@ -2,19 +2,23 @@
 # The cached-pair table of docs/benchmarks-host.md, in its Markdown form: for xseg (both modes,
 # both entry points), glibc malloc and mimalloc at 512 B and 4 MiB, the instructions per pair
 # (benchmarks/callgrind_pairs.sh) and the range of bench_host_path's median ns over RUNS runs;
-# then xseg's pair through the device lock (benchmarks/callgrind_round_robin.sh), instructions only.
-#   benchmarks/host_pair_table.sh [BUILD_DIR]        (default build; needs valgrind)
+# then xseg's pair through the device lock (benchmarks/callgrind_round_robin.sh), instructions only:
+# with OFF_BUILD (the same tree with the lifetime placement compiled out, core/device/placement.h)
+# also its figure there and the placement's cost (issue 52 goal 6):
+#   meson setup build-off -Dc_args=-DXSEG_PLACEMENT_OFF -Dtests=disabled && ninja -C build-off
+#   benchmarks/host_pair_table.sh [BUILD_DIR [OFF_BUILD]]   (default build; needs valgrind)
 #   PAIRS=200000 REPS=5 RUNS=3                       (bench_host_path's settings, the doc's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+off=${2:-}
 bench="$build/benchmarks/bench_host_path"
 [ -x "$bench" ] || { echo "host_pair_table.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
 pairs=${PAIRS:-200000}; reps=${REPS:-5}; runs=${RUNS:-3}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 benchmarks/callgrind_pairs.sh "$build" > "$tmp/ir"
-benchmarks/callgrind_round_robin.sh "$build" > "$tmp/rr"
+benchmarks/callgrind_round_robin.sh "$build" $off > "$tmp/rr"
 for r in $(seq "$runs"); do
   "$bench" --pairs "$pairs" --reps "$reps" 2>/dev/null | sed 's/^/plain /' >> "$tmp/ns"
   "$bench" --pairs "$pairs" --reps "$reps" --only xseg --api torch 2>/dev/null | sed 's/^/torch /' >> "$tmp/ns"
@@ -50,7 +54,10 @@ for who, modes in (("xseg", ("classic", "expandable")), ("torch", ("classic", "e
             print(f"| {label[who].format(mode)} | {sizes[size]} | {i} | {t} |")
 rr_sizes = {"small": "512 B – 1.5 KiB", "large": "2 – 6 MiB"}
 for line in open(rr_file).read().splitlines()[1:]:
-    f = line.split()  # mode, pool, instructions per pair
-    if len(f) == 3 and f[1] in rr_sizes:
-        print(f"| xseg, {f[0]}, through the device lock (round robin) | {rr_sizes[f[1]]} | {float(f[2]):,.0f} | n/a |")
+    f = line.split()  # mode, pool, instructions per pair [, without the placement, difference]
+    if len(f) in (3, 5) and f[1] in rr_sizes:
+        i = f"{float(f[2]):,.0f}"
+        if len(f) == 5:
+            i += f" ({float(f[3]):,.0f} without the placement, {f[4].replace('%', ' %')})"
+        print(f"| xseg, {f[0]}, through the device lock (round robin) | {rr_sizes[f[1]]} | {i} | n/a |")
 PY

@@ -177,7 +177,7 @@ find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block 
     return b;
 }
 /* Is the request of @p p (@p requested bytes) predicted long-lived (core/device/placement.h, L1)? */
-static inline bool malloc_predict_long(const struct dev_alloc *d, const struct alloc_params *p, size_t requested)
+static inline bool malloc_predict_long(struct dev_alloc *d, const struct alloc_params *p, size_t requested)
 {
     return place_predict_long(d, p->size, requested, p->stream, p->pool);
 }
@@ -569,11 +569,13 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 }
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
- * split, account, record the pointer. Lock held (and kept). */
-static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
-                                                                       size_t size, bool indexed,
-                                                                       const struct block *pred, void **out,
-                                                                       struct hist_mctx *h)
+ * split, account, record the pointer. @p home (a constant): place_predict_home ran for this malloc
+ * with the lock held since, its life_state.home is this key's. Lock held (and kept). */
+static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct dev_alloc *d, struct alloc_params *p,
+                                                                          size_t size, bool indexed,
+                                                                          const struct block *pred,
+                                                                          bool home, void **out,
+                                                                          struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
     struct block *b = XSEG_UNLIKELY(p->top) ? alloc_top_block(d, p, size) : alloc_found_block(d, p, size, indexed, pred);
@@ -588,10 +590,22 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) /* the large pools */
-        life_record(&d->life, size, p->stream, p->pool, b);
+    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) { /* the large pools */
+        if (home)
+            life_record_home(&d->life, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
+        else
+            life_record(&d->life, size, p->stream, p->pool, b);
+    }
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
+}
+
+static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
+                                                                       size_t size, bool indexed,
+                                                                       const struct block *pred, void **out,
+                                                                       struct hist_mctx *h)
+{
+    return malloc_finish_at(d, p, size, indexed, pred, false, out, h);
 }
 
 /* Measure the budgets (core/services/group.h) and put their limit in force for this growth of @p grow bytes. */
@@ -816,8 +830,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
  * the permit was off, and history's stack and the rare conditions come first. Then the policy.
  * Lock held on entry and on return (dropped while history captures the stack: the stack
  * callback may take its time). Scalars only, so the fast path keeps its request in registers. */
-static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, size_t size, CUstream stream,
-                                                         bool searched, struct block *found, bool top, void **out)
+static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct dev_alloc *d, size_t size,
+                                                                         CUstream stream, bool searched,
+                                                                         struct block *found, bool top, void **out)
 {
     lock_assert_held(&d->lock);
     (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (out_of_memory) */
@@ -862,6 +877,30 @@ static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, si
     return st;
 }
 
+/* malloc_slow's success when registrations are due (reg_after_due: this malloc mapped pages of a
+ * released one): its caller runs the after pass once the device lock is given back
+ * (malloc_reg_after). Only the slow path maps pages, so a cache hit never tests the ledger. Never
+ * returned past malloc_locked / malloc_guarded. */
+#define MALLOC_REG_DUE ((xseg_status)0x7fff)
+
+/* malloc_slow_body, whose success says MALLOC_REG_DUE when registrations are due. */
+static __attribute__((noinline)) xseg_status malloc_slow(struct dev_alloc *d, size_t size, CUstream stream,
+                                                         bool searched, struct block *found, bool top, void **out)
+{
+    xseg_status st = malloc_slow_body(d, size, stream, searched, found, top, out);
+    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
+        st = MALLOC_REG_DUE;
+    return st;
+}
+
+/* The after pass a MALLOC_REG_DUE asked for, no lock held: pages of a released registration were
+ * mapped again. The malloc succeeded whatever the pass says (docs/registrations.md). */
+static __attribute__((noinline, cold)) xseg_status malloc_reg_after(struct dev_alloc *d)
+{
+    (void)reg_after(d, XSEG_RANGE_REMAPPED);
+    return XSEG_SUCCESS;
+}
+
 /* A malloc under the permit predicted long-lived: the highest fitting free block, carved from its
  * top; else the policy's growth, which takes the top of what it maps. */
 static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, size_t size, CUstream stream, void **out)
@@ -897,7 +936,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
         p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
         p.stream = stream;
         p.top = false;
-        if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && malloc_predict_long(d, &p, size))
+        if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && place_predict_home(d, p.size, size, stream, p.pool))
             return malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;
@@ -909,7 +948,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
             p.block = b;
             /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
             xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
-            st = malloc_finish(d, &p, size, true, pred, out, NULL);
+            st = malloc_finish_at(d, &p, size, true, pred, true, out, NULL);
         } else {
             st = malloc_slow(d, size, stream, true, b, false, out); /* every slot settled first */
         }
@@ -929,8 +968,8 @@ static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d,
     xseg_status st = malloc_cached(d, size, stream, out);
     fast_guard_end(d, &g); /* malloc_slow settled every slot before it raised a counter */
     dev_unlock(d);
-    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
-        (void)reg_after(d, XSEG_RANGE_REMAPPED);
+    if (XSEG_UNLIKELY(st == MALLOC_REG_DUE))
+        st = malloc_reg_after(d);
     return st;
 }
 
@@ -951,8 +990,8 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     }
     xseg_status st = malloc_cached(d, size, stream, out);
     dev_unlock(d);
-    if (XSEG_UNLIKELY(reg_after_due(d)) && st == XSEG_SUCCESS)
-        (void)reg_after(d, XSEG_RANGE_REMAPPED); /* pages of a released registration mapped again */
+    if (XSEG_UNLIKELY(st == MALLOC_REG_DUE))
+        st = malloc_reg_after(d); /* pages of a released registration mapped again */
     return st;
 }
 

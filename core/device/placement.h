@@ -74,6 +74,10 @@
 #define life_note(l, is_free) ((void)(l), (void)(is_free))
 #define life_predict_long(l, req, stream, pool) ((void)(l), false)
 #define life_record(l, req, stream, pool, b) ((void)(l))
+#define life_home(l, req, stream, pool) ((void)(l), (struct life_key *)NULL)
+#define life_set_home(l, k) ((void)(l), (void)(k))
+#define life_predict_at(l, k, req, stream, pool) ((void)(l), (void)(k), false)
+#define life_record_home(l, req, stream, pool, b) ((void)(l))
 #define life_forget(l, b) ((void)(l))
 #else
 /* L1: a malloc (@p is_free 0) or a free (1) enters the window. */
@@ -84,8 +88,11 @@ static inline __attribute__((always_inline)) void life_note(struct life_state *l
 }
 
 /* L1's tag of a recorded block, in its `prio` while it is allocated (no index holds it then; an
- * index insert sets prio anew): the key entry's index << 2 | its slot there. */
-_Static_assert(LIFE_DEPTH == 4 && LIFE_KEYS <= (1u << 30), "a tag holds a slot in 2 bits and an entry above");
+ * index insert sets prio anew): the key entry's byte offset in the key table | its slot there (the
+ * free finds both with two masks). */
+_Static_assert(LIFE_DEPTH == 4 && sizeof(struct life_key) == 64 && LIFE_KEYS <= (1u << 26),
+               "a tag holds a slot in the low bits of an entry's offset");
+#define LIFE_TAG(j) ((uint32_t)(j) * (uint32_t)sizeof(struct life_key))
 
 /* The key's home entry: one multiply over its words mixed by xor, the top bits. */
 static inline __attribute__((always_inline)) size_t life_hash(size_t req, CUstream stream, const void *pool)
@@ -132,25 +139,51 @@ static inline __attribute__((always_inline)) bool life_key_live(const struct lif
 /* L1's second half past the key's home entry (probing). */
 bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, const void *pool);
 
-/* L1: predicted long. Both halves are pure; the key's home entry first (the cheaper test, and
- * false on a steady malloc-free cycle), then the window. */
-static inline bool life_predict_long(const struct life_state *l, size_t req, CUstream stream, const void *pool)
+/* The key's home entry when the key sits there, else NULL (the key is elsewhere or not recorded).
+ * Valid while the device lock stays held: only a record changes which key an entry holds. */
+static inline __attribute__((always_inline)) struct life_key *life_home(struct life_state *l, size_t req,
+                                                                        CUstream stream, const void *pool)
 {
-    const struct life_key *k = &l->keys[life_hash(req, stream, pool)];
-    if (XSEG_LIKELY(life_is(k, req, stream, pool)))
+    size_t j = life_hash(req, stream, pool);
+    struct life_key *k = &l->keys[j];
+    l->home_tag = LIFE_TAG(j); /* for life_record_home (no division by the entry's size) */
+    return XSEG_LIKELY(life_is(k, req, stream, pool)) ? k : NULL;
+}
+
+static inline __attribute__((always_inline)) void life_set_home(struct life_state *l, struct life_key *k)
+{
+    l->home = k;
+}
+
+/* L1: predicted long, given the key's home entry @p k (life_home). Both halves are pure; the
+ * key's entry first (the cheaper test, and false on a steady malloc-free cycle), then the window. */
+static inline __attribute__((always_inline)) bool life_predict_at(const struct life_state *l, const struct life_key *k,
+                                                                  size_t req, CUstream stream, const void *pool)
+{
+    if (XSEG_LIKELY(k != NULL))
         return life_key_live(k) && life_frees_lead(l);
     return life_frees_lead(l) && life_twins_live(l, req, stream, pool);
 }
 
-/* Block @p b goes into entry @p j (its key's) in place of the key's oldest; b->prio gets its tag. */
-static inline __attribute__((always_inline)) void life_put(struct life_state *l, size_t j, struct block *b)
+/* L1: predicted long. */
+static inline bool life_predict_long(struct life_state *l, size_t req, CUstream stream, const void *pool)
 {
-    struct life_key *k = &l->keys[j];
+    return life_predict_at(l, life_home(l, req, stream, pool), req, stream, pool);
+}
+
+/* Block @p b goes into entry @p j (its key's) in place of the key's oldest; b->prio gets its tag. */
+static inline __attribute__((always_inline)) void life_put_key(struct life_key *k, uint32_t tag, struct block *b)
+{
     unsigned i = k->recs & (LIFE_DEPTH - 1);
     k->addr[i] = b->addr;
     k->live[i] = 1;
     k->recs++;
-    b->prio = (uint32_t)j << 2 | i;
+    b->prio = tag | i;
+}
+
+static inline __attribute__((always_inline)) void life_put(struct life_state *l, size_t j, struct block *b)
+{
+    life_put_key(&l->keys[j], LIFE_TAG(j), b);
 }
 
 /* life_record past the key's home entry (probing, a new or replaced entry). */
@@ -169,6 +202,18 @@ static inline __attribute__((always_inline)) void life_record(struct life_state 
         life_record_slow(l, req, stream, pool, b);
 }
 
+/* life_record right after place_predict_home for the same key under the same lock hold: into the
+ * home entry it found (l->home), without a second hash; elsewhere as life_record. */
+static inline __attribute__((always_inline)) void life_record_home(struct life_state *l, size_t req, CUstream stream,
+                                                                   const void *pool, struct block *b)
+{
+    struct life_key *k = l->home;
+    if (XSEG_LIKELY(k != NULL))
+        life_put_key(k, l->home_tag, b);
+    else
+        life_record_slow(l, req, stream, pool, b);
+}
+
 /* Large expandable block @p b is freed: no longer live. Through its tag, no lookup: a slot that has
  * since recorded another block (or an entry another key took) holds another address and is left
  * alone (two live blocks never share an address); a block never recorded (its prio a treap's) can
@@ -176,7 +221,7 @@ static inline __attribute__((always_inline)) void life_record(struct life_state 
 static inline __attribute__((always_inline)) void life_forget(struct life_state *l, const struct block *b)
 {
     uint32_t t = b->prio; /* a block recorded at its malloc; else any value: the address decides */
-    struct life_key *k = &l->keys[(t >> 2) & (LIFE_KEYS - 1)];
+    struct life_key *k = (struct life_key *)((char *)l->keys + (t & LIFE_TAG(LIFE_KEYS - 1)));
     unsigned i = t & (LIFE_DEPTH - 1);
     if (k->addr[i] == b->addr)
         k->live[i] = 0;
@@ -186,11 +231,26 @@ static inline __attribute__((always_inline)) void life_forget(struct life_state 
 
 /* L1 for a malloc of @p size rounded bytes (@p requested asked): large requests in expandable
  * mode with expandable_segments_recycle only; without it, PyTorch's layout. */
-static inline bool place_predict_long(const struct dev_alloc *d, size_t size, size_t requested, CUstream stream,
+static inline bool place_predict_long(struct dev_alloc *d, size_t size, size_t requested, CUstream stream,
                                       const void *pool)
 {
     return size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle &&
            life_predict_long(&d->life, requested, stream, pool);
+}
+
+/* place_predict_long for a large request that leaves in life_state.home the key's home entry it
+ * looked at (life_home; NULL: none), for the malloc's record under the same lock hold: one hash a
+ * malloc. In the device's state, not a register: the fast path has none to spare. */
+static inline __attribute__((always_inline)) bool place_predict_home(struct dev_alloc *d, size_t size, size_t requested,
+                                                                     CUstream stream, const void *pool)
+{
+    if (!(size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle)) {
+        life_set_home(&d->life, NULL);
+        return false;
+    }
+    struct life_key *k = life_home(&d->life, requested, stream, pool);
+    life_set_home(&d->life, k);
+    return life_predict_at(&d->life, k, requested, stream, pool);
 }
 
 /* L2: is free block @p a higher than @p best (NULL: yes)? A newer segment (expandable.c's

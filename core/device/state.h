@@ -262,6 +262,9 @@ struct life_key {
 struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
     uint64_t events; /* mallocs and frees seen: the window holds min(events, 64) of them */
+    struct life_key *home; /* the fast path's malloc: its key's home entry (NULL: elsewhere), from
+                            * its prediction to its record (core/device/placement.h, place_predict_home) */
+    uint32_t home_tag;     /* its blocks' tag (core/device/placement.h, LIFE_TAG) */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
 

@@ -66,7 +66,7 @@ xseg_status reg_after_move(struct dev_alloc *d);
 
 /* Whether any registration of @p d is released with its pages mapped again since the last after
  * pass (a malloc mapped them): the caller runs reg_after with no lock held. Inline, a field of
- * the device: every malloc through the device lock asks. */
+ * the device: a malloc's slow path asks (core/alloc.c, MALLOC_REG_DUE), the only one that maps. */
 static inline bool reg_after_due(const struct dev_alloc *d)
 {
     return atomic_load_explicit(&d->reg_due, memory_order_relaxed);
