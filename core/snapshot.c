@@ -736,6 +736,7 @@ struct stale_held {
     size_t size;
     int dev;
     int64_t freed_us;
+    bool reported; /* a write after the free was found in it: its finding is among the kept ones */
     struct hstack *alloc_stack, *free_stack;
 };
 
@@ -768,7 +769,7 @@ static void stale_gather(struct dev_alloc *d, struct stale_acc *sa)
                 break;
             hist_stack_ref(it->alloc_stack);
             hist_stack_ref(it->free_stack);
-            sa->held[sa->nheld++] = (struct stale_held){it->addr, it->size, d->device, it->freed_us,
+            sa->held[sa->nheld++] = (struct stale_held){it->addr, it->size, d->device, it->freed_us, it->reported,
                                                         it->alloc_stack, it->free_stack};
         }
     }
@@ -802,7 +803,8 @@ static const struct stale_held *stale_held_at(const struct stale_acc *sa, int de
     return h->dev == dev && h->size == size ? h : NULL;
 }
 
-/* The finding made on the quarantine record freed at @p freed_us at @p addr of @p dev, or NULL. */
+/* The finding made on the quarantine record freed at @p freed_us at @p addr of @p dev, or NULL (a
+ * search of the findings kept, at most QUAR_MAX_FINDINGS a device: for reported blocks only). */
 static const struct quar_item *stale_finding_of(const struct stale_acc *sa, int dev, uintptr_t addr,
                                                 int64_t freed_us)
 {
@@ -865,7 +867,7 @@ static void e_held_frames(struct emit *e, struct frames_out *fo, const struct st
                           const struct stale_held *h)
 {
     char what[160], found[160];
-    const struct quar_item *f = stale_finding_of(sa, h->dev, h->addr, h->freed_us);
+    const struct quar_item *f = h->reported ? stale_finding_of(sa, h->dev, h->addr, h->freed_us) : NULL;
     if (f) {
         stale_notes(what, found, sizeof what, f);
     } else {
