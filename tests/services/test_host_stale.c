@@ -285,8 +285,8 @@ static void test_d2h_stale_write(void **st)
 static void test_recorded_stream(void **st)
 {
     (void)st;
-    tu_require_emulator_or_skip();
     start("debug_stale_access:True");
+    tu_require_emulator_or_skip(); /* a held stream */
     CUstream s = new_stream();
     void *p = hmalloc(N);
     memset(p, 0x44, N);
