@@ -516,7 +516,9 @@ static xseg_status event_get(CUcontext ctx, CUevent *ev)
 
 /* ---- the entry points -------------------------------------------------------------------- */
 
-xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
+/* hostalloc_malloc; @p user: the program's (xseg_host_malloc), whose stack history records for
+ * debug_stale_access's reports. */
+static xseg_status malloc_block(CUcontext ctx, size_t size, void **out, bool user)
 {
     *out = NULL;
     if (size > SIZE_MAX - HC_LARGE_ROUND)
@@ -526,7 +528,7 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     unsigned gen;
     settings_copy(&c, &gen);
     /* debug_stale_access: the allocation's stack (history), for a finding (taken with no lock held) */
-    struct hstack *as = c.debug_stale_access && hist_mode() ? hist_capture() : NULL;
+    struct hstack *as = user && c.debug_stale_access && hist_mode() ? hist_capture() : NULL;
     mutex_lock(&hc.lock);
     hc.quar_bound = c.debug_quarantine;
     if (!map_grow()) { /* before any pinning: the map's room for the block */
@@ -579,6 +581,10 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     hq_deliver(&found);
     return st;
 }
+
+xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out) { return malloc_block(ctx, size, out, false); }
+
+xseg_status hostalloc_malloc_user(CUcontext ctx, size_t size, void **out) { return malloc_block(ctx, size, out, true); }
 
 /* The allocated block at @p p, else INVALID_VALUE naming it (lock held). */
 static xseg_status find_block(const void *p, const char *fn, size_t *slot)

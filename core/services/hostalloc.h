@@ -21,6 +21,9 @@
 /* A block of at least @p size bytes (> 0) into *out; a cached block when one fits, else a new
  * pinned segment with @p ctx current. OUT_OF_MEMORY (host or pinned) naming the size. */
 xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out);
+/* The program's malloc (xseg_host_malloc): with debug_stale_access and history on, the block
+ * keeps its allocation's stack for a report (taken with no lock held). */
+xseg_status hostalloc_malloc_user(CUcontext ctx, size_t size, void **out);
 
 /* Free @p p (a block of hostalloc_malloc; NULL: nothing). INVALID_VALUE naming it when it is not
  * one. With @p release, a segment left wholly free goes back to the driver at once (a backup the
