@@ -575,7 +575,8 @@ static xseg_status malloc_block(CUcontext ctx, size_t size, void **out, bool use
             (void)seg_release(whole); /* the segment made for this call goes back: nothing held */
         }
     }
-    struct quar_batch found = hq_take();
+    /* Findings go out from the program's calls only: sleep's may hold a device lock. */
+    struct quar_batch found = user ? hq_take() : (struct quar_batch){0};
     mutex_unlock(&hc.lock);
     hist_stack_unref(as);
     hq_deliver(&found);
@@ -642,7 +643,7 @@ static xseg_status free_block(void *p, bool release, bool quar, size_t bound, st
         if (release && seg_whole_free(b)) /* b absorbed its free neighbours */
             st = seg_release(b);
     }
-    struct quar_batch found = hq_take();
+    struct quar_batch found = quar ? hq_take() : (struct quar_batch){0}; /* as malloc_block's */
     mutex_unlock(&hc.lock);
     hq_deliver(&found);
     return st;
