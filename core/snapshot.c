@@ -17,6 +17,7 @@
 #include "core/device/quarantine.h"
 #include "core/process/history.h"
 #include "core/runtime.h"
+#include "core/services/hostalloc.h"
 #include "core/process/settings.h"
 #include "core/services/spill.h"
 #include "core/snapshot.h"
@@ -970,6 +971,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     size_t nev = 0;
     uint64_t dropped = 0;
     struct stale_acc sa = {0};
+    (void)hostalloc_check_stale("snapshot", false, NULL); /* the pinned host quarantine: findings delivered */
     for (int i = 0; i < ndev; i++) {
         struct dev_alloc *d = (device == -1 || i == device) ? rt_device_peek(i) : NULL;
         if (d)
