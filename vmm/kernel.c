@@ -30,8 +30,10 @@
  * device_probe.py's probe kernel (any driver of CUDA 11+ and any GPU from Turing on takes it).
  * The parameter block's address is taken with mov (a kernel parameter is addressable in the
  * .param space), so a block row can index its range; device pointers are generic addresses of
- * global memory, hence cvta.to.global. */
-static const char vkern_ptx[] =
+ * global memory, hence cvta.to.global. Not static: tests/driver/test_vmm.c's module rows load the
+ * same text on cudaemu and on the GPU. */
+extern const char vkern_ptx[];
+const char vkern_ptx[] =
     ".version 7.0\n"
     ".target sm_75\n"
     ".address_size 64\n"
