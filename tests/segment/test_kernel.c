@@ -101,6 +101,16 @@ static void test_fill_check_shapes(void **state)
     poke(r[5].addr + want[5] + 4096, 0xff); /* a later change: the first one is reported */
     poke(r[6].addr + want[6], 1);
     check_expect(r, NSHAPES, 0xa5, want);
+    /* Filled again: the earlier answers do not come back (each check is a generation of its own). */
+    ok(vkern_fill(r, NSHAPES, 0xa5, NULL), "vkern_fill");
+    check_expect(r, NSHAPES, 0xa5, NULL);
+    /* A later byte alone: found, though an earlier check saw a smaller offset there. */
+    want[5] = 3 * MIB;
+    poke(r[5].addr + want[5], 0);
+    for (size_t i = 0; i < NSHAPES; i++)
+        if (i != 5)
+            want[i] = r[i].len;
+    check_expect(r, NSHAPES, 0xa5, want);
 }
 
 /* VKERN_MAX_RANGES + 5 ranges: two launches per call, one wait per check. */
@@ -237,7 +247,8 @@ static const struct {
     {OP_FILL, "cuLaunchKernel", 2, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, XSEG_ERROR_DRIVER},
     {OP_CHECK, "cuMemAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY, XSEG_ERROR_OUT_OF_MEMORY},     /* growth */
     {OP_CHECK, "cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY, XSEG_ERROR_OUT_OF_MEMORY}, /* growth */
-    {OP_CHECK, "cuMemcpyHtoDAsync", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER},
+    {OP_READY, "cuMemsetD8", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER},
+    {OP_CHECK, "cuMemsetD8", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER}, /* growth */
     {OP_CHECK, "cuLaunchKernel", 1, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, XSEG_ERROR_DRIVER},
     {OP_CHECK, "cuLaunchKernel", 3, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, XSEG_ERROR_DRIVER},
     {OP_CHECK, "cuMemcpyDtoHAsync", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER},
