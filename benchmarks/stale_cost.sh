@@ -6,7 +6,7 @@
 #   - the mode's own work, as cudaemu counted it (CUDAEMU_REPORT: calls and bytes): the memsets of
 #     quarantined blocks at their free, the launches of the allocator's range kernels (vmm/kernel.c:
 #     one fills or checks up to 128 blocks), and the copies of the checks (read-backs of blocks, or
-#     of the kernels' offsets, and the lengths copied in before a kernel check); modelled at
+#     of the kernel checks' result words; host-to-device copies counted too, none today); modelled at
 #     2 TB/s + 5 us a memset, 2 TB/s + 5 us a launch (the bytes its ranges hold: a memset's cost,
 #     not measured on a GPU) and 25 GB/s + 10 us a copy either way (cudaemu's h100 preset rate for
 #     host copies); in expandable segments whole chunks are swapped for a canary page (one page
@@ -85,7 +85,7 @@ for kind in expandable expandable-2MiB-chunks classic; do
     reads=$(awk '/cudaemu report: cuMemcpyDtoHAsync .*call/{print $4}' "$tmp/report"); reads=${reads:-0}
     mbytes=$(awk '/cudaemu report: cuMemsetD8Async .*moved/{print $4}' "$tmp/report"); mbytes=${mbytes:-0}
     rbytes=$(awk '/cudaemu report: cuMemcpyDtoHAsync .*moved/{print $4}' "$tmp/report"); rbytes=${rbytes:-0}
-    # The kernel checks' lengths copied in (the replay itself makes no host-to-device copy).
+    # Host-to-device copies, should the mode make any (the replay itself makes none).
     ins=$(awk '/cudaemu report: cuMemcpyHtoDAsync .*call/{print $4}' "$tmp/report"); ins=${ins:-0}
     ibytes=$(awk '/cudaemu report: cuMemcpyHtoDAsync .*moved/{print $4}' "$tmp/report"); ibytes=${ibytes:-0}
     launches=$(awk '/cudaemu report: cuLaunchKernel .*call/{print $4}' "$tmp/report"); launches=${launches:-0}
