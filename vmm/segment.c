@@ -1795,6 +1795,17 @@ size_t seg_gran(const struct seg *seg) { return seg->gran; }
 size_t seg_ngran(const struct seg *seg) { return seg->ngran; }
 size_t seg_mapped_bytes(const struct seg *seg) { return seg->mapped_bytes; }
 size_t seg_stranded_bytes(const struct seg *seg) { return seg->stranded_bytes; }
+
+bool seg_stranded_within(const struct seg *seg, size_t offset, size_t size)
+{
+    if (!seg || !seg->stranded_bytes || offset >= seg->va_size || !size)
+        return false;
+    size_t end = offset + XSEG_MIN(size, seg->va_size - offset); /* ceil(end / gran) <= ngran */
+    for (size_t g = offset / seg->gran; g < (end + seg->gran - 1) / seg->gran; g++)
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED))
+            return true;
+    return false;
+}
 unsigned seg_handle_types(const struct seg *seg) { return (unsigned)seg->prop.requestedHandleTypes; }
 int seg_device(const struct seg *seg) { return seg->device; }
 

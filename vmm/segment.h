@@ -296,6 +296,9 @@ size_t seg_gran(const struct seg *seg);           /* the granule: the device's V
 size_t seg_ngran(const struct seg *seg);          /* va_size / granule */
 size_t seg_mapped_bytes(const struct seg *seg);   /* bytes currently mapped */
 size_t seg_stranded_bytes(const struct seg *seg); /* bytes of stranded chunks (see seg_reclaim) */
+/* Does a stranded chunk overlap [@p offset, @p offset + @p size) (clipped to the segment)? seg_map
+ * over such a range unmaps the chunk first. */
+bool seg_stranded_within(const struct seg *seg, size_t offset, size_t size);
 unsigned seg_handle_types(const struct seg *seg);
 int seg_device(const struct seg *seg);
 /* Is granule @p g mapped (and not stranded)? 0 out of range. */

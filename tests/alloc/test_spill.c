@@ -406,6 +406,70 @@ static void test_spill_capture_free(void **state)
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 
+/* A private pool's spilled block freed during a later capture into that pool, while a side
+ * stream it was recorded on still copies from its host pages into a live buffer Y: the free sets
+ * the host pages aside (no wait, no unmap: the capture forbids both), and the pool's growth in the
+ * same capture must not unmap them either (xseg.h: while a pool records nothing is unmapped); it
+ * goes elsewhere or fails as out of memory. Once the stream runs, Y holds the copied bytes. */
+static void test_spill_capture_growth(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    CUstream s, w;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    CUgraph g = NULL;
+    /* P: the pool's block, allocated during a first capture. */
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    void *p = must_malloc(A_SIZE, s);
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    void *b = must_malloc(B_SIZE, NULL), *c = NULL, *x = NULL;
+    tu_assert_cu(tu_fill(DPTR(p), 4 * MiB, 7)); /* what the side stream copies */
+    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_spill_hint(p, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    size_t host = 0;
+    assert_int_not_equal(location(p, &host), XSEG_LOCATION_DEVICE);
+    tu_free(c);
+    void *y = must_malloc(4 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(y), 4 * MiB, 9));
+    /* The side stream's copy from P's first 4 MiB (on host memory: the first pages to move). */
+    assert_int_equal(xseg_record_stream(p, w), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(w));
+    tu_assert_cu(drv->cuMemcpyDtoDAsync(DPTR(y), DPTR(p), 4 * MiB, w));
+
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    tu_counts_reset();
+    if (xseg_free(p) != XSEG_SUCCESS)
+        fail_msg("the free of spilled P during the capture failed: %s", xseg_last_error());
+    /* Larger than P's device pages: the pool must grow into P's range or elsewhere. */
+    xseg_status st = xseg_malloc(&x, A_SIZE - 4 * MiB, 0, s);
+    if (st != XSEG_SUCCESS && st != XSEG_ERROR_OUT_OF_MEMORY)
+        fail_msg("the pool's growth during the capture failed: %s", xseg_last_error());
+    if (x)
+        tu_free(x);
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_true(tu_stream_release(w));
+    tu_assert_cu(drv->cuStreamSynchronize(w));
+    if (!tu_check(DPTR(y), 4 * MiB, 7))
+        fail_msg("Y lost the bytes the side stream copied from P");
+    assert_true(tu_check(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_books(true);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    tu_free(y);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(w));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
 /* A range registered with xseg_register_range never moves (spill_pinned asks the ledger): the
  * hinted A stays on the device and B's pages go instead. */
 static void test_spill_registered(void **state)
@@ -685,6 +749,7 @@ static const struct {
     {"test_spill_sleep_ipc", cmocka_unit_test(test_spill_sleep_ipc)},
     {"test_spill_trim_idle", cmocka_unit_test(test_spill_trim_idle)},
     {"test_spill_capture_free", cmocka_unit_test(test_spill_capture_free)},
+    {"test_spill_capture_growth", cmocka_unit_test(test_spill_capture_growth)},
     {"test_spill_registered", cmocka_unit_test(test_spill_registered)},
     {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
     {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
