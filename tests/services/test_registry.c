@@ -423,7 +423,8 @@ static void test_registry_errors(void **state)
     assert_non_null(strstr(xseg_last_error(), "callbacks"));
     int here;
     assert_int_equal(xseg_register_range(&here, 4, &fake_cb, NULL), XSEG_ERROR_INVALID_VALUE);
-    assert_non_null(strstr(xseg_last_error(), "not inside"));
+    assert_non_null(strstr(xseg_last_error(), "xseg_register_range: ["));
+    assert_non_null(strstr(xseg_last_error(), ", +4) is not inside one expandable segment of xseg"));
     /* Past the mapped pages of its segment (VA reserved, nothing mapped there). */
     assert_int_equal(xseg_register_range((char *)a + 20 * MiB, MiB, &fake_cb, NULL), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "not all mapped"));
@@ -511,6 +512,10 @@ static void test_registry_dmabuf(void **state)
     assert_int_equal(xseg_range_dmabuf(a, MiB, NULL, &off), XSEG_ERROR_INVALID_VALUE);
     assert_int_equal(xseg_range_dmabuf((char *)a + 60 * MiB, MiB, &fd, &off), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "not"));
+    int here;
+    assert_int_equal(xseg_range_dmabuf(&here, 4, &fd, &off), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "xseg_range_dmabuf: ["));
+    assert_non_null(strstr(xseg_last_error(), ", +4) is not inside one segment of xseg"));
     tu_free(a);
     teardown();
 }
