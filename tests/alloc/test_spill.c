@@ -38,12 +38,6 @@ static void nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-static void start_emu(const char *config)
-{
-    start(config);
-    tu_require_emulator_or_skip(); /* the device size, holds, graphs and faults are the emulator's */
-}
-
 /* A and B live and filled; A hinted cold. */
 static void scenario(void **a, void **b)
 {
@@ -52,6 +46,17 @@ static void scenario(void **a, void **b)
     tu_assert_cu(tu_fill(DPTR(*a), A_SIZE, 1));
     tu_assert_cu(tu_fill(DPTR(*b), B_SIZE, 2));
     assert_int_equal(xseg_spill_hint(*a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+}
+
+/* start_emu(SPILL), the scenario, and C (still live, returned) served by spilling A's pages. */
+static void *spilled_scenario(void **a, void **b)
+{
+    start_emu(SPILL);
+    void *c = NULL;
+    scenario(a, b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    return c;
 }
 
 /* Do [x, x + n) and [y, y + n) hold the same bytes (every 64 KiB of the first 4 KiB read)? */
@@ -315,11 +320,7 @@ static void test_spill_graph_replay(void **state)
 static void test_spill_free_drops(void **state)
 {
     (void)state;
-    start_emu(SPILL);
-    void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
-    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    void *a, *b, *c = spilled_scenario(&a, &b);
     int64_t promotions = tu_stat("num_promotions");
     tu_free(a);
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
@@ -370,11 +371,8 @@ static void test_spill_free_drops(void **state)
 static void test_spill_capture_free(void **state)
 {
     (void)state;
-    start_emu(SPILL);
-    void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
-    tu_free(c);
+    void *a, *b;
+    tu_free(spilled_scenario(&a, &b));
     assert_true(tu_stat("spilled_bytes.all.current") > 0);
     CUstream s;
     tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -496,10 +494,7 @@ static void test_spill_registered(void **state)
 static void test_spill_sleep_ipc(void **state)
 {
     (void)state;
-    start_emu(SPILL);
-    void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    void *a, *b, *c = spilled_scenario(&a, &b);
     xseg_ipc_handle *h = NULL;
     assert_int_equal(xseg_ipc_export(a, &h), XSEG_ERROR_ILLEGAL_STATE);
     assert_non_null(strstr(xseg_last_error(), "xseg_promote"));
@@ -533,11 +528,8 @@ static void test_spill_sleep_ipc(void **state)
 static void test_spill_trim_idle(void **state)
 {
     (void)state;
-    start_emu(SPILL);
     void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
-    tu_free(c);
+    tu_free(spilled_scenario(&a, &b));
     assert_true(tu_stat("spilled_bytes.all.current") > 0);
     assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
@@ -737,39 +729,26 @@ static void test_spill_location_none(void **state)
     location_case("none", NULL);
 }
 
-static const struct {
-    const char *name;
-    struct CMUnitTest test;
-} all_tests[] = {
-    {"test_spill_serves", cmocka_unit_test(test_spill_serves)},
-    {"test_spill_off", cmocka_unit_test(test_spill_off)},
-    {"test_spill_stream_writing", cmocka_unit_test(test_spill_stream_writing)},
-    {"test_spill_graph_replay", cmocka_unit_test(test_spill_graph_replay)},
-    {"test_spill_free_drops", cmocka_unit_test(test_spill_free_drops)},
-    {"test_spill_sleep_ipc", cmocka_unit_test(test_spill_sleep_ipc)},
-    {"test_spill_trim_idle", cmocka_unit_test(test_spill_trim_idle)},
-    {"test_spill_capture_free", cmocka_unit_test(test_spill_capture_free)},
-    {"test_spill_capture_growth", cmocka_unit_test(test_spill_capture_growth)},
-    {"test_spill_registered", cmocka_unit_test(test_spill_registered)},
-    {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
-    {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
-    {"test_spill_location", cmocka_unit_test(test_spill_location)},
-    {"test_spill_location_numa", cmocka_unit_test(test_spill_location_numa)},
-    {"test_spill_location_none", cmocka_unit_test(test_spill_location_none)},
+static const struct tu_named_test all_tests[] = {
+    TU_NAMED(test_spill_serves),
+    TU_NAMED(test_spill_off),
+    TU_NAMED(test_spill_stream_writing),
+    TU_NAMED(test_spill_graph_replay),
+    TU_NAMED(test_spill_free_drops),
+    TU_NAMED(test_spill_sleep_ipc),
+    TU_NAMED(test_spill_trim_idle),
+    TU_NAMED(test_spill_capture_free),
+    TU_NAMED(test_spill_capture_growth),
+    TU_NAMED(test_spill_registered),
+    TU_NAMED(test_spill_faults),
+    TU_NAMED(test_spill_promote_faults),
+    TU_NAMED(test_spill_location),
+    TU_NAMED(test_spill_location_numa),
+    TU_NAMED(test_spill_location_none),
 };
 
 int main(int argc, char **argv)
 {
     setenv("CUDAEMU_TOTAL_MEM", "50M", 0);
-    size_t n = sizeof all_tests / sizeof all_tests[0];
-    struct CMUnitTest run[sizeof all_tests / sizeof all_tests[0]];
-    size_t nrun = 0;
-    for (size_t i = 0; i < n; i++)
-        if (argc < 2 || strcmp(argv[1], all_tests[i].name) == 0)
-            run[nrun++] = all_tests[i].test;
-    if (nrun == 0) {
-        fprintf(stderr, "test_spill: no test named %s\n", argv[1]);
-        return 2;
-    }
-    return _cmocka_run_group_tests("spill", run, nrun, NULL, NULL);
+    return tu_run_named("spill", all_tests, sizeof all_tests / sizeof all_tests[0], argc, argv);
 }
