@@ -255,7 +255,10 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
  * receives the bytes no longer counted as host chunks; a chunk whose unmap fails becomes stranded
  * (counted unmapped; seg_reclaim unmaps it, seg_map unmaps it before mapping device memory
  * there) and the failure is returned after the others went. With @p strand no driver call is
- * made (a capture is underway): every such chunk becomes stranded so. */
+ * made (a capture is underway): every such chunk becomes stranded so, and its first unmap after
+ * (seg_reclaim, seg_map, seg_destroy) synchronizes the context first, since the freed block's
+ * work was not waited for; the caller unmaps none of them during the capture
+ * (seg_stranded_within). */
 xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool strand, size_t *dropped);
 size_t seg_host_bytes(const struct seg *seg);           /* bytes of host chunks */
 int seg_gran_is_host(const struct seg *seg, size_t g);  /* granule @p g is in a host chunk */
