@@ -1,5 +1,9 @@
 /* The per-device dispatch of the public entry points (api/dispatch.h). */
 #include "api/dispatch.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "base/error.h"
 
 bool api_owner(void *ptr, int first, api_owned_fn fn, void *ctx, xseg_status *st, int *dev)
@@ -21,7 +25,7 @@ bool api_owner(void *ptr, int first, api_owned_fn fn, void *ctx, xseg_status *st
     return false;
 }
 
-xseg_status api_on_owner(const char *what, void *ptr, api_owned_fn fn, void *ctx, const char *hint)
+xseg_status api_on_owner_or(void *ptr, api_owned_fn fn, void *ctx, const char *fmt, ...)
 {
     xseg_status st = rt_ensure();
     if (st != XSEG_SUCCESS)
@@ -29,8 +33,18 @@ xseg_status api_on_owner(const char *what, void *ptr, api_owned_fn fn, void *ctx
     int dev;
     if (api_owner(ptr, 0, fn, ctx, &st, &dev))
         return st;
-    return err_set(XSEG_ERROR_INVALID_VALUE, "%s: pointer %p is not a live allocation of xseg%s", what, ptr,
-                   hint ? hint : "");
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return err_set(XSEG_ERROR_INVALID_VALUE, "%s", msg);
+}
+
+xseg_status api_on_owner(const char *what, void *ptr, api_owned_fn fn, void *ctx, const char *hint)
+{
+    return api_on_owner_or(ptr, fn, ctx, "%s: pointer %p is not a live allocation of xseg%s", what, ptr,
+                           hint ? hint : "");
 }
 
 xseg_status api_each_device(int device, api_device_fn fn, void *ctx)

@@ -22,8 +22,12 @@ typedef xseg_status (*api_device_fn)(struct dev_alloc *d, void *ctx);
  * runtime must be initialized (rt_ensure). */
 bool api_owner(void *ptr, int first, api_owned_fn fn, void *ctx, xseg_status *st, int *dev);
 
-/* rt_ensure, then @p fn on the owner of @p ptr (from device 0). None owns it:
- * XSEG_ERROR_INVALID_VALUE "WHAT: pointer P is not a live allocation of xseg" and @p hint
+/* rt_ensure, then @p fn on the owner of @p ptr (from device 0): the one owner walk. None owns it:
+ * XSEG_ERROR_INVALID_VALUE with the message @p fmt formats (the caller's words for what it asked). */
+xseg_status api_on_owner_or(void *ptr, api_owned_fn fn, void *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* api_on_owner_or with the message "WHAT: pointer P is not a live allocation of xseg" and @p hint
  * (""/NULL for none) appended. */
 xseg_status api_on_owner(const char *what, void *ptr, api_owned_fn fn, void *ctx, const char *hint);
 

@@ -5,6 +5,18 @@
 #include "core/policy/registry.h"
 #include "core/runtime.h"
 
+struct register_args {
+    size_t size;
+    const xseg_range_callbacks *callbacks;
+    void *ctx;
+};
+
+static xseg_status register_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
+{
+    const struct register_args *a = ctx;
+    return reg_add(d, (uintptr_t)ptr, a->size, a->callbacks, a->ctx, owned);
+}
+
 XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_range_callbacks *callbacks, void *ctx)
 {
     if (!ptr || !callbacks || !size)
@@ -12,17 +24,9 @@ XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_rang
                        : !callbacks ? "callbacks is NULL" : "size is 0");
     if ((uintptr_t)ptr + size < (uintptr_t)ptr)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_register_range: [%p, +%zu) wraps around", ptr, size);
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    for (int i = 0; i < rt_device_count(); i++) {
-        struct dev_alloc *d = rt_device_peek(i);
-        bool mine = false;
-        if (d && ((st = reg_add(d, (uintptr_t)ptr, size, callbacks, ctx, &mine)) != XSEG_SUCCESS || mine))
-            return st;
-    }
-    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_register_range: [%p, +%zu) is not inside one expandable segment "
-                   "of xseg (a range across two segments, or memory xseg did not allocate)", ptr, size);
+    struct register_args a = {size, callbacks, ctx};
+    return api_on_owner_or(ptr, register_on, &a, "xseg_register_range: [%p, +%zu) is not inside one expandable "
+                           "segment of xseg (a range across two segments, or memory xseg did not allocate)", ptr, size);
 }
 
 XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx)
@@ -41,6 +45,18 @@ XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_s
     return st;
 }
 
+struct dmabuf_args {
+    size_t size;
+    int *fd;
+    size_t *offset;
+};
+
+static xseg_status dmabuf_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
+{
+    const struct dmabuf_args *a = ctx;
+    return reg_dmabuf(d, (uintptr_t)ptr, a->size, a->fd, a->offset, owned);
+}
+
 XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *offset)
 {
     if (!ptr || !size || !fd || !offset)
@@ -50,15 +66,7 @@ XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *
     *offset = 0;
     if ((uintptr_t)ptr + size < (uintptr_t)ptr)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) wraps around", ptr, size);
-    xseg_status st = rt_ensure();
-    if (st != XSEG_SUCCESS)
-        return st;
-    for (int i = 0; i < rt_device_count(); i++) {
-        struct dev_alloc *d = rt_device_peek(i);
-        bool mine = false;
-        if (d && ((st = reg_dmabuf(d, (uintptr_t)ptr, size, fd, offset, &mine)) != XSEG_SUCCESS || mine))
-            return st;
-    }
-    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_range_dmabuf: [%p, +%zu) is not inside one segment of xseg", ptr,
-                   size);
+    struct dmabuf_args a = {size, fd, offset};
+    return api_on_owner_or(ptr, dmabuf_on, &a, "xseg_range_dmabuf: [%p, +%zu) is not inside one segment of xseg",
+                           ptr, size);
 }

@@ -633,7 +633,15 @@ static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d
         return st;
     if (bv)
         budget_enter(d, bv, p->alloc_size); /* the members' figures moved */
-    return get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
+    /* Under pressure as in malloc_reclaim: the growth maps only the granules it needs, since the
+     * members gave what the request lacks, not a whole page more (exp_recycle_begin). */
+    bool recycling = d->use_expandable && d->cfg.expandable_segments_recycle;
+    if (recycling)
+        exp_recycle_begin(d);
+    st = get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
+    if (recycling)
+        exp_recycle_end(d);
+    return st;
 }
 
 /* Steps 5-7b of malloc_policy: the growth for @p p was refused and no capture is underway (nothing

@@ -106,6 +106,10 @@ struct seg {
 /* A canary chunk's granule that maps nothing now (a swap or restore failed half way and its
  * rollback could not map the canary back): the next restore maps the chunk's handle over it. */
 #define GRAN_BARE 64
+/* A stranded host chunk set aside by seg_drop_host's strand (a spilled block freed during a
+ * capture): the work its block's streams queued before was not waited for (nothing may be then),
+ * so unlike other stranded chunks it may still be read. Its first unmap waits (chunk_unmap). */
+#define GRAN_UNWAITED 128
 
 /* ---- small helpers ---- */
 
@@ -477,7 +481,17 @@ static xseg_status chunk_unmap(struct seg *seg, size_t first)
 {
     size_t bytes = seg->clen[first] * seg->gran;
     CUdeviceptr addr = gran_addr(seg, first);
-    CUresult res = drv->cuMemUnmap(addr, bytes);
+    CUresult res;
+    if (seg->gflags[first] & GRAN_UNWAITED) {
+        /* Its streams are not known here: the context, once for every such chunk of the segment
+         * (the callers unmap none during a capture, where this would be refused). */
+        if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
+            return seg_failf(res, "cuCtxSynchronize before unmapping host memory a spilled block freed during a "
+                                  "capture left (at 0x%llx)", (unsigned long long)addr);
+        for (size_t g = 0; g < seg->ngran; g++)
+            seg->gflags[g] &= (unsigned char)~GRAN_UNWAITED;
+    }
+    res = drv->cuMemUnmap(addr, bytes);
     if (res != CUDA_SUCCESS)
         return seg_failf(res, "cuMemUnmap(0x%llx, %zu) of a chunk", (unsigned long long)addr, bytes);
     chunk_forget(seg, first);
@@ -1212,7 +1226,8 @@ xseg_status seg_reclaim(struct seg *seg)
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    /* No synchronize: a stranded chunk was never handed out, so no work can use it. */
+    /* No synchronize: a stranded chunk was never handed out, so no work can use it; but one set
+     * aside during a capture (GRAN_UNWAITED), which chunk_unmap waits for. */
     for (size_t g = 0; g < seg->ngran && seg->stranded_bytes;) {
         size_t e = chunk_end(seg, g);
         if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED)) {
@@ -1715,7 +1730,7 @@ xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool stra
         size_t bytes = (e - g) * seg->gran;
         CUresult res = strand ? CUDA_ERROR_NOT_PERMITTED : seg_unmap_run(seg, g, e);
         if (strand) {
-            chunk_flags(seg, g, GRAN_STRANDED, 1);
+            chunk_flags(seg, g, GRAN_STRANDED | GRAN_UNWAITED, 1);
             seg->host_bytes -= bytes;
             seg->stranded_bytes += bytes;
             *dropped += bytes;
@@ -1795,6 +1810,17 @@ size_t seg_gran(const struct seg *seg) { return seg->gran; }
 size_t seg_ngran(const struct seg *seg) { return seg->ngran; }
 size_t seg_mapped_bytes(const struct seg *seg) { return seg->mapped_bytes; }
 size_t seg_stranded_bytes(const struct seg *seg) { return seg->stranded_bytes; }
+
+bool seg_stranded_within(const struct seg *seg, size_t offset, size_t size)
+{
+    if (!seg || !seg->stranded_bytes || offset >= seg->va_size || !size)
+        return false;
+    size_t end = offset + XSEG_MIN(size, seg->va_size - offset); /* ceil(end / gran) <= ngran */
+    for (size_t g = offset / seg->gran; g < (end + seg->gran - 1) / seg->gran; g++)
+        if (seg->handles[g] && (seg->gflags[g] & GRAN_STRANDED))
+            return true;
+    return false;
+}
 unsigned seg_handle_types(const struct seg *seg) { return (unsigned)seg->prop.requestedHandleTypes; }
 int seg_device(const struct seg *seg) { return seg->device; }
 

@@ -255,7 +255,10 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
  * receives the bytes no longer counted as host chunks; a chunk whose unmap fails becomes stranded
  * (counted unmapped; seg_reclaim unmaps it, seg_map unmaps it before mapping device memory
  * there) and the failure is returned after the others went. With @p strand no driver call is
- * made (a capture is underway): every such chunk becomes stranded so. */
+ * made (a capture is underway): every such chunk becomes stranded so, and its first unmap after
+ * (seg_reclaim, seg_map, seg_destroy) synchronizes the context first, since the freed block's
+ * work was not waited for; the caller unmaps none of them during the capture
+ * (seg_stranded_within). */
 xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool strand, size_t *dropped);
 size_t seg_host_bytes(const struct seg *seg);           /* bytes of host chunks */
 int seg_gran_is_host(const struct seg *seg, size_t g);  /* granule @p g is in a host chunk */
@@ -296,6 +299,9 @@ size_t seg_gran(const struct seg *seg);           /* the granule: the device's V
 size_t seg_ngran(const struct seg *seg);          /* va_size / granule */
 size_t seg_mapped_bytes(const struct seg *seg);   /* bytes currently mapped */
 size_t seg_stranded_bytes(const struct seg *seg); /* bytes of stranded chunks (see seg_reclaim) */
+/* Does a stranded chunk overlap [@p offset, @p offset + @p size) (clipped to the segment)? seg_map
+ * over such a range unmaps the chunk first. */
+bool seg_stranded_within(const struct seg *seg, size_t offset, size_t size);
 unsigned seg_handle_types(const struct seg *seg);
 int seg_device(const struct seg *seg);
 /* Is granule @p g mapped (and not stranded)? 0 out of range. */

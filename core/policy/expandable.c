@@ -81,9 +81,25 @@ static bool seg_order_less(const struct block *a, const struct block *b)
     return a->addr - (uintptr_t)seg_base(a->seg->vseg) < b->addr - (uintptr_t)seg_base(b->seg->vseg);
 }
 
+/* Is a capture underway, or a pool recording (the cheap test first)? */
+static bool exp_capture_holds(struct dev_alloc *d) { return cap_underway(d) && dev_capture_underway(d); }
+
+/* Would mapping @p size bytes from @p c (whole pages) unmap a stranded chunk first (seg_map)?
+ * During a capture that must not happen: a chunk set aside by a spilled block's free in the
+ * capture (seg_drop_host's strand) may still be read by work its streams queued before it, and
+ * nothing can be waited for until the capture ends (xseg.h: while a pool records, nothing is
+ * unmapped). Such a range is passed over then; the reclaim after the capture gives it back. */
+static bool covers_set_aside(const struct block *c, size_t size)
+{
+    const struct seg *vs = c->seg->vseg;
+    size_t off = c->addr - (uintptr_t)seg_base(vs);
+    return seg_stranded_bytes(vs) && seg_stranded_within(vs, off, page_up(size, seg_page_size(vs)));
+}
+
 /* An unmapped hole with room for @p size (PyTorch's search of pool->unmapped), the first in
- * seg_order_less order, so the choice is the same on every run and every driver. */
-static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
+ * seg_order_less order, so the choice is the same on every run and every driver; with
+ * @p capture, none whose mapping would unmap a set-aside chunk (covers_set_aside). */
+static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, bool capture)
 {
     lock_assert_held(&d->lock);
     (void)d;
@@ -95,7 +111,7 @@ static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream
         struct block *c = u;
         if (allocatable(c->prev))
             c = c->prev;
-        if (chain_bytes(c, size) >= size) {
+        if (chain_bytes(c, size) >= size && !(capture && covers_set_aside(c, size))) {
             best = c;
             best_hole = u;
         }
@@ -148,8 +164,9 @@ static void by_stream_remove(struct dev_alloc *d, struct segrec *s)
 }
 
 /* Grow a segment of (pool, stream) at its end so that its allocatable tail holds @p size. The
- * newest segment first. */
-static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
+ * newest segment first; with @p capture, none whose tail holds a set-aside chunk. */
+static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
+                                  bool capture)
 {
     lock_assert_held(&d->lock);
     size_t lo = by_stream_lower(d, pool, stream, 0), hi = by_stream_lower(d, pool, stream, UINT64_MAX);
@@ -165,6 +182,8 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
             c = b;
             avail += b->size;
         }
+        if (capture && c && covers_set_aside(c, size))
+            continue;
         size_t page = seg_page(s);
         size_t old_va = seg_va_size(s->vseg);
         size_t want = old_va + page_up(size - XSEG_MIN(avail, size), page);
@@ -297,9 +316,10 @@ xseg_status exp_allocate(struct dev_alloc *d, struct bpool *pool, CUstream strea
                          struct block **out)
 {
     lock_assert_held(&d->lock);
-    struct block *c = find_hole(d, pool, stream, size);
+    bool capture = exp_capture_holds(d);
+    struct block *c = find_hole(d, pool, stream, size, capture);
     if (!c)
-        c = grow_segment(d, pool, stream, size);
+        c = grow_segment(d, pool, stream, size, capture);
     if (!c) {
         xseg_status st = create_segment(d, pool, stream, size, &c);
         if (st != XSEG_SUCCESS)
@@ -627,10 +647,13 @@ void exp_release_empty_segments(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     struct segrec *s = d->segs;
+    int capture = -1; /* asked once, where a segment holds set-aside chunks */
     while (s) {
         struct segrec *next = s->next_seg;
         struct block *b = s->first;
-        if (s->vseg && b && !b->mapped && !b->next) {
+        if (s->vseg && b && !b->mapped && !b->next && seg_stranded_bytes(s->vseg) && capture < 0)
+            capture = exp_capture_holds(d);
+        if (s->vseg && b && !b->mapped && !b->next && !(seg_stranded_bytes(s->vseg) && capture == 1)) {
             bpool_unindex(b);
             dev_block_delete(d, b);
             (void)seg_destroy(s->vseg);

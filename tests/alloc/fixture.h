@@ -1,9 +1,9 @@
 /*
- * The alloc suite's shared fixture (test_expandable.c, test_fit.c, test_faults.c, test_defrag.c):
- * starting xseg uncapped, a malloc that must succeed, capping device 0, and the checks run after
- * a scenario (the statistics a snapshot determines; nothing left with the driver); and for
- * test_host_oom.c one call with its nth host allocation failing. Include after
- * cmocka.h and tests/common/testutil.h.
+ * The alloc suite's shared fixture (test_expandable.c, test_fit.c, test_faults.c, test_defrag.c,
+ * test_spill.c): starting xseg uncapped (start_emu: on cudaemu only), a malloc that must succeed,
+ * capping device 0, and the checks run after a scenario (the statistics a snapshot determines;
+ * nothing left with the driver); and for test_host_oom.c one call with its nth host allocation
+ * failing. Include after cmocka.h and tests/common/testutil.h.
  */
 #ifndef XSEG_TESTS_ALLOC_FIXTURE_H
 #define XSEG_TESTS_ALLOC_FIXTURE_H
@@ -26,6 +26,14 @@ static inline void start(const char *config)
     if (!tu_gpu_available())
         skip();
     assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+}
+
+/* start(@p config), the test skipped unless the driver is cudaemu: for tests whose device size,
+ * fault injection, stream holds or graphs are the emulator's. */
+static inline void start_emu(const char *config)
+{
+    start(config);
+    tu_require_emulator_or_skip();
 }
 
 static inline void *must_malloc(size_t size, CUstream s)

@@ -34,12 +34,6 @@
  * chunks (core/policy/expandable.c device_chunk), whose free ones go back without a copy. */
 #define PAGES "expandable_segments:True,expandable_chunk_mb:20"
 
-static void start_emu(const char *config)
-{
-    start(config);
-    tu_require_emulator_or_skip(); /* the device size and the faults are the emulator's */
-}
-
 /* Stats that a snapshot determines must match it (as tests/alloc/test_faults.c), and with
  * @p driver the driver's mappings too (not while an earlier failure's leftover, e.g. a scratch
  * range whose unmap failed, waits for the next reclaim). */
@@ -295,31 +289,18 @@ static void test_defrag_full_faults(void **state)
     faults_sweep();
 }
 
-static const struct {
-    const char *name;
-    struct CMUnitTest test;
-} all_tests[] = {
-    {"test_defrag_serves", cmocka_unit_test(test_defrag_serves)},
-    {"test_defrag_off", cmocka_unit_test(test_defrag_off)},
-    {"test_defrag_off_by_default", cmocka_unit_test(test_defrag_off_by_default)},
-    {"test_defrag_idle_with_room", cmocka_unit_test(test_defrag_idle_with_room)},
-    {"test_defrag_faults", cmocka_unit_test(test_defrag_faults)},
-    {"test_defrag_full_serves", cmocka_unit_test(test_defrag_full_serves)},
-    {"test_defrag_full_faults", cmocka_unit_test(test_defrag_full_faults)},
+static const struct tu_named_test all_tests[] = {
+    TU_NAMED(test_defrag_serves),
+    TU_NAMED(test_defrag_off),
+    TU_NAMED(test_defrag_off_by_default),
+    TU_NAMED(test_defrag_idle_with_room),
+    TU_NAMED(test_defrag_faults),
+    TU_NAMED(test_defrag_full_serves),
+    TU_NAMED(test_defrag_full_faults),
 };
 
 int main(int argc, char **argv)
 {
     setenv("CUDAEMU_TOTAL_MEM", argc > 1 && strstr(argv[1], "_full_") ? "100M" : "110M", 0);
-    size_t n = sizeof all_tests / sizeof all_tests[0];
-    struct CMUnitTest run[sizeof all_tests / sizeof all_tests[0]];
-    size_t nrun = 0;
-    for (size_t i = 0; i < n; i++)
-        if (argc < 2 || strcmp(argv[1], all_tests[i].name) == 0)
-            run[nrun++] = all_tests[i].test;
-    if (nrun == 0) {
-        fprintf(stderr, "test_defrag: no test named %s\n", argv[1]);
-        return 2;
-    }
-    return _cmocka_run_group_tests("defrag", run, nrun, NULL, NULL);
+    return tu_run_named("defrag", all_tests, sizeof all_tests / sizeof all_tests[0], argc, argv);
 }

@@ -90,8 +90,7 @@ static void check_reserved_is_mapped(void)
  * unmap of page 1 fails (also @p unmap_fails - 1 later unmaps: the retry in the OOM path). */
 static void rollback_unmap_fails(int unmap_fails)
 {
-    start("expandable_segments:True");
-    tu_require_emulator_or_skip();
+    start_emu("expandable_segments:True");
     void *live = tu_malloc(10 * MiB, NULL);
     tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)live, 10 * MiB, 9));
     assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)PAGE);
@@ -137,8 +136,7 @@ static void test_rollback_stranded_reclaimed(void **state)
     (void)state;
     /* The defragmenting step would serve the request from the live page's free half
      * (tests/alloc/test_defrag.c); here the failure must reach the OOM report. */
-    start("expandable_segments:True,expandable_segments_defrag:False");
-    tu_require_emulator_or_skip();
+    start_emu("expandable_segments:True,expandable_segments_defrag:False");
     void *live = tu_malloc(10 * MiB, NULL);
     /* Fail the create of page 4 in the first try and of the retry, so the malloc fails. */
     unsigned long fired = tu_fail_fired();
@@ -163,8 +161,7 @@ static void test_rollback_stranded_reclaimed(void **state)
 
 static void leftover_retried(const char *entry, unsigned long nth)
 {
-    start("expandable_segments:True");
-    tu_require_emulator_or_skip();
+    start_emu("expandable_segments:True");
     void *p = tu_malloc(60 * MiB, NULL);
     tu_free(p);
     unsigned long fired = tu_fail_fired();
@@ -205,8 +202,7 @@ static void test_unmap_fails(void **state)
 static void test_rollback_release_fails(void **state)
 {
     (void)state;
-    start("expandable_segments:True,expandable_segments_defrag:False"); /* as above: the OOM report */
-    tu_require_emulator_or_skip();
+    start_emu("expandable_segments:True,expandable_segments_defrag:False"); /* as above: the OOM report */
     void *live = tu_malloc(10 * MiB, NULL);
     unsigned long fired = tu_fail_fired();
     assert_true(tu_fail("cuMemCreate", 4, CUDA_ERROR_OUT_OF_MEMORY));
@@ -343,8 +339,7 @@ static void must_free(void *p)
 
 static void record_stream_faults(const char *config, size_t size)
 {
-    start(config);
-    tu_require_emulator_or_skip();
+    start_emu(config);
     CUstream s2, s3;
     tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
 
@@ -509,8 +504,7 @@ static void capture_done(CUstream s, CUstream side, xseg_pool_id pool, void *kee
 static void test_capture_id_unread(void **state)
 {
     (void)state;
-    start("expandable_segments:True");
-    tu_require_emulator_or_skip();
+    start_emu("expandable_segments:True");
     CUstream s, side;
     tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
@@ -536,8 +530,7 @@ static void test_capture_id_unread(void **state)
 static void test_capture_mode_switch_fails(void **state)
 {
     (void)state;
-    start("expandable_segments:False");
-    tu_require_emulator_or_skip();
+    start_emu("expandable_segments:False");
     CUstream s, side;
     tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
@@ -560,8 +553,7 @@ static void test_capture_mode_switch_fails(void **state)
 static void test_capture_end_fails(void **state)
 {
     (void)state;
-    start("expandable_segments:True");
-    tu_require_emulator_or_skip();
+    start_emu("expandable_segments:True");
     CUstream s, side;
     tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     tu_assert_cu(drv->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
@@ -586,41 +578,27 @@ static void test_capture_end_fails(void **state)
 
 /* ---- main ---------------------------------------------------------------------------------- */
 
-#define T(name) {#name, cmocka_unit_test(name)}
-static const struct {
-    const char *name;
-    struct CMUnitTest test;
-} all_tests[] = {
-    T(test_rollback_unmap_fails),
-    T(test_rollback_unmap_fails_twice),
-    T(test_rollback_stranded_reclaimed),
-    T(test_release_fails),
-    T(test_address_free_fails),
-    T(test_unmap_fails),
-    T(test_rollback_release_fails),
-    T(test_impossible_sizes_expandable),
-    T(test_impossible_sizes_classic),
-    T(test_config_misuse),
-    T(test_destroyed_stream_expandable),
-    T(test_destroyed_stream_classic),
-    T(test_record_stream_faults_expandable),
-    T(test_record_stream_faults_classic),
-    T(test_capture_id_unread),
-    T(test_capture_mode_switch_fails),
-    T(test_capture_end_fails),
+static const struct tu_named_test all_tests[] = {
+    TU_NAMED(test_rollback_unmap_fails),
+    TU_NAMED(test_rollback_unmap_fails_twice),
+    TU_NAMED(test_rollback_stranded_reclaimed),
+    TU_NAMED(test_release_fails),
+    TU_NAMED(test_address_free_fails),
+    TU_NAMED(test_unmap_fails),
+    TU_NAMED(test_rollback_release_fails),
+    TU_NAMED(test_impossible_sizes_expandable),
+    TU_NAMED(test_impossible_sizes_classic),
+    TU_NAMED(test_config_misuse),
+    TU_NAMED(test_destroyed_stream_expandable),
+    TU_NAMED(test_destroyed_stream_classic),
+    TU_NAMED(test_record_stream_faults_expandable),
+    TU_NAMED(test_record_stream_faults_classic),
+    TU_NAMED(test_capture_id_unread),
+    TU_NAMED(test_capture_mode_switch_fails),
+    TU_NAMED(test_capture_end_fails),
 };
 
 int main(int argc, char **argv)
 {
-    size_t n = sizeof all_tests / sizeof all_tests[0];
-    struct CMUnitTest run[sizeof all_tests / sizeof all_tests[0]];
-    size_t nrun = 0;
-    for (size_t i = 0; i < n; i++)
-        if (argc < 2 || strcmp(argv[1], all_tests[i].name) == 0)
-            run[nrun++] = all_tests[i].test;
-    if (nrun == 0) {
-        fprintf(stderr, "test_faults: no test named %s\n", argv[1]);
-        return 2;
-    }
-    return _cmocka_run_group_tests("faults", run, nrun, NULL, NULL);
+    return tu_run_named("faults", all_tests, sizeof all_tests / sizeof all_tests[0], argc, argv);
 }

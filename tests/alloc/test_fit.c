@@ -33,13 +33,6 @@
 #include "tests/common/testutil.h"
 #include "xseg.h"
 
-/* The fixture's start, on cudaemu only (its call counters and live counts). */
-static void start_emu(const char *config)
-{
-    start(config);
-    tu_require_emulator_or_skip();
-}
-
 /* reserved_bytes is what the driver maps for xseg, and every handle alive is mapped. */
 static void check_driver_agrees(void)
 {

@@ -38,12 +38,6 @@ static void nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-static void start_emu(const char *config)
-{
-    start(config);
-    tu_require_emulator_or_skip(); /* the device size, holds, graphs and faults are the emulator's */
-}
-
 /* A and B live and filled; A hinted cold. */
 static void scenario(void **a, void **b)
 {
@@ -52,6 +46,17 @@ static void scenario(void **a, void **b)
     tu_assert_cu(tu_fill(DPTR(*a), A_SIZE, 1));
     tu_assert_cu(tu_fill(DPTR(*b), B_SIZE, 2));
     assert_int_equal(xseg_spill_hint(*a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+}
+
+/* start_emu(SPILL), the scenario, and C (still live, returned) served by spilling A's pages. */
+static void *spilled_scenario(void **a, void **b)
+{
+    start_emu(SPILL);
+    void *c = NULL;
+    scenario(a, b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    return c;
 }
 
 /* Do [x, x + n) and [y, y + n) hold the same bytes (every 64 KiB of the first 4 KiB read)? */
@@ -315,11 +320,7 @@ static void test_spill_graph_replay(void **state)
 static void test_spill_free_drops(void **state)
 {
     (void)state;
-    start_emu(SPILL);
-    void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
-    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    void *a, *b, *c = spilled_scenario(&a, &b);
     int64_t promotions = tu_stat("num_promotions");
     tu_free(a);
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
@@ -363,25 +364,30 @@ static void test_spill_free_drops(void **state)
 
 /* A spilled block freed while a capture is underway: nothing is waited for or unmapped (either
  * would break the capture); its host pages are stranded, counted unmapped, and the first reclaim
- * after the capture gives them back. Spill itself refuses during the capture, saying so. */
+ * after the capture gives them back. Spill itself refuses during the capture, saying so. A was
+ * recorded on the capturing stream, so a wait for A's streams would synchronize that stream and
+ * invalidate the capture (the driver's rule); the free makes no cuStreamSynchronize and no
+ * cuMemUnmap at all until the capture ends. */
 static void test_spill_capture_free(void **state)
 {
     (void)state;
-    start_emu(SPILL);
-    void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
-    tu_free(c);
+    void *a, *b;
+    tu_free(spilled_scenario(&a, &b));
     assert_true(tu_stat("spilled_bytes.all.current") > 0);
     CUstream s;
     tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    assert_int_equal(xseg_record_stream(a, s), XSEG_SUCCESS);
     xseg_pool_id pool = {0, 0};
     assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
     void *big = NULL; /* the capture's pool cannot grow past the device, and spill may not help */
     assert_int_equal(xseg_malloc(&big, 16 * MiB, 0, s), XSEG_ERROR_OUT_OF_MEMORY);
     if (!strstr(xseg_last_error(), "a stream capture is underway"))
         fail_msg("the OOM during the capture does not say why spill could not help: %s", xseg_last_error());
-    tu_free(a);
+    tu_counts_reset();
+    if (xseg_free(a) != XSEG_SUCCESS)
+        fail_msg("the free of spilled A during the capture failed: %s", xseg_last_error());
+    assert_int_equal(tu_call_count("cuStreamSynchronize"), 0);
+    assert_int_equal(tu_call_count("cuMemUnmap"), 0);
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
     assert_true(tu_stream_work(s));
     CUgraph g = NULL;
@@ -395,6 +401,74 @@ static void test_spill_capture_free(void **state)
     tu_free(b);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(s));
+}
+
+/* A private pool's spilled block freed during a later capture into that pool, while a side
+ * stream it was recorded on still copies from its host pages into a live buffer Y: the free sets
+ * the host pages aside (no wait, no unmap: the capture forbids both), and the pool's growth in the
+ * same capture must not unmap them either (xseg.h: while a pool records nothing is unmapped); it
+ * goes elsewhere or fails as out of memory; the reclaim after the capture unmaps them only after
+ * that work. Once the stream runs, Y holds the copied bytes. */
+static void test_spill_capture_growth(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    CUstream s, w;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool = {0, 0};
+    CUgraph g = NULL;
+    /* P: the pool's block, allocated during a first capture. */
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    void *p = must_malloc(A_SIZE, s);
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    void *b = must_malloc(B_SIZE, NULL), *c = NULL, *x = NULL;
+    tu_assert_cu(tu_fill(DPTR(p), 4 * MiB, 7)); /* what the side stream copies */
+    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_spill_hint(p, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    size_t host = 0;
+    assert_int_not_equal(location(p, &host), XSEG_LOCATION_DEVICE);
+    tu_free(c);
+    void *y = must_malloc(4 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(y), 4 * MiB, 9));
+    /* The side stream's copy from P's first 4 MiB (on host memory: the first pages to move). */
+    assert_int_equal(xseg_record_stream(p, w), XSEG_SUCCESS);
+    assert_true(tu_stream_hold(w));
+    tu_assert_cu(drv->cuMemcpyDtoDAsync(DPTR(y), DPTR(p), 4 * MiB, w));
+
+    assert_int_equal(xseg_capture_begin(0, s, &pool, CU_STREAM_CAPTURE_MODE_GLOBAL), XSEG_SUCCESS);
+    tu_counts_reset();
+    if (xseg_free(p) != XSEG_SUCCESS)
+        fail_msg("the free of spilled P during the capture failed: %s", xseg_last_error());
+    /* Larger than P's device pages: the pool must grow into P's range or elsewhere. */
+    xseg_status st = xseg_malloc(&x, A_SIZE - 4 * MiB, 0, s);
+    if (st != XSEG_SUCCESS && st != XSEG_ERROR_OUT_OF_MEMORY)
+        fail_msg("the pool's growth during the capture failed: %s", xseg_last_error());
+    if (x)
+        tu_free(x);
+    assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    /* The reclaim after the capture gives the set-aside pages back, after the copy (it waits). */
+    if (xseg_empty_cache(0) != XSEG_SUCCESS)
+        fail_msg("empty_cache after the capture, the side stream's copy still queued: %s", xseg_last_error());
+    tu_stream_release(w); /* done already where the wait ran the held work (cudaemu) */
+    tu_assert_cu(drv->cuStreamSynchronize(w));
+    if (!tu_check(DPTR(y), 4 * MiB, 7))
+        fail_msg("Y lost the bytes the side stream copied from P");
+    assert_true(tu_check(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_books(true);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    tu_free(y);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+    tu_assert_cu(drv->cuStreamDestroy(w));
     tu_assert_cu(drv->cuStreamDestroy(s));
 }
 
@@ -424,10 +498,7 @@ static void test_spill_registered(void **state)
 static void test_spill_sleep_ipc(void **state)
 {
     (void)state;
-    start_emu(SPILL);
-    void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    void *a, *b, *c = spilled_scenario(&a, &b);
     xseg_ipc_handle *h = NULL;
     assert_int_equal(xseg_ipc_export(a, &h), XSEG_ERROR_ILLEGAL_STATE);
     assert_non_null(strstr(xseg_last_error(), "xseg_promote"));
@@ -461,11 +532,8 @@ static void test_spill_sleep_ipc(void **state)
 static void test_spill_trim_idle(void **state)
 {
     (void)state;
-    start_emu(SPILL);
     void *a, *b, *c = NULL;
-    scenario(&a, &b);
-    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
-    tu_free(c);
+    tu_free(spilled_scenario(&a, &b));
     assert_true(tu_stat("spilled_bytes.all.current") > 0);
     assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
@@ -665,38 +733,26 @@ static void test_spill_location_none(void **state)
     location_case("none", NULL);
 }
 
-static const struct {
-    const char *name;
-    struct CMUnitTest test;
-} all_tests[] = {
-    {"test_spill_serves", cmocka_unit_test(test_spill_serves)},
-    {"test_spill_off", cmocka_unit_test(test_spill_off)},
-    {"test_spill_stream_writing", cmocka_unit_test(test_spill_stream_writing)},
-    {"test_spill_graph_replay", cmocka_unit_test(test_spill_graph_replay)},
-    {"test_spill_free_drops", cmocka_unit_test(test_spill_free_drops)},
-    {"test_spill_sleep_ipc", cmocka_unit_test(test_spill_sleep_ipc)},
-    {"test_spill_trim_idle", cmocka_unit_test(test_spill_trim_idle)},
-    {"test_spill_capture_free", cmocka_unit_test(test_spill_capture_free)},
-    {"test_spill_registered", cmocka_unit_test(test_spill_registered)},
-    {"test_spill_faults", cmocka_unit_test(test_spill_faults)},
-    {"test_spill_promote_faults", cmocka_unit_test(test_spill_promote_faults)},
-    {"test_spill_location", cmocka_unit_test(test_spill_location)},
-    {"test_spill_location_numa", cmocka_unit_test(test_spill_location_numa)},
-    {"test_spill_location_none", cmocka_unit_test(test_spill_location_none)},
+static const struct tu_named_test all_tests[] = {
+    TU_NAMED(test_spill_serves),
+    TU_NAMED(test_spill_off),
+    TU_NAMED(test_spill_stream_writing),
+    TU_NAMED(test_spill_graph_replay),
+    TU_NAMED(test_spill_free_drops),
+    TU_NAMED(test_spill_sleep_ipc),
+    TU_NAMED(test_spill_trim_idle),
+    TU_NAMED(test_spill_capture_free),
+    TU_NAMED(test_spill_capture_growth),
+    TU_NAMED(test_spill_registered),
+    TU_NAMED(test_spill_faults),
+    TU_NAMED(test_spill_promote_faults),
+    TU_NAMED(test_spill_location),
+    TU_NAMED(test_spill_location_numa),
+    TU_NAMED(test_spill_location_none),
 };
 
 int main(int argc, char **argv)
 {
     setenv("CUDAEMU_TOTAL_MEM", "50M", 0);
-    size_t n = sizeof all_tests / sizeof all_tests[0];
-    struct CMUnitTest run[sizeof all_tests / sizeof all_tests[0]];
-    size_t nrun = 0;
-    for (size_t i = 0; i < n; i++)
-        if (argc < 2 || strcmp(argv[1], all_tests[i].name) == 0)
-            run[nrun++] = all_tests[i].test;
-    if (nrun == 0) {
-        fprintf(stderr, "test_spill: no test named %s\n", argv[1]);
-        return 2;
-    }
-    return _cmocka_run_group_tests("spill", run, nrun, NULL, NULL);
+    return tu_run_named("spill", all_tests, sizeof all_tests / sizeof all_tests[0], argc, argv);
 }

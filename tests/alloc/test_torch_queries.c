@@ -216,29 +216,15 @@ static void test_pool_retain(void **state)
     assert_int_equal(xseg_pool_retain(99, pool), XSEG_ERROR_INVALID_DEVICE);
 }
 
-#define T(fn) {#fn, cmocka_unit_test(fn)}
-static const struct {
-    const char *name;
-    struct CMUnitTest test;
-} all_tests[] = {
-    T(test_reset_accumulated),
-    T(test_cache_info),
-    T(test_base_allocation_classic),
-    T(test_base_allocation_expandable),
-    T(test_pool_retain),
+static const struct tu_named_test all_tests[] = {
+    TU_NAMED(test_reset_accumulated),
+    TU_NAMED(test_cache_info),
+    TU_NAMED(test_base_allocation_classic),
+    TU_NAMED(test_base_allocation_expandable),
+    TU_NAMED(test_pool_retain),
 };
 
 int main(int argc, char **argv)
 {
-    size_t n = sizeof all_tests / sizeof all_tests[0];
-    struct CMUnitTest run[sizeof all_tests / sizeof all_tests[0]];
-    size_t nrun = 0;
-    for (size_t i = 0; i < n; i++)
-        if (argc < 2 || strcmp(argv[1], all_tests[i].name) == 0)
-            run[nrun++] = all_tests[i].test;
-    if (nrun == 0) {
-        fprintf(stderr, "test_torch_queries: no test named %s\n", argv[1]);
-        return 2;
-    }
-    return _cmocka_run_group_tests("torch_queries", run, nrun, NULL, NULL);
+    return tu_run_named("torch_queries", all_tests, sizeof all_tests / sizeof all_tests[0], argc, argv);
 }

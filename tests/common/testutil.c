@@ -377,6 +377,27 @@ size_t tu_steps(size_t n, size_t min)
     return tu_scaled(n, min);
 }
 
+int tu_run_named(const char *group, const struct tu_named_test *all, size_t n, int argc, char **argv)
+{
+    struct CMUnitTest *run = malloc((n ? n : 1) * sizeof *run);
+    if (!run) {
+        fprintf(stderr, "test_%s: out of host memory\n", group);
+        return 2;
+    }
+    size_t nrun = 0;
+    for (size_t i = 0; i < n; i++)
+        if (argc < 2 || strcmp(argv[1], all[i].name) == 0)
+            run[nrun++] = all[i].test;
+    if (nrun == 0) {
+        fprintf(stderr, "test_%s: no test named %s\n", group, argv[1]);
+        free(run);
+        return 2;
+    }
+    int rc = _cmocka_run_group_tests(group, run, nrun, NULL, NULL);
+    free(run);
+    return rc;
+}
+
 /* ---- data through the driver ---- */
 
 #define TU_PROBE 64

@@ -72,6 +72,16 @@ size_t tu_scaled(size_t n, size_t min);
  * 10^6), else tu_scaled(n, min). */
 size_t tu_steps(size_t n, size_t min);
 
+/* A test program that runs one test per process (meson passes its name as argv[1]): the named
+ * tests of @p all, or every one without an argument; "test_GROUP: no test named X" and 2 when
+ * none matches. */
+struct tu_named_test {
+    const char *name;
+    struct CMUnitTest test;
+};
+#define TU_NAMED(fn) {#fn, cmocka_unit_test(fn)}
+int tu_run_named(const char *group, const struct tu_named_test *all, size_t n, int argc, char **argv);
+
 /* ---- emulator controls (no-ops returning false / 0 on the real driver) ---- */
 
 /* Hold / release a stream (cudaemu_stream_hold): events recorded on a held stream stay

@@ -239,6 +239,50 @@ static void test_registry_cycles(void **state)
     teardown();
 }
 
+/* A malloc predicted long-lived (core/device/placement.h L1: frees lead the device's last mallocs
+ * and frees, and the last blocks of its size are live) goes through the allocator's top path: it
+ * takes the top end of what its growth maps. When that growth maps the pages of a released
+ * registration again, the registrant is asked to register them again (REMAPPED) all the same. */
+static void test_registry_top_malloc(void **state)
+{
+    (void)state;
+    setup("expandable_segments:True,expandable_segments_recycle:True");
+    enum { NSMALL = 40 };
+    void *small[NSMALL];
+    for (int i = 0; i < NSMALL; i++)
+        small[i] = tu_malloc(512, NULL);
+    /* G at the segment's start (a size of its own, so its free leaves K's key live), K1 and K2
+     * after it: 40 MiB, two whole 20 MiB pages. */
+    void *g = tu_malloc(24 * MiB, NULL), *k1 = tu_malloc(8 * MiB, NULL), *k2 = tu_malloc(8 * MiB, NULL);
+    assert_true((uintptr_t)k1 > (uintptr_t)g);
+    reg(0, g, 8 * MiB); /* freed but still registered (NCCL's registration cache) */
+    tu_free(g);
+    for (int i = 0; i < NSMALL; i++)
+        tu_free(small[i]); /* the frees now lead the window */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* G's whole page goes: released first */
+    assert_int_equal(regs[0].befores, 1);
+    assert_false(regs[0].held);
+    check_held();
+    /* K3: no cached block holds 8 MiB; the growth maps G's first page again, K3 on its top end. */
+    void *k3 = tu_malloc(8 * MiB, NULL);
+    if ((uintptr_t)k3 == (uintptr_t)g)
+        fail_msg("K3 was placed best fit at G's start: not the top path this test is about");
+    assert_true((uintptr_t)k3 > (uintptr_t)g && (uintptr_t)k3 < (uintptr_t)k1);
+    assert_int_equal(regs[0].afters, 1);
+    assert_true(regs[0].held); /* registered again, on the pages mapped there now */
+    check_held();
+    xseg_registration_stats st = rstats();
+    assert_int_equal(st.active, 1);
+    assert_int_equal(st.released, 0);
+    unreg(0);
+    tu_free(k3);
+    tu_free(k2);
+    tu_free(k1);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    teardown();
+}
+
 /* A before callback that fails: the call reports it by range, the pages stay mapped (no unmap
  * reached the observer for them), nothing else is held back; sleep and shutdown are refused with
  * nothing changed; once the registrant releases, everything goes. */
@@ -423,7 +467,8 @@ static void test_registry_errors(void **state)
     assert_non_null(strstr(xseg_last_error(), "callbacks"));
     int here;
     assert_int_equal(xseg_register_range(&here, 4, &fake_cb, NULL), XSEG_ERROR_INVALID_VALUE);
-    assert_non_null(strstr(xseg_last_error(), "not inside"));
+    assert_non_null(strstr(xseg_last_error(), "xseg_register_range: ["));
+    assert_non_null(strstr(xseg_last_error(), ", +4) is not inside one expandable segment of xseg"));
     /* Past the mapped pages of its segment (VA reserved, nothing mapped there). */
     assert_int_equal(xseg_register_range((char *)a + 20 * MiB, MiB, &fake_cb, NULL), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "not all mapped"));
@@ -511,6 +556,10 @@ static void test_registry_dmabuf(void **state)
     assert_int_equal(xseg_range_dmabuf(a, MiB, NULL, &off), XSEG_ERROR_INVALID_VALUE);
     assert_int_equal(xseg_range_dmabuf((char *)a + 60 * MiB, MiB, &fd, &off), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "not"));
+    int here;
+    assert_int_equal(xseg_range_dmabuf(&here, 4, &fd, &off), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "xseg_range_dmabuf: ["));
+    assert_non_null(strstr(xseg_last_error(), ", +4) is not inside one segment of xseg"));
     tu_free(a);
     teardown();
 }
@@ -600,7 +649,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registry_timeout),  cmocka_unit_test(test_registry_reentrant),
         cmocka_unit_test(test_registry_errors),   cmocka_unit_test(test_registry_pinned),
         cmocka_unit_test(test_registry_dmabuf),   cmocka_unit_test(test_registry_rdma),
-        cmocka_unit_test(test_registry_host_faults),
+        cmocka_unit_test(test_registry_host_faults), cmocka_unit_test(test_registry_top_malloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
