@@ -590,10 +590,10 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) { /* the large pools */
+    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE)) { /* the large pools, in expandable mode */
         if (home)
-            life_record_home(&d->life, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
-        else
+            place_record_home(d, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
+        else if (d->use_expandable)
             life_record(&d->life, size, p->stream, p->pool, b);
     }
     *out = (void *)b->addr;
