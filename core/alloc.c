@@ -1080,7 +1080,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
         return XSEG_SUCCESS;
     struct bpool *pool = dev_block_pool(d, b);
     int si = pool->stat_index;
-    life_note(&d->life, 1);
+    life_note_free(&d->life);
     if (XSEG_UNLIKELY(b->expandable && !b->small_pool))
         life_forget(&d->life, b);
     stat_down_pool(d->acct.stats.allocation, si, 1);
