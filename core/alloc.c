@@ -570,7 +570,7 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
  * split, account, record the pointer. @p home (a constant): place_predict_home ran for this malloc
- * with the lock held since, its life_state.home is this key's. Lock held (and kept). */
+ * with the lock held since, its life_state.home_tag is this key's. Lock held (and kept). */
 static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct dev_alloc *d, struct alloc_params *p,
                                                                           size_t size, bool indexed,
                                                                           const struct block *pred,

@@ -263,7 +263,7 @@ struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0, above
                      * them what is left of LIFE_RING_INIT (core/device/placement.h) */
     size_t home_tag; /* the fast path's malloc: its key's home entry's tag (LIFE_HOME_NONE: elsewhere),
-                        * from its prediction to its record (core/device/placement.h, place_predict_home) */
+                      * from its prediction to its record (core/device/placement.h, place_predict_home) */
     bool on; /* L1 predicts: expandable mode with expandable_segments_recycle (placement.h, place_refresh_cfg) */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
