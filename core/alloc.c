@@ -570,7 +570,7 @@ static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct 
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
  * split, account, record the pointer. @p home (a constant): place_predict_home ran for this malloc
- * with the lock held since, its life_state.home is this key's. Lock held (and kept). */
+ * with the lock held since, its life_state.home_tag is this key's. Lock held (and kept). */
 static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct dev_alloc *d, struct alloc_params *p,
                                                                           size_t size, bool indexed,
                                                                           const struct block *pred,
@@ -590,10 +590,10 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE) && d->use_expandable) { /* the large pools */
+    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE)) { /* the large pools, in expandable mode */
         if (home)
-            life_record_home(&d->life, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
-        else
+            place_record_home(d, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
+        else if (d->use_expandable)
             life_record(&d->life, size, p->stream, p->pool, b);
     }
     *out = (void *)b->addr;
@@ -1088,7 +1088,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
         return XSEG_SUCCESS;
     struct bpool *pool = dev_block_pool(d, b);
     int si = pool->stat_index;
-    life_note(&d->life, 1);
+    life_note_free(&d->life);
     if (XSEG_UNLIKELY(b->expandable && !b->small_pool))
         life_forget(&d->life, b);
     stat_down_pool(d->acct.stats.allocation, si, 1);

@@ -38,7 +38,7 @@ void life_record_slow(struct life_state *l, size_t req, CUstream stream, const v
     if (!found) /* full around its home: the home entry is reused */
         j = h;
     if (!life_is(&l->keys[j], req, stream, pool))
-        l->keys[j] = (struct life_key){.req = req, .stream = stream, .pool = pool, .live = {1, 1, 1, 1}};
+        l->keys[j] = (struct life_key){.req = req, .stream = stream, .pool = pool, .live = LIFE_LIVE_NEW};
     life_put(l, j, b);
 }
 

@@ -71,20 +71,39 @@
 /* XSEG_PLACEMENT_OFF (a -D of a benchmark build only): L1 and L2 compiled out, to measure their
  * cost against the same tree (benchmarks/callgrind_round_robin.sh). */
 #ifdef XSEG_PLACEMENT_OFF
+#define life_init(l) ((void)(l))
 #define life_note(l, is_free) ((void)(l), (void)(is_free))
+#define life_note_free(l) ((void)(l))
 #define life_predict_long(l, req, stream, pool) ((void)(l), false)
 #define life_record(l, req, stream, pool, b) ((void)(l))
-#define life_home(l, req, stream, pool) ((void)(l), (struct life_key *)NULL)
-#define life_set_home(l, k) ((void)(l), (void)(k))
-#define life_predict_at(l, k, req, stream, pool) ((void)(l), (void)(k), false)
-#define life_record_home(l, req, stream, pool, b) ((void)(l))
+#define place_record_home(d, req, stream, pool, b) ((void)(d))
 #define life_forget(l, b) ((void)(l))
 #else
+/* L1's window before any event: alternate bits, 32 of 64 set. After e < 64 events, f of them frees,
+ * it holds f + ceil((64 - e) / 2) set bits, so "more than 32 set" is exactly "2 f > e": frees
+ * outnumbered mallocs among the events seen, without a count of them (tests/unit/test_life.c,
+ * test_window_start; frees can lead early: a placed block's malloc is not seen). */
+#define LIFE_RING_INIT 0x5555555555555555ull
+
+/* L1's state of a new device (its struct zeroed). */
+static inline void life_init(struct life_state *l)
+{
+    l->ring = LIFE_RING_INIT;
+}
+
 /* L1: a malloc (@p is_free 0) or a free (1) enters the window. */
 static inline __attribute__((always_inline)) void life_note(struct life_state *l, unsigned is_free)
 {
     l->ring = l->ring << 1 | is_free;
-    l->events++; /* not saturated here: one instruction (the window's count is min(events, 64)) */
+}
+
+/* life_note(l, 1) as two read-modify-writes of the word (a shift, an or) where the compiler would
+ * load, compute and store: one instruction less on every free. */
+static inline __attribute__((always_inline)) void life_note_free(struct life_state *l)
+{
+    l->ring <<= 1;
+    __asm__("" : "+m"(l->ring)); /* keeps the two apart */
+    l->ring |= 1;
 }
 
 /* L1's tag of a recorded block, in its `prio` while it is allocated (no index holds it then; an
@@ -93,6 +112,7 @@ static inline __attribute__((always_inline)) void life_note(struct life_state *l
 _Static_assert(LIFE_DEPTH == 4 && sizeof(struct life_key) == 64 && LIFE_KEYS <= (1u << 26),
                "a tag holds a slot in the low bits of an entry's offset");
 #define LIFE_TAG(j) ((uint32_t)(j) * (uint32_t)sizeof(struct life_key))
+#define LIFE_HOME_NONE SIZE_MAX /* life_state.home_tag: the key is not in its home entry */
 
 /* The key's home entry: one multiply over its words mixed by xor, the top bits. */
 static inline __attribute__((always_inline)) size_t life_hash(size_t req, CUstream stream, const void *pool)
@@ -121,19 +141,24 @@ static inline __attribute__((always_inline)) unsigned life_popcount(uint64_t x)
 #endif
 }
 
-/* L1's first half: frees outnumbered mallocs in the window. */
+/* L1's first half: frees outnumbered mallocs in the window (of min(events, 64) events: LIFE_RING_INIT). */
 static inline __attribute__((always_inline)) bool life_frees_lead(const struct life_state *l)
 {
-    uint64_t count = l->events < PLACE_LIFE_WINDOW ? l->events : PLACE_LIFE_WINDOW;
-    return 2u * (uint64_t)life_popcount(l->ring) > count;
+    return life_popcount(l->ring) > PLACE_LIFE_WINDOW / 2;
 }
+
+/* A new entry's live flags: the first PLACE_LIFE_TWINS slots (the first records' places) not
+ * live, the rest live, so that "all four flags set" is "at least PLACE_LIFE_TWINS recorded and all
+ * recorded ones live" in one compare, without a test of the record count. */
+#define LIFE_LIVE_NEW {0, 0, 1, 1}
+_Static_assert(PLACE_LIFE_TWINS == 2 && LIFE_DEPTH == 4, "LIFE_LIVE_NEW: twins not live, the rest live");
 
 /* L1's second half for entry @p k: its last blocks (2 to LIFE_DEPTH) are all live. */
 static inline __attribute__((always_inline)) bool life_key_live(const struct life_key *k)
 {
     uint32_t v;
-    memcpy(&v, k->live, sizeof v); /* a new entry's slots start live: "all recorded ones live" */
-    return k->recs >= PLACE_LIFE_TWINS && v == 0x01010101u;
+    memcpy(&v, k->live, sizeof v);
+    return v == 0x01010101u;
 }
 
 /* L1's second half past the key's home entry (probing). */
@@ -144,15 +169,8 @@ bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, co
 static inline __attribute__((always_inline)) struct life_key *life_home(struct life_state *l, size_t req,
                                                                         CUstream stream, const void *pool)
 {
-    size_t j = life_hash(req, stream, pool);
-    struct life_key *k = &l->keys[j];
-    l->home_tag = LIFE_TAG(j); /* for life_record_home (no division by the entry's size) */
+    struct life_key *k = &l->keys[life_hash(req, stream, pool)];
     return XSEG_LIKELY(life_is(k, req, stream, pool)) ? k : NULL;
-}
-
-static inline __attribute__((always_inline)) void life_set_home(struct life_state *l, struct life_key *k)
-{
-    l->home = k;
 }
 
 /* L1: predicted long, given the key's home entry @p k (life_home). Both halves are pure; the
@@ -172,13 +190,13 @@ static inline bool life_predict_long(struct life_state *l, size_t req, CUstream 
 }
 
 /* Block @p b goes into entry @p j (its key's) in place of the key's oldest; b->prio gets its tag. */
-static inline __attribute__((always_inline)) void life_put_key(struct life_key *k, uint32_t tag, struct block *b)
+static inline __attribute__((always_inline)) void life_put_key(struct life_key *k, size_t tag, struct block *b)
 {
-    unsigned i = k->recs & (LIFE_DEPTH - 1);
+    size_t i = (size_t)k->recs & (LIFE_DEPTH - 1); /* a size_t: an index without a widening */
     k->addr[i] = b->addr;
     k->live[i] = 1;
     k->recs++;
-    b->prio = tag | i;
+    b->prio = (uint32_t)(tag + i); /* tag | i (a tag's low bits are 0), in one instruction */
 }
 
 static inline __attribute__((always_inline)) void life_put(struct life_state *l, size_t j, struct block *b)
@@ -202,16 +220,17 @@ static inline __attribute__((always_inline)) void life_record(struct life_state 
         life_record_slow(l, req, stream, pool, b);
 }
 
-/* life_record right after place_predict_home for the same key under the same lock hold: into the
- * home entry it found (l->home), without a second hash; elsewhere as life_record. */
-static inline __attribute__((always_inline)) void life_record_home(struct life_state *l, size_t req, CUstream stream,
-                                                                   const void *pool, struct block *b)
+/* The fast path's record of a large malloc right after place_predict_home for the same key under
+ * the same lock hold: into the home entry it found (life_state.home_tag), without a second hash;
+ * elsewhere (LIFE_HOME_NONE) as life_record, in expandable mode only. */
+static inline __attribute__((always_inline)) void place_record_home(struct dev_alloc *d, size_t req, CUstream stream,
+                                                                    const void *pool, struct block *b)
 {
-    struct life_key *k = l->home;
-    if (XSEG_LIKELY(k != NULL))
-        life_put_key(k, l->home_tag, b);
-    else
-        life_record_slow(l, req, stream, pool, b);
+    size_t tag = d->life.home_tag;
+    if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
+        life_put_key((struct life_key *)((char *)d->life.keys + tag), tag, b);
+    else if (d->use_expandable)
+        life_record_slow(&d->life, req, stream, pool, b);
 }
 
 /* Large expandable block @p b is freed: no longer live. Through its tag, no lookup: a slot that has
@@ -238,19 +257,38 @@ static inline bool place_predict_long(struct dev_alloc *d, size_t size, size_t r
            life_predict_long(&d->life, requested, stream, pool);
 }
 
-/* place_predict_long for a large request that leaves in life_state.home the key's home entry it
- * looked at (life_home; NULL: none), for the malloc's record under the same lock hold: one hash a
- * malloc. In the device's state, not a register: the fast path has none to spare. */
+/* The device's config moved (dev_refresh_cfg_slow): L1 predicts for large requests in expandable
+ * mode with expandable_segments_recycle, one flag for the fast path's test (life_state.on). */
+static inline void place_refresh_cfg(struct dev_alloc *d)
+{
+    d->life.on = d->use_expandable && d->cfg.expandable_segments_recycle;
+}
+
+/* place_predict_long for a large request that leaves in life_state.home_tag the tag of the key's
+ * home entry when the key sits there (else LIFE_HOME_NONE), for the malloc's record under the same
+ * lock hold (place_record_home): one hash a malloc. In the device's state, not a register: the fast
+ * path has none to spare. */
 static inline __attribute__((always_inline)) bool place_predict_home(struct dev_alloc *d, size_t size, size_t requested,
                                                                      CUstream stream, const void *pool)
 {
-    if (!(size > BLOCK_SMALL_SIZE && d->use_expandable && d->cfg.expandable_segments_recycle)) {
-        life_set_home(&d->life, NULL);
+#ifdef XSEG_PLACEMENT_OFF
+    (void)d, (void)size, (void)requested, (void)stream, (void)pool;
+    return false;
+#else
+    struct life_state *l = &d->life;
+    if (!(size > BLOCK_SMALL_SIZE && l->on)) {
+        l->home_tag = LIFE_HOME_NONE;
         return false;
     }
-    struct life_key *k = life_home(&d->life, requested, stream, pool);
-    life_set_home(&d->life, k);
-    return life_predict_at(&d->life, k, requested, stream, pool);
+    size_t tag = LIFE_TAG(life_hash(requested, stream, pool)); /* the entry's address is keys + tag */
+    const struct life_key *k = (const struct life_key *)((const char *)l->keys + tag);
+    if (XSEG_LIKELY(life_is(k, requested, stream, pool))) {
+        l->home_tag = tag;
+        return life_key_live(k) && life_frees_lead(l); /* the entry first: the cheaper test */
+    }
+    l->home_tag = LIFE_HOME_NONE;
+    return life_frees_lead(l) && life_twins_live(l, requested, stream, pool);
+#endif
 }
 
 /* L2: is free block @p a higher than @p best (NULL: yes)? A newer segment (expandable.c's

@@ -255,16 +255,16 @@ struct life_key {
     CUstream stream;
     const void *pool;
     uintptr_t addr[LIFE_DEPTH];
-    uint32_t recs; /* blocks recorded (the next goes to addr[recs % LIFE_DEPTH], the oldest's);
-                    * after 2^32 it wraps, and the key counts as new for a few records */
-    uint8_t live[LIFE_DEPTH]; /* 1: addr[i] is still allocated (a byte each: a free stores one) */
+    uint32_t recs; /* blocks recorded (the next goes to addr[recs % LIFE_DEPTH], the oldest's) */
+    uint8_t live[LIFE_DEPTH]; /* 1: addr[i] is still allocated, or not yet recorded past the first
+                               * two (placement.h, LIFE_LIVE_NEW; a byte each: a free stores one) */
 };
 struct life_state {
-    uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0 */
-    uint64_t events; /* mallocs and frees seen: the window holds min(events, 64) of them */
-    struct life_key *home; /* the fast path's malloc: its key's home entry (NULL: elsewhere), from
-                            * its prediction to its record (core/device/placement.h, place_predict_home) */
-    uint32_t home_tag;     /* its blocks' tag (core/device/placement.h, LIFE_TAG) */
+    uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0, above
+                     * them what is left of LIFE_RING_INIT (core/device/placement.h) */
+    size_t home_tag; /* the fast path's malloc: its key's home entry's tag (LIFE_HOME_NONE: elsewhere),
+                      * from its prediction to its record (core/device/placement.h, place_predict_home) */
+    bool on; /* L1 predicts: expandable mode with expandable_segments_recycle (placement.h, place_refresh_cfg) */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
 
