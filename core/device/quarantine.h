@@ -56,6 +56,10 @@ void quar_keep_free_stack(struct dev_alloc *d, struct block *b);
  * release them all; @p when names the occasion. XSEG_ERROR_ILLEGAL_STATE during a capture
  * (nothing done). *@p found (optional): findings made. */
 xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, size_t *found);
+/* Queue the fills waiting for their batch (debug_stale_fill_batch) now: one launch per stream,
+ * or the driver's memsets when the allocator's kernels do not run; @p when names the caller.
+ * XSEG_ERROR_ILLEGAL_STATE during a capture (nothing done: its blocks wait until it ends). */
+xseg_status quar_flush(struct dev_alloc *d, const char *when);
 /* Blocks and bytes held now. */
 size_t quar_count(const struct dev_alloc *d, size_t *bytes);
 
