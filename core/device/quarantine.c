@@ -528,7 +528,9 @@ static void leave_oldest(struct dev_alloc *d, xseg_status *st)
  * eighths of it: each exit batch costs a launch, a copy and a wait per stream (a read-back and
  * a wait without the kernels), so larger, rarer batches cost less; the bound itself is never
  * passed either way (docs/benchmarks.md, "Stale-access debug mode": the figures that chose it). */
+#ifndef QUAR_EXIT_LOW_EIGHTHS /* a build may set it to measure another (benchmarks/stale_cost.sh) */
 #define QUAR_EXIT_LOW_EIGHTHS 7
+#endif
 
 /* Keep the bound (never during a capture): when the bytes (or blocks) pass it, the oldest leave
  * as one batch, checked together, down to QUAR_EXIT_LOW_EIGHTHS of it. @p check: flush the
