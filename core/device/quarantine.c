@@ -796,6 +796,7 @@ void quar_destroy(struct dev_alloc *d)
         vhost_free(d->quar.buf, d->info.dev);
     else
         xs_free(d->quar.buf);
+    vkern_release(d->info.primary_ctx); /* the kernels' module and result buffer, if they were loaded */
     if (d->quar.bb) {
         xs_free(d->quar.bb->p);
         xs_free(d->quar.bb->r);

@@ -87,7 +87,8 @@ static inline const struct quar_item *quar_at(const struct dev_alloc *d, size_t 
 {
     return &d->quar.q[d->quar.head + i];
 }
-/* Give back the quarantine's arrays and stacks (an emptied device: quar_check_all drained it). */
+/* Give back the quarantine's arrays and stacks, and unload the allocator's kernels from the
+ * device's context (an emptied device: quar_check_all drained it). */
 void quar_destroy(struct dev_alloc *d);
 
 #endif

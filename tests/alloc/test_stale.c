@@ -476,13 +476,27 @@ static void test_fill_batch(void **st)
         tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)p[i], (unsigned char)(0x10 + i), 1 * MiB,
                                           i % 2 ? s2 : s));
     }
+    /* Launches and memsets as cudaemu counts them: one launch a stream, or (kernels refused:
+     * CUDAEMU_KERNELS=0, the fallback) a memset a block. */
+    const char *kenv = getenv("CUDAEMU_KERNELS");
+    bool kernels = !(kenv && !strcmp(kenv, "0"));
+    unsigned long launches0 = tu_call_count("cuLaunchKernel"), memsets0 = tu_call_count("cuMemsetD8Async");
     for (int i = 0; i < 3; i++)
         free_at("batched_freed", p[i]);
     for (int i = 0; i < 3; i++) /* waiting: their old bytes (quarantined, never handed out) */
         assert_true(holds(p[i], 1 * MiB, (unsigned char)(0x10 + i), i % 2 ? s2 : s));
     /* A stale write now (before the fill) is overwritten by it: missed, the window's trade. */
     tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)p[0] + 5, 0x5a, 1, s));
+    unsigned long memsets1 = tu_call_count("cuMemsetD8Async");
+    if (tu_emulated()) { /* nothing filled yet: the only memset is the test's own stale write */
+        assert_int_equal(tu_call_count("cuLaunchKernel"), launches0);
+        assert_int_equal(memsets1 - memsets0, 1);
+    }
     free_at("batched_freed", p[3]); /* the fourth: the batch is full */
+    if (tu_emulated()) {
+        assert_int_equal(tu_call_count("cuLaunchKernel") - launches0, kernels ? 2 : 0);
+        assert_int_equal(tu_call_count("cuMemsetD8Async") - memsets1, kernels ? 0 : 4);
+    }
     for (int i = 0; i < 4; i++)
         assert_true(holds(p[i], 1 * MiB, 0xFF, i % 2 ? s2 : s));
     free_at("batched_freed", p[4]);
