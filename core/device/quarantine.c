@@ -525,11 +525,14 @@ static void leave_oldest(struct dev_alloc *d, xseg_status *st)
 }
 
 /* When the quarantine passes its bound, the oldest blocks leave together down to this many
- * eighths of it: each exit batch costs a launch, a copy and a wait per stream (a read-back and
- * a wait without the kernels), so larger, rarer batches cost less; the bound itself is never
- * passed either way (docs/benchmarks.md, "Stale-access debug mode": the figures that chose it). */
-#ifndef QUAR_EXIT_LOW_EIGHTHS /* a build may set it to measure another (benchmarks/stale_cost.sh) */
-#define QUAR_EXIT_LOW_EIGHTHS 7
+ * eighths of it (half). Each exit batch costs per stream a compare launch, its copies and a wait,
+ * so larger, rarer batches cost less; the bound itself is never passed either way, but a block's
+ * stay (the time a stale write can be caught) shortens. On the recorded training trace
+ * (benchmarks/stale_cost.sh, STALE_SCALE=32) 7/8 made 271 exit batches and 2.09x the modelled
+ * driver time off (expandable), 1/2 makes 92 and 1.58x, 1/4 64 and 1.51x: half takes most of the
+ * gain and keeps blocks held for between half and all of the bound's worth of frees. */
+#ifndef QUAR_EXIT_LOW_EIGHTHS /* a build may set another to measure it (-DQUAR_EXIT_LOW_EIGHTHS=N) */
+#define QUAR_EXIT_LOW_EIGHTHS 4
 #endif
 
 /* Keep the bound (never during a capture): when the bytes (or blocks) pass it, the oldest leave
@@ -546,7 +549,13 @@ static xseg_status trim(struct dev_alloc *d, size_t bound, bool check)
         bytes -= d->quar.q[d->quar.head + k++].size;
     xseg_status st = XSEG_SUCCESS;
     if (check) {
-        st = flush_fills(d); /* a block whose fill failed leaves unchecked */
+        /* The leaving blocks' waiting fills go first (all of them: one launch a stream); the
+         * oldest are usually filled already (their batch was full), and then nothing is queued. */
+        bool waiting = false;
+        for (size_t i = 0; i < k && d->quar.unfilled && !waiting; i++)
+            waiting = !d->quar.q[d->quar.head + i].filled;
+        if (waiting)
+            st = flush_fills(d); /* a block whose fill failed leaves unchecked */
         (void)check_batch(d, 0, k, "quarantine exit", &st);
     }
     for (size_t i = 0; i < k && d->quar.n; i++)
