@@ -554,7 +554,9 @@ XSEG_API xseg_status xseg_attach_stale_observer(xseg_stale_observer fn, void *us
  * Blocks whose record_stream streams finished enter the quarantine first.
  * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a check would
  *         synchronize its streams; nothing is checked); XSEG_ERROR_INVALID_DEVICE;
- *         XSEG_ERROR_DRIVER when a read-back fails (that block stays unreported).
+ *         XSEG_ERROR_DRIVER when a compare or read-back fails (that block stays unreported);
+ *         XSEG_ERROR_OUT_OF_MEMORY when host memory lacks (the blocks it left unchecked or
+ *         unrecorded are checked again at the next check).
  */
 XSEG_API xseg_status xseg_check_stale(int device, size_t *found);
 /**

@@ -224,14 +224,23 @@ static void swap(struct dev_alloc *d, struct block *b, struct quar_item *it)
     }
 }
 
-/* A finding from @p it (its stacks referenced again: the finding outlives the item). */
-static void add_finding(struct dev_alloc *d, const struct quar_item *it, size_t off, const char *when)
+/* A finding from @p it (its stacks referenced again: the finding outlives the item), marking it
+ * reported; past QUAR_MAX_FINDINGS only counted (dropped). false: no host memory for it, nothing
+ * changed (@p it stays unreported: the next check finds it again), *@p st the failure if none yet. */
+static bool add_finding(struct dev_alloc *d, struct quar_item *it, size_t off, const char *when, xseg_status *st)
 {
-    if (d->quar.nfound >= QUAR_MAX_FINDINGS ||
-        !VEC_RESERVE(d->quar.found, d->quar.capfound, d->quar.nfound + 1)) {
+    if (d->quar.nfound >= QUAR_MAX_FINDINGS) {
+        it->reported = true;
         d->quar.dropped++;
-        return;
+        return true;
     }
+    if (!VEC_RESERVE(d->quar.found, d->quar.capfound, d->quar.nfound + 1)) {
+        if (*st == XSEG_SUCCESS)
+            *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory to record a stale access at block "
+                          "0x%" PRIxPTR " (found again at the next check)", when, it->addr);
+        return false;
+    }
+    it->reported = true;
     struct quar_item f = *it;
     f.b = NULL;
     f.first_offset = off;
@@ -241,6 +250,7 @@ static void add_finding(struct dev_alloc *d, const struct quar_item *it, size_t 
     hist_stack_ref(f.alloc_stack);
     hist_stack_ref(f.free_stack);
     d->quar.found[d->quar.nfound++] = f;
+    return true;
 }
 
 /* ---- the checks: batched and sampled read-backs ----
@@ -344,16 +354,18 @@ static size_t flush(struct dev_alloc *d, struct qrange *v, size_t from, size_t t
         return 0;
     }
     size_t found = 0;
+    const struct quar_item *lost = NULL; /* its finding lacked host memory: not a later range's offset */
     for (size_t r = from; r < to; r++) {
         struct quar_item *it = &d->quar.q[d->quar.head + v[r].item];
-        if (it->reported)
+        if (it->reported || it == lost)
             continue;
         size_t f = first_changed(buf + v[r].boff, v[r].len);
-        if (f < v[r].len) { /* in the canary page: the offset in the first page of the span */
-            it->reported = true;
-            add_finding(d, it, v[r].addr - it->addr + f, when);
-            found++;
-        }
+        if (f >= v[r].len)
+            continue;
+        if (add_finding(d, it, v[r].addr - it->addr + f, when, st))
+            found++; /* in the canary page: the offset in the first page of the span */
+        else
+            lost = it;
     }
     return found;
 }
@@ -404,13 +416,16 @@ static bool check_on_device(struct dev_alloc *d, size_t i0, size_t n, const char
             k = e;
             continue;
         }
+        const struct quar_item *lost = NULL; /* its finding lacked host memory: not a later range's offset */
         for (size_t j = 0; j < nr; j++) { /* a block's ranges come in address order: its first change */
             struct quar_item *it = &d->quar.q[d->quar.head + bb->p[bb->owner[j]].item];
-            if (it->reported || bb->first[j] >= bb->r[j].len)
+            if (it->reported || it == lost || bb->first[j] >= bb->r[j].len)
                 continue;
-            it->reported = true; /* in a canary span: the offset in its first page, as read back */
-            add_finding(d, it, (uintptr_t)bb->r[j].addr - it->addr + bb->first[j], when);
-            (*found)++;
+            /* in a canary span: the offset in its first page, as read back */
+            if (add_finding(d, it, (uintptr_t)bb->r[j].addr - it->addr + bb->first[j], when, st))
+                (*found)++;
+            else
+                lost = it;
         }
         k = e;
     }
@@ -438,7 +453,7 @@ static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *
     if (r.oom || (r.n && s == XSEG_SUCCESS && !buf)) {
         xs_free(r.v);
         if (*st == XSEG_SUCCESS)
-            *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: no host memory to read quarantined blocks back", when);
+            *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory to read quarantined blocks back", when);
         return 0;
     }
     d->quar.checked += items;
