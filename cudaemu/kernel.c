@@ -3,11 +3,11 @@
  * PTX compiler: cuModuleLoadData checks that the image is PTX text and records its `.entry` names;
  * cuModuleGetFunction hands out only the kernels cudaemu runs natively, by entry name:
  *   xseg_fill_ranges(.param .align 8 .b8 [2056])  = {u64 addr[128], u64 len[128], u32 n, u32 value}
- *   xseg_check_ranges(.param .align 8 .b8 [2064]) = {u64 addr[128], u64 len[128], u64 result,
- *                                                    u32 n, u32 value}
- * (range i is block row i; the fill sets every byte of each range to value; the check lowers the
- * u64 result[i] in device memory to the offset of range i's first byte that differs, as
- * atom.min would). Any other entry of a loaded module is refused (CUDA_ERROR_NOT_SUPPORTED, the
+ *   xseg_check_ranges(.param .align 8 .b8 [2072]) = {u64 addr[128], u64 len[128], u64 result,
+ *                                                    u32 n, u32 value, u32 gen, u32 pad}
+ * (range i is block row i; the fill sets every byte of each range to value; where range i has a
+ * byte that differs, the check raises the u64 result[i] in device memory to
+ * (gen << 40) | (len - the first such offset), as atom.max would). Any other entry of a loaded module is refused (CUDA_ERROR_NOT_SUPPORTED, the
  * reason on stderr); CUDAEMU_KERNELS=0 refuses every module (the caller's fallback path).
  *
  * Rules, from the driver API documentation: NULL out-parameters or images are
@@ -50,9 +50,11 @@ struct kern_check_args {
     uint64_t result;
     uint32_t n;
     uint32_t value;
+    uint32_t gen;
+    uint32_t pad;
 };
 _Static_assert(sizeof(struct kern_fill_args) == 2056, "the fill kernel's parameter block");
-_Static_assert(sizeof(struct kern_check_args) == 2064, "the check kernel's parameter block");
+_Static_assert(sizeof(struct kern_check_args) == 2072, "the check kernel's parameter block");
 
 enum kern_kind { KERN_FILL = 1, KERN_CHECK };
 
@@ -390,10 +392,11 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
                 memset((void *)p, (unsigned char)a.value, len);
         } else {
             uint64_t off = kern_first_diff((const unsigned char *)p, len, (unsigned char)a.value), cur;
+            uint64_t w = ((uint64_t)a.gen << 40) | (len - off);
             void *res = (void *)(uintptr_t)(a.result + 8 * i);
             memcpy(&cur, res, 8);
-            if (off < len && off < cur)
-                memcpy(res, &off, 8);
+            if (off < len && w > cur)
+                memcpy(res, &w, 8);
         }
     }
     emu_copy_wait(EMU_E_cuLaunchKernel, bytes, 0, t0);

@@ -2,10 +2,16 @@
  *
  * Both take their range list by value in the parameter block (so no host buffer has to outlive a
  * launch): fill {u64 addr[128], u64 len[128], u32 n, u32 value} (2056 bytes), check the same with
- * a u64 device pointer to the result words after len (2064 bytes). Grid: block row y = range y,
- * gridDim.x blocks of 256 threads striding over it; the unaligned head and tail bytes one at a
- * time, the aligned middle in 8-byte words. The check lowers result[i] (set to len[i] by a copy
- * before the launch) to the offset of the first byte that differs with atom.global.min.u64.
+ * a u64 device pointer to the result words after len and a u32 generation after value (2072
+ * bytes). Grid: block row y = range y, gridDim.x blocks of 256 threads striding over it; the
+ * unaligned head and tail bytes one at a time, the aligned middle in 8-byte words.
+ *
+ * The check's answer: each thread that finds a differing byte raises result[i] with
+ * atom.global.max.u64 to (gen << 40) | (len - offset), so the largest is the smallest offset of
+ * this call's generation, and a word left from an earlier call (a smaller generation) reads as "no
+ * byte differs". No copy in before the launch: one launch per 128 ranges, one copy out, one wait.
+ * The words are zeroed when made and when the 24-bit generation wraps; ranges are under 2^40
+ * bytes (1 TiB, more than any device holds).
  *
  * Per context: the module (JIT-compiled from the PTX below), its two functions, a device result
  * buffer and a pinned host staging buffer of as many words (grown when a check asks for more),
@@ -104,8 +110,8 @@ const char vkern_ptx[] =
     "    ret;\n"
     "}\n"
     "\n"
-    "// check: result[ctaid.y] lowered to the offset of the range's first byte that is not value\n"
-    ".visible .entry xseg_check_ranges(.param .align 8 .b8 xseg_check_args[2064])\n"
+    "// check: result[ctaid.y] raised to (gen << 40) | (len - the offset of the first byte that is not value)\n"
+    ".visible .entry xseg_check_ranges(.param .align 8 .b8 xseg_check_args[2072])\n"
     "{\n"
     "    .reg .pred %p<10>;\n"
     "    .reg .b16 %rs<3>;\n"
@@ -187,7 +193,12 @@ const char vkern_ptx[] =
     "CHECK_REPORT:\n"
     "    setp.ge.u64 %p7, %rd24, %rd5;\n"
     "    @%p7 bra CHECK_DONE;\n"
-    "    atom.global.min.u64 %rd30, [%rd23], %rd24;\n"
+    "    ld.param.u32 %r9, [xseg_check_args+2064];\n"
+    "    cvt.u64.u32 %rd31, %r9;\n"
+    "    shl.b64 %rd31, %rd31, 40;\n"
+    "    sub.s64 %rd32, %rd5, %rd24;\n"
+    "    or.b64 %rd32, %rd32, %rd31;\n"
+    "    atom.global.max.u64 %rd30, [%rd23], %rd32;\n"
     "CHECK_DONE:\n"
     "    ret;\n"
     "}\n";
@@ -205,10 +216,16 @@ struct vkern_check_args {
     uint64_t result;
     uint32_t n;
     uint32_t value;
+    uint32_t gen;
+    uint32_t pad;
 };
 _Static_assert(VKERN_MAX_RANGES == 128, "the PTX's parameter blocks hold 128 ranges");
 _Static_assert(sizeof(struct vkern_fill_args) == 2056, "xseg_fill_ranges' parameter block");
-_Static_assert(sizeof(struct vkern_check_args) == 2064, "xseg_check_ranges' parameter block");
+_Static_assert(sizeof(struct vkern_check_args) == 2072, "xseg_check_ranges' parameter block");
+
+/* The check's result word: generation above bit 40, len - offset below. */
+#define VKERN_LEN_BITS 40
+#define VKERN_GEN_MAX ((1u << 24) - 1)
 
 #define VKERN_THREADS 256u
 /* Blocks per range row at most: enough to keep an H100's SMs busy on a few large ranges. */
@@ -223,8 +240,9 @@ struct vkern_ctx {
     CUmodule mod;
     CUfunction fill, check;
     CUdeviceptr res;        /* cap result words on the device */
-    uint64_t *stage;        /* cap words of pinned host memory: the lengths in, the offsets out */
+    uint64_t *stage;        /* cap words of pinned host memory: the result words out */
     size_t cap;
+    uint32_t gen;           /* the last check's generation (0: none since the words were zeroed) */
 };
 
 static struct vkern_proc {
@@ -278,6 +296,13 @@ static xseg_status vkern_buffers(struct vkern_ctx *k, size_t words)
         snprintf(what, sizeof what, "cuMemAlloc(%zu bytes) for the allocator's kernel results", cap * sizeof(uint64_t));
         return drv_fail(r, what);
     }
+    /* Zero: a fresh word must not look like an answer of some generation. */
+    r = drv->cuMemsetD8(res, 0, cap * sizeof(uint64_t));
+    if (r != CUDA_SUCCESS) {
+        (void)drv->cuMemFree(res);
+        snprintf(what, sizeof what, "cuMemsetD8(%zu bytes) of the allocator's kernel results", cap * sizeof(uint64_t));
+        return drv_fail(r, what);
+    }
     r = drv->cuMemHostAlloc(&stage, cap * sizeof(uint64_t), CU_MEMHOSTALLOC_PORTABLE);
     if (r != CUDA_SUCCESS) {
         (void)drv->cuMemFree(res);
@@ -292,6 +317,7 @@ static xseg_status vkern_buffers(struct vkern_ctx *k, size_t words)
     k->res = res;
     k->stage = stage;
     k->cap = cap;
+    k->gen = 0;
     return XSEG_SUCCESS;
 }
 
@@ -421,6 +447,10 @@ xseg_status vkern_check(const struct vkern_range *ranges, size_t n, unsigned cha
     if (n && (!ranges || !first))
         return err_set(XSEG_ERROR_INVALID_VALUE, "vkern_check: %zu ranges at %p, results at %p", n,
                        (const void *)ranges, (void *)first);
+    for (size_t i = 0; i < n; i++)
+        if ((uint64_t)ranges[i].len >> VKERN_LEN_BITS)
+            return err_set(XSEG_ERROR_INVALID_VALUE, "vkern_check: range %zu of %zu bytes, 1 TiB or more", i,
+                           ranges[i].len);
     xseg_status st = drv_load();
     if (st != XSEG_SUCCESS)
         return st;
@@ -433,17 +463,21 @@ xseg_status vkern_check(const struct vkern_range *ranges, size_t n, unsigned cha
         mutex_unlock(&vkern_proc.lock);
         return st;
     }
-    /* The lengths in (each result starts at "no byte differs"), one launch per 128 ranges, the
-     * offsets out, one wait. The staging buffer is this context's: the lock is held throughout. */
+    /* A new generation (the words zeroed again when it wraps), one launch per 128 ranges, the
+     * words out, one wait. The staging buffer is this context's: the lock is held throughout. The
+     * generation advances before any launch, so a failed call's words never count later. */
     char what[160];
-    for (size_t i = 0; i < n; i++)
-        k->stage[i] = ranges[i].len;
-    CUresult r = drv->cuMemcpyHtoDAsync(k->res, k->stage, n * sizeof(uint64_t), stream);
-    if (r != CUDA_SUCCESS) {
-        snprintf(what, sizeof what, "cuMemcpyHtoDAsync(%zu bytes, stream %p) of the check's lengths",
-                 n * sizeof(uint64_t), (void *)stream);
-        st = drv_fail(r, what);
+    CUresult r = CUDA_SUCCESS;
+    if (k->gen == VKERN_GEN_MAX) {
+        if ((r = drv->cuMemsetD8Async(k->res, 0, k->cap * sizeof(uint64_t), stream)) != CUDA_SUCCESS) {
+            snprintf(what, sizeof what, "cuMemsetD8Async(%zu bytes, stream %p) of the check's words at the "
+                     "generation's wrap", k->cap * sizeof(uint64_t), (void *)stream);
+            mutex_unlock(&vkern_proc.lock);
+            return drv_fail(r, what);
+        }
+        k->gen = 0;
     }
+    uint32_t gen = ++k->gen;
     for (size_t at = 0; st == XSEG_SUCCESS && at < n; at += VKERN_MAX_RANGES) {
         size_t m = n - at < VKERN_MAX_RANGES ? n - at : VKERN_MAX_RANGES;
         struct vkern_check_args a;
@@ -455,6 +489,7 @@ xseg_status vkern_check(const struct vkern_range *ranges, size_t n, unsigned cha
         a.result = k->res + at * sizeof(uint64_t);
         a.n = (uint32_t)m;
         a.value = value;
+        a.gen = gen;
         st = vkern_launch(k->check, "xseg_check_ranges", ranges + at, m, &a, stream);
     }
     if (st == XSEG_SUCCESS && (r = drv->cuMemcpyDtoHAsync(k->stage, k->res, n * sizeof(uint64_t), stream)) != CUDA_SUCCESS) {
@@ -462,15 +497,18 @@ xseg_status vkern_check(const struct vkern_range *ranges, size_t n, unsigned cha
                  n * sizeof(uint64_t), (void *)stream);
         st = drv_fail(r, what);
     }
-    /* Waited for even after a failure above: the copy in may still read the staging buffer. */
+    /* Waited for even after a failed launch: its earlier launches and the copy out are queued. */
     r = drv->cuStreamSynchronize(stream);
     if (r != CUDA_SUCCESS && st == XSEG_SUCCESS) {
         snprintf(what, sizeof what, "cuStreamSynchronize(%p) after the allocator's range check", (void *)stream);
         st = drv_fail(r, what);
     }
     if (st == XSEG_SUCCESS)
-        for (size_t i = 0; i < n; i++)
-            first[i] = k->stage[i] < ranges[i].len ? (size_t)k->stage[i] : ranges[i].len;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t w = k->stage[i], back = w & (((uint64_t)1 << VKERN_LEN_BITS) - 1);
+            bool found = w >> VKERN_LEN_BITS == gen && back && back <= ranges[i].len;
+            first[i] = found ? ranges[i].len - (size_t)back : ranges[i].len;
+        }
     mutex_unlock(&vkern_proc.lock);
     return st;
 }

@@ -101,6 +101,16 @@ static void test_fill_check_shapes(void **state)
     poke(r[5].addr + want[5] + 4096, 0xff); /* a later change: the first one is reported */
     poke(r[6].addr + want[6], 1);
     check_expect(r, NSHAPES, 0xa5, want);
+    /* Filled again: the earlier answers do not come back (each check is a generation of its own). */
+    ok(vkern_fill(r, NSHAPES, 0xa5, NULL), "vkern_fill");
+    check_expect(r, NSHAPES, 0xa5, NULL);
+    /* A later byte alone: found, though an earlier check saw a smaller offset there. */
+    want[5] = 3 * MIB;
+    poke(r[5].addr + want[5], 0);
+    for (size_t i = 0; i < NSHAPES; i++)
+        if (i != 5)
+            want[i] = r[i].len;
+    check_expect(r, NSHAPES, 0xa5, want);
 }
 
 /* VKERN_MAX_RANGES + 5 ranges: two launches per call, one wait per check. */
@@ -164,6 +174,57 @@ static void test_unmapped_range(void **state)
     assert_int_equal(vkern_fill(r, 1, 0, NULL), XSEG_ERROR_DRIVER);
     tu_assert_cu(drv->cuMemRelease(h));
     tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
+}
+
+/* Stream order, as cudaemu's async memset: on a held stream the launch is pending work whose
+ * ranges cannot be unmapped until it completes; in a capture it is a kernel node and runs nothing
+ * now (a GPU runs it at replay). */
+static void test_stream_order(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    size_t G = 0;
+    CUmemAllocationProp p = {0};
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    tu_assert_cu(drv->cuMemGetAllocationGranularity(&G, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    tu_assert_cu(drv->cuMemAddressReserve(&va, G, 0, 0, 0));
+    tu_assert_cu(drv->cuMemCreate(&h, G, &p, 0));
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    tu_assert_cu(drv->cuMemSetAccess(va, G, &d, 1));
+    tu_assert_cu(drv->cuMemsetD8(va, 0, G));
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    struct vkern_range r = {va + 100, 5000};
+    assert_true(tu_stream_hold(s));
+    ok(vkern_fill(&r, 1, 0x77, s), "vkern_fill on a held stream");
+    tu_assert_cu_eq(drv->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    tu_assert_cu_eq(drv->cuMemUnmap(va, G), CUDA_ERROR_ILLEGAL_STATE);
+    assert_true(tu_stream_release(s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(peek(va + 100), 0x77);
+    /* Captured: a kernel node, nothing written now. */
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    ok(vkern_fill(&r, 1, 0x11, s), "vkern_fill in a capture");
+    CUgraph g = NULL;
+    tu_assert_cu(drv->cuStreamEndCapture(s, &g));
+    size_t nn = 0;
+    tu_assert_cu(drv->cuGraphGetNodes(g, NULL, &nn));
+    assert_int_equal(nn, 1);
+    CUgraphNode node;
+    CUgraphNodeType type;
+    tu_assert_cu(drv->cuGraphGetNodes(g, &node, &nn));
+    tu_assert_cu(drv->cuGraphNodeGetType(node, &type));
+    assert_int_equal(type, CU_GRAPH_NODE_TYPE_KERNEL);
+    assert_int_equal(peek(va + 100), 0x77);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    tu_assert_cu(drv->cuMemUnmap(va, G));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemAddressFree(va, G));
 }
 
 /* The driver's refusal of the module is remembered (no second load); release forgets it. */
@@ -237,7 +298,8 @@ static const struct {
     {OP_FILL, "cuLaunchKernel", 2, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, XSEG_ERROR_DRIVER},
     {OP_CHECK, "cuMemAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY, XSEG_ERROR_OUT_OF_MEMORY},     /* growth */
     {OP_CHECK, "cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY, XSEG_ERROR_OUT_OF_MEMORY}, /* growth */
-    {OP_CHECK, "cuMemcpyHtoDAsync", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER},
+    {OP_READY, "cuMemsetD8", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER},
+    {OP_CHECK, "cuMemsetD8", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER}, /* growth */
     {OP_CHECK, "cuLaunchKernel", 1, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, XSEG_ERROR_DRIVER},
     {OP_CHECK, "cuLaunchKernel", 3, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, XSEG_ERROR_DRIVER},
     {OP_CHECK, "cuMemcpyDtoHAsync", 1, CUDA_ERROR_INVALID_VALUE, XSEG_ERROR_DRIVER},
@@ -339,6 +401,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_fill_check_shapes, setup),
         cmocka_unit_test_setup(test_many_ranges, setup),
         cmocka_unit_test_setup(test_unmapped_range, setup),
+        cmocka_unit_test_setup(test_stream_order, setup),
         cmocka_unit_test_setup(test_refusal_remembered, setup),
         cmocka_unit_test_setup(test_fault_sweep, setup),
         cmocka_unit_test_setup(test_fork_child_forgets, setup),
