@@ -133,6 +133,13 @@ XSEG_API xseg_status xseg_check_stale(int device, size_t *found)
     return st;
 }
 
+XSEG_API xseg_status xseg_stale_flush(int device)
+{
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : devops_stale_flush(d);
+}
+
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)
 {
     if (!(fraction >= 0.0 && fraction <= 1.0))

@@ -19,6 +19,7 @@
 # by STALE_SCALE (default 64) and the quarantine bound with them (debug_quarantine_mb:
 # 1024 / STALE_SCALE), because cudaemu backs device memory with host memory and the mode writes
 # every freed byte. STALE_SCALE=1 replays the trace as recorded (needs its peak in host RAM).
+# STALE_ON_KEYS: more config keys for the "on" rows (e.g. debug_stale_fill_batch:256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build
@@ -79,7 +80,7 @@ for kind in expandable expandable-2MiB-chunks classic; do
   esac
   for mode in off on; do
     cfg=$base
-    [ $mode = on ] && cfg="$cfg,debug_stale_access:True,debug_quarantine_mb:$qmb"
+    [ $mode = on ] && cfg="$cfg,debug_stale_access:True,debug_quarantine_mb:$qmb${STALE_ON_KEYS:+,$STALE_ON_KEYS}"
     summary=$(run "$cfg")
     memsets=$(awk '/cudaemu report: cuMemsetD8Async .*call/{print $4}' "$tmp/report"); memsets=${memsets:-0}
     reads=$(awk '/cudaemu report: cuMemcpyDtoHAsync .*call/{print $4}' "$tmp/report"); reads=${reads:-0}

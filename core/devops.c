@@ -68,6 +68,19 @@ xseg_status devops_check_stale(struct dev_alloc *d, const char *when, bool drain
     return st;
 }
 
+xseg_status devops_stale_flush(struct dev_alloc *d)
+{
+    dev_lock(d, DEV_NEED_OP);
+    if (ev_waiting(d) && !cap_underway(d))
+        ev_process(d); /* frees whose record_stream events completed enter (and wait) first */
+    xseg_status st = quar_flush(d, "xseg_stale_flush");
+    struct quar_batch batch;
+    quar_take(d, &batch); /* findings made as blocks left while their frees entered */
+    dev_unlock(d);
+    quar_deliver(&batch);
+    return st;
+}
+
 xseg_status devops_set_fraction(struct dev_alloc *d, double fraction)
 {
     dev_lock(d, DEV_NEED_OP);

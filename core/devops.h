@@ -17,6 +17,8 @@ xseg_status devops_empty_cache(struct dev_alloc *d);
 /* debug_stale_access: check every quarantined block (@p when names the occasion), release them
  * all with @p drain, deliver the findings (core/device/quarantine.h); *@p found: findings made. */
 xseg_status devops_check_stale(struct dev_alloc *d, const char *when, bool drain, size_t *found);
+/* debug_stale_access: queue the quarantine's waiting fills now (quar_flush). */
+xseg_status devops_stale_flush(struct dev_alloc *d);
 xseg_status devops_set_fraction(struct dev_alloc *d, double fraction);
 double devops_get_fraction(struct dev_alloc *d);
 void devops_get_stats(struct dev_alloc *d, xseg_device_stats *out);

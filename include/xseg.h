@@ -560,9 +560,24 @@ XSEG_API xseg_status xseg_attach_stale_observer(xseg_stale_observer fn, void *us
  * findings count in @p found.
  * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a check would
  *         synchronize its streams; nothing is checked); XSEG_ERROR_INVALID_DEVICE;
- *         XSEG_ERROR_DRIVER when a read-back fails (that block stays unreported).
+ *         XSEG_ERROR_DRIVER when a compare or read-back fails (that block stays unreported);
+ *         XSEG_ERROR_OUT_OF_MEMORY when host memory lacks (the blocks it left unchecked or
+ *         unrecorded are checked again at the next check).
  */
 XSEG_API xseg_status xseg_check_stale(int device, size_t *found);
+/**
+ * Fill the blocks quarantined on @p device whose fills wait for their batch now
+ * (debug_stale_access, `debug_stale_fill_batch`): a freed block is filled with the pattern only
+ * when the device holds that many waiting blocks, or at a check; until then a stale read gets its
+ * old bytes and a stale write is overwritten by the fill (missed). Call it before replaying a CUDA
+ * graph (xseg.torch does, for every CUDAGraph.replay) so that the replay meets the pattern. The
+ * fills are queued on the blocks' streams (one launch per stream); nothing waits. With the mode
+ * off or nothing waiting: XSEG_SUCCESS. Blocks whose record_stream streams finished enter first.
+ * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a fill would join
+ *         the captured graph; its blocks wait until it ends); XSEG_ERROR_INVALID_DEVICE;
+ *         XSEG_ERROR_DRIVER when a fill fails (its blocks wait for the next flush).
+ */
+XSEG_API xseg_status xseg_stale_flush(int device);
 
 /**
  * First step of the OOM recovery path: a chance for the program to free memory it holds

@@ -11,7 +11,8 @@ status is 0 when the checks ran (failed ones included), so the caller reads the 
 Group torch (xseg.torch.enable() first): record_stream of an empty tensor and of foreign memory,
 get_per_process_memory_fraction, _cuda_isHistoryEnabled, MemPool.snapshot() of one pool,
 torch.accelerator.memory_stats, torch.compile(mode="reduce-overhead"), torch.cuda.graph
-in a private pool, torch.cuda.MemPool, torch.multiprocessing (a CUDA tensor sent to a spawned
+in a private pool, a stale write under graph replay reported (debug_stale_access, fills flushed
+by the replay's wrapper), torch.cuda.MemPool, torch.multiprocessing (a CUDA tensor sent to a spawned
 process), memory_stats/memory_summary/memory_snapshot through torch.cuda, pinned tensors from
 xseg's host cache (PyTorch 2.8+: pointer, stats, non_blocking copies, no reuse under a queued
 copy), and a snapshot with
@@ -136,6 +137,48 @@ def torch_checks(args, xseg, torch):
             torch.cuda.synchronize()
             assert torch.allclose(static_out, model(new), rtol=1e-4, atol=1e-5)
         del g, static_out
+
+    def stale_replay():
+        """Seed 003 on the real driver: a captured in-place op writes a tensor freed before the
+        replay. With debug_stale_access (fills in batches, flushed by the replay's wrapper) the
+        write is reported with both stacks; the memory is never handed to another tensor."""
+        xseg.set_config("debug_stale_access:True")
+        xseg.torch.watch_graph_replays(torch)
+        xseg.record_memory_history(enabled="state", stacks="python")
+        reports = []
+        xseg.attach_stale_observer(reports.append)
+        try:
+            def make_input():
+                return torch.zeros(1 << 20, device=dev)
+
+            x = make_input()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                x.add_(1)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                x.add_(1)
+            ptr = x.data_ptr()
+            del x  # out of scope before the replay: freed, quarantined
+            other = torch.full((1 << 20,), 2.0, device=dev)
+            assert other.data_ptr() != ptr, "a quarantined block was handed out"
+            g.replay()  # flushes the waiting fills first, then writes the freed tensor
+            torch.cuda.synchronize()
+            found = xseg.check_stale()
+            assert found == 1 and len(reports) == 1, (found, len(reports))
+            r = reports[0]
+            assert r["address"] == ptr, (hex(r["address"]), hex(ptr))
+            names = [f["name"] for f in r["alloc_frames"]], [f["name"] for f in r["free_frames"]]
+            assert "make_input" in names[0] and names[1], names
+            assert bool((other == 2.0).all()), "another tensor changed"
+            del g, other
+            return {"first_offset": r["first_offset"], "alloc_frames": len(names[0]), "free_frames": len(names[1])}
+        finally:
+            xseg.record_memory_history(enabled=None)
+            xseg.set_config("debug_stale_access:False")
+            xseg.empty_cache()
 
     def compiled():
         try:
@@ -283,6 +326,7 @@ def torch_checks(args, xseg, torch):
     report("torch.cuda.memory._dump_snapshot", snapshot_dump)
     report("debug_stale_access snapshot (stale_snapshot.pickle)", lambda: stale_snapshot(xseg, args.out))
     report("torch.cuda.graph", graph)
+    report("stale access under graph replay (debug_stale_access)", stale_replay)
     report('torch.compile(mode="reduce-overhead")', compiled)
     report("torch.cuda.MemPool", mempool)
     report("torch.multiprocessing", multiprocessing)

@@ -12,6 +12,7 @@
 #include "base/vec.h"
 #include "core/process/settings.h"
 #include "vmm/host.h"
+#include "vmm/kernel.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
@@ -44,19 +45,159 @@ static int ranges(const struct dev_alloc *d, const struct quar_item *it, size_t 
     return 3;
 }
 
-/* Queue the pattern over @p it's bytes on its stream (after everything queued there before). */
-static void fill(struct dev_alloc *d, struct quar_item *it)
+/* Queue the pattern over @p it's bytes on its stream (after everything queued there before), a
+ * driver memset per range: the fallback when the allocator's kernels do not run, or when host
+ * memory for a batch is lacking. Context current. */
+static xseg_status fill(struct dev_alloc *d, struct quar_item *it)
 {
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
-        return;
     size_t off[3], len[3];
     int n = ranges(d, it, off, len);
-    for (int i = 0; i < n; i++)
-        if (len[i] && vhost_fill((CUdeviceptr)(it->addr + off[i]), (unsigned char)QUAR_POISON, len[i], it->stream) !=
-                          XSEG_SUCCESS)
-            return;
+    for (int i = 0; i < n; i++) {
+        xseg_status st = len[i] ? vhost_fill((CUdeviceptr)(it->addr + off[i]), (unsigned char)QUAR_POISON, len[i],
+                                             it->stream)
+                                : XSEG_SUCCESS;
+        if (st != XSEG_SUCCESS)
+            return st;
+    }
     it->filled = true;
     d->quar.unfilled -= 1;
+    return XSEG_SUCCESS;
+}
+
+/* ---- batches for the allocator's kernels (vmm/kernel.h) ----
+ *
+ * A block entering the quarantine is not filled at once: it waits (unfilled) until the device
+ * holds debug_stale_fill_batch of them, or until a check or xseg_stale_flush; then each stream's
+ * waiting blocks are filled by one vkern_fill over all their ranges (flush_fills). The window
+ * this opens is the batch's trade (docs/troubleshooting.md): a stale access queued after a free
+ * and before its flush reads the old bytes (still quarantined, never another tensor's), a write
+ * then is overwritten by the fill. Checks compare on the device too: one vkern_check per stream
+ * over whole blocks. When the kernels do not run (NOT_SUPPORTED) both fall back to the driver's
+ * memsets and sampled read-backs. The host scratch is kept for the device's life. */
+struct quar_pend {
+    CUstream s;
+    uintptr_t addr;
+    size_t item; /* index into q from head */
+};
+
+struct quar_batchbuf {
+    struct quar_pend *p;
+    size_t capp;
+    struct vkern_range *r;
+    size_t *first, *owner; /* per range: the first changed offset (checks), its entry of p */
+    size_t capr, capfirst, capowner;
+    int kern; /* 0: not asked yet, 1: the kernels run, -1: they do not (the fallback) */
+};
+
+static struct quar_batchbuf *batchbuf(struct dev_alloc *d)
+{
+    if (!d->quar.bb)
+        d->quar.bb = xs_calloc(1, sizeof *d->quar.bb);
+    return d->quar.bb;
+}
+
+/* Do the allocator's kernels run on @p d (asked once a device; vkern_ready remembers its context's
+ * answer too)? Context current. */
+static bool kern_on(struct quar_batchbuf *bb)
+{
+    if (!bb->kern)
+        bb->kern = vkern_ready() == XSEG_SUCCESS ? 1 : -1;
+    return bb->kern > 0;
+}
+
+static int pend_cmp(const void *a, const void *b)
+{
+    const struct quar_pend *x = a, *y = b;
+    if (x->s != y->s)
+        return (uintptr_t)x->s < (uintptr_t)y->s ? -1 : 1;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* Room for @p np entries of p and @p nr ranges (with their offsets and owners) in @p bb. */
+static bool batch_room(struct quar_batchbuf *bb, size_t np, size_t nr)
+{
+    return VEC_RESERVE(bb->p, bb->capp, np) && VEC_RESERVE(bb->r, bb->capr, nr) &&
+           VEC_RESERVE(bb->first, bb->capfirst, nr) && VEC_RESERVE(bb->owner, bb->capowner, nr);
+}
+
+/* The ranges of pending entries p[from, to) (one stream) into bb->r, their owners in bb->owner:
+ * the count. */
+static size_t pend_ranges(const struct dev_alloc *d, struct quar_batchbuf *bb, size_t from, size_t to)
+{
+    size_t nr = 0;
+    for (size_t k = from; k < to; k++) {
+        const struct quar_item *it = &d->quar.q[d->quar.head + bb->p[k].item];
+        size_t off[3], len[3];
+        int n = ranges(d, it, off, len);
+        for (int j = 0; j < n; j++)
+            if (len[j]) {
+                bb->owner[nr] = k;
+                bb->r[nr++] = (struct vkern_range){(CUdeviceptr)(it->addr + off[j]), len[j]};
+            }
+    }
+    return nr;
+}
+
+/* Queue the pattern over every waiting (unfilled) block not on a capturing stream: one
+ * vkern_fill per stream, or the per-range fallback. Never during a capture. The first failure is
+ * returned; the blocks it left unfilled wait for the next flush (never reported meanwhile). */
+static xseg_status flush_fills(struct dev_alloc *d)
+{
+    if (!d->quar.unfilled || cap_underway(d))
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    /* The waiting blocks: the newest ones, and those freed during a capture (scanned from the
+     * end until every unfilled one is seen, so a flush costs its batch, not the FIFO). */
+    struct quar_batchbuf *bb = batchbuf(d);
+    size_t np = 0, want = d->quar.unfilled;
+    if (bb && batch_room(bb, want, 3 * want)) {
+        for (size_t i = d->quar.n; i-- > 0 && np < want;) {
+            const struct quar_item *it = &d->quar.q[d->quar.head + i];
+            if (!it->filled)
+                bb->p[np++] = (struct quar_pend){it->stream, it->addr, i};
+        }
+        if (np > 1)
+            qsort(bb->p, np, sizeof *bb->p, pend_cmp);
+    } else { /* no host memory for a batch: a memset per range, as with batches of one */
+        for (size_t i = 0; i < d->quar.n && d->quar.unfilled; i++) {
+            struct quar_item *it = &d->quar.q[d->quar.head + i];
+            if (!it->filled && !capturing(d, it->stream)) {
+                xseg_status s = fill(d, it);
+                st = st == XSEG_SUCCESS ? s : st;
+            }
+        }
+        return st;
+    }
+    bool kern = kern_on(bb);
+    for (size_t k = 0; k < np;) {
+        size_t e = k + 1;
+        while (e < np && bb->p[e].s == bb->p[k].s)
+            e++;
+        if (!capturing(d, bb->p[k].s)) {
+            xseg_status s = XSEG_ERROR_NOT_SUPPORTED;
+            if (kern) {
+                size_t nr = pend_ranges(d, bb, k, e);
+                s = vkern_fill(bb->r, nr, (unsigned char)QUAR_POISON, bb->p[k].s);
+                if (s == XSEG_ERROR_NOT_SUPPORTED)
+                    bb->kern = -1, kern = false; /* e.g. a forked child's context: the fallback from now on */
+                for (size_t j = k; s == XSEG_SUCCESS && j < e; j++) {
+                    d->quar.q[d->quar.head + bb->p[j].item].filled = true;
+                    d->quar.unfilled -= 1;
+                }
+            }
+            for (size_t j = k; s == XSEG_ERROR_NOT_SUPPORTED && j < e; j++) {
+                xseg_status f = fill(d, &d->quar.q[d->quar.head + bb->p[j].item]);
+                if (f != XSEG_SUCCESS)
+                    s = f;
+            }
+            if (s != XSEG_SUCCESS && s != XSEG_ERROR_NOT_SUPPORTED && st == XSEG_SUCCESS)
+                st = s;
+        }
+        k = e;
+    }
+    return st;
 }
 
 /* Swap the whole chunks inside expandable block @p b for a canary page (vmm/segment.h), so that
@@ -83,14 +224,23 @@ static void swap(struct dev_alloc *d, struct block *b, struct quar_item *it)
     }
 }
 
-/* A finding from @p it (its stacks referenced again: the finding outlives the item). */
-static void add_finding(struct dev_alloc *d, const struct quar_item *it, size_t off, const char *when)
+/* A finding from @p it (its stacks referenced again: the finding outlives the item), marking it
+ * reported; past QUAR_MAX_FINDINGS only counted (dropped). false: no host memory for it, nothing
+ * changed (@p it stays unreported: the next check finds it again), *@p st the failure if none yet. */
+static bool add_finding(struct dev_alloc *d, struct quar_item *it, size_t off, const char *when, xseg_status *st)
 {
-    if (d->quar.nfound >= QUAR_MAX_FINDINGS ||
-        !VEC_RESERVE(d->quar.found, d->quar.capfound, d->quar.nfound + 1)) {
+    if (d->quar.nfound >= QUAR_MAX_FINDINGS) {
+        it->reported = true;
         d->quar.dropped++;
-        return;
+        return true;
     }
+    if (!VEC_RESERVE(d->quar.found, d->quar.capfound, d->quar.nfound + 1)) {
+        if (*st == XSEG_SUCCESS)
+            *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory to record a stale access at block "
+                          "0x%" PRIxPTR " (found again at the next check)", when, it->addr);
+        return false;
+    }
+    it->reported = true;
     struct quar_item f = *it;
     f.b = NULL;
     f.first_offset = off;
@@ -100,6 +250,7 @@ static void add_finding(struct dev_alloc *d, const struct quar_item *it, size_t 
     hist_stack_ref(f.alloc_stack);
     hist_stack_ref(f.free_stack);
     d->quar.found[d->quar.nfound++] = f;
+    return true;
 }
 
 /* ---- the checks: batched and sampled read-backs ----
@@ -203,16 +354,18 @@ static size_t flush(struct dev_alloc *d, struct qrange *v, size_t from, size_t t
         return 0;
     }
     size_t found = 0;
+    const struct quar_item *lost = NULL; /* its finding lacked host memory: not a later range's offset */
     for (size_t r = from; r < to; r++) {
         struct quar_item *it = &d->quar.q[d->quar.head + v[r].item];
-        if (it->reported)
+        if (it->reported || it == lost)
             continue;
         size_t f = first_changed(buf + v[r].boff, v[r].len);
-        if (f < v[r].len) { /* in the canary page: the offset in the first page of the span */
-            it->reported = true;
-            add_finding(d, it, v[r].addr - it->addr + f, when);
-            found++;
-        }
+        if (f >= v[r].len)
+            continue;
+        if (add_finding(d, it, v[r].addr - it->addr + f, when, st))
+            found++; /* in the canary page: the offset in the first page of the span */
+        else
+            lost = it;
     }
     return found;
 }
@@ -229,10 +382,63 @@ static unsigned char *batch_buffer(struct dev_alloc *d)
     return d->quar.buf;
 }
 
+/* check_batch on the device: one vkern_check per stream over the whole blocks (no sampling: only
+ * an offset per range comes back). false: the kernels do not run or no host memory for the batch
+ * (the caller reads back instead); else the findings in *@p found. */
+static bool check_on_device(struct dev_alloc *d, size_t i0, size_t n, const char *when, xseg_status *st,
+                            size_t *found)
+{
+    struct quar_batchbuf *bb = batchbuf(d);
+    if (!bb || !kern_on(bb))
+        return false;
+    size_t np = 0;
+    for (size_t i = i0; i < i0 + n; i++) {
+        const struct quar_item *it = &d->quar.q[d->quar.head + i];
+        if (it->filled && !it->reported && !it->stuck) {
+            if (!batch_room(bb, np + 1, 3 * (np + 1)))
+                return false;
+            bb->p[np++] = (struct quar_pend){it->stream, it->addr, i};
+        }
+    }
+    if (np > 1)
+        qsort(bb->p, np, sizeof *bb->p, pend_cmp);
+    *found = 0;
+    d->quar.checked += np;
+    for (size_t k = 0; k < np;) {
+        size_t e = k + 1;
+        while (e < np && bb->p[e].s == bb->p[k].s)
+            e++;
+        size_t nr = pend_ranges(d, bb, k, e);
+        xseg_status s = vkern_check(bb->r, nr, (unsigned char)QUAR_POISON, bb->p[k].s, bb->first);
+        if (s != XSEG_SUCCESS) { /* these blocks stay unreported; other streams are still checked */
+            if (*st == XSEG_SUCCESS)
+                *st = err_prefix(s, "%s: debug_stale_access: comparing quarantined blocks on the device", when);
+            k = e;
+            continue;
+        }
+        const struct quar_item *lost = NULL; /* its finding lacked host memory: not a later range's offset */
+        for (size_t j = 0; j < nr; j++) { /* a block's ranges come in address order: its first change */
+            struct quar_item *it = &d->quar.q[d->quar.head + bb->p[bb->owner[j]].item];
+            if (it->reported || it == lost || bb->first[j] >= bb->r[j].len)
+                continue;
+            /* in a canary span: the offset in its first page, as read back */
+            if (add_finding(d, it, (uintptr_t)bb->r[j].addr - it->addr + bb->first[j], when, st))
+                (*found)++;
+            else
+                lost = it;
+        }
+        k = e;
+    }
+    return true;
+}
+
 /* Check items [i0, i0 + n) of the FIFO (index from head) that are filled and not reported yet.
  * Returns the findings; *@p st: the first failure (the blocks not read stay unreported). */
 static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *when, xseg_status *st)
 {
+    size_t kfound = 0;
+    if (n && drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && check_on_device(d, i0, n, when, st, &kfound))
+        return kfound;
     struct qranges r = {0};
     size_t items = 0;
     for (size_t i = i0; i < i0 + n && !r.oom; i++) {
@@ -247,7 +453,7 @@ static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *
     if (r.oom || (r.n && s == XSEG_SUCCESS && !buf)) {
         xs_free(r.v);
         if (*st == XSEG_SUCCESS)
-            *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: no host memory to read quarantined blocks back", when);
+            *st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory to read quarantined blocks back", when);
         return 0;
     }
     d->quar.checked += items;
@@ -333,30 +539,40 @@ static void leave_oldest(struct dev_alloc *d, xseg_status *st)
     dev_free_block(d, b);
 }
 
-/* Fill what was freed during a capture (now over). */
-static void fill_pending(struct dev_alloc *d)
-{
-    for (size_t i = 0; i < d->quar.n && d->quar.unfilled; i++) {
-        struct quar_item *it = &d->quar.q[d->quar.head + i];
-        if (!it->filled && !capturing(d, it->stream))
-            fill(d, it);
-    }
-}
+/* When the quarantine passes its bound, the oldest blocks leave together down to this many
+ * eighths of it (half). Each exit batch costs per stream a compare launch, its copies and a wait,
+ * so larger, rarer batches cost less; the bound itself is never passed either way, but a block's
+ * stay (the time a stale write can be caught) shortens. On the recorded training trace
+ * (benchmarks/stale_cost.sh, STALE_SCALE=32) 7/8 made 271 exit batches and 1.77x the modelled
+ * driver time off (expandable), 1/2 makes 92 and 1.47x, 1/4 64 and 1.43x: half takes most of the
+ * gain and keeps blocks held for between half and all of the bound's worth of frees. */
+#ifndef QUAR_EXIT_LOW_EIGHTHS /* a build may set another to measure it (-DQUAR_EXIT_LOW_EIGHTHS=N) */
+#define QUAR_EXIT_LOW_EIGHTHS 4
+#endif
 
 /* Keep the bound (never during a capture): when the bytes (or blocks) pass it, the oldest leave
- * as one batch, checked together, down to 7/8 of it (so batches are large and rare). @p check:
- * check them first (a block whose check failed leaves unreported). */
+ * as one batch, checked together, down to QUAR_EXIT_LOW_EIGHTHS of it. @p check: flush the
+ * waiting fills and check them first (a block whose check failed leaves unreported). */
 static xseg_status trim(struct dev_alloc *d, size_t bound, bool check)
 {
     if ((d->quar.bytes <= bound && d->quar.n <= QUAR_MAX_BLOCKS) || cap_underway(d))
         return XSEG_SUCCESS;
-    size_t low = bound - bound / 8, lown = QUAR_MAX_BLOCKS - QUAR_MAX_BLOCKS / 8;
+    size_t low = bound / 8 * QUAR_EXIT_LOW_EIGHTHS + bound % 8 * QUAR_EXIT_LOW_EIGHTHS / 8;
+    size_t lown = QUAR_MAX_BLOCKS / 8 * QUAR_EXIT_LOW_EIGHTHS;
     size_t k = 0, bytes = d->quar.bytes;
     while (k < d->quar.n && (bytes > low || d->quar.n - k > lown))
         bytes -= d->quar.q[d->quar.head + k++].size;
     xseg_status st = XSEG_SUCCESS;
-    if (check)
+    if (check) {
+        /* The leaving blocks' waiting fills go first (all of them: one launch a stream); the
+         * oldest are usually filled already (their batch was full), and then nothing is queued. */
+        bool waiting = false;
+        for (size_t i = 0; i < k && d->quar.unfilled && !waiting; i++)
+            waiting = !d->quar.q[d->quar.head + i].filled;
+        if (waiting)
+            st = flush_fills(d); /* a block whose fill failed leaves unchecked */
         (void)check_batch(d, 0, k, "quarantine exit", &st);
+    }
     for (size_t i = 0; i < k && d->quar.n; i++)
         leave_oldest(d, &st); /* a stuck block goes to the end: each leaves (or is tried) once */
     return st;
@@ -411,18 +627,16 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
     hist_stack_ref(it.alloc_stack);
     if (!waited)
         d->quar.free_stack = NULL; /* the entry took the free's reference */
-    d->quar.unfilled++;
+    d->quar.unfilled++; /* its fill waits for the batch (flush_fills) */
     bool cap = capturing(d, b->stream);
-    if (!cap) {
+    if (!cap)
         swap(d, b, &it);
-        fill(d, &it);
-    }
     d->quar.q[d->quar.head + d->quar.n++] = it;
     d->quar.bytes += it.size;
     d->quar.entered++;
     if (!cap) {
-        if (d->quar.unfilled)
-            fill_pending(d);
+        if (d->quar.unfilled >= d->cfg.debug_stale_fill_batch)
+            (void)flush_fills(d); /* a failed fill leaves its blocks unfilled: filled at the next flush */
         (void)trim(d, d->cfg.debug_quarantine, true); /* a failed check leaves its blocks unreported */
     }
     return true;
@@ -454,14 +668,24 @@ xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, si
                        when, d->device);
     if (!d->quar.n)
         return XSEG_SUCCESS;
-    if (d->quar.unfilled)
-        fill_pending(d);
-    xseg_status st = XSEG_SUCCESS;
+    xseg_status st = flush_fills(d); /* the waiting fills go before the check */
     size_t n = check_batch(d, 0, d->quar.n, when, &st);
     if (found)
         *found = n;
     xseg_status st2 = trim(d, drain || !d->cfg.debug_stale_access ? 0 : d->cfg.debug_quarantine, false);
     return st != XSEG_SUCCESS ? st : st2;
+}
+
+xseg_status quar_flush(struct dev_alloc *d, const char *when)
+{
+    lock_assert_held(&d->lock);
+    if (dev_capture_underway(d))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                       "%s: a capture is underway on device %d: blocks freed now wait unfilled until it ends "
+                       "(a fill would join the captured graph)",
+                       when, d->device);
+    xseg_status st = flush_fills(d);
+    return st == XSEG_SUCCESS ? st : err_prefix(st, "%s: debug_stale_access: filling quarantined blocks", when);
 }
 
 size_t quar_count(const struct dev_alloc *d, size_t *bytes)
@@ -600,6 +824,14 @@ void quar_destroy(struct dev_alloc *d)
         vhost_free(d->quar.buf, d->info.dev);
     else
         xs_free(d->quar.buf);
+    vkern_release(d->info.primary_ctx); /* the kernels' module and result buffer, if they were loaded */
+    if (d->quar.bb) {
+        xs_free(d->quar.bb->p);
+        xs_free(d->quar.bb->r);
+        xs_free(d->quar.bb->first);
+        xs_free(d->quar.bb->owner);
+        xs_free(d->quar.bb);
+    }
     xs_free(d->quar.q);
     xs_free(d->quar.found);
     d->quar = (struct quar_state){0};

@@ -1,11 +1,15 @@
 /*
  * The stale-access debug mode (debug_stale_access, debug_quarantine_mb; issue 50, seed 003):
  * freed blocks are held out of their pool in a FIFO of at most debug_quarantine bytes, filled
- * with all-ones bytes at their free (cuMemsetD8Async on the block's stream, so after its last
- * use there; NaN in fp32/fp16/bf16), and checked (read back on that stream) when they leave it,
+ * with all-ones bytes on the block's stream (so after its last use there; NaN in
+ * fp32/fp16/bf16) in batches of debug_stale_fill_batch blocks (one vkern_fill launch per stream;
+ * every check and xseg_stale_flush fill the waiting ones first: between a free and its fill a
+ * stale write is overwritten, the batch's documented window), and checked when they leave it,
  * at empty_cache, at snapshot time and on demand (xseg_check_stale). Checks go by batches (the
- * blocks leaving together, down to 7/8 of the bound, or all of them): one host buffer of copies,
- * one wait per stream, never a synchronize per block; sampled unless debug_stale_full_check (a
+ * blocks leaving together, down to QUAR_EXIT_LOW_EIGHTHS of the bound, or all of them): whole
+ * blocks compared on the device (one vkern_check, so one wait, per stream). Without the kernels
+ * (vkern_ready: NOT_SUPPORTED) a memset per range fills, and checks read back into one host
+ * buffer of copies with one wait per stream, sampled unless debug_stale_full_check (a
  * block up to 256 KiB whole, else its first and last 4 KiB and 4 KiB every 4 MiB). In expandable
  * segments whole chunks are swapped for a canary page (vmm/segment.h); a block whose chunks
  * cannot be mapped back when it leaves stays quarantined (stuck: never checked again, tried again
@@ -59,6 +63,10 @@ void quar_keep_free_stack(struct dev_alloc *d, struct block *b);
  * release them all; @p when names the occasion. XSEG_ERROR_ILLEGAL_STATE during a capture
  * (nothing done). *@p found (optional): findings made. */
 xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, size_t *found);
+/* Queue the fills waiting for their batch (debug_stale_fill_batch) now: one launch per stream,
+ * or the driver's memsets when the allocator's kernels do not run; @p when names the caller.
+ * XSEG_ERROR_ILLEGAL_STATE during a capture (nothing done: its blocks wait until it ends). */
+xseg_status quar_flush(struct dev_alloc *d, const char *when);
 /* Blocks and bytes held now. */
 size_t quar_count(const struct dev_alloc *d, size_t *bytes);
 
@@ -82,7 +90,8 @@ static inline const struct quar_item *quar_at(const struct dev_alloc *d, size_t 
 {
     return &d->quar.q[d->quar.head + i];
 }
-/* Give back the quarantine's arrays and stacks (an emptied device: quar_check_all drained it). */
+/* Give back the quarantine's arrays and stacks, and unload the allocator's kernels from the
+ * device's context (an emptied device: quar_check_all drained it). */
 void quar_destroy(struct dev_alloc *d);
 
 #endif

@@ -303,6 +303,7 @@ struct quar_state {
     size_t stuck;              /* items marked stuck */
     unsigned char *buf;        /* the checks' read-back buffer (QUAR_BATCH_BUF), kept for the device's life */
     bool buf_pinned;           /* from vhost_alloc (else host malloc: pinned memory lacked) */
+    struct quar_batchbuf *bb;  /* the fill and check batches' host scratch (quarantine.c), or NULL */
 };
 
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */

@@ -61,6 +61,7 @@ struct cfg {
     bool spill_to_host;                 /* default false: out of memory moves live pages to host memory */
     size_t spill_host_limit;            /* bytes of host memory spill may hold; 0 (default): no limit */
     bool debug_stale_full_check;        /* checks read every quarantined byte, not samples */
+    unsigned debug_stale_fill_batch;    /* quarantined blocks whose fills wait to go in one launch */
     /* PyTorch's pinned host allocator keys (core/services/hostalloc.c). */
     bool pinned_use_cuda_host_register; /* pin malloc'd pages (cuMemHostRegister), not cuMemHostAlloc */
     unsigned pinned_num_register_threads; /* threads faulting in the pages before registering */

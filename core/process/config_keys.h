@@ -37,6 +37,8 @@
 /* The parse column of a bounded number: the parser and the row's bounds (struct cfg_key). */
 #define CFG_BOUNDED(max, unit, pow2) cfg_parse_bounded, (pow2) ? 1 : 0, max, unit, pow2
 #define CFG_BOUNDED_MIB(min, max) cfg_parse_bounded, min, max, "MiB", false
+/* A count from min (not 0) to max, in unit (COUNT). */
+#define CFG_BOUNDED_COUNT(min, max, unit) cfg_parse_bounded, min, max, unit, false
 /* The largest budget: a pebibyte, far beyond any device. */
 #define CFG_MAX_BUDGET_MB (1ull << 30)
 
@@ -99,6 +101,8 @@
       CFG_BOUNDED_MIB(1, 1048576), CFG_OMIT_DEFAULT, 0, "1024")                                    \
     K(debug_stale_full_check, NULL, BOOL, debug_stale_full_check, false, cfg_parse_flag,           \
       CFG_OMIT_DEFAULT, 0, "False")                                                                \
+    K(debug_stale_fill_batch, NULL, COUNT, debug_stale_fill_batch, 64,                             \
+      CFG_BOUNDED_COUNT(1, 4096, "blocks"), CFG_OMIT_DEFAULT, 0, "64")                             \
     /* spill to host memory out of memory (core/services/spill.c) */                               \
     K(spill_to_host, NULL, BOOL, spill_to_host, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0,        \
       "False")                                                                                     \

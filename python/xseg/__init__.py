@@ -33,7 +33,7 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "empty_cache", "set_per_process_memory_fraction",
-    "memory_snapshot", "dump_snapshot", "attach_oom_observer", "check_stale", "attach_stale_observer",
+    "memory_snapshot", "dump_snapshot", "attach_oom_observer", "check_stale", "stale_flush", "attach_stale_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "block_handles_release",
     "register_range", "Registration", "range_dmabuf", "registration_stats",
@@ -707,3 +707,11 @@ def check_stale(device=None):
     found = ctypes.c_size_t(0)
     check(_lib.need("xseg_check_stale")(_device(device, "xseg.check_stale"), ctypes.byref(found)))
     return found.value
+
+
+def stale_flush(device=None):
+    """Fill the quarantined blocks whose fills wait for their batch (debug_stale_fill_batch) on
+    `device` now, so that a CUDA graph replayed next meets the pattern (xseg.torch calls it before
+    every CUDAGraph.replay). Queued on the blocks' streams; nothing waits. Raises XsegError
+    (ILLEGAL_STATE) during a capture."""
+    check(_lib.need("xseg_stale_flush")(_device(device, "xseg.stale_flush")))

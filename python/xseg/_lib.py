@@ -340,6 +340,7 @@ class StaleReport(ctypes.Structure):
 
 STALE_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.POINTER(StaleReport), ctypes.c_void_p)
 _PROTOS["xseg_check_stale"] = (_S, [ctypes.c_int, c_size_p])
+_PROTOS["xseg_stale_flush"] = (_S, [ctypes.c_int])
 _PROTOS["xseg_attach_stale_observer"] = (_S, [STALE_OBSERVER, ctypes.c_void_p])
 
 # --- sleep and wake (include/xseg.h: xseg_sleep) ---------------------------------------------

@@ -31,7 +31,7 @@ import sys
 from . import _lib
 from . import set_config
 
-__all__ = ["enable", "is_enabled", "pinned_installed", "pinned_reason", "adapter_source", "header_dir"]
+__all__ = ["enable", "is_enabled", "watch_graph_replays", "pinned_installed", "pinned_reason", "adapter_source", "header_dir"]
 
 _enabled = False
 _pinned_reason = "xseg.torch.enable() has not run"
@@ -92,7 +92,9 @@ def enable(config=None, verbose=False, pinned=True, debug_stale_access=False, de
     debug_stale_access: the stale-access debug mode (docs/troubleshooting.md): freed tensors are
     quarantined and poisoned, writes after their free reported with the allocation's and the
     free's Python frames (history recording starts in "state" mode for them);
-    debug_quarantine_mb bounds the quarantine (default 1024).
+    debug_quarantine_mb bounds the quarantine (default 1024). Freed tensors are poisoned in
+    batches (debug_stale_fill_batch), so every torch.cuda.CUDAGraph.replay first fills the
+    waiting ones (watch_graph_replays()): a replay using a freed tensor meets the pattern.
     pinned: also make xseg's pinned host cache PyTorch's CUDA host allocator where PyTorch has a
     registry for it (2.8 and later; see pinned_installed()). Pinned tensors made before keep
     their allocator until freed.
@@ -126,6 +128,7 @@ def enable(config=None, verbose=False, pinned=True, debug_stale_access=False, de
     if debug_stale_access:
         import xseg
         xseg.record_memory_history(enabled="state", stacks="python")
+        watch_graph_replays(torch)
     _lib.lib()  # load libxseg with RTLD_GLOBAL: the adapter's xseg_* references bind to it
     tag = "xseg_torch_adapter_" + torch.__version__.replace(".", "_").replace("+", "_")
     mod = cpp.load(name=tag.replace("-", "_"), sources=[adapter_source()],
@@ -135,6 +138,29 @@ def enable(config=None, verbose=False, pinned=True, debug_stale_access=False, de
     _pinned_reason = mod.install_host() if pinned else "enable(pinned=False)"
     _answer_history_calls(torch)
     _enabled = True
+
+
+def watch_graph_replays(torch=None):
+    """Make every torch.cuda.CUDAGraph.replay() call xseg.stale_flush() first (the device of the
+    current stream), so that blocks freed since the last flush hold the stale-access pattern
+    before the replay reads or writes them (debug_stale_access; enable(debug_stale_access=True)
+    calls it; call it yourself after switching the mode on with set_config). Idempotent."""
+    if torch is None:
+        import torch
+    graph = torch.cuda.CUDAGraph
+    replay = graph.replay
+    if getattr(replay, "_xseg_flushes", False):
+        return
+    import xseg
+
+    def _replay(self, *args, **kwargs):
+        xseg.stale_flush()  # the fills waiting for their batch go before the replay's work
+        return replay(self, *args, **kwargs)
+
+    _replay._xseg_flushes = True
+    _replay.__wrapped__ = replay
+    _replay.__doc__ = replay.__doc__
+    graph.replay = _replay
 
 
 def _answer_history_calls(torch):

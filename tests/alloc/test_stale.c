@@ -166,6 +166,9 @@ static void out_of_scope(const char *config, bool on, size_t n)
     free_at("input_out_of_scope", io.in); /* the graph still holds its address */
     void *other = alloc_at("other_tensor", n, s);
     tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)other, 0x22, n, s));
+    /* The waiting fills go before a replay (debug_stale_fill_batch; xseg.torch does this at every
+     * CUDAGraph.replay); with the mode off it does nothing. */
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS);
     replay(x, s);
     if (!on) {
         /* The memory was reused: the replay overwrote another tensor, and nothing said so. */
@@ -267,6 +270,7 @@ static void reassigned(const char *config, bool on, size_t n)
     free_at("reassign_x", old);
     void *other = alloc_at("unrelated", n, s); /* reuses the old address when nothing holds it */
     tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)other, 0x44, n, s));
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS); /* the waiting fills before the replay */
     replay(x, s);
     if (!on) {
         assert_ptr_equal(other, old);
@@ -327,6 +331,7 @@ static void test_found_at_exit(void **st)
     CUstream s = new_stream();
     void *a = alloc_at("victim", 1 * MiB, s);
     free_at("victim_freed", a);
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS); /* filled now, not when its batch is full */
     tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a + 4096 + 3, 0, 1, s)); /* a stale write */
     tu_assert_cu(drv->cuStreamSynchronize(s));
     assert_int_equal(nreports, 0);
@@ -354,14 +359,25 @@ static void test_sampled_at_exit(void **st)
     void *a = alloc_at("between_samples", 9 * MiB, s), *b = alloc_at("at_a_probe", 9 * MiB, s);
     free_at("a_freed", a);
     free_at("b_freed", b);
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS);
+    unsigned long launches0 = tu_call_count("cuLaunchKernel");
     tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a + 4096 + 3, 0, 1, s));
     tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)b + 4 * MiB + 5, 0, 1, s));
     for (int i = 0; i < 12; i++) /* 24 MiB more: both leave */
         tu_free(alloc_at("filler", 2 * MiB, s));
-    assert_int_equal(nreports, 1);
-    assert_int_equal(reports[0].addr, (uintptr_t)b);
-    assert_int_equal(reports[0].first_offset, 4 * MiB + 5);
-    assert_string_equal(reports[0].when, "quarantine exit");
+    /* With the allocator's kernels (vmm/kernel.h) the check compares whole blocks on the device:
+     * the write between the samples is found too. */
+    bool whole = tu_call_count("cuLaunchKernel") > launches0;
+    assert_int_equal(nreports, whole ? 2 : 1);
+    struct seen *at_b = &reports[whole && reports[0].addr != (uintptr_t)b ? 1 : 0];
+    assert_int_equal(at_b->addr, (uintptr_t)b);
+    assert_int_equal(at_b->first_offset, 4 * MiB + 5);
+    assert_string_equal(at_b->when, "quarantine exit");
+    if (whole) {
+        struct seen *at_a = &reports[at_b == &reports[0] ? 1 : 0];
+        assert_int_equal(at_a->addr, (uintptr_t)a);
+        assert_int_equal(at_a->first_offset, 4096 + 3);
+    }
     tu_assert_cu(drv->cuStreamDestroy(s));
     stop();
 }
@@ -410,6 +426,7 @@ static void test_canary_pages(void **st)
     const size_t n = 60 * MiB, G = 2 * MiB;
     unsigned char *a = alloc_at("big_activation", n, s);
     free_at("big_activation_freed", a);
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS);
     unsigned long reads0 = tu_call_count("cuMemcpyDtoHAsync");
     tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a + 45 * MiB + 7, 0x3c, 1, s)); /* stale */
     unsigned char seen = 0;
@@ -441,6 +458,88 @@ static void test_canary_pages(void **st)
     stop();
 }
 
+/* ---- fills in batches (debug_stale_fill_batch) ---- */
+
+/* Freed blocks keep their bytes until the device holds a batch of them, then all are filled
+ * (one launch a stream with the allocator's kernels, else a memset each); xseg_stale_flush fills
+ * a partial batch; a stale write between the free and the fill is overwritten (the documented
+ * window) while one after it is found. */
+static void test_fill_batch(void **st)
+{
+    (void)st;
+    start("expandable_segments:False,debug_stale_access:True,debug_stale_fill_batch:4");
+    CUstream s = new_stream(), s2 = new_stream();
+    enum { N = 6 };
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = alloc_at("batched", 1 * MiB, i % 2 ? s2 : s); /* two streams: a launch each */
+        tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)p[i], (unsigned char)(0x10 + i), 1 * MiB,
+                                          i % 2 ? s2 : s));
+    }
+    /* Launches and memsets as cudaemu counts them: one launch a stream, or (kernels refused:
+     * CUDAEMU_KERNELS=0, the fallback) a memset a block. */
+    const char *kenv = getenv("CUDAEMU_KERNELS");
+    bool kernels = !(kenv && !strcmp(kenv, "0"));
+    unsigned long launches0 = tu_call_count("cuLaunchKernel"), memsets0 = tu_call_count("cuMemsetD8Async");
+    for (int i = 0; i < 3; i++)
+        free_at("batched_freed", p[i]);
+    for (int i = 0; i < 3; i++) /* waiting: their old bytes (quarantined, never handed out) */
+        assert_true(holds(p[i], 1 * MiB, (unsigned char)(0x10 + i), i % 2 ? s2 : s));
+    /* A stale write now (before the fill) is overwritten by it: missed, the window's trade. */
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)p[0] + 5, 0x5a, 1, s));
+    unsigned long memsets1 = tu_call_count("cuMemsetD8Async");
+    if (tu_emulated()) { /* nothing filled yet: the only memset is the test's own stale write */
+        assert_int_equal(tu_call_count("cuLaunchKernel"), launches0);
+        assert_int_equal(memsets1 - memsets0, 1);
+    }
+    free_at("batched_freed", p[3]); /* the fourth: the batch is full */
+    if (tu_emulated()) {
+        assert_int_equal(tu_call_count("cuLaunchKernel") - launches0, kernels ? 2 : 0);
+        assert_int_equal(tu_call_count("cuMemsetD8Async") - memsets1, kernels ? 0 : 4);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_true(holds(p[i], 1 * MiB, 0xFF, i % 2 ? s2 : s));
+    free_at("batched_freed", p[4]);
+    assert_true(holds(p[4], 1 * MiB, 0x14, s));
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS); /* a partial batch, on demand */
+    assert_true(holds(p[4], 1 * MiB, 0xFF, s));
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS); /* nothing waits: nothing done */
+    /* After its fill a stale write is found; a check fills the waiting blocks first. */
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)p[1] + 77, 0x5a, 1, s2));
+    free_at("batched_freed", p[5]);
+    size_t found = 0;
+    assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+    assert_int_equal(found, 1);
+    assert_int_equal(reports[0].addr, (uintptr_t)p[1]);
+    assert_int_equal(reports[0].first_offset, 77);
+    assert_true(holds(p[5], 1 * MiB, 0xFF, s2));
+    tu_assert_cu(drv->cuStreamDestroy(s2));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
+/* debug_stale_fill_batch:1 fills at each free: a stale write right after the free is found
+ * without a flush (the exact window). */
+static void test_fill_batch_one(void **st)
+{
+    (void)st;
+    start("expandable_segments:False,debug_stale_access:True,debug_stale_fill_batch:1");
+    CUstream s = new_stream();
+    void *a = alloc_at("exact", 1 * MiB, s);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a, 0x31, 1 * MiB, s));
+    free_at("exact_freed", a);
+    assert_true(holds(a, 1 * MiB, 0xFF, s));
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)a + 9, 0x5a, 1, s));
+    size_t found = 0;
+    assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+    assert_int_equal(found, 1);
+    assert_int_equal(reports[0].addr, (uintptr_t)a);
+    assert_int_equal(reports[0].first_offset, 9);
+    assert_string_equal(reports[0].free_name, "exact_freed");
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    stop();
+}
+
 /* ---- bad input ---- */
 
 static void test_bad_input(void **st)
@@ -451,6 +550,12 @@ static void test_bad_input(void **st)
     assert_non_null(strstr(xseg_last_error(), "debug_quarantine_mb"));
     assert_int_equal(xseg_check_config("debug_quarantine_mb:99999999", NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
     assert_int_equal(xseg_check_config("debug_stale_access:maybe", NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+    const char *bad_batch[] = {"debug_stale_fill_batch:0", "debug_stale_fill_batch:4097", "debug_stale_fill_batch:x"};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(xseg_check_config(bad_batch[i], NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+        assert_non_null(strstr(xseg_last_error(), "debug_stale_fill_batch"));
+    }
+    assert_int_equal(xseg_check_config("debug_stale_fill_batch:4096", NULL, 0, NULL), XSEG_SUCCESS);
 
     /* The mode switched on with blocks live: they are quarantined at their free (no frames from
      * before history began are needed); switched off with blocks quarantined: the next
@@ -472,7 +577,8 @@ static void test_bad_input(void **st)
 
     /* A check during a capture: a clear error, nothing checked; it works after the capture. */
     assert_int_equal(xseg_set_config("debug_stale_access:True"), XSEG_SUCCESS);
-    void *q = tu_malloc(1 * MiB, s);
+    void *q = tu_malloc(1 * MiB, s), *q2 = tu_malloc(1 * MiB, s);
+    tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)q2, 0x2b, 1 * MiB, s));
     tu_free(q);
     CUstream cs = new_stream();
     xseg_pool_id pool;
@@ -481,11 +587,22 @@ static void test_bad_input(void **st)
     assert_int_equal(xseg_check_stale(0, &found), XSEG_ERROR_ILLEGAL_STATE);
     assert_non_null(strstr(xseg_last_error(), "capture is underway"));
     assert_int_equal(found, 0);
+    /* A flush during a capture: a clear error; a block freed then waits unfilled until it ends. */
+    tu_free(q2);
+    assert_int_equal(xseg_stale_flush(0), XSEG_ERROR_ILLEGAL_STATE);
+    assert_non_null(strstr(xseg_last_error(), "xseg_stale_flush"));
+    assert_non_null(strstr(xseg_last_error(), "capture is underway"));
     CUgraph g = NULL;
     assert_int_equal(xseg_capture_end(0, cs, &g), XSEG_SUCCESS);
     tu_assert_cu(drv->cuGraphDestroy(g));
+    assert_true(holds(q2, 1 * MiB, 0x2b, s)); /* not filled during the capture */
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS);
+    assert_true(holds(q2, 1 * MiB, 0xFF, s));
     assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
+    assert_int_equal(found, 0);
     assert_int_equal(xseg_check_stale(7, &found), XSEG_ERROR_INVALID_DEVICE);
+    assert_int_equal(xseg_stale_flush(7), XSEG_ERROR_INVALID_DEVICE);
+    assert_int_equal(xseg_stale_flush(-5), XSEG_ERROR_INVALID_DEVICE);
     assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
     tu_assert_cu(drv->cuStreamDestroy(cs));
     tu_assert_cu(drv->cuStreamDestroy(s));
@@ -573,13 +690,15 @@ static void oracle(const char *config)
             if (!intact(&l))
                 fail_msg("op %zu: live block %p (%zu bytes) lost its tag", op, l.p, l.size);
             tu_free(l.p);
-            /* Now and then a stale write right after the free (stream-ordered after the fill):
+            /* Now and then a stale write right after the free, stream-ordered after the fill (the
+             * flush queues it now: a write before the flush would be overwritten by it).
              * anywhere with debug_stale_full_check, else where the sampled check reads (the
              * whole of a block up to 256 KiB, else its first or last 4 KiB). */
             if (!l.recorded && ninj < MAXINJ && rnd() % 200 == 0) {
                 size_t off = rnd() % l.size;
                 if (!full && l.size > 256 * KiB)
                     off = rnd() % 2 ? rnd() % (4 * KiB) : l.size - 1 - rnd() % (4 * KiB);
+                assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS);
                 tu_assert_cu(drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)l.p + off, 0x5a, 1, l.s));
                 inj[ninj++] = (struct injected){(uintptr_t)l.p, off};
             }
@@ -682,7 +801,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reassigned_off_classic),     cmocka_unit_test(test_reassigned_on_expandable),
         cmocka_unit_test(test_reassigned_off_expandable),  cmocka_unit_test(test_found_at_exit),
         cmocka_unit_test(test_recorded_stream),            cmocka_unit_test(test_canary_pages),
-        cmocka_unit_test(test_sampled_at_exit),
+        cmocka_unit_test(test_sampled_at_exit),            cmocka_unit_test(test_fill_batch),
+        cmocka_unit_test(test_fill_batch_one),
     };
     const struct CMUnitTest bad[] = {cmocka_unit_test(test_bad_input)};
     const struct CMUnitTest oracle_classic[] = {cmocka_unit_test(test_oracle_classic)};

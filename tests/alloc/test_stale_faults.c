@@ -57,8 +57,9 @@ static void check_books_match_driver(void)
  * run): the calls each entry made during each phase. */
 static void run(enum phase ph, size_t fault, unsigned long nth, unsigned long calls[2][NF])
 {
+    /* debug_stale_fill_batch:1: the fill at the free, inside the swap's phase, as the runs count it */
     tu_xseg_init_or_skip("expandable_segments:True,expandable_chunk_mb:2,debug_stale_access:True,"
-                         "debug_quarantine_mb:64");
+                         "debug_quarantine_mb:64,debug_stale_fill_batch:1");
     tu_require_emulator_or_skip(); /* the faults are the emulator's */
     assert_int_equal(xseg_attach_stale_observer(observer, NULL), XSEG_SUCCESS);
     nreports = 0;

@@ -63,6 +63,7 @@ def play(xseg, cu, on):
     input_out_of_scope(xseg, x)
     other = xseg.malloc(N, stream=s.value)
     ok(cu.cuMemsetD8Async(other, 0x22, N, s))
+    xseg.stale_flush()  # the fills waiting for their batch go before a replay (as xseg.torch does)
     ok(cu.cuGraphLaunch(ex, s))
     ok(cu.cuStreamSynchronize(s))
     buf = (ctypes.c_ubyte * N)()
@@ -104,8 +105,63 @@ def test_out_of_scope_corrupts_silently_when_off(xseg):
     assert found == 0 and reports == []
 
 
+def test_stale_flush_fills_the_waiting_blocks(xseg):
+    """A freed block keeps its bytes until its batch (debug_stale_fill_batch) is full or
+    stale_flush fills it."""
+    cu = _driver()
+    xseg.set_config("expandable_segments:False,debug_stale_access:True,debug_stale_fill_batch:8")
+    try:
+        p = xseg.malloc(1 << 20)
+        ok(cu.cuMemsetD8Async(p, 0x3c, 1 << 20, None))
+        xseg.free(p)
+        one = (ctypes.c_ubyte * 1)()
+
+        def first_byte():
+            ok(cu.cuStreamSynchronize(None))
+            ok(cu.cuMemcpyDtoH_v2(one, p, 1))
+            return one[0]
+        assert first_byte() == 0x3c  # waiting: its old bytes, still quarantined
+        xseg.stale_flush()
+        assert first_byte() == 0xFF
+        xseg.stale_flush(0)  # nothing waits: nothing done
+    finally:
+        xseg.set_config("debug_stale_access:False,debug_stale_fill_batch:64")
+        xseg.empty_cache()
+
+
+class _FakeGraph:
+    """Stands for torch.cuda.CUDAGraph (no CUDA PyTorch here): replay records its call."""
+    calls = []
+
+    def replay(self):
+        self.calls.append("replay")
+
+
+def test_torch_replays_flush_first(xseg, monkeypatch):
+    """xseg.torch.watch_graph_replays (enable(debug_stale_access=True) calls it) makes every
+    CUDAGraph.replay call stale_flush first. The real PyTorch check runs in the GPU acceptance
+    run (benchmarks/gpu/torch_checks.py's torch group)."""
+    import types
+    import xseg.torch as xt
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(CUDAGraph=_FakeGraph))
+    monkeypatch.setattr(_FakeGraph, "replay", _FakeGraph.replay)  # restored after the test
+    monkeypatch.setattr(xseg, "stale_flush", lambda device=None: _FakeGraph.calls.append("flush"))
+    xt.watch_graph_replays(fake)
+    xt.watch_graph_replays(fake)  # idempotent: one flush a replay
+    _FakeGraph.calls.clear()
+    _FakeGraph().replay()
+    _FakeGraph().replay()
+    assert _FakeGraph.calls == ["flush", "replay", "flush", "replay"]
+
+
 def test_bad_arguments(xseg):
     with pytest.raises(xseg.XsegError, match="debug_quarantine_mb"):
         xseg.set_config("debug_quarantine_mb:0")
     with pytest.raises(ValueError):
         xseg.check_stale("cpu")
+    with pytest.raises(xseg.XsegError, match="debug_stale_fill_batch"):
+        xseg.set_config("debug_stale_fill_batch:0")
+    with pytest.raises(ValueError):
+        xseg.stale_flush("cpu")
+    with pytest.raises(xseg.XsegError):
+        xseg.stale_flush(7)
