@@ -54,8 +54,10 @@ struct alloc_params {
 static inline void refresh_cfg(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen)) {
         dev_refresh_cfg_slow(d);
+        place_refresh_cfg(d);
+    }
 }
 
 /* ---- sizes ------------------------------------------------------------------------------- */

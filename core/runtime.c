@@ -11,6 +11,7 @@
 #include "core/services/idle.h"
 #include "core/runtime.h"
 #include "core/process/settings.h"
+#include "core/device/placement.h"
 
 /* This module's state is xseg_rt.rt (core/process/procstate.h). */
 FORK_MUTEX_AT(FORK_RANK_RUNTIME, rt_lock, xseg_rt.rt.lock)
@@ -129,6 +130,8 @@ xseg_status rt_device_slow(int device, struct dev_alloc **out)
             keep = !xseg_rt.rt.retained[device];
             xseg_rt.rt.retained[device] = true;
             d = dev_create(device, &info, home);
+            if (d)
+                place_device_init(d);
             created = true;
             atomic_store_explicit(&xseg_rt.rt.devs[device], d, memory_order_release);
         } else {

@@ -13,7 +13,6 @@
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
-#include "core/device/placement.h"
 #include "core/process/settings.h"
 #include "vmm/capture.h"
 
@@ -44,7 +43,6 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
         if (d->cfg.roundup_power2_divisions[i] > 1)
             d->roundup_any = true;
     d->use_expandable = d->cfg.expandable_segments && d->info.vmm_supported;
-    place_refresh_cfg(d);
     /* The config key sets the fraction when it changes; xseg_set_memory_fraction overrides it
      * until the key changes again. */
     if (first || d->cfg.per_process_memory_fraction != old_fraction)
@@ -65,7 +63,6 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
     d->structs = (struct arena)ARENA_INIT;
-    life_init(&d->life);
     lock_acquire(&d->lock); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
     lock_release(&d->lock); /* not dev_unlock (core/device/check.h, above): a new device has nothing to walk */

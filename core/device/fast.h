@@ -35,6 +35,7 @@
 #include <stddef.h>
 
 #include "core/device/blockops.h"
+#include "core/device/placement.h"
 
 /* The slot of @p stream: a multiplicative hash of the handle (streams sharing a slot share its
  * one block, never its correctness). */
@@ -117,8 +118,10 @@ enum dev_need {
 static inline void dev_refresh_cfg(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen))
+    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen)) {
         dev_refresh_cfg_slow(d);
+        place_refresh_cfg(d); /* placement sits above device.c in the wing's order */
+    }
 }
 
 /* The one way to take the device lock: on return, what @p need names is done. Inline, so that a

@@ -264,6 +264,14 @@ static inline void place_refresh_cfg(struct dev_alloc *d)
     d->life.on = d->use_expandable && d->cfg.expandable_segments_recycle;
 }
 
+/* A new device's placement state: called by its creator (core/runtime.c) after dev_create, before
+ * the device is published (device.c sits below this module in the wing's order). */
+static inline void place_device_init(struct dev_alloc *d)
+{
+    life_init(&d->life);
+    place_refresh_cfg(d);
+}
+
 /* place_predict_long for a large request that leaves in life_state.home_tag the tag of the key's
  * home entry when the key sits there (else LIFE_HOME_NONE), for the malloc's record under the same
  * lock hold (place_record_home): one hash a malloc. In the device's state, not a register: the fast

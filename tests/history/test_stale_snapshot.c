@@ -98,6 +98,7 @@ static int play(const char *dir, const char *mode, bool expandable)
         return 1;
     /* 1. The input goes out of scope while the graph holds its address; the replay writes it. */
     XS(free_at("input_out_of_scope", 20, in));
+    XS(xseg_stale_flush(0)); /* the fills wait for their batch (debug_stale_fill_batch): as xseg.torch does before a replay */
     CU(tu_graph()->launch(step, s));
     CU(drv->cuStreamSynchronize(s));
     /* Later frees pass the quarantine's 16 MiB: the input leaves it, is checked, and is found. */
@@ -114,6 +115,7 @@ static int play(const char *dir, const char *mode, bool expandable)
     XS(free_at("state_reassigned", 61, x));
     void *fresh = at("make_state", 62, N, s);
     CHECK(fresh);
+    XS(xseg_stale_flush(0));
     CU(tu_graph()->launch(upd, s));
     CU(drv->cuStreamSynchronize(s));
     /* The snapshot checks the quarantine: x is found there, still quarantined. */
