@@ -276,7 +276,10 @@ static bool next_live_run_of(const struct seg *seg, size_t *g, size_t *run, bool
 #undef RUN_GRAN
     return true;
 }
-static bool next_live_run(const struct seg *seg, size_t *g, size_t *run) { return next_live_run_of(seg, g, run, false); }
+static bool next_live_run(const struct seg *seg, size_t *g, size_t *run)
+{
+    return next_live_run_of(seg, g, run, false);
+}
 
 /* Check that [offset, offset + size) is a granule-multiple range inside the VA; on success writes
  * the granule range [*first, *last). */
@@ -2183,7 +2186,8 @@ xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, struct 
         /* As for an unmap, the observer hears of it first (a registration goes with the memory). */
         res = seg_unmap_run(seg, g, g + n);
         if (res != CUDA_SUCCESS) { /* this chunk stays as it was; the ones before are the span */
-            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)gran_addr(seg, g), bytes);
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)gran_addr(seg, g),
+                           bytes);
             break;
         }
         chunk_forget_keep(seg, g, spares); /* the block's bytes are dead: its handle goes back */

@@ -357,7 +357,8 @@ static void leave_oldest(struct dev_alloc *d, xseg_status *st)
      * host memory; one whose unmap fails is stranded (unmapped for the books, reclaimed later). */
     size_t g = d->info.granularity, dropped = 0, glo = at + lo, ghi = at + hi;
     if (b->expandable && seg_host_bytes(b->seg->vseg)) {
-        size_t off = b->addr - (size_t)seg_base(b->seg->vseg), wlo = (off + g - 1) / g * g, whi = (off + b->size) / g * g;
+        size_t off = b->addr - (size_t)seg_base(b->seg->vseg);
+        size_t wlo = (off + g - 1) / g * g, whi = (off + b->size) / g * g;
         if (wlo < whi)
             (void)seg_drop_host(b->seg->vseg, wlo, whi - wlo, false, &dropped);
         if (dropped) {

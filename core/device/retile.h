@@ -16,8 +16,8 @@
  * offset @p lo and from @p hi are mapped, [lo, hi) (granule multiples inside it) is as the
  * segment has it (seg_gran_is_mapped: all unmapped after a successful unmap). b becomes the first
  * piece; the others come from @p spare (two: enough for head, hole, tail; those left over are
- * deleted; a NULL one, or more pieces, which only a partly failed unmap leaves, are allocated, abort() if host
- * memory is exhausted then). The pieces merge with b's former neighbours where the mapped states
+ * deleted). A NULL spare, or a piece more (only a partly failed unmap leaves one), is allocated:
+ * abort() if host memory is exhausted then. The pieces merge with b's former neighbours where the mapped states
  * match (an unmapped hole next to an unmapped neighbour); free pieces enter the free index, with
  * the GC clock started, unmapped ones the unmapped index.
  */
