@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "core/policy/registry.h"
 #include "core/runtime.h"
+#include "core/services/hostalloc.h"
 #include "core/snapshot.h"
 #include "core/index/stats.h"
 
@@ -123,7 +124,13 @@ XSEG_API xseg_status xseg_check_stale(int device, size_t *found)
     xseg_status st = rt_device(device, &d);
     if (st != XSEG_SUCCESS)
         return st;
-    return devops_check_stale(d, "xseg_check_stale", false, found);
+    /* The pinned host cache's quarantine too (host reads: also during a capture). */
+    size_t host = 0;
+    (void)hostalloc_check_stale("xseg_check_stale", false, &host);
+    st = devops_check_stale(d, "xseg_check_stale", false, found);
+    if (found)
+        *found += host;
+    return st;
 }
 
 XSEG_API xseg_status xseg_set_memory_fraction(double fraction, int device)

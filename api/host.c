@@ -26,7 +26,7 @@ XSEG_API xseg_status xseg_host_malloc(void **ptr, size_t size)
     if (st != XSEG_SUCCESS)
         return st;
     hostalloc_sync_thread();
-    st = hostalloc_malloc(ctx, size, ptr);
+    st = hostalloc_malloc_user(ctx, size, ptr);
     return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_host_malloc: pinned host memory for %zu bytes", size);
 }
 
@@ -35,7 +35,7 @@ XSEG_API xseg_status xseg_host_free(void *ptr)
     if (!ptr)
         return XSEG_SUCCESS;
     xseg_status st = rt_ensure();
-    return st != XSEG_SUCCESS ? st : hostalloc_free(ptr, false);
+    return st != XSEG_SUCCESS ? st : hostalloc_free_user(ptr);
 }
 
 XSEG_API xseg_status xseg_host_record_stream(void *ptr, int device, struct CUstream_st *stream)

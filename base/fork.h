@@ -38,6 +38,7 @@ enum fork_rank {
     FORK_RANK_VMM_LEFT,     /* vmm/segment.c seg_proc.left_lock */
     FORK_RANK_VMM_CURSOR,   /* vmm/segment.c seg_proc.cursor_lock */
     FORK_RANK_VMM_HOST,     /* vmm/host.c host_proc.lock */
+    FORK_RANK_VMM_KERNEL,   /* vmm/kernel.c vkern_proc.lock: held across the allocator's launches and its check's wait */
     FORK_RANK_SLOT,         /* (not a mutex) the stream slots' spin locks (struct spin, base/lock.h): a leaf,
                              * nothing is taken under one; blocking takes only under the device lock
                              * (several at once, in slot order: that lock serialises such takers) */

@@ -4,10 +4,14 @@
 #   - driver memory calls and their modelled H100 time (docs/benchmarks.md's medians, as
 #     fit_table.sh), the synchronizations;
 #   - the mode's own work, as cudaemu counted it (CUDAEMU_REPORT: calls and bytes): the memsets of
-#     quarantined blocks at their free and the read-backs of their checks, modelled at 2 TB/s + 5 us
-#     a memset and 25 GB/s + 10 us a read-back (cudaemu's h100 preset rate for device-to-host
-#     copies); in expandable segments whole chunks are swapped for a canary page (one page filled
-#     and read back), which the rows with 2 MiB chunks (expandable_chunk_mb:2) show at this scale;
+#     quarantined blocks at their free, the launches of the allocator's range kernels (vmm/kernel.c:
+#     one fills or checks up to 128 blocks), and the copies of the checks (read-backs of blocks, or
+#     of the kernel checks' result words; host-to-device copies counted too, none today); modelled at
+#     2 TB/s + 5 us a memset, 2 TB/s + 5 us a launch (the bytes its ranges hold: a memset's cost,
+#     not measured on a GPU) and 25 GB/s + 10 us a copy either way (cudaemu's h100 preset rate for
+#     host copies); in expandable segments whole chunks are swapped for a canary page (one page
+#     filled and read back), which the rows with 2 MiB chunks (expandable_chunk_mb:2) show at this
+#     scale;
 #   - the peak reserved bytes, and what the mode adds against the quarantine's bound.
 #   benchmarks/stale_cost.sh [BUILD_DIR] [TRACE_OR_PICKLE]
 # Default trace: /work/shared/traces/pytorch/memory_ctx128_fullstep.pickle (a full training step
@@ -81,7 +85,13 @@ for kind in expandable expandable-2MiB-chunks classic; do
     reads=$(awk '/cudaemu report: cuMemcpyDtoHAsync .*call/{print $4}' "$tmp/report"); reads=${reads:-0}
     mbytes=$(awk '/cudaemu report: cuMemsetD8Async .*moved/{print $4}' "$tmp/report"); mbytes=${mbytes:-0}
     rbytes=$(awk '/cudaemu report: cuMemcpyDtoHAsync .*moved/{print $4}' "$tmp/report"); rbytes=${rbytes:-0}
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$kind" "$mode" "$summary" "$memsets" "$reads" "$mbytes" "$rbytes" >> "$tmp/rows"
+    # Host-to-device copies, should the mode make any (the replay itself makes none).
+    ins=$(awk '/cudaemu report: cuMemcpyHtoDAsync .*call/{print $4}' "$tmp/report"); ins=${ins:-0}
+    ibytes=$(awk '/cudaemu report: cuMemcpyHtoDAsync .*moved/{print $4}' "$tmp/report"); ibytes=${ibytes:-0}
+    launches=$(awk '/cudaemu report: cuLaunchKernel .*call/{print $4}' "$tmp/report"); launches=${launches:-0}
+    lbytes=$(awk '/cudaemu report: cuLaunchKernel .*moved/{print $4}' "$tmp/report"); lbytes=${lbytes:-0}
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$kind" "$mode" "$summary" "$memsets" "$reads" "$mbytes" \
+        "$rbytes" "$((reads + ins))" "$((rbytes + ibytes))" "$launches" "$lbytes" >> "$tmp/rows"
   done
 done
 
@@ -92,24 +102,28 @@ us = {"cuMemCreate": 8.6, "cuMemMap": 0.7, "cuMemSetAccess": 21.9, "cuMemUnmap":
       "cuMemRelease": 20.4, "cuMemAlloc": 39.0, "cuMemFree": 42.8}
 print(f"Trace: {src}, sizes / {scale}; {frees:,} frees of {freed / 2**20:,.1f} MiB; "
       f"on: debug_quarantine_mb:{qmb}.\n")
-print("| segments | mode | driver memory calls | VMM time (ms) | syncs | memsets (MiB) | read-backs (MiB) | "
-      "fill + check (ms) | total modelled (ms) | × off | peak reserved (MiB) | added (MiB) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| segments | mode | driver memory calls | VMM time (ms) | syncs | memsets (MiB) | kernel launches (MiB) | "
+      "copies (MiB) | fill + check (ms) | total modelled (ms) | × off | peak reserved (MiB) | added (MiB) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 base = {}
 for line in open(rows):
-    kind, mode, summary, memsets, reads, mbytes, rbytes = line.rstrip("\n").split("\t")
+    kind, mode, summary, memsets, _reads, mbytes, _rbytes, reads, rbytes, launches, lbytes = line.rstrip("\n").split("\t")
     s = json.loads(summary)
     calls = s["driver_calls"]
     vmm = sum(us.get(k, 0) * v for k, v in calls.items()) / 1000
     memsets, reads, mbytes, rbytes = int(memsets), int(reads), int(mbytes), int(rbytes)
-    extra = (mbytes / 2e12 * 1e3 + memsets * 5e-3) + (rbytes / 25e9 * 1e3 + reads * 10e-3)
+    launches, lbytes = int(launches), int(lbytes)
+    # ms: a memset or a launch 5 us + its bytes at 2 TB/s; a copy 10 us + its bytes at 25 GB/s.
+    extra = ((mbytes / 2e12 * 1e3 + memsets * 5e-3) + (lbytes / 2e12 * 1e3 + launches * 5e-3) +
+             (rbytes / 25e9 * 1e3 + reads * 10e-3))
     total = vmm + extra
     peak = s["peak_reserved_bytes"] / 2**20
     if mode == "off":
         base[kind] = (total, peak)
     t0, p0 = base[kind]
     print(f"| {kind} | {mode} | {s['driver_memory_calls']:,} | {vmm:.1f} | {calls.get('cuStreamSynchronize', 0)} | "
-          f"{memsets:,} ({mbytes / 2**20:,.0f}) | {reads:,} ({rbytes / 2**20:,.0f}) | {extra:.1f} | {total:.1f} | "
+          f"{memsets:,} ({mbytes / 2**20:,.0f}) | {launches:,} ({lbytes / 2**20:,.0f}) | "
+          f"{reads:,} ({rbytes / 2**20:,.0f}) | {extra:.1f} | {total:.1f} | "
           f"{total / t0 if t0 else float('nan'):.2f} | "
           f"{peak:,.1f} | {peak - p0:+,.1f} |")
 PY

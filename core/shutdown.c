@@ -159,6 +159,8 @@ xseg_status shutdown_process(void)
         st = reg_shutdown(rt_device_peek);
     if (st != XSEG_SUCCESS)
         return st;
+    /* debug_stale_access: the host quarantine is checked and drains while the observers are attached. */
+    (void)hostalloc_check_stale("xseg_shutdown", true, NULL);
     /* The defaults first: the idle thread stops (joined) before the devices are emptied. */
     settings_reset();
     group_detach_all(); /* responders joined before the devices are emptied */

@@ -17,6 +17,7 @@
 #include "core/device/quarantine.h"
 #include "core/process/history.h"
 #include "core/runtime.h"
+#include "core/services/hostalloc.h"
 #include "core/process/settings.h"
 #include "core/services/spill.h"
 #include "core/snapshot.h"
@@ -426,7 +427,14 @@ static const char *state_name(xseg_block_state st)
     }
 }
 
-static void e_segments(struct emit *e, struct frames_out *fo, const struct snap_acc *a)
+/* debug_stale_access's part (below): a quarantined block's record and its frames. */
+struct stale_acc;
+struct stale_held;
+static const struct stale_held *stale_held_at(const struct stale_acc *sa, int dev, uintptr_t addr, size_t size);
+static void e_held_frames(struct emit *e, struct frames_out *fo, const struct stale_acc *sa,
+                          const struct stale_held *h);
+
+static void e_segments(struct emit *e, struct frames_out *fo, const struct snap_acc *a, const struct stale_acc *sa)
 {
     e_key(e, "segments");
     e_list(e);
@@ -473,7 +481,13 @@ static void e_segments(struct emit *e, struct frames_out *fo, const struct snap_
                 e_int(e, (int64_t)b->host_bytes);
             }
             e_key(e, "frames");
-            e_frames(e, fo, a->with_stacks ? a->stacks[i][j] : NULL);
+            const struct stale_held *h = b->state == XSEG_BLOCK_ACTIVE_PENDING_FREE
+                                             ? stale_held_at(sa, s->device, (uintptr_t)b->address, b->size)
+                                             : NULL;
+            if (h)
+                e_held_frames(e, fo, sa, h);
+            else
+                e_frames(e, fo, a->with_stacks ? a->stacks[i][j] : NULL);
             e_end(e);
         }
         e_end(e);
@@ -707,6 +721,24 @@ struct stale_acc {
     struct quar_item *v; /* stacks referenced */
     int *dev;
     size_t n, cap, capdev;
+    struct stale_held *held; /* the blocks quarantined at the snapshot (stacks referenced) */
+    size_t nheld, capheld;
+    struct u64map held_at;   /* stale_key(device, address) -> index into held, plus one */
+};
+
+/* Addresses have at most 56 bits; never 0. */
+static uint64_t stale_key(int dev, uintptr_t addr) { return (uint64_t)addr ^ ((uint64_t)(unsigned)dev << 56); }
+
+/* A quarantined block as PyTorch's viewers are shown it: pending, with its free's frames before
+ * its allocation's. Taken under the lock before the segments are (in a lock of their own), so a
+ * block is matched to its record by device, address and size. */
+struct stale_held {
+    uintptr_t addr;
+    size_t size;
+    int dev;
+    int64_t freed_us;
+    bool reported; /* a write after the free was found in it: its finding is among the kept ones */
+    struct hstack *alloc_stack, *free_stack;
 };
 
 /* A snapshot is one of the checks' occasions: @p d's quarantine is checked (not during a
@@ -729,6 +761,19 @@ static void stale_gather(struct dev_alloc *d, struct stale_acc *sa)
             sa->v[sa->n++] = f[i];
         }
     }
+    /* Host memory lacking: a quarantined block shows its allocation's frames only. */
+    size_t nq = quar_count(d, NULL);
+    if (nq && VEC_RESERVE(sa->held, sa->capheld, sa->nheld + nq)) {
+        for (size_t i = 0; i < nq; i++) {
+            const struct quar_item *it = quar_at(d, i);
+            if (!u64map_put(&sa->held_at, stale_key(d->device, it->addr), (uint32_t)(sa->nheld + 1)))
+                break;
+            hist_stack_ref(it->alloc_stack);
+            hist_stack_ref(it->free_stack);
+            sa->held[sa->nheld++] = (struct stale_held){it->addr, it->size, d->device, it->freed_us, it->reported,
+                                                        it->alloc_stack, it->free_stack};
+        }
+    }
     dev_unlock(d);
     quar_deliver(&batch);
 }
@@ -741,6 +786,120 @@ static void stale_free(struct stale_acc *sa)
     }
     xs_free(sa->v);
     xs_free(sa->dev);
+    for (size_t i = 0; i < sa->nheld; i++) {
+        hist_stack_unref(sa->held[i].alloc_stack);
+        hist_stack_unref(sa->held[i].free_stack);
+    }
+    xs_free(sa->held);
+    u64map_free(&sa->held_at);
+}
+
+/* The quarantined block of @p dev at [addr, addr + size), or NULL. */
+static const struct stale_held *stale_held_at(const struct stale_acc *sa, int dev, uintptr_t addr, size_t size)
+{
+    uint32_t i;
+    if (!sa || !u64map_get(&sa->held_at, stale_key(dev, addr), &i))
+        return NULL;
+    const struct stale_held *h = &sa->held[i - 1];
+    return h->dev == dev && h->size == size ? h : NULL;
+}
+
+/* The finding made on the quarantine record freed at @p freed_us at @p addr of @p dev, or NULL (a
+ * search of the findings kept, at most QUAR_MAX_FINDINGS a device: for reported blocks only). */
+static const struct quar_item *stale_finding_of(const struct stale_acc *sa, int dev, uintptr_t addr,
+                                                int64_t freed_us)
+{
+    for (size_t i = 0; i < sa->n; i++)
+        if (sa->dev[i] == dev && sa->v[i].addr == addr && sa->v[i].freed_us == freed_us)
+            return &sa->v[i];
+    return NULL;
+}
+
+/* A line of text in a `frames` list: PyTorch's viewers print a frame as filename:line:name. */
+static void e_note(struct emit *e, const char *text)
+{
+    e_dict(e);
+    e_key(e, "filename");
+    e_str(e, "xseg");
+    e_key(e, "name");
+    e_str(e, text);
+    e_key(e, "line");
+    e_int(e, 0);
+    e_end(e);
+}
+
+/* The frames of a stack, inline in the list being written. */
+static void e_stack_frames(struct emit *e, struct frames_out *fo, const struct hstack *s)
+{
+    for (uint32_t i = 0; s && i < s->n; i++)
+        e_frame(e, fo, s->f[i]);
+}
+
+/* The `frames` PyTorch's viewers show for a quarantined block or a finding: two notes (what it is,
+ * then what was found), the free's frames, a note, the allocation's frames. PyTorch's viewers show
+ * a frame a line; no ';' (_memory_viz.py's flame graphs split stacks on it). */
+static void e_stale_frames(struct emit *e, struct frames_out *fo, const char *what, const char *found,
+                           const struct hstack *free_stack, const struct hstack *alloc_stack)
+{
+    e_list(e);
+    e_note(e, what);
+    e_note(e, found);
+    e_stack_frames(e, fo, free_stack);
+    if (!free_stack || !free_stack->n)
+        e_note(e, "(the free's frames were not recorded)");
+    e_note(e, "allocated at:");
+    e_stack_frames(e, fo, alloc_stack);
+    if (!alloc_stack || !alloc_stack->n)
+        e_note(e, "(the allocation's frames were not recorded)");
+    e_end(e);
+}
+
+/* A finding's notes. */
+static void stale_notes(char *what, char *found, size_t size, const struct quar_item *f)
+{
+    snprintf(what, size, "STALE WRITE (debug_stale_access): block 0x%llx (%zu bytes) was written after its free",
+             (unsigned long long)f->addr, f->size);
+    snprintf(found, size, "first changed byte at offset %zu, found at %s %.3f s after the free. Freed at:",
+             f->first_offset, f->when ? f->when : "?", (double)(f->found_us - f->freed_us) / 1e6);
+}
+
+/* A quarantined block's frames (state active_pending_free: MemoryViz draws it red). */
+static void e_held_frames(struct emit *e, struct frames_out *fo, const struct stale_acc *sa,
+                          const struct stale_held *h)
+{
+    char what[160], found[160];
+    const struct quar_item *f = h->reported ? stale_finding_of(sa, h->dev, h->addr, h->freed_us) : NULL;
+    if (f) {
+        stale_notes(what, found, sizeof what, f);
+    } else {
+        snprintf(what, sizeof what, "quarantined (debug_stale_access): freed, not reused until it leaves the quarantine");
+        snprintf(found, sizeof found, "no write after the free found so far. Freed at:");
+    }
+    e_stale_frames(e, fo, what, found, h->free_stack, h->alloc_stack);
+}
+
+/* A finding as a trace entry both viewers draw: a `snapshot` entry (MemoryViz lists it and, when it is
+ * selected, draws the memory of that moment, the block still pending) at the block's address, size and
+ * stream, at the time it was found, whose frames say what was found and where the block was freed and
+ * allocated. */
+static void e_finding_event(struct emit *e, struct frames_out *fo, const struct quar_item *f)
+{
+    char what[160], found[160];
+    stale_notes(what, found, sizeof what, f);
+    e_dict(e);
+    e_key(e, "action");
+    e_str(e, "snapshot");
+    e_key(e, "addr");
+    e_int(e, (int64_t)f->addr);
+    e_key(e, "size");
+    e_int(e, (int64_t)f->size);
+    e_key(e, "stream");
+    e_int(e, (int64_t)(uintptr_t)f->stream);
+    e_key(e, "time_us");
+    e_int(e, f->found_us);
+    e_key(e, "frames");
+    e_stale_frames(e, fo, what, found, f->free_stack, f->alloc_stack);
+    e_end(e);
 }
 
 /* xseg's own key (PyTorch's readers ignore it): each write after a free found, with the
@@ -812,6 +971,7 @@ xseg_status snapshot_write(int device, const char *path, bool json)
     size_t nev = 0;
     uint64_t dropped = 0;
     struct stale_acc sa = {0};
+    (void)hostalloc_check_stale("snapshot", false, NULL); /* the pinned host quarantine: findings delivered */
     for (int i = 0; i < ndev; i++) {
         struct dev_alloc *d = (device == -1 || i == device) ? rt_device_peek(i) : NULL;
         if (d)
@@ -840,15 +1000,28 @@ xseg_status snapshot_write(int device, const char *path, bool json)
         put1(&e, 2);
     }
     e_dict(&e);
-    e_segments(&e, &fo, &a);
+    e_segments(&e, &fo, &a, &sa);
     e_key(&e, "device_traces");
     e_list(&e);
     int ntraces = ndev > 0 ? ndev : 1;
     for (int dv = 0; dv < ntraces; dv++) {
         e_list(&e);
-        for (size_t i = 0; i < nev; i++)
-            if (ev[i].device == dv && (device == -1 || device == dv))
-                e_event(&e, &fo, &ev[i]);
+        size_t k = 0; /* the device's findings go in by the time they were found (sa.v: oldest first) */
+        for (size_t i = 0; i < nev; i++) {
+            if (ev[i].device != dv || (device != -1 && device != dv))
+                continue;
+            for (; k < sa.n; k++) {
+                if (sa.dev[k] != dv)
+                    continue;
+                if (sa.v[k].found_us > ev[i].time_us)
+                    break;
+                e_finding_event(&e, &fo, &sa.v[k]);
+            }
+            e_event(&e, &fo, &ev[i]);
+        }
+        for (; k < sa.n; k++)
+            if (sa.dev[k] == dv)
+                e_finding_event(&e, &fo, &sa.v[k]);
         e_end(&e);
     }
     e_end(&e);

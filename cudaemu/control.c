@@ -377,6 +377,7 @@ static void live_fill(struct cudaemu_live *live)
     live->events = emu.events.count;
     live->graphs = emu.graphs.count;
     live->graph_execs = emu.execs.count;
+    live->modules = emu_modules_locked();
     emu_unlock();
 }
 
@@ -418,6 +419,8 @@ void emu_report_print(void)
     fprintf(stderr, "cudaemu report: %zu live handle(s), %zu mapped byte(s), %zu reservation(s), "
             "%zu cuMemAlloc block(s), %zu event(s), %zu graph(s), %zu executable graph(s)\n", live.handles,
             live.mapped_bytes, live.reservations, live.allocs, live.events, live.graphs, live.graph_execs);
+    if (live.modules)
+        fprintf(stderr, "cudaemu report: %zu module(s) loaded\n", live.modules);
     for (int d = 0; d < emu.cfg.devices && d < 8; d++)
         fprintf(stderr, "cudaemu report: device %d: %zu byte(s) in use of %zu\n", d,
                 live.used_bytes[d], emu.cfg.total_mem);

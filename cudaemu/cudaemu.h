@@ -103,6 +103,7 @@ struct cudaemu_live {
     size_t events;         /* cuEventCreate'd events not destroyed */
     size_t graphs;         /* graphs not destroyed: ended captures' and those still capturing */
     size_t graph_execs;    /* cuGraphInstantiate'd executable graphs not destroyed */
+    size_t modules;        /* cuModuleLoadData'd modules not unloaded */
 };
 /* Fill @p live as the rule above says. @return 0, or -1 when @p live is NULL or its size is
  * smaller than the size field (nothing is written then).

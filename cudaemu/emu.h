@@ -51,7 +51,9 @@
     X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) \
     X(cuMemcpyDtoDAsync)                                                                          \
     /* dma-buf export of a range (vmm.c; tests probe it, xseg does not call it) */               \
-    X(cuMemGetHandleForAddressRange)
+    X(cuMemGetHandleForAddressRange)                                                              \
+    /* modules and launches: the allocator's two range kernels, run natively (kernel.c) */        \
+    X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
 
 #define EMU_STR2(x) #x
 #define EMU_ABI_NAME(fn) EMU_STR2(fn)
@@ -81,6 +83,7 @@ struct emu_config {
     bool fabric;      /* CUDAEMU_FABRIC=1: emulated CU_MEM_HANDLE_TYPE_FABRIC */
     bool dma_buf;     /* CUDAEMU_DMA_BUF=1: dma-buf export of mapped ranges (cuMemGetHandleForAddressRange) */
     bool rdma;        /* CUDAEMU_RDMA=1: GPUDirect RDMA on VMM memory (the device attribute) */
+    bool kernels;     /* CUDAEMU_KERNELS=0: cuModuleLoadData answers NOT_SUPPORTED (kernel.c) */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
     unsigned host_vmm; /* CUDAEMU_HOST_VMM: host locations cuMemCreate takes (EMU_HOST_VMM_* bits) */
     char shared[49];  /* CUDAEMU_SHARED: devices shared among processes under this name (shared.c) */
@@ -382,6 +385,10 @@ CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned nee
  * a reservation must be mapped (a graph launch reports the fault instead of taking SIGSEGV). */
 CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsigned need, bool whole);
 
+/* Is every byte of [addr, addr + size) in a VMM mapping that grants @p dev @p need (a kernel's
+ * operand: unlike emu_vmm_access_check_locked, bytes outside every reservation fail too)? Lock held. */
+bool emu_vmm_range_mapped_locked(uintptr_t addr, size_t size, int dev, unsigned need);
+
 /* Bytes of [addr, addr + size) mapped to host-located VMM memory (location HOST or HOST_NUMA):
  * what a copy moves over the host link, not within the device. Takes emu.lock. */
 size_t emu_vmm_link_bytes(uintptr_t addr, size_t size);
@@ -397,6 +404,9 @@ bool emu_vmm_zero(uintptr_t addr, size_t size);
  * pages, spill's moves) takes no host memory. @return false, having done nothing, when a range
  * is not all mapped or they overlap (the caller copies). Takes emu.lock. */
 bool emu_vmm_copy(uintptr_t dst, uintptr_t src, size_t size);
+
+/* Modules loaded and not unloaded (kernel.c). Lock held. */
+size_t emu_modules_locked(void);
 
 /* Free all state at exit (teardown.c); registered by cuInit. */
 void emu_report_print(void);

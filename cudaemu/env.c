@@ -24,6 +24,7 @@ static const char *const env_known[] = {
     "CUDAEMU_HOST_VMM", /* which host locations VMM memory may have */
     "CUDAEMU_FRESH",  /* what new physical memory holds */
     "CUDAEMU_SHARED", /* devices shared among processes (shared.c) */
+    "CUDAEMU_KERNELS", /* 0: modules refused (kernel.c) */
 };
 
 static _Noreturn __attribute__((format(printf, 2, 3))) void env_die(const char *var, const char *fmt, ...)
@@ -246,7 +247,7 @@ static void env_load(void)
             env_die(name, "unknown variable (known: CUDAEMU_DEVICES, CUDAEMU_TOTAL_MEM, "
                           "CUDAEMU_GRANULARITY, CUDAEMU_VMM, CUDAEMU_FAIL, CUDAEMU_LATENCY, "
                           "CUDAEMU_REPORT, CUDAEMU_FABRIC, CUDAEMU_FRESH, CUDAEMU_SHARED, CUDAEMU_DMA_BUF, "
-                          "CUDAEMU_RDMA, CUDAEMU_HOST_VMM)");
+                          "CUDAEMU_RDMA, CUDAEMU_HOST_VMM, CUDAEMU_KERNELS)");
         }
     }
 
@@ -259,6 +260,7 @@ static void env_load(void)
     c->fabric = false;
     c->dma_buf = false;
     c->rdma = false;
+    c->kernels = true;
     const char *v;
     if ((v = getenv("CUDAEMU_DEVICES")))
         c->devices = (int)env_int("CUDAEMU_DEVICES", v, 0, EMU_MAX_DEVICES);
@@ -281,6 +283,8 @@ static void env_load(void)
         c->dma_buf = env_int("CUDAEMU_DMA_BUF", v, 0, 1);
     if ((v = getenv("CUDAEMU_RDMA")))
         c->rdma = env_int("CUDAEMU_RDMA", v, 0, 1);
+    if ((v = getenv("CUDAEMU_KERNELS")))
+        c->kernels = env_int("CUDAEMU_KERNELS", v, 0, 1);
     c->host_vmm = EMU_HOST_VMM_NUMA | EMU_HOST_VMM_HOST;
     if ((v = getenv("CUDAEMU_HOST_VMM"))) {
         if (!strcmp(v, "all"))

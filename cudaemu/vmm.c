@@ -1031,6 +1031,43 @@ CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsig
     return CUDA_SUCCESS;
 }
 
+bool emu_vmm_range_mapped_locked(uintptr_t addr, size_t size, int dev, unsigned need)
+{
+    if (size == 0)
+        return true;
+    if (addr + size < addr)
+        return false;
+    uintptr_t cur = addr, end = addr + size;
+    long i = vmm_resv_floor(addr);
+    if (i < 0)
+        return false;
+    /* Walk reservations and their mappings from addr on: any byte not in a mapping is a gap. */
+    for (; (size_t)i < emu.nresv && cur < end; i++) {
+        struct emu_resv *rv = emu.resv[i];
+        if (rv->base + rv->size <= cur)
+            continue;
+        if (rv->base > cur)
+            return false;
+        long j = vmm_map_floor(rv, cur);
+        for (j = j < 0 ? 0 : j; (size_t)j < rv->nmaps && cur < end; j++) {
+            const struct emu_mapping *m = &rv->maps[j];
+            if (m->base + m->size <= cur)
+                continue;
+            if (m->base > cur)
+                return false;
+            unsigned have = m->access[dev];
+            bool ok = need == CU_MEM_ACCESS_FLAGS_PROT_READ ? have != CU_MEM_ACCESS_FLAGS_PROT_NONE
+                                                           : have == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            if (!ok)
+                return false;
+            cur = m->base + m->size;
+        }
+        if (cur < end && cur < rv->base + rv->size)
+            return false;
+    }
+    return cur >= end;
+}
+
 size_t emu_vmm_link_bytes(uintptr_t addr, size_t size)
 {
     if (size == 0 || addr + size < addr)

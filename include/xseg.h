@@ -524,18 +524,22 @@ XSEG_API xseg_status xseg_attach_oom_observer(xseg_oom_observer fn, void *user);
  * bytes at its free (stream-ordered after its last use) and checked when it leaves, at
  * xseg_empty_cache, at snapshot time and by xseg_check_stale. Frames are those history recorded
  * (xseg_record_memory_history; none when it was off). Valid during the call only.
+ * Pinned host blocks (xseg_host_free) are quarantined too, in a FIFO of their own with the same
+ * bound: filled by the host once their recorded streams are done, checked by the host (also at
+ * xseg_host_empty_cache); their reports have device -1, pool "host" and no stream.
  */
 typedef struct xseg_stale_report {
-    int device;
+    int device;                  /**< -1 for a pinned host block */
     uintptr_t addr;              /**< the freed block's address */
     size_t size;                 /**< its bytes (rounded) */
     size_t requested;            /**< the bytes its malloc asked for */
     struct CUstream_st *stream;  /**< the stream it was allocated on */
-    const char *pool;            /**< "small" or "large" */
+    const char *pool;            /**< "small" or "large"; "host": a block of xseg_host_malloc */
     int expandable;              /**< 1: an expandable segment's block, 0: a classic one */
     size_t first_offset;         /**< the first byte (from addr) that lost the pattern */
     int64_t freed_us, found_us;  /**< when it was freed and found (microseconds since the epoch) */
-    const char *when;            /**< "quarantine exit", "empty_cache", "snapshot" or "xseg_check_stale", "xseg_shutdown" */
+    const char *when;            /**< "quarantine exit", "empty_cache", "snapshot" or "xseg_check_stale", "xseg_shutdown";
+                                      "xseg_host_empty_cache" (host blocks) */
     const xseg_frame *alloc_frames; /**< the allocation's frames, innermost first */
     int n_alloc_frames;
     const xseg_frame *free_frames;  /**< the free's frames, innermost first */
@@ -551,7 +555,9 @@ XSEG_API xseg_status xseg_attach_stale_observer(xseg_stale_observer fn, void *us
  * its free is reported (observers, else stderr) once, and stays quarantined. Waits for the
  * blocks' streams. @p found (optional): the findings this call made. With the mode off or
  * nothing quarantined: XSEG_SUCCESS, 0 found.
- * Blocks whose record_stream streams finished enter the quarantine first.
+ * Blocks whose record_stream streams finished enter the quarantine first. The pinned host
+ * cache's quarantine (process-wide) is checked too, by host reads, also during a capture; its
+ * findings count in @p found.
  * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a check would
  *         synchronize its streams; nothing is checked); XSEG_ERROR_INVALID_DEVICE;
  *         XSEG_ERROR_DRIVER when a read-back fails (that block stays unreported).
@@ -1196,7 +1202,7 @@ XSEG_API xseg_status xseg_host_malloc(void **ptr, size_t size);
 /**
  * Return a block of xseg_host_malloc to the cache. NULL is a no-op. A block given to
  * xseg_host_record_stream is reused only once the work queued on those streams up to this free
- * has completed.
+ * has completed. With debug_stale_access on it is then quarantined (xseg_stale_report).
  * @param ptr a block of xseg_host_malloc.
  * @return XSEG_ERROR_INVALID_VALUE (pointer in the message) for a pointer the host allocator did
  *         not return or freed already; nothing changes then.

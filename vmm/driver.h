@@ -85,7 +85,12 @@
     X(cuGraphAddEmptyNode)                                                                        \
     X(cuGraphNodeGetDependencies)                                                                 \
     X(cuGraphGetNodes)                                                                            \
-    X(cuGraphNodeGetType)
+    X(cuGraphNodeGetType)                                                                         \
+    /* the allocator's own kernels: range fill and compare (vmm/kernel.c, debug_stale_access) */  \
+    X(cuModuleLoadData)                                                                           \
+    X(cuModuleGetFunction)                                                                        \
+    X(cuModuleUnload)                                                                             \
+    X(cuLaunchKernel)
 
 /* The resolved entry points. Field names are the ABI names (see the top of this file). */
 struct drv_api {

@@ -18,7 +18,8 @@
 # A check is given min(its share of the budget, what is left of the budget); one that cannot
 # start with 10 s left is "not reached". $OUT gets at most four files: summary.json (one line per
 # check: pass/fail/skip/not-reached, its reason, its items, its figures under data), logs.tgz,
-# snapshot.pickle (the torch check's _dump_snapshot, for memory-viz), and nothing else today.
+# snapshot.pickle (the torch check's _dump_snapshot, for memory-viz) and stale_snapshot.pickle (its
+# debug_stale_access snapshot with a finding, for memory-viz too).
 #
 # usage: run.sh [--budget SECONDS] [--resume DIR] [--share CHECK=FRACTION]... [--emulator] [--quick]
 #               [--build DIR]
@@ -156,12 +157,15 @@ for c in "${CHECKS[@]}"; do
     fi
 done
 
-# The files: summary.json, logs.tgz, snapshot.pickle (this run's, else the resumed run's).
-if [ -s "$RUN/torch/snapshot.pickle" ]; then
-    mv "$RUN/torch/snapshot.pickle" "$OUT/snapshot.pickle"
-elif [ -n "$previous" ] && [ -s "$(dirname "$previous")/snapshot.pickle" ]; then
-    cp "$(dirname "$previous")/snapshot.pickle" "$OUT/snapshot.pickle"
-fi
+# The files: summary.json, logs.tgz, snapshot.pickle and stale_snapshot.pickle (this run's, else
+# the resumed run's).
+for snap in snapshot.pickle stale_snapshot.pickle; do
+    if [ -s "$RUN/torch/$snap" ]; then
+        mv "$RUN/torch/$snap" "$OUT/$snap"
+    elif [ -n "$previous" ] && [ -s "$(dirname "$previous")/$snap" ]; then
+        cp "$(dirname "$previous")/$snap" "$OUT/$snap"
+    fi
+done
 "$PY" "$GPU_DIR/summary.py" write "$RUN" "$OUT" "$budget" $previous | tee -a "$RUN/run.log"
 failed=${PIPESTATUS[0]}
 tar -C "$RUN" -czf "$OUT/logs.tgz" --exclude='*/data' --exclude='./checks.jsonl' .

@@ -15,8 +15,9 @@ in a private pool, torch.cuda.MemPool, torch.multiprocessing (a CUDA tensor sent
 process), memory_stats/memory_summary/memory_snapshot through torch.cuda, pinned tensors from
 xseg's host cache (PyTorch 2.8+: pointer, stats, non_blocking copies, no reuse under a queued
 copy), and a snapshot with
-history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle (checked afterwards
-with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh).
+history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle, and one in the
+stale-access mode with a finding into DIR/stale_snapshot.pickle (also in group snapshot-emulator;
+both checked afterwards with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh).
 Group services: sleep/wake of live tensors (GiB/s each way, the time until a kernel runs again),
 a CUDA graph replayed after its pool slept and woke, trim.
 """
@@ -280,6 +281,7 @@ def torch_checks(args, xseg, torch):
     report("fraction, history flag, MemPool.snapshot, torch.accelerator", queries)
     report("stats, summary and snapshot through torch.cuda", stats_summary_snapshot)
     report("torch.cuda.memory._dump_snapshot", snapshot_dump)
+    report("debug_stale_access snapshot (stale_snapshot.pickle)", lambda: stale_snapshot(xseg, args.out))
     report("torch.cuda.graph", graph)
     report('torch.compile(mode="reduce-overhead")', compiled)
     report("torch.cuda.MemPool", mempool)
@@ -360,6 +362,37 @@ def services_checks(args, xseg, torch):
     report("trim", trim)
 
 
+def stale_snapshot(xseg, out):
+    """debug_stale_access switched on at run time: a block freed, then written through the driver
+    (the stale write a graph replay makes), found when the snapshot checks the quarantine; the
+    snapshot, with history, into OUT/stale_snapshot.pickle for memory-viz (check_snapshots.sh)."""
+    import ctypes
+    cu = ctypes.CDLL(os.environ.get("XSEG_LIBCUDA") or "libcuda.so.1")  # the driver xseg loaded
+    cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
+    cu.cuMemsetD8_v2.restype = ctypes.c_int
+    path = os.path.join(out, "stale_snapshot.pickle")
+    xseg.set_config("debug_stale_access:True")
+    xseg.record_memory_history()
+    try:
+        keep = xseg.malloc(2 * MiB)  # also makes the device's context current on this thread
+        p = xseg.malloc(3 * MiB)
+        xseg.free(p)
+        r = cu.cuMemsetD8_v2(p, 0x5A, 4096)
+        assert r == 0, "cuMemsetD8 into the freed block returned %d" % r
+        xseg.dump_snapshot(path)
+        xseg.free(keep)
+    finally:
+        xseg.record_memory_history(enabled=None)
+        xseg.set_config("debug_stale_access:False")
+        xseg.empty_cache()  # the quarantine drains once the mode is off
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    found = [e for t in snap["device_traces"] for e in t
+             if e["action"] == "snapshot" and e["frames"] and e["frames"][0]["name"].startswith("STALE WRITE")]
+    assert len(found) == 1 and found[0]["addr"] == p, "findings in the trace: %r" % found
+    return {"path": os.path.basename(path), "bytes": os.path.getsize(path)}
+
+
 def snapshot_emulator(args):
     """xseg's own snapshot with history (no torch), written where check_snapshots.sh looks."""
     from xseg_source import import_xseg_core
@@ -381,6 +414,7 @@ def snapshot_emulator(args):
         return {"path": os.path.basename(path), "bytes": os.path.getsize(path)}
 
     report("xseg.dump_snapshot (no torch)", write)
+    report("debug_stale_access snapshot (stale_snapshot.pickle)", lambda: stale_snapshot(xseg, args.out))
 
 
 def main():

@@ -590,21 +590,25 @@ void quar_deliver(struct quar_batch *b)
             nf = frames_of(f->free_stack, fa + MAXF, text + (size_t)MAXF * QUAR_FRAME_TEXT, MAXF);
         }
         size_t len = 0;
-        const char *pool = f->pool == XSEG_STAT_SMALL_POOL ? "small" : "large";
+        bool host = f->pool == QUAR_POOL_HOST; /* a pinned host block (hostquar.h) */
+        const char *pool = host ? "host" : f->pool == XSEG_STAT_SMALL_POOL ? "small" : "large";
         if (msg) {
             msg[0] = 0;
+            if (host)
+                put(msg, MSG, &len, "xseg: stale access in pinned host memory: block 0x%" PRIxPTR
+                    " (%zu bytes, %zu requested, xseg_host_malloc's cache)", f->addr, f->size, f->requested);
+            else
+                put(msg, MSG, &len, "xseg: stale access on device %d: block 0x%" PRIxPTR
+                    " (%zu bytes, %zu requested, stream %p, %s pool, %s segment)", b->device, f->addr, f->size,
+                    f->requested, (void *)f->stream, pool, f->expandable ? "expandable" : "classic");
             put(msg, MSG, &len,
-                "xseg: stale access on device %d: block 0x%" PRIxPTR " (%zu bytes, %zu requested, stream %p, %s pool, "
-                "%s segment) was written after its free: first changed byte at offset %zu (found at %s, %.3f s "
-                "after the free)\n",
-                b->device, f->addr, f->size, f->requested, (void *)f->stream, pool,
-                f->expandable ? "expandable" : "classic", f->first_offset, f->when,
-                (double)(f->found_us - f->freed_us) / 1e6);
+                " was written after its free: first changed byte at offset %zu (found at %s, %.3f s after the free)\n",
+                f->first_offset, f->when, (double)(f->found_us - f->freed_us) / 1e6);
             put_frames(msg, MSG, &len, "allocated at", fa, na);
             put_frames(msg, MSG, &len, "freed at", fa ? fa + MAXF : NULL, nf);
         }
         xseg_stale_report r = {
-            .device = b->device,
+            .device = host ? -1 : b->device,
             .addr = f->addr,
             .size = f->size,
             .requested = f->requested,

@@ -41,6 +41,9 @@
 
 #define QUAR_MAX_FINDINGS 1024 /* findings kept a device (later ones are counted in `dropped`) */
 #define QUAR_MAX_BLOCKS ((size_t)1 << 20) /* blocks held a device: their records' host memory is bounded too */
+/* quar_item.pool of a pinned host block's finding (core/services/hostquar.h: batch device -1,
+ * no stream): quar_deliver names it as host memory. */
+#define QUAR_POOL_HOST (-1)
 
 /* Freed block @p b (not allocated, no events or recorded streams left; @p pending: already
  * counted pending) enters the quarantine when the mode is on and it qualifies: true, and it is

@@ -158,6 +158,17 @@ struct hc_free {
     struct hc_block **v; /* sorted by (size, address) */
     size_t n, cap;
 };
+/* debug_stale_access's host quarantine (core/services/hostquar.h), under the host cache's lock. */
+struct hq_item;
+struct quar_item;
+struct hq_state {
+    struct hq_item *q; /* q[head .. head + n): the oldest first */
+    size_t head, n, cap;
+    size_t bytes;      /* block bytes held */
+    struct quar_item *found; /* findings not delivered yet (hostquar_take hands the array over) */
+    size_t nfound, capfound;
+    uint64_t entered, checked, reported, dropped;
+};
 struct host_state {
     pthread_mutex_t lock; /* everything below but the event thread's control */
     struct hc_free fr[2]; /* [small?] */
@@ -174,6 +185,8 @@ struct host_state {
     struct hc_counter allocation, segment, allocated_bytes, reserved_bytes;
     struct hc_duration alloc_time, free_time;
     int64_t num_host_alloc, num_host_free;
+    struct hq_state quar; /* debug_stale_access: freed blocks held (core/services/hostquar.h) */
+    size_t quar_bound;    /* debug_quarantine_mb as last read by an entry point (the event thread reads none) */
     /* The event thread (pinned_use_background_threads). ctl_lock serializes starting and
      * stopping (held across the join); the thread takes only lock, whose condition variable
      * carries the stop. */

@@ -28,8 +28,10 @@
 #include "base/vec.h"
 #include "base/witness.h"
 #include "core/process/config.h"
+#include "core/process/history.h"
 #include "core/process/procstate.h"
 #include "core/process/settings.h"
+#include "core/services/hostquar.h"
 #include "vmm/event.h"
 #include "vmm/host.h"
 #include "vmm/stream.h"
@@ -58,6 +60,10 @@ struct hc_block {
     unsigned nevents;             /* events outstanding since its free */
     struct hc_use *uses;          /* streams recorded while allocated */
     size_t nuses, capuses;
+    /* debug_stale_access (core/services/hostquar.h): */
+    size_t requested;                        /* what its malloc asked for */
+    struct hstack *alloc_stack, *free_stack; /* history's, while allocated or pending (NULL: none) */
+    bool quar;                               /* freed with the mode on: quarantined once its events are done */
 };
 
 struct hc_seg {
@@ -388,6 +394,45 @@ static void block_return(struct hc_block *b)
     fr_insert(b);
 }
 
+/* A block that left the host quarantine goes back to the index (room reserved). */
+static void hq_release(void *blk)
+{
+    struct hc_block *b = blk;
+    b->quar = false;
+    block_return(b);
+}
+
+/* Freed block @p b's streams are done (where the cache would make it reusable): into the
+ * quarantine when it was freed with debug_stale_access on (filled there), else back to the index. */
+static void block_done(struct hc_block *b)
+{
+    if (b->quar && hostquar_enter(&hc.quar, hc.quar_bound, b, b->ptr, b->size, b->requested, b->alloc_stack,
+                                  b->free_stack, hq_release)) {
+        b->alloc_stack = b->free_stack = NULL; /* the entry took their references */
+        return;
+    }
+    hist_stack_unref(b->alloc_stack);
+    hist_stack_unref(b->free_stack);
+    b->alloc_stack = b->free_stack = NULL;
+    b->quar = false;
+    block_return(b);
+}
+
+/* The host quarantine's undelivered findings, taken under the lock for quar_deliver after it. */
+static struct quar_batch hq_take(void)
+{
+    struct quar_batch q = {0};
+    if (hc.quar.nfound)
+        hostquar_take(&hc.quar, &q);
+    return q;
+}
+
+static void hq_deliver(struct quar_batch *q)
+{
+    if (q->n)
+        quar_deliver(q);
+}
+
 /* Take @p rounded bytes from the front of free block @p b: split when the rest is worth keeping
  * (a small remainder from 512 B, a large one above 1 MiB, as for device blocks). */
 static xseg_status block_take(struct hc_block *b, size_t rounded, struct hc_block **out)
@@ -446,7 +491,7 @@ static void process_events(bool wait)
         }
         hc.spare[hc.nspare++] = (struct hc_event){e.ev, e.ctx, NULL};
         if (--e.b->nevents == 0)
-            block_return(e.b);
+            block_done(e.b);
     }
     hc.npending = keep;
 }
@@ -471,7 +516,9 @@ static xseg_status event_get(CUcontext ctx, CUevent *ev)
 
 /* ---- the entry points -------------------------------------------------------------------- */
 
-xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
+/* hostalloc_malloc; @p user: the program's (xseg_host_malloc), whose stack history records for
+ * debug_stale_access's reports. */
+static xseg_status malloc_block(CUcontext ctx, size_t size, void **out, bool user)
 {
     *out = NULL;
     if (size > SIZE_MAX - HC_LARGE_ROUND)
@@ -480,9 +527,13 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     struct cfg c;
     unsigned gen;
     settings_copy(&c, &gen);
+    /* debug_stale_access: the allocation's stack (history), for a finding (taken with no lock held) */
+    struct hstack *as = user && c.debug_stale_access && hist_mode() ? hist_capture() : NULL;
     mutex_lock(&hc.lock);
+    hc.quar_bound = c.debug_quarantine;
     if (!map_grow()) { /* before any pinning: the map's room for the block */
         mutex_unlock(&hc.lock);
+        hist_stack_unref(as);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory");
     }
     struct hc_block *b = best_fit(rounded);
@@ -494,27 +545,47 @@ xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out)
     bool fresh = !b;
     if (!b && (st = seg_new(ctx, rounded, &c, &b)) == XSEG_ERROR_OUT_OF_MEMORY) {
         /* Pinned memory is scarce: give the free cached segments back and try once more (the
-         * message is the last attempt's, whose status is returned). */
+         * message is the last attempt's, whose status is returned). The host quarantine first
+         * drains (checked), its blocks back in the cache, one of which may serve. */
+        if (hc.quar.n) {
+            (void)hostquar_check_all(&hc.quar, "quarantine exit", true, hq_release);
+            if ((b = best_fit(rounded)) != NULL) {
+                st = XSEG_SUCCESS;
+                fresh = false;
+            }
+        }
         size_t released = 0;
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2 && !b; k++)
             for (size_t i = hc.fr[k].n; i-- > 0;)
                 if (seg_whole_free(hc.fr[k].v[i])) {
                     (void)seg_release(hc.fr[k].v[i]);
                     released++;
                 }
-        if (released && (st = seg_new(ctx, rounded, &c, &b)) != XSEG_SUCCESS)
+        if (!b && released && (st = seg_new(ctx, rounded, &c, &b)) != XSEG_SUCCESS)
             st = err_suffix(st, " (after giving back every free cached segment)");
     }
     if (st == XSEG_SUCCESS) {
         struct hc_block *whole = b;
-        if ((st = block_take(b, rounded, &b)) == XSEG_SUCCESS)
+        if ((st = block_take(b, rounded, &b)) == XSEG_SUCCESS) {
             *out = b->ptr;
-        else if (fresh)
+            b->requested = size;
+            b->alloc_stack = as;
+            as = NULL;
+        } else if (fresh) {
             (void)seg_release(whole); /* the segment made for this call goes back: nothing held */
+        }
     }
+    /* Findings go out from the program's calls only: sleep's may hold a device lock. */
+    struct quar_batch found = user ? hq_take() : (struct quar_batch){0};
     mutex_unlock(&hc.lock);
+    hist_stack_unref(as);
+    hq_deliver(&found);
     return st;
 }
+
+xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out) { return malloc_block(ctx, size, out, false); }
+
+xseg_status hostalloc_malloc_user(CUcontext ctx, size_t size, void **out) { return malloc_block(ctx, size, out, true); }
 
 /* The allocated block at @p p, else INVALID_VALUE naming it (lock held). */
 static xseg_status find_block(const void *p, const char *fn, size_t *slot)
@@ -526,18 +597,26 @@ static xseg_status find_block(const void *p, const char *fn, size_t *slot)
     return XSEG_SUCCESS;
 }
 
-xseg_status hostalloc_free(void *p, bool release)
+/* Free @p p; @p quar: quarantine it (debug_stale_access, bound @p bound) once its events are
+ * done, with the free's stack @p fs (its reference taken, or released on failure). */
+static xseg_status free_block(void *p, bool release, bool quar, size_t bound, struct hstack *fs)
 {
-    if (!p)
-        return XSEG_SUCCESS;
     mutex_lock(&hc.lock);
     size_t slot;
     xseg_status st = find_block(p, "xseg_host_free", &slot);
     if (st != XSEG_SUCCESS) {
         mutex_unlock(&hc.lock);
+        hist_stack_unref(fs);
         return st;
     }
     struct hc_block *b = hc.map[slot];
+    if (quar) {
+        hc.quar_bound = bound;
+        b->quar = true;
+        b->free_stack = fs;
+    } else {
+        hist_stack_unref(fs);
+    }
     /* Nothing below allocates: the index and pending room was reserved (see hc.nblocks). */
     map_del(slot);
     hc.nuses -= b->nuses;
@@ -560,12 +639,32 @@ xseg_status hostalloc_free(void *p, bool release)
         }
     }
     if (!b->nevents) {
-        block_return(b);
+        block_done(b);
         if (release && seg_whole_free(b)) /* b absorbed its free neighbours */
             st = seg_release(b);
     }
+    struct quar_batch found = quar ? hq_take() : (struct quar_batch){0}; /* as malloc_block's */
     mutex_unlock(&hc.lock);
+    hq_deliver(&found);
     return st;
+}
+
+xseg_status hostalloc_free(void *p, bool release)
+{
+    return p ? free_block(p, release, false, 0, NULL) : XSEG_SUCCESS;
+}
+
+xseg_status hostalloc_free_user(void *p)
+{
+    if (!p)
+        return XSEG_SUCCESS;
+    if (!settings_stale_on()) /* the mode off: one relaxed load */
+        return free_block(p, false, false, 0, NULL);
+    struct cfg c;
+    unsigned gen;
+    settings_copy(&c, &gen);
+    struct hstack *fs = c.debug_stale_access && hist_mode() ? hist_capture() : NULL; /* no lock held */
+    return free_block(p, false, c.debug_stale_access, c.debug_quarantine, fs);
 }
 
 xseg_status hostalloc_record_stream(void *p, CUcontext ctx, CUstream stream)
@@ -590,10 +689,17 @@ xseg_status hostalloc_record_stream(void *p, CUcontext ctx, CUstream stream)
     return st;
 }
 
-xseg_status hostalloc_empty_cache(void)
+/* xseg_host_empty_cache's part, the quarantine checked on occasion @p when (drained with the mode off). */
+static xseg_status empty_cache(const char *when)
 {
+    struct cfg c;
+    unsigned gen;
+    settings_copy(&c, &gen);
     mutex_lock(&hc.lock);
+    hc.quar_bound = c.debug_quarantine;
     process_events(false);
+    if (hc.quar.n) /* before the segments go: drained blocks may leave whole segments free */
+        (void)hostquar_check_all(&hc.quar, when, !c.debug_stale_access, hq_release);
     for (size_t i = 0; i < hc.nspare; i++)
         if (drv_ctx_ensure(hc.spare[i].ctx) == XSEG_SUCCESS)
             vevent_destroy(hc.spare[i].ev);
@@ -607,8 +713,30 @@ xseg_status hostalloc_empty_cache(void)
                 if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
                     first = st;
             }
+    struct quar_batch found = hq_take();
     mutex_unlock(&hc.lock);
+    hq_deliver(&found);
     return first == XSEG_SUCCESS ? first : err_prefix(first, "xseg_host_empty_cache");
+}
+
+xseg_status hostalloc_empty_cache(void) { return empty_cache("xseg_host_empty_cache"); }
+
+xseg_status hostalloc_check_stale(const char *when, bool drain, size_t *found)
+{
+    struct cfg c;
+    unsigned gen;
+    settings_copy(&c, &gen);
+    mutex_lock(&hc.lock);
+    hc.quar_bound = c.debug_quarantine;
+    if (hc.npending) /* frees whose streams are done enter the quarantine first */
+        process_events(false);
+    size_t n = hc.quar.n ? hostquar_check_all(&hc.quar, when, drain || !c.debug_stale_access, hq_release) : 0;
+    struct quar_batch batch = hq_take();
+    mutex_unlock(&hc.lock);
+    hq_deliver(&batch);
+    if (found)
+        *found = n;
+    return XSEG_SUCCESS;
 }
 
 /* ---- statistics -------------------------------------------------------------------------- */
@@ -766,8 +894,15 @@ xseg_status hostalloc_shutdown(void)
     hc_atexit(); /* the event thread stopped and joined */
     mutex_lock(&hc.lock);
     process_events(true);
+    /* debug_stale_access: the host quarantine is checked and drains (xseg_shutdown checked it
+     * already while the observers were attached: this catches what entered since) */
+    if (hc.quar.n)
+        (void)hostquar_check_all(&hc.quar, "xseg_shutdown", true, hq_release);
+    struct quar_batch found = hq_take();
+    hostquar_destroy(&hc.quar);
     mutex_unlock(&hc.lock);
-    xseg_status st = hostalloc_empty_cache();
+    hq_deliver(&found);
+    xseg_status st = empty_cache("xseg_shutdown");
     if (st != XSEG_SUCCESS)
         return st;
     mutex_lock(&hc.lock);

@@ -21,17 +21,32 @@
 /* A block of at least @p size bytes (> 0) into *out; a cached block when one fits, else a new
  * pinned segment with @p ctx current. OUT_OF_MEMORY (host or pinned) naming the size. */
 xseg_status hostalloc_malloc(CUcontext ctx, size_t size, void **out);
+/* The program's malloc (xseg_host_malloc): with debug_stale_access and history on, the block
+ * keeps its allocation's stack for a report (taken with no lock held). */
+xseg_status hostalloc_malloc_user(CUcontext ctx, size_t size, void **out);
 
 /* Free @p p (a block of hostalloc_malloc; NULL: nothing). INVALID_VALUE naming it when it is not
  * one. With @p release, a segment left wholly free goes back to the driver at once (a backup the
  * configuration does not keep), else it stays cached. */
 xseg_status hostalloc_free(void *p, bool release);
 
+/* The program's free (xseg_host_free): hostalloc_free(p, false), but with debug_stale_access on
+ * the block is quarantined (core/services/hostquar.h) once its recorded streams are done, with
+ * the free's stack (history). Findings are delivered before it returns, with no lock held. */
+xseg_status hostalloc_free_user(void *p);
+
+/* debug_stale_access: check every quarantined host block (occasion @p when: "snapshot",
+ * "xseg_check_stale", "xseg_shutdown") after the frees whose streams are done entered, the
+ * findings delivered (no lock held); with @p drain or the mode off they all go back to the cache.
+ * Host reads only: no driver call, also during a capture. *@p found (optional): findings made. */
+xseg_status hostalloc_check_stale(const char *when, bool drain, size_t *found);
+
 /* @p stream (of context @p ctx) uses block @p p: its free waits for the stream's work. */
 xseg_status hostalloc_record_stream(void *p, CUcontext ctx, CUstream stream);
 
 /* Give every wholly free cached segment back to the driver (after returning the blocks whose
- * events completed); the first driver failure is reported, the rest is still released. */
+ * events completed, and checking the host quarantine: drained when debug_stale_access is off);
+ * the first driver failure is reported, the rest is still released. */
 xseg_status hostalloc_empty_cache(void);
 
 /* Statistics under PyTorch's host keys (torch.cuda.host_memory_stats()). */

@@ -673,7 +673,8 @@ def _frames(arr, n):
 def attach_stale_observer(fn):
     """Call fn(report) for each stale access the debug mode finds (config key
     debug_stale_access:True; docs/troubleshooting.md): a dict with device, address, size,
-    requested_size, stream, pool ("small"/"large"), expandable, first_offset, freed_us,
+    requested_size, stream, pool ("small"/"large"; "host" with device -1: a pinned block of
+    host_malloc), expandable, first_offset, freed_us,
     found_us, when, alloc_frames and free_frames (lists of {filename, name, line}, innermost
     first) and message. While one is attached, reports no longer go to stderr. Exceptions from
     fn are printed, not raised."""
@@ -701,8 +702,8 @@ def attach_stale_observer(fn):
 
 def check_stale(device=None):
     """Check every block the debug mode (debug_stale_access:True) holds in quarantine on
-    `device` now: each one written since its free is reported (observers, else stderr) once.
-    Returns how many this call found. Raises XsegError (ILLEGAL_STATE) during a capture."""
+    `device` now, and the pinned host cache's (host_malloc blocks): each one written since its
+    free is reported (observers, else stderr) once. Returns how many this call found. Raises XsegError (ILLEGAL_STATE) during a capture."""
     found = ctypes.c_size_t(0)
     check(_lib.need("xseg_check_stale")(_device(device, "xseg.check_stale"), ctypes.byref(found)))
     return found.value

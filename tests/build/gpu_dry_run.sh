@@ -4,7 +4,7 @@
 #  1. run.sh --emulator --quick --budget 60, the torch check made to sleep past the budget (the
 #     test-only hook XSEG_GPU_TEST_SLEEP) with the whole budget as its share: the checks before it
 #     pass, it fails at its limit, every check after it is "not reached", the run exits 1, and
-#     $OUT holds at most four files (summary.json, logs.tgz, snapshot.pickle);
+#     $OUT holds at most four files (summary.json, logs.tgz, snapshot.pickle, stale_snapshot.pickle);
 #  2. --resume of that run: only the failed and not reached checks run (and the build), the
 #     driver check is kept from the first summary, everything passes on cudaemu (what needs
 #     PyTorch or a kernel skips with the reason), the probes answer;
@@ -65,6 +65,7 @@ cat "$tmp/b.log"
 grep -q "checks: build torch suites services probes frag " "$tmp/b.log" || fail "--resume ran other checks than those left"
 [ "$(ls "$tmp/b" | wc -l)" -le 4 ] || fail "more than four files in OUT: $(ls "$tmp/b")"
 [ -s "$tmp/b/snapshot.pickle" ] || fail "no snapshot.pickle after --resume"
+[ -s "$tmp/b/stale_snapshot.pickle" ] || fail "no stale_snapshot.pickle after --resume"
 python3 - "$tmp/b/summary.json" <<'PYEOF' || exit 1
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -84,6 +85,7 @@ def item(name, status, word=""):
         fail("item %r should be %s (%r): %r" % (name, status, word, i))
 item("torch.multiprocessing", "skip", "emulator")
 item("xseg.dump_snapshot (no torch)", "pass")
+item("debug_stale_access snapshot (stale_snapshot.pickle)", "pass")
 item("suite alloc", "pass")
 item("ipc between two processes (test_ipc main)", "pass")
 item("one physical handle mapped at many addresses", "pass", "supported")

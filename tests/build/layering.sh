@@ -25,7 +25,7 @@ wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
 device:state,device,placement,blockops,retile,fast,quarantine,check
 policy:capreuse,events,pools,ipc,observe,registry,expandable,release
-services:hostalloc,spill,sleep,trim,group,sleepwake,idle
+services:hostquar,hostalloc,spill,sleep,trim,group,sleepwake,idle
 top:runtime,snapshot,alloc,devops,shutdown"
 # Includes allowed to point up: none (sub-state types live in core/device/state.h, below device.h,
 # and dev_unlock, which runs dev_check, in core/device/check.h above it). Format: "FILE:HEADER ...".

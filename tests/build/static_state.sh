@@ -33,6 +33,7 @@ vmm_driver.c.o:va_oom per thread: the last call ran out of address space
 vmm_driver.c.o:buf per thread: an unknown error code'"'"'s name
 vmm_segment.c.o:seg_proc vmm'"'"'s own state (layers point one way: not in core'"'"'s object)
 vmm_host.c.o:host_proc vmm'"'"'s own state
+vmm_kernel.c.o:vkern_proc vmm'"'"'s own state: the allocator'"'"'s kernel modules per context
 vmm_ipc.c.o:ipc_types_cache a per-device driver answer, resolved once
 core_process_config.c.o:cfg_ignored_noted print-once notices
 core_device_fast.c.o:fast_tls_slot per thread: the last stream slot

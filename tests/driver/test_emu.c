@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "tests/common/testutil.h"
+#include "vmm/kernel.h"
 
 extern char **environ;
 static char self_path[4096];
@@ -169,6 +170,18 @@ static int child_main(const char *mode)
         drv->cuMemAddressReserve(&va, MiB2, 0, 0, 0);   /* left reserved on purpose */
         return 0;
     }
+    if (!strcmp(mode, "report-kernel")) {
+        /* Two launches over 1000 + 5000 bytes: the report counts the calls and their bytes. */
+        CUdeviceptr p;
+        if (drv->cuMemAlloc(&p, MiB2))
+            return 16;
+        struct vkern_range r[2] = {{p + 1, 1000}, {p + 4096, 5000}};
+        size_t first[2];
+        if (vkern_fill(r, 2, 0xff, NULL) != XSEG_SUCCESS || vkern_check(r, 2, 0xff, NULL, first) != XSEG_SUCCESS)
+            return 17;
+        printf("first=%zu,%zu\n", first[0], first[1]);
+        return 0; /* the module stays loaded: the report lists it */
+    }
     if (!strcmp(mode, "two-devices")) {
         int n = 0, peer = 0;
         drv->cuDeviceGetCount(&n);
@@ -218,7 +231,7 @@ static void test_env_errors(void **state)
     static const char *const bad[] = {
         "CUDAEMU_DEVICES=abc", "CUDAEMU_DEVICES=-1", "CUDAEMU_DEVICES=65",
         "CUDAEMU_TOTAL_MEM=80X", "CUDAEMU_TOTAL_MEM=", "CUDAEMU_TOTAL_MEM=99999999999T",
-        "CUDAEMU_GRANULARITY=3000", "CUDAEMU_GRANULARITY=1K", "CUDAEMU_VMM=2", "CUDAEMU_VMM=yes",
+        "CUDAEMU_GRANULARITY=3000", "CUDAEMU_GRANULARITY=1K", "CUDAEMU_VMM=2", "CUDAEMU_VMM=yes", "CUDAEMU_KERNELS=2",
         "CUDAEMU_FAIL=cuMemMap", "CUDAEMU_FAIL=cuMemMap:x:CUDA_ERROR_OUT_OF_MEMORY",
         "CUDAEMU_FAIL=cuMemMap:0:CUDA_ERROR_OUT_OF_MEMORY", "CUDAEMU_FAIL=cuNope:1:CUDA_ERROR_OUT_OF_MEMORY",
         "CUDAEMU_FAIL=cuMemMap:1:CUDA_ERROR_BOGUS", "CUDAEMU_LATENCY=cuMemMap:12parsecs",
@@ -283,6 +296,14 @@ static void test_env_fail_latency_report(void **state)
     print_message("%s", out);
     assert_non_null(strstr(out, "cudaemu report: 0 live handle(s), 0 mapped byte(s), 1 reservation(s)"));
     assert_non_null(strstr(out, "cuMemAddressReserve"));
+    /* The allocator's kernels: launches, the bytes their ranges hold, a latency of their own. */
+    const char *k[] = {"CUDAEMU_REPORT=1", "CUDAEMU_LATENCY=cuLaunchKernel:5us", NULL};
+    assert_int_equal(run_self("report-kernel", k, out, sizeof out), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "first=1000,5000"));
+    assert_non_null(strstr(out, "cuLaunchKernel                     2 call(s), latency 5000 ns"));
+    assert_non_null(strstr(out, "cuLaunchKernel                     12000 byte(s) moved"));
+    assert_non_null(strstr(out, "cudaemu report: 1 module(s) loaded"));
     const char *d[] = {"CUDAEMU_DEVICES=2", "CUDAEMU_TOTAL_MEM=1G", NULL};
     assert_int_equal(run_self("two-devices", d, out, sizeof out), 0);
     print_message("%s", out);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "tests/common/testutil.h"
+#include "vmm/kernel.h"
 
 static size_t G;   /* minimum granularity of device 0 */
 
@@ -1114,6 +1115,77 @@ static CUresult m_range_unaligned(void)
     range_drop(&r);
     return res;
 }
+/* ---- modules and launches: the allocator's own kernels (vmm/kernel.c's PTX, JIT-compiled on a
+ * GPU, run natively by cudaemu) ---- */
+extern const char vkern_ptx[];
+/* A kernel cudaemu does not implement (the driver runs it). */
+static const char nop_ptx[] = ".version 7.0\n.target sm_75\n.address_size 64\n"
+                              ".visible .entry xseg_test_nop()\n{\n    ret;\n}\n";
+static CUresult m_module_null_image(void)
+{
+    CUmodule m = NULL;
+    CUresult r = drv->cuModuleLoadData(&m, NULL);
+    if (r == CUDA_SUCCESS)
+        drv->cuModuleUnload(m);
+    return r;
+}
+static CUresult m_module_load(const char *image)
+{
+    CUmodule m = NULL;
+    CUresult r = drv->cuModuleLoadData(&m, image);
+    if (r == CUDA_SUCCESS)
+        drv->cuModuleUnload(m);
+    return r;
+}
+static CUresult m_module_garbage_text(void) { return m_module_load("this is not PTX { at all\n"); }
+static CUresult m_module_garbage_bytes(void) { return m_module_load("\x01\x02\x03\x04\x05 garbage"); }
+static CUresult m_module_load_ok(void) { return m_module_load(vkern_ptx); }
+/* cuModuleGetFunction(name) in a module of @p image. */
+static CUresult m_function(const char *image, const char *name)
+{
+    CUmodule m = NULL;
+    CUresult r = drv->cuModuleLoadData(&m, image);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUfunction f = NULL;
+    r = drv->cuModuleGetFunction(&f, m, name);
+    drv->cuModuleUnload(m);
+    return r;
+}
+static CUresult m_function_missing(void) { return m_function(vkern_ptx, "xseg_no_such_kernel"); }
+static CUresult m_function_null_name(void) { return m_function(vkern_ptx, NULL); }
+static CUresult m_function_unrun(void) { return m_function(nop_ptx, "xseg_test_nop"); }
+static CUresult m_unload_null(void) { return drv->cuModuleUnload(NULL); }
+/* A launch of xseg_fill_ranges over no range (n = 0: nothing is touched), with these dimensions. */
+static CUresult m_launch(unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned bz)
+{
+    CUmodule m = NULL;
+    CUresult r = drv->cuModuleLoadData(&m, vkern_ptx);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUfunction f = NULL;
+    r = drv->cuModuleGetFunction(&f, m, "xseg_fill_ranges");
+    static uint64_t args[2056 / 8]; /* {addr[128], len[128], n = 0, value = 0} */
+    void *params[] = {args};
+    if (r == CUDA_SUCCESS)
+        r = drv->cuLaunchKernel(f, gx, gy, 1, bx, by, bz, 0, NULL, params, NULL);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuCtxSynchronize();
+    drv->cuModuleUnload(m);
+    return r;
+}
+static CUresult m_launch_ok(void) { return m_launch(1, 1, 256, 1, 1); }
+static CUresult m_launch_block_1025(void) { return m_launch(1, 1, 1025, 1, 1); }
+static CUresult m_launch_block_z65(void) { return m_launch(1, 1, 1, 1, 65); }
+static CUresult m_launch_grid_y0(void) { return m_launch(1, 0, 256, 1, 1); }
+static CUresult m_launch_grid_y65536(void) { return m_launch(1, 65536, 1, 1, 1); }
+static CUresult m_launch_null_function(void)
+{
+    static uint64_t args[2056 / 8];
+    void *params[] = {args};
+    return drv->cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+}
+
 static CUresult m_create_host_numa_current(void)
 {
     CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -1360,6 +1432,27 @@ static const struct misuse misuse_table[] = {
             m_range_handle_type),
     ROW_DOC("cuMemGetHandleForAddressRange: range not host-page aligned", CUDA_ERROR_INVALID_VALUE,
             CUDA_ERROR_NOT_SUPPORTED, m_range_unaligned),
+    /* Modules and launches (vmm/kernel.c): the allocator's PTX through the driver's JIT; not yet
+     * run on a GPU. Garbage images: the documentation names both codes. */
+    ROW("cuModuleLoadData: the allocator's PTX", CUDA_SUCCESS, m_module_load_ok),
+    ROW("cuModuleLoadData: NULL image", CUDA_ERROR_INVALID_VALUE, m_module_null_image),
+    ROW_DOC("cuModuleLoadData: text that is not PTX", CUDA_ERROR_INVALID_PTX, CUDA_ERROR_INVALID_IMAGE,
+            m_module_garbage_text),
+    ROW_DOC("cuModuleLoadData: bytes that are not text", CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX,
+            m_module_garbage_bytes),
+    ROW("cuModuleGetFunction: a name the module lacks", CUDA_ERROR_NOT_FOUND, m_function_missing),
+    ROW("cuModuleGetFunction: NULL name", CUDA_ERROR_INVALID_VALUE, m_function_null_name),
+    /* cudaemu runs only the allocator's two kernels, natively (cudaemu/README.md). */
+    ROW_STRICTER("cuModuleGetFunction: an entry cudaemu does not implement", CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS,
+                 m_function_unrun),
+    ROW_DOC("cuModuleUnload: NULL module", CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, m_unload_null),
+    ROW("cuLaunchKernel: xseg_fill_ranges over no range", CUDA_SUCCESS, m_launch_ok),
+    ROW("cuLaunchKernel: a block of 1025 threads", CUDA_ERROR_INVALID_VALUE, m_launch_block_1025),
+    ROW("cuLaunchKernel: block z 65", CUDA_ERROR_INVALID_VALUE, m_launch_block_z65),
+    ROW("cuLaunchKernel: grid y 0", CUDA_ERROR_INVALID_VALUE, m_launch_grid_y0),
+    ROW("cuLaunchKernel: grid y 65536", CUDA_ERROR_INVALID_VALUE, m_launch_grid_y65536),
+    ROW_DOC("cuLaunchKernel: NULL function", CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
+            m_launch_null_function),
 };
 
 static bool fabric_reported(void)
@@ -1506,6 +1599,117 @@ static void test_release_while_mapped(void **state)
     struct cudaemu_live live;
     if (tu_live(&live))
         assert_int_equal(live.handles, 0);
+    tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
+}
+
+/* ---- the allocator's range kernels (vmm/kernel.c) over VMM memory: the same PTX the GPU run
+ * JIT-compiles; their misuse rows are in the misuse table ---- */
+
+static unsigned char peek_byte(CUdeviceptr p)
+{
+    unsigned char v = 0;
+    tu_assert_cu(drv->cuMemcpyDtoH(&v, p, 1));
+    return v;
+}
+
+static void kern_check_want(const struct vkern_range *r, size_t n, unsigned char v, const size_t *want)
+{
+    size_t *first = calloc(n, sizeof *first);
+    assert_non_null(first);
+    xseg_status st = vkern_check(r, n, v, NULL, first);
+    if (st != XSEG_SUCCESS)
+        fail_msg("vkern_check of %zu ranges: %s", n, xseg_last_error());
+    for (size_t i = 0; i < n; i++)
+        if (first[i] != (want ? want[i] : r[i].len))
+            fail_msg("range %zu (+%zu bytes): first differing byte %zu, expected %zu", i, r[i].len, first[i],
+                     want ? want[i] : r[i].len);
+    free(first);
+}
+
+/* Four pages, each its own handle: ranges at odd alignments, lengths 0, 1, 7, 4 KiB + 3 and
+ * several MiB (across handles), then VKERN_MAX_RANGES + 5 ranges (two launches a call); a changed
+ * byte is found at its offset in its range, and nothing outside the ranges is written. */
+static void test_kernel_ranges(void **state)
+{
+    (void)state;
+    xseg_status st = vkern_ready();
+    if (st != XSEG_SUCCESS)
+        fail_msg("vkern_ready: %s", xseg_last_error()); /* cudaemu and a GPU both run them */
+    size_t size = 4 * G;
+    CUdeviceptr va = reserve(size);
+    for (size_t i = 0; i < 4; i++) {
+        CUmemGenericAllocationHandle h = create(G);
+        tu_assert_cu(drv->cuMemMap(va + i * G, G, 0, h, 0));
+        tu_assert_cu(drv->cuMemRelease(h));
+    }
+    tu_assert_cu(set_rw(va, size));
+    tu_assert_cu(drv->cuMemsetD8(va, 0, size));
+    struct vkern_range r[] = {
+        {va + 1, 0}, {va + 3, 1}, {va + 17, 7}, {va + 4096 + 5, 4096 + 3}, {va + G - 5, 7}, {va + G + 3, 2 * G + 5},
+    };
+    enum { NR = sizeof r / sizeof r[0] };
+    if ((st = vkern_fill(r, NR, 0xa5, NULL)) != XSEG_SUCCESS)
+        fail_msg("vkern_fill: %s", xseg_last_error());
+    kern_check_want(r, NR, 0xa5, NULL);
+    for (size_t i = 1; i < NR; i++) {
+        assert_int_equal(peek_byte(r[i].addr - 1), 0);
+        assert_int_equal(peek_byte(r[i].addr), 0xa5);
+        assert_int_equal(peek_byte(r[i].addr + r[i].len - 1), 0xa5);
+        assert_int_equal(peek_byte(r[i].addr + r[i].len), 0);
+    }
+    size_t want[NR];
+    for (size_t i = 0; i < NR; i++)
+        want[i] = r[i].len;
+    want[3] = 1;         /* in the unaligned head */
+    want[4] = 6;         /* just across the page edge */
+    want[5] = G + 4093;  /* a word in the middle of the second handle */
+    for (size_t i = 3; i < NR; i++)
+        tu_assert_cu(drv->cuMemsetD8(r[i].addr + want[i], 0x5a, 1));
+    tu_assert_cu(drv->cuMemsetD8(r[5].addr + want[5] + 9, 0x5a, 1)); /* later: not the first */
+    kern_check_want(r, NR, 0xa5, want);
+
+    enum { NM = VKERN_MAX_RANGES + 5 };
+    struct vkern_range *m = calloc(NM, sizeof *m);
+    size_t *wm = calloc(NM, sizeof *wm);
+    assert_non_null(m);
+    assert_non_null(wm);
+    for (size_t i = 0; i < NM; i++) {
+        m[i] = (struct vkern_range){va + i * 12289 + i % 8, 3000 + i};
+        wm[i] = m[i].len;
+    }
+    if ((st = vkern_fill(m, NM, 0x3c, NULL)) != XSEG_SUCCESS)
+        fail_msg("vkern_fill of %d ranges: %s", NM, xseg_last_error());
+    wm[NM - 2] = 1234; /* found by the second launch */
+    tu_assert_cu(drv->cuMemsetD8(m[NM - 2].addr + wm[NM - 2], 0, 1));
+    kern_check_want(m, NM, 0x3c, wm);
+    free(m);
+    free(wm);
+    tu_assert_cu(drv->cuCtxSynchronize());
+    tu_assert_cu(drv->cuMemUnmap(va, size));
+    tu_assert_cu(drv->cuMemAddressFree(va, size));
+}
+
+/* A range over unmapped memory. Emulator-only: on a GPU the kernel's fault is reported at the next
+ * wait and kills the context, so no later row of this suite could run; cudaemu refuses the launch
+ * with the same code and runs nothing. */
+static void test_kernel_unmapped(void **state)
+{
+    (void)state;
+    if (!tu_emulated()) {
+        print_message("[  SKIPPED ] a kernel's fault kills a GPU context (every later row would fail)\n");
+        skip();
+    }
+    CUdeviceptr va = reserve(2 * G);
+    CUmemGenericAllocationHandle h = create(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(set_rw(va, G));
+    tu_assert_cu(drv->cuMemsetD8(va, 9, G));
+    struct vkern_range r[] = {{va, 64}, {va + G - 1, 2}};
+    assert_int_equal(vkern_fill(r, 2, 0, NULL), XSEG_ERROR_DRIVER);
+    assert_non_null(strstr(xseg_last_error(), "CUDA_ERROR_ILLEGAL_ADDRESS"));
+    assert_int_equal(peek_byte(va), 9); /* nothing ran */
+    tu_assert_cu(drv->cuMemUnmap(va, G));
     tu_assert_cu(drv->cuMemAddressFree(va, 2 * G));
 }
 
@@ -3050,6 +3254,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_access_per_device, setup),
         cmocka_unit_test_setup(test_host_copies, setup), /* services */
         cmocka_unit_test_setup(test_host_register, setup),
+        cmocka_unit_test_setup(test_kernel_ranges, setup), /* the allocator's range kernels */
+        cmocka_unit_test_setup(test_kernel_unmapped, setup),
         /* probes for this round's other issues */
         cmocka_unit_test_setup(test_probe_host_numa, setup),
         cmocka_unit_test_setup(test_probe_host, setup),

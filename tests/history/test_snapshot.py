@@ -3,6 +3,8 @@
 
     test_snapshot.py TEST_HISTORY_EXE [XSEG_REPLAY_EXE]
 
+    test_snapshot.py --stale TEST_STALE_SNAPSHOT_EXE [--memory-viz]
+
 Runs `test_history write DIR` (classic and expandable device states with C and callback frames,
 a pending free, an OOM), then for each pickle:
   - loads it with a restricted unpickler that allows no class at all (only the opcodes of dicts,
@@ -13,6 +15,11 @@ a pending free, an OOM), then for each pickle:
     integers below 2**53 (JavaScript numbers), and the figures _memory_viz.segsum asserts;
   - checks the pickle and the JSON twin hold the same data;
   - replays the live-process log with xseg-replay (when given).
+With --stale, runs `test_stale_snapshot DIR` (seed 003's cases in the stale-access mode) and checks,
+besides the structure, that each quarantined block carries its free's and its allocation's frames,
+that each finding is a `snapshot` trace entry both viewers draw (with both stacks, the block still
+pending when it is selected in MemoryViz's segment view), and with --memory-viz runs all three stages
+of ../shared/tools/memory-viz/check-snapshot on them (skipped without PyTorch's files or Chromium).
 """
 import io
 import json
@@ -69,7 +76,8 @@ def is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def check_snapshot(d, name):
+def check_structure(d, name):
+    """What both viewers read: returns (segments, traces, block states seen, actions seen, blocks with frames)."""
     check_types(d)
     assert set(d) >= {"segments", "device_traces", "allocator_settings"}, sorted(d)
     segs, traces = d["segments"], d["device_traces"]
@@ -115,10 +123,6 @@ def check_snapshot(d, name):
         assert alloc == s["allocated_size"] and active == s["active_size"], w
         total_reserved += s["total_size"]
     assert free_internal + free_external + total_allocated == total_reserved
-    assert framed_blocks > 0, "%s: no block has frames" % name
-    assert "active_allocated" in states and "inactive" in states, states
-    assert "active_pending_free" in states, "%s: the pending free is not shown" % name
-
     seen = set()
     for dev, t in enumerate(traces):
         last = 0
@@ -134,6 +138,14 @@ def check_snapshot(d, name):
             assert e["time_us"] >= last, "%s: time goes back" % w
             last = e["time_us"]
             check_frames(e["frames"], w)
+    return segs, traces, states, seen, framed_blocks
+
+
+def check_snapshot(d, name):
+    segs, traces, states, seen, framed_blocks = check_structure(d, name)
+    assert framed_blocks > 0, "%s: no block has frames" % name
+    assert "active_allocated" in states and "inactive" in states, states
+    assert "active_pending_free" in states, "%s: the pending free is not shown" % name
     want = {"alloc", "free_requested", "free_completed", "oom", "snapshot"}
     want |= {"segment_map"} if "expandable" in name else {"segment_alloc"}
     assert want <= seen, "%s: missing actions %s" % (name, sorted(want - seen))
@@ -237,7 +249,178 @@ def check_replay_frames(replay, converter, tmp):
     print("replay: frames carried from a PyTorch snapshot into xseg's snapshot: ok")
 
 
+# ---- the stale-access mode (issue 50): `--stale TEST_STALE_SNAPSHOT_EXE [--memory-viz]` ----
+
+STALE_HEAD = "STALE WRITE (debug_stale_access): "
+QUARANTINED_HEAD = "quarantined (debug_stale_access): "
+
+
+def note(f):
+    """The text of one of xseg's notes in a frames list, or None for a real frame."""
+    return f["name"] if f["filename"] == "xseg" and f["line"] == 0 else None
+
+
+def split_stale_frames(frames, where):
+    """A quarantined block's or a finding's frames: [two notes, free's frames, 'allocated at:',
+    allocation's frames]. Returns (the notes joined, free's function names, allocation's)."""
+    assert len(frames) > 2 and note(frames[0]) and note(frames[1]), "%s: no head notes: %r" % (where, frames[:2])
+    names = [f["name"] for f in frames]
+    assert "allocated at:" in names, "%s: no 'allocated at:' note: %r" % (where, names)
+    k = names.index("allocated at:")
+    for f in frames:  # _memory_viz.py's flame graphs split a stack on ';'
+        assert ";" not in f["name"] and ";" not in f["filename"], "%s: ';' in %r" % (where, f)
+    return names[0] + " " + names[1], names[2:k], names[k + 1:]
+
+
+def simulate_segment_view(d, dev, upto):
+    """MemoryViz.js's segment view, selecting trace entry @p upto: it walks the trace backwards from
+    the snapshot's state (annotate_snapshot first elides a free_requested that a free_completed of the
+    same address follows into one `free`). A free_requested of a block it does not hold, or a block
+    outside every segment, throws there. Returns {address: pending} of the blocks drawn."""
+    events = []
+    for e in d["device_traces"][dev]:
+        if (e["action"] == "free_completed" and events and events[-1]["action"] == "free_requested"
+                and events[-1]["addr"] == e["addr"]):
+            events[-1] = dict(events[-1], action="free")
+            continue
+        events.append(e)
+    segs = [(s["address"], s["address"] + s["total_size"]) for s in d["segments"] if s["device"] == dev]
+    blocks = {}
+    for s in d["segments"]:
+        if s["device"] == dev:
+            for b in s["blocks"]:
+                if b["state"] != "inactive":
+                    blocks[b["address"]] = b["state"] == "active_pending_free"
+    if upto is None:
+        upto = len(events) - 1
+    elif isinstance(upto, dict):
+        upto = next(i for i, e in enumerate(events) if e is upto or e == upto)
+    for e in reversed(events[upto + 1:]):
+        a = e["action"]
+        if a == "free":
+            blocks[e["addr"]] = False
+        elif a == "free_requested":
+            assert e["addr"] in blocks, "the segment view throws: free_requested of %x it does not hold" % e["addr"]
+            blocks[e["addr"]] = False
+        elif a == "free_completed":
+            blocks[e["addr"]] = True
+        elif a == "alloc":
+            blocks.pop(e["addr"], None)
+        elif a in ("segment_free", "segment_unmap"):
+            segs.append((e["addr"], e["addr"] + e["size"]))
+        elif a in ("segment_alloc", "segment_map"):
+            lo, hi = e["addr"], e["addr"] + e["size"]
+            segs = [r for s0, s1 in segs for r in ((s0, min(s1, lo)), (max(s0, hi), s1)) if r[0] < r[1]]
+    for a in blocks:
+        assert any(s0 <= a < s1 for s0, s1 in segs), "the segment view throws: block %x in no segment" % a
+    return blocks
+
+
+def check_stale_snapshot(d, name):
+    """Quarantined blocks and findings as PyTorch's viewers show them (the program's seed-003 cases:
+    the input out of scope, found when it left the quarantine; the state reassigned, found at the
+    snapshot and still quarantined)."""
+    segs, traces, states, seen, _ = check_structure(d, name)
+    assert "active_allocated" in states and "active_pending_free" in states, states
+    pending = [b for s in segs for b in s["blocks"] if b["state"] == "active_pending_free"]
+    # Every quarantined block: its free's frames, then its allocation's.
+    quarantined, found_held = 0, None
+    for b in pending:
+        head, freed, allocated = split_stale_frames(b["frames"], "%s block %x" % (name, b["address"]))
+        if head.startswith(STALE_HEAD):
+            assert found_held is None, "%s: two quarantined blocks with findings" % name
+            found_held = (b, head, freed, allocated)
+        else:
+            assert head.startswith(QUARANTINED_HEAD), head
+            assert freed[:1] == ["backward"] and allocated[:1] == ["forward"], (freed, allocated)
+            quarantined += 1
+    assert quarantined >= 2, "%s: %d quarantined blocks shown" % (name, quarantined)
+    assert found_held, "%s: the block found at the snapshot is not shown with its finding" % name
+    b, head, freed, allocated = found_held
+    assert freed == ["state_reassigned", "<module>"] and allocated == ["make_state", "<module>"], (freed, allocated)
+    assert "found at snapshot" in head and "offset 0," in head and ("%x" % b["address"]) in head, head
+    # Each finding: a `snapshot` entry at the block, at the time it was found, with both stacks.
+    findings = [e for e in traces[0] if e["action"] == "snapshot" and e["frames"] and note(e["frames"][0])]
+    assert len(findings) == 2, "%s: %d findings in the trace" % (name, len(findings))
+    exit_f, snap_f = findings
+    h, freed, allocated = split_stale_frames(exit_f["frames"], name + " finding 0")
+    assert h.startswith(STALE_HEAD) and "found at quarantine exit" in h, h
+    assert freed == ["input_out_of_scope", "<module>"] and allocated == ["make_input", "<module>"], (freed, allocated)
+    assert exit_f["size"] == 3 << 20
+    h, freed, allocated = split_stale_frames(snap_f["frames"], name + " finding 1")
+    assert h == head and freed[0] == "state_reassigned" and allocated[0] == "make_state", h
+    assert (snap_f["addr"], snap_f["size"]) == (b["address"], b["size"])
+    # The input left the quarantine after it was found: its free_completed follows the finding.
+    t = traces[0]
+    i = t.index(exit_f)
+    assert any(e["action"] == "free_completed" and e["addr"] == exit_f["addr"] for e in t[i + 1:]), name
+    # xseg's own key holds the same findings.
+    own = d["xseg_stale_accesses"]
+    assert [(f["address"], f["found_time_us"]) for f in own] == [(e["addr"], e["time_us"]) for e in findings]
+    # The segment view, at each finding and at the end: no throw, and the block drawn pending (red).
+    for e in findings:
+        drawn = simulate_segment_view(d, 0, e)
+        assert drawn.get(e["addr"]) is True, "%s: the block of a finding is not drawn pending" % name
+    simulate_segment_view(d, 0, None)
+    return len(findings), len(pending)
+
+
+def memory_viz_checker():
+    """The path of ../shared/tools/memory-viz/check-snapshot with what it needs, or a reason to skip."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    checker = os.environ.get("XSEG_MEMVIZ_CHECKER",
+                             os.path.join(os.path.dirname(root), "shared", "tools", "memory-viz", "check-snapshot"))
+    if not os.path.exists(checker):
+        return None, "no memory-viz checker at %s (XSEG_MEMVIZ_CHECKER)" % checker
+    deps = os.environ.get("MEMVIZ_DEPS") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "xseg-memory-viz")
+    here = os.path.dirname(checker)
+    for f in ("_memory_viz.py", "MemoryViz.js"):
+        if not any(os.path.exists(os.path.join(p, f)) for p in (here, os.path.join(deps, "pytorch"))):
+            return None, "PyTorch's %s is not in %s/pytorch (see the checker's README)" % (f, deps)
+    if not os.path.exists(os.path.join(deps, "vendor", "d3.js")):
+        return None, "the checker's node dependencies are not set up in %s (its setup.sh)" % deps
+    if not (os.environ.get("CHROMIUM") or any(os.access(os.path.join(p, "chromium"), os.X_OK)
+                                              for p in os.environ.get("PATH", "").split(os.pathsep))):
+        return None, "no Chromium"
+    return checker, None
+
+
+def main_stale(exe, memory_viz):
+    checker = None
+    if memory_viz:
+        checker, why = memory_viz_checker()
+        if not checker:
+            print("SKIP: %s" % why)
+            return 77
+    with tempfile.TemporaryDirectory(prefix="xseg-stale-snap-") as tmp:
+        r = subprocess.run([exe, tmp], capture_output=True, text=True)
+        if r.returncode == 77:
+            print("SKIP: %s" % r.stderr.strip())
+            return 77
+        assert r.returncode == 0, "test_stale_snapshot failed: %s%s" % (r.stdout, r.stderr)
+        for mode in ("classic", "expandable"):
+            name = "stale_" + mode
+            path = os.path.join(tmp, name + ".pickle")
+            d = load(path)
+            nf, np_ = check_stale_snapshot(d, name)
+            with open(os.path.join(tmp, name + ".json")) as f:
+                j = json.load(f)
+            assert untuple(d)["segments"] == j["segments"], "%s: JSON segments differ" % name
+            assert untuple(d)["xseg_stale_accesses"] == j["xseg_stale_accesses"], name
+            print("%s: %d findings, %d quarantined blocks: ok" % (name, nf, np_))
+            if checker:
+                shot = os.path.join(os.environ.get("XSEG_MEMVIZ_SHOTS") or tmp, name + ".png")
+                r = subprocess.run([checker, path, shot], capture_output=True, text=True, timeout=400)
+                last = (r.stdout.strip().splitlines() or [""])[-1]
+                assert r.returncode == 0, "%s: check-snapshot failed:\n%s%s" % (name, r.stdout, r.stderr)
+                print("%s: %s" % (name, last))
+    return 0
+
+
 def main():
+    if sys.argv[1] == "--stale":
+        return main_stale(sys.argv[2], "--memory-viz" in sys.argv[3:])
     exe = sys.argv[1]
     replay = sys.argv[2] if len(sys.argv) > 2 else None
     converter = sys.argv[3] if len(sys.argv) > 3 else None
