@@ -1051,11 +1051,15 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         b->u.side->handle_holds = 0; /* so do the holds of handed-out handles */
     /* debug_stale_access: held out of the pool (core/device/quarantine.h), its free completed when
      * it leaves; a block with recorded streams enters once their events are done (events.c). */
-    bool held = XSEG_UNLIKELY(d->cfg.debug_stale_access) && !block_uses_n(b) && quar_enter(d, b, false);
+    bool held = XSEG_UNLIKELY(d->cfg.debug_stale_access) && !block_uses_n(b) && !(spilled && dev_capture_underway(d)) &&
+                quar_enter(d, b, false); /* host chunks are given back by its canary swap: none during a capture */
     if (b->recorded)
         hist_free_requested(d, b);
-    if (held)
-        return XSEG_SUCCESS;
+    if (held) {
+        if (XSEG_UNLIKELY(spilled))
+            spill_after_quarantine(d);
+        return spill_st;
+    }
     xseg_status st = XSEG_SUCCESS;
     if (block_uses_n(b)) {
         refresh_cfg(d);

@@ -71,6 +71,7 @@ struct seg {
     size_t stranded_bytes;
     size_t asleep_bytes; /* chunks given back by a sleep (GRAN_ASLEEP), mapped again by a wake */
     size_t host_bytes;   /* chunks backed by host memory (GRAN_HOST): mapped, not in mapped_bytes */
+    size_t canary_bytes; /* granules of canary spans (GRAN_CANARY): live, not in mapped_bytes */
     CUmemLocationType host_loc; /* where spill creates host memory (seg_host_supported); 0: not asked yet */
 
     struct seg_piece *pieces;
@@ -95,16 +96,18 @@ struct seg {
  * with its held handle (a rollback keeps that handle). */
 #define GRAN_ASLEEP 4
 #define GRAN_WAS_HELD 8
-/* debug_stale_access (seg_canary_swap): the chunk's handle is held, unmapped, and a one-granule
- * canary page is mapped over each of its granules; still counted mapped (nothing else may touch
- * it until seg_canary_restore maps the handle back). */
+/* debug_stale_access (seg_canary_swap): a granule of a canary span. The chunk that lay there was
+ * unmapped and its handle given back; handles[g] is the span's canary page (mapped here unless
+ * GRAN_BARE), cstart[g] == g and clen[g] == 1. Live (gran_live: the quarantined block above still
+ * covers it) but counted in canary_bytes, not mapped_bytes; every other path leaves it alone
+ * (gran_real) until seg_canary_release unmaps it. */
 #define GRAN_CANARY 16
 /* Spill (seg_move_chunk): the chunk's handle is host-located memory mapped at its place with the
  * device's access. It is live (gran_live) but counts in host_bytes, not mapped_bytes; the generic
  * unmap paths leave it alone (only seg_drop_host and seg_move_chunk take it away). */
 #define GRAN_HOST 32
-/* A canary chunk's granule that maps nothing now (a swap or restore failed half way and its
- * rollback could not map the canary back): the next restore maps the chunk's handle over it. */
+/* A canary span's granule that maps nothing (the canary could not be mapped there, or it was
+ * unmapped already by a seg_canary_release that failed further on). */
 #define GRAN_BARE 64
 /* A stranded host chunk set aside by seg_drop_host's strand (a spilled block freed during a
  * capture): the work its block's streams queued before was not waited for (nothing may be then),
@@ -117,6 +120,12 @@ struct seg {
 static inline int gran_live(const struct seg *seg, size_t g)
 {
     return seg->handles[g] != 0 && !(seg->gflags[g] & (GRAN_STRANDED | GRAN_ASLEEP));
+}
+
+/* Granule @p g is a chunk of the segment's own memory: live and not a canary span's. */
+static inline int gran_real(const struct seg *seg, size_t g)
+{
+    return gran_live(seg, g) && !(seg->gflags[g] & GRAN_CANARY);
 }
 
 /* First granule after the chunk holding granule @p g (mapped or stranded); g + 1 when unmapped. */
@@ -254,19 +263,26 @@ static size_t seg_piece_end_of(const struct seg *seg, size_t g)
     return p->first_gran + p->size / seg->gran;
 }
 
-/* The next run [*run, *g) of live granules inside one piece, from *g on; false when none is
- * left. */
-static bool next_live_run(const struct seg *seg, size_t *g, size_t *run)
+/* The next run [*run, *g) of mapped granules inside one piece, from *g on (with @p real, only the
+ * segment's own chunks: no canary span; else a canary span's granules that map it too); false
+ * when none is left. */
+static bool next_live_run_of(const struct seg *seg, size_t *g, size_t *run, bool real)
 {
-    while (*g < seg->ngran && !gran_live(seg, *g))
+#define RUN_GRAN(g) (real ? gran_real(seg, g) : gran_live(seg, g) && !(seg->gflags[g] & GRAN_BARE))
+    while (*g < seg->ngran && !RUN_GRAN(*g))
         (*g)++;
     if (*g >= seg->ngran)
         return false;
     size_t end = seg_piece_end_of(seg, *g);
     *run = *g;
-    while (*g < end && gran_live(seg, *g))
+    while (*g < end && RUN_GRAN(*g))
         (*g)++;
+#undef RUN_GRAN
     return true;
+}
+static bool next_live_run(const struct seg *seg, size_t *g, size_t *run)
+{
+    return next_live_run_of(seg, g, run, false);
 }
 
 /* Check that [offset, offset + size) is a granule-multiple range inside the VA; on success writes
@@ -744,7 +760,7 @@ xseg_status seg_destroy(struct seg *seg)
     if (!seg)
         return XSEG_SUCCESS;
     xseg_status first = drv_ctx_ensure(seg->ctx);
-    if (seg->mapped_bytes) {
+    if (seg->mapped_bytes || seg->canary_bytes) {
         xseg_status st = seg_sync(seg, "before destroying the chunks");
         if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
             first = st;
@@ -759,6 +775,14 @@ xseg_status seg_destroy(struct seg *seg)
             continue;
         }
         size_t end = chunk_end(seg, g);
+        if (seg->gflags[g] & GRAN_CANARY) { /* a canary's mapping: the canary is its caller's */
+            if (!(seg->gflags[g] & GRAN_BARE) && drv->cuMemUnmap(gran_addr(seg, g), seg->gran) != CUDA_SUCCESS)
+                left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = gran_addr(seg, g),
+                                            .size = seg->gran});
+            seg->handles[g] = 0;
+            g = end;
+            continue;
+        }
         if (seg->gflags[g] & GRAN_ASLEEP) { /* held, not mapped: only the handle goes */
             seg_release_handle(seg, seg->handles[g]);
             for (size_t k = g; k < end; k++)
@@ -1148,7 +1172,7 @@ xseg_status seg_unmap_keep(struct seg *seg, size_t offset, size_t size, struct s
 static bool next_inner_run(const struct seg *seg, size_t g, size_t last, size_t first, size_t *run, size_t *run_end)
 {
     while (g < last) {
-        if (!gran_live(seg, g)) {
+        if (!gran_real(seg, g)) { /* unmapped, or a canary span (seg_canary_release) */
             g = chunk_end(seg, g);
             continue;
         }
@@ -1157,7 +1181,7 @@ static bool next_inner_run(const struct seg *seg, size_t g, size_t last, size_t 
             continue;
         }
         size_t pend = seg_piece_end_of(seg, g), e = g;
-        while (e < last && e < pend && gran_live(seg, e) && !(seg->gflags[e] & GRAN_HOST) && chunk_end(seg, e) <= last)
+        while (e < last && e < pend && gran_real(seg, e) && !(seg->gflags[e] & GRAN_HOST) && chunk_end(seg, e) <= last)
             e = chunk_end(seg, e);
         *run = g;
         *run_end = e;
@@ -1545,7 +1569,7 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
 {
     *freed = 0;
     *created = 0;
-    if (!seg || g >= seg->ngran || !gran_live(seg, g) || !keep)
+    if (!seg || g >= seg->ngran || !gran_real(seg, g) || !keep)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_refine: granule %zu is not a mapped chunk", g);
     struct refine r = {.seg = seg, .c = seg->cstart[g], .keep = keep, .what = ""};
     r.n = seg->clen[r.c];
@@ -1651,7 +1675,7 @@ static void move_drop_scratch(struct seg *seg, CUdeviceptr scratch, size_t len, 
 xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *bytes)
 {
     *bytes = 0;
-    if (!seg || g >= seg->ngran || !gran_live(seg, g))
+    if (!seg || g >= seg->ngran || !gran_real(seg, g))
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_move_chunk: granule %zu is not a mapped chunk", g);
     size_t c = seg->cstart[g], n = seg->clen[c], len = n * seg->gran;
     if (((seg->gflags[c] & GRAN_HOST) != 0) == to_host)
@@ -1828,7 +1852,7 @@ int seg_gran_is_mapped(const struct seg *seg, size_t g) { return g < seg->ngran 
 
 int seg_chunk(const struct seg *seg, size_t g, CUmemGenericAllocationHandle *handle, size_t *first, size_t *n)
 {
-    if (g >= seg->ngran || !gran_live(seg, g))
+    if (g >= seg->ngran || !gran_real(seg, g))
         return 0;
     size_t c = seg->cstart[g];
     if (handle)
@@ -1857,7 +1881,7 @@ void seg_inner_range(const struct seg *seg, size_t offset, size_t size, size_t *
 static void seg_runs(const struct seg *seg, void (*fn)(void *, struct seg *, size_t, size_t, int), void *user,
                      int mapped)
 {
-    for (size_t g = 0, run; next_live_run(seg, &g, &run);)
+    for (size_t g = 0, run; next_live_run_of(seg, &g, &run, true);) /* a canary span was announced unmapped */
         fn(user, (struct seg *)(uintptr_t)seg, run, g, mapped);
 }
 
@@ -1884,7 +1908,7 @@ size_t seg_live_chunks(const struct seg *seg)
 {
     size_t n = 0;
     for (size_t g = 0; g < seg->ngran;) {
-        if (gran_live(seg, g))
+        if (gran_real(seg, g))
             n++;
         g = (seg->gflags[g] & GRAN_ASLEEP) ? asleep_end(seg, g) : chunk_end(seg, g);
     }
@@ -2106,85 +2130,71 @@ void seg_wake_commit(struct seg *seg)
 
 /* ---- debug_stale_access's canary (seg_canary_swap) ---- */
 
-/* Map @p canary over chunk @p cf's bare granules, access granted (best effort: a rollback). A
- * granule whose map fails stays bare: it faults on access, and the next restore maps it. */
-static void canary_remap(struct seg *seg, size_t cf, CUmemGenericAllocationHandle canary)
+/* Is granule @p g a canary span's that maps the canary (not bare)? */
+static bool canary_mapped(const struct seg *seg, size_t g)
 {
-    for (size_t g = cf; canary && g < cf + seg->clen[cf]; g++)
-        if (seg->gflags[g] & GRAN_BARE) {
-            CUdeviceptr a = gran_addr(seg, g);
-            if (drv->cuMemMap(a, seg->gran, 0, canary, 0) != CUDA_SUCCESS)
-                return;
-            seg->gflags[g] &= (unsigned char)~GRAN_BARE;
-            (void)drv->cuMemSetAccess(a, seg->gran, seg->access, seg->naccess);
-        }
+    return (seg->gflags[g] & (GRAN_CANARY | GRAN_BARE)) == GRAN_CANARY;
 }
 
-/* Map canary chunk @p cf's own handle back over its granules (the canary mappings unmapped
- * first), access granted. On a failure the chunk stays a canary chunk, its canary mappings put
- * back with @p canary (granules it cannot map stay bare), and nothing is lost: its handle is
- * still held under a block the caller keeps off limits. */
-static xseg_status canary_unswap(struct seg *seg, size_t cf, CUmemGenericAllocationHandle canary)
+/* The next run [*run, *e) of canary-mapped granules of [g, last) inside one piece; false if none. */
+static bool next_canary_run(const struct seg *seg, size_t g, size_t last, size_t *run, size_t *e)
 {
-    CUdeviceptr addr = gran_addr(seg, cf);
-    size_t end = cf + seg->clen[cf], bytes = seg->clen[cf] * seg->gran;
-    CUresult res = CUDA_SUCCESS;
-    const char *what = "cuMemUnmap of its canary page";
-    for (size_t g = cf; g < end;) { /* the canary-mapped runs (normally one) */
-        size_t e = g;
-        while (e < end && !(seg->gflags[e] & GRAN_BARE))
-            e++;
-        if (e > g) {
-            if ((res = drv->cuMemUnmap(gran_addr(seg, g), (e - g) * seg->gran)) != CUDA_SUCCESS)
-                goto fail;
-            for (size_t k = g; k < e; k++)
+    while (g < last && !canary_mapped(seg, g))
+        g++;
+    if (g >= last)
+        return false;
+    size_t pend = seg_piece_end_of(seg, g);
+    *run = g;
+    for (*e = g; *e < last && *e < pend && canary_mapped(seg, *e);)
+        (*e)++;
+    return true;
+}
+
+/* Map @p canary over the bare granules of span [lo, hi), access granted per run. On any failure
+ * the span goes bare again (its canary mappings unmapped: it faults, as an unmapped range does,
+ * rather than half read the canary); a run whose unmap fails too stays mapped, perhaps without
+ * access, until seg_canary_release unmaps it. @return true when every granule maps the canary
+ * with access. */
+static bool canary_map_span(struct seg *seg, size_t lo, size_t hi, CUmemGenericAllocationHandle canary,
+                            CUresult *first)
+{
+    bool whole = true;
+    for (size_t g = lo; g < hi; g++) {
+        CUresult res = drv->cuMemMap(gran_addr(seg, g), seg->gran, 0, canary, 0);
+        if (res != CUDA_SUCCESS) {
+            *first = *first != CUDA_SUCCESS ? *first : res;
+            whole = false;
+            break; /* the driver refuses: the rest stay bare too */
+        }
+        seg->gflags[g] &= (unsigned char)~GRAN_BARE;
+    }
+    size_t run, e;
+    for (size_t g = lo; next_canary_run(seg, g, hi, &run, &e); g = e) {
+        CUdeviceptr a = gran_addr(seg, run);
+        CUresult res = drv->cuMemSetAccess(a, (e - run) * seg->gran, seg->access, seg->naccess);
+        if (res == CUDA_SUCCESS)
+            continue;
+        *first = *first != CUDA_SUCCESS ? *first : res;
+        whole = false;
+    }
+    for (size_t g = lo; !whole && next_canary_run(seg, g, hi, &run, &e); g = e)
+        if (drv->cuMemUnmap(gran_addr(seg, run), (e - run) * seg->gran) == CUDA_SUCCESS)
+            for (size_t k = run; k < e; k++)
                 seg->gflags[k] |= GRAN_BARE;
-        }
-        g = e + 1;
-    }
-    what = "cuMemMap of its own handle";
-    if ((res = drv->cuMemMap(addr, bytes, 0, seg->handles[cf], 0)) != CUDA_SUCCESS)
-        goto fail;
-    what = "cuMemSetAccess";
-    if ((res = drv->cuMemSetAccess(addr, bytes, seg->access, seg->naccess)) != CUDA_SUCCESS) {
-        if (drv->cuMemUnmap(addr, bytes) != CUDA_SUCCESS) { /* mapped, not accessible: counted restored */
-            chunk_flags(seg, cf, GRAN_CANARY | GRAN_BARE, 0);
-            return seg_failf(res, "cuMemSetAccess(0x%llx, %zu) mapping a chunk back from its canary, and its "
-                             "unmap after it", (unsigned long long)addr, bytes);
-        }
-        goto fail;
-    }
-    chunk_flags(seg, cf, GRAN_CANARY | GRAN_BARE, 0);
-    if (seg->observe) /* the chunk's memory is back under its range */
-        seg->observe(seg->observe_user, seg, cf, end, 1);
-    return XSEG_SUCCESS;
-fail:
-    canary_remap(seg, cf, canary);
-    return seg_failf(res, "%s mapping a chunk back at 0x%llx (%zu bytes) from its canary (kept swapped)", what,
-                     (unsigned long long)addr, bytes);
+    return whole;
 }
 
-/* Is the chunk at @p g a canary chunk? */
-static bool canary_chunk(const struct seg *seg, size_t g)
+xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, struct seg_spares *spares,
+                            struct seg_canary *out)
 {
-    return seg->handles[g] && seg->cstart[g] == g && (seg->gflags[g] & GRAN_CANARY);
-}
-
-xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end,
-                            CUmemGenericAllocationHandle *canary_out)
-{
-    *first = *end = 0;
-    *canary_out = 0;
-    if (size == 0 || offset % seg->gran || size % seg->gran || offset + size > seg->va_size)
+    *out = (struct seg_canary){0};
+    if (size == 0 || offset % seg->gran || size % seg->gran || offset > seg->va_size || size > seg->va_size - offset)
         return XSEG_SUCCESS;
-    size_t g0 = offset / seg->gran, g1 = (offset + size) / seg->gran;
-    size_t lo = SIZE_MAX, hi = 0;
-    for (size_t g = g0; g < g1; g = chunk_end(seg, g))
-        if (gran_live(seg, g) && seg->cstart[g] == g && chunk_end(seg, g) <= g1 && !(seg->gflags[g] & GRAN_CANARY)) {
-            lo = lo < g ? lo : g;
-            hi = chunk_end(seg, g);
-        }
-    if (lo == SIZE_MAX)
+    size_t g0 = offset / seg->gran, g1 = (offset + size) / seg->gran, lo = g0;
+    /* The first whole chunk inside; the span runs over the whole chunks that follow it. */
+    while (lo < g1 && !(gran_real(seg, lo) && seg->cstart[lo] == lo && chunk_end(seg, lo) <= g1))
+        lo = chunk_end(seg, lo);
+    if (lo >= g1)
         return XSEG_SUCCESS;
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st == XSEG_SUCCESS)
@@ -2195,59 +2205,74 @@ xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t 
     CUresult res = drv->cuMemCreate(&canary, seg->gran, &seg->prop, 0);
     if (res != CUDA_SUCCESS || !canary)
         return seg_failf(res, "cuMemCreate(%zu bytes) of a canary page", seg->gran);
-    for (size_t g = lo; g < hi; g = chunk_end(seg, g)) {
-        if (!(gran_live(seg, g) && seg->cstart[g] == g && chunk_end(seg, g) <= hi && !(seg->gflags[g] & GRAN_CANARY)))
-            continue;
-        CUdeviceptr addr = gran_addr(seg, g);
-        size_t n = seg->clen[g], k = 0;
+    size_t g = lo;
+    while (g < g1 && gran_real(seg, g) && seg->cstart[g] == g && chunk_end(seg, g) <= g1) {
+        size_t n = seg->clen[g], bytes = n * seg->gran;
+        bool host = (seg->gflags[g] & GRAN_HOST) != 0;
         /* As for an unmap, the observer hears of it first (a registration goes with the memory). */
         res = seg_unmap_run(seg, g, g + n);
-        if (res != CUDA_SUCCESS) {
-            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)addr, n * seg->gran);
-            break; /* nothing changed (seg_unmap_run announced the chunk mapped again) */
-        }
-        chunk_flags(seg, g, GRAN_CANARY | GRAN_BARE, 1);
-        while (k < n && (res = drv->cuMemMap(addr + k * seg->gran, seg->gran, 0, canary, 0)) == CUDA_SUCCESS)
-            seg->gflags[g + k++] &= (unsigned char)~GRAN_BARE;
-        if (res == CUDA_SUCCESS)
-            res = drv->cuMemSetAccess(addr, n * seg->gran, seg->access, seg->naccess);
-        if (res != CUDA_SUCCESS) {
-            st = seg_failf(res, "mapping a canary page at 0x%llx", (unsigned long long)addr);
+        if (res != CUDA_SUCCESS) { /* this chunk stays as it was; the ones before are the span */
+            st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)gran_addr(seg, g),
+                           bytes);
             break;
         }
+        chunk_forget_keep(seg, g, spares); /* the block's bytes are dead: its handle goes back */
+        for (size_t k = g; k < g + n; k++) {
+            seg->handles[k] = canary;
+            seg->cstart[k] = k;
+            seg->clen[k] = 1;
+            seg->gflags[k] = GRAN_CANARY | GRAN_BARE;
+        }
+        seg->canary_bytes += bytes;
+        if (host) {
+            out->host_bytes += bytes;
+        } else {
+            out->bytes += bytes;
+            out->chunks++;
+        }
+        g += n;
     }
-    char msg[512] = "";
-    if (st != XSEG_SUCCESS)
-        snprintf(msg, sizeof msg, "%s", xseg_last_error());
-    size_t left_lo = SIZE_MAX, left_hi = 0;
-    for (size_t g = lo; g < hi; g = chunk_end(seg, g)) {
-        if (!canary_chunk(seg, g))
-            continue;
-        /* On a failure the chunks swapped so far go back (each one that cannot stays swapped). */
-        if (st != XSEG_SUCCESS && canary_unswap(seg, g, canary) == XSEG_SUCCESS)
-            continue;
-        left_lo = left_lo < g ? left_lo : g;
-        left_hi = chunk_end(seg, g);
-    }
-    if (st != XSEG_SUCCESS)
-        err_set(st, "%s", msg); /* the first failure's message, not a rollback's */
-    if (left_lo == SIZE_MAX) {
+    if (g == lo) { /* nothing given back: nothing changed */
         seg_release_handle(seg, canary);
         return st;
     }
-    *first = left_lo * seg->gran;
-    *end = left_hi * seg->gran;
-    *canary_out = canary; /* the caller's reference, for the restore's rollback */
+    res = CUDA_SUCCESS;
+    out->whole = canary_map_span(seg, lo, g, canary, &res);
+    if (!out->whole && st == XSEG_SUCCESS)
+        st = seg_failf(res, "mapping a canary page over 0x%llx (%zu bytes; its chunks were given back already)",
+                       (unsigned long long)gran_addr(seg, lo), (g - lo) * seg->gran);
+    out->first = lo * seg->gran;
+    out->end = g * seg->gran;
+    out->canary = canary;
     return st;
 }
 
-xseg_status seg_canary_restore(struct seg *seg, size_t first, size_t end, CUmemGenericAllocationHandle canary)
+xseg_status seg_canary_release(struct seg *seg, size_t first, size_t end, CUmemGenericAllocationHandle canary)
 {
+    size_t g0 = first / seg->gran, g1 = end / seg->gran, run, e;
     xseg_status st = drv_ctx_ensure(seg->ctx);
-    for (size_t g = first / seg->gran; st == XSEG_SUCCESS && g < end / seg->gran; g = chunk_end(seg, g))
-        if (canary_chunk(seg, g))
-            st = canary_unswap(seg, g, canary);
-    if (st == XSEG_SUCCESS && canary)
+    if (st != XSEG_SUCCESS)
+        return st;
+    for (size_t g = g0; next_canary_run(seg, g, g1, &run, &e); g = e) {
+        CUresult res = drv->cuMemUnmap(gran_addr(seg, run), (e - run) * seg->gran);
+        if (res != CUDA_SUCCESS) /* the runs unmapped so far stay bare: the next try skips them */
+            return seg_failf(res, "cuMemUnmap(0x%llx, %zu) of a canary page's mappings",
+                             (unsigned long long)gran_addr(seg, run), (e - run) * seg->gran);
+        for (size_t k = run; k < e; k++)
+            seg->gflags[k] |= GRAN_BARE;
+    }
+    for (size_t g = g0; g < g1; g++) {
+        if (!(seg->gflags[g] & GRAN_CANARY))
+            continue;
+        seg->handles[g] = 0;
+        seg->cstart[g] = 0;
+        seg->clen[g] = 0;
+        seg->gflags[g] = 0;
+        seg->canary_bytes -= seg->gran;
+    }
+    if (canary)
         seg_release_handle(seg, canary);
-    return st;
+    return XSEG_SUCCESS;
 }
+
+size_t seg_canary_bytes(const struct seg *seg) { return seg->canary_bytes; }

@@ -272,24 +272,39 @@ bool seg_host_supported(struct seg *seg);
 xseg_status seg_add_peer(struct seg *seg, int peer);
 
 /*
- * debug_stale_access's canary (core/device/quarantine.h): every mapped chunk lying wholly inside
- * [offset, offset + size) (granule multiples) stops backing its range until seg_canary_restore:
- * after a synchronize of the segment's stream its handle is unmapped (kept, the chunk still
- * counted mapped) and one canary page of one granule, created here, is mapped over each of its
- * granules, access granted to the owner and every peer; so the range reads and writes one
- * page. The observer (seg_params.observe) hears of each chunk as unmapped before its swap and as
- * mapped once restored. *@p first, *@p end: the span swapped (equal: none: no whole chunk
- * inside); *@p canary: a reference to the canary page, for seg_canary_restore. On a failure the
- * chunks swapped so far go back; one whose rollback fails too stays swapped, and *@p first,
- * *@p end, *@p canary then name what the caller must restore (equal: nothing changed). The
- * caller keeps every other user off the range until it restores it. seg_canary_restore maps
- * the handles back and releases @p canary; on a driver failure the chunks not restored stay
- * swapped (their canary mappings put back) and @p canary is kept: nothing is lost, and the
- * caller tries again later with the same arguments.
+ * debug_stale_access's canary (core/device/quarantine.h), for a freed block held in quarantine:
+ * the whole chunks inside [offset, offset + size) (granule multiples; the first one and those
+ * following it without a gap) are given back and one canary page takes their place. After a
+ * synchronize of the segment's stream, for each chunk in address order: the observer hears it
+ * unmapped, cuMemUnmap, and its handle goes to @p spares (NULL: none; host memory never) or
+ * cuMemRelease; its granules become a canary span, counted in seg_canary_bytes, not in
+ * seg_mapped_bytes or seg_host_bytes. Then the canary (one granule, cuMemCreate'd first) is
+ * mapped over each granule of the span and access granted (owner and peers) per run: the range
+ * reads and writes one page. Span granules count as mapped for seg_gran_is_mapped (the block
+ * above still covers them) and nowhere else: no other function maps, unmaps, exports or
+ * announces them. Outcome in @p out: the span [first, end) (equal: nothing changed, the canary
+ * released), the canary (the caller's reference, for seg_canary_release), whether every granule
+ * maps it with access (whole), and the device bytes and chunks and the host bytes (spill) given
+ * back. A failed unmap ends the span before that chunk (it stays as it was); a granule the canary
+ * cannot be mapped on stays bare (maps nothing), and a run whose access cannot be granted is
+ * unmapped again (or, if that fails too, stays mapped without access until the release): then
+ * whole is false and the error returned; the chunks given back stay given back.
  */
-xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, size_t *first, size_t *end,
-                            CUmemGenericAllocationHandle *canary);
-xseg_status seg_canary_restore(struct seg *seg, size_t first, size_t end, CUmemGenericAllocationHandle canary);
+struct seg_canary {
+    size_t first, end;
+    CUmemGenericAllocationHandle canary;
+    bool whole;
+    size_t bytes, chunks, host_bytes;
+};
+xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, struct seg_spares *spares,
+                            struct seg_canary *out);
+/* End the canary span [@p first, @p end) (a seg_canary_swap's outcome): its canary mappings are
+ * unmapped (one cuMemUnmap per run inside a piece) and the granules left unmapped, as after
+ * seg_unmap (a later seg_map maps new chunks there); then @p canary is released (a failed
+ * release goes to the leftovers). Needs no memory. On a failed unmap the span stays (the runs
+ * unmapped so far bare) and the caller tries again later with the same arguments. */
+xseg_status seg_canary_release(struct seg *seg, size_t first, size_t end, CUmemGenericAllocationHandle canary);
+size_t seg_canary_bytes(const struct seg *seg); /* bytes of canary spans */
 
 /* Accessors. Offsets are bytes from seg_base, granule indexes are offset / seg_gran. */
 CUdeviceptr seg_base(const struct seg *seg);
@@ -304,11 +319,11 @@ size_t seg_stranded_bytes(const struct seg *seg); /* bytes of stranded chunks (s
 bool seg_stranded_within(const struct seg *seg, size_t offset, size_t size);
 unsigned seg_handle_types(const struct seg *seg);
 int seg_device(const struct seg *seg);
-/* Is granule @p g mapped (and not stranded)? 0 out of range. */
+/* Is granule @p g mapped (and not stranded)? 0 out of range; 1 in a canary span. */
 int seg_gran_is_mapped(const struct seg *seg, size_t g);
 /* The mapped chunk holding granule @p g: its handle (owned by the segment: export or retain it,
  * never release it), first granule and granule count. @return 0 (outputs untouched) when @p g is
- * unmapped, stranded or out of range. */
+ * unmapped, stranded, in a canary span or out of range. */
 int seg_chunk(const struct seg *seg, size_t g, CUmemGenericAllocationHandle *handle, size_t *first, size_t *n);
 /* The largest [*lo, *hi) inside [offset, offset + size) (granule multiples) that no mapped chunk
  * crosses: what seg_unmap of that range can give back. *lo == *hi when there is none. */

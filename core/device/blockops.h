@@ -57,6 +57,15 @@ static inline bool dev_free_merges_one(const struct block *b)
     return block_in_free_index(b->prev) != block_in_free_index(b->next);
 }
 
+/* The block that holds @p b's bytes once dev_free_block(_inline) returned it: its one free
+ * neighbour absorbs it, else it absorbs its free neighbours (kept next to the rule below). */
+static inline struct block *dev_free_block_keeper(struct block *b)
+{
+    if (!dev_free_merges_one(b))
+        return b;
+    return block_in_free_index(b->next) ? b->next : b->prev;
+}
+
 /* Return allocated (or just freed) block @p b to its pool: merge with its free neighbours, index,
  * statistics. Inline for the free path (alloc.c); the other modules call dev_free_block. */
 static inline __attribute__((always_inline)) void dev_free_block_inline(struct dev_alloc *d, struct block *b)

@@ -258,13 +258,14 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     CHECK((seg_gran_is_mapped(s->vseg, hi) || (s->asleep && seg_gran_is_asleep(s->vseg, hi))) == b->mapped);
 }
 
-/* Every granule of @p b on host memory lies in it whole and @p b is an allocated spill block. */
+/* Every granule of @p b on host memory lies in it whole and @p b is an allocated spill block (or a
+ * pending one: quarantined, its host chunks go when it leaves). */
 static void check_host_pages(const struct segrec *s, const struct block *b)
 {
     size_t gran = seg_gran(s->vseg), off = b->addr - (uintptr_t)seg_base(s->vseg);
     for (size_t g = off / gran; g * gran < off + b->size; g++)
         if (seg_gran_is_host(s->vseg, g))
-            CHECK(b->allocated && b->spill && g * gran >= off && (g + 1) * gran <= off + b->size);
+            CHECK(((b->allocated && b->spill) || pending(b)) && g * gran >= off && (g + 1) * gran <= off + b->size);
 }
 
 static void check_segment(struct dev_alloc *d, const struct segrec *s, struct recount *rc)
@@ -286,16 +287,17 @@ static void check_segment(struct dev_alloc *d, const struct segrec *s, struct re
     CHECK(!s->asleep || s->vseg);
     if (s->vseg && s->asleep) {
         /* Only what a failed sleep left mapped is reserved. */
-        CHECK(seg_mapped_bytes(s->vseg) + seg_asleep_bytes(s->vseg) == mapped);
+        CHECK(seg_mapped_bytes(s->vseg) + seg_asleep_bytes(s->vseg) + seg_canary_bytes(s->vseg) == mapped);
         rc->reserved_bytes[s->pool->stat_index] += (int64_t)seg_mapped_bytes(s->vseg);
         rc->driver_bytes += seg_mapped_bytes(s->vseg);
     } else if (s->vseg) {
         /* Host chunks (spill) are mapped blocks' pages but not reserved device memory, and lie
-         * inside allocated blocks the spill module knows (free bytes on host are never handed out). */
-        size_t host = seg_host_bytes(s->vseg);
-        CHECK(seg_mapped_bytes(s->vseg) + host == mapped);
-        rc->reserved_bytes[s->pool->stat_index] -= (int64_t)host;
-        rc->driver_bytes -= host;
+         * inside allocated blocks the spill module knows (free bytes on host are never handed out);
+         * so are a quarantined block's canary spans (their chunks were given back). */
+        size_t host = seg_host_bytes(s->vseg), canary = seg_canary_bytes(s->vseg);
+        CHECK(seg_mapped_bytes(s->vseg) + host + canary == mapped);
+        rc->reserved_bytes[s->pool->stat_index] -= (int64_t)(host + canary);
+        rc->driver_bytes -= host + canary;
         for (const struct block *b = s->first; host && b; b = b->next)
             check_host_pages(s, b);
         CHECK(seg_asleep_bytes(s->vseg) == 0);

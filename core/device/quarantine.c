@@ -1,6 +1,7 @@
 /* The stale-access debug mode: quarantine, pattern, checks and findings (quarantine.h). */
 #include "core/device/quarantine.h"
 #include "core/device/blockops.h"
+#include "core/device/retile.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -40,7 +41,7 @@ static int ranges(const struct dev_alloc *d, const struct quar_item *it, size_t 
         return 1;
     }
     off[0] = 0, len[0] = it->swap_lo;
-    off[1] = it->swap_lo, len[1] = d->info.granularity;
+    off[1] = it->swap_lo, len[1] = it->stuck ? 0 : d->info.granularity; /* stuck: the canary is not whole */
     off[2] = it->swap_hi, len[2] = it->size - it->swap_hi;
     return 3;
 }
@@ -200,25 +201,41 @@ static xseg_status flush_fills(struct dev_alloc *d)
     return st;
 }
 
-/* Swap the whole chunks inside expandable block @p b for a canary page (vmm/segment.h), so that
- * its fill and its check touch one page there: not for a segment whose handles were handed out
- * (importers map them) or under expandable_segments_defrag (it re-backs pages of blocks in use). */
+/* Give the whole chunks inside expandable block @p b back (to the device's kept handles while a
+ * malloc recycles them, else to the driver) and map a canary page over them (vmm/segment.h), so
+ * that reserved memory drops by them while the block waits and its fill and check touch one page
+ * there; host chunks (spill, switched on before this mode) go the same way. Not for a segment
+ * whose handles were handed out (importers map them). The two block structs its leave re-tiles
+ * with are had first: without them there is no swap (the block is filled whole). */
 static void swap(struct dev_alloc *d, struct block *b, struct quar_item *it)
 {
-    if (!b->expandable || b->seg->handles_out || d->cfg.expandable_segments_defrag)
+    if (!b->expandable || b->seg->handles_out)
         return;
     struct seg *vs = b->seg->vseg;
     size_t g = d->info.granularity, base = (size_t)seg_base(vs);
     size_t lo = (b->addr - base + g - 1) / g * g, hi = (b->addr + b->size - base) / g * g;
-    size_t f, e;
     if (hi <= lo)
         return;
-    xseg_status st = seg_canary_swap(vs, lo, hi - lo, &f, &e, &it->canary);
-    if (e > f) {
-        it->swap_lo = base + f - b->addr;
-        it->swap_hi = base + e - b->addr;
+    struct block *spare[2] = {dev_block_new(d), dev_block_new(d)};
+    struct seg_canary c = {0};
+    if (spare[0] && spare[1])
+        (void)seg_canary_swap(vs, lo, hi - lo, d->exp.keep_handles ? &d->exp.handles : NULL, &c);
+    if (c.end == c.first) { /* nothing given back (a failure: the block is filled whole) */
+        for (int i = 0; i < 2; i++)
+            if (spare[i])
+                dev_block_delete(d, spare[i]);
+        return;
     }
-    if (st != XSEG_SUCCESS && e > f) { /* a rollback failed too: restored when it leaves, never checked */
+    it->swap_lo = base + c.first - b->addr;
+    it->swap_hi = base + c.end - b->addr;
+    it->canary = c.canary;
+    it->spare[0] = spare[0];
+    it->spare[1] = spare[1];
+    if (c.bytes)
+        dev_count_unmapped(d, block_pool(b), c.bytes, c.chunks);
+    if (c.host_bytes)
+        dev_count_spill(d, c.host_bytes, 0); /* spill's own count follows (spill_after_quarantine) */
+    if (!c.whole) { /* the canary could not be mapped whole: the span faults; never filled there nor checked */
         it->stuck = true;
         d->quar.stuck++;
     }
@@ -495,16 +512,20 @@ static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *
     return found;
 }
 
-/* The oldest block leaves (checked already, or leaving unchecked), back to its pool. When its
- * canary pages cannot be mapped back (a driver failure), it stays quarantined instead: moved to
- * the FIFO's end, marked stuck (never checked again), tried again when it next leaves. */
+/* The oldest block leaves (checked already, or leaving unchecked), back to its pool. A canary
+ * span is unmapped first and left so: the block returns as free address space there, mapped
+ * anew by the malloc that needs it (re-tiled with the structs its swap put aside: no memory is
+ * needed). When the canary's mappings cannot be unmapped (a driver failure), it stays
+ * quarantined instead: moved to the FIFO's end, marked stuck (never checked again), tried again
+ * when it next leaves. */
 static void leave_oldest(struct dev_alloc *d, xseg_status *st)
 {
     struct quar_item *it = &d->quar.q[d->quar.head];
     struct block *b = it->b;
-    if (it->swap_lo != it->swap_hi) { /* the chunks' own handles back under the block */
-        size_t at = b->addr - (size_t)seg_base(b->seg->vseg);
-        xseg_status s = seg_canary_restore(b->seg->vseg, at + it->swap_lo, at + it->swap_hi, it->canary);
+    size_t at = 0;
+    if (it->swap_lo != it->swap_hi) {
+        at = b->addr - (size_t)seg_base(b->seg->vseg);
+        xseg_status s = seg_canary_release(b->seg->vseg, at + it->swap_lo, at + it->swap_hi, it->canary);
         if (s != XSEG_SUCCESS) {
             if (*st == XSEG_SUCCESS)
                 *st = err_prefix(s, "debug_stale_access: block 0x%" PRIxPTR " (%zu bytes) stays quarantined, "
@@ -532,11 +553,39 @@ static void leave_oldest(struct dev_alloc *d, xseg_status *st)
     d->quar.bytes -= it->size;
     hist_stack_unref(it->alloc_stack);
     hist_stack_unref(it->free_stack);
+    size_t lo = it->swap_lo, hi = it->swap_hi;
+    struct block *spare[2] = {it->spare[0], it->spare[1]};
     d->quar.head++;
     if (--d->quar.n == 0)
         d->quar.head = 0;
     dev_pending_add(d, b, -1);
+    /* Host chunks (spill) its swap did not give back (a failure) go now: no free byte stays on
+     * host memory; one whose unmap fails is stranded (unmapped for the books, reclaimed later). */
+    size_t g = d->info.granularity, dropped = 0, glo = at + lo, ghi = at + hi;
+    if (b->expandable && seg_host_bytes(b->seg->vseg)) {
+        size_t off = b->addr - (size_t)seg_base(b->seg->vseg);
+        size_t wlo = (off + g - 1) / g * g, whi = (off + b->size) / g * g;
+        if (wlo < whi)
+            (void)seg_drop_host(b->seg->vseg, wlo, whi - wlo, false, &dropped);
+        if (dropped) {
+            dev_count_spill(d, dropped, 0);
+            glo = wlo, ghi = whi; /* the whole chunks' range: host holes and the span alike */
+        }
+    }
+    if (lo == hi && !dropped) {
+        dev_free_block(d, b);
+        return;
+    }
+    /* Free with its neighbours, then the span becomes an unmapped hole (as empty_cache leaves one). */
+    uintptr_t base = (uintptr_t)seg_base(b->seg->vseg);
+    struct segrec *s = b->seg;
+    struct block *fb = dev_free_block_keeper(b);
     dev_free_block(d, b);
+    xseg_assert(block_in_free_index(fb) && fb->addr <= base + glo && base + ghi <= fb->addr + fb->size);
+    bpool_remove_free(block_pool(fb), fb);
+    retile_free_block(d, fb, glo, ghi, spare);
+    if (XSEG_UNLIKELY(hist_mode()) && lo != hi)
+        hist_record(HIST_SEGMENT_UNMAP, d->device, base + at + lo, hi - lo, (uintptr_t)s->stream, d->hist_cur);
 }
 
 /* When the quarantine passes its bound, the oldest blocks leave together down to this many

@@ -11,9 +11,11 @@
  * (vkern_ready: NOT_SUPPORTED) a memset per range fills, and checks read back into one host
  * buffer of copies with one wait per stream, sampled unless debug_stale_full_check (a
  * block up to 256 KiB whole, else its first and last 4 KiB and 4 KiB every 4 MiB). In expandable
- * segments whole chunks are swapped for a canary page (vmm/segment.h); a block whose chunks
- * cannot be mapped back when it leaves stays quarantined (stuck: never checked again, tried again
- * at its next exit), the failure returned by the check or empty_cache. A byte that lost the pattern
+ * segments the whole chunks inside a block are given back at its free and a canary page mapped
+ * there (vmm/segment.h seg_canary_swap; reserved bytes drop); when it leaves, the canary is
+ * unmapped and the range left unmapped (free address space, mapped by a later malloc). A block
+ * whose canary cannot be unmapped stays quarantined (stuck: never checked again, tried again at
+ * its next exit), the failure returned by the check or empty_cache. A byte that lost the pattern
  * is a write after the free: a finding, naming the block, its allocation's and its free's stacks
  * (history), the first changed offset and when it was found, delivered to the stale observers or
  * stderr with no lock held (quar_take / quar_deliver) and kept for snapshots.

@@ -280,11 +280,13 @@ struct quar_item {
     int pool;                  /* XSEG_STAT_SMALL_POOL or XSEG_STAT_LARGE_POOL */
     bool expandable;
     bool filled;               /* the pattern was queued at the free: the check means something */
-    size_t swap_lo, swap_hi;   /* [lo, hi) of the block (offsets) reads one canary page (equal: none) */
+    size_t swap_lo, swap_hi;   /* [lo, hi) of the block (offsets): its chunks given back, one canary
+                                * page mapped there instead (equal: none); unmapped when it leaves */
     bool reported;             /* a finding was made for it already */
-    CUmemGenericAllocationHandle canary; /* with a swap: the canary page's reference (seg_canary_restore) */
-    bool stuck;                /* never checked: a canary swap or restore failed (pages not all the
-                                * canary); a failed restore keeps it, tried again at its next exit */
+    CUmemGenericAllocationHandle canary; /* with a swap: the canary page's reference (seg_canary_release) */
+    struct block *spare[2];    /* with a swap: the block structs its leave re-tiles with (no allocation then) */
+    bool stuck;                /* never checked: a canary could not be mapped whole, or its release
+                                * failed (then it stays, tried again at its next exit) */
     struct hstack *alloc_stack, *free_stack; /* one reference each (NULL: none recorded) */
     int64_t freed_us, found_us;
     size_t first_offset;       /* findings: the first byte that lost the pattern */

@@ -415,6 +415,12 @@ void spill_after_free(struct dev_alloc *d, struct segrec *s, uintptr_t addr)
     }
 }
 
+void spill_after_quarantine(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->spill.host_bytes = (size_t)d->acct.stats.spilled_bytes.current;
+}
+
 /* ---- the public queries ------------------------------------------------------------------- */
 
 xseg_status spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)

@@ -48,6 +48,10 @@ xseg_status spill_promote(struct dev_alloc *d, bool wait);
 bool spill_on_free(struct dev_alloc *d, struct block *b, xseg_status *st);
 /* Drop the host chunks of the free block now holding @p addr of segment @p s. */
 void spill_after_free(struct dev_alloc *d, struct segrec *s, uintptr_t addr);
+/* The block of spill_on_free went to debug_stale_access's quarantine instead of its pool: its
+ * host chunks were given back with its canary swap, or go when it leaves (quarantine.c counts
+ * spilled_bytes down): the spill's own count follows. */
+void spill_after_quarantine(struct dev_alloc *d);
 
 /* xseg_spill_hint: mark allocated block @p ptr cold (@p hint XSEG_SPILL_COLD) or not
  * (XSEG_SPILL_NONE). *owned: the block is this device's. */

@@ -23,7 +23,7 @@ bad=0
 wing_rank="index:1 process:1 device:2 policy:3 services:4 top:5"
 wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
-device:state,device,placement,blockops,fast,quarantine,check
+device:state,device,placement,blockops,retile,fast,quarantine,check
 policy:capreuse,events,pools,ipc,observe,registry,expandable,release
 services:hostquar,hostalloc,spill,sleep,trim,group,sleepwake,idle
 top:runtime,snapshot,alloc,devops,shutdown"
