@@ -421,6 +421,7 @@ def stale_snapshot(xseg, out):
         keep = xseg.malloc(2 * MiB)  # also makes the device's context current on this thread
         p = xseg.malloc(3 * MiB)
         xseg.free(p)
+        xseg.stale_flush()  # the fills wait for their batch (debug_stale_fill_batch) until flushed
         r = cu.cuMemsetD8_v2(p, 0x5A, 4096)
         assert r == 0, "cuMemsetD8 into the freed block returned %d" % r
         xseg.dump_snapshot(path)

@@ -93,7 +93,9 @@ static void test_handles_back(void **state)
     assert_ptr_not_equal(other, a);
     xseg_free(other);
 
-    /* A stale write into the canary is still found (within a granule of its offset). */
+    /* A stale write into the canary is still found (within a granule of its offset), once the
+     * fills waiting for their batch (debug_stale_fill_batch) went out. */
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS);
     tu_assert_cu(drv->cuMemsetD8Async(DPTR(a) + 10 * MiB + 3, 0x3c, 1, NULL));
     tu_assert_cu(drv->cuStreamSynchronize(NULL));
     size_t found = 0;
@@ -190,6 +192,7 @@ static void test_spilled_then_stale(void **state)
     int loc = -1;
     assert_int_equal(xseg_block_location(b, &loc, NULL), XSEG_SUCCESS);
     assert_int_equal(loc, XSEG_LOCATION_DEVICE);
+    assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS); /* the batch's fills out before the stale write */
     tu_assert_cu(drv->cuMemsetD8Async(DPTR(a) + 8 * MiB, 0x11, 4096, NULL));
     tu_assert_cu(drv->cuStreamSynchronize(NULL));
     size_t found = 0;
