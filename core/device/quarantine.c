@@ -238,6 +238,11 @@ static void swap(struct dev_alloc *d, struct block *b, struct quar_item *it)
     if (!c.whole) { /* the canary could not be mapped whole: the span faults; never filled there nor checked */
         it->stuck = true;
         d->quar.stuck++;
+    } else if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS) {
+        /* The canary is new memory (any bytes: a dead block's among them), poisoned now rather than
+         * at its batch's flush, so that a read in the batch's window never sees them (a failure
+         * leaves it to the flush). */
+        (void)vhost_fill((CUdeviceptr)(it->addr + it->swap_lo), (unsigned char)QUAR_POISON, g, it->stream);
     }
 }
 

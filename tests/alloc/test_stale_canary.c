@@ -95,6 +95,12 @@ static void test_handles_back(void **state)
 
     /* A stale write into the canary is still found (within a granule of its offset), once the
      * fills waiting for their batch (debug_stale_fill_batch) went out. */
+    /* Before its batch's fill, the canary already reads as the pattern: new memory holds any bytes
+     * (cudaemu's CUDAEMU_FRESH pattern here), a dead block's among them on a GPU. */
+    unsigned char seen[4096];
+    tu_assert_cu(drv->cuMemcpyDtoH(seen, DPTR(a) + 10 * MiB, sizeof seen));
+    for (size_t i = 0; i < sizeof seen; i++)
+        assert_int_equal(seen[i], 0xFF);
     assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS);
     tu_assert_cu(drv->cuMemsetD8Async(DPTR(a) + 10 * MiB + 3, 0x3c, 1, NULL));
     tu_assert_cu(drv->cuStreamSynchronize(NULL));
