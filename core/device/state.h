@@ -265,6 +265,7 @@ struct life_state {
     struct life_key *home; /* the fast path's malloc: its key's home entry (NULL: elsewhere), from
                             * its prediction to its record (core/device/placement.h, place_predict_home) */
     uint32_t home_tag;     /* its blocks' tag (core/device/placement.h, LIFE_TAG) */
+    uint8_t want;          /* S1: the segments a growth may use (PLACE_SEG_*), for its span */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
 
