@@ -219,18 +219,21 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
 }
 
 /* The placement by class (core/device/placement.h, S1) of large request @p p (@p requested bytes):
- * p->cls gets its class; the best fit among the free blocks of its class's segments (a walk as
- * find_top_block's), NULL when none fits. The block stays in the free index. */
+ * p->cls gets its class; the best fit among the free blocks of its class's segments, NULL when
+ * none fits: the index's best fit when it is of the class (its order is place_class_better's),
+ * else a walk as find_top_block's. The block stays in the free index. */
 static __attribute__((noinline)) struct block *find_class_block(struct dev_alloc *d, struct alloc_params *p,
                                                                 size_t requested)
 {
     lock_assert_held(&d->lock);
     p->cls = (uint8_t)place_class_of(d, requested, p->stream, p->pool);
-    struct sbins *s = bpool_bins(p->pool, p->stream);
-    if (!s)
-        return NULL;
     size_t size = p->size;
-    struct block *best = NULL, *stack[128];
+    struct block *best = NULL, *stack[128], *next;
+    best = bpool_fit(p->pool, p->stream, size, &stack[0], &next);
+    if (!best || (BOPS_FITS(d, size, best->size) && place_block_ok(best, p->cls)))
+        return best;
+    best = NULL;
+    struct sbins *s = bpool_bins(p->pool, p->stream);
     unsigned walked = 0;
     for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < PLACE_TOP_WALK_MAX;
          k = bins_next(s, (unsigned)k + 1)) {

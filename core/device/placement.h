@@ -52,8 +52,9 @@
  * All with expandable_segments_recycle only (off: PyTorch's layout, one chunk a page, best fit);
  * an explicit expandable_chunk_mb replaces C1. A run that never meets pressure on a device of
  * 10 GiB or more (the six pytorch/ traces on 80 GiB) makes the same driver calls without C1-C3,
- * and S1 leaves such a device alone. S1 costs a walk of the stream's free blocks (at most
- * PLACE_TOP_WALK_MAX) every large malloc, on devices under 10 GiB only; no driver call.
+ * and S1 leaves such a device alone. S1 costs a key lookup every large malloc on devices under
+ * 10 GiB, and a walk of the stream's free blocks (at most PLACE_TOP_WALK_MAX) where the index's
+ * best fit is of the other class; no driver call.
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it.
@@ -267,15 +268,11 @@ static inline bool place_block_ok(const struct block *b, unsigned want)
     return want == PLACE_SEG_ANY || !b->expandable || b->seg->cls == (want == PLACE_SEG_CLASS);
 }
 
-/* S1: is free block @p a a better fit for @p want than @p best (NULL: yes)? Smaller, then older
- * (segment, then address: a stable order, as best fit's). */
+/* S1: is free block @p a a better fit than @p best (NULL: yes)? Smaller, then the lower address:
+ * the free index's order (bpool_fit's best fit). */
 static inline bool place_class_better(const struct block *a, const struct block *best)
 {
-    if (!best || a->size != best->size)
-        return !best || a->size < best->size;
-    if (a->seg != best->seg && a->seg->seq != best->seg->seq)
-        return a->seg->seq < best->seg->seq;
-    return a->addr < best->addr;
+    return !best || a->size < best->size || (a->size == best->size && a->addr < best->addr);
 }
 
 /* S1: the growth that follows may use the segments @p want says (PLACE_SEG_*), until it is set
