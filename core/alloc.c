@@ -46,6 +46,7 @@ struct alloc_params {
     struct bpool *pool;
     struct block *block; /* the block found or made */
     bool top;            /* predicted long-lived: carved from the top (core/device/placement.h) */
+    uint8_t cls;         /* the segments a growth may use (placement.h's S1: PLACE_SEG_*) */
 };
 
 /* ---- configuration ----------------------------------------------------------------------- */
@@ -219,6 +220,42 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
     return best;
 }
 
+/* The placement by class (core/device/placement.h, S1) of large request @p p (@p requested bytes):
+ * p->cls gets its class; the best fit among the free blocks of its class's segments, NULL when
+ * none fits: the index's best fit when it is of the class (its order is place_class_better's),
+ * else a walk as find_top_block's. The block stays in the free index. */
+static __attribute__((noinline)) struct block *find_class_block(struct dev_alloc *d, struct alloc_params *p,
+                                                                size_t requested)
+{
+    lock_assert_held(&d->lock);
+    p->cls = (uint8_t)place_class_of(d, requested, p->stream, p->pool);
+    size_t size = p->size;
+    struct block *best = NULL, *stack[128], *next;
+    best = bpool_fit(p->pool, p->stream, size, &stack[0], &next);
+    if (!best || (BOPS_FITS(d, size, best->size) && place_block_ok(best, p->cls)))
+        return best;
+    best = NULL;
+    struct sbins *s = bpool_bins(p->pool, p->stream);
+    unsigned walked = 0;
+    for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < PLACE_TOP_WALK_MAX;
+         k = bins_next(s, (unsigned)k + 1)) {
+        unsigned n = 0;
+        stack[n++] = s->bin[k];
+        while (n && walked < PLACE_TOP_WALK_MAX) {
+            struct block *b = stack[--n];
+            walked++;
+            if (b->left && n < 128)
+                stack[n++] = b->left;
+            if (b->right && n < 128)
+                stack[n++] = b->right;
+            if (b->size >= size && BOPS_FITS(d, size, b->size) && place_block_ok(b, p->cls) &&
+                place_class_better(b, best))
+                best = b;
+        }
+    }
+    return best;
+}
+
 /* get_free_block for the slow path: the block found is taken out of the free index. */
 static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 {
@@ -335,8 +372,12 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
     lock_assert_held(&d->lock);
     if (is_retry)
         d->acct.stats.num_alloc_retries++;
-    if (d->use_expandable)
-        return exp_allocate(d, p->pool, p->stream, p->size, &p->block);
+    if (d->use_expandable) {
+        place_want(d, p->cls); /* S1: its class's segments, or any */
+        xseg_status st = exp_allocate(d, p->pool, p->stream, p->size, &p->block);
+        place_want(d, PLACE_SEG_ANY);
+        return st;
+    }
     if (!dev_fraction_allows(d, p->alloc_size))
         return XSEG_ERROR_OUT_OF_MEMORY;
     return alloc_classic(d, p);
@@ -700,8 +741,10 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (!searched) {
         struct block *pred;
         bool pred_ok = false;
-        p->top = malloc_predict_long(d, p, size);
-        found = p->top ? find_top_block(d, p) : find_free_block(d, p, &pred, &pred_ok);
+        bool by_class = p->size > BLOCK_SMALL_SIZE && place_class_regime(d); /* S1 for L1 and L2 */
+        p->top = !by_class && malloc_predict_long(d, p, size);
+        found = by_class ? find_class_block(d, p, size)
+                : p->top ? find_top_block(d, p) : find_free_block(d, p, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
             return malloc_finish(d, p, size, true, pred, out, h);
@@ -757,8 +800,10 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
 
     /* 5-7b. Under pressure: give back cached memory and allocate again (malloc_reclaim). */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture)
+    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
+        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
         st = malloc_reclaim(d, p);
+    }
 
     /* 7c. The memory group. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && XSEG_UNLIKELY(group_on(d)))
@@ -832,6 +877,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     p->stream = stream;
     p->block = NULL;
     p->top = false;
+    p->cls = PLACE_SEG_ANY;
     return XSEG_SUCCESS;
 }
 
@@ -855,6 +901,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
         p.stream = stream;
         p.block = NULL;
         p.top = top;
+        p.cls = PLACE_SEG_ANY;
         xseg_assert(!d->acct.pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.acct.pending) */
         return malloc_policy(d, &p, true, found, size, out, NULL);
     }
@@ -920,6 +967,16 @@ static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, siz
     p.pool = &d->large;
     p.stream = stream;
     p.top = true;
+    p.cls = PLACE_SEG_ANY;
+    if (XSEG_UNLIKELY(place_class_regime(d))) { /* S1 (place_predict_home): a miss grows in the policy */
+        p.top = false;
+        struct block *c = find_class_block(d, &p, size);
+        if (!c)
+            return malloc_slow(d, size, stream, false, NULL, false, out);
+        bpool_remove_free(p.pool, c);
+        p.block = c;
+        return malloc_finish(d, &p, size, false, NULL, out, NULL);
+    }
     struct block *b = find_top_block(d, &p);
     if (!b)
         return malloc_slow(d, size, stream, true, NULL, true, out);

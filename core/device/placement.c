@@ -1,4 +1,4 @@
-/* Placement (core/device/placement.h): L1's window and key table, C1-C3's chunk sizes. */
+/* Placement (core/device/placement.h): L1's window and key table, C1-C3's chunk sizes, S1's class. */
 #include "core/device/placement.h"
 
 #include "base/assert.h"
@@ -43,6 +43,17 @@ void life_record_slow(struct life_state *l, size_t req, CUstream stream, const v
 }
 
 #endif
+
+unsigned place_class_of(const struct dev_alloc *d, size_t requested, CUstream stream, const void *pool)
+{
+    lock_assert_held(&d->lock);
+#ifdef XSEG_PLACEMENT_OFF
+    (void)d, (void)requested, (void)stream, (void)pool;
+    return PLACE_SEG_PLAIN;
+#else
+    return life_twins_live(&d->life, requested, stream, pool) ? PLACE_SEG_CLASS : PLACE_SEG_PLAIN;
+#endif
+}
 
 /* C2: xseg's reserved memory is within the last 1/PLACE_NEAR_FULL_DIV of the device (or of the
  * memory fraction's limit). Other processes' memory is not counted (no driver call here): near the

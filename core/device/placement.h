@@ -25,6 +25,10 @@
  *                                    cost 5x the calls                33,093 calls against 176,842);
  *                                                                     fit_fragmented_after_refusal,
  *                                                                     fit_kept_handles
+ *  S1    PLACE_CLASS_DEVICE_MAX      segments of their own strand     "Beyond lifetime" (silmont_fwd_
+ *        (10 GiB: C1's regime)       no cast beside a freed           bf16, checked on the public/
+ *                                    activation, but a growth cannot  ones); fit_class_segments
+ *                                    use the other kind's free VA
  *
  *  L1  A large request is predicted long-lived when frees outnumbered mallocs among the last
  *      PLACE_LIFE_WINDOW the device lock saw and the last 2 to LIFE_DEPTH blocks of its (requested
@@ -39,10 +43,18 @@
  *      pressure (C3): a later refusal has to give back what is mapped there first.
  *  C3  After a refused growth a chunk is 1/PLACE_FINE_CHUNK_DIV of its request (granules to a
  *      page), or the largest kept handle's size while handles wait to be mapped again.
+ *  S1  On a device under PLACE_CLASS_DEVICE_MAX, a large request whose key's last 2 to LIFE_DEPTH
+ *      blocks are all live (L1's second half) takes free blocks and growth only in segments of
+ *      that class (segrec.cls), every other large request only in the others, best fit; under
+ *      pressure (the reclaim's retries) either kind. L1 and L2 step aside there: long-lived
+ *      blocks of one size (a forward pass's weight casts) fill granules among themselves.
  *
  * All with expandable_segments_recycle only (off: PyTorch's layout, one chunk a page, best fit);
  * an explicit expandable_chunk_mb replaces C1. A run that never meets pressure on a device of
- * 10 GiB or more (the six pytorch/ traces on 80 GiB) makes the same driver calls without C1-C3.
+ * 10 GiB or more (the six pytorch/ traces on 80 GiB) makes the same driver calls without C1-C3,
+ * and S1 leaves such a device alone. S1 costs a key lookup every large malloc on devices under
+ * 10 GiB, and a walk of the stream's free blocks (at most PLACE_TOP_WALK_MAX) where the index's
+ * best fit is of the other class; no driver call.
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it.
@@ -67,6 +79,10 @@
 #define PLACE_DEVICE_CHUNK_DIV 512 /* C1 */
 #define PLACE_NEAR_FULL_DIV 8    /* C2 */
 #define PLACE_FINE_CHUNK_DIV 16  /* C3 */
+#define PLACE_CLASS_DEVICE_MAX ((size_t)10 << 30) /* S1: devices under 10 GiB, C1's regime */
+#define PLACE_SEG_ANY 0   /* S1: a growth may use any segment (life_state.want) */
+#define PLACE_SEG_PLAIN 1 /* S1: only segments of other requests */
+#define PLACE_SEG_CLASS 2 /* S1: only segments of requests whose last blocks are live */
 
 /* XSEG_PLACEMENT_OFF (a -D of a benchmark build only): L1 and L2 compiled out, to measure their
  * cost against the same tree (benchmarks/callgrind_round_robin.sh). */
@@ -248,6 +264,48 @@ static inline __attribute__((always_inline)) void life_forget(struct life_state 
 
 #endif
 
+/* S1: large requests in expandable mode (with expandable_segments_recycle) on a device under
+ * PLACE_CLASS_DEVICE_MAX are placed by class (L1's key table, so not without it). */
+static inline bool place_class_regime(const struct dev_alloc *d)
+{
+#ifdef XSEG_PLACEMENT_OFF
+    (void)d;
+    return false;
+#else
+    return d->life.cls; /* place_refresh_cfg */
+#endif
+}
+
+/* S1: the segments a large request of @p requested bytes may use (PLACE_SEG_CLASS or _PLAIN). */
+unsigned place_class_of(const struct dev_alloc *d, size_t requested, CUstream stream, const void *pool);
+
+/* S1: may free block @p b serve a request restricted to @p want (PLACE_SEG_*)? A classic block
+ * (cached from before expandable segments) belongs to no class. */
+static inline bool place_block_ok(const struct block *b, unsigned want)
+{
+    return want == PLACE_SEG_ANY || !b->expandable || b->seg->cls == (want == PLACE_SEG_CLASS);
+}
+
+/* S1: is free block @p a a better fit than @p best (NULL: yes)? Smaller, then the lower address:
+ * the free index's order (bpool_fit's best fit). */
+static inline bool place_class_better(const struct block *a, const struct block *best)
+{
+    return !best || a->size < best->size || (a->size == best->size && a->addr < best->addr);
+}
+
+/* S1: the growth that follows may use the segments @p want says (PLACE_SEG_*), until it is set
+ * back to PLACE_SEG_ANY. Device lock held. */
+static inline void place_want(struct dev_alloc *d, unsigned want) { d->life.want = (uint8_t)want; }
+
+/* S1: may the growth in progress use segment @p s? */
+static inline bool place_seg_ok(const struct dev_alloc *d, const struct segrec *s)
+{
+    return d->life.want == PLACE_SEG_ANY || s->cls == (d->life.want == PLACE_SEG_CLASS);
+}
+
+/* S1: is a segment created by the growth in progress one of the class? */
+static inline bool place_seg_class(const struct dev_alloc *d) { return d->life.want == PLACE_SEG_CLASS; }
+
 /* L1 for a malloc of @p size rounded bytes (@p requested asked): large requests in expandable
  * mode with expandable_segments_recycle only; without it, PyTorch's layout. */
 static inline bool place_predict_long(struct dev_alloc *d, size_t size, size_t requested, CUstream stream,
@@ -262,6 +320,9 @@ static inline bool place_predict_long(struct dev_alloc *d, size_t size, size_t r
 static inline void place_refresh_cfg(struct dev_alloc *d)
 {
     d->life.on = d->use_expandable && d->cfg.expandable_segments_recycle;
+#ifndef XSEG_PLACEMENT_OFF
+    d->life.cls = d->life.on && d->info.total_mem - 1 < PLACE_CLASS_DEVICE_MAX - 1; /* 0: the size is unknown */
+#endif
 }
 
 /* A new device's placement state: called by its creator (core/runtime.c) after dev_create, before
@@ -287,6 +348,10 @@ static inline __attribute__((always_inline)) bool place_predict_home(struct dev_
     if (!(size > BLOCK_SMALL_SIZE && l->on)) {
         l->home_tag = LIFE_HOME_NONE;
         return false;
+    }
+    if (XSEG_UNLIKELY(l->cls)) { /* S1 instead of L1 and L2 (malloc_top hands over) */
+        l->home_tag = LIFE_HOME_NONE;
+        return true;
     }
     size_t tag = LIFE_TAG(life_hash(requested, stream, pool)); /* the entry's address is keys + tag */
     const struct life_key *k = (const struct life_key *)((const char *)l->keys + tag);

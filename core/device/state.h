@@ -265,6 +265,8 @@ struct life_state {
     size_t home_tag; /* the fast path's malloc: its key's home entry's tag (LIFE_HOME_NONE: elsewhere),
                       * from its prediction to its record (core/device/placement.h, place_predict_home) */
     bool on; /* L1 predicts: expandable mode with expandable_segments_recycle (placement.h, place_refresh_cfg) */
+    bool cls; /* S1 places by class: L1 on, a device under PLACE_CLASS_DEVICE_MAX (placement.h, place_refresh_cfg) */
+    uint8_t want; /* S1: the segments a growth may use (PLACE_SEG_*), for its span */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
 };
 

@@ -153,6 +153,7 @@ struct segrec {
                           * order where virtual addresses differ from run to run */
     bool handles_out;    /* a chunk handle was handed out (xseg_ipc_export, xseg_block_handles):
                           * its chunks are never re-backed (exp_defragment) */
+    bool cls;            /* S1 (core/device/placement.h): holds the requests whose last blocks live */
     bool asleep;         /* its pool sleeps (core/services/sleep.c): blocks keep their mapped state, the
                           * pages are asleep; no reclaim path touches it */
 };

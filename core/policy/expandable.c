@@ -103,11 +103,10 @@ static bool covers_set_aside(const struct block *c, size_t size)
 static struct block *find_hole(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, bool capture)
 {
     lock_assert_held(&d->lock);
-    (void)d;
     struct block *best = NULL, *best_hole = NULL;
     for (struct block *u = bpool_unmapped_lower_bound(pool, stream, 0); u && u->stream == stream;
          u = bpool_unmapped_lower_bound(pool, stream, u->addr + 1)) {
-        if (best_hole && !seg_order_less(u, best_hole))
+        if ((best_hole && !seg_order_less(u, best_hole)) || !place_seg_ok(d, u->seg))
             continue;
         struct block *c = u;
         if (allocatable(c->prev))
@@ -173,7 +172,7 @@ static struct block *grow_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     size_t lo = by_stream_lower(d, pool, stream, 0), hi = by_stream_lower(d, pool, stream, UINT64_MAX);
     for (size_t k = hi; k-- > lo;) {
         struct segrec *s = d->exp.by_stream[k];
-        if (s->first == NULL)
+        if (s->first == NULL || !place_seg_ok(d, s))
             continue;
         if (s->vseg && seg_page(s) != (pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size))
             continue;
@@ -256,6 +255,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
     s->stream = stream;
     s->size = seg_va_size(vseg);
     s->seq = ++d->exp.seg_seq;
+    s->cls = place_seg_class(d);
     struct block *b = new_unmapped(d, s, (uintptr_t)seg_base(vseg), s->size);
     if (!b) {
         (void)seg_destroy(vseg);

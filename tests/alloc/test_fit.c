@@ -18,6 +18,9 @@
  *  - training_step, top_placement: gradients and optimizer states predicted long-lived are carved
  *    from the top of the free range, so a training step's shape fits 1.01 x peak allocated; the
  *    placement by addresses.
+ *  - class_segments(_large): on a device under 10 GiB, requests whose last blocks of their byte
+ *    count are live take segments of their own, the others the rest (placement's S1); on a
+ *    larger device best fit.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
@@ -256,16 +259,17 @@ static void test_fragmented_after_refusal(void **state)
 #define SMALL_N 20
 #define SMALL_BLOCK (4 * MiB)
 
-/* The 20 blocks of 4 MiB (four 20 MiB pages), each filled with its own pattern. @return the
- * cuMemCreate calls (chunks) they took. */
-static unsigned long small_blocks(void **blk)
+/* The 20 blocks of 4 MiB, each filled with its own pattern: four 20 MiB pages, or @p pages when
+ * placement's S1 gives the 18 with live twins a segment of their own. @return the cuMemCreate
+ * calls (chunks) they took. */
+static unsigned long small_blocks(void **blk, int64_t pages)
 {
     tu_counts_reset();
     for (int i = 0; i < SMALL_N; i++) {
         blk[i] = must_malloc(SMALL_BLOCK, NULL);
         tu_assert_cu(tu_fill(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
     }
-    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(80 * MiB));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), pages * (int64_t)(20 * MiB));
     return tu_call_count("cuMemCreate");
 }
 
@@ -279,7 +283,7 @@ static size_t device_total(void)
 
 /*
  * bcrafton's pattern (docs/benchmarks-replay.md) on a device of 1.01 x peak allocated: the 4 MiB
- * blocks are mapped at 0-44 % of the device (below its last eighth, before any refusal), the
+ * blocks are mapped at 0-55 % of the device (below its last eighth, before any refusal), the
  * 100 MiB block fills it, every other 4 MiB block is freed (40 MiB in holes, every page still
  * holding live blocks) and 40 MiB is asked for with 2 MiB of the device left. The pages came in
  * 2 MiB chunks (182 MiB / 512 rounds down to a granule), so the reclaim gives the holes to the
@@ -292,7 +296,9 @@ static void test_small_device(void **state)
     start_emu("expandable_segments:True");
     assert_int_equal(device_total(), 182 * MiB);
     void *blk[SMALL_N];
-    assert_int_equal(small_blocks(blk), 40); /* 80 MiB in 2 MiB chunks */
+    /* S1 (core/device/placement.h): the first two blocks in one segment's page, the 18 with live
+     * twins in four of a segment of their own; 100 MiB in 2 MiB chunks */
+    assert_int_equal(small_blocks(blk, 5), 50);
     void *big = must_malloc(100 * MiB, NULL);
     tu_assert_cu(tu_fill(DPTR(big), 100 * MiB, 0xB1));
     for (int i = 1; i < SMALL_N; i += 2)
@@ -332,7 +338,7 @@ static void pages_run(const char *config, size_t device_mib)
     if (!device_mib)
         cap_device(182 * MiB);
     void *blk[SMALL_N];
-    if (small_blocks(blk) != 4)
+    if (small_blocks(blk, 4) != 4)
         fail_msg("%s: 20 blocks of 4 MiB took %lu chunks, not one a page", config, tu_call_count("cuMemCreate"));
     for (int i = 0; i < SMALL_N; i++)
         assert_true(tu_check(DPTR(blk[i]), SMALL_BLOCK, (unsigned char)(i + 1)));
@@ -540,6 +546,63 @@ static void test_top_placement_off(void **state)
     top_placement("expandable_segments:True,expandable_segments_recycle:False", false);
 }
 
+/*
+ * S1 (core/device/placement.h), by addresses: four requests of one byte count X kept live, a
+ * request of another count (an "activation") after the second. The first two have no live
+ * twins yet and, like the activation, take the first segment from its front. On a device under
+ * 10 GiB (@p small) the third and fourth, whose last blocks are live, go to a segment of their own,
+ * one after the other; the activation's hole is then reused by another request of its count,
+ * and a freed block of the class is left to the class (a request of a new count goes to the first
+ * segment). On a larger device best fit keeps all of them in the first segment in order.
+ */
+static void class_segments(bool small)
+{
+    start_emu("expandable_segments:True");
+    const size_t X = 1152 * 1024, Y = 1536 * 1024; /* 1.125 MiB weight casts, 1.5 MiB activations */
+    char *c0 = must_malloc(X, NULL), *c1 = must_malloc(X, NULL), *act = must_malloc(Y, NULL);
+    assert_ptr_equal(c1, c0 + X);
+    assert_ptr_equal(act, c1 + X);
+    char *c2 = must_malloc(X, NULL), *c3 = must_malloc(X, NULL);
+    if (!small) {
+        assert_ptr_equal(c2, act + Y); /* best fit: the first segment's free rest, in order */
+        assert_ptr_equal(c3, c2 + X);
+    } else {
+        /* not in the first segment's page (it starts at c0), but together in one of their own */
+        if (c2 >= c0 && c2 < c0 + 20 * MiB)
+            fail_msg("a request with two live twins went to %p, in the first segment's page at %p", (void *)c2,
+                     (void *)c0);
+        assert_ptr_equal(c3, c2 + X);
+        assert_int_equal(tu_stat("reserved_bytes.large_pool.current"), (int64_t)(40 * MiB));
+    }
+    assert_int_equal(xseg_free(act), XSEG_SUCCESS);
+    char *a2 = must_malloc(Y, NULL);
+    assert_ptr_equal(a2, act); /* the activation's hole, for an activation */
+    assert_int_equal(xseg_free(c3), XSEG_SUCCESS);
+    char *n = must_malloc(X - 512, NULL); /* a new byte count: no twins */
+    assert_ptr_equal(n, small ? a2 + Y : c3); /* small: not the class's free space */
+
+    char *all[] = {c0, c1, c2, a2, n};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        assert_int_equal(xseg_free(all[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* On a 64 MiB device (CUDAEMU_TOTAL_MEM, set in main): segments by class. */
+static void test_class_segments(void **state)
+{
+    (void)state;
+    class_segments(true);
+}
+
+/* On the emulator's default device (80 GiB): no classes, best fit (L1 predicts nothing here). */
+static void test_class_segments_large(void **state)
+{
+    (void)state;
+    class_segments(false);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -554,10 +617,14 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_training_step),
         cmocka_unit_test(test_top_placement),
         cmocka_unit_test(test_top_placement_off),
+        cmocka_unit_test(test_class_segments),
+        cmocka_unit_test(test_class_segments_large),
     };
     /* Before the emulator starts: the small_device tests' device is 182 MiB. */
     if (argc > 1 && strncmp(argv[1], "test_small_device", 17) == 0)
         setenv("CUDAEMU_TOTAL_MEM", "182M", 1);
+    if (argc > 1 && strcmp(argv[1], "test_class_segments") == 0)
+        setenv("CUDAEMU_TOTAL_MEM", "64M", 1);
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
