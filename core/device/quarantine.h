@@ -69,6 +69,10 @@ xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, si
  * or the driver's memsets when the allocator's kernels do not run; @p when names the caller.
  * XSEG_ERROR_ILLEGAL_STATE during a capture (nothing done: its blocks wait until it ends). */
 xseg_status quar_flush(struct dev_alloc *d, const char *when);
+/* A malloc found no cached block and is about to grow reserved memory: a quarantine holding more
+ * than QUAR_GROW_EIGHTHS of its bound (a quarter) empties first, every block checked (quarantine.c).
+ * true: some went back to their pools (search the cache again). Never during a capture. */
+bool quar_before_growth(struct dev_alloc *d);
 /* Blocks and bytes held now. */
 size_t quar_count(const struct dev_alloc *d, size_t *bytes);
 
