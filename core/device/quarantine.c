@@ -600,7 +600,8 @@ static void leave_oldest(struct dev_alloc *d, xseg_status *st)
  * stay (the time a stale write can be caught) shortens. On the recorded training trace
  * (benchmarks/stale_cost.sh, STALE_SCALE=32) 7/8 made 271 exit batches and 1.77x the modelled
  * driver time off (expandable), 1/2 makes 92 and 1.47x, 1/4 64 and 1.43x: half takes most of the
- * gain and keeps blocks held for between half and all of the bound's worth of frees. */
+ * gain and keeps blocks held for between half and all of the bound's worth of frees (unless a growth
+ * empties the quarantine first: quar_before_growth). */
 #ifndef QUAR_EXIT_LOW_EIGHTHS /* a build may set another to measure it (-DQUAR_EXIT_LOW_EIGHTHS=N) */
 #define QUAR_EXIT_LOW_EIGHTHS 4
 #endif
