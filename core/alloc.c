@@ -789,6 +789,10 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (XSEG_UNLIKELY(dev_gc_on(d)))
         release_garbage_collect(d);
 
+    /* 3b. debug_stale_access: a quarantine over a quarter of its bound empties before growth (quarantine.h). */
+    if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && get_free_block(d, p))
+        return malloc_finish(d, p, size, false, NULL, out, h);
+
     /* 4. A new segment (classic), or room in an expandable one; under a budget, measured now
      * (core/services/group.h: one cuMemGetInfo a growth) and in force until this malloc returns. */
     struct budget_view bv;

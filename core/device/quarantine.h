@@ -6,8 +6,9 @@
  * every check and xseg_stale_flush fill the waiting ones first: between a free and its fill a
  * stale write is overwritten, the batch's documented window), and checked when they leave it,
  * at empty_cache, at snapshot time and on demand (xseg_check_stale). Checks go by batches (the
- * blocks leaving together, down to QUAR_EXIT_LOW_EIGHTHS of the bound, or all of them): whole
- * blocks compared on the device (one vkern_check, so one wait, per stream). Without the kernels
+ * blocks leaving together, down to QUAR_EXIT_LOW_EIGHTHS of the bound, or all of them, as when a
+ * malloc would grow reserved memory with more than a quarter of the bound held: quar_before_growth):
+ * whole blocks compared on the device (one vkern_check, so one wait, per stream). Without the kernels
  * (vkern_ready: NOT_SUPPORTED) a memset per range fills, and checks read back into one host
  * buffer of copies with one wait per stream, sampled unless debug_stale_full_check (a
  * block up to 256 KiB whole, else its first and last 4 KiB and 4 KiB every 4 MiB). In expandable
@@ -69,6 +70,10 @@ xseg_status quar_check_all(struct dev_alloc *d, const char *when, bool drain, si
  * or the driver's memsets when the allocator's kernels do not run; @p when names the caller.
  * XSEG_ERROR_ILLEGAL_STATE during a capture (nothing done: its blocks wait until it ends). */
 xseg_status quar_flush(struct dev_alloc *d, const char *when);
+/* A malloc found no cached block and is about to grow reserved memory: a quarantine holding more
+ * than QUAR_GROW_EIGHTHS of its bound (a quarter) empties first, every block checked (quarantine.c).
+ * true: some went back to their pools (search the cache again). Never during a capture. */
+bool quar_before_growth(struct dev_alloc *d);
 /* Blocks and bytes held now. */
 size_t quar_count(const struct dev_alloc *d, size_t *bytes);
 
