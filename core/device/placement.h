@@ -208,11 +208,12 @@ static inline bool life_predict_long(struct life_state *l, size_t req, CUstream 
 /* Block @p b goes into entry @p j (its key's) in place of the key's oldest; b->prio gets its tag. */
 static inline __attribute__((always_inline)) void life_put_key(struct life_key *k, size_t tag, struct block *b)
 {
-    size_t i = (size_t)k->recs & (LIFE_DEPTH - 1); /* a size_t: an index without a widening */
+    unsigned i = k->recs & (LIFE_DEPTH - 1u);
+    __asm__("" : "+m"(k->recs)); /* the count moves in place, not from the value loaded (mod 256) */
+    k->recs++;
+    b->prio = (uint32_t)tag | i; /* tag | i (a tag's low bits are 0), in one instruction */
     k->addr[i] = b->addr;
     k->live[i] = 1;
-    k->recs++;
-    b->prio = (uint32_t)(tag + i); /* tag | i (a tag's low bits are 0), in one instruction */
 }
 
 static inline __attribute__((always_inline)) void life_put(struct life_state *l, size_t j, struct block *b)
@@ -279,6 +280,20 @@ static inline bool place_class_regime(const struct dev_alloc *d)
 /* S1: the segments a large request of @p requested bytes may use (PLACE_SEG_CLASS or _PLAIN). */
 unsigned place_class_of(const struct dev_alloc *d, size_t requested, CUstream stream, const void *pool);
 
+/* place_class_of for the malloc whose place_predict_home (S1's regime) left home_tag: the key's home
+ * entry when it sits there (the same entry place_class_of's probe finds first), without a hash. */
+static inline unsigned place_class_home(const struct dev_alloc *d, size_t requested, CUstream stream,
+                                        const void *pool)
+{
+#ifndef XSEG_PLACEMENT_OFF
+    size_t tag = d->life.home_tag;
+    if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
+        return life_key_live((const struct life_key *)((const char *)d->life.keys + tag)) ? PLACE_SEG_CLASS
+                                                                                          : PLACE_SEG_PLAIN;
+#endif
+    return place_class_of(d, requested, stream, pool);
+}
+
 /* S1: may free block @p b serve a request restricted to @p want (PLACE_SEG_*)? A classic block
  * (cached from before expandable segments) belongs to no class. */
 static inline bool place_block_ok(const struct block *b, unsigned want)
@@ -319,10 +334,11 @@ static inline bool place_predict_long(struct dev_alloc *d, size_t size, size_t r
  * mode with expandable_segments_recycle, one flag for the fast path's test (life_state.on). */
 static inline void place_refresh_cfg(struct dev_alloc *d)
 {
-    d->life.on = d->use_expandable && d->cfg.expandable_segments_recycle;
+    bool on = d->use_expandable && d->cfg.expandable_segments_recycle;
 #ifndef XSEG_PLACEMENT_OFF
-    d->life.cls = d->life.on && d->info.total_mem - 1 < PLACE_CLASS_DEVICE_MAX - 1; /* 0: the size is unknown */
+    d->life.cls = on && d->info.total_mem - 1 < PLACE_CLASS_DEVICE_MAX - 1; /* 0: the size is unknown */
 #endif
+    d->life.l1 = on && !d->life.cls;
 }
 
 /* A new device's placement state: called by its creator (core/runtime.c) after dev_create, before
@@ -332,6 +348,24 @@ static inline void place_device_init(struct dev_alloc *d)
     life_init(&d->life);
     place_refresh_cfg(d);
 }
+
+#ifndef XSEG_PLACEMENT_OFF
+/* place_predict_home where L1 does not predict: S1's regime (true: malloc_top hands over; home_tag
+ * the key's home entry's, for its class and its record), or neither (false). */
+static inline __attribute__((always_inline)) bool place_predict_other(struct dev_alloc *d, size_t size,
+                                                                      size_t requested, CUstream stream,
+                                                                      const void *pool)
+{
+    struct life_state *l = &d->life;
+    l->home_tag = LIFE_HOME_NONE;
+    if (!(size > BLOCK_SMALL_SIZE && l->cls))
+        return false;
+    size_t tag = LIFE_TAG(life_hash(requested, stream, pool));
+    if (XSEG_LIKELY(life_is((const struct life_key *)((const char *)l->keys + tag), requested, stream, pool)))
+        l->home_tag = tag;
+    return true;
+}
+#endif
 
 /* place_predict_long for a large request that leaves in life_state.home_tag the tag of the key's
  * home entry when the key sits there (else LIFE_HOME_NONE), for the malloc's record under the same
@@ -345,14 +379,8 @@ static inline __attribute__((always_inline)) bool place_predict_home(struct dev_
     return false;
 #else
     struct life_state *l = &d->life;
-    if (!(size > BLOCK_SMALL_SIZE && l->on)) {
-        l->home_tag = LIFE_HOME_NONE;
-        return false;
-    }
-    if (XSEG_UNLIKELY(l->cls)) { /* S1 instead of L1 and L2 (malloc_top hands over) */
-        l->home_tag = LIFE_HOME_NONE;
-        return true;
-    }
+    if (XSEG_UNLIKELY(!(size > BLOCK_SMALL_SIZE && l->l1))) /* one test: L1 on and not S1 */
+        return place_predict_other(d, size, requested, stream, pool);
     size_t tag = LIFE_TAG(life_hash(requested, stream, pool)); /* the entry's address is keys + tag */
     const struct life_key *k = (const struct life_key *)((const char *)l->keys + tag);
     if (XSEG_LIKELY(life_is(k, requested, stream, pool))) {

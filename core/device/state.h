@@ -255,7 +255,8 @@ struct life_key {
     CUstream stream;
     const void *pool;
     uintptr_t addr[LIFE_DEPTH];
-    uint32_t recs; /* blocks recorded (the next goes to addr[recs % LIFE_DEPTH], the oldest's) */
+    uint8_t recs; /* blocks recorded, mod 256 (the next goes to addr[recs % LIFE_DEPTH], the oldest's;
+                   * a byte: placement.h's record increments it in place) */
     uint8_t live[LIFE_DEPTH]; /* 1: addr[i] is still allocated, or not yet recorded past the first
                                * two (placement.h, LIFE_LIVE_NEW; a byte each: a free stores one) */
 };
@@ -264,7 +265,8 @@ struct life_state {
                      * them what is left of LIFE_RING_INIT (core/device/placement.h) */
     size_t home_tag; /* the fast path's malloc: its key's home entry's tag (LIFE_HOME_NONE: elsewhere),
                       * from its prediction to its record (core/device/placement.h, place_predict_home) */
-    bool on; /* L1 predicts: expandable mode with expandable_segments_recycle (placement.h, place_refresh_cfg) */
+    bool l1; /* L1 predicts: expandable mode with expandable_segments_recycle, not S1's regime (placement.h,
+              * place_refresh_cfg): the fast path's one test */
     bool cls; /* S1 places by class: L1 on, a device under PLACE_CLASS_DEVICE_MAX (placement.h, place_refresh_cfg) */
     uint8_t want; /* S1: the segments a growth may use (PLACE_SEG_*), for its span */
     struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
