@@ -635,7 +635,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE)) { /* the large pools, in expandable mode */
+    if (p->size > BLOCK_SMALL_SIZE) { /* the large pools, in expandable mode (in line: no jump back) */
         if (home)
             place_record_home(d, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
         else if (d->use_expandable)
@@ -1163,7 +1163,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     struct bpool *pool = dev_block_pool(d, b);
     int si = pool->stat_index;
     life_note_free(&d->life);
-    if (b->expandable && !b->small_pool) /* in line: the expandable mode's large frees all come here */
+    if (XSEG_LIKELY(b->expandable && !b->small_pool)) /* in line: expandable mode's large frees */
         life_forget(&d->life, b);
     stat_down_pool(d->acct.stats.allocation, si, 1);
     stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
