@@ -80,6 +80,9 @@
 #define PLACE_NEAR_FULL_DIV 8    /* C2 */
 #define PLACE_FINE_CHUNK_DIV 16  /* C3 */
 #define PLACE_CLASS_DEVICE_MAX ((size_t)10 << 30) /* S1: devices under 10 GiB, C1's regime */
+#define PLACE_REGIME_OFF 0 /* life_state.l1: neither L1 nor S1 (classic, or without recycle) */
+#define PLACE_REGIME_L1 1  /* L1 (and L2) */
+#define PLACE_REGIME_S1 2  /* S1 instead */
 #define PLACE_SEG_ANY 0   /* S1: a growth may use any segment (life_state.want) */
 #define PLACE_SEG_PLAIN 1 /* S1: only segments of other requests */
 #define PLACE_SEG_CLASS 2 /* S1: only segments of requests whose last blocks are live */
@@ -363,7 +366,7 @@ static inline void place_refresh_cfg(struct dev_alloc *d)
 #ifndef XSEG_PLACEMENT_OFF
     d->life.cls = on && d->info.total_mem - 1 < PLACE_CLASS_DEVICE_MAX - 1; /* 0: the size is unknown */
 #endif
-    d->life.l1 = on && !d->life.cls;
+    d->life.l1 = !on ? PLACE_REGIME_OFF : d->life.cls ? PLACE_REGIME_S1 : PLACE_REGIME_L1;
 }
 
 /* A new device's placement state: called by its creator (core/runtime.c) after dev_create, before
@@ -382,7 +385,7 @@ static inline __attribute__((always_inline)) bool place_predict_other(struct dev
                                                                       const void *pool)
 {
     struct life_state *l = &d->life;
-    if (!(size > BLOCK_SMALL_SIZE && l->cls)) {
+    if (XSEG_LIKELY(l->l1 < PLACE_REGIME_S1 || size <= BLOCK_SMALL_SIZE)) { /* the flags of l1's test */
         l->home_tag = LIFE_HOME_NONE;
         return false;
     }
@@ -403,7 +406,7 @@ static inline __attribute__((always_inline)) bool place_predict_home(struct dev_
     return false;
 #else
     struct life_state *l = &d->life;
-    if (XSEG_UNLIKELY(!(size > BLOCK_SMALL_SIZE && l->l1))) /* one test: L1 on and not S1 */
+    if (XSEG_UNLIKELY(!(size > BLOCK_SMALL_SIZE && l->l1 == PLACE_REGIME_L1))) /* one test: L1 on, not S1 */
         return place_predict_other(d, size, requested, stream, pool);
     size_t tag = life_home_tag(requested, stream, pool);
     if (XSEG_LIKELY(life_is_at(l, tag, requested, stream, pool))) {

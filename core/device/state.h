@@ -263,8 +263,8 @@ struct life_state {
                      * them what is left of LIFE_RING_INIT (core/device/placement.h) */
     size_t home_tag; /* the fast path's malloc: its key's home entry's tag (LIFE_HOME_NONE: elsewhere),
                       * from its prediction to its record (core/device/placement.h, place_predict_home) */
-    bool l1; /* L1 predicts: expandable mode with expandable_segments_recycle, not S1's regime (placement.h,
-              * place_refresh_cfg): the fast path's one test */
+    uint8_t l1; /* PLACE_REGIME_L1: L1 predicts (expandable mode with expandable_segments_recycle, not
+                 * S1's regime); _S1, _OFF (placement.h, place_refresh_cfg): the fast path's one test */
     bool cls; /* S1 places by class: L1 on, a device under PLACE_CLASS_DEVICE_MAX (placement.h, place_refresh_cfg) */
     uint8_t want; /* S1: the segments a growth may use (PLACE_SEG_*), for its span */
     union {
