@@ -52,12 +52,15 @@
  * All with expandable_segments_recycle only (off: PyTorch's layout, one chunk a page, best fit);
  * an explicit expandable_chunk_mb replaces C1. A run that never meets pressure on a device of
  * 10 GiB or more (the six pytorch/ traces on 80 GiB) makes the same driver calls without C1-C3,
- * and S1 leaves such a device alone. S1 costs a key lookup every large malloc on devices under
- * 10 GiB, and a walk of the stream's free blocks (at most PLACE_TOP_WALK_MAX) where the index's
- * best fit is of the other class; no driver call.
+ * and S1 leaves such a device alone. S1 costs the key's hash and home-entry test every large malloc
+ * on devices under 10 GiB (its class and its record from that entry), and a walk of the stream's
+ * free blocks (at most PLACE_TOP_WALK_MAX) where the index's best fit is of the other class; no
+ * driver call.
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
- * lock, for all of it.
+ * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
+ * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 821
+ * instructions against 782 (+4.9 %) on 80 GiB, 887 (+13.4 %) on 8 GiB (S1); the small pool's +0.5 %.
  */
 #ifndef XSEG_CORE_PLACEMENT_H
 #define XSEG_CORE_PLACEMENT_H
