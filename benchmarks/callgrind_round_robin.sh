@@ -8,6 +8,8 @@
 # lifetime rules compiled out (core/device/placement.h), issue 52's cost figure:
 #   meson setup build-off -Dc_args=-DXSEG_PLACEMENT_OFF -Dtests=disabled && ninja -C build-off
 #   benchmarks/callgrind_round_robin.sh build build-off
+# RR_ROWS='MODE:SIZE ...' measures only those rows (e.g. expandable:2097152); CUDAEMU_TOTAL_MEM=8G
+# the same on an 8 GiB emulated device (rule S1's regime, under 10 GiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -36,15 +38,15 @@ if [ -z "$base" ]; then
 else
   printf "%-11s %-6s %18s %18s %10s\n" mode pool "instructions/pair" "$(basename "$base")" difference
 fi
-for mode in classic expandable; do
-  for size in 512 2097152; do
-    pool=small; [ "$size" -gt 1048576 ] && pool=large
-    x=$(pair "$build" "$mode" "$size")
-    if [ -z "$base" ]; then
-      printf "%-11s %-6s %18.1f\n" "$mode" "$pool" "$x"
-    else
-      y=$(pair "$base" "$mode" "$size")
-      printf "%-11s %-6s %18.1f %18.1f %+9.1f%%\n" "$mode" "$pool" "$x" "$y" "$(echo "($x - $y) * 100 / $y" | bc -l)"
-    fi
-  done
+rows=${RR_ROWS:-"classic:512 classic:2097152 expandable:512 expandable:2097152"}
+for row in $rows; do
+  mode=${row%%:*} size=${row#*:}
+  pool=small; [ "$size" -gt 1048576 ] && pool=large
+  x=$(pair "$build" "$mode" "$size")
+  if [ -z "$base" ]; then
+    printf "%-11s %-6s %18.1f\n" "$mode" "$pool" "$x"
+  else
+    y=$(pair "$base" "$mode" "$size")
+    printf "%-11s %-6s %18.1f %18.1f %+9.1f%%\n" "$mode" "$pool" "$x" "$y" "$(echo "($x - $y) * 100 / $y" | bc -l)"
+  fi
 done

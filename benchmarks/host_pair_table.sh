@@ -4,7 +4,9 @@
 # (benchmarks/callgrind_pairs.sh) and the range of bench_host_path's median ns over RUNS runs;
 # then xseg's pair through the device lock (benchmarks/callgrind_round_robin.sh), instructions only:
 # with OFF_BUILD (the same tree with the lifetime placement compiled out, core/device/placement.h)
-# also its figure there and the placement's cost (issue 52 goal 6):
+# also its figure there and the placement's cost (issue 52 goal 6), and the expandable large pool's
+# pair once more on an 8 GiB device (CUDAEMU_TOTAL_MEM=8G: under 10 GiB, where rule S1 places by
+# class; SMALL_DEVICE=none leaves that row out):
 #   meson setup build-off -Dc_args=-DXSEG_PLACEMENT_OFF -Dtests=disabled && ninja -C build-off
 #   benchmarks/host_pair_table.sh [BUILD_DIR [OFF_BUILD]]   (default build; needs valgrind)
 #   PAIRS=200000 REPS=5 RUNS=3                       (bench_host_path's settings, the doc's)
@@ -19,13 +21,20 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 benchmarks/callgrind_pairs.sh "$build" > "$tmp/ir"
 benchmarks/callgrind_round_robin.sh "$build" $off > "$tmp/rr"
+small_dev=${SMALL_DEVICE:-8G}
+if [ "$small_dev" != none ]; then
+  RR_ROWS="expandable:2097152" CUDAEMU_TOTAL_MEM="$small_dev" benchmarks/callgrind_round_robin.sh "$build" $off |
+    sed "1!s/^/$small_dev /" > "$tmp/rr_small"
+else
+  : > "$tmp/rr_small"
+fi
 for r in $(seq "$runs"); do
   "$bench" --pairs "$pairs" --reps "$reps" 2>/dev/null | sed 's/^/plain /' >> "$tmp/ns"
   "$bench" --pairs "$pairs" --reps "$reps" --only xseg --api torch 2>/dev/null | sed 's/^/torch /' >> "$tmp/ns"
 done
-/usr/bin/python3 - "$tmp/ir" "$tmp/ns" "$runs" "$tmp/rr" <<'PY'
+/usr/bin/python3 - "$tmp/ir" "$tmp/ns" "$runs" "$tmp/rr" "$tmp/rr_small" <<'PY'
 import re, sys
-ir_file, ns_file, runs, rr_file = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+ir_file, ns_file, runs, rr_file, rr_small_file = sys.argv[1:6]
 ir = {}
 for line in open(ir_file).read().splitlines()[1:]:
     f = line.split(None, 3)
@@ -60,4 +69,12 @@ for line in open(rr_file).read().splitlines()[1:]:
         if len(f) == 5:
             i += f" ({float(f[3]):,.0f} without the placement, {f[4].replace('%', ' %')})"
         print(f"| xseg, {f[0]}, through the device lock (round robin) | {rr_sizes[f[1]]} | {i} | n/a |")
+for line in open(rr_small_file).read().splitlines()[1:]:
+    f = line.split()  # device, mode, pool, instructions per pair [, without the placement, difference]
+    if len(f) in (4, 6) and f[2] in rr_sizes:
+        i = f"{float(f[3]):,.0f}"
+        if len(f) == 6:
+            i += f" ({float(f[4]):,.0f} without the placement, {f[5].replace('%', ' %')})"
+        print(f"| xseg, {f[1]}, through the device lock (round robin), {f[0].replace('G', ' GiB')} device "
+              f"(rule S1) | {rr_sizes[f[2]]} | {i} | n/a |")
 PY

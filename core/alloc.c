@@ -220,20 +220,22 @@ static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *
     return best;
 }
 
-/* The placement by class (core/device/placement.h, S1) of large request @p p (@p requested bytes):
- * p->cls gets its class; the best fit among the free blocks of its class's segments, NULL when
- * none fits: the index's best fit when it is of the class (its order is place_class_better's),
- * else a walk as find_top_block's. The block stays in the free index. */
-static __attribute__((noinline)) struct block *find_class_block(struct dev_alloc *d, struct alloc_params *p,
-                                                                size_t requested)
+/* The placement by class (core/device/placement.h, S1) of large request @p p, of class p->cls: the
+ * best fit among the free blocks of its class's segments, NULL when none fits: the index's best fit
+ * when it is of the class (its order is place_class_better's; *pred its index predecessor, as
+ * find_free_block's), else a walk as find_top_block's (*pred_ok false). The block stays in the free
+ * index. */
+static __attribute__((noinline)) struct block *find_class_block(struct dev_alloc *d, const struct alloc_params *p,
+                                                                struct block **pred, bool *pred_ok)
 {
     lock_assert_held(&d->lock);
-    p->cls = (uint8_t)place_class_of(d, requested, p->stream, p->pool);
     size_t size = p->size;
     struct block *best = NULL, *stack[128], *next;
-    best = bpool_fit(p->pool, p->stream, size, &stack[0], &next);
+    best = bpool_fit(p->pool, p->stream, size, pred, &next);
+    *pred_ok = true;
     if (!best || (BOPS_FITS(d, size, best->size) && place_block_ok(best, p->cls)))
         return best;
+    *pred_ok = false;
     best = NULL;
     struct sbins *s = bpool_bins(p->pool, p->stream);
     unsigned walked = 0;
@@ -633,7 +635,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (XSEG_UNLIKELY(p->size > BLOCK_SMALL_SIZE)) { /* the large pools, in expandable mode */
+    if (p->size > BLOCK_SMALL_SIZE) { /* the large pools, in expandable mode (in line: no jump back) */
         if (home)
             place_record_home(d, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
         else if (d->use_expandable)
@@ -743,7 +745,9 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         bool pred_ok = false;
         bool by_class = p->size > BLOCK_SMALL_SIZE && place_class_regime(d); /* S1 for L1 and L2 */
         p->top = !by_class && malloc_predict_long(d, p, size);
-        found = by_class ? find_class_block(d, p, size)
+        if (by_class)
+            p->cls = (uint8_t)place_class_of(d, size, p->stream, p->pool);
+        found = by_class ? find_class_block(d, p, &pred, &pred_ok)
                 : p->top ? find_top_block(d, p) : find_free_block(d, p, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
@@ -972,21 +976,28 @@ static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, siz
     p.stream = stream;
     p.top = true;
     p.cls = PLACE_SEG_ANY;
+    /* place_predict_home left the key's home entry (or none) in life_state.home_tag: the records
+     * below go there without a second hash (malloc_finish_at's home). */
     if (XSEG_UNLIKELY(place_class_regime(d))) { /* S1 (place_predict_home): a miss grows in the policy */
         p.top = false;
-        struct block *c = find_class_block(d, &p, size);
+        p.cls = (uint8_t)place_class_home(d, size, stream, p.pool);
+        struct block *pred;
+        bool pred_ok;
+        struct block *c = find_class_block(d, &p, &pred, &pred_ok);
         if (!c)
             return malloc_slow(d, size, stream, false, NULL, false, out);
-        bpool_remove_free(p.pool, c);
         p.block = c;
-        return malloc_finish(d, &p, size, false, NULL, out, NULL);
+        if (XSEG_LIKELY(pred_ok)) /* the index's best fit: its predecessor is known */
+            return malloc_finish_at(d, &p, size, true, pred, true, out, NULL);
+        bpool_remove_free(p.pool, c);
+        return malloc_finish_at(d, &p, size, false, NULL, true, out, NULL);
     }
     struct block *b = find_top_block(d, &p);
     if (!b)
         return malloc_slow(d, size, stream, true, NULL, true, out);
     bpool_remove_free(p.pool, b);
     p.block = b;
-    return malloc_finish(d, &p, size, false, NULL, out, NULL);
+    return malloc_finish_at(d, &p, size, false, NULL, true, out, NULL);
 }
 
 /*
@@ -1156,7 +1167,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     struct bpool *pool = dev_block_pool(d, b);
     int si = pool->stat_index;
     life_note_free(&d->life);
-    if (XSEG_UNLIKELY(b->expandable && !b->small_pool))
+    if (XSEG_LIKELY(b->expandable && !b->small_pool)) /* in line: expandable mode's large frees */
         life_forget(&d->life, b);
     stat_down_pool(d->acct.stats.allocation, si, 1);
     stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);

@@ -4,25 +4,25 @@
 #include "base/assert.h"
 
 #ifndef XSEG_PLACEMENT_OFF
-/* The key's entry, or NULL. */
-static const struct life_key *life_find(const struct life_state *l, size_t req, CUstream stream, const void *pool)
+/* The key's entry's tag, or LIFE_HOME_NONE. */
+static size_t life_find(const struct life_state *l, size_t req, CUstream stream, const void *pool)
 {
     size_t h = life_hash(req, stream, pool);
     for (unsigned i = 0; i < PLACE_LIFE_PROBES; i++) {
-        const struct life_key *k = &l->keys[(h + i) & (LIFE_KEYS - 1)];
-        if (life_is(k, req, stream, pool))
-            return k;
-        if (!k->req)
-            return NULL;
+        size_t tag = LIFE_TAG((h + i) & (LIFE_KEYS - 1));
+        if (life_is_at(l, tag, req, stream, pool))
+            return tag;
+        if (!l->keys[tag / 8].req)
+            return LIFE_HOME_NONE;
     }
-    return NULL;
+    return LIFE_HOME_NONE;
 }
 
 bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, const void *pool)
 {
     _Static_assert(PLACE_LIFE_WINDOW == 64, "the window is the 64 bits of life_state.ring");
-    const struct life_key *k = life_find(l, req, stream, pool);
-    return k && life_key_live(k);
+    size_t tag = life_find(l, req, stream, pool);
+    return tag != LIFE_HOME_NONE && life_key_live(l, tag);
 }
 
 void life_record_slow(struct life_state *l, size_t req, CUstream stream, const void *pool, struct block *b)
@@ -37,8 +37,11 @@ void life_record_slow(struct life_state *l, size_t req, CUstream stream, const v
     }
     if (!found) /* full around its home: the home entry is reused */
         j = h;
-    if (!life_is(&l->keys[j], req, stream, pool))
-        l->keys[j] = (struct life_key){.req = req, .stream = stream, .pool = pool, .live = LIFE_LIVE_NEW};
+    if (!life_is(&l->keys[j], req, stream, pool)) {
+        l->keys[j] = (struct life_key){.req = req, .stream = stream, .pool = pool};
+        memcpy(&l->live[LIFE_TAG(j) + LIFE_ADDR0], LIFE_LIVE_NEW, LIFE_DEPTH);
+        l->live[LIFE_TAG(j) + LIFE_RECS] = 0;
+    }
     life_put(l, j, b);
 }
 

@@ -52,12 +52,15 @@
  * All with expandable_segments_recycle only (off: PyTorch's layout, one chunk a page, best fit);
  * an explicit expandable_chunk_mb replaces C1. A run that never meets pressure on a device of
  * 10 GiB or more (the six pytorch/ traces on 80 GiB) makes the same driver calls without C1-C3,
- * and S1 leaves such a device alone. S1 costs a key lookup every large malloc on devices under
- * 10 GiB, and a walk of the stream's free blocks (at most PLACE_TOP_WALK_MAX) where the index's
- * best fit is of the other class; no driver call.
+ * and S1 leaves such a device alone. S1 costs the key's hash and home-entry test every large malloc
+ * on devices under 10 GiB (its class and its record from that entry), and a walk of the stream's
+ * free blocks (at most PLACE_TOP_WALK_MAX) where the index's best fit is of the other class; no
+ * driver call.
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
- * lock, for all of it.
+ * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
+ * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 821
+ * instructions against 782 (+4.9 %) on 80 GiB, 887 (+13.4 %) on 8 GiB (S1); the small pool's +0.5 %.
  */
 #ifndef XSEG_CORE_PLACEMENT_H
 #define XSEG_CORE_PLACEMENT_H
@@ -80,6 +83,9 @@
 #define PLACE_NEAR_FULL_DIV 8    /* C2 */
 #define PLACE_FINE_CHUNK_DIV 16  /* C3 */
 #define PLACE_CLASS_DEVICE_MAX ((size_t)10 << 30) /* S1: devices under 10 GiB, C1's regime */
+#define PLACE_REGIME_OFF 0 /* life_state.l1: neither L1 nor S1 (classic, or without recycle) */
+#define PLACE_REGIME_L1 1  /* L1 (and L2) */
+#define PLACE_REGIME_S1 2  /* S1 instead */
 #define PLACE_SEG_ANY 0   /* S1: a growth may use any segment (life_state.want) */
 #define PLACE_SEG_PLAIN 1 /* S1: only segments of other requests */
 #define PLACE_SEG_CLASS 2 /* S1: only segments of requests whose last blocks are live */
@@ -122,12 +128,21 @@ static inline __attribute__((always_inline)) void life_note_free(struct life_sta
     l->ring |= 1;
 }
 
-/* L1's tag of a recorded block, in its `prio` while it is allocated (no index holds it then; an
- * index insert sets prio anew): the key entry's byte offset in the key table | its slot there (the
- * free finds both with two masks). */
-_Static_assert(LIFE_DEPTH == 4 && sizeof(struct life_key) == 64 && LIFE_KEYS <= (1u << 26),
-               "a tag holds a slot in the low bits of an entry's offset");
-#define LIFE_TAG(j) ((uint32_t)(j) * (uint32_t)sizeof(struct life_key))
+/* The key table counts in words (struct life_key: eight, the n-th of entry j the table's word
+ * 8 j + n). An entry's tag is its first word's index; a block's slot, the index of the word that
+ * holds its address, which also indexes its live flag (life_state.live): one index reaches both,
+ * scaled by the addressing. A recorded block's `prio` holds its slot while it is allocated (no
+ * index holds it then; an index insert sets prio anew). */
+_Static_assert(LIFE_DEPTH == 4 && sizeof(struct life_key) == 64 && sizeof(uintptr_t) == 8 &&
+                   offsetof(struct life_key, stream) == 8 && offsetof(struct life_key, pool) == 2 * 8 &&
+                   offsetof(struct life_key, addr) == 3 * 8 &&
+                   LIFE_KEYS * 8 <= (1u << 26),
+               "an entry is eight words, its addresses words 3 to 6");
+#define LIFE_WORDS (LIFE_KEYS * 8u)
+#define LIFE_TAG(j) ((uint32_t)(j) * 8u) /* entry j's first word */
+#define LIFE_ADDR0 3u                     /* addr[0]'s word in an entry */
+#define LIFE_RECS 7u /* life_state.live[tag + LIFE_RECS]: the entry's blocks recorded, mod 256 (the next
+                      * goes to addr[recs % LIFE_DEPTH], the oldest's) */
 #define LIFE_HOME_NONE SIZE_MAX /* life_state.home_tag: the key is not in its home entry */
 
 /* The key's home entry: one multiply over its words mixed by xor, the top bits. */
@@ -138,10 +153,24 @@ static inline __attribute__((always_inline)) size_t life_hash(size_t req, CUstre
     return (size_t)(h >> 54);
 }
 
+/* LIFE_TAG(life_hash(...)), in two instructions (a shift and a mask) after the multiply. */
+static inline __attribute__((always_inline)) size_t life_home_tag(size_t req, CUstream stream, const void *pool)
+{
+    uint64_t h = ((uint64_t)req ^ (uint64_t)(uintptr_t)stream ^ (uint64_t)(uintptr_t)pool) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 51) & ~(size_t)7;
+}
+
 static inline __attribute__((always_inline)) bool life_is(const struct life_key *k, size_t req, CUstream stream,
                                                           const void *pool)
 {
     return k->req == req && k->stream == stream && k->pool == pool;
+}
+
+/* life_is for the entry of tag @p tag, word by word (the entry's address folds into each load). */
+static inline __attribute__((always_inline)) bool life_is_at(const struct life_state *l, size_t tag, size_t req,
+                                                             CUstream stream, const void *pool)
+{
+    return l->words[tag] == req && l->words[tag + 1] == (uintptr_t)stream && l->words[tag + 2] == (uintptr_t)pool;
 }
 
 /* The set bits of @p x, inline (libgcc's __popcountdi2 is a call where the target has no popcnt). */
@@ -166,36 +195,37 @@ static inline __attribute__((always_inline)) bool life_frees_lead(const struct l
 /* A new entry's live flags: the first PLACE_LIFE_TWINS slots (the first records' places) not
  * live, the rest live, so that "all four flags set" is "at least PLACE_LIFE_TWINS recorded and all
  * recorded ones live" in one compare, without a test of the record count. */
-#define LIFE_LIVE_NEW {0, 0, 1, 1}
+#define LIFE_LIVE_NEW "\0\0\1\1" /* live[tag + LIFE_ADDR0 ...], for memcpy */
 _Static_assert(PLACE_LIFE_TWINS == 2 && LIFE_DEPTH == 4, "LIFE_LIVE_NEW: twins not live, the rest live");
 
-/* L1's second half for entry @p k: its last blocks (2 to LIFE_DEPTH) are all live. */
-static inline __attribute__((always_inline)) bool life_key_live(const struct life_key *k)
+/* L1's second half for the entry of tag @p tag: its last blocks (2 to LIFE_DEPTH) are all live. */
+static inline __attribute__((always_inline)) bool life_key_live(const struct life_state *l, size_t tag)
 {
     uint32_t v;
-    memcpy(&v, k->live, sizeof v);
+    memcpy(&v, &l->live[tag + LIFE_ADDR0], sizeof v);
     return v == 0x01010101u;
 }
 
 /* L1's second half past the key's home entry (probing). */
 bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, const void *pool);
 
-/* The key's home entry when the key sits there, else NULL (the key is elsewhere or not recorded).
- * Valid while the device lock stays held: only a record changes which key an entry holds. */
-static inline __attribute__((always_inline)) struct life_key *life_home(struct life_state *l, size_t req,
-                                                                        CUstream stream, const void *pool)
+/* The tag of the key's home entry when the key sits there, else LIFE_HOME_NONE (the key is
+ * elsewhere or not recorded). Valid while the device lock stays held: only a record changes which
+ * key an entry holds. */
+static inline __attribute__((always_inline)) size_t life_home(const struct life_state *l, size_t req,
+                                                              CUstream stream, const void *pool)
 {
-    struct life_key *k = &l->keys[life_hash(req, stream, pool)];
-    return XSEG_LIKELY(life_is(k, req, stream, pool)) ? k : NULL;
+    size_t tag = life_home_tag(req, stream, pool);
+    return XSEG_LIKELY(life_is_at(l, tag, req, stream, pool)) ? tag : LIFE_HOME_NONE;
 }
 
-/* L1: predicted long, given the key's home entry @p k (life_home). Both halves are pure; the
- * key's entry first (the cheaper test, and false on a steady malloc-free cycle), then the window. */
-static inline __attribute__((always_inline)) bool life_predict_at(const struct life_state *l, const struct life_key *k,
+/* L1: predicted long, given the key's home entry's tag @p tag (life_home). Both halves are pure;
+ * the key's entry first (the cheaper test, and false on a steady malloc-free cycle), then the window. */
+static inline __attribute__((always_inline)) bool life_predict_at(const struct life_state *l, size_t tag,
                                                                   size_t req, CUstream stream, const void *pool)
 {
-    if (XSEG_LIKELY(k != NULL))
-        return life_key_live(k) && life_frees_lead(l);
+    if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
+        return life_key_live(l, tag) && life_frees_lead(l);
     return life_frees_lead(l) && life_twins_live(l, req, stream, pool);
 }
 
@@ -205,33 +235,36 @@ static inline bool life_predict_long(struct life_state *l, size_t req, CUstream 
     return life_predict_at(l, life_home(l, req, stream, pool), req, stream, pool);
 }
 
-/* Block @p b goes into entry @p j (its key's) in place of the key's oldest; b->prio gets its tag. */
-static inline __attribute__((always_inline)) void life_put_key(struct life_key *k, size_t tag, struct block *b)
+/* Block @p b goes into the entry of tag @p tag (its key's) in place of the key's oldest; b->prio
+ * gets its slot. */
+static inline __attribute__((always_inline)) void life_put_key(struct life_state *l, size_t tag, struct block *b)
 {
-    size_t i = (size_t)k->recs & (LIFE_DEPTH - 1); /* a size_t: an index without a widening */
-    k->addr[i] = b->addr;
-    k->live[i] = 1;
-    k->recs++;
-    b->prio = (uint32_t)(tag + i); /* tag | i (a tag's low bits are 0), in one instruction */
+    uint8_t *recs = &l->live[tag + LIFE_RECS]; /* the entry's count, by the tag alone */
+    unsigned i = *recs & (LIFE_DEPTH - 1u);
+    (*recs)++;
+    size_t w = tag + LIFE_ADDR0 + i; /* the slot */
+    b->prio = (uint32_t)w;
+    l->words[w] = b->addr;
+    l->live[w] = 1;
 }
 
 static inline __attribute__((always_inline)) void life_put(struct life_state *l, size_t j, struct block *b)
 {
-    life_put_key(&l->keys[j], LIFE_TAG(j), b);
+    life_put_key(l, LIFE_TAG(j), b);
 }
 
 /* life_record past the key's home entry (probing, a new or replaced entry). */
 void life_record_slow(struct life_state *l, size_t req, CUstream stream, const void *pool, struct block *b);
 
 /* Block @p b was handed out for the key (req, stream, pool): it replaces the key's oldest (a full
- * table replaces an entry; never fails), and b->prio gets its tag. Inline when the key sits in its
+ * table replaces an entry; never fails), and b->prio gets its slot. Inline when the key sits in its
  * home entry. */
 static inline __attribute__((always_inline)) void life_record(struct life_state *l, size_t req, CUstream stream,
                                                               const void *pool, struct block *b)
 {
-    size_t h = life_hash(req, stream, pool);
-    if (XSEG_LIKELY(life_is(&l->keys[h], req, stream, pool)))
-        life_put(l, h, b);
+    size_t tag = life_home(l, req, stream, pool);
+    if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
+        life_put_key(l, tag, b);
     else
         life_record_slow(l, req, stream, pool, b);
 }
@@ -244,7 +277,7 @@ static inline __attribute__((always_inline)) void place_record_home(struct dev_a
 {
     size_t tag = d->life.home_tag;
     if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
-        life_put_key((struct life_key *)((char *)d->life.keys + tag), tag, b);
+        life_put_key(&d->life, tag, b);
     else if (d->use_expandable)
         life_record_slow(&d->life, req, stream, pool, b);
 }
@@ -255,11 +288,11 @@ static inline __attribute__((always_inline)) void place_record_home(struct dev_a
  * only clear a stale flag of an earlier block at its address. */
 static inline __attribute__((always_inline)) void life_forget(struct life_state *l, const struct block *b)
 {
-    uint32_t t = b->prio; /* a block recorded at its malloc; else any value: the address decides */
-    struct life_key *k = (struct life_key *)((char *)l->keys + (t & LIFE_TAG(LIFE_KEYS - 1)));
-    unsigned i = t & (LIFE_DEPTH - 1);
-    if (k->addr[i] == b->addr)
-        k->live[i] = 0;
+    /* A block recorded at its malloc: its slot; else any word of the table, whose flag is unused
+     * unless the word is a slot (words 3 to 6 of an entry): the address decides. */
+    size_t w = b->prio & (LIFE_WORDS - 1);
+    if (XSEG_LIKELY(l->words[w] == b->addr)) /* a recorded block's: its own slot */
+        l->live[w] = 0;
 }
 
 #endif
@@ -278,6 +311,19 @@ static inline bool place_class_regime(const struct dev_alloc *d)
 
 /* S1: the segments a large request of @p requested bytes may use (PLACE_SEG_CLASS or _PLAIN). */
 unsigned place_class_of(const struct dev_alloc *d, size_t requested, CUstream stream, const void *pool);
+
+/* place_class_of for the malloc whose place_predict_home (S1's regime) left home_tag: the key's home
+ * entry when it sits there (the same entry place_class_of's probe finds first), without a hash. */
+static inline unsigned place_class_home(const struct dev_alloc *d, size_t requested, CUstream stream,
+                                        const void *pool)
+{
+#ifndef XSEG_PLACEMENT_OFF
+    size_t tag = d->life.home_tag;
+    if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
+        return life_key_live(&d->life, tag) ? PLACE_SEG_CLASS : PLACE_SEG_PLAIN;
+#endif
+    return place_class_of(d, requested, stream, pool);
+}
 
 /* S1: may free block @p b serve a request restricted to @p want (PLACE_SEG_*)? A classic block
  * (cached from before expandable segments) belongs to no class. */
@@ -319,10 +365,11 @@ static inline bool place_predict_long(struct dev_alloc *d, size_t size, size_t r
  * mode with expandable_segments_recycle, one flag for the fast path's test (life_state.on). */
 static inline void place_refresh_cfg(struct dev_alloc *d)
 {
-    d->life.on = d->use_expandable && d->cfg.expandable_segments_recycle;
+    bool on = d->use_expandable && d->cfg.expandable_segments_recycle;
 #ifndef XSEG_PLACEMENT_OFF
-    d->life.cls = d->life.on && d->info.total_mem - 1 < PLACE_CLASS_DEVICE_MAX - 1; /* 0: the size is unknown */
+    d->life.cls = on && d->info.total_mem - 1 < PLACE_CLASS_DEVICE_MAX - 1; /* 0: the size is unknown */
 #endif
+    d->life.l1 = !on ? PLACE_REGIME_OFF : d->life.cls ? PLACE_REGIME_S1 : PLACE_REGIME_L1;
 }
 
 /* A new device's placement state: called by its creator (core/runtime.c) after dev_create, before
@@ -332,6 +379,23 @@ static inline void place_device_init(struct dev_alloc *d)
     life_init(&d->life);
     place_refresh_cfg(d);
 }
+
+#ifndef XSEG_PLACEMENT_OFF
+/* place_predict_home where L1 does not predict: S1's regime (true: malloc_top hands over; home_tag
+ * the key's home entry's, for its class and its record), or neither (false). */
+static inline __attribute__((always_inline)) bool place_predict_other(struct dev_alloc *d, size_t size,
+                                                                      size_t requested, CUstream stream,
+                                                                      const void *pool)
+{
+    struct life_state *l = &d->life;
+    if (XSEG_LIKELY(l->l1 < PLACE_REGIME_S1 || size <= BLOCK_SMALL_SIZE)) { /* the flags of l1's test */
+        l->home_tag = LIFE_HOME_NONE;
+        return false;
+    }
+    l->home_tag = life_home(l, requested, stream, pool);
+    return true;
+}
+#endif
 
 /* place_predict_long for a large request that leaves in life_state.home_tag the tag of the key's
  * home entry when the key sits there (else LIFE_HOME_NONE), for the malloc's record under the same
@@ -345,19 +409,12 @@ static inline __attribute__((always_inline)) bool place_predict_home(struct dev_
     return false;
 #else
     struct life_state *l = &d->life;
-    if (!(size > BLOCK_SMALL_SIZE && l->on)) {
-        l->home_tag = LIFE_HOME_NONE;
-        return false;
-    }
-    if (XSEG_UNLIKELY(l->cls)) { /* S1 instead of L1 and L2 (malloc_top hands over) */
-        l->home_tag = LIFE_HOME_NONE;
-        return true;
-    }
-    size_t tag = LIFE_TAG(life_hash(requested, stream, pool)); /* the entry's address is keys + tag */
-    const struct life_key *k = (const struct life_key *)((const char *)l->keys + tag);
-    if (XSEG_LIKELY(life_is(k, requested, stream, pool))) {
+    if (XSEG_UNLIKELY(!(size > BLOCK_SMALL_SIZE && l->l1 == PLACE_REGIME_L1))) /* one test: L1 on, not S1 */
+        return place_predict_other(d, size, requested, stream, pool);
+    size_t tag = life_home_tag(requested, stream, pool);
+    if (XSEG_LIKELY(life_is_at(l, tag, requested, stream, pool))) {
         l->home_tag = tag;
-        return life_key_live(k) && life_frees_lead(l); /* the entry first: the cheaper test */
+        return life_key_live(l, tag) && life_frees_lead(l); /* the entry first: the cheaper test */
     }
     l->home_tag = LIFE_HOME_NONE;
     return life_frees_lead(l) && life_twins_live(l, requested, stream, pool);

@@ -249,25 +249,32 @@ struct acct {
 /* ---- placement.{h,c}: the lifetime predictor (core/device/placement.h, L1) ------------------------ */
 #define LIFE_KEYS 1024 /* key table entries (a power of two) */
 #define LIFE_DEPTH 4   /* blocks remembered a key */
-/* One key (requested size, stream, pool) and its last LIFE_DEPTH blocks' addresses. */
+/* One key (requested size, stream, pool) and its last LIFE_DEPTH blocks' addresses: eight words, the
+ * n-th word of entry j the table's word 8 j + n (placement.h's tags and slots count words). */
 struct life_key {
     size_t req; /* 0: an empty entry */
     CUstream stream;
     const void *pool;
-    uintptr_t addr[LIFE_DEPTH];
-    uint32_t recs; /* blocks recorded (the next goes to addr[recs % LIFE_DEPTH], the oldest's) */
-    uint8_t live[LIFE_DEPTH]; /* 1: addr[i] is still allocated, or not yet recorded past the first
-                               * two (placement.h, LIFE_LIVE_NEW; a byte each: a free stores one) */
+    uintptr_t addr[LIFE_DEPTH]; /* words 3 to 6 */
+    uintptr_t unused; /* word 7 (its count of records: placement.h, LIFE_RECS) */
 };
 struct life_state {
     uint64_t ring;  /* the last mallocs (0) and frees (1) the device lock saw, newest in bit 0, above
                      * them what is left of LIFE_RING_INIT (core/device/placement.h) */
     size_t home_tag; /* the fast path's malloc: its key's home entry's tag (LIFE_HOME_NONE: elsewhere),
                       * from its prediction to its record (core/device/placement.h, place_predict_home) */
-    bool on; /* L1 predicts: expandable mode with expandable_segments_recycle (placement.h, place_refresh_cfg) */
+    uint8_t l1; /* PLACE_REGIME_L1: L1 predicts (expandable mode with expandable_segments_recycle, not
+                 * S1's regime); _S1, _OFF (placement.h, place_refresh_cfg): the fast path's one test */
     bool cls; /* S1 places by class: L1 on, a device under PLACE_CLASS_DEVICE_MAX (placement.h, place_refresh_cfg) */
     uint8_t want; /* S1: the segments a growth may use (PLACE_SEG_*), for its span */
-    struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
+    union {
+        struct life_key keys[LIFE_KEYS]; /* allocated with the device (no malloc allocates for it) */
+        uintptr_t words[LIFE_KEYS * 8];  /* the same, word by word (placement.h's tags and slots) */
+    };
+    uint8_t live[LIFE_KEYS * 8]; /* live[w]: the address in the table's word w (an addr slot) is still
+                                  * allocated, or not yet recorded past the first two (placement.h,
+                                  * LIFE_LIVE_NEW); a byte a word, one index for both; an entry's
+                                  * eighth byte counts its records (LIFE_RECS), its first three unused */
 };
 
 /* ---- quarantine.{h,c}: the stale-access debug mode (core/device/quarantine.h) ------------------- */
