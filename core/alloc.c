@@ -727,6 +727,27 @@ static xseg_status malloc_reclaim(struct dev_alloc *d, struct alloc_params *p)
     return st;
 }
 
+/* A cache miss that may grow: sizes it (p->alloc_size) and refuses what can never be held — the
+ * device (or the memory fraction, a budget) too small, before any segment metadata is sized for it
+ * (2^54 bytes would cost gigabytes of page tables) and before the OOM path empties the cache for
+ * nothing — and an unrouted request on a capturing stream (a routed one may grow its private
+ * pool during a capture). */
+static xseg_status malloc_admit(struct dev_alloc *d, struct alloc_params *p, size_t size)
+{
+    p->alloc_size = allocation_size(d, p->size);
+    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
+    size_t cap = group_budget_cap(d); /* memory_budget_mb, memory_group_budget_mb */
+    if (XSEG_UNLIKELY(size > limit || size > cap))
+        return out_of_memory(d, p->size, p->alloc_size, p->stream);
+    xseg_status st = XSEG_SUCCESS;
+    if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
+        dev_capture_note(d, p->stream);
+        dev_fast_off(d);
+        return capture_error(p->stream);
+    }
+    return st;
+}
+
 /*
  * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
  * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
@@ -760,21 +781,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         return malloc_finish(d, p, size, false, NULL, out, h);
     }
 
-    /* A request the device (or the memory fraction) can never hold fails here, before any
-     * segment metadata is sized for it (2^54 bytes would cost gigabytes of page tables) and
-     * before the OOM path empties the cache for nothing. */
-    p->alloc_size = allocation_size(d, p->size);
-    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
-    size_t cap = group_budget_cap(d); /* memory_budget_mb, memory_group_budget_mb */
-    if (XSEG_UNLIKELY(size > limit || size > cap))
-        return out_of_memory(d, p->size, p->alloc_size, p->stream);
-    /* A routed allocation may grow its private pool during a capture; an unrouted one may not. */
-    xseg_status st = XSEG_SUCCESS;
-    if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
-        dev_capture_note(d, p->stream);
-        dev_fast_off(d);
-        return capture_error(p->stream);
-    }
+    xseg_status st = malloc_admit(d, p, size);
     if (st != XSEG_SUCCESS)
         return st;
 
