@@ -115,7 +115,7 @@ def sweep_all(args, traces, above_gib, above_step):
                      f"{above_gib:g} GiB on (those rows are sampled: a gap narrower than the step can hide)")
         cfg = f"`{args.config}`" if args.config else "the default config"
         print(f"Each trace replayed with {cfg} on every emulated device from peak allocated × "
-              f"{args.lo:g} (rounded up to 2 MiB) to × {args.hi:g}, {rule}. Gaps: the sizes (MiB) "
+              f"{args.lo:.2f} (rounded up to 2 MiB) to × {args.hi:.2f}, {rule}. Gaps: the sizes (MiB) "
               f"with failed allocations (their count). Fits from: the smallest size of the band from "
               f"which every larger one replayed fits, and its ratio to peak allocated.\n")
         print("| trace | peak allocated (MiB) | sizes replayed (MiB) | step (MiB) | gaps (MiB: failed allocations) | fits from (MiB) | / peak |")
