@@ -18,7 +18,6 @@
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
-#define QUAR_POISON 0xFFu               /* all-ones bytes: NaN in fp32, fp16 and bf16 */
 #define QUAR_CHECK_CHUNK ((size_t)1 << 20) /* bytes read back a copy */
 #define QUAR_FRAME_TEXT 256             /* a C frame's symbol text (hist_frame_info) */
 
@@ -347,8 +346,8 @@ static int range_cmp(const void *a, const void *b)
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-/* The first byte of @p p[0, n) that is not the pattern, or n. */
-static size_t first_changed(const unsigned char *p, size_t n)
+/* The first byte of @p p[0, n) that is not the pattern, or n (quarantine.h). */
+size_t quar_first_changed(const unsigned char *p, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -357,10 +356,9 @@ static size_t first_changed(const unsigned char *p, size_t n)
         if (w != UINT64_MAX)
             break;
     }
-    for (; i < n; i++)
-        if (p[i] != QUAR_POISON)
-            return i;
-    return n;
+    while (i < n && p[i] == QUAR_POISON)
+        i++;
+    return i;
 }
 
 /* Wait for the copies of ranges [from, to) (one stream) and check them: a finding for each item
@@ -382,7 +380,7 @@ static size_t flush(struct dev_alloc *d, struct qrange *v, size_t from, size_t t
         struct quar_item *it = &d->quar.q[d->quar.head + v[r].item];
         if (it->reported || it == lost)
             continue;
-        size_t f = first_changed(buf + v[r].boff, v[r].len);
+        size_t f = quar_first_changed(buf + v[r].boff, v[r].len);
         if (f >= v[r].len)
             continue;
         if (add_finding(d, it, v[r].addr - it->addr + f, when, st))

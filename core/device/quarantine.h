@@ -44,6 +44,9 @@
 
 #include "core/device/device.h"
 
+#define QUAR_POISON 0xFFu /* the pattern: all-ones bytes, NaN in fp32, fp16 and bf16 (also the host cache's) */
+/* The first byte of host bytes @p p[0, n) that is not QUAR_POISON, or n. No lock. */
+size_t quar_first_changed(const unsigned char *p, size_t n);
 #define QUAR_MAX_FINDINGS 1024 /* findings kept a device (later ones are counted in `dropped`) */
 #define QUAR_MAX_BLOCKS ((size_t)1 << 20) /* blocks held a device: their records' host memory is bounded too */
 /* quar_item.pool of a pinned host block's finding (core/services/hostquar.h: batch device -1,

@@ -7,23 +7,6 @@
 #include "base/vec.h"
 #include "core/process/history.h"
 
-#define HQ_POISON 0xFFu /* quarantine.c's pattern: all-ones bytes, NaN in fp32, fp16 and bf16 */
-
-/* The first byte of @p p[0, n) that lost the pattern, or n. */
-static size_t hq_first_changed(const unsigned char *p, size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        if (w != UINT64_MAX)
-            break;
-    }
-    while (i < n && p[i] == HQ_POISON)
-        i++;
-    return i;
-}
-
 /* A finding for @p it at offset @p off (its stacks referenced again: the finding outlives it). */
 static void hq_finding(struct hq_state *q, const struct hq_item *it, size_t off, const char *when)
 {
@@ -56,7 +39,7 @@ static size_t hq_check(struct hq_state *q, struct hq_item *it, const char *when)
     q->checked++;
     if (it->reported)
         return 0;
-    size_t f = hq_first_changed((const unsigned char *)it->addr, it->size);
+    size_t f = quar_first_changed((const unsigned char *)it->addr, it->size);
     if (f == it->size)
         return 0;
     it->reported = true;
@@ -103,7 +86,7 @@ bool hostquar_enter(struct hq_state *q, size_t bound, void *blk, void *addr, siz
     }
     if (!VEC_RESERVE(q->q, q->cap, q->n + 1))
         return false;
-    memset(addr, HQ_POISON, size); /* its streams are done with it: a host write, no driver call */
+    memset(addr, QUAR_POISON, size); /* its streams are done with it: a host write, no driver call */
     q->q[q->head + q->n++] = (struct hq_item){
         .blk = blk,
         .addr = (uintptr_t)addr,
