@@ -1278,7 +1278,9 @@ XSEG_API xseg_status xseg_host_reset_accumulated_stats(void);
 /* ---------------------------------------------------------------------------------------------
  * Memory groups (docs/services.md): processes on one device that set the same memory_group:NAME
  * publish their figures in a shared table and give cached memory way to a member whose malloc
- * would fail.
+ * would fail. A member installs a SIGBUS handler that takes only a fault on a table's pages (the
+ * file truncated by another process): any other SIGBUS, a fault or one a process sent, gets the
+ * disposition the process had before (its handler, ignored, or death by the signal).
  * ------------------------------------------------------------------------------------------- */
 
 /** One member of a memory group, as it last published itself (at most ~100 ms old). */
