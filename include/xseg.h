@@ -1129,7 +1129,10 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  * file created at @p path, in sleep_copy_chunk_mb chunks through two pinned bounce buffers from
  * the host cache (a chunk's copy overlaps the previous chunk's write), and read back by
  * xseg_wake, which then removes the file; the wake checks each chunk against a checksum the
- * sleep kept in host memory (not in the file), so bytes changed while asleep fail it. The file
+ * sleep kept in host memory (not in the file), so bytes changed while asleep fail it. The
+ * checksum is keyed with random bits drawn for each sleep and kept only in this process's memory:
+ * whoever can write the file (the same user too) cannot make changed bytes pass, short of reading
+ * this process's memory (a debugger); a change passes with a chance of about 2^-63 per wake. The file
  * is created with O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC and mode 0600: an existing file or a
  * symbolic link at @p path is refused (XSEG_ERROR_INVALID_VALUE), never followed or
  * overwritten. It lives from the sleep to the wake
@@ -1145,7 +1148,9 @@ XSEG_API xseg_status xseg_sleep(int device, xseg_pool_id pool, unsigned flags);
  *         and the errno: EIO, ...); XSEG_ERROR_OUT_OF_MEMORY when the file system is full (ENOSPC,
  *         EDQUOT), the file would pass RLIMIT_FSIZE (EFBIG: SIGXFSZ is blocked on the writing
  *         thread meanwhile, so the signal does not end the process) or the bounce buffers cannot
- *         be had. A failure leaves the pool awake with its data and the file removed.
+ *         be had; XSEG_ERROR_NOT_SUPPORTED when the kernel gives no random bits for the checksums'
+ *         key (getrandom and /dev/urandom fail). A failure leaves the pool awake with its data
+ *         and the file removed.
  */
 XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags, const char *path);
 
@@ -1278,7 +1283,9 @@ XSEG_API xseg_status xseg_host_reset_accumulated_stats(void);
 /* ---------------------------------------------------------------------------------------------
  * Memory groups (docs/services.md): processes on one device that set the same memory_group:NAME
  * publish their figures in a shared table and give cached memory way to a member whose malloc
- * would fail.
+ * would fail. A member installs a SIGBUS handler that takes only a fault on a table's pages (the
+ * file truncated by another process): any other SIGBUS, a fault or one a process sent, gets the
+ * disposition the process had before (its handler, ignored, or death by the signal).
  * ------------------------------------------------------------------------------------------- */
 
 /** One member of a memory group, as it last published itself (at most ~100 ms old). */

@@ -261,14 +261,58 @@ static void table_unlock(struct gtable *t)
  * may shrink the file at any time, so its size is checked (fstat) before the table is read at
  * each step (table_intact), and the guard below covers the instant between the check and the read:
  * the faulting table's pages are replaced by zero pages, which read as a bad table (the member goes
- * on alone at its next check), and the access is retried. A fault elsewhere goes to the
- * disposition the guard replaced. */
+ * on alone at its next check), and the access is retried. Every other SIGBUS — a fault elsewhere,
+ * or one a process sent (kill, sigqueue, tgkill) — gets the disposition the guard replaced, as if
+ * the guard were not there, and the guard stays for the tables. */
+
+/* A fault of this thread's own access (the kernel's report, si_code > 0), not a signal a process
+ * or the kernel sent (si_code <= 0, SI_KERNEL) nor an asynchronous memory-error notice. */
+static bool bus_is_fault(const siginfo_t *si)
+{
+#ifdef BUS_MCEERR_AO
+    if (si->si_code == BUS_MCEERR_AO)
+        return false;
+#endif
+    return si->si_code > 0 && si->si_code != SI_KERNEL;
+}
+
+/* The disposition the guard replaced, for a SIGBUS that is not a table's fault: the user's
+ * handler (with its mask, and SIGBUS unblocked under SA_NODEFER; SA_RESETHAND is not emulated),
+ * ignored (unless it is a fault, which the kernel never lets be ignored), or the default action:
+ * the process ends by SIGBUS, here and now, whichever way the signal came. */
+static void bus_forward(int sig, siginfo_t *si, void *uc)
+{
+    const struct sigaction *old = &xseg_rt.group.bus_old;
+    sigset_t bus, prev;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    if ((old->sa_flags & SA_SIGINFO) || (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN)) {
+        /* sigprocmask-like calls are async-signal-safe; a handler that jumps out restores its own. */
+        pthread_sigmask(SIG_BLOCK, &old->sa_mask, &prev);
+        if (old->sa_flags & SA_NODEFER)
+            pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+        if (old->sa_flags & SA_SIGINFO)
+            old->sa_sigaction(sig, si, uc);
+        else
+            old->sa_handler(sig);
+        pthread_sigmask(SIG_SETMASK, &prev, NULL);
+        return;
+    }
+    if (old->sa_handler == SIG_IGN && !bus_is_fault(si))
+        return;
+    /* The default action: the guard steps aside (the process ends) and the signal is raised again
+     * with SIGBUS unblocked, so it ends the process before this handler returns. A fault would come
+     * again on return, a sent signal would not: raising serves both. */
+    signal(SIGBUS, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+    raise(SIGBUS);
+}
 
 static void bus_guard(int sig, siginfo_t *si, void *uc)
 {
     int saved = errno;
     uintptr_t a = (uintptr_t)si->si_addr;
-    for (size_t i = 0; i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
+    for (size_t i = 0; bus_is_fault(si) && i < sizeof xseg_rt.group.maps / sizeof xseg_rt.group.maps[0]; i++) {
         uintptr_t t = (uintptr_t)atomic_load(&xseg_rt.group.maps[i]);
         /* mmap is a plain system call on Linux: safe in a handler. */
         if (t && a >= t && a < t + sizeof(struct gtable) &&
@@ -278,14 +322,7 @@ static void bus_guard(int sig, siginfo_t *si, void *uc)
             return;
         }
     }
-    const struct sigaction *old = &xseg_rt.group.bus_old;
-    if (old->sa_flags & SA_SIGINFO) {
-        old->sa_sigaction(sig, si, uc);
-    } else if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) {
-        old->sa_handler(sig);
-    } else {
-        signal(SIGBUS, SIG_DFL); /* the fault comes again, to the default action */
-    }
+    bus_forward(sig, si, uc);
     errno = saved;
 }
 

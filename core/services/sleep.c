@@ -22,9 +22,10 @@
  * else to the driver). A failure before the end waits for the copies it queued, then unmaps what
  * it mapped (if that wait fails too, the pages stay mapped), and the pool stays asleep with its
  * host copy, ready for a retry. OFFLOAD_FILE: the sleep keeps a checksum of each chunk it writes
- * in host memory, the wake reads whole chunks and checks each before copying any of it, so a file
- * changed while asleep fails the wake as a file cut short does (host memory is the process's own:
- * its backups are not checked).
+ * in host memory (keyed with a key drawn for the sleep, kept beside the sums: base/checksum.h),
+ * the wake reads whole chunks and checks each before copying any of it, so a file changed while
+ * asleep fails the wake as a file cut short does (host memory is the process's own: its backups
+ * are not checked).
  *
  * Why wait on the host (not order on the GPU): unmapping needs every use of the pages finished,
  * and freeing the pinned memory needs the copies finished; a sleep or wake moves gigabytes, so a
@@ -56,6 +57,7 @@
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,13 +131,16 @@ struct pool_sleep {
     unsigned slot;
     size_t bsum[2]; /* a sleep: where in sums each slot's chunk is */
     /* OFFLOAD_FILE: the file's chunks as the sleep wrote them, in file order and contiguous from 0,
-     * each at most file_chunk bytes: where it ends and its checksum (base/checksum.h). Kept in host
-     * memory, never in the file: the wake reads and checks whole chunks, so bytes changed while
-     * the pool slept fail the wake (as a file cut short does) instead of being restored. */
+     * each at most file_chunk bytes: where it ends and its checksum (base/checksum.h) under
+     * sum_key, a key drawn for this sleep. Both kept in host memory, never in the file: the wake
+     * reads and checks whole chunks, so bytes changed while the pool slept fail the wake (as a
+     * file cut short does) instead of being restored, even when whoever changed them can read the
+     * file (the sum of what they write cannot be computed without the key). */
     struct file_sum {
         uint64_t end, sum;
     } *sums;
     size_t nsums, capsums;
+    struct checksum_key sum_key;
     size_t file_chunk;
     struct sleep_seg *segs;
     size_t nsegs, capsegs;
@@ -175,6 +180,7 @@ static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
         (void)hostalloc_free(ss->host, !ps->keep_backup);
     }
     spill_close(&ps->file);
+    checksum_key_forget(&ps->sum_key);
     xs_free(ps->plan);
     xs_free(ps->sums);
     xs_free(ps->segs);
@@ -513,6 +519,13 @@ static void bounce_put(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
 
 static CUstream slot_stream(const struct pool_sleep *ps, unsigned j) { return ps->streams[j % ps->nstreams]; }
 
+/* The checksum of one chunk of the file, [@p p, @p p + @p n), under this sleep's key: taken of the
+ * bytes the sleep writes and of the bytes the wake reads back. */
+static uint64_t chunk_sum(const struct pool_sleep *ps, const void *p, size_t n)
+{
+    return checksum64(&ps->sum_key, p, n);
+}
+
 /* Sleep: finish slot @p j (its copy to the bounce buffer, its checksum, then the write to the
  * file: the sum is of the very bytes written). */
 static xseg_status file_flush(struct pool_sleep *ps, unsigned j)
@@ -523,7 +536,7 @@ static xseg_status file_flush(struct pool_sleep *ps, unsigned j)
     xseg_status st = vstream_wait(slot_stream(ps, j), "for a copy to the bounce buffer");
     if (st != XSEG_SUCCESS)
         return err_prefix(st, "xseg_sleep_ex: offloading live blocks");
-    ps->sums[ps->bsum[j]].sum = checksum64(ps->bounce[j], ps->blen[j]);
+    ps->sums[ps->bsum[j]].sum = chunk_sum(ps, ps->bounce[j], ps->blen[j]);
     return spill_write(&ps->file, ps->bounce[j], ps->blen[j], ps->boff[j], "xseg_sleep_ex");
 }
 
@@ -560,7 +573,12 @@ static xseg_status offload_file(struct dev_alloc *d, struct pool_sleep *ps)
     for (size_t i = 0; i < ps->nsegs; i++)
         for (size_t r = 0; r < ps->segs[i].nruns; r++)
             big = ps->segs[i].runs[r].len > big ? ps->segs[i].runs[r].len : big;
-    xseg_status st = bounce_get(d, ps, big < ps->chunk ? big : ps->chunk, "xseg_sleep_ex");
+    xseg_status st = XSEG_SUCCESS;
+    if (!checksum_key_new(&ps->sum_key))
+        st = err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_sleep_ex: no random bytes for the key of the file's checksums "
+                     "(getrandom and /dev/urandom failed: %s); nothing was written", strerror(errno));
+    if (st == XSEG_SUCCESS)
+        st = bounce_get(d, ps, big < ps->chunk ? big : ps->chunk, "xseg_sleep_ex");
     ps->file_chunk = ps->bounce_bytes;
     /* A checksum per chunk, room for all of them first (file_out splits each run in chunks). */
     size_t nchunks = 0;
@@ -605,7 +623,7 @@ static xseg_status chunk_read(struct pool_sleep *ps, unsigned j, size_t c)
     xseg_status st = spill_read(&ps->file, ps->bounce[j], n, start, "reading the sleep's file back");
     if (st != XSEG_SUCCESS)
         return st;
-    if (checksum64(ps->bounce[j], n) != ps->sums[c].sum)
+    if (chunk_sum(ps, ps->bounce[j], n) != ps->sums[c].sum)
         return err_set(XSEG_ERROR_INVALID_VALUE, "the sleep's file '%s' changed while the pool slept: chunk %zu of "
                        "%zu (bytes %" PRIu64 " to %" PRIu64 ") does not match the checksum the sleep took of it, so "
                        "nothing of it is restored (put the file's bytes back)", ps->file.path, c + 1, ps->nsums,

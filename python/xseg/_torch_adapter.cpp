@@ -47,6 +47,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -471,13 +472,21 @@ void attach_trace_tracker(cca::AllocatorTraceTracker, long)
 // local user, so the server trusts neither: the socket lives in a 0700 directory of its own
 // (mkdtemp), a connection from another uid is closed before anything is read (SO_PEERCRED; other
 // uids only where XSEG_TORCH_IPC_ALLOW_UIDS lists them), a token (128 random bits, one per export,
-// drawn apart from the socket's name) opens only its export, and no peer can stall the server: it
-// polls every connection, drops one that has not sent its request within IPC_PEER_MS, and holds
-// at most IPC_PENDING_MAX at once (dropping the oldest). The importer bounds its own waits (IPC_CLIENT_S).
-constexpr int IPC_PEER_MS = 10000;     // a request is 40 bytes written at once: generous under load
-constexpr size_t IPC_PENDING_MAX = 64; // connections awaiting their request; more close the oldest
-constexpr int IPC_CLIENT_S = 30;       // the importer's limit on connect, send and each receive
+// drawn apart from the socket's name) opens only its export, and no peer can stall the server or
+// crowd out another uid: it polls every connection, serves requests in the order they arrive,
+// drops one that has not sent its request within IPC_PEER_MS, and holds at most
+// IPC_PENDING_PER_UID waiting connections per peer uid (and IPC_PENDING_MAX in all): past that it
+// drops that uid's oldest connection that has sent nothing, so a flood from one uid never drops
+// the owner's imports, nor a request whose bytes have arrived. The importer bounds its own waits
+// (IPC_CLIENT_S) and tells a dropped connection (retry) from a refused handle.
+constexpr int IPC_PEER_MS = 10000;          // a request is 40 bytes written at once: generous under load
+constexpr size_t IPC_PENDING_PER_UID = 64;  // one peer uid's connections awaiting their request
+constexpr size_t IPC_PENDING_MAX = 256;     // all uids' together (the fds the server may hold)
+constexpr size_t IPC_ACCEPT_BATCH = 64;     // connections taken between two rounds of reads
+constexpr int IPC_CLIENT_S = 30;            // the importer's limit on connect, send and each receive
 constexpr size_t IPC_TOKEN_HEX = 32;
+constexpr char IPC_DROPPED = 'L';      // the one byte sent on a connection closed unread: under load
+constexpr char IPC_NOT_ADMITTED = 'U'; // ... from a uid not admitted (an answer starts with 'X')
 const char IPC_ALLOW_ENV[] = "XSEG_TORCH_IPC_ALLOW_UIDS";
 
 using IpcHandlePtr = std::shared_ptr<xseg_ipc_handle>; // the server sends without holding ipc.mu
@@ -561,16 +570,19 @@ bool ipc_same_token(const std::string &want, const char *got)
     return d == 0;
 }
 
-bool ipc_peer_admitted(int c)
+// The peer uid of connection @p c when it is this process's or an admitted one's.
+std::optional<uid_t> ipc_peer_admitted(int c)
 {
     ucred cr{};
     socklen_t len = sizeof cr;
     if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof cr)
-        return false;
+        return std::nullopt;
     if (cr.uid == ::geteuid())
-        return true;
+        return cr.uid;
     std::lock_guard<std::mutex> g(ipc.mu);
-    return std::find(ipc.allow.begin(), ipc.allow.end(), cr.uid) != ipc.allow.end();
+    if (std::find(ipc.allow.begin(), ipc.allow.end(), cr.uid) != ipc.allow.end())
+        return cr.uid;
+    return std::nullopt;
 }
 
 // A complete request: 8 bytes of export id and IPC_TOKEN_HEX of token, answered with
@@ -595,19 +607,73 @@ void ipc_answer(int c, const char *req)
         (void)xseg_ipc_send(c, h.get()); // a peer that stops reading is dropped at the timeout
 }
 
+// Close connection @p c without reading its request, sending @p why first (one byte, never
+// blocking: the importer tells a drop under load from a refused handle).
+void ipc_close_unread(int c, char why)
+{
+    (void)::send(c, &why, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::close(c);
+}
+
 // The server: one thread polling the listening socket and every connection awaiting its request,
-// so a silent or slow peer delays no one.
+// so a silent or slow peer delays no one. Each round reads every connection with bytes in the
+// order they arrived, then takes at most IPC_ACCEPT_BATCH new ones (a flood cannot keep the
+// server accepting while requests wait), reading each at once: a request already sent is
+// answered in its turn. Over a bound, the connection dropped is the crowding uid's oldest that
+// has sent nothing (none arrived, none waiting: FIONREAD), never another uid's.
 void ipc_serve(int lfd)
 {
     constexpr size_t REQ = sizeof(uint64_t) + IPC_TOKEN_HEX;
     struct Pending {
         int fd;
+        uid_t uid;
         size_t got;
         char req[REQ];
         std::chrono::steady_clock::time_point deadline;
     };
-    std::vector<Pending> pend;
+    std::vector<Pending> pend; // in arrival order
     std::vector<pollfd> pfd;
+    // Read what @p p sent; @return whether it is done with (answered, closed by its peer, failed).
+    auto serve = [](Pending &p) {
+        ssize_t r = ::recv(p.fd, p.req + p.got, REQ - p.got, MSG_DONTWAIT);
+        if (r > 0)
+            p.got += (size_t)r;
+        else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return true;
+        if (p.got < REQ)
+            return false;
+        ipc_answer(p.fd, p.req);
+        return true;
+    };
+    auto silent = [](const Pending &p) {
+        int waiting = 0;
+        return p.got == 0 && ::ioctl(p.fd, FIONREAD, &waiting) == 0 && waiting == 0;
+    };
+    auto count = [&](uid_t uid) {
+        return (size_t)std::count_if(pend.begin(), pend.end(), [&](const Pending &q) { return q.uid == uid; });
+    };
+    auto close_at = [&](size_t i) { // unread: the importer is told why
+        ipc_close_unread(pend[i].fd, IPC_DROPPED);
+        pend.erase(pend.begin() + (std::ptrdiff_t)i);
+    };
+    // @p uid holds one connection too many: its oldest that has sent nothing goes. When each has
+    // sent something, those are read first (a whole request is answered and leaves); if none
+    // leaves, its oldest goes (each sent part of a request and stalls: a piecemeal writer).
+    auto make_room = [&](uid_t uid) {
+        for (size_t i = 0; i < pend.size(); i++)
+            if (pend[i].uid == uid && silent(pend[i]))
+                return close_at(i);
+        size_t before = pend.size();
+        for (size_t i = 0; i < pend.size();)
+            if (pend[i].uid == uid && serve(pend[i]))
+                close_at(i);
+            else
+                i++;
+        for (size_t i = 0; i < pend.size() && pend.size() == before; i++)
+            if (pend[i].uid == uid)
+                return close_at(i);
+    };
+    const uid_t self = ::geteuid();
     for (;;) {
         auto now = std::chrono::steady_clock::now();
         int wait_ms = -1;
@@ -625,46 +691,48 @@ void ipc_serve(int lfd)
         }
         now = std::chrono::steady_clock::now();
         std::vector<Pending> keep;
-        for (size_t i = 0; i < pend.size(); i++) {
+        for (size_t i = 0; i < pend.size(); i++) { // arrival order
             Pending &p = pend[i];
-            bool done = false;
-            if (pfd[i + 1].revents) {
-                ssize_t r = ::recv(p.fd, p.req + p.got, REQ - p.got, MSG_DONTWAIT);
-                if (r > 0)
-                    p.got += (size_t)r;
-                else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-                    done = true;
-                if (p.got == REQ) {
-                    ipc_answer(p.fd, p.req);
-                    done = true;
-                }
-            }
-            if (!done && now >= p.deadline)
-                done = true;
+            bool done = pfd[i + 1].revents && serve(p);
             if (done)
                 ::close(p.fd);
+            else if (now >= p.deadline) // silent for IPC_PEER_MS: a stalled peer, or a host far behind
+                ipc_close_unread(p.fd, IPC_DROPPED);
             else
                 keep.push_back(p);
         }
         pend.swap(keep);
         if (!(pfd[0].revents & POLLIN))
             continue;
-        for (;;) { // the listening socket is non-blocking: take every connection waiting
+        for (size_t n = 0; n < IPC_ACCEPT_BATCH; n++) { // the listening socket is non-blocking
             int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
             if (c < 0) {
                 if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
                     std::this_thread::sleep_for(std::chrono::milliseconds(50)); // EMFILE etc.: no spin
                 break;
             }
-            if (!ipc_peer_admitted(c)) {
+            std::optional<uid_t> uid = ipc_peer_admitted(c);
+            if (!uid) {
+                ipc_close_unread(c, IPC_NOT_ADMITTED);
+                continue;
+            }
+            Pending p{c, *uid, 0, {}, now + std::chrono::milliseconds(IPC_PEER_MS)};
+            if (serve(p)) {
                 ::close(c);
                 continue;
             }
-            if (pend.size() >= IPC_PENDING_MAX) { // the oldest goes: a flood cannot lock out new requests
-                ::close(pend.front().fd);
-                pend.erase(pend.begin());
+            pend.push_back(p);
+            if (count(*uid) > IPC_PENDING_PER_UID) {
+                make_room(*uid);
+            } else if (pend.size() > IPC_PENDING_MAX) { // many admitted uids: the one holding most yields
+                std::map<uid_t, size_t> held;
+                for (auto &q : pend)
+                    held[q.uid]++;
+                auto most = std::max_element(held.begin(), held.end(), [&](const auto &a, const auto &b) {
+                    return a.second != b.second ? a.second < b.second : a.first == self;
+                });
+                make_room(most->first);
             }
-            pend.push_back(Pending{c, 0, {}, now + std::chrono::milliseconds(IPC_PEER_MS)});
         }
     }
 }
@@ -869,12 +937,37 @@ xseg_ipc_handle *ipc_fetch(const std::string &rest)
     char req[sizeof id + IPC_TOKEN_HEX];
     std::memcpy(req, &id, sizeof id);
     std::memcpy(req + sizeof id, token.data(), IPC_TOKEN_HEX);
-    bool sent = ::send(fd, req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req;
+    // The answer starts with the handle's magic; a connection the server closes unread starts with
+    // its reason instead (IPC_DROPPED, IPC_NOT_ADMITTED), which arrives even where our send failed
+    // (EPIPE: closed before we wrote); a request it refused after reading gets end of file.
+    ssize_t r;
+    while ((r = ::send(fd, req, sizeof req, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    }
+    bool sent = r == (ssize_t)sizeof req;
+    int e = sent ? 0 : errno;
+    char first = 0;
+    ssize_t peek;
+    while ((peek = ::recv(fd, &first, 1, MSG_PEEK)) < 0 && errno == EINTR) {
+    }
+    if (peek < 0)
+        e = errno;
+    bool answer = sent && peek == 1 && first != IPC_DROPPED && first != IPC_NOT_ADMITTED;
     xseg_ipc_handle *h = nullptr;
-    xseg_status st = sent ? xseg_ipc_recv(fd, &h) : XSEG_ERROR_INVALID_VALUE;
+    xseg_status st = answer ? xseg_ipc_recv(fd, &h) : XSEG_ERROR_INVALID_VALUE;
     ::close(fd);
+    TORCH_CHECK(!(peek == 1 && first == IPC_DROPPED),
+                "xseg: getIpcDevPtr: the exporter dropped the connection under load before reading the request "
+                "(its descriptor server keeps at most ", IPC_PENDING_PER_UID, " waiting connections per user, and "
+                "processes of this uid filled them); the handle is still good while the exporting process lives: "
+                "retry the import");
+    TORCH_CHECK(!(peek == 1 && first == IPC_NOT_ADMITTED), "xseg: getIpcDevPtr: the exporting process does not "
+                "admit this uid (", ::geteuid(), "): it serves its own uid and those its ", IPC_ALLOW_ENV, " lists");
     TORCH_CHECK(st == XSEG_SUCCESS, "xseg: getIpcDevPtr: the exporting process did not send the block (",
-                sent ? xseg_last_error() : "the request could not be sent",
+                answer ? xseg_last_error()
+                       : peek == 0 ? "it closed the connection after reading the request"
+                                   : e == EPIPE || e == ECONNRESET ? "it closed the connection unread: under load, "
+                                                                     "or this uid is not admitted"
+                                                                   : std::strerror(e),
                 "): it was freed, the handle is stale or not this block's, this uid is not admitted (",
                 IPC_ALLOW_ENV, "), or the exporter did not answer within ", IPC_CLIENT_S, " s");
     return h;

@@ -4,6 +4,7 @@
  * 1 GiB). One process per test (the argument names it); each test uses its own share name, so
  * its device and its group table are its own, and both files are removed at exit.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -615,6 +617,207 @@ static void test_truncated(void **state)
     quit(&m);
     /* The responder ended when the table went bad; xseg_shutdown joins it (TSan: no thread left
      * unjoined at exit). */
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+}
+
+/* ---- test_bus_signal: the SIGBUS guard forwards what is not a table's fault ----
+ * Each case runs in a child forked before this process touches the driver, as its own member of
+ * its own group ("tb0".."tb3"), and writes one letter a step done to a pipe, so the parent tells
+ * where it ended. */
+static volatile sig_atomic_t bus_calls, bus_code;
+static sigjmp_buf bus_jump;
+static volatile sig_atomic_t bus_jump_armed;
+
+static void bus_user(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig, (void)uc;
+    bus_calls++;
+    bus_code = si->si_code;
+    if (bus_jump_armed) {
+        bus_jump_armed = 0;
+        siglongjmp(bus_jump, 1);
+    }
+}
+
+static void bus_install_user(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = bus_user;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
+}
+
+/* The first address of this process's mapping of @p name (a /dev/shm file), 0 if none. */
+static uintptr_t mapping_of(const char *name)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    uintptr_t at = 0;
+    while (f && !at && fgets(line, sizeof line, f)) {
+        size_t n = strcspn(line, "\n");
+        line[n] = '\0';
+        size_t k = strlen(name);
+        if (n >= k && !strcmp(line + n - k, name))
+            at = (uintptr_t)strtoull(line, NULL, 16);
+    }
+    if (f)
+        fclose(f);
+    return at;
+}
+
+static void step(int fd, char c) { (void)!write(fd, &c, 1); }
+
+/* Child: join group tb<mode>, then what the mode tests. Exit 0 when every step held (or it is
+ * ended by the SIGBUS the mode expects); 77 without a device; other codes name the failed step. */
+static int bus_child(int mode, int out)
+{
+    if (mode == 1)
+        signal(SIGBUS, SIG_IGN);
+    if (mode == 2)
+        bus_install_user(); /* before xseg */
+    char cfg[96];
+    snprintf(cfg, sizeof cfg, "memory_group:tb%d,memory_group_wait_ms:5000", mode);
+    if (xseg_init(cfg) != XSEG_SUCCESS)
+        return 10;
+    if (!tu_gpu_available() || !tu_emulated())
+        return 77;
+    void *p = NULL;
+    if (xseg_malloc(&p, 2 * MiB, 0, NULL) != XSEG_SUCCESS) /* joins: the guard is installed */
+        return 11;
+    CUuuid u;
+    if (drv->cuDeviceGetUuid(&u, 0) != CUDA_SUCCESS)
+        return 12;
+    char name[128];
+    int k = snprintf(name, sizeof name, "/dev/shm/xseg-group-");
+    for (int i = 0; i < 16; i++)
+        k += snprintf(name + k, sizeof name - (size_t)k, "%02x", (unsigned char)u.bytes[i]);
+    snprintf(name + k, sizeof name - (size_t)k, "-tb%d", mode);
+    if (mode == 3)
+        bus_install_user(); /* after xseg: over the guard */
+    step(out, 'j');
+    /* A SIGBUS a process sends: the disposition in force without xseg. */
+    kill(getpid(), SIGBUS);
+    if (mode == 0)
+        return 20; /* the default action ends the process at the kill */
+    if ((mode >= 2) != (bus_calls == 1) || (mode >= 2 && bus_code != SI_USER))
+        return 21;
+    union sigval v = {.sival_int = 7};
+    sigqueue(getpid(), SIGBUS, v);
+    if ((mode >= 2) != (bus_calls == 2) || (mode >= 2 && bus_code != SI_QUEUE))
+        return 22;
+    step(out, 'k');
+    if (mode == 3)
+        return 0; /* the user's handler is in force: the guard's part ends here */
+    /* The guard still covers the table: shrink its file and read the mapping, as a member reading
+     * in the instant after its size check. */
+    uintptr_t t = mapping_of(name);
+    int fd = open(name, O_RDWR);
+    if (!t || fd < 0 || ftruncate(fd, 0))
+        return 30;
+    close(fd);
+    volatile unsigned char got = *(volatile unsigned char *)t; /* zero pages now, not a fault */
+    (void)got;
+    if (mode == 2 && bus_calls != 2)
+        return 31;
+    step(out, 't');
+    /* The member goes on alone, naming the truncation, and allocates. */
+    xseg_group_member mem[4];
+    size_t n = 0;
+    xseg_status st = XSEG_SUCCESS;
+    for (int i = 0; i < 100 && (st = xseg_group_stats(0, mem, 4, &n)) == XSEG_SUCCESS; i++)
+        nanosleep(&(struct timespec){0, 30000000}, NULL);
+    if (st != XSEG_ERROR_ILLEGAL_STATE || !strstr(xseg_last_error(), "truncated"))
+        return 32;
+    void *q = NULL;
+    if (xseg_malloc(&q, 4 * MiB, 0, NULL) != XSEG_SUCCESS)
+        return 33;
+    xseg_free(q);
+    xseg_free(p);
+    step(out, 'a');
+    /* A fault of the program's own outside the tables: its handler, or the default action (an
+     * ignored fault ends the process, as the kernel does). */
+    char path[] = "/tmp/xseg-bus-XXXXXX";
+    int ff = mkstemp(path);
+    if (ff < 0 || ftruncate(ff, 4096))
+        return 40;
+    volatile unsigned char *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, ff, 0);
+    unlink(path);
+    if (m == MAP_FAILED || ftruncate(ff, 0))
+        return 41;
+    step(out, 'f');
+    if (mode == 2) {
+        bus_jump_armed = 1;
+        if (!sigsetjmp(bus_jump, 1))
+            got = m[0];
+        if (bus_calls != 3 || bus_code != BUS_ADRERR)
+            return 42;
+        return xseg_shutdown() == XSEG_SUCCESS ? 0 : 43;
+    }
+    got = m[0]; /* mode 1: ends the process by SIGBUS */
+    return 44;
+}
+
+/* A SIGBUS sent to a member (kill, sigqueue) gets the process's own disposition: with none, the
+ * process dies of SIGBUS (before, the guard swallowed it and gave up guarding the tables); ignored,
+ * it is ignored and a later truncation of the table is still caught; a handler installed before
+ * xseg runs for it (and for the program's own faults) and a truncation is still caught; a handler
+ * installed after xseg runs for it. */
+static void test_bus_signal(void **state)
+{
+    (void)state;
+    /* mode: what ends it (exit code or signal) and the steps it must have written. */
+    static const struct {
+        int exit_code, sig;
+        const char *steps;
+    } want[4] = {{0, SIGBUS, "j"}, {0, SIGBUS, "jktaf"}, {0, 0, "jktaf"}, {0, 0, "jk"}};
+    for (int mode = 0; mode < 4; mode++) {
+        int pfd[2];
+        assert_int_equal(pipe(pfd), 0);
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (!pid) {
+            close(pfd[0]);
+            struct rlimit nocore = {0, 0};
+            setrlimit(RLIMIT_CORE, &nocore);
+            signal(SIGBUS, SIG_DFL); /* a sanitizer's handler would turn the death into an exit */
+            _exit(bus_child(mode, pfd[1]));
+        }
+        close(pfd[1]);
+        char steps[16] = {0};
+        size_t ns = 0;
+        for (ssize_t r; ns < sizeof steps - 1 && (r = read(pfd[0], steps + ns, sizeof steps - 1 - ns)) != 0;) {
+            if (r < 0 && errno != EINTR)
+                break;
+            ns += r > 0 ? (size_t)r : 0;
+        }
+        close(pfd[0]);
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 77)
+            skip();
+        print_message("mode %d: steps '%s', %s %d\n", mode, steps, WIFSIGNALED(status) ? "signal" : "exit",
+                      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        if (want[mode].sig) {
+            if (!WIFSIGNALED(status) || WTERMSIG(status) != want[mode].sig)
+                fail_msg("mode %d: not ended by signal %d after steps '%s' (%s %d)", mode, want[mode].sig, steps,
+                         WIFSIGNALED(status) ? "signal" : "exit",
+                         WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != want[mode].exit_code) {
+            fail_msg("mode %d: after steps '%s': %s %d", mode, steps, WIFSIGNALED(status) ? "signal" : "exit",
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        }
+        assert_string_equal(steps, want[mode].steps);
+    }
+    /* The tables the children left (one died in each of two cases). */
+    start(GROUP);
+    for (int mode = 0; mode < 4; mode++) {
+        char name[160];
+        snprintf(name, sizeof name, "%.*stb%d", (int)(strlen(shm_names[1]) - 2), shm_names[1], mode);
+        shm_unlink(name);
+    }
     assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
 }
 
@@ -1408,7 +1611,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_budget_foreign_other), cmocka_unit_test(test_group_budget),
         cmocka_unit_test(test_group_budget_steps), cmocka_unit_test(test_give_way_steps),
         cmocka_unit_test(test_budget_race), cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_slow_responder),
+        cmocka_unit_test(test_slow_responder), cmocka_unit_test(test_bus_signal),
         cmocka_unit_test(test_pid_reuse),    cmocka_unit_test(test_two_users),
         cmocka_unit_test(test_emu_race),
     };

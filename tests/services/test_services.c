@@ -1834,6 +1834,64 @@ static void test_sleep_file_changed(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* The unkeyed sum the sleep used to keep (eight lanes; a lane's step xors the word in, multiplies
+ * by an odd constant, xors the high bits down): word 0 and word 8 of a chunk of 128 bytes or more
+ * both go through lane 0, and the step depends on the lane xor the word, so whoever writes the
+ * file can replace word 0 and adjust word 8 to leave the lane, and the sum, unchanged. */
+static uint64_t old_sum_step(uint64_t lane, uint64_t word)
+{
+    lane = (lane ^ word) * 0x9e3779b97f4a7c15ull;
+    return lane ^ (lane >> 29);
+}
+
+/* The file forged as a user who can write it would against a known, unkeyed sum: the first chunk's
+ * first 8 bytes replaced and its word 8 adjusted to keep the sum. The wake refuses it (the sum is
+ * keyed with a key the file's writer never sees), the pool stays asleep with the file, and wakes
+ * with every byte once the file is put back. Before, this wake returned success and restored
+ * "FORGED!!" into the pool's first block. */
+static void test_sleep_file_forged(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_require_emulator_or_skip();
+    char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/pool.bin", dir);
+    struct fixture f;
+    fixture_make(&f);
+    for (int round = 0; round < 2; round++) { /* each sleep its own key: forged twice */
+        assert_int_equal(xseg_sleep_ex(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD_FILE, path), XSEG_SUCCESS);
+        size_t n = 0;
+        unsigned char *saved = read_file(path, &n);
+        assert_non_null(saved);
+        assert_true(n >= 128); /* the first chunk (sm's run, 3072 bytes) holds words 0 and 8 */
+        uint64_t w0, w8, forged0;
+        memcpy(&w0, saved, 8);
+        memcpy(&w8, saved + 64, 8);
+        memcpy(&forged0, "FORGED!!", 8);
+        const uint64_t lane0 = 0xd1342543de82ef95ull; /* lane 0's start */
+        uint64_t forged8 = w8 ^ old_sum_step(lane0, w0) ^ old_sum_step(lane0, forged0);
+        assert_true(old_sum_step(old_sum_step(lane0, forged0), forged8) == old_sum_step(old_sum_step(lane0, w0), w8));
+        FILE *fp = fopen(path, "r+b");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(&forged0, 1, 8, fp), 8);
+        assert_int_equal(fseek(fp, 64, SEEK_SET), 0);
+        assert_int_equal(fwrite(&forged8, 1, 8, fp), 8);
+        assert_int_equal(fclose(fp), 0);
+        assert_wake_refuses_changed(path);
+        fp = fopen(path, "r+b"); /* put back */
+        assert_non_null(fp);
+        assert_int_equal(fwrite(saved, 1, 72, fp), 72);
+        assert_int_equal(fclose(fp), 0);
+        free(saved);
+        assert_int_equal(xseg_wake(0, DEFAULT_POOL), XSEG_SUCCESS);
+        assert_int_equal(access(path, F_OK), -1);
+        fixture_check(&f, false);
+    }
+    fixture_free(&f);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* The child of test_sleep_file_fsize: a file sleep past RLIMIT_FSIZE with SIGXFSZ at its default
  * action (terminate). Exit 0: the sleep failed with EFBIG, rolled back, and the process lives on
  * (also once the signal is unblocked); 77: no device; any other code names the failed check. */
@@ -2502,7 +2560,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_chunks),     cmocka_unit_test(test_sleep_chunk_faults),
         cmocka_unit_test(test_wake_syncs), cmocka_unit_test(test_sleep_kept_pages),
         cmocka_unit_test(test_sleep_file),       cmocka_unit_test(test_sleep_file_hostile),
-        cmocka_unit_test(test_sleep_file_changed), cmocka_unit_test(test_sleep_file_fsize),
+        cmocka_unit_test(test_sleep_file_changed), cmocka_unit_test(test_sleep_file_forged),
+        cmocka_unit_test(test_sleep_file_fsize),
         cmocka_unit_test(test_sleep_concurrent), cmocka_unit_test(test_sleep_capture_begun),
         cmocka_unit_test(test_wake_room),        cmocka_unit_test(test_sleep_in_callback),
         cmocka_unit_test(test_wake_group_budget),

@@ -4,7 +4,8 @@
 // live export is refused; a process of uid 65534 holding a valid handle string gets no block, even
 // with the socket's directory opened up; the socket name holds no part of any token; a malformed
 // XSEG_TORCH_IPC_ALLOW_UIDS is refused naming it.
-// With `--allowed` (run with XSEG_TORCH_IPC_ALLOW_UIDS=65534), that process imports the block.
+// With `--allowed` (run with XSEG_TORCH_IPC_ALLOW_UIDS=65534), that process imports the block, and
+// a flood of silent connections from it does not make this process's own imports fail.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -229,6 +230,141 @@ bool silent_nobody_then_import(Pluggable *a, const std::string &name, const std:
     }
     return c == 'c';
 }
+
+// An admitted uid 65534 (a child) floods the server with non-blocking connections that never send,
+// holding at most FLOOD_HELD, while this process imports @p h FLOOD_IMPORTS times, FLOOD_GAP_MS
+// apart: every import must succeed (the server bounds pending connections per uid, and never drops
+// the owner's for another uid's). @return the connections the flood made, or -1 when it could not
+// start.
+constexpr int FLOOD_HELD = 400, FLOOD_IMPORTS = 200, FLOOD_GAP_MS = 20;
+long flood_then_imports(Pluggable *a, const std::string &name, const std::string &h)
+{
+    int ctl[2], rep[2];
+    if (::pipe(ctl) != 0 || ::pipe(rep) != 0) {
+        EXPECT(false, "pipe: %s", std::strerror(errno));
+        return -1;
+    }
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+        ::close(ctl[1]);
+        ::close(rep[0]);
+        long made = 0;
+        if (!drop_to_nobody()) {
+            (void)!::write(rep[1], &made, sizeof made);
+            std::_Exit(1);
+        }
+        (void)::fcntl(ctl[0], F_SETFL, O_NONBLOCK);
+        (void)!::write(rep[1], &made, sizeof made); // started
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        std::memcpy(addr.sun_path, name.data(), std::min(name.size(), sizeof addr.sun_path - 1));
+        std::vector<int> held(FLOOD_HELD, -1);
+        size_t next = 0;
+        for (long i = 0;; i++) {
+            char c;
+            if (i % 64 == 0 && ::read(ctl[0], &c, 1) != -1)
+                break; // the parent is done (a byte, or its end closed)
+            int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (fd < 0)
+                continue;
+            if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 && errno != EAGAIN &&
+                errno != EINPROGRESS) {
+                ::close(fd);
+                continue;
+            }
+            made++;
+            if (held[next] >= 0)
+                ::close(held[next]);
+            held[next] = fd;
+            next = (next + 1) % held.size();
+        }
+        (void)!::write(rep[1], &made, sizeof made);
+        std::_Exit(0);
+    }
+    ::close(ctl[0]);
+    ::close(rep[1]);
+    long made = -1;
+    pollfd pf{rep[0], POLLIN, 0};
+    bool started = pid > 0 && ::poll(&pf, 1, BOUND_S * 1000) == 1 && ::read(rep[0], &made, sizeof made) == sizeof made;
+    int ok = 0;
+    std::string first_error;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; started && i < FLOOD_IMPORTS; i++) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(FLOOD_GAP_MS));
+        try {
+            std::shared_ptr<void> p = a->getIpcDevPtr(h); // mapped, then unmapped when p goes
+            ok += p != nullptr;
+        } catch (const c10::Error &e) {
+            if (first_error.empty())
+                first_error = e.what();
+        }
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(BOUND_S)) {
+            EXPECT(false, "the imports beside the flood took over %d s (%d done)", BOUND_S, i + 1);
+            break;
+        }
+    }
+    (void)!::write(ctl[1], "x", 1);
+    ::close(ctl[1]);
+    made = -1;
+    if (started && ::poll(&pf, 1, BOUND_S * 1000) == 1)
+        (void)!::read(rep[0], &made, sizeof made);
+    ::close(rep[0]);
+    if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+    }
+    EXPECT(started, "the flooding child of uid 65534 did not start");
+    EXPECT(ok == FLOOD_IMPORTS, "%d of %d imports failed beside a flood of uid 65534 (%ld connections); the first: %s",
+           FLOOD_IMPORTS - ok, FLOOD_IMPORTS, made, first_error.c_str());
+    std::printf("%s  %d of %d imports %d ms apart beside uid 65534's flood of %ld silent connections (at most %d "
+                "held)\n", ok == FLOOD_IMPORTS ? "ok " : "FAIL", ok, FLOOD_IMPORTS, FLOOD_GAP_MS, made, FLOOD_HELD);
+    return made;
+}
+
+// A stand-in exporter at a socket of its own that answers one import with @p reply (its bytes,
+// then closes without reading: "" closes at once after reading the request). @return the
+// message getIpcDevPtr raised ("" when it returned).
+std::string import_from_stand_in(Pluggable *a, const std::string &reply, bool read_first)
+{
+    char dir[] = "/tmp/xseg-ipc-stand-in-XXXXXX";
+    if (!::mkdtemp(dir))
+        return "mkdtemp failed";
+    std::string path = std::string(dir) + "/socket";
+    int l = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    if (l < 0 || ::bind(l, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || ::listen(l, 4) != 0)
+        return "stand-in socket failed";
+    std::thread server([l, reply, read_first] {
+        int c = ::accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0)
+            return;
+        char req[40];
+        if (read_first)
+            for (size_t got = 0; got < sizeof req;) {
+                ssize_t r = ::read(c, req + got, sizeof req - got);
+                if (r <= 0)
+                    break;
+                got += (size_t)r;
+            }
+        if (!reply.empty())
+            (void)!::write(c, reply.data(), reply.size());
+        ::close(c);
+    });
+    std::string msg;
+    try {
+        (void)a->getIpcDevPtr(FD_PREFIX + path + ":1:" + std::string(32, 'a'));
+    } catch (const c10::Error &e) {
+        msg = e.what();
+    }
+    server.join();
+    ::close(l);
+    (void)::unlink(path.c_str());
+    (void)::rmdir(dir);
+    return msg;
+}
 } // namespace
 
 int main(int argc, char **argv)
@@ -271,6 +407,9 @@ int main(int argc, char **argv)
         int st = nobody_imports(h1, 0x11);
         EXPECT(st == 2, "an admitted uid 65534 did not map the block (exit %d)", st);
         EXPECT(silent_nobody_then_import(a, p1.name, h1, 0x11), "an admitted uid 65534 cannot connect");
+        long made = flood_then_imports(a, p1.name, h1);
+        EXPECT(made > FLOOD_HELD, "the flood of uid 65534 made %ld connections (more than %d expected)", made,
+               FLOOD_HELD);
         a->raw_delete(b1);
         a->raw_delete(b2);
         if (failures)
@@ -322,6 +461,43 @@ int main(int argc, char **argv)
         }
         if (!failures)
             std::printf("ok   uid 65534 holding a valid handle is refused\n");
+    }
+
+    // ---- an import says why the exporter closed its connection ----
+    {
+        std::string m = import_from_stand_in(a, "L", false);
+        EXPECT(contains(m, "the exporter dropped the connection under load") && contains(m, "retry the import") &&
+                   !contains(m, "stale"),
+               "a connection dropped under load: %s", m.c_str());
+        m = import_from_stand_in(a, "U", false);
+        EXPECT(contains(m, "does not admit this uid") && contains(m, "XSEG_TORCH_IPC_ALLOW_UIDS"),
+               "a uid not admitted: %s", m.c_str());
+        m = import_from_stand_in(a, "", true);
+        EXPECT(contains(m, "stale") && !contains(m, "under load"), "a refused handle: %s", m.c_str());
+        if (!failures)
+            std::printf("ok   a dropped connection, a uid not admitted and a refused handle each say so\n");
+    }
+
+    // ---- a uid's connections are bounded: its oldest silent one goes, told why ----
+    {
+        std::vector<int> conns;
+        for (int i = 0; i < 64; i++)
+            conns.push_back(connect_to(p1.name));
+        std::this_thread::sleep_for(std::chrono::milliseconds(500)); // all accepted (the server polls)
+        pollfd pf{conns[0], POLLIN, 0};
+        EXPECT(::poll(&pf, 1, 0) == 0, "the oldest of 64 silent connections was closed (the bound is 64 a uid)");
+        conns.push_back(connect_to(p1.name)); // the 65th
+        char why = 0;
+        EXPECT(::poll(&pf, 1, BOUND_S * 1000) == 1 && ::read(conns[0], &why, 1) == 1 && why == 'L',
+               "the oldest silent connection was not dropped with 'L' when a 65th came (got '%c')", why);
+        pollfd second{conns[1], POLLIN, 0};
+        EXPECT(::poll(&second, 1, 0) == 0, "the second silent connection was dropped too");
+        import_bounded(a, h1, 0x11, "65 silent connections of this uid");
+        for (int fd : conns)
+            if (fd >= 0)
+                ::close(fd);
+        if (!failures)
+            std::printf("ok   a 65th silent connection of a uid drops that uid's oldest, which is told why\n");
     }
 
     // ---- a silent peer (and one that sends part of a request) stalls no one ----
