@@ -130,10 +130,10 @@ bool tu_set_bandwidth(const char *entry, uint64_t bytes_per_second);
  * 0 when not emulated. */
 size_t tu_host_live(size_t *bytes);
 
-/* Enqueue a unit of work on @p s (a kernel launch, for the capture graph): on cudaemu
- * cudaemu_stream_work (a kernel node while capturing; pending work on a held stream); on the real
- * driver, while @p s captures, an empty node after its dependencies (same ordering), else
- * nothing. @return false when the driver refused. */
+/* Enqueue a unit of work on @p s (a kernel launch, for the capture graph): while @p s captures,
+ * an empty node after its dependencies, made its only dependency (cudaemu and the driver alike:
+ * count it when counting empty nodes); otherwise cudaemu_stream_work on cudaemu (pending work on
+ * a held stream), nothing on the real driver. @return false when the driver refused. */
 bool tu_stream_work(CUstream s);
 
 /* ---- executable graphs: entry points xseg's driver table does not hold (the allocator never
