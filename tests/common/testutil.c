@@ -340,6 +340,17 @@ void tu_exit_skip_without_gpu(void)
     }
 }
 
+void tu_set_memory_cap(size_t bytes)
+{
+    size_t total = 0;
+    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
+    if (bytes > total)
+        fail_msg("tu_set_memory_cap(%zu): the device has %zu bytes", bytes, total);
+    xseg_status st = xseg_set_memory_fraction((double)bytes / (double)total, 0);
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_set_memory_fraction: %s", xseg_last_error());
+}
+
 CUcontext tu_ctx(void)
 {
     if (!tu_gpu_available())

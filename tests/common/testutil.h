@@ -59,6 +59,11 @@ void tu_exit_skip_without_gpu(void);
 /* Why tu_gpu_available() failed ("" if it did not). */
 const char *tu_last_load_error(void);
 
+/* xseg_set_memory_fraction on device 0 such that xseg may reserve @p bytes (to rounding), from
+ * its total memory (cuDeviceTotalMem): a cap that holds on any device, an 80 GiB H100, a
+ * 143,771 MiB H200 or a small emulated one (a fraction alone assumes a size). */
+void tu_set_memory_cap(size_t bytes);
+
 /* The retained primary context of device 0 (after tu_gpu_available()), made current on the
  * calling thread. Other threads call tu_ctx_set() before driver calls that need a context. */
 CUcontext tu_ctx(void);
