@@ -6,8 +6,8 @@ stopped only at its meson timeout).
 
     test_limit.py TESTS.json CMD...      (meson calls it; TESTS.json is `meson introspect --tests`)
 
-The limit is a quarter of the test's meson timeout (those are set at three times its CPU time on
-cudaemu under sanitizers and more, docs/testing.md; on the H200 no test took a tenth of its),
+The limit is a quarter of the test's meson timeout (those are at least three times its CPU time
+on cudaemu, docs/testing.md; on the H200 no test took a tenth of its own, cudaemu being slower),
 at least MIN and at most MAX seconds (10 and 90). A test that reaches it is stopped with its
 process group (SIGTERM, SIGKILL 2 s later); the wrapper says so on stderr, in words
 summary.py's `tests` turns into the item's reason, and exits 124. Otherwise it exits as the test
