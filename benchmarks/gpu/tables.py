@@ -32,7 +32,10 @@ def load(arg):
 def test_item_name(name):
     """An item name with the test named as summary.py names it now: a summary of the first H200 run
     (its summary.py read meson 1.12's names as "test ?/alloc - xseg:ipc") gives "test alloc/ipc"."""
-    m = re.match(r"^(test|case|row .*?\() ?(.*)$", name)
+    row = re.match(r"^(row .*\()([^()]* - [^()]*)\)$", name)  # the test in the last parentheses
+    if row:
+        return "%s%s)" % (row.group(1), split_test_name(row.group(2))[1])
+    m = re.match(r"^(test|case) (.*)$", name)
     if not m:
         return name
     kind, rest = m.groups()
@@ -42,8 +45,6 @@ def test_item_name(name):
     if kind == "case" and " - " in rest.split("/")[0]:
         head, _, case = rest.partition("/")
         return "case %s/%s" % (split_test_name(head)[1], case)
-    if kind.startswith("row") and " - " in rest:
-        return kind + split_test_name(rest.rstrip(")"))[1] + ")"
     return name
 
 
