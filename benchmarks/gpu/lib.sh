@@ -106,7 +106,10 @@ meson_tests() {
     shift 4
     [ -s "$table" ] || meson introspect "$XSEG_GPU_BUILD" --tests > "$table" 2> "$table.err" || rm -f "$table"
     if [ -s "$table" ]; then
-        wrap=(--wrapper "$PY $GPU_DIR/test_limit.py $table")
+        # The interpreter itself, not a launcher script (pyenv's shim costs a second a test here).
+        local py
+        py=$("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null) || py=$PY
+        wrap=(--wrapper "$py $GPU_DIR/test_limit.py $table")
         : > "$log"
     else
         echo "no per-test limits: meson introspect --tests failed: $(tail -1 "$table.err")" > "$log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU acceptance run's dry run on cudaemu, so that benchmarks/gpu/ cannot rot without a GPU,
 # and the proof of its budget logic:
-#  1. run.sh --emulator --quick --budget 60, the torch check made to sleep past the budget (the
+#  1. run.sh --emulator --quick --budget 90, the torch check made to sleep past the budget (the
 #     test-only hook XSEG_GPU_TEST_SLEEP) with the whole budget as its share: the checks before it
 #     pass, it fails at its limit, every check after it is "not reached", the run exits 1, and
 #     $OUT holds at most four files (summary.json, logs.tgz, snapshot.pickle, stale_snapshot.pickle);
@@ -18,7 +18,8 @@
 #     test made to hang (test-only hooks XSEG_GPU_TEST_HANG, XSEG_GPU_TEST_LIMIT) stops that
 #     test after 2 s, its item says it timed out, and the suite after it still runs; a summary
 #     whose check says pass with a failed item is printed FAIL.
-# Wall time is mostly the sleep of step 1 (~60 s); CPU time is ~25 s.
+# Wall time is mostly the sleep of step 1 (~90 s); CPU time is ~25 s. The budget leaves the driver
+# check (its eleven tests each through test_limit.py) room to pass under a loaded machine's load.
 # usage: gpu_dry_run.sh SOURCE_ROOT BUILD_ROOT
 set -uo pipefail
 src=$1 build=$2
@@ -26,8 +27,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "gpu-dry-run: FAIL: $*"; exit 1; }
 run=$src/benchmarks/gpu/run.sh
 
-# 1. The cut-off: budget 60 s; driver and torch may take all of it; torch sleeps past it.
-XSEG_GPU_TEST_SLEEP=torch=1000 OUT=$tmp/a "$run" --emulator --quick --build "$build" --budget 60 \
+# 1. The cut-off: budget 90 s; driver and torch may take all of it; torch sleeps past it.
+XSEG_GPU_TEST_SLEEP=torch=1000 OUT=$tmp/a "$run" --emulator --quick --build "$build" --budget 90 \
     --share driver=1 --share torch=1 > "$tmp/a.log" 2>&1
 rc=$?
 cat "$tmp/a.log"
@@ -44,7 +45,7 @@ def fail(msg):
 for k in ("device", "driver", "torch", "commit", "date", "budget", "checks", "counts"):
     if k not in s:
         fail("summary.json has no %r" % k)
-if not (s["emulator"] and s["quick"] and s["device"].startswith("cudaemu") and s["budget"] == 60):
+if not (s["emulator"] and s["quick"] and s["device"].startswith("cudaemu") and s["budget"] == 90):
     fail("summary: %r" % {k: s[k] for k in ("emulator", "quick", "device", "budget")})
 got = [(c["name"], c["status"]) for c in s["checks"]]
 want = [("build", "pass"), ("driver", "pass"), ("torch", "fail"), ("suites", "not-reached"),
@@ -52,9 +53,9 @@ want = [("build", "pass"), ("driver", "pass"), ("torch", "fail"), ("suites", "no
 if got != want:
     fail("checks after the cut-off: %r, not %r" % (got, want))
 c = {c["name"]: c for c in s["checks"]}
-if "stopped at its limit" not in c["torch"]["reason"] or c["torch"]["limit"] > 60:
+if "stopped at its limit" not in c["torch"]["reason"] or c["torch"]["limit"] > 90:
     fail("torch: %r" % {k: c["torch"][k] for k in ("reason", "limit")})
-if "budget of 60 s was spent" not in c["frag"]["reason"]:
+if "budget of 90 s was spent" not in c["frag"]["reason"]:
     fail("frag: %r" % c["frag"]["reason"])
 rows = [i for i in c["driver"]["items"] if i["name"].startswith("row misuse:")]
 if len(rows) < 10 or any(i["status"] == "fail" for i in rows):
