@@ -1,11 +1,17 @@
 /*
  * Initialization, devices, attributes and contexts. Every device has one context, its primary
- * context (retain/release only count references: the context stays usable, as cudaemu has no
- * per-context state to tear down). The current context is per thread, with a small push/pop stack.
+ * context (retain/release count references: the context stays usable, as cudaemu has no
+ * per-context state to tear down). While retained it holds one descriptor of its own, opened at
+ * the first retain and closed at the last release, as the driver opens device files when a
+ * context becomes active (a test that compares a process's descriptor count across the first use
+ * of a device fails here as on a GPU). The current context is per thread, with a small push/pop
+ * stack.
  */
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "cudaemu/emu.h"
 
@@ -38,8 +44,10 @@ CUresult CUDAAPI cuInit(unsigned int Flags)
         return CUDA_ERROR_NO_DEVICE;
     emu_lock();
     if (!emu.initialized) {
-        for (int d = 0; d < emu.cfg.devices; d++)
+        for (int d = 0; d < emu.cfg.devices; d++) {
             emu.ctx[d].ordinal = d;
+            emu.ctx_fd[d] = -1;
+        }
         /* Exportable handles and imports hold a memfd each: make room for many. */
         struct rlimit rl;
         if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
@@ -179,6 +187,11 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (!emu_dev_valid(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     emu_lock();
+    if (!emu.primary_refs[dev] && emu.ctx_fd[dev] < 0 &&
+        (emu.ctx_fd[dev] = eventfd(0, EFD_CLOEXEC)) < 0) {
+        emu_unlock();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     emu.primary_refs[dev]++;
     emu_unlock();
     *pctx = &emu.ctx[dev];
@@ -192,10 +205,14 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     CUresult r = CUDA_SUCCESS;
     emu_lock();
-    if (emu.primary_refs[dev])
-        emu.primary_refs[dev]--;
-    else
+    if (emu.primary_refs[dev]) {
+        if (!--emu.primary_refs[dev] && emu.ctx_fd[dev] >= 0) {
+            close(emu.ctx_fd[dev]);
+            emu.ctx_fd[dev] = -1;
+        }
+    } else {
         r = CUDA_ERROR_INVALID_CONTEXT;
+    }
     emu_unlock();
     return r;
 }

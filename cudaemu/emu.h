@@ -244,6 +244,10 @@ struct emu_state {
     struct emu_config cfg;
     size_t used[EMU_MAX_DEVICES];
     unsigned primary_refs[EMU_MAX_DEVICES];
+    /* A descriptor a device's primary context holds while retained (device.c): the driver opens
+     * files of its own when a context becomes active, so a process's descriptor count is not the
+     * allocator's to compare across a first use of the device. -1: none open. */
+    int ctx_fd[EMU_MAX_DEVICES];
     struct CUctx_st ctx[EMU_MAX_DEVICES];
 
     struct emu_map handles;       /* id -> emu_handle */

@@ -451,7 +451,10 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *ca
 }
 
 /* The dependency array handed out stays valid until the next call on the stream, as documented;
- * edge data is always the default (zeroed). */
+ * edge data is always the default (zeroed). Only the status is data unless the capture is ACTIVE
+ * (documented: "valid data (other than capture status) is returned only if ... ACTIVE"): the
+ * other outputs are then left as the caller had them, so a caller that reads them anyway reads
+ * its own initial values, never a count or graph handed out by cudaemu alone. */
 CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
                                         cuuint64_t *id_out, CUgraph *graph_out,
                                         const CUgraphNode **dependencies_out,
@@ -477,16 +480,18 @@ CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus 
     CUstreamCaptureStatus st = capture_status(s);
     bool active = st == CU_STREAM_CAPTURE_STATUS_ACTIVE;
     *captureStatus_out = st;
-    if (id_out)
-        *id_out = s->cap ? s->cap->id : 0;
-    if (graph_out)
-        *graph_out = active ? s->cap->graph : NULL;
-    if (dependencies_out)
-        *dependencies_out = active && s->deps.n ? s->deps.v : NULL;
-    if (edgeData_out)
-        *edgeData_out = active && s->deps.n ? s->deps.edges : NULL;
-    if (numDependencies_out)
-        *numDependencies_out = active ? s->deps.n : 0;
+    if (active) {
+        if (id_out)
+            *id_out = s->cap->id;
+        if (graph_out)
+            *graph_out = s->cap->graph;
+        if (dependencies_out)
+            *dependencies_out = s->deps.n ? s->deps.v : NULL;
+        if (edgeData_out)
+            *edgeData_out = s->deps.n ? s->deps.edges : NULL;
+        if (numDependencies_out)
+            *numDependencies_out = s->deps.n;
+    }
     emu_unlock();
     return CUDA_SUCCESS;
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Check driver: the driver suite (tests/driver) on the real libcuda.so.1, one test at a time.
+# Check driver: the driver suite (tests/driver) on the real libcuda.so.1, one test at a time,
+# each under a limit of its own (lib.sh's meson_tests).
 # Each conformance row it prints becomes an item: a row whose driver result differs from what
 # cudaemu returns is a cudaemu bug. Also which of cudaemu's entry points no row names (data).
 set -uo pipefail
@@ -14,12 +15,10 @@ meson introspect "$B" --buildoptions 2>/dev/null |
 # --logbase: its own log beside meson's (the CI dry run runs inside `meson test` of the same build).
 # Stopped before the check's limit: meson's log keeps every test that finished.
 left=$(time_left)
-timeout --kill-after=5 "$left" meson test -C "$B" --no-rebuild --logbase gpu-driver --num-processes 1 \
-    --print-errorlogs --timeout-multiplier 2 --suite driver > "$W/tests.log" 2>&1
+meson_tests "$left" gpu-driver "$W/tests.log" "$W/testlog.json" --suite driver
 rc=$?
 echo "meson test exited $rc" >> "$W/tests.log"
 [ $rc = 124 ] && check "driver suite time" fail "stopped after $left s: the tests after the last one listed did not run"
-cp "$B/meson-logs/gpu-driver.json" "$W/testlog.json" 2>/dev/null
 if [ -s "$W/testlog.json" ]; then
     summarize tests "$W/testlog.json"
 else

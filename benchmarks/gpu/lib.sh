@@ -96,6 +96,33 @@ time_left() {
     local t=$(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 3 - ${1:-0} ))
     echo $(( t > 5 ? t : 5 ))
 }
+# meson_tests LIMIT LOGBASE LOG JSON ARGS...: `meson test ARGS` of the build, one test at a time,
+# each under a limit of its own (test_limit.py, as meson's --wrapper: a quarter of its meson
+# timeout, 10 to 90 s), all of it under LIMIT seconds; output in LOG, meson's JSON log copied to
+# JSON. The status of meson test (124 or 137: stopped at LIMIT). Without the tests' table (meson
+# introspect), the tests run under meson's own limits, and LOG says so.
+meson_tests() {
+    local limit=$1 base=$2 log=$3 json=$4 table=$XSEG_GPU_WORK/tests.json wrap=() rc
+    shift 4
+    [ -s "$table" ] || meson introspect "$XSEG_GPU_BUILD" --tests > "$table" 2> "$table.err" || rm -f "$table"
+    if [ -s "$table" ]; then
+        # The interpreter itself, not a launcher script (pyenv's shim costs a second a test here).
+        local py
+        py=$("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null) || py=$PY
+        wrap=(--wrapper "$py $GPU_DIR/test_limit.py $table")
+        : > "$log"
+    else
+        echo "no per-test limits: meson introspect --tests failed: $(tail -1 "$table.err")" > "$log"
+    fi
+    rm -f "$XSEG_GPU_BUILD/meson-logs/$base".json "$XSEG_GPU_BUILD/meson-logs/$base"-*.json
+    timeout --kill-after=5 "$limit" meson test -C "$XSEG_GPU_BUILD" --no-rebuild --logbase "$base" --num-processes 1 \
+        --print-errorlogs --timeout-multiplier 2 "${wrap[@]}" "$@" >> "$log" 2>&1
+    rc=$?
+    # With --wrapper, meson names its log LOGBASE-WRAPPER.json.
+    cp "$(ls "$XSEG_GPU_BUILD/meson-logs/$base".json "$XSEG_GPU_BUILD/meson-logs/$base"-*.json 2>/dev/null | head -1)" \
+        "$json" 2>/dev/null
+    return $rc
+}
 # has_time SECONDS: whether this check has that much time left (before a step worth starting).
 has_time() { [ $(( ${XSEG_GPU_DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) - 3 )) -ge "$1" ]; }
 

@@ -12,6 +12,8 @@ A check's script (check_NAME.sh) records items in its work folder:
                                                           no conformance test names (data)
   summary.py tests WORK TESTLOG.json                      meson's test log: one item per test,
                                                           one per conformance row (tests/driver)
+  summary.py list-tests LIST.txt SUITE|*                  the tests of SUITE (of any: *) in
+                                                          `meson test --list`'s output, one a line
 run.sh turns each check into one line of the summary:
   summary.py finish-check RUN NAME WORK RC LIMIT SECONDS  RUN/checks.jsonl gets the check's line
   summary.py not-reached RUN NAME REASON...               a check that did not start
@@ -26,7 +28,12 @@ summary.json: {"device", "driver", "torch", "commit", "date", "budget", "seconds
 "limit", "items": [{"name", "status", "reason"}], "data": {...}, "previous": DATE where a --resume
 kept it from the summary of DATE}]}; a check's status is fail when
 one of its items failed or it ran out of its time, not-reached when it did not start (or left
-items not reached), skip when it only skipped, else pass.
+items not reached), skip when it only skipped, else pass (a check a --resume kept from an earlier
+summary too: one with a failed item is never printed or kept as a pass).
+
+meson names a test two ways in `--list` and its JSON log: before 1.12 `PROJECT:SUITE / TEST`
+(`xseg:alloc / ipc`, several suites joined by `+`), from 1.12 `SUITE - PROJECT:TEST`
+(`alloc - xseg:ipc`); split_test_name reads both.
 """
 import datetime
 import json
@@ -159,7 +166,7 @@ def load_summary(path):
 def todo(previous):
     s = load_summary(previous)
     for c in s["checks"]:
-        if c["status"] in ("fail", "not-reached"):
+        if consistent(c)["status"] in ("fail", "not-reached"):
             print(c["name"])
 
 
@@ -187,6 +194,16 @@ def merge(prev, new):
     return dict(new, items=items, status=status, reason=reason)
 
 
+def consistent(c):
+    """A check whose items failed is failed, whatever its line says (a summary edited by hand, or
+    one of an older run.sh, once printed PASS for "2 of 105 items failed")."""
+    failed = [i["name"] for i in c.get("items", []) if i["status"] == "fail"]
+    if not failed or c["status"] == "fail":
+        return c
+    return dict(c, status="fail", reason="%d of %d items failed: %s%s (it said %s)" % (
+        len(failed), len(c["items"]), ", ".join(failed[:5]), ", ..." if len(failed) > 5 else "", c["status"]))
+
+
 def write(run, out, budget, previous=None):
     checks = read_lines(os.path.join(run, "checks.jsonl"))
     prev = load_summary(previous) if previous else None
@@ -199,6 +216,7 @@ def write(run, out, budget, previous=None):
             else:
                 merged.append(dict(c, previous=prev.get("date", "?")))
         checks = merged + list(now.values())
+    checks = [consistent(c) for c in checks]
     emulator = os.environ.get("XSEG_GPU_EMULATOR") == "1"
     device, driver = device_and_driver(emulator, run)
     summary = {
@@ -226,6 +244,29 @@ def write(run, out, budget, previous=None):
 ROW = re.compile(r"^(misuse|capture|graph|exec|probe): (.*?)\s+(?:-> (.*)|skipped \((.*)\))$")
 
 
+OLD_NAME = re.compile(r"^(?P<project>[^:\s]+):(?P<suites>\S+) / (?P<test>.+)$")
+NEW_NAME = re.compile(r"^(?P<suites>\S+) - (?P<project>[^:\s]+):(?P<test>.+)$")
+
+
+def split_test_name(name):
+    """(suites, test) of a meson test name in either form; ([], name) for a bare name."""
+    name = name.strip()
+    m = OLD_NAME.match(name) or NEW_NAME.match(name)
+    if not m:
+        return [], name
+    return m.group("suites").split("+"), m.group("test").strip()
+
+
+def list_tests(path, suite):
+    """The names of SUITE's tests (every suite's: "*") in `meson test --list` output, in its
+    order."""
+    with open(path) as f:
+        for line in f:
+            suites, test = split_test_name(line)
+            if suite in suites or (suite == "*" and suites):
+                print(test)
+
+
 def rows_of(stdout):
     """The conformance rows a tests/driver test printed: (table, what, status, detail)."""
     for line in stdout.splitlines():
@@ -251,27 +292,31 @@ def tests(work, testlog):
             if not line.strip():
                 continue
             t = json.loads(line)
-            name = t.get("name", "?")
-            suite = name.split(" / ")[0].split(":")[-1] if " / " in name else "?"
+            suites, test = split_test_name(t.get("name", "?"))
+            suite = suites[0] if suites else "?"
             status = results.get(t.get("result"), "fail")
             out = t.get("stdout") or ""
+            err = t.get("stderr") or ""
             reason = "%s in %.1f s" % (t.get("result"), t.get("duration", 0))
+            limit = [l for l in (out + "\n" + err).splitlines() if l.startswith("test_limit.py: timed out")]
+            if limit:
+                reason = "TIMEOUT: " + limit[-1][len("test_limit.py: "):]
             if status == "fail":
-                reason += "\n" + out[-2000:]
+                reason += "\n" + out[-2000:] + ("\n" + err[-1000:] if err.strip() else "")
             elif status == "skip":
                 skips = [l for l in out.splitlines() if "SKIP" in l.upper()]
                 reason += ": " + (skips[-1].strip() if skips else "exit status 77")
-            add_check(work, "test %s/%s" % (suite, name.split(" / ")[-1]), status, reason)
+            add_check(work, "test %s/%s" % (suite, test), status, reason)
             s = per_suite.setdefault(suite, {"pass": 0, "fail": 0, "skip": 0})
             s[status] += 1
             # cmocka cases a passing binary skipped (emulator-only checks on the driver, or the reverse)
             for m in re.finditer(r"^\[  SKIPPED \] (\S+)$", out, re.M):
                 why = [l for l in out[:m.start()].splitlines()[-3:] if "skip" in l.lower()]
-                add_check(work, "case %s/%s" % (name.split(" / ")[-1], m.group(1)), "skip",
+                add_check(work, "case %s/%s" % (test, m.group(1)), "skip",
                           why[-1].replace("[  SKIPPED ]", "").strip() if why else "skipped by the test")
             for table, what, st, detail in rows_of(out):
-                add_check(work, "row %s: %s (%s)" % (table, what, name.split(" / ")[-1]), st, detail)
-                rows.append({"test": name.split(" / ")[-1], "table": table, "row": what, "status": st,
+                add_check(work, "row %s: %s (%s)" % (table, what, test), st, detail)
+                rows.append({"test": test, "table": table, "row": what, "status": st,
                              "result": detail})
     # Added to what earlier calls on this work folder stored (the suites check: once per suite).
     before = read_json(os.path.join(work, "data", "suites.json")) or {}
@@ -343,6 +388,8 @@ def main(argv):
         rows_cover(argv[1], argv[2], argv[3:])
     elif len(argv) == 3 and argv[0] == "tests":
         tests(argv[1], argv[2])
+    elif len(argv) == 3 and argv[0] == "list-tests":
+        list_tests(argv[1], argv[2])
     elif len(argv) == 7 and argv[0] == "finish-check":
         finish_check(*argv[1:])
     elif len(argv) >= 3 and argv[0] == "not-reached":

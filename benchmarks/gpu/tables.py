@@ -11,7 +11,11 @@ are cudaemu's, not a GPU's.
 """
 import json
 import os
+import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from summary import STATUSES, consistent, split_test_name  # noqa: E402
 
 GiB = float(1 << 30)
 
@@ -22,6 +26,57 @@ def load(arg):
         s = json.load(f)
     if "checks" not in s or "device" not in s:
         raise SystemExit("tables.py: %s is no summary.json of run.sh" % path)
+    return normalize(s)
+
+
+def test_item_name(name):
+    """An item name with the test named as summary.py names it now: a summary of the first H200 run
+    (its summary.py read meson 1.12's names as "test ?/alloc - xseg:ipc") gives "test alloc/ipc"."""
+    row = re.match(r"^(row .*\()([^()]* - [^()]*)\)$", name)  # the test in the last parentheses
+    if row:
+        return "%s%s)" % (row.group(1), split_test_name(row.group(2))[1])
+    m = re.match(r"^(test|case) (.*)$", name)
+    if not m:
+        return name
+    kind, rest = m.groups()
+    if kind == "test" and rest.startswith("?/"):
+        suites, test = split_test_name(rest[2:])
+        return "test %s/%s" % (suites[0] if suites else "?", test)
+    if kind == "case" and " - " in rest.split("/")[0]:
+        head, _, case = rest.partition("/")
+        return "case %s/%s" % (split_test_name(head)[1], case)
+    return name
+
+
+def normalize(s):
+    """Item names in today's form, per-suite counts from the items where the summary has none
+    under a suite's name, and no check that says pass with a failed item (summary.consistent)."""
+    for c in s["checks"]:
+        for i in c.get("items", []):
+            i["name"] = test_item_name(i["name"])
+        for r in c.get("data", {}).get("conformance_rows") or []:
+            r["test"] = split_test_name(r["test"])[1]
+        per = c.get("data", {}).get("suites")
+        if per is not None and "?" in per:
+            per = {}
+            for i in c["items"]:
+                m = re.match(r"^test ([^/]+)/", i["name"])
+                if m:
+                    k = per.setdefault(m.group(1), {"pass": 0, "fail": 0, "skip": 0})
+                    k[i["status"] if i["status"] in k else "fail"] += 1
+            c["data"]["suites"] = per
+    checks = []
+    for c in s["checks"]:
+        said = c["status"]
+        c = consistent(c)
+        failed = [i["name"] for i in c.get("items", []) if i["status"] == "fail"]
+        if failed and c["reason"].split(" items failed: ")[0].count(" of ") == 1:  # the names, in today's form
+            c["reason"] = "%d of %d items failed: %s%s%s" % (
+                len(failed), len(c["items"]), ", ".join(failed[:5]), ", ..." if len(failed) > 5 else "",
+                "" if said == "fail" else " (it said %s)" % said)
+        checks.append(c)
+    s["checks"] = checks
+    s["counts"] = {st: sum(c["status"] == st for c in s["checks"]) for st in STATUSES}
     return s
 
 

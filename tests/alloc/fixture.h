@@ -45,12 +45,7 @@ static inline void *must_malloc(size_t size, CUstream s)
 }
 
 /* Cap device 0 at @p bytes through the memory fraction. */
-static inline void cap_device(size_t bytes)
-{
-    size_t total = 0;
-    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
-    assert_int_equal(xseg_set_memory_fraction((double)bytes / (double)total, 0), XSEG_SUCCESS);
-}
+static inline void cap_device(size_t bytes) { tu_set_memory_cap(bytes); }
 
 /* Stats that a snapshot determines must match it (PyTorch's _check_memory_stat_consistency):
  * blocks tile each segment; reserved, allocated, active, requested bytes, allocations and

@@ -31,8 +31,8 @@ static void test_gc_skipped_during_capture(void **state)
 {
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:False,garbage_collection_threshold:0.5");
-    /* 1 GiB emulated device: a 256 MiB cap, GC above 128 MiB reserved. */
-    assert_int_equal(xseg_set_memory_fraction(0.25, 0), XSEG_SUCCESS);
+    /* A 256 MiB cap, GC above 128 MiB reserved, whatever the device's size. */
+    tu_set_memory_cap(256 * MiB);
     /* 160 MiB of cached, unsplit, aged classic blocks in the default pool. */
     void *p[8];
     for (int i = 0; i < 8; i++)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU acceptance run's dry run on cudaemu, so that benchmarks/gpu/ cannot rot without a GPU,
 # and the proof of its budget logic:
-#  1. run.sh --emulator --quick --budget 60, the torch check made to sleep past the budget (the
+#  1. run.sh --emulator --quick --budget 90, the torch check made to sleep past the budget (the
 #     test-only hook XSEG_GPU_TEST_SLEEP) with the whole budget as its share: the checks before it
 #     pass, it fails at its limit, every check after it is "not reached", the run exits 1, and
 #     $OUT holds at most four files (summary.json, logs.tgz, snapshot.pickle, stale_snapshot.pickle);
@@ -11,8 +11,15 @@
 #  3. refusals: a folder that is no build (the other checks "not reached: the build failed"),
 #     bad arguments;
 #  4. tables.py and tables.py --features on the dry run (labelled as emulator figures) and on a
-#     fabricated GPU summary (the dry run's format, a GPU's figures).
-# Wall time is mostly the sleep of step 1 (~60 s); CPU time is ~15 s.
+#     fabricated GPU summary (the dry run's format, a GPU's figures);
+#  5. the suites check's reading of `meson test --list` in both of meson's forms (before 1.12
+#     `PROJECT:SUITE / TEST`, from 1.12 `SUITE - PROJECT:TEST`: the first H200 run found no test
+#     with the old reader), and its per-test limit: a --resume of the suites check alone with one
+#     test made to hang (test-only hooks XSEG_GPU_TEST_HANG, XSEG_GPU_TEST_LIMIT) stops that
+#     test after 2 s, its item says it timed out, and the suite after it still runs; a summary
+#     whose check says pass with a failed item is printed FAIL.
+# Wall time is mostly the sleep of step 1 (~90 s); CPU time is ~25 s. The budget leaves the driver
+# check (its eleven tests each through test_limit.py) room to pass under a loaded machine's load.
 # usage: gpu_dry_run.sh SOURCE_ROOT BUILD_ROOT
 set -uo pipefail
 src=$1 build=$2
@@ -20,8 +27,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "gpu-dry-run: FAIL: $*"; exit 1; }
 run=$src/benchmarks/gpu/run.sh
 
-# 1. The cut-off: budget 60 s; driver and torch may take all of it; torch sleeps past it.
-XSEG_GPU_TEST_SLEEP=torch=1000 OUT=$tmp/a "$run" --emulator --quick --build "$build" --budget 60 \
+# 1. The cut-off: budget 90 s; driver and torch may take all of it; torch sleeps past it.
+XSEG_GPU_TEST_SLEEP=torch=1000 OUT=$tmp/a "$run" --emulator --quick --build "$build" --budget 90 \
     --share driver=1 --share torch=1 > "$tmp/a.log" 2>&1
 rc=$?
 cat "$tmp/a.log"
@@ -38,7 +45,7 @@ def fail(msg):
 for k in ("device", "driver", "torch", "commit", "date", "budget", "checks", "counts"):
     if k not in s:
         fail("summary.json has no %r" % k)
-if not (s["emulator"] and s["quick"] and s["device"].startswith("cudaemu") and s["budget"] == 60):
+if not (s["emulator"] and s["quick"] and s["device"].startswith("cudaemu") and s["budget"] == 90):
     fail("summary: %r" % {k: s[k] for k in ("emulator", "quick", "device", "budget")})
 got = [(c["name"], c["status"]) for c in s["checks"]]
 want = [("build", "pass"), ("driver", "pass"), ("torch", "fail"), ("suites", "not-reached"),
@@ -46,9 +53,9 @@ want = [("build", "pass"), ("driver", "pass"), ("torch", "fail"), ("suites", "no
 if got != want:
     fail("checks after the cut-off: %r, not %r" % (got, want))
 c = {c["name"]: c for c in s["checks"]}
-if "stopped at its limit" not in c["torch"]["reason"] or c["torch"]["limit"] > 60:
+if "stopped at its limit" not in c["torch"]["reason"] or c["torch"]["limit"] > 90:
     fail("torch: %r" % {k: c["torch"][k] for k in ("reason", "limit")})
-if "budget of 60 s was spent" not in c["frag"]["reason"]:
+if "budget of 90 s was spent" not in c["frag"]["reason"]:
     fail("frag: %r" % c["frag"]["reason"])
 rows = [i for i in c["driver"]["items"] if i["name"].startswith("row misuse:")]
 if len(rows) < 10 or any(i["status"] == "fail" for i in rows):
@@ -161,4 +168,70 @@ grep -qF '| sleep and wake (offload, discard, a graph'"'"'s pool) | skipped (NVI
     fail "--features: sleep and wake should be skipped (its graph item skipped)"
 grep -qF '| dma-buf export (`cuMemGetHandleForAddressRange`) | not supported: VMM mapping: cuMemGetHandleForAddressRange returned CUDA_ERROR_NOT_SUPPORTED' "$tmp/gpu-features.md" ||
     fail "--features: the dma-buf probe's answer"
+
+# 5. Both forms of `meson test --list`: this meson's, and the other one made from it.
+meson test -C "$build" --no-rebuild --list > "$tmp/list.txt" 2> /dev/null || fail "meson test --list failed"
+python3 - "$tmp/list.txt" "$tmp/list-old.txt" "$tmp/list-new.txt" <<'PYEOF' || exit 1
+import re, sys
+lines = [l.rstrip("\n") for l in open(sys.argv[1]) if l.strip()]
+old, new = [], []
+for l in lines:
+    m = re.match(r"^(\S+):(\S+) / (.+)$", l) or None
+    n = re.match(r"^(\S+) - (\S+?):(.+)$", l) or None
+    if m:
+        proj, suites, test = m.groups()
+    elif n:
+        suites, proj, test = n.groups()
+    else:
+        print("gpu-dry-run: FAIL: a --list line in neither form:", l); sys.exit(1)
+    old.append("%s:%s / %s" % (proj, suites, test))
+    new.append("%s - %s:%s" % (suites, proj, test))
+old.append("xseg:alloc+extra / two_suites_test")  # a test of two suites
+new.append("alloc+extra - xseg:two_suites_test")
+open(sys.argv[2], "w").write("\n".join(old) + "\n")
+open(sys.argv[3], "w").write("\n".join(new) + "\n")
+PYEOF
+for suite in alloc services driver extra; do
+    a=$(python3 "$src/benchmarks/gpu/summary.py" list-tests "$tmp/list-old.txt" $suite)
+    b=$(python3 "$src/benchmarks/gpu/summary.py" list-tests "$tmp/list-new.txt" $suite)
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "--list forms read differently for suite $suite: $(echo "$a" | head -3) / $(echo "$b" | head -3)"
+    case $suite in alloc) echo "$a" | grep -qx ipc_roundtrip || fail "suite alloc lacks ipc_roundtrip: $(echo "$a" | head -3)" ;;
+                   extra) [ "$a" = two_suites_test ] || fail "a test of two suites: '$a'" ;; esac
+done
+echo "gpu-dry-run: --list read in both forms ($(wc -l < "$tmp/list-old.txt") lines)"
+
+# ... and the per-test limit: the first test of alloc hangs; it alone is stopped, after 2 s.
+hang=$(python3 "$src/benchmarks/gpu/summary.py" list-tests "$tmp/list.txt" alloc | head -1)
+python3 - "$tmp/b/summary.json" "$tmp/prev/summary.json" <<'PYEOF' || exit 1
+import json, os, sys
+s = json.load(open(sys.argv[1]))
+for c in s["checks"]:
+    if c["name"] == "suites":
+        c.update(status="fail", items=[])
+    elif c["name"] == "driver":  # a check kept from a summary that says pass with a failed item
+        c["items"].append({"name": "row misuse: fabricated", "status": "fail", "reason": "fabricated"})
+os.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True)
+json.dump(s, open(sys.argv[2], "w"))
+PYEOF
+XSEG_GPU_SUITES="alloc unit" XSEG_GPU_TEST_HANG=$hang XSEG_GPU_TEST_LIMIT=2 OUT=$tmp/c \
+    "$run" --emulator --quick --build "$build" --resume "$tmp/prev" > "$tmp/c.log" 2>&1
+rc=$?
+cat "$tmp/c.log"
+[ $rc = 1 ] || fail "the run with a hanging test exited $rc, not 1"
+grep -q "checks: build driver suites " "$tmp/c.log" || fail "--resume did not rerun the driver check (its failed item) and suites"
+python3 - "$tmp/c/summary.json" "$hang" <<'PYEOF' || exit 1
+import json, sys
+s, hang = json.load(open(sys.argv[1])), sys.argv[2]
+def fail(msg):
+    print("gpu-dry-run: FAIL:", msg); sys.exit(1)
+c = {x["name"]: x for x in s["checks"]}
+items = {i["name"]: i for i in c["suites"]["items"]}
+i = items.get("test alloc/" + hang)
+if not i or i["status"] != "fail" or not i["reason"].startswith("TIMEOUT: timed out after 2 s"):
+    fail("the hanging test's item: %r" % i)
+if c["suites"]["seconds"] > 40:
+    fail("the suites check took %s s with a test stopped after 2 s" % c["suites"]["seconds"])
+if items.get("suite unit", {}).get("status") != "pass":
+    fail("the suite after the hang: %r" % items.get("suite unit"))
+PYEOF
 echo "gpu-dry-run: ok"

@@ -234,23 +234,28 @@ size_t tu_host_live(size_t *bytes)
 /* capture graph (graph_capture_record_stream_reuse) */
 bool tu_stream_work(CUstream s)
 {
-    const struct tu_emu_api *e = tu_emu();
-    if (e)
-        return e->stream_work(s) == 0;
-    /* Real driver: outside a capture, work would complete on its own; inside, an empty node
-     * orders the graph exactly as a kernel node would. */
+    /* In a capture, one path on cudaemu and the driver: an empty node made the stream's only
+     * dependency, which orders the graph as a kernel node would. The test then sees the same
+     * graph on both (a test that counted node types once saw a kernel node here and an empty one
+     * on the GPU). */
     CUstreamCaptureStatus st;
     CUgraph g = NULL;
     const CUgraphNode *deps = NULL;
     size_t n = 0;
     if (drv->cuStreamGetCaptureInfo(s, &st, NULL, &g, &deps, NULL, &n) != CUDA_SUCCESS)
         return false;
-    if (st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
-        return st == CU_STREAM_CAPTURE_STATUS_NONE;
-    CUgraphNode node;
-    return drv->cuGraphAddEmptyNode(&node, g, deps, n) == CUDA_SUCCESS &&
-           drv->cuStreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
-               CUDA_SUCCESS;
+    if (st == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        CUgraphNode node;
+        return drv->cuGraphAddEmptyNode(&node, g, deps, n) == CUDA_SUCCESS &&
+               drv->cuStreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
+                   CUDA_SUCCESS;
+    }
+    if (st != CU_STREAM_CAPTURE_STATUS_NONE)
+        return false;
+    /* Outside a capture: cudaemu's kernel stand-in (pending work on a held stream); on the real
+     * driver, work would complete on its own. */
+    const struct tu_emu_api *e = tu_emu();
+    return e ? e->stream_work(s) == 0 : true;
 }
 
 /* ---- executable graphs ---- */
@@ -333,6 +338,17 @@ void tu_exit_skip_without_gpu(void)
         fprintf(stderr, "SKIP: no usable CUDA driver or device: %s\n", tu_gpu_msg);
         exit(77);
     }
+}
+
+void tu_set_memory_cap(size_t bytes)
+{
+    size_t total = 0;
+    tu_assert_cu(drv->cuDeviceTotalMem(&total, 0));
+    if (bytes > total)
+        fail_msg("tu_set_memory_cap(%zu): the device has %zu bytes", bytes, total);
+    xseg_status st = xseg_set_memory_fraction((double)bytes / (double)total, 0);
+    if (st != XSEG_SUCCESS)
+        fail_msg("xseg_set_memory_fraction: %s", xseg_last_error());
 }
 
 CUcontext tu_ctx(void)

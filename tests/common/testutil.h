@@ -59,6 +59,11 @@ void tu_exit_skip_without_gpu(void);
 /* Why tu_gpu_available() failed ("" if it did not). */
 const char *tu_last_load_error(void);
 
+/* xseg_set_memory_fraction on device 0 such that xseg may reserve @p bytes (to rounding), from
+ * its total memory (cuDeviceTotalMem): a cap that holds on any device, an 80 GiB H100, a
+ * 143,771 MiB H200 or a small emulated one (a fraction alone assumes a size). */
+void tu_set_memory_cap(size_t bytes);
+
 /* The retained primary context of device 0 (after tu_gpu_available()), made current on the
  * calling thread. Other threads call tu_ctx_set() before driver calls that need a context. */
 CUcontext tu_ctx(void);
@@ -130,10 +135,10 @@ bool tu_set_bandwidth(const char *entry, uint64_t bytes_per_second);
  * 0 when not emulated. */
 size_t tu_host_live(size_t *bytes);
 
-/* Enqueue a unit of work on @p s (a kernel launch, for the capture graph): on cudaemu
- * cudaemu_stream_work (a kernel node while capturing; pending work on a held stream); on the real
- * driver, while @p s captures, an empty node after its dependencies (same ordering), else
- * nothing. @return false when the driver refused. */
+/* Enqueue a unit of work on @p s (a kernel launch, for the capture graph): while @p s captures,
+ * an empty node after its dependencies, made its only dependency (cudaemu and the driver alike:
+ * count it when counting empty nodes); otherwise cudaemu_stream_work on cudaemu (pending work on
+ * a held stream), nothing on the real driver. @return false when the driver refused. */
 bool tu_stream_work(CUstream s);
 
 /* ---- executable graphs: entry points xseg's driver table does not hold (the allocator never
