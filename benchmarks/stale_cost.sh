@@ -2,7 +2,7 @@
 # What debug_stale_access costs (issue 50): a recorded training trace replayed on cudaemu with the
 # mode off and on, in both segment kinds; one table (markdown) on stdout:
 #   - driver memory calls and their modelled H100 time (docs/benchmarks.md's medians, as
-#     fit_table.sh), the synchronizations;
+#     fit_table.sh), the synchronizations (of streams and of the context);
 #   - the mode's own work, as cudaemu counted it (CUDAEMU_REPORT: calls and bytes): the memsets of
 #     quarantined blocks at their free, the launches of the allocator's range kernels (vmm/kernel.c:
 #     one fills or checks up to 128 blocks), and the copies of the checks (read-backs of blocks, or
@@ -122,7 +122,8 @@ for line in open(rows):
     if mode == "off":
         base[kind] = (total, peak)
     t0, p0 = base[kind]
-    print(f"| {kind} | {mode} | {s['driver_memory_calls']:,} | {vmm:.1f} | {calls.get('cuStreamSynchronize', 0)} | "
+    syncs = calls.get('cuStreamSynchronize', 0) + calls.get('cuCtxSynchronize', 0)
+    print(f"| {kind} | {mode} | {s['driver_memory_calls']:,} | {vmm:.1f} | {syncs} | "
           f"{memsets:,} ({mbytes / 2**20:,.0f}) | {launches:,} ({lbytes / 2**20:,.0f}) | "
           f"{reads:,} ({rbytes / 2**20:,.0f}) | {extra:.1f} | {total:.1f} | "
           f"{total / t0 if t0 else float('nan'):.2f} | "
