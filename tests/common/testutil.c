@@ -449,6 +449,13 @@ CUresult tu_fill(CUdeviceptr ptr, size_t size, uint32_t tag)
     return CUDA_SUCCESS;
 }
 
+bool tu_device_accessible(CUdeviceptr ptr)
+{
+    unsigned char b = 0;
+    return drv->cuMemcpyDtoH(&b, ptr, 1) == CUDA_SUCCESS && drv->cuMemcpyHtoD(ptr, &b, 1) == CUDA_SUCCESS &&
+           drv->cuCtxSynchronize() == CUDA_SUCCESS;
+}
+
 bool tu_check(CUdeviceptr ptr, size_t size, uint32_t tag)
 {
     if (!size)

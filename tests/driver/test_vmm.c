@@ -1936,6 +1936,30 @@ static int exec_fault_child(void *arg)
     return 120;
 }
 
+/* Device memory is not host memory: a host read of a device address that is mapped, granted to
+ * the device and written there faults (SIGSEGV), on a GPU as on cudaemu. VMM memory ("host-read")
+ * or cuMemAlloc memory ("host-read-classic"), in a fresh process. */
+static int host_read_child(const char *kind)
+{
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    if (!strcmp(kind, "host-read")) {
+        CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+        if (drv->cuMemAddressReserve(&va, G, 0, 0, 0) || drv->cuMemCreate(&h, G, &p, 0) ||
+            drv->cuMemMap(va, G, 0, h, 0) || set_rw(va, G))
+            return 105;
+    } else if (drv->cuMemAlloc(&va, G)) {
+        return 105;
+    }
+    if (drv->cuMemsetD8(va, 0x5a, G) || drv->cuCtxSynchronize())
+        return 106;
+    unsigned char b = 0;
+    if (drv->cuMemcpyDtoH(&b, va + 7, 1) || b != 0x5a)
+        return 107; /* the device's view holds the bytes */
+    fprintf(stderr, "fault child %s: reading 0x%llx from the host\n", kind, (unsigned long long)va);
+    return *(volatile unsigned char *)(uintptr_t)(va + 7) == 0x5a ? 0 : 1;
+}
+
 /* The child: set up the memory, then touch it. Exit 0 means "no fault" (a test failure);
  * 100 and up, a setup failure. */
 static int fault_child_main(const char *kind)
@@ -1946,6 +1970,8 @@ static int fault_child_main(const char *kind)
     if (drv_device_query(0, &info) != XSEG_SUCCESS)
         return 104;
     G = info.granularity;
+    if (!strcmp(kind, "host-read") || !strcmp(kind, "host-read-classic"))
+        return host_read_child(kind);
     CUdeviceptr va = 0;
     CUmemGenericAllocationHandle h = 0;
     CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -1983,6 +2009,53 @@ static void fault_check(const char *kind)
     else
         assert_true(tu_child_failed(o) && detail > 0 && detail < 100);
 }
+/* Reading mapped device memory from the host kills the process, on the driver as on cudaemu. */
+static void host_fault_check(const char *kind)
+{
+    int detail = 0;
+    enum tu_child_outcome o = tu_run_child(exec_fault_child, (void *)kind, &detail);
+    print_message("fault %s: child %s %d\n", kind,
+                  o == TU_CHILD_SIGNAL ? "killed by signal" : o == TU_CHILD_EXIT ? "exited" : "ok", detail);
+    /* A sanitizer's handler turns the fault into an exit status (ASan: 1, TSan: 66). */
+    if (o == TU_CHILD_SIGNAL)
+        assert_true(detail == SIGSEGV || detail == SIGBUS);
+    else
+        assert_true(o == TU_CHILD_EXIT && (detail == 1 || detail == 66));
+}
+
+/* The same read in a forked child of this process: the device memory it maps stays device
+ * memory there (no driver call is made in the child). */
+static int host_read_byte(void *arg)
+{
+    return *(volatile unsigned char *)arg == 0x5a ? 0 : 1;
+}
+
+static void test_fault_host_read(void **state)
+{
+    (void)state;
+    host_fault_check("host-read");
+    CUdeviceptr va = reserve(G);
+    CUmemGenericAllocationHandle h = create(G);
+    tu_assert_cu(drv->cuMemMap(va, G, 0, h, 0));
+    tu_assert_cu(set_rw(va, G));
+    tu_assert_cu(drv->cuMemsetD8(va, 0x5a, G));
+    tu_assert_cu(drv->cuCtxSynchronize());
+    int detail = 0;
+    enum tu_child_outcome o = tu_run_child(host_read_byte, (void *)(uintptr_t)(va + 9), &detail);
+    print_message("fault host-read-fork: child %s %d\n", o == TU_CHILD_SIGNAL ? "killed by signal" : "exited", detail);
+    assert_int_equal(o, TU_CHILD_SIGNAL);
+    assert_true(detail == SIGSEGV || detail == SIGBUS);
+    tu_assert_cu(drv->cuMemUnmap(va, G));
+    tu_assert_cu(drv->cuMemRelease(h));
+    tu_assert_cu(drv->cuMemAddressFree(va, G));
+}
+
+static void test_fault_host_read_classic(void **state)
+{
+    (void)state;
+    host_fault_check("host-read-classic");
+}
+
 static void test_fault_unmapped(void **state) { (void)state; fault_check("unmapped"); }
 static void test_fault_noaccess(void **state) { (void)state; fault_check("noaccess"); }
 static void test_fault_after_unmap(void **state) { (void)state; fault_check("after-unmap"); }
@@ -3239,6 +3312,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_fault_unmapped, setup),
         cmocka_unit_test_setup(test_fault_noaccess, setup),
         cmocka_unit_test_setup(test_fault_after_unmap, setup),
+        cmocka_unit_test_setup(test_fault_host_read, setup),
+        cmocka_unit_test_setup(test_fault_host_read_classic, setup),
         cmocka_unit_test_setup(test_events, setup),
         cmocka_unit_test_setup(test_stream_hold, setup),
         cmocka_unit_test_setup(test_capture_state, setup),
