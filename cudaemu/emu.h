@@ -326,6 +326,9 @@ void emu_link_set(uint64_t bytes_per_s);
 uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link);
 void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, uint64_t t0);
 
+/* The entry point the calling thread is in (the last emu_enter), for messages. */
+extern _Thread_local int emu_entry_now;
+
 /* Entry prologue: count/latency/injection, then the initialized check. */
 #define EMU_ENTER(fn)                                                                             \
     do {                                                                                          \
