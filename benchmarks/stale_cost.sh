@@ -2,7 +2,7 @@
 # What debug_stale_access costs (issue 50): a recorded training trace replayed on cudaemu with the
 # mode off and on, in both segment kinds; one table (markdown) on stdout:
 #   - driver memory calls and their modelled H100 time (docs/benchmarks.md's medians, as
-#     fit_table.sh), the synchronizations;
+#     fit_table.sh), the synchronizations (of streams and of the context);
 #   - the mode's own work, as cudaemu counted it (CUDAEMU_REPORT: calls and bytes): the memsets of
 #     quarantined blocks at their free, the launches of the allocator's range kernels (vmm/kernel.c:
 #     one fills or checks up to 128 blocks), and the copies of the checks (read-backs of blocks, or
@@ -90,9 +90,11 @@ for kind in expandable expandable-2MiB-chunks classic; do
     ins=$(awk '/cudaemu report: cuMemcpyHtoDAsync .*call/{print $4}' "$tmp/report"); ins=${ins:-0}
     ibytes=$(awk '/cudaemu report: cuMemcpyHtoDAsync .*moved/{print $4}' "$tmp/report"); ibytes=${ibytes:-0}
     launches=$(awk '/cudaemu report: cuLaunchKernel .*call/{print $4}' "$tmp/report"); launches=${launches:-0}
+    # Context waits (the mode's checks) are not in the replay's call counts: the report's.
+    ctxsyncs=$(awk '/cudaemu report: cuCtxSynchronize .*call/{print $4}' "$tmp/report"); ctxsyncs=${ctxsyncs:-0}
     lbytes=$(awk '/cudaemu report: cuLaunchKernel .*moved/{print $4}' "$tmp/report"); lbytes=${lbytes:-0}
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$kind" "$mode" "$summary" "$memsets" "$reads" "$mbytes" \
-        "$rbytes" "$((reads + ins))" "$((rbytes + ibytes))" "$launches" "$lbytes" >> "$tmp/rows"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$kind" "$mode" "$summary" "$memsets" "$reads" "$mbytes" \
+        "$rbytes" "$((reads + ins))" "$((rbytes + ibytes))" "$launches" "$lbytes" "$ctxsyncs" >> "$tmp/rows"
   done
 done
 
@@ -108,7 +110,8 @@ print("| segments | mode | driver memory calls | VMM time (ms) | syncs | memsets
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 base = {}
 for line in open(rows):
-    kind, mode, summary, memsets, _reads, mbytes, _rbytes, reads, rbytes, launches, lbytes = line.rstrip("\n").split("\t")
+    kind, mode, summary, memsets, _reads, mbytes, _rbytes, reads, rbytes, launches, lbytes, ctxsyncs = \
+        line.rstrip("\n").split("\t")
     s = json.loads(summary)
     calls = s["driver_calls"]
     vmm = sum(us.get(k, 0) * v for k, v in calls.items()) / 1000
@@ -122,7 +125,8 @@ for line in open(rows):
     if mode == "off":
         base[kind] = (total, peak)
     t0, p0 = base[kind]
-    print(f"| {kind} | {mode} | {s['driver_memory_calls']:,} | {vmm:.1f} | {calls.get('cuStreamSynchronize', 0)} | "
+    syncs = calls.get('cuStreamSynchronize', 0) + int(ctxsyncs)
+    print(f"| {kind} | {mode} | {s['driver_memory_calls']:,} | {vmm:.1f} | {syncs} | "
           f"{memsets:,} ({mbytes / 2**20:,.0f}) | {launches:,} ({lbytes / 2**20:,.0f}) | "
           f"{reads:,} ({rbytes / 2**20:,.0f}) | {extra:.1f} | {total:.1f} | "
           f"{total / t0 if t0 else float('nan'):.2f} | "

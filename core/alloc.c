@@ -1142,8 +1142,10 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     xseg_status st = XSEG_SUCCESS;
     if (block_uses_n(b)) {
         refresh_cfg(d);
-        if (XSEG_UNLIKELY(d->cfg.debug_stale_access))
+        if (XSEG_UNLIKELY(d->cfg.debug_stale_access)) {
             quar_keep_free_stack(d, b); /* for its quarantine entry once the events are done */
+            quar_join(d, b);            /* its stream may be gone by then */
+        }
         st = ev_insert(d, b);
     } else {
         block_side_drop(b); /* nothing left in it: no streams, events or stack */

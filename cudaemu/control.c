@@ -237,8 +237,11 @@ void cudaemu_gate_open(void)
     pthread_mutex_unlock(&gate_lock);
 }
 
+_Thread_local int emu_entry_now = -1;
+
 CUresult emu_enter(enum emu_entry e)
 {
+    emu_entry_now = (int)e;
     if (atomic_load_explicit(&emu_forked, memory_order_relaxed) && e != EMU_E_cuGetErrorName &&
         e != EMU_E_cuGetErrorString && e != EMU_E_cuDriverGetVersion)
         return CUDA_ERROR_NOT_INITIALIZED;

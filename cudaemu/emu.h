@@ -124,7 +124,12 @@ struct emu_phys {
     size_t size;
     bool counted;       /* counted in the device's used bytes (not for foreign imports, host memory) */
     unsigned handle_types; /* CUmemAllocationHandleType bits requested at create (or imported) */
-    unsigned handles;   /* live handle objects pointing here */
+    unsigned handles;   /* live handle objects pointing here (a cuMemAlloc block: 1 while allocated) */
+    unsigned pins;      /* copies moving its bytes now (devmem.c): it outlives them */
+    bool classic;       /* a cuMemAlloc block's memory, not a handle's (not in emu.nphys) */
+    unsigned char *view;       /* the emulator's own mapping of [off, off + size) of fd, or NULL (devmem.c);
+                                * a cuMemAlloc block's (fd -1): its anonymous memory */
+    unsigned char *stale_view; /* a view of its old file range a copy still used when it moved */
 };
 
 /* A CUmemGenericAllocationHandle value. user_refs: cuMemCreate/Import/Retain minus cuMemRelease;
@@ -152,11 +157,14 @@ struct emu_resv {
     size_t nmaps, capmaps;
 };
 
+/* A cuMemAlloc block: PROT_NONE address space (never host-accessible, as on a GPU); its bytes
+ * are its phys's view, an anonymous mapping (fd -1) where devmem.c moves them. */
 struct emu_alloc {
     uintptr_t base;
     size_t size;      /* requested */
-    size_t mapped;    /* mmap length (host-page multiple) */
+    size_t mapped;    /* length of the address range and of its phys (host-page multiple) */
     int dev;
+    struct emu_phys *phys;
 };
 
 /* What a memset or memcpy node does when its graph is launched: the captured call's arguments.
@@ -322,6 +330,9 @@ void emu_link_set(uint64_t bytes_per_s);
 uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link);
 void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, uint64_t t0);
 
+/* The entry point the calling thread is in (the last emu_enter), for messages. */
+extern _Thread_local int emu_entry_now;
+
 /* Entry prologue: count/latency/injection, then the initialized check. */
 #define EMU_ENTER(fn)                                                                             \
     do {                                                                                          \
@@ -379,35 +390,60 @@ CUgraphNode emu_node_resolve_locked(CUgraphNode n);
  * capture invalidated, out of host memory). */
 CUresult emu_capture_add_locked(CUstream s, CUgraphNodeType type, const struct emu_op *op);
 
-/* Per-device access check for a copy or memset by the current device (vmm.c): every VMM
- * mapping overlapping [addr, addr + size) must grant @p dev at least @p need
- * (CU_MEM_ACCESS_FLAGS_PROT_READ or _READWRITE). Ranges outside reservations, and unmapped VA
- * inside them, are not checked here (the touch itself faults). @return CUDA_SUCCESS or
- * CUDA_ERROR_ILLEGAL_ADDRESS. Takes emu.lock. */
-CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need);
-/* The same check with emu.lock held, and with @p whole also every byte of the range that lies in
- * a reservation must be mapped (a graph launch reports the fault instead of taking SIGSEGV). */
-CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsigned need, bool whole);
-
-/* Is every byte of [addr, addr + size) in a VMM mapping that grants @p dev @p need (a kernel's
- * operand: unlike emu_vmm_access_check_locked, bytes outside every reservation fail too)? Lock held. */
-bool emu_vmm_range_mapped_locked(uintptr_t addr, size_t size, int dev, unsigned need);
+/* ---- physical memory (vmm.c) ---- */
+/* Free @p ph once no handle or allocation refers to it and no copy moves its bytes. Lock held. */
+void emu_phys_maybe_free_locked(struct emu_phys *ph);
+/* Unmap @p ph's views (devmem.c): a stale one no copy uses any more, and with @p all the current
+ * one too (its memory goes). Lock held. */
+void emu_phys_views_drop_locked(struct emu_phys *ph, bool all);
+/* @p ph's fd or offset changed (vmm_phys_promote): its view goes (kept as stale while pinned) and
+ * is mapped again at the next copy. Lock held. */
+void emu_phys_moved_locked(struct emu_phys *ph);
+/* A new range of @p size bytes of device @p dev's sparse memory file: its descriptor (the
+ * device's, never closed), *off its offset; -1 when out of memory. Lock held. */
+int emu_dev_file_take_locked(int dev, size_t size, off_t *off);
+/* What lies at @p addr: 1, *m its VMM mapping; 0, a reservation's unmapped VA; -1, no
+ * reservation. Lock held. */
+int emu_vmm_lookup_locked(uintptr_t addr, const struct emu_mapping **m);
 
 /* Bytes of [addr, addr + size) mapped to host-located VMM memory (location HOST or HOST_NUMA):
  * what a copy moves over the host link, not within the device. Takes emu.lock. */
 size_t emu_vmm_link_bytes(uintptr_t addr, size_t size);
 
-/* memset(addr, 0, size) where the whole range is VMM-mapped memory: the physical memory's file
- * range is punched out (it reads zero, and holds no host memory any more) and only unaligned
- * edges are written. @return false, having done nothing, when any of the range is not mapped
- * (the caller memsets, which faults where a device would). Takes emu.lock. */
-bool emu_vmm_zero(uintptr_t addr, size_t size);
-/* memmove(dst, src, size) where both ranges are VMM-mapped memory and do not overlap: only the
- * source's data extents are copied (lseek SEEK_DATA/SEEK_HOLE on its file), and the destination
- * is punched out over the source's holes, so that copying memory never written (a replay's
- * pages, spill's moves) takes no host memory. @return false, having done nothing, when a range
- * is not all mapped or they overlap (the caller copies). Takes emu.lock. */
-bool emu_vmm_copy(uintptr_t dst, uintptr_t src, size_t size);
+/* Is [addr, addr + 1) in pinned (cuMemHostAlloc) or registered (cuMemHostRegister) host memory?
+ * *avail: its bytes from addr to the end of that range (host.c). Lock held. */
+bool emu_host_range_locked(uintptr_t addr, size_t *avail);
+
+/* ---- device memory's bytes (devmem.c) ----
+ * Device memory is never host-accessible at its device address; every emulated operation moves
+ * its bytes through these, which translate device addresses to the emulator's own views of the
+ * memory files. */
+/* cuMemAlloc blocks by address: index one (0, or -1 out of host memory), drop one, find the one
+ * whose pages hold @p addr (NULL: none). Lock held. */
+int emu_alloc_index_add_locked(struct emu_alloc *a);
+void emu_alloc_index_del_locked(struct emu_alloc *a);
+struct emu_alloc *emu_alloc_at_locked(uintptr_t addr);
+/* May device @p dev touch every byte of [addr, addr + size) as @p need asks
+ * (CU_MEM_ACCESS_FLAGS_PROT_READ or _READWRITE)? Each byte must be in a VMM mapping that grants
+ * it (else CUDA_ERROR_ILLEGAL_ADDRESS, as for a reservation's unmapped VA), a cuMemAlloc block, or
+ * pinned or registered host memory (UVA); anything else is no device memory:
+ * CUDA_ERROR_INVALID_VALUE. @p kernel: a kernel's operand, where only VMM memory and cuMemAlloc
+ * blocks of @p dev count and the rest is CUDA_ERROR_ILLEGAL_ADDRESS. emu_dev_check takes the lock. */
+CUresult emu_dev_check_locked(uintptr_t addr, size_t size, int dev, unsigned need, bool kernel);
+CUresult emu_dev_check(uintptr_t addr, size_t size, int dev, unsigned need);
+/* Move bytes (the caller checked the operands; no lock held): host to device, device to host,
+ * memset (zeros punch the memory out), device to device (only the source's data extents move,
+ * the destination is punched over its holes). The host side of a copy is touched as a staging
+ * copy would (a bad host pointer faults). CUDA_ERROR_ILLEGAL_ADDRESS when a range stopped being
+ * device memory meanwhile (a concurrent unmap); CUDA_ERROR_OUT_OF_MEMORY when a view cannot be
+ * mapped (vm.max_map_count). */
+CUresult emu_dev_write(uintptr_t dst, const void *src, size_t n);
+CUresult emu_dev_read(void *dst, uintptr_t src, size_t n);
+CUresult emu_dev_set(uintptr_t dst, unsigned char v, size_t n);
+CUresult emu_dev_copy(uintptr_t dst, uintptr_t src, size_t n);
+/* *first: the offset of the first byte of [addr, addr + n) that is not @p v, or n (the check
+ * kernel's compare). */
+CUresult emu_dev_first_diff(uintptr_t addr, size_t n, unsigned char v, size_t *first);
 
 /* Modules loaded and not unloaded (kernel.c). Lock held. */
 size_t emu_modules_locked(void);

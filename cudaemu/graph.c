@@ -20,8 +20,8 @@
  * creation order, so the exec outlives its graph as the driver's does (a graph still being
  * captured may be instantiated: the documentation permits every operation but destroy and node
  * removal on it). cuGraphLaunch performs them at once on the calling thread (pending work on a
- * held stream, like the async calls), after checking every device operand: each byte of it that
- * lies in a reservation must be mapped with the access the operation needs for the current
+ * held stream, like the async calls), after checking every device operand: each byte of it must
+ * be device memory (devmem.c) mapped with the access the operation needs for the current
  * device, else CUDA_ERROR_ILLEGAL_ADDRESS and nothing runs (a GPU would fault at some later
  * synchronization and lose its context). Kernel and empty nodes do nothing. Launching into a
  * capturing stream is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (the
@@ -390,26 +390,34 @@ CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, un
     return CUDA_SUCCESS;
 }
 
-/* May the current device (@p dev) do @p op now? Lock held. */
+/* May the current device (@p dev) do @p op now? Every device operand byte must be device memory
+ * it may access: else the GPU faults (ILLEGAL_ADDRESS). Lock held. */
 static CUresult op_check_locked(const struct emu_op *op, int dev)
 {
     CUresult r = CUDA_SUCCESS;
     if (op->dst_dev)
-        r = emu_vmm_access_check_locked(op->dst, op->size, dev, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, true);
+        r = emu_dev_check_locked(op->dst, op->size, dev, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, false);
     if (r == CUDA_SUCCESS && op->src_dev)
-        r = emu_vmm_access_check_locked(op->src, op->size, dev, CU_MEM_ACCESS_FLAGS_PROT_READ, true);
-    return r;
+        r = emu_dev_check_locked(op->src, op->size, dev, CU_MEM_ACCESS_FLAGS_PROT_READ, false);
+    return r == CUDA_SUCCESS ? r : CUDA_ERROR_ILLEGAL_ADDRESS;
 }
 
-/* Outside the lock (emu_vmm_zero takes it), as the async calls move their bytes. */
-static void op_run(const struct emu_op *op)
+/* Outside the lock (devmem.c takes it per piece), as the async calls move their bytes; a host
+ * operand is the captured call's host pointer. */
+static CUresult op_run(const struct emu_op *op)
 {
     if (!op->size)
-        return;
-    if (op->kind == EMU_OP_MEMCPY)
-        memmove((void *)op->dst, (const void *)op->src, op->size);
-    else if (op->value || !emu_vmm_zero(op->dst, op->size))
-        memset((void *)op->dst, op->value, op->size);
+        return CUDA_SUCCESS;
+    if (op->kind == EMU_OP_MEMSET)
+        return emu_dev_set(op->dst, op->value, op->size);
+    if (op->dst_dev && op->src_dev)
+        return emu_dev_copy(op->dst, op->src, op->size);
+    if (op->dst_dev)
+        return emu_dev_write(op->dst, (const void *)op->src, op->size);
+    if (op->src_dev)
+        return emu_dev_read((void *)op->dst, op->src, op->size);
+    memmove((void *)op->dst, (const void *)op->src, op->size);
+    return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
@@ -447,8 +455,8 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
             s->submitted++;
     }
     emu_unlock();
-    for (size_t i = 0; i < nops; i++)
-        op_run(&ops[i]);
+    for (size_t i = 0; i < nops && r == CUDA_SUCCESS; i++)
+        r = op_run(&ops[i]);
     free(ops);
     return r;
 }

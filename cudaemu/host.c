@@ -191,7 +191,7 @@ static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType typ
  * check): CUDA_ERROR_ILLEGAL_ADDRESS where a GPU would fault. */
 static CUresult async_access(uintptr_t addr, size_t n, unsigned need)
 {
-    return n ? emu_vmm_access_check(addr, n, emu_ctx_current()->ordinal, need) : CUDA_SUCCESS;
+    return n ? emu_dev_check(addr, n, emu_ctx_current()->ordinal, need) : CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
@@ -212,7 +212,9 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
     if (rc && ByteCount) {
         /* Charged to the call, as if the host waited for the copy (sleep and wake do). */
         uint64_t t0 = emu_now_ns();
-        memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+        CUresult r = emu_dev_write((uintptr_t)dstDevice, srcHost, ByteCount);
+        if (r != CUDA_SUCCESS)
+            return r;
         emu_copy_wait(EMU_E_cuMemcpyHtoDAsync, ByteCount, link, t0);
     }
     return CUDA_SUCCESS;
@@ -235,7 +237,9 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
         return (CUresult)-rc;
     if (rc && ByteCount) {
         uint64_t t0 = emu_now_ns();
-        memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+        CUresult r = emu_dev_read(dstHost, (uintptr_t)srcDevice, ByteCount);
+        if (r != CUDA_SUCCESS)
+            return r;
         emu_copy_wait(EMU_E_cuMemcpyDtoHAsync, ByteCount, link, t0);
     }
     return CUDA_SUCCESS;
@@ -256,10 +260,8 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
     if (rc < 0)
         return (CUresult)-rc;
     emu_bytes_note(EMU_E_cuMemsetD8Async, N);
-    /* Zeros over VMM memory are punched out of the memory file (cuMemsetD8's reason). */
-    if (rc && N && (uc || !emu_vmm_zero((uintptr_t)dstDevice, N)))
-        memset((void *)(uintptr_t)dstDevice, uc, N);
-    return CUDA_SUCCESS;
+    /* Zeros are punched out of the memory file (cuMemsetD8's reason). */
+    return rc && N ? emu_dev_set((uintptr_t)dstDevice, uc, N) : CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -284,10 +286,27 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
         return (CUresult)-rc;
     if (rc && ByteCount) {
         uint64_t t0 = emu_now_ns();
-        /* Overlapping ranges are the caller's bug on a GPU; memmove keeps the emulator defined. */
-        if (!emu_vmm_copy((uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount))
-            memmove((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+        CUresult r = emu_dev_copy((uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount);
+        if (r != CUDA_SUCCESS)
+            return r;
         emu_copy_wait(EMU_E_cuMemcpyDtoDAsync, ByteCount, link, t0);
     }
     return CUDA_SUCCESS;
+}
+
+bool emu_host_range_locked(uintptr_t addr, size_t *avail)
+{
+    /* A walk: tests and services hold few pinned or registered ranges. */
+    const struct emu_map *maps[2] = {&host_allocs, &host_regs};
+    for (int k = 0; k < 2; k++) {
+        size_t pos = 0;
+        uint64_t key;
+        void *v;
+        while ((v = emu_map_next(maps[k], &pos, &key)))
+            if (addr >= (uintptr_t)key && addr - (uintptr_t)key < (size_t)(uintptr_t)v) {
+                *avail = (size_t)(uintptr_t)v - (addr - (uintptr_t)key);
+                return true;
+            }
+    }
+    return false;
 }

@@ -261,44 +261,13 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const cha
     return r;
 }
 
-/* Can device @p dev's kernel touch [addr, addr + size) as @p need asks? Lock held. */
+/* Can device @p dev's kernel touch [addr, addr + size) as @p need asks (VMM memory mapped with
+ * that access, or cuMemAlloc blocks of @p dev)? Lock held. */
 static bool kern_range_ok_locked(uint64_t addr, uint64_t size, int dev, unsigned need)
 {
-    if (!size)
-        return true;
     if (addr + size < addr)
         return false;
-    if (emu_vmm_range_mapped_locked((uintptr_t)addr, (size_t)size, dev, need))
-        return true;
-    /* A cuMemAlloc block of this device holding the whole range (few: a walk). */
-    size_t pos = 0;
-    struct emu_alloc *a;
-    while ((a = emu_map_next(&emu.allocs, &pos, NULL)))
-        if (a->dev == dev && addr >= a->base && addr + size <= a->base + a->size)
-            return true;
-    return false;
-}
-
-/* The first byte of [p, p + len) that is not @p v, or len. */
-static uint64_t kern_first_diff(const unsigned char *p, uint64_t len, unsigned char v)
-{
-    uint64_t i = 0;
-    uint64_t v8 = 0x0101010101010101ull * v;
-    while (i < len && ((uintptr_t)(p + i) & 7))
-        if (p[i] != v)
-            return i;
-        else
-            i++;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        if (w != v8)
-            break;
-    }
-    for (; i < len; i++)
-        if (p[i] != v)
-            return i;
-    return len;
+    return emu_dev_check_locked((uintptr_t)addr, (size_t)size, dev, need, true) == CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
@@ -378,27 +347,28 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
     emu_unlock();
     if (!run)
         return r;
-    /* The bytes move at once, outside the lock (emu_vmm_zero takes it), as the async calls'. */
+    /* The bytes move at once, outside the lock (devmem.c takes it per piece), as the async calls'. */
     uint64_t t0 = emu_now_ns();
     size_t bytes = 0;
-    for (size_t i = 0; i < rows; i++) {
+    for (size_t i = 0; i < rows && r == CUDA_SUCCESS; i++) {
         uintptr_t p = (uintptr_t)a.addr[i];
         size_t len = (size_t)a.len[i];
         bytes += len;
         if (!len)
             continue;
         if (kind == KERN_FILL) {
-            if (a.value || !emu_vmm_zero(p, len))
-                memset((void *)p, (unsigned char)a.value, len);
-        } else {
-            uint64_t off = kern_first_diff((const unsigned char *)p, len, (unsigned char)a.value), cur;
-            uint64_t w = ((uint64_t)a.gen << 40) | (len - off);
-            void *res = (void *)(uintptr_t)(a.result + 8 * i);
-            memcpy(&cur, res, 8);
-            if (off < len && w > cur)
-                memcpy(res, &w, 8);
+            r = emu_dev_set(p, (unsigned char)a.value, len);
+            continue;
         }
+        size_t off = len;
+        uint64_t cur = 0, res = a.result + 8 * i;
+        r = emu_dev_first_diff(p, len, (unsigned char)a.value, &off);
+        uint64_t w = ((uint64_t)a.gen << 40) | (len - off);
+        if (r == CUDA_SUCCESS && off < len)
+            r = emu_dev_read(&cur, (uintptr_t)res, 8);
+        if (r == CUDA_SUCCESS && off < len && w > cur)
+            r = emu_dev_write((uintptr_t)res, &w, 8);
     }
     emu_copy_wait(EMU_E_cuLaunchKernel, bytes, 0, t0);
-    return CUDA_SUCCESS;
+    return r;
 }

@@ -1,8 +1,10 @@
 /*
- * The classic path: cuMemAlloc / cuMemFree over private anonymous mappings (MAP_NORESERVE, so
- * sparse like the VMM memory), sharing the per-device capacity with cuMemCreate; cuMemGetInfo;
- * and the synchronous copies and memset, which are plain memcpy/memset on the device address:
- * touching unmapped or inaccessible memory faults (SIGSEGV), as a kernel would fault the GPU.
+ * The classic path: cuMemAlloc / cuMemFree, PROT_NONE address space (never host-accessible, as on
+ * a GPU) whose bytes are an anonymous private mapping at an address only the emulator knows (its
+ * view: MAP_NORESERVE, so sparse; devmem.c moves them), sharing the per-device capacity
+ * with cuMemCreate; cuMemGetInfo; and the synchronous copies and memset, which move the bytes
+ * through devmem.c: an operand that is not device memory the current device may access is an
+ * error (ILLEGAL_ADDRESS in a reservation, INVALID_VALUE elsewhere), where a host touch would fault.
  * Copies take at least their bytes over the entry's bandwidth when one is set (CUDAEMU_LATENCY).
  */
 #include <string.h>
@@ -42,8 +44,12 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
         return CUDA_ERROR_OUT_OF_MEMORY;
     size_t len = (bytesize + page - 1) & ~(page - 1);
     struct emu_alloc *a = calloc(1, sizeof *a);
-    if (!a)
+    struct emu_phys *ph = calloc(1, sizeof *ph);
+    if (!a || !ph) {
+        free(a);
+        free(ph);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     int dev = c->ordinal;
     emu_lock();
     CUresult r = emu_capture_unsafe_call_locked();
@@ -53,27 +59,40 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
     /* Accounting counts whole host pages, what the mapping really takes. */
     if (!emu_mem_take_locked(dev, len))
         goto fail;
-    /* Page-aligned, so the driver's 256-byte alignment holds. */
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    /* Address space only (page-aligned, so the driver's 256-byte alignment holds); the bytes are
+     * the view, zero when new. */
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         goto fail_taken;
+    void *view = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (view == MAP_FAILED)
+        goto fail_mapped;
+    *ph = (struct emu_phys){.fd = -1, .dev = dev, .size = len, .handles = 1, .classic = true, .view = view};
     a->base = (uintptr_t)p;
     a->size = bytesize;
     a->mapped = len;
     a->dev = dev;
-    if (emu_map_put(&emu.allocs, a->base, a)) {
-        munmap(p, len);
-        goto fail_taken;
+    a->phys = ph;
+    if (emu_map_put(&emu.allocs, a->base, a))
+        goto fail_view;
+    if (emu_alloc_index_add_locked(a)) {
+        emu_map_del(&emu.allocs, a->base);
+        goto fail_view;
     }
+    ph->counted = true; /* from here on its release gives the bytes back */
     emu_unlock();
     *dptr = (CUdeviceptr)a->base;
     return CUDA_SUCCESS;
+fail_view:
+    munmap(view, len);
+fail_mapped:
+    munmap(p, len);
 fail_taken:
     emu_mem_add_locked(dev, len, false);
 fail:
     emu_unlock();
     free(a);
+    free(ph);
     return r;
 }
 
@@ -93,8 +112,10 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
         emu_unlock();
         return CUDA_ERROR_INVALID_VALUE;
     }
+    emu_alloc_index_del_locked(a);
     munmap((void *)a->base, a->mapped);
-    emu_mem_add_locked(a->dev, a->mapped, false);
+    a->phys->handles = 0; /* its bytes and count go when no copy moves them any more */
+    emu_phys_maybe_free_locked(a->phys);
     emu_unlock();
     free(a);
     return CUDA_SUCCESS;
@@ -110,12 +131,14 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t
     if (!dstDevice || !srcHost)
         return CUDA_ERROR_INVALID_VALUE;
     /* The current device must have been granted access (cuMemSetAccess) to VMM memory. */
-    CUresult acc = emu_vmm_access_check((uintptr_t)dstDevice, ByteCount, emu_ctx_current()->ordinal,
-                                        CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUresult acc = emu_dev_check((uintptr_t)dstDevice, ByteCount, emu_ctx_current()->ordinal,
+                                 CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (acc != CUDA_SUCCESS)
         return acc;
     uint64_t t0 = emu_now_ns();
-    memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    acc = emu_dev_write((uintptr_t)dstDevice, srcHost, ByteCount);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     size_t link = emu_vmm_link_bytes((uintptr_t)dstDevice, ByteCount); /* host-located VMM memory */
     emu_copy_wait(EMU_E_cuMemcpyHtoD, ByteCount, link, t0);
     emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyHtoD, ByteCount, link));
@@ -132,12 +155,14 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
     if (!dstHost || !srcDevice)
         return CUDA_ERROR_INVALID_VALUE;
     /* The current device must have been granted access (cuMemSetAccess) to VMM memory. */
-    CUresult acc = emu_vmm_access_check((uintptr_t)srcDevice, ByteCount, emu_ctx_current()->ordinal,
-                                        CU_MEM_ACCESS_FLAGS_PROT_READ);
+    CUresult acc = emu_dev_check((uintptr_t)srcDevice, ByteCount, emu_ctx_current()->ordinal,
+                                 CU_MEM_ACCESS_FLAGS_PROT_READ);
     if (acc != CUDA_SUCCESS)
         return acc;
     uint64_t t0 = emu_now_ns();
-    memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    acc = emu_dev_read(dstHost, (uintptr_t)srcDevice, ByteCount);
+    if (acc != CUDA_SUCCESS)
+        return acc;
     size_t link = emu_vmm_link_bytes((uintptr_t)srcDevice, ByteCount); /* host-located VMM memory */
     emu_copy_wait(EMU_E_cuMemcpyDtoH, ByteCount, link, t0);
     emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyDtoH, ByteCount, link));
@@ -154,13 +179,10 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
     if (!dstDevice)
         return CUDA_ERROR_INVALID_VALUE;
     /* The current device must have been granted access (cuMemSetAccess) to VMM memory. */
-    CUresult acc = emu_vmm_access_check((uintptr_t)dstDevice, N, emu_ctx_current()->ordinal,
-                                        CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUresult acc = emu_dev_check((uintptr_t)dstDevice, N, emu_ctx_current()->ordinal,
+                                 CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (acc != CUDA_SUCCESS)
         return acc;
-    /* Zeros over VMM memory: punched out of the memory file, so clearing gigabytes costs no host
-     * memory (the result reads the same). */
-    if (uc || !emu_vmm_zero((uintptr_t)dstDevice, N))
-        memset((void *)(uintptr_t)dstDevice, uc, N);
-    return CUDA_SUCCESS;
+    /* Zeros are punched out of the memory file, so clearing gigabytes costs no host memory. */
+    return emu_dev_set((uintptr_t)dstDevice, uc, N);
 }

@@ -48,18 +48,49 @@
  *   - cuEventRecord on a capturing stream is allowed; the event is then complete for queries.
  * All state is under emu.lock; the capture interaction mode is per thread.
  */
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cudaemu/emu.h"
 
 static _Thread_local CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 static _Thread_local char thread_token;   /* its address identifies the thread */
 
+/* Destroyed streams, kept (not freed, so no new stream takes their address) for the last
+ * STREAM_DEAD_KEEP destroys: a call naming one faults (stream_dead_fault). */
+#define STREAM_DEAD_KEEP 4096
+static struct emu_map stream_dead;
+static CUstream stream_dead_ring[STREAM_DEAD_KEEP];
+static size_t stream_dead_next;
+
+/* A driver call with a destroyed stream is undefined; on an H200 (driver 580) such calls
+ * (cuLaunchKernel, cuStreamIsCapturing, cuStreamSynchronize) crashed the process with SIGSEGV,
+ * so cudaemu faults too, naming the call, rather than answering an error the driver does not
+ * promise: a program (an allocator) must not keep using a stream its owner may have destroyed.
+ * Lock held; never returns (the lock is released first, so a handler that survives the signal
+ * finds cudaemu usable). */
+static void stream_dead_fault(CUstream s) __attribute__((noreturn));
+static void stream_dead_fault(CUstream s)
+{
+    int e = emu_entry_now;
+    fprintf(stderr, "cudaemu: %s: stream %p was destroyed (cuStreamDestroy); a driver call with it is undefined "
+            "behaviour (the driver crashes), so cudaemu faults\n", e >= 0 && e < EMU_E_COUNT ? emu_api_names[e] : "?",
+            (void *)s);
+    emu_unlock();
+    raise(SIGSEGV);
+    abort();
+}
+
 CUstream emu_stream_resolve_locked(CUstream s)
 {
     if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
         return &emu.null_stream;
-    return emu_map_get(&emu.streams, (uint64_t)(uintptr_t)s);
+    CUstream r = emu_map_get(&emu.streams, (uint64_t)(uintptr_t)s);
+    if (!r && emu_map_get(&stream_dead, (uint64_t)(uintptr_t)s))
+        stream_dead_fault(s);
+    return r;
 }
 
 /* Waiting for a stream completes its work: the modelled clock moves to its last copy's end. */
@@ -227,6 +258,8 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
     emu_lock();
     CUstream s = emu_map_del(&emu.streams, (uint64_t)(uintptr_t)hStream);
     if (!s) {
+        if (emu_map_get(&stream_dead, (uint64_t)(uintptr_t)hStream))
+            stream_dead_fault(hStream); /* destroyed twice */
         emu_unlock();
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -246,8 +279,20 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
     while ((e = emu_map_next(&emu.events, &pos, NULL)))
         if (e->stream == s)
             e->stream = NULL;
+    /* Kept as a tombstone (its state gone): the oldest one is freed when the ring is full. */
+    memset(s, 0, sizeof *s);
+    CUstream old = stream_dead_ring[stream_dead_next];
+    if (emu_map_put(&stream_dead, (uint64_t)(uintptr_t)s, s)) {
+        emu_unlock();
+        free(s); /* no room to remember it: an ordinary unknown handle from now on */
+        return CUDA_SUCCESS;
+    }
+    stream_dead_ring[stream_dead_next] = s;
+    stream_dead_next = (stream_dead_next + 1) % STREAM_DEAD_KEEP;
+    if (old)
+        emu_map_del(&stream_dead, (uint64_t)(uintptr_t)old);
     emu_unlock();
-    free(s);
+    free(old);
     return CUDA_SUCCESS;
 }
 

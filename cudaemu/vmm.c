@@ -7,10 +7,14 @@
  *   create      a range of the device's sparse memory file (one memfd per device, so no file
  *               descriptor per handle); a handle gets a sparse memfd of its own when first
  *               exported (vmm_phys_promote), so an exported descriptor names that memory only
- *   map         mmap(MAP_FIXED|MAP_SHARED, fd, offset), left PROT_NONE: no access until
- *               cuMemSetAccess, as on the device
- *   set access  mprotect(PROT_READ[|PROT_WRITE])
- *   unmap       mmap(MAP_FIXED, anonymous, PROT_NONE, MAP_NORESERVE) over the range: reserved again
+ *   map         bookkeeping: the VA stays the arena's PROT_NONE, as device memory is never
+ *               host-accessible (devmem.c moves its bytes through the file); host-located memory
+ *               is mmap(MAP_FIXED|MAP_SHARED, fd, offset), left PROT_NONE until the CPU is granted
+ *               access (a HOST_NUMA access descriptor)
+ *   set access  per device, for the copies and kernels to check; mprotect of host-located memory
+ *               as the CPU's access asks
+ *   unmap       host-located memory: mmap(MAP_FIXED, anonymous, PROT_NONE, MAP_NORESERVE) over the
+ *               range, reserved again
  *   release     drops the caller's reference; the memory goes (its file range punched out, or its
  *               own memfd closed) when no handle and no mapping is left
  *
@@ -323,16 +327,41 @@ static void vmm_handle_maybe_free(struct emu_handle *hd)
     emu_map_del(&emu.handles, hd->id);
     struct emu_phys *ph = hd->phys;
     free(hd);
-    if (--ph->handles)
+    ph->handles--;
+    emu_phys_maybe_free_locked(ph);
+}
+
+void emu_phys_maybe_free_locked(struct emu_phys *ph)
+{
+    if (ph->handles || ph->pins)
         return;
+    emu_phys_views_drop_locked(ph, true); /* a cuMemAlloc block's memory is its view alone */
     if (ph->own_fd)
         close(ph->fd);
-    else   /* give the pages back; the range itself is never handed out again */
+    else if (ph->fd >= 0) /* give the pages back; the range itself is never handed out again */
         (void)fallocate(ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ph->off, (off_t)ph->size);
     if (ph->counted)
         emu_mem_add_locked(ph->dev, ph->size, false);
-    emu.nphys--;
+    if (!ph->classic)
+        emu.nphys--;
     free(ph);
+}
+
+int emu_dev_file_take_locked(int dev, size_t size, off_t *off)
+{
+    if (!emu.dev_fd_open[dev]) {
+        int fd = memfd_create("cudaemu-device", MFD_CLOEXEC);
+        if (fd < 0)
+            return -1;
+        emu.dev_fd[dev] = fd;
+        emu.dev_fd_open[dev] = true;
+    }
+    off_t at = emu.dev_off[dev];
+    if (ftruncate(emu.dev_fd[dev], at + (off_t)size))
+        return -1;
+    emu.dev_off[dev] = at + (off_t)size;
+    *off = at;
+    return emu.dev_fd[dev];
 }
 
 /* A new handle object for @p ph with one user reference. Lock held. */
@@ -423,23 +452,14 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         ph->fd = fd;
         ph->own_fd = true;
     } else {
-        if (!emu.dev_fd_open[dev]) {
-            int fd = memfd_create("cudaemu-device", MFD_CLOEXEC);
-            if (fd < 0) {
-                r = CUDA_ERROR_OUT_OF_MEMORY;
-                goto fail;
-            }
-            emu.dev_fd[dev] = fd;
-            emu.dev_fd_open[dev] = true;
-        }
-        off_t off = emu.dev_off[dev];
-        if (ftruncate(emu.dev_fd[dev], off + (off_t)size)) {
+        off_t off;
+        int fd = emu_dev_file_take_locked(dev, size, &off);
+        if (fd < 0) {
             r = CUDA_ERROR_OUT_OF_MEMORY;
             goto fail;
         }
-        ph->fd = emu.dev_fd[dev];
+        ph->fd = fd;
         ph->off = off;
-        emu.dev_off[dev] = off + (off_t)size;
     }
     ph->dev = dev;
     ph->size = size;
@@ -497,14 +517,12 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
     return CUDA_SUCCESS;
 }
 
-static int vmm_prot(const struct emu_mapping *m);
-
 /* Give @p ph a memfd of its own, so that an exported descriptor (or fabric handle) names this
  * memory only: its bytes are copied over from the device file (all-zero chunks skipped, so the
- * copy stays sparse), every mapping of it is moved onto the new file in place (MAP_FIXED replaces
- * the old mapping atomically, with the same protection), and its range of the device file is
- * punched out. Lock held. A store by another thread into the memory during the copy may be lost;
- * the driver has no such window (cudaemu's infidelity, README). */
+ * copy stays sparse) and its range of the device file is punched out. Its mappings need no change
+ * (device memory is not mmapped at its VA: devmem.c reads ph->fd and ph->off at each copy; host
+ * memory always has a memfd of its own). Lock held. A store by another thread into the memory
+ * during the copy may be lost; the driver has no such window (cudaemu's infidelity, README). */
 static CUresult vmm_phys_promote(struct emu_phys *ph)
 {
     if (ph->own_fd)
@@ -540,25 +558,11 @@ static CUresult vmm_phys_promote(struct emu_phys *ph)
         }
     }
     free(buf);
-    for (size_t i = 0; i < emu.nresv; i++) {
-        struct emu_resv *rv = emu.resv[i];
-        for (size_t j = 0; j < rv->nmaps; j++) {
-            struct emu_mapping *m = &rv->maps[j];
-            if (m->handle->phys != ph)
-                continue;
-            if (mmap((void *)m->base, m->size, vmm_prot(m), MAP_SHARED | MAP_FIXED, fd, (off_t)m->offset) ==
-                MAP_FAILED) {
-                /* Mappings moved so far already use the new file: keep it (no data is lost, the
-                 * old range stays in the device file until release). */
-                close(fd);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-        }
-    }
     (void)fallocate(ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ph->off, (off_t)ph->size);
     ph->fd = fd;
     ph->off = 0;
     ph->own_fd = true;
+    emu_phys_moved_locked(ph);
     return CUDA_SUCCESS;
 }
 
@@ -779,8 +783,10 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         rv->maps = n;
         rv->capmaps = ncap;
     }
-    if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, hd->phys->fd,
-             hd->phys->off + (off_t)offset) == MAP_FAILED) {
+    /* Device memory stays the arena's PROT_NONE (never host-accessible, as on a GPU); host-located
+     * memory is mapped, without access until the CPU is granted it. */
+    if (hd->phys->dev < 0 && mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, hd->phys->fd,
+                                  hd->phys->off + (off_t)offset) == MAP_FAILED) {
         /* Out of kernel map entries, most likely; the range is still our PROT_NONE reserve. */
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -832,12 +838,16 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
         r = CUDA_ERROR_ILLEGAL_STATE;
         goto out;
     }
-    if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
-        r = CUDA_ERROR_UNKNOWN;
-        goto out;
-    }
     size_t n = last - (size_t)first + 1;
+    /* Host-located mappings go back to the arena's anonymous PROT_NONE (device ones never left it). */
+    for (size_t k = 0; k < n; k++) {
+        const struct emu_mapping *m = &rv->maps[(size_t)first + k];
+        if (m->handle->phys->dev < 0 && mmap((void *)m->base, m->size, PROT_NONE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+            r = CUDA_ERROR_UNKNOWN;
+            goto out;
+        }
+    }
     /* A handle mapped several times in the range drops to zero references at its last
      * occurrence only, so no later iteration can touch a freed handle. */
     for (size_t k = 0; k < n; k++) {
@@ -854,17 +864,17 @@ out:
     return r;
 }
 
+/* The CPU's protection of host-located memory: what a HOST_NUMA descriptor granted it (device
+ * access gives the CPU none: unmeasured, cudaemu's choice, the stricter one). */
 static int vmm_prot(const struct emu_mapping *m)
 {
-    unsigned best = m->host_access;
-    for (int d = 0; d < emu.cfg.devices; d++)
-        best |= m->access[d];
-    if (best & CU_MEM_ACCESS_FLAGS_PROT_READWRITE & ~CU_MEM_ACCESS_FLAGS_PROT_READ)
+    if (m->host_access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
         return PROT_READ | PROT_WRITE;
-    return best ? PROT_READ : PROT_NONE;
+    return m->host_access ? PROT_READ : PROT_NONE;
 }
 
-/* The host has one view of the memory: it gets the widest access any device was given. */
+/* Device access is bookkeeping (copies, kernels and graph launches check it); only host-located
+ * memory has a host mapping to protect. */
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
     EMU_ENTER(cuMemSetAccess);
@@ -913,7 +923,7 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
         }
         uintptr_t lo = m->base > (uintptr_t)ptr ? m->base : (uintptr_t)ptr;
         uintptr_t hi = m->base + m->size < end ? m->base + m->size : end;
-        if (mprotect((void *)lo, hi - lo, vmm_prot(m))) {
+        if (m->handle->phys->dev < 0 && mprotect((void *)lo, hi - lo, vmm_prot(m))) {
             r = CUDA_ERROR_UNKNOWN;
             goto out;
         }
@@ -994,82 +1004,18 @@ CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, s
     return CUDA_SUCCESS;
 }
 
-/* ---- per-device access ---- */
+/* ---- lookup for devmem.c ---- */
 
-CUresult emu_vmm_access_check_locked(uintptr_t addr, size_t size, int dev, unsigned need, bool whole)
+int emu_vmm_lookup_locked(uintptr_t addr, const struct emu_mapping **m)
 {
-    if (size == 0 || addr + size < addr)
-        return CUDA_SUCCESS;
-    uintptr_t end = addr + size;
-    /* Every reservation overlapping the range, then every mapping of it overlapping the range. */
-    long i = vmm_resv_floor(addr);
-    if (i < 0)
-        i = 0;
-    for (; (size_t)i < emu.nresv && emu.resv[i]->base < end; i++) {
-        struct emu_resv *rv = emu.resv[i];
-        if (rv->base + rv->size <= addr)
-            continue;
-        /* cur: the first byte of the range in this reservation not yet seen mapped. */
-        uintptr_t cur = addr > rv->base ? addr : rv->base;
-        uintptr_t rend = end < rv->base + rv->size ? end : rv->base + rv->size;
-        long j = vmm_map_floor(rv, addr);
-        if (j < 0)
-            j = 0;
-        for (; (size_t)j < rv->nmaps && rv->maps[j].base < end; j++) {
-            const struct emu_mapping *m = &rv->maps[j];
-            if (m->base + m->size <= addr)
-                continue;
-            if (whole && m->base > cur)
-                return CUDA_ERROR_ILLEGAL_ADDRESS;
-            cur = m->base + m->size;
-            /* READWRITE includes READ; READ does not satisfy a write. */
-            unsigned have = m->access[dev];
-            bool ok = need == CU_MEM_ACCESS_FLAGS_PROT_READ ? have != CU_MEM_ACCESS_FLAGS_PROT_NONE
-                                                           : have == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            if (!ok)
-                return CUDA_ERROR_ILLEGAL_ADDRESS;
-        }
-        if (whole && cur < rend)
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
-    }
-    return CUDA_SUCCESS;
-}
-
-bool emu_vmm_range_mapped_locked(uintptr_t addr, size_t size, int dev, unsigned need)
-{
-    if (size == 0)
-        return true;
-    if (addr + size < addr)
-        return false;
-    uintptr_t cur = addr, end = addr + size;
-    long i = vmm_resv_floor(addr);
-    if (i < 0)
-        return false;
-    /* Walk reservations and their mappings from addr on: any byte not in a mapping is a gap. */
-    for (; (size_t)i < emu.nresv && cur < end; i++) {
-        struct emu_resv *rv = emu.resv[i];
-        if (rv->base + rv->size <= cur)
-            continue;
-        if (rv->base > cur)
-            return false;
-        long j = vmm_map_floor(rv, cur);
-        for (j = j < 0 ? 0 : j; (size_t)j < rv->nmaps && cur < end; j++) {
-            const struct emu_mapping *m = &rv->maps[j];
-            if (m->base + m->size <= cur)
-                continue;
-            if (m->base > cur)
-                return false;
-            unsigned have = m->access[dev];
-            bool ok = need == CU_MEM_ACCESS_FLAGS_PROT_READ ? have != CU_MEM_ACCESS_FLAGS_PROT_NONE
-                                                           : have == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            if (!ok)
-                return false;
-            cur = m->base + m->size;
-        }
-        if (cur < end && cur < rv->base + rv->size)
-            return false;
-    }
-    return cur >= end;
+    struct emu_resv *r = vmm_resv_find(addr, 1);
+    if (!r)
+        return -1;
+    long i = vmm_map_floor(r, addr);
+    if (i < 0 || addr - r->maps[i].base >= r->maps[i].size)
+        return 0;
+    *m = &r->maps[i];
+    return 1;
 }
 
 size_t emu_vmm_link_bytes(uintptr_t addr, size_t size)
@@ -1093,118 +1039,4 @@ size_t emu_vmm_link_bytes(uintptr_t addr, size_t size)
     }
     emu_unlock();
     return n;
-}
-
-CUresult emu_vmm_access_check(uintptr_t addr, size_t size, int dev, unsigned need)
-{
-    emu_lock();
-    CUresult r = emu_vmm_access_check_locked(addr, size, dev, need, false);
-    emu_unlock();
-    return r;
-}
-
-static size_t vmm_min(size_t a, size_t b) { return a < b ? a : b; }
-
-/* The file offset of mapped @p addr (mapping @p m). */
-static off_t vmm_file_off(const struct emu_mapping *m, uintptr_t addr)
-{
-    return m->handle->phys->off + (off_t)(m->offset + (addr - m->base));
-}
-
-/* One piece of emu_vmm_copy inside mapping @p ms (source) and @p md (destination): data extents
- * copied, holes punched (written as zeros where the punch is refused or the edges are unaligned). */
-static void vmm_copy_piece(const struct emu_mapping *md, uintptr_t dst, const struct emu_mapping *ms, uintptr_t src,
-                           size_t len, uintptr_t page)
-{
-    int fs = ms->handle->phys->fd;
-    off_t s0 = vmm_file_off(ms, src), s1 = s0 + (off_t)len, at = s0;
-    while (at < s1) {
-        off_t data = lseek(fs, at, SEEK_DATA);
-        if (data < 0 || data > s1)
-            data = s1; /* ENXIO: no data past at */
-        if (data > at) { /* a hole [at, data): the destination reads zero there too */
-            uintptr_t d = dst + (uintptr_t)(at - s0), e = dst + (uintptr_t)(data - s0);
-            uintptr_t lo = (d + page - 1) & ~(page - 1), hi = e & ~(page - 1);
-            if (lo < hi && fallocate(md->handle->phys->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                     vmm_file_off(md, lo), (off_t)(hi - lo)) == 0) {
-                memset((void *)d, 0, lo - d);
-                memset((void *)hi, 0, e - hi);
-            } else {
-                memset((void *)d, 0, e - d);
-            }
-        }
-        if (data >= s1)
-            break;
-        off_t hole = lseek(fs, data, SEEK_HOLE);
-        if (hole < 0 || hole > s1)
-            hole = s1;
-        memcpy((void *)(dst + (uintptr_t)(data - s0)), (const void *)(src + (uintptr_t)(data - s0)),
-               (size_t)(hole - data));
-        at = hole;
-    }
-}
-
-bool emu_vmm_copy(uintptr_t dst, uintptr_t src, size_t size)
-{
-    if (size == 0 || dst + size < dst || src + size < src || (dst < src + size && src < dst + size))
-        return false;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    if ((dst - src) & (page - 1))
-        return false; /* holes line up only when both sides share their page offset */
-    emu_lock();
-    for (size_t done = 0; done < size;) {
-        const struct emu_mapping *ms = vmm_mapping_at(src + done, NULL), *md = vmm_mapping_at(dst + done, NULL);
-        if (!ms || !md) {
-            emu_unlock();
-            return false;
-        }
-        size_t len = size - done;
-        len = vmm_min(len, ms->base + ms->size - (src + done));
-        len = vmm_min(len, md->base + md->size - (dst + done));
-        done += len;
-    }
-    for (size_t done = 0; done < size;) {
-        const struct emu_mapping *ms = vmm_mapping_at(src + done, NULL), *md = vmm_mapping_at(dst + done, NULL);
-        size_t len = size - done;
-        len = vmm_min(len, ms->base + ms->size - (src + done));
-        len = vmm_min(len, md->base + md->size - (dst + done));
-        vmm_copy_piece(md, dst + done, ms, src + done, len, page);
-        done += len;
-    }
-    emu_unlock();
-    return true;
-}
-
-bool emu_vmm_zero(uintptr_t addr, size_t size)
-{
-    if (size == 0 || addr + size < addr)
-        return false;
-    uintptr_t end = addr + size;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    emu_lock();
-    for (uintptr_t at = addr; at < end;) {
-        const struct emu_mapping *m = vmm_mapping_at(at, NULL);
-        if (!m) {
-            emu_unlock();
-            return false;
-        }
-        at = m->base + m->size;
-    }
-    for (uintptr_t at = addr; at < end;) {
-        const struct emu_mapping *m = vmm_mapping_at(at, NULL);
-        uintptr_t stop = end < m->base + m->size ? end : m->base + m->size;
-        const struct emu_phys *ph = m->handle->phys;
-        /* Mapping bases and file offsets are granularity multiples, so host pages line up. */
-        uintptr_t lo = (at + page - 1) & ~(page - 1), hi = stop & ~(page - 1);
-        if (lo < hi && fallocate(ph->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                 ph->off + (off_t)(m->offset + (lo - m->base)), (off_t)(hi - lo)) == 0) {
-            memset((void *)at, 0, lo - at);
-            memset((void *)hi, 0, stop - hi);
-        } else {
-            memset((void *)at, 0, stop - at);
-        }
-        at = stop;
-    }
-    emu_unlock();
-    return true;
 }

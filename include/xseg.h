@@ -140,6 +140,12 @@ XSEG_API xseg_status xseg_shutdown(void);
 /**
  * Allocate device memory on @p device for use on @p stream.
  * A block is reused only by allocations on the stream it was allocated on.
+ * Streams: @p stream must stay alive (not cuStreamDestroy'ed) while the block is allocated; once
+ * the block is freed the program may destroy it at once: xseg makes no driver call with it after
+ * the free (memory cached for it is given back after waiting for the whole context; a call with a
+ * destroyed stream is undefined on the driver, which crashes). The exception: with
+ * release_threshold_mb or idle_release_ms set, a cached run's stream is queried until the run
+ * goes back (docs/services.md), so keep it alive or call xseg_empty_cache before destroying it.
  * @param ptr    receives the device address (NULL for size 0).
  * @param size   bytes; 0 gives *ptr = NULL and XSEG_SUCCESS.
  * @param device device index, 0 .. count-1.
@@ -167,9 +173,12 @@ XSEG_API xseg_status xseg_free(void *ptr);
 /**
  * Mark @p ptr as used on @p stream: when it is freed, its memory is reused only after the work
  * queued on @p stream up to the free has completed. Recording the allocation's own stream is a
- * no-op.
+ * no-op. @p stream must stay alive until the block is freed (and, for a block freed during a
+ * capture, until that capture ends: its event is recorded then); after that xseg waits on its
+ * own events, never the stream.
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation, or a @p stream
- *         the driver does not know (destroyed, or not a stream); nothing is recorded then.
+ *         the driver says is not one of this device's streams; nothing is recorded then (a
+ *         destroyed stream is undefined on the driver: the program's error).
  */
 XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream);
 

@@ -48,6 +48,29 @@ xseg_status vstream_check(CUstream stream, const char *caller)
 /* Services. */
 bool vstream_idle(CUstream stream) { return drv->cuStreamQuery(stream) == CUDA_SUCCESS; }
 
+bool vstream_default(CUstream stream)
+{
+    return !stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+xseg_status vstream_join(CUstream waiter, CUevent ev, CUstream stream, const char *what)
+{
+    if (ev && drv->cuEventRecord(ev, stream) == CUDA_SUCCESS && drv->cuStreamWaitEvent(waiter, ev, 0) == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    return vstream_wait(stream, what);
+}
+
+xseg_status vctx_wait(const char *what)
+{
+    CUresult res = drv->cuCtxSynchronize();
+    if (res == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    char buf[256];
+    snprintf(buf, sizeof buf, "cuCtxSynchronize %s", what);
+    xseg_status st = drv_fail(res, buf);
+    return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
+}
+
 xseg_status vstream_create(CUstream *out)
 {
     *out = NULL;

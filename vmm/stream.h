@@ -1,6 +1,13 @@
 /*
- * Streams at the driver boundary: waiting for a stream's work in a way that cannot get stuck on a
- * destroyed stream, and telling whether a handle is a stream the driver knows.
+ * Streams at the driver boundary: waiting for a stream's work, ordering one stream after
+ * another's work so far, waiting for the whole context, and telling whether a handle is a stream
+ * the driver knows.
+ *
+ * A stream handle is passed to the driver only while its owner keeps it alive: a call with a
+ * destroyed stream is undefined (on an H200, cuLaunchKernel, cuStreamIsCapturing and
+ * cuStreamSynchronize of one crashed the process; cudaemu faults there too). So a program's
+ * stream is used while a block allocated or recorded on it is live and at its free; after the
+ * free only xseg's own streams and events (vstream_join), or the whole context (vctx_wait), are.
  *
  * Context: callers make the device's context current first (drv_ctx_ensure). Locking: none
  * (the driver is thread-safe); callers may hold a device lock.
@@ -15,11 +22,10 @@
 #include "base/common.h"
 
 /*
- * Wait until the work queued on @p stream so far has finished. When the stream cannot be
- * synchronized (destroyed since the caller saw it, a bogus handle, a transient failure) this
- * falls back to synchronizing the whole current context, which waits for every stream's work,
- * that stream's included: the driver finishes a destroyed stream's work in the background. A
- * capture error is not papered over (a context synchronize would invalidate the capture).
+ * Wait until the work queued on @p stream (alive) so far has finished. When the stream cannot be
+ * synchronized (a transient failure) this falls back to synchronizing the whole current context,
+ * which waits for every stream's work, that stream's included. A capture error is not papered
+ * over (a context synchronize would invalidate the capture).
  * @p what describes the purpose for the message ("before unmapping pages of ...").
  * @return XSEG_SUCCESS once the work is known to be done, else XSEG_ERROR_DRIVER naming the
  *         stream's CUresult (and nothing is known to be finished).
@@ -35,9 +41,26 @@ xseg_status vstream_wait(CUstream stream, const char *what);
  */
 xseg_status vstream_check(CUstream stream, const char *caller);
 
-/* Services: has every work item queued on @p stream so far completed? One
- * cuStreamQuery, never a wait; any error (a destroyed stream, a capture) answers false. */
+/* Services: has every work item queued on @p stream (alive) so far completed? One
+ * cuStreamQuery, never a wait; any error (a capture) answers false. */
 bool vstream_idle(CUstream stream);
+
+/* Is @p stream one of the default streams (NULL, the legacy or the per-thread one), which live as
+ * long as the context? */
+bool vstream_default(CUstream stream);
+
+/*
+ * Order @p waiter's later work after the work queued on @p stream (alive) so far: @p ev recorded
+ * on @p stream, @p waiter made to wait for it (cuEventRecord, cuStreamWaitEvent). After it
+ * @p stream may be destroyed; @p ev may be recorded again at once. Where the driver refuses,
+ * @p stream is waited for instead (vstream_wait). Not on a capturing @p stream (@p waiter would
+ * join the capture). @p what describes the purpose for the message.
+ */
+xseg_status vstream_join(CUstream waiter, CUevent ev, CUstream stream, const char *what);
+
+/* Wait for every stream's queued work on the current context (cuCtxSynchronize): what xseg waits
+ * for once the streams a piece of memory was used on may be gone. @p what describes the purpose. */
+xseg_status vctx_wait(const char *what);
 
 /* Services: a non-blocking stream of the current context for xseg's own copies (sleep and wake's
  * chunks), and its destruction (the driver finishes work still queued on it). */

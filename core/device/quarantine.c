@@ -13,6 +13,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/process/settings.h"
+#include "vmm/event.h"
 #include "vmm/host.h"
 #include "vmm/kernel.h"
 #include "vmm/segment.h"
@@ -21,7 +22,8 @@
 #define QUAR_CHECK_CHUNK ((size_t)1 << 20) /* bytes read back a copy */
 #define QUAR_FRAME_TEXT 256             /* a C frame's symbol text (hist_frame_info) */
 
-/* Is a capture underway, or does @p stream capture (then no driver call may be queued on it)? */
+/* Is a capture underway, or does @p stream (a block's, at its free: alive) capture (then no
+ * driver call may be queued on it)? */
 static bool capturing(struct dev_alloc *d, CUstream stream)
 {
     if (cap_underway(d))
@@ -29,6 +31,49 @@ static bool capturing(struct dev_alloc *d, CUstream stream)
     xseg_status st;
     bool c = dev_stream_capturing(d, stream, &st);
     return c || st != XSEG_SUCCESS;
+}
+
+/*
+ * The quarantine's own stream. A block's stream is the program's, which may destroy it once the
+ * block is freed (a driver call with a destroyed stream is undefined: vmm/stream.h), while the
+ * quarantine works on the block long after. So every fill and check is queued on this stream
+ * (created at first use, non-blocking; the legacy stream where the driver refuses one), ordered
+ * after the block's last use by a join at the free (quar_join: an event recorded on the block's
+ * stream, waited for by this one), and checks wait for the whole context first, so that they see
+ * every write queued before them on any stream. Context current.
+ */
+static CUstream work(struct dev_alloc *d)
+{
+    if (!d->quar.work_tried) {
+        d->quar.work_tried = true;
+        if (vstream_create(&d->quar.work) != XSEG_SUCCESS) {
+            d->quar.work = NULL;
+            err_clear();
+        } else if (vevent_create(&d->quar.join_ev) != XSEG_SUCCESS) {
+            d->quar.join_ev = NULL; /* joins wait for the block's stream instead (vstream_join) */
+            err_clear();
+        }
+    }
+    return d->quar.work;
+}
+
+/* Order the quarantine's stream after the work queued on @p stream so far (the stream of a block
+ * being freed: alive now). The legacy stream lives as long as the context: its join waits for the
+ * next flush (one for all the blocks freed on it meanwhile, so a program on the default stream
+ * makes no driver call per free). Where a join fails, or during a capture (a join would pull the
+ * quarantine's stream into it), the next flush waits for the whole context first (quar.unjoined). */
+static void join(struct dev_alloc *d, CUstream stream, bool cap)
+{
+    if (!cap && (!stream || stream == CU_STREAM_LEGACY)) {
+        d->quar.join_legacy = true;
+        return;
+    }
+    if (cap || drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS ||
+        vstream_join(work(d), d->quar.join_ev, stream, "debug_stale_access: before a freed block's fill") !=
+            XSEG_SUCCESS) {
+        err_clear();
+        d->quar.unjoined = true;
+    }
 }
 
 /* The ranges of @p it that hold the pattern, as (offset, length): the bytes before a canary
@@ -55,7 +100,7 @@ static xseg_status fill(struct dev_alloc *d, struct quar_item *it)
     int n = ranges(d, it, off, len);
     for (int i = 0; i < n; i++) {
         xseg_status st = len[i] ? vhost_fill((CUdeviceptr)(it->addr + off[i]), (unsigned char)QUAR_POISON, len[i],
-                                             it->stream)
+                                             work(d))
                                 : XSEG_SUCCESS;
         if (st != XSEG_SUCCESS)
             return st;
@@ -139,9 +184,10 @@ static size_t pend_ranges(const struct dev_alloc *d, struct quar_batchbuf *bb, s
     return nr;
 }
 
-/* Queue the pattern over every waiting (unfilled) block not on a capturing stream: one
- * vkern_fill per stream, or the per-range fallback. Never during a capture. The first failure is
- * returned; the blocks it left unfilled wait for the next flush (never reported meanwhile). */
+/* Queue the pattern over every waiting (unfilled) block on the quarantine's stream: one
+ * vkern_fill, or the per-range fallback. Never during a capture; after a block whose join failed
+ * (or was freed during a capture), only once the whole context was waited for. The first failure
+ * is returned; the blocks it left unfilled wait for the next flush (never reported meanwhile). */
 static xseg_status flush_fills(struct dev_alloc *d)
 {
     if (!d->quar.unfilled || cap_underway(d))
@@ -149,6 +195,20 @@ static xseg_status flush_fills(struct dev_alloc *d)
     xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
     if (st != XSEG_SUCCESS)
         return st;
+    if (d->quar.unjoined) {
+        if ((st = vctx_wait("debug_stale_access: before filling blocks freed during a capture or without a join")) !=
+            XSEG_SUCCESS)
+            return st;
+        d->quar.unjoined = false;
+        d->quar.join_legacy = false;
+    }
+    CUstream w = work(d);
+    if (d->quar.join_legacy) {
+        if ((st = vstream_join(w, d->quar.join_ev, NULL, "debug_stale_access: before filling blocks freed on the "
+                                                          "legacy stream")) != XSEG_SUCCESS)
+            return st;
+        d->quar.join_legacy = false;
+    }
     /* The waiting blocks: the newest ones, and those freed during a capture (scanned from the
      * end until every unfilled one is seen, so a flush costs its batch, not the FIFO). */
     struct quar_batchbuf *bb = batchbuf(d);
@@ -157,47 +217,39 @@ static xseg_status flush_fills(struct dev_alloc *d)
         for (size_t i = d->quar.n; i-- > 0 && np < want;) {
             const struct quar_item *it = &d->quar.q[d->quar.head + i];
             if (!it->filled)
-                bb->p[np++] = (struct quar_pend){it->stream, it->addr, i};
+                bb->p[np++] = (struct quar_pend){w, it->addr, i};
         }
         if (np > 1)
             qsort(bb->p, np, sizeof *bb->p, pend_cmp);
     } else { /* no host memory for a batch: a memset per range, as with batches of one */
         for (size_t i = 0; i < d->quar.n && d->quar.unfilled; i++) {
             struct quar_item *it = &d->quar.q[d->quar.head + i];
-            if (!it->filled && !capturing(d, it->stream)) {
+            if (!it->filled) {
                 xseg_status s = fill(d, it);
                 st = st == XSEG_SUCCESS ? s : st;
             }
         }
         return st;
     }
-    bool kern = kern_on(bb);
-    for (size_t k = 0; k < np;) {
-        size_t e = k + 1;
-        while (e < np && bb->p[e].s == bb->p[k].s)
-            e++;
-        if (!capturing(d, bb->p[k].s)) {
-            xseg_status s = XSEG_ERROR_NOT_SUPPORTED;
-            if (kern) {
-                size_t nr = pend_ranges(d, bb, k, e);
-                s = vkern_fill(bb->r, nr, (unsigned char)QUAR_POISON, bb->p[k].s);
-                if (s == XSEG_ERROR_NOT_SUPPORTED)
-                    bb->kern = -1, kern = false; /* e.g. a forked child's context: the fallback from now on */
-                for (size_t j = k; s == XSEG_SUCCESS && j < e; j++) {
-                    d->quar.q[d->quar.head + bb->p[j].item].filled = true;
-                    d->quar.unfilled -= 1;
-                }
-            }
-            for (size_t j = k; s == XSEG_ERROR_NOT_SUPPORTED && j < e; j++) {
-                xseg_status f = fill(d, &d->quar.q[d->quar.head + bb->p[j].item]);
-                if (f != XSEG_SUCCESS)
-                    s = f;
-            }
-            if (s != XSEG_SUCCESS && s != XSEG_ERROR_NOT_SUPPORTED && st == XSEG_SUCCESS)
-                st = s;
+    /* Every waiting block in one vkern_fill on the quarantine's stream (the fallback: a memset each). */
+    xseg_status s = XSEG_ERROR_NOT_SUPPORTED;
+    if (np && kern_on(bb)) {
+        size_t nr = pend_ranges(d, bb, 0, np);
+        s = vkern_fill(bb->r, nr, (unsigned char)QUAR_POISON, w);
+        if (s == XSEG_ERROR_NOT_SUPPORTED)
+            bb->kern = -1; /* e.g. a forked child's context: the fallback from now on */
+        for (size_t j = 0; s == XSEG_SUCCESS && j < np; j++) {
+            d->quar.q[d->quar.head + bb->p[j].item].filled = true;
+            d->quar.unfilled -= 1;
         }
-        k = e;
     }
+    for (size_t j = 0; s == XSEG_ERROR_NOT_SUPPORTED && j < np; j++) {
+        xseg_status f = fill(d, &d->quar.q[d->quar.head + bb->p[j].item]);
+        if (f != XSEG_SUCCESS)
+            s = f;
+    }
+    if (s != XSEG_SUCCESS && s != XSEG_ERROR_NOT_SUPPORTED && st == XSEG_SUCCESS)
+        st = s;
     return st;
 }
 
@@ -242,7 +294,7 @@ static void swap(struct dev_alloc *d, struct block *b, struct quar_item *it)
         /* The canary is new memory (any bytes: a dead block's among them), poisoned now rather than
          * at its batch's flush, so that a read in the batch's window never sees them (a failure
          * leaves it to the flush). */
-        (void)vhost_fill((CUdeviceptr)(it->addr + it->swap_lo), (unsigned char)QUAR_POISON, g, it->stream);
+        (void)vhost_fill((CUdeviceptr)(it->addr + it->swap_lo), (unsigned char)QUAR_POISON, g, work(d));
     }
 }
 
@@ -306,7 +358,8 @@ struct qranges {
     bool oom;
 };
 
-static void add_range(struct qranges *r, const struct quar_item *it, size_t item, size_t off, size_t len)
+static void add_range(struct qranges *r, CUstream w, const struct quar_item *it, size_t item, size_t off,
+                      size_t len)
 {
     for (size_t at = off; at < off + len; at += QUAR_CHECK_CHUNK) {
         if (!VEC_RESERVE(r->v, r->cap, r->n + 1)) {
@@ -314,12 +367,12 @@ static void add_range(struct qranges *r, const struct quar_item *it, size_t item
             return;
         }
         size_t l = off + len - at < QUAR_CHECK_CHUNK ? off + len - at : QUAR_CHECK_CHUNK;
-        r->v[r->n++] = (struct qrange){it->stream, it->b->seg, !it->expandable, it->addr + at, l, item, 0};
+        r->v[r->n++] = (struct qrange){w, it->b->seg, !it->expandable, it->addr + at, l, item, 0};
     }
 }
 
 /* The ranges of item @p i (index from head) that its check reads. */
-static void item_ranges(const struct dev_alloc *d, const struct quar_item *it, size_t i, struct qranges *r)
+static void item_ranges(const struct dev_alloc *d, CUstream w, const struct quar_item *it, size_t i, struct qranges *r)
 {
     size_t off[3], len[3];
     int n = ranges(d, it, off, len);
@@ -327,14 +380,14 @@ static void item_ranges(const struct dev_alloc *d, const struct quar_item *it, s
         if (!len[k])
             continue;
         if (d->cfg.debug_stale_full_check || len[k] <= QUAR_WHOLE) {
-            add_range(r, it, i, off[k], len[k]);
+            add_range(r, w, it, i, off[k], len[k]);
             continue;
         }
         size_t o = off[k], e = off[k] + len[k];
-        add_range(r, it, i, o, QUAR_PROBE);
+        add_range(r, w, it, i, o, QUAR_PROBE);
         for (size_t p = o + QUAR_PROBE_STEP; p + QUAR_PROBE <= e - QUAR_PROBE; p += QUAR_PROBE_STEP)
-            add_range(r, it, i, p, QUAR_PROBE);
-        add_range(r, it, i, e - QUAR_PROBE, QUAR_PROBE);
+            add_range(r, w, it, i, p, QUAR_PROBE);
+        add_range(r, w, it, i, e - QUAR_PROBE, QUAR_PROBE);
     }
 }
 
@@ -403,11 +456,11 @@ static unsigned char *batch_buffer(struct dev_alloc *d)
     return d->quar.buf;
 }
 
-/* check_batch on the device: one vkern_check per stream over the whole blocks (no sampling: only
- * an offset per range comes back). false: the kernels do not run or no host memory for the batch
+/* check_batch on the device: one vkern_check over the whole blocks, on the quarantine's stream
+ * @p w (no sampling: only an offset per range comes back). false: the kernels do not run or no host memory for the batch
  * (the caller reads back instead); else the findings in *@p found. */
-static bool check_on_device(struct dev_alloc *d, size_t i0, size_t n, const char *when, xseg_status *st,
-                            size_t *found)
+static bool check_on_device(struct dev_alloc *d, CUstream w, size_t i0, size_t n, const char *when,
+                            xseg_status *st, size_t *found)
 {
     struct quar_batchbuf *bb = batchbuf(d);
     if (!bb || !kern_on(bb))
@@ -418,7 +471,7 @@ static bool check_on_device(struct dev_alloc *d, size_t i0, size_t n, const char
         if (it->filled && !it->reported && !it->stuck) {
             if (!batch_room(bb, np + 1, 3 * (np + 1)))
                 return false;
-            bb->p[np++] = (struct quar_pend){it->stream, it->addr, i};
+            bb->p[np++] = (struct quar_pend){w, it->addr, i};
         }
     }
     if (np > 1)
@@ -457,15 +510,33 @@ static bool check_on_device(struct dev_alloc *d, size_t i0, size_t n, const char
  * Returns the findings; *@p st: the first failure (the blocks not read stay unreported). */
 static size_t check_batch(struct dev_alloc *d, size_t i0, size_t n, const char *when, xseg_status *st)
 {
+    bool any = false;
+    for (size_t i = i0; i < i0 + n && !any; i++) {
+        const struct quar_item *it = &d->quar.q[d->quar.head + i];
+        any = it->filled && !it->reported && !it->stuck;
+    }
+    if (!any)
+        return 0;
+    /* Every write queued so far, on any stream, lands before the check reads (the blocks' streams
+     * may be gone: the check runs on the quarantine's own). */
+    xseg_status w0 = drv_ctx_ensure(d->info.primary_ctx);
+    if (w0 == XSEG_SUCCESS)
+        w0 = vctx_wait("debug_stale_access: before checking quarantined blocks");
+    if (w0 != XSEG_SUCCESS) {
+        if (*st == XSEG_SUCCESS)
+            *st = err_prefix(w0, "%s: debug_stale_access: quarantined blocks stay unchecked", when);
+        return 0;
+    }
+    CUstream w = work(d);
     size_t kfound = 0;
-    if (n && drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && check_on_device(d, i0, n, when, st, &kfound))
+    if (check_on_device(d, w, i0, n, when, st, &kfound))
         return kfound;
     struct qranges r = {0};
     size_t items = 0;
     for (size_t i = i0; i < i0 + n && !r.oom; i++) {
         struct quar_item *it = &d->quar.q[d->quar.head + i];
         if (it->filled && !it->reported && !it->stuck) {
-            item_ranges(d, it, i, &r);
+            item_ranges(d, w, it, i, &r);
             items++;
         }
     }
@@ -710,7 +781,12 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
     if (!waited)
         d->quar.free_stack = NULL; /* the entry took the free's reference */
     d->quar.unfilled++; /* its fill waits for the batch (flush_fills) */
-    bool cap = capturing(d, b->stream);
+    /* Entering at its free (its stream alive), the quarantine's stream joins the block's; entering
+     * after record_stream's events, it was joined at the free (quar_join) and its stream is not
+     * asked again: the program may have destroyed it since. */
+    bool cap = pending ? cap_underway(d) : capturing(d, b->stream);
+    if (!pending)
+        join(d, b->stream, cap);
     if (!cap)
         swap(d, b, &it);
     d->quar.q[d->quar.head + d->quar.n++] = it;
@@ -722,6 +798,13 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
         (void)trim(d, d->cfg.debug_quarantine, true); /* a failed check leaves its blocks unreported */
     }
     return true;
+}
+
+void quar_join(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    if (d->cfg.debug_stale_access && !b->private_pool && b->size <= d->cfg.debug_quarantine)
+        join(d, b->stream, capturing(d, b->stream));
 }
 
 void quar_begin_free(struct dev_alloc *d, struct hstack *free_stack)
@@ -907,6 +990,9 @@ void quar_destroy(struct dev_alloc *d)
     else
         xs_free(d->quar.buf);
     vkern_release(d->info.primary_ctx); /* the kernels' module and result buffer, if they were loaded */
+    vstream_destroy(d->quar.work);      /* the driver finishes work still queued on it */
+    if (d->quar.join_ev)
+        vevent_destroy(d->quar.join_ev);
     if (d->quar.bb) {
         xs_free(d->quar.bb->p);
         xs_free(d->quar.bb->r);

@@ -1,16 +1,19 @@
 /*
  * The stale-access debug mode (debug_stale_access, debug_quarantine_mb; issue 50, seed 003):
  * freed blocks are held out of their pool in a FIFO of at most debug_quarantine bytes, filled
- * with all-ones bytes on the block's stream (so after its last use there; NaN in
- * fp32/fp16/bf16) in batches of debug_stale_fill_batch blocks (one vkern_fill launch per stream;
+ * with all-ones bytes (NaN in fp32/fp16/bf16) on the quarantine's own stream, ordered after the
+ * block's last use on its stream by an event recorded there at the free (the program may destroy
+ * its stream once the block is freed: no call names it afterwards; vmm/stream.h), in batches of
+ * debug_stale_fill_batch blocks (one vkern_fill launch;
  * every check and xseg_stale_flush fill the waiting ones first: between a free and its fill a
  * stale write is overwritten, the batch's documented window), and checked when they leave it,
  * at empty_cache, at snapshot time and on demand (xseg_check_stale). Checks go by batches (the
  * blocks leaving together, down to QUAR_EXIT_LOW_EIGHTHS of the bound, or all of them, as when a
  * malloc would grow reserved memory with more than a quarter of the bound held: quar_before_growth):
- * whole blocks compared on the device (one vkern_check, so one wait, per stream). Without the kernels
+ * whole blocks compared on the device (one vkern_check and its wait), after a wait for the whole
+ * context, so that every write queued before the check lands first. Without the kernels
  * (vkern_ready: NOT_SUPPORTED) a memset per range fills, and checks read back into one host
- * buffer of copies with one wait per stream, sampled unless debug_stale_full_check (a
+ * buffer of copies with one wait, sampled unless debug_stale_full_check (a
  * block up to 256 KiB whole, else its first and last 4 KiB and 4 KiB every 4 MiB). In expandable
  * segments the whole chunks inside a block are given back at its free and a canary page mapped
  * there (vmm/segment.h seg_canary_swap; reserved bytes drop); when it leaves, the canary is
@@ -65,6 +68,9 @@ void quar_end_free(struct dev_alloc *d);
 /* Freed block @p b waits for record_stream's events: the free's stack moves to its side struct,
  * for quar_enter (from events.c) to take. */
 void quar_keep_free_stack(struct dev_alloc *d, struct block *b);
+/* Freed block @p b waits for record_stream's events before it enters: order the quarantine's
+ * stream after @p b's stream now, at its free, while the program keeps that stream alive. */
+void quar_join(struct dev_alloc *d, struct block *b);
 /* Check every quarantined block (a finding each, once) and, with @p drain or the mode off,
  * release them all; @p when names the occasion. XSEG_ERROR_ILLEGAL_STATE during a capture
  * (nothing done). *@p found (optional): findings made. */

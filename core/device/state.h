@@ -315,6 +315,11 @@ struct quar_state {
     unsigned char *buf;        /* the checks' read-back buffer (QUAR_BATCH_BUF), kept for the device's life */
     bool buf_pinned;           /* from vhost_alloc (else host malloc: pinned memory lacked) */
     struct quar_batchbuf *bb;  /* the fill and check batches' host scratch (quarantine.c), or NULL */
+    CUstream work;             /* its own stream for fills and checks (NULL: the legacy stream) */
+    CUevent join_ev;           /* recorded on a block's stream at its free, waited for by work */
+    bool work_tried;           /* work and join_ev were asked for (once a device) */
+    bool unjoined;             /* a block was freed without a join: the next flush waits for the context */
+    bool join_legacy;          /* a block was freed on the legacy stream: the next flush joins it */
 };
 
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */

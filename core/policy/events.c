@@ -227,11 +227,10 @@ static void drain_queues(struct dev_alloc *d, bool wait)
         while (q->count) {
             CUevent ev = q->items[q->head].event;
             /* Not ready, or the query failed: the work may still run; ask again next time
-             * (ev_synchronize_all waits for it). An event that cannot be waited for: wait for its
-             * stream (or the context); when nothing works the block stays pending and a later
-             * call tries again. */
-            if (!wait ? !vevent_done(ev)
-                      : !vevent_wait(ev) && vstream_wait(q->stream, "for a freed block's event") != XSEG_SUCCESS)
+             * (ev_synchronize_all waits for it). An event that cannot be waited for: wait for the
+             * context (never its stream: the block is freed, the program may have destroyed it);
+             * when nothing works the block stays pending and a later call tries again. */
+            if (!wait ? !vevent_done(ev) : !vevent_wait(ev) && vctx_wait("for a freed block's event") != XSEG_SUCCESS)
                 break;
             queue_pop_done(d, q);
         }

@@ -32,9 +32,13 @@ static signed char *memo_slot(struct stream_memo *m, CUstream s)
     return &m->state[m->n++];
 }
 
-bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
+bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s, bool ask_program)
 {
     lock_assert_held(&d->lock);
+    if (m->all_idle)
+        return true;
+    if (!ask_program && !vstream_default(s))
+        return false; /* freed on a program's stream, which may be gone: not asked */
     signed char *st = memo_slot(m, s);
     if (!st)
         return false;
@@ -48,12 +52,18 @@ bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s)
 xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
 {
     lock_assert_held(&d->lock);
-    signed char *st = memo_slot(m, s);
+    if (m->all_idle)
+        return XSEG_SUCCESS;
+    bool dflt = vstream_default(s);
+    signed char *st = dflt ? memo_slot(m, s) : NULL;
     if (st && *st == 1)
         return XSEG_SUCCESS;
     xseg_status r = drv_ctx_ensure(d->info.primary_ctx);
-    if (r == XSEG_SUCCESS)
+    if (r == XSEG_SUCCESS && dflt)
         r = vstream_wait(s, "before giving cached memory back");
+    else if (r == XSEG_SUCCESS && (r = vctx_wait("before giving cached memory back (the streams it was freed on "
+                                                  "may be gone)")) == XSEG_SUCCESS)
+        m->all_idle = true;
     if (r == XSEG_SUCCESS && st)
         *st = 1;
     return r;

@@ -12,17 +12,23 @@
 #include "core/device/device.h"
 
 /* The streams of one reclaim pass, each queried and waited for at most once. Zero-initialize;
- * free with memo_free. */
+ * free with memo_free. A cached block's stream is a default stream, or a program's stream that
+ * may have been destroyed since the block's free (vmm/stream.h): waits for the others wait for
+ * the whole context, once a pass; only the policies that never wait (release_threshold_mb,
+ * idle_release_ms) query them, and their documentation asks the program to keep such a stream
+ * alive while runs freed on it are cached (docs/services.md). */
 struct stream_memo {
     CUstream *s;
     signed char *state; /* -1 not asked, 0 busy, 1 idle (queried, or waited for) */
     size_t n, cap_s, cap_state;
+    bool all_idle;      /* the context was waited for in this pass: every stream is idle */
 };
-/* Has every work item queued on @p s completed? One cuStreamQuery per stream and pass; any error
- * counts as busy. */
-bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s);
-/* Wait for @p s (vstream_wait: a destroyed stream waits for the context) unless this pass already
- * did or found it idle. */
+/* Is every work item queued on @p s before the pass known to have completed? One cuStreamQuery
+ * per stream and pass (any error counts as busy), of a program's stream only with @p ask_program
+ * (else known only once the pass waited for the context). */
+bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s, bool ask_program);
+/* Wait for @p s unless this pass already did or found it idle: a default stream with vstream_wait,
+ * any other by waiting for the whole context (once a pass). */
 xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s);
 void memo_free(struct stream_memo *m);
 

@@ -282,36 +282,62 @@ static bool stream_add(struct stream_list *l, CUstream s)
 }
 
 /* Wait for every stream that may still use the blocks of pool @p pp (@p ps's segments): theirs,
- * the streams recorded for their live blocks, and the streams of pending record_stream events on
- * its blocks. Lock held; given back while waiting. */
+ * the streams recorded for their live blocks, and the pending record_stream events on its blocks.
+ * A program's stream is named only while a live block keeps it alive (vmm/stream.h): a segment's
+ * stream when the segment holds an allocated block, a live block's recorded streams; pending frees
+ * are waited for by their events (xseg's own), and a segment whose blocks are all freed, on a
+ * stream that may be gone, by a wait for the whole context. Lock held; given back while waiting
+ * for streams and events. */
 static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp, const struct pool_sleep *ps,
                                 const char *why)
 {
     lock_assert_held(&d->lock);
     struct stream_list l = {0};
-    bool ok = true;
+    struct event_list {
+        CUevent *v;
+        size_t n, cap;
+    } evs = {0};
+    bool ok = true, ctx = false;
     for (size_t i = 0; i < ps->nsegs && ok; i++) {
         const struct segrec *s = ps->segs[i].s;
-        ok = stream_add(&l, s->stream);
-        for (const struct block *b = s->first; b && ok; b = b->next)
-            for (unsigned k = 0; k < block_uses_n(b) && ok; k++)
+        bool live = false;
+        for (const struct block *b = s->first; b && ok; b = b->next) {
+            live = live || b->allocated;
+            for (unsigned k = 0; b->allocated && k < block_uses_n(b) && ok; k++)
                 ok = stream_add(&l, stream_set_get(&b->u.side->uses, k));
+        }
+        if (live || vstream_default(s->stream))
+            ok = ok && stream_add(&l, s->stream);
+        else
+            ctx = true;
     }
     for (size_t q = 0; q < d->ev.nevq && ok; q++) {
         const struct ev_queue *eq = &d->ev.evq[q];
-        for (size_t k = 0; k < eq->count; k++) {
-            if (dev_pool_owner(d, block_pool(eq->items[(eq->head + k) % eq->cap].block)) == pp) {
-                ok = stream_add(&l, eq->stream);
-                break;
+        for (size_t k = 0; k < eq->count && ok; k++) {
+            const struct ev_item *it = &eq->items[(eq->head + k) % eq->cap];
+            if (dev_pool_owner(d, block_pool(it->block)) == pp) {
+                ok = VEC_RESERVE(evs.v, evs.cap, evs.n + 1);
+                if (ok)
+                    evs.v[evs.n++] = it->event;
             }
         }
     }
     xseg_status st = ok ? XSEG_SUCCESS : err_set(XSEG_ERROR_OUT_OF_MEMORY, "%s: out of host memory", why);
+    /* The context is waited for under the lock, so that no capture of xseg's begins meanwhile (a
+     * context wait would invalidate it); the streams and events with the lock given back. */
+    if (st == XSEG_SUCCESS && ctx)
+        st = vctx_wait(why);
     step_out(d);
     for (size_t i = 0; i < l.n && st == XSEG_SUCCESS; i++)
         st = vstream_wait(l.v[i], why);
+    bool lost = false; /* an event that cannot be waited for: the context is */
+    for (size_t i = 0; i < evs.n && st == XSEG_SUCCESS && !lost; i++)
+        lost = !vevent_wait(evs.v[i]);
     step_in(d);
+    if (st == XSEG_SUCCESS && lost)
+        st = vctx_wait(why);
     xs_free(l.v);
+    xs_free(evs.v);
     return st;
 }
 

@@ -46,31 +46,16 @@ static long maxrss_kib(void)
 
 #define PAGE (20 * MiB) /* the large pool's expandable page */
 
-struct touch {
-    volatile char *p;
-    size_t len;
-};
-
-static int touch_range(void *arg)
-{
-    const struct touch *t = arg;
-    t->p[0] = 1;
-    t->p[t->len - 1] = 2;
-    return t->p[0] == 1 && t->p[t->len - 1] == 2 ? 0 : 2;
-}
-
-/* Every page of [p, p + size) can be written, its first and last byte (in a child: a fault kills
- * only the child). */
+/* Every page of [p, p + size) can be read and written by the device, its first and last byte. */
 static void check_writable(void *p, size_t size)
 {
     if (!tu_emulated())
         return;
     for (size_t off = 0; off < size; off += PAGE) {
-        int detail = 0;
-        struct touch t = {(char *)p + off, size - off < PAGE ? size - off : PAGE};
-        enum tu_child_outcome o = tu_run_child(touch_range, &t, &detail);
-        if (o != TU_CHILD_OK)
-            fail_msg("writing %p + %zu MiB faults (outcome %d, detail %d)", p, off / MiB, (int)o, detail);
+        size_t len = size - off < PAGE ? size - off : PAGE;
+        CUdeviceptr at = (CUdeviceptr)(uintptr_t)p + off;
+        if (!tu_device_accessible(at) || !tu_device_accessible(at + len - 1))
+            fail_msg("page %p + %zu MiB is not mapped with access", p, off / MiB);
     }
 }
 
@@ -378,21 +363,25 @@ static void record_stream_faults(const char *config, size_t size)
     assert_true(tu_stream_release(s2));
     check_all_returned();
 
-    /* The recorded stream is destroyed before the free: its work is waited for another way and
-     * the free succeeds (it used to report a driver error although it had freed the pointer). */
+    /* A recorded stream destroyed after the free: the events recorded at the free are xseg's
+     * own, so nothing names the stream again (a call with a destroyed stream faults: cudaemu, as
+     * the driver crashed on one). */
     tu_assert_cu(drv->cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING));
     p = tu_malloc(size, NULL);
     assert_int_equal(xseg_record_stream(p, s3), XSEG_SUCCESS);
-    tu_assert_cu(drv->cuStreamDestroy(s3));
+    tu_assert_cu(tu_fill((CUdeviceptr)(uintptr_t)p, size, 6));
     must_free(p);
+    tu_assert_cu(drv->cuStreamDestroy(s3));
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     check_all_returned();
 
-    /* record_stream itself refuses a destroyed or bogus stream, and records nothing. */
+    /* record_stream itself refuses a handle the driver does not know (cudaemu's answer for one it
+     * never made; a destroyed stream is the program's error, undefined on the driver), and
+     * records nothing. */
     p = tu_malloc(size, NULL);
-    assert_int_equal(xseg_record_stream(p, s3), XSEG_ERROR_INVALID_VALUE);
-    must_contain("is not a stream");
     assert_int_equal(xseg_record_stream(p, (CUstream)(uintptr_t)0x5eed0), XSEG_ERROR_INVALID_VALUE);
     must_contain("0x5eed0");
+    must_contain("is not a stream");
     assert_int_equal(xseg_record_stream(p, NULL), XSEG_SUCCESS); /* its own stream: nothing to do */
     assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);
     assert_int_equal(xseg_record_stream(p, s2), XSEG_SUCCESS);   /* twice: once */

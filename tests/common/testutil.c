@@ -465,6 +465,13 @@ CUresult tu_fill(CUdeviceptr ptr, size_t size, uint32_t tag)
     return CUDA_SUCCESS;
 }
 
+bool tu_device_accessible(CUdeviceptr ptr)
+{
+    unsigned char b = 0;
+    return drv->cuMemcpyDtoH(&b, ptr, 1) == CUDA_SUCCESS && drv->cuMemcpyHtoD(ptr, &b, 1) == CUDA_SUCCESS &&
+           drv->cuCtxSynchronize() == CUDA_SUCCESS;
+}
+
 bool tu_check(CUdeviceptr ptr, size_t size, uint32_t tag)
 {
     if (!size)
@@ -507,6 +514,34 @@ bool tu_check(CUdeviceptr ptr, size_t size, uint32_t tag)
     }
     free(all);
     return ok;
+}
+
+/* ---- fail fast at a fault ----
+ *
+ * cmocka catches SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGSYS in each test (signal() before it,
+ * restored after) and goes on with the next test. After such a fault the faulting code's locks
+ * (xseg's device lock, the driver's) are still held, so the next test waits for them for ever: on
+ * the H200 two test programs hung to their 60 s and 240 s limits that way. Every test program
+ * links this signal(), which the linker exports, so cmocka's calls reach it: a handler for those
+ * signals is not installed (the call answers the handler in place), so a fault kills the program
+ * at once (or a sanitizer reports it); SIG_DFL, SIG_IGN and every other signal pass through. */
+static bool tu_fatal_signal(int sig)
+{
+    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGSYS;
+}
+
+typedef void (*tu_handler)(int);
+
+tu_handler signal(int sig, tu_handler handler)
+{
+    struct sigaction sa, old;
+    if (tu_fatal_signal(sig) && handler != SIG_DFL && handler != SIG_IGN)
+        return sigaction(sig, NULL, &old) ? SIG_ERR : old.sa_handler; /* the union's one pointer */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sa.sa_flags = SA_RESTART; /* glibc's signal(): BSD semantics */
+    sigemptyset(&sa.sa_mask);
+    return sigaction(sig, &sa, &old) ? SIG_ERR : old.sa_handler;
 }
 
 /* ---- child processes ---- */

@@ -163,6 +163,12 @@ CUresult tu_fill(CUdeviceptr ptr, size_t size, uint32_t tag);
  * true when every sampled spot matches. */
 bool tu_check(CUdeviceptr ptr, size_t size, uint32_t tag);
 
+/* Can the current device read and write byte @p ptr (mapped memory it was granted access to)? A
+ * driver copy reads the byte and writes it back unchanged: mapped-ness is checked as a GPU sees
+ * it, never by a host touch (device memory is not host memory, on cudaemu as on a GPU). Use on
+ * cudaemu for bytes that may be unmapped (it answers CUDA_ERROR_ILLEGAL_ADDRESS there). */
+bool tu_device_accessible(CUdeviceptr ptr);
+
 /* ---- child processes (fault checks) ---- */
 
 enum tu_child_outcome {

@@ -829,16 +829,23 @@ static void test_handles_without_descriptors(void **state)
         tu_assert_cu(drv->cuMemMap(va + i * MiB2, MiB2, 0, h[i], 0));
     }
     tu_assert_cu(drv->cuMemSetAccess(va, n * MiB2, &acc, 1));
-    for (size_t i = 0; i < n; i++)
-        ((unsigned char *)(uintptr_t)va)[i * MiB2 + 7] = (unsigned char)i;
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(((unsigned char *)(uintptr_t)va)[i * MiB2 + 7], (unsigned char)i);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b = (unsigned char)i;
+        tu_assert_cu(drv->cuMemcpyHtoD(va + i * MiB2 + 7, &b, 1));
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b = 0;
+        tu_assert_cu(drv->cuMemcpyDtoH(&b, va + i * MiB2 + 7, 1));
+        assert_int_equal(b, (unsigned char)i);
+    }
     /* Unmapped and mapped again elsewhere, a page keeps its data. */
     tu_assert_cu(drv->cuMemUnmap(va, MiB2));
     tu_assert_cu(drv->cuMemUnmap(va + MiB2, MiB2));
     tu_assert_cu(drv->cuMemMap(va, MiB2, 0, h[1], 0));
     tu_assert_cu(drv->cuMemSetAccess(va, MiB2, &acc, 1));
-    assert_int_equal(((unsigned char *)(uintptr_t)va)[7], 1);
+    unsigned char b = 0;
+    tu_assert_cu(drv->cuMemcpyDtoH(&b, va + 7, 1));
+    assert_int_equal(b, 1);
     tu_assert_cu(drv->cuMemUnmap(va, MiB2));
     for (size_t i = 2; i < n; i++)
         tu_assert_cu(drv->cuMemUnmap(va + i * MiB2, MiB2));

@@ -10,6 +10,7 @@
 
 #include <cuda.h>
 
+#include "devmem.h"
 #include "driver.h"
 
 extern int fake_memcpy_plain, fake_memcpy_peer;
@@ -183,10 +184,10 @@ int main()
     auto sh = a->shareIpcHandle(on0);
     EXPECT(sh.offset == 0 && contains(sh.handle, "xseg-ipc-"), "handle '%s' offset %lld", sh.handle.c_str(),
            (long long)sh.offset);
-    std::memset(on0, 0x5a, 4096); // cudaemu's device memory is host memory
+    EXPECT(dev_set(on0, 0x5a, 4096), "cuMemsetD8 of the block");
     {
         std::shared_ptr<void> imp = a->getIpcDevPtr(sh.handle);
-        EXPECT(imp && imp.get() != on0 && static_cast<unsigned char *>(imp.get())[4095] == 0x5a,
+        EXPECT(imp && imp.get() != on0 && dev_byte(static_cast<unsigned char *>(imp.get()) + 4095) == 0x5a,
                "import %p of %p does not see the bytes", imp.get(), on0);
         EXPECT(a->shareIpcHandle(on0).handle == sh.handle, "sharing twice gave another handle");
     }

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "devmem.h"
 #include "driver.h"
 #include "xseg.h"
 
@@ -76,7 +77,7 @@ void import_bounded(Pluggable *a, const std::string &h, unsigned char byte, cons
 {
     auto fut = std::async(std::launch::async, [a, h, byte] {
         std::shared_ptr<void> p = a->getIpcDevPtr(h);
-        return p && static_cast<unsigned char *>(p.get())[4095] == byte;
+        return p && dev_byte(static_cast<unsigned char *>(p.get()) + 4095) == byte;
     });
     if (fut.wait_for(std::chrono::seconds(BOUND_S)) != std::future_status::ready) {
         std::fprintf(stderr, "FAIL %s: getIpcDevPtr did not return within %d s\n", what, BOUND_S);
@@ -192,7 +193,7 @@ int import_main(const char *h, const char *byte)
     try {
         std::shared_ptr<void> p = a->getIpcDevPtr(h);
         std::fprintf(stderr, "     uid %d mapped the block at %p\n", (int)::getuid(), p.get());
-        return p && static_cast<unsigned char *>(p.get())[4095] == std::atoi(byte) ? 2 : 3;
+        return p && dev_byte(static_cast<unsigned char *>(p.get()) + 4095) == std::atoi(byte) ? 2 : 3;
     } catch (const c10::Error &e) {
         std::fprintf(stderr, "     uid %d: %s\n", (int)::getuid(), e.what());
         return contains(e.what(), "exporting process") ? 0 : 3;
@@ -379,8 +380,7 @@ int main(int argc, char **argv)
     a->init(1);
     cudaStream_t s0 = nullptr;
     void *b1 = a->malloc(2 * MiB, 0, s0), *b2 = a->malloc(2 * MiB, 0, s0);
-    std::memset(b1, 0x11, 4096); // cudaemu's device memory is host memory
-    std::memset(b2, 0x22, 4096);
+    EXPECT(dev_set(b1, 0x11, 4096) && dev_set(b2, 0x22, 4096), "cuMemsetD8 of the blocks");
     if (!allowed) { // a malformed opt-in is refused, naming it, and nothing is served
         ::setenv("XSEG_TORCH_IPC_ALLOW_UIDS", "65534,nobody", 1);
         try {
