@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include <c10/cuda/CUDAFunctions.h>
+
 #include "driver.h"
 #include "xseg.h"
 
@@ -75,7 +77,7 @@ void import_bounded(Pluggable *a, const std::string &h, unsigned char byte, cons
 {
     auto fut = std::async(std::launch::async, [a, h, byte] {
         std::shared_ptr<void> p = a->getIpcDevPtr(h);
-        return p && static_cast<unsigned char *>(p.get())[4095] == byte;
+        return p && dev_byte(p.get(), 4095) == byte;
     });
     if (fut.wait_for(std::chrono::seconds(BOUND_S)) != std::future_status::ready) {
         std::fprintf(stderr, "FAIL %s: getIpcDevPtr did not return within %d s\n", what, BOUND_S);
@@ -112,7 +114,8 @@ bool copy_file(const char *from, const std::string &to)
     return ok && ::chmod(to.c_str(), 0755) == 0;
 }
 
-// This driver, libxseg and the emulated driver copied into a 0755 folder under /tmp, made once:
+// This driver, libxseg, the stand-in libtorch, the adapter and the emulated driver copied into a
+// 0755 folder under /tmp, made once:
 // the build tree may sit below a folder uid 65534 cannot enter (a CI clone in a 0700 mkdtemp),
 // and the second user must still run the same code. Empty when a copy fails.
 const std::string &nobody_stage()
@@ -124,8 +127,8 @@ const std::string &nobody_stage()
         return stage;
     tried = true;
     char dir[] = "/tmp/xseg-ipc-nobody-XXXXXX";
-    Dl_info xi {};
-    const char *cuda = std::getenv("XSEG_LIBCUDA");
+    Dl_info xi {}, ti {};
+    const char *cuda = std::getenv("XSEG_LIBCUDA"), *adapter = std::getenv("XSEG_TORCH_ADAPTER");
     if (!::mkdtemp(dir))
         return stage;
     made = dir;
@@ -133,12 +136,14 @@ const std::string &nobody_stage()
     std::atexit([] { // only the process that made it (a forked child leaves it be)
         if (::getpid() != owner)
             return;
-        for (const char *f : {"/driver", "/libxseg.so.0", "/libcuda.so"})
+        for (const char *f : {"/driver", "/libxseg.so.0", "/libcuda.so", "/libfake_torch.so", "/adapter.so"})
             (void)::unlink((made + f).c_str());
         (void)::rmdir(made.c_str());
     });
     if (!::chmod(dir, 0755) && ::dladdr((void *)&xseg_malloc, &xi) && xi.dli_fname &&
+        ::dladdr(reinterpret_cast<void *>(&c10::cuda::current_device), &ti) && ti.dli_fname && adapter &&
         copy_file("/proc/self/exe", made + "/driver") && copy_file(xi.dli_fname, made + "/libxseg.so.0") &&
+        copy_file(ti.dli_fname, made + "/libfake_torch.so") && copy_file(adapter, made + "/adapter.so") &&
         (!cuda || copy_file(cuda, made + "/libcuda.so")))
         stage = made;
     else
@@ -163,6 +168,7 @@ int nobody_imports(const std::string &h, unsigned char byte)
     if (pid == 0) {
         if (std::getenv("XSEG_LIBCUDA"))
             ::setenv("XSEG_LIBCUDA", (stage + "/libcuda.so").c_str(), 1);
+        ::setenv("XSEG_TORCH_ADAPTER", (stage + "/adapter.so").c_str(), 1);
         ::setenv("LD_LIBRARY_PATH", stage.c_str(), 1);
         if (drop_to_nobody())
             ::execl(self.c_str(), self.c_str(), "--import", h.c_str(), b.c_str(), (char *)nullptr);
@@ -191,7 +197,7 @@ int import_main(const char *h, const char *byte)
     try {
         std::shared_ptr<void> p = a->getIpcDevPtr(h);
         std::fprintf(stderr, "     uid %d mapped the block at %p\n", (int)::getuid(), p.get());
-        return p && static_cast<unsigned char *>(p.get())[4095] == std::atoi(byte) ? 2 : 3;
+        return p && dev_byte(p.get(), 4095) == std::atoi(byte) ? 2 : 3;
     } catch (const c10::Error &e) {
         std::fprintf(stderr, "     uid %d: %s\n", (int)::getuid(), e.what());
         return contains(e.what(), "exporting process") ? 0 : 3;
@@ -242,9 +248,11 @@ int main(int argc, char **argv)
         return 1;
     a->init(1);
     cudaStream_t s0 = nullptr;
-    void *b1 = a->malloc(2 * MiB, 0, s0), *b2 = a->malloc(2 * MiB, 0, s0);
-    std::memset(b1, 0x11, 4096); // cudaemu's device memory is host memory
-    std::memset(b2, 0x22, 4096);
+    void *b1 = alloc_on(a, 2 * MiB, 0, s0), *b2 = alloc_on(a, 2 * MiB, 0, s0);
+    if (!dev_fill(b1, 0x11, 4096) || !dev_fill(b2, 0x22, 4096)) {
+        std::fprintf(stderr, "FAIL cuMemsetD8 of the exported blocks\n");
+        return 1;
+    }
     if (!allowed) { // a malformed opt-in is refused, naming it, and nothing is served
         ::setenv("XSEG_TORCH_IPC_ALLOW_UIDS", "65534,nobody", 1);
         try {
