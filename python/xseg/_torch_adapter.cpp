@@ -2,8 +2,9 @@
 // torch.utils.cpp_extension, once per PyTorch version, and cached).
 //
 // A bare CUDAPluggableAllocator calls only malloc and free, and hands a NULL from malloc on as a
-// tensor's data pointer. This adapter raises instead (c10::OutOfMemoryError with xseg's message
-// when out of memory, so torch.cuda.OutOfMemoryError reaches Python), sets every set_* hook
+// tensor's data pointer. This adapter allocates and frees its blocks itself (PyTorch's wrapper
+// keeps no record of them), raises when an allocation fails (c10::OutOfMemoryError with xseg's
+// message when out of memory, so torch.cuda.OutOfMemoryError reaches Python), sets every set_* hook
 // (record_stream, empty_cache, memory fraction, init, base allocation, and the allocate-to-pool
 // hooks that torch.cuda.graph and MemPool need) and answers from xseg what the pluggable wrapper
 // refuses: getDeviceStats, resetPeakStats, resetAccumulatedStats, cacheInfo, snapshot,
@@ -40,7 +41,12 @@
 // overrides exist only when PyTorch declares them.
 //
 // xseg's C functions resolve against libxseg, which the Python package has already loaded with
-// RTLD_GLOBAL before importing this extension.
+// RTLD_GLOBAL before importing this extension. Of libtorch and c10 the adapter uses only what
+// their export macros (TORCH_CUDA_CPP_API, C10_API, ...) mark, and inline code: anything else is
+// not in the libraries' dynamic symbols, and the import fails (tests/torch_headers checks both).
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
 #include <torch/version.h>
@@ -87,7 +93,6 @@
 #if (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 8) && __has_include(<ATen/core/CachingHostAllocator.h>)
 #define XSEG_TORCH_HOST_REGISTRY 1
 #include <ATen/core/CachingHostAllocator.h>
-#include <c10/cuda/CUDAStream.h>
 #else
 #define XSEG_TORCH_HOST_REGISTRY 0
 #endif
@@ -906,6 +911,38 @@ void ipc_forget(void *ptr)
     ipc_live.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// ---- the blocks the adapter hands out -------------------------------------------------------
+
+// The adapter allocates and frees its blocks itself (allocate, raw_alloc, raw_alloc_with_stream,
+// raw_delete, raw_deleter and checkpoint restores), so PyTorch's wrapper never sees a pointer: its
+// table of them holds _AllocationMetadata, whose members libtorch_cuda does not export (no
+// TORCH_CUDA_CPP_API in 2.6, 2.11 or 2.14), and its DataPtr deleter changed between releases (a
+// context object from pytorch#130472 until its revert, pytorch#162950). xseg knows each block's
+// size, device and stream.
+
+// Every block's deleter, whichever way PyTorch frees it (a DataPtr, raw_delete, raw_deallocate).
+// Deleters run in destructors: a failure is reported on stderr.
+void device_delete(void *ptr) noexcept
+{
+    if (!ptr)
+        return;
+    try {
+        ipc_forget(ptr);
+    } catch (...) {
+        // std::mutex::lock failed: the export stays open until the process exits
+    }
+    if (xseg_free(ptr) != XSEG_SUCCESS)
+        std::fprintf(stderr, "xseg: warning: freeing a tensor's block %p: %s\n", ptr, xseg_last_error());
+}
+
+// A block of @p size on PyTorch's current device for its current stream, as a DataPtr.
+c10::DataPtr allocate_block(size_t size)
+{
+    c10::DeviceIndex dev = c10::cuda::current_device();
+    void *p = adapter_malloc(size, dev, c10::cuda::getCurrentCUDAStream(dev).stream());
+    return {p, p, device_delete, c10::Device(c10::DeviceType::CUDA, dev)};
+}
+
 // "xseg-ipc-fd:PATH:ID:TOKEN": fetch the descriptors from the exporting process's server.
 xseg_ipc_handle *ipc_fetch(const std::string &rest)
 {
@@ -1043,11 +1080,10 @@ std::shared_ptr<cca::AllocatorState> get_checkpoint_state(int device, MempoolId 
 // block allocated at the checkpoint reported allocated again, at its address, as PyTorch's
 // allocator does: the blocks allocated since are freed, then each checkpointed block freed since
 // is placed at its address again (xseg_pool_malloc_at; the caller frees those it finds dead), so
-// the pool's free space is what it was. @p note records a placed block with PyTorch's wrapper,
-// whose raw_delete frees only what it knows.
-template <class Delta, class Note>
-Delta set_checkpoint_pool_state(int device, const std::shared_ptr<cca::AllocatorState> &pps,
-                                c10::DeleterFnPtr deleter, Note note)
+// the pool's free space is what it was. The DataPtrs carry the adapter's deleter, which frees
+// any block of xseg's (cudagraph trees compare it with raw_deleter()).
+template <class Delta>
+Delta set_checkpoint_pool_state(int device, const std::shared_ptr<cca::AllocatorState> &pps)
 {
     auto *st = dynamic_cast<XsegPoolState *>(pps.get());
     TORCH_CHECK(st, "xseg: setCheckpointPoolState: not a checkpoint taken by xseg's getCheckpointState");
@@ -1080,12 +1116,11 @@ Delta set_checkpoint_pool_state(int device, const std::shared_ptr<cca::Allocator
                         std::hex, b.address, std::dec, " (", b.size, " bytes) again: ", xseg_last_error(),
                         ". Keep CUDA graph outputs alive, or turn cudagraph trees off ",
                         "(torch._inductor.config.triton.cudagraph_trees = False)");
-            note(reinterpret_cast<void *>(b.address), b.size, device);
         }
     for (const auto &b : st->blocks)
         if (b.allocated) {
             void *p = reinterpret_cast<void *>(b.address);
-            d.dataptrs_allocd.emplace_back(p, p, deleter, c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)device));
+            d.dataptrs_allocd.emplace_back(p, p, device_delete, c10::Device(c10::DeviceType::CUDA, (c10::DeviceIndex)device));
         }
     return d;
 }
@@ -1217,12 +1252,8 @@ using AdapterBase = WithIpc<WithMemcpy<WithMemoryFraction<
 class XsegAllocator : public AdapterBase {
   public:
     XsegAllocator()
-        : AdapterBase(
-              adapter_malloc,
-              [](void *ptr, size_t size, int device, cudaStream_t stream) {
-                  ipc_forget(ptr);
-                  xseg_torch_free(ptr, size, device, reinterpret_cast<struct CUstream_st *>(stream));
-              })
+        // The wrapper's own functions, which nothing reaches while the overrides below stand.
+        : AdapterBase(adapter_malloc, [](void *ptr, size_t, int, cudaStream_t) { device_delete(ptr); })
     {
         set_init_fn([](int n) { xseg_torch_init(n); });
         set_reset_fn([]() { xseg_check(xseg_empty_cache(-1), "empty_cache"); });
@@ -1235,6 +1266,29 @@ class XsegAllocator : public AdapterBase {
         });
         wire_pool_hooks(*this, 0);
         set_release_pool(release_pool);
+    }
+
+    // Allocation and free (the block section above says why the adapter does them itself).
+    // allocate is const in the 2.1 interface, non-const later: the form this PyTorch declares overrides.
+    c10::DataPtr allocate(size_t size) { return allocate_block(size); }
+    c10::DataPtr allocate(size_t size) const { return allocate_block(size); }
+    c10::DeleterFnPtr raw_deleter() const override { return device_delete; }
+    void *raw_alloc(size_t size) override
+    {
+        c10::DeviceIndex dev = c10::cuda::current_device();
+        return adapter_malloc(size, dev, c10::cuda::getCurrentCUDAStream(dev).stream());
+    }
+    void *raw_alloc_with_stream(size_t size, cudaStream_t stream) override
+    {
+        return adapter_malloc(size, c10::cuda::current_device(), stream);
+    }
+    // torch.cuda.caching_allocator_delete: a pointer xseg did not allocate raises, as PyTorch's does.
+    void raw_delete(void *ptr) override
+    {
+        if (!ptr)
+            return;
+        ipc_forget(ptr);
+        xseg_check(xseg_free(ptr), "raw_delete");
     }
 
     cca::DeviceStats getDeviceStats(XSEG_TORCH_DEV device) override { return device_stats(device); }
@@ -1303,23 +1357,7 @@ class XsegAllocator : public AdapterBase {
     }
     cca::CheckpointDelta setCheckpointPoolState(XSEG_TORCH_DEV device, std::shared_ptr<cca::AllocatorState> pps) override
     {
-        return set_checkpoint_pool_state<cca::CheckpointDelta>(
-            device, pps, raw_deleter(), [this](void *p, size_t size, int dev) { note_allocation(p, size, dev, 0); });
-    }
-
-    // A block placed by the adapter itself, made known to PyTorch's wrapper (its protected
-    // allocation_metadata_, 2.6 and 2.14), whose raw_delete frees only pointers it has seen.
-    template <class S = XsegAllocator>
-    auto note_allocation(void *p, size_t size, int dev, int)
-        -> decltype(static_cast<S *>(this)->allocation_metadata_, void())
-    {
-        S *self = static_cast<S *>(this);
-        std::lock_guard<std::mutex> g(self->allocator_mutex_);
-        self->allocation_metadata_[p] = {size, (c10::DeviceIndex)dev, nullptr};
-    }
-    template <class S = XsegAllocator>
-    void note_allocation(void *, size_t, int, long)
-    {
+        return set_checkpoint_pool_state<cca::CheckpointDelta>(device, pps);
     }
 
     std::string name() override { return "xseg"; }

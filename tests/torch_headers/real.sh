@@ -3,10 +3,18 @@
 # torch.utils.cpp_extension.load() passes for that release (tests/torch_headers/README.md):
 #   2.6  Debian trixie's libtorch-cuda-dev (contrib; a CUDA build) with trixie's pybind11-dev
 #   sid  the newest libtorch-dev (Debian sid) with sid's pybind11-dev
+# and checks that everything the object needs of PyTorch is exported: declared with an export
+# macro (the headers are read under `#pragma GCC visibility push(hidden)`, so a reference to a
+# declaration without one is hidden in the object), and defined in the dynamic symbols of the
+# release's own shared libraries (the runtime package the -dev package depends on: libtorch_cuda,
+# libtorch, libc10, libc10_cuda ... for 2.6; sid's is a CPU build, whose CUDA libraries' names are
+# judged by the declarations alone). tests/torch_headers/exports.py does the checking.
 # The .debs come through apt's own client into a private state folder (nothing of the system's
 # apt configuration changes; the mirror is the first Debian archive named in
 # /etc/apt/sources.list*), are kept in $XSEG_TORCH_DEBS (default SRCROOT/.torch-real, git-ignored)
-# and unpacked there with dpkg-deb -x. The package index is refreshed when older than a week.
+# and unpacked there with dpkg-deb -x; of a runtime package only its libraries' dynamic symbol
+# tables are kept (syms/), the package and its libraries are deleted once read. The package index
+# is refreshed when older than a week.
 # Exit 77 (meson: skipped) with the reason when a package, apt, a mirror or Python.h is missing.
 # Usage: real.sh SRCROOT CXX RELEASE CUDA_INCLUDE_DIR
 set -u
@@ -77,9 +85,42 @@ for p in $pkgs; do
         rm -rf "$tree" && dpkg-deb -x "$deb" "$tree" && touch "$tree/.done" || fail "dpkg-deb -x $deb failed"
     fi
     debs="$debs $tree"
-    [ "${name#libtorch}" != "$name" ] && torch=$tree/usr/include
+    if [ "${name#libtorch}" != "$name" ]; then
+        torch=$tree/usr/include
+        # The libraries it is built for: the libtorch package its Depends names, at that version.
+        runtime=$(dpkg-deb -f "$deb" Depends | tr ',' '\n' |
+            sed -n 's/^ *\(libtorch[^ ]*\) *(= *\([^)]*\)).*/\1=\2/p' | head -1)
+    fi
     [ "$name" = pybind11-dev ] && pybind=$tree/usr/include
 done
+# The runtime package's exported symbols (syms/NAME_VERSION.syms), fetched once.
+libsyms= libskip=
+if [ -z "$runtime" ]; then
+    libskip="the -dev package names no libtorch runtime package with its version"
+else
+    rname=${runtime%%=*} rver=${runtime#*=}
+    libsyms=$cache/syms/${rname}_$(echo "$rver" | sed 's/:/%3a/').syms
+    if [ ! -s "$libsyms" ]; then
+        mkdir -p "$cache/syms" "$cache/rt"
+        rm -f "$cache/rt/"*.deb
+        if (cd "$cache/rt" && apt apt-get -q download "$runtime") >"$log" 2>&1; then
+            rdeb=$(ls "$cache/rt/"*.deb | head -1)
+            rtree=$cache/rt/tree
+            rm -rf "$rtree" && mkdir -p "$rtree" &&
+                dpkg-deb --fsys-tarfile "$rdeb" | tar -x -C "$rtree" --wildcards './usr/lib/*/lib*.so.*' ||
+                fail "cannot unpack the libraries of $rdeb"
+            : >"$libsyms.tmp"
+            for lib in $(find "$rtree" -type f -name 'lib*.so.*' | sort); do
+                echo "# $(basename "$lib")" >>"$libsyms.tmp"
+                nm -D --defined-only "$lib" | awk '{ print $NF }' >>"$libsyms.tmp" || fail "nm -D $lib failed"
+            done
+            mv "$libsyms.tmp" "$libsyms"
+            rm -rf "$rtree" "$rdeb"
+        else
+            libsyms= libskip="apt-get download $runtime failed: $(grep -E '^(E|W):' "$log" | head -2 | tr '\n' ' ')"
+        fi
+    fi
+fi
 flock -u 9 2>/dev/null || true
 
 version=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' \
@@ -99,7 +140,9 @@ extra=
 # turns a hidden (not overridden) virtual of PyTorch's into a failure.
 obj=$(mktemp /tmp/xseg-torch-real.XXXXXX.o)
 trap 'rm -f "$obj"' EXIT
-set -- -DTORCH_EXTENSION_NAME=xseg_torch_adapter_real -DTORCH_API_INCLUDE_EXTENSION_H \
+# The prelude hides every declaration that follows unless it carries an export macro (what
+# PyTorch's -fvisibility=hidden build does to its definitions); it changes nothing else.
+set -- -include "$root/tests/torch_headers/visibility_hidden.h" -DTORCH_EXTENSION_NAME=xseg_torch_adapter_real -DTORCH_API_INCLUDE_EXTENSION_H \
     '-DPYBIND11_COMPILER_TYPE="_gcc"' '-DPYBIND11_STDLIB="_libstdcpp"' '-DPYBIND11_BUILD_ABI="_cxxabi1018"' \
     -I "$root/include" -isystem "$torch" -isystem "$torch/torch/csrc/api/include" $extra \
     -isystem "$pybind" -isystem "$cudainc" -isystem "$pyinc" -D_GLIBCXX_USE_CXX11_ABI=1 -fPIC -std=$std -O2 \
@@ -112,6 +155,20 @@ if ! "$cxx" "$@" -c "$root/python/xseg/_torch_adapter.cpp" -o "$obj" >"$out" 2>&
     fail "the adapter does not build against PyTorch $version's headers ($(echo $debs | tr ' ' '\n' | sed 's,.*/,,' | tr '\n' ' '))"
 fi
 grep -E "warning|error" "$out" | head -20
+# Everything the object needs of PyTorch: declared for export, and (where the runtime package was
+# had) in its libraries' dynamic symbols; a CPU build has no libtorch_cuda or libc10_cuda, whose
+# names are then judged by their declarations only.
+unjudged=
+if [ -n "$libsyms" ] && ! grep -q '^# libtorch_cuda\.so' "$libsyms"; then
+    unjudged="torch::cuda:: c10::cuda:: at::cuda::"
+fi
+set -- --nm "$(command -v nm)" --object "$obj" --hidden
+[ -n "$libsyms" ] && set -- "$@" --defined "$libsyms"
+[ -n "$unjudged" ] && set -- "$@" --unjudged $unjudged
+python3 "$root/tests/torch_headers/exports.py" "$@" ||
+    fail "the adapter needs a symbol PyTorch $version does not export (above): it would not load"
+libnote=
+[ -n "$libsyms" ] || libnote="the adapter builds for PyTorch $version and needs only declarations it exports, but its libraries were not checked: $libskip"
 # The hooks the adapter must define for both releases (the adapter class or one of its mixins):
 # a detection that silently stopped matching the real header would drop one.
 XSEG_HOOKS="getDeviceStats resetPeakStats cacheInfo snapshot recordHistory attachOutOfMemoryObserver name
@@ -120,6 +177,11 @@ XSEG_HOOKS="getDeviceStats resetPeakStats cacheInfo snapshot recordHistory attac
 for sym in $XSEG_HOOKS $hooks; do
     nm -C --defined-only "$obj" 2>/dev/null | grep -q "(anonymous namespace)::.*::$sym(" ||
         fail "the adapter defines no $sym for PyTorch $version (a detection no longer matches its header)"
+done
+# The allocator allocates and frees its blocks itself, so PyTorch's wrapper never keeps them.
+for sym in allocate raw_deleter raw_alloc raw_alloc_with_stream raw_delete; do
+    nm -C --defined-only "$obj" 2>/dev/null | grep -q "(anonymous namespace)::XsegAllocator::$sym(" ||
+        fail "the adapter's allocator defines no $sym for PyTorch $version"
 done
 # xseg's pinned host allocator (at::HostAllocator, 2.8 and later) with the pool hooks CUDA graph
 # capture calls; none for a release without the registry.
@@ -132,8 +194,6 @@ for sym in $XSEG_HOST_HOOKS; do
         [ -z "$host_on" ] || fail "the adapter defines no host allocator $sym for PyTorch $version (at::HostAllocator)"
     fi
 done
-# A checkpointed block placed again must be recorded with PyTorch's wrapper (its protected
-# allocation_metadata_): the adapter then calls _AllocationMetadata's constructor, from libtorch.
-nm -C "$obj" 2>/dev/null | grep -q "U .*_AllocationMetadata::_AllocationMetadata(" ||
-    fail "the adapter does not record placed blocks in CUDAPluggableAllocator::allocation_metadata_ for PyTorch $version"
 echo "ok   PyTorch $version ($rel, -std=$std): the adapter builds ($(echo $debs | tr ' ' '\n' | sed 's,.*/,,' | tr '\n' ' '))"
+[ -z "$libnote" ] || skip "$libnote"
+echo "ok   PyTorch $version: every symbol the adapter needs is exported ($(basename "$libsyms" .syms)$([ -n "$unjudged" ] && echo ", a CPU build: $unjudged by declaration"))"

@@ -1,11 +1,18 @@
-// A stand-in for PyTorch's side of the `main` stub interface, so that the adapter can be linked
+// A stand-in for PyTorch's side of the `main` stub interface, so that the adapter can be loaded
 // and its allocation path run without PyTorch (tests/torch_headers/README.md). Not PyTorch.
+//
+// Built as a shared library with -fvisibility=hidden, as libtorch and libc10 are: it exports only
+// what the stub headers mark with PyTorch's export macros (../common/c10/macros/Export.h), where
+// the real headers mark it, and the few names below marked FAKE_VISIBLE (the CUDA runtime's, which
+// libcudart exports, and the drivers' probes). An adapter that needs anything else of it does not
+// load, as it would not load into PyTorch.
 //
 // Where the check depends on it, it behaves as PyTorch's torch/csrc/cuda/CUDAPluggableAllocator.cpp
 // does (read at the 2.1 interface, at commit 00a1abb and at a recent main; the same in each):
 //  - malloc(size, device, stream) calls the alloc function, records (size, device, stream) for the
 //    pointer it returned in allocation_metadata_ (a protected member, as in PyTorch), and returns it: a NULL is neither checked nor turned into an error;
-//  - raw_alloc / raw_alloc_with_stream call malloc on the current device (0 here);
+//  - allocate / raw_alloc / raw_alloc_with_stream call malloc on the current device
+//    (fake_current_device) and stream; allocate's DataPtr carries raw_deleter()'s function;
 //  - raw_delete looks the pointer up (unknown: error) and calls the free function with what
 //    malloc recorded;
 //  - init calls the init function; setMemoryFraction, emptyCache, recordStream, getBaseAllocation
@@ -18,9 +25,11 @@
 //    registration replacing it when its priority is at least as high (2.8 to 2.14);
 //    getCurrentCUDAStream returns fake_current_stream.
 // The CUDA runtime's copies only count their calls (fake_memcpy_plain, fake_memcpy_peer).
-// Everything else raises, as the check never reaches it. The real class keeps the hooks in
+// Everything else raises, as the check never reaches it. CUDAAllocator's defaults are the stub
+// header's inline ones, as in PyTorch. The real class keeps the hooks in
 // members the stub header leaves out; this one keeps them beside it, by object.
 #include <ATen/core/CachingHostAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -29,8 +38,16 @@
 #include <mutex>
 #include <tuple>
 
+// Not PyTorch's: names the drivers and the adapter reach outside libtorch.
+#define FAKE_VISIBLE __attribute__((visibility("default")))
+
 namespace c10 {
 Error::Error(SourceLocation, std::string msg) : msg_(std::move(msg)) {}
+const char* Error::what() const noexcept { return msg_.c_str(); }
+OutOfMemoryError::OutOfMemoryError(SourceLocation loc, std::string msg) : Error(loc, std::move(msg)) {}
+bool Allocator::is_simple_data_ptr(const DataPtr& data_ptr) const { return data_ptr.get() == data_ptr.get_context(); }
+DeviceAllocator::DeviceAllocator() = default;
+DeviceAllocator::~DeviceAllocator() = default;
 } // namespace c10
 
 namespace {
@@ -67,14 +84,14 @@ std::shared_ptr<CUDAAllocator> current;
 std::map<int, std::pair<c10::Allocator*, uint8_t>> registry;
 } // namespace
 
-int fake_memcpy_plain = 0, fake_memcpy_peer = 0;
-std::vector<std::pair<int, int>> fake_peer_calls;
+FAKE_VISIBLE int fake_memcpy_plain = 0, fake_memcpy_peer = 0;
+FAKE_VISIBLE std::vector<std::pair<int, int>> fake_peer_calls;
 
-cudaError_t cudaMemcpyAsync(void*, const void*, size_t, enum cudaMemcpyKind, cudaStream_t) {
+FAKE_VISIBLE cudaError_t cudaMemcpyAsync(void*, const void*, size_t, enum cudaMemcpyKind, cudaStream_t) {
   fake_memcpy_plain++;
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
+FAKE_VISIBLE cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
   fake_memcpy_peer++;
   return cudaSuccess;
 }
@@ -102,26 +119,14 @@ void setHostAllocator(c10::DeviceType t, HostAllocator* alloc, uint8_t priority)
 HostAllocator* getHostAllocator(c10::DeviceType t) { return host_registry[(int)t].first; }
 } // namespace at
 
-// The current stream (what getCurrentCUDAStream returns; a driver sets it).
-cudaStream_t fake_current_stream = nullptr;
+// The current device and stream (what current_device and getCurrentCUDAStream return; a driver
+// sets them).
+FAKE_VISIBLE cudaStream_t fake_current_stream = nullptr;
+FAKE_VISIBLE c10::DeviceIndex fake_current_device = 0;
 namespace c10::cuda {
 CUDAStream getCurrentCUDAStream(DeviceIndex) { return CUDAStream{fake_current_stream}; }
+DeviceIndex current_device() { return fake_current_device; }
 } // namespace c10::cuda
-
-namespace c10::cuda::CUDACachingAllocator {
-void CUDAAllocator::recordStream(const DataPtr&, c10::Stream) { not_in_stub("recordStream(Stream)"); }
-int CUDAAllocator::getPoolUseCount(c10::DeviceIndex, MempoolId_t) { return 0; }
-void CUDAAllocator::createOrIncrefPool(c10::DeviceIndex, MempoolId_t, std::shared_ptr<CUDAAllocator>) {
-  not_in_stub("createOrIncrefPool");
-}
-void CUDAAllocator::setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool) { not_in_stub("setUseOnOOM"); }
-void CUDAAllocator::setNoSplit(c10::DeviceIndex, MempoolId_t) { not_in_stub("setNoSplit"); }
-bool CUDAAllocator::checkPoolLiveAllocations(c10::DeviceIndex, MempoolId_t, const std::unordered_set<void*>&) {
-  not_in_stub("checkPoolLiveAllocations");
-}
-bool CUDAAllocator::isHistoryEnabled() { return false; }
-std::pair<size_t, size_t> CUDAAllocator::getMemoryInfo(c10::DeviceIndex) { not_in_stub("getMemoryInfo"); }
-} // namespace c10::cuda::CUDACachingAllocator
 
 namespace torch::cuda::CUDAPluggableAllocator {
 
@@ -176,10 +181,18 @@ void* CUDAPluggableAllocator::malloc(size_t size, c10::DeviceIndex device, cudaS
 }
 
 static void local_raw_delete(void* ptr) { current->raw_delete(ptr); }
+c10::DataPtr CUDAPluggableAllocator::allocate(size_t size) {
+  c10::DeviceIndex device = c10::cuda::current_device();
+  void* r = malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  return {r, r, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device)};
+}
 c10::DeleterFnPtr CUDAPluggableAllocator::raw_deleter() const { return &local_raw_delete; }
-void* CUDAPluggableAllocator::raw_alloc(size_t nbytes) { return malloc(nbytes, 0, nullptr); }
+void* CUDAPluggableAllocator::raw_alloc(size_t nbytes) {
+  c10::DeviceIndex device = c10::cuda::current_device();
+  return malloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+}
 void* CUDAPluggableAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
-  return malloc(nbytes, 0, stream);
+  return malloc(nbytes, c10::cuda::current_device(), stream);
 }
 void CUDAPluggableAllocator::raw_delete(void* ptr) {
   _AllocationMetadata m;

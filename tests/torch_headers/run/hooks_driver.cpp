@@ -72,7 +72,7 @@ int main()
     cudaStream_t s0 = nullptr;
 
     // ---- recordStream: empty tensor and foreign memory silently; a bad stream raises ----
-    void *p = a->malloc(MiB, 0, s0);
+    void *p = alloc_on(a, MiB, 0, s0);
     c10::cuda::CUDAStream legacy{};
     a->recordStream(c10::DataPtr(nullptr, nullptr, nullptr, c10::Device(c10::DeviceType::CUDA, 0)), legacy);
     static char foreign[64];
@@ -115,10 +115,10 @@ int main()
     std::printf("ok   recordHistory / isHistoryEnabled\n");
 
     // ---- trace tracker: changes only, as PyTorch's SEGMENT_* entries ----
-    void *before = a->malloc(30 * MiB, 0, s0); // mapped before the attach: not reported
+    void *before = alloc_on(a, 30 * MiB, 0, s0); // mapped before the attach: not reported
     a->attachAllocatorTraceTracker([](const cca::TraceEntry &te) { traces.push_back(te); });
     EXPECT(traces.empty(), "%zu entries at attach (the existing mapping was replayed)", traces.size());
-    void *big = a->malloc(64 * MiB, 0, s0);
+    void *big = alloc_on(a, 64 * MiB, 0, s0);
     a->raw_delete(big);
     a->raw_delete(before);
     a->emptyCache();
@@ -136,7 +136,7 @@ int main()
            traces.size());
     xseg_set_config("expandable_segments:False");
     traces.clear();
-    void *classic = a->malloc(4 * MiB, 0, s0);
+    void *classic = alloc_on(a, 4 * MiB, 0, s0);
     EXPECT(!traces.empty() && traces.back().action_ == cca::TraceEntry::SEGMENT_ALLOC &&
                traces.back().addr_ <= (size_t)classic,
            "classic segment: %zu entries", traces.size());
@@ -150,7 +150,7 @@ int main()
            (int)traces.back().action_);
     xseg_set_config("expandable_segments:True");
     std::printf("ok   attachAllocatorTraceTracker: SEGMENT_MAP/UNMAP, SEGMENT_ALLOC/FREE, no replay\n");
-    void *exp = a->malloc(MiB, 0, s0);
+    void *exp = alloc_on(a, MiB, 0, s0);
     expect_error("getBaseAllocation(expandable block)", [&] { a->getBaseAllocation(exp, &base_size); },
                  {"xseg: getBaseAllocation"});
     a->raw_delete(exp);
@@ -158,7 +158,7 @@ int main()
     // ---- peer access and copies ----
     a->enablePeerAccess(1, 0); // device 1 reads device 0's memory
     EXPECT(fake_peer_calls.size() == 1 && fake_peer_calls[0] == std::make_pair(1, 0), "base enablePeerAccess not called");
-    void *on0 = a->malloc(2 * MiB, 0, s0);
+    void *on0 = alloc_on(a, 2 * MiB, 0, s0);
     auto get_access = reinterpret_cast<CUresult (*)(unsigned long long *, const CUmemLocation *, CUdeviceptr)>(
         dlsym(dlopen(std::getenv("XSEG_LIBCUDA"), RTLD_NOLOAD | RTLD_NOW), "cuMemGetAccess"));
     if (get_access) {
@@ -170,7 +170,7 @@ int main()
                "device 1 has no access to device 0's block (flags %llu)", flags);
     }
     expect_error("enablePeerAccess(0, 7)", [&] { a->enablePeerAccess(0, 7); }, {"xseg: enablePeerAccess"});
-    void *on1 = a->malloc(2 * MiB, 1, s0);
+    void *on1 = alloc_on(a, 2 * MiB, 1, s0);
     a->memcpyAsync(on1, 1, on0, 0, MiB, s0, false);
     EXPECT(fake_memcpy_peer == 1 && fake_memcpy_plain == 0, "p2p off: peer %d plain %d", fake_memcpy_peer, fake_memcpy_plain);
     a->memcpyAsync(on1, 1, on0, 0, MiB, s0, true);
@@ -207,10 +207,10 @@ int main()
     expect_error("setUseOnOOM", [&] { a->setUseOnOOM(0, pool, true); }, {"use_on_oom", "Create the MemPool"});
     expect_error("setNoSplit", [&] { a->setNoSplit(0, pool); }, {"no_split", "max_split_size_mb"});
     a->beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });
-    void *x = a->malloc(MiB, 0, s0);
-    void *y = a->malloc(3 * MiB, 0, s0);
+    void *x = alloc_on(a, MiB, 0, s0);
+    void *y = alloc_on(a, 3 * MiB, 0, s0);
     a->endAllocateToPool(0, pool);
-    void *outside = a->malloc(MiB, 0, s0);
+    void *outside = alloc_on(a, MiB, 0, s0);
     EXPECT(pool_of(x) == pool && pool_of(y) == pool && pool_of(outside) != pool, "pool routing");
     auto snap = a->snapshot(pool, true);
     bool only_pool = !snap.segments.empty();
@@ -221,7 +221,7 @@ int main()
 
     auto cp = a->getCheckpointState(0, pool);
     a->beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });
-    void *z = a->malloc(2 * MiB, 0, s0);
+    void *z = alloc_on(a, 2 * MiB, 0, s0);
     a->endAllocateToPool(0, pool);
     int64_t alloc_before = stat(0, "allocated_bytes.all.current");
     cca::CheckpointDelta d = a->setCheckpointPoolState(0, cp);
@@ -262,8 +262,8 @@ int main()
     c10::cuda::MempoolId_t cpool{8, 0};
     a->createOrIncrefPool(0, cpool, nullptr);
     a->beginAllocateToPool(0, cpool, [](cudaStream_t) { return true; });
-    void *cx = a->malloc(2 * MiB, 0, s0);
-    void *cy = a->malloc(3 * MiB, 0, s0);
+    void *cx = alloc_on(a, 2 * MiB, 0, s0);
+    void *cy = alloc_on(a, 3 * MiB, 0, s0);
     a->endAllocateToPool(0, cpool);
     auto ccp = a->getCheckpointState(0, cpool);
     auto csnap = a->snapshot(cpool, true);
@@ -290,7 +290,7 @@ int main()
     static int oom_calls = 0;
     a->attachOutOfMemoryObserver([](int64_t, size_t, size_t, size_t) { oom_calls++; });
     try {
-        a->malloc(size_t(1) << 40, 0, s0);
+        alloc_on(a, size_t(1) << 40, 0, s0);
     } catch (const c10::OutOfMemoryError &) {
     }
     EXPECT(oom_calls == 1, "OOM observer called %d times", oom_calls);

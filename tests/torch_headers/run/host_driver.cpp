@@ -14,8 +14,6 @@
 
 #include "driver.h"
 
-extern cudaStream_t fake_current_stream;
-
 namespace {
 int64_t hstat(const char *key)
 {
@@ -54,16 +52,17 @@ int main()
 {
     TorchOwnHost own;
     at::setHostAllocator(c10::DeviceType::CUDA, &own, 0);
-    static xseg_stub_module m;
-    xseg_stub_init_module(m);
-    std::string why = m.strs.at("install_host")();
+    xseg_stub_module *m = load_adapter();
+    if (!m)
+        return 1;
+    std::string why = m->strs.at("install_host")();
     at::HostAllocator *h = at::getHostAllocator(c10::DeviceType::CUDA);
     EXPECT(why.empty() && h && h != &own, "install_host: '%s'; the registry holds %p", why.c_str(), (void *)h);
     if (!h || h == &own)
         return 1;
     at::setHostAllocator(c10::DeviceType::CUDA, &own, 0); // a later registration at PyTorch's priority
     EXPECT(at::getHostAllocator(c10::DeviceType::CUDA) == h, "a priority-0 registration displaced xseg's");
-    EXPECT(m.strs.at("install_host")().empty() && at::getHostAllocator(c10::DeviceType::CUDA) == h,
+    EXPECT(m->strs.at("install_host")().empty() && at::getHostAllocator(c10::DeviceType::CUDA) == h,
            "a second install_host changed the registry");
     std::printf("ok   install_host: at::getHostAllocator(kCUDA) is xseg's, above PyTorch's priority\n");
 

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include <c10/cuda/CUDAFunctions.h>
+
 #include "devmem.h"
 #include "driver.h"
 #include "xseg.h"
@@ -114,7 +116,8 @@ bool copy_file(const char *from, const std::string &to)
     return ok && ::chmod(to.c_str(), 0755) == 0;
 }
 
-// This driver, libxseg and the emulated driver copied into a 0755 folder under /tmp, made once:
+// This driver, libxseg, the stand-in libtorch, the adapter and the emulated driver copied into a
+// 0755 folder under /tmp, made once:
 // the build tree may sit below a folder uid 65534 cannot enter (a CI clone in a 0700 mkdtemp),
 // and the second user must still run the same code. Empty when a copy fails.
 const std::string &nobody_stage()
@@ -126,8 +129,8 @@ const std::string &nobody_stage()
         return stage;
     tried = true;
     char dir[] = "/tmp/xseg-ipc-nobody-XXXXXX";
-    Dl_info xi {};
-    const char *cuda = std::getenv("XSEG_LIBCUDA");
+    Dl_info xi {}, ti {};
+    const char *cuda = std::getenv("XSEG_LIBCUDA"), *adapter = std::getenv("XSEG_TORCH_ADAPTER");
     if (!::mkdtemp(dir))
         return stage;
     made = dir;
@@ -135,12 +138,14 @@ const std::string &nobody_stage()
     std::atexit([] { // only the process that made it (a forked child leaves it be)
         if (::getpid() != owner)
             return;
-        for (const char *f : {"/driver", "/libxseg.so.0", "/libcuda.so"})
+        for (const char *f : {"/driver", "/libxseg.so.0", "/libcuda.so", "/libfake_torch.so", "/adapter.so"})
             (void)::unlink((made + f).c_str());
         (void)::rmdir(made.c_str());
     });
     if (!::chmod(dir, 0755) && ::dladdr((void *)&xseg_malloc, &xi) && xi.dli_fname &&
+        ::dladdr(reinterpret_cast<void *>(&c10::cuda::current_device), &ti) && ti.dli_fname && adapter &&
         copy_file("/proc/self/exe", made + "/driver") && copy_file(xi.dli_fname, made + "/libxseg.so.0") &&
+        copy_file(ti.dli_fname, made + "/libfake_torch.so") && copy_file(adapter, made + "/adapter.so") &&
         (!cuda || copy_file(cuda, made + "/libcuda.so")))
         stage = made;
     else
@@ -165,6 +170,7 @@ int nobody_imports(const std::string &h, unsigned char byte)
     if (pid == 0) {
         if (std::getenv("XSEG_LIBCUDA"))
             ::setenv("XSEG_LIBCUDA", (stage + "/libcuda.so").c_str(), 1);
+        ::setenv("XSEG_TORCH_ADAPTER", (stage + "/adapter.so").c_str(), 1);
         ::setenv("LD_LIBRARY_PATH", stage.c_str(), 1);
         if (drop_to_nobody())
             ::execl(self.c_str(), self.c_str(), "--import", h.c_str(), b.c_str(), (char *)nullptr);
@@ -379,7 +385,7 @@ int main(int argc, char **argv)
         return 1;
     a->init(1);
     cudaStream_t s0 = nullptr;
-    void *b1 = a->malloc(2 * MiB, 0, s0), *b2 = a->malloc(2 * MiB, 0, s0);
+    void *b1 = alloc_on(a, 2 * MiB, 0, s0), *b2 = alloc_on(a, 2 * MiB, 0, s0);
     EXPECT(dev_set(b1, 0x11, 4096) && dev_set(b2, 0x22, 4096), "cuMemsetD8 of the blocks");
     if (!allowed) { // a malformed opt-in is refused, naming it, and nothing is served
         ::setenv("XSEG_TORCH_IPC_ALLOW_UIDS", "65534,nobody", 1);

@@ -1,7 +1,7 @@
 // Scaffolding (tests/torch_headers/common/README.md): what the adapter uses of
 // torch/extension.h (pybind11's module macro). The stub module keeps the functions defined with
 // no arguments by name (and apart, those returning a string), so that the run/ drivers can call
-// the adapter's install() and install_host().
+// the adapter's install() and install_host() once they have loaded it (run/driver.h).
 #pragma once
 #include <functional>
 #include <map>
@@ -23,6 +23,7 @@ struct xseg_stub_module {
             strs[name] = f;
     }
 };
+// The module's entry point, found by name when the module is loaded (as PyInit_<name> is).
 #define PYBIND11_MODULE(name, m)                                                                  \
-    void xseg_stub_init_module(xseg_stub_module &m);                                              \
-    void xseg_stub_init_module(xseg_stub_module &m)
+    extern "C" __attribute__((visibility("default"))) void xseg_stub_init_module(xseg_stub_module &m); \
+    extern "C" void xseg_stub_init_module(xseg_stub_module &m)

@@ -9,11 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include <c10/macros/Export.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
-
-#define C10_CUDA_API
-#define TORCH_CUDA_CPP_API
+#include <torch/version.h>
 
 namespace c10 {
 using DeviceIndex = int8_t;
@@ -42,6 +41,7 @@ struct DataPtr {
     {
     }
     void *get() const { return data_; }
+    void *get_context() const { return ctx_; }
     DeleterFnPtr get_deleter() const { return deleter_; }
     Device device() const { return device_; }
     void *data_ = nullptr;
@@ -52,11 +52,21 @@ struct DataPtr {
 struct GatheredContext {
     virtual ~GatheredContext() = default;
 };
-struct Allocator {
+// The members the adapter's allocator reaches. allocate is const in the 2.1 interface (its
+// CUDAPluggableAllocator.cpp defines `allocate(size_t) const`) and not from 2.3 (00a1abb's).
+// is_simple_data_ptr is defined in libc10 (run/fake_torch.cpp here), the rest inline.
+struct C10_API Allocator {
     virtual ~Allocator() = default;
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 3
+    virtual DataPtr allocate(size_t n) const = 0;
+#else
+    virtual DataPtr allocate(size_t n) = 0;
+#endif
+    virtual bool is_simple_data_ptr(const DataPtr &data_ptr) const;
+    virtual DeleterFnPtr raw_deleter() const { return nullptr; }
 };
-void SetAllocator(DeviceType t, Allocator *alloc, uint8_t priority = 0);
-Allocator *GetAllocator(const DeviceType &t);
+C10_API void SetAllocator(DeviceType t, Allocator *alloc, uint8_t priority = 0);
+C10_API Allocator *GetAllocator(const DeviceType &t);
 namespace cuda {
 struct CUDAStream {
     cudaStream_t stream_ = nullptr;

@@ -5,17 +5,19 @@
 // TORCH_CHECK / TORCH_CHECK_WITH(error_t, cond, ...) macros, which throw
 // ::c10::error_t({__func__, __FILE__, __LINE__}, c10::str(args...)) when cond is false (PyTorch's
 // TORCH_CHECK goes through c10::detail::torchCheckFail, which throws c10::Error the same way).
-// Error's constructor is defined by libc10 in PyTorch; run/fake_torch.cpp defines it for the
-// linked check.
+// Both classes carry C10_API, as in PyTorch; Error's constructor and what(), and (as 2.14 declares
+// it; 2.6 inherits Error's) OutOfMemoryError's constructor are defined by libc10, here by
+// run/fake_torch.cpp.
 #pragma once
 #include <exception>
 #include <string>
 
+#include <c10/macros/Export.h>
 #include <c10/util/StringUtil.h>
 
 namespace c10 {
 
-class Error : public std::exception {
+class C10_API Error : public std::exception {
   std::string msg_;
 
  public:
@@ -23,16 +25,15 @@ class Error : public std::exception {
   const std::string& msg() const {
     return msg_;
   }
-  const char* what() const noexcept override {
-    return msg_.c_str();
-  }
+  const char* what() const noexcept override;
   virtual const char* what_without_backtrace() const noexcept {
     return msg_.c_str();
   }
 };
 
-class OutOfMemoryError : public Error {
-  using Error::Error;
+class C10_API OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(SourceLocation source_location, std::string msg);
 };
 
 } // namespace c10

@@ -1,6 +1,7 @@
 // Signature check stub (tests/torch_headers/README.md), not PyTorch: the host allocator interface
 // of ATen/core/CachingHostAllocator.h as Debian's 2.14.1 headers declare it (at::HostAllocator,
-// HostStats, the registry), trimmed to what the adapter overrides or calls. The pool hooks are
+// HostStats, the registry; TORCH_API where that header has it), trimmed to what the adapter
+// overrides or calls. The pool hooks are
 // those CUDA graph capture calls (pytorch#167507); the history and segment hooks are left out.
 #pragma once
 #include <functional>
@@ -34,10 +35,8 @@ struct HostStats {
   std::vector<int64_t> bucket_allocation = std::vector<int64_t>(64);
 };
 
-struct HostAllocator : public c10::Allocator {
-  // c10::Allocator's (the stubs' Allocator declares none of its members).
-  virtual c10::DataPtr allocate(size_t n) = 0;
-  virtual c10::DeleterFnPtr raw_deleter() const { return nullptr; }
+struct TORCH_API HostAllocator : public c10::Allocator {
+  // c10::Allocator's (the stubs' Allocator leaves it out).
   virtual void copy_data(void* dest, const void* src, std::size_t count) const = 0;
 
   virtual bool record_event(void* ptr, void* ctx, c10::Stream stream) = 0;
@@ -56,6 +55,6 @@ struct HostAllocator : public c10::Allocator {
   }
 };
 
-void setHostAllocator(c10::DeviceType device_type, HostAllocator* allocator, uint8_t priority = 0);
-HostAllocator* getHostAllocator(c10::DeviceType device_type);
+TORCH_API void setHostAllocator(c10::DeviceType device_type, HostAllocator* allocator, uint8_t priority = 0);
+TORCH_API HostAllocator* getHostAllocator(c10::DeviceType device_type);
 } // namespace at

@@ -1,7 +1,7 @@
 // Signature check stub (tests/torch_headers/README.md), not PyTorch: the declarations of
 // c10/core/CachingDeviceAllocator.h of the newest interface that the adapter reaches (statistics
 // and snapshot structs moved here from c10/cuda; c10::DeviceAllocator as the CUDA allocator's
-// base), trimmed. SegmentInfo and BlockInfo keep the fields of the earlier headers (the adapter
+// base, C10_API as in PyTorch), trimmed. SegmentInfo and BlockInfo keep the fields of the earlier headers (the adapter
 // sets only those).
 #pragma once
 #include <array>
@@ -139,7 +139,9 @@ using AllocatorTraceTracker = std::function<void(const TraceEntry&)>;
 
 } // namespace CachingDeviceAllocator
 
-struct DeviceAllocator : public c10::Allocator {
+struct C10_API DeviceAllocator : public c10::Allocator {
+  DeviceAllocator(); // both defined in libc10 (2.14)
+  ~DeviceAllocator() override;
   virtual bool initialized() = 0;
   virtual void emptyCache(MempoolId_t mempool_id = {0, 0}) = 0;
   virtual void recordStream(const DataPtr& ptr, c10::Stream stream) = 0;

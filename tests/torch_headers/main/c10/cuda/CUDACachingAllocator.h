@@ -1,7 +1,8 @@
 // Signature check stub (tests/torch_headers/README.md), not PyTorch: the declarations the adapter
 // touches, as c10/cuda/CUDACachingAllocator.h of the newest interface declares them (CUDAAllocator
 // over c10::DeviceAllocator; snapshot(mempool_id, include_traces); recordHistory with clearHistory
-// and skip_actions; createOrIncrefPool and getPoolUseCount), trimmed.
+// and skip_actions; createOrIncrefPool and getPoolUseCount), trimmed. As there, CUDAAllocator has
+// no export macro and every member with a body is defined inline (nothing of it is in libc10_cuda).
 #pragma once
 #include <unordered_set>
 
@@ -69,7 +70,9 @@ class CUDAAllocator : public DeviceAllocator {
   virtual void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) = 0;
   virtual void* getBaseAllocation(void* ptr, size_t* size) = 0;
   virtual void recordStream(const DataPtr& ptr, CUDAStream stream) = 0;
-  void recordStream(const DataPtr& ptr, c10::Stream stream) override;
+  void recordStream(const DataPtr& ptr, c10::Stream stream) override {
+    recordStream(ptr, CUDAStream{static_cast<cudaStream_t>(stream.native_handle())});
+  }
   virtual SnapshotInfo snapshot(
       MempoolId_t mempool_id = {0, 0},
       bool include_traces = true) = 0;
@@ -83,23 +86,35 @@ class CUDAAllocator : public DeviceAllocator {
   virtual void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) = 0;
   virtual int getPoolUseCount(
       c10::DeviceIndex /*device*/,
-      MempoolId_t /*mempool_id*/);
+      MempoolId_t /*mempool_id*/) {
+    TORCH_CHECK(false, name(), " does not yet support getPoolUseCount.");
+  }
   virtual void createOrIncrefPool(
       c10::DeviceIndex /*device*/,
       MempoolId_t /*mempool_id*/,
-      std::shared_ptr<CUDAAllocator> allocator = nullptr);
+      std::shared_ptr<CUDAAllocator> allocator = nullptr) {
+    TORCH_CHECK(false, name(), " does not yet support createOrIncrefPool.");
+  }
   virtual void setUseOnOOM(
       c10::DeviceIndex device,
       MempoolId_t mempool_id,
-      bool use_on_oom);
-  virtual void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id);
+      bool use_on_oom) {
+    TORCH_CHECK(false, name(), " does not yet support setUseOnOOM.");
+  }
+  virtual void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) {
+    TORCH_CHECK(false, name(), " does not yet support setNoSplit.");
+  }
   virtual bool checkPoolLiveAllocations(
       c10::DeviceIndex /*device*/,
       MempoolId_t /*mempool_id*/,
-      const std::unordered_set<void*>& /*expected_live_allocations*/);
+      const std::unordered_set<void*>& /*expected_live_allocations*/) {
+    TORCH_CHECK(false, name(), " does not yet support checkPoolLiveAllocations.");
+  }
   virtual ShareableHandle shareIpcHandle(void* ptr) = 0;
   virtual std::shared_ptr<void> getIpcDevPtr(std::string handle) = 0;
-  virtual bool isHistoryEnabled();
+  virtual bool isHistoryEnabled() {
+    TORCH_CHECK(false, name(), " does not yet support recordHistory.");
+  }
   virtual void recordHistory(
       bool enabled,
       CreateContextFn context_recorder,
@@ -128,7 +143,10 @@ class CUDAAllocator : public DeviceAllocator {
       c10::DeviceIndex device,
       std::shared_ptr<AllocatorState> pps) = 0;
   virtual std::string name() = 0;
-  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+  // PyTorch's asks the runtime (cudaMemGetInfo), which the stand-in has not.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    TORCH_CHECK(false, "getMemoryInfo is not part of the stand-in");
+  }
 };
 
 } // namespace c10::cuda::CUDACachingAllocator

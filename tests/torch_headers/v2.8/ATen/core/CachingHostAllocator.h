@@ -32,9 +32,7 @@ struct HostStats {
 };
 
 struct HostAllocator : public c10::Allocator {
-  // c10::Allocator's (the stubs' Allocator declares none of its members).
-  virtual c10::DataPtr allocate(size_t n) = 0;
-  virtual c10::DeleterFnPtr raw_deleter() const { return nullptr; }
+  // c10::Allocator's (the stubs' Allocator leaves it out).
   virtual void copy_data(void* dest, const void* src, std::size_t count) const = 0;
 
   virtual bool record_event(void* ptr, void* ctx, c10::Stream stream) = 0;

@@ -1,7 +1,9 @@
 // Signature check stub (tests/torch_headers/README.md), not PyTorch: the declarations of
 // torch/csrc/cuda/CUDAPluggableAllocator.h of pytorch main at commit 011c9ee (filter pool hooks,
 // c10::DeviceIndex devices, snapshot(mempool, include_traces), recordHistory with clearHistory and
-// skip_actions), trimmed.
+// skip_actions), trimmed. The export macros stand where that header has them: the class and the
+// free functions carry TORCH_CUDA_CPP_API, _AllocationMetadata nothing (libtorch_cuda.so exports
+// none of its members; 2.11's listing, ../../shared/gpu-runs/2026-11-26-h200/torch_syms.txt).
 #pragma once
 #include <c10/cuda/CUDACachingAllocator.h>
 
@@ -10,10 +12,11 @@
 
 namespace torch::cuda::CUDAPluggableAllocator {
 
-std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>
+TORCH_CUDA_CPP_API std::shared_ptr<
+    c10::cuda::CUDACachingAllocator::CUDAAllocator>
 getCurrentAllocator();
 
-void changeCurrentAllocator(
+TORCH_CUDA_CPP_API void changeCurrentAllocator(
     const std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>&
         allocator);
 
@@ -28,7 +31,7 @@ struct _AllocationMetadata {
   cudaStream_t stream{};
 };
 
-struct CUDAPluggableAllocator
+struct TORCH_CUDA_CPP_API CUDAPluggableAllocator
     : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
   CUDAPluggableAllocator(
       std::function<void*(size_t, int, cudaStream_t)> alloc_fn,
@@ -66,7 +69,8 @@ struct CUDAPluggableAllocator
 
   void* malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream);
 
-  c10::DeleterFnPtr raw_deleter() const;
+  c10::DataPtr allocate(size_t size) override;
+  c10::DeleterFnPtr raw_deleter() const override;
 
   void* raw_alloc(size_t nbytes) override;
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;

@@ -46,7 +46,8 @@ struct CUDAPluggableAllocator
 
   void* malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream);
 
-  c10::DeleterFnPtr raw_deleter() const;
+  c10::DataPtr allocate(size_t size) override;
+  c10::DeleterFnPtr raw_deleter() const override;
   void* raw_alloc(size_t nbytes) override;
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
   void raw_delete(void* ptr) override;
