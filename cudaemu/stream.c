@@ -59,7 +59,18 @@ CUstream emu_stream_resolve_locked(CUstream s)
 {
     if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
         return &emu.null_stream;
-    return emu_map_get(&emu.streams, (uint64_t)(uintptr_t)s);
+    CUstream live = emu_map_get(&emu.streams, (uint64_t)(uintptr_t)s);
+    if (!live && emu_map_get(&emu.dead_streams, (uint64_t)(uintptr_t)s))
+        emu.dead_stream_calls++; /* a dangling handle on a GPU */
+    return live;
+}
+
+unsigned long cudaemu_dead_stream_calls(void)
+{
+    emu_lock();
+    unsigned long n = emu.dead_stream_calls;
+    emu_unlock();
+    return n;
 }
 
 /* Waiting for a stream completes its work: the modelled clock moves to its last copy's end. */
@@ -208,6 +219,8 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
     emu_lock();
     s->held = emu.hold_all;
     int bad = emu_map_put(&emu.streams, (uint64_t)(uintptr_t)s, s);
+    if (!bad)
+        (void)emu_map_del(&emu.dead_streams, (uint64_t)(uintptr_t)s); /* the address is a live stream's again */
     emu_unlock();
     if (bad) {
         free(s);
@@ -227,9 +240,12 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
     emu_lock();
     CUstream s = emu_map_del(&emu.streams, (uint64_t)(uintptr_t)hStream);
     if (!s) {
+        if (emu_map_get(&emu.dead_streams, (uint64_t)(uintptr_t)hStream))
+            emu.dead_stream_calls++;
         emu_unlock();
         return CUDA_ERROR_INVALID_HANDLE;
     }
+    (void)emu_map_put(&emu.dead_streams, (uint64_t)(uintptr_t)hStream, (void *)1); /* host OOM: not counted */
     if (s->cap) {
         /* Without its origin a capture can never end: it is dropped with its graph. */
         struct emu_capseq *seq = s->cap;
