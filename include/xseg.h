@@ -195,8 +195,9 @@ XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size);
  *
  * The contract. The program promises: from xseg_spill_hint(ptr, XSEG_SPILL_COLD) until
  * xseg_spill_hint(ptr, XSEG_SPILL_NONE) returns, nothing touches the block: no kernel, copy or graph
- * launch that reads or writes it is queued on any stream, by any thread or device (work queued
- * before the declaration may still run). xseg guarantees: only declared blocks move, and never a
+ * launch that reads or writes it is queued on any stream, by any thread or device (work queued on
+ * the device's primary context before the declaration may still run; a peer's or another
+ * context's must have finished). xseg guarantees: only declared blocks move, and never a
  * byte is lost: before the first move of a block declared since the last time, it synchronizes
  * the device's context (every stream, the program's side streams and destroyed ones included), and
  * copies on a stream of its own; a block not declared is never moved, except by its own
