@@ -643,7 +643,7 @@ static const struct {
     {"cuMemMap", CUDA_ERROR_UNKNOWN},           {"cuMemSetAccess", CUDA_ERROR_UNKNOWN},
     {"cuMemcpyDtoDAsync", CUDA_ERROR_UNKNOWN},  {"cuStreamSynchronize", CUDA_ERROR_UNKNOWN},
     {"cuMemUnmap", CUDA_ERROR_UNKNOWN},         {"cuMemRelease", CUDA_ERROR_UNKNOWN},
-    {"cuMemAddressFree", CUDA_ERROR_UNKNOWN},
+    {"cuMemAddressFree", CUDA_ERROR_UNKNOWN},     {"cuCtxSynchronize", CUDA_ERROR_UNKNOWN},
 };
 #define NFAULTS (sizeof faults / sizeof faults[0])
 
