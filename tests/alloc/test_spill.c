@@ -964,7 +964,8 @@ static void test_spill_parked_promotion(void **state)
 
 /* Pins follow the exports that exist: B exported, its handle freed and B freed; D takes B's place.
  * A (declared cold, same segment) must spill for C: the segment's old export pins nothing now.
- * A live export (or held handles, or a registration) pins its block, and the OOM names only that. */
+ * A live export pins its block, handles handed out until their last release, and the OOM names
+ * only that pin. */
 static void test_spill_freed_export(void **state)
 {
     (void)state;
@@ -993,6 +994,25 @@ static void test_spill_freed_export(void **state)
         strstr(msg, "registered"))
         fail_msg("the OOM does not name the one real pin (A exported): %s", msg);
     xseg_ipc_handle_free(h);
+    check_data(a, b);
+    finish(a, b);
+
+    /* Handles handed out pin their block until the last release, and no longer. */
+    scenario(&a, &b);
+    xseg_phys_range r[64];
+    size_t nr = 0;
+    assert_int_equal(xseg_block_handles(a, r, 64, &nr), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_handles(a, r, 64, &nr), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_handles_release(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    msg = xseg_last_error();
+    if (!strstr(msg, "handed out") || strstr(msg, "exported") || strstr(msg, "observer"))
+        fail_msg("the OOM does not name the one real pin (A's handles): %s", msg);
+    assert_int_equal(xseg_block_handles_release(a), XSEG_SUCCESS);
+    if (xseg_malloc(&c, C_SIZE, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("released handles still pin A: %s", xseg_last_error());
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    tu_free(c);
     check_data(a, b);
     finish(a, b);
 }
