@@ -517,7 +517,8 @@ xseg_status spill_promote(struct dev_alloc *d, bool wait)
             upto = order[i].decl;
     }
     xs_free(bs);
-    qsort(order, n, sizeof *order, newest_first);
+    if (n)
+        qsort(order, n, sizeof *order, newest_first);
     xseg_status st = XSEG_SUCCESS, pinned = XSEG_SUCCESS;
     if (wait && n)
         st = spill_quiesce(d, upto, "before promoting blocks declared cold");
