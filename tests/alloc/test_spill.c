@@ -5,10 +5,16 @@
  * the promotion, the books match the driver's mappings (a host page is mapped but not reserved),
  * a stream still writing a block is waited for, a captured graph replays over spilled and
  * promoted input, every driver call of spill and of promotion can fail and is rolled back, and
- * sleep and IPC refuse spilled pages until they are promoted.
+ * sleep and IPC refuse spilled pages until they are promoted. The contract (core/services/spill.h):
+ * only blocks declared cold move, a move never races the program's use (the parked promotion, the
+ * oracle), pins end with what made them, a destroyed stream is never named, and host pages go to
+ * the device's NUMA node.
  *
- * The scenario: A (24 MiB, hinted cold, tag 1) and B (16 MiB, tag 2) are live; C (20 MiB) does
+ * The scenario: A (24 MiB, declared cold, tag 1) and B (16 MiB, tag 2) are live; C (20 MiB) does
  * not fit beside them. argv[1] names one test (one process each); without it every test runs.
+ * Single-threaded tests with no idle thread read a declared block where it helps (check_data):
+ * nothing can move it during a read that completes before the next xseg call; a program keeps the
+ * promise instead (the oracle does).
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT, RTLD_NOLOAD */
 #include <dlfcn.h>
@@ -40,7 +46,7 @@ static void nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-/* A and B live and filled; A hinted cold. */
+/* A and B live and filled; A declared cold. */
 static void scenario(void **a, void **b)
 {
     *a = must_malloc(A_SIZE, NULL);
