@@ -28,18 +28,19 @@ XSEG_API xseg_status xseg_promote(int device) { return api_each_device(device, p
 struct location_out {
     int *location;
     size_t *host_bytes;
+    int *numa_node;
 };
 
 static xseg_status location_on(struct dev_alloc *d, void *ptr, void *ctx, bool *owned)
 {
     struct location_out *o = ctx;
-    return devops_block_location(d, ptr, o->location, o->host_bytes, owned);
+    return devops_block_location(d, ptr, o->location, o->host_bytes, o->numa_node, owned);
 }
 
-XSEG_API xseg_status xseg_block_location(void *ptr, int *location, size_t *host_bytes)
+XSEG_API xseg_status xseg_block_location(void *ptr, int *location, size_t *host_bytes, int *numa_node)
 {
     if (!ptr || !location)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_block_location: %s is NULL", ptr ? "location" : "ptr");
-    struct location_out o = {location, host_bytes};
+    struct location_out o = {location, host_bytes, numa_node};
     return api_on_owner("xseg_block_location", ptr, location_on, &o, NULL);
 }

@@ -3,7 +3,10 @@
 # device SPILL_FRACTION (default 0.8, "20 % below") of its peak allocated, rounded down to 2 MiB,
 # with spill_to_host off and on: failed allocations, and with spill the peak of bytes on host
 # memory, pages spilled and promoted, bytes copied and their modelled link time (xseg-replay's
-# 25 GB/s, tools/replay/report.h). Peak allocated comes from a replay on 80 GiB with the default
+# 25 GB/s, tools/replay/report.h) and spill's waits for the device (context synchronizes: the
+# contract's cost, counted by cudaemu). Spill moves only blocks declared cold (docs/services.md): the
+# spill-on replay declares each block right after its allocation (xseg-replay --cold; a trace
+# records no use between allocation and free, so the promise holds). Peak allocated comes from a replay on 80 GiB with the default
 # config. With SPILL_BASELINE=OTHER_BUILD the spill-off replay is compared with that build's
 # (everything but host times: "same" when identical, the fit table's figures unchanged).
 #   benchmarks/spill_table.sh [BUILD_DIR] [TRACE_OR_PICKLE...]
@@ -21,8 +24,8 @@ traces=("$@")
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # One replay's JSON summary (the last line).
-run() { # REPLAY DEVICE_MEM CONFIG TRACE
-  "$1" --summary=json --marks=none --device-mem "$2" --config "$3" "$4" 2>/dev/null | tail -1
+run() { # REPLAY DEVICE_MEM CONFIG TRACE [FLAG...]
+  "$1" --summary=json --marks=none --device-mem "$2" --config "$3" "${@:5}" "$4" 2>/dev/null | tail -1
 }
 field() { /usr/bin/python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
 strip_times() {
@@ -32,8 +35,8 @@ for k in list(d):
 print(json.dumps(d, sort_keys=True))'
 }
 
-echo "| trace | peak allocated (GiB) | device (MiB) | failed, spill off | failed, spill on | spilled at peak (GiB) | pages spilled / promoted | copied (GiB) | link time (ms) |${SPILL_BASELINE:+ spill off vs baseline |}"
-echo "|---|---|---|---|---|---|---|---|---|${SPILL_BASELINE:+---|}"
+echo "| trace | peak allocated (GiB) | device (MiB) | failed, spill off | failed, spill on | spilled at peak (GiB) | pages spilled / promoted | copied (GiB) | link time (ms) | device waits |${SPILL_BASELINE:+ spill off vs baseline |}"
+echo "|---|---|---|---|---|---|---|---|---|---|${SPILL_BASELINE:+---|}"
 for t in "${traces[@]}"; do
   case $t in
     *.pickle)
@@ -46,7 +49,7 @@ for t in "${traces[@]}"; do
   peak=$(run "$replay" 80G expandable_segments:True "$spec" | field peak_allocated_bytes)
   mib=$(/usr/bin/python3 -c "import sys; m=int(int(sys.argv[1])*float(sys.argv[2])) >> 20; print(m - m % 2)" "$peak" "$frac")
   off=$(run "$replay" "${mib}MiB" expandable_segments:True "$spec")
-  on=$(run "$replay" "${mib}MiB" expandable_segments:True,spill_to_host:True "$spec")
+  on=$(run "$replay" "${mib}MiB" expandable_segments:True,spill_to_host:True "$spec" --cold)
   base=""
   if [ -n "${SPILL_BASELINE:-}" ]; then
     b=$(run "$SPILL_BASELINE/tools/xseg-replay" "${mib}MiB" expandable_segments:True "$spec")
@@ -56,8 +59,9 @@ for t in "${traces[@]}"; do
 import json, sys
 name, peak, mib, off, on, base = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
 G = float(1 << 30)
-print("| %s | %.3f | %s | %d | %d | %.3f | %d / %d | %.3f | %.1f |%s" % (
+print("| %s | %.3f | %s | %d | %d | %.3f | %d / %d | %.3f | %.1f | %d |%s" % (
     name, peak / G, mib, off["failed_allocs"], on["failed_allocs"], on["spilled_peak_bytes"] / G,
-    on["num_spills"], on["num_promotions"], on["spill_copied_bytes"] / G, 1e3 * on["spill_link_seconds"], base))
+    on["num_spills"], on["num_promotions"], on["spill_copied_bytes"] / G, 1e3 * on["spill_link_seconds"],
+    on["spill_context_syncs"], base))
 EOF
 done

@@ -226,10 +226,11 @@ xseg_status devops_spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *ow
     return st;
 }
 
-xseg_status devops_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, bool *owned)
+xseg_status devops_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, int *numa_node,
+                                  bool *owned)
 {
     dev_lock(d, DEV_NEED_SLOTS);
-    xseg_status st = spill_location(d, ptr, location, host_bytes, owned);
+    xseg_status st = spill_location(d, ptr, location, host_bytes, numa_node, owned);
     dev_unlock(d);
     return st;
 }

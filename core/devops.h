@@ -38,6 +38,7 @@ void devops_history_start(struct dev_alloc *d);
 /* Spill (core/services/spill.h): xseg_promote, xseg_spill_hint, xseg_block_location on one device. */
 xseg_status devops_promote(struct dev_alloc *d);
 xseg_status devops_spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned);
-xseg_status devops_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, bool *owned);
+xseg_status devops_block_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, int *numa_node,
+                                  bool *owned);
 
 #endif

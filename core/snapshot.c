@@ -479,6 +479,8 @@ static void e_segments(struct emit *e, struct frames_out *fo, const struct snap_
             if (b->host_bytes) { /* spill_to_host: where the block is (xseg only; viewers ignore it) */
                 e_key(e, "host_bytes");
                 e_int(e, (int64_t)b->host_bytes);
+                e_key(e, "host_numa_node");
+                e_int(e, b->host_numa_node);
             }
             e_key(e, "frames");
             const struct stale_held *h = b->state == XSEG_BLOCK_ACTIVE_PENDING_FREE
@@ -651,6 +653,7 @@ static xseg_status snap_range(struct dev_alloc *d, struct segrec *s, struct bloc
         bi->size = b->size;
         si.total_size += b->size;
         bi->host_bytes = XSEG_UNLIKELY(b->spill) ? spill_block_host(d, b) : 0;
+        bi->host_numa_node = bi->host_bytes ? spill_numa_node(d) : -1;
         if (b->allocated) {
             bi->state = XSEG_BLOCK_ACTIVE_ALLOCATED;
             bi->requested_size = block_requested(b);

@@ -25,6 +25,9 @@
  *   CUDAEMU_REPORT       1: print call counters and live handles / mapped bytes / reservations /
  *                        cuMemAlloc blocks at exit, on stderr
  *   CUDAEMU_FABRIC       1: emulate CU_MEM_HANDLE_TYPE_FABRIC (default 0: reported unsupported)
+ *   CUDAEMU_HOST_NUMA_ID the host NUMA node of each device (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID):
+ *                        "1", or "0,1" device by device (the last repeats); -1: a system without
+ *                        NUMA. Default 0. HOST_NUMA memory may name nodes 0 up to the largest.
  *   CUDAEMU_FRESH        what new cuMemCreate memory holds (the driver promises nothing):
  *                        sparse (default: a non-zero pattern in the first host page of each
  *                        allocation, the rest zero), garbage (the pattern in every byte), zero
@@ -79,6 +82,10 @@ unsigned long cudaemu_fail_fired(void);
 int cudaemu_gate(const char *entry, unsigned long nth);
 int cudaemu_gate_wait(unsigned timeout_ms);
 void cudaemu_gate_open(void);
+
+/* Calls since start that named a destroyed stream (a dangling handle on a GPU, undefined
+ * behaviour; cudaemu answers CUDA_ERROR_INVALID_HANDLE), until a new stream reuses its address. */
+unsigned long cudaemu_dead_stream_calls(void);
 
 /* Calls made to @p entry since start or the last reset (0 for unknown names). */
 unsigned long cudaemu_call_count(const char *entry);

@@ -152,6 +152,9 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
         v = emu.cfg.vmm && (emu.cfg.host_vmm & EMU_HOST_VMM_HOST);
         break;
+    /* The host node closest to the device, -1 on a system without NUMA (CUDAEMU_HOST_NUMA_ID;
+     * default 0, what the H200 of the first acceptance run reported). */
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = emu.cfg.host_numa_id[dev]; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;

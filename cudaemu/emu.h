@@ -37,6 +37,7 @@
     X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)   \
     X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                 \
     X(cuMemRetainAllocationHandle) X(cuMemExportToShareableHandle)                                \
+    X(cuMemGetAllocationPropertiesFromHandle)                                                     \
     X(cuMemImportFromShareableHandle)                                                             \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                  \
     X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)     \
@@ -86,6 +87,8 @@ struct emu_config {
     bool kernels;     /* CUDAEMU_KERNELS=0: cuModuleLoadData answers NOT_SUPPORTED (kernel.c) */
     int fresh;        /* CUDAEMU_FRESH: what new cuMemCreate memory holds (EMU_FRESH_*) */
     unsigned host_vmm; /* CUDAEMU_HOST_VMM: host locations cuMemCreate takes (EMU_HOST_VMM_* bits) */
+    int host_numa_id[EMU_MAX_DEVICES]; /* CUDAEMU_HOST_NUMA_ID: each device's host node (-1: no NUMA) */
+    int numa_nodes;   /* host NUMA nodes: one past the largest node named, at least 1 */
     char shared[49];  /* CUDAEMU_SHARED: devices shared among processes under this name (shared.c) */
 };
 /* New physical memory: the driver promises nothing about it (stale data is possible), so by
@@ -124,6 +127,7 @@ struct emu_phys {
     size_t size;
     bool counted;       /* counted in the device's used bytes (not for foreign imports, host memory) */
     unsigned handle_types; /* CUmemAllocationHandleType bits requested at create (or imported) */
+    CUmemAllocationProp prop; /* what cuMemCreate was given (an import: its device's, as far as known) */
     unsigned handles;   /* live handle objects pointing here (a cuMemAlloc block: 1 while allocated) */
     unsigned pins;      /* copies moving its bytes now (devmem.c): it outlives them */
     bool classic;       /* a cuMemAlloc block's memory, not a handle's (not in emu.nphys) */

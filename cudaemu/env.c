@@ -22,6 +22,7 @@ static const char *const env_known[] = {
     "CUDAEMU_DMA_BUF", /* dma-buf export of mapped ranges */
     "CUDAEMU_RDMA",   /* GPUDirect RDMA on VMM memory */
     "CUDAEMU_HOST_VMM", /* which host locations VMM memory may have */
+    "CUDAEMU_HOST_NUMA_ID", /* each device's host NUMA node */
     "CUDAEMU_FRESH",  /* what new physical memory holds */
     "CUDAEMU_SHARED", /* devices shared among processes (shared.c) */
     "CUDAEMU_KERNELS", /* 0: modules refused (kernel.c) */
@@ -295,6 +296,27 @@ static void env_load(void)
             c->host_vmm = 0;
         else
             env_die("CUDAEMU_HOST_VMM", "'%s' is not all, numa or none", v);
+    }
+    /* "1" or "0,1" (device by device, the last repeating) or "-1" (a system without NUMA). */
+    c->numa_nodes = 1;
+    for (int i = 0; i < EMU_MAX_DEVICES; i++)
+        c->host_numa_id[i] = 0;
+    if ((v = getenv("CUDAEMU_HOST_NUMA_ID"))) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", v);
+        int i = 0, last = 0;
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            if (i == EMU_MAX_DEVICES)
+                env_die("CUDAEMU_HOST_NUMA_ID", "more than %d devices", EMU_MAX_DEVICES);
+            last = (int)env_int("CUDAEMU_HOST_NUMA_ID", tok, -1, 63);
+            c->host_numa_id[i++] = last;
+            if (last + 1 > c->numa_nodes)
+                c->numa_nodes = last + 1;
+        }
+        if (!i)
+            env_die("CUDAEMU_HOST_NUMA_ID", "'%s' names no node", v);
+        for (; i < EMU_MAX_DEVICES; i++)
+            c->host_numa_id[i] = last;
     }
     c->fresh = EMU_FRESH_SPARSE;
     if ((v = getenv("CUDAEMU_FRESH"))) {

@@ -64,6 +64,7 @@ static _Thread_local char thread_token;   /* its address identifies the thread *
 static struct emu_map stream_dead;
 static CUstream stream_dead_ring[STREAM_DEAD_KEEP];
 static size_t stream_dead_next;
+static unsigned long stream_dead_calls; /* calls that named one (cudaemu_dead_stream_calls) */
 
 /* A driver call with a destroyed stream is undefined; on an H200 (driver 580) such calls
  * (cuLaunchKernel, cuStreamIsCapturing, cuStreamSynchronize) crashed the process with SIGSEGV,
@@ -75,6 +76,7 @@ static void stream_dead_fault(CUstream s) __attribute__((noreturn));
 static void stream_dead_fault(CUstream s)
 {
     int e = emu_entry_now;
+    stream_dead_calls++;
     fprintf(stderr, "cudaemu: %s: stream %p was destroyed (cuStreamDestroy); a driver call with it is undefined "
             "behaviour (the driver crashes), so cudaemu faults\n", e >= 0 && e < EMU_E_COUNT ? emu_api_names[e] : "?",
             (void *)s);
@@ -91,6 +93,15 @@ CUstream emu_stream_resolve_locked(CUstream s)
     if (!r && emu_map_get(&stream_dead, (uint64_t)(uintptr_t)s))
         stream_dead_fault(s);
     return r;
+}
+
+/* Each such call faults, so a count above 0 is seen only by a program that survives its SIGSEGV. */
+unsigned long cudaemu_dead_stream_calls(void)
+{
+    emu_lock();
+    unsigned long n = stream_dead_calls;
+    emu_unlock();
+    return n;
 }
 
 /* Waiting for a stream completes its work: the modelled clock moves to its last copy's end. */

@@ -37,10 +37,10 @@
 /* ---- allocation properties ---- */
 
 /* Validate a CUmemAllocationProp; *dev receives its device, or -1 for host memory. Host
- * locations, as documented (cuMemCreate): HOST_NUMA names a node, and the emulated host is one
- * node, 0, as on a machine without NUMA, where the driver documents id 0; HOST ignores the id
- * and is not IPC capable (requestedHandleTypes other than 0: INVALID_VALUE); HOST_NUMA_CURRENT
- * is INVALID_VALUE. */
+ * locations, as documented (cuMemCreate): HOST_NUMA names a node of the emulated host (0 up to
+ * the largest CUDAEMU_HOST_NUMA_ID; node 0 alone by default, as on a machine without NUMA, where
+ * the driver documents id 0; any other: INVALID_VALUE); HOST ignores the id and is not IPC capable
+ * (requestedHandleTypes other than 0: INVALID_VALUE); HOST_NUMA_CURRENT is INVALID_VALUE. */
 static CUresult vmm_prop_check(const CUmemAllocationProp *prop, int *dev)
 {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
@@ -50,7 +50,7 @@ static CUresult vmm_prop_check(const CUmemAllocationProp *prop, int *dev)
     bool host = numa || any;
     if (!host && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    if (numa && prop->location.id != 0)
+    if (numa && (prop->location.id < 0 || prop->location.id >= emu.cfg.numa_nodes))
         return CUDA_ERROR_INVALID_VALUE;
     if (any && prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE)
         return CUDA_ERROR_INVALID_VALUE;
@@ -464,6 +464,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     ph->dev = dev;
     ph->size = size;
     ph->counted = !host;
+    ph->prop = *prop;
     r = vmm_handle_new(ph, handle);
     if (r != CUDA_SUCCESS) {
         if (ph->own_fd)
@@ -515,6 +516,20 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
     *handle = m->handle->id;
     emu_unlock();
     return CUDA_SUCCESS;
+}
+
+/* The properties the handle's memory was created with (documented: those given to cuMemCreate). */
+CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
+{
+    EMU_ENTER(cuMemGetAllocationPropertiesFromHandle);
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    struct emu_handle *hd = vmm_handle_get(handle);
+    if (hd)
+        *prop = hd->phys->prop;
+    emu_unlock();
+    return hd ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Give @p ph a memfd of its own, so that an exported descriptor (or fabric handle) names this
@@ -729,6 +744,10 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     ph->size = (size_t)st.st_size;
     /* Re-exportable as the type it came in (a fabric import exports a fabric handle again). */
     ph->handle_types = (unsigned)shHandleType;
+    const struct CUctx_st *cur = emu_ctx_current();
+    ph->prop = (CUmemAllocationProp){.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                     .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cur ? cur->ordinal : 0},
+                                     .requestedHandleTypes = shHandleType};
     r = vmm_handle_new(ph, handle);
     if (r != CUDA_SUCCESS) {
         close(nfd);

@@ -196,18 +196,31 @@ XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream);
 XSEG_API xseg_status xseg_base_allocation(void *ptr, void **base, size_t *size);
 
 /**
- * Spill (config key spill_to_host:True, docs/configuration.md): out of memory, after the cache was
- * released, pages of live blocks move to host memory at the same addresses (slower to reach, still
- * valid for kernels and captured graphs), and come back when device memory frees
- * (xseg_empty_cache, xseg_trim, xseg_promote). Only pages whose every byte belongs to one live
- * block move; pages exported over IPC, handed out by xseg_block_handles or registered
+ * Spill (config key spill_to_host:True, docs/configuration.md, docs/services.md): out of memory,
+ * after the cache was released, pages of live blocks the program declared cold move to host
+ * memory at the same addresses (slower to reach, still valid for kernels and captured graphs),
+ * and come back when device memory frees (xseg_empty_cache, xseg_trim, xseg_promote, the idle
+ * thread) or when the declaration ends.
+ *
+ * The contract. The program promises: from xseg_spill_hint(ptr, XSEG_SPILL_COLD) until
+ * xseg_spill_hint(ptr, XSEG_SPILL_NONE) returns, nothing touches the block: no kernel, copy or graph
+ * launch that reads or writes it is queued on any stream, by any thread or device (work queued on
+ * the device's primary context before the declaration may still run; a peer's or another
+ * context's must have finished). xseg guarantees: only declared blocks move, and never a
+ * byte is lost: before the first move of a block declared since the last time, it synchronizes
+ * the device's context (every stream, the program's side streams and destroyed ones included), and
+ * copies on a stream of its own; a block not declared is never moved, except by its own
+ * XSEG_SPILL_NONE. Host memory is on the device's own NUMA node (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID),
+ * else location HOST, else HOST_NUMA node 0 (stats spill_numa_node, spill_numa_fallback). Only
+ * pages whose every byte belongs to one live block move; pages exported over IPC or handed out by
+ * xseg_block_handles (until the block's free or the last release), registered
  * (xseg_register_range), or any while a segment observer is attached, a capture is underway or
  * debug_stale_access is on, never do.
  */
 /** Hints for xseg_spill_hint. */
 enum xseg_spill_hint_kind {
-    XSEG_SPILL_NONE = 0, /**< no hint (the default): spilled after hinted blocks */
-    XSEG_SPILL_COLD = 1, /**< spill this block's pages first */
+    XSEG_SPILL_NONE = 0, /**< not declared (the default): the block never moves */
+    XSEG_SPILL_COLD = 1, /**< declared cold: untouched until XSEG_SPILL_NONE; spill may move it */
 };
 /** Where a block's bytes are (xseg_block_location). */
 enum xseg_block_location_kind {
@@ -217,18 +230,30 @@ enum xseg_block_location_kind {
                                    another block stay on the device) */
 };
 /**
- * Mark the live block at @p ptr (what xseg_malloc returned) cold: spill moves its pages first.
+ * Declare the live block at @p ptr (what xseg_malloc returned) cold, or end the declaration.
+ * XSEG_SPILL_COLD: from now on nothing touches the block (the contract above) until
+ * XSEG_SPILL_NONE returns; spill may move its pages to host memory. Declaring a declared block
+ * again changes nothing.
+ * XSEG_SPILL_NONE: the block's pages come back to device memory before it returns (waiting for the
+ * device's work queued before it, giving the cache back and spilling other declared blocks where
+ * the device has no room); then the program may use the block again. Pages that find no room stay
+ * on host memory, valid at their address (xseg_block_location tells; a later XSEG_SPILL_NONE
+ * tries again). No effect on a block that was never declared and holds no host page.
  * @param ptr  the block's address.
- * @param hint XSEG_SPILL_COLD, or XSEG_SPILL_NONE to take the hint back.
- * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation or a bad hint.
+ * @param hint XSEG_SPILL_COLD or XSEG_SPILL_NONE.
+ * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation or a bad hint; a
+ *         driver error while bringing pages back (that page rolled back, the declaration ended).
  */
 XSEG_API xseg_status xseg_spill_hint(void *ptr, int hint);
 /**
- * Move spilled pages of @p device (-1: every initialized device) back to device memory, newest
- * first, as far as the device and the memory fraction allow. While pages are spilled it first
- * gives the cache back (as xseg_empty_cache) to make room. Waits for each block's streams.
- * @return XSEG_SUCCESS when nothing is left on host memory; XSEG_ERROR_OUT_OF_MEMORY (the message
- *         names the bytes that stay) or the driver's error (that page rolled back) otherwise.
+ * Move spilled pages of declared blocks of @p device (-1: every initialized device) back to device
+ * memory, newest first, as far as the device and the memory fraction allow. While pages are
+ * spilled it first gives the cache back (as xseg_empty_cache) to make room. Waits for the device's
+ * work where a block was declared after the last such wait. Pages of blocks whose declaration
+ * ended stay (their own xseg_spill_hint(ptr, XSEG_SPILL_NONE) brings them back).
+ * @return XSEG_SUCCESS when no declared block is left on host memory; XSEG_ERROR_OUT_OF_MEMORY (the
+ *         message names the bytes that stay), XSEG_ERROR_ILLEGAL_STATE (a registered range stays)
+ *         or the driver's error (that page rolled back) otherwise.
  */
 XSEG_API xseg_status xseg_promote(int device);
 /**
@@ -236,14 +261,17 @@ XSEG_API xseg_status xseg_promote(int device);
  * @param ptr        the block's address (what xseg_malloc returned).
  * @param location   receives an xseg_block_location_kind.
  * @param host_bytes if non-NULL, receives the bytes of the block on host memory.
+ * @param numa_node  if non-NULL, receives the NUMA node of those bytes (location HOST_NUMA); -1
+ *                   when none is on host memory, or for location HOST (the driver places them).
  */
-XSEG_API xseg_status xseg_block_location(void *ptr, int *location, size_t *host_bytes);
+XSEG_API xseg_status xseg_block_location(void *ptr, int *location, size_t *host_bytes, int *numa_node);
 
 /**
  * Release cached memory to the driver: every unused segment (classic mode), and every page that
  * holds no live byte (expandable mode), even inside segments still in use.
  * Waits for pending cross-stream frees first. Releases nothing while a stream capture is underway.
- * Pages spilled to host memory (spill_to_host) then move back where device memory allows.
+ * Pages of declared blocks spilled to host memory (spill_to_host) then move back where device
+ * memory allows.
  * @param device a device index, or -1 for every initialized device.
  */
 XSEG_API xseg_status xseg_empty_cache(int device);
@@ -314,6 +342,13 @@ typedef struct xseg_device_stats {
     int64_t num_spills;     /**< chunks (pages) moved to host memory by spill (xseg only) */
     int64_t num_promotions; /**< chunks moved back to device memory (xseg only) */
     int64_t spill_copied_bytes; /**< bytes spill and promotion copied over the link, both ways (xseg only) */
+    /** NUMA node of the host memory spill uses on this device (location HOST_NUMA); -1 for location
+     *  HOST or before the first spill (xseg only). */
+    int64_t spill_numa_node;
+    /** How that place was chosen: 0 the device's own node (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID), 1
+     *  location HOST (the device names no node), 2 HOST_NUMA node 0 (neither); -1 before the first
+     *  spill (xseg only). */
+    int64_t spill_numa_fallback;
 } xseg_device_stats;
 
 /** Copy every statistic of @p device. */
@@ -377,6 +412,8 @@ typedef struct xseg_block_info {
     xseg_block_state state;
     size_t host_bytes;     /**< bytes of the block spilled to host memory (spill_to_host); snapshots
                                 write it as "host_bytes" when not 0 */
+    int host_numa_node;    /**< NUMA node of those bytes (-1: none, or location HOST); snapshots
+                                write it as "host_numa_node" with host_bytes */
 } xseg_block_info;
 
 typedef struct xseg_segment_info {
@@ -1043,7 +1080,8 @@ XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_s
  * pages needed are unmapped. Synchronizes the stream of each segment it unmaps pages of (as
  * xseg_empty_cache does); frees waiting for record_stream events that have not completed are not
  * waited for. xseg_trim(device, 0) releases what xseg_empty_cache releases, except those. Pages
- * spilled to host memory (spill_to_host) then move back where device memory allows.
+ * of declared blocks spilled to host memory (spill_to_host) then move back where device memory
+ * allows.
  * @param device     a device index, or -1 for every initialized device (each keeps @p keep_bytes).
  * @param keep_bytes the cache to keep, in bytes (0: give back all that can go).
  * @return XSEG_ERROR_INVALID_DEVICE for a bad index; XSEG_ERROR_DRIVER when an unmap fails (what

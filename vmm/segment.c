@@ -72,7 +72,6 @@ struct seg {
     size_t asleep_bytes; /* chunks given back by a sleep (GRAN_ASLEEP), mapped again by a wake */
     size_t host_bytes;   /* chunks backed by host memory (GRAN_HOST): mapped, not in mapped_bytes */
     size_t canary_bytes; /* granules of canary spans (GRAN_CANARY): live, not in mapped_bytes */
-    CUmemLocationType host_loc; /* where spill creates host memory (seg_host_supported); 0: not asked yet */
 
     struct seg_piece *pieces;
     size_t npieces, cap_pieces;
@@ -1595,29 +1594,29 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
 
 /* ---- spill: a chunk moved between device and host memory at the same addresses ---- */
 
-/* The properties of a chunk created in host memory (@p host) or on the segment's device. Host
- * memory is at seg_host_supported's location: HOST (no handle types: the driver refuses any for
- * it; host chunks are never exported) or HOST_NUMA node 0 (the segment's handle types); never
- * GPUDirect RDMA. */
-static CUmemAllocationProp move_prop(const struct seg *seg, bool host)
+/* The properties of a chunk created at @p host (host memory: seg_host_location's answer) or, for
+ * NULL, on the segment's device. Location HOST takes no handle types (the driver refuses any: host
+ * chunks are never exported); HOST_NUMA keeps the segment's; never GPUDirect RDMA. */
+static CUmemAllocationProp move_prop(const struct seg *seg, const CUmemLocation *host)
 {
     CUmemAllocationProp prop = seg->prop;
     if (host) {
-        prop.location.type = seg->host_loc == CU_MEM_LOCATION_TYPE_HOST ? CU_MEM_LOCATION_TYPE_HOST
-                                                                         : CU_MEM_LOCATION_TYPE_HOST_NUMA;
-        prop.location.id = 0;
-        if (prop.location.type == CU_MEM_LOCATION_TYPE_HOST)
+        prop.location = *host;
+        if (host->type == CU_MEM_LOCATION_TYPE_HOST)
             prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
         prop.allocFlags.gpuDirectRDMACapable = 0;
     }
     return prop;
 }
 
-static const char *move_where(const CUmemAllocationProp *prop)
+static const char *move_where(const CUmemAllocationProp *prop, char *buf, size_t n)
 {
-    return prop->location.type == CU_MEM_LOCATION_TYPE_HOST        ? "host memory (location HOST)"
-           : prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? "host memory (location HOST_NUMA node 0)"
-                                                                   : "device memory";
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        snprintf(buf, n, "host memory (location HOST_NUMA node %d)", prop->location.id);
+    else
+        snprintf(buf, n, "%s", prop->location.type == CU_MEM_LOCATION_TYPE_HOST ? "host memory (location HOST)"
+                                                                                 : "device memory");
+    return buf;
 }
 
 /* Map @p handle over granules [c, c + n) again with every device's access; abort() if that fails
@@ -1633,10 +1632,10 @@ static void move_remap(struct seg *seg, size_t c, size_t n, CUmemGenericAllocati
 }
 
 /* seg_move_chunk's first step: the new memory at a scratch range, the live bytes copied there on
- * the segment's stream and waited for. *scratch is 0 until reserved; *mapped says whether h is
- * mapped there. @p what receives the failed step. */
+ * @p stream (the caller's own) and waited for. *scratch is 0 until reserved; *mapped says whether h
+ * is mapped there. @p what receives the failed step. */
 static CUresult move_stage(struct seg *seg, CUdeviceptr addr, size_t len, CUmemGenericAllocationHandle h,
-                           CUdeviceptr *scratch, bool *mapped, const char **what)
+                           CUstream stream, CUdeviceptr *scratch, bool *mapped, const char **what)
 {
     CUresult res = drv->cuMemAddressReserve(scratch, len, 0, 0, 0);
     if (res != CUDA_SUCCESS) {
@@ -1651,9 +1650,9 @@ static CUresult move_stage(struct seg *seg, CUdeviceptr addr, size_t len, CUmemG
     *mapped = true;
     if ((res = drv->cuMemSetAccess(*scratch, len, &seg->access[0], 1)) != CUDA_SUCCESS)
         *what = "cuMemSetAccess of the scratch range";
-    else if ((res = drv->cuMemcpyDtoDAsync(*scratch, addr, len, seg->stream)) != CUDA_SUCCESS)
+    else if ((res = drv->cuMemcpyDtoDAsync(*scratch, addr, len, stream)) != CUDA_SUCCESS)
         *what = "cuMemcpyDtoDAsync of the chunk";
-    else if ((res = drv->cuStreamSynchronize(seg->stream)) != CUDA_SUCCESS)
+    else if ((res = drv->cuStreamSynchronize(stream)) != CUDA_SUCCESS)
         *what = "cuStreamSynchronize after the copy";
     return res;
 }
@@ -1672,8 +1671,9 @@ static void move_drop_scratch(struct seg *seg, CUdeviceptr scratch, size_t len, 
         left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = len});
 }
 
-xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *bytes)
+xseg_status seg_move_chunk(struct seg *seg, size_t g, const CUmemLocation *host, CUstream stream, size_t *bytes)
 {
+    bool to_host = host != NULL;
     *bytes = 0;
     if (!seg || g >= seg->ngran || !gran_real(seg, g))
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_move_chunk: granule %zu is not a mapped chunk", g);
@@ -1684,9 +1684,7 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
     if (st != XSEG_SUCCESS)
         return st;
     CUdeviceptr addr = gran_addr(seg, c), scratch = 0;
-    if (to_host && !seg->host_loc)
-        (void)seg_host_supported(seg); /* not asked for this segment yet: a failed query means HOST_NUMA */
-    CUmemAllocationProp prop = move_prop(seg, to_host);
+    CUmemAllocationProp prop = move_prop(seg, host);
     CUmemGenericAllocationHandle old = seg->handles[c], h = 0;
     const char *what = "cuMemCreate";
     bool staged = false, placed = false;
@@ -1696,7 +1694,7 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
         what = "cuMemCreate (a null handle)";
     }
     if (res == CUDA_SUCCESS)
-        res = move_stage(seg, addr, len, h, &scratch, &staged, &what);
+        res = move_stage(seg, addr, len, h, stream, &scratch, &staged, &what);
     /* The swap: until the old handle is released its bytes are intact, so any failure maps it back. */
     if (res == CUDA_SUCCESS && (res = seg_unmap_run(seg, c, c + n)) != CUDA_SUCCESS)
         what = "cuMemUnmap of the old chunk";
@@ -1715,8 +1713,9 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
     if (res != CUDA_SUCCESS) {
         if (h)
             seg_release_handle(seg, h);
+        char where[64];
         return seg_failf(res, "moving the chunk at 0x%llx (%zu bytes) to %s: %s", (unsigned long long)addr, len,
-                         move_where(&prop), what);
+                         move_where(&prop, where, sizeof where), what);
     }
     seg_release_handle(seg, old);
     for (size_t q = c; q < c + n; q++) {
@@ -1782,22 +1781,33 @@ xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool stra
 
 size_t seg_host_bytes(const struct seg *seg) { return seg->host_bytes; }
 
-/* HOST first, then HOST_NUMA node 0: HOST needs no NUMA node id (node 0 is a guess that is
- * wrong where the device's memory sits next to another node, or where node 0 has no memory);
- * HOST_NUMA is the fallback for drivers that have only it. The choice is kept for move_prop. */
-bool seg_host_supported(struct seg *seg)
+/* The device's own node first: HOST_NUMA at CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID (the node closest
+ * to the device; -1 where the system has no NUMA, an error before CUDA 12.2). Then HOST (the driver
+ * places the pages), then HOST_NUMA node 0 (the node a system without NUMA has). */
+bool seg_host_location(const struct seg *seg, CUmemLocation *loc, enum seg_host_rule *rule)
 {
-    static const CUdevice_attribute attrs[] = {CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                               CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED};
-    static const CUmemLocationType locs[] = {CU_MEM_LOCATION_TYPE_HOST, CU_MEM_LOCATION_TYPE_HOST_NUMA};
-    for (size_t i = 0; i < 2; i++) {
-        int v = 0;
-        if (drv->cuDeviceGetAttribute(&v, attrs[i], seg->cudev) == CUDA_SUCCESS && v) {
-            seg->host_loc = locs[i];
-            return true;
-        }
+    int numa = 0, any = 0, node = -1;
+    if (drv->cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                  seg->cudev) != CUDA_SUCCESS)
+        numa = 0;
+    if (drv->cuDeviceGetAttribute(&any, CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, seg->cudev) !=
+        CUDA_SUCCESS)
+        any = 0;
+    if (numa && drv->cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, seg->cudev) != CUDA_SUCCESS)
+        node = -1;
+    if (numa && node >= 0) {
+        *loc = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = node};
+        *rule = SEG_HOST_OWN_NODE;
+    } else if (any) {
+        *loc = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+        *rule = SEG_HOST_ANY_NODE;
+    } else if (numa) {
+        *loc = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0};
+        *rule = SEG_HOST_NODE_ZERO;
+    } else {
+        return false;
     }
-    return false;
+    return true;
 }
 int seg_gran_is_host(const struct seg *seg, size_t g) { return g < seg->ngran && gran_live(seg, g) && (seg->gflags[g] & GRAN_HOST); }
 

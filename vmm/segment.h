@@ -236,20 +236,21 @@ size_t seg_live_chunks(const struct seg *seg);             /* mapped chunks (a w
 
 /*
  * Spill (core/services/spill.h): move the whole mapped chunk holding granule @p g to host memory
- * (@p to_host: a cuMemCreate at seg_host_supported's location) or back to the device, at the
- * same addresses. Steps:
+ * (@p host: a cuMemCreate at that location, seg_host_location's answer) or, for NULL, back to the
+ * device, at the same addresses. Steps:
  * cuMemCreate, cuMemAddressReserve + cuMemMap + cuMemSetAccess (owner) of a scratch range,
- * cuMemcpyDtoDAsync on the segment's stream and cuStreamSynchronize, cuMemUnmap of the old
- * chunk (announced to the observer first), cuMemMap of the new handle at its place,
- * cuMemSetAccess (owner and peers), cuMemRelease of the old handle; the scratch range goes.
- * Until the old handle is released its bytes are intact: any failure maps it back (nothing
- * changed; only a failure to map it back aborts). The caller guarantees that no work touches the
- * chunk meanwhile (its blocks' streams were waited for). A host chunk is live (seg_gran_is_mapped)
- * but counts in seg_host_bytes, not seg_mapped_bytes; seg_unmap, seg_sleep_unmap and
- * seg_inner_range's callers never unmap it (only seg_drop_host, seg_move_chunk, seg_destroy).
- * Already where asked: success, nothing done. @p bytes receives the chunk's bytes moved.
+ * cuMemcpyDtoDAsync on @p stream and cuStreamSynchronize of it, cuMemUnmap of the old chunk
+ * (announced to the observer first), cuMemMap of the new handle at its place, cuMemSetAccess
+ * (owner and peers), cuMemRelease of the old handle; the scratch range goes. @p stream is the
+ * caller's own (never a program's: it may be destroyed). Until the old handle is released its bytes
+ * are intact: any failure maps it back (nothing changed; only a failure to map it back aborts).
+ * The caller guarantees that nothing touches the chunk from before the copy to the end of the
+ * call: no work queued (a program's stream, a graph, a peer) and none still running. A host chunk is
+ * live (seg_gran_is_mapped) but counts in seg_host_bytes, not seg_mapped_bytes; seg_unmap,
+ * seg_sleep_unmap and seg_inner_range's callers never unmap it (only seg_drop_host, seg_move_chunk,
+ * seg_destroy). Already where asked: success, nothing done. @p bytes receives the chunk's bytes moved.
  */
-xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *bytes);
+xseg_status seg_move_chunk(struct seg *seg, size_t g, const CUmemLocation *host, CUstream stream, size_t *bytes);
 /* Unmap and release the host chunks wholly inside [offset, offset + size) (granule multiples):
  * their contents are dead (the caller freed the block and waited for its streams). @p dropped
  * receives the bytes no longer counted as host chunks; a chunk whose unmap fails becomes stranded
@@ -262,9 +263,12 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, bool to_host, size_t *byte
 xseg_status seg_drop_host(struct seg *seg, size_t offset, size_t size, bool strand, size_t *dropped);
 size_t seg_host_bytes(const struct seg *seg);           /* bytes of host chunks */
 int seg_gran_is_host(const struct seg *seg, size_t g);  /* granule @p g is in a host chunk */
-/* Can the segment's device map host-located memory (VMM with location HOST or HOST_NUMA, CUDA
- * 12.2+)? One or two attribute queries; the location found is the one seg_move_chunk uses. */
-bool seg_host_supported(struct seg *seg);
+/* Where host memory for the segment's device's chunks goes (VMM with location HOST or HOST_NUMA,
+ * CUDA 12.2+), by the first rule that applies: HOST_NUMA at the device's own node
+ * (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID), location HOST (the driver places the pages), HOST_NUMA node 0.
+ * *@p rule names the one taken. false when the device maps no host memory. Three attribute queries. */
+enum seg_host_rule { SEG_HOST_OWN_NODE, SEG_HOST_ANY_NODE, SEG_HOST_NODE_ZERO };
+bool seg_host_location(const struct seg *seg, CUmemLocation *loc, enum seg_host_rule *rule);
 
 /* Grant @p peer read-write access to every mapped chunk, and to chunks mapped from now on: one
  * cuMemSetAccess per run of mapped granules in a piece (new mappings get one call for the owner

@@ -33,6 +33,14 @@
 xseg_status vstream_wait(CUstream stream, const char *what);
 
 /*
+ * Wait until the work queued so far on every stream of the current context has finished (the
+ * driver finishes a destroyed stream's work too): one cuCtxSynchronize. For work on streams the
+ * caller cannot name. @p what describes the purpose for the message.
+ * @return XSEG_SUCCESS, else XSEG_ERROR_DRIVER naming the CUresult.
+ */
+xseg_status vstream_wait_all(const char *what);
+
+/*
  * Is @p stream a live stream handle of the current context? Asked with cuStreamIsCapturing,
  * which is legal during a capture and does not wait. NULL (the legacy stream) and the per-thread
  * default stream are streams. @return XSEG_SUCCESS, XSEG_ERROR_INVALID_VALUE naming the handle

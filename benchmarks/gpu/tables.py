@@ -301,6 +301,8 @@ FEATURES = (
     ("PyTorch adapter (`xseg.torch.enable()`)",
      [("torch", "xseg.torch.enable"), ("torch", "torch.cuda.MemPool"), ("torch", "record_stream"),
       ("torch", "stats, summary"), ("torch", "pytest ")], "torch"),
+    ("spill to host: only declared tensors move; kernels on a side stream write spilled, undeclared and taken-back "
+     "tensors while another thread promotes", [("services", "spill contract")], "services (spill contract)"),
     ("host-located VMM memory read and written by a kernel", [("probes", "host-located")], "probes"),
     ("one physical handle mapped at many addresses", [("probes", "one physical handle")], "probes"),
     ("dma-buf export (`cuMemGetHandleForAddressRange`)", [("probes", "dma-buf")], "probes"),

@@ -20,7 +20,9 @@ history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle, and
 stale-access mode with a finding into DIR/stale_snapshot.pickle (also in group snapshot-emulator;
 both checked afterwards with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh).
 Group services: sleep/wake of live tensors (GiB/s each way, the time until a kernel runs again),
-a CUDA graph replayed after its pool slept and woke, trim.
+a CUDA graph replayed after its pool slept and woke, trim, and spill's contract (kernels on a side
+stream writing spilled, undeclared and taken-back tensors while another thread promotes; every
+byte compared).
 """
 import argparse
 import json
@@ -401,9 +403,82 @@ def services_checks(args, xseg, torch):
         return {"cache_before": before["reserved_bytes.all.current"] - before["allocated_bytes.all.current"],
                 "cache_after": cached, "trim_s": t1 - t0}
 
+    def spill_contract():
+        """spill_to_host on the GPU (docs/services.md): A and B declared cold (mark_cold) spill
+        when the device runs out (a memory fraction just above what is reserved); B's declaration
+        ends while C holds the room, so its pages stay on host memory. Then, while another thread
+        promotes in a loop (xseg.promote, empty_cache, trim), kernels on a side stream write B (on
+        host memory, not declared: never moved) and U (never declared); C goes, A is taken back
+        (mark_cold(A, cold=False)) and written the same way. Every byte compared after."""
+        import threading
+        import xseg.torch as xt
+        xseg.set_config("spill_to_host:True")
+        n = 64 * MiB // 4
+        total = torch.cuda.get_device_properties(0).total_memory
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            a = torch.full((n,), 1.0, device=dev)
+            b = torch.full((n,), 2.0, device=dev)
+            u = torch.full((n,), 3.0, device=dev)
+            torch.cuda.synchronize()
+            xt.mark_cold(a)
+            xt.mark_cold(b)
+            reserved = xseg.memory_stats(0)["reserved_bytes.all.current"]
+            xseg.set_per_process_memory_fraction((reserved + 64 * MiB) / total, 0)
+            c = torch.empty(160 * MiB, dtype=torch.uint8, device=dev)  # spills A and B
+            spilled = xseg.memory_stats(0)["spilled_bytes.all.current"]
+            assert spilled >= 96 * MiB, spilled
+            xt.mark_cold(b, cold=False)  # no room: B stays on host memory, the program's again
+            where_b = xseg.block_location(b.data_ptr())
+            assert where_b[0] != "device", where_b
+            stop, errors = threading.Event(), []
+
+            def promoter():
+                while not stop.is_set():
+                    try:
+                        xseg.promote()
+                    except xseg.XsegError as e:
+                        if e.status_name != "XSEG_ERROR_OUT_OF_MEMORY":
+                            errors.append(str(e))
+                    xseg.empty_cache()
+                    xseg.trim(0)
+
+            t = threading.Thread(target=promoter)
+            t.start()
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                for _ in range(50):
+                    b.add_(1.0)  # a spilled block written by kernels while another thread promotes
+                    u.add_(1.0)
+            del c
+            xt.mark_cold(a, cold=False)  # A's pages back (if the promoter did not bring them first)
+            with torch.cuda.stream(s):
+                for _ in range(50):
+                    a.add_(1.0)
+            s.synchronize()
+            stop.set()
+            t.join()
+            assert not errors, errors
+            after_b = xseg.block_location(b.data_ptr())
+            for name, x, want in (("A", a, 51.0), ("B", b, 52.0), ("U", u, 53.0)):
+                bad = int((x != want).sum().item())
+                assert bad == 0, "%s: %d of %d floats lost their writes" % (name, bad, n)
+            assert after_b[0] != "device", "B moved while it was not declared: %s" % (after_b,)
+            xt.mark_cold(b, cold=False)  # now with room: B comes back
+            assert xseg.block_location(b.data_ptr())[0] == "device"
+            st = xseg.memory_stats(0)
+            return {"spilled_bytes": spilled, "num_spills": st["num_spills"], "num_promotions": st["num_promotions"],
+                    "spill_numa_node": st["spill_numa_node"], "spill_numa_fallback": st["spill_numa_fallback"],
+                    "b_on_host_while_written": where_b[1]}
+        finally:
+            xseg.set_per_process_memory_fraction(1.0, 0)
+            xseg.set_config("spill_to_host:False")
+
     report("sleep and wake", sleep_wake)
     report("graph replayed after wake", graph_after_wake)
     report("trim", trim)
+    report("spill contract", spill_contract)
 
 
 def stale_snapshot(xseg, out):

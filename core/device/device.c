@@ -63,6 +63,7 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
     d->small.stat_index = XSEG_STAT_SMALL_POOL;
     d->large.stat_index = XSEG_STAT_LARGE_POOL;
     d->structs = (struct arena)ARENA_INIT;
+    d->acct.stats.spill_numa_node = d->acct.stats.spill_numa_fallback = -1; /* no spill yet */
     lock_acquire(&d->lock); /* no other thread can see d yet; the lock keeps the helpers' contract */
     dev_refresh_cfg_slow(d);
     lock_release(&d->lock); /* not dev_unlock (core/device/check.h, above): a new device has nothing to walk */
@@ -76,7 +77,7 @@ void dev_destroy(struct dev_alloc *d)
     xseg_assert(!d->segs && !d->live.count);
     xs_free(d->cap.capturing);
     xs_free(d->exp.by_stream);
-    xs_free(d->spill.v); /* core/services/spill.c's records (empty: every block went) */
+    xs_free(d->spill.tab); /* core/services/spill.c's records (empty: every block went) */
     ptrmap_destroy(&d->live);
     for (void *s = d->heap_slabs, *next; s; s = next) {
         next = *(void **)s;
@@ -170,6 +171,13 @@ void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t by
     d->acct.total_allocated_memory -= bytes;
     stat_add_pool(d->acct.stats.reserved_bytes, pool->stat_index, -(int64_t)bytes);
     d->acct.stats.num_device_free += (int64_t)pages;
+}
+
+void dev_note_spill_place(struct dev_alloc *d, int node, int rule)
+{
+    lock_assert_held(&d->lock);
+    d->acct.stats.spill_numa_node = node;
+    d->acct.stats.spill_numa_fallback = rule;
 }
 
 void dev_count_spill(struct dev_alloc *d, size_t bytes, int dir)

@@ -179,6 +179,9 @@ void dev_count_unmapped(struct dev_alloc *d, const struct bpool *pool, size_t by
  * 1: num_spills counts a chunk), came back (-1: num_promotions), or were dropped with their
  * block's free (0); spill_copied_bytes counts the copies. */
 void dev_count_spill(struct dev_alloc *d, size_t bytes, int dir);
+/* Spill decided where its host memory goes: the stats spill_numa_node (@p node) and
+ * spill_numa_fallback (@p rule: 0 own node, 1 location HOST, 2 node 0; both -1 until then). */
+void dev_note_spill_place(struct dev_alloc *d, int node, int rule);
 /* Would reserving @p more bytes stay within the memory fraction and a budget in force (always,
  * when none is set)? */
 bool dev_fraction_allows(const struct dev_alloc *d, size_t more);

@@ -197,19 +197,24 @@ struct sleep_state {
 
 
 /* ---- spill.c: live pages moved to host memory out of memory (core/services/spill.h) ------------ */
-/* A block the spill module knows (block.spill set): hinted cold, or holding host chunks. */
+/* A block the spill module knows (block.spill set): declared cold, or holding host chunks. */
 struct spill_rec {
-    struct block *b;  /* allocated; the record goes with its free (spill_on_free) */
+    struct block *b;  /* allocated (the record goes with its free: spill_on_free); NULL: an empty slot */
+    uint64_t decl;    /* the epoch of its declaration (xseg_spill_hint COLD); 0: not declared */
     uint64_t seq;     /* when its first chunk moved (promotion goes newest first); 0: none on host */
     size_t host;      /* bytes of its chunks on host memory */
-    bool hint;        /* xseg_spill_hint(XSEG_SPILL_COLD) */
 };
 struct spill_state {
-    struct spill_rec *v;
-    size_t n, cap;
+    struct spill_rec *tab;  /* open addressing on the block pointer, linear probes; cap a power of two */
+    size_t cap, n;
     uint64_t seq;
-    size_t host_bytes;                  /* spilled_bytes.all.current */
-    char why[256];                      /* why the last OOM could not spill ("" : it did, or it is off) */
+    uint64_t epoch;         /* declarations made so far (each takes the next number) */
+    uint64_t synced;        /* a context synchronize that began after declaration `synced` completed */
+    size_t host_bytes;      /* spilled_bytes.all.current */
+    CUstream copy;          /* spill's own stream for the moves' copies (made at the first move) */
+    CUmemLocation where;    /* host memory's location (seg_host_location), once `placed` */
+    bool placed;
+    char why[256];          /* why the last OOM could not spill ("" : it did, or it is off) */
 };
 
 /* ---- device.c: the device's memory accounting (statistics, peaks, fraction) --------------- */

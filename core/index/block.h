@@ -107,7 +107,7 @@ struct block {
              * refuses to sleep (core/services/sleep.c), as importers map these very pages. Cleared by its
              * free (free_ptr_rare), so free blocks and spare structs have it clear. */
             bool exported : 1;
-            /* Known to core/services/spill.c (hinted cold, or some of its chunks on host memory):
+            /* Known to core/services/spill.c (declared cold, or some of its chunks on host memory):
              * its free goes through spill_on_free first. Allocated blocks only. */
             bool spill : 1;
         };

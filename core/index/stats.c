@@ -53,6 +53,8 @@ static const struct stats_row stats_rows[] = {
     STATS_SCALAR(num_spills),
     STATS_SCALAR(num_promotions),
     STATS_SCALAR(spill_copied_bytes),
+    STATS_SCALAR(spill_numa_node),
+    STATS_SCALAR(spill_numa_fallback),
 };
 
 #define STATS_NROWS (sizeof stats_rows / sizeof stats_rows[0])
@@ -264,6 +266,17 @@ void stats_format_summary(const xseg_device_stats *stats, int device, char *buf,
     if (stats->spilled_bytes.allocated || stats->spilled_bytes.current) { /* spill_to_host ran */
         stats_rule(&o, '-');
         stats_row_line(&o, "Spilled to host", &stats->spilled_bytes, &stats->spilled_bytes, stats_cell_size);
+        static const char *const how[] = {"the device's own node", "location HOST: the device names no node",
+                                          "node 0: the device names no node, and has no location HOST"};
+        char where[120];
+        if (stats->spill_numa_fallback >= 0 && stats->spill_numa_fallback <= 2) {
+            if (stats->spill_numa_node >= 0)
+                snprintf(where, sizeof where, "on NUMA node %lld (%s)", (long long)stats->spill_numa_node,
+                         how[stats->spill_numa_fallback]);
+            else
+                snprintf(where, sizeof where, "on %s", how[stats->spill_numa_fallback]);
+            strbuf_printf(&o, "|   %-72s|\n", where);
+        }
     }
     stats_rule(&o, '=');
     if (len)

@@ -1,5 +1,6 @@
 /*
- * Spill: live pages to host memory out of memory, and back (spill.h has the contract).
+ * Spill: live pages of declared blocks to host memory out of memory, and back (spill.h has the
+ * contract).
  */
 #include "core/services/spill.h"
 
@@ -12,46 +13,114 @@
 
 #include "base/error.h"
 #include "base/hostmem.h"
-#include "base/vec.h"
 #include "core/device/fast.h"
 #include "core/device/placement.h"
 #include "core/policy/expandable.h"
 #include "core/policy/registry.h"
+#include "core/policy/release.h"
 #include "core/process/procstate.h"
 #include "vmm/driver.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
-/* ---- records ------------------------------------------------------------------------------ */
+/* ---- records: a table keyed by the block, so a hint and a free cost O(1) however many blocks
+ * are declared ---------------------------------------------------------------------------------- */
+
+static size_t rec_slot(const struct block *b, size_t cap)
+{
+    return (size_t)(((uint64_t)(uintptr_t)b * 0x9e3779b97f4a7c15ull) >> 32) & (cap - 1);
+}
 
 static struct spill_rec *rec_find(const struct dev_alloc *d, const struct block *b)
 {
-    if (!b->spill)
+    if (!b->spill || !d->spill.cap)
         return NULL;
-    for (size_t i = 0; i < d->spill.n; i++)
-        if (d->spill.v[i].b == b)
-            return &d->spill.v[i];
-    return NULL;
+    for (size_t i = rec_slot(b, d->spill.cap);; i = (i + 1) & (d->spill.cap - 1)) {
+        struct spill_rec *r = &d->spill.tab[i];
+        if (r->b == b)
+            return r;
+        if (!r->b)
+            return NULL;
+    }
 }
 
-/* The record of @p b, made when missing; NULL on host OOM (nothing changed). */
+/* Room for one more record (a table at most 3/4 full); false on host OOM (nothing changed). */
+static bool rec_reserve(struct dev_alloc *d)
+{
+    struct spill_state *sp = &d->spill;
+    if ((sp->n + 1) * 4 <= sp->cap * 3)
+        return true;
+    size_t cap = sp->cap ? sp->cap * 2 : 64;
+    struct spill_rec *tab = xs_calloc(cap, sizeof *tab);
+    if (!tab)
+        return false;
+    for (size_t i = 0; i < sp->cap; i++) {
+        if (!sp->tab[i].b)
+            continue;
+        size_t j = rec_slot(sp->tab[i].b, cap);
+        while (tab[j].b)
+            j = (j + 1) & (cap - 1);
+        tab[j] = sp->tab[i];
+    }
+    xs_free(sp->tab);
+    sp->tab = tab;
+    sp->cap = cap;
+    return true;
+}
+
+/* The record of @p b, made when missing; NULL on host OOM (nothing changed). Moves records: a
+ * pointer from before is stale after it. */
 static struct spill_rec *rec_get(struct dev_alloc *d, struct block *b)
 {
     struct spill_rec *r = rec_find(d, b);
     if (r)
         return r;
-    if (!VEC_RESERVE(d->spill.v, d->spill.cap, d->spill.n + 1))
+    if (!rec_reserve(d))
         return NULL;
-    r = &d->spill.v[d->spill.n++];
+    size_t i = rec_slot(b, d->spill.cap);
+    while (d->spill.tab[i].b)
+        i = (i + 1) & (d->spill.cap - 1);
+    r = &d->spill.tab[i];
     *r = (struct spill_rec){.b = b};
+    d->spill.n++;
     b->spill = true;
     return r;
 }
 
+/* Remove @p r (backward shift: no tombstones). Moves records: pointers from before are stale. */
 static void rec_drop(struct dev_alloc *d, struct spill_rec *r)
 {
+    struct spill_state *sp = &d->spill;
+    size_t mask = sp->cap - 1, hole = (size_t)(r - sp->tab);
     r->b->spill = false;
-    *r = d->spill.v[--d->spill.n];
+    for (size_t j = (hole + 1) & mask; sp->tab[j].b; j = (j + 1) & mask) {
+        size_t home = rec_slot(sp->tab[j].b, sp->cap);
+        /* The entry at j may fill the hole unless its home lies cyclically in (hole, j]. */
+        if (((j - home) & mask) >= ((j - hole) & mask)) {
+            sp->tab[hole] = sp->tab[j];
+            hole = j;
+        }
+    }
+    sp->tab[hole] = (struct spill_rec){0};
+    sp->n--;
+}
+
+/* The blocks of every record for which @p keep says yes (NULL: all), in a new array (*n of them);
+ * NULL with *n == 0 when there are none or on host OOM (*oom set). */
+static struct block **rec_blocks(const struct dev_alloc *d, bool (*keep)(const struct spill_rec *), size_t *n,
+                                 bool *oom)
+{
+    *n = 0;
+    *oom = false;
+    struct block **v = d->spill.n ? xs_malloc(d->spill.n * sizeof *v) : NULL;
+    if (d->spill.n && !v) {
+        *oom = true;
+        return NULL;
+    }
+    for (size_t i = 0; i < d->spill.cap; i++)
+        if (d->spill.tab[i].b && (!keep || keep(&d->spill.tab[i])))
+            v[(*n)++] = d->spill.tab[i].b;
+    return v;
 }
 
 size_t spill_block_host(const struct dev_alloc *d, const struct block *b)
@@ -60,31 +129,52 @@ size_t spill_block_host(const struct dev_alloc *d, const struct block *b)
     return r ? r->host : 0;
 }
 
+int spill_numa_node(const struct dev_alloc *d)
+{
+    return d->spill.placed && d->spill.where.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? d->spill.where.id : -1;
+}
+
 /* ---- what may move ------------------------------------------------------------------------ */
 
-static const struct segrec *seg_of(const struct dev_alloc *d, uintptr_t addr)
+enum pin {
+    PIN_OBSERVER = 1,   /* a segment observer is attached */
+    PIN_REGISTERED = 2, /* xseg_register_range */
+    PIN_EXPORTED = 4,   /* xseg_ipc_export, while the block lives */
+    PIN_HANDLES = 8,    /* xseg_block_handles, until released or the block's free */
+    PIN_ASLEEP = 16,    /* its pool sleeps */
+};
+
+/* Why the pages of allocated block @p b must stay (PIN_* bits; 0: they may move). */
+static unsigned block_pins(struct dev_alloc *d, const struct block *b)
 {
-    for (const struct segrec *s = d->segs; s; s = s->next_seg)
-        if (s->vseg && addr >= (uintptr_t)seg_base(s->vseg) && addr - (uintptr_t)seg_base(s->vseg) < s->size)
-            return s;
-    return NULL;
+    unsigned pins = 0;
+    if (atomic_load_explicit(&xseg_rt.obs.count, memory_order_relaxed))
+        pins |= PIN_OBSERVER; /* an observer may have registered these pages */
+    if (reg_range_registered(d, b->addr, b->size))
+        pins |= PIN_REGISTERED;
+    if (b->exported)
+        pins |= PIN_EXPORTED; /* importers map these very chunks */
+    if (b->sided && b->u.side->handle_holds)
+        pins |= PIN_HANDLES;
+    if (b->seg->asleep)
+        pins |= PIN_ASLEEP;
+    return pins;
 }
 
 bool spill_pinned(struct dev_alloc *d, uintptr_t addr, size_t size)
 {
     lock_assert_held(&d->lock);
-    if (atomic_load_explicit(&xseg_rt.obs.count, memory_order_relaxed))
-        return true; /* an observer may have registered these pages */
-    if (reg_range_registered(d, addr, size))
-        return true; /* registered with xseg_register_range (core/policy/registry.h) */
-    const struct segrec *s = seg_of(d, addr);
-    if (!s || s->handles_out || s->asleep)
+    if (atomic_load_explicit(&xseg_rt.obs.count, memory_order_relaxed) || reg_range_registered(d, addr, size))
         return true;
-    for (const struct block *b = s->first; b; b = b->next)
-        if (b->addr < addr + size && addr < b->addr + b->size &&
-            (b->exported || (b->sided && b->u.side->handle_holds)))
-            return true;
-    return false;
+    struct block *b = ptrmap_get(&d->live, addr);
+    for (const struct segrec *s = d->segs; !b && s; s = s->next_seg)
+        if (s->vseg && addr >= (uintptr_t)seg_base(s->vseg) && addr - (uintptr_t)seg_base(s->vseg) < s->size)
+            for (struct block *x = s->first; x; x = x->next)
+                if (x->addr <= addr && addr < x->addr + x->size)
+                    b = x;
+    if (!b || !b->allocated || addr + size > b->addr + b->size)
+        return true; /* only pages inside one live block ever move */
+    return block_pins(d, b) != 0;
 }
 
 /* Call @p fn for every chunk lying wholly inside @p b, on host memory when @p host, else on the
@@ -114,35 +204,39 @@ static bool add_bytes(void *ctx, size_t g, size_t bytes)
     return true;
 }
 
-/* Are all streams that used @p b (its own, record_stream's) known idle (one query each, no wait)? */
-static bool block_idle(struct dev_alloc *d, const struct block *b)
+/* Make every declaration made so far covered: one context synchronize (every stream of the
+ * device's context, destroyed ones included, waits for its queued work). Nothing is queued on the
+ * declared blocks since their declarations, so their pages are still from then on. */
+static xseg_status spill_quiesce(struct dev_alloc *d, uint64_t upto, const char *why)
 {
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS || !vstream_idle(b->stream))
-        return false;
-    const struct block_side *sd = block_side(b);
-    for (unsigned i = 0; sd && i < sd->uses.n; i++)
-        if (!vstream_idle(stream_set_get(&sd->uses, i)))
-            return false;
-    return true;
-}
-
-/* Wait for every stream that used @p b (its own, record_stream's): a stream synchronize each. */
-static xseg_status wait_block(struct dev_alloc *d, const struct block *b)
-{
+    if (upto <= d->spill.synced)
+        return XSEG_SUCCESS;
+    uint64_t epoch = d->spill.epoch;
     xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
     if (st == XSEG_SUCCESS)
-        st = vstream_wait(b->stream, "before moving a block's pages between device and host memory");
-    const struct block_side *sd = block_side(b);
-    for (unsigned i = 0; sd && st == XSEG_SUCCESS && i < sd->uses.n; i++)
-        st = vstream_wait(stream_set_get(&sd->uses, i), "before moving a block's pages (a recorded stream)");
+        st = vstream_wait_all(why);
+    if (st == XSEG_SUCCESS)
+        d->spill.synced = epoch;
     return st;
+}
+
+/* Spill's own stream for its copies, made at the first move. */
+static xseg_status spill_stream(struct dev_alloc *d)
+{
+    if (d->spill.copy)
+        return XSEG_SUCCESS;
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+    if (st == XSEG_SUCCESS)
+        st = vstream_create(&d->spill.copy);
+    return st == XSEG_SUCCESS ? st : err_prefix(st, "spill's copy stream");
 }
 
 /* ---- spill -------------------------------------------------------------------------------- */
 
 struct cand {
     struct block *b;
-    int cls; /* 0 hinted, 1 predicted long-lived, 2 the rest */
+    uint64_t decl;  /* its declaration's epoch */
+    int cls;        /* 0 predicted long-lived, 1 the rest */
 };
 
 static int cand_cmp(const void *pa, const void *pb)
@@ -155,35 +249,39 @@ static int cand_cmp(const void *pa, const void *pb)
     return a->b->addr < b->b->addr ? -1 : a->b->addr > b->b->addr;
 }
 
-/* Allocated blocks with a whole device chunk inside that may move, in spill order; *n of them. */
-static struct cand *candidates(struct dev_alloc *d, size_t *n, size_t *pinned)
+static bool is_declared(const struct spill_rec *r) { return r->decl != 0; }
+
+/* Declared blocks with a whole device chunk inside that may move, in spill order (*n of them);
+ * *pins gathers why the others may not, *ndecl counts the declared. */
+static struct cand *candidates(struct dev_alloc *d, size_t *n, unsigned *pins, size_t *npinned, size_t *ndecl,
+                               bool *oom)
 {
-    size_t cap = 0;
-    struct cand *v = NULL;
-    *n = *pinned = 0;
-    for (struct segrec *s = d->segs; s; s = s->next_seg) {
-        if (!s->vseg)
+    size_t nb;
+    struct block **bs = rec_blocks(d, is_declared, &nb, oom);
+    struct cand *v = nb ? xs_malloc(nb * sizeof *v) : NULL;
+    *n = *npinned = 0;
+    *pins = 0;
+    *ndecl = nb;
+    if (nb && !v)
+        *oom = true;
+    for (size_t i = 0; v && i < nb; i++) {
+        struct block *b = bs[i];
+        size_t movable = 0;
+        if (!b->expandable)
             continue;
-        for (struct block *b = s->first; b; b = b->next) {
-            size_t movable = 0;
-            if (!b->allocated)
-                continue;
-            each_chunk(b, false, add_bytes, &movable);
-            if (!movable)
-                continue;
-            if (spill_pinned(d, b->addr, b->size)) {
-                (*pinned)++;
-                continue;
-            }
-            if (!VEC_RESERVE(v, cap, *n + 1))
-                break; /* host OOM: the candidates so far */
-            const struct spill_rec *r = rec_find(d, b);
-            int cls = r && r->hint ? 0
-                      : life_predict_long(&d->life, block_requested(b), b->stream, block_pool(b)) ? 1
-                                                                                                 : 2;
-            v[(*n)++] = (struct cand){b, cls};
+        each_chunk(b, false, add_bytes, &movable);
+        if (!movable)
+            continue;
+        unsigned why = block_pins(d, b);
+        if (why) {
+            *pins |= why;
+            (*npinned)++;
+            continue;
         }
+        int cls = life_predict_long(&d->life, block_requested(b), b->stream, block_pool(b)) ? 0 : 1;
+        v[(*n)++] = (struct cand){b, rec_find(d, b)->decl, cls};
     }
+    xs_free(bs);
     if (*n)
         qsort(v, *n, sizeof *v, cand_cmp);
     return v;
@@ -198,10 +296,29 @@ static void why(struct dev_alloc *d, const char *fmt, ...)
     va_end(ap);
 }
 
+/* "exported over IPC, ..." for the PIN_* bits of @p pins. */
+static void pin_words(unsigned pins, char *buf, size_t n)
+{
+    static const struct {
+        unsigned bit;
+        const char *words;
+    } w[] = {
+        {PIN_EXPORTED, "exported over IPC (xseg_ipc_export; until the block's free)"},
+        {PIN_HANDLES, "its handles handed out (xseg_block_handles; until xseg_block_handles_release)"},
+        {PIN_REGISTERED, "registered (xseg_register_range)"},
+        {PIN_OBSERVER, "a segment observer is attached"},
+        {PIN_ASLEEP, "its pool sleeps (xseg_sleep)"},
+    };
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if ((pins & w[i].bit) && len < n)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? "; " : "", w[i].words);
+}
+
 struct move_ctx {
     struct dev_alloc *d;
     struct block *b;
-    struct spill_rec *r;
     bool to_host;
     size_t want, moved, limit;
     xseg_status st;
@@ -222,25 +339,66 @@ static bool move_one(void *ctx, size_t g, size_t bytes)
         return false;
     }
     size_t moved = 0;
-    xseg_status st = seg_move_chunk(m->b->seg->vseg, g, m->to_host, &moved);
+    xseg_status st = seg_move_chunk(m->b->seg->vseg, g, m->to_host ? &d->spill.where : NULL, d->spill.copy, &moved);
     if (st != XSEG_SUCCESS) {
         m->st = st;
         return false;
     }
+    struct spill_rec *r = rec_find(d, m->b);
     struct bpool *pool = block_pool(m->b);
     if (m->to_host) {
         dev_count_unmapped(d, pool, moved, 1);
         dev_count_spill(d, moved, 1);
         d->spill.host_bytes += moved;
-        m->r->host += moved;
+        r->host += moved;
     } else {
         dev_count_mapped(d, pool, moved, 1);
         dev_count_spill(d, moved, -1);
         d->spill.host_bytes -= moved;
-        m->r->host -= moved;
+        r->host -= moved;
     }
     m->moved += moved;
     return m->moved < m->want;
+}
+
+/* Move @p b's chunks (to host memory: up to @p want bytes) and keep its record's books. */
+static xseg_status move_block(struct dev_alloc *d, struct block *b, bool to_host, size_t want, size_t *moved)
+{
+    struct move_ctx m = {d, b, to_host, want, 0, to_host ? d->cfg.spill_host_limit : 0, XSEG_SUCCESS};
+    each_chunk(b, !to_host, move_one, &m);
+    struct spill_rec *r = rec_find(d, b);
+    if (to_host && m.moved && !r->seq)
+        r->seq = ++d->spill.seq;
+    if (!r->host) {
+        r->seq = 0;
+        if (!r->decl)
+            rec_drop(d, r);
+    }
+    *moved = m.moved;
+    return m.st;
+}
+
+/* Where host memory goes, decided once (the first segment's device is the device). Sets the
+ * reason when the device maps no host memory. */
+static bool spill_place(struct dev_alloc *d)
+{
+    if (d->spill.placed)
+        return true;
+    for (const struct segrec *s = d->segs; s; s = s->next_seg)
+        if (s->vseg) {
+            enum seg_host_rule rule;
+            if (!seg_host_location(s->vseg, &d->spill.where, &rule)) {
+                why(d, "the driver cannot map host memory into device address ranges "
+                       "(CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and "
+                       "..._HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED are 0)");
+                return false;
+            }
+            d->spill.placed = true;
+            dev_note_spill_place(d, spill_numa_node(d), rule == SEG_HOST_OWN_NODE ? 0 : rule == SEG_HOST_ANY_NODE ? 1 : 2);
+            return true;
+        }
+    why(d, "no expandable segment holds live blocks");
+    return false;
 }
 
 /* Can anything move now? Sets the reason when not. */
@@ -258,17 +416,7 @@ static bool spill_possible(struct dev_alloc *d)
         why(d, "debug_stale_access is on (its quarantine and canary pages keep every page where it is)");
         return false;
     }
-    for (const struct segrec *s = d->segs; s; s = s->next_seg)
-        if (s->vseg) {
-            if (seg_host_supported(s->vseg))
-                return true;
-            why(d, "the driver cannot map host memory into device address ranges "
-                   "(CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and "
-                   "..._HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED are 0)");
-            return false;
-        }
-    why(d, "no expandable segment holds live blocks");
-    return false;
+    return spill_place(d);
 }
 
 xseg_status spill_make_room(struct dev_alloc *d, size_t need)
@@ -280,46 +428,43 @@ xseg_status spill_make_room(struct dev_alloc *d, size_t need)
     if (!spill_possible(d))
         return XSEG_ERROR_OUT_OF_MEMORY;
     fast_settle(d, FAST_ALL, NULL); /* a slot's block must not go back to the cache unseen (BLOCK_FREE_SLOW) */
-    size_t n, pinned;
-    struct cand *v = candidates(d, &n, &pinned);
+    size_t n, npinned, ndecl;
+    unsigned pins;
+    bool oom;
+    struct cand *v = candidates(d, &n, &pins, &npinned, &ndecl, &oom);
     size_t moved = 0;
     xseg_status last = XSEG_SUCCESS;
-    for (size_t i = 0; i < n && moved < need; i++) {
-        struct block *b = v[i].b;
-        struct spill_rec *r = rec_get(d, b);
-        if (!r) {
-            last = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for spill's records");
-            break;
-        }
-        xseg_status st = wait_block(d, b);
-        struct move_ctx m = {d, b, r, true, need - moved, 0, d->cfg.spill_host_limit, XSEG_SUCCESS};
-        if (st == XSEG_SUCCESS) {
-            each_chunk(b, false, move_one, &m);
-            st = m.st;
-        }
-        if (m.moved && !r->seq)
-            r->seq = ++d->spill.seq;
-        if (!r->host && !r->hint)
-            rec_drop(d, r);
-        moved += m.moved;
-        if (st != XSEG_SUCCESS) {
-            last = st;
-            break; /* the driver, the limit or the host refused: the rest would fare no better */
-        }
+    if (oom)
+        last = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory listing the blocks declared cold");
+    else if (n)
+        last = spill_stream(d);
+    for (size_t i = 0; last == XSEG_SUCCESS && i < n && moved < need; i++) {
+        /* The first block declared since the last wait waits for the device's work: one context
+         * synchronize covers every declaration made so far (blocks declared long ago mostly go
+         * first, largest first, and need none). */
+        size_t m = 0;
+        if ((last = spill_quiesce(d, v[i].decl, "before moving pages of blocks declared cold")) == XSEG_SUCCESS)
+            last = move_block(d, v[i].b, true, need - moved, &m);
+        moved += m;
+        /* On failure the driver, the limit or the host refused: the rest would fare no better. */
     }
     xs_free(v);
     if (moved)
         return XSEG_SUCCESS;
+    char words[384];
     if (last != XSEG_SUCCESS && d->spill.why[0])
         ; /* said where it happened (the limit) */
     else if (last != XSEG_SUCCESS)
         why(d, "moving pages to host memory failed (rolled back): %s", xseg_last_error());
-    else if (pinned && !n)
-        why(d, "every live block with a whole page is pinned (exported over IPC, its handles handed out, or "
-               "a segment observer attached)");
-    else
-        why(d, "no live block holds a whole page of its own that may move (only pages whose every byte belongs "
-               "to one live block move)");
+    else if (!ndecl)
+        why(d, "no live block is declared cold (xseg_spill_hint(ptr, XSEG_SPILL_COLD), xseg.torch.mark_cold): only "
+               "blocks the program promised not to touch move");
+    else if (npinned && !n) {
+        pin_words(pins, words, sizeof words);
+        why(d, "every block declared cold with a whole page of its own is pinned (%s)", words);
+    } else
+        why(d, "no block declared cold holds a whole page of its own that may move (only pages whose every byte "
+               "belongs to one live block move)");
     return XSEG_ERROR_OUT_OF_MEMORY;
 }
 
@@ -331,6 +476,22 @@ static int newest_first(const void *pa, const void *pb)
     return a->seq > b->seq ? -1 : a->seq < b->seq;
 }
 
+static bool declared_on_host(const struct spill_rec *r) { return r->decl && r->host; }
+
+/* Promote allocated block @p b (its record has host bytes): its pins, the copy stream, the move. */
+static xseg_status promote_block(struct dev_alloc *d, struct block *b)
+{
+    unsigned pins = block_pins(d, b) & ~(unsigned)PIN_OBSERVER; /* the observer hears the move */
+    if (pins) {
+        char words[384];
+        pin_words(pins, words, sizeof words);
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "block %p is pinned (%s)", (void *)b->addr, words);
+    }
+    xseg_status st = spill_stream(d);
+    size_t moved;
+    return st != XSEG_SUCCESS ? st : move_block(d, b, false, SIZE_MAX, &moved);
+}
+
 xseg_status spill_promote(struct dev_alloc *d, bool wait)
 {
     lock_assert_held(&d->lock);
@@ -340,35 +501,70 @@ xseg_status spill_promote(struct dev_alloc *d, bool wait)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "promote: a stream capture is underway on device %d; %zu bytes "
                        "stay on host memory", d->device, d->spill.host_bytes);
     fast_settle(d, FAST_ALL, NULL);
-    /* Records are swapped around as they go: work on a snapshot of the blocks, newest first. */
-    size_t n = d->spill.n;
-    struct spill_rec *order = xs_malloc((n ? n : 1) * sizeof *order);
-    if (!order)
+    /* Records move as others go: work on a snapshot, newest spill first. */
+    size_t n;
+    bool oom;
+    struct block **bs = rec_blocks(d, declared_on_host, &n, &oom);
+    struct spill_rec *order = n ? xs_malloc(n * sizeof *order) : NULL;
+    if (oom || (n && !order)) {
+        xs_free(bs);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "promote: out of host memory");
-    memcpy(order, d->spill.v, n * sizeof *order);
-    qsort(order, n, sizeof *order, newest_first);
-    xseg_status st = XSEG_SUCCESS;
+    }
+    uint64_t upto = 0;
+    for (size_t i = 0; i < n; i++) {
+        order[i] = *rec_find(d, bs[i]);
+        if (order[i].decl > upto)
+            upto = order[i].decl;
+    }
+    xs_free(bs);
+    if (n)
+        qsort(order, n, sizeof *order, newest_first);
+    xseg_status st = XSEG_SUCCESS, pinned = XSEG_SUCCESS;
+    if (wait && n)
+        st = spill_quiesce(d, upto, "before promoting blocks declared cold");
     for (size_t i = 0; i < n && st == XSEG_SUCCESS; i++) {
         struct spill_rec *r = rec_find(d, order[i].b);
-        if (!r || !r->host)
-            continue;
-        if (!wait && !block_idle(d, r->b))
-            continue; /* its streams still work: the next point */
-        if (wait && (st = wait_block(d, r->b)) != XSEG_SUCCESS)
-            break;
-        struct move_ctx m = {d, r->b, r, false, SIZE_MAX, 0, 0, XSEG_SUCCESS};
-        each_chunk(r->b, true, move_one, &m);
-        st = m.st;
-        if (!r->host) {
-            r->seq = 0;
-            if (!r->hint)
-                rec_drop(d, r);
+        if (!r || !r->host || !r->decl || r->decl > d->spill.synced)
+            continue; /* the idle pass: declared after the last synchronize, not waited for */
+        st = promote_block(d, r->b);
+        if (st == XSEG_ERROR_ILLEGAL_STATE) {
+            pinned = st; /* it stays; the others go on */
+            st = XSEG_SUCCESS;
         }
     }
     xs_free(order);
+    if (st == XSEG_SUCCESS)
+        st = pinned;
     if (st != XSEG_SUCCESS)
         err_prefix(st, "promote: %zu bytes stay on host memory of device %d", d->spill.host_bytes, d->device);
     return st;
+}
+
+/* xseg_spill_hint(NONE) of allocated block @p b with host chunks: the work queued on it before
+ * this call is waited for (a declaration a synchronize covers: none), the declaration ends, then
+ * its pages come back; where the device has no room, the cache goes back to the driver, then other
+ * declared blocks spill, once each. No room after that: its pages stay, valid, on host memory. */
+static xseg_status promote_own(struct dev_alloc *d, struct block *b)
+{
+    struct spill_rec *r = rec_find(d, b);
+    if (dev_capture_underway(d)) {
+        r->decl = 0; /* not now: its pages stay valid on host memory */
+        return XSEG_SUCCESS;
+    }
+    xseg_status st = spill_quiesce(d, r->decl ? r->decl : d->spill.epoch + 1,
+                                   "before promoting a block whose declaration ends");
+    r->decl = 0; /* not a candidate of the spills below */
+    for (int attempt = 0; st == XSEG_SUCCESS && attempt < 3; attempt++) {
+        st = promote_block(d, b);
+        r = rec_find(d, b);
+        if (st != XSEG_ERROR_OUT_OF_MEMORY || !r)
+            break;
+        if (attempt == 0)
+            (void)release_cached_blocks(d, NULL);
+        else if (spill_make_room(d, r->host) != XSEG_SUCCESS)
+            break;
+    }
+    return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_SUCCESS : st;
 }
 
 /* ---- free --------------------------------------------------------------------------------- */
@@ -382,17 +578,22 @@ bool spill_on_free(struct dev_alloc *d, struct block *b, xseg_status *st)
         b->spill = false;
         return false;
     }
-    bool host = r->host != 0;
+    bool host = r->host != 0, still = r->decl && r->decl <= d->spill.synced;
     rec_drop(d, r);
     if (!host)
         return false;
-    /* The host chunks go once the free merged the block: wait for its streams first, after which
-     * its recorded streams need no events (nothing of theirs is left to wait for). During a
-     * capture nothing is waited for or unmapped: the pages are stranded (spill_after_free). */
-    if (!dev_capture_underway(d))
-        *st = wait_block(d, b);
+    /* The host chunks go once the free merged the block. Declared since before the last
+     * synchronize: nothing touched it since, nothing to wait for. Otherwise the device's work is
+     * waited for (its streams may be gone). During a capture nothing is waited for or unmapped:
+     * the pages are stranded (spill_after_free). */
+    if (!still && !dev_capture_underway(d)) {
+        *st = drv_ctx_ensure(d->info.primary_ctx);
+        if (*st == XSEG_SUCCESS)
+            *st = vstream_wait_all("before dropping the host pages of a freed block");
+    }
     /* Even after a failed wait (the driver could not say): free bytes must never stay on host
-     * memory, so the chunks go with the free all the same, and the failure is reported. */
+     * memory, so the chunks go with the free all the same, and the failure is reported. Its
+     * recorded streams' work is done: no events. */
     struct block_side *sd = block_side(b);
     if (sd)
         stream_set_clear(&sd->uses);
@@ -421,6 +622,14 @@ void spill_after_quarantine(struct dev_alloc *d)
     d->spill.host_bytes = (size_t)d->acct.stats.spilled_bytes.current;
 }
 
+void spill_teardown(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    xseg_assert(!d->spill.n);
+    vstream_destroy(d->spill.copy);
+    d->spill.copy = NULL;
+}
+
 /* ---- the public queries ------------------------------------------------------------------- */
 
 xseg_status spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)
@@ -437,20 +646,26 @@ xseg_status spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_spill_hint: %p is not the start of a block", ptr);
     if (hint == XSEG_SPILL_NONE) {
         struct spill_rec *r = rec_find(d, b);
-        if (r && !r->host)
-            rec_drop(d, r);
-        else if (r)
-            r->hint = false;
-        return XSEG_SUCCESS;
+        xseg_status st = r && r->host ? promote_own(d, b) : XSEG_SUCCESS;
+        if ((r = rec_find(d, b))) { /* the declaration ends whatever happened */
+            r->decl = 0;
+            if (!r->host)
+                rec_drop(d, r);
+        }
+        return st == XSEG_SUCCESS ? st
+                                  : err_prefix(st, "xseg_spill_hint(%p, XSEG_SPILL_NONE): the declaration ended, "
+                                               "but pages stay on host memory (valid at their address)", ptr);
     }
     struct spill_rec *r = rec_get(d, b);
     if (!r)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_spill_hint: out of host memory recording the hint of %p", ptr);
-    r->hint = true;
+    if (!r->decl)
+        r->decl = ++d->spill.epoch;
     return XSEG_SUCCESS;
 }
 
-xseg_status spill_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, bool *owned)
+xseg_status spill_location(struct dev_alloc *d, void *ptr, int *location, size_t *host_bytes, int *numa_node,
+                           bool *owned)
 {
     lock_assert_held(&d->lock);
     struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
@@ -461,6 +676,8 @@ xseg_status spill_location(struct dev_alloc *d, void *ptr, int *location, size_t
     *location = !host ? XSEG_LOCATION_DEVICE : host == b->size ? XSEG_LOCATION_HOST : XSEG_LOCATION_MIXED;
     if (host_bytes)
         *host_bytes = host;
+    if (numa_node)
+        *numa_node = host ? spill_numa_node(d) : -1;
     return XSEG_SUCCESS;
 }
 
@@ -476,4 +693,3 @@ void spill_oom_info(const struct dev_alloc *d, char *buf, size_t n)
     else
         snprintf(buf, n, " %s of live blocks is spilled to host memory.", err_format_size(d->spill.host_bytes, s));
 }
-

@@ -329,25 +329,31 @@ _LOCATIONS = {0: "device", 1: "host", 2: "mixed"}
 
 
 def spill_hint(ptr, cold=True):
-    """Mark the live block at `ptr` (what malloc returned) cold, so that spill moves its pages
-    to host memory first when memory runs out (cold=False takes the hint back)."""
+    """Declare the live block at `ptr` (what malloc returned) cold: you promise that nothing
+    touches it (no kernel, copy or graph on any stream or thread) until spill_hint(ptr,
+    cold=False) returns; spill_to_host may move its pages to host memory meanwhile.
+    cold=False ends the declaration and brings its pages back before it returns (where the device
+    has no room they stay on host memory, valid: block_location tells). Only declared blocks
+    ever move (docs/services.md)."""
     f = "xseg.spill_hint"
     check(_lib.lib().xseg_spill_hint(_ptr(ptr, f), SPILL_COLD if cold else SPILL_NONE))
 
 
 def promote(device=-1):
-    """Move spilled pages back to device memory (all devices by default), giving the cache
-    back first. Raises XsegError (XSEG_ERROR_OUT_OF_MEMORY) naming what stays on host memory
-    when the device has no room."""
+    """Move spilled pages of declared blocks back to device memory (all devices by default),
+    giving the cache back first. Raises XsegError (XSEG_ERROR_OUT_OF_MEMORY) naming what stays on
+    host memory when the device has no room. A block whose declaration ended comes back with its
+    own spill_hint(ptr, cold=False)."""
     check(_lib.lib().xseg_promote(_device(device, "xseg.promote", all_devices=True)))
 
 
 def block_location(ptr):
-    """Where the live block at `ptr` is: ("device" | "host" | "mixed", bytes on host)."""
+    """Where the live block at `ptr` is: ("device" | "host" | "mixed", bytes on host, the NUMA
+    node of those bytes or -1 (none on host, or location HOST: the driver placed them))."""
     f = "xseg.block_location"
-    loc, host = ctypes.c_int(), ctypes.c_size_t()
-    check(_lib.lib().xseg_block_location(_ptr(ptr, f), ctypes.byref(loc), ctypes.byref(host)))
-    return _LOCATIONS.get(loc.value, str(loc.value)), host.value
+    loc, host, node = ctypes.c_int(), ctypes.c_size_t(), ctypes.c_int()
+    check(_lib.lib().xseg_block_location(_ptr(ptr, f), ctypes.byref(loc), ctypes.byref(host), ctypes.byref(node)))
+    return _LOCATIONS.get(loc.value, str(loc.value)), host.value, node.value
 
 
 def trim(keep_bytes=0, device=-1):
@@ -500,8 +506,9 @@ def memory_snapshot(device=-1, mempool_id=None):
                 blocks.append({"address": b.address, "size": b.size,
                                "requested_size": b.requested_size,
                                "state": _STATES.get(b.state, "inactive"), "frames": []})
-                if b.host_bytes:  # spill_to_host: bytes of the block on host memory
+                if b.host_bytes:  # spill_to_host: bytes of the block on host memory, and their node
                     blocks[-1]["host_bytes"] = b.host_bytes
+                    blocks[-1]["host_numa_node"] = b.host_numa_node
             segs.append({
                 "device": s.device, "address": s.address, "total_size": s.total_size,
                 "allocated_size": s.allocated_size, "active_size": s.active_size,

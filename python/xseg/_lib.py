@@ -240,7 +240,7 @@ class StatCounter(ctypes.Structure):
 class BlockInfo(ctypes.Structure):
     _fields_ = [("address", ctypes.c_uint64), ("size", ctypes.c_size_t),
                 ("requested_size", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("host_bytes", ctypes.c_size_t)]
+                ("host_bytes", ctypes.c_size_t), ("host_numa_node", ctypes.c_int)]
 
 
 class SegmentInfo(ctypes.Structure):
@@ -282,7 +282,8 @@ _PROTOS = {
     "xseg_empty_cache": (_S, [ctypes.c_int]),
     "xseg_spill_hint": (_S, [ctypes.c_void_p, ctypes.c_int]),
     "xseg_promote": (_S, [ctypes.c_int]),
-    "xseg_block_location": (_S, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), c_size_p]),
+    "xseg_block_location": (_S, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), c_size_p,
+                                 ctypes.POINTER(ctypes.c_int)]),
     "xseg_set_memory_fraction": (_S, [ctypes.c_double, ctypes.c_int]),
     "xseg_enable_peer_access": (_S, [ctypes.c_int, ctypes.c_int]),
     "xseg_stat": (_S, [ctypes.c_int, ctypes.c_char_p, c_int64_p]),

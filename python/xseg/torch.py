@@ -77,12 +77,15 @@ def pinned_reason():
     return _pinned_reason
 
 
-def mark_cold(tensor):
-    """Hint that `tensor`'s memory is cold: with spill_to_host:True its pages move to host
-    memory first when the device runs out (the tensor keeps its address; reading it is slower).
-    Names the tensor's storage, which xseg allocated (enable() first)."""
+def mark_cold(tensor, cold=True):
+    """Declare `tensor`'s storage cold: you promise that nothing reads or writes it (no kernel on
+    any stream, no copy, no graph replay) until mark_cold(tensor, cold=False) returns. With
+    spill_to_host:True its pages may move to host memory meanwhile (the tensor keeps its address).
+    cold=False ends the declaration and brings the pages back before it returns (see
+    xseg.spill_hint). Only declared storages ever move. Names the tensor's storage, which xseg
+    allocated (enable() first); the whole storage, views included."""
     import xseg
-    xseg.spill_hint(tensor.untyped_storage().data_ptr())
+    xseg.spill_hint(tensor.untyped_storage().data_ptr(), cold=cold)
 
 
 def enable(config=None, verbose=False, pinned=True, debug_stale_access=False, debug_quarantine_mb=None):

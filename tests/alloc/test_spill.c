@@ -5,13 +5,21 @@
  * the promotion, the books match the driver's mappings (a host page is mapped but not reserved),
  * a stream still writing a block is waited for, a captured graph replays over spilled and
  * promoted input, every driver call of spill and of promotion can fail and is rolled back, and
- * sleep and IPC refuse spilled pages until they are promoted.
+ * sleep and IPC refuse spilled pages until they are promoted. The contract (core/services/spill.h):
+ * only blocks declared cold move, a move never races the program's use (the parked promotion, the
+ * oracle), pins end with what made them, a destroyed stream is never named, and host pages go to
+ * the device's NUMA node.
  *
- * The scenario: A (24 MiB, hinted cold, tag 1) and B (16 MiB, tag 2) are live; C (20 MiB) does
+ * The scenario: A (24 MiB, declared cold, tag 1) and B (16 MiB, tag 2) are live; C (20 MiB) does
  * not fit beside them. argv[1] names one test (one process each); without it every test runs.
+ * Single-threaded tests with no idle thread read a declared block where it helps (check_data):
+ * nothing can move it during a read that completes before the next xseg call; a program keeps the
+ * promise instead (the oracle does).
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT, RTLD_NOLOAD */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,7 +46,7 @@ static void nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-/* A and B live and filled; A hinted cold. */
+/* A and B live and filled; A declared cold. */
 static void scenario(void **a, void **b)
 {
     *a = must_malloc(A_SIZE, NULL);
@@ -75,7 +83,7 @@ static bool same_bytes(void *x, void *y, size_t n)
 static int location(void *p, size_t *host)
 {
     int loc = -1;
-    assert_int_equal(xseg_block_location(p, &loc, host), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_location(p, &loc, host, NULL), XSEG_SUCCESS);
     return loc;
 }
 
@@ -229,10 +237,11 @@ static void test_spill_off(void **state)
     finish(a, b);
 }
 
-/* A stream still writing A when the malloc runs out: the spill waits for it (no copy of stale
- * bytes, no unmap under its work), and A holds what the stream wrote. The writer is a side
- * stream A was recorded on (xseg_record_stream), so no copy on A's own stream orders after it:
- * only the wait does (cudaemu refuses to unmap memory a held stream's work still touches). */
+/* A stream still writing A when the malloc runs out: work queued before A's declaration, on a
+ * side stream xseg was never told about (no record_stream: PyTorch needs none after wait_stream).
+ * The spill waits for the device's work first (a context synchronize: no copy of stale bytes, no
+ * unmap under the write), and A holds what the stream wrote (cudaemu refuses to unmap memory a
+ * held stream's work still touches). */
 static void test_spill_stream_writing(void **state)
 {
     (void)state;
@@ -242,15 +251,21 @@ static void test_spill_stream_writing(void **state)
     void *a = must_malloc(A_SIZE, NULL), *b = must_malloc(B_SIZE, NULL), *c = NULL;
     tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
     tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
-    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
-    assert_int_equal(xseg_record_stream(a, w), XSEG_SUCCESS);
     /* The write: a memset of A's first 8 MiB (the first pages to move) queued on the held stream
-     * (pending work). */
+     * (pending work), then the declaration. */
     assert_true(tu_stream_hold(w));
     tu_assert_cu(drv->cuMemsetD8Async(DPTR(a), 0x5a, 8 * MiB, w));
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    tu_counts_reset();
     assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuCtxSynchronize"), 1);
     assert_true(tu_stream_release(w));
     assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    /* A second spill of the same declarations waits for nothing. */
+    void *c2 = NULL;
+    tu_counts_reset();
+    assert_int_equal(xseg_malloc(&c2, 2 * MiB, 0, NULL), XSEG_SUCCESS);
+    assert_int_equal(tu_call_count("cuCtxSynchronize"), 0);
     unsigned char probe[4096];
     for (size_t off = 0; off < 8 * MiB; off += MiB) {
         tu_assert_cu(drv->cuMemcpyDtoH(probe, DPTR(a) + off, sizeof probe));
@@ -260,9 +275,9 @@ static void test_spill_stream_writing(void **state)
     }
     assert_true(tu_check(DPTR(b), B_SIZE, 2));
     check_books(true);
-    /* The side stream still counts for A's free (its host pages are dropped after a wait). */
+    tu_free(c2);
     tu_free(c);
-    tu_free(a);
+    tu_free(a); /* declared before the last synchronize: its host pages go without a wait */
     tu_free(b);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     check_no_leaks();
@@ -270,7 +285,9 @@ static void test_spill_stream_writing(void **state)
 }
 
 /* A graph captured over A (a copy of A's first 4 MiB into OUT) replays the same after A was
- * spilled and after it was promoted: its nodes hold A's address, which never changed. */
+ * spilled and after it was promoted: its nodes hold A's address, which never changed. The launch
+ * touches A, so A's declaration ends first: with no room (the fraction) its pages stay on host
+ * memory, and the graph reads them there; later, with room, the next NONE brings them back. */
 static void test_spill_graph_replay(void **state)
 {
     (void)state;
@@ -290,6 +307,10 @@ static void test_spill_graph_replay(void **state)
 
     assert_int_equal(xseg_malloc(&c, C_SIZE - 4 * MiB, 0, NULL), XSEG_SUCCESS);
     assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    cap_device((size_t)tu_stat("reserved_bytes.all.current"));
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_NONE), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
     tu_assert_cu(drv->cuMemsetD8(DPTR(out), 0, n));
     tu_assert_cu(gx->launch(x, s));
     tu_assert_cu(drv->cuStreamSynchronize(s));
@@ -299,6 +320,8 @@ static void test_spill_graph_replay(void **state)
     tu_free(c);
     tu_free(b); /* room for all of A again */
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE); /* not declared: not moved */
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_NONE), XSEG_SUCCESS); /* the program asks */
     assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
     tu_assert_cu(drv->cuMemsetD8(DPTR(out), 0, n));
     tu_assert_cu(gx->launch(x, s));
@@ -424,16 +447,26 @@ static void test_spill_capture_growth(void **state)
     void *p = must_malloc(A_SIZE, s);
     assert_int_equal(xseg_capture_end(0, s, &g), XSEG_SUCCESS);
     tu_assert_cu(drv->cuGraphDestroy(g));
-    void *b = must_malloc(B_SIZE, NULL), *c = NULL, *x = NULL;
     tu_assert_cu(tu_fill(DPTR(p), 4 * MiB, 7)); /* what the side stream copies */
-    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
     assert_int_equal(xseg_spill_hint(p, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    void *b = must_malloc(B_SIZE, NULL), *c = NULL, *x = NULL;
+    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
+    /* P and B's first pages go (B declared for the time being: taken back right after, its
+     * pages stay on host memory while C holds the device). */
+    assert_int_equal(xseg_spill_hint(b, XSEG_SPILL_COLD), XSEG_SUCCESS);
     assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    assert_int_equal(xseg_spill_hint(b, XSEG_SPILL_NONE), XSEG_SUCCESS);
     size_t host = 0;
     assert_int_not_equal(location(p, &host), XSEG_LOCATION_DEVICE);
     tu_free(c);
     void *y = must_malloc(4 * MiB, NULL);
     tu_assert_cu(tu_fill(DPTR(y), 4 * MiB, 9));
+    /* P's declaration ends with no room to bring it back (the fraction): it stays on host memory,
+     * the program's to use again. */
+    cap_device((size_t)tu_stat("reserved_bytes.all.current") - C_SIZE + 4 * MiB);
+    assert_int_equal(xseg_spill_hint(p, XSEG_SPILL_NONE), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    assert_int_not_equal(location(p, NULL), XSEG_LOCATION_DEVICE);
     /* The side stream's copy from P's first 4 MiB (on host memory: the first pages to move). */
     assert_int_equal(xseg_record_stream(p, w), XSEG_SUCCESS);
     assert_true(tu_stream_hold(w));
@@ -462,6 +495,7 @@ static void test_spill_capture_growth(void **state)
     assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
     assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_spill_hint(b, XSEG_SPILL_NONE), XSEG_SUCCESS); /* B's pages come home now */
     check_books(true);
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
     tu_free(y);
@@ -473,7 +507,8 @@ static void test_spill_capture_growth(void **state)
 }
 
 /* A range registered with xseg_register_range never moves (spill_pinned asks the ledger): the
- * hinted A stays on the device and B's pages go instead. */
+ * declared A stays on the device and B's pages (declared too) go instead; with B's declaration
+ * ended, the OOM names the registration as the one pin. */
 static void test_spill_registered(void **state)
 {
     (void)state;
@@ -483,6 +518,10 @@ static void test_spill_registered(void **state)
     static const xseg_range_callbacks cb = {NULL, NULL, 0};
     int ctx = 0;
     assert_int_equal(xseg_register_range(a, A_SIZE, &cb, &ctx), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    if (!strstr(xseg_last_error(), "is pinned (registered (xseg_register_range))"))
+        fail_msg("the OOM does not name the registration: %s", xseg_last_error());
+    assert_int_equal(xseg_spill_hint(b, XSEG_SPILL_COLD), XSEG_SUCCESS);
     assert_int_equal(xseg_malloc(&c, C_SIZE - 6 * MiB, 0, NULL), XSEG_SUCCESS);
     assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
     assert_int_not_equal(location(b, NULL), XSEG_LOCATION_DEVICE);
@@ -527,8 +566,12 @@ static void test_spill_sleep_ipc(void **state)
     check_no_leaks();
 }
 
-/* xseg_trim gives the cache back and promotes; the idle thread promotes a block once its streams
- * are idle (never waiting for them): while a stream it was recorded on holds work, A stays. */
+/* xseg_trim gives the cache back and promotes. The idle thread never waits and never moves a page
+ * a kernel may be using: a block whose declaration ended stays on host memory while its stream
+ * works on it, whatever the idle thread, empty_cache, trim or xseg_promote do; declared again, the
+ * idle thread leaves it (a synchronize would be needed: it makes none) and xseg_trim, which may
+ * wait, brings it back; a block declared since before the last synchronize the idle thread
+ * promotes by itself. */
 static void test_spill_trim_idle(void **state)
 {
     (void)state;
@@ -539,20 +582,52 @@ static void test_spill_trim_idle(void **state)
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
     check_data(a, b);
 
+    /* A spilled again, then its declaration ends with no room (the fraction): it stays on host. */
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    tu_free(c);
+    cap_device((size_t)tu_stat("reserved_bytes.all.current") - C_SIZE);
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_NONE), XSEG_SUCCESS);
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+    /* The program's kernel on A, still queued on a stream xseg was never told about. */
     CUstream w;
     tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
+    assert_true(tu_stream_hold(w));
+    tu_assert_cu(drv->cuMemsetD8Async(DPTR(a), 0x5a, 8 * MiB, w));
+    assert_int_equal(xseg_set_config("idle_release_ms:20,idle_release_thread:True"), XSEG_SUCCESS);
+    int64_t promotions = tu_stat("num_promotions");
+    tu_counts_reset();
+    for (int i = 0; i < 20; i++)
+        nap_ms(10); /* several idle passes */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
+    assert_int_equal(xseg_promote(0), XSEG_SUCCESS); /* no declared block on host */
+    assert_int_equal(tu_stat("num_promotions"), promotions); /* not declared: never moved */
+    assert_int_equal(tu_call_count("cuCtxSynchronize"), 0);
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    /* Declared again, the kernel still queued: the idle thread does not wait for it. */
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    for (int i = 0; i < 20; i++)
+        nap_ms(10);
+    assert_int_equal(tu_stat("num_promotions"), promotions);
+    assert_int_equal(tu_call_count("cuCtxSynchronize"), 0);
+    assert_int_equal(xseg_set_config("idle_release_ms:0,idle_release_thread:False"), XSEG_SUCCESS);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS); /* may wait: the device's work, then A */
+    assert_int_equal(tu_call_count("cuCtxSynchronize"), 1);
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    assert_true(tu_stream_release(w));
+    unsigned char probe[4096];
+    tu_assert_cu(drv->cuMemcpyDtoH(probe, DPTR(a), sizeof probe));
+    for (size_t i = 0; i < sizeof probe; i++)
+        if (probe[i] != 0x5a)
+            fail_msg("byte %zu of A lost the kernel's write", i);
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
+
+    /* Declared since before the last synchronize: the idle thread promotes it by itself. */
     assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
     tu_free(c);
     assert_true(tu_stat("spilled_bytes.all.current") > 0);
-    assert_int_equal(xseg_record_stream(a, w), XSEG_SUCCESS);
-    assert_true(tu_stream_hold(w));
-    assert_true(tu_stream_work(w)); /* a kernel on A still queued */
     assert_int_equal(xseg_set_config("idle_release_ms:20,idle_release_thread:True"), XSEG_SUCCESS);
-    int64_t promotions = tu_stat("num_promotions");
-    for (int i = 0; i < 20; i++)
-        nap_ms(10); /* several idle passes */
-    assert_int_equal(tu_stat("num_promotions"), promotions); /* busy: not waited for, not moved */
-    assert_true(tu_stream_release(w));
     /* A hang guard only: the thread's next passes promote A (generous bound). */
     for (int i = 0; i < 1000 && tu_stat("spilled_bytes.all.current"); i++)
         nap_ms(10);
@@ -574,7 +649,7 @@ static const struct {
     {"cuMemMap", CUDA_ERROR_UNKNOWN},           {"cuMemSetAccess", CUDA_ERROR_UNKNOWN},
     {"cuMemcpyDtoDAsync", CUDA_ERROR_UNKNOWN},  {"cuStreamSynchronize", CUDA_ERROR_UNKNOWN},
     {"cuMemUnmap", CUDA_ERROR_UNKNOWN},         {"cuMemRelease", CUDA_ERROR_UNKNOWN},
-    {"cuMemAddressFree", CUDA_ERROR_UNKNOWN},
+    {"cuMemAddressFree", CUDA_ERROR_UNKNOWN},     {"cuCtxSynchronize", CUDA_ERROR_UNKNOWN},
 };
 #define NFAULTS (sizeof faults / sizeof faults[0])
 
@@ -672,16 +747,41 @@ static uint64_t link_bytes(void)
     return f();
 }
 
-/* Where spill puts pages: location HOST where the device supports it (CUDAEMU_HOST_VMM=all, the
- * default), else HOST_NUMA node 0 (=numa), else nowhere (=none: the OOM says why). A copy that
- * fails names the location tried; a spill and a promotion cross the host link with exactly the
- * bytes they copied (cudaemu's link bytes). */
-static void location_case(const char *host_vmm, const char *named)
+/* The location of the host chunk under the first whole chunk of @p p, as the driver says
+ * (cuMemRetainAllocationHandle + cuMemGetAllocationPropertiesFromHandle). */
+static CUmemLocation chunk_location(void *p)
+{
+    CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle) = NULL;
+    void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+    if (lib)
+        *(void **)&props = dlsym(lib, "cuMemGetAllocationPropertiesFromHandle");
+    if (!props)
+        fail_msg("cuMemGetAllocationPropertiesFromHandle: not exported by the driver");
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr chunk = (DPTR(p) + 2 * MiB - 1) & ~(CUdeviceptr)(2 * MiB - 1);
+    tu_assert_cu(drv->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)chunk));
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    tu_assert_cu(props(&prop, h));
+    tu_assert_cu(drv->cuMemRelease(h));
+    return prop.location;
+}
+
+/* Where spill puts pages: HOST_NUMA at the device's own node (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+ * CUDAEMU_HOST_NUMA_ID), else location HOST (the device names no node), else HOST_NUMA node 0,
+ * else nowhere (=none: the OOM says why). The stats, xseg_block_location, the snapshot and the
+ * driver's own properties of the host chunk agree. A copy that fails names the location tried;
+ * a spill and a promotion cross the host link with exactly the bytes they copied (cudaemu's link
+ * bytes). */
+static void location_case(const char *host_vmm, const char *numa_id, const char *named, int node, int fallback)
 {
     setenv("CUDAEMU_HOST_VMM", host_vmm, 1); /* read at the first driver call */
+    setenv("CUDAEMU_HOST_NUMA_ID", numa_id, 1);
     start_emu(SPILL);
     void *a, *b, *c = NULL;
     scenario(&a, &b);
+    assert_int_equal(tu_stat("spill_numa_node"), -1); /* nothing spilled yet */
+    assert_int_equal(tu_stat("spill_numa_fallback"), -1);
     if (!named) {
         assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
         if (!strstr(xseg_last_error(), "the driver cannot map host memory into device address ranges"))
@@ -705,6 +805,34 @@ static void location_case(const char *host_vmm, const char *named)
     int64_t copied = tu_stat("spill_copied_bytes") - copied0;
     assert_true(copied > 0);
     assert_int_equal(link_bytes() - l0, (uint64_t)copied);
+    /* Where it went, said four ways. */
+    assert_int_equal(tu_stat("spill_numa_node"), node);
+    assert_int_equal(tu_stat("spill_numa_fallback"), fallback);
+    int loc = -1, at = -2;
+    size_t host = 0;
+    assert_int_equal(xseg_block_location(a, &loc, &host, &at), XSEG_SUCCESS);
+    assert_true(host > 0);
+    assert_int_equal(at, node);
+    assert_int_equal(xseg_block_location(b, &loc, &host, &at), XSEG_SUCCESS);
+    assert_int_equal(at, -1); /* nothing of B on host memory */
+    xseg_snapshot *snap = NULL;
+    assert_int_equal(xseg_take_snapshot(0, &snap), XSEG_SUCCESS);
+    int snap_node = -2;
+    for (size_t i = 0; i < snap->nsegments; i++)
+        for (size_t j = 0; j < snap->segments[i].nblocks; j++)
+            if (snap->segments[i].blocks[j].address == (uint64_t)(uintptr_t)a)
+                snap_node = snap->segments[i].blocks[j].host_numa_node;
+    xseg_snapshot_free(snap);
+    assert_int_equal(snap_node, node);
+    CUmemLocation where = chunk_location(a);
+    assert_int_equal(where.type, node >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST);
+    if (node >= 0)
+        assert_int_equal(where.id, node);
+    char summary[8192];
+    assert_int_equal(xseg_memory_summary(0, summary, sizeof summary, NULL), XSEG_SUCCESS);
+    static const char *const rule[] = {"the device's own node", "location HOST", "node 0: the device names no node"};
+    if (!strstr(summary, rule[fallback]))
+        fail_msg("memory_summary does not say where spilled pages are (%s):\n%s", rule[fallback], summary);
     tu_free(c);
     l0 = link_bytes();
     copied0 = tu_stat("spill_copied_bytes");
@@ -718,19 +846,407 @@ static void location_case(const char *host_vmm, const char *named)
 static void test_spill_location(void **state)
 {
     (void)state;
-    location_case("all", "to host memory (location HOST)");
+    location_case("all", "1", "to host memory (location HOST_NUMA node 1)", 1, 0);
+}
+
+static void test_spill_location_host(void **state)
+{
+    (void)state;
+    location_case("all", "-1", "to host memory (location HOST)", -1, 1);
 }
 
 static void test_spill_location_numa(void **state)
 {
     (void)state;
-    location_case("numa", "to host memory (location HOST_NUMA node 0)");
+    location_case("numa", "-1", "to host memory (location HOST_NUMA node 0)", 0, 2);
 }
 
 static void test_spill_location_none(void **state)
 {
     (void)state;
-    location_case("none", NULL);
+    location_case("none", "0", NULL, -1, -1);
+}
+
+/* ---- the contract: what moves, and when (docs/services.md "Spill to host memory") ---- */
+
+struct caller {
+    pthread_t t;
+    void *a;
+    CUcontext ctx; /* made current on the thread before it touches memory */
+    xseg_status st;
+};
+
+static void *promote_main(void *arg)
+{
+    struct caller *c = arg;
+    c->st = xseg_promote(0);
+    return NULL;
+}
+
+/* Take A's declaration back, then write it (the program's side of the contract). */
+static void *undeclare_write_main(void *arg)
+{
+    struct caller *c = arg;
+    c->st = xseg_spill_hint(c->a, XSEG_SPILL_NONE);
+    if (c->st == XSEG_SUCCESS && drv->cuCtxSetCurrent(c->ctx) != CUDA_SUCCESS)
+        c->st = XSEG_ERROR_DRIVER;
+    if (c->st == XSEG_SUCCESS && tu_fill(DPTR(c->a), A_SIZE, 7) != CUDA_SUCCESS)
+        c->st = XSEG_ERROR_DRIVER;
+    return NULL;
+}
+
+/* After a spill of A and C's free: the cache goes back with promotion refused (a memory fraction
+ * of exactly what stays reserved), so that the next promotion's first cuMemUnmap is its own
+ * (between its copy and its remap: the gate parks it there). */
+static void spilled_and_cache_released(void *c)
+{
+    tu_free(c);
+    cap_device((size_t)tu_stat("reserved_bytes.all.current") - C_SIZE);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
+}
+
+/* The reproduction of the lost write: a promotion on another thread parked between its copy and
+ * its remap (the gate on its first cuMemUnmap) while this thread writes A, which it never declared
+ * cold. The remap would put back the bytes copied before the write. Under the contract A never
+ * moves (only declared blocks do: the OOM says so), so the write stays whatever the promotion
+ * does. Then the declared case: the promotion parked with A on host memory, another thread takes
+ * the declaration back (xseg_spill_hint NONE: it waits for the move in flight) and writes: kept. */
+static void test_spill_parked_promotion(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a = must_malloc(A_SIZE, NULL), *b = must_malloc(B_SIZE, NULL), *c = NULL;
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
+    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
+    xseg_status st = xseg_malloc(&c, C_SIZE, 0, NULL);
+    bool parked = false;
+    if (st == XSEG_SUCCESS)
+        spilled_and_cache_released(c); /* a build that moves undeclared blocks */
+    else if (st != XSEG_ERROR_OUT_OF_MEMORY || !strstr(xseg_last_error(), "declared cold"))
+        fail_msg("the OOM does not say that only blocks declared cold move: %s", xseg_last_error());
+    assert_true(tu_gate("cuMemUnmap", 1));
+    struct caller p = {0};
+    assert_int_equal(pthread_create(&p.t, NULL, promote_main, &p), 0);
+    if (st == XSEG_SUCCESS)
+        parked = tu_gate_wait(60000);
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 7)); /* the program's write, A never declared */
+    tu_gate_open();
+    assert_int_equal(pthread_join(p.t, NULL), 0);
+    if (!tu_check(DPTR(a), A_SIZE, 7))
+        fail_msg("A lost the write made while a promotion was %s", parked ? "parked between its copy and its remap"
+                                                                        : "running");
+    assert_true(tu_check(DPTR(b), B_SIZE, 2));
+    tu_free(a);
+    tu_free(b);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+
+    /* Declared: spilled; the promotion parks with A half moved; the owner takes A back. */
+    scenario(&a, &b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
+    spilled_and_cache_released(c);
+    assert_true(tu_gate("cuMemUnmap", 1));
+    p = (struct caller){0};
+    assert_int_equal(pthread_create(&p.t, NULL, promote_main, &p), 0);
+    assert_true(tu_gate_wait(60000));
+    struct caller u = {.a = a};
+    tu_assert_cu(drv->cuCtxGetCurrent(&u.ctx));
+    assert_int_equal(pthread_create(&u.t, NULL, undeclare_write_main, &u), 0);
+    nap_ms(50); /* the owner is blocked on the device lock the parked promotion holds */
+    tu_gate_open();
+    assert_int_equal(pthread_join(p.t, NULL), 0);
+    assert_int_equal(pthread_join(u.t, NULL), 0);
+    assert_int_equal(p.st, XSEG_SUCCESS);
+    if (u.st != XSEG_SUCCESS)
+        fail_msg("the owner's NONE or write failed (%d): %s", (int)u.st, xseg_last_error());
+    if (!tu_check(DPTR(a), A_SIZE, 7))
+        fail_msg("A lost the write its owner made after taking the declaration back");
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    check_books(true);
+    finish(a, b);
+}
+
+/* Pins follow the exports that exist: B exported, its handle freed and B freed; D takes B's place.
+ * A (declared cold, same segment) must spill for C: the segment's old export pins nothing now.
+ * A live export pins its block, handles handed out until their last release, and the OOM names
+ * only that pin. */
+static void test_spill_freed_export(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    xseg_ipc_handle *h = NULL;
+    assert_int_equal(xseg_ipc_export(b, &h), XSEG_SUCCESS);
+    xseg_ipc_handle_free(h);
+    tu_free(b);
+    b = must_malloc(B_SIZE, NULL); /* B's place again */
+    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
+    if (xseg_malloc(&c, C_SIZE, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("a freed export still pins its segment: %s", xseg_last_error());
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    check_data(a, b);
+    tu_free(c);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+
+    /* A exported now: pinned, and the OOM says so (and nothing else). */
+    assert_int_equal(xseg_ipc_export(a, &h), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    const char *msg = xseg_last_error();
+    if (!strstr(msg, "exported over IPC") || strstr(msg, "observer") || strstr(msg, "handed out") ||
+        strstr(msg, "registered"))
+        fail_msg("the OOM does not name the one real pin (A exported): %s", msg);
+    xseg_ipc_handle_free(h);
+    check_data(a, b);
+    finish(a, b);
+
+    /* Handles handed out pin their block until the last release, and no longer. */
+    scenario(&a, &b);
+    xseg_phys_range r[64];
+    size_t nr = 0;
+    assert_int_equal(xseg_block_handles(a, r, 64, &nr), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_handles(a, r, 64, &nr), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_handles_release(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    msg = xseg_last_error();
+    if (!strstr(msg, "handed out") || strstr(msg, "exported") || strstr(msg, "observer"))
+        fail_msg("the OOM does not name the one real pin (A's handles): %s", msg);
+    assert_int_equal(xseg_block_handles_release(a), XSEG_SUCCESS);
+    if (xseg_malloc(&c, C_SIZE, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("released handles still pin A: %s", xseg_last_error());
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    tu_free(c);
+    check_data(a, b);
+    finish(a, b);
+}
+
+/* A's stream is destroyed by the user before the spill: the move must not queue on it or wait
+ * for it (a dangling handle on a GPU; cudaemu counts every call naming it). The spill, the
+ * promotion, a second spill and A's free (its host pages dropped) go through without one. */
+static void test_spill_destroyed_stream(void **state)
+{
+    (void)state;
+    start_emu(SPILL);
+    CUstream s;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *a = must_malloc(A_SIZE, s), *b = must_malloc(B_SIZE, NULL), *c = NULL;
+    tu_assert_cu(tu_fill(DPTR(a), A_SIZE, 1));
+    tu_assert_cu(tu_fill(DPTR(b), B_SIZE, 2));
+    assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    unsigned long dead = tu_dead_stream_calls();
+    if (xseg_malloc(&c, C_SIZE, 0, NULL) != XSEG_SUCCESS)
+        fail_msg("the spill of a block whose stream was destroyed failed: %s", xseg_last_error());
+    assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    check_data(a, b);
+    tu_free(c);
+    assert_int_equal(xseg_promote(0), XSEG_SUCCESS);
+    assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
+    check_data(a, b);
+    assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS); /* spilled again */
+    tu_free(c);
+    tu_free(a); /* its host pages dropped: no wait on its stream */
+    assert_int_equal(tu_dead_stream_calls(), dead);
+    tu_free(b);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+/* The spill oracle: threads, each with its own blocks and streams, follow the contract (a block is
+ * touched only while not declared cold), while the idle thread (idle_release_thread) promotes and
+ * other calls (empty_cache, trim, promote) run on a device spill must keep rescuing. Every block
+ * holds the bytes its owner last wrote (tags on each 64 KiB, queued on the owner's streams). 10^5
+ * operations in all (tu_steps: XSEG_TEST_SCALE of it under the sanitizers; the `long` setup's
+ * 10^6, also under ThreadSanitizer). The build before the contract lost a write within a few
+ * thousand operations. */
+#define ORACLE_THREADS 4
+#define ORACLE_SLOTS 4
+
+struct oracle_thread {
+    pthread_t t;
+    unsigned id;
+    uint64_t rng;
+    long ops;
+    CUstream streams[2];
+    void *p[ORACLE_SLOTS];
+    size_t size[ORACLE_SLOTS];
+    uint32_t tag[ORACLE_SLOTS];
+    bool cold[ORACLE_SLOTS];
+    char err[512];
+    long spilled_seen, ooms;
+};
+
+/* The oracle's pattern, cheap to write and to check at scale: @p tag at the start of each 64 KiB
+ * (a page that kept an older write, or lost the page, shows), queued on @p s. */
+static CUresult oracle_fill(void *p, size_t size, uint32_t tag, CUstream s)
+{
+    CUresult r = CUDA_SUCCESS;
+    for (size_t off = 0; r == CUDA_SUCCESS && off + sizeof tag <= size; off += 64 * 1024)
+        r = drv->cuMemcpyHtoDAsync(DPTR(p) + off, &tag, sizeof tag, s); /* pageable: staged at the call */
+    return r;
+}
+
+static bool oracle_check(void *p, size_t size, uint32_t tag)
+{
+    for (size_t off = 0; off + sizeof tag <= size; off += 64 * 1024) {
+        uint32_t got = 0;
+        if (drv->cuMemcpyDtoH(&got, DPTR(p) + off, sizeof got) != CUDA_SUCCESS || got != tag)
+            return false;
+    }
+    return true;
+}
+
+static uint64_t oracle_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static bool oracle_step(struct oracle_thread *o)
+{
+    unsigned k = (unsigned)(oracle_next(&o->rng) % ORACLE_SLOTS), r = (unsigned)(oracle_next(&o->rng) % 100);
+    uint32_t tag = (uint32_t)(o->id << 24 | (uint32_t)(o->ops & 0xffffff)) | 1;
+    if (!o->p[k]) {
+        size_t size = (1 + oracle_next(&o->rng) % 4) * MiB + (oracle_next(&o->rng) % 3) * 64 * 1024;
+        CUstream s = r < 30 ? NULL : o->streams[r % 2];
+        xseg_status st = xseg_malloc(&o->p[k], size, 0, s);
+        if (st == XSEG_ERROR_OUT_OF_MEMORY) {
+            o->p[k] = NULL;
+            o->ooms++;
+            return true;
+        }
+        if (st != XSEG_SUCCESS) {
+            snprintf(o->err, sizeof o->err, "malloc(%zu): %s", size, xseg_last_error());
+            return false;
+        }
+        o->size[k] = size;
+        o->cold[k] = false;
+        /* Written on its stream, not waited for: the declaration below may follow at once. */
+        if (oracle_fill(o->p[k], size, tag, s) != CUDA_SUCCESS) {
+            snprintf(o->err, sizeof o->err, "fill of a new block failed");
+            return false;
+        }
+        o->tag[k] = tag;
+        return true;
+    }
+    void *p = o->p[k];
+    if (o->cold[k]) {
+        if (r < 15) { /* the owner needs it again */
+            if (xseg_spill_hint(p, XSEG_SPILL_NONE) != XSEG_SUCCESS) {
+                snprintf(o->err, sizeof o->err, "hint NONE: %s", xseg_last_error());
+                return false;
+            }
+            o->cold[k] = false;
+        } else if (r < 25) {
+            size_t host = 0;
+            int loc = -1;
+            if (xseg_block_location(p, &loc, &host, NULL) != XSEG_SUCCESS) {
+                snprintf(o->err, sizeof o->err, "block_location: %s", xseg_last_error());
+                return false;
+            }
+            o->spilled_seen += host != 0;
+        } else if (r < 30) {
+            if (xseg_free(p) != XSEG_SUCCESS) {
+                snprintf(o->err, sizeof o->err, "free of a cold block: %s", xseg_last_error());
+                return false;
+            }
+            o->p[k] = NULL;
+        }
+        return true;
+    }
+    /* Not declared: the owner's to read and write. */
+    if (!oracle_check(p, o->size[k], o->tag[k])) {
+        snprintf(o->err, sizeof o->err, "block %p (%zu bytes) lost its bytes (tag %#x)", p, o->size[k], o->tag[k]);
+        return false;
+    }
+    if (r < 45) {
+        if (xseg_spill_hint(p, XSEG_SPILL_COLD) != XSEG_SUCCESS) {
+            snprintf(o->err, sizeof o->err, "hint COLD: %s", xseg_last_error());
+            return false;
+        }
+        o->cold[k] = true;
+    } else if (r < 60) {
+        if (oracle_fill(p, o->size[k], tag, o->streams[r % 2]) != CUDA_SUCCESS) {
+            snprintf(o->err, sizeof o->err, "refill failed");
+            return false;
+        }
+        o->tag[k] = tag;
+    } else if (r < 75) {
+        if (xseg_free(p) != XSEG_SUCCESS) {
+            snprintf(o->err, sizeof o->err, "free: %s", xseg_last_error());
+            return false;
+        }
+        o->p[k] = NULL;
+    } else if (r < 78) {
+        xseg_status st = r == 75 ? xseg_empty_cache(0) : r == 76 ? xseg_trim(0, 0) : xseg_promote(0);
+        if (st != XSEG_SUCCESS && st != XSEG_ERROR_OUT_OF_MEMORY) {
+            snprintf(o->err, sizeof o->err, "reclaim call %u: %s", r, xseg_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
+static _Atomic long oracle_budget;
+static CUcontext oracle_ctx;
+
+static void *oracle_main(void *arg)
+{
+    struct oracle_thread *o = arg;
+    if (drv->cuCtxSetCurrent(oracle_ctx) != CUDA_SUCCESS)
+        snprintf(o->err, sizeof o->err, "cuCtxSetCurrent failed");
+    while (!o->err[0] && oracle_budget-- > 0) {
+        o->ops++;
+        if (!oracle_step(o))
+            break;
+    }
+    for (unsigned k = 0; k < ORACLE_SLOTS && !o->err[0]; k++)
+        if (o->p[k] && xseg_free(o->p[k]) != XSEG_SUCCESS)
+            snprintf(o->err, sizeof o->err, "final free: %s", xseg_last_error());
+    return NULL;
+}
+
+static void test_spill_oracle(void **state)
+{
+    (void)state;
+    setenv("CUDAEMU_TOTAL_MEM", "32M", 1);
+    start_emu(SPILL ",idle_release_ms:20,idle_release_thread:True");
+    long total = (long)tu_steps(100000, 2000);
+    oracle_budget = total;
+    tu_assert_cu(drv->cuCtxGetCurrent(&oracle_ctx));
+    struct oracle_thread th[ORACLE_THREADS];
+    memset(th, 0, sizeof th);
+    for (unsigned i = 0; i < ORACLE_THREADS; i++) {
+        th[i].id = i + 1;
+        th[i].rng = 0x9e3779b97f4a7c15ull * (i + 1);
+        for (unsigned s = 0; s < 2; s++)
+            tu_assert_cu(drv->cuStreamCreate(&th[i].streams[s], CU_STREAM_NON_BLOCKING));
+        assert_int_equal(pthread_create(&th[i].t, NULL, oracle_main, &th[i]), 0);
+    }
+    long spilled = 0, ooms = 0;
+    for (unsigned i = 0; i < ORACLE_THREADS; i++) {
+        assert_int_equal(pthread_join(th[i].t, NULL), 0);
+        if (th[i].err[0])
+            fail_msg("thread %u after %ld operations: %s", th[i].id, th[i].ops, th[i].err);
+        spilled += th[i].spilled_seen;
+        ooms += th[i].ooms;
+    }
+    print_message("spill oracle: %ld operations, %ld spills, %ld promotions, %ld looks at spilled blocks, %ld OOMs\n",
+                  total, (long)tu_stat("num_spills"), (long)tu_stat("num_promotions"), spilled, ooms);
+    assert_true(tu_stat("num_spills") > 0); /* spill was exercised */
+    assert_int_equal(xseg_set_config("idle_release_ms:0,idle_release_thread:False"), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_no_leaks();
+    for (unsigned i = 0; i < ORACLE_THREADS; i++)
+        for (unsigned s = 0; s < 2; s++)
+            tu_assert_cu(drv->cuStreamDestroy(th[i].streams[s]));
 }
 
 static const struct tu_named_test all_tests[] = {
@@ -747,8 +1263,13 @@ static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_spill_faults),
     TU_NAMED(test_spill_promote_faults),
     TU_NAMED(test_spill_location),
+    TU_NAMED(test_spill_location_host),
     TU_NAMED(test_spill_location_numa),
     TU_NAMED(test_spill_location_none),
+    TU_NAMED(test_spill_parked_promotion),
+    TU_NAMED(test_spill_freed_export),
+    TU_NAMED(test_spill_destroyed_stream),
+    TU_NAMED(test_spill_oracle),
 };
 
 int main(int argc, char **argv)

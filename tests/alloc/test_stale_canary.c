@@ -198,7 +198,7 @@ static void test_spilled_then_stale(void **state)
     assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
     void *p = NULL;
     int loc = -1;
-    assert_int_equal(xseg_block_location(b, &loc, NULL), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_location(b, &loc, NULL, NULL), XSEG_SUCCESS);
     assert_int_equal(loc, XSEG_LOCATION_DEVICE);
     assert_int_equal(xseg_stale_flush(0), XSEG_SUCCESS); /* the batch's fills out before the stale write */
     tu_assert_cu(drv->cuMemsetD8Async(DPTR(a) + 8 * MiB, 0x11, 4096, NULL));
@@ -210,7 +210,7 @@ static void test_spilled_then_stale(void **state)
     assert_int_equal(xseg_check_stale(0, &found), XSEG_SUCCESS);
     check_consistent();
     p = must_malloc(12 * MiB, NULL); /* device memory where a's host chunks were */
-    assert_int_equal(xseg_block_location(p, &loc, NULL), XSEG_SUCCESS);
+    assert_int_equal(xseg_block_location(p, &loc, NULL, NULL), XSEG_SUCCESS);
     assert_int_equal(loc, XSEG_LOCATION_DEVICE);
     tu_assert_cu(tu_fill(DPTR(p), 12 * MiB, 6));
     assert_true(tu_check(DPTR(p), 12 * MiB, 6));

@@ -55,7 +55,7 @@ assert xseg.__file__.startswith(dest), xseg.__file__
 s = xseg.memory_stats(0)
 maps = [l.split()[-1] for l in open("/proc/self/maps") if "libxseg.so" in l]
 assert maps and all(os.path.realpath(m) == os.path.realpath(lib) for m in maps), (maps, lib)
-assert len(s) == 122 + 7 and s["allocated_bytes.all.current"] == 0, s
+assert len(s) == 122 + 9 and s["allocated_bytes.all.current"] == 0, s
 p = xseg.malloc(1 << 20)
 assert xseg.memory_stats(0)["allocated_bytes.all.current"] == 1 << 20
 xseg.free(p)

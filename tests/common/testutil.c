@@ -148,6 +148,13 @@ void tu_fail_clear(void)
         e->fail_clear();
 }
 
+unsigned long tu_dead_stream_calls(void)
+{
+    unsigned long (*f)(void);
+    *(void **)&f = tu_emu_sym("cudaemu_dead_stream_calls");
+    return f ? f() : 0;
+}
+
 unsigned long tu_fail_fired(void)
 {
     unsigned long (*f)(void);

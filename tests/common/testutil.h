@@ -96,6 +96,9 @@ bool tu_stream_release(CUstream s);
 /* cudaemu_stream_hold_all: hold every stream (xseg's own copy streams too), or release them all. */
 bool tu_stream_hold_all(bool on);
 
+/* cudaemu_dead_stream_calls: calls since start that named a destroyed stream (0 when not emulated). */
+unsigned long tu_dead_stream_calls(void);
+
 /* cudaemu_gate: park the nth call from now of @p entry until tu_gate_open (a test catches xseg
  * inside a long operation); tu_gate_wait: true once a call is parked (false after @p timeout_ms, a
  * hang guard). @return false when not emulated (or @p entry unknown). */

@@ -1023,13 +1023,16 @@ static CUresult m_import_bad_fd(void) { return import_release_row(1); }
 
 /* ---- entry points xseg does not load (yet), resolved from the loaded driver ---- */
 static __typeof__(cuMemGetHandleForAddressRange) *get_range_handle; /* NULL: the driver lacks it */
+static __typeof__(cuMemGetAllocationPropertiesFromHandle) *get_props; /* NULL: the driver lacks it */
 
 static void resolve_extra(void)
 {
     const char *path = getenv("XSEG_LIBCUDA");
     void *lib = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
-    if (lib)
+    if (lib) {
         *(void **)&get_range_handle = dlsym(lib, "cuMemGetHandleForAddressRange");
+        *(void **)&get_props = dlsym(lib, "cuMemGetAllocationPropertiesFromHandle");
+    }
 }
 
 /* A mapped, device-writable range of @p n bytes (one handle of @p p) for the rows and probes
@@ -1182,6 +1185,58 @@ static CUresult m_create_host_numa_current(void)
 {
     CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
     p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = drv->cuMemCreate(&h, G, &p, 0);
+    if (r == CUDA_SUCCESS)
+        drv->cuMemRelease(h);
+    return r;
+}
+/* The host NUMA node closest to the device (CUDA 12.2+; documented -1 where the system has no
+ * NUMA): a node or -1, never anything else. */
+static CUresult m_attr_host_numa_id(void)
+{
+    int v = -2;
+    CUresult r = drv->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0);
+    return r == CUDA_SUCCESS && v < -1 ? CUDA_ERROR_UNKNOWN : r;
+}
+/* HOST_NUMA memory on the device's own node (what spill asks for), and the properties the driver
+ * gives back for its handle: the same location. */
+static CUresult m_props_host_numa(void)
+{
+    if (!get_props)
+        return CUDA_ERROR_NOT_FOUND;
+    int node = 0;
+    CUresult r = drv->cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE), got;
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    p.location.id = node < 0 ? 0 : node;
+    CUmemGenericAllocationHandle h = 0;
+    if ((r = drv->cuMemCreate(&h, G, &p, 0)) != CUDA_SUCCESS)
+        return r;
+    memset(&got, 0, sizeof got);
+    r = get_props(&got, h);
+    if (r == CUDA_SUCCESS && (got.location.type != p.location.type || got.location.id != p.location.id))
+        r = CUDA_ERROR_UNKNOWN;
+    drv->cuMemRelease(h);
+    return r;
+}
+static CUresult m_props_null(void)
+{
+    if (!get_props)
+        return CUDA_ERROR_NOT_FOUND;
+    CUmemGenericAllocationHandle h = create(G);
+    CUresult r = get_props(NULL, h);
+    drv->cuMemRelease(h);
+    return r;
+}
+/* HOST_NUMA on a node the host does not have. */
+static CUresult m_create_host_numa_missing(void)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    p.location.id = 4242;
     CUmemGenericAllocationHandle h = 0;
     CUresult r = drv->cuMemCreate(&h, G, &p, 0);
     if (r == CUDA_SUCCESS)
@@ -1421,6 +1476,12 @@ static const struct misuse misuse_table[] = {
             m_access_host_on_device_mem),
     ROW_DOC("create: HOST location with a POSIX fd handle type", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
             m_create_host_handle_type),
+    ROW_DOC("create: HOST_NUMA node 4242 (no such node)", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_DEVICE,
+            m_create_host_numa_missing),
+    ROW("cuDeviceGetAttribute: CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID is a node or -1", CUDA_SUCCESS, m_attr_host_numa_id),
+    ROW("cuMemGetAllocationPropertiesFromHandle: HOST_NUMA on the device's node gives that location back",
+        CUDA_SUCCESS, m_props_host_numa),
+    ROW("cuMemGetAllocationPropertiesFromHandle: NULL prop", CUDA_ERROR_INVALID_VALUE, m_props_null),
     ROW_DOC("cuMemGetHandleForAddressRange: handle type 7", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
             m_range_handle_type),
     ROW_DOC("cuMemGetHandleForAddressRange: range not host-page aligned", CUDA_ERROR_INVALID_VALUE,

@@ -39,7 +39,8 @@ def torch_stat_keys():
              "num_device_free", "max_split_size"]
     # xseg's spill (spill_to_host)
     keys += ["spilled_bytes.all.current", "spilled_bytes.all.peak", "spilled_bytes.all.allocated",
-             "spilled_bytes.all.freed", "num_spills", "num_promotions", "spill_copied_bytes"]
+             "spilled_bytes.all.freed", "num_spills", "num_promotions", "spill_copied_bytes",
+             "spill_numa_node", "spill_numa_fallback"]
     return sorted(keys)
 
 
@@ -126,7 +127,7 @@ def test_torch_named_getters_read_memory_stats(xseg):
 def test_stats_keys_equal_pytorchs(xseg):
     stats = xseg.memory_stats(0)
     assert list(stats) == torch_stat_keys()
-    assert len(stats) == 122 + 7  # PyTorch's, and spill's (spilled_bytes.all.*, 3 counts)
+    assert len(stats) == 122 + 9  # PyTorch's, and spill's (spilled_bytes.all.*, 3 counts, where)
     nested = xseg.memory_stats_as_nested_dict(0)
     assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]
     assert nested["num_ooms"] == stats["num_ooms"]
@@ -166,8 +167,22 @@ def test_reset_accumulated(xseg):
 def test_spill_hint_location_promote(xseg):
     p = xseg.malloc(8 * MiB)
     xseg.spill_hint(p)
-    assert xseg.block_location(p) == ("device", 0)
+    assert xseg.block_location(p) == ("device", 0, -1)
     xseg.spill_hint(p, cold=False)
+    stats = xseg.memory_stats()
+    assert stats["spill_numa_node"] == -1 and stats["spill_numa_fallback"] == -1  # nothing spilled yet
+
+    class Storage:
+        def data_ptr(self):
+            return p
+
+    class Tensor:  # what xseg.torch.mark_cold reads of a tensor
+        def untyped_storage(self):
+            return Storage()
+
+    import xseg.torch as xt
+    xt.mark_cold(Tensor())
+    xt.mark_cold(Tensor(), cold=False)
     xseg.promote()  # nothing spilled: nothing to do
     with pytest.raises(xseg.XsegError) as ei:
         xseg.block_location(p + 4096)

@@ -26,7 +26,8 @@ static const char *const scalars[] = {"num_alloc_retries", "num_ooms", "num_sync
                                       /* xseg's spill (spill_to_host) */
                                       "spilled_bytes.all.current", "spilled_bytes.all.peak",
                                       "spilled_bytes.all.allocated", "spilled_bytes.all.freed",
-                                      "num_spills", "num_promotions", "spill_copied_bytes"};
+                                      "num_spills", "num_promotions", "spill_copied_bytes",
+                                      "spill_numa_node", "spill_numa_fallback"};
 
 /* Every int64 of the struct gets a distinct value: its index. */
 static void fill_distinct(xseg_device_stats *s)
@@ -41,8 +42,8 @@ static void test_key_set(void **state)
     (void)state;
     size_t n = stats_key_count();
     /* 9 pooled stats x 3 pools x 4 fields, 2 oversize x 4, 6 scalars: PyTorch's key set; then
-     * spill's counter (4 fields) and 3 scalars. */
-    assert_int_equal(n, 9 * 3 * 4 + 2 * 4 + 6 + 4 + 3);
+     * spill's counter (4 fields) and 5 scalars. */
+    assert_int_equal(n, 9 * 3 * 4 + 2 * 4 + 6 + 4 + 5);
     assert_int_equal(n, sizeof(xseg_device_stats) / sizeof(int64_t));
     assert_null(stats_key_name(n));
 

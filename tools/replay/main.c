@@ -66,6 +66,7 @@ struct cli {
     int child, check, dump;
     int min_device;         /* --min-device: the smallest device each (trace, mode) fits on (fitscan.h) */
     int explain_oom;        /* --explain-oom: why the first failed allocation failed (explain.h) */
+    int cold;               /* --cold: every block declared cold after its allocation (spill's contract) */
     const char *timeline_out;
     const char *snapshot; /* --snapshot FILE */
     int history;          /* --history */
@@ -155,6 +156,9 @@ static void usage(FILE *f)
         "                       after xseg's OOM path (stranded: they share a chunk or a classic\n"
         "                       segment with live blocks) and the live blocks pinning them, with the\n"
         "                       lines that allocate and free them (also in --report's page)\n"
+        "  --cold               declare every block cold (xseg_spill_hint) right after its allocation:\n"
+        "                       a trace records no use between a block's allocation and its free, so\n"
+        "                       spill's promise holds for all (spill_to_host moves declared blocks only)\n"
         "  --seed N             seed of the bundled workload generators (default 1)\n"
         "  --max-total-idle D   the cap on a trace's `idle` actions all together (default 2h; e.g. 48h):\n"
         "                       a trace past it fails --check and is not replayed\n"
@@ -234,6 +238,8 @@ static int parse_job_opt(const char *a, struct cli *c)
         c->min_device = 1;
     else if (!strcmp(a, "--explain-oom"))
         c->explain_oom = 1;
+    else if (!strcmp(a, "--cold"))
+        c->cold = 1;
     else if (!strcmp(a, "--child"))
         c->child = 1;
     else if (!strcmp(a, "--progress") || !strcmp(a, "--no-progress"))
@@ -535,6 +541,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
     o.snapshot = c->snapshot;
     o.deadline = c->deadline;
     o.explain_oom = c->explain_oom ? (c->summary == SUM_JSON ? 2 : 1) : 0; /* JSON output stays JSON */
+    o.cold = c->cold;
     struct run_summary sum;
     struct run_timeline tl = {0};
     xseg_status st = run_trace(&t, &o, stdout, &sum, o.timeline ? &tl : NULL, err, sizeof err);
@@ -647,6 +654,8 @@ static void child_argv(const struct cli *c, const char *self, const char *spec, 
         argv[k++] = "--history";
     if (c->explain_oom)
         argv[k++] = "--explain-oom";
+    if (c->cold)
+        argv[k++] = "--cold";
     if (snap_path) {
         argv[k++] = "--snapshot";
         argv[k++] = snap_path;

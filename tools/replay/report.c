@@ -205,10 +205,10 @@ void report_summary_text(FILE *out, const struct run_summary *s, const struct tr
     fprintf(out, "  %-28s %.3f GiB\n", "reserved after empty_cache", (double)s->reserved_after_empty_cache / GiB);
     if (s->spills)
         fprintf(out, "  %-28s %.3f GiB at the peak, %" PRIu64 " pages spilled, %" PRIu64 " promoted, %.3f GiB "
-                     "copied: %.1f ms of link time at %.0f GB/s (modelled)\n",
+                     "copied: %.1f ms of link time at %.0f GB/s (modelled); %" PRIu64 " waits for the device\n",
                 "spilled to host", (double)s->spilled_peak / GiB, s->spills, s->promotions,
                 (double)s->spill_copied / GiB, 1e3 * (double)s->spill_copied / (REPORT_LINK_GBPS * 1e9),
-                REPORT_LINK_GBPS);
+                REPORT_LINK_GBPS, s->spill_syncs);
     if (!driver_stats)
         return;
     if (s->have_calls)
@@ -248,9 +248,9 @@ void report_summary_json(FILE *out, const struct run_summary *s)
     fprintf(out, ", \"host_ns_per_alloc\": %.1f, \"host_ns_per_free\": %.1f", s->host_ns_per_alloc,
             s->host_ns_per_free);
     fprintf(out, ", \"spilled_peak_bytes\": %" PRId64 ", \"num_spills\": %" PRIu64 ", \"num_promotions\": %" PRIu64
-                 ", \"spill_copied_bytes\": %" PRId64 ", \"spill_link_seconds\": %.6f",
+                 ", \"spill_copied_bytes\": %" PRId64 ", \"spill_link_seconds\": %.6f, \"spill_context_syncs\": %" PRIu64,
             s->spilled_peak, s->spills, s->promotions, s->spill_copied,
-            (double)s->spill_copied / (REPORT_LINK_GBPS * 1e9));
+            (double)s->spill_copied / (REPORT_LINK_GBPS * 1e9), s->spill_syncs);
     if (s->have_calls) {
         fputs(", \"driver_calls\": {", out);
         for (int e = 0; e < RUN_NENTRIES; e++)

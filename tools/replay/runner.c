@@ -371,6 +371,7 @@ struct run_ctx {
     CUcontext ctx0;             /* device 0's primary context, retained while streams exist */
     FILE *addr_log;             /* XSEG_REPLAY_ADDR_LOG: each alloc's address and each free */
     struct oracle oracle;       /* XSEG_REPLAY_ORACLE: long-lived blocks to a pool (oracle.h) */
+    uint64_t ctx_syncs0;        /* cuCtxSynchronize calls before the actions (cudaemu) */
 };
 
 /* "SOURCE:LINE: op: xseg's message" for an action whose xseg call failed; returns @p st. */
@@ -426,6 +427,8 @@ static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
     } else {
         c->rs.failed[a->buf] = 0;
         c->rs.ptrs[a->buf] = p;
+        if (c->o->cold && xseg_spill_hint(p, XSEG_SPILL_COLD) != XSEG_SUCCESS)
+            return run_failed(c, a, XSEG_ERROR_INVALID_VALUE);
     }
     if (c->addr_log)
         fprintf(c->addr_log, "a %u %u %#lx %llu\n", a->line, a->buf,
@@ -799,6 +802,8 @@ static xseg_status run_finish(struct run_ctx *c, const uint64_t calls0[RUN_NENTR
     sum->spill_copied = ds.spill_copied_bytes;
     sum->spills = (uint64_t)ds.num_spills;
     sum->promotions = (uint64_t)ds.num_promotions;
+    /* Spill's waits for the device's work (its contract), the one caller of cuCtxSynchronize here. */
+    sum->spill_syncs = emu.count ? emu.count("cuCtxSynchronize") - c->ctx_syncs0 : 0;
     if (emu.count) {
         uint64_t calls1[RUN_NENTRIES];
         read_calls(calls1);
@@ -854,6 +859,7 @@ xseg_status run_trace(const struct trace *t, const struct run_options *o, FILE *
     if (st == XSEG_SUCCESS) {
         uint64_t calls0[RUN_NENTRIES];
         read_calls(calls0);
+        c.ctx_syncs0 = emu.count ? emu.count("cuCtxSynchronize") : 0;
         mode_of_config(sum->mode, sizeof sum->mode);
         st = run_actions(&c, tl);
         if (st == XSEG_SUCCESS)

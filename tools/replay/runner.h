@@ -47,6 +47,10 @@ struct run_options {
      * blocks pinning them (explain.h): 1 text on `out`, 2 a JSON line {"explain_oom": TEXT} (also
      * whenever the marks are JSON lines, as a child's are). */
     int explain_oom;
+    /* --cold: each block declared cold (xseg_spill_hint COLD) right after its allocation; a
+     * trace records no use between allocation and free, so the promise of spill's contract holds
+     * (docs/services.md): spill_to_host may move any block. */
+    int cold;
 };
 #define RUN_DEADLINE_EVERY 64
 
@@ -75,6 +79,7 @@ struct run_summary {
      * pages spilled and promoted, bytes copied over the link both ways. */
     int64_t spilled_peak, spill_copied;
     uint64_t spills, promotions;
+    uint64_t spill_syncs;   /* context synchronizes (cudaemu: cuCtxSynchronize calls), spill's waits */
     /* Filled by the parent for the verdict, never by a replay (0 / -1: not measured). */
     uint64_t device_bytes;  /* the device the replay ran on (--device-mem, else 80 GiB) */
     uint64_t min_device;    /* the smallest device it fits on, as --min-device finds it */
