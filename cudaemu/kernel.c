@@ -399,6 +399,6 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
                 memcpy(res, &w, 8);
         }
     }
-    emu_copy_wait(EMU_E_cuLaunchKernel, bytes, 0, t0);
+    emu_copy_wait(EMU_E_cuLaunchKernel, bytes, 0, false, t0);
     return CUDA_SUCCESS;
 }
