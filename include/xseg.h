@@ -1102,8 +1102,10 @@ typedef enum xseg_sleep_flags {
  * xseg knows may use the pool: the streams its blocks were allocated on and the streams given to
  * xseg_record_stream for its live or pending blocks (work on other streams must be complete, as
  * for xseg_free); frees whose record_stream events completed then return to the pool. With
- * XSEG_SLEEP_OFFLOAD the live blocks' bytes are copied to pinned host memory (cuMemHostAlloc) on
- * their segment's stream before any page is unmapped.
+ * XSEG_SLEEP_OFFLOAD the live blocks' bytes are copied to pinned host memory before any page is
+ * unmapped, in sleep_copy_chunk_mb chunks over xseg's two copy streams: the backup comes from the
+ * pinned host cache (the one an earlier wake kept under sleep_keep_host_backup, the default), else
+ * cuMemHostAlloc (pinning costs far more than the copy: ~0.5 s per GiB on an H200).
  * @param device a device index.
  * @param pool   {0, 0} for the default pools, or a private pool's id.
  * @param flags  XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD.
@@ -1152,9 +1154,10 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
 /**
  * Wake @p pool of @p device: map a page at every address the sleep gave back (new physical
  * memory, with access for the device and its enabled peers), restore the live blocks (the
- * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on their segment's stream,
- * wait for that, and free the pinned host memory. When it returns, every stream may use the
- * memory, and allocation from the pool works again.
+ * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on xseg's copy streams, wait
+ * for that, and give the pinned host memory back: to the host cache for the next sleep under
+ * sleep_keep_host_backup (the default), else to the driver. When it returns, every stream may use
+ * the memory, and allocation from the pool works again.
  * @param device a device index.
  * @param pool   the pool given to xseg_sleep.
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
