@@ -859,6 +859,31 @@ static xseg_status sleep_admit(struct dev_alloc *d, xseg_pool_id id, struct priv
     return refuse_lent(d, *pp);
 }
 
+xseg_status sleep_check(struct dev_alloc *d, xseg_pool_id id)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp;
+    xseg_status st = sleep_admit(d, id, &pp);
+    if (st != XSEG_SUCCESS)
+        return st;
+    char buf[64];
+    for (const struct segrec *s = d->segs; s; s = s->next_seg)
+        if (!s->vseg && dev_pool_owner(d, s->pool) == pp)
+            return err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_sleep: %s on device %d holds classic (cuMemAlloc) "
+                           "segments; only expandable segments can sleep (expandable_segments:True)",
+                           pool_name(pp, buf), d->device);
+    return XSEG_SUCCESS;
+}
+
+enum sleep_where sleep_where(struct dev_alloc *d, xseg_pool_id id, bool *exists)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp = NULL;
+    *exists = (!id.first && !id.second) || (pp = pools_find(d, id)) != NULL;
+    const struct pool_sleep *ps = *exists ? *slot(d, pp) : NULL;
+    return !ps ? SLEEP_AWAKE : ps->phase == PHASE_ASLEEP ? SLEEP_ASLEEP : SLEEP_BUSY;
+}
+
 /* Step 1's end: a struct for the pool listing its segments with mapped pages (a classic segment
  * refuses the sleep), in the pool's slot (SLEEPING), its segments marked asleep: from here on the
  * pool refuses mallocs and no reclaim touches it, with the lock given back or not. */
