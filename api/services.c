@@ -1,13 +1,19 @@
 /* Public entry points for long-running services (include/xseg.h): trim (core/services/trim.c), sleep and
- * wake (core/services/sleepwake.c: the lock and release_threshold_mb around core/services/sleep.c). */
+ * wake (core/services/sleepwake.c: the lock and release_threshold_mb around core/services/sleep.c), and
+ * by tag (the plan of core/services/sleeptags.c, run here pool by pool). */
+#include <inttypes.h>
+#include <stdio.h>
+
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
+#include "base/hostmem.h"
 #include "core/alloc.h"
 #include "core/services/group.h"
 #include "core/policy/registry.h"
 #include "core/runtime.h"
 #include "core/services/sleep.h"
+#include "core/services/sleeptags.h"
 #include "core/services/sleepwake.h"
 #include "core/services/trim.h"
 
@@ -73,12 +79,101 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
     return sleep_on(device, pool, flags, path);
 }
 
+static xseg_status wake_on(struct dev_alloc *d, xseg_pool_id pool)
+{
+    xseg_status st = wake_device(d, pool);
+    if (st == XSEG_SUCCESS)
+        st = reg_after(d, XSEG_RANGE_REMAPPED); /* the pool's registrants register the new pages */
+    return st;
+}
+
 XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool)
 {
     struct dev_alloc *d;
     xseg_status st = rt_device(device, &d);
-    if (st == XSEG_SUCCESS && (st = wake_device(d, pool)) == XSEG_SUCCESS)
-        st = reg_after(d, XSEG_RANGE_REMAPPED); /* the pool's registrants register the new pages */
+    return st != XSEG_SUCCESS ? st : wake_on(d, pool);
+}
+
+/* ---- by tag: a plan of pools (core/services/sleeptags.c), each slept or woken as above ---- */
+
+static const char *pool_words(xseg_pool_id id, char buf[64])
+{
+    if (!id.first && !id.second)
+        return "the default pool";
+    snprintf(buf, 64, "pool {%" PRIu64 ", %" PRIu64 "}", id.first, id.second);
+    return buf;
+}
+
+XSEG_API xseg_status xseg_pool_set_tag(int device, xseg_pool_id pool, const char *tag)
+{
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : tags_set(d, pool, tag);
+}
+
+XSEG_API xseg_status xseg_pool_get_tag(int device, xseg_pool_id pool, char *tag, size_t capacity)
+{
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : tags_get(d, pool, tag, capacity);
+}
+
+/* A failed sleep of plan[k] (its message current): the pools slept before it are woken again,
+ * newest first. */
+static xseg_status sleep_tags_undo(struct dev_alloc *d, const struct tag_target *plan, size_t k, xseg_status st)
+{
+    struct err_kept first = err_keep();
+    size_t left = 0, discarded = 0;
+    struct err_kept wake = {""};
+    for (size_t j = k; j-- > 0;) {
+        if (wake_on(d, plan[j].pool) != XSEG_SUCCESS && !left++)
+            wake = err_keep();
+        discarded += plan[j].flags == XSEG_SLEEP_DISCARD;
+    }
+    char buf[64];
+    const char *who = pool_words(plan[k].pool, buf);
+    if (!k)
+        return err_set(st, "xseg_sleep_tags: %s (tag '%s'): %s; no other pool slept", who, plan[k].tag, first.msg);
+    if (left)
+        return err_set(st, "xseg_sleep_tags: %s (tag '%s'): %s; of the %zu pool(s) this call put to sleep before it, "
+                       "%zu could not be woken again (%s): they stay asleep with their bytes, xseg_wake_tags wakes "
+                       "them", who, plan[k].tag, first.msg, k, left, wake.msg);
+    return err_set(st, "xseg_sleep_tags: %s (tag '%s'): %s; the %zu pool(s) this call put to sleep before it were woken "
+                   "again%s", who, plan[k].tag, first.msg, k, discarded ? " (the discarded ones read zero)" : "");
+}
+
+XSEG_API xseg_status xseg_sleep_tags(int device, const xseg_tag_sleep *tags, size_t count)
+{
+    struct dev_alloc *d;
+    struct tag_target *plan = NULL;
+    size_t n = 0, k = 0;
+    xseg_status st = rt_device(device, &d);
+    if (st == XSEG_SUCCESS)
+        st = tags_plan_sleep(d, tags, count, &plan, &n);
+    for (; st == XSEG_SUCCESS && k < n; k++)
+        if ((st = sleep_on(device, plan[k].pool, plan[k].flags, NULL)) != XSEG_SUCCESS)
+            st = sleep_tags_undo(d, plan, k, st);
+    xs_free(plan);
+    return st;
+}
+
+XSEG_API xseg_status xseg_wake_tags(int device, const char *const *tags, size_t count)
+{
+    struct dev_alloc *d;
+    struct tag_target *plan = NULL;
+    size_t n = 0, k = 0;
+    xseg_status st = rt_device(device, &d);
+    if (st == XSEG_SUCCESS)
+        st = tags_plan_wake(d, tags, count, &plan, &n);
+    for (; st == XSEG_SUCCESS && k < n; k++) {
+        if ((st = wake_on(d, plan[k].pool)) == XSEG_SUCCESS)
+            continue;
+        char buf[64];
+        st = err_prefix(st, "xseg_wake_tags: %s (tag '%s')", pool_words(plan[k].pool, buf), plan[k].tag);
+        st = err_suffix(st, "; %zu pool(s) of these tags were woken before it, it and %zu after it stay asleep (the "
+                        "same call retries them)", k, n - k - 1);
+    }
+    xs_free(plan);
     return st;
 }
 

@@ -1,22 +1,26 @@
 /*
  * bench_services: what the services cost (docs/services.md).
  *
- *   CUDAEMU_LATENCY=h100 bench_services [--gib G] [--reps R]
+ *   CUDAEMU_LATENCY=h200 bench_services [--gib G] [--reps R] [--sleep-only]
  *   bench_services --pairs CONFIG N       (N cached pairs only: benchmarks/callgrind_services.sh)
- *   CUDAEMU_LATENCY=h100 bench_services --copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] [--gib G]
+ *   CUDAEMU_LATENCY=h200 bench_services --copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] [--gib G]
  *                                       [--reps R]   (section 5)
  *   bench_services --concurrent DIR [--gib G] [--reps R]   (section 6)
  *   bench_services --lock-wait [--reps R]                   (section 7)
  *
+ * 0. The link in this run, on up to 1 GiB of the live blocks (median of R): pinned copies each
+ *    way (a new cuMemHostAlloc buffer), pageable ones (malloc'd, touched), and pinning per GiB:
+ *    cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister of those touched pages, cuMemHostUnregister.
+ *    Wall, and on cudaemu the timeline model (cudaemu_model_ns).
  * 1. Sleep: the share of the pool's reserved memory a sleep gives back (live blocks of G GiB in
  *    weight-like sizes plus G/2 GiB of cached KV-like blocks, in the default pool).
- * 2. Sleep and wake time per GiB of live data, OFFLOAD and DISCARD: median of R repetitions,
- *    the driver calls each makes, and on cudaemu also the modelled time: every counted call times
- *    its latency plus the copied bytes at the copy rate, as CUDAEMU_LATENCY set them (the h100
- *    preset: the per-call medians measured on an H100 and 25 GB/s for copies). The wall time on
- *    cudaemu adds the host's own memcpy and page faults to the model; on a GPU it is the real one.
- *    "wake of 10 GiB offloaded" scales the per-GiB figure (10 GiB of host memory twice over is
- *    more than a test machine may have: --gib 10 measures it directly).
+ * 2. Sleep and wake of those live blocks, R cycles each: OFFLOAD with the configuration as it is
+ *    (the first cycle pins the backup; sleep_keep_host_backup keeps it), DISCARD, then OFFLOAD with
+ *    sleep_keep_host_backup:False (a backup pinned and given back every cycle, from an emptied host
+ *    cache); median wall ms, GiB/s and its ratio to the pinned copy of section 0, the same on the
+ *    timeline model, and the driver calls of the last cycle. Then the first work on woken memory
+ *    (a 4 KiB memset and a wait). The wall time on cudaemu is the host's memcpy and page faults;
+ *    on a GPU the real one.
  * 3. Trim: xseg_trim of a cache of G GiB in 8 runs, to 0 and to half.
  * 4. release_threshold_mb: the malloc miss that gives a cache of G GiB back to the threshold,
  *    against the same miss without a threshold (recycling off, else the miss itself would unmap
@@ -27,7 +31,7 @@
  *    cuMemcpyDtoHAsync / cuMemcpyHtoDAsync into / from one pinned buffer (xseg_host_malloc,
  *    touched once before) and waits; sleep and wake run with sleep_keep_host_backup:True after a
  *    warm-up cycle (the retained backup), and once more without it (a backup allocated and given
- *    back every cycle). GiB/s from the median of R repetitions, wall and modelled. --chunk-mb C
+ *    back every cycle). GiB/s from the median of R repetitions, wall and on the timeline model. --chunk-mb C
  *    sets sleep_copy_chunk_mb; --file DIR adds XSEG_SLEEP_OFFLOAD_FILE rows (a file in DIR, through
  *    the bounce buffers; the timeline model has no cost for the file I/O: see the wall row);
  *    --file-only DIR gives only those and the plain copy, through a 256 MiB pinned ring, so host
@@ -251,11 +255,16 @@ static int pairs_only(const char *config, long n)
 
 /* ---- 5: sleep and wake against the plain copy ---- */
 
-/* The driver's copy entry points (ABI names; no cuda.h here: 0 is CUDA_SUCCESS). */
+/* The driver's copy and host-memory entry points (ABI names; no cuda.h here: 0 is CUDA_SUCCESS). */
 static struct {
     int (*dtoh)(void *, unsigned long long, size_t, struct CUstream_st *);
     int (*htod)(unsigned long long, const void *, size_t, struct CUstream_st *);
     int (*sync)(struct CUstream_st *);
+    int (*host_alloc)(void **, size_t, unsigned);
+    int (*free_host)(void *);
+    int (*host_register)(void *, size_t, unsigned);
+    int (*host_unregister)(void *);
+    int (*memset_async)(unsigned long long, unsigned char, size_t, struct CUstream_st *);
 } cu;
 
 static void load_copies(void)
@@ -267,8 +276,15 @@ static void load_copies(void)
     *(void **)&cu.dtoh = dlsym(h, "cuMemcpyDtoHAsync_v2");
     *(void **)&cu.htod = dlsym(h, "cuMemcpyHtoDAsync_v2");
     *(void **)&cu.sync = dlsym(h, "cuStreamSynchronize");
-    if (!cu.dtoh || !cu.htod || !cu.sync)
-        die("the driver lacks cuMemcpyDtoHAsync_v2 / cuMemcpyHtoDAsync_v2 / cuStreamSynchronize");
+    *(void **)&cu.host_alloc = dlsym(h, "cuMemHostAlloc");
+    *(void **)&cu.free_host = dlsym(h, "cuMemFreeHost");
+    *(void **)&cu.host_register = dlsym(h, "cuMemHostRegister_v2");
+    *(void **)&cu.host_unregister = dlsym(h, "cuMemHostUnregister");
+    *(void **)&cu.memset_async = dlsym(h, "cuMemsetD8Async");
+    if (!cu.dtoh || !cu.htod || !cu.sync || !cu.host_alloc || !cu.free_host || !cu.host_register ||
+        !cu.host_unregister || !cu.memset_async)
+        die("the driver lacks cuMemcpyDtoHAsync_v2 / cuMemcpyHtoDAsync_v2 / cuStreamSynchronize / cuMemHostAlloc / "
+            "cuMemFreeHost / cuMemHostRegister_v2 / cuMemHostUnregister / cuMemsetD8Async");
 }
 
 /* One plain copy of every block of @p v (sizes @p sz) to (or from) @p host, then a wait; wall ms. */
@@ -410,10 +426,9 @@ static void copy_rate_row(size_t live, int reps)
     double s0 = rate(bytes, median(sn, nr)), w0 = rate(bytes, median(wn, nr));
     printf("| %.2f | wall | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g, cd, s1,
            s1 / cd, s0, s0 / cd, ch, w1, w1 / ch, w0, w0 / ch);
-    if (emu.count)
-        printf("| %.2f | modelled | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
-               rate(bytes, mpd), rate(bytes, msk), mpd / msk, rate(bytes, msn), mpd / msn, rate(bytes, mph),
-               rate(bytes, mwk), mph / mwk, rate(bytes, mwn), mph / mwn);
+    /* (The calls-times-latency sum of model_ms leaves out pinning's per-byte cost and every
+     * overlap: the timeline row is the model.) */
+    (void)mpd, (void)mph, (void)msk, (void)mwk, (void)msn, (void)mwn;
     if (emu.model && tpd > 0)
         printf("| %.2f | timeline | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", g,
                rate(bytes, tpd), rate(bytes, tsk), tpd / tsk, rate(bytes, tsn), tpd / tsn, rate(bytes, tph),
@@ -621,6 +636,183 @@ static int lock_wait(int reps)
     return 0;
 }
 
+/* ---- 0: the link: copies and pinning in the same run ---- */
+
+/* What the link costs in this run, measured on up to 1 GiB of the live blocks: pinned and pageable
+ * copies each way (GiB/s) and pinning (ms per GiB): wall and, on cudaemu, the timeline model. */
+struct link_costs {
+    double pin[2], page[2]; /* [0]: device to host, [1]: host to device */
+    double alloc_ms, free_ms, reg_ms, unreg_ms;
+};
+static struct link_costs link_model; /* the same, on the timeline model (0 without it) */
+
+/* Device to host and host to device copies of blocks @p v (sizes @p sz, @p n of them) through
+ * @p host: GiB/s each way into @p wall and @p model. */
+static void copy_pair(void **v, const size_t *sz, size_t n, size_t bytes, char *host, double wall[2],
+                      double model[2])
+{
+    for (int dir = 0; dir < 2; dir++) {
+        double l0 = tl_ms();
+        double ms = plain_copy(v, sz, n, host, dir == 0);
+        wall[dir] = rate(bytes, ms);
+        model[dir] = emu.model ? rate(bytes, tl_ms() - l0) : 0;
+    }
+}
+
+static double ms_per_gib(double ms, size_t bytes) { return ms / ((double)bytes / (double)GiB); }
+
+static void link_measure(size_t live, int reps, struct link_costs *out)
+{
+    load_copies();
+    size_t n;
+    void **v = fill(live < GiB ? live : GiB, 0, &n, NULL);
+    size_t *sz = malloc(n * sizeof *sz), bytes = 0;
+    if (!sz)
+        exit(1);
+    for (size_t i = 0; i < n; i++) { /* fill's sizes in turn, as copy_rate_row reads them */
+        static const size_t sizes[] = {96 * MiB, 32 * MiB, 172 * MiB, 86 * MiB, 16 * 1024};
+        bytes += sz[i] = sizes[i % (sizeof sizes / sizeof sizes[0])];
+    }
+    int nr = reps < 32 ? reps : 32;
+    double pd[32], ph[32], gd[32], gh[32], al[32], fr[32], rg[32], ur[32];
+    double mpd = 0, mph = 0, mgd = 0, mgh = 0, mal = 0, mfr = 0, mrg = 0, mur = 0;
+    for (int r = 0; r < nr; r++) {
+        /* Pinned: a new cuMemHostAlloc buffer, both copies, cuMemFreeHost. */
+        void *host = NULL;
+        double t0 = now_ms(), l0 = tl_ms();
+        if (cu.host_alloc(&host, bytes, 1 /* CU_MEMHOSTALLOC_PORTABLE */) != 0)
+            die("cuMemHostAlloc");
+        al[r] = ms_per_gib(now_ms() - t0, bytes);
+        mal = ms_per_gib(tl_ms() - l0, bytes);
+        double w[2], m[2];
+        copy_pair(v, sz, n, bytes, host, w, m);
+        pd[r] = w[0], ph[r] = w[1], mpd = m[0], mph = m[1];
+        t0 = now_ms(), l0 = tl_ms();
+        if (cu.free_host(host) != 0)
+            die("cuMemFreeHost");
+        fr[r] = ms_per_gib(now_ms() - t0, bytes);
+        mfr = ms_per_gib(tl_ms() - l0, bytes);
+        /* Pageable: malloc'd and touched; then those pages registered and unregistered. */
+        char *page = malloc(bytes);
+        if (!page)
+            die("out of host memory for the pageable buffer");
+        memset(page, r, bytes);
+        copy_pair(v, sz, n, bytes, page, w, m);
+        gd[r] = w[0], gh[r] = w[1], mgd = m[0], mgh = m[1];
+        t0 = now_ms(), l0 = tl_ms();
+        if (cu.host_register(page, bytes, 1 /* CU_MEMHOSTREGISTER_PORTABLE */) != 0)
+            die("cuMemHostRegister");
+        rg[r] = ms_per_gib(now_ms() - t0, bytes);
+        mrg = ms_per_gib(tl_ms() - l0, bytes);
+        t0 = now_ms(), l0 = tl_ms();
+        if (cu.host_unregister(page) != 0)
+            die("cuMemHostUnregister");
+        ur[r] = ms_per_gib(now_ms() - t0, bytes);
+        mur = ms_per_gib(tl_ms() - l0, bytes);
+        free(page);
+    }
+    *out = (struct link_costs){{median(pd, nr), median(ph, nr)}, {median(gd, nr), median(gh, nr)},
+                               median(al, nr), median(fr, nr), median(rg, nr), median(ur, nr)};
+    link_model = (struct link_costs){{mpd, mph}, {mgd, mgh}, mal, mfr, mrg, mur};
+    printf("| the link, this run (%.2f GiB of the live blocks, median of %d) | wall | modelled |\n|---|---|---|\n",
+           (double)bytes / (double)GiB, nr);
+    const char *names[] = {"pinned copy, device to host (GiB/s)", "pinned copy, host to device (GiB/s)",
+                           "pageable copy, device to host (GiB/s)", "pageable copy, host to device (GiB/s)",
+                           "cuMemHostAlloc (ms per GiB)", "cuMemFreeHost (ms per GiB)",
+                           "cuMemHostRegister of touched pages (ms per GiB)", "cuMemHostUnregister (ms per GiB)"};
+    const double *wv = &out->pin[0], *mv = &link_model.pin[0];
+    for (int i = 0; i < 8; i++) {
+        printf("| %s | %.2f | ", names[i], wv[i]);
+        emu.model ? printf("%.2f |\n", mv[i]) : printf("n/a |\n");
+    }
+    printf("\n");
+    free(sz);
+    release(v, n);
+}
+
+/* The first work on a woken block: a memset of 4 KiB and a wait (wall and modelled us). */
+static void first_work(void *p, double *wall_us, double *model_us)
+{
+    double t0 = now_ms(), l0 = tl_ms();
+    if (cu.memset_async((unsigned long long)(uintptr_t)p, 1, 4096, NULL) != 0 || cu.sync(NULL) != 0)
+        die("cuMemsetD8Async on woken memory");
+    *wall_us = (now_ms() - t0) * 1e3;
+    *model_us = (tl_ms() - l0) * 1e3;
+}
+
+/* Sections 1 and 2: offload with the configuration as it is, discard, then offload with
+ * sleep_keep_host_backup:False (a backup allocated and given back every cycle), @p reps cycles each: wall and
+ * modelled time, GiB/s against the pinned copy of the same run. The share of reserved memory each
+ * sleep gave back: the lowest is returned. */
+static double sleep_rows(size_t live, size_t cached, int reps, const struct link_costs *lk)
+{
+    printf("| operation | live GiB | wall ms (median) | GiB/s | pinned copy GiB/s | x of it | modelled ms | modelled "
+           "GiB/s | modelled copy GiB/s | x of it | driver calls |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const struct {
+        const char *name, *config;
+        unsigned mode;
+    } cases[] = {
+        {"offload", NULL, XSEG_SLEEP_OFFLOAD},
+        {"discard", NULL, XSEG_SLEEP_DISCARD},
+        {"offload, sleep_keep_host_backup:False", "sleep_keep_host_backup:False", XSEG_SLEEP_OFFLOAD},
+    };
+    double share_min = 1.0, fw = 0, fm = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        /* A new configuration starts from an empty host cache: no backup kept by the cases before. */
+        if (cases[c].config &&
+            (xseg_set_config(cases[c].config) != XSEG_SUCCESS || xseg_host_empty_cache() != XSEG_SUCCESS))
+            die("xseg_set_config");
+        double ws[32], ww[32], ms[32], mw[32];
+        unsigned long cs[NENTRIES] = {0}, cw[NENTRIES] = {0};
+        size_t n;
+        void **v = fill(live, cached, &n, NULL);
+        size_t live_bytes = (size_t)stat("allocated_bytes.all.current");
+        int nr = reps < 32 ? reps : 32;
+        for (int r = 0; r < nr; r++) {
+            size_t reserved_before = (size_t)stat("reserved_bytes.all.current");
+            reset_counts();
+            double t0 = now_ms(), l0 = tl_ms();
+            if (xseg_sleep(0, DEFAULT_POOL, cases[c].mode) != XSEG_SUCCESS)
+                die("xseg_sleep");
+            ws[r] = now_ms() - t0;
+            ms[r] = tl_ms() - l0;
+            (void)model_ms(cs, 0, NULL); /* the counts */
+            xseg_sleep_stats st;
+            if (xseg_get_sleep_stats(0, &DEFAULT_POOL, &st) != XSEG_SUCCESS)
+                die("xseg_get_sleep_stats");
+            double share = (double)st.released_bytes / (double)reserved_before;
+            share_min = share < share_min ? share : share_min;
+            reset_counts();
+            t0 = now_ms(), l0 = tl_ms();
+            if (xseg_wake(0, DEFAULT_POOL) != XSEG_SUCCESS)
+                die("xseg_wake");
+            ww[r] = now_ms() - t0;
+            mw[r] = tl_ms() - l0;
+            (void)model_ms(cw, 0, NULL);
+            if (c == 0 && r == nr - 1)
+                first_work(v[0], &fw, &fm);
+        }
+        double g = (double)live_bytes / (double)GiB;
+        for (int dir = 0; dir < 2; dir++) {
+            double wall = median(dir ? ww : ws, nr), model = median(dir ? mw : ms, nr);
+            double pin = lk->pin[dir], mpin = link_model.pin[dir];
+            printf("| %s (%s) | %.2f | %.1f | %.2f | %.2f | %.2f | ", dir ? "wake" : "sleep", cases[c].name, g, wall,
+                   rate(live_bytes, wall), pin, rate(live_bytes, wall) / pin);
+            if (emu.model)
+                printf("%.1f | %.2f | %.2f | %.2f | ", model, rate(live_bytes, model), mpin,
+                       rate(live_bytes, model) / mpin);
+            else
+                printf("n/a | n/a | n/a | n/a | ");
+            print_calls(dir ? cw : cs);
+        }
+        release(v, n); /* the last case's configuration stays: the sections after do not sleep */
+    }
+    printf("\n| after the last wake (offload) | wall us | modelled us |\n|---|---|---|\n"
+           "| first work on woken memory (cuMemsetD8Async of 4 KiB, then a wait) | %.1f | ", fw);
+    emu.model ? printf("%.1f |\n", fm) : printf("n/a |\n");
+    return share_min;
+}
+
 int main(int argc, char **argv)
 {
     long gib = 2;
@@ -628,7 +820,7 @@ int main(int argc, char **argv)
     long nstreams = 1, chunk_mb = 64;
     if (argc == 4 && !strcmp(argv[1], "--pairs"))
         return pairs_only(argv[2], parse_long("--pairs", argv[3], 0));
-    bool rate_only = false, lw_only = false;
+    bool rate_only = false, lw_only = false, sleep_only = false;
     const char *conc_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--concurrent") && i + 1 < argc)
@@ -637,6 +829,8 @@ int main(int argc, char **argv)
             rate_only = true;
         else if (!strcmp(argv[i], "--lock-wait"))
             lw_only = true;
+        else if (!strcmp(argv[i], "--sleep-only"))
+            sleep_only = true;
         else if (!strcmp(argv[i], "--gib"))
             gib = parse_long("--gib", i + 1 < argc ? argv[++i] : NULL, 1);
         else if (!strcmp(argv[i], "--reps"))
@@ -650,8 +844,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--file-only") && i + 1 < argc)
             file_dir = argv[++i], file_only = true;
         else {
-            fprintf(stderr, "usage: bench_services [--copy-rate [--streams S] [--chunk-mb C] [--file[-only] DIR] | "
-                            "--concurrent DIR | --lock-wait] [--gib G] [--reps R]\n");
+            fprintf(stderr, "usage: bench_services [--sleep-only | --copy-rate [--streams S] [--chunk-mb C] "
+                            "[--file[-only] DIR] | --concurrent DIR | --lock-wait] [--gib G] [--reps R]\n");
             return 2;
         }
     }
@@ -675,54 +869,14 @@ int main(int argc, char **argv)
            (long)(cached / MiB), reps, emu.count ? "cudaemu, CUDAEMU_LATENCY=" : "real driver",
            emu.count ? (lat ? lat : "(none)") : "");
 
-    /* ---- 1 and 2: sleep and wake ---- */
-    printf("| operation | live GiB | wall ms (median) | wall ms per GiB | modelled ms | modelled ms per GiB | "
-           "driver calls |\n|---|---|---|---|---|---|---|\n");
-    double share_min = 1.0;
-    size_t released = 0, reserved_before = 0;
-    for (int mode = XSEG_SLEEP_OFFLOAD; mode <= XSEG_SLEEP_DISCARD; mode++) {
-        double ws[32], ww[32], ms_sleep = 0, ms_wake = 0;
-        unsigned long cs[NENTRIES] = {0}, cw[NENTRIES] = {0};
-        size_t n;
-        void **v = fill(live, cached, &n, NULL);
-        size_t live_bytes = (size_t)stat("allocated_bytes.all.current");
-        for (int r = 0; r < reps && r < 32; r++) {
-            reserved_before = (size_t)stat("reserved_bytes.all.current");
-            reset_counts();
-            double t0 = now_ms();
-            if (xseg_sleep(0, DEFAULT_POOL, (unsigned)mode) != XSEG_SUCCESS)
-                die("xseg_sleep");
-            ws[r] = now_ms() - t0;
-            ms_sleep = model_ms(cs, mode == XSEG_SLEEP_OFFLOAD ? live_bytes : 0, "cuMemcpyDtoHAsync");
-            xseg_sleep_stats st;
-            if (xseg_get_sleep_stats(0, &DEFAULT_POOL, &st) != XSEG_SUCCESS)
-                die("xseg_get_sleep_stats");
-            released = st.released_bytes;
-            double share = (double)st.released_bytes / (double)reserved_before;
-            share_min = share < share_min ? share : share_min;
-            reset_counts();
-            t0 = now_ms();
-            if (xseg_wake(0, DEFAULT_POOL) != XSEG_SUCCESS)
-                die("xseg_wake");
-            ww[r] = now_ms() - t0;
-            ms_wake = model_ms(cw, mode == XSEG_SLEEP_OFFLOAD ? live_bytes : 0, "cuMemcpyHtoDAsync");
-        }
-        double g = (double)live_bytes / (double)GiB;
-        const char *m = mode == XSEG_SLEEP_OFFLOAD ? "offload" : "discard";
-        int nr = reps < 32 ? reps : 32;
-        double wsm = median(ws, nr), wwm = median(ww, nr);
-        printf("| sleep (%s) | %.2f | %.1f | %.1f | ", m, g, wsm, wsm / g);
-        emu.count ? printf("%.1f | %.1f | ", ms_sleep, ms_sleep / g) : printf("n/a | n/a | ");
-        print_calls(cs);
-        printf("| wake (%s) | %.2f | %.1f | %.1f | ", m, g, wwm, wwm / g);
-        emu.count ? printf("%.1f | %.1f | ", ms_wake, ms_wake / g) : printf("n/a | n/a | ");
-        print_calls(cw);
-        if (mode == XSEG_SLEEP_OFFLOAD && emu.count)
-            printf("| wake of 10 GiB offloaded (modelled, scaled) | 10 | | | %.0f | | |\n", ms_wake / g * 10);
-        release(v, n);
-    }
-    printf("\nsleep gives back %.4f of the pool's reserved memory (lowest of %d sleeps; last: %zu of %zu "
-           "bytes)\n\n", share_min, 2 * reps, released, reserved_before);
+    /* ---- 0, 1 and 2: the link, sleep and wake ---- */
+    struct link_costs lk;
+    link_measure(live, reps, &lk);
+    double share_min = sleep_rows(live, cached, reps, &lk);
+    printf("\nsleep gives back %.4f of the pool's reserved memory (lowest of the offload and discard sleeps)\n\n",
+           share_min);
+    if (sleep_only)
+        return 0;
 
     /* ---- 3: trim ---- */
     printf("| trim | cache GiB | wall ms (median) | wall ms per GiB | modelled ms | driver calls |\n"

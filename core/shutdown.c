@@ -20,6 +20,7 @@
 #include "core/process/settings.h"
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
+#include "core/services/sleeptags.h"
 #include "core/snapshot.h"
 
 /* Refuse what cannot be undone safely: a capture under way (its graph would point at freed
@@ -136,6 +137,7 @@ static xseg_status shutdown_device(struct dev_alloc *d)
     quar_destroy(d);
     sleep_teardown(d);
     spill_teardown(d);
+    tags_teardown(d);
     capreuse_reset(d);
     pools_destroy(d);
     d->cfg_gen = 0; /* the next lock takes the configuration (and its memory fraction) afresh */

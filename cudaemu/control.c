@@ -39,6 +39,9 @@ static _Atomic uint64_t ctl_ps_per_byte[EMU_E_COUNT];
 /* The host link's per-byte cost (copies to or from host-located VMM memory) and the bytes it
  * carried (cudaemu_link_bytes, CUDAEMU_REPORT). */
 static _Atomic uint64_t ctl_link_ps;
+/* The per-byte cost of a copy whose host side is pageable (not cuMemHostAlloc'd or registered):
+ * the driver stages it through pinned buffers of its own. 0: such copies run at the entry's rate. */
+static _Atomic uint64_t ctl_pageable_ps;
 static _Atomic uint64_t ctl_link_bytes;
 /* The modelled host clock (emu_model_now), in ns since start. */
 static _Atomic uint64_t ctl_model_ns;
@@ -87,6 +90,10 @@ void emu_bandwidth_set(enum emu_entry e, uint64_t bytes_per_s)
 
 void emu_link_set(uint64_t bytes_per_s) { atomic_store(&ctl_link_ps, ctl_ps(bytes_per_s)); }
 
+void emu_pageable_set(uint64_t bytes_per_s) { atomic_store(&ctl_pageable_ps, ctl_ps(bytes_per_s)); }
+
+bool emu_pageable_modelled(void) { return atomic_load_explicit(&ctl_pageable_ps, memory_order_relaxed) != 0; }
+
 static uint64_t ctl_now_ns(void)
 {
     struct timespec ts;
@@ -110,12 +117,26 @@ uint64_t emu_bytes_ns(enum emu_entry e, size_t bytes)
     return (uint64_t)bytes * atomic_load_explicit(&ctl_ps_per_byte[e], memory_order_relaxed) / 1000;
 }
 
-uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link)
+uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link, bool pageable)
 {
+    uint64_t pps = pageable ? atomic_load_explicit(&ctl_pageable_ps, memory_order_relaxed) : 0;
+    if (pps) /* staged through the driver's pinned buffers: the slower of the two paths throughout */
+        return (uint64_t)bytes * pps / 1000;
     if (link > bytes)
         link = bytes;
     return emu_bytes_ns(e, bytes - link) +
            (uint64_t)link * atomic_load_explicit(&ctl_link_ps, memory_order_relaxed) / 1000;
+}
+
+void emu_bytes_charge(enum emu_entry e, size_t bytes)
+{
+    uint64_t ns = emu_bytes_ns(e, bytes);
+    if (!ns)
+        return;
+    atomic_fetch_add(&ctl_model_ns, ns);
+    uint64_t until = ctl_now_ns() + ns; /* busy, as emu_enter's latency: the call spins in the kernel */
+    while (ctl_now_ns() < until)
+        ;
 }
 
 uint64_t cudaemu_link_bytes(void)
@@ -134,13 +155,13 @@ uint64_t cudaemu_model_ns(void)
 static _Atomic uint64_t ctl_bytes[EMU_E_COUNT];
 void emu_bytes_note(enum emu_entry e, size_t bytes) { atomic_fetch_add_explicit(&ctl_bytes[e], bytes, memory_order_relaxed); }
 
-void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, uint64_t t0)
+void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, bool pageable, uint64_t t0)
 {
     emu_bytes_note(e, bytes);
     if (link)
         atomic_fetch_add_explicit(&ctl_link_bytes, link, memory_order_relaxed);
     /* The copy itself counts towards the modelled time: the call lasts max(memcpy, model). */
-    uint64_t ns = bytes ? emu_copy_ns(e, bytes, link) : 0;
+    uint64_t ns = bytes ? emu_copy_ns(e, bytes, link, pageable) : 0;
     while (ns && ctl_now_ns() < t0 + ns)
         ;
 }
@@ -332,11 +353,11 @@ int cudaemu_set_latency(const char *entry, uint64_t ns)
 int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte)
 {
     emu_env_once();
-    if (entry && !strcmp(entry, "link")) { /* the host link: a rate, no latency */
+    if (entry && (!strcmp(entry, "link") || !strcmp(entry, "pageable"))) { /* rates, no latency */
         if (ns)
             *ns = 0;
         if (ps_per_byte)
-            *ps_per_byte = atomic_load(&ctl_link_ps);
+            *ps_per_byte = atomic_load(entry[0] == 'l' ? &ctl_link_ps : &ctl_pageable_ps);
         return 0;
     }
     int e = emu_entry_lookup(entry);
@@ -354,6 +375,10 @@ int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second)
     emu_env_once();
     if (entry && !strcmp(entry, "link")) {
         emu_link_set(bytes_per_second);
+        return 0;
+    }
+    if (entry && !strcmp(entry, "pageable")) {
+        emu_pageable_set(bytes_per_second);
         return 0;
     }
     int e = emu_entry_lookup(entry);
@@ -447,6 +472,9 @@ void emu_report_print(void)
         fprintf(stderr, "cudaemu report: link bytes %llu (copies to or from host-located VMM memory, "
                 "counted in their entries' bytes moved too), %llu ps per byte\n", (unsigned long long)link,
                 (unsigned long long)lps);
+    uint64_t pps = atomic_load(&ctl_pageable_ps);
+    if (pps)
+        fprintf(stderr, "cudaemu report: pageable host memory copies %llu ps per byte\n", (unsigned long long)pps);
 }
 
 void cudaemu_report(void)

@@ -132,10 +132,13 @@ int cudaemu_get_latency(const char *entry, uint64_t *ns, uint64_t *ps_per_byte);
  * modelled duration with copies overlapping host calls and each other as a GPU would run them. */
 uint64_t cudaemu_model_ns(void);
 /* Set the per-byte cost of a copy entry (cuMemcpyHtoD, ...) as a rate (0: none): a call that
- * moves n bytes lasts at least n / rate. -1 for an unknown name. The name "link" sets the host
- * link's rate (also for cudaemu_get_latency): the bytes of any copy (cuMemcpy*, cuMemcpy*Async)
- * that lie in host-located VMM memory (cuMemCreate location HOST or HOST_NUMA) run at it instead
- * of the entry's rate. */
+ * moves n bytes lasts at least n / rate; of cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister and
+ * cuMemHostUnregister, the cost of pinning or unpinning n bytes. -1 for an unknown name. The
+ * name "link" sets the host link's rate (also for cudaemu_get_latency): the bytes of any copy
+ * (cuMemcpy*, cuMemcpy*Async) that lie in host-located VMM memory (cuMemCreate location HOST or
+ * HOST_NUMA) run at it instead of the entry's rate. The name "pageable" sets the rate of a copy
+ * whose host side is not pinned (cuMemHostAlloc'd or registered): all its bytes run at it, and
+ * the host waits for it on the timeline model even when asynchronous. */
 int cudaemu_set_bandwidth(const char *entry, uint64_t bytes_per_second);
 /* Bytes copied to or from host-located VMM memory since start (the "link bytes" of the report),
  * by every copy entry; those bytes are in the entries' own counts too. */

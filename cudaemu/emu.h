@@ -330,9 +330,21 @@ uint64_t emu_bytes_ns(enum emu_entry e, size_t bytes);
  * link's rate (CUDAEMU_LATENCY link:RATE, cudaemu_set_bandwidth("link")), the rest at e's.
  * emu_copy_ns is its modelled duration; emu_copy_wait counts the bytes (link bytes apart as
  * well) and busy-waits until the call, started at @p t0 (emu_now_ns), has lasted that. */
+/* With @p pageable (the host side is not pinned: emu_host_pageable) and a pageable rate set
+ * (CUDAEMU_LATENCY pageable:RATE), the whole copy runs at that rate instead. */
 void emu_link_set(uint64_t bytes_per_s);
-uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link);
-void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, uint64_t t0);
+void emu_pageable_set(uint64_t bytes_per_s);
+bool emu_pageable_modelled(void); /* is a pageable rate set? */
+uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link, bool pageable);
+void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, bool pageable, uint64_t t0);
+/* Charge entry @p e's per-byte cost for @p bytes (pinning or unpinning host memory: cuMemHostAlloc,
+ * cuMemFreeHost, cuMemHostRegister, cuMemHostUnregister, CUDAEMU_LATENCY entry:RATE): the model
+ * clock moves on by it and the call busy-waits as long. */
+void emu_bytes_charge(enum emu_entry e, size_t bytes);
+/* Is [p, p + n) host memory the driver did not pin (outside every cuMemHostAlloc allocation and
+ * cuMemHostRegister range)? Only asked while a pageable rate is set (false otherwise). Takes
+ * emu.lock (host.c). */
+bool emu_host_pageable(const void *p, size_t n);
 
 /* The entry point the calling thread is in (the last emu_enter), for messages. */
 extern _Thread_local int emu_entry_now;

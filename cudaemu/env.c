@@ -171,46 +171,106 @@ static void env_fail_item(const char *var, char *item)
     emu_fail_arm((enum emu_entry)e, (unsigned long)nth, (CUresult)res);
 }
 
-/* Per-call medians measured on an NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0) by
- * benchmarks/bench_vmm_costs with 20 MiB pages, the large pool's page size (docs/gpu-h100/
- * vmm_costs.txt; docs/benchmarks.md). cuMemAddressReserve/Free were not measured and stay 0. */
-static const struct {
+/* The presets: per-call latencies (ns), per-byte costs (rates, bytes/s) and the rates of the host
+ * link and of pageable copies. A rate of 0 charges nothing. */
+struct env_cost {
     const char *entry;
-    uint64_t ns;
-} env_latency_h100[] = {
-    {"cuMemCreate", 8600},    {"cuMemMap", 700},     {"cuMemSetAccess", 21900},
-    {"cuMemUnmap", 15500},    {"cuMemRelease", 20400}, {"cuMemAlloc", 39000},
-    {"cuMemFree", 42800},
+    uint64_t ns, bytes_per_s;
 };
-/* Host<->device copies in the same preset: 25 GB/s per direction, not measured here. PCIe 4.0
- * x16 carries 16 GT/s x 16 lanes with 128b/130b encoding = 31.5 GB/s per direction, and pinned
- * copies reach about 80 % of that (the CUDA samples' bandwidthTest on PCIe 4.0 hosts); an H100 on
- * PCIe 5.0 doubles the link, so this is the conservative figure. */
-#define ENV_H100_COPY_BYTES_PER_S 25000000000ull
-static const char *const env_copy_entries[] = {"cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyHtoDAsync",
-                                               "cuMemcpyDtoHAsync"};
-/* Copies to or from host-located VMM memory (spill) cross the same link: the same rate. */
+struct env_preset {
+    const char *name;
+    const struct env_cost *costs;
+    size_t ncosts;
+    uint64_t link, pageable;
+};
+
+#define GB 1000000000ull
+/* A cost of @p ms milliseconds per GiB as a rate in bytes per second. */
+#define MS_PER_GIB(ms) ((1ull << 30) * 1000ull / (ms))
+
+/* h100: per-call medians measured on an NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0) by
+ * benchmarks/bench_vmm_costs with 20 MiB pages, the large pool's page size (docs/gpu-h100/
+ * vmm_costs.txt; docs/benchmarks.md). cuMemAddressReserve/Free were not measured and stay 0.
+ * Host<->device copies: 25 GB/s per direction, not measured there. PCIe 4.0 x16 carries 16 GT/s x
+ * 16 lanes with 128b/130b encoding = 31.5 GB/s per direction, and pinned copies reach about 80 %
+ * of that (the CUDA samples' bandwidthTest on PCIe 4.0 hosts); an H100 on PCIe 5.0 doubles the
+ * link, so this is the conservative figure. Copies to or from host-located VMM memory (spill)
+ * cross the same link: the same rate. It charges nothing for pinning host memory nor for pageable
+ * copies (not measured on that machine): the h200 preset models those. */
+static const struct env_cost env_h100[] = {
+    {"cuMemCreate", 8600, 0},    {"cuMemMap", 700, 0},      {"cuMemSetAccess", 21900, 0},
+    {"cuMemUnmap", 15500, 0},    {"cuMemRelease", 20400, 0}, {"cuMemAlloc", 39000, 0},
+    {"cuMemFree", 42800, 0},     {"cuMemcpyHtoD", 0, 25 * GB}, {"cuMemcpyDtoH", 0, 25 * GB},
+    {"cuMemcpyHtoDAsync", 0, 25 * GB}, {"cuMemcpyDtoHAsync", 0, 25 * GB},
+};
+
+/* h200: the machine of the first acceptance run (../shared/gpu-runs/2026-11-26-h200: NVIDIA H200,
+ * driver 580.159.04, CUDA 13.0, in a Firecracker VM). Per-call medians: its vmm_costs.csv (bench_
+ * vmm_costs, 20 MiB pages). Pinned copies: 50 GB/s per direction, PCIe 5.0 x16 (32 GT/s x 16 lanes,
+ * 128b/130b: 63 GB/s) at about 80 %, as h100's; not measured on that machine (bench_services
+ * prints the rate it measures beside each figure). Pageable copies: half of that, as pageable
+ * copies ran beside pinned ones where both were measured (dask-cuda#98: 5-6 against 11-12 GB/s).
+ * Pinning: cuMemHostAlloc 530 ms and cuMemFreeHost 151 ms per GiB, the two costs that make that
+ * run's sleep (offload) of 4.06 GiB 2,246 ms and its wake 705 ms with everything else above
+ * (docs/benchmarks.md#services: fitted to those two figures, so they agree by construction; the
+ * published figures bracket them: cudaHostAlloc 420 ms/GiB at 1-8 GiB on an RTX 3090 host,
+ * rmm#2523; 238 ms/GiB for 33 GiB, ik_llama.cpp#1517; 983 ms/GiB to pin and 225 ms/GiB to unpin
+ * 512 MiB, kekzl/imp#1653). cuMemHostRegister of touched pages: 0.26 of cuMemHostAlloc (rmm#2523:
+ * first touch on 16 threads plus cudaHostRegister 445 ms against cudaHostAlloc 1,681 ms for
+ * 4 GiB), cuMemHostUnregister as cuMemFreeHost. */
+static const struct env_cost env_h200[] = {
+    {"cuMemCreate", 8128, 0},    {"cuMemMap", 644, 0},        {"cuMemSetAccess", 21040, 0},
+    {"cuMemUnmap", 14874, 0},    {"cuMemRelease", 15116, 0},  {"cuMemAlloc", 40356, 0},
+    {"cuMemFree", 40045, 0},     {"cuMemcpyHtoD", 0, 50 * GB}, {"cuMemcpyDtoH", 0, 50 * GB},
+    {"cuMemcpyHtoDAsync", 0, 50 * GB}, {"cuMemcpyDtoHAsync", 0, 50 * GB},
+    {"cuMemHostAlloc", 0, MS_PER_GIB(530)}, {"cuMemFreeHost", 0, MS_PER_GIB(151)},
+    {"cuMemHostRegister", 0, MS_PER_GIB(138)}, {"cuMemHostUnregister", 0, MS_PER_GIB(151)},
+};
+
+static const struct env_preset env_presets[] = {
+    {"h100", env_h100, sizeof env_h100 / sizeof env_h100[0], 25 * GB, 0},
+    {"h200", env_h200, sizeof env_h200 / sizeof env_h200[0], 50 * GB, 25 * GB},
+};
+
+/* A preset by name: its costs set (later items may override single entries). False: none such. */
+static bool env_preset(const char *name)
+{
+    for (size_t p = 0; p < sizeof env_presets / sizeof env_presets[0]; p++) {
+        const struct env_preset *ps = &env_presets[p];
+        if (strcmp(name, ps->name))
+            continue;
+        for (size_t i = 0; i < ps->ncosts; i++) {
+            enum emu_entry e = (enum emu_entry)emu_entry_lookup(ps->costs[i].entry);
+            if (ps->costs[i].ns)
+                emu_latency_set(e, ps->costs[i].ns);
+            if (ps->costs[i].bytes_per_s)
+                emu_bandwidth_set(e, ps->costs[i].bytes_per_s);
+        }
+        emu_link_set(ps->link);
+        emu_pageable_set(ps->pageable);
+        return true;
+    }
+    return false;
+}
 
 static void env_latency_item(const char *var, char *item)
 {
-    if (!strcmp(item, "h100")) { /* the preset; later items may override single entries */
-        for (size_t i = 0; i < sizeof env_latency_h100 / sizeof env_latency_h100[0]; i++)
-            emu_latency_set((enum emu_entry)emu_entry_lookup(env_latency_h100[i].entry),
-                            env_latency_h100[i].ns);
-        for (size_t i = 0; i < sizeof env_copy_entries / sizeof env_copy_entries[0]; i++)
-            emu_bandwidth_set((enum emu_entry)emu_entry_lookup(env_copy_entries[i]), ENV_H100_COPY_BYTES_PER_S);
-        emu_link_set(ENV_H100_COPY_BYTES_PER_S);
+    if (env_preset(item))
         return;
-    }
     char *d = strchr(item, ':');
     if (!d)
-        env_die(var, "'%s' is neither entry:duration, entry:rate nor the preset h100", item);
+        env_die(var, "'%s' is neither entry:duration, entry:rate nor a preset (h100, h200)", item);
     *d++ = '\0';
-    if (!strcmp(item, "link")) { /* link:RATE, the host link (host-located VMM memory's copies) */
+    if (!strcmp(item, "link") || !strcmp(item, "pageable")) {
+        /* link:RATE, the host link (host-located VMM memory's copies); pageable:RATE, copies whose
+         * host side is not pinned */
         uint64_t rate;
         if (!strstr(d, "/s") || env_parse_rate(d, &rate))
-            env_die(var, "'%s' is not a rate (e.g. link:25GB/s)", d);
-        emu_link_set(rate);
+            env_die(var, "'%s' is not a rate (e.g. %s:25GB/s)", d, item);
+        if (item[0] == 'l')
+            emu_link_set(rate);
+        else
+            emu_pageable_set(rate);
         return;
     }
     int e = emu_entry_lookup(item);
@@ -218,7 +278,8 @@ static void env_latency_item(const char *var, char *item)
         env_die(var, "'%s' is not an emulated entry point", item);
     uint64_t ns, rate;
     if (strstr(d, "/s")) {
-        /* A rate: the per-byte cost of a copy (entry:25GB/s). */
+        /* A rate: the per-byte cost of a copy (entry:25GB/s), or of pinning host memory
+         * (cuMemHostAlloc:2GiB/s). */
         if (env_parse_rate(d, &rate))
             env_die(var, "'%s' is not a rate (e.g. 25GB/s, 12.5GB/s, 800MiB/s)", d);
         emu_bandwidth_set((enum emu_entry)e, rate);

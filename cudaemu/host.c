@@ -46,6 +46,7 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
         munmap(p, len);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    emu_bytes_charge(EMU_E_cuMemHostAlloc, len); /* the driver allocates and pins every page */
     *pp = p;
     return CUDA_SUCCESS;
 }
@@ -64,6 +65,7 @@ CUresult CUDAAPI cuMemFreeHost(void *p)
     emu_unlock();
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
+    emu_bytes_charge(EMU_E_cuMemFreeHost, (size_t)(uintptr_t)v); /* unpinned and given back */
     munmap(p, (size_t)(uintptr_t)v);
     return CUDA_SUCCESS;
 }
@@ -108,6 +110,8 @@ CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
     else
         host_reg_bytes += bytesize;
     emu_unlock();
+    if (r == CUDA_SUCCESS)
+        emu_bytes_charge(EMU_E_cuMemHostRegister, bytesize); /* every page faulted in and pinned */
     return r;
 }
 
@@ -123,7 +127,33 @@ CUresult CUDAAPI cuMemHostUnregister(void *p)
     if (v)
         host_reg_bytes -= (size_t)(uintptr_t)v;
     emu_unlock();
+    if (v)
+        emu_bytes_charge(EMU_E_cuMemHostUnregister, (size_t)(uintptr_t)v);
     return v ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+/* Does one range of @p m (base -> length) hold [p, p + n)? Under emu.lock; a walk (a process
+ * pins few ranges, and only a model with a pageable rate asks). */
+static bool host_within(const struct emu_map *m, uintptr_t p, size_t n)
+{
+    size_t pos = 0;
+    uint64_t key;
+    void *v;
+    while ((v = emu_map_next(m, &pos, &key)))
+        if ((uintptr_t)key <= p && p - (uintptr_t)key <= (size_t)(uintptr_t)v &&
+            n <= (size_t)(uintptr_t)v - (p - (uintptr_t)key))
+            return true;
+    return false;
+}
+
+bool emu_host_pageable(const void *p, size_t n)
+{
+    if (!n || !emu_pageable_modelled())
+        return false;
+    emu_lock();
+    bool pinned = host_within(&host_allocs, (uintptr_t)p, n) || host_within(&host_regs, (uintptr_t)p, n);
+    emu_unlock();
+    return !pinned;
 }
 
 void cudaemu_host_live(size_t *count, size_t *bytes)
@@ -145,8 +175,12 @@ static uint64_t engine_ready[3];
  * VMM memory (@p link_dir: 1 when they are the destination, as spill's copies to host memory, 0
  * when the source): it starts when the stream, its engine and the host (the call) are all ready
  * and lasts bytes / rate (emu_copy_ns). A device-to-device copy over the link takes the engine of
- * its direction across the link. Lock held. */
-static void async_model_locked(CUstream s, enum emu_entry e, size_t bytes, size_t link, int link_dir)
+ * its direction across the link. A copy to or from @p pageable host memory (with a pageable rate
+ * set) runs at that rate, and the host waits for it: the driver returns from a device-to-pageable
+ * copy once it is done, and from a pageable-to-device one once its bytes are staged (CUDA's "API
+ * synchronization behavior"), which for a copy larger than the staging buffers is its end. Lock
+ * held. */
+static void async_model_locked(CUstream s, enum emu_entry e, size_t bytes, size_t link, int link_dir, bool pageable)
 {
     int eng = e == EMU_E_cuMemcpyHtoDAsync ? 0 : e == EMU_E_cuMemcpyDtoHAsync ? 1 : link ? link_dir : 2;
     uint64_t start = emu_model_now();
@@ -154,15 +188,17 @@ static void async_model_locked(CUstream s, enum emu_entry e, size_t bytes, size_
         start = s->model_ready;
     if (eng < 2 && engine_ready[eng] > start)
         start = engine_ready[eng];
-    s->model_ready = start + emu_copy_ns(e, bytes, link);
+    s->model_ready = start + emu_copy_ns(e, bytes, link, pageable);
     if (eng < 2)
         engine_ready[eng] = s->model_ready;
+    if (pageable)
+        emu_model_advance_to(s->model_ready);
 }
 
 /* Queue one unit of async work of entry @p e on @p hStream: 1 when it runs now, 0 when it was
  * captured (a graph node keeping @p op for launches; nothing runs), or a CUresult error (negated). */
 static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType type, const struct emu_op *op,
-                         size_t link, int link_dir)
+                         size_t link, int link_dir, bool pageable)
 {
     emu_lock();
     int rc = 1;
@@ -182,7 +218,7 @@ static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType typ
             s->submitted = seq;
     }
     if (rc > 0 && op->kind == EMU_OP_MEMCPY)
-        async_model_locked(s, e, op->size, link, link_dir);
+        async_model_locked(s, e, op->size, link, link_dir, pageable);
     emu_unlock();
     return rc;
 }
@@ -206,7 +242,8 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstDevice, (uintptr_t)srcHost, ByteCount, 0, true, false};
     size_t link = emu_vmm_link_bytes((uintptr_t)dstDevice, ByteCount);
-    int rc = async_enqueue(hStream, EMU_E_cuMemcpyHtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, 0);
+    bool pageable = emu_host_pageable(srcHost, ByteCount);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyHtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, 0, pageable);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -215,7 +252,7 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
         CUresult r = emu_dev_write((uintptr_t)dstDevice, srcHost, ByteCount);
         if (r != CUDA_SUCCESS)
             return r;
-        emu_copy_wait(EMU_E_cuMemcpyHtoDAsync, ByteCount, link, t0);
+        emu_copy_wait(EMU_E_cuMemcpyHtoDAsync, ByteCount, link, pageable, t0);
     }
     return CUDA_SUCCESS;
 }
@@ -232,7 +269,8 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
         return acc;
     struct emu_op op = {EMU_OP_MEMCPY, (uintptr_t)dstHost, (uintptr_t)srcDevice, ByteCount, 0, false, true};
     size_t link = emu_vmm_link_bytes((uintptr_t)srcDevice, ByteCount);
-    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoHAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, 1);
+    bool pageable = emu_host_pageable(dstHost, ByteCount);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoHAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, 1, pageable);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -240,7 +278,7 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
         CUresult r = emu_dev_read(dstHost, (uintptr_t)srcDevice, ByteCount);
         if (r != CUDA_SUCCESS)
             return r;
-        emu_copy_wait(EMU_E_cuMemcpyDtoHAsync, ByteCount, link, t0);
+        emu_copy_wait(EMU_E_cuMemcpyDtoHAsync, ByteCount, link, pageable, t0);
     }
     return CUDA_SUCCESS;
 }
@@ -256,7 +294,7 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
     if (acc != CUDA_SUCCESS)
         return acc;
     struct emu_op op = {EMU_OP_MEMSET, (uintptr_t)dstDevice, 0, N, uc, true, false};
-    int rc = async_enqueue(hStream, EMU_E_cuMemsetD8Async, CU_GRAPH_NODE_TYPE_MEMSET, &op, 0, 0);
+    int rc = async_enqueue(hStream, EMU_E_cuMemsetD8Async, CU_GRAPH_NODE_TYPE_MEMSET, &op, 0, 0, false);
     if (rc < 0)
         return (CUresult)-rc;
     emu_bytes_note(EMU_E_cuMemsetD8Async, N);
@@ -281,7 +319,7 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
     size_t lsrc = emu_vmm_link_bytes((uintptr_t)srcDevice, ByteCount);
     size_t ldst = emu_vmm_link_bytes((uintptr_t)dstDevice, ByteCount);
     size_t link = lsrc > ldst ? lsrc : ldst;
-    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, ldst >= lsrc);
+    int rc = async_enqueue(hStream, EMU_E_cuMemcpyDtoDAsync, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, ldst >= lsrc, false);
     if (rc < 0)
         return (CUresult)-rc;
     if (rc && ByteCount) {
@@ -289,7 +327,7 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
         CUresult r = emu_dev_copy((uintptr_t)dstDevice, (uintptr_t)srcDevice, ByteCount);
         if (r != CUDA_SUCCESS)
             return r;
-        emu_copy_wait(EMU_E_cuMemcpyDtoDAsync, ByteCount, link, t0);
+        emu_copy_wait(EMU_E_cuMemcpyDtoDAsync, ByteCount, link, false, t0);
     }
     return CUDA_SUCCESS;
 }

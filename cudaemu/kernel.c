@@ -369,6 +369,6 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
         if (r == CUDA_SUCCESS && off < len && w > cur)
             r = emu_dev_write((uintptr_t)res, &w, 8);
     }
-    emu_copy_wait(EMU_E_cuLaunchKernel, bytes, 0, t0);
+    emu_copy_wait(EMU_E_cuLaunchKernel, bytes, 0, false, t0);
     return r;
 }

@@ -135,13 +135,14 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t
                                  CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (acc != CUDA_SUCCESS)
         return acc;
+    bool pageable = emu_host_pageable(srcHost, ByteCount);
     uint64_t t0 = emu_now_ns();
     acc = emu_dev_write((uintptr_t)dstDevice, srcHost, ByteCount);
     if (acc != CUDA_SUCCESS)
         return acc;
     size_t link = emu_vmm_link_bytes((uintptr_t)dstDevice, ByteCount); /* host-located VMM memory */
-    emu_copy_wait(EMU_E_cuMemcpyHtoD, ByteCount, link, t0);
-    emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyHtoD, ByteCount, link));
+    emu_copy_wait(EMU_E_cuMemcpyHtoD, ByteCount, link, pageable, t0);
+    emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyHtoD, ByteCount, link, pageable));
     return CUDA_SUCCESS;
 }
 
@@ -159,13 +160,14 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
                                  CU_MEM_ACCESS_FLAGS_PROT_READ);
     if (acc != CUDA_SUCCESS)
         return acc;
+    bool pageable = emu_host_pageable(dstHost, ByteCount);
     uint64_t t0 = emu_now_ns();
     acc = emu_dev_read(dstHost, (uintptr_t)srcDevice, ByteCount);
     if (acc != CUDA_SUCCESS)
         return acc;
     size_t link = emu_vmm_link_bytes((uintptr_t)srcDevice, ByteCount); /* host-located VMM memory */
-    emu_copy_wait(EMU_E_cuMemcpyDtoH, ByteCount, link, t0);
-    emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyDtoH, ByteCount, link));
+    emu_copy_wait(EMU_E_cuMemcpyDtoH, ByteCount, link, pageable, t0);
+    emu_model_advance_to(emu_model_now() + emu_copy_ns(EMU_E_cuMemcpyDtoH, ByteCount, link, pageable));
     return CUDA_SUCCESS;
 }
 

@@ -1149,8 +1149,10 @@ typedef enum xseg_sleep_flags {
  * xseg knows may use the pool: the streams its blocks were allocated on and the streams given to
  * xseg_record_stream for its live or pending blocks (work on other streams must be complete, as
  * for xseg_free); frees whose record_stream events completed then return to the pool. With
- * XSEG_SLEEP_OFFLOAD the live blocks' bytes are copied to pinned host memory (cuMemHostAlloc) on
- * their segment's stream before any page is unmapped.
+ * XSEG_SLEEP_OFFLOAD the live blocks' bytes are copied to pinned host memory before any page is
+ * unmapped, in sleep_copy_chunk_mb chunks over xseg's two copy streams: the backup comes from the
+ * pinned host cache (the one an earlier wake kept under sleep_keep_host_backup, the default), else
+ * cuMemHostAlloc (pinning costs far more than the copy: ~0.5 s per GiB on an H200).
  * @param device a device index.
  * @param pool   {0, 0} for the default pools, or a private pool's id.
  * @param flags  XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD.
@@ -1204,9 +1206,10 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
 /**
  * Wake @p pool of @p device: map a page at every address the sleep gave back (new physical
  * memory, with access for the device and its enabled peers), restore the live blocks (the
- * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on their segment's stream,
- * wait for that, and free the pinned host memory. When it returns, every stream may use the
- * memory, and allocation from the pool works again.
+ * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on xseg's copy streams, wait
+ * for that, and give the pinned host memory back: to the host cache for the next sleep under
+ * sleep_keep_host_backup (the default), else to the driver. When it returns, every stream may use
+ * the memory, and allocation from the pool works again.
  * @param device a device index.
  * @param pool   the pool given to xseg_sleep.
  * @return XSEG_ERROR_INVALID_VALUE for a private pool unknown on @p device;
@@ -1224,6 +1227,79 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
  *         be retried.
  */
 XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sleep and wake by tag (docs/services.md#by-tag)
+ *
+ * A pool may carry a tag: "weights", "kv_cache", "graphs" or any name of the program's (1 to 31
+ * letters, digits, '_', '.' or '-'). xseg_sleep_tags puts every pool of a device carrying one of
+ * the given tags to sleep, each tag with its own mode; xseg_wake_tags wakes them tag by tag in the
+ * order given, so that the weights come back before the KV cache (vLLM's sleep levels, RL
+ * colocation: the recipe in docs/services.md). A tag belongs to a pool id on one device: it may be
+ * set before the pool allocates anything (a MemPool tagged when made), and stays until it is
+ * changed or cleared, the pool is released with its memory given back, or xseg_shutdown.
+ * ------------------------------------------------------------------------------------------- */
+
+/** The most bytes of a tag, its terminating NUL included. */
+#define XSEG_TAG_MAX 32
+
+/**
+ * Tag @p pool of @p device with @p tag (replacing its tag), or clear its tag (@p tag NULL or "").
+ * @param device a device index.
+ * @param pool   {0, 0} for the default pools, or a private pool's id (it need not exist yet).
+ * @param tag    1 to 31 characters of [A-Za-z0-9_.-], or NULL / "" to clear.
+ * @return XSEG_ERROR_INVALID_VALUE for a tag too long or with another character;
+ *         XSEG_ERROR_INVALID_DEVICE for a bad index; XSEG_ERROR_OUT_OF_MEMORY (nothing changed).
+ */
+XSEG_API xseg_status xseg_pool_set_tag(int device, xseg_pool_id pool, const char *tag);
+
+/**
+ * The tag of @p pool on @p device into @p tag ("" when it carries none).
+ * @param device   a device index.
+ * @param pool     {0, 0} for the default pools, or a private pool's id.
+ * @param tag      receives the tag, NUL-terminated.
+ * @param capacity bytes at @p tag (XSEG_TAG_MAX always suffices).
+ * @return XSEG_ERROR_INVALID_VALUE for a NULL @p tag or a @p capacity the tag does not fit.
+ */
+XSEG_API xseg_status xseg_pool_get_tag(int device, xseg_pool_id pool, char *tag, size_t capacity);
+
+/** One tag of xseg_sleep_tags and how its pools sleep. */
+typedef struct xseg_tag_sleep {
+    const char *tag; /**< the pools carrying this tag */
+    unsigned flags;  /**< XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD */
+} xseg_tag_sleep;
+
+/**
+ * Put every pool of @p device that carries one of @p tags to sleep, each as its tag's flags say
+ * (xseg_sleep's rules for each pool: its streams waited for, every page given back). The offloading
+ * pools sleep first, then the discarding ones, each group in the order given. All or nothing: every
+ * pool is checked before any sleeps (known tags, each pool awake, no capture, nothing exported or
+ * handed out, expandable segments only), and a sleep that fails wakes the pools this call put to
+ * sleep before it, newest first (the discarding ones read zero then, as after their wake).
+ * A tagged pool that allocated nothing on the device is left alone.
+ * @param device a device index.
+ * @param tags   @p count tags, each with XSEG_SLEEP_OFFLOAD or XSEG_SLEEP_DISCARD, no tag twice.
+ * @param count  how many (at least 1).
+ * @return XSEG_ERROR_INVALID_VALUE for bad flags (XSEG_SLEEP_OFFLOAD_FILE: use xseg_sleep_ex per
+ *         pool), a malformed or repeated tag, or a tag no pool of @p device carries (the message
+ *         lists the device's tags); otherwise as xseg_sleep, the message naming the pool and its
+ *         tag, and whether the pools slept before were woken again.
+ */
+XSEG_API xseg_status xseg_sleep_tags(int device, const xseg_tag_sleep *tags, size_t count);
+
+/**
+ * Wake the sleeping pools of @p device that carry @p tags: every pool of the first tag, then of
+ * the second, and so on (xseg_wake's rules for each). Pools of these tags that are awake are left
+ * alone, so a wake that failed part way is retried with the same call.
+ * @param device a device index.
+ * @param tags   @p count tags, no tag twice.
+ * @param count  how many (at least 1).
+ * @return XSEG_ERROR_INVALID_VALUE for a malformed, repeated or unknown tag;
+ *         XSEG_ERROR_ILLEGAL_STATE when no pool of these tags sleeps (or one is going to sleep or
+ *         waking in another thread); otherwise as xseg_wake, at the first pool that fails: the
+ *         pools woken before it stay awake, it and the rest stay asleep (the message names them).
+ */
+XSEG_API xseg_status xseg_wake_tags(int device, const char *const *tags, size_t count);
 
 /** What sleeps, for one pool or a whole device (xseg_get_sleep_stats). */
 typedef struct xseg_sleep_stats {

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Check services: services and driver costs, most valuable first. torch_checks.py --group
-# services (sleep/wake of live tensors in GiB/s and the time until a kernel runs again, a CUDA
-# graph replayed after its pool slept and woke, trim), test_ipc between two processes (and its
-# fabric and peer cases where the device has them), bench_vmm_costs (create, map, set access,
-# unmap, release per size), device_probe.py (the remap of a kept handle; devices, fabric
-# support, the peer matrix), bench_services (sleep/wake GiB/s and driver calls through the C
-# API, trim, the release threshold). A step with no time left is an item "not reached".
+# services (sleep/wake of live tensors in GiB/s beside the pinned copy rate of the same call and
+# the time until a kernel runs again, a CUDA graph replayed bit-exact after a tagged sleep and
+# wake, trim), test_ipc between two processes (and its fabric and peer cases where the device has
+# them), bench_vmm_costs (create, map, set access, unmap, release per size), device_probe.py (the
+# remap of a kept handle; devices, fabric support, the peer matrix), bench_services (the link's
+# pinned and pageable copy rates and pinning costs, sleep/wake GiB/s beside the pinned copy and
+# driver calls through the C API, trim, the release threshold), and whether sleep and wake ran at
+# 0.8x of that pinned copy or better. A step with no time left is an item "not reached".
 set -uo pipefail
 . "$XSEG_GPU_ROOT/benchmarks/gpu/lib.sh"
 cd "$XSEG_GPU_ROOT"
@@ -27,7 +29,7 @@ fi
 # The services through PyTorch: live tensors asleep and awake, a graph replayed after a wake.
 why=$(torch_reason)
 if [ -n "$why" ]; then
-    for c in "sleep and wake" "graph replayed after wake" "trim"; do check "$c" skip "$why"; done
+    for c in "sleep and wake" "graph replayed after a tagged wake" "trim"; do check "$c" skip "$why"; done
 else
     quick=(); [ "$q" = 1 ] && quick=(--quick)
     timeout --kill-after=5 "$(time_left $(( $(time_left) / 2 )))" "$PY" "$GPU_DIR/torch_checks.py" --group services --lib "$B/libxseg.so" --out "$W" "${quick[@]}" \
@@ -117,6 +119,24 @@ for line in open(sys.argv[1]):
 json.dump(tables, open(sys.argv[2], "w"))
 PYEOF
     data bench_services "$W/bench_services.json"
+    # Sleep and wake (offload, the backup kept) against the pinned copy measured in the same call.
+    if [ "$XSEG_GPU_EMULATOR" = 1 ]; then
+        check "sleep and wake at the link's speed (bench_services)" skip "emulator: wall times are the host's memcpy (the timeline model's ratio is in the log)"
+    else
+        verdict=$("$PY" - "$W/bench_services.json" <<'PYEOF'
+import json, sys
+rows = {}
+for t in json.load(open(sys.argv[1])):
+    if t and t[0][0] == "operation":
+        col = t[0].index("x of it")
+        rows.update({r[0]: float(r[col]) for r in t[1:] if r[0] in ("sleep (offload)", "wake (offload)")})
+bad = [k for k, v in rows.items() if v < 0.8]
+print(("fail " if bad or len(rows) < 2 else "pass ") +
+      ", ".join("%s %.2fx of the pinned copy" % (k, v) for k, v in sorted(rows.items())))
+PYEOF
+)
+        check "sleep and wake at the link's speed (bench_services)" "${verdict%% *}" "${verdict#* }"
+    fi
 else
     check "bench_services" fail "$(tail -5 "$W/bench_services.log")"
 fi

@@ -211,11 +211,25 @@ def services(s, c):
             "; ".join("%d->%s" % (x["ordinal"], ",".join(map(str, x["peer"])) or "none") for x in dev["devices"])))
     sv = (d.get("services") or {}).get("sleep and wake")
     if sv:
-        out.append("Sleep and wake through PyTorch (live tensors):\n\n" + table(
-            ["mode", "GiB", "sleep", "wake", "until a kernel ran", "sleep GiB/s", "wake GiB/s"],
-            [(m, v["gib"], "%.1f ms" % (v["sleep_s"] * 1e3), "%.1f ms" % (v["wake_s"] * 1e3),
-              "%.1f ms" % (v["resume_s"] * 1e3), "%.1f" % v["sleep_gib_s"], "%.1f" % v["wake_gib_s"])
-             for m, v in sv.items()]))
+        rows = []
+        for m in ("offload", "discard"):
+            for which in ("first", "kept"):
+                v = (sv.get(m) or {}).get(which)
+                if v:
+                    rows.append(("%s, %s cycle" % (m, "first" if which == "first" else "later"), sv[m]["gib"],
+                                 "%.1f ms" % (v["sleep_s"] * 1e3), "%.1f ms" % (v["wake_s"] * 1e3),
+                                 "%.1f ms" % (v["first_kernel_s"] * 1e3),
+                                 "%.1f (%.2fx)" % (v["sleep_gib_s"], v["sleep_x_pinned"]),
+                                 "%.1f (%.2fx)" % (v["wake_gib_s"], v["wake_x_pinned"])))
+        out.append("Sleep and wake through PyTorch (live tensors; pinned copy in the same call: %.1f GiB/s "
+                   "device to host, %.1f host to device):\n\n" % (sv["pinned_dtoh_gib_s"], sv["pinned_htod_gib_s"])
+                   + table(["mode", "GiB", "sleep", "wake", "wake's return to a kernel run",
+                            "sleep GiB/s (x pinned)", "wake GiB/s (x pinned)"], rows))
+    gv = (d.get("services") or {}).get("graph replayed after a tagged wake")
+    if gv:
+        out.append("A CUDA graph replayed bit-exact after a tagged sleep (level 1) and wake: sleep %.1f ms, wake "
+                   "%.1f ms, replay %.2f ms." % (gv["sleep_s"] * 1e3, gv["wake_s"] * 1e3,
+                                                 gv["replay_after_wake_s"] * 1e3))
     for t in d.get("bench_services") or []:
         if t:
             out.append(table(t[0], t[1:]))
@@ -285,9 +299,11 @@ FEATURES = (
     ("`xseg-replay` on the driver", [("suites", "suite replay")], "suites (`replay`)"),
     ("services: trim, release threshold, idle reclaim", [("suites", "suite services"), ("services", "trim")],
      "suites (`services`), services (trim through PyTorch)"),
-    ("sleep and wake (offload, discard, a graph's pool)",
-     [("services", "sleep and wake"), ("services", "graph replayed after wake")],
-     "services (GiB/s, resume time, graph replay after wake)"),
+    ("sleep and wake (offload, discard, a graph's pool, by tag)",
+     [("services", "sleep and wake"), ("services", "graph replayed after a tagged wake"),
+      ("services", "sleep and wake at the link's speed")],
+     "services (GiB/s beside the pinned copy, time to a kernel, graph replay after a tagged wake), "
+     "suites (`services`: test_sleep_tags)"),
     ("IPC, fabric handles, segment observers, block handles", [("services", "ipc ")],
      "services (`test_ipc main`; fabric where reported), suites (`alloc`)"),
     ("peer access", [("services", "peer access")], "services, with two GPUs"),

@@ -19,10 +19,11 @@ copy), and a snapshot with
 history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle, and one in the
 stale-access mode with a finding into DIR/stale_snapshot.pickle (also in group snapshot-emulator;
 both checked afterwards with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh).
-Group services: sleep/wake of live tensors (GiB/s each way, the time until a kernel runs again),
-a CUDA graph replayed after its pool slept and woke, trim, and spill's contract (kernels on a side
-stream writing spilled, undeclared and taken-back tensors while another thread promotes; every
-byte compared).
+Group services: sleep/wake of live tensors (GiB/s each way beside the pinned copy rate measured in
+the same call, first and kept-backup cycles, the time until a kernel runs again), a CUDA graph
+replayed bit-exact after its pool and its weights' pool slept and woke by tag (level 1), trim, and
+spill's contract (kernels on a side stream writing spilled, undeclared and taken-back tensors while
+another thread promotes; every byte compared).
 """
 import argparse
 import json
@@ -340,32 +341,66 @@ def services_checks(args, xseg, torch):
     dev = torch.device("cuda", 0)
     gib = 1 if args.quick else 4
 
-    def sleep_wake():
+    def pinned_rate(n):
+        """GiB/s of a pinned copy each way in this call (n bytes, median of 3): the link's speed
+        the sleep and wake are held to."""
+        src = torch.empty(n, dtype=torch.uint8, device=dev)
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         out = {}
+        for name, dst, s in (("dtoh", host, src), ("htod", src, host)):
+            ts = []
+            for _ in range(3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                dst.copy_(s, non_blocking=True)
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t0)
+            out[name] = n / GiB / sorted(ts)[1]
+        del src, host
+        return out
+
+    def sleep_wake():
+        """Sleep and wake of `gib` GiB of live tensors, three cycles each way and mode: the first
+        offload pins its backup, the next ones reuse it (sleep_keep_host_backup); GiB/s beside the
+        pinned copy of this call, and the time from the wake's return until a kernel on woken
+        memory has run."""
+        link = pinned_rate(GiB)
+        out = {"pinned_dtoh_gib_s": link["dtoh"], "pinned_htod_gib_s": link["htod"]}
         for offload in (True, False):
             ts = [torch.full((GiB // 4,), float(i + 1), device=dev) for i in range(gib)]  # 1 GiB each
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            xseg.sleep(offload=offload)
-            t1 = time.perf_counter()
-            released = xseg.sleep_stats(xseg.DEFAULT_POOL)["released_bytes"]
-            xseg.wake()
-            t2 = time.perf_counter()
-            ts[0].add_(0)  # a kernel on woken memory
-            torch.cuda.synchronize()
-            t3 = time.perf_counter()
-            for i, t in enumerate(ts):
-                want = float(i + 1) * (GiB // 4) if offload else 0.0
-                got = float(t.double().sum())
-                assert got == want, ("offload" if offload else "discard", i, got, want)
+            cycles = []
+            for cycle in range(3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                xseg.sleep(offload=offload)
+                t1 = time.perf_counter()
+                released = xseg.sleep_stats(xseg.DEFAULT_POOL)["released_bytes"]
+                xseg.wake()
+                t2 = time.perf_counter()
+                ts[0].add_(0)  # a kernel on woken memory
+                torch.cuda.synchronize()
+                t3 = time.perf_counter()
+                for i, t in enumerate(ts):
+                    want = float(i + 1) * (GiB // 4) if offload else 0.0
+                    got = float(t.double().sum())
+                    assert got == want, ("offload" if offload else "discard", cycle, i, got, want)
+                    if not offload:
+                        t.fill_(float(i + 1))
+                cycles.append({"sleep_s": t1 - t0, "wake_s": t2 - t1, "first_kernel_s": t3 - t2,
+                               "sleep_gib_s": gib / (t1 - t0), "wake_gib_s": gib / (t2 - t1),
+                               "sleep_x_pinned": gib / (t1 - t0) / link["dtoh"],
+                               "wake_x_pinned": gib / (t2 - t1) / link["htod"]})
             mode = "offload" if offload else "discard"
-            out[mode] = {"gib": gib, "released_bytes": released, "sleep_s": t1 - t0, "wake_s": t2 - t1,
-                         "resume_s": t3 - t1, "sleep_gib_s": gib / (t1 - t0), "wake_gib_s": gib / (t2 - t1)}
+            out[mode] = {"gib": gib, "released_bytes": released, "first": cycles[0],
+                         "kept": sorted(cycles[1:], key=lambda c: c["sleep_s"])[0]}
             del ts
             torch.cuda.empty_cache()
         return out
 
     def graph_after_wake():
+        """A CUDA graph whose pool is tagged "graphs" and whose weights and input sit in the
+        default pool, tagged "weights": level 1 (weights offloaded, graphs discarded), woken tag by
+        tag, then replayed: the output equals the one replayed before the sleep, bit for bit."""
         model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).to(dev)
         static_in = torch.randn(128, 512, device=dev)
         s = torch.cuda.Stream()
@@ -377,17 +412,30 @@ def services_checks(args, xseg, torch):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool):
             static_out = model(static_in)
-        torch.cuda.synchronize()
-        xseg.sleep(pool=pool)
-        xseg.sleep()  # the default pool: the weights and the static input
-        xseg.wake()
-        xseg.wake(pool=pool)
-        new = torch.randn(128, 512, device=dev)
-        static_in.copy_(new)
         g.replay()
         torch.cuda.synchronize()
-        assert torch.allclose(static_out, model(new), rtol=1e-4, atol=1e-5), "replay after wake differs from eager"
+        before = static_out.clone()
+        xseg.set_pool_tag(pool, "graphs")
+        xseg.set_pool_tag(xseg.DEFAULT_POOL, "weights")
+        try:
+            t0 = time.perf_counter()
+            xseg.sleep(tags=["weights", "graphs"], offload=["weights"])
+            t1 = time.perf_counter()
+            assert xseg.sleep_stats(pool)["asleep"] == 1 and xseg.sleep_stats(xseg.DEFAULT_POOL)["asleep"] == 1
+            xseg.wake(tags=["weights", "graphs"])
+            t2 = time.perf_counter()
+            g.replay()
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+        finally:
+            if xseg.sleep_stats(xseg.DEFAULT_POOL)["asleep"] or xseg.sleep_stats(pool)["asleep"]:
+                xseg.wake(tags=["weights", "graphs"])
+            xseg.set_pool_tag(pool, None)
+            xseg.set_pool_tag(xseg.DEFAULT_POOL, None)
+        assert torch.equal(static_out, before), "replay after a tagged wake differs from the replay before the sleep"
+        assert torch.allclose(static_out, model(static_in), rtol=1e-4, atol=1e-5), "replay differs from eager"
         del g, static_out
+        return {"sleep_s": t1 - t0, "wake_s": t2 - t1, "replay_after_wake_s": t3 - t2}
 
     def trim():
         ts = [torch.empty(64 * MiB, dtype=torch.uint8, device=dev) for _ in range(16 * gib)]
@@ -476,7 +524,7 @@ def services_checks(args, xseg, torch):
             xseg.set_config("spill_to_host:False")
 
     report("sleep and wake", sleep_wake)
-    report("graph replayed after wake", graph_after_wake)
+    report("graph replayed after a tagged wake", graph_after_wake)
     report("trim", trim)
     report("spill contract", spill_contract)
 

@@ -84,6 +84,7 @@ struct dev_alloc {
     struct hstack *hist_cur;
 
     struct sleep_state sleep; /* sleep and wake (sleep.c) */
+    struct tag_state tags;    /* the pools' tags for xseg_sleep_tags (sleeptags.c) */
 
     /* The fast path's permit and stream slots (core/device/fast.h). */
     struct dev_fast fast;

@@ -196,6 +196,18 @@ struct sleep_state {
 };
 
 
+/* ---- sleeptags.c: the pools' tags (core/services/sleeptags.h) ------------------------------------ */
+struct pool_tag {
+    xseg_pool_id pool;
+    char tag[XSEG_TAG_MAX]; /* NUL-terminated, never empty */
+    bool seen;              /* the pool existed on the device when the tags were last looked at */
+};
+struct tag_state {
+    struct pool_tag *v; /* in the order they were first set */
+    size_t n, cap;
+};
+
+
 /* ---- spill.c: live pages moved to host memory out of memory (core/services/spill.h) ------------ */
 /* A block the spill module knows (block.spill set): declared cold, or holding host chunks. */
 struct spill_rec {

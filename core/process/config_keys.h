@@ -90,8 +90,8 @@
       CFG_OMIT_DEFAULT, 0, "0 (none)")                                                             \
     K(memory_group_budget_mb, NULL, MIB, memory_group_budget, 0,                                   \
       CFG_BOUNDED_MIB(0, CFG_MAX_BUDGET_MB), CFG_OMIT_DEFAULT, 0, "0 (none)")                      \
-    K(sleep_keep_host_backup, NULL, BOOL, sleep_keep_host_backup, false, cfg_parse_flag,           \
-      CFG_OMIT_DEFAULT, 0, "False")                                                                \
+    K(sleep_keep_host_backup, NULL, BOOL, sleep_keep_host_backup, true, cfg_parse_flag,            \
+      CFG_OMIT_DEFAULT, 0, "True")                                                                 \
     K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20,                          \
       CFG_BOUNDED_MIB(1, 1024), CFG_OMIT_DEFAULT, 0, "64")                                         \
     /* the stale-access debug mode (core/device/quarantine.c) */                                 \

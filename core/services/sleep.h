@@ -26,6 +26,13 @@
  * SIZE_MAX: none), checked with the memory fraction at the start and before each segment maps. */
 xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id pool, unsigned flags, const char *path);
 xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id pool, size_t limit);
+/* Would xseg_sleep of @p pool be admitted now: known, awake, no capture, nothing of it lent out
+ * or spilled, no classic segment (the errors xseg_sleep would return, nothing changed)? Lock held. */
+xseg_status sleep_check(struct dev_alloc *d, xseg_pool_id pool);
+/* Where @p pool stands: awake, asleep, or a sleep or wake of it underway (busy); *exists: does
+ * @p d know it ({0, 0} always)? An unknown pool is awake. Lock held. */
+enum sleep_where { SLEEP_AWAKE, SLEEP_ASLEEP, SLEEP_BUSY };
+enum sleep_where sleep_where(struct dev_alloc *d, xseg_pool_id pool, bool *exists);
 /* xseg_shutdown: destroy the device's copy streams (sleep and wake wait for their chunks, so none
  * has work queued). Lock held. */
 void sleep_teardown(struct dev_alloc *d);

@@ -38,7 +38,7 @@ __all__ = [
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "block_handles_release",
     "register_range", "Registration", "range_dmabuf", "registration_stats",
     "trim",
-    "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "shutdown", "group_members",
+    "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "set_pool_tag", "pool_tag", "shutdown", "group_members",
     "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",
     "host_reset_peak_stats", "host_reset_accumulated_stats",
 ]
@@ -411,7 +411,75 @@ def _pool(pool, func):
     return _lib.PoolId(int_arg(func, "pool[0]", pool[0], C_UINT64), int_arg(func, "pool[1]", pool[1], C_UINT64))
 
 
-def sleep(pool=DEFAULT_POOL, device=None, offload=True, path=None):
+def _tag_bytes(tag, func):
+    """A tag as the C API takes it: str or bytes of 1 to 31 characters of [A-Za-z0-9_.-] (the library
+    checks the characters and names what was wrong)."""
+    if isinstance(tag, str):
+        tag = tag.encode("utf-8", "replace")
+    if not isinstance(tag, bytes):
+        raise TypeError("%s: a tag must be str or bytes, not %s" % (func, type(tag).__name__))
+    if b"\0" in tag:
+        raise ValueError("%s: tag %r has a NUL byte" % (func, tag))
+    return tag
+
+
+def _tag_list(tags, func):
+    if isinstance(tags, (str, bytes)):
+        tags = [tags]
+    try:
+        out = [_tag_bytes(t, func) for t in tags]
+    except TypeError:
+        if not hasattr(tags, "__iter__"):
+            raise TypeError("%s: tags must be a tag or an iterable of tags, not %s"
+                            % (func, type(tags).__name__)) from None
+        raise
+    if not out:
+        raise ValueError("%s: tags is empty" % func)
+    return out
+
+
+def set_pool_tag(pool, tag, device=None):
+    """Tag `pool` of `device` (DEFAULT_POOL, a (first, second) pair, or a torch.cuda.MemPool / graph
+    pool handle) with `tag` ("weights", "kv_cache", "graphs" or a name of your own: 1 to 31 letters,
+    digits, '_', '.', '-'); None clears it. The pool need not have allocated yet (tag a MemPool when
+    you make it). sleep(tags=...) and wake(tags=...) then act on every pool of a tag."""
+    f = "xseg.set_pool_tag"
+    pid, dev = _pool(pool, f), _device(device, f)
+    check(_lib.need("xseg_pool_set_tag")(dev, pid, None if tag is None else _tag_bytes(tag, f)))
+
+
+def pool_tag(pool, device=None):
+    """The tag of `pool` on `device` (None when it carries none)."""
+    f = "xseg.pool_tag"
+    pid, dev = _pool(pool, f), _device(device, f)
+    buf = ctypes.create_string_buffer(_lib.TAG_MAX)
+    check(_lib.need("xseg_pool_get_tag")(dev, pid, buf, _lib.TAG_MAX))
+    return buf.value.decode() or None
+
+
+def _sleep_tags(tags, offload, device):
+    f = "xseg.sleep"
+    names = _tag_list(tags, f)
+    if isinstance(offload, bool):
+        keep = set(names) if offload else set()
+    elif isinstance(offload, (str, bytes)):
+        keep = {_tag_bytes(offload, f)}
+    else:
+        try:
+            keep = {_tag_bytes(t, f) for t in offload}
+        except TypeError:
+            raise TypeError("xseg.sleep: with tags, offload is True, False or the tags to offload, not %s"
+                            % type(offload).__name__) from None
+    extra = keep - set(names)
+    if extra:
+        raise ValueError("xseg.sleep: offload names %s, not among tags %s"
+                         % (sorted(t.decode() for t in extra), [t.decode() for t in names]))
+    arr = (_lib.TagSleep * len(names))(*[
+        _lib.TagSleep(t, _lib.SLEEP_OFFLOAD if t in keep else _lib.SLEEP_DISCARD) for t in names])
+    check(_lib.need("xseg_sleep_tags")(_device(device, f), arr, len(names)))
+
+
+def sleep(pool=DEFAULT_POOL, device=None, offload=True, path=None, tags=None):
     """Put `pool` of `device` to sleep: give back the device memory of every page it has mapped,
     live blocks and cache alike, while its virtual addresses stay reserved (pointers and CUDA
     graphs stay valid). With `offload` (the default) the live blocks' bytes wait in pinned host
@@ -422,7 +490,17 @@ def sleep(pool=DEFAULT_POOL, device=None, offload=True, path=None):
     (XSEG_ERROR_NOT_SUPPORTED); a failed sleep leaves the pool awake with its data.
     With `path` (str, bytes or os.PathLike) the bytes go to a new file there instead, created
     0600 (an existing file or a symbolic link is refused: XsegError), read back and removed by
-    wake() (xseg_sleep_ex, XSEG_SLEEP_OFFLOAD_FILE)."""
+    wake() (xseg_sleep_ex, XSEG_SLEEP_OFFLOAD_FILE).
+    With `tags` (a tag or a list of them; see set_pool_tag) every pool of `device` carrying one of
+    them sleeps instead of `pool` (xseg_sleep_tags): `offload` is then True (offload all), False
+    (discard all) or the tags to offload, the others being discarded. vLLM's level 1 is
+    sleep(tags=["weights", "kv_cache", "graphs"], offload=["weights"]), level 2 offload=False.
+    All or nothing: every pool is checked first, and a failure wakes those already asleep."""
+    if tags is not None:
+        if path is not None or pool is not DEFAULT_POOL:
+            raise ValueError("xseg.sleep: tags choose the pools; give no pool or path with them")
+        _sleep_tags(tags, offload, device)
+        return
     pid, dev = _pool(pool, "xseg.sleep"), _device(device, "xseg.sleep")
     if path is None:
         flags = _lib.SLEEP_OFFLOAD if offload else _lib.SLEEP_DISCARD
@@ -439,11 +517,22 @@ def sleep(pool=DEFAULT_POOL, device=None, offload=True, path=None):
     check(_lib.need("xseg_sleep_ex")(dev, pid, _lib.SLEEP_OFFLOAD_FILE, raw))
 
 
-def wake(pool=DEFAULT_POOL, device=None):
+def wake(pool=DEFAULT_POOL, device=None, tags=None):
     """Wake `pool` of `device`: map its pages at the same addresses again and restore its live
     blocks (or zeros after sleep(offload=False)). Raises XsegError when it is not asleep, or when
-    the memory is not there (XsegOutOfMemoryError): then it stays asleep and can be woken later."""
-    pid, dev = _pool(pool, "xseg.wake"), _device(device, "xseg.wake")
+    the memory is not there (XsegOutOfMemoryError): then it stays asleep and can be woken later.
+    With `tags`, the sleeping pools carrying them instead, tag by tag in the order given
+    (xseg_wake_tags: wake(tags=["weights"]) first, then wake(tags=["kv_cache", "graphs"])); awake
+    pools of those tags are left alone, so a wake that failed part way is retried the same way."""
+    f = "xseg.wake"
+    if tags is not None:
+        if pool is not DEFAULT_POOL:
+            raise ValueError("xseg.wake: tags choose the pools; give no pool with them")
+        names = _tag_list(tags, f)
+        arr = (ctypes.c_char_p * len(names))(*names)
+        check(_lib.need("xseg_wake_tags")(_device(device, f), arr, len(names)))
+        return
+    pid, dev = _pool(pool, f), _device(device, f)
     check(_lib.need("xseg_wake")(dev, pid))
 
 

@@ -349,6 +349,13 @@ _PROTOS["xseg_attach_stale_observer"] = (_S, [STALE_OBSERVER, ctypes.c_void_p])
 SLEEP_OFFLOAD, SLEEP_DISCARD, SLEEP_OFFLOAD_FILE = 1, 2, 4
 
 
+TAG_MAX = 32  # XSEG_TAG_MAX: a tag's bytes with its NUL
+
+
+class TagSleep(ctypes.Structure):  # xseg_tag_sleep
+    _fields_ = [("tag", ctypes.c_char_p), ("flags", ctypes.c_uint)]
+
+
 class SleepStats(ctypes.Structure):
     _fields_ = [("asleep", ctypes.c_int), ("flags", ctypes.c_uint), ("released_bytes", ctypes.c_size_t),
                 ("offloaded_bytes", ctypes.c_size_t), ("discarded_bytes", ctypes.c_size_t),
@@ -360,6 +367,10 @@ _PROTOS.update({
     "xseg_sleep_ex": (_S, [ctypes.c_int, PoolId, ctypes.c_uint, ctypes.c_char_p]),
     "xseg_wake": (_S, [ctypes.c_int, PoolId]),
     "xseg_get_sleep_stats": (_S, [ctypes.c_int, ctypes.POINTER(PoolId), ctypes.POINTER(SleepStats)]),
+    "xseg_pool_set_tag": (_S, [ctypes.c_int, PoolId, ctypes.c_char_p]),
+    "xseg_pool_get_tag": (_S, [ctypes.c_int, PoolId, ctypes.c_char_p, ctypes.c_size_t]),
+    "xseg_sleep_tags": (_S, [ctypes.c_int, ctypes.POINTER(TagSleep), ctypes.c_size_t]),
+    "xseg_wake_tags": (_S, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t]),
 })
 
 # --- pinned host memory (include/xseg.h: xseg_host_malloc) ------------------------------------

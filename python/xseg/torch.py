@@ -31,7 +31,8 @@ import sys
 from . import _lib
 from . import set_config
 
-__all__ = ["enable", "is_enabled", "watch_graph_replays", "pinned_installed", "pinned_reason", "adapter_source", "header_dir"]
+__all__ = ["enable", "is_enabled", "watch_graph_replays", "pinned_installed", "pinned_reason", "adapter_source",
+           "header_dir", "set_pool_tag", "sleep", "wake"]
 
 _enabled = False
 _pinned_reason = "xseg.torch.enable() has not run"
@@ -75,6 +76,54 @@ def pinned_installed():
 def pinned_reason():
     """Why pinned tensors do not come from xseg's host cache (one line); "" when they do."""
     return _pinned_reason
+
+
+def _torch_device(device):
+    """`device` as an index (None: torch's current device; an int; a torch.device or "cuda:N")."""
+    import torch
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError("xseg.torch: %r is not a CUDA device" % (device,))
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def set_pool_tag(pool, tag, device=None):
+    """Tag a torch.cuda.MemPool (or a graph pool handle, torch.cuda.graph_pool_handle(), or
+    xseg.DEFAULT_POOL for every tensor outside a pool) with `tag` ("weights", "kv_cache", "graphs"
+    or yours; None clears it), on `device` (default: torch's current device). Tag the pool when
+    you make it, before it allocates: sleep(tags=...) then covers every pool of the tag.
+
+        weights = torch.cuda.MemPool()
+        xseg.torch.set_pool_tag(weights, "weights")
+        with torch.cuda.use_mem_pool(weights):
+            model = load()
+    """
+    import xseg
+    xseg.set_pool_tag(pool, tag, _torch_device(device))
+
+
+def sleep(tags, offload=True, device=None):
+    """Put every pool carrying `tags` to sleep on `device` (default: torch's current device):
+    their device memory goes back to the driver while every tensor and captured CUDA graph keeps
+    its address. `offload`: True (keep every tag's bytes in pinned host memory), False (drop them:
+    they read zero after the wake) or the tags to keep. vLLM's levels: sleep(["weights",
+    "kv_cache", "graphs"], offload=["weights"]) (level 1), offload=False (level 2). Tensors of
+    these pools must not be used until wake(); xseg.sleep(tags=...) says the rest."""
+    import xseg
+    xseg.sleep(tags=tags, offload=offload, device=_torch_device(device))
+
+
+def wake(tags, device=None):
+    """Wake the sleeping pools carrying `tags`, tag by tag in the order given (wake(["weights"])
+    before an RL step's weight update, wake(["kv_cache", "graphs"]) before serving): the same
+    addresses, the kept bytes back, discarded ones zero. Graphs captured before the sleep replay
+    as they were."""
+    import xseg
+    xseg.wake(tags=tags, device=_torch_device(device))
 
 
 def mark_cold(tensor, cold=True):

@@ -25,7 +25,7 @@ wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
 device:state,device,placement,blockops,retile,fast,quarantine,check
 policy:capreuse,events,pools,ipc,observe,registry,expandable,release
-services:hostquar,hostalloc,spill,sleep,trim,group,sleepwake,idle
+services:hostquar,hostalloc,spill,sleep,sleeptags,trim,group,sleepwake,idle
 top:runtime,snapshot,alloc,devops,shutdown"
 # Includes allowed to point up: none (sub-state types live in core/device/state.h, below device.h,
 # and dev_unlock, which runs dev_check, in core/device/check.h above it). Format: "FILE:HEADER ...".
@@ -98,7 +98,7 @@ check_includes() {
 # "SUB: files" (basenames in core/); reads go through accessors or stay reads.
 owners="ev:events.c cap:device.c priv:pools.c sleep:sleep.c cr:capreuse.c
 acct:device.c,device.h,alloc.c,devops.c,release.c fast:fast.c,fast.h life:placement.c,placement.h quar:quarantine.c
-exp:expandable.c spill:spill.c"
+exp:expandable.c spill:spill.c tags:sleeptags.c"
 check_owners() { # one awk over core/ and api/; the hits listed sub-state by sub-state
     awk -v owners="$owners" -v root="$root/" '
         BEGIN {

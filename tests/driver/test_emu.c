@@ -235,10 +235,11 @@ static void test_env_errors(void **state)
         "CUDAEMU_FAIL=cuMemMap", "CUDAEMU_FAIL=cuMemMap:x:CUDA_ERROR_OUT_OF_MEMORY",
         "CUDAEMU_FAIL=cuMemMap:0:CUDA_ERROR_OUT_OF_MEMORY", "CUDAEMU_FAIL=cuNope:1:CUDA_ERROR_OUT_OF_MEMORY",
         "CUDAEMU_FAIL=cuMemMap:1:CUDA_ERROR_BOGUS", "CUDAEMU_LATENCY=cuMemMap:12parsecs",
-        "CUDAEMU_LATENCY=cuMemMap", "CUDAEMU_LATENCY=h200", "CUDAEMU_REPORT=on", "CUDAEMU_TYPO=1",
+        "CUDAEMU_LATENCY=cuMemMap", "CUDAEMU_LATENCY=h300", "CUDAEMU_REPORT=on", "CUDAEMU_TYPO=1",
         "CUDAEMU_LATENCY=cuMemcpyDtoH:25GB", "CUDAEMU_LATENCY=cuMemcpyDtoH:0GB/s",
         "CUDAEMU_LATENCY=cuMemcpyDtoH:25XB/s", "CUDAEMU_LATENCY=cuMemcpyDtoH:1.2345GB/s", "CUDAEMU_FRESH=maybe",
         "CUDAEMU_LATENCY=link:3us", "CUDAEMU_LATENCY=link:0GB/s", "CUDAEMU_HOST_VMM=maybe",
+        "CUDAEMU_LATENCY=pageable:3us", "CUDAEMU_LATENCY=pageable:0GB/s",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         expect_bad_env(bad[i]);
@@ -284,6 +285,15 @@ static void test_env_fail_latency_report(void **state)
     assert_null(strstr(out, ", latency 700 ns"));
     assert_non_null(strstr(out, "cuMemcpyDtoHAsync                  0 call(s), 40 ps per byte")); /* 25 GB/s */
     assert_non_null(strstr(out, "link bytes 0 (")); /* the preset's link rate is listed */
+    /* The h200 preset: that machine's per-call medians, 50 GB/s pinned and 25 GB/s pageable copies,
+     * pinning at its fitted cost. */
+    const char *lh[] = {"CUDAEMU_LATENCY=h200", "CUDAEMU_REPORT=1", NULL};
+    assert_int_equal(run_self("report", lh, out, sizeof out), 0);
+    assert_non_null(strstr(out, ", latency 21040 ns"));  /* cuMemSetAccess */
+    assert_non_null(strstr(out, "cuMemcpyDtoHAsync                  0 call(s), 20 ps per byte"));
+    assert_non_null(strstr(out, "cuMemHostAlloc                     0 call(s), 494 ps per byte")); /* 530 ms/GiB */
+    assert_non_null(strstr(out, "cuMemFreeHost                      0 call(s), 141 ps per byte")); /* 151 ms/GiB */
+    assert_non_null(strstr(out, "pageable host memory copies 40 ps per byte"));
     const char *ll[] = {"CUDAEMU_LATENCY=link:12.5GB/s", "CUDAEMU_REPORT=1", NULL};
     assert_int_equal(run_self("report", ll, out, sizeof out), 0);
     assert_non_null(strstr(out, "link bytes 0 (copies to or from host-located VMM memory"));
@@ -516,6 +526,89 @@ static void test_timeline_model(void **state)
     tu_assert_cu(drv->cuStreamDestroy(a));
     tu_assert_cu(drv->cuStreamDestroy(b));
     tu_assert_cu(drv->cuMemFreeHost(hb));
+    tu_assert_cu(drv->cuMemFree(dp));
+}
+
+/* Pinning host memory and pageable copies on the timeline model: cuMemHostAlloc, cuMemFreeHost,
+ * cuMemHostRegister and cuMemHostUnregister cost their bytes at their entry's rate (the model's
+ * clock moves on, the call lasts as long); a copy whose host side is not pinned runs at the
+ * pageable rate, and the host waits for it even when asynchronous (the driver's documented
+ * synchronization for pageable memory), while a pinned one does not. 1 GB/s is 1 ns per byte. */
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void test_host_model(void **state)
+{
+    (void)state;
+    void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(lib);
+    uint64_t (*model)(void) = (uint64_t (*)(void))dlsym(lib, "cudaemu_model_ns");
+    int (*get)(const char *, uint64_t *, uint64_t *) =
+        (int (*)(const char *, uint64_t *, uint64_t *))dlsym(lib, "cudaemu_get_latency");
+    assert_non_null(model);
+    assert_non_null(get);
+    const uint64_t n = 1 << 20;
+    CUdeviceptr dp;
+    CUstream s;
+    tu_assert_cu(drv->cuMemAlloc(&dp, n));
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    const char *pin[] = {"cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister", "cuMemHostUnregister"};
+    for (int i = 0; i < 4; i++)
+        assert_true(tu_set_bandwidth(pin[i], 1000000000));
+    void *hb;
+    uint64_t t0 = model(), ns0 = mono_ns();
+    tu_assert_cu(drv->cuMemHostAlloc(&hb, n, 0));
+    assert_int_equal(model(), t0 + n);
+    assert_true(mono_ns() - ns0 >= n); /* the call lasted as long */
+    unsigned char *page = malloc(n);
+    assert_non_null(page);
+    tu_assert_cu(drv->cuMemHostRegister(page, n / 2, 0));
+    assert_int_equal(model(), t0 + n + n / 2);
+    tu_assert_cu(drv->cuMemHostUnregister(page));
+    tu_assert_cu(drv->cuMemFreeHost(hb));
+    assert_int_equal(model(), t0 + 3 * n);
+    for (int i = 0; i < 4; i++)
+        assert_true(tu_set_bandwidth(pin[i], 0));
+
+    /* Pinned copies at 1 GB/s, pageable ones at 0.5 GB/s. */
+    tu_assert_cu(drv->cuMemHostAlloc(&hb, n, 0));
+    assert_true(tu_set_bandwidth("cuMemcpyDtoHAsync", 1000000000));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoDAsync", 1000000000));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoD", 1000000000));
+    assert_true(tu_set_bandwidth("pageable", 500000000));
+    uint64_t ps = 0;
+    assert_int_equal(get("pageable", NULL, &ps), 0);
+    assert_int_equal(ps, 2000);
+    t0 = model();
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(hb, dp, n, s)); /* pinned: the host goes on */
+    assert_int_equal(model(), t0);
+    tu_assert_cu(drv->cuMemcpyDtoHAsync(page, dp, n, s)); /* pageable: after it, at half the rate */
+    assert_int_equal(model(), t0 + n + 2 * n);
+    tu_assert_cu(drv->cuMemcpyHtoD(dp, page, n)); /* synchronous, pageable */
+    assert_int_equal(model(), t0 + 5 * n);
+    tu_assert_cu(drv->cuMemHostRegister(page, n, 0)); /* registered: pinned now */
+    tu_assert_cu(drv->cuMemcpyHtoD(dp, page + n / 2, n / 2));
+    assert_int_equal(model(), t0 + 5 * n + n / 2);
+    tu_assert_cu(drv->cuMemcpyHtoDAsync(dp, page, n, s));
+    assert_int_equal(model(), t0 + 5 * n + n / 2);
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(model(), t0 + 6 * n + n / 2);
+    tu_assert_cu(drv->cuMemHostUnregister(page));
+    tu_assert_cu(drv->cuMemcpyHtoD(dp, page + 1, n - 1)); /* pageable again, the last byte included */
+    assert_int_equal(model(), t0 + 6 * n + n / 2 + 2 * (n - 1));
+    assert_true(tu_set_bandwidth("pageable", 0)); /* no pageable rate: the entry's */
+    tu_assert_cu(drv->cuMemcpyHtoD(dp, page, n));
+    assert_int_equal(model(), t0 + 7 * n + n / 2 + 2 * (n - 1));
+    assert_true(tu_set_bandwidth("cuMemcpyDtoHAsync", 0));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoDAsync", 0));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoD", 0));
+    free(page);
+    tu_assert_cu(drv->cuMemFreeHost(hb));
+    tu_assert_cu(drv->cuStreamDestroy(s));
     tu_assert_cu(drv->cuMemFree(dp));
 }
 
@@ -878,6 +971,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_counters_latency),
         cmocka_unit_test(test_fresh_memory), /* services */
         cmocka_unit_test(test_timeline_model),
+        cmocka_unit_test(test_host_model), /* services: sleep's pinning */
         cmocka_unit_test(test_link_bytes), /* spill */
         cmocka_unit_test(test_stream_hold_all),
         cmocka_unit_test(test_error_names),

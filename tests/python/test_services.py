@@ -169,9 +169,106 @@ def test_sleep_arguments(awake):
         x.sleep_stats(MemPoolLike())
 
 
+# --- sleep and wake by tag --------------------------------------------------------------------
+
+def _private_pool(x, size, data):
+    """A private pool (xseg_pool_create + allocate-to-pool, as a torch.cuda.MemPool is) holding one
+    block of `size` bytes that starts with `data`: (pool id pair, block)."""
+    lib = x._lib.lib()
+    pid = x._lib.PoolId()
+    x._lib.check(x._lib.need("xseg_pool_create")(ctypes.byref(pid)))
+    begin, end = lib.xseg_begin_allocate_to_pool, lib.xseg_end_allocate_to_pool
+    begin.argtypes = [ctypes.c_int, x._lib.PoolId, ctypes.c_void_p, ctypes.c_void_p]
+    end.argtypes = [ctypes.c_int, x._lib.PoolId]
+    assert begin(0, pid, None, None) == 0
+    try:
+        p = x.malloc(size)
+    finally:
+        assert end(0, pid) == 0
+    _write(p, data)
+    return (pid.first, pid.second), p
+
+
+def test_sleep_by_tag(awake):
+    """vLLM's level 1 over tags: the weights offloaded, the KV cache discarded; the weights woken
+    first, then the rest. The untagged pool (here the default pool) is never touched."""
+    x = awake
+    w_data, kv_data, other = b"\x11" * MiB, b"\x22" * MiB, b"\x33" * MiB
+    pw, w = _private_pool(x, 2 * MiB, w_data)
+    pk, kv = _private_pool(x, 3 * MiB, kv_data)
+    act = x.malloc(MiB)
+    _write(act, other)
+    x.set_pool_tag(pw, "weights")
+    x.set_pool_tag(pk, "kv_cache")
+    assert x.pool_tag(pw) == "weights" and x.pool_tag(x.DEFAULT_POOL) is None
+    x.sleep(tags=["weights", "kv_cache"], offload=["weights"])
+    try:
+        assert x.sleep_stats(pw)["asleep"] == 1 and x.sleep_stats(pw)["offload"]
+        assert x.sleep_stats(pk)["asleep"] == 1 and not x.sleep_stats(pk)["offload"]
+        assert x.sleep_stats(pk)["discarded_bytes"] == 3 * MiB
+        assert x.sleep_stats(x.DEFAULT_POOL)["asleep"] == 0
+        assert _read(act, MiB) == other
+        x.wake(tags="weights")
+        assert _read(w, MiB) == w_data
+        assert x.sleep_stats(pk)["asleep"] == 1
+    finally:
+        x.wake(tags=["kv_cache", "weights"])  # the awake weights are left alone
+    assert _read(kv, MiB) == bytes(MiB)
+    with pytest.raises(x.XsegError) as ei:
+        x.wake(tags=["kv_cache"])
+    assert ei.value.status_name == "XSEG_ERROR_ILLEGAL_STATE"
+    # level 2: everything discarded
+    x.sleep(tags=("weights", "kv_cache"), offload=False)
+    assert x.sleep_stats(pw)["discarded_bytes"] == 2 * MiB
+    x.wake(tags=("weights", "kv_cache"))
+    assert _read(w, MiB) == bytes(MiB)
+    for p in (w, kv, act):
+        x.free(p)
+    x.set_pool_tag(pw, None)
+    assert x.pool_tag(pw) is None
+    for pid in (pw, pk):
+        x._lib.check(x._lib.need("xseg_release_pool")(0, x._lib.PoolId(*pid)))
+
+
+def test_sleep_by_tag_arguments(awake):
+    x = awake
+    x.set_pool_tag(x.DEFAULT_POOL, "weights")
+    try:
+        with pytest.raises(x.XsegError) as ei:
+            x.set_pool_tag(x.DEFAULT_POOL, "kv cache")
+        assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE" and "other than letters" in str(ei.value)
+        with pytest.raises(TypeError):
+            x.set_pool_tag(x.DEFAULT_POOL, 5)
+        with pytest.raises(ValueError):
+            x.set_pool_tag(x.DEFAULT_POOL, "a\0b")
+        with pytest.raises(ValueError, match="offload names"):
+            x.sleep(tags=["weights"], offload=["kv_cache"])
+        with pytest.raises(ValueError, match="no pool or path"):
+            x.sleep(pool=(1, 2), tags=["weights"])
+        with pytest.raises(ValueError, match="no pool or path"):
+            x.sleep(tags=["weights"], path="/tmp/x")
+        with pytest.raises(ValueError, match="empty"):
+            x.sleep(tags=[])
+        with pytest.raises(TypeError):
+            x.sleep(tags=["weights"], offload=3)
+        with pytest.raises(x.XsegError) as ei:
+            x.sleep(tags=["weights", "kv_cache"])  # kv_cache: no pool carries it
+        assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE" and "its tags: 'weights'" in str(ei.value)
+        assert x.sleep_stats(x.DEFAULT_POOL)["asleep"] == 0  # nothing slept
+        with pytest.raises(x.XsegError) as ei:
+            x.wake(tags="weights")
+        assert ei.value.status_name == "XSEG_ERROR_ILLEGAL_STATE"
+        with pytest.raises(x.XsegError) as ei:
+            x.wake(tags=["weights", "weights"])
+        assert "given twice" in str(ei.value)
+    finally:
+        x.set_pool_tag(x.DEFAULT_POOL, None)
+
+
 # --- pinned host memory -----------------------------------------------------------------------
 
 def test_host_malloc_reuse_and_stats(xseg):
+    xseg.host_empty_cache()  # the backups earlier sleeps kept (sleep_keep_host_backup) go first
     before = xseg.host_memory_stats()
     assert "num_host_alloc" in before and "host_alloc_time.avg" in before
     p = xseg.host_malloc(100 * MiB + 1)
