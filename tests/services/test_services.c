@@ -1863,7 +1863,7 @@ static uint64_t old_sum_step(uint64_t lane, uint64_t word)
 static void test_sleep_file_forged(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1");
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:1" GIVE_BACK);
     tu_require_emulator_or_skip();
     char dir[] = "/tmp/xseg-sleep-XXXXXX", path[64];
     assert_non_null(mkdtemp(dir));
