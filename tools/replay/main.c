@@ -1686,6 +1686,36 @@ static void intro(void)
     fflush(stdout);
 }
 
+/* Every trace loaded once before any replay (a typo costs nothing), and what the recordings ask
+ * for: both modes for an OOM or a PyTorch snapshot, the OOM's device for --explain-oom here.
+ * @return 0, 1 after a message. */
+static int validate_traces(struct cli *c)
+{
+    for (int i = 0; i < c->ntraces; i++) {
+        struct trace t;
+        char err[TRACE_ERR_MAX];
+        if (load_trace(c, c->traces[i], &t, err, sizeof err)) {
+            fprintf(stderr, "xseg-replay: %s\n", err);
+            return 1;
+        }
+        /* A recording that ended in an OOM is answered for both modes ("would xseg have avoided
+         * it?", against PyTorch's allocator as modelled), and so is every PyTorch snapshot (its
+         * headline compares xseg with PyTorch's allocator), unless options name one mode or files
+         * whose names depend on the number of modes. */
+        if ((t.recorded.noom || t.recorded.oom_device >= 0 || c->any_snapshot) && c->summary == SUM_TEXT &&
+            !c->config && !c->min_device && !c->snapshot && !c->plot && !c->timeline_out)
+            c->compare = 1;
+        /* --explain-oom on one replay here: on the device the recording failed on. */
+        if (c->explain_oom && !c->device_mem && c->ntraces == 1 && t.recorded.oom_device > 0) {
+            static char mem[32];
+            snprintf(mem, sizeof mem, "%lld", (long long)t.recorded.oom_device);
+            c->explain_device = mem;
+        }
+        trace_destroy(&t);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     /* Static: what parse_cli allocates stays reachable to the end (no leak report on exit). */
@@ -1739,30 +1769,8 @@ int main(int argc, char **argv)
     if (c.child && c.ntraces != 1)
         return usage_error("%s", "--child takes exactly one trace");
     /* Validate every trace before starting any replay: a typo should cost nothing. */
-    if (!c.child) {
-        for (int i = 0; i < c.ntraces; i++) {
-            struct trace t;
-            char err[TRACE_ERR_MAX];
-            if (load_trace(&c, c.traces[i], &t, err, sizeof err)) {
-                fprintf(stderr, "xseg-replay: %s\n", err);
-                return 1;
-            }
-            /* A recording that ended in an OOM is answered for both modes ("would xseg have
-             * avoided it?", against PyTorch's allocator as modelled), unless options name one
-             * mode or files whose names depend on the number of modes. */
-            /* So is every PyTorch snapshot: its headline compares xseg with PyTorch's allocator. */
-            if ((t.recorded.noom || t.recorded.oom_device >= 0 || c.any_snapshot) && c.summary == SUM_TEXT &&
-                !c.config && !c.min_device && !c.snapshot && !c.plot && !c.timeline_out)
-                c.compare = 1;
-            /* --explain-oom on one replay here: on the device the recording failed on. */
-            if (c.explain_oom && !c.device_mem && c.ntraces == 1 && t.recorded.oom_device > 0) {
-                static char mem[32];
-                snprintf(mem, sizeof mem, "%lld", (long long)t.recorded.oom_device);
-                c.explain_device = mem;
-            }
-            trace_destroy(&t);
-        }
-    }
+    if (!c.child && validate_traces(&c))
+        return 1;
     int here = c.child || (!c.compare && c.ntraces == 1 && !c.tune && !c.min_device);
     if (here && c.explain_device && !c.child) {
         c.device_mem = c.explain_device;
