@@ -228,10 +228,40 @@ class Verdict(unittest.TestCase):
         self.assertIn('class="verdict %s"' % box.group(1), dom)
         self.assertIn(m.group("line"), dom)
 
+    def test_report_explain_section(self):
+        """--report on an OOM snapshot: the --explain-oom section (on the recorded device, said so)
+        keeps its line breaks (they were '?') and wraps inside the page (it ran off it)."""
+        snap = self.write("oom.pickle", pinned_snapshot(oom_request=200 * MiB))
+        page = os.path.join(self.dir, "oom.html")
+        rc, out, err = run("--report", page, "--marks=none", snap)
+        self.assertEqual(rc, 0, err)
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        pres = re.findall(r'<pre class="explain" data-mode="(\w+)">(.*?)</pre>', html, re.S)
+        self.assertEqual([m for m, _ in pres], ["classic", "expandable"], html[:2000])
+        for _, text in pres:
+            self.assertTrue(text.startswith("on your 110 MiB device (the capacity the snapshot records"), text[:300])
+            self.assertIn("\n== --explain-oom: oom.pickle (device 0):", text)
+            self.assertNotIn("?", text)
+        self.assertIn("white-space:pre-wrap", html)
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not chromium:
+            self.skipTest("no chromium (Debian: apt-get install chromium): the page was not loaded")
+        body = re.search(r"<body([^>]*)>", self.load(chromium, page)).group(1)
+        attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body))
+        self.assertEqual(attrs.get("ready"), "1", attrs)
+        self.assertEqual(attrs.get("explain-overflow"), "0", attrs)  # no section wider than the page
+
     def load(self, chromium, page):
-        return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                               "--user-data-dir=" + os.path.join(self.dir, "profile"), "--virtual-time-budget=5000",
-                               "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=120).stdout
+        """The page's DOM after its script ran, from headless Chromium (tried twice: a loaded
+        machine can lose a headless start)."""
+        for _ in range(2):
+            p = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                "--user-data-dir=" + os.path.join(self.dir, "profile"), "--virtual-time-budget=5000",
+                                "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=120)
+            if "<body" in p.stdout:
+                return p.stdout
+        self.fail("chromium did not load %s: %s" % (page, p.stderr[-2000:]))
 
     @unittest.skipUnless(REPLAY_SH, "tools/replay.sh not given")
     def test_replay_sh(self):
