@@ -776,6 +776,11 @@ static void run_child(const struct cli *c, const char *spec, const char *name, c
                       const char *device_mem, int quiet, const char *snap_path, struct child_result *r)
 {
     memset(r, 0, sizeof *r);
+    if (c->deadline > 0 && mono_s() >= c->deadline) { /* the budget is spent: no child at all */
+        r->over_deadline = 1;
+        r->rc = EXIT_OVER_DEADLINE;
+        return;
+    }
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
