@@ -252,6 +252,11 @@ def test_inference_server_recipe_keeps_its_cache(xseg):
     import time
     cfg, keep = _guide_server_config()
     assert "release_threshold_mb" in cfg and "idle_release_ms" in cfg
+    # README's Quick start shows the service owner the same settings, from C and from PyTorch.
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        quick = f.read().split("## Quick start")[1].split("\n## ")[0]
+    assert 'xseg_init("%s");' % cfg in quick and 'xseg.torch.enable("%s")' % cfg in quick
     idle_ms = int(cfg.split("idle_release_ms:")[1].split(",")[0])
     before = xseg.get_config()
     xseg.set_config(cfg)
@@ -271,5 +276,8 @@ def test_inference_server_recipe_keeps_its_cache(xseg):
         assert keep - 20 * MiB < got <= keep, "cache %d MiB after idle, the guide promises %d" % (
             got >> 20, keep >> 20)
     finally:
-        xseg.set_config(before)
+        # release_threshold_mb is kept when a string omits it, and its unset value is not spelled
+        # in get_config(): unset it by that value.
+        xseg.set_config(before + ("" if "release_threshold_mb" in before else ",release_threshold_mb:17592186044415"))
+        assert xseg.get_config() == before
         xseg.empty_cache()

@@ -1297,7 +1297,7 @@ static void verdict_oom(const struct cli *c, struct children *ch, size_t ti, str
     const char *spec = c->traces[ti], *name = c->names[ti];
     struct child_result *row = &ch->res[ti * ch->nmodes];
     for (size_t m = 0; m < ch->nmodes && m < 2; m++) {
-        int who = (c->compare ? m == 0 : c->config != NULL) ? REPORT_CLASSIC : REPORT_XSEG;
+        int who = (c->compare ? m == 0 : !strncmp(row[m].sum.mode, "classic", 7)) ? REPORT_CLASSIC : REPORT_XSEG;
         const char *cfg = c->compare ? cmp_modes[m][1] : NULL;
         if (c->device_mem) { /* the replay just made ran on that device */
             h->oom_fits[who] = row[m].sum.failed_allocs == 0;
