@@ -24,6 +24,9 @@ import unittest
 
 REPLAY = sys.argv[1]
 REPLAY_SH = sys.argv[2] if len(sys.argv) > 2 else None
+# The sanitizer setups scale the suites down (XSEG_TEST_SCALE < 1): there the bundled workloads'
+# figures are not re-derived (the snapshots' are), as a replay of them costs minutes.
+SCALE = float(os.environ.get("XSEG_TEST_SCALE", "1"))
 MiB = 1 << 20
 GiB = 1 << 30
 # PyTorch's family as --tune replays it: expandable mode with xseg's extras off (tools/replay/tune.c).
@@ -177,7 +180,8 @@ class Verdict(unittest.TestCase):
         m = self.headlines(out)["builtin:training"]
         # builtin:training fragments classic mode: one PyTorch line helps it, and it is named.
         self.assertIsNotNone(m.group("line"), out[:2000])
-        self.check_one_search(m, "builtin:training", "builtin:training")
+        if SCALE >= 1:
+            self.check_one_search(m, "builtin:training", "builtin:training")
         self.comparison(m)
 
     def test_snapshot_alone(self):
@@ -268,6 +272,13 @@ class Verdict(unittest.TestCase):
         """The README's main job, and the same script on a snapshot: each workload opens with
         the headline, and the script says what it does first."""
         env = dict(os.environ, XSEG_BUILD_DIR=os.path.dirname(os.path.dirname(os.path.abspath(REPLAY))))
+        snap = self.write("split.pickle", split_snapshot())
+        p = subprocess.run([REPLAY_SH, "--no-progress", "--marks=none", snap], capture_output=True, text=True,
+                           timeout=600, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIsNotNone(self.headlines(p.stdout)["split.pickle (device 0)"].group("line"))
+        if SCALE < 1:
+            return  # the main job's replays under a sanitizer: test_replay_output runs it
         p = subprocess.run([REPLAY_SH, "--no-progress", "--marks=none"], capture_output=True, text=True,
                            timeout=900, env=env)
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -281,11 +292,6 @@ class Verdict(unittest.TestCase):
         if after.startswith("xseg does not beat"):
             self.assertIn("What xseg still gives this workload: sleep and wake of a pool at the same addresses",
                           p.stdout)
-        snap = self.write("split.pickle", split_snapshot())
-        p = subprocess.run([REPLAY_SH, "--no-progress", "--marks=none", snap], capture_output=True, text=True,
-                           timeout=600, env=env)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIsNotNone(self.headlines(p.stdout)["split.pickle (device 0)"].group("line"))
 
     # --- one answer everywhere ----------------------------------------------------------------
 
