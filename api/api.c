@@ -239,6 +239,17 @@ XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block)
     return st != XSEG_SUCCESS ? st : devops_cache_info(d, largest_block);
 }
 
+XSEG_API xseg_status xseg_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_mem_get_info: %s is NULL",
+                       !free_bytes ? "free_bytes" : "total_bytes");
+    *free_bytes = *total_bytes = 0;
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : devops_mem_info(d, free_bytes, total_bytes);
+}
+
 XSEG_API xseg_status xseg_memory_summary(int device, char *buf, size_t size, size_t *len)
 {
     if (!buf && size)

@@ -145,6 +145,14 @@ xseg_status devops_cache_info(struct dev_alloc *d, size_t *largest)
     return XSEG_SUCCESS;
 }
 
+xseg_status devops_mem_info(struct dev_alloc *d, size_t *free_bytes, size_t *total_bytes)
+{
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+    if (st == XSEG_SUCCESS)
+        st = drv_mem_info(free_bytes, total_bytes);
+    return st == XSEG_SUCCESS ? st : err_prefix(st, "xseg_mem_get_info(device %d)", d->device);
+}
+
 xseg_status devops_base_allocation(struct dev_alloc *d, void *ptr, void **base, size_t *size, bool *owned)
 {
     dev_lock(d, DEV_NEED_SLOTS);

@@ -28,6 +28,8 @@ void devops_reset_accumulated(struct dev_alloc *d);
 /* xseg_cache_info: a 0 in *largest becomes the driver's free memory, then *largest is raised to
  * the device's largest free mapped block (every pool) if that is larger. */
 xseg_status devops_cache_info(struct dev_alloc *d, size_t *largest);
+/* xseg_mem_get_info: cuMemGetInfo in @p d's primary context. */
+xseg_status devops_mem_info(struct dev_alloc *d, size_t *free_bytes, size_t *total_bytes);
 /* The classic segment holding the live block at @p ptr: *owned = false when this device does not
  * own @p ptr (nothing else is set); XSEG_ERROR_NOT_SUPPORTED for a block of an expandable segment. */
 xseg_status devops_base_allocation(struct dev_alloc *d, void *ptr, void **base, size_t *size, bool *owned);

@@ -39,7 +39,8 @@ typedef enum xseg_status {
     XSEG_SUCCESS = 0,
     XSEG_ERROR_INVALID_VALUE = 1,  /**< a bad argument: pointer, size, config string, key */
     XSEG_ERROR_OUT_OF_MEMORY = 2,  /**< the device (or the memory fraction) cannot hold it */
-    XSEG_ERROR_DRIVER = 3,         /**< the CUDA driver failed or could not be loaded */
+    XSEG_ERROR_DRIVER = 3,         /**< the CUDA driver failed, or could not be loaded ($XSEG_LIBCUDA, else
+                                        libcuda.so.1: the message says which) */
     XSEG_ERROR_INVALID_DEVICE = 4, /**< a device index out of range */
     XSEG_ERROR_ILLEGAL_STATE = 5,  /**< not allowed now (stream capture; a child forked after CUDA init) */
     XSEG_ERROR_NOT_SUPPORTED = 6,  /**< the device or driver lacks a needed feature */
@@ -69,7 +70,8 @@ XSEG_API unsigned xseg_version_api(void);
  * Calling it again after a successful init re-applies the configuration. Other calls initialize
  * lazily with NULL.
  * @return XSEG_SUCCESS; XSEG_ERROR_INVALID_VALUE for a bad config (message names the key);
- *         XSEG_ERROR_DRIVER when the driver cannot be loaded or initialized.
+ *         XSEG_ERROR_DRIVER when the driver cannot be loaded or initialized (it is $XSEG_LIBCUDA
+ *         when set, else libcuda.so.1; cudaemu's libcudaemu.so runs without a GPU).
  */
 XSEG_API xseg_status xseg_init(const char *config);
 
@@ -387,6 +389,16 @@ XSEG_API xseg_status xseg_reset_accumulated_stats(int device);
  *        (cuMemGetInfo), as PyTorch does: memory a new segment could still take.
  */
 XSEG_API xseg_status xseg_cache_info(int device, size_t *largest_block);
+
+/**
+ * The driver's free and total memory of @p device (cuMemGetInfo in its primary context), as
+ * torch.cuda.mem_get_info() gives them: free counts what xseg (and anything else) holds as used.
+ * @param device the device index.
+ * @param free_bytes out: the bytes the driver could still hand out.
+ * @param total_bytes out: the device's memory.
+ * @return XSEG_ERROR_INVALID_DEVICE, XSEG_ERROR_DRIVER (the driver's message).
+ */
+XSEG_API xseg_status xseg_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
 
 /**
  * A readable table of the device's statistics, like torch.cuda.memory_summary().

@@ -18,14 +18,20 @@ case $build in /*) ;; *) build=$PWD/$build ;; esac
   . tools/ensure-build-tools.sh
   ensure_build_tools replay.sh
   if [ ! -f "$build/build.ninja" ]; then
+    echo "tools/replay.sh: configuring the build in $build (meson setup)" >&2
     meson setup "$build" >/dev/null
+  fi
+  # Say so before a build that has work to do (a minute or so the first time), not before a no-op.
+  if ! ninja -C "$build" -n tools/xseg-replay cudaemu/libcudaemu.so 2>/dev/null | grep -q "no work to do"; then
+    echo "tools/replay.sh: building xseg-replay and the emulator (cudaemu) in $build" >&2
   fi
   ninja -C "$build" tools/xseg-replay cudaemu/libcudaemu.so >/dev/null
 )
 if [ $# -eq 0 ]; then
   echo "tools/replay.sh: replaying the bundled workloads (builtin:training, builtin:inference) in classic" \
-       "and expandable mode; for your own workload: tools/replay.sh --compare FILE.pickle (a PyTorch" \
-       "snapshot) or FILE.trace" >&2
+       "and expandable mode, then searching PyTorch's configs for each verdict (under a minute); for your" \
+       "own workload: tools/replay.sh FILE.pickle (a PyTorch snapshot) or FILE.trace" >&2
   exec "$build/tools/xseg-replay" --compare
 fi
+echo "tools/replay.sh: xseg-replay $*" >&2
 exec "$build/tools/xseg-replay" "$@"

@@ -899,7 +899,7 @@ def _replay(win, reserved):
         seed_lines.append("alloc %s %d%s%s" % (name, sz, win.names.stream_ref(sid), ref))
     router.route(None, seed_lines)
     ooms = empties = 0
-    oom_device = None
+    oom_device = oom_parts = None
     for entry in win.body:
         kind = entry[0]
         if kind == "seg":
@@ -927,6 +927,7 @@ def _replay(win, reserved):
                 # What PyTorch could have used: what it held plus what the device still had
                 # (0: the snapshot does not say).
                 oom_device = reserved + entry[2] if entry[2] >= 0 else 0
+                oom_parts = (reserved, entry[2])
             # A mark: each mode's figures at the point where PyTorch failed, beside PyTorch's.
             lines.append("mark PyTorch OOM: %s request, %s; PyTorch had %s allocated, %s reserved"
                          % (_gib(entry[1]), free_txt, _gib(allocated), _gib(reserved)))
@@ -943,6 +944,7 @@ def _replay(win, reserved):
         "ooms": ooms,
         "empty_caches": empties,
         "oom_device_bytes": oom_device,
+        "oom_parts": oom_parts,
     }
     return seed_lines, lines, figures
 
@@ -972,6 +974,13 @@ def _write(out, source, device, snapshot, figures, names, seed_lines, lines, nse
         # The device an OOM is replayed on: PyTorch's reserved plus free bytes at the first OOM
         # (0: unknown); xseg-replay answers "would xseg have avoided it?" there.
         w("# pytorch: oom_device_bytes=%d\n" % figures["oom_device_bytes"])
+        if figures.get("oom_parts") and figures["oom_parts"][1] >= 0:
+            # Its two parts, so that a device larger than the card is explained, not just shown.
+            w("# pytorch: oom_reserved_bytes=%d\n# pytorch: oom_free_bytes=%d\n" % figures["oom_parts"])
+    # The device it came from: a replay runs on device 0, and says which GPU it stands for.
+    w("# pytorch: device=%d\n" % device)
+    # 0: a snapshot of segments only (no _record_memory_history): the replay has no history.
+    w("# pytorch: history_events=%d\n" % figures.get("history_events", 0))
     if names.stack_lines:
         w("# the allocations' frames (xseg-replay --history --snapshot FILE shows them)\n")
     for line in names.stack_lines:
@@ -1019,7 +1028,8 @@ def convert(snapshot, device, out, source="snapshot", work_limit=None, frames=Tr
     # window added.
     reserved = sum(_uint(s, "total_size", ["segments", si]) for si, s in segments) - win.seg_delta
     seed_lines, lines, replayed = _replay(win, reserved)
-    figures = {"events": len(events)}
+    figures = {"events": len(events),
+               "history_events": sum(1 for e in events if not (isinstance(e, dict) and e.get("action") == "snapshot"))}
     figures.update(replayed)
     figures["pools"] = len({r[2] for r in pools.ranges})
     figures["expandable"] = _recorded_expandable(snapshot, segments, events)

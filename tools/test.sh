@@ -36,6 +36,7 @@ fi
 total_pass=0; total_fail=0; total_skip=0; rc=0
 for c in "${configs[@]}"; do
   IFS='|' read -r dir opts setup <<<"$c"
+  echo "=== building in $dir${opts:+ ($opts)}: minutes the first time, longer for the sanitizer builds"
   if [ ! -f "$dir/build.ninja" ]; then
     # shellcheck disable=SC2086
     meson setup "$dir" $opts -Dtests=enabled >/dev/null
@@ -75,6 +76,7 @@ done
 echo "tests: ${total_pass} passed, ${total_fail} failed, ${total_skip} skipped"
 # A short fuzzing run of every parser (libFuzzer with clang when present; tools/fuzz.sh).
 if [ $quick = 0 ]; then
+  echo "=== fuzzing each parser for ${XSEG_FUZZ_SECONDS:-10} s (tools/fuzz.sh; it builds build-fuzz first)"
   if ! tools/fuzz.sh "${XSEG_FUZZ_SECONDS:-10}"; then
     echo "fuzzing: FAILED (tools/fuzz.sh; the inputs are in build-fuzz/crashes/)"
     rc=1

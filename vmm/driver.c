@@ -62,8 +62,11 @@ static xseg_status drv_do_load(void)
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *e = dlerror();
-        return drv_load_fail(XSEG_ERROR_DRIVER, "cannot load the CUDA driver %s%s: %s", path,
-                             env && *env ? " (from XSEG_LIBCUDA)" : "", e ? e : "unknown error");
+        return drv_load_fail(XSEG_ERROR_DRIVER, "cannot load the CUDA driver %s%s: %s%s", path,
+                             env && *env ? " (from XSEG_LIBCUDA)" : "", e ? e : "unknown error",
+                             env && *env ? ""
+                                         : " (no GPU driver here? set XSEG_LIBCUDA to the driver's libcuda.so.1, "
+                                           "or to cudaemu's libcudaemu.so to run on the emulator)");
     }
     /* Each entry under its ABI name: the stringified expansion of cuda.h's macro. */
 #define DRV_RESOLVE(fn)                                                                           \

@@ -230,5 +230,8 @@ void trim_idle_tick(struct dev_alloc *d)
         pool_tick(&pp->small, now, window);
         pool_tick(&pp->large, now, window);
     }
-    (void)trim_cache(d, 0, TRIM_KNOWN_COMPLETE, true, NULL);
+    /* release_threshold_mb is the cache to keep: idle runs go back down to it, not below (a
+     * server keeps that much for its next burst and gives the rest back once idle). */
+    size_t keep = d->cfg.release_threshold == SIZE_MAX ? 0 : d->cfg.release_threshold;
+    (void)trim_cache(d, keep, TRIM_KNOWN_COMPLETE, true, NULL);
 }

@@ -62,7 +62,8 @@ void trim_threshold(struct dev_alloc *d, size_t handing_out);
  * GC clock (get_free_blocks_call_count, then advanced by one), so a free block whose clock stamp
  * (gc_count_base, set whenever it enters the free index) is below the clock noted at a tick
  * idle_release_ms ago has not been used since; then give back such runs whose stream is known
- * idle (trim_cache(0, TRIM_KNOWN_COMPLETE, idle_only)). Called by malloc's general path (the fast
+ * idle (trim_cache(keep, TRIM_KNOWN_COMPLETE, idle_only), keep: release_threshold_mb when set, so
+ * that much cache stays for the next burst; else 0). Called by malloc's general path (the fast
  * path is off while idle_release_ms is set) and by xseg_trim's neighbours; a no-op when off.
  */
 void trim_idle_tick(struct dev_alloc *d);

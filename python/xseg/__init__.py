@@ -28,13 +28,14 @@ from .registry import Registration, range_dmabuf, register_range, registration_s
 __all__ = [
     "XsegError", "XsegOutOfMemoryError", "__version__", "library_path", "version",
     "init", "get_config", "set_config", "device_count",
-    "malloc", "free", "record_stream",
+    "malloc", "free", "record_stream", "caching_allocator_alloc", "caching_allocator_delete", "mem_get_info",
     "memory_stats", "memory_stats_as_nested_dict", "memory_summary", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "empty_cache", "set_per_process_memory_fraction",
     "memory_snapshot", "dump_snapshot", "attach_oom_observer", "check_stale", "stale_flush", "attach_stale_observer",
     "record_memory_history", "dump_snapshot_json", "dump_trace", "set_oom_snapshot",
+    "_record_memory_history", "_dump_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "block_handles_release",
     "register_range", "Registration", "range_dmabuf", "registration_stats",
     "trim",
@@ -155,6 +156,26 @@ def malloc(size, device=None, stream=None):
 def free(ptr):
     """Free an address malloc() returned (a no-op for 0)."""
     check(_lib.lib().xseg_free(_ptr(ptr, "xseg.free") if ptr is not None else None))
+
+
+def caching_allocator_alloc(size, device=None, stream=None):
+    """torch.cuda.caching_allocator_alloc: malloc() under torch's name (the address, an int)."""
+    return malloc(size, device, stream)
+
+
+def caching_allocator_delete(mem_ptr):
+    """torch.cuda.caching_allocator_delete: free() under torch's name."""
+    free(mem_ptr)
+
+
+def mem_get_info(device=None):
+    """torch.cuda.mem_get_info(): (free, total) bytes of `device` as the driver reports them
+    (cuMemGetInfo): free counts what xseg holds, cache included, as used."""
+    f = "xseg.mem_get_info"
+    dev = _device(device, f)
+    free_b, total = ctypes.c_size_t(), ctypes.c_size_t()
+    check(_lib.need("xseg_mem_get_info")(dev, ctypes.byref(free_b), ctypes.byref(total)))
+    return free_b.value, total.value
 
 
 def record_stream(ptr, stream):
@@ -740,6 +761,11 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
 # --- observers -----------------------------------------------------------------------------
 
 _observers = []  # ctypes callbacks must outlive the library's use of them
+
+
+# torch.cuda.memory's own spellings, so that code written for it runs with `import xseg as ...`.
+_record_memory_history = record_memory_history
+_dump_snapshot = dump_snapshot
 
 
 def attach_oom_observer(fn):

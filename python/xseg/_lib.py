@@ -291,6 +291,7 @@ _PROTOS = {
     "xseg_reset_peak_stats": (_S, [ctypes.c_int]),
     "xseg_reset_accumulated_stats": (_S, [ctypes.c_int]),
     "xseg_memory_summary": (_S, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
+    "xseg_mem_get_info": (_S, [ctypes.c_int, c_size_p, c_size_p]),
     "xseg_take_snapshot": (_S, [ctypes.c_int, ctypes.POINTER(ctypes.POINTER(Snapshot))]),
     "xseg_snapshot_free": (None, [ctypes.POINTER(Snapshot)]),
     "xseg_attach_oom_observer": (_S, [OOM_OBSERVER, ctypes.c_void_p]),

@@ -63,7 +63,8 @@ block() { # the fenced block after the line `<!-- test: $1 -->` in README.md
     awk -v tag="<!-- test: $1 -->" '$0 == tag { want = 1; next }
         want && /^```/ { if (on) exit; on = 1; next } on { print }' "$src/README.md"
 }
-awk '/^```c$/ { on = 1; n++; next } /^```/ { on = 0 } on && n == 1 { print }' "$src/README.md" >"$tmp/example.c"
+awk '/^## Using it/ { u = 1 } /^```c$/ && u { on = 1; n++; next } /^```/ { on = 0 } on && n == 1 { print }' \
+  "$src/README.md" >"$tmp/example.c"
 block install-c >"$tmp/install-c.sh"
 [ -s "$tmp/install-c.sh" ] || fail "README.md has no block tagged <!-- test: install-c -->"
 out=$(cd "$tmp" && sh -e "$tmp/install-c.sh" 2>&1) || { cat -n "$tmp/install-c.sh"; fail "README's install commands: $out"; }

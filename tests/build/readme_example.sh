@@ -6,7 +6,9 @@ set -u
 src=$1 libdir=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-awk '/^```c$/ { on = 1; n++; next } /^```/ { on = 0 } on && n == 1 { print }' "$src/README.md" >"$tmp/example.c"
+# The first C block of "Using it" (Quick start's are one-line snippets).
+awk '/^## Using it/ { u = 1 } /^```c$/ && u { on = 1; n++; next } /^```/ { on = 0 } on && n == 1 { print }' \
+  "$src/README.md" >"$tmp/example.c"
 [ -s "$tmp/example.c" ] || { echo "no \`\`\`c block in README.md"; exit 1; }
 ${CC:-cc} -std=c11 -Wall -Wextra -Werror ${XSEG_EXAMPLE_CFLAGS:-} -I"$src/include" -o "$tmp/example" "$tmp/example.c" \
   -L"$libdir" -lxseg -Wl,-rpath,"$libdir" || { echo "README's C example does not compile:"; cat -n "$tmp/example.c"; exit 1; }

@@ -2,6 +2,7 @@
  * Driver-loader tests. drv_load() runs once per process, so each case is its own test() entry
  * (tests/driver/meson.build) with its own environment, selecting the case by argv[1].
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,24 @@ static void test_missing_library(void **state)
     struct drv_device_info info;
     assert_int_equal(drv_device_query(0, &info), XSEG_ERROR_DRIVER);
     assert_string_equal(xseg_last_error(), first);
+}
+
+/* No XSEG_LIBCUDA and no libcuda.so.1 on the machine: the message says how to name one (a GPU
+ * machine has the driver: skipped there). */
+static void test_no_driver(void **state)
+{
+    (void)state;
+    unsetenv("XSEG_LIBCUDA");
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h) {
+        dlclose(h);
+        skip(); /* a driver is installed: nothing to say */
+    }
+    assert_int_equal(drv_load(), XSEG_ERROR_DRIVER);
+    const char *msg = xseg_last_error();
+    print_message("message: %s\n", msg);
+    expect_contains(msg, "libcuda.so.1");
+    expect_contains(msg, "set XSEG_LIBCUDA to the driver's libcuda.so.1, or to cudaemu's libcudaemu.so");
 }
 
 /* A library lacking entry points: the message names the first missing one and the library. */
@@ -158,6 +177,7 @@ int main(int argc, char **argv)
         {"missing-library", test_missing_library}, {"missing-symbol", test_missing_symbol},
         {"no-device", test_no_device},             {"invalid-device", test_invalid_device},
         {"no-vmm", test_no_vmm},                   {"device-query", test_device_query},
+        {"no-driver", test_no_driver},
     };
     for (size_t i = 0; argc > 1 && i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(argv[1], cases[i].name))
@@ -165,6 +185,6 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = {{cases[i].name, cases[i].fn, NULL, NULL, NULL}};
         return cmocka_run_group_tests_name("driver-loader", t, NULL, NULL);
     }
-    fprintf(stderr, "usage: %s missing-library|missing-symbol|no-device|invalid-device|no-vmm|device-query\n", argv[0]);
+    fprintf(stderr, "usage: %s missing-library|missing-symbol|no-device|invalid-device|no-vmm|device-query|no-driver\n", argv[0]);
     return 2;
 }

@@ -91,6 +91,38 @@ def test_malloc_free_and_counters(xseg):
     xseg.free(0)
 
 
+def test_torch_spellings(xseg, tmp_path):
+    """torch.cuda's names for what xseg does: caching_allocator_alloc/_delete allocate and free,
+    mem_get_info is the driver's (free, total) and sees xseg's segments, and
+    torch.cuda.memory's _record_memory_history / _dump_snapshot record and write a snapshot."""
+    xseg.empty_cache()
+    free0, total = xseg.mem_get_info(0)
+    assert 0 < free0 <= total
+    assert xseg.mem_get_info() == xseg.mem_get_info("cuda:0")
+    reserved0 = xseg.memory_reserved(0)
+    before = xseg.memory_allocated(0)
+    xseg._record_memory_history(max_entries=1000)
+    try:
+        p = xseg.caching_allocator_alloc(64 * MiB)
+        assert xseg.memory_allocated(0) == before + 64 * MiB
+        grew = xseg.memory_reserved(0) - reserved0
+        assert grew >= 64 * MiB
+        assert xseg.mem_get_info(0) == (free0 - grew, total)  # the driver's view of xseg's growth
+        path = str(tmp_path / "snap.pickle")
+        xseg._dump_snapshot(path)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        allocs = [e for t in snap["device_traces"] for e in t if e["action"] == "alloc"]
+        assert any(e["size"] == 64 * MiB for e in allocs), allocs
+        xseg.caching_allocator_delete(p)
+        assert xseg.memory_allocated(0) == before
+    finally:
+        xseg._record_memory_history(enabled=None)
+    with pytest.raises(xseg.XsegError) as ei:
+        xseg.mem_get_info(99)
+    assert ei.value.status_name == "XSEG_ERROR_INVALID_DEVICE"
+
+
 def test_torch_named_getters_read_memory_stats(xseg):
     """memory_allocated, max_memory_allocated, memory_reserved and max_memory_reserved are
     memory_stats' keys, as torch.cuda's are; the peaks stay after a free and an empty_cache, and
@@ -128,6 +160,12 @@ def test_stats_keys_equal_pytorchs(xseg):
     stats = xseg.memory_stats(0)
     assert list(stats) == torch_stat_keys()
     assert len(stats) == 122 + 9  # PyTorch's, and spill's (spilled_bytes.all.*, 3 counts, where)
+    # The manual counts them right.
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    for doc in ("README.md", os.path.join("docs", "python.md")):
+        with open(os.path.join(root, doc), encoding="utf-8") as f:
+            text = f.read()
+        assert "%d keys: torch.cuda.memory_stats()'s 122 and spill's 9" % len(stats) in text, doc
     nested = xseg.memory_stats_as_nested_dict(0)
     assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]
     assert nested["num_ooms"] == stats["num_ooms"]

@@ -324,3 +324,57 @@ def test_host_errors(xseg):
     assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE"
     xseg.host_free(None)
     xseg.host_free(xseg.host_malloc(10))
+
+
+# --- the guide's inference-server recipe --------------------------------------------------------
+
+def _guide_server_config():
+    """The config docs/guide.md's inference-server section starts from (read from the guide, so the
+    test follows the docs), and the cache it promises stays ("N GiB of cache stays")."""
+    import re
+    guide = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "guide.md")
+    with open(guide, encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("## Inference servers"):]
+    section = section[:section.index("\n## ", 1)]
+    cfg = re.search(r'xseg\.torch\.enable\("([^"]+)"\)', section).group(1)
+    promise = re.search(r"(\d+) GiB of\s+cache stays for the next burst", section)
+    assert promise, "the guide's inference-server sentence changed: update this test"
+    return cfg, int(promise.group(1)) << 30
+
+
+def test_inference_server_recipe_keeps_its_cache(xseg):
+    """release_threshold_mb with idle release: a burst's cache goes back once idle down to the
+    threshold, which stays for the next burst (before: idle release gave back everything)."""
+    import time
+    cfg, keep = _guide_server_config()
+    assert "release_threshold_mb" in cfg and "idle_release_ms" in cfg
+    # README's Quick start shows the service owner the same settings, from C and from PyTorch.
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        quick = f.read().split("## Quick start")[1].split("\n## ")[0]
+    assert 'xseg_init("%s");' % cfg in quick and 'xseg.torch.enable("%s")' % cfg in quick
+    idle_ms = int(cfg.split("idle_release_ms:")[1].split(",")[0])
+    before = xseg.get_config()
+    xseg.set_config(cfg)
+    try:
+        burst = [xseg.malloc(64 * MiB) for _ in range(keep * 2 // (64 * MiB))]
+        for p in burst:
+            xseg.free(p)
+        freed = time.monotonic()
+        assert cached(xseg) >= 2 * keep - 64 * MiB
+        deadline = freed + idle_ms / 1000 * 3 + 10
+        while cached(xseg) > keep and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # Past the idle window (runs go between T and 1.25 T after their last use), and more
+        # ticks: what stays, stays.
+        time.sleep(max(0.0, freed + idle_ms / 1000 * 1.5 + 0.5 - time.monotonic()))
+        got = cached(xseg)
+        assert keep - 20 * MiB < got <= keep, "cache %d MiB after idle, the guide promises %d" % (
+            got >> 20, keep >> 20)
+    finally:
+        # release_threshold_mb is kept when a string omits it, and its unset value is not spelled
+        # in get_config(): unset it by that value.
+        xseg.set_config(before + ("" if "release_threshold_mb" in before else ",release_threshold_mb:17592186044415"))
+        assert xseg.get_config() == before
+        xseg.empty_cache()

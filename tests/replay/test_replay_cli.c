@@ -384,8 +384,9 @@ static void test_min_device(void **state)
     free(t);
 }
 
-/* Fit is not monotonic in the device size, and --min-device answers the smallest device above
- * which every size fits, up to the ceiling. In classic mode, b (144 MiB) does not fit a's cached
+/* Fit is not monotonic in the device size: --min-device answers the bisection's device (the
+ * verdict's), and --min-device --full-scan the smallest device above which every size fits, up to
+ * the ceiling, with the gap in words. In classic mode, b (144 MiB) does not fit a's cached
  * 66 MiB segment: on a device under 210 MiB the OOM path frees that segment and c gets a segment
  * of its own; from 210 MiB b's segment is added beside it and c splits it. Then e (150 MiB) needs
  * b's freed segment given back: 50 + 150 MiB fit from 200 MiB in the first layout, 66 + 150 from
@@ -420,8 +421,16 @@ static void test_min_device_not_monotonic(void **state)
     assert_true(failed_on(t, 214));
     assert_false(failed_on(t, 216));
     char args[512];
+    /* By default the bisection's answer, the verdict's (200 MiB), with no scan */
     snprintf(args, sizeof args, "--min-device --config expandable_segments:False --summary=json '%s'", t);
     struct result r = run(args);
+    assert_int_equal(r.rc, 0);
+    if (!strstr(r.out, "\"min_device\":209715200,") || !strstr(r.out, "\"full_scan\":false,\"ceiling\":0,"))
+        fail_msg("stdout: %s", r.out);
+    result_free(&r);
+    /* --full-scan: every size to the ceiling */
+    snprintf(args, sizeof args, "--min-device --full-scan --config expandable_segments:False --summary=json '%s'", t);
+    r = run(args);
     assert_int_equal(r.rc, 0);
     const char *want[] = {"\"peak_allocated\":209715200,\"min_device\":226492416,",
                           "\"ceiling\":230686720,\"above_ceiling\":false,", /* 1.10 x 200 MiB */
@@ -430,11 +439,12 @@ static void test_min_device_not_monotonic(void **state)
         if (!strstr(r.out, want[i]))
             fail_msg("expected %s in: %s", want[i], r.out);
     result_free(&r);
-    snprintf(args, sizeof args, "--min-device --config expandable_segments:False '%s'", t);
+    snprintf(args, sizeof args, "--min-device --full-scan --config expandable_segments:False '%s'", t);
     r = run(args);
     assert_int_equal(r.rc, 0);
-    if (!strstr(r.out, "fits every device from 216 MiB (to 220 MiB scanned); also fits 200-208 MiB alone "
-                       "(fails 210-214 MiB)"))
+    if (!strstr(r.out, "fits every device from 216 MiB (to 220 MiB scanned); the bisection's answer (the verdict's) "
+                       "is 200 MiB: it also fits 200-208 MiB alone, and fails 210-214 MiB (a gap: fit is not "
+                       "monotonic)"))
         fail_msg("stdout: %s", r.out);
     result_free(&r);
     /* a ceiling inside the gap: the scan goes on past it to the first size that fits */
@@ -969,6 +979,46 @@ static void test_check_builtins(void **state)
     result_free(&r);
 }
 
+/* The verdict's colour (report_outcome, which --report's box takes) follows the headline's
+ * comparison of xseg's default with PyTorch's best one-line setting, whatever peak reserved says:
+ * good when xseg needs a smaller device, same, worse when a larger one; fail when xseg does not
+ * fit, or does not avoid the OOM it is asked about. Figures made here: no replay decides them. */
+static void test_outcome_follows_headline(void **state)
+{
+    (void)state;
+    struct run_summary s[2] = {{.mode = "classic", .peak_reserved = 500}, {.mode = "expandable", .peak_reserved = 900}};
+    struct trace_recorded rec = {.peak_allocated = -1, .peak_reserved = 100, .expandable = -1, .oom_device = -1};
+    struct tune_result tr;
+    memset(&tr, 0, sizeof tr);
+    struct tune_family_result *py = &tr.fam[0], *xs = &tr.fam[1];
+    py->have_def = py->have_best = xs->have_def = 1;
+    py->def.min_device = 300 << 20;
+    snprintf(py->best.shown, sizeof py->best.shown, "expandable_segments:True");
+    xs->def.device_exact = py->best.device_exact = py->def.device_exact = 1;
+    struct report_headline h;
+    memset(&h, 0, sizeof h);
+    h.tune = &tr;
+    const uint64_t x[] = {100u << 20, 200u << 20, 250u << 20};
+    const char *want[] = {"good", "same", "worse"};
+    for (int i = 0; i < 3; i++) {
+        xs->def.min_device = x[i];
+        py->best.min_device = 200u << 20;
+        assert_string_equal(report_outcome(s, 2, &rec, &h), want[i]);
+    }
+    /* Peak reserved against the recording would say worse (900 > 100): the headline says good. */
+    xs->def.min_device = 100u << 20;
+    assert_string_equal(report_outcome(s, 2, &rec, &h), "good");
+    /* Only PyTorch fits the device replayed: worse; xseg does not avoid the OOM asked about: fail. */
+    xs->def.failed_allocs = 1;
+    assert_string_equal(report_outcome(s, 2, &rec, &h), "worse");
+    xs->def.failed_allocs = 0;
+    h.oom_device = 150u << 20;
+    h.oom_fits[REPORT_XSEG] = 0;
+    assert_string_equal(report_outcome(s, 2, &rec, &h), "fail");
+    /* Without a headline: peak reserved against the recording, as before. */
+    assert_string_equal(report_outcome(s, 2, &rec, NULL), "worse");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -998,6 +1048,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_check_builtins),
         cmocka_unit_test(test_dump_every_action),
         cmocka_unit_test(test_addr_log),
+        cmocka_unit_test(test_outcome_follows_headline),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

@@ -2513,6 +2513,52 @@ static void test_idle_thread(void **state)
     assert_int_equal(xseg_set_config("idle_release_thread:maybe"), XSEG_ERROR_INVALID_VALUE);
 }
 
+/* idle_release_ms with release_threshold_mb: idle runs go back down to the threshold, not below.
+ * The guide's inference-server line ("2 GiB of cache stays for the next burst, the rest goes back
+ * once idle") at 1/32 of its sizes: a 160 MiB burst freed, 64 MiB kept (60: whole 20 MiB pages),
+ * and still kept after many more idle ticks; by the thread, and by malloc's ticks. */
+static void idle_keeps_threshold(const char *config, int ticks_by_malloc)
+{
+    tu_xseg_init_or_skip(config);
+    tu_require_emulator_or_skip();
+    void *keep = tu_malloc(20 * MiB, NULL), *x[8];
+    for (int i = 0; i < 8; i++)
+        x[i] = tu_malloc(20 * MiB, NULL);
+    for (int i = 0; i < 8; i++)
+        tu_free(x[i]);
+    assert_int_equal(cached(), 160 * MiB);
+    struct timespec nap = {0, 5 * 1000 * 1000};
+    int tries = 0;
+    while (cached() > (int64_t)(64 * MiB) && tries++ < 2000) {
+        if (ticks_by_malloc)
+            tu_free(tu_malloc(4096, NULL));
+        nanosleep(&nap, NULL);
+    }
+    for (int i = 0; i < 100; i++) { /* 500 ms: a dozen idle windows */
+        if (ticks_by_malloc)
+            tu_free(tu_malloc(4096, NULL));
+        nanosleep(&nap, NULL);
+    }
+    int64_t c = cached() - (ticks_by_malloc ? (int64_t)(2 * MiB) : 0); /* the churn's small page */
+    if (c <= (int64_t)(44 * MiB) || c > (int64_t)(64 * MiB))
+        fail_msg("cache %lld MiB after idle: want the 64 MiB threshold kept (more than 44 MiB)", (long long)(c >> 20));
+    tu_free(keep);
+    assert_int_equal(xseg_set_config("idle_release_thread:False,idle_release_ms:0"), XSEG_SUCCESS);
+}
+
+static void test_idle_keeps_threshold(void **state)
+{
+    (void)state;
+    idle_keeps_threshold("expandable_segments_recycle:False,release_threshold_mb:64,idle_release_ms:40,"
+                         "idle_release_thread:True", 0);
+}
+
+static void test_idle_keeps_threshold_malloc(void **state)
+{
+    (void)state;
+    idle_keeps_threshold("expandable_segments_recycle:False,release_threshold_mb:64,idle_release_ms:40", 1);
+}
+
 /* Threads allocate and free while the idle thread reclaims (for ThreadSanitizer). */
 static void *churn(void *arg)
 {
@@ -2578,6 +2624,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wake_group_budget),
         cmocka_unit_test(test_sleep_during_cumemalloc),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
+        cmocka_unit_test(test_idle_keeps_threshold), cmocka_unit_test(test_idle_keeps_threshold_malloc),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),
     };

@@ -50,7 +50,7 @@ static int fits(struct memo *m, uint64_t bytes)
         (*m->probes)++;
         int f = m->probe(m->user, bytes);
         if (f < 0)
-            return -1;
+            return f;
         *k = f ? FITS : FAILS;
     }
     return *k == FITS;
@@ -75,33 +75,55 @@ static size_t runs_of(const struct memo *m, uint64_t lo, uint64_t hi, unsigned c
     return n;
 }
 
-int fitscan_run(fitscan_probe_fn probe, void *user, uint64_t peak, uint64_t reserved, uint64_t top, uint64_t step,
-                const struct fitscan_ceiling *ceiling, int probes_before, struct fitscan_result *r)
+uint64_t fitscan_floor(uint64_t peak, uint64_t step)
 {
-    memset(r, 0, sizeof *r);
-    r->probes = probes_before;
-    /* lo: certain (below the peak) or known not to fit; hi: known to fit. */
-    uint64_t lo = peak ? (peak - 1) / step * step : 0, hi = top;
-    struct memo m = {probe, user, lo, step, calloc((size_t)((top - lo) / step + 1), 1), &r->probes};
-    if (!m.known)
-        return -2;
-    m.known[(top - lo) / step] = FITS;
-    int rc = -1;
-    uint64_t guess = (reserved + step - 1) / step * step;
+    return peak ? (peak - 1) / step * step : 0;
+}
+
+int fitscan_bisect(fitscan_probe_fn probe, void *user, uint64_t lo, uint64_t hi, uint64_t guess, uint64_t step,
+                   uint64_t *answer, int *probes)
+{
+    *answer = hi;
     while (hi - lo > step) {
         uint64_t mid = lo + (hi - lo) / step / 2 * step;
         if (guess > lo && guess < hi) {
             mid = guess;
             guess = 0;
         }
-        int f = fits(&m, mid);
+        if (probes)
+            (*probes)++;
+        int f = probe(user, mid);
         if (f < 0)
-            goto out;
+            return f;
         if (f)
             hi = mid;
         else
             lo = mid;
+        *answer = hi;
     }
+    return 0;
+}
+
+/* fitscan_bisect's probe over the memo. */
+static int memo_probe(void *user, uint64_t bytes)
+{
+    return fits(user, bytes);
+}
+
+int fitscan_run(fitscan_probe_fn probe, void *user, uint64_t peak, uint64_t reserved, uint64_t top, uint64_t step,
+                const struct fitscan_ceiling *ceiling, int probes_before, struct fitscan_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->probes = probes_before;
+    /* lo: certain (below the peak) or known not to fit; hi: known to fit. */
+    uint64_t lo = fitscan_floor(peak, step), hi = top;
+    struct memo m = {probe, user, lo, step, calloc((size_t)((top - lo) / step + 1), 1), &r->probes};
+    if (!m.known)
+        return -2;
+    m.known[(top - lo) / step] = FITS;
+    int rc = -1;
+    if (fitscan_bisect(memo_probe, &m, lo, hi, (reserved + step - 1) / step * step, step, &hi, NULL))
+        goto out;
     r->candidate = r->min_device = hi;
     if (ceiling->ratio <= 0 && !ceiling->bytes) {
         rc = 0; /* none: the bisection's answer */

@@ -27,8 +27,24 @@
 #define FITSCAN_DEFAULT_RATIO 1.10
 
 /* One replay on a device of @p bytes: 1 it fits (no failed allocation), 0 it does not, -1 the
- * replay itself stopped (no answer). */
+ * replay itself stopped (no answer), -2 stop searching (a budget ran out: no answer). */
 typedef int (*fitscan_probe_fn)(void *user, uint64_t bytes);
+
+/*
+ * The bisection every smallest-device answer of xseg-replay comes from (the verdict, --min-device,
+ * --tune and --report): between @p lo (known not to fit, or below the peak allocated) and @p hi
+ * (known to fit), both multiples of @p step, probing @p guess first when it lies strictly between
+ * them (the peak reserved rounded up to the step: it usually fits, which leaves a short range),
+ * then midpoints. *@p answer: the smallest size found to fit with the step below it found not to
+ * (or, when the probe stopped the search, the smallest size known to fit: an upper bound).
+ * @p probes (optional) counts the replays. @return 0 done, else the probe's -1 or -2.
+ */
+int fitscan_bisect(fitscan_probe_fn probe, void *user, uint64_t lo, uint64_t hi, uint64_t guess, uint64_t step,
+                   uint64_t *answer, int *probes);
+
+/* The bisection's lower end for a replay whose peak allocated was @p peak: the largest multiple
+ * of @p step under it (no smaller device can fit). */
+uint64_t fitscan_floor(uint64_t peak, uint64_t step);
 
 /* --fit-ceiling: a ratio to the peak allocated (ratio > 0), a size (bytes > 0), or none (both
  * 0: bisection only, no scan). */

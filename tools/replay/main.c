@@ -76,17 +76,32 @@ struct cli {
     const char *report;   /* --report FILE.html */
     FILE *report_file;    /* opened before the replays: a bad path fails first */
     int builtin_default;  /* no TRACE given: the main job, which says what it does first */
+    int any_snapshot;     /* a PyTorch snapshot is among the traces (converted) */
+    const char *explain_device; /* --explain-oom of one trace replayed here: the recorded OOM device */
     const char **traces;
     const char **names;     /* what tables and messages call each trace (a snapshot: "F (device N)") */
     int ntraces;
     int device;             /* --device N: that device of each snapshot only; -1 every device */
     uint64_t step;          /* --step: the --min-device resolution, a multiple of 2 MiB */
     struct fitscan_ceiling ceiling; /* --fit-ceiling: how far above its answer --min-device scans */
+    int full_scan;          /* --full-scan, or a --fit-ceiling other than none: --min-device scans */
+    int ceiling_given;      /* --fit-ceiling was given */
+    double t_start;         /* CLOCK_MONOTONIC seconds the replays began (--tune-budget's seconds count
+                             * from there) */
     uint64_t max_idle_ns;   /* --max-total-idle: the cap on a trace's idle actions all together */
     /* CLOCK_MONOTONIC seconds, 0: none. A child's own, from the internal --time-limit; in the
      * parent, what a child it starts is held to (--tune's budget). */
     double deadline;
 };
+
+/* "21.94 GiB", "110 MiB" (as the verdict writes sizes). */
+static void size_text(char *buf, size_t len, uint64_t b)
+{
+    if (b >= (uint64_t)1 << 30)
+        snprintf(buf, len, "%.2f GiB", (double)b / (1 << 30));
+    else
+        snprintf(buf, len, "%.0f MiB", (double)b / (1 << 20));
+}
 
 static double mono_s(void)
 {
@@ -127,35 +142,43 @@ static void usage(FILE *f)
         "                       with several replays, .MODE (and .N for the Nth trace) is inserted\n"
         "  --driver-stats       add host time per call and driver calls to the summary (on the\n"
         "                       emulator: its host time includes the driver time it models)\n"
-        "  --tune               search the allocator config for the smallest device (as --min-device\n"
-        "                       finds it): prints the best PYTORCH_CUDA_ALLOC_CONF line for PyTorch's\n"
+        "  --tune               search the allocator config for the smallest device (the verdict's\n"
+        "                       bisection): prints the best PYTORCH_CUDA_ALLOC_CONF line for PyTorch's\n"
         "                       allocator (as modelled by classic mode and expandable mode) and the\n"
-        "                       best XSEG_ALLOC_CONF line for xseg, each with its runner-up\n"
+        "                       best XSEG_ALLOC_CONF line for xseg, each with its runner-up (whatever\n"
+        "                       --summary says; JSON lines with --summary=json). The verdict always\n"
+        "                       searches PyTorch's family: its best line is the headline's\n"
         "  --tune-budget N{runs|s}  bound --tune's search (and --report's): replays (default 400runs,\n"
         "                       room for the whole search of a typical trace: the same answer on any\n"
-        "                       machine) or seconds (e.g. 60s; a replay still running then is stopped,\n"
-        "                       and the answer depends on the machine's speed); a bare N is seconds.\n"
+        "                       machine) or seconds (e.g. 60s: every replay of the command, the first\n"
+        "                       included, stops by then, and the command ends within a second of it;\n"
+        "                       the answer then depends on the machine's speed); a bare N is seconds.\n"
         "                       The result says when a budget cut the search short, and which one\n"
         "  --report FILE.html   one self-contained page: verdict, table, plot with marks and failed\n"
         "                       allocations, the --tune result, the largest live allocations at\n"
         "                       the peak with their frames (implies --tune)\n"
         "  --device N           of a PyTorch snapshot, replay device N only (default: every device)\n"
         "  --device-mem SIZE    device memory on the emulator (default 80G)\n"
-        "  --min-device         the smallest emulated device (to 2 MiB, up to --device-mem) ABOVE WHICH\n"
-        "                       EVERY SIZE up to --fit-ceiling replays with no failed allocation, per\n"
-        "                       mode (with --compare: classic and expandable); fit is not monotonic in\n"
-        "                       the device size, so a bisection finds a candidate, then every step from\n"
-        "                       it to the ceiling and 32 steps below it are replayed; smaller sizes that\n"
-        "                       fit alone are listed (\"also fits\"). One child per probe\n"
-        "  --fit-ceiling R|SIZE|none  how high --min-device checks every size: a ratio to the peak\n"
-        "                       allocated (default 1.10), a size (e.g. 45GiB), or none (bisection only,\n"
-        "                       the answer the verdict gives). Cost: about (ceiling - answer) / step\n"
-        "                       replays, on a 40 GiB trace ~2,000 at 1.10: lower it or coarsen --step\n"
+        "  --min-device         the smallest emulated device (to 2 MiB, up to --device-mem) each trace\n"
+        "                       replays on with no failed allocation, per mode (with --compare: classic\n"
+        "                       and expandable): the bisection the verdict and --tune use, so all three\n"
+        "                       name the same device. Fit is not monotonic in the device size: a size\n"
+        "                       above the answer may fail (--full-scan checks). One child per probe;\n"
+        "                       progress on a terminal\n"
+        "  --full-scan          with --min-device: also replay every size from the bisection's answer up\n"
+        "                       to --fit-ceiling and 32 steps below it, and answer the smallest device\n"
+        "                       ABOVE WHICH EVERY SIZE FITS; the sizes that fit or fail around the\n"
+        "                       bisection's answer are said in words\n"
+        "  --fit-ceiling R|SIZE|none  how high --full-scan checks every size (implies it unless none): a\n"
+        "                       ratio to the peak allocated (default 1.10) or a size (e.g. 45GiB). Cost:\n"
+        "                       about (ceiling - answer) / step replays, on a 40 GiB trace ~2,000 at 1.10\n"
         "  --step SIZE          --min-device's resolution (default 2MiB; a multiple of 2 MiB)\n"
         "  --explain-oom        at the first failed allocation: the pages that still hold free bytes\n"
         "                       after xseg's OOM path (stranded: they share a chunk or a classic\n"
         "                       segment with live blocks) and the live blocks pinning them, with the\n"
-        "                       lines that allocate and free them (also in --report's page)\n"
+        "                       lines that allocate and free them (also in --report's page); on\n"
+        "                       --device-mem, else on the device a snapshot that ended in an OOM\n"
+        "                       records (it says which)\n"
         "  --cold               declare every block cold (xseg_spill_hint) right after its allocation:\n"
         "                       a trace records no use between a block's allocation and its free, so\n"
         "                       spill's promise holds for all (spill_to_host moves declared blocks only)\n"
@@ -179,7 +202,7 @@ static void usage(FILE *f)
         "Driver: $XSEG_LIBCUDA, else libcuda.so.1, else the emulator (cudaemu).\n"
         "XSEG_REPLAY_ADDR_LOG=FILE: write each alloc (a LINE BUF ADDRESS SIZE; address 0: it failed)\n"
         "and each free (f LINE BUF) to FILE, BUF the buffer's index (benchmarks/fit_probe.py).\n"
-        "Experiment (issue 33): XSEG_REPLAY_ORACLE=never sends each allocation never freed in the\n"
+        "Experiment: XSEG_REPLAY_ORACLE=never sends each allocation never freed in the\n"
         "trace to a private pool of its own (=N: also those freed more than N actions later;\n"
         "=file:PATH: the allocations whose action indices PATH lists, one per line, counting every\n"
         "line but blanks, comments and frames from 0, as benchmarks/lifetime_probe.py --write-mask),\n"
@@ -236,6 +259,8 @@ static int parse_job_opt(const char *a, struct cli *c)
         c->dump = 1;
     else if (!strcmp(a, "--min-device"))
         c->min_device = 1;
+    else if (!strcmp(a, "--full-scan"))
+        c->full_scan = 1;
     else if (!strcmp(a, "--explain-oom"))
         c->explain_oom = 1;
     else if (!strcmp(a, "--cold"))
@@ -371,6 +396,7 @@ static int parse_device_opt(int argc, char **argv, int *i, struct cli *c, const 
             return usage_error("%s needs a ratio, a size or none (e.g. 1.10, 45GiB)", a);
         if (fitscan_parse_ceiling(v, &c->ceiling, e, sizeof e))
             return usage_error("%s", e);
+        c->ceiling_given = 1;
     } else if (is_opt(a, "--time-limit")) {
         char *end;
         if (!(v = opt_value(argc, argv, i, "--time-limit")))
@@ -452,6 +478,11 @@ static int parse_cli(int argc, char **argv, struct cli *c)
     }
     for (int t = 0; t < c->ntraces; t++)
         c->names[t] = source_name && c->ntraces == 1 ? source_name : c->traces[t];
+    /* --min-device answers the verdict's bisection unless a scan is asked for. */
+    if (c->ceiling_given)
+        c->full_scan = c->ceiling.ratio > 0 || c->ceiling.bytes;
+    else if (!c->full_scan)
+        c->ceiling = (struct fitscan_ceiling){0};
     return 0;
 }
 
@@ -495,11 +526,12 @@ static void exe_dir(char *buf, size_t len)
 
 static int find_driver(const struct cli *c)
 {
-    char dir[PATH_MAX], c1[PATH_MAX + 64], c2[PATH_MAX + 64];
+    char dir[PATH_MAX], c0[PATH_MAX + 64], c1[PATH_MAX + 64], c2[PATH_MAX + 64];
     exe_dir(dir, sizeof dir);
+    snprintf(c0, sizeof c0, "%s/libcudaemu.so", dir);               /* the wheel: both in the package */
     snprintf(c1, sizeof c1, "%s/../cudaemu/libcudaemu.so", dir);   /* the build tree */
     snprintf(c2, sizeof c2, "%s/../lib/xseg/libcudaemu.so", dir);  /* an installed tree */
-    const char *cands[] = {XSEG_REPLAY_CUDAEMU_BUILD, c1, c2, XSEG_REPLAY_LIBDIR "/xseg/libcudaemu.so"};
+    const char *cands[] = {c0, XSEG_REPLAY_CUDAEMU_BUILD, c1, c2, XSEG_REPLAY_LIBDIR "/xseg/libcudaemu.so"};
     char err[TRACE_ERR_MAX];
     int emu;
     if (run_find_driver(cands, sizeof cands / sizeof cands[0], c->device_mem, &emu, err, sizeof err)) {
@@ -753,6 +785,11 @@ static void run_child(const struct cli *c, const char *spec, const char *name, c
                       const char *device_mem, int quiet, const char *snap_path, struct child_result *r)
 {
     memset(r, 0, sizeof *r);
+    if (c->deadline > 0 && mono_s() >= c->deadline) { /* the budget is spent: no child at all */
+        r->over_deadline = 1;
+        r->rc = EXIT_OVER_DEADLINE;
+        return;
+    }
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
@@ -842,93 +879,67 @@ static int fits_on(const struct cli *c, const char *spec, const char *name, cons
     return r->sum.failed_allocs == 0;
 }
 
-/*
- * The verdict's smallest device (a multiple of --step, at most --device-mem): a bisection only,
- * what --min-device --fit-ceiling none answers. A first run on the largest device gives the peak
- * allocated (no device below it can fit, so bisection starts at the step under it) and the peak
- * reserved there (a device of that size is probed first: it usually fits, which leaves a short
- * range to bisect). Fit is not monotonic in the device size (fitscan.h): the answer is the
- * smallest size the bisection found to fit, with the step below it found not to fit; --min-device
- * also scans above it. That bisection for one (trace, mode), from @p full: the figures of a
- * replay that fitted on the largest device, @p top (a multiple of the step). @return 0 (*@p min
- * set), -1 when a replay stopped.
- */
-static int min_device_bisect(const struct cli *c, const char *spec, const char *name, const char *mode_cfg,
-                             const struct run_summary *full, uint64_t top, uint64_t *min, int *probes)
+/* Progress on stderr: --progress, or a terminal unless --no-progress. */
+static int want_progress(const struct cli *c)
 {
-    const uint64_t step = c->step;
-    struct child_result r;
-    int f;
-    uint64_t peak = full->peak_allocated > 0 ? (uint64_t)full->peak_allocated : 0;
-    uint64_t reserved = full->peak_reserved > 0 ? (uint64_t)full->peak_reserved : 0;
-    if (peak > top)
-        return 1;
-    /* lo: known (or certain) not to fit; hi: known to fit. */
-    uint64_t lo = peak ? (peak - 1) / step * step : 0, hi = top;
-    uint64_t guess = reserved / step * step + (reserved % step ? step : 0);
-    while (hi - lo > step) {
-        uint64_t mid = lo + (hi - lo) / step / 2 * step;
-        if (guess > lo && guess < hi) {
-            mid = guess;
-            guess = 0;
-        }
-        (*probes)++;
-        f = fits_on(c, spec, name, mode_cfg, mid, &r);
-        run_timeline_free(&r.tl);
-        if (f < 0)
-            return -1;
-        if (f)
-            hi = mid;
-        else
-            lo = mid;
-    }
-    *min = hi;
-    return 0;
+    return c->progress > 0 || (c->progress < 0 && isatty(2));
 }
 
-/* fitscan's probe: one quiet child replay of a (trace, mode) on a device of the given size. */
+/* fitscan's probe: one quiet child replay of a (trace, mode) on a device of the given size, with a
+ * progress line per probe when asked (rewritten in place on a terminal). */
 struct fit_probe_ctx {
     const struct cli *c;
-    const char *spec, *name, *mode_cfg;
+    const char *spec, *name, *mode_cfg, *mode;
+    int progress, tty, probes;
+    struct run_summary last; /* the last replay's figures */
 };
 
 static int fit_probe(void *user, uint64_t bytes)
 {
-    const struct fit_probe_ctx *p = user;
+    struct fit_probe_ctx *p = user;
     struct child_result r;
     int f = fits_on(p->c, p->spec, p->name, p->mode_cfg, bytes, &r);
     run_timeline_free(&r.tl);
+    p->last = r.sum;
+    p->probes++;
+    if (p->progress)
+        fprintf(stderr, "%sxseg-replay: --min-device %s%s%s%s: replay %d, %.3f GiB %s%s", p->tty ? "\r" : "", p->name,
+                p->mode ? " [" : "", p->mode ? p->mode : "", p->mode ? "]" : "", p->probes,
+                (double)bytes / (1 << 30), f > 0 ? "fits" : f == 0 ? "fails" : "stopped", p->tty ? "      " : "\n");
     return f;
 }
 
 /*
- * The smallest device of one (trace, mode) as fitscan.h defines it, in *@p fr; the figures of the
- * replay on the largest device in *@p full. @return 0; 1 when it does not fit on the largest
- * device; -1 when a replay stopped, -2 out of host memory (*@p probes: the replays made).
+ * The smallest device of one (trace, mode) as fitscan.h defines it (--fit-ceiling none: the
+ * bisection alone, the verdict's answer), in *@p fr; the figures of the replay on the largest
+ * device in *@p full. @return 0; 1 when it does not fit on the largest device; -1 when a replay
+ * stopped, -2 out of host memory (*@p probes: the replays made).
  */
-static int min_device_of(const struct cli *c, const char *spec, const char *name, const char *mode_cfg,
+static int min_device_of(const struct cli *c, const char *spec, const char *name, size_t m,
                          struct run_summary *full, struct fitscan_result *fr, int *probes)
 {
     const uint64_t step = c->step;
     uint64_t top = c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
     top = top / step * step;
-    struct child_result r;
+    struct fit_probe_ctx pc = {c, spec, name, c->compare ? cmp_modes[m][1] : NULL, c->compare ? cmp_modes[m][0] : NULL,
+                               want_progress(c), isatty(2), 0, {{0}}};
     *probes = 1;
-    int f = top ? fits_on(c, spec, name, mode_cfg, top, &r) : -1;
-    if (top)
-        run_timeline_free(&r.tl);
+    int f = top ? fit_probe(&pc, top) : -1;
     if (f <= 0)
         return f < 0 ? -1 : 1;
-    *full = r.sum;
+    /* fits_on kept that replay's summary for the caller: the figures on the full device */
+    *full = pc.last;
     uint64_t peak = full->peak_allocated > 0 ? (uint64_t)full->peak_allocated : 0;
     uint64_t reserved = full->peak_reserved > 0 ? (uint64_t)full->peak_reserved : 0;
-    struct fit_probe_ctx pc = {c, spec, name, mode_cfg};
     int rc = fitscan_run(fit_probe, &pc, peak, reserved, top, step, &c->ceiling, 1, fr);
     *probes = fr->probes;
+    if (pc.progress && pc.tty)
+        fprintf(stderr, "\r%*s\r", 100, "");
     return rc;
 }
 
-/* What --min-device says of one row besides the table: the ceiling, and what fits below it. */
+/* What --min-device --full-scan says of one row besides the table: the ceiling, and what fits
+ * and fails around the bisection's answer (the verdict's), in words. */
 static void min_device_note(const char *name, const char *mode, const struct fitscan_result *fr)
 {
     char iso[256], gaps[256];
@@ -938,9 +949,13 @@ static void min_device_note(const char *name, const char *mode, const struct fit
         printf("  %s (%s): the bisection's answer lies above the ceiling (%llu MiB): not scanned\n", name, mode,
                (unsigned long long)(fr->ceiling >> 20));
     else if (fr->nisolated)
-        printf("  %s (%s): fits every device from %llu MiB (to %llu MiB scanned); also fits %s alone (fails %s)\n",
-               name, mode, (unsigned long long)(fr->min_device >> 20), (unsigned long long)(fr->ceiling >> 20), iso,
-               gaps);
+        printf("  %s (%s): fits every device from %llu MiB (to %llu MiB scanned); the bisection's answer (the "
+               "verdict's) is %llu MiB: it also fits %s alone, and fails %s (a gap: fit is not monotonic)\n",
+               name, mode, (unsigned long long)(fr->min_device >> 20), (unsigned long long)(fr->ceiling >> 20),
+               (unsigned long long)(fr->candidate >> 20), iso, gaps);
+    else
+        printf("  %s (%s): every size from %llu MiB (the bisection's answer, the verdict's) to %llu MiB fits: no "
+               "gap\n", name, mode, (unsigned long long)(fr->min_device >> 20), (unsigned long long)(fr->ceiling >> 20));
 }
 
 static void json_ranges(const char *key, const struct fitscan_range *rs, size_t n)
@@ -951,21 +966,56 @@ static void json_ranges(const char *key, const struct fitscan_range *rs, size_t 
     putchar(']');
 }
 
+/* One --min-device row (text or JSON). */
+static void min_device_row(const struct cli *c, const char *name, const struct run_summary *full,
+                           const struct fitscan_result *fr, int probes)
+{
+    uint64_t peak = full->peak_allocated > 0 ? (uint64_t)full->peak_allocated : 0;
+    uint64_t hi = fr->min_device;
+    double ratio = peak ? (double)hi / (double)peak : 0;
+    const char *mode = full->mode[0] ? full->mode : "?";
+    if (c->summary == SUM_TEXT) {
+        char to[32] = "-";
+        if (fr->ceiling && !fr->above_ceiling)
+            snprintf(to, sizeof to, "%10.3f GiB", (double)fr->ceiling / (1 << 30));
+        printf("%-40s %-11s %10.3f GiB %10.3f GiB %7.4f %7d %14s\n", name, mode, (double)peak / (1 << 30),
+               (double)hi / (1 << 30), ratio, probes, to);
+        if (c->full_scan)
+            min_device_note(name, mode, fr);
+    } else if (c->summary == SUM_JSON) {
+        printf("{\"trace\":");
+        report_json_string(stdout, full->trace);
+        printf(",\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,"
+               "\"ratio\":%.4f,\"step\":%llu,\"probes\":%d,\"bisection\":%llu,\"full_scan\":%s,\"ceiling\":%llu,"
+               "\"above_ceiling\":%s",
+               mode, (unsigned long long)peak, (unsigned long long)hi, ratio, (unsigned long long)c->step, probes,
+               (unsigned long long)fr->candidate, c->full_scan ? "true" : "false", (unsigned long long)fr->ceiling,
+               fr->above_ceiling ? "true" : "false");
+        json_ranges("also_fits", fr->isolated, fr->nisolated);
+        json_ranges("gaps", fr->gaps, fr->ngaps);
+        printf("}\n");
+    }
+    fflush(stdout);
+}
+
 static int min_device_children(const struct cli *c)
 {
     size_t nmodes = c->compare ? 2 : 1;
     int rc = 0;
-    if (c->summary == SUM_TEXT)
+    if (c->summary == SUM_TEXT) {
+        if (!c->full_scan)
+            printf("(the bisection the verdict and --tune use; fit is not monotonic in the device size, so a size "
+                   "above it may fail: --full-scan checks every size up to 1.10 x peak allocated)\n");
         printf("%-40s %-11s %14s %14s %7s %7s %14s\n", "trace", "mode", "peak alloc", "min device", "ratio", "probes",
                "every size to");
+    }
     for (int ti = 0; ti < c->ntraces; ti++) {
         for (size_t m = 0; m < nmodes; m++) {
-            const char *mode_cfg = c->compare ? cmp_modes[m][1] : NULL;
             const char *name = c->names[ti];
             struct run_summary full;
             struct fitscan_result fr;
             int probes;
-            int f = min_device_of(c, c->traces[ti], name, mode_cfg, &full, &fr, &probes);
+            int f = min_device_of(c, c->traces[ti], name, m, &full, &fr, &probes);
             if (f) {
                 if (f == -2)
                     fprintf(stderr, "xseg-replay: %s: out of host memory\n", name);
@@ -978,31 +1028,7 @@ static int min_device_children(const struct cli *c)
                 rc = 1;
                 continue;
             }
-            uint64_t peak = full.peak_allocated > 0 ? (uint64_t)full.peak_allocated : 0;
-            uint64_t hi = fr.min_device;
-            double ratio = peak ? (double)hi / (double)peak : 0;
-            const char *mode = full.mode[0] ? full.mode : "?";
-            if (c->summary == SUM_TEXT) {
-                char to[32] = "-";
-                if (fr.ceiling && !fr.above_ceiling)
-                    snprintf(to, sizeof to, "%10.3f GiB", (double)fr.ceiling / (1 << 30));
-                printf("%-40s %-11s %10.3f GiB %10.3f GiB %7.4f %7d %14s\n", name, mode,
-                       (double)peak / (1 << 30), (double)hi / (1 << 30), ratio, probes, to);
-                min_device_note(name, mode, &fr);
-            } else if (c->summary == SUM_JSON) {
-                printf("{\"trace\":");
-                report_json_string(stdout, full.trace);
-                printf(",\"mode\":\"%s\",\"peak_allocated\":%llu,\"min_device\":%llu,"
-                       "\"ratio\":%.4f,\"step\":%llu,\"probes\":%d,\"bisection\":%llu,\"ceiling\":%llu,"
-                       "\"above_ceiling\":%s",
-                       mode, (unsigned long long)peak, (unsigned long long)hi, ratio,
-                       (unsigned long long)c->step, probes, (unsigned long long)fr.candidate,
-                       (unsigned long long)fr.ceiling, fr.above_ceiling ? "true" : "false");
-                json_ranges("also_fits", fr.isolated, fr.nisolated);
-                json_ranges("gaps", fr.gaps, fr.ngaps);
-                printf("}\n");
-            }
-            fflush(stdout);
+            min_device_row(c, name, &full, &fr, probes);
         }
     }
     return rc;
@@ -1054,12 +1080,15 @@ struct children {
     struct trace *traces;     /* the parent's copy: recorded figures, marks, live allocations */
     struct plot_mark **marks;
     size_t *nmarks;
-    struct tune_result *tunes;
+    struct tune_result *tunes; /* the verdict's search (--tune's answer with --tune) */
     int *tuned;
+    struct report_headline *heads;
+    char (*explain_device)[160]; /* where --explain-oom's replays ran, in words ("": the device replayed) */
     char tmpdir[32];
 };
 
-/* One (trace, mode) replay in a child, its timeline read back when a plot or report wants it. */
+/* One (trace, mode) replay in a child, its timeline read back when a plot or report wants it.
+ * @return 0, 1 it stopped, 2 it was stopped at --tune-budget's seconds. */
 static int replay_child_mode(const struct cli *c, struct children *ch, size_t ti, size_t m)
 {
     char tl_path[PATH_MAX];
@@ -1075,7 +1104,11 @@ static int replay_child_mode(const struct cli *c, struct children *ch, size_t ti
     run_child(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, want_tl ? tl_path : NULL, NULL, 0,
               c->snapshot ? (tag[0] ? snap : c->snapshot) : NULL, r);
     int rc = 0;
-    if (r->rc != 0 || !r->have_summary) {
+    if (r->over_deadline) {
+        fprintf(stderr, "xseg-replay: %s%s%s: stopped at --tune-budget's %g s, before the end of the trace\n",
+                c->names[ti], c->compare ? " in " : "", c->compare ? cmp_modes[m][0] : "", c->budget.seconds);
+        rc = 2;
+    } else if (r->rc != 0 || !r->have_summary) {
         fprintf(stderr, "xseg-replay: %s%s%s: the replay stopped (exit status %d)\n", c->names[ti],
                 c->compare ? " in " : "", c->compare ? cmp_modes[m][0] : "", r->rc);
         rc = 1;
@@ -1093,98 +1126,286 @@ static int replay_child_mode(const struct cli *c, struct children *ch, size_t ti
     return rc;
 }
 
-/* What verdict_probes finds for one mode (also what a forked helper writes back). */
-struct verdict_found {
-    uint64_t min_device, oom_device;
-    int oom_fits;
+/* Run @p fn(@p arg, fd) in a forked helper that writes its answer to fd and exits: the read end
+ * in *@p rfd, its pid returned (-1: no helper, *@p rfd -1; the caller does the work itself). A
+ * replay mostly waits on the emulated driver, so two searches at once take the time of one. */
+static pid_t helper_start(void (*fn)(void *arg, int fd), void *arg, int *rfd)
+{
+    int p[2];
+    *rfd = -1;
+    if (pipe(p))
+        return -1;
+    fflush(NULL); /* a helper exits with _exit, but nothing buffered must be written twice */
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        fn(arg, p[1]);
+        _exit(0);
+    }
+    close(p[1]);
+    if (pid < 0)
+        close(p[0]);
+    else
+        *rfd = p[0];
+    return pid;
+}
+
+/* Read exactly @p len bytes (0), or fail (-1). */
+static int read_full(int fd, void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+/* The helper's end: its answer read (0), or -1 (then the caller does the work itself). */
+static int helper_finish(pid_t pid, int fd, void *buf, size_t len)
+{
+    int rc = pid > 0 && fd >= 0 ? read_full(fd, buf, len) : -1;
+    if (fd >= 0)
+        close(fd);
+    while (pid > 0 && waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return rc;
+}
+
+/* The verdict's search for one trace: --tune's (tune.h), with the plan and the seeds given. */
+struct search_job {
+    const struct cli *c;
+    const char *spec, *name;
+    struct tune_plan plan;
+    int progress;
+    struct tune_result r;
+    xseg_status st;
+    char err[TRACE_ERR_MAX];
 };
 
-static void verdict_probe_mode(const struct cli *c, const char *spec, const char *name, const char *cfg,
-                               const struct run_summary *s, uint64_t oom_dev, uint64_t top, struct verdict_found *v)
+static void search_run(struct search_job *j)
 {
-    *v = (struct verdict_found){0};
-    if (oom_dev && c->device_mem) { /* the replay just made ran on that device */
-        v->oom_device = oom_dev;
-        v->oom_fits = s->failed_allocs == 0;
-    } else if (oom_dev) {
-        struct child_result r;
-        int f = fits_on(c, spec, name, cfg, oom_dev, &r);
-        run_timeline_free(&r.tl);
-        if (f >= 0) {
-            v->oom_device = oom_dev;
-            v->oom_fits = f;
-        }
+    struct tune_ctx tc = {j->c, j->spec, j->name};
+    j->st = tune_run(tune_probe, &tc, device_bytes(j->c), &j->c->budget, &j->plan, j->progress, &j->r, j->err,
+                     sizeof j->err);
+}
+
+static void search_helper(void *arg, int fd)
+{
+    struct search_job *j = arg;
+    search_run(j);
+    ssize_t n = write(fd, j, sizeof *j);
+    (void)n;
+}
+
+/* The seeds of the search: the mode replays already made that are a family's default. */
+static void search_seeds(const struct cli *c, const struct children *ch, size_t ti, struct tune_plan *plan)
+{
+    const struct child_result *row = &ch->res[ti * ch->nmodes];
+    for (size_t m = 0; m < ch->nmodes; m++) {
+        if (!row[m].have_summary)
+            continue;
+        if (c->compare)
+            plan->seed[m] = &row[m].sum; /* classic: PyTorch's default; expandable: xseg's */
+        else if (!c->config)
+            plan->seed[1] = &row[m].sum; /* no config: xseg's default */
     }
-    uint64_t min = 0;
-    int probes = 1;
-    if (!s->failed_allocs && s->device_bytes == top && min_device_bisect(c, spec, name, cfg, s, top, &min, &probes) == 0)
-        v->min_device = min;
 }
 
 /*
- * The verdict's device figures, in each mode's summary: the smallest device it fits on (the
- * bisection of --min-device, from the replay already made on the full device), and for a
- * recording that ended in an OOM, whether the run (the failing request included) fits the device
- * PyTorch failed on: --device-mem when given, else PyTorch's reserved plus free bytes at the OOM.
- * The modes' probes run at once, one forked helper each (a replay mostly waits on the emulated
- * driver); where fork or the pipe fails, one after the other here.
+ * The search the headline comes from (and --tune's answer): PyTorch's allocator in full (its best
+ * one-line setting) and xseg's default (its smallest device), as two helpers at once; with --tune
+ * or --report both families in full, in order, here (the budget's shares are --tune's). @return 0,
+ * 1 after a message.
  */
-static void verdict_probes(const struct cli *c, struct children *ch, size_t ti)
+static int verdict_search(const struct cli *c, struct children *ch, size_t ti)
+{
+    int full = c->tune || c->report;
+    struct search_job j = {c, c->traces[ti], c->names[ti],
+                           {{TUNE_FULL, full ? TUNE_FULL : TUNE_DEFAULT_ONLY}, {NULL, NULL}, c->step, c->t_start},
+                           want_progress(c), {{{0}}}, 0, ""};
+    search_seeds(c, ch, ti, &j.plan);
+    if (j.progress)
+        fprintf(stderr, "xseg-replay: %s: searching PyTorch's configs for its best one-line setting and each smallest "
+                "device (the verdict's headline%s; a few dozen replays)\n", c->names[ti], full ? ", and --tune" : "");
+    if (full) {
+        search_run(&j);
+    } else {
+        struct search_job x = j;
+        x.plan.depth[0] = TUNE_SKIP;
+        x.progress = 0;
+        j.plan.depth[1] = TUNE_SKIP;
+        int fd;
+        pid_t pid = helper_start(search_helper, &x, &fd);
+        search_run(&j);
+        if (helper_finish(pid, fd, &x, sizeof x))
+            search_run(&x);
+        j.r.fam[1] = x.r.fam[1];
+        j.r.runs += x.r.runs;
+        j.r.seconds = j.r.seconds > x.r.seconds ? j.r.seconds : x.r.seconds;
+        j.r.cut_short |= x.r.cut_short;
+        j.r.stopped_replay |= x.r.stopped_replay;
+        if (!j.r.cut_by)
+            j.r.cut_by = x.r.cut_by;
+        if (x.st && !j.st) {
+            j.st = x.st;
+            memcpy(j.err, x.err, sizeof j.err);
+        }
+    }
+    ch->tunes[ti] = j.r;
+    if (j.st) {
+        fprintf(stderr, "xseg-replay: %s: %s\n", c->names[ti], j.err);
+        return 1;
+    }
+    ch->tuned[ti] = 1;
+    return 0;
+}
+
+/* One replay on the device an OOM recording failed on: 1 fits, 0 fails, -1 no answer; the
+ * --explain-oom text of its first failed allocation into *@p explain when asked. */
+static int oom_probe(const struct cli *c, const char *spec, const char *name, const char *cfg, uint64_t bytes,
+                     int explain, char **explain_out, struct run_summary *sum)
+{
+    char mem[32];
+    snprintf(mem, sizeof mem, "%llu", (unsigned long long)bytes);
+    struct cli q = *c;
+    q.marks = RUN_MARKS_NONE;
+    q.progress = 0;
+    q.history = 0;
+    q.explain_oom = explain;
+    struct child_result r;
+    run_child(&q, spec, name, cfg, NULL, mem, 1, NULL, &r);
+    free(r.marks);
+    run_timeline_free(&r.tl);
+    if (explain_out)
+        *explain_out = r.explain;
+    else
+        free(r.explain);
+    if (sum)
+        *sum = r.sum;
+    return r.rc != 0 || !r.have_summary ? -1 : r.sum.failed_allocs == 0;
+}
+
+/* The OOM's questions, on the device PyTorch failed on (--device-mem, else what it held plus what
+ * was free): does xseg fit there, does PyTorch's allocator by default and with its best setting,
+ * does xseg with spill_to_host when nothing else does? With --explain-oom each mode's first failed
+ * allocation there is explained (and said on which device). */
+static void verdict_oom(const struct cli *c, struct children *ch, size_t ti, struct report_headline *h)
 {
     const struct trace_recorded *rec = &ch->traces[ti].recorded;
-    int oom = rec->noom > 0 || rec->oom_device >= 0;
-    uint64_t oom_dev = !oom ? 0 : c->device_mem ? strtoull(c->device_mem, NULL, 10)
-                                : rec->oom_device > 0 ? (uint64_t)rec->oom_device : 0;
-    uint64_t top = device_bytes(c) / c->step * c->step;
-    pid_t pid[2] = {-1, -1};
-    int fd[2] = {-1, -1};
-    if (c->progress > 0 || (c->progress < 0 && isatty(2)))
-        fprintf(stderr, "xseg-replay: %s: finding each mode's smallest device for the verdict (a few replays)\n",
-                c->names[ti]);
-    fflush(NULL); /* a helper exits with _exit, but nothing buffered must be written twice */
+    if (!(rec->noom > 0 || rec->oom_device >= 0))
+        return;
+    h->oom_given = c->device_mem != NULL;
+    h->oom_device = c->device_mem ? strtoull(c->device_mem, NULL, 10) : rec->oom_device > 0 ? (uint64_t)rec->oom_device : 0;
+    if (!h->oom_device)
+        return;
+    const char *spec = c->traces[ti], *name = c->names[ti];
+    struct child_result *row = &ch->res[ti * ch->nmodes];
     for (size_t m = 0; m < ch->nmodes && m < 2; m++) {
-        struct run_summary *s = &ch->res[ti * ch->nmodes + m].sum;
-        s->device_bytes = device_bytes(c);
-        int p[2];
-        if (pipe(p))
+        int who = (c->compare ? m == 0 : !strncmp(row[m].sum.mode, "classic", 7)) ? REPORT_CLASSIC : REPORT_XSEG;
+        const char *cfg = c->compare ? cmp_modes[m][1] : NULL;
+        if (c->device_mem) { /* the replay just made ran on that device */
+            h->oom_fits[who] = row[m].sum.failed_allocs == 0;
             continue;
-        pid[m] = fork();
-        if (pid[m] == 0) {
-            close(p[0]);
-            struct verdict_found v;
-            verdict_probe_mode(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, s, oom_dev, top,
-                               &v);
-            _exit(write(p[1], &v, sizeof v) == (ssize_t)sizeof v ? 0 : 1);
         }
-        close(p[1]);
-        if (pid[m] < 0)
-            close(p[0]);
+        char *x = NULL;
+        h->oom_fits[who] = oom_probe(c, spec, name, cfg, h->oom_device, c->explain_oom && !row[m].explain, &x, NULL);
+        if (x && !row[m].explain)
+            row[m].explain = x;
         else
-            fd[m] = p[0];
+            free(x);
     }
-    for (size_t m = 0; m < ch->nmodes && m < 2; m++) {
-        struct run_summary *s = &ch->res[ti * ch->nmodes + m].sum;
-        struct verdict_found v;
-        int got = 0;
-        if (pid[m] > 0) {
-            ssize_t n;
-            while ((n = read(fd[m], &v, sizeof v)) < 0 && errno == EINTR)
-                ;
-            got = n == (ssize_t)sizeof v;
-            close(fd[m]);
-            while (waitpid(pid[m], NULL, 0) < 0 && errno == EINTR)
-                ;
-        }
-        if (!got)
-            verdict_probe_mode(c, c->traces[ti], c->names[ti], c->compare ? cmp_modes[m][1] : NULL, s, oom_dev, top,
-                               &v);
-        s->min_device = v.min_device;
-        s->oom_device = v.oom_device;
-        s->oom_fits = v.oom_fits;
+    const struct tune_family_result *py = ch->tuned[ti] ? &ch->tunes[ti].fam[0] : NULL;
+    if (py && py->have_best && py->best.shown[0])
+        h->oom_fits[REPORT_BEST] = oom_probe(c, spec, name, py->best.config, h->oom_device, 0, NULL, NULL);
+    else if (py && py->have_best)
+        h->oom_fits[REPORT_BEST] = h->oom_fits[REPORT_CLASSIC];
+    if (h->oom_fits[REPORT_XSEG] == 0 && h->oom_fits[REPORT_CLASSIC] != 1 && h->oom_fits[REPORT_BEST] != 1) {
+        struct run_summary sum;
+        h->spill_fits = oom_probe(c, spec, name, "expandable_segments:True,spill_to_host:True", h->oom_device, 0, NULL,
+                                  &sum);
+        h->spilled_peak = sum.spilled_peak;
     }
 }
 
-/* Every mode of trace @p ti, then its comparison, its plot panel and its tuning. */
+/* A mode the search does not cover (a config of the user's): its own bisection, the same one. */
+static void mode_min_device(const struct cli *c, const char *spec, const char *name, struct run_summary *s)
+{
+    if (s->failed_allocs || s->peak_allocated <= 0)
+        return;
+    struct fit_probe_ctx pc = {c, spec, name, NULL, NULL, 0, 0, 0, {{0}}};
+    struct fitscan_result fr;
+    struct fitscan_ceiling none = {0};
+    uint64_t top = device_bytes(c) / c->step * c->step;
+    if (fitscan_run(fit_probe, &pc, (uint64_t)s->peak_allocated, (uint64_t)s->peak_reserved, top, c->step, &none, 1,
+                    &fr) == 0)
+        s->min_device = fr.min_device;
+}
+
+/* The verdict's figures of trace @p ti: the search, each mode's smallest device from it, the OOM's
+ * answers. */
+static int verdict_figures(const struct cli *c, struct children *ch, size_t ti)
+{
+    int rc = verdict_search(c, ch, ti);
+    struct report_headline *h = &ch->heads[ti];
+    h->tune = ch->tuned[ti] ? &ch->tunes[ti] : NULL;
+    for (size_t m = 0; m < ch->nmodes; m++) {
+        struct run_summary *s = &ch->res[ti * ch->nmodes + m].sum;
+        s->device_bytes = device_bytes(c);
+        const struct tune_candidate *d = !h->tune ? NULL
+                                         : c->compare ? &ch->tunes[ti].fam[m ? 1 : 0].def
+                                         : !c->config ? &ch->tunes[ti].fam[1].def : NULL;
+        if (d && !d->failed_allocs && !d->stopped)
+            s->min_device = d->min_device;
+        else if (!d && !c->compare && c->config)
+            mode_min_device(c, c->traces[ti], c->names[ti], s);
+    }
+    verdict_oom(c, ch, ti, h);
+    return rc;
+}
+
+/* The section of trace @p ti on stdout: the verdict, the marks and the table, the explanations. */
+static void section_text(const struct cli *c, struct children *ch, size_t ti)
+{
+    struct child_result *row = &ch->res[ti * ch->nmodes];
+    struct run_summary sums[2];
+    struct report_mark *marks[2];
+    size_t nmarks[2];
+    for (size_t m = 0; m < ch->nmodes; m++) {
+        sums[m] = row[m].sum;
+        marks[m] = row[m].marks;
+        nmarks[m] = c->marks == RUN_MARKS_TABLE ? row[m].nmarks : 0;
+    }
+    report_compare_text(stdout, c->names[ti], sums, marks, nmarks, ch->nmodes, c->pool, &ch->traces[ti].recorded,
+                        ch->heads[ti].tune ? &ch->heads[ti] : NULL, c->driver_stats);
+    for (size_t m = 0; m < ch->nmodes; m++) {
+        if (!row[m].explain)
+            continue;
+        if (ch->nmodes > 1)
+            printf("In %s mode", row[m].sum.mode);
+        if (ch->explain_device[ti][0])
+            printf("%s%s", ch->nmodes > 1 ? ", " : "", ch->explain_device[ti]);
+        if (ch->nmodes > 1 || ch->explain_device[ti][0])
+            printf(":\n");
+        fputs(row[m].explain, stdout);
+        putchar('\n');
+    }
+}
+
+/* --tune's answer, whatever --summary says (JSON lines with --summary=json, else text). */
+static void tune_answer(const struct cli *c, struct children *ch, size_t ti)
+{
+    if (c->summary == SUM_JSON)
+        tune_print_json(stdout, c->names[ti], &ch->tunes[ti]);
+    else
+        tune_print(stdout, c->names[ti], &ch->tunes[ti]);
+}
+
+/* Every mode of trace @p ti, then its verdict, its plot panel and its tuning. */
 static int replay_child_trace(const struct cli *c, struct children *ch, size_t ti)
 {
     int rc = 0;
@@ -1195,52 +1416,36 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
         return 1;
     }
     name_trace(&ch->traces[ti], c->names[ti]);
-    for (size_t m = 0; m < ch->nmodes; m++)
-        rc |= replay_child_mode(c, ch, ti, m);
-    if (rc == 0 && (c->summary == SUM_TEXT || c->report))
-        verdict_probes(c, ch, ti);
-    struct child_result *row = &ch->res[ti * ch->nmodes];
-    if (c->summary == SUM_TEXT || (c->summary == SUM_NONE && c->marks == RUN_MARKS_TABLE)) {
-        struct run_summary sums[2];
-        struct report_mark *marks[2];
-        size_t nmarks[2];
-        for (size_t m = 0; m < ch->nmodes; m++) {
-            sums[m] = row[m].sum;
-            marks[m] = row[m].marks;
-            nmarks[m] = c->marks == RUN_MARKS_TABLE ? row[m].nmarks : 0;
-        }
-        report_compare_text(stdout, c->names[ti], sums, marks, nmarks, ch->nmodes, c->pool,
-                            &ch->traces[ti].recorded, c->driver_stats);
-        for (size_t m = 0; m < ch->nmodes; m++) {
-            if (!row[m].explain)
-                continue;
-            if (ch->nmodes > 1)
-                printf("In %s mode:\n", row[m].sum.mode);
-            fputs(row[m].explain, stdout);
-            putchar('\n');
-        }
+    report_headline_init(&ch->heads[ti], &ch->traces[ti]);
+    int over = 0;
+    for (size_t m = 0; m < ch->nmodes; m++) {
+        int r = replay_child_mode(c, ch, ti, m);
+        over |= r == 2;
+        rc |= r == 1;
     }
+    if (rc == 0 && (c->summary == SUM_TEXT || c->report || c->tune))
+        rc = verdict_figures(c, ch, ti);
+    if (over && ch->tuned[ti]) { /* a mode's replay was what the budget's seconds stopped */
+        ch->tunes[ti].stopped_replay = ch->tunes[ti].cut_short = 1;
+        ch->tunes[ti].cut_by = "seconds";
+    }
+    if (c->explain_oom && !c->device_mem && ch->heads[ti].oom_device) {
+        char d[32];
+        size_text(d, sizeof d, ch->heads[ti].oom_device);
+        snprintf(ch->explain_device[ti], sizeof ch->explain_device[ti], "on your %s device (the capacity the "
+                 "snapshot records: what PyTorch held plus what was free when it failed)", d);
+    }
+    if (!over && (c->summary == SUM_TEXT || (c->summary == SUM_NONE && c->marks == RUN_MARKS_TABLE)))
+        section_text(c, ch, ti);
+    struct child_result *row = &ch->res[ti * ch->nmodes];
     ch->panels[ti] = (struct plot_panel){c->names[ti], row[0].sum.actions, &ch->series[ti * ch->nmodes], ch->nmodes,
                                          ch->marks[ti], ch->nmarks[ti]};
     for (size_t m = 1; m < ch->nmodes; m++)
         if (row[m].sum.actions > ch->panels[ti].xmax)
             ch->panels[ti].xmax = row[m].sum.actions;
+    if (c->tune && ch->tuned[ti])
+        tune_answer(c, ch, ti);
     fflush(stdout);
-    if ((c->tune || c->report) && rc == 0) {
-        struct tune_ctx tc = {c, c->traces[ti], c->names[ti]};
-        int progress = c->progress >= 0 ? c->progress : isatty(2);
-        if (tune_run(tune_probe, &tc, device_bytes(c), &c->budget, progress, &ch->tunes[ti], err, sizeof err)) {
-            fprintf(stderr, "xseg-replay: %s: %s\n", c->names[ti], err);
-            rc = 1;
-        } else {
-            ch->tuned[ti] = 1;
-            if (c->summary == SUM_TEXT)
-                tune_print(stdout, c->names[ti], &ch->tunes[ti]);
-            else if (c->summary == SUM_JSON)
-                tune_print_json(stdout, c->names[ti], &ch->tunes[ti]);
-        }
-        fflush(stdout);
-    }
     return rc;
 }
 
@@ -1267,7 +1472,8 @@ static int children_outputs(const struct cli *c, struct children *ch)
                 explain[ti * ch->nmodes + m] = ch->res[ti * ch->nmodes + m].explain;
             }
             wt[ti] = (struct webreport_trace){&ch->traces[ti], &sums[ti * ch->nmodes], ch->nmodes, &ch->panels[ti],
-                                              ch->tuned[ti] ? &ch->tunes[ti] : NULL, &explain[ti * ch->nmodes]};
+                                              ch->tuned[ti] ? &ch->tunes[ti] : NULL, &explain[ti * ch->nmodes],
+                                              ch->explain_device[ti], ch->heads[ti].tune ? &ch->heads[ti] : NULL};
         }
         if (!wt || !sums || !explain) {
             fprintf(stderr, "xseg-replay: out of host memory\n");
@@ -1300,8 +1506,11 @@ static int replay_children(const struct cli *c)
     ch.nmarks = calloc(nt, sizeof *ch.nmarks);
     ch.tunes = calloc(nt, sizeof *ch.tunes);
     ch.tuned = calloc(nt, sizeof *ch.tuned);
+    ch.heads = calloc(nt, sizeof *ch.heads);
+    ch.explain_device = calloc(nt, sizeof *ch.explain_device);
     int rc = 0;
     if (!ch.res || !ch.panels || !ch.series || !ch.traces || !ch.marks || !ch.nmarks || !ch.tunes || !ch.tuned ||
+        !ch.heads || !ch.explain_device ||
         ((c->plot || c->report) && !mkdtemp(ch.tmpdir))) {
         fprintf(stderr, "xseg-replay: out of host memory (or no /tmp)\n");
         rc = 1;
@@ -1333,6 +1542,8 @@ static int replay_children(const struct cli *c)
     free(ch.nmarks);
     free(ch.tunes);
     free(ch.tuned);
+    free(ch.heads);
+    free(ch.explain_device);
     return rc;
 }
 
@@ -1404,7 +1615,7 @@ static int expand_snapshots(struct cli *c)
         const char *spec = c->traces[i];
         if (!strncmp(spec, "builtin:", 8) || !snapshot_is_pickle(spec))
             continue;
-        any = 1;
+        any = c->any_snapshot = 1;
         if (!snapshot_tmp[0]) {
             const char *tmp = getenv("TMPDIR");
             snprintf(snapshot_tmp, sizeof snapshot_tmp, "%s/xseg-replay-XXXXXX",
@@ -1480,12 +1691,43 @@ static void intro(void)
     int on_emu = emu && strstr(emu, "cudaemu");
     printf("xseg-replay: replaying two bundled workloads (builtin:training, builtin:inference) %s,\n"
            "each twice: classic mode (PyTorch's caching allocator, as xseg models it) and expandable mode\n"
-           "(xseg's default). Read each workload's first lines, the verdict: the memory each needs and the\n"
-           "device it fits on; the marks and the table below it show where. Your own run: a PyTorch\n"
-           "snapshot: xseg-replay FILE.pickle; --report out.html for a page with the plot and\n"
-           "the best config (--tune), --help for the rest.\n\n",
+           "(xseg's default). Each workload opens with the verdict: the smallest device xseg fits it on,\n"
+           "against PyTorch's allocator by default and with its best one-line setting (the\n"
+           "PYTORCH_CUDA_ALLOC_CONF line --tune's search finds); the marks and the table below show where.\n"
+           "Your own run: a PyTorch snapshot: xseg-replay FILE.pickle; --report out.html for a page with\n"
+           "the plot and the best config (--tune), --help for the rest.\n\n",
            on_emu ? "on the emulator (cudaemu, no GPU found)" : "on the GPU");
     fflush(stdout);
+}
+
+/* Every trace loaded once before any replay (a typo costs nothing), and what the recordings ask
+ * for: both modes for an OOM or a PyTorch snapshot, the OOM's device for --explain-oom here.
+ * @return 0, 1 after a message. */
+static int validate_traces(struct cli *c)
+{
+    for (int i = 0; i < c->ntraces; i++) {
+        struct trace t;
+        char err[TRACE_ERR_MAX];
+        if (load_trace(c, c->traces[i], &t, err, sizeof err)) {
+            fprintf(stderr, "xseg-replay: %s\n", err);
+            return 1;
+        }
+        /* A recording that ended in an OOM is answered for both modes ("would xseg have avoided
+         * it?", against PyTorch's allocator as modelled), and so is every PyTorch snapshot (its
+         * headline compares xseg with PyTorch's allocator), unless options name one mode or files
+         * whose names depend on the number of modes. */
+        if ((t.recorded.noom || t.recorded.oom_device >= 0 || c->any_snapshot) && c->summary == SUM_TEXT &&
+            !c->config && !c->min_device && !c->snapshot && !c->plot && !c->timeline_out)
+            c->compare = 1;
+        /* --explain-oom on one replay here: on the device the recording failed on. */
+        if (c->explain_oom && !c->device_mem && c->ntraces == 1 && t.recorded.oom_device > 0) {
+            static char mem[32];
+            snprintf(mem, sizeof mem, "%lld", (long long)t.recorded.oom_device);
+            c->explain_device = mem;
+        }
+        trace_destroy(&t);
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -1541,34 +1783,31 @@ int main(int argc, char **argv)
     if (c.child && c.ntraces != 1)
         return usage_error("%s", "--child takes exactly one trace");
     /* Validate every trace before starting any replay: a typo should cost nothing. */
-    if (!c.child) {
-        for (int i = 0; i < c.ntraces; i++) {
-            struct trace t;
-            char err[TRACE_ERR_MAX];
-            if (load_trace(&c, c.traces[i], &t, err, sizeof err)) {
-                fprintf(stderr, "xseg-replay: %s\n", err);
-                return 1;
-            }
-            /* A recording that ended in an OOM is answered for both modes ("would xseg have
-             * avoided it?", against PyTorch's allocator as modelled), unless options name one
-             * mode or files whose names depend on the number of modes. */
-            if ((t.recorded.noom || t.recorded.oom_device >= 0) && c.summary == SUM_TEXT && !c.config &&
-                !c.min_device && !c.snapshot && !c.plot && !c.timeline_out)
-                c.compare = 1;
-            trace_destroy(&t);
-        }
+    if (!c.child && validate_traces(&c))
+        return 1;
+    int here = c.child || (!c.compare && c.ntraces == 1 && !c.tune && !c.min_device);
+    if (here && c.explain_device && !c.child) {
+        c.device_mem = c.explain_device;
+        char d[32];
+        size_text(d, sizeof d, strtoull(c.device_mem, NULL, 10));
+        printf("--explain-oom: replaying on your %s device, the capacity the snapshot records (what PyTorch held "
+               "plus what was free when it failed; --device-mem SIZE for another)\n", d);
     }
     if (find_driver(&c))
         return 1;
     if (c.builtin_default && !c.child && c.summary == SUM_TEXT)
         intro();
+    c.t_start = mono_s();
+    /* --tune-budget's seconds hold every replay of the command, the first one too. */
+    if ((c.tune || c.report) && c.budget.seconds > 0 && !c.child)
+        c.deadline = c.t_start + c.budget.seconds;
     if (c.report && !(c.report_file = fopen(c.report, "w"))) {
         fprintf(stderr, "xseg-replay: --report %s: cannot write: %s\n", c.report, strerror(errno));
         return 1;
     }
     if (c.min_device && !c.child)
         return min_device_children(&c);
-    if (c.child || (!c.compare && c.ntraces == 1 && !c.tune))
+    if (here)
         return replay_here(&c, c.traces[0], c.names[0]);
     return replay_children(&c);
 }

@@ -35,7 +35,8 @@ void plot_xml_text(FILE *f, const char *s)
         else if (*s == '&') fputs("&amp;", f);
         else if (*s == '"') fputs("&quot;", f);
         else if (*s == '\'') fputs("&#39;", f);
-        else if ((unsigned char)*s < 0x20 && *s != '\t') fputc('?', f); /* not allowed in XML 1.0 */
+        else if ((unsigned char)*s < 0x20 && *s != '\t' && *s != '\n' && *s != '\r')
+            fputc('?', f); /* not allowed in XML 1.0 (tab and line breaks are) */
         else fputc(*s, f);
     }
 }

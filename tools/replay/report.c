@@ -78,82 +78,253 @@ static int is_classic(const struct run_summary *s) { return !strncmp(s->mode, "c
 
 static const char *const classic_name = "PyTorch's allocator (classic mode, as modelled)";
 
-/* "On your D device (...), xseg would have avoided this OOM: ...; PyTorch's allocator ... fails
- * there too." from the summaries' oom_device and oom_fits (either mode may be missing). */
-static void oom_sentence(char *buf, size_t len, const struct run_summary *xs, const struct run_summary *cl)
+/* The headline's sizes: "39.88 GiB", "812 MiB" (two decimals, so that 2 MiB steps show). */
+static void human2(char *buf, size_t len, uint64_t b)
 {
-    const struct run_summary *o = xs && xs->oom_device ? xs : cl;
-    char d[32], x[160] = "", k[128] = "";
-    human(d, sizeof d, (int64_t)o->oom_device);
-    if (xs && xs->oom_device)
-        snprintf(x, sizeof x, "%s", xs->oom_fits ? "xseg would have avoided this OOM: the whole run, the failing request "
-                                                   "included, fits there"
-                                                 : "xseg would not have avoided this OOM: an allocation fails there too");
-    if (cl && cl->oom_device)
-        snprintf(k, sizeof k, "%s%s %s there%s", x[0] ? "; " : "", classic_name, cl->oom_fits ? "fits" : "fails",
-                 !cl->oom_fits && xs && xs->oom_device && !xs->oom_fits ? " too" : "");
-    snprintf(buf, len, "On your %s device (%s), %s%s.", d,
-             o->oom_device == o->device_bytes ? "--device-mem" : "the memory PyTorch held plus what was free when it failed",
-             x, k);
+    if (b >= (uint64_t)1 << 30)
+        snprintf(buf, len, "%.2f GiB", (double)b / GiB);
+    else
+        snprintf(buf, len, "%.0f MiB", (double)b / (1 << 20));
 }
 
-/* The device-size sentence, from each mode's smallest device (--min-device's bisection). */
-static void device_sentence(char *buf, size_t len, const struct run_summary *xs, const struct run_summary *cl)
+void report_headline_init(struct report_headline *h, const struct trace *t)
+{
+    memset(h, 0, sizeof *h);
+    for (int i = 0; i < REPORT_WHO; i++)
+        h->oom_fits[i] = -1;
+    h->spill_fits = -1;
+    h->oom_at = trace_oom_point(t, &h->oom_live, &h->oom_request);
+    h->nsleeps = trace_count_op(t, TRACE_SLEEP);
+    h->ngive_back = trace_count_op(t, TRACE_EMPTY_CACHE) + trace_count_op(t, TRACE_TRIM) + trace_count_op(t, TRACE_IDLE);
+}
+
+/* A candidate's smallest device when it has one that fits (0 otherwise). */
+static uint64_t cand_device(const struct tune_candidate *c)
+{
+    return c->failed_allocs || c->stopped ? 0 : c->min_device;
+}
+
+/* "39.88 GiB", "at most 39.88 GiB", or why there is none, for the headline. */
+static void cand_text(char *buf, size_t len, const struct tune_candidate *c, const char *dev)
+{
+    char a[32];
+    human2(a, sizeof a, c->min_device);
+    if (c->failed_allocs)
+        snprintf(buf, len, "does not fit the %s device", dev);
+    else if (c->stopped || !c->min_device)
+        snprintf(buf, len, "no smallest device (a replay stopped, or the budget ran out)");
+    else
+        snprintf(buf, len, "%s%s", c->device_exact ? "" : "at most ", a);
+}
+
+/* The best one-line setting as the user sets it, or "" when the best is the default. */
+static void best_line(char *buf, size_t len, const struct tune_family_result *py)
+{
+    buf[0] = '\0';
+    if (py->have_best && py->best.shown[0])
+        tune_env_line(py, &py->best, buf, len);
+}
+
+/* "Smallest device: xseg X; PyTorch's allocator Y by default (classic), Z with LINE (its best
+ * one-line setting, as --tune finds it)." */
+static void headline_sentence(char *buf, size_t len, const struct report_headline *h, const char *dev)
+{
+    const struct tune_family_result *py = &h->tune->fam[0], *xs = &h->tune->fam[1];
+    char x[96] = "not measured", c[96], b[96], line[400];
+    if (xs->have_def)
+        cand_text(x, sizeof x, &xs->def, dev);
+    else if (xs->over_budget)
+        snprintf(x, sizeof x, "no replay finished within --tune-budget");
+    if (!py->have_def) {
+        snprintf(buf, len, "Smallest device: xseg %s; PyTorch's allocator: %s.", x,
+                 py->over_budget ? "no replay finished within --tune-budget" : "not measured");
+        return;
+    }
+    if (xs->have_def && xs->def.failed_allocs && py->have_best && py->best.failed_allocs) {
+        snprintf(buf, len, "Smallest device: none up to the %s device replayed: neither xseg nor PyTorch's allocator "
+                 "(by default or with any one-line setting) fits the run there (--device-mem).", dev);
+        return;
+    }
+    cand_text(c, sizeof c, &py->def, dev);
+    best_line(line, sizeof line, py);
+    if (line[0]) {
+        cand_text(b, sizeof b, &py->best, dev);
+        snprintf(buf, len, "Smallest device: xseg %s; PyTorch's allocator %s by default (classic), %s with %s (its "
+                 "best one-line setting, as --tune finds it).", x, c, b, line);
+    } else {
+        snprintf(buf, len, "Smallest device: xseg %s; PyTorch's allocator %s by default (classic), and no one-line "
+                 "setting (PYTORCH_CUDA_ALLOC_CONF) fits it on less (as --tune finds it%s).", x, c,
+                 h->tune->cut_short ? "; the search was cut short by --tune-budget" : "");
+    }
+}
+
+/* xseg against PyTorch's best setting: 1 xseg needs less, 0 the same, -1 more (or only PyTorch
+ * fits), -2 no comparison (a figure is missing, or neither fits). */
+static int headline_cmp(const struct report_headline *h)
+{
+    if (!h || !h->tune || !h->tune->fam[0].have_best || !h->tune->fam[1].have_def)
+        return -2;
+    uint64_t x = cand_device(&h->tune->fam[1].def), b = cand_device(&h->tune->fam[0].best);
+    if (!x && !b)
+        return -2;
+    if (!x)
+        return h->tune->fam[1].def.failed_allocs ? -1 : -2;
+    if (!b)
+        return h->tune->fam[0].best.failed_allocs ? 1 : -2;
+    return x < b ? 1 : x == b ? 0 : -1;
+}
+
+/* The comparison, plainly. */
+static void compare_sentence(char *buf, size_t len, const struct report_headline *h, int cmp)
+{
+    const struct tune_family_result *py = &h->tune->fam[0], *xs = &h->tune->fam[1];
+    uint64_t x = cand_device(&xs->def), b = cand_device(&py->best), c = cand_device(&py->def);
+    char line[400], d1[32], d2[32], xb[32], bb[32];
+    best_line(line, sizeof line, py);
+    const char *with = line[0] ? line : "its defaults";
+    human2(xb, sizeof xb, x);
+    human2(bb, sizeof bb, b);
+    if (cmp == 1 && b) {
+        human2(d1, sizeof d1, b - x);
+        human2(d2, sizeof d2, c > x ? c - x : 0);
+        if (line[0])
+            snprintf(buf, len, "xseg beats PyTorch's best one-line setting: %s less than with %s, %s less than "
+                     "PyTorch's default.", d1, line, d2);
+        else
+            snprintf(buf, len, "xseg beats PyTorch's allocator: %s less than its default, which no one-line "
+                     "setting improves.", d1);
+    } else if (cmp == 1) {
+        snprintf(buf, len, "xseg beats PyTorch's allocator: PyTorch with %s does not fit the device xseg fits.", with);
+    } else if (cmp == 0) {
+        snprintf(buf, len, "xseg does not beat PyTorch's best setting here: with %s PyTorch fits the same %s "
+                 "device.", with, xb);
+    } else if (x) {
+        human2(d1, sizeof d1, x - b);
+        snprintf(buf, len, "xseg does not beat PyTorch's best setting here: with %s PyTorch needs %s less (%s "
+                 "against xseg's %s).", with, d1, bb, xb);
+    } else {
+        snprintf(buf, len, "xseg does not beat PyTorch's best setting here: with %s PyTorch fits a %s device, xseg "
+                 "does not fit the device replayed.", with, bb);
+    }
+}
+
+/* What else xseg gives this workload, only where it applies: 0 when nothing does. */
+static int extras_sentence(char *buf, size_t len, const struct report_headline *h)
+{
+    const struct tune_candidate *xs = &h->tune->fam[1].def, *best = &h->tune->fam[0].best;
+    size_t k = (size_t)snprintf(buf, len, "What xseg still gives this workload:");
+    int n = 0;
+    char a[32], b[32];
+    if (h->nsleeps && k < len) {
+        k += (size_t)snprintf(buf + k, len - k, "%s sleep and wake of a pool at the same addresses (the trace "
+                              "sleeps %zu time%s; PyTorch's allocator cannot, classic mode skips them)", n++ ? ";" : "",
+                              h->nsleeps, h->nsleeps == 1 ? "" : "s");
+    }
+    if (h->ngive_back && h->tune->fam[0].have_best && xs->reserved_after_empty_cache >= 0 &&
+        xs->reserved_after_empty_cache + (2 << 20) <= best->reserved_after_empty_cache && k < len) {
+        human2(a, sizeof a, (uint64_t)xs->reserved_after_empty_cache);
+        human2(b, sizeof b, (uint64_t)best->reserved_after_empty_cache);
+        k += (size_t)snprintf(buf + k, len - k, "%s more memory given back: after empty_cache xseg keeps %s where "
+                              "PyTorch with its best setting keeps %s (xseg unmaps every page without a live byte)",
+                              n++ ? ";" : "", a, b);
+    }
+    if (h->spill_fits == 1 && h->oom_device && k < len) {
+        human2(a, sizeof a, h->oom_device);
+        human2(b, sizeof b, (uint64_t)(h->spilled_peak > 0 ? h->spilled_peak : 0));
+        k += (size_t)snprintf(buf + k, len - k, "%s with spill_to_host:True the run completes on your %s device, "
+                              "%s spilled to host memory at the peak (modelled)", n++ ? ";" : "", a, b);
+    }
+    if (k < len)
+        snprintf(buf + k, len - k, ".");
+    return n;
+}
+
+/* "the 21.70 GiB PyTorch held plus the 252 MiB the driver had free when it failed" */
+static void oom_device_origin(char *buf, size_t len, const struct trace_recorded *rec, const struct report_headline *h)
 {
     char a[32], b[32];
-    if (xs && xs->min_device)
-        human(a, sizeof a, (int64_t)xs->min_device);
-    if (cl && cl->min_device)
-        human(b, sizeof b, (int64_t)cl->min_device);
-    if (xs && xs->min_device && cl && cl->min_device) {
-        if (!strcmp(a, b))
-            snprintf(buf, len, "Smallest device: xseg and %s both fit this run on %s (as --min-device finds it).",
-                     classic_name, a);
-        else
-            snprintf(buf, len, "Smallest device: xseg fits this run on %s where %s needs %s (as --min-device finds "
-                     "them).", a, classic_name, b);
-    } else if (xs && xs->min_device) {
-        snprintf(buf, len, "Smallest device: xseg fits this run on %s (as --min-device finds it).", a);
+    if (h->oom_given) {
+        snprintf(buf, len, "--device-mem");
+    } else if (rec->oom_reserved >= 0 && rec->oom_free >= 0) {
+        human2(a, sizeof a, (uint64_t)rec->oom_reserved);
+        human2(b, sizeof b, (uint64_t)rec->oom_free);
+        snprintf(buf, len, "the %s PyTorch held plus the %s the driver had free when it failed, as the snapshot "
+                 "records them", a, b);
     } else {
-        snprintf(buf, len, "Smallest device: %s fits this run on %s (as --min-device finds it).", classic_name, b);
+        snprintf(buf, len, "the memory PyTorch held plus what was free when it failed");
     }
 }
 
-size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
-                      char lines[][REPORT_VERDICT_MAX], size_t maxlines)
+/* "On your D device (...), xseg would have avoided this OOM: ...; PyTorch's allocator ... fails
+ * there too; with LINE it fits there." */
+static void oom_sentence(char *buf, size_t len, const struct trace_recorded *rec, const struct report_headline *h)
 {
-    const struct run_summary *cl = NULL, *xs = NULL;
-    for (size_t m = 0; m < n; m++) {
-        if (is_classic(&s[m]) && !cl)
-            cl = &s[m];
-        else if (!is_classic(&s[m]) && !xs)
-            xs = &s[m];
+    char d[32], origin[200], x[160] = "", k[128] = "", bl[512] = "", line[400] = "";
+    human2(d, sizeof d, h->oom_device);
+    oom_device_origin(origin, sizeof origin, rec, h);
+    int xf = h->oom_fits[REPORT_XSEG], cf = h->oom_fits[REPORT_CLASSIC], bf = h->oom_fits[REPORT_BEST];
+    if (xf >= 0)
+        snprintf(x, sizeof x, "%s", xf ? "xseg would have avoided this OOM: the whole run, the failing request "
+                                         "included, fits there"
+                                       : "xseg would not have avoided this OOM: an allocation fails there too");
+    if (cf >= 0)
+        snprintf(k, sizeof k, "%s%s %s there%s", x[0] ? "; " : "", classic_name, cf ? "fits" : "fails",
+                 !cf && xf == 0 ? " too" : "");
+    if (h->tune)
+        best_line(line, sizeof line, &h->tune->fam[0]);
+    if (bf >= 0 && line[0])
+        snprintf(bl, sizeof bl, "; with %s it %s there", line, bf ? "fits" : "fails");
+    snprintf(buf, len, "On your %s device (%s), %s%s%s.", d, origin, x, k, bl);
+}
+
+/* The live bytes at the failure against the card, and when nothing fits, the size that would. */
+static void oom_live_sentence(char *buf, size_t len, const struct report_headline *h)
+{
+    char live[32], req[32], sum[32], d[32], fit[64] = "", bfit[96] = "";
+    uint64_t need = h->oom_live + h->oom_request;
+    human2(live, sizeof live, h->oom_live);
+    human2(req, sizeof req, h->oom_request);
+    human2(sum, sizeof sum, need);
+    human2(d, sizeof d, h->oom_device);
+    uint64_t xm = h->tune ? cand_device(&h->tune->fam[1].def) : 0, bm = h->tune ? cand_device(&h->tune->fam[0].best) : 0;
+    if (xm)
+        human2(fit, sizeof fit, xm);
+    if (bm) {
+        char b[32];
+        human2(b, sizeof b, bm);
+        snprintf(bfit, sizeof bfit, "; PyTorch's allocator at its best, %s", b);
     }
+    int any_fits = h->oom_fits[REPORT_XSEG] == 1 || h->oom_fits[REPORT_CLASSIC] == 1 || h->oom_fits[REPORT_BEST] == 1;
+    int over = need > h->oom_device, none = over || (!any_fits && h->spill_fits != 1);
+    size_t k = (size_t)snprintf(buf, len, "At the failure your live tensors held %s and asked for %s more: %s, %s the %s "
+                                "device%s", live, req, sum, over ? "more than" : "of", d,
+                                over ? " has, so no allocator setting can fit this run there."
+                                : none ? "; no setting tried fits the run there (the rest is the allocator's layout)."
+                                       : ".");
+    if (none && fit[0] && k < len)
+        snprintf(buf + k, len - k, " A device of %s would (xseg's smallest device%s).", fit, bfit);
+}
+
+/* The reserved-memory sentences, on the device replayed. A recording made with expandable
+ * segments is compared with expandable mode only: classic mode is another allocator mode, and
+ * the gap between two modes is no model error. */
+static size_t reserved_sentences(const struct run_summary *xs, const struct run_summary *cl, size_t n,
+                                 const struct run_summary *s, const struct trace_recorded *rec, const char *dev,
+                                 char lines[][REPORT_VERDICT_MAX], size_t k, size_t maxlines)
+{
+    char a[32], b[32];
     int have_rec = rec && rec->peak_reserved > 0;
-    size_t k = 0;
-    char a[32], b[32], dev[32] = "";
-    if (s[0].device_bytes)
-        human(dev, sizeof dev, (int64_t)s[0].device_bytes);
-    /* A recording that ended in an OOM: its question first. */
-    if (rec && (rec->noom || rec->oom_device >= 0) && k < maxlines) {
-        if ((xs && xs->oom_device) || (cl && cl->oom_device))
-            oom_sentence(lines[k++], REPORT_VERDICT_MAX, xs, cl);
-        else
-            snprintf(lines[k++], REPORT_VERDICT_MAX, "This run ended in an OOM on a device of unknown size: "
-                     "--device-mem SIZE (your device's memory) answers whether xseg would have avoided it.");
-    }
-    /* Device size: from the smallest devices only, never from peak reserved. */
-    if (((xs && xs->min_device) || (cl && cl->min_device)) && k < maxlines)
-        device_sentence(lines[k++], REPORT_VERDICT_MAX, xs, cl);
-    /* Reserved memory: on the device the replay ran on, and said so. */
+    int rec_exp = have_rec && rec->expandable == 1;
     if (xs && (have_rec || cl) && k < maxlines) {
         human(a, sizeof a, xs->peak_reserved);
         human(b, sizeof b, have_rec ? rec->peak_reserved : cl->peak_reserved);
-        snprintf(lines[k++], REPORT_VERDICT_MAX, "On the %s%s device, xseg reserves %s at its peak where %s %s %s%s.",
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "%sOn the %s%s device, xseg reserves %s at its peak where %s %s %s%s.",
+                 rec_exp ? "PyTorch ran with expandable segments (the snapshot says so), compared here with expandable "
+                           "mode. " : "",
                  dev, dev[0] ? "" : "emulated", a, have_rec ? "PyTorch's allocator" : classic_name,
                  have_rec ? "reserved" : "reserves", b, have_rec ? " (recorded)" : "");
     }
-    if (cl && have_rec && k < maxlines) {
+    if (cl && have_rec && !rec_exp && k < maxlines) {
         human(a, sizeof a, cl->peak_reserved);
         human(b, sizeof b, rec->peak_reserved);
         snprintf(lines[k++], REPORT_VERDICT_MAX,
@@ -167,6 +338,74 @@ size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_
                  "(--min-device: the smallest device it fits on).", dev, dev[0] ? "" : "emulated",
                  xs ? "xseg" : classic_name, a, b);
     }
+    return k;
+}
+
+/* The device-size sentence without a headline (one mode, a config of the user's), from each
+ * mode's smallest device (--min-device's bisection). */
+static void device_sentence(char *buf, size_t len, const struct run_summary *xs, const struct run_summary *cl)
+{
+    char a[32] = "", b[32] = "";
+    if (xs && xs->min_device)
+        human2(a, sizeof a, xs->min_device);
+    if (cl && cl->min_device)
+        human2(b, sizeof b, cl->min_device);
+    if (a[0] && b[0])
+        snprintf(buf, len, "Smallest device: xseg %s, %s %s (as --min-device finds them).", a, classic_name, b);
+    else
+        snprintf(buf, len, "Smallest device: %s %s (as --min-device finds it).", a[0] ? "xseg" : classic_name,
+                 a[0] ? a : b);
+}
+
+/* The OOM's answer first, then the headline. */
+static size_t oom_and_headline(const struct run_summary *xs, const struct run_summary *cl,
+                               const struct trace_recorded *rec, const struct report_headline *h, const char *dev,
+                               char lines[][REPORT_VERDICT_MAX], size_t k, size_t maxlines)
+{
+    if (rec && (rec->noom || rec->oom_device >= 0) && k < maxlines) {
+        if (h && h->oom_device) {
+            oom_sentence(lines[k++], REPORT_VERDICT_MAX, rec, h);
+            if (h->oom_at != SIZE_MAX && h->oom_live && k < maxlines)
+                oom_live_sentence(lines[k++], REPORT_VERDICT_MAX, h);
+        } else {
+            snprintf(lines[k++], REPORT_VERDICT_MAX, "This run ended in an OOM on a device of unknown size: "
+                     "--device-mem SIZE (your device's memory) answers whether xseg would have avoided it.");
+        }
+    }
+    if (h && h->tune) {
+        if (k < maxlines)
+            headline_sentence(lines[k++], REPORT_VERDICT_MAX, h, dev);
+        int cmp = headline_cmp(h);
+        if (cmp != -2 && k < maxlines)
+            compare_sentence(lines[k++], REPORT_VERDICT_MAX, h, cmp);
+        if (cmp != -2 && cmp < 1 && k < maxlines && extras_sentence(lines[k], REPORT_VERDICT_MAX, h))
+            k++;
+    } else if (((xs && xs->min_device) || (cl && cl->min_device)) && k < maxlines) {
+        device_sentence(lines[k++], REPORT_VERDICT_MAX, xs, cl);
+    }
+    return k;
+}
+
+size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
+                      const struct report_headline *h, char lines[][REPORT_VERDICT_MAX], size_t maxlines)
+{
+    const struct run_summary *cl = NULL, *xs = NULL;
+    for (size_t m = 0; m < n; m++) {
+        if (is_classic(&s[m]) && !cl)
+            cl = &s[m];
+        else if (!is_classic(&s[m]) && !xs)
+            xs = &s[m];
+    }
+    size_t k = 0;
+    char dev[32] = "";
+    if (s[0].device_bytes)
+        human(dev, sizeof dev, (int64_t)s[0].device_bytes);
+    if (rec && rec->history_events == 0 && k < maxlines)
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "Warning: this snapshot has no allocation history (segments only: "
+                 "it was taken without torch.cuda.memory._record_memory_history()), so the replay allocates only "
+                 "what was live when it was taken: its figures say nothing of the run's peak or fragmentation.");
+    k = oom_and_headline(xs, cl, rec, h, dev, lines, k, maxlines);
+    k = reserved_sentences(xs, cl, n, s, rec, dev, lines, k, maxlines);
     for (size_t m = 0; m < n && k < maxlines; m++)
         if (s[m].failed_allocs)
             snprintf(lines[k++], REPORT_VERDICT_MAX,
@@ -176,10 +415,37 @@ size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_
     return k;
 }
 
-static void verdict_text(FILE *out, const struct run_summary *s, size_t n, const struct trace_recorded *rec)
+const char *report_outcome(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
+                           const struct report_headline *h)
+{
+    const struct run_summary *xs = NULL, *cl = NULL;
+    for (size_t m = 0; m < n; m++) {
+        if (is_classic(&s[m]) && !cl)
+            cl = &s[m];
+        else if (!is_classic(&s[m]) && !xs)
+            xs = &s[m];
+    }
+    const struct run_summary *own = xs ? xs : cl;
+    if (!own)
+        return "same";
+    if (own->failed_allocs || (h && h->oom_device && h->oom_fits[REPORT_XSEG] == 0))
+        return "fail";
+    int cmp = headline_cmp(h);
+    if (cmp != -2)
+        return cmp > 0 ? "good" : cmp == 0 ? "same" : "worse";
+    int64_t base = rec && rec->peak_reserved > 0 ? rec->peak_reserved : own != cl && cl ? cl->peak_reserved : -1;
+    if (own != cl && cl && cl->failed_allocs && !(rec && rec->peak_reserved > 0))
+        return "good";
+    if (base < 0 || own->peak_reserved == base)
+        return "same";
+    return own->peak_reserved > base ? "worse" : "good";
+}
+
+static void verdict_text(FILE *out, const struct run_summary *s, size_t n, const struct trace_recorded *rec,
+                         const struct report_headline *h)
 {
     char lines[REPORT_VERDICT_LINES][REPORT_VERDICT_MAX];
-    size_t k = report_verdict(s, n, rec, lines, REPORT_VERDICT_LINES);
+    size_t k = report_verdict(s, n, rec, h, lines, REPORT_VERDICT_LINES);
     for (size_t i = 0; i < k; i++)
         fprintf(out, "%s\n", lines[i]);
 }
@@ -190,7 +456,7 @@ static const char *const emulator_note =
 void report_summary_text(FILE *out, const struct run_summary *s, const struct trace_recorded *rec,
                          int driver_stats)
 {
-    verdict_text(out, s, 1, rec);
+    verdict_text(out, s, 1, rec, NULL);
     fprintf(out, "%s [%s]\n", s->trace, s->mode);
     fprintf(out, "  %-28s %" PRIu64 " (allocs %" PRIu64 ", frees %" PRIu64 ", failed allocs %" PRIu64 ")\n",
             "actions", s->actions, s->allocs, s->frees, s->failed_allocs);
@@ -365,10 +631,10 @@ static void compare_driver_stats(FILE *out, const struct run_summary *s, size_t 
 
 void report_compare_text(FILE *out, const char *trace, const struct run_summary *s,
                          struct report_mark *const *marks, const size_t *nmarks, size_t n, int pool,
-                         const struct trace_recorded *rec, int driver_stats)
+                         const struct trace_recorded *rec, const struct report_headline *h, int driver_stats)
 {
     fprintf(out, "== %s\n", trace);
-    verdict_text(out, s, n, rec);
+    verdict_text(out, s, n, rec, h);
     fputc('\n', out);
     compare_marks(out, s, marks, nmarks, n, pool);
     const int rec_on = rec && rec->peak_reserved >= 0;
@@ -532,6 +798,10 @@ void report_summary_from_json(const char *key, double num, const char *str, void
     else if (!strcmp(key, "host_ns_per_alloc")) s->host_ns_per_alloc = num;
     else if (!strcmp(key, "host_ns_per_free")) s->host_ns_per_free = num;
     else if (!strcmp(key, "driver_memory_calls")) s->memory_calls = (uint64_t)num;
+    else if (!strcmp(key, "spilled_peak_bytes")) s->spilled_peak = (int64_t)num;
+    else if (!strcmp(key, "num_spills")) s->spills = (uint64_t)num;
+    else if (!strcmp(key, "num_promotions")) s->promotions = (uint64_t)num;
+    else if (!strcmp(key, "spill_copied_bytes")) s->spill_copied = (int64_t)num;
     else if (!strncmp(key, "failed_at.", 10)) {
         unsigned long i = strtoul(key + 10, NULL, 10);
         if (i < RUN_FAILED_AT_MAX)

@@ -92,7 +92,7 @@ xseg_status run_find_driver(const char *const *candidates, size_t ncandidates,
         if (candidates[i] && access(candidates[i], R_OK) == 0) {
             setenv("XSEG_LIBCUDA", candidates[i], 1);
             *using_emulator = 1;
-            fprintf(stderr, "xseg-replay: no GPU driver found, using the emulator (cudaemu)\n");
+            fprintf(stderr, "xseg-replay: no GPU driver found, using the emulator (cudaemu: %s)\n", candidates[i]);
             return XSEG_SUCCESS;
         }
     }
@@ -402,6 +402,19 @@ static xseg_status run_stream(struct run_ctx *c, const struct trace_action *a)
 }
 
 /* A failed allocation is reported and counted; the replay goes on without that buffer. */
+/* xseg's message of a failed allocation, and a newline: the replay runs on device 0, so where the
+ * trace came from another device of a snapshot, "GPU 0" names that device instead. */
+static void run_print_error(const struct trace *t, const char *msg)
+{
+    static const char gpu0[] = "GPU 0 ";
+    const char *at = t->recorded.device > 0 ? strstr(msg, gpu0) : NULL;
+    if (at)
+        fprintf(stderr, "%.*sGPU %lld (the snapshot's; replayed as device 0) %s\n", (int)(at - msg), msg,
+                (long long)t->recorded.device, at + sizeof gpu0 - 1);
+    else
+        fprintf(stderr, "%s\n", msg);
+}
+
 static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
 {
     const struct trace *t = c->t;
@@ -419,8 +432,9 @@ static xseg_status run_alloc(struct run_ctx *c, const struct trace_action *a)
             c->sum->failed_at[c->sum->failed_allocs] = (uint64_t)(a - t->actions);
         c->sum->failed_allocs++;
         c->rs.failed[a->buf] = 1;
-        fprintf(stderr, "%s:%u: alloc %s %s failed (%s): %s\n", t->source, a->line, t->bufs.names[a->buf],
-                trace_format_size(a->size, sz, sizeof sz), xseg_status_name(as), xseg_last_error());
+        fprintf(stderr, "%s:%u: alloc %s %s failed (%s): ", t->source, a->line, t->bufs.names[a->buf],
+                trace_format_size(a->size, sz, sizeof sz), xseg_status_name(as));
+        run_print_error(t, xseg_last_error());
         if (c->o->explain_oom && c->sum->failed_allocs == 1)
             explain_oom_emit(c->out, c->o->explain_oom == 2 || c->o->marks == RUN_MARKS_JSONL, t,
                              (size_t)(a - t->actions), (void *const *)c->rs.ptrs);

@@ -108,6 +108,7 @@ xseg_status trace_init(struct trace *t, const char *source)
     t->strings_cap = 256;
     t->recorded.peak_allocated = t->recorded.peak_reserved = t->recorded.oom_device = -1;
     t->recorded.expandable = -1;
+    t->recorded.oom_reserved = t->recorded.oom_free = t->recorded.history_events = t->recorded.device = -1;
     return XSEG_SUCCESS;
 }
 
@@ -144,11 +145,53 @@ void trace_note_comment(struct trace *t, const char *s, const char *end)
             t->recorded.expandable = (int)v;
         else if ((v = recorded_value(kv, end, "oom_device_bytes")) >= 0)
             t->recorded.oom_device = v;
+        else if ((v = recorded_value(kv, end, "oom_reserved_bytes")) >= 0)
+            t->recorded.oom_reserved = v;
+        else if ((v = recorded_value(kv, end, "oom_free_bytes")) >= 0)
+            t->recorded.oom_free = v;
+        else if ((v = recorded_value(kv, end, "history_events")) >= 0)
+            t->recorded.history_events = v;
+        else if ((v = recorded_value(kv, end, "device")) >= 0 && v <= 65535)
+            t->recorded.device = v;
     } else if (len >= sizeof oom - 1 && !strncmp(s, oom, sizeof oom - 1)) {
         if (t->recorded.noom < TRACE_RECORDED_OOM_MAX)
             t->recorded.oom_at[t->recorded.noom] = t->count;
         t->recorded.noom++;
     }
+}
+
+size_t trace_oom_point(const struct trace *t, uint64_t *live, uint64_t *request)
+{
+    size_t at = t->recorded.noom ? t->recorded.oom_at[0] : SIZE_MAX;
+    for (size_t i = 0; i < t->count && i < at; i++)
+        if (t->actions[i].op == TRACE_MARK && !strncmp(trace_text(t, t->actions[i].text), "PyTorch OOM", 11))
+            at = i + 1;
+    *live = *request = 0;
+    if (at == SIZE_MAX || at > t->count)
+        return SIZE_MAX;
+    uint64_t *sizes = calloc(t->bufs.count + 1, sizeof *sizes);
+    for (size_t i = 0; sizes && i < at; i++) {
+        const struct trace_action *a = &t->actions[i];
+        if (a->op == TRACE_ALLOC) {
+            *live += a->size - sizes[a->buf];
+            sizes[a->buf] = a->size;
+        } else if (a->op == TRACE_FREE) {
+            *live -= sizes[a->buf];
+            sizes[a->buf] = 0;
+        }
+    }
+    free(sizes);
+    if (at < t->count && t->actions[at].op == TRACE_ALLOC)
+        *request = t->actions[at].size;
+    return at;
+}
+
+size_t trace_count_op(const struct trace *t, enum trace_op op)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->count; i++)
+        n += t->actions[i].op == op;
+    return n;
 }
 
 void trace_destroy(struct trace *t)

@@ -102,6 +102,14 @@ struct trace_recorded {
      * free bytes, "# pytorch: oom_device_bytes=N"): the device to replay an OOM on; 0 an OOM on
      * a device of unknown size; -1 not written (no OOM unless noom says so). */
     int64_t oom_device;
+    /* Its parts at the first OOM, "# pytorch: oom_reserved_bytes=N" and "oom_free_bytes=N": what
+     * PyTorch held (as the window's segment events rebuild it) and what the device had free
+     * (-1: not written). */
+    int64_t oom_reserved, oom_free;
+    /* The snapshot's events that are allocator history (not its `snapshot` marker),
+     * "# pytorch: history_events=N": 0 for a snapshot of segments only (-1: not written). */
+    int64_t history_events;
+    int64_t device; /* the snapshot's device the trace came from, "# pytorch: device=N" (-1: not written) */
 };
 
 struct trace {
@@ -133,6 +141,15 @@ void trace_name_find(const struct trace_names *names, const char *name, size_t l
 /* Read a comment (from '#' to @p end, no newline) for the recorded figures (struct
  * trace_recorded); any other comment is ignored. */
 void trace_note_comment(struct trace *t, const char *s, const char *end);
+
+/* Where the recording first failed: the failing request's action index (the action after the
+ * first recorded OOM: a `# the original run hit an OOM` comment, or the converter's "PyTorch OOM"
+ * mark), with the live bytes just before it (requested sizes) in *@p live and the request (when
+ * that action allocates; else 0) in *@p request. SIZE_MAX when the trace records no OOM. */
+size_t trace_oom_point(const struct trace *t, uint64_t *live, uint64_t *request);
+
+/* How many actions of kind @p op the trace holds. */
+size_t trace_count_op(const struct trace *t, enum trace_op op);
 
 /* Append an action (copied). */
 xseg_status trace_push(struct trace *t, const struct trace_action *a);

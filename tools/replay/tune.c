@@ -8,10 +8,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "tools/replay/fitscan.h"
 #include "tools/replay/report.h"
 
 static const double GiB = 1073741824.0;
-#define STEP ((uint64_t)2 << 20) /* the bisection's step: the driver's granularity */
 #define CANON_MAX 1024           /* a canonical config string (cfg_format) */
 
 /* One searched key and its values; values[0] is the family's default (left unset). */
@@ -77,7 +77,7 @@ xseg_status tune_parse_budget(const char *s, struct tune_budget *b, char *err, s
 struct search {
     tune_probe_fn probe;
     void *user;
-    uint64_t device;
+    uint64_t device, step;
     struct tune_budget budget;
     double t0;
     unsigned runs;
@@ -219,57 +219,57 @@ static int full_replay(struct search *s, struct tune_candidate *c)
     c->peak_reserved = sum.peak_reserved;
     c->peak_allocated = sum.peak_allocated;
     c->failed_allocs = sum.failed_allocs;
+    c->reserved_after_empty_cache = sum.reserved_after_empty_cache;
     return 0;
 }
 
-static uint64_t round_up(uint64_t v)
+static uint64_t round_up(const struct search *s, uint64_t v)
 {
-    return (v + STEP - 1) / STEP * STEP;
+    return (v + s->step - 1) / s->step * s->step;
 }
 
-/* The smallest device (2 MiB steps) @p c replays on with no failed allocation, between @p lo
- * (fails or below the peak allocated) and @p hi (fits). Stops within the family's @p share of
- * the budget: min_device is then an upper bound (device_exact 0). */
-static void bisect_between(struct search *s, struct tune_candidate *c, uint64_t lo, uint64_t hi, double share)
+/* fitscan_bisect's probe for one candidate, within the family's share of the budget. */
+struct bis_ctx {
+    struct search *s;
+    const struct tune_candidate *c;
+    double share;
+};
+
+static int bis_probe(void *user, uint64_t bytes)
 {
+    struct bis_ctx *b = user;
+    if (!budget_left(b->s, b->share))
+        return -2;
     struct run_summary sum;
-    int r = 0;
-    c->min_device = hi;
-    while (hi - lo > STEP && budget_left(s, share)) {
-        uint64_t mid = lo + (hi - lo) / STEP / 2 * STEP;
-        if ((r = probe(s, c->config, mid, &sum)) != 0)
-            break;
-        if (sum.failed_allocs)
-            lo = mid;
-        else
-            hi = mid;
-        c->min_device = hi;
-    }
-    c->device_exact = r == 0 && hi - lo <= STEP;
+    int r = probe(b->s, b->c->config, bytes, &sum);
+    return r > 0 ? -2 : r < 0 ? -1 : sum.failed_allocs == 0;
 }
 
-/* The default's smallest device: from its peak reserved (rounded up to the step) down to its
- * peak allocated; on the full device when it needed more than it reserved. */
+/* The smallest device of @p c by fitscan_bisect (the search every answer of xseg-replay uses)
+ * between @p lo (fails, or below the peak allocated) and @p hi (fits), @p guess first. Stopped by
+ * the family's @p share of the budget: min_device is then an upper bound (device_exact 0); a
+ * replay that stopped on the first size tried leaves no smallest device (stopped). */
+static void bisect_between(struct search *s, struct tune_candidate *c, uint64_t lo, uint64_t hi, uint64_t guess,
+                           double share)
+{
+    struct bis_ctx b = {s, c, share};
+    int probes = 0;
+    int r = fitscan_bisect(bis_probe, &b, lo, hi, guess, s->step, &c->min_device, &probes);
+    c->device_exact = r == 0;
+    if (r == -1 && probes == 1 && guess > lo && guess < hi)
+        c->stopped = 1;
+}
+
+/* The default's smallest device: the bisection of the verdict and --min-device, from the peak
+ * allocated up to the full device, its peak reserved (rounded up to the step) tried first. */
 static void bisect(struct search *s, struct tune_candidate *c, double share)
 {
     if (c->failed_allocs || c->min_device || c->stopped || !budget_left(s, share))
         return;
-    uint64_t hi = round_up((uint64_t)c->peak_reserved);
-    uint64_t lo = c->peak_allocated > 0 ? ((uint64_t)c->peak_allocated - 1) / STEP * STEP : 0;
-    struct run_summary sum;
-    int r = hi >= s->device ? 0 : probe(s, c->config, hi, &sum);
-    if (r > 0)
-        return; /* out of time before the first answer: not bisected */
-    if (r < 0) {
-        c->stopped = 1; /* no answer on a smaller device: no smallest device */
-        return;
-    }
-    if (hi >= s->device || sum.failed_allocs) {
-        if (hi < s->device)
-            lo = hi; /* it failed there: the answer lies above */
-        hi = s->device; /* it fits the full device (its replay had no failed allocation) */
-    }
-    bisect_between(s, c, lo, hi, share);
+    uint64_t lo = fitscan_floor(c->peak_allocated > 0 ? (uint64_t)c->peak_allocated : 0, s->step);
+    bisect_between(s, c, lo, s->device, round_up(s, (uint64_t)c->peak_reserved), share);
+    if (c->stopped)
+        c->min_device = 0;
 }
 
 /* Does @p c beat @p cur (the family's pick so far)? Ranked by the smallest device: when @p cur
@@ -282,15 +282,15 @@ static int challenge(struct search *s, const struct tune_candidate *cur, struct 
 {
     struct run_summary sum;
     if (cur->min_device && !cur->stopped) {
-        if (cur->min_device <= STEP)
+        if (cur->min_device <= s->step)
             return 0;
-        uint64_t target = cur->min_device - STEP;
+        uint64_t target = cur->min_device - s->step;
         int r = probe(s, c->config, target, &sum);
         if (r > 0)
             return -2;
         if (r < 0 || sum.failed_allocs)
             return 0;
-        uint64_t lo = sum.peak_allocated > 0 ? ((uint64_t)sum.peak_allocated - 1) / STEP * STEP : 0;
+        uint64_t lo = fitscan_floor(sum.peak_allocated > 0 ? (uint64_t)sum.peak_allocated : 0, s->step);
         /* Its figures on the full device first (what the line reports), then its device. */
         c->peak_reserved = sum.peak_reserved;
         c->peak_allocated = sum.peak_allocated;
@@ -300,7 +300,7 @@ static int challenge(struct search *s, const struct tune_candidate *cur, struct 
             c->failed_allocs = 0;
             return 0;
         }
-        bisect_between(s, c, lo < target ? lo : 0, target, share);
+        bisect_between(s, c, lo < target ? lo : 0, target, 0, share);
         return 1;
     }
     int r = full_replay(s, c);
@@ -323,8 +323,8 @@ static int challenge(struct search *s, const struct tune_candidate *cur, struct 
  * a smaller device; passes repeat until one changes nothing. The family may spend the budget up
  * to @p share (its own part, and what the ones before it left). Runner-up: the last pick the
  * best displaced, else the first alternative tried (its figures replayed). */
-static void search_family(struct search *s, const struct family *f, double share, struct tune_family_result *fr,
-                          int *failed)
+static void search_family(struct search *s, const struct family *f, double share, enum tune_depth depth,
+                          const struct run_summary *seed, struct tune_family_result *fr, int *failed)
 {
     fr->name = f->name;
     fr->env = f->env;
@@ -334,7 +334,15 @@ static void search_family(struct search *s, const struct family *f, double share
     compose(f, pick, &cur); /* the defaults: always accepted */
     if (seen(s, &cur) < 0)
         return;
-    int r = full_replay(s, &cur);
+    int r = 0;
+    if (seed) { /* the caller's replay of the default on the full device (deterministic: the same figures) */
+        cur.peak_reserved = seed->peak_reserved;
+        cur.peak_allocated = seed->peak_allocated;
+        cur.failed_allocs = seed->failed_allocs;
+        cur.reserved_after_empty_cache = seed->reserved_after_empty_cache;
+    } else {
+        r = full_replay(s, &cur);
+    }
     if (r > 0) {
         fr->over_budget = 1;
         return;
@@ -346,6 +354,11 @@ static void search_family(struct search *s, const struct family *f, double share
     bisect(s, &cur, share);
     fr->def = cur;
     fr->have_def = 1;
+    if (depth == TUNE_DEFAULT_ONLY) {
+        fr->best = cur;
+        fr->have_best = 1;
+        return;
+    }
     for (int pass = 0, changed = 1; changed && pass < 3; pass++) {
         changed = 0;
         for (size_t a = 0; a < f->naxes; a++) {
@@ -392,15 +405,10 @@ done:
         full_replay(s, &first_alt) != 0)
         return;
     if (!first_alt.failed_allocs && !first_alt.min_device && budget_left(s, share)) {
-        uint64_t lo = cur.min_device > STEP ? cur.min_device - STEP : 0;
-        uint64_t hi = round_up((uint64_t)first_alt.peak_reserved);
-        struct run_summary sum;
-        int pr = hi <= lo ? 0 : hi >= s->device ? 0 : probe(s, first_alt.config, hi, &sum);
-        if (pr == 0) {
-            if (hi >= s->device || hi <= lo || sum.failed_allocs)
-                hi = s->device;
-            bisect_between(s, &first_alt, lo, hi, share);
-        }
+        uint64_t lo = cur.min_device > s->step ? cur.min_device - s->step : 0;
+        bisect_between(s, &first_alt, lo, s->device, round_up(s, (uint64_t)first_alt.peak_reserved), share);
+        if (first_alt.stopped)
+            first_alt.min_device = 0;
     }
     if (first_alt.peak_reserved || first_alt.failed_allocs) {
         fr->runner_up = first_alt;
@@ -409,16 +417,28 @@ done:
 }
 
 xseg_status tune_run(tune_probe_fn probe_fn, void *user, uint64_t device_bytes, const struct tune_budget *b,
-                     int progress, struct tune_result *r, char *err, size_t errlen)
+                     const struct tune_plan *plan, int progress, struct tune_result *r, char *err, size_t errlen)
 {
+    static const struct tune_plan full = {{TUNE_FULL, TUNE_FULL}, {NULL, NULL}, 0, 0};
+    if (!plan)
+        plan = &full;
     memset(r, 0, sizeof *r);
-    struct search s = {.probe = probe_fn, .user = user, .device = device_bytes, .budget = *b, .t0 = now_s(),
-                       .progress = progress, .stage = "searching"};
+    double started = now_s();
+    struct search s = {.probe = probe_fn, .user = user, .device = device_bytes, .budget = *b,
+                       .t0 = plan->t0 > 0 ? plan->t0 : started, .progress = progress, .stage = "searching",
+                       .step = plan->step ? plan->step : (uint64_t)2 << 20};
+    s.device = s.device / s.step * s.step;
     int failed = 0;
-    /* Each family its share of the budget, in order: the first may not starve the second. */
+    /* Each family its share of the budget, in order: the first may not starve the second. A
+     * family left out still counts its share (the same picks, whichever families run). */
     for (size_t f = 0; f < TUNE_FAMILIES && !failed; f++) {
+        r->fam[f].name = families[f].name;
+        r->fam[f].env = families[f].env;
+        if (plan->depth[f] == TUNE_SKIP)
+            continue;
         s.stage = f ? "searching xseg's configs" : "searching PyTorch's configs";
-        search_family(&s, &families[f], (double)(f + 1) / TUNE_FAMILIES, &r->fam[f], &failed);
+        search_family(&s, &families[f], (double)(f + 1) / TUNE_FAMILIES, plan->depth[f], plan->seed[f], &r->fam[f],
+                      &failed);
     }
     xseg_status st = XSEG_SUCCESS;
     if (failed) {
@@ -426,7 +446,7 @@ xseg_status tune_run(tune_probe_fn probe_fn, void *user, uint64_t device_bytes, 
         st = XSEG_ERROR_INVALID_VALUE;
     }
     r->runs = s.runs;
-    r->seconds = now_s() - s.t0;
+    r->seconds = now_s() - started;
     r->cut_short = s.cut_short || s.over;
     r->stopped_replay = s.stopped_replay;
     r->budget_seconds = s.budget.seconds;

@@ -10,7 +10,8 @@
  *     max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold. Its line is
  *     XSEG_ALLOC_CONF=.... expandable_segments_defrag is not searched: it moves live bytes and is
  *     safe only in single-threaded programs (docs/configuration.md).
- * Ranked by the smallest device (the 2 MiB bisection of --min-device), deterministically: each
+ * Ranked by the smallest device (fitscan_bisect: the bisection of the verdict and --min-device),
+ * deterministically: each
  * family starts from its default (replayed on the full device, its smallest device bisected),
  * then a coordinate search in a fixed order (axes and values as listed in tune.c) replays each
  * challenger once on the pick's smallest device less 2 MiB and takes it only if it fits there
@@ -54,6 +55,7 @@ struct tune_candidate {
     char config[320];       /* what the replay ran with (the family's fixed keys added) */
     int64_t peak_reserved, peak_allocated;
     uint64_t failed_allocs;
+    int64_t reserved_after_empty_cache; /* of its replay on the full device */
     uint64_t min_device;    /* bytes; 0: not bisected */
     int device_exact;       /* 1: the bisection finished (else min_device is an upper bound) */
     int stopped;            /* a replay on a smaller device stopped twice: no smallest device */
@@ -83,12 +85,29 @@ struct tune_result {
  * budget (60 s)" into @p buf. */
 void tune_budget_text(const struct tune_result *r, char *buf, size_t len);
 
-/* Search (see above). @p device_bytes: the full device (--device-mem). Progress on stderr when
- * @p progress. @return XSEG_ERROR_INVALID_VALUE when the default configs themselves cannot
- * replay the trace, XSEG_ERROR_OUT_OF_MEMORY; the message in @p err. A budget that ran out
- * before a family's first replay finished is no error: that family has over_budget set. */
+/* How far tune_run goes with each family: the verdict searches PyTorch's allocator in full (its
+ * best one-line setting) and needs only xseg's default; --tune searches both. */
+enum tune_depth {
+    TUNE_SKIP,         /* not replayed (its result stays empty but for name and env) */
+    TUNE_DEFAULT_ONLY, /* the default's figures and smallest device; best = the default */
+    TUNE_FULL,         /* the coordinate search */
+};
+struct tune_plan {
+    enum tune_depth depth[TUNE_FAMILIES];
+    /* Each family's default already replayed on the full device (NULL: replay it): the replays
+     * are deterministic, so the search is the same with or without. */
+    const struct run_summary *seed[TUNE_FAMILIES];
+    uint64_t step;  /* the bisection's step (0: 2 MiB) */
+    double t0;      /* CLOCK_MONOTONIC seconds the budget's seconds count from (0: the call) */
+};
+
+/* Search (see above). @p device_bytes: the full device (--device-mem). @p plan: NULL for both
+ * families in full. Progress on stderr when @p progress. @return XSEG_ERROR_INVALID_VALUE when
+ * the default configs themselves cannot replay the trace, XSEG_ERROR_OUT_OF_MEMORY; the message
+ * in @p err. A budget that ran out before a family's first replay finished is no error: that
+ * family has over_budget set. */
 xseg_status tune_run(tune_probe_fn probe, void *user, uint64_t device_bytes, const struct tune_budget *b,
-                     int progress, struct tune_result *r, char *err, size_t errlen);
+                     const struct tune_plan *plan, int progress, struct tune_result *r, char *err, size_t errlen);
 
 /* The result as text: per family the winning env line, its predicted figures, the default's and
  * the runner-up's (the last pick the best displaced, else the first alternative tried). */

@@ -18,10 +18,13 @@ static const char *const style =
     "table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
     "td:first-child,th:first-child{text-align:left}code{background:#f3f3f3;padding:0 .2em}"
     ".frames{text-align:left;font-family:monospace;font-size:.85em}.note{color:#666;font-size:.9em}"
-    "svg{max-width:100%;height:auto}tr.hl td{background:#fff6d0}";
+    "svg{max-width:100%;height:auto}tr.hl td{background:#fff6d0}"
+    "pre.explain{white-space:pre-wrap;overflow-wrap:anywhere;max-width:100%;background:#f7f7f7;padding:.5em;"
+    "font-size:.85em}";
 
 /* Marks the page as drawn once the plot has points and a size: what a headless browser test reads
- * back (data-polylines, data-points, data-plot-width on <body>). Hovering a mark's row highlights
+ * back (data-polylines, data-points, data-plot-width on <body>; data-explain-overflow: how many
+ * --explain-oom sections are wider than the page). Hovering a mark's row highlights
  * it. */
 static const char *const script =
     "window.addEventListener('load',function(){"
@@ -29,6 +32,8 @@ static const char *const script =
     "ls.forEach(function(l){pts+=l.points.numberOfItems;var b=l.getBBox();if(b.width>w)w=b.width;});"
     "document.body.dataset.polylines=ls.length;document.body.dataset.points=pts;"
     "document.body.dataset.plotWidth=Math.round(w);"
+    "var ov=0;document.querySelectorAll('pre.explain').forEach(function(p){if(p.scrollWidth>p.clientWidth+1)ov++;});"
+    "document.body.dataset.explainOverflow=ov;"
     "document.querySelectorAll('tr[data-mark]').forEach(function(r){"
     "r.addEventListener('mouseenter',function(){r.classList.add('hl');});"
     "r.addEventListener('mouseleave',function(){r.classList.remove('hl');});});"
@@ -310,32 +315,6 @@ static const struct run_summary *matching_mode(const struct webreport_trace *w)
     return NULL;
 }
 
-/* The verdict's outcome, for its colour: "fail" when xseg's replay (or the only one) had failed
- * allocations, "worse" when it reserves more than what it is compared with (the recording, else
- * classic mode), "good" when less (or the other failed), "same" otherwise. */
-static const char *verdict_outcome(const struct webreport_trace *w)
-{
-    const struct run_summary *xs = NULL, *cl = NULL;
-    for (size_t m = 0; m < w->n; m++) {
-        if (is_classic_mode(&w->sums[m]) && !cl)
-            cl = &w->sums[m];
-        else if (!is_classic_mode(&w->sums[m]) && !xs)
-            xs = &w->sums[m];
-    }
-    const struct run_summary *own = xs ? xs : cl;
-    if (!own)
-        return "same";
-    if (own->failed_allocs)
-        return "fail";
-    const struct trace_recorded *rec = &w->t->recorded;
-    int64_t base = rec->peak_reserved > 0 ? rec->peak_reserved : own != cl && cl ? cl->peak_reserved : -1;
-    if (own != cl && cl && cl->failed_allocs && rec->peak_reserved <= 0)
-        return "good";
-    if (base < 0 || own->peak_reserved == base)
-        return "same";
-    return own->peak_reserved > base ? "worse" : "good";
-}
-
 /* Which allocator mode PyTorch ran in, when the trace records it, and what it is compared with. */
 static void recorded_mode_note(FILE *f, const struct webreport_trace *w)
 {
@@ -353,27 +332,6 @@ static void recorded_mode_note(FILE *f, const struct webreport_trace *w)
     fputs("</p>\n", f);
 }
 
-/* The verdict lines. A recording made with expandable segments is compared with xseg's
- * expandable replay only: report_verdict's classic-against-the-recording sentence would read the
- * gap between two modes as model error, so classic mode's failures are said here instead. */
-static size_t verdict_lines(const struct webreport_trace *w, char lines[][REPORT_VERDICT_MAX])
-{
-    if (w->t->recorded.expandable != 1 || w->t->recorded.peak_reserved <= 0)
-        return report_verdict(w->sums, w->n, &w->t->recorded, lines, REPORT_VERDICT_LINES);
-    struct run_summary like[8];
-    size_t n = 0, k;
-    for (size_t m = 0; m < w->n && n < 8; m++)
-        if (!is_classic_mode(&w->sums[m]))
-            like[n++] = w->sums[m];
-    k = n ? report_verdict(like, n, &w->t->recorded, lines, REPORT_VERDICT_LINES) : 0;
-    for (size_t m = 0; m < w->n && k < REPORT_VERDICT_LINES; m++)
-        if (is_classic_mode(&w->sums[m]) && w->sums[m].failed_allocs)
-            snprintf(lines[k++], REPORT_VERDICT_MAX, "In %s mode %llu allocation%s failed on the emulated device.",
-                     w->sums[m].mode, (unsigned long long)w->sums[m].failed_allocs,
-                     w->sums[m].failed_allocs > 1 ? "s" : "");
-    return k;
-}
-
 /* Why each mode's first failed allocation failed (--explain-oom), when one did. */
 static void oom_section(FILE *f, const struct webreport_trace *w)
 {
@@ -387,6 +345,10 @@ static void oom_section(FILE *f, const struct webreport_trace *w)
         fputs("<pre class=\"explain\" data-mode=\"", f);
         H(w->sums[m].mode);
         fputs("\">", f);
+        if (w->explain_device && *w->explain_device) {
+            H(w->explain_device);
+            fputc('\n', f);
+        }
         H(w->explain[m]);
         fputs("</pre>\n", f);
     }
@@ -395,8 +357,8 @@ static void oom_section(FILE *f, const struct webreport_trace *w)
 static xseg_status trace_section(FILE *f, const struct webreport_trace *w)
 {
     char lines[REPORT_VERDICT_LINES][REPORT_VERDICT_MAX];
-    size_t k = verdict_lines(w, lines);
-    const char *outcome = verdict_outcome(w);
+    size_t k = report_verdict(w->sums, w->n, &w->t->recorded, w->headline, lines, REPORT_VERDICT_LINES);
+    const char *outcome = report_outcome(w->sums, w->n, &w->t->recorded, w->headline);
     fputs("<section class=\"trace\"><h2>", f);
     H(w->t->source);
     fprintf(f, "</h2>\n<div class=\"verdict %s\" data-outcome=\"%s\">", outcome, outcome);

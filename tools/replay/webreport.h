@@ -1,6 +1,7 @@
 /*
  * xseg-replay --report FILE.html: one self-contained page (inline CSS, SVG and a few lines of
- * JavaScript; nothing loaded from anywhere) per run: for each trace the verdict, the per-mode
+ * JavaScript; nothing loaded from anywhere) per run: for each trace the verdict (its box coloured
+ * by the headline's comparison: xseg against PyTorch's best one-line setting), the per-mode
  * table with PyTorch's recorded figures, the memory-over-time plot with marks, recorded OOMs and
  * failed allocations, the --tune result, and the largest allocations live at the trace's peak
  * with their stack frames. Every string that comes from a trace is escaped.
@@ -9,6 +10,7 @@
 #define XSEG_TOOLS_REPLAY_WEBREPORT_H
 
 #include "tools/replay/plot.h"
+#include "tools/replay/report.h"
 #include "tools/replay/trace.h"
 #include "tools/replay/tune.h"
 
@@ -20,6 +22,8 @@ struct webreport_trace {
     const struct tune_result *tune; /* NULL: not tuned */
     const char *const *explain;     /* per mode, --explain-oom's text at its first failed allocation
                                      * (NULL: none, or no failure) */
+    const char *explain_device;     /* the device those replays ran on, in words (NULL: the one replayed) */
+    const struct report_headline *headline; /* the verdict's headline (NULL: none) */
 };
 
 /* How many allocations the "live at the peak" table lists. */
