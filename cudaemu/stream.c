@@ -555,11 +555,14 @@ CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus 
 CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
     EMU_ENTER(cuThreadExchangeStreamCaptureMode);
-    if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-                  *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+    /* No check of mode: a NULL mode faults the H200's driver (580.159.04, the conformance table's
+     * run of 2026-11-26 died there), so it faults here too (test_null_out_faults). */
+    CUstreamCaptureMode want = *(volatile CUstreamCaptureMode *)mode;
+    if (want != CU_STREAM_CAPTURE_MODE_GLOBAL && want != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        want != CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
     CUstreamCaptureMode old = thread_capture_mode;
-    thread_capture_mode = *mode;
+    thread_capture_mode = want;
     *mode = old;
     return CUDA_SUCCESS;
 }
