@@ -53,9 +53,21 @@ def add_check(work, name, status, reason=""):
 
 
 def git_commit(root):
+    """The commit the run tested: $XSEG_GPU_COMMIT when the caller names it (the device tool sends
+    the working tree, whose .git may still point at an older commit: the H200's second run of
+    2026-11-26 reported bb71d80 for a later tree), else HEAD, marked "+changes" where tracked files
+    differ from it."""
+    named = os.environ.get("XSEG_GPU_COMMIT", "").strip()
+    if named:
+        return named
     try:
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        if not head:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", root, "diff", "--quiet", "HEAD", "--"], capture_output=True,
+                               timeout=30).returncode
+        return head + ("+changes" if dirty == 1 else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
