@@ -41,20 +41,22 @@ void life_record_slow(struct life_state *l, size_t req, CUstream stream, const v
         l->keys[j] = (struct life_key){.req = req, .stream = stream, .pool = pool};
         memcpy(&l->live[LIFE_TAG(j) + LIFE_ADDR0], LIFE_LIVE_NEW, LIFE_DEPTH);
         l->live[LIFE_TAG(j) + LIFE_RECS] = 0;
+        l->live[LIFE_TAG(j) + LIFE_SHORT] = 0;
     }
     life_put(l, j, b);
 }
 
 #endif
 
-unsigned place_class_of(const struct dev_alloc *d, size_t requested, CUstream stream, const void *pool)
+unsigned place_class_of(struct dev_alloc *d, size_t requested, CUstream stream, const void *pool)
 {
     lock_assert_held(&d->lock);
 #ifdef XSEG_PLACEMENT_OFF
     (void)d, (void)requested, (void)stream, (void)pool;
     return PLACE_SEG_PLAIN;
 #else
-    return life_twins_live(&d->life, requested, stream, pool) ? PLACE_SEG_CLASS : PLACE_SEG_PLAIN;
+    size_t tag = life_find(&d->life, requested, stream, pool);
+    return tag == LIFE_HOME_NONE ? PLACE_SEG_PLAIN : place_class_at(&d->life, tag);
 #endif
 }
 

@@ -26,9 +26,10 @@
  *                                                                     fit_fragmented_after_refusal,
  *                                                                     fit_kept_handles
  *  S1    PLACE_CLASS_DEVICE_MAX      segments of their own strand     "Beyond lifetime" (silmont_fwd_
- *        (10 GiB: C1's regime)       no cast beside a freed           bf16, checked on the public/
- *                                    activation, but a growth cannot  ones); fit_class_segments
- *                                    use the other kind's free VA
+ *        (10 GiB: C1's regime),      no cast beside a freed           bf16); #the-fit-harness (the
+ *        LIFE_SHORT (a key's mark)   activation, but a growth cannot  split: accepted on both halves);
+ *                                    use the other kind's free VA;    fit_class_segments,
+ *                                    the mark keeps shared sizes out  fit_class_short, unit-life
  *
  *  L1  A large request is predicted long-lived when frees outnumbered mallocs among the last
  *      PLACE_LIFE_WINDOW the device lock saw and the last 2 to LIFE_DEPTH blocks of its (requested
@@ -44,18 +45,23 @@
  *  C3  After a refused growth a chunk is 1/PLACE_FINE_CHUNK_DIV of its request (granules to a
  *      page), or the largest kept handle's size while handles wait to be mapped again.
  *  S1  On a device under PLACE_CLASS_DEVICE_MAX, a large request whose key's last 2 to LIFE_DEPTH
- *      blocks are all live (L1's second half) takes free blocks and growth only in segments of
- *      that class (segrec.cls), every other large request only in the others, best fit; under
- *      pressure (the reclaim's retries) either kind. L1 and L2 step aside there: long-lived
- *      blocks of one size (a forward pass's weight casts) fill granules among themselves.
+ *      blocks are all live (L1's second half) and whose key is not short takes free blocks and
+ *      growth only in segments of that class (segrec.cls), every other large request only in the
+ *      others, best fit; under pressure (the reclaim's retries) either kind. A key is short from
+ *      the first of its blocks freed while it was the key's newest record: a size that temporaries
+ *      or activations also take (niu_fwdbwd200*), whose few long-lived blocks would strand
+ *      granules in class segments nothing refills. L1 and L2 step aside there: long-lived blocks
+ *      of one size (a forward pass's weight casts) fill granules among themselves.
  *
  * All with expandable_segments_recycle only (off: PyTorch's layout, one chunk a page, best fit);
  * an explicit expandable_chunk_mb replaces C1. A run that never meets pressure on a device of
  * 10 GiB or more (the six pytorch/ traces on 80 GiB) makes the same driver calls without C1-C3,
  * and S1 leaves such a device alone. S1 costs the key's hash and home-entry test every large malloc
- * on devices under 10 GiB (its class and its record from that entry), and a walk of the stream's
- * free blocks (at most PLACE_TOP_WALK_MAX) where the index's best fit is of the other class; no
- * driver call.
+ * on devices under 10 GiB (its class, its short mark and its record from that entry), and a walk of
+ * the stream's free blocks (at most PLACE_TOP_WALK_MAX) where the index's best fit is of the other
+ * class; no driver call. The rules are judged by benchmarks/fit_harness.py: on every recorded trace
+ * no more than one 2 MiB step above the rule before, a lower mean, on a tuning half and on the
+ * held-out half.
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
@@ -143,6 +149,8 @@ _Static_assert(LIFE_DEPTH == 4 && sizeof(struct life_key) == 64 && sizeof(uintpt
 #define LIFE_ADDR0 3u                     /* addr[0]'s word in an entry */
 #define LIFE_RECS 7u /* life_state.live[tag + LIFE_RECS]: the entry's blocks recorded, mod 256 (the next
                       * goes to addr[recs % LIFE_DEPTH], the oldest's) */
+#define LIFE_SHORT 0u /* life_state.live[tag + LIFE_SHORT]: S1's mark, a block of the key was freed while
+                       * it was the key's newest (placement.c, place_class_at) */
 #define LIFE_HOME_NONE SIZE_MAX /* life_state.home_tag: the key is not in its home entry */
 
 /* The key's home entry: one multiply over its words mixed by xor, the top bits. */
@@ -309,18 +317,37 @@ static inline bool place_class_regime(const struct dev_alloc *d)
 #endif
 }
 
-/* S1: the segments a large request of @p requested bytes may use (PLACE_SEG_CLASS or _PLAIN). */
-unsigned place_class_of(const struct dev_alloc *d, size_t requested, CUstream stream, const void *pool);
+/* S1: the segments a large request of @p requested bytes may use (PLACE_SEG_CLASS or _PLAIN); may
+ * mark the key short (place_class_at). */
+unsigned place_class_of(struct dev_alloc *d, size_t requested, CUstream stream, const void *pool);
+
+#ifndef XSEG_PLACEMENT_OFF
+/* S1's class for the key of the entry of tag @p tag: its last blocks (2 to LIFE_DEPTH) all live and
+ * the key not short. A key is short from the first of its blocks freed while it was the key's newest
+ * record (a malloc-free cycle: a temporary, an activation), which the key's next malloc finds here
+ * (the newest slot's flag down) and marks for good: its blocks never take the class's segments,
+ * though some of them are live together later. */
+static inline __attribute__((always_inline)) unsigned place_class_at(struct life_state *l, size_t tag)
+{
+    if (XSEG_UNLIKELY(l->live[tag + LIFE_SHORT]))
+        return PLACE_SEG_PLAIN;
+    if (life_key_live(l, tag))
+        return PLACE_SEG_CLASS;
+    /* the newest record's slot: the oldest's before it (a new entry's slot 3 is live: no record yet) */
+    if (!l->live[tag + LIFE_ADDR0 + ((l->live[tag + LIFE_RECS] - 1u) & (LIFE_DEPTH - 1u))])
+        l->live[tag + LIFE_SHORT] = 1;
+    return PLACE_SEG_PLAIN;
+}
+#endif
 
 /* place_class_of for the malloc whose place_predict_home (S1's regime) left home_tag: the key's home
  * entry when it sits there (the same entry place_class_of's probe finds first), without a hash. */
-static inline unsigned place_class_home(const struct dev_alloc *d, size_t requested, CUstream stream,
-                                        const void *pool)
+static inline unsigned place_class_home(struct dev_alloc *d, size_t requested, CUstream stream, const void *pool)
 {
 #ifndef XSEG_PLACEMENT_OFF
     size_t tag = d->life.home_tag;
     if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
-        return life_key_live(&d->life, tag) ? PLACE_SEG_CLASS : PLACE_SEG_PLAIN;
+        return place_class_at(&d->life, tag);
 #endif
     return place_class_of(d, requested, stream, pool);
 }

@@ -291,7 +291,8 @@ struct life_state {
     uint8_t live[LIFE_KEYS * 8]; /* live[w]: the address in the table's word w (an addr slot) is still
                                   * allocated, or not yet recorded past the first two (placement.h,
                                   * LIFE_LIVE_NEW); a byte a word, one index for both; an entry's
-                                  * eighth byte counts its records (LIFE_RECS), its first three unused */
+                                  * eighth byte counts its records (LIFE_RECS), its first is S1's short
+                                  * mark (LIFE_SHORT), its second and third unused */
 };
 
 /* ---- quarantine.{h,c}: the stale-access debug mode (core/device/quarantine.h) ------------------- */

@@ -20,7 +20,9 @@
  *    placement by addresses.
  *  - class_segments(_large): on a device under 10 GiB, requests whose last blocks of their byte
  *    count are live take segments of their own, the others the rest (placement's S1); on a
- *    larger device best fit.
+ *    larger device best fit;
+ *  - class_short: a byte count one of whose blocks was freed as the newest of its count never
+ *    takes the class's segments.
  * Each test runs in its own process (meson passes its name).
  */
 #include <stdarg.h>
@@ -596,6 +598,37 @@ static void test_class_segments(void **state)
     class_segments(true);
 }
 
+/*
+ * S1's exception, by addresses on a 64 MiB device: a byte count one of whose blocks was freed while it
+ * was the newest of its count (a temporary, as activations of a shared size are) never takes the
+ * class's segments, though six of its blocks are live together after: best fit keeps them in one
+ * segment, in order, and nothing more is mapped. (Before the exception the fifth and sixth,
+ * whose last four blocks were live, went to a segment of their own.)
+ */
+static void test_class_short(void **state)
+{
+    (void)state;
+    start_emu("expandable_segments:True");
+    const size_t X = 1152 * 1024;
+    char *t = must_malloc(X, NULL);
+    assert_int_equal(xseg_free(t), XSEG_SUCCESS); /* the newest of its count: X is short from now on */
+    /* the free as the device lock sees it (a malloc of the same count would take the block back from
+     * the thread's slot, unseen by the placement) */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    char *c[6];
+    for (int i = 0; i < 6; i++) {
+        c[i] = must_malloc(X, NULL);
+        if (c[i] != c[0] + (size_t)i * X) /* one segment's front, in order */
+            fail_msg("block %d at %p, the first at %p", i, (void *)c[i], (void *)c[0]);
+    }
+    assert_int_equal(tu_stat("reserved_bytes.large_pool.current"), (int64_t)(20 * MiB));
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(xseg_free(c[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
 /* On the emulator's default device (80 GiB): no classes, best fit (L1 predicts nothing here). */
 static void test_class_segments_large(void **state)
 {
@@ -619,11 +652,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_top_placement_off),
         cmocka_unit_test(test_class_segments),
         cmocka_unit_test(test_class_segments_large),
+        cmocka_unit_test(test_class_short),
     };
     /* Before the emulator starts: the small_device tests' device is 182 MiB. */
     if (argc > 1 && strncmp(argv[1], "test_small_device", 17) == 0)
         setenv("CUDAEMU_TOTAL_MEM", "182M", 1);
-    if (argc > 1 && strcmp(argv[1], "test_class_segments") == 0)
+    if (argc > 1 && (strcmp(argv[1], "test_class_segments") == 0 || strcmp(argv[1], "test_class_short") == 0))
         setenv("CUDAEMU_TOTAL_MEM", "64M", 1);
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);

@@ -7,7 +7,13 @@
  *
  * Both prediction paths (the fast path's place_predict_home with its record, and life_predict_long
  * with life_record) are compared at every malloc. Blocks the predictor never recorded (a placed
- * block, xseg_pool_malloc_at) free through life_forget too, with any prio. */
+ * block, xseg_pool_malloc_at) free through life_forget too, with any prio.
+ *
+ * On a device under 10 GiB (S1's regime) the class is compared instead, through both paths
+ * (place_predict_home then place_class_home, and place_class_of), against:
+ *
+ *   of the class  <=>  the key's last min(recorded, 4) blocks, at least 2, are all allocated, and no
+ *                      block of the key was ever freed while it was the key's newest record. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -30,6 +36,7 @@ struct t_key {
     size_t req;
     CUstream stream;
     const void *pool;
+    bool short_; /* a block of the key freed while it was the key's newest record */
     int nrec;
     int rec[T_RECS]; /* block ids, in record order */
 };
@@ -73,6 +80,13 @@ static bool ref_key_live(const struct t_key *k)
     return true;
 }
 
+/* S1's regime: block @p id is the newest record of a cast key (0 to 3), which is never freed. */
+static bool cast_newest(int id)
+{
+    int k = blocks[id].key;
+    return k >= 0 && k < 4 && keys[k].rec[keys[k].nrec - 1] == id;
+}
+
 static bool addr_taken(const int *live_ids, int nlive, uintptr_t a)
 {
     for (int i = 0; i < nlive; i++)
@@ -81,13 +95,17 @@ static bool addr_taken(const int *live_ids, int nlive, uintptr_t a)
     return false;
 }
 
-static void run(unsigned steps, bool fast)
+static void run(unsigned steps, bool fast, bool small)
 {
     struct dev_alloc *d = calloc(1, sizeof *d);
     assert_non_null(d);
+    lock_init(&d->lock);
+    lock_acquire(&d->lock); /* place_class_of's contract */
     d->use_expandable = true;
     d->cfg.expandable_segments_recycle = true;
+    d->info.total_mem = small ? (size_t)1 << 30 : (size_t)80 << 30;
     place_refresh_cfg(d);
+    assert_int_equal(place_class_regime(d), small);
     life_init(&d->life);
     blocks = calloc(steps + 1, sizeof *blocks);
     assert_non_null(blocks);
@@ -99,7 +117,7 @@ static void run(unsigned steps, bool fast)
                                  .stream = (CUstream)(uintptr_t)(i % 3 == 0 ? 0 : 0x1000 * (i % 3)),
                                  .pool = i % 4 == 3 ? (const void *)&pool_b : (const void *)&pool_a};
     int live_ids[T_LIVE], nlive = 0;
-    unsigned predicted = 0;
+    unsigned predicted = 0, classed = 0, shorts = 0;
     for (unsigned s = 0; s < steps; s++) {
         /* Phases of mostly mallocs and mostly frees, so that the window swings both ways. */
         bool malloc_phase = (s / 151) % 2 == 0;
@@ -124,8 +142,18 @@ static void run(unsigned steps, bool fast)
                 bool want = ref_key_live(k) && ref_frees_lead();
                 predicted += want;
                 assert_int_equal(life_predict_long(&d->life, k->req, k->stream, k->pool), want);
-                if (fast)
+                if (small) {
+                    unsigned cls = ref_key_live(k) && !k->short_ ? PLACE_SEG_CLASS : PLACE_SEG_PLAIN;
+                    classed += cls == PLACE_SEG_CLASS;
+                    if (fast) {
+                        assert_true(place_predict_home(d, BLOCK_SMALL_SIZE + 1, k->req, k->stream, k->pool));
+                        assert_int_equal(place_class_home(d, k->req, k->stream, k->pool), cls);
+                    } else {
+                        assert_int_equal(place_class_of(d, k->req, k->stream, k->pool), cls);
+                    }
+                } else if (fast) {
                     assert_int_equal(place_predict_home(d, BLOCK_SMALL_SIZE + 1, k->req, k->stream, k->pool), want);
+                }
                 life_note(&d->life, 0);
                 window[nevents++] = 0;
                 if (fast)
@@ -140,17 +168,34 @@ static void run(unsigned steps, bool fast)
         } else {
             /* mostly the oldest (a layer's activations), else any */
             unsigned j = t_rand(4) ? 0 : t_rand((unsigned)nlive);
-            struct t_block *tb = &blocks[live_ids[j]];
+            /* in S1's regime keys 0 to 3 are casts: their newest block is never freed, so they keep
+             * the class while their last blocks are live (a cast key's newest is skipped) */
+            for (unsigned tries = 0; small && tries < (unsigned)nlive && cast_newest(live_ids[j]); tries++)
+                j = (j + 1) % (unsigned)nlive;
+            if (small && cast_newest(live_ids[j]))
+                continue; /* only casts' newest blocks are live: no free this step */
+            int id = live_ids[j];
+            struct t_block *tb = &blocks[id];
             memmove(&live_ids[j], &live_ids[j + 1], (size_t)(--nlive - (int)j) * sizeof *live_ids);
             tb->live = false;
+            if (tb->key >= 0 && keys[tb->key].rec[keys[tb->key].nrec - 1] == id) {
+                shorts += !keys[tb->key].short_;
+                keys[tb->key].short_ = true;
+            }
             life_note(&d->life, 1);
             window[nevents++] = 1;
             life_forget(&d->life, &tb->b);
         }
         assert_true(nevents < sizeof window);
     }
-    /* The sequences reach both answers, often. */
+    /* The sequences reach both answers, often; in S1's regime, keys are classed and some marked short
+     * (not all: the class must still be reached). */
     assert_true(predicted > steps / 50);
+    if (small) {
+        assert_true(classed > steps / 200);
+        assert_true(shorts > 0 && shorts < T_KEYS);
+    }
+    lock_release(&d->lock);
     free(blocks);
     free(d);
 }
@@ -159,14 +204,28 @@ static void run(unsigned steps, bool fast)
 static void test_record(void **state)
 {
     (void)state;
-    run(20000, false);
+    run(20000, false, false);
 }
 
 /* The fast path's (place_predict_home, then place_record_home into the entry it found). */
 static void test_record_home(void **state)
 {
     (void)state;
-    run(20000, true);
+    run(20000, true, false);
+}
+
+/* S1's class through place_class_of (a probe) against the reference, on a 1 GiB device. */
+static void test_class(void **state)
+{
+    (void)state;
+    run(20000, false, true);
+}
+
+/* ... and through the fast path's place_predict_home and place_class_home (its home entry). */
+static void test_class_home(void **state)
+{
+    (void)state;
+    run(20000, true, true);
 }
 
 /* A device's first events: fewer than 64 seen, frees lead only when frees outnumber mallocs among
@@ -196,6 +255,8 @@ int main(void)
         cmocka_unit_test(test_record),
         cmocka_unit_test(test_record_home),
         cmocka_unit_test(test_window_start),
+        cmocka_unit_test(test_class),
+        cmocka_unit_test(test_class_home),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
