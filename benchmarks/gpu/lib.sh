@@ -115,7 +115,8 @@ meson_tests() {
         echo "no per-test limits: meson introspect --tests failed: $(tail -1 "$table.err")" > "$log"
     fi
     rm -f "$XSEG_GPU_BUILD/meson-logs/$base".json "$XSEG_GPU_BUILD/meson-logs/$base"-*.json
-    timeout --kill-after=5 "$limit" meson test -C "$XSEG_GPU_BUILD" --no-rebuild --logbase "$base" --num-processes 1 \
+    PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH${PYTHONPATH:+:}}${PYTHONPATH:-}" \
+        timeout --kill-after=5 "$limit" meson test -C "$XSEG_GPU_BUILD" --no-rebuild --logbase "$base" --num-processes 1 \
         --print-errorlogs --timeout-multiplier 2 "${wrap[@]}" "$@" >> "$log" 2>&1
     rc=$?
     # With --wrapper, meson names its log LOGBASE-WRAPPER.json.
@@ -138,7 +139,10 @@ ensure_build() {
         return 0
     fi
     if [ ! -f "$b/build.ninja" ]; then
-        run_logged meson-setup meson setup "$b" -Demulator=$emu -Dtests=enabled || return 1
+        # The python suite is configured where /usr/bin/python3 imports pytest: the carried one
+        # too (on the H200 the image's had none, and the suite was skipped).
+        PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH${PYTHONPATH:+:}}${PYTHONPATH:-}" \
+            run_logged meson-setup meson setup "$b" -Demulator=$emu -Dtests=enabled || return 1
     fi
     run_logged ninja ninja -C "$b" ${XSEG_GPU_NINJA_JOBS:+-j "$XSEG_GPU_NINJA_JOBS"} || return 1
 }
