@@ -53,6 +53,13 @@ void cudaemu_stream_release(CUstream stream);
  * cudaemu_stream_hold does one: for work queued on streams a test cannot name (a library's own).
  * 0 releases every stream (their work completes) and new streams start unheld again. */
 void cudaemu_stream_hold_all(int on);
+/* Defer (@p on) the bytes of non-blocking streams created from now on: such a stream is held, and
+ * its cuMemsetD8Async and fill kernels move their bytes only when its work completes (a wait of
+ * the stream, the context or an event of it, another stream's cuStreamWaitEvent on such an event,
+ * a copy or compare queued after them on it, its destroy), so work queued later on another stream
+ * that nothing orders after them lands first: the driver promises no order between streams, and
+ * a GPU runs a later-queued 1-byte memset before a large fill. For a library's own streams. */
+void cudaemu_stream_defer_new(int on);
 
 /* Enqueue a unit of work on @p stream, standing for a kernel launch, so that tests can express
  * forks and joins in a capture. While @p stream captures: a kernel node that depends on the

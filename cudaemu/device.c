@@ -302,5 +302,6 @@ CUresult CUDAAPI cuCtxSynchronize(void)
         emu_streams_complete_all_locked();
     }
     emu_unlock();
+    emu_deferred_run();
     return r;
 }

@@ -232,6 +232,18 @@ struct CUstream_st {
     struct emu_pend *pend;     /* device ranges of async work queued while held (pruned as it completes) */
     uint64_t model_ready;      /* modelled time (emu_model_now) its last async copy completes */
     size_t npend, cappend;
+    bool defer;                /* its memsets and fill kernels move bytes only when the work completes */
+    struct emu_dset *dset;     /* those deferred, in queue order */
+    size_t ndset, capdset;
+};
+
+/* A deferred byte fill (a memset or a fill kernel's range) of a deferring stream: it runs when
+ * the stream's work up to @p seq completes (someone waits for it). */
+struct emu_dset {
+    uintptr_t addr;
+    size_t size;
+    unsigned char value;
+    uint64_t seq;
 };
 
 /* A device range that pending work (sequence number seq) of a held stream still reads or writes. */
@@ -291,6 +303,9 @@ struct emu_state {
     uint64_t capture_seq;
     size_t captures_active;       /* streams taking part in a capture (cap != NULL) */
     bool hold_all;                /* cudaemu_stream_hold_all: new streams start held */
+    bool defer_new;               /* cudaemu_stream_defer_new: new non-blocking streams defer their bytes */
+    struct emu_dset *ready;       /* deferred fills whose work completed, to run (emu_deferred_run) */
+    size_t nready, capready;
 };
 extern struct emu_state emu;
 
@@ -376,6 +391,13 @@ bool emu_dev_valid(int dev);
 CUresult emu_capture_unsafe_call_locked(void);
 /* Complete every held stream's pending work (cuCtxSynchronize). Lock held. */
 void emu_streams_complete_all_locked(void);
+/* Complete @p s's work (its deferred fills become ready to run). Lock held. */
+void emu_stream_complete_locked(CUstream s);
+/* Queue a deferred fill on deferring stream @p s as its work s->submitted (the held path counted
+ * it); false: no memory. Lock held. */
+bool emu_stream_defer_set_locked(CUstream s, uintptr_t addr, size_t size, unsigned char value);
+/* Run the deferred fills whose work completed, in order. Lock not held. */
+void emu_deferred_run(void);
 /* Resolve a CUstream argument (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD -> the NULL stream);
  * NULL when it is not a live stream. Lock held. */
 CUstream emu_stream_resolve_locked(CUstream s);

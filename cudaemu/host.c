@@ -209,6 +209,9 @@ static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType typ
         CUresult r = emu_capture_add_locked(s, type, op);
         rc = r == CUDA_SUCCESS ? 0 : -(int)r;
     } else if (s->held) {
+        /* A deferring stream's copy reads and writes after its earlier fills: they run first. */
+        if (s->defer && op->kind != EMU_OP_MEMSET)
+            emu_stream_complete_locked(s);
         /* Pending work: its device operands may not be unmapped until it completes (cuMemUnmap). */
         uint64_t seq = s->submitted + 1;
         if ((op->dst_dev && op->size && !emu_stream_pend_locked(s, op->dst, op->size, seq)) ||
@@ -216,10 +219,15 @@ static int async_enqueue(CUstream hStream, enum emu_entry e, CUgraphNodeType typ
             rc = -(int)CUDA_ERROR_OUT_OF_MEMORY;
         else
             s->submitted = seq;
+        /* A deferring stream's memset moves its bytes when its work completes. */
+        if (rc > 0 && s->defer && op->kind == EMU_OP_MEMSET)
+            rc = emu_stream_defer_set_locked(s, op->dst, op->size, (unsigned char)op->value) ? 0
+                                                                                              : -(int)CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (rc > 0 && op->kind == EMU_OP_MEMCPY)
         async_model_locked(s, e, op->size, link, link_dir, pageable);
     emu_unlock();
+    emu_deferred_run();
     return rc;
 }
 

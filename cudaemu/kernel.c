@@ -332,6 +332,8 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
     } else if (r == CUDA_SUCCESS) {
         run = true;
         if (s->held) {
+            if (s->defer && kind != KERN_FILL)
+                emu_stream_complete_locked(s); /* a compare reads after the stream's earlier fills */
             uint64_t seq = s->submitted + 1;
             for (size_t i = 0; i < rows && r == CUDA_SUCCESS; i++)
                 if (a.len[i] && !emu_stream_pend_locked(s, (uintptr_t)a.addr[i], (size_t)a.len[i], seq))
@@ -342,9 +344,17 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
             if (r == CUDA_SUCCESS)
                 s->submitted = seq;
             run = r == CUDA_SUCCESS;
+            /* A deferring stream's fill moves its bytes when its work completes. */
+            for (size_t i = 0; run && s->defer && kind == KERN_FILL && i < rows; i++)
+                if (a.len[i] && !emu_stream_defer_set_locked(s, (uintptr_t)a.addr[i], (size_t)a.len[i],
+                                                             (unsigned char)a.value))
+                    r = CUDA_ERROR_OUT_OF_MEMORY;
+            if (s->defer && kind == KERN_FILL)
+                run = false;
         }
     }
     emu_unlock();
+    emu_deferred_run();
     if (!run)
         return r;
     /* The bytes move at once, outside the lock (devmem.c takes it per piece), as the async calls'. */

@@ -104,11 +104,75 @@ unsigned long cudaemu_dead_stream_calls(void)
     return n;
 }
 
+/* @p s's work up to @p seq completes: its deferred fills up to there become ready to run (in
+ * queue order, after those already ready), run by the caller once it drops the lock
+ * (emu_deferred_run). Lock held. */
+static void stream_complete_to(CUstream s, uint64_t seq)
+{
+    if (seq > s->completed)
+        s->completed = seq;
+    size_t k = 0, keep = 0;
+    for (; k < s->ndset; k++) {
+        struct emu_dset *d = &s->dset[k];
+        if (d->seq > s->completed) {
+            s->dset[keep++] = *d;
+            continue;
+        }
+        if (emu.nready == emu.capready) {
+            size_t cap = emu.capready ? 2 * emu.capready : 16;
+            struct emu_dset *v = realloc(emu.ready, cap * sizeof *v);
+            if (!v) { /* no memory: the fill runs never (a test's own allocation failed) */
+                fprintf(stderr, "cudaemu: out of memory for a deferred fill\n");
+                continue;
+            }
+            emu.ready = v;
+            emu.capready = cap;
+        }
+        emu.ready[emu.nready++] = *d;
+    }
+    s->ndset = keep;
+}
+
 /* Waiting for a stream completes its work: the modelled clock moves to its last copy's end. */
 static void stream_complete(CUstream s)
 {
-    s->completed = s->submitted;
+    stream_complete_to(s, s->submitted);
     emu_model_advance_to(s->model_ready);
+}
+
+void emu_stream_complete_locked(CUstream s) { stream_complete(s); }
+
+bool emu_stream_defer_set_locked(CUstream s, uintptr_t addr, size_t size, unsigned char value)
+{
+    if (s->ndset == s->capdset) {
+        size_t cap = s->capdset ? 2 * s->capdset : 8;
+        struct emu_dset *v = realloc(s->dset, cap * sizeof *v);
+        if (!v)
+            return false;
+        s->dset = v;
+        s->capdset = cap;
+    }
+    s->dset[s->ndset++] = (struct emu_dset){addr, size, value, s->submitted};
+    return true;
+}
+
+void emu_deferred_run(void)
+{
+    for (;;) {
+        emu_lock();
+        struct emu_dset *v = emu.ready;
+        size_t n = emu.nready;
+        emu.ready = NULL;
+        emu.nready = emu.capready = 0;
+        emu_unlock();
+        if (!n) {
+            free(v);
+            return;
+        }
+        for (size_t i = 0; i < n; i++)
+            (void)emu_dev_set(v[i].addr, v[i].value, v[i].size); /* freed meanwhile: a GPU's fault, not modelled */
+        free(v);
+    }
 }
 
 bool emu_stream_pend_locked(CUstream s, uintptr_t addr, size_t size, uint64_t seq)
@@ -249,6 +313,8 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
     s->flags = Flags;
     emu_lock();
     s->held = emu.hold_all;
+    if (emu.defer_new && (Flags & CU_STREAM_NON_BLOCKING))
+        s->held = s->defer = true;
     int bad = emu_map_put(&emu.streams, (uint64_t)(uintptr_t)s, s);
     emu_unlock();
     if (bad) {
@@ -283,8 +349,10 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
         else
             seq->invalidated = true;
     }
+    stream_complete(s); /* its deferred fills run (below, unlocked) */
     emu_nodeset_free(&s->deps);
     free(s->pend);
+    free(s->dset);
     size_t pos = 0;
     CUevent e;
     while ((e = emu_map_next(&emu.events, &pos, NULL)))
@@ -296,6 +364,7 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
     if (emu_map_put(&stream_dead, (uint64_t)(uintptr_t)s, s)) {
         emu_unlock();
         free(s); /* no room to remember it: an ordinary unknown handle from now on */
+        emu_deferred_run();
         return CUDA_SUCCESS;
     }
     stream_dead_ring[stream_dead_next] = s;
@@ -304,6 +373,7 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
         emu_map_del(&stream_dead, (uint64_t)(uintptr_t)old);
     emu_unlock();
     free(old);
+    emu_deferred_run();
     return CUDA_SUCCESS;
 }
 
@@ -350,6 +420,7 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
         stream_complete(s);
     }
     emu_unlock();
+    emu_deferred_run();
     return r;
 }
 
@@ -403,10 +474,16 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
         /* An event from outside the capture would be a dependency across its boundary. */
         capture_invalidate(s);
         r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
-    } else if (!s->cap && e->model_ready > s->model_ready) {
-        s->model_ready = e->model_ready; /* the timeline model: later work starts after the event */
+    } else if (!s->cap) {
+        if (e->model_ready > s->model_ready)
+            s->model_ready = e->model_ready; /* the timeline model: later work starts after the event */
+        /* Work queued on @p s from now on runs after the event's: a deferring stream's fills
+         * before it run now (cudaemu has no later moment that knows the order). */
+        if (e->stream && e->stream->defer && e->stream->completed < e->seq)
+            stream_complete_to(e->stream, e->seq);
     }
     emu_unlock();
+    emu_deferred_run();
     return r;
 }
 
@@ -662,10 +739,11 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
     if (!e)
         r = CUDA_ERROR_INVALID_HANDLE;
     else if (event_pending(e))
-        e->stream->completed = e->seq;
+        stream_complete_to(e->stream, e->seq);
     if (e)
         emu_model_advance_to(e->model_ready);
     emu_unlock();
+    emu_deferred_run();
     return r;
 }
 
@@ -687,10 +765,11 @@ void cudaemu_stream_release(CUstream stream)
     emu_lock();
     CUstream s = emu_stream_resolve_locked(stream);
     if (s) {
-        s->held = false;
+        s->held = s->defer; /* a deferring stream stays so */
         stream_complete(s);
     }
     emu_unlock();
+    emu_deferred_run();
 }
 
 void cudaemu_stream_hold_all(int on)
@@ -701,10 +780,19 @@ void cudaemu_stream_hold_all(int on)
     size_t pos = 0;
     CUstream s = &emu.null_stream;
     do {
-        s->held = on != 0;
+        s->held = on != 0 || s->defer;
         if (!on)
             stream_complete(s);
     } while ((s = emu_map_next(&emu.streams, &pos, NULL)));
+    emu_unlock();
+    emu_deferred_run();
+}
+
+void cudaemu_stream_defer_new(int on)
+{
+    emu_env_once();
+    emu_lock();
+    emu.defer_new = on != 0;
     emu_unlock();
 }
 

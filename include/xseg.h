@@ -629,8 +629,10 @@ XSEG_API xseg_status xseg_check_stale(int device, size_t *found);
  * when the device holds that many waiting blocks, or at a check; until then a stale read gets its
  * old bytes and a stale write is overwritten by the fill (missed). Call it before replaying a CUDA
  * graph (xseg.torch does, for every CUDAGraph.replay) so that the replay meets the pattern. The
- * fills are queued on the blocks' streams (one launch per stream); nothing waits. With the mode
- * off or nothing waiting: XSEG_SUCCESS. Blocks whose record_stream streams finished enter first.
+ * fills run on xseg's own stream (one launch) and the call returns once they are done (a wait of
+ * that stream only), so work queued afterwards on any stream meets the pattern. A fill that a
+ * full batch starts at a free is ordered before what the program queues afterwards on the
+ * freeing stream (an event, no wait). With the mode off or nothing waiting: XSEG_SUCCESS. Blocks whose record_stream streams finished enter first.
  * @return XSEG_ERROR_ILLEGAL_STATE while a capture is underway on the device (a fill would join
  *         the captured graph; its blocks wait until it ends); XSEG_ERROR_INVALID_DEVICE;
  *         XSEG_ERROR_DRIVER when a fill fails (its blocks wait for the next flush).

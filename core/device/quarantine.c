@@ -76,6 +76,16 @@ static void join(struct dev_alloc *d, CUstream stream, bool cap)
     }
 }
 
+/* Order @p stream (a block's, at its free: alive) after the fills just queued on the quarantine's
+ * stream, so that what the program queues there after this free meets the pattern (with
+ * debug_stale_fill_batch:1 the exact window); an event, no host wait (a wait of the quarantine's
+ * stream where the event cannot be had). Blocks freed on other streams meet it once the fill runs. */
+static void join_back(struct dev_alloc *d, CUstream stream)
+{
+    if (vstream_join(stream, d->quar.join_ev, work(d), "debug_stale_access: after a free's fills") != XSEG_SUCCESS)
+        err_clear(); /* the stream is not ordered after the fills: a stale access there may meet the old bytes */
+}
+
 /* The ranges of @p it that hold the pattern, as (offset, length): the bytes before a canary
  * span, one page of it (every granule of the span maps that page), the bytes after. */
 static int ranges(const struct dev_alloc *d, const struct quar_item *it, size_t off[3], size_t len[3])
@@ -793,8 +803,8 @@ bool quar_enter(struct dev_alloc *d, struct block *b, bool pending)
     d->quar.bytes += it.size;
     d->quar.entered++;
     if (!cap) {
-        if (d->quar.unfilled >= d->cfg.debug_stale_fill_batch)
-            (void)flush_fills(d); /* a failed fill leaves its blocks unfilled: filled at the next flush */
+        if (d->quar.unfilled >= d->cfg.debug_stale_fill_batch && flush_fills(d) == XSEG_SUCCESS && !pending)
+            join_back(d, b->stream); /* a failed fill leaves its blocks unfilled: filled at the next flush */
         (void)trim(d, d->cfg.debug_quarantine, true); /* a failed check leaves its blocks unreported */
     }
     return true;
@@ -849,7 +859,14 @@ xseg_status quar_flush(struct dev_alloc *d, const char *when)
                        "%s: a capture is underway on device %d: blocks freed now wait unfilled until it ends "
                        "(a fill would join the captured graph)",
                        when, d->device);
+    bool waiting = d->quar.unfilled != 0;
     xseg_status st = flush_fills(d);
+    /* The fills run on the quarantine's stream, which nothing the program queues later waits for
+     * (a replay on its own stream would race them: a stale write landing before its block's fill
+     * is overwritten and missed, a stale read gets the old bytes); so a flush returns once they
+     * are done, and whatever is queued after it, on any stream, meets the pattern. */
+    if (st == XSEG_SUCCESS && waiting) /* the legacy stream where there is none of its own */
+        st = vstream_wait(d->quar.work, "debug_stale_access: the fills of xseg_stale_flush");
     return st == XSEG_SUCCESS ? st : err_prefix(st, "%s: debug_stale_access: filling quarantined blocks", when);
 }
 

@@ -101,6 +101,20 @@ bool tu_stream_hold_all(bool on)
     return hold_all != NULL;
 }
 
+bool tu_stream_defer_new(bool on)
+{
+    const char *path = getenv("XSEG_LIBCUDA");
+    void *lib = tu_emu() && path ? dlopen(path, RTLD_NOLOAD | RTLD_NOW) : NULL;
+    void (*defer_new)(int) = NULL;
+    if (lib) {
+        *(void **)&defer_new = dlsym(lib, "cudaemu_stream_defer_new");
+        dlclose(lib);
+    }
+    if (defer_new)
+        defer_new(on);
+    return defer_new != NULL;
+}
+
 /* A control of cudaemu's resolved when first used (NULL when not emulated). */
 static void *tu_emu_sym(const char *name)
 {

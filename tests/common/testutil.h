@@ -95,6 +95,10 @@ bool tu_stream_hold(CUstream s);
 bool tu_stream_release(CUstream s);
 /* cudaemu_stream_hold_all: hold every stream (xseg's own copy streams too), or release them all. */
 bool tu_stream_hold_all(bool on);
+/* cudaemu_stream_defer_new: non-blocking streams created from now on (xseg's own) run their
+ * memsets and fills only when waited for, after work queued later on other streams, as a GPU may.
+ * @return false when not emulated. */
+bool tu_stream_defer_new(bool on);
 
 /* cudaemu_dead_stream_calls: calls since start that named a destroyed stream (0 when not emulated). */
 unsigned long tu_dead_stream_calls(void);

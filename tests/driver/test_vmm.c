@@ -2993,6 +2993,79 @@ static void test_graph_exec_table(void **state)
         fail_msg("%d exec row(s) differ from the expected CUresult (see above)", mismatches);
 }
 
+/* Two non-blocking streams are ordered only by an event wait (or a host wait): learned on an H200
+ * (driver 580.159.04), where a 1-byte memset queued on stream S after a 1 MiB fill queued on
+ * another non-blocking stream W, with nothing ordering S after W, often landed first and was
+ * overwritten by the fill (debug_stale_access lost 5 of 64 injected writes). The ordered rows run
+ * on the driver too; cudaemu's deferring streams (cudaemu_stream_defer_new) run W's fills only
+ * when waited for, so there the unordered rows are deterministic (the driver's outcome is either
+ * order: they run on cudaemu only). */
+static void test_stream_order(void **state)
+{
+    (void)state;
+    const size_t n = 1 << 20;
+    CUdeviceptr p = 0;
+    tu_assert_cu(drv->cuMemAlloc(&p, n));
+    CUstream s = NULL, w = NULL;
+    CUevent ev = NULL;
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    bool deferring = tu_stream_defer_new(true);
+    tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
+    tu_stream_defer_new(false);
+    tu_assert_cu(drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    tu_assert_cu(drv->cuMemsetD8(p, 0, n));
+    unsigned char b = 9;
+    /* Ordered by an event: S's later write lands after W's fill. */
+    tu_assert_cu(drv->cuMemsetD8Async(p, 0xFF, n, w));
+    tu_assert_cu(drv->cuEventRecord(ev, w));
+    tu_assert_cu(drv->cuStreamWaitEvent(s, ev, 0));
+    tu_assert_cu(drv->cuMemsetD8Async(p + 7, 0x5a, 1, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    tu_assert_cu(drv->cuMemcpyDtoH(&b, p + 7, 1));
+    assert_int_equal(b, 0x5a);
+    tu_assert_cu(drv->cuMemcpyDtoH(&b, p + 8, 1));
+    assert_int_equal(b, 0xFF); /* S waited for W's fill */
+    /* Ordered by a host wait of W. */
+    tu_assert_cu(drv->cuMemsetD8Async(p, 0x11, n, w));
+    tu_assert_cu(drv->cuStreamSynchronize(w));
+    tu_assert_cu(drv->cuMemsetD8Async(p + 7, 0x22, 1, s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    tu_assert_cu(drv->cuMemcpyDtoH(&b, p + 7, 1));
+    assert_int_equal(b, 0x22);
+    if (deferring) {
+        /* Unordered: the later 1-byte write lands first and the fill overwrites it; a wait of S,
+         * or a synchronous copy (the legacy stream waits for no non-blocking stream), does not
+         * wait for W; a context wait does. */
+        tu_assert_cu(drv->cuMemsetD8Async(p, 0x33, n, w));
+        tu_assert_cu(drv->cuMemsetD8Async(p + 7, 0x44, 1, s));
+        tu_assert_cu(drv->cuStreamSynchronize(s));
+        tu_assert_cu(drv->cuMemcpyDtoH(&b, p + 7, 1));
+        assert_int_equal(b, 0x44);
+        tu_assert_cu(drv->cuMemcpyDtoH(&b, p + 8, 1));
+        assert_int_equal(b, 0x11); /* W's fill has not run */
+        tu_assert_cu_eq(drv->cuStreamQuery(w), CUDA_ERROR_NOT_READY);
+        tu_assert_cu(drv->cuCtxSynchronize());
+        tu_assert_cu(drv->cuMemcpyDtoH(&b, p + 7, 1));
+        assert_int_equal(b, 0x33); /* the later write lost */
+        /* A copy queued on W after its fill reads the fill (in-stream order kept). */
+        tu_assert_cu(drv->cuMemsetD8Async(p, 0x55, n, w));
+        tu_assert_cu(drv->cuMemcpyDtoHAsync(&b, p + 3, 1, w));
+        tu_assert_cu(drv->cuStreamSynchronize(w));
+        assert_int_equal(b, 0x55);
+        /* Destroying W lets what it holds run. */
+        tu_assert_cu(drv->cuMemsetD8Async(p, 0x66, n, w));
+    }
+    tu_assert_cu(drv->cuStreamDestroy(w));
+    tu_assert_cu(drv->cuCtxSynchronize());
+    if (deferring) {
+        tu_assert_cu(drv->cuMemcpyDtoH(&b, p + 3, 1));
+        assert_int_equal(b, 0x66);
+    }
+    tu_assert_cu(drv->cuEventDestroy(ev));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    tu_assert_cu(drv->cuMemFree(p));
+}
+
 /* cudaemu_stream_work outside a capture: pending on a held stream, done once released. */
 static void test_stream_work_held(void **state)
 {
@@ -3530,6 +3603,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_capture_graph, setup),
         cmocka_unit_test_setup(test_capture_graph_table, setup),
         cmocka_unit_test_setup(test_stream_work_held, setup),
+        cmocka_unit_test_setup(test_stream_order, setup),
         cmocka_unit_test_setup(test_graph_launch, setup),
         cmocka_unit_test_setup(test_graph_exec_table, setup),
         cmocka_unit_test_setup(test_export_import_fd_process, setup),
