@@ -60,6 +60,20 @@ XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *cou
     return XSEG_SUCCESS;
 }
 
+XSEG_API xseg_status xseg_pool_live_blocks(int device, xseg_pool_id pool, void **ptrs, size_t cap, size_t *n)
+{
+    if (!n)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_live_blocks: n is NULL");
+    if (cap && !ptrs)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_live_blocks: ptrs is NULL with cap %zu", cap);
+    if (id_is_default(pool))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_pool_live_blocks: pool {0, 0} is the default pool; name a private pool");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : pools_live_blocks(d, pool, ptrs, cap, n);
+}
+
 XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool)
 {
     if (id_is_default(pool))

@@ -720,6 +720,23 @@ XSEG_API xseg_status xseg_release_pool(int device, xseg_pool_id pool);
 XSEG_API xseg_status xseg_pool_use_count(int device, xseg_pool_id pool, int *count);
 
 /**
+ * The blocks allocated from @p pool on @p device and not yet freed: their addresses (what
+ * xseg_malloc or xseg_pool_malloc_at returned), on every stream and of both sizes. A block freed
+ * but still waiting for its streams' work is not counted. snprintf-style: at most @p cap
+ * addresses are written (in no promised order), @p n receives how many there are. This is what
+ * PyTorch's checkPoolLiveAllocations compares with the tensors cudagraph trees expect to be
+ * alive. It walks the pool's blocks under the device lock: a check, not for a hot path.
+ * @param device a device index.
+ * @param pool   a private pool (not {0, 0}).
+ * @param ptrs   where the addresses go (may be NULL when @p cap is 0).
+ * @param cap    room in @p ptrs.
+ * @param n      receives the number of live blocks.
+ * @return XSEG_ERROR_INVALID_VALUE for {0, 0}, a NULL @p n, NULL @p ptrs with @p cap > 0, or a
+ *         pool unknown on @p device (never used there, or forgotten: no users and no memory).
+ */
+XSEG_API xseg_status xseg_pool_live_blocks(int device, xseg_pool_id pool, void **ptrs, size_t cap, size_t *n);
+
+/**
  * Add a use to @p pool on @p device, creating it when it does not exist, without routing any
  * allocation to it (PyTorch's createOrIncrefPool: a torch.cuda.MemPool holds one use for its
  * lifetime). Drop it with xseg_release_pool.

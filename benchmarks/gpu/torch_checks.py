@@ -10,7 +10,10 @@ status is 0 when the checks ran (failed ones included), so the caller reads the 
 
 Group torch (xseg.torch.enable() first): record_stream of an empty tensor and of foreign memory,
 get_per_process_memory_fraction, _cuda_isHistoryEnabled, MemPool.snapshot() of one pool,
-torch.accelerator.memory_stats, torch.compile(mode="reduce-overhead"), torch.cuda.graph
+torch.accelerator.memory_stats, torch.compile(mode="reduce-overhead") (a straight tree, one that
+branches after a graph break, so that cudagraph trees restore a checkpoint of xseg's pool and check
+its live blocks, and training steps alternating with eval steps of another shape, each against
+eager), torch.cuda.graph
 in a private pool, a stale write under graph replay reported (debug_stale_access, fills flushed
 by the replay's wrapper), torch.cuda.MemPool, torch.multiprocessing (a CUDA tensor sent to a spawned
 process), memory_stats/memory_summary/memory_snapshot through torch.cuda, pinned tensors from
@@ -201,6 +204,110 @@ def torch_checks(args, xseg, torch):
         private = [sg for sg in xseg.memory_snapshot(0) if tuple(sg["segment_pool_id"]) != (0, 0)]
         return {"private_segments": len(private)}
 
+    def pool_calls():
+        """Count cudagraph trees' calls of the allocator's pool checks and checkpoint restores
+        (they call them through torch._C at each use); returns the counts and an undo."""
+        counts = {"checkPoolLiveAllocations": 0, "setCheckpointPoolState": 0, "getCheckpointState": 0}
+        saved = {}
+        for name in counts:
+            attr = "_cuda_" + name
+            fn = getattr(torch._C, attr, None)
+            if fn is None:
+                continue
+
+            def wrap(*a, _fn=fn, _name=name, **k):
+                counts[_name] += 1
+                return _fn(*a, **k)
+            saved[attr] = fn
+            setattr(torch._C, attr, wrap)
+
+        def undo():
+            for attr, fn in saved.items():
+                setattr(torch._C, attr, fn)
+        return counts, undo
+
+    def compiled_branches():
+        """A cudagraph tree that branches: one compiled function with a graph break whose second
+        graph depends on a flag, so after the first graph replays (execution) a second child is
+        warmed up and recorded under it, which restores the pool's checkpoint
+        (setCheckpointPoolState) and checks its live blocks (checkPoolLiveAllocations) in xseg."""
+        try:
+            import triton  # noqa: F401
+        except ImportError as e:
+            raise Skip("torch.compile needs triton: %s" % e)
+        import torch._dynamo
+
+        def branchy(x, flag):
+            y = torch.sin(x) * 2 + x
+            torch._dynamo.graph_break()
+            return torch.cos(y) + 1 if flag else torch.tanh(y) * 3 - x
+
+        def eager(x, flag):
+            y = torch.sin(x) * 2 + x
+            return torch.cos(y) + 1 if flag else torch.tanh(y) * 3 - x
+        f = torch.compile(branchy, mode="reduce-overhead", dynamic=False)
+        x = torch.randn(64, 1024, device=dev)
+        counts, undo = pool_calls()
+        try:
+            worst = 0.0
+            for flag in (True, True, True, False, False, False, True, False, True, False):
+                with torch.no_grad():
+                    y = f(x, flag).clone()  # a cudagraph output is overwritten by the next replay
+                want = eager(x, flag)
+                assert torch.allclose(y, want, rtol=1e-4, atol=1e-5), (flag, float((y - want).abs().max()))
+                worst = max(worst, float((y - want).abs().max()))
+            torch.cuda.synchronize()
+        finally:
+            undo()
+        assert counts["checkPoolLiveAllocations"] > 0, "cudagraph trees never checked the pool: %s" % counts
+        assert counts["setCheckpointPoolState"] > 0, (
+            "the tree did not branch (no checkpoint restore), so this check proves less than it says: %s" % counts)
+        return dict(counts, max_abs_diff=worst)
+
+    def compiled_train_eval():
+        """A training step (forward and backward graphs) and an eval step of another batch size,
+        alternating, through one torch.compile(mode="reduce-overhead") model: losses, eval outputs
+        and the weights after the steps match an eager copy trained alongside."""
+        try:
+            import triton  # noqa: F401
+        except ImportError as e:
+            raise Skip("torch.compile needs triton: %s" % e)
+        import copy
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(dev)
+        ref = copy.deepcopy(model)
+        cm = torch.compile(model, mode="reduce-overhead", dynamic=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.05)
+        counts, undo = pool_calls()
+        worst = 0.0
+        try:
+            for step in range(6):
+                xt = torch.randn(32, 128, device=dev)
+                xe = torch.randn(48, 128, device=dev)
+                torch.compiler.cudagraph_mark_step_begin()
+                loss = cm(xt).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                rloss = ref(xt).square().mean()
+                rloss.backward()
+                ropt.step()
+                ropt.zero_grad(set_to_none=True)
+                assert torch.allclose(loss.detach(), rloss.detach(), rtol=1e-3, atol=1e-5), (step, float(loss), float(rloss))
+                with torch.no_grad():
+                    ye = cm(xe).clone()
+                    re = ref(xe)
+                assert torch.allclose(ye, re, rtol=1e-3, atol=1e-4), (step, float((ye - re).abs().max()))
+                worst = max(worst, float((ye - re).abs().max()))
+            torch.cuda.synchronize()
+        finally:
+            undo()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.allclose(p, q, rtol=1e-3, atol=1e-5), float((p - q).abs().max())
+        assert counts["checkPoolLiveAllocations"] > 0, "cudagraph trees never checked the pool: %s" % counts
+        return dict(counts, max_abs_diff=worst)
+
     def mempool():
         if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
             raise Skip("this PyTorch (%s) has no torch.cuda.MemPool / use_mem_pool" % torch.__version__)
@@ -331,6 +438,8 @@ def torch_checks(args, xseg, torch):
     report("torch.cuda.graph", graph)
     report("stale access under graph replay (debug_stale_access)", stale_replay)
     report('torch.compile(mode="reduce-overhead")', compiled)
+    report('torch.compile(mode="reduce-overhead"): a branching cudagraph tree', compiled_branches)
+    report('torch.compile(mode="reduce-overhead"): train and eval steps of two shapes', compiled_train_eval)
     report("torch.cuda.MemPool", mempool)
     report("torch.multiprocessing", multiprocessing)
 

@@ -304,6 +304,36 @@ int pools_use_count(struct dev_alloc *d, xseg_pool_id pool)
     return count;
 }
 
+xseg_status pools_live_blocks(struct dev_alloc *d, xseg_pool_id pool, void **ptrs, size_t cap, size_t *n)
+{
+    char buf[48];
+    xseg_status st = XSEG_SUCCESS;
+    size_t found = 0;
+    dev_lock(d, DEV_NEED_SLOTS);
+    struct priv_pool *pp = pool_find(d, pool);
+    if (!pp) {
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_live_blocks: no pool %s on device %d", id_text(pool, buf),
+                     d->device);
+    } else {
+        /* A walk of the device's segments and of this pool's blocks under the lock: linear in the
+         * heap, which is why it serves only checks off the malloc/free path (cudagraph trees'
+         * checkPoolLiveAllocations). A sleeping pool's blocks stay allocated, so they count. */
+        for (const struct segrec *s = d->segs; s; s = s->next_seg) {
+            if (s->pool != &pp->small && s->pool != &pp->large)
+                continue;
+            for (const struct block *b = s->first; b; b = b->next)
+                if (b->allocated) {
+                    if (found < cap)
+                        ptrs[found] = (void *)b->addr;
+                    found++;
+                }
+        }
+        *n = found;
+    }
+    dev_unlock(d);
+    return st;
+}
+
 xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
 {
     char buf[48];

@@ -15,6 +15,10 @@ xseg_status pools_release(struct dev_alloc *d, xseg_pool_id pool);
 int pools_use_count(struct dev_alloc *d, xseg_pool_id pool);
 /* The private pool @p id of @p d, or NULL (lock held). */
 struct priv_pool *pools_find(struct dev_alloc *d, xseg_pool_id id);
+/* The addresses of @p pool's allocated blocks, all streams and both sizes (snprintf-style: at most
+ * @p cap written, @p n receives how many); XSEG_ERROR_INVALID_VALUE for a pool unknown on @p d.
+ * Takes the lock and walks the pool's blocks: for checks, never the malloc/free path. */
+xseg_status pools_live_blocks(struct dev_alloc *d, xseg_pool_id pool, void **ptrs, size_t cap, size_t *n);
 /* Add a use to @p pool, creating it (no route). */
 xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool);
 /* Route @p id's pool to the capture of @p stream, then begin it in @p capture_mode. */

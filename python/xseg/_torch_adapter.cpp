@@ -14,7 +14,8 @@
 //
 // It also answers what the pluggable wrapper refuses or gets wrong (docs/python.md, issue 34):
 // record_stream of an empty tensor or foreign memory (silently), cudagraph trees' checkpoints
-// (getCheckpointState / setCheckpointPoolState: a pool's block layout captured and restored),
+// (getCheckpointState / setCheckpointPoolState: a pool's block layout captured and restored) and
+// their check of a pool's live blocks (checkPoolLiveAllocations),
 // enablePeerAccess (xseg's mappings too) and memcpyAsync (a peer copy without p2p),
 // getMemoryFraction, isHistoryEnabled, attachAllocatorTraceTracker (fed by xseg's segment
 // observers), shareIpcHandle / getIpcDevPtr (xseg's IPC), 2.6's ensureExistsAndIncrefPool, and
@@ -76,6 +77,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -1125,6 +1127,25 @@ Delta set_checkpoint_pool_state(int device, const std::shared_ptr<cca::Allocator
     return d;
 }
 
+// cudagraph trees' check of a private pool (torch._C._cuda_checkPoolLiveAllocations, after each
+// warm-up, recording and checkpoint restore): true iff the pool's allocated blocks, on every
+// stream and of both sizes, are exactly @p expected (PyTorch compares the block start pointers;
+// blocks freed but pending their streams' work are not allocated). A pool unknown on the device
+// raises, as PyTorch's does. Not a hot path: xseg walks the pool's blocks under its lock.
+bool check_pool_live_allocations(int device, MempoolId id, const std::unordered_set<void *> &expected)
+{
+    // Room for one more than expected: a pool holding more blocks is told apart without them.
+    std::vector<void *> live(expected.size() + 1);
+    size_t n = 0;
+    xseg_check(xseg_pool_live_blocks(device, to_xseg(id), live.data(), live.size(), &n), "checkPoolLiveAllocations");
+    if (n != expected.size())
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!expected.count(live[i]))
+            return false;
+    return true;
+}
+
 // ---- MemPool: overrides that exist only where the installed PyTorch declares them ----------
 
 template <class B, class = void>
@@ -1349,6 +1370,12 @@ class XsegAllocator : public AdapterBase {
     {
         AdapterBase::enablePeerAccess(dev, dev_to_access);
         xseg_check(xseg_enable_peer_access(dev_to_access, dev), "enablePeerAccess");
+    }
+
+    bool checkPoolLiveAllocations(XSEG_TORCH_DEV device, MempoolId id,
+                                  const std::unordered_set<void *> &expected_live_allocations) override
+    {
+        return check_pool_live_allocations(device, id, expected_live_allocations);
     }
 
     std::shared_ptr<cca::AllocatorState> getCheckpointState(XSEG_TORCH_DEV device, MempoolId id) override

@@ -7,6 +7,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -216,12 +217,75 @@ static void test_pool_retain(void **state)
     assert_int_equal(xseg_pool_retain(99, pool), XSEG_ERROR_INVALID_DEVICE);
 }
 
+static bool holds(void *const *ptrs, size_t n, const void *p)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ptrs[i] == p)
+            return true;
+    return false;
+}
+
+/* xseg_pool_live_blocks: the pool's allocated blocks of both sizes, not its freed ones, not the
+ * default pool's nor another pool's; snprintf-style counting; the refusals. */
+static void test_pool_live_blocks(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip(NULL);
+    xseg_pool_id pool, other;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_pool_create(&other), XSEG_SUCCESS);
+    void *ptrs[8] = {0};
+    size_t n = 99;
+    assert_int_equal(xseg_pool_live_blocks(0, pool, ptrs, 8, &n), XSEG_ERROR_INVALID_VALUE); /* never used */
+    must_contain("no pool");
+
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    void *small = tu_malloc(4096, NULL), *large = tu_malloc(6 * MiB, NULL), *gone = tu_malloc(2 * MiB, NULL);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, other, NULL, NULL), XSEG_SUCCESS);
+    void *theirs = tu_malloc(4096, NULL);
+    assert_int_equal(xseg_end_allocate_to_pool(0, other), XSEG_SUCCESS);
+    void *dflt = tu_malloc(4096, NULL);
+    tu_free(gone);
+
+    assert_int_equal(xseg_pool_live_blocks(0, pool, NULL, 0, &n), XSEG_SUCCESS); /* counting only */
+    assert_int_equal(n, 2);
+    assert_int_equal(xseg_pool_live_blocks(0, pool, ptrs, 1, &n), XSEG_SUCCESS); /* room for one */
+    assert_int_equal(n, 2);
+    assert_true(ptrs[0] == small || ptrs[0] == large);
+    assert_null(ptrs[1]);
+    assert_int_equal(xseg_pool_live_blocks(0, pool, ptrs, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 2);
+    assert_true(holds(ptrs, n, small) && holds(ptrs, n, large));
+    assert_false(holds(ptrs, n, gone) || holds(ptrs, n, theirs) || holds(ptrs, n, dflt));
+    assert_int_equal(xseg_pool_live_blocks(0, other, ptrs, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 1);
+    assert_ptr_equal(ptrs[0], theirs);
+
+    assert_int_equal(xseg_pool_live_blocks(0, pool, NULL, 0, NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_int_equal(xseg_pool_live_blocks(0, pool, NULL, 4, &n), XSEG_ERROR_INVALID_VALUE);
+    xseg_pool_id def = {0, 0};
+    assert_int_equal(xseg_pool_live_blocks(0, def, ptrs, 8, &n), XSEG_ERROR_INVALID_VALUE);
+    must_contain("default pool");
+    assert_int_equal(xseg_pool_live_blocks(99, pool, ptrs, 8, &n), XSEG_ERROR_INVALID_DEVICE);
+
+    tu_free(small);
+    tu_free(large);
+    tu_free(theirs);
+    tu_free(dflt);
+    assert_int_equal(xseg_pool_live_blocks(0, pool, ptrs, 8, &n), XSEG_SUCCESS);
+    assert_int_equal(n, 0);
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_release_pool(0, other), XSEG_SUCCESS);
+}
+
 static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_reset_accumulated),
     TU_NAMED(test_cache_info),
     TU_NAMED(test_base_allocation_classic),
     TU_NAMED(test_base_allocation_expandable),
     TU_NAMED(test_pool_retain),
+    TU_NAMED(test_pool_live_blocks),
 };
 
 int main(int argc, char **argv)
