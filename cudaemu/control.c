@@ -428,7 +428,10 @@ int cudaemu_live_query(struct cudaemu_live *live)
  * reservations, allocs, used_bytes[8]), so that many words are written, from `handles` on, and no
  * more, whatever header the caller had. Not declared in cudaemu.h: new code uses the query. */
 #define LIVE_LEGACY_WORDS 12
-__attribute__((visibility("default"))) void cudaemu_live_get(void *live);
+#ifndef CUDAEMU_DRIVER_ONLY
+__attribute__((visibility("default")))
+#endif
+void cudaemu_live_get(void *live);
 void cudaemu_live_get(void *live)
 {
     if (!live)

@@ -16,12 +16,18 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* The cu* declarations from cuda.h and the control API are the library's exports; everything
- * declared after the pop is internal (the build hides symbols by default). */
+/* The cu* declarations from cuda.h and the control API are the library's exports (the
+ * driver-only build, CUDAEMU_DRIVER_ONLY, exports the cu* ones alone); everything declared after
+ * the pop is internal (the build hides symbols by default). */
 #pragma GCC visibility push(default)
 #include <cuda.h>
+#ifdef CUDAEMU_DRIVER_ONLY
+#pragma GCC visibility pop
+#include "cudaemu/cudaemu.h" /* hidden: a real driver has no control API */
+#else
 #include "cudaemu/cudaemu.h"
 #pragma GCC visibility pop
+#endif
 
 #define EMU_MAX_DEVICES 64
 

@@ -294,8 +294,18 @@ static void env_report_atexit(void) { emu_report_print(); }
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
+/* The driver-only build (CUDAEMU_DRIVER_ONLY) stands in for a real libcuda.so.1: it reads no
+ * CUDAEMU_ variable (a real driver ignores them: no emulated device size, latency or injected
+ * failure) and exports no control API, so a program sees what it would see on a GPU. */
+#ifdef CUDAEMU_DRIVER_ONLY
+#define env_get(name) ((void)(name), (const char *)NULL)
+#else
+#define env_get(name) getenv(name)
+#endif
+
 static void env_load(void)
 {
+#ifndef CUDAEMU_DRIVER_ONLY
     for (char **ep = environ; ep && *ep; ep++) {
         if (strncmp(*ep, "CUDAEMU_", 8))
             continue;
@@ -312,6 +322,7 @@ static void env_load(void)
                           "CUDAEMU_RDMA, CUDAEMU_HOST_VMM, CUDAEMU_KERNELS)");
         }
     }
+#endif
 
     struct emu_config *c = &emu.cfg;
     c->devices = 1;
@@ -324,31 +335,31 @@ static void env_load(void)
     c->rdma = false;
     c->kernels = true;
     const char *v;
-    if ((v = getenv("CUDAEMU_DEVICES")))
+    if ((v = env_get("CUDAEMU_DEVICES")))
         c->devices = (int)env_int("CUDAEMU_DEVICES", v, 0, EMU_MAX_DEVICES);
-    if ((v = getenv("CUDAEMU_TOTAL_MEM")) && env_parse_size(v, &c->total_mem))
+    if ((v = env_get("CUDAEMU_TOTAL_MEM")) && env_parse_size(v, &c->total_mem))
         env_die("CUDAEMU_TOTAL_MEM", "'%s' is not a size (bytes, or with K/M/G/T: 80G, 81920M)", v);
-    if ((v = getenv("CUDAEMU_GRANULARITY"))) {
+    if ((v = env_get("CUDAEMU_GRANULARITY"))) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         if (env_parse_size(v, &c->granularity) || !emu_is_pow2(c->granularity) ||
             c->granularity % page)
             env_die("CUDAEMU_GRANULARITY", "'%s' is not a power of two multiple of the host page "
                     "size (%zu)", v, page);
     }
-    if ((v = getenv("CUDAEMU_VMM")))
+    if ((v = env_get("CUDAEMU_VMM")))
         c->vmm = env_int("CUDAEMU_VMM", v, 0, 1);
-    if ((v = getenv("CUDAEMU_REPORT")))
+    if ((v = env_get("CUDAEMU_REPORT")))
         c->report = env_int("CUDAEMU_REPORT", v, 0, 1);
-    if ((v = getenv("CUDAEMU_FABRIC")))
+    if ((v = env_get("CUDAEMU_FABRIC")))
         c->fabric = env_int("CUDAEMU_FABRIC", v, 0, 1);
-    if ((v = getenv("CUDAEMU_DMA_BUF")))
+    if ((v = env_get("CUDAEMU_DMA_BUF")))
         c->dma_buf = env_int("CUDAEMU_DMA_BUF", v, 0, 1);
-    if ((v = getenv("CUDAEMU_RDMA")))
+    if ((v = env_get("CUDAEMU_RDMA")))
         c->rdma = env_int("CUDAEMU_RDMA", v, 0, 1);
-    if ((v = getenv("CUDAEMU_KERNELS")))
+    if ((v = env_get("CUDAEMU_KERNELS")))
         c->kernels = env_int("CUDAEMU_KERNELS", v, 0, 1);
     c->host_vmm = EMU_HOST_VMM_NUMA | EMU_HOST_VMM_HOST;
-    if ((v = getenv("CUDAEMU_HOST_VMM"))) {
+    if ((v = env_get("CUDAEMU_HOST_VMM"))) {
         if (!strcmp(v, "all"))
             c->host_vmm = EMU_HOST_VMM_NUMA | EMU_HOST_VMM_HOST;
         else if (!strcmp(v, "numa"))
@@ -362,7 +373,7 @@ static void env_load(void)
     c->numa_nodes = 1;
     for (int i = 0; i < EMU_MAX_DEVICES; i++)
         c->host_numa_id[i] = 0;
-    if ((v = getenv("CUDAEMU_HOST_NUMA_ID"))) {
+    if ((v = env_get("CUDAEMU_HOST_NUMA_ID"))) {
         char buf[256];
         snprintf(buf, sizeof buf, "%s", v);
         int i = 0, last = 0;
@@ -380,7 +391,7 @@ static void env_load(void)
             c->host_numa_id[i] = last;
     }
     c->fresh = EMU_FRESH_SPARSE;
-    if ((v = getenv("CUDAEMU_FRESH"))) {
+    if ((v = env_get("CUDAEMU_FRESH"))) {
         if (!strcmp(v, "sparse"))
             c->fresh = EMU_FRESH_SPARSE;
         else if (!strcmp(v, "garbage"))
@@ -390,19 +401,19 @@ static void env_load(void)
         else
             env_die("CUDAEMU_FRESH", "'%s' is not sparse, garbage or zero", v);
     }
-    if ((v = getenv("CUDAEMU_SHARED"))) {
+    if ((v = env_get("CUDAEMU_SHARED"))) {
         size_t n = strlen(v);
         if (!n || n >= sizeof c->shared || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                                      "0123456789_.-") != n)
             env_die("CUDAEMU_SHARED", "'%s' is not a name of 1 to 48 letters, digits, '_', '.', '-'", v);
         memcpy(c->shared, v, n + 1);
     }
-    if ((v = getenv("CUDAEMU_FAIL"))) {
+    if ((v = env_get("CUDAEMU_FAIL"))) {
         emu_lock();
         env_each("CUDAEMU_FAIL", v, env_fail_item);
         emu_unlock();
     }
-    if ((v = getenv("CUDAEMU_LATENCY")))
+    if ((v = env_get("CUDAEMU_LATENCY")))
         env_each("CUDAEMU_LATENCY", v, env_latency_item);
     if (c->report)
         atexit(env_report_atexit);

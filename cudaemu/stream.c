@@ -36,9 +36,13 @@
  *     thread has a GLOBAL capture. Such a call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
  *     invalidates those captures (cuStreamEndCapture then returns
  *     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph).
- *   - cudaemu's unsafe calls: cuMemAlloc, cuMemFree, cuEventQuery. Measured on an H100 (driver
- *     580.159.04, tests/driver/test_vmm.c capture table): those three are rejected in GLOBAL
- *     mode; cuMemUnmap, cuMemMap and cuMemSetAccess are not.
+ *   - cudaemu's unsafe calls: cuMemAlloc, cuMemFree, cuEventQuery, and cuStreamSynchronize of a
+ *     stream that does not capture. Measured on an H100 (driver 580.159.04, tests/driver/test_vmm.c
+ *     capture table): the first three are rejected in GLOBAL mode; cuMemUnmap, cuMemMap and
+ *     cuMemSetAccess are not. On an H200 (same driver) cuStreamSynchronize of a non-blocking
+ *     stream outside a GLOBAL capture made by the same thread was rejected
+ *     (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED). cuStreamQuery and cuEventSynchronize of work
+ *     outside the capture are not measured and cudaemu allows them.
  *   - synchronizing or querying a capturing stream, or cuCtxSynchronize while any stream
  *     captures, is invalid whatever the modes: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the
  *     capture is invalidated. Synchronizing the legacy NULL stream while a blocking stream
@@ -407,6 +411,8 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     } else if (s == &emu.null_stream) {
         r = stream_legacy_capture_check(true);
+        if (r == CUDA_SUCCESS)
+            r = emu_capture_unsafe_call_locked();
         if (r == CUDA_SUCCESS) {
             /* The legacy stream waits for all work in blocking streams. */
             stream_complete(s);
@@ -416,7 +422,7 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
                 if (!(o->flags & CU_STREAM_NON_BLOCKING))
                     stream_complete(o);
         }
-    } else {
+    } else if ((r = emu_capture_unsafe_call_locked()) == CUDA_SUCCESS) {
         stream_complete(s);
     }
     emu_unlock();

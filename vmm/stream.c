@@ -14,7 +14,15 @@ static bool is_capture_error(CUresult res)
 
 xseg_status vstream_wait(CUstream stream, const char *what)
 {
+    /* A synchronize is a capture-unsafe call: in the thread's default GLOBAL mode the driver
+     * refuses it while any thread has a GLOBAL capture, whatever stream it names, and ends that
+     * capture. Waiting for a stream outside every capture is safe, so the thread waits in RELAXED
+     * mode; a capturing stream is still refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED). */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool relaxed = drv->cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
     CUresult res = drv->cuStreamSynchronize(stream);
+    if (relaxed)
+        (void)drv->cuThreadExchangeStreamCaptureMode(&mode);
     if (res == CUDA_SUCCESS)
         return XSEG_SUCCESS;
     if (!is_capture_error(res) && drv->cuCtxSynchronize() == CUDA_SUCCESS)

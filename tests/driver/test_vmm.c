@@ -2312,6 +2312,7 @@ static void test_stream_hold(void **state)
 
 struct cap_fx {
     CUstream s;
+    CUstream other;     /* a non-blocking stream that takes no part in the capture */
     CUevent e;
     CUdeviceptr dptr;   /* a cuMemAlloc block made before the capture */
     CUdeviceptr va;     /* G of VA with a mapping made before the capture */
@@ -2341,6 +2342,7 @@ static CUresult c_unmap(struct cap_fx *f)
 }
 static CUresult c_event_query(struct cap_fx *f) { return drv->cuEventQuery(f->e); }
 static CUresult c_stream_sync(struct cap_fx *f) { return drv->cuStreamSynchronize(f->s); }
+static CUresult c_other_sync(struct cap_fx *f) { return drv->cuStreamSynchronize(f->other); }
 static CUresult c_stream_query(struct cap_fx *f) { return drv->cuStreamQuery(f->s); }
 static CUresult c_ctx_sync(struct cap_fx *f) { return drv->cuCtxSynchronize(); }
 static CUresult c_event_record(struct cap_fx *f) { return drv->cuEventRecord(f->e, f->s); }
@@ -2384,6 +2386,14 @@ static const struct capture_row capture_table[] = {
      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_event_query},
     {"cuStreamSynchronize of the capturing stream", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_stream_sync},
+    {"cuStreamSynchronize of another stream in GLOBAL capture", CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+     c_other_sync},
+    {"cuStreamSynchronize of another stream in THREAD_LOCAL capture", CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+     CU_STREAM_CAPTURE_MODE_GLOBAL, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+     c_other_sync},
+    {"cuStreamSynchronize of another stream, thread mode RELAXED", CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CU_STREAM_CAPTURE_MODE_RELAXED, CUDA_SUCCESS, CUDA_SUCCESS, c_other_sync},
     {"cuStreamQuery of the capturing stream", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_stream_query},
     {"cuCtxSynchronize during capture", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
@@ -2408,6 +2418,7 @@ static void test_capture_table(void **state)
         const struct capture_row *row = &capture_table[i];
         struct cap_fx f = {0};
         tu_assert_cu(drv->cuStreamCreate(&f.s, CU_STREAM_NON_BLOCKING));
+        tu_assert_cu(drv->cuStreamCreate(&f.other, CU_STREAM_NON_BLOCKING));
         tu_assert_cu(drv->cuEventCreate(&f.e, 0));
         tu_assert_cu(drv->cuEventRecord(f.e, NULL));
         tu_assert_cu(drv->cuMemAlloc(&f.dptr, 4096));
@@ -2441,6 +2452,7 @@ static void test_capture_table(void **state)
         if (!f.freed)
             tu_assert_cu(drv->cuMemFree(f.dptr));
         tu_assert_cu(drv->cuEventDestroy(f.e));
+        tu_assert_cu(drv->cuStreamDestroy(f.other));
         tu_assert_cu(drv->cuStreamDestroy(f.s));
     }
     if (mismatches)

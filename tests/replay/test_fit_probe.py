@@ -11,6 +11,8 @@ import sys
 import tempfile
 import unittest
 
+from replay_driver import NEEDS_EMU, emulated
+
 PROBE, REPLAY = sys.argv[1], sys.argv[2]
 TRACE = ("alloc a 20MiB\nalloc h 50MiB\nalloc old 30MiB\nfree a\nfree h\n"
          "alloc y 20MiB\nalloc g 30MiB\nfree y\nalloc r 40MiB\n")
@@ -21,6 +23,7 @@ def probe(*args):
                           capture_output=True, text=True)
 
 
+@unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)  # it replays on emulated devices of given sizes
 class FitProbe(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()

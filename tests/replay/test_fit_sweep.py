@@ -12,6 +12,8 @@ import sys
 import tempfile
 import unittest
 
+from replay_driver import NEEDS_EMU, emulated
+
 SWEEP, REPLAY = sys.argv[1], sys.argv[2]
 TRACE = ("alloc a 20MiB\nalloc h 50MiB\nalloc old 30MiB\nfree a\nfree h\n"
          "alloc y 20MiB\nalloc g 30MiB\nfree y\nalloc r 40MiB\n")
@@ -22,6 +24,7 @@ def sweep(*args, replay=REPLAY):
                           capture_output=True, text=True, timeout=300)
 
 
+@unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)  # every device size of a band, emulated
 class FitSweep(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()

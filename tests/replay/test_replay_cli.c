@@ -825,14 +825,15 @@ static void test_plot_written(void **state)
 }
 
 /* During a capture, what --check accepts replays in both modes, and what the driver would refuse
- * (a capturing stream synchronized, a capture waiting for work outside it, a fork never joined
- * back) is refused before anything runs. */
+ * (a capturing stream synchronized, any stream synchronized while one captures in the global mode
+ * xseg-replay uses, a capture waiting for work outside it, a fork never joined back) is refused
+ * before anything runs. */
 static void test_capture_rules(void **state)
 {
     (void)state;
     static const char *const fine[] = {
-        "stream s\nstream u\nalloc a 1MiB @u\ncapture_begin @s\nsync @u\nsync @default\nwork @u\nfree a\n"
-        "empty_cache\ntrim 0\nalloc b 2MiB @s\ncapture_end @s\nfree b\nsync\n",
+        "stream s\nstream u\nalloc a 1MiB @u\nsync @u\ncapture_begin @s\nwork @u\nfree a\n"
+        "empty_cache\ntrim 0\nalloc b 2MiB @s\ncapture_end @s\nsync @default\nfree b\nsync\n",
         "stream s\nstream u\nstream v\ncapture_begin @s g\nwork @s\nwait @u @s\nwait @v @s\nalloc a 1MiB @u\n"
         "work @u\nwork @v\nfree a\nwait @v @u\nwait @s @v\nwork @s\ncapture_end @s\nsync @u\npool_release g\n",
     };
@@ -851,6 +852,12 @@ static void test_capture_rules(void **state)
     } refused[] = {
         {"stream s\ncapture_begin @s\nalloc a 1MiB @s\nmark in\nsync @s\ncapture_end @s\n",
          "capture.trace:5: sync @s: 's' captures (line 2)"},
+        {"stream s\nstream u\ncapture_begin @s\nmark in\nsync @u\ncapture_end @s\n",
+         "capture.trace:5: sync @u: stream 's' captures (line 3); no stream can be synchronized"},
+        {"stream s\ncapture_begin @s\nmark in\nsync @default\ncapture_end @s\n",
+         "capture.trace:4: sync @default: stream 's' captures (line 2); no stream can be synchronized"},
+        {"stream s\ncapture_begin @s\nmark in\nsync\ncapture_end @s\n",
+         "capture.trace:4: sync: stream 's' captures (line 2); the whole device cannot be synchronized"},
         {"stream s\nstream u\ncapture_begin @s\nmark in\nwait @s @u\ncapture_end @s\n",
          "capture.trace:5: wait @s @u: 's' captures (line 3) and 'u' does not"},
         {"stream s\nstream u\ncapture_begin @s\nmark in\nwait @u @s\nwork @u\ncapture_end @s\n",

@@ -13,6 +13,8 @@ import sys
 import tempfile
 import unittest
 
+from replay_driver import NEEDS_EMU, emulated
+
 REPLAY = sys.argv[1]
 # keep is never freed; a lives 4 actions (alloc at 0, free at 4), b 1 (alloc at 2, free at 3).
 TRACE = "alloc a 20MiB\nalloc keep 30MiB\nalloc b 10MiB\nfree b\nfree a\n"
@@ -81,6 +83,7 @@ class Oracle(unittest.TestCase):
         self.assertEqual((pools["a"], pools["b"]), ((0, 0), (0, 0)))
         self.assertNotIn(pools["keep"], ((0, 0), None))
 
+    @unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)  # a small device (--device-mem)
     def test_under_pressure_the_pool_gets_the_cache(self):
         # a's 40 MiB stay cached in the default pool; keep's growth in its own pool is refused on a
         # 60 MiB device, and a pool that records cannot reclaim: the oracle trims and retries.

@@ -4,6 +4,10 @@ figures), the emulator figures behind --driver-stats, the sleep note, the main j
 --tune and --tune-budget (a budget that holds a replay in progress; the default counts replays),
 the cap on a trace's total idle, and --report's page loaded in headless Chromium (skipped with the
 reason when there is none).
+On a real driver (a GPU, or cudaemu's driver-only build in the replay_output_driver test) the
+verdict's smallest-device search, --tune, --min-device and --device-mem need the emulator: the
+tests of those check that xseg-replay refuses them or says the search was not made, and skip the
+rest with the reason.
 Traces are written here; nothing is timed (time-outs only bound a hang).
 
 usage: test_replay_output.py XSEG_REPLAY
@@ -16,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import unittest
+
+from replay_driver import NEEDS_EMU, emulated
 
 REPLAY = sys.argv[1]
 # The sanitizer setups scale the suites down (XSEG_TEST_SCALE < 1): there the main job's verdict
@@ -47,6 +53,9 @@ def run(*args, env=None, timeout=300):
     return p.returncode, p.stdout, p.stderr
 
 
+EMULATED = emulated(REPLAY)
+
+
 class Output(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="replay-output-")
@@ -60,6 +69,7 @@ class Output(unittest.TestCase):
             f.write(text)
         return path
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_verdict_compare_with_recorded(self):
         t = self.trace(FRAG)
         rc, out, err = run("--compare", "--marks=none", t)
@@ -91,6 +101,15 @@ class Output(unittest.TestCase):
         t = self.trace("alloc a 100MiB\nalloc b 200MiB\nfree a\nmark m\n")
         rc, out, err = run("--marks=none", t)
         self.assertEqual(rc, 0, err)
+        if not EMULATED:
+            # On a GPU: where it ran, no emulated size, and why no smallest device.
+            self.assertRegex(out, r"(?m)^On the GPU, xseg reserves \d+ MiB at its peak for 300 MiB allocated\.$")
+            self.assertIn("Smallest device: not searched, as these replays ran on a GPU", out)
+            self.assertNotIn("GiB device", out)
+            rc, out, err = run("--compare", "--marks=none", "--device-mem", "256M", t)
+            self.assertEqual(rc, 2, out)
+            self.assertIn("--device-mem needs the emulator (cudaemu): on a GPU the device's memory is what it is", err)
+            self.skipTest(NEEDS_EMU)
         # One mode, no smallest device measured: a sentence about reserved memory, saying where.
         self.assertRegex(out.splitlines()[0], r"^On the 80\.0 GiB device, xseg reserves \d+ MiB at its peak for 300 "
                                               r"MiB allocated \(--min-device: the smallest device it fits on\)\.$")
@@ -106,6 +125,11 @@ class Output(unittest.TestCase):
         # One 121 MiB block: classic rounds to 2 MiB, expandable maps 20 MiB pages.
         rc, out, err = run("--compare", "--marks=none", self.trace("alloc a 121MiB\n"))
         self.assertEqual(rc, 0, err)
+        if not EMULATED:
+            self.assertIn("On the GPU, xseg reserves 140 MiB at its peak where PyTorch's allocator (classic "
+                          "mode, as modelled) reserves 122 MiB.", out)
+            self.assertIn("Smallest device: not searched, as these replays ran on a GPU", out)
+            self.skipTest(NEEDS_EMU)
         self.assertIn("On the 80.0 GiB device, xseg reserves 140 MiB at its peak where PyTorch's allocator (classic "
                       "mode, as modelled) reserves 122 MiB.", out)
         # A device size comes from the smallest devices, never from peak reserved.
@@ -127,6 +151,19 @@ class Output(unittest.TestCase):
         first = out.split("\n\n")[0]
         self.assertIn("replaying two bundled workloads (builtin:training, builtin:inference)", first)
         self.assertIn("classic mode (PyTorch's caching allocator", first)
+        if not EMULATED:
+            # On a GPU it says where it ran, what it shows, and where the verdict's search runs.
+            self.assertIn("on the GPU", first)
+            self.assertIn("what each mode reserves at its peak on this GPU", first)
+            self.assertIn("replays on\nemulated devices of each size", first)
+            self.assertNotIn("emulator (cudaemu)", first)
+            lines = out.splitlines()
+            i = lines.index("== builtin:training")
+            self.assertTrue(lines[i + 1].startswith("Smallest device: not searched, as these replays ran on a GPU"),
+                            lines[i + 1])
+            self.assertRegex(lines[i + 2], r"^On the GPU, xseg reserves [\d.]+ GiB at its peak where ")
+            return
+        self.assertIn("on the emulator\n(cudaemu)", first)
         self.assertIn("the verdict", first)
         self.assertIn("--report out.html", first)
         # Then each workload opens with its verdict.
@@ -135,6 +172,7 @@ class Output(unittest.TestCase):
         self.assertRegex(lines[i + 1], r"^Smallest device: xseg (at most )?[\d.]+ GiB; PyTorch's allocator (at most )?"
                                        r"[\d.]+ GiB by default \(classic\), ")
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune(self):
         t = self.trace(FRAG)
         rc, out, err = run("--tune", "--tune-budget", "60runs", "--marks=none", t)
@@ -148,6 +186,7 @@ class Output(unittest.TestCase):
             self.assertRegex(tune, r"%s:(.|\n)*  runner-up +%s[= ]" % (fam, env))
             self.assertRegex(tune, r"%s:(.|\n)*  default +%s unset \(the defaults\)" % (fam, env))
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune_predictions_hold(self):
         """The predicted figures are replays: the best config of each family, replayed with the
         config it ran with, reserves what was predicted, fits on its smallest device and fails on
@@ -197,6 +236,7 @@ class Output(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         return json.loads(out.splitlines()[-1])["min_device"]
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune_ranks_by_smallest_device(self):
         """The pick is the config with the smallest device, not the lowest peak reserved: on a
         trace where they differ, PyTorch's pick is expandable_segments:True (more reserved, a
@@ -217,6 +257,7 @@ class Output(unittest.TestCase):
             for rank in ("runner-up", "default"):
                 self.assertLessEqual(b["min_device_bytes"], got[(fam, rank)]["min_device_bytes"], (fam, rank))
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune_deterministic(self):
         """Two runs, the same picks and figures (fixed order, ties keep the earlier pick)."""
         t = self.trace(self.EXP_SMALLER)
@@ -228,6 +269,7 @@ class Output(unittest.TestCase):
             if r.get("rank") == "best":
                 self.assertIsNotNone(r["min_device_bytes"], r)
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune_budget_counts_replays(self):
         """The default budget counts replays, not seconds: a replay slowed down (cudaemu busy-waits
         in each memory call) gives the same search and picks, which completes and says so; a
@@ -282,6 +324,12 @@ class Output(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertFalse(os.path.exists(page))
         rc, out, err = run("--tune", "--tune-budget", "3runs", "--marks=none", t)
+        if not EMULATED:  # a real driver refuses what needs emulated devices, before any replay
+            for args in (("--tune",), ("--min-device",), ("--device-mem", "1G")):
+                rc, out, err = run(*args, "--marks=none", t)
+                self.assertEqual((rc, out), (2, ""), args)
+                self.assertIn("xseg-replay: %s needs the emulator (cudaemu)" % args[0], err)
+            return
         self.assertEqual(rc, 0, err)
         self.assertIn("cut short by the replay budget (3 replays)", out)
 
@@ -290,6 +338,7 @@ class Output(unittest.TestCase):
         return self.trace("config idle_release_ms:20\nalloc a 10MiB\n" + "idle %s\n" % each * idles + "free a\n",
                           "slow.trace")
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune_budget_holds_a_replay(self):
         """--tune-budget 1s where one replay takes 4 s: the replay in progress is stopped at the
         budget (before: each family's default replayed to its end, and a budget of seconds was
@@ -309,6 +358,7 @@ class Output(unittest.TestCase):
         self.assertEqual((last["replays"], last["cut_short"], last["cut_by"], last["stopped_replay"],
                           last["no_result"]), (0, True, "seconds", True, ["pytorch", "xseg"]), last)
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune_budget_keeps_what_finished(self):
         """Replays of 1 s under a budget of 5 s: each family's default finishes (well within),
         the search goes on until a replay in progress is stopped at the budget, and the best so
@@ -356,6 +406,16 @@ class Output(unittest.TestCase):
                        .replace("alloc b0 90MiB", "# the original run hit an OOM here (device free: 0)\nalloc b0 90MiB"),
                        name="<evil>.trace")
         page = os.path.join(self.tmp, "out.html")
+        if not EMULATED:
+            # On a GPU: the page says no search was made, and has no --tune table.
+            rc, out, err = run("--report", page, "--marks=none", t)
+            self.assertEqual(rc, 0, err)
+            with open(page, encoding="utf-8") as f:
+                html = f.read()
+            self.assertIn("Smallest device: not searched, as these replays ran on a GPU", html)
+            self.assertNotIn('<table class="tune">', html)
+            self.assertNotIn("<evil>", html)
+            self.skipTest(NEEDS_EMU)
         # A device too small for the last request in both modes: failed allocations drawn.
         rc, out, err = run("--report", page, "--tune-budget", "30runs", "--marks=none", "--device-mem", "270M", t)
         self.assertEqual(rc, 0, err)
@@ -417,6 +477,7 @@ class Output(unittest.TestCase):
         self.assertIn("<summary>all 2 frames</summary>??:0 c10::cuda::malloc<br>m&lt;b&gt;.py:7 ", live)
         self.assertIn("&lt;script&gt;", live)
 
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_report_verdict_colour(self):
         """The verdict box takes the headline's colour: green when xseg fits a smaller device than
         PyTorch's allocator with its best one-line setting, grey when the same, whatever peak

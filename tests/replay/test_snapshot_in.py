@@ -15,6 +15,8 @@ import sys
 import tempfile
 import unittest
 
+from replay_driver import NEEDS_EMU, emulated
+
 CONVERTER, REPLAY, REPLAY_SH = sys.argv[1], sys.argv[2], sys.argv[3]
 spec = importlib.util.spec_from_file_location("snapshot2trace", CONVERTER)
 s2t = importlib.util.module_from_spec(spec)
@@ -170,6 +172,7 @@ class Devices(Base):
         self.assertEqual(r.returncode, 1)
         self.assertIn("device 7 is out of range", r.stderr)
 
+    @unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)  # each device's smallest device (--min-device)
     def test_two_devices(self):
         path = self.write("two.pickle", self.two_devices())
         r = replay(path, "--marks=none", "--summary=json")
@@ -376,6 +379,7 @@ class Report(Base):
 
 
 class Cleanup(Base):
+    @unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)  # --min-device: a run long enough to signal
     def test_converted_traces_go(self):
         """The converted traces live in a folder of TMPDIR while xseg-replay runs: gone after a
         run, after a failure, and when a signal ends it (during the conversion or a replay)."""

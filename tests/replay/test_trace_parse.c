@@ -314,6 +314,11 @@ static void test_errors(void **state)
          * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE or _UNJOINED): */
         {"stream s\ncapture_begin @s\nsync @s\ncapture_end @s\n",
          "t.trace:3: sync @s: 's' captures (line 2); a capturing stream cannot be synchronized"},
+        /* xseg-replay captures in the driver's GLOBAL mode: a synchronize of any stream is refused */
+        {"stream s\nstream u\ncapture_begin @s\nsync @u\ncapture_end @s\n",
+         "t.trace:4: sync @u: stream 's' captures (line 3); no stream can be synchronized during a capture"},
+        {"stream s\ncapture_begin @s\nsync @default\ncapture_end @s\n",
+         "t.trace:3: sync @default: stream 's' captures (line 2); no stream can be synchronized during a capture"},
         {"stream s\ncapture_begin @s\nsync\ncapture_end @s\n",
          "t.trace:3: sync: stream 's' captures (line 2); the whole device cannot be synchronized during a capture"},
         {"stream s\nstream u\ncapture_begin @s\nwait @s @u\ncapture_end @s\n",
@@ -358,9 +363,8 @@ static void test_errors(void **state)
         "pool_release g\npool_release g\n",
         /* an older use released while the pool records again */
         "pool_begin p\npool_end p\npool_begin p\npool_release p\npool_end p\npool_release p\n",
-        /* during a capture: another stream synchronized or working, the legacy stream synchronized
-         * (the replay's streams do not block on it), the cache emptied or trimmed, a config */
-        "stream s\nstream u\nalloc a 1MiB @u\ncapture_begin @s\nsync @u\nsync @default\nwork @u\nhold @u\n"
+        /* during a capture: another stream working, the cache emptied or trimmed, a config */
+        "stream s\nstream u\nalloc a 1MiB @u\ncapture_begin @s\nwork @u\nhold @u\n"
         "release @u\nfree a\nempty_cache\ntrim 0\nconfig garbage_collection_threshold:0.5\nidle 1ms\n"
         "mark m\nwait @u @default\ncapture_end @s\n",
         /* forks joined back: directly, through a chain, as a diamond; a fork with no work of its

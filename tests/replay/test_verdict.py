@@ -22,6 +22,8 @@ import tempfile
 import time
 import unittest
 
+from replay_driver import NEEDS_EMU, emulated
+
 REPLAY = sys.argv[1]
 REPLAY_SH = sys.argv[2] if len(sys.argv) > 2 else None
 # The sanitizer setups scale the suites down (XSEG_TEST_SCALE < 1): there the bundled workloads'
@@ -119,6 +121,8 @@ HEADLINE = re.compile(r"^Smallest device: xseg (?P<x>(?:at most )?[\d.]+ \w+); P
                       r"and no one-line setting \(PYTORCH_CUDA_ALLOC_CONF\) fits it on less)", re.M)
 
 
+# Every verdict here is the smallest-device search's, or --min-device's, or --tune's.
+@unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)
 class Verdict(unittest.TestCase):
     def setUp(self):
         self._d = tempfile.TemporaryDirectory()

@@ -72,6 +72,7 @@ struct cli {
     int history;          /* --history */
     int driver_stats;     /* --driver-stats: host time and driver calls in the summary */
     int tune;             /* --tune */
+    int real_gpu;         /* the driver is not cudaemu: no emulated device sizes, no search */
     struct tune_budget budget; /* --tune-budget */
     const char *report;   /* --report FILE.html */
     FILE *report_file;    /* opened before the replays: a bad path fails first */
@@ -585,7 +586,7 @@ static int replay_here(const struct cli *c, const char *spec, const char *name)
         if (c->summary == SUM_TEXT) {
             if (c->marks == RUN_MARKS_TABLE)
                 putchar('\n');
-            sum.device_bytes = c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
+            sum.device_bytes = c->real_gpu ? 0 : c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
             report_summary_text(stdout, &sum, &t.recorded, c->driver_stats);
         } else if (c->summary == SUM_JSON) {
             report_summary_json(stdout, &sum);
@@ -1423,7 +1424,7 @@ static int replay_child_trace(const struct cli *c, struct children *ch, size_t t
         over |= r == 2;
         rc |= r == 1;
     }
-    if (rc == 0 && (c->summary == SUM_TEXT || c->report || c->tune))
+    if (rc == 0 && !c->real_gpu && (c->summary == SUM_TEXT || c->report || c->tune))
         rc = verdict_figures(c, ch, ti);
     if (over && ch->tuned[ti]) { /* a mode's replay was what the budget's seconds stopped */
         ch->tunes[ti].stopped_replay = ch->tunes[ti].cut_short = 1;
@@ -1685,18 +1686,25 @@ static int expand_snapshots(struct cli *c)
 }
 
 /* The main job (no TRACE) says first what it does and what to look at. */
-static void intro(void)
+static void intro(int real_gpu)
 {
-    const char *emu = getenv("XSEG_LIBCUDA");
-    int on_emu = emu && strstr(emu, "cudaemu");
-    printf("xseg-replay: replaying two bundled workloads (builtin:training, builtin:inference) %s,\n"
-           "each twice: classic mode (PyTorch's caching allocator, as xseg models it) and expandable mode\n"
-           "(xseg's default). Each workload opens with the verdict: the smallest device xseg fits it on,\n"
-           "against PyTorch's allocator by default and with its best one-line setting (the\n"
-           "PYTORCH_CUDA_ALLOC_CONF line --tune's search finds); the marks and the table below show where.\n"
-           "Your own run: a PyTorch snapshot: xseg-replay FILE.pickle; --report out.html for a page with\n"
-           "the plot and the best config (--tune), --help for the rest.\n\n",
-           on_emu ? "on the emulator (cudaemu, no GPU found)" : "on the GPU");
+    if (real_gpu)
+        printf("xseg-replay: replaying two bundled workloads (builtin:training, builtin:inference) on the GPU,\n"
+               "each twice: classic mode (PyTorch's caching allocator, as xseg models it) and expandable mode\n"
+               "(xseg's default). Each workload opens with what each mode reserves at its peak on this GPU;\n"
+               "the marks and the table below show where. The verdict (the smallest device xseg fits it on,\n"
+               "against PyTorch's allocator by default and with its best one-line setting) replays on\n"
+               "emulated devices of each size: run this where no GPU is found, or with XSEG_LIBCUDA set to\n"
+               "libcudaemu.so. Your own run: a PyTorch snapshot: xseg-replay FILE.pickle; --report out.html\n"
+               "for a page with the plot, --help for the rest.\n\n");
+    else
+        printf("xseg-replay: replaying two bundled workloads (builtin:training, builtin:inference) on the emulator\n"
+               "(cudaemu), each twice: classic mode (PyTorch's caching allocator, as xseg models it) and\n"
+               "expandable mode (xseg's default). Each workload opens with the verdict: the smallest device\n"
+               "xseg fits it on, against PyTorch's allocator by default and with its best one-line setting (the\n"
+               "PYTORCH_CUDA_ALLOC_CONF line --tune's search finds); the marks and the table below show where.\n"
+               "Your own run: a PyTorch snapshot: xseg-replay FILE.pickle; --report out.html for a page with\n"
+               "the plot and the best config (--tune), --help for the rest.\n\n");
     fflush(stdout);
 }
 
@@ -1786,17 +1794,33 @@ int main(int argc, char **argv)
     if (!c.child && validate_traces(&c))
         return 1;
     int here = c.child || (!c.compare && c.ntraces == 1 && !c.tune && !c.min_device);
-    if (here && c.explain_device && !c.child) {
+    if (find_driver(&c))
+        return 1;
+    /* On a GPU the device's memory is what it is: what sizes an emulated device is refused, and
+     * the verdict's smallest-device search is not made (its answers would be the GPU's, not the
+     * sizes probed). */
+    c.real_gpu = !run_driver_is_emulator();
+    if (c.real_gpu && !c.child) {
+        const char *opt = c.min_device ? "--min-device" : c.tune ? "--tune" : c.device_mem ? "--device-mem" : NULL;
+        if (opt) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s needs the emulator (cudaemu): on a GPU the device's memory is what it is, "
+                     "and %s replays on emulated devices of the sizes it asks for. Run it where no GPU is found, or "
+                     "with XSEG_LIBCUDA set to libcudaemu.so (beside xseg-replay in the wheel, build/cudaemu/ in a "
+                     "build tree)", opt, opt);
+            return usage_error("%s", msg);
+        }
+    }
+    if (here && c.explain_device && !c.child && !c.real_gpu) {
         c.device_mem = c.explain_device;
+        setenv("CUDAEMU_TOTAL_MEM", c.device_mem, 1);
         char d[32];
         size_text(d, sizeof d, strtoull(c.device_mem, NULL, 10));
         printf("--explain-oom: replaying on your %s device, the capacity the snapshot records (what PyTorch held "
                "plus what was free when it failed; --device-mem SIZE for another)\n", d);
     }
-    if (find_driver(&c))
-        return 1;
     if (c.builtin_default && !c.child && c.summary == SUM_TEXT)
-        intro();
+        intro(c.real_gpu);
     c.t_start = mono_s();
     /* --tune-budget's seconds hold every replay of the command, the first one too. */
     if ((c.tune || c.report) && c.budget.seconds > 0 && !c.child)

@@ -534,16 +534,26 @@ static xseg_status parse_sync(struct parser *p, const struct line *l, struct tra
     if (l->n == 2 && (st = stream_ref(p, &tk[1], &a->stream)))
         return st;
     /* The driver refuses to synchronize a capturing stream, or the whole context while any
-     * stream captures (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and invalidates the capture. */
+     * stream captures (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and invalidates the capture. A
+     * stream outside the capture is refused too: xseg-replay captures in the driver's GLOBAL
+     * mode, where a synchronize is a capture-unsafe call (as PyTorch's torch.cuda.graph, whose
+     * default capture_error_mode is "global"). */
     char what[160];
-    for (size_t i = 0; a->stream == TRACE_ALL_STREAMS && i < p->t->streams.count; i++)
-        if (p->streams[i].capturing)
-            return perr(p, "sync: stream '%s' captures (line %u); the whole device cannot be synchronized "
-                           "during a capture (sync a stream outside it, or after capture_end)",
-                        p->t->streams.names[i], p->streams[i].line);
     if (a->stream >= 0 && p->streams[a->stream].in)
         return perr(p, "sync %.*s: %s; a capturing stream cannot be synchronized", (int)tk[1].len, tk[1].s,
                     capture_role(p, a->stream, what, sizeof what));
+    for (size_t i = 0; i < p->t->streams.count; i++)
+        if (p->streams[i].capturing) {
+            if (a->stream == TRACE_ALL_STREAMS)
+                return perr(p, "sync: stream '%s' captures (line %u); the whole device cannot be synchronized "
+                               "during a capture (sync after capture_end)",
+                            p->t->streams.names[i], p->streams[i].line);
+            return perr(p, "sync %.*s: stream '%s' captures (line %u); no stream can be synchronized during a "
+                           "capture (the driver refuses it in the global capture mode xseg-replay uses, as "
+                           "PyTorch's torch.cuda.graph does by default): sync before capture_begin or after "
+                           "capture_end",
+                        (int)tk[1].len, tk[1].s, p->t->streams.names[i], p->streams[i].line);
+        }
     return XSEG_SUCCESS;
 }
 

@@ -309,7 +309,7 @@ static void oom_live_sentence(char *buf, size_t len, const struct report_headlin
  * segments is compared with expandable mode only: classic mode is another allocator mode, and
  * the gap between two modes is no model error. */
 static size_t reserved_sentences(const struct run_summary *xs, const struct run_summary *cl, size_t n,
-                                 const struct run_summary *s, const struct trace_recorded *rec, const char *dev,
+                                 const struct run_summary *s, const struct trace_recorded *rec, const char *where,
                                  char lines[][REPORT_VERDICT_MAX], size_t k, size_t maxlines)
 {
     char a[32], b[32];
@@ -318,10 +318,10 @@ static size_t reserved_sentences(const struct run_summary *xs, const struct run_
     if (xs && (have_rec || cl) && k < maxlines) {
         human(a, sizeof a, xs->peak_reserved);
         human(b, sizeof b, have_rec ? rec->peak_reserved : cl->peak_reserved);
-        snprintf(lines[k++], REPORT_VERDICT_MAX, "%sOn the %s%s device, xseg reserves %s at its peak where %s %s %s%s.",
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "%sOn the %s, xseg reserves %s at its peak where %s %s %s%s.",
                  rec_exp ? "PyTorch ran with expandable segments (the snapshot says so), compared here with expandable "
                            "mode. " : "",
-                 dev, dev[0] ? "" : "emulated", a, have_rec ? "PyTorch's allocator" : classic_name,
+                 where, a, have_rec ? "PyTorch's allocator" : classic_name,
                  have_rec ? "reserved" : "reserves", b, have_rec ? " (recorded)" : "");
     }
     if (cl && have_rec && !rec_exp && k < maxlines) {
@@ -334,9 +334,9 @@ static size_t reserved_sentences(const struct run_summary *xs, const struct run_
     if (n == 1 && !(xs && have_rec) && !(cl && have_rec) && k < maxlines) {
         human(a, sizeof a, s[0].peak_reserved);
         human(b, sizeof b, s[0].peak_allocated);
-        snprintf(lines[k++], REPORT_VERDICT_MAX, "On the %s%s device, %s reserves %s at its peak for %s allocated "
-                 "(--min-device: the smallest device it fits on).", dev, dev[0] ? "" : "emulated",
-                 xs ? "xseg" : classic_name, a, b);
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "On the %s, %s reserves %s at its peak for %s allocated%s.", where,
+                 xs ? "xseg" : classic_name, a, b,
+                 s[0].have_calls ? " (--min-device: the smallest device it fits on)" : "");
     }
     return k;
 }
@@ -404,14 +404,22 @@ size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_
         snprintf(lines[k++], REPORT_VERDICT_MAX, "Warning: this snapshot has no allocation history (segments only: "
                  "it was taken without torch.cuda.memory._record_memory_history()), so the replay allocates only "
                  "what was live when it was taken: its figures say nothing of the run's peak or fragmentation.");
+    /* A replay on a GPU (no emulator call counts) ran on the GPU's memory, and no search was made. */
+    const int on_gpu = !s[0].have_calls;
+    char where[48];
+    snprintf(where, sizeof where, "%s%s", dev, dev[0] ? " device" : on_gpu ? "GPU" : "emulated device");
+    if (on_gpu && !h && k < maxlines)
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "Smallest device: not searched, as these replays ran on a GPU, "
+                 "whose memory is what it is: the search replays on emulated devices of each size (run where no "
+                 "GPU is found, or with XSEG_LIBCUDA set to libcudaemu.so).");
     k = oom_and_headline(xs, cl, rec, h, dev, lines, k, maxlines);
-    k = reserved_sentences(xs, cl, n, s, rec, dev, lines, k, maxlines);
+    k = reserved_sentences(xs, cl, n, s, rec, where, lines, k, maxlines);
     for (size_t m = 0; m < n && k < maxlines; m++)
         if (s[m].failed_allocs)
             snprintf(lines[k++], REPORT_VERDICT_MAX,
-                     "In %s mode %llu allocation%s failed on the %s%semulated device (--device-mem): the run does "
-                     "not fit there.", s[m].mode, (unsigned long long)s[m].failed_allocs,
-                     s[m].failed_allocs > 1 ? "s" : "", dev, dev[0] ? " " : "");
+                     "In %s mode %llu allocation%s failed on the %s%s%s: the run does not fit there.", s[m].mode,
+                     (unsigned long long)s[m].failed_allocs, s[m].failed_allocs > 1 ? "s" : "", dev,
+                     dev[0] ? " " : "", on_gpu ? "GPU" : "emulated device (--device-mem)");
     return k;
 }
 

@@ -101,6 +101,17 @@ xseg_status run_find_driver(const char *const *candidates, size_t ncandidates,
     return XSEG_ERROR_DRIVER;
 }
 
+int run_driver_is_emulator(void)
+{
+    const char *lib = getenv("XSEG_LIBCUDA");
+    void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!h)
+        return 0;
+    int emulated = dlsym(h, "cudaemu_call_count") != NULL;
+    dlclose(h);
+    return emulated;
+}
+
 xseg_status run_init(const char *config, char *err, size_t errlen)
 {
     xseg_status st = xseg_init(config);

@@ -103,6 +103,11 @@ struct run_timeline {
 xseg_status run_find_driver(const char *const *candidates, size_t ncandidates,
                             const char *device_mem, int *using_emulator, char *err, size_t errlen);
 
+/* Is the driver run_find_driver settled on the emulator? Asks the library ($XSEG_LIBCUDA, else
+ * libcuda.so.1) for cudaemu's control API without initializing anything: 1 on cudaemu, 0 on a
+ * real driver (or none). */
+int run_driver_is_emulator(void);
+
 /* Initialize xseg with @p config (NULL: the environment) and load the emulator controls. */
 xseg_status run_init(const char *config, char *err, size_t errlen);
 
