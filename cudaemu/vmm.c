@@ -694,8 +694,12 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     } else {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
+    /* A negative descriptor: CUDA_ERROR_UNKNOWN on the H200's driver (580.159.04, 2026-11-26),
+     * not the INVALID_VALUE of the other bad descriptors (unmeasured: cudaemu's). */
+    if (fd < 0)
+        return CUDA_ERROR_UNKNOWN;
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
         !vmm_aligned((uintptr_t)st.st_size)) {
         if (owned >= 0)
             close(owned);
