@@ -18,6 +18,8 @@ import sys
 import tempfile
 import unittest
 
+from replay_driver import NEEDS_EMU, emulated
+
 HARNESS, REPLAY = sys.argv[1], sys.argv[2]
 MIB = 1 << 20
 
@@ -208,6 +210,7 @@ class Arithmetic(unittest.TestCase):
         self.assertIn("is not an executable", r.stderr)
 
 
+@unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)  # every device size of a band, emulated
 class TwoTraces(unittest.TestCase):
     """xseg-replay on two hand-made traces: PyTorch's expandable layout against the default."""
 
