@@ -61,7 +61,7 @@
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
  * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 821
- * instructions against 782 (+4.9 %) on 80 GiB, 887 (+13.4 %) on 8 GiB (S1); the small pool's +0.5 %.
+ * instructions against 782 (+4.9 %) on 80 GiB, 855 (+9.3 %) on 8 GiB (S1); the small pool's +0.5 %.
  */
 #ifndef XSEG_CORE_PLACEMENT_H
 #define XSEG_CORE_PLACEMENT_H
