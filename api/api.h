@@ -13,8 +13,10 @@
 xseg_status api_free_multi(void *ptr, int ndevices);
 
 /* api_malloc when ptr is NULL, the device's allocator is not at hand (first use, bad index) or
- * size is 0: the full checks, in the documented order. */
-xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream_st *stream);
+ * size is 0: the full checks, in the documented order. Cold and never inlined: inlined into
+ * xseg_malloc (gcc -O3 does, in the same file), it gives the cached pair a stack frame. */
+__attribute__((noinline, cold)) xseg_status api_malloc_slow(void **ptr, size_t size, int device,
+                                                            struct CUstream_st *stream);
 
 static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)
 {

@@ -185,86 +185,13 @@ static inline bool malloc_predict_long(struct dev_alloc *d, const struct alloc_p
     return place_predict_long(d, p->size, requested, p->stream, p->pool);
 }
 
-/*
- * The placement of a request predicted long-lived (core/device/placement.h, L2): among the free
- * blocks of its (pool, stream) that fit it, the highest (place_top_higher). A walk of the stream's
- * bins from the request's size class up (blocks of lower classes are smaller), at most
- * PLACE_TOP_WALK_MAX blocks. NULL when none fits. The block stays in the free index.
- */
-static __attribute__((noinline)) struct block *find_top_block(struct dev_alloc *d, const struct alloc_params *p)
-{
-    lock_assert_held(&d->lock);
-    struct sbins *s = bpool_bins(p->pool, p->stream);
-    if (!s)
-        return NULL;
-    size_t size = p->size;
-    struct block *best = NULL, *stack[128];
-    unsigned walked = 0;
-    for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < PLACE_TOP_WALK_MAX;
-         k = bins_next(s, (unsigned)k + 1)) {
-        unsigned n = 0;
-        stack[n++] = s->bin[k];
-        while (n && walked < PLACE_TOP_WALK_MAX) {
-            struct block *b = stack[--n];
-            walked++;
-            if (b->left && n < 128)
-                stack[n++] = b->left;
-            if (b->right && n < 128)
-                stack[n++] = b->right;
-            if (b->size < size || !BOPS_FITS(d, size, b->size))
-                continue;
-            if (place_top_higher(b, best))
-                best = b;
-        }
-    }
-    return best;
-}
-
-/* The placement by class (core/device/placement.h, S1) of large request @p p, of class p->cls: the
- * best fit among the free blocks of its class's segments, NULL when none fits: the index's best fit
- * when it is of the class (its order is place_class_better's; *pred its index predecessor, as
- * find_free_block's), else a walk as find_top_block's (*pred_ok false). The block stays in the free
- * index. */
-static __attribute__((noinline)) struct block *find_class_block(struct dev_alloc *d, const struct alloc_params *p,
-                                                                struct block **pred, bool *pred_ok)
-{
-    lock_assert_held(&d->lock);
-    size_t size = p->size;
-    struct block *best = NULL, *stack[128], *next;
-    best = bpool_fit(p->pool, p->stream, size, pred, &next);
-    *pred_ok = true;
-    if (!best || (BOPS_FITS(d, size, best->size) && place_block_ok(best, p->cls)))
-        return best;
-    *pred_ok = false;
-    best = NULL;
-    struct sbins *s = bpool_bins(p->pool, p->stream);
-    unsigned walked = 0;
-    for (int k = bins_next(s, bins_index(size)); k >= 0 && walked < PLACE_TOP_WALK_MAX;
-         k = bins_next(s, (unsigned)k + 1)) {
-        unsigned n = 0;
-        stack[n++] = s->bin[k];
-        while (n && walked < PLACE_TOP_WALK_MAX) {
-            struct block *b = stack[--n];
-            walked++;
-            if (b->left && n < 128)
-                stack[n++] = b->left;
-            if (b->right && n < 128)
-                stack[n++] = b->right;
-            if (b->size >= size && BOPS_FITS(d, size, b->size) && place_block_ok(b, p->cls) &&
-                place_class_better(b, best))
-                best = b;
-        }
-    }
-    return best;
-}
-
 /* get_free_block for the slow path: the block found is taken out of the free index. */
 static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 {
     lock_assert_held(&d->lock);
     struct block *pred;
     bool pred_ok;
-    struct block *b = XSEG_UNLIKELY(p->top) ? find_top_block(d, p) : find_free_block(d, p, &pred, &pred_ok);
+    struct block *b = XSEG_UNLIKELY(p->top) ? bops_find_top(d, p->pool, p->stream, p->size) : find_free_block(d, p, &pred, &pred_ok);
     if (!b)
         return false;
     bpool_remove_free(p->pool, b);
@@ -760,7 +687,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 {
     lock_assert_held(&d->lock);
     /* 1. The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
-     * request predicted long-lived, the highest fitting block (find_top_block). */
+     * request predicted long-lived, the highest fitting block (bops_find_top). */
     if (!searched) {
         struct block *pred;
         bool pred_ok = false;
@@ -768,8 +695,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         p->top = !by_class && malloc_predict_long(d, p, size);
         if (by_class)
             p->cls = (uint8_t)place_class_of(d, size, p->stream, p->pool);
-        found = by_class ? find_class_block(d, p, &pred, &pred_ok)
-                : p->top ? find_top_block(d, p) : find_free_block(d, p, &pred, &pred_ok);
+        found = by_class ? bops_find_class(d, p->pool, p->stream, p->size, p->cls, &pred, &pred_ok)
+                : p->top ? bops_find_top(d, p->pool, p->stream, p->size) : find_free_block(d, p, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
             return malloc_finish(d, p, size, true, pred, out, h);
@@ -990,7 +917,7 @@ static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, siz
         p.cls = (uint8_t)place_class_home(d, size, stream, p.pool);
         struct block *pred;
         bool pred_ok;
-        struct block *c = find_class_block(d, &p, &pred, &pred_ok);
+        struct block *c = bops_find_class(d, p.pool, p.stream, p.size, p.cls, &pred, &pred_ok);
         if (!c)
             return malloc_slow(d, size, stream, false, NULL, false, out);
         p.block = c;
@@ -999,7 +926,7 @@ static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, siz
         bpool_remove_free(p.pool, c);
         return malloc_finish_at(d, &p, size, false, NULL, true, out, NULL);
     }
-    struct block *b = find_top_block(d, &p);
+    struct block *b = bops_find_top(d, p.pool, p.stream, p.size);
     if (!b)
         return malloc_slow(d, size, stream, true, NULL, true, out);
     bpool_remove_free(p.pool, b);

@@ -29,7 +29,7 @@ xseg_status devops_empty_cache(struct dev_alloc *d)
     if (XSEG_UNLIKELY(d->quar.n)) {
         quar_st = quar_check_all(d, "empty_cache", false, NULL);
         if (quar_st != XSEG_SUCCESS)
-            snprintf(quar_msg, sizeof quar_msg, "%s", xseg_last_error());
+            snprintf(quar_msg, sizeof quar_msg, "%s", err_message());
         quar_take(d, &batch);
     }
     xseg_status left_st;

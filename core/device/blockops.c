@@ -4,7 +4,10 @@
  */
 #include "core/device/blockops.h"
 
+#include <stdint.h>
+
 #include "base/assert.h"
+#include "core/device/placement.h"
 #include "core/process/history.h"
 
 /* ---- merge / free ------------------------------------------------------------------------ */
@@ -107,4 +110,48 @@ void bops_split_free(struct bpool *pool, struct block *b, struct block *x, size_
     b->size -= n;
     block_set_gc_base(x, pool->get_free_blocks_call_count);
     bpool_insert_free(pool, x);
+}
+
+/* ---- the placement's finders ------------------------------------------------------------- */
+
+struct top_walk {
+    const struct dev_alloc *d;
+    size_t size;
+    struct block *best;
+    unsigned cls;
+};
+
+static void top_visit(void *ctx, struct block *b)
+{
+    struct top_walk *w = ctx;
+    xseg_assert(BOPS_FITS(w->d, w->size, b->size));
+    if (place_top_higher(b, w->best))
+        w->best = b;
+}
+
+struct block *bops_find_top(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size)
+{
+    lock_assert_held(&d->lock);
+    struct sbins *s = bpool_bins(pool, stream);
+    if (!s)
+        return NULL;
+    struct top_walk w = {d, size, NULL, 0};
+    bins_walk(s, size, bops_fit_end(d, size), PLACE_TOP_WALK_MAX, top_visit, &w);
+    return w.best;
+}
+
+static void class_visit(void *ctx, struct block *b)
+{
+    struct top_walk *w = ctx;
+    xseg_assert(BOPS_FITS(w->d, w->size, b->size));
+    if (place_block_ok(b, w->cls) && place_class_better(b, w->best))
+        w->best = b;
+}
+
+struct block *bops_walk_class(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, unsigned cls)
+{
+    lock_assert_held(&d->lock);
+    struct top_walk w = {d, size, NULL, cls};
+    bins_walk(bpool_bins(pool, stream), size, bops_fit_end(d, size), PLACE_TOP_WALK_MAX, class_visit, &w);
+    return w.best;
 }

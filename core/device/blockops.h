@@ -1,8 +1,10 @@
 /*
  * Split and merge of blocks, and the rules that decide them (PyTorch's get_free_block fit rule and
- * should_split; the merge on free). Every finder (find_free_block and find_top_block in
- * core/alloc.c, the stream slots' fast_fits in core/device/fast.c) asks BOPS_FITS, every split
- * asks should_split: a policy change is made here once.
+ * should_split; the merge on free), and the placement's finders beside the rule (bops_find_top,
+ * bops_find_class: one bounded walk of the free index, index/bins.h's bins_walk, with placement.h's
+ * predicates). Every finder (these, find_free_block in core/alloc.c, the stream slots' fast_fits
+ * in core/device/fast.c) asks BOPS_FITS or its bound form bops_fit_end, every split asks
+ * should_split: a policy change is made here once.
  */
 #ifndef XSEG_CORE_DEVICE_BLOCKOPS_H
 #define XSEG_CORE_DEVICE_BLOCKOPS_H
@@ -11,6 +13,7 @@
 #include <stddef.h>
 
 #include "core/device/device.h"
+#include "core/device/placement.h"
 
 /* PyTorch's max_split_size rules: may a request of @p size rounded bytes take a free block of
  * @p bsize bytes (bsize >= size)? Below max_split_size, only a block below it too (an oversize
@@ -22,6 +25,40 @@
 #define BOPS_FITS(d, size, bsize)                                                                  \
     (!((size) < (d)->cfg.max_split_size && (bsize) >= (d)->cfg.max_split_size) &&                  \
      !((size) >= (d)->cfg.max_split_size && (bsize) >= (size) + (d)->cfg.max_non_split_rounding))
+
+/* BOPS_FITS as a bound, for a walk of the index in size order: a request of @p size takes a free
+ * block of bsize bytes, size <= bsize, exactly when bsize < bops_fit_end(d, size). */
+static inline size_t bops_fit_end(const struct dev_alloc *d, size_t size)
+{
+    if (size < d->cfg.max_split_size)
+        return d->cfg.max_split_size;
+    size_t r = d->cfg.max_non_split_rounding;
+    return size > SIZE_MAX - r ? SIZE_MAX : size + r;
+}
+
+/* The placement of a request predicted long-lived (core/device/placement.h, L2): among the free
+ * blocks of (@p pool, @p stream) that fit @p size, the highest (place_top_higher), looking at the
+ * PLACE_TOP_WALK_MAX smallest that fit at most (bins_walk). NULL when none fits. The block stays
+ * in the free index. */
+struct block *bops_find_top(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size);
+
+/* The placement by class (core/device/placement.h, S1) of @p size in (@p pool, @p stream), of class
+ * @p cls: the best fit among the free blocks of its class's segments, NULL when none fits: the
+ * index's best fit when it is of the class (*pred its index predecessor, as find_free_block's),
+ * else the best (place_class_better) of a walk as bops_find_top's (*pred_ok false). The block
+ * stays in the free index. */
+struct block *bops_walk_class(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, unsigned cls);
+static inline struct block *bops_find_class(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size,
+                                            unsigned cls, struct block **pred, bool *pred_ok)
+{
+    lock_assert_held(&d->lock);
+    struct block *next, *best = bpool_fit(pool, stream, size, pred, &next);
+    *pred_ok = true;
+    if (!best || (BOPS_FITS(d, size, best->size) && place_block_ok(best, cls)))
+        return best;
+    *pred_ok = false; /* the walk's (bops_walk_class, out of line: the index's fit is the common case) */
+    return bops_walk_class(d, pool, stream, size, cls);
+}
 
 /* PyTorch's should_split: is the rest of free block @p b after a request of @p size bytes worth a
  * block of its own? */

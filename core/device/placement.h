@@ -12,9 +12,10 @@
  *        LIFE_DEPTH (4, state.h)     more short blocks on top         fit_training_step,
  *        LIFE_KEYS (1024, state.h),  host memory (in the device's     fit_top_placement(_off)
  *        PLACE_LIFE_PROBES (8)       state) against forgotten keys
- *  L2    PLACE_TOP_WALK_MAX (4096)   host time under the lock against #lifetime-placement, "highest
- *                                    a lower block taken              fitting block, its top end";
- *                                                                     fit_top_placement
+ *  L2    PLACE_TOP_WALK_MAX (256)    host time under the lock against #lifetime-placement, "highest
+ *                                    a lower block taken (at most 86  fitting block, its top end";
+ *                                    fitting free blocks at a top     #walks (bench_walks);
+ *                                    placement in the 25 traces)      fit_top_placement
  *  C1    PLACE_DEVICE_CHUNK_DIV      smaller chunks give more back    "The 1 % bar", Small devices
  *        (512)                       around live blocks; at most      (bcrafton); fit_small_device,
  *                                    1,024 chunks a device            fit_small_device_pages,
@@ -66,7 +67,7 @@
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
  * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 821
- * instructions against 782 (+4.9 %) on 80 GiB, 887 (+13.4 %) on 8 GiB (S1); the small pool's +0.5 %.
+ * instructions against 782 (+4.9 %) on 80 GiB, 855 (+9.3 %) on 8 GiB (S1); the small pool's +0.5 %.
  */
 #ifndef XSEG_CORE_PLACEMENT_H
 #define XSEG_CORE_PLACEMENT_H
@@ -84,7 +85,7 @@
 #define PLACE_LIFE_WINDOW 64     /* L1: mallocs and frees in the window (the bits of life_state.ring) */
 #define PLACE_LIFE_TWINS 2       /* L1: live blocks of the key needed, at least */
 #define PLACE_LIFE_PROBES 8      /* L1: key entries probed from a key's home before one is replaced */
-#define PLACE_TOP_WALK_MAX 4096  /* L2: free blocks a top-fit search looks at, at most */
+#define PLACE_TOP_WALK_MAX 256   /* L2: fitting free blocks a top-fit or class search looks at, at most */
 #define PLACE_DEVICE_CHUNK_DIV 512 /* C1 */
 #define PLACE_NEAR_FULL_DIV 8    /* C2 */
 #define PLACE_FINE_CHUNK_DIV 16  /* C3 */

@@ -125,6 +125,47 @@ static inline struct block *bins_first_from(const struct sbins *s, unsigned k)
     return t;
 }
 
+/* The smallest size that bins_index puts in class @p k (k < BINS_N). */
+static inline size_t bins_class_min(unsigned k)
+{
+    if (k < 512)
+        return (size_t)k << 9;
+    unsigned e = 9u + ((k - 512u) >> 5), m = (k - 512u) & 31u;
+    return ((size_t)(32u + m) << (e - 5u)) << 9;
+}
+
+/* A walk of the free blocks of @p s whose size lies in [lo, hi), bounded by what it hands out:
+ * size classes upward from lo's, each class's treap depth first, pruned to the range by the
+ * treap's (size, addr) order (left of a block below lo and right of one at hi or above hold
+ * nothing in range). @p visit sees at most @p max blocks, all in range; the walk looks at no
+ * more than max + 2 classes and, beyond the blocks it hands out, two paths of a treap in each
+ * (the range's ends). Inline: with a constant @p visit, the compiler inlines the visitor. */
+#define BINS_WALK_STACK 128
+static inline __attribute__((always_inline)) void bins_walk(const struct sbins *s, size_t lo, size_t hi, unsigned max,
+                                                            void (*visit)(void *ctx, struct block *b), void *ctx)
+{
+    struct block *stack[BINS_WALK_STACK];
+    unsigned seen = 0;
+    for (int k = bins_next(s, bins_index(lo)); k >= 0 && seen < max; k = bins_next(s, (unsigned)k + 1)) {
+        if (bins_class_min((unsigned)k) >= hi)
+            break; /* every later class is larger still */
+        unsigned n = 0;
+        stack[n++] = s->bin[k];
+        while (n && seen < max) {
+            struct block *b = stack[--n];
+            bool above_lo = b->size >= lo, below_hi = b->size < hi;
+            if (b->right && below_hi && n < BINS_WALK_STACK)
+                stack[n++] = b->right;
+            if (b->left && above_lo && n < BINS_WALK_STACK)
+                stack[n++] = b->left;
+            if (above_lo && below_hi) {
+                seen++;
+                visit(ctx, b);
+            }
+        }
+    }
+}
+
 /* The bins of (@p p, @p stream), or NULL when no segment of the pool has that stream. */
 struct sbins *bpool_bins_lookup(const struct bpool *p, CUstream stream);
 static inline struct sbins *bpool_bins(const struct bpool *p, CUstream stream)

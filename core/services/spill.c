@@ -455,7 +455,7 @@ xseg_status spill_make_room(struct dev_alloc *d, size_t need)
     if (last != XSEG_SUCCESS && d->spill.why[0])
         ; /* said where it happened (the limit) */
     else if (last != XSEG_SUCCESS)
-        why(d, "moving pages to host memory failed (rolled back): %s", xseg_last_error());
+        why(d, "moving pages to host memory failed (rolled back): %s", err_message());
     else if (!ndecl)
         why(d, "no live block is declared cold (xseg_spill_hint(ptr, XSEG_SPILL_COLD), xseg.torch.mark_cold): only "
                "blocks the program promised not to touch move");

@@ -101,10 +101,57 @@ static void check_walks(const struct bpool *p, struct block *blocks, CUstream st
         assert_ptr_equal(bpool_next_free(p, ref[j]), j + 1 < n ? ref[j + 1] : NULL);
 }
 
+struct walk_seen {
+    struct block *v[NB];
+    size_t n;
+};
+
+static void walk_note(void *ctx, struct block *b)
+{
+    struct walk_seen *w = ctx;
+    assert_true(w->n < NB);
+    w->v[w->n++] = b;
+}
+
+/* bins_walk over [lo, hi) of @p stream: unbounded, exactly the reference's blocks in range, each
+ * once; bounded by @p max, min(max, that many) of them. */
+static void check_bins_walk(const struct bpool *p, struct block *blocks, CUstream stream, size_t lo, size_t hi,
+                            unsigned max)
+{
+    struct sbins *s = bpool_bins_lookup(p, stream);
+    if (!s)
+        return;
+    size_t want = 0;
+    for (size_t i = 0; i < NB; i++)
+        want += blocks[i].in_index && blocks[i].stream == stream && blocks[i].size >= lo && blocks[i].size < hi;
+    for (int bounded = 0; bounded < 2; bounded++) {
+        struct walk_seen w = {.n = 0};
+        bins_walk(s, lo, hi, bounded ? max : ~0u, walk_note, &w);
+        assert_int_equal(w.n, bounded && max < want ? max : want);
+        for (size_t i = 0; i < w.n; i++) {
+            assert_true(w.v[i]->in_index && w.v[i]->stream == stream && w.v[i]->size >= lo && w.v[i]->size < hi);
+            for (size_t j = 0; j < i; j++)
+                assert_ptr_not_equal(w.v[i], w.v[j]);
+        }
+    }
+}
+
 /* Sizes that fall in exact bins (512 B steps) and in shared ones (16 sizes a bin near 300 KiB). */
 static size_t rnd_size(void)
 {
     return rnd() & 1 ? 512 * (1 + rnd() % 16) : 512 * (600 + rnd() % 64);
+}
+
+/* bins_class_min is the first size of each class: bins_index maps it, and not the size before it,
+ * to the class. */
+static void test_bins_class_min(void **state)
+{
+    (void)state;
+    for (unsigned k = 1; k < 1984; k++) {
+        assert_int_equal(bins_index(bins_class_min(k)), k);
+        assert_int_equal(bins_index(bins_class_min(k) - 1), k - 1);
+    }
+    assert_int_equal(bins_class_min(0), 0);
 }
 
 static void test_free_index_in_place(void **state)
@@ -174,6 +221,10 @@ static void test_free_index_in_place(void **state)
             break;
         }
         check_index(&pool, blocks);
+        if (it % 8 == 1) {
+            size_t lo = rnd_size(), hi = lo + 512 * (rnd() % 80);
+            check_bins_walk(&pool, blocks, (CUstream)(uintptr_t)(1 + rnd() % 3), lo, hi, (unsigned)(1 + rnd() % 8));
+        }
         if (it % 8 == 0)
             check_walks(&pool, blocks, (CUstream)(uintptr_t)(rnd() % 5), rnd_size() + (rnd() & 1) * 512,
                         next_addr / 2);
@@ -380,6 +431,7 @@ static void test_ptrmap_probe_reads_only_its_block(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bins_class_min),
         cmocka_unit_test(test_free_index_in_place),
         cmocka_unit_test(test_ptrmap_against_reference),
         cmocka_unit_test(test_ptrmap_fingerprints_off),
