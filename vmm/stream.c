@@ -33,17 +33,6 @@ xseg_status vstream_wait(CUstream stream, const char *what)
     return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
 }
 
-xseg_status vstream_wait_all(const char *what)
-{
-    CUresult res = drv->cuCtxSynchronize();
-    if (res == CUDA_SUCCESS)
-        return XSEG_SUCCESS;
-    char buf[256];
-    snprintf(buf, sizeof buf, "cuCtxSynchronize %s", what);
-    xseg_status st = drv_fail(res, buf);
-    return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
-}
-
 xseg_status vstream_check(CUstream stream, const char *caller)
 {
     /* The default streams always exist; and asking about the legacy one while a blocking stream

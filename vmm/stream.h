@@ -33,14 +33,6 @@
 xseg_status vstream_wait(CUstream stream, const char *what);
 
 /*
- * Wait until the work queued so far on every stream of the current context has finished (the
- * driver finishes a destroyed stream's work too): one cuCtxSynchronize. For work on streams the
- * caller cannot name. @p what describes the purpose for the message.
- * @return XSEG_SUCCESS, else XSEG_ERROR_DRIVER naming the CUresult.
- */
-xseg_status vstream_wait_all(const char *what);
-
-/*
  * Is @p stream a live stream handle of the current context? Asked with cuStreamIsCapturing,
  * which is legal during a capture and does not wait. NULL (the legacy stream) and the per-thread
  * default stream are streams. @return XSEG_SUCCESS, XSEG_ERROR_INVALID_VALUE naming the handle
@@ -66,8 +58,10 @@ bool vstream_default(CUstream stream);
  */
 xseg_status vstream_join(CUstream waiter, CUevent ev, CUstream stream, const char *what);
 
-/* Wait for every stream's queued work on the current context (cuCtxSynchronize): what xseg waits
- * for once the streams a piece of memory was used on may be gone. @p what describes the purpose. */
+/* Wait for every stream's queued work on the current context (cuCtxSynchronize; the driver
+ * finishes a destroyed stream's work too): what xseg waits for once the streams a piece of memory
+ * was used on may be gone. @p what describes the purpose for the message.
+ * @return XSEG_SUCCESS, else XSEG_ERROR_DRIVER naming the CUresult. */
 xseg_status vctx_wait(const char *what);
 
 /* Services: a non-blocking stream of the current context for xseg's own copies (sleep and wake's

@@ -214,7 +214,7 @@ static xseg_status spill_quiesce(struct dev_alloc *d, uint64_t upto, const char 
     uint64_t epoch = d->spill.epoch;
     xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
     if (st == XSEG_SUCCESS)
-        st = vstream_wait_all(why);
+        st = vctx_wait(why);
     if (st == XSEG_SUCCESS)
         d->spill.synced = epoch;
     return st;
@@ -589,7 +589,7 @@ bool spill_on_free(struct dev_alloc *d, struct block *b, xseg_status *st)
     if (!still && !dev_capture_underway(d)) {
         *st = drv_ctx_ensure(d->info.primary_ctx);
         if (*st == XSEG_SUCCESS)
-            *st = vstream_wait_all("before dropping the host pages of a freed block");
+            *st = vctx_wait("before dropping the host pages of a freed block");
     }
     /* Even after a failed wait (the driver could not say): free bytes must never stay on host
      * memory, so the chunks go with the free all the same, and the failure is reported. Its
