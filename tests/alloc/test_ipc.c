@@ -12,7 +12,6 @@
  * devices); "--child ROLE FD" is the child.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -38,18 +37,6 @@
 static char self_path[4096];
 
 static CUdeviceptr dp(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
-
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
 
 static bool live_eq(const struct cudaemu_live *a, const struct cudaemu_live *b)
 {
@@ -127,7 +114,7 @@ static int child_roundtrip(int s)
     void *q = NULL, *q2 = NULL;
     OK(xseg_ipc_import(h, 0, &q));
     OK(xseg_ipc_close(q));
-    int fds0 = count_fds(); /* with the handle's descriptors, closed by xseg_ipc_handle_free */
+    int fds0 = tu_count_fds(); /* with the handle's descriptors, closed by xseg_ipc_handle_free */
     struct cudaemu_live l0, l1, l2;
     bool emu = tu_live(&l0);
     OK(xseg_ipc_import(h, 0, &q));
@@ -155,7 +142,7 @@ static int child_roundtrip(int s)
         tu_live(&l2);
         CHECK(live_eq(&l0, &l2));
     }
-    CHECK(count_fds() == fds0 - (int)info.nchunks);
+    CHECK(tu_count_fds() == fds0 - (int)info.nchunks);
     return 0;
 }
 
@@ -230,7 +217,7 @@ static int child_import_faults(int s)
     CUcontext ctx = NULL; /* the device's context, which import made current */
     CHECK(drv->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx);
     tu_live(&l0);
-    int fds0 = count_fds();
+    int fds0 = tu_count_fds();
     static const char *const entries[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuMemAddressReserve",
                                           "cuMemImportFromShareableHandle", "cuMemMap", "cuMemRelease",
                                           "cuMemSetAccess"};
@@ -270,7 +257,7 @@ static int child_import_faults(int s)
             CHECK(st == XSEG_ERROR_OUT_OF_MEMORY && msg_has(entries[e]) && q == NULL);
             tu_live(&l1);
             CHECK(live_eq(&l0, &l1) && l1.reserved_bytes == l0.reserved_bytes);
-            CHECK(count_fds() == fds0);
+            CHECK(tu_count_fds() == fds0);
             CHECK(n < 100);
         }
         CHECK(failures == want[e]);
@@ -560,7 +547,7 @@ static void test_export_faults(void **state)
     xseg_ipc_handle *first = NULL;
     must(xseg_ipc_export(p, &first), "first export");
     xseg_ipc_handle_free(first);
-    int fds0 = count_fds();
+    int fds0 = tu_count_fds();
     CUresult codes[2] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_VALUE};
     xseg_status want[2] = {XSEG_ERROR_OUT_OF_MEMORY, XSEG_ERROR_DRIVER};
     for (int k = 0; k < 2; k++) {
@@ -580,11 +567,11 @@ static void test_export_faults(void **state)
             assert_int_equal(st, want[k]);
             assert_non_null(strstr(xseg_last_error(), "cuMemExportToShareableHandle"));
             assert_null(h);
-            assert_int_equal(count_fds(), fds0);
+            assert_int_equal(tu_count_fds(), fds0);
         }
         assert_int_equal(failures, 3);
     }
-    assert_int_equal(count_fds(), fds0);
+    assert_int_equal(tu_count_fds(), fds0);
     tu_free(p);
 }
 
@@ -599,14 +586,14 @@ static void test_import_faults(void **state)
     must(xseg_ipc_export(p, &h), "xseg_ipc_export");
     /* The exporter is untouched by the importer's faults: same descriptors, same driver state,
      * the data intact. */
-    int fds0 = count_fds();
+    int fds0 = tu_count_fds();
     struct cudaemu_live l0, l1;
     bool emu = tu_live(&l0);
     struct child c = spawn("import_faults");
     must(xseg_ipc_send(c.sock, h), "xseg_ipc_send");
     assert_int_equal(get(c.sock), 'A');
     reap(&c);
-    assert_int_equal(count_fds(), fds0);
+    assert_int_equal(tu_count_fds(), fds0);
     if (emu) {
         tu_live(&l1);
         assert_true(live_eq(&l0, &l1));
@@ -617,7 +604,7 @@ static void test_import_faults(void **state)
     xseg_ipc_info info;
     must(xseg_ipc_handle_info(h, &info), "xseg_ipc_handle_info");
     xseg_ipc_handle_free(h); /* its descriptors, one per chunk, are closed */
-    assert_int_equal(count_fds(), fds0 - (int)info.nchunks);
+    assert_int_equal(tu_count_fds(), fds0 - (int)info.nchunks);
     tu_free(p);
 }
 
@@ -633,7 +620,7 @@ static void test_recv_truncated(void **state)
     void *p = tu_malloc(4 * MiB, NULL);
     xseg_ipc_handle *h = NULL;
     must(xseg_ipc_export(p, &h), "export");
-    int fds0 = count_fds();
+    int fds0 = tu_count_fds();
     /* What xseg_ipc_send writes, captured from a stream socket with its descriptors. */
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
@@ -696,9 +683,9 @@ static void test_recv_truncated(void **state)
     assert_int_equal(st, XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "MSG_TRUNC"));
     assert_null(r);
-    assert_int_equal(count_fds(), fds0 + 2); /* the socket pair only: the received fds are closed */
+    assert_int_equal(tu_count_fds(), fds0 + 2); /* the socket pair only: the received fds are closed */
     assert_int_equal(xseg_ipc_recv(sv[1], &r), XSEG_ERROR_INVALID_VALUE); /* nothing left: times out */
-    assert_int_equal(count_fds(), fds0 + 2);
+    assert_int_equal(tu_count_fds(), fds0 + 2);
     /* Still usable: xseg_ipc_send's messages over the same kind of socket arrive whole. */
     must(xseg_ipc_send(sv[0], h), "send over seqpacket");
     must(xseg_ipc_recv(sv[1], &r), "recv over seqpacket");
@@ -710,7 +697,7 @@ static void test_recv_truncated(void **state)
     close(sv[1]);
     xseg_ipc_handle_free(h);
     tu_free(p);
-    assert_int_equal(count_fds(), fds0 - (int)info.nchunks); /* and the handle's own descriptors */
+    assert_int_equal(tu_count_fds(), fds0 - (int)info.nchunks); /* and the handle's own descriptors */
 }
 
 static void test_errors(void **state)
@@ -743,14 +730,14 @@ static void test_errors(void **state)
     /* Receiving garbage, or from a closed peer: an error, no descriptor left open. */
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    int fds0 = count_fds();
+    int fds0 = tu_count_fds();
     assert_int_equal(write(sv[0], junk, sizeof junk), (ssize_t)sizeof junk);
     assert_int_equal(xseg_ipc_recv(sv[1], &h), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "not an xseg IPC handle"));
     close(sv[0]);
     assert_int_equal(xseg_ipc_recv(sv[1], &h), XSEG_ERROR_INVALID_VALUE);
     assert_null(h);
-    assert_int_equal(count_fds(), fds0 - 1);
+    assert_int_equal(tu_count_fds(), fds0 - 1);
     close(sv[1]);
 
     /* A real handle: POSIX fds have no flat form; a truncated stream is refused. */

@@ -1,4 +1,5 @@
 /* testutil: see testutil.h for the contracts. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -655,4 +656,16 @@ void tu_seed_row(const char *tag, const char *alloc, const char *active, const c
         if (strcmp(got, want[i]) != 0)
             fail_msg("%s: %s is %s GiB, the seed's table says %s", tag, keys[i], got, want[i]);
     }
+}
+
+int tu_count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
 }

@@ -100,6 +100,9 @@ bool tu_stream_hold_all(bool on);
  * @return false when not emulated. */
 bool tu_stream_defer_new(bool on);
 
+/* The process's open file descriptors (entries of /proc/self/fd); -1 when it cannot be read. */
+int tu_count_fds(void);
+
 /* cudaemu_dead_stream_calls: calls since start that named a destroyed stream (0 when not emulated). */
 unsigned long tu_dead_stream_calls(void);
 

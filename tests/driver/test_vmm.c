@@ -14,7 +14,6 @@
  * on a GPU it uses cuMemsetD8 + cuCtxSynchronize and must fail or crash.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -2181,39 +2180,27 @@ static void test_null_out_faults(void **state)
 
 /* ---- descriptors the driver opens for itself ---- */
 
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
-
 /* A fresh process: the descriptor count before the driver, after cuInit, after the primary
  * context's retain, after a first allocation in it, after its last release. Exit 0 when the
  * driver holds more than it started with once the context is in use. */
 static int fds_child_main(void)
 {
-    int before = count_fds();
+    int before = tu_count_fds();
     if (drv_load() != XSEG_SUCCESS)
         return 103;
-    int loaded = count_fds();
+    int loaded = tu_count_fds();
     CUdevice dev;
     CUcontext ctx;
     if (drv->cuDeviceGet(&dev, 0) || drv->cuDevicePrimaryCtxRetain(&ctx, dev))
         return 104;
-    int retained = count_fds();
+    int retained = tu_count_fds();
     CUdeviceptr p = 0;
     if (drv->cuCtxSetCurrent(ctx) || drv->cuMemAlloc(&p, 2 << 20) || drv->cuMemFree(p))
         return 105;
-    int used = count_fds();
+    int used = tu_count_fds();
     if (drv->cuCtxSetCurrent(NULL) || drv->cuDevicePrimaryCtxRelease(dev))
         return 106;
-    int released = count_fds();
+    int released = tu_count_fds();
     printf("descriptors: %d before the driver, %d after cuInit, %d after cuDevicePrimaryCtxRetain, %d after a "
            "first cuMemAlloc, %d after the last cuDevicePrimaryCtxRelease\n",
            before, loaded, retained, used, released);
