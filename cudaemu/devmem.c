@@ -296,58 +296,59 @@ static void piece_copy(const struct piece *d, const struct piece *s, size_t n)
     }
 }
 
-/* The walk every mover shares: the pieces of [dst, dst + n), each pinned while it moves. */
+/* The walk every mover shares: the pieces of [addr, addr + n) in order, each pinned while @p fn
+ * moves it (@p done: the bytes before it). @p fn returns false to stop early. */
+static CUresult each_piece(uintptr_t addr, size_t n, bool (*fn)(void *ctx, const struct piece *p, size_t done),
+                           void *ctx)
+{
+    for (size_t done = 0; done < n;) {
+        struct piece p;
+        emu_lock();
+        CUresult r = piece_at_locked(addr + done, n - done, &p);
+        emu_unlock();
+        if (r != CUDA_SUCCESS)
+            return r;
+        bool more = fn(ctx, &p, done);
+        piece_unpin(&p);
+        if (!more)
+            break;
+        done += p.len;
+    }
+    return CUDA_SUCCESS;
+}
+
+static bool write_piece(void *src, const struct piece *p, size_t done)
+{
+    memmove(p->p, (const unsigned char *)src + done, p->len);
+    return true;
+}
+
 CUresult emu_dev_write(uintptr_t dst, const void *src, size_t n)
 {
-    for (size_t done = 0; done < n;) {
-        struct piece p;
-        emu_lock();
-        CUresult r = piece_at_locked(dst + done, n - done, &p);
-        emu_unlock();
-        if (r != CUDA_SUCCESS)
-            return r;
-        memmove(p.p, (const unsigned char *)src + done, p.len);
-        piece_unpin(&p);
-        done += p.len;
-    }
-    return CUDA_SUCCESS;
+    return each_piece(dst, n, write_piece, (void *)src);
 }
 
-CUresult emu_dev_read(void *dst, uintptr_t src, size_t n)
+static bool read_piece(void *dst, const struct piece *p, size_t done)
 {
-    for (size_t done = 0; done < n;) {
-        struct piece p;
-        emu_lock();
-        CUresult r = piece_at_locked(src + done, n - done, &p);
-        emu_unlock();
-        if (r != CUDA_SUCCESS)
-            return r;
-        struct piece h = {(unsigned char *)dst + done, -1, 0, p.len, NULL};
-        piece_copy(&h, &p, p.len);
-        piece_unpin(&p);
-        done += p.len;
-    }
-    return CUDA_SUCCESS;
+    struct piece h = {(unsigned char *)dst + done, -1, 0, p->len, NULL};
+    piece_copy(&h, p, p->len);
+    return true;
 }
 
-CUresult emu_dev_set(uintptr_t dst, unsigned char v, size_t n)
+CUresult emu_dev_read(void *dst, uintptr_t src, size_t n) { return each_piece(src, n, read_piece, dst); }
+
+static bool set_piece(void *v, const struct piece *p, size_t done)
 {
-    for (size_t done = 0; done < n;) {
-        struct piece p;
-        emu_lock();
-        CUresult r = piece_at_locked(dst + done, n - done, &p);
-        emu_unlock();
-        if (r != CUDA_SUCCESS)
-            return r;
-        if (v)
-            memset(p.p, v, p.len);
-        else
-            piece_zero(&p, 0, p.len);
-        piece_unpin(&p);
-        done += p.len;
-    }
-    return CUDA_SUCCESS;
+    (void)done;
+    unsigned char c = *(const unsigned char *)v;
+    if (c)
+        memset(p->p, c, p->len);
+    else
+        piece_zero(p, 0, p->len);
+    return true;
 }
+
+CUresult emu_dev_set(uintptr_t dst, unsigned char v, size_t n) { return each_piece(dst, n, set_piece, &v); }
 
 CUresult emu_dev_copy(uintptr_t dst, uintptr_t src, size_t n)
 {
@@ -397,23 +398,23 @@ static size_t first_diff_host(const unsigned char *p, size_t n, unsigned char v)
     return i;
 }
 
+struct diff_ctx {
+    unsigned char v;
+    size_t *first;
+};
+
+static bool diff_piece(void *ctx, const struct piece *p, size_t done)
+{
+    struct diff_ctx *c = ctx;
+    size_t f = first_diff_host(p->p, p->len, c->v);
+    if (f < p->len)
+        *c->first = done + f;
+    return f == p->len;
+}
+
 CUresult emu_dev_first_diff(uintptr_t addr, size_t n, unsigned char v, size_t *first)
 {
     *first = n;
-    for (size_t done = 0; done < n;) {
-        struct piece p;
-        emu_lock();
-        CUresult r = piece_at_locked(addr + done, n - done, &p);
-        emu_unlock();
-        if (r != CUDA_SUCCESS)
-            return r;
-        size_t f = first_diff_host(p.p, p.len, v);
-        piece_unpin(&p);
-        if (f < p.len) {
-            *first = done + f;
-            break;
-        }
-        done += p.len;
-    }
-    return CUDA_SUCCESS;
+    struct diff_ctx c = {v, first};
+    return each_piece(addr, n, diff_piece, &c);
 }
