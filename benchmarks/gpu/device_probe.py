@@ -2,7 +2,8 @@
 """Driver facts and one driver cost that bench_vmm_costs does not measure, straight through
 ctypes (standard library) on libcuda.so.1, or on the library $XSEG_LIBCUDA names (cudaemu).
 
-  device_probe.py info                  devices, names, VMM and fabric support, the peer matrix
+  device_probe.py info                  devices, names, VMM and fabric support (with what cuMemCreate
+                                        answers for a fabric-exportable page), the peer matrix
   device_probe.py remap [--reps N] [--sizes MiB,...]
         the remap of a kept handle: one cuMemCreate, then N times map + set access + unmap of the
         same handle at the same address (what a segment does when it maps a page it kept), in
@@ -60,6 +61,30 @@ def load():
     return cu, call
 
 
+def fabric_create(cu, d):
+    """What cuMemCreate answers for a page exportable as a fabric handle (the attribute says the GPU
+    can; the allocation also needs an IMEX channel): the CUresult's name, as xseg's IPC probe sees it."""
+    ctx = ctypes.c_void_p()
+    if cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d) != CUDA_SUCCESS or cu.cuCtxSetCurrent(ctx) != CUDA_SUCCESS:
+        return "no context"
+    try:
+        prop = AllocationProp(type=1, requestedHandleTypes=1 | 8, location=Location(1, d.value))  # POSIX fd | FABRIC
+        gran = ctypes.c_size_t()
+        r = cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0)
+        if r == CUDA_SUCCESS:
+            h = ctypes.c_uint64()
+            r = cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(gran.value), ctypes.byref(prop), ctypes.c_uint64(0))
+            if r == CUDA_SUCCESS:
+                cu.cuMemRelease(ctypes.c_uint64(h.value))
+        name = ctypes.c_char_p()
+        if cu.cuGetErrorName(r, ctypes.byref(name)) == CUDA_SUCCESS and name.value:
+            return name.value.decode()
+        return "CUresult %d" % r
+    finally:
+        cu.cuCtxSetCurrent(None)
+        cu.cuDevicePrimaryCtxRelease_v2(d)
+
+
 def info():
     cu, call = load()
     n, ver = ctypes.c_int(), ctypes.c_int()
@@ -75,6 +100,8 @@ def info():
         for key, attr in (("vmm", ATTR_VMM), ("fabric", ATTR_FABRIC)):
             v.value = 0
             row[key] = bool(v.value) if cu.cuDeviceGetAttribute(ctypes.byref(v), attr, d) == 0 else None
+        if row["fabric"]:
+            row["fabric_create"] = fabric_create(cu, d)
         row["peer"] = []
         for j in range(n.value):
             if j == i:
