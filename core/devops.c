@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "core/device/check.h"
+#include "core/device/placement.h"
 #include "core/device/quarantine.h"
 #include "core/policy/events.h"
 #include "core/policy/expandable.h"
@@ -21,6 +22,7 @@
 xseg_status devops_empty_cache(struct dev_alloc *d)
 {
     dev_lock(d, DEV_NEED_OP);
+    place_phase_reset(d);
     /* debug_stale_access: every quarantined block is checked (they stay quarantined; during a
      * capture they wait for its end), its findings delivered with the lock given back. */
     struct quar_batch batch = {0};

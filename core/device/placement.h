@@ -35,7 +35,8 @@
  *  L1  A large request is predicted long-lived when frees outnumbered mallocs among the last
  *      PLACE_LIFE_WINDOW the device lock saw and the last 2 to LIFE_DEPTH blocks of its (requested
  *      size, stream, pool) are all still allocated (a training step's gradients and optimizer
- *      states match, a forward pass's activations do not).
+ *      states match, a forward pass's activations do not). empty_cache starts the window over
+ *      (#fit-after-a-warm-run, benchmarks/fit_warm.py; fit_top_placement_empty_cache).
  *  L2  A predicted-long request takes the top end of the highest fitting free block (newer
  *      segment, then higher address), everything else best fit: long-lived blocks collect above
  *      the holes best fit reuses.
@@ -407,6 +408,14 @@ static inline void place_device_init(struct dev_alloc *d)
     life_init(&d->life);
     place_refresh_cfg(d);
 }
+
+/* empty_cache: L1's window starts over as on a new device (the keys stay). The frees before it, a
+ * teardown as often as not, say nothing of what the program does next; a window left leading
+ * with them sends the next phase's first requests with live twins (a model's weights loaded
+ * again) to the tops of segments the empty_cache just unmapped, and under a memory fraction at
+ * the cold run's peak such a warm run no longer fits (public2-charan_forward, the H200's frag
+ * check of 2026-11-26). */
+static inline void place_phase_reset(struct dev_alloc *d) { life_init(&d->life); }
 
 #ifndef XSEG_PLACEMENT_OFF
 /* place_predict_home where L1 does not predict: S1's regime (true: malloc_top hands over; home_tag

@@ -541,6 +541,40 @@ static void test_top_placement(void **state)
     top_placement("expandable_segments:True", true);
 }
 
+/*
+ * empty_cache starts L1's window over (core/device/placement.h, place_phase_reset): the same run of
+ * frees as top_placement's, then empty_cache, then a request with four live twins. Before the reset
+ * the window still said frees lead and the request took the top of the highest fitting free
+ * range; now it is best fit, as on a new device, until frees lead again.
+ */
+static void test_top_placement_empty_cache(void **state)
+{
+    (void)state;
+    start_emu("expandable_segments:True");
+    void *small[40];
+    for (int i = 0; i < 40; i++)
+        small[i] = must_malloc(512 << 10, NULL);
+    void *f = must_malloc(80 * MiB, NULL), *k[4];
+    for (int i = 0; i < 4; i++)
+        k[i] = must_malloc(25 * MiB, NULL);
+    void *a = must_malloc(60 * MiB, NULL), *b = must_malloc(10 * MiB, NULL);
+    void *c = must_malloc(60 * MiB, NULL), *e = must_malloc(10 * MiB, NULL);
+    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(xseg_free(small[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    void *q = must_malloc(25 * MiB, NULL);
+    if (q != a) /* best fit: A's front (before the reset: 15 MiB above it) */
+        fail_msg("after empty_cache a request with four live twins went to %p, not A's front %p (C %p)", q, a, c);
+    void *all[] = {f, k[0], k[1], k[2], k[3], b, e, q};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        assert_int_equal(xseg_free(all[i]), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
 /* expandable_segments_recycle:False keeps PyTorch's layout: best fit for every request. */
 static void test_top_placement_off(void **state)
 {
@@ -650,6 +684,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_training_step),
         cmocka_unit_test(test_top_placement),
         cmocka_unit_test(test_top_placement_off),
+        cmocka_unit_test(test_top_placement_empty_cache),
         cmocka_unit_test(test_class_segments),
         cmocka_unit_test(test_class_segments_large),
         cmocka_unit_test(test_class_short),
