@@ -2,13 +2,15 @@
  * bench_scale: how the host path scales with threads and with live blocks.
  *
  *   bench_scale [--threads 1,2,4,8] [--live 1000,10000,100000,1000000] [--pairs N] [--reps R]
- *               [--only threads|live] [--split] [--mixed]
+ *               [--only threads|live] [--split] [--mixed] [--same-stream]
  *
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
  * thread of the same allocator, and glibc malloc and mimalloc (libmimalloc.so.2, loaded when
  * installed: Debian's libmimalloc2.0) with the same threads in the same run. --mixed: each thread
  * cycles through 512, 1024, 1536 and 2048 B instead (one size a pair, the next size the next pair).
+ * --same-stream: every thread on one stream (the default stream's cache is shared as PyTorch's
+ * is: one pool per stream), so that the threads share the stream's slot (core/device/fast.h).
  * Live blocks: with L blocks alive (random sizes of 512 B to 64 KiB, the small pool, one stream), N churn pairs each free a random live block and allocate a new random size in its
  * place: ns per churn pair (median of R), and the host memory the allocator holds per live block
  * (the heap in use, mallinfo2's uordblks + hblkhd, after the blocks were allocated minus before,
@@ -72,6 +74,7 @@ static void *(*mi_malloc_p)(size_t);
 static bool mixed;
 static const size_t mixed_sizes[4] = {512, 1024, 1536, 2048};
 static inline size_t pair_size(size_t i) { return mixed ? mixed_sizes[i & 3] : 512; }
+static bool same_stream; /* --same-stream: every thread on streams[0] */
 static void (*mi_free_p)(void *);
 
 /* One cache line or more each: a worker's fields are written by its thread alone. */
@@ -140,7 +143,7 @@ static double threads_once(CUstream *streams, int nthreads, size_t pairs, enum w
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
     for (int i = 0; i < nthreads; i++) {
-        w[i] = (struct worker){.stream = streams[i], .pairs = pairs, .who = who, .start = &start};
+        w[i] = (struct worker){.stream = streams[same_stream ? 0 : i], .pairs = pairs, .who = who, .start = &start};
         pthread_create(&w[i].tid, NULL, worker_main, &w[i]);
     }
     pthread_barrier_wait(&start);
@@ -421,9 +424,11 @@ int main(int argc, char **argv)
             split_calls = true;
         else if (!strcmp(argv[i], "--mixed"))
             mixed = true;
+        else if (!strcmp(argv[i], "--same-stream"))
+            same_stream = true;
         else {
             fprintf(stderr, "usage: bench_scale [--threads 1,2,4,8] [--live 1000,...] [--pairs N] [--reps R] "
-                            "[--only threads|live] [--split] [--mixed]\n");
+                            "[--only threads|live] [--split] [--mixed] [--same-stream]\n");
             return 2;
         }
     }
@@ -437,8 +442,8 @@ int main(int argc, char **argv)
     printf("driver: %s\n\n", getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1");
     char line[256];
     if (!only || !strcmp(only, "threads")) {
-        printf("Threads on streams of their own, cached %s pairs (%zu per thread, median of %d): "
-               "million pairs/s (ratio to 1 thread)\n\n", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B", pairs,
+        printf("Threads on %s, cached %s pairs (%zu per thread, median of %d): "
+               "million pairs/s (ratio to 1 thread)\n\n", same_stream ? "one stream" : "streams of their own", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B", pairs,
                reps);
         printf("| threads | xseg classic | xseg expandable | glibc malloc | mimalloc |\n|---|---|---|---|---|\n");
         double base[4] = {0, 0, 0, 0};

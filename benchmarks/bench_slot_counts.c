@@ -3,7 +3,7 @@
  * pairs (bench_scale's threads cell), counted rather than timed, so that the mechanism shows on
  * a loaded machine too.
  *
- *   bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed] [--overlap]
+ *   bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed] [--overlap] [--same-stream]
  *
  * T threads, each on a stream of its own on device 0, make N malloc+free pairs each (--mixed:
  * cycling 512, 1024, 1536 and 2048 B, else 512 B), classic and expandable mode, each cell in a
@@ -14,8 +14,8 @@
  * says so and exits 77. --overlap: the threads meet at a barrier after each malloc and after each
  * free, so that every pair overlaps the other threads' pairs, as free-running threads' pairs do
  * when each has a core; on a loaded machine free-running threads mostly take turns, which hides
- * what one thread's device-lock operations do to another's slot. Without a GPU it runs on the
- * cudaemu built here.
+ * what one thread's device-lock operations do to another's slot. --same-stream: every thread on
+ * one stream (they share its slot). Without a GPU it runs on the cudaemu built here.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -37,6 +37,7 @@
 static const char *const count_names[NCOUNTS] = {"lock mallocs", "lock frees", "settles", "cross settles", "hits"};
 
 static int (*stream_create)(CUstream *, unsigned);
+static bool same_stream; /* --same-stream: every thread on the first thread's stream */
 static int (*set_current)(void *);
 static void *primary;
 static bool mixed, overlap;
@@ -100,7 +101,9 @@ static int cell(bool expandable, int nthreads, size_t pairs)
     pthread_barrier_init(&step, NULL, (unsigned)nthreads);
     for (int i = 0; i < nthreads; i++) {
         w[i] = (struct worker){.pairs = pairs, .start = &start, .step = &step};
-        if (stream_create(&w[i].stream, 1 /* non-blocking */) != 0) {
+        if (same_stream && i > 0)
+            w[i].stream = w[0].stream;
+        else if (stream_create(&w[i].stream, 1 /* non-blocking */) != 0) {
             fprintf(stderr, "bench_slot_counts: cuStreamCreate failed\n");
             return 1;
         }
@@ -163,8 +166,10 @@ int main(int argc, char **argv)
             mixed = true;
         } else if (!strcmp(argv[i], "--overlap")) {
             overlap = true;
+        } else if (!strcmp(argv[i], "--same-stream")) {
+            same_stream = true;
         } else {
-            fprintf(stderr, "usage: bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed] [--overlap]\n");
+            fprintf(stderr, "usage: bench_slot_counts [--threads 1,2] [--pairs N] [--reps R] [--mixed] [--overlap] [--same-stream]\n");
             return 2;
         }
     }
@@ -175,9 +180,9 @@ int main(int argc, char **argv)
     if (!bench_threads_ok("bench_slot_counts", threads, nthreads))
         return 2;
     bench_find_driver("bench_slot_counts");
-    printf("Cached %s pairs, threads on streams of their own (%zu pairs per thread%s): counts per 10^6 pairs, "
+    printf("Cached %s pairs, threads on %s (%zu pairs per thread%s): counts per 10^6 pairs, "
            "median of %d (smallest - largest)\n\n| mode | threads |", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B",
-           pairs, overlap ? ", overlapping at a barrier" : "", reps);
+           same_stream ? "one stream" : "streams of their own", pairs, overlap ? ", overlapping at a barrier" : "", reps);
     for (int k = 0; k < NCOUNTS; k++)
         printf(" %s |", count_names[k]);
     printf("\n|---|---|---|---|---|---|---|\n");

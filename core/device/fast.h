@@ -27,6 +27,13 @@
  *
  * Locking: the device lock first, then a slot's spin lock; a slot is filled and settled only with
  * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
+ *
+ * One slot a stream, whatever the threads: a hit hands out what the eager free and malloc would,
+ * and the eager best fit is the stream's. Two threads whose pairs overlap on one stream hold two
+ * blocks side by side: the lower one's free fills nothing (no free successor), the other free
+ * settles what the upper one's filled, so every pair takes the device lock (bench_slot_counts
+ * --same-stream --overlap). Slots per thread would keep one thread's block out of the other's best
+ * fit (a per-thread cache's placement) and owe for a block freed without a free successor.
  */
 #ifndef XSEG_CORE_FAST_H
 #define XSEG_CORE_FAST_H
