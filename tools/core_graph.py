@@ -4,6 +4,8 @@ wing_order (the one statement of the wings and their order).
 
 usage: tools/core_graph.py [--root DIR] --edges        module -> module includes, one a line
        tools/core_graph.py [--root DIR] --svg FILE     the drawing (docs/core-wings.svg)
+       tools/core_graph.py [--root DIR] --check FILE   exit 1 if FILE is not the drawing of today's
+                                                       sources (the build suite's core-wings test)
 
 A module is NAME.c with NAME.h (`wing/NAME`, the top's without a folder); an edge is a module
 including another module's header. The drawing: one band a wing, highest on top, each band's
@@ -130,6 +132,33 @@ def svg(root):
                      + left + right + ["</svg>", ""])
 
 
+def check(root, path):
+    """0 if @p path is byte for byte what --svg draws now; else 1, with the first line that
+    differs and the command that redraws it."""
+    want = svg(root)
+    try:
+        have = open(path, encoding="utf-8").read()
+    except OSError as e:
+        print("%s: %s" % (path, e), file=sys.stderr)
+        return 1
+    if have == want:
+        print("%s is the drawing of today's sources (%d lines)" % (path, want.count("\n")))
+        return 0
+    a, b = have.split("\n"), want.split("\n")
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    print("%s is stale: line %d differs from what tools/core_graph.py draws now" % (path, k + 1), file=sys.stderr)
+    print("  committed: %s" % (a[k] if k < len(a) else "(end of file)"), file=sys.stderr)
+    print("  drawn now: %s" % (b[k] if k < len(b) else "(end of file)"), file=sys.stderr)
+    label = re.compile(r">([^<]*)</text>")
+    drawn, now = label.findall(have), label.findall(want)
+    for what, names in (("drawn but gone", [t for t in drawn if t not in now]),
+                        ("missing", [t for t in now if t not in drawn])):
+        if names:
+            print("  %s: %s" % (what, "; ".join(names)), file=sys.stderr)
+    print("redraw it: python3 tools/core_graph.py --svg docs/core-wings.svg", file=sys.stderr)
+    return 1
+
+
 def main(argv):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if argv[:1] == ["--root"] and len(argv) > 2:
@@ -142,6 +171,8 @@ def main(argv):
         with open(argv[1], "w") as f:
             f.write(svg(root))
         return 0
+    if len(argv) == 2 and argv[0] == "--check":
+        return check(root, argv[1])
     print(__doc__.split("\n\n")[1], file=sys.stderr)
     return 2
 

@@ -1263,177 +1263,280 @@ xseg_status seg_reclaim(struct seg *seg)
     return st;
 }
 
-/* ---- refine: a partly used chunk re-backed by one-granule chunks (the OOM path) ---- */
+/* ---- re-backing: a chunk's granules given new memory at the same addresses ---- */
 
-/* One seg_refine, through the device (refine_device) or the host (refine_host): the chunk of
- * granules [c, c + n) at addr, keep[i] set for the k granules that stay, and how far it got. */
-struct refine {
-    struct seg *seg;
-    size_t c, n, k;
-    CUdeviceptr addr;
-    const unsigned char *keep;
-    CUmemGenericAllocationHandle old; /* the chunk's handle */
-    CUmemGenericAllocationHandle *h;  /* the new one-granule handles, k of them */
-    size_t nh;                        /* h[0..nh) created (the segment's only after the commit) */
-    size_t placed;                    /* h[0..placed) mapped at their granules */
-    CUdeviceptr scratch;              /* refine_device's range of k granules (h[0..nh) mapped), or 0 */
-    const char *what;                 /* the step that failed, for the message */
+/* How a re-backing carries the chunk's live bytes across the swap. */
+enum reback_copy {
+    REBACK_NONE,    /* none: the bytes are dead (the canary) */
+    REBACK_SCRATCH, /* the new memory staged at a scratch range and the bytes copied there first */
+    REBACK_HOST,    /* through a host buffer; the old handle released before the new memory is made */
 };
 
-/* The next run [*i, *e) of kept granules from *i on; false when none is left. */
+/*
+ * One re-backing of the chunk of granules [c, c + n) at addr (reback_swap), written once for
+ * refine, spill and the canary. The new memory is np pieces of `piece` granules, placed in order
+ * at the granules keep marks (NULL: every one; with keep, piece is 1) and nothing elsewhere:
+ * h[j], or h[0] at every piece with `same`; made here from `prop`, or the caller's (h[0..nh)
+ * given, prop NULL). The rule that keeps the live bytes: until the caller's commit the old handle
+ * holds them, so a failure after the old chunk was unmapped takes the new pieces out and maps the
+ * old handle back with every device's access, announced (abort() when that cannot be done: the
+ * bytes would be lost); with REBACK_HOST, once the old handle went, a chunk of the old size is
+ * made and the bytes restored from buf. Without live bytes (REBACK_NONE) a failed place is left
+ * as it is (placed says how far; the caller settles it). The commit (metadata, the old handle,
+ * the announcement of the new memory) is the caller's.
+ */
+struct reback {
+    struct seg *seg;
+    size_t c, n;
+    CUdeviceptr addr;
+    CUmemGenericAllocationHandle old;
+    enum reback_copy copy;
+    CUstream stream; /* REBACK_SCRATCH: the copy's stream (waited for after it) */
+    bool ctx_wait;   /* REBACK_SCRATCH: the context synchronized before and after the copy instead */
+    char *buf;       /* REBACK_HOST: room for the kept granules */
+    const unsigned char *keep;
+    size_t piece, np;
+    bool same;
+    const CUmemAllocationProp *prop;
+    CUmemGenericAllocationHandle *h;
+    size_t nh;               /* h[0..nh) made (or given) */
+    size_t staged, placed;   /* pieces mapped at the scratch range, at their place */
+    CUdeviceptr scratch;     /* the staging range, or 0 */
+    bool unmapped;           /* the old chunk is unmapped (on success: stays so) */
+    const char *what;        /* the step that failed, for the message */
+};
+
+/* The next run [*i, *e) of kept granules of the n from *i on (keep NULL: all); false when none is left. */
 static bool keep_run(const unsigned char *keep, size_t n, size_t *i, size_t *e)
 {
-    while (*i < n && !keep[*i])
+    while (*i < n && keep && !keep[*i])
         (*i)++;
     if (*i >= n)
         return false;
     *e = *i;
-    while (*e < n && keep[*e])
+    while (*e < n && (!keep || keep[*e]))
         (*e)++;
     return true;
 }
 
-/* Tell the observer the whole chunk is mapped again. */
-static void refine_announce(const struct refine *r)
+/* The granule of the next piece from granule *i on; false past the chunk. */
+static bool reback_next(const struct reback *rb, size_t *i)
 {
-    if (r->seg->observe)
-        r->seg->observe(r->seg->observe_user, r->seg, r->c, r->c + r->n, 1);
+    while (*i < rb->n && rb->keep && !rb->keep[*i])
+        (*i)++;
+    return *i < rb->n;
 }
 
-enum refine_copy_dir { REFINE_TO_SCRATCH, REFINE_TO_HOST, REFINE_FROM_HOST };
+static CUmemGenericAllocationHandle reback_handle(const struct reback *rb, size_t j) { return rb->h[rb->same ? 0 : j]; }
+
+enum reback_dir { REBACK_TO_SCRATCH, REBACK_TO_HOST, REBACK_FROM_HOST };
 
 /* Copy the kept granules, run by run, between their places and the packed staging area (the
- * scratch range, or the host buffer @p buf); stops at the first failure. */
-static CUresult refine_copy(const struct refine *r, enum refine_copy_dir dir, char *buf)
+ * scratch range, or buf); stops at the first failure. */
+static CUresult reback_copy(const struct reback *rb, enum reback_dir dir)
 {
-    size_t G = r->seg->gran, i = 0, e, j = 0;
+    size_t G = rb->seg->gran, i = 0, e, j = 0;
     CUresult res = CUDA_SUCCESS;
-    for (; res == CUDA_SUCCESS && keep_run(r->keep, r->n, &i, &e); j += e - i, i = e) {
-        CUdeviceptr at = r->addr + i * G;
+    for (; res == CUDA_SUCCESS && keep_run(rb->keep, rb->n, &i, &e); j += e - i, i = e) {
+        CUdeviceptr at = rb->addr + i * G;
         size_t len = (e - i) * G;
-        if (dir == REFINE_TO_SCRATCH)
-            res = drv->cuMemcpyDtoDAsync(r->scratch + j * G, at, len, NULL);
-        else if (dir == REFINE_TO_HOST)
-            res = drv->cuMemcpyDtoH(buf + j * G, at, len);
+        if (dir == REBACK_TO_SCRATCH)
+            res = drv->cuMemcpyDtoDAsync(rb->scratch + j * G, at, len, rb->stream);
+        else if (dir == REBACK_TO_HOST)
+            res = drv->cuMemcpyDtoH(rb->buf + j * G, at, len);
         else
-            res = drv->cuMemcpyHtoD(at, buf + j * G, len);
+            res = drv->cuMemcpyHtoD(at, rb->buf + j * G, len);
     }
     return res;
 }
 
-/* Create the next new handle, h[nh], and map it at @p at (@p where names that map in the
- * message); a failed map releases it. */
-static CUresult refine_new_chunk(struct refine *r, CUdeviceptr at, const char *where)
+/* Make the new pieces from prop (nothing to do for the caller's). */
+static CUresult reback_make(struct reback *rb)
 {
-    CUmemGenericAllocationHandle *h = &r->h[r->nh];
-    CUresult res = drv->cuMemCreate(h, r->seg->gran, &r->seg->prop, 0);
-    if (res != CUDA_SUCCESS) {
-        r->what = "cuMemCreate";
-        return res;
+    for (size_t want = rb->same ? 1 : rb->np; rb->prop && rb->nh < want; rb->nh++) {
+        CUmemGenericAllocationHandle *h = &rb->h[rb->nh];
+        CUresult res = drv->cuMemCreate(h, rb->piece * rb->seg->gran, rb->prop, 0);
+        if (res != CUDA_SUCCESS) {
+            rb->what = "cuMemCreate";
+            return res;
+        }
+        if (*h == 0) {
+            rb->what = "cuMemCreate (a null handle)";
+            return CUDA_ERROR_UNKNOWN;
+        }
     }
-    if (*h == 0) {
-        r->what = "cuMemCreate (a null handle)";
-        return CUDA_ERROR_UNKNOWN;
-    }
-    if ((res = drv->cuMemMap(at, r->seg->gran, 0, *h, 0)) != CUDA_SUCCESS) {
-        seg_release_handle(r->seg, *h);
-        r->what = where;
-        return res;
-    }
-    r->nh++;
     return CUDA_SUCCESS;
 }
 
-/* Take the old chunk out of its place (seg_unmap_run). */
-static CUresult refine_unmap_old(struct refine *r)
+/* REBACK_SCRATCH's first step: the new pieces mapped packed at a scratch range (owner access),
+ * the live bytes copied there after every queued work on them (the context's, or the stream's
+ * own order) and waited for. */
+static CUresult reback_stage(struct reback *rb)
 {
-    CUresult res = seg_unmap_run(r->seg, r->c, r->c + r->n);
-    if (res != CUDA_SUCCESS)
-        r->what = "cuMemUnmap of the old chunk";
-    return res;
-}
-
-/* Map the new chunks at the kept granules (created here with @p create, else h[] as the scratch
- * stage made them) and grant every device access; placed counts those mapped. */
-static CUresult refine_place(struct refine *r, bool create)
-{
-    size_t G = r->seg->gran;
-    CUresult res = CUDA_SUCCESS;
-    for (size_t i = 0; i < r->n && res == CUDA_SUCCESS; i++) {
-        if (!r->keep[i])
-            continue;
-        CUdeviceptr at = r->addr + i * G;
-        if (create)
-            res = refine_new_chunk(r, at, "cuMemMap of a new chunk at its place");
-        else if ((res = drv->cuMemMap(at, G, 0, r->h[r->placed], 0)) != CUDA_SUCCESS)
-            r->what = "cuMemMap of a new chunk at its place";
-        if (res == CUDA_SUCCESS)
-            r->placed++;
+    size_t G = rb->seg->gran, len = rb->np * rb->piece * G;
+    CUresult res = drv->cuMemAddressReserve(&rb->scratch, len, 0, 0, 0);
+    if (res != CUDA_SUCCESS) {
+        rb->scratch = 0;
+        rb->what = "cuMemAddressReserve of the scratch range";
+        return res;
     }
-    for (size_t i = 0, e; res == CUDA_SUCCESS && keep_run(r->keep, r->n, &i, &e); i = e)
-        if ((res = drv->cuMemSetAccess(r->addr + i * G, (e - i) * G, r->seg->access, r->seg->naccess)) !=
-            CUDA_SUCCESS)
-            r->what = "cuMemSetAccess of the new chunks";
-    return res;
-}
-
-/* Undo refine_place: unmap the placed chunks, releasing their handles with @p release. A failed
- * unmap leaves no sound mapping for the live bytes: abort(). */
-static void refine_unplace(struct refine *r, bool release)
-{
-    size_t G = r->seg->gran;
-    for (size_t i = 0, j = 0; i < r->n && j < r->placed; i++)
-        if (r->keep[i]) {
-            if (drv->cuMemUnmap(r->addr + i * G, G) != CUDA_SUCCESS)
-                abort(); /* cannot restore the live bytes' mapping */
-            if (release)
-                seg_release_handle(r->seg, r->h[j]);
-            j++;
+    for (; rb->staged < rb->np; rb->staged++)
+        if ((res = drv->cuMemMap(rb->scratch + rb->staged * rb->piece * G, rb->piece * G, 0,
+                                 reback_handle(rb, rb->staged), 0)) != CUDA_SUCCESS) {
+            rb->what = "cuMemMap at the scratch range";
+            return res;
         }
-    if (release)
-        r->nh = 0;
-    r->placed = 0;
+    if ((res = drv->cuMemSetAccess(rb->scratch, len, &rb->seg->access[0], 1)) != CUDA_SUCCESS)
+        rb->what = "cuMemSetAccess of the scratch range";
+    else if (rb->ctx_wait && (res = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
+        rb->what = "cuCtxSynchronize before the copy";
+    else if ((res = reback_copy(rb, REBACK_TO_SCRATCH)) != CUDA_SUCCESS)
+        rb->what = "cuMemcpyDtoDAsync of the live bytes";
+    else if ((res = rb->ctx_wait ? drv->cuCtxSynchronize() : drv->cuStreamSynchronize(rb->stream)) != CUDA_SUCCESS)
+        rb->what = rb->ctx_wait ? "cuCtxSynchronize after the copy" : "cuStreamSynchronize after the copy";
+    return res;
 }
 
-/* Map @p handle over the whole chunk again, every device granted access; abort() if that fails
- * (the live bytes would be lost: nothing sound is left to do). */
-static void refine_remap(const struct refine *r, CUmemGenericAllocationHandle handle)
+/* Give back the scratch range (its staged pieces mapped); failures go to the leftovers. */
+static void reback_drop(struct reback *rb)
 {
-    size_t bytes = r->n * r->seg->gran;
-    if (drv->cuMemMap(r->addr, bytes, 0, handle, 0) != CUDA_SUCCESS ||
-        drv->cuMemSetAccess(r->addr, bytes, r->seg->access, r->seg->naccess) != CUDA_SUCCESS)
-        abort();
-}
-
-/* Give back the scratch range (its first nh granules mapped) and, with @p release, the new
- * handles. A failed unmap or free goes to the leftovers. */
-static void refine_drop(struct refine *r, bool release)
-{
-    struct seg *seg = r->seg;
-    size_t nmapped = r->nh * seg->gran, bytes = r->k * seg->gran;
-    bool unmapped = true;
-    if (r->scratch && nmapped && drv->cuMemUnmap(r->scratch, nmapped) != CUDA_SUCCESS) {
-        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = r->scratch, .size = nmapped});
-        unmapped = false;
-    }
-    for (size_t j = 0; release && j < r->nh; j++)
-        seg_release_handle(seg, r->h[j]);
-    if (!r->scratch)
+    struct seg *seg = rb->seg;
+    size_t len = rb->np * rb->piece * seg->gran, mapped = rb->staged * rb->piece * seg->gran;
+    if (!rb->scratch)
         return;
-    if (!unmapped || drv->cuMemAddressFree(r->scratch, bytes) != CUDA_SUCCESS)
-        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = r->scratch, .size = bytes});
+    if (mapped && drv->cuMemUnmap(rb->scratch, mapped) != CUDA_SUCCESS) {
+        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = rb->scratch, .size = mapped});
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = rb->scratch, .size = len});
+        return;
+    }
+    if (drv->cuMemAddressFree(rb->scratch, len) != CUDA_SUCCESS)
+        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = rb->scratch, .size = len});
 }
+
+/* Map the new pieces at their places and grant every device access per run; placed counts the
+ * pieces mapped. */
+static CUresult reback_place(struct reback *rb)
+{
+    size_t G = rb->seg->gran, j = 0;
+    CUresult res = CUDA_SUCCESS;
+    if (!rb->np)
+        return res;
+    for (size_t i = 0; res == CUDA_SUCCESS && reback_next(rb, &i); i += rb->piece, j++)
+        if ((res = drv->cuMemMap(rb->addr + i * G, rb->piece * G, 0, reback_handle(rb, j), 0)) != CUDA_SUCCESS)
+            rb->what = "cuMemMap of the new memory at its place";
+        else
+            rb->placed++;
+    for (size_t i = 0, e; res == CUDA_SUCCESS && keep_run(rb->keep, rb->n, &i, &e); i = e)
+        if ((res = drv->cuMemSetAccess(rb->addr + i * G, (e - i) * G, rb->seg->access, rb->seg->naccess)) !=
+            CUDA_SUCCESS)
+            rb->what = "cuMemSetAccess of the new memory";
+    return res;
+}
+
+/* Undo reback_place. A failed unmap leaves no sound mapping for the live bytes: abort(). */
+static void reback_unplace(struct reback *rb)
+{
+    size_t G = rb->seg->gran;
+    for (size_t i = 0; rb->placed && reback_next(rb, &i); i += rb->piece, rb->placed--)
+        if (drv->cuMemUnmap(rb->addr + i * G, rb->piece * G) != CUDA_SUCCESS)
+            abort(); /* cannot restore the live bytes' mapping */
+}
+
+/* Map @p handle over the whole chunk again, every device granted access, and announce it; abort()
+ * if that fails (the live bytes would be lost: nothing sound is left to do). */
+static void reback_remap(struct reback *rb, CUmemGenericAllocationHandle handle)
+{
+    struct seg *seg = rb->seg;
+    size_t bytes = rb->n * seg->gran;
+    if (drv->cuMemMap(rb->addr, bytes, 0, handle, 0) != CUDA_SUCCESS ||
+        drv->cuMemSetAccess(rb->addr, bytes, seg->access, seg->naccess) != CUDA_SUCCESS)
+        abort();
+    rb->unmapped = false;
+    if (seg->observe)
+        seg->observe(seg->observe_user, seg, rb->c, rb->c + rb->n, 1);
+}
+
+/* Release the pieces made here. */
+static void reback_release_new(struct reback *rb)
+{
+    for (size_t j = 0; rb->prop && j < rb->nh; j++)
+        seg_release_handle(rb->seg, rb->h[j]);
+    if (rb->prop)
+        rb->nh = 0;
+}
+
+/* REBACK_HOST after the old handle went: back to one chunk of the old size, a new handle, the
+ * bytes from buf. abort() if the device's memory went elsewhere meanwhile. */
+static void reback_restore(struct reback *rb)
+{
+    reback_unplace(rb);
+    reback_release_new(rb);
+    CUmemGenericAllocationHandle back = 0;
+    if (drv->cuMemCreate(&back, rb->n * rb->seg->gran, &rb->seg->prop, 0) != CUDA_SUCCESS || back == 0)
+        abort(); /* the live bytes cannot be put back */
+    reback_remap(rb, back);
+    if (reback_copy(rb, REBACK_FROM_HOST) != CUDA_SUCCESS)
+        abort();
+    for (size_t q = rb->c; q < rb->c + rb->n; q++)
+        rb->seg->handles[q] = back;
+}
+
+/* The transaction: carry the bytes out (stage, or to the host), unmap the old chunk (the observer
+ * told first), place the new memory; on failure roll back as struct reback says and release the
+ * pieces made here. The scratch range goes either way. */
+static CUresult reback_swap(struct reback *rb)
+{
+    struct seg *seg = rb->seg;
+    CUresult res = CUDA_SUCCESS;
+    if (rb->copy == REBACK_SCRATCH && rb->np) {
+        if ((res = reback_make(rb)) == CUDA_SUCCESS)
+            res = reback_stage(rb);
+    } else if (rb->copy == REBACK_HOST) {
+        if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS) /* every stream's work on the chunk done */
+            rb->what = "cuCtxSynchronize before the copy";
+        else if ((res = reback_copy(rb, REBACK_TO_HOST)) != CUDA_SUCCESS)
+            rb->what = "cuMemcpyDtoH of the live bytes";
+    }
+    if (res == CUDA_SUCCESS) {
+        if ((res = seg_unmap_run(seg, rb->c, rb->c + rb->n)) != CUDA_SUCCESS)
+            rb->what = "cuMemUnmap of the old chunk";
+        else
+            rb->unmapped = true;
+    }
+    if (res == CUDA_SUCCESS && rb->copy == REBACK_HOST) {
+        if ((res = drv->cuMemRelease(rb->old)) != CUDA_SUCCESS) {
+            rb->what = "cuMemRelease of the old chunk";
+            reback_remap(rb, rb->old); /* the memory is still the old handle's */
+        } else {
+            rb->old = 0;
+            if ((res = reback_make(rb)) == CUDA_SUCCESS && (res = reback_place(rb)) == CUDA_SUCCESS &&
+                (res = reback_copy(rb, REBACK_FROM_HOST)) != CUDA_SUCCESS)
+                rb->what = "cuMemcpyHtoD of the live bytes";
+            if (res != CUDA_SUCCESS)
+                reback_restore(rb);
+        }
+    } else if (res == CUDA_SUCCESS && (res = reback_place(rb)) != CUDA_SUCCESS && rb->copy != REBACK_NONE) {
+        reback_unplace(rb);
+        reback_remap(rb, rb->old);
+    }
+    reback_drop(rb);
+    if (res != CUDA_SUCCESS)
+        reback_release_new(rb);
+    return res;
+}
+
+/* ---- refine: a partly used chunk re-backed by one-granule chunks (the OOM path) ---- */
 
 /* The commit: granules [c, c + n) describe one-granule chunks h[0..] where keep is set and
- * nothing elsewhere, and the new chunks are announced. The old handle is the caller's. */
-static void refine_commit(struct refine *r)
+ * nothing elsewhere, and the new chunks are announced. */
+static void refine_commit(const struct reback *rb, size_t k)
 {
-    struct seg *seg = r->seg;
-    for (size_t i = 0, j = 0; i < r->n; i++) {
-        size_t q = r->c + i;
+    struct seg *seg = rb->seg;
+    for (size_t i = 0, j = 0; i < rb->n; i++) {
+        size_t q = rb->c + i;
         seg->clen[q] = 0;
-        if (r->keep[i]) {
-            seg->handles[q] = r->h[j++];
+        if (rb->keep[i]) {
+            seg->handles[q] = rb->h[j++];
             seg->cstart[q] = q;
             seg->clen[q] = 1;
         } else {
@@ -1442,127 +1545,20 @@ static void refine_commit(struct refine *r)
         }
         seg->gflags[q] = 0;
     }
-    seg->mapped_bytes -= (r->n - r->k) * seg->gran;
+    seg->mapped_bytes -= (rb->n - k) * seg->gran;
     if (seg->observe)
-        for (size_t i = 0, e; keep_run(r->keep, r->n, &i, &e); i = e)
-            seg->observe(seg->observe_user, seg, r->c + i, r->c + e, 1);
-}
-
-/* refine_device's first step: the new chunks at a scratch range and the live bytes copied there,
- * after every stream's work on the old chunk (and waited for). */
-static CUresult refine_stage(struct refine *r)
-{
-    size_t G = r->seg->gran;
-    CUresult res = drv->cuMemAddressReserve(&r->scratch, r->k * G, 0, 0, 0);
-    if (res != CUDA_SUCCESS) {
-        r->scratch = 0;
-        r->what = "cuMemAddressReserve of the scratch range";
-        return res;
-    }
-    while (r->nh < r->k)
-        if ((res = refine_new_chunk(r, r->scratch + r->nh * G, "cuMemMap at the scratch range")) != CUDA_SUCCESS)
-            return res;
-    if ((res = drv->cuMemSetAccess(r->scratch, r->k * G, &r->seg->access[0], 1)) != CUDA_SUCCESS)
-        r->what = "cuMemSetAccess of the scratch range";
-    else if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
-        r->what = "cuCtxSynchronize before the copy";
-    else if ((res = refine_copy(r, REFINE_TO_SCRATCH, NULL)) != CUDA_SUCCESS)
-        r->what = "cuMemcpyDtoDAsync of the live granules";
-    else if ((res = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
-        r->what = "cuCtxSynchronize after the copy";
-    return res;
-}
-
-/* seg_refine with room on the device: the new chunks staged at a scratch range, then swapped in
- * for the old chunk, whose handle keeps the bytes until the commit (any failure maps it back). */
-static xseg_status refine_device(struct refine *r)
-{
-    CUresult res = r->k ? refine_stage(r) : CUDA_SUCCESS;
-    if (res == CUDA_SUCCESS && (res = refine_unmap_old(r)) == CUDA_SUCCESS &&
-        (res = refine_place(r, false)) != CUDA_SUCCESS) {
-        refine_unplace(r, false);
-        refine_remap(r, r->old);
-        refine_announce(r);
-    }
-    if (res != CUDA_SUCCESS) {
-        refine_drop(r, true);
-        return seg_failf(res, "seg_refine: %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)", r->what,
-                         (unsigned long long)r->addr, r->n * r->seg->gran, r->k);
-    }
-    seg_release_handle(r->seg, r->old);
-    refine_commit(r);
-    refine_drop(r, false); /* the scratch mappings only: the handles are the segment's now */
-    return XSEG_SUCCESS;
-}
-
-/* refine_host's second step: the old chunk unmapped and released, so that its memory can back
- * the new chunks; a failed release maps it back (nothing changed). */
-static CUresult refine_release_old(struct refine *r)
-{
-    CUresult res = refine_unmap_old(r);
-    if (res != CUDA_SUCCESS)
-        return res;
-    if ((res = drv->cuMemRelease(r->old)) != CUDA_SUCCESS) {
-        refine_remap(r, r->old); /* the memory is still the old handle's */
-        refine_announce(r);
-        r->what = "cuMemRelease of the old chunk";
-    }
-    return res;
-}
-
-/* A failed refine_host after the old handle went: back to one chunk of the old size, a new
- * handle, the bytes from @p buf. abort() if the device's memory went elsewhere meanwhile. */
-static void refine_host_restore(struct refine *r, char *buf)
-{
-    refine_unplace(r, true);
-    CUmemGenericAllocationHandle back = 0;
-    if (drv->cuMemCreate(&back, r->n * r->seg->gran, &r->seg->prop, 0) != CUDA_SUCCESS || back == 0)
-        abort(); /* the live bytes cannot be put back */
-    refine_remap(r, back);
-    if (refine_copy(r, REFINE_FROM_HOST, buf) != CUDA_SUCCESS)
-        abort();
-    for (size_t q = r->c; q < r->c + r->n; q++)
-        r->seg->handles[q] = back;
-    refine_announce(r);
+        for (size_t i = 0, e; keep_run(rb->keep, rb->n, &i, &e); i = e)
+            seg->observe(seg->observe_user, seg, rb->c + i, rb->c + e, 1);
 }
 
 /*
- * seg_refine through host memory, for a device with no room for the new chunks beside the old
- * one: the live granules are copied to a host buffer, the old chunk is unmapped and released
- * (its memory goes back to the driver), the new chunks are created and mapped in its place, and
- * the bytes are copied back. The window: between the release and the creates, memory of the
- * device is free, and another process could take it. If the new chunks cannot be had, a chunk of
- * the old size is created and mapped again and the bytes restored from the buffer (the allocator
- * holds the device lock: only another process competes for that memory); if even that fails,
- * the live bytes are lost: abort().
+ * Through the host (REBACK_HOST) for a device with no room for the new chunks beside the old one.
+ * The window: between the release of the old handle and the creates, memory of the device is
+ * free, and another process could take it. If the new chunks cannot be had, a chunk of the old
+ * size is created and mapped again and the bytes restored from the buffer (the allocator holds the
+ * device lock: only another process competes for that memory); if even that fails, the live
+ * bytes are lost: abort().
  */
-static xseg_status refine_host(struct refine *r)
-{
-    size_t G = r->seg->gran;
-    char *buf = xs_malloc(r->k * G);
-    if (!buf)
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory for %zu bytes of staging",
-                       r->k * G);
-    CUresult res = drv->cuCtxSynchronize(); /* every stream's work on the chunk done */
-    if (res != CUDA_SUCCESS)
-        r->what = "cuCtxSynchronize before the copy";
-    else if ((res = refine_copy(r, REFINE_TO_HOST, buf)) != CUDA_SUCCESS)
-        r->what = "cuMemcpyDtoH of the live granules";
-    else if ((res = refine_release_old(r)) == CUDA_SUCCESS) {
-        if ((res = refine_place(r, true)) == CUDA_SUCCESS &&
-            (res = refine_copy(r, REFINE_FROM_HOST, buf)) != CUDA_SUCCESS)
-            r->what = "cuMemcpyHtoD of the live granules";
-        if (res != CUDA_SUCCESS)
-            refine_host_restore(r, buf);
-    }
-    xs_free(buf);
-    if (res != CUDA_SUCCESS)
-        return seg_failf(res, "seg_refine (through the host): %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)",
-                         r->what, (unsigned long long)r->addr, r->n * G, r->k);
-    refine_commit(r);
-    return XSEG_SUCCESS;
-}
-
 xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, bool host, size_t *freed,
                        size_t *created)
 {
@@ -1570,25 +1566,38 @@ xseg_status seg_refine(struct seg *seg, size_t g, const unsigned char *keep, boo
     *created = 0;
     if (!seg || g >= seg->ngran || !gran_real(seg, g) || !keep)
         return err_set(XSEG_ERROR_INVALID_VALUE, "seg_refine: granule %zu is not a mapped chunk", g);
-    struct refine r = {.seg = seg, .c = seg->cstart[g], .keep = keep, .what = ""};
-    r.n = seg->clen[r.c];
-    for (size_t i = 0; i < r.n; i++)
-        r.k += keep[i] != 0;
-    if (r.n < 2 || r.k == r.n)
+    size_t c = seg->cstart[g], n = seg->clen[c], k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += keep[i] != 0;
+    if (n < 2 || k == n)
         return XSEG_SUCCESS;
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    r.old = seg->handles[r.c];
-    r.addr = gran_addr(seg, r.c);
-    if (r.k && !(r.h = xs_calloc(r.k, sizeof *r.h)))
+    host = host && k;
+    struct reback rb = {.seg = seg, .c = c, .n = n, .addr = gran_addr(seg, c), .old = seg->handles[c],
+                        .copy = host ? REBACK_HOST : REBACK_SCRATCH, .ctx_wait = true, .keep = keep, .piece = 1, .np = k,
+                        .prop = &seg->prop, .what = ""};
+    if (k && !(rb.h = xs_calloc(k, sizeof *rb.h)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory");
-    st = host && r.k ? refine_host(&r) : refine_device(&r);
-    xs_free(r.h);
-    if (st == XSEG_SUCCESS) {
-        *freed = (r.n - r.k) * seg->gran;
-        *created = r.k;
+    if (host && !(rb.buf = xs_malloc(k * seg->gran))) {
+        xs_free(rb.h);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "seg_refine: out of host memory for %zu bytes of staging",
+                       k * seg->gran);
     }
+    CUresult res = reback_swap(&rb);
+    if (res == CUDA_SUCCESS) {
+        if (!host)
+            seg_release_handle(seg, rb.old);
+        refine_commit(&rb, k);
+        *freed = (n - k) * seg->gran;
+        *created = k;
+    } else {
+        st = seg_failf(res, "seg_refine%s: %s for the chunk at 0x%llx (%zu bytes, %zu granules kept)",
+                       host ? " (through the host)" : "", rb.what, (unsigned long long)rb.addr, n * seg->gran, k);
+    }
+    xs_free(rb.buf);
+    xs_free(rb.h);
     return st;
 }
 
@@ -1619,58 +1628,6 @@ static const char *move_where(const CUmemAllocationProp *prop, char *buf, size_t
     return buf;
 }
 
-/* Map @p handle over granules [c, c + n) again with every device's access; abort() if that fails
- * (the live bytes would be lost: nothing sound is left to do). */
-static void move_remap(struct seg *seg, size_t c, size_t n, CUmemGenericAllocationHandle handle)
-{
-    CUdeviceptr addr = gran_addr(seg, c);
-    if (drv->cuMemMap(addr, n * seg->gran, 0, handle, 0) != CUDA_SUCCESS ||
-        drv->cuMemSetAccess(addr, n * seg->gran, seg->access, seg->naccess) != CUDA_SUCCESS)
-        abort();
-    if (seg->observe)
-        seg->observe(seg->observe_user, seg, c, c + n, 1);
-}
-
-/* seg_move_chunk's first step: the new memory at a scratch range, the live bytes copied there on
- * @p stream (the caller's own) and waited for. *scratch is 0 until reserved; *mapped says whether h
- * is mapped there. @p what receives the failed step. */
-static CUresult move_stage(struct seg *seg, CUdeviceptr addr, size_t len, CUmemGenericAllocationHandle h,
-                           CUstream stream, CUdeviceptr *scratch, bool *mapped, const char **what)
-{
-    CUresult res = drv->cuMemAddressReserve(scratch, len, 0, 0, 0);
-    if (res != CUDA_SUCCESS) {
-        *scratch = 0;
-        *what = "cuMemAddressReserve of the scratch range";
-        return res;
-    }
-    if ((res = drv->cuMemMap(*scratch, len, 0, h, 0)) != CUDA_SUCCESS) {
-        *what = "cuMemMap at the scratch range";
-        return res;
-    }
-    *mapped = true;
-    if ((res = drv->cuMemSetAccess(*scratch, len, &seg->access[0], 1)) != CUDA_SUCCESS)
-        *what = "cuMemSetAccess of the scratch range";
-    else if ((res = drv->cuMemcpyDtoDAsync(*scratch, addr, len, stream)) != CUDA_SUCCESS)
-        *what = "cuMemcpyDtoDAsync of the chunk";
-    else if ((res = drv->cuStreamSynchronize(stream)) != CUDA_SUCCESS)
-        *what = "cuStreamSynchronize after the copy";
-    return res;
-}
-
-/* Give back the scratch range (h mapped there when @p mapped); failures go to the leftovers. */
-static void move_drop_scratch(struct seg *seg, CUdeviceptr scratch, size_t len, bool mapped)
-{
-    if (!scratch)
-        return;
-    if (mapped && drv->cuMemUnmap(scratch, len) != CUDA_SUCCESS) {
-        left_push((struct leftover){.kind = LEFT_UNMAP, .dev = seg->cudev, .addr = scratch, .size = len});
-        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = len});
-        return;
-    }
-    if (drv->cuMemAddressFree(scratch, len) != CUDA_SUCCESS)
-        left_push((struct leftover){.kind = LEFT_ADDRESS_FREE, .dev = seg->cudev, .addr = scratch, .size = len});
-}
-
 xseg_status seg_move_chunk(struct seg *seg, size_t g, const CUmemLocation *host, CUstream stream, size_t *bytes)
 {
     bool to_host = host != NULL;
@@ -1683,41 +1640,18 @@ xseg_status seg_move_chunk(struct seg *seg, size_t g, const CUmemLocation *host,
     xseg_status st = drv_ctx_ensure(seg->ctx);
     if (st != XSEG_SUCCESS)
         return st;
-    CUdeviceptr addr = gran_addr(seg, c), scratch = 0;
     CUmemAllocationProp prop = move_prop(seg, host);
-    CUmemGenericAllocationHandle old = seg->handles[c], h = 0;
-    const char *what = "cuMemCreate";
-    bool staged = false, placed = false;
-    CUresult res = drv->cuMemCreate(&h, len, &prop, 0);
-    if (res == CUDA_SUCCESS && h == 0) {
-        res = CUDA_ERROR_UNKNOWN;
-        what = "cuMemCreate (a null handle)";
-    }
-    if (res == CUDA_SUCCESS)
-        res = move_stage(seg, addr, len, h, stream, &scratch, &staged, &what);
-    /* The swap: until the old handle is released its bytes are intact, so any failure maps it back. */
-    if (res == CUDA_SUCCESS && (res = seg_unmap_run(seg, c, c + n)) != CUDA_SUCCESS)
-        what = "cuMemUnmap of the old chunk";
-    else if (res == CUDA_SUCCESS) {
-        if ((res = drv->cuMemMap(addr, len, 0, h, 0)) != CUDA_SUCCESS)
-            what = "cuMemMap of the new chunk at its place";
-        else if ((placed = true, res = drv->cuMemSetAccess(addr, len, seg->access, seg->naccess)) != CUDA_SUCCESS)
-            what = "cuMemSetAccess of the new chunk";
-        if (res != CUDA_SUCCESS) {
-            if (placed && drv->cuMemUnmap(addr, len) != CUDA_SUCCESS)
-                abort(); /* cannot restore the live bytes' mapping */
-            move_remap(seg, c, n, old);
-        }
-    }
-    move_drop_scratch(seg, scratch, len, staged);
+    CUmemGenericAllocationHandle h = 0;
+    struct reback rb = {.seg = seg, .c = c, .n = n, .addr = gran_addr(seg, c), .old = seg->handles[c],
+                        .copy = REBACK_SCRATCH, .stream = stream, .piece = n, .np = 1, .prop = &prop, .h = &h,
+                        .what = ""};
+    CUresult res = reback_swap(&rb);
     if (res != CUDA_SUCCESS) {
-        if (h)
-            seg_release_handle(seg, h);
         char where[64];
-        return seg_failf(res, "moving the chunk at 0x%llx (%zu bytes) to %s: %s", (unsigned long long)addr, len,
-                         move_where(&prop, where, sizeof where), what);
+        return seg_failf(res, "moving the chunk at 0x%llx (%zu bytes) to %s: %s", (unsigned long long)rb.addr, len,
+                         move_where(&prop, where, sizeof where), rb.what);
     }
-    seg_release_handle(seg, old);
+    seg_release_handle(seg, rb.old);
     for (size_t q = c; q < c + n; q++) {
         seg->handles[q] = h;
         seg->gflags[q] = to_host ? (unsigned char)(seg->gflags[q] | GRAN_HOST) : (unsigned char)(seg->gflags[q] & ~GRAN_HOST);
@@ -2160,38 +2094,30 @@ static bool next_canary_run(const struct seg *seg, size_t g, size_t last, size_t
     return true;
 }
 
-/* Map @p canary over the bare granules of span [lo, hi), access granted per run. On any failure
- * the span goes bare again (its canary mappings unmapped: it faults, as an unmapped range does,
- * rather than half read the canary); a run whose unmap fails too stays mapped, perhaps without
- * access, until seg_canary_release unmaps it. @return true when every granule maps the canary
- * with access. */
-static bool canary_map_span(struct seg *seg, size_t lo, size_t hi, CUmemGenericAllocationHandle canary,
-                            CUresult *first)
+/* The canary over the whole chunk at granule @p g, a re-backing without live bytes (the block is
+ * dead): the chunk unmapped (the observer told first, a registration goes with the memory) and
+ * its handle given back (to @p spares, or released), the canary mapped at each of its granules
+ * with access (with @p bare, none: an earlier chunk's failed, the driver refuses). *given says
+ * whether the chunk was given back (its unmap succeeded: then it is span, a granule the canary
+ * could not be mapped on bare). @return the first failure. */
+static CUresult canary_chunk(struct seg *seg, size_t g, CUmemGenericAllocationHandle canary, struct seg_spares *spares,
+                             bool bare, bool *given)
 {
-    bool whole = true;
-    for (size_t g = lo; g < hi; g++) {
-        CUresult res = drv->cuMemMap(gran_addr(seg, g), seg->gran, 0, canary, 0);
-        if (res != CUDA_SUCCESS) {
-            *first = *first != CUDA_SUCCESS ? *first : res;
-            whole = false;
-            break; /* the driver refuses: the rest stay bare too */
-        }
-        seg->gflags[g] &= (unsigned char)~GRAN_BARE;
+    size_t n = seg->clen[g];
+    struct reback rb = {.seg = seg, .c = g, .n = n, .addr = gran_addr(seg, g), .copy = REBACK_NONE, .piece = 1,
+                        .np = bare ? 0 : n, .same = true, .h = &canary, .nh = 1, .what = ""};
+    CUresult res = reback_swap(&rb);
+    if (!(*given = rb.unmapped))
+        return res;
+    chunk_forget_keep(seg, g, spares);
+    for (size_t k = g; k < g + n; k++) {
+        seg->handles[k] = canary;
+        seg->cstart[k] = k;
+        seg->clen[k] = 1;
+        seg->gflags[k] = k - g < rb.placed ? GRAN_CANARY : GRAN_CANARY | GRAN_BARE;
     }
-    size_t run, e;
-    for (size_t g = lo; next_canary_run(seg, g, hi, &run, &e); g = e) {
-        CUdeviceptr a = gran_addr(seg, run);
-        CUresult res = drv->cuMemSetAccess(a, (e - run) * seg->gran, seg->access, seg->naccess);
-        if (res == CUDA_SUCCESS)
-            continue;
-        *first = *first != CUDA_SUCCESS ? *first : res;
-        whole = false;
-    }
-    for (size_t g = lo; !whole && next_canary_run(seg, g, hi, &run, &e); g = e)
-        if (drv->cuMemUnmap(gran_addr(seg, run), (e - run) * seg->gran) == CUDA_SUCCESS)
-            for (size_t k = run; k < e; k++)
-                seg->gflags[k] |= GRAN_BARE;
-    return whole;
+    seg->canary_bytes += n * seg->gran;
+    return res;
 }
 
 xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, struct seg_spares *spares,
@@ -2212,28 +2138,20 @@ xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, struct 
     if (st != XSEG_SUCCESS)
         return st;
     CUmemGenericAllocationHandle canary = 0;
-    CUresult res = drv->cuMemCreate(&canary, seg->gran, &seg->prop, 0);
+    CUresult res = drv->cuMemCreate(&canary, seg->gran, &seg->prop, 0), first = CUDA_SUCCESS;
     if (res != CUDA_SUCCESS || !canary)
         return seg_failf(res, "cuMemCreate(%zu bytes) of a canary page", seg->gran);
     size_t g = lo;
     while (g < g1 && gran_real(seg, g) && seg->cstart[g] == g && chunk_end(seg, g) <= g1) {
         size_t n = seg->clen[g], bytes = n * seg->gran;
-        bool host = (seg->gflags[g] & GRAN_HOST) != 0;
-        /* As for an unmap, the observer hears of it first (a registration goes with the memory). */
-        res = seg_unmap_run(seg, g, g + n);
-        if (res != CUDA_SUCCESS) { /* this chunk stays as it was; the ones before are the span */
+        bool host = (seg->gflags[g] & GRAN_HOST) != 0, given;
+        res = canary_chunk(seg, g, canary, spares, first != CUDA_SUCCESS, &given);
+        if (!given) { /* this chunk stays as it was; the ones before are the span */
             st = seg_failf(res, "cuMemUnmap(0x%llx, %zu) before a canary", (unsigned long long)gran_addr(seg, g),
                            bytes);
             break;
         }
-        chunk_forget_keep(seg, g, spares); /* the block's bytes are dead: its handle goes back */
-        for (size_t k = g; k < g + n; k++) {
-            seg->handles[k] = canary;
-            seg->cstart[k] = k;
-            seg->clen[k] = 1;
-            seg->gflags[k] = GRAN_CANARY | GRAN_BARE;
-        }
-        seg->canary_bytes += bytes;
+        first = first != CUDA_SUCCESS ? first : res;
         if (host) {
             out->host_bytes += bytes;
         } else {
@@ -2246,10 +2164,17 @@ xseg_status seg_canary_swap(struct seg *seg, size_t offset, size_t size, struct 
         seg_release_handle(seg, canary);
         return st;
     }
-    res = CUDA_SUCCESS;
-    out->whole = canary_map_span(seg, lo, g, canary, &res);
+    /* A canary not mapped whole: the span goes bare (it faults, as an unmapped range does, rather
+     * than half read the canary); a run whose unmap fails too stays mapped, perhaps without
+     * access, until seg_canary_release unmaps it. */
+    out->whole = first == CUDA_SUCCESS;
+    size_t run, e;
+    for (size_t q = lo; !out->whole && next_canary_run(seg, q, g, &run, &e); q = e)
+        if (drv->cuMemUnmap(gran_addr(seg, run), (e - run) * seg->gran) == CUDA_SUCCESS)
+            for (size_t k = run; k < e; k++)
+                seg->gflags[k] |= GRAN_BARE;
     if (!out->whole && st == XSEG_SUCCESS)
-        st = seg_failf(res, "mapping a canary page over 0x%llx (%zu bytes; its chunks were given back already)",
+        st = seg_failf(first, "mapping a canary page over 0x%llx (%zu bytes; its chunks were given back already)",
                        (unsigned long long)gran_addr(seg, lo), (g - lo) * seg->gran);
     out->first = lo * seg->gran;
     out->end = g * seg->gran;

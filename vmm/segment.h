@@ -154,8 +154,8 @@ xseg_status seg_unmap_idle(struct seg *seg, size_t offset, size_t size, size_t *
  * Re-back the mapped chunk holding granule @p g (more than one granule) with one-granule chunks for
  * the granules @p keep marks (keep[i] for the chunk's i-th granule) and give the others back:
  * under memory pressure this returns the free part of a partly used page, whose live bytes stay
- * at the same addresses. Steps: cuMemCreate + cuMemMap one granule chunk per kept granule at a
- * scratch reservation, cuMemSetAccess (owner), cuCtxSynchronize (every stream's queued work on
+ * at the same addresses. Steps: cuMemCreate of a one-granule chunk per kept granule, each mapped
+ * (cuMemMap) at a scratch reservation, cuMemSetAccess (owner), cuCtxSynchronize (every stream's queued work on
  * the old chunk is done), cuMemcpyDtoDAsync of each run of kept granules, cuCtxSynchronize,
  * cuMemUnmap of the old chunk (announced to the observer first), cuMemMap of the new chunks at the
  * old places, cuMemSetAccess per run (owner and peers), cuMemRelease of the old handle, then the
