@@ -78,6 +78,7 @@ void dev_destroy(struct dev_alloc *d)
     xs_free(d->cap.capturing);
     xs_free(d->exp.by_stream);
     xs_free(d->spill.tab); /* core/services/spill.c's records (empty: every block went) */
+    xs_free(d->spill.order);
     ptrmap_destroy(&d->live);
     for (void *s = d->heap_slabs, *next; s; s = next) {
         next = *(void **)s;

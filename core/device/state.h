@@ -215,10 +215,26 @@ struct spill_rec {
     uint64_t decl;    /* the epoch of its declaration (xseg_spill_hint COLD); 0: not declared */
     uint64_t seq;     /* when its first chunk moved (promotion goes newest first); 0: none on host */
     size_t host;      /* bytes of its chunks on host memory */
+    size_t at;        /* 1 + its place in spill_state.order; 0: not there */
+    struct block *older, *newer; /* its neighbours in the host list (seq != 0) */
+    bool lives;       /* predicted long-lived at its declaration (spills before the rest) */
+};
+/* A declared block's place in the spill order (spill.c: ent_before). */
+struct spill_ent {
+    struct block *b;
+    bool lives;
 };
 struct spill_state {
     struct spill_rec *tab;  /* open addressing on the block pointer, linear probes; cap a power of two */
     size_t cap, n;
+    /* The declared blocks that may still give pages, a binary heap in spill order (the next to
+     * spill at [0]): a spill takes from its front until the need is covered, whatever the number
+     * of declared blocks. ncap >= ndecl, so that a block going back in never allocates. */
+    struct spill_ent *order;
+    size_t norder, ncap, ndecl;
+    /* The records with host chunks, in the order their first chunk moved (promotion goes newest
+     * first), linked through spill_rec.older / newer. */
+    struct block *newest, *oldest;
     uint64_t seq;
     uint64_t epoch;         /* declarations made so far (each takes the next number) */
     uint64_t synced;        /* a context synchronize that began after declaration `synced` completed */

@@ -87,10 +87,18 @@ static struct spill_rec *rec_get(struct dev_alloc *d, struct block *b)
     return r;
 }
 
-/* Remove @p r (backward shift: no tombstones). Moves records: pointers from before are stale. */
+static void order_remove(struct dev_alloc *d, struct spill_rec *r);
+static void host_unlink(struct dev_alloc *d, struct spill_rec *r);
+
+/* Remove @p r (backward shift: no tombstones), out of the spill order and the host list first.
+ * Moves records: pointers from before are stale. */
 static void rec_drop(struct dev_alloc *d, struct spill_rec *r)
 {
     struct spill_state *sp = &d->spill;
+    if (r->decl)
+        sp->ndecl--;
+    order_remove(d, r);
+    host_unlink(d, r);
     size_t mask = sp->cap - 1, hole = (size_t)(r - sp->tab);
     r->b->spill = false;
     for (size_t j = (hole + 1) & mask; sp->tab[j].b; j = (j + 1) & mask) {
@@ -105,22 +113,182 @@ static void rec_drop(struct dev_alloc *d, struct spill_rec *r)
     sp->n--;
 }
 
-/* The blocks of every record for which @p keep says yes (NULL: all), in a new array (*n of them);
- * NULL with *n == 0 when there are none or on host OOM (*oom set). */
-static struct block **rec_blocks(const struct dev_alloc *d, bool (*keep)(const struct spill_rec *), size_t *n,
-                                 bool *oom)
+/* ---- the spill order: declared blocks in a binary heap, predicted long-lived first, then
+ * largest first, then lowest address (a block's key never changes while it is declared) ------- */
+
+static bool ent_before(struct spill_ent a, struct spill_ent b)
 {
-    *n = 0;
-    *oom = false;
-    struct block **v = d->spill.n ? xs_malloc(d->spill.n * sizeof *v) : NULL;
-    if (d->spill.n && !v) {
-        *oom = true;
-        return NULL;
+    if (a.lives != b.lives)
+        return a.lives;
+    if (a.b->size != b.b->size)
+        return a.b->size > b.b->size;
+    return a.b->addr < b.b->addr;
+}
+
+static void order_put(struct dev_alloc *d, size_t i, struct spill_ent e)
+{
+    d->spill.order[i] = e;
+    rec_find(d, e.b)->at = i + 1;
+}
+
+static void order_up(struct dev_alloc *d, size_t i)
+{
+    struct spill_ent e = d->spill.order[i];
+    while (i && ent_before(e, d->spill.order[(i - 1) / 2])) {
+        order_put(d, i, d->spill.order[(i - 1) / 2]);
+        i = (i - 1) / 2;
     }
-    for (size_t i = 0; i < d->spill.cap; i++)
-        if (d->spill.tab[i].b && (!keep || keep(&d->spill.tab[i])))
-            v[(*n)++] = d->spill.tab[i].b;
-    return v;
+    order_put(d, i, e);
+}
+
+static void order_down(struct dev_alloc *d, size_t i)
+{
+    struct spill_ent e = d->spill.order[i];
+    for (size_t n = d->spill.norder, c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && ent_before(d->spill.order[c + 1], d->spill.order[c]))
+            c++;
+        if (!ent_before(d->spill.order[c], e))
+            break;
+        order_put(d, i, d->spill.order[c]);
+    }
+    order_put(d, i, e);
+}
+
+/* Room in the order for every declared block and @p more (false on host OOM, nothing changed). */
+static bool order_reserve(struct dev_alloc *d, size_t more)
+{
+    struct spill_state *sp = &d->spill;
+    if (sp->ndecl + more <= sp->ncap)
+        return true;
+    size_t cap = sp->ncap ? sp->ncap * 2 : 64;
+    while (cap < sp->ndecl + more)
+        cap *= 2;
+    struct spill_ent *v = xs_realloc(sp->order, cap * sizeof *v);
+    if (!v)
+        return false;
+    sp->order = v;
+    sp->ncap = cap;
+    return true;
+}
+
+/* Declared @p r's block joins the order (room reserved at its declaration: never allocates). */
+static void order_add(struct dev_alloc *d, struct spill_rec *r)
+{
+    xseg_assert(r->decl && !r->at && d->spill.norder < d->spill.ncap);
+    size_t i = d->spill.norder++;
+    d->spill.order[i] = (struct spill_ent){r->b, r->lives};
+    order_up(d, i);
+}
+
+static void order_remove(struct dev_alloc *d, struct spill_rec *r)
+{
+    if (!r->at)
+        return;
+    size_t i = r->at - 1;
+    xseg_assert(i < d->spill.norder && d->spill.order[i].b == r->b);
+    r->at = 0;
+    struct spill_ent last = d->spill.order[--d->spill.norder];
+    if (i == d->spill.norder)
+        return;
+    order_put(d, i, last);
+    order_up(d, i);
+    order_down(d, (size_t)(rec_find(d, last.b)->at - 1));
+}
+
+/* The front of the order leaves it, and is kept just past its end (order[norder] after the call):
+ * a spill takes blocks this way, then puts back those that stay (order_restore). */
+static struct block *order_take(struct dev_alloc *d)
+{
+    struct spill_state *sp = &d->spill;
+    struct spill_ent e = sp->order[0];
+    rec_find(d, e.b)->at = 0;
+    struct spill_ent last = sp->order[--sp->norder];
+    if (sp->norder) {
+        order_put(d, 0, last);
+        order_down(d, 0);
+    }
+    sp->order[sp->norder] = e;
+    return e.b;
+}
+
+/* The @p n blocks order_take kept past the order's end go back, those @p stays says yes of. */
+static void order_restore(struct dev_alloc *d, size_t n, bool (*stays)(struct dev_alloc *, struct block *))
+{
+    struct spill_state *sp = &d->spill;
+    for (size_t i = sp->norder, end = sp->norder + n; i < end; i++) {
+        struct spill_ent e = sp->order[i]; /* the heap below grows to i at most: read before */
+        if (!stays(d, e.b))
+            continue;
+        size_t k = sp->norder++;
+        sp->order[k] = e;
+        order_up(d, k);
+    }
+}
+
+/* ---- the host list: records with host chunks, oldest first spill to newest ---------------- */
+
+static void host_link(struct dev_alloc *d, struct spill_rec *r)
+{
+    struct spill_state *sp = &d->spill;
+    r->seq = ++sp->seq;
+    r->older = sp->newest;
+    r->newer = NULL;
+    if (sp->newest)
+        rec_find(d, sp->newest)->newer = r->b;
+    else
+        sp->oldest = r->b;
+    sp->newest = r->b;
+}
+
+static void host_unlink(struct dev_alloc *d, struct spill_rec *r)
+{
+    struct spill_state *sp = &d->spill;
+    if (!r->seq)
+        return;
+    if (r->older)
+        rec_find(d, r->older)->newer = r->newer;
+    else
+        sp->oldest = r->newer;
+    if (r->newer)
+        rec_find(d, r->newer)->older = r->older;
+    else
+        sp->newest = r->older;
+    r->seq = 0;
+    r->older = r->newer = NULL;
+}
+
+/* debug_level 2: the order is a heap whose places the records know, every declared block with
+ * no host pages is in it, ndecl counts the declared, and the host list holds exactly the records
+ * with host pages, newest first. O(records): spill's calls only. */
+static void spill_check(struct dev_alloc *d)
+{
+    if (!XSEG_CHECK_EXPENSIVE)
+        return;
+    const struct spill_state *sp = &d->spill;
+    xseg_assert(sp->norder <= sp->ncap && sp->ndecl <= sp->ncap);
+    size_t ndecl = 0, nhost = 0;
+    for (size_t i = 0; i < sp->cap; i++) {
+        const struct spill_rec *r = &sp->tab[i];
+        if (!r->b)
+            continue;
+        ndecl += r->decl != 0;
+        nhost += r->host != 0;
+        xseg_assert(r->b->spill && (r->seq != 0) == (r->host != 0));
+        xseg_assert(!r->at || (r->decl && r->at <= sp->norder && sp->order[r->at - 1].b == r->b));
+        xseg_assert(!r->decl || r->host || r->at);
+    }
+    xseg_assert(ndecl == sp->ndecl);
+    for (size_t i = 1; i < sp->norder; i++)
+        xseg_assert(!ent_before(sp->order[i], sp->order[(i - 1) / 2]));
+    uint64_t seq = UINT64_MAX;
+    for (const struct block *b = sp->newest; b;) {
+        const struct spill_rec *r = rec_find(d, b);
+        xseg_assert(r && r->seq && r->seq < seq && (r->older || sp->oldest == b));
+        seq = r->seq;
+        nhost--;
+        b = r->older;
+    }
+    xseg_assert(nhost == 0);
 }
 
 size_t spill_block_host(const struct dev_alloc *d, const struct block *b)
@@ -233,60 +401,6 @@ static xseg_status spill_stream(struct dev_alloc *d)
 
 /* ---- spill -------------------------------------------------------------------------------- */
 
-struct cand {
-    struct block *b;
-    uint64_t decl;  /* its declaration's epoch */
-    int cls;        /* 0 predicted long-lived, 1 the rest */
-};
-
-static int cand_cmp(const void *pa, const void *pb)
-{
-    const struct cand *a = pa, *b = pb;
-    if (a->cls != b->cls)
-        return a->cls < b->cls ? -1 : 1;
-    if (a->b->size != b->b->size)
-        return a->b->size > b->b->size ? -1 : 1;
-    return a->b->addr < b->b->addr ? -1 : a->b->addr > b->b->addr;
-}
-
-static bool is_declared(const struct spill_rec *r) { return r->decl != 0; }
-
-/* Declared blocks with a whole device chunk inside that may move, in spill order (*n of them);
- * *pins gathers why the others may not, *ndecl counts the declared. */
-static struct cand *candidates(struct dev_alloc *d, size_t *n, unsigned *pins, size_t *npinned, size_t *ndecl,
-                               bool *oom)
-{
-    size_t nb;
-    struct block **bs = rec_blocks(d, is_declared, &nb, oom);
-    struct cand *v = nb ? xs_malloc(nb * sizeof *v) : NULL;
-    *n = *npinned = 0;
-    *pins = 0;
-    *ndecl = nb;
-    if (nb && !v)
-        *oom = true;
-    for (size_t i = 0; v && i < nb; i++) {
-        struct block *b = bs[i];
-        size_t movable = 0;
-        if (!b->expandable)
-            continue;
-        each_chunk(b, false, add_bytes, &movable);
-        if (!movable)
-            continue;
-        unsigned why = block_pins(d, b);
-        if (why) {
-            *pins |= why;
-            (*npinned)++;
-            continue;
-        }
-        int cls = life_predict_long(&d->life, block_requested(b), b->stream, block_pool(b)) ? 0 : 1;
-        v[(*n)++] = (struct cand){b, rec_find(d, b)->decl, cls};
-    }
-    xs_free(bs);
-    if (*n)
-        qsort(v, *n, sizeof *v, cand_cmp);
-    return v;
-}
-
 static void why(struct dev_alloc *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void why(struct dev_alloc *d, const char *fmt, ...)
 {
@@ -368,9 +482,11 @@ static xseg_status move_block(struct dev_alloc *d, struct block *b, bool to_host
     each_chunk(b, !to_host, move_one, &m);
     struct spill_rec *r = rec_find(d, b);
     if (to_host && m.moved && !r->seq)
-        r->seq = ++d->spill.seq;
+        host_link(d, r);
+    if (!to_host && m.moved && r->decl && !r->at)
+        order_add(d, r); /* its pages may spill again */
     if (!r->host) {
-        r->seq = 0;
+        host_unlink(d, r);
         if (!r->decl)
             rec_drop(d, r);
     }
@@ -419,6 +535,25 @@ static bool spill_possible(struct dev_alloc *d)
     return spill_place(d);
 }
 
+/* Declared blocks a spill looks at and leaves (pinned, or without a whole page on the device of
+ * their own) before it gives up: the walk costs what it moves and at most this many more. */
+#define SPILL_SKIP_MAX 64
+
+static size_t device_movable(const struct block *b)
+{
+    size_t movable = 0;
+    if (b->expandable)
+        each_chunk(b, false, add_bytes, &movable);
+    return movable;
+}
+
+/* Is declared @p b in the spill order? Unless pages of it went to host memory and none that may
+ * move is left on the device (a promotion brings it back: move_block). */
+static bool in_order(struct dev_alloc *d, struct block *b)
+{
+    return !rec_find(d, b)->host || device_movable(b) != 0;
+}
+
 xseg_status spill_make_room(struct dev_alloc *d, size_t need)
 {
     lock_assert_held(&d->lock);
@@ -428,27 +563,37 @@ xseg_status spill_make_room(struct dev_alloc *d, size_t need)
     if (!spill_possible(d))
         return XSEG_ERROR_OUT_OF_MEMORY;
     fast_settle(d, FAST_ALL, NULL); /* a slot's block must not go back to the cache unseen (BLOCK_FREE_SLOW) */
-    size_t n, npinned, ndecl;
-    unsigned pins;
-    bool oom;
-    struct cand *v = candidates(d, &n, &pins, &npinned, &ndecl, &oom);
-    size_t moved = 0;
+    /* From the front of the order until the need is covered: each block taken leaves the order
+     * and goes back after (order_restore) unless no page of it may move any more. */
+    size_t moved = 0, taken = 0, skipped = 0, npinned = 0, nmovable = 0;
+    unsigned pins = 0;
     xseg_status last = XSEG_SUCCESS;
-    if (oom)
-        last = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory listing the blocks declared cold");
-    else if (n)
-        last = spill_stream(d);
-    for (size_t i = 0; last == XSEG_SUCCESS && i < n && moved < need; i++) {
+    while (last == XSEG_SUCCESS && moved < need && d->spill.norder && skipped < SPILL_SKIP_MAX) {
+        struct block *b = order_take(d);
+        taken++;
+        unsigned why = 0;
+        if (!device_movable(b) || (why = block_pins(d, b))) {
+            pins |= why;
+            npinned += why != 0;
+            skipped++;
+            continue;
+        }
+        nmovable++;
+        if ((last = spill_stream(d)) != XSEG_SUCCESS)
+            break;
         /* The first block declared since the last wait waits for the device's work: one context
          * synchronize covers every declaration made so far (blocks declared long ago mostly go
          * first, largest first, and need none). */
         size_t m = 0;
-        if ((last = spill_quiesce(d, v[i].decl, "before moving pages of blocks declared cold")) == XSEG_SUCCESS)
-            last = move_block(d, v[i].b, true, need - moved, &m);
+        if ((last = spill_quiesce(d, rec_find(d, b)->decl, "before moving pages of blocks declared cold")) ==
+            XSEG_SUCCESS)
+            last = move_block(d, b, true, need - moved, &m);
         moved += m;
         /* On failure the driver, the limit or the host refused: the rest would fare no better. */
     }
-    xs_free(v);
+    bool unseen = d->spill.norder != 0; /* declared blocks the walk did not reach */
+    order_restore(d, taken, in_order);
+    spill_check(d);
     if (moved)
         return XSEG_SUCCESS;
     char words[384];
@@ -456,10 +601,15 @@ xseg_status spill_make_room(struct dev_alloc *d, size_t need)
         ; /* said where it happened (the limit) */
     else if (last != XSEG_SUCCESS)
         why(d, "moving pages to host memory failed (rolled back): %s", err_message());
-    else if (!ndecl)
+    else if (!d->spill.ndecl)
         why(d, "no live block is declared cold (xseg_spill_hint(ptr, XSEG_SPILL_COLD), xseg.torch.mark_cold): only "
                "blocks the program promised not to touch move");
-    else if (npinned && !n) {
+    else if (skipped == SPILL_SKIP_MAX && unseen) {
+        pin_words(pins, words, sizeof words);
+        why(d, "the %d blocks declared cold that come first in spill order (predicted long-lived, then largest) %s%s%s "
+               "hold no whole page of their own that may move, and one allocation looks at no more",
+            SPILL_SKIP_MAX, npinned ? "are pinned (" : "", npinned ? words : "", npinned ? ") or" : "");
+    } else if (npinned && !nmovable) {
         pin_words(pins, words, sizeof words);
         why(d, "every block declared cold with a whole page of its own is pinned (%s)", words);
     } else
@@ -470,13 +620,15 @@ xseg_status spill_make_room(struct dev_alloc *d, size_t need)
 
 /* ---- promotion ---------------------------------------------------------------------------- */
 
-static int newest_first(const void *pa, const void *pb)
+/* @p r's declaration ends: it leaves the spill order (the record stays). */
+static void decl_end(struct dev_alloc *d, struct spill_rec *r)
 {
-    const struct spill_rec *a = pa, *b = pb;
-    return a->seq > b->seq ? -1 : a->seq < b->seq;
+    if (!r->decl)
+        return;
+    order_remove(d, r);
+    r->decl = 0;
+    d->spill.ndecl--;
 }
-
-static bool declared_on_host(const struct spill_rec *r) { return r->decl && r->host; }
 
 /* Promote allocated block @p b (its record has host bytes): its pins, the copy stream, the move. */
 static xseg_status promote_block(struct dev_alloc *d, struct block *b)
@@ -501,38 +653,29 @@ xseg_status spill_promote(struct dev_alloc *d, bool wait)
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "promote: a stream capture is underway on device %d; %zu bytes "
                        "stay on host memory", d->device, d->spill.host_bytes);
     fast_settle(d, FAST_ALL, NULL);
-    /* Records move as others go: work on a snapshot, newest spill first. */
-    size_t n;
-    bool oom;
-    struct block **bs = rec_blocks(d, declared_on_host, &n, &oom);
-    struct spill_rec *order = n ? xs_malloc(n * sizeof *order) : NULL;
-    if (oom || (n && !order)) {
-        xs_free(bs);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "promote: out of host memory");
-    }
+    /* The host list, newest spill first: its length is the blocks with pages on host memory. */
     uint64_t upto = 0;
-    for (size_t i = 0; i < n; i++) {
-        order[i] = *rec_find(d, bs[i]);
-        if (order[i].decl > upto)
-            upto = order[i].decl;
+    for (const struct block *b = d->spill.newest; b;) {
+        const struct spill_rec *r = rec_find(d, b);
+        if (r->decl > upto && r->host)
+            upto = r->decl;
+        b = r->older;
     }
-    xs_free(bs);
-    if (n)
-        qsort(order, n, sizeof *order, newest_first);
     xseg_status st = XSEG_SUCCESS, pinned = XSEG_SUCCESS;
-    if (wait && n)
+    if (wait && upto)
         st = spill_quiesce(d, upto, "before promoting blocks declared cold");
-    for (size_t i = 0; i < n && st == XSEG_SUCCESS; i++) {
-        struct spill_rec *r = rec_find(d, order[i].b);
-        if (!r || !r->host || !r->decl || r->decl > d->spill.synced)
+    for (struct block *b = d->spill.newest, *older; b && st == XSEG_SUCCESS; b = older) {
+        struct spill_rec *r = rec_find(d, b);
+        older = r->older; /* the promotion below changes b's record only */
+        if (!r->host || !r->decl || r->decl > d->spill.synced)
             continue; /* the idle pass: declared after the last synchronize, not waited for */
-        st = promote_block(d, r->b);
+        st = promote_block(d, b);
         if (st == XSEG_ERROR_ILLEGAL_STATE) {
             pinned = st; /* it stays; the others go on */
             st = XSEG_SUCCESS;
         }
     }
-    xs_free(order);
+    spill_check(d);
     if (st == XSEG_SUCCESS)
         st = pinned;
     if (st != XSEG_SUCCESS)
@@ -548,12 +691,12 @@ static xseg_status promote_own(struct dev_alloc *d, struct block *b)
 {
     struct spill_rec *r = rec_find(d, b);
     if (dev_capture_underway(d)) {
-        r->decl = 0; /* not now: its pages stay valid on host memory */
+        decl_end(d, r); /* not now: its pages stay valid on host memory */
         return XSEG_SUCCESS;
     }
     xseg_status st = spill_quiesce(d, r->decl ? r->decl : d->spill.epoch + 1,
                                    "before promoting a block whose declaration ends");
-    r->decl = 0; /* not a candidate of the spills below */
+    decl_end(d, r); /* not a candidate of the spills below */
     for (int attempt = 0; st == XSEG_SUCCESS && attempt < 3; attempt++) {
         st = promote_block(d, b);
         r = rec_find(d, b);
@@ -580,6 +723,7 @@ bool spill_on_free(struct dev_alloc *d, struct block *b, xseg_status *st)
     }
     bool host = r->host != 0, still = r->decl && r->decl <= d->spill.synced;
     rec_drop(d, r);
+    spill_check(d);
     if (!host)
         return false;
     /* The host chunks go once the free merged the block. Declared since before the last
@@ -648,19 +792,26 @@ xseg_status spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)
         struct spill_rec *r = rec_find(d, b);
         xseg_status st = r && r->host ? promote_own(d, b) : XSEG_SUCCESS;
         if ((r = rec_find(d, b))) { /* the declaration ends whatever happened */
-            r->decl = 0;
+            decl_end(d, r);
             if (!r->host)
                 rec_drop(d, r);
         }
+        spill_check(d);
         return st == XSEG_SUCCESS ? st
                                   : err_prefix(st, "xseg_spill_hint(%p, XSEG_SPILL_NONE): the declaration ended, "
                                                "but pages stay on host memory (valid at their address)", ptr);
     }
-    struct spill_rec *r = rec_get(d, b);
-    if (!r)
+    struct spill_rec *r = NULL;
+    if (!order_reserve(d, 1) || !(r = rec_get(d, b)))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_spill_hint: out of host memory recording the hint of %p", ptr);
-    if (!r->decl)
+    if (!r->decl) {
         r->decl = ++d->spill.epoch;
+        r->lives = life_predict_long(&d->life, block_requested(b), b->stream, block_pool(b));
+        d->spill.ndecl++;
+        if (in_order(d, b))
+            order_add(d, r);
+    }
+    spill_check(d);
     return XSEG_SUCCESS;
 }
 

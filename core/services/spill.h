@@ -27,8 +27,12 @@
  * Which pages: only chunks lying wholly inside one allocated block move, so every byte on a host
  * chunk belongs to one live block and no free byte on host memory is ever handed out (the block's
  * free drops its host chunks before its bytes join the free index: spill_on_free,
- * spill_after_free). Which blocks: declared ones, those the lifetime predictor calls long-lived
- * (core/device/placement.h, L1) first, largest first. Promotion goes newest spill first. Pinned
+ * spill_after_free). Which blocks: declared ones, those the lifetime predictor called long-lived at
+ * their declaration (core/device/placement.h, L1) first, then largest first, lowest address first:
+ * an order kept as blocks are declared and freed (a heap), so that a spill costs what it moves and
+ * at most SPILL_SKIP_MAX (64) blocks it must leave (pinned, or without a whole page of its own),
+ * past which it gives up and says so. Promotion goes newest spill first (a list of the blocks with
+ * host pages: it costs what is on host memory, not what is declared). Pinned
  * pages never move either way (spill_pinned: a registration in force, an export or handles of
  * the block alive, a segment observer attached, its pool asleep); nothing moves while a capture is
  * underway or debug_stale_access is on. A failed driver call rolls the chunk back to where it was

@@ -1249,6 +1249,117 @@ static void test_spill_oracle(void **state)
             tu_assert_cu(drv->cuStreamDestroy(th[i].streams[s]));
 }
 
+/* Which blocks a spill takes, through declarations, their ends and frees in any order: the
+ * declared live ones, largest first, then lowest address, until the need is covered; a block whose
+ * declaration ended, or that was freed, never. */
+static void test_spill_order(void **state)
+{
+    (void)state;
+    setenv("CUDAEMU_TOTAL_MEM", "64M", 1);
+    start_emu(SPILL);
+    static const size_t mib[] = {4, 2, 6, 2, 4, 8, 2}; /* whole 2 MiB pages: each moves whole */
+    enum { N = sizeof mib / sizeof mib[0] };
+    void *p[N], *ballast[64], *c = NULL;
+    for (int i = 0; i < N; i++) {
+        p[i] = must_malloc(mib[i] * MiB, NULL);
+        tu_assert_cu(tu_fill(DPTR(p[i]), mib[i] * MiB, (unsigned char)(10 + i)));
+    }
+    size_t nb = 0;
+    while (nb < 64 && xseg_malloc(&ballast[nb], 2 * MiB, 0, NULL) == XSEG_SUCCESS)
+        nb++;
+    assert_true(nb > 0 && nb < 64);
+    static const int declare[] = {6, 0, 5, 3, 2, 4, 1}; /* not in spill order */
+    for (int i = 0; i < N; i++)
+        assert_int_equal(xseg_spill_hint(p[declare[i]], XSEG_SPILL_COLD), XSEG_SUCCESS);
+    /* The 8 MiB block's declaration ends, the 6 MiB block is freed: both would come first. */
+    assert_int_equal(xseg_spill_hint(p[5], XSEG_SPILL_NONE), XSEG_SUCCESS);
+    tu_free(p[2]);
+    p[2] = NULL;
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    while (nb < 64 && xseg_malloc(&ballast[nb], 2 * MiB, 0, NULL) == XSEG_SUCCESS)
+        nb++;
+    /* 12 MiB (the allocation may ask again: a spill gives at least what it was asked, and each
+     * takes from the front): what moved is a prefix of the spill order, whole but for its last. */
+    assert_int_equal(xseg_malloc(&c, 12 * MiB, 0, NULL), XSEG_SUCCESS);
+    static const int order[] = {0, 4, 1, 3, 6}; /* 4 MiB by address, then 2 MiB by address */
+    size_t host[N] = {0}, moved = 0;
+    bool short_seen = false;
+    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
+        int i = order[k];
+        (void)location(p[i], &host[i]);
+        if (host[i] && short_seen)
+            fail_msg("block %d (%zu MiB) moved before a block ahead of it in spill order did whole", i, mib[i]);
+        short_seen |= host[i] < mib[i] * MiB;
+        moved += host[i];
+    }
+    assert_true(host[0] == 4 * MiB && host[4] == 4 * MiB && moved >= 12 * MiB);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), (int64_t)moved);
+    assert_int_equal(location(p[5], NULL), XSEG_LOCATION_DEVICE); /* its declaration ended */
+    check_books(true);
+    for (int i = 0; i < N; i++)
+        if (p[i] && !tu_check(DPTR(p[i]), mib[i] * MiB, (unsigned char)(10 + i)))
+            fail_msg("block %d lost its bytes", i);
+    /* The rest goes next: only the last 2 MiB block is left to give. */
+    tu_free(c);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* gives c back and promotes all */
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    for (size_t i = 0; i < nb; i++)
+        tu_free(ballast[i]);
+    for (int i = 0; i < N; i++)
+        if (p[i])
+            tu_free(p[i]);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+/* A spill looks at no more than 64 declared blocks it must leave (pinned here) before giving up,
+ * and says so: with 64 pinned ones first in spill order the block behind them stays; with one
+ * fewer it moves. */
+static void test_spill_skip_bound(void **state)
+{
+    (void)state;
+    enum { NPIN = 64 };
+    setenv("CUDAEMU_TOTAL_MEM", "1750M", 1);
+    start_emu(SPILL);
+    static const xseg_range_callbacks cb = {NULL, NULL, 0};
+    int ctx = 0;
+    void *pin[NPIN], *q, *ballast[64], *c = NULL;
+    for (int i = 0; i < NPIN; i++)
+        pin[i] = must_malloc(26 * MiB, NULL); /* larger than Q: ahead of it in spill order */
+    q = must_malloc(24 * MiB, NULL);
+    tu_assert_cu(tu_fill(DPTR(q), 24 * MiB, 7));
+    size_t nb = 0;
+    while (nb < 64 && xseg_malloc(&ballast[nb], 2 * MiB, 0, NULL) == XSEG_SUCCESS)
+        nb++;
+    for (int i = 0; i < NPIN; i++) {
+        assert_int_equal(xseg_register_range(pin[i], 26 * MiB, &cb, &ctx), XSEG_SUCCESS);
+        assert_int_equal(xseg_spill_hint(pin[i], XSEG_SPILL_COLD), XSEG_SUCCESS);
+    }
+    assert_int_equal(xseg_spill_hint(q, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, 20 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    if (!strstr(xseg_last_error(), "the 64 blocks declared cold that come first in spill order") ||
+        !strstr(xseg_last_error(), "are pinned (registered (xseg_register_range))"))
+        fail_msg("the OOM does not say where spill stopped: %s", xseg_last_error());
+    assert_int_equal(location(q, NULL), XSEG_LOCATION_DEVICE);
+    /* One pinned block less (its declaration ends): Q is the 64th looked at, and moves. */
+    assert_int_equal(xseg_spill_hint(pin[0], XSEG_SPILL_NONE), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, 20 * MiB, 0, NULL), XSEG_SUCCESS);
+    assert_int_not_equal(location(q, NULL), XSEG_LOCATION_DEVICE);
+    assert_true(tu_check(DPTR(q), 24 * MiB, 7));
+    check_books(true);
+    tu_free(c);
+    for (int i = 0; i < NPIN; i++) {
+        assert_int_equal(xseg_unregister_range(pin[i], 26 * MiB, &ctx), XSEG_SUCCESS);
+        tu_free(pin[i]);
+    }
+    tu_free(q);
+    for (size_t i = 0; i < nb; i++)
+        tu_free(ballast[i]);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
 static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_spill_serves),
     TU_NAMED(test_spill_off),
@@ -1270,6 +1381,8 @@ static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_spill_freed_export),
     TU_NAMED(test_spill_destroyed_stream),
     TU_NAMED(test_spill_oracle),
+    TU_NAMED(test_spill_order),
+    TU_NAMED(test_spill_skip_bound),
 };
 
 int main(int argc, char **argv)
