@@ -80,7 +80,7 @@ static inline size_t round_size(const struct dev_alloc *d, size_t size)
     lock_assert_held(&d->lock);
     if (size < BLOCK_MIN_SIZE)
         return BLOCK_MIN_SIZE;
-    if (XSEG_UNLIKELY(d->roundup_any)) {
+    if (XSEG_UNLIKELY(fast_rare_roundup(d))) {
         unsigned div = cfg_roundup_divisions(&d->cfg, size);
         if (div > 1 && size > BLOCK_MIN_SIZE * div)
             return roundup_power2_next_division(size, div);
@@ -774,16 +774,17 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     return malloc_finish(d, p, size, false, NULL, out, h);
 }
 
-/* Everything before the search that a plain malloc does not need: a new config, streams seen
- * capturing and routes to private pools (which choose the pool), pending events and deferred
- * frees, capture reuse, roundup_power2_divisions. Resolves @p p. Fails for an allocation on a
- * capturing stream that no pool takes. */
+/* Everything before the search that a plain malloc does not need: a new config, and the work of
+ * the rare conditions (FAST_RARE, core/device/fast.h): streams seen capturing and routes to private
+ * pools (which choose the pool), sleeping pools, pending events and deferred frees, capture reuse,
+ * idle ticks, roundup_power2_divisions. Resolves @p p. Fails for an allocation on a capturing
+ * stream that no pool takes. */
 static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream stream, struct alloc_params *p)
 {
     lock_assert_held(&d->lock);
     refresh_cfg(d);
     struct priv_pool *priv = NULL;
-    if (XSEG_UNLIKELY(cap_underway(d))) {
+    if (XSEG_UNLIKELY(fast_rare_capture(d))) {
         xseg_status st = d->priv.nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
         if (st == XSEG_SUCCESS && !priv && dev_capture_underway(d) &&
             dev_stream_capturing(d, stream, &ignored)) {
@@ -795,9 +796,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
             return st;
     }
     /* A sleeping pool hands nothing out (no wake behind the caller's back: core/services/sleep.h). */
-    if (XSEG_UNLIKELY(d->sleep.nasleep) && sleep_pool_asleep(d, priv))
+    if (XSEG_UNLIKELY(fast_rare_asleep(d)) && sleep_pool_asleep(d, priv))
         return sleep_refuse(d, priv);
-    if (XSEG_UNLIKELY(ev_waiting(d)) && !cap_underway(d)) {
+    if (XSEG_UNLIKELY(fast_rare_events(d)) && !fast_rare_capture(d)) {
         size_t pending = d->ev.pending_events + d->ev.ndeferred;
         ev_process(d);
         /* Events completed: work is known done, a point for release_threshold_mb (core/services/trim.h). */
@@ -806,9 +807,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
         ev_capture_reuse(d, stream); /* during a capture: blocks the graph lets us reuse */
     }
-    if (XSEG_UNLIKELY(d->cr.nwalks) && !cap_underway(d))
+    if (XSEG_UNLIKELY(d->cr.nwalks) && !fast_rare_capture(d))
         capreuse_reset(d); /* the walks of captures that are over */
-    if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && settings_idle_thread_running()))
+    if (XSEG_UNLIKELY(fast_rare_idle_tick(d)))
         trim_idle_tick(d); /* else the background thread ticks (core/services/idle.h) */
     dev_fast_update(d);
 
@@ -849,7 +850,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
     }
     struct hist_mctx h = {NULL, false}, *hp = NULL;
     struct hstack *cur = NULL;
-    if (XSEG_UNLIKELY(hist_mode())) {
+    if (XSEG_UNLIKELY(fast_rare_history(d))) {
         dev_unlock(d);
         h.stack = cur = hist_capture();
         dev_lock(d, DEV_NEED_SLOTS);
