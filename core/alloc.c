@@ -14,6 +14,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/policy/capreuse.h"
+#include "core/policy/classic.h"
 #include "core/device/blockops.h"
 #include "core/device/check.h"
 #include "core/policy/events.h"
@@ -34,7 +35,6 @@
 #include "core/index/stats.h"
 #include "core/services/trim.h"
 #include "vmm/capture.h"
-#include "vmm/classic.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
@@ -199,100 +199,19 @@ static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
     return true;
 }
 
-/* ---- classic segments -------------------------------------------------------------------- */
+/* ---- growth ------------------------------------------------------------------------------ */
 
 /* Did @p p's pool stop being awake while the lock was given back (a sleep begun by another thread
  * or by a free-memory callback)? Then the malloc is refused as malloc_prepare would have refused it:
  * its blocks and holes lie in pages a sleep is giving back. */
-static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, const struct alloc_params *p,
-                                                      xseg_status *st)
+static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, struct bpool *pool, xseg_status *st)
 {
     lock_assert_held(&d->lock);
-    struct priv_pool *pp = dev_pool_owner(d, p->pool);
+    struct priv_pool *pp = dev_pool_owner(d, pool);
     if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
         return false;
     *st = sleep_refuse(d, pp);
     return true;
-}
-
-/* alloc_classic's cuMemAlloc with the lock given back (release_lock_on_cudamalloc). The bins
- * reference is given back meanwhile (dev_check, which any unlock may run, finds no reference
- * without a segment) and taken again after (*held: it is); a pool that fell asleep meanwhile gets
- * nothing (the memory is freed). */
-static xseg_status classic_alloc_unlocked(struct dev_alloc *d, struct alloc_params *p, bool relax, CUdeviceptr *ptr,
-                                          bool *held)
-{
-    bpool_bins_release(p->pool, p->stream);
-    dev_unlock(d);
-    xseg_status st = classic_alloc(p->alloc_size, relax, d->device, ptr);
-    dev_lock(d, DEV_NEED_SLOTS);
-    *held = bpool_bins_acquire(p->pool, p->stream);
-    xseg_status refused = XSEG_SUCCESS;
-    if (st == XSEG_SUCCESS && (!*held || pool_fell_asleep(d, p, &refused))) {
-        (void)classic_free(*ptr, d->device);
-        st = *held ? sleep_refuse(d, dev_pool_owner(d, p->pool))
-                   : err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
-    }
-    return st;
-}
-
-/* cuMemAlloc a new segment for p (PyTorch's alloc_block, classic branch). Returns SUCCESS with
- * p->block set, OUT_OF_MEMORY (recoverable), or another error. The lock may be dropped. */
-static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
-{
-    lock_assert_held(&d->lock);
-    size_t size = p->alloc_size;
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
-        return XSEG_ERROR_DRIVER;
-    struct segrec *sr = xs_calloc(1, sizeof *sr);
-    struct block *b = dev_block_new(d);
-    /* The segment's reference on its bins: indexing its blocks later never allocates. */
-    if (!sr || !b || !bpool_bins_acquire(p->pool, p->stream)) {
-        xs_free(sr);
-        if (b)
-            dev_block_delete(d, b);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
-    }
-    CUdeviceptr ptr = 0;
-    xseg_status st;
-    /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
-     * per thread, so dropping the lock is fine. */
-    bool relax = cap_underway(d), held = true;
-    if (d->cfg.release_lock_on_cudamalloc)
-        st = classic_alloc_unlocked(d, p, relax, &ptr, &held);
-    else
-        st = classic_alloc(size, relax, d->device, &ptr);
-    if (st != XSEG_SUCCESS) {
-        if (held)
-            bpool_bins_release(p->pool, p->stream);
-        xs_free(sr);
-        dev_block_delete(d, b);
-        return st;
-    }
-    d->acct.total_allocated_memory += size;
-    b->addr = (uintptr_t)ptr;
-    b->size = size;
-    b->stream = p->stream;
-    sr->pool = p->pool;
-    block_set_seg(b, sr);
-    b->mapped = true;
-    sr->first = b;
-    sr->last = b;
-    sr->stream = p->stream;
-    sr->size = size;
-    dev_seglist_add(d, sr);
-    stat_pool(d->acct.stats.segment, p->pool, 1);
-    stat_pool(d->acct.stats.reserved_bytes, p->pool, (int64_t)size);
-    if (size >= d->cfg.max_split_size) {
-        sr->oversize = true;
-        stat_add(&d->acct.stats.oversize_segments, 1);
-    }
-    d->acct.stats.num_device_alloc++;
-    p->block = b;
-    if (XSEG_UNLIKELY(hist_mode()))
-        hist_record(HIST_SEGMENT_ALLOC, d->device, b->addr, size, (uintptr_t)p->stream, d->hist_cur);
-    obs_classic(d, b->addr, size, XSEG_SEGMENT_MAP);
-    return XSEG_SUCCESS;
 }
 
 /* PyTorch's alloc_block: the fraction limit, then a new classic segment or expandable room. */
@@ -309,7 +228,7 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
     }
     if (!dev_fraction_allows(d, p->alloc_size))
         return XSEG_ERROR_OUT_OF_MEMORY;
-    return alloc_classic(d, p);
+    return classic_grow(d, p->pool, p->stream, p->alloc_size, pool_fell_asleep, &p->block);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -601,7 +520,7 @@ static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d
     if ((bv && want > bv->own_limit) || !group_give_way(d, p->alloc_size, over))
         return XSEG_ERROR_OUT_OF_MEMORY;
     xseg_status st;
-    if (pool_fell_asleep(d, p, &st))
+    if (pool_fell_asleep(d, p->pool, &st))
         return st;
     if (bv)
         budget_enter(d, bv, p->alloc_size); /* the members' figures moved */
@@ -717,7 +636,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
         dev_lock(d, DEV_NEED_SLOTS);
-        if (pool_fell_asleep(d, p, &st))
+        if (pool_fell_asleep(d, p->pool, &st))
             return st;
         if (freed && get_free_block(d, p))
             return malloc_finish(d, p, size, false, NULL, out, h);
