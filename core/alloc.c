@@ -29,6 +29,7 @@
 #include "core/policy/release.h"
 #include "core/device/placement.h"
 #include "core/process/settings.h"
+#include "core/reclaim.h"
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
 #include "core/snapshot.h"
@@ -395,9 +396,8 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     dev_lock(d, DEV_NEED_SLOTS);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
-    char group_info[1024], budget_info[640], spill_info[400];
-    group_oom_info(d, group_info, sizeof group_info);
-    spill_oom_info(d, spill_info, sizeof spill_info);
+    char rungs_info[1424], budget_info[640];
+    reclaim_oom_info(d, rungs_info, sizeof rungs_info); /* a sentence a rung that has one */
     group_budget_oom_info(d, alloc_size, budget_info, sizeof budget_info);
     char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
     if (asleep)
@@ -415,14 +415,13 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s%s%s%s%s",
+                   "reserved by xseg but unallocated.%s%s%s%s%s%s",
                    va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
                         "of a new segment (the address space is exhausted or limited; device memory is not)"
                       : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, group_info,
-                   spill_info, over,
+                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, rungs_info, over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.",
                    snap_info);
@@ -508,69 +507,77 @@ static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct b
     d->acct.budget_limit = v->limit;
 }
 
-/* Step 7c of malloc_policy (core/services/group.h): the group's members give their cache way, the lock
- * dropped meanwhile; then the cache (a free may have come) and a new segment once more. Not when
- * our own budget refused (@p bv: the budgets in force, NULL: none): no member's memory counts in
- * it. @return the growth's status (XSEG_ERROR_OUT_OF_MEMORY when nothing came). */
-static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d, struct alloc_params *p,
-                                                             struct budget_view *bv)
+/* The budgets stop being in force: the growth's intent is withdrawn, failed or not. */
+static void budget_exit(struct dev_alloc *d)
 {
-    size_t want = d->acct.total_allocated_memory + p->alloc_size;
-    size_t over = bv && want > bv->group_limit ? want - bv->group_limit : 0;
-    if ((bv && want > bv->own_limit) || !group_give_way(d, p->alloc_size, over))
-        return XSEG_ERROR_OUT_OF_MEMORY;
+    lock_assert_held(&d->lock);
+    d->acct.set_budget = false;
+    group_note_reserved(d, false);
+}
+
+/* A growth malloc_policy tries: its request, and the ladder's view of it (core/reclaim.h). */
+struct growth {
+    struct reclaim_growth g; /* first: the ladder's callbacks get it back */
+    struct alloc_params *p;
+    struct budget_view bv;
+};
+
+/* The ladder's retry after a rung gave (core/reclaim.h's RECLAIM_* in @p how). */
+static xseg_status growth_again(struct dev_alloc *d, struct reclaim_growth *rg, unsigned how)
+{
+    struct growth *gr = (struct growth *)rg;
+    struct alloc_params *p = gr->p;
     xseg_status st;
-    if (pool_fell_asleep(d, p->pool, &st))
-        return st;
-    if (bv)
-        budget_enter(d, bv, p->alloc_size); /* the members' figures moved */
-    /* Under pressure as in malloc_reclaim: the growth maps only the granules it needs, since the
-     * members gave what the request lacks, not a whole page more (exp_recycle_begin). */
-    bool recycling = d->use_expandable && d->cfg.expandable_segments_recycle;
-    if (recycling)
-        exp_recycle_begin(d);
-    st = get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
-    if (recycling)
-        exp_recycle_end(d);
+    if (how & RECLAIM_RELOCKED) {
+        if (pool_fell_asleep(d, p->pool, &st))
+            return st;
+        if (rg->bv)
+            budget_enter(d, rg->bv, p->alloc_size); /* the figures moved meanwhile */
+    }
+    if ((how & RECLAIM_CACHE) && get_free_block(d, p))
+        return XSEG_SUCCESS;
+    return alloc_block(d, p, how & RECLAIM_COUNTED);
+}
+
+static void growth_budget_end(struct dev_alloc *d, struct reclaim_growth *rg)
+{
+    (void)rg;
+    budget_exit(d);
+}
+
+/* A new classic segment, or room in an expandable one, for @p p. Under a budget, measured now
+ * (core/services/group.h: one cuMemGetInfo a growth), and left in force when the growth is
+ * refused (OUT_OF_MEMORY): the ladder ends it (malloc_reclaim). */
+static xseg_status malloc_grow(struct dev_alloc *d, struct alloc_params *p, struct growth *gr)
+{
+    gr->p = p;
+    gr->g.bv = NULL;
+    if (XSEG_UNLIKELY(group_measure_on(d))) {
+        budget_enter(d, &gr->bv, p->alloc_size);
+        gr->g.bv = &gr->bv;
+    }
+    xseg_status st = alloc_block(d, p, false);
+    if (st != XSEG_ERROR_OUT_OF_MEMORY && gr->g.bv)
+        budget_exit(d);
     return st;
 }
 
-/* Steps 5-7b of malloc_policy: the growth for @p p was refused and no capture is underway (nothing
- * may be freed during one). Gives back cached memory in widening rounds, allocating again after
- * each; OUT_OF_MEMORY when none was enough. */
-static xseg_status malloc_reclaim(struct dev_alloc *d, struct alloc_params *p)
+/* The growth of @p gr was refused: the reclaim ladder (core/reclaim.h) gives memory back and grows
+ * again, rung by rung. */
+static __attribute__((noinline)) xseg_status malloc_reclaim(struct dev_alloc *d, struct growth *gr)
 {
-    /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
-     * what the request needs, runs of streams known idle first, waiting at most once per stream
-     * (expandable_segments_recycle, core/services/trim.h), then allocate again. PyTorch goes straight to
-     * the steps below, which release every cached block. */
-    xseg_status st = XSEG_ERROR_OUT_OF_MEMORY;
-    bool recycling = d->use_expandable && d->cfg.expandable_segments_recycle;
-    if (recycling) {
-        exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/policy/expandable.h) */
-        size_t got = 0;
-        if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
-            st = alloc_block(d, p, false);
-    }
-
-    /* 6. Release one cached oversize block large enough (or several), then allocate. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && release_available_cached_blocks(d, p->pool, p->stream, p->size))
-        st = alloc_block(d, p, false);
-
-    /* 7. Release every cached block (empty_cache), then allocate once more. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY) {
-        xseg_status rs = release_cached_blocks(d, NULL);
-        if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
-            st = alloc_block(d, p, true);
-    }
-    if (recycling)
-        exp_recycle_end(d); /* what the growth did not take goes back to the driver */
-    /* 7b. Partly used pages re-backed by granule chunks, their free granules given back
-     * (expandable_segments_defrag, core/policy/expandable.h); allocate again after each round. */
-    for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && d->use_expandable &&
-                           d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
-        st = alloc_block(d, p, false);
-    return st;
+    struct alloc_params *p = gr->p;
+    struct reclaim_growth *g = &gr->g;
+    g->pool = p->pool;
+    g->stream = p->stream;
+    g->size = p->size;
+    g->alloc_size = p->alloc_size;
+    g->capture = dev_capture_underway(d);
+    g->again = growth_again;
+    g->budget_end = growth_budget_end;
+    if (!g->capture)
+        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
+    return reclaim_run(d, g);
 }
 
 /* A cache miss that may grow: sizes it (p->alloc_size) and refuses what can never be held — the
@@ -595,17 +602,19 @@ static xseg_status malloc_admit(struct dev_alloc *d, struct alloc_params *p, siz
 }
 
 /*
- * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
- * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
- * miss; else a fit whose index predecessor it could not tell). Lock held on entry and on return;
- * dropped only around the free-memory callbacks (step 2) and inside the OOM report (step 8).
+ * PyTorch's DeviceCachingAllocator::malloc, top to bottom: the cache, the free-memory callbacks,
+ * garbage collection, the quarantine, growth, the reclaim ladder, out of memory. @p p is resolved
+ * (rounded size, pool, stream). @p searched: the fast path has already searched the cache and
+ * found @p found (NULL: a miss; else a fit whose index predecessor it could not tell). Lock held on
+ * entry and on return; dropped around the free-memory callbacks, inside the ladder (the group's
+ * give-way) and inside the OOM report.
  */
 static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, struct alloc_params *p,
                                                            bool searched, struct block *found, size_t size,
                                                            void **out, struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
-    /* 1. The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
+    /* The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
      * request predicted long-lived, the highest fitting block (bops_find_top). */
     if (!searched) {
         struct block *pred;
@@ -631,7 +640,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (st != XSEG_SUCCESS)
         return st;
 
-    /* 2. Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
+    /* Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
     if (settings_have_free_memory_callbacks()) {
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
@@ -642,45 +651,24 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
             return malloc_finish(d, p, size, false, NULL, out, h);
     }
 
-    /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
+    /* Garbage collection: aged cached blocks, when a threshold is set. */
     if (XSEG_UNLIKELY(dev_gc_on(d)))
         release_garbage_collect(d);
 
-    /* 3b. debug_stale_access: a quarantine over a quarter of its bound empties before growth (quarantine.h). */
+    /* The quarantine (debug_stale_access): over a quarter of its bound, it empties before growth
+     * (core/device/quarantine.h). */
     if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && get_free_block(d, p))
         return malloc_finish(d, p, size, false, NULL, out, h);
 
-    /* 4. A new segment (classic), or room in an expandable one; under a budget, measured now
-     * (core/services/group.h: one cuMemGetInfo a growth) and in force until this malloc returns. */
-    struct budget_view bv;
-    bool budgeted = XSEG_UNLIKELY(group_measure_on(d));
-    if (budgeted)
-        budget_enter(d, &bv, p->alloc_size);
-    st = alloc_block(d, p, false);
-    /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
-    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
+    /* Growth: a new segment, or room in an expandable one. */
+    struct growth gr;
+    st = malloc_grow(d, p, &gr);
 
-    /* 5-7b. Under pressure: give back cached memory and allocate again (malloc_reclaim). */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
-        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
-        st = malloc_reclaim(d, p);
-    }
+    /* Refused: the reclaim ladder, each rung giving memory back, then growth again. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY)
+        st = malloc_reclaim(d, &gr);
 
-    /* 7c. The memory group. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && XSEG_UNLIKELY(group_on(d)))
-        st = malloc_give_way(d, p, budgeted ? &bv : NULL);
-    if (budgeted) {
-        d->acct.set_budget = false;
-        group_note_reserved(d, false); /* the growth's intent withdrawn, failed or not */
-    }
-
-    /* 7d. Spill (spill_to_host, core/services/spill.h): pages of live blocks to host memory at
-     * their addresses, then allocate again, while pages move and the request does not fit. */
-    while (st == XSEG_ERROR_OUT_OF_MEMORY && XSEG_UNLIKELY(d->cfg.spill_to_host) &&
-           spill_make_room(d, p->alloc_size) == XSEG_SUCCESS)
-        st = alloc_block(d, p, false);
-
-    /* 8. Out of memory: observers, then the message. */
+    /* Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     if (st != XSEG_SUCCESS)
