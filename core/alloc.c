@@ -14,6 +14,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/policy/capreuse.h"
+#include "core/policy/classic.h"
 #include "core/device/blockops.h"
 #include "core/device/check.h"
 #include "core/policy/events.h"
@@ -28,13 +29,13 @@
 #include "core/policy/release.h"
 #include "core/device/placement.h"
 #include "core/process/settings.h"
+#include "core/reclaim.h"
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
 #include "core/snapshot.h"
 #include "core/index/stats.h"
 #include "core/services/trim.h"
 #include "vmm/capture.h"
-#include "vmm/classic.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
@@ -80,7 +81,7 @@ static inline size_t round_size(const struct dev_alloc *d, size_t size)
     lock_assert_held(&d->lock);
     if (size < BLOCK_MIN_SIZE)
         return BLOCK_MIN_SIZE;
-    if (XSEG_UNLIKELY(d->roundup_any)) {
+    if (XSEG_UNLIKELY(fast_rare_roundup(d))) {
         unsigned div = cfg_roundup_divisions(&d->cfg, size);
         if (div > 1 && size > BLOCK_MIN_SIZE * div)
             return roundup_power2_next_division(size, div);
@@ -199,100 +200,19 @@ static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
     return true;
 }
 
-/* ---- classic segments -------------------------------------------------------------------- */
+/* ---- growth ------------------------------------------------------------------------------ */
 
 /* Did @p p's pool stop being awake while the lock was given back (a sleep begun by another thread
  * or by a free-memory callback)? Then the malloc is refused as malloc_prepare would have refused it:
  * its blocks and holes lie in pages a sleep is giving back. */
-static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, const struct alloc_params *p,
-                                                      xseg_status *st)
+static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, struct bpool *pool, xseg_status *st)
 {
     lock_assert_held(&d->lock);
-    struct priv_pool *pp = dev_pool_owner(d, p->pool);
+    struct priv_pool *pp = dev_pool_owner(d, pool);
     if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
         return false;
     *st = sleep_refuse(d, pp);
     return true;
-}
-
-/* alloc_classic's cuMemAlloc with the lock given back (release_lock_on_cudamalloc). The bins
- * reference is given back meanwhile (dev_check, which any unlock may run, finds no reference
- * without a segment) and taken again after (*held: it is); a pool that fell asleep meanwhile gets
- * nothing (the memory is freed). */
-static xseg_status classic_alloc_unlocked(struct dev_alloc *d, struct alloc_params *p, bool relax, CUdeviceptr *ptr,
-                                          bool *held)
-{
-    bpool_bins_release(p->pool, p->stream);
-    dev_unlock(d);
-    xseg_status st = classic_alloc(p->alloc_size, relax, d->device, ptr);
-    dev_lock(d, DEV_NEED_SLOTS);
-    *held = bpool_bins_acquire(p->pool, p->stream);
-    xseg_status refused = XSEG_SUCCESS;
-    if (st == XSEG_SUCCESS && (!*held || pool_fell_asleep(d, p, &refused))) {
-        (void)classic_free(*ptr, d->device);
-        st = *held ? sleep_refuse(d, dev_pool_owner(d, p->pool))
-                   : err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
-    }
-    return st;
-}
-
-/* cuMemAlloc a new segment for p (PyTorch's alloc_block, classic branch). Returns SUCCESS with
- * p->block set, OUT_OF_MEMORY (recoverable), or another error. The lock may be dropped. */
-static xseg_status alloc_classic(struct dev_alloc *d, struct alloc_params *p)
-{
-    lock_assert_held(&d->lock);
-    size_t size = p->alloc_size;
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
-        return XSEG_ERROR_DRIVER;
-    struct segrec *sr = xs_calloc(1, sizeof *sr);
-    struct block *b = dev_block_new(d);
-    /* The segment's reference on its bins: indexing its blocks later never allocates. */
-    if (!sr || !b || !bpool_bins_acquire(p->pool, p->stream)) {
-        xs_free(sr);
-        if (b)
-            dev_block_delete(d, b);
-        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for segment metadata");
-    }
-    CUdeviceptr ptr = 0;
-    xseg_status st;
-    /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
-     * per thread, so dropping the lock is fine. */
-    bool relax = cap_underway(d), held = true;
-    if (d->cfg.release_lock_on_cudamalloc)
-        st = classic_alloc_unlocked(d, p, relax, &ptr, &held);
-    else
-        st = classic_alloc(size, relax, d->device, &ptr);
-    if (st != XSEG_SUCCESS) {
-        if (held)
-            bpool_bins_release(p->pool, p->stream);
-        xs_free(sr);
-        dev_block_delete(d, b);
-        return st;
-    }
-    d->acct.total_allocated_memory += size;
-    b->addr = (uintptr_t)ptr;
-    b->size = size;
-    b->stream = p->stream;
-    sr->pool = p->pool;
-    block_set_seg(b, sr);
-    b->mapped = true;
-    sr->first = b;
-    sr->last = b;
-    sr->stream = p->stream;
-    sr->size = size;
-    dev_seglist_add(d, sr);
-    stat_pool(d->acct.stats.segment, p->pool, 1);
-    stat_pool(d->acct.stats.reserved_bytes, p->pool, (int64_t)size);
-    if (size >= d->cfg.max_split_size) {
-        sr->oversize = true;
-        stat_add(&d->acct.stats.oversize_segments, 1);
-    }
-    d->acct.stats.num_device_alloc++;
-    p->block = b;
-    if (XSEG_UNLIKELY(hist_mode()))
-        hist_record(HIST_SEGMENT_ALLOC, d->device, b->addr, size, (uintptr_t)p->stream, d->hist_cur);
-    obs_classic(d, b->addr, size, XSEG_SEGMENT_MAP);
-    return XSEG_SUCCESS;
 }
 
 /* PyTorch's alloc_block: the fraction limit, then a new classic segment or expandable room. */
@@ -309,7 +229,7 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
     }
     if (!dev_fraction_allows(d, p->alloc_size))
         return XSEG_ERROR_OUT_OF_MEMORY;
-    return alloc_classic(d, p);
+    return classic_grow(d, p->pool, p->stream, p->alloc_size, pool_fell_asleep, &p->block);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -476,9 +396,8 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     dev_lock(d, DEV_NEED_SLOTS);
 
     char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
-    char group_info[1024], budget_info[640], spill_info[400];
-    group_oom_info(d, group_info, sizeof group_info);
-    spill_oom_info(d, spill_info, sizeof spill_info);
+    char rungs_info[1424], budget_info[640];
+    reclaim_oom_info(d, rungs_info, sizeof rungs_info); /* a sentence a rung that has one */
     group_budget_oom_info(d, alloc_size, budget_info, sizeof budget_info);
     char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
     if (asleep)
@@ -496,14 +415,13 @@ static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_
     return err_set(XSEG_ERROR_OUT_OF_MEMORY,
                    "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
                    "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s%s%s%s%s",
+                   "reserved by xseg but unallocated.%s%s%s%s%s%s",
                    va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
                         "of a new segment (the address space is exhausted or limited; device memory is not)"
                       : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, group_info,
-                   spill_info, over,
+                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, rungs_info, over,
                    expandable ? "" : " If reserved but unallocated memory is large try setting "
                                      "expandable_segments:True to avoid fragmentation.",
                    snap_info);
@@ -589,69 +507,77 @@ static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct b
     d->acct.budget_limit = v->limit;
 }
 
-/* Step 7c of malloc_policy (core/services/group.h): the group's members give their cache way, the lock
- * dropped meanwhile; then the cache (a free may have come) and a new segment once more. Not when
- * our own budget refused (@p bv: the budgets in force, NULL: none): no member's memory counts in
- * it. @return the growth's status (XSEG_ERROR_OUT_OF_MEMORY when nothing came). */
-static __attribute__((noinline)) xseg_status malloc_give_way(struct dev_alloc *d, struct alloc_params *p,
-                                                             struct budget_view *bv)
+/* The budgets stop being in force: the growth's intent is withdrawn, failed or not. */
+static void budget_exit(struct dev_alloc *d)
 {
-    size_t want = d->acct.total_allocated_memory + p->alloc_size;
-    size_t over = bv && want > bv->group_limit ? want - bv->group_limit : 0;
-    if ((bv && want > bv->own_limit) || !group_give_way(d, p->alloc_size, over))
-        return XSEG_ERROR_OUT_OF_MEMORY;
+    lock_assert_held(&d->lock);
+    d->acct.set_budget = false;
+    group_note_reserved(d, false);
+}
+
+/* A growth malloc_policy tries: its request, and the ladder's view of it (core/reclaim.h). */
+struct growth {
+    struct reclaim_growth g; /* first: the ladder's callbacks get it back */
+    struct alloc_params *p;
+    struct budget_view bv;
+};
+
+/* The ladder's retry after a rung gave (core/reclaim.h's RECLAIM_* in @p how). */
+static xseg_status growth_again(struct dev_alloc *d, struct reclaim_growth *rg, unsigned how)
+{
+    struct growth *gr = (struct growth *)rg;
+    struct alloc_params *p = gr->p;
     xseg_status st;
-    if (pool_fell_asleep(d, p, &st))
-        return st;
-    if (bv)
-        budget_enter(d, bv, p->alloc_size); /* the members' figures moved */
-    /* Under pressure as in malloc_reclaim: the growth maps only the granules it needs, since the
-     * members gave what the request lacks, not a whole page more (exp_recycle_begin). */
-    bool recycling = d->use_expandable && d->cfg.expandable_segments_recycle;
-    if (recycling)
-        exp_recycle_begin(d);
-    st = get_free_block(d, p) ? XSEG_SUCCESS : alloc_block(d, p, false);
-    if (recycling)
-        exp_recycle_end(d);
+    if (how & RECLAIM_RELOCKED) {
+        if (pool_fell_asleep(d, p->pool, &st))
+            return st;
+        if (rg->bv)
+            budget_enter(d, rg->bv, p->alloc_size); /* the figures moved meanwhile */
+    }
+    if ((how & RECLAIM_CACHE) && get_free_block(d, p))
+        return XSEG_SUCCESS;
+    return alloc_block(d, p, how & RECLAIM_COUNTED);
+}
+
+static void growth_budget_end(struct dev_alloc *d, struct reclaim_growth *rg)
+{
+    (void)rg;
+    budget_exit(d);
+}
+
+/* A new classic segment, or room in an expandable one, for @p p. Under a budget, measured now
+ * (core/services/group.h: one cuMemGetInfo a growth), and left in force when the growth is
+ * refused (OUT_OF_MEMORY): the ladder ends it (malloc_reclaim). */
+static xseg_status malloc_grow(struct dev_alloc *d, struct alloc_params *p, struct growth *gr)
+{
+    gr->p = p;
+    gr->g.bv = NULL;
+    if (XSEG_UNLIKELY(group_measure_on(d))) {
+        budget_enter(d, &gr->bv, p->alloc_size);
+        gr->g.bv = &gr->bv;
+    }
+    xseg_status st = alloc_block(d, p, false);
+    if (st != XSEG_ERROR_OUT_OF_MEMORY && gr->g.bv)
+        budget_exit(d);
     return st;
 }
 
-/* Steps 5-7b of malloc_policy: the growth for @p p was refused and no capture is underway (nothing
- * may be freed during one). Gives back cached memory in widening rounds, allocating again after
- * each; OUT_OF_MEMORY when none was enough. */
-static xseg_status malloc_reclaim(struct dev_alloc *d, struct alloc_params *p)
+/* The growth of @p gr was refused: the reclaim ladder (core/reclaim.h) gives memory back and grows
+ * again, rung by rung. */
+static __attribute__((noinline)) xseg_status malloc_reclaim(struct dev_alloc *d, struct growth *gr)
 {
-    /* 5. Under pressure (the driver or the fraction limit refused the growth): give back only
-     * what the request needs, runs of streams known idle first, waiting at most once per stream
-     * (expandable_segments_recycle, core/services/trim.h), then allocate again. PyTorch goes straight to
-     * the steps below, which release every cached block. */
-    xseg_status st = XSEG_ERROR_OUT_OF_MEMORY;
-    bool recycling = d->use_expandable && d->cfg.expandable_segments_recycle;
-    if (recycling) {
-        exp_recycle_begin(d); /* handles unmapped from here on go to this growth (core/policy/expandable.h) */
-        size_t got = 0;
-        if (trim_pressure(d, p->size, &got) == XSEG_SUCCESS && got)
-            st = alloc_block(d, p, false);
-    }
-
-    /* 6. Release one cached oversize block large enough (or several), then allocate. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && release_available_cached_blocks(d, p->pool, p->stream, p->size))
-        st = alloc_block(d, p, false);
-
-    /* 7. Release every cached block (empty_cache), then allocate once more. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY) {
-        xseg_status rs = release_cached_blocks(d, NULL);
-        if (rs == XSEG_SUCCESS || rs == XSEG_ERROR_OUT_OF_MEMORY)
-            st = alloc_block(d, p, true);
-    }
-    if (recycling)
-        exp_recycle_end(d); /* what the growth did not take goes back to the driver */
-    /* 7b. Partly used pages re-backed by granule chunks, their free granules given back
-     * (expandable_segments_defrag, core/policy/expandable.h); allocate again after each round. */
-    for (bool more = true; st == XSEG_ERROR_OUT_OF_MEMORY && d->use_expandable &&
-                           d->cfg.expandable_segments_defrag && more && exp_defragment(d, p->size, &more);)
-        st = alloc_block(d, p, false);
-    return st;
+    struct alloc_params *p = gr->p;
+    struct reclaim_growth *g = &gr->g;
+    g->pool = p->pool;
+    g->stream = p->stream;
+    g->size = p->size;
+    g->alloc_size = p->alloc_size;
+    g->capture = dev_capture_underway(d);
+    g->again = growth_again;
+    g->budget_end = growth_budget_end;
+    if (!g->capture)
+        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
+    return reclaim_run(d, g);
 }
 
 /* A cache miss that may grow: sizes it (p->alloc_size) and refuses what can never be held — the
@@ -676,17 +602,19 @@ static xseg_status malloc_admit(struct dev_alloc *d, struct alloc_params *p, siz
 }
 
 /*
- * PyTorch's DeviceCachingAllocator::malloc, top to bottom. @p p is resolved (rounded size, pool,
- * stream). @p searched: the fast path has already searched the cache and found @p found (NULL: a
- * miss; else a fit whose index predecessor it could not tell). Lock held on entry and on return;
- * dropped only around the free-memory callbacks (step 2) and inside the OOM report (step 8).
+ * PyTorch's DeviceCachingAllocator::malloc, top to bottom: the cache, the free-memory callbacks,
+ * garbage collection, the quarantine, growth, the reclaim ladder, out of memory. @p p is resolved
+ * (rounded size, pool, stream). @p searched: the fast path has already searched the cache and
+ * found @p found (NULL: a miss; else a fit whose index predecessor it could not tell). Lock held on
+ * entry and on return; dropped around the free-memory callbacks, inside the ladder (the group's
+ * give-way) and inside the OOM report.
  */
 static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, struct alloc_params *p,
                                                            bool searched, struct block *found, size_t size,
                                                            void **out, struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
-    /* 1. The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
+    /* The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
      * request predicted long-lived, the highest fitting block (bops_find_top). */
     if (!searched) {
         struct block *pred;
@@ -712,56 +640,35 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     if (st != XSEG_SUCCESS)
         return st;
 
-    /* 2. Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
+    /* Free-memory callbacks, with the lock released (they may call xseg); then the cache. */
     if (settings_have_free_memory_callbacks()) {
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
         dev_lock(d, DEV_NEED_SLOTS);
-        if (pool_fell_asleep(d, p, &st))
+        if (pool_fell_asleep(d, p->pool, &st))
             return st;
         if (freed && get_free_block(d, p))
             return malloc_finish(d, p, size, false, NULL, out, h);
     }
 
-    /* 3. Garbage collection: aged cached blocks, when a threshold is set. */
+    /* Garbage collection: aged cached blocks, when a threshold is set. */
     if (XSEG_UNLIKELY(dev_gc_on(d)))
         release_garbage_collect(d);
 
-    /* 3b. debug_stale_access: a quarantine over a quarter of its bound empties before growth (quarantine.h). */
+    /* The quarantine (debug_stale_access): over a quarter of its bound, it empties before growth
+     * (core/device/quarantine.h). */
     if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && get_free_block(d, p))
         return malloc_finish(d, p, size, false, NULL, out, h);
 
-    /* 4. A new segment (classic), or room in an expandable one; under a budget, measured now
-     * (core/services/group.h: one cuMemGetInfo a growth) and in force until this malloc returns. */
-    struct budget_view bv;
-    bool budgeted = XSEG_UNLIKELY(group_measure_on(d));
-    if (budgeted)
-        budget_enter(d, &bv, p->alloc_size);
-    st = alloc_block(d, p, false);
-    /* Nothing is freed during a capture: cuMemFree or an unmap would invalidate it. */
-    bool capture = st == XSEG_ERROR_OUT_OF_MEMORY && dev_capture_underway(d);
+    /* Growth: a new segment, or room in an expandable one. */
+    struct growth gr;
+    st = malloc_grow(d, p, &gr);
 
-    /* 5-7b. Under pressure: give back cached memory and allocate again (malloc_reclaim). */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture) {
-        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
-        st = malloc_reclaim(d, p);
-    }
+    /* Refused: the reclaim ladder, each rung giving memory back, then growth again. */
+    if (st == XSEG_ERROR_OUT_OF_MEMORY)
+        st = malloc_reclaim(d, &gr);
 
-    /* 7c. The memory group. */
-    if (st == XSEG_ERROR_OUT_OF_MEMORY && !capture && XSEG_UNLIKELY(group_on(d)))
-        st = malloc_give_way(d, p, budgeted ? &bv : NULL);
-    if (budgeted) {
-        d->acct.set_budget = false;
-        group_note_reserved(d, false); /* the growth's intent withdrawn, failed or not */
-    }
-
-    /* 7d. Spill (spill_to_host, core/services/spill.h): pages of live blocks to host memory at
-     * their addresses, then allocate again, while pages move and the request does not fit. */
-    while (st == XSEG_ERROR_OUT_OF_MEMORY && XSEG_UNLIKELY(d->cfg.spill_to_host) &&
-           spill_make_room(d, p->alloc_size) == XSEG_SUCCESS)
-        st = alloc_block(d, p, false);
-
-    /* 8. Out of memory: observers, then the message. */
+    /* Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
         return out_of_memory(d, p->size, p->alloc_size, p->stream);
     if (st != XSEG_SUCCESS)
@@ -774,16 +681,17 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     return malloc_finish(d, p, size, false, NULL, out, h);
 }
 
-/* Everything before the search that a plain malloc does not need: a new config, streams seen
- * capturing and routes to private pools (which choose the pool), pending events and deferred
- * frees, capture reuse, roundup_power2_divisions. Resolves @p p. Fails for an allocation on a
- * capturing stream that no pool takes. */
+/* Everything before the search that a plain malloc does not need: a new config, and the work of
+ * the rare conditions (FAST_RARE, core/device/fast.h): streams seen capturing and routes to private
+ * pools (which choose the pool), sleeping pools, pending events and deferred frees, capture reuse,
+ * idle ticks, roundup_power2_divisions. Resolves @p p. Fails for an allocation on a capturing
+ * stream that no pool takes. */
 static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream stream, struct alloc_params *p)
 {
     lock_assert_held(&d->lock);
     refresh_cfg(d);
     struct priv_pool *priv = NULL;
-    if (XSEG_UNLIKELY(cap_underway(d))) {
+    if (XSEG_UNLIKELY(fast_rare_capture(d))) {
         xseg_status st = d->priv.nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
         if (st == XSEG_SUCCESS && !priv && dev_capture_underway(d) &&
             dev_stream_capturing(d, stream, &ignored)) {
@@ -795,9 +703,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
             return st;
     }
     /* A sleeping pool hands nothing out (no wake behind the caller's back: core/services/sleep.h). */
-    if (XSEG_UNLIKELY(d->sleep.nasleep) && sleep_pool_asleep(d, priv))
+    if (XSEG_UNLIKELY(fast_rare_asleep(d)) && sleep_pool_asleep(d, priv))
         return sleep_refuse(d, priv);
-    if (XSEG_UNLIKELY(ev_waiting(d)) && !cap_underway(d)) {
+    if (XSEG_UNLIKELY(fast_rare_events(d)) && !fast_rare_capture(d)) {
         size_t pending = d->ev.pending_events + d->ev.ndeferred;
         ev_process(d);
         /* Events completed: work is known done, a point for release_threshold_mb (core/services/trim.h). */
@@ -806,9 +714,9 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
     } else if (XSEG_UNLIKELY(d->cr.n) && d->cfg.graph_capture_record_stream_reuse) {
         ev_capture_reuse(d, stream); /* during a capture: blocks the graph lets us reuse */
     }
-    if (XSEG_UNLIKELY(d->cr.nwalks) && !cap_underway(d))
+    if (XSEG_UNLIKELY(d->cr.nwalks) && !fast_rare_capture(d))
         capreuse_reset(d); /* the walks of captures that are over */
-    if (XSEG_UNLIKELY(d->cfg.idle_release_ms) && !(d->cfg.idle_release_thread && settings_idle_thread_running()))
+    if (XSEG_UNLIKELY(fast_rare_idle_tick(d)))
         trim_idle_tick(d); /* else the background thread ticks (core/services/idle.h) */
     dev_fast_update(d);
 
@@ -849,7 +757,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
     }
     struct hist_mctx h = {NULL, false}, *hp = NULL;
     struct hstack *cur = NULL;
-    if (XSEG_UNLIKELY(hist_mode())) {
+    if (XSEG_UNLIKELY(fast_rare_history(d))) {
         dev_unlock(d);
         h.stack = cur = hist_capture();
         dev_lock(d, DEV_NEED_SLOTS);

@@ -150,15 +150,38 @@ static inline void dev_fast_off(struct dev_alloc *d)
     d->fast.fast_gen = 0;
 }
 
+/*
+ * The rare conditions, one list: while one holds the permit is off (dev_fast_update) and malloc
+ * takes the general path, whose work tests the same predicates (fast_rare_NAME: malloc_prepare,
+ * malloc_slow_body and round_size in core/alloc.c; the free's quarantine). A new condition is a
+ * row here and its work there.
+ */
+#define FAST_RARE(X)                                                                              \
+    X(capture, cap_underway(d))         /* streams seen capturing: routes, capture errors */      \
+    X(events, ev_waiting(d))            /* events or deferred frees waiting: processed first */   \
+    X(roundup, d->roundup_any)          /* roundup_power2_divisions: round_size's rule */         \
+    X(history, hist_mode() != 0)        /* history: the stack captured before the lock */         \
+    X(idle_tick, d->cfg.idle_release_ms && /* idle reclaim ticks in malloc, unless its thread */ \
+                     !(d->cfg.idle_release_thread && settings_idle_thread_running()))            \
+    X(asleep, d->sleep.nasleep != 0)    /* a sleeping pool refuses its mallocs (sleep.c) */       \
+    X(stale, d->cfg.debug_stale_access) /* every free goes through the quarantine */
+
+#define FAST_RARE_TEST(name, test)                                                                \
+    static inline bool fast_rare_##name(const struct dev_alloc *d)                                \
+    {                                                                                             \
+        (void)d;                                                                                  \
+        return test;                                                                              \
+    }
+FAST_RARE(FAST_RARE_TEST)
+#undef FAST_RARE_TEST
+
 /* Grant the permit again when no rare condition holds (config current). */
 static inline void dev_fast_update(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    /* Idle reclaim ticks in malloc_prepare unless its thread does (core/services/idle.c); a sleeping pool
-     * refuses allocations there (core/services/sleep.c). */
-    bool rare = cap_underway(d) || ev_waiting(d) || d->roundup_any || hist_mode() ||
-                (d->cfg.idle_release_ms && !(d->cfg.idle_release_thread && settings_idle_thread_running())) ||
-                d->sleep.nasleep || d->cfg.debug_stale_access; /* every free goes through the quarantine */
+#define FAST_RARE_OR(name, test) || fast_rare_##name(d)
+    bool rare = false FAST_RARE(FAST_RARE_OR);
+#undef FAST_RARE_OR
     d->fast.fast_gen = rare ? 0 : d->cfg_gen;
 }
 

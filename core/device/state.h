@@ -359,9 +359,8 @@ struct quar_state {
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */
 struct dev_fast {
     /* The permit: equal to cfg_gen while none of the rare conditions the fast paths skip holds
-     * (streams seen capturing, routes, events or deferred frees waiting, roundup divisions,
-     * history, idle ticks in malloc, sleeping pools), else 0 (no generation is 0). One test for
-     * all of them; dev_fast_off takes it, dev_fast_update grants it again. */
+     * (FAST_RARE, core/device/fast.h), else 0 (no generation is 0). One test for all of them;
+     * dev_fast_off takes it, dev_fast_update grants it again. */
     unsigned fast_gen;
     /* Bit i is set while slots[i] holds a block (exact under the device lock). */
     uint32_t busy_slots;

@@ -904,7 +904,7 @@ void group_budget_measure(struct dev_alloc *d, struct budget_view *v, size_t gro
     /* What stays published bounds this growth: its limit is at most our reserved now plus
      * `growing`, and our reserved as published does not drop until group_note_reserved
      * (publish_locked), so members that count both never miss a byte of it. A refused growth
-     * keeps only the headroom its retries (malloc_reclaim, after trimming our cache) may use. */
+     * keeps only the headroom its retries (the reclaim ladder, after trimming our cache) may use. */
     if (!unknown && v->limit > v->reserved + grow)
         v->limit = v->reserved + grow;
     size_t head = v->limit > v->reserved ? v->limit - v->reserved : 0;
@@ -1028,8 +1028,13 @@ static uint64_t ask_wait(struct group *g, int i, int32_t pid, uint32_t seq, int6
     }
 }
 
-bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget)
+bool group_give_way(struct dev_alloc *d, size_t need, const struct budget_view *bv)
 {
+    /* Not when our own budget refused: no member's memory counts in it. */
+    size_t want = d->acct.total_allocated_memory + need;
+    if (bv && want > bv->own_limit)
+        return false;
+    size_t over_budget = bv && want > bv->group_limit ? want - bv->group_limit : 0;
     struct group *g = atomic_load(&g_groups[d->device]);
     if (!g || atomic_load(&g->alone))
         return false;

@@ -30,12 +30,16 @@ void group_detach_all(void);
 /* Whether @p d is in a working group (a relaxed read: cheap on the OOM path). */
 bool group_on(const struct dev_alloc *d);
 
-/* A malloc of @p need bytes failed: ask members to give way, largest reclaimable cache first,
- * for at most memory_group_wait_ms: what the device lacks, or @p over_budget (the bytes the group
- * budget lacks, 0: none) where more. The device lock is held on entry and on return, dropped
- * while asking (nothing read before is trusted after). @return whether any bytes were given, or
- * a member asked died (its memory is back): worth allocating again. */
-bool group_give_way(struct dev_alloc *d, size_t need, size_t over_budget);
+struct budget_view;
+
+/* The OOM ladder's give-way rung (core/reclaim.h): a growth of @p need bytes failed. Ask members to
+ * give way, largest reclaimable cache first, for at most memory_group_wait_ms: what the device
+ * lacks, or what the group budget lacks (@p bv: the budgets in force, NULL: none) where more;
+ * nothing when our own budget refused (no member's memory counts in it). The device lock is held
+ * on entry and on return, dropped while asking (nothing read before is trusted after). @return
+ * whether any bytes were given, or a member asked died (its memory is back): worth allocating
+ * again. */
+bool group_give_way(struct dev_alloc *d, size_t need, const struct budget_view *bv);
 
 /*
  * Budgets (memory_budget_mb per process, memory_group_budget_mb for a group's sum) count what a
