@@ -16,9 +16,10 @@
 enum rung_gave { RUNG_NOTHING, RUNG_GAVE, RUNG_GAVE_MORE };
 
 /* Row flags (besides the retry's RECLAIM_* bits):
- * RUNG_PRESSURE: memory the rung unmaps goes straight to the retry (exp_recycle_begin, with
- *   expandable_segments_recycle): one bracket spans consecutive such rungs, give and retry, and
- *   never a lock given back, so a RECLAIM_RELOCKED rung's bracket holds its retry alone;
+ * RUNG_PRESSURE: memory the rung unmaps goes straight to the retry, which maps only the granules
+ *   the request needs, not whole pages (exp_recycle_begin, with expandable_segments_recycle, never
+ *   during a capture): one bracket spans consecutive such rungs, give and retry, and never a lock
+ *   given back, so a RECLAIM_RELOCKED rung's bracket holds its retry alone;
  * RUNG_BUDGETED: the rung runs while the growth's budgets are in force (they end before the first
  *   rung without it). */
 enum { RUNG_PRESSURE = 1u << 8, RUNG_BUDGETED = 1u << 9 };
@@ -106,9 +107,17 @@ static bool spill_applies(const struct dev_alloc *d, const struct reclaim_growth
     return d->cfg.spill_to_host;
 }
 
+/* A round asks for what the retry maps: in the pressure bracket (RUNG_PRESSURE) the request's
+ * granules, else whole pages (PyTorch's path). Not alloc_size: that is a classic segment's size
+ * (20 MiB for a 1-10 MiB request), and only expandable pages spill. */
 static enum rung_gave spill_give(struct dev_alloc *d, struct reclaim_growth *g)
 {
-    return spill_make_room(d, g->alloc_size) == XSEG_SUCCESS ? RUNG_GAVE_MORE : RUNG_NOTHING;
+    size_t need = g->size;
+    if (!recycling(d)) {
+        size_t page = g->pool->is_small ? BLOCK_SMALL_BUFFER : d->cfg.expandable_page_size;
+        need = (need + page - 1) / page * page;
+    }
+    return spill_make_room(d, need) == XSEG_SUCCESS ? RUNG_GAVE_MORE : RUNG_NOTHING;
 }
 
 /* The ladder, in order. A new rung is a row (and its work, in its module). */
@@ -119,7 +128,7 @@ static const struct rung ladder[] = {
     {"defrag", defrag_applies, defrag_give, NULL, RUNG_BUDGETED},
     {"give-way", give_way_applies, give_way_give, group_oom_info,
      RECLAIM_RELOCKED | RECLAIM_CACHE | RUNG_PRESSURE | RUNG_BUDGETED},
-    {"spill", spill_applies, spill_give, spill_oom_info, 0},
+    {"spill", spill_applies, spill_give, spill_oom_info, RUNG_PRESSURE},
 };
 
 #define RECLAIM_AGAIN_BITS (RECLAIM_COUNTED | RECLAIM_CACHE | RECLAIM_RELOCKED)
@@ -152,7 +161,7 @@ xseg_status reclaim_run(struct dev_alloc *d, struct reclaim_growth *g)
     bool open = false, budget = g->bv != NULL;
     for (size_t i = 0; i < sizeof ladder / sizeof ladder[0] && st == XSEG_ERROR_OUT_OF_MEMORY; i++) {
         const struct rung *r = &ladder[i];
-        bool press = r->flags & RUNG_PRESSURE, relocked = r->flags & RECLAIM_RELOCKED;
+        bool press = (r->flags & RUNG_PRESSURE) && !g->capture, relocked = r->flags & RECLAIM_RELOCKED;
         if (!press)
             pressure(d, &open, false);
         if (!(r->flags & RUNG_BUDGETED))

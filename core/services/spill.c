@@ -609,6 +609,8 @@ xseg_status spill_make_room(struct dev_alloc *d, size_t need)
         why(d, "the %d blocks declared cold that come first in spill order (predicted long-lived, then largest) %s%s%s "
                "hold no whole page of their own that may move, and one allocation looks at no more",
             SPILL_SKIP_MAX, npinned ? "are pinned (" : "", npinned ? words : "", npinned ? ") or" : "");
+    } else if (!taken && d->spill.host_bytes) {
+        why(d, "every block declared cold is on host memory already, but for pages it shares with other blocks");
     } else if (npinned && !nmovable) {
         pin_words(pins, words, sizeof words);
         why(d, "every block declared cold with a whole page of its own is pinned (%s)", words);

@@ -7,8 +7,8 @@
  * promoted input, every driver call of spill and of promotion can fail and is rolled back, and
  * sleep and IPC refuse spilled pages until they are promoted. The contract (core/services/spill.h):
  * only blocks declared cold move, a move never races the program's use (the parked promotion, the
- * oracle), pins end with what made them, a destroyed stream is never named, and host pages go to
- * the device's NUMA node.
+ * oracle), pins end with what made them, a destroyed stream is never named, host pages go to
+ * the device's NUMA node, and a spill moves what the growth after it maps, which then fits.
  *
  * The scenario: A (24 MiB, declared cold, tag 1) and B (16 MiB, tag 2) are live; C (20 MiB) does
  * not fit beside them. argv[1] names one test (one process each); without it every test runs.
@@ -1249,6 +1249,14 @@ static void test_spill_oracle(void **state)
             tu_assert_cu(drv->cuStreamDestroy(th[i].streams[s]));
 }
 
+/* Device bytes free now (the driver's count). */
+static size_t device_free(void)
+{
+    size_t free_b = 0, total = 0;
+    tu_assert_cu(drv->cuMemGetInfo(&free_b, &total));
+    return free_b;
+}
+
 /* Which blocks a spill takes, through declarations, their ends and frees in any order: the
  * declared live ones, largest first, then lowest address, until the need is covered; a block whose
  * declaration ended, or that was freed, never. */
@@ -1276,8 +1284,12 @@ static void test_spill_order(void **state)
     tu_free(p[2]);
     p[2] = NULL;
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    while (nb < 64 && xseg_malloc(&ballast[nb], 2 * MiB, 0, NULL) == XSEG_SUCCESS)
+    /* The room the free gave, filled while the driver has it: a ballast malloc past it would be
+     * served by spilling (moving every declared block before the request below). */
+    while (nb < 64 && device_free() >= 2 * MiB && xseg_malloc(&ballast[nb], 2 * MiB, 0, NULL) == XSEG_SUCCESS)
         nb++;
+    assert_true(device_free() < 2 * MiB);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
     /* 12 MiB (the allocation may ask again: a spill gives at least what it was asked, and each
      * takes from the front): what moved is a prefix of the spill order, whole but for its last. */
     assert_int_equal(xseg_malloc(&c, 12 * MiB, 0, NULL), XSEG_SUCCESS);
@@ -1360,6 +1372,102 @@ static void test_spill_skip_bound(void **state)
     check_no_leaks();
 }
 
+/* A declared cold block X of @p x_mib MiB and 2 MiB ballast fill the device (or the memory
+ * fraction); a request of @p req_mib MiB needs spill. It is served, having moved at most
+ * @p most_mib MiB: what the growth maps, not a classic segment's size or a second round. */
+static void room_case(size_t x_mib, size_t req_mib, size_t most_mib)
+{
+    void *x = must_malloc(x_mib * MiB, NULL), *ballast[64], *c = NULL;
+    tu_assert_cu(tu_fill(DPTR(x), x_mib * MiB, 5));
+    size_t nb = 0;
+    while (nb < 64 && xseg_malloc(&ballast[nb], 2 * MiB, 0, NULL) == XSEG_SUCCESS)
+        nb++;
+    assert_true(nb > 0 && nb < 64);
+    assert_int_equal(xseg_spill_hint(x, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    xseg_status st = xseg_malloc(&c, req_mib * MiB, 0, NULL);
+    size_t host = 0;
+    (void)location(x, &host);
+    if (st != XSEG_SUCCESS)
+        fail_msg("a %zu MiB request failed after spill moved %zu MiB of %zu (device free: %zu MiB): %s", req_mib,
+                 host / MiB, x_mib, device_free() / MiB, xseg_last_error());
+    if (host > most_mib * MiB)
+        fail_msg("a %zu MiB request made spill move %zu MiB (at most %zu needed)", req_mib, host / MiB, most_mib);
+    assert_true(host > 0);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), (int64_t)host);
+    check_books(true);
+    tu_assert_cu(tu_fill(DPTR(c), req_mib * MiB, 6));
+    if (!tu_check(DPTR(x), x_mib * MiB, 5) || !tu_check(DPTR(c), req_mib * MiB, 6))
+        fail_msg("X or the new block lost its bytes");
+    tu_free(c);
+    for (size_t i = 0; i < nb; i++)
+        tu_free(ballast[i]);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* gives the rest back, then promotes X */
+    assert_int_equal(location(x, NULL), XSEG_LOCATION_DEVICE);
+    if (!tu_check(DPTR(x), x_mib * MiB, 5))
+        fail_msg("X lost its bytes in the promotion");
+    tu_free(x);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0);
+    check_no_leaks();
+}
+
+/* A request that needs spill gets the room spill made: the retry after a spill maps the
+ * request's 2 MiB granules as every retry under pressure does, not a whole 20 MiB page that the
+ * room spill made cannot hold (a 10 MiB request failed with 14 MiB moved and free); and spill is
+ * asked for the request, not a classic segment's 20 MiB (an 8 MiB request moved 12 MiB). On a
+ * 64 MiB device. */
+static void test_spill_room(void **state)
+{
+    (void)state;
+    setenv("CUDAEMU_TOTAL_MEM", "64M", 1);
+    start_emu(SPILL);
+    room_case(14, 10, 10);
+    room_case(12, 8, 8);
+    room_case(14, 12, 12);
+    room_case(14, 9, 10); /* whole 2 MiB chunks */
+    /* Short of room with every declared page moved: the OOM says so. */
+    void *x = must_malloc(6 * MiB, NULL), *ballast[64], *c = NULL;
+    tu_assert_cu(tu_fill(DPTR(x), 6 * MiB, 5));
+    size_t nb = 0;
+    while (nb < 64 && xseg_malloc(&ballast[nb], 2 * MiB, 0, NULL) == XSEG_SUCCESS)
+        nb++;
+    assert_int_equal(xseg_spill_hint(x, XSEG_SPILL_COLD), XSEG_SUCCESS);
+    assert_int_equal(xseg_malloc(&c, 10 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    if (!strstr(xseg_last_error(), "every block declared cold is on host memory already"))
+        fail_msg("the OOM does not say that everything declared has moved: %s", xseg_last_error());
+    assert_int_equal(location(x, NULL), XSEG_LOCATION_HOST);
+    assert_true(tu_check(DPTR(x), 6 * MiB, 5));
+    for (size_t i = 0; i < nb; i++)
+        tu_free(ballast[i]);
+    tu_free(x);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    check_no_leaks();
+}
+
+/* The same under a memory fraction (64 MiB of a 256 MiB device): the limit, not the driver,
+ * refuses the page. */
+static void test_spill_room_fraction(void **state)
+{
+    (void)state;
+    setenv("CUDAEMU_TOTAL_MEM", "256M", 1);
+    start_emu(SPILL);
+    assert_int_equal(xseg_set_memory_fraction(0.25, 0), XSEG_SUCCESS);
+    room_case(14, 10, 10);
+    room_case(12, 8, 8);
+    room_case(14, 12, 12);
+}
+
+/* PyTorch's path (expandable_segments_recycle:False): growth maps whole 20 MiB pages, so spill
+ * is asked for the page in one round, not the request twice (a 12 MiB request moved 24 MiB). */
+static void test_spill_room_pages(void **state)
+{
+    (void)state;
+    setenv("CUDAEMU_TOTAL_MEM", "64M", 1);
+    start_emu(SPILL ",expandable_segments_recycle:False,expandable_chunk_mb:2");
+    room_case(24, 12, 20);
+    room_case(24, 10, 20);
+}
+
 static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_spill_serves),
     TU_NAMED(test_spill_off),
@@ -1383,6 +1491,9 @@ static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_spill_oracle),
     TU_NAMED(test_spill_order),
     TU_NAMED(test_spill_skip_bound),
+    TU_NAMED(test_spill_room),
+    TU_NAMED(test_spill_room_fraction),
+    TU_NAMED(test_spill_room_pages),
 };
 
 int main(int argc, char **argv)
