@@ -2526,7 +2526,11 @@ static void idle_keeps_threshold(const char *config, int ticks_by_malloc)
         x[i] = tu_malloc(20 * MiB, NULL);
     for (int i = 0; i < 8; i++)
         tu_free(x[i]);
-    assert_int_equal(cached(), 160 * MiB);
+    /* 160 MiB cached, less where the idle thread already ran a pass (ASan's pace): never below
+     * the threshold's whole pages */
+    int64_t c0 = cached();
+    if (c0 < (int64_t)(60 * MiB) || c0 > (int64_t)(160 * MiB))
+        fail_msg("cache %lld MiB after the burst's frees: want 60 to 160 MiB", (long long)(c0 >> 20));
     struct timespec nap = {0, 5 * 1000 * 1000};
     int tries = 0;
     while (cached() > (int64_t)(64 * MiB) && tries++ < 2000) {
