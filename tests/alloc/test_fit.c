@@ -499,23 +499,35 @@ static void test_training_step(void **state)
  * the top of the highest fitting free block, C's hole (best fit would take A's front). A request
  * of another byte count has no live twins: best fit, the front of what is left of C's hole.
  */
-static void top_placement(const char *config, bool top)
+struct top_layout {
+    void *f, *k[4], *a, *b, *c, *e; /* A and C freed */
+};
+
+/* The layout above, up to the run of frees that leads the window. */
+static void top_layout(const char *config, struct top_layout *t)
 {
     start_emu(config);
     void *small[40];
     for (int i = 0; i < 40; i++)
         small[i] = must_malloc(512 << 10, NULL);
-    void *f = must_malloc(80 * MiB, NULL), *k[4];
+    t->f = must_malloc(80 * MiB, NULL);
     for (int i = 0; i < 4; i++)
-        k[i] = must_malloc(25 * MiB, NULL);
-    void *a = must_malloc(60 * MiB, NULL), *b = must_malloc(10 * MiB, NULL);
-    void *c = must_malloc(60 * MiB, NULL), *e = must_malloc(10 * MiB, NULL);
-    assert_ptr_equal(e, (char *)f + 310 * MiB); /* one segment, in address order, no free tail */
+        t->k[i] = must_malloc(25 * MiB, NULL);
+    t->a = must_malloc(60 * MiB, NULL), t->b = must_malloc(10 * MiB, NULL);
+    t->c = must_malloc(60 * MiB, NULL), t->e = must_malloc(10 * MiB, NULL);
+    assert_ptr_equal(t->e, (char *)t->f + 310 * MiB); /* one segment, in address order, no free tail */
     assert_int_equal(tu_stat("reserved_bytes.large_pool.current"), (int64_t)(320 * MiB));
-    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(t->a), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(t->c), XSEG_SUCCESS);
     for (int i = 0; i < 40; i++)
         assert_int_equal(xseg_free(small[i]), XSEG_SUCCESS);
+}
+
+static void top_placement(const char *config, bool top)
+{
+    struct top_layout t;
+    top_layout(config, &t);
+    void *f = t.f, **k = t.k, *a = t.a, *b = t.b, *c = t.c, *e = t.e;
 
     void *q = must_malloc(25 * MiB, NULL);
     void *want = top ? (char *)c + 35 * MiB : a; /* without the placement, best fit: A's front */
@@ -550,19 +562,9 @@ static void test_top_placement(void **state)
 static void test_top_placement_empty_cache(void **state)
 {
     (void)state;
-    start_emu("expandable_segments:True");
-    void *small[40];
-    for (int i = 0; i < 40; i++)
-        small[i] = must_malloc(512 << 10, NULL);
-    void *f = must_malloc(80 * MiB, NULL), *k[4];
-    for (int i = 0; i < 4; i++)
-        k[i] = must_malloc(25 * MiB, NULL);
-    void *a = must_malloc(60 * MiB, NULL), *b = must_malloc(10 * MiB, NULL);
-    void *c = must_malloc(60 * MiB, NULL), *e = must_malloc(10 * MiB, NULL);
-    assert_int_equal(xseg_free(a), XSEG_SUCCESS);
-    assert_int_equal(xseg_free(c), XSEG_SUCCESS);
-    for (int i = 0; i < 40; i++)
-        assert_int_equal(xseg_free(small[i]), XSEG_SUCCESS);
+    struct top_layout t;
+    top_layout("expandable_segments:True", &t);
+    void *f = t.f, **k = t.k, *a = t.a, *b = t.b, *c = t.c, *e = t.e;
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     void *q = must_malloc(25 * MiB, NULL);
     if (q != a) /* best fit: A's front (before the reset: 15 MiB above it) */
