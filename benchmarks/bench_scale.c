@@ -2,7 +2,7 @@
  * bench_scale: how the host path scales with threads and with live blocks.
  *
  *   bench_scale [--threads 1,2,4,8] [--live 1000,10000,100000,1000000] [--pairs N] [--reps R]
- *               [--only threads|live] [--split] [--mixed] [--same-stream]
+ *               [--only threads|live|floor] [--split] [--mixed] [--same-stream]
  *
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
@@ -17,6 +17,10 @@
  * divided by L: block structs, indexes and the pointer map). --split adds R more runs of the churn
  * that read the clock around each call: ns per free and per malloc (median of R; each includes
  * one clock reading, whose cost the table's caption gives), so the pair's time can be placed.
+ * --only floor (not in the default run): what two threads on one stream could reach at best if a
+ * hit kept eager placement: the shortest mean round trip of a cache line between two threads, one
+ * thread's cached pair (t1), and the ceilings of two threads over one when each pair waits for
+ * the line one way (both threads, or one of them).
  * Each cell runs in a child process of its own (a fresh allocator), classic and expandable mode.
  * Without a GPU (no libcuda.so.1, $XSEG_LIBCUDA unset) it runs on the cudaemu built here.
  */
@@ -24,6 +28,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -402,6 +407,54 @@ static int run_child(int (*fn)(bool, size_t, size_t, int), bool expandable, size
 
 static int threads_adapter(bool e, size_t t, size_t pairs, int reps) { return threads_cell(e, (int)t, pairs, reps); }
 
+/* ---- the floor of one stream shared by threads ---- */
+
+/* A cache line passed between two threads: the main thread writes 2i+1, the other answers 2i+2. */
+static _Alignas(64) volatile uint64_t ball;
+#define BALL_ROUNDS 1000
+
+/* Spin until the line holds @p v; yield now and then, so that a loaded machine (or one core)
+ * does not spend a whole time slice per trip when the other thread lost its core. */
+static void ball_wait(uint64_t v)
+{
+    for (unsigned n = 1; __atomic_load_n(&ball, __ATOMIC_ACQUIRE) != v; n++)
+        if (!(n & 0x3fff))
+            sched_yield();
+}
+
+static void *ball_answer(void *arg)
+{
+    size_t n = *(const size_t *)arg;
+    for (uint64_t i = 0; i < n; i++) {
+        ball_wait(2 * i + 1);
+        __atomic_store_n(&ball, 2 * i + 2, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+/* The shortest mean round trip of the line over @p chunks runs of BALL_ROUNDS: the hardware's
+ * where some run had both threads on a core throughout (not at a load far above the cores). */
+static double line_round_trip_ns(size_t chunks)
+{
+    size_t n = chunks * BALL_ROUNDS;
+    ball = 0;
+    pthread_t t;
+    if (pthread_create(&t, NULL, ball_answer, &n))
+        return -1;
+    double best = 1e18;
+    for (uint64_t c = 0; c < chunks; c++) {
+        uint64_t t0 = now_ns();
+        for (uint64_t i = c * BALL_ROUNDS; i < (c + 1) * BALL_ROUNDS; i++) {
+            __atomic_store_n(&ball, 2 * i + 1, __ATOMIC_RELEASE);
+            ball_wait(2 * i + 2);
+        }
+        double dt = (double)(now_ns() - t0) / BALL_ROUNDS;
+        best = dt < best ? dt : best;
+    }
+    pthread_join(t, NULL);
+    return best;
+}
+
 int main(int argc, char **argv)
 {
     size_t threads[8] = {1, 2, 4, 8}, nthreads = 4;
@@ -428,7 +481,7 @@ int main(int argc, char **argv)
             same_stream = true;
         else {
             fprintf(stderr, "usage: bench_scale [--threads 1,2,4,8] [--live 1000,...] [--pairs N] [--reps R] "
-                            "[--only threads|live] [--split] [--mixed] [--same-stream]\n");
+                            "[--only threads|live|floor] [--split] [--mixed] [--same-stream]\n");
             return 2;
         }
     }
@@ -473,6 +526,41 @@ int main(int argc, char **argv)
                 printf("n/a (no libmimalloc.so.2) |\n");
             fflush(stdout);
         }
+        printf("\n");
+    }
+    if (only && !strcmp(only, "floor")) {
+        /* What a hit that hands out the eager free and malloc's address costs at best when two
+         * threads share a stream: the address a malloc gets depends on whether the other thread's
+         * block is free at that instant, so each pair reads a line the other thread wrote since. */
+        double rt = line_round_trip_ns(200), one = rt / 2, t1[2];
+        if (rt < 0) {
+            fprintf(stderr, "bench_scale: no second thread for the line's round trip\n");
+            return 1;
+        }
+        if (rt > 5000) { /* microseconds: every run lost a core, the scheduler's time, not the line's */
+            fprintf(stderr, "bench_scale: the two threads never ran at once (round trip %.0f ns): "
+                            "no floor on a machine this loaded\n", rt);
+            return 1;
+        }
+        for (int e = 0; e < 2; e++) {
+            double pps, gl, ml;
+            if (run_child(threads_adapter, e, 1, pairs, reps, line, sizeof line) ||
+                sscanf(line, "%lf %lf %lf", &pps, &gl, &ml) != 3 || pps <= 0) {
+                fprintf(stderr, "bench_scale: floor cell failed\n");
+                return 1;
+            }
+            t1[e] = 1e9 / pps;
+        }
+        printf("The floor of two threads on one stream with eager placement: a cache line's round trip "
+               "between two threads here is %.1f ns (the shortest mean of %d runs of %d), %.1f ns one way; "
+               "t1 is one thread's cached 512 B pair (%zu pairs, median of %d). Ceiling of two threads' "
+               "throughput over one thread's when each pair waits for one line: both threads "
+               "2·t1 / (t1 + one way), one of them 1 + t1 / (t1 + one way)\n\n",
+               rt, 200, BALL_ROUNDS, one, pairs, reps);
+        printf("| mode | t1 ns | ceiling, both wait | ceiling, one waits |\n|---|---|---|---|\n");
+        for (int e = 0; e < 2; e++)
+            printf("| %s | %.1f | %.2f× | %.2f× |\n", e ? "expandable" : "classic", t1[e], 2 * t1[e] / (t1[e] + one),
+                   1 + t1[e] / (t1[e] + one));
         printf("\n");
     }
     if (!only || !strcmp(only, "live")) {

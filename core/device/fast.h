@@ -33,7 +33,11 @@
  * blocks side by side: the lower one's free fills nothing (no free successor), the other free
  * settles what the upper one's filled, so every pair takes the device lock (bench_slot_counts
  * --same-stream --overlap). Slots per thread would keep one thread's block out of the other's best
- * fit (a per-thread cache's placement) and owe for a block freed without a free successor.
+ * fit (a per-thread cache's placement) and owe for a block freed without a free successor. Nor
+ * would more blocks a slot reach 1.5x one thread's pairs with two threads on one stream: an eager
+ * hit's address depends on whether the other thread's block is free at that instant, so each
+ * pair reads a line the other thread wrote, and that trip costs more than a pair (bench_scale
+ * --only floor, docs/benchmarks-host.md#one-stream).
  */
 #ifndef XSEG_CORE_FAST_H
 #define XSEG_CORE_FAST_H

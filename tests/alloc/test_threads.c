@@ -4,6 +4,10 @@
  * another thread; alongside, one thread empties the cache of every device and one reads
  * statistics, summaries and snapshots. Checks data
  * integrity, the invariants that hold at any instant, and that everything drains to zero.
+ * The one_stream tests put four workers on one stream of device 0 instead, making pairs of four
+ * sizes that overlap other workers' pairs (the stream's slot fills and settles between threads),
+ * holding blocks across them and handing some to be freed on another thread, beside the same
+ * emptier and reader.
  * Meant to be clean under ThreadSanitizer (meson test --setup tsan).
  * main() sets CUDAEMU_DEVICES=2 (unless already set); on a real machine it uses up to two GPUs.
  */
@@ -205,6 +209,92 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* Blocks handed to the mailbox in one_stream mode: freed by whichever worker takes them. */
+static void mail_give(struct blk *live, size_t *nlive, uint64_t *rng)
+{
+    pthread_mutex_lock(&mailbox_lock);
+    if (nmail < MAILBOX && *nlive) {
+        size_t i = rnd(rng) % *nlive;
+        mailbox[nmail++] = live[i];
+        live[i] = live[--*nlive];
+    }
+    pthread_mutex_unlock(&mailbox_lock);
+}
+
+/* A malloc on the shared stream of device 0, filled with a fresh tag (false: the worker stops). */
+static bool one_stream_malloc(struct blk *b, size_t size)
+{
+    *b = (struct blk){NULL, size, (uint32_t)atomic_fetch_add(&next_tag, 1) + 1, 0};
+    xseg_status st = xseg_malloc(&b->ptr, size, 0, (struct CUstream_st *)streams[0][1]);
+    if (st != XSEG_SUCCESS || !b->ptr) {
+        tfail("one stream: xseg_malloc(%zu): %s", size, xseg_last_error());
+        return false;
+    }
+    count_malloc(0, size);
+    CUresult cr = tu_fill((CUdeviceptr)(uintptr_t)b->ptr, size, b->tag);
+    if (cr != CUDA_SUCCESS) {
+        tfail("one stream: tu_fill(%p, %zu): %s", b->ptr, size, drv_error_name(cr));
+        return false;
+    }
+    return true;
+}
+
+#define ONE_STREAM_WORKERS 4
+#define ONE_STREAM_LIVE 6
+
+/* A worker of the one_stream tests: mostly bursts of pairs (one size, or four in turn), each
+ * block checked before its free; between bursts it keeps, frees or mails a block of 512 B to
+ * 64 KiB, or now and then of 2 to 3 MiB. */
+static void *one_stream_worker(void *arg)
+{
+    uint64_t rng = 0xD1B54A32D192ED03ull * (uint64_t)((intptr_t)arg + 1);
+    static const size_t sizes[4] = {512, 1024, 1536, 2048};
+    struct blk live[ONE_STREAM_LIVE];
+    size_t nlive = 0;
+    if (!use_dev(0))
+        return NULL;
+    size_t iters = tu_scaled(3000, 100);
+    for (size_t it = 0; it < iters && !atomic_load(&stop); it++) {
+        uint64_t r = rnd(&rng) % 100;
+        if (r < 60) {
+            bool mixed = rnd(&rng) % 2;
+            size_t k0 = rnd(&rng) % 4, n = 1 + rnd(&rng) % 16;
+            for (size_t k = 0; k < n && !atomic_load(&stop); k++) {
+                struct blk b;
+                if (!one_stream_malloc(&b, sizes[mixed ? (k0 + k) % 4 : k0] - rnd(&rng) % 64))
+                    break;
+                check_and_free(&b, "one stream pair");
+            }
+        } else if (r < 75 && nlive < ONE_STREAM_LIVE) {
+            size_t size = rnd(&rng) % 16 ? 512 + rnd(&rng) % (64 << 10) : 2 * MiB + rnd(&rng) % MiB;
+            if (!one_stream_malloc(&live[nlive], size))
+                break;
+            nlive++;
+        } else if (r < 87 && nlive) {
+            size_t i = rnd(&rng) % nlive;
+            struct blk b = live[i];
+            live[i] = live[--nlive];
+            check_and_free(&b, "one stream");
+        } else if (r < 93) {
+            mail_give(live, &nlive, &rng);
+        } else {
+            struct blk b;
+            bool got = false;
+            pthread_mutex_lock(&mailbox_lock);
+            if (nmail) {
+                b = mailbox[--nmail];
+                got = true;
+            }
+            pthread_mutex_unlock(&mailbox_lock);
+            if (got)
+                check_and_free(&b, "one stream mailbox");
+        }
+    }
+    while (nlive)
+        check_and_free(&live[--nlive], "one stream drain");
+    return NULL;
+}
+
 static void *emptier(void *arg)
 {
     (void)arg;
@@ -287,7 +377,7 @@ static void *reader(void *arg)
     return NULL;
 }
 
-static void run(const char *config)
+static void run(const char *config, bool one_stream)
 {
     if (!tu_gpu_available()) {
         print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
@@ -321,11 +411,12 @@ static void run(const char *config)
     nmail = 0;
 
     pthread_t w[NWORKERS], e, r;
-    for (intptr_t i = 0; i < NWORKERS; i++)
-        assert_int_equal(pthread_create(&w[i], NULL, worker, (void *)i), 0);
+    int nworkers = one_stream ? ONE_STREAM_WORKERS : NWORKERS;
+    for (intptr_t i = 0; i < nworkers; i++)
+        assert_int_equal(pthread_create(&w[i], NULL, one_stream ? one_stream_worker : worker, (void *)i), 0);
     assert_int_equal(pthread_create(&e, NULL, emptier, NULL), 0);
     assert_int_equal(pthread_create(&r, NULL, reader, NULL), 0);
-    for (int i = 0; i < NWORKERS; i++)
+    for (int i = 0; i < nworkers; i++)
         pthread_join(w[i], NULL);
     atomic_store(&stop, true);
     pthread_join(e, NULL);
@@ -367,16 +458,28 @@ static void run(const char *config)
 static void test_threads_expandable(void **state)
 {
     (void)state;
-    run("expandable_segments:True");
+    run("expandable_segments:True", false);
 }
 
 static void test_threads_classic(void **state)
 {
     (void)state;
-    run("expandable_segments:False");
+    run("expandable_segments:False", false);
 }
 
-/* `test_threads NAME` runs one test (each is its own meson test); no argument runs both. */
+static void test_threads_one_stream_expandable(void **state)
+{
+    (void)state;
+    run("expandable_segments:True", true);
+}
+
+static void test_threads_one_stream_classic(void **state)
+{
+    (void)state;
+    run("expandable_segments:False", true);
+}
+
+/* `test_threads NAME` runs one test (each is its own meson test); no argument runs them all. */
 int main(int argc, char **argv)
 {
     /* Two emulated devices; read by cudaemu at cuInit, ignored by a real driver. */
@@ -386,6 +489,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threads_expandable),
         cmocka_unit_test(test_threads_classic),
+        cmocka_unit_test(test_threads_one_stream_expandable),
+        cmocka_unit_test(test_threads_one_stream_classic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
