@@ -808,6 +808,24 @@ static __attribute__((noinline, cold)) xseg_status malloc_reg_after(struct dev_a
     return XSEG_SUCCESS;
 }
 
+/* A malloc under the permit in S1's regime (the fast path's @p p, resolved; place_predict_home left
+ * the key's home entry in life_state.home_tag): its class's best fit; a miss grows in the policy. */
+static __attribute__((noinline)) xseg_status malloc_class(struct dev_alloc *d, struct alloc_params *p, size_t size,
+                                                          void **out)
+{
+    p->cls = (uint8_t)place_class_home(d, size, p->stream, p->pool);
+    struct block *pred;
+    bool pred_ok;
+    struct block *c = bops_find_class(d, p->pool, p->stream, p->size, p->cls, &pred, &pred_ok);
+    if (!c)
+        return malloc_slow(d, size, p->stream, false, NULL, false, out);
+    p->block = c;
+    if (XSEG_LIKELY(pred_ok)) /* the index's best fit: its predecessor is known */
+        return malloc_finish_at(d, p, size, true, pred, true, out, NULL);
+    bpool_remove_free(p->pool, c);
+    return malloc_finish_at(d, p, size, false, NULL, true, out, NULL);
+}
+
 /* A malloc under the permit predicted long-lived: the highest fitting free block, carved from its
  * top; else the policy's growth, which takes the top of what it maps. */
 static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, size_t size, CUstream stream, void **out)
@@ -820,20 +838,6 @@ static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, siz
     p.cls = PLACE_SEG_ANY;
     /* place_predict_home left the key's home entry (or none) in life_state.home_tag: the records
      * below go there without a second hash (malloc_finish_at's home). */
-    if (XSEG_UNLIKELY(place_class_regime(d))) { /* S1 (place_predict_home): a miss grows in the policy */
-        p.top = false;
-        p.cls = (uint8_t)place_class_home(d, size, stream, p.pool);
-        struct block *pred;
-        bool pred_ok;
-        struct block *c = bops_find_class(d, p.pool, p.stream, p.size, p.cls, &pred, &pred_ok);
-        if (!c)
-            return malloc_slow(d, size, stream, false, NULL, false, out);
-        p.block = c;
-        if (XSEG_LIKELY(pred_ok)) /* the index's best fit: its predecessor is known */
-            return malloc_finish_at(d, &p, size, true, pred, true, out, NULL);
-        bpool_remove_free(p.pool, c);
-        return malloc_finish_at(d, &p, size, false, NULL, true, out, NULL);
-    }
     struct block *b = bops_find_top(d, p.pool, p.stream, p.size);
     if (!b)
         return malloc_slow(d, size, stream, true, NULL, true, out);
@@ -861,7 +865,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
         p.stream = stream;
         p.top = false;
         if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && place_predict_home(d, p.size, size, stream, p.pool))
-            return malloc_top(d, size, stream, out);
+            return place_class_regime(d) ? malloc_class(d, &p, size, out) : malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;
         struct block *b = find_free_block(d, &p, &pred, &pred_ok);

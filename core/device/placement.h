@@ -68,7 +68,12 @@
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
  * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 821
- * instructions against 782 (+4.9 %) on 80 GiB, 855 (+9.3 %) on 8 GiB (S1); the small pool's +0.5 %.
+ * instructions against 782 (+4.9 %) on 80 GiB, 848 (+8.4 %) on 8 GiB (S1); the small pool's +0.5 %;
+ * release 807 against 767 (+5.3 %), 820 (+7.0 %) on 8 GiB. What a large pair must do here is
+ * about 32 of them: the key's hash and home-entry test (14), its record (9, in the home entry the
+ * prediction found: life_state.home_tag), the window (3) and the free's forget (6); S1 adds its
+ * class test and its own malloc (malloc_class in core/alloc.c: a call, no second hash). Dropping S1
+ * instead was measured and refused: benchmarks-replay.md#s1-on-and-off.
  */
 #ifndef XSEG_CORE_PLACEMENT_H
 #define XSEG_CORE_PLACEMENT_H
@@ -99,7 +104,8 @@
 #define PLACE_SEG_CLASS 2 /* S1: only segments of requests whose last blocks are live */
 
 /* XSEG_PLACEMENT_OFF (a -D of a benchmark build only): L1 and L2 compiled out, to measure their
- * cost against the same tree (benchmarks/callgrind_round_robin.sh). */
+ * cost against the same tree (benchmarks/callgrind_round_robin.sh). XSEG_PLACEMENT_NO_S1 (the same):
+ * S1 off, L1 and L2 on every device size, for the fit harness's S1 on/off comparison. */
 #ifdef XSEG_PLACEMENT_OFF
 #define life_init(l) ((void)(l))
 #define life_note(l, is_free) ((void)(l), (void)(is_free))
@@ -396,7 +402,11 @@ static inline void place_refresh_cfg(struct dev_alloc *d)
 {
     bool on = d->use_expandable && d->cfg.expandable_segments_recycle;
 #ifndef XSEG_PLACEMENT_OFF
+#ifdef XSEG_PLACEMENT_NO_S1
+    d->life.cls = false;
+#else
     d->life.cls = on && d->info.total_mem - 1 < PLACE_CLASS_DEVICE_MAX - 1; /* 0: the size is unknown */
+#endif
 #endif
     d->life.l1 = !on ? PLACE_REGIME_OFF : d->life.cls ? PLACE_REGIME_S1 : PLACE_REGIME_L1;
 }
@@ -418,7 +428,7 @@ static inline void place_device_init(struct dev_alloc *d)
 static inline void place_phase_reset(struct dev_alloc *d) { life_init(&d->life); }
 
 #ifndef XSEG_PLACEMENT_OFF
-/* place_predict_home where L1 does not predict: S1's regime (true: malloc_top hands over; home_tag
+/* place_predict_home where L1 does not predict: S1's regime (true: malloc_class hands over; home_tag
  * the key's home entry's, for its class and its record), or neither (false). */
 static inline __attribute__((always_inline)) bool place_predict_other(struct dev_alloc *d, size_t size,
                                                                       size_t requested, CUstream stream,
