@@ -115,89 +115,10 @@ static inline void stat_pool(xseg_stat_counter *arr, const struct bpool *p, int6
     stat_add_pool(arr, p->stat_index, delta);
 }
 
-/* ---- free index lookups ------------------------------------------------------------------ */
-
-static inline size_t expandable_size(const struct block *b)
+/* The cache for the slow path: p->block, taken out of the free index (blockops' bops_take_free). */
+static inline bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 {
-    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
-}
-
-/* get_free_block's search past the first fit @p b when it is expandable; NULL when none fits. */
-static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_alloc *d, const struct alloc_params *p,
-                                                                   struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct bpool *pool = p->pool;
-    if (d->use_expandable) {
-        /* For best fit, an expandable block counts with the unmapped space after it. */
-        struct block *n = bpool_next_free(pool, b);
-        while (b->expandable && n && n->stream == p->stream && expandable_size(n) < expandable_size(b)) {
-            b = n;
-            n = bpool_next_free(pool, b);
-        }
-    } else {
-        /* Expandable segments turned off: honour it by using classic blocks only. */
-        do {
-            b = bpool_next_free(pool, b);
-        } while (b && b->expandable && b->stream == p->stream);
-        if (!b || b->stream != p->stream)
-            return NULL;
-    }
-    return b;
-}
-
-/* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules (BOPS_FITS). The block
- * found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
- * false when the search moved past the first fit and the predecessor is unknown. */
-static inline __attribute__((always_inline)) struct block *
-find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block **pred, bool *pred_ok)
-{
-    lock_assert_held(&d->lock);
-    struct bpool *pool = p->pool;
-    if (XSEG_UNLIKELY(dev_gc_on(d)))
-        pool->get_free_blocks_call_count++;
-    struct block *next;
-    struct block *b = bpool_fit(pool, p->stream, p->size, pred, &next);
-    *pred_ok = true;
-    if (!b || b->stream != p->stream)
-        return NULL;
-    /* An expandable first fit stays the choice unless the next block of the stream counts less
-     * with its unmapped tail (find_expandable_fit goes on from there). The next block is at least
-     * b's size, so only a b with an unmapped tail can lose to it: only then is it looked up
-     * (bpool_fit gives it inside the fit's bin; past the bin's end, the next bin's first: only one
-     * on the stream counts). */
-    if (b->expandable && (!d->use_expandable || (b->next && !b->next->mapped &&
-                                                 (next || (next = bpool_fit_next_bin(pool, b)) != NULL) &&
-                                                 next->stream == p->stream &&
-                                                 expandable_size(next) < expandable_size(b)))) {
-        struct block *first = b;
-        b = find_expandable_fit(d, p, b);
-        if (!b)
-            return NULL;
-        *pred_ok = b == first;
-    }
-    if (!BOPS_FITS(d, p->size, b->size))
-        return NULL;
-    return b;
-}
-/* Is the request of @p p (@p requested bytes) predicted long-lived (core/device/placement.h, L1)? */
-static inline bool malloc_predict_long(struct dev_alloc *d, const struct alloc_params *p, size_t requested)
-{
-    return place_predict_long(d, p->size, requested, p->stream, p->pool);
-}
-
-/* get_free_block for the slow path: the block found is taken out of the free index. */
-static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
-{
-    lock_assert_held(&d->lock);
-    struct block *pred;
-    bool pred_ok;
-    struct block *b = XSEG_UNLIKELY(p->top) ? bops_find_top(d, p->pool, p->stream, p->size) : find_free_block(d, p, &pred, &pred_ok);
-    if (!b)
-        return false;
-    bpool_remove_free(p->pool, b);
-    p->block = b;
-    return true;
+    return (p->block = bops_take_free(d, p->pool, p->stream, p->size, p->top)) != NULL;
 }
 
 /* ---- growth ------------------------------------------------------------------------------ */
@@ -614,17 +535,17 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
                                                            void **out, struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
-    /* The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
-     * request predicted long-lived, the highest fitting block (bops_find_top). */
+    /* The cache: best fit on the stream, with the max_split_size rules (bops_find_free); a
+     * request predicted long-lived (placement.h, L1), the highest fitting block (bops_find_top). */
     if (!searched) {
         struct block *pred;
         bool pred_ok = false;
         bool by_class = p->size > BLOCK_SMALL_SIZE && place_class_regime(d); /* S1 for L1 and L2 */
-        p->top = !by_class && malloc_predict_long(d, p, size);
+        p->top = !by_class && place_predict_long(d, p->size, size, p->stream, p->pool);
         if (by_class)
             p->cls = (uint8_t)place_class_of(d, size, p->stream, p->pool);
         found = by_class ? bops_find_class(d, p->pool, p->stream, p->size, p->cls, &pred, &pred_ok)
-                : p->top ? bops_find_top(d, p->pool, p->stream, p->size) : find_free_block(d, p, &pred, &pred_ok);
+                : p->top ? bops_find_top(d, p->pool, p->stream, p->size) : bops_find_free(d, p->pool, p->stream, p->size, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
             return malloc_finish(d, p, size, true, pred, out, h);
@@ -864,7 +785,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
             return malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;
-        struct block *b = find_free_block(d, &p, &pred, &pred_ok);
+        struct block *b = bops_find_free(d, p.pool, p.stream, p.size, &pred, &pred_ok);
         if (XSEG_LIKELY(b && pred_ok)) {
             /* The pointer handed out is b's address: its map slot (a cache miss at many live
              * blocks) loads while the split and the counters run. */
