@@ -478,7 +478,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         if (by_class)
             p->cls = (uint8_t)place_class_of(d, size, p->stream, p->pool);
         found = by_class ? bops_find_class(d, p->pool, p->stream, p->size, p->cls, &pred, &pred_ok)
-                : p->top ? bops_find_top(d, p->pool, p->stream, p->size) : bops_find_free(d, p->pool, p->stream, p->size, &pred, &pred_ok);
+                : p->top ? bops_find_top(d, p->pool, p->stream, p->size)
+                         : bops_find_free(d, &(struct bops_want){p->pool, p->stream, p->size}, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
             return malloc_finish(d, p, size, true, pred, out, h);
@@ -718,7 +719,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
             return malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;
-        struct block *b = bops_find_free(d, p.pool, p.stream, p.size, &pred, &pred_ok);
+        struct block *b = bops_find_free(d, &(struct bops_want){p.pool, p.stream, p.size}, &pred, &pred_ok);
         if (XSEG_LIKELY(b && pred_ok)) {
             /* The pointer handed out is b's address: its map slot (a cache miss at many live
              * blocks) loads while the split and the counters run. */

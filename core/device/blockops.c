@@ -115,11 +115,12 @@ void bops_split_free(struct bpool *pool, struct block *b, struct block *x, size_
 
 /* ---- the cache's best fit ---------------------------------------------------------------- */
 
-__attribute__((noinline)) struct block *bops_find_expandable_fit(struct dev_alloc *d, struct bpool *pool,
+__attribute__((noinline)) struct block *bops_find_expandable_fit(struct dev_alloc *d, const struct bops_want *w,
                                                                  struct block *b)
 {
     lock_assert_held(&d->lock);
-    CUstream stream = b->stream;
+    struct bpool *pool = w->pool;
+    CUstream stream = w->stream;
     if (d->use_expandable) {
         /* For best fit, an expandable block counts with the unmapped space after it. */
         struct block *n = bpool_next_free(pool, b);
@@ -144,7 +145,7 @@ struct block *bops_take_free(struct dev_alloc *d, struct bpool *pool, CUstream s
     struct block *pred;
     bool pred_ok;
     struct block *b = XSEG_UNLIKELY(top) ? bops_find_top(d, pool, stream, size)
-                                         : bops_find_free(d, pool, stream, size, &pred, &pred_ok);
+                                         : bops_find_free(d, &(struct bops_want){pool, stream, size}, &pred, &pred_ok);
     if (b)
         bpool_remove_free(pool, b);
     return b;

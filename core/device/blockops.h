@@ -43,22 +43,34 @@ static inline size_t bops_expandable_size(const struct block *b)
     return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
 }
 
-/* bops_find_free's search past an expandable first fit @p b of @p pool: the index successors on
- * b's stream while each counts less with its unmapped tail (PyTorch's walk, in index order and
+/* A request as the cache's best fit reads it: rounded @p size in (@p pool, @p stream). Passed by
+ * address, so the out-of-line walk below reads it from memory and the search inlined in
+ * malloc_locked keeps its registers (as scalars, gcc spilled the pool pointer there: up to 0.6
+ * more instructions a device-lock pair in debugoptimized, benchmarks/callgrind_round_robin.sh). */
+struct bops_want {
+    struct bpool *pool;
+    CUstream stream;
+    size_t size;
+};
+
+/* bops_find_free's search past an expandable first fit @p b for @p w: the index successors on
+ * the stream while each counts less with its unmapped tail (PyTorch's walk, in index order and
  * stopping at the first that does not: its answer depends on that order, so it is not a bins_walk,
  * which visits a size range depth first); with expandable segments off, the first classic block on
  * the stream. NULL when none fits. Out of line: the rare case of the cache's search. */
-struct block *bops_find_expandable_fit(struct dev_alloc *d, struct bpool *pool, struct block *b);
+struct block *bops_find_expandable_fit(struct dev_alloc *d, const struct bops_want *w, struct block *b);
 
-/* PyTorch's get_free_block: best fit in (@p pool, @p stream) for @p size rounded bytes, with the
- * max_split_size rules (BOPS_FITS). The block found stays in the free index; *pred is its index
- * predecessor (NULL: none), or *pred_ok is false when the search moved past the first fit and the
- * predecessor is unknown. Always inline: the cached pair's search (core/alloc.c's malloc_cached). */
-static inline __attribute__((always_inline)) struct block *bops_find_free(struct dev_alloc *d, struct bpool *pool,
-                                                                          CUstream stream, size_t size,
+/* PyTorch's get_free_block: best fit for @p w, with the max_split_size rules (BOPS_FITS). The
+ * block found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
+ * false when the search moved past the first fit and the predecessor is unknown. Always inline:
+ * the cached pair's search (core/alloc.c's malloc_cached). */
+static inline __attribute__((always_inline)) struct block *bops_find_free(struct dev_alloc *d, const struct bops_want *w,
                                                                           struct block **pred, bool *pred_ok)
 {
     lock_assert_held(&d->lock);
+    struct bpool *pool = w->pool;
+    CUstream stream = w->stream;
+    size_t size = w->size;
     if (XSEG_UNLIKELY(dev_gc_on(d)))
         pool->get_free_blocks_call_count++;
     struct block *next;
@@ -76,7 +88,7 @@ static inline __attribute__((always_inline)) struct block *bops_find_free(struct
                                                  next->stream == stream &&
                                                  bops_expandable_size(next) < bops_expandable_size(b)))) {
         struct block *first = b;
-        b = bops_find_expandable_fit(d, pool, b);
+        b = bops_find_expandable_fit(d, w, b);
         if (!b)
             return NULL;
         *pred_ok = b == first;
