@@ -1,10 +1,11 @@
 /*
- * The device allocator (see alloc.h): malloc, free, empty_cache, the OOM path, the memory
- * fraction, statistics. Statistics follow PyTorch's DeviceCachingAllocator
- * exactly, including what it leaves out for expandable blocks (segment.*, inactive_split*).
+ * The device allocator (see alloc.h): malloc (the fast path and malloc_policy), free,
+ * record_stream, malloc_at, under the device lock. The finders are core/device/blockops', the
+ * reclaim ladder core/reclaim.c's, the out-of-memory report core/oom.c's. Statistics follow
+ * PyTorch's DeviceCachingAllocator exactly, including what it leaves out for expandable blocks
+ * (segment.*, inactive_split*).
  */
 #include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,10 +30,10 @@
 #include "core/policy/release.h"
 #include "core/device/placement.h"
 #include "core/process/settings.h"
+#include "core/oom.h"
 #include "core/reclaim.h"
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
-#include "core/snapshot.h"
 #include "core/index/stats.h"
 #include "core/services/trim.h"
 #include "vmm/capture.h"
@@ -115,89 +116,10 @@ static inline void stat_pool(xseg_stat_counter *arr, const struct bpool *p, int6
     stat_add_pool(arr, p->stat_index, delta);
 }
 
-/* ---- free index lookups ------------------------------------------------------------------ */
-
-static inline size_t expandable_size(const struct block *b)
+/* The cache for the slow path: p->block, taken out of the free index (blockops' bops_take_free). */
+static inline bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
 {
-    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
-}
-
-/* get_free_block's search past the first fit @p b when it is expandable; NULL when none fits. */
-static __attribute__((noinline)) struct block *find_expandable_fit(struct dev_alloc *d, const struct alloc_params *p,
-                                                                   struct block *b)
-{
-    lock_assert_held(&d->lock);
-    struct bpool *pool = p->pool;
-    if (d->use_expandable) {
-        /* For best fit, an expandable block counts with the unmapped space after it. */
-        struct block *n = bpool_next_free(pool, b);
-        while (b->expandable && n && n->stream == p->stream && expandable_size(n) < expandable_size(b)) {
-            b = n;
-            n = bpool_next_free(pool, b);
-        }
-    } else {
-        /* Expandable segments turned off: honour it by using classic blocks only. */
-        do {
-            b = bpool_next_free(pool, b);
-        } while (b && b->expandable && b->stream == p->stream);
-        if (!b || b->stream != p->stream)
-            return NULL;
-    }
-    return b;
-}
-
-/* PyTorch's get_free_block: best fit on the same stream, with the max_split_size rules (BOPS_FITS). The block
- * found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
- * false when the search moved past the first fit and the predecessor is unknown. */
-static inline __attribute__((always_inline)) struct block *
-find_free_block(struct dev_alloc *d, const struct alloc_params *p, struct block **pred, bool *pred_ok)
-{
-    lock_assert_held(&d->lock);
-    struct bpool *pool = p->pool;
-    if (XSEG_UNLIKELY(dev_gc_on(d)))
-        pool->get_free_blocks_call_count++;
-    struct block *next;
-    struct block *b = bpool_fit(pool, p->stream, p->size, pred, &next);
-    *pred_ok = true;
-    if (!b || b->stream != p->stream)
-        return NULL;
-    /* An expandable first fit stays the choice unless the next block of the stream counts less
-     * with its unmapped tail (find_expandable_fit goes on from there). The next block is at least
-     * b's size, so only a b with an unmapped tail can lose to it: only then is it looked up
-     * (bpool_fit gives it inside the fit's bin; past the bin's end, the next bin's first: only one
-     * on the stream counts). */
-    if (b->expandable && (!d->use_expandable || (b->next && !b->next->mapped &&
-                                                 (next || (next = bpool_fit_next_bin(pool, b)) != NULL) &&
-                                                 next->stream == p->stream &&
-                                                 expandable_size(next) < expandable_size(b)))) {
-        struct block *first = b;
-        b = find_expandable_fit(d, p, b);
-        if (!b)
-            return NULL;
-        *pred_ok = b == first;
-    }
-    if (!BOPS_FITS(d, p->size, b->size))
-        return NULL;
-    return b;
-}
-/* Is the request of @p p (@p requested bytes) predicted long-lived (core/device/placement.h, L1)? */
-static inline bool malloc_predict_long(struct dev_alloc *d, const struct alloc_params *p, size_t requested)
-{
-    return place_predict_long(d, p->size, requested, p->stream, p->pool);
-}
-
-/* get_free_block for the slow path: the block found is taken out of the free index. */
-static bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
-{
-    lock_assert_held(&d->lock);
-    struct block *pred;
-    bool pred_ok;
-    struct block *b = XSEG_UNLIKELY(p->top) ? bops_find_top(d, p->pool, p->stream, p->size) : find_free_block(d, p, &pred, &pred_ok);
-    if (!b)
-        return false;
-    bpool_remove_free(p->pool, b);
-    p->block = b;
-    return true;
+    return (p->block = bops_take_free(d, p->pool, p->stream, p->size, p->top)) != NULL;
 }
 
 /* ---- growth ------------------------------------------------------------------------------ */
@@ -357,74 +279,6 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
     if (b->oversize)
         stat_add(&d->acct.stats.oversize_allocations, -1);
     dev_free_block(d, b);
-}
-
-/* The OOM report (PyTorch's): num_ooms, the history event, the observers, the OOM snapshot, then
- * the message. Lock held on entry and on return; dropped around the observers and the snapshot
- * (they may call xseg, and the snapshot takes every device's lock). */
-static xseg_status out_of_memory(struct dev_alloc *d, size_t size, size_t alloc_size, CUstream stream)
-{
-    lock_assert_held(&d->lock);
-    /* The last refusal was the address space's (a new segment's reservation), not memory's. */
-    bool va = drv_take_va_oom();
-    size_t dfree = 0, dtotal = d->info.total_mem;
-    if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
-        (void)drv_mem_info(&dfree, &dtotal);
-    d->acct.stats.num_ooms++;
-    /* A sleeping pool's live blocks count as allocated but hold no reserved page; nor do spilled
-     * pages (the spill sentence says how many). */
-    size_t asleep = sleep_allocated_bytes(d);
-    size_t allocated = (size_t)stats_all_current(d->acct.stats.allocated_bytes) - asleep -
-                       (size_t)d->acct.stats.spilled_bytes.current;
-    size_t reserved = (size_t)stats_all_current(d->acct.stats.reserved_bytes);
-    /* PyTorch's "allocated in private pools": what graphs' pools hold cached (reserved for their
-     * replays, not releasable), counted with the allocated memory rather than the unallocated. */
-    size_t in_private = d->priv.pools ? pools_cached_bytes(d) : 0;
-    bool set_fraction = d->acct.set_fraction;
-    size_t allowed = d->acct.allowed_memory_maximum;
-    bool expandable = d->use_expandable;
-    int device = d->device;
-    if (XSEG_UNLIKELY(hist_mode()))
-        hist_record(HIST_OOM, device, dfree, alloc_size, (uintptr_t)stream, d->hist_cur);
-
-    dev_unlock(d);
-    /* Observers run first: they may call xseg (and overwrite this thread's message). */
-    settings_run_oom_observers(device, alloc_size, set_fraction ? allowed : dtotal, dfree);
-    /* Then the OOM snapshot, when one is asked for (it takes every device's lock). */
-    char snap_info[640];
-    snapshot_on_oom(snap_info, sizeof snap_info);
-    dev_lock(d, DEV_NEED_SLOTS);
-
-    char s_req[32], s_tot[32], s_free[32], s_allowed[32], s_alloc[32], s_unalloc[32], s_priv[32], s_asleep[32];
-    char rungs_info[1424], budget_info[640];
-    reclaim_oom_info(d, rungs_info, sizeof rungs_info); /* a sentence a rung that has one */
-    group_budget_oom_info(d, alloc_size, budget_info, sizeof budget_info);
-    char allowed_info[64] = "", over[128] = "", private_info[96] = "", asleep_info[96] = "";
-    if (asleep)
-        snprintf(asleep_info, sizeof asleep_info, " %s more is allocated in sleeping pools (xseg_sleep).",
-                 err_format_size(asleep, s_asleep));
-    size_t unalloc = reserved > allocated + in_private ? reserved - allocated - in_private : 0;
-    if (in_private)
-        snprintf(private_info, sizeof private_info, "with %s allocated in private pools (e.g., CUDA Graphs), ",
-                 err_format_size(in_private, s_priv));
-    if (set_fraction)
-        snprintf(allowed_info, sizeof allowed_info, "%s allowed; ", err_format_size(allowed, s_allowed));
-    if (size > dtotal)
-        snprintf(over, sizeof over, " The request exceeds the device's total memory of %s.",
-                 err_format_size(dtotal, s_allowed));
-    return err_set(XSEG_ERROR_OUT_OF_MEMORY,
-                   "%s. Tried to allocate %s. GPU %d has a total capacity of %s of "
-                   "which %s is free. %sOf the allocated memory %s is allocated by xseg, %sand %s is "
-                   "reserved by xseg but unallocated.%s%s%s%s%s%s",
-                   va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
-                        "of a new segment (the address space is exhausted or limited; device memory is not)"
-                      : "CUDA out of memory",
-                   err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
-                   err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
-                   private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, rungs_info, over,
-                   expandable ? "" : " If reserved but unallocated memory is large try setting "
-                                     "expandable_segments:True to avoid fragmentation.",
-                   snap_info);
 }
 
 /* A malloc that history records: the stack captured before the lock was taken. */
@@ -591,7 +445,7 @@ static xseg_status malloc_admit(struct dev_alloc *d, struct alloc_params *p, siz
     size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
     size_t cap = group_budget_cap(d); /* memory_budget_mb, memory_group_budget_mb */
     if (XSEG_UNLIKELY(size > limit || size > cap))
-        return out_of_memory(d, p->size, p->alloc_size, p->stream);
+        return oom_report(d, p->size, p->alloc_size, p->stream);
     xseg_status st = XSEG_SUCCESS;
     if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
         dev_capture_note(d, p->stream);
@@ -614,17 +468,18 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
                                                            void **out, struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
-    /* The cache: best fit on the stream, with the max_split_size rules (get_free_block); a
-     * request predicted long-lived, the highest fitting block (bops_find_top). */
+    /* The cache: best fit on the stream, with the max_split_size rules (bops_find_free); a
+     * request predicted long-lived (placement.h, L1), the highest fitting block (bops_find_top). */
     if (!searched) {
         struct block *pred;
         bool pred_ok = false;
         bool by_class = p->size > BLOCK_SMALL_SIZE && place_class_regime(d); /* S1 for L1 and L2 */
-        p->top = !by_class && malloc_predict_long(d, p, size);
+        p->top = !by_class && place_predict_long(d, p->size, size, p->stream, p->pool);
         if (by_class)
             p->cls = (uint8_t)place_class_of(d, size, p->stream, p->pool);
         found = by_class ? bops_find_class(d, p->pool, p->stream, p->size, p->cls, &pred, &pred_ok)
-                : p->top ? bops_find_top(d, p->pool, p->stream, p->size) : find_free_block(d, p, &pred, &pred_ok);
+                : p->top ? bops_find_top(d, p->pool, p->stream, p->size)
+                         : bops_find_free(d, &(struct bops_want){p->pool, p->stream, p->size}, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
             return malloc_finish(d, p, size, true, pred, out, h);
@@ -670,7 +525,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 
     /* Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
-        return out_of_memory(d, p->size, p->alloc_size, p->stream);
+        return oom_report(d, p->size, p->alloc_size, p->stream);
     if (st != XSEG_SUCCESS)
         return st;
     /* A cache miss went to the driver anyway: keep the cache within release_threshold_mb by giving
@@ -741,7 +596,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
                                                                          struct block *found, bool top, void **out)
 {
     lock_assert_held(&d->lock);
-    (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (out_of_memory) */
+    (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (oom_report) */
     /* Every policy step past the cache may touch any stream's blocks (release, reclaim, GC). */
     fast_settle(d, FAST_ALL, NULL);
     struct alloc_params p;
@@ -768,7 +623,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
     if (st == XSEG_SUCCESS) {
         /* Sizes near SIZE_MAX cannot be rounded (p.size is meaningless); no device holds them. */
         if (XSEG_UNLIKELY(size > ((size_t)1 << 62)))
-            st = out_of_memory(d, size, size, stream);
+            st = oom_report(d, size, size, stream);
         else
             st = malloc_policy(d, &p, false, NULL, size, out, hp);
     }
@@ -868,7 +723,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
             return place_class_regime(d) ? malloc_class(d, &p, size, out) : malloc_top(d, size, stream, out);
         struct block *pred;
         bool pred_ok;
-        struct block *b = find_free_block(d, &p, &pred, &pred_ok);
+        struct block *b = bops_find_free(d, &(struct bops_want){p.pool, p.stream, p.size}, &pred, &pred_ok);
         if (XSEG_LIKELY(b && pred_ok)) {
             /* The pointer handed out is b's address: its map slot (a cache miss at many live
              * blocks) loads while the split and the counters run. */

@@ -1,6 +1,7 @@
 /*
  * Split and merge (see blockops.h): the merge on free (the general case out of line; the common
- * one, dev_free_block_inline, in the header) and a free block's split into free pieces.
+ * one, dev_free_block_inline, in the header), a free block's split into free pieces, and the
+ * finders' out-of-line parts.
  */
 #include "core/device/blockops.h"
 
@@ -110,6 +111,44 @@ void bops_split_free(struct bpool *pool, struct block *b, struct block *x, size_
     b->size -= n;
     block_set_gc_base(x, pool->get_free_blocks_call_count);
     bpool_insert_free(pool, x);
+}
+
+/* ---- the cache's best fit ---------------------------------------------------------------- */
+
+__attribute__((noinline)) struct block *bops_find_expandable_fit(struct dev_alloc *d, const struct bops_want *w,
+                                                                 struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = w->pool;
+    CUstream stream = w->stream;
+    if (d->use_expandable) {
+        /* For best fit, an expandable block counts with the unmapped space after it. */
+        struct block *n = bpool_next_free(pool, b);
+        while (b->expandable && n && n->stream == stream && bops_expandable_size(n) < bops_expandable_size(b)) {
+            b = n;
+            n = bpool_next_free(pool, b);
+        }
+    } else {
+        /* Expandable segments turned off: honour it by using classic blocks only. */
+        do {
+            b = bpool_next_free(pool, b);
+        } while (b && b->expandable && b->stream == stream);
+        if (!b || b->stream != stream)
+            return NULL;
+    }
+    return b;
+}
+
+struct block *bops_take_free(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, bool top)
+{
+    lock_assert_held(&d->lock);
+    struct block *pred;
+    bool pred_ok;
+    struct block *b = XSEG_UNLIKELY(top) ? bops_find_top(d, pool, stream, size)
+                                         : bops_find_free(d, &(struct bops_want){pool, stream, size}, &pred, &pred_ok);
+    if (b)
+        bpool_remove_free(pool, b);
+    return b;
 }
 
 /* ---- the placement's finders ------------------------------------------------------------- */

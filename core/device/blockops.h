@@ -1,10 +1,10 @@
 /*
  * Split and merge of blocks, and the rules that decide them (PyTorch's get_free_block fit rule and
- * should_split; the merge on free), and the placement's finders beside the rule (bops_find_top,
- * bops_find_class: one bounded walk of the free index, index/bins.h's bins_walk, with placement.h's
- * predicates). Every finder (these, find_free_block in core/alloc.c, the stream slots' fast_fits
- * in core/device/fast.c) asks BOPS_FITS or its bound form bops_fit_end, every split asks
- * should_split: a policy change is made here once.
+ * should_split; the merge on free), and the finders beside the rule: the cache's best fit
+ * (bops_find_free, bops_take_free) and the placement's (bops_find_top, bops_find_class: one
+ * bounded walk of the free index, index/bins.h's bins_walk, with placement.h's predicates). Every
+ * finder (these and the stream slots' fast_fits in core/device/fast.c) asks BOPS_FITS or its bound
+ * form bops_fit_end, every split asks should_split: a policy change is made here once.
  */
 #ifndef XSEG_CORE_DEVICE_BLOCKOPS_H
 #define XSEG_CORE_DEVICE_BLOCKOPS_H
@@ -36,6 +36,68 @@ static inline size_t bops_fit_end(const struct dev_alloc *d, size_t size)
     return size > SIZE_MAX - r ? SIZE_MAX : size + r;
 }
 
+/* A free block as best fit counts it in expandable mode: its size and the unmapped space after it
+ * (PyTorch's expandable_size). */
+static inline size_t bops_expandable_size(const struct block *b)
+{
+    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
+/* A request as the cache's best fit reads it: rounded @p size in (@p pool, @p stream). Passed by
+ * address, so the out-of-line walk below reads it from memory and the search inlined in
+ * malloc_locked keeps its registers (as scalars, gcc spilled the pool pointer there: up to 0.6
+ * more instructions a device-lock pair in debugoptimized, benchmarks/callgrind_round_robin.sh). */
+struct bops_want {
+    struct bpool *pool;
+    CUstream stream;
+    size_t size;
+};
+
+/* bops_find_free's search past an expandable first fit @p b for @p w: the index successors on
+ * the stream while each counts less with its unmapped tail (PyTorch's walk, in index order and
+ * stopping at the first that does not: its answer depends on that order, so it is not a bins_walk,
+ * which visits a size range depth first); with expandable segments off, the first classic block on
+ * the stream. NULL when none fits. Out of line: the rare case of the cache's search. */
+struct block *bops_find_expandable_fit(struct dev_alloc *d, const struct bops_want *w, struct block *b);
+
+/* PyTorch's get_free_block: best fit for @p w, with the max_split_size rules (BOPS_FITS). The
+ * block found stays in the free index; *pred is its index predecessor (NULL: none), or *pred_ok is
+ * false when the search moved past the first fit and the predecessor is unknown. Always inline:
+ * the cached pair's search (core/alloc.c's malloc_cached). */
+static inline __attribute__((always_inline)) struct block *bops_find_free(struct dev_alloc *d, const struct bops_want *w,
+                                                                          struct block **pred, bool *pred_ok)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = w->pool;
+    CUstream stream = w->stream;
+    size_t size = w->size;
+    if (XSEG_UNLIKELY(dev_gc_on(d)))
+        pool->get_free_blocks_call_count++;
+    struct block *next;
+    struct block *b = bpool_fit(pool, stream, size, pred, &next);
+    *pred_ok = true;
+    if (!b || b->stream != stream)
+        return NULL;
+    /* An expandable first fit stays the choice unless the next block of the stream counts less
+     * with its unmapped tail (bops_find_expandable_fit goes on from there). The next block is at
+     * least b's size, so only a b with an unmapped tail can lose to it: only then is it looked up
+     * (bpool_fit gives it inside the fit's bin; past the bin's end, the next bin's first: only one
+     * on the stream counts). */
+    if (b->expandable && (!d->use_expandable || (b->next && !b->next->mapped &&
+                                                 (next || (next = bpool_fit_next_bin(pool, b)) != NULL) &&
+                                                 next->stream == stream &&
+                                                 bops_expandable_size(next) < bops_expandable_size(b)))) {
+        struct block *first = b;
+        b = bops_find_expandable_fit(d, w, b);
+        if (!b)
+            return NULL;
+        *pred_ok = b == first;
+    }
+    if (!BOPS_FITS(d, size, b->size))
+        return NULL;
+    return b;
+}
+
 /* The placement of a request predicted long-lived (core/device/placement.h, L2): among the free
  * blocks of (@p pool, @p stream) that fit @p size, the highest (place_top_higher), looking at the
  * PLACE_TOP_WALK_MAX smallest that fit at most (bins_walk). NULL when none fits. The block stays
@@ -44,7 +106,7 @@ struct block *bops_find_top(struct dev_alloc *d, struct bpool *pool, CUstream st
 
 /* The placement by class (core/device/placement.h, S1) of @p size in (@p pool, @p stream), of class
  * @p cls: the best fit among the free blocks of its class's segments, NULL when none fits: the
- * index's best fit when it is of the class (*pred its index predecessor, as find_free_block's),
+ * index's best fit when it is of the class (*pred its index predecessor, as bops_find_free's),
  * else the best (place_class_better) of a walk as bops_find_top's (*pred_ok false). The block
  * stays in the free index. */
 struct block *bops_walk_class(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, unsigned cls);
@@ -59,6 +121,11 @@ static inline struct block *bops_find_class(struct dev_alloc *d, struct bpool *p
     *pred_ok = false; /* the walk's (bops_walk_class, out of line: the index's fit is the common case) */
     return bops_walk_class(d, pool, stream, size, cls);
 }
+
+/* The cache's answer for the slow path (PyTorch's get_free_block): bops_find_top when @p top (a
+ * request predicted long-lived), else bops_find_free; the block found is taken out of the free
+ * index. NULL when none fits. */
+struct block *bops_take_free(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, bool top);
 
 /* PyTorch's should_split: is the rest of free block @p b after a request of @p size bytes worth a
  * block of its own? */

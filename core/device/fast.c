@@ -231,16 +231,11 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
 
 /* ---- fill -------------------------------------------------------------------------------- */
 
-static inline size_t expandable_size(const struct block *b)
-{
-    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
-}
-
 /*
  * The slot's hit test, at the fill: the smallest rounded size s (returned; 0: none) such that, for
  * every s from it to B's size, the eager state -- B merged into its free successor R as M = [B, R)
- * at key (stream, |M|, B's address) -- makes find_free_block (core/alloc.c) pick M for a request of
- * s on B's pool and stream, and alloc_found_block split s off it. Then a hit hands out what the
+ * at key (stream, |M|, B's address) -- makes bops_find_free (core/device/blockops.h) pick M for a
+ * request of s on B's pool and stream, and alloc_found_block split s off it. Then a hit hands out what the
  * eager free and malloc would, and stays so until a device-lock holder settles the slot (every
  * change to the stream's blocks settles it first). A classic slot starts at B's size and widens
  * towards this size through the device lock (fast_widen): a smaller hit leaves a larger inactive
@@ -256,7 +251,7 @@ static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct bl
      * the eager path (so the hit never sets `oversize`). */
     if (dev_pool_owner(d, pool) || (size <= BLOCK_SMALL_SIZE) != pool->is_small || size >= msplit)
         return 0;
-    /* find_free_block's max_split_size rule for every s <= size (all below msplit, so one test
+    /* bops_find_free's max_split_size rule for every s <= size (all below msplit, so one test
      * of M), then should_split (its remainder holds R, so it only grows as s shrinks). */
     if (!BOPS_FITS(d, size, msize))
         return 0;
@@ -268,7 +263,7 @@ static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct bl
     }
     /* Best fit in the eager index: the index without R (it sits there at its own key), plus M.
      * x: the first block without R at or above B's size; M comes first iff x is above M, and then
-     * x is M's successor (find_free_block's `next`). */
+     * x is M's successor (bops_find_free's `next`). */
     struct block *pred, *x;
     struct block *first = bpool_fit(pool, b->stream, size, &pred, &x);
     if (first != r)
@@ -279,12 +274,12 @@ static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct bl
     if (same && bkey_less((uintptr_t)x->stream, x->size, x->addr, (uintptr_t)b->stream, msize, b->addr))
         return 0;
     if (b->expandable) {
-        /* find_free_block leaves an expandable first fit for the next one when expandable segments
+        /* bops_find_free leaves an expandable first fit for the next one when expandable segments
          * are off or the next one counts less with its unmapped tail: not M, so no hit. */
         if (!d->use_expandable)
             return 0;
         size_t mexp = msize + (r->next && !r->next->mapped ? r->next->size : 0);
-        if (same && expandable_size(x) < mexp)
+        if (same && bops_expandable_size(x) < mexp)
             return 0;
     }
     /* Smaller sizes: M stays the first fit above the largest block of the stream below M's key
