@@ -67,9 +67,9 @@
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
- * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 821
- * instructions against 782 (+4.9 %) on 80 GiB, 848 (+8.4 %) on 8 GiB (S1); the small pool's +0.5 %;
- * release 807 against 767 (+5.3 %), 820 (+7.0 %) on 8 GiB. What a large pair must do here is
+ * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 820
+ * instructions against 773 (+6.0 %) on 80 GiB, 839 (+8.5 %) on 8 GiB (S1); the small pool's +1.8 %
+ * (the finders' request passed by address took 9 off the tree without the placement, 1 with it). What a large pair must do here is
  * about 32 of them: the key's hash and home-entry test (14), its record (9, in the home entry the
  * prediction found: life_state.home_tag), the window (3) and the free's forget (6); S1 adds its
  * class test and its own malloc (malloc_class in core/alloc.c: a call, no second hash). Dropping S1
