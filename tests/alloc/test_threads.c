@@ -113,6 +113,33 @@ static void check_and_free(struct blk *b, const char *who)
         tfail("%s: xseg_free(%p): %s", who, b->ptr, xseg_last_error());
 }
 
+/* Hand a random live block to whichever worker empties the mailbox next (none when it is full). */
+static void mail_give(struct blk *live, size_t *nlive, uint64_t *rng)
+{
+    pthread_mutex_lock(&mailbox_lock);
+    if (nmail < MAILBOX && *nlive) {
+        size_t i = rnd(rng) % *nlive;
+        mailbox[nmail++] = live[i];
+        live[i] = live[--*nlive];
+    }
+    pthread_mutex_unlock(&mailbox_lock);
+}
+
+/* Take a block from the mailbox and free it after checking its content (none: nothing). */
+static void mail_take_free(const char *what)
+{
+    struct blk b;
+    bool got = false;
+    pthread_mutex_lock(&mailbox_lock);
+    if (nmail) {
+        b = mailbox[--nmail];
+        got = true;
+    }
+    pthread_mutex_unlock(&mailbox_lock);
+    if (got)
+        check_and_free(&b, what);
+}
+
 static void *worker(void *arg)
 {
     uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)((intptr_t)arg + 1);
@@ -183,42 +210,14 @@ static void *worker(void *arg)
             live[i] = live[--nlive];
             check_and_free(&b, "worker");
         } else if (r < 92 && nlive) {
-            /* Hand a block to whichever worker empties the mailbox next. */
-            pthread_mutex_lock(&mailbox_lock);
-            if (nmail < MAILBOX) {
-                size_t i = rnd(&rng) % nlive;
-                mailbox[nmail++] = live[i];
-                live[i] = live[--nlive];
-            }
-            pthread_mutex_unlock(&mailbox_lock);
+            mail_give(live, &nlive, &rng);
         } else {
-            struct blk b;
-            bool got = false;
-            pthread_mutex_lock(&mailbox_lock);
-            if (nmail) {
-                b = mailbox[--nmail];
-                got = true;
-            }
-            pthread_mutex_unlock(&mailbox_lock);
-            if (got)
-                check_and_free(&b, "mailbox");
+            mail_take_free("mailbox");
         }
     }
     while (nlive)
         check_and_free(&live[--nlive], "worker drain");
     return NULL;
-}
-
-/* Blocks handed to the mailbox in one_stream mode: freed by whichever worker takes them. */
-static void mail_give(struct blk *live, size_t *nlive, uint64_t *rng)
-{
-    pthread_mutex_lock(&mailbox_lock);
-    if (nmail < MAILBOX && *nlive) {
-        size_t i = rnd(rng) % *nlive;
-        mailbox[nmail++] = live[i];
-        live[i] = live[--*nlive];
-    }
-    pthread_mutex_unlock(&mailbox_lock);
 }
 
 /* A malloc on the shared stream of device 0, filled with a fresh tag (false: the worker stops). */
@@ -278,16 +277,7 @@ static void *one_stream_worker(void *arg)
         } else if (r < 93) {
             mail_give(live, &nlive, &rng);
         } else {
-            struct blk b;
-            bool got = false;
-            pthread_mutex_lock(&mailbox_lock);
-            if (nmail) {
-                b = mailbox[--nmail];
-                got = true;
-            }
-            pthread_mutex_unlock(&mailbox_lock);
-            if (got)
-                check_and_free(&b, "one stream mailbox");
+            mail_take_free("one stream mailbox");
         }
     }
     while (nlive)
