@@ -9,6 +9,7 @@
 #include "api/api.h"
 #include "api/dispatch.h"
 #include "base/error.h"
+#include "core/policy/events.h"
 #include "core/policy/registry.h"
 #include "core/runtime.h"
 #include "core/services/hostalloc.h"
@@ -73,7 +74,7 @@ XSEG_API xseg_status xseg_free(void *ptr) { return api_free(ptr); }
 
 static xseg_status record_stream_on(struct dev_alloc *d, void *ptr, void *stream, bool *owned)
 {
-    return alloc_record_stream(d, ptr, stream, owned);
+    return ev_record_stream(d, ptr, stream, owned);
 }
 
 XSEG_API xseg_status xseg_record_stream(void *ptr, struct CUstream_st *stream)

@@ -1,7 +1,8 @@
 /*
- * The device allocator (see alloc.h): malloc (the fast path and malloc_policy), free,
- * record_stream, malloc_at, under the device lock. The finders are core/device/blockops', the
- * reclaim ladder core/reclaim.c's, the out-of-memory report core/oom.c's. Statistics follow
+ * The device allocator (see alloc.h): malloc (the fast path and malloc_policy), free and
+ * malloc_at, under the device lock. The finders are core/device/blockops', the rounding
+ * core/device/sizes.h's, growth core/grow.c's, the reclaim ladder core/reclaim.c's, the
+ * out-of-memory report core/oom.c's, record_stream core/policy/events.c's. Statistics follow
  * PyTorch's DeviceCachingAllocator exactly, including what it leaves out for expandable blocks
  * (segment.*, inactive_split*).
  */
@@ -13,17 +14,12 @@
 
 #include "base/error.h"
 #include "base/hostmem.h"
-#include "base/vec.h"
 #include "core/policy/capreuse.h"
-#include "core/policy/classic.h"
 #include "core/device/blockops.h"
 #include "core/device/check.h"
 #include "core/policy/events.h"
-#include "core/policy/expandable.h"
 #include "core/device/fast.h"
-#include "core/services/group.h"
 #include "core/device/quarantine.h"
-#include "core/policy/ipc.h"
 #include "core/policy/observe.h"
 #include "core/policy/registry.h"
 #include "core/policy/pools.h"
@@ -31,127 +27,19 @@
 #include "core/device/placement.h"
 #include "core/process/settings.h"
 #include "core/oom.h"
-#include "core/reclaim.h"
+#include "core/grow.h"
+#include "core/device/sizes.h"
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
 #include "core/index/stats.h"
 #include "core/services/trim.h"
-#include "vmm/capture.h"
-#include "vmm/segment.h"
 #include "vmm/stream.h"
-
-/* Everything the slow path needs about one request (PyTorch's AllocParams). */
-struct alloc_params {
-    size_t size;       /* rounded request */
-    size_t alloc_size; /* size of a new classic segment */
-    CUstream stream;
-    struct bpool *pool;
-    struct block *block; /* the block found or made */
-    bool top;            /* predicted long-lived: carved from the top (core/device/placement.h) */
-    uint8_t cls;         /* the segments a growth may use (placement.h's S1: PLACE_SEG_*) */
-};
-
-/* ---- configuration ----------------------------------------------------------------------- */
-
-/* The configuration in force, copied again when its generation moved (one load when not). */
-static inline void refresh_cfg(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(settings_gen() != d->cfg_gen)) {
-        dev_refresh_cfg_slow(d);
-        place_refresh_cfg(d);
-    }
-}
-
-/* ---- sizes ------------------------------------------------------------------------------- */
-
-static size_t roundup_power2_next_division(size_t size, unsigned divisions)
-{
-    if ((size & (size - 1)) == 0)
-        return size;
-    size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
-    size_t step = floor2 >> (31 - __builtin_clz(divisions));
-    if (step == 0)
-        return floor2 << 1;
-    size_t f = size & ~(step - 1);
-    return f == size ? size : f + step;
-}
-
-static inline size_t round_size(const struct dev_alloc *d, size_t size)
-{
-    lock_assert_held(&d->lock);
-    if (size < BLOCK_MIN_SIZE)
-        return BLOCK_MIN_SIZE;
-    if (XSEG_UNLIKELY(fast_rare_roundup(d))) {
-        unsigned div = cfg_roundup_divisions(&d->cfg, size);
-        if (div > 1 && size > BLOCK_MIN_SIZE * div)
-            return roundup_power2_next_division(size, div);
-    }
-    return xseg_align_up(size, BLOCK_MIN_SIZE);
-}
-
-static size_t allocation_size(const struct dev_alloc *d, size_t size)
-{
-    lock_assert_held(&d->lock);
-    if (size <= BLOCK_SMALL_SIZE)
-        return BLOCK_SMALL_BUFFER;
-    if (size < BLOCK_MIN_LARGE_ALLOC)
-        return d->cfg.large_segment_size;
-    return xseg_align_up(size, BLOCK_ROUND_LARGE);
-}
-
-/* ---- capture ----------------------------------------------------------------------------- */
-
-static xseg_status capture_error(CUstream stream)
-{
-    return err_set(XSEG_ERROR_ILLEGAL_STATE,
-                   "allocation on stream %p during stream capture needs a private pool "
-                   "(xseg_begin_allocate_to_pool)", (void *)stream);
-}
 
 /* ---- statistics helpers ------------------------------------------------------------------ */
 
 static inline void stat_pool(xseg_stat_counter *arr, const struct bpool *p, int64_t delta)
 {
     stat_add_pool(arr, p->stat_index, delta);
-}
-
-/* The cache for the slow path: p->block, taken out of the free index (blockops' bops_take_free). */
-static inline bool get_free_block(struct dev_alloc *d, struct alloc_params *p)
-{
-    return (p->block = bops_take_free(d, p->pool, p->stream, p->size, p->top)) != NULL;
-}
-
-/* ---- growth ------------------------------------------------------------------------------ */
-
-/* Did @p p's pool stop being awake while the lock was given back (a sleep begun by another thread
- * or by a free-memory callback)? Then the malloc is refused as malloc_prepare would have refused it:
- * its blocks and holes lie in pages a sleep is giving back. */
-static __attribute__((noinline)) bool pool_fell_asleep(struct dev_alloc *d, struct bpool *pool, xseg_status *st)
-{
-    lock_assert_held(&d->lock);
-    struct priv_pool *pp = dev_pool_owner(d, pool);
-    if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
-        return false;
-    *st = sleep_refuse(d, pp);
-    return true;
-}
-
-/* PyTorch's alloc_block: the fraction limit, then a new classic segment or expandable room. */
-static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool is_retry)
-{
-    lock_assert_held(&d->lock);
-    if (is_retry)
-        d->acct.stats.num_alloc_retries++;
-    if (d->use_expandable) {
-        place_want(d, p->cls); /* S1: its class's segments, or any */
-        xseg_status st = exp_allocate(d, p->pool, p->stream, p->size, &p->block);
-        place_want(d, PLACE_SEG_ANY);
-        return st;
-    }
-    if (!dev_fraction_allows(d, p->alloc_size))
-        return XSEG_ERROR_OUT_OF_MEMORY;
-    return classic_grow(d, p->pool, p->stream, p->alloc_size, pool_fell_asleep, &p->block);
 }
 
 /* ---- malloc ------------------------------------------------------------------------------ */
@@ -186,7 +74,7 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
         /* The allocated front gets a new block struct; b stays the free remainder after it. An
          * indexed b keeps its place in the free index unless its smaller key crosses its
          * predecessor's (bpool_free_take_front): no treap remove/insert in the common case. */
-        struct block *a = d->spare;
+        struct block *a = d->spare; /* dev_block_spare written out: 2-3 instructions a pair less */
         if (XSEG_LIKELY(a))
             d->spare = a->next;
         else
@@ -235,8 +123,6 @@ alloc_found_block(struct dev_alloc *d, struct alloc_params *p, size_t orig_size,
     return b;
 }
 
-static struct block *spare_block(struct dev_alloc *d);
-
 /* Hand out the top @p p->size bytes of p->block (out of the index) for @p requested bytes: the
  * free remainder stays below it, back in the index. The whole block when no struct is spare or
  * the rest is under BLOCK_MIN_SIZE. A classic block (cached from before expandable_segments was
@@ -250,7 +136,7 @@ static __attribute__((noinline)) struct block *alloc_top_block(struct dev_alloc 
     if (!b->expandable)
         return alloc_found_block(d, p, requested, false, NULL);
     if (should_split(d, b, p->size)) {
-        struct block *a = spare_block(d);
+        struct block *a = dev_block_spare(d);
         if (a) {
             a->addr = b->addr + b->size - p->size;
             a->size = p->size;
@@ -352,109 +238,6 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish(struct de
     return malloc_finish_at(d, p, size, indexed, pred, false, out, h);
 }
 
-/* Measure the budgets (core/services/group.h) and put their limit in force for this growth of @p grow bytes. */
-static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct budget_view *v, size_t grow)
-{
-    lock_assert_held(&d->lock);
-    group_budget_measure(d, v, grow);
-    d->acct.set_budget = v->limit != SIZE_MAX;
-    d->acct.budget_limit = v->limit;
-}
-
-/* The budgets stop being in force: the growth's intent is withdrawn, failed or not. */
-static void budget_exit(struct dev_alloc *d)
-{
-    lock_assert_held(&d->lock);
-    d->acct.set_budget = false;
-    group_note_reserved(d, false);
-}
-
-/* A growth malloc_policy tries: its request, and the ladder's view of it (core/reclaim.h). */
-struct growth {
-    struct reclaim_growth g; /* first: the ladder's callbacks get it back */
-    struct alloc_params *p;
-    struct budget_view bv;
-};
-
-/* The ladder's retry after a rung gave (core/reclaim.h's RECLAIM_* in @p how). */
-static xseg_status growth_again(struct dev_alloc *d, struct reclaim_growth *rg, unsigned how)
-{
-    struct growth *gr = (struct growth *)rg;
-    struct alloc_params *p = gr->p;
-    xseg_status st;
-    if (how & RECLAIM_RELOCKED) {
-        if (pool_fell_asleep(d, p->pool, &st))
-            return st;
-        if (rg->bv)
-            budget_enter(d, rg->bv, p->alloc_size); /* the figures moved meanwhile */
-    }
-    if ((how & RECLAIM_CACHE) && get_free_block(d, p))
-        return XSEG_SUCCESS;
-    return alloc_block(d, p, how & RECLAIM_COUNTED);
-}
-
-static void growth_budget_end(struct dev_alloc *d, struct reclaim_growth *rg)
-{
-    (void)rg;
-    budget_exit(d);
-}
-
-/* A new classic segment, or room in an expandable one, for @p p. Under a budget, measured now
- * (core/services/group.h: one cuMemGetInfo a growth), and left in force when the growth is
- * refused (OUT_OF_MEMORY): the ladder ends it (malloc_reclaim). */
-static xseg_status malloc_grow(struct dev_alloc *d, struct alloc_params *p, struct growth *gr)
-{
-    gr->p = p;
-    gr->g.bv = NULL;
-    if (XSEG_UNLIKELY(group_measure_on(d))) {
-        budget_enter(d, &gr->bv, p->alloc_size);
-        gr->g.bv = &gr->bv;
-    }
-    xseg_status st = alloc_block(d, p, false);
-    if (st != XSEG_ERROR_OUT_OF_MEMORY && gr->g.bv)
-        budget_exit(d);
-    return st;
-}
-
-/* The growth of @p gr was refused: the reclaim ladder (core/reclaim.h) gives memory back and grows
- * again, rung by rung. */
-static __attribute__((noinline)) xseg_status malloc_reclaim(struct dev_alloc *d, struct growth *gr)
-{
-    struct alloc_params *p = gr->p;
-    struct reclaim_growth *g = &gr->g;
-    g->pool = p->pool;
-    g->stream = p->stream;
-    g->size = p->size;
-    g->alloc_size = p->alloc_size;
-    g->capture = dev_capture_underway(d);
-    g->again = growth_again;
-    g->budget_end = growth_budget_end;
-    if (!g->capture)
-        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
-    return reclaim_run(d, g);
-}
-
-/* A cache miss that may grow: sizes it (p->alloc_size) and refuses what can never be held — the
- * device (or the memory fraction, a budget) too small, before any segment metadata is sized for it
- * (2^54 bytes would cost gigabytes of page tables) and before the OOM path empties the cache for
- * nothing — and an unrouted request on a capturing stream (a routed one may grow its private
- * pool during a capture). */
-static xseg_status malloc_admit(struct dev_alloc *d, struct alloc_params *p, size_t size)
-{
-    p->alloc_size = allocation_size(d, p->size);
-    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
-    size_t cap = group_budget_cap(d); /* memory_budget_mb, memory_group_budget_mb */
-    if (XSEG_UNLIKELY(size > limit || size > cap))
-        return oom_report(d, p->size, p->alloc_size, p->stream);
-    xseg_status st = XSEG_SUCCESS;
-    if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
-        dev_capture_note(d, p->stream);
-        dev_fast_off(d);
-        return capture_error(p->stream);
-    }
-    return st;
-}
-
 /*
  * PyTorch's DeviceCachingAllocator::malloc, top to bottom: the cache, the free-memory callbacks,
  * garbage collection, the quarantine, growth, the reclaim ladder, out of memory. @p p is resolved
@@ -491,7 +274,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         return malloc_finish(d, p, size, false, NULL, out, h);
     }
 
-    xseg_status st = malloc_admit(d, p, size);
+    xseg_status st = grow_admit(d, p, size);
     if (st != XSEG_SUCCESS)
         return st;
 
@@ -500,9 +283,9 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         dev_unlock(d);
         int freed = settings_run_free_memory_callbacks(d->device, p->size);
         dev_lock(d, DEV_NEED_SLOTS);
-        if (pool_fell_asleep(d, p->pool, &st))
+        if (grow_pool_fell_asleep(d, p->pool, &st))
             return st;
-        if (freed && get_free_block(d, p))
+        if (freed && grow_cached(d, p))
             return malloc_finish(d, p, size, false, NULL, out, h);
     }
 
@@ -512,16 +295,16 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 
     /* The quarantine (debug_stale_access): over a quarter of its bound, it empties before growth
      * (core/device/quarantine.h). */
-    if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && get_free_block(d, p))
+    if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && grow_cached(d, p))
         return malloc_finish(d, p, size, false, NULL, out, h);
 
     /* Growth: a new segment, or room in an expandable one. */
     struct growth gr;
-    st = malloc_grow(d, p, &gr);
+    st = grow_try(d, p, &gr);
 
     /* Refused: the reclaim ladder, each rung giving memory back, then growth again. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
-        st = malloc_reclaim(d, &gr);
+        st = grow_reclaim(d, &gr);
 
     /* Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
@@ -544,7 +327,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream stream, struct alloc_params *p)
 {
     lock_assert_held(&d->lock);
-    refresh_cfg(d);
+    dev_refresh_cfg(d);
     struct priv_pool *priv = NULL;
     if (XSEG_UNLIKELY(fast_rare_capture(d))) {
         xseg_status st = d->priv.nroutes ? pools_select(d, stream, &priv) : XSEG_SUCCESS, ignored;
@@ -552,7 +335,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
             dev_stream_capturing(d, stream, &ignored)) {
             dev_capture_note(d, stream);
             dev_fast_off(d);
-            st = capture_error(stream);
+            st = grow_capture_error(stream);
         }
         if (st != XSEG_SUCCESS)
             return st;
@@ -575,7 +358,7 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         trim_idle_tick(d); /* else the background thread ticks (core/services/idle.h) */
     dev_fast_update(d);
 
-    p->size = round_size(d, size);
+    p->size = sizes_round(d, size);
     p->pool = p->size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
     if (XSEG_UNLIKELY(priv))
         p->pool = p->size <= BLOCK_SMALL_SIZE ? &priv->small : &priv->large;
@@ -841,7 +624,7 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     }
     xseg_status st = XSEG_SUCCESS;
     if (block_uses_n(b)) {
-        refresh_cfg(d);
+        dev_refresh_cfg(d);
         if (XSEG_UNLIKELY(d->cfg.debug_stale_access)) {
             quar_keep_free_stack(d, b); /* for its quarantine entry once the events are done */
             quar_join(d, b);            /* its stream may be gone by then */
@@ -962,47 +745,6 @@ xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr)
     return st;
 }
 
-xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned)
-{
-    dev_lock(d, DEV_NEED_SLOTS);
-    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
-    if (!b) {
-        dev_unlock(d);
-        *owned = false;
-        return XSEG_SUCCESS;
-    }
-    *owned = true;
-    xseg_status st = XSEG_SUCCESS;
-    struct block_side *sd = block_side(b);
-    if (stream != b->stream && !(sd && stream_set_has(&sd->uses, stream))) {
-        /* A destroyed or bogus stream is refused now, with nothing recorded: at the free it could
-         * only be waited for through a context synchronize. */
-        st = drv_ctx_ensure(d->info.primary_ctx);
-        if (st == XSEG_SUCCESS)
-            st = vstream_check(stream, "xseg_record_stream");
-        if (st == XSEG_SUCCESS) {
-            /* The side struct holds the set; on host OOM a side made here goes again. */
-            if (!(sd = block_side_get(b)) || !stream_set_add(&sd->uses, stream)) {
-                block_side_drop(b);
-                st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
-            }
-        }
-    }
-    dev_unlock(d);
-    return st;
-}
-
-/* A spare block struct (dev_block_delete's contract: in no index, no side), or NULL. */
-static struct block *spare_block(struct dev_alloc *d)
-{
-    struct block *a = d->spare;
-    if (a)
-        d->spare = a->next;
-    else
-        a = dev_block_carve(d);
-    return a;
-}
-
 /* Placing [addr, addr + size) in free block @p b (taken out of its index): head and tail stay
  * free blocks of the segment; statistics as alloc_found_block keeps them. In a classic segment
  * inactive_split counts the free blocks of a split segment (PyTorch's): b was one when its segment
@@ -1037,7 +779,7 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
         hp = &hm;
     }
     dev_lock(d, DEV_NEED_SLOTS);
-    refresh_cfg(d);
+    dev_refresh_cfg(d);
     struct priv_pool *pp = pools_find(d, id);
     struct block *b = NULL;
     for (struct segrec *s = d->segs; pp && s && !b; s = s->next_seg)
@@ -1049,7 +791,7 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
                 }
     xseg_status st = XSEG_SUCCESS;
     /* Only a block of a layout xseg made can be placed: its size a nonzero multiple of
-     * BLOCK_MIN_SIZE (round_size's unit, whichever rounding made it), its address on the same
+     * BLOCK_MIN_SIZE (sizes_round's unit, whichever rounding made it), its address on the same
      * grid from its segment's base (every block's address is; b's is). Anything else would leave
      * blocks off the grid, and later mallocs would hand out unaligned addresses. */
     if (size == 0 || size % BLOCK_MIN_SIZE)
@@ -1069,14 +811,12 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
                      "mapped block of the pool (the block there: %zu bytes at 0x%" PRIxPTR ", %s)", addr, size,
                      b->size, b->addr, b->allocated ? "allocated" : b->mapped ? "pending" : "unmapped");
     size_t head = st ? 0 : addr - b->addr, tail = st ? 0 : b->addr + b->size - addr - size;
-    struct block *h = head ? spare_block(d) : NULL, *t = tail ? spare_block(d) : NULL;
+    struct block *h = head ? dev_block_spare(d) : NULL, *t = tail ? dev_block_spare(d) : NULL;
     if (!st && ((head && !h) || (tail && !t) || !ptrmap_reserve(&d->live, 1))) {
         struct block *got[2] = {h, t};
         for (int i = 0; i < 2; i++)
-            if (got[i]) { /* back to the spare list, untouched */
-                got[i]->next = d->spare;
-                d->spare = got[i];
-            }
+            if (got[i])
+                dev_block_delete(d, got[i]); /* back to the spare list, untouched */
         st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory placing a block");
     }
     if (!st) {

@@ -24,7 +24,6 @@ xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned);
 xseg_status alloc_free_sole(struct dev_alloc *d, void *ptr);
 /* The error of xseg_free for a pointer no device owns (XSEG_ERROR_INVALID_VALUE naming it). */
 xseg_status alloc_free_unknown(void *ptr);
-xseg_status alloc_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned);
 /* Allocate exactly [addr, addr + size) from the free, mapped block of private pool @p id that
  * holds it (xseg_pool_malloc_at). */
 xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr, size_t size);

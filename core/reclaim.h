@@ -32,7 +32,7 @@ enum {
                                  * budgets are measured again */
 };
 
-/* The growth refused, as the ladder sees it: alloc.c's, which tries it again. */
+/* The growth refused, as the ladder sees it: core/grow.c's, which tries it again. */
 struct reclaim_growth {
     struct bpool *pool;
     CUstream stream;

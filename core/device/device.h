@@ -197,6 +197,17 @@ void dev_seglist_remove(struct dev_alloc *d, struct segrec *s);
 struct block *dev_block_new(struct dev_alloc *d);
 /* A new (zeroed) block struct from the slabs, never a recycled one; NULL on host OOM. */
 struct block *dev_block_carve(struct dev_alloc *d);
+/* A struct for a split: a spare one as dev_block_delete left it (in no index, no side struct, not
+ * zeroed: the caller writes every field a split needs), else a new one; NULL on host OOM. */
+static inline struct block *dev_block_spare(struct dev_alloc *d)
+{
+    struct block *a = d->spare;
+    if (XSEG_LIKELY(a))
+        d->spare = a->next;
+    else
+        a = dev_block_carve(d);
+    return a;
+}
 /* @p b must be in no index and have no pending events; its side struct (if any) is released
  * here, so a spare struct has `sided` clear. The split on the fast path relies on this to reuse a
  * spare struct without clearing it. Inline: the free path's merge calls it. */

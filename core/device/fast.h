@@ -156,14 +156,14 @@ static inline void dev_fast_off(struct dev_alloc *d)
 
 /*
  * The rare conditions, one list: while one holds the permit is off (dev_fast_update) and malloc
- * takes the general path, whose work tests the same predicates (fast_rare_NAME: malloc_prepare,
- * malloc_slow_body and round_size in core/alloc.c; the free's quarantine). A new condition is a
+ * takes the general path, whose work tests the same predicates (fast_rare_NAME: malloc_prepare
+ * and malloc_slow_body in core/alloc.c, sizes_round in core/device/sizes.h; the free's quarantine). A new condition is a
  * row here and its work there.
  */
 #define FAST_RARE(X)                                                                              \
     X(capture, cap_underway(d))         /* streams seen capturing: routes, capture errors */      \
     X(events, ev_waiting(d))            /* events or deferred frees waiting: processed first */   \
-    X(roundup, d->roundup_any)          /* roundup_power2_divisions: round_size's rule */         \
+    X(roundup, d->roundup_any)          /* roundup_power2_divisions: sizes_round's rule */        \
     X(history, hist_mode() != 0)        /* history: the stack captured before the lock */         \
     X(idle_tick, d->cfg.idle_release_ms && /* idle reclaim ticks in malloc, unless its thread */ \
                      !(d->cfg.idle_release_thread && settings_idle_thread_running()))            \

@@ -12,6 +12,7 @@
 #include "base/hostmem.h"
 #include "base/vec.h"
 #include "core/policy/capreuse.h"
+#include "core/device/check.h"
 #include "core/device/fast.h"
 #include "core/device/quarantine.h"
 #include "vmm/event.h"
@@ -269,4 +270,34 @@ void ev_destroy(struct dev_alloc *d)
     xs_free(d->ev.evq);
     xs_free(d->ev.deferred);
     d->ev = (struct ev_state){0};
+}
+
+xseg_status ev_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    struct block *b = ptrmap_get(&d->live, (uintptr_t)ptr);
+    if (!b) {
+        dev_unlock(d);
+        *owned = false;
+        return XSEG_SUCCESS;
+    }
+    *owned = true;
+    xseg_status st = XSEG_SUCCESS;
+    struct block_side *sd = block_side(b);
+    if (stream != b->stream && !(sd && stream_set_has(&sd->uses, stream))) {
+        /* A destroyed or bogus stream is refused now, with nothing recorded: at the free it could
+         * only be waited for through a context synchronize. */
+        st = drv_ctx_ensure(d->info.primary_ctx);
+        if (st == XSEG_SUCCESS)
+            st = vstream_check(stream, "xseg_record_stream");
+        if (st == XSEG_SUCCESS) {
+            /* The side struct holds the set; on host OOM a side made here goes again. */
+            if (!(sd = block_side_get(b)) || !stream_set_add(&sd->uses, stream)) {
+                block_side_drop(b);
+                st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory recording stream %p", (void *)stream);
+            }
+        }
+    }
+    dev_unlock(d);
+    return st;
 }

@@ -1,12 +1,19 @@
 /*
- * Deferred frees for record_stream (events.c): events per recorded stream, the deferred list
- * of frees that cannot record yet (during a capture, after a driver failure). Device lock held.
+ * record_stream (events.c): the streams a block is used on, events per recorded stream, the
+ * deferred list of frees that cannot record yet (during a capture, after a driver failure).
+ * Device lock held, except by ev_record_stream, which takes it.
  */
 #ifndef XSEG_CORE_EVENTS_H
 #define XSEG_CORE_EVENTS_H
 
+#include <stdbool.h>
+
 #include "core/device/device.h"
 
+/* xseg_record_stream: @p ptr's block (if this device owns it: *@p owned) is used on @p stream too;
+ * its free waits for the work queued there until then (an event a stream, ev_insert). A destroyed
+ * or bogus stream is refused with nothing recorded. Takes the device lock (every slot settled). */
+xseg_status ev_record_stream(struct dev_alloc *d, void *ptr, CUstream stream, bool *owned);
 xseg_status ev_insert(struct dev_alloc *d, struct block *b);
 void ev_process(struct dev_alloc *d);
 void ev_synchronize_all(struct dev_alloc *d);

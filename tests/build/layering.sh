@@ -23,10 +23,10 @@ bad=0
 wing_rank="index:1 process:1 device:2 policy:3 services:4 top:5"
 wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
-device:state,device,placement,blockops,retile,fast,quarantine,check
+device:state,device,placement,blockops,retile,fast,sizes,quarantine,check
 policy:capreuse,events,pools,ipc,observe,registry,classic,expandable,release
 services:hostquar,hostalloc,spill,sleep,sleeptags,trim,group,sleepwake,idle
-top:runtime,snapshot,reclaim,oom,alloc,devops,shutdown"
+top:runtime,snapshot,reclaim,oom,grow,alloc,devops,shutdown"
 # Includes allowed to point up: none (sub-state types live in core/device/state.h, below device.h,
 # and dev_unlock, which runs dev_check, in core/device/check.h above it). Format: "FILE:HEADER ...".
 core_up=""
@@ -97,7 +97,7 @@ check_includes() {
 # (`d->SUB.field =`, `op=`, `++`, `--`, also through an index or a member) elsewhere fails.
 # "SUB: files" (basenames in core/); reads go through accessors or stay reads.
 owners="ev:events.c cap:device.c priv:pools.c sleep:sleep.c cr:capreuse.c
-acct:device.c,device.h,alloc.c,oom.c,devops.c,classic.c,release.c fast:fast.c,fast.h life:placement.c,placement.h quar:quarantine.c
+acct:device.c,device.h,alloc.c,grow.c,oom.c,devops.c,classic.c,release.c fast:fast.c,fast.h life:placement.c,placement.h quar:quarantine.c
 exp:expandable.c spill:spill.c tags:sleeptags.c"
 check_owners() { # one awk over core/ and api/; the hits listed sub-state by sub-state
     awk -v owners="$owners" -v root="$root/" '

@@ -1,0 +1,131 @@
+/*
+ * Growth (see grow.h): admission, one growth under the budgets, the ladder's retry.
+ */
+#include "core/grow.h"
+
+#include "base/error.h"
+#include "core/device/sizes.h"
+#include "core/oom.h"
+#include "core/policy/classic.h"
+#include "core/policy/expandable.h"
+#include "core/services/sleep.h"
+
+__attribute__((noinline)) bool grow_pool_fell_asleep(struct dev_alloc *d, struct bpool *pool, xseg_status *st)
+{
+    lock_assert_held(&d->lock);
+    struct priv_pool *pp = dev_pool_owner(d, pool);
+    if (!d->sleep.nasleep || !sleep_pool_asleep(d, pp))
+        return false;
+    *st = sleep_refuse(d, pp);
+    return true;
+}
+
+xseg_status grow_capture_error(CUstream stream)
+{
+    return err_set(XSEG_ERROR_ILLEGAL_STATE,
+                   "allocation on stream %p during stream capture needs a private pool "
+                   "(xseg_begin_allocate_to_pool)", (void *)stream);
+}
+
+xseg_status grow_admit(struct dev_alloc *d, struct alloc_params *p, size_t size)
+{
+    p->alloc_size = sizes_growth(d, p->size);
+    size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
+    size_t cap = group_budget_cap(d); /* memory_budget_mb, memory_group_budget_mb */
+    if (XSEG_UNLIKELY(size > limit || size > cap))
+        return oom_report(d, p->size, p->alloc_size, p->stream);
+    xseg_status st = XSEG_SUCCESS;
+    if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
+        dev_capture_note(d, p->stream);
+        dev_fast_off(d);
+        return grow_capture_error(p->stream);
+    }
+    return st;
+}
+
+/* PyTorch's alloc_block: the fraction limit, then a new classic segment or expandable room. */
+static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool is_retry)
+{
+    lock_assert_held(&d->lock);
+    if (is_retry)
+        d->acct.stats.num_alloc_retries++;
+    if (d->use_expandable) {
+        place_want(d, p->cls); /* S1: its class's segments, or any */
+        xseg_status st = exp_allocate(d, p->pool, p->stream, p->size, &p->block);
+        place_want(d, PLACE_SEG_ANY);
+        return st;
+    }
+    if (!dev_fraction_allows(d, p->alloc_size))
+        return XSEG_ERROR_OUT_OF_MEMORY;
+    return classic_grow(d, p->pool, p->stream, p->alloc_size, grow_pool_fell_asleep, &p->block);
+}
+
+/* Measure the budgets (core/services/group.h) and put their limit in force for this growth of @p grow bytes. */
+static __attribute__((noinline)) void budget_enter(struct dev_alloc *d, struct budget_view *v, size_t grow)
+{
+    lock_assert_held(&d->lock);
+    group_budget_measure(d, v, grow);
+    d->acct.set_budget = v->limit != SIZE_MAX;
+    d->acct.budget_limit = v->limit;
+}
+
+/* The budgets stop being in force: the growth's intent is withdrawn, failed or not. */
+static void budget_exit(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    d->acct.set_budget = false;
+    group_note_reserved(d, false);
+}
+
+/* The ladder's retry after a rung gave (core/reclaim.h's RECLAIM_* in @p how). */
+static xseg_status growth_again(struct dev_alloc *d, struct reclaim_growth *rg, unsigned how)
+{
+    struct growth *gr = (struct growth *)rg;
+    struct alloc_params *p = gr->p;
+    xseg_status st;
+    if (how & RECLAIM_RELOCKED) {
+        if (grow_pool_fell_asleep(d, p->pool, &st))
+            return st;
+        if (rg->bv)
+            budget_enter(d, rg->bv, p->alloc_size); /* the figures moved meanwhile */
+    }
+    if ((how & RECLAIM_CACHE) && grow_cached(d, p))
+        return XSEG_SUCCESS;
+    return alloc_block(d, p, how & RECLAIM_COUNTED);
+}
+
+static void growth_budget_end(struct dev_alloc *d, struct reclaim_growth *rg)
+{
+    (void)rg;
+    budget_exit(d);
+}
+
+xseg_status grow_try(struct dev_alloc *d, struct alloc_params *p, struct growth *gr)
+{
+    gr->p = p;
+    gr->g.bv = NULL;
+    if (XSEG_UNLIKELY(group_measure_on(d))) {
+        budget_enter(d, &gr->bv, p->alloc_size);
+        gr->g.bv = &gr->bv;
+    }
+    xseg_status st = alloc_block(d, p, false);
+    if (st != XSEG_ERROR_OUT_OF_MEMORY && gr->g.bv)
+        budget_exit(d);
+    return st;
+}
+
+__attribute__((noinline)) xseg_status grow_reclaim(struct dev_alloc *d, struct growth *gr)
+{
+    struct alloc_params *p = gr->p;
+    struct reclaim_growth *g = &gr->g;
+    g->pool = p->pool;
+    g->stream = p->stream;
+    g->size = p->size;
+    g->alloc_size = p->alloc_size;
+    g->capture = dev_capture_underway(d);
+    g->again = growth_again;
+    g->budget_end = growth_budget_end;
+    if (!g->capture)
+        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
+    return reclaim_run(d, g);
+}
