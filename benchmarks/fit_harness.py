@@ -43,7 +43,9 @@ baseline is replayed once across runs. --markdown prints a caption, one table an
 for benchmarks/record.py, and exits 0 whatever they say; otherwise the exit status is 0 when
 every verdict accepts, 1 when one rejects. Replays run on cudaemu, whose placements repeat
 exactly; --step and --step-above sample the band more coarsely and say so (a sampled band can
-miss a gap narrower than its step; the verdict's one step is then the sample's).
+miss a gap narrower than its step; the verdict's one step is then the sample's). A sampled band's
+fits from is refined to 2 MiB: every size between the last failing sample and the fitting run
+above it is replayed too, so the 1.01 x goal is judged at 2 MiB whatever the step.
 """
 import argparse
 import concurrent.futures
@@ -147,12 +149,23 @@ class Runner:
         band = fit_sweep.sizes(peak, self.args.lo, self.args.hi, step)
         t = self.cache.table(side, tkey)
         runs = t.setdefault("runs", {})
-        todo = [m for m in band if str(m) not in runs]
+        self.fill(side, trace, tkey, runs, band)
+        out = [(m, runs[str(m)]) for m in band]
+        # A sampled band's fits from is refined to 2 MiB: every size between the last failing
+        # sample and the first of the fitting run above it (the 1.01 x bar falls between samples).
+        top = summarize(step, out, peak)["from"]
+        if step > STEP and top is not None and top > band[0]:
+            fine = list(range(top - step + STEP, top, STEP))
+            self.fill(side, trace, tkey, runs, fine)
+            out = sorted(out + [(m, runs[str(m)]) for m in fine])
+        return step, out
+
+    def fill(self, side, trace, tkey, runs, sizes):
+        todo = [m for m in sizes if str(m) not in runs]
         for m, f in zip(todo, self.pool.map(lambda m: self.replay(side, trace, m)["failed_allocs"], todo)):
             runs[str(m)] = f
         if todo:
             self.cache.save(side, tkey)
-        return step, [(m, runs[str(m)]) for m in band]
 
     def step_of(self, peak):
         a = self.args
@@ -169,14 +182,15 @@ def summarize(step, runs, peak):
             break
         fits_from = m
     first_fit = next((m for m, f in runs if not f), None)
-    gaps, cur = [], None
+    gaps, cur, prev = [], None, None
     for m, f in runs:
         if f and first_fit is not None and m > first_fit:
-            if cur and cur[1] + step == m:
+            if cur and cur[1] == prev:
                 cur[1], cur[2] = m, cur[2] + 1
             else:
                 cur = [m, m, 1]
                 gaps.append(cur)
+        prev = m
     return {"peak": peak, "step": step, "from": fits_from, "gaps": [tuple(g) for g in gaps],
             "n": len(runs), "band": (runs[0][0], runs[-1][0]) if runs else (0, 0),
             "at101": fits_from is not None and fits_from <= cap101(peak)}

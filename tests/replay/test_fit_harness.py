@@ -124,6 +124,20 @@ class Arithmetic(unittest.TestCase):
         self.assertIn("after fits from above, gaps 110", r.stdout)
         self.assertIn("delta +12 MiB", r.stdout)
 
+    def test_sampled_band_refined(self):
+        # every 6 MiB: 100 fails, 106 and 112 fit; the sizes between 100 and 106 are replayed too,
+        # and fits from is 104 (102 fails), not the sample's 106
+        p = self.trace("p", {"b": "peak=100 fail=100-102", "a": "peak=100 fail=100-102", "l": "peak=100 fail="})
+        r = self.run_h("--step", "6", "--hi", "1.12", p)
+        self.assertIn("before fits from 104 (1.0400), gaps none; after fits from 104 (1.0400)", r.stdout)
+        with open(self.log) as f:
+            sizes = sorted({int(line.split()[1]) for line in f if line.startswith("b ")})
+        self.assertEqual(sizes, [100, 102, 104, 106, 112, 80 << 10])
+        # a failure among the refined sizes above a fitting one is a gap
+        q = self.trace("q", {"b": "peak=100 fail=100,104", "a": "peak=100 fail=100,104", "l": "peak=100 fail="})
+        r = self.run_h("--step", "6", "--hi", "1.12", q)
+        self.assertIn("before fits from 106 (1.0600), gaps 104;", r.stdout)
+
     def test_split(self):
         # four traces of distinct peaks: two pairs, one of each to each half
         specs = {}
