@@ -15,6 +15,7 @@
 
 extern char **environ;
 
+#ifndef CUDAEMU_DRIVER_ONLY /* the driver-only build reads no environment (env_get) */
 static const char *const env_known[] = {
     "CUDAEMU_DEVICES", "CUDAEMU_TOTAL_MEM", "CUDAEMU_GRANULARITY", "CUDAEMU_VMM",
     "CUDAEMU_FAIL",    "CUDAEMU_LATENCY",   "CUDAEMU_REPORT",
@@ -27,6 +28,7 @@ static const char *const env_known[] = {
     "CUDAEMU_SHARED", /* devices shared among processes (shared.c) */
     "CUDAEMU_KERNELS", /* 0: modules refused (kernel.c) */
 };
+#endif
 
 static _Noreturn __attribute__((format(printf, 2, 3))) void env_die(const char *var, const char *fmt, ...)
 {

@@ -12,7 +12,9 @@
 
 static void expect_contains(const char *msg, const char *needle)
 {
-    if (!strstr(msg, needle))
+    if (!msg)
+        fail_msg("no message (expected one containing \"%s\")", needle);
+    else if (!strstr(msg, needle))
         fail_msg("message \"%s\" does not contain \"%s\"", msg, needle);
 }
 

@@ -150,9 +150,10 @@ static void test_detects_changes(void **state)
     memcpy(buf, &w0, 8);
     memcpy(buf + 64, &w8, 8);
     /* Two blocks swapped; a zero byte more (the padding is not the data). */
-    unsigned char tmp[256];
+    unsigned char tmp[256], tmp2[256];
     memcpy(tmp, buf, 256);
-    memcpy(buf, buf + 256, 256);
+    memcpy(tmp2, buf + 256, 256);
+    memcpy(buf, tmp2, 256);
     memcpy(buf + 256, tmp, 256);
     assert_true(checksum64(&k, buf, n) != sum);
     memcpy(buf + 256, buf, 256);
