@@ -380,7 +380,11 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
 {
     lock_assert_held(&d->lock);
     (void)drv_take_va_oom(); /* an earlier malloc's cause is not this one's (oom_report) */
-    /* Every policy step past the cache may touch any stream's blocks (release, reclaim, GC). */
+    /* Every policy step past the cache may touch any stream's blocks (release, reclaim, GC). An
+     * own slot's settle (core/device/fast.h) frees its block into the index, perhaps into the block
+     * found: the search runs again. */
+    if (XSEG_UNLIKELY(fast_own_busy(d)))
+        searched = false;
     fast_settle(d, FAST_ALL, NULL);
     struct alloc_params p;
     if (searched) {
@@ -548,15 +552,19 @@ static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d,
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
+    /* The stream's slot, when this thread's last slot (fast_hit's) was another. */
+    if (fast_hit_at(d, fast_slot_of(d, stream), size, stream, out))
+        return XSEG_SUCCESS;
     dev_lock(d, DEV_NEED_NONE); /* its stream's slot settles below, unless it widens */
     FAST_COUNT(d, lock_mallocs);
-    /* Unless the stream's classic slot widens to this size, it settles (core/device/fast.h). */
+    /* Unless the stream's classic slot widens to this size, it settles, and on a stream shared by
+     * threads this thread's own slot of it (core/device/fast.h). */
     if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
         if (fast_widen(d, size, stream, out)) {
             dev_unlock(d);
             return XSEG_SUCCESS;
         }
-        fast_settle_slow(d, FAST_STREAM, stream);
+        fast_settle_malloc(d, stream);
         if (d->fast.busy_slots)
             return malloc_guarded(d, size, stream, out);
     }
@@ -642,9 +650,10 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     return st != XSEG_SUCCESS ? st : spill_st;
 }
 
-/* Every free but the slot's, lock held (free_locked takes and gives it back). */
+/* Every free but the slot's, lock held (free_locked takes and gives it back). @p shared: a stream
+ * may be marked shared (its free fills an own slot, core/device/fast.h). */
 static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_alloc *d, void *ptr, bool *owned,
-                                                                     bool stale)
+                                                                     bool stale, bool shared)
 {
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
@@ -654,7 +663,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     *owned = true;
     b->allocated = false;
     xseg_status st = XSEG_SUCCESS;
-    if (fast_fill(d, b))
+    if (shared ? fast_fill(d, b) : fast_fill_stream(d, b))
         return XSEG_SUCCESS;
     struct bpool *pool = dev_block_pool(d, b);
     int si = pool->stat_index;
@@ -679,7 +688,7 @@ static __attribute__((noinline)) xseg_status free_guarded(struct dev_alloc *d, v
 {
     struct fast_guard g;
     fast_guard_begin(d, &g, d->fast.busy_slots);
-    xseg_status st = free_cached(d, ptr, owned, false);
+    xseg_status st = free_cached(d, ptr, owned, false, true);
     fast_guard_end(d, &g); /* a fill moved no counter */
     dev_unlock(d);
     return st;
@@ -689,15 +698,15 @@ static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, vo
 {
     dev_lock(d, DEV_NEED_NONE);
     FAST_COUNT(d, lock_frees);
-    /* The block's stream's slot settles first (it may hold this very block, freed or handed out). */
-    if (XSEG_UNLIKELY(d->fast.busy_slots)) {
+    /* The block's stream's slot settles first, and the own slot holding it (either may hold this
+     * very block, freed or handed out). */
+    if (XSEG_UNLIKELY(d->fast.busy_slots | d->fast.shared_mask)) {
         struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
-        if (x)
-            fast_settle(d, FAST_STREAM, x->stream);
-        if (d->fast.busy_slots)
-            return free_guarded(d, ptr, owned);
+        if (x && d->fast.busy_slots)
+            fast_settle_block(d, x);
+        return free_guarded(d, ptr, owned); /* guarded while other slots stay busy */
     }
-    xseg_status st = free_cached(d, ptr, owned, false);
+    xseg_status st = free_cached(d, ptr, owned, false, false);
     dev_unlock(d);
     return st;
 }
@@ -711,7 +720,7 @@ static __attribute__((noinline)) xseg_status free_stale(struct dev_alloc *d, voi
     struct hstack *fs = hist_mode() ? hist_capture() : NULL;
     dev_lock(d, DEV_NEED_OP);
     quar_begin_free(d, fs);
-    xseg_status st = free_cached(d, ptr, owned, d->cfg.debug_stale_access);
+    xseg_status st = free_cached(d, ptr, owned, d->cfg.debug_stale_access, false); /* no fill: no permit */
     quar_end_free(d);
     struct quar_batch batch;
     quar_take(d, &batch);

@@ -22,13 +22,31 @@ struct recount {
 
 static bool pending(const struct block *b) { return !b->allocated && (block_event_count(b) > 0 || block_uses_n(b)); }
 
-/* @p b if it is a busy slot's freed block (struct dev_slot), else NULL (also for NULL). */
+/* The busy own slot holding @p b, or NULL. */
+static const struct dev_slot *slot_own(const struct dev_alloc *d, const struct block *b)
+{
+    for (uint64_t m = d->fast.busy_slots >> DEV_STREAM_SLOTS; m; m &= m - 1) {
+        const struct dev_slot *s = &d->fast.slots[DEV_STREAM_SLOTS + __builtin_ctzll(m)];
+        if (s->blk == b)
+            return s;
+    }
+    return NULL;
+}
+
+/* @p b if it is a busy stream slot's freed block (struct dev_slot), else NULL (also for NULL). */
 static const struct block *slot_lazy(const struct dev_alloc *d, const struct block *b)
 {
     if (!b)
         return NULL;
     unsigned i = fast_slot_index(b->stream);
     return (d->fast.busy_slots >> i & 1) && d->fast.slots[i].lazy == b ? b : NULL;
+}
+
+/* @p b if it is a busy own slot's freed block, else NULL. */
+static const struct block *own_lazy(const struct dev_alloc *d, const struct block *b)
+{
+    const struct dev_slot *s = b && b->allocated ? slot_own(d, b) : NULL;
+    return s && s->lazy == b ? b : NULL;
 }
 
 /* Is @p b in the live map? */
@@ -39,7 +57,10 @@ static bool live_has(const struct dev_alloc *d, const struct block *b) { return 
 static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct block *b)
 {
     const struct dev_slot *s = &d->fast.slots[fast_slot_index(b->stream)];
-    return (d->fast.busy_slots >> fast_slot_index(b->stream) & 1) && s->live && s->blk == b ? s : NULL;
+    if ((d->fast.busy_slots >> fast_slot_index(b->stream) & 1) && s->live && s->blk == b)
+        return s;
+    s = b->allocated ? slot_own(d, b) : NULL;
+    return s && s->live ? s : NULL;
 }
 
 /* Bin treap below @p t (bin @p k of @p sb): ordered by (size, addr) within (lo, hi), heap-ordered
@@ -190,6 +211,17 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         rc->driver_bytes += b->size;
         return; /* expandable granules: checked with R, whose mapped state it shares */
     }
+    /* An own slot's freed block: free, unmerged, in no index, whatever its neighbours (its
+     * settle is the eager free); `allocated` to every eager operation, so that none merges it;
+     * expandable, so only its reserved bytes count. */
+    if (own_lazy(d, b)) {
+        CHECK(b->expandable && !b->in_index && !pending(b) && b->mapped && !b->sided);
+        CHECK(live_has(d, b));
+        rc->slot_lazy++;
+        rc->reserved_bytes[si] += (int64_t)b->size;
+        rc->driver_bytes += b->size;
+        return;
+    }
     const struct dev_slot *sl = slot_live(d, b);
     bool allocated = b->allocated || sl;
     size_t requested = sl ? sl->cur_req : block_requested(b);
@@ -321,12 +353,12 @@ static void check_walk(struct dev_alloc *d);
 void dev_check(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
-    uint32_t busy = d->fast.busy_slots;
-    for (uint32_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
+    uint64_t busy = d->fast.busy_slots;
+    for (uint64_t m = busy; m; m &= m - 1)
+        spin_acquire(&d->fast.slots[__builtin_ctzll(m)].lock);
     check_walk(d);
-    for (uint32_t m = busy; m; m &= m - 1)
-        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
+    for (uint64_t m = busy; m; m &= m - 1)
+        spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
 }
 
 static void check_walk(struct dev_alloc *d)
@@ -373,9 +405,18 @@ static void check_walk(struct dev_alloc *d)
         CHECK(!!b == (d->fast.busy_slots >> i & 1));
         if (!b)
             continue;
-        CHECK(fast_slot_index(b->stream) == i && sl->gen != 0);
+        CHECK(sl->dev == d);
+        CHECK(sl->gen != 0 && sl->owner != NULL);
+        if (i >= DEV_STREAM_SLOTS) {
+            /* An own slot: an expandable block of a stream marked shared, its own size only. */
+            CHECK(b->expandable && sl->min_size == b->size && sl->span == 0 && sl->cur_size == b->size);
+            CHECK(fast_shared(d, b->stream));
+        } else {
+            CHECK(fast_slot_index(b->stream) == i);
+        }
         /* B's own fields stay as the fill left them; the slot holds their truth. */
-        CHECK(!b->allocated && block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
+        CHECK(b->allocated == (i >= DEV_STREAM_SLOTS)); /* an own slot's: allocated to the eager operations */
+        CHECK(block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
         CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
         /* Classic: min_size is where fast_widen took it, each widening a hit. */
         CHECK(BLOCK_MIN_SIZE <= sl->min_fit && sl->min_fit <= sl->min_size);

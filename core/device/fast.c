@@ -38,7 +38,8 @@ static xseg_stat_counter *fast_row(xseg_device_stats *st, int k)
 static void slot_lowers(const struct dev_slot *s, int64_t low[FAST_ROWS])
 {
     const struct block *b = s->blk;
-    int64_t msize = (int64_t)(b->size + b->next->size), classic = !b->expandable;
+    int64_t classic = !b->expandable; /* own slots are expandable: no next to read */
+    int64_t msize = classic ? (int64_t)(b->size + b->next->size) : 0;
     if (s->lazy) {
         low[0] = 1;
         low[1] = (int64_t)b->size;
@@ -54,18 +55,26 @@ static void slot_lowers(const struct dev_slot *s, int64_t low[FAST_ROWS])
     }
 }
 
-static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
+/* The accumulated half of slot_owe: what the hits' mallocs counted. */
+static void slot_pay(const struct dev_slot *s, xseg_device_stats *st)
 {
-    const struct block *b = s->blk, *r = b->next;
+    const struct block *b = s->blk;
     int si = block_pool(b)->stat_index;
-    int64_t n = (int64_t)s->reps, msize = (int64_t)(b->size + r->size);
+    int64_t n = (int64_t)s->reps;
     st->allocation[si].allocated += n;
     st->allocated_bytes[si].allocated += (int64_t)s->size_sum;
     st->requested_bytes[si].allocated += (int64_t)s->req_sum;
     if (!b->expandable) {
+        int64_t msize = (int64_t)(b->size + b->next->size);
         st->inactive_split[si].allocated += n;
         st->inactive_split_bytes[si].allocated += n * msize - (int64_t)s->size_sum;
     }
+}
+
+static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
+{
+    slot_pay(s, st);
+    int si = block_pool(s->blk)->stat_index;
     int64_t low[FAST_ROWS];
     slot_lowers(s, low);
     for (int k = 0; k < FAST_ROWS; k++)
@@ -75,20 +84,20 @@ static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
 void fast_owed(const struct dev_alloc *d, xseg_device_stats *st)
 {
     lock_assert_held(&d->lock);
-    for (uint32_t m = d->fast.busy_slots; m; m &= m - 1)
-        slot_owe(&d->fast.slots[__builtin_ctz(m)], st);
+    for (uint64_t m = d->fast.busy_slots; m; m &= m - 1)
+        slot_owe(&d->fast.slots[__builtin_ctzll(m)], st);
 }
 
 void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
-    uint32_t busy = d->fast.busy_slots;
-    for (uint32_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->fast.slots[__builtin_ctz(m)].lock);
+    uint64_t busy = d->fast.busy_slots;
+    for (uint64_t m = busy; m; m &= m - 1)
+        spin_acquire(&d->fast.slots[__builtin_ctzll(m)].lock);
     *out = d->acct.stats;
     fast_owed(d, out);
-    for (uint32_t m = busy; m; m &= m - 1)
-        spin_release(&d->fast.slots[__builtin_ctz(m)].lock);
+    for (uint64_t m = busy; m; m &= m - 1)
+        spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
     dev_stats_fold(d, out);
 }
 
@@ -114,9 +123,27 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     lock_assert_held(&s->lock);
     struct block *b = s->blk;
     xseg_assert(b && (d->fast.busy_slots >> i & 1));
-    slot_owe(s, &d->acct.stats);
     struct block *r = b->next;
     struct bpool *pool = block_pool(b);
+    if (i >= DEV_STREAM_SLOTS && s->lazy) {
+        /* An own slot's freed block: the eager free, done now (merged with whatever neighbours
+         * are free now), its counters as free_cached moves them. */
+        slot_pay(s, &d->acct.stats);
+        int si = pool->stat_index;
+        b->allocated = false;
+        (void)ptrmap_take(&d->live, b->addr);
+        stat_down_pool(d->acct.stats.allocation, si, 1);
+        stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+        slot_settle_free(d, b);
+        dev_free_block_inline(d, b); /* requested_bytes down by its requested_size: base_req */
+        goto settled;
+    }
+    slot_owe(s, &d->acct.stats);
+    if (i >= DEV_STREAM_SLOTS) { /* an own slot's block handed out: same size (span 0) */
+        xseg_assert(s->live && s->cur_size == b->size && b->allocated);
+        block_set_requested(b, s->cur_req);
+        goto settled;
+    }
     xseg_assert(block_in_free_index(r) && !block_in_free_index(b->prev));
     if (s->live) {
         if (s->cur_size != b->size) {
@@ -136,30 +163,99 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
         dev_block_delete(d, b);
     }
     block_set_gc_base(r, pool->get_free_blocks_call_count);
+settled:
     FAST_COUNT(d, settles);
 #if XSEG_DEBUG_LEVEL >= 1
     d->fast.lazy_hits += s->hits;
     s->hits = 0;
 #endif
     s->blk = s->lazy = NULL;
+    s->owner = NULL;
     s->live = 0;
     s->reps = 0;
     s->req_sum = s->size_sum = 0;
-    d->fast.busy_slots &= ~((uint32_t)1 << i);
+    d->fast.busy_slots &= ~((uint64_t)1 << i);
+}
+
+static void slot_settle(struct dev_alloc *d, unsigned i)
+{
+    struct dev_slot *s = &d->fast.slots[i];
+    spin_acquire(&s->lock);
+    slot_settle_locked(d, i);
+    spin_release(&s->lock);
 }
 
 void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stream)
 {
     lock_assert_held(&d->lock);
-    uint32_t m = d->fast.busy_slots;
+    uint64_t m = d->fast.busy_slots;
     if (need == FAST_STREAM)
-        m &= (uint32_t)1 << fast_slot_index(stream);
-    for (; m; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctz(m);
-        struct dev_slot *s = &d->fast.slots[i];
-        spin_acquire(&s->lock);
-        slot_settle_locked(d, i);
-        spin_release(&s->lock);
+        m &= (uint64_t)1 << fast_slot_index(stream);
+    else
+        d->fast.shared_mask = 0; /* every slot settled: sharing is seen again (fast_settle_malloc) */
+    for (; m; m &= m - 1)
+        slot_settle(d, (unsigned)__builtin_ctzll(m));
+}
+
+/* The busy own slots. */
+#define FAST_OWN_MASK (~(uint64_t)0 << DEV_STREAM_SLOTS)
+
+/* Settle the own slots of @p owner (NULL: any thread's) holding a block of @p stream. */
+static void own_settle_stream(struct dev_alloc *d, const void *owner, const void *stream)
+{
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        const struct dev_slot *s = &d->fast.slots[i];
+        if ((!owner || s->owner == owner) && s->blk->stream == stream)
+            slot_settle(d, i);
+    }
+}
+
+/*
+ * A stream is shared when a malloc or free through the device lock finds its slot filled by
+ * another thread (which single-threaded use never does): the threads' pairs meet on it. From then
+ * until every slot settles, the stream's frees fill own slots. A stream marked at the same index
+ * before gives its mark up, its own slots settled (they are found by the mark).
+ */
+static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
+{
+    const struct dev_slot *h = &d->fast.slots[i];
+    /* Classic blocks do not fill own slots (fast_fill_own): nothing to mark for. */
+    if (!h->blk->expandable || h->blk->stream != stream || h->owner == fast_self() || fast_shared(d, stream))
+        return;
+    if (d->fast.shared_mask >> i & 1)
+        own_settle_stream(d, NULL, d->fast.shared[i]);
+    d->fast.shared[i] = stream;
+    d->fast.shared_mask |= (uint32_t)1 << i;
+    FAST_COUNT(d, shared_marks);
+}
+
+void fast_settle_malloc(struct dev_alloc *d, CUstream stream)
+{
+    lock_assert_held(&d->lock);
+    unsigned i = fast_slot_index(stream);
+    if (d->fast.busy_slots >> i & 1) {
+        note_thread(d, i, stream);
+        slot_settle(d, i);
+    }
+    if (XSEG_UNLIKELY(d->fast.shared_mask != 0) && fast_shared(d, stream))
+        own_settle_stream(d, fast_self(), stream);
+}
+
+void fast_settle_block(struct dev_alloc *d, const struct block *b)
+{
+    lock_assert_held(&d->lock);
+    unsigned i = fast_slot_index(b->stream);
+    if (d->fast.busy_slots >> i & 1) {
+        note_thread(d, i, b->stream);
+        slot_settle(d, i);
+    }
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned k = (unsigned)__builtin_ctzll(m);
+        if (d->fast.slots[k].blk == b) {
+            slot_settle(d, k);
+            break;
+        }
     }
 }
 
@@ -189,13 +285,13 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
     for (int k = 0; k < FAST_ROWS; k++)
         for (int p = 0; p < XSEG_STAT_POOLS; p++)
             raised |= fast_row(st, k)[p].peak > g->peak[k][p];
-    uint32_t busy = d->fast.busy_slots;
+    uint64_t busy = d->fast.busy_slots;
     if (!raised || !busy)
         return;
     int64_t low[DEV_SLOTS][FAST_ROWS], owed[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
     int pool[DEV_SLOTS];
-    for (uint32_t m = busy; m; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctz(m);
+    for (uint64_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
         const struct dev_slot *s = &d->fast.slots[i];
         spin_acquire(&d->fast.slots[i].lock);
         slot_lowers(s, low[i]);
@@ -205,7 +301,7 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
             owed[k][XSEG_STAT_ALL] += low[i][k];
         }
     }
-    uint32_t settle = 0;
+    uint64_t settle = 0;
     for (int k = 0; k < FAST_ROWS; k++)
         for (int p = 0; p < XSEG_STAT_POOLS; p++) {
             xseg_stat_counter *c = &fast_row(st, k)[p];
@@ -213,14 +309,14 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
                 continue;
             int64_t seen = c->peak - owed[k][p];
             c->peak = seen > g->peak[k][p] ? seen : g->peak[k][p];
-            for (uint32_t m = busy; m; m &= m - 1) {
-                unsigned i = (unsigned)__builtin_ctz(m);
+            for (uint64_t m = busy; m; m &= m - 1) {
+                unsigned i = (unsigned)__builtin_ctzll(m);
                 if (low[i][k] && (p == XSEG_STAT_ALL || p == pool[i]))
-                    settle |= (uint32_t)1 << i;
+                    settle |= (uint64_t)1 << i;
             }
         }
-    for (uint32_t m = busy; m; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctz(m);
+    for (uint64_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
         if (settle >> i & 1) {
             FAST_COUNT(d, settles_cross);
             slot_settle_locked(d, i);
@@ -293,7 +389,7 @@ static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct bl
     return lo <= size ? lo : size;
 }
 
-bool fast_fill(struct dev_alloc *d, struct block *b)
+bool fast_fill_stream(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     const struct block *prev = b->prev, *next = b->next;
@@ -321,8 +417,53 @@ bool fast_fill(struct dev_alloc *d, struct block *b)
     s->span = b->size - s->min_size;
     s->base_req = s->cur_req = b->u.requested_size; /* no side: not block_free_slow */
     s->cur_size = b->size;
+    s->owner = fast_self();
+    s->dev = d;
     spin_release(&s->lock);
-    d->fast.busy_slots |= (uint32_t)1 << i;
+    d->fast.busy_slots |= (uint64_t)1 << i;
+    fast_tls_slot = s;
+    return true;
+}
+
+/*
+ * An own slot: any expandable block of a default pool's common free (the permit on, no GC clock
+ * to tick, not oversize), whatever its neighbours. Its hits take it for its own rounded size only,
+ * so a hit changes no block but B, and B's settle is the eager free, done late: the statistics
+ * owe only what slot_lowers says of an expandable B (no inactive_split rows). A classic block is
+ * left to the eager free: its settle could raise inactive_split, which a debt may not do.
+ */
+bool fast_fill_own(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    struct bpool *pool = block_pool(b);
+    if (!b->expandable || block_free_slow(b) || settings_gen() != d->fast.fast_gen || dev_gc_on(d) ||
+        dev_pool_owner(d, pool) || (b->size <= BLOCK_SMALL_SIZE) != pool->is_small || b->size >= d->cfg.max_split_size)
+        return false;
+    const void *me = fast_self();
+    /* Allocated to every eager operation, from here (the settle below frees a block that may be
+     * B's neighbour) to B's own settle: a free merges only with free blocks (dev_try_merge). */
+    b->allocated = true;
+    own_settle_stream(d, me, b->stream); /* one own slot a thread and stream */
+    uint64_t idle = ~d->fast.busy_slots & FAST_OWN_MASK;
+    if (!idle || !ptrmap_put(&d->live, b->addr, b)) {
+        b->allocated = false;
+        return false; /* every own slot busy: the eager free */
+    }
+    unsigned i = (unsigned)__builtin_ctzll(idle);
+    struct dev_slot *s = &d->fast.slots[i];
+    spin_acquire(&s->lock);
+    s->blk = s->lazy = b;
+    s->gen = d->fast.fast_gen;
+    s->min_fit = s->min_size = b->size;
+    s->span = 0;
+    s->base_req = s->cur_req = b->u.requested_size;
+    s->cur_size = b->size;
+    s->owner = me;
+    s->dev = d;
+    spin_release(&s->lock);
+    d->fast.busy_slots |= (uint64_t)1 << i;
+    FAST_COUNT(d, own_fills);
+    fast_tls_slot = s;
     return true;
 }
 
@@ -345,7 +486,7 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
     }
     /* The peak taken below counts the other busy slots above what they hold: guarded. */
     struct fast_guard g;
-    fast_guard_begin(d, &g, d->fast.busy_slots & ~((uint32_t)1 << i));
+    fast_guard_begin(d, &g, d->fast.busy_slots & ~((uint64_t)1 << i));
     /* The eager malloc of r leaves |M| - r inactive split bytes where min_size's left |M| -
      * min_size: count the rise (current and peak; it accumulates with the hit in slot_owe). */
     int si = block_pool(b)->stat_index;

@@ -28,16 +28,26 @@
  * Locking: the device lock first, then a slot's spin lock; a slot is filled and settled only with
  * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
  *
- * One slot a stream, whatever the threads: a hit hands out what the eager free and malloc would,
- * and the eager best fit is the stream's. Two threads whose pairs overlap on one stream hold two
- * blocks side by side: the lower one's free fills nothing (no free successor), the other free
- * settles what the upper one's filled, so every pair takes the device lock (bench_slot_counts
- * --same-stream --overlap). Slots per thread would keep one thread's block out of the other's best
- * fit (a per-thread cache's placement) and owe for a block freed without a free successor. Nor
- * would more blocks a slot reach 1.5x one thread's pairs with two threads on one stream: an eager
- * hit's address depends on whether the other thread's block is free at that instant, so each
- * pair reads a line the other thread wrote, and that trip costs more than a pair (bench_scale
- * --only floor, docs/benchmarks-host.md#one-stream).
+ * Which slot: a malloc tries this thread's last slot first (fast_tls_slot: the one it hit or
+ * filled last), then its stream's, so that threads touch only slots they use. One slot a stream
+ * keeps eager placement, but two threads whose pairs overlap on one stream cannot share it: their
+ * blocks lie side by side, the lower one's free has no free successor, and every pair takes the
+ * device lock; nor can any slot that keeps eager placement reach 1.5x one thread's pairs there (a
+ * hit's eager address depends on whether the other thread's block is free at that instant, so
+ * each pair would read a line the other wrote: bench_scale --only floor). So a stream is marked
+ * shared when a malloc or free through the device lock finds its slot filled by another thread
+ * (fast_settle_malloc), and from then until every slot settles (any FAST_ALL settle:
+ * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path
+ * and so its out-of-memory reclaim) its frees fill an own slot of the freeing thread
+ * (slots[DEV_STREAM_SLOTS ..], struct dev_slot, at most one a thread and stream; none left: the
+ * eager free). What that gives up, on shared streams only: a thread's freed block is held out of
+ * the other threads' best fit until a settle (a per-thread cache of one block a stream, at most
+ * DEV_OWN_SLOTS blocks a device), and a hit takes it back for its own rounded size whether or not
+ * best fit would. Its settle is the eager free, done late (merged with the neighbours free then);
+ * a thread's malloc through the device lock settles its own slot of the stream, not the others'.
+ * Own slots hold expandable blocks only: their debt is slot_lowers' with no inactive_split rows,
+ * where a classic block's late free could raise inactive_split (a classic shared stream keeps the
+ * stream's slot). Single-threaded use never marks a stream: its placement is the eager one.
  */
 #ifndef XSEG_CORE_FAST_H
 #define XSEG_CORE_FAST_H
@@ -85,9 +95,21 @@ void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stre
 static inline void fast_settle(struct dev_alloc *d, enum fast_need need, const void *stream)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY(d->fast.busy_slots != 0) && need != FAST_NONE)
+    if (XSEG_UNLIKELY((d->fast.busy_slots | d->fast.shared_mask) != 0) && need != FAST_NONE)
         fast_settle_slow(d, need, stream);
 }
+
+/* Is an own slot busy (device lock held)? */
+static inline bool fast_own_busy(const struct dev_alloc *d) { return (d->fast.busy_slots >> DEV_STREAM_SLOTS) != 0; }
+
+/* What a malloc through the device lock on @p stream settles (some slot busy): the stream's slot,
+ * after noting whether another thread filled it (the stream is then shared), and on a shared
+ * stream this thread's own slot of it. The other threads' own slots stay. */
+void fast_settle_malloc(struct dev_alloc *d, CUstream stream);
+/* What a free through the device lock of @p b (in the live map; some slot busy) settles: its
+ * stream's slot (noting, as fast_settle_malloc, whether another thread filled it) and the own
+ * slot that holds @p b, if any. */
+void fast_settle_block(struct dev_alloc *d, const struct block *b);
 
 /* The rows of the statistics a busy slot's debt lowers (slot_owe): allocation, allocated_bytes,
  * requested_bytes, inactive_split and inactive_split_bytes. */
@@ -102,7 +124,7 @@ struct fast_guard {
 void fast_guard_save(struct dev_alloc *d, struct fast_guard *g);
 /* Before the operation, its own stream's slot settled: @p others are the busy slots it may
  * leave owing (none: nothing to guard). */
-static inline void fast_guard_begin(struct dev_alloc *d, struct fast_guard *g, uint32_t others)
+static inline void fast_guard_begin(struct dev_alloc *d, struct fast_guard *g, uint64_t others)
 {
     g->on = others != 0;
     if (g->on)
@@ -192,16 +214,32 @@ static inline void dev_fast_update(struct dev_alloc *d)
 /* @p b was handed out through the device lock: a free of it may fill its slot. */
 static inline void fast_note_alloc(struct dev_alloc *d, const struct block *b) { d->fast.last_alloc = b; }
 
-/* The free of @p b (device lock held; its map entry still there, its counters not yet down): fill
- * its stream's slot when that is invisible (the block was the last one allocated, the permit on,
- * the merge with its free successor the only one and one best fit would undo, see struct
- * dev_slot). True: done, the block is the slot's. */
-bool fast_fill(struct dev_alloc *d, struct block *b);
+/* The free of @p b (device lock held; its map entry taken, its counters not yet down): fill its
+ * stream's slot when that is invisible (the block was the last one allocated, the permit on, the
+ * merge with its free successor the only one and one best fit would undo, see struct dev_slot);
+ * on a shared stream, fill an own slot of this thread instead (fast_fill_own). True: done, the
+ * block is the slot's, and the slot this thread's last. */
+bool fast_fill_own(struct dev_alloc *d, struct block *b);
+bool fast_fill_stream(struct dev_alloc *d, struct block *b);
+/* Is @p stream marked shared (device lock held)? */
+static inline bool fast_shared(const struct dev_alloc *d, const void *stream)
+{
+    unsigned i = fast_slot_index(stream);
+    return (d->fast.shared_mask >> i & 1) && d->fast.shared[i] == stream;
+}
+static inline bool fast_fill(struct dev_alloc *d, struct block *b)
+{
+    if (XSEG_UNLIKELY(d->fast.shared_mask != 0) && fast_shared(d, b->stream))
+        return fast_fill_own(d, b);
+    return fast_fill_stream(d, b);
+}
 
 /* The slot of this thread's last hit (NULL before the first): where its next free looks first,
  * without the device lock or even the device. Initial-exec: one thread-pointer-relative load, in
  * the shared library too (one pointer of static TLS, which a dlopen of libxseg can always have). */
 extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
+/* The calling thread, as the slots' owner field names it (the address of its slot pointer). */
+static inline const void *fast_self(void) { return &fast_tls_slot; }
 
 /* A hit's bookkeeping, written once for fast_hit and fast_widen: slot @p s (locked, its B @p lz
  * freed in it) hands B out for @p size bytes rounded to @p r, and becomes this thread's last
@@ -223,18 +261,18 @@ static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s,
     return (void *)s->live;
 }
 
-/* malloc's first try, under the slot's lock alone: a hit needs the permit current at the fill,
- * the slot's block freed, on @p stream, a rounded size in [min_size, B's size] and no more
+/* A hit on slot @p s, under its lock alone: it needs the slot's block freed, on device @p d and
+ * @p stream, the permit current at the fill, a rounded size in [min_size, B's size] and no more
  * requested bytes than the statistics count for it. False: nothing changed (also when another
  * thread holds the slot's lock: no waiting here). */
-static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+static inline __attribute__((always_inline)) bool fast_hit_at(struct dev_alloc *d, struct dev_slot *s, size_t size,
+                                                              CUstream stream, void **out)
 {
-    struct dev_slot *s = fast_slot_of(d, stream);
     __asm__("" : "+r"(s)); /* one base register for every field (GCC would keep three) */
     if (XSEG_UNLIKELY(!spin_try(&s->lock)))
         return false;
     struct block *lz = s->lazy;
-    if (!lz || s->gen != settings_gen() || lz->stream != stream || size > s->base_req)
+    if (!lz || s->dev != d || s->gen != settings_gen() || lz->stream != stream || size > s->base_req)
         goto miss;
     size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
     if (r - s->min_size > s->span)
@@ -245,6 +283,17 @@ static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, v
 miss:
     spin_release(&s->lock);
     return false;
+}
+
+/* malloc's first try: this thread's last slot (the one it hit or filled last, on device @p d),
+ * so that threads sharing a stream each touch a slot of their own (their own slots); malloc_locked
+ * tries the stream's slot next, before the device lock. */
+static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    struct dev_slot *s = fast_tls_slot;
+    if (!s)
+        return false;
+    return fast_hit_at(d, s, size, stream, out);
 }
 
 /* malloc through the device lock, before its settle: a classic slot on @p stream whose B is freed

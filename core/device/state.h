@@ -82,10 +82,23 @@ struct ev_state {
  * and `requested_size` are stale and the slot holds their truth (live, cur_size, cur_req), written
  * back at the settle. A slot is filled and settled only with the device lock held too.
  */
-#define DEV_SLOTS 32
+/*
+ * Own slots (slots[DEV_STREAM_SLOTS ..], core/device/fast.h): where one stream is used by several
+ * threads at once, a free on it fills a slot of the freeing thread's own (owner) instead of the
+ * stream's, holding the block whatever its neighbours (its settle is the eager free, done late),
+ * and a hit takes it for its own rounded size only (min_size = B's size, span 0).
+ */
+#define DEV_STREAM_SLOTS 32
+#define DEV_OWN_SLOTS 32
+#define DEV_SLOTS (DEV_STREAM_SLOTS + DEV_OWN_SLOTS)
 struct dev_slot {
     struct spin lock;
     unsigned gen;          /* the permit (fast_gen) at the fill: a hit needs it current */
+    struct dev_alloc *dev; /* the slot's device (set at the fill, read under the slot's lock): a
+                            * thread's last slot is tried first (fast_hit), and may be another
+                            * device's */
+    const void *owner;     /* the thread that filled it (fast_self): a stream slot's, to see another
+                            * thread's malloc on its stream; an own slot's, to find it again */
     struct block *blk;     /* B while the slot is busy, else NULL */
     struct block *lazy;    /* B while freed by the user, not merged, else NULL */
     uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
@@ -363,7 +376,11 @@ struct dev_fast {
      * dev_fast_off takes it, dev_fast_update grants it again. */
     unsigned fast_gen;
     /* Bit i is set while slots[i] holds a block (exact under the device lock). */
-    uint32_t busy_slots;
+    uint64_t busy_slots;
+    /* Streams used by several threads at once (fast_settle_malloc): shared[i] while bit i is set,
+     * i its stream slot's index; their frees fill own slots. Cleared when every slot settles. */
+    uint32_t shared_mask;
+    CUstream shared[DEV_STREAM_SLOTS];
     /* The block of the last malloc through the device lock: only a free of it fills a slot (a
      * ping-pong frees what it just allocated). Compared, never dereferenced. */
     const struct block *last_alloc;
@@ -374,8 +391,11 @@ struct dev_fast {
     uint64_t lock_frees;    /* frees through the device lock (free_locked) */
     uint64_t settles;       /* slots settled */
     uint64_t settles_cross; /* of them, by an operation on another slot's stream for its statistics */
+    uint64_t own_fills;     /* own slots filled (frees on shared streams) */
+    uint64_t shared_marks;  /* streams marked shared */
 #endif
-    struct dev_slot slots[DEV_SLOTS]; /* a stream's is slots[fast_slot_index(stream)] */
+    /* A stream's is slots[fast_slot_index(stream)]; the own slots follow (DEV_STREAM_SLOTS ..). */
+    struct dev_slot slots[DEV_SLOTS];
 };
 
 #endif

@@ -8,6 +8,11 @@
  * sizes that overlap other workers' pairs (the stream's slot fills and settles between threads),
  * holding blocks across them and handing some to be freed on another thread, beside the same
  * emptier and reader.
+ * The one_stream_pairs tests put two workers' overlapping pairs of one size on one stream (the
+ * stream is shared: each thread's frees fill a slot of its own, core/device/fast.h): statistics
+ * read between the steps are exact (folded, and after a settle-all point: snapshot, empty_cache,
+ * peak reset), the pairs stay off the device lock (debug builds count it), and free-running
+ * pairs beside an emptier and a reader keep every byte and count.
  * Meant to be clean under ThreadSanitizer (meson test --setup tsan).
  * main() sets CUDAEMU_DEVICES=2 (unless already set); on a real machine it uses up to two GPUs.
  */
@@ -26,6 +31,8 @@
 
 #include <cmocka.h>
 
+#include "core/device/fast.h"
+#include "core/runtime.h"
 #include "tests/common/testutil.h"
 #include "vmm/driver.h"
 #include "xseg.h"
@@ -367,6 +374,203 @@ static void *reader(void *arg)
     return NULL;
 }
 
+/* ---- two threads' overlapping pairs on one stream ---------------------------------------- */
+
+#define PAIR_WORKERS 2
+static pthread_barrier_t pair_step; /* the two workers and the checker (main) */
+static size_t pair_size[PAIR_WORKERS] = {500, 452}; /* one rounded size (512), two requested sizes */
+static size_t pair_count;
+static bool pair_free_run; /* no barriers: pairs as fast as they go */
+
+/* A worker: pair_count pairs on the shared stream; with barriers, the checker looks at each
+ * step (both blocks live, both freed). */
+static void *pair_worker(void *arg)
+{
+    size_t id = (size_t)(intptr_t)arg;
+    if (!use_dev(0))
+        return NULL;
+    for (size_t i = 0; i < pair_count; i++) {
+        struct blk b;
+        bool ok = one_stream_malloc(&b, pair_size[id]);
+        if (!pair_free_run) {
+            pthread_barrier_wait(&pair_step);
+            pthread_barrier_wait(&pair_step);
+        }
+        if (ok)
+            check_and_free(&b, "pair");
+        if (!pair_free_run) {
+            pthread_barrier_wait(&pair_step);
+            pthread_barrier_wait(&pair_step);
+        }
+        if (!ok && pair_free_run)
+            break;
+    }
+    return NULL;
+}
+
+/* The all-pools rows, exactly: @p n of the workers' blocks live (0 or 2). */
+static void pair_check_stats(size_t n, const char *when)
+{
+    xseg_device_stats st;
+    if (xseg_get_stats(0, &st) != XSEG_SUCCESS) {
+        tfail("xseg_get_stats: %s", xseg_last_error());
+        return;
+    }
+    check_instant(&st, 0);
+    int64_t req = n ? (int64_t)(pair_size[0] + pair_size[1]) : 0;
+    if (st.allocation[0].current != (int64_t)n || st.active[0].current != (int64_t)n ||
+        st.allocated_bytes[0].current != (int64_t)(n * 512) || st.requested_bytes[0].current != req ||
+        st.allocation[0].peak != 2 || st.allocated_bytes[0].peak != 1024 ||
+        st.requested_bytes[0].peak != (int64_t)(pair_size[0] + pair_size[1]))
+        tfail("%s: allocation %" PRId64 " (peak %" PRId64 "), active %" PRId64 ", allocated %" PRId64
+              " (peak %" PRId64 "), requested %" PRId64 " (peak %" PRId64 "), want %zu blocks",
+              when, st.allocation[0].current, st.allocation[0].peak, st.active[0].current,
+              st.allocated_bytes[0].current, st.allocated_bytes[0].peak, st.requested_bytes[0].current,
+              st.requested_bytes[0].peak, n);
+    uint64_t done = atomic_load(&mallocs_done[0]), bytes = atomic_load(&requested_done[0]);
+    if ((uint64_t)st.allocation[0].allocated != done || (uint64_t)st.requested_bytes[0].allocated != bytes)
+        tfail("%s: %" PRIu64 " mallocs of %" PRIu64 " bytes, counted %" PRId64 " of %" PRId64, when, done,
+              bytes, st.allocation[0].allocated, st.requested_bytes[0].allocated);
+}
+
+/* A snapshot (a settle-all point): the workers' blocks, exactly @p n live on the stream. */
+static void pair_check_snapshot(size_t n, const char *when)
+{
+    xseg_snapshot *snap = NULL;
+    if (xseg_take_snapshot(0, &snap) != XSEG_SUCCESS) {
+        tfail("xseg_take_snapshot: %s", xseg_last_error());
+        return;
+    }
+    size_t live = 0, req = 0;
+    for (size_t s = 0; s < snap->nsegments; s++)
+        for (size_t b = 0; b < snap->segments[s].nblocks; b++)
+            if (snap->segments[s].blocks[b].state != XSEG_BLOCK_INACTIVE) {
+                live++;
+                req += snap->segments[s].blocks[b].requested_size;
+            }
+    if (live != n || req != (n ? pair_size[0] + pair_size[1] : 0))
+        tfail("%s: the snapshot has %zu blocks in use of %zu requested bytes, want %zu", when, live, req, n);
+    xseg_snapshot_free(snap);
+}
+
+static void run_pairs(const char *config, bool expandable)
+{
+    if (!tu_gpu_available()) {
+        print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
+        skip();
+    }
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
+    ndev = 1;
+    CUdevice dev;
+    tu_assert_cu(drv->cuDeviceGet(&dev, 0));
+    tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&ctxs[0], dev));
+    tu_assert_cu(drv->cuCtxSetCurrent(ctxs[0]));
+    streams[0][0] = NULL;
+    for (int s = 1; s <= STREAMS_PER_DEV; s++)
+        tu_assert_cu(drv->cuStreamCreate(&streams[0][s], CU_STREAM_NON_BLOCKING));
+    atomic_store(&stop, false);
+    atomic_store(&failures, 0);
+    atomic_store(&mallocs_done[0], 0);
+    atomic_store(&requested_done[0], 0);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_reset_accumulated_stats(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_reset_peak_stats(0), XSEG_SUCCESS);
+    pthread_barrier_init(&pair_step, NULL, PAIR_WORKERS + 1);
+
+    /* Step 1: the statistics read at every step are exact, folded, nothing settled by the
+     * reads; the pairs after the first few stay off the device lock. Step 2: the same with a
+     * settle-all point at every step. */
+    for (int step = 1; step <= 2; step++) {
+        pair_count = tu_scaled(step == 1 ? 2000 : 400, 100);
+        pair_free_run = false;
+#if XSEG_DEBUG_LEVEL >= 1
+        const struct dev_fast *f = &rt_device_peek(0)->fast;
+        uint64_t locked0 = f->lock_mallocs + f->lock_frees;
+#endif
+        pthread_t w[PAIR_WORKERS];
+        for (intptr_t i = 0; i < PAIR_WORKERS; i++)
+            assert_int_equal(pthread_create(&w[i], NULL, pair_worker, (void *)i), 0);
+        for (size_t i = 0; i < pair_count; i++) {
+            pthread_barrier_wait(&pair_step); /* both live */
+            if (step == 2) {
+                switch (i % 3) {
+                case 0:
+                    pair_check_snapshot(2, "both live, snapshot");
+                    break;
+                case 1:
+                    if (xseg_empty_cache(0) != XSEG_SUCCESS)
+                        tfail("xseg_empty_cache: %s", xseg_last_error());
+                    break;
+                default:
+                    if (xseg_reset_peak_stats(0) != XSEG_SUCCESS)
+                        tfail("xseg_reset_peak_stats: %s", xseg_last_error());
+                }
+            }
+            pair_check_stats(2, step == 1 ? "both live" : "both live, settled");
+            pthread_barrier_wait(&pair_step);
+            pthread_barrier_wait(&pair_step); /* both freed */
+            pair_check_stats(0, step == 1 ? "both freed" : "both freed, settled");
+            if (step == 2 && i % 3 == 0)
+                pair_check_snapshot(0, "both freed, snapshot");
+            pthread_barrier_wait(&pair_step);
+        }
+        for (int i = 0; i < PAIR_WORKERS; i++)
+            pthread_join(w[i], NULL);
+        /* Each thread's block waits in a slot of its own (an expandable block; classic blocks are
+         * left to the eager free): the eager path's best fit puts the two blocks side by side, and
+         * then every malloc and free takes the device lock. Debug builds count the lock's takers:
+         * at most a quarter of the operations (dev_check, at debug_level 2, holds every slot's lock
+         * while it walks, so a few hits fail there and go through the lock). */
+        uint64_t own = rt_device_peek(0)->fast.busy_slots >> DEV_STREAM_SLOTS; /* the workers joined */
+        if (step == 1 && expandable && __builtin_popcountll(own) != PAIR_WORKERS)
+            tfail("%d own slots busy after the pairs, want %d", __builtin_popcountll(own), PAIR_WORKERS);
+#if XSEG_DEBUG_LEVEL >= 1
+        uint64_t locked = f->lock_mallocs + f->lock_frees - locked0, ops = 2 * PAIR_WORKERS * pair_count;
+        if (step == 1 && expandable && locked > ops / 4)
+            tfail("%" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock", locked, ops);
+        print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
+                      ops);
+#endif
+        if (atomic_load(&failures))
+            break;
+    }
+
+    /* Step 3: free-running pairs beside the emptier and the reader (settle-all points and folded
+     * reads at any instant); every byte and count kept. */
+    if (!atomic_load(&failures)) {
+        pair_count = tu_scaled(20000, 1000);
+        pair_free_run = true;
+        pthread_t w[PAIR_WORKERS], e, r;
+        for (intptr_t i = 0; i < PAIR_WORKERS; i++)
+            assert_int_equal(pthread_create(&w[i], NULL, pair_worker, (void *)i), 0);
+        assert_int_equal(pthread_create(&e, NULL, emptier, NULL), 0);
+        assert_int_equal(pthread_create(&r, NULL, reader, NULL), 0);
+        for (int i = 0; i < PAIR_WORKERS; i++)
+            pthread_join(w[i], NULL);
+        atomic_store(&stop, true);
+        pthread_join(e, NULL);
+        pthread_join(r, NULL);
+    }
+    pthread_barrier_destroy(&pair_step);
+    if (atomic_load(&failures))
+        fail_msg("%d failure(s); first: %s", atomic_load(&failures), first_failure);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    xseg_device_stats st;
+    assert_int_equal(xseg_get_stats(0, &st), XSEG_SUCCESS);
+    uint64_t n = atomic_load(&mallocs_done[0]), req = atomic_load(&requested_done[0]);
+    assert_int_equal(st.allocation[0].current, 0);
+    assert_int_equal(st.reserved_bytes[0].current, 0);
+    assert_int_equal((uint64_t)st.allocation[0].allocated, n);
+    assert_int_equal((uint64_t)st.allocation[0].freed, n);
+    assert_int_equal((uint64_t)st.requested_bytes[0].allocated, req);
+    assert_int_equal((uint64_t)st.requested_bytes[0].freed, req);
+    for (int s = 1; s <= STREAMS_PER_DEV; s++)
+        drv->cuStreamDestroy(streams[0][s]);
+    drv->cuDevicePrimaryCtxRelease(dev);
+    tu_ctx_set();
+}
+
 static void run(const char *config, bool one_stream)
 {
     if (!tu_gpu_available()) {
@@ -469,6 +673,18 @@ static void test_threads_one_stream_classic(void **state)
     run("expandable_segments:False", true);
 }
 
+static void test_threads_one_stream_pairs_expandable(void **state)
+{
+    (void)state;
+    run_pairs("expandable_segments:True", true);
+}
+
+static void test_threads_one_stream_pairs_classic(void **state)
+{
+    (void)state;
+    run_pairs("expandable_segments:False", false);
+}
+
 /* `test_threads NAME` runs one test (each is its own meson test); no argument runs them all. */
 int main(int argc, char **argv)
 {
@@ -481,6 +697,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_classic),
         cmocka_unit_test(test_threads_one_stream_expandable),
         cmocka_unit_test(test_threads_one_stream_classic),
+        cmocka_unit_test(test_threads_one_stream_pairs_expandable),
+        cmocka_unit_test(test_threads_one_stream_pairs_classic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
