@@ -5,12 +5,14 @@
 # buildtype users get), and the range of bench_host_path's median ns over RUNS runs (BUILD_DIR);
 # then xseg's pair through the device lock (benchmarks/callgrind_round_robin.sh), instructions
 # only, in both builds: with OFF_BUILD (the same tree with the lifetime placement compiled out,
-# core/device/placement.h) also its figure there and the placement's cost, and the expandable
+# core/device/placement.h) also its figure there and the placement's cost (with RELEASE_OFF_BUILD,
+# that tree in the release buildtype, the same in the release column), and the expandable
 # large pool's pair once more on an 8 GiB device (CUDAEMU_TOTAL_MEM=8G: under 10 GiB, where rule
 # S1 places by class; SMALL_DEVICE=none leaves that row out):
 #   meson setup build-off -Dc_args=-DXSEG_PLACEMENT_OFF -Dtests=disabled && ninja -C build-off
 #   meson setup build-release --buildtype=release -Dtests=disabled && ninja -C build-release
-#   benchmarks/host_pair_table.sh [BUILD_DIR [OFF_BUILD [RELEASE_BUILD]]]
+#   meson setup build-release-off --buildtype=release -Dtests=disabled -Dc_args=-DXSEG_PLACEMENT_OFF
+#   benchmarks/host_pair_table.sh [BUILD_DIR [OFF_BUILD [RELEASE_BUILD [RELEASE_OFF_BUILD]]]]
 #                        (default build, none, build-release; needs valgrind)
 #   PAIRS=200000 REPS=5 RUNS=3                       (bench_host_path's settings, the doc's)
 set -euo pipefail
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 off=${2:-}
 rel=${3:-build-release}
+rel_off=${4:-}
 [ -x "$rel/benchmarks/bench_round_robin" ] || { echo "host_pair_table.sh: $rel/benchmarks/bench_round_robin not built (ninja -C $rel)" >&2; exit 1; }
 bench="$build/benchmarks/bench_host_path"
 [ -x "$bench" ] || { echo "host_pair_table.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
@@ -26,12 +29,12 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 benchmarks/callgrind_pairs.sh "$build" "$rel" > "$tmp/ir"
 benchmarks/callgrind_round_robin.sh "$build" $off > "$tmp/rr"
-benchmarks/callgrind_round_robin.sh "$rel" > "$tmp/rr_rel"
+benchmarks/callgrind_round_robin.sh "$rel" $rel_off > "$tmp/rr_rel"
 small_dev=${SMALL_DEVICE:-8G}
 if [ "$small_dev" != none ]; then
   RR_ROWS="expandable:2097152" CUDAEMU_TOTAL_MEM="$small_dev" benchmarks/callgrind_round_robin.sh "$build" $off |
     sed "1!s/^/$small_dev /" > "$tmp/rr_small"
-  RR_ROWS="expandable:2097152" CUDAEMU_TOTAL_MEM="$small_dev" benchmarks/callgrind_round_robin.sh "$rel" |
+  RR_ROWS="expandable:2097152" CUDAEMU_TOTAL_MEM="$small_dev" benchmarks/callgrind_round_robin.sh "$rel" $rel_off |
     sed "1!s/^/$small_dev /" > "$tmp/rr_small_rel"
 else
   : > "$tmp/rr_small"; : > "$tmp/rr_small_rel"
@@ -48,12 +51,15 @@ for line in open(ir_file).read().splitlines()[1:]:
     f = line.split()
     if len(f) == 5 and f[2].isdigit():
         ir[(f[0], f[1], f[2])] = f[3:5]
-def rel_of(path, key_fields):
+def rel_of(path, key_fields):  # the release rows: the figure [, without the placement, difference]
     out = {}
     for line in open(path).read().splitlines()[1:]:
         f = line.split()
-        if len(f) == key_fields + 1:
-            out[tuple(f[:key_fields])] = f"{float(f[key_fields]):,.0f}"
+        if len(f) in (key_fields + 1, key_fields + 3):
+            r = f"{float(f[key_fields]):,.0f}"
+            if len(f) == key_fields + 3:
+                r += f" ({float(f[key_fields + 1]):,.0f} without the placement, {f[key_fields + 2].replace('%', ' %')})"
+            out[tuple(f[:key_fields])] = r
     return out
 rr_rel = rel_of(rr_rel_file, 2)
 rr_small_rel = rel_of(rr_small_rel_file, 3)
