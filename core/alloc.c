@@ -1,10 +1,10 @@
 /*
  * The device allocator (see alloc.h): malloc (the fast path and malloc_policy), free and
- * malloc_at, under the device lock. The finders are core/device/blockops', the rounding
- * core/device/sizes.h's, growth core/grow.c's, the reclaim ladder core/reclaim.c's, the
- * out-of-memory report core/oom.c's, record_stream core/policy/events.c's. Statistics follow
- * PyTorch's DeviceCachingAllocator exactly, including what it leaves out for expandable blocks
- * (segment.*, inactive_split*).
+ * malloc_at, under the device lock. The finders (malloc_at's too) and history's events of a
+ * block are core/device/blockops', the rounding core/device/sizes.h's, growth core/grow.c's, the
+ * reclaim ladder core/reclaim.c's, the out-of-memory report core/oom.c's, record_stream
+ * core/policy/events.c's. Statistics follow PyTorch's DeviceCachingAllocator exactly, including
+ * what it leaves out for expandable blocks (segment.*, inactive_split*).
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -165,37 +165,6 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
     if (b->oversize)
         stat_add(&d->acct.stats.oversize_allocations, -1);
     dev_free_block(d, b);
-}
-
-/* A malloc that history records: the stack captured before the lock was taken. */
-struct hist_mctx {
-    struct hstack *stack; /* the capture's reference (NULL once a block took it) */
-    bool cur_cleared;     /* d->hist_cur no longer points at it */
-};
-
-/* A recorded malloc succeeded (lock held): the event, and the block takes the capture's reference
- * to its stack (HIST_STATE), kept in its side struct. The device's hist_cur stops pointing at it.
- * False on host OOM for the side struct: nothing recorded, nothing changed (the caller undoes the
- * malloc). */
-static __attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h)
-{
-    lock_assert_held(&d->lock);
-    unsigned mode = hist_mode();
-    struct block_side *sd = NULL;
-    if ((mode & HIST_STATE) && h->stack && !(sd = block_side_get(b)))
-        return false;
-    if (d->hist_cur == h->stack)
-        d->hist_cur = NULL;
-    h->cur_cleared = true;
-    if (!mode)
-        return true; /* stopped meanwhile */
-    b->recorded = true;
-    struct hstack *kept = hist_on_malloc(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, &h->stack, mode);
-    if (sd)
-        sd->hist_stack = kept;
-    else
-        xseg_assert(!kept);
-    return true;
 }
 
 /* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
@@ -583,23 +552,7 @@ xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void
     return malloc_locked(d, size, stream, out);
 }
 
-/* ---- free / record_stream ---------------------------------------------------------------- */
-
-/* xseg_free of a recorded block (lock held): free_requested, and free_completed unless the free
- * waits for other streams (then dev_free_block completes it). */
-static __attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
-{
-    lock_assert_held(&d->lock);
-    bool completed = !block_uses_n(b) && !block_event_count(b); /* quarantined: completed when it leaves */
-    struct block_side *sd = block_side(b);
-    hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, true,
-                 completed);
-    if (completed) {
-        if (sd)
-            sd->hist_stack = NULL;
-        b->recorded = false;
-    }
-}
+/* ---- free -------------------------------------------------------------------------------- */
 
 /* The rest of free_ptr for a block counted oversize, recorded by history, exported, or with a
  * side struct (lock held, kept). */
@@ -790,14 +743,7 @@ xseg_status alloc_malloc_at(struct dev_alloc *d, xseg_pool_id id, uintptr_t addr
     dev_lock(d, DEV_NEED_SLOTS);
     dev_refresh_cfg(d);
     struct priv_pool *pp = pools_find(d, id);
-    struct block *b = NULL;
-    for (struct segrec *s = d->segs; pp && s && !b; s = s->next_seg)
-        if (s->pool == &pp->small || s->pool == &pp->large)
-            for (struct block *x = s->first; x; x = x->next)
-                if (x->addr <= addr && addr < x->addr + x->size) {
-                    b = x;
-                    break;
-                }
+    struct block *b = pp ? bops_find_at(d, &pp->small, &pp->large, addr) : NULL;
     xseg_status st = XSEG_SUCCESS;
     /* Only a block of a layout xseg made can be placed: its size a nonzero multiple of
      * BLOCK_MIN_SIZE (sizes_round's unit, whichever rounding made it), its address on the same

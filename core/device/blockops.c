@@ -1,7 +1,7 @@
 /*
  * Split and merge (see blockops.h): the merge on free (the general case out of line; the common
- * one, dev_free_block_inline, in the header), a free block's split into free pieces, and the
- * finders' out-of-line parts.
+ * one, dev_free_block_inline, in the header), history's events of a block (alloc, free requested,
+ * free completed), a free block's split into free pieces, and the finders' out-of-line parts.
  */
 #include "core/device/blockops.h"
 
@@ -65,6 +65,41 @@ __attribute__((noinline)) void dev_free_block_general(struct dev_alloc *d, struc
             stat_add_pool(d->acct.stats.inactive_split_bytes, pool->stat_index, net_bytes);
     }
     dev_account_inactive(d, pool->stat_index, requested);
+}
+
+__attribute__((noinline)) bool hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h)
+{
+    lock_assert_held(&d->lock);
+    unsigned mode = hist_mode();
+    struct block_side *sd = NULL;
+    if ((mode & HIST_STATE) && h->stack && !(sd = block_side_get(b)))
+        return false;
+    if (d->hist_cur == h->stack)
+        d->hist_cur = NULL;
+    h->cur_cleared = true;
+    if (!mode)
+        return true; /* stopped meanwhile */
+    b->recorded = true;
+    struct hstack *kept = hist_on_malloc(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, &h->stack, mode);
+    if (sd)
+        sd->hist_stack = kept;
+    else
+        xseg_assert(!kept);
+    return true;
+}
+
+__attribute__((noinline)) void hist_free_requested(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    bool completed = !block_uses_n(b) && !block_event_count(b); /* quarantined: completed when it leaves */
+    struct block_side *sd = block_side(b);
+    hist_on_free(d->device, b->addr, block_requested(b), (uintptr_t)b->stream, sd ? sd->hist_stack : NULL, true,
+                 completed);
+    if (completed) {
+        if (sd)
+            sd->hist_stack = NULL;
+        b->recorded = false;
+    }
 }
 
 /* The free of a recorded block is complete (its memory may be reused): the event, and the block
@@ -193,4 +228,17 @@ struct block *bops_walk_class(struct dev_alloc *d, struct bpool *pool, CUstream 
     struct top_walk w = {d, size, NULL, cls};
     bins_walk(bpool_bins(pool, stream), size, bops_fit_end(d, size), PLACE_TOP_WALK_MAX, class_visit, &w);
     return w.best;
+}
+
+/* ---- malloc_at's finder ------------------------------------------------------------------ */
+
+struct block *bops_find_at(struct dev_alloc *d, const struct bpool *small, const struct bpool *large, uintptr_t addr)
+{
+    lock_assert_held(&d->lock);
+    for (struct segrec *s = d->segs; s; s = s->next_seg)
+        if (s->pool == small || s->pool == large)
+            for (struct block *x = s->first; x; x = x->next)
+                if (x->addr <= addr && addr < x->addr + x->size)
+                    return x;
+    return NULL;
 }

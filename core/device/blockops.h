@@ -4,7 +4,9 @@
  * (bops_find_free, bops_take_free) and the placement's (bops_find_top, bops_find_class: one
  * bounded walk of the free index, index/bins.h's bins_walk, with placement.h's predicates). Every
  * finder (these and the stream slots' fast_fits in core/device/fast.c) asks BOPS_FITS or its bound
- * form bops_fit_end, every split asks should_split: a policy change is made here once.
+ * form bops_fit_end, every split asks should_split: a policy change is made here once. Also
+ * malloc_at's finder (bops_find_at) and history's events of a block (hist_on_alloc,
+ * hist_free_requested; dev_free_block completes a recorded free).
  */
 #ifndef XSEG_CORE_DEVICE_BLOCKOPS_H
 #define XSEG_CORE_DEVICE_BLOCKOPS_H
@@ -127,6 +129,11 @@ static inline struct block *bops_find_class(struct dev_alloc *d, struct bpool *p
  * index. NULL when none fits. */
 struct block *bops_take_free(struct dev_alloc *d, struct bpool *pool, CUstream stream, size_t size, bool top);
 
+/* malloc_at's finder: the block of a segment of pool @p small or @p large (a private pool's two)
+ * whose range holds @p addr, free or not; NULL when none does. A walk of every segment and block:
+ * for xseg_pool_malloc_at, never on the malloc path. */
+struct block *bops_find_at(struct dev_alloc *d, const struct bpool *small, const struct bpool *large, uintptr_t addr);
+
 /* PyTorch's should_split: is the rest of free block @p b after a request of @p size bytes worth a
  * block of its own? */
 static inline bool should_split(const struct dev_alloc *d, const struct block *b, size_t size)
@@ -148,6 +155,22 @@ size_t dev_try_merge(struct dev_alloc *d, struct block *dst, struct block *src);
 /* Return a block whose events are done to its pool: merge, index, statistics (events.c,
  * capreuse.c, the undo of a malloc). */
 void dev_free_block(struct dev_alloc *d, struct block *b);
+
+/* A malloc that history records: the stack captured before the lock was taken. */
+struct hist_mctx {
+    struct hstack *stack; /* the capture's reference (NULL once a block took it) */
+    bool cur_cleared;     /* d->hist_cur no longer points at it */
+};
+
+/* A recorded malloc succeeded (lock held): the event, and the block takes the capture's reference
+ * to its stack (HIST_STATE), kept in its side struct. The device's hist_cur stops pointing at it.
+ * False on host OOM for the side struct: nothing recorded, nothing changed (the caller undoes the
+ * malloc). */
+bool hist_on_alloc(struct dev_alloc *d, struct block *b, struct hist_mctx *h);
+
+/* xseg_free of a recorded block (lock held): free_requested, and free_completed unless the free
+ * waits for other streams (then dev_free_block completes it). */
+void hist_free_requested(struct dev_alloc *d, struct block *b);
 
 /* The free path's merge when @p b has no free neighbour or two (out of line). */
 void dev_free_block_general(struct dev_alloc *d, struct block *b);
