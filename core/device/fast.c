@@ -456,8 +456,13 @@ static __attribute__((noinline, cold)) bool classic_beside(struct dev_alloc *d, 
     unsigned i = fast_slot_index(b->stream);
     uint64_t probe = (uint64_t)1 << DEV_STREAM_SLOTS << i;
     const void *me = fast_self();
-    if ((d->fast.shared_mask & probe) && d->fast.probe_stream[i] == b->stream && d->fast.probe_owner[i] != me)
+    bool mine = d->fast.probe_stream[i] == b->stream && d->fast.probe_owner[i] == me;
+    if ((d->fast.shared_mask & probe) && d->fast.probe_stream[i] == b->stream && !mine)
         return classic_mark(d, b);
+    if (mine && d->fast.probe_quiet[i]) { /* this thread alone, lately: no probe this time */
+        d->fast.probe_quiet[i]--;
+        return false;
+    }
     d->fast.shared_mask |= probe;
     d->fast.probe_stream[i] = b->stream;
     d->fast.probe_owner[i] = me;
@@ -472,6 +477,7 @@ bool fast_fill_probed(struct dev_alloc *d, struct block *b)
         if (d->fast.probe_owner[i] != fast_self())
             return classic_mark(d, b);
         d->fast.shared_mask &= ~((uint64_t)1 << DEV_STREAM_SLOTS << i);
+        d->fast.probe_quiet[i] = FAST_PROBE_QUIET;
     }
     return fast_fill_stream(d, b);
 }

@@ -234,7 +234,9 @@ static inline bool fast_shared(const struct dev_alloc *d, const void *stream)
     return (d->fast.shared_mask >> i & 1) && d->fast.shared[i] == stream;
 }
 /* The free of @p b on a stream probed (classic_beside): by another thread, it marks the stream
- * shared and fills an own slot (true); by the prober, it ends the probe. Else fast_fill_stream. */
+ * shared and fills an own slot (true); by the prober, it ends the probe and holds off that
+ * thread's next FAST_PROBE_QUIET probes of the stream. Else fast_fill_stream. */
+#define FAST_PROBE_QUIET 63
 bool fast_fill_probed(struct dev_alloc *d, struct block *b);
 static inline bool fast_fill(struct dev_alloc *d, struct block *b)
 {

@@ -390,6 +390,10 @@ struct dev_fast {
      * by another thread marks it shared. The probing thread (fast_self) and stream, per index. */
     const void *probe_owner[DEV_STREAM_SLOTS];
     CUstream probe_stream[DEV_STREAM_SLOTS];
+    /* Probes the prober's own next free ended (one thread alone, freeing in LIFO order) hold off
+     * its further probes of that stream for FAST_PROBE_QUIET of them: each probe sends one free
+     * through the guarded path. */
+    uint8_t probe_quiet[DEV_STREAM_SLOTS];
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds count, so that tests and bench_slot_counts see the slots used: */
     uint64_t lazy_hits;     /* hits of settled slots */
