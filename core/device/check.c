@@ -212,10 +212,11 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         return; /* expandable granules: checked with R, whose mapped state it shares */
     }
     /* An own slot's freed block: free, unmerged, in no index, whatever its neighbours (its
-     * settle is the eager free); `allocated` to every eager operation, so that none merges it;
-     * expandable, so only its reserved bytes count. */
+     * settle is the eager free); `allocated` to every eager operation, so that none merges it.
+     * Only its reserved bytes count: not allocated, and (classic) no inactive split block until
+     * its settle merges it (core/device/fast.h), so a free neighbour counts on its own. */
     if (own_lazy(d, b)) {
-        CHECK(b->expandable && !b->in_index && !pending(b) && b->mapped && !b->sided);
+        CHECK(!b->in_index && !pending(b) && b->mapped && !b->sided);
         CHECK(live_has(d, b));
         rc->slot_lazy++;
         rc->reserved_bytes[si] += (int64_t)b->size;
@@ -346,6 +347,44 @@ static void check_counter(const xseg_stat_counter arr[XSEG_STAT_POOLS], const in
     CHECK(arr[XSEG_STAT_LARGE_POOL].current == want[XSEG_STAT_LARGE_POOL]);
 }
 
+/* Every slot's fields against its block (struct dev_slot). True: a classic stream slot is busy. */
+static bool check_slots(const struct dev_alloc *d)
+{
+    bool split_owed = false;
+    for (unsigned i = 0; i < DEV_SLOTS; i++) {
+        const struct dev_slot *sl = &d->fast.slots[i];
+        const struct block *b = sl->blk;
+        CHECK(!(sl->lazy && sl->live) && (!b || !!sl->lazy != !!sl->live));
+        CHECK(!sl->lazy || sl->lazy == b);
+        CHECK(!sl->live || sl->live == b->addr);
+        CHECK(!!b == (d->fast.busy_slots >> i & 1));
+        if (!b)
+            continue;
+        CHECK(sl->dev == d);
+        CHECK(sl->gen != 0 && sl->owner != NULL);
+        if (i >= DEV_STREAM_SLOTS) {
+            /* An own slot: a block of a stream marked shared, its own size only. */
+            CHECK(sl->min_size == b->size && sl->span == 0 && sl->cur_size == b->size);
+            CHECK(fast_shared(d, b->stream));
+        } else {
+            CHECK(fast_slot_index(b->stream) == i);
+            split_owed |= !b->expandable;
+        }
+        /* B's own fields stay as the fill left them; the slot holds their truth. */
+        CHECK(b->allocated == (i >= DEV_STREAM_SLOTS)); /* an own slot's: allocated to the eager operations */
+        CHECK(block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
+        CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
+        /* Classic: min_size is where fast_widen took it, each widening a hit. */
+        CHECK(BLOCK_MIN_SIZE <= sl->min_fit && sl->min_fit <= sl->min_size);
+        CHECK(b->expandable ? sl->min_fit == sl->min_size : sl->reps || sl->min_size == b->size);
+        CHECK(sl->span == b->size - sl->min_size);
+        CHECK(sl->reps || (sl->cur_size == b->size && !sl->size_sum));
+        CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
+        CHECK(sl->reps || !sl->live);
+    }
+    return split_owed;
+}
+
 static void check_walk(struct dev_alloc *d);
 
 /* The walk with every busy slot locked: the fast paths of other threads move their blocks
@@ -396,36 +435,7 @@ static void check_walk(struct dev_alloc *d)
     CHECK(rc.unmapped_indexed == unmapped_nodes);
     /* A slot's freed block keeps its map entry, as a hit's block does. */
     CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count);
-    for (unsigned i = 0; i < DEV_SLOTS; i++) {
-        const struct dev_slot *sl = &d->fast.slots[i];
-        const struct block *b = sl->blk;
-        CHECK(!(sl->lazy && sl->live) && (!b || !!sl->lazy != !!sl->live));
-        CHECK(!sl->lazy || sl->lazy == b);
-        CHECK(!sl->live || sl->live == b->addr);
-        CHECK(!!b == (d->fast.busy_slots >> i & 1));
-        if (!b)
-            continue;
-        CHECK(sl->dev == d);
-        CHECK(sl->gen != 0 && sl->owner != NULL);
-        if (i >= DEV_STREAM_SLOTS) {
-            /* An own slot: an expandable block of a stream marked shared, its own size only. */
-            CHECK(b->expandable && sl->min_size == b->size && sl->span == 0 && sl->cur_size == b->size);
-            CHECK(fast_shared(d, b->stream));
-        } else {
-            CHECK(fast_slot_index(b->stream) == i);
-        }
-        /* B's own fields stay as the fill left them; the slot holds their truth. */
-        CHECK(b->allocated == (i >= DEV_STREAM_SLOTS)); /* an own slot's: allocated to the eager operations */
-        CHECK(block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
-        CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
-        /* Classic: min_size is where fast_widen took it, each widening a hit. */
-        CHECK(BLOCK_MIN_SIZE <= sl->min_fit && sl->min_fit <= sl->min_size);
-        CHECK(b->expandable ? sl->min_fit == sl->min_size : sl->reps || sl->min_size == b->size);
-        CHECK(sl->span == b->size - sl->min_size);
-        CHECK(sl->reps || (sl->cur_size == b->size && !sl->size_sum));
-        CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
-        CHECK(sl->reps || !sl->live);
-    }
+    bool split_owed = check_slots(d); /* a classic stream slot busy: it owes on the inactive_split rows */
     CHECK(rc.driver_bytes == d->acct.total_allocated_memory);
     /* The invariant of core/device/fast.h: what a reader sees (d->acct.stats plus the slots' debts,
      * dev_stats_copy; active is allocation + pending) is the recount of the eager state. */
@@ -447,6 +457,13 @@ static void check_walk(struct dev_alloc *d)
     check_counter(st->segment, rc.segment);
     check_counter(st->inactive_split, rc.inactive_split);
     check_counter(st->inactive_split_bytes, rc.inactive_split_bytes);
+    /* Own slots owe nothing on inactive_split (a classic B is none until its settle frees it):
+     * with no stream slot owing there, d->acct.stats holds the recount itself, which an own slot's
+     * settle raises and takes the peak from (own_settle, core/device/fast.c). */
+    if (!split_owed) {
+        check_counter(d->acct.stats.inactive_split, rc.inactive_split);
+        check_counter(d->acct.stats.inactive_split_bytes, rc.inactive_split_bytes);
+    }
     CHECK(st->oversize_allocations.current == rc.oversize_allocations);
     CHECK(st->oversize_segments.current == rc.oversize_segments);
     /* core/device/fast.h: no hit can take a row past its peak unseen (the guard keeps d->acct.stats's

@@ -21,10 +21,18 @@ FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
  * merged into R as M) and an eager malloc that split its rounded size off M again, and the
  * statistics count B allocated with its own size and base_req requested bytes while it is freed
  * or holds less. Every change below moves a current down or an accumulated count up (freed is
- * derived, core/index/stats.h). A classic B + R spans its segment (fast_fill), so each pair makes one
- * inactive split block of |M| - its size, and the statistics count |M| - min_size (fast_widen
- * raised them to it): a hit of s owes min_size - s there, a freed B all of it.
+ * derived, core/index/stats.h). A classic stream slot's B + R spans its segment (fast_fill), so each
+ * pair makes one inactive split block of |M| - its size, and the statistics count |M| - min_size
+ * (fast_widen raised them to it): a hit of s owes min_size - s there, a freed B all of it. An own
+ * slot's B is no inactive split block while the slot holds it, freed or handed out (its free,
+ * merge included, is done at the settle), so it owes nothing there, in either mode.
  */
+
+/* Is @p s an own slot (slots[DEV_STREAM_SLOTS ..]; set once the slot was filled)? */
+static bool slot_is_own(const struct dev_slot *s) { return s - s->dev->fast.slots >= DEV_STREAM_SLOTS; }
+
+/* Does busy slot @p s owe on the inactive_split rows (a classic stream slot's)? */
+static bool slot_owes_split(const struct dev_slot *s) { return !s->blk->expandable && !slot_is_own(s); }
 
 /* The rows of FAST_ROWS, in its order. */
 static xseg_stat_counter *fast_row(xseg_device_stats *st, int k)
@@ -38,7 +46,7 @@ static xseg_stat_counter *fast_row(xseg_device_stats *st, int k)
 static void slot_lowers(const struct dev_slot *s, int64_t low[FAST_ROWS])
 {
     const struct block *b = s->blk;
-    int64_t classic = !b->expandable; /* own slots are expandable: no next to read */
+    int64_t classic = slot_owes_split(s); /* an own slot's B may have no next to read */
     int64_t msize = classic ? (int64_t)(b->size + b->next->size) : 0;
     if (s->lazy) {
         low[0] = 1;
@@ -64,7 +72,7 @@ static void slot_pay(const struct dev_slot *s, xseg_device_stats *st)
     st->allocation[si].allocated += n;
     st->allocated_bytes[si].allocated += (int64_t)s->size_sum;
     st->requested_bytes[si].allocated += (int64_t)s->req_sum;
-    if (!b->expandable) {
+    if (slot_owes_split(s)) {
         int64_t msize = (int64_t)(b->size + b->next->size);
         st->inactive_split[si].allocated += n;
         st->inactive_split_bytes[si].allocated += n * msize - (int64_t)s->size_sum;
@@ -193,12 +201,36 @@ void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stre
         m &= (uint64_t)1 << fast_slot_index(stream);
     else
         d->fast.shared_mask = 0; /* every slot settled: sharing is seen again (fast_settle_malloc) */
-    for (; m; m &= m - 1)
+    for (; m; m &= m - 1) /* the stream slots first, so before any own slot's free (own_settle) */
         slot_settle(d, (unsigned)__builtin_ctzll(m));
 }
 
 /* The busy own slots. */
 #define FAST_OWN_MASK (~(uint64_t)0 << DEV_STREAM_SLOTS)
+
+/* The busy stream slots owing on the inactive_split rows (classic ones, slot_owes_split) of @p busy. */
+static uint64_t split_owers(const struct dev_alloc *d, uint64_t busy)
+{
+    uint64_t owe = 0;
+    for (uint64_t m = busy & ~FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        if (!d->fast.slots[i].blk->expandable)
+            owe |= (uint64_t)1 << i;
+    }
+    return owe;
+}
+
+/* Settle own slot @p i (no slot's lock held). A classic B's settle is its ordinary free, whose
+ * merge may raise inactive_split and take its peak from d->acct.stats: the slots owing on those
+ * rows settle first, so that the rows hold the recount's values when it does (own slots owe
+ * nothing there). */
+static void own_settle(struct dev_alloc *d, unsigned i)
+{
+    if (!d->fast.slots[i].blk->expandable)
+        for (uint64_t m = split_owers(d, d->fast.busy_slots); m; m &= m - 1)
+            slot_settle(d, (unsigned)__builtin_ctzll(m));
+    slot_settle(d, i);
+}
 
 /* Settle the own slots of @p owner (NULL: any thread's) holding a block of @p stream. */
 static void own_settle_stream(struct dev_alloc *d, const void *owner, const void *stream)
@@ -207,7 +239,7 @@ static void own_settle_stream(struct dev_alloc *d, const void *owner, const void
         unsigned i = (unsigned)__builtin_ctzll(m);
         const struct dev_slot *s = &d->fast.slots[i];
         if ((!owner || s->owner == owner) && s->blk->stream == stream)
-            slot_settle(d, i);
+            own_settle(d, i);
     }
 }
 
@@ -217,17 +249,22 @@ static void own_settle_stream(struct dev_alloc *d, const void *owner, const void
  * until every slot settles, the stream's frees fill own slots. A stream marked at the same index
  * before gives its mark up, its own slots settled (they are found by the mark).
  */
-static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
+static void mark_shared(struct dev_alloc *d, unsigned i, CUstream stream)
 {
-    const struct dev_slot *h = &d->fast.slots[i];
-    /* Classic blocks do not fill own slots (fast_fill_own): nothing to mark for. */
-    if (!h->blk->expandable || h->blk->stream != stream || h->owner == fast_self() || fast_shared(d, stream))
-        return;
     if (d->fast.shared_mask >> i & 1)
         own_settle_stream(d, NULL, d->fast.shared[i]);
     d->fast.shared[i] = stream;
-    d->fast.shared_mask |= (uint32_t)1 << i;
+    d->fast.shared_mask |= (uint64_t)1 << i;
+    d->fast.shared_mask &= ~((uint64_t)1 << DEV_STREAM_SLOTS << i); /* its probe, if any, is done */
     FAST_COUNT(d, shared_marks);
+}
+
+static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
+{
+    const struct dev_slot *h = &d->fast.slots[i];
+    if (h->blk->stream != stream || h->owner == fast_self() || fast_shared(d, stream))
+        return;
+    mark_shared(d, i, stream);
 }
 
 void fast_settle_malloc(struct dev_alloc *d, CUstream stream)
@@ -253,7 +290,7 @@ void fast_settle_block(struct dev_alloc *d, const struct block *b)
     for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
         unsigned k = (unsigned)__builtin_ctzll(m);
         if (d->fast.slots[k].blk == b) {
-            slot_settle(d, k);
+            own_settle(d, k);
             break;
         }
     }
@@ -314,6 +351,13 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
                 if (low[i][k] && (p == XSEG_STAT_ALL || p == pool[i]))
                     settle |= (uint64_t)1 << i;
             }
+        }
+    /* A classic own slot settles after the slots owing on inactive_split (own_settle's order: the
+     * stream slots come first below). */
+    for (uint64_t m = settle & FAST_OWN_MASK; m; m &= m - 1)
+        if (!d->fast.slots[__builtin_ctzll(m)].blk->expandable) {
+            settle |= split_owers(d, busy);
+            break;
         }
     for (uint64_t m = busy; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
@@ -389,6 +433,55 @@ static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct bl
     return lo <= size ? lo : size;
 }
 
+/* Mark @p b's stream shared (its stream slot, whatever stream's, settled first) and fill an own
+ * slot with @p b. */
+static bool classic_mark(struct dev_alloc *d, struct block *b)
+{
+    unsigned i = fast_slot_index(b->stream);
+    if (d->fast.busy_slots >> i & 1)
+        slot_settle(d, i);
+    mark_shared(d, i, b->stream);
+    return fast_fill_own(d, b);
+}
+
+/*
+ * A classic free of last_alloc that fills no stream slot, its block beside another (as two
+ * threads' overlapping pairs on one stream put theirs, whichever frees first): the stream is
+ * probed, by this thread. The next free through the device lock on it (fast_fill_probed, or this
+ * function) by another thread marks it shared and fills an own slot (true); one by this thread
+ * ends the probe. One thread alone never marks a stream. False: the eager free.
+ */
+static __attribute__((noinline, cold)) bool classic_beside(struct dev_alloc *d, struct block *b)
+{
+    unsigned i = fast_slot_index(b->stream);
+    uint64_t probe = (uint64_t)1 << DEV_STREAM_SLOTS << i;
+    const void *me = fast_self();
+    bool mine = d->fast.probe_stream[i] == b->stream && d->fast.probe_owner[i] == me;
+    if ((d->fast.shared_mask & probe) && d->fast.probe_stream[i] == b->stream && !mine)
+        return classic_mark(d, b);
+    if (mine && d->fast.probe_quiet[i]) { /* this thread alone, lately: no probe this time */
+        d->fast.probe_quiet[i]--;
+        return false;
+    }
+    d->fast.shared_mask |= probe;
+    d->fast.probe_stream[i] = b->stream;
+    d->fast.probe_owner[i] = me;
+    return false;
+}
+
+bool fast_fill_probed(struct dev_alloc *d, struct block *b)
+{
+    lock_assert_held(&d->lock);
+    unsigned i = fast_slot_index(b->stream);
+    if (d->fast.probe_stream[i] == b->stream) {
+        if (d->fast.probe_owner[i] != fast_self())
+            return classic_mark(d, b);
+        d->fast.shared_mask &= ~((uint64_t)1 << DEV_STREAM_SLOTS << i);
+        d->fast.probe_quiet[i] = FAST_PROBE_QUIET;
+    }
+    return fast_fill_stream(d, b);
+}
+
 bool fast_fill_stream(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
@@ -397,10 +490,12 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
      * clock to tick, dev_free_block_inline's keep == next case (a free, indexed successor and no
      * free predecessor) with a merge that moves no counter up (an expandable block, or a classic
      * B + R that spans its segment). */
-    if (b != d->fast.last_alloc || block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
-        settings_gen() != d->fast.fast_gen || dev_gc_on(d))
+    if (b != d->fast.last_alloc)
         return false;
-    if (!b->expandable && (prev || next->next))
+    if (!b->expandable && (prev || (next && next->next)))
+        return classic_beside(d, b);
+    if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
+        settings_gen() != d->fast.fast_gen || dev_gc_on(d))
         return false;
     size_t min_fit = fast_fits(d, b);
     /* Counted allocated while in the slot: its map entry stays (the debt and the settle count it). */
@@ -426,17 +521,18 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
 }
 
 /*
- * An own slot: any expandable block of a default pool's common free (the permit on, no GC clock
- * to tick, not oversize), whatever its neighbours. Its hits take it for its own rounded size only,
- * so a hit changes no block but B, and B's settle is the eager free, done late: the statistics
- * owe only what slot_lowers says of an expandable B (no inactive_split rows). A classic block is
- * left to the eager free: its settle could raise inactive_split, which a debt may not do.
+ * An own slot: any block of a default pool's common free (the permit on, no GC clock to tick, not
+ * oversize), whatever its neighbours, in either mode. Its hits take it for its own rounded size
+ * only, so a hit changes no block but B, and B's settle is the eager free, done late: until then
+ * B is no inactive split block (nor merged with a free neighbour), freed or handed out, so its
+ * debt has no inactive_split rows (slot_lowers), and a classic B's merge moves those rows at the
+ * settle, through the ordinary free's accounting (own_settle: exact, peaks included).
  */
 bool fast_fill_own(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = block_pool(b);
-    if (!b->expandable || block_free_slow(b) || settings_gen() != d->fast.fast_gen || dev_gc_on(d) ||
+    if (block_free_slow(b) || settings_gen() != d->fast.fast_gen || dev_gc_on(d) ||
         dev_pool_owner(d, pool) || (b->size <= BLOCK_SMALL_SIZE) != pool->is_small || b->size >= d->cfg.max_split_size)
         return false;
     const void *me = fast_self();

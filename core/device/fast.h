@@ -6,11 +6,12 @@
  * walked by dev_check (core/device/check.c) with every busy slot locked:
  *
  *     statistics read = d->acct.stats + sum over busy slots of fast_owed(slot)
- *                     = the recount of the block state with every slot settled (eager)
+ *                     = the recount of the block state with every stream slot settled (eager),
+ *                       an own slot's freed B counted as its thread's (reserved bytes only)
  *
  * Settling a slot (fast_settle) moves its debt into d->acct.stats and B's truth into B (merged
  * into its successor R when freed; its true size and requested bytes when handed out): the sum
- * does not move. A debt lowers every current it touches (a hit takes at most B's size and
+ * does not move, but for an own slot's freed classic B, whose settle is its free (below). A debt lowers every current it touches (a hit takes at most B's size and
  * requested bytes), and every current of d->acct.stats is at most its peak, so no hit can take a
  * statistic past its peak unseen. A classic slot counts the inactive split bytes of its smallest
  * hit (min_size): fast_widen lowers min_size through the device lock, so its hits, larger or
@@ -36,7 +37,10 @@
  * hit's eager address depends on whether the other thread's block is free at that instant, so
  * each pair would read a line the other wrote: bench_scale --only floor). So a stream is marked
  * shared when a malloc or free through the device lock finds its slot filled by another thread
- * (fast_settle_malloc), and from then until every slot settles (any FAST_ALL settle:
+ * (fast_settle_malloc), or, classic blocks side by side filling no stream slot, when the free
+ * of last_alloc finds it beside another block, which probes its stream, and the next free
+ * through the device lock there is another thread's (classic_beside, fast_fill_probed); from
+ * then until every slot settles (any FAST_ALL settle:
  * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path
  * and so its out-of-memory reclaim) its frees fill an own slot of the freeing thread
  * (slots[DEV_STREAM_SLOTS ..], struct dev_slot, at most one a thread and stream; none left: the
@@ -45,9 +49,11 @@
  * DEV_OWN_SLOTS blocks a device), and a hit takes it back for its own rounded size whether or not
  * best fit would. Its settle is the eager free, done late (merged with the neighbours free then);
  * a thread's malloc through the device lock settles its own slot of the stream, not the others'.
- * Own slots hold expandable blocks only: their debt is slot_lowers' with no inactive_split rows,
- * where a classic block's late free could raise inactive_split (a classic shared stream keeps the
- * stream's slot). Single-threaded use never marks a stream: its placement is the eager one.
+ * Own slots hold blocks of either mode, and owe nothing on the inactive_split rows: a classic B in
+ * one is no inactive split block (nor merged with a free neighbour) until its settle, whose
+ * ordinary free moves those rows up or down and takes their peaks from d->acct.stats; the stream
+ * slots owing on them settle first (own_settle), so those rows are the recount's then, and the
+ * peaks exact. Single-threaded use never marks a stream: its placement is the eager one.
  */
 #ifndef XSEG_CORE_FAST_H
 #define XSEG_CORE_FAST_H
@@ -227,10 +233,19 @@ static inline bool fast_shared(const struct dev_alloc *d, const void *stream)
     unsigned i = fast_slot_index(stream);
     return (d->fast.shared_mask >> i & 1) && d->fast.shared[i] == stream;
 }
+/* The free of @p b on a stream probed (classic_beside): by another thread, it marks the stream
+ * shared and fills an own slot (true); by the prober, it ends the probe and holds off that
+ * thread's next FAST_PROBE_QUIET probes of the stream. Else fast_fill_stream. */
+#define FAST_PROBE_QUIET 63
+bool fast_fill_probed(struct dev_alloc *d, struct block *b);
 static inline bool fast_fill(struct dev_alloc *d, struct block *b)
 {
-    if (XSEG_UNLIKELY(d->fast.shared_mask != 0) && fast_shared(d, b->stream))
-        return fast_fill_own(d, b);
+    if (XSEG_UNLIKELY(d->fast.shared_mask != 0)) {
+        if (fast_shared(d, b->stream))
+            return fast_fill_own(d, b);
+        if (d->fast.shared_mask >> DEV_STREAM_SLOTS >> fast_slot_index(b->stream) & 1)
+            return fast_fill_probed(d, b);
+    }
     return fast_fill_stream(d, b);
 }
 

@@ -378,12 +378,22 @@ struct dev_fast {
     /* Bit i is set while slots[i] holds a block (exact under the device lock). */
     uint64_t busy_slots;
     /* Streams used by several threads at once (fast_settle_malloc): shared[i] while bit i is set,
-     * i its stream slot's index; their frees fill own slots. Cleared when every slot settles. */
-    uint32_t shared_mask;
+     * i its stream slot's index; their frees fill own slots. Bit DEV_STREAM_SLOTS + i: a classic
+     * probe of probe_stream[i] (classic_beside, fast.c). Cleared when every slot settles. */
+    uint64_t shared_mask;
     CUstream shared[DEV_STREAM_SLOTS];
     /* The block of the last malloc through the device lock: only a free of it fills a slot (a
      * ping-pong frees what it just allocated). Compared, never dereferenced. */
     const struct block *last_alloc;
+    /* Classic blocks side by side fill no stream slot: a free of last_alloc beside another block
+     * probes its stream (classic_beside, fast.c), and the next free through the device lock on it
+     * by another thread marks it shared. The probing thread (fast_self) and stream, per index. */
+    const void *probe_owner[DEV_STREAM_SLOTS];
+    CUstream probe_stream[DEV_STREAM_SLOTS];
+    /* Probes the prober's own next free ended (one thread alone, freeing in LIFO order) hold off
+     * its further probes of that stream for FAST_PROBE_QUIET of them: each probe sends one free
+     * through the guarded path. */
+    uint8_t probe_quiet[DEV_STREAM_SLOTS];
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds count, so that tests and bench_slot_counts see the slots used: */
     uint64_t lazy_hits;     /* hits of settled slots */

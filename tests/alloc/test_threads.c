@@ -381,6 +381,7 @@ static pthread_barrier_t pair_step; /* the two workers and the checker (main) */
 static size_t pair_size[PAIR_WORKERS] = {500, 452}; /* one rounded size (512), two requested sizes */
 static size_t pair_count;
 static bool pair_free_run; /* no barriers: pairs as fast as they go */
+static bool pair_expandable; /* the run's mode */
 
 /* A worker: pair_count pairs on the shared stream; with barriers, the checker looks at each
  * step (both blocks live, both freed). */
@@ -450,6 +451,23 @@ static void pair_check_snapshot(size_t n, const char *when)
             }
     if (live != n || req != (n ? pair_size[0] + pair_size[1] : 0))
         tfail("%s: the snapshot has %zu blocks in use of %zu requested bytes, want %zu", when, live, req, n);
+    /* Classic: the snapshot settled every slot (an own slot's free merged), and the statistics
+     * read now count the inactive split blocks it shows, exactly (the workers wait). */
+    if (!pair_expandable) {
+        int64_t split = 0, split_bytes = 0;
+        for (size_t s = 0; s < snap->nsegments; s++)
+            for (size_t b = 0; b < snap->segments[s].nblocks; b++)
+                if (snap->segments[s].nblocks > 1 && snap->segments[s].blocks[b].state == XSEG_BLOCK_INACTIVE) {
+                    split++;
+                    split_bytes += (int64_t)snap->segments[s].blocks[b].size;
+                }
+        xseg_device_stats st;
+        if (xseg_get_stats(0, &st) != XSEG_SUCCESS)
+            tfail("xseg_get_stats: %s", xseg_last_error());
+        else if (st.inactive_split[0].current != split || st.inactive_split_bytes[0].current != split_bytes)
+            tfail("%s: inactive_split %" PRId64 " of %" PRId64 " bytes, the snapshot shows %" PRId64 " of %" PRId64,
+                  when, st.inactive_split[0].current, st.inactive_split_bytes[0].current, split, split_bytes);
+    }
     xseg_snapshot_free(snap);
 }
 
@@ -477,6 +495,7 @@ static void run_pairs(const char *config, bool expandable)
     assert_int_equal(xseg_reset_accumulated_stats(0), XSEG_SUCCESS);
     assert_int_equal(xseg_reset_peak_stats(0), XSEG_SUCCESS);
     pthread_barrier_init(&pair_step, NULL, PAIR_WORKERS + 1);
+    pair_expandable = expandable;
 
     /* Step 1: the statistics read at every step are exact, folded, nothing settled by the
      * reads; the pairs after the first few stay off the device lock. Step 2: the same with a
@@ -517,17 +536,17 @@ static void run_pairs(const char *config, bool expandable)
         }
         for (int i = 0; i < PAIR_WORKERS; i++)
             pthread_join(w[i], NULL);
-        /* Each thread's block waits in a slot of its own (an expandable block; classic blocks are
-         * left to the eager free): the eager path's best fit puts the two blocks side by side, and
-         * then every malloc and free takes the device lock. Debug builds count the lock's takers:
-         * at most a quarter of the operations (dev_check, at debug_level 2, holds every slot's lock
-         * while it walks, so a few hits fail there and go through the lock). */
+        /* Each thread's block waits in a slot of its own, in either mode (without them the eager
+         * path's best fit puts the two blocks side by side, and then every malloc and free takes
+         * the device lock). Debug builds count the lock's takers: at most a quarter of the
+         * operations (dev_check, at debug_level 2, holds every slot's lock while it walks, so a
+         * few hits fail there and go through the lock). */
         uint64_t own = rt_device_peek(0)->fast.busy_slots >> DEV_STREAM_SLOTS; /* the workers joined */
-        if (step == 1 && expandable && __builtin_popcountll(own) != PAIR_WORKERS)
+        if (step == 1 && __builtin_popcountll(own) != PAIR_WORKERS)
             tfail("%d own slots busy after the pairs, want %d", __builtin_popcountll(own), PAIR_WORKERS);
 #if XSEG_DEBUG_LEVEL >= 1
         uint64_t locked = f->lock_mallocs + f->lock_frees - locked0, ops = 2 * PAIR_WORKERS * pair_count;
-        if (step == 1 && expandable && locked > ops / 4)
+        if (step == 1 && locked > ops / 4)
             tfail("%" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock", locked, ops);
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
                       ops);
