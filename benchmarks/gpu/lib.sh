@@ -73,7 +73,14 @@ gpu_deps_env() {
         export PATH="$deps/bin:$PATH"
     fi
     # pytest: only its own folder, so Debian's other Python modules never shadow the image's.
-    if ! "$PY" -c 'import pytest' 2>/dev/null; then
+    # Wanted where either Python lacks it: $PY (the torch check's pytest) or /usr/bin/python3 (the
+    # python suite's, as meson finds it). On the H200 (2026-11-27) $PY had pytest and
+    # /usr/bin/python3 had none: the python suite was skipped again.
+    XSEG_GPU_PY_PYTEST=1
+    "$PY" -c 'import pytest' 2>/dev/null || XSEG_GPU_PY_PYTEST=0
+    export XSEG_GPU_PY_PYTEST
+    if [ "$XSEG_GPU_PY_PYTEST" = 0 ] ||
+       { [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import pytest' 2>/dev/null; }; then
         local pt="$deps/pytest-path" m
         mkdir -p "$pt"
         for m in _pytest pytest py.py pluggy iniconfig attr packaging; do
@@ -87,7 +94,7 @@ gpu_deps_env() {
 run_pytest() {
     local limit=$1; shift
     timeout --kill-after=10 "$limit" \
-        env PYTHONPATH="${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH:}$XSEG_GPU_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
+        env PYTHONPATH="$([ "${XSEG_GPU_PY_PYTEST:-0}" = 1 ] || echo "${XSEG_GPU_PYTEST_PATH:+$XSEG_GPU_PYTEST_PATH:}")$XSEG_GPU_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
         "$PY" -m pytest -p no:cacheprovider "$@"
 }
 # time_left [RESERVE]: seconds left before this check's limit (run.sh sets XSEG_GPU_DEADLINE),
