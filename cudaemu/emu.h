@@ -193,7 +193,6 @@ struct CUgraphNode_st {
     CUgraphNodeType type;
     CUgraphNode *deps;
     size_t ndeps;
-    uint64_t mark;      /* traversal stamp (emu_graph_ancestors_locked) */
     struct emu_op op;   /* MEMSET / MEMCPY nodes: what a launch performs (kind 0 otherwise) */
 };
 
@@ -304,7 +303,6 @@ struct emu_state {
     struct emu_map nodes;         /* every live graph node (handle validation) */
     struct emu_map execs;         /* live executable graphs */
     struct emu_map captures;      /* capture id -> live emu_capseq */
-    uint64_t mark_seq;            /* traversal stamps */
     struct CUstream_st null_stream;
     uint64_t capture_seq;
     size_t captures_active;       /* streams taking part in a capture (cap != NULL) */
@@ -421,8 +419,6 @@ void emu_graph_free_locked(CUgraph g);
 /* Add a node of @p type depending on @p deps (valid nodes of @p g, no duplicates); NULL when out
  * of host memory. */
 CUgraphNode emu_graph_add_locked(CUgraph g, CUgraphNodeType type, const CUgraphNode *deps, size_t n);
-/* Stamp every node reachable backwards from @p from (included) with a fresh mark; returns it. */
-uint64_t emu_graph_ancestors_locked(const CUgraphNode *from, size_t n);
 /* Replace (add = false) or extend (add = true) @p set with @p nodes, without duplicates.
  * @return 0, or -1 when out of host memory (set unchanged). */
 int emu_nodeset_update(struct emu_nodeset *set, const CUgraphNode *nodes, size_t n, bool add);

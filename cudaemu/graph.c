@@ -111,40 +111,6 @@ CUresult emu_capture_add_locked(CUstream s, CUgraphNodeType type, const struct e
     return emu_nodeset_update(&s->deps, &n, 1, false) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
-uint64_t emu_graph_ancestors_locked(const CUgraphNode *from, size_t n)
-{
-    uint64_t mark = ++emu.mark_seq;
-    size_t cap = 64, top = 0;
-    CUgraphNode *stack = malloc(cap * sizeof *stack);
-    for (size_t i = 0; i < n; i++) {
-        if (from[i]->mark == mark)
-            continue;
-        from[i]->mark = mark;
-        if (!stack)
-            return mark; /* out of host memory: the caller sees fewer ancestors (conservative) */
-        stack[top++] = from[i];
-        while (top) {
-            CUgraphNode v = stack[--top];
-            for (size_t j = 0; j < v->ndeps; j++) {
-                CUgraphNode p = v->deps[j];
-                if (p->mark == mark)
-                    continue;
-                p->mark = mark;
-                if (top == cap) {
-                    CUgraphNode *ns = realloc(stack, 2 * cap * sizeof *ns);
-                    if (!ns)
-                        continue;
-                    stack = ns;
-                    cap *= 2;
-                }
-                stack[top++] = p;
-            }
-        }
-    }
-    free(stack);
-    return mark;
-}
-
 static bool nodes_contain(const CUgraphNode *v, size_t n, CUgraphNode x)
 {
     for (size_t i = 0; i < n; i++)

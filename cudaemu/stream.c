@@ -19,10 +19,12 @@
  * copies the set into the event; cuStreamWaitEvent on such an event merges the event's set into
  * the waiting stream's, and a stream that was not capturing thereby joins the capture (fork).
  * cuStreamEndCapture must be called on the stream that began it
- * (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED otherwise) and fails with
- * CUDA_ERROR_STREAM_CAPTURE_UNJOINED, invalidating the capture, when another stream of it has a
- * dependency that does not precede the origin stream's dependencies (it was never joined back).
- * On success every stream of the capture leaves it and the graph is the caller's. Waiting in a
+ * (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED otherwise). A stream that forked off and was never joined
+ * back does not fail the end: the driver documents CUDA_ERROR_STREAM_CAPTURE_UNJOINED for it, but
+ * the H200's driver 580.159.04 ended such a capture with CUDA_SUCCESS, its graph holding the side
+ * stream's nodes (2026-11-27, tests/driver/test_vmm.c test_capture_graph and the graph row "after
+ * a fork never joined back"); cudaemu does the same. On success every stream of the capture
+ * leaves it and the graph is the caller's. Waiting in a
  * capturing stream on an event recorded outside any capture, without CU_EVENT_WAIT_EXTERNAL, is
  * invalid (CUDA_ERROR_STREAM_CAPTURE_ISOLATION; the capture is invalidated); so is waiting on an
  * event of another capture (CUDA_ERROR_STREAM_CAPTURE_MERGE) or of a capture that has ended
@@ -264,22 +266,6 @@ static void capture_finish(struct emu_capseq *seq, bool keep)
     if (!keep)
         emu_graph_free_locked(seq->graph);
     free(seq);
-}
-
-/* Does every other stream of @p seq have its dependencies before the origin's (joined)? */
-static bool capture_joined(struct emu_capseq *seq)
-{
-    uint64_t mark = emu_graph_ancestors_locked(seq->origin->deps.v, seq->origin->deps.n);
-    size_t pos = 0;
-    CUstream o;
-    while ((o = emu_map_next(&emu.streams, &pos, NULL))) {
-        if (o->cap != seq || o == seq->origin)
-            continue;
-        for (size_t i = 0; i < o->deps.n; i++)
-            if (o->deps.v[i]->mark != mark)
-                return false;
-    }
-    return true;
 }
 
 CUresult emu_capture_unsafe_call_locked(void)
@@ -558,8 +544,6 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
         *phGraph = NULL;
         if (seq->invalidated) {
             r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        } else if (!capture_joined(seq)) {
-            r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
         } else {
             *phGraph = seq->graph;
         }

@@ -2598,10 +2598,8 @@ static void test_capture_graph(void **state)
     assert_int_equal(n, 2);
     tu_assert_cu(drv->cuStreamUpdateCaptureDependencies(s, &a, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
 
-    /* side's work was never joined back into s: the capture cannot end. Ending it on side
-     * (UNMATCHED) invalidates it: the origin's end then says INVALIDATED, as the H200's driver
-     * did (2026-11-26; the test expected UNJOINED, which a capture not ended elsewhere gives:
-     * next). */
+    /* Ending the capture on side, which joined it (UNMATCHED), invalidates it: the origin's end
+     * then says INVALIDATED, as the H200's driver did (2026-11-26). */
     CUgraph out = (CUgraph)(uintptr_t)1;
     tu_assert_cu_eq(drv->cuStreamEndCapture(side, &out), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
     tu_assert_cu_eq(drv->cuStreamEndCapture(s, &out), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
@@ -2609,58 +2607,48 @@ static void test_capture_graph(void **state)
     assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_NONE);
     assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_NONE);
 
-    /* A fork from an event recorded before the capture has any node. On the H200 (2026-11-27,
-     * 89dac9f) ending such a capture on its origin said CUDA_SUCCESS, where the test expected
-     * UNJOINED: the side stream's part in it is printed (its status after the wait, the end's
-     * answer, the graph's node count) before anything is asserted. */
+    /* A fork that never joins back, ended on its origin: the driver ends it (CUDA_SUCCESS), the
+     * graph holds the side stream's nodes, and every stream leaves the capture. The H200 (driver
+     * 580.159.04, 2026-11-27) answered so, where the test expected the documented UNJOINED:
+     * "graph: fork on an event recorded before any node: side ACTIVE (0 dependencies), end
+     * CUDA_SUCCESS, 1 nodes, side after NONE" and "fork after a node, never joined, ended on the
+     * origin: side ACTIVE, end CUDA_SUCCESS, graph set, s after NONE, side after NONE". Both
+     * cases, as then. First, the fork from an event recorded before the capture has any node:
+     * side joins with no dependencies. */
     tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     tu_assert_cu(drv->cuEventRecord(e, s));
     tu_assert_cu(drv->cuStreamWaitEvent(side, e, 0));
-    CUstreamCaptureStatus empty_wait = cap_deps(side, &sid, &sg, sd, &sn);
-    size_t empty_wait_deps = empty_wait == CU_STREAM_CAPTURE_STATUS_ACTIVE ? sn : 0;
+    sn = 99;
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(sn, 0);
     assert_true(tu_stream_work(side));
-    out = (CUgraph)(uintptr_t)1;
-    CUresult empty_end = drv->cuStreamEndCapture(s, &out);
-    size_t empty_nodes = 0;
-    if (empty_end == CUDA_SUCCESS && out)
-        tu_assert_cu(drv->cuGraphGetNodes(out, NULL, &empty_nodes));
-    CUstreamCaptureStatus empty_after = cap_deps(side, &sid, &sg, sd, &sn);
-    print_message("graph: fork on an event recorded before any node: side %s (%zu dependencies), end %s, "
-           "%zu nodes, side after %s\n",
-           empty_wait == CU_STREAM_CAPTURE_STATUS_ACTIVE ? "ACTIVE" : empty_wait == CU_STREAM_CAPTURE_STATUS_NONE ? "NONE" : "INVALIDATED",
-           empty_wait_deps, drv_error_name(empty_end), empty_nodes,
-           empty_after == CU_STREAM_CAPTURE_STATUS_NONE ? "NONE" : "not NONE");
+    out = NULL;
+    tu_assert_cu(drv->cuStreamEndCapture(s, &out));
+    assert_non_null(out);
+    count = 0;
+    tu_assert_cu(drv->cuGraphGetNodes(out, NULL, &count));
+    assert_int_equal(count, 1); /* side's work node */
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_NONE);
+    tu_assert_cu(drv->cuGraphDestroy(out));
 
-    /* The documented unjoined fork: the origin has a node, side forks from it and adds its own,
-     * and the capture is ended on its origin alone. Printed, then asserted: UNJOINED, no graph,
-     * both streams out of the capture. */
+    /* Then the fork after a node of the origin, side's work never joined back: s's node and
+     * side's, the second depending on the first. */
     tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     assert_true(tu_stream_work(s));
     tu_assert_cu(drv->cuEventRecord(e, s));
     tu_assert_cu(drv->cuStreamWaitEvent(side, e, 0));
-    CUstreamCaptureStatus fork_wait = cap_deps(side, &sid, &sg, sd, &sn);
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_ACTIVE);
     assert_true(tu_stream_work(side));
-    CUgraph out2 = (CUgraph)(uintptr_t)1;
-    CUresult fork_end = drv->cuStreamEndCapture(s, &out2);
-    CUstreamCaptureStatus fork_after_s = cap_deps(s, &id, &g, d, &n);
-    CUstreamCaptureStatus fork_after_side = cap_deps(side, &sid, &sg, sd, &sn);
-    print_message("graph: fork after a node, never joined, ended on the origin: side %s, end %s, graph %s, "
-           "s after %s, side after %s\n",
-           fork_wait == CU_STREAM_CAPTURE_STATUS_ACTIVE ? "ACTIVE" : "not ACTIVE", drv_error_name(fork_end),
-           out2 ? "set" : "NULL", fork_after_s == CU_STREAM_CAPTURE_STATUS_NONE ? "NONE" : "not NONE",
-           fork_after_side == CU_STREAM_CAPTURE_STATUS_NONE ? "NONE" : "not NONE");
-    fflush(stdout);
-    if (empty_end == CUDA_SUCCESS && out)
-        tu_assert_cu(drv->cuGraphDestroy(out));
-    if (fork_end == CUDA_SUCCESS && out2)
-        tu_assert_cu(drv->cuGraphDestroy(out2));
-    /* What the H200 answered for the first (the rest of it is printed above for cudaemu's row). */
-    tu_assert_cu_eq(empty_end, CUDA_SUCCESS);
-    tu_assert_cu_eq(fork_end, CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
-    assert_null(out2);
-    assert_int_equal(fork_wait, CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    assert_int_equal(fork_after_s, CU_STREAM_CAPTURE_STATUS_NONE);
-    assert_int_equal(fork_after_side, CU_STREAM_CAPTURE_STATUS_NONE);
+    out = NULL;
+    tu_assert_cu(drv->cuStreamEndCapture(s, &out));
+    assert_non_null(out);
+    count = 0;
+    tu_assert_cu(drv->cuGraphGetNodes(out, NULL, &count));
+    assert_int_equal(count, 2);
+    assert_int_equal(cap_deps(s, &id, &g, d, &n), CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(cap_deps(side, &sid, &sg, sd, &sn), CU_STREAM_CAPTURE_STATUS_NONE);
+    tu_assert_cu(drv->cuGraphDestroy(out));
 
     /* Again, joined: s waits on an event recorded on side after its work. The event record and
      * wait add no node: the graph holds the three work nodes (all empty nodes), nothing else. */
@@ -2754,9 +2742,22 @@ struct graph_row {
     CUresult (*run)(struct graph_fx *f);
 };
 
+/* A fork that is never joined back before the origin's end (the end is the row's "end"). */
+static CUresult g_fork_unjoined(struct graph_fx *f)
+{
+    CUresult r = drv->cuEventRecord(f->e, f->s);
+    if (r == CUDA_SUCCESS)
+        r = drv->cuStreamWaitEvent(f->other, f->e, 0);
+    if (r == CUDA_SUCCESS && !tu_stream_work(f->other))
+        r = CUDA_ERROR_UNKNOWN;
+    return r;
+}
+
 static const struct graph_row graph_table[] = {
     {"cuStreamUpdateCaptureDependencies, stream not capturing", CUDA_ERROR_ILLEGAL_STATE, CUDA_SUCCESS,
      g_update_not_capturing},
+    /* The H200, driver 580.159.04 (2026-11-27): ended, not UNJOINED as documented. */
+    {"cuStreamEndCapture after a fork never joined back", CUDA_SUCCESS, CUDA_SUCCESS, g_fork_unjoined},
     {"cuStreamUpdateCaptureDependencies, flags 7", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, g_update_flags},
     {"cuStreamUpdateCaptureDependencies, NULL nodes, count 1", CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
      g_update_null_deps},

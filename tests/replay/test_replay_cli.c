@@ -826,8 +826,8 @@ static void test_plot_written(void **state)
 
 /* During a capture, what --check accepts replays in both modes, and what the driver would refuse
  * (a capturing stream synchronized, any stream synchronized while one captures in the global mode
- * xseg-replay uses, a capture waiting for work outside it, a fork never joined back) is refused
- * before anything runs. */
+ * xseg-replay uses, a capture waiting for work outside it) is refused before anything runs; a fork
+ * never joined back is not refused (the driver ends such a capture: docs/gpu.md, 2026-11-27). */
 static void test_capture_rules(void **state)
 {
     (void)state;
@@ -836,6 +836,10 @@ static void test_capture_rules(void **state)
         "empty_cache\ntrim 0\nalloc b 2MiB @s\ncapture_end @s\nsync @default\nfree b\nsync\n",
         "stream s\nstream u\nstream v\ncapture_begin @s g\nwork @s\nwait @u @s\nwait @v @s\nalloc a 1MiB @u\n"
         "work @u\nwork @v\nfree a\nwait @v @u\nwait @s @v\nwork @s\ncapture_end @s\nsync @u\npool_release g\n",
+        /* a fork never joined back, with a block on it: the driver (580.159.04, the H200) ends the
+         * capture all the same */
+        "stream s\nstream u\ncapture_begin @s g\nwait @u @s\nalloc a 1MiB @u\nwork @u\nfree a\n"
+        "capture_end @s\nsync @u\npool_release g\n",
     };
     char args[512];
     for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
@@ -860,8 +864,6 @@ static void test_capture_rules(void **state)
          "capture.trace:4: sync: stream 's' captures (line 2); the whole device cannot be synchronized"},
         {"stream s\nstream u\ncapture_begin @s\nmark in\nwait @s @u\ncapture_end @s\n",
          "capture.trace:5: wait @s @u: 's' captures (line 3) and 'u' does not"},
-        {"stream s\nstream u\ncapture_begin @s\nmark in\nwait @u @s\nwork @u\ncapture_end @s\n",
-         "capture.trace:7: capture_end: stream 'u' has work in the capture that 's' never waited for"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char *t = write_tmp("capture.trace", refused[i].text);

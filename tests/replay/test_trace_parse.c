@@ -311,7 +311,7 @@ static void test_errors(void **state)
         {"stream s\nstream u\ncapture_begin @s\ncapture_begin @u q\ncapture_end @u\nalloc x 1\n",
          "t.trace:3: capture_begin: the capture on stream 's' is never ended (add 'capture_end @s')"},
         /* What the driver refuses during a capture (the replay would stop with
-         * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE or _UNJOINED): */
+         * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT or _MERGE): */
         {"stream s\ncapture_begin @s\nsync @s\ncapture_end @s\n",
          "t.trace:3: sync @s: 's' captures (line 2); a capturing stream cannot be synchronized"},
         /* xseg-replay captures in the driver's GLOBAL mode: a synchronize of any stream is refused */
@@ -341,15 +341,6 @@ static void test_errors(void **state)
         {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwait @s @u\ncapture_end @u\n",
          "t.trace:6: capture_end: stream 'u' joined the capture on stream 's' (line 3) by its wait at line 4; end "
          "the capture on the stream that began it"},
-        /* work forked off and never joined back fails the capture's end */
-        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwork @u\ncapture_end @s\n",
-         "t.trace:6: capture_end: stream 'u' has work in the capture that 's' never waited for (it joined at line "
-         "4); add 'wait @s @u' before the end"},
-        {"stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwork @u\nwait @v @u\nwork @v\n"
-         "wait @s @u\ncapture_end @s\n", "t.trace:10: capture_end: stream 'v' has work in the capture that 's' "
-         "never waited for (it joined at line 7)"},
-        {"stream s\nstream u\ncapture_begin @s\nwait @u @s\nwait @s @u\nwork @u\ncapture_end @s\n",
-         "t.trace:7: capture_end: stream 'u' has work in the capture"},
     };
     /* ... and what a replay accepts, --check accepts: a pool used again after its release, one
      * pool captured into by two streams in turn, a pool_begin left open to the end. */
@@ -376,6 +367,13 @@ static void test_errors(void **state)
         "stream s\nstream u\nstream v\ncapture_begin @s\nwork @s\nwait @u @s\nwait @v @s\nwork @u\nwork @v\n"
         "wait @v @u\nwait @s @v\ncapture_end @s\n",
         "stream s\nstream u\ncapture_begin @s\nwork @s\nwait @u @s\nwork @s\ncapture_end @s\n",
+        /* work forked off and never joined back: the H200's driver (580.159.04) ends such a
+         * capture with the side work in its graph, and the streams are free again after it */
+        "stream s\nstream u\ncapture_begin @s\nwait @u @s\nwork @u\ncapture_end @s\ncapture_begin @u\n"
+        "capture_end @u\n",
+        "stream s\nstream u\nstream v\ncapture_begin @s\nwait @u @s\nwork @u\nwait @v @u\nwork @v\n"
+        "wait @s @u\ncapture_end @s\nsync @v\n",
+        "stream s\nstream u\ncapture_begin @s\nwait @u @s\nwait @s @u\nwork @u\ncapture_end @s\n",
         /* two captures side by side, each with a fork of its own */
         "stream s\nstream u\nstream a\nstream b\ncapture_begin @s\ncapture_begin @a\nwait @u @s\nwait @b @a\n"
         "work @u\nwork @b\nwait @a @b\nwait @s @u\ncapture_end @a\ncapture_end @s\n",

@@ -25,9 +25,8 @@
  * allocated, streams declared before use, pools and captures balanced: a pool has one recorder
  * at a time (pool_begin's or one capture's), is released at most once per pool_begin or
  * capture_begin into it, and every capture ends. Captures follow the driver's rules: no sync of
- * a capturing stream (or of the device) during one, no wait across a capture's boundary, and
- * every stream forked into a capture joined back before it ends; the parser follows the
- * capture's graph as `work` and `wait` build it to know.
+ * a capturing stream (or of the device) during one, no wait across a capture's boundary; which
+ * streams take part in a capture follows from its forks (`wait` for a stream that takes part).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,20 +46,6 @@ struct pool_state {
     uint32_t line;          /* line of the last pool_begin / capture_begin / pool_release */
 };
 
-/* A capture's graph as far as `work` and `wait` build it, enough to know what the driver's
- * cuStreamEndCapture will say: every other stream of the capture must have been joined back
- * into the stream that began it. */
-struct cap_node {
-    size_t first;           /* its dependencies: cap_edges[first .. first + n) of the origin */
-    uint32_t n;
-    unsigned char joined;   /* precedes (or is one of) the origin's dependencies */
-};
-
-struct id_set {
-    uint32_t *v;
-    size_t n, cap;
-};
-
 struct stream_state {
     unsigned char capturing; /* began a capture (is its origin) */
     int32_t pool;           /* pool index the capture records into, or -1 (a pool of its own) */
@@ -69,11 +54,6 @@ struct stream_state {
      * (a fork). in = the origin's index + 1, 0 when none; join_line = where it joined. */
     int32_t in;
     uint32_t join_line;
-    struct id_set deps;     /* nodes its next work will depend on */
-    /* As an origin: the nodes of its capture and their dependencies. */
-    struct cap_node *nodes;
-    size_t nnodes, nodes_cap;
-    struct id_set edges;
 };
 
 struct parser {
@@ -91,7 +71,6 @@ struct parser {
     struct stream_state *streams;
     size_t stream_cap;
     struct pool_state default_pool; /* the default pools: only asleep / sleep_line are used */
-    struct id_set stack;            /* scratch for walking a capture graph */
 };
 
 __attribute__((format(printf, 2, 3))) static xseg_status perr(struct parser *p, const char *fmt, ...)
@@ -269,34 +248,6 @@ static int recording(const struct parser *p, char *what, size_t len)
     return 0;
 }
 
-static xseg_status ids_push(struct id_set *s, uint32_t id)
-{
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
-        uint32_t *v = realloc(s->v, cap * sizeof *v);
-        if (!v)
-            return XSEG_ERROR_OUT_OF_MEMORY;
-        s->v = v;
-        s->cap = cap;
-    }
-    s->v[s->n++] = id;
-    return XSEG_SUCCESS;
-}
-
-/* @p into gains the nodes of @p from it lacks (a wait adds the waited-for stream's dependencies
- * to the waiting one's, as cuStreamWaitEvent does in a capture). */
-static xseg_status ids_merge(struct id_set *into, const struct id_set *from)
-{
-    for (size_t i = 0; i < from->n; i++) {
-        size_t k = 0;
-        while (k < into->n && into->v[k] != from->v[i])
-            k++;
-        if (k == into->n && ids_push(into, from->v[i]) != XSEG_SUCCESS)
-            return XSEG_ERROR_OUT_OF_MEMORY;
-    }
-    return XSEG_SUCCESS;
-}
-
 /* "the capture on stream 's' (line 3)": the capture stream state @p ss takes part in. */
 static const char *capture_name(const struct parser *p, const struct stream_state *ss, char *buf, size_t len)
 {
@@ -317,49 +268,6 @@ static const char *capture_role(const struct parser *p, int32_t x, char *buf, si
                  p->t->streams.names[x], p->t->streams.names[ss->in - 1], p->streams[ss->in - 1].line,
                  ss->join_line);
     return buf;
-}
-
-/* work on stream @p x, which takes part in a capture: a node after its dependencies. */
-static xseg_status capture_work(struct parser *p, int32_t x)
-{
-    struct stream_state *ss = &p->streams[x], *o = &p->streams[ss->in - 1];
-    if (o->nnodes >= UINT32_MAX)
-        return perr(p, "work: too many nodes in %s", p->t->streams.names[ss->in - 1]);
-    if (grow_array((void **)&o->nodes, &o->nodes_cap, o->nnodes, sizeof *o->nodes) != XSEG_SUCCESS)
-        return perr(p, "out of host memory");
-    struct cap_node *nd = &o->nodes[o->nnodes];
-    nd->first = o->edges.n;
-    nd->n = (uint32_t)ss->deps.n;
-    /* The origin's own work follows its dependencies, so it stays before the origin's. */
-    nd->joined = ss == o;
-    for (size_t i = 0; i < ss->deps.n; i++)
-        if (ids_push(&o->edges, ss->deps.v[i]) != XSEG_SUCCESS)
-            return perr(p, "out of host memory");
-    ss->deps.n = 0;
-    if (ids_push(&ss->deps, (uint32_t)o->nnodes++) != XSEG_SUCCESS)
-        return perr(p, "out of host memory");
-    return XSEG_SUCCESS;
-}
-
-/* The origin @p o now depends on @p from: those nodes and everything before them are joined.
- * Joined nodes never stop being joined (the origin's dependencies only move forward), so each
- * node is visited once per capture. */
-static xseg_status capture_join(struct parser *p, struct stream_state *o, const struct id_set *from)
-{
-    p->stack.n = 0;
-    for (size_t i = 0; i < from->n; i++)
-        if (ids_push(&p->stack, from->v[i]) != XSEG_SUCCESS)
-            return perr(p, "out of host memory");
-    while (p->stack.n) {
-        struct cap_node *nd = &o->nodes[p->stack.v[--p->stack.n]];
-        if (nd->joined)
-            continue;
-        nd->joined = 1;
-        for (uint32_t k = 0; k < nd->n; k++)
-            if (!o->nodes[o->edges.v[nd->first + k]].joined && ids_push(&p->stack, o->edges.v[nd->first + k]))
-                return perr(p, "out of host memory");
-    }
-    return XSEG_SUCCESS;
 }
 
 int trace_parse_duration(const char *s, size_t len, uint64_t *ns)
@@ -773,29 +681,16 @@ static xseg_status capture_pool(struct parser *p, const struct line *l, const st
     return XSEG_SUCCESS;
 }
 
-/* capture_end: every stream that joined the capture must be joined back into this one: work the
- * capture does not order before its end fails it (CUDA_ERROR_STREAM_CAPTURE_UNJOINED). */
-static xseg_status capture_unjoined(struct parser *p, const struct line *l, const struct trace_action *a)
+/* capture_end: every stream that took part in the capture leaves it. A stream that forked off
+ * and was never joined back does not fail the end: the driver documents
+ * CUDA_ERROR_STREAM_CAPTURE_UNJOINED for it, but the H200's driver 580.159.04 ended such a capture
+ * with its side work in the graph (docs/gpu.md, 2026-11-27), and cudaemu does the same. */
+static void capture_leave_all(struct parser *p, const struct trace_action *a)
 {
-    const struct tok *tk = l->tk;
-    struct stream_state *ss = &p->streams[a->stream];
-    for (size_t i = 0; i < p->t->streams.count; i++) {
-        struct stream_state *o = &p->streams[i];
-        if (o->in != a->stream + 1 || o == ss)
-            continue;
-        for (size_t k = 0; k < o->deps.n; k++)
-            if (!ss->nodes[o->deps.v[k]].joined)
-                return perr(p, "capture_end: stream '%s' has work in the capture that '%.*s' never waited "
-                               "for (it joined at line %u); add 'wait %.*s @%s' before the end",
-                            p->t->streams.names[i], (int)tk[1].len - 1, tk[1].s + 1, o->join_line,
-                            (int)tk[1].len, tk[1].s, p->t->streams.names[i]);
-    }
     for (size_t i = 0; i < p->t->streams.count; i++)
         if (p->streams[i].in == a->stream + 1) {
             p->streams[i].in = 0;
-            p->streams[i].deps.n = 0;
         }
-    return XSEG_SUCCESS;
 }
 
 /* capture_begin @STREAM [POOL], capture_end @STREAM. */
@@ -828,13 +723,10 @@ static xseg_status parse_capture(struct parser *p, const struct line *l, struct 
                     capture_name(p, ss, what, sizeof what), ss->join_line);
     if (!begin && !ss->capturing)
         return perr(p, "capture_end: stream '%.*s' is not capturing", (int)tk[1].len - 1, tk[1].s + 1);
-    if (!begin && (st = capture_unjoined(p, l, a)))
-        return st;
+    if (!begin)
+        capture_leave_all(p, a);
     if (begin) {
         ss->in = a->stream + 1;
-        ss->deps.n = 0;
-        ss->nnodes = 0;
-        ss->edges.n = 0;
     }
     if (begin && a->pool >= 0 && (st = capture_pool(p, l, a)))
         return st;
@@ -874,12 +766,7 @@ static xseg_status parse_wait(struct parser *p, const struct line *l, struct tra
         if (!sa->in) {
             sa->in = sb->in;
             sa->join_line = p->line;
-            sa->deps.n = 0;
         }
-        if (ids_merge(&sa->deps, &sb->deps) != XSEG_SUCCESS)
-            return perr(p, "out of host memory");
-        if (sa->capturing && (st = capture_join(p, sa, &sb->deps)))
-            return st;
     } else if (sa && sa->in) {
         return perr(p, "wait %.*s %.*s: %s and '%.*s' does not; a capture cannot wait for work outside it",
                     (int)tk[1].len, tk[1].s, (int)tk[2].len, tk[2].s, capture_role(p, a->stream, what, sizeof what),
@@ -894,8 +781,6 @@ static xseg_status parse_work(struct parser *p, const struct line *l, struct tra
     if ((st = want_args(p, "work", l->n, 1, 1, "work @STREAM")))
         return st;
     if ((st = stream_ref(p, &l->tk[1], &a->stream)))
-        return st;
-    if (a->stream >= 0 && p->streams[a->stream].in && (st = capture_work(p, a->stream)))
         return st;
     return XSEG_SUCCESS;
 }
@@ -980,13 +865,7 @@ xseg_status trace_parse_text(struct trace *t, const char *text, size_t len, char
     free(p.live);
     free(p.last_line);
     free(p.pools);
-    for (size_t i = 0; i < p.stream_cap; i++) {
-        free(p.streams[i].deps.v);
-        free(p.streams[i].nodes);
-        free(p.streams[i].edges.v);
-    }
     free(p.streams);
-    free(p.stack.v);
     return st;
 }
 
