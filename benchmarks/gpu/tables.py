@@ -276,10 +276,14 @@ def gpu_tables(s):
     parts = [heading(s), overview(s)]
     for name, fn in SECTIONS:
         c = check(s, name)
-        if c and c["status"] != "not-reached":
+        # A check its time cut short still shows what it measured (on the H200, 2026-11-27, frag
+        # had every trace's figures and xseg's training row, and the tables showed none of them).
+        if c and (c["status"] != "not-reached" or c.get("items")):
             body = [p for p in fn(s, c) if p]
             if body:
-                parts.append("#### %s%s\n\n" % (name, " (earlier run)" if c.get("previous") else "") + "\n\n".join(body))
+                parts.append("#### %s%s%s\n\n" % (name, " (earlier run)" if c.get("previous") else "",
+                                                   " (cut short)" if c["status"] == "not-reached" else "")
+                             + "\n\n".join(body))
     return "\n\n".join(parts)
 
 

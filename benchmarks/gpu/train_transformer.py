@@ -134,15 +134,20 @@ def main():
         elif mode == "async":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
         # xseg, xseg-classic: the config goes to xseg.torch.enable (XSEG_CONFIG)
+        t0 = time.perf_counter()
         p = subprocess.run([sys.executable, __file__, "--lib", lib, "--steps", str(args.steps),
                             "--child", mode], env=env, capture_output=True, text=True)
         line = [l for l in p.stdout.splitlines() if l.startswith("{")]
         if p.returncode != 0 or not line:
             print("%s: failed (exit %d)\n%s" % (mode, p.returncode, p.stderr[-2000:]))
             continue
-        rows.append(json.loads(line[-1]))
+        # The whole process's seconds too (start, model, steps, pairs): what the acceptance run's
+        # share for the loop is sized from (on the H200, 2026-11-27, one allocator took over 30 s).
+        row = json.loads(line[-1])
+        row["process_s"] = round(time.perf_counter() - t0, 2)
+        rows.append(row)
         if args.json:
-            print(line[-1], flush=True)
+            print(json.dumps(row), flush=True)
     gib = float(1 << 30)
     print("transformer training, d_model 1024, 8 layers, batch 16, seq 128..1023 changing each step")
     print("%-13s %12s %12s %7s %12s %10s %10s" % ("allocator", "peak alloc", "peak resv", "util",

@@ -145,9 +145,12 @@ xseg_pool_id to_xseg(MempoolId id) { return xseg_pool_id{id.first, id.second}; }
 
 // Filter form: begin hands over a std::function filter; xseg takes a C callback. Each filter
 // lives, keyed by (device, pool), until the end hook.
-std::mutex filters_mu;
+// Never destroyed, as ipc below: a pool's end hook may run from a destructor at exit (~CUDAGraph,
+// ~MemPool held by a static) after this module's statics would be gone.
+std::mutex &filters_mu = *new std::mutex;
 std::map<std::pair<int, std::pair<uint64_t, uint64_t>>, std::unique_ptr<std::function<bool(cudaStream_t)>>>
-    filters;
+    &filters = *new std::map<std::pair<int, std::pair<uint64_t, uint64_t>>,
+                             std::unique_ptr<std::function<bool(cudaStream_t)>>>;
 
 int filter_trampoline(struct CUstream_st *stream, void *user)
 {
@@ -179,7 +182,8 @@ int filter_trampoline(struct CUstream_st *stream, void *user)
 }
 
 // Stream form (2.1): one stream goes to the pool; the end hook names the stream only.
-std::map<std::pair<int, cudaStream_t>, MempoolId> stream_pools; // under filters_mu
+std::map<std::pair<int, cudaStream_t>, MempoolId> &stream_pools =
+    *new std::map<std::pair<int, cudaStream_t>, MempoolId>; // under filters_mu; never destroyed
 
 int stream_trampoline(struct CUstream_st *stream, void *user)
 {
@@ -512,7 +516,11 @@ struct IpcExports {
     pid_t owner = 0;          // the process whose server thread serves path (not a forked child)
     int listen_fd = -1;
 };
-IpcExports ipc;
+// Never destroyed: blocks are freed after this module's statics are gone (PyTorch's CUDA-IPC limbo,
+// a static of libtorch_cuda, frees the blocks it still holds at exit; the H200's torch_checks.py
+// died of heap corruption there, 2026-11-27, test torch-adapter-ipc-free-at-exit), and the
+// detached server thread may still read it while the process exits.
+IpcExports &ipc = *new IpcExports;
 std::atomic<int> ipc_live{0}; // exports open: the free path looks the pointer up only when > 0
 
 const char IPC_FABRIC[] = "xseg-ipc-fabric:";

@@ -372,12 +372,56 @@ std::string import_from_stand_in(Pluggable *a, const std::string &reply, bool re
     (void)::rmdir(dir);
     return msg;
 }
+// --free-at-exit: an exported block freed by a static destructor that runs after the adapter's
+// own statics are gone, as PyTorch's CUDA-IPC limbo (a static of libtorch_cuda, loaded before the
+// adapter) frees the blocks it still holds at exit. On the H200 (2026-11-27) torch_checks.py died
+// there with "corrupted size vs. prev_size in fastbins" (exit 134) after its torch.multiprocessing
+// item: the free looked the block up in the adapter's export table after that table's destructor
+// ran. This holder is constructed before main, so it is destroyed after the adapter's statics.
+struct ExitHolder {
+    Pluggable *a = nullptr;
+    void *block = nullptr;
+    ~ExitHolder()
+    {
+        if (!block)
+            return;
+        a->raw_delete(block); // the adapter's deleter: its export is closed, then xseg frees it
+        xseg_device_stats st;
+        bool freed = xseg_get_stats(0, &st) == XSEG_SUCCESS && st.allocated_bytes[XSEG_STAT_ALL].current == 0;
+        std::printf("%s  an exported block freed by a static destructor after the adapter's statics\n",
+                    freed ? "ok " : "FAIL");
+        std::fflush(stdout);
+        if (!freed)
+            ::_exit(1);
+    }
+} exit_holder;
+
+int free_at_exit_main()
+{
+    Pluggable *a = install_adapter();
+    if (!a)
+        return 1;
+    a->init(1);
+    void *b = alloc_on(a, 2 * MiB, 0, nullptr);
+    std::string h = a->shareIpcHandle(b).handle;
+    Parsed p;
+    if (!parse(h, &p)) {
+        a->raw_delete(b);
+        std::printf("SKIP the block is not shared as file descriptors here: %s\n", h.c_str());
+        return 77;
+    }
+    exit_holder.a = a;
+    exit_holder.block = b; // freed at exit, by ~ExitHolder
+    return 0;
+}
 } // namespace
 
 int main(int argc, char **argv)
 {
     if (argc == 4 && std::strcmp(argv[1], "--import") == 0)
         return import_main(argv[2], argv[3]);
+    if (argc == 2 && std::strcmp(argv[1], "--free-at-exit") == 0)
+        return free_at_exit_main();
     bool allowed = argc > 1 && std::strcmp(argv[1], "--allowed") == 0;
     ::signal(SIGPIPE, SIG_IGN);
     Pluggable *a = install_adapter();
