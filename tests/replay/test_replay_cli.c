@@ -974,6 +974,38 @@ static void test_addr_log(void **state)
     free(t);
 }
 
+/* --version names the library's version; an empty file named .pickle (a dump that never
+ * happened) is an error naming it, not an empty trace replayed with exit 0 (a .pickle holding a
+ * trace in text still replays: test_snapshot_in.py). */
+static void test_version_and_not_a_snapshot(void **state)
+{
+    (void)state;
+    struct result r = run("--version");
+    assert_int_equal(r.rc, 0);
+    char want[64];
+    snprintf(want, sizeof want, "xseg-replay %d.%d.%d\n", XSEG_API_VERSION_MAJOR, XSEG_API_VERSION_MINOR,
+             XSEG_API_VERSION_PATCH);
+    assert_string_equal(r.out, want);
+    result_free(&r);
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"", "not a PyTorch snapshot: the file is empty"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *t = write_tmp("snap.pickle", bad[i].text);
+        char args[512];
+        snprintf(args, sizeof args, "'%s'", t);
+        r = run(args);
+        assert_int_equal(r.rc, 1);
+        if (!strstr(r.err, bad[i].want) || !strstr(r.err, "snap.pickle"))
+            fail_msg("not-a-snapshot %zu: stderr: %s", i, r.err);
+        assert_string_equal(r.out, "");
+        result_free(&r);
+        free(t);
+    }
+}
+
 static void test_check_builtins(void **state)
 {
     (void)state;
@@ -1055,6 +1087,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_snapshot_labels_stay_inside),
         cmocka_unit_test(test_plot_written),
         cmocka_unit_test(test_check_builtins),
+        cmocka_unit_test(test_version_and_not_a_snapshot),
         cmocka_unit_test(test_dump_every_action),
         cmocka_unit_test(test_addr_log),
         cmocka_unit_test(test_outcome_follows_headline),

@@ -190,6 +190,7 @@ static void usage(FILE *f)
         "  --dump               print a trace (e.g. builtin:training) in the trace language\n"
         "  --list               list the bundled workloads\n"
         "  --progress, --no-progress  progress on stderr (default: when stderr is a terminal)\n"
+        "  --version            the version of xseg-replay (and of the libxseg it runs)\n"
         "  -h, --help           this text\n"
         "\n"
         "trace language (one action per line, # comments):\n"
@@ -246,6 +247,10 @@ static int parse_job_opt(const char *a, struct cli *c)
 {
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
         usage(stdout);
+        exit(0);
+    } else if (!strcmp(a, "--version")) {
+        /* The library's version is the program's: both come from XSEG_API_VERSION. */
+        printf("xseg-replay %s\n", xseg_version());
         exit(0);
     } else if (!strcmp(a, "--list")) {
         for (size_t w = 0; w < wl_count; w++)
@@ -1614,8 +1619,18 @@ static int expand_snapshots(struct cli *c)
     int any = 0;
     for (int i = 0; i < c->ntraces; i++) {
         const char *spec = c->traces[i];
-        if (!strncmp(spec, "builtin:", 8) || !snapshot_is_pickle(spec))
+        if (!strncmp(spec, "builtin:", 8))
             continue;
+        if (!snapshot_is_pickle(spec)) {
+            /* An empty file named as a snapshot would otherwise be read as an empty trace and
+             * "replay" with exit 0. */
+            char why[160];
+            if (snapshot_named_but_not(spec, why, sizeof why)) {
+                fprintf(stderr, "xseg-replay: %s: not a PyTorch snapshot: %s\n", spec, why);
+                return 1;
+            }
+            continue;
+        }
         any = c->any_snapshot = 1;
         if (!snapshot_tmp[0]) {
             const char *tmp = getenv("TMPDIR");

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,23 @@ int snapshot_is_pickle(const char *path)
     int c = fgetc(f);
     fclose(f);
     return c == 0x80; /* PROTO: every pickle of protocol 2 and later; PyTorch writes 2 to 5 */
+}
+
+int snapshot_named_but_not(const char *path, char *why, size_t len)
+{
+    size_t n = strlen(path);
+    if (n < 7 || strcasecmp(path + n - 7, ".pickle") != 0)
+        return 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0; /* the trace loader says why it cannot be read */
+    int c = fgetc(f);
+    fclose(f);
+    if (c != EOF)
+        return 0; /* text is a trace whatever its name (the first byte decides) */
+    snprintf(why, len, "the file is empty (a snapshot cut off, or never written: "
+             "torch.cuda.memory._dump_snapshot writes it whole)");
+    return 1;
 }
 
 /* The converter: $XSEG_SNAPSHOT2TRACE, else xseg-snapshot2trace beside this executable (an

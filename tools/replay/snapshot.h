@@ -23,6 +23,10 @@ struct snapshot_device {
 /* 1 when the file at @p path starts with a pickle's PROTO opcode (0x80), 0 otherwise (also when
  * it cannot be read: the trace reader then reports why). */
 int snapshot_is_pickle(const char *path);
+/* Is @p path named as a snapshot (".pickle", any case) but empty? 1 with the reason in @p why; 0
+ * otherwise (a snapshot, a trace in text under any name, or a file that cannot be opened). An
+ * empty text trace replays nothing; an empty snapshot is a failed dump, worth an error. */
+int snapshot_named_but_not(const char *path, char *why, size_t len);
 
 /*
  * Convert the snapshot at @p path into @p dir (an existing folder the caller owns): one trace per
