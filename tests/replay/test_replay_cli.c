@@ -1028,7 +1028,8 @@ static void test_outcome_follows_headline(void **state)
 {
     (void)state;
     struct run_summary s[2] = {{.mode = "classic", .peak_reserved = 500}, {.mode = "expandable", .peak_reserved = 900}};
-    struct trace_recorded rec = {.peak_allocated = -1, .peak_reserved = 100, .expandable = -1, .oom_device = -1};
+    struct trace_recorded rec = {.peak_allocated = -1, .peak_reserved = 100, .expandable = -1, .oom_device = -1,
+                                 .history_events = -1};
     struct tune_result tr;
     memset(&tr, 0, sizeof tr);
     struct tune_family_result *py = &tr.fam[0], *xs = &tr.fam[1];
@@ -1046,6 +1047,21 @@ static void test_outcome_follows_headline(void **state)
         py->best.min_device = 200u << 20;
         assert_string_equal(report_outcome(s, 2, &rec, &h), want[i]);
     }
+    /* Within one 2 MiB step, or within 0.5 % of PyTorch's device, it is a tie: same. */
+    py->best.min_device = 200u << 20;
+    xs->def.min_device = (200u << 20) - (2u << 20);
+    assert_string_equal(report_outcome(s, 2, &rec, &h), "same");
+    py->best.min_device = 40ull << 30;
+    xs->def.min_device = (40ull << 30) - (200ull << 20); /* 0.49 % less */
+    assert_string_equal(report_outcome(s, 2, &rec, &h), "same");
+    xs->def.min_device = (40ull << 30) - (220ull << 20); /* 0.54 % less */
+    assert_string_equal(report_outcome(s, 2, &rec, &h), "good");
+    /* A snapshot of segments only (no history): no comparison of smallest devices is made, the
+     * colour comes from peak reserved against the recording. */
+    rec.history_events = 0;
+    assert_string_equal(report_outcome(s, 2, &rec, &h), "worse");
+    rec.history_events = -1;
+    py->best.min_device = 200u << 20;
     /* Peak reserved against the recording would say worse (900 > 100): the headline says good. */
     xs->def.min_device = 100u << 20;
     assert_string_equal(report_outcome(s, 2, &rec, &h), "good");

@@ -158,11 +158,22 @@ static void headline_sentence(char *buf, size_t len, const struct report_headlin
     }
 }
 
-/* xseg against PyTorch's best setting: 1 xseg needs less, 0 the same, -1 more (or only PyTorch
- * fits), -2 no comparison (a figure is missing, or neither fits). */
-static int headline_cmp(const struct report_headline *h)
+/* Two smallest devices closer than this are a tie: one step of the search (2 MiB), or 0.5 % of
+ * PyTorch's (a gain a user would not act on: a few MiB on a 40 GiB trace). */
+static int devices_tie(uint64_t x, uint64_t b)
+{
+    uint64_t d = x > b ? x - b : b - x;
+    return d <= (uint64_t)2 << 20 || d * 200 <= b;
+}
+
+/* xseg against PyTorch's best setting: 1 xseg needs less, 0 a tie (devices_tie), -1 more (or only
+ * PyTorch fits), -2 no comparison (a figure is missing, neither fits, or the recording has no
+ * history: a segments-only snapshot's replay says nothing of the run's peak). */
+static int headline_cmp(const struct report_headline *h, const struct trace_recorded *rec)
 {
     if (!h || !h->tune || !h->tune->fam[0].have_best || !h->tune->fam[1].have_def)
+        return -2;
+    if (rec && rec->history_events == 0)
         return -2;
     uint64_t x = cand_device(&h->tune->fam[1].def), b = cand_device(&h->tune->fam[0].best);
     if (!x && !b)
@@ -171,37 +182,56 @@ static int headline_cmp(const struct report_headline *h)
         return h->tune->fam[1].def.failed_allocs ? -1 : -2;
     if (!b)
         return h->tune->fam[0].best.failed_allocs ? 1 : -2;
-    return x < b ? 1 : x == b ? 0 : -1;
+    if (devices_tie(x, b))
+        return 0;
+    return x < b ? 1 : -1;
 }
 
-/* The comparison, plainly. */
+/* The difference @p d of two devices in @p size ("24 MiB") and as a share of @p of in @p pct
+ * ("0.4 %"). */
+struct margin {
+    char size[32], pct[16];
+};
+static void margin_of(struct margin *m, uint64_t d, uint64_t of)
+{
+    human2(m->size, sizeof m->size, d);
+    snprintf(m->pct, sizeof m->pct, "%.1f %%", of ? 100.0 * (double)d / (double)of : 0.0);
+}
+
+/* The comparison, plainly, with its margin (in MiB and as a share of PyTorch's device). */
 static void compare_sentence(char *buf, size_t len, const struct report_headline *h, int cmp)
 {
     const struct tune_family_result *py = &h->tune->fam[0], *xs = &h->tune->fam[1];
     uint64_t x = cand_device(&xs->def), b = cand_device(&py->best), c = cand_device(&py->def);
-    char line[400], d1[32], d2[32], xb[32], bb[32];
+    char line[400], xb[32], bb[32];
+    struct margin m1, m2;
     best_line(line, sizeof line, py);
     const char *with = line[0] ? line : "its defaults";
     human2(xb, sizeof xb, x);
     human2(bb, sizeof bb, b);
     if (cmp == 1 && b) {
-        human2(d1, sizeof d1, b - x);
-        human2(d2, sizeof d2, c > x ? c - x : 0);
+        margin_of(&m1, b - x, b);
+        margin_of(&m2, c > x ? c - x : 0, c);
         if (line[0])
-            snprintf(buf, len, "xseg beats PyTorch's best one-line setting: %s less than with %s, %s less than "
-                     "PyTorch's default.", d1, line, d2);
+            snprintf(buf, len, "xseg beats PyTorch's best one-line setting: %s less than with %s (%s), %s less "
+                     "than PyTorch's default (%s).", m1.size, line, m1.pct, m2.size, m2.pct);
         else
-            snprintf(buf, len, "xseg beats PyTorch's allocator: %s less than its default, which no one-line "
-                     "setting improves.", d1);
+            snprintf(buf, len, "xseg beats PyTorch's allocator: %s less than its default (%s), which no one-line "
+                     "setting improves.", m1.size, m1.pct);
     } else if (cmp == 1) {
         snprintf(buf, len, "xseg beats PyTorch's allocator: PyTorch with %s does not fit the device xseg fits.", with);
     } else if (cmp == 0) {
-        snprintf(buf, len, "xseg does not beat PyTorch's best setting here: with %s PyTorch fits the same %s "
-                 "device.", with, xb);
+        margin_of(&m1, x > b ? x - b : b - x, b);
+        if (x == b)
+            snprintf(buf, len, "xseg ties with PyTorch's best setting here: with %s PyTorch fits the same %s device.",
+                     with, xb);
+        else
+            snprintf(buf, len, "xseg ties with PyTorch's best setting here: with %s PyTorch fits %s, xseg %s (%s, "
+                     "%s apart: within one 2 MiB step or 0.5 %%).", with, bb, xb, m1.size, m1.pct);
     } else if (x) {
-        human2(d1, sizeof d1, x - b);
+        margin_of(&m1, x - b, b);
         snprintf(buf, len, "xseg does not beat PyTorch's best setting here: with %s PyTorch needs %s less (%s "
-                 "against xseg's %s).", with, d1, bb, xb);
+                 "against xseg's %s; %s).", with, m1.size, bb, xb, m1.pct);
     } else {
         snprintf(buf, len, "xseg does not beat PyTorch's best setting here: with %s PyTorch fits a %s device, xseg "
                  "does not fit the device replayed.", with, bb);
@@ -375,7 +405,7 @@ static size_t oom_and_headline(const struct run_summary *xs, const struct run_su
     if (h && h->tune) {
         if (k < maxlines)
             headline_sentence(lines[k++], REPORT_VERDICT_MAX, h, dev);
-        int cmp = headline_cmp(h);
+        int cmp = headline_cmp(h, rec);
         if (cmp != -2 && k < maxlines)
             compare_sentence(lines[k++], REPORT_VERDICT_MAX, h, cmp);
         if (cmp != -2 && cmp < 1 && k < maxlines && extras_sentence(lines[k], REPORT_VERDICT_MAX, h))
@@ -438,7 +468,7 @@ const char *report_outcome(const struct run_summary *s, size_t n, const struct t
         return "same";
     if (own->failed_allocs || (h && h->oom_device && h->oom_fits[REPORT_XSEG] == 0))
         return "fail";
-    int cmp = headline_cmp(h);
+    int cmp = headline_cmp(h, rec);
     if (cmp != -2)
         return cmp > 0 ? "good" : cmp == 0 ? "same" : "worse";
     int64_t base = rec && rec->peak_reserved > 0 ? rec->peak_reserved : own != cl && cl ? cl->peak_reserved : -1;
