@@ -146,11 +146,20 @@ xseg_pool_id to_xseg(MempoolId id) { return xseg_pool_id{id.first, id.second}; }
 // Filter form: begin hands over a std::function filter; xseg takes a C callback. Each filter
 // lives, keyed by (device, pool), until the end hook.
 // Never destroyed, as ipc below: a pool's end hook may run from a destructor at exit (~CUDAGraph,
-// ~MemPool held by a static) after this module's statics would be gone.
-std::mutex &filters_mu = *new std::mutex;
-std::map<std::pair<int, std::pair<uint64_t, uint64_t>>, std::unique_ptr<std::function<bool(cudaStream_t)>>>
-    &filters = *new std::map<std::pair<int, std::pair<uint64_t, uint64_t>>,
-                             std::unique_ptr<std::function<bool(cudaStream_t)>>>;
+// ~MemPool held by a static) after this module's statics would be gone. Accessors, not globals:
+// a PyTorch that has no hook of one form leaves its state unallocated (a global's `new` would run,
+// its unused pointer dropped by the compiler: LeakSanitizer's leak).
+using FilterMap = std::map<std::pair<int, std::pair<uint64_t, uint64_t>>, std::unique_ptr<std::function<bool(cudaStream_t)>>>;
+std::mutex &filters_mu()
+{
+    static std::mutex *m = new std::mutex;
+    return *m;
+}
+FilterMap &filters()
+{
+    static FilterMap *m = new FilterMap;
+    return *m;
+}
 
 int filter_trampoline(struct CUstream_st *stream, void *user)
 {
@@ -166,24 +175,28 @@ int filter_trampoline(struct CUstream_st *stream, void *user)
 [[maybe_unused]] void begin_to_pool(int device, MempoolId id, std::function<bool(cudaStream_t)> filter)
 {
     auto fn = std::make_unique<std::function<bool(cudaStream_t)>>(std::move(filter));
-    std::lock_guard<std::mutex> g(filters_mu);
+    std::lock_guard<std::mutex> g(filters_mu());
     xseg_check(xseg_begin_allocate_to_pool(device, to_xseg(id), filter_trampoline, fn.get()), "begin_allocate_to_pool");
-    filters[{device, {id.first, id.second}}] = std::move(fn);
+    filters()[{device, {id.first, id.second}}] = std::move(fn);
 }
 
 [[maybe_unused]] void end_to_pool(int device, MempoolId id)
 {
     xseg_status st = xseg_end_allocate_to_pool(device, to_xseg(id));
     {
-        std::lock_guard<std::mutex> g(filters_mu);
-        filters.erase({device, {id.first, id.second}});
+        std::lock_guard<std::mutex> g(filters_mu());
+        filters().erase({device, {id.first, id.second}});
     }
     xseg_check(st, "end_allocate_to_pool");
 }
 
 // Stream form (2.1): one stream goes to the pool; the end hook names the stream only.
-std::map<std::pair<int, cudaStream_t>, MempoolId> &stream_pools =
-    *new std::map<std::pair<int, cudaStream_t>, MempoolId>; // under filters_mu; never destroyed
+// Under filters_mu(); never destroyed (as filters()).
+std::map<std::pair<int, cudaStream_t>, MempoolId> &stream_pools()
+{
+    static auto *m = new std::map<std::pair<int, cudaStream_t>, MempoolId>;
+    return *m;
+}
 
 int stream_trampoline(struct CUstream_st *stream, void *user)
 {
@@ -192,22 +205,22 @@ int stream_trampoline(struct CUstream_st *stream, void *user)
 
 [[maybe_unused]] void begin_stream_to_pool(int device, cudaStream_t stream, MempoolId id)
 {
-    std::lock_guard<std::mutex> g(filters_mu);
+    std::lock_guard<std::mutex> g(filters_mu());
     xseg_check(xseg_begin_allocate_to_pool(device, to_xseg(id), stream_trampoline, static_cast<void *>(stream)),
                "begin_allocate_stream_to_pool");
-    stream_pools[{device, stream}] = id;
+    stream_pools()[{device, stream}] = id;
 }
 
 [[maybe_unused]] void end_stream_to_pool(int device, cudaStream_t stream)
 {
     MempoolId id;
     {
-        std::lock_guard<std::mutex> g(filters_mu);
-        auto it = stream_pools.find({device, stream});
-        TORCH_CHECK(it != stream_pools.end(), "xseg: end_allocate_stream_to_pool: stream ",
+        std::lock_guard<std::mutex> g(filters_mu());
+        auto it = stream_pools().find({device, stream});
+        TORCH_CHECK(it != stream_pools().end(), "xseg: end_allocate_stream_to_pool: stream ",
                     static_cast<void *>(stream), " on device ", device, " is not allocating to a pool");
         id = it->second;
-        stream_pools.erase(it);
+        stream_pools().erase(it);
     }
     xseg_check(xseg_end_allocate_to_pool(device, to_xseg(id)), "end_allocate_stream_to_pool");
 }
