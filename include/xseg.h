@@ -747,8 +747,9 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
 /**
  * A pool's own allocator (its owner's): the segments of a pool created with one come from
  * @c alloc and go back through @c free, as PyTorch's caching allocator does for a MemPool built
- * with a CUDAAllocator (c10/cuda/CUDACachingAllocator.cpp: alloc_block and release_block ask the
- * pool's allocator; CUDAPluggableAllocator calls its alloc_fn(size, device, stream) and
+ * with a CUDAAllocator (pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp at eb42ad6e:
+ * allocPrimitive, relaxed capture mode through cudaMallocMaybeCapturing, and release_block ask
+ * the pool's allocator; CUDAPluggableAllocator calls its alloc_fn(size, device, stream) and
  * free_fn(ptr, size, device, stream)). xseg caches, splits and merges the blocks of such a
  * segment as a classic segment's (even with expandable segments in force) and never maps, unmaps,
  * re-backs, fills, moves or puts to sleep its memory: @c free is the only way it goes.
