@@ -225,6 +225,10 @@ static void run_pattern(const char *config, struct owner *o, const size_t *sizes
             owned += o->segs[i].live ? (int64_t)o->segs[i].size : 0;
         assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved0 + owned);
         assert_int_equal(tu_stat("segment.all.current"), segs0 + o->nlive);
+        /* The registration ledger follows only xseg's own (expandable) memory. */
+        xseg_range_callbacks cb;
+        memset(&cb, 0, sizeof cb);
+        assert_int_equal(xseg_register_range(ptrs[1], 512, &cb, NULL), XSEG_ERROR_NOT_SUPPORTED);
         for (size_t i = 0; i < n; i += 2)
             tu_free(ptrs[i]);
         for (size_t i = 1; i < n; i += 2)
@@ -238,6 +242,8 @@ static void run_pattern(const char *config, struct owner *o, const size_t *sizes
     /* The MemPool still holds its use: empty_cache keeps its segments (PyTorch: only pools with
      * no users are released). */
     ok(xseg_empty_cache(0), "xseg_empty_cache");
+    assert_int_equal(o->frees, 0);
+    ok(xseg_trim(0, 0), "xseg_trim"); /* nor does a trim */
     assert_int_equal(o->frees, 0);
     /* Nothing of xseg's sleeps such memory. */
     xseg_status slept = xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD);
