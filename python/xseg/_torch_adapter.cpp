@@ -1270,6 +1270,10 @@ struct WithCreateOrIncrefPool<B, std::void_t<decltype(&B::createOrIncrefPool)>> 
             xseg_check(xseg_pool_retain(device, to_xseg(id)), "create_or_incref_pool");
             return;
         }
+        // xseg as the pool's owner would allocate into itself under its own device lock.
+        TORCH_CHECK(static_cast<const void *>(allocator.get()) != static_cast<const void *>(this),
+                    "xseg: MemPool(allocator=...) was given xseg itself (the current allocator); create the MemPool "
+                    "without an allocator to use xseg's memory");
         // One holder a (device, pool) while xseg knows the pool; a second MemPool use of the same
         // pool passes the same allocator, found here so xseg sees the same owner again.
         bool created = false;

@@ -100,6 +100,15 @@ int main()
     EXPECT(dev_set(mine, 0x11, 2 * MiB), "cuMemsetD8 of xseg's block");
     int64_t reserved0 = stat(0, "reserved_bytes.all.current"), segs0 = stat(0, "segment.all.current");
 
+    // MemPool(allocator=torch.cuda.memory.get_current_allocator()): xseg itself, refused.
+    try {
+        a->createOrIncrefPool(0, {0, 72}, torch::cuda::CUDAPluggableAllocator::getCurrentAllocator());
+        EXPECT(false, "a MemPool over xseg itself was taken");
+    } catch (const c10::Error &e) {
+        EXPECT(contains(e.what(), "given xseg itself"), "message: %s", e.what());
+    }
+    EXPECT(a->getPoolUseCount(0, {0, 72}) == 0, "the refused pool has users");
+
     // pool = torch.cuda.MemPool(allocator=owner)
     c10::cuda::MempoolId_t id{0, 73};
     a->createOrIncrefPool(0, id, owner);
