@@ -38,6 +38,15 @@ xseg_status classic_free(CUdeviceptr ptr, int device)
     return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
 }
 
+static _Thread_local bool owner_oom; /* classic_take_owner_oom */
+
+bool classic_take_owner_oom(void)
+{
+    bool v = owner_oom;
+    owner_oom = false;
+    return v;
+}
+
 xseg_status classic_alloc_owned(const xseg_pool_allocator *owner, size_t size, bool relaxed, int device,
                                 CUstream stream, CUdeviceptr *out)
 {
@@ -54,6 +63,7 @@ xseg_status classic_alloc_owned(const xseg_pool_allocator *owner, size_t size, b
     void *p = owner->alloc(size, device, stream, owner->user);
     if (relaxed)
         (void)drv->cuThreadExchangeStreamCaptureMode(&mode);
+    owner_oom = !p;
     if (!p)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "the pool's allocator returned no memory for %zu bytes on device %d",
                        size, device);

@@ -34,6 +34,10 @@ xseg_status classic_free(CUdeviceptr ptr, int device);
 xseg_status classic_alloc_owned(const xseg_pool_allocator *owner, size_t size, bool relaxed, int device,
                                 CUstream stream, CUdeviceptr *out);
 
+/* Did this thread's last classic_alloc_owned get no memory from its owner? Reads and forgets it
+ * (the OOM message names the owner's allocator instead of the device's memory). */
+bool classic_take_owner_oom(void);
+
 /* Give a segment of classic_alloc_owned back through @p owner's free (it cannot fail). */
 void classic_free_owned(const xseg_pool_allocator *owner, CUdeviceptr ptr, size_t size, int device, CUstream stream);
 

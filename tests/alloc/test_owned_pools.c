@@ -56,7 +56,7 @@ struct owner {
     CUmemAllocationGranularity_flags gran_kind;
     struct owner_seg segs[MAX_SEGS];
     int nsegs, nlive, allocs, frees, bad_frees, forgets;
-    bool fail_next;       /* alloc returns NULL once */
+    int fail_n;           /* alloc returns NULL this many more times */
     size_t misalign;      /* alloc returns ptr + misalign (then free must get ptr + misalign back) */
 };
 
@@ -74,8 +74,8 @@ static void *owner_alloc(size_t size, int device, CUstream stream, void *user)
 {
     struct owner *o = user;
     o->allocs++;
-    if (o->fail_next) {
-        o->fail_next = false;
+    if (o->fail_n > 0) {
+        o->fail_n--;
         return NULL;
     }
     if (device != 0 || o->nsegs == MAX_SEGS)
@@ -365,31 +365,24 @@ static void test_owner_oom(void **state)
 {
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:True");
-    struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_MINIMUM, .fail_next = true};
+    struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_MINIMUM};
     xseg_pool_allocator a = owner_of(&o);
     xseg_pool_id pool;
     ok(xseg_pool_create(&pool), "xseg_pool_create");
     ok(xseg_pool_retain_owned(0, pool, &a), "xseg_pool_retain_owned");
     ok(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), "xseg_begin_allocate_to_pool");
     int64_t reserved0 = tu_stat("reserved_bytes.all.current");
+    int64_t ooms0 = tu_stat("num_ooms");
     void *p = NULL;
-    o.fail_next = true;
-    /* xseg's recovery asks again after its reclaim: fail every try by failing them all. */
-    xseg_status st = XSEG_SUCCESS;
-    for (int tries = 0; tries < 4 && st == XSEG_SUCCESS; tries++) {
-        o.fail_next = true;
-        int before = o.allocs;
-        st = xseg_malloc(&p, 5 * MiB, 0, NULL);
-        if (st == XSEG_SUCCESS) { /* the retry got it: give it back and fail harder below */
-            assert_true(o.allocs > before + 1);
-            tu_free(p);
-            break;
-        }
-    }
-    if (st != XSEG_SUCCESS) {
-        assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
-        assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved0);
-    }
+    /* An out-of-memory error naming the owner, nothing reserved, nothing left with the owner. */
+    o.fail_n = 1000;
+    assert_int_equal(xseg_malloc(&p, 5 * MiB, 0, NULL), XSEG_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(xseg_last_error(), "the pool's allocator"));
+    assert_int_equal(tu_stat("num_ooms"), ooms0 + 1);
+    assert_int_equal(o.nlive, 0);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), reserved0);
+    /* The owner has memory again: the pool is usable. */
+    o.fail_n = 0;
     p = tu_malloc(5 * MiB, NULL);
     assert_true(owner_holds(&o, p, 5 * MiB));
     fill(p, 5 * MiB, 7);
