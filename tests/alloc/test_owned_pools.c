@@ -465,12 +465,42 @@ static void test_capture(void **state)
     ok(xseg_shutdown(), "xseg_shutdown");
 }
 
+/* xseg_shutdown with the pool still held (a MemPool alive at exit) and a block of it cached:
+ * the segment goes back through the owner's free, and the owner hears the pool is forgotten. */
+static void test_shutdown_held(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True");
+    struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_RECOMMENDED};
+    xseg_pool_allocator a = owner_of(&o);
+    xseg_pool_id pool;
+    ok(xseg_pool_create(&pool), "xseg_pool_create");
+    ok(xseg_pool_retain_owned(0, pool, &a), "xseg_pool_retain_owned");
+    ok(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), "xseg_begin_allocate_to_pool");
+    void *p = tu_malloc(2 * MiB, NULL);
+    fill(p, 2 * MiB, 5);
+    check(p, 2 * MiB, 5);
+    tu_free(p);
+    ok(xseg_end_allocate_to_pool(0, pool), "xseg_end_allocate_to_pool");
+    assert_int_equal(o.nlive, 1);
+    ok(xseg_shutdown(), "xseg_shutdown");
+    assert_int_equal(o.nlive, 0);
+    assert_int_equal(o.frees, o.nsegs);
+    assert_int_equal(o.bad_frees, 0);
+    assert_int_equal(o.forgets, 1);
+    struct cudaemu_live live;
+    if (tu_live(&live)) {
+        assert_int_equal(live.handles, 0);
+        assert_int_equal(live.reservations, 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const struct tu_named_test all_tests[] = {
         TU_NAMED(test_nccl_expandable), TU_NAMED(test_nccl_classic), TU_NAMED(test_saver_expandable),
         TU_NAMED(test_saver_classic),   TU_NAMED(test_bad_input),    TU_NAMED(test_owner_oom),
-        TU_NAMED(test_misaligned),      TU_NAMED(test_capture),
+        TU_NAMED(test_misaligned),      TU_NAMED(test_capture),      TU_NAMED(test_shutdown_held),
     };
     return tu_run_named("owned_pools", all_tests, sizeof all_tests / sizeof all_tests[0], argc, argv);
 }
