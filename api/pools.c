@@ -84,6 +84,21 @@ XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool)
     return st != XSEG_SUCCESS ? st : pools_retain(d, pool);
 }
 
+XSEG_API xseg_status xseg_pool_retain_owned(int device, xseg_pool_id pool, const xseg_pool_allocator *owner)
+{
+    if (id_is_default(pool))
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "xseg_pool_retain_owned: pool {0, 0} is the default pool; use xseg_pool_create");
+    if (!owner)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_retain_owned: owner is NULL");
+    if (!owner->alloc || !owner->free)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_pool_retain_owned: owner->%s is NULL (alloc and free are required)",
+                       !owner->alloc ? "alloc" : "free");
+    struct dev_alloc *d;
+    xseg_status st = rt_device(device, &d);
+    return st != XSEG_SUCCESS ? st : pools_retain_owned(d, pool, owner);
+}
+
 XSEG_API xseg_status xseg_pool_malloc_at(int device, xseg_pool_id pool, void *ptr, size_t size)
 {
     if (id_is_default(pool))

@@ -49,7 +49,7 @@ static xseg_status alloc_block(struct dev_alloc *d, struct alloc_params *p, bool
     lock_assert_held(&d->lock);
     if (is_retry)
         d->acct.stats.num_alloc_retries++;
-    if (d->use_expandable) {
+    if (d->use_expandable && !dev_pool_allocator(d, p->pool)) { /* an owned pool: classic segments */
         place_want(d, p->cls); /* S1: its class's segments, or any */
         xseg_status st = exp_allocate(d, p->pool, p->stream, p->size, &p->block);
         place_want(d, PLACE_SEG_ANY);

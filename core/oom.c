@@ -16,6 +16,7 @@
 #include "core/services/group.h"
 #include "core/services/sleep.h"
 #include "core/snapshot.h"
+#include "vmm/classic.h"
 #include "vmm/driver.h"
 
 xseg_status oom_report(struct dev_alloc *d, size_t size, size_t alloc_size, CUstream stream)
@@ -23,6 +24,8 @@ xseg_status oom_report(struct dev_alloc *d, size_t size, size_t alloc_size, CUst
     lock_assert_held(&d->lock);
     /* The last refusal was the address space's (a new segment's reservation), not memory's. */
     bool va = drv_take_va_oom();
+    /* Or a pool's owner's: its alloc returned no memory (xseg_pool_allocator). */
+    bool owner = classic_take_owner_oom();
     size_t dfree = 0, dtotal = d->info.total_mem;
     if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS)
         (void)drv_mem_info(&dfree, &dtotal);
@@ -74,7 +77,9 @@ xseg_status oom_report(struct dev_alloc *d, size_t size, size_t alloc_size, CUst
                    "reserved by xseg but unallocated.%s%s%s%s%s%s",
                    va ? "Out of virtual address space: cuMemAddressReserve could not reserve the addresses "
                         "of a new segment (the address space is exhausted or limited; device memory is not)"
-                      : "CUDA out of memory",
+                   : owner ? "Out of memory in a pool of its owner's memory: the pool's allocator "
+                             "(xseg_pool_allocator, a MemPool's allocator) returned no memory for a new segment"
+                           : "CUDA out of memory",
                    err_format_size(alloc_size, s_req), device, err_format_size(dtotal, s_tot),
                    err_format_size(dfree, s_free), allowed_info, err_format_size(allocated + in_private, s_alloc),
                    private_info, err_format_size(unalloc, s_unalloc), asleep_info, budget_info, rungs_info, over,

@@ -745,6 +745,48 @@ XSEG_API xseg_status xseg_pool_live_blocks(int device, xseg_pool_id pool, void *
 XSEG_API xseg_status xseg_pool_retain(int device, xseg_pool_id pool);
 
 /**
+ * A pool's own allocator (its owner's): the segments of a pool created with one come from
+ * @c alloc and go back through @c free, as PyTorch's caching allocator does for a MemPool built
+ * with a CUDAAllocator (pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp at eb42ad6e:
+ * allocPrimitive, relaxed capture mode through cudaMallocMaybeCapturing, and release_block ask
+ * the pool's allocator; CUDAPluggableAllocator calls its alloc_fn(size, device, stream) and
+ * free_fn(ptr, size, device, stream)). xseg caches, splits and merges the blocks of such a
+ * segment as a classic segment's (even with expandable segments in force) and never maps, unmaps,
+ * re-backs, fills, moves or puts to sleep its memory: @c free is the only way it goes.
+ *
+ * Calls are made with xseg's device lock held: a callback must not call xseg on that device. A
+ * capture may be underway while @c alloc runs; xseg switches the calling thread to relaxed
+ * capture mode around it, as around its own cuMemAlloc.
+ */
+typedef struct xseg_pool_allocator {
+    /** A segment of @p size bytes for @p stream on @p device (the stream of the allocation that
+     *  grew the pool), or NULL when there is none: then the allocation fails with
+     *  XSEG_ERROR_OUT_OF_MEMORY after xseg's usual recovery. Required. */
+    void *(*alloc)(size_t size, int device, struct CUstream_st *stream, void *user);
+    /** Give back a segment @c alloc returned, with the same size, device and stream. Called only
+     *  for a segment with no allocated block and its stream's work done (xseg_empty_cache, OOM
+     *  recovery, idle reclaim, xseg_shutdown). Required. */
+    void (*free)(void *ptr, size_t size, int device, struct CUstream_st *stream, void *user);
+    /** Optional: called once when xseg forgets the pool (no users and no segment left, or
+     *  xseg_shutdown): no callback of this allocator is called after it, so @c user may go. */
+    void (*forget)(void *user);
+    void *user; /**< passed to each callback as is */
+} xseg_pool_allocator;
+
+/**
+ * xseg_pool_retain for a pool whose segments come from @p owner (PyTorch's createOrIncrefPool
+ * with a MemPool's allocator): adds a use, creating @p pool on @p device with a copy of
+ * @p *owner when it does not exist. Allocate in it as in any private pool
+ * (xseg_begin_allocate_to_pool, a capture); statistics, snapshots (the segment's pool_id),
+ * xseg_pool_use_count, xseg_pool_live_blocks and xseg_release_pool work as for any pool.
+ * xseg_sleep refuses such a pool (XSEG_ERROR_NOT_SUPPORTED: it holds classic segments).
+ * @return XSEG_ERROR_INVALID_VALUE for the {0, 0} pool, a NULL @p owner or a NULL alloc or free
+ *         callback, or a pool that exists on @p device with another allocator (or none);
+ *         XSEG_ERROR_OUT_OF_MEMORY when the pool's host record cannot be made (nothing changes).
+ */
+XSEG_API xseg_status xseg_pool_retain_owned(int device, xseg_pool_id pool, const xseg_pool_allocator *owner);
+
+/**
  * Allocate exactly [@p ptr, @p ptr + @p size) from @p pool on @p device: the bytes must lie in one
  * free, mapped block of one of the pool's segments, expandable or classic (what a block of a
  * checkpointed layout left when it was freed). The block is split there, and its head and tail

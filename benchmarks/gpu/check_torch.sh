@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Check torch: xseg under real PyTorch. torch_checks.py --group torch first (xseg.torch.enable(),
 # torch.compile(mode="reduce-overhead": straight, a branching tree, train and eval steps), torch.cuda.graph
-# in a private pool, MemPool,
+# in a private pool, MemPool, MemPool(allocator=...) over NCCL's ncclMemAlloc or cuMemAlloc,
 # record_stream, torch.multiprocessing, memory_stats keys, summary and snapshot through
 # torch.cuda, pinned tensors from xseg's host cache on 2.8+, and _dump_snapshot into
 # snapshot.pickle, which run.sh puts in $OUT for memory-viz), then with the time left
@@ -29,7 +29,7 @@ if [ -n "$why" ]; then
     for c in "xseg.torch.enable" 'torch.compile(mode="reduce-overhead")' \
              'torch.compile(mode="reduce-overhead"): a branching cudagraph tree' \
              'torch.compile(mode="reduce-overhead"): train and eval steps of two shapes' \
-             "torch.cuda.graph" "torch.cuda.MemPool" \
+             "torch.cuda.graph" "torch.cuda.MemPool" "torch.cuda.MemPool(allocator=CUDAPluggableAllocator)" \
              "torch.multiprocessing" "record_stream of an empty tensor and of foreign memory" \
              "fraction, history flag, MemPool.snapshot, torch.accelerator" \
              "stats, summary and snapshot through torch.cuda" "torch.cuda.memory._dump_snapshot" \

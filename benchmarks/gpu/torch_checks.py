@@ -29,10 +29,13 @@ spill's contract (kernels on a side stream writing spilled, undeclared and taken
 another thread promotes; every byte compared).
 """
 import argparse
+import ctypes
 import json
 import os
 import pickle
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -60,6 +63,58 @@ def report(name, fn):
 
 
 # --- group torch ---------------------------------------------------------------------------------
+
+# The owner allocator of the MemPool(allocator=...) check, built with the system compiler at run
+# time: NCCL's ncclMemAlloc / ncclMemFree (NCCL's allocator.cc) when PyTorch loaded libnccl,
+# otherwise the driver's cuMemAlloc / cuMemFree in the context PyTorch made current; a ledger the
+# check reads (owner_stat: 0 allocs, 1 frees, 2 live, 3 failed frees, 4 the backend: 1 NCCL).
+OWNER_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+#include <sys/types.h>
+static int (*nccl_alloc)(void **, size_t);
+static int (*nccl_free)(void *);
+static int (*cu_alloc)(unsigned long long *, size_t);
+static int (*cu_free)(unsigned long long);
+static int backend = -1;
+static long allocs, frees, live, bad;
+static void resolve(void)
+{
+    if (backend >= 0)
+        return;
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+    if (h && (nccl_alloc = (int (*)(void **, size_t))dlsym(h, "ncclMemAlloc")) &&
+        (nccl_free = (int (*)(void *))dlsym(h, "ncclMemFree"))) {
+        backend = 1;
+        return;
+    }
+    h = dlopen("libcuda.so.1", RTLD_NOW);
+    cu_alloc = h ? (int (*)(unsigned long long *, size_t))dlsym(h, "cuMemAlloc_v2") : 0;
+    cu_free = h ? (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2") : 0;
+    backend = 0;
+}
+void *owner_alloc(ssize_t size, int device, void *stream)
+{
+    (void)device, (void)stream;
+    resolve();
+    void *p = 0;
+    int r = backend ? nccl_alloc(&p, (size_t)size) : cu_alloc ? cu_alloc((unsigned long long *)&p, (size_t)size) : 1;
+    if (r || !p)
+        return 0;
+    allocs++, live++;
+    return p;
+}
+void owner_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    (void)size, (void)device, (void)stream;
+    int r = backend ? nccl_free(ptr) : cu_free((unsigned long long)ptr);
+    frees++, live--;
+    if (r)
+        bad++;
+}
+long owner_stat(int k) { return k == 0 ? allocs : k == 1 ? frees : k == 2 ? live : k == 3 ? bad : backend; }
+"""
+
 
 def mp_child(q, r):
     """torch.multiprocessing child (spawned: a fresh interpreter). It installs xseg before its
@@ -322,6 +377,52 @@ def torch_checks(args, xseg, torch):
         assert int(t[123]) == 7
         del t, u, pool
 
+    def mempool_allocator():
+        """MemPool(allocator=CUDAPluggableAllocator(...)) (issue 73): the owner is NCCL's ncclMemAlloc /
+        ncclMemFree from the NCCL PyTorch loaded (vLLM's pynccl_allocator pattern, one rank), else the
+        driver's cuMemAlloc / cuMemFree; bytes written and read back bit for bit, every segment given
+        back through the owner's free once the MemPool is gone."""
+        if not (hasattr(torch.cuda, "use_mem_pool") and hasattr(torch.cuda.memory, "CUDAPluggableAllocator")):
+            raise Skip("this PyTorch (%s) has no use_mem_pool / CUDAPluggableAllocator" % torch.__version__)
+        work = tempfile.mkdtemp(prefix="xseg-owner-", dir=args.out)
+        src, so = os.path.join(work, "owner.c"), os.path.join(work, "owner.so")
+        with open(src, "w") as f:
+            f.write(OWNER_C)
+        cc = os.environ.get("CC", "cc")
+        r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", so, src, "-ldl"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise Skip("%s could not build the owner allocator: %s" % (cc, r.stderr[-500:]))
+        owner = torch.cuda.memory.CUDAPluggableAllocator(so, "owner_alloc", "owner_free")
+        lib = ctypes.CDLL(so)  # the same loaded object as the pluggable allocator's: one ledger
+        lib.owner_stat.restype = ctypes.c_long
+        try:
+            pool = torch.cuda.MemPool(allocator=owner.allocator())
+        except TypeError as e:
+            raise Skip("this PyTorch's MemPool takes no allocator: %s" % e)
+        sizes = (4096, 3 * MiB, 40 * MiB)
+        want = [(torch.arange(n, dtype=torch.int64) * 131 + i).remainder(251).to(torch.uint8) for i, n in enumerate(sizes)]
+        with torch.cuda.use_mem_pool(pool):
+            ts = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
+        for t, w in zip(ts, want):
+            assert pool_of(t.data_ptr()) == tuple(pool.id), (pool_of(t.data_ptr()), pool.id)
+            t.copy_(w)
+        torch.cuda.synchronize()
+        for t, w in zip(ts, want):
+            assert torch.equal(t.cpu(), w), "bytes in the owner's memory differ"
+        allocs, live = lib.owner_stat(0), lib.owner_stat(2)
+        assert allocs >= 2 and live == allocs, (allocs, live)
+        assert pool.use_count() == 1, pool.use_count()
+        del ts
+        torch.cuda.empty_cache()
+        assert lib.owner_stat(1) == 0, "empty_cache gave a live MemPool's segments back"
+        del pool
+        import gc
+        gc.collect()
+        torch.cuda.empty_cache()
+        frees, live, bad = lib.owner_stat(1), lib.owner_stat(2), lib.owner_stat(3)
+        assert live == 0 and frees == allocs and bad == 0, dict(allocs=allocs, frees=frees, live=live, bad=bad)
+        return {"owner": "ncclMemAlloc" if lib.owner_stat(4) == 1 else "cuMemAlloc", "segments": allocs}
+
     def multiprocessing():
         import torch.multiprocessing as mp
         ctx = mp.get_context("spawn")
@@ -441,6 +542,7 @@ def torch_checks(args, xseg, torch):
     report('torch.compile(mode="reduce-overhead"): a branching cudagraph tree', compiled_branches)
     report('torch.compile(mode="reduce-overhead"): train and eval steps of two shapes', compiled_train_eval)
     report("torch.cuda.MemPool", mempool)
+    report("torch.cuda.MemPool(allocator=CUDAPluggableAllocator)", mempool_allocator)
     report("torch.multiprocessing", multiprocessing)
 
 

@@ -104,6 +104,10 @@ struct priv_pool {
     int use_count;          /* begins (captures, graphs) not yet released */
     struct priv_pool *next; /* device's list */
     struct pool_sleep *sleep; /* core/services/sleep.c: NULL while awake; a sleeping pool is never reaped */
+    /* The owner's allocator (xseg_pool_retain_owned), or all NULL: xseg's own memory. An owned
+     * pool grows classic segments through owner.alloc only, and they go through owner.free only
+     * (core/policy/classic.c, release.c); fixed for the pool's life. */
+    xseg_pool_allocator owner;
 };
 
 /* One allocate-to-pool in progress: allocations on streams it matches go to its pool. */
@@ -138,6 +142,16 @@ static inline struct priv_pool *dev_pool_owner(const struct dev_alloc *d, const 
     return (struct priv_pool *)(void *)((char *)(uintptr_t)p -
                                         (p->is_small ? offsetof(struct priv_pool, small)
                                                      : offsetof(struct priv_pool, large)));
+}
+
+/* The owner's allocator of @p p, or NULL when its segments are xseg's own (growth and release
+ * only: never the malloc/free path). */
+static inline const xseg_pool_allocator *dev_pool_allocator(const struct dev_alloc *d, const struct bpool *p)
+{
+    if (!p->is_private)
+        return NULL;
+    const struct priv_pool *pp = dev_pool_owner(d, p);
+    return pp->owner.alloc ? &pp->owner : NULL;
 }
 
 /* The pool of block @p b, from its pool bits: the device's own two without reading the segment

@@ -51,7 +51,10 @@ xseg_status classic_grow(struct dev_alloc *d, struct bpool *pool, CUstream strea
     /* A capture may be underway: cuMemAlloc in relaxed capture mode (vmm/classic.h). The mode is
      * per thread, so dropping the lock is fine. */
     bool relax = cap_underway(d), held = true;
-    if (d->cfg.release_lock_on_cudamalloc)
+    const xseg_pool_allocator *owner = dev_pool_allocator(d, pool);
+    if (owner) /* the owner's alloc runs under the lock, as PyTorch calls a MemPool's raw_alloc */
+        st = classic_alloc_owned(owner, size, relax, d->device, stream, &ptr);
+    else if (d->cfg.release_lock_on_cudamalloc)
         st = classic_alloc_unlocked(d, pool, stream, size, relax, asleep, &ptr, &held);
     else
         st = classic_alloc(size, relax, d->device, &ptr);

@@ -12,7 +12,8 @@
  * this wing, answers): then *@p st is the refusal. */
 typedef bool (*classic_asleep_fn)(struct dev_alloc *d, struct bpool *pool, xseg_status *st);
 
-/* cuMemAlloc a new segment of @p size bytes for (@p pool, @p stream): SUCCESS with *@p out its one
+/* cuMemAlloc a new segment of @p size bytes for (@p pool, @p stream) (an owned pool's: from its
+ * owner's alloc, under the lock): SUCCESS with *@p out its one
  * free block (in no index), OUT_OF_MEMORY (recoverable), or another error; on failure nothing has
  * changed. With release_lock_on_cudamalloc the lock is given back around the cuMemAlloc, and a
  * pool that fell asleep meanwhile (@p asleep) gets nothing (the memory is freed). During a capture

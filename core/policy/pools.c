@@ -74,6 +74,8 @@ static void pool_unlink_free(struct dev_alloc *d, struct priv_pool *pp)
     for (struct priv_pool **link = &d->priv.pools; *link; link = &(*link)->next) {
         if (*link == pp) {
             *link = pp->next;
+            if (pp->owner.forget) /* the owner's last call: its allocator may go */
+                pp->owner.forget(pp->owner.user);
             xs_free(pp);
             return;
         }
@@ -345,6 +347,32 @@ xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool)
                      id_text(pool, buf));
     else
         pp->use_count++;
+    dev_unlock(d);
+    return st;
+}
+
+static bool owner_eq(const xseg_pool_allocator *a, const xseg_pool_allocator *b)
+{
+    return a->alloc == b->alloc && a->free == b->free && a->forget == b->forget && a->user == b->user;
+}
+
+xseg_status pools_retain_owned(struct dev_alloc *d, xseg_pool_id pool, const xseg_pool_allocator *owner)
+{
+    char buf[48];
+    xseg_status st = XSEG_SUCCESS;
+    dev_lock(d, DEV_NEED_SLOTS);
+    struct priv_pool *pp = pool_find(d, pool);
+    if (pp && !owner_eq(&pp->owner, owner))
+        st = err_set(XSEG_ERROR_INVALID_VALUE,
+                     "xseg_pool_retain_owned: pool %s exists on device %d with %s; a pool's allocator is fixed for "
+                     "its life", id_text(pool, buf), d->device, pp->owner.alloc ? "another allocator" : "xseg's own memory");
+    else if (!pp && !(pp = pool_new(d, pool)))
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_pool_retain_owned: out of host memory for pool %s",
+                     id_text(pool, buf));
+    else {
+        pp->owner = *owner;
+        pp->use_count++;
+    }
     dev_unlock(d);
     return st;
 }

@@ -21,6 +21,9 @@ struct priv_pool *pools_find(struct dev_alloc *d, xseg_pool_id id);
 xseg_status pools_live_blocks(struct dev_alloc *d, xseg_pool_id pool, void **ptrs, size_t cap, size_t *n);
 /* Add a use to @p pool, creating it (no route). */
 xseg_status pools_retain(struct dev_alloc *d, xseg_pool_id pool);
+/* pools_retain for a pool of @p owner's memory (xseg_pool_retain_owned; api/ checked @p owner):
+ * XSEG_ERROR_INVALID_VALUE when @p pool exists with another allocator or none. */
+xseg_status pools_retain_owned(struct dev_alloc *d, xseg_pool_id pool, const xseg_pool_allocator *owner);
 /* Route @p id's pool to the capture of @p stream, then begin it in @p capture_mode. */
 xseg_status pools_capture_begin(struct dev_alloc *d, CUstream stream, xseg_pool_id id, int capture_mode);
 xseg_status pools_capture_end(struct dev_alloc *d, CUstream stream, CUgraph *graph);

@@ -78,14 +78,20 @@ void memo_free(struct stream_memo *m)
 
 /* ---- classic segments and pools ---------------------------------------------------------- */
 
-/* cuMemFree an unsplit free classic block (in the free index) and its segment. */
+/* cuMemFree an unsplit free classic block (in the free index) and its segment; an owned pool's
+ * goes through its owner's free, with the size, device and stream its alloc was called with. */
 xseg_status release_block(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return XSEG_ERROR_DRIVER;
     obs_classic(d, b->addr, b->size, XSEG_SEGMENT_UNMAP); /* before the memory goes */
-    xseg_status st = classic_free((CUdeviceptr)b->addr, d->device);
+    const xseg_pool_allocator *owner = dev_pool_allocator(d, block_pool(b));
+    xseg_status st = XSEG_SUCCESS;
+    if (owner)
+        classic_free_owned(owner, (CUdeviceptr)b->addr, b->size, d->device, b->seg->stream);
+    else
+        st = classic_free((CUdeviceptr)b->addr, d->device);
     if (st != XSEG_SUCCESS) {
         obs_classic(d, b->addr, b->size, XSEG_SEGMENT_MAP); /* still there after all */
         return st;

@@ -1167,6 +1167,87 @@ bool check_pool_live_allocations(int device, MempoolId id, const std::unordered_
     return true;
 }
 
+// ---- MemPool(allocator=...): the owner's callbacks xseg calls (xseg_pool_allocator) ----------
+
+// What xseg's callbacks reach: the MemPool's allocator, held while xseg knows the pool.
+struct OwnedPool {
+    std::shared_ptr<cca::CUDAAllocator> allocator;
+    XSEG_TORCH_DEV device;
+    MempoolId id;
+};
+
+// The live holders, so a second createOrIncrefPool of a pool finds the first one's (xseg checks
+// the owner is the same). Never destroyed, as the export table: a pool may be forgotten at exit
+// after this module's statics would be gone.
+std::mutex &owned_pools_mu()
+{
+    static auto *m = new std::mutex;
+    return *m;
+}
+std::vector<OwnedPool *> &owned_pools()
+{
+    static auto *v = new std::vector<OwnedPool *>;
+    return *v;
+}
+
+// Called under xseg's device lock: the allocator must not call back into xseg (a
+// CUDAPluggableAllocator calls its own alloc_fn / free_fn). An exception stops here: xseg sees
+// no memory (an OOM it recovers from) or, for a free, nothing it could act on.
+[[maybe_unused]] void *owned_alloc(size_t size, int, struct CUstream_st *stream, void *user)
+{
+    try {
+        return static_cast<OwnedPool *>(user)->allocator->raw_alloc_with_stream(size, stream);
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+[[maybe_unused]] void owned_free(void *ptr, size_t, int, struct CUstream_st *, void *user)
+{
+    try {
+        static_cast<OwnedPool *>(user)->allocator->raw_delete(ptr);
+    } catch (...) {
+    }
+}
+
+[[maybe_unused]] void owned_pool_unused(void *user)
+{
+    auto *op = static_cast<OwnedPool *>(user);
+    {
+        std::lock_guard<std::mutex> g(owned_pools_mu());
+        auto &v = owned_pools();
+        for (size_t i = 0; i < v.size(); i++)
+            if (v[i] == op) {
+                v.erase(v.begin() + (std::ptrdiff_t)i);
+                break;
+            }
+    }
+    delete op;
+}
+
+// xseg forgot the pool: no callback of it comes again (one holder a pool, so none other names it).
+[[maybe_unused]] void owned_forget(void *user) { owned_pool_unused(user); }
+
+// The owner for (@p device, @p id, @p a): the holder xseg knows already, or a new one (*@p created).
+[[maybe_unused]] xseg_pool_allocator owned_pool_owner(XSEG_TORCH_DEV device, MempoolId id, const std::shared_ptr<cca::CUDAAllocator> &a,
+                                     bool *created)
+{
+    *created = false;
+    OwnedPool *op = nullptr;
+    {
+        std::lock_guard<std::mutex> g(owned_pools_mu());
+        for (OwnedPool *p : owned_pools())
+            if (p->device == device && p->id == id && p->allocator == a)
+                op = p;
+        if (!op) {
+            op = new OwnedPool{a, device, id};
+            owned_pools().push_back(op);
+            *created = true;
+        }
+    }
+    return xseg_pool_allocator{owned_alloc, owned_free, owned_forget, op};
+}
+
 // ---- MemPool: overrides that exist only where the installed PyTorch declares them ----------
 
 template <class B, class = void>
@@ -1191,12 +1272,29 @@ struct WithCreateOrIncrefPool : B {
 template <class B>
 struct WithCreateOrIncrefPool<B, std::void_t<decltype(&B::createOrIncrefPool)>> : B {
     using B::B;
+    // MemPool(allocator=A): the pool's segments come from A and go back to A, as PyTorch's caching
+    // allocator asks a MemPool's allocator (raw_alloc in alloc_block, raw_delete in release_block);
+    // xseg caches, splits and merges them (xseg_pool_retain_owned). xseg holds A until it forgets
+    // the pool (no users and no segment left): the forget callback drops that reference.
     void createOrIncrefPool(XSEG_TORCH_DEV device, MempoolId id,
                             std::shared_ptr<cca::CUDAAllocator> allocator) override
     {
-        TORCH_CHECK(!allocator, "xseg: a MemPool with an allocator of its own is not supported while xseg is "
-                                "PyTorch's allocator (its memory would come from that allocator, not xseg)");
-        xseg_check(xseg_pool_retain(device, to_xseg(id)), "create_or_incref_pool");
+        if (!allocator) {
+            xseg_check(xseg_pool_retain(device, to_xseg(id)), "create_or_incref_pool");
+            return;
+        }
+        // xseg as the pool's owner would allocate into itself under its own device lock.
+        TORCH_CHECK(static_cast<const void *>(allocator.get()) != static_cast<const void *>(this),
+                    "xseg: MemPool(allocator=...) was given xseg itself (the current allocator); create the MemPool "
+                    "without an allocator to use xseg's memory");
+        // One holder a (device, pool) while xseg knows the pool; a second MemPool use of the same
+        // pool passes the same allocator, found here so xseg sees the same owner again.
+        bool created = false;
+        xseg_pool_allocator owner = owned_pool_owner(device, id, allocator, &created);
+        xseg_status st = xseg_pool_retain_owned(device, to_xseg(id), &owner);
+        if (st != XSEG_SUCCESS && created) // xseg keeps no copy: the new holder goes
+            owned_pool_unused(owner.user);
+        xseg_check(st, "create_or_incref_pool");
     }
 };
 

@@ -31,6 +31,7 @@ vmm_driver.c.o:drv_load_msg the driver load result, once
 vmm_driver.c.o:drv_dmabuf_fn the optional dma-buf entry point, resolved once with the table
 vmm_driver.c.o:va_oom per thread: the last call ran out of address space
 vmm_driver.c.o:buf per thread: an unknown error code'"'"'s name
+vmm_classic.c.o:owner_oom per thread: the last owned growth got no memory from the owner of its pool
 vmm_segment.c.o:seg_proc vmm'"'"'s own state (layers point one way: not in core'"'"'s object)
 vmm_host.c.o:host_proc vmm'"'"'s own state
 vmm_kernel.c.o:vkern_proc vmm'"'"'s own state: the allocator'"'"'s kernel modules per context

@@ -34,7 +34,7 @@ int failures = 0;
         }                                                                                         \
     } while (0)
 
-bool contains(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
+[[maybe_unused]] bool contains(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
 
 // The adapter, built as a module of its own ($XSEG_TORCH_ADAPTER) against the stand-in libtorch,
 // loaded with RTLD_NOW as Python imports an extension: a symbol the stand-in does not export (as

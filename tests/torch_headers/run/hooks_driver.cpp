@@ -226,9 +226,7 @@ int main()
     c10::cuda::MempoolId_t pool{7, 0};
     a->createOrIncrefPool(0, pool, nullptr);
     EXPECT(a->getPoolUseCount(0, pool) == 1, "use count %d", a->getPoolUseCount(0, pool));
-    expect_error("createOrIncrefPool(allocator of its own)",
-                 [&] { a->createOrIncrefPool(0, pool, torch::cuda::CUDAPluggableAllocator::getCurrentAllocator()); },
-                 {"allocator of its own"});
+    // MemPool(allocator=...): mempool_driver.cpp.
     expect_error("setUseOnOOM", [&] { a->setUseOnOOM(0, pool, true); }, {"use_on_oom", "Create the MemPool"});
     expect_error("setNoSplit", [&] { a->setNoSplit(0, pool); }, {"no_split", "max_split_size_mb"});
     a->beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });
