@@ -13,4 +13,14 @@ bool vevent_record(CUevent ev, CUstream stream) { return drv->cuEventRecord(ev, 
 
 bool vevent_done(CUevent ev) { return drv->cuEventQuery(ev) == CUDA_SUCCESS; }
 
+bool vevent_done_relaxed(CUevent ev)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool relaxed = drv->cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+    CUresult r = drv->cuEventQuery(ev);
+    if (relaxed)
+        (void)drv->cuThreadExchangeStreamCaptureMode(&mode);
+    return r == CUDA_SUCCESS;
+}
+
 bool vevent_wait(CUevent ev) { return drv->cuEventSynchronize(ev) == CUDA_SUCCESS; }
