@@ -23,5 +23,8 @@ bool vevent_done(CUevent ev);
 bool vevent_done_relaxed(CUevent ev);
 /* Wait for @p ev; false when the driver cannot wait for it. */
 bool vevent_wait(CUevent ev);
+/* vevent_wait in the thread's RELAXED capture mode (as vevent_done_relaxed): a wait for work
+ * outside every capture never invalidates another thread's. */
+bool vevent_wait_relaxed(CUevent ev);
 
 #endif
