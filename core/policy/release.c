@@ -42,9 +42,9 @@ bool memo_idle(struct dev_alloc *d, struct stream_memo *m, const struct block *b
     if (!vstream_default(s)) {
         /* Freed on a program's stream, which may be gone: its event, never the stream. */
         struct sbins *sb = bpool_bins(block_pool(b), s);
-        if (!sb || !sb->covered || !sb->free_ev)
+        if (!sb || !sb->covered)
             return false;
-        if (!sb->done)
+        if (!sb->done && sb->free_ev) /* done without an event: a context wait saw it (memo_all_done) */
             sb->done = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vevent_done_relaxed(sb->free_ev);
         return sb->done;
     }
