@@ -616,6 +616,10 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     *owned = true;
     b->allocated = false;
     xseg_status st = XSEG_SUCCESS;
+    /* The passes that never wait learn that the block's work is done from xseg's event, never
+     * from its stream after this free (core/policy/release.h). Not the slot's cached pair. */
+    if (XSEG_UNLIKELY(release_note_on(d)))
+        release_note_free(d, dev_block_pool(d, b), b->stream);
     if (shared ? fast_fill(d, b) : fast_fill_stream(d, b))
         return XSEG_SUCCESS;
     struct bpool *pool = dev_block_pool(d, b);

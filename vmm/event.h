@@ -17,7 +17,14 @@ void vevent_destroy(CUevent ev);
 bool vevent_record(CUevent ev, CUstream stream);
 /* Has the work before @p ev finished? False while pending, or when the query failed. */
 bool vevent_done(CUevent ev);
+/* vevent_done in the thread's RELAXED capture mode: a query (a potentially unsafe call) in the
+ * default GLOBAL mode would invalidate a GLOBAL capture another thread runs, which xseg cannot
+ * see; the event itself is never captured. */
+bool vevent_done_relaxed(CUevent ev);
 /* Wait for @p ev; false when the driver cannot wait for it. */
 bool vevent_wait(CUevent ev);
+/* vevent_wait in the thread's RELAXED capture mode (as vevent_done_relaxed): a wait for work
+ * outside every capture never invalidates another thread's. */
+bool vevent_wait_relaxed(CUevent ev);
 
 #endif

@@ -1368,6 +1368,19 @@ static CUresult reback_make(struct reback *rb)
     return CUDA_SUCCESS;
 }
 
+/* cuStreamSynchronize of xseg's own @p stream (never captured) in the thread's RELAXED capture
+ * mode: in the default GLOBAL mode the driver refuses it while another thread runs a GLOBAL
+ * capture and invalidates that capture (spill and promotion's copies, issue 75). */
+static CUresult stream_sync_relaxed(CUstream stream)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool relaxed = drv->cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+    CUresult res = drv->cuStreamSynchronize(stream);
+    if (relaxed)
+        (void)drv->cuThreadExchangeStreamCaptureMode(&mode);
+    return res;
+}
+
 /* REBACK_SCRATCH's first step: the new pieces mapped packed at a scratch range (owner access),
  * the live bytes copied there after every queued work on them (the context's, or the stream's
  * own order) and waited for. */
@@ -1392,7 +1405,7 @@ static CUresult reback_stage(struct reback *rb)
         rb->what = "cuCtxSynchronize before the copy";
     else if ((res = reback_copy(rb, REBACK_TO_SCRATCH)) != CUDA_SUCCESS)
         rb->what = "cuMemcpyDtoDAsync of the live bytes";
-    else if ((res = rb->ctx_wait ? drv->cuCtxSynchronize() : drv->cuStreamSynchronize(rb->stream)) != CUDA_SUCCESS)
+    else if ((res = rb->ctx_wait ? drv->cuCtxSynchronize() : stream_sync_relaxed(rb->stream)) != CUDA_SUCCESS)
         rb->what = rb->ctx_wait ? "cuCtxSynchronize after the copy" : "cuStreamSynchronize after the copy";
     return res;
 }

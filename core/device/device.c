@@ -32,12 +32,34 @@ void dev_apply_fraction(struct dev_alloc *d, double fraction)
 }
 
 /* Device lock held (dev_create holds it too, before @p d is published). */
+/* A free records xseg's event on its stream only while a policy that never waits is set
+ * (core/policy/release.h release_note_on): frees made while neither was set recorded nothing, so
+ * when one is set again no bins' earlier record covers what entered the index since. */
+static bool note_on(const struct cfg *c)
+{
+    return c->idle_release_ms || c->release_threshold != SIZE_MAX;
+}
+
+static void pool_uncover_all(struct bpool *p)
+{
+    for (unsigned i = 0; i < p->nstreams; i++)
+        p->by_stream[i]->covered = p->by_stream[i]->done = false;
+}
+
 void dev_refresh_cfg_slow(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     double old_fraction = d->cfg.per_process_memory_fraction;
-    bool first = d->cfg_gen == 0;
+    bool first = d->cfg_gen == 0, noted = note_on(&d->cfg);
     settings_copy(&d->cfg, &d->cfg_gen);
+    if (!noted && note_on(&d->cfg)) {
+        pool_uncover_all(&d->small);
+        pool_uncover_all(&d->large);
+        for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
+            pool_uncover_all(&pp->small);
+            pool_uncover_all(&pp->large);
+        }
+    }
     d->roundup_any = false;
     for (int i = 0; i < CFG_ROUNDUP_BUCKETS; i++)
         if (d->cfg.roundup_power2_divisions[i] > 1)

@@ -231,6 +231,11 @@ struct spill_rec {
     size_t at;        /* 1 + its place in spill_state.order; 0: not there */
     struct block *older, *newer; /* its neighbours in the host list (seq != 0) */
     bool lives;       /* predicted long-lived at its declaration (spills before the rest) */
+    /* While declared: xseg's events recorded at the declaration on the block's stream and its
+     * record_stream streams (alive then: the block was), waited for by spill_quiesce instead of
+     * the context, which would invalidate a capture another thread may run. */
+    CUevent *ev;
+    unsigned nev;
 };
 /* A declared block's place in the spill order (spill.c: ent_before). */
 struct spill_ent {
@@ -250,7 +255,7 @@ struct spill_state {
     struct block *newest, *oldest;
     uint64_t seq;
     uint64_t epoch;         /* declarations made so far (each takes the next number) */
-    uint64_t synced;        /* a context synchronize that began after declaration `synced` completed */
+    uint64_t synced;        /* the events of every declaration up to `synced` completed (spill_quiesce) */
     size_t host_bytes;      /* spilled_bytes.all.current */
     CUstream copy;          /* spill's own stream for the moves' copies (made at the first move) */
     CUmemLocation where;    /* host memory's location (seg_host_location), once `placed` */

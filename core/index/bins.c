@@ -5,6 +5,7 @@
 
 #include "core/index/bins.h"
 #include "base/hostmem.h"
+#include "vmm/event.h"
 
 /* ---- treap ---------------------------------------------------------------------------------
  * The unmapped index is one treap keyed (stream, addr) (`by_addr`); the free index's bins are
@@ -295,6 +296,8 @@ void bpool_bins_release(struct bpool *p, CUstream stream)
     p->nstreams--;
     if (p->last == s)
         p->last = NULL;
+    if (s->free_ev)
+        vevent_destroy(s->free_ev); /* valid whether or not its stream still is */
     xs_free(s);
     if (!p->nstreams) {
         /* The pool's last segment went: no memory stays behind. */

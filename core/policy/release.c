@@ -15,6 +15,7 @@
 #include "core/policy/observe.h"
 #include "core/policy/pools.h"
 #include "vmm/classic.h"
+#include "vmm/event.h"
 #include "vmm/stream.h"
 
 /* ---- the streams of one pass ------------------------------------------------------------- */
@@ -32,13 +33,21 @@ static signed char *memo_slot(struct stream_memo *m, CUstream s)
     return &m->state[m->n++];
 }
 
-bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s, bool ask_program)
+bool memo_idle(struct dev_alloc *d, struct stream_memo *m, const struct block *b)
 {
     lock_assert_held(&d->lock);
     if (m->all_idle)
         return true;
-    if (!ask_program && !vstream_default(s))
-        return false; /* freed on a program's stream, which may be gone: not asked */
+    CUstream s = b->stream;
+    if (!vstream_default(s)) {
+        /* Freed on a program's stream, which may be gone: its event, never the stream. */
+        struct sbins *sb = bpool_bins(block_pool(b), s);
+        if (!sb || !sb->covered)
+            return false;
+        if (!sb->done && sb->free_ev) /* done without an event: a context wait saw it (memo_all_done) */
+            sb->done = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vevent_done_relaxed(sb->free_ev);
+        return sb->done;
+    }
     signed char *st = memo_slot(m, s);
     if (!st)
         return false;
@@ -47,6 +56,42 @@ bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s, bool ask_
     if (*st < 0)
         *st = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vstream_idle(s);
     return *st == 1;
+}
+
+void release_note_free(struct dev_alloc *d, struct bpool *pool, CUstream stream)
+{
+    lock_assert_held(&d->lock);
+    if (vstream_default(stream))
+        return; /* asked directly: a default stream lives as long as the context */
+    struct sbins *sb = bpool_bins(pool, stream);
+    if (!sb)
+        return;
+    sb->covered = sb->done = false;
+    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+        return;
+    if (!sb->free_ev && vevent_create(&sb->free_ev) != XSEG_SUCCESS) {
+        sb->free_ev = NULL; /* tried again at the next free */
+        return;
+    }
+    sb->covered = vevent_record(sb->free_ev, stream);
+}
+
+/* Every stream's queued work is done (the pass waited for the context): every free block of the
+ * device is known idle, its stream alive or not, until the next free into its bins. */
+static void bins_all_done(struct bpool *p)
+{
+    for (unsigned i = 0; i < p->nstreams; i++)
+        p->by_stream[i]->covered = p->by_stream[i]->done = true;
+}
+
+static void memo_all_done(struct dev_alloc *d)
+{
+    bins_all_done(&d->small);
+    bins_all_done(&d->large);
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
+        bins_all_done(&pp->small);
+        bins_all_done(&pp->large);
+    }
 }
 
 xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
@@ -62,8 +107,10 @@ xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
     if (r == XSEG_SUCCESS && dflt)
         r = vstream_wait(s, "before giving cached memory back");
     else if (r == XSEG_SUCCESS && (r = vctx_wait("before giving cached memory back (the streams it was freed on "
-                                                  "may be gone)")) == XSEG_SUCCESS)
+                                                  "may be gone)")) == XSEG_SUCCESS) {
         m->all_idle = true;
+        memo_all_done(d);
+    }
     if (r == XSEG_SUCCESS && st)
         *st = 1;
     return r;

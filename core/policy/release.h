@@ -13,20 +13,32 @@
 
 /* The streams of one reclaim pass, each queried and waited for at most once. Zero-initialize;
  * free with memo_free. A cached block's stream is a default stream, or a program's stream that
- * may have been destroyed since the block's free (vmm/stream.h): waits for the others wait for
- * the whole context, once a pass; only the policies that never wait (release_threshold_mb,
- * idle_release_ms) query them, and their documentation asks the program to keep such a stream
- * alive while runs freed on it are cached (docs/services.md). */
+ * may have been destroyed since the block's free (vmm/stream.h): such a stream is never asked
+ * after the free; what the passes know of its blocks comes from xseg's own event, recorded on it
+ * by the program's frees (release_note_free, struct sbins), and waits for the others wait for the
+ * whole context, once a pass. */
 struct stream_memo {
     CUstream *s;
     signed char *state; /* -1 not asked, 0 busy, 1 idle (queried, or waited for) */
     size_t n, cap_s, cap_state;
     bool all_idle;      /* the context was waited for in this pass: every stream is idle */
 };
-/* Is every work item queued on @p s before the pass known to have completed? One cuStreamQuery
- * per stream and pass (any error counts as busy), of a program's stream only with @p ask_program
- * (else known only once the pass waited for the context). */
-bool memo_idle(struct dev_alloc *d, struct stream_memo *m, CUstream s, bool ask_program);
+/* Is the last use of free block @p b (in its pool's free index) known to have completed? A default
+ * stream: one cuStreamQuery per stream and pass (any error counts as busy). A program's stream,
+ * which is never asked: its (pool, stream) bins' event covers b and was seen complete (queried in
+ * RELAXED capture mode, once until the next record). Else known only once the pass waited for the
+ * context. */
+bool memo_idle(struct dev_alloc *d, struct stream_memo *m, const struct block *b);
+/* A program's free on @p stream, alive (the free is its owner's promise), into @p pool: record
+ * the bins' event on it (created on first use), so that the passes that never wait know the work
+ * of every block freed on it so far without asking the stream again, which may be destroyed by
+ * the time they run. A driver failure leaves the bins uncovered (their runs stay cached until a
+ * pass waits for the context). Only while a policy that never waits is set (release_note_on). */
+void release_note_free(struct dev_alloc *d, struct bpool *pool, CUstream stream);
+static inline bool release_note_on(const struct dev_alloc *d)
+{
+    return d->cfg.idle_release_ms || d->cfg.release_threshold != SIZE_MAX;
+}
 /* Wait for @p s unless this pass already did or found it idle: a default stream with vstream_wait,
  * any other by waiting for the whole context (once a pass). */
 xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s);

@@ -2,8 +2,9 @@
  * idle_release_thread (services, docs/services.md): an optional background thread that does the
  * idle reclaim of idle_release_ms (and applies release_threshold_mb) for every device, so a
  * service that stops calling the allocator still gives its idle cache back. Same safety rule as
- * in malloc: a page is unmapped only when its stream answers cuStreamQuery with success (its last
- * use on the GPU is complete); nothing waits for the GPU. While the thread runs, malloc keeps its
+ * in malloc: a page is unmapped only when its last use on the GPU is known complete (a default
+ * stream's cuStreamQuery, or xseg's event recorded at the free for a program's stream, which may be
+ * destroyed by now: core/policy/release.h); nothing waits for the GPU. While the thread runs, malloc keeps its
  * fast path (it does not tick).
  *
  * It runs while the configuration in force has idle_release_thread:True and idle_release_ms > 0:

@@ -20,6 +20,7 @@
 #include "core/policy/release.h"
 #include "core/process/procstate.h"
 #include "vmm/driver.h"
+#include "vmm/event.h"
 #include "vmm/segment.h"
 #include "vmm/stream.h"
 
@@ -90,6 +91,55 @@ static struct spill_rec *rec_get(struct dev_alloc *d, struct block *b)
 static void order_remove(struct dev_alloc *d, struct spill_rec *r);
 static void host_unlink(struct dev_alloc *d, struct spill_rec *r);
 
+/* ---- a declaration's events --------------------------------------------------------------- */
+
+static void decl_events_free(struct spill_rec *r)
+{
+    for (unsigned i = 0; i < r->nev; i++)
+        vevent_destroy(r->ev[i]);
+    xs_free(r->ev);
+    r->ev = NULL;
+    r->nev = 0;
+}
+
+/* At the declaration of live block @p b: an event recorded on its stream and on each of its
+ * record_stream streams (alive: the block is), so that the work queued on it before the
+ * declaration can be waited for without waiting for the context. All or nothing: on a failure
+ * nothing is left and the status names the call. */
+static xseg_status decl_events(struct dev_alloc *d, const struct block *b, CUevent **out, unsigned *nout)
+{
+    *out = NULL;
+    *nout = 0;
+    const struct block_side *sd = block_side(b);
+    unsigned n = 1 + (sd ? sd->uses.n : 0);
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+    if (st != XSEG_SUCCESS)
+        return st;
+    CUevent *ev = xs_calloc(n, sizeof *ev);
+    if (!ev)
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory for the events of a declaration");
+    unsigned made = 0;
+    for (; made < n; made++) {
+        CUstream s = made ? stream_set_get(&sd->uses, made - 1) : b->stream;
+        if ((st = vevent_create(&ev[made])) != XSEG_SUCCESS)
+            break;
+        if (!vevent_record(ev[made], s)) {
+            made++;
+            st = err_set(XSEG_ERROR_DRIVER, "cuEventRecord on stream %p (the block's work before its "
+                         "declaration) failed", (void *)s);
+            break;
+        }
+    }
+    if (st != XSEG_SUCCESS) {
+        struct spill_rec tmp = {.ev = ev, .nev = made};
+        decl_events_free(&tmp);
+        return st;
+    }
+    *out = ev;
+    *nout = n;
+    return XSEG_SUCCESS;
+}
+
 /* Remove @p r (backward shift: no tombstones), out of the spill order and the host list first.
  * Moves records: pointers from before are stale. */
 static void rec_drop(struct dev_alloc *d, struct spill_rec *r)
@@ -97,6 +147,7 @@ static void rec_drop(struct dev_alloc *d, struct spill_rec *r)
     struct spill_state *sp = &d->spill;
     if (r->decl)
         sp->ndecl--;
+    decl_events_free(r);
     order_remove(d, r);
     host_unlink(d, r);
     size_t mask = sp->cap - 1, hole = (size_t)(r - sp->tab);
@@ -372,19 +423,44 @@ static bool add_bytes(void *ctx, size_t g, size_t bytes)
     return true;
 }
 
-/* Make every declaration made so far covered: one context synchronize (every stream of the
- * device's context, destroyed ones included, waits for its queued work). Nothing is queued on the
- * declared blocks since their declarations, so their pages are still from then on. */
+/* Make every declaration made so far covered: the events each recorded at its declaration on
+ * the block's streams are waited for (RELAXED capture mode), never the context: a context
+ * synchronize would invalidate a capture another thread may run, which xseg cannot see. Nothing
+ * is queued on the declared blocks since their declarations, so their pages are still from then
+ * on. A declaration whose events cannot be waited for leaves the cover where it was: nothing
+ * moves, and the status says why. */
 static xseg_status spill_quiesce(struct dev_alloc *d, uint64_t upto, const char *why)
 {
     if (upto <= d->spill.synced)
         return XSEG_SUCCESS;
     uint64_t epoch = d->spill.epoch;
     xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
-    if (st == XSEG_SUCCESS)
-        st = vctx_wait(why);
+    for (size_t i = 0; i < d->spill.cap && st == XSEG_SUCCESS; i++) {
+        struct spill_rec *r = &d->spill.tab[i];
+        if (!r->b || !r->decl || r->decl <= d->spill.synced)
+            continue;
+        for (unsigned k = 0; k < r->nev && st == XSEG_SUCCESS; k++)
+            if (!vevent_wait_relaxed(r->ev[k]))
+                st = err_set(XSEG_ERROR_DRIVER, "cuEventSynchronize of the event recorded at the declaration of "
+                             "%p failed %s; the context is not waited for instead, since that would break a "
+                             "stream capture another thread may run: nothing moves", (void *)r->b->addr, why);
+    }
     if (st == XSEG_SUCCESS)
         d->spill.synced = epoch;
+    return st;
+}
+
+/* Wait for the work queued on live block @p b (its stream and record_stream streams, alive: the
+ * block is), in RELAXED capture mode (vstream_wait): a block whose declaration ended may have been
+ * used since. */
+static xseg_status block_streams_wait(struct dev_alloc *d, const struct block *b, const char *why)
+{
+    xseg_status st = drv_ctx_ensure(d->info.primary_ctx);
+    if (st == XSEG_SUCCESS)
+        st = vstream_wait(b->stream, why);
+    const struct block_side *sd = block_side(b);
+    for (unsigned i = 0; sd && i < sd->uses.n && st == XSEG_SUCCESS; i++)
+        st = vstream_wait(stream_set_get(&sd->uses, i), why);
     return st;
 }
 
@@ -627,6 +703,7 @@ static void decl_end(struct dev_alloc *d, struct spill_rec *r)
 {
     if (!r->decl)
         return;
+    decl_events_free(r);
     order_remove(d, r);
     r->decl = 0;
     d->spill.ndecl--;
@@ -696,8 +773,8 @@ static xseg_status promote_own(struct dev_alloc *d, struct block *b)
         decl_end(d, r); /* not now: its pages stay valid on host memory */
         return XSEG_SUCCESS;
     }
-    xseg_status st = spill_quiesce(d, r->decl ? r->decl : d->spill.epoch + 1,
-                                   "before promoting a block whose declaration ends");
+    xseg_status st = r->decl ? spill_quiesce(d, r->decl, "before promoting a block whose declaration ends")
+                             : block_streams_wait(d, b, "before promoting a block whose declaration ended");
     decl_end(d, r); /* not a candidate of the spills below */
     for (int attempt = 0; st == XSEG_SUCCESS && attempt < 3; attempt++) {
         st = promote_block(d, b);
@@ -803,10 +880,22 @@ xseg_status spill_hint(struct dev_alloc *d, void *ptr, int hint, bool *owned)
                                   : err_prefix(st, "xseg_spill_hint(%p, XSEG_SPILL_NONE): the declaration ended, "
                                                "but pages stay on host memory (valid at their address)", ptr);
     }
-    struct spill_rec *r = NULL;
-    if (!order_reserve(d, 1) || !(r = rec_get(d, b)))
+    struct spill_rec *r = rec_find(d, b);
+    CUevent *ev = NULL;
+    unsigned nev = 0;
+    if (!r || !r->decl) {
+        xseg_status st = decl_events(d, b, &ev, &nev);
+        if (st != XSEG_SUCCESS)
+            return err_prefix(st, "xseg_spill_hint(%p, XSEG_SPILL_COLD): not declared", ptr);
+    }
+    if (!order_reserve(d, 1) || !(r = rec_get(d, b))) {
+        struct spill_rec tmp = {.ev = ev, .nev = nev};
+        decl_events_free(&tmp);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_spill_hint: out of host memory recording the hint of %p", ptr);
+    }
     if (!r->decl) {
+        r->ev = ev;
+        r->nev = nev;
         r->decl = ++d->spill.epoch;
         r->lives = life_predict_long(&d->life, block_requested(b), b->stream, block_pool(b));
         d->spill.ndecl++;

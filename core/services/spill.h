@@ -10,10 +10,13 @@
  * nothing touches it:
  *  - xseg_spill_hint(ptr, XSEG_SPILL_COLD) declares it: from that call on, no work touching it is
  *    queued (any stream, any thread, a graph, a peer) until xseg_spill_hint(ptr, XSEG_SPILL_NONE)
- *    returns. Work queued before the declaration may still run: before the first move of a block
- *    declared since the last one, the device's context is synchronized (every stream of it, the
- *    program's side streams and destroyed streams included; spill_quiesce). The epochs say which
- *    declarations a completed synchronize covers.
+ *    returns. Work queued before the declaration may still run on the block's stream or a stream
+ *    recorded on it (xseg_record_stream), as for a free; work on other streams has finished. The
+ *    declaration records an event on each of those streams (alive then: the block is); before the
+ *    first move of a block declared since the last wait, the events of every declaration are
+ *    waited for (spill_quiesce, RELAXED capture mode), never the context: a context synchronize
+ *    would invalidate a capture another thread may run, which xseg cannot see (issue 75). The
+ *    epochs say which declarations a completed wait covers.
  *  - Spill, and the promotions of empty_cache, trim, xseg_promote and the idle thread, move
  *    declared blocks only; the idle thread never waits (it skips blocks declared after the last
  *    synchronize). A block that is not declared is never moved, except by its own

@@ -124,9 +124,10 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
         if (!b)
             continue; /* given back in the first pass */
         bool known = wait == TRIM_KNOWN_COMPLETE || (wait == TRIM_PRESSURE && pass == 0);
-        /* The policies that never wait ask the program's streams (docs/services.md: such a stream
-         * outlives its cached runs there); under pressure those are waited for instead. */
-        if (known && !memo_idle(d, &memo, b->stream, wait == TRIM_KNOWN_COMPLETE))
+        /* Known idle: a default stream's query, or xseg's event on a program's stream (never the
+         * stream itself, which may be destroyed: release.h memo_idle); under pressure the rest is
+         * waited for in the second pass. */
+        if (known && !memo_idle(d, &memo, b))
             continue;
         /* One wait per stream and pass (not one per run: empty_cache of 7,500 isolated free pages
          * of one stream waits once). Classic segments: cuMemFree waits by itself. */

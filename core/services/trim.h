@@ -19,8 +19,9 @@ enum trim_wait {
     /* Wait, once per stream, for the stream of each run it gives back (xseg_trim, like
      * empty_cache). */
     TRIM_SYNC,
-    /* Never wait: a free run is given back only when its stream is known idle (cuStreamQuery says
-     * every queued work item has completed), so seg_unmap's synchronize returns at once. Used by
+    /* Never wait: a free run is given back only when its last use is known complete (memo_idle:
+     * a default stream's cuStreamQuery, xseg's event for a program's stream), so seg_unmap's
+     * synchronize returns at once. Used by
      * the policies that run inside other calls: release_threshold_mb and idle reclaim. */
     TRIM_KNOWN_COMPLETE,
     /* Under pressure (a growth the driver or the fraction limit refused): runs of streams known

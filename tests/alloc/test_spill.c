@@ -255,10 +255,14 @@ static void test_spill_stream_writing(void **state)
      * (pending work), then the declaration. */
     assert_true(tu_stream_hold(w));
     tu_assert_cu(drv->cuMemsetD8Async(DPTR(a), 0x5a, 8 * MiB, w));
+    /* A side stream's use is recorded (the contract, core/services/spill.h): the declaration's
+     * events cover it, and the spill waits for them, never for the context. */
+    assert_int_equal(xseg_record_stream(a, w), XSEG_SUCCESS);
     assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_COLD), XSEG_SUCCESS);
     tu_counts_reset();
     assert_int_equal(xseg_malloc(&c, C_SIZE, 0, NULL), XSEG_SUCCESS);
-    assert_int_equal(tu_call_count("cuCtxSynchronize"), 1);
+    assert_int_equal(tu_call_count("cuCtxSynchronize"), 0);
+    assert_true(tu_call_count("cuEventSynchronize") >= 1);
     assert_true(tu_stream_release(w));
     assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
     /* A second spill of the same declarations waits for nothing. */
@@ -589,11 +593,12 @@ static void test_spill_trim_idle(void **state)
     assert_int_equal(xseg_spill_hint(a, XSEG_SPILL_NONE), XSEG_SUCCESS);
     assert_int_not_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
     assert_int_equal(xseg_set_memory_fraction(1.0, 0), XSEG_SUCCESS);
-    /* The program's kernel on A, still queued on a stream xseg was never told about. */
+    /* The program's kernel on A, still queued on a side stream it recorded (xseg_record_stream). */
     CUstream w;
     tu_assert_cu(drv->cuStreamCreate(&w, CU_STREAM_NON_BLOCKING));
     assert_true(tu_stream_hold(w));
     tu_assert_cu(drv->cuMemsetD8Async(DPTR(a), 0x5a, 8 * MiB, w));
+    assert_int_equal(xseg_record_stream(a, w), XSEG_SUCCESS);
     assert_int_equal(xseg_set_config("idle_release_ms:20,idle_release_thread:True"), XSEG_SUCCESS);
     int64_t promotions = tu_stat("num_promotions");
     tu_counts_reset();
@@ -612,8 +617,9 @@ static void test_spill_trim_idle(void **state)
     assert_int_equal(tu_stat("num_promotions"), promotions);
     assert_int_equal(tu_call_count("cuCtxSynchronize"), 0);
     assert_int_equal(xseg_set_config("idle_release_ms:0,idle_release_thread:False"), XSEG_SUCCESS);
-    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS); /* may wait: the device's work, then A */
-    assert_int_equal(tu_call_count("cuCtxSynchronize"), 1);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS); /* may wait: A's declaration's events, then A */
+    assert_int_equal(tu_call_count("cuCtxSynchronize"), 0);
+    assert_true(tu_call_count("cuEventSynchronize") >= 1);
     assert_int_equal(location(a, NULL), XSEG_LOCATION_DEVICE);
     assert_true(tu_stream_release(w));
     unsigned char probe[4096];
@@ -1468,6 +1474,103 @@ static void test_spill_room_pages(void **state)
     room_case(24, 10, 20);
 }
 
+/* ---- a capture on another thread (issue 75, item 2) --------------------------------------- */
+
+/* Thread T captures on a stream of its own and allocates nothing through xseg, while the main
+ * thread makes the call under test; T's graph must be made (cuStreamEndCapture CUDA_SUCCESS). */
+struct capthread {
+    CUstreamCaptureMode mode;
+    atomic_int phase; /* 1: T captures; 2: the main thread is done */
+    CUresult begin, end;
+    pthread_t t;
+};
+
+static void *cap_main(void *arg)
+{
+    struct capthread *c = arg;
+    CUstream s = NULL;
+    c->begin = drv->cuCtxSetCurrent(tu_ctx());
+    if (c->begin == CUDA_SUCCESS)
+        c->begin = drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (c->begin == CUDA_SUCCESS)
+        c->begin = drv->cuStreamBeginCapture(s, c->mode);
+    if (c->begin == CUDA_SUCCESS)
+        (void)tu_stream_work(s); /* one captured node */
+    atomic_store(&c->phase, 1);
+    while (atomic_load(&c->phase) != 2)
+        nap_ms(1);
+    if (c->begin == CUDA_SUCCESS) {
+        CUgraph g = NULL;
+        c->end = drv->cuStreamEndCapture(s, &g);
+        if (g)
+            drv->cuGraphDestroy(g);
+    }
+    if (s)
+        drv->cuStreamDestroy(s);
+    return NULL;
+}
+
+static void cap_start(struct capthread *c, CUstreamCaptureMode mode)
+{
+    *c = (struct capthread){.mode = mode};
+    atomic_init(&c->phase, 0);
+    assert_int_equal(pthread_create(&c->t, NULL, cap_main, c), 0);
+    while (atomic_load(&c->phase) != 1)
+        nap_ms(1);
+    tu_assert_cu(c->begin);
+}
+
+/* T's capture ends with its graph. */
+static void cap_finish(struct capthread *c)
+{
+    atomic_store(&c->phase, 2);
+    assert_int_equal(pthread_join(c->t, NULL), 0);
+    if (c->end != CUDA_SUCCESS)
+        fail_msg("T's cuStreamEndCapture: %s (its capture was invalidated)", drv_error_name(c->end));
+}
+
+/* The request only a spill serves, during T's capture (GLOBAL, then RELAXED): served (the
+ * declaration's events are waited for, never the context), and T's capture unbroken. */
+static void spill_during_capture(CUstreamCaptureMode mode)
+{
+    start_emu(SPILL);
+    void *a, *b, *c = NULL;
+    scenario(&a, &b);
+    struct capthread t;
+    cap_start(&t, mode);
+    xseg_status st = xseg_malloc(&c, C_SIZE, 0, NULL);
+    cap_finish(&t);
+    if (st != XSEG_SUCCESS)
+        fail_msg("the spill during T's capture: %s", xseg_last_error());
+    assert_true(tu_stat("spilled_bytes.all.current") > 0);
+    check_books(true);
+    check_data(a, b);
+    if (c)
+        tu_free(c);
+    finish(a, b);
+}
+static void test_spill_capture_other_global(void **state) { (void)state; spill_during_capture(CU_STREAM_CAPTURE_MODE_GLOBAL); }
+static void test_spill_capture_other_relaxed(void **state) { (void)state; spill_during_capture(CU_STREAM_CAPTURE_MODE_RELAXED); }
+
+/* xseg_promote (@p how 0) or empty_cache with spilled pages (1) during T's GLOBAL capture. */
+static void promote_during_capture(int how)
+{
+    void *a, *b, *c = spilled_scenario(&a, &b);
+    tu_free(c);
+    struct capthread t;
+    cap_start(&t, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    xseg_status st = how == 0 ? xseg_promote(0) : xseg_empty_cache(0);
+    cap_finish(&t);
+    if (st != XSEG_SUCCESS)
+        fail_msg("%s during T's capture: %s", how == 0 ? "xseg_promote" : "xseg_empty_cache", xseg_last_error());
+    assert_int_equal(tu_stat("spilled_bytes.all.current"), 0); /* A came back */
+    check_books(true);
+    check_data(a, b);
+    finish(a, b);
+}
+static void test_spill_capture_other_promote(void **state) { (void)state; promote_during_capture(0); }
+static void test_spill_capture_other_empty_cache(void **state) { (void)state; promote_during_capture(1); }
+
 static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_spill_serves),
     TU_NAMED(test_spill_off),
@@ -1494,6 +1597,10 @@ static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_spill_room),
     TU_NAMED(test_spill_room_fraction),
     TU_NAMED(test_spill_room_pages),
+    TU_NAMED(test_spill_capture_other_global),
+    TU_NAMED(test_spill_capture_other_relaxed),
+    TU_NAMED(test_spill_capture_other_promote),
+    TU_NAMED(test_spill_capture_other_empty_cache),
 };
 
 int main(int argc, char **argv)

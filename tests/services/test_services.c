@@ -2592,8 +2592,8 @@ static void test_idle_thread_race(void **state)
     }
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_join(t[i], NULL), 0);
-    /* docs/services.md: with idle_release_ms set the idle thread asks a run's stream whether its
-     * work completed, so runs freed on a stream go back before the program destroys it. */
+    /* Runs freed on these streams go back before the program destroys them (it may destroy them
+     * first as well: test_dead_stream.c). */
     assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
     for (int i = 0; i < 2; i++)
         tu_assert_cu(drv->cuStreamDestroy(s[i]));
