@@ -25,9 +25,10 @@ FORK_MUTEX_AT(FORK_RANK_IDLE, idle_lock, xseg_rt.idle.lock)
 /* settings_idle_thread_running is written only under xseg_rt.idle.ctl_lock (or in a forked child). */
 static bool idle_running(void) { return settings_idle_thread_running(); }
 
-/* One pass over a device: pending frees whose events completed, the idle tick (and its trim),
- * the release threshold. Nothing while a capture is known on the device (queries could
- * invalidate it, and nothing is released during a capture anyway). */
+/* One pass over a device: pending frees whose events completed, the idle tick (and its trim,
+ * down to release_threshold_mb: with idle_release_ms set the threshold is that floor, not a trim
+ * of its own: core/services/trim.h). Nothing while a capture is known on the device (queries
+ * could invalidate it, and nothing is released during a capture anyway). */
 static void idle_service(struct dev_alloc *d)
 {
     dev_lock(d, DEV_NEED_OP);
@@ -35,8 +36,6 @@ static void idle_service(struct dev_alloc *d)
         if (ev_waiting(d))
             ev_process(d);
         trim_idle_tick(d);
-        if (d->cfg.release_threshold != SIZE_MAX)
-            trim_threshold(d, 0);
     }
     /* Spilled pages whose blocks' streams are idle come home where device memory allows. */
     if (XSEG_UNLIKELY(d->spill.host_bytes) && !cap_underway(d))

@@ -166,7 +166,7 @@ void trim_threshold(struct dev_alloc *d, size_t handing_out)
 {
     lock_assert_held(&d->lock);
     size_t threshold = d->cfg.release_threshold;
-    if (threshold == SIZE_MAX || trim_cached_bytes(d) <= threshold + handing_out)
+    if (threshold == SIZE_MAX || d->cfg.idle_release_ms || trim_cached_bytes(d) <= threshold + handing_out)
         return;
     threshold = threshold > SIZE_MAX - handing_out ? SIZE_MAX : threshold + handing_out;
     /* A failure leaves correct bookkeeping and is retried at the next point; the call that got

@@ -55,7 +55,11 @@ xseg_status trim_device(struct dev_alloc *d, size_t keep, size_t *released);
 
 /* The release_threshold_mb policy: when it is set and the cache exceeds it, trim_cache down to it
  * without waiting (TRIM_KNOWN_COMPLETE). Called where xseg has just learnt that work completed.
- * @p handing_out: bytes of a block found but not yet counted allocated (the malloc in progress). */
+ * @p handing_out: bytes of a block found but not yet counted allocated (the malloc in progress).
+ * With idle_release_ms set it does nothing: the threshold is then the floor the idle tick gives
+ * idle runs back down to (trim_idle_tick), and a run freed within the window stays cached, as the
+ * service line promises ("keep 2 GiB, give the rest back 5 s after its last use": a burst a second
+ * later maps nothing). */
 void trim_threshold(struct dev_alloc *d, size_t handing_out);
 
 /*

@@ -2526,8 +2526,8 @@ static void idle_keeps_threshold(const char *config, int ticks_by_malloc)
         x[i] = tu_malloc(20 * MiB, NULL);
     for (int i = 0; i < 8; i++)
         tu_free(x[i]);
-    /* 160 MiB cached, less where the idle thread already ran a pass (ASan's pace): never below
-     * the threshold's whole pages */
+    /* 160 MiB cached, less where a 40 ms window already passed (ASan's pace): never below the
+     * threshold's whole pages (the window itself: test_idle_window_keeps_burst) */
     int64_t c0 = cached();
     if (c0 < (int64_t)(60 * MiB) || c0 > (int64_t)(160 * MiB))
         fail_msg("cache %lld MiB after the burst's frees: want 60 to 160 MiB", (long long)(c0 >> 20));
@@ -2561,6 +2561,61 @@ static void test_idle_keeps_threshold_malloc(void **state)
 {
     (void)state;
     idle_keeps_threshold("expandable_segments_recycle:False,release_threshold_mb:64,idle_release_ms:40", 1);
+}
+
+/* The service line as a service owner reads it ("keep 2 GiB, give the rest back 5 s after its last
+ * use"), at 1/32 of its sizes and a window long enough that the burst's own work never outlasts it:
+ * after a burst the whole cache stays (the idle thread's passes in the window give nothing back),
+ * a burst within the window maps nothing, and once idle all but the threshold goes back. Before,
+ * the thread applied the threshold at its first pass and a burst 1 s later re-mapped the rest.
+ * The window is 1.5 s: the checks inside it run in microseconds (milliseconds under a
+ * sanitizer); the wait after it is bounded, not timed. */
+static void idle_window_keeps_burst(const char *config, int ticks_by_malloc)
+{
+    tu_xseg_init_or_skip(config);
+    tu_require_emulator_or_skip();
+    void *x[8];
+    for (int round = 0; round < 2; round++) {
+        unsigned long maps = tu_call_count("cuMemMap");
+        for (int i = 0; i < 8; i++)
+            x[i] = tu_malloc(20 * MiB, NULL);
+        if (round == 1)
+            assert_int_equal(tu_call_count("cuMemMap"), maps); /* the second burst: from the cache */
+        for (int i = 0; i < 8; i++)
+            tu_free(x[i]);
+        /* Three of the thread's passes (every window / 4) or malloc's ticks, still inside the window. */
+        struct timespec nap = {0, 100 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+        if (ticks_by_malloc)
+            tu_free(tu_malloc(4096, NULL));
+        int64_t c = cached() - (ticks_by_malloc ? (int64_t)(2 * MiB) : 0);
+        if (c != (int64_t)(160 * MiB))
+            fail_msg("round %d: cache %lld MiB inside the idle window: want the burst's 160 MiB kept", round,
+                     (long long)(c >> 20));
+    }
+    struct timespec nap = {0, 20 * 1000 * 1000};
+    for (int tries = 0; cached() > (int64_t)(66 * MiB) && tries < 1500; tries++) { /* at most 30 s */
+        if (ticks_by_malloc)
+            tu_free(tu_malloc(4096, NULL));
+        nanosleep(&nap, NULL);
+    }
+    int64_t c = cached() - (ticks_by_malloc ? (int64_t)(2 * MiB) : 0);
+    if (c < (int64_t)(60 * MiB) || c > (int64_t)(64 * MiB))
+        fail_msg("cache %lld MiB once idle: want the 64 MiB threshold's whole pages (60 MiB)", (long long)(c >> 20));
+    assert_int_equal(xseg_set_config("idle_release_thread:False,idle_release_ms:0"), XSEG_SUCCESS);
+}
+
+static void test_idle_window_keeps_burst(void **state)
+{
+    (void)state;
+    idle_window_keeps_burst("expandable_segments_recycle:False,release_threshold_mb:64,idle_release_ms:1500,"
+                            "idle_release_thread:True", 0);
+}
+
+static void test_idle_window_keeps_burst_malloc(void **state)
+{
+    (void)state;
+    idle_window_keeps_burst("expandable_segments_recycle:False,release_threshold_mb:64,idle_release_ms:1500", 1);
 }
 
 /* Threads allocate and free while the idle thread reclaims (for ThreadSanitizer). */
@@ -2632,6 +2687,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sleep_during_cumemalloc),
         cmocka_unit_test(test_threshold_points), cmocka_unit_test(test_idle_thread),
         cmocka_unit_test(test_idle_keeps_threshold), cmocka_unit_test(test_idle_keeps_threshold_malloc),
+        cmocka_unit_test(test_idle_window_keeps_burst), cmocka_unit_test(test_idle_window_keeps_burst_malloc),
         cmocka_unit_test(test_idle_thread_race), cmocka_unit_test(test_sleep_keep_backup),
         cmocka_unit_test(test_sleep_host_faults),
     };
