@@ -13,7 +13,7 @@ import operator
 import os
 import threading
 
-__all__ = ["XsegError", "lib", "check", "library_path", "int_arg", "str_arg", "path_arg"]
+__all__ = ["XsegError", "lib", "check", "library_path", "emulator_path", "int_arg", "str_arg", "path_arg"]
 
 # xseg_status values (include/xseg.h)
 SUCCESS = 0
@@ -98,11 +98,62 @@ def _load():
                   ". Set XSEG_LIBRARY to the path of libxseg.so.")
 
 
+def emulator_path():
+    """The emulated driver (cudaemu) this package's installation carries, or None: beside the
+    package (a wheel) or in LIBDIR/xseg (meson install)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    folders = [here]
+    try:
+        from ._version import libdir
+    except ImportError:
+        libdir = ""
+    if libdir:
+        folders.append(os.path.join(os.path.normpath(os.path.join(here, libdir)), "xseg"))
+    for folder in folders:
+        path = os.path.join(folder, "libcudaemu.so")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _choose_driver():
+    """Before libxseg first loads a driver: where no GPU driver loads (libcuda.so.1) and
+    $XSEG_LIBCUDA is unset, run on the emulator the package carries, with one line on stderr, as
+    xseg-replay does: `pip install` and the README's snippet work on a laptop.
+    $XSEG_EMULATOR: "auto" (default), "1" (always the emulator), "0" (never: a missing driver is
+    the error it is)."""
+    want = os.environ.get("XSEG_EMULATOR", "auto").strip().lower()
+    if want not in ("auto", "1", "0"):
+        raise ValueError("XSEG_EMULATOR=%r: expected auto, 1 or 0" % want)
+    if os.environ.get("XSEG_LIBCUDA"):
+        return
+    if want == "0":
+        return
+    emu = emulator_path()
+    if want == "auto":
+        try:
+            ctypes.CDLL("libcuda.so.1")
+            return
+        except OSError:
+            pass
+        if emu is None:
+            return  # libxseg's own error then says what to set
+        import sys
+        sys.stderr.write("xseg: no GPU driver (libcuda.so.1) loads here: running on the emulator this package "
+                         "carries (%s; device memory is host memory; XSEG_EMULATOR=0 turns this off)\n" % emu)
+    elif emu is None:
+        raise OSError("xseg: XSEG_EMULATOR=1, but this installation carries no emulator (libcudaemu.so): set "
+                      "XSEG_LIBCUDA to the path of one (a build's cudaemu/libcudaemu.so)")
+    os.environ["XSEG_LIBCUDA"] = emu
+
+
 def lib():
-    """The loaded libxseg (ctypes.CDLL), loaded on first use."""
+    """The loaded libxseg (ctypes.CDLL), loaded on first use (the driver chosen first:
+    _choose_driver)."""
     if _lib is None:
         with _lock:
             if _lib is None:
+                _choose_driver()
                 _load()
     return _lib
 

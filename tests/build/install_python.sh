@@ -70,3 +70,34 @@ print("ok   imported", xseg.__file__, "version", xseg.__version__, "over", maps[
 # that does not exist) does not pair the package with another library.
 (cd "$tmp" && PYTHONPATH=$dest$pydir XSEG_LIBRARY=$tmp/elsewhere/libxseg.so "$python" -s -c "$check" "$dest" "$lib") ||
     fail "XSEG_LIBRARY took precedence over the installed package's own libxseg"
+
+# README's Python snippet as printed, from the installed package, with nothing pointing at a
+# driver (no XSEG_LIBCUDA): where no GPU driver loads (CI), the package runs on the emulator its
+# installation carries (LIBDIR/xseg/libcudaemu.so) and says so in one line; a bad XSEG_EMULATOR is
+# refused naming it. Before, set_config raised XSEG_ERROR_DRIVER there.
+src=$(cd "$(dirname "$0")/../.." && pwd)
+"$python" - "$src/README.md" "$tmp/readme.py" <<'PY' || fail "no python snippet marked 'test: python' in README.md"
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"<!-- test: python[^>]*-->\n```python\n(.*?)```", text, re.S)
+assert m, "snippet"
+open(sys.argv[2], "w").write(m.group(1))
+PY
+drv=$("$python" -c 'import ctypes
+try:
+    ctypes.CDLL("libcuda.so.1"); print("driver")
+except OSError:
+    print("none")')
+(cd "$tmp" && unset XSEG_LIBRARY XSEG_LIBCUDA XSEG_EMULATOR && PYTHONPATH=$dest$pydir "$python" -s readme.py \
+    >"$tmp/readme.out" 2>"$tmp/readme.err") ||
+    fail "README's Python snippet fails as printed without XSEG_LIBCUDA: $(tail -3 "$tmp/readme.err")"
+if [ "$drv" = none ]; then
+    grep -q "^xseg: no GPU driver (libcuda.so.1) loads here: running on the emulator this package carries (.*libcudaemu.so" \
+        "$tmp/readme.err" || fail "no one-line note of the emulator on stderr: $(cat "$tmp/readme.err")"
+    [ "$(wc -l < "$tmp/readme.err")" -eq 1 ] || fail "more than one line on stderr: $(cat "$tmp/readme.err")"
+fi
+echo "ok   README's Python snippet runs as printed without XSEG_LIBCUDA ($drv)"
+(cd "$tmp" && unset XSEG_LIBCUDA && PYTHONPATH=$dest$pydir XSEG_EMULATOR=maybe "$python" -s -c 'import xseg; xseg.memory_stats(0)' \
+    2>"$tmp/bad.err") && fail "XSEG_EMULATOR=maybe was accepted"
+grep -q "XSEG_EMULATOR='maybe': expected auto, 1 or 0" "$tmp/bad.err" || fail "XSEG_EMULATOR=maybe: $(tail -1 "$tmp/bad.err")"
+echo "ok   XSEG_EMULATOR=maybe is refused naming it"
