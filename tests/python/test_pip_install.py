@@ -2,8 +2,10 @@
 installed package finds the library beside itself, with no XSEG_LIBRARY, and `python -m
 xseg.replay` runs the main job on the emulator it carries. Offline, into a fresh venv, with Debian's
 python3-mesonpy and pip."""
+import ctypes
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -80,6 +82,19 @@ def test_pip_install_bundles_the_library(tmp_path):
                                           "cupy.py", "ipc.py", "libcudaemu.so", "registry.py", "replay.py",
                                           "torch.py", "xseg-replay", "xseg-snapshot2trace", "xseg.h",
                                           "xseg_torch.h")]
+    # README's Python snippet as printed, in the fresh venv with nothing naming a driver: where no
+    # driver loads, the package runs on the emulator the wheel carries and says so in one line.
+    snippet = re.search(r"<!-- test: python[^>]*-->\n```python\n(.*?)```",
+                        open(os.path.join(ROOT, "README.md")).read(), re.S).group(1)
+    r = subprocess.run([python, "-c", snippet], env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        note = "xseg: no GPU driver (libcuda.so.1) loads here: running on the emulator this package carries (%s;" % (
+            os.path.join(target, "xseg", "libcudaemu.so"))
+        assert r.stderr.startswith(note) and r.stderr.count("\n") == 1, r.stderr
     # The main job from pip: no driver on this machine but the emulator in the wheel, found by
     # xseg-replay itself (XSEG_LIBCUDA unset), and the headline of a bundled workload.
     r = subprocess.run([python, "-m", "xseg.replay", "--no-progress", "--marks=none", "--compare",
