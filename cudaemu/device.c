@@ -162,6 +162,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; break; /* cuMemAllocManaged (memory.c) */
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = dev; break;
     case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;

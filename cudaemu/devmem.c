@@ -16,7 +16,8 @@
  *
  * Translation of a device operand byte, in order: a VMM reservation (its mapping's physical
  * memory; unmapped, or without the access asked: ILLEGAL_ADDRESS), a cuMemAlloc block (a range of
- * its device's file), pinned or registered host memory (host-accessible: UVA), else no device
+ * its device's file; a cuMemAllocManaged block is one too, whose view is its own address, the one
+ * device memory the host may touch), pinned or registered host memory (host-accessible: UVA), else no device
  * memory (INVALID_VALUE). A piece's physical memory is pinned while its bytes move, so a
  * concurrent unmap and release cannot unmap its view or close its file under the copy (the race
  * itself is the caller's bug, as on the driver). A copy's host side is touched by the CPU as the
@@ -164,7 +165,7 @@ CUresult emu_dev_check_locked(uintptr_t addr, size_t size, int dev, unsigned nee
         if (in == 0)
             return CUDA_ERROR_ILLEGAL_ADDRESS;
         const struct emu_alloc *a = emu_alloc_at_locked(cur);
-        if (a && (!kernel || a->dev == dev)) {
+        if (a && (!kernel || a->dev == dev || a->managed)) { /* managed: every device's */
             cur = a->base + a->mapped;
             continue;
         }

@@ -40,6 +40,8 @@
     X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice)          \
     X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxSynchronize)                                    \
     X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD8)      \
+    /* managed memory (memory.c; tests' owners allocate it, xseg does not) */                     \
+    X(cuMemAllocManaged) X(cuMemPrefetchAsync)                                                    \
     X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)   \
     X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                 \
     X(cuMemRetainAllocationHandle) X(cuMemExportToShareableHandle)                                \
@@ -168,12 +170,15 @@ struct emu_resv {
 };
 
 /* A cuMemAlloc block: PROT_NONE address space (never host-accessible, as on a GPU); its bytes
- * are its phys's view, an anonymous mapping (fd -1) where devmem.c moves them. */
+ * are its phys's view, an anonymous mapping (fd -1) where devmem.c moves them. A
+ * cuMemAllocManaged block (managed) is host-accessible at its address: its view is that address
+ * range itself, so host loads and stores and the emulated operations see the same bytes. */
 struct emu_alloc {
     uintptr_t base;
     size_t size;      /* requested */
     size_t mapped;    /* length of the address range and of its phys (host-page multiple) */
     int dev;
+    bool managed;     /* cuMemAllocManaged: base == phys->view, unmapped with the view alone */
     struct emu_phys *phys;
 };
 

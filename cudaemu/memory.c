@@ -2,7 +2,8 @@
  * The classic path: cuMemAlloc / cuMemFree, PROT_NONE address space (never host-accessible, as on
  * a GPU) whose bytes are an anonymous private mapping at an address only the emulator knows (its
  * view: MAP_NORESERVE, so sparse; devmem.c moves them), sharing the per-device capacity
- * with cuMemCreate; cuMemGetInfo; and the synchronous copies and memset, which move the bytes
+ * with cuMemCreate; managed memory (cuMemAllocManaged, host-accessible at its address, and
+ * cuMemPrefetchAsync); cuMemGetInfo; and the synchronous copies and memset, which move the bytes
  * through devmem.c: an operand that is not device memory the current device may access is an
  * error (ILLEGAL_ADDRESS in a reservation, INVALID_VALUE elsewhere), where a host touch would fault.
  * Copies take at least their bytes over the entry's bandwidth when one is set (CUDAEMU_LATENCY).
@@ -29,16 +30,13 @@ CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total)
     return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
+/* A block of @p bytesize on the current device, counted against its capacity (whole host pages).
+ * Device memory (cuMemAlloc): PROT_NONE address space, its bytes a view only cudaemu knows.
+ * Managed memory (cuMemAllocManaged): one read-write mapping that is both its address and its
+ * view, so the host reaches it where the device does. */
+static CUresult alloc_block(CUdeviceptr *dptr, size_t bytesize, bool managed)
 {
-    EMU_ENTER(cuMemAlloc);
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
     CUcontext c = emu_ctx_current();
-    if (!c)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     if (bytesize > SIZE_MAX - page)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -59,12 +57,12 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
     /* Accounting counts whole host pages, what the mapping really takes. */
     if (!emu_mem_take_locked(dev, len))
         goto fail;
-    /* Address space only (page-aligned, so the driver's 256-byte alignment holds); the bytes are
-     * the view, zero when new. */
-    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    /* Page-aligned, so the driver's 256-byte alignment holds; the bytes read zero when new. */
+    void *p = mmap(NULL, len, managed ? PROT_READ | PROT_WRITE : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         goto fail_taken;
-    void *view = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *view = managed ? p : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (view == MAP_FAILED)
         goto fail_mapped;
     *ph = (struct emu_phys){.fd = -1, .dev = dev, .size = len, .handles = 1, .classic = true, .view = view};
@@ -72,6 +70,7 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
     a->size = bytesize;
     a->mapped = len;
     a->dev = dev;
+    a->managed = managed;
     a->phys = ph;
     if (emu_map_put(&emu.allocs, a->base, a))
         goto fail_view;
@@ -84,7 +83,8 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
     *dptr = (CUdeviceptr)a->base;
     return CUDA_SUCCESS;
 fail_view:
-    munmap(view, len);
+    if (!managed)
+        munmap(view, len);
 fail_mapped:
     munmap(p, len);
 fail_taken:
@@ -93,6 +93,101 @@ fail:
     emu_unlock();
     free(a);
     free(ph);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
+{
+    EMU_ENTER(cuMemAlloc);
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_block(dptr, bytesize, false);
+}
+
+/*
+ * Managed memory, as the driver documents it (cuda.h, CUDA 13.0): flags must be exactly
+ * CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST and a size of 0 is INVALID_VALUE; the memory is
+ * valid on the host and on every device, freed by cuMemFree. The model: one copy of the bytes,
+ * host-accessible at its address and reached by copies, memsets and kernels of any device (as
+ * with CONCURRENT_MANAGED_ACCESS, which every emulated device reports), counted against the
+ * allocating device's capacity from allocation to cuMemFree wherever it was prefetched
+ * (cudaemu's choice: the driver may populate it at first touch; unmeasured). Stream attachment
+ * (ATTACH_HOST, cuStreamAttachMemAsync) restricts nothing here.
+ */
+CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    EMU_ENTER(cuMemAllocManaged);
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_block(dptr, bytesize, true);
+}
+
+/* Is every byte of [addr, addr + count) managed memory? Lock held. */
+static bool managed_range_locked(uintptr_t addr, size_t count)
+{
+    if (addr + count < addr)
+        return false;
+    for (uintptr_t cur = addr; cur < addr + count;) {
+        const struct emu_alloc *a = emu_alloc_at_locked(cur);
+        if (!a || !a->managed)
+            return false;
+        cur = a->base + a->mapped;
+    }
+    return true;
+}
+
+/*
+ * cuMemPrefetchAsync (the CUDA 13 form: a CUmemLocation and flags; ABI name
+ * cuMemPrefetchAsync_v2). Documented: flags must be 0 and the range managed memory
+ * (INVALID_VALUE), a device target a valid ordinal (INVALID_DEVICE); HOST and HOST_NUMA_CURRENT
+ * ignore the id, HOST_NUMA needs a node the host has (INVALID_VALUE, cudaemu's choice). cudaemu's
+ * choices, unmeasured: a count of 0 is INVALID_VALUE; on a capturing stream it invalidates the
+ * capture (STREAM_CAPTURE_UNSUPPORTED); a destroyed or unknown stream is INVALID_HANDLE. With one
+ * copy of the bytes a prefetch moves nothing: the address and the bytes stay as they were.
+ */
+CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags,
+                                    CUstream hStream)
+{
+    EMU_ENTER(cuMemPrefetchAsync);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (flags || !count || !devPtr)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (!emu_dev_valid(location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        if (location.id < 0 || location.id >= emu.cfg.numa_nodes)
+            return CUDA_ERROR_INVALID_VALUE;
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    emu_lock();
+    CUresult r = CUDA_SUCCESS;
+    CUstream s = emu_stream_resolve_locked(hStream);
+    if (!managed_range_locked((uintptr_t)devPtr, count)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!s) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (s->cap) {
+        s->cap->invalidated = true;
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    emu_unlock();
     return r;
 }
 
@@ -113,7 +208,8 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
         return CUDA_ERROR_INVALID_VALUE;
     }
     emu_alloc_index_del_locked(a);
-    munmap((void *)a->base, a->mapped);
+    if (!a->managed) /* a managed block's address is its view: it goes with its memory */
+        munmap((void *)a->base, a->mapped);
     a->phys->handles = 0; /* its bytes and count go when no copy moves them any more */
     emu_phys_maybe_free_locked(a->phys);
     emu_unlock();

@@ -115,6 +115,76 @@ void owner_free(void *ptr, ssize_t size, int device, void *stream)
 long owner_stat(int k) { return k == 0 ? allocs : k == 1 ? frees : k == 2 ? live : k == 3 ? bad : backend; }
 """
 
+# The owner of the managed-memory MemPool check (Megatron's unified-memory pool, issue 73:
+# megatron/core/inference/unified_memory.py, cudaMallocManaged(cudaMemAttachGlobal) / cudaFree):
+# the CUDA runtime PyTorch loaded when one is found, else the driver's cuMemAllocManaged /
+# cuMemFree in the context PyTorch made current; the same ledger as OWNER_C's (owner_stat: 0
+# allocs, 1 frees, 2 live, 3 failed frees, 4 the backend: 1 the runtime).
+OWNER_MANAGED_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+#include <sys/types.h>
+static int (*rt_alloc)(void **, size_t, unsigned);
+static int (*rt_free)(void *);
+static int (*cu_alloc)(unsigned long long *, size_t, unsigned);
+static int (*cu_free)(unsigned long long);
+static int backend = -1;
+static long allocs, frees, live, bad;
+static void resolve(void)
+{
+    static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+    if (backend >= 0)
+        return;
+    for (int i = 0; i < 3; i++) {
+        void *h = dlopen(rt[i], RTLD_NOW | RTLD_NOLOAD);
+        if (h && (rt_alloc = (int (*)(void **, size_t, unsigned))dlsym(h, "cudaMallocManaged")) &&
+            (rt_free = (int (*)(void *))dlsym(h, "cudaFree"))) {
+            backend = 1;
+            return;
+        }
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    cu_alloc = h ? (int (*)(unsigned long long *, size_t, unsigned))dlsym(h, "cuMemAllocManaged") : 0;
+    cu_free = h ? (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2") : 0;
+    backend = 0;
+}
+void *managed_alloc(ssize_t size, int device, void *stream)
+{
+    (void)device, (void)stream;
+    resolve();
+    void *p = 0;
+    /* 1: cudaMemAttachGlobal, CU_MEM_ATTACH_GLOBAL */
+    int r = backend ? rt_alloc(&p, (size_t)size, 1) : cu_alloc ? cu_alloc((unsigned long long *)&p, (size_t)size, 1) : 1;
+    if (r || !p)
+        return 0;
+    allocs++, live++;
+    return p;
+}
+void managed_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    (void)size, (void)device, (void)stream;
+    int r = backend ? rt_free(ptr) : cu_free((unsigned long long)ptr);
+    frees++, live--;
+    if (r)
+        bad++;
+}
+long owner_stat(int k) { return k == 0 ? allocs : k == 1 ? frees : k == 2 ? live : k == 3 ? bad : backend; }
+"""
+
+
+def build_owner(args, source, name):
+    """Compile an owner allocator's C source into a shared object under args.out: its path, or
+    Skip when the system compiler cannot."""
+    work = tempfile.mkdtemp(prefix="xseg-%s-" % name, dir=args.out)
+    src, so = os.path.join(work, name + ".c"), os.path.join(work, name + ".so")
+    with open(src, "w") as f:
+        f.write(source)
+    cc = os.environ.get("CC", "cc")
+    r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", so, src, "-ldl"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Skip("%s could not build the owner allocator: %s" % (cc, r.stderr[-500:]))
+    return so
+
 
 def mp_child(q, r):
     """torch.multiprocessing child (spawned: a fresh interpreter). It installs xseg before its
@@ -384,14 +454,7 @@ def torch_checks(args, xseg, torch):
         back through the owner's free once the MemPool is gone."""
         if not (hasattr(torch.cuda, "use_mem_pool") and hasattr(torch.cuda.memory, "CUDAPluggableAllocator")):
             raise Skip("this PyTorch (%s) has no use_mem_pool / CUDAPluggableAllocator" % torch.__version__)
-        work = tempfile.mkdtemp(prefix="xseg-owner-", dir=args.out)
-        src, so = os.path.join(work, "owner.c"), os.path.join(work, "owner.so")
-        with open(src, "w") as f:
-            f.write(OWNER_C)
-        cc = os.environ.get("CC", "cc")
-        r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", so, src, "-ldl"], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise Skip("%s could not build the owner allocator: %s" % (cc, r.stderr[-500:]))
+        so = build_owner(args, OWNER_C, "owner")
         owner = torch.cuda.memory.CUDAPluggableAllocator(so, "owner_alloc", "owner_free")
         lib = ctypes.CDLL(so)  # the same loaded object as the pluggable allocator's: one ledger
         lib.owner_stat.restype = ctypes.c_long
@@ -422,6 +485,72 @@ def torch_checks(args, xseg, torch):
         frees, live, bad = lib.owner_stat(1), lib.owner_stat(2), lib.owner_stat(3)
         assert live == 0 and frees == allocs and bad == 0, dict(allocs=allocs, frees=frees, live=live, bad=bad)
         return {"owner": "ncclMemAlloc" if lib.owner_stat(4) == 1 else "cuMemAlloc", "segments": allocs}
+
+    def mempool_managed():
+        """MemPool over managed memory (issue 73): Megatron's unified-memory pool, a
+        CUDAPluggableAllocator whose owner calls cudaMallocManaged / cudaFree (OWNER_MANAGED_C).
+        Tensors written by the device and read by the host at their addresses, written by the
+        host, prefetched to the host and back to the device (the driver's cuMemPrefetchAsync_v2
+        through ctypes: PyTorch has no prefetch; skipped, and said so, where the driver lacks it)
+        at the same address, read bit for bit after each; every segment given back through the
+        owner's free once the MemPool is gone."""
+        if not (hasattr(torch.cuda, "use_mem_pool") and hasattr(torch.cuda.memory, "CUDAPluggableAllocator")):
+            raise Skip("this PyTorch (%s) has no use_mem_pool / CUDAPluggableAllocator" % torch.__version__)
+        so = build_owner(args, OWNER_MANAGED_C, "managed_owner")
+        owner = torch.cuda.memory.CUDAPluggableAllocator(so, "managed_alloc", "managed_free")
+        lib = ctypes.CDLL(so)  # the same loaded object as the pluggable allocator's: one ledger
+        lib.owner_stat.restype = ctypes.c_long
+        try:
+            pool = torch.cuda.MemPool(allocator=owner.allocator())
+        except TypeError as e:
+            raise Skip("this PyTorch's MemPool takes no allocator: %s" % e)
+
+        class Location(ctypes.Structure):  # CUmemLocation
+            _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+        cuda = ctypes.CDLL("libcuda.so.1")
+        pf = getattr(cuda, "cuMemPrefetchAsync_v2", None)
+
+        def prefetch(t, where):  # where: a Location; the current stream, then waited for
+            r = pf(ctypes.c_uint64(t.data_ptr()), ctypes.c_size_t(t.numel()), where, ctypes.c_uint(0),
+                   ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            assert r == 0, "cuMemPrefetchAsync_v2: CUresult %d" % r
+            torch.cuda.synchronize()
+
+        sizes = (4096, 3 * MiB, 40 * MiB)
+        want = [(torch.arange(n, dtype=torch.int64) * 131 + i).remainder(251).to(torch.uint8) for i, n in enumerate(sizes)]
+        again = [(torch.arange(n, dtype=torch.int64) * 17 + 3 * i + 1).remainder(253).to(torch.uint8)
+                 for i, n in enumerate(sizes)]
+        with torch.cuda.use_mem_pool(pool):
+            ts = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
+        ptrs = [t.data_ptr() for t in ts]
+        for t, w in zip(ts, want):
+            assert pool_of(t.data_ptr()) == tuple(pool.id), (pool_of(t.data_ptr()), pool.id)
+            t.copy_(w)  # the device writes
+        torch.cuda.synchronize()
+        for t, w, a in zip(ts, want, again):
+            assert ctypes.string_at(t.data_ptr(), t.numel()) == w.numpy().tobytes(), "host read of the device's bytes"
+            ctypes.memmove(t.data_ptr(), a.numpy().tobytes(), t.numel())  # the host writes
+        prefetched = pf is not None
+        for t, a, p in zip(ts, again, ptrs):
+            if prefetched:
+                prefetch(t, Location(2, 0))  # CU_MEM_LOCATION_TYPE_HOST
+                assert ctypes.string_at(t.data_ptr(), t.numel()) == a.numpy().tobytes(), "bytes on the host"
+                prefetch(t, Location(1, dev.index))  # CU_MEM_LOCATION_TYPE_DEVICE
+            assert t.data_ptr() == p
+            assert torch.equal(t.cpu(), a), "bytes on the device"  # a device-to-host copy
+        allocs, live = lib.owner_stat(0), lib.owner_stat(2)
+        assert allocs >= 2 and live == allocs, (allocs, live)
+        del ts
+        torch.cuda.empty_cache()
+        assert lib.owner_stat(1) == 0, "empty_cache gave a live MemPool's segments back"
+        del pool
+        import gc
+        gc.collect()
+        torch.cuda.empty_cache()
+        frees, live, bad = lib.owner_stat(1), lib.owner_stat(2), lib.owner_stat(3)
+        assert live == 0 and frees == allocs and bad == 0, dict(allocs=allocs, frees=frees, live=live, bad=bad)
+        return {"owner": "cudaMallocManaged" if lib.owner_stat(4) == 1 else "cuMemAllocManaged", "segments": allocs,
+                "prefetch": "cuMemPrefetchAsync_v2" if prefetched else "skipped: the driver has no cuMemPrefetchAsync_v2"}
 
     def multiprocessing():
         import torch.multiprocessing as mp
@@ -543,6 +672,7 @@ def torch_checks(args, xseg, torch):
     report('torch.compile(mode="reduce-overhead"): train and eval steps of two shapes', compiled_train_eval)
     report("torch.cuda.MemPool", mempool)
     report("torch.cuda.MemPool(allocator=CUDAPluggableAllocator)", mempool_allocator)
+    report("torch.cuda.MemPool over managed memory", mempool_managed)
     report("torch.multiprocessing", multiprocessing)
 
 

@@ -13,6 +13,15 @@
  * - saver_*: a torch_memory_saver-style hook pool: its callbacks cuMemCreate and map pages of
  *   their own (MINIMUM granularity, one handle a segment) and keep a table of them, as a sleep
  *   allocator does to unmap and remap them later itself.
+ * - managed_*: Megatron's unified-memory pool (NVIDIA/Megatron-LM
+ *   megatron/core/inference/unified_memory.py at 397c94a7e25a6c7f1be9d2733047ed5af2f2a052), a
+ *   MemPool over a CUDAPluggableAllocator whose alloc is cudaMallocManaged(cudaMemAttachGlobal)
+ *   and whose free is cudaFree: the stand-in allocates with cuMemAllocManaged
+ *   (CU_MEM_ATTACH_GLOBAL, the size asked) and frees with cuMemFree. Besides the device's writes,
+ *   the host writes and reads the tensors at their addresses (managed memory is the host's too),
+ *   and they are prefetched to the host and back to the device (cuMemPrefetchAsync, as an engine
+ *   moving such a pool does) at the same address, every byte read after each. (That file's
+ *   cudaMemAdvise hints are not made: cudaemu has no cuMemAdvise.)
  * - bad_input, owner_oom, misaligned, capture: the API's refusals, an owner out of memory, an
  *   owner's address xseg cannot use, and a capture into such a pool (PyTorch's private-pool rules).
  *
@@ -21,9 +30,8 @@
  * and stream its alloc saw), that the pool was forgotten (the forget callback), and that xseg's
  * own pools and statistics are as before: a block of the default pool, live throughout, keeps
  * its bytes; the reserve returns to what it was.
- *
- * (Megatron's managed-memory pool is not here: cudaemu has no cuMemAllocManaged yet.)
- */
+ * */
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,6 +62,7 @@ struct owner_seg {
 
 struct owner {
     CUmemAllocationGranularity_flags gran_kind;
+    bool managed;         /* cuMemAllocManaged / cuMemFree (Megatron's), not cuMemCreate pages */
     struct owner_seg segs[MAX_SEGS];
     int nsegs, nlive, allocs, frees, bad_frees, forgets;
     int fail_n;           /* alloc returns NULL this many more times */
@@ -70,6 +79,39 @@ static CUmemAllocationProp pinned_prop(void)
     return prop;
 }
 
+/* Managed memory's entry points, which xseg's driver table does not load: resolved from the loaded
+ * driver (NULL: it lacks them). cuda.h names CUDA 13's prefetch (a CUmemLocation and flags)
+ * cuMemPrefetchAsync_v2. */
+static __typeof__(cuMemAllocManaged) *alloc_managed;
+static __typeof__(cuMemPrefetchAsync) *prefetch;
+
+/* The driver xseg loads ($XSEG_LIBCUDA or libcuda.so.1; the same object when loaded already),
+ * kept open for the process's life. */
+static void resolve_managed(void)
+{
+    const char *path = getenv("XSEG_LIBCUDA");
+    void *lib = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib) {
+        *(void **)&alloc_managed = dlsym(lib, "cuMemAllocManaged");
+        *(void **)&prefetch = dlsym(lib, "cuMemPrefetchAsync_v2");
+    }
+}
+
+/* Megatron's managed_malloc: managed memory of exactly the size asked, attached globally. */
+static void *owner_alloc_managed(struct owner *o, size_t size, CUstream stream)
+{
+    struct owner_seg *s = &o->segs[o->nsegs];
+    memset(s, 0, sizeof *s);
+    if (!alloc_managed || alloc_managed(&s->ptr, size, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS)
+        return NULL;
+    s->size = s->mapped = size;
+    s->stream = stream;
+    s->live = true;
+    o->nsegs++;
+    o->nlive++;
+    return (void *)(uintptr_t)s->ptr;
+}
+
 static void *owner_alloc(size_t size, int device, CUstream stream, void *user)
 {
     struct owner *o = user;
@@ -80,6 +122,8 @@ static void *owner_alloc(size_t size, int device, CUstream stream, void *user)
     }
     if (device != 0 || o->nsegs == MAX_SEGS)
         return NULL;
+    if (o->managed)
+        return owner_alloc_managed(o, size, stream);
     CUmemAllocationProp prop = pinned_prop();
     size_t gran = 0;
     if (drv->cuMemGetAllocationGranularity(&gran, &prop, o->gran_kind) != CUDA_SUCCESS || !gran)
@@ -130,6 +174,11 @@ static void owner_free(void *ptr, size_t size, int device, CUstream stream, void
             o->bad_frees++;
         s->live = false;
         o->nlive--;
+        if (o->managed) { /* managed_free: cudaFree */
+            if (drv->cuMemFree(s->ptr) != CUDA_SUCCESS)
+                o->bad_frees++;
+            return;
+        }
         if (drv->cuMemUnmap(s->ptr, s->mapped) != CUDA_SUCCESS || drv->cuMemRelease(s->handle) != CUDA_SUCCESS ||
             drv->cuMemAddressFree(s->ptr, s->mapped) != CUDA_SUCCESS)
             o->bad_frees++;
@@ -181,6 +230,41 @@ static xseg_pool_id pool_id_of(const void *p)
     return id;
 }
 
+/* The byte the host writes at offset @p i of a managed tensor tagged @p tag. */
+static unsigned char host_byte(size_t i, uint32_t tag) { return (unsigned char)(i * 31 + tag * 7 + (i >> 12)); }
+
+/*
+ * What managed memory allows beyond device memory, on a tensor of @p n bytes at @p p: the host
+ * writes every byte at the tensor's address, the device overwrites a quarter (cuMemsetD8), the
+ * tensor is prefetched to the host and every byte read there, then prefetched back to the device
+ * (the same address) and every byte read by a device copy and by the host.
+ */
+static void managed_touch(void *p, size_t n, uint32_t tag)
+{
+    assert_non_null(prefetch);
+    unsigned char *h = p;
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+    for (size_t i = 0; i < n; i++)
+        h[i] = host_byte(i, tag);
+    size_t lo = n / 4, len = n / 4;
+    tu_assert_cu(drv->cuMemsetD8(d + lo, (unsigned char)(0xa0 + tag % 16), len));
+    CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0}, dev = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    tu_assert_cu(prefetch(d, n, host, 0, NULL));
+    tu_assert_cu(drv->cuStreamSynchronize(NULL));
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != (i - lo < len ? (unsigned char)(0xa0 + tag % 16) : host_byte(i, tag)))
+            fail_msg("managed tensor %p (%zu bytes): byte %zu on the host after the prefetch", p, n, i);
+    tu_assert_cu(prefetch(d, n, dev, 0, NULL));
+    tu_assert_cu(drv->cuStreamSynchronize(NULL));
+    unsigned char *out = malloc(n);
+    assert_non_null(out);
+    tu_assert_cu(drv->cuMemcpyDtoH(out, d, n));
+    for (size_t i = 0; i < n; i++)
+        if (out[i] != h[i] || out[i] != (i - lo < len ? (unsigned char)(0xa0 + tag % 16) : host_byte(i, tag)))
+            fail_msg("managed tensor %p (%zu bytes): byte %zu on the device after the prefetch", p, n, i);
+    free(out);
+}
+
 /*
  * The pattern: a default-pool block lives throughout; a pool of @p o's memory takes allocations
  * of @p n sizes (small and large, some freed and reused to split and merge), each written and
@@ -214,6 +298,8 @@ static void run_pattern(const char *config, struct owner *o, const size_t *sizes
         }
         for (size_t i = 0; i < n; i++)
             check(ptrs[i], sizes[i], (uint32_t)(round * 100 + i));
+        for (size_t i = 0; o->managed && i < n; i++)
+            managed_touch(ptrs[i], sizes[i], (uint32_t)(round * 100 + i));
         xseg_pool_id got = pool_id_of(ptrs[0]);
         assert_true(got.first == pool.first && got.second == pool.second);
         size_t live = 0;
@@ -312,6 +398,30 @@ static void test_saver_classic(void **state)
     (void)state;
     struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_MINIMUM};
     run_pattern("expandable_segments:False", &o, saver_sizes, sizeof saver_sizes / sizeof saver_sizes[0]);
+}
+
+/* Megatron's unified-memory pool: a KV cache's and activations' sizes (small and large pools). */
+static const size_t managed_sizes[] = {20 * MiB, 512, 3 * MiB, 64 * KiB, 1 * MiB + 512};
+
+static void run_managed(const char *config)
+{
+    resolve_managed();
+    if (!alloc_managed || !prefetch)
+        fail_msg("the driver ($XSEG_LIBCUDA) exports no cuMemAllocManaged or cuMemPrefetchAsync_v2");
+    struct owner o = {.managed = true};
+    run_pattern(config, &o, managed_sizes, sizeof managed_sizes / sizeof managed_sizes[0]);
+}
+
+static void test_managed_expandable(void **state)
+{
+    (void)state;
+    run_managed("expandable_segments:True");
+}
+
+static void test_managed_classic(void **state)
+{
+    (void)state;
+    run_managed("expandable_segments:False");
 }
 
 /* Bad input names what was wrong and changes nothing. */
@@ -501,6 +611,7 @@ int main(int argc, char **argv)
         TU_NAMED(test_nccl_expandable), TU_NAMED(test_nccl_classic), TU_NAMED(test_saver_expandable),
         TU_NAMED(test_saver_classic),   TU_NAMED(test_bad_input),    TU_NAMED(test_owner_oom),
         TU_NAMED(test_misaligned),      TU_NAMED(test_capture),      TU_NAMED(test_shutdown_held),
+        TU_NAMED(test_managed_expandable), TU_NAMED(test_managed_classic),
     };
     return tu_run_named("owned_pools", all_tests, sizeof all_tests / sizeof all_tests[0], argc, argv);
 }

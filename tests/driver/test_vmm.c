@@ -1049,6 +1049,8 @@ static CUresult m_import_bad_fd(void) { return import_release_row(1); }
 /* ---- entry points xseg does not load (yet), resolved from the loaded driver ---- */
 static __typeof__(cuMemGetHandleForAddressRange) *get_range_handle; /* NULL: the driver lacks it */
 static __typeof__(cuMemGetAllocationPropertiesFromHandle) *get_props; /* NULL: the driver lacks it */
+static __typeof__(cuMemAllocManaged) *alloc_managed;                 /* NULL: the driver lacks it */
+static __typeof__(cuMemPrefetchAsync) *prefetch;                     /* ABI cuMemPrefetchAsync_v2 */
 
 static void resolve_extra(void)
 {
@@ -1057,8 +1059,73 @@ static void resolve_extra(void)
     if (lib) {
         *(void **)&get_range_handle = dlsym(lib, "cuMemGetHandleForAddressRange");
         *(void **)&get_props = dlsym(lib, "cuMemGetAllocationPropertiesFromHandle");
+        *(void **)&alloc_managed = dlsym(lib, "cuMemAllocManaged");
+        *(void **)&prefetch = dlsym(lib, "cuMemPrefetchAsync_v2"); /* CUDA 13's form (cuda.h's macro) */
     }
 }
+
+/* Managed memory as a unified-memory pool's owner uses it (Megatron's cudaMallocManaged, then
+ * cudaMemPrefetchAsync to the host or the device): allocated, written by the host at its address
+ * and by the device (memset), prefetched to the host and back to the device, read back by the host
+ * and by a copy; then one misuse: [0] size 0, [1] flags 0, [2] flags GLOBAL | HOST (the flags
+ * must be one of the two), [3] prefetch flags 1 (must be 0), [4] prefetch of cuMemAlloc memory
+ * (must be managed), [5] prefetch to device 4242 (INVALID_DEVICE).
+ * The codes are the documented ones (cuda.h, CUDA 13.0); not yet run on a GPU. */
+static CUresult managed_row(int which)
+{
+    if (!alloc_managed || !prefetch)
+        return CUDA_ERROR_NOT_FOUND;
+    const size_t n = 1 << 20;
+    CUdeviceptr m = 0, plain = 0;
+    unsigned char *out = malloc(n);
+    CUresult r = out ? alloc_managed(&m, n, CU_MEM_ATTACH_GLOBAL) : CUDA_ERROR_OUT_OF_MEMORY;
+    CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0}, dev0 = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    if (r == CUDA_SUCCESS) {
+        unsigned char *h = (unsigned char *)(uintptr_t)m; /* managed memory is the host's too */
+        for (size_t i = 0; i < n; i++)
+            h[i] = (unsigned char)(i * 7 + 1);
+        if ((r = drv->cuMemsetD8(m + 4096, 0x5a, 100)) == CUDA_SUCCESS &&
+            (r = prefetch(m, n, host, 0, NULL)) == CUDA_SUCCESS &&
+            (r = drv->cuStreamSynchronize(NULL)) == CUDA_SUCCESS) {
+            for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+                if (h[i] != (i - 4096 < 100 ? 0x5a : (unsigned char)(i * 7 + 1)))
+                    r = CUDA_ERROR_UNKNOWN;
+        }
+        if (r == CUDA_SUCCESS && (r = prefetch(m, n, dev0, 0, NULL)) == CUDA_SUCCESS &&
+            (r = drv->cuStreamSynchronize(NULL)) == CUDA_SUCCESS &&
+            (r = drv->cuMemcpyDtoH(out, m, n)) == CUDA_SUCCESS && memcmp(out, h, n))
+            r = CUDA_ERROR_UNKNOWN;
+    }
+    if (r == CUDA_SUCCESS) {
+        CUdeviceptr x = 0;
+        switch (which) {
+        case 0: r = alloc_managed(&x, 0, CU_MEM_ATTACH_GLOBAL); break;
+        case 1: r = alloc_managed(&x, n, 0); break;
+        case 2: r = alloc_managed(&x, n, CU_MEM_ATTACH_GLOBAL | CU_MEM_ATTACH_HOST); break;
+        case 3: r = prefetch(m, n, dev0, 1, NULL); break;
+        case 4:
+            if ((r = drv->cuMemAlloc(&plain, n)) == CUDA_SUCCESS)
+                r = prefetch(plain, n, dev0, 0, NULL);
+            break;
+        default: dev0.id = 4242; r = prefetch(m, n, dev0, 0, NULL); break;
+        }
+        drv->cuStreamSynchronize(NULL);
+        if (x)
+            drv->cuMemFree(x);
+    }
+    if (plain)
+        drv->cuMemFree(plain);
+    if (m)
+        drv->cuMemFree(m);
+    free(out);
+    return r;
+}
+static CUresult m_managed_size0(void) { return managed_row(0); }
+static CUresult m_managed_flags0(void) { return managed_row(1); }
+static CUresult m_managed_flags_both(void) { return managed_row(2); }
+static CUresult m_prefetch_flags(void) { return managed_row(3); }
+static CUresult m_prefetch_not_managed(void) { return managed_row(4); }
+static CUresult m_prefetch_bad_device(void) { return managed_row(5); }
 
 /* A mapped, device-writable range of @p n bytes (one handle of @p p) for the rows and probes
  * below; *step names the call that failed. */
@@ -1485,6 +1552,14 @@ static const struct misuse misuse_table[] = {
                  m_event_sync_destroyed),
     ROW("cuMemHostAlloc: flags 0x80", CUDA_ERROR_INVALID_VALUE, m_hostalloc_flags),
     ROW("cuMemFreeHost: interior pointer", CUDA_ERROR_INVALID_VALUE, m_freehost_interior),
+    /* Managed memory (a unified-memory pool's owner, issue 73): the documented codes, not yet
+     * measured (the GPU run compares them). */
+    ROW("cuMemAllocManaged: size 0", CUDA_ERROR_INVALID_VALUE, m_managed_size0),
+    ROW("cuMemAllocManaged: flags 0", CUDA_ERROR_INVALID_VALUE, m_managed_flags0),
+    ROW("cuMemAllocManaged: flags GLOBAL | HOST", CUDA_ERROR_INVALID_VALUE, m_managed_flags_both),
+    ROW("cuMemPrefetchAsync: flags 1", CUDA_ERROR_INVALID_VALUE, m_prefetch_flags),
+    ROW("cuMemPrefetchAsync: cuMemAlloc memory (not managed)", CUDA_ERROR_INVALID_VALUE, m_prefetch_not_managed),
+    ROW("cuMemPrefetchAsync: device 4242", CUDA_ERROR_INVALID_DEVICE, m_prefetch_bad_device),
     ROW("cuMemHostRegister: flags 0x80", CUDA_ERROR_INVALID_VALUE, m_hostreg_flags),
     ROW("cuMemHostRegister: range overlapping a registered one", CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
         m_hostreg_overlap),
