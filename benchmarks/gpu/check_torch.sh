@@ -30,7 +30,7 @@ if [ -n "$why" ]; then
              'torch.compile(mode="reduce-overhead"): a branching cudagraph tree' \
              'torch.compile(mode="reduce-overhead"): train and eval steps of two shapes' \
              "torch.cuda.graph" "torch.cuda.MemPool" "torch.cuda.MemPool(allocator=CUDAPluggableAllocator)" \
-             "torch.cuda.MemPool over managed memory" \
+             "torch.cuda.MemPool over managed memory" "torch.distributed._symmetric_memory pool" \
              "torch.multiprocessing" "record_stream of an empty tensor and of foreign memory" \
              "fraction, history flag, MemPool.snapshot, torch.accelerator" \
              "stats, summary and snapshot through torch.cuda" "torch.cuda.memory._dump_snapshot" \

@@ -274,7 +274,11 @@ static void bisect(struct search *s, struct tune_candidate *c, double share)
 
 /* Does @p c beat @p cur (the family's pick so far)? Ranked by the smallest device: when @p cur
  * has one, @p c is replayed once on 2 MiB less, and beats it only if it fits there (then its
- * own smallest device is bisected below that and its peak reserved taken on the full device).
+ * own smallest device is bisected below that and its peak reserved taken on the full device),
+ * and only if what it reserves more than @p cur on the full device is no more than the device it
+ * saves: a line that fits 2 MiB less by reserving 21 GiB more where there is room (builtin:training's
+ * max_split_size_mb:256 on top of 2 MiB chunks and pages) is a trade, not a gain, and is not
+ * recommended (tune_print says the trade of a pick that still reserves more than the defaults).
  * When @p cur fails on the full device, @p c beats it by fitting there, or by fewer failed
  * allocations. Equal outcomes keep @p cur: a key is changed only for a smaller device.
  * @return 1 better (@p c filled), 0 not, -2 out of the budget. */
@@ -301,6 +305,9 @@ static int challenge(struct search *s, const struct tune_candidate *cur, struct 
             return 0;
         }
         bisect_between(s, c, lo < target ? lo : 0, target, 0, share);
+        if (c->min_device && !c->stopped && c->peak_reserved > cur->peak_reserved &&
+            (uint64_t)(c->peak_reserved - cur->peak_reserved) > cur->min_device - c->min_device)
+            return 0;
         return 1;
     }
     int r = full_replay(s, c);
@@ -490,6 +497,23 @@ static void figures(FILE *out, const char *label, const struct tune_family_resul
     fputc('\n', out);
 }
 
+/* A pick that reserves more than its family's default on the device replayed buys its smaller
+ * device with that cache (it grows where there is room, the OOM path gives it back on a smaller
+ * device): said beside it, in figures, so a user on the roomy device sees the trade. Only where
+ * the extra is more than one 2 MiB step. */
+static void tradeoff(FILE *out, const struct tune_family_result *f, const struct tune_candidate *c)
+{
+    if (!f->have_def || c == &f->def || c->peak_reserved <= f->def.peak_reserved + (2 << 20) ||
+        !c->min_device || !f->def.min_device || c->stopped || f->def.stopped)
+        return;
+    double extra = (double)(c->peak_reserved - f->def.peak_reserved) / GiB;
+    double gain = f->def.min_device > c->min_device ? (double)(f->def.min_device - c->min_device) / GiB : 0;
+    fprintf(out, "  %-10s trade-off: %.3f GiB smaller device than the defaults, but %.3f GiB more reserved on the "
+                 "device replayed (%.3f against %.3f GiB)%s\n", "", gain, extra, (double)c->peak_reserved / GiB,
+            (double)f->def.peak_reserved / GiB,
+            extra > gain ? ": on a device with room, the defaults keep less" : "");
+}
+
 void tune_print(FILE *out, const char *trace, const struct tune_result *r)
 {
     char budget[96];
@@ -510,8 +534,11 @@ void tune_print(FILE *out, const char *trace, const struct tune_result *r)
             continue;
         fprintf(out, "%s:\n", f->name);
         figures(out, "best", f, &f->best);
-        if (f->have_runner_up)
+        tradeoff(out, f, &f->best);
+        if (f->have_runner_up) {
             figures(out, "runner-up", f, &f->runner_up);
+            tradeoff(out, f, &f->runner_up);
+        }
         if (f->have_def)
             figures(out, "default", f, &f->def);
     }
