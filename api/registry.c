@@ -3,6 +3,7 @@
 #include "api/dispatch.h"
 #include "base/error.h"
 #include "core/policy/registry.h"
+#include "core/process/settings.h"
 #include "core/runtime.h"
 
 struct register_args {
@@ -69,4 +70,21 @@ XSEG_API xseg_status xseg_range_dmabuf(void *ptr, size_t size, int *fd, size_t *
     struct dmabuf_args a = {size, fd, offset};
     return api_on_owner_or(ptr, dmabuf_on, &a, "xseg_range_dmabuf: [%p, +%zu) is not inside one segment of xseg",
                            ptr, size);
+}
+
+XSEG_API xseg_status xseg_registration_safe(int *safe, char *reason, size_t size, size_t *len)
+{
+    if (!safe)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_registration_safe: safe is NULL");
+    if (!reason && size)
+        return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_registration_safe: reason is NULL but size is %zu", size);
+    /* As xseg_get_config: the configuration in force, the lazy one read from the environment. */
+    xseg_status st = rt_forked_child() ? XSEG_SUCCESS : rt_ensure();
+    if (st != XSEG_SUCCESS)
+        return st;
+    struct cfg c;
+    unsigned gen;
+    settings_copy(&c, &gen);
+    *safe = reg_config_safe(&c, reason, size, len);
+    return XSEG_SUCCESS;
 }

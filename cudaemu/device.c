@@ -145,6 +145,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     /* Off unless CUDAEMU_DMA_BUF=1 / CUDAEMU_RDMA=1 (a device without them: the default). */
     case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: v = emu.cfg.dma_buf; break;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: v = emu.cfg.vmm && emu.cfg.rdma; break;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: v = emu.cfg.rdma; break; /* cuMemAlloc memory */
     /* Host-located VMM memory: both locations unless CUDAEMU_HOST_VMM says fewer. */
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
         v = emu.cfg.vmm && (emu.cfg.host_vmm & EMU_HOST_VMM_NUMA);

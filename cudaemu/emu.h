@@ -40,6 +40,7 @@
     X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice)          \
     X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxSynchronize)                                    \
     X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD8)      \
+    X(cuPointerGetAttribute)                                                                      \
     /* managed memory (memory.c; tests' owners allocate it, xseg does not) */                     \
     X(cuMemAllocManaged) X(cuMemPrefetchAsync)                                                    \
     X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)   \

@@ -284,3 +284,38 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
     /* Zeros are punched out of the memory file, so clearing gigabytes costs no host memory. */
     return emu_dev_set((uintptr_t)dstDevice, uc, N);
 }
+
+/* cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE only (what the tests and
+ * xseg's GPU probes ask); any other attribute is CUDA_ERROR_NOT_SUPPORTED, cudaemu's limit
+ * (README). The answer, an unsigned int as the driver writes it, is whether a NIC may register the
+ * memory for GPUDirect RDMA: for a VMM mapping, its chunk was created with
+ * allocFlags.gpuDirectRDMACapable on a device reporting GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED; for
+ * a cuMemAlloc block, its device reports GPU_DIRECT_RDMA_SUPPORTED (both follow CUDAEMU_RDMA);
+ * pinned or registered host memory is 0. An address nothing allocated, mapped or registered (a
+ * reservation's unmapped VA included) is CUDA_ERROR_INVALID_VALUE, as the driver documents. */
+CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    EMU_ENTER(cuPointerGetAttribute);
+    if (!data || !ptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attribute != CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    unsigned v = 0;
+    CUresult r = CUDA_SUCCESS;
+    const struct emu_mapping *m = NULL;
+    size_t avail;
+    emu_lock();
+    int where = emu_vmm_lookup_locked((uintptr_t)ptr, &m);
+    if (where == 1) {
+        const struct emu_phys *ph = m->handle->phys;
+        v = ph->dev >= 0 && ph->prop.allocFlags.gpuDirectRDMACapable && emu.cfg.vmm && emu.cfg.rdma;
+    } else if (where < 0 && emu_alloc_at_locked((uintptr_t)ptr)) {
+        v = emu.cfg.rdma;
+    } else if (where == 0 || !emu_host_range_locked((uintptr_t)ptr, &avail)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    emu_unlock();
+    if (r == CUDA_SUCCESS)
+        *(unsigned *)data = v;
+    return r;
+}

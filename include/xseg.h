@@ -1134,6 +1134,24 @@ typedef struct xseg_registration_stats {
 /** The registrations of @p device. @return XSEG_ERROR_INVALID_VALUE for NULL @p stats. */
 XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_stats *stats);
 
+/**
+ * May memory registered now outside xseg's ledger (a NIC's ibv_reg_mr or dma-buf through NIXL or
+ * UCX, NCCL's ncclCommRegister) rely on its physical pages staying put under the configuration in
+ * force? Answers whether any action xseg takes on its own could change the pages under a live
+ * block without its registrant being asked: expandable_segments_defrag:True and
+ * spill_to_host:True could (both skip ranges registered with xseg_register_range); the cache's
+ * reclaim (empty_cache, trim, idle release, the release threshold, the memory group's give-way)
+ * never unmaps a page holding a live byte. The program's own xseg_sleep / xseg_wake re-back a
+ * pool's pages whatever this says (docs/registrations.md).
+ * @param safe   out: 1 when no such action is on, else 0.
+ * @param reason where to write why, naming the keys that make it unsafe (NUL-terminated,
+ *               truncated to @p size; may be NULL with @p size 0).
+ * @param size   bytes available in @p reason.
+ * @param len    if non-NULL, receives the reason's full length (without NUL).
+ * @return XSEG_ERROR_INVALID_VALUE for NULL @p safe, or NULL @p reason with @p size > 0.
+ */
+XSEG_API xseg_status xseg_registration_safe(int *safe, char *reason, size_t size, size_t *len);
+
 /* --- end of many processes and many GPUs --- */
 
 /* ---------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@
     X(cuMemcpyHtoD)                                                                               \
     X(cuMemcpyDtoH)                                                                               \
     X(cuMemsetD8)                                                                                 \
+    X(cuPointerGetAttribute)                                                                      \
     X(cuMemGetAllocationGranularity)                                                              \
     X(cuMemAddressReserve)                                                                        \
     X(cuMemAddressFree)                                                                           \

@@ -674,7 +674,7 @@ static xseg_status seg_create_access(struct seg *seg, const struct seg_params *p
 
 /* The cuMemCreate properties of a new segment's chunks and the granularity they come in, which
  * the page size must be a multiple of. */
-static xseg_status seg_create_props(struct seg *seg, unsigned handle_types, bool require_rdma)
+static xseg_status seg_create_props(struct seg *seg, unsigned handle_types, bool require_rdma, bool rdma_off)
 {
     seg->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     seg->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -689,9 +689,11 @@ static xseg_status seg_create_props(struct seg *seg, unsigned handle_types, bool
                        "seg_create: page_size %zu is not a multiple of device %d's VMM granularity %zu",
                        seg->page_size, seg->device, gran);
     /* Optional: RDMA-capable pages where the device supports it (as PyTorch does), so NICs can
-     * register them. A failed query just leaves the flag off. */
+     * register them. A failed query just leaves the flag off; rdma_off leaves it off unasked
+     * (every later cuMemCreate of the segment copies seg->prop, so all its chunks agree). */
     int rdma = 0;
-    if (drv->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+    if (!rdma_off &&
+        drv->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
                                   seg->cudev) == CUDA_SUCCESS &&
         rdma)
         seg->prop.allocFlags.gpuDirectRDMACapable = 1;
@@ -732,7 +734,7 @@ xseg_status seg_create(const struct seg_params *params, size_t min_size, struct 
         goto fail_meta;
     }
     if ((st = drv_ctx_ensure(seg->ctx)) != XSEG_SUCCESS ||
-        (st = seg_create_props(seg, params->handle_types, params->require_rdma)) != XSEG_SUCCESS ||
+        (st = seg_create_props(seg, params->handle_types, params->require_rdma, params->rdma_off)) != XSEG_SUCCESS ||
         (st = seg_reserve_meta(seg, initial / seg->gran)) != XSEG_SUCCESS)
         goto fail_ctx;
     CUdeviceptr base = 0;

@@ -63,8 +63,10 @@ struct seg_params {
     void (*observe)(void *user, struct seg *seg, size_t first, size_t last, int mapped);
     void *observe_user;
     /* Chunks are created GPUDirect-RDMA capable where the device supports it with VMM memory;
-     * with require_rdma a device without it is XSEG_ERROR_NOT_SUPPORTED (gpu_direct_rdma:True). */
+     * with require_rdma a device without it is XSEG_ERROR_NOT_SUPPORTED (gpu_direct_rdma:True);
+     * with rdma_off never (expandable_segments_rdma:False; the config never sets both). */
     bool require_rdma;
+    bool rdma_off;
 };
 
 /*

@@ -13,7 +13,8 @@ ctypes (standard library) on libcuda.so.1, or on the library $XSEG_LIBCUDA names
         "reason", "data"} (benchmarks/gpu/check_probes.sh): host-located VMM memory read and
         written by a kernel, one physical handle mapped at many addresses, a dma-buf fd from
         cuMemGetHandleForAddressRange, one over several chunks and the RDMA flag of cuMemCreate
-        (xseg_range_dmabuf, gpu_direct_rdma). A probe passes when the driver answered (data.supported
+        with what cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE) answers for such a chunk
+        (xseg_range_dmabuf, gpu_direct_rdma, expandable_segments_rdma). A probe passes when the driver answered (data.supported
         true or false, data.words: the driver's own words); it fails only when the answer is
         inconsistent (say, a kernel ran but the bytes are wrong); --emulator: what cudaemu cannot
         do is skipped with the reason.
@@ -166,6 +167,7 @@ ATTR_DMA_BUF = 124
 ATTR_HOST_NUMA_ID = 134
 ATTR_HOST_NUMA_VMM = 141
 ATTR_RDMA_VMM = 110  # CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+POINTER_ATTR_RDMA_CAPABLE = 15  # CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
 RANGE_HANDLE_DMA_BUF_FD = 1
 
 # The probe kernel: p[i] += 1 for i < n (32-bit words). Hand-written PTX, loaded by the driver's
@@ -527,16 +529,54 @@ def probe_dmabuf_chunks(drv, dev, emulator, ptx_dir, chunks=3):
     h = ctypes.c_uint64()
     try:
         drv.check("cuMemCreate", ctypes.byref(h), ctypes.c_size_t(g), ctypes.byref(rdma), ctypes.c_uint64(0))
-        cu.cuMemRelease(h.value)
-        data["rdma_flag"] = {"accepted": True, "words": "cuMemCreate(gpuDirectRDMACapable=1) succeeded"}
+        try:
+            data["rdma_flag"] = {"accepted": True, "words": "cuMemCreate(gpuDirectRDMACapable=1) succeeded",
+                                 "pointer_attribute": rdma_pointer_attribute(drv, h.value, g, dev)}
+        finally:
+            cu.cuMemRelease(h.value)
     except Refused as e:
         data["rdma_flag"] = {"accepted": False, "words": str(e)}
     data["supported"] = data["range"]["supported"]
     data["words"] = "%s; RDMA flag: %s (attribute %s)" % (data["range"]["words"], data["rdma_flag"]["words"],
                                                            data["rdma_vmm_attribute"])
+    if "pointer_attribute" in data["rdma_flag"]:
+        data["words"] += "; cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE) of such a chunk: %s" % (
+            data["rdma_flag"]["pointer_attribute"])
+    # The device says VMM memory supports GPUDirect RDMA and took the flag: a NIC must be able to
+    # register the chunk (docs/registrations.md), so an answer of 0 is inconsistent.
+    if data["rdma_vmm_attribute"] == 1 and data["rdma_flag"].get("pointer_attribute") == 0:
+        raise AssertionError("a chunk made with gpuDirectRDMACapable=1 on a device reporting "
+                             "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED answers IS_GPU_DIRECT_RDMA_CAPABLE 0")
     if data["range"]["supported"] and data["range"]["fd_size"] != chunks * g:
         raise AssertionError("the dma-buf of %d bytes has size %d" % (chunks * g, data["range"]["fd_size"]))
     return data
+
+
+def rdma_pointer_attribute(drv, handle, g, dev):
+    """What cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE) answers for HANDLE
+    (G bytes, made with the RDMA flag, as xseg makes its pages) mapped at a fresh reservation: 0 or
+    1 (an unsigned int), or the driver's words when it refuses. cudaemu answers 1 only with
+    CUDAEMU_RDMA=1; the driver should answer 1 where the device reports RDMA with VMM."""
+    cu = drv.cu
+    va, mapped = ctypes.c_uint64(), False
+    try:
+        drv.check("cuMemAddressReserve", ctypes.byref(va), ctypes.c_size_t(g), ctypes.c_size_t(0),
+                  ctypes.c_uint64(0), ctypes.c_uint64(0))
+        drv.check("cuMemMap", va.value, g, 0, handle, 0)
+        mapped = True
+        access = AccessDesc(location=Location(LOC_DEVICE, dev), flags=3)
+        drv.check("cuMemSetAccess", va.value, g, ctypes.addressof(access), 1)
+        v = ctypes.c_uint(7)
+        drv.check("cuPointerGetAttribute", ctypes.byref(v), ctypes.c_int(POINTER_ATTR_RDMA_CAPABLE),
+                  ctypes.c_uint64(va.value))
+        return v.value
+    except Refused as e:
+        return str(e)
+    finally:
+        if mapped:
+            cu.cuMemUnmap(va.value, g)
+        if va.value:
+            cu.cuMemAddressFree(va.value, g)
 
 
 class Skip(Exception):

@@ -236,6 +236,7 @@ static xseg_status create_segment(struct dev_alloc *d, struct bpool *pool, CUstr
         .observe = obs_segment_hook,
         .observe_user = d,
         .require_rdma = d->cfg.gpu_direct_rdma, /* docs/registrations.md */
+        .rdma_off = !d->cfg.expandable_segments_rdma,
     };
     struct segrec *s = xs_calloc(1, sizeof *s);
     /* The segment's reference on its bins: indexing its blocks later never allocates. */

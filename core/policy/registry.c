@@ -28,6 +28,7 @@
 
 #include "base/error.h"
 #include "base/fork.h"
+#include "base/strbuf.h"
 #include "base/hostmem.h"
 #include "base/witness.h"
 #include "core/device/check.h"
@@ -613,4 +614,43 @@ xseg_status reg_dmabuf(struct dev_alloc *d, uintptr_t addr, size_t size, int *fd
         return drv_fail(res, "xseg_range_dmabuf: cuMemGetHandleForAddressRange(DMA_BUF_FD) of a mapped range");
     *offset = addr - lo;
     return XSEG_SUCCESS;
+}
+
+/* Which of xseg's own actions could change the physical pages under a live block, from the code
+ * (docs/registrations.md, "What moves pages"): the cache's reclaim (empty_cache, trim, idle
+ * release, the release threshold, the OOM retry, recycling, the group's give-way) unmaps only
+ * chunks lying wholly inside free blocks, so never a page with a live byte; classic segments are
+ * freed whole and only when free. Two actions re-back live pages with no one asked: defrag (the
+ * OOM path's last rung, exp_defragment) and spill (blocks declared cold). Both skip the ledger's
+ * ranges, which is why a ledger registration stays valid whatever this says. Sleep and wake are
+ * the program's own calls, named in the text, not counted here. */
+bool reg_config_safe(const struct cfg *c, char *buf, size_t size, size_t *len)
+{
+    struct strbuf o = {buf, size, 0};
+    if (size)
+        buf[0] = '\0';
+    bool defrag = c->expandable_segments_defrag, spill = c->spill_to_host;
+    if (defrag || spill) {
+        strbuf_printf(&o, "unsafe: ");
+        if (defrag)
+            strbuf_printf(&o, "expandable_segments_defrag:True (an allocation out of memory copies the live bytes of "
+                              "partly used pages to new physical memory at the same addresses)%s",
+                          spill ? "; " : "");
+        if (spill)
+            strbuf_printf(&o, "spill_to_host:True (pages of blocks declared cold with xseg_spill_hint move to host "
+                              "memory at the same addresses)");
+        strbuf_printf(&o, ". Set %s to False, or register the range with xseg_register_range too: neither action "
+                          "touches a range in xseg's ledger",
+                      defrag && spill ? "both" : "it");
+    } else {
+        strbuf_printf(&o, "safe: nothing xseg does on its own changes the pages under a live block (empty_cache, "
+                          "trim, idle_release_ms, release_threshold_mb, the out-of-memory retry and the memory "
+                          "group's give-way unmap only pages holding no live byte; expandable_segments_defrag and "
+                          "spill_to_host are off)");
+    }
+    strbuf_printf(&o, ". xseg_sleep and xseg_wake, called by the program, re-back the pages of the pool they "
+                      "put to sleep: register such memory with xseg_register_range to be asked first");
+    if (len)
+        *len = o.len;
+    return !defrag && !spill;
 }

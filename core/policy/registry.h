@@ -27,6 +27,16 @@ enum reg_scope {
     REG_SCOPE_RANGE, /* the pages of one range (spill, reg_before_move) */
 };
 
+/*
+ * xseg_registration_safe: may a registration made outside the ledger now (a NIC's ibv_reg_mr or
+ * dma-buf, NCCL's ncclCommRegister) lose its pages to an action xseg takes on its own under
+ * configuration @p c? False when one is on that re-backs pages holding live bytes without asking
+ * anyone (expandable_segments_defrag, spill_to_host); the text, written to @p buf as
+ * xseg_get_config writes (truncated to @p size, *len the full length), names those keys, or says
+ * why none can. Reads @p c only: no lock, no driver.
+ */
+bool reg_config_safe(const struct cfg *c, char *buf, size_t size, size_t *len);
+
 /* xseg_register_range on device @p d: *mine false (nothing done) when the range is not in one of
  * @p d's segments. Takes the device lock. */
 xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg_range_callbacks *cb, void *ctx,

@@ -763,6 +763,12 @@ static xseg_status cfg_finish(struct cfg_parser *p, const struct cfg *base)
                        "at index %zu",
                        large_mb, c->expandable_page_size / XSEG_MiB, p->large_pos);
     }
+    /* Requiring RDMA-capable pages and never asking for them cannot both hold; refused whichever
+     * of the two this string named, so the config in force keeps its own rules. */
+    if (c->gpu_direct_rdma && !c->expandable_segments_rdma)
+        return err_set(XSEG_ERROR_INVALID_VALUE,
+                       "allocator config: gpu_direct_rdma:True requires RDMA-capable pages, but "
+                       "expandable_segments_rdma:False turns them off; set one of them the other way");
     /* A chunk is a piece of a page (pages are what growth maps and what PyTorch reserves). */
     if (c->expandable_chunk > c->expandable_page_size) {
         if (p->have_chunk) {

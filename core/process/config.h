@@ -40,6 +40,9 @@ struct cfg {
                                          * fabric where supported) so xseg_ipc_export works */
     bool gpu_direct_rdma;               /* default false: RDMA-capable pages where the device says
                                          * so; true: required, a segment fails without it */
+    bool expandable_segments_rdma;      /* default true: new pages carry the GPUDirect RDMA flag where
+                                         * the device supports it; false: never (a NIC cannot
+                                         * register them); contradicts gpu_direct_rdma:True */
     bool release_lock_on_cudamalloc;
     double per_process_memory_fraction; /* [0, 1]; 1 = no cap */
     bool graph_capture_record_stream_reuse; /* reuse record_stream'ed blocks in capture (capreuse.c) */

@@ -52,6 +52,8 @@
       0, 0, "False")                                                                               \
     K(gpu_direct_rdma, NULL, BOOL, gpu_direct_rdma, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0,    \
       "False")                                                                                     \
+    K(expandable_segments_rdma, NULL, BOOL, expandable_segments_rdma, true, cfg_parse_flag,        \
+      CFG_OMIT_DEFAULT, 0, "True")                                                                 \
     K(large_segment_size_mb, NULL, MIB, large_segment_size, CFG_DEFAULT_LARGE_SEGMENT,             \
       cfg_parse_large_segment, 0, 0, "20")                                                         \
     K(expandable_page_size_mb, NULL, MIB, expandable_page_size, CFG_DEFAULT_LARGE_SEGMENT,         \

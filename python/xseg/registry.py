@@ -16,7 +16,7 @@ import ctypes
 from . import _lib
 from ._lib import C_PTR, C_SIZE, check, int_arg
 
-__all__ = ["register_range", "Registration", "range_dmabuf", "registration_stats"]
+__all__ = ["register_range", "Registration", "range_dmabuf", "registration_stats", "registration_safe"]
 
 REASONS = {1: "reclaim", 2: "sleep", 3: "shutdown", 4: "move", 5: "remapped", 6: "kept"}
 
@@ -45,6 +45,8 @@ _lib._PROTOS.update({
     "xseg_range_dmabuf": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
                                          ctypes.POINTER(ctypes.c_size_t)]),
     "xseg_registration_stats_get": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_Stats)]),
+    "xseg_registration_safe": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t,
+                                              ctypes.POINTER(ctypes.c_size_t)]),
 })
 if _lib._lib is not None:  # loaded before this module: declare the new prototypes now
     _lib._declare(_lib._lib)
@@ -118,3 +120,16 @@ def registration_stats(device=0):
     check(_lib.need("xseg_registration_stats_get")(int_arg("xseg.registration_stats", "device", device,
                                                            (0, 1 << 31)), ctypes.byref(st)))
     return {k: getattr(st, k) for k, _ in _Stats._fields_}
+
+
+def registration_safe():
+    """(safe, reason): whether memory registered now outside xseg's ledger (a NIC's registration
+    through NIXL or UCX, NCCL's ncclCommRegister) keeps its physical pages under the configuration
+    in force, and why; the reason names the keys that make it unsafe (expandable_segments_defrag,
+    spill_to_host). Ranges registered with xseg.register_range are asked first either way."""
+    fn = _lib.need("xseg_registration_safe")
+    safe, n = ctypes.c_int(), ctypes.c_size_t()
+    check(fn(ctypes.byref(safe), None, 0, ctypes.byref(n)))
+    buf = ctypes.create_string_buffer(n.value + 1)
+    check(fn(ctypes.byref(safe), buf, len(buf), ctypes.byref(n)))
+    return bool(safe.value), buf.value.decode()

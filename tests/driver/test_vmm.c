@@ -1434,6 +1434,99 @@ static void test_rdma_flag(void **state)
     tu_assert_cu(drv->cuMemRelease(h));
 }
 
+/* cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE) of one granule mapped at a fresh reservation,
+ * its chunk created with the RDMA flag @p flag; *value the answer (an unsigned int, as the
+ * driver writes it). Everything is given back before returning. */
+static CUresult rdma_attr_of_chunk(bool flag, unsigned *value)
+{
+    CUmemAllocationProp p = prop_dev(0, CU_MEM_HANDLE_TYPE_NONE);
+    p.allocFlags.gpuDirectRDMACapable = flag;
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = reserve(G);
+    CUresult r = drv->cuMemCreate(&h, G, &p, 0);
+    if (r == CUDA_SUCCESS && (r = drv->cuMemMap(va, G, 0, h, 0)) == CUDA_SUCCESS) {
+        if ((r = set_rw(va, G)) == CUDA_SUCCESS)
+            r = drv->cuPointerGetAttribute(value, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, va + 4096);
+        drv->cuMemUnmap(va, G);
+    }
+    if (h)
+        drv->cuMemRelease(h);
+    drv->cuMemAddressFree(va, G);
+    return r;
+}
+
+static bool rdma_vmm_reported(void)
+{
+    int attr = 0;
+    return drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0) ==
+               CUDA_SUCCESS &&
+           attr;
+}
+
+static CUresult m_ptr_rdma_chunk(void)
+{
+    unsigned v = 7;
+    return rdma_attr_of_chunk(rdma_vmm_reported(), &v);
+}
+
+static CUresult m_ptr_rdma_alloc(void)
+{
+    CUdeviceptr p = 0;
+    unsigned v = 7;
+    CUresult r = drv->cuMemAlloc(&p, 1 << 20);
+    if (r == CUDA_SUCCESS) {
+        r = drv->cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, p + 100);
+        drv->cuMemFree(p);
+    }
+    return r;
+}
+
+static CUresult m_ptr_null_data(void)
+{
+    CUdeviceptr p = 0;
+    CUresult r = drv->cuMemAlloc(&p, 1 << 20);
+    if (r == CUDA_SUCCESS) {
+        r = drv->cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, p);
+        drv->cuMemFree(p);
+    }
+    return r;
+}
+
+static CUresult m_ptr_zero(void)
+{
+    unsigned v = 7;
+    return drv->cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, 0);
+}
+
+/* What cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE) answers: for a chunk created with the
+ * RDMA flag on a device reporting GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 1; without the flag, 0;
+ * inside a cuMemAlloc block, what GPU_DIRECT_RDMA_SUPPORTED says. Prints the answers (the GPU run
+ * compares them with the driver). */
+static void test_rdma_pointer_attribute(void **state)
+{
+    (void)state;
+    bool vmm_rdma = rdma_vmm_reported();
+    unsigned v = 7;
+    if (vmm_rdma) {
+        tu_assert_cu(rdma_attr_of_chunk(true, &v));
+        print_message("RDMA attribute: chunk with the flag -> %u\n", v);
+        assert_int_equal(v, 1);
+    }
+    v = 7;
+    tu_assert_cu(rdma_attr_of_chunk(false, &v));
+    print_message("RDMA attribute: chunk without the flag -> %u\n", v);
+    assert_int_equal(v, 0);
+    int rdma = 0;
+    tu_assert_cu(drv->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0));
+    CUdeviceptr p = 0;
+    tu_assert_cu(drv->cuMemAlloc(&p, 1 << 20));
+    v = 7;
+    tu_assert_cu(drv->cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, p));
+    tu_assert_cu(drv->cuMemFree(p));
+    print_message("RDMA attribute: cuMemAlloc block -> %u (GPU_DIRECT_RDMA_SUPPORTED %d)\n", v, rdma);
+    assert_int_equal(v, rdma ? 1 : 0);
+}
+
 /* "misuse -> expected CUresult". Measured on an H100 80GB HBM3, driver 580.159.04 (CUDA 13.0)
  * (every row; rerun on a new driver to refresh: each run prints the answers). Where
  * cudaemu is deliberately stricter than the driver (ROW_STRICTER), the driver's answer is the
@@ -1586,6 +1679,13 @@ static const struct misuse misuse_table[] = {
     ROW("cuMemGetAllocationPropertiesFromHandle: HOST_NUMA on the device's node gives that location back",
         CUDA_SUCCESS, m_props_host_numa),
     ROW("cuMemGetAllocationPropertiesFromHandle: NULL prop", CUDA_ERROR_INVALID_VALUE, m_props_null),
+    /* GPUDirect RDMA capability of a pointer (docs/registrations.md); documented, not yet run on a
+     * GPU: the driver documents INVALID_VALUE for a pointer nothing allocated. */
+    ROW("cuPointerGetAttribute: IS_GPU_DIRECT_RDMA_CAPABLE of a mapped chunk (flag where the device reports it)",
+        CUDA_SUCCESS, m_ptr_rdma_chunk),
+    ROW("cuPointerGetAttribute: IS_GPU_DIRECT_RDMA_CAPABLE inside a cuMemAlloc block", CUDA_SUCCESS, m_ptr_rdma_alloc),
+    ROW("cuPointerGetAttribute: NULL data", CUDA_ERROR_INVALID_VALUE, m_ptr_null_data),
+    ROW("cuPointerGetAttribute: IS_GPU_DIRECT_RDMA_CAPABLE of device pointer 0", CUDA_ERROR_INVALID_VALUE, m_ptr_zero),
     ROW_DOC("cuMemGetHandleForAddressRange: handle type 7", CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED,
             m_range_handle_type),
     ROW_DOC("cuMemGetHandleForAddressRange: range not host-page aligned", CUDA_ERROR_INVALID_VALUE,
@@ -3758,6 +3858,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_misuse_table, setup),
         cmocka_unit_test_setup(test_dmabuf_ranges, setup),
         cmocka_unit_test_setup(test_rdma_flag, setup),
+        cmocka_unit_test_setup(test_rdma_pointer_attribute, setup),
         cmocka_unit_test_setup(test_fault_unmapped, setup),
         cmocka_unit_test_setup(test_fault_noaccess, setup),
         cmocka_unit_test_setup(test_fault_after_unmap, setup),

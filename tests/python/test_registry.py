@@ -58,3 +58,16 @@ def test_arguments(xseg):
             os.close(fd)
     finally:
         xseg.free(p)
+
+
+def test_registration_safe(xseg):
+    safe, why = xseg.registration_safe()
+    assert safe and why.startswith("safe: ")
+    xseg.set_config("expandable_segments:True,spill_to_host:True")
+    try:
+        safe, why = xseg.registration_safe()
+        assert not safe
+        assert "spill_to_host:True" in why and "expandable_segments_defrag" not in why
+    finally:
+        xseg.set_config("spill_to_host:False")
+    assert xseg.registration_safe()[0]

@@ -591,6 +591,108 @@ static void test_registry_rdma(void **state)
     }
 }
 
+/* cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE) of an xseg allocation: 1 where the device says
+ * VMM memory supports GPUDirect RDMA (CUDAEMU_RDMA=1), by default; 0 on a segment made with
+ * expandable_segments_rdma:False, and 0 everywhere on a device without it. The key's misuse is
+ * refused naming it. */
+static void test_registry_rdma_attr(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True");
+    tu_ctx_set();
+    int attr = 0;
+    tu_assert_cu(drv->cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0));
+    void *p = tu_malloc(24 * MiB, NULL);
+    unsigned v = 7;
+    tu_assert_cu(drv->cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+                                            (CUdeviceptr)(uintptr_t)p + 21 * MiB));
+    assert_int_equal(v, attr ? 1 : 0);
+    tu_free(p);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    /* Off: the next segment's pages carry no flag, whatever the device says. */
+    assert_int_equal(xseg_set_config("expandable_segments_rdma:False"), XSEG_SUCCESS);
+    char cfg[1024];
+    size_t len = 0;
+    assert_int_equal(xseg_get_config(cfg, sizeof cfg, &len), XSEG_SUCCESS);
+    assert_non_null(strstr(cfg, "expandable_segments_rdma:False"));
+    p = tu_malloc(24 * MiB, NULL);
+    v = 7;
+    tu_assert_cu(drv->cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+                                            (CUdeviceptr)(uintptr_t)p));
+    assert_int_equal(v, 0);
+    tu_free(p);
+    /* Misuse: a value that is not a boolean, and off while required. Nothing changes. */
+    assert_int_equal(xseg_set_config("expandable_segments_rdma:off"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_segments_rdma"));
+    assert_int_equal(xseg_set_config("gpu_direct_rdma:True"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "expandable_segments_rdma:False"));
+    assert_int_equal(xseg_set_config("expandable_segments_rdma:False,gpu_direct_rdma:True"), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "gpu_direct_rdma:True"));
+    assert_int_equal(xseg_get_config(cfg, sizeof cfg, &len), XSEG_SUCCESS);
+    assert_non_null(strstr(cfg, "expandable_segments_rdma:False"));
+    assert_null(strstr(cfg, "gpu_direct_rdma:True"));
+    /* Back on: the default leaves the canonical string. */
+    assert_int_equal(xseg_set_config("expandable_segments_rdma:True"), XSEG_SUCCESS);
+    assert_int_equal(xseg_get_config(cfg, sizeof cfg, &len), XSEG_SUCCESS);
+    assert_null(strstr(cfg, "expandable_segments_rdma"));
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+}
+
+/* xseg_registration_safe: safe by default (reclaim never touches a live page); each key that
+ * re-backs live pages unasked makes it unsafe and is named; the reason is written as
+ * xseg_get_config writes (truncated, full length); misuse is refused naming the argument. */
+static void test_registry_safe(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True");
+    int safe = -1;
+    char why[1024];
+    size_t len = 0;
+    assert_int_equal(xseg_registration_safe(&safe, why, sizeof why, &len), XSEG_SUCCESS);
+    assert_int_equal(safe, 1);
+    assert_int_equal(len, strlen(why));
+    assert_non_null(strstr(why, "safe: "));
+    assert_non_null(strstr(why, "xseg_sleep"));
+    assert_null(strstr(why, "unsafe"));
+    /* Reclaim settings leave it safe: they unmap only pages with no live byte. */
+    assert_int_equal(xseg_set_config("release_threshold_mb:0,idle_release_ms:10,expandable_chunk_mb:2"),
+                     XSEG_SUCCESS);
+    assert_int_equal(xseg_registration_safe(&safe, why, sizeof why, NULL), XSEG_SUCCESS);
+    assert_int_equal(safe, 1);
+    assert_int_equal(xseg_set_config("expandable_segments_defrag:True"), XSEG_SUCCESS);
+    assert_int_equal(xseg_registration_safe(&safe, why, sizeof why, &len), XSEG_SUCCESS);
+    assert_int_equal(safe, 0);
+    assert_non_null(strstr(why, "unsafe: expandable_segments_defrag:True"));
+    assert_null(strstr(why, "spill_to_host"));
+    assert_int_equal(xseg_set_config("spill_to_host:True"), XSEG_SUCCESS);
+    assert_int_equal(xseg_registration_safe(&safe, why, sizeof why, &len), XSEG_SUCCESS);
+    assert_int_equal(safe, 0);
+    assert_non_null(strstr(why, "expandable_segments_defrag:True"));
+    assert_non_null(strstr(why, "spill_to_host:True"));
+    /* Truncated: what fits, NUL-terminated, and the full length; NULL with size 0 measures. */
+    size_t full = len;
+    char small[8];
+    assert_int_equal(xseg_registration_safe(&safe, small, sizeof small, &len), XSEG_SUCCESS);
+    assert_int_equal(len, full);
+    assert_string_equal(small, "unsafe:");
+    len = 0;
+    assert_int_equal(xseg_registration_safe(&safe, NULL, 0, &len), XSEG_SUCCESS);
+    assert_int_equal(len, full);
+    assert_int_equal(xseg_set_config("expandable_segments_defrag:False"), XSEG_SUCCESS);
+    assert_int_equal(xseg_registration_safe(&safe, why, sizeof why, NULL), XSEG_SUCCESS);
+    assert_int_equal(safe, 0);
+    assert_null(strstr(why, "expandable_segments_defrag"));
+    assert_non_null(strstr(why, "spill_to_host:True"));
+    assert_int_equal(xseg_set_config("spill_to_host:False"), XSEG_SUCCESS);
+    assert_int_equal(xseg_registration_safe(&safe, why, sizeof why, NULL), XSEG_SUCCESS);
+    assert_int_equal(safe, 1);
+    /* Misuse. */
+    assert_int_equal(xseg_registration_safe(NULL, why, sizeof why, NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "safe is NULL"));
+    assert_int_equal(xseg_registration_safe(&safe, NULL, 4, NULL), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "reason is NULL but size is 4"));
+}
+
 /* Every host allocation of a registration, a pass and a timed callback failing in turn: OUT_OF_MEMORY
  * with nothing registered, or the pass reported with the registrant's pages still mapped (never
  * stale); past the last, all works. */
@@ -652,6 +754,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registry_timeout),  cmocka_unit_test(test_registry_reentrant),
         cmocka_unit_test(test_registry_errors),   cmocka_unit_test(test_registry_pinned),
         cmocka_unit_test(test_registry_dmabuf),   cmocka_unit_test(test_registry_rdma),
+        cmocka_unit_test(test_registry_rdma_attr), cmocka_unit_test(test_registry_safe),
         cmocka_unit_test(test_registry_host_faults), cmocka_unit_test(test_registry_top_malloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
