@@ -111,6 +111,8 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static void usage_language(FILE *f);
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -194,7 +196,14 @@ static void usage(FILE *f)
         "  --list               list the bundled workloads\n"
         "  --progress, --no-progress  progress on stderr (default: when stderr is a terminal)\n"
         "  --version            the version of xseg-replay (and of the libxseg it runs)\n"
-        "  -h, --help           this text\n"
+        "  -h, --help           this text\n");
+    usage_language(f);
+}
+
+/* The trace language and the environment, after the options (usage). */
+static void usage_language(FILE *f)
+{
+    fprintf(f,
         "\n"
         "trace language (one action per line, # comments):\n"
         "  stream s1 | alloc x1 4GiB [@s1] | free x1 | record x1 @s1 | hold @s1 | release @s1\n"
