@@ -525,3 +525,12 @@ def test_install_and_uninstall_aliases_in_process():
         xseg.compat.uninstall_aliases()
     assert "torch_memory_saver" not in sys.modules
     assert not any(isinstance(f, xseg.compat._AliasFinder) for f in sys.meta_path)
+
+
+def test_guide_shows_the_sitecustomize_that_is_tested():
+    """docs/guide.md's sitecustomize.py is sitecustomize_example()'s text, the one
+    test_aliases_through_sitecustomize runs (test_doc_examples.py runs the block too)."""
+    import xseg.compat
+    with open(os.path.join(ROOT, "docs", "guide.md"), encoding="utf-8") as f:
+        guide = f.read()
+    assert "```python\n" + xseg.compat.sitecustomize_example() + "```" in guide
