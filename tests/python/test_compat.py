@@ -61,6 +61,15 @@ def _free(x):
     return x.mem_get_info(0)[0]
 
 
+def _uses(x, pool):
+    """xseg_pool_use_count: a region's pool keeps one use however often it is entered."""
+    n = ctypes.c_int(-1)
+    f = x._lib.need("xseg_pool_use_count")
+    f.argtypes = [ctypes.c_int, x._lib.PoolId, ctypes.POINTER(ctypes.c_int)]
+    x._lib.check(f(0, x._lib.PoolId(*pool), ctypes.byref(n)))
+    return n.value
+
+
 @pytest.fixture
 def env(xseg):
     """(xseg, a fresh TorchMemorySaver, a fresh CuMemAllocator, ptrs to free), both over the
@@ -106,6 +115,7 @@ def test_tms_region_allocates_to_its_tagged_pool(env):
         w3 = x.malloc(MiB)
     ptrs.append(w3)
     assert _pool_of(x, w3) == pw
+    assert _uses(x, pw) == 1 and _uses(x, pg) == 1
     assert tms.enabled is True
 
 
@@ -204,6 +214,7 @@ def test_tms_disable_is_never_paused(env):
             d = x.malloc(MiB)
     ptrs += [w, d]
     assert _pool_of(x, d) not in ((0, 0), _pool_of(x, w)) and x.pool_tag(_pool_of(x, d)) is None
+    assert _uses(x, _pool_of(x, d)) == 0  # dropped at the block's end; `d` stays valid
     _write(d, b"\x07" * MiB)
     tms.pause()
     assert x.sleep_stats(_pool_of(x, d))["asleep"] == 0

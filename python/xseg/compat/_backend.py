@@ -49,12 +49,13 @@ class XsegBackend:
         return 0
 
     def make_pool(self, xtag, device):
-        """A new private pool on `device` tagged `xtag`; returns its (first, second) id."""
+        """A new private pool on `device` tagged `xtag`; returns its (first, second) id. The pool
+        keeps one use (as a MemPool holds one) until release_pool()."""
         pid = _lib.PoolId()
         _lib.check(_lib.need("xseg_pool_create")(ctypes.byref(pid)))
         pool = (pid.first, pid.second)
-        # xseg learns a pool on the device at its first begin; open and close it once so that
-        # the tag has a pool to sit on before anything is allocated.
+        # xseg learns a pool on the device at its first begin, which adds the use the pool keeps;
+        # so the tag has a pool to sit on before anything is allocated.
         self._begin(pool, device)
         self._end(pool, device)
         if xtag is not None:
@@ -73,17 +74,24 @@ class XsegBackend:
 
     @contextmanager
     def use_pool(self, pool, device):
+        """Route xseg.malloc on every stream of `device` to `pool` for the block. Each begin adds
+        a use; it is dropped at the end, so that only make_pool's stays."""
         self._begin(pool, device)
         try:
             yield
         finally:
             self._end(pool, device)
+            self._release(pool, device)
 
-    def release_pool(self, pool, device):
-        """Drop the pool: its live blocks stay valid, its cache goes at the next empty_cache."""
+    def _release(self, pool, device):
         f = _lib.need("xseg_release_pool")
         f.argtypes = [ctypes.c_int, _lib.PoolId]
         _lib.check(f(device, _lib.PoolId(*pool)))
+
+    def release_pool(self, pool, device):
+        """Drop make_pool's use: live blocks stay valid (they return to the pool when freed), the
+        cache goes at the next empty_cache, and the pool is forgotten once it holds no memory."""
+        self._release(pool, device)
 
     def empty_cache(self):
         xseg.empty_cache()
