@@ -168,7 +168,10 @@ def vllm_python_error(torch):
     keep = []
     with allocator.use_memory_pool():
         keep.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
-    allocator.sleep()
+    # vLLM's test offloads the 70 % (sleep()); here it is discarded: on the acceptance machine
+    # 70 % of an H200 is more than its host memory could pin. The assertion (a wake_up without
+    # room raises RuntimeError) does not depend on it.
+    allocator.sleep(offload_tags=())
     keep.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
     try:
         allocator.wake_up()
