@@ -545,3 +545,111 @@ def test_guide_shows_the_sitecustomize_that_is_tested():
     with open(os.path.join(ROOT, "docs", "guide.md"), encoding="utf-8") as f:
         guide = f.read()
     assert "```python\n" + xseg.compat.sitecustomize_example() + "```" in guide
+
+
+# --- the torch backend's code path, over a stand-in torch ----------------------------------------
+
+def _fake_torch(x):
+    """A stand-in `torch` with what the torch backend calls, doing what xseg's adapter does for
+    each: MemPool() retains an xseg pool (xseg_pool_retain), use_mem_pool and graph() route
+    allocations to it (begin/end allocate-to-pool), graph_pool_handle() is a fresh id."""
+    import contextlib
+    import types
+    lib = x._lib
+
+    def new_id():
+        pid = lib.PoolId()
+        lib.check(lib.need("xseg_pool_create")(ctypes.byref(pid)))
+        return (pid.first, pid.second)
+
+    def route(pool, device):
+        begin, end = lib.need("xseg_begin_allocate_to_pool"), lib.need("xseg_end_allocate_to_pool")
+        begin.argtypes = [ctypes.c_int, lib.PoolId, ctypes.c_void_p, ctypes.c_void_p]
+        end.argtypes = [ctypes.c_int, lib.PoolId]
+
+        @contextlib.contextmanager
+        def cm():
+            lib.check(begin(device, lib.PoolId(*pool), None, None))
+            try:
+                yield
+            finally:
+                lib.check(end(device, lib.PoolId(*pool)))
+        return cm()
+
+    class MemPool:
+        def __init__(self):
+            self.id = new_id()
+            retain = lib.need("xseg_pool_retain")
+            retain.argtypes = [ctypes.c_int, lib.PoolId]
+            lib.check(retain(0, lib.PoolId(*self.id)))
+
+    calls = []
+
+    @contextlib.contextmanager
+    def graph(g, pool=None, stream=None, capture_error_mode="global"):
+        calls.append(("graph", g, pool, stream, capture_error_mode))
+        with route(pool, 0):
+            yield
+
+    cuda = types.SimpleNamespace(
+        MemPool=MemPool, current_device=lambda: 0, device=lambda d: contextlib.nullcontext(),
+        use_mem_pool=lambda pool, device=None: route(pool.id, device), empty_cache=x.empty_cache,
+        graph_pool_handle=new_id, graph=graph)
+    return types.SimpleNamespace(cuda=cuda, calls=calls)
+
+
+@pytest.fixture
+def torch_env(env, monkeypatch):
+    x = env[0]
+    import xseg.torch
+    fake = _fake_torch(x)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(xseg.torch, "_enabled", True)
+    from xseg.compat.torch_memory_saver import TorchMemorySaver
+    from xseg.compat.vllm import CuMemAllocator
+    tms, cumem = TorchMemorySaver(), CuMemAllocator()
+    yield x, tms, cumem, env[3], fake
+    for (device, xtag) in list(tms._paused):
+        x.wake(tags=[xtag], device=device)
+    if cumem._asleep:
+        cumem.wake_up()
+    for pool in list(tms._pools.values()) + [p for _x, p in cumem._pools.values()] + \
+            [c[2] for c in fake.calls]:
+        x.set_pool_tag(pool, None)
+
+
+def test_torch_backend_regions_graphs_and_cumem(torch_env):
+    x, tms, cumem, ptrs, fake = torch_env
+    with tms.region(tag="weights", enable_cpu_backup=True):
+        w = x.malloc(2 * MiB)
+    g = object()
+    with tms.cuda_graph(g, tag="graph", capture_error_mode="thread_local"):
+        inter = x.malloc(4 * MiB)  # what the capture allocates
+    with cumem.use_memory_pool(tag="kv_cache"):
+        kv = x.malloc(2 * MiB)
+    ptrs += [w, inter, kv]
+    assert tms._backend.name == "torch" and cumem._backend.name == "torch"
+    pool = fake.calls[0][2]
+    assert fake.calls[0][1] is g and fake.calls[0][4] == "thread_local"
+    assert _pool_of(x, inter) == tuple(pool) and x.pool_tag(pool) == "tms.graph"
+    assert x.pool_tag(_pool_of(x, w)) == "tms.weights.cpu"
+    assert x.pool_tag(_pool_of(x, kv)) == "vllm.kv_cache"
+    _write(w, b"\x61" * MiB)
+    _write(inter, b"\x62" * MiB)
+    tms.pause("graph")
+    assert x.sleep_stats(pool)["asleep"] == 1 and x.sleep_stats(_pool_of(x, w))["asleep"] == 0
+    tms.pause("weights")
+    cumem.sleep()
+    assert cumem.get_current_usage() >= 2 * MiB
+    cumem.wake_up()
+    tms.resume()
+    assert _read(w, MiB) == b"\x61" * MiB and _read(inter, MiB) == bytes(MiB)
+
+
+def test_torch_backend_needs_xseg_as_the_allocator(torch_env, monkeypatch):
+    import xseg.torch
+    x, tms, _, _, _ = torch_env
+    monkeypatch.setattr(xseg.torch, "_enabled", False)
+    with pytest.raises(RuntimeError, match=r"xseg.torch.enable\(\)"):
+        with tms.region(tag="late"):
+            pass
