@@ -384,8 +384,17 @@ def test_cumem_offload_tags_and_wake_by_tags(env):
     assert free - _free(x) >= 2 * MiB
     assert _read(w, MiB) == b"\x41" * MiB
     assert x.sleep_stats(_pool_of(x, kv))["asleep"] == 1
-    with pytest.raises(RuntimeError, match="sleep already"):
-        a.sleep()  # kv_cache and default still sleep
+    # A second sleep (offload_tags None: only "default" offloaded) sleeps only what is awake,
+    # the weights, discarded; what sleeps stays as it is: "default" was discarded, this sleep
+    # would offload it, and a warning says it stays discarded.
+    with pytest.warns(UserWarning, match="'default' asleep already"):
+        a.sleep()
+    assert x.sleep_stats(_pool_of(x, w))["asleep"] == 1 and not x.sleep_stats(_pool_of(x, w))["offload"]
+    a.wake_up(tags=["weights"])
+    assert _read(w, MiB) == bytes(MiB)
+    _write(w, b"\x41" * MiB)
+    a.wake_up(tags=["weights"])  # awake: left alone
+    assert _read(w, MiB) == b"\x41" * MiB
     a.wake_up(tags=["kv_cache"])
     assert _read(kv, MiB) == bytes(MiB)
     a.wake_up()  # the rest: default, discarded (not in offload_tags)
@@ -403,6 +412,34 @@ def test_cumem_offload_tags_and_wake_by_tags(env):
     assert _read(w, MiB) == b"\x45" * MiB and _read(d, MiB) == b"\x46" * MiB
     assert x.sleep_stats(_pool_of(x, kv))["asleep"] == 1
     a.wake_up()
+
+
+def test_cumem_discard(env):
+    """discard(tags) (vLLM's newer allocators): the awake pools of those tags give their memory
+    back without a backup; the others stay awake; wake_up maps them again, zeros."""
+    x, _, a, ptrs = env
+    with a.use_memory_pool(tag="weights"):
+        w = x.malloc(2 * MiB)
+    with a.use_memory_pool(tag="kv_cache"):
+        kv = x.malloc(30 * MiB)
+    ptrs += [w, kv]
+    _write(w, b"\x71" * MiB)
+    _write(kv, b"\x72" * MiB)
+    _pool_of(x, w), _pool_of(x, kv)
+    free = _free(x)
+    a.discard("kv_cache")
+    assert _free(x) - free >= 30 * MiB
+    assert x.sleep_stats(_pool_of(x, kv))["asleep"] == 1 and x.sleep_stats(_pool_of(x, w))["asleep"] == 0
+    assert _read(w, MiB) == b"\x71" * MiB
+    a.discard(("kv_cache", "no_such_tag"))  # asleep already, and no pool: nothing to do
+    a.sleep(offload_tags=("weights",))       # the rest; kv_cache stays discarded (no warning)
+    a.wake_up()
+    assert _read(w, MiB) == b"\x71" * MiB and _read(kv, MiB) == bytes(MiB)
+    a.sleep(offload_tags=("weights",))
+    with pytest.warns(UserWarning, match="'weights' asleep already, offloaded"):
+        a.discard("weights")
+    a.wake_up()
+    assert _read(w, MiB) == b"\x71" * MiB
 
 
 def test_cumem_current_usage(env):
@@ -448,8 +485,7 @@ def test_cumem_wake_up_without_memory_raises(env):
 
 def test_cumem_errors(env):
     x, _, a, ptrs = env
-    with pytest.raises(RuntimeError, match="nothing sleeps"):
-        a.wake_up()
+    a.wake_up()  # nothing sleeps (nothing even allocated): nothing to do, as in vLLM
     with pytest.raises(TypeError, match="tag must be a str or None"):
         with a.use_memory_pool(tag=7):
             pass
@@ -459,16 +495,14 @@ def test_cumem_errors(env):
     with a.use_memory_pool(tag="weights"):
         w = x.malloc(MiB)
     ptrs.append(w)
-    with pytest.raises(RuntimeError, match="'weights' not asleep"):
-        a.wake_up(tags=["weights"])
+    with pytest.raises(TypeError, match="tags must hold only str"):
+        a.discard(["weights", None])
     with pytest.raises(TypeError, match="offload_tags must be"):
         a.sleep(offload_tags=5)
     with pytest.raises(TypeError, match="only str"):
         a.sleep(offload_tags=("weights", 5))
     assert x.sleep_stats(_pool_of(x, w))["asleep"] == 0  # the refused calls slept nothing
     a.sleep()
-    with pytest.raises(RuntimeError, match="'weights' sleep already"):
-        a.sleep()
     with pytest.raises(RuntimeError, match="'weights' sleeps"):
         with a.use_memory_pool(tag="weights"):
             pass

@@ -219,8 +219,13 @@ class TorchMemorySaver:
                     raise MemoryMarginError(
                         "torch_memory_saver.resume(tag=%r): device %d has %d bytes free, the regions "
                         "need %d and memory_margin_bytes keeps %d" % (tag, device, free, need, self._margin))
-            xseg.wake(tags=xtags, device=device)
-            self._paused.difference_update((device, x) for x in xtags)
+            try:
+                xseg.wake(tags=xtags, device=device)
+            finally:
+                # A failed wake leaves the tags before the failing one awake: ask xseg which.
+                for x in xtags:
+                    if not any(xseg.sleep_stats(p, device)["asleep"] for p in self._xtags[(device, x)][2]):
+                        self._paused.discard((device, x))
 
     # --- settings ------------------------------------------------------------------------------
 
