@@ -79,6 +79,8 @@ def env(xseg):
     from xseg.compat.torch_memory_saver import TorchMemorySaver
     from xseg.compat.vllm import CuMemAllocator
     tms, cumem, ptrs = TorchMemorySaver(backend=XsegBackend()), CuMemAllocator(backend=XsegBackend()), []
+    xseg.empty_cache()
+    reserved = xseg.memory_reserved(0)
     yield xseg, tms, cumem, ptrs
     xseg.set_per_process_memory_fraction(1.0, 0)
     for (device, xtag) in list(tms._paused):
@@ -89,7 +91,12 @@ def env(xseg):
         xseg.free(p)
     for pool in list(tms._pools.values()) + [p for _x, p in cumem._pools.values()]:
         xseg.set_pool_tag(pool, None)
+        if isinstance(pool, tuple):  # the xseg backend's (torch_env releases its own)
+            XsegBackend().release_pool(pool, 0)
     _POOL_OF.clear()
+    xseg.empty_cache()
+    # Nothing of this test stays for the next ones (of this file or test_services.py's).
+    assert xseg.memory_reserved(0) <= reserved
 
 
 # --- torch_memory_saver --------------------------------------------------------------------------
@@ -606,9 +613,15 @@ def _fake_torch(x):
             lib.check(begin(device, lib.PoolId(*pool), None, None))
             try:
                 yield
-            finally:
+            finally:  # PyTorch's use_mem_pool ends and releases the begin's use
                 lib.check(end(device, lib.PoolId(*pool)))
+                release(pool)
         return cm()
+
+    def release(pool):
+        f = lib.need("xseg_release_pool")
+        f.argtypes = [ctypes.c_int, lib.PoolId]
+        lib.check(f(0, lib.PoolId(*pool)))
 
     class MemPool:
         def __init__(self):
@@ -626,6 +639,7 @@ def _fake_torch(x):
             yield
 
     cuda = types.SimpleNamespace(
+        _release=release,
         MemPool=MemPool, current_device=lambda: 0, device=lambda d: contextlib.nullcontext(),
         use_mem_pool=lambda pool, device=None: route(pool.id, device), empty_cache=x.empty_cache,
         graph_pool_handle=new_id, graph=graph)
@@ -647,9 +661,14 @@ def torch_env(env, monkeypatch):
         x.wake(tags=[xtag], device=device)
     if cumem._asleep:
         cumem.wake_up()
-    for pool in list(tms._pools.values()) + [p for _x, p in cumem._pools.values()] + \
-            [c[2] for c in fake.calls]:
+    for p in env[3]:
+        x.free(p)
+    env[3].clear()
+    for pool in list(tms._pools.values()) + [p for _x, p in cumem._pools.values()]:
         x.set_pool_tag(pool, None)
+        fake.cuda._release(pool.id)  # the MemPool's own use (its destructor's release)
+    for c in fake.calls:
+        x.set_pool_tag(c[2], None)  # a graph pool: its use went with the capture's end
 
 
 def test_torch_backend_regions_graphs_and_cumem(torch_env):
