@@ -310,7 +310,17 @@ def test_tms_long_tags_map_to_xseg_tags(env):
         q = x.malloc(MiB)
     ptrs += [p, q]
     tp, tq = x.pool_tag(_pool_of(x, p)), x.pool_tag(_pool_of(x, q))
-    assert tp.startswith("tms.") and tq.startswith("tms.") and tp != tq and len(tp) <= 31
+    assert (tp, tq) == ("tms-0.cpu", "tms-1")
+    # one to one: tag "x.cpu" without backup is not tag "x" with it; "0" is not the first long one
+    with tms.region(tag="x", enable_cpu_backup=True):
+        r = x.malloc(MiB)
+    with tms.region(tag="x.cpu"):
+        s = x.malloc(MiB)
+    with tms.region(tag="0"):
+        t = x.malloc(MiB)
+    ptrs += [r, s, t]
+    names = [x.pool_tag(_pool_of(x, v)) for v in (p, q, r, s, t)]
+    assert names == ["tms-0.cpu", "tms-1", "tms.x.cpu", "tms-2", "tms.0"]
     _write(p, b"\x0b" * MiB)
     tms.pause(long_tag)
     assert x.sleep_stats(_pool_of(x, q))["asleep"] == 0

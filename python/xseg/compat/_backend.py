@@ -25,19 +25,24 @@ _TAG_RE = re.compile(r"^[A-Za-z0-9_.-]{1,31}$")
 
 class TagNames:
     """Maps a framework's tag (any str) plus a variant suffix to an xseg tag (1-31 characters of
-    [A-Za-z0-9_.-]): PREFIX.TAG[.SUFFIX] when that fits, else PREFIX.N[.SUFFIX] with N the order
-    in which the framework tag was first seen, so any str works and names stay distinct."""
+    [A-Za-z0-9_.-]), one to one: PREFIX.TAG[.SUFFIX] when TAG has no '.' and the name fits, else
+    PREFIX-N[.SUFFIX] with N the order in which TAG was first seen. The two forms cannot meet
+    (PREFIX. against PREFIX-), and TAG without a '.' cannot end in another TAG's .SUFFIX, so any
+    str works and distinct (tag, suffix) pairs never share an xseg tag."""
+
+    _PLAIN = re.compile(r"^[A-Za-z0-9_-]+$")
 
     def __init__(self, prefix):
         self._prefix = prefix
         self._index = {}
 
     def xseg_tag(self, tag, suffix=""):
-        name = "%s.%s%s" % (self._prefix, tag, "." + suffix if suffix else "")
-        if _TAG_RE.match(name):
+        tail = "." + suffix if suffix else ""
+        name = "%s.%s%s" % (self._prefix, tag, tail)
+        if self._PLAIN.match(tag) and _TAG_RE.match(name):
             return name
         n = self._index.setdefault(tag, len(self._index))
-        return "%s.%d%s" % (self._prefix, n, "." + suffix if suffix else "")
+        return "%s-%d%s" % (self._prefix, n, tail)
 
 
 class XsegBackend:

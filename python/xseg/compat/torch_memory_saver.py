@@ -15,7 +15,8 @@ xseg.compat.install_aliases() makes `import torch_memory_saver` this module (doc
 
 How it maps: each (tag, enable_cpu_backup, device) has one private pool (a torch.cuda.MemPool,
 entered with torch.cuda.use_mem_pool) carrying an xseg tag (tms.TAG.cpu with backup, tms.TAG
-without; tms.N... when TAG does not fit xseg's 31 characters of [A-Za-z0-9_.-]). pause(tag)
+without; tms-N and tms-N.cpu when TAG has a '.' or does not fit xseg's 31 characters of
+[A-Za-z0-9_.-]). pause(tag)
 is xseg.sleep(tags=..., offload=[the backup pools' tags]) on every device with such pools,
 resume(tag) is xseg.wake(tags=...). cuda_graph() captures with torch.cuda.graph into a graph
 pool carrying the same tag.
@@ -107,7 +108,8 @@ class TorchMemorySaver:
 
     def _add_pool(self, tag, backup, device, xtag, pool):
         entry = self._xtags.setdefault((device, xtag), [tag, backup, []])
-        entry[2].append(pool)
+        if not any(p is pool or p == pool for p in entry[2]):  # a graph pool captured into again
+            entry[2].append(pool)
 
     # --- regions -------------------------------------------------------------------------------
 

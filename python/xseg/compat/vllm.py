@@ -18,8 +18,8 @@ module's names while vLLM itself still imports (docs/guide.md).
 
 How it maps: each (tag, device) has one private pool (a torch.cuda.MemPool entered with
 torch.cuda.use_mem_pool; vLLM makes a new MemPool over its pluggable allocator at each entry)
-carrying the xseg tag vllm.TAG (vllm.N when TAG does not fit xseg's 31 characters of
-[A-Za-z0-9_.-]). sleep() is xseg.sleep(tags=every pool's tag, offload=offload_tags') on each
+carrying the xseg tag vllm.TAG (vllm-N when TAG has a '.' or does not fit xseg's 31 characters
+of [A-Za-z0-9_.-]). sleep() is xseg.sleep(tags=every pool's tag, offload=offload_tags') on each
 device, wake_up(tags) xseg.wake(tags=...).
 
 Where it differs from vLLM:
