@@ -18,7 +18,8 @@ export XSEG_LIBRARY=$lib
 
 # The scripts of this check must at least compile, everywhere.
 if "$PY" -c 'import sys; [compile(open(f).read(), f, "exec") for f in sys.argv[1:]]' \
-        "$GPU_DIR/torch_checks.py" tests/python/torch_adapter_script.py 2> "$W/py_compile.log"; then
+        "$GPU_DIR/torch_checks.py" tests/python/torch_adapter_script.py tests/python/compat_torch_script.py \
+        2> "$W/py_compile.log"; then
     check "scripts compile" pass
 else
     check "scripts compile" fail "$(cat "$W/py_compile.log")"
@@ -37,6 +38,10 @@ if [ -n "$why" ]; then
              "pinned tensors from xseg's host cache" \
              "tests/python/test_torch_adapter.py (training loop bit for bit, graph, MemPool, OOM)"; do
         check "$c" skip "$why"
+    done
+    # torch_checks.py's "xseg.compat: CASE" items, one per case of compat_torch_script.py
+    for c in $("$PY" tests/python/compat_torch_script.py --list); do
+        check "xseg.compat: $c" skip "$why"
     done
     if [ "$XSEG_GPU_EMULATOR" = 1 ]; then
         "$PY" "$GPU_DIR/torch_checks.py" --group snapshot-emulator --lib "$lib" --out "$W" > "$W/torch_checks.log" 2>&1

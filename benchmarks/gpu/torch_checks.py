@@ -21,7 +21,9 @@ xseg's host cache (PyTorch 2.8+: pointer, stats, non_blocking copies, no reuse u
 copy), and a snapshot with
 history dumped by torch.cuda.memory._dump_snapshot into DIR/snapshot.pickle, and one in the
 stale-access mode with a finding into DIR/stale_snapshot.pickle (also in group snapshot-emulator;
-both checked afterwards with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh).
+both checked afterwards with ../shared/tools/memory-viz: benchmarks/gpu/check_snapshots.sh); and
+"xseg.compat: CASE" for each case of tests/python/compat_torch_script.py (torch_memory_saver's and
+vLLM's own tests, ported, over xseg.compat), each in a process of its own.
 Group services: sleep/wake of live tensors (GiB/s each way beside the pinned copy rate measured in
 the same call, first and kept-backup cycles, the time until a kernel runs again), a CUDA graph
 replayed bit-exact after its pool and its weights' pool slept and woke by tag (level 1), trim, and
@@ -725,6 +727,32 @@ def torch_checks(args, xseg, torch):
     report("torch.cuda.MemPool over managed memory", mempool_managed)
     report("torch.distributed._symmetric_memory pool", mempool_symmetric)
     report("torch.multiprocessing", multiprocessing)
+    # xseg.compat: torch_memory_saver's and vLLM's own tests, ported, each in a process of its own
+    # (tests/python/compat_torch_script.py; its --list is what check_torch.sh skips without torch).
+    for case in compat_cases():
+        report("xseg.compat: " + case, lambda case=case: compat_case(args, case))
+
+
+COMPAT_SCRIPT = os.path.join(HERE, "..", "..", "tests", "python", "compat_torch_script.py")
+
+
+def compat_cases():
+    """The names of tests/python/compat_torch_script.py's cases (its --list; no torch needed)."""
+    r = subprocess.run([sys.executable, COMPAT_SCRIPT, "--list"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError("compat_torch_script.py --list failed: " + r.stderr[-2000:])
+    return r.stdout.split()
+
+
+def compat_case(args, case):
+    """One case of compat_torch_script.py in a process of its own, over the libxseg under test."""
+    env = dict(os.environ, XSEG_LIBRARY=os.path.abspath(args.lib))
+    r = subprocess.run([sys.executable, COMPAT_SCRIPT, case], env=env, capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise AssertionError("compat_torch_script.py %s exited %d:\n%s" % (case, r.returncode,
+                                                                         (r.stdout + r.stderr)[-2500:]))
+    return {"output": r.stdout.strip().splitlines()[-1:]}
 
 
 # --- group services ------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def test_pip_install_bundles_the_library(tmp_path):
     # Nothing of the build tree or the test environment: the installed package on its own.
     env = {k: v for k, v in os.environ.items()
            if k not in ("XSEG_LIBRARY", "PYTHONPATH", "XSEG_LIBCUDA", "XSEG_SNAPSHOT2TRACE", "XSEG_REPLAY")}
-    code = ("import xseg; p = xseg.malloc(1 << 20); xseg.free(p); "
+    code = ("import xseg, xseg.compat.torch_memory_saver, xseg.compat.vllm; p = xseg.malloc(1 << 20); xseg.free(p); "
             "print(xseg.library_path()); print(xseg.__file__)")
     emu = dict(env, XSEG_LIBCUDA=os.path.join(target, "xseg", "libcudaemu.so"))
     r = subprocess.run([python, "-c", code], env=emu, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
@@ -77,11 +77,12 @@ def test_pip_install_bundles_the_library(tmp_path):
     assert libs, names
     unwanted = [n for n in names if n.endswith((".a", ".pc")) or "xseg-top" in n]
     assert not unwanted, unwanted
-    assert sorted(n for n in names if n.startswith("xseg" + os.sep) and "__pycache__" not in n) == [
+    assert sorted(n for n in names if n.startswith("xseg" + os.sep) and "__pycache__" not in n) == sorted([
         os.path.join("xseg", f) for f in ("__init__.py", "_lib.py", "_torch_adapter.cpp", "_version.py",
                                           "cupy.py", "ipc.py", "libcudaemu.so", "registry.py", "replay.py",
                                           "torch.py", "xseg-replay", "xseg-snapshot2trace", "xseg.h",
-                                          "xseg_torch.h")]
+                                          "xseg_torch.h")] + [
+        os.path.join("xseg", "compat", f) for f in ("__init__.py", "_backend.py", "torch_memory_saver.py", "vllm.py")])
     # README's Python snippet as printed, in the fresh venv with nothing naming a driver: where no
     # driver loads, the package runs on the emulator the wheel carries and says so in one line.
     snippet = re.search(r"<!-- test: python[^>]*-->\n```python\n(.*?)```",
