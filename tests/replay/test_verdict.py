@@ -362,6 +362,25 @@ class Verdict(unittest.TestCase):
         lines = [l for l in p.stderr.splitlines() if l.startswith("xseg-replay: --min-device %s: replay " % t)]
         self.assertGreaterEqual(len(lines), 3, p.stderr)
         self.assertRegex(lines[0], r"replay 1, [\d.]+ GiB fits$")
+        # Without --compare the table says whose device it is and how to get PyTorch's.
+        self.assertIn("(xseg's default only: --compare adds PyTorch's allocator by default (classic mode)",
+                      p.stdout)
+
+    def test_full_scan_progress_counts_down(self):
+        """--min-device --full-scan replays every size up to the ceiling: once the bisection has
+        answered, each progress line says how many replays the search makes in all ("replay 9 of
+        20") and, from the third, about how long is left; the count ends where it said."""
+        t = self.trace("t.trace", "alloc a 100MiB\nalloc b 60MiB\nfree a\nalloc c 120MiB\n")
+        p = subprocess.run([REPLAY, "--progress", "--min-device", "--full-scan", t], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("xseg-replay: --min-device %s: replay " % t)]
+        planned = [re.search(r"replay (\d+) of (\d+)", l) for l in lines]
+        planned = [(int(m.group(1)), int(m.group(2))) for m in planned if m]
+        self.assertGreaterEqual(len(planned), 3, p.stderr)
+        self.assertEqual(planned[-1][0], planned[-1][1], p.stderr)  # the last replay is the last planned
+        self.assertEqual(planned[-1][0], len(lines), p.stderr)
+        self.assertTrue(any(re.search(r"replay \d+ of \d+, about \d+ s left", l) for l in lines), p.stderr)
 
     # --- OOM snapshots ----------------------------------------------------------------------------
 
