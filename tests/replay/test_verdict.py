@@ -366,6 +366,25 @@ class Verdict(unittest.TestCase):
         self.assertIn("(xseg's default only: --compare adds PyTorch's allocator by default (classic mode)",
                       p.stdout)
 
+    def test_headline_names_cards(self):
+        """The headline names the common cards xseg's smallest device fits (docs/cards.md): a
+        35 GiB run fits an A100 40GB (39.4 GiB), not an RTX 5090 (31.8 GiB); a run every card
+        holds names none; one larger than every card says so."""
+        for spec, want in (("alloc a 35GiB\nfree a\nalloc b 34GiB\n",
+                            "On common cards (docs/cards.md) that fits an A100 40GB (39.4 GiB) and larger, not an "
+                            "RTX 5090 (31.8 GiB)."),
+                           ("alloc a 100MiB\nfree a\nalloc b 60MiB\n", None),
+                           ("alloc a 185GiB\n", "that is more than any holds: the largest, a B200, reports 179.1 GiB.")):
+            t = self.trace("cards.trace", spec)
+            rc, out, err = run("--compare", "--marks=none", "--device-mem", "200GiB", t)
+            self.assertEqual(rc, 0, err)
+            head = self.headlines(out)[t].string.split("\n")
+            line = [l for l in head if l.startswith("Smallest device: ")][0]
+            if want:
+                self.assertIn(want, line)
+            else:
+                self.assertNotIn("common cards", line)
+
     def test_full_scan_progress_counts_down(self):
         """--min-device --full-scan replays every size up to the ceiling: once the bisection has
         answered, each progress line says how many replays the search makes in all ("replay 9 of

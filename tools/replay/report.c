@@ -1,6 +1,8 @@
 /* What xseg-replay prints. See report.h. */
 #include "tools/replay/report.h"
 
+#include "tools/replay/cards.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -147,14 +149,17 @@ static void headline_sentence(char *buf, size_t len, const struct report_headlin
     }
     cand_text(c, sizeof c, &py->def, dev);
     best_line(line, sizeof line, py);
+    char cards[200] = "";
+    if (xs->have_def && cand_device(&xs->def))
+        replay_cards_sentence(cards, sizeof cards, cand_device(&xs->def));
     if (line[0]) {
         cand_text(b, sizeof b, &py->best, dev);
         snprintf(buf, len, "Smallest device: xseg %s; PyTorch's allocator %s by default (classic), %s with %s (its "
-                 "best one-line setting, as --tune finds it).", x, c, b, line);
+                 "best one-line setting, as --tune finds it).%s", x, c, b, line, cards);
     } else {
         snprintf(buf, len, "Smallest device: xseg %s; PyTorch's allocator %s by default (classic), and no one-line "
-                 "setting (PYTORCH_CUDA_ALLOC_CONF) fits it on less (as --tune finds it%s).", x, c,
-                 h->tune->cut_short ? "; the search was cut short by --tune-budget" : "");
+                 "setting (PYTORCH_CUDA_ALLOC_CONF) fits it on less (as --tune finds it%s).%s", x, c,
+                 h->tune->cut_short ? "; the search was cut short by --tune-budget" : "", cards);
     }
 }
 
