@@ -212,6 +212,11 @@ class Verdict(unittest.TestCase):
         self.assertIsNotNone(m.group("line"), out[:2000])
         self.check_one_search(m, "builtin:training", "builtin:training")
         self.comparison(m)
+        # The reserved bytes on the 80 GiB device are compared with that best setting too, not
+        # with PyTorch's default layout alone.
+        self.assertRegex(out, r"On the 80\.0 GiB device, xseg reserves [\d.]+ GiB at its peak where PyTorch's "
+                              r"allocator \(classic mode, as modelled\) reserves [\d.]+ GiB, and [\d.]+ GiB with "
+                              + re.escape(m.group("line")) + r" \(its best one-line setting, as modelled\)\.")
 
     def test_snapshot_alone(self):
         """`xseg-replay FILE.pickle`, nothing else: both modes and the headline, not one mode's

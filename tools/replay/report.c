@@ -343,21 +343,40 @@ static void oom_live_sentence(char *buf, size_t len, const struct report_headlin
 /* The reserved-memory sentences, on the device replayed. A recording made with expandable
  * segments is compared with expandable mode only: classic mode is another allocator mode, and
  * the gap between two modes is no model error. */
+/* ", and 39.9 GiB with LINE (its best one-line setting, as modelled)" when --tune's search found a
+ * best setting other than the default and replayed it on the device (else ""): the reserved
+ * comparison names PyTorch's best setting as the verdict does, not its default alone. */
+static void best_reserved_clause(char *buf, size_t len, const struct report_headline *h)
+{
+    buf[0] = '\0';
+    if (!h || !h->tune || !h->tune->fam[0].have_best)
+        return;
+    const struct tune_candidate *best = &h->tune->fam[0].best;
+    char line[400], r[32];
+    best_line(line, sizeof line, &h->tune->fam[0]);
+    if (!line[0] || best->peak_reserved <= 0 || best->failed_allocs)
+        return;
+    human(r, sizeof r, best->peak_reserved);
+    snprintf(buf, len, ", and %s with %s (its best one-line setting, as modelled)", r, line);
+}
+
 static size_t reserved_sentences(const struct run_summary *xs, const struct run_summary *cl, size_t n,
-                                 const struct run_summary *s, const struct trace_recorded *rec, const char *where,
+                                 const struct run_summary *s, const struct trace_recorded *rec,
+                                 const struct report_headline *h, const char *where,
                                  char lines[][REPORT_VERDICT_MAX], size_t k, size_t maxlines)
 {
-    char a[32], b[32];
+    char a[32], b[32], best[480];
     int have_rec = rec && rec->peak_reserved > 0;
     int rec_exp = have_rec && rec->expandable == 1;
     if (xs && (have_rec || cl) && k < maxlines) {
         human(a, sizeof a, xs->peak_reserved);
         human(b, sizeof b, have_rec ? rec->peak_reserved : cl->peak_reserved);
-        snprintf(lines[k++], REPORT_VERDICT_MAX, "%sOn the %s, xseg reserves %s at its peak where %s %s %s%s.",
+        best_reserved_clause(best, sizeof best, h);
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "%sOn the %s, xseg reserves %s at its peak where %s %s %s%s%s.",
                  rec_exp ? "PyTorch ran with expandable segments (the snapshot says so), compared here with expandable "
                            "mode. " : "",
                  where, a, have_rec ? "PyTorch's allocator" : classic_name,
-                 have_rec ? "reserved" : "reserves", b, have_rec ? " (recorded)" : "");
+                 have_rec ? "reserved" : "reserves", b, have_rec ? " (recorded)" : "", best);
     }
     if (cl && have_rec && !rec_exp && k < maxlines) {
         human(a, sizeof a, cl->peak_reserved);
@@ -448,7 +467,7 @@ size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_
                  "whose memory is what it is: the search replays on emulated devices of each size (run where no "
                  "GPU is found, or with XSEG_LIBCUDA set to libcudaemu.so).");
     k = oom_and_headline(xs, cl, rec, h, dev, lines, k, maxlines);
-    k = reserved_sentences(xs, cl, n, s, rec, where, lines, k, maxlines);
+    k = reserved_sentences(xs, cl, n, s, rec, h, where, lines, k, maxlines);
     for (size_t m = 0; m < n && k < maxlines; m++)
         if (s[m].failed_allocs)
             snprintf(lines[k++], REPORT_VERDICT_MAX,
