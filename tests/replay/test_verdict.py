@@ -417,6 +417,9 @@ class Verdict(unittest.TestCase):
         self.assertEqual(lines[0], "== oom.pickle (device 0)", out)
         self.assertIn("classic", out)  # both modes, side by side
         self.assertIn("expandable", out)
+        # The table under the answer is the replay on the full device: its first header cell says
+        # so, not left blank under a sentence about the device the run failed on.
+        self.assertRegex(out, r"\non the [\d.]+ [GM]iB device +classic +expandable +PyTorch \(recorded\)\n")
         return lines, out
 
     def test_oom_that_xseg_avoids(self):

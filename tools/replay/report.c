@@ -700,7 +700,14 @@ void report_compare_text(FILE *out, const char *trace, const struct run_summary 
     fputc('\n', out);
     compare_marks(out, s, marks, nmarks, n, pool);
     const int rec_on = rec && rec->peak_reserved >= 0;
-    fprintf(out, "%-32s", "");
+    /* The header's first cell says which device these columns were replayed on: an OOM's answer
+     * above speaks of the device the run failed on, which may be another. */
+    char dev[32] = "", on[40];
+    if (s[0].device_bytes)
+        human(dev, sizeof dev, (int64_t)s[0].device_bytes);
+    snprintf(on, sizeof on, "on the %s%s", dev[0] ? dev : s[0].have_calls ? "emulated device" : "GPU",
+             dev[0] ? " device" : "");
+    fprintf(out, "%-32s", on);
     for (size_t m = 0; m < n; m++)
         fprintf(out, " %14s", s[m].mode);
     if (rec_on)
