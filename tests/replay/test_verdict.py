@@ -474,6 +474,31 @@ class Verdict(unittest.TestCase):
                                        "records"), out[:300])
         self.assertIn("== --explain-oom: oom.pickle (device 0):", out)
 
+    def test_explain_oom_speaks_in_the_programs_frames(self):
+        """--explain-oom on a snapshot whose allocations carry frames names each pinning block by
+        the program's own frame (file:line in function, past torch's and the C++ allocator's) and
+        by the action index the plot's x axis counts; the converted trace's line numbers, which
+        the user never sees, are not shown."""
+        snap = pinned_snapshot(oom_request=200 * MiB)
+        frames = [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+                  {"filename": "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py", "line": 125,
+                   "name": "forward"},
+                  {"filename": "/home/me/proj/model.py", "line": 42, "name": "block_forward"},
+                  {"filename": "/home/me/proj/train.py", "line": 7, "name": "main"}]
+        for e in snap["device_traces"][0]:
+            if e["action"] == "alloc" and e["size"] == 4 * MiB:
+                e["frames"] = frames
+        path = self.write("oom.pickle", snap)
+        rc, out, err = run("--marks=none", "--explain-oom", "--config", "expandable_segments:False", path)
+        self.assertEqual(rc, 0, err)
+        pins = re.findall(r"^ +\S+: 4\.0 MiB, allocated at (.*)$", out, re.M)
+        self.assertEqual(len(pins), 5, out)
+        for p in pins:
+            self.assertRegex(p, r"^action \d+ by proj/model\.py:42 in block_forward, never freed in the trace$")
+        self.assertNotIn("line", "".join(pins))
+        self.assertRegex(out, r"== --explain-oom: oom\.pickle \(device 0\): a 200\.0 MiB allocation \(\S+\) failed "
+                              r"at action \d+\n")
+
     def test_oom_names_the_snapshots_gpu(self):
         """A failure replayed from device 1 of a snapshot names GPU 1 in xseg's message, not the
         replay's device 0."""

@@ -1710,7 +1710,7 @@ static int expand_snapshots(struct cli *c)
         char err[TRACE_ERR_MAX];
         /* Frames for --history (the snapshot's stacks) and for --report (its live allocations'
          * frames); left out otherwise, as a smaller trace parses faster in every replay. */
-        if (snapshot_convert(spec, c->device, c->history || c->report, dir, &devs, &n, err, sizeof err)) {
+        if (snapshot_convert(spec, c->device, c->history || c->report || c->explain_oom, dir, &devs, &n, err, sizeof err)) {
             if (err[0])
                 fprintf(stderr, "xseg-replay: %s\n", err);
             return 1;
