@@ -503,14 +503,16 @@ static void test_explain_oom(void **state)
     snprintf(args, sizeof args, "--explain-oom --device-mem 100MiB --marks=none --config %s '%s'", layout, t);
     struct result r = run(args);
     assert_int_equal(r.rc, 0);
-    expect_in(r.out, ":16: alloc big 40.0 MiB failed");
+    /* Where, as the plot's x axis counts (the action index) and as the user wrote it (the line). */
+    expect_in(r.out, ": a 40.0 MiB allocation (big) failed at action 15 (line 16)\n");
     expect_in(r.out, "100.0 MiB reserved, 45.0 MiB allocated; 55.0 MiB free but still mapped in 5 pages (5 with "
                      "live bytes");
-    expect_in(r.out, "(20.0 MiB): 11.0 MiB free, 9.0 MiB live\n      x1: 9.0 MiB, allocated at line 2, freed at "
-                     "line 17\n");
+    expect_in(r.out, "(20.0 MiB): 11.0 MiB free, 9.0 MiB live\n      x1: 9.0 MiB, allocated at action 1 (line 2), "
+                     "freed at action 16 (line 17)\n");
     for (int i = 3; i < 10; i += 2) {
         char want[128];
-        snprintf(want, sizeof want, "x%d: 9.0 MiB, allocated at line %d, never freed in the trace\n", i, i + 1);
+        snprintf(want, sizeof want, "x%d: 9.0 MiB, allocated at action %d (line %d), never freed in the trace\n", i,
+                 i, i + 1);
         expect_in(r.out, want);
     }
     result_free(&r);
@@ -537,7 +539,7 @@ static void test_explain_oom(void **state)
     expect_in(r.out, "In classic mode:\n== --explain-oom: ");
     expect_in(r.out, "66.0 MiB reserved, 50.0 MiB allocated; 16.0 MiB free but still mapped in 1 page (1 with");
     expect_in(r.out, "large-pool classic segment ");
-    expect_in(r.out, "(66.0 MiB): 16.0 MiB free, 50.0 MiB live\n      c: 50.0 MiB, allocated at line 4, never freed");
+    expect_in(r.out, "(66.0 MiB): 16.0 MiB free, 50.0 MiB live\n      c: 50.0 MiB, allocated at action 3 (line 4), never freed");
     assert_null(strstr(r.out, "In expandable mode:")); /* it fits there */
     result_free(&r);
     snprintf(args, sizeof args, "--explain-oom --compare --device-mem 212MiB --summary=json --marks=none '%s'", t);
@@ -558,7 +560,7 @@ static void test_explain_oom(void **state)
     html[n] = '\0';
     fclose(f);
     expect_in(html, "<pre class=\"explain\" data-mode=\"classic\">== --explain-oom: ");
-    expect_in(html, "c: 50.0 MiB, allocated at line 4, never freed in the trace");
+    expect_in(html, "c: 50.0 MiB, allocated at action 3 (line 4), never freed in the trace");
     free(t);
 }
 

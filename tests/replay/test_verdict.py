@@ -212,6 +212,11 @@ class Verdict(unittest.TestCase):
         self.assertIsNotNone(m.group("line"), out[:2000])
         self.check_one_search(m, "builtin:training", "builtin:training")
         self.comparison(m)
+        # The reserved bytes on the 80 GiB device are compared with that best setting too, not
+        # with PyTorch's default layout alone.
+        self.assertRegex(out, r"On the 80\.0 GiB device, xseg reserves [\d.]+ GiB at its peak where PyTorch's "
+                              r"allocator \(classic mode, as modelled\) reserves [\d.]+ GiB, and [\d.]+ GiB with "
+                              + re.escape(m.group("line")) + r" \(its best one-line setting, as modelled\)\.")
 
     def test_snapshot_alone(self):
         """`xseg-replay FILE.pickle`, nothing else: both modes and the headline, not one mode's
@@ -362,6 +367,44 @@ class Verdict(unittest.TestCase):
         lines = [l for l in p.stderr.splitlines() if l.startswith("xseg-replay: --min-device %s: replay " % t)]
         self.assertGreaterEqual(len(lines), 3, p.stderr)
         self.assertRegex(lines[0], r"replay 1, [\d.]+ GiB fits$")
+        # Without --compare the table says whose device it is and how to get PyTorch's.
+        self.assertIn("(xseg's default only: --compare adds PyTorch's allocator by default (classic mode)",
+                      p.stdout)
+
+    def test_headline_names_cards(self):
+        """The headline names the common cards xseg's smallest device fits (docs/cards.md): a
+        35 GiB run fits an A100 40GB (39.4 GiB), not an RTX 5090 (31.8 GiB); a run every card
+        holds names none; one larger than every card says so."""
+        for spec, want in (("alloc a 35GiB\nfree a\nalloc b 34GiB\n",
+                            "On common cards (docs/cards.md) that fits an A100 40GB (39.4 GiB) and larger, not an "
+                            "RTX 5090 (31.8 GiB)."),
+                           ("alloc a 100MiB\nfree a\nalloc b 60MiB\n", None),
+                           ("alloc a 185GiB\n", "that is more than any holds: the largest, a B200, reports 179.1 GiB.")):
+            t = self.trace("cards.trace", spec)
+            rc, out, err = run("--compare", "--marks=none", "--device-mem", "200GiB", t)
+            self.assertEqual(rc, 0, err)
+            head = self.headlines(out)[t].string.split("\n")
+            line = [l for l in head if l.startswith("Smallest device: ")][0]
+            if want:
+                self.assertIn(want, line)
+            else:
+                self.assertNotIn("common cards", line)
+
+    def test_full_scan_progress_counts_down(self):
+        """--min-device --full-scan replays every size up to the ceiling: once the bisection has
+        answered, each progress line says how many replays the search makes in all ("replay 9 of
+        20") and, from the third, about how long is left; the count ends where it said."""
+        t = self.trace("t.trace", "alloc a 100MiB\nalloc b 60MiB\nfree a\nalloc c 120MiB\n")
+        p = subprocess.run([REPLAY, "--progress", "--min-device", "--full-scan", t], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("xseg-replay: --min-device %s: replay " % t)]
+        planned = [re.search(r"replay (\d+) of (\d+)", l) for l in lines]
+        planned = [(int(m.group(1)), int(m.group(2))) for m in planned if m]
+        self.assertGreaterEqual(len(planned), 3, p.stderr)
+        self.assertEqual(planned[-1][0], planned[-1][1], p.stderr)  # the last replay is the last planned
+        self.assertEqual(planned[-1][0], len(lines), p.stderr)
+        self.assertTrue(any(re.search(r"replay \d+ of \d+, about \d+ s left", l) for l in lines), p.stderr)
 
     # --- OOM snapshots ----------------------------------------------------------------------------
 
@@ -374,6 +417,9 @@ class Verdict(unittest.TestCase):
         self.assertEqual(lines[0], "== oom.pickle (device 0)", out)
         self.assertIn("classic", out)  # both modes, side by side
         self.assertIn("expandable", out)
+        # The table under the answer is the replay on the full device: its first header cell says
+        # so, not left blank under a sentence about the device the run failed on.
+        self.assertRegex(out, r"\non the [\d.]+ [GM]iB device +classic +expandable +PyTorch \(recorded\)\n")
         return lines, out
 
     def test_oom_that_xseg_avoids(self):
@@ -427,6 +473,31 @@ class Verdict(unittest.TestCase):
         self.assertTrue(out.startswith("--explain-oom: replaying on your 110 MiB device, the capacity the snapshot "
                                        "records"), out[:300])
         self.assertIn("== --explain-oom: oom.pickle (device 0):", out)
+
+    def test_explain_oom_speaks_in_the_programs_frames(self):
+        """--explain-oom on a snapshot whose allocations carry frames names each pinning block by
+        the program's own frame (file:line in function, past torch's and the C++ allocator's) and
+        by the action index the plot's x axis counts; the converted trace's line numbers, which
+        the user never sees, are not shown."""
+        snap = pinned_snapshot(oom_request=200 * MiB)
+        frames = [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+                  {"filename": "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py", "line": 125,
+                   "name": "forward"},
+                  {"filename": "/home/me/proj/model.py", "line": 42, "name": "block_forward"},
+                  {"filename": "/home/me/proj/train.py", "line": 7, "name": "main"}]
+        for e in snap["device_traces"][0]:
+            if e["action"] == "alloc" and e["size"] == 4 * MiB:
+                e["frames"] = frames
+        path = self.write("oom.pickle", snap)
+        rc, out, err = run("--marks=none", "--explain-oom", "--config", "expandable_segments:False", path)
+        self.assertEqual(rc, 0, err)
+        pins = re.findall(r"^ +\S+: 4\.0 MiB, allocated at (.*)$", out, re.M)
+        self.assertEqual(len(pins), 5, out)
+        for p in pins:
+            self.assertRegex(p, r"^action \d+ by proj/model\.py:42 in block_forward, never freed in the trace$")
+        self.assertNotIn("line", "".join(pins))
+        self.assertRegex(out, r"== --explain-oom: oom\.pickle \(device 0\): a 200\.0 MiB allocation \(\S+\) failed "
+                              r"at action \d+\n")
 
     def test_oom_names_the_snapshots_gpu(self):
         """A failure replayed from device 1 of a snapshot names GPU 1 in xseg's message, not the

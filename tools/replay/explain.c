@@ -56,19 +56,76 @@ static uint64_t large_page(void)
 
 /* The line that allocated buffer @p buf live at action @p ai, and the line that frees it next (0:
  * never). */
-static void lines_of(const struct trace *t, size_t ai, int32_t buf, unsigned *alloc, unsigned *freed)
+/* The alloc before @p ai and the free after it of buffer @p buf: their action indices (-1: none;
+ * the plot's x axis counts the same indices). */
+static void actions_of(const struct trace *t, size_t ai, int32_t buf, long *alloc, long *freed)
 {
-    *alloc = *freed = 0;
+    *alloc = *freed = -1;
     for (size_t i = ai; i-- > 0;)
         if (t->actions[i].buf == buf && t->actions[i].op == TRACE_ALLOC) {
-            *alloc = t->actions[i].line;
+            *alloc = (long)i;
             break;
         }
     for (size_t i = ai + 1; i < t->count; i++)
         if (t->actions[i].buf == buf && t->actions[i].op == TRACE_FREE) {
-            *freed = t->actions[i].line;
+            *freed = (long)i;
             break;
         }
+}
+
+/* Is @p file the program's own code rather than PyTorch's, a library's or C++ (a snapshot's
+ * frames run innermost first through torch/, site-packages and the C++ allocator)? */
+static int user_file(const char *file)
+{
+    size_t n = strlen(file);
+    static const char *const cxx[] = {".cpp", ".cc", ".cu", ".h", ".hpp"};
+    if (!n || file[0] == '?' || file[0] == '<' || strstr(file, "/torch/") || strstr(file, "site-packages/") ||
+        strstr(file, "dist-packages/") || strstr(file, "/lib/python"))
+        return 0;
+    for (size_t i = 0; i < sizeof cxx / sizeof cxx[0]; i++) {
+        size_t k = strlen(cxx[i]);
+        if (n > k && !strcmp(file + n - k, cxx[i]))
+            return 0;
+    }
+    return 1;
+}
+
+/* " by train.py:57 in forward": the innermost frame of the program's own code in the stack of
+ * alloc action @p i (user_file), or "" when the trace carries no frames there. A path keeps its
+ * last two parts. */
+static void user_frame(const struct trace *t, size_t i, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    uint32_t st = t->actions[i].stack;
+    if (!st || st > t->stack_names.count)
+        return;
+    const struct trace_stack *s = &t->stacks[st - 1];
+    for (size_t k = 0; k < s->n; k++) {
+        const char *file = trace_text(t, s->f[k].file);
+        if (!user_file(file))
+            continue;
+        const char *p = file + strlen(file), *tail = file;
+        for (int slashes = 0; p > file; p--)
+            if (p[-1] == '/' && ++slashes == 2) {
+                tail = p;
+                break;
+            }
+        snprintf(buf, len, " by %s:%d in %s", tail, s->f[k].line, trace_text(t, s->f[k].name));
+        return;
+    }
+}
+
+/* Where the program made action @p i, as its user reads it: the action index (the plot's x axis),
+ * the trace's own line when the user wrote the trace (a converted snapshot's lines are nobody's),
+ * and the program's frame when the trace has one. */
+static void where_of(const struct trace *t, long i, char *buf, size_t len)
+{
+    char fr[200];
+    user_frame(t, (size_t)i, fr, sizeof fr);
+    if (t->recorded.peak_reserved >= 0 || t->recorded.expandable >= 0) /* from a PyTorch recording */
+        snprintf(buf, len, "action %ld%s", i, fr);
+    else
+        snprintf(buf, len, "action %ld (line %u)%s", i, t->actions[i].line, fr);
 }
 
 /* The pages of segment @p s with free bytes, appended to *@p pages. -1: out of host memory. */
@@ -139,11 +196,17 @@ static void pins_of(FILE *f, const struct trace *t, size_t ai, const xseg_segmen
                     bl->state == XSEG_BLOCK_ACTIVE_PENDING_FREE ? " freed, waiting for its streams" : "");
             continue;
         }
-        unsigned al, fr;
-        lines_of(t, ai, hit->buf, &al, &fr);
-        fprintf(f, "      %s: %.1f MiB, allocated at line %u, ", t->bufs.names[hit->buf], (double)bl->size / MiB, al);
-        if (fr)
-            fprintf(f, "freed at line %u\n", fr);
+        long al, fr;
+        char w[256];
+        actions_of(t, ai, hit->buf, &al, &fr);
+        if (al >= 0)
+            where_of(t, al, w, sizeof w);
+        fprintf(f, "      %s: %.1f MiB, allocated at %s, ", t->bufs.names[hit->buf], (double)bl->size / MiB,
+                al >= 0 ? w : "the trace's start");
+        if (fr >= 0) {
+            where_of(t, fr, w, sizeof w);
+            fprintf(f, "freed at %s\n", w);
+        }
         else
             fputs("never freed in the trace\n", f);
     }
@@ -189,8 +252,10 @@ char *explain_oom(const struct trace *t, size_t ai, void *const *ptrs, char *err
     }
     qsort(pages, npages, sizeof *pages, cmp_page);
     const struct trace_action *a = &t->actions[ai];
-    fprintf(f, "== --explain-oom: %s:%u: alloc %s %.1f MiB failed\n", t->source, a->line, t->bufs.names[a->buf],
-            (double)a->size / MiB);
+    char w[256];
+    where_of(t, (long)ai, w, sizeof w);
+    fprintf(f, "== --explain-oom: %s: a %.1f MiB allocation (%s) failed at %s\n", t->source, (double)a->size / MiB,
+            t->bufs.names[a->buf], w);
     fprintf(f, "After xseg's OOM path: %.1f MiB reserved, %.1f MiB allocated; %.1f MiB free but still mapped in "
                "%zu page%s (%zu with live bytes: stranded, they go back only when those blocks are freed).\n",
             (double)reserved / MiB, (double)allocated / MiB, (double)stranded / MiB, npages, npages == 1 ? "" : "s",

@@ -104,6 +104,15 @@ int fitscan_bisect(fitscan_probe_fn probe, void *user, uint64_t lo, uint64_t hi,
     return 0;
 }
 
+/* How many sizes of [lo, hi] have not been replayed. */
+static int unknown_in(const struct memo *m, uint64_t lo, uint64_t hi)
+{
+    int n = 0;
+    for (uint64_t s = lo; s <= hi; s += m->step)
+        n += m->known[(s - m->base) / m->step] == UNKNOWN;
+    return n;
+}
+
 /* fitscan_bisect's probe over the memo. */
 static int memo_probe(void *user, uint64_t bytes)
 {
@@ -139,14 +148,21 @@ int fitscan_run(fitscan_probe_fn probe, void *user, uint64_t peak, uint64_t rese
         rc = 0;
         goto out;
     }
+    /* What is left to replay, known now: the sizes up to the ceiling and the band below the
+     * candidate not yet replayed (a progress line counts against it). */
+    r->planned = r->probes + unknown_in(&m, hi + step, cap);
+    for (int k = 1; k <= FITSCAN_BELOW_MAX && hi - (uint64_t)k * step > m.base; k++)
+        r->planned += m.known[(hi - (uint64_t)k * step - m.base) / step] == UNKNOWN;
     /* Every size from the candidate up to the ceiling; past it while the ceiling itself fails
      * (the full device fits: this ends). */
     for (uint64_t s = hi + step; s <= cap; s += step)
         if (fits(&m, s) < 0)
             goto out;
     int f;
-    while ((f = fits(&m, cap)) == 0)
+    while ((f = fits(&m, cap)) == 0) {
         cap += step;
+        r->planned += m.known[(cap - m.base) / step] == UNKNOWN;
+    }
     if (f < 0)
         goto out;
     r->ceiling = cap;

@@ -69,6 +69,8 @@ struct fitscan_result {
     struct fitscan_range gaps[FITSCAN_RANGES_MAX];     /* failing runs between the lowest fit and A */
     size_t ngaps;
     int probes;           /* replays made, the one on the full device included */
+    int planned;          /* the replays the whole search makes, once the bisection is done (0 before):
+                           * a progress line's "N of M"; it grows only while the ceiling itself fails */
 };
 
 /* "1.10" (a ratio, at least 1), "900MiB" / "45GiB" (a size), "none". @return 0, or -1 with a

@@ -910,19 +910,53 @@ struct fit_probe_ctx {
     const char *spec, *name, *mode_cfg, *mode;
     int progress, tty, probes;
     struct run_summary last; /* the last replay's figures */
+    const struct fitscan_result *fr; /* the search underway (its plan), or NULL */
+    double scan_t0;                  /* when the first replay of the planned scan began (0: not yet) */
+    int scan_p0;                     /* replays made before it */
 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* " of 40, about 1 min 20 s left" once the search knows how many replays it makes (the
+ * --full-scan part: the bisection's own count is not known ahead), from the replays made since. */
+static void fit_progress_plan(struct fit_probe_ctx *p, double began, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (!p->fr || !p->fr->planned)
+        return;
+    if (!p->scan_t0) {
+        p->scan_t0 = began;
+        p->scan_p0 = p->probes - 1;
+    }
+    int done = p->probes - p->scan_p0, left = p->fr->planned - p->probes;
+    double el = now_s() - p->scan_t0, eta = done > 0 ? el / done * (left > 0 ? left : 0) : 0;
+    if (done < 2 || left <= 0)
+        snprintf(buf, len, " of %d", p->fr->planned);
+    else if (eta < 60)
+        snprintf(buf, len, " of %d, about %.0f s left", p->fr->planned, eta);
+    else
+        snprintf(buf, len, " of %d, about %d min %02d s left", p->fr->planned, (int)(eta / 60), (int)eta % 60);
+}
 
 static int fit_probe(void *user, uint64_t bytes)
 {
     struct fit_probe_ctx *p = user;
     struct child_result r;
+    double began = now_s();
     int f = fits_on(p->c, p->spec, p->name, p->mode_cfg, bytes, &r);
     run_timeline_free(&r.tl);
     p->last = r.sum;
     p->probes++;
+    char plan[64];
+    fit_progress_plan(p, began, plan, sizeof plan);
     if (p->progress)
-        fprintf(stderr, "%sxseg-replay: --min-device %s%s%s%s: replay %d, %.3f GiB %s%s", p->tty ? "\r" : "", p->name,
-                p->mode ? " [" : "", p->mode ? p->mode : "", p->mode ? "]" : "", p->probes,
+        fprintf(stderr, "%sxseg-replay: --min-device %s%s%s%s: replay %d%s, %.3f GiB %s%s", p->tty ? "\r" : "",
+                p->name, p->mode ? " [" : "", p->mode ? p->mode : "", p->mode ? "]" : "", p->probes, plan,
                 (double)bytes / (1 << 30), f > 0 ? "fits" : f == 0 ? "fails" : "stopped", p->tty ? "      " : "\n");
     return f;
 }
@@ -940,7 +974,8 @@ static int min_device_of(const struct cli *c, const char *spec, const char *name
     uint64_t top = c->device_mem ? strtoull(c->device_mem, NULL, 10) : 80ULL << 30;
     top = top / step * step;
     struct fit_probe_ctx pc = {c, spec, name, c->compare ? cmp_modes[m][1] : NULL, c->compare ? cmp_modes[m][0] : NULL,
-                               want_progress(c), isatty(2), 0, {{0}}};
+                               want_progress(c), isatty(2), 0, {{0}}, fr, 0, 0};
+    memset(fr, 0, sizeof *fr);
     *probes = 1;
     int f = top ? fit_probe(&pc, top) : -1;
     if (f <= 0)
@@ -1024,6 +1059,9 @@ static int min_device_children(const struct cli *c)
         if (!c->full_scan)
             printf("(the bisection the verdict and --tune use; fit is not monotonic in the device size, so a size "
                    "above it may fail: --full-scan checks every size up to 1.10 x peak allocated)\n");
+        if (!c->compare)
+            printf("(%s only: --compare adds PyTorch's allocator by default (classic mode), as the verdict "
+                   "compares; --tune its best one-line setting)\n", c->config ? "this --config" : "xseg's default");
         printf("%-40s %-11s %14s %14s %7s %7s %14s\n", "trace", "mode", "peak alloc", "min device", "ratio", "probes",
                "every size to");
     }
@@ -1355,7 +1393,7 @@ static void mode_min_device(const struct cli *c, const char *spec, const char *n
 {
     if (s->failed_allocs || s->peak_allocated <= 0)
         return;
-    struct fit_probe_ctx pc = {c, spec, name, NULL, NULL, 0, 0, 0, {{0}}};
+    struct fit_probe_ctx pc = {c, spec, name, NULL, NULL, 0, 0, 0, {{0}}, NULL, 0, 0};
     struct fitscan_result fr;
     struct fitscan_ceiling none = {0};
     uint64_t top = device_bytes(c) / c->step * c->step;
@@ -1672,7 +1710,7 @@ static int expand_snapshots(struct cli *c)
         char err[TRACE_ERR_MAX];
         /* Frames for --history (the snapshot's stacks) and for --report (its live allocations'
          * frames); left out otherwise, as a smaller trace parses faster in every replay. */
-        if (snapshot_convert(spec, c->device, c->history || c->report, dir, &devs, &n, err, sizeof err)) {
+        if (snapshot_convert(spec, c->device, c->history || c->report || c->explain_oom, dir, &devs, &n, err, sizeof err)) {
             if (err[0])
                 fprintf(stderr, "xseg-replay: %s\n", err);
             return 1;

@@ -1,6 +1,8 @@
 /* What xseg-replay prints. See report.h. */
 #include "tools/replay/report.h"
 
+#include "tools/replay/cards.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -147,14 +149,17 @@ static void headline_sentence(char *buf, size_t len, const struct report_headlin
     }
     cand_text(c, sizeof c, &py->def, dev);
     best_line(line, sizeof line, py);
+    char cards[200] = "";
+    if (xs->have_def && cand_device(&xs->def))
+        replay_cards_sentence(cards, sizeof cards, cand_device(&xs->def));
     if (line[0]) {
         cand_text(b, sizeof b, &py->best, dev);
         snprintf(buf, len, "Smallest device: xseg %s; PyTorch's allocator %s by default (classic), %s with %s (its "
-                 "best one-line setting, as --tune finds it).", x, c, b, line);
+                 "best one-line setting, as --tune finds it).%s", x, c, b, line, cards);
     } else {
         snprintf(buf, len, "Smallest device: xseg %s; PyTorch's allocator %s by default (classic), and no one-line "
-                 "setting (PYTORCH_CUDA_ALLOC_CONF) fits it on less (as --tune finds it%s).", x, c,
-                 h->tune->cut_short ? "; the search was cut short by --tune-budget" : "");
+                 "setting (PYTORCH_CUDA_ALLOC_CONF) fits it on less (as --tune finds it%s).%s", x, c,
+                 h->tune->cut_short ? "; the search was cut short by --tune-budget" : "", cards);
     }
 }
 
@@ -338,21 +343,40 @@ static void oom_live_sentence(char *buf, size_t len, const struct report_headlin
 /* The reserved-memory sentences, on the device replayed. A recording made with expandable
  * segments is compared with expandable mode only: classic mode is another allocator mode, and
  * the gap between two modes is no model error. */
+/* ", and 39.9 GiB with LINE (its best one-line setting, as modelled)" when --tune's search found a
+ * best setting other than the default and replayed it on the device (else ""): the reserved
+ * comparison names PyTorch's best setting as the verdict does, not its default alone. */
+static void best_reserved_clause(char *buf, size_t len, const struct report_headline *h)
+{
+    buf[0] = '\0';
+    if (!h || !h->tune || !h->tune->fam[0].have_best)
+        return;
+    const struct tune_candidate *best = &h->tune->fam[0].best;
+    char line[400], r[32];
+    best_line(line, sizeof line, &h->tune->fam[0]);
+    if (!line[0] || best->peak_reserved <= 0 || best->failed_allocs)
+        return;
+    human(r, sizeof r, best->peak_reserved);
+    snprintf(buf, len, ", and %s with %s (its best one-line setting, as modelled)", r, line);
+}
+
 static size_t reserved_sentences(const struct run_summary *xs, const struct run_summary *cl, size_t n,
-                                 const struct run_summary *s, const struct trace_recorded *rec, const char *where,
+                                 const struct run_summary *s, const struct trace_recorded *rec,
+                                 const struct report_headline *h, const char *where,
                                  char lines[][REPORT_VERDICT_MAX], size_t k, size_t maxlines)
 {
-    char a[32], b[32];
+    char a[32], b[32], best[480];
     int have_rec = rec && rec->peak_reserved > 0;
     int rec_exp = have_rec && rec->expandable == 1;
     if (xs && (have_rec || cl) && k < maxlines) {
         human(a, sizeof a, xs->peak_reserved);
         human(b, sizeof b, have_rec ? rec->peak_reserved : cl->peak_reserved);
-        snprintf(lines[k++], REPORT_VERDICT_MAX, "%sOn the %s, xseg reserves %s at its peak where %s %s %s%s.",
+        best_reserved_clause(best, sizeof best, h);
+        snprintf(lines[k++], REPORT_VERDICT_MAX, "%sOn the %s, xseg reserves %s at its peak where %s %s %s%s%s.",
                  rec_exp ? "PyTorch ran with expandable segments (the snapshot says so), compared here with expandable "
                            "mode. " : "",
                  where, a, have_rec ? "PyTorch's allocator" : classic_name,
-                 have_rec ? "reserved" : "reserves", b, have_rec ? " (recorded)" : "");
+                 have_rec ? "reserved" : "reserves", b, have_rec ? " (recorded)" : "", best);
     }
     if (cl && have_rec && !rec_exp && k < maxlines) {
         human(a, sizeof a, cl->peak_reserved);
@@ -443,7 +467,7 @@ size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_
                  "whose memory is what it is: the search replays on emulated devices of each size (run where no "
                  "GPU is found, or with XSEG_LIBCUDA set to libcudaemu.so).");
     k = oom_and_headline(xs, cl, rec, h, dev, lines, k, maxlines);
-    k = reserved_sentences(xs, cl, n, s, rec, where, lines, k, maxlines);
+    k = reserved_sentences(xs, cl, n, s, rec, h, where, lines, k, maxlines);
     for (size_t m = 0; m < n && k < maxlines; m++)
         if (s[m].failed_allocs)
             snprintf(lines[k++], REPORT_VERDICT_MAX,
@@ -676,7 +700,14 @@ void report_compare_text(FILE *out, const char *trace, const struct run_summary 
     fputc('\n', out);
     compare_marks(out, s, marks, nmarks, n, pool);
     const int rec_on = rec && rec->peak_reserved >= 0;
-    fprintf(out, "%-32s", "");
+    /* The header's first cell says which device these columns were replayed on: an OOM's answer
+     * above speaks of the device the run failed on, which may be another. */
+    char dev[32] = "", on[40];
+    if (s[0].device_bytes)
+        human(dev, sizeof dev, (int64_t)s[0].device_bytes);
+    snprintf(on, sizeof on, "on the %s%s", dev[0] ? dev : s[0].have_calls ? "emulated device" : "GPU",
+             dev[0] ? " device" : "");
+    fprintf(out, "%-32s", on);
     for (size_t m = 0; m < n; m++)
         fprintf(out, " %14s", s[m].mode);
     if (rec_on)

@@ -81,7 +81,7 @@ void report_compare_text(FILE *out, const char *trace, const struct run_summary 
  * made with expandable segments against expandable mode) and failed allocations. @p h may be
  * NULL. @return the number written.
  */
-#define REPORT_VERDICT_MAX 400
+#define REPORT_VERDICT_MAX 640
 /* The link a spilled page is copied over (spill_to_host), for the modelled link time: PCIe 4.0
  * x16's practical rate, as cudaemu's h100 preset charges host copies. */
 #define REPORT_LINK_GBPS 25.0

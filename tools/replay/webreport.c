@@ -45,7 +45,18 @@ static void mode_table(FILE *f, const struct webreport_trace *w)
 {
     const struct trace_recorded *rec = &w->t->recorded;
     int rec_on = rec->peak_reserved >= 0;
-    fputs("<table class=\"modes\"><tr><th></th>", f);
+    /* The first header cell names the device the columns were replayed on (an OOM's answer above
+     * speaks of the device the run failed on). */
+    char dev[48];
+    if (w->sums[0].device_bytes >= GiB)
+        snprintf(dev, sizeof dev, "on the %.1f GiB device", (double)w->sums[0].device_bytes / GiB);
+    else if (w->sums[0].device_bytes)
+        snprintf(dev, sizeof dev, "on the %.0f MiB device", (double)w->sums[0].device_bytes / (1 << 20));
+    else
+        snprintf(dev, sizeof dev, "on the %s", w->sums[0].have_calls ? "emulated device" : "GPU");
+    fputs("<table class=\"modes\"><tr><th>", f);
+    H(dev);
+    fputs("</th>", f);
     for (size_t m = 0; m < w->n; m++) {
         fputs("<th>", f);
         H(w->sums[m].mode);
