@@ -22,27 +22,10 @@ import textwrap
 
 import pytest
 
+from devmem import driver as _driver, read as _read, write as _write
+
 MiB = 1 << 20
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-
-def _driver():
-    lib = ctypes.CDLL(os.environ.get("XSEG_LIBCUDA") or "libcuda.so.1")
-    lib.cuMemcpyHtoD_v2.restype = lib.cuMemcpyDtoH_v2.restype = ctypes.c_int
-    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
-    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    return lib
-
-
-def _write(ptr, data):
-    assert _driver().cuMemcpyHtoD_v2(ptr, data, len(data)) == 0
-
-
-def _read(ptr, n):
-    buf = ctypes.create_string_buffer(n)
-    assert _driver().cuMemcpyDtoH_v2(buf, ptr, n) == 0
-    return buf.raw
-
 
 _POOL_OF = {}  # ptr -> pool, remembered: a sleeping pool's segments leave the snapshot
 

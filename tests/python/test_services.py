@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from devmem import driver as _driver, read as _read, write as _write
+
 MiB = 1 << 20
 
 
@@ -39,25 +41,6 @@ def test_trim_arguments(xseg):
 
 
 # --- sleep and wake ---------------------------------------------------------------------------
-
-def _driver():
-    """The driver xseg loaded (cudaemu here), for reading and writing device memory."""
-    lib = ctypes.CDLL(os.environ.get("XSEG_LIBCUDA") or "libcuda.so.1")
-    for name in ("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"):
-        getattr(lib, name).restype = ctypes.c_int
-    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
-    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    return lib
-
-
-def _write(ptr, data):
-    assert _driver().cuMemcpyHtoD_v2(ptr, data, len(data)) == 0
-
-
-def _read(ptr, n):
-    buf = ctypes.create_string_buffer(n)
-    assert _driver().cuMemcpyDtoH_v2(buf, ptr, n) == 0
-    return buf.raw
 
 
 @pytest.fixture
