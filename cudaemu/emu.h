@@ -399,6 +399,10 @@ bool emu_dev_valid(int dev);
  * not make unsafe calls, invalidate the captures that forbid it and return
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. Lock held. */
 CUresult emu_capture_unsafe_call_locked(void);
+/* A call that may not name a capturing stream (cuMemPrefetchAsync, cuGraphLaunch): when @p s
+ * captures, invalidate its capture and return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; else
+ * CUDA_SUCCESS. Lock held. */
+CUresult emu_capture_refuse_locked(CUstream s);
 /* Complete every held stream's pending work (cuCtxSynchronize). Lock held. */
 void emu_streams_complete_all_locked(void);
 /* Complete @p s's work (its deferred fills become ready to run). Lock held. */

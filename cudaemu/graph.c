@@ -402,10 +402,7 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
         r = CUDA_ERROR_INVALID_VALUE;
     } else if (!s) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (s->cap) {
-        s->cap->invalidated = true;
-        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    } else {
+    } else if ((r = emu_capture_refuse_locked(s)) == CUDA_SUCCESS) {
         for (size_t i = 0; i < x->nops && r == CUDA_SUCCESS; i++)
             r = op_check_locked(&x->ops[i], ctx->ordinal);
         /* A copy, so that a cuGraphExecDestroy by another thread cannot pull the ops away. */

@@ -183,9 +183,8 @@ CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUmemLocat
         r = CUDA_ERROR_INVALID_VALUE;
     } else if (!s) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (s->cap) {
-        s->cap->invalidated = true;
-        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else {
+        r = emu_capture_refuse_locked(s);
     }
     emu_unlock();
     return r;

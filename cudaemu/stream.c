@@ -268,6 +268,14 @@ static void capture_finish(struct emu_capseq *seq, bool keep)
     free(seq);
 }
 
+CUresult emu_capture_refuse_locked(CUstream s)
+{
+    if (!s->cap)
+        return CUDA_SUCCESS;
+    capture_invalidate(s);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 CUresult emu_capture_unsafe_call_locked(void)
 {
     if (!emu.captures_active || thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)

@@ -125,7 +125,6 @@ void dev_free_block(struct dev_alloc *d, struct block *b)
     xseg_assert(!b->sided);
     if (XSEG_UNLIKELY(b->sided))
         block_side_free(b); /* release builds: the word must hold the requested size below */
-    bpool_bins_uncover(block_pool(b), b->stream); /* no record of its stream's event after it */
     dev_free_block_inline(d, b);
 }
 

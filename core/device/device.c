@@ -33,17 +33,18 @@ void dev_apply_fraction(struct dev_alloc *d, double fraction)
 
 /* Device lock held (dev_create holds it too, before @p d is published). */
 /* A free records xseg's event on its stream only while a policy that never waits is set
- * (core/policy/release.h release_note_on): frees made while neither was set recorded nothing, so
- * when one is set again no bins' earlier record covers what entered the index since. */
+ * (core/policy/release.h release_note_on): frees made while neither was set recorded nothing
+ * (their blocks' stamps are above every earlier record: uncovered), so when one is set again the
+ * next free on each stream records. */
 static bool note_on(const struct cfg *c)
 {
     return c->idle_release_ms || c->release_threshold != SIZE_MAX;
 }
 
-static void pool_uncover_all(struct bpool *p)
+static void pool_rearm_all(struct bpool *p)
 {
     for (unsigned i = 0; i < p->nstreams; i++)
-        p->by_stream[i]->covered = p->by_stream[i]->done = false;
+        p->by_stream[i]->rearm = true;
 }
 
 void dev_refresh_cfg_slow(struct dev_alloc *d)
@@ -53,11 +54,11 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
     bool first = d->cfg_gen == 0, noted = note_on(&d->cfg);
     settings_copy(&d->cfg, &d->cfg_gen);
     if (!noted && note_on(&d->cfg)) {
-        pool_uncover_all(&d->small);
-        pool_uncover_all(&d->large);
+        pool_rearm_all(&d->small);
+        pool_rearm_all(&d->large);
         for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
-            pool_uncover_all(&pp->small);
-            pool_uncover_all(&pp->large);
+            pool_rearm_all(&pp->small);
+            pool_rearm_all(&pp->large);
         }
     }
     d->roundup_any = false;

@@ -143,7 +143,6 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
         stat_down_pool(d->acct.stats.allocation, si, 1);
         stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
         slot_settle_free(d, b);
-        bpool_bins_uncover(pool, b->stream); /* freed without a record after it (release.h) */
         dev_free_block_inline(d, b); /* requested_bytes down by its requested_size: base_req */
         goto settled;
     }
@@ -154,10 +153,8 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
         goto settled;
     }
     xseg_assert(block_in_free_index(r) && !block_in_free_index(b->prev));
-    /* What the slot's pairs used and gave back enters the index now, with no record of its
-     * stream's event after those frees (core/policy/release.h). */
-    if (!s->live || s->cur_size != b->size)
-        bpool_bins_uncover(pool, b->stream);
+    /* What the slot's pairs used and gave back enters the index now, stamped after every record
+     * of its stream's event so far (struct sbins: uncovered until a later one). */
     if (s->live) {
         if (s->cur_size != b->size) {
             size_t rest = b->size - s->cur_size;

@@ -32,13 +32,16 @@ struct sbins {
     CUstream stream;
     unsigned refs; /* segments of this (pool, stream) */
     /* What the passes that never wait (core/policy/release.h memo_idle) know of this stream's
-     * free blocks without asking the stream, which may be destroyed by now: free_ev is xseg's
+     * free blocks without asking the stream, which may be destroyed by now. free_ev is xseg's
      * event (NULL until the first record), recorded on the stream by a program's free while the
-     * stream is alive; covered: every block in this index entered it before free_ev's last
-     * record; done: covered, and free_ev was seen complete. A block entering the index without a
-     * record after it (a slot's settle, a deferred free, a malloc's undo) clears both. */
+     * stream is alive, at most once per window (release_note_due). Marks are the pool's GC clock
+     * (block_gc_base, stamped as a block enters the index; a record advances the clock): a block
+     * stamped below rec_mark entered the index before free_ev's last record; below done_mark, its
+     * work is known done (that record seen complete, or a context wait). rec_ns: when a record
+     * was last made or tried (0: never); rearm: the next program free records again. */
     CUevent free_ev;
-    bool covered, done;
+    uint64_t rec_mark, done_mark, rec_ns;
+    bool rearm;
     uint64_t summary;
     uint64_t map[BINS_WORDS];
     struct block *bin[BINS_N];
@@ -182,15 +185,6 @@ static inline struct sbins *bpool_bins(const struct bpool *p, CUstream stream)
     if (XSEG_LIKELY(s && s->stream == stream))
         return s;
     return bpool_bins_lookup(p, stream);
-}
-
-/* A block of @p stream entered @p p's free index with no record of free_ev after it (struct
- * sbins): the passes that never wait no longer know its work done. */
-static inline void bpool_bins_uncover(const struct bpool *p, CUstream stream)
-{
-    struct sbins *s = bpool_bins(p, stream);
-    if (s)
-        s->covered = s->done = false;
 }
 
 /* A new segment of (@p p, @p stream) takes a reference on its bins, creating them: false on

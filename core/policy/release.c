@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/hostmem.h"
 #include "base/vec.h"
@@ -33,6 +34,30 @@ static signed char *memo_slot(struct stream_memo *m, CUstream s)
     return &m->state[m->n++];
 }
 
+/* The window a record stays pending without a new one (0: a threshold pass may rearm at once). */
+static uint64_t note_window_ns(const struct dev_alloc *d)
+{
+    return (uint64_t)d->cfg.idle_release_ms * 1000000ull;
+}
+
+/* @p sb's last record is known complete: its blocks are done; the next free records again once
+ * the record is a window old (release_note_poll rearms it later otherwise). */
+static void note_seen_done(struct dev_alloc *d, struct sbins *sb, uint64_t now)
+{
+    if (sb->done_mark < sb->rec_mark)
+        sb->done_mark = sb->rec_mark;
+    if (now - sb->rec_ns >= note_window_ns(d))
+        sb->rearm = true;
+}
+
+static bool memo_busy(const struct stream_memo *m, const struct sbins *sb)
+{
+    for (size_t i = 0; i < m->nbusy; i++)
+        if (m->busy[i] == sb)
+            return true;
+    return false;
+}
+
 bool memo_idle(struct dev_alloc *d, struct stream_memo *m, const struct block *b)
 {
     lock_assert_held(&d->lock);
@@ -42,11 +67,20 @@ bool memo_idle(struct dev_alloc *d, struct stream_memo *m, const struct block *b
     if (!vstream_default(s)) {
         /* Freed on a program's stream, which may be gone: its event, never the stream. */
         struct sbins *sb = bpool_bins(block_pool(b), s);
-        if (!sb || !sb->covered)
+        if (!sb)
             return false;
-        if (!sb->done && sb->free_ev) /* done without an event: a context wait saw it (memo_all_done) */
-            sb->done = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vevent_done_relaxed(sb->free_ev);
-        return sb->done;
+        uint64_t t = block_gc_base(b);
+        if (t < sb->done_mark)
+            return true;
+        if (t >= sb->rec_mark || !sb->free_ev || memo_busy(m, sb))
+            return false; /* no record after its free yet, or pending in this pass */
+        if (drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS && vevent_done_relaxed(sb->free_ev)) {
+            note_seen_done(d, sb, (uint64_t)clock_mono_ns());
+            return true;
+        }
+        if (VEC_RESERVE(m->busy, m->cap_busy, m->nbusy + 1))
+            m->busy[m->nbusy++] = sb;
+        return false;
     }
     signed char *st = memo_slot(m, s);
     if (!st)
@@ -58,30 +92,74 @@ bool memo_idle(struct dev_alloc *d, struct stream_memo *m, const struct block *b
     return *st == 1;
 }
 
-void release_note_free(struct dev_alloc *d, struct bpool *pool, CUstream stream)
+void release_note_record(struct dev_alloc *d, struct bpool *pool, CUstream stream)
 {
     lock_assert_held(&d->lock);
-    if (vstream_default(stream))
-        return; /* asked directly: a default stream lives as long as the context */
     struct sbins *sb = bpool_bins(pool, stream);
     if (!sb)
         return;
-    sb->covered = sb->done = false;
-    if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
+    sb->rearm = false;
+    sb->rec_ns = (uint64_t)clock_mono_ns();
+    /* A default stream is asked directly (it lives as long as the context): never recorded on.
+     * During a capture a record on a capturing stream would be captured: none, retried later. */
+    if (vstream_default(stream) || dev_capture_underway(d) || drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return;
     if (!sb->free_ev && vevent_create(&sb->free_ev) != XSEG_SUCCESS) {
-        sb->free_ev = NULL; /* tried again at the next free */
+        sb->free_ev = NULL;
         return;
     }
-    sb->covered = vevent_record(sb->free_ev, stream);
+    if (vevent_record(sb->free_ev, stream)) {
+        /* Every block in the index now is stamped at or below the clock: covered; every later
+         * one is stamped above it. */
+        sb->rec_mark = ++pool->get_free_blocks_call_count;
+    } else {
+        sb->rec_mark = sb->done_mark; /* what the event holds now is unknown: nothing pending */
+    }
+}
+
+static void pool_note_poll(struct dev_alloc *d, struct bpool *p, uint64_t now, bool *ctx_ok)
+{
+    uint64_t window = note_window_ns(d);
+    for (unsigned i = 0; i < p->nstreams; i++) {
+        struct sbins *sb = p->by_stream[i];
+        if (sb->rearm || !sb->rec_ns || now - sb->rec_ns < window || vstream_default(sb->stream))
+            continue;
+        if (sb->done_mark >= sb->rec_mark || !sb->free_ev) {
+            sb->rearm = true; /* seen complete earlier (or nothing recorded): due again */
+            continue;
+        }
+        if (!*ctx_ok)
+            *ctx_ok = drv_ctx_ensure(d->info.primary_ctx) == XSEG_SUCCESS;
+        if (*ctx_ok && vevent_done_relaxed(sb->free_ev))
+            note_seen_done(d, sb, now);
+    }
+}
+
+void release_note_poll(struct dev_alloc *d)
+{
+    lock_assert_held(&d->lock);
+    if (dev_capture_underway(d))
+        return; /* no event query during a capture (it comes after) */
+    uint64_t now = (uint64_t)clock_mono_ns();
+    bool ctx_ok = false;
+    pool_note_poll(d, &d->small, now, &ctx_ok);
+    pool_note_poll(d, &d->large, now, &ctx_ok);
+    for (struct priv_pool *pp = d->priv.pools; pp; pp = pp->next) {
+        pool_note_poll(d, &pp->small, now, &ctx_ok);
+        pool_note_poll(d, &pp->large, now, &ctx_ok);
+    }
 }
 
 /* Every stream's queued work is done (the pass waited for the context): every free block of the
- * device is known idle, its stream alive or not, until the next free into its bins. */
+ * device is known idle, its stream alive or not; the clock moves on so that what enters the
+ * index later is not, and the next free on each stream records again. */
 static void bins_all_done(struct bpool *p)
 {
-    for (unsigned i = 0; i < p->nstreams; i++)
-        p->by_stream[i]->covered = p->by_stream[i]->done = true;
+    uint64_t mark = ++p->get_free_blocks_call_count;
+    for (unsigned i = 0; i < p->nstreams; i++) {
+        p->by_stream[i]->done_mark = mark;
+        p->by_stream[i]->rearm = true;
+    }
 }
 
 static void memo_all_done(struct dev_alloc *d)
@@ -94,22 +172,35 @@ static void memo_all_done(struct dev_alloc *d)
     }
 }
 
-xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, CUstream s)
+xseg_status memo_wait(struct dev_alloc *d, struct stream_memo *m, const struct block *b)
 {
     lock_assert_held(&d->lock);
     if (m->all_idle)
         return XSEG_SUCCESS;
+    CUstream s = b->stream;
     bool dflt = vstream_default(s);
     signed char *st = dflt ? memo_slot(m, s) : NULL;
     if (st && *st == 1)
         return XSEG_SUCCESS;
     xseg_status r = drv_ctx_ensure(d->info.primary_ctx);
-    if (r == XSEG_SUCCESS && dflt)
+    if (r == XSEG_SUCCESS && dflt) {
         r = vstream_wait(s, "before giving cached memory back");
-    else if (r == XSEG_SUCCESS && (r = vctx_wait("before giving cached memory back (the streams it was freed on "
-                                                  "may be gone)")) == XSEG_SUCCESS) {
-        m->all_idle = true;
-        memo_all_done(d);
+    } else if (r == XSEG_SUCCESS) {
+        /* A program's stream, never asked: xseg's event when a record covers b (a wait in
+         * RELAXED mode, no capture invalidated), else the context. */
+        struct sbins *sb = bpool_bins(block_pool(b), s);
+        uint64_t t = block_gc_base(b);
+        if (sb && t < sb->done_mark)
+            return XSEG_SUCCESS;
+        if (sb && sb->free_ev && t < sb->rec_mark && vevent_wait_relaxed(sb->free_ev)) {
+            note_seen_done(d, sb, (uint64_t)clock_mono_ns());
+            return XSEG_SUCCESS;
+        }
+        r = vctx_wait("before giving cached memory back (the streams it was freed on may be gone)");
+        if (r == XSEG_SUCCESS) {
+            m->all_idle = true;
+            memo_all_done(d);
+        }
     }
     if (r == XSEG_SUCCESS && st)
         *st = 1;
@@ -120,6 +211,7 @@ void memo_free(struct stream_memo *m)
 {
     xs_free(m->s);
     xs_free(m->state);
+    xs_free(m->busy);
     *m = (struct stream_memo){0};
 }
 
@@ -185,7 +277,7 @@ static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, 
         /* A sleeping pool's pages wait for its wake. */
         if (!b || !b->expandable || b->seg->asleep || !exp_whole_page_bytes(b))
             continue;
-        xseg_status st = memo_wait(d, memo, b->stream);
+        xseg_status st = memo_wait(d, memo, b);
         if (st == XSEG_SUCCESS)
             st = exp_unmap_pages(d, b, SIZE_MAX, true);
         if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)

@@ -131,7 +131,7 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
             continue;
         /* One wait per stream and pass (not one per run: empty_cache of 7,500 isolated free pages
          * of one stream waits once). Classic segments: cuMemFree waits by itself. */
-        if (!known && b->expandable && (st = memo_wait(d, &memo, b->stream)) != XSEG_SUCCESS)
+        if (!known && b->expandable && (st = memo_wait(d, &memo, b)) != XSEG_SUCCESS)
             break;
         v[i].b = NULL;
         size_t before = d->acct.total_allocated_memory;
@@ -168,6 +168,7 @@ void trim_threshold(struct dev_alloc *d, size_t handing_out)
     size_t threshold = d->cfg.release_threshold;
     if (threshold == SIZE_MAX || d->cfg.idle_release_ms || trim_cached_bytes(d) <= threshold + handing_out)
         return;
+    release_note_poll(d); /* records seen complete: the next frees record again */
     threshold = threshold > SIZE_MAX - handing_out ? SIZE_MAX : threshold + handing_out;
     /* A failure leaves correct bookkeeping and is retried at the next point; the call that got
      * here did not ask for a release, so it does not report one. */
@@ -234,5 +235,6 @@ void trim_idle_tick(struct dev_alloc *d)
     /* release_threshold_mb is the cache to keep: idle runs go back down to it, not below (a
      * server keeps that much for its next burst and gives the rest back once idle). */
     size_t keep = d->cfg.release_threshold == SIZE_MAX ? 0 : d->cfg.release_threshold;
+    release_note_poll(d); /* records a window old seen complete: the next frees record again */
     (void)trim_cache(d, keep, TRIM_KNOWN_COMPLETE, true, NULL);
 }
