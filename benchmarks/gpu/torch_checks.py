@@ -66,20 +66,45 @@ def report(name, fn):
 
 # --- group torch ---------------------------------------------------------------------------------
 
-# The owner allocator of the MemPool(allocator=...) check, built with the system compiler at run
-# time: NCCL's ncclMemAlloc / ncclMemFree (NCCL's allocator.cc) when PyTorch loaded libnccl,
-# otherwise the driver's cuMemAlloc / cuMemFree in the context PyTorch made current; a ledger the
-# check reads (owner_stat: 0 allocs, 1 frees, 2 live, 3 failed frees, 4 the backend: 1 NCCL).
-OWNER_C = r"""
+# The owner allocators of the MemPool(allocator=...) checks, built with the system compiler at run
+# time: one ledger the check reads (owner_stat: 0 allocs, 1 frees, 2 live, 3 failed frees, 4 the
+# backend) around each owner's raw_alloc / raw_free and its resolve(), which picks the backend.
+OWNER_LEDGER_C = r"""
 #include <dlfcn.h>
 #include <stddef.h>
 #include <sys/types.h>
+static int backend = -1;
+static long allocs, frees, live, bad;
+static void resolve(void);
+static int raw_alloc(void **p, size_t size);
+static int raw_free(void *p);
+void *PREFIX_alloc(ssize_t size, int device, void *stream)
+{
+    (void)device, (void)stream;
+    resolve();
+    void *p = 0;
+    if (raw_alloc(&p, (size_t)size) || !p)
+        return 0;
+    allocs++, live++;
+    return p;
+}
+void PREFIX_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    (void)size, (void)device, (void)stream;
+    frees++, live--;
+    if (raw_free(ptr))
+        bad++;
+}
+long owner_stat(int k) { return k == 0 ? allocs : k == 1 ? frees : k == 2 ? live : k == 3 ? bad : backend; }
+"""
+
+# NCCL's ncclMemAlloc / ncclMemFree (NCCL's allocator.cc) when PyTorch loaded libnccl (backend 1),
+# otherwise the driver's cuMemAlloc / cuMemFree in the context PyTorch made current.
+OWNER_C = OWNER_LEDGER_C.replace("PREFIX", "owner") + r"""
 static int (*nccl_alloc)(void **, size_t);
 static int (*nccl_free)(void *);
 static int (*cu_alloc)(unsigned long long *, size_t);
 static int (*cu_free)(unsigned long long);
-static int backend = -1;
-static long allocs, frees, live, bad;
 static void resolve(void)
 {
     if (backend >= 0)
@@ -95,43 +120,21 @@ static void resolve(void)
     cu_free = h ? (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2") : 0;
     backend = 0;
 }
-void *owner_alloc(ssize_t size, int device, void *stream)
+static int raw_alloc(void **p, size_t size)
 {
-    (void)device, (void)stream;
-    resolve();
-    void *p = 0;
-    int r = backend ? nccl_alloc(&p, (size_t)size) : cu_alloc ? cu_alloc((unsigned long long *)&p, (size_t)size) : 1;
-    if (r || !p)
-        return 0;
-    allocs++, live++;
-    return p;
+    return backend ? nccl_alloc(p, size) : cu_alloc ? cu_alloc((unsigned long long *)p, size) : 1;
 }
-void owner_free(void *ptr, ssize_t size, int device, void *stream)
-{
-    (void)size, (void)device, (void)stream;
-    int r = backend ? nccl_free(ptr) : cu_free((unsigned long long)ptr);
-    frees++, live--;
-    if (r)
-        bad++;
-}
-long owner_stat(int k) { return k == 0 ? allocs : k == 1 ? frees : k == 2 ? live : k == 3 ? bad : backend; }
+static int raw_free(void *p) { return backend ? nccl_free(p) : cu_free((unsigned long long)p); }
 """
 
-# The owner of the managed-memory MemPool check (Megatron's unified-memory pool, issue 73:
-# megatron/core/inference/unified_memory.py, cudaMallocManaged(cudaMemAttachGlobal) / cudaFree):
-# the CUDA runtime PyTorch loaded when one is found, else the driver's cuMemAllocManaged /
-# cuMemFree in the context PyTorch made current; the same ledger as OWNER_C's (owner_stat: 0
-# allocs, 1 frees, 2 live, 3 failed frees, 4 the backend: 1 the runtime).
-OWNER_MANAGED_C = r"""
-#include <dlfcn.h>
-#include <stddef.h>
-#include <sys/types.h>
+# Megatron's unified-memory pool (issue 73: megatron/core/inference/unified_memory.py,
+# cudaMallocManaged(cudaMemAttachGlobal) / cudaFree): the CUDA runtime PyTorch loaded when one is
+# found (backend 1), else the driver's cuMemAllocManaged / cuMemFree in PyTorch's context.
+OWNER_MANAGED_C = OWNER_LEDGER_C.replace("PREFIX", "managed") + r"""
 static int (*rt_alloc)(void **, size_t, unsigned);
 static int (*rt_free)(void *);
 static int (*cu_alloc)(unsigned long long *, size_t, unsigned);
 static int (*cu_free)(unsigned long long);
-static int backend = -1;
-static long allocs, frees, live, bad;
 static void resolve(void)
 {
     static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
@@ -150,27 +153,12 @@ static void resolve(void)
     cu_free = h ? (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2") : 0;
     backend = 0;
 }
-void *managed_alloc(ssize_t size, int device, void *stream)
+/* 1: cudaMemAttachGlobal, CU_MEM_ATTACH_GLOBAL */
+static int raw_alloc(void **p, size_t size)
 {
-    (void)device, (void)stream;
-    resolve();
-    void *p = 0;
-    /* 1: cudaMemAttachGlobal, CU_MEM_ATTACH_GLOBAL */
-    int r = backend ? rt_alloc(&p, (size_t)size, 1) : cu_alloc ? cu_alloc((unsigned long long *)&p, (size_t)size, 1) : 1;
-    if (r || !p)
-        return 0;
-    allocs++, live++;
-    return p;
+    return backend ? rt_alloc(p, size, 1) : cu_alloc ? cu_alloc((unsigned long long *)p, size, 1) : 1;
 }
-void managed_free(void *ptr, ssize_t size, int device, void *stream)
-{
-    (void)size, (void)device, (void)stream;
-    int r = backend ? rt_free(ptr) : cu_free((unsigned long long)ptr);
-    frees++, live--;
-    if (r)
-        bad++;
-}
-long owner_stat(int k) { return k == 0 ? allocs : k == 1 ? frees : k == 2 ? live : k == 3 ? bad : backend; }
+static int raw_free(void *p) { return backend ? rt_free(p) : cu_free((unsigned long long)p); }
 """
 
 
