@@ -1344,7 +1344,10 @@ static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, size_t limit
     if ((st = wake_room(d, ps, 0, limit)) != XSEG_SUCCESS)
         return err_prefix(st, "xseg_wake: %s", pool_name(*pp, buf));
     *out = ps;
-    return drv_ctx_ensure(d->info.primary_ctx);
+    if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
+        return err_prefix(st, "xseg_wake: %s on device %d is still asleep, nothing changed (retry the wake)",
+                          pool_name(*pp, buf), d->device);
+    return XSEG_SUCCESS;
 }
 
 /* A failed wake (the first failure's status @p st, message current; @p k segments mapped or
