@@ -289,6 +289,45 @@ static void count_calls(enum how h, bool wake, unsigned long counts[NENTRIES])
     fx_free(&f);
 }
 
+/* The file's reads fail (the host side of a file wake): the file cut short at each of a few points
+ * while asleep. The wake fails and says the pool is still asleep, nothing mapped; with the bytes
+ * written back the retry restores every one. */
+static void file_reads_fail(void)
+{
+    struct fx f;
+    fx_make(&f);
+    assert_int_equal(do_sleep(HOW_FILE), XSEG_SUCCESS);
+    FILE *fp = fopen(file_path, "rb");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, 0, SEEK_END), 0);
+    long size = ftell(fp);
+    assert_true(size > 0);
+    rewind(fp);
+    char *copy = malloc((size_t)size);
+    assert_non_null(copy);
+    assert_int_equal(fread(copy, 1, (size_t)size, fp), (size_t)size);
+    fclose(fp);
+    const long cuts[] = {0, 1, size / 2, size - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        assert_int_equal(truncate(file_path, cuts[i]), 0);
+        assert_int_not_equal(do_wake(HOW_FILE), XSEG_SUCCESS);
+        print_message("file cut to %ld of %ld bytes: %s\n", cuts[i], size, xseg_last_error());
+        assert_non_null(strstr(xseg_last_error(), "still asleep"));
+        assert_int_equal(stats_of(DEFAULT_POOL).asleep, 1);
+        struct cudaemu_live lv;
+        assert_true(tu_live(&lv));
+        assert_int_equal(lv.mapped_bytes, 0);
+        fp = fopen(file_path, "r+b");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(copy, 1, (size_t)size, fp), (size_t)size);
+        fclose(fp);
+    }
+    free(copy);
+    assert_int_equal(do_wake(HOW_FILE), XSEG_SUCCESS);
+    fx_check(&f);
+    fx_free(&f);
+}
+
 /* The sweep: for each entry a clean wake makes, each of its calls fails in turn (UNKNOWN, and
  * OUT_OF_MEMORY where it allocates); a failed wake leaves the pool asleep with nothing mapped, its
  * backup whole (the host memory as before), an error that says so; a retry wakes it with every
@@ -367,6 +406,8 @@ static void sweep(enum how h)
                       struck);
         assert_true(struck > 0);
     }
+    if (h == HOW_FILE)
+        file_reads_fail();
     unlink(file_path);
 }
 
