@@ -5,7 +5,10 @@
  * Sleep, in order, so that any failure can be undone with nothing lost:
  *   1. checks (known pool, awake, no capture, no block exported over IPC or with handles handed
  *      out by xseg_block_handles, expandable segments only) — nothing changes;
- *   2. wait for every stream that may use the pool, then return completed record_stream frees;
+ *   2. wait for every stream that may use the pool and, under sleep_wait_device (the default), for
+ *      the whole context (RELAXED capture mode; a capture xseg knows of refused the sleep at 1 and
+ *      is rechecked after), so work on streams xseg never saw is done before any copy or unmap;
+ *      then return completed record_stream frees;
  *   3. OFFLOAD: queue the copy of each run of live blocks to pinned host memory (a block of the
  *      host cache, core/services/hostalloc.c) in chunks of sleep_copy_chunk_mb (64 MiB), round robin over the copy
  *      streams xseg owns (d->sleep.copy), and record an event per stream used after each segment;
@@ -16,7 +19,10 @@
  * Why release only after every chunk is copied: cuMemRelease is the one step that loses bytes, so
  * until it runs any failure is undone with the pool's own pages (no restore from the host copy,
  * which could fail in turn); it costs ~2 % of the copy time (docs/benchmarks.md#services).
- * Wake: map every asleep page (new memory) and restore (copy back or zero) in chunks round robin
+ * OFFLOAD under sleep_backup_checksum: a keyed sum of each segment's backup once its copies are
+ * done (after step 4), checked by the wake before it maps a page (a mismatch: the pool stays
+ * asleep, nothing changed).
+ * Wake: map every asleep page (new memory) and restore (copy back or fill: sleep_discard_fill) in chunks round robin
  * over the copy streams, segment after segment (a segment's chunks overlap the next one's
  * mapping), wait, then give the host memory back (to the host cache under sleep_keep_host_backup,
  * else to the driver). A failure before the end waits for the copies it queued, then unmaps what
@@ -292,7 +298,8 @@ static bool stream_add(struct stream_list *l, CUstream s)
  * A program's stream is named only while a live block keeps it alive (vmm/stream.h): a segment's
  * stream when the segment holds an allocated block, a live block's recorded streams; pending frees
  * are waited for by their events (xseg's own), and a segment whose blocks are all freed, on a
- * stream that may be gone, by a wait for the whole context. Lock held; given back while waiting
+ * stream that may be gone, by a wait for the whole context, as is every sleep under
+ * sleep_wait_device (work on a stream no block names). Lock held; given back while waiting
  * for streams and events. */
 static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp, const struct pool_sleep *ps,
                                 const char *why)
