@@ -537,15 +537,15 @@ static void test_no_residue(void **state)
     assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     size_t free0 = dev_free();
     /* Two pools: the default one (large and small blocks) and a private one. */
-    void *a = tu_malloc(3 * MiB, NULL), *s = tu_malloc(4096, NULL);
+    void *a = tu_malloc(3 * MiB / 2, NULL), *s = tu_malloc(4096, NULL);
     xseg_pool_id pool;
     assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
     assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
-    void *b = tu_malloc(3 * MiB, NULL);
+    void *b = tu_malloc(3 * MiB / 2, NULL);
     assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
-    tu_assert_cu(tu_fill((CUdeviceptr)a, 3 * MiB, 31));
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 3 * MiB / 2, 31));
     tu_assert_cu(tu_fill((CUdeviceptr)s, 4096, 32));
-    tu_assert_cu(tu_fill((CUdeviceptr)b, 3 * MiB, 33));
+    tu_assert_cu(tu_fill((CUdeviceptr)b, 3 * MiB / 2, 33));
     assert_true(dev_free() < free0);
     assert_int_equal(xseg_sleep(0, DEFAULT_POOL, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
     assert_int_equal(xseg_sleep(0, pool, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
@@ -576,9 +576,9 @@ static void test_no_residue(void **state)
     fflush(stdout);
     assert_int_equal(awake2, awake1);
     assert_int_equal(host2, host1);
-    assert_true(tu_check((CUdeviceptr)a, 3 * MiB, 31));
+    assert_true(tu_check((CUdeviceptr)a, 3 * MiB / 2, 31));
     assert_true(tu_check((CUdeviceptr)s, 4096, 32));
-    assert_true(tu_check((CUdeviceptr)b, 3 * MiB, 33));
+    assert_true(tu_check((CUdeviceptr)b, 3 * MiB / 2, 33));
     tu_free(a);
     tu_free(s);
     tu_free(b);
