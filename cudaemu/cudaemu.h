@@ -158,6 +158,9 @@ void cudaemu_report(void);
  * cuMemHostRegister'ed not yet unregistered) and their bytes (cuMemHostAlloc's in host-page
  * multiples). Either pointer may be NULL. */
 void cudaemu_host_live(size_t *count, size_t *bytes);
+/* Test hook: a stray host write into pinned memory. Flips (xor 0xFF) byte @p off of every live
+ * cuMemHostAlloc allocation of at least @p min_bytes (and longer than @p off). @return how many. */
+size_t cudaemu_host_flip(size_t min_bytes, size_t off);
 
 #ifdef __cplusplus
 }

@@ -167,6 +167,24 @@ void cudaemu_host_live(size_t *count, size_t *bytes)
     emu_unlock();
 }
 
+size_t cudaemu_host_flip(size_t min_bytes, size_t off)
+{
+    emu_env_once();
+    emu_lock();
+    size_t pos = 0, n = 0;
+    uint64_t key;
+    void *v;
+    while ((v = emu_map_next(&host_allocs, &pos, &key))) {
+        size_t len = (size_t)(uintptr_t)v;
+        if (len >= min_bytes && len > off) {
+            ((unsigned char *)(uintptr_t)key)[off] ^= 0xFF;
+            n++;
+        }
+    }
+    emu_unlock();
+    return n;
+}
+
 /* When each copy engine (0: host to device, 1: device to host, 2: device to device) is next free
  * on the model timeline (emu_model_now). Under emu.lock. */
 static uint64_t engine_ready[3];

@@ -1236,10 +1236,19 @@ typedef enum xseg_sleep_flags {
 
 /**
  * Put @p pool of @p device to sleep: give back the physical memory of each of its mapped pages
- * and keep the virtual addresses. First it waits (host-blocking) for the work of every stream
- * xseg knows may use the pool: the streams its blocks were allocated on and the streams given to
- * xseg_record_stream for its live or pending blocks (work on other streams must be complete, as
- * for xseg_free); frees whose record_stream events completed then return to the pool. With
+ * and keep the virtual addresses. No page goes under running work: first it waits (host-blocking)
+ * for the work of every stream xseg knows may use the pool (the streams its blocks were allocated
+ * on and the streams given to xseg_record_stream for its live or pending blocks) and, under
+ * sleep_wait_device (the default), for the whole device's work (cuCtxSynchronize in the thread's
+ * RELAXED capture mode), so work queued on a stream the program never named to xseg finishes,
+ * and its bytes are in the backup, before a page is unmapped; with sleep_wait_device:False work
+ * on other streams must be complete, as for xseg_free. Frees whose record_stream events completed
+ * then return to the pool. A context wait would end a capture underway, so while xseg knows of one
+ * (any thread's: a stream that allocated while capturing, xseg_capture_begin,
+ * xseg_begin_allocate_to_pool) the sleep is refused, naming it, and the capture goes on; a capture
+ * on a stream xseg never saw cannot be known (sleep with sleep_wait_device:False, or after it
+ * ends). With sleep_backup_checksum:True an XSEG_SLEEP_OFFLOAD sleep checksums each host backup
+ * once its copies are done, and the wake checks it (below). With
  * XSEG_SLEEP_OFFLOAD the live blocks' bytes are copied to pinned host memory before any page is
  * unmapped, in sleep_copy_chunk_mb chunks over xseg's two copy streams: the backup comes from the
  * pinned host cache (the one an earlier wake kept under sleep_keep_host_backup, the default), else
@@ -1251,7 +1260,8 @@ typedef enum xseg_sleep_flags {
  *         XSEG_ERROR_ILLEGAL_STATE when the pool sleeps already (or another thread's sleep or
  *         wake of it is underway), a capture is underway on the
  *         device (or a pool records: xseg_begin_allocate_to_pool; also one begun by another thread
- *         while the sleep ran, seen before the sleep unmaps a page), or the pool holds live blocks
+ *         while the sleep ran, seen before the sleep unmaps a page; the message names the stream or
+ *         pool, and says to sleep after the capture ends), or the pool holds live blocks
  *         exported with xseg_ipc_export (the message gives their count; free them once every
  *         importer has closed them, then sleep) or blocks whose handles xseg_block_handles handed
  *         out (the message names the first; xseg_block_handles_release each hand-out, or free
@@ -1297,7 +1307,9 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
 /**
  * Wake @p pool of @p device: map a page at every address the sleep gave back (new physical
  * memory, with access for the device and its enabled peers), restore the live blocks (the
- * offloaded bytes, or zeros on every page after XSEG_SLEEP_DISCARD) on xseg's copy streams, wait
+ * offloaded bytes, or every page filled with sleep_discard_fill's byte, 0 by default, after
+ * XSEG_SLEEP_DISCARD: a value like 165 (0xA5) makes a tensor wrongly discarded read as garbage
+ * at once instead of plausible zeros) on xseg's copy streams, wait
  * for that, and give the pinned host memory back: to the host cache for the next sleep under
  * sleep_keep_host_backup (the default), else to the driver. When it returns, every stream may use
  * the memory, and allocation from the pool works again.
@@ -1313,9 +1325,17 @@ XSEG_API xseg_status xseg_sleep_ex(int device, xseg_pool_id pool, unsigned flags
  *         XSEG_SLEEP_OFFLOAD_FILE, XSEG_ERROR_INVALID_VALUE when reading the file fails (the
  *         message names the errno, or a file cut short) or its bytes changed since the sleep (each
  *         chunk is checked against a checksum the sleep kept in host memory; the message names the
- *         file and the chunk). A failed wake is rolled back: the pages it mapped are given back, the
- *         pool stays asleep with its offloaded bytes (or file), nothing leaks, and the wake can
- *         be retried.
+ *         file and the chunk); under sleep_backup_checksum, XSEG_ERROR_INVALID_VALUE when a host
+ *         backup changed since the sleep (checked before any page is mapped; the message names
+ *         the pool and the segment; the pool stays asleep with the backup as it is, and every
+ *         retry fails the same way until the bytes are put back or the key is turned off, which
+ *         restores the backup as it is). A wake is a transaction: whatever fails (out of memory,
+ *         any driver call: cuMemCreate, cuMemMap, cuMemSetAccess, the copies, the events and
+ *         streams; the file's reads), the pages it mapped are given back once its queued copies
+ *         are done, the pool stays asleep with its offloaded bytes (or file) whole, the message
+ *         says "still asleep", nothing leaks and nothing sticks: a retry wakes it with every byte
+ *         (tests/services/test_sleep_contract.c sweeps every call). Only where even the wait for
+ *         its copies fails do the pages it mapped stay mapped (counted; the message says so).
  */
 XSEG_API xseg_status xseg_wake(int device, xseg_pool_id pool);
 

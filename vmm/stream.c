@@ -79,6 +79,16 @@ xseg_status vctx_wait(const char *what)
     return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
 }
 
+xseg_status vctx_wait_relaxed(const char *what)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool relaxed = drv->cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+    xseg_status st = vctx_wait(what);
+    if (relaxed)
+        (void)drv->cuThreadExchangeStreamCaptureMode(&mode);
+    return st;
+}
+
 xseg_status vstream_create(CUstream *out)
 {
     *out = NULL;

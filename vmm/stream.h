@@ -63,6 +63,11 @@ xseg_status vstream_join(CUstream waiter, CUevent ev, CUstream stream, const cha
  * was used on may be gone. @p what describes the purpose for the message.
  * @return XSEG_SUCCESS, else XSEG_ERROR_DRIVER naming the CUresult. */
 xseg_status vctx_wait(const char *what);
+/* vctx_wait in the thread's RELAXED capture mode (cuThreadExchangeStreamCaptureMode, put back
+ * after): no GLOBAL capture of another thread is refused the call for this thread's mode. A
+ * context wait while any stream captures is still invalid (the driver ends that capture), so the
+ * caller checks first that no capture it knows of is underway (a sleep: sleep_wait_device). */
+xseg_status vctx_wait_relaxed(const char *what);
 
 /* Services: a non-blocking stream of the current context for xseg's own copies (sleep and wake's
  * chunks), and its destruction (the driver finishes work still queued on it). */

@@ -96,6 +96,12 @@
       CFG_OMIT_DEFAULT, 0, "True")                                                                 \
     K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20,                          \
       CFG_BOUNDED_MIB(1, 1024), CFG_OMIT_DEFAULT, 0, "64")                                         \
+    K(sleep_wait_device, NULL, BOOL, sleep_wait_device, true, cfg_parse_flag, CFG_OMIT_DEFAULT,    \
+      0, "True")                                                                                   \
+    K(sleep_discard_fill, NULL, COUNT, sleep_discard_fill, 0, CFG_BOUNDED(255, "byte value", false), \
+      CFG_OMIT_DEFAULT, 0, "0")                                                                    \
+    K(sleep_backup_checksum, NULL, BOOL, sleep_backup_checksum, false, cfg_parse_flag,             \
+      CFG_OMIT_DEFAULT, 0, "False")                                                                \
     /* the stale-access debug mode (core/device/quarantine.c) */                                 \
     K(debug_stale_access, NULL, BOOL, debug_stale_access, false, cfg_parse_flag,                   \
       CFG_OMIT_DEFAULT, 0, "False")                                                                \

@@ -5,7 +5,10 @@
  * Sleep, in order, so that any failure can be undone with nothing lost:
  *   1. checks (known pool, awake, no capture, no block exported over IPC or with handles handed
  *      out by xseg_block_handles, expandable segments only) — nothing changes;
- *   2. wait for every stream that may use the pool, then return completed record_stream frees;
+ *   2. wait for every stream that may use the pool and, under sleep_wait_device (the default), for
+ *      the whole context (RELAXED capture mode; a capture xseg knows of refused the sleep at 1 and
+ *      is rechecked after), so work on streams xseg never saw is done before any copy or unmap;
+ *      then return completed record_stream frees;
  *   3. OFFLOAD: queue the copy of each run of live blocks to pinned host memory (a block of the
  *      host cache, core/services/hostalloc.c) in chunks of sleep_copy_chunk_mb (64 MiB), round robin over the copy
  *      streams xseg owns (d->sleep.copy), and record an event per stream used after each segment;
@@ -16,7 +19,10 @@
  * Why release only after every chunk is copied: cuMemRelease is the one step that loses bytes, so
  * until it runs any failure is undone with the pool's own pages (no restore from the host copy,
  * which could fail in turn); it costs ~2 % of the copy time (docs/benchmarks.md#services).
- * Wake: map every asleep page (new memory) and restore (copy back or zero) in chunks round robin
+ * OFFLOAD under sleep_backup_checksum: a keyed sum of each segment's backup once its copies are
+ * done (after step 4), checked by the wake before it maps a page (a mismatch: the pool stays
+ * asleep, nothing changed).
+ * Wake: map every asleep page (new memory) and restore (copy back or fill: sleep_discard_fill) in chunks round robin
  * over the copy streams, segment after segment (a segment's chunks overlap the next one's
  * mapping), wait, then give the host memory back (to the host cache under sleep_keep_host_backup,
  * else to the driver). A failure before the end waits for the copies it queued, then unmaps what
@@ -97,6 +103,7 @@ struct sleep_seg {
     size_t nruns, capruns;
     size_t live0, chunks0; /* its mapped bytes and chunks when the running wake began (a failed sleep's) */
     bool kept; /* a failed sleep left all its pages mapped: they hold the bytes, the wake copies none */
+    uint64_t sum; /* sleep_backup_checksum: the sum of its host backup under ps->sum_key */
 };
 
 /* Where a pool's sleep stands; awake is no struct in the slot. */
@@ -120,6 +127,7 @@ struct pool_sleep {
     unsigned nstreams, next;              /* their count; the round robin's cursor */
     unsigned used;                        /* the streams any chunk of this sleep or wake ran on (bits) */
     size_t chunk;                         /* sleep_copy_chunk_mb in bytes */
+    unsigned char fill;                   /* a DISCARD wake's byte (sleep_discard_fill) */
     /* OFFLOAD_FILE: the file, and a running sleep's or wake's two bounce buffers (slot j on
      * streams[j % nstreams]) with what each holds: bytes [boff, boff + blen) of the file. */
     struct spill file;
@@ -149,6 +157,7 @@ struct pool_sleep {
     size_t nplan, capplan;
     size_t released; /* bytes the sleep unmapped (reserved_bytes given back) */
     size_t live;     /* bytes of live blocks at the sleep: offloaded or discarded */
+    bool summed;     /* OFFLOAD under sleep_backup_checksum: each segment's backup has its sum */
 };
 
 static bool active(const struct block *b) { return b->allocated || block_event_count(b) > 0 || block_uses_n(b); }
@@ -266,6 +275,8 @@ size_t sleep_allocated_bytes(const struct dev_alloc *d)
 
 /* ---- streams ----------------------------------------------------------------------------- */
 
+static xseg_status capture_recheck(struct dev_alloc *d);
+
 struct stream_list {
     CUstream *v;
     size_t n, cap;
@@ -287,7 +298,8 @@ static bool stream_add(struct stream_list *l, CUstream s)
  * A program's stream is named only while a live block keeps it alive (vmm/stream.h): a segment's
  * stream when the segment holds an allocated block, a live block's recorded streams; pending frees
  * are waited for by their events (xseg's own), and a segment whose blocks are all freed, on a
- * stream that may be gone, by a wait for the whole context. Lock held; given back while waiting
+ * stream that may be gone, by a wait for the whole context, as is every sleep under
+ * sleep_wait_device (work on a stream no block names). Lock held; given back while waiting
  * for streams and events. */
 static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp, const struct pool_sleep *ps,
                                 const char *why)
@@ -298,7 +310,9 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
         CUevent *v;
         size_t n, cap;
     } evs = {0};
-    bool ok = true, ctx = false;
+    /* sleep_wait_device (the default): the whole device's work too, so that work queued on a
+     * stream xseg was never told about (no block names it) finishes before a page goes. */
+    bool ok = true, ctx = d->cfg.sleep_wait_device;
     for (size_t i = 0; i < ps->nsegs && ok; i++) {
         const struct segrec *s = ps->segs[i].s;
         bool live = false;
@@ -327,7 +341,7 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
     /* The context is waited for under the lock, so that no capture of xseg's begins meanwhile (a
      * context wait would invalidate it); the streams and events with the lock given back. */
     if (st == XSEG_SUCCESS && ctx)
-        st = vctx_wait(why);
+        st = vctx_wait_relaxed(why);
     step_out(d);
     for (size_t i = 0; i < l.n && st == XSEG_SUCCESS; i++)
         st = vstream_wait(l.v[i], why);
@@ -335,8 +349,8 @@ static xseg_status wait_streams(struct dev_alloc *d, const struct priv_pool *pp,
     for (size_t i = 0; i < evs.n && st == XSEG_SUCCESS && !lost; i++)
         lost = !vevent_wait(evs.v[i]);
     step_in(d);
-    if (st == XSEG_SUCCESS && lost)
-        st = vctx_wait(why);
+    if (st == XSEG_SUCCESS && lost && (st = capture_recheck(d)) == XSEG_SUCCESS)
+        st = vctx_wait_relaxed(why);
     xs_free(l.v);
     xs_free(evs.v);
     return st;
@@ -366,6 +380,7 @@ static void pick_streams(struct dev_alloc *d, struct pool_sleep *ps)
     ps->next = 0;
     ps->used = 0;
     ps->chunk = d->cfg.sleep_copy_chunk;
+    ps->fill = (unsigned char)d->cfg.sleep_discard_fill;
 }
 
 void sleep_teardown(struct dev_alloc *d)
@@ -390,7 +405,7 @@ static xseg_status queue_chunks(struct pool_sleep *ps, struct sleep_seg *ss, enu
         CUstream s = ps->streams[k];
         xseg_status st = op == CHUNK_DTOH   ? vhost_copy_dtoh(host + done, dev + done, n, s)
                          : op == CHUNK_HTOD ? vhost_copy_htod(dev + done, host + done, n, s)
-                                            : vhost_zero(dev + done, n, s);
+                                            : vhost_fill(dev + done, ps->fill, n, s);
         if (st != XSEG_SUCCESS)
             return st;
         ss->used |= 1u << k;
@@ -749,6 +764,25 @@ static void hist_ranges(struct dev_alloc *d, const struct pool_sleep *ps, int ac
     }
 }
 
+/* The capture xseg knows of on @p d (dev_capture_underway said one is underway), in words for a
+ * refusal: the capturing stream, or the pool that records. Lock held. */
+static const char *capture_words(const struct dev_alloc *d, char *buf, size_t size)
+{
+    lock_assert_held(&d->lock);
+    const struct pool_route *r = d->priv.nroutes ? &d->priv.routes[d->priv.nroutes - 1] : NULL;
+    char pool[64];
+    if (r && r->by_capture)
+        snprintf(buf, size, "stream %p captures into %s (xseg_capture_begin)", (void *)r->capture_stream,
+                 pool_name(r->pool, pool));
+    else if (r)
+        snprintf(buf, size, "%s records (xseg_begin_allocate_to_pool)", pool_name(r->pool, pool));
+    else if (d->cap.ncapturing)
+        snprintf(buf, size, "stream %p captures (cuStreamBeginCapture)", (void *)d->cap.capturing[0]);
+    else
+        snprintf(buf, size, "a stream captures");
+    return buf;
+}
+
 /* A capture another thread began while the sleep had given the lock back (the admit's check is
  * stale then): rechecked each time the sleep retakes the lock before it queries an event or unmaps
  * a page. Refused rather than carried on: the driver allows cuMemUnmap beside a capture (measured
@@ -761,9 +795,11 @@ static xseg_status capture_recheck(struct dev_alloc *d)
     lock_assert_held(&d->lock);
     if (!dev_capture_underway(d))
         return XSEG_SUCCESS;
-    return err_set(XSEG_ERROR_ILLEGAL_STATE, "a stream capture began on device %d while the sleep ran (or a pool "
-                   "records: xseg_begin_allocate_to_pool, xseg_capture_begin); the sleep is refused, sleep after "
-                   "the capture ends", d->device);
+    char cap[160];
+    return err_set(XSEG_ERROR_ILLEGAL_STATE, "a stream capture began on device %d while the sleep ran (%s); the "
+                   "sleep is refused rather than end that capture, and the pool stays awake: sleep after the "
+                   "capture ends (cuStreamEndCapture, xseg_capture_end, xseg_end_allocate_to_pool)", d->device,
+                   capture_words(d, cap, sizeof cap));
 }
 
 /* Step 4 for segment @p k: wait for its own chunks (the later segments' may still run) with the
@@ -836,6 +872,45 @@ static xseg_status unmap_all(struct dev_alloc *d, struct pool_sleep *ps, bool *a
     *asleep = true; /* segments [k, n) keep their pages: a wake restores them all the same */
     return err_set(st, "xseg_sleep: %s; mapping the pages back failed too (%s): %zu bytes stay unmapped, so the "
                        "pool is asleep now; xseg_wake brings it back", first.msg, undo.msg, left);
+}
+
+/* sleep_backup_checksum: the sum of each segment's host backup (its copies done), with the lock
+ * given back (a sum reads ~10 GB/s). Lock held on entry and return. */
+static void backup_sum(struct dev_alloc *d, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
+    step_out(d);
+    for (size_t i = 0; i < ps->nsegs; i++)
+        if (ps->segs[i].host)
+            ps->segs[i].sum = checksum64(&ps->sum_key, ps->segs[i].host, ps->segs[i].host_bytes);
+    step_in(d);
+}
+
+/* A wake under sleep_backup_checksum: every host backup checked against the sleep's sum before a
+ * page is mapped, with the lock given back (the pool is WAKING: nobody else touches it). A
+ * mismatch is XSEG_ERROR_INVALID_VALUE naming the pool, the segment and the bytes; nothing changed.
+ * Lock held on entry and return. */
+static xseg_status backup_check(struct dev_alloc *d, const struct priv_pool *pp, struct pool_sleep *ps)
+{
+    lock_assert_held(&d->lock);
+    size_t bad = SIZE_MAX;
+    step_out(d);
+    for (size_t i = 0; i < ps->nsegs && bad == SIZE_MAX; i++) {
+        const struct sleep_seg *ss = &ps->segs[i];
+        if (ss->host && !ss->kept && checksum64(&ps->sum_key, ss->host, ss->host_bytes) != ss->sum)
+            bad = i;
+    }
+    step_in(d);
+    if (bad == SIZE_MAX)
+        return XSEG_SUCCESS;
+    char buf[64], sz[32];
+    const struct sleep_seg *ss = &ps->segs[bad];
+    return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_wake: the host backup of %s on device %d changed while it slept "
+                   "(sleep_backup_checksum): segment %zu of %zu (at 0x%" PRIxPTR ", %s of live bytes at host %p) "
+                   "does not match the checksum the sleep took, so nothing is restored and the pool stays asleep "
+                   "with its backup; a host write went astray into pinned memory (to restore the backup as it is, "
+                   "turn sleep_backup_checksum off and wake again)", pool_name(pp, buf), d->device, bad + 1,
+                   ps->nsegs, (uintptr_t)seg_base(ss->s->vseg), err_format_size(ss->host_bytes, sz), ss->host);
 }
 
 /* Step 5 and the books: the handles go back to the driver and the pool is asleep. */
@@ -928,9 +1003,12 @@ static xseg_status sleep_admit(struct dev_alloc *d, xseg_pool_id id, struct priv
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: %s on device %d %s%s", pool_name(*pp, buf), d->device,
                        phase_words(ps), ps->phase == PHASE_SLEEPING ? ": a second sleep of it is refused"
                                                                     : "; sleep it once that call has returned");
+    char cap[160];
     if (dev_capture_underway(d))
-        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (or a pool "
-                       "records: xseg_begin_allocate_to_pool); sleep after it ends", d->device);
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_sleep: a stream capture is underway on device %d (%s): a "
+                       "sleep waits for the device's work, which would end that capture, so it is refused and "
+                       "nothing changed; sleep after the capture ends (cuStreamEndCapture, xseg_capture_end, "
+                       "xseg_end_allocate_to_pool)", d->device, capture_words(d, cap, sizeof cap));
     return refuse_lent(d, *pp);
 }
 
@@ -1054,6 +1132,14 @@ static xseg_status sleep_backup(struct dev_alloc *d, struct priv_pool *pp, struc
     }
     if (ps->flags == XSEG_SLEEP_DISCARD)
         return XSEG_SUCCESS;
+    /* sleep_backup_checksum: the key first, so that nothing is copied when none can be drawn. */
+    if (ps->flags == XSEG_SLEEP_OFFLOAD && d->cfg.sleep_backup_checksum) {
+        if (!checksum_key_new(&ps->sum_key))
+            return err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_sleep: no random bytes for the key of the backups' "
+                           "checksums (sleep_backup_checksum; getrandom and /dev/urandom failed: %s); nothing "
+                           "changed", strerror(errno));
+        ps->summed = true;
+    }
     pick_streams(d, ps);
     step_out(d);
     if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE)
@@ -1080,6 +1166,10 @@ xseg_status sleep_pool_locked(struct dev_alloc *d, xseg_pool_id id, unsigned fla
     st = sleep_backup(d, pp, ps, path, &copies);
     if (st == XSEG_SUCCESS)
         st = unmap_all(d, ps, &asleep);
+    if (asleep && st == XSEG_SUCCESS && ps->summed)
+        backup_sum(d, ps); /* every copy is done: unmap_all waited for each segment's */
+    else
+        ps->summed = false;
     if (!asleep)
         sleep_abort(d, pp, ps, copies); /* a failed copy removes the file; later chunks may still run */
     else
@@ -1254,13 +1344,17 @@ static xseg_status wake_admit(struct dev_alloc *d, xseg_pool_id id, size_t limit
         return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: %s on device %d %s%s", pool_name(*pp, buf), d->device,
                        phase_words(ps), ps->phase == PHASE_WAKING ? ": a second wake of it is refused"
                                                                   : "; wake it once that call has returned");
+    char cap[160];
     if (dev_capture_underway(d))
-        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: a stream capture is underway on device %d (or a pool "
-                       "records: xseg_begin_allocate_to_pool); wake after it ends", d->device);
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_wake: a stream capture is underway on device %d (%s); "
+                       "nothing changed, wake after the capture ends", d->device, capture_words(d, cap, sizeof cap));
     if ((st = wake_room(d, ps, 0, limit)) != XSEG_SUCCESS)
         return err_prefix(st, "xseg_wake: %s", pool_name(*pp, buf));
     *out = ps;
-    return drv_ctx_ensure(d->info.primary_ctx);
+    if ((st = drv_ctx_ensure(d->info.primary_ctx)) != XSEG_SUCCESS)
+        return err_prefix(st, "xseg_wake: %s on device %d is still asleep, nothing changed (retry the wake)",
+                          pool_name(*pp, buf), d->device);
+    return XSEG_SUCCESS;
 }
 
 /* A failed wake (the first failure's status @p st, message current; @p k segments mapped or
@@ -1323,6 +1417,10 @@ xseg_status wake_pool_locked(struct dev_alloc *d, xseg_pool_id id, size_t limit)
         ps->segs[i].chunks0 = seg_live_chunks(ps->segs[i].s->vseg);
     }
     ps->phase = PHASE_WAKING;
+    if (ps->summed && d->cfg.sleep_backup_checksum && (st = backup_check(d, pp, ps)) != XSEG_SUCCESS) {
+        ps->phase = PHASE_ASLEEP;
+        return st;
+    }
     ps->keep_backup = d->cfg.sleep_keep_host_backup;
     pick_streams(d, ps);
     if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE) {
