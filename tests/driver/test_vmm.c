@@ -2600,6 +2600,12 @@ static const struct capture_row capture_table[] = {
      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_stream_query},
     {"cuCtxSynchronize during capture", CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL,
      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, c_ctx_sync},
+    /* The RELAXED thread mode does not make a context wait legal beside a capture: cudaemu refuses
+     * it and ends the capture, so sleep_wait_device refuses a sleep beside any capture it knows of
+     * rather than wait (core/services/sleep.c). Not yet run on a GPU. */
+    {"cuCtxSynchronize, thread mode RELAXED, GLOBAL capture", CU_STREAM_CAPTURE_MODE_GLOBAL,
+     CU_STREAM_CAPTURE_MODE_RELAXED, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+     c_ctx_sync},
     {"cuEventRecord on the capturing stream", CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
      CUDA_SUCCESS, CUDA_SUCCESS, c_event_record},
     {"cuMemMap + cuMemSetAccess in GLOBAL capture", CU_STREAM_CAPTURE_MODE_GLOBAL,
