@@ -69,6 +69,16 @@ struct owner {
     size_t misalign;      /* alloc returns ptr + misalign (then free must get ptr + misalign back) */
 };
 
+/* The owner got every segment back through its free, none twice or unknown, and heard the pool
+ * forgotten once: what every test checks once the pool is gone. */
+static void owner_gave_all_back(const struct owner *o)
+{
+    assert_int_equal(o->nlive, 0);
+    assert_int_equal(o->frees, o->nsegs);
+    assert_int_equal(o->bad_frees, 0);
+    assert_int_equal(o->forgets, 1);
+}
+
 static CUmemAllocationProp pinned_prop(void)
 {
     CUmemAllocationProp prop;
@@ -339,10 +349,7 @@ static void run_pattern(const char *config, struct owner *o, const size_t *sizes
     /* ~MemPool: release, then empty_cache gives every segment back through the owner's free. */
     ok(xseg_release_pool(0, pool), "xseg_release_pool");
     ok(xseg_empty_cache(0), "xseg_empty_cache");
-    assert_int_equal(o->nlive, 0);
-    assert_int_equal(o->frees, o->nsegs);
-    assert_int_equal(o->bad_frees, 0);
-    assert_int_equal(o->forgets, 1);
+    owner_gave_all_back(o);
     assert_int_equal(o->allocs, allocs);
     ok(xseg_pool_use_count(0, pool, &uses), "xseg_pool_use_count");
     assert_int_equal(uses, 0);
@@ -368,6 +375,17 @@ static void run_pattern(const char *config, struct owner *o, const size_t *sizes
 
 /* Communication buffers: a few sizes from 4 KiB to 40 MiB (small and large pools). */
 static const size_t comm_sizes[] = {4 * KiB, 700 * KiB, 3 * MiB, 8 * MiB, 40 * MiB, 512};
+
+/* A MemPool(allocator=...) as PyTorch makes one: a new pool id, retained with @p o as its owner
+ * through @p a (kept by the caller for the pool's life). */
+static xseg_pool_id owned_pool(struct owner *o, xseg_pool_allocator *a)
+{
+    *a = owner_of(o);
+    xseg_pool_id pool;
+    ok(xseg_pool_create(&pool), "xseg_pool_create");
+    ok(xseg_pool_retain_owned(0, pool, a), "xseg_pool_retain_owned");
+    return pool;
+}
 
 static void test_nccl_expandable(void **state)
 {
@@ -476,10 +494,8 @@ static void test_owner_oom(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:True");
     struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_MINIMUM};
-    xseg_pool_allocator a = owner_of(&o);
-    xseg_pool_id pool;
-    ok(xseg_pool_create(&pool), "xseg_pool_create");
-    ok(xseg_pool_retain_owned(0, pool, &a), "xseg_pool_retain_owned");
+    xseg_pool_allocator a;
+    xseg_pool_id pool = owned_pool(&o, &a);
     ok(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), "xseg_begin_allocate_to_pool");
     int64_t reserved0 = tu_stat("reserved_bytes.all.current");
     int64_t ooms0 = tu_stat("num_ooms");
@@ -514,10 +530,8 @@ static void test_misaligned(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:True");
     struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_MINIMUM, .misalign = 256};
-    xseg_pool_allocator a = owner_of(&o);
-    xseg_pool_id pool;
-    ok(xseg_pool_create(&pool), "xseg_pool_create");
-    ok(xseg_pool_retain_owned(0, pool, &a), "xseg_pool_retain_owned");
+    xseg_pool_allocator a;
+    xseg_pool_id pool = owned_pool(&o, &a);
     ok(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), "xseg_begin_allocate_to_pool");
     void *p = NULL;
     assert_int_equal(xseg_malloc(&p, 1 * MiB, 0, NULL), XSEG_ERROR_INVALID_VALUE);
@@ -544,10 +558,8 @@ static void test_capture(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:True");
     struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_RECOMMENDED};
-    xseg_pool_allocator a = owner_of(&o);
-    xseg_pool_id pool;
-    ok(xseg_pool_create(&pool), "xseg_pool_create");
-    ok(xseg_pool_retain_owned(0, pool, &a), "xseg_pool_retain_owned");
+    xseg_pool_allocator a;
+    xseg_pool_id pool = owned_pool(&o, &a);
     CUstream cs;
     tu_assert_cu(drv->cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
     xseg_pool_id used = pool;
@@ -567,10 +579,7 @@ static void test_capture(void **state)
     assert_int_equal(o.frees, 0); /* the MemPool's use holds it */
     ok(xseg_release_pool(0, pool), "xseg_release_pool (the MemPool)");
     ok(xseg_empty_cache(0), "xseg_empty_cache");
-    assert_int_equal(o.nlive, 0);
-    assert_int_equal(o.frees, o.nsegs);
-    assert_int_equal(o.bad_frees, 0);
-    assert_int_equal(o.forgets, 1);
+    owner_gave_all_back(&o);
     tu_assert_cu(drv->cuStreamDestroy(cs));
     ok(xseg_shutdown(), "xseg_shutdown");
 }
@@ -582,10 +591,8 @@ static void test_shutdown_held(void **state)
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:True");
     struct owner o = {.gran_kind = CU_MEM_ALLOC_GRANULARITY_RECOMMENDED};
-    xseg_pool_allocator a = owner_of(&o);
-    xseg_pool_id pool;
-    ok(xseg_pool_create(&pool), "xseg_pool_create");
-    ok(xseg_pool_retain_owned(0, pool, &a), "xseg_pool_retain_owned");
+    xseg_pool_allocator a;
+    xseg_pool_id pool = owned_pool(&o, &a);
     ok(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), "xseg_begin_allocate_to_pool");
     void *p = tu_malloc(2 * MiB, NULL);
     fill(p, 2 * MiB, 5);
@@ -594,10 +601,7 @@ static void test_shutdown_held(void **state)
     ok(xseg_end_allocate_to_pool(0, pool), "xseg_end_allocate_to_pool");
     assert_int_equal(o.nlive, 1);
     ok(xseg_shutdown(), "xseg_shutdown");
-    assert_int_equal(o.nlive, 0);
-    assert_int_equal(o.frees, o.nsegs);
-    assert_int_equal(o.bad_frees, 0);
-    assert_int_equal(o.forgets, 1);
+    owner_gave_all_back(&o);
     struct cudaemu_live live;
     if (tu_live(&live)) {
         assert_int_equal(live.handles, 0);
