@@ -107,11 +107,14 @@ static void test_ledger_own_export(void **state)
         xseg_status st = xseg_ipc_export(a, &h);
         bool hit = hostmem_failed();
         hostmem_disarm();
-        if (st == XSEG_SUCCESS) {
-            assert_false(hit);
+        if (st == XSEG_SUCCESS) { /* past the last allocation, or a failure xseg got past */
             assert_int_equal(active(), 1);
             xseg_ipc_handle_free(h);
-            done = true;
+            done = !hit;
+            if (!done) { /* start again from a block never exported */
+                tu_free(a);
+                a = tu_malloc(24 * MiB, NULL);
+            }
         } else {
             assert_int_equal(st, XSEG_ERROR_OUT_OF_MEMORY);
             assert_null(h);
