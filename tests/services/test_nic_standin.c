@@ -144,7 +144,7 @@ static void test_nic_standin(void **state)
 {
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False,spill_to_host:True,"
-                         "expandable_segments_defrag:True,idle_release_ms:1,release_threshold_mb:64");
+                         "expandable_segments_defrag:True,expandable_chunk_mb:20,idle_release_ms:1,release_threshold_mb:64");
     tu_ctx_set();
     uintptr_t kv = (uintptr_t)tu_malloc(KV_SIZE, NULL);
     tu_assert_cu(tu_fill((CUdeviceptr)kv, KV_SIZE, 11));
