@@ -589,6 +589,14 @@ static xseg_status pass(struct dev_alloc *d, bool before, struct reg_pass *p, xs
     if (oom)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "registrations of device %d: out of host memory for a %s pass "
                        "(the registered ranges stay mapped)", d->device, before ? "before" : "after");
+    /* The program's registrants first: their before may close a dma-buf xseg handed out (whose
+     * own entry then finds it closed and lets go), whatever order the entries were made in. */
+    for (size_t i = 0, k = 0; i < n; i++)
+        if (v[i]->owner == REG_OWNER_USER) {
+            struct reg_entry *t = v[i];
+            memmove(v + k + 1, v + k, (i - k) * sizeof *v);
+            v[k++] = t;
+        }
     xseg_status st = XSEG_SUCCESS;
     struct err_kept first = {{0}};
     for (size_t i = 0; i < n; i++) {

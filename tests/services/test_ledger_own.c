@@ -79,6 +79,65 @@ static void test_ledger_own_dmabuf(void **state)
     assert_int_equal(xseg_wake(0, POOL0), XSEG_SUCCESS);
 }
 
+/* The NIXL pattern of docs/registrations.md: the program registers the range too, closes the
+ * dma-buf in before and takes a new one in after. Its sleeps go through however the entries are
+ * ordered (the second cycle's dma-buf entry is newer than the program's). */
+struct cycler {
+    int fd;
+    unsigned befores, afters;
+};
+
+static int cyc_before(const xseg_range_event *ev, void *ctx)
+{
+    struct cycler *c = ctx;
+    c->befores++;
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    (void)ev;
+    return 0;
+}
+
+static int cyc_after(const xseg_range_event *ev, void *ctx)
+{
+    struct cycler *c = ctx;
+    size_t off;
+    c->afters++;
+    return xseg_range_dmabuf(ev->ptr, ev->size, &c->fd, &off) == XSEG_SUCCESS ? 0 : 1;
+}
+
+static void test_ledger_own_dmabuf_cycles(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:True,expandable_segments_recycle:False");
+    void *a = tu_malloc(40 * MiB, NULL);
+    tu_assert_cu(tu_fill((CUdeviceptr)a, 40 * MiB, 9));
+    struct cycler c = {-1, 0, 0};
+    size_t off;
+    xseg_status st = xseg_range_dmabuf(a, 40 * MiB, &c.fd, &off);
+    if (st == XSEG_ERROR_NOT_SUPPORTED) {
+        tu_free(a);
+        skip();
+    }
+    assert_int_equal(st, XSEG_SUCCESS);
+    xseg_range_callbacks cb = {cyc_before, cyc_after, 0};
+    assert_int_equal(xseg_register_range(a, 40 * MiB, &cb, &c), XSEG_SUCCESS);
+    for (int i = 0; i < 3; i++) {
+        if (xseg_sleep(0, POOL0, XSEG_SLEEP_OFFLOAD) != XSEG_SUCCESS)
+            fail_msg("cycle %d: xseg_sleep: %s", i, xseg_last_error());
+        assert_int_equal(xseg_wake(0, POOL0), XSEG_SUCCESS);
+        assert_true(c.fd >= 0);
+        assert_int_equal(active(), 2); /* the program's and the new dma-buf's */
+    }
+    assert_int_equal(c.befores, 3);
+    assert_int_equal(c.afters, 3);
+    assert_true(tu_check((CUdeviceptr)a, 40 * MiB, 9));
+    assert_int_equal(xseg_unregister_range(a, 40 * MiB, &c), XSEG_SUCCESS);
+    close(c.fd);
+    tu_free(a);
+    assert_int_equal(active(), 0);
+}
+
 /* An IPC export is in the ledger until the block's free (not the handle's: the importer's
  * mapping outlives it). */
 static void test_ledger_own_export(void **state)
@@ -214,6 +273,7 @@ static void test_ledger_own_shutdown(void **state)
 
 static const struct tu_named_test all_tests[] = {
     TU_NAMED(test_ledger_own_dmabuf),
+    TU_NAMED(test_ledger_own_dmabuf_cycles),
     TU_NAMED(test_ledger_own_export),
     TU_NAMED(test_ledger_own_blocks_above),
     TU_NAMED(test_ledger_own_shutdown),
