@@ -821,6 +821,10 @@ bool reg_config_safe(const struct cfg *c, char *buf, size_t size, size_t *len)
     }
     strbuf_printf(&o, ". xseg_sleep and xseg_wake, called by the program, re-back the pages of the pool they "
                       "put to sleep: register such memory with xseg_register_range to be asked first");
+    if (c->register_blocks_above)
+        strbuf_printf(&o, ". Blocks of at least %zu MiB are in xseg's ledger from malloc to free "
+                          "(register_blocks_above_mb): no action moves their pages, and a sleep of their pool is "
+                          "refused while one lives", c->register_blocks_above >> 20);
     if (len)
         *len = o.len;
     return !defrag && !spill;

@@ -196,6 +196,11 @@ static void test_ledger_own_blocks_above(void **state)
     tu_free(p);
     if (xseg_set_config("register_blocks_above_mb:8") != XSEG_SUCCESS)
         fail_msg("register_blocks_above_mb: %s", xseg_last_error());
+    char why[1024];
+    int safe = 0;
+    assert_int_equal(xseg_registration_safe(&safe, why, sizeof why, NULL), XSEG_SUCCESS);
+    if (!safe || !strstr(why, "at least 8 MiB"))
+        fail_msg("xseg_registration_safe does not name register_blocks_above_mb: %s", why);
     void *small[32];
     for (int i = 0; i < 32; i++) /* the small path: no entry */
         small[i] = tu_malloc(4096 + (size_t)i * 512, NULL);
