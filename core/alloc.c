@@ -544,12 +544,42 @@ static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, 
     return st;
 }
 
-/* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in malloc_locked. */
+/* register_blocks_above_mb: the block just handed out at *out enters the registration ledger
+ * as xseg's own (core/policy/registry.h); where host memory for its entry runs out the block is
+ * freed again and the malloc fails (nothing changed). */
+static __attribute__((noinline)) xseg_status malloc_register(struct dev_alloc *d, size_t size, void **out)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    dev_refresh_cfg(d);
+    struct block *b = ptrmap_get(&d->live, (uintptr_t)*out);
+    xseg_status st = XSEG_SUCCESS;
+    if (b && b->expandable && d->cfg.register_blocks_above && size >= d->cfg.register_blocks_above)
+        st = reg_own_locked(d, b->addr, b->size, REG_OWNER_BLOCK, -1);
+    dev_unlock(d);
+    if (st != XSEG_SUCCESS) {
+        struct err_kept kept = err_keep();
+        bool owned;
+        (void)alloc_free(d, *out, &owned);
+        *out = NULL;
+        return err_set(st, "xseg_malloc(%zu): %s", size, kept.msg);
+    }
+    return st;
+}
+
+/* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in malloc_locked.
+ * One compare more for register_blocks_above_mb (SIZE_MAX when off). */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    if (XSEG_LIKELY(fast_hit(d, size, stream, out)))
-        return XSEG_SUCCESS;
-    return malloc_locked(d, size, stream, out);
+    size_t above = atomic_load_explicit(&d->reg_above, memory_order_relaxed);
+    if (XSEG_LIKELY(fast_hit(d, size, stream, out))) {
+        if (XSEG_LIKELY(size < above))
+            return XSEG_SUCCESS;
+        return malloc_register(d, size, out);
+    }
+    xseg_status st = malloc_locked(d, size, stream, out);
+    if (XSEG_UNLIKELY(size >= atomic_load_explicit(&d->reg_above, memory_order_relaxed)) && st == XSEG_SUCCESS)
+        st = malloc_register(d, size, out);
+    return st;
 }
 
 /* ---- free -------------------------------------------------------------------------------- */
@@ -570,8 +600,13 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
         b->oversize = false;
     }
     b->exported = false; /* the export ends with the block (its pool may sleep again) */
-    if (b->sided)
+    if (b->sided) {
         b->u.side->handle_holds = 0; /* so do the holds of handed-out handles */
+        if (XSEG_UNLIKELY(b->u.side->ledger)) { /* and xseg's own ledger entries over it */
+            reg_disown_locked(d, b->addr, b->size);
+            b->u.side->ledger = 0;
+        }
+    }
     /* debug_stale_access: held out of the pool (core/device/quarantine.h), its free completed when
      * it leaves; a block with recorded streams enters once their events are done (events.c). */
     bool held = XSEG_UNLIKELY(d->cfg.debug_stale_access) && !block_uses_n(b) && !(spilled && dev_capture_underway(d)) &&

@@ -899,7 +899,8 @@ typedef struct xseg_ipc_info {
 } xseg_ipc_info;
 
 /**
- * Export the live block at @p ptr (the address xseg_malloc returned).
+ * Export the live block at @p ptr (the address xseg_malloc returned). The block enters the
+ * registration ledger as an entry of xseg's own until its free (docs/registrations.md).
  * @return XSEG_ERROR_INVALID_VALUE for a pointer that is not a live allocation;
  *         XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) block, or a block of a segment
  *         created without a shareable handle type (expandable_segments_ipc:False, or no driver
@@ -1111,6 +1112,10 @@ XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx);
  * on the host-page-aligned range around it, for ibv_reg_dmabuf_mr, UCX or NIXL. The dma-buf pins
  * the pages it covers: register the range (xseg_register_range) and close the fd in the before
  * callback, or the pages xseg unmaps would not go back to the driver.
+ * The range enters the ledger by itself as an entry of xseg's own until the descriptor is closed
+ * (seen by the next action that asks) or a block under it is freed: meanwhile a sleep of its pool
+ * is refused naming it, and spill, defragmentation and reclaim leave its pages alone
+ * (docs/registrations.md, "Ranges xseg registers itself").
  * @param ptr    the range's first byte.
  * @param size   its length in bytes.
  * @param fd     out: the descriptor (the caller closes it); -1 on failure.

@@ -158,8 +158,9 @@ static void check_block_word(const struct block *b)
     const struct block_side *sd = block_side(b);
     CHECK(!(b->in_index && b->sided));
     if (sd) {
-        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack || sd->handle_holds || sd->free_stack);
+        CHECK(sd->uses.n || sd->event_count > 0 || sd->hist_stack || sd->handle_holds || sd->ledger || sd->free_stack);
         CHECK(!sd->handle_holds || b->allocated); /* the holds end with the block's free */
+        CHECK(!sd->ledger || b->allocated);       /* so do xseg's own ledger entries over it */
         CHECK(sd->uses.n <= sd->uses.cap && (sd->uses.cap <= 2 || sd->uses.heap));
     }
     CHECK(!block_hist_stack(b) || b->recorded);

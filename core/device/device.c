@@ -66,6 +66,8 @@ void dev_refresh_cfg_slow(struct dev_alloc *d)
         if (d->cfg.roundup_power2_divisions[i] > 1)
             d->roundup_any = true;
     d->use_expandable = d->cfg.expandable_segments && d->info.vmm_supported;
+    atomic_store_explicit(&d->reg_above, d->cfg.register_blocks_above ? d->cfg.register_blocks_above : SIZE_MAX,
+                          memory_order_relaxed);
     /* The config key sets the fraction when it changes; xseg_set_memory_fraction overrides it
      * until the key changes again. */
     if (first || d->cfg.per_process_memory_fraction != old_fraction)

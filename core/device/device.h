@@ -54,6 +54,9 @@ struct dev_alloc {
     /* registry.c: a released registration's pages were mapped again, reg_after is due (read
      * after every malloc through the device lock: one load here, benchmarks/callgrind_round_robin.sh) */
     _Atomic bool reg_due;
+    /* register_blocks_above_mb in bytes, SIZE_MAX when off (dev_refresh_cfg_slow): the one
+     * compare a malloc pays for it (core/alloc.c, malloc_register). */
+    _Atomic size_t reg_above;
 
     struct bpool small, large;
     uint64_t idle_tick_ns; /* idle reclaim (core/services/trim.c): time of the last tick, CLOCK_MONOTONIC */

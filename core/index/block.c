@@ -26,7 +26,7 @@ void block_side_drop(struct block *b)
     if (!b->sided)
         return;
     struct block_side *sd = b->u.side;
-    if (sd->uses.n || sd->event_count || sd->hist_stack || sd->handle_holds || sd->free_stack)
+    if (sd->uses.n || sd->event_count || sd->hist_stack || sd->handle_holds || sd->ledger || sd->free_stack)
         return;
     size_t requested = sd->requested_size;
     stream_set_clear(&sd->uses);

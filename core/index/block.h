@@ -69,6 +69,9 @@ struct block_side {
     int event_count;           /* events still pending before the block can be freed */
     unsigned handle_holds;     /* xseg_block_handles hand-outs not yet released (allocated blocks
                                 * only; its pool refuses to sleep while any: core/services/sleep.c) */
+    unsigned ledger;           /* entries xseg made in the registration ledger over it (a dma-buf of
+                                * it, its IPC export, register_blocks_above_mb): its free drops them
+                                * (core/policy/registry.h, reg_disown_locked) */
     struct stream_set uses;    /* streams recorded besides the block's own (record_stream) */
     struct hstack *hist_stack; /* the allocation's stack (history on; valid while `recorded`) */
     struct hstack *free_stack; /* debug_stale_access: the free's stack while record_stream's events

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "core/policy/ipc.h"
 #include "core/device/check.h"
+#include "core/policy/registry.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -172,6 +173,13 @@ xseg_status ipc_export_block(struct dev_alloc *d, void *ptr, xseg_ipc_handle **o
         if (h->fds)
             for (size_t i = 0; i < n; i++)
                 h->fds[i] = -1; /* ipc_export_chunks closed what it had opened */
+        ipc_handle_free(h);
+        err_prefix(st, "xseg_ipc_export(%p)", ptr);
+        goto out;
+    }
+    /* Handed to another party: the block enters the registration ledger as xseg's own until
+     * its free (core/policy/registry.h); no entry, no export. */
+    if ((st = reg_own_locked(d, b->addr, b->size, REG_OWNER_EXPORT, -1)) != XSEG_SUCCESS) {
         ipc_handle_free(h);
         err_prefix(st, "xseg_ipc_export(%p)", ptr);
         goto out;

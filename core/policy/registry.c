@@ -20,6 +20,7 @@
 #include "core/policy/registry.h"
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -47,6 +48,15 @@ struct reg_entry {
     bool busy;     /* a callback of it runs */
     bool gone;     /* unregistered: out of the list, freed with its last reference */
     unsigned refs; /* the list's (until gone), each pass's and each callback thread's */
+    enum reg_owner owner; /* REG_OWNER_USER, or one of xseg's own (reg_own_locked) */
+};
+
+/* What an entry of xseg's own is about (its ctx, freed with the entry). */
+struct reg_own {
+    enum reg_owner owner;
+    int fd;          /* REG_OWNER_DMABUF: the descriptor handed out, -1 otherwise */
+    dev_t fd_dev;    /* its identity when handed out: a descriptor number reused for another */
+    ino_t fd_ino;    /* file does not count as the dma-buf still open */
 };
 
 FORK_MUTEX_AT(FORK_RANK_REGISTRY, reg_lock, xseg_rt.reg.lock)
@@ -59,8 +69,11 @@ static bool overlaps(const struct reg_entry *e, uintptr_t lo, uintptr_t hi)
 /* Drop a reference. xseg_rt.reg.lock held. */
 static void unref_locked(struct reg_entry *e)
 {
-    if (--e->refs == 0)
+    if (--e->refs == 0) {
+        if (e->owner != REG_OWNER_USER)
+            xs_free(e->ctx);
         xs_free(e);
+    }
 }
 
 /* The expandable segment of @p d holding all of [addr, addr + size), or NULL. Device lock held. */
@@ -203,6 +216,143 @@ void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size)
     for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
         if (e->device == d->device && e->released && overlaps(e, addr, addr + size))
             atomic_store_explicit(&d->reg_due, true, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.reg.lock);
+}
+
+/* ---- xseg's own entries (a dma-buf or an IPC export handed out, register_blocks_above_mb) ---- */
+
+/* The before callback of xseg's own entries: no registrant can be asked, so the pages stay
+ * (the ledger's rule for a registrant that does not release), except at shutdown, which ends
+ * every promise xseg made itself, and for a dma-buf whose descriptor is closed (or now names
+ * another file): its entry goes then. */
+static int own_before(const xseg_range_event *ev, void *ctx)
+{
+    const struct reg_own *o = ctx;
+    if (ev->reason == XSEG_RANGE_SHUTDOWN)
+        return 0;
+    if (o->owner == REG_OWNER_DMABUF) {
+        struct stat sb;
+        if (fstat(o->fd, &sb) != 0 || sb.st_dev != o->fd_dev || sb.st_ino != o->fd_ino) {
+            (void)reg_remove((uintptr_t)ev->ptr, ev->size, ctx);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static const char *owner_words(enum reg_owner o)
+{
+    switch (o) {
+    case REG_OWNER_DMABUF:
+        return "a dma-buf of the range handed out by xseg_range_dmabuf, still open";
+    case REG_OWNER_EXPORT:
+        return "the block exported with xseg_ipc_export, until its free";
+    case REG_OWNER_BLOCK:
+        return "register_blocks_above_mb: a live block that large, until its free";
+    default:
+        return "";
+    }
+}
+
+/* Mark (@p delta 1) or unmark (-1) the allocated blocks of @p s overlapping [lo, hi): false on
+ * host OOM for a side struct (the blocks marked so far stay marked: the caller unmarks). */
+static bool mark_blocks(struct segrec *s, uintptr_t lo, uintptr_t hi, int delta, size_t *marked)
+{
+    for (struct block *b = s->first; b; b = b->next) {
+        if (!b->allocated || b->addr >= hi || b->addr + b->size <= lo)
+            continue;
+        if (delta < 0) {
+            if (!*marked)
+                return true;
+            --*marked;
+            b->u.side->ledger--;
+            block_side_drop(b);
+            continue;
+        }
+        struct block_side *sd = block_side_get(b);
+        if (!sd)
+            return false;
+        sd->ledger++;
+        ++*marked;
+    }
+    return true;
+}
+
+xseg_status reg_own_locked(struct dev_alloc *d, uintptr_t addr, size_t size, enum reg_owner owner, int fd)
+{
+    lock_assert_held(&d->lock);
+    struct segrec *s = find_seg(d, addr, size, NULL);
+    if (!s)
+        return XSEG_SUCCESS; /* classic memory: freed whole, never re-backed */
+    if (owner == REG_OWNER_EXPORT || owner == REG_OWNER_BLOCK) { /* one of a kind a block */
+        mutex_lock(&xseg_rt.reg.lock);
+        for (struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+            if (e->owner == owner && e->device == d->device && e->addr == addr && e->size == size) {
+                mutex_unlock(&xseg_rt.reg.lock);
+                return XSEG_SUCCESS;
+            }
+        mutex_unlock(&xseg_rt.reg.lock);
+    }
+    struct reg_own *o = xs_calloc(1, sizeof *o);
+    struct reg_entry *e = o ? xs_calloc(1, sizeof *e) : NULL;
+    size_t marked = 0;
+    if (!e || !mark_blocks(s, addr, addr + size, 1, &marked)) {
+        size_t n = marked;
+        (void)mark_blocks(s, addr, addr + size, -1, &n);
+        xs_free(e);
+        xs_free(o);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "registration ledger: out of host memory recording [%p, +%zu) of "
+                       "device %d (%s)", (void *)addr, size, d->device, owner_words(owner));
+    }
+    *o = (struct reg_own){.owner = owner, .fd = fd};
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0) {
+        o->fd_dev = sb.st_dev;
+        o->fd_ino = sb.st_ino;
+    }
+    static const xseg_range_callbacks own_cb = {own_before, NULL, 0};
+    mutex_lock(&xseg_rt.reg.lock);
+    *e = (struct reg_entry){.next = xseg_rt.reg.list, .device = d->device, .addr = addr, .size = size,
+                            .cb = own_cb, .ctx = o, .refs = 1, .owner = owner};
+    xseg_rt.reg.list = e;
+    atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.reg.lock);
+    return XSEG_SUCCESS;
+}
+
+const char *reg_span_words(struct dev_alloc *d, uintptr_t lo, uintptr_t hi)
+{
+    lock_assert_held(&d->lock);
+    enum reg_owner owner = REG_OWNER_USER;
+    bool user = false;
+    mutex_lock(&xseg_rt.reg.lock);
+    for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+        if (e->device == d->device && !e->released && overlaps(e, lo, hi)) {
+            if (e->owner == REG_OWNER_USER)
+                user = true;
+            else if (owner == REG_OWNER_USER)
+                owner = e->owner;
+        }
+    mutex_unlock(&xseg_rt.reg.lock);
+    return user || owner == REG_OWNER_USER ? "xseg_register_range; its before callback did not release it"
+                                           : owner_words(owner);
+}
+
+void reg_disown_locked(struct dev_alloc *d, uintptr_t addr, size_t size)
+{
+    lock_assert_held(&d->lock);
+    mutex_lock(&xseg_rt.reg.lock);
+    for (struct reg_entry **pe = &xseg_rt.reg.list; *pe;) {
+        struct reg_entry *e = *pe;
+        if (e->owner == REG_OWNER_USER || e->device != d->device || !overlaps(e, addr, addr + size)) {
+            pe = &e->next;
+            continue;
+        }
+        *pe = e->next;
+        e->gone = true;
+        atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+        unref_locked(e);
+    }
     mutex_unlock(&xseg_rt.reg.lock);
 }
 
@@ -439,6 +589,14 @@ static xseg_status pass(struct dev_alloc *d, bool before, struct reg_pass *p, xs
     if (oom)
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "registrations of device %d: out of host memory for a %s pass "
                        "(the registered ranges stay mapped)", d->device, before ? "before" : "after");
+    /* The program's registrants first: their before may close a dma-buf xseg handed out (whose
+     * own entry then finds it closed and lets go), whatever order the entries were made in. */
+    for (size_t i = 0, k = 0; i < n; i++)
+        if (v[i]->owner == REG_OWNER_USER) {
+            struct reg_entry *t = v[i];
+            memmove(v + k + 1, v + k, (i - k) * sizeof *v);
+            v[k++] = t;
+        }
     xseg_status st = XSEG_SUCCESS;
     struct err_kept first = {{0}};
     for (size_t i = 0; i < n; i++) {
@@ -446,6 +604,7 @@ static xseg_status pass(struct dev_alloc *d, bool before, struct reg_pass *p, xs
         xseg_range_event ev = {.device = d->device, .ptr = (void *)e->addr, .size = e->size, .reason = why};
         bool timed_out;
         unsigned tmo = e->cb.timeout_ms; /* e may be freed once settled: not read after the call */
+        enum reg_owner owner = e->owner;
         int rc = call_one(e, before, &ev, &timed_out);
         if (timed_out) { /* e is still referenced by its thread, which settles it */
             mutex_lock(&xseg_rt.reg.lock);
@@ -456,7 +615,12 @@ static xseg_status pass(struct dev_alloc *d, bool before, struct reg_pass *p, xs
         }
         if (rc == 0 || st != XSEG_SUCCESS)
             continue;
-        if (timed_out)
+        if (owner != REG_OWNER_USER)
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE,
+                         "registration [%p, +%zu) on device %d made by xseg (%s): no registrant can be asked, so "
+                         "its pages stay mapped for %s", ev.ptr, ev.size, d->device, owner_words(owner),
+                         reason_words(why));
+        else if (timed_out)
             st = err_set(XSEG_ERROR_ILLEGAL_STATE,
                          "registration [%p, +%zu) on device %d: its %s callback (%s) did not return within %u ms; %s",
                          ev.ptr, ev.size, d->device, before ? "before" : "after", reason_words(why), tmo,
@@ -601,6 +765,13 @@ xseg_status reg_dmabuf(struct dev_alloc *d, uintptr_t addr, size_t size, int *fd
     if (st == XSEG_SUCCESS)
         res = drv_range_dmabuf((CUdeviceptr)lo, hi - lo, fd);
     int attr = st == XSEG_SUCCESS && res == CUDA_ERROR_NOT_SUPPORTED ? drv_dmabuf_attribute(d->info.dev) : -1;
+    /* Handed out: the range enters the ledger as xseg's own (its entry goes when the descriptor
+     * is found closed, or a block under it is freed). No entry, no descriptor. */
+    if (st == XSEG_SUCCESS && res == CUDA_SUCCESS && (st = reg_own_locked(d, addr, size, REG_OWNER_DMABUF, *fd)) !=
+        XSEG_SUCCESS) {
+        close(*fd);
+        *fd = -1;
+    }
     dev_unlock(d);
     if (st != XSEG_SUCCESS)
         return st;
@@ -650,6 +821,10 @@ bool reg_config_safe(const struct cfg *c, char *buf, size_t size, size_t *len)
     }
     strbuf_printf(&o, ". xseg_sleep and xseg_wake, called by the program, re-back the pages of the pool they "
                       "put to sleep: register such memory with xseg_register_range to be asked first");
+    if (c->register_blocks_above)
+        strbuf_printf(&o, ". Blocks of at least %zu MiB are in xseg's ledger from malloc to free "
+                          "(register_blocks_above_mb): no action moves their pages, and a sleep of their pool is "
+                          "refused while one lives", c->register_blocks_above >> 20);
     if (len)
         *len = o.len;
     return !defrag && !spill;

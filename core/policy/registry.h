@@ -37,6 +37,30 @@ enum reg_scope {
  */
 bool reg_config_safe(const struct cfg *c, char *buf, size_t size, size_t *len);
 
+/* Who made an entry: the program (xseg_register_range) or xseg itself when it handed a range
+ * to another party, or by register_blocks_above_mb. xseg's own entries have no registrant to
+ * ask: their before refuses (the pages stay mapped, as for a registrant that does not release)
+ * except at shutdown; a dma-buf's entry goes once its descriptor is closed. */
+enum reg_owner {
+    REG_OWNER_USER = 0,
+    REG_OWNER_DMABUF, /* xseg_range_dmabuf: until the descriptor is closed or a block under it freed */
+    REG_OWNER_EXPORT, /* xseg_ipc_export: until the block's free */
+    REG_OWNER_BLOCK,  /* register_blocks_above_mb: from malloc to free */
+};
+
+/* An entry of xseg's own over [addr, addr + size) of @p d, marking the allocated blocks under
+ * it (their free drops it, reg_disown_locked). Device lock held. XSEG_ERROR_OUT_OF_MEMORY with
+ * nothing changed when host memory runs out; nothing done for classic memory. @p fd: the
+ * dma-buf's descriptor (REG_OWNER_DMABUF), else -1. */
+xseg_status reg_own_locked(struct dev_alloc *d, uintptr_t addr, size_t size, enum reg_owner owner, int fd);
+/* Who holds the registration in force at [lo, hi) of @p d, in words for an error message: the
+ * program's (xseg_register_range, its before callback did not release it) or xseg's own (which
+ * hand-out or key). Device lock held. */
+const char *reg_span_words(struct dev_alloc *d, uintptr_t lo, uintptr_t hi);
+/* Drop xseg's own entries of @p d overlapping [addr, addr + size) (a block under them is freed).
+ * Device lock held. */
+void reg_disown_locked(struct dev_alloc *d, uintptr_t addr, size_t size);
+
 /* xseg_register_range on device @p d: *mine false (nothing done) when the range is not in one of
  * @p d's segments. Takes the device lock. */
 xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg_range_callbacks *cb, void *ctx,

@@ -66,6 +66,8 @@ struct cfg {
     /* Spill (core/services/spill.c). */
     bool spill_to_host;                 /* default false: out of memory moves live pages to host memory */
     size_t spill_host_limit;            /* bytes of host memory spill may hold; 0 (default): no limit */
+    size_t register_blocks_above;       /* bytes: live blocks this large are in the registration
+                                         * ledger from malloc to free (core/policy/registry.c); 0: off */
     bool debug_stale_full_check;        /* checks read every quarantined byte, not samples */
     unsigned debug_stale_fill_batch;    /* quarantined blocks whose fills wait to go in one launch */
     /* PyTorch's pinned host allocator keys (core/services/hostalloc.c). */

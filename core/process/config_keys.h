@@ -116,6 +116,9 @@
       "False")                                                                                     \
     K(spill_host_limit_mb, NULL, MIB, spill_host_limit, 0, CFG_BOUNDED_MIB(0, CFG_MAX_BUDGET_MB),  \
       CFG_OMIT_DEFAULT, 0, "0 (no limit)")                                                         \
+    /* the registration ledger's own entries (core/policy/registry.c, issue 76) */                 \
+    K(register_blocks_above_mb, NULL, MIB, register_blocks_above, 0,                               \
+      CFG_BOUNDED_MIB(0, CFG_MAX_BUDGET_MB), CFG_OMIT_DEFAULT, 0, "0 (off)")                       \
     /* PyTorch's pinned host allocator (core/services/hostalloc.c) */                                       \
     K(pinned_use_cuda_host_register, "pinned_use_hip_host_register", BOOL,                         \
       pinned_use_cuda_host_register, false, cfg_parse_flag, CFG_OMIT_DEFAULT, 0, "False")          \

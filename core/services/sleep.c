@@ -979,9 +979,8 @@ static xseg_status refuse_lent(struct dev_alloc *d, struct priv_pool *pp)
             reg_first_registered(d, base, base + seg_va_size(s->vseg), &lo, &hi))
             return err_set(XSEG_ERROR_ILLEGAL_STATE,
                            "xseg_sleep: %s on device %d holds a registration in force at [0x%" PRIxPTR ", 0x%" PRIxPTR
-                           ") (xseg_register_range; its before callback did not release it): a sleep would give "
-                           "its pages back under the registrant; nothing changed",
-                           pool_name(pp, buf), d->device, lo, hi);
+                           ") (%s): a sleep would give its pages back under the registrant; nothing changed",
+                           pool_name(pp, buf), d->device, lo, hi, reg_span_words(d, lo, hi));
     }
     return XSEG_SUCCESS;
 }

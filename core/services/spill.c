@@ -369,8 +369,8 @@ static unsigned block_pins(struct dev_alloc *d, const struct block *b)
     unsigned pins = 0;
     if (atomic_load_explicit(&xseg_rt.obs.count, memory_order_relaxed))
         pins |= PIN_OBSERVER; /* an observer may have registered these pages */
-    if (reg_range_registered(d, b->addr, b->size))
-        pins |= PIN_REGISTERED;
+    if (!b->exported && reg_range_registered(d, b->addr, b->size))
+        pins |= PIN_REGISTERED; /* an export's own ledger entry (issue 76) is named as the export */
     if (b->exported)
         pins |= PIN_EXPORTED; /* importers map these very chunks */
     if (b->sided && b->u.side->handle_holds)

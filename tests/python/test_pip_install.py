@@ -82,7 +82,8 @@ def test_pip_install_bundles_the_library(tmp_path):
                                           "cupy.py", "ipc.py", "libcudaemu.so", "registry.py", "replay.py",
                                           "torch.py", "xseg-replay", "xseg-snapshot2trace", "xseg.h",
                                           "xseg_torch.h")] + [
-        os.path.join("xseg", "compat", f) for f in ("__init__.py", "_backend.py", "torch_memory_saver.py", "vllm.py")])
+        os.path.join("xseg", "compat", f) for f in ("__init__.py", "_backend.py", "torch_memory_saver.py", "vllm.py",
+                                                    "vllm_kv.py")])
     # README's Python snippet as printed, in the fresh venv with nothing naming a driver: where no
     # driver loads, the package runs on the emulator the wheel carries and says so in one line.
     snippet = re.search(r"<!-- test: python[^>]*-->\n```python\n(.*?)```",

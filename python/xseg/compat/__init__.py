@@ -2,6 +2,8 @@
 
 - xseg.compat.torch_memory_saver: torch_memory_saver's API (SGLang, verl, slime).
 - xseg.compat.vllm: vLLM's CuMemAllocator (vllm.device_allocator.cumem).
+- xseg.compat.vllm_kv: vLLM's KV-connector check against expandable segments asks
+  xseg.registration_safe() (install(), or the vllm.general_plugins entry point register()).
 
 install_aliases() makes `import torch_memory_saver` give the first and
 `from vllm.device_allocator.cumem import CuMemAllocator` give the second's names, while vLLM
