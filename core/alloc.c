@@ -566,20 +566,23 @@ static __attribute__((noinline)) xseg_status malloc_register(struct dev_alloc *d
     return st;
 }
 
-/* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in malloc_locked.
- * One compare more for register_blocks_above_mb (SIZE_MAX when off). */
-xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+/* A malloc the slot's hit did not serve: malloc_locked, then register_blocks_above_mb's entry. A
+ * slot never serves a size at or above that key (fast_fill_* refuse such blocks), so the hit needs
+ * no test of its own and the cached pair is unchanged. */
+static __attribute__((noinline)) xseg_status malloc_miss(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    size_t above = atomic_load_explicit(&d->reg_above, memory_order_relaxed);
-    if (XSEG_LIKELY(fast_hit(d, size, stream, out))) {
-        if (XSEG_LIKELY(size < above))
-            return XSEG_SUCCESS;
-        return malloc_register(d, size, out);
-    }
     xseg_status st = malloc_locked(d, size, stream, out);
     if (XSEG_UNLIKELY(size >= atomic_load_explicit(&d->reg_above, memory_order_relaxed)) && st == XSEG_SUCCESS)
         st = malloc_register(d, size, out);
     return st;
+}
+
+/* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in malloc_miss. */
+xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    if (XSEG_LIKELY(fast_hit(d, size, stream, out)))
+        return XSEG_SUCCESS;
+    return malloc_miss(d, size, stream, out);
 }
 
 /* ---- free -------------------------------------------------------------------------------- */

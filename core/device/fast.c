@@ -14,6 +14,14 @@ _Thread_local struct dev_slot *fast_tls_slot;
 static void fast_fork_child(void) { fast_tls_slot = NULL; }
 FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
 
+/* register_blocks_above_mb: a slot keeps no block whose requested size reaches the key, so no hit
+ * (which serves at most that size, fast_hit_at) hands out a block the ledger must enter: every
+ * such malloc goes through malloc_miss (core/alloc.c), which registers it. */
+static bool fast_registers(const struct dev_alloc *d, const struct block *b)
+{
+    return d->cfg.register_blocks_above && b->u.requested_size >= d->cfg.register_blocks_above;
+}
+
 /* ---- the debt of a slot ------------------------------------------------------------------ */
 
 /*
@@ -497,7 +505,7 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
     if (!b->expandable && (prev || (next && next->next)))
         return classic_beside(d, b);
     if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
-        settings_gen() != d->fast.fast_gen || dev_gc_on(d))
+        settings_gen() != d->fast.fast_gen || dev_gc_on(d) || fast_registers(d, b))
         return false;
     size_t min_fit = fast_fits(d, b);
     /* Counted allocated while in the slot: its map entry stays (the debt and the settle count it). */
@@ -534,7 +542,7 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = block_pool(b);
-    if (block_free_slow(b) || settings_gen() != d->fast.fast_gen || dev_gc_on(d) ||
+    if (block_free_slow(b) || settings_gen() != d->fast.fast_gen || dev_gc_on(d) || fast_registers(d, b) ||
         dev_pool_owner(d, pool) || (b->size <= BLOCK_SMALL_SIZE) != pool->is_small || b->size >= d->cfg.max_split_size)
         return false;
     const void *me = fast_self();

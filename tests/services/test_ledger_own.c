@@ -220,6 +220,14 @@ static void test_ledger_own_blocks_above(void **state)
     assert_int_equal(active(), 0);
     assert_int_equal(xseg_sleep(0, POOL0, XSEG_SLEEP_OFFLOAD), XSEG_SUCCESS);
     assert_int_equal(xseg_wake(0, POOL0), XSEG_SUCCESS);
+    /* The same sizes again and again on one thread and stream, what a stream slot serves without
+     * the device lock: every malloc enters the ledger, every free leaves it. */
+    for (int i = 0; i < 8; i++) {
+        void *r = tu_malloc(i & 1 ? 8 * MiB : 9 * MiB, NULL);
+        assert_int_equal(active(), 1);
+        tu_free(r);
+        assert_int_equal(active(), 0);
+    }
     /* A host allocation failure for the entry fails the malloc, nothing held. */
     int64_t allocated = tu_stat("allocated_bytes.all.current");
     bool done = false;
