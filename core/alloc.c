@@ -654,18 +654,21 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     *owned = true;
     b->allocated = false;
     xseg_status st = XSEG_SUCCESS;
-    struct bpool *pool = dev_block_pool(d, b);
-    CUstream stream = b->stream;
     /* The passes that never wait learn that the block's work is done from xseg's event, never
      * from its stream after this free (core/policy/release.h): recorded by the first free after
      * the last record was seen complete a window on, after the block entered the index (or its
-     * slot); the other frees make no driver call. Not the slot's cached pair. */
-    bool note = XSEG_UNLIKELY(release_note_on(d)) && release_note_due(pool, stream);
+     * slot); the other frees make no driver call, and with neither policy set pay one test. Not
+     * the slot's cached pair. */
+    struct bpool *note_pool = NULL;
+    CUstream note_stream = b->stream;
+    if (XSEG_UNLIKELY(release_note_on(d)) && release_note_due(dev_block_pool(d, b), note_stream))
+        note_pool = dev_block_pool(d, b);
     if (shared ? fast_fill(d, b) : fast_fill_stream(d, b)) {
-        if (XSEG_UNLIKELY(note))
-            release_note_record(d, pool, stream);
+        if (XSEG_UNLIKELY(note_pool != NULL))
+            release_note_record(d, note_pool, note_stream);
         return XSEG_SUCCESS;
     }
+    struct bpool *pool = dev_block_pool(d, b);
     int si = pool->stat_index;
     life_note_free(&d->life);
     if (XSEG_LIKELY(b->expandable && !b->small_pool)) /* in line: expandable mode's large frees */
@@ -679,8 +682,8 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
         st = free_ptr_rare(d, b);
     else
         dev_free_block_inline(d, b);
-    if (XSEG_UNLIKELY(note))
-        release_note_record(d, pool, stream);
+    if (XSEG_UNLIKELY(note_pool != NULL))
+        release_note_record(d, note_pool, note_stream);
     return st;
 }
 
