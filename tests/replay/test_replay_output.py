@@ -70,6 +70,33 @@ class Output(unittest.TestCase):
         return path
 
     @unittest.skipUnless(EMULATED, NEEDS_EMU)
+    def test_peak_allocated_explained(self):
+        # Ten requests of 19.5 MiB: classic hands each out as a whole 20 MiB block (0.5 MiB would be
+        # left, not worth a split), expandable splits it to the request; the recording says 260 MiB.
+        # One figure is the workload's (the requests at 512 B: 195 MiB), and the note gives each
+        # other column's difference with its reason (issue 78 item 5).
+        t = self.trace("# pytorch: peak_allocated_bytes=%d\n# pytorch: peak_reserved_bytes=%d\n" % (260 * MiB, 300 * MiB)
+                       + "".join("alloc a%d 20447232\n" % i for i in range(10)))
+        rc, out, err = run("--compare", "--marks=none", t)
+        self.assertEqual(rc, 0, err)
+        note = [l for l in out.splitlines() if l.startswith("Peak allocated is PyTorch's max_memory_allocated")]
+        self.assertEqual(len(note), 1, out)
+        self.assertIn("The requests themselves, each rounded up to 512 B, peak at 195 MiB; classic +5 MiB: a large "
+                      "block is handed out whole where 1 MiB or less of it would be left; PyTorch (recorded) "
+                      "+65 MiB: the blocks of its own run.", note[0])
+        self.assertNotIn("expandable +", note[0])
+        rc, out, err = run("--compare", "--marks=none", "--summary=json", t)
+        self.assertEqual(rc, 0, err)
+        rows = [json.loads(l) for l in out.splitlines() if l.startswith("{") and '"peak_requested_bytes"' in l]
+        self.assertEqual(sorted((r["mode"], r["peak_allocated_bytes"]) for r in rows),
+                         [("classic", 200 * MiB), ("expandable", 195 * MiB)])
+        self.assertEqual({r["peak_requested_bytes"] for r in rows}, {195 * MiB})
+        # Where every figure is the requests' (one mode, no recording), no note.
+        rc, out, err = run("--marks=none", self.trace("alloc a 1MiB\nalloc b 3MiB\nfree a\n", "plain.trace"))
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("Peak allocated is", out)
+
+    @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_verdict_compare_with_recorded(self):
         t = self.trace(FRAG)
         rc, out, err = run("--compare", "--marks=none", t)

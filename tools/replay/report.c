@@ -503,6 +503,64 @@ const char *report_outcome(const struct run_summary *s, size_t n, const struct t
     return own->peak_reserved > base ? "worse" : "good";
 }
 
+/* Apart from the requests' peak @p req by more than one 2 MiB step and 0.5 % (the verdicts' tie). */
+static int peak_apart(int64_t x, int64_t req)
+{
+    int64_t d = x > req ? x - req : req - x;
+    return d > (2 << 20) && (double)d > 0.005 * (double)req;
+}
+
+/* "+0.852 GiB" / "-12 MiB": @p x against @p req. */
+static void peak_delta(char *buf, size_t len, int64_t x, int64_t req)
+{
+    char h[32];
+    human2(h, sizeof h, (uint64_t)(x > req ? x - req : req - x));
+    snprintf(buf, len, "%c%s", x > req ? '+' : '-', h);
+}
+
+size_t report_peak_note(const struct run_summary *s, size_t n, const struct trace_recorded *rec, char *buf,
+                        size_t len)
+{
+    buf[0] = 0;
+    int64_t req = n ? s[0].peak_requested : 0;
+    if (req <= 0)
+        return 0;
+    char part[REPORT_PEAK_NOTE_MAX] = "", d[40], h[32];
+    size_t k = 0;
+    for (size_t m = 0; m < n && k < sizeof part; m++) {
+        if (!peak_apart(s[m].peak_allocated, req))
+            continue;
+        peak_delta(d, sizeof d, s[m].peak_allocated, req);
+        const char *why = s[m].peak_allocated < req && s[m].failed_allocs
+                              ? "its failed allocations hold nothing"
+                          : !strncmp(s[m].mode, "classic", 7)
+                              ? "a large block is handed out whole where 1 MiB or less of it would be left"
+                              : "blocks larger than their requests (a rounding or split setting)";
+        k += (size_t)snprintf(part + k, sizeof part - k, "; %s %s: %s", s[m].mode, d, why);
+    }
+    if (rec && rec->peak_allocated >= 0 && peak_apart(rec->peak_allocated, req) && k < sizeof part) {
+        peak_delta(d, sizeof d, rec->peak_allocated, req);
+        k += (size_t)snprintf(part + k, sizeof part - k, "; PyTorch (recorded) %s: the blocks of its own run%s", d,
+                              rec->expandable == 0 ? ", classic, with the same whole blocks" : "");
+    }
+    if (!k)
+        return 0;
+    human2(h, sizeof h, (uint64_t)req);
+    int w = snprintf(buf, len,
+                     "Peak allocated is PyTorch's max_memory_allocated of each run: the blocks as handed out. "
+                     "The requests themselves, each rounded up to 512 B, peak at %s%s. What a device must hold "
+                     "is the requests, so the smallest device may lie below a peak allocated above.",
+                     h, part);
+    return w < 0 ? 0 : (size_t)w < len ? (size_t)w : len - 1;
+}
+
+static void peak_note_text(FILE *out, const struct run_summary *s, size_t n, const struct trace_recorded *rec)
+{
+    char note[REPORT_PEAK_NOTE_MAX];
+    if (report_peak_note(s, n, rec, note, sizeof note))
+        fprintf(out, "%s\n", note);
+}
+
 static void verdict_text(FILE *out, const struct run_summary *s, size_t n, const struct trace_recorded *rec,
                          const struct report_headline *h)
 {
@@ -529,6 +587,7 @@ void report_summary_text(FILE *out, const struct run_summary *s, const struct tr
     if (rec && rec->peak_reserved >= 0)
         fprintf(out, " (PyTorch recorded %.3f GiB)", (double)rec->peak_reserved / GiB);
     fprintf(out, "\n  %-28s %.4f\n", "utilization", s->utilization);
+    peak_note_text(out, s, 1, rec);
     fprintf(out, "  %-28s %.3f GiB\n", "reserved at the end", (double)s->reserved_end / GiB);
     fprintf(out, "  %-28s %.3f GiB\n", "reserved after empty_cache", (double)s->reserved_after_empty_cache / GiB);
     if (s->spills)
@@ -573,6 +632,7 @@ void report_summary_json(FILE *out, const struct run_summary *s)
                  ", \"reserved_after_empty_cache_bytes\": %" PRId64,
             s->peak_allocated, s->peak_reserved, s->utilization, s->reserved_end,
             s->reserved_after_empty_cache);
+    fprintf(out, ", \"peak_requested_bytes\": %" PRId64, s->peak_requested);
     fprintf(out, ", \"host_ns_per_alloc\": %.1f, \"host_ns_per_free\": %.1f", s->host_ns_per_alloc,
             s->host_ns_per_free);
     fprintf(out, ", \"spilled_peak_bytes\": %" PRId64 ", \"num_spills\": %" PRIu64 ", \"num_promotions\": %" PRIu64
@@ -725,6 +785,7 @@ void report_compare_text(FILE *out, const char *trace, const struct run_summary 
     ROW("failed allocs", snprintf(cell, sizeof cell, "%" PRIu64, x->failed_allocs), (void)0);
     if (driver_stats)
         compare_driver_stats(out, s, n);
+    peak_note_text(out, s, n, rec);
     fputc('\n', out);
 }
 #undef ROW
@@ -861,6 +922,7 @@ void report_summary_from_json(const char *key, double num, const char *str, void
     else if (!strcmp(key, "failed_allocs")) s->failed_allocs = (uint64_t)num;
     else if (!strcmp(key, "peak_allocated_bytes")) s->peak_allocated = (int64_t)num;
     else if (!strcmp(key, "peak_reserved_bytes")) s->peak_reserved = (int64_t)num;
+    else if (!strcmp(key, "peak_requested_bytes")) s->peak_requested = (int64_t)num;
     else if (!strcmp(key, "utilization")) s->utilization = num;
     else if (!strcmp(key, "reserved_end_bytes")) s->reserved_end = (int64_t)num;
     else if (!strcmp(key, "reserved_after_empty_cache_bytes")) s->reserved_after_empty_cache = (int64_t)num;

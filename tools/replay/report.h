@@ -89,6 +89,18 @@ void report_compare_text(FILE *out, const char *trace, const struct run_summary 
 size_t report_verdict(const struct run_summary *s, size_t n, const struct trace_recorded *rec,
                       const struct report_headline *h, char lines[][REPORT_VERDICT_MAX], size_t maxlines);
 
+/*
+ * Why one workload's "peak allocated" figures differ (docs/glossary.md, "peak allocated"): each
+ * is PyTorch's allocated_bytes peak of one run, the blocks as handed out; the requests' own peak
+ * (run_summary.peak_requested) is what every allocator must hold. Into @p buf, one paragraph that
+ * names the requests' peak and each column of @p s (and the recording in @p rec) more than one
+ * 2 MiB step and 0.5 % away from it, with the reason; "" when none is, or the requests' peak is
+ * unknown. @return its length.
+ */
+#define REPORT_PEAK_NOTE_MAX 1024
+size_t report_peak_note(const struct run_summary *s, size_t n, const struct trace_recorded *rec, char *buf,
+                        size_t len);
+
 /* A JSON-writing helper: @p s as a JSON string literal. */
 void report_json_string(FILE *out, const char *s);
 

@@ -812,6 +812,7 @@ static xseg_status run_finish(struct run_ctx *c, const uint64_t calls0[RUN_NENTR
     sum->actions = t->count;
     sum->peak_allocated = ds.allocated_bytes[XSEG_STAT_ALL].peak;
     sum->peak_reserved = ds.reserved_bytes[XSEG_STAT_ALL].peak;
+    sum->peak_requested = trace_peak_requested(t);
     sum->utilization = sum->peak_reserved ? (double)sum->peak_allocated / (double)sum->peak_reserved : 0;
     sum->reserved_end = ds.reserved_bytes[XSEG_STAT_ALL].current;
     if (c->o->snapshot && (st = write_snapshot(c->o->snapshot, t->source, c->err, c->errlen)))

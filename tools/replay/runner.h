@@ -64,7 +64,8 @@ struct run_summary {
     char mode[32];          /* "classic", "expandable", or "classic (no VMM)" when the config asks
                              * for expandable segments on a device without VMM: the mode used */
     char trace[256];
-    int64_t peak_allocated, peak_reserved;
+    int64_t peak_allocated, peak_reserved; /* PyTorch's allocated_bytes and reserved_bytes peaks */
+    int64_t peak_requested; /* the requests' own peak at 512 B (trace_peak_requested; -1: unknown) */
     double utilization;     /* peak allocated / peak reserved; 0 when nothing was reserved */
     int64_t reserved_end, reserved_after_empty_cache;
     uint64_t actions, allocs, frees, failed_allocs;

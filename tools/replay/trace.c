@@ -186,6 +186,29 @@ size_t trace_oom_point(const struct trace *t, uint64_t *live, uint64_t *request)
     return at;
 }
 
+int64_t trace_peak_requested(const struct trace *t)
+{
+    uint64_t *sizes = calloc(t->bufs.count + 1, sizeof *sizes);
+    if (!sizes)
+        return -1;
+    uint64_t live = 0, peak = 0;
+    for (size_t i = 0; i < t->count; i++) {
+        const struct trace_action *a = &t->actions[i];
+        if (a->op == TRACE_ALLOC) {
+            /* PyTorch's round_size without roundup_power2_divisions; a size of 0 hands out nothing */
+            uint64_t r = a->size == 0 ? 0 : a->size < 512 ? 512 : (a->size + 511) / 512 * 512;
+            live += r - sizes[a->buf];
+            sizes[a->buf] = r;
+            peak = live > peak ? live : peak;
+        } else if (a->op == TRACE_FREE) {
+            live -= sizes[a->buf];
+            sizes[a->buf] = 0;
+        }
+    }
+    free(sizes);
+    return (int64_t)peak;
+}
+
 size_t trace_count_op(const struct trace *t, enum trace_op op)
 {
     size_t n = 0;

@@ -149,6 +149,12 @@ void trace_note_comment(struct trace *t, const char *s, const char *end);
 size_t trace_oom_point(const struct trace *t, uint64_t *live, uint64_t *request);
 
 /* How many actions of kind @p op the trace holds. */
+/* The requests' own peak (glossary, "peak allocated"): the most bytes live at once with each
+ * request rounded up to 512 B as PyTorch's round_size does by default, whatever the allocator or
+ * mode does with them (no block larger than its request, no failed allocation). -1: out of host
+ * memory. */
+int64_t trace_peak_requested(const struct trace *t);
+
 size_t trace_count_op(const struct trace *t, enum trace_op op);
 
 /* Append an action (copied). */

@@ -90,6 +90,12 @@ static void mode_table(FILE *f, const struct webreport_trace *w)
         fputs("</tr>\n", f);
     }
     fputs("</table>\n", f);
+    char note[REPORT_PEAK_NOTE_MAX];
+    if (report_peak_note(w->sums, w->n, rec_on ? rec : NULL, note, sizeof note)) {
+        fputs("<p class=\"note peak-note\">", f);
+        H(note);
+        fputs("</p>\n", f);
+    }
 }
 
 /* Peak reserved per mode (and as recorded) as bars, peak allocated inside each: the verdict at a
