@@ -39,10 +39,13 @@ def test_pip_install_bundles_the_library(tmp_path):
     emulator the wheel carries: pip install and one command answer a snapshot on a laptop."""
     venv = _venv(tmp_path)
     python = str(venv / "bin" / "python")
-    r = subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+    # README's command, -v included: pip alone shows a spinner for the build's minute or two, -v
+    # passes meson's and ninja's progress through ("[12/180] Compiling C object ...").
+    r = subprocess.run([python, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps",
                         "--no-index", "--disable-pip-version-check", ROOT],
                        capture_output=True, text=True, timeout=900, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"^\s*\[\d+/\d+\] ", r.stdout + r.stderr, re.M), "no build progress: " + r.stdout[-2000:]
     r = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
                        capture_output=True, text=True, timeout=60)
     target = r.stdout.strip()
