@@ -6,6 +6,11 @@ linked page's "21 of 22" went unnoticed). Each figure is recomputed from its rec
   allocated + 1 % (TRACE has one failed allocation there), classic mode C of the M (A of all T)":
   from docs/benchmarks-replay.md's fit table (its `table:fit` block): per section, the rows whose
   "failed allocations at 1.01 × peak" is 0, recorded traces apart from the builtin: workloads.
+- "Over every trace of the fit harness (N, ...), K fit at peak allocated + 1 %; A and B need R ×
+  (RA and RB, still below PyTorch's expandable layout)": from the harness block (`table:fit-harness`):
+  its last goals line ("after: K of N fit at 1.01 x peak allocated (not: A, B)") and each named
+  trace's "after: fits from" ratio, which R must give to two decimals, and its layout column
+  (a larger ratio, or "above" the band).
 - "sleep and wake move X GiB/s, R of the pinned copy" and "all N PyTorch items pass": docs/gpu.md,
   which tables.py writes from the raw outputs, must state the same X, R and "N items passed".
 
@@ -32,6 +37,44 @@ def fit_sections(text):
         if r and cur:
             out[cur][r.group(1)] = int(r.group(2))
     return out
+
+
+def harness_sentence(flat, page):
+    """The README's sentence on every trace of the fit harness against the harness block."""
+    m = re.search(r"Over every trace of the fit harness \((\d+), [^)]*\), (\d+) fit at peak allocated \+ 1 %; "
+                  r"(\S+) and (\S+) need ([\d.]+) × \(([\d.]+) and ([\d.]+), still below PyTorch's expandable layout\)",
+                  flat)
+    if not m:
+        return ["README: the fit harness sentence (\"Over every trace of the fit harness ...\") is not found in its form"]
+    n, k, a, b, r, ra, rb = m.groups()
+    blk = re.search(r"<!-- table:fit-harness begin:.*?-->(.*?)<!-- table:fit-harness end -->", page, re.S)
+    if not blk:
+        return ["docs/benchmarks-replay.md has no table:fit-harness block"]
+    goals = re.findall(r"goals, every trace shown: after: (\d+) of (\d+) fit at 1.01 x peak allocated \(not: ([^)]*)\)",
+                       blk.group(1))
+    if not goals:
+        return ["docs/benchmarks-replay.md: the fit harness block has no goals line of its 'after' side"]
+    gk, gn, gnot = goals[-1]
+    bad = []
+    if (k, n) != (gk, gn):
+        bad.append("README says %s of %s fit at 1.01 x; the fit harness says %s of %s" % (k, n, gk, gn))
+    if sorted([a, b]) != sorted(x.strip() for x in gnot.split(",")):
+        bad.append("README names %s and %s as not fitting at 1.01 x; the fit harness names %s" % (a, b, gnot))
+    for name, said in ((a, ra), (b, rb)):
+        row = re.search(r"^\| [^|]+ \| %s \| [^|]+ \| [^|]+ \| [^|]+ \| [^|]+ \| [^|]*\(([\d.]+)\) \| [^|]+ \| "
+                        r"[^|]+ \| ([^|]+) \|" % re.escape(name), blk.group(1), re.M)
+        if not row:
+            bad.append("the fit harness table has no row for %s" % name)
+            continue
+        got, layout = row.group(1), row.group(2).strip()
+        if said != got:
+            bad.append("README says %s fits from %s x; the fit harness says %s" % (name, said, got))
+        if abs(float(r) - float(got)) >= 0.005:
+            bad.append("README's %s x is not %s's %s to two decimals" % (r, name, got))
+        lr = re.search(r"\(([\d.]+)\)", layout)
+        if not (layout == "above" or (lr and float(lr.group(1)) > float(got))):
+            bad.append("README says %s fits below PyTorch's expandable layout; the layout column says %s" % (name, layout))
+    return bad
 
 
 def main(root):
@@ -67,6 +110,8 @@ def main(root):
         for what, (said, rec_v) in got.items():
             if said != rec_v:
                 bad.append("README says %s for %s; docs/benchmarks-replay.md's fit table gives %s" % (said, what, rec_v))
+
+    bad += harness_sentence(flat, open(root + "/docs/benchmarks-replay.md", encoding="utf-8").read())
 
     gpu = " ".join(open(root + "/docs/gpu.md", encoding="utf-8").read().split())
     m = re.search(r"sleep and wake move ([\d.]+) GiB/s, ([\d.]+) of the pinned copy", flat)
