@@ -73,4 +73,19 @@ elif run_pytest 60 --version > "$W/pytest-version.log" 2>&1; then
 else
     check "tests/python/test_torch_adapter.py" skip "no pytest here and none in .gpu-deps (benchmarks/gpu/prepare.sh)"
 fi
+# The documentation's PyTorch and CuPy examples (tests/python/test_doc_examples.py's torch and cupy
+# blocks): the suites check runs that file with the system Python, which has no PyTorch, so they
+# run here, with PyTorch's Python, an item each.
+if ! has_time 20; then
+    check "tests/python/test_doc_examples.py (torch and cupy blocks)" not-reached "the adapter's tests used the check's time"
+elif run_pytest 60 --version > /dev/null 2>&1; then
+    XSEG_BUILD_ROOT=$B run_pytest "$(time_left)" tests/python/test_doc_examples.py -k "torch or cupy" -rs \
+        --junitxml="$W/pytest-docs.xml" > "$W/pytest-docs.log" 2>&1
+    echo "pytest exited $?" >> "$W/pytest-docs.log"
+    if [ -s "$W/pytest-docs.xml" ]; then
+        summarize junit "$W/pytest-docs.xml" pytest-docs
+    else
+        check "tests/python/test_doc_examples.py (torch and cupy blocks)" fail "pytest wrote no report: $(tail -5 "$W/pytest-docs.log")"
+    fi
+fi
 exit 0
