@@ -1157,6 +1157,70 @@ XSEG_API xseg_status xseg_registration_stats_get(int device, xseg_registration_s
  */
 XSEG_API xseg_status xseg_registration_safe(int *safe, char *reason, size_t size, size_t *len);
 
+/* ---------------------------------------------------------------------------------------------
+ * NCCL user-buffer registration through the ledger (docs/registrations.md, "NCCL through xseg")
+ *
+ * ncclCommRegister pins the physical pages behind a range for as long as the registration lives
+ * (NCCL records it at once and maps or exports the memory when a collective first uses it). These
+ * calls make that registration and keep the range in xseg's ledger, as an entry of xseg's own, from
+ * before ncclCommRegister runs until ncclCommDeregister has returned: meanwhile no action of xseg
+ * unmaps, re-backs, moves or sleeps those pages (a sleep of the pool and xseg_shutdown are refused
+ * with XSEG_ERROR_ILLEGAL_STATE naming the registration; xseg_empty_cache and xseg_trim leave its
+ * free pages mapped and report it; idle release, the release threshold, the out-of-memory retry,
+ * the give-way, defragmentation and spill skip it). A free of a block inside the range does not
+ * end it: NCCL registered pages, not a block. Only expandable segments (expandable_segments:True).
+ *
+ * NCCL is never loaded by xseg: the symbols come from $XSEG_NCCL_LIBRARY when set (opened with
+ * RTLD_NOLOAD: it must already be loaded), else from libnccl.so.2 as loaded (PyTorch's), else from
+ * the process's global symbols; none: XSEG_ERROR_NOT_SUPPORTED naming what was looked for.
+ * @p comm is the ncclComm_t (PyTorch: ProcessGroupNCCL's _comm_ptr()). An error NCCL returns is
+ * XSEG_ERROR_DRIVER with NCCL's result and ncclGetErrorString in the message.
+ * ------------------------------------------------------------------------------------------- */
+
+/**
+ * ncclCommRegister(@p comm, @p ptr, @p size) with the range held in the ledger until
+ * xseg_nccl_deregister. Either both are made or neither: the ledger's refusals come before NCCL is
+ * called, and when NCCL fails the ledger entry is removed.
+ * @param comm   the NCCL communicator (ncclComm_t).
+ * @param ptr    the range's first byte: mapped memory of one expandable segment of xseg (a live
+ *               block, part of one, or several blocks of one segment).
+ * @param size   its length in bytes.
+ * @param handle out: xseg's handle for xseg_nccl_deregister (not NCCL's; never reused).
+ * @return XSEG_ERROR_INVALID_VALUE for NULL comm, ptr or handle, size 0, or a range that is not
+ *         mapped memory of one expandable segment of xseg (the message says which);
+ *         XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) segment, or no NCCL loaded;
+ *         XSEG_ERROR_DRIVER when ncclCommRegister fails; XSEG_ERROR_OUT_OF_MEMORY for host memory.
+ */
+XSEG_API xseg_status xseg_nccl_register(void *comm, void *ptr, size_t size, void **handle);
+
+/**
+ * PyTorch's register_mem_pool for xseg: xseg_nccl_register of every segment of @p pool on
+ * @p device as it is now (each run of mapped pages of each of its segments: what PyTorch's
+ * snapshot lists as segments), all under one handle. Segments the pool grows later are not
+ * registered (as PyTorch's registerMemPool registers the snapshot's segments; PyTorch adds later
+ * ones from its allocator trace hook, which xseg does not do on its own: call this again, or
+ * xseg_nccl_register the new range). Either every segment is registered or none (NCCL's
+ * registrations made before a failure are undone).
+ * @param pool   {0, 0} for the default pool, else a private pool's id.
+ * @param handle out: one handle for them all; NULL (and success) when the pool maps nothing on
+ *               @p device now (a pool id the device never allocated for included).
+ * @param count  if non-NULL, receives how many ranges were registered.
+ * @return as xseg_nccl_register; XSEG_ERROR_NOT_SUPPORTED when the pool holds a classic segment; XSEG_ERROR_ILLEGAL_STATE
+ *         when it sleeps; XSEG_ERROR_INVALID_DEVICE for a bad @p device.
+ */
+XSEG_API xseg_status xseg_nccl_register_pool(void *comm, int device, xseg_pool_id pool, void **handle, size_t *count);
+
+/**
+ * ncclCommDeregister of every range under @p handle (xseg_nccl_register or
+ * xseg_nccl_register_pool), then their ledger entries go and the pages are xseg's again. A range
+ * NCCL refuses to deregister stays registered, with its entry, and a later call retries it.
+ * @return XSEG_ERROR_INVALID_VALUE for NULL comm or handle, an unknown handle (never handed out,
+ *         or deregistered already), or a handle registered with another comm;
+ *         XSEG_ERROR_ILLEGAL_STATE while another thread deregisters the same handle;
+ *         XSEG_ERROR_DRIVER when ncclCommDeregister fails (the others are deregistered).
+ */
+XSEG_API xseg_status xseg_nccl_deregister(void *comm, void *handle);
+
 /* --- end of many processes and many GPUs --- */
 
 /* ---------------------------------------------------------------------------------------------

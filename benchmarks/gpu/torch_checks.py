@@ -592,6 +592,68 @@ def torch_checks(args, xseg, torch):
             if own_group:
                 dist.destroy_process_group()
 
+    def nccl_register():
+        """Issue 76 item 6: xseg.nccl_register with the NCCL PyTorch loaded, at one rank. An xseg
+        tensor's range goes to ncclCommRegister through xseg with the group's real communicator
+        (ProcessGroupNCCL's _comm_ptr()), enters xseg's ledger (registration_stats' active), an
+        all_reduce over the registered tensor leaves its bytes (a sum over one rank), and
+        xseg.nccl_deregister takes the entry out again. NCCL refusing the registration at one rank
+        is a skip with NCCL's words, not a failure."""
+        try:
+            import torch.distributed as dist
+        except ImportError as e:
+            raise Skip("no torch.distributed: %s" % e)
+        if not dist.is_available() or not dist.is_nccl_available():
+            raise Skip("this PyTorch (%s) has no NCCL" % torch.__version__)
+        own_group = not dist.is_initialized()
+        if own_group:
+            store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="xseg-nccl-", dir=args.out), "store"), 1)
+            try:
+                dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=dev)
+            except Exception as e:  # no rendezvous here is the machine's, not xseg's
+                raise Skip("one-rank NCCL process group: %s" % e)
+        config = xseg.get_config()
+        xseg.set_config("expandable_segments:True")  # the ledger follows expandable segments only
+        try:
+            warm = torch.ones(1, device=dev)
+            dist.all_reduce(warm)  # the communicator exists from the first collective on
+            torch.cuda.synchronize()
+            try:
+                comm = xseg.nccl_comm(device=0)
+            except (RuntimeError, ValueError) as e:
+                raise Skip(str(e))
+            n = 24 * MiB
+            want = (torch.arange(n, dtype=torch.int64) * 7).remainder(251).to(torch.uint8)
+            t = torch.empty(n, dtype=torch.uint8, device=dev)
+            t.copy_(want)
+            ptr = t.data_ptr()
+            before = xseg.registration_stats(0)["active"]
+            try:
+                h = xseg.nccl_register(comm, ptr, n)
+            except xseg.XsegError as e:
+                if e.status_name in ("XSEG_ERROR_DRIVER", "XSEG_ERROR_NOT_SUPPORTED"):
+                    raise Skip("xseg.nccl_register at one rank: %s" % e)
+                raise
+            try:
+                active = xseg.registration_stats(0)["active"]
+                assert active == before + 1, (before, active)
+                dist.all_reduce(t)  # over the registered buffer
+                torch.cuda.synchronize()
+                assert torch.equal(t.cpu(), want), "all_reduce over the registered tensor changed its bytes"
+            finally:
+                xseg.nccl_deregister(comm, h)
+            assert xseg.registration_stats(0)["active"] == before
+            try:
+                nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+            except Exception:
+                nccl = "unknown"
+            del t
+            return {"nccl": nccl, "comm": hex(comm), "bytes": n}
+        finally:
+            xseg.set_config(config)
+            if own_group:
+                dist.destroy_process_group()
+
     def multiprocessing():
         import torch.multiprocessing as mp
         ctx = mp.get_context("spawn")
@@ -714,6 +776,7 @@ def torch_checks(args, xseg, torch):
     report("torch.cuda.MemPool(allocator=CUDAPluggableAllocator)", mempool_allocator)
     report("torch.cuda.MemPool over managed memory", mempool_managed)
     report("torch.distributed._symmetric_memory pool", mempool_symmetric)
+    report("xseg.nccl_register: ncclCommRegister through the ledger, one rank", nccl_register)
     report("torch.multiprocessing", multiprocessing)
     # xseg.compat: torch_memory_saver's and vLLM's own tests, ported, each in a process of its own
     # (tests/python/compat_torch_script.py; its --list is what check_torch.sh skips without torch).

@@ -57,6 +57,11 @@ struct reg_own {
     int fd;          /* REG_OWNER_DMABUF: the descriptor handed out, -1 otherwise */
     dev_t fd_dev;    /* its identity when handed out: a descriptor number reused for another */
     ino_t fd_ino;    /* file does not count as the dma-buf still open */
+    /* REG_OWNER_NCCL: the communicator, NCCL's handle, the id xseg handed out (shared by the
+     * entries of one call), and whether an xseg_nccl_deregister is at work on it */
+    void *comm, *nccl;
+    uint64_t id;
+    bool closing;
 };
 
 FORK_MUTEX_AT(FORK_RANK_REGISTRY, reg_lock, xseg_rt.reg.lock)
@@ -228,6 +233,8 @@ void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size)
 static int own_before(const xseg_range_event *ev, void *ctx)
 {
     const struct reg_own *o = ctx;
+    if (o->owner == REG_OWNER_NCCL) /* NCCL holds the pages until xseg_nccl_deregister, shutdown or not */
+        return 1;
     if (ev->reason == XSEG_RANGE_SHUTDOWN)
         return 0;
     if (o->owner == REG_OWNER_DMABUF) {
@@ -249,6 +256,8 @@ static const char *owner_words(enum reg_owner o)
         return "the block exported with xseg_ipc_export, until its free";
     case REG_OWNER_BLOCK:
         return "register_blocks_above_mb: a live block that large, until its free";
+    case REG_OWNER_NCCL:
+        return "ncclCommRegister through xseg_nccl_register, until xseg_nccl_deregister";
     default:
         return "";
     }
@@ -344,7 +353,8 @@ void reg_disown_locked(struct dev_alloc *d, uintptr_t addr, size_t size)
     mutex_lock(&xseg_rt.reg.lock);
     for (struct reg_entry **pe = &xseg_rt.reg.list; *pe;) {
         struct reg_entry *e = *pe;
-        if (e->owner == REG_OWNER_USER || e->device != d->device || !overlaps(e, addr, addr + size)) {
+        if (e->owner == REG_OWNER_USER || e->owner == REG_OWNER_NCCL || e->device != d->device ||
+            !overlaps(e, addr, addr + size)) {
             pe = &e->next;
             continue;
         }
@@ -352,6 +362,193 @@ void reg_disown_locked(struct dev_alloc *d, uintptr_t addr, size_t size)
         e->gone = true;
         atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
         unref_locked(e);
+    }
+    mutex_unlock(&xseg_rt.reg.lock);
+}
+
+/* ---- NCCL's registrations through xseg (xseg_nccl_register) ---------------------------------- */
+
+uint64_t reg_nccl_next_id(void)
+{
+    mutex_lock(&xseg_rt.reg.lock);
+    uint64_t id = ++xseg_rt.reg.nccl_ids;
+    mutex_unlock(&xseg_rt.reg.lock);
+    return id;
+}
+
+/* Make one NCCL entry. Device lock held (the pages cannot go meanwhile). */
+static xseg_status nccl_entry_locked(struct dev_alloc *d, uintptr_t addr, size_t size, void *comm, uint64_t id)
+{
+    struct reg_own *o = xs_calloc(1, sizeof *o);
+    struct reg_entry *e = o ? xs_calloc(1, sizeof *e) : NULL;
+    if (!e) {
+        xs_free(o);
+        return err_set(XSEG_ERROR_OUT_OF_MEMORY, "registration ledger: out of host memory recording [%p, +%zu) of "
+                       "device %d for ncclCommRegister", (void *)addr, size, d->device);
+    }
+    *o = (struct reg_own){.owner = REG_OWNER_NCCL, .fd = -1, .comm = comm, .id = id};
+    static const xseg_range_callbacks own_cb = {own_before, NULL, 0};
+    mutex_lock(&xseg_rt.reg.lock);
+    *e = (struct reg_entry){.next = xseg_rt.reg.list, .device = d->device, .addr = addr, .size = size,
+                            .cb = own_cb, .ctx = o, .refs = 1, .owner = REG_OWNER_NCCL};
+    xseg_rt.reg.list = e;
+    atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    mutex_unlock(&xseg_rt.reg.lock);
+    return XSEG_SUCCESS;
+}
+
+/* Unlink the NCCL entries of @p id (every one with @p addr 0, else that one). reg lock held. */
+static void nccl_drop_locked(uint64_t id, uintptr_t addr)
+{
+    for (struct reg_entry **pe = &xseg_rt.reg.list; *pe;) {
+        struct reg_entry *e = *pe;
+        const struct reg_own *o = e->ctx;
+        if (e->owner != REG_OWNER_NCCL || o->id != id || (addr && e->addr != addr)) {
+            pe = &e->next;
+            continue;
+        }
+        *pe = e->next;
+        e->gone = true;
+        atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+        unref_locked(e);
+    }
+}
+
+xseg_status reg_nccl_own(struct dev_alloc *d, uintptr_t addr, size_t size, void *comm, uint64_t id, bool *mine)
+{
+    dev_lock(d, DEV_NEED_SLOTS);
+    bool classic;
+    struct segrec *s = find_seg(d, addr, size, &classic);
+    *mine = s || classic;
+    xseg_status st = XSEG_SUCCESS;
+    if (!s && classic)
+        st = err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_nccl_register: %p is in a classic (cuMemAlloc) segment of "
+                     "device %d; the ledger follows expandable segments only (expandable_segments:True)",
+                     (void *)addr, d->device);
+    else if (s && !all_mapped(s, addr, size))
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_nccl_register: [%p, +%zu) of device %d is not all mapped now "
+                     "(free pages given back, or its pool sleeps); register memory that is mapped", (void *)addr,
+                     size, d->device);
+    else if (s)
+        st = nccl_entry_locked(d, addr, size, comm, id);
+    dev_unlock(d);
+    return st;
+}
+
+xseg_status reg_nccl_own_pool(struct dev_alloc *d, xseg_pool_id pool, void *comm, uint64_t id, size_t *n)
+{
+    *n = 0;
+    dev_lock(d, DEV_NEED_SLOTS);
+    bool dflt = !pool.first && !pool.second;
+    const struct priv_pool *pp = dflt ? NULL : pools_find(d, pool);
+    if (!dflt && !pp) { /* a pool this device never allocated for: it maps nothing here */
+        dev_unlock(d);
+        return XSEG_SUCCESS;
+    }
+    xseg_status st = XSEG_SUCCESS;
+    for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) { /* refusals first */
+        if (dev_pool_owner(d, s->pool) != pp)
+            continue;
+        if (!s->vseg)
+            st = err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_nccl_register_pool: the pool holds a classic (cuMemAlloc) "
+                         "segment at %p on device %d; the ledger follows expandable segments only", s->first ?
+                         (void *)s->first->addr : NULL, d->device);
+        else if (s->asleep)
+            st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_nccl_register_pool: the pool sleeps on device %d (wake it "
+                         "first: its pages have no memory now)", d->device);
+    }
+    for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
+        if (dev_pool_owner(d, s->pool) != pp)
+            continue;
+        uintptr_t base = (uintptr_t)seg_base(s->vseg);
+        size_t g = seg_gran(s->vseg), ng = seg_va_size(s->vseg) / g;
+        for (size_t i = 0; i < ng && st == XSEG_SUCCESS;) { /* a run of mapped, awake granules */
+            size_t j = i;
+            while (j < ng && seg_gran_is_mapped(s->vseg, j) && !seg_gran_is_asleep(s->vseg, j))
+                j++;
+            if (j > i && (st = nccl_entry_locked(d, base + i * g, (j - i) * g, comm, id)) == XSEG_SUCCESS)
+                ++*n;
+            i = j > i ? j : i + 1;
+        }
+    }
+    if (st != XSEG_SUCCESS) {
+        mutex_lock(&xseg_rt.reg.lock);
+        nccl_drop_locked(id, 0);
+        mutex_unlock(&xseg_rt.reg.lock);
+        *n = 0;
+    }
+    dev_unlock(d);
+    return st;
+}
+
+bool reg_nccl_set(uint64_t id, uintptr_t addr, void *nccl)
+{
+    bool found = false;
+    mutex_lock(&xseg_rt.reg.lock);
+    for (struct reg_entry *e = xseg_rt.reg.list; e && !found; e = e->next) {
+        struct reg_own *o = e->ctx;
+        if (e->owner == REG_OWNER_NCCL && o->id == id && e->addr == addr) {
+            o->nccl = nccl;
+            found = true;
+        }
+    }
+    mutex_unlock(&xseg_rt.reg.lock);
+    return found;
+}
+
+xseg_status reg_nccl_claim(uint64_t id, void *comm, struct reg_nccl_item **items, size_t *n)
+{
+    *items = NULL;
+    *n = 0;
+    size_t k = 0, closing = 0;
+    void *other = NULL;
+    mutex_lock(&xseg_rt.reg.lock);
+    for (struct reg_entry *e = xseg_rt.reg.list; e; e = e->next) {
+        const struct reg_own *o = e->ctx;
+        if (e->owner != REG_OWNER_NCCL || o->id != id)
+            continue;
+        if (o->comm != comm)
+            other = o->comm;
+        else if (o->closing)
+            closing++;
+        else
+            k++;
+    }
+    xseg_status st = XSEG_SUCCESS;
+    if (other)
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_nccl_deregister: handle %#llx was registered with comm %p, not "
+                     "%p", (unsigned long long)id, other, comm);
+    else if (!k && closing)
+        st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_nccl_deregister: handle %#llx is being deregistered by another "
+                     "call now", (unsigned long long)id);
+    else if (!k)
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_nccl_deregister: unknown handle %#llx (not one "
+                     "xseg_nccl_register or xseg_nccl_register_pool returned, or deregistered already)",
+                     (unsigned long long)id);
+    else if (!(*items = xs_malloc(k * sizeof **items)))
+        st = err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_nccl_deregister: out of host memory (nothing deregistered)");
+    for (struct reg_entry *e = xseg_rt.reg.list; e && st == XSEG_SUCCESS; e = e->next) {
+        struct reg_own *o = e->ctx;
+        if (e->owner != REG_OWNER_NCCL || o->id != id || o->closing)
+            continue;
+        o->closing = true;
+        (*items)[(*n)++] = (struct reg_nccl_item){e->device, e->addr, e->size, o->nccl};
+    }
+    mutex_unlock(&xseg_rt.reg.lock);
+    return st;
+}
+
+void reg_nccl_settle(uint64_t id, uintptr_t addr, bool drop)
+{
+    mutex_lock(&xseg_rt.reg.lock);
+    if (drop) {
+        nccl_drop_locked(id, addr);
+    } else {
+        for (struct reg_entry *e = xseg_rt.reg.list; e; e = e->next) {
+            struct reg_own *o = e->ctx;
+            if (e->owner == REG_OWNER_NCCL && o->id == id && e->addr == addr)
+                o->closing = false;
+        }
     }
     mutex_unlock(&xseg_rt.reg.lock);
 }

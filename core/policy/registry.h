@@ -46,6 +46,8 @@ enum reg_owner {
     REG_OWNER_DMABUF, /* xseg_range_dmabuf: until the descriptor is closed or a block under it freed */
     REG_OWNER_EXPORT, /* xseg_ipc_export: until the block's free */
     REG_OWNER_BLOCK,  /* register_blocks_above_mb: from malloc to free */
+    REG_OWNER_NCCL,   /* xseg_nccl_register: until xseg_nccl_deregister; a free does not end it, nor
+                       * does xseg_shutdown (NCCL still holds the pages: shutdown is refused) */
 };
 
 /* An entry of xseg's own over [addr, addr + size) of @p d, marking the allocated blocks under
@@ -107,6 +109,40 @@ static inline bool reg_after_due(const struct dev_alloc *d)
 }
 /* Note under the device lock that pages [addr, addr + size) of @p d were mapped. */
 void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size);
+
+/*
+ * NCCL's registrations made through xseg (xseg_nccl_register, api/nccl.c). An entry of xseg's own
+ * (REG_OWNER_NCCL) a registered range, all entries of one call sharing one id (the handle handed
+ * out): in force from before ncclCommRegister runs until xseg_nccl_deregister removes it after
+ * ncclCommDeregister returned, so NCCL never holds pages xseg may unmap. No block is marked: a
+ * free inside the range leaves the entry (NCCL registered pages, not a block), and the pages stay.
+ */
+uint64_t reg_nccl_next_id(void);
+/* One entry over [addr, addr + size) of @p d for @p comm under @p id. Takes the device lock.
+ * *mine false (nothing done) when the range is in none of @p d's segments; NOT_SUPPORTED for a
+ * classic segment, INVALID_VALUE for pages not all mapped now, OUT_OF_MEMORY (nothing made). */
+xseg_status reg_nccl_own(struct dev_alloc *d, uintptr_t addr, size_t size, void *comm, uint64_t id, bool *mine);
+/* An entry under @p id for every run of mapped granules of every segment of @p pool of @p d (the
+ * segments PyTorch's snapshot lists), *n of them (0 for a pool @p d does not know). Takes the
+ * device lock. A failure (a classic or sleeping segment, host memory) makes none. */
+xseg_status reg_nccl_own_pool(struct dev_alloc *d, xseg_pool_id pool, void *comm, uint64_t id, size_t *n);
+/* One entry of an id, as xseg_nccl_deregister works on it. */
+struct reg_nccl_item {
+    int device;
+    uintptr_t addr;
+    size_t size;
+    void *nccl; /* NCCL's handle (NULL when NCCL skipped the registration: it says so) */
+};
+/* Record NCCL's handle of the entry (@p id, @p addr): false when it is gone. No lock held. */
+bool reg_nccl_set(uint64_t id, uintptr_t addr, void *nccl);
+/* The entries of @p id, claimed for deregistration (another caller sees them as in progress):
+ * *items (xs_malloc'd, the caller frees) and *n. INVALID_VALUE naming the fault for an id with no
+ * entry, or one registered with another comm; ILLEGAL_STATE when another thread deregisters it.
+ * No lock held. */
+xseg_status reg_nccl_claim(uint64_t id, void *comm, struct reg_nccl_item **items, size_t *n);
+/* Settle a claimed or new entry: @p drop removes it (NCCL let go of the pages, or never took
+ * them), else it stays in force, claimable again. No lock held. */
+void reg_nccl_settle(uint64_t id, uintptr_t addr, bool drop);
 
 /* xseg_range_dmabuf on @p d: *mine false (nothing done) when the range is in none of @p d's
  * segments. Takes the device lock around the driver call (the pages cannot go meanwhile). */

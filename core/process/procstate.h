@@ -128,6 +128,7 @@ struct reg_state {
     pthread_mutex_t lock;
     struct reg_entry *list;
     size_t failures[ALLOC_MAX_DEVICES], kept_bytes[ALLOC_MAX_DEVICES];
+    uint64_t nccl_ids; /* the last handle xseg_nccl_register handed out (never reused) */
 };
 
 /* ---- core/policy/ipc.c: the table of imports (core/policy/ipc.h) ----------------------------- */

@@ -24,6 +24,7 @@ from . import _lib
 from ._lib import C_INT, C_PTR, C_SIZE, C_UINT64, XsegError, XsegOutOfMemoryError, check, int_arg
 from .ipc import IpcHandle, block_handles, block_handles_release, ipc_close, ipc_export, ipc_import
 from .registry import Registration, range_dmabuf, register_range, registration_safe, registration_stats
+from .registry import nccl_comm, nccl_deregister, nccl_register, nccl_register_pool
 
 __all__ = [
     "XsegError", "XsegOutOfMemoryError", "__version__", "library_path", "version",
@@ -38,6 +39,7 @@ __all__ = [
     "_record_memory_history", "_dump_snapshot",
     "IpcHandle", "ipc_export", "ipc_import", "ipc_close", "block_handles", "block_handles_release",
     "register_range", "Registration", "range_dmabuf", "registration_stats", "registration_safe",
+    "nccl_comm", "nccl_register", "nccl_register_pool", "nccl_deregister",
     "trim",
     "DEFAULT_POOL", "sleep", "wake", "sleep_stats", "set_pool_tag", "pool_tag", "shutdown", "group_members",
     "host_malloc", "host_free", "host_record_stream", "host_empty_cache", "host_memory_stats",

@@ -5,6 +5,11 @@
     ...
     reg.unregister()
 
+    comm = xseg.nccl_comm(group)                  # ProcessGroupNCCL's ncclComm_t
+    h = xseg.nccl_register(comm, ptr, size)       # ncclCommRegister, the range in xseg's ledger
+    ...
+    xseg.nccl_deregister(comm, h)
+
 `before` is called before xseg unmaps or re-backs a page of the range (xseg.empty_cache, xseg.trim,
 xseg.sleep, xseg.shutdown): drop your registration and return (None or True); return False or
 raise to keep the pages mapped (the xseg call then raises, naming the range). `after` is called
@@ -16,7 +21,8 @@ import ctypes
 from . import _lib
 from ._lib import C_PTR, C_SIZE, check, int_arg
 
-__all__ = ["register_range", "Registration", "range_dmabuf", "registration_stats", "registration_safe"]
+__all__ = ["register_range", "Registration", "range_dmabuf", "registration_stats", "registration_safe",
+           "nccl_comm", "nccl_register", "nccl_register_pool", "nccl_deregister"]
 
 REASONS = {1: "reclaim", 2: "sleep", 3: "shutdown", 4: "move", 5: "remapped", 6: "kept"}
 
@@ -47,6 +53,11 @@ _lib._PROTOS.update({
     "xseg_registration_stats_get": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_Stats)]),
     "xseg_registration_safe": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t,
                                               ctypes.POINTER(ctypes.c_size_t)]),
+    "xseg_nccl_register": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.POINTER(ctypes.c_void_p)]),
+    "xseg_nccl_register_pool": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, _lib.PoolId,
+                                               ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]),
+    "xseg_nccl_deregister": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
 })
 if _lib._lib is not None:  # loaded before this module: declare the new prototypes now
     _lib._declare(_lib._lib)
@@ -133,3 +144,63 @@ def registration_safe():
     buf = ctypes.create_string_buffer(n.value + 1)
     check(fn(ctypes.byref(safe), buf, len(buf), ctypes.byref(n)))
     return bool(safe.value), buf.value.decode()
+
+
+# ---- NCCL's user-buffer registration through the ledger (xseg_nccl_register) ----------------------
+
+def nccl_comm(group=None, device=None):
+    """The ncclComm_t (an int) of a torch.distributed NCCL process group (the default group when
+    None), for nccl_register: its CUDA backend's _comm_ptr() (ProcessGroupNCCL::getCommPtr, in
+    recent PyTorch releases). The communicator exists once the group ran a collective on the device
+    or was made with device_id=...; 0 from PyTorch raises ValueError. Raises RuntimeError on a
+    PyTorch whose backend has no _comm_ptr."""
+    import torch
+    import torch.distributed as dist
+    if group is None:
+        group = dist.group.WORLD
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    backend = group._get_backend(dev)
+    get = getattr(backend, "_comm_ptr", None)
+    if get is None:
+        raise RuntimeError("xseg.nccl_comm: %s (PyTorch %s) has no _comm_ptr()" % (type(backend).__name__,
+                                                                                  torch.__version__))
+    comm = int(get())
+    if not comm:
+        raise ValueError("xseg.nccl_comm: the group has no NCCL communicator on %s yet (run a collective there, or "
+                         "init_process_group(..., device_id=...))" % dev)
+    return comm
+
+
+def nccl_register(comm, ptr, size):
+    """ncclCommRegister(comm, ptr, size) through xseg: the range (mapped xseg memory of one
+    expandable segment) stays put (no sleep, reclaim, spill or defrag takes its pages) until
+    nccl_deregister. Returns xseg's handle (an int). XsegError NOT_SUPPORTED when no NCCL is
+    loaded (XSEG_NCCL_LIBRARY names one), DRIVER when NCCL refuses; nothing is left registered then."""
+    f = "xseg.nccl_register"
+    comm, ptr = int_arg(f, "comm", comm, C_PTR), int_arg(f, "ptr", ptr, C_PTR)
+    size = int_arg(f, "size", size, C_SIZE)
+    h = ctypes.c_void_p()
+    check(_lib.need("xseg_nccl_register")(comm, ptr, size, ctypes.byref(h)))
+    return h.value
+
+
+def nccl_register_pool(comm, pool=(0, 0), device=None):
+    """PyTorch's register_mem_pool through xseg: every segment `pool` (DEFAULT_POOL, a pair, or a
+    torch.cuda.MemPool) has mapped on `device` now, under one handle: (handle, count); handle is
+    None when the pool maps nothing there. Segments the pool grows later are not registered."""
+    from . import _device, _pool
+    f = "xseg.nccl_register_pool"
+    comm = int_arg(f, "comm", comm, C_PTR)
+    h, n = ctypes.c_void_p(), ctypes.c_size_t()
+    check(_lib.need("xseg_nccl_register_pool")(comm, _device(device, f), _pool(pool, f), ctypes.byref(h),
+                                               ctypes.byref(n)))
+    return h.value, n.value
+
+
+def nccl_deregister(comm, handle):
+    """ncclCommDeregister of what nccl_register or nccl_register_pool registered under `handle`;
+    then the pages are xseg's again. XsegError INVALID_VALUE for an unknown handle (or one
+    deregistered already), DRIVER when NCCL refuses (that range stays registered: call again)."""
+    f = "xseg.nccl_deregister"
+    comm, handle = int_arg(f, "comm", comm, C_PTR), int_arg(f, "handle", handle, C_PTR)
+    check(_lib.need("xseg_nccl_deregister")(comm, handle))

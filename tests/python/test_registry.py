@@ -71,3 +71,26 @@ def test_registration_safe(xseg):
     finally:
         xseg.set_config("spill_to_host:False")
     assert xseg.registration_safe()[0]
+
+
+def test_nccl_register_refusals(xseg, monkeypatch):
+    """xseg.nccl_register never loads NCCL and never calls it with a bad argument: a library that is
+    not loaded, a NULL comm or an unknown handle raise, and nothing enters the ledger."""
+    monkeypatch.setenv("XSEG_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+    p = xseg.malloc(4 * MiB)
+    try:
+        with pytest.raises(xseg.XsegError) as ei:
+            xseg.nccl_register(0x1000, p, 4 * MiB)
+        assert ei.value.status_name == "XSEG_ERROR_NOT_SUPPORTED" and "is not loaded" in str(ei.value)
+        with pytest.raises(xseg.XsegError) as ei:
+            xseg.nccl_register(0, p, 4 * MiB)
+        assert ei.value.status_name == "XSEG_ERROR_INVALID_VALUE" and "comm is NULL" in str(ei.value)
+        with pytest.raises(xseg.XsegError) as ei:
+            xseg.nccl_register_pool(0, xseg.DEFAULT_POOL, 0)
+        assert "comm is NULL" in str(ei.value)
+        with pytest.raises(xseg.XsegError) as ei:
+            xseg.nccl_deregister(0x1000, 0)
+        assert "handle is NULL" in str(ei.value)
+        assert xseg.registration_stats(0)["active"] == 0
+    finally:
+        xseg.free(p)
