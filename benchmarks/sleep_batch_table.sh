@@ -18,8 +18,8 @@ bench="$build/benchmarks/bench_sleep_batch"
 [ -x "$bench" ] || { echo "sleep_batch_table.sh: $bench not built (ninja -C $build)" >&2; exit 1; }
 export XSEG_LIBCUDA="$PWD/$build/cudaemu/libcudaemu.so" CUDAEMU_TOTAL_MEM=8G
 export CUDAEMU_LATENCY="${SLEEP_BATCH_LATENCY:-h200,cuMemcpyDtoHAsync:2us,cuMemcpyHtoDAsync:2us,cuMemcpyBatchAsync:3us,batch_copy:150ns}"
-one=$(nice "$bench" 0 "$reps")
-bat=$(nice "$bench" 65536 "$reps")
+one=$(nice "$bench" 0 "$reps" | grep "^size ")
+bat=$(nice "$bench" 65536 "$reps" | grep "^size ")
 echo "bench_sleep_batch, $reps repetitions (median), cudaemu, CUDAEMU_LATENCY=$CUDAEMU_LATENCY, $(nproc) CPUs"
 echo
 echo "| run size | runs | one call per run: modelled ms | its calls | batched: modelled ms | its calls | batched / one call |"
