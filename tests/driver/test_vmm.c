@@ -2348,14 +2348,19 @@ static int fault_child_main(const char *kind)
         fprintf(stderr, "fault child %s: %s\n", kind, drv_error_name(r));
         return 0;
     }
-    if (!strcmp(kind, "dead-stream") || !strcmp(kind, "dead-stream-destroy") || !strcmp(kind, "dead-stream-query")) {
+    if (!strncmp(kind, "dead-stream", 11)) {
         CUstream s;
         if (drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || drv->cuStreamDestroy(s))
             return 108;
+        static char hb[2][64];
+        CUdeviceptr d[1] = {(CUdeviceptr)(uintptr_t)hb[0]}, src[1] = {(CUdeviceptr)(uintptr_t)hb[1]};
+        size_t z[1] = {64}, idx[1] = {0};
+        CUmemcpyAttributes a = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
         /* undefined: the driver may crash, cudaemu faults */
-        CUresult r = !strcmp(kind, "dead-stream")       ? drv->cuStreamSynchronize(s)
+        CUresult r = !strcmp(kind, "dead-stream")         ? drv->cuStreamSynchronize(s)
                      : !strcmp(kind, "dead-stream-query") ? drv->cuStreamQuery(s)
-                                                         : drv->cuStreamDestroy(s);
+                     : !strcmp(kind, "dead-stream-batch") ? drv_memcpy_batch(d, src, z, 1, &a, idx, 1, s)
+                                                          : drv->cuStreamDestroy(s);
         fprintf(stderr, "fault child %s: %s\n", kind, drv_error_name(r));
         return 0;
     }
@@ -2452,9 +2457,9 @@ static void test_fault_dead_stream(void **state)
     (void)state;
     tu_require_emulator_or_skip();
     /* a call with it; destroyed twice; cuStreamQuery of it (what xseg's passes asked before
-     * issue 75: they query xseg's own event now) */
-    const char *kinds[] = {"dead-stream", "dead-stream-destroy", "dead-stream-query"};
-    for (int i = 0; i < 3; i++) {
+     * issue 75: they query xseg's own event now); cuMemcpyBatchAsync on it (issue 74 item 7) */
+    const char *kinds[] = {"dead-stream", "dead-stream-destroy", "dead-stream-query", "dead-stream-batch"};
+    for (int i = 0; i < 4; i++) {
         int detail = 0;
         enum tu_child_outcome o = tu_run_child(exec_fault_child, (void *)kinds[i], &detail);
         print_message("fault %s: child %s %d\n", kinds[i], o == TU_CHILD_SIGNAL ? "killed by signal" : "exited",
