@@ -388,7 +388,8 @@ static bool batch_is_dev(uintptr_t a)
 }
 
 /* cuMemcpyBatchAsync, CUDA 13.0's form: cuda.h 13.0 (the toolkit headers xseg builds against,
- * pip nvidia-cuda-runtime 13.0.96, include/cuda.h: CUDA_VERSION 13000) maps the name to
+ * pip nvidia-cuda-runtime 13.0.96, include/cuda.h, sha256 64025f81a9d6d2b1...: CUDA_VERSION 13000;
+ * no repository holds it, so no commit to cite) maps the name to
  * cuMemcpyBatchAsync_v2, eight parameters, no failIdx; CUDA 12.8's cuMemcpyBatchAsync had a
  * size_t *failIdx before hStream and is not emulated (a driver without the _v2 symbol is one
  * without the call, for xseg). The checks are those the header's comment documents, all made
