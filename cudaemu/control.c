@@ -128,6 +128,21 @@ uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link, bool pageable)
            (uint64_t)link * atomic_load_explicit(&ctl_link_ps, memory_order_relaxed) / 1000;
 }
 
+static _Atomic uint64_t ctl_batch_copy_ns;
+
+void emu_batch_copy_set(uint64_t ns) { atomic_store(&ctl_batch_copy_ns, ns); }
+
+void emu_batch_charge(size_t copies)
+{
+    uint64_t ns = (uint64_t)copies * atomic_load_explicit(&ctl_batch_copy_ns, memory_order_relaxed);
+    if (!ns)
+        return;
+    atomic_fetch_add(&ctl_model_ns, ns);
+    uint64_t until = ctl_now_ns() + ns;
+    while (ctl_now_ns() < until)
+        ;
+}
+
 void emu_bytes_charge(enum emu_entry e, size_t bytes)
 {
     uint64_t ns = emu_bytes_ns(e, bytes);

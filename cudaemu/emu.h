@@ -60,6 +60,8 @@
     /* pinned host memory, async copies and memset (host.c; services) */                \
     X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) \
     X(cuMemcpyDtoDAsync)                                                                          \
+    /* batched async copies, CUDA 12.8+ (host.c; ABI cuMemcpyBatchAsync_v2, CUDA 13.0's form) */   \
+    X(cuMemcpyBatchAsync)                                                                         \
     /* dma-buf export of a range (vmm.c; tests probe it, xseg does not call it) */               \
     X(cuMemGetHandleForAddressRange)                                                              \
     /* modules and launches: the allocator's two range kernels, run natively (kernel.c) */        \
@@ -362,6 +364,11 @@ void emu_pageable_set(uint64_t bytes_per_s);
 bool emu_pageable_modelled(void); /* is a pageable rate set? */
 uint64_t emu_copy_ns(enum emu_entry e, size_t bytes, size_t link, bool pageable);
 void emu_copy_wait(enum emu_entry e, size_t bytes, size_t link, bool pageable, uint64_t t0);
+/* cuMemcpyBatchAsync's cost per copy in the batch (CUDAEMU_LATENCY batch_copy:DURATION), on top of
+ * the entry's per-call latency: emu_batch_charge moves the model clock on by @p copies of it and
+ * busy-waits as long (the driver builds one descriptor per copy on the host). */
+void emu_batch_copy_set(uint64_t ns);
+void emu_batch_charge(size_t copies);
 /* Charge entry @p e's per-byte cost for @p bytes (pinning or unpinning host memory: cuMemHostAlloc,
  * cuMemFreeHost, cuMemHostRegister, cuMemHostUnregister, CUDAEMU_LATENCY entry:RATE): the model
  * clock moves on by it and the call busy-waits as long. */

@@ -275,6 +275,14 @@ static void env_latency_item(const char *var, char *item)
             emu_pageable_set(rate);
         return;
     }
+    if (!strcmp(item, "batch_copy")) {
+        /* batch_copy:DURATION, cuMemcpyBatchAsync's cost per copy beyond its per-call latency */
+        uint64_t ns;
+        if (env_parse_duration(d, &ns))
+            env_die(var, "'%s' is not a duration (e.g. batch_copy:100ns)", d);
+        emu_batch_copy_set(ns);
+        return;
+    }
     int e = emu_entry_lookup(item);
     if (e < 0)
         env_die(var, "'%s' is not an emulated entry point", item);

@@ -374,3 +374,102 @@ bool emu_host_range_locked(uintptr_t addr, size_t *avail)
     }
     return false;
 }
+
+/* Does @p a name device memory (VMM address space, mapped or not, or a cuMemAlloc block) rather
+ * than host memory (pinned, registered or pageable)? A batch's pointers are untyped (unified
+ * addressing): the driver tells the direction from the addresses, and so does cudaemu. */
+static bool batch_is_dev(uintptr_t a)
+{
+    const struct emu_mapping *m;
+    emu_lock();
+    bool dev = emu_vmm_lookup_locked(a, &m) >= 0 || emu_alloc_at_locked(a);
+    emu_unlock();
+    return dev;
+}
+
+/* cuMemcpyBatchAsync, CUDA 13.0's form: cuda.h 13.0 (the toolkit headers xseg builds against,
+ * pip nvidia-cuda-runtime 13.0.96, include/cuda.h, sha256 64025f81a9d6d2b1...: CUDA_VERSION 13000;
+ * no repository holds it, so no commit to cite) maps the name to
+ * cuMemcpyBatchAsync_v2, eight parameters, no failIdx; CUDA 12.8's cuMemcpyBatchAsync had a
+ * size_t *failIdx before hStream and is not emulated (a driver without the _v2 symbol is one
+ * without the call, for xseg). The checks are those the header's comment documents, all made
+ * before any copy is queued: a count of 0 or a NULL array, numAttrs 0 or over count, attrsIdxs
+ * not starting at 0, not strictly increasing or reaching count, a srcAccessOrder outside STREAM,
+ * DURING_API_CALL, ANY, and the legacy NULL stream (NULL or CU_STREAM_LEGACY) are
+ * CUDA_ERROR_INVALID_VALUE. Each copy's device operands are checked as the single async copies
+ * check theirs (unmapped VA ILLEGAL_ADDRESS, no device memory INVALID_VALUE); the first failing
+ * copy's error is returned and nothing runs (cudaemu's choice: the driver documents no partial
+ * batch). A destroyed stream faults as every entry does. Then each copy is queued as the single
+ * call of its direction would be: same stream rules (held, deferring, captured: a memcpy node per
+ * copy), the same model rate and copy engine, its bytes counted under that entry; the call itself
+ * costs its latency (CUDAEMU_LATENCY cuMemcpyBatchAsync:DURATION) plus batch_copy per copy. */
+CUresult CUDAAPI cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                    CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)
+{
+    EMU_ENTER(cuMemcpyBatchAsync);
+    if (!emu_ctx_current())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!count || !dsts || !srcs || !sizes || !attrs || !attrsIdxs)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!numAttrs || numAttrs > count || attrsIdxs[0] != 0 || attrsIdxs[numAttrs - 1] >= count)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t k = 0; k < numAttrs; k++) {
+        if (k && attrsIdxs[k] <= attrsIdxs[k - 1])
+            return CUDA_ERROR_INVALID_VALUE;
+        CUmemcpySrcAccessOrder o = attrs[k].srcAccessOrder;
+        if (o != CU_MEMCPY_SRC_ACCESS_ORDER_STREAM && o != CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL &&
+            o != CU_MEMCPY_SRC_ACCESS_ORDER_ANY)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!hStream || hStream == CU_STREAM_LEGACY)
+        return CUDA_ERROR_INVALID_VALUE;
+    emu_lock();
+    bool live = emu_stream_resolve_locked(hStream) != NULL; /* a destroyed one faults here */
+    emu_unlock();
+    if (!live)
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* Every copy checked first: a refused batch queues nothing. */
+    for (size_t i = 0; i < count; i++) {
+        if (!sizes[i])
+            continue;
+        if (!dsts[i] || !srcs[i])
+            return CUDA_ERROR_INVALID_VALUE;
+        CUresult acc = CUDA_SUCCESS;
+        if (batch_is_dev((uintptr_t)srcs[i]))
+            acc = async_access((uintptr_t)srcs[i], sizes[i], CU_MEM_ACCESS_FLAGS_PROT_READ);
+        if (acc == CUDA_SUCCESS && batch_is_dev((uintptr_t)dsts[i]))
+            acc = async_access((uintptr_t)dsts[i], sizes[i], CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        if (acc != CUDA_SUCCESS)
+            return acc;
+    }
+    emu_batch_charge(count);
+    for (size_t i = 0; i < count; i++) {
+        size_t n = sizes[i];
+        if (!n)
+            continue;
+        uintptr_t d = (uintptr_t)dsts[i], s = (uintptr_t)srcs[i];
+        bool ddev = batch_is_dev(d), sdev = batch_is_dev(s);
+        enum emu_entry e = ddev && sdev ? EMU_E_cuMemcpyDtoDAsync
+                           : ddev       ? EMU_E_cuMemcpyHtoDAsync
+                           : sdev       ? EMU_E_cuMemcpyDtoHAsync
+                                        : EMU_E_cuMemcpyBatchAsync;
+        struct emu_op op = {EMU_OP_MEMCPY, d, s, n, 0, ddev, sdev};
+        size_t ls = sdev ? emu_vmm_link_bytes(s, n) : 0, ld = ddev ? emu_vmm_link_bytes(d, n) : 0;
+        size_t link = ls > ld ? ls : ld;
+        bool pageable = !ddev ? emu_host_pageable((void *)d, n) : !sdev ? emu_host_pageable((void *)s, n) : false;
+        int rc = async_enqueue(hStream, e, CU_GRAPH_NODE_TYPE_MEMCPY, &op, link, ld >= ls, pageable);
+        if (rc < 0)
+            return (CUresult)-rc;
+        if (!rc)
+            continue;
+        uint64_t t0 = emu_now_ns();
+        CUresult r = ddev && sdev ? emu_dev_copy(d, s, n)
+                     : ddev       ? emu_dev_write(d, (const void *)s, n)
+                     : sdev       ? emu_dev_read((void *)d, s, n)
+                                  : (memmove((void *)d, (const void *)s, n), CUDA_SUCCESS);
+        if (r != CUDA_SUCCESS)
+            return r;
+        emu_copy_wait(e, n, link, pageable, t0);
+    }
+    return CUDA_SUCCESS;
+}

@@ -38,6 +38,11 @@ static xseg_status drv_load_fail(xseg_status st, const char *fmt, ...)
 /* cuMemGetHandleForAddressRange, resolved apart from the table because it is optional. */
 static CUresult (*drv_dmabuf_fn)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
 
+drv_batch_fn *drv_memcpy_batch;
+static drv_batch_fn *drv_batch_resolved;
+
+void drv_batch_hide(bool hide) { drv_memcpy_batch = hide ? NULL : drv_batch_resolved; }
+
 CUresult drv_range_dmabuf(CUdeviceptr ptr, size_t size, int *fd)
 {
     *fd = -1;
@@ -83,6 +88,10 @@ static xseg_status drv_do_load(void)
     /* Optional (CUDA 11.7 on): an older driver still loads, and drv_range_dmabuf says so. */
     void *dmabuf = dlsym(lib, "cuMemGetHandleForAddressRange");
     memcpy(&drv_dmabuf_fn, &dmabuf, sizeof dmabuf);
+    /* Optional (CUDA 13.0's ABI of a CUDA 12.8 call): an older driver still loads, without it. */
+    void *batch = dlsym(lib, DRV_STR(cuMemcpyBatchAsync));
+    memcpy(&drv_batch_resolved, &batch, sizeof batch);
+    drv_memcpy_batch = drv_batch_resolved;
     CUresult res = drv_table.cuInit(0);
     if (res != CUDA_SUCCESS) {
         const char *name = NULL;

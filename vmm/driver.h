@@ -111,6 +111,18 @@ extern XSEG_HIDDEN const struct drv_api *drv;
  */
 xseg_status drv_load(void);
 
+/*
+ * cuMemcpyBatchAsync (CUDA 12.8 on), resolved apart from the table because it is optional: NULL
+ * where the driver lacks it, and every caller then queues one copy per call. Resolved under the
+ * ABI name cuda.h 13.0 maps it to, cuMemcpyBatchAsync_v2 (eight parameters); a 12.8 driver, whose
+ * cuMemcpyBatchAsync takes a ninth (size_t *failIdx), has no such symbol and is one without the
+ * call here. drv_batch_hide(true) makes a loaded driver look like one without it (tests of the
+ * fallback; cudaemu always exports it), false restores it.
+ */
+typedef __typeof__(cuMemcpyBatchAsync) drv_batch_fn;
+extern XSEG_HIDDEN drv_batch_fn *drv_memcpy_batch;
+void drv_batch_hide(bool hide);
+
 /* The CUresult's name ("CUDA_ERROR_OUT_OF_MEMORY"), through cuGetErrorName when loaded.
  * Never NULL; unknown codes give "CUDA_ERROR_<number>" from a thread-local buffer. */
 const char *drv_error_name(CUresult res);

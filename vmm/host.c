@@ -133,6 +133,30 @@ xseg_status vhost_copy_htod(CUdeviceptr dst, const void *src, size_t bytes, CUst
                              : copy_fail(r, "cuMemcpyHtoDAsync", (uintptr_t)dst, (uintptr_t)src, bytes, stream);
 }
 
+bool vhost_batch_supported(void) { return drv_memcpy_batch != NULL; }
+
+xseg_status vhost_copy_batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t n, CUstream stream)
+{
+    if (!n)
+        return XSEG_SUCCESS;
+    if (!drv_memcpy_batch)
+        return err_set(XSEG_ERROR_NOT_SUPPORTED, "cuMemcpyBatchAsync: the CUDA driver lacks it (CUDA 13.0's "
+                       "cuMemcpyBatchAsync_v2)");
+    /* STREAM: the source is read in stream order, as the single copies read theirs. */
+    CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+    size_t idx = 0;
+    CUresult r = drv_memcpy_batch(dsts, srcs, sizes, n, &attr, &idx, 1, stream);
+    if (r == CUDA_SUCCESS)
+        return XSEG_SUCCESS;
+    char what[256];
+    snprintf(what, sizeof what, "cuMemcpyBatchAsync(%zu copies, stream %p; which failed is not reported: the first "
+             "0x%llx <- 0x%llx, %zu bytes, the last 0x%llx <- 0x%llx, %zu bytes)", n, (void *)stream,
+             (unsigned long long)dsts[0], (unsigned long long)srcs[0], sizes[0], (unsigned long long)dsts[n - 1],
+             (unsigned long long)srcs[n - 1], sizes[n - 1]);
+    xseg_status st = drv_fail(r, what);
+    return st == XSEG_ERROR_OUT_OF_MEMORY ? XSEG_ERROR_DRIVER : st;
+}
+
 xseg_status vhost_fill(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream)
 {
     CUresult r = drv->cuMemsetD8Async(dst, value, bytes, stream);

@@ -10,6 +10,8 @@
 #ifndef XSEG_VMM_HOST_H
 #define XSEG_VMM_HOST_H
 
+#include <stdbool.h>
+
 #include <cuda.h>
 
 #include "base/common.h"
@@ -35,6 +37,13 @@ size_t vhost_pending(void);
 /* Enqueue on @p stream: a copy device -> pinned host, host -> device, or a memset to zero. */
 xseg_status vhost_copy_dtoh(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
 xseg_status vhost_copy_htod(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+/* One cuMemcpyBatchAsync of @p n copies (srcs[i] -> dsts[i], sizes[i] bytes; host or device
+ * addresses, unified addressing) on @p stream, which must not be the legacy NULL stream, with one
+ * attribute for all: source accessed in stream order. Only where vhost_batch_supported(). A failure
+ * names the call, the batch and its first and last copies: CUDA 13.0's call does not say which copy
+ * failed (12.8's failIdx is gone). */
+bool vhost_batch_supported(void);
+xseg_status vhost_copy_batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t n, CUstream stream);
 xseg_status vhost_zero(CUdeviceptr dst, size_t bytes, CUstream stream);
 /* Enqueue on @p stream a memset of every byte to @p value (debug_stale_access's pattern). */
 xseg_status vhost_fill(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream);

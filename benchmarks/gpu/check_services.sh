@@ -141,4 +141,36 @@ else
     check "bench_services" fail "$(tail -5 "$W/bench_services.log")"
 fi
 
+# Many small blocks (issue 74 item 7): sleep + wake of N runs per size, 4 KiB to 64 MiB, one call
+# per run (sleep_copy_batch_kb:0) against cuMemcpyBatchAsync batches (65536), wall time on the
+# driver: the figures that replace the table's assumed per-call costs (docs/benchmarks.md
+# #many-small-blocks) and settle sleep_copy_batch_kb's default. Data: sleep_batch, per size
+# [bytes, runs, one-call us, batched us]. A driver without the call: skip, saying so.
+if ! has_time 10; then
+    check "many small blocks, batched against one call per run (bench_sleep_batch)" not-reached "the check's share was spent before it"
+elif [ "$XSEG_GPU_EMULATOR" = 1 ] && [ "$q" = 1 ]; then
+    check "many small blocks, batched against one call per run (bench_sleep_batch)" skip "--quick on the emulator: its 2x256 MiB of host copies per size take minutes on a loaded 2-core VM (benchmarks/sleep_batch_table.sh gives the model's table)"
+elif run_logged sleep_batch_one timeout --kill-after=5 "$(( $(time_left) / 2 ))" "$B/benchmarks/bench_sleep_batch" 0 3 &&
+     run_logged sleep_batch_bat timeout --kill-after=5 "$(time_left)" "$B/benchmarks/bench_sleep_batch" 65536 3; then
+    verdict=$("$PY" - "$W/sleep_batch_one.log" "$W/sleep_batch_bat.log" "$W/sleep_batch.json" <<'PYEOF'
+import json, sys
+def rows(path):
+    return [l.split() for l in open(path) if l.startswith("size ")]
+one, bat = rows(sys.argv[1]), rows(sys.argv[2])
+out = [[int(a[1]), int(a[3]), float(a[7]), float(b[7])] for a, b in zip(one, bat)]
+json.dump(out, open(sys.argv[3], "w"))
+if any(l.startswith("driver: no ") for l in open(sys.argv[2])):
+    print("skip the driver lacks cuMemcpyBatchAsync_v2 (CUDA 13.0's form): both runs copied run by run")
+elif not out:
+    print("fail no rows")
+else:
+    print("pass " + ", ".join("%d KiB %.2fx" % (r[0] // 1024, r[3] / r[2]) for r in out if r[2]))
+PYEOF
+)
+    data sleep_batch "$W/sleep_batch.json"
+    check "many small blocks, batched against one call per run (bench_sleep_batch)" "${verdict%% *}" "${verdict#* }"
+else
+    check "many small blocks, batched against one call per run (bench_sleep_batch)" fail "$(tail -5 "$W"/sleep_batch_*.log)"
+fi
+
 exit 0

@@ -233,6 +233,13 @@ def services(s, c):
     for t in d.get("bench_services") or []:
         if t:
             out.append(table(t[0], t[1:]))
+    sb = d.get("sleep_batch")
+    if sb:  # [bytes, runs, one call per run us, batched us] per run size (check_services.sh)
+        out.append("Many small blocks: sleep + wake wall time per run size, one call per run against "
+                   "cuMemcpyBatchAsync batches (bench_sleep_batch, median):\n\n" + table(
+                       ["run size", "runs", "one call per run", "batched", "batched / one call"],
+                       [["%d KiB" % (r[0] // 1024), r[1], "%.2f ms" % (r[2] / 1e3), "%.2f ms" % (r[3] / 1e3),
+                         "%.2f" % (r[3] / r[2]) if r[2] else "-"] for r in sb]))
     vc = d.get("vmm_costs")
     if vc:
         ops = []

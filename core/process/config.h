@@ -59,6 +59,7 @@ struct cfg {
     bool sleep_keep_host_backup;        /* a woken pool's pinned backup stays in the host cache */
     size_t sleep_copy_chunk;            /* bytes: the largest copy sleep and wake queue at once */
     bool sleep_wait_device;             /* a sleep waits for the whole device's work (cuCtxSynchronize) */
+    unsigned sleep_copy_batch_kb;       /* KiB: runs shorter go in cuMemcpyBatchAsync batches (0: off) */
     unsigned sleep_discard_fill;        /* the byte a DISCARD wake fills pages with (default 0) */
     bool sleep_backup_checksum;         /* sleep sums host backups, wake checks them */
     bool debug_stale_access;            /* freed blocks go through a quarantine (core/device/quarantine.h) */

@@ -96,6 +96,8 @@
       CFG_OMIT_DEFAULT, 0, "True")                                                                 \
     K(sleep_copy_chunk_mb, NULL, MIB, sleep_copy_chunk, (size_t)64 << 20,                          \
       CFG_BOUNDED_MIB(1, 1024), CFG_OMIT_DEFAULT, 0, "64")                                         \
+    K(sleep_copy_batch_kb, NULL, COUNT, sleep_copy_batch_kb, 128,                                     \
+      CFG_BOUNDED(65536, "KiB", false), CFG_OMIT_DEFAULT, 0, "128")                               \
     K(sleep_wait_device, NULL, BOOL, sleep_wait_device, true, cfg_parse_flag, CFG_OMIT_DEFAULT,    \
       0, "True")                                                                                   \
     K(sleep_discard_fill, NULL, COUNT, sleep_discard_fill, 0, CFG_BOUNDED(255, "byte value", false), \

@@ -12,6 +12,9 @@
  *   3. OFFLOAD: queue the copy of each run of live blocks to pinned host memory (a block of the
  *      host cache, core/services/hostalloc.c) in chunks of sleep_copy_chunk_mb (64 MiB), round robin over the copy
  *      streams xseg owns (d->sleep.copy), and record an event per stream used after each segment;
+ *      runs shorter than sleep_copy_batch_kb go in cuMemcpyBatchAsync batches instead, where the
+ *      driver has the call (issue 74 item 7: one call per 512 runs and segment, flushed before the
+ *      segment's events, so the waits below cover them as they cover chunks);
  *   4. segment after segment: wait for its own chunks (its events), then unmap its mapped pages,
  *      keeping the handles, while the later segments' chunks still copy; a failure maps every
  *      unmapped page back with its own handle and memory;
@@ -106,6 +109,9 @@ struct sleep_seg {
     uint64_t sum; /* sleep_backup_checksum: the sum of its host backup under ps->sum_key */
 };
 
+/* Copies per cuMemcpyBatchAsync of a sleep or wake (the arrays live in struct pool_sleep). */
+#define SLEEP_BATCH_MAX 512
+
 /* Where a pool's sleep stands; awake is no struct in the slot. */
 enum sleep_phase {
     PHASE_SLEEPING, /* an xseg_sleep of it runs */
@@ -127,6 +133,15 @@ struct pool_sleep {
     unsigned nstreams, next;              /* their count; the round robin's cursor */
     unsigned used;                        /* the streams any chunk of this sleep or wake ran on (bits) */
     size_t chunk;                         /* sleep_copy_chunk_mb in bytes */
+    /* Runs of fewer than batch_below bytes (sleep_copy_batch_kb; 0: off, or the driver lacks
+     * cuMemcpyBatchAsync, or no copy stream: the call refuses the legacy stream) are not a call
+     * each: they collect here, one direction at a time, and go as one cuMemcpyBatchAsync per
+     * SLEEP_BATCH_MAX copies and at the end of each segment (batch_flush), round robin over the
+     * streams like the chunks. */
+    size_t batch_below;
+    size_t nbat;
+    CUdeviceptr bat_dst[SLEEP_BATCH_MAX], bat_src[SLEEP_BATCH_MAX];
+    size_t bat_len[SLEEP_BATCH_MAX];
     unsigned char fill;                   /* a DISCARD wake's byte (sleep_discard_fill) */
     /* OFFLOAD_FILE: the file, and a running sleep's or wake's two bounce buffers (slot j on
      * streams[j % nstreams]) with what each holds: bytes [boff, boff + blen) of the file. */
@@ -380,6 +395,8 @@ static void pick_streams(struct dev_alloc *d, struct pool_sleep *ps)
     ps->next = 0;
     ps->used = 0;
     ps->chunk = d->cfg.sleep_copy_chunk;
+    ps->batch_below = sl->ncopy && vhost_batch_supported() ? (size_t)d->cfg.sleep_copy_batch_kb << 10 : 0;
+    ps->nbat = 0;
     ps->fill = (unsigned char)d->cfg.sleep_discard_fill;
 }
 
@@ -394,11 +411,44 @@ void sleep_teardown(struct dev_alloc *d)
 
 enum chunk_op { CHUNK_DTOH, CHUNK_HTOD, CHUNK_ZERO };
 
+/* Queue the copies collected in @p ps as one cuMemcpyBatchAsync on the next stream; @p ss notes
+ * the stream. The collection is emptied, queued or not: a failure fails the sleep or wake, whose
+ * rollback waits for every stream as after a failed chunk. */
+static xseg_status batch_flush(struct pool_sleep *ps, struct sleep_seg *ss)
+{
+    if (!ps->nbat)
+        return XSEG_SUCCESS;
+    unsigned k = ps->next++ % ps->nstreams;
+    size_t n = ps->nbat;
+    ps->nbat = 0;
+    xseg_status st = vhost_copy_batch(ps->bat_dst, ps->bat_src, ps->bat_len, n, ps->streams[k]);
+    if (st != XSEG_SUCCESS)
+        return st;
+    ss->used |= 1u << k;
+    ps->used |= 1u << k;
+    return XSEG_SUCCESS;
+}
+
 /* Queue the copy of [dev, dev + len) to @p host (DTOH), from it (HTOD), or its clearing (ZERO), in
- * chunks of at most ps->chunk bytes, round robin over @p ps's streams; @p ss notes the streams. */
+ * chunks of at most ps->chunk bytes, round robin over @p ps's streams; @p ss notes the streams.
+ * A copy of fewer than ps->batch_below bytes joins the batch instead (the caller flushes it before
+ * the segment's event or wait: batch_flush). A sleep's copies all go one way, a wake's the other,
+ * so one collection never mixes directions; the driver tells them apart by address anyway. */
 static xseg_status queue_chunks(struct pool_sleep *ps, struct sleep_seg *ss, enum chunk_op op, CUdeviceptr dev,
                                 char *host, size_t len)
 {
+    if (op != CHUNK_ZERO && len && len < ps->batch_below) {
+        if (ps->nbat == SLEEP_BATCH_MAX) {
+            xseg_status st = batch_flush(ps, ss);
+            if (st != XSEG_SUCCESS)
+                return st;
+        }
+        CUdeviceptr h = (CUdeviceptr)(uintptr_t)host;
+        ps->bat_dst[ps->nbat] = op == CHUNK_DTOH ? h : dev;
+        ps->bat_src[ps->nbat] = op == CHUNK_DTOH ? dev : h;
+        ps->bat_len[ps->nbat++] = len;
+        return XSEG_SUCCESS;
+    }
     for (size_t done = 0; done < len;) {
         size_t n = len - done < ps->chunk ? len - done : ps->chunk;
         unsigned k = ps->next++ % ps->nstreams;
@@ -519,6 +569,8 @@ static xseg_status offload(struct dev_alloc *d, struct pool_sleep *ps)
             if (st != XSEG_SUCCESS)
                 return err_prefix(st, "xseg_sleep: offloading live blocks");
         }
+        if ((st = batch_flush(ps, ss)) != XSEG_SUCCESS)
+            return err_prefix(st, "xseg_sleep: offloading live blocks");
         mark_seg(ps, ss);
     }
     return XSEG_SUCCESS;
@@ -1274,6 +1326,9 @@ static xseg_status restore_run(struct pool_sleep *ps, struct sleep_seg *ss)
                                                     : queue_chunks(ps, ss, CHUNK_HTOD, c->dev,
                                                                    (char *)ss->host + c->from, c->len);
     }
+    if (st == XSEG_SUCCESS)
+        st = batch_flush(ps, ss);
+    ps->nbat = 0; /* a failed wake queues no more: what it collected is dropped */
     return st;
 }
 

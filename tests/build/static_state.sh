@@ -29,6 +29,8 @@ vmm_driver.c.o:drv_once the driver table, resolved once
 vmm_driver.c.o:drv_load_status the driver load result, once
 vmm_driver.c.o:drv_load_msg the driver load result, once
 vmm_driver.c.o:drv_dmabuf_fn the optional dma-buf entry point, resolved once with the table
+vmm_driver.c.o:drv_memcpy_batch the optional cuMemcpyBatchAsync entry point, resolved once with the table (drv_batch_hide: tests of the fallback)
+vmm_driver.c.o:drv_batch_resolved the same, as resolved (what drv_batch_hide(false) restores)
 vmm_driver.c.o:va_oom per thread: the last call ran out of address space
 vmm_driver.c.o:buf per thread: an unknown error code'"'"'s name
 vmm_classic.c.o:owner_oom per thread: the last owned growth got no memory from the owner of its pool

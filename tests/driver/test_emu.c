@@ -529,6 +529,74 @@ static void test_timeline_model(void **state)
     tu_assert_cu(drv->cuMemFree(dp));
 }
 
+/* cuMemcpyBatchAsync (issue 74 item 7) as cudaemu's other async copies: on the timeline model each
+ * copy runs on its direction's engine at that entry's rate after the call's latency; on a held
+ * stream the copies are pending work (NOT_READY, their device range may not be unmapped) until the
+ * release, and only then are the bytes there; in a capture each copy is a memcpy node and nothing
+ * moves. The call counts once. */
+static void test_batch_async(void **state)
+{
+    (void)state;
+    tu_require_emulator_or_skip();
+    uint64_t (*model)(void) = NULL;
+    void *lib = dlopen(getenv("XSEG_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(lib);
+    *(void **)&model = dlsym(lib, "cudaemu_model_ns");
+    assert_non_null(model);
+    assert_non_null(drv_memcpy_batch);
+    const size_t n = 1 << 20;
+    CUdeviceptr dp;
+    unsigned char *hb;
+    CUstream s;
+    tu_assert_cu(drv->cuMemAlloc(&dp, 2 * n));
+    tu_assert_cu(drv->cuMemHostAlloc((void **)&hb, 4 * n, 0));
+    tu_assert_cu(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    for (size_t i = 0; i < 2 * n; i++)
+        hb[i] = (unsigned char)(i * 7 + 1);
+    memset(hb + 2 * n, 0, 2 * n);
+    CUmemcpyAttributes a = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+    size_t idx[1] = {0}, z[2] = {n, n};
+    CUdeviceptr up_d[2] = {dp, dp + n}, up_s[2] = {(CUdeviceptr)(uintptr_t)hb, (CUdeviceptr)(uintptr_t)(hb + n)};
+    CUdeviceptr dn_d[2] = {(CUdeviceptr)(uintptr_t)(hb + 2 * n), (CUdeviceptr)(uintptr_t)(hb + 3 * n)},
+                dn_s[2] = {dp, dp + n};
+    /* The model: 1 GB/s (1 ns a byte) each way, 1 us per batch call. */
+    assert_true(tu_set_bandwidth("cuMemcpyDtoHAsync", 1000000000));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoDAsync", 1000000000));
+    assert_true(tu_set_latency("cuMemcpyBatchAsync", 1000));
+    tu_counts_reset();
+    uint64_t t0 = model();
+    tu_assert_cu(drv_memcpy_batch(up_d, up_s, z, 2, &a, idx, 1, s));
+    assert_int_equal(model(), t0 + 1000); /* the call; its copies run on the HtoD engine */
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_int_equal(model(), t0 + 1000 + 2 * n);
+    assert_int_equal(tu_call_count("cuMemcpyBatchAsync"), 1);
+    assert_int_equal(tu_call_count("cuMemcpyHtoDAsync"), 0);
+    assert_true(tu_set_bandwidth("cuMemcpyDtoHAsync", 0));
+    assert_true(tu_set_bandwidth("cuMemcpyHtoDAsync", 0));
+    assert_true(tu_set_latency("cuMemcpyBatchAsync", 0));
+    /* Held: pending until released. */
+    assert_true(tu_stream_hold(s));
+    tu_assert_cu(drv_memcpy_batch(dn_d, dn_s, z, 2, &a, idx, 1, s));
+    assert_int_equal(drv->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    assert_true(tu_stream_release(s));
+    tu_assert_cu(drv->cuStreamSynchronize(s));
+    assert_memory_equal(hb, hb + 2 * n, 2 * n);
+    /* Captured: two memcpy nodes, nothing copied. */
+    memset(hb + 2 * n, 0, 2 * n);
+    CUgraph g;
+    tu_assert_cu(drv->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    tu_assert_cu(drv_memcpy_batch(dn_d, dn_s, z, 2, &a, idx, 1, s));
+    tu_assert_cu(drv->cuStreamEndCapture(s, &g));
+    size_t nodes = 0;
+    tu_assert_cu(drv->cuGraphGetNodes(g, NULL, &nodes));
+    assert_int_equal(nodes, 2);
+    assert_int_equal(hb[2 * n], 0);
+    tu_assert_cu(drv->cuGraphDestroy(g));
+    tu_assert_cu(drv->cuStreamDestroy(s));
+    tu_assert_cu(drv->cuMemFreeHost(hb));
+    tu_assert_cu(drv->cuMemFree(dp));
+}
+
 /* Pinning host memory and pageable copies on the timeline model: cuMemHostAlloc, cuMemFreeHost,
  * cuMemHostRegister and cuMemHostUnregister cost their bytes at their entry's rate (the model's
  * clock moves on, the call lasts as long); a copy whose host side is not pinned runs at the
@@ -975,7 +1043,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_link_bytes), /* spill */
         cmocka_unit_test(test_stream_hold_all),
         cmocka_unit_test(test_error_names),
-        cmocka_unit_test(test_fork_child),
+        cmocka_unit_test(test_fork_child), cmocka_unit_test(test_batch_async),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_arena_rising),               /* frag */
         cmocka_unit_test(test_handles_without_descriptors), /* frag */

@@ -1358,7 +1358,8 @@ static void test_wake_rollback_waits_copies(void **state)
 static void test_sleep_chunks(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2");
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,expandable_page_size_mb:2,sleep_copy_chunk_mb:2,"
+                         "sleep_copy_batch_kb:0"); /* the chunks counted: no batch */
     tu_require_emulator_or_skip();
     struct fixture f;
     fixture_make(&f);
@@ -1392,7 +1393,7 @@ static void test_sleep_chunks(void **state)
 static void test_wake_syncs(void **state)
 {
     (void)state;
-    tu_xseg_init_or_skip("expandable_segments_recycle:False,sleep_copy_chunk_mb:2");
+    tu_xseg_init_or_skip("expandable_segments_recycle:False,sleep_copy_chunk_mb:2,sleep_copy_batch_kb:0"); /* chunks */
     tu_require_emulator_or_skip();
     char dir[] = "/tmp/xseg-wake-XXXXXX", path[64];
     assert_non_null(mkdtemp(dir));

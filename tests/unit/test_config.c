@@ -297,7 +297,20 @@ static void test_bounded_mib(void **state)
     cfg_format(&c, buf, sizeof buf, NULL);
     assert_null(strstr(buf, "budget"));
     assert_non_null(strstr(buf, ",sleep_copy_chunk_mb:1024"));
+    /* sleep_copy_batch_kb (issue 74 item 7): 128 by default (left out of the string), 0 turns the
+     * batches off, 65536 at most. */
+    assert_int_equal(def.sleep_copy_batch_kb, 128);
+    c = parse_ok("sleep_copy_batch_kb:0");
+    assert_int_equal(c.sleep_copy_batch_kb, 0);
+    cfg_format(&c, buf, sizeof buf, NULL);
+    assert_non_null(strstr(buf, "sleep_copy_batch_kb:0"));
+    c = parse_ok("sleep_copy_batch_kb:65536");
+    assert_int_equal(c.sleep_copy_batch_kb, 65536);
+    cfg_format(&def, buf, sizeof buf, NULL);
+    assert_null(strstr(buf, "sleep_copy_batch_kb"));
     const char *const bad[][2] = {
+        {"sleep_copy_batch_kb:65537", "sleep_copy_batch_kb: expected a whole number from 0 to 65536"},
+        {"sleep_copy_batch_kb:-1", "sleep_copy_batch_kb: expected a whole number from 0 to 65536"},
         {"sleep_copy_chunk_mb:0", "sleep_copy_chunk_mb: expected a whole number from 1 to 1024 (MiB), got '0'"},
         {"sleep_copy_chunk_mb:1025", "sleep_copy_chunk_mb: expected a whole number from 1 to 1024 (MiB), got '1025'"},
         {"sleep_copy_chunk_mb:64M", "sleep_copy_chunk_mb: expected a whole number from 1 to 1024 (MiB), got '64M'"},
