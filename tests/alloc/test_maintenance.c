@@ -155,6 +155,7 @@ static void run(bool classic)
     const char *env = getenv("XSEG_TEST_SEED");
     uint64_t seed = env ? strtoull(env, NULL, 0) : 0x77u + (classic ? 1u : 0u);
     rng = seed | 1;
+    n_info = n_empty = released_bytes = released_segs = priv_free = 0;
     print_message("maintenance: %s seed %" PRIu64 "\n", classic ? "classic" : "expandable", seed);
     tu_xseg_init_or_skip(classic ? "expandable_segments:False" : "expandable_segments:True");
     struct dev_alloc *d;
