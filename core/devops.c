@@ -119,11 +119,14 @@ void devops_reset_accumulated(struct dev_alloc *d)
     dev_unlock(d);
 }
 
+/* PyTorch's cache_info_aux: *largest raised to the pool's largest free block. From the index
+ * (bpool_largest_free: per stream, the bitmap's highest bin and its treap's last block), so a
+ * call costs the same at any number of free blocks (cuDNN's benchmark mode asks per new shape). */
 static void largest_free(const struct bpool *p, size_t *largest)
 {
-    for (struct block *b = bpool_lower_bound(p, NULL, 0, 0); b; b = bpool_next_free(p, b))
-        if (b->size > *largest)
-            *largest = b->size;
+    const struct block *b = bpool_largest_free(p);
+    if (b && b->size > *largest)
+        *largest = b->size;
 }
 
 xseg_status devops_cache_info(struct dev_alloc *d, size_t *largest)

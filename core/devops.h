@@ -26,7 +26,8 @@ void devops_reset_peaks(struct dev_alloc *d);
 /* Accumulated statistics start again from 0 (see acc_base). */
 void devops_reset_accumulated(struct dev_alloc *d);
 /* xseg_cache_info: a 0 in *largest becomes the driver's free memory, then *largest is raised to
- * the device's largest free mapped block (every pool) if that is larger. */
+ * the device's largest free mapped block (every pool, private ones included, as PyTorch's
+ * cacheInfo) if that is larger. Read from the index: flat in the number of free blocks. */
 xseg_status devops_cache_info(struct dev_alloc *d, size_t *largest);
 /* xseg_mem_get_info: cuMemGetInfo in @p d's primary context. */
 xseg_status devops_mem_info(struct dev_alloc *d, size_t *free_bytes, size_t *total_bytes);

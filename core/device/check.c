@@ -308,11 +308,20 @@ static void check_segment(struct dev_alloc *d, const struct segrec *s, struct re
     CHECK(s->first && s->last && !s->first->prev && !s->last->next);
     if (s->vseg)
         CHECK(s->first->addr == (uintptr_t)seg_base(s->vseg) && s->size <= seg_va_size(s->vseg));
+    /* release_floor bounds what this segment can give back (a whole classic segment, a whole
+     * granule): release_cached_blocks and trim look at no smaller free block. */
+    CHECK(d->release_floor != 0 && d->release_floor <= (s->vseg ? seg_gran(s->vseg) : s->size));
+    /* cache_info's largest free block from the index (bpool_largest_free): a free block of the
+     * pool, and none is larger. */
+    const struct block *largest = bpool_largest_free(s->pool);
+    CHECK(!largest || (largest->in_index && largest->mapped && !largest->allocated && block_pool(largest) == s->pool));
     size_t bytes = 0, mapped = 0;
     for (const struct block *b = s->first; b; b = b->next) {
         CHECK(!b->next || (b->next->prev == b && b->addr + b->size == b->next->addr));
         CHECK(b->next || b == s->last);
         check_block(d, s, b, rc);
+        if (b->in_index && b->mapped)
+            CHECK(largest && largest->size >= b->size);
         bytes += b->size;
         if (b->mapped)
             mapped += b->size;

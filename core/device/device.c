@@ -15,6 +15,7 @@
 #include "base/vec.h"
 #include "core/process/settings.h"
 #include "vmm/capture.h"
+#include "vmm/segment.h"
 
 /* ---- creation and configuration --------------------------------------------------------- */
 
@@ -162,6 +163,9 @@ __attribute__((noinline)) struct block *dev_block_carve(struct dev_alloc *d)
 void dev_seglist_add(struct dev_alloc *d, struct segrec *s)
 {
     lock_assert_held(&d->lock);
+    size_t unit = s->vseg ? seg_gran(s->vseg) : s->size; /* the least a release gives back */
+    if (!d->release_floor || unit < d->release_floor)
+        d->release_floor = unit;
     s->prev_seg = NULL;
     s->next_seg = d->segs;
     if (d->segs)

@@ -62,6 +62,13 @@ struct dev_alloc {
     uint64_t idle_tick_ns; /* idle reclaim (core/services/trim.c): time of the last tick, CLOCK_MONOTONIC */
     struct ptrmap live;      /* allocated blocks by address (and the blocks of busy slots) */
     struct segrec *segs;     /* every segment, both kinds */
+    /* A lower bound on what a free block must measure to give memory back: the least classic
+     * segment size (only a whole segment is freed) or expandable granule (only whole granules are
+     * unmapped) among the segments made so far; 0 before the first. dev_seglist_add lowers it and
+     * nothing raises it, so it bounds every live segment (dev_check). release_cached_blocks and
+     * trim look at the free blocks from this size up (bpool_collect_free_from), never the smaller
+     * holes, which cannot hold anything to give back. */
+    size_t release_floor;
     struct exp_state exp;    /* the expandable segments' order, spare handles, pressure (expandable.c) */
     struct block *spare;     /* recycled block structs (linked through next) */
     struct block *slab_next; /* block structs not yet handed out (dev_block_carve) */

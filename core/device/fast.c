@@ -502,8 +502,19 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
      * B + R that spans its segment). */
     if (b != d->fast.last_alloc)
         return false;
-    if (!b->expandable && (prev || (next && next->next)))
+    if (!b->expandable && (prev || (next && next->next))) {
+        /* classic_beside's quiet case inline (one thread freeing in LIFO order beside its live
+         * blocks, FAST_PROBE_QUIET times out of FAST_PROBE_QUIET + 1): this thread's own probe of
+         * this stream lately ended by its own free, so no probe this time; the eager free. The
+         * same test and effect as classic_beside's, without the cold call. */
+        unsigned i = fast_slot_index(b->stream);
+        if (XSEG_LIKELY(d->fast.probe_quiet[i] && d->fast.probe_stream[i] == b->stream &&
+                        d->fast.probe_owner[i] == fast_self())) {
+            d->fast.probe_quiet[i]--;
+            return false;
+        }
         return classic_beside(d, b);
+    }
     if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
         settings_gen() != d->fast.fast_gen || dev_gc_on(d) || fast_registers(d, b))
         return false;

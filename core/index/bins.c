@@ -5,6 +5,7 @@
 
 #include "core/index/bins.h"
 #include "base/hostmem.h"
+#include "base/vec.h"
 #include "vmm/event.h"
 
 /* ---- treap ---------------------------------------------------------------------------------
@@ -474,6 +475,50 @@ bool bpool_collect_free(const struct bpool *p, struct block ***out, size_t *n)
     }
     *out = arr;
     return true;
+}
+
+/* Append the blocks of treap @p t of at least @p min_size bytes, in order, to (*arr, *cap, *n). */
+static bool collect_from(struct block *t, size_t min_size, struct block ***arr, size_t *cap, size_t *n)
+{
+    while (t) {
+        if (t->size >= min_size) { /* else nothing on its left is large enough either */
+            if (!collect_from(t->left, min_size, arr, cap, n) || !VEC_RESERVE(*arr, *cap, *n + 1))
+                return false;
+            (*arr)[(*n)++] = t;
+        }
+        t = t->right;
+    }
+    return true;
+}
+
+bool bpool_collect_free_from(const struct bpool *p, size_t min_size, struct block ***out, size_t *n)
+{
+    *n = 0;
+    *out = NULL;
+    size_t cap = 0;
+    for (unsigned i = 0; i < p->nstreams; i++) {
+        const struct sbins *s = p->by_stream[i];
+        for (int k = bins_next(s, bins_index(min_size)); k >= 0; k = bins_next(s, (unsigned)k + 1)) {
+            if (!collect_from(s->bin[k], min_size, out, &cap, n)) {
+                xs_free(*out);
+                *out = NULL;
+                *n = 0;
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+struct block *bpool_largest_free(const struct bpool *p)
+{
+    struct block *best = NULL;
+    for (unsigned i = 0; i < p->nstreams; i++) {
+        struct block *b = bins_last_upto(p->by_stream[i], BINS_N - 1);
+        if (b && (!best || b->size > best->size))
+            best = b;
+    }
+    return best;
 }
 
 void bpool_insert_unmapped(struct bpool *p, struct block *b)

@@ -334,6 +334,14 @@ static inline __attribute__((always_inline)) void bpool_free_grow(struct bpool *
 
 /* Every free block, in index order, into a malloc'd array (*out, *n). Returns false on ENOMEM. */
 bool bpool_collect_free(const struct bpool *p, struct block ***out, size_t *n);
+/* The free blocks of at least @p min_size bytes, in index order (the subsequence of
+ * bpool_collect_free's), into a malloc'd array (*out, *n; NULL and 0 when none). The walk starts
+ * at each stream's first non-empty bin from min_size's class (the bitmap): the smaller blocks are
+ * never looked at. Returns false on ENOMEM. */
+bool bpool_collect_free_from(const struct bpool *p, size_t min_size, struct block ***out, size_t *n);
+/* The largest free block of @p p, or NULL: each stream's highest non-empty bin (the bitmap), the
+ * last block of its treap (the (size, addr) order), the largest of those. */
+struct block *bpool_largest_free(const struct bpool *p);
 
 /* Unmapped index. */
 void bpool_insert_unmapped(struct bpool *p, struct block *b);

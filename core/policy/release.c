@@ -253,13 +253,16 @@ xseg_status release_block(struct dev_alloc *d, struct block *b)
 }
 
 /* Give back every free block of @p pool: unsplit classic segments (cuMemFree) and the whole chunks
- * inside free expandable blocks, after waiting for each one's stream once per pass (@p memo). */
+ * inside free expandable blocks, after waiting for each one's stream once per pass (@p memo).
+ * Only the free blocks of at least release_floor bytes are looked at (a whole classic segment or
+ * a whole granule is never smaller), in index order as before: the same blocks go back in the
+ * same order, and a heap of small holes costs nothing per hole. */
 static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, struct stream_memo *memo)
 {
     lock_assert_held(&d->lock);
     struct block **arr;
     size_t n;
-    if (!bpool_collect_free(pool, &arr, &n))
+    if (!bpool_collect_free_from(pool, d->release_floor, &arr, &n))
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory releasing cached blocks");
     xseg_status first = XSEG_SUCCESS;
     /* Classic first: unmapping splits expandable blocks, which changes the index under us. */

@@ -67,7 +67,9 @@ void memo_free(struct stream_memo *m);
 xseg_status release_block(struct dev_alloc *d, struct block *b);
 
 /* PyTorch's release_cached_blocks: the default pools, then the private pools nobody uses any
- * more; nothing while a capture is underway. Also retries what earlier driver failures left with
+ * more; nothing while a capture is underway. Looks only at the free blocks of at least
+ * d->release_floor (a whole classic segment, a whole granule): a heap of small holes costs nothing
+ * per hole. Also retries what earlier driver failures left with
  * the driver (exp_reclaim_leftovers); its status goes to *@p left_st (NULL: ignored), so that the
  * OOM path's retry does not depend on it. */
 xseg_status release_cached_blocks(struct dev_alloc *d, xseg_status *left_st);

@@ -59,11 +59,13 @@ static int cand_cmp(const void *pa, const void *pb)
 }
 
 /* Append the candidates of @p pool to (*v, *n); false on host OOM. */
-static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, size_t *n, size_t *cap)
+static bool collect(const struct dev_alloc *d, struct bpool *pool, bool idle_only, struct trim_cand **v, size_t *n,
+                    size_t *cap)
 {
     struct block **arr;
     size_t na;
-    if (!bpool_collect_free(pool, &arr, &na))
+    /* Smaller blocks hold no whole segment nor granule (struct dev_alloc's release_floor). */
+    if (!bpool_collect_free_from(pool, d->release_floor, &arr, &na))
         return false;
     for (size_t i = 0; i < na; i++) {
         struct block *b = arr[i];
@@ -102,10 +104,10 @@ xseg_status trim_cache(struct dev_alloc *d, size_t keep, enum trim_wait wait, bo
 
     struct trim_cand *v = NULL;
     size_t n = 0, cap = 0;
-    bool ok = collect(&d->large, idle_only, &v, &n, &cap) && collect(&d->small, idle_only, &v, &n, &cap);
+    bool ok = collect(d, &d->large, idle_only, &v, &n, &cap) && collect(d, &d->small, idle_only, &v, &n, &cap);
     for (struct priv_pool *pp = d->priv.pools; ok && pp; pp = pp->next)
         if (pp->use_count == 0)
-            ok = collect(&pp->large, idle_only, &v, &n, &cap) && collect(&pp->small, idle_only, &v, &n, &cap);
+            ok = collect(d, &pp->large, idle_only, &v, &n, &cap) && collect(d, &pp->small, idle_only, &v, &n, &cap);
     if (!ok) {
         xs_free(v);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "out of host memory listing cached blocks to trim");

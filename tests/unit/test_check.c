@@ -98,6 +98,16 @@ static int corrupt_pool_bit(void *arg)
     return 0;
 }
 
+/* release_floor above a segment's size: empty_cache and trim would skip its whole free block. */
+static int corrupt_floor(void *arg)
+{
+    (void)arg;
+    lock_acquire(&dev->lock);
+    dev->release_floor = dev->segs->size + 1;
+    dev_check(dev);
+    return 0;
+}
+
 /* A busy slot (the parent filled it) whose debt the sum of core/device/fast.h's invariant leaves out. */
 static int corrupt_owed(void *arg)
 {
@@ -130,7 +140,7 @@ static void test_dev_check(void **state)
     int detail = 0;
     assert_int_equal(tu_run_child(consistent, NULL, &detail), TU_CHILD_OK);
     int (*corrupt[])(void *) = {corrupt_stat, corrupt_link,     corrupt_index,  corrupt_bitmap,
-                                corrupt_bin,  corrupt_pool_bit};
+                                corrupt_bin,  corrupt_pool_bit, corrupt_floor};
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         assert_int_equal(tu_run_child(corrupt[i], NULL, &detail), TU_CHILD_SIGNAL);
         assert_int_equal(detail, SIGABRT);
