@@ -6,6 +6,7 @@
 #include "base/hostmem.h"
 #include "core/device/fast.h"
 #include "core/index/stats.h"
+#include "core/policy/registry.h"
 #include "vmm/segment.h"
 
 /* Always on inside this file: dev_check exists only at the expensive level. */
@@ -340,6 +341,8 @@ static void check_segment(struct dev_alloc *d, const struct segrec *s, struct re
         if (s->oversize)
             rc->oversize_segments++;
     }
+    /* The ledger's holds on a classic segment are its entries inside it; none on an expandable one. */
+    CHECK(reg_classic_recount_ok(d, s));
 }
 
 static void check_counter(const xseg_stat_counter arr[XSEG_STAT_POOLS], const int64_t want[XSEG_STAT_POOLS])

@@ -75,7 +75,7 @@ static bool collect(struct bpool *pool, bool idle_only, struct trim_cand **v, si
         if (b->expandable)
             bytes = exp_whole_page_bytes(b);
         else
-            bytes = block_is_split(b) ? 0 : b->size;
+            bytes = block_is_split(b) || segrec_held(b->seg) ? 0 : b->size; /* held: a registered range */
         if (!bytes)
             continue;
         if (!VEC_RESERVE(*v, *cap, *n + 1)) {
