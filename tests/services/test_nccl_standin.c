@@ -330,7 +330,7 @@ static void test_nccl_errors(void **state)
     assert_int_equal(xseg_nccl_register(&c, a, MiB, NULL), XSEG_ERROR_INVALID_VALUE);
     must_contain("handle is NULL");
     assert_int_equal(xseg_nccl_register(&c, &c, sizeof c, &h), XSEG_ERROR_INVALID_VALUE);
-    must_contain("not inside one expandable segment");
+    must_contain("not inside one segment of xseg");
     assert_int_equal(xseg_nccl_register(&c, a, 200 * MiB, &h), XSEG_ERROR_INVALID_VALUE); /* past what is mapped */
     must_contain("not all mapped");
     assert_int_equal(active(), 0);
