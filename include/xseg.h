@@ -1215,6 +1215,8 @@ XSEG_API xseg_status xseg_nccl_register(void *comm, void *ptr, size_t size, void
  * ones from its allocator trace hook, which xseg does not do on its own: call this again, or
  * xseg_nccl_register the new range). Either every segment is registered or none (NCCL's
  * registrations made before a failure are undone).
+ * @param comm   the NCCL communicator (ncclComm_t).
+ * @param device the device whose segments of @p pool are registered.
  * @param pool   {0, 0} for the default pool, else a private pool's id.
  * @param handle out: one handle for them all; NULL (and success) when the pool maps nothing on
  *               @p device now (a pool id the device never allocated for included).
