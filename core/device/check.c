@@ -396,12 +396,14 @@ static void check_walk(struct dev_alloc *d);
 void dev_check(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
+    reg_check_lock(); /* the ledger's holds on classic segments are recounted (check_segment) */
     uint64_t busy = d->fast.busy_slots;
     for (uint64_t m = busy; m; m &= m - 1)
         spin_acquire(&d->fast.slots[__builtin_ctzll(m)].lock);
     check_walk(d);
     for (uint64_t m = busy; m; m &= m - 1)
         spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
+    reg_check_unlock();
 }
 
 static void check_walk(struct dev_alloc *d)

@@ -135,20 +135,20 @@ static struct segrec *find_classic(struct dev_alloc *d, uintptr_t addr, size_t s
     return NULL;
 }
 
+void reg_check_lock(void) { mutex_lock(&xseg_rt.reg.lock); }
+void reg_check_unlock(void) { mutex_unlock(&xseg_rt.reg.lock); }
+
 bool reg_classic_recount_ok(struct dev_alloc *d, const struct segrec *s)
 {
     lock_assert_held(&d->lock);
     size_t n = 0;
-    mutex_lock(&xseg_rt.reg.lock); /* every change of reg_held is made under it */
     for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
         if (e->cseg == s) {
             xseg_assert(!s->vseg && e->device == d->device && e->addr >= s->first->addr &&
                         e->addr + e->size <= s->first->addr + s->size);
             n++;
         }
-    bool ok = atomic_load_explicit(&((struct segrec *)s)->reg_held, memory_order_relaxed) == n;
-    mutex_unlock(&xseg_rt.reg.lock);
-    return ok;
+    return atomic_load_explicit(&((struct segrec *)s)->reg_held, memory_order_relaxed) == n;
 }
 
 /* Every page of [addr, addr + size) in @p s is mapped and awake. Device lock held. */
