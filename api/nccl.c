@@ -127,7 +127,7 @@ XSEG_API xseg_status xseg_nccl_register(void *comm, void *ptr, size_t size, void
     if (st != XSEG_SUCCESS)
         return st;
     struct nccl_own_args a = {size, comm, reg_nccl_next_id()};
-    st = api_on_owner_or(ptr, nccl_own_on, &a, "%s: [%p, +%zu) is not inside one expandable segment of xseg (a "
+    st = api_on_owner_or(ptr, nccl_own_on, &a, "%s: [%p, +%zu) is not inside one segment of xseg (a "
                          "range across two segments, or memory xseg did not allocate)", what, ptr, size);
     if (st == XSEG_SUCCESS) {
         struct reg_nccl_item it = {0, (uintptr_t)ptr, size, NULL};

@@ -26,8 +26,8 @@ XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_rang
     if ((uintptr_t)ptr + size < (uintptr_t)ptr)
         return err_set(XSEG_ERROR_INVALID_VALUE, "xseg_register_range: [%p, +%zu) wraps around", ptr, size);
     struct register_args a = {size, callbacks, ctx};
-    return api_on_owner_or(ptr, register_on, &a, "xseg_register_range: [%p, +%zu) is not inside one expandable "
-                           "segment of xseg (a range across two segments, or memory xseg did not allocate)", ptr, size);
+    return api_on_owner_or(ptr, register_on, &a, "xseg_register_range: [%p, +%zu) is not inside one segment of "
+                           "xseg (a range across two segments, or memory xseg did not allocate)", ptr, size);
 }
 
 XSEG_API xseg_status xseg_unregister_range(void *ptr, size_t size, void *ctx)

@@ -1051,6 +1051,14 @@ XSEG_API xseg_status xseg_block_handles_release(void *ptr);
  * call that wanted its pages reports it; reclaim that does not call back (idle reclaim, the
  * release threshold, an allocation's out-of-memory retry, the memory group's give-way,
  * defragmentation) leaves the pages of a registered range alone.
+ *
+ * Classic (cuMemAlloc) segments: their pages never move or get re-backed; the only action that
+ * takes them is the release of the whole segment (cuMemFree). A registered range inside one holds
+ * that segment instead: no release (xseg_empty_cache, xseg_trim, idle release, the release
+ * threshold, garbage collection, the out-of-memory retry, the give-way, a released pool) frees it
+ * while the registration lives (it stays cached, counted in reserved bytes), and no before
+ * callback is asked for those (no page is taken; the calls succeed); only xseg_shutdown asks.
+ * Classic pools never sleep (xseg_sleep refuses them).
  * ------------------------------------------------------------------------------------------- */
 
 /** Why a registration callback runs. */
@@ -1087,14 +1095,15 @@ typedef struct xseg_range_callbacks {
 
 /**
  * Register [@p ptr, @p ptr + @p size) of xseg's memory: mapped now, inside one expandable segment
- * (a live block, part of one, or several blocks of one segment).
+ * (a live block, part of one, or several blocks of one segment), or inside one classic segment
+ * (held off release until unregistered; see above).
  * @param ptr       the range's first byte.
  * @param size      its length in bytes.
  * @param callbacks what to call before the pages go and after they are back (copied).
  * @param ctx       passed to the callbacks; (ptr, size, ctx) names the registration.
  * @return XSEG_ERROR_INVALID_VALUE for NULL arguments, size 0, the same (ptr, size, ctx) twice, or
- *         a range that is not mapped memory of one expandable segment of xseg (the message says
- *         which); XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) segment;
+ *         a range that is not mapped memory of one segment of xseg (one running past the end of
+ *         its classic segment included; the message says which);
  *         XSEG_ERROR_OUT_OF_MEMORY when host memory runs out (nothing registered).
  */
 XSEG_API xseg_status xseg_register_range(void *ptr, size_t size, const xseg_range_callbacks *callbacks, void *ctx);
@@ -1168,7 +1177,11 @@ XSEG_API xseg_status xseg_registration_safe(int *safe, char *reason, size_t size
  * with XSEG_ERROR_ILLEGAL_STATE naming the registration; xseg_empty_cache and xseg_trim leave its
  * free pages mapped and report it; idle release, the release threshold, the out-of-memory retry,
  * the give-way, defragmentation and spill skip it). A free of a block inside the range does not
- * end it: NCCL registered pages, not a block. Only expandable segments (expandable_segments:True).
+ * end it: NCCL registered pages, not a block. Classic (cuMemAlloc) segments too
+ * (expandable_segments:False, or a device without VMM): their pages never move, so the entry holds
+ * the segment off every release (cuMemFree) until deregistered (it stays cached, counted in
+ * reserved bytes; xseg_empty_cache and xseg_trim succeed without it), and xseg_shutdown is refused
+ * naming it.
  *
  * NCCL is never loaded by xseg: the symbols come from $XSEG_NCCL_LIBRARY when set (opened with
  * RTLD_NOLOAD: it must already be loaded), else from libnccl.so.2 as loaded (PyTorch's), else from
@@ -1183,20 +1196,21 @@ XSEG_API xseg_status xseg_registration_safe(int *safe, char *reason, size_t size
  * called, and when NCCL fails the ledger entry is removed.
  * @param comm   the NCCL communicator (ncclComm_t).
  * @param ptr    the range's first byte: mapped memory of one expandable segment of xseg (a live
- *               block, part of one, or several blocks of one segment).
+ *               block, part of one, or several blocks of one segment), or a range inside one
+ *               classic segment.
  * @param size   its length in bytes.
  * @param handle out: xseg's handle for xseg_nccl_deregister (not NCCL's; never reused).
  * @return XSEG_ERROR_INVALID_VALUE for NULL comm, ptr or handle, size 0, or a range that is not
- *         mapped memory of one expandable segment of xseg (the message says which);
- *         XSEG_ERROR_NOT_SUPPORTED for a classic (cuMemAlloc) segment, or no NCCL loaded;
+ *         mapped memory of one segment of xseg (one running past the end of its classic segment
+ *         included; the message says which); XSEG_ERROR_NOT_SUPPORTED when no NCCL is loaded;
  *         XSEG_ERROR_DRIVER when ncclCommRegister fails; XSEG_ERROR_OUT_OF_MEMORY for host memory.
  */
 XSEG_API xseg_status xseg_nccl_register(void *comm, void *ptr, size_t size, void **handle);
 
 /**
  * PyTorch's register_mem_pool for xseg: xseg_nccl_register of every segment of @p pool on
- * @p device as it is now (each run of mapped pages of each of its segments: what PyTorch's
- * snapshot lists as segments), all under one handle. Segments the pool grows later are not
+ * @p device as it is now (each run of mapped pages of each of its expandable segments, each of its
+ * classic segments whole: what PyTorch's snapshot lists as segments), all under one handle. Segments the pool grows later are not
  * registered (as PyTorch's registerMemPool registers the snapshot's segments; PyTorch adds later
  * ones from its allocator trace hook, which xseg does not do on its own: call this again, or
  * xseg_nccl_register the new range). Either every segment is registered or none (NCCL's
@@ -1207,8 +1221,8 @@ XSEG_API xseg_status xseg_nccl_register(void *comm, void *ptr, size_t size, void
  * @param handle out: one handle for them all; NULL (and success) when the pool maps nothing on
  *               @p device now (a pool id the device never allocated for included).
  * @param count  if non-NULL, receives how many ranges were registered.
- * @return as xseg_nccl_register; XSEG_ERROR_NOT_SUPPORTED when the pool holds a classic segment; XSEG_ERROR_ILLEGAL_STATE
- *         when it sleeps; XSEG_ERROR_INVALID_DEVICE for a bad @p device.
+ * @return as xseg_nccl_register; XSEG_ERROR_ILLEGAL_STATE when it sleeps; XSEG_ERROR_INVALID_DEVICE
+ *         for a bad @p device.
  */
 XSEG_API xseg_status xseg_nccl_register_pool(void *comm, int device, xseg_pool_id pool, void **handle, size_t *count);
 

@@ -31,6 +31,7 @@
 #ifndef XSEG_CORE_BLOCK_H
 #define XSEG_CORE_BLOCK_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -159,7 +160,16 @@ struct segrec {
     bool cls;            /* S1 (core/device/placement.h): holds the requests whose last blocks live */
     bool asleep;         /* its pool sleeps (core/services/sleep.c): blocks keep their mapped state, the
                           * pages are asleep; no reclaim path touches it */
+    _Atomic unsigned reg_held; /* classic: ledger entries inside it (core/policy/registry.c sets and
+                          * clears it, the last decrement without the device lock); while nonzero
+                          * the segment is never cuMemFree'd (segrec_held) */
 };
+
+/* Does a ledger entry hold classic segment @p s (it must not be released)? Device lock held. */
+static inline bool segrec_held(const struct segrec *s)
+{
+    return atomic_load_explicit(&((struct segrec *)s)->reg_held, memory_order_relaxed) != 0;
+}
 
 static inline bool block_is_split(const struct block *b) { return b->prev || b->next; }
 /* Is @p b (NULL: no) in the free index: free and cached, mapped, in_index? */

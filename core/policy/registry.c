@@ -49,6 +49,10 @@ struct reg_entry {
     bool gone;     /* unregistered: out of the list, freed with its last reference */
     unsigned refs; /* the list's (until gone), each pass's and each callback thread's */
     enum reg_owner owner; /* REG_OWNER_USER, or one of xseg's own (reg_own_locked) */
+    /* The classic segment holding the range (NULL: expandable). Counted in its reg_held from the
+     * entry's making (device lock held) until it leaves the list (entry_gone_locked), so the
+     * segment outlives the entry: release_block skips a held segment. */
+    struct segrec *cseg;
 };
 
 /* What an entry of xseg's own is about (its ctx, freed with the entry). */
@@ -69,6 +73,30 @@ FORK_MUTEX_AT(FORK_RANK_REGISTRY, reg_lock, xseg_rt.reg.lock)
 static bool overlaps(const struct reg_entry *e, uintptr_t lo, uintptr_t hi)
 {
     return e->addr < hi && lo < e->addr + e->size;
+}
+
+/* @p e, just unlinked from the list, is gone: the ledger's count and its classic segment's hold
+ * drop (the segment may be released from now on). xseg_rt.reg.lock held; the device lock need
+ * not be (the hold kept the segment alive until this store). */
+static void entry_gone_locked(struct reg_entry *e)
+{
+    e->gone = true;
+    atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    if (e->cseg) {
+        atomic_fetch_sub_explicit(&e->cseg->reg_held, 1, memory_order_relaxed);
+        e->cseg = NULL;
+    }
+}
+
+/* Link @p e (filled in) at the head of the list; its classic segment (if any) is held from now.
+ * Device lock and xseg_rt.reg.lock held. */
+static void entry_link_locked(struct reg_entry *e)
+{
+    e->next = xseg_rt.reg.list;
+    xseg_rt.reg.list = e;
+    atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    if (e->cseg)
+        atomic_fetch_add_explicit(&e->cseg->reg_held, 1, memory_order_relaxed);
 }
 
 /* Drop a reference. xseg_rt.reg.lock held. */
@@ -98,6 +126,31 @@ static struct segrec *find_seg(struct dev_alloc *d, uintptr_t addr, size_t size,
     return NULL;
 }
 
+/* The classic segment of @p d holding all of [addr, addr + size), or NULL. Device lock held. */
+static struct segrec *find_classic(struct dev_alloc *d, uintptr_t addr, size_t size)
+{
+    for (struct segrec *s = d->segs; s; s = s->next_seg)
+        if (!s->vseg && s->first && addr >= s->first->addr && size <= s->size && addr - s->first->addr <= s->size - size)
+            return s;
+    return NULL;
+}
+
+void reg_check_lock(void) { mutex_lock(&xseg_rt.reg.lock); }
+void reg_check_unlock(void) { mutex_unlock(&xseg_rt.reg.lock); }
+
+bool reg_classic_recount_ok(struct dev_alloc *d, const struct segrec *s)
+{
+    lock_assert_held(&d->lock);
+    size_t n = 0;
+    for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+        if (e->cseg == s) {
+            xseg_assert(!s->vseg && e->device == d->device && e->addr >= s->first->addr &&
+                        e->addr + e->size <= s->first->addr + s->size);
+            n++;
+        }
+    return atomic_load_explicit(&((struct segrec *)s)->reg_held, memory_order_relaxed) == n;
+}
+
 /* Every page of [addr, addr + size) in @p s is mapped and awake. Device lock held. */
 static bool all_mapped(const struct segrec *s, uintptr_t addr, size_t size)
 {
@@ -118,16 +171,16 @@ xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg
     bool classic;
     struct segrec *s = find_seg(d, addr, size, &classic);
     *mine = s || classic;
-    xseg_status st = XSEG_SUCCESS;
-    if (!s) {
-        if (classic)
-            st = err_set(XSEG_ERROR_NOT_SUPPORTED,
-                         "xseg_register_range: %p is in a classic (cuMemAlloc) segment of device %d; registrations "
-                         "follow expandable segments only (expandable_segments:True)", (void *)addr, d->device);
+    /* A classic segment's pages never move: the entry only holds the segment off every release. */
+    struct segrec *cs = !s && classic ? find_classic(d, addr, size) : NULL;
+    if (!s && !cs) {
         dev_unlock(d);
-        return st;
+        return classic ? err_set(XSEG_ERROR_INVALID_VALUE, "xseg_register_range: [%p, +%zu) runs past the end of "
+                                 "its classic (cuMemAlloc) segment on device %d; register a range inside one segment",
+                                 (void *)addr, size, d->device)
+                       : XSEG_SUCCESS;
     }
-    if (!all_mapped(s, addr, size)) {
+    if (s && !all_mapped(s, addr, size)) {
         dev_unlock(d);
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "xseg_register_range: [%p, +%zu) of device %d is not all mapped now (free pages given back, "
@@ -147,10 +200,9 @@ xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg
         dev_unlock(d);
         return err_set(XSEG_ERROR_OUT_OF_MEMORY, "xseg_register_range: out of host memory");
     }
-    *e = (struct reg_entry){.next = xseg_rt.reg.list, .device = d->device, .addr = addr, .size = size,
-                            .cb = *cb, .ctx = ctx, .refs = 1};
-    xseg_rt.reg.list = e;
-    atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    *e = (struct reg_entry){.device = d->device, .addr = addr, .size = size, .cb = *cb, .ctx = ctx, .refs = 1,
+                            .cseg = cs};
+    entry_link_locked(e);
     mutex_unlock(&xseg_rt.reg.lock);
     dev_unlock(d);
     return XSEG_SUCCESS;
@@ -164,8 +216,7 @@ xseg_status reg_remove(uintptr_t addr, size_t size, void *ctx)
         if (e->addr != addr || e->size != size || e->ctx != ctx)
             continue;
         *pe = e->next;
-        e->gone = true;
-        atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+        entry_gone_locked(e);
         unref_locked(e);
         mutex_unlock(&xseg_rt.reg.lock);
         return XSEG_SUCCESS;
@@ -321,10 +372,9 @@ xseg_status reg_own_locked(struct dev_alloc *d, uintptr_t addr, size_t size, enu
     }
     static const xseg_range_callbacks own_cb = {own_before, NULL, 0};
     mutex_lock(&xseg_rt.reg.lock);
-    *e = (struct reg_entry){.next = xseg_rt.reg.list, .device = d->device, .addr = addr, .size = size,
-                            .cb = own_cb, .ctx = o, .refs = 1, .owner = owner};
-    xseg_rt.reg.list = e;
-    atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    *e = (struct reg_entry){.device = d->device, .addr = addr, .size = size, .cb = own_cb, .ctx = o, .refs = 1,
+                            .owner = owner};
+    entry_link_locked(e);
     mutex_unlock(&xseg_rt.reg.lock);
     return XSEG_SUCCESS;
 }
@@ -359,8 +409,7 @@ void reg_disown_locked(struct dev_alloc *d, uintptr_t addr, size_t size)
             continue;
         }
         *pe = e->next;
-        e->gone = true;
-        atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+        entry_gone_locked(e);
         unref_locked(e);
     }
     mutex_unlock(&xseg_rt.reg.lock);
@@ -377,7 +426,8 @@ uint64_t reg_nccl_next_id(void)
 }
 
 /* Make one NCCL entry. Device lock held (the pages cannot go meanwhile). */
-static xseg_status nccl_entry_locked(struct dev_alloc *d, uintptr_t addr, size_t size, void *comm, uint64_t id)
+static xseg_status nccl_entry_locked(struct dev_alloc *d, uintptr_t addr, size_t size, void *comm, uint64_t id,
+                                     struct segrec *cseg)
 {
     struct reg_own *o = xs_calloc(1, sizeof *o);
     struct reg_entry *e = o ? xs_calloc(1, sizeof *e) : NULL;
@@ -389,10 +439,9 @@ static xseg_status nccl_entry_locked(struct dev_alloc *d, uintptr_t addr, size_t
     *o = (struct reg_own){.owner = REG_OWNER_NCCL, .fd = -1, .comm = comm, .id = id};
     static const xseg_range_callbacks own_cb = {own_before, NULL, 0};
     mutex_lock(&xseg_rt.reg.lock);
-    *e = (struct reg_entry){.next = xseg_rt.reg.list, .device = d->device, .addr = addr, .size = size,
-                            .cb = own_cb, .ctx = o, .refs = 1, .owner = REG_OWNER_NCCL};
-    xseg_rt.reg.list = e;
-    atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+    *e = (struct reg_entry){.device = d->device, .addr = addr, .size = size, .cb = own_cb, .ctx = o, .refs = 1,
+                            .owner = REG_OWNER_NCCL, .cseg = cseg};
+    entry_link_locked(e);
     mutex_unlock(&xseg_rt.reg.lock);
     return XSEG_SUCCESS;
 }
@@ -408,8 +457,7 @@ static void nccl_drop_locked(uint64_t id, uintptr_t addr)
             continue;
         }
         *pe = e->next;
-        e->gone = true;
-        atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
+        entry_gone_locked(e);
         unref_locked(e);
     }
 }
@@ -421,16 +469,20 @@ xseg_status reg_nccl_own(struct dev_alloc *d, uintptr_t addr, size_t size, void 
     struct segrec *s = find_seg(d, addr, size, &classic);
     *mine = s || classic;
     xseg_status st = XSEG_SUCCESS;
-    if (!s && classic)
-        st = err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_nccl_register: %p is in a classic (cuMemAlloc) segment of "
-                     "device %d; the ledger follows expandable segments only (expandable_segments:True)",
-                     (void *)addr, d->device);
+    /* A classic segment's pages never move: the entry holds it off every release until deregistered. */
+    struct segrec *cs = !s && classic ? find_classic(d, addr, size) : NULL;
+    if (!s && classic && !cs)
+        st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_nccl_register: [%p, +%zu) runs past the end of its classic "
+                     "(cuMemAlloc) segment on device %d; register a range inside one segment", (void *)addr, size,
+                     d->device);
+    else if (cs)
+        st = nccl_entry_locked(d, addr, size, comm, id, cs);
     else if (s && !all_mapped(s, addr, size))
         st = err_set(XSEG_ERROR_INVALID_VALUE, "xseg_nccl_register: [%p, +%zu) of device %d is not all mapped now "
                      "(free pages given back, or its pool sleeps); register memory that is mapped", (void *)addr,
                      size, d->device);
     else if (s)
-        st = nccl_entry_locked(d, addr, size, comm, id);
+        st = nccl_entry_locked(d, addr, size, comm, id, NULL);
     dev_unlock(d);
     return st;
 }
@@ -449,24 +501,25 @@ xseg_status reg_nccl_own_pool(struct dev_alloc *d, xseg_pool_id pool, void *comm
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) { /* refusals first */
         if (dev_pool_owner(d, s->pool) != pp)
             continue;
-        if (!s->vseg)
-            st = err_set(XSEG_ERROR_NOT_SUPPORTED, "xseg_nccl_register_pool: the pool holds a classic (cuMemAlloc) "
-                         "segment at %p on device %d; the ledger follows expandable segments only", s->first ?
-                         (void *)s->first->addr : NULL, d->device);
-        else if (s->asleep)
+        if (s->asleep)
             st = err_set(XSEG_ERROR_ILLEGAL_STATE, "xseg_nccl_register_pool: the pool sleeps on device %d (wake it "
                          "first: its pages have no memory now)", d->device);
     }
     for (struct segrec *s = d->segs; s && st == XSEG_SUCCESS; s = s->next_seg) {
         if (dev_pool_owner(d, s->pool) != pp)
             continue;
+        if (!s->vseg) { /* a classic segment: one range, its whole allocation (held off release) */
+            if ((st = nccl_entry_locked(d, s->first->addr, s->size, comm, id, s)) == XSEG_SUCCESS)
+                ++*n;
+            continue;
+        }
         uintptr_t base = (uintptr_t)seg_base(s->vseg);
         size_t g = seg_gran(s->vseg), ng = seg_va_size(s->vseg) / g;
         for (size_t i = 0; i < ng && st == XSEG_SUCCESS;) { /* a run of mapped, awake granules */
             size_t j = i;
             while (j < ng && seg_gran_is_mapped(s->vseg, j) && !seg_gran_is_asleep(s->vseg, j))
                 j++;
-            if (j > i && (st = nccl_entry_locked(d, base + i * g, (j - i) * g, comm, id)) == XSEG_SUCCESS)
+            if (j > i && (st = nccl_entry_locked(d, base + i * g, (j - i) * g, comm, id, NULL)) == XSEG_SUCCESS)
                 ++*n;
             i = j > i ? j : i + 1;
         }
@@ -710,6 +763,8 @@ static bool in_scope(struct dev_alloc *d, const struct reg_entry *e, const struc
 /* A released entry's pages are all mapped again. Device lock held. */
 static bool all_mapped_entry(struct dev_alloc *d, const struct reg_entry *e)
 {
+    if (e->cseg) /* a classic segment's pages never go while the entry holds it */
+        return true;
     const struct segrec *s = find_seg(d, e->addr, e->size, NULL);
     return s && all_mapped(s, e->addr, e->size);
 }
@@ -903,7 +958,7 @@ xseg_status reg_shutdown(dev_peek_fn device_at)
     while (xseg_rt.reg.list) {
         struct reg_entry *e = xseg_rt.reg.list;
         xseg_rt.reg.list = e->next;
-        e->gone = true;
+        entry_gone_locked(e);
         unref_locked(e);
     }
     atomic_store_explicit(&xseg_rt.reg.count, 0, memory_order_relaxed);

@@ -7,6 +7,11 @@
  *   - under the device lock, reg_range_registered: the pages of a range still registered
  *     (its registrant has not released it) are never unmapped or re-backed; every unmap site
  *     that does not call back (idle, threshold, OOM retry, give-way, defrag) skips them;
+ *   - a classic (cuMemAlloc) segment's pages never move; the only action that takes them is the
+ *     segment's release (cuMemFree), so an entry inside one holds the segment instead
+ *     (segrec.reg_held, core/index/block.h): every release site skips it while the count is
+ *     nonzero, with no walk of the ledger; no callback is asked before a reclaim (nothing is
+ *     taken), only at shutdown;
  *   - with no lock held, reg_before_* asks the registrants of the pages an operation may take to
  *     release them, and reg_after asks the released ones whose pages are all mapped again to
  *     register again. An operation runs its "before" pass, its work, then reg_after.
@@ -64,11 +69,21 @@ const char *reg_span_words(struct dev_alloc *d, uintptr_t lo, uintptr_t hi);
 void reg_disown_locked(struct dev_alloc *d, uintptr_t addr, size_t size);
 
 /* xseg_register_range on device @p d: *mine false (nothing done) when the range is not in one of
- * @p d's segments. Takes the device lock. */
+ * @p d's segments. A range in a classic segment must lie inside it (INVALID_VALUE otherwise): the
+ * entry holds the segment off release until unregistered. Takes the device lock. */
 xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg_range_callbacks *cb, void *ctx,
                     bool *mine);
 /* xseg_unregister_range; any device. No lock held (may run inside a callback). */
 xseg_status reg_remove(uintptr_t addr, size_t size, void *ctx);
+
+/* Is s->reg_held the number of ledger entries holding segment @p s of @p d (0 for an expandable
+ * one), recounted by walking the ledger? dev_check's check. Device lock and the ledger's lock
+ * held (reg_check_lock: every change of the count is made under it). */
+bool reg_classic_recount_ok(struct dev_alloc *d, const struct segrec *s);
+/* The ledger's lock for dev_check: taken under the device lock before the stream slots' locks
+ * (the lock order: device, ledger, slots). */
+void reg_check_lock(void);
+void reg_check_unlock(void);
 
 /* True when a registration still in force (not released) overlaps [addr, addr + size) on @p d:
  * its pages must stay mapped, with their physical memory. Device lock held; free when no range
@@ -119,12 +134,14 @@ void reg_note_mapped(struct dev_alloc *d, uintptr_t addr, size_t size);
  */
 uint64_t reg_nccl_next_id(void);
 /* One entry over [addr, addr + size) of @p d for @p comm under @p id. Takes the device lock.
- * *mine false (nothing done) when the range is in none of @p d's segments; NOT_SUPPORTED for a
- * classic segment, INVALID_VALUE for pages not all mapped now, OUT_OF_MEMORY (nothing made). */
+ * *mine false (nothing done) when the range is in none of @p d's segments; in a classic segment
+ * it holds the segment off release (INVALID_VALUE when it runs past the segment's end);
+ * INVALID_VALUE for expandable pages not all mapped now, OUT_OF_MEMORY (nothing made). */
 xseg_status reg_nccl_own(struct dev_alloc *d, uintptr_t addr, size_t size, void *comm, uint64_t id, bool *mine);
-/* An entry under @p id for every run of mapped granules of every segment of @p pool of @p d (the
- * segments PyTorch's snapshot lists), *n of them (0 for a pool @p d does not know). Takes the
- * device lock. A failure (a classic or sleeping segment, host memory) makes none. */
+/* An entry under @p id for every run of mapped granules of every expandable segment of @p pool of
+ * @p d, and one per classic segment (its whole allocation, held off release) (the segments
+ * PyTorch's snapshot lists), *n of them (0 for a pool @p d does not know). Takes the device lock.
+ * A failure (a sleeping segment, host memory) makes none. */
 xseg_status reg_nccl_own_pool(struct dev_alloc *d, xseg_pool_id pool, void *comm, uint64_t id, size_t *n);
 /* One entry of an id, as xseg_nccl_deregister works on it. */
 struct reg_nccl_item {

@@ -218,10 +218,14 @@ void memo_free(struct stream_memo *m)
 /* ---- classic segments and pools ---------------------------------------------------------- */
 
 /* cuMemFree an unsplit free classic block (in the free index) and its segment; an owned pool's
- * goes through its owner's free, with the size, device and stream its alloc was called with. */
+ * goes through its owner's free, with the size, device and stream its alloc was called with. A
+ * segment a ledger entry holds (segrec_held) stays: every caller skips it first. */
 xseg_status release_block(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
+    if (segrec_held(b->seg))
+        return err_set(XSEG_ERROR_ILLEGAL_STATE, "classic segment at %p of device %d holds a registered range "
+                       "(registration ledger): not released", (void *)b->addr, d->device);
     if (drv_ctx_ensure(d->info.primary_ctx) != XSEG_SUCCESS)
         return XSEG_ERROR_DRIVER;
     obs_classic(d, b->addr, b->size, XSEG_SEGMENT_UNMAP); /* before the memory goes */
@@ -269,7 +273,8 @@ static xseg_status release_blocks_memo(struct dev_alloc *d, struct bpool *pool, 
     for (size_t i = 0; i < n; i++) {
         struct block *b = arr[i];
         if (!b->expandable && !block_is_split(b)) {
-            xseg_status st = release_block(d, b);
+            /* A registered range holds it (NCCL's registration): it stays cached. */
+            xseg_status st = segrec_held(b->seg) ? XSEG_SUCCESS : release_block(d, b);
             if (st != XSEG_SUCCESS && first == XSEG_SUCCESS)
                 first = st;
             arr[i] = NULL;
@@ -349,7 +354,7 @@ bool release_available_cached_blocks(struct dev_alloc *d, struct bpool *pool, CU
         struct block *c = bpool_prev_free(pool, stream, key, 0);
         while (c && released < key && c->size >= msplit && c->stream == stream) {
             struct block *prevb = bpool_prev_free(pool, c->stream, c->size, c->addr);
-            if (!c->expandable && !block_is_split(c)) {
+            if (!c->expandable && !block_is_split(c) && !segrec_held(c->seg)) {
                 size_t sz = c->size;
                 if (release_block(d, c) == XSEG_SUCCESS)
                     released += sz;
@@ -358,7 +363,7 @@ bool release_available_cached_blocks(struct dev_alloc *d, struct bpool *pool, CU
         }
         return released >= key;
     }
-    if (block_is_split(b))
+    if (block_is_split(b) || segrec_held(b->seg)) /* held: a registered range keeps it */
         return false;
     return release_block(d, b) == XSEG_SUCCESS;
 }
@@ -387,7 +392,7 @@ void release_garbage_collect(struct dev_alloc *d)
     uint64_t total_age = 0;
     size_t freeable = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!block_is_split(arr[i]) && !arr[i]->expandable) {
+        if (!block_is_split(arr[i]) && !arr[i]->expandable && !segrec_held(arr[i]->seg)) {
             total_age += gc_age(arr[i]);
             freeable++;
         }
@@ -398,7 +403,7 @@ void release_garbage_collect(struct dev_alloc *d)
         freed = false;
         for (size_t i = 0; i < n; i++) {
             struct block *b = arr[i];
-            if (!b || block_is_split(b) || b->expandable || (double)gc_age(b) < age_threshold)
+            if (!b || block_is_split(b) || b->expandable || segrec_held(b->seg) || (double)gc_age(b) < age_threshold)
                 continue;
             uint64_t age = gc_age(b);
             size_t sz = b->size;

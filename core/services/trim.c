@@ -77,7 +77,7 @@ static bool collect(const struct dev_alloc *d, struct bpool *pool, bool idle_onl
         if (b->expandable)
             bytes = exp_whole_page_bytes(b);
         else
-            bytes = block_is_split(b) ? 0 : b->size;
+            bytes = block_is_split(b) || segrec_held(b->seg) ? 0 : b->size; /* held: a registered range */
         if (!bytes)
             continue;
         if (!VEC_RESERVE(*v, *cap, *n + 1)) {

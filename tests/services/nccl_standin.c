@@ -16,7 +16,7 @@ static CUmemGenericAllocationHandle handle_at(const struct drv_api *api, uintptr
 /* Undo what a registration holds: its own mappings, then the retained handles. */
 static void drop(const struct drv_api *api, struct standin_reg *g)
 {
-    for (int k = 0; k < g->nchunks; k++) {
+    for (int k = 0; k < g->nchunks && !g->legacy; k++) {
         if (g->chunk[k].mine) {
             (void)api->cuMemUnmap(g->chunk[k].mine, g->chunk[k].size);
             (void)api->cuMemAddressFree(g->chunk[k].mine, g->chunk[k].size);
@@ -100,6 +100,31 @@ NCCL_EXPORT int ncclCommRegister(void *comm, void *buff, size_t size, void **han
     if (!g)
         return STANDIN_INTERNAL_ERROR;
     *g = (struct standin_reg){.used = true, .refs = 1, .lo = lo, .hi = hi};
+    CUmemGenericAllocationHandle probe_h = 0;
+    CUresult pr = c->drv->cuMemRetainAllocationHandle(&probe_h, buff);
+    if (pr == CUDA_SUCCESS) {
+        (void)c->drv->cuMemRelease(probe_h);
+    } else if (pr != CUDA_ERROR_INVALID_VALUE) {
+        memset(g, 0, sizeof *g);
+        return STANDIN_CUDA_ERROR;
+    } else {
+        /* cuMemAlloc memory (no allocation handle): NCCL registers the allocation itself
+         * (cuIpcGetMemHandle, ibv_reg_mr); a peer reaches these very pages while it lives. */
+        uint8_t probe;
+        if (c->drv->cuMemcpyDtoH(&probe, (CUdeviceptr)buff, 1) != CUDA_SUCCESS) {
+            memset(g, 0, sizeof *g);
+            return STANDIN_CUDA_ERROR;
+        }
+        g->legacy = true;
+        g->nchunks = 1;
+        g->chunk[0].va = (uintptr_t)buff;
+        g->chunk[0].size = size;
+        g->chunk[0].mine = (CUdeviceptr)buff;
+        c->registers++;
+        c->live++;
+        *handle = g;
+        return STANDIN_SUCCESS;
+    }
     int res = take(c->drv, g);
     if (res != STANDIN_SUCCESS) {
         drop(c->drv, g);
@@ -129,7 +154,10 @@ NCCL_EXPORT int ncclCommDeregister(void *comm, void *handle)
     c->deregisters++;
     if (--g->refs)
         return STANDIN_SUCCESS;
-    for (size_t i = 0; i < (g->hi - g->lo) / STANDIN_GRAN; i++)
+    uint8_t probe;
+    if (g->legacy && c->drv->cuMemcpyDtoH(&probe, g->chunk[0].mine, 1) != CUDA_SUCCESS)
+        c->handle_changes++; /* the allocation went (cuMemFree) while registered */
+    for (size_t i = 0; i < (g->hi - g->lo) / STANDIN_GRAN && !g->legacy; i++)
         if (handle_at(c->drv, g->lo + i * STANDIN_GRAN) != g->gran[i])
             c->handle_changes++;
     drop(c->drv, g);

@@ -11,6 +11,9 @@
  * handle behind every granule is still the one retained (xseg re-backed nothing), counts any that
  * changed in handle_changes, then unmaps and releases. Same range twice: one registration with a
  * reference count, as NCCL's cache does (src/register/register.cc, NVIDIA/nccl 0fa47ced).
+ * cuMemAlloc memory (no allocation handle) is registered as the allocation itself, as NCCL's IPC
+ * and network paths do (cuIpcGetMemHandle, ibv_reg_mr): reads go through the program's address,
+ * and deregistration counts in handle_changes an allocation that went meanwhile.
  */
 #ifndef XSEG_TESTS_NCCL_STANDIN_H
 #define XSEG_TESTS_NCCL_STANDIN_H
@@ -33,6 +36,7 @@ enum { STANDIN_SUCCESS = 0, STANDIN_CUDA_ERROR = 1, STANDIN_INTERNAL_ERROR = 3, 
 
 struct standin_reg {
     bool used;
+    bool legacy; /* cuMemAlloc memory: one chunk, the allocation itself (no handle, no mapping) */
     int refs;
     uintptr_t lo, hi; /* granule-aligned */
     CUmemGenericAllocationHandle gran[STANDIN_MAX_GRANS]; /* retained */
@@ -50,7 +54,7 @@ struct standin_comm {
     int fail_register;         /* non-zero: ncclCommRegister returns it once fail_skip calls passed (then 0) */
     unsigned fail_skip;
     int fail_deregister;       /* likewise for ncclCommDeregister */
-    unsigned registers, deregisters, handle_changes, live;
+    unsigned registers, deregisters, handle_changes, live; /* handle_changes: also a cuMemAlloc allocation gone */
     struct standin_reg reg[STANDIN_MAX_REGS];
 };
 

@@ -12,8 +12,12 @@
  *     not registered;
  *   - faults: NCCL's error, a driver call of NCCL failing, a failure on the second segment of a
  *     pool, a refused deregistration: nothing left behind, or the registration kept whole;
- *   - errors: NULL arguments, memory xseg did not allocate, pages not mapped, a classic segment,
- *     unknown or foreign handles, a second deregistration, no NCCL loaded.
+ *   - errors: NULL arguments, memory xseg did not allocate, pages not mapped, unknown or foreign
+ *     handles, a second deregistration, no NCCL loaded;
+ *   - classic, classic_pool: cuMemAlloc segments (expandable_segments:False): a registered one is
+ *     never freed (empty_cache, trim, release_threshold_mb, the out-of-memory ladder,
+ *     xseg_release_pool) until deregistered; shutdown refused; a range past its segment's end
+ *     refused; NCCL's failure leaves nothing held.
  */
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -326,7 +330,7 @@ static void test_nccl_errors(void **state)
     assert_int_equal(xseg_nccl_register(&c, a, MiB, NULL), XSEG_ERROR_INVALID_VALUE);
     must_contain("handle is NULL");
     assert_int_equal(xseg_nccl_register(&c, &c, sizeof c, &h), XSEG_ERROR_INVALID_VALUE);
-    must_contain("not inside one expandable segment");
+    must_contain("not inside one segment of xseg");
     assert_int_equal(xseg_nccl_register(&c, a, 200 * MiB, &h), XSEG_ERROR_INVALID_VALUE); /* past what is mapped */
     must_contain("not all mapped");
     assert_int_equal(active(), 0);
@@ -366,8 +370,99 @@ static void test_nccl_errors(void **state)
     assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
 }
 
-/* Classic (cuMemAlloc) segments are not followed by the ledger: refused, nothing registered. */
+/* Classic (cuMemAlloc) segments: their pages never move, so a registration only holds its segment
+ * off every release (cuMemFree) until deregistered; the stand-in registers the allocation itself. */
 static void test_nccl_classic(void **state)
+{
+    (void)state;
+    tu_xseg_init_or_skip("expandable_segments:False,release_threshold_mb:0");
+    tu_ctx_set();
+    load_nccl();
+    struct standin_comm c;
+    comm_init(&c);
+    uintptr_t a = (uintptr_t)tu_malloc(20 * MiB, NULL); /* a segment of its own, 20 MiB */
+    void *b = tu_malloc(20 * MiB, NULL);                 /* another, not registered */
+    void *h = NULL;
+    size_t n = 0;
+
+    /* Still refused: a range running past its segment's end; nothing made, NCCL not called. */
+    assert_int_equal(xseg_nccl_register(&c, (void *)(a + 10 * MiB), 20 * MiB, &h), XSEG_ERROR_INVALID_VALUE);
+    must_contain("past the end of its classic");
+    assert_null(h);
+    assert_int_equal(c.registers, 0);
+    assert_int_equal(active(), 0);
+
+    if (xseg_nccl_register(&c, (void *)a, 20 * MiB, &h) != XSEG_SUCCESS)
+        fail_msg("xseg_nccl_register: %s", xseg_last_error());
+    assert_non_null(h);
+    assert_int_equal(c.live, 1);
+    assert_int_equal(active(), 1);
+    write_read(&c, a, 1);
+    write_read(&c, a + 20 * MiB - 4096, 2);
+
+    /* Freed, then every release: the registered segment stays cached (reserved), the other goes. */
+    tu_free((void *)a);
+    tu_free(b);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(40 * MiB));
+    unsigned long frees = tu_call_count("cuMemFree");
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(20 * MiB));
+    if (tu_emulated())
+        assert_int_equal(tu_call_count("cuMemFree"), frees + 1);
+    frees = tu_call_count("cuMemFree");
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(20 * MiB));
+    /* release_threshold_mb:0: a miss gives every cached segment back, but this one. */
+    void *m = tu_malloc(30 * MiB, NULL);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(50 * MiB));
+    assert_int_equal(tu_call_count("cuMemFree"), frees);
+    tu_free(m);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS); /* m's segment goes */
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(20 * MiB));
+    frees = tu_call_count("cuMemFree");
+    /* Out of memory (320 MiB emulated): the ladder's release rungs skip it too. */
+    if (tu_emulated())
+        assert_null(try_malloc(310 * MiB));
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(20 * MiB));
+    assert_int_equal(tu_call_count("cuMemFree"), frees);
+    write_read(&c, a + 8 * MiB, 3); /* the stand-in reads the current bytes */
+    /* Classic pools never sleep; shutdown is refused naming the registration, as for expandable. */
+    assert_int_equal(xseg_sleep(0, POOL0, XSEG_SLEEP_OFFLOAD), XSEG_ERROR_NOT_SUPPORTED);
+    assert_int_equal(xseg_shutdown(), XSEG_ERROR_ILLEGAL_STATE);
+    must_contain("xseg_nccl_register");
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(20 * MiB));
+
+    /* Deregistered: NCCL found its allocation alive throughout; the next empty_cache frees it. */
+    if (xseg_nccl_deregister(&c, h) != XSEG_SUCCESS)
+        fail_msg("xseg_nccl_deregister: %s", xseg_last_error());
+    assert_int_equal(c.live, 0);
+    assert_int_equal(c.handle_changes, 0);
+    assert_int_equal(active(), 0);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    if (tu_emulated())
+        assert_int_equal(tu_call_count("cuMemFree"), frees + 1);
+
+    /* NCCL's error: no entry stays, the segment is releasable again. */
+    a = (uintptr_t)tu_malloc(20 * MiB, NULL);
+    c.fail_register = STANDIN_CUDA_ERROR;
+    assert_int_equal(xseg_nccl_register(&c, (void *)a, 20 * MiB, &h), XSEG_ERROR_DRIVER);
+    must_contain("stand-in: a driver call failed");
+    assert_null(h);
+    assert_int_equal(active(), 0);
+    assert_int_equal(c.live, 0);
+    tu_free((void *)a);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
+    assert_int_equal(xseg_nccl_register_pool(&c, 0, POOL0, &h, &n), XSEG_SUCCESS); /* nothing mapped: none */
+    assert_null(h);
+    assert_int_equal(n, 0);
+    assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
+}
+
+/* A private pool of classic segments: one registration per segment, each held off release (also
+ * past xseg_release_pool) until deregistered; NCCL failing on the second leaves none. */
+static void test_nccl_classic_pool(void **state)
 {
     (void)state;
     tu_xseg_init_or_skip("expandable_segments:False");
@@ -375,16 +470,57 @@ static void test_nccl_classic(void **state)
     load_nccl();
     struct standin_comm c;
     comm_init(&c);
-    void *a = tu_malloc(20 * MiB, NULL);
+    CUstream s2;
+    tu_assert_cu(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    xseg_pool_id pool;
+    assert_int_equal(xseg_pool_create(&pool), XSEG_SUCCESS);
+    assert_int_equal(xseg_begin_allocate_to_pool(0, pool, NULL, NULL), XSEG_SUCCESS);
+    uintptr_t p1 = (uintptr_t)tu_malloc(20 * MiB, NULL);
+    uintptr_t p2 = (uintptr_t)tu_malloc(12 * MiB, s2);
+    assert_int_equal(xseg_end_allocate_to_pool(0, pool), XSEG_SUCCESS);
+    void *other = tu_malloc(20 * MiB, NULL); /* the default pool's: not registered */
     void *h = NULL;
     size_t n = 0;
-    assert_int_equal(xseg_nccl_register(&c, a, 20 * MiB, &h), XSEG_ERROR_NOT_SUPPORTED);
-    must_contain("classic");
-    assert_int_equal(xseg_nccl_register_pool(&c, 0, POOL0, &h, &n), XSEG_ERROR_NOT_SUPPORTED);
-    must_contain("classic");
-    assert_int_equal(c.registers, 0);
+
+    /* NCCL failing on the second segment: the first is deregistered again, nothing stays. */
+    c.fail_register = STANDIN_INTERNAL_ERROR;
+    c.fail_skip = 1;
+    assert_int_equal(xseg_nccl_register_pool(&c, 0, pool, &h, &n), XSEG_ERROR_DRIVER);
+    assert_null(h);
+    assert_int_equal(n, 0);
     assert_int_equal(active(), 0);
-    tu_free(a);
+    assert_int_equal(c.live, 0);
+
+    if (xseg_nccl_register_pool(&c, 0, pool, &h, &n) != XSEG_SUCCESS)
+        fail_msg("xseg_nccl_register_pool: %s", xseg_last_error());
+    assert_non_null(h);
+    assert_int_equal(n, 2);
+    assert_int_equal(c.live, 2);
+    assert_int_equal(active(), 2);
+    write_read(&c, p1, 5);
+    write_read(&c, p2 + 12 * MiB - 4096, 6);
+    uint8_t seen[4096];
+    assert_false(standin_read(&c, (uintptr_t)other, seen, sizeof seen));
+
+    tu_free((void *)p1);
+    tu_free((void *)p2);
+    tu_free(other);
+    unsigned long frees = tu_call_count("cuMemFree");
+    assert_int_equal(xseg_release_pool(0, pool), XSEG_SUCCESS); /* no user: its cache would go */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(32 * MiB)); /* other's 20 MiB went */
+    if (tu_emulated())
+        assert_int_equal(tu_call_count("cuMemFree"), frees + 1);
+    write_read(&c, p2, 7);
+
+    if (xseg_nccl_deregister(&c, h) != XSEG_SUCCESS)
+        fail_msg("xseg_nccl_deregister: %s", xseg_last_error());
+    assert_int_equal(c.live, 0);
+    assert_int_equal(c.handle_changes, 0);
+    assert_int_equal(active(), 0);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
     assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
 }
 
@@ -392,7 +528,7 @@ int main(int argc, char **argv)
 {
     static const struct tu_named_test all[] = {
         TU_NAMED(test_nccl_register), TU_NAMED(test_nccl_pool), TU_NAMED(test_nccl_faults),
-        TU_NAMED(test_nccl_errors), TU_NAMED(test_nccl_classic),
+        TU_NAMED(test_nccl_errors), TU_NAMED(test_nccl_classic), TU_NAMED(test_nccl_classic_pool),
     };
     setenv("CUDAEMU_TOTAL_MEM", "320M", 0); /* out of memory within reach: spill and defrag get their turn */
     return tu_run_named("test_nccl_standin", all, sizeof all / sizeof *all, argc, argv);

@@ -469,7 +469,7 @@ static void test_registry_errors(void **state)
     int here;
     assert_int_equal(xseg_register_range(&here, 4, &fake_cb, NULL), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "xseg_register_range: ["));
-    assert_non_null(strstr(xseg_last_error(), ", +4) is not inside one expandable segment of xseg"));
+    assert_non_null(strstr(xseg_last_error(), ", +4) is not inside one segment of xseg"));
     /* Past the mapped pages of its segment (VA reserved, nothing mapped there). */
     assert_int_equal(xseg_register_range((char *)a + 20 * MiB, MiB, &fake_cb, NULL), XSEG_ERROR_INVALID_VALUE);
     assert_non_null(strstr(xseg_last_error(), "not all mapped"));
@@ -481,13 +481,23 @@ static void test_registry_errors(void **state)
     assert_int_equal(xseg_registration_stats_get(0, NULL), XSEG_ERROR_INVALID_VALUE);
     tu_free(a);
     teardown();
-    /* Classic segments: refused, by name. */
+    /* Classic segments: a range inside one holds the segment off release (its pages never move:
+     * nothing to ask) until unregistered; one running past the segment's end is refused. */
     assert_int_equal(xseg_shutdown(), XSEG_SUCCESS);
     assert_int_equal(xseg_set_config("expandable_segments:False"), XSEG_SUCCESS);
-    void *c = tu_malloc(MiB, NULL);
-    assert_int_equal(xseg_register_range(c, MiB, &fake_cb, NULL), XSEG_ERROR_NOT_SUPPORTED);
-    assert_non_null(strstr(xseg_last_error(), "classic"));
+    void *c = tu_malloc(MiB, NULL); /* a 2 MiB segment of the small pool */
+    struct fake cf = {.ptr = c, .size = MiB};
+    assert_int_equal(xseg_register_range((char *)c + MiB, 2 * MiB, &fake_cb, &cf), XSEG_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(xseg_last_error(), "past the end of its classic"));
+    assert_int_equal(xseg_register_range(c, MiB, &fake_cb, &cf), XSEG_SUCCESS);
     tu_free(c);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(xseg_trim(0, 0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), (int64_t)(2 * MiB));
+    assert_int_equal(cf.befores, 0);
+    assert_int_equal(xseg_unregister_range(c, MiB, &cf), XSEG_SUCCESS);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    assert_int_equal(tu_stat("reserved_bytes.all.current"), 0);
 }
 
 /* Release paths that cannot call back leave a registration in force alone: here a malloc's
