@@ -75,6 +75,20 @@ static bool overlaps(const struct reg_entry *e, uintptr_t lo, uintptr_t hi)
     return e->addr < hi && lo < e->addr + e->size;
 }
 
+/* Is @p s's reg_held the number of entries of the list inside it? The ledger's invariant for the
+ * holds on classic segments, checked at every change of a count (debug level 2: it walks the
+ * list). xseg_rt.reg.lock held. */
+static bool held_recount_ok(const struct segrec *s)
+{
+    unsigned n = 0;
+    for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
+        if (e->cseg == s) {
+            xseg_assert(!s->vseg && e->addr >= s->first->addr && e->addr + e->size <= s->first->addr + s->size);
+            n++;
+        }
+    return atomic_load_explicit(&((struct segrec *)s)->reg_held, memory_order_relaxed) == n;
+}
+
 /* @p e, just unlinked from the list, is gone: the ledger's count and its classic segment's hold
  * drop (the segment may be released from now on). xseg_rt.reg.lock held; the device lock need
  * not be (the hold kept the segment alive until this store). */
@@ -84,6 +98,7 @@ static void entry_gone_locked(struct reg_entry *e)
     atomic_fetch_sub_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
     if (e->cseg) {
         atomic_fetch_sub_explicit(&e->cseg->reg_held, 1, memory_order_relaxed);
+        xseg_assert_expensive(held_recount_ok(e->cseg));
         e->cseg = NULL;
     }
 }
@@ -95,8 +110,10 @@ static void entry_link_locked(struct reg_entry *e)
     e->next = xseg_rt.reg.list;
     xseg_rt.reg.list = e;
     atomic_fetch_add_explicit(&xseg_rt.reg.count, 1, memory_order_relaxed);
-    if (e->cseg)
+    if (e->cseg) {
         atomic_fetch_add_explicit(&e->cseg->reg_held, 1, memory_order_relaxed);
+        xseg_assert_expensive(held_recount_ok(e->cseg));
+    }
 }
 
 /* Drop a reference. xseg_rt.reg.lock held. */
@@ -135,21 +152,6 @@ static struct segrec *find_classic(struct dev_alloc *d, uintptr_t addr, size_t s
     return NULL;
 }
 
-void reg_check_lock(void) { mutex_lock(&xseg_rt.reg.lock); }
-void reg_check_unlock(void) { mutex_unlock(&xseg_rt.reg.lock); }
-
-bool reg_classic_recount_ok(struct dev_alloc *d, const struct segrec *s)
-{
-    lock_assert_held(&d->lock);
-    size_t n = 0;
-    for (const struct reg_entry *e = xseg_rt.reg.list; e; e = e->next)
-        if (e->cseg == s) {
-            xseg_assert(!s->vseg && e->device == d->device && e->addr >= s->first->addr &&
-                        e->addr + e->size <= s->first->addr + s->size);
-            n++;
-        }
-    return atomic_load_explicit(&((struct segrec *)s)->reg_held, memory_order_relaxed) == n;
-}
 
 /* Every page of [addr, addr + size) in @p s is mapped and awake. Device lock held. */
 static bool all_mapped(const struct segrec *s, uintptr_t addr, size_t size)

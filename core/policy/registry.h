@@ -76,14 +76,6 @@ xseg_status reg_add(struct dev_alloc *d, uintptr_t addr, size_t size, const xseg
 /* xseg_unregister_range; any device. No lock held (may run inside a callback). */
 xseg_status reg_remove(uintptr_t addr, size_t size, void *ctx);
 
-/* Is s->reg_held the number of ledger entries holding segment @p s of @p d (0 for an expandable
- * one), recounted by walking the ledger? dev_check's check. Device lock and the ledger's lock
- * held (reg_check_lock: every change of the count is made under it). */
-bool reg_classic_recount_ok(struct dev_alloc *d, const struct segrec *s);
-/* The ledger's lock for dev_check: taken under the device lock before the stream slots' locks
- * (the lock order: device, ledger, slots). */
-void reg_check_lock(void);
-void reg_check_unlock(void);
 
 /* True when a registration still in force (not released) overlaps [addr, addr + size) on @p d:
  * its pages must stay mapped, with their physical memory. Device lock held; free when no range
