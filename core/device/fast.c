@@ -469,10 +469,8 @@ static __attribute__((noinline, cold)) bool classic_beside(struct dev_alloc *d, 
     bool mine = d->fast.probe_stream[i] == b->stream && d->fast.probe_owner[i] == me;
     if ((d->fast.shared_mask & probe) && d->fast.probe_stream[i] == b->stream && !mine)
         return classic_mark(d, b);
-    if (mine && d->fast.probe_quiet[i]) { /* this thread alone, lately: no probe this time */
-        d->fast.probe_quiet[i]--;
-        return false;
-    }
+    /* Its own quiet frees (this thread alone on the stream lately) never get here: fast_fill_stream
+     * tests probe_quiet in line before the call. */
     d->fast.shared_mask |= probe;
     d->fast.probe_stream[i] = b->stream;
     d->fast.probe_owner[i] = me;
