@@ -2,7 +2,7 @@
  * bench_scale: how the host path scales with threads and with live blocks.
  *
  *   bench_scale [--threads 1,2,4,8] [--live 1000,10000,100000,1000000] [--pairs N] [--reps R]
- *               [--only threads|live|floor] [--split] [--mixed] [--same-stream]
+ *               [--only threads|live|floor|after-shared] [--split] [--mixed] [--same-stream] [--pin]
  *
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
@@ -21,6 +21,13 @@
  * hit kept eager placement: the shortest mean round trip of a cache line between two threads, one
  * thread's cached pair (t1), and the ceilings of two threads over one when each pair waits for
  * the line one way (both threads, or one of them).
+ * --only after-shared (not in the default run): does a stream stay slow once threads stopped
+ * sharing it? In one child a stream A that one thread alone ever used, then a stream B that two
+ * threads shared (overlapping mixed-size pairs, as the forward pass on the main thread and the
+ * backward pass on autograd's share a stream), then one thread alone on B: that thread's pairs
+ * per second on A and on B, alternating A and B within each repetition (median of R), and their
+ * ratio. --pin: each thread bound to a CPU of its own (thread i to the i-th allowed CPU, glibc's
+ * and mimalloc's too), so that the threads overlap rather than take turns on a loaded machine.
  * Each cell runs in a child process of its own (a fresh allocator), classic and expandable mode.
  * Without a GPU (no libcuda.so.1, $XSEG_LIBCUDA unset) it runs on the cudaemu built here.
  */
@@ -80,6 +87,23 @@ static bool mixed;
 static const size_t mixed_sizes[4] = {512, 1024, 1536, 2048};
 static inline size_t pair_size(size_t i) { return mixed ? mixed_sizes[i & 3] : 512; }
 static bool same_stream; /* --same-stream: every thread on streams[0] */
+static bool pin;         /* --pin: thread i on the i-th CPU the process may use */
+
+/* Bind the calling thread to the @p i-th CPU of the process's mask (--pin; no-op otherwise). */
+static void pin_thread(int i)
+{
+    cpu_set_t all, one;
+    if (!pin || sched_getaffinity(0, sizeof all, &all))
+        return;
+    int n = CPU_COUNT(&all), k = i % (n ? n : 1);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all) && k-- == 0) {
+            CPU_ZERO(&one);
+            CPU_SET(c, &one);
+            (void)pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+            return;
+        }
+}
 static void (*mi_free_p)(void *);
 
 /* One cache line or more each: a worker's fields are written by its thread alone. */
@@ -89,6 +113,8 @@ struct worker {
     size_t pairs;
     enum who who;
     pthread_barrier_t *start;
+    int index;       /* the thread's place among its round's (--pin's CPU) */
+    bool no_warm;    /* after-shared: the stream's cache is warm already */
     uint64_t t0, t1; /* this thread's own clock: the main thread may run late after the barrier */
     int rc;
 } __attribute__((aligned(64)));
@@ -102,10 +128,11 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     bool use_xseg = w->who == WHO_XSEG;
+    pin_thread(w->index);
     if (use_xseg)
         (void)set_current(primary);
     /* Warm this stream's cache (the first malloc creates its segment) before the clock starts. */
-    for (int i = 0; i < 1000 && use_xseg; i++) {
+    for (int i = 0; i < 1000 && use_xseg && !w->no_warm; i++) {
         void *p;
         if (xseg_malloc(&p, pair_size((size_t)i), 0, w->stream) != XSEG_SUCCESS) {
             w->rc = -1;
@@ -148,7 +175,8 @@ static double threads_once(CUstream *streams, int nthreads, size_t pairs, enum w
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
     for (int i = 0; i < nthreads; i++) {
-        w[i] = (struct worker){.stream = streams[same_stream ? 0 : i], .pairs = pairs, .who = who, .start = &start};
+        w[i] = (struct worker){.stream = streams[same_stream ? 0 : i], .pairs = pairs, .who = who, .start = &start,
+                               .index = i};
         pthread_create(&w[i].tid, NULL, worker_main, &w[i]);
     }
     pthread_barrier_wait(&start);
@@ -195,6 +223,44 @@ static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
     }
     printf("%.0f %.0f %.0f\n", bench_median(xs, (size_t)reps), bench_median(gs, (size_t)reps),
            bench_median(ms, (size_t)reps));
+    return 0;
+}
+
+
+/* One thread's xseg pairs per second on @p stream (its cache warm), or < 0. */
+static double alone_on(CUstream stream, size_t pairs)
+{
+    struct worker w = {.stream = stream, .pairs = pairs, .who = WHO_XSEG, .no_warm = true};
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, 2);
+    w.start = &start;
+    pthread_create(&w.tid, NULL, worker_main, &w);
+    pthread_barrier_wait(&start);
+    pthread_join(w.tid, NULL);
+    pthread_barrier_destroy(&start);
+    return w.rc ? -1.0 : (double)pairs / ((double)(w.t1 - w.t0) / 1e9);
+}
+
+/* --only after-shared's cell, in a child: prints "pairs_per_s_on_A pairs_per_s_on_B" (the medians). */
+static int after_shared_cell(bool expandable, size_t unused, size_t pairs, int reps)
+{
+    (void)unused;
+    if (xseg_init(expandable ? "expandable_segments:True" : "expandable_segments:False") != XSEG_SUCCESS ||
+        driver_open())
+        return 1;
+    CUstream s[2];
+    for (int i = 0; i < 2; i++)
+        if (stream_create(&s[i], STREAM_NON_BLOCKING) != 0)
+            return 1;
+    /* A: one thread, ever. B: two threads at once (the shared phase), with their warm-up. */
+    CUstream pair[2] = {s[1], s[1]};
+    if (alone_on(s[0], pairs) < 0 || threads_once(pair, 2, pairs, WHO_XSEG) < 0)
+        return 1;
+    double a[64], b[64];
+    for (int r = 0; r < reps; r++)
+        if ((a[r] = alone_on(s[0], pairs)) < 0 || (b[r] = alone_on(s[1], pairs)) < 0)
+            return 1;
+    printf("%.0f %.0f\n", bench_median(a, (size_t)reps), bench_median(b, (size_t)reps));
     return 0;
 }
 
@@ -479,9 +545,11 @@ int main(int argc, char **argv)
             mixed = true;
         else if (!strcmp(argv[i], "--same-stream"))
             same_stream = true;
+        else if (!strcmp(argv[i], "--pin"))
+            pin = true;
         else {
             fprintf(stderr, "usage: bench_scale [--threads 1,2,4,8] [--live 1000,...] [--pairs N] [--reps R] "
-                            "[--only threads|live|floor] [--split] [--mixed] [--same-stream]\n");
+                            "[--only threads|live|floor|after-shared] [--split] [--mixed] [--same-stream] [--pin]\n");
             return 2;
         }
     }
@@ -525,6 +593,23 @@ int main(int argc, char **argv)
             else
                 printf("n/a (no libmimalloc.so.2) |\n");
             fflush(stdout);
+        }
+        printf("\n");
+    }
+    if (only && !strcmp(only, "after-shared")) {
+        /* threads_once reads same_stream: the shared phase passes one stream twice instead. */
+        printf("One thread's cached %s pairs (%zu a run, median of %d) on a stream it alone ever used (A) "
+               "and on one two threads shared before (B), runs of A and B in turn%s: million pairs/s\n\n",
+               mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B", pairs, reps, pin ? ", pinned" : "");
+        printf("| mode | A: never shared | B: after a shared phase | B / A |\n|---|---|---|---|\n");
+        for (int e = 0; e < 2; e++) {
+            double a, b;
+            if (run_child(after_shared_cell, e, 0, pairs, reps, line, sizeof line) ||
+                sscanf(line, "%lf %lf", &a, &b) != 2 || a <= 0) {
+                fprintf(stderr, "bench_scale: after-shared cell failed\n");
+                return 1;
+            }
+            printf("| %s | %.1f | %.1f | %.2f |\n", e ? "expandable" : "classic", a / 1e6, b / 1e6, b / a);
         }
         printf("\n");
     }

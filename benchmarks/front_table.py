@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""front_table: how many of a real program's mallocs and frees can skip the device lock.
+
+usage: benchmarks/front_table.py [--build DIR] [--no-callgrind] [TRACE...]
+
+TRACE: PyTorch snapshots (or traces in xseg-replay's language); default the three of issue 77
+(hanmin_fullstep, cs336_ctx1024_train, memory_ctx256_fullstep_ from ../shared/traces). Each is
+converted with tools/snapshot2trace.py and replayed in one thread, default config, 80 GiB.
+
+Two halves, one row a trace:
+- today: DIR/tools/xseg-replay under callgrind (valgrind): the mallocs and frees that took the
+  device lock (calls of malloc_locked and free_locked against xseg_malloc and xseg_free), and the
+  allocator's instructions per malloc and per free (xseg_malloc's and xseg_free's inclusive
+  cost over their calls; the emulated driver's work on growth included).
+- bound: an offline replay of the trace's operations, no allocator involved. A malloc can skip
+  the device lock only when something this thread owns already holds a block for it: a front
+  cache holds blocks freed earlier, of the exact rounded size (a larger block would change the
+  placement) on the same stream. The bound gives that front unbounded capacity and perfect
+  choice: a malloc is served when any block of its (stream, rounded size) was freed and not
+  taken again. A free is served when its block is the front's (every block ever handed out,
+  through the lock or not: the bound assumes a device-lock malloc enters its block too). The
+  second bound adds batch carving for the small pool: a miss of at most 1 MiB carves 3 more
+  blocks of its size into the front (held, never asked for; large requests cannot be carved
+  without growing the device beyond one 2 MiB step).
+Standard library only (valgrind and callgrind_annotate for the first half).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared", "traces"))
+DEFAULT = ["public3/hanmin_fullstep.pickle", "public/cs336_ctx1024_train.pickle",
+           "pytorch/memory_ctx256_fullstep_.pickle"]
+SMALL = 1 << 20
+
+
+def rounded(n):
+    """xseg's and PyTorch's round_size without roundup_power2_divisions."""
+    return 512 if n < 512 else (n + 511) // 512 * 512
+
+
+def as_trace(path, tmp):
+    """The trace text of @path (a snapshot is converted)."""
+    with open(path, "rb") as f:
+        first = f.read(1)
+    if first != b"\x80":
+        return path
+    out = os.path.join(tmp, os.path.basename(path) + ".trace")
+    with open(out, "w") as f:
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "snapshot2trace.py"), path], stdout=f,
+                       check=True)
+    return out
+
+
+def operations(trace):
+    """(kind, buffer, rounded size, stream) of each alloc and free, in order."""
+    ops, where = [], {}
+    for line in open(trace):
+        p = line.split()
+        if not p:
+            continue
+        if p[0] == "alloc":
+            stream = next((t[1:] for t in p[3:] if t.startswith("@")), "0")
+            where[p[1]] = (rounded(int(p[2])), stream)
+            ops.append(("alloc", p[1]) + where[p[1]])
+        elif p[0] == "free" and p[1] in where:
+            ops.append(("free", p[1]) + where.pop(p[1]))
+    return ops
+
+
+def bound(ops, carve):
+    """(mallocs served, frees served, mallocs, frees) of the unbounded front; @carve: extra blocks a
+    small miss carves."""
+    held, served_m, served_f, nm, nf = {}, 0, 0, 0, 0
+    for kind, _, size, stream in ops:
+        key = (stream, size)
+        if kind == "alloc":
+            nm += 1
+            if held.get(key, 0):
+                held[key] -= 1
+                served_m += 1
+            elif carve and size <= SMALL:
+                held[key] = held.get(key, 0) + carve
+        else:
+            nf += 1
+            served_f += 1  # the bound's front knows every block it handed out
+            held[key] = held.get(key, 0) + 1
+    return served_m, served_f, nm, nf
+
+
+def today(build, trace, tmp):
+    """(lock mallocs, mallocs, lock frees, frees, instructions per malloc, per free) of the replay."""
+    out = os.path.join(tmp, "cg.out")
+    subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
+                    os.path.join(build, "tools", "xseg-replay"), "--summary=none", "--marks=none",
+                    "--device-mem", "80G", trace], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=True)
+    names, calls, cfn = {}, {}, None
+    for line in open(out):
+        m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line)
+        if m:
+            if m[3]:
+                names[m[2]] = m[3].strip()
+            if m[1] == "cfn":
+                cfn = names[m[2]]
+            continue
+        m = re.match(r"calls=(\d+)", line)
+        if m:
+            calls[cfn] = calls.get(cfn, 0) + int(m[1])
+    ann = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out],
+                         capture_output=True, text=True, check=True).stdout
+    incl = {}
+    for line in ann.splitlines():
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*:(xseg_malloc|xseg_free)(?: \[|$)", line)
+        if m:
+            incl[m[2]] = max(incl.get(m[2], 0), int(m[1].replace(",", "")))
+    nm, nf = calls.get("xseg_malloc", 0), calls.get("xseg_free", 0)
+    return (calls.get("malloc_locked", 0), nm, calls.get("free_locked", 0), nf,
+            incl.get("xseg_malloc", 0) / max(nm, 1), incl.get("xseg_free", 0) / max(nf, 1))
+
+
+def pct(a, b):
+    return "%.1f %%" % (100.0 * a / b) if b else "-"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--no-callgrind", action="store_true")
+    ap.add_argument("traces", nargs="*")
+    a = ap.parse_args()
+    traces = a.traces or [os.path.join(SHARED, t) for t in DEFAULT]
+    cols = ["trace", "mallocs", "frees"]
+    if not a.no_callgrind:
+        cols += ["today: mallocs / frees through the device lock", "today: instructions a malloc / a free"]
+    cols += ["bound: mallocs / frees a front can serve", "both together",
+             "bound with small misses carving 3 more: mallocs / both"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in traces:
+            trace = as_trace(path, tmp)
+            ops = operations(trace)
+            m, f, nm, nf = bound(ops, 0)
+            cm, cf, _, _ = bound(ops, 3)
+            row = [os.path.basename(path).rsplit(".", 1)[0], "{:,}".format(nm), "{:,}".format(nf)]
+            if not a.no_callgrind:
+                lm, tm, lf, tf, im, if_ = today(a.build, trace, tmp)
+                row += ["%s / %s" % (pct(lm, tm), pct(lf, tf)), "{:,.0f} / {:,.0f}".format(im, if_)]
+            row += ["%s / %s" % (pct(m, nm), pct(f, nf)), pct(m + f, nm + nf),
+                    "%s / %s" % (pct(cm, nm), pct(cm + cf, nm + nf))]
+            print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
