@@ -9,7 +9,8 @@ converted with tools/snapshot2trace.py and replayed in one thread, default confi
 
 Two halves, one row a trace:
 - today: DIR/tools/xseg-replay under callgrind (valgrind): the mallocs and frees that took the
-  device lock (calls of malloc_locked and free_locked against xseg_malloc and xseg_free), and the
+  device lock (calls of malloc_locked and free_locked against xseg_malloc and xseg_free; a hit of
+  the stream's slot that malloc_locked tries before the lock counts with them, an upper bound), and the
   allocator's instructions per malloc and per free (xseg_malloc's and xseg_free's inclusive
   cost over their calls; the emulated driver's work on growth included).
 - bound: an offline replay of the trace's operations, no allocator involved. A malloc can skip
