@@ -117,7 +117,7 @@ static int cell(bool expandable, int nthreads, size_t pairs)
     const struct dev_fast *f = &rt_device_peek(0)->fast;
     double total = (double)pairs * nthreads / 1e6;
     printf("%.0f %.0f %.0f %.0f %.0f\n", (double)f->lock_mallocs / total, (double)f->lock_frees / total,
-           (double)f->settles / total, (double)f->settles_cross / total, (double)f->lazy_hits / total);
+           (double)f->settles / total, (double)f->settles_cross / total, (double)f->slot_hits / total);
     return 0;
 #else
     return 77;

@@ -398,7 +398,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
 /* malloc_slow's success when registrations are due (reg_after_due: this malloc mapped pages of a
  * released one): its caller runs the after pass once the device lock is given back
  * (malloc_reg_after). Only the slow path maps pages, so a cache hit never tests the ledger. Never
- * returned past malloc_locked / malloc_guarded. */
+ * returned past malloc_locked. */
 #define MALLOC_REG_DUE ((xseg_status)0x7fff)
 
 /* malloc_slow_body, whose success says MALLOC_REG_DUE when registrations are due. */
@@ -503,41 +503,24 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
     return st;
 }
 
-/* malloc_locked beside other busy slots (lock held, given back here): the peaks the malloc raises
- * are guarded (core/device/fast.h). */
-static __attribute__((noinline)) xseg_status malloc_guarded(struct dev_alloc *d, size_t size, CUstream stream,
-                                                            void **out)
-{
-    struct fast_guard g;
-    fast_guard_begin(d, &g, d->fast.busy_slots);
-    xseg_status st = malloc_cached(d, size, stream, out);
-    fast_guard_end(d, &g); /* malloc_slow settled every slot before it raised a counter */
-    dev_unlock(d);
-    if (XSEG_UNLIKELY(st == MALLOC_REG_DUE))
-        st = malloc_reg_after(d);
-    return st;
-}
-
+/* malloc through the device lock: the door's bracket around the eager malloc (Note [the door] in
+ * core/device/fast.h), unless the stream's classic slot widens to this size. */
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
     /* The stream's slot, when this thread's last slot (fast_hit's) was another. */
     if (fast_hit_at(d, fast_slot_of(d, stream), size, stream, out))
         return XSEG_SUCCESS;
-    dev_lock(d, DEV_NEED_NONE); /* its stream's slot settles below, unless it widens */
+    dev_lock(d, DEV_NEED_NONE);
     FAST_COUNT(d, lock_mallocs);
-    /* Unless the stream's classic slot widens to this size, it settles, and on a stream shared by
-     * threads this thread's own slot of it (core/device/fast.h). */
-    if (XSEG_UNLIKELY(d->fast.busy_slots != 0)) {
-        if (fast_widen(d, size, stream, out)) {
-            dev_unlock(d);
-            return XSEG_SUCCESS;
-        }
-        fast_settle_malloc(d, stream);
-        if (d->fast.busy_slots)
-            return malloc_guarded(d, size, stream, out);
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0) && fast_widen(d, size, stream, out)) {
+        dev_unlock(d);
+        return XSEG_SUCCESS;
     }
+    struct fast_guard g;
+    fast_lock_begin_malloc(d, stream, &g);
     xseg_status st = malloc_cached(d, size, stream, out);
+    fast_lock_end(d, &g);
     dev_unlock(d);
     if (XSEG_UNLIKELY(st == MALLOC_REG_DUE))
         st = malloc_reg_after(d); /* pages of a released registration mapped again */
@@ -641,10 +624,10 @@ static __attribute__((noinline)) xseg_status free_ptr_rare(struct dev_alloc *d, 
     return st != XSEG_SUCCESS ? st : spill_st;
 }
 
-/* Every free but the slot's, lock held (free_locked takes and gives it back). @p shared: a stream
- * may be marked shared (its free fills an own slot, core/device/fast.h). */
+/* Every free but the slot's, lock held (free_locked takes and gives it back); the block goes to a
+ * slot where the door's put takes it (fast_put, Note [slot rule] in core/device/fast.h). */
 static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_alloc *d, void *ptr, bool *owned,
-                                                                     bool stale, bool shared)
+                                                                     bool stale)
 {
     struct block *b = ptrmap_take(&d->live, (uintptr_t)ptr);
     if (!b) {
@@ -663,7 +646,7 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     CUstream note_stream = b->stream;
     if (XSEG_UNLIKELY(release_note_on(d)) && release_note_due(dev_block_pool(d, b), note_stream))
         note_pool = dev_block_pool(d, b);
-    if (shared ? fast_fill(d, b) : fast_fill_stream(d, b)) {
+    if (fast_put(d, b)) {
         if (XSEG_UNLIKELY(note_pool != NULL))
             release_note_record(d, note_pool, note_stream);
         return XSEG_SUCCESS;
@@ -687,31 +670,16 @@ static inline __attribute__((always_inline)) xseg_status free_cached(struct dev_
     return st;
 }
 
-/* free_locked beside other busy slots (lock held, given back here): a merge into a split block
- * moves inactive_split_bytes up, so the free's peaks are guarded (core/device/fast.h). */
-static __attribute__((noinline)) xseg_status free_guarded(struct dev_alloc *d, void *ptr, bool *owned)
-{
-    struct fast_guard g;
-    fast_guard_begin(d, &g, d->fast.busy_slots);
-    xseg_status st = free_cached(d, ptr, owned, false, true);
-    fast_guard_end(d, &g); /* a fill moved no counter */
-    dev_unlock(d);
-    return st;
-}
-
+/* free through the device lock: the door's bracket around the eager free (Note [the door] in
+ * core/device/fast.h). */
 static __attribute__((noinline)) xseg_status free_locked(struct dev_alloc *d, void *ptr, bool *owned)
 {
     dev_lock(d, DEV_NEED_NONE);
     FAST_COUNT(d, lock_frees);
-    /* The block's stream's slot settles first, and the own slot holding it (either may hold this
-     * very block, freed or handed out). */
-    if (XSEG_UNLIKELY(d->fast.busy_slots | d->fast.shared_mask)) {
-        struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
-        if (x && d->fast.busy_slots)
-            fast_settle_block(d, x);
-        return free_guarded(d, ptr, owned); /* guarded while other slots stay busy */
-    }
-    xseg_status st = free_cached(d, ptr, owned, false, false);
+    struct fast_guard g;
+    fast_lock_begin_free(d, ptr, &g);
+    xseg_status st = free_cached(d, ptr, owned, false);
+    fast_lock_end(d, &g);
     dev_unlock(d);
     return st;
 }
@@ -725,7 +693,7 @@ static __attribute__((noinline)) xseg_status free_stale(struct dev_alloc *d, voi
     struct hstack *fs = hist_mode() ? hist_capture() : NULL;
     dev_lock(d, DEV_NEED_OP);
     quar_begin_free(d, fs);
-    xseg_status st = free_cached(d, ptr, owned, d->cfg.debug_stale_access, false); /* no fill: no permit */
+    xseg_status st = free_cached(d, ptr, owned, d->cfg.debug_stale_access); /* no fill: no permit */
     quar_end_free(d);
     struct quar_batch batch;
     quar_take(d, &batch);

@@ -17,7 +17,7 @@ struct recount {
     int64_t reserved_bytes[XSEG_STAT_POOLS], segment[XSEG_STAT_POOLS];
     int64_t inactive_split[XSEG_STAT_POOLS], inactive_split_bytes[XSEG_STAT_POOLS];
     int64_t oversize_allocations, oversize_segments;
-    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed, slot_lazy;
+    size_t driver_bytes, allocated_blocks, free_indexed, unmapped_indexed, slot_freed;
 };
 
 static bool pending(const struct block *b) { return !b->allocated && (block_event_count(b) > 0 || block_uses_n(b)); }
@@ -34,19 +34,20 @@ static const struct dev_slot *slot_own(const struct dev_alloc *d, const struct b
 }
 
 /* @p b if it is a busy stream slot's freed block (struct dev_slot), else NULL (also for NULL). */
-static const struct block *slot_lazy(const struct dev_alloc *d, const struct block *b)
+static const struct block *slot_freed(const struct dev_alloc *d, const struct block *b)
 {
     if (!b)
         return NULL;
     unsigned i = fast_slot_index(b->stream);
-    return (d->fast.busy_slots >> i & 1) && d->fast.slots[i].lazy == b ? b : NULL;
+    const struct dev_slot *s = &d->fast.slots[i];
+    return (d->fast.busy_slots >> i & 1) && slot_state(s) == SLOT_FREED && s->freed == b ? b : NULL;
 }
 
 /* @p b if it is a busy own slot's freed block, else NULL. */
-static const struct block *own_lazy(const struct dev_alloc *d, const struct block *b)
+static const struct block *own_freed(const struct dev_alloc *d, const struct block *b)
 {
     const struct dev_slot *s = b && b->allocated ? slot_own(d, b) : NULL;
-    return s && s->lazy == b ? b : NULL;
+    return s && slot_state(s) == SLOT_FREED && s->freed == b ? b : NULL;
 }
 
 /* Is @p b in the live map? */
@@ -57,10 +58,10 @@ static bool live_has(const struct dev_alloc *d, const struct block *b) { return 
 static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct block *b)
 {
     const struct dev_slot *s = &d->fast.slots[fast_slot_index(b->stream)];
-    if ((d->fast.busy_slots >> fast_slot_index(b->stream) & 1) && s->live && s->blk == b)
+    if ((d->fast.busy_slots >> fast_slot_index(b->stream) & 1) && slot_state(s) == SLOT_HANDED_OUT && s->blk == b)
         return s;
     s = b->allocated ? slot_own(d, b) : NULL;
-    return s && s->live ? s : NULL;
+    return s && slot_state(s) == SLOT_HANDED_OUT ? s : NULL;
 }
 
 /* Bin treap below @p t (bin @p k of @p sb): ordered by (size, addr) within (lo, hi), heap-ordered
@@ -203,11 +204,11 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
      * indexed at its own key, no free predecessor, its map entry kept; the folded statistics count
      * them as one merged free block, so the recount does too (B's bytes here, R's as the merged
      * block's). */
-    if (slot_lazy(d, b)) {
+    if (slot_freed(d, b)) {
         CHECK(!b->allocated && !b->in_index && !pending(b) && b->mapped);
         CHECK(block_in_free_index(b->next) && !block_in_free_index(b->prev));
         CHECK(live_has(d, b));
-        rc->slot_lazy++;
+        rc->slot_freed++;
         rc->reserved_bytes[si] += (int64_t)b->size;
         rc->driver_bytes += b->size;
         return; /* expandable granules: checked with R, whose mapped state it shares */
@@ -216,10 +217,10 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
      * settle is the eager free); `allocated` to every eager operation, so that none merges it.
      * Only its reserved bytes count: not allocated, and (classic) no inactive split block until
      * its settle merges it (core/device/fast.h), so a free neighbour counts on its own. */
-    if (own_lazy(d, b)) {
+    if (own_freed(d, b)) {
         CHECK(!b->in_index && !pending(b) && b->mapped && !b->sided);
         CHECK(live_has(d, b));
-        rc->slot_lazy++;
+        rc->slot_freed++;
         rc->reserved_bytes[si] += (int64_t)b->size;
         rc->driver_bytes += b->size;
         return;
@@ -233,7 +234,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     CHECK(!allocated || (!b->in_index && b->mapped));
     CHECK(block_event_count(b) >= 0);
     /* A side struct only while the block is in use (allocated, pending, or a slot's). */
-    CHECK(!b->sided || allocated || pending(b) || slot_lazy(d, b));
+    CHECK(!b->sided || allocated || pending(b) || slot_freed(d, b));
     /* Two free neighbours merge; so do two unmapped ones. */
     CHECK(!(block_in_free_index(b) && block_in_free_index(b->next)));
     CHECK(!(b->next && !b->mapped && !b->next->mapped));
@@ -266,7 +267,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
         rc->unmapped_indexed++;
     if (!b->expandable) {
         CHECK(b->mapped);
-        const struct block *lz = slot_lazy(d, b->prev);
+        const struct block *lz = slot_freed(d, b->prev);
         if (lz) { /* the merged block [lz, b) */
             if (lz->prev || b->next) {
                 rc->inactive_split[si]++;
@@ -367,15 +368,17 @@ static bool check_slots(const struct dev_alloc *d)
     for (unsigned i = 0; i < DEV_SLOTS; i++) {
         const struct dev_slot *sl = &d->fast.slots[i];
         const struct block *b = sl->blk;
-        CHECK(!(sl->lazy && sl->live) && (!b || !!sl->lazy != !!sl->live));
-        CHECK(!sl->lazy || sl->lazy == b);
-        CHECK(!sl->live || sl->live == b->addr);
+        /* slot_state's reading is the only one: idle holds nothing, freed B, handed out B's address. */
+        enum slot_state state = slot_state(sl);
+        CHECK(state != SLOT_IDLE || (!sl->freed && !sl->live));
+        CHECK(state != SLOT_FREED || (sl->freed == b && !sl->live));
+        CHECK(state != SLOT_HANDED_OUT || sl->live == b->addr);
         CHECK(!!b == (d->fast.busy_slots >> i & 1));
         if (!b)
             continue;
         CHECK(sl->dev == d);
         CHECK(sl->gen != 0 && sl->owner != NULL);
-        if (i >= DEV_STREAM_SLOTS) {
+        if (slot_kind(d, sl) == SLOT_OWN) {
             /* An own slot: a block of a stream marked shared, its own size only. */
             CHECK(sl->min_size == b->size && sl->span == 0 && sl->cur_size == b->size);
             CHECK(fast_shared(d, b->stream));
@@ -384,7 +387,7 @@ static bool check_slots(const struct dev_alloc *d)
             split_owed |= !b->expandable;
         }
         /* B's own fields stay as the fill left them; the slot holds their truth. */
-        CHECK(b->allocated == (i >= DEV_STREAM_SLOTS)); /* an own slot's: allocated to the eager operations */
+        CHECK(b->allocated == (slot_kind(d, sl) == SLOT_OWN)); /* an own slot's: allocated to the eager operations */
         CHECK(block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
         CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
         /* Classic: min_size is where fast_widen took it, each widening a hit. */
@@ -393,7 +396,7 @@ static bool check_slots(const struct dev_alloc *d)
         CHECK(sl->span == b->size - sl->min_size);
         CHECK(sl->reps || (sl->cur_size == b->size && !sl->size_sum));
         CHECK(sl->live || sl->cur_req == sl->base_req || sl->reps);
-        CHECK(sl->reps || !sl->live);
+        CHECK(sl->reps || state != SLOT_HANDED_OUT);
     }
     return split_owed;
 }
@@ -447,7 +450,7 @@ static void check_walk(struct dev_alloc *d)
     CHECK(rc.free_indexed == free_nodes);
     CHECK(rc.unmapped_indexed == unmapped_nodes);
     /* A slot's freed block keeps its map entry, as a hit's block does. */
-    CHECK(rc.allocated_blocks + rc.slot_lazy == d->live.count);
+    CHECK(rc.allocated_blocks + rc.slot_freed == d->live.count);
     bool split_owed = check_slots(d); /* a classic stream slot busy: it owes on the inactive_split rows */
     CHECK(rc.driver_bytes == d->acct.total_allocated_memory);
     /* The invariant of core/device/fast.h: what a reader sees (d->acct.stats plus the slots' debts,

@@ -36,8 +36,8 @@ static bool fast_registers(const struct dev_alloc *d, const struct block *b)
  * merge included, is done at the settle), so it owes nothing there, in either mode.
  */
 
-/* Is @p s an own slot (slots[DEV_STREAM_SLOTS ..]; set once the slot was filled)? */
-static bool slot_is_own(const struct dev_slot *s) { return s - s->dev->fast.slots >= DEV_STREAM_SLOTS; }
+/* Is @p s an own slot (its dev set once the slot was filled)? */
+static bool slot_is_own(const struct dev_slot *s) { return slot_kind(s->dev, s) == SLOT_OWN; }
 
 /* Does busy slot @p s owe on the inactive_split rows (a classic stream slot's)? */
 static bool slot_owes_split(const struct dev_slot *s) { return !s->blk->expandable && !slot_is_own(s); }
@@ -56,7 +56,7 @@ static void slot_lowers(const struct dev_slot *s, int64_t low[FAST_ROWS])
     const struct block *b = s->blk;
     int64_t classic = slot_owes_split(s); /* an own slot's B may have no next to read */
     int64_t msize = classic ? (int64_t)(b->size + b->next->size) : 0;
-    if (s->lazy) {
+    if (slot_state(s) == SLOT_FREED) {
         low[0] = 1;
         low[1] = (int64_t)b->size;
         low[2] = (int64_t)s->base_req;
@@ -141,7 +141,8 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     xseg_assert(b && (d->fast.busy_slots >> i & 1));
     struct block *r = b->next;
     struct bpool *pool = block_pool(b);
-    if (i >= DEV_STREAM_SLOTS && s->lazy) {
+    enum slot_state state = slot_state(s);
+    if (slot_kind(d, s) == SLOT_OWN && state == SLOT_FREED) {
         /* An own slot's freed block: the eager free, done now (merged with whatever neighbours
          * are free now), its counters as free_cached moves them. */
         slot_pay(s, &d->acct.stats);
@@ -155,15 +156,15 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
         goto settled;
     }
     slot_owe(s, &d->acct.stats);
-    if (i >= DEV_STREAM_SLOTS) { /* an own slot's block handed out: same size (span 0) */
-        xseg_assert(s->live && s->cur_size == b->size && b->allocated);
+    if (slot_kind(d, s) == SLOT_OWN) { /* an own slot's block handed out: same size (span 0) */
+        xseg_assert(state == SLOT_HANDED_OUT && s->cur_size == b->size && b->allocated);
         block_set_requested(b, s->cur_req);
         goto settled;
     }
     xseg_assert(block_in_free_index(r) && !block_in_free_index(b->prev));
     /* What the slot's pairs used and gave back enters the index now, stamped after every record
      * of its stream's event so far (struct sbins: uncovered until a later one). */
-    if (s->live) {
+    if (state == SLOT_HANDED_OUT) {
         if (s->cur_size != b->size) {
             size_t rest = b->size - s->cur_size;
             bpool_free_grow(pool, r, r->addr - rest, r->size + rest);
@@ -184,10 +185,10 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
 settled:
     FAST_COUNT(d, settles);
 #if XSEG_DEBUG_LEVEL >= 1
-    d->fast.lazy_hits += s->hits;
+    d->fast.slot_hits += s->hits;
     s->hits = 0;
 #endif
-    s->blk = s->lazy = NULL;
+    s->blk = s->freed = NULL;
     s->owner = NULL;
     s->live = 0;
     s->reps = 0;
@@ -210,7 +211,7 @@ void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stre
     if (need == FAST_STREAM)
         m &= (uint64_t)1 << fast_slot_index(stream);
     else
-        d->fast.shared_mask = 0; /* every slot settled: sharing is seen again (fast_settle_malloc) */
+        sharing_reset_all(&d->fast.sharing); /* every slot settled: sharing is seen again (settle_malloc) */
     for (; m; m &= m - 1) /* the stream slots first, so before any own slot's free (own_settle) */
         slot_settle(d, (unsigned)__builtin_ctzll(m));
 }
@@ -256,16 +257,15 @@ static void own_settle_stream(struct dev_alloc *d, const void *owner, const void
 /*
  * A stream is shared when a malloc or free through the device lock finds its slot filled by
  * another thread (which single-threaded use never does): the threads' pairs meet on it. From then
- * until every slot settles, the stream's frees fill own slots. A stream marked at the same index
- * before gives its mark up, its own slots settled (they are found by the mark).
+ * until every slot settles, the stream's frees fill own slots (Note [slot rule]). A stream marked
+ * at the same index before gives its mark up, its own slots settled (they are found by the mark).
  */
 static void mark_shared(struct dev_alloc *d, unsigned i, CUstream stream)
 {
-    if (d->fast.shared_mask >> i & 1)
-        own_settle_stream(d, NULL, d->fast.shared[i]);
-    d->fast.shared[i] = stream;
-    d->fast.shared_mask |= (uint64_t)1 << i;
-    d->fast.shared_mask &= ~((uint64_t)1 << DEV_STREAM_SLOTS << i); /* its probe, if any, is done */
+    CUstream displaced = sharing_displaced(&d->fast.sharing, i);
+    if (displaced)
+        own_settle_stream(d, NULL, displaced);
+    sharing_mark(&d->fast.sharing, i, stream);
     FAST_COUNT(d, shared_marks);
 }
 
@@ -277,7 +277,10 @@ static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
     mark_shared(d, i, stream);
 }
 
-void fast_settle_malloc(struct dev_alloc *d, CUstream stream)
+/* What a malloc through the device lock on @p stream settles (some slot busy): the stream's slot,
+ * after noting whether another thread filled it (the stream is then shared), and on a shared
+ * stream this thread's own slot of it. The other threads' own slots stay. */
+static void settle_malloc(struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
     unsigned i = fast_slot_index(stream);
@@ -285,11 +288,14 @@ void fast_settle_malloc(struct dev_alloc *d, CUstream stream)
         note_thread(d, i, stream);
         slot_settle(d, i);
     }
-    if (XSEG_UNLIKELY(d->fast.shared_mask != 0) && fast_shared(d, stream))
+    if (XSEG_UNLIKELY(d->fast.sharing.any.shared != 0) && fast_shared(d, stream))
         own_settle_stream(d, fast_self(), stream);
 }
 
-void fast_settle_block(struct dev_alloc *d, const struct block *b)
+/* What a free through the device lock of @p b (in the live map; some slot busy) settles: its
+ * stream's slot (noting, as settle_malloc, whether another thread filled it) and the own slot that
+ * holds @p b, if any. */
+static void settle_block(struct dev_alloc *d, const struct block *b)
 {
     lock_assert_held(&d->lock);
     unsigned i = fast_slot_index(b->stream);
@@ -304,6 +310,28 @@ void fast_settle_block(struct dev_alloc *d, const struct block *b)
             break;
         }
     }
+}
+
+/* ---- the door (Note [the door]) ---------------------------------------------------------- */
+
+/* A malloc beside busy slots: its stream's settled, the peaks guarded while others stay busy. */
+void fast_lock_begin_malloc_slow(struct dev_alloc *d, CUstream stream, struct fast_guard *g)
+{
+    settle_malloc(d, stream);
+    fast_guard_begin(d, g, d->fast.busy_slots); /* malloc_slow settles every slot before it raises a counter */
+}
+
+/* A free beside busy slots or a stream marked or probed: the block's stream's slot and the own
+ * slot holding it settled first (either may hold this very block, freed or handed out), the
+ * peaks guarded while others stay busy (a merge into a split block moves inactive_split_bytes up;
+ * a fill moves no counter). */
+void fast_lock_begin_free_slow(struct dev_alloc *d, const void *ptr, struct fast_guard *g)
+{
+    lock_assert_held(&d->lock);
+    const struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
+    if (x && d->fast.busy_slots)
+        settle_block(d, x);
+    fast_guard_begin(d, g, d->fast.busy_slots);
 }
 
 /* ---- the peaks of an operation beside busy slots ------------------------------------------ */
@@ -382,14 +410,11 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
 /* ---- fill -------------------------------------------------------------------------------- */
 
 /*
- * The slot's hit test, at the fill: the smallest rounded size s (returned; 0: none) such that, for
- * every s from it to B's size, the eager state -- B merged into its free successor R as M = [B, R)
- * at key (stream, |M|, B's address) -- makes bops_find_free (core/device/blockops.h) pick M for a
- * request of s on B's pool and stream, and alloc_found_block split s off it. Then a hit hands out what the
- * eager free and malloc would, and stays so until a device-lock holder settles the slot (every
- * change to the stream's blocks settles it first). A classic slot starts at B's size and widens
- * towards this size through the device lock (fast_widen): a smaller hit leaves a larger inactive
- * split block, which the statistics must have counted first.
+ * Note [slot rule]'s best-fit test (core/device/fast.h), at the fill: the smallest rounded size s
+ * (returned; 0: none) such that, for every s from it to B's size, the eager state -- B merged into
+ * its free successor R as M = [B, R) at key (stream, |M|, B's address) -- makes bops_find_free
+ * (core/device/blockops.h) pick M for a request of s on B's pool and stream, and alloc_found_block
+ * split s off it.
  */
 static __attribute__((noinline)) size_t fast_fits(struct dev_alloc *d, struct block *b)
 {
@@ -464,16 +489,13 @@ static bool classic_mark(struct dev_alloc *d, struct block *b)
 static __attribute__((noinline, cold)) bool classic_beside(struct dev_alloc *d, struct block *b)
 {
     unsigned i = fast_slot_index(b->stream);
-    uint64_t probe = (uint64_t)1 << DEV_STREAM_SLOTS << i;
     const void *me = fast_self();
-    bool mine = d->fast.probe_stream[i] == b->stream && d->fast.probe_owner[i] == me;
-    if ((d->fast.shared_mask & probe) && d->fast.probe_stream[i] == b->stream && !mine)
+    const struct sharing_entry *e = &d->fast.sharing.entry[i];
+    if (sharing_is_probed(&d->fast.sharing, i) && e->stream == b->stream && e->owner != me)
         return classic_mark(d, b);
     /* Its own quiet frees (this thread alone on the stream lately) never get here: fast_fill_stream
-     * tests probe_quiet in line before the call. */
-    d->fast.shared_mask |= probe;
-    d->fast.probe_stream[i] = b->stream;
-    d->fast.probe_owner[i] = me;
+     * ticks the countdown in line before the call. */
+    sharing_probe(&d->fast.sharing, i, b->stream, me);
     return false;
 }
 
@@ -481,11 +503,11 @@ bool fast_fill_probed(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     unsigned i = fast_slot_index(b->stream);
-    if (d->fast.probe_stream[i] == b->stream) {
-        if (d->fast.probe_owner[i] != fast_self())
+    const struct sharing_entry *e = &d->fast.sharing.entry[i];
+    if (e->stream == b->stream) {
+        if (e->owner != fast_self())
             return classic_mark(d, b);
-        d->fast.shared_mask &= ~((uint64_t)1 << DEV_STREAM_SLOTS << i);
-        d->fast.probe_quiet[i] = FAST_PROBE_QUIET;
+        sharing_probe_end(&d->fast.sharing, i);
     }
     return fast_fill_stream(d, b);
 }
@@ -494,23 +516,16 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     const struct block *prev = b->prev, *next = b->next;
-    /* The common free (nothing recorded, not oversize, no other stream), the permit on, no GC
-     * clock to tick, dev_free_block_inline's keep == next case (a free, indexed successor and no
-     * free predecessor) with a merge that moves no counter up (an expandable block, or a classic
-     * B + R that spans its segment). */
+    /* Note [slot rule] in core/device/fast.h, the stream slot's half (dev_free_block_inline's
+     * keep == next case), the cheap tests first. */
     if (b != d->fast.last_alloc)
         return false;
     if (!b->expandable && (prev || (next && next->next))) {
-        /* classic_beside's quiet case inline (one thread freeing in LIFO order beside its live
-         * blocks, FAST_PROBE_QUIET times out of FAST_PROBE_QUIET + 1): this thread's own probe of
-         * this stream lately ended by its own free, so no probe this time; the eager free. The
-         * same test and effect as classic_beside's, without the cold call. */
-        unsigned i = fast_slot_index(b->stream);
-        if (XSEG_LIKELY(d->fast.probe_quiet[i] && d->fast.probe_stream[i] == b->stream &&
-                        d->fast.probe_owner[i] == fast_self())) {
-            d->fast.probe_quiet[i]--;
+        /* The quiet countdown in line (one thread freeing in LIFO order beside its live blocks,
+         * SHARING_QUIET_FREES times out of SHARING_QUIET_FREES + 1): this thread's own probe of
+         * this stream lately ended by its own free, so no probe this time; the eager free. */
+        if (XSEG_LIKELY(sharing_quiet_tick(&d->fast.sharing, fast_slot_index(b->stream), b->stream, fast_self())))
             return false;
-        }
         return classic_beside(d, b);
     }
     if (block_free_slow(b) || !block_in_free_index(next) || block_in_free_index(prev) ||
@@ -524,7 +539,7 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
     struct dev_slot *s = &d->fast.slots[i];
     xseg_assert(!(d->fast.busy_slots >> i & 1));
     spin_acquire(&s->lock);
-    s->blk = s->lazy = b;
+    s->blk = s->freed = b;
     s->gen = d->fast.fast_gen;
     s->min_fit = min_fit;
     s->min_size = b->expandable ? min_fit : b->size; /* classic: what the statistics count */
@@ -540,12 +555,11 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
 }
 
 /*
- * An own slot: any block of a default pool's common free (the permit on, no GC clock to tick, not
- * oversize), whatever its neighbours, in either mode. Its hits take it for its own rounded size
- * only, so a hit changes no block but B, and B's settle is the eager free, done late: until then
- * B is no inactive split block (nor merged with a free neighbour), freed or handed out, so its
- * debt has no inactive_split rows (slot_lowers), and a classic B's merge moves those rows at the
- * settle, through the ordinary free's accounting (own_settle: exact, peaks included).
+ * An own slot (Note [slot rule] in core/device/fast.h): a hit changes no block but B, and B's
+ * settle is the eager free, done late: until then B is no inactive split block (nor merged with a
+ * free neighbour), freed or handed out, so its debt has no inactive_split rows (slot_lowers), and
+ * a classic B's merge moves those rows at the settle, through the ordinary free's accounting
+ * (own_settle: exact, peaks included).
  */
 bool fast_fill_own(struct dev_alloc *d, struct block *b)
 {
@@ -567,7 +581,7 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
     unsigned i = (unsigned)__builtin_ctzll(idle);
     struct dev_slot *s = &d->fast.slots[i];
     spin_acquire(&s->lock);
-    s->blk = s->lazy = b;
+    s->blk = s->freed = b;
     s->gen = d->fast.fast_gen;
     s->min_fit = s->min_size = b->size;
     s->span = 0;
@@ -592,7 +606,7 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
     if (!(d->fast.busy_slots >> i & 1) || size == 0)
         return false;
     spin_acquire(&s->lock);
-    struct block *b = s->lazy;
+    struct block *b = s->freed;
     size_t r = fast_round(size);
     if (!b || b->expandable || b->stream != stream || s->gen != settings_gen() || size > s->base_req ||
         r >= s->min_size || r < s->min_fit) {

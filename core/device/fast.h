@@ -1,6 +1,7 @@
 /*
- * The fast path's owed work: the permit and the stream slots (struct dev_fast and struct dev_slot,
- * core/device/state.h), written only here and in fast.c (tests/build/layering.sh). A busy slot holds a
+ * The fast path's owed work: the permit, the slots and the sharing table (struct dev_fast, struct
+ * dev_slot and struct sharing, core/device/state.h), written only here, in fast.c and through
+ * core/device/sharing.h's transitions (tests/build/layering.sh). A busy slot holds a
  * block B whose free and later mallocs (hits) ran under the slot's lock alone: nothing of the
  * device lock's state moved, and the slot owes it what they did. The invariant, written once and
  * walked by dev_check (core/device/check.c) with every busy slot locked:
@@ -11,9 +12,10 @@
  *
  * Settling a slot (fast_settle) moves its debt into d->acct.stats and B's truth into B (merged
  * into its successor R when freed; its true size and requested bytes when handed out): the sum
- * does not move, but for an own slot's freed classic B, whose settle is its free (below). A debt lowers every current it touches (a hit takes at most B's size and
- * requested bytes), and every current of d->acct.stats is at most its peak, so no hit can take a
- * statistic past its peak unseen. A classic slot counts the inactive split bytes of its smallest
+ * does not move, but for an own slot's freed classic B, whose settle is its free (Note [slot
+ * rule]). A debt lowers every current it touches (a hit takes at most B's size and requested
+ * bytes), and every current of d->acct.stats is at most its peak, so no hit can take a statistic
+ * past its peak unseen. A classic slot counts the inactive split bytes of its smallest
  * hit (min_size): fast_widen lowers min_size through the device lock, so its hits, larger or
  * smaller, only lower allocated_bytes or inactive_split_bytes.
  *
@@ -30,30 +32,61 @@
  * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
  *
  * Which slot: a malloc tries this thread's last slot first (fast_tls_slot: the one it hit or
- * filled last), then its stream's, so that threads touch only slots they use. One slot a stream
- * keeps eager placement, but two threads whose pairs overlap on one stream cannot share it: their
- * blocks lie side by side, the lower one's free has no free successor, and every pair takes the
- * device lock; nor can any slot that keeps eager placement reach 1.5x one thread's pairs there (a
- * hit's eager address depends on whether the other thread's block is free at that instant, so
- * each pair would read a line the other wrote: bench_scale --only floor). So a stream is marked
- * shared when a malloc or free through the device lock finds its slot filled by another thread
- * (fast_settle_malloc), or, classic blocks side by side filling no stream slot, when the free
- * of last_alloc finds it beside another block, which probes its stream, and the next free
- * through the device lock there is another thread's (classic_beside, fast_fill_probed); from
- * then until every slot settles (any FAST_ALL settle:
- * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path
- * and so its out-of-memory reclaim) its frees fill an own slot of the freeing thread
- * (slots[DEV_STREAM_SLOTS ..], struct dev_slot, at most one a thread and stream; none left: the
- * eager free). What that gives up, on shared streams only: a thread's freed block is held out of
- * the other threads' best fit until a settle (a per-thread cache of one block a stream, at most
- * DEV_OWN_SLOTS blocks a device), and a hit takes it back for its own rounded size whether or not
- * best fit would. Its settle is the eager free, done late (merged with the neighbours free then);
- * a thread's malloc through the device lock settles its own slot of the stream, not the others'.
- * Own slots hold blocks of either mode, and owe nothing on the inactive_split rows: a classic B in
- * one is no inactive split block (nor merged with a free neighbour) until its settle, whose
- * ordinary free moves those rows up or down and takes their peaks from d->acct.stats; the stream
- * slots owing on them settle first (own_settle), so those rows are the recount's then, and the
- * peaks exact. Single-threaded use never marks a stream: its placement is the eager one.
+ * filled last), then its stream's, so that threads touch only slots they use. Which free stays in
+ * which slot is Note [slot rule] below; alloc.c reaches all of this through one door (Note [the
+ * door]).
+ *
+ * Note [slot rule]
+ * ~~~~~~~~~~~~~~~~
+ * A free through the device lock of block B may leave B unmerged in a slot only when no reader can
+ * tell it from the eager free. The stream slot (fast_fill_stream): B is the block of the last malloc
+ * through the device lock (last_alloc: a ping-pong frees what it just allocated), the permit is on,
+ * the free is the common one (nothing recorded, not oversize, no side struct, no GC clock to tick,
+ * below register_blocks_above_mb), B has a free indexed successor R and no free predecessor (the
+ * eager free's one merge, into R as M = [B, R)), that merge moves no counter up (an expandable
+ * block, or a classic B + R spanning its segment), and best fit in the eager index would split
+ * B's address off M again for every rounded size from min_size to B's size ("fast_fits", fast.c:
+ * min_fit; a classic slot starts at B's size and widens towards min_fit through the device lock,
+ * fast_widen, its larger inactive split block counted first). A hit then needs the slot's B freed,
+ * on its device and stream, the permit of the fill, a rounded size in [min_size, B's size] and at
+ * most base_req requested bytes (fast_hit_at); it hands out what the eager free and malloc would,
+ * until a device-lock holder settles the slot (every change to the stream's blocks settles it
+ * first). On a stream marked shared (core/device/sharing.h) the free fills an own slot of the
+ * freeing thread instead (fast_fill_own): any block of a default pool's common free, whatever its
+ * neighbours, in either mode, its hits at its own rounded size only; its settle is the eager free,
+ * done late. Everything else is the eager free.
+ *
+ * Why own slots: one slot a stream keeps eager placement, but two threads whose pairs overlap on
+ * one stream cannot share it: their blocks lie side by side, the lower one's free has no free
+ * successor, and every pair takes the device lock; nor can any slot that keeps eager placement
+ * reach 1.5x one thread's pairs there (a hit's eager address depends on whether the other
+ * thread's block is free at that instant, so each pair would read a line the other wrote:
+ * bench_scale --only floor). So a stream is marked shared when a malloc or free through the device
+ * lock finds its slot filled by another thread (settle_malloc, fast.c), or, classic blocks side by
+ * side filling no stream slot, when the free of last_alloc finds it beside another block, which
+ * probes its stream, and the next free through the device lock there is another thread's
+ * (classic_beside, fast_fill_probed); from then until every slot settles (any FAST_ALL settle:
+ * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path and
+ * so its out-of-memory reclaim) its frees fill own slots (slots[DEV_STREAM_SLOTS ..], at most one
+ * a thread and stream; none left: the eager free). What that gives up, on shared streams only: a
+ * thread's freed block is held out of the other threads' best fit until a settle (a per-thread
+ * cache of one block a stream, at most DEV_OWN_SLOTS blocks a device), and a hit takes it back
+ * for its own rounded size whether or not best fit would. A thread's malloc through the device
+ * lock settles its own slot of the stream, not the others'. Own slots owe nothing on the
+ * inactive_split rows: a classic B in one is no inactive split block (nor merged with a free
+ * neighbour) until its settle, whose ordinary free moves those rows up or down and takes their
+ * peaks from d->acct.stats; the stream slots owing on them settle first (own_settle), so those
+ * rows are the recount's then, and the peaks exact. Single-threaded use never marks a stream: its
+ * placement is the eager one.
+ *
+ * Note [the door]
+ * ~~~~~~~~~~~~~~~
+ * core/alloc.c's malloc and free through the device lock each read: lock, fast_lock_begin_malloc
+ * or fast_lock_begin_free (the stream's slot settled, and on a shared stream this thread's own
+ * slot of it or the own slot holding the block; the peaks guarded while other slots stay busy),
+ * the eager operation, whose free offers its block to a slot through fast_put (Note [slot rule]),
+ * fast_lock_end (the guarded peaks made exact), unlock. The common case, no slot busy and no
+ * stream marked or probed, costs one test at each end; the rest is out of line.
  */
 #ifndef XSEG_CORE_FAST_H
 #define XSEG_CORE_FAST_H
@@ -63,6 +96,7 @@
 
 #include "core/device/blockops.h"
 #include "core/device/placement.h"
+#include "core/device/sharing.h"
 
 /* The slot of @p stream: a multiplicative hash of the handle (streams sharing a slot share its
  * one block, never its correctness). */
@@ -73,6 +107,21 @@ static inline unsigned fast_slot_index(const void *stream)
 static inline struct dev_slot *fast_slot_of(struct dev_alloc *d, const void *stream)
 {
     return &d->fast.slots[fast_slot_index(stream)];
+}
+
+/* What a slot holds (struct dev_slot): nothing, its block B freed by the user (a hit may take
+ * it), or B handed out again by a hit (its free puts it back). */
+enum slot_state { SLOT_IDLE, SLOT_FREED, SLOT_HANDED_OUT };
+static inline enum slot_state slot_state(const struct dev_slot *s)
+{
+    return !s->blk ? SLOT_IDLE : s->freed ? SLOT_FREED : SLOT_HANDED_OUT;
+}
+/* Which slots a slot is among: its stream's (slots[fast_slot_index]) or a thread's own
+ * (slots[DEV_STREAM_SLOTS ..], Note [slot rule]). */
+enum slot_kind { SLOT_STREAM, SLOT_OWN };
+static inline enum slot_kind slot_kind(const struct dev_alloc *d, const struct dev_slot *s)
+{
+    return s - d->fast.slots >= DEV_STREAM_SLOTS ? SLOT_OWN : SLOT_STREAM;
 }
 
 /* Debug builds count what the slots do (struct dev_fast; device lock held). */
@@ -101,21 +150,12 @@ void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stre
 static inline void fast_settle(struct dev_alloc *d, enum fast_need need, const void *stream)
 {
     lock_assert_held(&d->lock);
-    if (XSEG_UNLIKELY((d->fast.busy_slots | d->fast.shared_mask) != 0) && need != FAST_NONE)
+    if (XSEG_UNLIKELY((d->fast.busy_slots | sharing_any(&d->fast.sharing)) != 0) && need != FAST_NONE)
         fast_settle_slow(d, need, stream);
 }
 
 /* Is an own slot busy (device lock held)? */
 static inline bool fast_own_busy(const struct dev_alloc *d) { return (d->fast.busy_slots >> DEV_STREAM_SLOTS) != 0; }
-
-/* What a malloc through the device lock on @p stream settles (some slot busy): the stream's slot,
- * after noting whether another thread filled it (the stream is then shared), and on a shared
- * stream this thread's own slot of it. The other threads' own slots stay. */
-void fast_settle_malloc(struct dev_alloc *d, CUstream stream);
-/* What a free through the device lock of @p b (in the live map; some slot busy) settles: its
- * stream's slot (noting, as fast_settle_malloc, whether another thread filled it) and the own
- * slot that holds @p b, if any. */
-void fast_settle_block(struct dev_alloc *d, const struct block *b);
 
 /* The rows of the statistics a busy slot's debt lowers (slot_owe): allocation, allocated_bytes,
  * requested_bytes, inactive_split and inactive_split_bytes. */
@@ -220,34 +260,55 @@ static inline void dev_fast_update(struct dev_alloc *d)
 /* @p b was handed out through the device lock: a free of it may fill its slot. */
 static inline void fast_note_alloc(struct dev_alloc *d, const struct block *b) { d->fast.last_alloc = b; }
 
-/* The free of @p b (device lock held; its map entry taken, its counters not yet down): fill its
- * stream's slot when that is invisible (the block was the last one allocated, the permit on, the
- * merge with its free successor the only one and one best fit would undo, see struct dev_slot);
- * on a shared stream, fill an own slot of this thread instead (fast_fill_own). True: done, the
- * block is the slot's, and the slot this thread's last. */
+/* The free of @p b (device lock held; its map entry taken, its counters not yet down) kept in a
+ * slot where Note [slot rule] allows: its stream's (fast_fill_stream), or on a shared stream an own
+ * slot of this thread (fast_fill_own). True: done, the block is the slot's, and the slot this
+ * thread's last. */
 bool fast_fill_own(struct dev_alloc *d, struct block *b);
 bool fast_fill_stream(struct dev_alloc *d, struct block *b);
 /* Is @p stream marked shared (device lock held)? */
 static inline bool fast_shared(const struct dev_alloc *d, const void *stream)
 {
-    unsigned i = fast_slot_index(stream);
-    return (d->fast.shared_mask >> i & 1) && d->fast.shared[i] == stream;
+    return sharing_is_shared(&d->fast.sharing, fast_slot_index(stream), stream);
 }
 /* The free of @p b on a stream probed (classic_beside): by another thread, it marks the stream
  * shared and fills an own slot (true); by the prober, it ends the probe and holds off that
- * thread's next FAST_PROBE_QUIET probes of the stream. Else fast_fill_stream. */
-#define FAST_PROBE_QUIET 63
+ * thread's next SHARING_QUIET_FREES probes of the stream. Else fast_fill_stream. */
 bool fast_fill_probed(struct dev_alloc *d, struct block *b);
-static inline bool fast_fill(struct dev_alloc *d, struct block *b)
+/* The door's put (Note [the door]): the free of @p b, as fast_fill_own, fast_fill_probed or
+ * fast_fill_stream takes it by its stream's sharing state. */
+static inline bool fast_put(struct dev_alloc *d, struct block *b)
 {
-    if (XSEG_UNLIKELY(d->fast.shared_mask != 0)) {
-        if (fast_shared(d, b->stream))
+    const struct sharing *t = &d->fast.sharing;
+    if (XSEG_UNLIKELY(sharing_any(t) != 0)) {
+        unsigned i = fast_slot_index(b->stream);
+        if (sharing_is_shared(t, i, b->stream))
             return fast_fill_own(d, b);
-        if (d->fast.shared_mask >> DEV_STREAM_SLOTS >> fast_slot_index(b->stream) & 1)
+        if (sharing_is_probed(t, i))
             return fast_fill_probed(d, b);
     }
     return fast_fill_stream(d, b);
 }
+
+/* The door's bracket (Note [the door]), device lock held. A malloc on @p stream, or a free of
+ * @p ptr: what it may change is settled first; @p g guards the peaks where other slots stay busy.
+ * Out of line when a slot is busy (or, for a free, a stream marked or probed). */
+void fast_lock_begin_malloc_slow(struct dev_alloc *d, CUstream stream, struct fast_guard *g);
+static inline void fast_lock_begin_malloc(struct dev_alloc *d, CUstream stream, struct fast_guard *g)
+{
+    g->on = false;
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0))
+        fast_lock_begin_malloc_slow(d, stream, g);
+}
+void fast_lock_begin_free_slow(struct dev_alloc *d, const void *ptr, struct fast_guard *g);
+static inline void fast_lock_begin_free(struct dev_alloc *d, const void *ptr, struct fast_guard *g)
+{
+    g->on = false;
+    if (XSEG_UNLIKELY((d->fast.busy_slots | sharing_any(&d->fast.sharing)) != 0))
+        fast_lock_begin_free_slow(d, ptr, g);
+}
+/* The bracket's end, the operation done (device lock held, no slot's lock): fast_guard_end. */
+static inline void fast_lock_end(struct dev_alloc *d, const struct fast_guard *g) { fast_guard_end(d, g); }
 
 /* The slot of this thread's last hit (NULL before the first): where its next free looks first,
  * without the device lock or even the device. Initial-exec: one thread-pointer-relative load, in
@@ -262,7 +323,7 @@ static inline const void *fast_self(void) { return &fast_tls_slot; }
 static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s, const struct block *lz, size_t size,
                                                           size_t r)
 {
-    s->lazy = NULL;
+    s->freed = NULL;
     s->live = lz->addr;
     s->cur_req = size;
     s->cur_size = r;
@@ -276,17 +337,16 @@ static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s,
     return (void *)s->live;
 }
 
-/* A hit on slot @p s, under its lock alone: it needs the slot's block freed, on device @p d and
- * @p stream, the permit current at the fill, a rounded size in [min_size, B's size] and no more
- * requested bytes than the statistics count for it. False: nothing changed (also when another
- * thread holds the slot's lock: no waiting here). */
+/* A hit on slot @p s, under its lock alone, on device @p d and @p stream, where Note [slot rule]
+ * allows one. False: nothing changed (also when another thread holds the slot's lock: no waiting
+ * here). */
 static inline __attribute__((always_inline)) bool fast_hit_at(struct dev_alloc *d, struct dev_slot *s, size_t size,
                                                               CUstream stream, void **out)
 {
     __asm__("" : "+r"(s)); /* one base register for every field (GCC would keep three) */
     if (XSEG_UNLIKELY(!spin_try(&s->lock)))
         return false;
-    struct block *lz = s->lazy;
+    struct block *lz = s->freed;
     if (!lz || s->dev != d || s->gen != settings_gen() || lz->stream != stream || size > s->base_req)
         goto miss;
     size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
@@ -326,7 +386,7 @@ static inline bool fast_free_hit(void *ptr)
     bool hit = s->live == (uintptr_t)ptr; /* ptr is not NULL (xseg_free's) */
     if (hit) {
         s->live = 0;
-        s->lazy = s->blk;
+        s->freed = s->blk;
     }
     spin_release(&s->lock);
     return hit;

@@ -69,24 +69,17 @@ struct ev_state {
 /* ---- the stream slots (dev_fast.slots, below; core/device/fast.h) ------------------------------------ */
 /*
  * A stream slot: a depth-one delayed merge per stream for the malloc+free ping-pong, under a lock
- * of its own so that threads on their own streams do not meet on the device lock. A free on the
- * common path whose block B has a free successor R and no free predecessor (and whose merge would
- * move no counter up) leaves B in its stream's slot instead of merging it into R. A malloc on B's
- * stream whose rounded size best fit would serve by splitting it off the merged block M = [B, R)
- * (fast_fits, at the fill: min_size to B's size; on classic segments B's size, widened by
- * fast_widen towards min_fit) hands B's
- * address out again with that size (a hit); its free puts it back. Neither touches the device
- * lock, the index, the map or the statistics: what they owe is the slot's (core/device/fast.h).
+ * of its own so that threads on their own streams do not meet on the device lock. Which free
+ * leaves its block B in the slot instead of merging it into its free successor R, and which malloc
+ * takes B's address again (a hit), is Note [slot rule] in core/device/fast.h; its free puts it
+ * back. Neither touches the device lock, the index, the map or the statistics: what they owe is
+ * the slot's (core/device/fast.h). Own slots (slots[DEV_STREAM_SLOTS ..]) hold a block of a stream
+ * several threads use, for the freeing thread (owner), at B's own size only (min_size = B's size,
+ * span 0). A slot is idle, holds B freed, or hands B out (enum slot_state, core/device/fast.h).
  * Locking: the slot's fields are guarded by its lock; the fast paths read only B's address and
  * stream and write only the slot, so while the slot is busy B's own `allocated` (false), `size`
  * and `requested_size` are stale and the slot holds their truth (live, cur_size, cur_req), written
  * back at the settle. A slot is filled and settled only with the device lock held too.
- */
-/*
- * Own slots (slots[DEV_STREAM_SLOTS ..], core/device/fast.h): where one stream is used by several
- * threads at once, a free on it fills a slot of the freeing thread's own (owner) instead of the
- * stream's, holding the block whatever its neighbours (its settle is the eager free, done late),
- * and a hit takes it for its own rounded size only (min_size = B's size, span 0).
  */
 #define DEV_STREAM_SLOTS 32
 #define DEV_OWN_SLOTS 32
@@ -100,7 +93,7 @@ struct dev_slot {
     const void *owner;     /* the thread that filled it (fast_self): a stream slot's, to see another
                             * thread's malloc on its stream; an own slot's, to find it again */
     struct block *blk;     /* B while the slot is busy, else NULL */
-    struct block *lazy;    /* B while freed by the user, not merged, else NULL */
+    struct block *freed;   /* B while freed by the user, not merged, else NULL (slot_state) */
     uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
     size_t min_size;       /* the smallest rounded size a hit may take (at most B's size) */
     size_t min_fit;        /* the smallest rounded size eager best fit gives B's place (<= min_size):
@@ -113,7 +106,7 @@ struct dev_slot {
     size_t req_sum;        /* the requested bytes of those hits */
     size_t size_sum;       /* their rounded sizes */
 #if XSEG_DEBUG_LEVEL >= 1
-    uint64_t hits;         /* debug builds: added to dev_alloc.fast.lazy_hits at the settle */
+    uint64_t hits;         /* debug builds: added to dev_alloc.fast.slot_hits at the settle */
 #endif
 } __attribute__((aligned(64))); /* threads on other slots share no cache line */
 
@@ -374,6 +367,27 @@ struct quar_state {
     bool join_legacy;          /* a block was freed on the legacy stream: the next flush joins it */
 };
 
+/* ---- sharing.h: which streams several threads use at once (core/device/sharing.h) ------------ */
+/* One entry a stream slot index (fast_slot_index): the stream marked shared there, and the classic
+ * probe of a stream there, its prober and its quiet countdown. The states they make are
+ * enum sharing_state's (core/device/sharing.h). */
+struct sharing_entry {
+    CUstream shared;   /* the stream marked shared here, while any.shared has the entry's bit */
+    CUstream stream;   /* the stream of the entry's last probe (classic_beside, fast.c) */
+    const void *owner; /* its prober (fast_self) */
+    uint8_t quiet;     /* frees of owner on stream still to come without a probe (a lone thread) */
+};
+struct sharing {
+    union {
+        struct {
+            uint32_t shared; /* bit i: entry[i].shared is marked */
+            uint32_t probed; /* bit i: entry[i]'s probe is open */
+        } any;
+        uint64_t any_either; /* both at once: the fast paths' one test (sharing_any) */
+    };
+    struct sharing_entry entry[DEV_STREAM_SLOTS];
+};
+
 /* ---- fast.{h,c}: the fast path's permit and its stream slots (core/device/fast.h) ------------------- */
 struct dev_fast {
     /* The permit: equal to cfg_gen while none of the rare conditions the fast paths skip holds
@@ -382,26 +396,15 @@ struct dev_fast {
     unsigned fast_gen;
     /* Bit i is set while slots[i] holds a block (exact under the device lock). */
     uint64_t busy_slots;
-    /* Streams used by several threads at once (fast_settle_malloc): shared[i] while bit i is set,
-     * i its stream slot's index; their frees fill own slots. Bit DEV_STREAM_SLOTS + i: a classic
-     * probe of probe_stream[i] (classic_beside, fast.c). Cleared when every slot settles. */
-    uint64_t shared_mask;
-    CUstream shared[DEV_STREAM_SLOTS];
+    /* Which streams several threads use at once, and the classic probes that find them out
+     * (struct sharing, core/device/sharing.h). */
+    struct sharing sharing;
     /* The block of the last malloc through the device lock: only a free of it fills a slot (a
      * ping-pong frees what it just allocated). Compared, never dereferenced. */
     const struct block *last_alloc;
-    /* Classic blocks side by side fill no stream slot: a free of last_alloc beside another block
-     * probes its stream (classic_beside, fast.c), and the next free through the device lock on it
-     * by another thread marks it shared. The probing thread (fast_self) and stream, per index. */
-    const void *probe_owner[DEV_STREAM_SLOTS];
-    CUstream probe_stream[DEV_STREAM_SLOTS];
-    /* Probes the prober's own next free ended (one thread alone, freeing in LIFO order) hold off
-     * its further probes of that stream for FAST_PROBE_QUIET of them: each probe sends one free
-     * through the guarded path. */
-    uint8_t probe_quiet[DEV_STREAM_SLOTS];
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds count, so that tests and bench_slot_counts see the slots used: */
-    uint64_t lazy_hits;     /* hits of settled slots */
+    uint64_t slot_hits;     /* hits of settled slots */
     uint64_t lock_mallocs;  /* mallocs through the device lock (malloc_locked, fast_widen's included) */
     uint64_t lock_frees;    /* frees through the device lock (free_locked) */
     uint64_t settles;       /* slots settled */

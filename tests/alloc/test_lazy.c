@@ -159,7 +159,7 @@ static int run(const char *kind, bool eager)
     size_t largest = 1;
     xseg_cache_info(0, &largest);
 #if XSEG_DEBUG_LEVEL >= 1
-    uint64_t hits0 = rt_device_peek(0)->fast.lazy_hits;
+    uint64_t hits0 = rt_device_peek(0)->fast.slot_hits;
 #endif
     static const size_t cycle[] = {512, 1024, 1536, 2048};
     for (unsigned i = 0; i < 400; i++) {
@@ -177,7 +177,7 @@ static int run(const char *kind, bool eager)
     }
     xseg_cache_info(0, &largest);
 #if XSEG_DEBUG_LEVEL >= 1
-    uint64_t mixed = rt_device_peek(0)->fast.lazy_hits - hits0;
+    uint64_t mixed = rt_device_peek(0)->fast.slot_hits - hits0;
     fprintf(stderr, "%s %s: %" PRIu64 " hits of 400 mixed-size pairs\n", kind, eager ? "eager" : "lazy", mixed);
     /* Slots serve every size up to the block's once the 2 KiB one filled it (a classic one after
      * widening once through the device lock). */
@@ -213,7 +213,7 @@ static int run(const char *kind, bool eager)
             xseg_cache_info(0, &largest);
     }
 #if XSEG_DEBUG_LEVEL >= 1
-    hits0 = rt_device_peek(0)->fast.lazy_hits;
+    hits0 = rt_device_peek(0)->fast.slot_hits;
 #endif
     for (unsigned i = 0; i < 800; i++) {
         void *q;
@@ -230,7 +230,7 @@ static int run(const char *kind, bool eager)
     }
     xseg_cache_info(0, &largest);
 #if XSEG_DEBUG_LEVEL >= 1
-    mixed = rt_device_peek(0)->fast.lazy_hits - hits0;
+    mixed = rt_device_peek(0)->fast.slot_hits - hits0;
     fprintf(stderr, "%s %s: %" PRIu64 " hits of 800 pairs on two streams in turn\n", kind, eager ? "eager" : "lazy",
             mixed);
     if (!eager && mixed < 780)
@@ -240,8 +240,8 @@ static int run(const char *kind, bool eager)
     dump(stdout, 99999, "drain", NULL);
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds count the hits: the lazy run must have used the slot, the eager one never. */
-    uint64_t hits = rt_device_peek(0)->fast.lazy_hits;
-    fprintf(stderr, "%s %s: %" PRIu64 " lazy hits\n", kind, eager ? "eager" : "lazy", hits);
+    uint64_t hits = rt_device_peek(0)->fast.slot_hits;
+    fprintf(stderr, "%s %s: %" PRIu64 " slot hits\n", kind, eager ? "eager" : "lazy", hits);
     /* In this seeded sequence: classic 412, expandable 522 (396 each in the 400 mixed-size pairs).
      * A classic block takes the slot only when it and its free successor span their segment, so
      * that the merge moves no counter up. */

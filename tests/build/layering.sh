@@ -23,7 +23,7 @@ bad=0
 wing_rank="index:1 process:1 device:2 policy:3 services:4 top:5"
 wing_order="index:block,bins,ptrmap,stats
 process:config_keys,config,procstate,history,settings
-device:state,device,placement,blockops,retile,fast,sizes,quarantine,check
+device:state,device,placement,blockops,retile,sharing,fast,sizes,quarantine,check
 policy:capreuse,events,pools,registry,ipc,observe,classic,expandable,release
 services:hostquar,hostalloc,spill,sleep,sleeptags,trim,group,sleepwake,idle
 top:runtime,snapshot,reclaim,oom,grow,alloc,devops,shutdown"
