@@ -1,10 +1,11 @@
 /*
  * The device allocator (see alloc.h): malloc (the fast path and malloc_policy), free and
  * malloc_at, under the device lock. The finders (malloc_at's too) and history's events of a
- * block are core/device/blockops', the rounding core/device/sizes.h's, growth core/grow.c's, the
- * reclaim ladder core/reclaim.c's, the out-of-memory report core/oom.c's, record_stream
- * core/policy/events.c's. Statistics follow PyTorch's DeviceCachingAllocator exactly, including
- * what it leaves out for expandable blocks (segment.*, inactive_split*).
+ * block are core/device/blockops', the rounding core/device/sizes.h's, the request (struct
+ * alloc_params, built by alloc_params_init alone) and growth core/grow.h's, the reclaim ladder
+ * core/reclaim.c's, the out-of-memory report core/oom.c's, record_stream core/policy/events.c's.
+ * Statistics follow PyTorch's DeviceCachingAllocator exactly, including what it leaves out for
+ * expandable blocks (segment.*, inactive_split*).
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@
 #include "core/device/placement.h"
 #include "core/process/settings.h"
 #include "core/oom.h"
-#include "core/grow.h"
+#include "core/reclaim.h"
 #include "core/device/sizes.h"
 #include "core/services/sleep.h"
 #include "core/services/spill.h"
@@ -167,14 +168,15 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
     dev_free_block(d, b);
 }
 
-/* The end of every malloc once p->block is found (taken out of the index unless @p indexed):
- * split, account, record the pointer. @p home (a constant): place_predict_home ran for this malloc
- * with the lock held since, its life_state.home_tag is this key's. Lock held (and kept). */
-static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct dev_alloc *d, struct alloc_params *p,
-                                                                          size_t size, bool indexed,
-                                                                          const struct block *pred,
-                                                                          bool home, void **out,
-                                                                          struct hist_mctx *h)
+/* Hand out p->block, the end of every malloc once it is found (taken out of the index unless
+ * @p indexed): split, account, record the pointer. @p home (a constant): place_predict_home ran
+ * for this malloc with the lock held since, its life_state.home_tag is this key's. Lock held (and
+ * kept). */
+static inline __attribute__((always_inline)) xseg_status malloc_hand_out(struct dev_alloc *d, struct alloc_params *p,
+                                                                         size_t size, bool indexed,
+                                                                         const struct block *pred,
+                                                                         bool home, void **out,
+                                                                         struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
     struct block *b = XSEG_UNLIKELY(p->top) ? alloc_top_block(d, p, size) : alloc_found_block(d, p, size, indexed, pred);
@@ -197,14 +199,6 @@ static inline __attribute__((always_inline)) xseg_status malloc_finish_at(struct
     }
     *out = (void *)b->addr;
     return XSEG_SUCCESS;
-}
-
-static inline __attribute__((always_inline)) xseg_status malloc_finish(struct dev_alloc *d, struct alloc_params *p,
-                                                                       size_t size, bool indexed,
-                                                                       const struct block *pred, void **out,
-                                                                       struct hist_mctx *h)
-{
-    return malloc_finish_at(d, p, size, indexed, pred, false, out, h);
 }
 
 /*
@@ -234,16 +228,20 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
                          : bops_find_free(d, &(struct bops_want){p->pool, p->stream, p->size}, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
-            return malloc_finish(d, p, size, true, pred, out, h);
+            return malloc_hand_out(d, p, size, true, pred, false, out, h);
         }
     }
     if (found) {
         bpool_remove_free(p->pool, found);
         p->block = found;
-        return malloc_finish(d, p, size, false, NULL, out, h);
+        return malloc_hand_out(d, p, size, false, NULL, false, out, h);
     }
 
-    xseg_status st = grow_admit(d, p, size);
+    /* Admission: what no device holds is out of memory at once; a capturing stream no pool takes
+     * is refused. */
+    if (XSEG_UNLIKELY(!grow_holdable(d, p, size)))
+        return oom_report(d, p->size, p->alloc_size, p->stream);
+    xseg_status st = grow_admit(d, p);
     if (st != XSEG_SUCCESS)
         return st;
 
@@ -254,8 +252,8 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         dev_lock(d, DEV_NEED_SLOTS);
         if (grow_pool_fell_asleep(d, p->pool, &st))
             return st;
-        if (freed && grow_cached(d, p))
-            return malloc_finish(d, p, size, false, NULL, out, h);
+        if (freed && grow_recheck_cache(d, p))
+            return malloc_hand_out(d, p, size, false, NULL, false, out, h);
     }
 
     /* Garbage collection: aged cached blocks, when a threshold is set. */
@@ -264,16 +262,15 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
 
     /* The quarantine (debug_stale_access): over a quarter of its bound, it empties before growth
      * (core/device/quarantine.h). */
-    if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && grow_cached(d, p))
-        return malloc_finish(d, p, size, false, NULL, out, h);
+    if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && grow_recheck_cache(d, p))
+        return malloc_hand_out(d, p, size, false, NULL, false, out, h);
 
     /* Growth: a new segment, or room in an expandable one. */
-    struct growth gr;
-    st = grow_try(d, p, &gr);
+    st = grow_try(d, p);
 
     /* Refused: the reclaim ladder, each rung giving memory back, then growth again. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
-        st = grow_reclaim(d, &gr);
+        st = reclaim_run(d, p);
 
     /* Out of memory: observers, then the message. */
     if (st == XSEG_ERROR_OUT_OF_MEMORY)
@@ -285,7 +282,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * so it cannot be a candidate. */
     if (XSEG_UNLIKELY(d->cfg.release_threshold != SIZE_MAX))
         trim_threshold(d, p->size);
-    return malloc_finish(d, p, size, false, NULL, out, h);
+    return malloc_hand_out(d, p, size, false, NULL, false, out, h);
 }
 
 /* Everything before the search that a plain malloc does not need: a new config, and the work of
@@ -327,14 +324,8 @@ static xseg_status malloc_prepare(struct dev_alloc *d, size_t size, CUstream str
         trim_idle_tick(d); /* else the background thread ticks (core/services/idle.h) */
     dev_fast_update(d);
 
-    p->size = sizes_round(d, size);
-    p->pool = p->size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
-    if (XSEG_UNLIKELY(priv))
-        p->pool = p->size <= BLOCK_SMALL_SIZE ? &priv->small : &priv->large;
-    p->stream = stream;
-    p->block = NULL;
-    p->top = false;
-    p->cls = PLACE_SEG_ANY;
+    size_t rounded = sizes_round(d, size);
+    alloc_params_init(p, rounded, alloc_params_pool(d, priv, rounded), stream, false);
     return XSEG_SUCCESS;
 }
 
@@ -357,12 +348,8 @@ static inline __attribute__((always_inline)) xseg_status malloc_slow_body(struct
     fast_settle(d, FAST_ALL, NULL);
     struct alloc_params p;
     if (searched) {
-        p.size = fast_round(size);
-        p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
-        p.stream = stream;
-        p.block = NULL;
-        p.top = top;
-        p.cls = PLACE_SEG_ANY;
+        size_t rounded = fast_round(size);
+        alloc_params_init(&p, rounded, alloc_params_pool(d, NULL, rounded), stream, top);
         xseg_assert(!d->acct.pending[XSEG_STAT_ALL]); /* the permit (dev_alloc.acct.pending) */
         return malloc_policy(d, &p, true, found, size, out, NULL);
     }
@@ -426,10 +413,7 @@ static __attribute__((noinline, cold)) xseg_status malloc_reg_after(struct dev_a
 static __attribute__((noinline)) xseg_status malloc_class(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     struct alloc_params pp, *p = &pp;
-    p->size = fast_round(size);
-    p->pool = &d->large;
-    p->stream = stream;
-    p->top = false;
+    alloc_params_init(p, fast_round(size), &d->large, stream, false);
     p->cls = (uint8_t)place_class_home(d, size, p->stream, p->pool);
     struct block *pred;
     bool pred_ok;
@@ -438,9 +422,9 @@ static __attribute__((noinline)) xseg_status malloc_class(struct dev_alloc *d, s
         return malloc_slow(d, size, p->stream, false, NULL, false, out);
     p->block = c;
     if (XSEG_LIKELY(pred_ok)) /* the index's best fit: its predecessor is known */
-        return malloc_finish_at(d, p, size, true, pred, true, out, NULL);
+        return malloc_hand_out(d, p, size, true, pred, true, out, NULL);
     bpool_remove_free(p->pool, c);
-    return malloc_finish_at(d, p, size, false, NULL, true, out, NULL);
+    return malloc_hand_out(d, p, size, false, NULL, true, out, NULL);
 }
 
 /* A malloc under the permit predicted long-lived: the highest fitting free block, carved from its
@@ -448,19 +432,15 @@ static __attribute__((noinline)) xseg_status malloc_class(struct dev_alloc *d, s
 static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     struct alloc_params p;
-    p.size = fast_round(size);
-    p.pool = &d->large;
-    p.stream = stream;
-    p.top = true;
-    p.cls = PLACE_SEG_ANY;
+    alloc_params_init(&p, fast_round(size), &d->large, stream, true);
     /* place_predict_home left the key's home entry (or none) in life_state.home_tag: the records
-     * below go there without a second hash (malloc_finish_at's home). */
+     * below go there without a second hash (malloc_hand_out's home). */
     struct block *b = bops_find_top(d, p.pool, p.stream, p.size);
     if (!b)
         return malloc_slow(d, size, stream, true, NULL, true, out);
     bpool_remove_free(p.pool, b);
     p.block = b;
-    return malloc_finish_at(d, &p, size, false, NULL, true, out, NULL);
+    return malloc_hand_out(d, &p, size, false, NULL, true, out, NULL);
 }
 
 /*
@@ -477,10 +457,8 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
     /* fast_gen stands for every rare condition (core/device/fast.h); a moved generation means a new config. */
     if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
         struct alloc_params p;
-        p.size = fast_round(size);
-        p.pool = p.size <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
-        p.stream = stream;
-        p.top = false;
+        size_t rounded = fast_round(size);
+        alloc_params_init(&p, rounded, alloc_params_pool(d, NULL, rounded), stream, false);
         if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && place_predict_home(d, p.size, size, stream, p.pool))
             return place_class_regime(d) ? malloc_class(d, size, stream, out) : malloc_top(d, size, stream, out);
         struct block *pred;
@@ -493,7 +471,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
             p.block = b;
             /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
             xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
-            st = malloc_finish_at(d, &p, size, true, pred, true, out, NULL);
+            st = malloc_hand_out(d, &p, size, true, pred, true, out, NULL);
         } else {
             st = malloc_slow(d, size, stream, true, b, false, out); /* every slot settled first */
         }

@@ -1,11 +1,10 @@
 /*
- * Growth (see grow.h): admission, one growth under the budgets, the ladder's retry.
+ * Growth (see grow.h): admission, one growth under the budgets, the retry the ladder calls.
  */
 #include "core/grow.h"
 
 #include "base/error.h"
 #include "core/device/sizes.h"
-#include "core/oom.h"
 #include "core/policy/classic.h"
 #include "core/policy/expandable.h"
 #include "core/services/sleep.h"
@@ -27,13 +26,16 @@ xseg_status grow_capture_error(CUstream stream)
                    "(xseg_begin_allocate_to_pool)", (void *)stream);
 }
 
-xseg_status grow_admit(struct dev_alloc *d, struct alloc_params *p, size_t size)
+bool grow_holdable(struct dev_alloc *d, struct alloc_params *p, size_t size)
 {
     p->alloc_size = sizes_growth(d, p->size);
     size_t limit = d->acct.set_fraction ? d->acct.allowed_memory_maximum : d->info.total_mem;
     size_t cap = group_budget_cap(d); /* memory_budget_mb, memory_group_budget_mb */
-    if (XSEG_UNLIKELY(size > limit || size > cap))
-        return oom_report(d, p->size, p->alloc_size, p->stream);
+    return XSEG_LIKELY(size <= limit && size <= cap);
+}
+
+xseg_status grow_admit(struct dev_alloc *d, const struct alloc_params *p)
+{
     xseg_status st = XSEG_SUCCESS;
     if (!dev_pool_owner(d, p->pool) && dev_stream_capturing(d, p->stream, &st)) {
         dev_capture_note(d, p->stream);
@@ -77,55 +79,29 @@ static void budget_exit(struct dev_alloc *d)
     group_note_reserved(d, false);
 }
 
-/* The ladder's retry after a rung gave (core/reclaim.h's RECLAIM_* in @p how). */
-static xseg_status growth_again(struct dev_alloc *d, struct reclaim_growth *rg, unsigned how)
+xseg_status grow_again(struct dev_alloc *d, struct alloc_params *p, unsigned how)
 {
-    struct growth *gr = (struct growth *)rg;
-    struct alloc_params *p = gr->p;
     xseg_status st;
-    if (how & RECLAIM_RELOCKED) {
+    if (how & GROW_RETRY_RELOCKED) {
         if (grow_pool_fell_asleep(d, p->pool, &st))
             return st;
-        if (rg->bv)
-            budget_enter(d, rg->bv, p->alloc_size); /* the figures moved meanwhile */
+        if (p->budgeted)
+            budget_enter(d, &p->bv, p->alloc_size); /* the figures moved meanwhile */
     }
-    if ((how & RECLAIM_CACHE) && grow_cached(d, p))
+    if ((how & GROW_RETRY_CACHE) && grow_recheck_cache(d, p))
         return XSEG_SUCCESS;
-    return alloc_block(d, p, how & RECLAIM_COUNTED);
+    return alloc_block(d, p, how & GROW_RETRY_COUNTED);
 }
 
-static void growth_budget_end(struct dev_alloc *d, struct reclaim_growth *rg)
-{
-    (void)rg;
-    budget_exit(d);
-}
+void grow_budget_end(struct dev_alloc *d) { budget_exit(d); }
 
-xseg_status grow_try(struct dev_alloc *d, struct alloc_params *p, struct growth *gr)
+xseg_status grow_try(struct dev_alloc *d, struct alloc_params *p)
 {
-    gr->p = p;
-    gr->g.bv = NULL;
-    if (XSEG_UNLIKELY(group_measure_on(d))) {
-        budget_enter(d, &gr->bv, p->alloc_size);
-        gr->g.bv = &gr->bv;
-    }
+    p->budgeted = XSEG_UNLIKELY(group_measure_on(d));
+    if (p->budgeted)
+        budget_enter(d, &p->bv, p->alloc_size);
     xseg_status st = alloc_block(d, p, false);
-    if (st != XSEG_ERROR_OUT_OF_MEMORY && gr->g.bv)
+    if (st != XSEG_ERROR_OUT_OF_MEMORY && p->budgeted)
         budget_exit(d);
     return st;
-}
-
-__attribute__((noinline)) xseg_status grow_reclaim(struct dev_alloc *d, struct growth *gr)
-{
-    struct alloc_params *p = gr->p;
-    struct reclaim_growth *g = &gr->g;
-    g->pool = p->pool;
-    g->stream = p->stream;
-    g->size = p->size;
-    g->alloc_size = p->alloc_size;
-    g->capture = dev_capture_underway(d);
-    g->again = growth_again;
-    g->budget_end = growth_budget_end;
-    if (!g->capture)
-        p->cls = PLACE_SEG_ANY; /* S1: under pressure, either kind of segment */
-    return reclaim_run(d, g);
 }

@@ -73,10 +73,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/backfile.h"
 #include "base/checksum.h"
 #include "base/error.h"
 #include "base/hostmem.h"
-#include "base/spill.h"
 #include "base/vec.h"
 #include "core/device/check.h"
 #include "core/policy/events.h"
@@ -145,7 +145,7 @@ struct pool_sleep {
     unsigned char fill;                   /* a DISCARD wake's byte (sleep_discard_fill) */
     /* OFFLOAD_FILE: the file, and a running sleep's or wake's two bounce buffers (slot j on
      * streams[j % nstreams]) with what each holds: bytes [boff, boff + blen) of the file. */
-    struct spill file;
+    struct backfile file;
     void *bounce[2];
     size_t bounce_bytes;
     bool busy[2];
@@ -204,7 +204,7 @@ static void state_free(struct dev_alloc *d, struct pool_sleep *ps, bool copies_m
             continue; /* neither waited nor recorded: kept allocated rather than reused under a copy */
         (void)hostalloc_free(ss->host, !ps->keep_backup);
     }
-    spill_close(&ps->file);
+    backfile_close(&ps->file);
     checksum_key_forget(&ps->sum_key);
     xs_free(ps->plan);
     xs_free(ps->sums);
@@ -655,7 +655,7 @@ static xseg_status file_flush(struct pool_sleep *ps, unsigned j)
     struct sum_job job = {ps, ps->bounce[j], ps->blen[j], 0};
     pthread_t t;
     bool beside = job.n >= SUM_THREAD_MIN && pthread_create(&t, NULL, sum_run, &job) == 0;
-    st = spill_write(&ps->file, ps->bounce[j], ps->blen[j], ps->boff[j], "xseg_sleep_ex");
+    st = backfile_write(&ps->file, ps->bounce[j], ps->blen[j], ps->boff[j], "xseg_sleep_ex");
     if (beside)
         pthread_join(t, NULL);
     else
@@ -744,7 +744,7 @@ static xseg_status chunk_read(struct pool_sleep *ps, unsigned j, size_t c)
 {
     uint64_t start = c ? ps->sums[c - 1].end : 0;
     size_t n = (size_t)(ps->sums[c].end - start);
-    xseg_status st = spill_read(&ps->file, ps->bounce[j], n, start, "reading the sleep's file back");
+    xseg_status st = backfile_read(&ps->file, ps->bounce[j], n, start, "reading the sleep's file back");
     if (st != XSEG_SUCCESS)
         return st;
     if (chunk_sum(ps, ps->bounce[j], n) != ps->sums[c].sum)
@@ -1194,7 +1194,7 @@ static xseg_status sleep_backup(struct dev_alloc *d, struct priv_pool *pp, struc
     pick_streams(d, ps);
     step_out(d);
     if (ps->flags == XSEG_SLEEP_OFFLOAD_FILE)
-        st = spill_create(&ps->file, path, "xseg_sleep_ex");
+        st = backfile_create(&ps->file, path, "xseg_sleep_ex");
     if (st == XSEG_SUCCESS) {
         *copies = true;
         st = ps->flags == XSEG_SLEEP_OFFLOAD_FILE ? offload_file(d, ps) : offload(d, ps);

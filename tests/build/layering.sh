@@ -26,7 +26,7 @@ process:config_keys,config,procstate,history,settings
 device:state,device,placement,blockops,retile,sharing,fast,sizes,quarantine,check
 policy:capreuse,events,pools,registry,ipc,observe,classic,expandable,release
 services:hostquar,hostalloc,spill,sleep,sleeptags,trim,group,sleepwake,idle
-top:runtime,snapshot,reclaim,oom,grow,alloc,devops,shutdown"
+top:runtime,snapshot,grow,reclaim,oom,alloc,devops,shutdown"
 # Includes allowed to point up: none (sub-state types live in core/device/state.h, below device.h,
 # and dev_unlock, which runs dev_check, in core/device/check.h above it). Format: "FILE:HEADER ...".
 core_up=""

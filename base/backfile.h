@@ -6,10 +6,10 @@
  * retry EINTR; a failure (ENOSPC, EIO, EFBIG over RLIMIT_FSIZE, a file shorter than written)
  * names the path, the offset and the errno. A write blocks SIGXFSZ on its thread and takes the
  * one its EFBIG raised, so going past RLIMIT_FSIZE is that error, not the signal killing the
- * process. spill_close unlinks the path only while it still
+ * process. backfile_close unlinks the path only while it still
  * names the file created here (same device and inode), so a file someone put there is kept. */
-#ifndef XSEG_BASE_SPILL_H
-#define XSEG_BASE_SPILL_H
+#ifndef XSEG_BASE_BACKFILE_H
+#define XSEG_BASE_BACKFILE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -17,7 +17,7 @@
 
 #include "xseg.h"
 
-struct spill {
+struct backfile {
     int fd;     /* -1: none */
     char *path; /* xs_malloc'd copy */
     dev_t dev;
@@ -26,12 +26,12 @@ struct spill {
 
 /* Create the file at @p path (*sp empty on failure). @p what names the caller in the message:
  * INVALID_VALUE for an existing path or a link ("refusing"), the open's errno otherwise. */
-xseg_status spill_create(struct spill *sp, const char *path, const char *what);
+xseg_status backfile_create(struct backfile *sp, const char *path, const char *what);
 /* Write (read) @p len bytes at @p off. XSEG_ERROR_DRIVER is not used: a failed transfer is
  * XSEG_ERROR_OUT_OF_MEMORY for ENOSPC/EFBIG/EDQUOT (no room), else XSEG_ERROR_INVALID_VALUE. */
-xseg_status spill_write(struct spill *sp, const void *buf, size_t len, uint64_t off, const char *what);
-xseg_status spill_read(struct spill *sp, void *buf, size_t len, uint64_t off, const char *what);
+xseg_status backfile_write(struct backfile *sp, const void *buf, size_t len, uint64_t off, const char *what);
+xseg_status backfile_read(struct backfile *sp, void *buf, size_t len, uint64_t off, const char *what);
 /* Close the file and unlink its path (see above); *sp empty after. No effect on an empty one. */
-void spill_close(struct spill *sp);
+void backfile_close(struct backfile *sp);
 
 #endif

@@ -1,4 +1,4 @@
-/* The file behind a file-backed sleep (spill.h). */
+/* The file behind a file-backed sleep (backfile.h). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -10,11 +10,11 @@
 
 #include "base/error.h"
 #include "base/hostmem.h"
-#include "base/spill.h"
+#include "base/backfile.h"
 
-xseg_status spill_create(struct spill *sp, const char *path, const char *what)
+xseg_status backfile_create(struct backfile *sp, const char *path, const char *what)
 {
-    *sp = (struct spill){.fd = -1};
+    *sp = (struct backfile){.fd = -1};
     size_t n = strlen(path) + 1;
     char *copy = xs_malloc(n);
     if (!copy)
@@ -38,11 +38,11 @@ xseg_status spill_create(struct spill *sp, const char *path, const char *what)
         xs_free(copy);
         return err_set(XSEG_ERROR_INVALID_VALUE, "%s: fstat of '%s': %s (errno %d)", what, path, strerror(e), e);
     }
-    *sp = (struct spill){.fd = fd, .path = copy, .dev = st.st_dev, .ino = st.st_ino};
+    *sp = (struct backfile){.fd = fd, .path = copy, .dev = st.st_dev, .ino = st.st_ino};
     return XSEG_SUCCESS;
 }
 
-static xseg_status io_fail(const struct spill *sp, const char *what, const char *op, uint64_t off, size_t len, int e)
+static xseg_status io_fail(const struct backfile *sp, const char *what, const char *op, uint64_t off, size_t len, int e)
 {
     if (!e)
         return err_set(XSEG_ERROR_INVALID_VALUE, "%s: %s of %zu bytes at offset %" PRIu64 " of '%s': the file ends "
@@ -82,7 +82,7 @@ static void xfsz_restore(const sigset_t *old, bool efbig)
     (void)pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
-xseg_status spill_write(struct spill *sp, const void *buf, size_t len, uint64_t off, const char *what)
+xseg_status backfile_write(struct backfile *sp, const void *buf, size_t len, uint64_t off, const char *what)
 {
     const char *p = buf;
     sigset_t old;
@@ -104,7 +104,7 @@ xseg_status spill_write(struct spill *sp, const void *buf, size_t len, uint64_t 
     return e ? io_fail(sp, what, "write", off + done, len - done, e) : XSEG_SUCCESS;
 }
 
-xseg_status spill_read(struct spill *sp, void *buf, size_t len, uint64_t off, const char *what)
+xseg_status backfile_read(struct backfile *sp, void *buf, size_t len, uint64_t off, const char *what)
 {
     char *p = buf;
     for (size_t done = 0; done < len;) {
@@ -118,7 +118,7 @@ xseg_status spill_read(struct spill *sp, void *buf, size_t len, uint64_t off, co
     return XSEG_SUCCESS;
 }
 
-void spill_close(struct spill *sp)
+void backfile_close(struct backfile *sp)
 {
     if (sp->fd < 0)
         return;
@@ -127,5 +127,5 @@ void spill_close(struct spill *sp)
         (void)unlink(sp->path);
     (void)close(sp->fd);
     xs_free(sp->path);
-    *sp = (struct spill){.fd = -1};
+    *sp = (struct backfile){.fd = -1};
 }
