@@ -37,7 +37,7 @@ static inline xseg_status api_free(void *ptr)
     if (!ptr)
         return XSEG_SUCCESS;
     /* The ping-pong's free: the block this thread's last hit handed out (any device). */
-    if (fast_free_hit(ptr))
+    if (fast_free_hit(ptr) || fast_front_free(ptr))
         return XSEG_SUCCESS;
     xseg_status st = rt_ensure();
     if (XSEG_UNLIKELY(st != XSEG_SUCCESS))

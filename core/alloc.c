@@ -486,10 +486,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    /* The stream's slot, when this thread's last slot (fast_hit's) was another. */
-    if (fast_hit_at(d, fast_slot_of(d, stream), size, stream, out))
-        return XSEG_SUCCESS;
-    dev_lock(d, DEV_NEED_NONE);
+    dev_lock(d, DEV_NEED_NONE); /* its stream's slot settles below, unless it widens */
     FAST_COUNT(d, lock_mallocs);
     if (XSEG_UNLIKELY(d->fast.busy_slots != 0) && fast_widen(d, size, stream, out)) {
         dev_unlock(d);
@@ -532,6 +529,10 @@ static __attribute__((noinline)) xseg_status malloc_register(struct dev_alloc *d
  * no test of its own and the cached pair is unchanged. */
 static __attribute__((noinline)) xseg_status malloc_miss(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
+    /* The stream's slot, when this thread's last slot (fast_hit's) was another; this thread's
+     * front. */
+    if (fast_front_hit(d, size, stream, out) || fast_hit_at(d, fast_slot_of(d, stream), size, stream, out))
+        return XSEG_SUCCESS;
     xseg_status st = malloc_locked(d, size, stream, out);
     if (XSEG_UNLIKELY(size >= atomic_load_explicit(&d->reg_above, memory_order_relaxed)) && st == XSEG_SUCCESS)
         st = malloc_register(d, size, out);

@@ -22,13 +22,18 @@ struct recount {
 
 static bool pending(const struct block *b) { return !b->allocated && (block_event_count(b) > 0 || block_uses_n(b)); }
 
-/* The busy own slot holding @p b, or NULL. */
-static const struct dev_slot *slot_own(const struct dev_alloc *d, const struct block *b)
+/* The front holding @p b (its entry in *@p k), or NULL. */
+static const struct dev_front *front_of(const struct dev_alloc *d, const struct block *b, uint32_t *k)
 {
     for (uint64_t m = d->fast.busy_slots >> DEV_STREAM_SLOTS; m; m &= m - 1) {
-        const struct dev_slot *s = &d->fast.slots[DEV_STREAM_SLOTS + __builtin_ctzll(m)];
-        if (s->blk == b)
-            return s;
+        const struct dev_front *f = &d->fast.fronts[__builtin_ctzll(m)];
+        if (f->stream != b->stream)
+            continue;
+        for (uint64_t u = f->used; u; u &= u - 1)
+            if (f->blk[__builtin_ctzll(u)] == b) {
+                *k = (uint32_t)__builtin_ctzll(u);
+                return f;
+            }
     }
     return NULL;
 }
@@ -43,11 +48,12 @@ static const struct block *slot_freed(const struct dev_alloc *d, const struct bl
     return (d->fast.busy_slots >> i & 1) && slot_state(s) == SLOT_FREED && s->freed == b ? b : NULL;
 }
 
-/* @p b if it is a busy own slot's freed block, else NULL. */
+/* @p b if it is a front's freed block, else NULL. */
 static const struct block *own_freed(const struct dev_alloc *d, const struct block *b)
 {
-    const struct dev_slot *s = b && b->allocated ? slot_own(d, b) : NULL;
-    return s && slot_state(s) == SLOT_FREED && s->freed == b ? b : NULL;
+    uint32_t k;
+    const struct dev_front *f = b && b->allocated ? front_of(d, b, &k) : NULL;
+    return f && (f->freed >> k & 1) ? b : NULL;
 }
 
 /* Is @p b in the live map? */
@@ -60,8 +66,7 @@ static const struct dev_slot *slot_live(const struct dev_alloc *d, const struct 
     const struct dev_slot *s = &d->fast.slots[fast_slot_index(b->stream)];
     if ((d->fast.busy_slots >> fast_slot_index(b->stream) & 1) && slot_state(s) == SLOT_HANDED_OUT && s->blk == b)
         return s;
-    s = b->allocated ? slot_own(d, b) : NULL;
-    return s && slot_state(s) == SLOT_HANDED_OUT ? s : NULL;
+    return NULL;
 }
 
 /* Bin treap below @p t (bin @p k of @p sb): ordered by (size, addr) within (lo, hi), heap-ordered
@@ -228,6 +233,10 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     const struct dev_slot *sl = slot_live(d, b);
     bool allocated = b->allocated || sl;
     size_t requested = sl ? sl->cur_req : block_requested(b);
+    uint32_t fk;
+    const struct dev_front *fr = b->allocated ? front_of(d, b, &fk) : NULL;
+    if (fr) /* a front's block handed out by a hit: its truth is the entry's */
+        requested = fr->cur_req[fk];
     size_t size = sl ? sl->cur_size : b->size; /* the rest of a hit's B is R's (below) */
     CHECK(b->expandable == (s->vseg != NULL));
     CHECK(b->size > 0);
@@ -365,7 +374,49 @@ static void check_counter(const xseg_stat_counter arr[XSEG_STAT_POOLS], const in
 static bool check_slots(const struct dev_alloc *d)
 {
     bool split_owed = false;
-    for (unsigned i = 0; i < DEV_SLOTS; i++) {
+    for (unsigned i = DEV_STREAM_SLOTS; i < DEV_SLOTS; i++) {
+        /* A front: its entries against their blocks, its sums against the entries. */
+        const struct dev_slot *sl = &d->fast.slots[i];
+        const struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+        CHECK(!!sl->blk == (d->fast.busy_slots >> i & 1));
+        if (!sl->blk)
+            continue;
+        CHECK(sl->dev == d && sl->gen != 0 && sl->owner != NULL);
+        CHECK(f->used && sl->blk == f->blk[__builtin_ctzll(f->used)] && !sl->freed && !sl->live);
+        CHECK(!(f->freed & ~f->used));
+        int64_t low[XSEG_STAT_POOLS][FRONT_LOWS] = {{0}};
+        uint32_t nclassic = 0;
+        uint64_t by_size = 0, by_addr = 0;
+        for (unsigned q = 0; q < FRONT_BUCKETS; q++) {
+            CHECK(!(by_size & f->by_size[q]) && !(by_addr & f->by_addr[q]));
+            by_size |= f->by_size[q];
+            by_addr |= f->by_addr[q];
+        }
+        CHECK(by_size == f->freed && by_addr == (f->used & ~f->freed));
+        for (uint64_t u = f->used; u; u &= u - 1) {
+            unsigned k = (unsigned)__builtin_ctzll(u);
+            const struct block *b = f->blk[k];
+            bool freed = f->freed >> k & 1;
+            CHECK(b && b->allocated && b->stream == f->stream && !b->in_index && b->mapped && !b->sided);
+            CHECK(f->si[k] == block_pool(b)->stat_index && !b->private_pool);
+            CHECK(f->size[k] == b->size && f->addr[k] == b->addr);
+            CHECK(freed ? (f->by_size[front_bucket(b->size)] >> k & 1) : (f->by_addr[front_bucket(b->addr)] >> k & 1));
+            CHECK(block_requested(b) == f->base_req[k] && f->cur_req[k] <= f->base_req[k]);
+            nclassic += !b->expandable;
+            if (freed) {
+                low[f->si[k]][FRONT_LOW_ALLOC] += 1;
+                low[f->si[k]][FRONT_LOW_BYTES] += (int64_t)b->size;
+                low[f->si[k]][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
+            } else {
+                low[f->si[k]][FRONT_LOW_REQ] += (int64_t)(f->base_req[k] - f->cur_req[k]);
+            }
+        }
+        CHECK(nclassic == f->nclassic);
+        for (int p = 1; p < XSEG_STAT_POOLS; p++)
+            for (int k = 0; k < FRONT_LOWS; k++)
+                CHECK(low[p][k] == f->low[p][k]);
+    }
+    for (unsigned i = 0; i < DEV_STREAM_SLOTS; i++) {
         const struct dev_slot *sl = &d->fast.slots[i];
         const struct block *b = sl->blk;
         /* slot_state's reading is the only one: idle holds nothing, freed B, handed out B's address. */
@@ -378,16 +429,10 @@ static bool check_slots(const struct dev_alloc *d)
             continue;
         CHECK(sl->dev == d);
         CHECK(sl->gen != 0 && sl->owner != NULL);
-        if (slot_kind(d, sl) == SLOT_OWN) {
-            /* An own slot: a block of a stream marked shared, its own size only. */
-            CHECK(sl->min_size == b->size && sl->span == 0 && sl->cur_size == b->size);
-            CHECK(fast_shared(d, b->stream));
-        } else {
-            CHECK(fast_slot_index(b->stream) == i);
-            split_owed |= !b->expandable;
-        }
+        CHECK(fast_slot_index(b->stream) == i);
+        split_owed |= !b->expandable;
         /* B's own fields stay as the fill left them; the slot holds their truth. */
-        CHECK(b->allocated == (slot_kind(d, sl) == SLOT_OWN)); /* an own slot's: allocated to the eager operations */
+        CHECK(!b->allocated);
         CHECK(block_requested(b) == sl->base_req && sl->cur_req <= sl->base_req);
         CHECK(BLOCK_MIN_SIZE <= sl->min_size && sl->min_size <= sl->cur_size && sl->cur_size <= b->size);
         /* Classic: min_size is where fast_widen took it, each widening a hit. */
@@ -487,10 +532,22 @@ static void check_walk(struct dev_alloc *d)
     const xseg_stat_counter *rows[] = {d->acct.stats.allocation, d->acct.stats.allocated_bytes,
                                        d->acct.stats.requested_bytes, d->acct.stats.inactive_split,
                                        d->acct.stats.inactive_split_bytes};
+    /* A front's debt may keep a current above its peak: what its hits may raise is its grant, and
+     * the currents less the fronts' debts plus every grant stay at most the peaks (front_grants). */
+    int64_t fr[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
+    for (uint64_t m = d->fast.busy_slots >> DEV_STREAM_SLOTS; m; m &= m - 1) {
+        const struct dev_front *f = &d->fast.fronts[__builtin_ctzll(m)];
+        for (int k = 0; k < FRONT_GRANT_ROWS; k++)
+            for (int p = 0; p < XSEG_STAT_POOLS; p++) {
+                int64_t owe = p == XSEG_STAT_ALL ? f->low[1][k] + f->low[2][k] : f->low[p][k];
+                CHECK(f->grant[k][p] >= 0);
+                fr[k][p] += f->grant[k][p] - owe;
+            }
+    }
     for (size_t k = 0; k < sizeof rows / sizeof *rows; k++) {
-        CHECK(rows[k][XSEG_STAT_SMALL_POOL].current <= rows[k][XSEG_STAT_SMALL_POOL].peak);
-        CHECK(rows[k][XSEG_STAT_LARGE_POOL].current <= rows[k][XSEG_STAT_LARGE_POOL].peak);
-        CHECK(stats_all_current(rows[k]) <= rows[k][XSEG_STAT_ALL].peak);
+        CHECK(rows[k][XSEG_STAT_SMALL_POOL].current + fr[k][XSEG_STAT_SMALL_POOL] <= rows[k][XSEG_STAT_SMALL_POOL].peak);
+        CHECK(rows[k][XSEG_STAT_LARGE_POOL].current + fr[k][XSEG_STAT_LARGE_POOL] <= rows[k][XSEG_STAT_LARGE_POOL].peak);
+        CHECK(stats_all_current(rows[k]) + fr[k][XSEG_STAT_ALL] <= rows[k][XSEG_STAT_ALL].peak);
     }
 }
 

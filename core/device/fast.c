@@ -4,14 +4,21 @@
  */
 #include "core/device/fast.h"
 
+#include <string.h>
+
 #include "base/fork.h"
 #include "core/device/placement.h"
 
-_Thread_local struct dev_slot *fast_tls_slot;
+_Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
+_Thread_local struct dev_slot *fast_tls_front __attribute__((tls_model("initial-exec")));
 
 /* A forked child never frees into the parent's devices (core/runtime.c refuses them): forget
  * the forking thread's last hit, whose slot lies in one. */
-static void fast_fork_child(void) { fast_tls_slot = NULL; }
+static void fast_fork_child(void)
+{
+    fast_tls_slot = NULL;
+    fast_tls_front = NULL;
+}
 FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
 
 /* register_blocks_above_mb: a slot keeps no block whose requested size reaches the key, so no hit
@@ -39,8 +46,14 @@ static bool fast_registers(const struct dev_alloc *d, const struct block *b)
 /* Is @p s an own slot (its dev set once the slot was filled)? */
 static bool slot_is_own(const struct dev_slot *s) { return slot_kind(s->dev, s) == SLOT_OWN; }
 
+/* The front of own slot @p s (its blocks, struct dev_front). */
+static struct dev_front *slot_front(const struct dev_slot *s)
+{
+    return &s->dev->fast.fronts[s - s->dev->fast.slots - DEV_STREAM_SLOTS];
+}
+
 /* Does busy slot @p s owe on the inactive_split rows (a classic stream slot's)? */
-static bool slot_owes_split(const struct dev_slot *s) { return !s->blk->expandable && !slot_is_own(s); }
+static bool slot_owes_split(const struct dev_slot *s) { return !slot_is_own(s) && !s->blk->expandable; }
 
 /* The rows of FAST_ROWS, in its order. */
 static xseg_stat_counter *fast_row(xseg_device_stats *st, int k)
@@ -50,30 +63,50 @@ static xseg_stat_counter *fast_row(xseg_device_stats *st, int k)
     return rows[k];
 }
 
-/* What busy slot @p s (locked) lowers each current of the FAST_ROWS rows by, in its pool. */
-static void slot_lowers(const struct dev_slot *s, int64_t low[FAST_ROWS])
+/* What busy slot @p s (locked) lowers each current of the FAST_ROWS rows by, by statistics pool
+ * (the "all" entries left 0): a stream slot's in its block's pool, a front's in each of its
+ * entries' pools. */
+static void slot_lowers(const struct dev_slot *s, int64_t low[XSEG_STAT_POOLS][FAST_ROWS])
 {
+    memset(low, 0, sizeof(int64_t) * XSEG_STAT_POOLS * FAST_ROWS);
+    if (slot_is_own(s)) {
+        const struct dev_front *f = slot_front(s);
+        for (int p = 1; p < XSEG_STAT_POOLS; p++)
+            for (int k = 0; k < FRONT_LOWS; k++)
+                low[p][k] = f->low[p][k];
+        return;
+    }
     const struct block *b = s->blk;
-    int64_t classic = slot_owes_split(s); /* an own slot's B may have no next to read */
+    int64_t *l = low[block_pool(b)->stat_index];
+    int64_t classic = slot_owes_split(s);
     int64_t msize = classic ? (int64_t)(b->size + b->next->size) : 0;
     if (slot_state(s) == SLOT_FREED) {
-        low[0] = 1;
-        low[1] = (int64_t)b->size;
-        low[2] = (int64_t)s->base_req;
-        low[3] = classic;
-        low[4] = classic * (msize - (int64_t)s->min_size);
+        l[0] = 1;
+        l[1] = (int64_t)b->size;
+        l[2] = (int64_t)s->base_req;
+        l[3] = classic;
+        l[4] = classic * (msize - (int64_t)s->min_size);
     } else {
-        low[0] = 0;
-        low[1] = (int64_t)(b->size - s->cur_size);
-        low[2] = (int64_t)(s->base_req - s->cur_req);
-        low[3] = 0;
-        low[4] = classic * (int64_t)(s->cur_size - s->min_size);
+        l[0] = 0;
+        l[1] = (int64_t)(b->size - s->cur_size);
+        l[2] = (int64_t)(s->base_req - s->cur_req);
+        l[3] = 0;
+        l[4] = classic * (int64_t)(s->cur_size - s->min_size);
     }
 }
 
 /* The accumulated half of slot_owe: what the hits' mallocs counted. */
 static void slot_pay(const struct dev_slot *s, xseg_device_stats *st)
 {
+    if (slot_is_own(s)) {
+        const struct dev_front *f = slot_front(s);
+        for (int p = 1; p < XSEG_STAT_POOLS; p++) {
+            st->allocation[p].allocated += (int64_t)f->reps[p];
+            st->allocated_bytes[p].allocated += f->size_sum[p];
+            st->requested_bytes[p].allocated += f->req_sum[p];
+        }
+        return;
+    }
     const struct block *b = s->blk;
     int si = block_pool(b)->stat_index;
     int64_t n = (int64_t)s->reps;
@@ -90,11 +123,12 @@ static void slot_pay(const struct dev_slot *s, xseg_device_stats *st)
 static void slot_owe(const struct dev_slot *s, xseg_device_stats *st)
 {
     slot_pay(s, st);
-    int si = block_pool(s->blk)->stat_index;
-    int64_t low[FAST_ROWS];
+    int64_t low[XSEG_STAT_POOLS][FAST_ROWS];
     slot_lowers(s, low);
-    for (int k = 0; k < FAST_ROWS; k++)
-        stat_down_pool(fast_row(st, k), si, low[k]);
+    for (int p = 1; p < XSEG_STAT_POOLS; p++)
+        for (int k = 0; k < FAST_ROWS; k++)
+            if (low[p][k])
+                stat_down_pool(fast_row(st, k), p, low[p][k]);
 }
 
 void fast_owed(const struct dev_alloc *d, xseg_device_stats *st)
@@ -128,6 +162,73 @@ static void slot_settle_free(struct dev_alloc *d, const struct block *b)
         life_forget(&d->life, b);
 }
 
+/* ---- fronts ------------------------------------------------------------------------------ */
+
+/* Take entry @p k out of front @p f of own slot @p s (both locks held). */
+static void front_remove(struct dev_slot *s, struct dev_front *f, unsigned k)
+{
+    uint64_t bit = (uint64_t)1 << k;
+    f->used &= ~bit;
+    f->freed &= ~bit;
+    f->by_size[front_bucket(f->size[k])] &= ~bit;
+    f->by_addr[front_bucket(f->addr[k])] &= ~bit;
+    f->blk[k] = NULL;
+    s->blk = f->used ? f->blk[__builtin_ctzll(f->used)] : NULL;
+}
+
+/* The hits' mallocs, counted now (both locks held). */
+static void front_pay(struct dev_alloc *d, struct dev_front *f)
+{
+    xseg_device_stats *st = &d->acct.stats;
+    for (int p = 1; p < XSEG_STAT_POOLS; p++) {
+        st->allocation[p].allocated += (int64_t)f->reps[p];
+        st->allocated_bytes[p].allocated += f->size_sum[p];
+        st->requested_bytes[p].allocated += f->req_sum[p];
+        f->reps[p] = 0;
+        f->size_sum[p] = f->req_sum[p] = 0;
+    }
+}
+
+/*
+ * Settle entry @p k of front @p f (own slot @p s; the device lock and the slot's held; the stream's
+ * slot settled, and for a classic block the slots owing on inactive_split: front_before_settle): a
+ * freed block's eager free, merged with whatever neighbours are free now, its counters as
+ * free_cached moves them; a handed-out block's true requested bytes written back.
+ */
+static void front_settle_entry(struct dev_alloc *d, struct dev_slot *s, struct dev_front *f, unsigned k)
+{
+    struct block *b = f->blk[k];
+    int si = f->si[k];
+    f->nclassic -= !b->expandable;
+    if (f->freed >> k & 1) {
+        f->low[si][FRONT_LOW_ALLOC] -= 1;
+        f->low[si][FRONT_LOW_BYTES] -= (int64_t)b->size;
+        f->low[si][FRONT_LOW_REQ] -= (int64_t)f->base_req[k];
+        front_remove(s, f, k);
+        b->allocated = false;
+        (void)ptrmap_take(&d->live, b->addr);
+        stat_down_pool(d->acct.stats.allocation, si, 1);
+        stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
+        slot_settle_free(d, b);
+        dev_free_block_inline(d, b); /* requested_bytes down by its requested_size: base_req */
+        return;
+    }
+    int64_t gap = (int64_t)(f->base_req[k] - f->cur_req[k]);
+    f->low[si][FRONT_LOW_REQ] -= gap;
+    stat_down_pool(d->acct.stats.requested_bytes, si, gap);
+    block_set_requested(b, f->cur_req[k]);
+    front_remove(s, f, k);
+}
+
+/* Every entry of own slot @p s's front (both locks held). */
+static void front_settle_all(struct dev_alloc *d, struct dev_slot *s)
+{
+    struct dev_front *f = slot_front(s);
+    front_pay(d, f);
+    while (f->used)
+        front_settle_entry(d, s, f, (unsigned)__builtin_ctzll(f->used));
+}
+
 /* Settle busy slot @p i, its lock held (kept): the debt paid, B's truth written back. A freed B
  * merges into R (dev_free_block_inline's keep == next branch: nothing but the slot's own pairs
  * touched B, R or the GC clock since the fill); a B handed out with fewer bytes than its size
@@ -137,30 +238,17 @@ static void slot_settle_locked(struct dev_alloc *d, unsigned i)
     lock_assert_held(&d->lock);
     struct dev_slot *s = &d->fast.slots[i];
     lock_assert_held(&s->lock);
+    xseg_assert(d->fast.busy_slots >> i & 1);
+    if (i >= DEV_STREAM_SLOTS) { /* a front: each entry's eager free or malloc, done now */
+        front_settle_all(d, s);
+        goto settled;
+    }
     struct block *b = s->blk;
-    xseg_assert(b && (d->fast.busy_slots >> i & 1));
+    xseg_assert(b);
     struct block *r = b->next;
     struct bpool *pool = block_pool(b);
     enum slot_state state = slot_state(s);
-    if (slot_kind(d, s) == SLOT_OWN && state == SLOT_FREED) {
-        /* An own slot's freed block: the eager free, done now (merged with whatever neighbours
-         * are free now), its counters as free_cached moves them. */
-        slot_pay(s, &d->acct.stats);
-        int si = pool->stat_index;
-        b->allocated = false;
-        (void)ptrmap_take(&d->live, b->addr);
-        stat_down_pool(d->acct.stats.allocation, si, 1);
-        stat_down_pool(d->acct.stats.allocated_bytes, si, (int64_t)b->size);
-        slot_settle_free(d, b);
-        dev_free_block_inline(d, b); /* requested_bytes down by its requested_size: base_req */
-        goto settled;
-    }
     slot_owe(s, &d->acct.stats);
-    if (slot_kind(d, s) == SLOT_OWN) { /* an own slot's block handed out: same size (span 0) */
-        xseg_assert(state == SLOT_HANDED_OUT && s->cur_size == b->size && b->allocated);
-        block_set_requested(b, s->cur_req);
-        goto settled;
-    }
     xseg_assert(block_in_free_index(r) && !block_in_free_index(b->prev));
     /* What the slot's pairs used and gave back enters the index now, stamped after every record
      * of its stream's event so far (struct sbins: uncovered until a later one). */
@@ -231,26 +319,66 @@ static uint64_t split_owers(const struct dev_alloc *d, uint64_t busy)
     return owe;
 }
 
-/* Settle own slot @p i (no slot's lock held). A classic B's settle is its ordinary free, whose
+/* Before a front's entries of @p stream settle (no slot's lock held): the stream's slot, whose
+ * block's predecessor may be one of them (a stream slot's B has no free predecessor), and for a
+ * @p classic block the slots owing on inactive_split (own_settle). */
+static void front_before_settle(struct dev_alloc *d, const void *stream, bool classic)
+{
+    unsigned j = fast_slot_index(stream);
+    if (d->fast.busy_slots >> j & 1)
+        slot_settle(d, j);
+    if (classic)
+        for (uint64_t m = split_owers(d, d->fast.busy_slots); m; m &= m - 1)
+            slot_settle(d, (unsigned)__builtin_ctzll(m));
+}
+
+/* The busy own slots whose front holds a classic block. */
+static bool own_classic(const struct dev_alloc *d, unsigned i) { return slot_front(&d->fast.slots[i])->nclassic != 0; }
+
+/* Settle own slot @p i (no slot's lock held). A classic block's settle is its ordinary free, whose
  * merge may raise inactive_split and take its peak from d->acct.stats: the slots owing on those
  * rows settle first, so that the rows hold the recount's values when it does (own slots owe
  * nothing there). */
 static void own_settle(struct dev_alloc *d, unsigned i)
 {
-    if (!d->fast.slots[i].blk->expandable)
-        for (uint64_t m = split_owers(d, d->fast.busy_slots); m; m &= m - 1)
-            slot_settle(d, (unsigned)__builtin_ctzll(m));
+    front_before_settle(d, slot_front(&d->fast.slots[i])->stream, own_classic(d, i));
     slot_settle(d, i);
 }
 
-/* Settle the own slots of @p owner (NULL: any thread's) holding a block of @p stream. */
+/* Settle the own slots of @p owner (NULL: any thread's) holding blocks of @p stream. */
 static void own_settle_stream(struct dev_alloc *d, const void *owner, const void *stream)
 {
     for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
         const struct dev_slot *s = &d->fast.slots[i];
-        if ((!owner || s->owner == owner) && s->blk->stream == stream)
+        if ((!owner || s->owner == owner) && slot_front(s)->stream == stream)
             own_settle(d, i);
+    }
+}
+
+/* Settle the front entry holding @p b, if any (a free through the device lock of a block a hit
+ * handed out, or of one freed into a front: the user's double free is then seen as such). */
+static void front_settle_block(struct dev_alloc *d, const struct block *b)
+{
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        struct dev_slot *s = &d->fast.slots[i];
+        struct dev_front *f = slot_front(s);
+        if (f->stream != b->stream)
+            continue;
+        /* Its entry is in its address's bucket while handed out, its size's while freed. */
+        for (uint64_t u = f->by_addr[front_bucket(b->addr)] | f->by_size[front_bucket(b->size)]; u; u &= u - 1) {
+            unsigned k = (unsigned)__builtin_ctzll(u);
+            if (f->blk[k] != b)
+                continue;
+            front_before_settle(d, b->stream, !b->expandable);
+            spin_acquire(&s->lock);
+            front_settle_entry(d, s, f, k);
+            if (!f->used)
+                slot_settle_locked(d, i); /* empty: the slot's accumulated counts paid, idle */
+            spin_release(&s->lock);
+            return;
+        }
     }
 }
 
@@ -288,8 +416,8 @@ static void settle_malloc(struct dev_alloc *d, CUstream stream)
         note_thread(d, i, stream);
         slot_settle(d, i);
     }
-    if (XSEG_UNLIKELY(d->fast.sharing.any.shared != 0) && fast_shared(d, stream))
-        own_settle_stream(d, fast_self(), stream);
+    /* The thread's front of the stream stays: its blocks wait for their size (a miss that would
+     * grow settles every front first: malloc_slow_body). */
 }
 
 /* What a free through the device lock of @p b (in the live map; some slot busy) settles: its
@@ -303,13 +431,8 @@ static void settle_block(struct dev_alloc *d, const struct block *b)
         note_thread(d, i, b->stream);
         slot_settle(d, i);
     }
-    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
-        unsigned k = (unsigned)__builtin_ctzll(m);
-        if (d->fast.slots[k].blk == b) {
-            own_settle(d, k);
-            break;
-        }
-    }
+    if (b->allocated)
+        front_settle_block(d, b);
 }
 
 /* ---- the door (Note [the door]) ---------------------------------------------------------- */
@@ -339,9 +462,60 @@ void fast_lock_begin_free_slow(struct dev_alloc *d, const void *ptr, struct fast
 void fast_guard_save(struct dev_alloc *d, struct fast_guard *g)
 {
     lock_assert_held(&d->lock);
+    const xseg_device_stats *st = &d->acct.stats;
+    const xseg_stat_counter *rows[FAST_ROWS] = {st->allocation, st->allocated_bytes, st->requested_bytes,
+                                                st->inactive_split, st->inactive_split_bytes};
     for (int k = 0; k < FAST_ROWS; k++)
         for (int p = 0; p < XSEG_STAT_POOLS; p++)
-            g->peak[k][p] = fast_row(&d->acct.stats, k)[p].peak;
+            g->peak[k][p] = rows[k][p].peak;
+}
+
+/*
+ * The fronts' grants (every busy slot locked; @p fronts the busy own slots, @p low every busy
+ * slot's debts as fast_guard_end_slow read them, the settled ones' too but for own slots unread).
+ * A front's hit raises a current without the device lock, so it may raise it only within its
+ * grant: on each FRONT_GRANT_ROWS row and pool, the current the statistics would show if every
+ * front's debt were paid (the stream slots' hits may raise it that far, each within its own
+ * debt) plus every grant stays at most the peak, so no hit reaches past a peak unseen. The room
+ * under each peak is shared out evenly; a front's free gives back what its hit took.
+ */
+static void front_grants(struct dev_alloc *d, uint64_t fronts, int64_t low[DEV_SLOTS][XSEG_STAT_POOLS][FAST_ROWS])
+{
+    if (!fronts)
+        return;
+    const xseg_device_stats *st = &d->acct.stats;
+    const xseg_stat_counter *rows[FRONT_GRANT_ROWS] = {st->allocation, st->allocated_bytes, st->requested_bytes};
+    int64_t owed[FRONT_GRANT_ROWS][XSEG_STAT_POOLS] = {{0}}, share[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
+    /* The room goes to the fronts hit since the last share and to the calling thread's: a front
+     * whose thread stopped using it holds none. */
+    uint64_t active = 0;
+    for (uint64_t m = fronts; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+        if (f->active || d->fast.slots[i].owner == fast_self())
+            active |= (uint64_t)1 << i;
+        f->active = false;
+        memset(f->grant, 0, sizeof f->grant);
+    }
+    int64_t n = __builtin_popcountll(active);
+    if (!n)
+        return;
+    for (uint64_t m = fronts; m; m &= m - 1)
+        for (int k = 0; k < FRONT_GRANT_ROWS; k++)
+            for (int p = 1; p < XSEG_STAT_POOLS; p++)
+                owed[k][p] += low[__builtin_ctzll(m)][p][k];
+    for (int k = 0; k < FRONT_GRANT_ROWS; k++) {
+        int64_t cur[XSEG_STAT_POOLS];
+        cur[XSEG_STAT_SMALL_POOL] = rows[k][XSEG_STAT_SMALL_POOL].current - owed[k][XSEG_STAT_SMALL_POOL];
+        cur[XSEG_STAT_LARGE_POOL] = rows[k][XSEG_STAT_LARGE_POOL].current - owed[k][XSEG_STAT_LARGE_POOL];
+        cur[XSEG_STAT_ALL] = cur[XSEG_STAT_SMALL_POOL] + cur[XSEG_STAT_LARGE_POOL];
+        for (int p = 0; p < XSEG_STAT_POOLS; p++) {
+            int64_t room = rows[k][p].peak - cur[p];
+            share[k][p] = room > 0 ? room / n : 0;
+        }
+    }
+    for (uint64_t m = active; m; m &= m - 1)
+        memcpy(d->fast.fronts[__builtin_ctzll(m) - DEV_STREAM_SLOTS].grant, share, sizeof share);
 }
 
 /*
@@ -356,55 +530,55 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
 {
     lock_assert_held(&d->lock);
     xseg_device_stats *st = &d->acct.stats;
+    const xseg_stat_counter *rows[FAST_ROWS] = {st->allocation, st->allocated_bytes, st->requested_bytes,
+                                                st->inactive_split, st->inactive_split_bytes};
     bool raised = false;
     for (int k = 0; k < FAST_ROWS; k++)
         for (int p = 0; p < XSEG_STAT_POOLS; p++)
-            raised |= fast_row(st, k)[p].peak > g->peak[k][p];
+            raised |= rows[k][p].peak > g->peak[k][p];
     uint64_t busy = d->fast.busy_slots;
-    if (!raised || !busy)
+    if ((!raised && !(busy & FAST_OWN_MASK)) || !busy)
         return;
-    int64_t low[DEV_SLOTS][FAST_ROWS], owed[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
-    int pool[DEV_SLOTS];
+    /* low[i][p][k]: slot i's debt on row k in pool p; p = XSEG_STAT_ALL holds its sum over pools. */
+    int64_t low[DEV_SLOTS][XSEG_STAT_POOLS][FAST_ROWS];
+    int64_t owed[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
     for (uint64_t m = busy; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
         const struct dev_slot *s = &d->fast.slots[i];
         spin_acquire(&d->fast.slots[i].lock);
         slot_lowers(s, low[i]);
-        pool[i] = block_pool(s->blk)->stat_index;
         for (int k = 0; k < FAST_ROWS; k++) {
-            owed[k][pool[i]] += low[i][k];
-            owed[k][XSEG_STAT_ALL] += low[i][k];
+            low[i][XSEG_STAT_ALL][k] = 0;
+            for (int p = 1; p < XSEG_STAT_POOLS; p++) {
+                owed[k][p] += low[i][p][k];
+                low[i][XSEG_STAT_ALL][k] += low[i][p][k];
+            }
+            owed[k][XSEG_STAT_ALL] += low[i][XSEG_STAT_ALL][k];
         }
     }
     uint64_t settle = 0;
-    for (int k = 0; k < FAST_ROWS; k++)
+    for (int k = 0; raised && k < FAST_ROWS; k++)
         for (int p = 0; p < XSEG_STAT_POOLS; p++) {
-            xseg_stat_counter *c = &fast_row(st, k)[p];
+            xseg_stat_counter *c = (xseg_stat_counter *)&rows[k][p];
             if (c->peak <= g->peak[k][p] || !owed[k][p])
                 continue;
             int64_t seen = c->peak - owed[k][p];
             c->peak = seen > g->peak[k][p] ? seen : g->peak[k][p];
-            for (uint64_t m = busy; m; m &= m - 1) {
+            /* The stream slots owing on it settle; a front stays, its hits bounded by its grant. */
+            for (uint64_t m = busy & ~FAST_OWN_MASK; m; m &= m - 1) {
                 unsigned i = (unsigned)__builtin_ctzll(m);
-                if (low[i][k] && (p == XSEG_STAT_ALL || p == pool[i]))
+                if (low[i][p][k])
                     settle |= (uint64_t)1 << i;
             }
         }
-    /* A classic own slot settles after the slots owing on inactive_split (own_settle's order: the
-     * stream slots come first below). */
-    for (uint64_t m = settle & FAST_OWN_MASK; m; m &= m - 1)
-        if (!d->fast.slots[__builtin_ctzll(m)].blk->expandable) {
-            settle |= split_owers(d, busy);
-            break;
-        }
-    for (uint64_t m = busy; m; m &= m - 1) {
+    for (uint64_t m = settle; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
-        if (settle >> i & 1) {
-            FAST_COUNT(d, settles_cross);
-            slot_settle_locked(d, i);
-        }
-        spin_release(&d->fast.slots[i].lock);
+        FAST_COUNT(d, settles_cross);
+        slot_settle_locked(d, i);
     }
+    front_grants(d, busy & ~settle & FAST_OWN_MASK, low);
+    for (uint64_t m = busy; m; m &= m - 1)
+        spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
 }
 
 /* ---- fill -------------------------------------------------------------------------------- */
@@ -554,46 +728,193 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
     return true;
 }
 
+/* Does a hit's rise fit front @p f's grant (slot locked): 1 allocation, @p r bytes and @p req
+ * requested bytes in pool @p si and in all? front_grant_take takes it. */
+static bool front_grant_fits(const struct dev_front *f, int si, size_t r, size_t req)
+{
+    int64_t up[FRONT_GRANT_ROWS] = {1, (int64_t)r, (int64_t)req};
+    for (int k = 0; k < FRONT_GRANT_ROWS; k++)
+        if (f->grant[k][si] < up[k] || f->grant[k][XSEG_STAT_ALL] < up[k])
+            return false;
+    return true;
+}
+static void front_grant_take(struct dev_front *f, int si, size_t r, size_t req)
+{
+    int64_t up[FRONT_GRANT_ROWS] = {1, (int64_t)r, (int64_t)req};
+    for (int k = 0; k < FRONT_GRANT_ROWS; k++) {
+        f->grant[k][si] -= up[k];
+        f->grant[k][XSEG_STAT_ALL] -= up[k];
+    }
+}
+
+/* A free into front @p f lowers the currents: its grant grows by as much. */
+static void front_grant_give(struct dev_front *f, int si, size_t size, size_t req)
+{
+    int64_t down[FRONT_GRANT_ROWS] = {1, (int64_t)size, (int64_t)req};
+    for (int k = 0; k < FRONT_GRANT_ROWS; k++) {
+        f->grant[k][si] += down[k];
+        f->grant[k][XSEG_STAT_ALL] += down[k];
+    }
+}
+
 /*
- * An own slot (Note [slot rule] in core/device/fast.h): a hit changes no block but B, and B's
- * settle is the eager free, done late: until then B is no inactive split block (nor merged with a
- * free neighbour), freed or handed out, so its debt has no inactive_split rows (slot_lowers), and
- * a classic B's merge moves those rows at the settle, through the ordinary free's accounting
- * (own_settle: exact, peaks included).
+ * A front (own slot): any block of a default pool's common free (the permit on, no GC clock to
+ * tick, not oversize), whatever its neighbours, in either mode, joins the freeing thread's front
+ * of its stream (Note [slot rule] in core/device/fast.h). Its hits take a block for its own rounded size only, so a hit changes no block,
+ * and a freed block's settle is the eager free, done late: until then it is no inactive split
+ * block (nor merged with a free neighbour), so its debt has no inactive_split rows, and a classic
+ * block's merge moves those rows at the settle, through the ordinary free's accounting (exact,
+ * peaks included). A full front settles one entry first (its first freed one, else its first).
  */
 bool fast_fill_own(struct dev_alloc *d, struct block *b)
 {
     lock_assert_held(&d->lock);
     struct bpool *pool = block_pool(b);
-    if (block_free_slow(b) || settings_gen() != d->fast.fast_gen || dev_gc_on(d) || fast_registers(d, b) ||
-        dev_pool_owner(d, pool) || (b->size <= BLOCK_SMALL_SIZE) != pool->is_small || b->size >= d->cfg.max_split_size)
+    if (block_free_slow(b) || b->private_pool || settings_gen() != d->fast.fast_gen || dev_gc_on(d) ||
+        fast_registers(d, b) || dev_pool_owner(d, pool) || (b->size <= BLOCK_SMALL_SIZE) != pool->is_small ||
+        b->size >= d->cfg.max_split_size)
         return false;
     const void *me = fast_self();
-    /* Allocated to every eager operation, from here (the settle below frees a block that may be
-     * B's neighbour) to B's own settle: a free merges only with free blocks (dev_try_merge). */
-    b->allocated = true;
-    own_settle_stream(d, me, b->stream); /* one own slot a thread and stream */
-    uint64_t idle = ~d->fast.busy_slots & FAST_OWN_MASK;
-    if (!idle || !ptrmap_put(&d->live, b->addr, b)) {
-        b->allocated = false;
-        return false; /* every own slot busy: the eager free */
+    unsigned i = DEV_SLOTS;
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned j = (unsigned)__builtin_ctzll(m);
+        if (d->fast.slots[j].owner == me && d->fast.fronts[j - DEV_STREAM_SLOTS].stream == b->stream) {
+            i = j;
+            break;
+        }
     }
-    unsigned i = (unsigned)__builtin_ctzll(idle);
+    if (i == DEV_SLOTS) {
+        uint64_t idle = ~d->fast.busy_slots & FAST_OWN_MASK;
+        if (!idle)
+            return false; /* every own slot busy: the eager free */
+        i = (unsigned)__builtin_ctzll(idle);
+    }
+    /* Allocated to every eager operation, from here to its entry's settle: a free merges only
+     * with free blocks (dev_try_merge). */
+    b->allocated = true;
+    if (!ptrmap_put(&d->live, b->addr, b)) {
+        b->allocated = false;
+        return false;
+    }
     struct dev_slot *s = &d->fast.slots[i];
+    struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+    bool fresh = !(d->fast.busy_slots >> i & 1);
+    if (!fresh && f->used == ~(uint64_t)0) {
+        /* Full: a handed-out entry leaves first (its free goes through the device lock then), the
+         * next one from a cursor that goes round; a freed one only when none is handed out. */
+        uint64_t live = f->used & ~f->freed, pick = live ? live : f->used;
+        uint64_t from = pick & (~(uint64_t)0 << (f->cursor & 63));
+        unsigned k = (unsigned)__builtin_ctzll(from ? from : pick);
+        f->cursor = k + 1;
+        front_before_settle(d, f->stream, !f->blk[k]->expandable);
+        spin_acquire(&s->lock);
+        front_settle_entry(d, s, f, k);
+        spin_release(&s->lock);
+    }
     spin_acquire(&s->lock);
-    s->blk = s->freed = b;
+    if (fresh) {
+        memset(f, 0, sizeof *f);
+        f->stream = b->stream;
+        s->owner = me;
+        s->dev = d;
+    }
     s->gen = d->fast.fast_gen;
-    s->min_fit = s->min_size = b->size;
-    s->span = 0;
-    s->base_req = s->cur_req = b->u.requested_size;
-    s->cur_size = b->size;
-    s->owner = me;
-    s->dev = d;
+    unsigned k = (unsigned)__builtin_ctzll(~f->used);
+    uint64_t bit = (uint64_t)1 << k;
+    int si = pool->stat_index;
+    f->used |= bit;
+    f->freed |= bit;
+    f->size[k] = b->size;
+    f->addr[k] = b->addr;
+    f->by_size[front_bucket(b->size)] |= bit;
+    f->blk[k] = b;
+    f->base_req[k] = f->cur_req[k] = b->u.requested_size; /* no side: not block_free_slow */
+    f->si[k] = (uint8_t)si;
+    f->nclassic += !b->expandable;
+    f->low[si][FRONT_LOW_ALLOC] += 1;
+    f->low[si][FRONT_LOW_BYTES] += (int64_t)b->size;
+    f->low[si][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
+    front_grant_give(f, si, b->size, f->base_req[k]); /* this free lowered the currents */
+    s->blk = f->blk[__builtin_ctzll(f->used)];
     spin_release(&s->lock);
     d->fast.busy_slots |= (uint64_t)1 << i;
     FAST_COUNT(d, own_fills);
-    fast_tls_slot = s;
+    fast_tls_front = s;
+    fast_tls_slot = NULL; /* this thread's pairs on the stream are the front's now: no other line */
     return true;
+}
+
+/* ---- front hits ---------------------------------------------------------------------------- */
+
+bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    struct dev_slot *s = fast_tls_front;
+    if (!s || !spin_try(&s->lock))
+        return false;
+    bool hit = false;
+    if (s->dev == d && s->blk && s->gen == settings_gen()) {
+        struct dev_front *f = slot_front(s);
+        size_t r = fast_round(size);
+        int si = r <= BLOCK_SMALL_SIZE ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL; /* a default pool's */
+        if (f->stream == stream && front_grant_fits(f, si, r, size))
+            for (uint64_t m = f->by_size[front_bucket(r)]; m; m &= m - 1) {
+                unsigned k = (unsigned)__builtin_ctzll(m);
+                if (f->size[k] != r || size > f->base_req[k])
+                    continue;
+                xseg_assert(f->si[k] == si);
+                front_grant_take(f, si, r, size);
+                f->active = true;
+                uint64_t bit = (uint64_t)1 << k;
+                f->freed &= ~bit;
+                f->by_size[front_bucket(r)] &= ~bit;
+                f->by_addr[front_bucket(f->addr[k])] |= bit;
+                f->cur_req[k] = size;
+                f->low[si][FRONT_LOW_ALLOC] -= 1;
+                f->low[si][FRONT_LOW_BYTES] -= (int64_t)r;
+                f->low[si][FRONT_LOW_REQ] -= (int64_t)size;
+                f->reps[si]++;
+                f->size_sum[si] += (int64_t)r;
+                f->req_sum[si] += (int64_t)size;
+#if XSEG_DEBUG_LEVEL >= 1
+                s->hits++;
+#endif
+                *out = (void *)f->addr[k];
+                hit = true;
+                break;
+            }
+    }
+    spin_release(&s->lock);
+    return hit;
+}
+
+bool fast_front_free(void *ptr)
+{
+    struct dev_slot *s = fast_tls_front;
+    if (!s || !spin_try(&s->lock))
+        return false;
+    bool hit = false;
+    if (s->blk) {
+        struct dev_front *f = slot_front(s);
+        uintptr_t a = (uintptr_t)ptr;
+        for (uint64_t m = f->by_addr[front_bucket(a)]; m; m &= m - 1) {
+            unsigned k = (unsigned)__builtin_ctzll(m);
+            if (f->addr[k] != a)
+                continue;
+            uint64_t bit = (uint64_t)1 << k;
+            int si = f->si[k];
+            front_grant_give(f, si, f->size[k], f->cur_req[k]);
+            f->freed |= bit;
+            f->by_addr[front_bucket(a)] &= ~bit;
+            f->by_size[front_bucket(f->size[k])] |= bit;
+            f->low[si][FRONT_LOW_ALLOC] += 1;
+            f->low[si][FRONT_LOW_BYTES] += (int64_t)f->size[k];
+            f->low[si][FRONT_LOW_REQ] += (int64_t)f->cur_req[k];
+            hit = true;
+            break;
+        }
+    }
+    spin_release(&s->lock);
+    return hit;
 }
 
 /* ---- widen (classic) ---------------------------------------------------------------------- */

@@ -14,16 +14,18 @@
  * into its successor R when freed; its true size and requested bytes when handed out): the sum
  * does not move, but for an own slot's freed classic B, whose settle is its free (Note [slot
  * rule]). A debt lowers every current it touches (a hit takes at most B's size and requested
- * bytes), and every current of d->acct.stats is at most its peak, so no hit can take a statistic
- * past its peak unseen. A classic slot counts the inactive split bytes of its smallest
+ * bytes), and every current of d->acct.stats less the fronts' debts is at most its peak, so no
+ * stream slot's hit can take a statistic past its peak unseen; a front's hits stay within its
+ * grant (Note [front grants]). A classic slot counts the inactive split bytes of its smallest
  * hit (min_size): fast_widen lowers min_size through the device lock, so its hits, larger or
  * smaller, only lower allocated_bytes or inactive_split_bytes.
  *
  * Peaks: a device-lock operation that moves a counter up records its peak from d->acct.stats,
  * which counts every busy slot above what it holds. Where that raised a peak on a row some busy
  * slot owes (the FAST_ROWS rows), the peak is the recount's instead (the operation's highest value
- * less the debts, every busy slot locked: the instant the operation is placed at), and the slots
- * owing on it settle, so that the current is at most the peak again (fast_guard_end). A raise
+ * less the debts, every busy slot locked: the instant the operation is placed at), and the stream
+ * slots owing on it settle, so that the current is at most the peak again (fast_guard_end); the
+ * fronts stay, their grants shared out again. A raise
  * that stays under the peak settles no other slot: a thread keeps its slot, however often
  * another thread's stream takes the device lock, once the peaks are where both threads' blocks
  * took them.
@@ -52,9 +54,12 @@
  * most base_req requested bytes (fast_hit_at); it hands out what the eager free and malloc would,
  * until a device-lock holder settles the slot (every change to the stream's blocks settles it
  * first). On a stream marked shared (core/device/sharing.h) the free fills an own slot of the
- * freeing thread instead (fast_fill_own): any block of a default pool's common free, whatever its
- * neighbours, in either mode, its hits at its own rounded size only; its settle is the eager free,
- * done late. Everything else is the eager free.
+ * freeing thread instead (fast_fill_own), its front: any block of a default pool's common free,
+ * whatever its neighbours, in either mode, joins the up to FRONT_ENTRIES blocks the thread keeps
+ * for the stream (struct dev_front), freed or handed out again; a hit takes a freed one of the
+ * request's rounded size (within the front's grant, Note [front grants]), and a free of one it
+ * handed out puts it back, each under the slot's lock alone (fast_front_hit, fast_front_free); an
+ * entry's settle is the eager free, done late. Everything else is the eager free.
  *
  * Why own slots: one slot a stream keeps eager placement, but two threads whose pairs overlap on
  * one stream cannot share it: their blocks lie side by side, the lower one's free has no free
@@ -67,23 +72,36 @@
  * probes its stream, and the next free through the device lock there is another thread's
  * (classic_beside, fast_fill_probed); from then until every slot settles (any FAST_ALL settle:
  * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path and
- * so its out-of-memory reclaim) its frees fill own slots (slots[DEV_STREAM_SLOTS ..], at most one
- * a thread and stream; none left: the eager free). What that gives up, on shared streams only: a
- * thread's freed block is held out of the other threads' best fit until a settle (a per-thread
- * cache of one block a stream, at most DEV_OWN_SLOTS blocks a device), and a hit takes it back
- * for its own rounded size whether or not best fit would. A thread's malloc through the device
- * lock settles its own slot of the stream, not the others'. Own slots owe nothing on the
+ * so its out-of-memory reclaim) its frees fill own slots (slots[DEV_STREAM_SLOTS ..], one a thread
+ * and stream, its front; none left: the eager free; a full front settles one entry, a handed-out
+ * one first). What that gives up, on shared streams only: a thread's freed blocks are held out of
+ * the other threads' best fit until a settle (a per-thread cache of up to FRONT_ENTRIES blocks a
+ * stream), and a hit takes one back for its own rounded size whether or not best fit would; a
+ * malloc that would grow settles every front first (malloc_slow_body). Own slots owe nothing on the
  * inactive_split rows: a classic B in one is no inactive split block (nor merged with a free
  * neighbour) until its settle, whose ordinary free moves those rows up or down and takes their
  * peaks from d->acct.stats; the stream slots owing on them settle first (own_settle), so those
  * rows are the recount's then, and the peaks exact. Single-threaded use never marks a stream: its
  * placement is the eager one.
  *
+ * Note [front grants]
+ * ~~~~~~~~~~~~~~~~~~~
+ * A front's freed blocks are counted allocated (its debt), so the currents of d->acct.stats may
+ * stand above the peaks while it holds them; settling the fronts at every raise would empty them
+ * at every malloc through the lock while two threads share a stream. Instead each front has a
+ * grant (struct dev_front.grant): how far its hits may raise allocation, allocated_bytes and
+ * requested_bytes, in each pool and in all, without the device lock. On every such row, the
+ * current less the fronts' debts (what the stream slots' hits may raise it to) plus every grant
+ * stays at most the peak (dev_check checks it), so no hit reaches past a peak unseen, and the peaks
+ * stay exact. fast_guard_end shares the room under each peak out evenly among the fronts hit
+ * since the last share and the calling thread's; a front's free gives back what its hit took; a
+ * hit past its grant goes through the device lock, whose end shares the room out again.
+ *
  * Note [the door]
  * ~~~~~~~~~~~~~~~
  * core/alloc.c's malloc and free through the device lock each read: lock, fast_lock_begin_malloc
- * or fast_lock_begin_free (the stream's slot settled, and on a shared stream this thread's own
- * slot of it or the own slot holding the block; the peaks guarded while other slots stay busy),
+ * or fast_lock_begin_free (the stream's slot settled, and for a free the front entry holding the
+ * block; the peaks guarded while other slots stay busy),
  * the eager operation, whose free offers its block to a slot through fast_put (Note [slot rule]),
  * fast_lock_end (the guarded peaks made exact), unlock. The common case, no slot busy and no
  * stream marked or probed, costs one test at each end; the rest is out of line.
@@ -107,6 +125,12 @@ static inline unsigned fast_slot_index(const void *stream)
 static inline struct dev_slot *fast_slot_of(struct dev_alloc *d, const void *stream)
 {
     return &d->fast.slots[fast_slot_index(stream)];
+}
+
+/* A size's or an address's bucket in a front (struct dev_front; FRONT_BUCKETS of them). */
+static inline unsigned front_bucket(uintptr_t x)
+{
+    return (unsigned)(((x >> 9) * UINT64_C(0x9E3779B97F4A7C15)) >> 60);
 }
 
 /* What a slot holds (struct dev_slot): nothing, its block B freed by the user (a hit may take
@@ -312,8 +336,19 @@ static inline void fast_lock_end(struct dev_alloc *d, const struct fast_guard *g
 
 /* The slot of this thread's last hit (NULL before the first): where its next free looks first,
  * without the device lock or even the device. Initial-exec: one thread-pointer-relative load, in
- * the shared library too (one pointer of static TLS, which a dlopen of libxseg can always have). */
+ * the shared library too (two pointers of static TLS with fast_tls_front, which a dlopen of
+ * libxseg can always have; the definitions in fast.c carry the model too). */
 extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
+/* The own slot whose front this thread filled last (NULL before): where a malloc that the last
+ * slot did not serve looks next, and a free that it did not take (fast_front_hit, fast_front_free). */
+extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_front __attribute__((tls_model("initial-exec")));
+/* A hit in this thread's last front (@p d, @p stream): a freed block of the request's rounded size
+ * whose statistics count at least @p size requested bytes, handed out under the slot's lock alone.
+ * False: nothing changed. */
+bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out);
+/* xseg_free's second try: @p ptr is a block this thread's last front handed out; it is freed into
+ * it under the slot's lock alone (true). False: nothing changed. */
+bool fast_front_free(void *ptr);
 /* The calling thread, as the slots' owner field names it (the address of its slot pointer). */
 static inline const void *fast_self(void) { return &fast_tls_slot; }
 

@@ -73,9 +73,9 @@ struct ev_state {
  * leaves its block B in the slot instead of merging it into its free successor R, and which malloc
  * takes B's address again (a hit), is Note [slot rule] in core/device/fast.h; its free puts it
  * back. Neither touches the device lock, the index, the map or the statistics: what they owe is
- * the slot's (core/device/fast.h). Own slots (slots[DEV_STREAM_SLOTS ..]) hold a block of a stream
- * several threads use, for the freeing thread (owner), at B's own size only (min_size = B's size,
- * span 0). A slot is idle, holds B freed, or hands B out (enum slot_state, core/device/fast.h).
+ * the slot's (core/device/fast.h). Own slots (slots[DEV_STREAM_SLOTS ..]) hold the blocks of a
+ * stream several threads use for the freeing thread (owner) in its front (struct dev_front below;
+ * blk: one of them, the slot's busy mark). A stream slot is idle, holds B freed, or hands B out (enum slot_state, core/device/fast.h).
  * Locking: the slot's fields are guarded by its lock; the fast paths read only B's address and
  * stream and write only the slot, so while the slot is busy B's own `allocated` (false), `size`
  * and `requested_size` are stale and the slot holds their truth (live, cur_size, cur_req), written
@@ -109,6 +109,43 @@ struct dev_slot {
     uint64_t hits;         /* debug builds: added to dev_alloc.fast.slot_hits at the settle */
 #endif
 } __attribute__((aligned(64))); /* threads on other slots share no cache line */
+
+/*
+ * A front (the blocks of own slot DEV_STREAM_SLOTS + k, fast.fronts[k]; core/device/fast.h,
+ * "fronts"): up to FRONT_ENTRIES blocks of one thread and stream, each freed (fsize: its rounded
+ * size, a hit's key) or handed out again by a hit (flive: its address, a free's key). Every entry
+ * is counted allocated by d->acct.stats with its block's size and base_req requested bytes; the
+ * sums say what the entries lower that by (low) and what their hits' mallocs counted (reps,
+ * size_sum, req_sum), by statistics pool. Guarded by the own slot's lock; filled and settled with
+ * the device lock too.
+ */
+#define FRONT_ENTRIES 64 /* the bits of a word: used, freed and the buckets are masks */
+#define FRONT_BUCKETS 16
+enum { FRONT_LOW_ALLOC, FRONT_LOW_BYTES, FRONT_LOW_REQ, FRONT_LOWS };
+#define FRONT_GRANT_ROWS 3 /* allocation, allocated_bytes, requested_bytes */
+struct dev_front {
+    uint64_t used;                       /* entries holding a block */
+    uint64_t freed;                      /* of them, freed (the others handed out by a hit) */
+    uint64_t by_size[FRONT_BUCKETS];     /* freed entries by their size's bucket (front_bucket) */
+    uint64_t by_addr[FRONT_BUCKETS];     /* handed-out entries by their address's bucket */
+    size_t size[FRONT_ENTRIES];          /* the block's size */
+    uintptr_t addr[FRONT_ENTRIES];       /* the block's address */
+    struct block *blk[FRONT_ENTRIES];
+    size_t base_req[FRONT_ENTRIES];      /* the requested bytes the statistics count for it */
+    size_t cur_req[FRONT_ENTRIES];       /* its hit's requested bytes while handed out */
+    uint8_t si[FRONT_ENTRIES];           /* its statistics pool (stat_index) */
+    uint32_t nclassic;                   /* entries holding classic blocks */
+    uint32_t cursor;                     /* where a full front looks for an entry to settle */
+    CUstream stream;
+    int64_t low[XSEG_STAT_POOLS][FRONT_LOWS];
+    /* How far its hits may raise each current (allocation, allocated_bytes, requested_bytes; by
+     * pool and all) without a peak unseen: fast_guard_end_slow shares the room under the peaks out,
+     * its frees give back what its hits took. */
+    int64_t grant[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
+    bool active; /* hit since the last share (front_grants) */
+    uint64_t reps[XSEG_STAT_POOLS];
+    int64_t size_sum[XSEG_STAT_POOLS], req_sum[XSEG_STAT_POOLS];
+};
 
 /* ---- capreuse.c: graph_capture_record_stream_reuse (core/policy/capreuse.h) ---------------------- */
 
@@ -414,6 +451,8 @@ struct dev_fast {
 #endif
     /* A stream's is slots[fast_slot_index(stream)]; the own slots follow (DEV_STREAM_SLOTS ..). */
     struct dev_slot slots[DEV_SLOTS];
+    /* The own slots' blocks: fronts[k] is slots[DEV_STREAM_SLOTS + k]'s. */
+    struct dev_front fronts[DEV_OWN_SLOTS];
 };
 
 #endif
