@@ -405,6 +405,45 @@ static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
     mark_shared(d, i, stream);
 }
 
+/*
+ * A malloc through the device lock on shared @p stream by a thread whose front of it is due a
+ * check-in (FRONT_CHECK_HITS hits since the last): when no other thread's front of the stream was
+ * hit or freed into since that front's last look, the threads stopped meeting there and the mark
+ * fades (sharing_fade): every front of the stream settles and its frees fill its stream slot
+ * again, as before the other thread came. Else the others' marks of use are cleared for the next
+ * look. One device-lock malloc per FRONT_CHECK_HITS pairs.
+ */
+static void front_check_in(struct dev_alloc *d, CUstream stream)
+{
+    const void *me = fast_self();
+    struct dev_front *mine = NULL;
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m && !mine; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        if (d->fast.slots[i].owner == me && d->fast.fronts[i - DEV_STREAM_SLOTS].stream == stream)
+            mine = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+    }
+    if (!mine || mine->since_check < FRONT_CHECK_HITS)
+        return;
+    mine->since_check = 0;
+    bool others = false;
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        struct dev_slot *s = &d->fast.slots[i];
+        struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+        if (f == mine || f->stream != stream)
+            continue;
+        spin_acquire(&s->lock);
+        others |= f->seen;
+        f->seen = false;
+        spin_release(&s->lock);
+    }
+    if (others)
+        return;
+    own_settle_stream(d, NULL, stream);
+    sharing_fade(&d->fast.sharing, fast_slot_index(stream));
+    FAST_COUNT(d, shared_fades);
+}
+
 /* What a malloc through the device lock on @p stream settles (some slot busy): the stream's slot,
  * after noting whether another thread filled it (the stream is then shared), and on a shared
  * stream this thread's own slot of it. The other threads' own slots stay. */
@@ -418,6 +457,8 @@ static void settle_malloc(struct dev_alloc *d, CUstream stream)
     }
     /* The thread's front of the stream stays: its blocks wait for their size (a miss that would
      * grow settles every front first: malloc_slow_body). */
+    if (XSEG_UNLIKELY(d->fast.sharing.any.shared != 0) && fast_shared(d, stream))
+        front_check_in(d, stream);
 }
 
 /* What a free through the device lock of @p b (in the live map; some slot busy) settles: its
@@ -856,14 +897,15 @@ bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **ou
         struct dev_front *f = slot_front(s);
         size_t r = fast_round(size);
         int si = r <= BLOCK_SMALL_SIZE ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL; /* a default pool's */
-        if (f->stream == stream && front_grant_fits(f, si, r, size))
+        /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in (front_check_in). */
+        if (f->stream == stream && ++f->since_check < FRONT_CHECK_HITS && front_grant_fits(f, si, r, size))
             for (uint64_t m = f->by_size[front_bucket(r)]; m; m &= m - 1) {
                 unsigned k = (unsigned)__builtin_ctzll(m);
                 if (f->size[k] != r || size > f->base_req[k])
                     continue;
                 xseg_assert(f->si[k] == si);
                 front_grant_take(f, si, r, size);
-                f->active = true;
+                f->active = f->seen = true;
                 uint64_t bit = (uint64_t)1 << k;
                 f->freed &= ~bit;
                 f->by_size[front_bucket(r)] &= ~bit;
@@ -903,6 +945,7 @@ bool fast_front_free(void *ptr)
             uint64_t bit = (uint64_t)1 << k;
             int si = f->si[k];
             front_grant_give(f, si, f->size[k], f->cur_req[k]);
+            f->seen = true;
             f->freed |= bit;
             f->by_addr[front_bucket(a)] &= ~bit;
             f->by_size[front_bucket(f->size[k])] |= bit;

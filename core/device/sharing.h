@@ -8,6 +8,8 @@
  *     PROBED  --sharing_probe_end-->   QUIET    the prober's own next free: no other thread there
  *     QUIET   --sharing_quiet_tick-->  QUIET    a free of the prober, unprobed (ALONE at 0)
  *     any     --sharing_mark-->        SHARED   another thread's free or malloc met the stream
+ *     SHARED  --sharing_fade-->        ALONE    the other threads' fronts of the stream went unused
+ *                                       for a check period (fast.c's check-in; its fronts settled)
  *     SHARED, PROBED --sharing_reset_all--> ALONE, or QUIET where a countdown is left: every slot
  *                                       settled (FAST_ALL)
  *
@@ -104,5 +106,8 @@ static inline bool sharing_quiet_tick(struct sharing *t, unsigned i, CUstream st
 
 /* Every slot settled: no stream is marked, no probe open (sharing is seen again). */
 static inline void sharing_reset_all(struct sharing *t) { t->any_either = 0; }
+
+/* The mark at entry @p i fades: its threads stopped meeting there (its own slots settled). */
+static inline void sharing_fade(struct sharing *t, unsigned i) { t->any.shared &= ~((uint32_t)1 << i); }
 
 #endif

@@ -123,6 +123,9 @@ struct dev_slot {
 #define FRONT_BUCKETS 16
 enum { FRONT_LOW_ALLOC, FRONT_LOW_BYTES, FRONT_LOW_REQ, FRONT_LOWS };
 #define FRONT_GRANT_ROWS 3 /* allocation, allocated_bytes, requested_bytes */
+/* A front's hits between two check-ins: the hit after them goes through the device lock, which
+ * looks whether the stream's other fronts were used meanwhile (a mark fades when none was). */
+#define FRONT_CHECK_HITS 4096
 struct dev_front {
     uint64_t used;                       /* entries holding a block */
     uint64_t freed;                      /* of them, freed (the others handed out by a hit) */
@@ -142,7 +145,9 @@ struct dev_front {
      * pool and all) without a peak unseen: fast_guard_end_slow shares the room under the peaks out,
      * its frees give back what its hits took. */
     int64_t grant[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
-    bool active; /* hit since the last share (front_grants) */
+    bool active;          /* hit since the last share (front_grants) */
+    bool seen;            /* hit or freed into since the last check-in of another front of its stream */
+    uint32_t since_check; /* hits since this front's last check-in (FRONT_CHECK_HITS) */
     uint64_t reps[XSEG_STAT_POOLS];
     int64_t size_sum[XSEG_STAT_POOLS], req_sum[XSEG_STAT_POOLS];
 };
@@ -448,6 +453,7 @@ struct dev_fast {
     uint64_t settles_cross; /* of them, by an operation on another slot's stream for its statistics */
     uint64_t own_fills;     /* own slots filled (frees on shared streams) */
     uint64_t shared_marks;  /* streams marked shared */
+    uint64_t shared_fades;  /* marks faded (front_check_in, fast.c) */
 #endif
     /* A stream's is slots[fast_slot_index(stream)]; the own slots follow (DEV_STREAM_SLOTS ..). */
     struct dev_slot slots[DEV_SLOTS];

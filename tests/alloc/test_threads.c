@@ -572,6 +572,29 @@ static void run_pairs(const char *config, bool expandable, bool mixed)
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
                       ops);
 #endif
+        /* Mixed, after step 1 (no settle-all point since the workers met): this thread alone on
+         * the stream, sizes in turn, past two check-ins of its front (FRONT_CHECK_HITS): the
+         * workers' fronts went unused, so the mark fades and the stream's frees fill its stream
+         * slot again (core/device/fast.h, front_check_in). */
+        if (step == 1 && mixed && !atomic_load(&failures)) {
+            if (!fast_shared(rt_device_peek(0), streams[0][1]))
+                tfail("the stream is not marked shared after the workers' pairs");
+            for (size_t i = 0; i < 3 * FRONT_CHECK_HITS && !atomic_load(&failures); i++) {
+                void *p = NULL;
+                size_t size = pair_rounded(i) - 8;
+                if (xseg_malloc(&p, size, 0, (struct CUstream_st *)streams[0][1]) != XSEG_SUCCESS) {
+                    tfail("alone: xseg_malloc(%zu): %s", size, xseg_last_error());
+                    break;
+                }
+                count_malloc(0, size);
+                if (xseg_free(p) != XSEG_SUCCESS)
+                    tfail("alone: xseg_free(%p): %s", p, xseg_last_error());
+            }
+            if (fast_shared(rt_device_peek(0), streams[0][1]))
+                tfail("the mark of the stream did not fade with one thread alone on it");
+            if (rt_device_peek(0)->fast.busy_slots >> DEV_STREAM_SLOTS)
+                tfail("own slots still busy after the mark faded");
+        }
         if (atomic_load(&failures))
             break;
     }

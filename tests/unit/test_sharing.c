@@ -106,12 +106,35 @@ static void test_countdown_taken_over(void **state)
     assert_true(sharing_is_probed(&t, 0) && t.entry[0].stream == S(2));
 }
 
+/* A mark fades to ALONE at its entry alone; a probe open there stays, as do other entries' marks. */
+static void test_fade(void **state)
+{
+    (void)state;
+    struct sharing t;
+    fresh(&t);
+    sharing_mark(&t, 3, S(1));
+    sharing_mark(&t, 4, S(2));
+    sharing_probe(&t, 3, S(6), OTHER);
+    sharing_fade(&t, 3);
+    assert_int_equal(sharing_state(&t, 3, S(1)), SHARING_ALONE);
+    assert_null(sharing_displaced(&t, 3));
+    assert_int_equal(sharing_state(&t, 3, S(6)), SHARING_PROBED);
+    assert_int_equal(sharing_state(&t, 4, S(2)), SHARING_SHARED);
+    sharing_fade(&t, 4);
+    sharing_probe_end(&t, 3);
+    assert_int_equal(t.any.shared, 0);
+    assert_int_equal(sharing_state(&t, 3, S(6)), SHARING_QUIET);
+    sharing_mark(&t, 3, S(1)); /* marked again by the next meeting */
+    assert_int_equal(sharing_state(&t, 3, S(1)), SHARING_SHARED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_probe_quiet),
         cmocka_unit_test(test_mark_reset),
         cmocka_unit_test(test_countdown_taken_over),
+        cmocka_unit_test(test_fade),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
