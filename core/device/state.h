@@ -150,7 +150,7 @@ struct dev_front {
     uint32_t since_check; /* hits since this front's last check-in (FRONT_CHECK_HITS) */
     uint64_t reps[XSEG_STAT_POOLS];
     int64_t size_sum[XSEG_STAT_POOLS], req_sum[XSEG_STAT_POOLS];
-};
+} __attribute__((aligned(64))); /* two threads' fronts share no cache line */
 
 /* ---- capreuse.c: graph_capture_record_stream_reuse (core/policy/capreuse.h) ---------------------- */
 
