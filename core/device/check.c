@@ -198,6 +198,15 @@ static void check_pool(const struct dev_alloc *d, const struct bpool *pool, size
     *unmapped_nodes += walk_unmapped(pool, pool->unmapped, NULL, NULL);
 }
 
+/* @p b's true requested bytes: those of the hit that handed it out (stream slot @p sl's, or a
+ * front entry's) or its own. */
+static size_t requested_now(const struct dev_alloc *d, const struct block *b, const struct dev_slot *sl)
+{
+    uint32_t k;
+    const struct dev_front *f = !sl && b->allocated ? front_of(d, b, &k) : NULL;
+    return sl ? sl->cur_req : f ? f->cur_req[k] : block_requested(b);
+}
+
 static void check_block(struct dev_alloc *d, const struct segrec *s, const struct block *b, struct recount *rc)
 {
     lock_assert_held(&d->lock);
@@ -232,11 +241,7 @@ static void check_block(struct dev_alloc *d, const struct segrec *s, const struc
     }
     const struct dev_slot *sl = slot_live(d, b);
     bool allocated = b->allocated || sl;
-    size_t requested = sl ? sl->cur_req : block_requested(b);
-    uint32_t fk;
-    const struct dev_front *fr = b->allocated ? front_of(d, b, &fk) : NULL;
-    if (fr) /* a front's block handed out by a hit: its truth is the entry's */
-        requested = fr->cur_req[fk];
+    size_t requested = requested_now(d, b, sl);
     size_t size = sl ? sl->cur_size : b->size; /* the rest of a hit's B is R's (below) */
     CHECK(b->expandable == (s->vseg != NULL));
     CHECK(b->size > 0);
