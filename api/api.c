@@ -70,6 +70,24 @@ xseg_status api_free_multi(void *ptr, int n)
     return st;
 }
 
+xseg_status api_free_miss(void *ptr)
+{
+    if (fast_front_free(ptr))
+        return XSEG_SUCCESS;
+    xseg_status st = rt_ensure();
+    if (XSEG_UNLIKELY(st != XSEG_SUCCESS))
+        return st;
+    int n = rt_device_count();
+    /* One device (the common case): no search, no thread-local hint. */
+    if (XSEG_LIKELY(n == 1)) {
+        struct dev_alloc *d = rt_device_peek(0);
+        if (XSEG_LIKELY(d))
+            return alloc_free_sole(d, ptr);
+        return alloc_free_unknown(ptr);
+    }
+    return api_free_multi(ptr, n);
+}
+
 XSEG_API xseg_status xseg_free(void *ptr) { return api_free(ptr); }
 
 static xseg_status record_stream_on(struct dev_alloc *d, void *ptr, void *stream, bool *owned)

@@ -32,25 +32,18 @@ static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct
     return alloc_malloc(d, size, stream, ptr);
 }
 
+/* api_free past the thread's last slot: its front (core/device/fast.h), then the device's free
+ * through the lock. Out of line, so that the cached pair's free keeps no stack frame. */
+__attribute__((noinline)) xseg_status api_free_miss(void *ptr);
+
 static inline xseg_status api_free(void *ptr)
 {
     if (!ptr)
         return XSEG_SUCCESS;
     /* The ping-pong's free: the block this thread's last hit handed out (any device). */
-    if (fast_free_hit(ptr) || fast_front_free(ptr))
+    if (fast_free_hit(ptr))
         return XSEG_SUCCESS;
-    xseg_status st = rt_ensure();
-    if (XSEG_UNLIKELY(st != XSEG_SUCCESS))
-        return st;
-    int n = rt_device_count();
-    /* One device (the common case): no search, no thread-local hint. */
-    if (XSEG_LIKELY(n == 1)) {
-        struct dev_alloc *d = rt_device_peek(0);
-        if (XSEG_LIKELY(d))
-            return alloc_free_sole(d, ptr);
-        return alloc_free_unknown(ptr);
-    }
-    return api_free_multi(ptr, n);
+    return api_free_miss(ptr);
 }
 
 #endif
