@@ -366,8 +366,13 @@ static void front_settle_block(struct dev_alloc *d, const struct block *b)
         struct dev_front *f = slot_front(s);
         if (f->stream != b->stream)
             continue;
-        /* Its entry is in its address's bucket while handed out, its size's while freed. */
-        for (uint64_t u = f->by_addr[front_bucket(b->addr)] | f->by_size[front_bucket(b->size)]; u; u &= u - 1) {
+        /* Its entry is in its address's bucket while handed out, its size's while freed (the
+         * masks read under the slot's lock: the owner's hits and frees move entries between them;
+         * blk[] moves only under the device lock, held here). */
+        spin_acquire(&s->lock);
+        uint64_t cand = f->by_addr[front_bucket(b->addr)] | f->by_size[front_bucket(b->size)];
+        spin_release(&s->lock);
+        for (uint64_t u = cand; u; u &= u - 1) {
             unsigned k = (unsigned)__builtin_ctzll(u);
             if (f->blk[k] != b)
                 continue;
@@ -518,7 +523,8 @@ void fast_guard_save(struct dev_alloc *d, struct fast_guard *g)
  * grant: on each FRONT_GRANT_ROWS row and pool, the current the statistics would show if every
  * front's debt were paid (the stream slots' hits may raise it that far, each within its own
  * debt) plus every grant stays at most the peak, so no hit reaches past a peak unseen. The room
- * under each peak is shared out evenly; a front's free gives back what its hit took.
+ * under each peak is shared out by claim (Note [front grants]); a front's free gives back what
+ * its hit took.
  */
 static void front_grants(struct dev_alloc *d, uint64_t fronts, int64_t low[DEV_SLOTS][XSEG_STAT_POOLS][FAST_ROWS])
 {
@@ -526,37 +532,41 @@ static void front_grants(struct dev_alloc *d, uint64_t fronts, int64_t low[DEV_S
         return;
     const xseg_device_stats *st = &d->acct.stats;
     const xseg_stat_counter *rows[FRONT_GRANT_ROWS] = {st->allocation, st->allocated_bytes, st->requested_bytes};
-    int64_t owed[FRONT_GRANT_ROWS][XSEG_STAT_POOLS] = {{0}}, share[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
-    /* The room goes to the fronts hit since the last share and to the calling thread's: a front
-     * whose thread stopped using it holds none. */
-    uint64_t active = 0;
-    for (uint64_t m = fronts; m; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctzll(m);
-        struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
-        if (f->active || d->fast.slots[i].owner == fast_self())
-            active |= (uint64_t)1 << i;
-        f->active = false;
-        memset(f->grant, 0, sizeof f->grant);
-    }
-    int64_t n = __builtin_popcountll(active);
-    if (!n)
-        return;
+    int64_t owed[FRONT_GRANT_ROWS][XSEG_STAT_POOLS] = {{0}}, room[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
+    /* What a front's hits could raise each row by (its freed blocks, its handed-out blocks'
+     * requested gaps) is its claim on the room; "all" claims the sum of the pools'. */
     for (uint64_t m = fronts; m; m &= m - 1)
         for (int k = 0; k < FRONT_GRANT_ROWS; k++)
             for (int p = 1; p < XSEG_STAT_POOLS; p++)
                 owed[k][p] += low[__builtin_ctzll(m)][p][k];
     for (int k = 0; k < FRONT_GRANT_ROWS; k++) {
+        owed[k][XSEG_STAT_ALL] = owed[k][XSEG_STAT_SMALL_POOL] + owed[k][XSEG_STAT_LARGE_POOL];
         int64_t cur[XSEG_STAT_POOLS];
         cur[XSEG_STAT_SMALL_POOL] = rows[k][XSEG_STAT_SMALL_POOL].current - owed[k][XSEG_STAT_SMALL_POOL];
         cur[XSEG_STAT_LARGE_POOL] = rows[k][XSEG_STAT_LARGE_POOL].current - owed[k][XSEG_STAT_LARGE_POOL];
         cur[XSEG_STAT_ALL] = cur[XSEG_STAT_SMALL_POOL] + cur[XSEG_STAT_LARGE_POOL];
         for (int p = 0; p < XSEG_STAT_POOLS; p++) {
-            int64_t room = rows[k][p].peak - cur[p];
-            share[k][p] = room > 0 ? room / n : 0;
+            int64_t r = rows[k][p].peak - cur[p];
+            room[k][p] = r > 0 ? r : 0;
         }
     }
-    for (uint64_t m = active; m; m &= m - 1)
-        memcpy(d->fast.fronts[__builtin_ctzll(m) - DEV_STREAM_SLOTS].grant, share, sizeof share);
+    /* Each front gets its whole claim where the room holds every claim, else its part of the
+     * room in proportion to its claim (rounded down: the grants never sum past the room). */
+    for (uint64_t m = fronts; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+        for (int k = 0; k < FRONT_GRANT_ROWS; k++)
+            for (int p = 0; p < XSEG_STAT_POOLS; p++) {
+                int64_t w = p == XSEG_STAT_ALL ? low[i][XSEG_STAT_SMALL_POOL][k] + low[i][XSEG_STAT_LARGE_POOL][k]
+                                               : low[i][p][k];
+                if (w <= 0 || owed[k][p] <= 0)
+                    f->grant[k][p] = 0;
+                else if (owed[k][p] <= room[k][p])
+                    f->grant[k][p] = w;
+                else
+                    f->grant[k][p] = (int64_t)((unsigned __int128)room[k][p] * (uint64_t)w / (uint64_t)owed[k][p]);
+            }
+    }
 }
 
 /*
@@ -905,7 +915,7 @@ bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **ou
                     continue;
                 xseg_assert(f->si[k] == si);
                 front_grant_take(f, si, r, size);
-                f->active = f->seen = true;
+                f->seen = true;
                 uint64_t bit = (uint64_t)1 << k;
                 f->freed &= ~bit;
                 f->by_size[front_bucket(r)] &= ~bit;

@@ -93,9 +93,10 @@
  * requested_bytes, in each pool and in all, without the device lock. On every such row, the
  * current less the fronts' debts (what the stream slots' hits may raise it to) plus every grant
  * stays at most the peak (dev_check checks it), so no hit reaches past a peak unseen, and the peaks
- * stay exact. fast_guard_end shares the room under each peak out evenly among the fronts hit
- * since the last share and the calling thread's; a front's free gives back what its hit took; a
- * hit past its grant goes through the device lock, whose end shares the room out again.
+ * stay exact. fast_guard_end shares the room under each peak out: each front claims what its hits
+ * could raise the row by (its debt there) and gets all of it where the room holds every claim,
+ * else its part in proportion; a front's free gives back what its hit took; a hit past its grant
+ * goes through the device lock, whose end shares the room out again.
  *
  * Note [the door]
  * ~~~~~~~~~~~~~~~

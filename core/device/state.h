@@ -145,7 +145,6 @@ struct dev_front {
      * pool and all) without a peak unseen: fast_guard_end_slow shares the room under the peaks out,
      * its frees give back what its hits took. */
     int64_t grant[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
-    bool active;          /* hit since the last share (front_grants) */
     bool seen;            /* hit or freed into since the last check-in of another front of its stream */
     uint32_t since_check; /* hits since this front's last check-in (FRONT_CHECK_HITS) */
     uint64_t reps[XSEG_STAT_POOLS];
