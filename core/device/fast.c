@@ -164,6 +164,20 @@ static void slot_settle_free(struct dev_alloc *d, const struct block *b)
 
 /* ---- fronts ------------------------------------------------------------------------------ */
 
+/* The busy own slots. */
+#define FAST_OWN_MASK (~(uint64_t)0 << DEV_STREAM_SLOTS)
+
+/* The busy own slot of @p owner's front of @p stream, or DEV_SLOTS (device lock held). */
+static unsigned front_find(const struct dev_alloc *d, const void *owner, const void *stream)
+{
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        if (d->fast.slots[i].owner == owner && d->fast.fronts[i - DEV_STREAM_SLOTS].stream == stream)
+            return i;
+    }
+    return DEV_SLOTS;
+}
+
 /* Take entry @p k out of front @p f of own slot @p s (both locks held). */
 static void front_remove(struct dev_slot *s, struct dev_front *f, unsigned k)
 {
@@ -177,16 +191,12 @@ static void front_remove(struct dev_slot *s, struct dev_front *f, unsigned k)
 }
 
 /* The hits' mallocs, counted now (both locks held). */
-static void front_pay(struct dev_alloc *d, struct dev_front *f)
+static void front_pay(struct dev_alloc *d, const struct dev_slot *s, struct dev_front *f)
 {
-    xseg_device_stats *st = &d->acct.stats;
-    for (int p = 1; p < XSEG_STAT_POOLS; p++) {
-        st->allocation[p].allocated += (int64_t)f->reps[p];
-        st->allocated_bytes[p].allocated += f->size_sum[p];
-        st->requested_bytes[p].allocated += f->req_sum[p];
-        f->reps[p] = 0;
-        f->size_sum[p] = f->req_sum[p] = 0;
-    }
+    slot_pay(s, &d->acct.stats);
+    memset(f->reps, 0, sizeof f->reps);
+    memset(f->size_sum, 0, sizeof f->size_sum);
+    memset(f->req_sum, 0, sizeof f->req_sum);
 }
 
 /*
@@ -224,7 +234,7 @@ static void front_settle_entry(struct dev_alloc *d, struct dev_slot *s, struct d
 static void front_settle_all(struct dev_alloc *d, struct dev_slot *s)
 {
     struct dev_front *f = slot_front(s);
-    front_pay(d, f);
+    front_pay(d, s, f);
     while (f->used)
         front_settle_entry(d, s, f, (unsigned)__builtin_ctzll(f->used));
 }
@@ -304,8 +314,6 @@ void fast_settle_slow(struct dev_alloc *d, enum fast_need need, const void *stre
         slot_settle(d, (unsigned)__builtin_ctzll(m));
 }
 
-/* The busy own slots. */
-#define FAST_OWN_MASK (~(uint64_t)0 << DEV_STREAM_SLOTS)
 
 /* The busy stream slots owing on the inactive_split rows (classic ones, slot_owes_split) of @p busy. */
 static uint64_t split_owers(const struct dev_alloc *d, uint64_t busy)
@@ -421,12 +429,8 @@ static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
 static void front_check_in(struct dev_alloc *d, CUstream stream)
 {
     const void *me = fast_self();
-    struct dev_front *mine = NULL;
-    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m && !mine; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctzll(m);
-        if (d->fast.slots[i].owner == me && d->fast.fronts[i - DEV_STREAM_SLOTS].stream == stream)
-            mine = &d->fast.fronts[i - DEV_STREAM_SLOTS];
-    }
+    unsigned own = front_find(d, me, stream);
+    struct dev_front *mine = own < DEV_SLOTS ? &d->fast.fronts[own - DEV_STREAM_SLOTS] : NULL;
     if (!mine || mine->since_check < FRONT_CHECK_HITS)
         return;
     mine->since_check = 0;
@@ -826,14 +830,7 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
         b->size >= d->cfg.max_split_size)
         return false;
     const void *me = fast_self();
-    unsigned i = DEV_SLOTS;
-    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
-        unsigned j = (unsigned)__builtin_ctzll(m);
-        if (d->fast.slots[j].owner == me && d->fast.fronts[j - DEV_STREAM_SLOTS].stream == b->stream) {
-            i = j;
-            break;
-        }
-    }
+    unsigned i = front_find(d, me, b->stream);
     if (i == DEV_SLOTS) {
         uint64_t idle = ~d->fast.busy_slots & FAST_OWN_MASK;
         if (!idle)
