@@ -155,6 +155,16 @@ static inline void spin_acquire(struct spin *l)
         spin_acquire_slow(l);
 }
 
+/* A blocking take by a thread holding no other spin lock (its own front, core/device/fast.c): the
+ * device lock's holders, who take several, wait for none while holding this one, so no order
+ * among spin locks is needed; checked at debug_level >= 1 as a take of the top rank. */
+static inline void spin_acquire_leaf(struct spin *l)
+{
+    witness_take(FORK_RANK_SLOT);
+    if (XSEG_UNLIKELY(!spin_try_raw(l)))
+        spin_acquire_slow(l);
+}
+
 static inline void spin_release(struct spin *l)
 {
     lock_assert_held(l);

@@ -486,9 +486,9 @@ static inline __attribute__((always_inline)) xseg_status malloc_cached(struct de
 static __attribute__((noinline)) xseg_status malloc_locked(struct dev_alloc *d, size_t size, CUstream stream,
                                                            void **out)
 {
-    dev_lock(d, DEV_NEED_NONE); /* its stream's slot settles below, unless it widens */
+    dev_lock(d, DEV_NEED_NONE); /* its stream's slot settles below, unless a hit serves it here */
     FAST_COUNT(d, lock_mallocs);
-    if (XSEG_UNLIKELY(d->fast.busy_slots != 0) && fast_widen(d, size, stream, out)) {
+    if (XSEG_UNLIKELY(d->fast.busy_slots != 0) && fast_lock_hit(d, size, stream, out)) {
         dev_unlock(d);
         return XSEG_SUCCESS;
     }

@@ -210,6 +210,9 @@ static void front_settle_entry(struct dev_alloc *d, struct dev_slot *s, struct d
     struct block *b = f->blk[k];
     int si = f->si[k];
     f->nclassic -= !b->expandable;
+    f->held[si][FRONT_LOW_ALLOC] -= 1;
+    f->held[si][FRONT_LOW_BYTES] -= (int64_t)b->size;
+    f->held[si][FRONT_LOW_REQ] -= (int64_t)f->base_req[k];
     if (f->freed >> k & 1) {
         f->low[si][FRONT_LOW_ALLOC] -= 1;
         f->low[si][FRONT_LOW_BYTES] -= (int64_t)b->size;
@@ -521,56 +524,142 @@ void fast_guard_save(struct dev_alloc *d, struct fast_guard *g)
 }
 
 /*
- * The fronts' grants (every busy slot locked; @p fronts the busy own slots, @p low every busy
- * slot's debts as fast_guard_end_slow read them, the settled ones' too but for own slots unread).
+ * Budgets shared out by level (water-filling): item i may count between @p lo[i] (what it holds
+ * already) and @p hi[i] (all it could ever raise the row to); @p total (at least the sum of lo) is
+ * shared so that each gets min(hi, max(lo, L)) for the largest level L the total allows, the few
+ * units rounding leaves to the first items still below their hi. @p c gets the budgets. n <= 32.
+ */
+static void front_share_out(unsigned n, const int64_t *lo, const int64_t *hi, int64_t total, int64_t *c)
+{
+    int64_t sum_lo = 0, sum_hi = 0;
+    for (unsigned i = 0; i < n; i++) {
+        xseg_assert(lo[i] <= hi[i]);
+        sum_lo += lo[i];
+        sum_hi += hi[i];
+    }
+    if (sum_hi <= total || total <= sum_lo) {
+        for (unsigned i = 0; i < n; i++)
+            c[i] = sum_hi <= total ? hi[i] : lo[i];
+        return;
+    }
+    /* The sum at level L rises by one per unit of L for each item with lo <= L < hi: walk the
+     * sorted breakpoints (an item's lo: +1, its hi: -1) to where it reaches total. */
+    int64_t at[2 * DEV_OWN_SLOTS];
+    int step[2 * DEV_OWN_SLOTS];
+    unsigned m = 0;
+    for (unsigned i = 0; i < n; i++) {
+        int64_t v[2] = {lo[i], hi[i]};
+        for (int e = 0; e < 2; e++) { /* insertion sort: a handful of fronts */
+            unsigned j = m++;
+            for (; j > 0 && at[j - 1] > v[e]; j--) {
+                at[j] = at[j - 1];
+                step[j] = step[j - 1];
+            }
+            at[j] = v[e];
+            step[j] = e ? -1 : 1;
+        }
+    }
+    int64_t sum = sum_lo, level = at[0];
+    int slope = 0;
+    for (unsigned j = 0; j < m; j++) {
+        if (slope > 0 && sum + slope * (at[j] - level) >= total)
+            break;
+        sum += slope * (at[j] - level);
+        level = at[j];
+        slope += step[j];
+    }
+    /* sum_hi > total: the walk stops inside a segment of positive slope. */
+    level += (total - sum) / slope;
+    int64_t left = total;
+    for (unsigned i = 0; i < n; i++) {
+        c[i] = level < lo[i] ? lo[i] : level > hi[i] ? hi[i] : level;
+        left -= c[i];
+    }
+    for (unsigned i = 0; i < n && left > 0; i++)
+        if (c[i] < hi[i] && c[i] >= lo[i] && level >= lo[i]) {
+            c[i]++;
+            left--;
+        }
+    xseg_assert(left >= 0);
+}
+
+/* A hit front_grants is asked to make room for first: own slot @p slot's front takes one block
+ * of r bytes and req requested bytes in statistics pool si. */
+struct front_want {
+    unsigned slot;
+    int si;
+    size_t r, req;
+};
+
+/*
+ * The fronts' grants (the device lock and every busy own slot's lock held; @p fronts the busy own
+ * slots).
  * A front's hit raises a current without the device lock, so it may raise it only within its
  * grant: on each FRONT_GRANT_ROWS row and pool, the current the statistics would show if every
  * front's debt were paid (the stream slots' hits may raise it that far, each within its own
  * debt) plus every grant stays at most the peak, so no hit reaches past a peak unseen. The room
- * under each peak is shared out by claim (Note [front grants]); a front's free gives back what
- * its hit took.
+ * under each peak is shared out as budgets (Note [front grants]); a front's free gives back what
+ * its hit took. With @p want, that hit's front counts it held first; false where some room is
+ * smaller than the hit (every grant unchanged).
  */
-static void front_grants(struct dev_alloc *d, uint64_t fronts, int64_t low[DEV_SLOTS][XSEG_STAT_POOLS][FAST_ROWS])
+static bool front_grants(struct dev_alloc *d, uint64_t fronts, const struct front_want *want)
 {
     if (!fronts)
-        return;
+        return true;
     const xseg_device_stats *st = &d->acct.stats;
     const xseg_stat_counter *rows[FRONT_GRANT_ROWS] = {st->allocation, st->allocated_bytes, st->requested_bytes};
-    int64_t owed[FRONT_GRANT_ROWS][XSEG_STAT_POOLS] = {{0}}, room[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
-    /* What a front's hits could raise each row by (its freed blocks, its handed-out blocks'
-     * requested gaps) is its claim on the room; "all" claims the sum of the pools'. */
-    for (uint64_t m = fronts; m; m &= m - 1)
-        for (int k = 0; k < FRONT_GRANT_ROWS; k++)
-            for (int p = 1; p < XSEG_STAT_POOLS; p++)
-                owed[k][p] += low[__builtin_ctzll(m)][p][k];
+    unsigned idx[DEV_OWN_SLOTS], n = 0, wj = DEV_OWN_SLOTS;
+    for (uint64_t m = fronts; m; m &= m - 1) {
+        if (want && (unsigned)__builtin_ctzll(m) == want->slot)
+            wj = n;
+        idx[n++] = (unsigned)__builtin_ctzll(m);
+    }
+    int64_t grant[FRONT_GRANT_ROWS][XSEG_STAT_POOLS][DEV_OWN_SLOTS];
     for (int k = 0; k < FRONT_GRANT_ROWS; k++) {
-        owed[k][XSEG_STAT_ALL] = owed[k][XSEG_STAT_SMALL_POOL] + owed[k][XSEG_STAT_LARGE_POOL];
+        /* Per pool: each front's floor (what its handed-out entries hold: held less its debt;
+         * the wanted hit's front, that hit too) and cap (held); the current without the fronts'
+         * debts, and the room under the peak. */
+        int64_t lo[XSEG_STAT_POOLS][DEV_OWN_SLOTS], hi[XSEG_STAT_POOLS][DEV_OWN_SLOTS];
+        int64_t owed[XSEG_STAT_POOLS] = {0}, floor_sum[XSEG_STAT_POOLS] = {0};
+        for (unsigned j = 0; j < n; j++) {
+            const struct dev_front *f = &d->fast.fronts[idx[j] - DEV_STREAM_SLOTS];
+            lo[XSEG_STAT_ALL][j] = hi[XSEG_STAT_ALL][j] = 0;
+            for (int p = 1; p < XSEG_STAT_POOLS; p++) {
+                hi[p][j] = f->held[p][k];
+                lo[p][j] = f->held[p][k] - f->low[p][k];
+                owed[p] += f->low[p][k];
+                floor_sum[p] += lo[p][j];
+                lo[XSEG_STAT_ALL][j] += lo[p][j];
+                hi[XSEG_STAT_ALL][j] += hi[p][j];
+            }
+        }
+        owed[XSEG_STAT_ALL] = owed[XSEG_STAT_SMALL_POOL] + owed[XSEG_STAT_LARGE_POOL];
+        floor_sum[XSEG_STAT_ALL] = floor_sum[XSEG_STAT_SMALL_POOL] + floor_sum[XSEG_STAT_LARGE_POOL];
+        int64_t need = !want ? 0 : k == 0 ? 1 : k == 1 ? (int64_t)want->r : (int64_t)want->req;
         int64_t cur[XSEG_STAT_POOLS];
-        cur[XSEG_STAT_SMALL_POOL] = rows[k][XSEG_STAT_SMALL_POOL].current - owed[k][XSEG_STAT_SMALL_POOL];
-        cur[XSEG_STAT_LARGE_POOL] = rows[k][XSEG_STAT_LARGE_POOL].current - owed[k][XSEG_STAT_LARGE_POOL];
+        cur[XSEG_STAT_SMALL_POOL] = rows[k][XSEG_STAT_SMALL_POOL].current - owed[XSEG_STAT_SMALL_POOL];
+        cur[XSEG_STAT_LARGE_POOL] = rows[k][XSEG_STAT_LARGE_POOL].current - owed[XSEG_STAT_LARGE_POOL];
         cur[XSEG_STAT_ALL] = cur[XSEG_STAT_SMALL_POOL] + cur[XSEG_STAT_LARGE_POOL];
         for (int p = 0; p < XSEG_STAT_POOLS; p++) {
-            int64_t r = rows[k][p].peak - cur[p];
-            room[k][p] = r > 0 ? r : 0;
+            int64_t room = rows[k][p].peak - cur[p], c[DEV_OWN_SLOTS];
+            room = room > 0 ? room : 0;
+            bool wanted = want && (p == XSEG_STAT_ALL || p == want->si);
+            int64_t floor0 = wanted ? lo[p][wj] : 0;
+            if (wanted) {
+                if (need > room)
+                    return false; /* the hit would raise a peak: the eager malloc raises it */
+                lo[p][wj] += need; /* a freed entry's: within its cap */
+            }
+            front_share_out(n, lo[p], hi[p], floor_sum[p] + room, c);
+            for (unsigned j = 0; j < n; j++)
+                grant[k][p][j] = c[j] - (wanted && j == wj ? floor0 : lo[p][j]);
         }
     }
-    /* Each front gets its whole claim where the room holds every claim, else its part of the
-     * room in proportion to its claim (rounded down: the grants never sum past the room). */
-    for (uint64_t m = fronts; m; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctzll(m);
-        struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+    for (unsigned j = 0; j < n; j++)
         for (int k = 0; k < FRONT_GRANT_ROWS; k++)
-            for (int p = 0; p < XSEG_STAT_POOLS; p++) {
-                int64_t w = p == XSEG_STAT_ALL ? low[i][XSEG_STAT_SMALL_POOL][k] + low[i][XSEG_STAT_LARGE_POOL][k]
-                                               : low[i][p][k];
-                if (w <= 0 || owed[k][p] <= 0)
-                    f->grant[k][p] = 0;
-                else if (owed[k][p] <= room[k][p])
-                    f->grant[k][p] = w;
-                else
-                    f->grant[k][p] = (int64_t)((unsigned __int128)room[k][p] * (uint64_t)w / (uint64_t)owed[k][p]);
-            }
-    }
+            for (int p = 0; p < XSEG_STAT_POOLS; p++)
+                d->fast.fronts[idx[j] - DEV_STREAM_SLOTS].grant[k][p] = grant[k][p][j];
+    return true;
 }
 
 /*
@@ -631,7 +720,7 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
         FAST_COUNT(d, settles_cross);
         slot_settle_locked(d, i);
     }
-    front_grants(d, busy & ~settle & FAST_OWN_MASK, low);
+    (void)front_grants(d, busy & ~settle & FAST_OWN_MASK, NULL);
     for (uint64_t m = busy; m; m &= m - 1)
         spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
 }
@@ -882,6 +971,9 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
     f->low[si][FRONT_LOW_ALLOC] += 1;
     f->low[si][FRONT_LOW_BYTES] += (int64_t)b->size;
     f->low[si][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
+    f->held[si][FRONT_LOW_ALLOC] += 1;
+    f->held[si][FRONT_LOW_BYTES] += (int64_t)b->size;
+    f->held[si][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
     front_grant_give(f, si, b->size, f->base_req[k]); /* this free lowered the currents */
     s->blk = f->blk[__builtin_ctzll(f->used)];
     spin_release(&s->lock);
@@ -894,53 +986,117 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
 
 /* ---- front hits ---------------------------------------------------------------------------- */
 
+/* A thread's front is its own: its lock is held by others only for a device-lock holder's short
+ * work (a fill, a settle, fast_guard_end_slow's grants, dev_check), so a hit or free waits for it.
+ * A try that gave up sent the thread through the device lock, whose guard then held the other
+ * thread's front lock and failed its try in turn: two threads on one stream kept each other off
+ * their fronts (bench_slot_counts --same-stream --mixed, up to 2.4 % of pairs locked). */
+/* A freed entry of front @p f for a malloc of @p size bytes rounded to @p r (its slot locked), or
+ * FRONT_ENTRIES: one of size r whose statistics count at least @p size requested bytes. */
+static unsigned front_pick(const struct dev_front *f, size_t size, size_t r)
+{
+    for (uint64_t m = f->by_size[front_bucket(r)]; m; m &= m - 1) {
+        unsigned k = (unsigned)__builtin_ctzll(m);
+        if (f->size[k] == r && size <= f->base_req[k])
+            return k;
+    }
+    return FRONT_ENTRIES;
+}
+
+/* Entry @p k of front @p f (own slot @p s locked) handed out for @p size bytes rounded to @p r in
+ * statistics pool @p si, within its grant (taken here). Returns its address. */
+static void *front_take(struct dev_slot *s, struct dev_front *f, unsigned k, size_t size, size_t r, int si)
+{
+    (void)s;
+    xseg_assert(f->si[k] == si && f->size[k] == r && (f->freed >> k & 1));
+    front_grant_take(f, si, r, size);
+    f->seen = true;
+    uint64_t bit = (uint64_t)1 << k;
+    f->freed &= ~bit;
+    f->by_size[front_bucket(r)] &= ~bit;
+    f->by_addr[front_bucket(f->addr[k])] |= bit;
+    f->cur_req[k] = size;
+    f->low[si][FRONT_LOW_ALLOC] -= 1;
+    f->low[si][FRONT_LOW_BYTES] -= (int64_t)r;
+    f->low[si][FRONT_LOW_REQ] -= (int64_t)size;
+    f->reps[si]++;
+    f->size_sum[si] += (int64_t)r;
+    f->req_sum[si] += (int64_t)size;
+#if XSEG_DEBUG_LEVEL >= 1
+    s->hits++;
+#endif
+    return (void *)f->addr[k];
+}
+
+static int front_pool(size_t r) { return r <= BLOCK_SMALL_SIZE ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL; }
+
 bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     struct dev_slot *s = fast_tls_front;
-    if (!s || !spin_try(&s->lock))
+    if (!s)
         return false;
+    spin_acquire_leaf(&s->lock);
     bool hit = false;
     if (s->dev == d && s->blk && s->gen == settings_gen()) {
         struct dev_front *f = slot_front(s);
         size_t r = fast_round(size);
-        int si = r <= BLOCK_SMALL_SIZE ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL; /* a default pool's */
+        int si = front_pool(r); /* a default pool's */
         /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in (front_check_in). */
-        if (f->stream == stream && ++f->since_check < FRONT_CHECK_HITS && front_grant_fits(f, si, r, size))
-            for (uint64_t m = f->by_size[front_bucket(r)]; m; m &= m - 1) {
-                unsigned k = (unsigned)__builtin_ctzll(m);
-                if (f->size[k] != r || size > f->base_req[k])
-                    continue;
-                xseg_assert(f->si[k] == si);
-                front_grant_take(f, si, r, size);
-                f->seen = true;
-                uint64_t bit = (uint64_t)1 << k;
-                f->freed &= ~bit;
-                f->by_size[front_bucket(r)] &= ~bit;
-                f->by_addr[front_bucket(f->addr[k])] |= bit;
-                f->cur_req[k] = size;
-                f->low[si][FRONT_LOW_ALLOC] -= 1;
-                f->low[si][FRONT_LOW_BYTES] -= (int64_t)r;
-                f->low[si][FRONT_LOW_REQ] -= (int64_t)size;
-                f->reps[si]++;
-                f->size_sum[si] += (int64_t)r;
-                f->req_sum[si] += (int64_t)size;
-#if XSEG_DEBUG_LEVEL >= 1
-                s->hits++;
-#endif
-                *out = (void *)f->addr[k];
+        if (f->stream == stream && ++f->since_check < FRONT_CHECK_HITS && front_grant_fits(f, si, r, size)) {
+            unsigned k = front_pick(f, size, r);
+            if (k < FRONT_ENTRIES) {
+                *out = front_take(s, f, k, size, r, si);
                 hit = true;
-                break;
             }
+        }
     }
     spin_release(&s->lock);
+    return hit;
+}
+
+/*
+ * A hit past its grant, through the device lock (held): this thread's front of @p stream holds a
+ * freed block for the request, so the room under the peaks is shared out again with this front's
+ * need counted first (front_grants), and where the room holds it the block is handed out as a hit
+ * would, no peak moved. Without this the malloc took another block from the index and its free
+ * a second trip through the lock, the front one entry fuller each time (two threads whose
+ * blocks together make the peak: every largest request missed).
+ */
+static bool front_hit_locked(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    lock_assert_held(&d->lock);
+    struct dev_slot *s = fast_tls_front;
+    uintptr_t at = (uintptr_t)s, own = (uintptr_t)&d->fast.slots[DEV_STREAM_SLOTS];
+    if (!s || at < own || at >= (uintptr_t)&d->fast.slots[DEV_SLOTS]) /* none, or another device's */
+        return false;
+    unsigned i = (unsigned)(s - d->fast.slots);
+    struct dev_front *f = slot_front(s);
+    if (!(d->fast.busy_slots >> i & 1) || s->owner != fast_self() || f->stream != stream || s->gen != settings_gen() ||
+        f->since_check >= FRONT_CHECK_HITS) /* the check-in first: settle_malloc's */
+        return false;
+    size_t r = fast_round(size);
+    uint64_t fronts = d->fast.busy_slots & FAST_OWN_MASK;
+    for (uint64_t m = fronts; m; m &= m - 1)
+        spin_acquire(&d->fast.slots[__builtin_ctzll(m)].lock);
+    unsigned k = front_pick(f, size, r);
+    struct front_want want = {.slot = i, .si = front_pool(r), .r = r, .req = size};
+    bool hit = k < FRONT_ENTRIES && front_grants(d, fronts, &want);
+    if (hit) {
+        xseg_assert(front_grant_fits(f, want.si, r, size));
+        f->since_check++;
+        *out = front_take(s, f, k, size, r, want.si);
+    }
+    for (uint64_t m = fronts; m; m &= m - 1)
+        spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
     return hit;
 }
 
 bool fast_front_free(void *ptr)
 {
     struct dev_slot *s = fast_tls_front;
-    if (!s || !spin_try(&s->lock))
+    if (!s)
         return false;
+    spin_acquire_leaf(&s->lock); /* as fast_front_hit's */
     bool hit = false;
     if (s->blk) {
         struct dev_front *f = slot_front(s);
@@ -969,7 +1125,7 @@ bool fast_front_free(void *ptr)
 
 /* ---- widen (classic) ---------------------------------------------------------------------- */
 
-bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+static bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     lock_assert_held(&d->lock);
     unsigned i = fast_slot_index(stream);
@@ -999,4 +1155,14 @@ bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out)
     spin_release(&s->lock);
     fast_guard_end(d, &g);
     return true;
+}
+
+/* malloc through the device lock, before the door: a classic stream slot widened (fast_widen),
+ * or this thread's front past its grant (front_hit_locked). */
+bool fast_lock_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    if (!d->fast.busy_slots || !size)
+        return false;
+    return fast_widen(d, size, stream, out) ||
+           (d->fast.busy_slots & FAST_OWN_MASK && front_hit_locked(d, size, stream, out));
 }

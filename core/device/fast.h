@@ -93,10 +93,16 @@
  * requested_bytes, in each pool and in all, without the device lock. On every such row, the
  * current less the fronts' debts (what the stream slots' hits may raise it to) plus every grant
  * stays at most the peak (dev_check checks it), so no hit reaches past a peak unseen, and the peaks
- * stay exact. fast_guard_end shares the room under each peak out: each front claims what its hits
- * could raise the row by (its debt there) and gets all of it where the room holds every claim,
- * else its part in proportion; a front's free gives back what its hit took; a hit past its grant
- * goes through the device lock, whose end shares the room out again.
+ * stay exact. fast_guard_end shares the room under each peak out as budgets: a front's budget on a
+ * row is what its handed-out entries hold there plus its grant, at least what they hold and at
+ * most what all its entries would (its cap); the room goes to raising the smallest budgets to one
+ * level (water-filling, front_share_out), so two threads whose blocks together make the peak get
+ * half of it each, whatever either holds at the instant of the share-out (a share in proportion to
+ * the debts left a front that held nothing then less than its largest block, and its largest
+ * request missed ever after). A front's free gives back what its hit took. A hit past its grant
+ * goes through the device lock, where the room is shared out again with that hit counted first
+ * (fast_lock_hit): where the room holds it, the front's block is handed out there, no peak moved;
+ * else the eager malloc raises the peak.
  *
  * Note [the door]
  * ~~~~~~~~~~~~~~~
@@ -407,10 +413,12 @@ static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, v
     return fast_hit_at(d, s, size, stream, out);
 }
 
-/* malloc through the device lock, before its settle: a classic slot on @p stream whose B is freed
- * widens to a rounded size below min_size and at least min_fit (counting the larger inactive split
- * block first, its peak guarded) and hands B out (true). False: nothing changed. */
-bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void **out);
+/* malloc through the device lock, before the door's bracket: a hit the lock makes possible
+ * (true), else nothing changed. A classic slot on @p stream whose B is freed widens to a rounded
+ * size below min_size and at least min_fit (counting the larger inactive split block first, its
+ * peak guarded) and hands B out (fast_widen); or this thread's front of @p stream, which holds a
+ * block for the request but whose grant was short, gets the room first (Note [front grants]). */
+bool fast_lock_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out);
 
 /* xseg_free's first try: @p ptr is the block this thread's last hit handed out, and it goes back
  * to the slot under the slot's lock alone (true). False: nothing changed. */

@@ -141,6 +141,9 @@ struct dev_front {
     uint32_t cursor;                     /* where a full front looks for an entry to settle */
     CUstream stream;
     int64_t low[XSEG_STAT_POOLS][FRONT_LOWS];
+    /* What its entries count in d->acct.stats (1, the block's size, base_req each), by pool: less
+     * low, what its handed-out entries hold (front_grants' floor). */
+    int64_t held[XSEG_STAT_POOLS][FRONT_LOWS];
     /* How far its hits may raise each current (allocation, allocated_bytes, requested_bytes; by
      * pool and all) without a peak unseen: fast_guard_end_slow shares the room under the peaks out,
      * its frees give back what its hits took. */
@@ -446,7 +449,7 @@ struct dev_fast {
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds count, so that tests and bench_slot_counts see the slots used: */
     uint64_t slot_hits;     /* hits of settled slots */
-    uint64_t lock_mallocs;  /* mallocs through the device lock (malloc_locked, fast_widen's included) */
+    uint64_t lock_mallocs;  /* mallocs through the device lock (malloc_locked, fast_lock_hit's included) */
     uint64_t lock_frees;    /* frees through the device lock (free_locked) */
     uint64_t settles;       /* slots settled */
     uint64_t settles_cross; /* of them, by an operation on another slot's stream for its statistics */

@@ -557,17 +557,18 @@ static void run_pairs(const char *config, bool expandable, bool mixed)
         pair_seen_all = true;
         /* Each thread's block waits in a slot of its own, in either mode (without them the eager
          * path's best fit puts the two blocks side by side, and then every malloc and free takes
-         * the device lock). Debug builds count the lock's takers: at most a quarter of the
-         * operations (dev_check, at debug_level 2, holds every slot's lock while it walks, so a
-         * few hits fail there and go through the lock). */
+         * the device lock). Debug builds (the sanitizer builds CI runs too) count the lock's
+         * takers: at most a quarter of the operations, an eighth with sizes in turn. A front's hit
+         * waits for its lock while a device-lock holder (dev_check's walk at debug_level 2, a
+         * grant's share-out) holds it, and a hit past its grant takes its front's block under the
+         * device lock (fast_lock_hit) rather than another block whose free locks again: before
+         * both, sizes in turn locked 17-26 % of the operations at debug_level 1. */
         uint64_t own = rt_device_peek(0)->fast.busy_slots >> DEV_STREAM_SLOTS; /* the workers joined */
         if (step == 1 && __builtin_popcountll(own) != PAIR_WORKERS)
             tfail("%d own slots busy after the pairs, want %d", __builtin_popcountll(own), PAIR_WORKERS);
 #if XSEG_DEBUG_LEVEL >= 1
         uint64_t locked = f->lock_mallocs + f->lock_frees - locked0, ops = 2 * PAIR_WORKERS * pair_count;
-        /* Mixed sizes at debug_level 2: a hit dev_check's walk makes fail goes through the lock,
-         * whose own walk fails the other thread's hits in turn; the fronts' count is level 1's. */
-        if (step == 1 && locked > ops / 4 && (!mixed || XSEG_DEBUG_LEVEL == 1))
+        if (step == 1 && locked > (mixed ? ops / 8 : ops / 4))
             tfail("%" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock", locked, ops);
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
                       ops);
