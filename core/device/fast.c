@@ -1071,9 +1071,13 @@ static bool front_hit_locked(struct dev_alloc *d, size_t size, CUstream stream, 
         return false;
     unsigned i = (unsigned)(s - d->fast.slots);
     struct dev_front *f = slot_front(s);
-    if (!(d->fast.busy_slots >> i & 1) || s->owner != fast_self() || f->stream != stream || s->gen != settings_gen() ||
-        f->since_check >= FRONT_CHECK_HITS) /* the check-in first: settle_malloc's */
+    if (!(d->fast.busy_slots >> i & 1) || s->owner != fast_self() || f->stream != stream || s->gen != settings_gen())
         return false;
+    if (f->since_check >= FRONT_CHECK_HITS) { /* the hit that checks in: the check-in, then the hit */
+        front_check_in(d, stream);
+        if (!(d->fast.busy_slots >> i & 1)) /* the mark faded: the stream's fronts settled */
+            return false;
+    }
     size_t r = fast_round(size);
     uint64_t fronts = d->fast.busy_slots & FAST_OWN_MASK;
     for (uint64_t m = fronts; m; m &= m - 1)
