@@ -1048,6 +1048,11 @@ bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **ou
                 *out = front_take(s, f, k, size, r, si);
                 hit = true;
             }
+            /* A stream slot hit before the mark (or a block it still held) left this thread's
+             * last slot on the stream's slot, which every later malloc and free then tried first
+             * and missed: the front's pairs are this thread's on the stream now. */
+            if (XSEG_UNLIKELY(fast_tls_slot != NULL) && fast_tls_slot == fast_slot_of(d, stream))
+                fast_tls_slot = NULL;
         }
     }
     spin_release(&s->lock);
