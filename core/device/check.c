@@ -544,9 +544,8 @@ static void check_walk(struct dev_alloc *d)
         const struct dev_front *f = &d->fast.fronts[__builtin_ctzll(m)];
         for (int k = 0; k < FRONT_GRANT_ROWS; k++)
             for (int p = 0; p < XSEG_STAT_POOLS; p++) {
-                int64_t owe = p == XSEG_STAT_ALL ? f->low[1][k] + f->low[2][k] : f->low[p][k];
-                CHECK(f->grant[k][p] >= 0);
-                fr[k][p] += f->grant[k][p] - owe;
+                CHECK(front_grant(f, k, p) >= 0);
+                fr[k][p] += f->gap[k][p];
             }
     }
     for (size_t k = 0; k < sizeof rows / sizeof *rows; k++) {

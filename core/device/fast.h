@@ -134,6 +134,14 @@ static inline struct dev_slot *fast_slot_of(struct dev_alloc *d, const void *str
     return &d->fast.slots[fast_slot_index(stream)];
 }
 
+/* Front @p f's debt on grant row @p k (FRONT_LOW_* order) in pool @p p, the "all" entry the sum of
+ * the pools'; and its grant there, the debt plus its gap (struct dev_front). */
+static inline int64_t front_debt(const struct dev_front *f, int k, int p)
+{
+    return p == XSEG_STAT_ALL ? f->low[XSEG_STAT_SMALL_POOL][k] + f->low[XSEG_STAT_LARGE_POOL][k] : f->low[p][k];
+}
+static inline int64_t front_grant(const struct dev_front *f, int k, int p) { return front_debt(f, k, p) + f->gap[k][p]; }
+
 /* A size's or an address's bucket in a front (struct dev_front; FRONT_BUCKETS of them). */
 static inline unsigned front_bucket(uintptr_t x)
 {

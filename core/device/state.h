@@ -92,6 +92,7 @@ struct dev_slot {
                             * device's */
     const void *owner;     /* the thread that filled it (fast_self): a stream slot's, to see another
                             * thread's malloc on its stream; an own slot's, to find it again */
+    struct dev_front *front; /* an own slot's front (fast.fronts[k]; set at the fill), for the hits */
     struct block *blk;     /* B while the slot is busy, else NULL */
     struct block *freed;   /* B while freed by the user, not merged, else NULL (slot_state) */
     uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
@@ -144,10 +145,11 @@ struct dev_front {
     /* What its entries count in d->acct.stats (1, the block's size, base_req each), by pool: less
      * low, what its handed-out entries hold (front_grants' floor). */
     int64_t held[XSEG_STAT_POOLS][FRONT_LOWS];
-    /* How far its hits may raise each current (allocation, allocated_bytes, requested_bytes; by
-     * pool and all) without a peak unseen: fast_guard_end_slow shares the room under the peaks out,
-     * its frees give back what its hits took. */
-    int64_t grant[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
+    /* Its grant (how far its hits may raise allocation, allocated_bytes and requested_bytes, by
+     * pool and all, without a peak unseen: front_grant) less its debt there. A hit takes from both
+     * what it raises and a free gives both back, so only a share-out (front_grants) and an entry's
+     * settle write it: a pair keeps one set of books, the debt (low). */
+    int64_t gap[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
     bool seen;            /* hit or freed into since the last check-in of another front of its stream */
     uint32_t since_check; /* hits since this front's last check-in (FRONT_CHECK_HITS) */
     uint64_t reps[XSEG_STAT_POOLS];
