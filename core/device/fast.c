@@ -442,9 +442,18 @@ static void front_check_in(struct dev_alloc *d, CUstream stream)
     const void *me = fast_self();
     unsigned own = front_find(d, me, stream);
     struct dev_front *mine = own < DEV_SLOTS ? &d->fast.fronts[own - DEV_STREAM_SLOTS] : NULL;
-    if (!mine || mine->since_check < FRONT_CHECK_HITS)
+    if (!mine)
         return;
-    mine->since_check = 0;
+    /* Hits count since_check under the slot's lock (another thread's too, whose last front this
+     * slot was before a settle). */
+    struct dev_slot *ms = &d->fast.slots[own];
+    spin_acquire(&ms->lock);
+    bool due = mine->since_check >= FRONT_CHECK_HITS;
+    if (due)
+        mine->since_check = 0;
+    spin_release(&ms->lock);
+    if (!due)
+        return;
     bool others = false;
     for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
@@ -584,7 +593,7 @@ static void front_share_out(unsigned n, const int64_t *lo, const int64_t *hi, in
         left -= c[i];
     }
     for (unsigned i = 0; i < n && left > 0; i++)
-        if (c[i] < hi[i] && c[i] >= lo[i] && level >= lo[i]) {
+        if (level >= lo[i] && c[i] < hi[i]) { /* on the level, below its cap */
             c[i]++;
             left--;
         }
@@ -983,11 +992,6 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
 
 /* ---- front hits ---------------------------------------------------------------------------- */
 
-/* A thread's front is its own: its lock is held by others only for a device-lock holder's short
- * work (a fill, a settle, fast_guard_end_slow's grants, dev_check), so a hit or free waits for it.
- * A try that gave up sent the thread through the device lock, whose guard then held the other
- * thread's front lock and failed its try in turn: two threads on one stream kept each other off
- * their fronts (bench_slot_counts --same-stream --mixed, up to 2.4 % of pairs locked). */
 /* A freed entry of front @p f for a malloc of @p size bytes rounded to @p r (its slot locked), or
  * FRONT_ENTRIES: one of size r whose statistics count at least @p size requested bytes. */
 static unsigned front_pick(const struct dev_front *f, size_t size, size_t r)
@@ -1001,7 +1005,8 @@ static unsigned front_pick(const struct dev_front *f, size_t size, size_t r)
 }
 
 /* Entry @p k of front @p f (own slot @p s locked) handed out for @p size bytes rounded to @p r in
- * statistics pool @p si, within its grant (taken here). Returns its address. */
+ * statistics pool @p si, within its grant (the debt it lowers is what the grant gives: the gap
+ * stays). Returns its address. */
 static inline __attribute__((always_inline)) void *front_take(struct dev_slot *s, struct dev_front *f, unsigned k,
                                                               size_t size, size_t r, int si)
 {
@@ -1027,6 +1032,11 @@ static inline __attribute__((always_inline)) void *front_take(struct dev_slot *s
 
 static int front_pool(size_t r) { return r <= BLOCK_SMALL_SIZE ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL; }
 
+/* A thread's front is its own: its lock is held by others only for a device-lock holder's short
+ * work (a fill, a settle, fast_guard_end_slow's grants, dev_check), so a hit or free waits for it.
+ * A try that gave up sent the thread through the device lock, whose guard then held the other
+ * thread's front lock and failed its try in turn: two threads on one stream kept each other off
+ * their fronts (bench_slot_counts --same-stream --mixed, up to 2.4 % of pairs locked). */
 bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     struct dev_slot *s = fast_tls_front;
@@ -1073,19 +1083,26 @@ static bool front_hit_locked(struct dev_alloc *d, size_t size, CUstream stream, 
     if (!s || at < own || at >= (uintptr_t)&d->fast.slots[DEV_SLOTS]) /* none, or another device's */
         return false;
     unsigned i = (unsigned)(s - d->fast.slots);
-    struct dev_front *f = slot_front(s);
+    struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
     if (!(d->fast.busy_slots >> i & 1) || s->owner != fast_self() || f->stream != stream || s->gen != settings_gen())
         return false;
-    if (f->since_check >= FRONT_CHECK_HITS) { /* the hit that checks in: the check-in, then the hit */
+    /* A request its front holds no block for locks no other front. Under the front's lock: a
+     * thread whose last front this slot was before a settle may still hit in it. */
+    size_t r = fast_round(size);
+    spin_acquire(&s->lock);
+    bool held = front_pick(f, size, r) < FRONT_ENTRIES, due = f->since_check >= FRONT_CHECK_HITS;
+    spin_release(&s->lock);
+    if (!held)
+        return false;
+    if (due) { /* the hit that checks in: the check-in, then the hit */
         front_check_in(d, stream);
         if (!(d->fast.busy_slots >> i & 1)) /* the mark faded: the stream's fronts settled */
             return false;
     }
-    size_t r = fast_round(size);
     uint64_t fronts = d->fast.busy_slots & FAST_OWN_MASK;
     for (uint64_t m = fronts; m; m &= m - 1)
         spin_acquire(&d->fast.slots[__builtin_ctzll(m)].lock);
-    unsigned k = front_pick(f, size, r);
+    unsigned k = front_pick(f, size, r); /* the check-in settles no entry of a front it keeps */
     struct front_want want = {.slot = i, .si = front_pool(r), .r = r, .req = size};
     bool hit = k < FRONT_ENTRIES && front_grants(d, fronts, &want);
     if (hit) {
