@@ -48,11 +48,19 @@ static const struct block *slot_freed(const struct dev_alloc *d, const struct bl
     return (d->fast.busy_slots >> i & 1) && slot_state(s) == SLOT_FREED && s->freed == b ? b : NULL;
 }
 
-/* @p b if it is a front's freed block, else NULL. */
+/* The own slot of front @p f (whose lane holds its entry's state: Note [front lane]). */
+static const struct dev_slot *front_slot(const struct dev_alloc *d, const struct dev_front *f)
+{
+    return &d->fast.slots[DEV_STREAM_SLOTS + (unsigned)(f - d->fast.fronts)];
+}
+
+/* @p b if it is a front's freed block (its lane's included), else NULL. */
 static const struct block *own_freed(const struct dev_alloc *d, const struct block *b)
 {
     uint32_t k;
     const struct dev_front *f = b && b->allocated ? front_of(d, b, &k) : NULL;
+    if (f && k == f->lane)
+        return front_slot(d, f)->freed == b ? b : NULL;
     return f && (f->freed >> k & 1) ? b : NULL;
 }
 
@@ -204,6 +212,8 @@ static size_t requested_now(const struct dev_alloc *d, const struct block *b, co
 {
     uint32_t k;
     const struct dev_front *f = !sl && b->allocated ? front_of(d, b, &k) : NULL;
+    if (f && k == f->lane)
+        return front_slot(d, f)->cur_req;
     return sl ? sl->cur_req : f ? f->cur_req[k] : block_requested(b);
 }
 
@@ -387,7 +397,21 @@ static bool check_slots(const struct dev_alloc *d)
         if (!sl->blk)
             continue;
         CHECK(sl->dev == d && sl->gen != 0 && sl->owner != NULL);
-        CHECK(f->used && sl->blk == f->blk[__builtin_ctzll(f->used)] && !sl->freed && !sl->live);
+        /* Its lane (Note [front lane]): an entry handed out or freed in the slot's own fields, as
+         * a stream slot's B, exact size. */
+        bool lane = f->lane < FRONT_ENTRIES;
+        uint64_t lane_bit = lane ? (uint64_t)1 << f->lane : 0;
+        CHECK(f->used && sl->blk == f->blk[lane ? f->lane : (unsigned)__builtin_ctzll(f->used)]);
+        if (lane) {
+            CHECK((f->used & lane_bit) && !(f->freed & lane_bit));
+            CHECK(!!sl->freed != !!sl->live && (!sl->freed || sl->freed == sl->blk) &&
+                  (!sl->live || sl->live == f->addr[f->lane]));
+            CHECK(sl->base_req == f->base_req[f->lane] && sl->cur_req <= sl->base_req);
+            CHECK(sl->cur_size == f->size[f->lane] && sl->min_size == sl->cur_size && sl->span == 0);
+            CHECK(sl->size_sum == sl->reps * sl->cur_size && sl->req_sum <= sl->size_sum);
+        } else {
+            CHECK(!sl->freed && !sl->live && !sl->reps && !sl->size_sum && !sl->req_sum);
+        }
         CHECK(!(f->freed & ~f->used));
         int64_t low[XSEG_STAT_POOLS][FRONT_LOWS] = {{0}};
         uint32_t nclassic = 0;
@@ -397,7 +421,7 @@ static bool check_slots(const struct dev_alloc *d)
             by_size |= f->by_size[q];
             by_addr |= f->by_addr[q];
         }
-        CHECK(by_size == f->freed && by_addr == (f->used & ~f->freed));
+        CHECK(by_size == f->freed && by_addr == (f->used & ~f->freed & ~lane_bit));
         for (uint64_t u = f->used; u; u &= u - 1) {
             unsigned k = (unsigned)__builtin_ctzll(u);
             const struct block *b = f->blk[k];
@@ -405,10 +429,13 @@ static bool check_slots(const struct dev_alloc *d)
             CHECK(b && b->allocated && b->stream == f->stream && !b->in_index && b->mapped && !b->sided);
             CHECK(f->si[k] == block_pool(b)->stat_index && !b->private_pool);
             CHECK(f->size[k] == b->size && f->addr[k] == b->addr);
-            CHECK(freed ? (f->by_size[front_bucket(b->size)] >> k & 1) : (f->by_addr[front_bucket(b->addr)] >> k & 1));
+            CHECK(k == f->lane || (freed ? (f->by_size[front_bucket(b->size)] >> k & 1)
+                                         : (f->by_addr[front_bucket(b->addr)] >> k & 1)));
             CHECK(block_requested(b) == f->base_req[k] && f->cur_req[k] <= f->base_req[k]);
             nclassic += !b->expandable;
-            if (freed) {
+            if (k == f->lane) {
+                /* owes nothing in low: the slot's fields hold it */
+            } else if (freed) {
                 low[f->si[k]][FRONT_LOW_ALLOC] += 1;
                 low[f->si[k]][FRONT_LOW_BYTES] += (int64_t)b->size;
                 low[f->si[k]][FRONT_LOW_REQ] += (int64_t)f->base_req[k];

@@ -52,6 +52,23 @@ static struct dev_front *slot_front(const struct dev_slot *s)
     return &s->dev->fast.fronts[s - s->dev->fast.slots - DEV_STREAM_SLOTS];
 }
 
+/* What own slot @p s's lane (Note [front lane]; its lock held) lowers each current by, added to
+ * @p low in its entry's pool: a freed block all it counts, a handed-out one its unused requested
+ * bytes (its size is exact). */
+static void lane_lowers(const struct dev_slot *s, const struct dev_front *f, int64_t low[XSEG_STAT_POOLS][FAST_ROWS])
+{
+    if (f->lane == FRONT_ENTRIES)
+        return;
+    int64_t *l = low[f->si[f->lane]];
+    if (s->freed) {
+        l[FRONT_LOW_ALLOC] += 1;
+        l[FRONT_LOW_BYTES] += (int64_t)s->cur_size;
+        l[FRONT_LOW_REQ] += (int64_t)s->base_req;
+    } else {
+        l[FRONT_LOW_REQ] += (int64_t)(s->base_req - s->cur_req);
+    }
+}
+
 /* Does busy slot @p s owe on the inactive_split rows (a classic stream slot's)? */
 static bool slot_owes_split(const struct dev_slot *s) { return !slot_is_own(s) && !s->blk->expandable; }
 
@@ -74,6 +91,7 @@ static void slot_lowers(const struct dev_slot *s, int64_t low[XSEG_STAT_POOLS][F
         for (int p = 1; p < XSEG_STAT_POOLS; p++)
             for (int k = 0; k < FRONT_LOWS; k++)
                 low[p][k] = f->low[p][k];
+        lane_lowers(s, f, low);
         return;
     }
     const struct block *b = s->blk;
@@ -104,6 +122,12 @@ static void slot_pay(const struct dev_slot *s, xseg_device_stats *st)
             st->allocation[p].allocated += (int64_t)f->reps[p];
             st->allocated_bytes[p].allocated += f->size_sum[p];
             st->requested_bytes[p].allocated += f->req_sum[p];
+        }
+        if (s->reps) { /* its lane's hits (none without a lane: lane_fold moves them) */
+            int si = f->si[f->lane];
+            st->allocation[si].allocated += (int64_t)s->reps;
+            st->allocated_bytes[si].allocated += (int64_t)s->size_sum;
+            st->requested_bytes[si].allocated += (int64_t)s->req_sum;
         }
         return;
     }
@@ -178,21 +202,69 @@ static unsigned front_find(const struct dev_alloc *d, const void *owner, const v
     return DEV_SLOTS;
 }
 
-/* Take entry @p k out of front @p f of own slot @p s (both locks held). */
+/* Own slot @p s's busy mark (its lock held): its lane's block, else its front's first, else none. */
+static void front_mark(struct dev_slot *s, const struct dev_front *f)
+{
+    s->blk = f->lane < FRONT_ENTRIES ? f->blk[f->lane] : f->used ? f->blk[__builtin_ctzll(f->used)] : NULL;
+}
+
+/* Take entry @p k (not the lane) out of front @p f of own slot @p s (both locks held). */
 static void front_remove(struct dev_slot *s, struct dev_front *f, unsigned k)
 {
+    xseg_assert(k != f->lane);
     uint64_t bit = (uint64_t)1 << k;
     f->used &= ~bit;
     f->freed &= ~bit;
     f->by_size[front_bucket(f->size[k])] &= ~bit;
     f->by_addr[front_bucket(f->addr[k])] &= ~bit;
     f->blk[k] = NULL;
-    s->blk = f->used ? f->blk[__builtin_ctzll(f->used)] : NULL;
+    front_mark(s, f);
+}
+
+/*
+ * Own slot @p s's lane back into front @p f (the slot's lock held): its entry freed or handed
+ * out there as the lane left it, its hits counted with the front's. The debt moves from the lane
+ * to low and the gap stays, so the grant rises by what the recount's current falls (the lane was
+ * counted at its worst, Note [front lane]): every row's sum is unchanged.
+ */
+static void lane_fold(struct dev_slot *s, struct dev_front *f)
+{
+    unsigned k = f->lane;
+    if (k == FRONT_ENTRIES)
+        return;
+    int si = f->si[k];
+    uint64_t bit = (uint64_t)1 << k;
+    f->reps[si] += s->reps;
+    f->size_sum[si] += (int64_t)s->size_sum;
+    f->req_sum[si] += (int64_t)s->req_sum;
+    f->seen |= s->reps != f->lane_seen;
+#if XSEG_DEBUG_LEVEL >= 1
+    s->dev->fast.lane_hits += s->reps;
+#endif
+    if (s->freed) {
+        f->freed |= bit;
+        f->by_size[front_bucket(f->size[k])] |= bit;
+        f->low[si][FRONT_LOW_ALLOC] += 1;
+        f->low[si][FRONT_LOW_BYTES] += (int64_t)f->size[k];
+        f->low[si][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
+    } else {
+        f->cur_req[k] = s->cur_req;
+        f->by_addr[front_bucket(f->addr[k])] |= bit;
+        f->low[si][FRONT_LOW_REQ] += (int64_t)(f->base_req[k] - s->cur_req);
+    }
+    s->freed = NULL;
+    s->live = 0;
+    s->reps = 0;
+    s->req_sum = s->size_sum = 0;
+    f->lane = FRONT_ENTRIES;
+    f->lane_seen = 0;
+    front_mark(s, f);
 }
 
 /* The hits' mallocs, counted now (both locks held). */
 static void front_pay(struct dev_alloc *d, const struct dev_slot *s, struct dev_front *f)
 {
+    xseg_assert(f->lane == FRONT_ENTRIES && !s->reps); /* lane_fold first */
     slot_pay(s, &d->acct.stats);
     memset(f->reps, 0, sizeof f->reps);
     memset(f->size_sum, 0, sizeof f->size_sum);
@@ -207,6 +279,7 @@ static void front_pay(struct dev_alloc *d, const struct dev_slot *s, struct dev_
  */
 static void front_settle_entry(struct dev_alloc *d, struct dev_slot *s, struct dev_front *f, unsigned k)
 {
+    lane_fold(s, f);
     struct block *b = f->blk[k];
     int si = f->si[k];
     f->nclassic -= !b->expandable;
@@ -245,6 +318,7 @@ static void front_settle_entry(struct dev_alloc *d, struct dev_slot *s, struct d
 static void front_settle_all(struct dev_alloc *d, struct dev_slot *s)
 {
     struct dev_front *f = slot_front(s);
+    lane_fold(s, f);
     front_pay(d, s, f);
     while (f->used)
         front_settle_entry(d, s, f, (unsigned)__builtin_ctzll(f->used));
@@ -389,6 +463,7 @@ static void front_settle_block(struct dev_alloc *d, const struct block *b)
          * masks read under the slot's lock: the owner's hits and frees move entries between them;
          * blk[] moves only under the device lock, held here). */
         spin_acquire(&s->lock);
+        lane_fold(s, f); /* the block may be the lane's */
         uint64_t cand = f->by_addr[front_bucket(b->addr)] | f->by_size[front_bucket(b->size)];
         spin_release(&s->lock);
         for (uint64_t u = cand; u; u &= u - 1) {
@@ -462,8 +537,9 @@ static void front_check_in(struct dev_alloc *d, CUstream stream)
         if (f == mine || f->stream != stream)
             continue;
         spin_acquire(&s->lock);
-        others |= f->seen;
+        others |= f->seen || s->reps != f->lane_seen; /* the lane's hits count the slot's reps */
         f->seen = false;
+        f->lane_seen = s->reps;
         spin_release(&s->lock);
     }
     if (others)
@@ -703,12 +779,17 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
         return;
     /* low[i][p][k]: slot i's debt on row k in pool p; p = XSEG_STAT_ALL holds its sum over pools. */
     int64_t low[DEV_SLOTS][XSEG_STAT_POOLS][FAST_ROWS];
+    int64_t lane_low[DEV_OWN_SLOTS][XSEG_STAT_POOLS][FAST_ROWS]; /* of that, an own slot's lane's */
     int64_t owed[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
     for (uint64_t m = busy; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
         const struct dev_slot *s = &d->fast.slots[i];
         spin_acquire(&d->fast.slots[i].lock);
         slot_lowers(s, low[i]);
+        if (i >= DEV_STREAM_SLOTS) {
+            memset(lane_low[i - DEV_STREAM_SLOTS], 0, sizeof lane_low[0]);
+            lane_lowers(s, slot_front(s), lane_low[i - DEV_STREAM_SLOTS]);
+        }
         for (int k = 0; k < FAST_ROWS; k++) {
             low[i][XSEG_STAT_ALL][k] = 0;
             for (int p = 1; p < XSEG_STAT_POOLS; p++) {
@@ -718,7 +799,7 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
             owed[k][XSEG_STAT_ALL] += low[i][XSEG_STAT_ALL][k];
         }
     }
-    uint64_t settle = 0;
+    uint64_t settle = 0, fold = 0;
     for (int k = 0; raised && k < FAST_ROWS; k++)
         for (int p = 0; p < XSEG_STAT_POOLS; p++) {
             xseg_stat_counter *c = (xseg_stat_counter *)&rows[k][p];
@@ -732,7 +813,19 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
                 if (low[i][p][k])
                     settle |= (uint64_t)1 << i;
             }
+            /* A lane owing on it goes back to its front, whose grant bounds it from now. */
+            for (uint64_t m = busy & FAST_OWN_MASK; m; m &= m - 1) {
+                unsigned i = (unsigned)__builtin_ctzll(m);
+                int64_t *ll = lane_low[i - DEV_STREAM_SLOTS][p == XSEG_STAT_ALL ? XSEG_STAT_SMALL_POOL : p];
+                bool owes = ll[k] || (p == XSEG_STAT_ALL && lane_low[i - DEV_STREAM_SLOTS][XSEG_STAT_LARGE_POOL][k]);
+                if (owes)
+                    fold |= (uint64_t)1 << i;
+            }
         }
+    for (uint64_t m = fold; m; m &= m - 1) {
+        struct dev_slot *s = &d->fast.slots[__builtin_ctzll(m)];
+        lane_fold(s, slot_front(s));
+    }
     for (uint64_t m = settle; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
         FAST_COUNT(d, settles_cross);
@@ -956,6 +1049,7 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
     spin_acquire(&s->lock);
     if (fresh) {
         memset(f, 0, sizeof *f);
+        f->lane = FRONT_ENTRIES;
         f->stream = b->stream;
         s->owner = me;
         s->dev = d;
@@ -981,12 +1075,14 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
     f->held[si][FRONT_LOW_BYTES] += (int64_t)b->size;
     f->held[si][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
     /* This free lowered the currents: debt and grant rise alike (the gap stays). */
-    s->blk = f->blk[__builtin_ctzll(f->used)];
+    front_mark(s, f);
+    bool lane = f->lane < FRONT_ENTRIES;
     spin_release(&s->lock);
     d->fast.busy_slots |= (uint64_t)1 << i;
     FAST_COUNT(d, own_fills);
     fast_tls_front = s;
-    fast_tls_slot = NULL; /* this thread's pairs on the stream are the front's now: no other line */
+    /* This thread's pairs on the stream are the front's now: its lane first, no other line. */
+    fast_tls_slot = lane ? s : NULL;
     return true;
 }
 
@@ -1032,6 +1128,48 @@ static inline __attribute__((always_inline)) void *front_take(struct dev_slot *s
 
 static int front_pool(size_t r) { return r <= BLOCK_SMALL_SIZE ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL; }
 
+/* A hit of front @p f (own slot @p s locked) past its grant while the slot holds a lane: the lane
+ * counted at its worst may hold the room the hit needs, so it goes back into the front (giving its
+ * rows back to the grant) and the grant is tried again. */
+static __attribute__((noinline)) bool lane_fold_fits(struct dev_slot *s, struct dev_front *f, int si, size_t r,
+                                                     size_t req)
+{
+    if (f->lane == FRONT_ENTRIES)
+        return false;
+    lane_fold(s, f);
+    return front_grant_fits(f, si, r, req);
+}
+
+/*
+ * Entry @p k, just handed out by a hit of front @p f (own slot @p s locked), becomes the slot's
+ * lane when it has none (Note [front lane]): its free and the next malloc of its size are then a
+ * stream slot's pair (fast_free_hit, fast_hit). The lane is counted at its worst (its unused
+ * requested bytes leave low) and the gap stays, so the grant falls by them: where that would take
+ * a requested-bytes grant below 0 the entry stays the front's.
+ */
+static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_front *f, unsigned k)
+{
+    int si = f->si[k];
+    int64_t unused = (int64_t)(f->base_req[k] - f->cur_req[k]);
+    if (XSEG_UNLIKELY(unused != 0) &&
+        (f->low[si][FRONT_LOW_REQ] - unused + f->gap[FRONT_LOW_REQ][si] < 0 ||
+         f->low[XSEG_STAT_SMALL_POOL][FRONT_LOW_REQ] + f->low[XSEG_STAT_LARGE_POOL][FRONT_LOW_REQ] - unused +
+                 f->gap[FRONT_LOW_REQ][XSEG_STAT_ALL] < 0))
+        return;
+    f->low[si][FRONT_LOW_REQ] -= unused;
+    f->by_addr[front_bucket(f->addr[k])] &= ~((uint64_t)1 << k);
+    f->lane = k;
+    f->lane_seen = 0;
+    s->blk = f->blk[k];
+    s->freed = NULL;
+    s->live = f->addr[k];
+    s->base_req = f->base_req[k];
+    s->cur_req = f->cur_req[k];
+    s->cur_size = s->min_size = s->min_fit = f->size[k];
+    s->span = 0;
+    fast_tls_slot = s;
+}
+
 /* A thread's front is its own: its lock is held by others only for a device-lock holder's short
  * work (a fill, a settle, fast_guard_end_slow's grants, dev_check), so a hit or free waits for it.
  * A try that gave up sent the thread through the device lock, whose guard then held the other
@@ -1049,18 +1187,31 @@ bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **ou
         xseg_assert(f == slot_front(s));
         size_t r = fast_round(size);
         int si = front_pool(r); /* a default pool's */
-        /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in (front_check_in). */
-        if (f->stream == stream && ++f->since_check < FRONT_CHECK_HITS && front_grant_fits(f, si, r, size)) {
-            unsigned k = front_pick(f, size, r);
-            if (k < FRONT_ENTRIES) {
-                *out = front_take(s, f, k, size, r, si);
+        if (f->stream == stream) {
+            if (s->freed && r == s->cur_size && size <= s->base_req) {
+                /* Its lane, which fast_hit tried first unless this thread's last slot was another
+                 * or the try of its lock failed. */
+                *out = fast_take(s, s->freed, size, r);
                 hit = true;
+            } else if (++f->since_check < FRONT_CHECK_HITS &&
+                       (front_grant_fits(f, si, r, size) || lane_fold_fits(s, f, si, r, size))) {
+                /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in
+                 * (front_check_in). */
+                unsigned k = front_pick(f, size, r);
+                if (k < FRONT_ENTRIES) {
+                    *out = front_take(s, f, k, size, r, si);
+                    hit = true;
+                    /* Two hits of one size in a row: pairs of it are likely (Note [front lane]). */
+                    if (XSEG_UNLIKELY(r == f->last_r) && f->lane == FRONT_ENTRIES)
+                        lane_enter(s, f, k);
+                }
+                f->last_r = r;
             }
-            /* A stream slot hit before the mark (or a block it still held) left this thread's
-             * last slot on the stream's slot, which every later malloc and free then tried first
-             * and missed: the front's pairs are this thread's on the stream now. */
-            if (XSEG_UNLIKELY(fast_tls_slot != NULL) && fast_tls_slot == fast_slot_of(d, stream))
-                fast_tls_slot = NULL;
+            /* This thread's last slot is its lane (a lane hit and lane_enter set it), else none:
+             * a stream slot hit before the mark (or a block it still held) left it on the
+             * stream's slot, which every later malloc and free then tried first and missed. */
+            if (XSEG_UNLIKELY(fast_tls_slot != NULL) && fast_tls_slot != s)
+                fast_tls_slot = f->lane < FRONT_ENTRIES ? s : fast_tls_slot == fast_slot_of(d, stream) ? NULL : fast_tls_slot;
         }
     }
     spin_release(&s->lock);
@@ -1122,7 +1273,11 @@ bool fast_front_free(void *ptr)
         return false;
     spin_acquire_leaf(&s->lock); /* as fast_front_hit's */
     bool hit = false;
-    if (s->blk) {
+    if (s->blk && s->live == (uintptr_t)ptr) { /* its lane's, as fast_free_hit's */
+        s->live = 0;
+        s->freed = s->blk;
+        hit = true;
+    } else if (s->blk) {
         struct dev_front *f = s->front;
         xseg_assert(f == slot_front(s));
         uintptr_t a = (uintptr_t)ptr;

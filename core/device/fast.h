@@ -104,6 +104,23 @@
  * (fast_lock_hit): where the room holds it, the front's block is handed out there, no peak moved;
  * else the eager malloc raises the peak.
  *
+ * Note [front lane]
+ * ~~~~~~~~~~~~~~~~~
+ * A front's hit and free cost about twice a stream slot's pair (the grant's test, the buckets, the
+ * debt's rows), so a thread whose pairs repeat one size on a shared stream ran at half speed
+ * beside one that had its stream alone. So an own slot serves one of its front's entries as a
+ * stream slot serves its B (struct dev_front.lane): when two hits outside the lane in a row take
+ * one rounded size, the second one's entry becomes the lane (lane_enter), the thread's last slot,
+ * and its free and the next malloc of its size are the cached pair of fast_free_hit and fast_hit,
+ * exact size (min_size its size, span 0), inline in xseg_malloc and xseg_free. The lane is counted
+ * at its worst, as a stream slot is: it is no debt of the front's (low), so the room the grants
+ * share out (front_grants) counts its block as allocated, and its own debt is the slot's
+ * (slot_lowers, as fast_owed and the guard read it). A lane goes back into its front (lane_fold),
+ * which moves its debt into low with the gap unchanged, so every row's sum under its peak stays:
+ * when a hit of another size finds the grant short (the lane's freed block may hold the room it
+ * needs), when a guarded operation raised a peak the lane owes on (its hits would then reach past
+ * the peak unseen: fast_guard_end_slow), and before any entry of the front settles.
+ *
  * Note [the door]
  * ~~~~~~~~~~~~~~~
  * core/alloc.c's malloc and free through the device lock each read: lock, fast_lock_begin_malloc

@@ -75,7 +75,8 @@ struct ev_state {
  * back. Neither touches the device lock, the index, the map or the statistics: what they owe is
  * the slot's (core/device/fast.h). Own slots (slots[DEV_STREAM_SLOTS ..]) hold the blocks of a
  * stream several threads use for the freeing thread (owner) in its front (struct dev_front below;
- * blk: one of them, the slot's busy mark). A stream slot is idle, holds B freed, or hands B out (enum slot_state, core/device/fast.h).
+ * blk: its lane's block, else one of them, the slot's busy mark; its other fields serve the lane
+ * as a stream slot's serve B, exact size: min_size its size, span 0). A stream slot is idle, holds B freed, or hands B out (enum slot_state, core/device/fast.h).
  * Locking: the slot's fields are guarded by its lock; the fast paths read only B's address and
  * stream and write only the slot, so while the slot is busy B's own `allocated` (false), `size`
  * and `requested_size` are stale and the slot holds their truth (live, cur_size, cur_req), written
@@ -126,7 +127,9 @@ enum { FRONT_LOW_ALLOC, FRONT_LOW_BYTES, FRONT_LOW_REQ, FRONT_LOWS };
 #define FRONT_GRANT_ROWS 3 /* allocation, allocated_bytes, requested_bytes */
 /* A front's hits between two check-ins: the hit after them goes through the device lock, which
  * looks whether the stream's other fronts were used meanwhile (a mark fades when none was). */
+#ifndef FRONT_CHECK_HITS /* a measurement may set it (-DFRONT_CHECK_HITS=...: fronts kept) */
 #define FRONT_CHECK_HITS 4096
+#endif
 struct dev_front {
     uint64_t used;                       /* entries holding a block */
     uint64_t freed;                      /* of them, freed (the others handed out by a hit) */
@@ -150,6 +153,12 @@ struct dev_front {
      * what it raises and a free gives both back, so only a share-out (front_grants) and an entry's
      * settle write it: a pair keeps one set of books, the debt (low). */
     int64_t gap[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
+    /* The entry the own slot serves as a stream slot serves its B (Note [front lane], core/device/
+     * fast.h), FRONT_ENTRIES: none. It is in used, in neither freed nor a bucket, and owes nothing
+     * in low: the slot's own fields hold its state and its hits. */
+    unsigned lane;
+    uint64_t lane_seen;   /* the slot's lane hits (reps) at the last check-in's look */
+    size_t last_r;        /* the rounded size of the last hit outside the lane */
     bool seen;            /* hit or freed into since the last check-in of another front of its stream */
     uint32_t since_check; /* hits since this front's last check-in (FRONT_CHECK_HITS) */
     uint64_t reps[XSEG_STAT_POOLS];
@@ -458,6 +467,8 @@ struct dev_fast {
     uint64_t own_fills;     /* own slots filled (frees on shared streams) */
     uint64_t shared_marks;  /* streams marked shared */
     uint64_t shared_fades;  /* marks faded (front_check_in, fast.c) */
+    uint64_t lane_hits;     /* lanes' hits, counted at their fold (Note [front lane]; a busy lane's
+                             * are its own slot's reps) */
 #endif
     /* A stream's is slots[fast_slot_index(stream)]; the own slots follow (DEV_STREAM_SLOTS ..). */
     struct dev_slot slots[DEV_SLOTS];

@@ -419,6 +419,18 @@ static void *pair_worker(void *arg)
 /* The all-pools rows, exactly: @p n of the workers' blocks of step @p i live (0 or 2); the peaks
  * are those of the steps so far (the blocks of a step live together, a step's freed before the
  * next's). */
+#if XSEG_DEBUG_LEVEL >= 1
+/* The lanes' hits so far (core/device/fast.h, Note [front lane]): folded ones and those of the
+ * busy lanes, their own slots' reps (read with every worker joined). */
+static uint64_t pair_lane_hits(const struct dev_fast *f)
+{
+    uint64_t n = f->lane_hits;
+    for (unsigned k = DEV_STREAM_SLOTS; k < DEV_SLOTS; k++)
+        n += f->slots[k].reps;
+    return n;
+}
+#endif
+
 static void pair_check_stats(size_t n, size_t i, const char *when)
 {
     xseg_device_stats st;
@@ -523,7 +535,7 @@ static void run_pairs(const char *config, bool expandable, bool mixed)
         pair_free_run = false;
 #if XSEG_DEBUG_LEVEL >= 1
         const struct dev_fast *f = &rt_device_peek(0)->fast;
-        uint64_t locked0 = f->lock_mallocs + f->lock_frees;
+        uint64_t locked0 = f->lock_mallocs + f->lock_frees, lanes0 = pair_lane_hits(f);
 #endif
         pthread_t w[PAIR_WORKERS];
         for (intptr_t i = 0; i < PAIR_WORKERS; i++)
@@ -570,6 +582,13 @@ static void run_pairs(const char *config, bool expandable, bool mixed)
         uint64_t locked = f->lock_mallocs + f->lock_frees - locked0, ops = 2 * PAIR_WORKERS * pair_count;
         if (step == 1 && locked > (mixed ? ops / 8 : ops / 4))
             tfail("%" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock", locked, ops);
+        /* One size: after a thread's second hit of it in its front, its pairs are its lane's, a
+         * stream slot's cached pair (Note [front lane]): the lanes' hits, folded or still busy,
+         * are most of the mallocs. */
+        uint64_t lane_hits = pair_lane_hits(f) - lanes0;
+        if (step == 1 && !mixed && lane_hits < ops / 4)
+            tfail("%" PRIu64 " of %" PRIu64 " mallocs were lane hits", lane_hits, ops / 2);
+        print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs were lane hits\n", step, lane_hits, ops / 2);
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
                       ops);
 #endif
