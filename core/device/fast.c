@@ -1208,10 +1208,16 @@ bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **ou
                 f->last_r = r;
             }
             /* This thread's last slot is its lane (a lane hit and lane_enter set it), else none:
-             * a stream slot hit before the mark (or a block it still held) left it on the
-             * stream's slot, which every later malloc and free then tried first and missed. */
-            if (XSEG_UNLIKELY(fast_tls_slot != NULL) && fast_tls_slot != s)
-                fast_tls_slot = f->lane < FRONT_ENTRIES ? s : fast_tls_slot == fast_slot_of(d, stream) ? NULL : fast_tls_slot;
+             * a lane folded since, or a stream slot hit before the mark (or a block it still
+             * held), left it on this slot or the stream's, which every later malloc and free
+             * then tried first and missed. */
+            struct dev_slot *last = fast_tls_slot;
+            if (XSEG_UNLIKELY(last != NULL)) {
+                if (f->lane < FRONT_ENTRIES)
+                    fast_tls_slot = s;
+                else if (last == s || last == fast_slot_of(d, stream))
+                    fast_tls_slot = NULL;
+            }
         }
     }
     spin_release(&s->lock);
