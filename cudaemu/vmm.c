@@ -163,8 +163,10 @@ static struct emu_mapping *vmm_mapping_at(uintptr_t addr, struct emu_resv **resv
 #define EMU_VA_BIG ((size_t)32 << 20)
 
 /* Arena size: most of the 128 TiB user address space is free, but sanitizers claim fixed parts
- * of it (ThreadSanitizer leaves a few TiB of application memory), so ask for less there and
- * halve on refusal. */
+ * of it (ThreadSanitizer leaves a few TiB of application memory), and valgrind gives a process
+ * under 64 GiB in all, so ask for less there: the largest size the host grants, within
+ * EMU_ARENA_MIN of it (halving alone left 32 GiB under valgrind, less than a 51 GiB trace
+ * reserves, and every growth past it took the out-of-address-space path). */
 #if defined(__SANITIZE_THREAD__)
 #define EMU_ARENA_MAX ((size_t)1 << 40)
 #elif defined(__has_feature)
@@ -177,24 +179,57 @@ static struct emu_mapping *vmm_mapping_at(uintptr_t addr, struct emu_resv **resv
 #endif
 #define EMU_ARENA_MIN ((size_t)1 << 30)
 
+/* Reserve @p sz bytes of host address space, EMU_VA_BIG-aligned: its start, or 0. */
+static uintptr_t vmm_arena_try(size_t sz)
+{
+    /* One extra EMU_VA_BIG so that the arena can start 32 MiB-aligned. */
+    void *p = mmap(NULL, sz + EMU_VA_BIG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return 0;
+    uintptr_t start = ((uintptr_t)p + EMU_VA_BIG - 1) & ~(uintptr_t)(EMU_VA_BIG - 1);
+    if (start != (uintptr_t)p)
+        munmap(p, start - (uintptr_t)p);
+    uintptr_t end = (uintptr_t)p + sz + EMU_VA_BIG;
+    if (end != start + sz)
+        munmap((void *)(start + sz), end - (start + sz));
+    return start;
+}
+
 static bool vmm_arena_ready_locked(void)
 {
     if (emu.arena_size)
         return true;
-    for (size_t sz = EMU_ARENA_MAX; sz >= EMU_ARENA_MIN; sz /= 2) {
-        /* One extra EMU_VA_BIG so that the arena can start 32 MiB-aligned. */
-        void *p = mmap(NULL, sz + EMU_VA_BIG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED)
-            continue;
-        uintptr_t start = ((uintptr_t)p + EMU_VA_BIG - 1) & ~(uintptr_t)(EMU_VA_BIG - 1);
-        if (start != (uintptr_t)p)
-            munmap(p, start - (uintptr_t)p);
-        uintptr_t end = (uintptr_t)p + sz + EMU_VA_BIG;
-        if (end != start + sz)
-            munmap((void *)(start + sz), end - (start + sz));
-        emu.arena_base = emu.arena_next = start;
-        emu.arena_size = sz;
-        return true;
+    /* Halve until the host grants a size, then search between it and the refused one. */
+    size_t ok = 0, refused = EMU_ARENA_MAX * 2;
+    for (size_t sz = EMU_ARENA_MAX; sz >= EMU_ARENA_MIN && !ok; sz /= 2) {
+        uintptr_t start = vmm_arena_try(sz);
+        if (start) {
+            munmap((void *)start, sz);
+            ok = sz;
+        } else {
+            refused = sz;
+        }
+    }
+    if (!ok)
+        return false;
+    while (refused - ok > EMU_ARENA_MIN) {
+        size_t mid = ok + (refused - ok) / 2 / EMU_ARENA_MIN * EMU_ARENA_MIN;
+        uintptr_t start = vmm_arena_try(mid);
+        if (start) {
+            munmap((void *)start, mid);
+            ok = mid;
+        } else {
+            refused = mid;
+        }
+    }
+    /* Taken for good; should another thread have mapped part of it since, halve again. */
+    for (size_t sz = ok; sz >= EMU_ARENA_MIN; sz /= 2) {
+        uintptr_t start = vmm_arena_try(sz);
+        if (start) {
+            emu.arena_base = emu.arena_next = start;
+            emu.arena_size = sz;
+            return true;
+        }
     }
     return false;
 }
