@@ -524,19 +524,27 @@ static __attribute__((noinline)) xseg_status malloc_register(struct dev_alloc *d
     return st;
 }
 
+/* malloc_locked, then register_blocks_above_mb's entry. */
+static __attribute__((noinline, cold)) xseg_status malloc_locked_register(struct dev_alloc *d, size_t size,
+                                                                          CUstream stream, void **out)
+{
+    xseg_status st = malloc_locked(d, size, stream, out);
+    return st == XSEG_SUCCESS ? malloc_register(d, size, out) : st;
+}
+
 /* A malloc the slot's hit did not serve: malloc_locked, then register_blocks_above_mb's entry. A
  * slot never serves a size at or above that key (fast_fill_* refuse such blocks), so the hit needs
  * no test of its own and the cached pair is unchanged. */
 static __attribute__((noinline)) xseg_status malloc_miss(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    /* The stream's slot, when this thread's last slot (fast_hit's) was another; this thread's
-     * front. */
-    if (fast_front_hit(d, size, stream, out) || fast_hit_at(d, fast_slot_of(d, stream), size, stream, out))
+    /* This thread's front; the stream's slot, when this thread's last slot (fast_hit's) was
+     * another (a single-threaded program's misses: the same one, tried once). */
+    struct dev_slot *ss = fast_slot_of(d, stream);
+    if (fast_front_hit(d, size, stream, out) || (ss != fast_tls_slot && fast_hit_at(d, ss, size, stream, out)))
         return XSEG_SUCCESS;
-    xseg_status st = malloc_locked(d, size, stream, out);
-    if (XSEG_UNLIKELY(size >= atomic_load_explicit(&d->reg_above, memory_order_relaxed)) && st == XSEG_SUCCESS)
-        st = malloc_register(d, size, out);
-    return st;
+    if (XSEG_UNLIKELY(size >= atomic_load_explicit(&d->reg_above, memory_order_relaxed)))
+        return malloc_locked_register(d, size, stream, out);
+    return malloc_locked(d, size, stream, out); /* a tail call: no frame of this function's */
 }
 
 /* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in malloc_miss. */

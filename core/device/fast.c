@@ -1175,11 +1175,8 @@ static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_
  * A try that gave up sent the thread through the device lock, whose guard then held the other
  * thread's front lock and failed its try in turn: two threads on one stream kept each other off
  * their fronts (bench_slot_counts --same-stream --mixed, up to 2.4 % of pairs locked). */
-bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+bool fast_front_hit_in(struct dev_slot *s, struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    struct dev_slot *s = fast_tls_front;
-    if (!s)
-        return false;
     spin_acquire_leaf(&s->lock);
     bool hit = false;
     if (s->dev == d && s->blk && s->gen == settings_gen()) {
@@ -1272,11 +1269,8 @@ static bool front_hit_locked(struct dev_alloc *d, size_t size, CUstream stream, 
     return hit;
 }
 
-bool fast_front_free(void *ptr)
+bool fast_front_free_in(struct dev_slot *s, void *ptr)
 {
-    struct dev_slot *s = fast_tls_front;
-    if (!s)
-        return false;
     spin_acquire_leaf(&s->lock); /* as fast_front_hit's */
     bool hit = false;
     if (s->blk && s->live == (uintptr_t)ptr) { /* its lane's, as fast_free_hit's */
