@@ -12,7 +12,9 @@ Two halves, one row a trace:
   device lock (calls of malloc_locked and free_locked against xseg_malloc and xseg_free; a hit of
   the stream's slot that malloc_locked tries before the lock counts with them, an upper bound), and the
   allocator's instructions per malloc and per free (xseg_malloc's and xseg_free's inclusive
-  cost over their calls; the emulated driver's work on growth included).
+  cost over their calls; the emulated driver's work on growth included), and growth's part of
+  them: grow_try's inclusive cost (new pages reserved, mapped and indexed), which no front cache
+  can serve, so a floor under any front's instructions.
 - bound: an offline replay of the trace's operations, no allocator involved. A malloc can skip
   the device lock only when something this thread owns already holds a block for it: a front
   cache holds blocks freed earlier, of the exact rounded size (a larger block would change the
@@ -94,7 +96,8 @@ def bound(ops, carve):
 
 
 def today(build, trace, tmp):
-    """(lock mallocs, mallocs, lock frees, frees, instructions per malloc, per free) of the replay."""
+    """(lock mallocs, mallocs, lock frees, frees, instructions per malloc, per free, growth's share of
+    them) of the replay."""
     out = os.path.join(tmp, "cg.out")
     subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
                     os.path.join(build, "tools", "xseg-replay"), "--summary=none", "--marks=none",
@@ -116,12 +119,13 @@ def today(build, trace, tmp):
                          capture_output=True, text=True, check=True).stdout
     incl = {}
     for line in ann.splitlines():
-        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*:(xseg_malloc|xseg_free)(?: \[|$)", line)
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*:(xseg_malloc|xseg_free|grow_try)(?: \[|$)", line)
         if m:
             incl[m[2]] = max(incl.get(m[2], 0), int(m[1].replace(",", "")))
     nm, nf = calls.get("xseg_malloc", 0), calls.get("xseg_free", 0)
     return (calls.get("malloc_locked", 0), nm, calls.get("free_locked", 0), nf,
-            incl.get("xseg_malloc", 0) / max(nm, 1), incl.get("xseg_free", 0) / max(nf, 1))
+            incl.get("xseg_malloc", 0) / max(nm, 1), incl.get("xseg_free", 0) / max(nf, 1),
+            incl.get("grow_try", 0) / max(incl.get("xseg_malloc", 0) + incl.get("xseg_free", 0), 1))
 
 
 def pct(a, b):
@@ -137,7 +141,8 @@ def main():
     traces = a.traces or [os.path.join(SHARED, t) for t in DEFAULT]
     cols = ["trace", "mallocs", "frees"]
     if not a.no_callgrind:
-        cols += ["today: mallocs / frees through the device lock", "today: instructions a malloc / a free"]
+        cols += ["today: mallocs / frees through the device lock", "today: instructions a malloc / a free",
+                 "today: growth's share of them"]
     cols += ["bound: mallocs / frees a front can serve", "both together",
              "bound with small misses carving 3 more: mallocs / both"]
     print("| " + " | ".join(cols) + " |")
@@ -150,8 +155,9 @@ def main():
             cm, cf, _, _ = bound(ops, 3)
             row = [os.path.basename(path).rsplit(".", 1)[0], "{:,}".format(nm), "{:,}".format(nf)]
             if not a.no_callgrind:
-                lm, tm, lf, tf, im, if_ = today(a.build, trace, tmp)
-                row += ["%s / %s" % (pct(lm, tm), pct(lf, tf)), "{:,.0f} / {:,.0f}".format(im, if_)]
+                lm, tm, lf, tf, im, if_, grow = today(a.build, trace, tmp)
+                row += ["%s / %s" % (pct(lm, tm), pct(lf, tf)), "{:,.0f} / {:,.0f}".format(im, if_),
+                        pct(grow, 1)]
             row += ["%s / %s" % (pct(m, nm), pct(f, nf)), pct(m + f, nm + nf),
                     "%s / %s" % (pct(cm, nm), pct(cm + cf, nm + nf))]
             print("| " + " | ".join(row) + " |")
