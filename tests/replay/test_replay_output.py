@@ -409,14 +409,18 @@ class Output(unittest.TestCase):
     @unittest.skipUnless(EMULATED, NEEDS_EMU)
     def test_tune_budget_keeps_what_finished(self):
         """Replays of 1 s under a budget of 5 s: each family's default finishes (well within),
-        the search goes on until a replay in progress is stopped at the budget, and the best so
-        far is reported, not ranked as a config that cannot replay."""
+        the search goes on until the budget's seconds cut it, and the best so far is reported,
+        not ranked as a config that cannot replay. Where the cut falls is the host's timing: in
+        a replay in progress (stopped there), or before a replay would start past a stage's
+        share of the budget (on a loaded host the replays take longer and the share runs out
+        first); either way what finished is kept. A replay stopped with nothing finished is
+        test_tune_budget_holds_a_replay's."""
         t = self.slow_trace(2, "500ms")
         rc, out, err = run("--tune", "--tune-budget", "5s", "--marks=none", "--summary=json", t, timeout=60)
         self.assertEqual(rc, 0, err)
         rows = [json.loads(l) for l in out.splitlines() if l.startswith('{"tune"')]
         last = rows[-1]
-        self.assertTrue(last["stopped_replay"], last)
+        self.assertEqual((last["cut_short"], last["cut_by"]), (True, "seconds"), last)
         self.assertEqual(last["no_result"], [], last)
         for fam in ("pytorch", "xseg"):
             best = [r for r in rows if r.get("family") == fam and r["rank"] == "best"]
