@@ -510,7 +510,10 @@ static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
  * hit or freed into since that front's last look, the threads stopped meeting there and the mark
  * fades (sharing_fade): every front of the stream settles and its frees fill its stream slot
  * again, as before the other thread came. Else the others' marks of use are cleared for the next
- * look. One device-lock malloc per FRONT_CHECK_HITS pairs.
+ * look, and the fronts unused since their last look settle: their threads left the stream or
+ * exited (a thread's front has no other end), and each held up to FRONT_ENTRIES blocks out of
+ * best fit and one of the DEV_OWN_SLOTS own slots, which threads that come later on a busy
+ * stream then lacked. One device-lock malloc per FRONT_CHECK_HITS pairs.
  */
 static void front_check_in(struct dev_alloc *d, CUstream stream)
 {
@@ -530,6 +533,7 @@ static void front_check_in(struct dev_alloc *d, CUstream stream)
     if (!due)
         return;
     bool others = false;
+    uint64_t idle = 0;
     for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
         struct dev_slot *s = &d->fast.slots[i];
@@ -537,13 +541,20 @@ static void front_check_in(struct dev_alloc *d, CUstream stream)
         if (f == mine || f->stream != stream)
             continue;
         spin_acquire(&s->lock);
-        others |= f->seen || s->reps != f->lane_seen; /* the lane's hits count the slot's reps */
+        bool used = f->seen || s->reps != f->lane_seen; /* the lane's hits count the slot's reps */
+        others |= used;
+        idle |= (uint64_t)!used << i;
         f->seen = false;
         f->lane_seen = s->reps;
         spin_release(&s->lock);
     }
-    if (others)
+    if (others) {
+        for (; idle; idle &= idle - 1) {
+            own_settle(d, (unsigned)__builtin_ctzll(idle));
+            FAST_COUNT(d, idle_settles);
+        }
         return;
+    }
     own_settle_stream(d, NULL, stream);
     sharing_fade(&d->fast.sharing, fast_slot_index(stream));
     FAST_COUNT(d, shared_fades);

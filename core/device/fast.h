@@ -74,7 +74,8 @@
  * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path and
  * so its out-of-memory reclaim) its frees fill own slots (slots[DEV_STREAM_SLOTS ..], one a thread
  * and stream, its front; none left: the eager free; a full front settles one entry, a handed-out
- * one first). What that gives up, on shared streams only: a thread's freed blocks are held out of
+ * one first; a front unused while others of its stream were used settles at a check-in,
+ * front_check_in). What that gives up, on shared streams only: a thread's freed blocks are held out of
  * the other threads' best fit until a settle (a per-thread cache of up to FRONT_ENTRIES blocks a
  * stream), and a hit takes one back for its own rounded size whether or not best fit would; a
  * malloc that would grow settles every front first (malloc_slow_body). Own slots owe nothing on the

@@ -467,6 +467,7 @@ struct dev_fast {
     uint64_t own_fills;     /* own slots filled (frees on shared streams) */
     uint64_t shared_marks;  /* streams marked shared */
     uint64_t shared_fades;  /* marks faded (front_check_in, fast.c) */
+    uint64_t idle_settles;  /* fronts settled unused for a check period, their stream still shared */
     uint64_t lane_hits;     /* lanes' hits, counted at their fold (Note [front lane]; a busy lane's
                              * are its own slot's reps) */
 #endif

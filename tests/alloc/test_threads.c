@@ -416,6 +416,44 @@ static void *pair_worker(void *arg)
     return NULL;
 }
 
+/* Two threads that come to the shared stream after the workers exited, sizes in turn, each
+ * 3 * FRONT_CHECK_HITS pairs, never more than 256 pairs apart (so that neither is alone on the
+ * stream for a check period: the mark stays). A failed call stops its thread's operations, not
+ * its barrier waits. */
+static pthread_barrier_t newcomer_step, holders_done;
+/* Holds a joined worker's stack (and with it its thread-local storage, whose address names a
+ * front's owner) while the newcomers run, so that they do not take the workers' fronts over. */
+static void *stack_holder(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&holders_done);
+    return NULL;
+}
+static void *newcomer(void *arg)
+{
+    size_t id = (size_t)(intptr_t)arg;
+    bool ok = use_dev(0);
+    for (size_t i = 0; i < 3 * FRONT_CHECK_HITS; i++) {
+        if (i % 256 == 0)
+            pthread_barrier_wait(&newcomer_step);
+        if (!ok || atomic_load(&failures))
+            continue;
+        void *p = NULL;
+        size_t size = pair_rounded(i + id) - pair_less[id];
+        if (xseg_malloc(&p, size, 0, (struct CUstream_st *)streams[0][1]) != XSEG_SUCCESS) {
+            tfail("newcomer: xseg_malloc(%zu): %s", size, xseg_last_error());
+            ok = false;
+            continue;
+        }
+        count_malloc(0, size);
+        if (xseg_free(p) != XSEG_SUCCESS) {
+            tfail("newcomer: xseg_free(%p): %s", p, xseg_last_error());
+            ok = false;
+        }
+    }
+    return NULL;
+}
+
 /* The all-pools rows, exactly: @p n of the workers' blocks of step @p i live (0 or 2); the peaks
  * are those of the steps so far (the blocks of a step live together, a step's freed before the
  * next's). */
@@ -592,6 +630,34 @@ static void run_pairs(const char *config, bool expandable, bool mixed)
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
                       ops);
 #endif
+        /* Mixed, after step 1 (no settle-all point since the workers met): the workers exited,
+         * their fronts busy; two newcomers meet on the stream past two check-ins. The workers'
+         * fronts went unused while the stream stayed shared, so they settle (front_check_in):
+         * at most the newcomers' two own slots stay busy, not four. */
+        if (step == 1 && mixed && !atomic_load(&failures)) {
+            pthread_barrier_init(&newcomer_step, NULL, 2);
+            pthread_barrier_init(&holders_done, NULL, PAIR_WORKERS + 1);
+            pthread_t nc[2], hold[PAIR_WORKERS];
+            for (int i = 0; i < PAIR_WORKERS; i++)
+                assert_int_equal(pthread_create(&hold[i], NULL, stack_holder, NULL), 0);
+            for (intptr_t i = 0; i < 2; i++)
+                assert_int_equal(pthread_create(&nc[i], NULL, newcomer, (void *)i), 0);
+            for (int i = 0; i < 2; i++)
+                pthread_join(nc[i], NULL);
+            pthread_barrier_wait(&holders_done);
+            for (int i = 0; i < PAIR_WORKERS; i++)
+                pthread_join(hold[i], NULL);
+            pthread_barrier_destroy(&holders_done);
+            pthread_barrier_destroy(&newcomer_step);
+            if (!fast_shared(rt_device_peek(0), streams[0][1]))
+                tfail("the mark faded while two newcomers met on the stream");
+            int busy = __builtin_popcountll(rt_device_peek(0)->fast.busy_slots >> DEV_STREAM_SLOTS);
+            if (busy > 2)
+                tfail("%d own slots busy after the newcomers' pairs: the exited workers' fronts stayed", busy);
+#if XSEG_DEBUG_LEVEL >= 1
+            print_message("newcomers: %" PRIu64 " fronts settled unused\n", f->idle_settles);
+#endif
+        }
         /* Mixed, after step 1 (no settle-all point since the workers met): this thread alone on
          * the stream, sizes in turn, past two check-ins of its front (FRONT_CHECK_HITS): the
          * workers' fronts went unused, so the mark fades and the stream's frees fill its stream
