@@ -195,32 +195,36 @@ static uintptr_t vmm_arena_try(size_t sz)
     return start;
 }
 
+/* Would the host grant an arena of @p sz bytes now? (Tried and given back.) */
+static bool vmm_arena_grants(size_t sz)
+{
+    uintptr_t start = vmm_arena_try(sz);
+    if (start)
+        munmap((void *)start, sz);
+    return start != 0;
+}
+
 static bool vmm_arena_ready_locked(void)
 {
     if (emu.arena_size)
         return true;
-    /* Halve until the host grants a size, then search between it and the refused one. */
-    size_t ok = 0, refused = EMU_ARENA_MAX * 2;
+    /* Halve until the host grants a size, then search between it and the refused one; never
+     * above EMU_ARENA_MAX (granted at once: no search). */
+    size_t ok = 0, refused = EMU_ARENA_MAX;
     for (size_t sz = EMU_ARENA_MAX; sz >= EMU_ARENA_MIN && !ok; sz /= 2) {
-        uintptr_t start = vmm_arena_try(sz);
-        if (start) {
-            munmap((void *)start, sz);
+        if (vmm_arena_grants(sz))
             ok = sz;
-        } else {
+        else
             refused = sz;
-        }
     }
     if (!ok)
         return false;
     while (refused - ok > EMU_ARENA_MIN) {
         size_t mid = ok + (refused - ok) / 2 / EMU_ARENA_MIN * EMU_ARENA_MIN;
-        uintptr_t start = vmm_arena_try(mid);
-        if (start) {
-            munmap((void *)start, mid);
+        if (vmm_arena_grants(mid))
             ok = mid;
-        } else {
+        else
             refused = mid;
-        }
     }
     /* Taken for good; should another thread have mapped part of it since, halve again. */
     for (size_t sz = ok; sz >= EMU_ARENA_MIN; sz /= 2) {
