@@ -39,9 +39,12 @@ enum fork_rank {
     FORK_RANK_VMM_CURSOR,   /* vmm/segment.c seg_proc.cursor_lock */
     FORK_RANK_VMM_HOST,     /* vmm/host.c host_proc.lock */
     FORK_RANK_VMM_KERNEL,   /* vmm/kernel.c vkern_proc.lock: held across the allocator's launches and its check's wait */
-    FORK_RANK_SLOT,         /* (not a mutex) the stream slots' spin locks (struct spin, base/lock.h): a leaf,
-                             * nothing is taken under one; blocking takes only under the device lock
-                             * (several at once, in slot order: that lock serialises such takers) */
+    FORK_RANK_SLOT,         /* (not a mutex) the stream slots' spin locks (struct spin, base/lock.h): a leaf
+                             * but for FORK_RANK_LANE; blocking takes under the device lock (several at
+                             * once, in slot order: that lock serialises such takers), or of one's own
+                             * front alone (spin_acquire_leaf) */
+    FORK_RANK_LANE,         /* (not a mutex) a front's lane slots' spin locks (core/device/fast.c): taken
+                             * after their own slot's, nothing under one (spin_acquire_lane) */
     FORK_RANK_COUNT
 };
 

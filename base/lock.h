@@ -173,4 +173,23 @@ static inline void spin_release(struct spin *l)
     atomic_store_explicit(&l->word, 0, memory_order_release);
 }
 
+/* A blocking take of a front's lane lock (core/device/fast.c, Note [front lane]) after its own
+ * slot's, with or without the device lock: its holders take nothing else, and a lane's fast paths
+ * only try it, so the own slot's holder waits for none that waits for it. Given back with
+ * spin_release_lane (a try of it, spin_try's, with spin_release). */
+static inline void spin_acquire_lane(struct spin *l)
+{
+    witness_take_lane();
+    if (XSEG_UNLIKELY(!spin_try_raw(l)))
+        spin_acquire_slow(l);
+}
+
+static inline void spin_release_lane(struct spin *l)
+{
+    lock_assert_held(l);
+    witness_give(FORK_RANK_LANE);
+    lock_set_owner(l, NULL);
+    atomic_store_explicit(&l->word, 0, memory_order_release);
+}
+
 #endif

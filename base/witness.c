@@ -23,6 +23,7 @@ static const char *const rank_name[FORK_RANK_COUNT] = {
     [FORK_RANK_HOSTALLOC_CTL] = "xseg_rt.host.ctl_lock",
     [FORK_RANK_HOSTALLOC] = "xseg_rt.host.lock",
     [FORK_RANK_SLOT] = "a stream slot's lock",
+    [FORK_RANK_LANE] = "a front's lane lock",
 };
 
 /* Locks of each rank the calling thread holds. */
@@ -49,6 +50,14 @@ void witness_take_slot(void)
         abort();
     }
     witness_held[FORK_RANK_SLOT]++; /* the top rank: any later take aborts (a leaf) */
+}
+
+void witness_take_lane(void)
+{
+    if (witness_held[FORK_RANK_DEVICE])
+        witness_held[FORK_RANK_LANE]++; /* the device lock orders its holders' takes, as for slots */
+    else
+        witness_take(FORK_RANK_LANE);
 }
 
 void witness_give(enum fork_rank rank)

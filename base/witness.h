@@ -24,6 +24,9 @@ void witness_took(enum fork_rank rank);
 /* The calling thread takes (blocking) a stream slot's lock (FORK_RANK_SLOT): aborts unless it
  * holds a device lock; other slots' locks may be held (the device lock orders those takers). */
 void witness_take_slot(void);
+/* The calling thread takes (blocking) a front's lane lock (FORK_RANK_LANE): under a device lock,
+ * as a slot's; else it aborts if it holds one of that rank (its own slot's lock may be held). */
+void witness_take_lane(void);
 /* The calling thread gives back a lock of @p rank. */
 void witness_give(enum fork_rank rank);
 /* The rank @p m was registered at (fork_register); aborts for a mutex never registered. */
@@ -32,6 +35,7 @@ enum fork_rank fork_rank_of(const pthread_mutex_t *m);
 #define witness_take(rank) ((void)0)
 #define witness_took(rank) ((void)0)
 #define witness_take_slot() ((void)0)
+#define witness_take_lane() ((void)0)
 #define witness_give(rank) ((void)0)
 #endif
 

@@ -130,6 +130,57 @@ static void test_slots_kept(void **state)
     spin_release(&s1);
 }
 
+/* A front's lane locks (FORK_RANK_LANE): after its own slot's, with the device lock (every lane
+ * of every busy front) or without it (the owner's hit folding or entering a lane); a try alone. */
+static void test_lanes_kept(void **state)
+{
+    (void)state;
+    struct lock dev;
+    struct spin own, l1, l2;
+    lock_init(&dev);
+    spin_init(&own);
+    spin_init(&l1);
+    spin_init(&l2);
+    lock_acquire(&dev);
+    spin_acquire(&own);
+    spin_acquire_lane(&l1);
+    spin_acquire_lane(&l2); /* fast_lock_busy: every lane of the front */
+    spin_release_lane(&l2);
+    spin_release_lane(&l1);
+    spin_release(&own);
+    lock_release(&dev);
+    spin_acquire_leaf(&own); /* a front's hit, no device lock */
+    spin_acquire_lane(&l1);
+    spin_release_lane(&l1);
+    spin_release(&own);
+    assert_true(spin_try(&l1)); /* a lane's hit */
+    spin_release(&l1);
+}
+
+static int two_lanes_without_device(void *arg)
+{
+    (void)arg;
+    struct spin own, l1, l2;
+    spin_init(&own);
+    spin_init(&l1);
+    spin_init(&l2);
+    spin_acquire_leaf(&own);
+    spin_acquire_lane(&l1);
+    spin_acquire_lane(&l2); /* aborts: one lane at a time without the device lock */
+    return 0;
+}
+
+static int lane_then_slot(void *arg)
+{
+    (void)arg;
+    struct spin own, l;
+    spin_init(&own);
+    spin_init(&l);
+    spin_acquire_lane(&l);
+    spin_acquire_leaf(&own); /* aborts: the own slot's lock comes first */
+    return 0;
+}
+
 static int slot_without_device(void *arg)
 {
     (void)arg;
@@ -185,6 +236,8 @@ static void test_order_broken(void **state)
     expect_abort(slot_without_device);
     expect_abort(slot_then_history);
     expect_abort(tried_slot_then_device);
+    expect_abort(two_lanes_without_device);
+    expect_abort(lane_then_slot);
 }
 
 int main(void)
@@ -193,6 +246,7 @@ int main(void)
         cmocka_unit_test(test_order_kept),
         cmocka_unit_test(test_order_broken),
         cmocka_unit_test(test_slots_kept),
+        cmocka_unit_test(test_lanes_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
