@@ -3,6 +3,7 @@
  *
  *   bench_scale [--threads 1,2,4,8] [--live 1000,10000,100000,1000000] [--pairs N] [--reps R]
  *               [--only threads|live|floor|after-shared] [--split] [--mixed] [--same-stream] [--pin]
+ *               [--room KIB]
  *
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
@@ -11,6 +12,10 @@
  * cycles through 512, 1024, 1536 and 2048 B instead (one size a pair, the next size the next pair).
  * --same-stream: every thread on one stream (the default stream's cache is shared as PyTorch's
  * is: one pool per stream), so that the threads share the stream's slot (core/device/fast.h).
+ * --room KIB: before the threads start, each cell allocates KIB KiB in 64 KiB blocks of the small
+ * pool on each thread's stream and frees them, so that the peaks stand that far above the pairs'
+ * blocks, as a program's earlier steps leave them (a front's lanes need that room, Note [front
+ * lane]); without it the peaks are what the pairs alone reach.
  * Live blocks: with L blocks alive (random sizes of 512 B to 64 KiB, the small pool, one stream), N churn pairs each free a random live block and allocate a new random size in its
  * place: ns per churn pair (median of R), and the host memory the allocator holds per live block
  * (the heap in use, mallinfo2's uordblks + hblkhd, after the blocks were allocated minus before,
@@ -87,6 +92,7 @@ static bool mixed;
 static const size_t mixed_sizes[4] = {512, 1024, 1536, 2048};
 static inline size_t pair_size(size_t i) { return mixed ? mixed_sizes[i & 3] : 512; }
 static bool same_stream; /* --same-stream: every thread on streams[0] */
+static size_t room_kib;  /* --room */
 static bool pin;         /* --pin: thread i on the i-th CPU the process may use */
 
 /* Bind the calling thread to the @p i-th CPU of the process's mask (--pin; no-op otherwise). */
@@ -214,6 +220,17 @@ static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
         *(void **)&mi_free_p = dlsym(mi, "mi_free");
     }
     bool have_mi = mi_malloc_p && mi_free_p;
+    for (int i = 0; i < (same_stream ? 1 : nthreads) && room_kib; i++) { /* --room: peaks above the pairs' */
+        void *room[4096];
+        size_t n = room_kib / 64 < 4096 ? room_kib / 64 : 4096;
+        for (size_t k = 0; k < n; k++)
+            if (xseg_malloc(&room[k], 64 << 10, 0, streams[i]) != XSEG_SUCCESS) {
+                fprintf(stderr, "bench_scale: --room: xseg_malloc: %s\n", xseg_last_error());
+                return 1;
+            }
+        for (size_t k = 0; k < n; k++)
+            xseg_free(room[k]);
+    }
     double xs[64], gs[64], ms[64];
     for (int r = 0; r < reps; r++) { /* the allocators take turns within each repetition */
         if ((xs[r] = threads_once(streams, nthreads, pairs, WHO_XSEG)) < 0)
@@ -547,9 +564,12 @@ int main(int argc, char **argv)
             same_stream = true;
         else if (!strcmp(argv[i], "--pin"))
             pin = true;
+        else if (!strcmp(argv[i], "--room") && i + 1 < argc)
+            room_kib = strtoull(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "usage: bench_scale [--threads 1,2,4,8] [--live 1000,...] [--pairs N] [--reps R] "
-                            "[--only threads|live|floor|after-shared] [--split] [--mixed] [--same-stream] [--pin]\n");
+                            "[--only threads|live|floor|after-shared] [--split] [--mixed] [--same-stream] [--pin] "
+                            "[--room KIB]\n");
             return 2;
         }
     }
@@ -563,9 +583,9 @@ int main(int argc, char **argv)
     printf("driver: %s\n\n", getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1");
     char line[256];
     if (!only || !strcmp(only, "threads")) {
-        printf("Threads on %s, cached %s pairs (%zu per thread, median of %d): "
+        printf("Threads on %s, cached %s pairs (%zu per thread, median of %d%s): "
                "million pairs/s (ratio to 1 thread)\n\n", same_stream ? "one stream" : "streams of their own", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B", pairs,
-               reps);
+               reps, room_kib ? ", peaks with room above the pairs" : "");
         printf("| threads | xseg classic | xseg expandable | glibc malloc | mimalloc |\n|---|---|---|---|---|\n");
         double base[4] = {0, 0, 0, 0};
         for (size_t i = 0; i < nthreads; i++) {

@@ -537,10 +537,11 @@ static __attribute__((noinline, cold)) xseg_status malloc_locked_register(struct
  * no test of its own and the cached pair is unchanged. */
 static __attribute__((noinline)) xseg_status malloc_miss(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    /* This thread's front; the stream's slot, when this thread's last slot (fast_hit's) was
-     * another (a single-threaded program's misses: the same one, tried once). */
+    /* This thread's front, the lane of the size first; the stream's slot, when this thread's last
+     * slot (fast_hit's) was another (a single-threaded program's misses: the same one, tried once). */
     struct dev_slot *ss = fast_slot_of(d, stream);
-    if (fast_front_hit(d, size, stream, out) || (ss != fast_tls_slot && fast_hit_at(d, ss, size, stream, out)))
+    if (fast_lane_hit(d, size, stream, out) || fast_front_hit(d, size, stream, out) ||
+        (ss != fast_tls_slot && fast_hit_at(d, ss, size, stream, out)))
         return XSEG_SUCCESS;
     if (XSEG_UNLIKELY(size >= atomic_load_explicit(&d->reg_above, memory_order_relaxed)))
         return malloc_locked_register(d, size, stream, out);

@@ -48,10 +48,13 @@ static const struct block *slot_freed(const struct dev_alloc *d, const struct bl
     return (d->fast.busy_slots >> i & 1) && slot_state(s) == SLOT_FREED && s->freed == b ? b : NULL;
 }
 
-/* The own slot of front @p f (whose lane holds its entry's state: Note [front lane]). */
-static const struct dev_slot *front_slot(const struct dev_alloc *d, const struct dev_front *f)
+/* The lane slot of front @p f serving entry @p k (which holds its state: Note [front lane]), or NULL. */
+static const struct dev_slot *front_lane_of(const struct dev_front *f, uint32_t k)
 {
-    return &d->fast.slots[DEV_STREAM_SLOTS + (unsigned)(f - d->fast.fronts)];
+    for (uint32_t m = f->lanes; m; m &= m - 1)
+        if (f->lane_entry[__builtin_ctz(m)] == k)
+            return &f->lane[__builtin_ctz(m)];
+    return NULL;
 }
 
 /* @p b if it is a front's freed block (its lane's included), else NULL. */
@@ -59,8 +62,9 @@ static const struct block *own_freed(const struct dev_alloc *d, const struct blo
 {
     uint32_t k;
     const struct dev_front *f = b && b->allocated ? front_of(d, b, &k) : NULL;
-    if (f && k == f->lane)
-        return front_slot(d, f)->freed == b ? b : NULL;
+    const struct dev_slot *l = f ? front_lane_of(f, k) : NULL;
+    if (l)
+        return l->freed == b ? b : NULL;
     return f && (f->freed >> k & 1) ? b : NULL;
 }
 
@@ -212,8 +216,9 @@ static size_t requested_now(const struct dev_alloc *d, const struct block *b, co
 {
     uint32_t k;
     const struct dev_front *f = !sl && b->allocated ? front_of(d, b, &k) : NULL;
-    if (f && k == f->lane)
-        return front_slot(d, f)->cur_req;
+    const struct dev_slot *l = f ? front_lane_of(f, k) : NULL;
+    if (l)
+        return l->cur_req;
     return sl ? sl->cur_req : f ? f->cur_req[k] : block_requested(b);
 }
 
@@ -385,6 +390,32 @@ static void check_counter(const xseg_stat_counter arr[XSEG_STAT_POOLS], const in
     CHECK(arr[XSEG_STAT_LARGE_POOL].current == want[XSEG_STAT_LARGE_POOL]);
 }
 
+/* Busy own slot @p sl's lanes (Note [front lane]): an entry each, handed out or freed in the lane
+ * slot's own fields, as a stream slot's B, exact size, at its size's lane index. Returns the
+ * entries they serve. */
+static uint64_t check_lanes(const struct dev_alloc *d, const struct dev_slot *sl, const struct dev_front *f)
+{
+    uint64_t lane_bits = 0;
+    for (unsigned j = 0; j < FRONT_LANES; j++) {
+        const struct dev_slot *l = &f->lane[j];
+        unsigned k = f->lane_entry[j];
+        if (!(f->lanes >> j & 1)) {
+            CHECK(k == FRONT_ENTRIES && !l->blk && !l->freed && !l->live && !l->reps);
+            continue;
+        }
+        uint64_t bit = (uint64_t)1 << k;
+        CHECK(k < FRONT_ENTRIES && (f->used & bit) && !(f->freed & bit) && !(lane_bits & bit));
+        lane_bits |= bit;
+        CHECK(front_lane_index(f->size[k]) == j && l->front == f);
+        CHECK(l->dev == d && l->gen != 0 && l->owner == sl->owner && l->blk == f->blk[k]);
+        CHECK(!!l->freed != !!l->live && (!l->freed || l->freed == l->blk) && (!l->live || l->live == f->addr[k]));
+        CHECK(l->base_req == f->base_req[k] && l->cur_req <= l->base_req);
+        CHECK(l->cur_size == f->size[k] && l->min_size == l->cur_size && l->span == 0);
+        CHECK(l->size_sum == l->reps * l->cur_size && l->req_sum <= l->size_sum);
+    }
+    return lane_bits;
+}
+
 /* Every slot's fields against its block (struct dev_slot). True: a classic stream slot is busy. */
 static bool check_slots(const struct dev_alloc *d)
 {
@@ -394,24 +425,16 @@ static bool check_slots(const struct dev_alloc *d)
         const struct dev_slot *sl = &d->fast.slots[i];
         const struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
         CHECK(!!sl->blk == (d->fast.busy_slots >> i & 1));
-        if (!sl->blk)
+        /* The own slot's fields other than its mark stay idle: its lanes hold the pairs. */
+        CHECK(!sl->freed && !sl->live && !sl->reps && !sl->size_sum && !sl->req_sum);
+        if (!sl->blk) {
+            CHECK(!f->lanes);
             continue;
-        CHECK(sl->dev == d && sl->gen != 0 && sl->owner != NULL);
-        /* Its lane (Note [front lane]): an entry handed out or freed in the slot's own fields, as
-         * a stream slot's B, exact size. */
-        bool lane = f->lane < FRONT_ENTRIES;
-        uint64_t lane_bit = lane ? (uint64_t)1 << f->lane : 0;
-        CHECK(f->used && sl->blk == f->blk[lane ? f->lane : (unsigned)__builtin_ctzll(f->used)]);
-        if (lane) {
-            CHECK((f->used & lane_bit) && !(f->freed & lane_bit));
-            CHECK(!!sl->freed != !!sl->live && (!sl->freed || sl->freed == sl->blk) &&
-                  (!sl->live || sl->live == f->addr[f->lane]));
-            CHECK(sl->base_req == f->base_req[f->lane] && sl->cur_req <= sl->base_req);
-            CHECK(sl->cur_size == f->size[f->lane] && sl->min_size == sl->cur_size && sl->span == 0);
-            CHECK(sl->size_sum == sl->reps * sl->cur_size && sl->req_sum <= sl->size_sum);
-        } else {
-            CHECK(!sl->freed && !sl->live && !sl->reps && !sl->size_sum && !sl->req_sum);
         }
+        CHECK(sl->dev == d && sl->gen != 0 && sl->owner != NULL);
+        CHECK(f->used && sl->blk == f->blk[__builtin_ctzll(f->used)]);
+        uint64_t lane_bits = check_lanes(d, sl, f);
+        CHECK(lane_bits == f->lane_bits);
         CHECK(!(f->freed & ~f->used));
         int64_t low[XSEG_STAT_POOLS][FRONT_LOWS] = {{0}};
         uint32_t nclassic = 0;
@@ -421,7 +444,7 @@ static bool check_slots(const struct dev_alloc *d)
             by_size |= f->by_size[q];
             by_addr |= f->by_addr[q];
         }
-        CHECK(by_size == f->freed && by_addr == (f->used & ~f->freed & ~lane_bit));
+        CHECK(by_size == f->freed && by_addr == (f->used & ~f->freed & ~lane_bits));
         for (uint64_t u = f->used; u; u &= u - 1) {
             unsigned k = (unsigned)__builtin_ctzll(u);
             const struct block *b = f->blk[k];
@@ -429,11 +452,12 @@ static bool check_slots(const struct dev_alloc *d)
             CHECK(b && b->allocated && b->stream == f->stream && !b->in_index && b->mapped && !b->sided);
             CHECK(f->si[k] == block_pool(b)->stat_index && !b->private_pool);
             CHECK(f->size[k] == b->size && f->addr[k] == b->addr);
-            CHECK(k == f->lane || (freed ? (f->by_size[front_bucket(b->size)] >> k & 1)
+            bool lane = lane_bits >> k & 1;
+            CHECK(lane || (freed ? (f->by_size[front_bucket(b->size)] >> k & 1)
                                          : (f->by_addr[front_bucket(b->addr)] >> k & 1)));
             CHECK(block_requested(b) == f->base_req[k] && f->cur_req[k] <= f->base_req[k]);
             nclassic += !b->expandable;
-            if (k == f->lane) {
+            if (lane) {
                 /* owes nothing in low: the slot's fields hold it */
             } else if (freed) {
                 low[f->si[k]][FRONT_LOW_ALLOC] += 1;
@@ -486,11 +510,9 @@ void dev_check(struct dev_alloc *d)
 {
     lock_assert_held(&d->lock);
     uint64_t busy = d->fast.busy_slots;
-    for (uint64_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->fast.slots[__builtin_ctzll(m)].lock);
+    fast_lock_busy(d, busy);
     check_walk(d);
-    for (uint64_t m = busy; m; m &= m - 1)
-        spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
+    fast_unlock_busy(d, busy);
 }
 
 static void check_walk(struct dev_alloc *d)

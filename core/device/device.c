@@ -84,6 +84,9 @@ struct dev_alloc *dev_create(int device, const struct drv_device_info *info, voi
     lock_init(&d->lock);
     for (int i = 0; i < DEV_SLOTS; i++)
         spin_init(&d->fast.slots[i].lock);
+    for (int k = 0; k < DEV_OWN_SLOTS; k++)
+        for (int j = 0; j < FRONT_LANES; j++)
+            spin_init(&d->fast.fronts[k].lane[j].lock);
     d->device = device;
     d->small.is_small = true;
     d->small.stat_index = XSEG_STAT_SMALL_POOL;

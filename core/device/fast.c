@@ -11,6 +11,8 @@
 
 _Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
 _Thread_local struct dev_slot *fast_tls_front __attribute__((tls_model("initial-exec")));
+_Thread_local struct dev_slot *fast_tls_lanes __attribute__((tls_model("initial-exec")));
+_Thread_local uint32_t fast_tls_lane_tries __attribute__((tls_model("initial-exec")));
 
 /* A forked child never frees into the parent's devices (core/runtime.c refuses them): forget
  * the forking thread's last hit, whose slot lies in one. */
@@ -18,6 +20,8 @@ static void fast_fork_child(void)
 {
     fast_tls_slot = NULL;
     fast_tls_front = NULL;
+    fast_tls_lanes = NULL;
+    fast_tls_lane_tries = 0;
 }
 FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
 
@@ -52,20 +56,22 @@ static struct dev_front *slot_front(const struct dev_slot *s)
     return &s->dev->fast.fronts[s - s->dev->fast.slots - DEV_STREAM_SLOTS];
 }
 
-/* What own slot @p s's lane (Note [front lane]; its lock held) lowers each current by, added to
- * @p low in its entry's pool: a freed block all it counts, a handed-out one its unused requested
- * bytes (its size is exact). */
-static void lane_lowers(const struct dev_slot *s, const struct dev_front *f, int64_t low[XSEG_STAT_POOLS][FAST_ROWS])
+/* What front @p f's lanes (Note [front lane]; their locks held) lower each current by, added to
+ * @p low in their entries' pools: a freed block all it counts, a handed-out one its unused
+ * requested bytes (its size is exact). */
+static void lane_lowers(const struct dev_front *f, int64_t low[XSEG_STAT_POOLS][FAST_ROWS])
 {
-    if (f->lane == FRONT_ENTRIES)
-        return;
-    int64_t *l = low[f->si[f->lane]];
-    if (s->freed) {
-        l[FRONT_LOW_ALLOC] += 1;
-        l[FRONT_LOW_BYTES] += (int64_t)s->cur_size;
-        l[FRONT_LOW_REQ] += (int64_t)s->base_req;
-    } else {
-        l[FRONT_LOW_REQ] += (int64_t)(s->base_req - s->cur_req);
+    for (uint32_t m = f->lanes; m; m &= m - 1) {
+        unsigned j = (unsigned)__builtin_ctz(m);
+        const struct dev_slot *s = &f->lane[j];
+        int64_t *l = low[f->si[f->lane_entry[j]]];
+        if (s->freed) {
+            l[FRONT_LOW_ALLOC] += 1;
+            l[FRONT_LOW_BYTES] += (int64_t)s->cur_size;
+            l[FRONT_LOW_REQ] += (int64_t)s->base_req;
+        } else {
+            l[FRONT_LOW_REQ] += (int64_t)(s->base_req - s->cur_req);
+        }
     }
 }
 
@@ -91,7 +97,7 @@ static void slot_lowers(const struct dev_slot *s, int64_t low[XSEG_STAT_POOLS][F
         for (int p = 1; p < XSEG_STAT_POOLS; p++)
             for (int k = 0; k < FRONT_LOWS; k++)
                 low[p][k] = f->low[p][k];
-        lane_lowers(s, f, low);
+        lane_lowers(f, low);
         return;
     }
     const struct block *b = s->blk;
@@ -123,11 +129,12 @@ static void slot_pay(const struct dev_slot *s, xseg_device_stats *st)
             st->allocated_bytes[p].allocated += f->size_sum[p];
             st->requested_bytes[p].allocated += f->req_sum[p];
         }
-        if (s->reps) { /* its lane's hits (none without a lane: lane_fold moves them) */
-            int si = f->si[f->lane];
-            st->allocation[si].allocated += (int64_t)s->reps;
-            st->allocated_bytes[si].allocated += (int64_t)s->size_sum;
-            st->requested_bytes[si].allocated += (int64_t)s->req_sum;
+        for (uint32_t m = f->lanes; m; m &= m - 1) { /* its lanes' hits (lane_fold moves them) */
+            const struct dev_slot *l = &f->lane[__builtin_ctz(m)];
+            int si = f->si[f->lane_entry[__builtin_ctz(m)]];
+            st->allocation[si].allocated += (int64_t)l->reps;
+            st->allocated_bytes[si].allocated += (int64_t)l->size_sum;
+            st->requested_bytes[si].allocated += (int64_t)l->req_sum;
         }
         return;
     }
@@ -162,16 +169,36 @@ void fast_owed(const struct dev_alloc *d, xseg_device_stats *st)
         slot_owe(&d->fast.slots[__builtin_ctzll(m)], st);
 }
 
+void fast_lock_busy(struct dev_alloc *d, uint64_t busy)
+{
+    for (uint64_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        spin_acquire(&d->fast.slots[i].lock);
+        if (i >= DEV_STREAM_SLOTS) /* every lane, busy or not: a fold under these locks changes which */
+            for (unsigned j = 0; j < FRONT_LANES; j++)
+                spin_acquire_lane(&d->fast.fronts[i - DEV_STREAM_SLOTS].lane[j].lock);
+    }
+}
+
+void fast_unlock_busy(struct dev_alloc *d, uint64_t busy)
+{
+    for (uint64_t m = busy; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        if (i >= DEV_STREAM_SLOTS)
+            for (unsigned j = 0; j < FRONT_LANES; j++)
+                spin_release_lane(&d->fast.fronts[i - DEV_STREAM_SLOTS].lane[j].lock);
+        spin_release(&d->fast.slots[i].lock);
+    }
+}
+
 void dev_stats_copy(struct dev_alloc *d, xseg_device_stats *out)
 {
     lock_assert_held(&d->lock);
     uint64_t busy = d->fast.busy_slots;
-    for (uint64_t m = busy; m; m &= m - 1)
-        spin_acquire(&d->fast.slots[__builtin_ctzll(m)].lock);
+    fast_lock_busy(d, busy);
     *out = d->acct.stats;
     fast_owed(d, out);
-    for (uint64_t m = busy; m; m &= m - 1)
-        spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
+    fast_unlock_busy(d, busy);
     dev_stats_fold(d, out);
 }
 
@@ -202,16 +229,16 @@ static unsigned front_find(const struct dev_alloc *d, const void *owner, const v
     return DEV_SLOTS;
 }
 
-/* Own slot @p s's busy mark (its lock held): its lane's block, else its front's first, else none. */
+/* Own slot @p s's busy mark (its lock held): its front's first block, else none. */
 static void front_mark(struct dev_slot *s, const struct dev_front *f)
 {
-    s->blk = f->lane < FRONT_ENTRIES ? f->blk[f->lane] : f->used ? f->blk[__builtin_ctzll(f->used)] : NULL;
+    s->blk = f->used ? f->blk[__builtin_ctzll(f->used)] : NULL;
 }
 
-/* Take entry @p k (not the lane) out of front @p f of own slot @p s (both locks held). */
+/* Take entry @p k (no lane's) out of front @p f of own slot @p s (both locks held). */
 static void front_remove(struct dev_slot *s, struct dev_front *f, unsigned k)
 {
-    xseg_assert(k != f->lane);
+    xseg_assert(!(f->lane_bits >> k & 1));
     uint64_t bit = (uint64_t)1 << k;
     f->used &= ~bit;
     f->freed &= ~bit;
@@ -222,49 +249,63 @@ static void front_remove(struct dev_slot *s, struct dev_front *f, unsigned k)
 }
 
 /*
- * Own slot @p s's lane back into front @p f (the slot's lock held): its entry freed or handed
- * out there as the lane left it, its hits counted with the front's. The debt moves from the lane
- * to low and the gap stays, so the grant rises by what the recount's current falls (the lane was
- * counted at its worst, Note [front lane]): every row's sum is unchanged.
+ * Lane @p j back into its front @p f (the own slot's lock and the lane's held): its entry freed or
+ * handed out there as the lane left it, its hits counted with the front's. The debt moves from
+ * the lane to low and the gap stays, so the grant rises by what the recount's current falls (the
+ * lane was counted at its worst, Note [front lane]): every row's sum is unchanged.
  */
-static void lane_fold(struct dev_slot *s, struct dev_front *f)
+static void lane_fold(struct dev_front *f, unsigned j)
 {
-    unsigned k = f->lane;
-    if (k == FRONT_ENTRIES)
-        return;
+    struct dev_slot *l = &f->lane[j];
+    unsigned k = f->lane_entry[j];
+    xseg_assert(f->lanes >> j & 1 && k < FRONT_ENTRIES);
     int si = f->si[k];
     uint64_t bit = (uint64_t)1 << k;
-    f->reps[si] += s->reps;
-    f->size_sum[si] += (int64_t)s->size_sum;
-    f->req_sum[si] += (int64_t)s->req_sum;
-    f->seen |= s->reps != f->lane_seen;
+    f->reps[si] += l->reps;
+    f->size_sum[si] += (int64_t)l->size_sum;
+    f->req_sum[si] += (int64_t)l->req_sum;
+    f->seen |= l->reps != f->lane_seen[j];
 #if XSEG_DEBUG_LEVEL >= 1
-    s->dev->fast.lane_hits += s->reps;
+    f->lane_hits += l->reps; /* the device's counters at the own slot's settle (device lock) */
+    f->lane_slot_hits += l->hits;
+    l->hits = 0;
 #endif
-    if (s->freed) {
+    if (l->freed) {
         f->freed |= bit;
         f->by_size[front_bucket(f->size[k])] |= bit;
         f->low[si][FRONT_LOW_ALLOC] += 1;
         f->low[si][FRONT_LOW_BYTES] += (int64_t)f->size[k];
         f->low[si][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
     } else {
-        f->cur_req[k] = s->cur_req;
+        f->cur_req[k] = l->cur_req;
         f->by_addr[front_bucket(f->addr[k])] |= bit;
-        f->low[si][FRONT_LOW_REQ] += (int64_t)(f->base_req[k] - s->cur_req);
+        f->low[si][FRONT_LOW_REQ] += (int64_t)(f->base_req[k] - l->cur_req);
     }
-    s->freed = NULL;
-    s->live = 0;
-    s->reps = 0;
-    s->req_sum = s->size_sum = 0;
-    f->lane = FRONT_ENTRIES;
-    f->lane_seen = 0;
-    front_mark(s, f);
+    l->blk = l->freed = NULL;
+    l->live = 0;
+    l->reps = 0;
+    l->req_sum = l->size_sum = 0;
+    f->lane_entry[j] = FRONT_ENTRIES;
+    f->lanes &= ~(1u << j);
+    f->lane_bits &= ~bit;
+    f->lane_seen[j] = 0;
+}
+
+/* Every lane of front @p f back into it (its own slot's lock held, no lane's). */
+static void front_fold_lanes(struct dev_front *f)
+{
+    for (uint32_t m = f->lanes; m; m &= m - 1) {
+        unsigned j = (unsigned)__builtin_ctz(m);
+        spin_acquire_lane(&f->lane[j].lock);
+        lane_fold(f, j);
+        spin_release_lane(&f->lane[j].lock);
+    }
 }
 
 /* The hits' mallocs, counted now (both locks held). */
 static void front_pay(struct dev_alloc *d, const struct dev_slot *s, struct dev_front *f)
 {
-    xseg_assert(f->lane == FRONT_ENTRIES && !s->reps); /* lane_fold first */
+    xseg_assert(!f->lanes && !s->reps); /* front_fold_lanes first */
     slot_pay(s, &d->acct.stats);
     memset(f->reps, 0, sizeof f->reps);
     memset(f->size_sum, 0, sizeof f->size_sum);
@@ -279,7 +320,7 @@ static void front_pay(struct dev_alloc *d, const struct dev_slot *s, struct dev_
  */
 static void front_settle_entry(struct dev_alloc *d, struct dev_slot *s, struct dev_front *f, unsigned k)
 {
-    lane_fold(s, f);
+    front_fold_lanes(f);
     struct block *b = f->blk[k];
     int si = f->si[k];
     f->nclassic -= !b->expandable;
@@ -318,7 +359,7 @@ static void front_settle_entry(struct dev_alloc *d, struct dev_slot *s, struct d
 static void front_settle_all(struct dev_alloc *d, struct dev_slot *s)
 {
     struct dev_front *f = slot_front(s);
-    lane_fold(s, f);
+    front_fold_lanes(f);
     front_pay(d, s, f);
     while (f->used)
         front_settle_entry(d, s, f, (unsigned)__builtin_ctzll(f->used));
@@ -370,6 +411,12 @@ settled:
 #if XSEG_DEBUG_LEVEL >= 1
     d->fast.slot_hits += s->hits;
     s->hits = 0;
+    if (i >= DEV_STREAM_SLOTS) {
+        struct dev_front *f = slot_front(s);
+        d->fast.lane_hits += f->lane_hits;
+        d->fast.slot_hits += f->lane_slot_hits;
+        f->lane_hits = f->lane_slot_hits = 0;
+    }
 #endif
     s->blk = s->freed = NULL;
     s->owner = NULL;
@@ -463,7 +510,14 @@ static void front_settle_block(struct dev_alloc *d, const struct block *b)
          * masks read under the slot's lock: the owner's hits and frees move entries between them;
          * blk[] moves only under the device lock, held here). */
         spin_acquire(&s->lock);
-        lane_fold(s, f); /* the block may be the lane's */
+        for (uint32_t l = f->lanes; l; l &= l - 1) { /* the block may be a lane's */
+            unsigned j = (unsigned)__builtin_ctz(l);
+            if (f->blk[f->lane_entry[j]] == b) {
+                spin_acquire_lane(&f->lane[j].lock);
+                lane_fold(f, j);
+                spin_release_lane(&f->lane[j].lock);
+            }
+        }
         uint64_t cand = f->by_addr[front_bucket(b->addr)] | f->by_size[front_bucket(b->size)];
         spin_release(&s->lock);
         for (uint64_t u = cand; u; u &= u - 1) {
@@ -541,11 +595,17 @@ static void front_check_in(struct dev_alloc *d, CUstream stream)
         if (f == mine || f->stream != stream)
             continue;
         spin_acquire(&s->lock);
-        bool used = f->seen || s->reps != f->lane_seen; /* the lane's hits count the slot's reps */
+        bool used = f->seen;
+        for (uint32_t l = f->lanes; l; l &= l - 1) { /* the lanes' hits count their slots' reps */
+            struct dev_slot *ls = &f->lane[__builtin_ctz(l)];
+            spin_acquire_lane(&ls->lock);
+            used |= ls->reps != f->lane_seen[__builtin_ctz(l)];
+            f->lane_seen[__builtin_ctz(l)] = ls->reps;
+            spin_release_lane(&ls->lock);
+        }
         others |= used;
         idle |= (uint64_t)!used << i;
         f->seen = false;
-        f->lane_seen = s->reps;
         spin_release(&s->lock);
     }
     if (others) {
@@ -792,14 +852,14 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
     int64_t low[DEV_SLOTS][XSEG_STAT_POOLS][FAST_ROWS];
     int64_t lane_low[DEV_OWN_SLOTS][XSEG_STAT_POOLS][FAST_ROWS]; /* of that, an own slot's lane's */
     int64_t owed[FAST_ROWS][XSEG_STAT_POOLS] = {{0}};
+    fast_lock_busy(d, busy);
     for (uint64_t m = busy; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
         const struct dev_slot *s = &d->fast.slots[i];
-        spin_acquire(&d->fast.slots[i].lock);
         slot_lowers(s, low[i]);
         if (i >= DEV_STREAM_SLOTS) {
             memset(lane_low[i - DEV_STREAM_SLOTS], 0, sizeof lane_low[0]);
-            lane_lowers(s, slot_front(s), lane_low[i - DEV_STREAM_SLOTS]);
+            lane_lowers(slot_front(s), lane_low[i - DEV_STREAM_SLOTS]);
         }
         for (int k = 0; k < FAST_ROWS; k++) {
             low[i][XSEG_STAT_ALL][k] = 0;
@@ -824,7 +884,7 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
                 if (low[i][p][k])
                     settle |= (uint64_t)1 << i;
             }
-            /* A lane owing on it goes back to its front, whose grant bounds it from now. */
+            /* Lanes owing on it go back to their front, whose grant bounds them from now. */
             for (uint64_t m = busy & FAST_OWN_MASK; m; m &= m - 1) {
                 unsigned i = (unsigned)__builtin_ctzll(m);
                 int64_t *ll = lane_low[i - DEV_STREAM_SLOTS][p == XSEG_STAT_ALL ? XSEG_STAT_SMALL_POOL : p];
@@ -834,8 +894,9 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
             }
         }
     for (uint64_t m = fold; m; m &= m - 1) {
-        struct dev_slot *s = &d->fast.slots[__builtin_ctzll(m)];
-        lane_fold(s, slot_front(s));
+        struct dev_front *f = slot_front(&d->fast.slots[__builtin_ctzll(m)]);
+        for (uint32_t l = f->lanes; l; l &= l - 1)
+            lane_fold(f, (unsigned)__builtin_ctz(l)); /* every lane's lock held */
     }
     for (uint64_t m = settle; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
@@ -843,8 +904,7 @@ void fast_guard_end_slow(struct dev_alloc *d, const struct fast_guard *g)
         slot_settle_locked(d, i);
     }
     (void)front_grants(d, busy & ~settle & FAST_OWN_MASK, NULL);
-    for (uint64_t m = busy; m; m &= m - 1)
-        spin_release(&d->fast.slots[__builtin_ctzll(m)].lock);
+    fast_unlock_busy(d, busy);
 }
 
 /* ---- fill -------------------------------------------------------------------------------- */
@@ -1059,8 +1119,10 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
     }
     spin_acquire(&s->lock);
     if (fresh) {
-        memset(f, 0, sizeof *f);
-        f->lane = FRONT_ENTRIES;
+        xseg_assert(!f->lanes);
+        memset(f, 0, offsetof(struct dev_front, lane)); /* never the lane slots (struct dev_front) */
+        for (unsigned j = 0; j < FRONT_LANES; j++)
+            f->lane_entry[j] = FRONT_ENTRIES;
         f->stream = b->stream;
         s->owner = me;
         s->dev = d;
@@ -1087,13 +1149,13 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
     f->held[si][FRONT_LOW_REQ] += (int64_t)f->base_req[k];
     /* This free lowered the currents: debt and grant rise alike (the gap stays). */
     front_mark(s, f);
-    bool lane = f->lane < FRONT_ENTRIES;
     spin_release(&s->lock);
     d->fast.busy_slots |= (uint64_t)1 << i;
     FAST_COUNT(d, own_fills);
     fast_tls_front = s;
-    /* This thread's pairs on the stream are the front's now: its lane first, no other line. */
-    fast_tls_slot = lane ? s : NULL;
+    /* This thread's pairs on the stream are the front's now: a lane of it first, no other line. */
+    if (!front_lane_slot(f, fast_tls_slot))
+        fast_tls_slot = NULL;
     return true;
 }
 
@@ -1139,26 +1201,26 @@ static inline __attribute__((always_inline)) void *front_take(struct dev_slot *s
 
 static int front_pool(size_t r) { return r <= BLOCK_SMALL_SIZE ? XSEG_STAT_SMALL_POOL : XSEG_STAT_LARGE_POOL; }
 
-/* A hit of front @p f (own slot @p s locked) past its grant while the slot holds a lane: the lane
- * counted at its worst may hold the room the hit needs, so it goes back into the front (giving its
- * rows back to the grant) and the grant is tried again. */
-static __attribute__((noinline)) bool lane_fold_fits(struct dev_slot *s, struct dev_front *f, int si, size_t r,
-                                                     size_t req)
+/* A hit of front @p f (its own slot locked) past its grant while it has lanes: a lane counted at
+ * its worst may hold the room the hit needs, so they go back into the front (giving their rows
+ * back to the grant) and the grant is tried again. */
+static __attribute__((noinline)) bool lane_fold_fits(struct dev_front *f, int si, size_t r, size_t req)
 {
-    if (f->lane == FRONT_ENTRIES)
+    if (!f->lanes)
         return false;
-    lane_fold(s, f);
+    front_fold_lanes(f);
+    f->lane_hold = FRONT_LANE_HOLD; /* the room is tight: lanes would fold again at once */
     return front_grant_fits(f, si, r, req);
 }
 
 /*
- * Entry @p k, just handed out by a hit of front @p f (own slot @p s locked), becomes the slot's
- * lane when it has none (Note [front lane]): its free and the next malloc of its size are then a
+ * Entry @p k, just handed out by a hit of front @p f (own slot @p s locked), becomes lane @p j
+ * (idle) of its size (Note [front lane]): its free and the next malloc of its size are then a
  * stream slot's pair (fast_free_hit, fast_hit). The lane is counted at its worst (its unused
  * requested bytes leave low) and the gap stays, so the grant falls by them: where that would take
  * a requested-bytes grant below 0 the entry stays the front's.
  */
-static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_front *f, unsigned k)
+static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_front *f, unsigned k, unsigned j)
 {
     int si = f->si[k];
     int64_t unused = (int64_t)(f->base_req[k] - f->cur_req[k]);
@@ -1169,16 +1231,27 @@ static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_
         return;
     f->low[si][FRONT_LOW_REQ] -= unused;
     f->by_addr[front_bucket(f->addr[k])] &= ~((uint64_t)1 << k);
-    f->lane = k;
-    f->lane_seen = 0;
-    s->blk = f->blk[k];
-    s->freed = NULL;
-    s->live = f->addr[k];
-    s->base_req = f->base_req[k];
-    s->cur_req = f->cur_req[k];
-    s->cur_size = s->min_size = s->min_fit = f->size[k];
-    s->span = 0;
-    fast_tls_slot = s;
+    f->lane_entry[j] = k;
+    f->lanes |= 1u << j;
+    f->lane_bits |= (uint64_t)1 << k;
+    f->lane_seen[j] = 0;
+    struct dev_slot *l = &f->lane[j];
+    spin_acquire_lane(&l->lock); /* after the own slot's: a stale try of another thread may hold it */
+    xseg_assert(!l->blk && !l->reps);
+    l->gen = s->gen;
+    l->dev = s->dev;
+    l->owner = s->owner;
+    l->front = f;
+    l->blk = f->blk[k];
+    l->freed = NULL;
+    l->live = f->addr[k];
+    l->base_req = f->base_req[k];
+    l->cur_req = f->cur_req[k];
+    l->cur_size = l->min_size = l->min_fit = f->size[k];
+    l->span = 0;
+    spin_release_lane(&l->lock);
+    fast_tls_slot = l;
+    fast_tls_lanes = f->lane;
 }
 
 /* A thread's front is its own: its lock is held by others only for a device-lock holder's short
@@ -1196,36 +1269,38 @@ bool fast_front_hit_in(struct dev_slot *s, struct dev_alloc *d, size_t size, CUs
         size_t r = fast_round(size);
         int si = front_pool(r); /* a default pool's */
         if (f->stream == stream) {
-            if (s->freed && r == s->cur_size && size <= s->base_req) {
-                /* Its lane, which fast_hit tried first unless this thread's last slot was another
-                 * or the try of its lock failed. */
-                *out = fast_take(s, s->freed, size, r);
-                hit = true;
-            } else if (++f->since_check < FRONT_CHECK_HITS &&
-                       (front_grant_fits(f, si, r, size) || lane_fold_fits(s, f, si, r, size))) {
-                /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in
-                 * (front_check_in). */
-                unsigned k = front_pick(f, size, r);
+            /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in
+             * (front_check_in). The lane of r, if any, was tried first (fast_lane_hit), unless
+             * this thread's lane tries came to FRONT_CHECK_HITS: the check-in is then due. */
+            if (XSEG_UNLIKELY(fast_tls_lane_tries >= FRONT_CHECK_HITS)) {
+                fast_tls_lane_tries = 0;
+                f->since_check = FRONT_CHECK_HITS;
+            }
+            if (++f->since_check < FRONT_CHECK_HITS &&
+                (front_grant_fits(f, si, r, size) || lane_fold_fits(f, si, r, size))) {
+                unsigned k = front_pick(f, size, r), j = front_lane_index(r);
                 if (k < FRONT_ENTRIES) {
                     *out = front_take(s, f, k, size, r, si);
                     hit = true;
-                    /* Two hits of one size in a row: pairs of it are likely (Note [front lane]). */
-                    if (XSEG_UNLIKELY(r == f->last_r) && f->lane == FRONT_ENTRIES)
-                        lane_enter(s, f, k);
+                    /* The second hit of a size since its lane index's last other size: pairs of
+                     * it are likely, whatever sizes come between (Note [front lane]). */
+                    if (XSEG_UNLIKELY(r == f->last_r[j]) && !(f->lanes >> j & 1)) {
+                        if (XSEG_LIKELY(!f->lane_hold))
+                            lane_enter(s, f, k, j);
+                        else
+                            f->lane_hold--; /* lanes folded for room lately (lane_fold_fits) */
+                    }
                 }
-                f->last_r = r;
+                f->last_r[j] = r;
             }
-            /* This thread's last slot is its lane (a lane hit and lane_enter set it), else none:
-             * a lane folded since, or a stream slot hit before the mark (or a block it still
-             * held), left it on this slot or the stream's, which every later malloc and free
-             * then tried first and missed. */
+            /* This thread's last slot is a lane of this front while it has lanes, else none: a
+             * stream slot hit before the mark (or a block it still held), or a lane folded since,
+             * would be tried first by every later malloc and free, and missed. */
             struct dev_slot *last = fast_tls_slot;
-            if (XSEG_UNLIKELY(last != NULL)) {
-                if (f->lane < FRONT_ENTRIES)
-                    fast_tls_slot = s;
-                else if (last == s || last == fast_slot_of(d, stream))
-                    fast_tls_slot = NULL;
-            }
+            if (XSEG_UNLIKELY(last != NULL) && (!f->lanes || !front_lane_slot(f, last)))
+                fast_tls_slot = NULL;
+            if (XSEG_UNLIKELY(fast_tls_lanes != NULL) && !f->lanes) /* folded by a device-lock holder */
+                fast_tls_lanes = NULL;
         }
     }
     spin_release(&s->lock);
@@ -1284,11 +1359,7 @@ bool fast_front_free_in(struct dev_slot *s, void *ptr)
 {
     spin_acquire_leaf(&s->lock); /* as fast_front_hit's */
     bool hit = false;
-    if (s->blk && s->live == (uintptr_t)ptr) { /* its lane's, as fast_free_hit's */
-        s->live = 0;
-        s->freed = s->blk;
-        hit = true;
-    } else if (s->blk) {
+    if (s->blk) {
         struct dev_front *f = s->front;
         xseg_assert(f == slot_front(s));
         uintptr_t a = (uintptr_t)ptr;
@@ -1307,6 +1378,19 @@ bool fast_front_free_in(struct dev_slot *s, void *ptr)
             f->low[si][FRONT_LOW_REQ] += (int64_t)f->cur_req[k];
             hit = true;
             break;
+        }
+        /* A lane's block whose free came after another lane's hit (fast_free_hit tried that one). */
+        for (uint32_t m = hit ? 0 : f->lanes; m; m &= m - 1) {
+            struct dev_slot *l = &f->lane[__builtin_ctz(m)];
+            spin_acquire_lane(&l->lock);
+            hit = l->live == a;
+            if (hit) {
+                l->live = 0;
+                l->freed = l->blk;
+            }
+            spin_release_lane(&l->lock);
+            if (hit)
+                break;
         }
     }
     spin_release(&s->lock);

@@ -108,19 +108,26 @@
  * Note [front lane]
  * ~~~~~~~~~~~~~~~~~
  * A front's hit and free cost about twice a stream slot's pair (the grant's test, the buckets, the
- * debt's rows), so a thread whose pairs repeat one size on a shared stream ran at half speed
- * beside one that had its stream alone. So an own slot serves one of its front's entries as a
- * stream slot serves its B (struct dev_front.lane): when two hits outside the lane in a row take
- * one rounded size, the second one's entry becomes the lane (lane_enter), the thread's last slot,
- * and its free and the next malloc of its size are the cached pair of fast_free_hit and fast_hit,
- * exact size (min_size its size, span 0), inline in xseg_malloc and xseg_free. The lane is counted
- * at its worst, as a stream slot is: it is no debt of the front's (low), so the room the grants
- * share out (front_grants) counts its block as allocated, and its own debt is the slot's
- * (slot_lowers, as fast_owed and the guard read it). A lane goes back into its front (lane_fold),
- * which moves its debt into low with the gap unchanged, so every row's sum under its peak stays:
- * when a hit of another size finds the grant short (the lane's freed block may hold the room it
- * needs), when a guarded operation raised a peak the lane owes on (its hits would then reach past
- * the peak unseen: fast_guard_end_slow), and before any entry of the front settles.
+ * debt's rows), so a thread whose pairs repeat sizes on a shared stream, one size or several in
+ * turn, ran at half speed beside one that had its stream alone. So a front keeps FRONT_LANES lane
+ * slots (struct dev_front.lane), each serving one of its entries as a stream slot serves its B,
+ * exact size, for the rounded sizes whose front_lane_index is its own: when a hit outside the lanes
+ * takes the rounded size of the last such hit of its lane index, whatever other sizes came between,
+ * and that lane is idle, the entry becomes its lane (lane_enter) and the thread's last slot. Its
+ * free is then fast_free_hit's, inline in xseg_free, and the next malloc of its size fast_hit's,
+ * inline in xseg_malloc when the thread's last slot is that lane, else malloc_miss's first try
+ * (fast_lane_hit: the lane of the request's size, one hash away). Sizes that share a lane index
+ * share it as the first to come takes it; the others' pairs stay the front's. A lane is counted at
+ * its worst, as a stream slot is: it is no debt of the front's (low), so the room the grants share
+ * out (front_grants) counts its block as allocated, and its own debt is the lane slot's
+ * (slot_lowers and slot_pay add the lanes' to their own slot's, as fast_owed and the guard read
+ * them). A lane goes back into its front (lane_fold), which moves its debt into low with the gap
+ * unchanged, so every row's sum under its peak stays: all of a front's when a hit of another size
+ * finds the grant short (a lane's freed block may hold the room it needs), when a guarded
+ * operation raised a peak they owe on (their hits would then reach past the peak unseen:
+ * fast_guard_end_slow), and before any entry of the front settles; one alone when a free through
+ * the device lock is of its block. Locks: the own slot's, then its lanes' (fast_lock_busy takes
+ * every busy slot's and every lane's, for the readers that sum the debts).
  *
  * Note [the door]
  * ~~~~~~~~~~~~~~~
@@ -160,6 +167,18 @@ static inline int64_t front_debt(const struct dev_front *f, int k, int p)
 }
 static inline int64_t front_grant(const struct dev_front *f, int k, int p) { return front_debt(f, k, p) + f->gap[k][p]; }
 
+/* A rounded size's lane in a front (struct dev_front.lane; Note [front lane]): four sizes in turn
+ * of 512 B steps take four lanes. */
+static inline unsigned front_lane_index(size_t r)
+{
+    return (unsigned)(((r >> 9) * UINT64_C(0x9E3779B97F4A7C15)) >> 62) & (FRONT_LANES - 1);
+}
+/* Is @p s one of front @p f's lane slots? */
+static inline bool front_lane_slot(const struct dev_front *f, const struct dev_slot *s)
+{
+    return (uintptr_t)s - (uintptr_t)f->lane < sizeof f->lane;
+}
+
 /* A size's or an address's bucket in a front (struct dev_front; FRONT_BUCKETS of them). */
 static inline unsigned front_bucket(uintptr_t x)
 {
@@ -173,8 +192,9 @@ static inline enum slot_state slot_state(const struct dev_slot *s)
 {
     return !s->blk ? SLOT_IDLE : s->freed ? SLOT_FREED : SLOT_HANDED_OUT;
 }
-/* Which slots a slot is among: its stream's (slots[fast_slot_index]) or a thread's own
- * (slots[DEV_STREAM_SLOTS ..], Note [slot rule]). */
+/* Which slots a slot of fast.slots is among: its stream's (slots[fast_slot_index]) or a thread's
+ * own (slots[DEV_STREAM_SLOTS ..], Note [slot rule]); a front's lane slots are neither (Note
+ * [front lane]). */
 enum slot_kind { SLOT_STREAM, SLOT_OWN };
 static inline enum slot_kind slot_kind(const struct dev_alloc *d, const struct dev_slot *s)
 {
@@ -375,6 +395,14 @@ extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_slot __attribute__((t
 /* The own slot whose front this thread filled last (NULL before): where a malloc that the last
  * slot did not serve looks next, and a free that it did not take (fast_front_hit, fast_front_free). */
 extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_front __attribute__((tls_model("initial-exec")));
+/* The lane slots of this thread's last front while it had lanes at its last hit or lane's entry
+ * (Note [front lane]), else NULL: malloc_miss tries no lane. A settle may fold them meanwhile (the
+ * try then misses), and the front may be another thread's by then (a lane serves whoever hits it,
+ * as a stream slot does). */
+extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_lanes __attribute__((tls_model("initial-exec")));
+/* This thread's lane tries since its last front's check-in was made due: a thread whose pairs are
+ * all lane hits checks in too (every FRONT_CHECK_HITS tries, one goes to its front, due). */
+extern XSEG_HIDDEN _Thread_local uint32_t fast_tls_lane_tries __attribute__((tls_model("initial-exec")));
 /* A hit in this thread's last front (@p d, @p stream): a freed block of the request's rounded size
  * whose statistics count at least @p size requested bytes, handed out under the slot's lock alone.
  * False: nothing changed. */
@@ -451,6 +479,17 @@ static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, v
     return fast_hit_at(d, s, size, stream, out);
 }
 
+/* malloc_miss's first try: the lane of the request's rounded size in this thread's last front
+ * (Note [front lane]), unless it is the last slot fast_hit just missed. */
+static inline bool fast_lane_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    struct dev_slot *lanes = fast_tls_lanes;
+    if (!lanes || XSEG_UNLIKELY(++fast_tls_lane_tries >= FRONT_CHECK_HITS))
+        return false;
+    struct dev_slot *l = &lanes[front_lane_index(fast_round(size))];
+    return l != fast_tls_slot && fast_hit_at(d, l, size, stream, out);
+}
+
 /* malloc through the device lock, before the door's bracket: a hit the lock makes possible
  * (true), else nothing changed. A classic slot on @p stream whose B is freed widens to a rounded
  * size below min_size and at least min_fit (counting the larger inactive split block first, its
@@ -474,7 +513,11 @@ static inline bool fast_free_hit(void *ptr)
     return hit;
 }
 
-/* Add to @p st what every busy slot owes it (each busy slot's lock held by the caller). */
+/* Take (release) the locks of the slots of @p busy (a busy_slots mask; device lock held), an own
+ * slot's lanes after it: every debt can then be read at one instant. */
+void fast_lock_busy(struct dev_alloc *d, uint64_t busy);
+void fast_unlock_busy(struct dev_alloc *d, uint64_t busy);
+/* Add to @p st what every busy slot owes it (fast_lock_busy held by the caller). */
 void fast_owed(const struct dev_alloc *d, xseg_device_stats *st);
 /* What every reader sees: d->acct.stats with the slots' debts (every busy slot locked at once, so
  * the copy is one state they were in together), then the active rows and "all" entries

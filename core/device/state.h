@@ -75,8 +75,10 @@ struct ev_state {
  * back. Neither touches the device lock, the index, the map or the statistics: what they owe is
  * the slot's (core/device/fast.h). Own slots (slots[DEV_STREAM_SLOTS ..]) hold the blocks of a
  * stream several threads use for the freeing thread (owner) in its front (struct dev_front below;
- * blk: its lane's block, else one of them, the slot's busy mark; its other fields serve the lane
- * as a stream slot's serve B, exact size: min_size its size, span 0). A stream slot is idle, holds B freed, or hands B out (enum slot_state, core/device/fast.h).
+ * blk: one of them, the slot's busy mark; its other fields stay idle). A front's lane slots
+ * (struct dev_front.lane) serve one entry each as a stream slot serves B, exact size: min_size
+ * its size, span 0. A stream slot or lane slot is idle, holds B freed, or hands B out (enum
+ * slot_state, core/device/fast.h).
  * Locking: the slot's fields are guarded by its lock; the fast paths read only B's address and
  * stream and write only the slot, so while the slot is busy B's own `allocated` (false), `size`
  * and `requested_size` are stale and the slot holds their truth (live, cur_size, cur_req), written
@@ -93,7 +95,7 @@ struct dev_slot {
                             * device's */
     const void *owner;     /* the thread that filled it (fast_self): a stream slot's, to see another
                             * thread's malloc on its stream; an own slot's, to find it again */
-    struct dev_front *front; /* an own slot's front (fast.fronts[k]; set at the fill), for the hits */
+    struct dev_front *front; /* an own or lane slot's front (fast.fronts[k]; set at the fill) */
     struct block *blk;     /* B while the slot is busy, else NULL */
     struct block *freed;   /* B while freed by the user, not merged, else NULL (slot_state) */
     uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
@@ -125,6 +127,8 @@ struct dev_slot {
 #define FRONT_BUCKETS 16
 enum { FRONT_LOW_ALLOC, FRONT_LOW_BYTES, FRONT_LOW_REQ, FRONT_LOWS };
 #define FRONT_GRANT_ROWS 3 /* allocation, allocated_bytes, requested_bytes */
+#define FRONT_LANES 4      /* a front's lanes: the sizes a thread pairs in turn on the stream */
+#define FRONT_LANE_HOLD 64 /* after lanes folded for room, the lanes a front lets pass first */
 /* A front's hits between two check-ins: the hit after them goes through the device lock, which
  * looks whether the stream's other fronts were used meanwhile (a mark fades when none was). */
 #ifndef FRONT_CHECK_HITS /* a measurement may set it (-DFRONT_CHECK_HITS=...: fronts kept) */
@@ -153,16 +157,28 @@ struct dev_front {
      * what it raises and a free gives both back, so only a share-out (front_grants) and an entry's
      * settle write it: a pair keeps one set of books, the debt (low). */
     int64_t gap[FRONT_GRANT_ROWS][XSEG_STAT_POOLS];
-    /* The entry the own slot serves as a stream slot serves its B (Note [front lane], core/device/
-     * fast.h), FRONT_ENTRIES: none. It is in used, in neither freed nor a bucket, and owes nothing
-     * in low: the slot's own fields hold its state and its hits. */
-    unsigned lane;
-    uint64_t lane_seen;   /* the slot's lane hits (reps) at the last check-in's look */
-    size_t last_r;        /* the rounded size of the last hit outside the lane */
+    /* Its lanes (Note [front lane], core/device/fast.h): lane[j] serves entry lane_entry[j]
+     * (FRONT_ENTRIES: none) as a stream slot serves its B, for the rounded size whose
+     * front_lane_index is j. A lane's entry is in used and lane_bits, in neither freed nor a
+     * bucket, and owes nothing in low: the lane slot's own fields hold its state and its hits. */
+    unsigned lane_entry[FRONT_LANES];
+    uint32_t lanes;                   /* the busy lanes: bit j while lane_entry[j] < FRONT_ENTRIES */
+    uint64_t lane_bits;               /* the entries lanes serve */
+    uint64_t lane_seen[FRONT_LANES];  /* each lane's hits (its reps) at the last check-in's look */
+    size_t last_r[FRONT_LANES];       /* the rounded size of the last hit outside the lanes, by lane index */
+    uint32_t lane_hold;               /* lanes not to enter yet: their blocks did not fit the room under
+                                       * the peaks (lane_fold_fits sets FRONT_LANE_HOLD) */
     bool seen;            /* hit or freed into since the last check-in of another front of its stream */
     uint32_t since_check; /* hits since this front's last check-in (FRONT_CHECK_HITS) */
     uint64_t reps[XSEG_STAT_POOLS];
     int64_t size_sum[XSEG_STAT_POOLS], req_sum[XSEG_STAT_POOLS];
+#if XSEG_DEBUG_LEVEL >= 1
+    uint64_t lane_hits, lane_slot_hits; /* folded lanes' reps and hits, the device's at the settle */
+#endif
+    /* The lanes' slots, last: a fresh fill clears the fields above and never these, whose locks a
+     * thread that hit a lane before a settle may still try (fast_hit). Guarded by their own locks,
+     * taken after the own slot's; filled and folded with the own slot's lock too. */
+    struct dev_slot lane[FRONT_LANES];
 } __attribute__((aligned(64))); /* two threads' fronts share no cache line */
 
 /* ---- capreuse.c: graph_capture_record_stream_reuse (core/policy/capreuse.h) ---------------------- */
@@ -468,8 +484,9 @@ struct dev_fast {
     uint64_t shared_marks;  /* streams marked shared */
     uint64_t shared_fades;  /* marks faded (front_check_in, fast.c) */
     uint64_t idle_settles;  /* fronts settled unused for a check period, their stream still shared */
-    uint64_t lane_hits;     /* lanes' hits, counted at their fold (Note [front lane]; a busy lane's
-                             * are its own slot's reps) */
+    uint64_t lane_hits;     /* lanes' hits, counted at their front's settle (Note [front lane]; a
+                             * folded lane's are its front's lane_hits until then, a busy lane's
+                             * its lane slot's reps) */
 #endif
     /* A stream's is slots[fast_slot_index(stream)]; the own slots follow (DEV_STREAM_SLOTS ..). */
     struct dev_slot slots[DEV_SLOTS];

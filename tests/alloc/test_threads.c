@@ -12,7 +12,9 @@
  * stream is shared: each thread's frees fill a slot of its own, core/device/fast.h): statistics
  * read between the steps are exact (folded, and after a settle-all point: snapshot, empty_cache,
  * peak reset), the pairs stay off the device lock (debug builds count it), and free-running
- * pairs beside an emptier and a reader keep every byte and count.
+ * pairs beside an emptier and a reader keep every byte and count. The _mixed_room tests first
+ * raise the peaks above the pairs' blocks (a program's earlier steps leave such room), where each
+ * size a thread pairs in turn takes a lane of its front (Note [front lane]).
  * Meant to be clean under ThreadSanitizer (meson test --setup tsan).
  * main() sets CUDAEMU_DEVICES=2 (unless already set); on a real machine it uses up to two GPUs.
  */
@@ -386,6 +388,12 @@ static bool pair_expandable; /* the run's mode */
  * bytes less (bench_scale --mixed's sizes, with two requested sizes); else pair_size. */
 static bool pair_mixed;
 static bool pair_seen_all; /* every size's step ran (the peaks are the largest) */
+/* The _room runs: before the pairs, PAIR_ROOM blocks of PAIR_ROOM_SIZE bytes allocated at once
+ * and freed, so that the peaks stand above the pairs' blocks, the allocation count's too (a lane
+ * that holds a freed block counts it allocated: Note [front lane]). */
+#define PAIR_ROOM 16
+#define PAIR_ROOM_SIZE 16384
+static bool pair_room;
 static const size_t pair_less[PAIR_WORKERS] = {12, 60};
 static size_t pair_rounded(size_t i) { return pair_mixed ? 512 * (i % 4 + 1) : 512; }
 static size_t pair_req(size_t id, size_t i) { return pair_mixed ? pair_rounded(i) - pair_less[id] : pair_size[id]; }
@@ -458,13 +466,18 @@ static void *newcomer(void *arg)
  * are those of the steps so far (the blocks of a step live together, a step's freed before the
  * next's). */
 #if XSEG_DEBUG_LEVEL >= 1
-/* The lanes' hits so far (core/device/fast.h, Note [front lane]): folded ones and those of the
- * busy lanes, their own slots' reps (read with every worker joined). */
+/* The lanes' hits so far (core/device/fast.h, Note [front lane]): settled fronts' and busy ones',
+ * folded (their fronts' lane_hits) or not (their lane slots' reps; read with every worker joined). */
 static uint64_t pair_lane_hits(const struct dev_fast *f)
 {
     uint64_t n = f->lane_hits;
-    for (unsigned k = DEV_STREAM_SLOTS; k < DEV_SLOTS; k++)
-        n += f->slots[k].reps;
+    for (unsigned k = 0; k < DEV_OWN_SLOTS; k++) {
+        if (!(f->busy_slots >> (DEV_STREAM_SLOTS + k) & 1))
+            continue;
+        n += f->fronts[k].lane_hits;
+        for (unsigned j = 0; j < FRONT_LANES; j++)
+            n += f->fronts[k].lane[j].reps;
+    }
     return n;
 }
 #endif
@@ -478,7 +491,7 @@ static void pair_check_stats(size_t n, size_t i, const char *when)
     }
     check_instant(&st, 0);
     int64_t req = n ? (int64_t)(pair_req(0, i) + pair_req(1, i)) : 0;
-    int64_t peak_bytes = 0, peak_req = 0;
+    int64_t peak_bytes = pair_room ? PAIR_ROOM * PAIR_ROOM_SIZE : 0, peak_req = peak_bytes;
     for (size_t j = 0; j < (pair_seen_all ? 4 : i + 1) && j < 4; j++) {
         peak_bytes = (int64_t)(2 * pair_rounded(j)) > peak_bytes ? (int64_t)(2 * pair_rounded(j)) : peak_bytes;
         int64_t r = (int64_t)(pair_req(0, j) + pair_req(1, j));
@@ -486,7 +499,7 @@ static void pair_check_stats(size_t n, size_t i, const char *when)
     }
     if (st.allocation[0].current != (int64_t)n || st.active[0].current != (int64_t)n ||
         st.allocated_bytes[0].current != (int64_t)(n * pair_rounded(i)) || st.requested_bytes[0].current != req ||
-        st.allocation[0].peak != 2 || st.allocated_bytes[0].peak != peak_bytes ||
+        st.allocation[0].peak != (pair_room ? PAIR_ROOM : 2) || st.allocated_bytes[0].peak != peak_bytes ||
         st.requested_bytes[0].peak != peak_req)
         tfail("%s (step %zu): allocation %" PRId64 " (peak %" PRId64 "), active %" PRId64 ", allocated %" PRId64
               " (peak %" PRId64 ", want %" PRId64 "), requested %" PRId64 " (peak %" PRId64 ", want %" PRId64
@@ -537,7 +550,7 @@ static void pair_check_snapshot(size_t n, size_t i, const char *when)
     xseg_snapshot_free(snap);
 }
 
-static void run_pairs(const char *config, bool expandable, bool mixed)
+static void run_pairs(const char *config, bool expandable, bool mixed, bool room)
 {
     if (!tu_gpu_available()) {
         print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
@@ -564,6 +577,14 @@ static void run_pairs(const char *config, bool expandable, bool mixed)
     pair_expandable = expandable;
     pair_mixed = mixed;
     pair_seen_all = false;
+    pair_room = room;
+    if (room) {
+        struct blk b[PAIR_ROOM];
+        for (int i = 0; i < PAIR_ROOM; i++)
+            assert_true(one_stream_malloc(&b[i], PAIR_ROOM_SIZE));
+        for (int i = 0; i < PAIR_ROOM; i++)
+            check_and_free(&b[i], "room");
+    }
 
     /* Step 1: the statistics read at every step are exact, folded, nothing settled by the
      * reads; the pairs after the first few stay off the device lock. Step 2: the same with a
@@ -620,11 +641,12 @@ static void run_pairs(const char *config, bool expandable, bool mixed)
         uint64_t locked = f->lock_mallocs + f->lock_frees - locked0, ops = 2 * PAIR_WORKERS * pair_count;
         if (step == 1 && locked > (mixed ? ops / 8 : ops / 4))
             tfail("%" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock", locked, ops);
-        /* One size: after a thread's second hit of it in its front, its pairs are its lane's, a
-         * stream slot's cached pair (Note [front lane]): the lanes' hits, folded or still busy,
-         * are most of the mallocs. */
+        /* One size, or four in turn below peaks with room for their lanes: after a thread's
+         * second hit of a size in its front, its pairs of that size are a lane's, a stream slot's
+         * cached pair (Note [front lane]): the lanes' hits, folded or still busy, are most of the
+         * mallocs. Four in turn at the peaks the pairs make fold their lanes for room. */
         uint64_t lane_hits = pair_lane_hits(f) - lanes0;
-        if (step == 1 && !mixed && lane_hits < ops / 4)
+        if (step == 1 && (!mixed || room) && lane_hits < ops / 4)
             tfail("%" PRIu64 " of %" PRIu64 " mallocs were lane hits", lane_hits, ops / 2);
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs were lane hits\n", step, lane_hits, ops / 2);
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
@@ -825,26 +847,39 @@ static void test_threads_one_stream_classic(void **state)
 static void test_threads_one_stream_pairs_expandable(void **state)
 {
     (void)state;
-    run_pairs("expandable_segments:True", true, false);
+    run_pairs("expandable_segments:True", true, false, false);
 }
 
 static void test_threads_one_stream_pairs_classic(void **state)
 {
     (void)state;
-    run_pairs("expandable_segments:False", false, false);
+    run_pairs("expandable_segments:False", false, false, false);
 }
 
 /* Sizes in turn: each thread's front holds a block of every size (Note [slot rule]). */
 static void test_threads_one_stream_pairs_mixed_expandable(void **state)
 {
     (void)state;
-    run_pairs("expandable_segments:True", true, true);
+    run_pairs("expandable_segments:True", true, true, false);
 }
 
 static void test_threads_one_stream_pairs_mixed_classic(void **state)
 {
     (void)state;
-    run_pairs("expandable_segments:False", false, true);
+    run_pairs("expandable_segments:False", false, true, false);
+}
+
+/* Sizes in turn below peaks with room: each size a thread pairs takes a lane (Note [front lane]). */
+static void test_threads_one_stream_pairs_mixed_room_expandable(void **state)
+{
+    (void)state;
+    run_pairs("expandable_segments:True", true, true, true);
+}
+
+static void test_threads_one_stream_pairs_mixed_room_classic(void **state)
+{
+    (void)state;
+    run_pairs("expandable_segments:False", false, true, true);
 }
 
 /* `test_threads NAME` runs one test (each is its own meson test); no argument runs them all. */
@@ -863,6 +898,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_one_stream_pairs_classic),
         cmocka_unit_test(test_threads_one_stream_pairs_mixed_expandable),
         cmocka_unit_test(test_threads_one_stream_pairs_mixed_classic),
+        cmocka_unit_test(test_threads_one_stream_pairs_mixed_room_expandable),
+        cmocka_unit_test(test_threads_one_stream_pairs_mixed_room_classic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,8 @@ vmm_ipc.c.o:ipc_types_cache a per-device driver answer, resolved once
 core_process_config.c.o:cfg_ignored_noted print-once notices
 core_device_fast.c.o:fast_tls_slot per thread: the last stream slot
 core_device_fast.c.o:fast_tls_front per thread: the last front
+core_device_fast.c.o:fast_tls_lanes per thread: whether the last front had lanes
+core_device_fast.c.o:fast_tls_lane_tries per thread: lane tries towards the next check-in
 core_process_history.c.o:uw_backtrace the unwinder, resolved once
 core_process_history.c.o:uw_getip the unwinder, resolved once
 core_process_history.c.o:uw_getcfa the unwinder, resolved once
