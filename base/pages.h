@@ -1,7 +1,7 @@
 /*
  * Whole anonymous pages for a struct whose address must stay readable after its contents are
  * given back: a device's allocator state (core/device/device.h), to which another thread's cached
- * pointer (core/device/fast.h, fast_tls_slot) may still point after xseg_shutdown. pages_discard
+ * pointer (core/device/fast.h, fast_tls.slot) may still point after xseg_shutdown. pages_discard
  * returns the pages to the kernel (they read as zeros again, resident only once touched) and
  * keeps the address range for the struct's next use.
  */

@@ -537,23 +537,39 @@ static __attribute__((noinline, cold)) xseg_status malloc_locked_register(struct
  * no test of its own and the cached pair is unchanged. */
 static __attribute__((noinline)) xseg_status malloc_miss(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    /* This thread's front, the lane of the size first; the stream's slot, when this thread's last
-     * slot (fast_hit's) was another (a single-threaded program's misses: the same one, tried once). */
+    /* This thread's front (alloc_malloc tried the lane of the size); the stream's slot, when this
+     * thread's last slot (fast_hit's) was another (a single-threaded program's misses: the same
+     * one, tried once). */
     struct dev_slot *ss = fast_slot_of(d, stream);
-    if (fast_lane_hit(d, size, stream, out) || fast_front_hit(d, size, stream, out) ||
-        (ss != fast_tls_slot && fast_hit_at(d, ss, size, stream, out)))
+    if (fast_front_hit(d, size, stream, out))
         return XSEG_SUCCESS;
+    if (ss != fast_tls.first && fast_hit_at(d, ss, size, stream, out)) {
+        fast_tls_last(ss);
+        return XSEG_SUCCESS;
+    }
     if (XSEG_UNLIKELY(size >= atomic_load_explicit(&d->reg_above, memory_order_relaxed)))
         return malloc_locked_register(d, size, stream, out);
     return malloc_locked(d, size, stream, out); /* a tail call: no frame of this function's */
 }
 
-/* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in malloc_miss. */
+/* A malloc the first slot did not serve: the lane of its size (sizes in turn on a shared stream),
+ * else malloc_miss. A function of its own, with no frame (malloc_miss's costs about 20
+ * instructions of such a pair), and apart from alloc_malloc, whose registers the cached pair's
+ * hit would otherwise share with it (one more move there). */
+static __attribute__((noinline)) xseg_status malloc_lane(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+{
+    if (fast_lane_hit(d, size, stream, out))
+        return XSEG_SUCCESS;
+    return malloc_miss(d, size, stream, out);
+}
+
+/* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in
+ * malloc_lane and malloc_miss. */
 xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     if (XSEG_LIKELY(fast_hit(d, size, stream, out)))
         return XSEG_SUCCESS;
-    return malloc_miss(d, size, stream, out);
+    return malloc_lane(d, size, stream, out);
 }
 
 /* ---- free -------------------------------------------------------------------------------- */

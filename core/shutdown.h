@@ -5,7 +5,7 @@
  * settings back to their defaults, the idle thread joined, and every sub-state of xseg_rt
  * (core/process/procstate.h) back to its start with what it pointed to freed, the devices' included
  * (rt_teardown); the next call initializes again. A device's state keeps its pages' address
- * range (runtime.c): another thread's last slot hit may still point into it (core/device/fast.h, fast_tls_slot).
+ * range (runtime.c): another thread's last slot hit may still point into it (core/device/fast.h, fast_tls.slot).
  */
 #ifndef XSEG_CORE_SHUTDOWN_H
 #define XSEG_CORE_SHUTDOWN_H

@@ -9,19 +9,13 @@
 #include "base/fork.h"
 #include "core/device/placement.h"
 
-_Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
-_Thread_local struct dev_slot *fast_tls_front __attribute__((tls_model("initial-exec")));
-_Thread_local struct dev_slot *fast_tls_lanes __attribute__((tls_model("initial-exec")));
-_Thread_local uint32_t fast_tls_lane_tries __attribute__((tls_model("initial-exec")));
+_Thread_local struct fast_thread fast_tls __attribute__((tls_model("initial-exec")));
 
 /* A forked child never frees into the parent's devices (core/runtime.c refuses them): forget
  * the forking thread's last hit, whose slot lies in one. */
 static void fast_fork_child(void)
 {
-    fast_tls_slot = NULL;
-    fast_tls_front = NULL;
-    fast_tls_lanes = NULL;
-    fast_tls_lane_tries = 0;
+    fast_tls = (struct fast_thread){0};
 }
 FORK_CHILD(FORK_RANK_RUNTIME, fast_fork_child)
 
@@ -268,7 +262,8 @@ static void lane_fold(struct dev_front *f, unsigned j)
 #if XSEG_DEBUG_LEVEL >= 1
     f->lane_hits += l->reps; /* the device's counters at the own slot's settle (device lock) */
     f->lane_slot_hits += l->hits;
-    l->hits = 0;
+    f->lane_misses += l->misses;
+    l->hits = l->misses = 0;
 #endif
     if (l->freed) {
         f->freed |= bit;
@@ -410,12 +405,14 @@ settled:
     FAST_COUNT(d, settles);
 #if XSEG_DEBUG_LEVEL >= 1
     d->fast.slot_hits += s->hits;
-    s->hits = 0;
+    d->fast.slot_misses += s->misses;
+    s->hits = s->misses = 0;
     if (i >= DEV_STREAM_SLOTS) {
         struct dev_front *f = slot_front(s);
         d->fast.lane_hits += f->lane_hits;
         d->fast.slot_hits += f->lane_slot_hits;
-        f->lane_hits = f->lane_slot_hits = 0;
+        d->fast.slot_misses += f->lane_misses;
+        f->lane_hits = f->lane_slot_hits = f->lane_misses = 0;
     }
 #endif
     s->blk = s->freed = NULL;
@@ -1050,7 +1047,7 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
     s->dev = d;
     spin_release(&s->lock);
     d->fast.busy_slots |= (uint64_t)1 << i;
-    fast_tls_slot = s;
+    fast_tls_last(s);
     return true;
 }
 
@@ -1152,10 +1149,10 @@ bool fast_fill_own(struct dev_alloc *d, struct block *b)
     spin_release(&s->lock);
     d->fast.busy_slots |= (uint64_t)1 << i;
     FAST_COUNT(d, own_fills);
-    fast_tls_front = s;
+    fast_tls.front = s;
     /* This thread's pairs on the stream are the front's now: a lane of it first, no other line. */
-    if (!front_lane_slot(f, fast_tls_slot))
-        fast_tls_slot = NULL;
+    if (!front_lane_slot(f, fast_tls.slot))
+        fast_tls_last(NULL);
     return true;
 }
 
@@ -1250,8 +1247,8 @@ static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_
     l->cur_size = l->min_size = l->min_fit = f->size[k];
     l->span = 0;
     spin_release_lane(&l->lock);
-    fast_tls_slot = l;
-    fast_tls_lanes = f->lane;
+    fast_tls_last(l);
+    fast_tls.lanes = f->lane;
 }
 
 /* A thread's front is its own: its lock is held by others only for a device-lock holder's short
@@ -1272,8 +1269,8 @@ bool fast_front_hit_in(struct dev_slot *s, struct dev_alloc *d, size_t size, CUs
             /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in
              * (front_check_in). The lane of r, if any, was tried first (fast_lane_hit), unless
              * this thread's lane tries came to FRONT_CHECK_HITS: the check-in is then due. */
-            if (XSEG_UNLIKELY(fast_tls_lane_tries >= FRONT_CHECK_HITS)) {
-                fast_tls_lane_tries = 0;
+            if (XSEG_UNLIKELY(fast_tls.lane_tries >= FRONT_CHECK_HITS)) {
+                fast_tls.lane_tries = 0;
                 f->since_check = FRONT_CHECK_HITS;
             }
             if (++f->since_check < FRONT_CHECK_HITS &&
@@ -1296,11 +1293,11 @@ bool fast_front_hit_in(struct dev_slot *s, struct dev_alloc *d, size_t size, CUs
             /* This thread's last slot is a lane of this front while it has lanes, else none: a
              * stream slot hit before the mark (or a block it still held), or a lane folded since,
              * would be tried first by every later malloc and free, and missed. */
-            struct dev_slot *last = fast_tls_slot;
+            struct dev_slot *last = fast_tls.slot;
             if (XSEG_UNLIKELY(last != NULL) && (!f->lanes || !front_lane_slot(f, last)))
-                fast_tls_slot = NULL;
-            if (XSEG_UNLIKELY(fast_tls_lanes != NULL) && !f->lanes) /* folded by a device-lock holder */
-                fast_tls_lanes = NULL;
+                fast_tls_last(NULL);
+            if (XSEG_UNLIKELY(fast_tls.lanes != NULL) && !f->lanes) /* folded by a device-lock holder */
+                fast_tls.lanes = NULL;
         }
     }
     spin_release(&s->lock);
@@ -1318,7 +1315,7 @@ bool fast_front_hit_in(struct dev_slot *s, struct dev_alloc *d, size_t size, CUs
 static bool front_hit_locked(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     lock_assert_held(&d->lock);
-    struct dev_slot *s = fast_tls_front;
+    struct dev_slot *s = fast_tls.front;
     uintptr_t at = (uintptr_t)s, own = (uintptr_t)&d->fast.slots[DEV_STREAM_SLOTS];
     if (!s || at < own || at >= (uintptr_t)&d->fast.slots[DEV_SLOTS]) /* none, or another device's */
         return false;
@@ -1427,6 +1424,7 @@ static bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void *
     s->span = b->size - r;
     *out = fast_take(s, b, size, r);
     spin_release(&s->lock);
+    fast_tls_last(s);
     fast_guard_end(d, &g);
     return true;
 }

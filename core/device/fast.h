@@ -33,8 +33,8 @@
  * Locking: the device lock first, then a slot's spin lock; a slot is filled and settled only with
  * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
  *
- * Which slot: a malloc tries this thread's last slot first (fast_tls_slot: the one it hit or
- * filled last), then its stream's, so that threads touch only slots they use. Which free stays in
+ * Which slot: a malloc tries this thread's last slot first (fast_tls.slot: the one it hit or
+ * filled last, unless its sizes turn among lanes: fast_tls.first), then its stream's, so that threads touch only slots they use. Which free stays in
  * which slot is Note [slot rule] below; alloc.c reaches all of this through one door (Note [the
  * door]).
  *
@@ -115,8 +115,10 @@
  * takes the rounded size of the last such hit of its lane index, whatever other sizes came between,
  * and that lane is idle, the entry becomes its lane (lane_enter) and the thread's last slot. Its
  * free is then fast_free_hit's, inline in xseg_free, and the next malloc of its size fast_hit's,
- * inline in xseg_malloc when the thread's last slot is that lane, else malloc_miss's first try
- * (fast_lane_hit: the lane of the request's size, one hash away). Sizes that share a lane index
+ * inline in xseg_malloc when the thread's last slot is that lane and its sizes do not turn, else
+ * the second try (fast_lane_hit, in malloc_lane: the lane of the request's size, one hash away).
+ * A thread whose sizes turn tries no last slot first (fast_tls.first is NULL): its pair takes
+ * two slot locks, the lane's and its free's, as a stream slot's does. Sizes that share a lane index
  * share it as the first to come takes it; the others' pairs stay the front's. A lane is counted at
  * its worst, as a stream slot is: it is no debt of the front's (low), so the room the grants share
  * out (front_grants) counts its block as allocated, and its own debt is the lane slot's
@@ -387,22 +389,34 @@ static inline void fast_lock_begin_free(struct dev_alloc *d, const void *ptr, st
 /* The bracket's end, the operation done (device lock held, no slot's lock): fast_guard_end. */
 static inline void fast_lock_end(struct dev_alloc *d, const struct fast_guard *g) { fast_guard_end(d, g); }
 
-/* The slot of this thread's last hit (NULL before the first): where its next free looks first,
- * without the device lock or even the device. Initial-exec: one thread-pointer-relative load, in
- * the shared library too (two pointers of static TLS with fast_tls_front, which a dlopen of
- * libxseg can always have; the definitions in fast.c carry the model too). */
-extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_slot __attribute__((tls_model("initial-exec")));
-/* The own slot whose front this thread filled last (NULL before): where a malloc that the last
- * slot did not serve looks next, and a free that it did not take (fast_front_hit, fast_front_free). */
-extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_front __attribute__((tls_model("initial-exec")));
-/* The lane slots of this thread's last front while it had lanes at its last hit or lane's entry
- * (Note [front lane]), else NULL: malloc_miss tries no lane. A settle may fold them meanwhile (the
- * try then misses), and the front may be another thread's by then (a lane serves whoever hits it,
- * as a stream slot does). */
-extern XSEG_HIDDEN _Thread_local struct dev_slot *fast_tls_lanes __attribute__((tls_model("initial-exec")));
-/* This thread's lane tries since its last front's check-in was made due: a thread whose pairs are
- * all lane hits checks in too (every FRONT_CHECK_HITS tries, one goes to its front, due). */
-extern XSEG_HIDDEN _Thread_local uint32_t fast_tls_lane_tries __attribute__((tls_model("initial-exec")));
+/* What this thread remembers of the slots, in one object of static TLS (initial-exec: a field
+ * is one thread-pointer-relative load, in the shared library too, and every field shares one
+ * offset from the GOT; a dlopen of libxseg can always have these 40 bytes; the definition in
+ * fast.c carries the model too). Only its thread reads or writes it. */
+struct fast_thread {
+    /* The slot of this thread's last hit (NULL before the first): where its next free looks
+     * first, without the device lock or even the device. */
+    struct dev_slot *slot;
+    /* The slot the next malloc tries first, inline (fast_hit): slot, or NULL while this thread's
+     * sizes turn among its front's lanes (fast_lane_hit), where the last slot is the lane of the
+     * last size and would only be missed (a lock taken and dropped, a third of such a pair's
+     * cost). Never another slot, so that a hit there need not make it the last slot: the cached
+     * pair writes no thread-local (fast_tls_last writes both). */
+    struct dev_slot *first;
+    /* The own slot whose front this thread filled last (NULL before): where a malloc that the
+     * last slot did not serve looks next, and a free that it did not take (fast_front_hit,
+     * fast_front_free). */
+    struct dev_slot *front;
+    /* The lane slots of this thread's last front while it had lanes at its last hit or lane's
+     * entry (Note [front lane]), else NULL: no lane is tried. A settle may fold them meanwhile
+     * (the try then misses), and the front may be another thread's by then (a lane serves
+     * whoever hits it, as a stream slot does). */
+    struct dev_slot *lanes;
+    /* Lane tries since the last front's check-in was made due: a thread whose pairs are all lane
+     * hits checks in too (every FRONT_CHECK_HITS tries, one goes to its front, due). */
+    uint32_t lane_tries;
+};
+extern XSEG_HIDDEN _Thread_local struct fast_thread fast_tls __attribute__((tls_model("initial-exec")));
 /* A hit in this thread's last front (@p d, @p stream): a freed block of the request's rounded size
  * whose statistics count at least @p size requested bytes, handed out under the slot's lock alone.
  * False: nothing changed. */
@@ -411,7 +425,7 @@ static inline bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream str
 {
     /* Tested here, so that a thread with no front (every thread of a program whose streams are
      * never shared) pays one load, not a call (about 20 instructions a miss on a real trace). */
-    struct dev_slot *s = fast_tls_front;
+    struct dev_slot *s = fast_tls.front;
     return s && fast_front_hit_in(s, d, size, stream, out);
 }
 /* xseg_free's second try: @p ptr is a block this thread's last front handed out; it is freed into
@@ -419,15 +433,19 @@ static inline bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream str
 bool fast_front_free_in(struct dev_slot *s, void *ptr);
 static inline bool fast_front_free(void *ptr)
 {
-    struct dev_slot *s = fast_tls_front; /* as fast_front_hit's */
+    struct dev_slot *s = fast_tls.front; /* as fast_front_hit's */
     return s && fast_front_free_in(s, ptr);
 }
 /* The calling thread, as the slots' owner field names it (the address of its slot pointer). */
-static inline const void *fast_self(void) { return &fast_tls_slot; }
+static inline const void *fast_self(void) { return &fast_tls.slot; }
+
+/* Make @p s (NULL: none) this thread's last slot, which the next malloc tries first and the next
+ * free (every hit but fast_hit's, whose slot already is). */
+static inline void fast_tls_last(struct dev_slot *s) { fast_tls.slot = fast_tls.first = s; }
 
 /* A hit's bookkeeping, written once for fast_hit and fast_widen: slot @p s (locked, its B @p lz
- * freed in it) hands B out for @p size bytes rounded to @p r, and becomes this thread's last
- * slot. Returns B's address. */
+ * freed in it) hands B out for @p size bytes rounded to @p r; the caller makes s this thread's
+ * last slot where it is not (fast_tls_last). Returns B's address. */
 static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s, const struct block *lz, size_t size,
                                                           size_t r)
 {
@@ -441,7 +459,6 @@ static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s,
 #if XSEG_DEBUG_LEVEL >= 1
     s->hits++;
 #endif
-    fast_tls_slot = s;
     return (void *)s->live;
 }
 
@@ -464,30 +481,41 @@ static inline __attribute__((always_inline)) bool fast_hit_at(struct dev_alloc *
     spin_release(&s->lock);
     return true;
 miss:
+#if XSEG_DEBUG_LEVEL >= 1
+    s->misses++;
+#endif
     spin_release(&s->lock);
     return false;
 }
 
 /* malloc's first try: this thread's last slot (the one it hit or filled last, on device @p d),
- * so that threads sharing a stream each touch a slot of their own (their own slots); malloc_locked
- * tries the stream's slot next, before the device lock. */
+ * so that threads sharing a stream each touch a slot of their own (their own slots), unless its
+ * sizes turn among lanes (fast_tls.first); malloc_lane and malloc_miss try the rest, before the
+ * device lock. A hit leaves the thread-locals as they are: the slot is the last already. */
 static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    struct dev_slot *s = fast_tls_slot;
+    struct dev_slot *s = fast_tls.first;
     if (!s)
         return false;
     return fast_hit_at(d, s, size, stream, out);
 }
 
-/* malloc_miss's first try: the lane of the request's rounded size in this thread's last front
- * (Note [front lane]), unless it is the last slot fast_hit just missed. */
+/* malloc's second try (malloc_lane): the lane of the request's rounded size in this thread's
+ * last front (Note [front lane]), unless it is the slot fast_hit just missed. The lane becomes
+ * the last slot, for its free; the next malloc tries it first only when it was the last slot
+ * already (one size paired again), not when the size turned (the next will likely turn too). */
 static inline bool fast_lane_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
-    struct dev_slot *lanes = fast_tls_lanes;
-    if (!lanes || XSEG_UNLIKELY(++fast_tls_lane_tries >= FRONT_CHECK_HITS))
+    struct dev_slot *lanes = fast_tls.lanes;
+    if (!lanes || XSEG_UNLIKELY(++fast_tls.lane_tries >= FRONT_CHECK_HITS))
         return false;
-    struct dev_slot *l = &lanes[front_lane_index(fast_round(size))];
-    return l != fast_tls_slot && fast_hit_at(d, l, size, stream, out);
+    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_hit_at's rounding, computed once */
+    struct dev_slot *l = &lanes[front_lane_index(r)];
+    if (l == fast_tls.first || !fast_hit_at(d, l, size, stream, out))
+        return false;
+    fast_tls.first = l == fast_tls.slot ? l : NULL;
+    fast_tls.slot = l;
+    return true;
 }
 
 /* malloc through the device lock, before the door's bracket: a hit the lock makes possible
@@ -501,7 +529,7 @@ bool fast_lock_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out
  * to the slot under the slot's lock alone (true). False: nothing changed. */
 static inline bool fast_free_hit(void *ptr)
 {
-    struct dev_slot *s = fast_tls_slot;
+    struct dev_slot *s = fast_tls.slot;
     if (!s || !spin_try(&s->lock))
         return false;
     bool hit = s->live == (uintptr_t)ptr; /* ptr is not NULL (xseg_free's) */

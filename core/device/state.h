@@ -111,6 +111,8 @@ struct dev_slot {
     size_t size_sum;       /* their rounded sizes */
 #if XSEG_DEBUG_LEVEL >= 1
     uint64_t hits;         /* debug builds: added to dev_alloc.fast.slot_hits at the settle */
+    uint64_t misses;       /* debug builds: tries that took the lock and served nothing (fast_hit_at),
+                            * added to dev_alloc.fast.slot_misses at the settle */
 #endif
 } __attribute__((aligned(64))); /* threads on other slots share no cache line */
 
@@ -174,6 +176,7 @@ struct dev_front {
     int64_t size_sum[XSEG_STAT_POOLS], req_sum[XSEG_STAT_POOLS];
 #if XSEG_DEBUG_LEVEL >= 1
     uint64_t lane_hits, lane_slot_hits; /* folded lanes' reps and hits, the device's at the settle */
+    uint64_t lane_misses;               /* folded lanes' misses, the device's at the settle */
 #endif
     /* The lanes' slots, last: a fresh fill clears the fields above and never these, whose locks a
      * thread that hit a lane before a settle may still try (fast_hit). Guarded by their own locks,
@@ -476,6 +479,8 @@ struct dev_fast {
 #if XSEG_DEBUG_LEVEL >= 1
     /* Debug builds count, so that tests and bench_slot_counts see the slots used: */
     uint64_t slot_hits;     /* hits of settled slots */
+    uint64_t slot_misses;   /* their tries that took the lock and served nothing (a busy slot's
+                             * and a busy front's lanes' are still theirs) */
     uint64_t lock_mallocs;  /* mallocs through the device lock (malloc_locked, fast_lock_hit's included) */
     uint64_t lock_frees;    /* frees through the device lock (free_locked) */
     uint64_t settles;       /* slots settled */

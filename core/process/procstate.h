@@ -8,7 +8,7 @@
  *
  * What stays outside, and why: constants and once-resolved lookups (vmm/driver.c's driver table,
  * history.c's unwinder and demangler symbols and its per-thread cache key, config.c's print-once
- * notice), per-thread caches (the error message, fast_tls_slot, api_last_device, history's
+ * notice), per-thread caches (the error message, fast_tls.slot, api_last_device, history's
  * stack cache, witness_held), base/fork.c's and base/witness.c's rank tables (registered by
  * constructors before main), base/hostmem.c's test seam, vmm's own state (one struct per
  * module there: layers point one way), api/pools.c's id counter (never reset: an id from before
@@ -50,7 +50,7 @@ struct rt_state {
     pthread_mutex_t lock; /* init, device creation, teardown */
     /* Each device's state lives in pages of its own (base/pages.h), mapped at its first creation
      * and never unmapped: xseg_shutdown gives their memory back and the next creation of the
-     * device reuses them, so a thread's cached slot pointer (fast_tls_slot) never dangles. */
+     * device reuses them, so a thread's cached slot pointer (fast_tls.slot) never dangles. */
     void *homes[ALLOC_MAX_DEVICES];
     /* The device's primary context is retained (once for the process, like the driver's load:
      * a program's streams on it outlive xseg_shutdown). */

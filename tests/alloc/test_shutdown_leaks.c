@@ -61,7 +61,7 @@ static int free_cb(int device, size_t requested, void *user)
  * pinned host cache and its thread, a memory group. */
 static void work(CUstream s1, CUstream s2)
 {
-    /* Ping-pong first: lazy hits leave this thread's slot pointer (fast_tls_slot) in the
+    /* Ping-pong first: lazy hits leave this thread's slot pointer (fast_tls.slot) in the
      * device's state, which it still holds at the next round's first free, after a shutdown
      * (under ASan a freed state would be a use after free there). */
     for (int i = 0; i < 16; i++) {

@@ -39,10 +39,7 @@ vmm_host.c.o:host_proc vmm'"'"'s own state
 vmm_kernel.c.o:vkern_proc vmm'"'"'s own state: the allocator'"'"'s kernel modules per context
 vmm_ipc.c.o:ipc_types_cache a per-device driver answer, resolved once
 core_process_config.c.o:cfg_ignored_noted print-once notices
-core_device_fast.c.o:fast_tls_slot per thread: the last stream slot
-core_device_fast.c.o:fast_tls_front per thread: the last front
-core_device_fast.c.o:fast_tls_lanes per thread: whether the last front had lanes
-core_device_fast.c.o:fast_tls_lane_tries per thread: lane tries towards the next check-in
+core_device_fast.c.o:fast_tls per thread: the last slot, the first a malloc tries, the last front and its lanes
 core_process_history.c.o:uw_backtrace the unwinder, resolved once
 core_process_history.c.o:uw_getip the unwinder, resolved once
 core_process_history.c.o:uw_getcfa the unwinder, resolved once
