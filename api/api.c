@@ -45,7 +45,7 @@ xseg_status api_malloc_slow(void **ptr, size_t size, int device, struct CUstream
         return st;
     if (size == 0)
         return XSEG_SUCCESS;
-    return alloc_malloc(d, size, stream, ptr);
+    return alloc_malloc(ptr, size, d, stream);
 }
 
 XSEG_API xseg_status xseg_malloc(void **ptr, size_t size, int device, struct CUstream_st *stream)

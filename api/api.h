@@ -29,7 +29,7 @@ static inline xseg_status api_malloc(void **ptr, size_t size, int device, struct
     if (XSEG_UNLIKELY(!d))
         return api_malloc_slow(ptr, size, device, stream);
     *ptr = NULL;
-    return alloc_malloc(d, size, stream, ptr);
+    return alloc_malloc(ptr, size, d, stream);
 }
 
 /* api_free past the thread's last slot: its front (core/device/fast.h), then the device's free

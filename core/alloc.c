@@ -535,7 +535,7 @@ static __attribute__((noinline, cold)) xseg_status malloc_locked_register(struct
 /* A malloc the slot's hit did not serve: malloc_locked, then register_blocks_above_mb's entry. A
  * slot never serves a size at or above that key (fast_fill_* refuse such blocks), so the hit needs
  * no test of its own and the cached pair is unchanged. */
-static __attribute__((noinline)) xseg_status malloc_miss(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+static __attribute__((noinline)) xseg_status malloc_miss(void **out, size_t size, struct dev_alloc *d, CUstream stream)
 {
     /* This thread's front (alloc_malloc tried the lane of the size); the stream's slot, when this
      * thread's last slot (fast_hit's) was another (a single-threaded program's misses: the same
@@ -556,20 +556,20 @@ static __attribute__((noinline)) xseg_status malloc_miss(struct dev_alloc *d, si
  * else malloc_miss. A function of its own, with no frame (malloc_miss's costs about 20
  * instructions of such a pair), and apart from alloc_malloc, whose registers the cached pair's
  * hit would otherwise share with it (one more move there). */
-static __attribute__((noinline)) xseg_status malloc_lane(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+static __attribute__((noinline)) xseg_status malloc_lane(void **out, size_t size, struct dev_alloc *d, CUstream stream)
 {
     if (fast_lane_hit(d, size, stream, out))
         return XSEG_SUCCESS;
-    return malloc_miss(d, size, stream, out);
+    return malloc_miss(out, size, d, stream);
 }
 
 /* malloc: the slot's hit under its lock alone (core/device/fast.h), everything else in
  * malloc_lane and malloc_miss. */
-xseg_status alloc_malloc(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+xseg_status alloc_malloc(void **out, size_t size, struct dev_alloc *d, CUstream stream)
 {
     if (XSEG_LIKELY(fast_hit(d, size, stream, out)))
         return XSEG_SUCCESS;
-    return malloc_lane(d, size, stream, out);
+    return malloc_lane(out, size, d, stream);
 }
 
 /* ---- free -------------------------------------------------------------------------------- */
