@@ -558,7 +558,8 @@ static __attribute__((noinline)) xseg_status malloc_miss(void **out, size_t size
  * hit would otherwise share with it (one more move there). */
 static __attribute__((noinline)) xseg_status malloc_lane(void **out, size_t size, struct dev_alloc *d, CUstream stream)
 {
-    if (fast_lane_hit(d, size, stream, out))
+    struct dev_slot *lanes = fast_tls.lanes; /* tested here: the cached pair's registers stay as they are */
+    if (lanes && fast_lane_hit(lanes, d, size, stream, out))
         return XSEG_SUCCESS;
     return malloc_miss(out, size, d, stream);
 }

@@ -1249,6 +1249,7 @@ static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_
     spin_release_lane(&l->lock);
     fast_tls_last(l);
     fast_tls.lanes = f->lane;
+    fast_tls.lane_left = FRONT_CHECK_HITS;
 }
 
 /* A thread's front is its own: its lock is held by others only for a device-lock holder's short
@@ -1269,8 +1270,8 @@ bool fast_front_hit_in(struct dev_slot *s, struct dev_alloc *d, size_t size, CUs
             /* Every FRONT_CHECK_HITS hits, one goes through the device lock: its check-in
              * (front_check_in). The lane of r, if any, was tried first (fast_lane_hit), unless
              * this thread's lane tries came to FRONT_CHECK_HITS: the check-in is then due. */
-            if (XSEG_UNLIKELY(fast_tls.lane_tries >= FRONT_CHECK_HITS)) {
-                fast_tls.lane_tries = 0;
+            if (XSEG_UNLIKELY(fast_tls.lane_left <= 1) && fast_tls.lanes) {
+                fast_tls.lane_left = FRONT_CHECK_HITS;
                 f->since_check = FRONT_CHECK_HITS;
             }
             if (++f->since_check < FRONT_CHECK_HITS &&

@@ -412,9 +412,11 @@ struct fast_thread {
      * (the try then misses), and the front may be another thread's by then (a lane serves
      * whoever hits it, as a stream slot does). */
     struct dev_slot *lanes;
-    /* Lane tries since the last front's check-in was made due: a thread whose pairs are all lane
-     * hits checks in too (every FRONT_CHECK_HITS tries, one goes to its front, due). */
-    uint32_t lane_tries;
+    /* Lane tries left until the last front's check-in is made due (set to FRONT_CHECK_HITS at a
+     * lane's entry and at the check-in, 1 once due): a thread whose pairs are all lane hits checks
+     * in too (every FRONT_CHECK_HITS tries, one goes to its front, due). A count down, so that the
+     * try pays one instruction and a branch for it. */
+    uint32_t lane_left;
 };
 extern XSEG_HIDDEN _Thread_local struct fast_thread fast_tls __attribute__((tls_model("initial-exec")));
 /* A hit in this thread's last front (@p d, @p stream): a freed block of the request's rounded size
@@ -500,18 +502,21 @@ static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, v
     return fast_hit_at(d, s, size, stream, out);
 }
 
-/* malloc's second try (malloc_lane): the lane of the request's rounded size in this thread's
- * last front (Note [front lane]), unless it is the slot fast_hit just missed. The lane becomes
- * the last slot, for its free; the next malloc tries it first only when it was the last slot
- * already (one size paired again), not when the size turned (the next will likely turn too). */
-static inline bool fast_lane_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+/* malloc's second try (malloc_lane): the lane of the request's rounded size among @p lanes, this
+ * thread's last front's (fast_tls.lanes, not NULL; Note [front lane]). The lane becomes the last
+ * slot, for its free; the next malloc tries it first only when it was the last slot already (one
+ * size paired again), not when the size turned (the next will likely turn too). A lane fast_hit
+ * just missed (one size, its block not freed) is tried once more: rare, and no test on the rest. */
+static inline bool fast_lane_hit(struct dev_slot *lanes, struct dev_alloc *d, size_t size, CUstream stream,
+                                 void **out)
 {
-    struct dev_slot *lanes = fast_tls.lanes;
-    if (!lanes || XSEG_UNLIKELY(++fast_tls.lane_tries >= FRONT_CHECK_HITS))
+    if (XSEG_UNLIKELY(--fast_tls.lane_left == 0)) {
+        fast_tls.lane_left = 1; /* due: the front's hit checks in (fast_front_hit_in) */
         return false;
+    }
     size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_hit_at's rounding, computed once */
     struct dev_slot *l = &lanes[front_lane_index(r)];
-    if (l == fast_tls.first || !fast_hit_at(d, l, size, stream, out))
+    if (!fast_hit_at(d, l, size, stream, out))
         return false;
     fast_tls.first = l == fast_tls.slot ? l : NULL;
     fast_tls.slot = l;
