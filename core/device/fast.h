@@ -34,9 +34,9 @@
  * both. The hit (fast_hit) and the slot's free (fast_free_hit) take the slot's lock alone.
  *
  * Which slot: a malloc tries this thread's last slot first (fast_tls.slot: the one it hit or
- * filled last, unless its sizes turn among lanes: fast_tls.first), then its stream's, so that threads touch only slots they use. Which free stays in
- * which slot is Note [slot rule] below; alloc.c reaches all of this through one door (Note [the
- * door]).
+ * filled last, unless its sizes turn among lanes: fast_tls.first), then its stream's, so that
+ * threads touch only slots they use. Which free stays in which slot is Note [slot rule] below;
+ * alloc.c reaches all of this through one door (Note [the door]).
  *
  * Note [slot rule]
  * ~~~~~~~~~~~~~~~~
