@@ -148,11 +148,27 @@ static inline bool spin_try(struct spin *l)
 
 void spin_acquire_slow(struct spin *l);
 
+/* The take itself, its lock-order check made by the caller (one body for the three takes). */
+static inline void spin_take(struct spin *l)
+{
+    if (XSEG_UNLIKELY(!spin_try_raw(l)))
+        spin_acquire_slow(l);
+}
+
+/* The release of a lock taken at @p rank (one body for both releases). */
+static inline void spin_give(struct spin *l, enum fork_rank rank)
+{
+    lock_assert_held(l);
+    witness_give(rank);
+    (void)rank;
+    lock_set_owner(l, NULL);
+    atomic_store_explicit(&l->word, 0, memory_order_release);
+}
+
 static inline void spin_acquire(struct spin *l)
 {
     witness_take_slot();
-    if (XSEG_UNLIKELY(!spin_try_raw(l)))
-        spin_acquire_slow(l);
+    spin_take(l);
 }
 
 /* A blocking take by a thread holding no other spin lock (its own front, core/device/fast.c): the
@@ -161,17 +177,10 @@ static inline void spin_acquire(struct spin *l)
 static inline void spin_acquire_leaf(struct spin *l)
 {
     witness_take(FORK_RANK_SLOT);
-    if (XSEG_UNLIKELY(!spin_try_raw(l)))
-        spin_acquire_slow(l);
+    spin_take(l);
 }
 
-static inline void spin_release(struct spin *l)
-{
-    lock_assert_held(l);
-    witness_give(FORK_RANK_SLOT);
-    lock_set_owner(l, NULL);
-    atomic_store_explicit(&l->word, 0, memory_order_release);
-}
+static inline void spin_release(struct spin *l) { spin_give(l, FORK_RANK_SLOT); }
 
 /* A blocking take of a front's lane lock (core/device/fast.c, Note [front lane]) after its own
  * slot's, with or without the device lock: its holders take nothing else, and a lane's fast paths
@@ -180,16 +189,9 @@ static inline void spin_release(struct spin *l)
 static inline void spin_acquire_lane(struct spin *l)
 {
     witness_take_lane();
-    if (XSEG_UNLIKELY(!spin_try_raw(l)))
-        spin_acquire_slow(l);
+    spin_take(l);
 }
 
-static inline void spin_release_lane(struct spin *l)
-{
-    lock_assert_held(l);
-    witness_give(FORK_RANK_LANE);
-    lock_set_owner(l, NULL);
-    atomic_store_explicit(&l->word, 0, memory_order_release);
-}
+static inline void spin_release_lane(struct spin *l) { spin_give(l, FORK_RANK_LANE); }
 
 #endif
