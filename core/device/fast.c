@@ -286,15 +286,19 @@ static void lane_fold(struct dev_front *f, unsigned j)
     f->lane_seen[j] = 0;
 }
 
+/* Lane @p j of front @p f back into it, taking the lane's lock (the own slot's held). */
+static void lane_fold_locked(struct dev_front *f, unsigned j)
+{
+    spin_acquire_lane(&f->lane[j].lock);
+    lane_fold(f, j);
+    spin_release_lane(&f->lane[j].lock);
+}
+
 /* Every lane of front @p f back into it (its own slot's lock held, no lane's). */
 static void front_fold_lanes(struct dev_front *f)
 {
-    for (uint32_t m = f->lanes; m; m &= m - 1) {
-        unsigned j = (unsigned)__builtin_ctz(m);
-        spin_acquire_lane(&f->lane[j].lock);
-        lane_fold(f, j);
-        spin_release_lane(&f->lane[j].lock);
-    }
+    for (uint32_t m = f->lanes; m; m &= m - 1)
+        lane_fold_locked(f, (unsigned)__builtin_ctz(m));
 }
 
 /* The hits' mallocs, counted now (both locks held). */
@@ -509,11 +513,8 @@ static void front_settle_block(struct dev_alloc *d, const struct block *b)
         spin_acquire(&s->lock);
         for (uint32_t l = f->lanes; l; l &= l - 1) { /* the block may be a lane's */
             unsigned j = (unsigned)__builtin_ctz(l);
-            if (f->blk[f->lane_entry[j]] == b) {
-                spin_acquire_lane(&f->lane[j].lock);
-                lane_fold(f, j);
-                spin_release_lane(&f->lane[j].lock);
-            }
+            if (f->blk[f->lane_entry[j]] == b)
+                lane_fold_locked(f, j);
         }
         uint64_t cand = f->by_addr[front_bucket(b->addr)] | f->by_size[front_bucket(b->size)];
         spin_release(&s->lock);
@@ -594,10 +595,11 @@ static void front_check_in(struct dev_alloc *d, CUstream stream)
         spin_acquire(&s->lock);
         bool used = f->seen;
         for (uint32_t l = f->lanes; l; l &= l - 1) { /* the lanes' hits count their slots' reps */
-            struct dev_slot *ls = &f->lane[__builtin_ctz(l)];
+            unsigned j = (unsigned)__builtin_ctz(l);
+            struct dev_slot *ls = &f->lane[j];
             spin_acquire_lane(&ls->lock);
-            used |= ls->reps != f->lane_seen[__builtin_ctz(l)];
-            f->lane_seen[__builtin_ctz(l)] = ls->reps;
+            used |= ls->reps != f->lane_seen[j];
+            f->lane_seen[j] = ls->reps;
             spin_release_lane(&ls->lock);
         }
         others |= used;
