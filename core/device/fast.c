@@ -168,9 +168,15 @@ void fast_lock_busy(struct dev_alloc *d, uint64_t busy)
     for (uint64_t m = busy; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
         spin_acquire(&d->fast.slots[i].lock);
-        if (i >= DEV_STREAM_SLOTS) /* every lane, busy or not: a fold under these locks changes which */
-            for (unsigned j = 0; j < FRONT_LANES; j++)
-                spin_acquire_lane(&d->fast.fronts[i - DEV_STREAM_SLOTS].lane[j].lock);
+        if (i < DEV_STREAM_SLOTS)
+            continue;
+        /* The busy lanes only: with the own slot's lock held no lane enters (lane_enter takes it),
+         * so an idle one owes nothing until fast_unlock_busy; a fold under these locks leaves
+         * lanes, so the ones taken are kept apart. */
+        struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+        f->locked_lanes = f->lanes;
+        for (uint32_t l = f->lanes; l; l &= l - 1)
+            spin_acquire_lane(&f->lane[__builtin_ctz(l)].lock);
     }
 }
 
@@ -178,9 +184,12 @@ void fast_unlock_busy(struct dev_alloc *d, uint64_t busy)
 {
     for (uint64_t m = busy; m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctzll(m);
-        if (i >= DEV_STREAM_SLOTS)
-            for (unsigned j = 0; j < FRONT_LANES; j++)
-                spin_release_lane(&d->fast.fronts[i - DEV_STREAM_SLOTS].lane[j].lock);
+        if (i >= DEV_STREAM_SLOTS) {
+            struct dev_front *f = &d->fast.fronts[i - DEV_STREAM_SLOTS];
+            for (uint32_t l = f->locked_lanes; l; l &= l - 1)
+                spin_release_lane(&f->lane[__builtin_ctz(l)].lock);
+            f->locked_lanes = 0;
+        }
         spin_release(&d->fast.slots[i].lock);
     }
 }

@@ -129,7 +129,8 @@
  * operation raised a peak they owe on (their hits would then reach past the peak unseen:
  * fast_guard_end_slow), and before any entry of the front settles; one alone when a free through
  * the device lock is of its block. Locks: the own slot's, then its lanes' (fast_lock_busy takes
- * every busy slot's and every lane's, for the readers that sum the debts).
+ * every busy slot's and its busy lanes', for the readers that sum the debts: no lane enters while
+ * its own slot's lock is held, and an idle lane owes nothing).
  *
  * Note [the door]
  * ~~~~~~~~~~~~~~~

@@ -165,6 +165,8 @@ struct dev_front {
      * bucket, and owes nothing in low: the lane slot's own fields hold its state and its hits. */
     unsigned lane_entry[FRONT_LANES];
     uint32_t lanes;                   /* the busy lanes: bit j while lane_entry[j] < FRONT_ENTRIES */
+    uint32_t locked_lanes;            /* the lanes fast_lock_busy took, until fast_unlock_busy (a fold
+                                       * under those locks leaves lanes, never this) */
     uint64_t lane_bits;               /* the entries lanes serve */
     uint64_t lane_seen[FRONT_LANES];  /* each lane's hits (its reps) at the last check-in's look */
     size_t last_r[FRONT_LANES];       /* the rounded size of the last hit outside the lanes, by lane index */
