@@ -428,7 +428,8 @@ settled:
         f->lane_hits = f->lane_slot_hits = f->lane_misses = 0;
     }
 #endif
-    s->blk = s->freed = NULL;
+    s->blk = NULL;
+    slot_set_freed(s, NULL);
     s->owner = NULL;
     s->live = 0;
     s->reps = 0;
@@ -1047,7 +1048,8 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
     struct dev_slot *s = &d->fast.slots[i];
     xseg_assert(!(d->fast.busy_slots >> i & 1));
     spin_acquire(&s->lock);
-    s->blk = s->freed = b;
+    s->blk = b;
+    slot_set_freed(s, b);
     s->gen = d->fast.fast_gen;
     s->min_fit = min_fit;
     s->min_size = b->expandable ? min_fit : b->size; /* classic: what the statistics count */
@@ -1366,7 +1368,7 @@ static bool front_hit_locked(struct dev_alloc *d, size_t size, CUstream stream, 
 
 bool fast_front_free_in(struct dev_slot *s, void *ptr)
 {
-    spin_acquire_leaf(&s->lock); /* as fast_front_hit's */
+    spin_acquire_leaf(&s->lock); /* as fast_front_hit_in's */
     bool hit = false;
     if (s->blk) {
         struct dev_front *f = s->front;

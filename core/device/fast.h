@@ -58,7 +58,7 @@
  * whatever its neighbours, in either mode, joins the up to FRONT_ENTRIES blocks the thread keeps
  * for the stream (struct dev_front), freed or handed out again; a hit takes a freed one of the
  * request's rounded size (within the front's grant, Note [front grants]), and a free of one it
- * handed out puts it back, each under the slot's lock alone (fast_front_hit, fast_front_free); an
+ * handed out puts it back, each under the slot's lock alone (fast_front_hit_in, fast_front_free); an
  * entry's settle is the eager free, done late. Everything else is the eager free.
  *
  * Why own slots: one slot a stream keeps eager placement, but two threads whose pairs overlap on
@@ -405,7 +405,7 @@ struct fast_thread {
      * pair writes no thread-local (fast_tls_last writes both). */
     struct dev_slot *first;
     /* The own slot whose front this thread filled last (NULL before): where a malloc that the
-     * last slot did not serve looks next, and a free that it did not take (fast_front_hit,
+     * last slot did not serve looks next, and a free that it did not take (fast_front_hit_in,
      * fast_front_free). */
     struct dev_slot *front;
     /* The lane slots of this thread's last front while it had lanes at its last hit or lane's
@@ -420,23 +420,18 @@ struct fast_thread {
     uint32_t lane_left;
 };
 extern XSEG_HIDDEN _Thread_local struct fast_thread fast_tls __attribute__((tls_model("initial-exec")));
-/* A hit in this thread's last front (@p d, @p stream): a freed block of the request's rounded size
- * whose statistics count at least @p size requested bytes, handed out under the slot's lock alone.
- * False: nothing changed. */
+/* A hit in this thread's last front @p s (fast_tls.front, not NULL; @p d, @p stream): a freed
+ * block of the request's rounded size whose statistics count at least @p size requested bytes,
+ * handed out under the slot's lock alone. False: nothing changed. Called by malloc_front
+ * (core/alloc.c) only when the thread has a front: one that has none (every thread of a program
+ * whose streams are never shared) pays one load, not a call. */
 bool fast_front_hit_in(struct dev_slot *s, struct dev_alloc *d, size_t size, CUstream stream, void **out);
-static inline bool fast_front_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
-{
-    /* Tested here, so that a thread with no front (every thread of a program whose streams are
-     * never shared) pays one load, not a call (about 20 instructions a miss on a real trace). */
-    struct dev_slot *s = fast_tls.front;
-    return s && fast_front_hit_in(s, d, size, stream, out);
-}
 /* xseg_free's second try: @p ptr is a block this thread's last front handed out; it is freed into
  * it under the slot's lock alone (true). False: nothing changed. */
 bool fast_front_free_in(struct dev_slot *s, void *ptr);
 static inline bool fast_front_free(void *ptr)
 {
-    struct dev_slot *s = fast_tls.front; /* as fast_front_hit's */
+    struct dev_slot *s = fast_tls.front; /* tested here, as malloc_lane tests it for the malloc */
     return s && fast_front_free_in(s, ptr);
 }
 /* The calling thread, as the slots' owner field names it (the address of its slot pointer). */
@@ -446,13 +441,24 @@ static inline const void *fast_self(void) { return &fast_tls.slot; }
  * free (every hit but fast_hit's, whose slot already is). */
 static inline void fast_tls_last(struct dev_slot *s) { fast_tls.slot = fast_tls.first = s; }
 
+/* A slot's freed field (struct dev_slot) is peeked at without the slot's lock (slot_peek_freed,
+ * malloc_miss's stream slot try): every write of a stream slot's is this relaxed atomic store (a
+ * plain store on x86), every read under the lock a plain load. */
+static inline void slot_set_freed(struct dev_slot *s, struct block *b) { __atomic_store_n(&s->freed, b, __ATOMIC_RELAXED); }
+/* Is B freed in slot @p s, as far as a look without its lock can tell? False may be stale (a
+ * free under its lock alone just put B back): the caller then goes through the device lock,
+ * whose settle sees it; true is checked again under the lock (fast_hit_at). The peek spares a
+ * thread whose stream slot is idle (a round robin, a real program's miss) the lock's
+ * compare-exchange and release. */
+static inline bool slot_peek_freed(const struct dev_slot *s) { return __atomic_load_n(&s->freed, __ATOMIC_RELAXED) != NULL; }
+
 /* A hit's bookkeeping, written once for fast_hit and fast_widen: slot @p s (locked, its B @p lz
  * freed in it) hands B out for @p size bytes rounded to @p r; the caller makes s this thread's
  * last slot where it is not (fast_tls_last). Returns B's address. */
 static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s, const struct block *lz, size_t size,
                                                           size_t r)
 {
-    s->freed = NULL;
+    slot_set_freed(s, NULL);
     s->live = lz->addr;
     s->cur_req = size;
     s->cur_size = r;
@@ -541,7 +547,7 @@ static inline bool fast_free_hit(void *ptr)
     bool hit = s->live == (uintptr_t)ptr; /* ptr is not NULL (xseg_free's) */
     if (hit) {
         s->live = 0;
-        s->freed = s->blk;
+        slot_set_freed(s, s->blk);
     }
     spin_release(&s->lock);
     return hit;

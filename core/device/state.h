@@ -97,7 +97,8 @@ struct dev_slot {
                             * thread's malloc on its stream; an own slot's, to find it again */
     struct dev_front *front; /* an own or lane slot's front (fast.fronts[k]; set at the fill) */
     struct block *blk;     /* B while the slot is busy, else NULL */
-    struct block *freed;   /* B while freed by the user, not merged, else NULL (slot_state) */
+    struct block *freed;   /* B while freed by the user, not merged, else NULL (slot_state); written
+                            * through slot_set_freed (peeked at without the lock) */
     uintptr_t live;        /* B's address while a hit has handed it out again, else 0 */
     size_t min_size;       /* the smallest rounded size a hit may take (at most B's size) */
     size_t min_fit;        /* the smallest rounded size eager best fit gives B's place (<= min_size):
