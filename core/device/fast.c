@@ -285,7 +285,8 @@ static void lane_fold(struct dev_front *f, unsigned j)
         f->by_addr[front_bucket(f->addr[k])] |= bit;
         f->low[si][FRONT_LOW_REQ] += (int64_t)(f->base_req[k] - l->cur_req);
     }
-    l->blk = l->freed = NULL;
+    l->blk = NULL;
+    slot_set_freed(l, NULL);
     l->live = 0;
     l->reps = 0;
     l->req_sum = l->size_sum = 0;
@@ -1253,7 +1254,7 @@ static __attribute__((noinline)) void lane_enter(struct dev_slot *s, struct dev_
     l->owner = s->owner;
     l->front = f;
     l->blk = f->blk[k];
-    l->freed = NULL;
+    slot_set_freed(l, NULL);
     l->live = f->addr[k];
     l->base_req = f->base_req[k];
     l->cur_req = f->cur_req[k];
@@ -1397,7 +1398,7 @@ bool fast_front_free_in(struct dev_slot *s, void *ptr)
             hit = l->live == a;
             if (hit) {
                 l->live = 0;
-                l->freed = l->blk;
+                slot_set_freed(l, l->blk);
             }
             spin_release_lane(&l->lock);
             if (hit)

@@ -442,7 +442,7 @@ static inline const void *fast_self(void) { return &fast_tls.slot; }
 static inline void fast_tls_last(struct dev_slot *s) { fast_tls.slot = fast_tls.first = s; }
 
 /* A slot's freed field (struct dev_slot) is peeked at without the slot's lock (slot_peek_freed,
- * malloc_miss's stream slot try): every write of a stream slot's is this relaxed atomic store (a
+ * malloc_miss's stream slot try): every write of it, in any slot, is this relaxed atomic store (a
  * plain store on x86), every read under the lock a plain load. */
 static inline void slot_set_freed(struct dev_slot *s, struct block *b) { __atomic_store_n(&s->freed, b, __ATOMIC_RELAXED); }
 /* Is B freed in slot @p s, as far as a look without its lock can tell? False may be stale (a
