@@ -536,9 +536,8 @@ static __attribute__((noinline, cold)) xseg_status malloc_locked_register(struct
  * was another (a single-threaded program's misses: the same one, tried once), then malloc_locked,
  * then register_blocks_above_mb's entry. A slot never serves a size at or above that key
  * (fast_fill_* refuse such blocks), so the hit needs no test of its own and the cached pair is
- * unchanged. No call but the tail calls, so no frame: a round robin through the device lock pays
- * this on every malloc (5 pushes, 5 pops and 8 moves of a frame were 18 of its 45 instructions
- * while the front's try, a call, was here too). */
+ * unchanged. It makes tail calls only, so it has no frame: every malloc through the device lock
+ * passes here (the front's try, a call, is malloc_front's). */
 static __attribute__((noinline)) xseg_status malloc_miss(void **out, size_t size, struct dev_alloc *d, CUstream stream)
 {
     struct dev_slot *ss = fast_slot_of(d, stream);
