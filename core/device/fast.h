@@ -472,19 +472,20 @@ static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s,
 }
 
 /* A hit on slot @p s, under its lock alone, on device @p d and @p stream, where Note [slot rule]
- * allows one. False: nothing changed (also when another thread holds the slot's lock: no waiting
- * here). */
-static inline __attribute__((always_inline)) bool fast_hit_at(struct dev_alloc *d, struct dev_slot *s, size_t size,
-                                                              CUstream stream, void **out)
+ * allows one, for @p size bytes rounded to @p r. @p lane (a constant): s is a front's lane, whose
+ * fields say more (check_lanes: min_size == cur_size, span 0), so its size test is r == cur_size.
+ * False: nothing changed (also when another thread holds the slot's lock: no waiting here). */
+static inline __attribute__((always_inline)) bool fast_hit_sized(struct dev_alloc *d, struct dev_slot *s, size_t size,
+                                                                 size_t r, bool lane, CUstream stream, void **out)
 {
-    __asm__("" : "+r"(s)); /* one base register for every field (GCC would keep three) */
+    if (!lane) /* a lane's caller pins it in a register of its own */
+        __asm__("" : "+r"(s)); /* one base register for every field (GCC would keep three) */
     if (XSEG_UNLIKELY(!spin_try(&s->lock)))
         return false;
     struct block *lz = s->freed;
-    if (!lz || s->dev != d || s->gen != settings_gen() || lz->stream != stream || size > s->base_req)
+    if (!lz || s->dev != d || settings_gen() != s->gen || lz->stream != stream || size > s->base_req)
         goto miss;
-    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
-    if (r - s->min_size > s->span)
+    if (lane ? r != s->cur_size : r - s->min_size > s->span)
         goto miss;
     *out = fast_take(s, lz, size, r);
     spin_release(&s->lock);
@@ -497,15 +498,22 @@ miss:
     return false;
 }
 
-/* malloc's first try: this thread's last slot (the one it hit or filled last, on device @p d),
- * so that threads sharing a stream each touch a slot of their own (their own slots), unless its
- * sizes turn among lanes (fast_tls.first); malloc_lane and malloc_miss try the rest, before the
- * device lock. A hit leaves the thread-locals as they are: the slot is the last already. */
-static inline bool fast_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
+/* fast_hit_sized on a stream slot or an own slot's B (not a lane). */
+static inline __attribute__((always_inline)) bool fast_hit_at(struct dev_alloc *d, struct dev_slot *s, size_t size,
+                                                              CUstream stream, void **out)
 {
-    struct dev_slot *s = fast_tls.first;
-    if (!s)
-        return false;
+    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
+    return fast_hit_sized(d, s, size, r, false, stream, out);
+}
+
+/* malloc's first try: this thread's last slot @p s (fast_tls.first, the one it hit or filled last,
+ * on device @p d; alloc_malloc loads it and tests it for NULL, which it is while the thread's sizes
+ * turn among lanes), so that threads sharing a stream each touch a slot of their own (their own
+ * slots); malloc_lane and malloc_miss try the rest, before the device lock. A hit leaves the
+ * thread-locals as they are: the slot is the last already. */
+static inline __attribute__((always_inline)) bool fast_hit(struct dev_alloc *d, struct dev_slot *s, size_t size,
+                                                           CUstream stream, void **out)
+{
     return fast_hit_at(d, s, size, stream, out);
 }
 
@@ -522,8 +530,9 @@ static inline bool fast_lane_hit(struct dev_slot *lanes, struct dev_alloc *d, si
         return false;
     }
     size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_hit_at's rounding, computed once */
-    struct dev_slot *l = &lanes[front_lane_index(r)];
-    if (!fast_hit_at(d, l, size, stream, out))
+    register struct dev_slot *l XSEG_REG("r11") = &lanes[front_lane_index(r)]; /* as alloc_malloc's s */
+    __asm__("" : "+r"(l));
+    if (!fast_hit_sized(d, l, size, r, true, stream, out))
         return false;
     fast_tls.first = l == fast_tls.slot ? l : NULL;
     fast_tls.slot = l;

@@ -67,8 +67,8 @@
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
- * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 852
- * instructions against 801 (+6.4 %) on 80 GiB, 871 (+8.8 %) on 8 GiB (S1); the small pool's +2.0 %
+ * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 846
+ * instructions against 795 (+6.4 %) on 80 GiB, 865 (+8.8 %) on 8 GiB (S1); the small pool's +2.0 %
  * (the finders' request passed by address took 9 off the tree without the placement, 1 with it). What a large pair must do here is
  * about 32 of them: the key's hash and home-entry test (14), its record (9, in the home entry the
  * prediction found: life_state.home_tag), the window (3) and the free's forget (6); S1 adds its
