@@ -25,7 +25,7 @@ XSEG_API void xseg_torch_adapter_attached(int attached)
 
 static inline __attribute__((always_inline)) void *torch_malloc(size_t size, int device, struct CUstream_st *stream)
 {
-    void *p; /* api_malloc writes it first on every path (NULL unless it succeeds) */
+    void *p; /* api_malloc writes it on every path (NULL unless it succeeds) */
     if (api_malloc(&p, size, device, stream) != XSEG_SUCCESS)
         return NULL;
     return p;

@@ -570,6 +570,13 @@ static __attribute__((noinline)) xseg_status malloc_lane(void **out, size_t size
     struct dev_slot *lanes = fast_tls.lanes; /* tested here: the cached pair's registers stay as they are */
     if (lanes && fast_lane_hit(lanes, d, size, stream, out))
         return XSEG_SUCCESS;
+    /* alloc_malloc's NULL and size 0, here rather than in xseg_malloc's inline path (3
+     * instructions of every cached pair): the tries above write *out only on a hit, and size 0
+     * rounds to 0 there, which no slot or lane serves (fast_hit_sized); the front's rounding
+     * would give it a 512 B block. */
+    *out = NULL;
+    if (XSEG_UNLIKELY(size == 0))
+        return XSEG_SUCCESS;
     if (fast_tls.front) /* tested here: a thread with no front goes straight to malloc_miss */
         return malloc_front(out, size, d, stream);
     return malloc_miss(out, size, d, stream);

@@ -15,9 +15,10 @@
 
 #include "core/device/fast.h"
 
-/* malloc of @p size bytes (> 0) on device @p d and @p stream into *@p out (set NULL first by the
- * caller). The arguments come in xseg_malloc's order, the device where its index was, so that
- * xseg_malloc's tail call moves no register (4 instructions of the 93 of a cached pair). */
+/* malloc of @p size bytes on device @p d and @p stream into *@p out: the block, or NULL for size 0
+ * (success, nothing counted) and on every failure. The arguments come in xseg_malloc's order, the
+ * device where its index was, so that xseg_malloc's tail call moves no register (4 instructions
+ * of the 93 of a cached pair). */
 xseg_status alloc_malloc(void **out, size_t size, struct dev_alloc *d, CUstream stream);
 /* Free @p ptr if this device owns it: *owned = false (and nothing happens) when it does not. */
 xseg_status alloc_free(struct dev_alloc *d, void *ptr, bool *owned);

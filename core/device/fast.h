@@ -502,7 +502,9 @@ miss:
 static inline __attribute__((always_inline)) bool fast_hit_at(struct dev_alloc *d, struct dev_slot *s, size_t size,
                                                               CUstream stream, void **out)
 {
-    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_round for size > 0 (xseg_malloc's) */
+    /* fast_round for size > 0; size 0 rounds to 0, which no slot serves (r - min_size wraps past
+     * span): malloc_lane answers it. */
+    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1;
     return fast_hit_sized(d, s, size, r, false, stream, out);
 }
 
@@ -529,7 +531,7 @@ static inline bool fast_lane_hit(struct dev_slot *lanes, struct dev_alloc *d, si
         fast_tls.lane_left = 1; /* due: the front's hit checks in (fast_front_hit_in) */
         return false;
     }
-    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_hit_at's rounding, computed once */
+    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_hit_at's rounding (0 for size 0: no lane's) */
     register struct dev_slot *l XSEG_REG("r11") = &lanes[front_lane_index(r)]; /* as alloc_malloc's s */
     __asm__("" : "+r"(l));
     if (!fast_hit_sized(d, l, size, r, true, stream, out))

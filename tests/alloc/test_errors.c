@@ -78,6 +78,27 @@ static void test_size_zero_and_devices(void **state)
     void *p = (void *)1;
     assert_int_equal(xseg_malloc(&p, 0, 0, NULL), XSEG_SUCCESS);
     assert_null(p);
+    /* Size 0 past the cached paths: the stream's slot, the thread's last, holds a freed 512 B
+     * block, which no size-0 malloc may take; nothing is counted, and the block still serves the
+     * next malloc of its size (a hit, the second round). */
+    void *b = NULL;
+    assert_int_equal(xseg_malloc(&b, 512, 0, NULL), XSEG_SUCCESS);
+    assert_int_equal(xseg_free(b), XSEG_SUCCESS);
+    for (int round = 0; round < 2; round++) {
+        xseg_device_stats before, after;
+        assert_int_equal(xseg_get_stats(0, &before), XSEG_SUCCESS);
+        p = (void *)1;
+        assert_int_equal(xseg_malloc(&p, 0, 0, NULL), XSEG_SUCCESS);
+        assert_null(p);
+        assert_int_equal(xseg_get_stats(0, &after), XSEG_SUCCESS);
+        assert_int_equal(after.allocation[0].current, before.allocation[0].current);
+        assert_int_equal(after.allocated_bytes[0].current, before.allocated_bytes[0].current);
+        assert_int_equal(after.allocation[0].allocated, before.allocation[0].allocated);
+        void *again = NULL;
+        assert_int_equal(xseg_malloc(&again, 512, 0, NULL), XSEG_SUCCESS);
+        assert_ptr_equal(again, b);
+        assert_int_equal(xseg_free(again), XSEG_SUCCESS);
+    }
     int n = 0;
     assert_int_equal(xseg_device_count(&n), XSEG_SUCCESS);
     assert_true(n >= 1);

@@ -414,6 +414,13 @@ static void *pair_worker(void *arg)
         }
         if (ok)
             check_and_free(&b, "pair");
+        if (ok && i % 4 == 1) {
+            /* Size 0 while this thread's front, lane or slot holds its freed block: NULL, nothing
+             * counted (the checker's statistics at the next step say so), no block taken. */
+            void *z = (void *)1;
+            if (xseg_malloc(&z, 0, 0, (struct CUstream_st *)streams[0][1]) != XSEG_SUCCESS || z != NULL)
+                tfail("pair: xseg_malloc(0) gave %p: %s", z, xseg_last_error());
+        }
         if (!pair_free_run) {
             pthread_barrier_wait(&pair_step);
             pthread_barrier_wait(&pair_step);
