@@ -383,6 +383,7 @@ static pthread_barrier_t pair_step; /* the two workers and the checker (main) */
 static size_t pair_size[PAIR_WORKERS] = {500, 452}; /* one rounded size (512), two requested sizes */
 static size_t pair_count;
 static bool pair_free_run; /* no barriers: pairs as fast as they go */
+static atomic_uint_fast64_t pair_zero_calls; /* the workers' size-0 mallocs */
 static bool pair_expandable; /* the run's mode */
 /* The _mixed runs: step i's blocks are of 512 B (i % 4 + 1) rounded, the workers asking 12 and 60
  * bytes less (bench_scale --mixed's sizes, with two requested sizes); else pair_size. */
@@ -418,6 +419,7 @@ static void *pair_worker(void *arg)
             /* Size 0 while this thread's front, lane or slot holds its freed block: NULL, nothing
              * counted (the checker's statistics at the next step say so), no block taken. */
             void *z = (void *)1;
+            atomic_fetch_add(&pair_zero_calls, 1);
             if (xseg_malloc(&z, 0, 0, (struct CUstream_st *)streams[0][1]) != XSEG_SUCCESS || z != NULL)
                 tfail("pair: xseg_malloc(0) gave %p: %s", z, xseg_last_error());
         }
@@ -615,7 +617,7 @@ static void run_pairs(const char *config, bool expandable, bool mixed, bool room
 #if XSEG_DEBUG_LEVEL >= 1
         const struct dev_fast *f = &rt_device_peek(0)->fast;
         uint64_t locked0 = f->lock_mallocs + f->lock_frees, lanes0 = pair_lane_hits(f);
-        uint64_t lane_misses0 = pair_lane_misses(f);
+        uint64_t lane_misses0 = pair_lane_misses(f), zero0 = atomic_load(&pair_zero_calls);
 #endif
         pthread_t w[PAIR_WORKERS];
         for (intptr_t i = 0; i < PAIR_WORKERS; i++)
@@ -674,9 +676,15 @@ static void run_pairs(const char *config, bool expandable, bool mixed, bool room
          * the last size, whose lock it would take and drop for nothing (fast_tls.first): a lane
          * pair takes two slot locks, a stream slot's pair's count. */
         uint64_t lane_misses = pair_lane_misses(f) - lane_misses0;
-        if (step == 1 && mixed && room && lane_misses > ops / 32)
-            tfail("%" PRIu64 " lane tries of %" PRIu64 " mallocs served nothing", lane_misses, ops / 2);
-        print_message("step %d: %" PRIu64 " lane tries served nothing\n", step, lane_misses);
+        /* A size-0 malloc tries the lane of its rounded size 0 (fast_lane_hit), which never
+         * serves it: at most one miss each, not counted against the rule. */
+        uint64_t zero = atomic_load(&pair_zero_calls) - zero0;
+        if (step == 1 && mixed && room && lane_misses > ops / 32 + zero)
+            tfail("%" PRIu64 " lane tries of %" PRIu64 " mallocs served nothing (%" PRIu64 " of size 0)",
+                  lane_misses, ops / 2, zero);
+        if (step == 1) /* step 2's settle-all points move busy fronts' misses to the device's slot_misses */
+            print_message("step %d: %" PRIu64 " lane tries served nothing (%" PRIu64 " size-0 mallocs)\n", step,
+                          lane_misses, zero);
         print_message("step %d: %" PRIu64 " of %" PRIu64 " mallocs and frees took the device lock\n", step, locked,
                       ops);
 #endif
