@@ -561,14 +561,15 @@ static __attribute__((noinline)) xseg_status malloc_front(void **out, size_t siz
     return malloc_miss(out, size, d, stream);
 }
 
-/* A malloc the first slot did not serve: the lane of its size (sizes in turn on a shared stream),
- * else malloc_miss. A function of its own, with no frame (malloc_miss's costs about 20
+/* A malloc the first slot did not serve (@p t: fast_tls, from alloc_malloc): the lane of its size
+ * (sizes in turn on a shared stream), else malloc_miss. A function of its own, with no frame (malloc_miss's costs about 20
  * instructions of such a pair), and apart from alloc_malloc, whose registers the cached pair's
  * hit would otherwise share with it (one more move there). */
-static __attribute__((noinline)) xseg_status malloc_lane(void **out, size_t size, struct dev_alloc *d, CUstream stream)
+static __attribute__((noinline)) xseg_status malloc_lane(void **out, size_t size, struct dev_alloc *d, CUstream stream,
+                                                         fast_tls_ref t)
 {
-    struct dev_slot *lanes = fast_tls.lanes; /* tested here: the cached pair's registers stay as they are */
-    if (lanes && fast_lane_hit(lanes, d, size, stream, out))
+    struct dev_slot *lanes = t->lanes; /* tested here: the cached pair's registers stay as they are */
+    if (lanes && fast_lane_hit(t, lanes, d, size, stream, out))
         return XSEG_SUCCESS;
     /* alloc_malloc's NULL and size 0, here rather than in xseg_malloc's inline path (3
      * instructions of every cached pair): the tries above write *out only on a hit, and size 0
@@ -577,7 +578,7 @@ static __attribute__((noinline)) xseg_status malloc_lane(void **out, size_t size
     *out = NULL;
     if (XSEG_UNLIKELY(size == 0))
         return XSEG_SUCCESS;
-    if (fast_tls.front) /* tested here: a thread with no front goes straight to malloc_miss */
+    if (t->front) /* tested here: a thread with no front goes straight to malloc_miss */
         return malloc_front(out, size, d, stream);
     return malloc_miss(out, size, d, stream);
 }
@@ -590,13 +591,14 @@ xseg_status alloc_malloc(void **out, size_t size, struct dev_alloc *d, CUstream 
      * back before the tail call when the hit missed (four moves). Tested apart from the hit, so a
      * thread whose sizes turn (fast_tls.first NULL) reaches malloc_lane with its arguments as they
      * came. */
-    register struct dev_slot *s XSEG_REG("r9") = fast_tls.first;
+    fast_tls_ref t = FAST_TLS_REF(); /* handed on to malloc_lane (fast_tls_ref) */
+    register struct dev_slot *s XSEG_REG("r9") = t->first;
     __asm__("" : "+r"(s));
     if (!s)
-        return malloc_lane(out, size, d, stream);
+        return malloc_lane(out, size, d, stream, t);
     if (XSEG_LIKELY(fast_hit(d, s, size, stream, out)))
         return XSEG_SUCCESS;
-    return malloc_lane(out, size, d, stream);
+    return malloc_lane(out, size, d, stream, t);
 }
 
 /* ---- free -------------------------------------------------------------------------------- */

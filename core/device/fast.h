@@ -174,7 +174,11 @@ static inline int64_t front_grant(const struct dev_front *f, int k, int p) { ret
  * of 512 B steps take four lanes. */
 static inline unsigned front_lane_index(size_t r)
 {
-    return (unsigned)(((r >> 9) * UINT64_C(0x9E3779B97F4A7C15)) >> 62) & (FRONT_LANES - 1);
+    /* Fibonacci hashing of r / 512 (0x9E3779B97F4A7C15), with the division folded into the
+     * multiplier: r is a multiple of 512, so r * (K >> 9) is (r / 512) * (K with its low 9 bits
+     * clear), whose top bits are those of (r / 512) * K for every r below 2 TiB (checked for every
+     * 512 B step up to 2 GiB when the shift went): one instruction less on the lane's try. */
+    return (unsigned)((r * UINT64_C(0x004F1BBCDCBFA53E)) >> 62) & (FRONT_LANES - 1);
 }
 /* Is @p s one of front @p f's lane slots? */
 static inline bool front_lane_slot(const struct dev_front *f, const struct dev_slot *s)
@@ -420,6 +424,21 @@ struct fast_thread {
     uint32_t lane_left;
 };
 extern XSEG_HIDDEN _Thread_local struct fast_thread fast_tls __attribute__((tls_model("initial-exec")));
+/* fast_tls as a value a function can hand to the next (fast_tls_ref): on x86-64 with GCC, its
+ * offset from the thread pointer, read through %fs. A shared library finds that offset in its
+ * GOT, one load in every function that touches fast_tls; alloc_malloc loads it for its first try
+ * and passes it on to malloc_lane in the argument register the load already uses (two
+ * instructions of every lane pair: the load and a move of the stream out of that register).
+ * Elsewhere it is fast_tls's address: with clang, and in the sanitizer builds, whose checks
+ * would take the offset for an address. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__SEG_FS) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+typedef struct fast_thread __seg_fs *fast_tls_ref;
+#define FAST_TLS_REF() ((fast_tls_ref)((uintptr_t)&fast_tls - (uintptr_t)__builtin_thread_pointer()))
+#else
+typedef struct fast_thread *fast_tls_ref;
+#define FAST_TLS_REF() (&fast_tls)
+#endif
 /* A hit in this thread's last front @p s (fast_tls.front, not NULL; @p d, @p stream): a freed
  * block of the request's rounded size whose statistics count at least @p size requested bytes,
  * handed out under the slot's lock alone. False: nothing changed. Called by malloc_front
@@ -520,15 +539,15 @@ static inline __attribute__((always_inline)) bool fast_hit(struct dev_alloc *d, 
 }
 
 /* malloc's second try (malloc_lane): the lane of the request's rounded size among @p lanes, this
- * thread's last front's (fast_tls.lanes, not NULL; Note [front lane]). The lane becomes the last
+ * thread's last front's (@p t's lanes, not NULL; Note [front lane]). The lane becomes the last
  * slot, for its free; the next malloc tries it first only when it was the last slot already (one
  * size paired again), not when the size turned (the next will likely turn too). A lane fast_hit
  * just missed (one size, its block not freed) is tried once more: rare, and no test on the rest. */
-static inline bool fast_lane_hit(struct dev_slot *lanes, struct dev_alloc *d, size_t size, CUstream stream,
-                                 void **out)
+static inline bool fast_lane_hit(fast_tls_ref t, struct dev_slot *lanes, struct dev_alloc *d, size_t size,
+                                 CUstream stream, void **out)
 {
-    if (XSEG_UNLIKELY(--fast_tls.lane_left == 0)) {
-        fast_tls.lane_left = 1; /* due: the front's hit checks in (fast_front_hit_in) */
+    if (XSEG_UNLIKELY(--t->lane_left == 0)) {
+        t->lane_left = 1; /* due: the front's hit checks in (fast_front_hit_in) */
         return false;
     }
     size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_hit_at's rounding (0 for size 0: no lane's) */
@@ -536,8 +555,14 @@ static inline bool fast_lane_hit(struct dev_slot *lanes, struct dev_alloc *d, si
     __asm__("" : "+r"(l));
     if (!fast_hit_sized(d, l, size, r, true, stream, out))
         return false;
-    fast_tls.first = l == fast_tls.slot ? l : NULL;
-    fast_tls.slot = l;
+    /* Branches rather than one conditional pair of stores: GCC packs that into a vector store of
+     * seven instructions, where sizes in turn (l is not the last slot) take four. */
+    if (XSEG_LIKELY(l != t->slot)) {
+        t->slot = l;
+        t->first = NULL;
+    } else {
+        t->first = l;
+    }
     return true;
 }
 
