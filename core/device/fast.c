@@ -639,7 +639,8 @@ static void settle_malloc(struct dev_alloc *d, CUstream stream)
     unsigned i = fast_slot_index(stream);
     if (d->fast.busy_slots >> i & 1) {
         note_thread(d, i, stream);
-        slot_settle(d, i);
+        if (d->fast.busy_slots >> i & 1) /* note_thread may have settled it: see settle_block */
+            slot_settle(d, i);
     }
     /* The thread's front of the stream stays: its blocks wait for their size (a miss that would
      * grow settles every front first: malloc_slow_body). */
@@ -655,8 +656,13 @@ static void settle_block(struct dev_alloc *d, const struct block *b)
     lock_assert_held(&d->lock);
     unsigned i = fast_slot_index(b->stream);
     if (d->fast.busy_slots >> i & 1) {
+        /* A mark displaces the stream that held the sharing entry of index i (mark_shared), and
+         * settling that stream's fronts settles its stream slot first (front_before_settle):
+         * slot i itself, the two streams sharing the index. Settled twice, it faulted on its
+         * NULL block (test_threads_expandable, two threads on two devices, 1 run in 76). */
         note_thread(d, i, b->stream);
-        slot_settle(d, i);
+        if (d->fast.busy_slots >> i & 1)
+            slot_settle(d, i);
     }
     if (b->allocated)
         front_settle_block(d, b);
