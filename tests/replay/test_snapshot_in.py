@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -378,6 +379,14 @@ class Report(Base):
         self.assertIn("Classic mode", html[html.index('<div class="verdict'):])
 
 
+def left_in(tmp):
+    """What a run left in TMPDIR, less ThreadSanitizer's own file: its runtime creates
+    tsan.rodata.<pid> in TMPDIR as each instrumented process starts and unlinks it a moment later,
+    so a SIGTERM that lands in between (the replay stage signals just as the child starts) leaves
+    it. The runtime's file says nothing of xseg-replay's cleanup; any other name does."""
+    return sorted(f for f in os.listdir(tmp) if not re.fullmatch(r"tsan\.rodata\.[0-9]+", f))
+
+
 class Cleanup(Base):
     @unittest.skipUnless(emulated(REPLAY), NEEDS_EMU)  # --min-device: a run long enough to signal
     def test_converted_traces_go(self):
@@ -411,7 +420,7 @@ class Cleanup(Base):
             p.send_signal(signal.SIGTERM)
             p.wait()
             self.assertIn(p.returncode, (-signal.SIGTERM, 0), stage)
-            self.assertEqual(os.listdir(tmp), [], stage)
+            self.assertEqual(left_in(tmp), [], stage)
 
 
 class ReplaySh(Base):
