@@ -559,12 +559,23 @@ static void mark_shared(struct dev_alloc *d, unsigned i, CUstream stream)
     FAST_COUNT(d, shared_marks);
 }
 
-static void note_thread(struct dev_alloc *d, unsigned i, CUstream stream)
+/* The stream slot of @p stream, which a malloc or free through the device lock on it settles,
+ * noting first whether another thread filled it (the stream is then shared: mark_shared). The mark
+ * may settle the slot itself: it displaces the stream that held the sharing entry of the slot's
+ * index, and settling that stream's fronts settles its stream slot first (front_before_settle),
+ * which is this one, the two streams sharing the index. So the slot settles here only if it is
+ * still busy after the note (settled twice, it faulted on its NULL block:
+ * test_threads_shared_index_*). */
+static void settle_stream_slot(struct dev_alloc *d, CUstream stream)
 {
-    const struct dev_slot *h = &d->fast.slots[i];
-    if (h->blk->stream != stream || h->owner == fast_self() || fast_shared(d, stream))
+    unsigned i = fast_slot_index(stream);
+    if (!(d->fast.busy_slots >> i & 1))
         return;
-    mark_shared(d, i, stream);
+    const struct dev_slot *h = &d->fast.slots[i];
+    if (h->blk->stream == stream && h->owner != fast_self() && !fast_shared(d, stream))
+        mark_shared(d, i, stream);
+    if (d->fast.busy_slots >> i & 1)
+        slot_settle(d, i);
 }
 
 /*
@@ -636,12 +647,7 @@ static void front_check_in(struct dev_alloc *d, CUstream stream)
 static void settle_malloc(struct dev_alloc *d, CUstream stream)
 {
     lock_assert_held(&d->lock);
-    unsigned i = fast_slot_index(stream);
-    if (d->fast.busy_slots >> i & 1) {
-        note_thread(d, i, stream);
-        if (d->fast.busy_slots >> i & 1) /* note_thread may have settled it: see settle_block */
-            slot_settle(d, i);
-    }
+    settle_stream_slot(d, stream);
     /* The thread's front of the stream stays: its blocks wait for their size (a miss that would
      * grow settles every front first: malloc_slow_body). */
     if (XSEG_UNLIKELY(d->fast.sharing.any.shared != 0) && fast_shared(d, stream))
@@ -654,16 +660,7 @@ static void settle_malloc(struct dev_alloc *d, CUstream stream)
 static void settle_block(struct dev_alloc *d, const struct block *b)
 {
     lock_assert_held(&d->lock);
-    unsigned i = fast_slot_index(b->stream);
-    if (d->fast.busy_slots >> i & 1) {
-        /* A mark displaces the stream that held the sharing entry of index i (mark_shared), and
-         * settling that stream's fronts settles its stream slot first (front_before_settle):
-         * slot i itself, the two streams sharing the index. Settled twice, it faulted on its
-         * NULL block (test_threads_expandable, two threads on two devices, 1 run in 76). */
-        note_thread(d, i, b->stream);
-        if (d->fast.busy_slots >> i & 1)
-            slot_settle(d, i);
-    }
+    settle_stream_slot(d, b->stream);
     if (b->allocated)
         front_settle_block(d, b);
 }

@@ -919,6 +919,138 @@ static void test_threads_one_stream_pairs_mixed_room_classic(void **state)
     run_pairs("expandable_segments:False", false, true, true);
 }
 
+/*
+ * Two streams at one slot index (fast_slot_index): stream A shared, its sharing entry held, a
+ * front of A busy in a helper thread; then the main thread's free of a block of stream B fills the
+ * stream slot they share, and the helper's malloc on B through the device lock finds it filled by
+ * another thread. That marks B shared, which displaces A's mark and settles A's fronts, which settle
+ * the stream slot of A's index first: the very slot the malloc was about to settle. It must settle
+ * once (a second settle read its NULL block and faulted: 1 run in 76 of threads_expandable).
+ */
+static CUstream idx_a, idx_b;
+static pthread_barrier_t idx_step; /* the main thread and the helper, in turn */
+
+/* A malloc and free of @p size on @p stream, its content checked. */
+static void idx_pair(CUstream stream, size_t size, const char *who)
+{
+    struct blk b = {.size = size, .tag = (uint32_t)atomic_fetch_add(&next_tag, 1), .dev = 0};
+    if (xseg_malloc(&b.ptr, size, 0, (struct CUstream_st *)stream) != XSEG_SUCCESS) {
+        tfail("%s: xseg_malloc(%zu): %s", who, size, xseg_last_error());
+        return;
+    }
+    if (tu_fill((CUdeviceptr)(uintptr_t)b.ptr, size, b.tag) != CUDA_SUCCESS)
+        tfail("%s: tu_fill(%p) failed", who, b.ptr);
+    check_and_free(&b, who);
+}
+
+static void *idx_helper(void *arg)
+{
+    (void)arg;
+    bool ok = use_dev(0);
+    pthread_barrier_wait(&idx_step); /* A's slot filled by the main thread */
+    if (ok)
+        idx_pair(idx_a, 1024, "helper on A"); /* marks A shared; its free fills the helper's front */
+    pthread_barrier_wait(&idx_step);
+    pthread_barrier_wait(&idx_step); /* the shared slot filled by the main thread's block of B */
+    if (ok)
+        idx_pair(idx_b, 1024, "helper on B"); /* marks B shared, displacing A */
+    pthread_barrier_wait(&idx_step);
+    return NULL;
+}
+
+/* The busy own slots whose front holds blocks of @p stream. */
+static int idx_fronts_of(const struct dev_fast *f, CUstream stream)
+{
+    int n = 0;
+    for (unsigned k = 0; k < DEV_OWN_SLOTS; k++)
+        n += (f->busy_slots >> (DEV_STREAM_SLOTS + k) & 1) && f->fronts[k].stream == stream;
+    return n;
+}
+
+static void run_shared_index(const char *config)
+{
+    if (!tu_gpu_available()) {
+        print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
+        skip();
+    }
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
+    CUdevice dev;
+    tu_assert_cu(drv->cuDeviceGet(&dev, 0));
+    tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&ctxs[0], dev));
+    tu_assert_cu(drv->cuCtxSetCurrent(ctxs[0]));
+    atomic_store(&failures, 0);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+
+    /* 33 streams over 32 slot indices: two share one (pigeonhole); the rest go. */
+    CUstream s[DEV_STREAM_SLOTS + 1];
+    int a = -1, b = -1;
+    for (int n = 0; n <= DEV_STREAM_SLOTS; n++) {
+        tu_assert_cu(drv->cuStreamCreate(&s[n], CU_STREAM_NON_BLOCKING));
+        for (int m = 0; m < n && a < 0; m++)
+            if (fast_slot_index(s[m]) == fast_slot_index(s[n]))
+                a = m, b = n;
+    }
+    assert_true(a >= 0);
+    for (int n = 0; n <= DEV_STREAM_SLOTS; n++)
+        if (n != a && n != b)
+            tu_assert_cu(drv->cuStreamDestroy(s[n]));
+    idx_a = s[a];
+    idx_b = s[b];
+    unsigned i = fast_slot_index(idx_a);
+    const struct dev_fast *f = &rt_device_peek(0)->fast;
+
+    /* Each stream's segment first, so that no malloc below grows one (a malloc that grows
+     * settles every front: malloc_slow_body). */
+    idx_pair(idx_b, 512, "main on B");
+    idx_pair(idx_a, 512, "main on A"); /* the stream slot i: A's block, the main thread's */
+    assert_true(f->busy_slots >> i & 1);
+    assert_ptr_equal(f->slots[i].blk->stream, idx_a);
+    pthread_barrier_init(&idx_step, NULL, 2);
+    pthread_t h;
+    assert_int_equal(pthread_create(&h, NULL, idx_helper, NULL), 0);
+    pthread_barrier_wait(&idx_step);
+    pthread_barrier_wait(&idx_step); /* the helper's pair on A */
+    assert_true(sharing_is_shared(&f->sharing, i, idx_a));
+    assert_int_equal(idx_fronts_of(f, idx_a), 1);
+    idx_pair(idx_b, 512, "main on B, again"); /* the stream slot i: B's block, the main thread's */
+    assert_true(f->busy_slots >> i & 1);
+    assert_ptr_equal(f->slots[i].blk->stream, idx_b);
+    assert_int_equal(idx_fronts_of(f, idx_a), 1);
+    pthread_barrier_wait(&idx_step);
+    pthread_barrier_wait(&idx_step); /* the helper's pair on B */
+    pthread_join(h, NULL);
+    pthread_barrier_destroy(&idx_step);
+    if (atomic_load(&failures))
+        fail_msg("%d failure(s); first: %s", atomic_load(&failures), first_failure);
+    assert_true(sharing_is_shared(&f->sharing, i, idx_b));
+    assert_false(sharing_is_shared(&f->sharing, i, idx_a));
+    assert_int_equal(idx_fronts_of(f, idx_a), 0);
+
+    /* Everything was freed: after empty_cache nothing is allocated or reserved. */
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    xseg_device_stats st;
+    assert_int_equal(xseg_get_stats(0, &st), XSEG_SUCCESS);
+    assert_int_equal(st.allocation[0].current, 0);
+    assert_int_equal(st.reserved_bytes[0].current, 0);
+    tu_assert_cu(drv->cuStreamDestroy(idx_a));
+    tu_assert_cu(drv->cuStreamDestroy(idx_b));
+    drv->cuDevicePrimaryCtxRelease(dev);
+    tu_ctx_set();
+}
+
+static void test_threads_shared_index_expandable(void **state)
+{
+    (void)state;
+    run_shared_index("expandable_segments:True");
+}
+
+static void test_threads_shared_index_classic(void **state)
+{
+    (void)state;
+    run_shared_index("expandable_segments:False");
+}
+
 /* `test_threads NAME` runs one test (each is its own meson test); no argument runs them all. */
 int main(int argc, char **argv)
 {
@@ -937,6 +1069,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_one_stream_pairs_mixed_classic),
         cmocka_unit_test(test_threads_one_stream_pairs_mixed_room_expandable),
         cmocka_unit_test(test_threads_one_stream_pairs_mixed_room_classic),
+        cmocka_unit_test(test_threads_shared_index_expandable),
+        cmocka_unit_test(test_threads_shared_index_classic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
