@@ -67,10 +67,11 @@
  * reach 1.5x one thread's pairs there (a hit's eager address depends on whether the other
  * thread's block is free at that instant, so each pair would read a line the other wrote:
  * bench_scale --only floor). So a stream is marked shared when a malloc or free through the device
- * lock finds its slot filled by another thread (settle_malloc, fast.c), or, classic blocks side by
- * side filling no stream slot, when the free of last_alloc finds it beside another block, which
- * probes its stream, and the next free through the device lock there is another thread's
- * (classic_beside, fast_fill_probed); from then until every slot settles (any FAST_ALL settle:
+ * lock finds its slot filled by another thread (settle_malloc, fast.c), or, the blocks side by
+ * side filling no stream slot (classic ones in one segment; expandable ones when the other
+ * thread's block was freed first, a free predecessor), when the free of last_alloc finds it beside
+ * another block or hole, which probes its stream, and the next free through the device lock there
+ * is another thread's (free_beside, fast_fill_probed); from then until every slot settles (any FAST_ALL settle:
  * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path and
  * so its out-of-memory reclaim) its frees fill own slots (slots[DEV_STREAM_SLOTS ..], one a thread
  * and stream, its front; none left: the eager free; a full front settles one entry, a handed-out
@@ -355,7 +356,7 @@ static inline bool fast_shared(const struct dev_alloc *d, const void *stream)
 {
     return sharing_is_shared(&d->fast.sharing, fast_slot_index(stream), stream);
 }
-/* The free of @p b on a stream probed (classic_beside): by another thread, it marks the stream
+/* The free of @p b on a stream probed (free_beside): by another thread, it marks the stream
  * shared and fills an own slot (true); by the prober, it ends the probe and holds off that
  * thread's next SHARING_QUIET_FREES probes of the stream. Else fast_fill_stream. */
 bool fast_fill_probed(struct dev_alloc *d, struct block *b);

@@ -4,7 +4,7 @@
  * held). Its state for a stream, enum sharing_state, decides where a free through the device lock
  * of a block of that stream goes (fast_put, core/device/fast.h; see Note [slot rule] there):
  *
- *     ALONE   --sharing_probe-->       PROBED   a classic free of last_alloc beside another block
+ *     ALONE   --sharing_probe-->       PROBED   a free of last_alloc beside another block (free_beside)
  *     PROBED  --sharing_probe_end-->   QUIET    the prober's own next free: no other thread there
  *     QUIET   --sharing_quiet_tick-->  QUIET    a free of the prober, unprobed (ALONE at 0)
  *     any     --sharing_mark-->        SHARED   another thread's free or malloc met the stream
@@ -32,7 +32,7 @@
 
 enum sharing_state {
     SHARING_ALONE,  /* no mark, no open probe, no countdown: a free may fill the stream's slot */
-    SHARING_PROBED, /* a classic probe open: the next free there by another thread marks it */
+    SHARING_PROBED, /* a probe open: the next free there by another thread marks it */
     SHARING_QUIET,  /* the probe ended by its prober: its next frees there probe no more */
     SHARING_SHARED, /* several threads' pairs meet there: its frees fill own slots */
 };

@@ -450,7 +450,7 @@ struct quar_state {
  * enum sharing_state's (core/device/sharing.h). */
 struct sharing_entry {
     CUstream shared;   /* the stream marked shared here, while any.shared has the entry's bit */
-    CUstream stream;   /* the stream of the entry's last probe (classic_beside, fast.c) */
+    CUstream stream;   /* the stream of the entry's last probe (free_beside, fast.c) */
     const void *owner; /* its prober (fast_self) */
     uint8_t quiet;     /* frees of owner on stream still to come without a probe (a lone thread) */
 };
@@ -473,7 +473,7 @@ struct dev_fast {
     unsigned fast_gen;
     /* Bit i is set while slots[i] holds a block (exact under the device lock). */
     uint64_t busy_slots;
-    /* Which streams several threads use at once, and the classic probes that find them out
+    /* Which streams several threads use at once, and the probes that find them out
      * (struct sharing, core/device/sharing.h). */
     struct sharing sharing;
     /* The block of the last malloc through the device lock: only a free of it fills a slot (a

@@ -1051,6 +1051,135 @@ static void test_threads_shared_index_classic(void **state)
     run_shared_index("expandable_segments:False");
 }
 
+/*
+ * Two threads on one stream taking turns in a fixed order: each step the first mallocs, then the
+ * second, then the first frees, then the second (first in, first out), sizes in turn. The second's
+ * free of the last block allocated finds the hole of the first's beside it, so no stream slot can
+ * keep it: the stream must still be found shared within a few steps, and the pairs served off the
+ * device lock after the fronts hold every size. (Expandable streams were never marked in this
+ * order: every pair locked.)
+ */
+#define FIFO_STEPS 64
+static pthread_mutex_t fifo_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fifo_cond = PTHREAD_COND_INITIALIZER;
+static unsigned fifo_turn; /* step * 4 + (0: first mallocs, 1: second mallocs, 2: first frees, 3: second frees) */
+static CUstream fifo_stream;
+static atomic_uint_fast64_t fifo_marked_at; /* the first step after which the stream was marked, + 1 */
+#if XSEG_DEBUG_LEVEL >= 1
+static uint64_t fifo_locked_at[FIFO_STEPS + 1]; /* lock_mallocs + lock_frees before each step */
+#endif
+
+static void fifo_wait(unsigned turn)
+{
+    pthread_mutex_lock(&fifo_lock);
+    while (fifo_turn != turn)
+        pthread_cond_wait(&fifo_cond, &fifo_lock);
+    pthread_mutex_unlock(&fifo_lock);
+}
+
+static void fifo_next(void)
+{
+    pthread_mutex_lock(&fifo_lock);
+    fifo_turn++;
+    pthread_cond_broadcast(&fifo_cond);
+    pthread_mutex_unlock(&fifo_lock);
+}
+
+static void *fifo_worker(void *arg)
+{
+    unsigned id = (unsigned)(intptr_t)arg;
+    bool ok = use_dev(0);
+    for (unsigned step = 0; step < FIFO_STEPS; step++) {
+        struct blk b = {.size = 512 * (step % 4 + 1) - (id ? 60 : 12), .dev = 0};
+        b.tag = (uint32_t)atomic_fetch_add(&next_tag, 1);
+        fifo_wait(step * 4 + id);
+#if XSEG_DEBUG_LEVEL >= 1
+        if (id == 0) {
+            const struct dev_fast *f = &rt_device_peek(0)->fast;
+            fifo_locked_at[step] = f->lock_mallocs + f->lock_frees;
+        }
+#endif
+        if (ok && xseg_malloc(&b.ptr, b.size, 0, (struct CUstream_st *)fifo_stream) != XSEG_SUCCESS) {
+            tfail("fifo %u: xseg_malloc(%zu): %s", id, b.size, xseg_last_error());
+            ok = false;
+        }
+        if (ok && tu_fill((CUdeviceptr)(uintptr_t)b.ptr, b.size, b.tag) != CUDA_SUCCESS) {
+            tfail("fifo %u: tu_fill failed", id);
+            ok = false;
+        }
+        fifo_next();
+        fifo_wait(step * 4 + 2 + id);
+        if (ok)
+            check_and_free(&b, id ? "fifo second" : "fifo first");
+        if (id == 1 && !atomic_load(&fifo_marked_at) && fast_shared(rt_device_peek(0), fifo_stream))
+            atomic_store(&fifo_marked_at, step + 1);
+        fifo_next();
+    }
+    return NULL;
+}
+
+static void run_fifo(const char *config)
+{
+    if (!tu_gpu_available()) {
+        print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
+        skip();
+    }
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
+    CUdevice dev;
+    tu_assert_cu(drv->cuDeviceGet(&dev, 0));
+    tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&ctxs[0], dev));
+    tu_assert_cu(drv->cuCtxSetCurrent(ctxs[0]));
+    tu_assert_cu(drv->cuStreamCreate(&fifo_stream, CU_STREAM_NON_BLOCKING));
+    atomic_store(&failures, 0);
+    atomic_store(&fifo_marked_at, 0);
+    fifo_turn = 0;
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    pthread_t w[2];
+    for (intptr_t i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&w[i], NULL, fifo_worker, (void *)i), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(w[i], NULL);
+    if (atomic_load(&failures))
+        fail_msg("%d failure(s); first: %s", atomic_load(&failures), first_failure);
+    /* The first steps lock (each thread's first block of each size; the probe, then the mark). */
+    uint64_t marked = atomic_load(&fifo_marked_at);
+    print_message("marked shared after step %" PRIu64 " of %d\n", marked, FIFO_STEPS);
+    if (!marked || marked > 4)
+        fail_msg("the stream was %s", marked ? "marked shared late" : "never marked shared");
+#if XSEG_DEBUG_LEVEL >= 1
+    /* From step 16 on, the fronts hold every size: the check-ins aside, no pair locks (each
+     * front checks in once per FRONT_CHECK_HITS hits, more than these steps). */
+    const struct dev_fast *f = &rt_device_peek(0)->fast;
+    uint64_t late = f->lock_mallocs + f->lock_frees - fifo_locked_at[16];
+    print_message("steps 16-%d: %" PRIu64 " of %d mallocs and frees took the device lock\n", FIFO_STEPS - 1, late,
+                  4 * (FIFO_STEPS - 16));
+    if (late > 4)
+        fail_msg("%" PRIu64 " of %d mallocs and frees took the device lock after the fronts filled", late,
+                 4 * (FIFO_STEPS - 16));
+#endif
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    xseg_device_stats st;
+    assert_int_equal(xseg_get_stats(0, &st), XSEG_SUCCESS);
+    assert_int_equal(st.allocation[0].current, 0);
+    assert_int_equal(st.reserved_bytes[0].current, 0);
+    tu_assert_cu(drv->cuStreamDestroy(fifo_stream));
+    drv->cuDevicePrimaryCtxRelease(dev);
+    tu_ctx_set();
+}
+
+static void test_threads_fifo_expandable(void **state)
+{
+    (void)state;
+    run_fifo("expandable_segments:True");
+}
+
+static void test_threads_fifo_classic(void **state)
+{
+    (void)state;
+    run_fifo("expandable_segments:False");
+}
+
 /* `test_threads NAME` runs one test (each is its own meson test); no argument runs them all. */
 int main(int argc, char **argv)
 {
@@ -1071,6 +1200,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_one_stream_pairs_mixed_room_classic),
         cmocka_unit_test(test_threads_shared_index_expandable),
         cmocka_unit_test(test_threads_shared_index_classic),
+        cmocka_unit_test(test_threads_fifo_expandable),
+        cmocka_unit_test(test_threads_fifo_classic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
