@@ -1038,8 +1038,8 @@ bool fast_fill_stream(struct dev_alloc *d, struct block *b)
      * a live successor. Two threads whose pairs overlap on a stream put their blocks side by
      * side, and whichever of them frees first, the other's free of last_alloc meets the first's
      * block or its hole: no slot can keep it. Without the probe an expandable stream whose
-     * threads free in the order they allocated was never marked (every pair locked: 1 run in
-     * about 16 of threads_one_stream_pairs_mixed_expandable under TSan; threads_fifo_*). */
+     * threads free in the order they allocated was never marked (every pair locked: 8 runs in
+     * 140 of threads_one_stream_pairs_mixed_expandable under TSan and load; threads_fifo_*). */
     if (b->expandable ? block_in_free_index(prev) || !block_in_free_index(next) : prev || (next && next->next)) {
         /* The quiet countdown in line (one thread freeing beside its live blocks or holes,
          * SHARING_QUIET_FREES times out of SHARING_QUIET_FREES + 1): this thread's own probe of

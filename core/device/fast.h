@@ -64,26 +64,26 @@
  * Why own slots: one slot a stream keeps eager placement, but two threads whose pairs overlap on
  * one stream cannot share it: their blocks lie side by side, the lower one's free has no free
  * successor, and every pair takes the device lock; nor can any slot that keeps eager placement
- * reach 1.5x one thread's pairs there (a hit's eager address depends on whether the other
- * thread's block is free at that instant, so each pair would read a line the other wrote:
- * bench_scale --only floor). So a stream is marked shared when a malloc or free through the device
- * lock finds its slot filled by another thread (settle_malloc, fast.c), or, the blocks side by
- * side filling no stream slot (classic ones in one segment; expandable ones when the other
- * thread's block was freed first, a free predecessor), when the free of last_alloc finds it beside
- * another block or hole, which probes its stream, and the next free through the device lock there
- * is another thread's (free_beside, fast_fill_probed); from then until every slot settles (any FAST_ALL settle:
- * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path and
- * so its out-of-memory reclaim) its frees fill own slots (slots[DEV_STREAM_SLOTS ..], one a thread
- * and stream, its front; none left: the eager free; a full front settles one entry, a handed-out
- * one first; a front unused while others of its stream were used settles at a check-in,
- * front_check_in). What that gives up, on shared streams only: a thread's freed blocks are held out of
- * the other threads' best fit until a settle (a per-thread cache of up to FRONT_ENTRIES blocks a
+ * reach 1.5x one thread's pairs there (a hit's eager address depends on whether the other thread's
+ * block is free at that instant, so each pair would read a line the other wrote: bench_scale --only
+ * floor). So a stream is marked shared when a malloc or free through the device lock finds its slot
+ * filled by another thread (settle_malloc, fast.c), or, the blocks side by side filling no stream
+ * slot (classic ones in one segment; expandable ones when the other thread's block was freed first,
+ * a free predecessor), when the free of last_alloc finds it beside another block or hole, which
+ * probes its stream, and the next free through the device lock there is another thread's
+ * (free_beside, fast_fill_probed); from then until every slot settles (any FAST_ALL settle:
+ * empty_cache, snapshots, stats resets, config changes, capture, sleep, the slow malloc path and so
+ * its out-of-memory reclaim) its frees fill own slots (slots[DEV_STREAM_SLOTS ..], one a thread and
+ * stream, its front; none left: the eager free; a full front settles one entry, a handed-out one
+ * first; a front unused while others of its stream were used settles at a check-in,
+ * front_check_in). What that gives up, on shared streams only: a thread's freed blocks are held out
+ * of the other threads' best fit until a settle (a per-thread cache of up to FRONT_ENTRIES blocks a
  * stream), and a hit takes one back for its own rounded size whether or not best fit would; a
  * malloc that would grow settles every front first (malloc_slow_body). Own slots owe nothing on the
  * inactive_split rows: a classic B in one is no inactive split block (nor merged with a free
  * neighbour) until its settle, whose ordinary free moves those rows up or down and takes their
- * peaks from d->acct.stats; the stream slots owing on them settle first (own_settle), so those
- * rows are the recount's then, and the peaks exact. Single-threaded use never marks a stream: its
+ * peaks from d->acct.stats; the stream slots owing on them settle first (own_settle), so those rows
+ * are the recount's then, and the peaks exact. Single-threaded use never marks a stream: its
  * placement is the eager one.
  *
  * Note [front grants]
