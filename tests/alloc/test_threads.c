@@ -919,6 +919,38 @@ static void test_threads_one_stream_pairs_mixed_room_classic(void **state)
     run_pairs("expandable_segments:False", false, true, true);
 }
 
+/* The scenario tests' device 0 under @p config (skipped without a device): the context current,
+ * the cache emptied, no failure counted yet. Returns the device, for dev0_end_drained. */
+static CUdevice dev0_begin(const char *config)
+{
+    if (!tu_gpu_available()) {
+        print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
+        skip();
+    }
+    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
+    assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
+    CUdevice dev;
+    tu_assert_cu(drv->cuDeviceGet(&dev, 0));
+    tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&ctxs[0], dev));
+    tu_assert_cu(drv->cuCtxSetCurrent(ctxs[0]));
+    atomic_store(&failures, 0);
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    return dev;
+}
+
+/* Everything was freed: after empty_cache nothing is allocated or reserved on device 0; its
+ * context goes back. */
+static void dev0_end_drained(CUdevice dev)
+{
+    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    xseg_device_stats st;
+    assert_int_equal(xseg_get_stats(0, &st), XSEG_SUCCESS);
+    assert_int_equal(st.allocation[0].current, 0);
+    assert_int_equal(st.reserved_bytes[0].current, 0);
+    drv->cuDevicePrimaryCtxRelease(dev);
+    tu_ctx_set();
+}
+
 /*
  * Two streams at one slot index (fast_slot_index): stream A shared, its sharing entry held, a
  * front of A busy in a helper thread; then the main thread's free of a block of stream B fills the
@@ -969,18 +1001,7 @@ static int idx_fronts_of(const struct dev_fast *f, CUstream stream)
 
 static void run_shared_index(const char *config)
 {
-    if (!tu_gpu_available()) {
-        print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
-        skip();
-    }
-    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
-    assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
-    CUdevice dev;
-    tu_assert_cu(drv->cuDeviceGet(&dev, 0));
-    tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&ctxs[0], dev));
-    tu_assert_cu(drv->cuCtxSetCurrent(ctxs[0]));
-    atomic_store(&failures, 0);
-    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
+    CUdevice dev = dev0_begin(config);
 
     /* 33 streams over 32 slot indices: two share one (pigeonhole); the rest go. */
     CUstream s[DEV_STREAM_SLOTS + 1];
@@ -1027,16 +1048,9 @@ static void run_shared_index(const char *config)
     assert_false(sharing_is_shared(&f->sharing, i, idx_a));
     assert_int_equal(idx_fronts_of(f, idx_a), 0);
 
-    /* Everything was freed: after empty_cache nothing is allocated or reserved. */
-    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    xseg_device_stats st;
-    assert_int_equal(xseg_get_stats(0, &st), XSEG_SUCCESS);
-    assert_int_equal(st.allocation[0].current, 0);
-    assert_int_equal(st.reserved_bytes[0].current, 0);
     tu_assert_cu(drv->cuStreamDestroy(idx_a));
     tu_assert_cu(drv->cuStreamDestroy(idx_b));
-    drv->cuDevicePrimaryCtxRelease(dev);
-    tu_ctx_set();
+    dev0_end_drained(dev);
 }
 
 static void test_threads_shared_index_expandable(void **state)
@@ -1120,21 +1134,10 @@ static void *fifo_worker(void *arg)
 
 static void run_fifo(const char *config)
 {
-    if (!tu_gpu_available()) {
-        print_message("[  SKIPPED ] no CUDA device: %s\n", tu_last_load_error());
-        skip();
-    }
-    assert_int_equal(xseg_init(config), XSEG_SUCCESS);
-    assert_int_equal(xseg_set_config(config), XSEG_SUCCESS);
-    CUdevice dev;
-    tu_assert_cu(drv->cuDeviceGet(&dev, 0));
-    tu_assert_cu(drv->cuDevicePrimaryCtxRetain(&ctxs[0], dev));
-    tu_assert_cu(drv->cuCtxSetCurrent(ctxs[0]));
+    CUdevice dev = dev0_begin(config);
     tu_assert_cu(drv->cuStreamCreate(&fifo_stream, CU_STREAM_NON_BLOCKING));
-    atomic_store(&failures, 0);
     atomic_store(&fifo_marked_at, 0);
     fifo_turn = 0;
-    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
     pthread_t w[2];
     for (intptr_t i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&w[i], NULL, fifo_worker, (void *)i), 0);
@@ -1158,14 +1161,8 @@ static void run_fifo(const char *config)
         fail_msg("%" PRIu64 " of %d mallocs and frees took the device lock after the fronts filled", late,
                  4 * (FIFO_STEPS - 16));
 #endif
-    assert_int_equal(xseg_empty_cache(0), XSEG_SUCCESS);
-    xseg_device_stats st;
-    assert_int_equal(xseg_get_stats(0, &st), XSEG_SUCCESS);
-    assert_int_equal(st.allocation[0].current, 0);
-    assert_int_equal(st.reserved_bytes[0].current, 0);
     tu_assert_cu(drv->cuStreamDestroy(fifo_stream));
-    drv->cuDevicePrimaryCtxRelease(dev);
-    tu_ctx_set();
+    dev0_end_drained(dev);
 }
 
 static void test_threads_fifo_expandable(void **state)
