@@ -168,15 +168,19 @@ static void undo_alloc(struct dev_alloc *d, struct block *b)
     dev_free_block(d, b);
 }
 
+/* What malloc_hand_out knows of the request's pool: nothing (it tests the rounded size), or, a
+ * constant where the caller has branched on it already, small or large (no second test). */
+enum hand_pool { HAND_POOL_TEST, HAND_POOL_SMALL, HAND_POOL_LARGE };
+
 /* Hand out p->block, the end of every malloc once it is found (taken out of the index unless
  * @p indexed): split, account, record the pointer. @p home (a constant): place_predict_home ran
- * for this malloc with the lock held since, its life_state.home_tag is this key's. Lock held (and
- * kept). */
+ * for this malloc with the lock held since, its life_state.home_tag is this key's. @p kind (a
+ * constant): whether the caller knows the pool (enum hand_pool). Lock held (and kept). */
 static inline __attribute__((always_inline)) xseg_status malloc_hand_out(struct dev_alloc *d, struct alloc_params *p,
                                                                          size_t size, bool indexed,
                                                                          const struct block *pred,
-                                                                         bool home, void **out,
-                                                                         struct hist_mctx *h)
+                                                                         bool home, enum hand_pool kind,
+                                                                         void **out, struct hist_mctx *h)
 {
     lock_assert_held(&d->lock);
     struct block *b = XSEG_UNLIKELY(p->top) ? alloc_top_block(d, p, size) : alloc_found_block(d, p, size, indexed, pred);
@@ -191,7 +195,7 @@ static inline __attribute__((always_inline)) xseg_status malloc_hand_out(struct 
     }
     fast_note_alloc(d, b);
     life_note(&d->life, 0);
-    if (p->size > BLOCK_SMALL_SIZE) { /* the large pools, in expandable mode (in line: no jump back) */
+    if (kind == HAND_POOL_TEST ? p->size > BLOCK_SMALL_SIZE : kind == HAND_POOL_LARGE) { /* the large pools */
         if (home)
             place_record_home(d, size, p->stream, p->pool, b); /* the prediction's entry: no second hash */
         else if (d->use_expandable)
@@ -228,13 +232,13 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
                          : bops_find_free(d, &(struct bops_want){p->pool, p->stream, p->size}, &pred, &pred_ok);
         if (found && pred_ok) {
             p->block = found;
-            return malloc_hand_out(d, p, size, true, pred, false, out, h);
+            return malloc_hand_out(d, p, size, true, pred, false, HAND_POOL_TEST, out, h);
         }
     }
     if (found) {
         bpool_remove_free(p->pool, found);
         p->block = found;
-        return malloc_hand_out(d, p, size, false, NULL, false, out, h);
+        return malloc_hand_out(d, p, size, false, NULL, false, HAND_POOL_TEST, out, h);
     }
 
     /* Admission: what no device holds is out of memory at once; a capturing stream no pool takes
@@ -253,7 +257,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
         if (grow_pool_fell_asleep(d, p->pool, &st))
             return st;
         if (freed && grow_recheck_cache(d, p))
-            return malloc_hand_out(d, p, size, false, NULL, false, out, h);
+            return malloc_hand_out(d, p, size, false, NULL, false, HAND_POOL_TEST, out, h);
     }
 
     /* Garbage collection: aged cached blocks, when a threshold is set. */
@@ -263,7 +267,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
     /* The quarantine (debug_stale_access): over a quarter of its bound, it empties before growth
      * (core/device/quarantine.h). */
     if (XSEG_UNLIKELY(d->quar.n) && quar_before_growth(d) && grow_recheck_cache(d, p))
-        return malloc_hand_out(d, p, size, false, NULL, false, out, h);
+        return malloc_hand_out(d, p, size, false, NULL, false, HAND_POOL_TEST, out, h);
 
     /* Growth: a new segment, or room in an expandable one. */
     st = grow_try(d, p);
@@ -282,7 +286,7 @@ static __attribute__((noinline)) xseg_status malloc_policy(struct dev_alloc *d, 
      * so it cannot be a candidate. */
     if (XSEG_UNLIKELY(d->cfg.release_threshold != SIZE_MAX))
         trim_threshold(d, p->size);
-    return malloc_hand_out(d, p, size, false, NULL, false, out, h);
+    return malloc_hand_out(d, p, size, false, NULL, false, HAND_POOL_TEST, out, h);
 }
 
 /* Everything before the search that a plain malloc does not need: a new config, and the work of
@@ -422,9 +426,9 @@ static __attribute__((noinline)) xseg_status malloc_class(struct dev_alloc *d, s
         return malloc_slow(d, size, p->stream, false, NULL, false, out);
     p->block = c;
     if (XSEG_LIKELY(pred_ok)) /* the index's best fit: its predecessor is known */
-        return malloc_hand_out(d, p, size, true, pred, true, out, NULL);
+        return malloc_hand_out(d, p, size, true, pred, true, HAND_POOL_LARGE, out, NULL);
     bpool_remove_free(p->pool, c);
-    return malloc_hand_out(d, p, size, false, NULL, true, out, NULL);
+    return malloc_hand_out(d, p, size, false, NULL, true, HAND_POOL_LARGE, out, NULL);
 }
 
 /* A malloc under the permit predicted long-lived: the highest fitting free block, carved from its
@@ -440,7 +444,28 @@ static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, siz
         return malloc_slow(d, size, stream, true, NULL, true, out);
     bpool_remove_free(p.pool, b);
     p.block = b;
-    return malloc_hand_out(d, &p, size, false, NULL, true, out, NULL);
+    return malloc_hand_out(d, &p, size, false, NULL, true, HAND_POOL_LARGE, out, NULL);
+}
+
+/* malloc_cached's best fit on the stream, in the pool @p kind says (a constant: the hand-out tests
+ * no size again). Lock held. */
+static inline __attribute__((always_inline)) xseg_status malloc_cached_fit(struct dev_alloc *d, struct alloc_params *p,
+                                                                           size_t size, CUstream stream, void **out,
+                                                                           enum hand_pool kind)
+{
+    struct block *pred;
+    bool pred_ok;
+    struct block *b = bops_find_free(d, &(struct bops_want){p->pool, p->stream, p->size}, &pred, &pred_ok);
+    if (XSEG_LIKELY(b && pred_ok)) {
+        /* The pointer handed out is b's address: its map slot (a cache miss at many live
+         * blocks) loads while the split and the counters run. */
+        ptrmap_prefetch(&d->live, b->addr);
+        p->block = b;
+        /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
+        xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
+        return malloc_hand_out(d, p, size, true, pred, true, kind, out, NULL);
+    }
+    return malloc_slow(d, size, stream, true, b, false, out); /* every slot settled first */
 }
 
 /*
@@ -448,37 +473,27 @@ static __attribute__((noinline)) xseg_status malloc_top(struct dev_alloc *d, siz
  * handles: a best-fit search, a split that leaves the remainder in its index place, statistics,
  * one hash insert. No driver call, no allocation (block structs come from the spare list), no
  * atomic read-modify-write besides the lock's compare-exchange. A miss goes on to malloc_policy's
- * later steps. Lock held (malloc_locked takes and gives it back).
+ * later steps. Lock held (malloc_locked takes and gives it back). The small and the large pool
+ * each have their copy of the best fit's inline code (malloc_cached_fit), so that the hand-out
+ * knows the pool without a second size test: 2 to 8 instructions of a pair through the lock
+ * (docs/benchmarks-replay.md, the placement's cost).
  */
 static inline __attribute__((always_inline)) xseg_status malloc_cached(struct dev_alloc *d, size_t size,
                                                                        CUstream stream, void **out)
 {
-    xseg_status st;
     /* fast_gen stands for every rare condition (core/device/fast.h); a moved generation means a new config. */
-    if (XSEG_LIKELY(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))) {
-        struct alloc_params p;
-        size_t rounded = fast_round(size);
+    if (XSEG_UNLIKELY(!(settings_gen() == d->fast.fast_gen && size <= ((size_t)1 << 62))))
+        return malloc_slow(d, size, stream, false, NULL, false, out);
+    struct alloc_params p;
+    size_t rounded = fast_round(size);
+    if (XSEG_UNLIKELY(rounded > BLOCK_SMALL_SIZE)) {
         alloc_params_init(&p, rounded, alloc_params_pool(d, NULL, rounded), stream, false);
-        if (XSEG_UNLIKELY(p.size > BLOCK_SMALL_SIZE) && place_predict_home(d, p.size, size, stream, p.pool))
+        if (place_predict_home(d, p.size, size, stream, p.pool))
             return place_class_regime(d) ? malloc_class(d, size, stream, out) : malloc_top(d, size, stream, out);
-        struct block *pred;
-        bool pred_ok;
-        struct block *b = bops_find_free(d, &(struct bops_want){p.pool, p.stream, p.size}, &pred, &pred_ok);
-        if (XSEG_LIKELY(b && pred_ok)) {
-            /* The pointer handed out is b's address: its map slot (a cache miss at many live
-             * blocks) loads while the split and the counters run. */
-            ptrmap_prefetch(&d->live, b->addr);
-            p.block = b;
-            /* The permit: nothing is pending, active moves with allocation (dev_alloc.acct.pending). */
-            xseg_assert(!d->acct.pending[XSEG_STAT_ALL]);
-            st = malloc_hand_out(d, &p, size, true, pred, true, out, NULL);
-        } else {
-            st = malloc_slow(d, size, stream, true, b, false, out); /* every slot settled first */
-        }
-    } else {
-        st = malloc_slow(d, size, stream, false, NULL, false, out);
+        return malloc_cached_fit(d, &p, size, stream, out, HAND_POOL_LARGE);
     }
-    return st;
+    alloc_params_init(&p, rounded, alloc_params_pool(d, NULL, rounded), stream, false);
+    return malloc_cached_fit(d, &p, size, stream, out, HAND_POOL_SMALL);
 }
 
 /* malloc through the device lock: the door's bracket around the eager malloc (Note [the door] in

@@ -25,6 +25,11 @@ bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, co
     return tag != LIFE_HOME_NONE && life_key_live(l, tag);
 }
 
+bool place_twins_live(const struct dev_alloc *d, size_t req, CUstream stream, const void *pool)
+{
+    return life_twins_live(&d->life, req, stream, pool);
+}
+
 void life_record_slow(struct life_state *l, size_t req, CUstream stream, const void *pool, struct block *b)
 {
     if (!req)
@@ -44,6 +49,11 @@ void life_record_slow(struct life_state *l, size_t req, CUstream stream, const v
         l->live[LIFE_TAG(j) + LIFE_SHORT] = 0;
     }
     life_put(l, j, b);
+}
+
+void place_record_slow(struct dev_alloc *d, size_t req, CUstream stream, const void *pool, struct block *b)
+{
+    life_record_slow(&d->life, req, stream, pool, b);
 }
 
 #endif

@@ -67,8 +67,8 @@
  * L1 is O(1) a malloc or free, allocates nothing, calls no driver; a slot's block
  * (core/device/fast.h) is seen at its malloc and at the free that settles it. Locking: the device
  * lock, for all of it. Host cost (callgrind, the device-lock round robin against the same tree with
- * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 846
- * instructions against 795 (+6.4 %) on 80 GiB, 865 (+8.8 %) on 8 GiB (S1); the small pool's +2.0 %
+ * XSEG_PLACEMENT_OFF; docs/benchmarks-host.md's host-pairs table): the large pool's pair 841
+ * instructions against 792 (+6.2 %) on 80 GiB, 859 (+8.5 %) on 8 GiB (S1); the small pool's +0.9 %
  * (the finders' request passed by address took 9 off the tree without the placement, 1 with it). What a large pair must do here is
  * about 32 of them: the key's hash and home-entry test (14), its record (9, in the home entry the
  * prediction found: life_state.home_tag), the window (3) and the free's forget (6); S1 adds its
@@ -225,6 +225,12 @@ static inline __attribute__((always_inline)) bool life_key_live(const struct lif
 /* L1's second half past the key's home entry (probing). */
 bool life_twins_live(const struct life_state *l, size_t req, CUstream stream, const void *pool);
 
+/* life_twins_live and life_record_slow (below) for device @p d's table, called from the fast path
+ * by the device: GCC kept &d->life for such calls in a stack slot, 2 instructions of every large
+ * malloc through the device lock, where these rare calls now compute it themselves. */
+bool place_twins_live(const struct dev_alloc *d, size_t req, CUstream stream, const void *pool);
+void place_record_slow(struct dev_alloc *d, size_t req, CUstream stream, const void *pool, struct block *b);
+
 /* The tag of the key's home entry when the key sits there, else LIFE_HOME_NONE (the key is
  * elsewhere or not recorded). Valid while the device lock stays held: only a record changes which
  * key an entry holds. */
@@ -295,7 +301,7 @@ static inline __attribute__((always_inline)) void place_record_home(struct dev_a
     if (XSEG_LIKELY(tag != LIFE_HOME_NONE))
         life_put_key(&d->life, tag, b);
     else if (d->use_expandable)
-        life_record_slow(&d->life, req, stream, pool, b);
+        place_record_slow(d, req, stream, pool, b);
 }
 
 /* Large expandable block @p b is freed: no longer live. Through its tag, no lookup: a slot that has
@@ -464,7 +470,7 @@ static inline __attribute__((always_inline)) bool place_predict_home(struct dev_
         return life_key_live(l, tag) && life_frees_lead(l); /* the entry first: the cheaper test */
     }
     l->home_tag = LIFE_HOME_NONE;
-    return life_frees_lead(l) && life_twins_live(l, requested, stream, pool);
+    return life_frees_lead(l) && place_twins_live(d, requested, stream, pool);
 #endif
 }
 
