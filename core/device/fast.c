@@ -127,7 +127,7 @@ static void slot_pay(const struct dev_slot *s, xseg_device_stats *st)
             const struct dev_slot *l = &f->lane[__builtin_ctz(m)];
             int si = f->si[f->lane_entry[__builtin_ctz(m)]];
             st->allocation[si].allocated += (int64_t)l->reps;
-            st->allocated_bytes[si].allocated += (int64_t)l->size_sum;
+            st->allocated_bytes[si].allocated += (int64_t)(l->reps * l->cur_size); /* fast_take */
             st->requested_bytes[si].allocated += (int64_t)l->req_sum;
         }
         return;
@@ -265,7 +265,7 @@ static void lane_fold(struct dev_front *f, unsigned j)
     int si = f->si[k];
     uint64_t bit = (uint64_t)1 << k;
     f->reps[si] += l->reps;
-    f->size_sum[si] += (int64_t)l->size_sum;
+    f->size_sum[si] += (int64_t)(l->reps * l->cur_size); /* a lane's bytes (fast_take) */
     f->req_sum[si] += (int64_t)l->req_sum;
     f->seen |= l->reps != f->lane_seen[j];
 #if XSEG_DEBUG_LEVEL >= 1
@@ -1447,7 +1447,7 @@ static bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void *
     isb[si].allocated -= (int64_t)(s->min_size - r);
     s->min_size = r;
     s->span = b->size - r;
-    *out = fast_take(s, b, size, r);
+    *out = fast_take(s, b, size, r, false);
     spin_release(&s->lock);
     fast_tls_last(s);
     fast_guard_end(d, &g);

@@ -175,11 +175,14 @@ static inline int64_t front_grant(const struct dev_front *f, int k, int p) { ret
  * of 512 B steps take four lanes. */
 static inline unsigned front_lane_index(size_t r)
 {
-    /* Fibonacci hashing of r / 512 (0x9E3779B97F4A7C15), with the division folded into the
+    /* Fibonacci hashing of r / 512 on 32 bits (K = 0x9E3779B9), with the division folded into the
      * multiplier: r is a multiple of 512, so r * (K >> 9) is (r / 512) * (K with its low 9 bits
-     * clear), whose top bits are those of (r / 512) * K for every r below 2 TiB (checked for every
-     * 512 B step up to 2 GiB when the shift went): one instruction less on the lane's try. */
-    return (unsigned)((r * UINT64_C(0x004F1BBCDCBFA53E)) >> 62) & (FRONT_LANES - 1);
+     * clear). 32 bits, so that the multiplier is an immediate (the 64-bit one took a movabs of
+     * every lane try); sizes past 4 GiB hash by their low 32 bits. Below 1,444 KiB (the small
+     * pool's sizes and past them) it gives every size the 64-bit hash's lane, so the same sizes
+     * share one: four 512 B steps in turn never do. */
+    _Static_assert(FRONT_LANES == 4, "front_lane_index: its shift keeps two bits");
+    return ((uint32_t)r * UINT32_C(0x4F1BBC)) >> 30;
 }
 /* Is @p s one of front @p f's lane slots? */
 static inline bool front_lane_slot(const struct dev_front *f, const struct dev_slot *s)
@@ -474,17 +477,24 @@ static inline bool slot_peek_freed(const struct dev_slot *s) { return __atomic_l
 
 /* A hit's bookkeeping, written once for fast_hit and fast_widen: slot @p s (locked, its B @p lz
  * freed in it) hands B out for @p size bytes rounded to @p r; the caller makes s this thread's
- * last slot where it is not (fast_tls_last). Returns B's address. */
+ * last slot where it is not (fast_tls_last). @p lane (a constant: fast_lane_hit's try): s is a
+ * front's lane, whose rounded size never changes (r == cur_size, tested by the hit), so neither
+ * cur_size nor size_sum is written, two instructions of every lane pair where sizes turn. A
+ * lane's bytes are therefore reps x cur_size wherever they are read (slot_pay, lane_fold); its
+ * size_sum is not one of them (fast_hit's try on a lane, one size paired again, still adds to
+ * it: check_lanes). Returns B's address. */
 static inline __attribute__((always_inline)) void *fast_take(struct dev_slot *s, const struct block *lz, size_t size,
-                                                          size_t r)
+                                                          size_t r, bool lane)
 {
     slot_set_freed(s, NULL);
     s->live = lz->addr;
     s->cur_req = size;
-    s->cur_size = r;
     s->reps++;
     s->req_sum += size;
-    s->size_sum += r;
+    if (!lane) {
+        s->cur_size = r;
+        s->size_sum += r;
+    }
 #if XSEG_DEBUG_LEVEL >= 1
     s->hits++;
 #endif
@@ -507,7 +517,7 @@ static inline __attribute__((always_inline)) bool fast_hit_sized(struct dev_allo
         goto miss;
     if (lane ? r != s->cur_size : r - s->min_size > s->span)
         goto miss;
-    *out = fast_take(s, lz, size, r);
+    *out = fast_take(s, lz, size, r, lane);
     spin_release(&s->lock);
     return true;
 miss:
@@ -551,7 +561,10 @@ static inline bool fast_lane_hit(fast_tls_ref t, struct dev_slot *lanes, struct 
         t->lane_left = 1; /* due: the front's hit checks in (fast_front_hit_in) */
         return false;
     }
-    size_t r = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1; /* fast_hit_at's rounding (0 for size 0: no lane's) */
+    /* fast_hit_at's rounding (0 for size 0: no lane's), in a register no argument uses (GCC took
+     * d's, and moved d out of its way and back on a miss) */
+    register size_t r XSEG_REG("r9") = ((size - 1) | (BLOCK_MIN_SIZE - 1)) + 1;
+    __asm__("" : "+r"(r));
     register struct dev_slot *l XSEG_REG("r11") = &lanes[front_lane_index(r)]; /* as alloc_malloc's s */
     __asm__("" : "+r"(l));
     if (!fast_hit_sized(d, l, size, r, true, stream, out))

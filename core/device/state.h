@@ -108,8 +108,10 @@ struct dev_slot {
     size_t cur_req;        /* the requested bytes of its last malloc (B's true requested_size) */
     size_t cur_size;       /* the rounded size of its last malloc (B's true size while live) */
     uint64_t reps;         /* hits since the fill, each a free + malloc pair not yet counted */
-    size_t req_sum;        /* the requested bytes of those hits */
-    size_t size_sum;       /* their rounded sizes */
+    /* size_sum sits between reps and req_sum, the two counts a lane's hit adds to (fast_take):
+     * adjacent, GCC packed those two adds into one vector add of seven instructions. */
+    size_t size_sum;       /* the hits' rounded sizes (not a lane's: its hits are reps x cur_size) */
+    size_t req_sum;        /* their requested bytes */
 #if XSEG_DEBUG_LEVEL >= 1
     uint64_t hits;         /* debug builds: added to dev_alloc.fast.slot_hits at the settle */
     uint64_t misses;       /* debug builds: tries that took the lock and served nothing (fast_hit_at),
