@@ -8,7 +8,10 @@
  * Threads: T threads, each on a stream of its own on device 0, make cached 512 B malloc+free
  * pairs (N per thread); the table prints total pairs per second (median of R), its ratio to one
  * thread of the same allocator, and glibc malloc and mimalloc (libmimalloc.so.2, loaded when
- * installed: Debian's libmimalloc2.0) with the same threads in the same run. --mixed: each thread
+ * installed: Debian's libmimalloc2.0) with the same threads in the same run. The ratio is taken
+ * in the same process: each repetition runs one thread, on a stream of its own that the T threads
+ * never use, just before the T threads, and the ratio is the median of the repetitions' ratios
+ * (this VM's speed moves one thread's rate by up to 2x between runs minutes apart). --mixed: each thread
  * cycles through 512, 1024, 1536 and 2048 B instead (one size a pair, the next size the next pair).
  * --same-stream: every thread on one stream (the default stream's cache is shared as PyTorch's
  * is: one pool per stream), so that the threads share the stream's slot (core/device/fast.h).
@@ -198,8 +201,13 @@ static double threads_once(CUstream *streams, int nthreads, size_t pairs, enum w
     return rc ? -1.0 : (double)pairs * nthreads / ((double)(t1 - t0) / 1e9);
 }
 
-/* One cell, in a child: prints "xseg_pairs_per_s glibc_pairs_per_s mimalloc_pairs_per_s" (the
- * last 0 without libmimalloc.so.2). */
+/* One cell, in a child: prints "xseg glibc mimalloc" pairs per second (medians; mimalloc's 0
+ * without libmimalloc.so.2), then the same three as ratios to one thread. With @p nthreads > 1,
+ * each repetition runs one thread of each allocator just before its @p nthreads, on a stream of
+ * its own that the cell's threads never use (streams[nthreads]), and a ratio is the median of the
+ * repetitions' ratios: both sides of each are taken in the same process within a second, where
+ * this VM's speed holds, not minutes apart in two children (it moved one thread's rate by up to
+ * 2x between runs). */
 static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
 {
     if (xseg_init(expandable ? "expandable_segments:True" : "expandable_segments:False") != XSEG_SUCCESS) {
@@ -208,8 +216,8 @@ static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
     }
     if (driver_open())
         return 1;
-    CUstream streams[64];
-    for (int i = 0; i < nthreads; i++)
+    CUstream streams[65];
+    for (int i = 0; i <= nthreads; i++)
         if (stream_create(&streams[i], STREAM_NON_BLOCKING) != 0) {
             fprintf(stderr, "bench_scale: cuStreamCreate failed\n");
             return 1;
@@ -220,29 +228,46 @@ static int threads_cell(bool expandable, int nthreads, size_t pairs, int reps)
         *(void **)&mi_free_p = dlsym(mi, "mi_free");
     }
     bool have_mi = mi_malloc_p && mi_free_p;
-    for (int i = 0; i < (same_stream ? 1 : nthreads) && room_kib; i++) { /* --room: peaks above the pairs' */
+    bool paired = nthreads > 1;
+    /* --room: peaks above the pairs', made on each stream a thread uses, the lone thread's too */
+    CUstream roomed[65];
+    int nroomed = 0;
+    for (int i = 0; i < (same_stream ? 1 : nthreads); i++)
+        roomed[nroomed++] = streams[i];
+    if (paired)
+        roomed[nroomed++] = streams[nthreads];
+    for (int i = 0; i < nroomed && room_kib; i++) {
         void *room[4096];
         size_t n = room_kib / 64 < 4096 ? room_kib / 64 : 4096;
         for (size_t k = 0; k < n; k++)
-            if (xseg_malloc(&room[k], 64 << 10, 0, streams[i]) != XSEG_SUCCESS) {
+            if (xseg_malloc(&room[k], 64 << 10, 0, roomed[i]) != XSEG_SUCCESS) {
                 fprintf(stderr, "bench_scale: --room: xseg_malloc: %s\n", xseg_last_error());
                 return 1;
             }
         for (size_t k = 0; k < n; k++)
             xseg_free(room[k]);
     }
-    double xs[64], gs[64], ms[64];
-    for (int r = 0; r < reps; r++) { /* the allocators take turns within each repetition */
-        if ((xs[r] = threads_once(streams, nthreads, pairs, WHO_XSEG)) < 0)
-            return 1;
-        gs[r] = threads_once(streams, nthreads, pairs, WHO_GLIBC);
-        ms[r] = have_mi ? threads_once(streams, nthreads, pairs, WHO_MIMALLOC) : 0;
-    }
-    printf("%.0f %.0f %.0f\n", bench_median(xs, (size_t)reps), bench_median(gs, (size_t)reps),
-           bench_median(ms, (size_t)reps));
+    enum who whos[3] = {WHO_XSEG, WHO_GLIBC, WHO_MIMALLOC};
+    double rate[3][64], ratio[3][64], lone[3][64];
+    for (int r = 0; r < reps; r++) /* the allocators take turns within each repetition */
+        for (int w = 0; w < 3; w++) {
+            rate[w][r] = ratio[w][r] = lone[w][r] = 0;
+            if (whos[w] == WHO_MIMALLOC && !have_mi)
+                continue;
+            double one = paired ? threads_once(&streams[nthreads], 1, pairs, whos[w]) : 0;
+            if ((rate[w][r] = threads_once(streams, nthreads, pairs, whos[w])) < 0 || one < 0)
+                return 1;
+            ratio[w][r] = paired ? rate[w][r] / one : 1.0;
+            lone[w][r] = paired ? one : rate[w][r];
+        }
+    for (int w = 0; w < 3; w++)
+        printf("%.0f ", bench_median(rate[w], (size_t)reps));
+    for (int w = 0; w < 3; w++)
+        printf("%.4f ", bench_median(ratio[w], (size_t)reps));
+    for (int w = 0; w < 3; w++)
+        printf("%.0f%s", bench_median(lone[w], (size_t)reps), w < 2 ? " " : "\n");
     return 0;
 }
-
 
 /* One thread's xseg pairs per second on @p stream (its cache warm), or < 0. */
 static double alone_on(CUstream stream, size_t pairs)
@@ -583,33 +608,39 @@ int main(int argc, char **argv)
     printf("driver: %s\n\n", getenv("XSEG_LIBCUDA") ? getenv("XSEG_LIBCUDA") : "libcuda.so.1");
     char line[256];
     if (!only || !strcmp(only, "threads")) {
-        printf("Threads on %s, cached %s pairs (%zu per thread, median of %d%s): "
-               "million pairs/s (ratio to 1 thread)\n\n", same_stream ? "one stream" : "streams of their own", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B", pairs,
-               reps, room_kib ? ", peaks with room above the pairs" : "");
+        printf("Threads on %s, cached %s pairs (%zu per thread, median of %d%s): million pairs/s "
+               "(T > 1: the ratio to one thread in the same run, of its rate there: each repetition runs one thread "
+               "on a stream of its own just before the T threads; medians of the repetitions' ratios and rates)\n\n",
+               same_stream ? "one stream" : "streams of their own", mixed ? "512 B - 2 KiB (4 sizes in turn)" : "512 B",
+               pairs, reps, room_kib ? ", peaks with room above the pairs" : "");
         printf("| threads | xseg classic | xseg expandable | glibc malloc | mimalloc |\n|---|---|---|---|---|\n");
-        double base[4] = {0, 0, 0, 0};
         for (size_t i = 0; i < nthreads; i++) {
-            double x[2] = {0, 0}, g = 0, m = 0;
+            double x[2] = {0, 0}, rx[2] = {0, 0}, ox[2] = {0, 0}, g = 0, m = 0, rg = 0, rm = 0, og = 0, om = 0;
             for (int e = 0; e < 2; e++) {
-                if (run_child(threads_adapter, e, threads[i], pairs, reps, line, sizeof line)) {
+                double gl, ml, rgl, rml, ogl, oml;
+                if (run_child(threads_adapter, e, threads[i], pairs, reps, line, sizeof line) ||
+                    sscanf(line, "%lf %lf %lf %lf %lf %lf %lf %lf %lf", &x[e], &gl, &ml, &rx[e], &rgl, &rml, &ox[e],
+                           &ogl, &oml) != 9) {
                     fprintf(stderr, "bench_scale: threads cell failed\n");
                     return 1;
                 }
-                double gl, ml;
-                sscanf(line, "%lf %lf %lf", &x[e], &gl, &ml);
-                g = e ? (g + gl) / 2 : gl; /* glibc and mimalloc ran in both children: their mean */
+                /* glibc and mimalloc ran in both children: their mean */
+                g = e ? (g + gl) / 2 : gl;
                 m = e ? (m + ml) / 2 : ml;
+                rg = e ? (rg + rgl) / 2 : rgl;
+                rm = e ? (rm + rml) / 2 : rml;
+                og = e ? (og + ogl) / 2 : ogl;
+                om = e ? (om + oml) / 2 : oml;
             }
-            if (i == 0) {
-                base[0] = x[0];
-                base[1] = x[1];
-                base[2] = g;
-                base[3] = m;
-            }
-            printf("| %zu | %.1f (%.2f×) | %.1f (%.2f×) | %.1f (%.2f×) | ", threads[i], x[0] / 1e6, x[0] / base[0],
-                   x[1] / 1e6, x[1] / base[1], g / 1e6, g / base[2]);
-            if (m > 0)
-                printf("%.1f (%.2f×) |\n", m / 1e6, m / base[3]);
+            if (threads[i] == 1)
+                printf("| 1 | %.1f | %.1f | %.1f | ", x[0] / 1e6, x[1] / 1e6, g / 1e6);
+            else
+                printf("| %zu | %.1f (%.2f× of %.1f) | %.1f (%.2f× of %.1f) | %.1f (%.2f× of %.1f) | ", threads[i],
+                       x[0] / 1e6, rx[0], ox[0] / 1e6, x[1] / 1e6, rx[1], ox[1] / 1e6, g / 1e6, rg, og / 1e6);
+            if (m > 0 && threads[i] == 1)
+                printf("%.1f |\n", m / 1e6);
+            else if (m > 0)
+                printf("%.1f (%.2f× of %.1f) |\n", m / 1e6, rm, om / 1e6);
             else
                 printf("n/a (no libmimalloc.so.2) |\n");
             fflush(stdout);
