@@ -364,7 +364,11 @@ static inline bool fast_shared(const struct dev_alloc *d, const void *stream)
  * thread's next SHARING_QUIET_FREES probes of the stream. Else fast_fill_stream. */
 bool fast_fill_probed(struct dev_alloc *d, struct block *b);
 /* The door's put (Note [the door]): the free of @p b, as fast_fill_own, fast_fill_probed or
- * fast_fill_stream takes it by its stream's sharing state. */
+ * fast_fill_stream takes it by its stream's sharing state.
+ * XSEG_FRONT_LONE (a measurement's build only, never a shipped one: benchmarks/front_table.py
+ * --lone-build) also gives a lone thread's free that no stream slot keeps to its front, as if
+ * every stream were shared: what today's fronts would serve of a real program's mallocs, and at
+ * what cost (docs/benchmarks-host.md#front-bound). */
 static inline bool fast_put(struct dev_alloc *d, struct block *b)
 {
     const struct sharing *t = &d->fast.sharing;
@@ -375,7 +379,11 @@ static inline bool fast_put(struct dev_alloc *d, struct block *b)
         if (sharing_is_probed(t, i))
             return fast_fill_probed(d, b);
     }
+#ifdef XSEG_FRONT_LONE
+    return fast_fill_stream(d, b) || fast_fill_own(d, b);
+#else
     return fast_fill_stream(d, b);
+#endif
 }
 
 /* The door's bracket (Note [the door]), device lock held. A malloc on @p stream, or a free of
