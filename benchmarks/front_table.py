@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """front_table: how many of a real program's mallocs and frees can skip the device lock.
 
-usage: benchmarks/front_table.py [--build DIR] [--lone-build DIR] [--no-callgrind] [TRACE...]
+usage: benchmarks/front_table.py [--build DIR] [--lone NAME=DIR]... [--no-callgrind] [TRACE...]
 
 TRACE: PyTorch snapshots (or traces in xseg-replay's language); default the three of issue 77
 (hanmin_fullstep, cs336_ctx1024_train, memory_ctx256_fullstep_ from ../shared/traces). Each is
@@ -15,12 +15,14 @@ Two halves, one row a trace:
   cost over their calls; the emulated driver's work on growth included), and growth's part of
   them: grow_try's inclusive cost (new pages reserved, mapped and indexed), which no front cache
   can serve, so a floor under any front's instructions.
-- --lone-build DIR: the same replay of a build made with -DXSEG_FRONT_LONE (meson setup DIR
-  -Dc_args=-DXSEG_FRONT_LONE), whose lone thread's frees that no stream slot keeps fill its front
-  (core/device/fast.h, fast_put) as on a shared stream: what today's fronts, as they are, would
-  serve of the trace, and what each malloc and free would cost; and the fit both builds give
-  (xseg-replay --min-device: the smallest device, to 2 MiB, the trace replays on with no failed
-  allocation, over peak allocated). A measurement, not a mode: no shipped build has it.
+- --lone NAME=DIR (a second table, a row for each trace and build): the same replay of a build
+  made with -DXSEG_FRONT_LONE (meson setup DIR -Dc_args=-DXSEG_FRONT_LONE), whose lone thread's
+  frees that no stream slot keeps fill its front (core/device/fast.h, fast_put) as on a shared
+  stream: what today's fronts, as they are, would serve of the trace, what each malloc and free
+  would cost, and the fit (xseg-replay --min-device: the smallest device, to 2 MiB, the trace
+  replays on with no failed allocation, over peak allocated); with -DXSEG_FRONT_LONE_FIT too,
+  the fronts keep the eager placement's fit (core/device/fast.c, lone_settle_fits). The first row
+  of each trace is --build's. A measurement, not a mode: no shipped build has either.
 - bound: an offline replay of the trace's operations, no allocator involved. A malloc can skip
   the device lock only when something this thread owns already holds a block for it: a front
   cache holds blocks freed earlier, of the exact rounded size (a larger block would change the
@@ -153,7 +155,7 @@ def pct(a, b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--lone-build")
+    ap.add_argument("--lone", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--no-callgrind", action="store_true")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
@@ -162,14 +164,13 @@ def main():
     if not a.no_callgrind:
         cols += ["today: mallocs / frees through the device lock", "today: instructions a malloc / a free",
                  "today: growth's share of them"]
-        if a.lone_build:
-            cols += ["fronts on every stream: mallocs / frees through the device lock",
-                     "fronts on every stream: instructions a malloc / a free",
-                     "smallest device (/ peak): today / fronts on every stream"]
     cols += ["bound: mallocs / frees a front can serve", "both together",
              "bound with small misses carving 3 more: mallocs / both"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
+    if a.lone and a.no_callgrind:
+        raise SystemExit("front_table: --lone replays under callgrind")
+    lone = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in traces:
             trace = as_trace(path, tmp)
@@ -181,13 +182,24 @@ def main():
                 lm, tm, lf, tf, im, if_, grow = today(a.build, trace, tmp)
                 row += ["%s / %s" % (pct(lm, tm), pct(lf, tf)), "{:,.0f} / {:,.0f}".format(im, if_),
                         pct(grow, 1)]
-                if a.lone_build:
-                    lm, tm, lf, tf, im, if_, _ = today(a.lone_build, trace, tmp)
-                    row += ["%s / %s" % (pct(lm, tm), pct(lf, tf)), "{:,.0f} / {:,.0f}".format(im, if_),
-                            "%s / %s" % (min_device(a.build, trace), min_device(a.lone_build, trace))]
+                if a.lone:
+                    lone.append((row[0], "today (%s)" % a.build, lm, tm, lf, tf, im, if_, a.build, trace))
+                    for spec in a.lone:
+                        name, _, build = spec.partition("=")
+                        lm, tm, lf, tf, im, if_, _ = today(build, trace, tmp)
+                        lone.append((row[0], "%s (%s)" % (name, build), lm, tm, lf, tf, im, if_, build, trace))
             row += ["%s / %s" % (pct(m, nm), pct(f, nf)), pct(m + f, nm + nf),
                     "%s / %s" % (pct(cm, nm), pct(cm + cf, nm + nf))]
             print("| " + " | ".join(row) + " |")
+        if lone:
+            print()
+            print("| trace | build | mallocs / frees through the device lock | instructions a malloc / a free |"
+                  " smallest device (/ peak) |")
+            print("|---|---|---|---|---|")
+            for name, what, lm, tm, lf, tf, im, if_, build, trace in lone:
+                print("| %s | %s | %s / %s | %s | %s |" % (name, what, pct(lm, tm), pct(lf, tf),
+                                                         "{:,.0f} / {:,.0f}".format(im, if_),
+                                                         min_device(build, trace)))
 
 
 if __name__ == "__main__":

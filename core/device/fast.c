@@ -684,6 +684,15 @@ void fast_lock_begin_free_slow(struct dev_alloc *d, const void *ptr, struct fast
     const struct block *x = ptrmap_get(&d->live, (uintptr_t)ptr);
     if (x && d->fast.busy_slots)
         settle_block(d, x);
+#ifdef XSEG_FRONT_LONE_FIT
+    /* A front's freed neighbour of x is freed first, so that x's free merges as the eager one. */
+    if (x && (d->fast.busy_slots & FAST_OWN_MASK)) {
+        if (x->prev && x->prev->allocated)
+            front_settle_block(d, x->prev);
+        if (x->next && x->next->allocated)
+            front_settle_block(d, x->next);
+    }
+#endif
     fast_guard_begin(d, g, d->fast.busy_slots);
 }
 
@@ -843,7 +852,7 @@ static bool front_grants_shared(struct dev_alloc *d, uint64_t fronts, const stru
  * the whole room, so on each row and pool its grant is its debt capped by the room under the peak
  * and its gap min(0, room - debt); the wanted hit needs the room to hold it. The general share-out
  * cost every device-lock operation beside a single front about 1,100 instructions, this about 300
- * (callgrind, a lone thread's front: benchmarks/front_table.py --lone-build on hanmin_fullstep).
+ * (callgrind, a lone thread's front: benchmarks/front_table.py --lone on hanmin_fullstep).
  * At debug level 2 the general one runs first and the two must agree.
  */
 static bool front_grants_one(struct dev_alloc *d, unsigned i, const struct front_want *want)
@@ -1514,10 +1523,63 @@ static bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void *
 
 /* malloc through the device lock, before the door: a classic stream slot widened (fast_widen),
  * or this thread's front past its grant (front_hit_locked). */
+#ifdef XSEG_FRONT_LONE_FIT
+/* Before a device-lock malloc of @p size on @p stream that no front served: every freed front
+ * entry of the stream that best fit would pick before the index's own fit (at least the
+ * request's rounded size, less than that fit's, of its pool) is freed into the index, so that
+ * the search sees what the eager state would hold. */
+static void lone_settle_fits(struct dev_alloc *d, size_t size, CUstream stream)
+{
+    size_t r = fast_round(size);
+    /* The index's first fit for r (its size; none: every entry from r up), so that only entries
+     * that fit better leave the front. */
+    struct block *pred, *next;
+    const struct bpool *pool = r <= BLOCK_SMALL_SIZE ? &d->small : &d->large;
+    const struct block *fit = bpool_fit(pool, stream, r, &pred, &next);
+    size_t below = fit && fit->stream == stream ? fit->size : SIZE_MAX;
+    for (uint64_t m = d->fast.busy_slots & FAST_OWN_MASK; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        struct dev_slot *s = &d->fast.slots[i];
+        struct dev_front *f = slot_front(s);
+        if (f->stream != stream)
+            continue;
+        for (;;) {
+            spin_acquire(&s->lock);
+            front_fold_lanes(f);
+            unsigned k = FRONT_ENTRIES;
+            for (uint64_t u = f->freed & f->used; u; u &= u - 1) {
+                unsigned e = (unsigned)__builtin_ctzll(u);
+                if (f->size[e] >= r && f->size[e] < below && (f->size[e] <= BLOCK_SMALL_SIZE) == pool->is_small) {
+                    k = e;
+                    break;
+                }
+            }
+            spin_release(&s->lock);
+            if (k == FRONT_ENTRIES)
+                break;
+            front_before_settle(d, stream, !f->blk[k]->expandable);
+            spin_acquire(&s->lock);
+            front_settle_entry(d, s, f, k);
+            bool empty = !f->used;
+            if (empty)
+                slot_settle_locked(d, i);
+            spin_release(&s->lock);
+            if (empty)
+                break;
+        }
+    }
+}
+#endif
+
 bool fast_lock_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     if (!d->fast.busy_slots || !size)
         return false;
-    return fast_widen(d, size, stream, out) ||
-           (d->fast.busy_slots & FAST_OWN_MASK && front_hit_locked(d, size, stream, out));
+    bool hit = fast_widen(d, size, stream, out) ||
+               (d->fast.busy_slots & FAST_OWN_MASK && front_hit_locked(d, size, stream, out));
+#ifdef XSEG_FRONT_LONE_FIT
+    if (!hit && (d->fast.busy_slots & FAST_OWN_MASK))
+        lone_settle_fits(d, size, stream);
+#endif
+    return hit;
 }

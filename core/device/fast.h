@@ -366,9 +366,11 @@ bool fast_fill_probed(struct dev_alloc *d, struct block *b);
 /* The door's put (Note [the door]): the free of @p b, as fast_fill_own, fast_fill_probed or
  * fast_fill_stream takes it by its stream's sharing state.
  * XSEG_FRONT_LONE (a measurement's build only, never a shipped one: benchmarks/front_table.py
- * --lone-build) also gives a lone thread's free that no stream slot keeps to its front, as if
- * every stream were shared: what today's fronts would serve of a real program's mallocs, and at
- * what cost (docs/benchmarks-host.md#front-bound). */
+ * --lone) also gives a lone thread's free that no stream slot keeps to its front, as if every
+ * stream were shared: what today's fronts would serve of a real program's mallocs, and at what
+ * cost (docs/benchmarks-host.md#front-bound). XSEG_FRONT_LONE_FIT, the same with rules meant to
+ * keep the eager placement's fit (fast.c, lone_settle_fits); XSEG_FRONT_LONE_SMALL, those in the
+ * small pool only. */
 static inline bool fast_put(struct dev_alloc *d, struct block *b)
 {
     const struct sharing *t = &d->fast.sharing;
@@ -379,7 +381,17 @@ static inline bool fast_put(struct dev_alloc *d, struct block *b)
         if (sharing_is_probed(t, i))
             return fast_fill_probed(d, b);
     }
-#ifdef XSEG_FRONT_LONE
+#if defined XSEG_FRONT_LONE_FIT
+    /* With the fit's rules (fast.c, lone_settle_fits): only a block whose eager free merges with
+     * nothing waits, so that its eager self is a free block of its own size; with
+     * XSEG_FRONT_LONE_SMALL, only a small pool's (the large pool's placement is no best fit). */
+#ifdef XSEG_FRONT_LONE_SMALL
+    if (b->size > BLOCK_SMALL_SIZE)
+        return fast_fill_stream(d, b);
+#endif
+    return fast_fill_stream(d, b) ||
+           (!block_in_free_index(b->prev) && !block_in_free_index(b->next) && fast_fill_own(d, b));
+#elif defined XSEG_FRONT_LONE
     return fast_fill_stream(d, b) || fast_fill_own(d, b);
 #else
     return fast_fill_stream(d, b);
