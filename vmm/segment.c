@@ -289,6 +289,7 @@ static bool next_live_run(const struct seg *seg, size_t *g, size_t *run)
 static xseg_status seg_check_range(const struct seg *seg, const char *fn, size_t offset, size_t size,
                                    size_t *first, size_t *last)
 {
+    *first = *last = 0; /* an empty range on an error: written on every path */
     if (offset % seg->gran || size % seg->gran)
         return err_set(XSEG_ERROR_INVALID_VALUE,
                        "%s: offset %zu and size %zu must be multiples of the granularity %zu", fn, offset, size,

@@ -171,6 +171,9 @@ static xseg_status cfg_expect(struct cfg_parser *p, char c, const char *key, con
 static xseg_status cfg_word(struct cfg_parser *p, const char *key, const char *form,
                             const char **word, size_t *pos)
 {
+    /* Written on every path (NULL on an error), so that no caller reads them unset. */
+    *word = NULL;
+    *pos = cfg_pos(p);
     const char *t = cfg_peek(p);
     if (!t || cfg_is_punct(t[0]))
         return err_set(XSEG_ERROR_INVALID_VALUE,
@@ -246,6 +249,7 @@ static xseg_status cfg_bad_mb(const char *key, const char *form, const char *wor
 static xseg_status cfg_parse_mb(struct cfg_parser *p, const char *key, const char *form, unsigned long long max,
                                 unsigned long long *mb, const char **word, size_t *pos)
 {
+    *mb = 0; /* written on every path, as cfg_word's outputs */
     xseg_status st = cfg_word(p, key, form, word, pos);
     if (st)
         return st;
