@@ -170,6 +170,11 @@ def main():
     print("|" + "---|" * len(cols))
     if a.lone and a.no_callgrind:
         raise SystemExit("front_table: --lone replays under callgrind")
+    for spec in a.lone:
+        name, eq, build = spec.partition("=")
+        if not eq or not name or not os.access(os.path.join(build, "tools", "xseg-replay"), os.X_OK):
+            raise SystemExit("front_table: --lone '%s': want NAME=DIR, DIR a build folder with tools/xseg-replay"
+                             % spec)
     lone = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in traces:

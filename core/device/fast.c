@@ -508,6 +508,23 @@ static void own_settle_stream(struct dev_alloc *d, const void *owner, const void
     }
 }
 
+/* Settle entry @p k of own slot @p i's front (no slot's lock held): what must settle before it
+ * first (front_before_settle), and the slot itself when the front is empty then. True: it was. */
+static bool front_settle_at(struct dev_alloc *d, unsigned i, unsigned k)
+{
+    struct dev_slot *s = &d->fast.slots[i];
+    struct dev_front *f = slot_front(s);
+    const struct block *b = f->blk[k]; /* blk[] moves only under the device lock, held */
+    front_before_settle(d, b->stream, !b->expandable);
+    spin_acquire(&s->lock);
+    front_settle_entry(d, s, f, k);
+    bool empty = !f->used;
+    if (empty)
+        slot_settle_locked(d, i); /* empty: the slot's accumulated counts paid, idle */
+    spin_release(&s->lock);
+    return empty;
+}
+
 /* Settle the front entry holding @p b, if any (a free through the device lock of a block a hit
  * handed out, or of one freed into a front: the user's double free is then seen as such). */
 static void front_settle_block(struct dev_alloc *d, const struct block *b)
@@ -531,15 +548,10 @@ static void front_settle_block(struct dev_alloc *d, const struct block *b)
         spin_release(&s->lock);
         for (uint64_t u = cand; u; u &= u - 1) {
             unsigned k = (unsigned)__builtin_ctzll(u);
-            if (f->blk[k] != b)
-                continue;
-            front_before_settle(d, b->stream, !b->expandable);
-            spin_acquire(&s->lock);
-            front_settle_entry(d, s, f, k);
-            if (!f->used)
-                slot_settle_locked(d, i); /* empty: the slot's accumulated counts paid, idle */
-            spin_release(&s->lock);
-            return;
+            if (f->blk[k] == b) {
+                (void)front_settle_at(d, i, k);
+                return;
+            }
         }
     }
 }
@@ -1521,8 +1533,6 @@ static bool fast_widen(struct dev_alloc *d, size_t size, CUstream stream, void *
     return true;
 }
 
-/* malloc through the device lock, before the door: a classic stream slot widened (fast_widen),
- * or this thread's front past its grant (front_hit_locked). */
 #ifdef XSEG_FRONT_LONE_FIT
 /* Before a device-lock malloc of @p size on @p stream that no front served: every freed front
  * entry of the stream that best fit would pick before the index's own fit (at least the
@@ -1555,22 +1565,15 @@ static void lone_settle_fits(struct dev_alloc *d, size_t size, CUstream stream)
                 }
             }
             spin_release(&s->lock);
-            if (k == FRONT_ENTRIES)
-                break;
-            front_before_settle(d, stream, !f->blk[k]->expandable);
-            spin_acquire(&s->lock);
-            front_settle_entry(d, s, f, k);
-            bool empty = !f->used;
-            if (empty)
-                slot_settle_locked(d, i);
-            spin_release(&s->lock);
-            if (empty)
+            if (k == FRONT_ENTRIES || front_settle_at(d, i, k))
                 break;
         }
     }
 }
 #endif
 
+/* malloc through the device lock, before the door: a classic stream slot widened (fast_widen),
+ * or this thread's front past its grant (front_hit_locked). */
 bool fast_lock_hit(struct dev_alloc *d, size_t size, CUstream stream, void **out)
 {
     if (!d->fast.busy_slots || !size)
