@@ -33,10 +33,20 @@ Two halves, one row a trace:
   second bound adds batch carving for the small pool: a miss of at most 1 MiB carves 3 more
   blocks of its size into the front (held, never asked for; large requests cannot be carved
   without growing the device beyond one 2 MiB step).
+- keeping the placement: what a front could serve without moving any block from where today's
+  eager placement puts it. DIR/tools/xseg-replay --history --snapshot records the replay's
+  addresses (PyTorch's snapshot format); a malloc counts when its block has the address, rounded
+  size and stream of a block freed earlier that no malloc since has overlapped: only then can the
+  block have waited whole in a front and come back where the eager placement puts it. An upper
+  bound for a front that moves no block (its waiting blocks also change where the mallocs between
+  land: the eager free would have merged them).
 Standard library only (valgrind and callgrind_annotate for the first half).
 """
 import argparse
+import bisect
+import glob
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -136,6 +146,43 @@ def today(build, trace, tmp):
             incl.get("grow_try", 0) / max(incl.get("xseg_malloc", 0) + incl.get("xseg_free", 0), 1))
 
 
+def kept(build, trace, tmp):
+    """Mallocs of the replay of @trace by @build that get the address, rounded size and stream of a
+    block freed earlier and overlapped by no malloc since (the docstring's "keeping the placement")."""
+    env = dict(os.environ, XSEG_LIBCUDA=os.path.join(build, "cudaemu", "libcudaemu.so"))
+    snap = os.path.join(tmp, "kept.pickle")
+    for old in glob.glob(os.path.join(tmp, "kept*.pickle")):
+        os.remove(old)
+    r = subprocess.run([os.path.join(build, "tools", "xseg-replay"), "--summary=none", "--marks=none",
+                        "--device-mem", "80G", "--history", "--snapshot", snap, trace],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    if r.returncode:
+        raise SystemExit("front_table: xseg-replay --snapshot of %s failed:\n%s" % (trace, r.stderr))
+    with open(snap, "rb") as f:
+        events = pickle.load(f)["device_traces"]
+    if len(events) != 1:
+        raise SystemExit("front_table: %s replays on %d devices; want one" % (trace, len(events)))
+    # Freed blocks no malloc has overlapped since, by address: disjoint (two of them overlapping
+    # were live at once, or the later one's malloc overlapped the earlier one's block).
+    starts, waiting, served = [], {}, 0
+    for e in events[0]:
+        if e["action"] == "free_completed":
+            bisect.insort(starts, e["addr"])
+            waiting[e["addr"]] = (rounded(e["size"]), e["stream"])
+        elif e["action"] == "alloc":
+            addr, size = e["addr"], rounded(e["size"])
+            served += waiting.get(addr) == (size, e["stream"])
+            i = bisect.bisect_right(starts, addr) - 1
+            if i < 0 or starts[i] + waiting[starts[i]][0] <= addr:
+                i += 1
+            j = i
+            while j < len(starts) and starts[j] < addr + size:
+                del waiting[starts[j]]
+                j += 1
+            del starts[i:j]
+    return served
+
+
 def min_device(build, trace):
     """xseg-replay --min-device's smallest device over peak allocated (its ratio column)."""
     env = dict(os.environ, XSEG_LIBCUDA=os.path.join(build, "cudaemu", "libcudaemu.so"))
@@ -159,15 +206,9 @@ def main():
     ap.add_argument("--no-callgrind", action="store_true")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
-    traces = a.traces or [os.path.join(SHARED, t) for t in DEFAULT]
-    cols = ["trace", "mallocs", "frees"]
-    if not a.no_callgrind:
-        cols += ["today: mallocs / frees through the device lock", "today: instructions a malloc / a free",
-                 "today: growth's share of them"]
-    cols += ["bound: mallocs / frees a front can serve", "both together",
-             "bound with small misses carving 3 more: mallocs / both"]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
+    if not os.access(os.path.join(a.build, "tools", "xseg-replay"), os.X_OK):
+        raise SystemExit("front_table: --build %s: no tools/xseg-replay there (a build folder: ninja -C it)"
+                         % a.build)
     if a.lone and a.no_callgrind:
         raise SystemExit("front_table: --lone replays under callgrind")
     for spec in a.lone:
@@ -175,6 +216,15 @@ def main():
         if not eq or not name or not os.access(os.path.join(build, "tools", "xseg-replay"), os.X_OK):
             raise SystemExit("front_table: --lone '%s': want NAME=DIR, DIR a build folder with tools/xseg-replay"
                              % spec)
+    traces = a.traces or [os.path.join(SHARED, t) for t in DEFAULT]
+    cols = ["trace", "mallocs", "frees"]
+    if not a.no_callgrind:
+        cols += ["today: mallocs / frees through the device lock", "today: instructions a malloc / a free",
+                 "today: growth's share of them"]
+    cols += ["bound: mallocs / frees a front can serve", "both together",
+             "bound with small misses carving 3 more: mallocs / both", "keeping the placement: mallocs"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
     lone = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in traces:
@@ -194,7 +244,7 @@ def main():
                         lm, tm, lf, tf, im, if_, _ = today(build, trace, tmp)
                         lone.append((row[0], "%s (%s)" % (name, build), lm, tm, lf, tf, im, if_, build, trace))
             row += ["%s / %s" % (pct(m, nm), pct(f, nf)), pct(m + f, nm + nf),
-                    "%s / %s" % (pct(cm, nm), pct(cm + cf, nm + nf))]
+                    "%s / %s" % (pct(cm, nm), pct(cm + cf, nm + nf)), pct(kept(a.build, trace, tmp), nm)]
             print("| " + " | ".join(row) + " |")
         if lone:
             print()
