@@ -2,6 +2,7 @@
 """front_table: how many of a real program's mallocs and frees can skip the device lock.
 
 usage: benchmarks/front_table.py [--build DIR] [--lone NAME=DIR]... [--no-callgrind] [TRACE...]
+       benchmarks/front_table.py --bound-only TRACE...   (the offline bounds only: no replay)
 
 TRACE: PyTorch snapshots (or traces in xseg-replay's language); default the three of issue 77
 (hanmin_fullstep, cs336_ctx1024_train, memory_ctx256_fullstep_ from ../shared/traces). Each is
@@ -32,7 +33,10 @@ Two halves, one row a trace:
   through the lock or not: the bound assumes a device-lock malloc enters its block too). The
   second bound adds batch carving for the small pool: a miss of at most 1 MiB carves 3 more
   blocks of its size into the front (held, never asked for; large requests cannot be carved
-  without growing the device beyond one 2 MiB step).
+  without growing the device beyond one 2 MiB step). The third asks what coarser size classes
+  could add: a freed block serves any malloc whose rounded size has the same power of two at or
+  above it, whichever of the two is larger (more than any front of such classes serves: one that
+  rounds its blocks up to their class hands out up to twice the request).
 - keeping the placement: what a front could serve without moving any block from where today's
   eager placement puts it. DIR/tools/xseg-replay --history --snapshot records the replay's
   addresses (PyTorch's snapshot format); a malloc counts when its block has the address, rounded
@@ -93,12 +97,18 @@ def operations(trace):
     return ops
 
 
-def bound(ops, carve):
+def power_class(size):
+    """The power of two at or above @size: a size class that hands out up to twice the request."""
+    return 1 << (size - 1).bit_length()
+
+
+def bound(ops, carve, size_class=None):
     """(mallocs served, frees served, mallocs, frees) of the unbounded front; @carve: extra blocks a
-    small miss carves."""
+    small miss carves; @size_class: a block serves any malloc whose size maps to its size's class
+    (default: the rounded size itself)."""
     held, served_m, served_f, nm, nf = {}, 0, 0, 0, 0
     for kind, _, size, stream in ops:
-        key = (stream, size)
+        key = (stream, size_class(size) if size_class else size)
         if kind == "alloc":
             nm += 1
             if held.get(key, 0):
@@ -199,13 +209,32 @@ def pct(a, b):
     return "%.1f %%" % (100.0 * a / b) if b else "-"
 
 
+def bounds_only(traces):
+    """The offline bounds of each trace (a snapshot's device 0, as tools/snapshot2trace.py converts it)."""
+    print("| trace | mallocs | bound: mallocs a front can serve | power-of-two classes |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in traces:
+            ops = operations(as_trace(path, tmp))
+            m, _, nm, _ = bound(ops, 0)
+            pm, _, _, _ = bound(ops, 0, power_class)
+            full = os.path.abspath(path)
+            name = os.path.relpath(full, SHARED) if full.startswith(SHARED + os.sep) else os.path.basename(path)
+            print("| %s | %s | %s | %s |" % (name.rsplit(".", 1)[0], "{:,}".format(nm), pct(m, nm), pct(pm, nm)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--lone", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--no-callgrind", action="store_true")
+    ap.add_argument("--bound-only", action="store_true")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
+    if a.bound_only:
+        if a.lone:
+            raise SystemExit("front_table: --lone replays; --bound-only does not")
+        return bounds_only(a.traces or [os.path.join(SHARED, t) for t in DEFAULT])
     if not os.access(os.path.join(a.build, "tools", "xseg-replay"), os.X_OK):
         raise SystemExit("front_table: --build %s: no tools/xseg-replay there (a build folder: ninja -C it)"
                          % a.build)
@@ -222,7 +251,8 @@ def main():
         cols += ["today: mallocs / frees through the device lock", "today: instructions a malloc / a free",
                  "today: growth's share of them"]
     cols += ["bound: mallocs / frees a front can serve", "both together",
-             "bound with small misses carving 3 more: mallocs / both", "keeping the placement: mallocs"]
+             "bound with small misses carving 3 more: mallocs / both", "bound, power-of-two classes: mallocs",
+             "keeping the placement: mallocs"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     lone = []
@@ -232,6 +262,7 @@ def main():
             ops = operations(trace)
             m, f, nm, nf = bound(ops, 0)
             cm, cf, _, _ = bound(ops, 3)
+            pm, _, _, _ = bound(ops, 0, power_class)
             row = [os.path.basename(path).rsplit(".", 1)[0], "{:,}".format(nm), "{:,}".format(nf)]
             if not a.no_callgrind:
                 lm, tm, lf, tf, im, if_, grow = today(a.build, trace, tmp)
@@ -244,7 +275,7 @@ def main():
                         lm, tm, lf, tf, im, if_, _ = today(build, trace, tmp)
                         lone.append((row[0], "%s (%s)" % (name, build), lm, tm, lf, tf, im, if_, build, trace))
             row += ["%s / %s" % (pct(m, nm), pct(f, nf)), pct(m + f, nm + nf),
-                    "%s / %s" % (pct(cm, nm), pct(cm + cf, nm + nf)), pct(kept(a.build, trace, tmp), nm)]
+                    "%s / %s" % (pct(cm, nm), pct(cm + cf, nm + nf)), pct(pm, nm), pct(kept(a.build, trace, tmp), nm)]
             print("| " + " | ".join(row) + " |")
         if lone:
             print()

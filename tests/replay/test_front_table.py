@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""benchmarks/front_table.py --no-callgrind on a hand-made trace: the offline bound of a front of
-freed blocks and the "keeping the placement" column, which reads the replay's own addresses
-(xseg-replay --history --snapshot), each counted by hand below; bad input answered in one line.
+"""benchmarks/front_table.py --no-callgrind on hand-made traces: the offline bounds of a front of
+freed blocks (exact rounded sizes, power-of-two classes) and the "keeping the placement" column,
+which reads the replay's own addresses (xseg-replay --history --snapshot), each counted by hand
+below; bad input answered in one line.
 usage: test_front_table.py FRONT_TABLE_PY XSEG_REPLAY"""
 import os
 import subprocess
@@ -58,7 +59,15 @@ class FrontTable(unittest.TestCase):
         self.assertEqual(r["trace"], "hand")
         self.assertEqual((r["mallocs"], r["frees"]), ("5", "3"))
         self.assertEqual(r["bound: mallocs / frees a front can serve"], "40.0 % / 100.0 %")
+        self.assertEqual(r["bound, power-of-two classes: mallocs"], "40.0 %")  # 4 and 8 KiB: classes apart
         self.assertEqual(r["keeping the placement: mallocs"], "20.0 %")
+
+    def test_power_of_two_classes(self):
+        # 5,000 B rounds to 5 KiB, whose class is 8 KiB: b (8 KiB) is served by a's block there only.
+        r = self.row(self.write("class.trace", "alloc a 5000\nfree a\nalloc b 8192\n"))
+        self.assertEqual(r["bound: mallocs / frees a front can serve"], "0.0 % / 100.0 %")
+        self.assertEqual(r["bound, power-of-two classes: mallocs"], "50.0 %")
+        self.assertEqual(r["keeping the placement: mallocs"], "0.0 %")
 
     def test_kept_needs_the_same_size(self):
         # x (8 KiB) over a and b's merged blocks, freed; y (4 KiB) then comes back at x's address:
@@ -66,6 +75,13 @@ class FrontTable(unittest.TestCase):
         r = self.row(self.write("size.trace", "alloc a 4096\nalloc b 4096\nfree a\nfree b\nalloc x 8192\n"
                                 "free x\nalloc y 4096\nalloc k 4096\nfree y\nalloc z 4096\n"))
         self.assertEqual(r["keeping the placement: mallocs"], "16.7 %")  # z of 6
+
+    def test_bound_only(self):
+        # No replay: no build folder needed, and the same bounds as the full table's.
+        p = subprocess.run([sys.executable, TABLE, "--bound-only", self.write("b.trace", TRACE)],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip().splitlines()[2], "| b | 5 | 40.0 % | 40.0 % |")
 
     def test_bad_build(self):
         p = subprocess.run([sys.executable, TABLE, "--no-callgrind", "--build", self.tmp.name,
