@@ -8,7 +8,7 @@ TRACE: PyTorch snapshots (or traces in xseg-replay's language); default the thre
 (hanmin_fullstep, cs336_ctx1024_train, memory_ctx256_fullstep_ from ../shared/traces). Each is
 converted with tools/snapshot2trace.py and replayed in one thread, default config, 80 GiB.
 
-Two halves, one row a trace:
+The columns and tables, one row a trace:
 - today: DIR/tools/xseg-replay under callgrind (valgrind): the mallocs and frees that took the
   device lock (calls of malloc_locked and free_locked against xseg_malloc and xseg_free; a hit of
   the stream's slot that malloc_locked tries before the lock counts with them, an upper bound), and the
@@ -44,7 +44,7 @@ Two halves, one row a trace:
   block have waited whole in a front and come back where the eager placement puts it. An upper
   bound for a front that moves no block (its waiting blocks also change where the mallocs between
   land: the eager free would have merged them).
-Standard library only (valgrind and callgrind_annotate for the first half).
+Standard library only (valgrind and callgrind_annotate for the "today" columns and --lone).
 """
 import argparse
 import bisect
@@ -123,6 +123,11 @@ def bound(ops, carve, size_class=None):
     return served_m, served_f, nm, nf
 
 
+def replay_env(build):
+    """The environment of @build's xseg-replay: its own cudaemu as the driver."""
+    return dict(os.environ, XSEG_LIBCUDA=os.path.join(build, "cudaemu", "libcudaemu.so"))
+
+
 def today(build, trace, tmp):
     """(lock mallocs, mallocs, lock frees, frees, instructions per malloc, per free, growth's share of
     them) of the replay."""
@@ -130,7 +135,7 @@ def today(build, trace, tmp):
     subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
                     os.path.join(build, "tools", "xseg-replay"), "--summary=none", "--marks=none",
                     "--device-mem", "80G", trace], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   check=True)
+                   check=True, env=replay_env(build))
     names, calls, cfn = {}, {}, None
     for line in open(out):
         m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line)
@@ -159,13 +164,12 @@ def today(build, trace, tmp):
 def kept(build, trace, tmp):
     """Mallocs of the replay of @trace by @build that get the address, rounded size and stream of a
     block freed earlier and overlapped by no malloc since (the docstring's "keeping the placement")."""
-    env = dict(os.environ, XSEG_LIBCUDA=os.path.join(build, "cudaemu", "libcudaemu.so"))
     snap = os.path.join(tmp, "kept.pickle")
     for old in glob.glob(os.path.join(tmp, "kept*.pickle")):
         os.remove(old)
     r = subprocess.run([os.path.join(build, "tools", "xseg-replay"), "--summary=none", "--marks=none",
                         "--device-mem", "80G", "--history", "--snapshot", snap, trace],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=replay_env(build))
     if r.returncode:
         raise SystemExit("front_table: xseg-replay --snapshot of %s failed:\n%s" % (trace, r.stderr))
     with open(snap, "rb") as f:
@@ -195,9 +199,8 @@ def kept(build, trace, tmp):
 
 def min_device(build, trace):
     """xseg-replay --min-device's smallest device over peak allocated (its ratio column)."""
-    env = dict(os.environ, XSEG_LIBCUDA=os.path.join(build, "cudaemu", "libcudaemu.so"))
     out = subprocess.run([os.path.join(build, "tools", "xseg-replay"), "--min-device", trace],
-                         capture_output=True, text=True, check=True, env=env).stdout
+                         capture_output=True, text=True, check=True, env=replay_env(build)).stdout
     for line in out.splitlines():
         p = line.split()
         if len(p) >= 8 and p[0] == trace:
