@@ -234,6 +234,9 @@ def main():
     ap.add_argument("--bound-only", action="store_true")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
+    for path in a.traces:
+        if not os.path.isfile(path):
+            raise SystemExit("front_table: %s: no such trace file" % path)
     if a.bound_only:
         if a.lone:
             raise SystemExit("front_table: --lone replays; --bound-only does not")

@@ -83,6 +83,15 @@ class FrontTable(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stdout.strip().splitlines()[2], "| b | 5 | 40.0 % | 40.0 % |")
 
+    def test_missing_trace(self):
+        for args in (["--bound-only"], ["--no-callgrind", "--build", BUILD]):
+            p = subprocess.run([sys.executable, TABLE] + args + [os.path.join(self.tmp.name, "none.trace")],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("none.trace: no such trace file", p.stderr)
+            self.assertNotIn("Traceback", p.stderr)
+            self.assertEqual(p.stdout, "")
+
     def test_bad_build(self):
         p = subprocess.run([sys.executable, TABLE, "--no-callgrind", "--build", self.tmp.name,
                             self.write("one.trace", "alloc a 4096\n")], capture_output=True, text=True, timeout=60)
